@@ -1,0 +1,189 @@
+// The compute backend: memory spaces, streams, copies, GEMM and the
+// elementwise and reduction primitives the training step is built from.
+//
+// Two implementations share this interface: the CPU backend (OpenBLAS sgemm,
+// one worker thread per stream, a capped heap arena as the "device") and the
+// CUDA backend (cuBLAS, CUDA streams, cudaMalloc'd device memory and
+// cudaHostAlloc'd pinned host memory; built with --config=cuda).
+//
+// Conventions for every operation below:
+// - fp32, contiguous, row-major; sizes are element counts.
+// - The call validates its arguments (here, once for every backend) and
+//   returns INVALID_ARGUMENT naming the argument before anything is
+//   enqueued; the work itself runs asynchronously on `stream`. Pointers must
+//   stay valid until it has run.
+// - Outputs may alias inputs of the same shape where a comment says so.
+// - Reductions run in a fixed order: the same inputs give the same bits, run
+//   to run. The CPU and CUDA twins agree to fp32 rounding, not bitwise.
+//
+// Thread safety: a Backend may be used from several threads at once.
+#ifndef PLATEAU_KERNELS_BACKEND_H_
+#define PLATEAU_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/memory.h"
+#include "kernels/stream.h"
+
+namespace plateau {
+
+enum class BackendKind { kCpu, kCuda };
+absl::string_view BackendKindName(BackendKind kind);  // "cpu" or "cuda"
+absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);
+
+struct BackendOptions {
+  BackendKind kind = BackendKind::kCpu;
+  // Device memory cap in bytes. On the CPU backend this is the size of the
+  // device arena and must be > 0. On CUDA, 0 means "what the GPU has"; a
+  // positive value caps the job below that.
+  int64_t device_memory_bytes = 0;
+  // Host (pinned on CUDA) memory cap in bytes; 0 means uncapped.
+  int64_t host_memory_bytes = 0;
+  // CUDA device ordinal; ignored on the CPU.
+  int device_index = 0;
+};
+
+// Row-major C[m x n] = alpha * op(A) * op(B) + beta * C, where op(A) is
+// m x k and op(B) is k x n. A is stored m x k (k x m when trans_a), B is
+// stored k x n (n x k when trans_b). lda/ldb/ldc are row strides in elements.
+struct GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+};
+// Checks shapes and strides; the message names the offending field.
+absl::Status ValidateGemm(const GemmArgs& g);
+
+// torch.optim.AdamW, one step over a contiguous shard:
+//   g = grad * grad_scale            (grad_scale carries global-norm clipping)
+//   param *= 1 - lr * weight_decay
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g^2
+//   param -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+struct AdamWArgs {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
+  int64_t step = 1;  // 1-based, as torch counts
+  float grad_scale = 1.0f;
+};
+absl::Status ValidateAdamW(const AdamWArgs& a);
+
+class Backend {
+ public:
+  // Creates the backend named by options.kind. CUDA needs a build with
+  // --config=cuda and a visible GPU; otherwise FAILED_PRECONDITION says so.
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(
+      const BackendOptions& options);
+
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  // "cpu (2 threads, OpenBLAS 0.3.21)" / "cuda (NVIDIA H200, sm_90)".
+  virtual std::string Describe() const = 0;
+
+  virtual MemorySpace& device() = 0;
+  virtual MemorySpace& host() = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
+      absl::string_view name) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+
+  // Copies `bytes` between any two spaces of this backend (device or host,
+  // either direction), asynchronously on `stream`. The ranges must not
+  // overlap.
+  absl::Status Copy(Stream& stream, void* dst, const void* src,
+                            size_t bytes);
+
+  absl::Status Gemm(Stream& stream, const GemmArgs& args);
+
+  // --- Elementwise (n elements) ------------------------------------------
+  absl::Status Fill(Stream& s, float* x, int64_t n, float value);
+  // x *= alpha
+  absl::Status Scale(Stream& s, float* x, int64_t n, float alpha);
+  // y += alpha * x
+  absl::Status Axpy(Stream& s, float* y, const float* x, int64_t n,
+                            float alpha);
+  // out = a + b; out may alias a or b.
+  absl::Status Add(Stream& s, float* out, const float* a,
+                           const float* b, int64_t n);
+  // out = a * b; out may alias a or b.
+  absl::Status Mul(Stream& s, float* out, const float* a,
+                           const float* b, int64_t n);
+  // out = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
+  absl::Status SwiGluForward(Stream& s, float* out, const float* gate,
+                                     const float* up, int64_t n);
+  // dgate = dout * up * silu'(gate); dup = dout * silu(gate).
+  absl::Status SwiGluBackward(Stream& s, float* dgate, float* dup,
+                                      const float* dout, const float* gate,
+                                      const float* up, int64_t n);
+
+  // --- Row-wise (rows x cols) -------------------------------------------
+  // rstd[r] = 1 / sqrt(mean_c x[r,c]^2 + eps); out = x * rstd[r] * weight[c].
+  // out may alias x.
+  absl::Status RmsNormForward(Stream& s, float* out, float* rstd,
+                                      const float* x, const float* weight,
+                                      int64_t rows, int64_t cols,
+                                      float eps);
+  // Overwrites dx; adds into dweight (so a caller can accumulate over
+  // chunks). Uses the rstd saved by the forward.
+  absl::Status RmsNormBackward(Stream& s, float* dx, float* dweight,
+                                       const float* dout, const float* x,
+                                       const float* weight, const float* rstd,
+                                       int64_t rows, int64_t cols);
+  // y[r,:] = softmax(x[r,:]); y may alias x.
+  absl::Status SoftmaxRows(Stream& s, float* y, const float* x,
+                                   int64_t rows, int64_t cols);
+  // out[r] = log(sum_c exp(x[r,c])), stable for any finite x.
+  absl::Status LogSumExpRows(Stream& s, float* out, const float* x,
+                                     int64_t rows, int64_t cols);
+
+  // --- Reductions (result written to out[0], in the space of x) ----------
+  absl::Status Sum(Stream& s, float* out, const float* x,
+                           int64_t n);
+  absl::Status SumSquares(Stream& s, float* out, const float* x,
+                                  int64_t n);
+
+  // --- Optimizer -----------------------------------------------------------
+  absl::Status AdamW(Stream& s, float* param, const float* grad,
+                             float* m, float* v, int64_t n,
+                             const AdamWArgs& args);
+
+ protected:
+  // Implementations: called only after the arguments were validated.
+  virtual absl::Status DoCopy(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status DoGemm(Stream& stream, const GemmArgs& args) = 0;
+  virtual absl::Status DoFill(Stream& s, float* x, int64_t n, float value) = 0;
+  virtual absl::Status DoScale(Stream& s, float* x, int64_t n, float alpha) = 0;
+  virtual absl::Status DoAxpy(Stream& s, float* y, const float* x, int64_t n, float alpha) = 0;
+  virtual absl::Status DoAdd(Stream& s, float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual absl::Status DoMul(Stream& s, float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual absl::Status DoSwiGluForward(Stream& s, float* out, const float* gate, const float* up, int64_t n) = 0;
+  virtual absl::Status DoSwiGluBackward(Stream& s, float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) = 0;
+  virtual absl::Status DoRmsNormForward(Stream& s, float* out, float* rstd, const float* x, const float* weight, int64_t rows, int64_t cols, float eps) = 0;
+  virtual absl::Status DoRmsNormBackward(Stream& s, float* dx, float* dweight, const float* dout, const float* x, const float* weight, const float* rstd, int64_t rows, int64_t cols) = 0;
+  virtual absl::Status DoSoftmaxRows(Stream& s, float* y, const float* x, int64_t rows, int64_t cols) = 0;
+  virtual absl::Status DoLogSumExpRows(Stream& s, float* out, const float* x, int64_t rows, int64_t cols) = 0;
+  virtual absl::Status DoSum(Stream& s, float* out, const float* x, int64_t n) = 0;
+  virtual absl::Status DoSumSquares(Stream& s, float* out, const float* x, int64_t n) = 0;
+  virtual absl::Status DoAdamW(Stream& s, float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args) = 0;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_BACKEND_H_

@@ -1,0 +1,147 @@
+#include "kernels/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_ops.h"
+#include "kernels/cpu_stream.h"
+
+namespace plateau {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& o)
+      : device_(SpaceKind::kDevice, "device", o.device_memory_bytes),
+        host_(SpaceKind::kHost, "host", o.host_memory_bytes) {}
+
+  BackendKind kind() const override { return BackendKind::kCpu; }
+
+  std::string Describe() const override {
+    return absl::StrCat("cpu (OpenBLAS ", openblas_get_config(), ", ",
+                        openblas_get_num_threads(), " threads; device arena ",
+                        device_.cap_bytes(), " bytes)");
+  }
+
+  MemorySpace& device() override { return device_; }
+  MemorySpace& host() override { return host_; }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
+      absl::string_view name) override {
+    return std::make_unique<CpuStream>(std::string(name));
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    return std::make_unique<CpuEvent>();
+  }
+
+ protected:
+  // Every operation becomes one task on the stream's thread.
+  template <typename F>
+  absl::Status Run(Stream& stream, F&& f) {
+    auto* s = dynamic_cast<CpuStream*>(&stream);
+    if (s == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stream '", stream.name(), "' does not belong to the CPU backend"));
+    }
+    s->Enqueue([f = std::forward<F>(f)]() {
+      f();
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status DoCopy(Stream& st, void* dst, const void* src,
+                      size_t bytes) override {
+    return Run(st, [=] { std::memcpy(dst, src, bytes); });
+  }
+  absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
+    return Run(st, [=] { cpu::Gemm(g); });
+  }
+  absl::Status DoFill(Stream& st, float* x, int64_t n, float value) override {
+    return Run(st, [=] { cpu::Fill(x, n, value); });
+  }
+  absl::Status DoScale(Stream& st, float* x, int64_t n, float alpha) override {
+    return Run(st, [=] { cpu::Scale(x, n, alpha); });
+  }
+  absl::Status DoAxpy(Stream& st, float* y, const float* x, int64_t n,
+                      float alpha) override {
+    return Run(st, [=] { cpu::Axpy(y, x, n, alpha); });
+  }
+  absl::Status DoAdd(Stream& st, float* out, const float* a, const float* b,
+                     int64_t n) override {
+    return Run(st, [=] { cpu::Add(out, a, b, n); });
+  }
+  absl::Status DoMul(Stream& st, float* out, const float* a, const float* b,
+                     int64_t n) override {
+    return Run(st, [=] { cpu::Mul(out, a, b, n); });
+  }
+  absl::Status DoSwiGluForward(Stream& st, float* out, const float* gate,
+                               const float* up, int64_t n) override {
+    return Run(st, [=] { cpu::SwiGluForward(out, gate, up, n); });
+  }
+  absl::Status DoSwiGluBackward(Stream& st, float* dgate, float* dup,
+                                const float* dout, const float* gate,
+                                const float* up, int64_t n) override {
+    return Run(st, [=] { cpu::SwiGluBackward(dgate, dup, dout, gate, up, n); });
+  }
+  absl::Status DoRmsNormForward(Stream& st, float* out, float* rstd,
+                                const float* x, const float* weight,
+                                int64_t rows, int64_t cols,
+                                float eps) override {
+    return Run(st, [=] {
+      cpu::RmsNormForward(out, rstd, x, weight, rows, cols, eps);
+    });
+  }
+  absl::Status DoRmsNormBackward(Stream& st, float* dx, float* dweight,
+                                 const float* dout, const float* x,
+                                 const float* weight, const float* rstd,
+                                 int64_t rows, int64_t cols) override {
+    return Run(st, [=] {
+      cpu::RmsNormBackward(dx, dweight, dout, x, weight, rstd, rows, cols);
+    });
+  }
+  absl::Status DoSoftmaxRows(Stream& st, float* y, const float* x,
+                             int64_t rows, int64_t cols) override {
+    return Run(st, [=] { cpu::SoftmaxRows(y, x, rows, cols); });
+  }
+  absl::Status DoLogSumExpRows(Stream& st, float* out, const float* x,
+                               int64_t rows, int64_t cols) override {
+    return Run(st, [=] { cpu::LogSumExpRows(out, x, rows, cols); });
+  }
+  absl::Status DoSum(Stream& st, float* out, const float* x,
+                     int64_t n) override {
+    return Run(st, [=] { cpu::Sum(out, x, n); });
+  }
+  absl::Status DoSumSquares(Stream& st, float* out, const float* x,
+                            int64_t n) override {
+    return Run(st, [=] { cpu::SumSquares(out, x, n); });
+  }
+  absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
+                       float* v, int64_t n, const AdamWArgs& args) override {
+    return Run(st, [=] { cpu::AdamW(param, grad, m, v, n, args); });
+  }
+
+ private:
+  HeapSpace device_;
+  HeapSpace host_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
+    const BackendOptions& options) {
+  if (options.device_memory_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_memory_bytes: the CPU backend's device arena needs a size "
+        "> 0 bytes, got ",
+        options.device_memory_bytes));
+  }
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace plateau

@@ -1,0 +1,139 @@
+#include "kernels/cpu_stream.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace plateau {
+
+// ---------------------------------------------------------------------------
+// CpuEvent
+
+uint64_t CpuEvent::NextTicket() {
+  absl::MutexLock lock(&mu_);
+  return ++recorded_;
+}
+
+uint64_t CpuEvent::last_ticket() {
+  absl::MutexLock lock(&mu_);
+  return recorded_;
+}
+
+void CpuEvent::Complete(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  if (ticket > completed_) completed_ = ticket;
+}
+
+void CpuEvent::WaitFor(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  struct Arg {
+    const uint64_t* completed;
+    uint64_t ticket;
+  } arg{&completed_, ticket};
+  mu_.Await(absl::Condition(
+      +[](Arg* a) { return *a->completed >= a->ticket; }, &arg));
+}
+
+absl::Status CpuEvent::Synchronize() {
+  WaitFor(last_ticket());
+  return absl::OkStatus();
+}
+
+bool CpuEvent::Done() {
+  absl::MutexLock lock(&mu_);
+  return completed_ >= recorded_;
+}
+
+// ---------------------------------------------------------------------------
+// CpuStream
+
+CpuStream::CpuStream(std::string name)
+    : name_(std::move(name)), worker_([this] { Run(); }) {}
+
+CpuStream::~CpuStream() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  worker_.join();
+}
+
+void CpuStream::Push(Item item) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(item));
+  ++enqueued_;
+}
+
+void CpuStream::Enqueue(Task task) { Push({std::move(task), false}); }
+
+absl::Status CpuStream::Record(Event& event) {
+  auto* e = dynamic_cast<CpuEvent*>(&event);
+  if (e == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream '", name_, "': Record needs a CPU event"));
+  }
+  uint64_t ticket = e->NextTicket();
+  Push({[e, ticket] {
+          e->Complete(ticket);
+          return absl::OkStatus();
+        },
+        true});
+  return absl::OkStatus();
+}
+
+absl::Status CpuStream::Wait(Event& event) {
+  auto* e = dynamic_cast<CpuEvent*>(&event);
+  if (e == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream '", name_, "': Wait needs a CPU event"));
+  }
+  uint64_t ticket = e->last_ticket();
+  if (ticket == 0) return absl::OkStatus();  // never recorded: complete
+  Push({[e, ticket] {
+          e->WaitFor(ticket);
+          return absl::OkStatus();
+        },
+        true});
+  return absl::OkStatus();
+}
+
+absl::Status CpuStream::Synchronize() {
+  absl::MutexLock lock(&mu_);
+  struct Arg {
+    const int64_t* finished;
+    int64_t target;
+  } arg{&finished_, enqueued_};
+  mu_.Await(absl::Condition(
+      +[](Arg* a) { return *a->finished >= a->target; }, &arg));
+  return error_;
+}
+
+void CpuStream::Run() {
+  for (;;) {
+    Item item;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](CpuStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+            return !s->queue_.empty() || s->stopping_;
+          },
+          this));
+      if (queue_.empty()) return;  // stopping and drained
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      if (!item.control && !error_.ok()) {
+        ++finished_;  // skipped: the stream already failed
+        continue;
+      }
+    }
+    absl::Status s = item.task();
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && error_.ok()) {
+      error_ = absl::Status(s.code(),
+                            absl::StrCat("stream '", name_, "': ", s.message()));
+    }
+    ++finished_;
+  }
+}
+
+}  // namespace plateau

@@ -1,0 +1,197 @@
+#include "kernels/memory.h"
+
+#include <cstdlib>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace plateau {
+namespace {
+
+constexpr absl::string_view kLiveSetNames[kNumLiveSets] = {
+    "weights",     "grads",      "optimizer",   "checkpoints",
+    "dispatch",    "projection", "activations", "workspace",
+};
+
+}  // namespace
+
+absl::string_view LiveSetName(LiveSet set) {
+  int i = static_cast<int>(set);
+  return (i >= 0 && i < kNumLiveSets) ? kLiveSetNames[i] : "unknown";
+}
+
+absl::StatusOr<LiveSet> ParseLiveSet(absl::string_view name) {
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (kLiveSetNames[i] == name) return static_cast<LiveSet>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "live set: unknown name '", name,
+      "'; expected one of weights, grads, optimizer, checkpoints, dispatch, "
+      "projection, activations, workspace"));
+}
+
+absl::string_view SpaceKindName(SpaceKind kind) {
+  return kind == SpaceKind::kDevice ? "device" : "host";
+}
+
+std::string MemoryStats::DebugString() const {
+  std::string out;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (current[i] == 0 && peak[i] == 0) continue;
+    absl::StrAppend(&out, kLiveSetNames[i], "=", current[i], " (peak ",
+                    peak[i], "), ");
+  }
+  absl::StrAppend(&out, "total=", total_current, " (peak ", total_peak, ")");
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// MemoryTracker
+
+void MemoryTracker::RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen &&
+         !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+void MemoryTracker::Add(LiveSet set, int64_t bytes) {
+  int i = static_cast<int>(set);
+  RaiseTo(peak_[i],
+          current_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  RaiseTo(total_peak_,
+          total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+}
+
+void MemoryTracker::Sub(LiveSet set, int64_t bytes) {
+  current_[static_cast<int>(set)].fetch_sub(bytes, std::memory_order_relaxed);
+  total_current_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+int64_t MemoryTracker::current(LiveSet set) const {
+  return current_[static_cast<int>(set)].load(std::memory_order_relaxed);
+}
+int64_t MemoryTracker::peak(LiveSet set) const {
+  return peak_[static_cast<int>(set)].load(std::memory_order_relaxed);
+}
+int64_t MemoryTracker::total_current() const {
+  return total_current_.load(std::memory_order_relaxed);
+}
+int64_t MemoryTracker::total_peak() const {
+  return total_peak_.load(std::memory_order_relaxed);
+}
+
+void MemoryTracker::ResetPeaks() {
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    peak_[i].store(current_[i].load(std::memory_order_relaxed),
+                   std::memory_order_relaxed);
+  }
+  total_peak_.store(total_current_.load(std::memory_order_relaxed),
+                    std::memory_order_relaxed);
+}
+
+MemoryStats MemoryTracker::Snapshot() const {
+  MemoryStats s;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    s.current[i] = current_[i].load(std::memory_order_relaxed);
+    s.peak[i] = peak_[i].load(std::memory_order_relaxed);
+  }
+  s.total_current = total_current();
+  s.total_peak = total_peak();
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Buffer
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    space_ = std::exchange(other.space_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    live_set_ = other.live_set_;
+  }
+  return *this;
+}
+
+void Buffer::Release() {
+  if (space_ == nullptr) return;
+  space_->Free(data_, bytes_, live_set_);
+  space_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+// ---------------------------------------------------------------------------
+// MemorySpace
+
+MemorySpace::MemorySpace(SpaceKind kind, std::string name, int64_t cap_bytes)
+    : kind_(kind), name_(std::move(name)), cap_bytes_(cap_bytes) {}
+
+MemorySpace::~MemorySpace() = default;
+
+absl::Status MemorySpace::OutOfMemory(LiveSet set, size_t bytes,
+                                      absl::string_view why) {
+  MemoryStats s = tracker_.Snapshot();
+  std::string free_text =
+      cap_bytes_ == kUncapped
+          ? std::string("no cap")
+          : absl::StrCat(cap_bytes_ - s.total_current, " bytes free of a ",
+                         cap_bytes_, "-byte cap");
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s out of memory: live set '%s' asked for %d bytes; %s (%s); in use: "
+      "%s",
+      name_, LiveSetName(set), bytes, free_text, why, s.DebugString()));
+}
+
+absl::StatusOr<Buffer> MemorySpace::Allocate(LiveSet set, size_t bytes) {
+  int idx = static_cast<int>(set);
+  if (idx < 0 || idx >= kNumLiveSets) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Allocate: live set ", idx, " is not a LiveSet value"));
+  }
+  if (bytes == 0) return Buffer(this, nullptr, 0, set);
+  absl::MutexLock lock(&mu_);
+  if (bytes > static_cast<size_t>(INT64_MAX / 2)) {
+    return OutOfMemory(set, bytes, "larger than any space");
+  }
+  if (cap_bytes_ != kUncapped &&
+      tracker_.total_current() + static_cast<int64_t>(bytes) > cap_bytes_) {
+    return OutOfMemory(set, bytes, "over the cap");
+  }
+  absl::StatusOr<void*> data = RawAllocate(bytes);
+  if (!data.ok()) {
+    if (absl::IsResourceExhausted(data.status())) {
+      return OutOfMemory(set, bytes, data.status().message());
+    }
+    return data.status();
+  }
+  tracker_.Add(set, static_cast<int64_t>(bytes));
+  return Buffer(this, *data, bytes, set);
+}
+
+void MemorySpace::Free(void* data, size_t bytes, LiveSet set) {
+  if (bytes == 0) return;
+  absl::MutexLock lock(&mu_);
+  RawFree(data, bytes);
+  tracker_.Sub(set, static_cast<int64_t>(bytes));
+}
+
+// ---------------------------------------------------------------------------
+// HeapSpace
+
+absl::StatusOr<void*> HeapSpace::RawAllocate(size_t bytes) {
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError("the host allocator refused");
+  }
+  return p;
+}
+
+void HeapSpace::RawFree(void* data, size_t /*bytes*/) { std::free(data); }
+
+}  // namespace plateau

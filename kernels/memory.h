@@ -1,0 +1,197 @@
+// Memory spaces with per-live-set accounting.
+//
+// Every allocation names the live set it belongs to (the paper's unit of
+// memory: weights, gradients, optimizer state, checkpoints, dispatch,
+// projection, activations, workspace). A MemoryTracker keeps the current and
+// peak bytes of each live set and of their total, so that every schedule's
+// bound can be checked against what the runtime actually held.
+//
+// Thread safety: MemoryTracker and MemorySpace are safe to use from any
+// thread. A Buffer is owned by one thread at a time, like a std::unique_ptr.
+#ifndef PLATEAU_KERNELS_MEMORY_H_
+#define PLATEAU_KERNELS_MEMORY_H_
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace plateau {
+
+// The live sets of DESIGN.md "Memory model". The order is the reporting order.
+enum class LiveSet : int {
+  kWeights = 0,
+  kGrads,
+  kOptimizer,
+  kCheckpoints,
+  kDispatch,
+  kProjection,
+  kActivations,
+  kWorkspace,
+};
+inline constexpr int kNumLiveSets = 8;
+
+// "weights", "grads", "optimizer", "checkpoints", "dispatch", "projection",
+// "activations", "workspace".
+absl::string_view LiveSetName(LiveSet set);
+absl::StatusOr<LiveSet> ParseLiveSet(absl::string_view name);
+
+enum class SpaceKind { kDevice, kHost };
+absl::string_view SpaceKindName(SpaceKind kind);  // "device" or "host"
+
+// A point-in-time copy of a tracker's counters.
+struct MemoryStats {
+  std::array<int64_t, kNumLiveSets> current{};
+  std::array<int64_t, kNumLiveSets> peak{};
+  int64_t total_current = 0;
+  int64_t total_peak = 0;
+
+  int64_t current_of(LiveSet s) const { return current[static_cast<int>(s)]; }
+  int64_t peak_of(LiveSet s) const { return peak[static_cast<int>(s)]; }
+  // "weights=1024 (peak 2048), grads=..., total=... (peak ...)"; sets that
+  // never held anything are left out.
+  std::string DebugString() const;
+};
+
+// Current and peak bytes per live set and in total. Updates are a few relaxed
+// atomic operations, cheap enough to leave on in every build.
+//
+// The total peak is the peak of the sum, not the sum of the per-set peaks:
+// two live sets that peak at different times do not add up.
+class MemoryTracker {
+ public:
+  MemoryTracker() = default;
+  MemoryTracker(const MemoryTracker&) = delete;
+  MemoryTracker& operator=(const MemoryTracker&) = delete;
+
+  void Add(LiveSet set, int64_t bytes);
+  void Sub(LiveSet set, int64_t bytes);
+
+  int64_t current(LiveSet set) const;
+  int64_t peak(LiveSet set) const;
+  int64_t total_current() const;
+  int64_t total_peak() const;
+
+  // Starts a new measurement phase (a forward, a backward, a step): every
+  // peak becomes the current value, so later peaks describe only this phase.
+  void ResetPeaks();
+
+  MemoryStats Snapshot() const;
+
+ private:
+  static void RaiseTo(std::atomic<int64_t>& peak, int64_t value);
+
+  std::array<std::atomic<int64_t>, kNumLiveSets> current_{};
+  std::array<std::atomic<int64_t>, kNumLiveSets> peak_{};
+  std::atomic<int64_t> total_current_{0};
+  std::atomic<int64_t> total_peak_{0};
+};
+
+class MemorySpace;
+
+// Owns one allocation in a MemorySpace; returns it (and its bytes in the
+// tracker) when destroyed or released. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  ~Buffer() { Release(); }
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+  LiveSet live_set() const { return live_set_; }
+  MemorySpace* space() const { return space_; }
+  bool empty() const { return space_ == nullptr; }
+
+  // Frees the allocation now (no-op on an empty buffer).
+  void Release();
+
+ private:
+  friend class MemorySpace;
+  Buffer(MemorySpace* space, void* data, size_t bytes, LiveSet set)
+      : space_(space), data_(data), bytes_(bytes), live_set_(set) {}
+
+  MemorySpace* space_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  LiveSet live_set_ = LiveSet::kWorkspace;
+};
+
+// A memory space (device or host) with an optional byte cap.
+//
+// Allocate() checks the cap before asking the underlying allocator, so that a
+// capped space behaves like a device of that size: going over it returns
+// RESOURCE_EXHAUSTED naming the live set, the bytes asked, the bytes free and
+// what every live set holds — never a crash or an abort. Bytes are counted as
+// requested (alignment padding is not charged), so the tracker's figures are
+// the ones a closed-form bound predicts.
+//
+// Every Buffer must be released before its space is destroyed.
+class MemorySpace {
+ public:
+  static constexpr size_t kAlignment = 256;  // as cudaMalloc guarantees
+  static constexpr int64_t kUncapped = 0;
+
+  MemorySpace(SpaceKind kind, std::string name, int64_t cap_bytes);
+  virtual ~MemorySpace();
+  MemorySpace(const MemorySpace&) = delete;
+  MemorySpace& operator=(const MemorySpace&) = delete;
+
+  absl::StatusOr<Buffer> Allocate(LiveSet set, size_t bytes);
+
+  SpaceKind kind() const { return kind_; }
+  const std::string& name() const { return name_; }
+  // kUncapped (0) when only the underlying allocator limits the space.
+  int64_t cap_bytes() const { return cap_bytes_; }
+  MemoryTracker& tracker() { return tracker_; }
+  const MemoryTracker& tracker() const { return tracker_; }
+
+ protected:
+  // Returns the memory, or RESOURCE_EXHAUSTED / INTERNAL from the allocator.
+  // Never called with bytes == 0.
+  virtual absl::StatusOr<void*> RawAllocate(size_t bytes) = 0;
+  virtual void RawFree(void* data, size_t bytes) = 0;
+
+ private:
+  friend class Buffer;
+  void Free(void* data, size_t bytes, LiveSet set);
+  absl::Status OutOfMemory(LiveSet set, size_t bytes, absl::string_view why);
+
+  const SpaceKind kind_;
+  const std::string name_;
+  const int64_t cap_bytes_;
+  MemoryTracker tracker_;
+  // Makes the cap check and the tracker update one step, so two threads
+  // cannot both pass the check and overshoot the cap together.
+  absl::Mutex mu_;
+};
+
+// Plain aligned heap memory with an optional cap: the CPU backend's device
+// arena (its cap is the launch option that plays the GPU's memory size) and
+// its host space.
+class HeapSpace final : public MemorySpace {
+ public:
+  HeapSpace(SpaceKind kind, std::string name, int64_t cap_bytes)
+      : MemorySpace(kind, std::move(name), cap_bytes) {}
+
+ protected:
+  absl::StatusOr<void*> RawAllocate(size_t bytes) override;
+  void RawFree(void* data, size_t bytes) override;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MEMORY_H_
