@@ -3,11 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu_backend.h"
 #include "kernels/status_macros.h"
-#ifdef PLATEAU_WITH_CUDA
-#include "kernels/cuda/cuda_backend.h"
-#endif
 
 namespace plateau {
 
@@ -20,32 +16,6 @@ absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name) {
   if (name == "cuda") return BackendKind::kCuda;
   return absl::InvalidArgumentError(
       absl::StrCat("backend: unknown '", name, "'; expected cpu or cuda"));
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(
-    const BackendOptions& options) {
-  if (options.device_memory_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device_memory_bytes: must be >= 0, got ",
-                     options.device_memory_bytes));
-  }
-  if (options.host_memory_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host_memory_bytes: must be >= 0, got ", options.host_memory_bytes));
-  }
-  switch (options.kind) {
-    case BackendKind::kCpu:
-      return CreateCpuBackend(options);
-    case BackendKind::kCuda:
-#ifdef PLATEAU_WITH_CUDA
-      return CreateCudaBackend(options);
-#else
-      return absl::FailedPreconditionError(
-          "backend: cuda was asked for, but this build has no CUDA backend; "
-          "rebuild with --config=cuda");
-#endif
-  }
-  return absl::InvalidArgumentError("backend: unknown kind");
 }
 
 // ---------------------------------------------------------------------------

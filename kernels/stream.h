@@ -45,6 +45,9 @@ class Stream {
   // Blocks the host until all enqueued work has run; returns the stream's
   // first error, if any.
   virtual absl::Status Synchronize() = 0;
+  // The backend's own handle (a cudaStream_t on CUDA), for libraries such as
+  // NCCL that take one; nullptr on the CPU.
+  virtual void* native_handle() const { return nullptr; }
 };
 
 }  // namespace plateau

@@ -1,0 +1,38 @@
+// Backend::Create lives apart from the interface so that the CUDA backend
+// can depend on the interface without a dependency cycle.
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_backend.h"
+#ifdef PLATEAU_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace plateau {
+
+absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(
+    const BackendOptions& options) {
+  if (options.device_memory_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_memory_bytes: must be >= 0, got ",
+                     options.device_memory_bytes));
+  }
+  if (options.host_memory_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_memory_bytes: must be >= 0, got ", options.host_memory_bytes));
+  }
+  switch (options.kind) {
+    case BackendKind::kCpu:
+      return CreateCpuBackend(options);
+    case BackendKind::kCuda:
+#ifdef PLATEAU_WITH_CUDA
+      return CreateCudaBackend(options);
+#else
+      return absl::FailedPreconditionError(
+          "backend: cuda was asked for, but this build has no CUDA backend; "
+          "rebuild with --config=cuda");
+#endif
+  }
+  return absl::InvalidArgumentError("backend: unknown kind");
+}
+
+}  // namespace plateau
