@@ -1,0 +1,75 @@
+// Causal grouped-query attention, tiled with an online softmax (the
+// FlashAttention recurrence), on the CPU. Memory is linear in the sequence:
+// no T x T score matrix exists, only one tile of it at a time.
+//
+// The unit of work is a *block pair*: the queries a rank holds against one
+// block of keys/values, which may be its own or one that arrived over the
+// ring (ring attention). Forward folds each K/V block into a running state
+// per query row and head (max m, sum l, unnormalised output acc); after the
+// last block, Finalize turns the state into the output and the log-sum-exp
+// that backward needs. Backward recomputes the scores of each block pair from
+// q, k and the saved log-sum-exp; dK and dV of a block accumulate into
+// buffers that travel with the block.
+//
+// Layouts (row-major): q, acc, o, dq: [batch, q_len, heads, head_dim];
+// k, v, dk, dv: [batch, kv_len, kv_heads, head_dim]; m, l, lse, delta:
+// [batch, q_len, heads]. Query head i reads K/V head i / (heads / kv_heads).
+// Row t of sequence b in the query block has global position q_pos0 + t; in
+// the K/V block kv_pos0 + t. A key is visible when its position <= the
+// query's (causal), and only within the same sequence b.
+//
+// Every function is deterministic: a fixed tile order, no atomics.
+#ifndef PLATEAU_KERNELS_MODEL_ATTENTION_H_
+#define PLATEAU_KERNELS_MODEL_ATTENTION_H_
+
+#include <cstdint>
+
+namespace plateau {
+
+struct AttentionShape {
+  int64_t batch = 1;
+  int64_t q_len = 0;   // query rows per sequence in this block
+  int64_t kv_len = 0;  // key rows per sequence in the K/V block
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t head_dim = 0;
+  int64_t q_pos0 = 0;
+  int64_t kv_pos0 = 0;
+  float scale = 1.0f;  // 1 / sqrt(head_dim)
+};
+
+// m = -inf, l = 0, acc = 0.
+void AttentionInitState(const AttentionShape& s, float* m, float* l,
+                        float* acc);
+
+// Folds the K/V block into the running state.
+void AttentionForwardBlock(const AttentionShape& s, const float* q,
+                           const float* k, const float* v, float* m, float* l,
+                           float* acc);
+
+// o = acc / l (in place: acc becomes o), lse = m + log(l). A row that saw no
+// key at all (impossible under causal masking with its own block) gets o = 0
+// and lse = -inf.
+void AttentionFinalize(const AttentionShape& s, const float* m, const float* l,
+                       float* acc_to_o, float* lse);
+
+// delta[row, head] = sum_c o * do: the softmax-backward correction term.
+void AttentionDelta(const AttentionShape& s, const float* o, const float* dout,
+                    float* delta);
+
+// Adds this block pair's contribution to dq (queries) and to dk, dv (the
+// block's keys and values).
+void AttentionBackwardBlock(const AttentionShape& s, const float* q,
+                            const float* k, const float* v, const float* dout,
+                            const float* lse, const float* delta, float* dq,
+                            float* dk, float* dv);
+
+// Rotary embedding (docs/MODEL.md, half-split) in place on x [batch, len,
+// heads, head_dim], row t of sequence b at position pos0 + t. `inverse`
+// applies the transposed rotation, which is the backward.
+void RopeApply(float* x, int64_t batch, int64_t len, int64_t heads,
+               int64_t head_dim, int64_t pos0, float theta, bool inverse);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MODEL_ATTENTION_H_
