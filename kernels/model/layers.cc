@@ -1,0 +1,116 @@
+#include "kernels/model/layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/model/config.h"
+
+namespace plateau {
+
+void EmbeddingForward(const float* table, const int32_t* tokens, int64_t rows,
+                      int64_t hidden, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(table + static_cast<int64_t>(tokens[r]) * hidden, hidden,
+                out + r * hidden);
+  }
+}
+
+void EmbeddingBackward(const float* dout, const int32_t* tokens, int64_t rows,
+                       int64_t hidden, float* dtable) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = dtable + static_cast<int64_t>(tokens[r]) * hidden;
+    const float* d = dout + r * hidden;
+    for (int64_t c = 0; c < hidden; ++c) row[c] += d[c];
+  }
+}
+
+void RouterForward(const float* logits, int64_t rows, int64_t experts,
+                   int64_t top_k, float* probs, int32_t* chosen, float* gates) {
+  std::vector<int32_t> order(experts);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* lg = logits + r * experts;
+    float* p = probs + r * experts;
+    const float mx = *std::max_element(lg, lg + experts);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(lg[e] - mx));
+    const float inv = 1.0f / sum;
+    for (int64_t e = 0; e < experts; ++e) p[e] *= inv;
+    std::iota(order.begin(), order.end(), 0);
+    // Stable: equal probabilities keep the lower expert index first.
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [p](int32_t a, int32_t b) {
+                        return p[a] > p[b] || (p[a] == p[b] && a < b);
+                      });
+    float total = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) total += p[order[j]];
+    for (int64_t j = 0; j < top_k; ++j) {
+      chosen[r * top_k + j] = order[j];
+      gates[r * top_k + j] = p[order[j]] / total;
+    }
+  }
+}
+
+void RouterBackward(const float* probs, const int32_t* chosen,
+                    const float* gates, const float* dgates, int64_t rows,
+                    int64_t experts, int64_t top_k, float* dlogits) {
+  std::vector<float> dp(experts);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = probs + r * experts;
+    const int32_t* ch = chosen + r * top_k;
+    const float* g = gates + r * top_k;
+    const float* dg = dgates + r * top_k;
+    // g_j = p_j / S with S = sum of the chosen p: dp_j = (dg_j - <dg, g>) / S.
+    float total = 0.0f, gdot = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      total += p[ch[j]];
+      gdot += dg[j] * g[j];
+    }
+    std::fill(dp.begin(), dp.end(), 0.0f);
+    for (int64_t j = 0; j < top_k; ++j) dp[ch[j]] = (dg[j] - gdot) / total;
+    // Softmax: dlogit_e = p_e (dp_e - <dp, p>).
+    float pdot = 0.0f;
+    for (int64_t e = 0; e < experts; ++e) pdot += dp[e] * p[e];
+    float* dl = dlogits + r * experts;
+    for (int64_t e = 0; e < experts; ++e) dl[e] = p[e] * (dp[e] - pdot);
+  }
+}
+
+double CrossEntropyForward(const float* logits, const int32_t* targets,
+                           int64_t rows, int64_t vocab, float* lse,
+                           int64_t* valid) {
+  double total = 0.0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == kIgnoreIndex) {
+      lse[r] = 0.0f;
+      continue;
+    }
+    const float* lg = logits + r * vocab;
+    const float mx = *std::max_element(lg, lg + vocab);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < vocab; ++c) sum += std::exp(lg[c] - mx);
+    lse[r] = mx + std::log(sum);
+    total += static_cast<double>(lse[r] - lg[targets[r]]);
+    ++count;
+  }
+  *valid = count;
+  return total;
+}
+
+void CrossEntropyBackward(float* logits_to_grad, const float* lse,
+                          const int32_t* targets, int64_t rows, int64_t vocab,
+                          float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = logits_to_grad + r * vocab;
+    if (targets[r] == kIgnoreIndex) {
+      std::fill(row, row + vocab, 0.0f);
+      continue;
+    }
+    for (int64_t c = 0; c < vocab; ++c) row[c] = std::exp(row[c] - lse[r]) * scale;
+    row[targets[r]] -= scale;
+  }
+}
+
+}  // namespace plateau

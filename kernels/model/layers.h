@@ -1,0 +1,47 @@
+// The model's small layers on the CPU, as plain synchronous functions over
+// row-major fp32 buffers: token embedding, the router (softmax, top-k,
+// renormalise) and the dense cross-entropy of the projection baseline.
+// Attention is in attention.h; GEMMs, RMSNorm and SwiGLU are backend
+// primitives (kernels/backend.h). Every function is deterministic.
+#ifndef PLATEAU_KERNELS_MODEL_LAYERS_H_
+#define PLATEAU_KERNELS_MODEL_LAYERS_H_
+
+#include <cstdint>
+
+namespace plateau {
+
+// out[r, :] = table[tokens[r], :]. Token ids must be in [0, vocab).
+void EmbeddingForward(const float* table, const int32_t* tokens, int64_t rows,
+                      int64_t hidden, float* out);
+// dtable[tokens[r], :] += dout[r, :], in row order.
+void EmbeddingBackward(const float* dout, const int32_t* tokens, int64_t rows,
+                       int64_t hidden, float* dtable);
+
+// Router forward from the router logits [rows, experts]: probs = softmax
+// (kept for backward), the top_k experts by probability (ties to the lower
+// index) in descending order, and their renormalised gates.
+void RouterForward(const float* logits, int64_t rows, int64_t experts,
+                   int64_t top_k, float* probs, int32_t* chosen, float* gates);
+// d logits from d gates, through the renormalisation and the softmax. The
+// top-k selection itself has no gradient.
+void RouterBackward(const float* probs, const int32_t* chosen,
+                    const float* gates, const float* dgates, int64_t rows,
+                    int64_t experts, int64_t top_k, float* dlogits);
+
+// Dense cross-entropy over full logits [rows, vocab]: per row
+// loss = lse - logit[target] (0 for ignored rows, which get lse = 0 too).
+// Returns the sum of the row losses in double, accumulated in row order, and
+// the number of valid rows through `valid`.
+double CrossEntropyForward(const float* logits, const int32_t* targets,
+                           int64_t rows, int64_t vocab, float* lse,
+                           int64_t* valid);
+// In place: logits become d loss / d logits = (softmax - onehot) * scale for
+// valid rows, 0 for ignored ones (scale = 1 / valid tokens of the global
+// batch, for a mean loss).
+void CrossEntropyBackward(float* logits_to_grad, const float* lse,
+                          const int32_t* targets, int64_t rows, int64_t vocab,
+                          float scale);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MODEL_LAYERS_H_
