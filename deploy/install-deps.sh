@@ -10,7 +10,7 @@ PACKAGES=(
   bazel-bootstrap
   # control plane
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev libsqlite3-dev
+  libabsl-dev prometheus-cpp-dev libsqlite3-dev nlohmann-json3-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # CPU backend

@@ -1,0 +1,307 @@
+#include "worker/data.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/model/config.h"
+#include "kernels/model/init.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+constexpr int32_t kShardMagic = 20240520;
+constexpr int64_t kShardHeaderInts = 256;
+
+absl::Status CheckSlice(const DataSlice& s) {
+  if (s.batch < 1) return absl::InvalidArgumentError(absl::StrCat("data.batch: expected >= 1, got ", s.batch));
+  if (s.seq_len < 1) return absl::InvalidArgumentError(absl::StrCat("data.seq_len: expected >= 1, got ", s.seq_len));
+  if (s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("data.rank: expected 0 <= rank < ranks = ", s.ranks, ", got ", s.rank));
+  }
+  if (s.seq_len % s.ranks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("data.seq_len: expected a multiple of ranks = ", s.ranks, ", got ", s.seq_len));
+  }
+  return absl::OkStatus();
+}
+
+// A file descriptor that closes itself.
+class File {
+ public:
+  explicit File(int fd = -1) : fd_(fd) {}
+  ~File() { if (fd_ >= 0) close(fd_); }
+  File(File&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  File& operator=(File&& o) noexcept { std::swap(fd_, o.fd_); return *this; }
+  int fd() const { return fd_; }
+ private:
+  int fd_;
+};
+
+absl::Status ReadAt(int fd, const std::string& path, void* buf, size_t bytes, int64_t offset) {
+  char* p = static_cast<char*>(buf);
+  while (bytes > 0) {
+    ssize_t n = pread(fd, p, bytes, offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat(path, ": short read at byte ", offset, n < 0 ? absl::StrCat(": ", std::strerror(errno)) : ""));
+    }
+    p += n;
+    bytes -= n;
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+// The concatenation of token files, read on demand.
+class TokenStream final : public DataSource {
+ public:
+  struct Part {
+    std::string path;
+    File file;
+    int64_t header_bytes;
+    int64_t token_bytes;  // 1, 2 or 4
+    int64_t count;
+  };
+
+  TokenStream(std::vector<Part> parts, int64_t vocab, const DataSlice& slice)
+      : parts_(std::move(parts)), vocab_(vocab), slice_(slice) {
+    for (const Part& p : parts_) total_ += p.count;
+  }
+
+  int64_t total() const { return total_; }
+  int64_t vocab_size() const override { return vocab_; }
+  uint64_t position() const override { return position_; }
+  void Seek(uint64_t position) override { position_ = position; }
+
+  absl::Status Next(Batch* out) override {
+    const int64_t T = slice_.seq_len, n = T / slice_.ranks;
+    const int64_t per_epoch = (total_ - 1) / T;
+    out->tokens.resize(slice_.batch * n);
+    out->targets.resize(slice_.batch * n);
+    std::vector<int32_t> buf(n + 1);
+    for (int64_t b = 0; b < slice_.batch; ++b) {
+      const int64_t seq = static_cast<int64_t>((position_ + b) % per_epoch);
+      PLATEAU_RETURN_IF_ERROR(Read(seq * T + slice_.rank * n, n + 1, buf.data()));
+      std::copy_n(buf.begin(), n, out->tokens.begin() + b * n);
+      std::copy_n(buf.begin() + 1, n, out->targets.begin() + b * n);
+    }
+    position_ += slice_.batch;
+    return absl::OkStatus();
+  }
+
+ private:
+  // Tokens [start, start + count) of the concatenated stream.
+  absl::Status Read(int64_t start, int64_t count, int32_t* out) {
+    size_t i = 0;
+    while (i < parts_.size() && start >= parts_[i].count) start -= parts_[i++].count;
+    std::vector<unsigned char> raw;
+    while (count > 0) {
+      if (i >= parts_.size()) return absl::InternalError("token stream: read past the end");
+      Part& p = parts_[i];
+      const int64_t take = std::min(count, p.count - start);
+      raw.resize(take * p.token_bytes);
+      PLATEAU_RETURN_IF_ERROR(ReadAt(p.file.fd(), p.path, raw.data(), raw.size(),
+                                     p.header_bytes + start * p.token_bytes));
+      for (int64_t j = 0; j < take; ++j) {
+        uint32_t v = 0;
+        std::memcpy(&v, &raw[j * p.token_bytes], p.token_bytes);  // little-endian
+        if (v >= static_cast<uint64_t>(vocab_)) {
+          return absl::DataLossError(absl::StrCat(p.path, ": token ", v, " at index ", start + j,
+                                                  " is outside the vocabulary of ", vocab_));
+        }
+        out[j] = static_cast<int32_t>(v);
+      }
+      out += take;
+      count -= take;
+      start = 0;
+      ++i;
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<Part> parts_;
+  int64_t vocab_;
+  DataSlice slice_;
+  int64_t total_ = 0;
+  uint64_t position_ = 0;
+};
+
+absl::StatusOr<File> OpenFile(const std::string& path, int64_t* size) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  File f(fd);
+  off_t end = lseek(fd, 0, SEEK_END);
+  if (end < 0) return absl::InternalError(absl::StrCat(path, ": cannot seek"));
+  *size = end;
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<DataSource>> Finish(std::vector<TokenStream::Part> parts,
+                                                   int64_t vocab, const DataSlice& slice,
+                                                   absl::string_view what) {
+  auto s = std::make_unique<TokenStream>(std::move(parts), vocab, slice);
+  if (s->total() < slice.seq_len + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", s->total(), " tokens in all, fewer than one sequence of seq_len + 1 = ",
+        slice.seq_len + 1));
+  }
+  return std::unique_ptr<DataSource>(std::move(s));
+}
+
+// ---------------------------------------------------------------------------
+
+class AssociativeRecall final : public DataSource {
+ public:
+  AssociativeRecall(const RecallTask& t, const DataSlice& s) : task_(t), slice_(s) {}
+  int64_t vocab_size() const override { return task_.vocab_size(); }
+  uint64_t position() const override { return position_; }
+  void Seek(uint64_t position) override { position_ = position; }
+
+  absl::Status Next(Batch* out) override {
+    const int64_t T = slice_.seq_len, n = T / slice_.ranks;
+    out->tokens.resize(slice_.batch * n);
+    out->targets.resize(slice_.batch * n);
+    std::vector<int32_t> tok(T), tgt(T);
+    for (int64_t b = 0; b < slice_.batch; ++b) {
+      Generate(position_ + b, tok.data(), tgt.data());
+      std::copy_n(tok.begin() + slice_.rank * n, n, out->tokens.begin() + b * n);
+      std::copy_n(tgt.begin() + slice_.rank * n, n, out->targets.begin() + b * n);
+    }
+    position_ += slice_.batch;
+    return absl::OkStatus();
+  }
+
+  // Sequence `index`, a pure function of (seed, index).
+  void Generate(uint64_t index, int32_t* tok, int32_t* tgt) const {
+    const int64_t T = slice_.seq_len;
+    uint64_t counter = Mix64(task_.seed) ^ Mix64(index * 0x9e3779b97f4a7c15ULL + 1);
+    auto next = [&counter](uint64_t bound) { return Mix64(counter++) % bound; };
+    std::fill(tok, tok + T, 0);
+    std::fill(tgt, tgt + T, kIgnoreIndex);
+    std::vector<int32_t> keys(task_.num_keys);
+    std::iota(keys.begin(), keys.end(), 2);
+    for (int64_t j = 0; j < task_.pairs; ++j) {  // partial Fisher-Yates
+      std::swap(keys[j], keys[j + next(task_.num_keys - j)]);
+    }
+    std::vector<int32_t> values(task_.pairs);
+    for (auto& v : values) v = static_cast<int32_t>(2 + task_.num_keys + next(task_.num_values));
+    // Pairs spread evenly over the context before the queries, so the
+    // queries reach back across the whole sequence (and across ranks).
+    const int64_t region = T - 3 * task_.queries;
+    for (int64_t j = 0; j < task_.pairs; ++j) {
+      const int64_t at = j * (region / task_.pairs);
+      tok[at] = keys[j];
+      tok[at + 1] = values[j];
+    }
+    std::vector<int64_t> asked(task_.pairs);
+    std::iota(asked.begin(), asked.end(), 0);
+    for (int64_t q = 0; q < task_.queries; ++q) {
+      std::swap(asked[q], asked[q + next(task_.pairs - q)]);
+      const int64_t at = region + 3 * q;
+      tok[at] = 1;  // QUERY
+      tok[at + 1] = keys[asked[q]];
+      tok[at + 2] = values[asked[q]];
+      tgt[at + 1] = values[asked[q]];  // the answer is predicted at the key
+    }
+  }
+
+ private:
+  RecallTask task_;
+  DataSlice slice_;
+  uint64_t position_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataSource>> OpenTokenShards(
+    std::vector<std::string> paths, int64_t vocab_size, const DataSlice& slice) {
+  PLATEAU_RETURN_IF_ERROR(CheckSlice(slice));
+  if (paths.empty()) return absl::InvalidArgumentError("data.shards: expected at least one file");
+  if (vocab_size < 2) return absl::InvalidArgumentError("data: vocab_size must be >= 2");
+  std::vector<TokenStream::Part> parts;
+  for (const std::string& path : paths) {
+    int64_t size = 0;
+    PLATEAU_ASSIGN_OR_RETURN(File f, OpenFile(path, &size));
+    int32_t header[kShardHeaderInts];
+    if (size < static_cast<int64_t>(sizeof(header))) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", size, " bytes, shorter than the 1024-byte shard header"));
+    }
+    PLATEAU_RETURN_IF_ERROR(ReadAt(f.fd(), path, header, sizeof(header), 0));
+    if (header[0] != kShardMagic) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": bad magic ", header[0], ", expected ", kShardMagic, " (an llm.c token shard)"));
+    }
+    if (header[1] != 1 && header[1] != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported version ", header[1], ", expected 1 (uint16) or 2 (uint32)"));
+    }
+    const int64_t tb = header[1] == 1 ? 2 : 4, count = header[2];
+    if (count < 0 || static_cast<int64_t>(sizeof(header)) + count * tb != size) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": header says ", count, " tokens of ", tb,
+                                                     " bytes but the file has ", size - static_cast<int64_t>(sizeof(header)), " bytes of tokens"));
+    }
+    parts.push_back({path, std::move(f), static_cast<int64_t>(sizeof(header)), tb, count});
+  }
+  return Finish(std::move(parts), vocab_size, slice, "data.shards");
+}
+
+absl::StatusOr<std::unique_ptr<DataSource>> OpenByteText(const std::string& path,
+                                                         const DataSlice& slice) {
+  PLATEAU_RETURN_IF_ERROR(CheckSlice(slice));
+  int64_t size = 0;
+  PLATEAU_ASSIGN_OR_RETURN(File f, OpenFile(path, &size));
+  std::vector<TokenStream::Part> parts;
+  parts.push_back({path, std::move(f), 0, 1, size});
+  return Finish(std::move(parts), 256, slice, "data.text");
+}
+
+absl::StatusOr<std::unique_ptr<DataSource>> OpenAssociativeRecall(const RecallTask& t,
+                                                                  const DataSlice& slice) {
+  PLATEAU_RETURN_IF_ERROR(CheckSlice(slice));
+  if (t.num_keys < 1 || t.num_values < 1) {
+    return absl::InvalidArgumentError("data.recall: num_keys and num_values must be >= 1");
+  }
+  if (t.pairs < 1 || t.pairs > t.num_keys) {
+    return absl::InvalidArgumentError(absl::StrCat("data.recall.pairs: expected 1 to num_keys = ", t.num_keys, ", got ", t.pairs));
+  }
+  if (t.queries < 1 || t.queries > t.pairs) {
+    return absl::InvalidArgumentError(absl::StrCat("data.recall.queries: expected 1 to pairs = ", t.pairs, ", got ", t.queries));
+  }
+  const int64_t region = slice.seq_len - 3 * t.queries;
+  if (region < 2 * t.pairs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.seq_len: ", slice.seq_len, " is too short for ", t.pairs, " pairs and ", t.queries,
+        " queries; expected >= ", 2 * t.pairs + 3 * t.queries));
+  }
+  return std::unique_ptr<DataSource>(std::make_unique<AssociativeRecall>(t, slice));
+}
+
+absl::Status WriteTokenShard(const std::string& path, const std::vector<int32_t>& tokens) {
+  int32_t header[kShardHeaderInts] = {};
+  header[0] = kShardMagic;
+  header[1] = 1;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::vector<uint16_t> body(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", tokens[i], " at ", i, " does not fit uint16"));
+    }
+    body[i] = static_cast<uint16_t>(tokens[i]);
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return absl::InternalError(absl::StrCat(path, ": cannot create"));
+  bool ok = std::fwrite(header, sizeof(header), 1, f) == 1 &&
+            (body.empty() || std::fwrite(body.data(), 2, body.size(), f) == body.size());
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace plateau
