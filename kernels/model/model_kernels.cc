@@ -1,0 +1,247 @@
+#include "kernels/model/model_kernels.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_stream.h"
+#include "kernels/model/layers.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+absl::Status Bad(absl::string_view op, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
+}
+
+absl::Status Positive(absl::string_view op, absl::string_view name, int64_t v) {
+  if (v < 1) return Bad(op, absl::StrCat(name, " must be >= 1, got ", v));
+  return absl::OkStatus();
+}
+
+absl::Status NonNull(absl::string_view op, absl::string_view name, const void* p) {
+  if (p == nullptr) return Bad(op, absl::StrCat(name, " is null"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckShape(absl::string_view op, const AttentionShape& s) {
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "batch", s.batch));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "q_len", s.q_len));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "kv_len", s.kv_len));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "heads", s.heads));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "kv_heads", s.kv_heads));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "head_dim", s.head_dim));
+  if (s.heads % s.kv_heads != 0) {
+    return Bad(op, absl::StrCat("kv_heads = ", s.kv_heads, " must divide heads = ", s.heads));
+  }
+  if (s.q_pos0 < 0 || s.kv_pos0 < 0) return Bad(op, "positions must be >= 0");
+  if (!(s.scale > 0.0f)) return Bad(op, "scale must be > 0");
+  return absl::OkStatus();
+}
+
+class CpuModelKernels final : public ModelKernels {
+ protected:
+  absl::Status Run(Stream& s, std::function<void()> fn) override {
+    auto* cs = dynamic_cast<CpuStream*>(&s);
+    if (cs == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream '", s.name(), "' does not belong to the CPU backend"));
+    }
+    cs->Enqueue([fn = std::move(fn)] {
+      fn();
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelKernels>> ModelKernels::Create(Backend& backend) {
+  if (backend.kind() != BackendKind::kCpu) {
+    return absl::UnimplementedError(
+        "model kernels (attention, router, embedding, cross-entropy) exist only "
+        "for the cpu backend so far; their CUDA kernels are not written yet");
+  }
+  return std::unique_ptr<ModelKernels>(std::make_unique<CpuModelKernels>());
+}
+
+absl::Status ModelKernels::Embedding(Stream& s, const float* table, int64_t vocab,
+                                     const int32_t* tokens, int64_t rows, int64_t hidden,
+                                     float* out) {
+  constexpr absl::string_view op = "embedding";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "hidden", hidden));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "vocab", vocab));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "table", table));
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "tokens", tokens));
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "out", out));
+  // Token ids come from data the loader already checked against the vocabulary.
+  return Run(s, [=] { EmbeddingForward(table, tokens, rows, hidden, out); });
+}
+
+absl::Status ModelKernels::EmbeddingBackward(Stream& s, const float* dout,
+                                             const int32_t* tokens, int64_t rows,
+                                             int64_t hidden, float* dtable) {
+  constexpr absl::string_view op = "embedding_backward";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "hidden", hidden));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "dout", dout));
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "tokens", tokens));
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "dtable", dtable));
+  return Run(s, [=] { plateau::EmbeddingBackward(dout, tokens, rows, hidden, dtable); });
+}
+
+absl::Status ModelKernels::Rope(Stream& s, float* x, int64_t batch, int64_t len,
+                                int64_t heads, int64_t head_dim, int64_t pos0,
+                                float theta, bool inverse) {
+  constexpr absl::string_view op = "rope";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "batch", batch));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "len", len));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "heads", heads));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "head_dim", head_dim));
+  if (head_dim % 2 != 0) return Bad(op, absl::StrCat("head_dim must be even, got ", head_dim));
+  if (pos0 < 0) return Bad(op, "pos0 must be >= 0");
+  if (!(theta > 1.0f)) return Bad(op, "theta must be > 1");
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "x", x));
+  return Run(s, [=] { RopeApply(x, batch, len, heads, head_dim, pos0, theta, inverse); });
+}
+
+absl::Status ModelKernels::AttentionInit(Stream& s, const AttentionShape& shape, float* m,
+                                         float* l, float* acc) {
+  PLATEAU_RETURN_IF_ERROR(CheckShape("attention_init", shape));
+  PLATEAU_RETURN_IF_ERROR(NonNull("attention_init", "m", m));
+  PLATEAU_RETURN_IF_ERROR(NonNull("attention_init", "l", l));
+  PLATEAU_RETURN_IF_ERROR(NonNull("attention_init", "acc", acc));
+  return Run(s, [=] { AttentionInitState(shape, m, l, acc); });
+}
+
+absl::Status ModelKernels::AttentionForwardBlock(Stream& s, const AttentionShape& shape,
+                                                 const float* q, const float* k,
+                                                 const float* v, float* m, float* l,
+                                                 float* acc) {
+  constexpr absl::string_view op = "attention_forward_block";
+  PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
+                         {"m", m}, {"l", l}, {"acc", acc}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc); });
+}
+
+absl::Status ModelKernels::AttentionFinalize(Stream& s, const AttentionShape& shape,
+                                             const float* m, const float* l,
+                                             float* acc_to_o, float* lse) {
+  constexpr absl::string_view op = "attention_finalize";
+  PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"m", m}, {"l", l},
+                         {"acc", acc_to_o}, {"lse", lse}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] { plateau::AttentionFinalize(shape, m, l, acc_to_o, lse); });
+}
+
+absl::Status ModelKernels::AttentionDelta(Stream& s, const AttentionShape& shape,
+                                          const float* o, const float* dout, float* delta) {
+  constexpr absl::string_view op = "attention_delta";
+  PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"o", o}, {"dout", dout},
+                         {"delta", delta}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] { plateau::AttentionDelta(shape, o, dout, delta); });
+}
+
+absl::Status ModelKernels::AttentionBackwardBlock(Stream& s, const AttentionShape& shape,
+                                                  const float* q, const float* k,
+                                                  const float* v, const float* dout,
+                                                  const float* lse, const float* delta,
+                                                  float* dq, float* dk, float* dv) {
+  constexpr absl::string_view op = "attention_backward_block";
+  PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
+                         {"dout", dout}, {"lse", lse}, {"delta", delta}, {"dq", dq},
+                         {"dk", dk}, {"dv", dv}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] {
+    plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv);
+  });
+}
+
+absl::Status ModelKernels::Router(Stream& s, const float* logits, int64_t rows,
+                                  int64_t experts, int64_t top_k, float* probs,
+                                  int32_t* chosen, float* gates) {
+  constexpr absl::string_view op = "router";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "experts", experts));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "top_k", top_k));
+  if (top_k > experts) {
+    return Bad(op, absl::StrCat("top_k = ", top_k, " must be <= experts = ", experts));
+  }
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits},
+                         {"probs", probs}, {"chosen", chosen}, {"gates", gates}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] { RouterForward(logits, rows, experts, top_k, probs, chosen, gates); });
+}
+
+absl::Status ModelKernels::RouterBackward(Stream& s, const float* probs, const int32_t* chosen,
+                                          const float* gates, const float* dgates,
+                                          int64_t rows, int64_t experts, int64_t top_k,
+                                          float* dlogits) {
+  constexpr absl::string_view op = "router_backward";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "experts", experts));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "top_k", top_k));
+  if (top_k > experts) {
+    return Bad(op, absl::StrCat("top_k = ", top_k, " must be <= experts = ", experts));
+  }
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"probs", probs},
+                         {"chosen", chosen}, {"gates", gates}, {"dgates", dgates},
+                         {"dlogits", dlogits}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] {
+    plateau::RouterBackward(probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
+  });
+}
+
+absl::Status ModelKernels::CrossEntropy(Stream& s, const float* logits, const int32_t* targets,
+                                        int64_t rows, int64_t vocab, float* lse,
+                                        double* stats) {
+  constexpr absl::string_view op = "cross_entropy";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "vocab", vocab));
+  PLATEAU_RETURN_IF_ERROR(NonNull(op, "stats", stats));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits},
+                         {"targets", targets}, {"lse", lse}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] {
+    int64_t valid = 0;
+    stats[0] += CrossEntropyForward(logits, targets, rows, vocab, lse, &valid);
+    stats[1] += static_cast<double>(valid);
+  });
+}
+
+absl::Status ModelKernels::CrossEntropyBackward(Stream& s, float* logits_to_grad,
+                                                const float* lse, const int32_t* targets,
+                                                int64_t rows, int64_t vocab, float scale) {
+  constexpr absl::string_view op = "cross_entropy_backward";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "vocab", vocab));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits_to_grad},
+                         {"lse", lse}, {"targets", targets}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] {
+    plateau::CrossEntropyBackward(logits_to_grad, lse, targets, rows, vocab, scale);
+  });
+}
+
+}  // namespace plateau

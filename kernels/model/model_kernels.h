@@ -1,0 +1,80 @@
+// The model-specific kernels the training step enqueues on streams, beside
+// the generic primitives of kernels/backend.h: embedding, rotary embedding,
+// tiled attention block pairs, the router and the dense cross-entropy.
+//
+// Same contract as Backend: public calls validate their arguments once
+// (INVALID_ARGUMENT naming the argument, nothing enqueued) and the work runs
+// asynchronously on the stream. The CPU implementation runs the functions of
+// attention.h and layers.h on the stream's thread; CUDA kernels for these are
+// not written yet, so Create() refuses a CUDA backend with UNIMPLEMENTED.
+#ifndef PLATEAU_KERNELS_MODEL_MODEL_KERNELS_H_
+#define PLATEAU_KERNELS_MODEL_MODEL_KERNELS_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/model/attention.h"
+#include "kernels/stream.h"
+
+namespace plateau {
+
+class ModelKernels {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelKernels>> Create(Backend& backend);
+  virtual ~ModelKernels() = default;
+
+  absl::Status Embedding(Stream& s, const float* table, int64_t vocab,
+                         const int32_t* tokens, int64_t rows, int64_t hidden,
+                         float* out);
+  absl::Status EmbeddingBackward(Stream& s, const float* dout,
+                                 const int32_t* tokens, int64_t rows,
+                                 int64_t hidden, float* dtable);
+  absl::Status Rope(Stream& s, float* x, int64_t batch, int64_t len,
+                    int64_t heads, int64_t head_dim, int64_t pos0, float theta,
+                    bool inverse);
+
+  absl::Status AttentionInit(Stream& s, const AttentionShape& shape, float* m,
+                             float* l, float* acc);
+  absl::Status AttentionForwardBlock(Stream& s, const AttentionShape& shape,
+                                     const float* q, const float* k,
+                                     const float* v, float* m, float* l,
+                                     float* acc);
+  absl::Status AttentionFinalize(Stream& s, const AttentionShape& shape,
+                                 const float* m, const float* l,
+                                 float* acc_to_o, float* lse);
+  absl::Status AttentionDelta(Stream& s, const AttentionShape& shape,
+                              const float* o, const float* dout, float* delta);
+  absl::Status AttentionBackwardBlock(Stream& s, const AttentionShape& shape,
+                                      const float* q, const float* k,
+                                      const float* v, const float* dout,
+                                      const float* lse, const float* delta,
+                                      float* dq, float* dk, float* dv);
+
+  absl::Status Router(Stream& s, const float* logits, int64_t rows,
+                      int64_t experts, int64_t top_k, float* probs,
+                      int32_t* chosen, float* gates);
+  absl::Status RouterBackward(Stream& s, const float* probs,
+                              const int32_t* chosen, const float* gates,
+                              const float* dgates, int64_t rows,
+                              int64_t experts, int64_t top_k, float* dlogits);
+
+  // stats[0] += the sum of the valid rows' losses, stats[1] += their count
+  // (doubles, so that they can be all-reduced and divided exactly once).
+  absl::Status CrossEntropy(Stream& s, const float* logits,
+                            const int32_t* targets, int64_t rows,
+                            int64_t vocab, float* lse, double* stats);
+  absl::Status CrossEntropyBackward(Stream& s, float* logits_to_grad,
+                                    const float* lse, const int32_t* targets,
+                                    int64_t rows, int64_t vocab, float scale);
+
+ protected:
+  // Runs `fn` on the stream in order with the rest of its work.
+  virtual absl::Status Run(Stream& s, std::function<void()> fn) = 0;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MODEL_MODEL_KERNELS_H_
