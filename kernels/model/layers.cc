@@ -113,4 +113,43 @@ void CrossEntropyBackward(float* logits_to_grad, const float* lse,
   }
 }
 
+void GatherRows(const float* src, const int32_t* index, const float* scales,
+                int64_t rows, int64_t width, float* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* s = src + static_cast<int64_t>(index[i]) * width;
+    float* d = dst + i * width;
+    if (scales == nullptr) {
+      std::copy_n(s, width, d);
+    } else {
+      const float a = scales[i];
+      for (int64_t c = 0; c < width; ++c) d[c] = a * s[c];
+    }
+  }
+}
+
+void CombineRows(const float* src, const int32_t* pos, const float* weights,
+                 int64_t tokens, int64_t k, int64_t width, float* out) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* o = out + t * width;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* s = src + static_cast<int64_t>(pos[t * k + j]) * width;
+      const float w = weights == nullptr ? 1.0f : weights[t * k + j];
+      for (int64_t c = 0; c < width; ++c) o[c] += w * s[c];
+    }
+  }
+}
+
+void RowDots(const float* a, const float* b, const int32_t* pos, int64_t tokens,
+             int64_t k, int64_t width, float* out) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* x = a + t * width;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* y = b + static_cast<int64_t>(pos[t * k + j]) * width;
+      double acc = 0.0;
+      for (int64_t c = 0; c < width; ++c) acc += static_cast<double>(x[c]) * y[c];
+      out[t * k + j] = static_cast<float>(acc);
+    }
+  }
+}
+
 }  // namespace plateau

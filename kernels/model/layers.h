@@ -42,6 +42,18 @@ void CrossEntropyBackward(float* logits_to_grad, const float* lse,
                           const int32_t* targets, int64_t rows, int64_t vocab,
                           float scale);
 
+// Row movement for expert dispatch (rows of `width` floats):
+// dst[i, :] = scale_i * src[index[i], :] with scale_i = scales ? scales[i] : 1.
+void GatherRows(const float* src, const int32_t* index, const float* scales,
+                int64_t rows, int64_t width, float* dst);
+// out[t, :] += sum_{j < k} w_{t,j} * src[pos[t*k + j], :] with
+// w = weights ? weights[t*k + j] : 1, summed in j order.
+void CombineRows(const float* src, const int32_t* pos, const float* weights,
+                 int64_t tokens, int64_t k, int64_t width, float* out);
+// out[t*k + j] = <a[t, :], b[pos[t*k + j], :]> (accumulated in double).
+void RowDots(const float* a, const float* b, const int32_t* pos, int64_t tokens,
+             int64_t k, int64_t width, float* out);
+
 }  // namespace plateau
 
 #endif  // PLATEAU_KERNELS_MODEL_LAYERS_H_

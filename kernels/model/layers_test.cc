@@ -118,5 +118,24 @@ TEST(CrossEntropyTest, ExtremeLogitsDoNotOverflow) {
   for (float x : lg) EXPECT_TRUE(std::isfinite(x));
 }
 
+TEST(DispatchRowsTest, GatherCombineAndDots) {
+  const int64_t W = 3;
+  std::vector<float> src = {0, 1, 2, 10, 11, 12, 20, 21, 22};  // 3 rows
+  std::vector<int32_t> idx = {2, 0, 2};
+  std::vector<float> scales = {1.0f, 2.0f, -1.0f}, dst(9);
+  GatherRows(src.data(), idx.data(), scales.data(), 3, W, dst.data());
+  EXPECT_EQ(dst, (std::vector<float>{20, 21, 22, 0, 2, 4, -20, -21, -22}));
+  GatherRows(src.data(), idx.data(), nullptr, 3, W, dst.data());
+  EXPECT_EQ(dst, (std::vector<float>{20, 21, 22, 0, 1, 2, 20, 21, 22}));
+  // Two tokens, k = 2: token 0 <- rows 1 (w .5) and 2 (w .25); token 1 <- row 0 twice.
+  std::vector<int32_t> pos = {1, 2, 0, 0};
+  std::vector<float> w = {0.5f, 0.25f, 1.0f, 3.0f}, out(6, 1.0f);
+  CombineRows(src.data(), pos.data(), w.data(), 2, 2, W, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1 + 5 + 5, 1 + 5.5f + 5.25f, 1 + 6 + 5.5f, 1, 1 + 4, 1 + 8}));
+  std::vector<float> a = {1, 0, 0, 0, 1, 1}, dots(4);
+  RowDots(a.data(), src.data(), pos.data(), 2, 2, W, dots.data());
+  EXPECT_EQ(dots, (std::vector<float>{10, 20, 3, 3}));
+}
+
 }  // namespace
 }  // namespace plateau

@@ -244,4 +244,49 @@ absl::Status ModelKernels::CrossEntropyBackward(Stream& s, float* logits_to_grad
   });
 }
 
+absl::Status ModelKernels::GatherRows(Stream& s, const float* src, int64_t src_rows,
+                                      const int32_t* index, const float* scales,
+                                      int64_t rows, int64_t width, float* dst) {
+  constexpr absl::string_view op = "gather_rows";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "width", width));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "src_rows", src_rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"src", src}, {"index", index},
+                         {"dst", dst}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] { plateau::GatherRows(src, index, scales, rows, width, dst); });
+}
+
+absl::Status ModelKernels::CombineRows(Stream& s, const float* src, const int32_t* pos,
+                                       const float* weights, int64_t tokens, int64_t k,
+                                       int64_t width, float* out) {
+  constexpr absl::string_view op = "combine_rows";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "width", width));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "k", k));
+  if (tokens == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "tokens", tokens));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"src", src}, {"pos", pos},
+                         {"out", out}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] { plateau::CombineRows(src, pos, weights, tokens, k, width, out); });
+}
+
+absl::Status ModelKernels::RowDots(Stream& s, const float* a, const float* b,
+                                   const int32_t* pos, int64_t tokens, int64_t k,
+                                   int64_t width, float* out) {
+  constexpr absl::string_view op = "row_dots";
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "width", width));
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "k", k));
+  if (tokens == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(Positive(op, "tokens", tokens));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"a", a}, {"b", b}, {"pos", pos},
+                         {"out", out}}) {
+    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+  }
+  return Run(s, [=] { plateau::RowDots(a, b, pos, tokens, k, width, out); });
+}
+
 }  // namespace plateau

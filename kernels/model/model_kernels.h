@@ -70,6 +70,18 @@ class ModelKernels {
                                     const float* lse, const int32_t* targets,
                                     int64_t rows, int64_t vocab, float scale);
 
+  // Dispatch row movement (layers.h); `index`/`pos` are int32 row indices
+  // into src, each < src_rows.
+  absl::Status GatherRows(Stream& s, const float* src, int64_t src_rows,
+                          const int32_t* index, const float* scales,
+                          int64_t rows, int64_t width, float* dst);
+  absl::Status CombineRows(Stream& s, const float* src, const int32_t* pos,
+                           const float* weights, int64_t tokens, int64_t k,
+                           int64_t width, float* out);
+  absl::Status RowDots(Stream& s, const float* a, const float* b,
+                       const int32_t* pos, int64_t tokens, int64_t k,
+                       int64_t width, float* out);
+
  protected:
   // Runs `fn` on the stream in order with the rest of its work.
   virtual absl::Status Run(Stream& s, std::function<void()> fn) = 0;

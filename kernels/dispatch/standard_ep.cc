@@ -1,0 +1,262 @@
+#include "kernels/dispatch/standard_ep.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+
+StandardEp::StandardEp(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
+                       Communicator& experts, Stream& compute, Stream& comm)
+    : model_(model),
+      backend_(backend),
+      kernels_(kernels),
+      comm_(experts),
+      compute_(compute),
+      comm_stream_(comm),
+      local_experts_(model.experts / experts.size()) {}
+
+absl::StatusOr<Buffer> StandardEp::Alloc(int64_t floats) {
+  return backend_.device().Allocate(LiveSet::kDispatch, floats * sizeof(float));
+}
+
+absl::StatusOr<Buffer> StandardEp::AllocIndex(const std::vector<int32_t>& host) {
+  PLATEAU_ASSIGN_OR_RETURN(Buffer b, backend_.device().Allocate(
+                                         LiveSet::kDispatch, host.size() * sizeof(int32_t)));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, b.data(), host.data(), b.bytes()));
+  return b;
+}
+
+void StandardEp::Release() {
+  for (Buffer* b : {&send_index_, &route_pos_, &route_at_pos_, &perm_, &inv_perm_, &gates_sent_, &x_, &g_,
+                    &u_, &a_, &returned_}) {
+    b->Release();
+  }
+}
+
+// Reads the routes on the host and lays out both all-to-alls. Ends with the
+// index vectors on the device; synchronises the compute stream once (the
+// all-to-all-v sizes must be known on the host, as NCCL and Gloo need them).
+absl::Status StandardEp::Plan(const int32_t* chosen, int64_t tokens) {
+  const int64_t P = comm_.size(), K = model_.top_k, Ep = local_experts_, routes = tokens * K;
+  tokens_ = tokens;
+  std::vector<int32_t> host_chosen(routes);
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, host_chosen.data(), chosen,
+                                        routes * sizeof(int32_t)));
+  PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
+
+  // Counting sort of the routes by (destination, local expert); within a
+  // bucket, token then choice order.
+  std::vector<int64_t> bucket_count(P * Ep, 0);
+  for (int64_t r = 0; r < routes; ++r) {
+    const int32_t e = host_chosen[r];
+    if (e < 0 || e >= model_.experts) {
+      return absl::InternalError(absl::StrCat("router chose expert ", e, " of ", model_.experts));
+    }
+    ++bucket_count[e];  // e = dest * Ep + local expert
+  }
+  std::vector<int64_t> bucket_start(P * Ep + 1, 0);
+  for (int64_t b = 0; b < P * Ep; ++b) bucket_start[b + 1] = bucket_start[b] + bucket_count[b];
+  std::vector<int32_t> send_index(routes), route_pos(routes), route_at_pos(routes);
+  std::vector<int64_t> fill(bucket_start.begin(), bucket_start.end() - 1);
+  for (int64_t r = 0; r < routes; ++r) {
+    const int64_t pos = fill[host_chosen[r]]++;
+    send_index[pos] = static_cast<int32_t>(r / K);
+    route_pos[r] = static_cast<int32_t>(pos);
+    route_at_pos[pos] = static_cast<int32_t>(r);
+  }
+  send_counts_.assign(P, 0);
+  for (int64_t d = 0; d < P; ++d) {
+    for (int64_t le = 0; le < Ep; ++le) send_counts_[d] += bucket_count[d * Ep + le];
+  }
+
+  // Each destination learns how many rows per local expert it receives.
+  PLATEAU_ASSIGN_OR_RETURN(Buffer counts, backend_.device().Allocate(
+                                              LiveSet::kDispatch, 2 * P * Ep * sizeof(int64_t)));
+  int64_t* send_c = counts.as<int64_t>();
+  int64_t* recv_c = send_c + P * Ep;
+  std::vector<int64_t> host_recv(P * Ep);
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, send_c, bucket_count.data(),
+                                        P * Ep * sizeof(int64_t)));
+  std::vector<int64_t> per_peer(P, Ep);
+  PLATEAU_RETURN_IF_ERROR(
+      comm_.AllToAllV(comm_stream_, send_c, per_peer, recv_c, per_peer, DataType::kInt64));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, host_recv.data(), recv_c,
+                                        P * Ep * sizeof(int64_t)));
+  PLATEAU_RETURN_IF_ERROR(comm_stream_.Synchronize());
+
+  // Received rows arrive source-major; the experts want them expert-major.
+  recv_counts_.assign(P, 0);
+  std::vector<int64_t> recv_start(P + 1, 0);
+  for (int64_t s = 0; s < P; ++s) {
+    for (int64_t le = 0; le < Ep; ++le) recv_counts_[s] += host_recv[s * Ep + le];
+    recv_start[s + 1] = recv_start[s] + recv_counts_[s];
+  }
+  recv_rows_ = recv_start[P];
+  expert_rows_.assign(Ep, 0);
+  std::vector<int32_t> perm, inv_perm(recv_rows_);
+  perm.reserve(recv_rows_);
+  for (int64_t le = 0; le < Ep; ++le) {
+    for (int64_t s = 0; s < P; ++s) {
+      int64_t off = recv_start[s];
+      for (int64_t x = 0; x < le; ++x) off += host_recv[s * Ep + x];
+      for (int64_t i = 0; i < host_recv[s * Ep + le]; ++i) {
+        inv_perm[off + i] = static_cast<int32_t>(perm.size());
+        perm.push_back(static_cast<int32_t>(off + i));
+      }
+      expert_rows_[le] += host_recv[s * Ep + le];
+    }
+  }
+  PLATEAU_ASSIGN_OR_RETURN(send_index_, AllocIndex(send_index));
+  PLATEAU_ASSIGN_OR_RETURN(route_pos_, AllocIndex(route_pos));
+  PLATEAU_ASSIGN_OR_RETURN(route_at_pos_, AllocIndex(route_at_pos));
+  PLATEAU_ASSIGN_OR_RETURN(perm_, AllocIndex(perm));
+  PLATEAU_ASSIGN_OR_RETURN(inv_perm_, AllocIndex(inv_perm));
+  return compute_.Synchronize();  // the host vectors above die on return
+}
+
+// Rows of H floats: forward sends by send_counts_ and receives by
+// recv_counts_; the reverse direction swaps them. Ordered after the compute
+// stream's work so far; compute waits for it to land.
+absl::Status StandardEp::Exchange(const float* send, float* recv, bool forward) {
+  const int64_t H = model_.hidden;
+  std::vector<int64_t> sc(send_counts_.size()), rc(recv_counts_.size());
+  for (size_t i = 0; i < sc.size(); ++i) {
+    sc[i] = (forward ? send_counts_[i] : recv_counts_[i]) * H;
+    rc[i] = (forward ? recv_counts_[i] : send_counts_[i]) * H;
+  }
+  PLATEAU_ASSIGN_OR_RETURN(auto ready, backend_.CreateEvent());
+  PLATEAU_ASSIGN_OR_RETURN(auto landed, backend_.CreateEvent());
+  PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready));
+  PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready));
+  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, DataType::kFloat32));
+  PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed));
+  PLATEAU_RETURN_IF_ERROR(compute_.Wait(*landed));
+  return absl::OkStatus();
+}
+
+absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const float* gates,
+                                 int64_t tokens, const ExpertWeights& w, float* out) {
+  Release();
+  const int64_t H = model_.hidden, F = model_.expert_ffn, K = model_.top_k;
+  const int64_t routes = tokens * K;
+  PLATEAU_RETURN_IF_ERROR(Plan(chosen, tokens));
+  const int64_t R = recv_rows_;
+
+  // Gates in send order, for the backward's scaled rows.
+  PLATEAU_ASSIGN_OR_RETURN(gates_sent_, Alloc(routes));
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, gates, routes,
+                                              route_at_pos_.as<int32_t>(), nullptr, routes, 1,
+                                              gates_sent_.as<float>()));
+
+  PLATEAU_ASSIGN_OR_RETURN(Buffer recv, Alloc(R * H));
+  {
+    PLATEAU_ASSIGN_OR_RETURN(Buffer send, Alloc(routes * H));
+    PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, u, tokens, send_index_.as<int32_t>(),
+                                                nullptr, routes, H, send.as<float>()));
+    PLATEAU_RETURN_IF_ERROR(Exchange(send.as<float>(), recv.as<float>(), /*forward=*/true));
+    PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());  // before `send` is freed
+  }
+  PLATEAU_ASSIGN_OR_RETURN(x_, Alloc(R * H));
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, recv.as<float>(), R, perm_.as<int32_t>(),
+                                              nullptr, R, H, x_.as<float>()));
+  PLATEAU_ASSIGN_OR_RETURN(g_, Alloc(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(u_, Alloc(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(a_, Alloc(R * F));
+  // The experts' outputs reuse the receive buffer (expert-major order).
+  float* y = recv.as<float>();
+  int64_t row = 0;
+  const int64_t mat = H * F;
+  for (int64_t le = 0; le < local_experts_; ++le) {
+    const int64_t n = expert_rows_[le];
+    if (n == 0) continue;
+    const float* xe = x_.as<float>() + row * H;
+    float* ge = g_.as<float>() + row * F;
+    float* ue = u_.as<float>() + row * F;
+    float* ae = a_.as<float>() + row * F;
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {false, false, n, F, H, 1.0f, xe, H, w.w_gate + le * mat, F, 0.0f, ge, F}));
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {false, false, n, F, H, 1.0f, xe, H, w.w_up + le * mat, F, 0.0f, ue, F}));
+    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluForward(compute_, ae, ge, ue, n * F));
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {false, false, n, H, F, 1.0f, ae, F, w.w_down + le * mat, H, 0.0f, y + row * H, H}));
+    row += n;
+  }
+  // Back to source-major order, back to the senders, combined with the gates.
+  PLATEAU_ASSIGN_OR_RETURN(Buffer yback, Alloc(R * H));
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, y, R, inv_perm_.as<int32_t>(), nullptr, R,
+                                              H, yback.as<float>()));
+  PLATEAU_ASSIGN_OR_RETURN(returned_, Alloc(routes * H));
+  PLATEAU_RETURN_IF_ERROR(Exchange(yback.as<float>(), returned_.as<float>(), /*forward=*/false));
+  PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, returned_.as<float>(),
+                                               route_pos_.as<int32_t>(), gates, tokens, K, H, out));
+  return compute_.Synchronize();  // send/recv are freed on return
+}
+
+absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, float* du,
+                                  float* dgates, const ExpertGrads& grads) {
+  if (x_.empty() && recv_rows_ > 0) {
+    return absl::FailedPreconditionError("StandardEp::Backward needs the layer's Forward first");
+  }
+  const int64_t H = model_.hidden, F = model_.expert_ffn, K = model_.top_k;
+  const int64_t tokens = tokens_, routes = tokens * K, R = recv_rows_;
+  // d gate_{t,j} = <dout[t], y_{t,j}>.
+  PLATEAU_RETURN_IF_ERROR(kernels_.RowDots(compute_, dout, returned_.as<float>(),
+                                           route_pos_.as<int32_t>(), tokens, K, H, dgates));
+  // d y_{t,j} = gate_{t,j} dout[t], in send order, to the experts.
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dsend, Alloc(routes * H));
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dout, tokens, send_index_.as<int32_t>(),
+                                              gates_sent_.as<float>(), routes, H,
+                                              dsend.as<float>()));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer drecv, Alloc(R * H));
+  PLATEAU_RETURN_IF_ERROR(Exchange(dsend.as<float>(), drecv.as<float>(), /*forward=*/true));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dy, Alloc(R * H));
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, drecv.as<float>(), R, perm_.as<int32_t>(),
+                                              nullptr, R, H, dy.as<float>()));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer da, Alloc(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dg, Alloc(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dup, Alloc(R * F));
+  float* dx = drecv.as<float>();  // reused: d inputs, expert-major
+  int64_t row = 0;
+  const int64_t mat = H * F;
+  for (int64_t le = 0; le < local_experts_; ++le) {
+    const int64_t n = expert_rows_[le];
+    if (n == 0) continue;
+    const float* xe = x_.as<float>() + row * H;
+    const float* dye = dy.as<float>() + row * H;
+    float* dae = da.as<float>() + row * F;
+    float* dge = dg.as<float>() + row * F;
+    float* due = dup.as<float>() + row * F;
+    // dA = dY Wd^T; dWd += A^T dY.
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {false, true, n, F, H, 1.0f, dye, H, w.w_down + le * mat, H, 0.0f, dae, F}));
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {true, false, F, H, n, 1.0f, a_.as<float>() + row * F, F, dye, H, 1.0f,
+                   grads.w_down + le * mat, H}));
+    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluBackward(compute_, dge, due, dae,
+                                                    g_.as<float>() + row * F,
+                                                    u_.as<float>() + row * F, n * F));
+    // dWg += X^T dG; dWu += X^T dU; dX = dG Wg^T + dU Wu^T.
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {true, false, H, F, n, 1.0f, xe, H, dge, F, 1.0f, grads.w_gate + le * mat, F}));
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {true, false, H, F, n, 1.0f, xe, H, due, F, 1.0f, grads.w_up + le * mat, F}));
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {false, true, n, H, F, 1.0f, dge, F, w.w_gate + le * mat, F, 0.0f, dx + row * H, H}));
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {false, true, n, H, F, 1.0f, due, F, w.w_up + le * mat, F, 1.0f, dx + row * H, H}));
+    row += n;
+  }
+  // Source-major, back to the senders, summed per token in choice order.
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dx, R, inv_perm_.as<int32_t>(), nullptr,
+                                              R, H, dy.as<float>()));
+  PLATEAU_RETURN_IF_ERROR(Exchange(dy.as<float>(), dsend.as<float>(), /*forward=*/false));
+  PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, dsend.as<float>(),
+                                               route_pos_.as<int32_t>(), nullptr, tokens, K, H,
+                                               du));
+  PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
+  Release();
+  return absl::OkStatus();
+}
+
+}  // namespace plateau

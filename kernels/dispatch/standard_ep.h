@@ -1,0 +1,102 @@
+// Standard expert parallelism: the dispatch baseline (DESIGN.md §1.1).
+//
+// Every route (token, choice) goes to the rank that owns its expert in one
+// all-to-all-v, the owner runs its experts as one GEMM group per expert, and
+// a reverse all-to-all-v brings the outputs back to be combined with the
+// router's gates. Dropless: no capacity factor. Its receive buffers grow with
+// the routes a rank is sent — R_d is unbounded in N and in routing skew — and
+// that is exactly the peak PipelinedLLEP bounds. Buffers are allocated per
+// layer call at their exact sizes in the kDispatch live set, so the measured
+// peak shows the growth.
+//
+// One object serves one layer at a time: Forward keeps what Backward needs
+// (the routes, the received rows and the expert intermediates) until Backward
+// or Release. Deterministic: routes are ordered by (destination, expert,
+// token, choice) and every sum has a fixed order.
+//
+// Thread safety: not thread-safe; one per rank.
+#ifndef PLATEAU_KERNELS_DISPATCH_STANDARD_EP_H_
+#define PLATEAU_KERNELS_DISPATCH_STANDARD_EP_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/memory.h"
+#include "kernels/model/config.h"
+#include "kernels/model/model_kernels.h"
+
+namespace plateau {
+
+// The local experts of one layer on this rank: [E_p, H, F] gate and up,
+// [E_p, F, H] down (and their gradients in Backward).
+struct ExpertWeights {
+  const float* w_gate = nullptr;
+  const float* w_up = nullptr;
+  const float* w_down = nullptr;
+};
+struct ExpertGrads {
+  float* w_gate = nullptr;
+  float* w_up = nullptr;
+  float* w_down = nullptr;
+};
+
+class StandardEp {
+ public:
+  // `experts` is the expert group (experts partitioned E/P per rank);
+  // `compute` and `comm` are the streams the work runs on.
+  StandardEp(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
+             Communicator& experts, Stream& compute, Stream& comm);
+
+  // out[N, H] += sum_j gates[t, j] * expert_{chosen[t, j]}(u[t]).
+  absl::Status Forward(const float* u, const int32_t* chosen,
+                       const float* gates, int64_t tokens,
+                       const ExpertWeights& w, float* out);
+
+  // Given dout = d loss / d out: du += d/du (through the experts; the router
+  // path is the caller's), dgates = d loss / d gates, and the expert weight
+  // gradients accumulate into g. Needs the preceding Forward's state.
+  absl::Status Backward(const float* dout, const ExpertWeights& w,
+                        float* du, float* dgates, const ExpertGrads& g);
+
+  // Frees the layer's dispatch buffers.
+  void Release();
+
+  // Rows this rank received in the last Forward (its R_d).
+  int64_t received_rows() const { return recv_rows_; }
+
+ private:
+  absl::Status Plan(const int32_t* chosen, int64_t tokens);
+  absl::Status Exchange(const float* send, float* recv, bool forward);
+  absl::StatusOr<Buffer> Alloc(int64_t floats);
+  absl::StatusOr<Buffer> AllocIndex(const std::vector<int32_t>& host);
+
+  const ModelConfig model_;
+  Backend& backend_;
+  ModelKernels& kernels_;
+  Communicator& comm_;
+  Stream& compute_;
+  Stream& comm_stream_;
+  const int64_t local_experts_;
+
+  // The plan of the current layer (host side).
+  int64_t tokens_ = 0;
+  int64_t recv_rows_ = 0;
+  std::vector<int64_t> send_counts_, recv_counts_;  // rows per peer
+  std::vector<int64_t> expert_rows_;                // rows per local expert
+  // Device copies of the index vectors and the state Backward needs.
+  Buffer send_index_;   // [N*k] route -> token row, in send order
+  Buffer route_pos_;    // [N*k] route r = t*k + j -> position in send order
+  Buffer route_at_pos_; // [N*k] position in send order -> route r
+  Buffer perm_;         // [R] expert-major row -> received row
+  Buffer inv_perm_;     // [R] received row -> expert-major row
+  Buffer gates_sent_;   // [N*k] gate of each route, in send order
+  Buffer x_, g_, u_, a_;  // expert inputs [R, H] and intermediates [R, F]
+  Buffer returned_;     // [N*k, H] expert outputs back in send order
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_DISPATCH_STANDARD_EP_H_

@@ -1,0 +1,665 @@
+#include "kernels/model/step.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/dispatch/standard_ep.h"
+#include "kernels/model/model_kernels.h"
+#include "kernels/projection/dense_projection.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+
+struct TrainingStep::Impl {
+  std::unique_ptr<Stream> compute, comm;
+  std::unique_ptr<Event> ev_compute, ev_comm;
+  std::unique_ptr<ModelKernels> kernels;
+  std::unique_ptr<StandardEp> ep;
+  std::unique_ptr<DenseProjection> projection;
+
+  // kWeights: working dense weights (all-gathered) and this rank's experts.
+  Buffer dense, experts;
+  // kGrads
+  Buffer dense_grad, dense_grad_shard, expert_grad;
+  // kOptimizer: the dense shard's master copy and AdamW moments; the
+  // experts' moments (fp32 experts are their own master).
+  Buffer master, m, v, expert_m, expert_v;
+  // kCheckpoints: the L+1 layer boundaries h_0 … h_L.
+  Buffer boundaries;
+  // kActivations: one layer's working set (recomputed in backward).
+  Buffer tokens, targets;               // int32 [N]
+  Buffer a, rstd_a, q, kv, ml, o, lse;  // kv: [k | v]; ml: [m | l]
+  Buffer h1, u, rstd_u, rlogits, probs, chosen, gates;
+  Buffer z, rstd_f, dh, dh1, du, tmp, dgates, drlogits, dO, delta, dq, dkv;
+  Buffer fwd_trav, bwd_trav;            // ring travellers, two of each
+  // kWorkspace
+  Buffer stats;    // 2 doubles: loss sum, valid count
+  Buffer scalars;  // 2 floats: squared norms (dense shard, experts)
+
+  int64_t off_embed = 0, off_final_norm = 0, off_lm_head = 0;
+  struct LayerOff {
+    int64_t attn_norm, wq, wk, wv, wo, moe_norm, router;
+  };
+  std::vector<LayerOff> layer_off;
+};
+
+namespace {
+
+// Every launch-time buffer of the step: the plan and the allocation read the
+// same list, so the plan is exactly what Create() allocates.
+struct BufferSpec {
+  Buffer TrainingStep::Impl::*member;
+  LiveSet set;
+  int64_t bytes;
+};
+
+std::vector<BufferSpec> LaunchBuffers(const StepOptions& o, const ParamLayout& p) {
+  using I = TrainingStep::Impl;
+  const ModelConfig& m = o.model;
+  const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();
+  const int64_t qd = m.heads * d, kvd = m.kv_heads * d, E = m.experts, K = m.top_k;
+  const int64_t rows_h = N * m.heads;  // (token, head) rows of attention state
+  const int64_t f = sizeof(float), i32 = sizeof(int32_t);
+  const int64_t D = p.dense_padded(), S = p.shard_numel(), X = p.expert_numel_per_rank();
+  return {
+      {&I::dense, LiveSet::kWeights, D * f},
+      {&I::experts, LiveSet::kWeights, X * f},
+      {&I::dense_grad, LiveSet::kGrads, D * f},
+      {&I::dense_grad_shard, LiveSet::kGrads, S * f},
+      {&I::expert_grad, LiveSet::kGrads, X * f},
+      {&I::master, LiveSet::kOptimizer, S * f},
+      {&I::m, LiveSet::kOptimizer, S * f},
+      {&I::v, LiveSet::kOptimizer, S * f},
+      {&I::expert_m, LiveSet::kOptimizer, X * f},
+      {&I::expert_v, LiveSet::kOptimizer, X * f},
+      {&I::boundaries, LiveSet::kCheckpoints, (m.layers + 1) * N * H * f},
+      {&I::tokens, LiveSet::kActivations, N * i32},
+      {&I::targets, LiveSet::kActivations, N * i32},
+      {&I::a, LiveSet::kActivations, N * H * f},
+      {&I::rstd_a, LiveSet::kActivations, N * f},
+      {&I::q, LiveSet::kActivations, N * qd * f},
+      {&I::kv, LiveSet::kActivations, 2 * N * kvd * f},
+      {&I::ml, LiveSet::kActivations, 2 * rows_h * f},
+      {&I::o, LiveSet::kActivations, N * qd * f},
+      {&I::lse, LiveSet::kActivations, rows_h * f},
+      {&I::h1, LiveSet::kActivations, N * H * f},
+      {&I::u, LiveSet::kActivations, N * H * f},
+      {&I::rstd_u, LiveSet::kActivations, N * f},
+      {&I::rlogits, LiveSet::kActivations, N * E * f},
+      {&I::probs, LiveSet::kActivations, N * E * f},
+      {&I::chosen, LiveSet::kActivations, N * K * i32},
+      {&I::gates, LiveSet::kActivations, N * K * f},
+      {&I::z, LiveSet::kActivations, N * H * f},
+      {&I::rstd_f, LiveSet::kActivations, N * f},
+      {&I::dh, LiveSet::kActivations, N * H * f},
+      {&I::dh1, LiveSet::kActivations, N * H * f},
+      {&I::du, LiveSet::kActivations, N * H * f},
+      {&I::tmp, LiveSet::kActivations, N * H * f},
+      {&I::dgates, LiveSet::kActivations, N * K * f},
+      {&I::drlogits, LiveSet::kActivations, N * E * f},
+      {&I::dO, LiveSet::kActivations, N * qd * f},
+      {&I::delta, LiveSet::kActivations, rows_h * f},
+      {&I::dq, LiveSet::kActivations, N * qd * f},
+      {&I::dkv, LiveSet::kActivations, 2 * N * kvd * f},
+      {&I::fwd_trav, LiveSet::kActivations, 2 * 2 * N * kvd * f},
+      {&I::bwd_trav, LiveSet::kActivations, 2 * 4 * N * kvd * f},
+      {&I::stats, LiveSet::kWorkspace, 2 * static_cast<int64_t>(sizeof(double))},
+      {&I::scalars, LiveSet::kWorkspace, 2 * f},
+  };
+}
+
+absl::Status ValidateOptions(const StepOptions& o, int world_size) {
+  PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
+  if (o.layout.ranks != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("layout.ranks: expected the world size ",
+                                                   world_size, ", got ", o.layout.ranks));
+  }
+  const OptimizerConfig& opt = o.optimizer;
+  AdamWArgs a{opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, 1, 1.0f};
+  absl::Status s = ValidateAdamW(a);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("optimizer.", s.message()));
+  if (!(opt.max_grad_norm >= 0.0f) || !std::isfinite(opt.max_grad_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.max_grad_norm: expected a finite value >= 0, got ", opt.max_grad_norm));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t MemoryPlan::total() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+std::string MemoryPlan::DebugString() const {
+  std::string out;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (bytes[i] == 0) continue;
+    absl::StrAppend(&out, LiveSetName(static_cast<LiveSet>(i)), "=", bytes[i], " ");
+  }
+  absl::StrAppend(&out, "total=", total());
+  return out;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
+  PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
+  ParamLayout p(o.model, o.layout.ranks);
+  MemoryPlan plan;
+  for (const BufferSpec& b : LaunchBuffers(o, p)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
+  const int64_t N = TokensPerRank(o.model, o.layout);
+  plan.bytes[static_cast<int>(LiveSet::kProjection)] +=
+      DenseProjection::BoundBytes(N, o.model.vocab_size);
+  // Standard EP with balanced routing: N*k rows received; the forward holds
+  // the inputs, three [rows, F] intermediates, the outputs and the returned
+  // rows. Skewed routing receives more: there is no bound.
+  const int64_t R = N * o.model.top_k, H = o.model.hidden, F = o.model.expert_ffn;
+  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += (4 * R * H + 3 * R * F) * 4;
+  return plan;
+}
+
+// ---------------------------------------------------------------------------
+
+TrainingStep::TrainingStep(const StepOptions& options, Backend& backend, Communicator& world)
+    : options_(options),
+      backend_(backend),
+      world_(world),
+      layout_(options.model, options.layout.ranks),
+      impl_(std::make_unique<Impl>()) {}
+
+TrainingStep::~TrainingStep() {
+  // Outstanding work must finish before the buffers it uses are freed.
+  if (impl_->compute) impl_->compute->Synchronize().IgnoreError();
+  if (impl_->comm) impl_->comm->Synchronize().IgnoreError();
+}
+
+absl::StatusOr<std::unique_ptr<TrainingStep>> TrainingStep::Create(const StepOptions& options,
+                                                                  Backend& backend,
+                                                                  Communicator& world) {
+  PLATEAU_RETURN_IF_ERROR(ValidateOptions(options, world.size()));
+  // Refuse a device that cannot hold the launch-sized state before touching it.
+  PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(options));
+  const int64_t cap = backend.device().cap_bytes();
+  const int64_t dispatch = plan.bytes[static_cast<int>(LiveSet::kDispatch)];
+  if (cap != MemorySpace::kUncapped && plan.total() - dispatch > cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device_memory_bytes: ", cap, " bytes cannot hold the step's launch-sized state of ",
+        plan.total() - dispatch, " bytes (", plan.DebugString(), ")"));
+  }
+  std::unique_ptr<TrainingStep> step(new TrainingStep(options, backend, world));
+  PLATEAU_RETURN_IF_ERROR(step->Allocate());
+  return step;
+}
+
+absl::Status TrainingStep::Allocate() {
+  Impl& I = *impl_;
+  const ModelConfig& m = options_.model;
+  PLATEAU_ASSIGN_OR_RETURN(I.compute, backend_.CreateStream("compute"));
+  PLATEAU_ASSIGN_OR_RETURN(I.comm, backend_.CreateStream("comm"));
+  PLATEAU_ASSIGN_OR_RETURN(I.ev_compute, backend_.CreateEvent());
+  PLATEAU_ASSIGN_OR_RETURN(I.ev_comm, backend_.CreateEvent());
+  PLATEAU_ASSIGN_OR_RETURN(I.kernels, ModelKernels::Create(backend_));
+  for (const BufferSpec& b : LaunchBuffers(options_, layout_)) {
+    PLATEAU_ASSIGN_OR_RETURN(I.*(b.member), backend_.device().Allocate(b.set, b.bytes));
+  }
+  const int64_t N = TokensPerRank(m, options_.layout);
+  PLATEAU_ASSIGN_OR_RETURN(I.projection, DenseProjection::Create(backend_, *I.kernels, N,
+                                                                 m.hidden, m.vocab_size));
+  I.ep = std::make_unique<StandardEp>(m, backend_, *I.kernels, world_, *I.compute, *I.comm);
+
+  I.off_embed = layout_.DenseOffset("embed.weight");
+  I.off_final_norm = layout_.DenseOffset("final_norm.weight");
+  I.off_lm_head = layout_.DenseOffset("lm_head.weight");
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    I.layer_off.push_back({layout_.DenseOffset(p + "attn_norm.weight"),
+                           layout_.DenseOffset(p + "attn.wq"), layout_.DenseOffset(p + "attn.wk"),
+                           layout_.DenseOffset(p + "attn.wv"), layout_.DenseOffset(p + "attn.wo"),
+                           layout_.DenseOffset(p + "moe_norm.weight"),
+                           layout_.DenseOffset(p + "router.weight")});
+  }
+
+  // Initial weights: this rank's shard and experts, then the all-gather.
+  const int64_t rank = world_.rank();
+  std::vector<float> shard = layout_.InitDenseShard(rank, options_.seed);
+  std::vector<float> experts = layout_.InitExperts(rank, options_.seed);
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.master.data(), shard.data(), I.master.bytes()));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.experts.data(), experts.data(), I.experts.bytes()));
+  for (Buffer* b : {&I.m, &I.v, &I.expert_m, &I.expert_v}) {
+    PLATEAU_RETURN_IF_ERROR(backend_.Fill(*I.compute, b->as<float>(), b->bytes() / 4, 0.0f));
+  }
+  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
+  PLATEAU_RETURN_IF_ERROR(world_.AllGather(*I.comm, I.master.data(), I.dense.data(),
+                                           layout_.shard_numel(), DataType::kFloat32));
+  return I.comm->Synchronize();
+}
+
+absl::Status TrainingStep::CheckBatch(const std::vector<int32_t>& tokens,
+                                      const std::vector<int32_t>& targets) const {
+  const int64_t N = TokensPerRank(options_.model, options_.layout);
+  if (static_cast<int64_t>(tokens.size()) != N || static_cast<int64_t>(targets.size()) != N) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch: expected ", N, " tokens and targets per rank (batch * seq_len / ranks), got ",
+        tokens.size(), " and ", targets.size()));
+  }
+  const int64_t V = options_.model.vocab_size;
+  for (int64_t i = 0; i < N; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch.tokens[", i, "] = ", tokens[i], " is outside [0, ", V, ")"));
+    }
+    if (targets[i] != kIgnoreIndex && (targets[i] < 0 || targets[i] >= V)) {
+      return absl::InvalidArgumentError(absl::StrCat("batch.targets[", i, "] = ", targets[i],
+                                                     " is outside [0, ", V, ") and not ",
+                                                     kIgnoreIndex));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// The step itself. Everything below is enqueued on the compute stream unless
+// it says comm; the two meet through events.
+
+namespace {
+
+struct Ctx {
+  const ModelConfig& m;
+  const ParamLayout& p;
+  Backend& be;
+  Communicator& world;
+  TrainingStep::Impl& I;
+  int64_t N, B, Ns, rank, P;
+  int64_t qd() const { return m.heads * m.head_dim(); }
+  int64_t kvd() const { return m.kv_heads * m.head_dim(); }
+  Stream& c() { return *I.compute; }
+  float* W(int64_t off) { return I.dense.as<float>() + off; }
+  float* G(int64_t off) { return I.dense_grad.as<float>() + off; }
+  float* boundary(int64_t l) { return I.boundaries.as<float>() + l * N * m.hidden; }
+  ExpertWeights experts(int64_t l) {
+    const float* e = I.experts.as<float>();
+    return {e + p.ExpertOffset(l, 0, 0), e + p.ExpertOffset(l, 1, 0), e + p.ExpertOffset(l, 2, 0)};
+  }
+  ExpertGrads expert_grads(int64_t l) {
+    float* e = I.expert_grad.as<float>();
+    return {e + p.ExpertOffset(l, 0, 0), e + p.ExpertOffset(l, 1, 0), e + p.ExpertOffset(l, 2, 0)};
+  }
+  AttentionShape shape() const {
+    return {B, Ns, Ns, m.heads, m.kv_heads, m.head_dim(), rank * Ns, 0,
+            1.0f / std::sqrt(static_cast<float>(m.head_dim()))};
+  }
+  // comm waits for what compute has enqueued so far, and vice versa.
+  absl::Status CommAfterCompute() {
+    PLATEAU_RETURN_IF_ERROR(I.compute->Record(*I.ev_compute));
+    return I.comm->Wait(*I.ev_compute);
+  }
+  absl::Status ComputeAfterComm() {
+    PLATEAU_RETURN_IF_ERROR(I.comm->Record(*I.ev_comm));
+    return I.compute->Wait(*I.ev_comm);
+  }
+  absl::Status Gemm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    return be.Gemm(*I.compute, {ta, tb, M, Nn, K, 1.0f, a, lda, b, ldb, beta, c, ldc});
+  }
+};
+
+// Ring attention forward: o and lse for this rank's queries over every
+// rank's keys. The next K/V block is in flight on the comm stream while the
+// compute stream folds the current one.
+absl::Status RingForward(Ctx& x) {
+  TrainingStep::Impl& I = x.I;
+  const int64_t n = x.N * x.kvd();
+  AttentionShape s = x.shape();
+  float* m = I.ml.as<float>();
+  float* l = m + x.N * x.m.heads;
+  PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionInit(x.c(), s, m, l, I.o.as<float>()));
+  const float* cur = I.kv.as<float>();
+  for (int64_t step = 0; step < x.P; ++step) {
+    float* next = I.fwd_trav.as<float>() + (step % 2) * 2 * n;
+    if (step + 1 < x.P) {
+      // `next` was last read by the compute of step-1: wait for it.
+      PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
+      PLATEAU_RETURN_IF_ERROR(x.world.SendRecv(*I.comm, cur, 2 * n, (x.rank + 1) % x.P, next,
+                                               2 * n, (x.rank - 1 + x.P) % x.P,
+                                               DataType::kFloat32));
+    }
+    s.kv_pos0 = ((x.rank - step + x.P) % x.P) * x.Ns;
+    PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionForwardBlock(x.c(), s, I.q.as<float>(), cur,
+                                                             cur + n, m, l, I.o.as<float>()));
+    if (step + 1 < x.P) {
+      PLATEAU_RETURN_IF_ERROR(x.ComputeAfterComm());
+      cur = next;
+    }
+  }
+  return I.kernels->AttentionFinalize(x.c(), s, m, l, I.o.as<float>(), I.lse.as<float>());
+}
+
+// Ring attention backward: each block travels with its dK/dV accumulator and
+// comes home after P hops. Sequential (compute, then hop): the accumulator
+// must be final before it moves.
+absl::Status RingBackward(Ctx& x) {
+  TrainingStep::Impl& I = x.I;
+  const int64_t n = x.N * x.kvd();
+  AttentionShape s = x.shape();
+  float* trav = I.bwd_trav.as<float>();  // two travellers of [k | v | dk | dv]
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), trav, I.kv.data(), 2 * n * sizeof(float)));
+  PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), trav + 2 * n, 2 * n, 0.0f));
+  PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), I.dq.as<float>(), x.N * x.qd(), 0.0f));
+  for (int64_t step = 0; step < x.P; ++step) {
+    float* cur = trav + (step % 2) * 4 * n;
+    float* next = trav + ((step + 1) % 2) * 4 * n;
+    s.kv_pos0 = ((x.rank - step + x.P) % x.P) * x.Ns;
+    PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionBackwardBlock(
+        x.c(), s, I.q.as<float>(), cur, cur + n, I.dO.as<float>(), I.lse.as<float>(),
+        I.delta.as<float>(), I.dq.as<float>(), cur + 2 * n, cur + 3 * n));
+    if (x.P == 1) {
+      return x.be.Copy(x.c(), I.dkv.data(), cur + 2 * n, 2 * n * sizeof(float));
+    }
+    PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
+    const int dst = static_cast<int>((x.rank + 1) % x.P), src = static_cast<int>((x.rank - 1 + x.P) % x.P);
+    if (step + 1 < x.P) {
+      PLATEAU_RETURN_IF_ERROR(x.world.SendRecv(*I.comm, cur, 4 * n, dst, next, 4 * n, src,
+                                               DataType::kFloat32));
+    } else {
+      // The last hop carries only the accumulators home.
+      PLATEAU_RETURN_IF_ERROR(x.world.SendRecv(*I.comm, cur + 2 * n, 2 * n, dst,
+                                               I.dkv.as<float>(), 2 * n, src,
+                                               DataType::kFloat32));
+    }
+    PLATEAU_RETURN_IF_ERROR(x.ComputeAfterComm());
+  }
+  return absl::OkStatus();
+}
+
+// Layer l from boundary l to boundary l+1. Leaves the working set (and the
+// dispatch state) in place for LayerBackward.
+absl::Status LayerForward(Ctx& x, int64_t l) {
+  TrainingStep::Impl& I = x.I;
+  const ModelConfig& m = x.m;
+  const auto& off = I.layer_off[l];
+  const int64_t N = x.N, H = m.hidden, qd = x.qd(), kvd = x.kvd();
+  const float* in = x.boundary(l);
+  float* out = x.boundary(l + 1);
+  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormForward(x.c(), I.a.as<float>(), I.rstd_a.as<float>(), in,
+                                              x.W(off.attn_norm), N, H, m.norm_eps));
+  float* k = I.kv.as<float>();
+  float* v = k + N * kvd;
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, qd, H, I.a.as<float>(), H, x.W(off.wq), qd, 0.0f, I.q.as<float>(), qd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, kvd, H, I.a.as<float>(), H, x.W(off.wk), kvd, 0.0f, k, kvd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, kvd, H, I.a.as<float>(), H, x.W(off.wv), kvd, 0.0f, v, kvd));
+  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), I.q.as<float>(), x.B, x.Ns, m.heads, m.head_dim(),
+                                          x.rank * x.Ns, m.rope_theta, false));
+  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), k, x.B, x.Ns, m.kv_heads, m.head_dim(),
+                                          x.rank * x.Ns, m.rope_theta, false));
+  PLATEAU_RETURN_IF_ERROR(RingForward(x));
+  // h1 = in + o wo
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), I.h1.data(), in, N * H * sizeof(float)));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, H, qd, I.o.as<float>(), qd, x.W(off.wo), H, 1.0f, I.h1.as<float>(), H));
+  // MoE on rmsnorm(h1).
+  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormForward(x.c(), I.u.as<float>(), I.rstd_u.as<float>(),
+                                              I.h1.as<float>(), x.W(off.moe_norm), N, H, m.norm_eps));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, m.experts, H, I.u.as<float>(), H, x.W(off.router),
+                                 m.experts, 0.0f, I.rlogits.as<float>(), m.experts));
+  PLATEAU_RETURN_IF_ERROR(I.kernels->Router(x.c(), I.rlogits.as<float>(), N, m.experts, m.top_k,
+                                            I.probs.as<float>(), I.chosen.as<int32_t>(),
+                                            I.gates.as<float>()));
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), out, I.h1.data(), N * H * sizeof(float)));
+  return I.ep->Forward(I.u.as<float>(), I.chosen.as<int32_t>(), I.gates.as<float>(), N,
+                       x.experts(l), out);
+}
+
+// Given dh = d loss / d boundary l+1 (after LayerForward(l) recomputed the
+// working set), accumulates layer l's weight gradients and turns dh into
+// d loss / d boundary l.
+absl::Status LayerBackward(Ctx& x, int64_t l) {
+  TrainingStep::Impl& I = x.I;
+  const ModelConfig& m = x.m;
+  const auto& off = I.layer_off[l];
+  const int64_t N = x.N, H = m.hidden, qd = x.qd(), kvd = x.kvd(), E = m.experts;
+  const float* in = x.boundary(l);
+  float* dh = I.dh.as<float>();
+  // MoE: out = h1 + moe(rmsnorm(h1)).
+  PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), I.du.as<float>(), N * H, 0.0f));
+  PLATEAU_RETURN_IF_ERROR(I.ep->Backward(dh, x.experts(l), I.du.as<float>(), I.dgates.as<float>(),
+                                         x.expert_grads(l)));
+  PLATEAU_RETURN_IF_ERROR(I.kernels->RouterBackward(x.c(), I.probs.as<float>(), I.chosen.as<int32_t>(),
+                                                    I.gates.as<float>(), I.dgates.as<float>(), N, E,
+                                                    m.top_k, I.drlogits.as<float>()));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, E, N, I.u.as<float>(), H, I.drlogits.as<float>(), E,
+                                 1.0f, x.G(off.router), E));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, E, I.drlogits.as<float>(), E, x.W(off.router), E,
+                                 1.0f, I.du.as<float>(), H));
+  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormBackward(x.c(), I.tmp.as<float>(), x.G(off.moe_norm),
+                                               I.du.as<float>(), I.h1.as<float>(), x.W(off.moe_norm),
+                                               I.rstd_u.as<float>(), N, H));
+  float* dh1 = I.dh1.as<float>();
+  PLATEAU_RETURN_IF_ERROR(x.be.Add(x.c(), dh1, dh, I.tmp.as<float>(), N * H));
+  // Attention: h1 = in + attn(rmsnorm(in)).
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, qd, H, N, I.o.as<float>(), qd, dh1, H, 1.0f, x.G(off.wo), H));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, qd, H, dh1, H, x.W(off.wo), H, 0.0f, I.dO.as<float>(), qd));
+  const AttentionShape s = x.shape();
+  PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionDelta(x.c(), s, I.o.as<float>(), I.dO.as<float>(),
+                                                    I.delta.as<float>()));
+  PLATEAU_RETURN_IF_ERROR(RingBackward(x));
+  float* dk = I.dkv.as<float>();
+  float* dv = dk + N * kvd;
+  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), I.dq.as<float>(), x.B, x.Ns, m.heads, m.head_dim(),
+                                          x.rank * x.Ns, m.rope_theta, true));
+  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), dk, x.B, x.Ns, m.kv_heads, m.head_dim(),
+                                          x.rank * x.Ns, m.rope_theta, true));
+  const float* a = I.a.as<float>();
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, qd, N, a, H, I.dq.as<float>(), qd, 1.0f, x.G(off.wq), qd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, kvd, N, a, H, dk, kvd, 1.0f, x.G(off.wk), kvd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, kvd, N, a, H, dv, kvd, 1.0f, x.G(off.wv), kvd));
+  float* da = I.du.as<float>();  // du is consumed: reuse it for d a
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, qd, I.dq.as<float>(), qd, x.W(off.wq), qd, 0.0f, da, H));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, kvd, dk, kvd, x.W(off.wk), kvd, 1.0f, da, H));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, kvd, dv, kvd, x.W(off.wv), kvd, 1.0f, da, H));
+  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormBackward(x.c(), I.tmp.as<float>(), x.G(off.attn_norm), da, in,
+                                               x.W(off.attn_norm), I.rstd_a.as<float>(), N, H));
+  return x.be.Add(x.c(), dh, dh1, I.tmp.as<float>(), N * H);
+}
+
+}  // namespace
+
+absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_t>& tokens,
+                                                        const std::vector<int32_t>& targets) {
+  PLATEAU_RETURN_IF_ERROR(CheckBatch(tokens, targets));
+  Impl& I = *impl_;
+  const ModelConfig& m = options_.model;
+  const int64_t N = TokensPerRank(m, options_.layout), H = m.hidden;
+  Ctx x{m, layout_, backend_, world_, I, N, options_.layout.batch, m.seq_len / world_.size(),
+        world_.rank(), world_.size()};
+  backend_.device().tracker().ResetPeaks();
+  backend_.host().tracker().ResetPeaks();
+
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), I.tokens.data(), tokens.data(), N * sizeof(int32_t)));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), I.targets.data(), targets.data(), N * sizeof(int32_t)));
+  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.dense_grad.as<float>(), layout_.dense_padded(), 0.0f));
+  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.expert_grad.as<float>(), layout_.expert_numel_per_rank(), 0.0f));
+
+  // Forward: keep only the layer boundaries.
+  PLATEAU_RETURN_IF_ERROR(I.kernels->Embedding(x.c(), x.W(I.off_embed), m.vocab_size,
+                                               I.tokens.as<int32_t>(), N, H, x.boundary(0)));
+  for (int64_t l = 0; l < m.layers; ++l) {
+    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l));
+    I.ep->Release();
+  }
+  const float* hL = x.boundary(m.layers);
+  PLATEAU_RETURN_IF_ERROR(backend_.RmsNormForward(x.c(), I.z.as<float>(), I.rstd_f.as<float>(), hL,
+                                                  x.W(I.off_final_norm), N, H, m.norm_eps));
+  double* stats = I.stats.as<double>();
+  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.scalars.as<float>(), 2, 0.0f));
+  {
+    static constexpr double kZero[2] = {0.0, 0.0};
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), stats, kZero, sizeof(kZero)));
+  }
+  PLATEAU_RETURN_IF_ERROR(I.projection->Forward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
+                                                I.targets.as<int32_t>(), stats));
+  // The mean is over the global batch: sum and count from every rank.
+  PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
+  PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, stats, stats, 2, DataType::kFloat64, ReduceOp::kSum));
+  double host_stats[2];
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, host_stats, stats, sizeof(host_stats)));
+  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  StepStats out;
+  out.valid_tokens = static_cast<int64_t>(host_stats[1]);
+  out.loss = out.valid_tokens > 0 ? host_stats[0] / host_stats[1] : 0.0;
+  const float scale = out.valid_tokens > 0 ? static_cast<float>(1.0 / host_stats[1]) : 0.0f;
+
+  // Backward.
+  PLATEAU_RETURN_IF_ERROR(I.projection->Backward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
+                                                 I.targets.as<int32_t>(), scale, I.tmp.as<float>(),
+                                                 x.G(I.off_lm_head)));
+  PLATEAU_RETURN_IF_ERROR(backend_.RmsNormBackward(x.c(), I.dh.as<float>(), x.G(I.off_final_norm),
+                                                   I.tmp.as<float>(), hL, x.W(I.off_final_norm),
+                                                   I.rstd_f.as<float>(), N, H));
+  for (int64_t l = m.layers - 1; l >= 0; --l) {
+    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l));  // recompute from the checkpoint
+    PLATEAU_RETURN_IF_ERROR(LayerBackward(x, l));
+  }
+  PLATEAU_RETURN_IF_ERROR(I.kernels->EmbeddingBackward(x.c(), I.dh.as<float>(), I.tokens.as<int32_t>(),
+                                                       N, H, x.G(I.off_embed)));
+  // ZeRO: every rank's dense gradient summed into the owner's shard.
+  PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
+  PLATEAU_RETURN_IF_ERROR(world_.ReduceScatter(*I.comm, I.dense_grad.data(), I.dense_grad_shard.data(),
+                                               layout_.shard_numel(), DataType::kFloat32,
+                                               ReduceOp::kSum));
+  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
+  out.step = step_;
+  out.device = backend_.device().tracker().Snapshot();
+  out.host = backend_.host().tracker().Snapshot();
+  return out;
+}
+
+absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
+                                             const std::vector<int32_t>& targets) {
+  PLATEAU_ASSIGN_OR_RETURN(StepStats out, ForwardBackward(tokens, targets));
+  Impl& I = *impl_;
+  const OptimizerConfig& o = options_.optimizer;
+  const int64_t S = layout_.shard_numel(), X = layout_.expert_numel_per_rank();
+  // Global gradient norm: this rank's dense shard and experts, summed over ranks.
+  float* sq = I.scalars.as<float>();
+  PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[0], I.dense_grad_shard.as<float>(), S));
+  PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[1], I.expert_grad.as<float>(), X));
+  PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, sq, sq, 2, DataType::kFloat32, ReduceOp::kSum));
+  float host_sq[2];
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, host_sq, sq, sizeof(host_sq)));
+  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  out.grad_norm = std::sqrt(static_cast<double>(host_sq[0]) + host_sq[1]);
+  float clip = 1.0f;
+  if (o.max_grad_norm > 0.0f) {
+    clip = std::min(1.0f, o.max_grad_norm / (static_cast<float>(out.grad_norm) + 1e-6f));
+  }
+  ++step_;
+  AdamWArgs a{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, clip};
+  PLATEAU_RETURN_IF_ERROR(backend_.AdamW(*I.comm, I.master.as<float>(), I.dense_grad_shard.as<float>(),
+                                         I.m.as<float>(), I.v.as<float>(), S, a));
+  PLATEAU_RETURN_IF_ERROR(backend_.AdamW(*I.comm, I.experts.as<float>(), I.expert_grad.as<float>(),
+                                         I.expert_m.as<float>(), I.expert_v.as<float>(), X, a));
+  PLATEAU_RETURN_IF_ERROR(world_.AllGather(*I.comm, I.master.data(), I.dense.data(), S,
+                                           DataType::kFloat32));
+  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  out.step = step_;
+  out.device = backend_.device().tracker().Snapshot();
+  out.host = backend_.host().tracker().Snapshot();
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Whole-model views, for tests and checkpoints.
+
+namespace {
+
+// All-gathers `count` floats from every rank into a host vector.
+absl::StatusOr<std::vector<float>> GatherToHost(Backend& be, Communicator& world, Stream& s,
+                                               const void* src, int64_t count) {
+  PLATEAU_ASSIGN_OR_RETURN(Buffer all, be.device().Allocate(LiveSet::kWorkspace,
+                                                            count * world.size() * sizeof(float)));
+  PLATEAU_RETURN_IF_ERROR(world.AllGather(s, src, all.data(), count, DataType::kFloat32));
+  std::vector<float> host(count * world.size());
+  PLATEAU_RETURN_IF_ERROR(be.Copy(s, host.data(), all.data(), all.bytes()));
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+  return host;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherWeights() {
+  Impl& I = *impl_;
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dense,
+                           GatherToHost(backend_, world_, *I.comm, I.master.data(), layout_.shard_numel()));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> experts,
+                           GatherToHost(backend_, world_, *I.comm, I.experts.data(),
+                                        layout_.expert_numel_per_rank()));
+  return layout_.Assemble(dense, experts);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherGrads() {
+  Impl& I = *impl_;
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dense,
+                           GatherToHost(backend_, world_, *I.comm, I.dense_grad_shard.data(),
+                                        layout_.shard_numel()));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> experts,
+                           GatherToHost(backend_, world_, *I.comm, I.expert_grad.data(),
+                                        layout_.expert_numel_per_rank()));
+  return layout_.Assemble(dense, experts);
+}
+
+absl::StatusOr<ModelState> TrainingStep::GatherState() {
+  Impl& I = *impl_;
+  ModelState st;
+  PLATEAU_ASSIGN_OR_RETURN(st.weights, GatherWeights());
+  const int64_t S = layout_.shard_numel(), X = layout_.expert_numel_per_rank();
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dm, GatherToHost(backend_, world_, *I.comm, I.m.data(), S));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> em, GatherToHost(backend_, world_, *I.comm, I.expert_m.data(), X));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dv, GatherToHost(backend_, world_, *I.comm, I.v.data(), S));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ev, GatherToHost(backend_, world_, *I.comm, I.expert_v.data(), X));
+  st.m = layout_.Assemble(dm, em);
+  st.v = layout_.Assemble(dv, ev);
+  st.step = step_;
+  return st;
+}
+
+absl::Status TrainingStep::LoadState(const ModelState& st) {
+  Impl& I = *impl_;
+  const size_t n = layout_.weights().size();
+  for (const auto* t : {&st.weights, &st.m, &st.v}) {
+    if (t->size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat("state: expected ", n, " tensors, got ", t->size()));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (static_cast<int64_t>((*t)[i].size()) != layout_.weights()[i].numel()) {
+        return absl::InvalidArgumentError(absl::StrCat("state: tensor ", layout_.weights()[i].name,
+                                                        " has ", (*t)[i].size(), " values, expected ",
+                                                        layout_.weights()[i].numel()));
+      }
+    }
+  }
+  if (st.step < 0) return absl::InvalidArgumentError("state: step must be >= 0");
+  const int64_t rank = world_.rank();
+  std::vector<float> shard, experts;
+  struct Target {
+    const std::vector<std::vector<float>>* full;
+    Buffer* dense;
+    Buffer* expert;
+  };
+  for (const Target& t : {Target{&st.weights, &I.master, &I.experts}, Target{&st.m, &I.m, &I.expert_m},
+                          Target{&st.v, &I.v, &I.expert_v}}) {
+    layout_.ShardFrom(*t.full, rank, &shard, &experts);
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, t.dense->data(), shard.data(), t.dense->bytes()));
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, t.expert->data(), experts.data(), t.expert->bytes()));
+    PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());  // before the host vectors change
+  }
+  PLATEAU_RETURN_IF_ERROR(world_.AllGather(*I.comm, I.master.data(), I.dense.data(),
+                                           layout_.shard_numel(), DataType::kFloat32));
+  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  step_ = st.step;
+  return absl::OkStatus();
+}
+
+}  // namespace plateau

@@ -1,0 +1,130 @@
+// The baseline MoE training step: explicit forward and backward of the model
+// of docs/MODEL.md over P ranks, on buffers sized at launch. This is the
+// all-schedules-off stack every schedule is measured against:
+//
+// - each rank holds a distinct slice of every sequence (N = B*T/P tokens);
+// - attention is ring attention over the world (K/V blocks circulate on the
+//   communication stream while the compute stream folds the current block;
+//   in backward the blocks' dK/dV accumulators travel with them);
+// - experts are partitioned E/P per rank with standard expert parallelism
+//   (kernels/dispatch/standard_ep.h);
+// - dense weights are ZeRO-sharded: gradients reduce-scattered, each rank
+//   updates its shard with AdamW (torch semantics, global-norm clipping),
+//   working weights all-gathered;
+// - the vocabulary projection is dense (full N x V logits,
+//   kernels/projection/dense_projection.h);
+// - full activation checkpointing: each layer's input is kept (kCheckpoints)
+//   and the layer is recomputed in backward.
+//
+// Every allocation is made by Create() except the dispatch buffers, whose
+// size depends on the routing (that is the baseline's unbounded live set).
+//
+// Thread safety: one TrainingStep per rank process; all methods are
+// collective (every rank calls them in the same order).
+#ifndef PLATEAU_KERNELS_MODEL_STEP_H_
+#define PLATEAU_KERNELS_MODEL_STEP_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/memory.h"
+#include "kernels/model/config.h"
+#include "kernels/model/params.h"
+
+namespace plateau {
+
+struct OptimizerConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float max_grad_norm = 1.0f;  // 0 turns clipping off
+};
+
+struct StepOptions {
+  ModelConfig model;
+  LayoutConfig layout;
+  OptimizerConfig optimizer;
+  uint64_t seed = 1;
+};
+
+// Bytes per live set that Create() allocates on the device (dispatch: the
+// balanced expectation, N*k routes received; standard EP has no bound).
+struct MemoryPlan {
+  std::array<int64_t, kNumLiveSets> bytes{};
+  int64_t total() const;
+  std::string DebugString() const;
+};
+absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& options);
+
+struct StepStats {
+  int64_t step = 0;            // optimizer steps taken so far
+  double loss = 0.0;           // mean over the global batch's valid targets
+  int64_t valid_tokens = 0;    // of the global batch
+  double grad_norm = 0.0;      // before clipping (0 for ForwardBackward)
+  MemoryStats device;          // peaks during this call
+  MemoryStats host;
+};
+
+// The whole optimizer state as full tensors (ModelWeights() order).
+struct ModelState {
+  std::vector<std::vector<float>> weights, m, v;
+  int64_t step = 0;
+};
+
+class TrainingStep {
+ public:
+  // Validates the options (an error names the field) and allocates every
+  // launch-sized buffer; refuses a device cap that cannot hold them, naming
+  // the live sets. Initialises the weights from options.seed.
+  static absl::StatusOr<std::unique_ptr<TrainingStep>> Create(
+      const StepOptions& options, Backend& backend, Communicator& world);
+  ~TrainingStep();
+
+  // Forward and backward on this rank's slice of the global batch
+  // ([B, T/P] tokens and targets): leaves the global gradient in the grad
+  // buffers (dense shard + local experts). No update.
+  absl::StatusOr<StepStats> ForwardBackward(const std::vector<int32_t>& tokens,
+                                            const std::vector<int32_t>& targets);
+  // ForwardBackward, global-norm clipping, AdamW, weight all-gather.
+  absl::StatusOr<StepStats> Step(const std::vector<int32_t>& tokens,
+                                 const std::vector<int32_t>& targets);
+
+  // Collective: the full weights, or the gradient of the last
+  // ForwardBackward, as full tensors on every rank.
+  absl::StatusOr<std::vector<std::vector<float>>> GatherWeights();
+  absl::StatusOr<std::vector<std::vector<float>>> GatherGrads();
+  absl::StatusOr<ModelState> GatherState();
+  // Collective: every rank passes the same full state.
+  absl::Status LoadState(const ModelState& state);
+
+  int64_t step() const { return step_; }
+  const ParamLayout& layout() const { return layout_; }
+  Backend& backend() { return backend_; }
+
+ private:
+  struct Impl;
+  TrainingStep(const StepOptions& options, Backend& backend, Communicator& world);
+  absl::Status Allocate();
+  absl::Status CheckBatch(const std::vector<int32_t>& tokens,
+                          const std::vector<int32_t>& targets) const;
+
+  const StepOptions options_;
+  Backend& backend_;
+  Communicator& world_;
+  ParamLayout layout_;
+  int64_t step_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MODEL_STEP_H_

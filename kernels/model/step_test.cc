@@ -1,0 +1,278 @@
+#include "kernels/model/step.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/kv_store.h"
+#include "kernels/model/reference.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+ModelConfig TestModel() {
+  ModelConfig m;
+  m.vocab_size = 32;
+  m.hidden = 16;
+  m.layers = 2;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.experts = 4;
+  m.top_k = 2;
+  m.expert_ffn = 24;
+  m.seq_len = 16;
+  m.init_std = 0.3f;  // strong enough that routing and attention matter
+  return m;
+}
+
+struct GlobalBatch {
+  std::vector<int32_t> tokens, targets;  // [B, T]
+};
+
+GlobalBatch MakeBatch(const ModelConfig& m, int64_t B, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  GlobalBatch g;
+  for (int64_t i = 0; i < B * m.seq_len; ++i) {
+    g.tokens.push_back(static_cast<int32_t>(rng() % m.vocab_size));
+    g.targets.push_back(i % 5 == 2 ? kIgnoreIndex : static_cast<int32_t>(rng() % m.vocab_size));
+  }
+  return g;
+}
+
+// Rank p's slice [B, T/P] of a global batch.
+void Slice(const GlobalBatch& g, int64_t B, int64_t T, int64_t p, int64_t P,
+           std::vector<int32_t>* tok, std::vector<int32_t>* tgt) {
+  const int64_t n = T / P;
+  tok->clear();
+  tgt->clear();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < n; ++t) {
+      tok->push_back(g.tokens[b * T + p * n + t]);
+      tgt->push_back(g.targets[b * T + p * n + t]);
+    }
+  }
+}
+
+// Runs fn(rank, backend, world) on P threads, each a rank with its own CPU
+// backend and Gloo communicator rendezvousing through a fresh file store.
+void RunRanks(int P, const std::function<void(int, Backend&, Communicator&)>& fn,
+              int64_t device_bytes = 64 << 20) {
+  static int run = 0;
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/store", run++);
+  auto store = FileStore::Create(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::shared_ptr<KeyValueStore> shared = std::move(*store);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r) {
+    threads.emplace_back([&, r] {
+      BackendOptions bo;
+      bo.device_memory_bytes = device_bytes;
+      auto backend = Backend::Create(bo);
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      CommunicatorOptions co;
+      co.rank = r;
+      co.size = P;
+      co.store = shared;
+      co.prefix = "step";
+      co.timeout = absl::Seconds(30);
+      auto world = CreateCommunicator(co);
+      ASSERT_TRUE(world.ok()) << world.status();
+      fn(r, **backend, **world);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+struct RankResult {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;
+  StepStats stats;
+};
+
+RankResult RunForwardBackward(const ModelConfig& m, int P, int64_t B, const GlobalBatch& g) {
+  RankResult result;
+  RunRanks(P, [&](int r, Backend& be, Communicator& world) {
+    StepOptions o;
+    o.model = m;
+    o.layout = {P, B};
+    o.seed = 5;
+    auto step = TrainingStep::Create(o, be, world);
+    ASSERT_TRUE(step.ok()) << step.status();
+    std::vector<int32_t> tok, tgt;
+    Slice(g, B, m.seq_len, r, P, &tok, &tgt);
+    auto stats = (*step)->ForwardBackward(tok, tgt);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    auto grads = (*step)->GatherGrads();
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    if (r == 0) {
+      result.loss = stats->loss;
+      result.grads = std::move(*grads);
+      result.stats = *stats;
+    }
+  });
+  return result;
+}
+
+void ExpectGradsClose(const std::vector<std::vector<float>>& got,
+                      const std::vector<std::vector<double>>& want, const ModelConfig& m,
+                      double rel) {
+  const std::vector<WeightSpec> specs = ModelWeights(m);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < want.size(); ++t) {
+    double scale = 0;
+    for (double x : want[t]) scale = std::max(scale, std::abs(x));
+    ASSERT_GT(scale, 0.0) << specs[t].name << " has no gradient at all";
+    ASSERT_EQ(got[t].size(), want[t].size());
+    for (size_t i = 0; i < want[t].size(); ++i) {
+      ASSERT_NEAR(got[t][i], want[t][i], rel * scale) << specs[t].name << "[" << i << "]";
+    }
+  }
+}
+
+class StepVsReference : public ::testing::TestWithParam<int> {};
+
+// The whole step's loss and every gradient, at P = 1, 2 and 4 ranks, equal
+// the naive double reference on the same global batch (fp32 rounding).
+TEST_P(StepVsReference, LossAndGradientsMatch) {
+  const int P = GetParam();
+  const ModelConfig m = TestModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  Tensors<double> w = InitWeights<double>(m, 5);
+  Tensors<double> want;
+  const double loss = ReferenceLossAndGrads(m, w, g.tokens, g.targets, B, &want);
+  RankResult got = RunForwardBackward(m, P, B, g);
+  EXPECT_NEAR(got.loss, loss, 1e-5 * loss);
+  ExpectGradsClose(got.grads, want, m, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, StepVsReference, ::testing::Values(1, 2, 4));
+
+TEST(StepTest, SameBitsRunToRun) {
+  const ModelConfig m = TestModel();
+  const GlobalBatch g = MakeBatch(m, 2, 3);
+  RankResult a = RunForwardBackward(m, 2, 2, g);
+  RankResult b = RunForwardBackward(m, 2, 2, g);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.grads, b.grads);
+}
+
+// One optimizer step equals torch.optim.AdamW (with global-norm clipping)
+// applied to the reference gradient.
+TEST(StepTest, AdamWUpdateMatchesTheReference) {
+  const ModelConfig m = TestModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 21);
+  Tensors<double> w = InitWeights<double>(m, 5);
+  Tensors<double> grad;
+  ReferenceLossAndGrads(m, w, g.tokens, g.targets, B, &grad);
+  OptimizerConfig opt;
+  opt.lr = 1e-2f;
+  opt.weight_decay = 0.1f;
+  opt.max_grad_norm = 0.5f;  // small enough to clip
+  double norm = 0;
+  for (const auto& t : grad) for (double x : t) norm += x * x;
+  norm = std::sqrt(norm);
+  ASSERT_GT(norm, opt.max_grad_norm) << "the test means to exercise clipping";
+  const double clip = opt.max_grad_norm / (norm + 1e-6);
+  std::vector<std::vector<float>> after;
+  RunRanks(2, [&](int r, Backend& be, Communicator& world) {
+    StepOptions o;
+    o.model = m;
+    o.layout = {2, B};
+    o.seed = 5;
+    o.optimizer = opt;
+    auto step = TrainingStep::Create(o, be, world);
+    ASSERT_TRUE(step.ok()) << step.status();
+    std::vector<int32_t> tok, tgt;
+    Slice(g, B, m.seq_len, r, 2, &tok, &tgt);
+    auto stats = (*step)->Step(tok, tgt);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_NEAR(stats->grad_norm, norm, 1e-4 * norm);
+    EXPECT_EQ(stats->step, 1);
+    auto weights = (*step)->GatherWeights();
+    ASSERT_TRUE(weights.ok());
+    if (r == 0) after = std::move(*weights);
+  });
+  // First AdamW step: m = (1-b1) g, v = (1-b2) g^2, bias-corrected.
+  for (size_t t = 0; t < w.size(); ++t) {
+    for (size_t i = 0; i < w[t].size(); ++i) {
+      const double gc = grad[t][i] * clip;
+      const double mh = (1 - opt.beta1) * gc / (1 - opt.beta1);
+      const double vh = (1 - opt.beta2) * gc * gc / (1 - opt.beta2);
+      const double p = w[t][i] * (1 - opt.lr * opt.weight_decay) - opt.lr * mh / (std::sqrt(vh) + opt.eps);
+      ASSERT_NEAR(after[t][i], p, 1e-4 * opt.lr + 1e-6 * std::abs(p)) << t << "[" << i << "]";
+    }
+  }
+}
+
+TEST(StepTest, PeaksPerLiveSetAreReportedAndWithinThePlan) {
+  const ModelConfig m = TestModel();
+  const GlobalBatch g = MakeBatch(m, 2, 4);
+  RankResult r = RunForwardBackward(m, 2, 2, g);
+  StepOptions o;
+  o.model = m;
+  o.layout = {2, 2};
+  auto plan = PlanMemory(o);
+  ASSERT_TRUE(plan.ok());
+  for (LiveSet s : {LiveSet::kWeights, LiveSet::kGrads, LiveSet::kOptimizer, LiveSet::kCheckpoints,
+                    LiveSet::kProjection, LiveSet::kActivations}) {
+    const int64_t planned = plan->bytes[static_cast<int>(s)];
+    EXPECT_GT(r.stats.device.peak_of(s), 0) << LiveSetName(s);
+    EXPECT_LE(r.stats.device.peak_of(s), planned) << LiveSetName(s);
+  }
+  // Launch-sized sets are allocated exactly as planned.
+  EXPECT_EQ(r.stats.device.peak_of(LiveSet::kWeights), plan->bytes[static_cast<int>(LiveSet::kWeights)]);
+  EXPECT_EQ(r.stats.device.peak_of(LiveSet::kCheckpoints),
+            plan->bytes[static_cast<int>(LiveSet::kCheckpoints)]);
+  EXPECT_GT(r.stats.device.peak_of(LiveSet::kDispatch), 0);
+}
+
+TEST(StepTest, BadSpecsAreRefusedNamingTheField) {
+  RunRanks(1, [&](int, Backend& be, Communicator& world) {
+    StepOptions o;
+    o.model = TestModel();
+    o.layout = {1, 1};
+    o.model.top_k = 5;
+    EXPECT_THAT(TrainingStep::Create(o, be, world).status().message(), HasSubstr("model.top_k"));
+    o.model = TestModel();
+    o.layout = {2, 1};
+    EXPECT_THAT(TrainingStep::Create(o, be, world).status().message(), HasSubstr("layout.ranks"));
+    o.layout = {1, 1};
+    o.optimizer.lr = -1.0f;
+    EXPECT_THAT(TrainingStep::Create(o, be, world).status().message(), HasSubstr("optimizer."));
+    o.optimizer = {};
+    auto step = TrainingStep::Create(o, be, world);
+    ASSERT_TRUE(step.ok());
+    std::vector<int32_t> tok(16, 1), tgt(16, 1);
+    tok[3] = 99;
+    auto st = (*step)->ForwardBackward(tok, tgt);
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.status().message(), HasSubstr("batch.tokens[3] = 99"));
+    EXPECT_THAT((*step)->ForwardBackward({1, 2}, {1, 2}).status().message(),
+                HasSubstr("expected 16 tokens"));
+  });
+  // A device that cannot hold the persistent state is refused before any
+  // allocation, naming the cap and the live sets.
+  RunRanks(1, [&](int, Backend& be, Communicator& world) {
+    StepOptions o;
+    o.model = TestModel();
+    o.layout = {1, 1};
+    auto st = TrainingStep::Create(o, be, world);
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(st.status().message(), AllOf(HasSubstr("device_memory_bytes"), HasSubstr("weights=")));
+    EXPECT_EQ(be.device().tracker().total_peak(), 0);
+  }, /*device_bytes=*/64 * 1024);
+}
+
+}  // namespace
+}  // namespace plateau

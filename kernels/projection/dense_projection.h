@@ -1,0 +1,54 @@
+// The dense vocabulary projection and cross-entropy: the projection baseline
+// (DESIGN.md §1.2). The full N x V logits of a rank's tokens are
+// materialised in the kProjection live set (allocated at launch, N x V
+// floats) and held from the forward to the backward, which turns them into
+// their gradient in place. That N x V buffer is the peak Ring-DTP removes.
+#ifndef PLATEAU_KERNELS_PROJECTION_DENSE_PROJECTION_H_
+#define PLATEAU_KERNELS_PROJECTION_DENSE_PROJECTION_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/memory.h"
+#include "kernels/model/model_kernels.h"
+
+namespace plateau {
+
+class DenseProjection {
+ public:
+  // Bytes of the kProjection live set for `rows` tokens: logits + lse.
+  static int64_t BoundBytes(int64_t rows, int64_t vocab);
+
+  static absl::StatusOr<std::unique_ptr<DenseProjection>> Create(
+      Backend& backend, ModelKernels& kernels, int64_t rows, int64_t hidden,
+      int64_t vocab);
+
+  // logits = z W^T for z [rows, H], W [V, H]; stats[0] += sum of valid row
+  // losses, stats[1] += valid rows (doubles).
+  absl::Status Forward(Stream& s, const float* z, const float* w,
+                       const int32_t* targets, double* stats);
+  // With scale = 1 / (valid tokens of the global batch): dz = dlogits W
+  // (overwritten), dw += dlogits^T z.
+  absl::Status Backward(Stream& s, const float* z, const float* w,
+                        const int32_t* targets, float scale, float* dz,
+                        float* dw);
+
+ private:
+  DenseProjection(Backend& backend, ModelKernels& kernels, int64_t rows,
+                  int64_t hidden, int64_t vocab, Buffer logits, Buffer lse)
+      : backend_(backend), kernels_(kernels), rows_(rows), hidden_(hidden),
+        vocab_(vocab), logits_(std::move(logits)), lse_(std::move(lse)) {}
+
+  Backend& backend_;
+  ModelKernels& kernels_;
+  const int64_t rows_, hidden_, vocab_;
+  Buffer logits_;  // [rows, V]
+  Buffer lse_;     // [rows]
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_PROJECTION_DENSE_PROJECTION_H_
