@@ -1,0 +1,523 @@
+#include "kernels/gloo_communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/alltoallv.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/device.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "gloo/types.h"
+#include "kernels/cpu_stream.h"
+#include "kernels/gloo_kv_store.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+// Slot prefixes of our own algorithms. Gloo's collectives use 0x01..0x08
+// (gloo/types.h); a slot is prefix << 56 | tag << 24, so ours never meet
+// theirs.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+constexpr uint8_t kSendRecvSlotPrefix = 0x41;
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// --- Reductions ------------------------------------------------------------
+// Elementwise out = a op b (out may alias a or b). Integer sums wrap (two's
+// complement) instead of overflowing into undefined behaviour.
+
+template <typename T>
+T Add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T, ReduceOp kOp>
+void ReduceInto(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (kOp == ReduceOp::kSum) {
+      o[i] = Add(x[i], y[i]);
+    } else if constexpr (kOp == ReduceOp::kMax) {
+      o[i] = x[i] < y[i] ? y[i] : x[i];
+    } else {
+      o[i] = y[i] < x[i] ? y[i] : x[i];
+    }
+  }
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <typename T>
+ReduceFn ReduceFor(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return &ReduceInto<T, ReduceOp::kSum>;
+    case ReduceOp::kMax:
+      return &ReduceInto<T, ReduceOp::kMax>;
+    case ReduceOp::kMin:
+      return &ReduceInto<T, ReduceOp::kMin>;
+  }
+  return nullptr;
+}
+
+ReduceFn ReduceFor(DataType type, ReduceOp op) {
+  switch (type) {
+    case DataType::kFloat32:
+      return ReduceFor<float>(op);
+    case DataType::kFloat64:
+      return ReduceFor<double>(op);
+    case DataType::kInt32:
+      return ReduceFor<int32_t>(op);
+    case DataType::kInt64:
+      return ReduceFor<int64_t>(op);
+  }
+  return nullptr;
+}
+
+// Calls f(T{}) with the C++ type of `type` (validated by the caller).
+template <typename F>
+void WithType(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kFloat32:
+      return f(float{});
+    case DataType::kFloat64:
+      return f(double{});
+    case DataType::kInt32:
+      return f(int32_t{});
+    case DataType::kInt64:
+      return f(int64_t{});
+  }
+}
+
+// --- Exceptions to status --------------------------------------------------
+
+bool LooksLikeTimeout(absl::string_view what) {
+  const std::string lower = absl::AsciiStrToLower(what);
+  return absl::StrContains(lower, "timed out") ||
+         absl::StrContains(lower, "timeout");
+}
+
+// Runs `fn`, turning anything Gloo (or the store adapter) throws into a
+// status prefixed with `context`. Nothing escapes.
+absl::Status CatchAll(const std::string& context,
+                      const std::function<void()>& fn) {
+  absl::Status s;
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const KeyValueStoreError& e) {
+    s = e.status();
+  } catch (const gloo::IoException& e) {
+    s = LooksLikeTimeout(e.what()) ? absl::DeadlineExceededError(e.what())
+                                   : absl::UnavailableError(e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    s = absl::InternalError(absl::StrCat("gloo check failed: ", e.what()));
+  } catch (const std::exception& e) {
+    s = absl::InternalError(absl::StrCat("gloo: ", e.what()));
+  } catch (...) {
+    s = absl::InternalError("gloo threw a non-standard exception");
+  }
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+// --- State shared by a world and the groups made from it ------------------
+
+struct Transport {
+  std::shared_ptr<KeyValueStore> store;
+  std::shared_ptr<gloo::transport::Device> device;
+  absl::Duration timeout;
+};
+
+// Connects a full mesh of `size` ranks whose keys live under `prefix`.
+absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(
+    const Transport& transport, const std::string& prefix, int rank, int size,
+    const std::string& context) {
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  absl::Status s = CatchAll(context, [&] {
+    ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(ToChrono(transport.timeout));
+    GlooStoreAdapter adapter(transport.store, transport.timeout);
+    gloo::rendezvous::PrefixStore store(prefix, adapter);
+    std::shared_ptr<gloo::transport::Device> device = transport.device;
+    ctx->connectFullMesh(store, device);
+  });
+  if (!s.ok()) return s;
+  return std::shared_ptr<gloo::Context>(std::move(ctx));
+}
+
+// Work enqueued but not yet run (or skipped) by a stream. Held through a
+// shared_ptr so that the last task can signal it after the communicator has
+// begun destruction.
+struct Pending {
+  absl::Mutex mu;
+  int count ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Decrements Pending when the task that holds it is destroyed: after it ran,
+// or when a failed stream skipped it.
+class PendingToken {
+ public:
+  explicit PendingToken(std::shared_ptr<Pending> p) : p_(std::move(p)) {
+    absl::MutexLock lock(&p_->mu);
+    ++p_->count;
+  }
+  ~PendingToken() {
+    absl::MutexLock lock(&p_->mu);
+    --p_->count;
+  }
+  PendingToken(const PendingToken&) = delete;
+  PendingToken& operator=(const PendingToken&) = delete;
+
+ private:
+  std::shared_ptr<Pending> p_;
+};
+
+// --- The communicator -------------------------------------------------------
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::string name, int rank, std::vector<int> members,
+                   std::shared_ptr<Transport> transport,
+                   std::string store_prefix,
+                   std::shared_ptr<gloo::Context> context)
+      : Communicator(BackendKind::kCpu, std::move(name), rank,
+                     std::move(members)),
+        transport_(std::move(transport)),
+        store_prefix_(std::move(store_prefix)),
+        context_(std::move(context)),
+        pending_(std::make_shared<Pending>()) {}
+
+  ~GlooCommunicator() override {
+    // Enqueued collectives capture `this`: wait until each has run (they end
+    // by the timeout at the latest) or been dropped by a failed stream.
+    absl::MutexLock lock(&pending_->mu);
+    pending_->mu.Await(absl::Condition(
+        +[](Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
+          return p->count == 0;
+        },
+        pending_.get()));
+  }
+
+ protected:
+  absl::Status DoAllReduce(Stream& stream, const void* send, void* recv,
+                           size_t count, DataType type,
+                           ReduceOp op) override {
+    return Enqueue(stream, "all_reduce", [=](uint32_t tag) {
+      gloo::AllreduceOptions opts(context_);
+      WithType(type, [&](auto zero) {
+        using T = decltype(zero);
+        if (send != recv) {
+          opts.setInput(static_cast<T*>(const_cast<void*>(send)), count);
+        }
+        opts.setOutput(static_cast<T*>(recv), count);
+      });
+      // The ring fixes the order in which each element's contributions are
+      // added, given the group size and the count: deterministic.
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      opts.setReduceFunction(ReduceFor(type, op));
+      opts.setTag(tag);
+      opts.setTimeout(timeout());
+      gloo::allreduce(opts);
+    });
+  }
+
+  absl::Status DoReduceScatter(Stream& stream, const void* send, void* recv,
+                               size_t recv_count, DataType type,
+                               ReduceOp op) override {
+    return Enqueue(stream, "reduce_scatter", [=](uint32_t tag) {
+      RingReduceScatter(tag, send, recv, recv_count * DataTypeSize(type),
+                        recv_count, ReduceFor(type, op));
+    });
+  }
+
+  absl::Status DoAllGather(Stream& stream, const void* send, void* recv,
+                           size_t send_count, DataType type) override {
+    const size_t bytes = send_count * DataTypeSize(type);
+    const size_t total = bytes * size();
+    const bool in_place = send == static_cast<char*>(recv) + rank() * bytes;
+    return Enqueue(stream, "all_gather", [=](uint32_t tag) {
+      gloo::AllgatherOptions opts(context_);
+      // Without an input Gloo gathers in place: this rank's block is
+      // already at its offset in the output.
+      if (!in_place) {
+        opts.setInput(static_cast<char*>(const_cast<void*>(send)), bytes);
+      }
+      opts.setOutput(static_cast<char*>(recv), total);
+      opts.setTag(tag);
+      opts.setTimeout(timeout());
+      gloo::allgather(opts);
+    });
+  }
+
+  absl::Status DoAllToAllV(Stream& stream, const void* send,
+                           absl::Span<const int64_t> send_counts, void* recv,
+                           absl::Span<const int64_t> recv_counts,
+                           DataType type) override {
+    const int64_t elem = static_cast<int64_t>(DataTypeSize(type));
+    std::vector<int64_t> send_bytes, recv_bytes;
+    for (int64_t c : send_counts) send_bytes.push_back(c * elem);
+    for (int64_t c : recv_counts) recv_bytes.push_back(c * elem);
+    return Enqueue(stream, "all_to_all_v", [=](uint32_t tag) {
+      // Gloo copies this rank's own block with memcpy and hands every peer
+      // block to the transport, empty ones included; a null pointer is only
+      // allowed (and only passed) when nothing is read or written.
+      static char kEmpty;
+      char* in = send != nullptr ? static_cast<char*>(const_cast<void*>(send))
+                                 : &kEmpty;
+      char* out = recv != nullptr ? static_cast<char*>(recv) : &kEmpty;
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(in, send_bytes);
+      opts.setOutput(out, recv_bytes);
+      opts.setTag(tag);
+      opts.setTimeout(timeout());
+      gloo::alltoallv(opts);
+    });
+  }
+
+  absl::Status DoBroadcast(Stream& stream, void* data, size_t count,
+                           DataType type, int root) override {
+    const size_t bytes = count * DataTypeSize(type);
+    return Enqueue(stream, "broadcast", [=](uint32_t tag) {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<char*>(data), bytes);  // in place everywhere
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(timeout());
+      gloo::broadcast(opts);
+    });
+  }
+
+  absl::Status DoSendRecv(Stream& stream, const void* send, size_t send_count,
+                          int dst, void* recv, size_t recv_count, int src,
+                          DataType type) override {
+    const size_t send_bytes = send_count * DataTypeSize(type);
+    const size_t recv_bytes = recv_count * DataTypeSize(type);
+    return Enqueue(stream, "send_recv", [=](uint32_t tag) {
+      if (dst == rank()) {  // a ring of one (validated: src == dst, same size)
+        std::memcpy(recv, send, send_bytes);
+        return;
+      }
+      const uint64_t slot = gloo::Slot::build(kSendRecvSlotPrefix, tag);
+      std::unique_ptr<gloo::transport::UnboundBuffer> tx, rx;
+      if (recv_bytes > 0) {
+        rx = context_->createUnboundBuffer(recv, recv_bytes);
+        rx->recv(src, slot);
+      }
+      if (send_bytes > 0) {
+        tx = context_->createUnboundBuffer(const_cast<void*>(send),
+                                           send_bytes);
+        tx->send(dst, slot);
+      }
+      if (rx != nullptr) Wait(*rx, /*recv=*/true, src);
+      if (tx != nullptr) Wait(*tx, /*recv=*/false, dst);
+    });
+  }
+
+  absl::Status DoBarrier(Stream& stream) override {
+    return Enqueue(stream, "barrier", [=](uint32_t tag) {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(tag);
+      opts.setTimeout(timeout());
+      gloo::barrier(opts);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> DoGroup(
+      const std::string& name, const std::vector<int>& ranks,
+      std::vector<int> world_members) override {
+    const int group_rank = static_cast<int>(
+        std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
+    // The same group may be made again (e.g. after a failure): a counter per
+    // (name, members) keeps each incarnation's keys apart. Only members make
+    // a group, and each of them counts the same incarnations.
+    std::string id =
+        absl::StrCat(name, "[", absl::StrJoin(world_members, ","), "]");
+    int incarnation;
+    {
+      absl::MutexLock lock(&groups_mu_);
+      incarnation = groups_made_[id]++;
+    }
+    const std::string prefix =
+        absl::StrCat(store_prefix_, "/", id, "#", incarnation);
+    PLATEAU_ASSIGN_OR_RETURN(
+        std::shared_ptr<gloo::Context> ctx,
+        Connect(*transport_, prefix, group_rank,
+                static_cast<int>(ranks.size()),
+                absl::StrCat("rendezvous of group '", name, "' (rank ",
+                             group_rank, " of ", ranks.size(), ", from rank ",
+                             rank(), " of '", this->name(), "')")));
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(name, group_rank, std::move(world_members),
+                             transport_, prefix, std::move(ctx)));
+  }
+
+ private:
+  std::chrono::milliseconds timeout() const {
+    return ToChrono(transport_->timeout);
+  }
+
+  // Enqueues `body` (which receives this collective's tag) on the stream.
+  absl::Status Enqueue(Stream& stream, const char* op,
+                       std::function<void(uint32_t)> body) {
+    // Tags are handed out in call order, which every rank shares.
+    const uint32_t tag = next_tag_.fetch_add(1);
+    auto token = std::make_shared<PendingToken>(pending_);
+    static_cast<CpuStream&>(stream).Enqueue(
+        [this, op, tag, body = std::move(body), token]() -> absl::Status {
+          return Run(op, [&] { body(tag); });
+        });
+    return absl::OkStatus();
+  }
+
+  // Runs one collective on the stream thread.
+  absl::Status Run(const char* op, const std::function<void()>& fn) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!broken_.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            Describe(op), ": the communicator is unusable after an earlier "
+                          "failure: ",
+            broken_.message()));
+      }
+    }
+    absl::Status s = CatchAll(Describe(op), fn);
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = s;
+    }
+    return s;
+  }
+
+  // Throws like Gloo when a wait ends without completing.
+  void Wait(gloo::transport::UnboundBuffer& buf, bool recv, int peer) {
+    const bool done = recv ? buf.waitRecv(timeout()) : buf.waitSend(timeout());
+    if (!done) {
+      GLOO_THROW_IO_EXCEPTION(recv ? "receive from" : "send to", " rank ",
+                              peer, " was aborted");
+    }
+  }
+
+  // Ring reduce-scatter over unbound buffers: P - 1 steps; at step s this
+  // rank sends its running partial of block (rank - s - 1) to the right and
+  // receives the left neighbour's partial of block (rank - s - 2), adding its
+  // own contribution. The last block received is this rank's: each block is
+  // summed in the fixed ring order starting after its owner, so results are
+  // the same bits run to run. Scratch: two blocks.
+  void RingReduceScatter(uint32_t tag, const void* send, void* recv,
+                         size_t block_bytes, size_t block_count,
+                         ReduceFn reduce) {
+    const int p = size();
+    const int r = rank();
+    const char* in = static_cast<const char*>(send);
+    if (p == 1) {
+      if (recv != send) std::memcpy(recv, send, block_bytes);
+      return;
+    }
+    const int right = (r + 1) % p;
+    const int left = (r - 1 + p) % p;
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+    auto block = [&](int b) { return in + ((b % p + p) % p) * block_bytes; };
+
+    std::vector<char> partial(block_bytes), incoming(block_bytes);
+    auto tx_input = context_->createUnboundBuffer(
+        const_cast<char*>(in), block_bytes * p);
+    auto tx = context_->createUnboundBuffer(partial.data(), block_bytes);
+    auto rx = context_->createUnboundBuffer(incoming.data(), block_bytes);
+    for (int s = 0; s < p - 1; ++s) {
+      rx->recv(left, slot);
+      if (s == 0) {
+        // The first partial of a block is the sender's own contribution.
+        const size_t offset = block(r - 1) - in;
+        tx_input->send(right, slot, offset, block_bytes);
+        Wait(*rx, /*recv=*/true, left);
+        Wait(*tx_input, /*recv=*/false, right);
+      } else {
+        tx->send(right, slot);
+        Wait(*rx, /*recv=*/true, left);
+        Wait(*tx, /*recv=*/false, right);
+      }
+      const char* mine = block(r - s - 2);
+      // Received partial first, then this rank's contribution.
+      void* out = (s == p - 2) ? recv : partial.data();
+      reduce(out, incoming.data(), mine, block_count);
+    }
+  }
+
+  const std::shared_ptr<Transport> transport_;
+  const std::string store_prefix_;
+  const std::shared_ptr<gloo::Context> context_;
+  const std::shared_ptr<Pending> pending_;
+  std::atomic<uint32_t> next_tag_{0};
+
+  absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex groups_mu_;
+  std::map<std::string, int> groups_made_ ABSL_GUARDED_BY(groups_mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    const CommunicatorOptions& options) {
+  auto transport = std::make_shared<Transport>();
+  transport->store = options.store;
+  transport->timeout = options.timeout;
+  const std::string where =
+      absl::StrCat("rendezvous of group 'world' (rank ", options.rank, " of ",
+                   options.size, ")");
+  absl::Status s = CatchAll(where, [&] {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    transport->device = gloo::transport::tcp::CreateDevice(attr);
+  });
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (listening on "
+                                                            "hostname '",
+                                               options.hostname, "')"));
+  }
+  const std::string prefix = absl::StrCat(options.prefix, "/world");
+  PLATEAU_ASSIGN_OR_RETURN(
+      std::shared_ptr<gloo::Context> ctx,
+      Connect(*transport, prefix, options.rank, options.size, where));
+  std::vector<int> members(options.size);
+  for (int i = 0; i < options.size; ++i) members[i] = i;
+  return std::unique_ptr<Communicator>(
+      new GlooCommunicator("world", options.rank, std::move(members),
+                           std::move(transport), prefix, std::move(ctx)));
+}
+
+}  // namespace plateau

@@ -1,0 +1,38 @@
+// The CPU Communicator: Gloo over TCP.
+//
+// Ranks meet through the KeyValueStore (adapted to Gloo's Store, under a
+// PrefixStore of "<prefix>/world"), connect a full mesh of TCP pairs on
+// `hostname`, and run each collective on the CpuStream's worker thread when
+// the stream reaches it. Gloo's own algorithms carry all-reduce (ring),
+// all-gather (ring), all-to-all-v, broadcast (binomial tree) and barrier;
+// reduce-scatter is a ring of our own over unbound buffers (Gloo's
+// ReduceScatterHalvingDoubling takes int counts and an in-place buffer of
+// the whole input), and so is SendRecv. Every collective gets the next tag
+// of the communicator, so the messages of two collectives never match.
+//
+// Gloo reports failures by throwing; every exception is caught on the
+// stream thread and becomes a status naming the collective, the group and
+// the rank: DEADLINE_EXCEEDED for a timeout, UNAVAILABLE for a lost peer,
+// INTERNAL for anything else. It is the stream's sticky error and marks the
+// communicator unusable (see communicator.h).
+//
+// A group made with Group() is a new Gloo context over its members (same
+// TCP device, PrefixStore "<parent prefix>/<name>[<world ranks>]#<n>").
+#ifndef PLATEAU_KERNELS_GLOO_COMMUNICATOR_H_
+#define PLATEAU_KERNELS_GLOO_COMMUNICATOR_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/communicator.h"
+
+namespace plateau {
+
+// The world communicator over Gloo. `options` must be valid
+// (ValidateCommunicatorOptions) with backend kCpu.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    const CommunicatorOptions& options);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_GLOO_COMMUNICATOR_H_
