@@ -111,7 +111,7 @@ absl::Status RunRank(const Options& o) {
   co.backend = BackendKind::kCpu;
   co.rank = o.rank;
   co.size = o.ranks;
-  co.store = std::make_shared<FileStore>(o.store_dir);
+  PLATEAU_ASSIGN_OR_RETURN(co.store, FileStore::Create(o.store_dir));
   co.prefix = "foundation_demo";
   co.timeout = absl::Seconds(30);
   PLATEAU_ASSIGN_OR_RETURN(auto comm, CreateCommunicator(co));

@@ -124,13 +124,16 @@ absl::Status StandardEp::Exchange(const float* send, float* recv, bool forward) 
     sc[i] = (forward ? send_counts_[i] : recv_counts_[i]) * H;
     rc[i] = (forward ? recv_counts_[i] : send_counts_[i]) * H;
   }
-  PLATEAU_ASSIGN_OR_RETURN(auto ready, backend_.CreateEvent());
-  PLATEAU_ASSIGN_OR_RETURN(auto landed, backend_.CreateEvent());
-  PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready));
-  PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready));
+  // The events outlive every call: queued work refers to them.
+  if (ready_ == nullptr) {
+    PLATEAU_ASSIGN_OR_RETURN(ready_, backend_.CreateEvent());
+    PLATEAU_ASSIGN_OR_RETURN(landed_, backend_.CreateEvent());
+  }
+  PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready_));
+  PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready_));
   PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, DataType::kFloat32));
-  PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed));
-  PLATEAU_RETURN_IF_ERROR(compute_.Wait(*landed));
+  PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed_));
+  PLATEAU_RETURN_IF_ERROR(compute_.Wait(*landed_));
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 #define PLATEAU_KERNELS_DISPATCH_STANDARD_EP_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -95,6 +96,7 @@ class StandardEp {
   Buffer gates_sent_;   // [N*k] gate of each route, in send order
   Buffer x_, g_, u_, a_;  // expert inputs [R, H] and intermediates [R, F]
   Buffer returned_;     // [N*k, H] expert outputs back in send order
+  std::unique_ptr<Event> ready_, landed_;  // compute -> comm -> compute
 };
 
 }  // namespace plateau

@@ -110,8 +110,10 @@ class TrainingStep {
   const ParamLayout& layout() const { return layout_; }
   Backend& backend() { return backend_; }
 
- private:
+  // The buffers and streams; opaque outside step.cc.
   struct Impl;
+
+ private:
   TrainingStep(const StepOptions& options, Backend& backend, Communicator& world);
   absl::Status Allocate();
   absl::Status CheckBatch(const std::vector<int32_t>& tokens,

@@ -166,8 +166,11 @@ TEST(StepTest, SameBitsRunToRun) {
   EXPECT_EQ(a.grads, b.grads);
 }
 
-// One optimizer step equals torch.optim.AdamW (with global-norm clipping)
-// applied to the reference gradient.
+// One optimizer step equals torch.optim.AdamW with global-norm clipping,
+// computed in double from the step's own gradient (AdamW's first step is
+// ~lr * sign(g), so comparing against the double reference's gradient would
+// amplify fp32 rounding of near-zero gradients; the gradient itself is
+// checked against the reference above, and the norm here).
 TEST(StepTest, AdamWUpdateMatchesTheReference) {
   const ModelConfig m = TestModel();
   const int64_t B = 2;
@@ -184,7 +187,7 @@ TEST(StepTest, AdamWUpdateMatchesTheReference) {
   norm = std::sqrt(norm);
   ASSERT_GT(norm, opt.max_grad_norm) << "the test means to exercise clipping";
   const double clip = opt.max_grad_norm / (norm + 1e-6);
-  std::vector<std::vector<float>> after;
+  std::vector<std::vector<float>> after, g32;
   RunRanks(2, [&](int r, Backend& be, Communicator& world) {
     StepOptions o;
     o.model = m;
@@ -195,7 +198,11 @@ TEST(StepTest, AdamWUpdateMatchesTheReference) {
     ASSERT_TRUE(step.ok()) << step.status();
     std::vector<int32_t> tok, tgt;
     Slice(g, B, m.seq_len, r, 2, &tok, &tgt);
-    auto stats = (*step)->Step(tok, tgt);
+    ASSERT_TRUE((*step)->ForwardBackward(tok, tgt).ok());
+    auto grads = (*step)->GatherGrads();
+    ASSERT_TRUE(grads.ok());
+    if (r == 0) g32 = std::move(*grads);
+    auto stats = (*step)->Step(tok, tgt);  // recomputes the same gradient
     ASSERT_TRUE(stats.ok()) << stats.status();
     EXPECT_NEAR(stats->grad_norm, norm, 1e-4 * norm);
     EXPECT_EQ(stats->step, 1);
@@ -203,14 +210,18 @@ TEST(StepTest, AdamWUpdateMatchesTheReference) {
     ASSERT_TRUE(weights.ok());
     if (r == 0) after = std::move(*weights);
   });
+  double norm32 = 0;
+  for (const auto& t : g32) for (float x : t) norm32 += double(x) * x;
+  const double clip32 = opt.max_grad_norm / (std::sqrt(norm32) + 1e-6);
+  EXPECT_NEAR(clip32, clip, 1e-4 * clip);
   // First AdamW step: m = (1-b1) g, v = (1-b2) g^2, bias-corrected.
   for (size_t t = 0; t < w.size(); ++t) {
     for (size_t i = 0; i < w[t].size(); ++i) {
-      const double gc = grad[t][i] * clip;
+      const double gc = g32[t][i] * clip32;
       const double mh = (1 - opt.beta1) * gc / (1 - opt.beta1);
       const double vh = (1 - opt.beta2) * gc * gc / (1 - opt.beta2);
       const double p = w[t][i] * (1 - opt.lr * opt.weight_decay) - opt.lr * mh / (std::sqrt(vh) + opt.eps);
-      ASSERT_NEAR(after[t][i], p, 1e-4 * opt.lr + 1e-6 * std::abs(p)) << t << "[" << i << "]";
+      ASSERT_NEAR(after[t][i], p, 1e-5 * opt.lr + 1e-6 * std::abs(p)) << t << "[" << i << "]";
     }
   }
 }
