@@ -1,0 +1,255 @@
+// plateau_train: runs a training job of P rank processes on this machine.
+//
+// Without --rank it is the launcher: it starts P copies of itself, each a
+// rank (in its own process group), with a fresh rendezvous directory, waits
+// for them, and forwards Ctrl-C. With --rank it is one rank: CPU backend with
+// a capped device arena, Gloo over loopback, the baseline MoE step on the
+// chosen data, checkpoints, and a progress line every --log_every steps
+// (rank 0). The service's worker agent (issue 4) will start ranks the same
+// way.
+//
+//   plateau_train --ranks=2 --steps=200                 # synthetic recall task
+//   plateau_train --data=text:README.md --vocab=256     # byte-level text
+//   plateau_train --data=shards:a.bin,b.bin --vocab=50257
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/kv_store.h"
+#include "kernels/status_macros.h"
+#include "worker/trainer.h"
+
+extern char** environ;
+
+namespace plateau {
+namespace {
+
+struct Flags {
+  int64_t ranks = 2, rank = -1, steps = 200, batch = 32, log_every = 10;
+  int64_t device_mb = 256, checkpoint_every = 0;
+  std::string store_dir, data = "recall", checkpoint_dir;
+  TrainerOptions trainer;
+};
+
+absl::StatusOr<Flags> Parse(int argc, char** argv) {
+  Flags f;
+  ModelConfig& m = f.trainer.step.model;
+  // Defaults: a small model that visibly learns the recall task in minutes.
+  m.vocab_size = 0;  // 0: the data's vocabulary
+  m.hidden = 64;
+  m.layers = 2;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.experts = 4;
+  m.top_k = 2;
+  m.expert_ffn = 128;
+  m.seq_len = 32;
+  f.batch = 32;
+  f.trainer.step.optimizer.lr = 6e-3f;
+  f.trainer.data.recall.num_keys = 8;
+  f.trainer.data.recall.num_values = 8;
+  f.trainer.data.recall.pairs = 4;
+  f.trainer.data.recall.queries = 4;
+  std::map<std::string, int64_t*> ints = {
+      {"ranks", &f.ranks},         {"rank", &f.rank},           {"steps", &f.steps},
+      {"batch", &f.batch},         {"log_every", &f.log_every}, {"device_mb", &f.device_mb},
+      {"checkpoint_every", &f.checkpoint_every},
+      {"vocab", &m.vocab_size},    {"hidden", &m.hidden},       {"layers", &m.layers},
+      {"heads", &m.heads},         {"kv_heads", &m.kv_heads},   {"experts", &m.experts},
+      {"top_k", &m.top_k},         {"expert_ffn", &m.expert_ffn}, {"seq_len", &m.seq_len}};
+  std::map<std::string, std::string*> strings = {
+      {"store_dir", &f.store_dir}, {"data", &f.data}, {"checkpoint_dir", &f.checkpoint_dir}};
+  int64_t seed = 1;
+  ints["seed"] = &seed;
+  RecallTask& task = f.trainer.data.recall;
+  ints["recall_keys"] = &task.num_keys;
+  ints["recall_values"] = &task.num_values;
+  ints["recall_pairs"] = &task.pairs;
+  ints["recall_queries"] = &task.queries;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("argument '", arg, "': expected --name=value"));
+    }
+    std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
+    if (auto it = ints.find(name); it != ints.end()) {
+      if (!absl::SimpleAtoi(value, it->second)) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, ": expected an integer, got '", value, "'"));
+      }
+    } else if (auto st = strings.find(name); st != strings.end()) {
+      *st->second = value;
+    } else if (name == "lr") {
+      if (!absl::SimpleAtof(value, &f.trainer.step.optimizer.lr)) {
+        return absl::InvalidArgumentError(absl::StrCat("--lr: expected a number, got '", value, "'"));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+  }
+  if (f.ranks < 1 || f.ranks > 16) return absl::InvalidArgumentError("--ranks: expected 1 to 16");
+  if (f.device_mb < 1) return absl::InvalidArgumentError("--device_mb: expected >= 1");
+  if (f.log_every < 1) return absl::InvalidArgumentError("--log_every: expected >= 1");
+  f.trainer.step.seed = static_cast<uint64_t>(seed);
+  f.trainer.step.layout = {f.ranks, f.batch};
+  f.trainer.steps = f.steps;
+  f.trainer.checkpoint_dir = f.checkpoint_dir;
+  f.trainer.checkpoint_every = f.checkpoint_every;
+  DataOptions& d = f.trainer.data;
+  if (f.data == "recall") {
+    d.kind = DataOptions::Kind::kRecall;
+    if (m.vocab_size == 0) m.vocab_size = d.recall.vocab_size();
+  } else if (f.data.rfind("text:", 0) == 0) {
+    d.kind = DataOptions::Kind::kText;
+    d.paths = {f.data.substr(5)};
+    if (m.vocab_size == 0) m.vocab_size = 256;
+  } else if (f.data.rfind("shards:", 0) == 0) {
+    d.kind = DataOptions::Kind::kShards;
+    d.paths = absl::StrSplit(f.data.substr(7), ',');
+    if (m.vocab_size == 0) {
+      return absl::InvalidArgumentError("--vocab: token shards need the vocabulary size");
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--data: expected recall, text:<file> or shards:<file>[,<file>...], got '", f.data, "'"));
+  }
+  return f;
+}
+
+std::string Peaks(const MemoryStats& s) {
+  std::string out;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (s.peak[i] == 0) continue;
+    absl::StrAppend(&out, out.empty() ? "" : " ", LiveSetName(static_cast<LiveSet>(i)), "=",
+                    absl::StrFormat("%.2fMiB", s.peak[i] / 1048576.0));
+  }
+  return out;
+}
+
+absl::Status RunRank(const Flags& f) {
+  BackendOptions bo;
+  bo.device_memory_bytes = f.device_mb << 20;
+  PLATEAU_ASSIGN_OR_RETURN(auto backend, Backend::Create(bo));
+  CommunicatorOptions co;
+  co.rank = static_cast<int>(f.rank);
+  co.size = static_cast<int>(f.ranks);
+  PLATEAU_ASSIGN_OR_RETURN(co.store, FileStore::Create(f.store_dir));
+  co.prefix = "plateau_train";
+  PLATEAU_ASSIGN_OR_RETURN(auto world, CreateCommunicator(co));
+  double first = -1, last = 0, tokens = 0, seconds = 0, flops = 0;
+  MemoryStats peak;
+  auto on_step = [&](const StepReport& r) {
+    if (first < 0) first = r.stats.loss;
+    last = r.stats.loss;
+    tokens += r.tokens;
+    seconds += r.seconds;
+    flops += r.model_flops;
+    for (int i = 0; i < kNumLiveSets; ++i) peak.peak[i] = std::max(peak.peak[i], r.stats.device.peak[i]);
+    peak.total_peak = std::max(peak.total_peak, r.stats.device.total_peak);
+    if (f.rank == 0 && (r.stats.step % f.log_every == 0 || r.stats.step == f.steps || r.stats.step == 1)) {
+      std::printf("step %5lld/%lld  loss %.4f  |g| %.3f  %.0f tok/s  %.2f GFLOP/s  peak %s\n",
+                  static_cast<long long>(r.stats.step), static_cast<long long>(f.steps), r.stats.loss,
+                  r.stats.grad_norm, r.tokens / r.seconds, r.model_flops / r.seconds / 1e9,
+                  Peaks(r.stats.device).c_str());
+      std::fflush(stdout);
+    }
+  };
+  PLATEAU_RETURN_IF_ERROR(RunTraining(f.trainer, *backend, *world, on_step));
+  if (f.rank == 0 && first >= 0) {
+    std::printf(
+        "summary: loss %.4f -> %.4f over %lld steps; %.0f tok/s, %.2f GFLOP/s (model), %.1f s;\n"
+        "         device peaks per live set (rank 0): %s (total %.2f MiB of the %lld MiB arena)\n",
+        first, last, static_cast<long long>(f.steps), tokens / seconds, flops / seconds / 1e9, seconds,
+        Peaks(peak).c_str(), peak.total_peak / 1048576.0, static_cast<long long>(f.device_mb));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<pid_t> g_children;
+void Forward(int sig) {
+  for (pid_t p : g_children) kill(-p, sig);
+}
+
+int Launch(const Flags& f, int argc, char** argv) {
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) {
+    std::fprintf(stderr, "plateau_train: cannot find own binary: %s\n", ec.message().c_str());
+    return 1;
+  }
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           absl::StrCat("plateau-train-", getpid())).string();
+  std::filesystem::create_directories(dir);
+  signal(SIGINT, Forward);
+  signal(SIGTERM, Forward);
+  for (int64_t r = 0; r < f.ranks; ++r) {
+    std::vector<std::string> args = {self};
+    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(absl::StrCat("--rank=", r));
+    args.push_back(absl::StrCat("--store_dir=", dir));
+    std::vector<char*> cargv;
+    for (auto& a : args) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // its own process group
+    posix_spawnattr_setpgroup(&attr, 0);
+    pid_t pid;
+    int rc = posix_spawn(&pid, self.c_str(), nullptr, &attr, cargv.data(), environ);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+      std::fprintf(stderr, "plateau_train: cannot start rank %lld\n", static_cast<long long>(r));
+      Forward(SIGTERM);
+      return 1;
+    }
+    g_children.push_back(pid);
+  }
+  int failures = 0;
+  for (size_t i = 0; i < g_children.size(); ++i) {
+    int status = 0;
+    while (waitpid(g_children[i], &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    ++failures;
+    if (WIFSIGNALED(status)) {
+      std::fprintf(stderr, "plateau_train: rank %zu killed by signal %d\n", i, WTERMSIG(status));
+    } else {
+      std::fprintf(stderr, "plateau_train: rank %zu exited with code %d\n", i, WEXITSTATUS(status));
+    }
+    Forward(SIGTERM);  // one rank failing fails the job; the rest would hang
+  }
+  std::filesystem::remove_all(dir, ec);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace plateau
+
+int main(int argc, char** argv) {
+  auto flags = plateau::Parse(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "plateau_train: %s\n", std::string(flags.status().message()).c_str());
+    return 2;
+  }
+  if (flags->rank < 0) return plateau::Launch(*flags, argc, argv);
+  absl::Status s = plateau::RunRank(*flags);
+  if (!s.ok()) {
+    std::fprintf(stderr, "[rank %lld] %s\n", static_cast<long long>(flags->rank), s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,153 @@
+#include "worker/trainer.h"
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/status_macros.h"
+#include "worker/safetensors.h"
+
+namespace plateau {
+namespace {
+
+absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, int rank) {
+  const ModelConfig& m = o.step.model;
+  DataSlice slice{o.step.layout.batch, m.seq_len, rank, o.step.layout.ranks};
+  std::unique_ptr<DataSource> src;
+  switch (o.data.kind) {
+    case DataOptions::Kind::kRecall: {
+      PLATEAU_ASSIGN_OR_RETURN(src, OpenAssociativeRecall(o.data.recall, slice));
+      break;
+    }
+    case DataOptions::Kind::kShards: {
+      PLATEAU_ASSIGN_OR_RETURN(src, OpenTokenShards(o.data.paths, m.vocab_size, slice));
+      break;
+    }
+    case DataOptions::Kind::kText: {
+      if (o.data.paths.size() != 1) {
+        return absl::InvalidArgumentError("data.text: expected exactly one file");
+      }
+      PLATEAU_ASSIGN_OR_RETURN(src, OpenByteText(o.data.paths[0], slice));
+      break;
+    }
+  }
+  if (src->vocab_size() > m.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("model.vocab_size: the data has ",
+                                                   src->vocab_size(), " tokens, the model only ",
+                                                   m.vocab_size));
+  }
+  return src;
+}
+
+// The newest "step-N.safetensors" in dir, or -1.
+int64_t NewestCheckpoint(const std::string& dir) {
+  int64_t best = -1;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int64_t step = 0;
+    if (name.size() > 17 && name.rfind("step-", 0) == 0 &&
+        name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
+        absl::SimpleAtoi(name.substr(5, name.size() - 17), &step)) {
+      best = std::max(best, step);
+    }
+  }
+  return best;
+}
+
+absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const DataSource& data,
+                            int rank) {
+  PLATEAU_ASSIGN_OR_RETURN(ModelState st, step.GatherState());  // collective
+  if (rank != 0) return absl::OkStatus();
+  const std::vector<WeightSpec>& specs = step.layout().weights();
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    views.push_back({specs[i].name, specs[i].shape, st.weights[i].data()});
+    views.push_back({"optimizer.m." + specs[i].name, specs[i].shape, st.m[i].data()});
+    views.push_back({"optimizer.v." + specs[i].name, specs[i].shape, st.v[i].data()});
+  }
+  std::filesystem::create_directories(o.checkpoint_dir);
+  return WriteSafetensors(CheckpointPath(o.checkpoint_dir, st.step), views,
+                          {{"step", absl::StrCat(st.step)},
+                           {"data_position", absl::StrCat(data.position())},
+                           {"seed", absl::StrCat(o.step.seed)},
+                           {"format", "plateau-checkpoint-v1"}});
+}
+
+absl::Status LoadCheckpoint(const std::string& path, TrainingStep& step, DataSource& data) {
+  PLATEAU_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(path));
+  ModelState st;
+  for (const WeightSpec& w : step.layout().weights()) {
+    for (auto [prefix, out] : {std::pair<const char*, std::vector<std::vector<float>>*>{"", &st.weights},
+                               {"optimizer.m.", &st.m}, {"optimizer.v.", &st.v}}) {
+      auto it = f.tensors.find(prefix + w.name);
+      if (it == f.tensors.end() || it->second.shape != w.shape) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor '", prefix, w.name,
+                                                "' is missing or has the wrong shape for this model"));
+      }
+      out->push_back(std::move(it->second.data));
+    }
+  }
+  uint64_t position = 0;
+  if (!absl::SimpleAtoi(f.metadata["step"], &st.step) ||
+      !absl::SimpleAtoi(f.metadata["data_position"], &position)) {
+    return absl::DataLossError(absl::StrCat(path, ": metadata lacks step or data_position"));
+  }
+  PLATEAU_RETURN_IF_ERROR(step.LoadState(st));
+  data.Seek(position);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CheckpointPath(const std::string& dir, int64_t step) {
+  return absl::StrFormat("%s/step-%08d.safetensors", dir, step);
+}
+
+double ModelFlopsPerStep(const ModelConfig& m, int64_t batch) {
+  const double tokens = static_cast<double>(batch) * m.seq_len;
+  // Causal attention: QK^T and PV are 4 T^2 d flops per head forward,
+  // half of them masked; backward is twice the forward.
+  const double attention = 6.0 * m.layers * batch * static_cast<double>(m.seq_len) * m.seq_len *
+                           m.heads * m.head_dim();
+  return 6.0 * static_cast<double>(ActiveParameterCount(m)) * tokens + attention;
+}
+
+absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator& world,
+                         const std::function<void(const StepReport&)>& on_step) {
+  if (o.steps < 0) return absl::InvalidArgumentError("steps: expected >= 0");
+  if (o.checkpoint_every < 0) return absl::InvalidArgumentError("checkpoint_every: expected >= 0");
+  PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<DataSource> data, OpenData(o, world.rank()));
+  PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<TrainingStep> step,
+                           TrainingStep::Create(o.step, backend, world));
+  if (!o.checkpoint_dir.empty() && o.resume) {
+    const int64_t newest = NewestCheckpoint(o.checkpoint_dir);
+    if (newest >= 0) {
+      PLATEAU_RETURN_IF_ERROR(LoadCheckpoint(CheckpointPath(o.checkpoint_dir, newest), *step, *data));
+    }
+  }
+  const double flops = ModelFlopsPerStep(o.step.model, o.step.layout.batch);
+  Batch batch;
+  while (step->step() < o.steps) {
+    auto t0 = std::chrono::steady_clock::now();
+    PLATEAU_RETURN_IF_ERROR(data->Next(&batch));
+    PLATEAU_ASSIGN_OR_RETURN(StepStats stats, step->Step(batch.tokens, batch.targets));
+    StepReport r;
+    r.stats = stats;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.tokens = o.step.layout.batch * o.step.model.seq_len;
+    r.model_flops = flops;
+    if (on_step) on_step(r);
+    const bool last = step->step() == o.steps;
+    if (!o.checkpoint_dir.empty() &&
+        (last || (o.checkpoint_every > 0 && step->step() % o.checkpoint_every == 0))) {
+      PLATEAU_RETURN_IF_ERROR(SaveCheckpoint(o, *step, *data, world.rank()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plateau
