@@ -113,7 +113,9 @@ double ModelFlopsPerStep(const ModelConfig& m, int64_t batch) {
   // half of them masked; backward is twice the forward.
   const double attention = 6.0 * m.layers * batch * static_cast<double>(m.seq_len) * m.seq_len *
                            m.heads * m.head_dim();
-  return 6.0 * static_cast<double>(ActiveParameterCount(m)) * tokens + attention;
+  // The embedding is a table lookup, not a matmul: its parameters do no FLOPs.
+  const double matmul_params = static_cast<double>(ActiveParameterCount(m) - m.vocab_size * m.hidden);
+  return 6.0 * matmul_params * tokens + attention;
 }
 
 absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator& world,

@@ -153,11 +153,13 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   const int64_t N = TokensPerRank(o.model, o.layout);
   plan.bytes[static_cast<int>(LiveSet::kProjection)] +=
       DenseProjection::BoundBytes(N, o.model.vocab_size);
-  // Standard EP with balanced routing: N*k rows received; the forward holds
-  // the inputs, three [rows, F] intermediates, the outputs and the returned
-  // rows. Skewed routing receives more: there is no bound.
+  // Standard EP with balanced routing: N*k rows received. Its backward holds
+  // five [rows, H] buffers (inputs, returned outputs, outgoing and incoming
+  // gradients, their expert-major copy) and six [rows, F] (three forward
+  // intermediates and their gradients). Skewed routing receives more rows:
+  // standard EP has no bound, and this is only the balanced estimate.
   const int64_t R = N * o.model.top_k, H = o.model.hidden, F = o.model.expert_ffn;
-  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += (4 * R * H + 3 * R * F) * 4;
+  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += (5 * R * H + 6 * R * F) * 4;
   return plan;
 }
 

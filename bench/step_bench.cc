@@ -1,0 +1,199 @@
+// The baseline training step's speed and memory on the CPU backend.
+//
+// Measures, in one run: this machine's sgemm rate through the backend (the
+// ceiling), then the full step (forward, backward with recomputation,
+// AdamW) at several sequence lengths: step time, tokens/s, model FLOP/s
+// (6 x active params x tokens + causal attention, embedding excluded) as a
+// fraction of the sgemm rate, and the peak bytes of every live set, so that
+// it shows how each peak grows with the sequence. Ends with one JSON line.
+//
+//   bazel run -c opt //bench:step_bench -- --seq_lens=1024,4096
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/kv_store.h"
+#include "kernels/model/step.h"
+#include "worker/trainer.h"
+
+namespace plateau {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Best GFLOP/s of C = A B at m x n x k over `reps` runs.
+double SgemmRate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
+  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 4);
+  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 4);
+  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 4);
+  if (!a.ok() || !b.ok() || !c.ok()) return 0;
+  std::fill_n(a->as<float>(), m * k, 0.5f);
+  std::fill_n(b->as<float>(), k * n, 0.25f);
+  auto s = be.CreateStream("bench");
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = Now();
+    be.Gemm(**s, {false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f,
+                  c->as<float>(), n}).IgnoreError();
+    (*s)->Synchronize().IgnoreError();
+    best = std::max(best, 2.0 * m * n * k / (Now() - t0) / 1e9);
+  }
+  return best;
+}
+
+struct Result {
+  int64_t seq_len = 0;
+  double step_s = 0, tokens_per_s = 0, gflops = 0;
+  MemoryStats peaks;
+};
+
+}  // namespace
+}  // namespace plateau
+
+int main(int argc, char** argv) {
+  using namespace plateau;
+  std::map<std::string, int64_t> f = {{"ranks", 1},     {"hidden", 1024},  {"layers", 2},
+                                      {"heads", 8},     {"kv_heads", 4},   {"experts", 8},
+                                      {"top_k", 2},     {"expert_ffn", 1024}, {"vocab", 8192},
+                                      {"batch", 1},     {"steps", 3},      {"device_mb", 8192}};
+  std::string seq_lens = "1024,4096";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    size_t eq = a.find('=');
+    std::string name = eq == std::string::npos ? a : a.substr(2, eq - 2);
+    std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    if (name == "seq_lens") {
+      seq_lens = value;
+    } else if (!f.count(name) || !absl::SimpleAtoi(value, &f[name])) {
+      std::fprintf(stderr, "step_bench: bad argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  const int P = static_cast<int>(f["ranks"]);
+  ModelConfig m;
+  m.hidden = f["hidden"];
+  m.layers = f["layers"];
+  m.heads = f["heads"];
+  m.kv_heads = f["kv_heads"];
+  m.experts = f["experts"];
+  m.top_k = f["top_k"];
+  m.expert_ffn = f["expert_ffn"];
+  m.vocab_size = f["vocab"];
+
+  BackendOptions bo;
+  bo.device_memory_bytes = f["device_mb"] << 20;
+  auto probe = Backend::Create(bo);
+  if (!probe.ok()) return 1;
+  // The ceiling: square sgemm and the step's dominant shape (tokens x H x F).
+  const double sgemm_square = SgemmRate(**probe, 2048, 2048, 2048, 3);
+  const double sgemm_shape = SgemmRate(**probe, 4096, m.expert_ffn, m.hidden, 3);
+  const double sgemm = std::max(sgemm_square, sgemm_shape);
+  probe->reset();
+
+  std::printf("step_bench: %s\n", (*Backend::Create(bo))->Describe().c_str());
+  std::printf("model: H=%lld L=%lld heads=%lld/%lld E=%lld k=%lld F=%lld V=%lld; %lld active params "
+              "(%lld total); ranks=%d batch=%lld\n",
+              (long long)m.hidden, (long long)m.layers, (long long)m.heads, (long long)m.kv_heads,
+              (long long)m.experts, (long long)m.top_k, (long long)m.expert_ffn,
+              (long long)m.vocab_size, (long long)ActiveParameterCount(m),
+              (long long)ParameterCount(m), P, (long long)f["batch"]);
+  std::printf("sgemm ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f)\n\n", sgemm,
+              sgemm_square, (long long)m.expert_ffn, (long long)m.hidden, sgemm_shape);
+  std::printf("%8s %10s %10s %12s %8s  %s\n", "seq_len", "step_s", "tok/s", "model GF/s",
+              "of sgemm", "peak MiB per live set (rank 0)");
+
+  std::vector<Result> results;
+  for (absl::string_view sl : absl::StrSplit(seq_lens, ',')) {
+    int64_t T = 0;
+    if (!absl::SimpleAtoi(sl, &T)) return 2;
+    m.seq_len = T;
+    Result res;
+    res.seq_len = T;
+    auto store = FileStore::Create(absl::StrCat("/tmp/plateau-step-bench-", getpid(), "-", T));
+    if (!store.ok()) return 1;
+    std::shared_ptr<KeyValueStore> shared = std::move(*store);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r) {
+      threads.emplace_back([&, r] {
+        auto be = Backend::Create(bo);
+        CommunicatorOptions co;
+        co.rank = r;
+        co.size = P;
+        co.store = shared;
+        co.prefix = "bench";
+        auto world = CreateCommunicator(co);
+        StepOptions o;
+        o.model = m;
+        o.layout = {P, f["batch"]};
+        auto step = TrainingStep::Create(o, **be, **world);
+        if (!step.ok()) {
+          std::fprintf(stderr, "rank %d: %s\n", r, step.status().ToString().c_str());
+          std::exit(1);
+        }
+        const int64_t N = TokensPerRank(m, o.layout);
+        std::mt19937 rng(r);
+        std::vector<int32_t> tok(N), tgt(N);
+        for (int64_t i = 0; i < N; ++i) {
+          tok[i] = rng() % m.vocab_size;
+          tgt[i] = rng() % m.vocab_size;
+        }
+        std::vector<double> times;
+        for (int64_t s = 0; s <= f["steps"]; ++s) {  // step 0 warms up
+          double t0 = Now();
+          auto st = (*step)->Step(tok, tgt);
+          if (!st.ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", r, st.status().ToString().c_str());
+            std::exit(1);
+          }
+          if (s > 0) times.push_back(Now() - t0);
+          if (r == 0) res.peaks = st->device;
+        }
+        std::sort(times.begin(), times.end());
+        if (r == 0) res.step_s = times[times.size() / 2];
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double tokens = static_cast<double>(f["batch"]) * T;
+    res.tokens_per_s = tokens / res.step_s;
+    res.gflops = ModelFlopsPerStep(m, f["batch"]) / res.step_s / 1e9;
+    std::string peaks;
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      if (res.peaks.peak[i] == 0) continue;
+      absl::StrAppendFormat(&peaks, "%s=%.1f ", LiveSetName(static_cast<LiveSet>(i)),
+                            res.peaks.peak[i] / 1048576.0);
+    }
+    std::printf("%8lld %10.3f %10.0f %12.1f %7.1f%%  %s\n", (long long)T, res.step_s,
+                res.tokens_per_s, res.gflops, 100.0 * res.gflops / sgemm, peaks.c_str());
+    std::fflush(stdout);
+    results.push_back(res);
+  }
+  std::string json = absl::StrFormat("{\"bench\":\"step\",\"ranks\":%d,\"sgemm_gflops\":%.1f,\"runs\":[", P, sgemm);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"peak_bytes\":{",
+                          i ? "," : "", r.seq_len, r.step_s, r.tokens_per_s, r.gflops, r.gflops / sgemm);
+    bool first = true;
+    for (int s = 0; s < kNumLiveSets; ++s) {
+      if (r.peaks.peak[s] == 0) continue;
+      absl::StrAppendFormat(&json, "%s\"%s\":%d", first ? "" : ",", LiveSetName(static_cast<LiveSet>(s)), r.peaks.peak[s]);
+      first = false;
+    }
+    json += "}}";
+  }
+  json += "]}";
+  std::printf("\n%s\n", json.c_str());
+  return 0;
+}
