@@ -14,7 +14,6 @@
 #include <map>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -23,8 +22,8 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
-#include "kernels/kv_store.h"
 #include "kernels/model/step.h"
+#include "kernels/testing/local_world.h"
 #include "worker/trainer.h"
 
 namespace plateau {
@@ -122,50 +121,37 @@ int main(int argc, char** argv) {
     m.seq_len = T;
     Result res;
     res.seq_len = T;
-    auto store = FileStore::Create(absl::StrCat("/tmp/plateau-step-bench-", getpid(), "-", T));
-    if (!store.ok()) return 1;
-    std::shared_ptr<KeyValueStore> shared = std::move(*store);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < P; ++r) {
-      threads.emplace_back([&, r] {
-        auto be = Backend::Create(bo);
-        CommunicatorOptions co;
-        co.rank = r;
-        co.size = P;
-        co.store = shared;
-        co.prefix = "bench";
-        auto world = CreateCommunicator(co);
-        StepOptions o;
-        o.model = m;
-        o.layout = {P, f["batch"]};
-        auto step = TrainingStep::Create(o, **be, **world);
-        if (!step.ok()) {
-          std::fprintf(stderr, "rank %d: %s\n", r, step.status().ToString().c_str());
-          std::exit(1);
-        }
-        const int64_t N = TokensPerRank(m, o.layout);
-        std::mt19937 rng(r);
-        std::vector<int32_t> tok(N), tgt(N);
-        for (int64_t i = 0; i < N; ++i) {
-          tok[i] = rng() % m.vocab_size;
-          tgt[i] = rng() % m.vocab_size;
-        }
-        std::vector<double> times;
-        for (int64_t s = 0; s <= f["steps"]; ++s) {  // step 0 warms up
-          double t0 = Now();
-          auto st = (*step)->Step(tok, tgt);
-          if (!st.ok()) {
-            std::fprintf(stderr, "rank %d: %s\n", r, st.status().ToString().c_str());
-            std::exit(1);
+    absl::Status run = RunLocalWorld(
+        P, f["device_mb"] << 20, FreshStoreDir(absl::StrCat("bench", T)),
+        [&](int r, Backend& be, Communicator& world) -> absl::Status {
+          StepOptions o;
+          o.model = m;
+          o.layout = {P, f["batch"]};
+          auto step = TrainingStep::Create(o, be, world);
+          if (!step.ok()) return step.status();
+          const int64_t N = TokensPerRank(m, o.layout);
+          std::mt19937 rng(r);
+          std::vector<int32_t> tok(N), tgt(N);
+          for (int64_t i = 0; i < N; ++i) {
+            tok[i] = rng() % m.vocab_size;
+            tgt[i] = rng() % m.vocab_size;
           }
-          if (s > 0) times.push_back(Now() - t0);
-          if (r == 0) res.peaks = st->device;
-        }
-        std::sort(times.begin(), times.end());
-        if (r == 0) res.step_s = times[times.size() / 2];
-      });
+          std::vector<double> times;
+          for (int64_t s = 0; s <= f["steps"]; ++s) {  // step 0 warms up
+            double t0 = Now();
+            auto st = (*step)->Step(tok, tgt);
+            if (!st.ok()) return st.status();
+            if (s > 0) times.push_back(Now() - t0);
+            if (r == 0) res.peaks = st->device;
+          }
+          std::sort(times.begin(), times.end());
+          if (r == 0) res.step_s = times[times.size() / 2];
+          return absl::OkStatus();
+        });
+    if (!run.ok()) {
+      std::fprintf(stderr, "step_bench: %s\n", run.ToString().c_str());
+      return 1;
     }
-    for (auto& t : threads) t.join();
     const double tokens = static_cast<double>(f["batch"]) * T;
     res.tokens_per_s = tokens / res.step_s;
     res.gflops = ModelFlopsPerStep(m, f["batch"]) / res.step_s / 1e9;

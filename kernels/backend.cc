@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/arg_checks.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -23,30 +24,10 @@ absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name) {
 
 namespace {
 
-absl::Status Bad(absl::string_view op, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
-}
-
-absl::Status CheckCount(absl::string_view op, absl::string_view name,
-                        int64_t n) {
-  if (n < 0) return Bad(op, absl::StrCat(name, " must be >= 0, got ", n));
-  return absl::OkStatus();
-}
-
-// A pointer may be null only when nothing is read or written through it.
-absl::Status CheckPtr(absl::string_view op, absl::string_view name,
-                      const void* p, int64_t n) {
-  if (n > 0 && p == nullptr) {
-    return Bad(op, absl::StrCat(name, " is null but ", n,
-                                " elements are to be accessed"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckRows(absl::string_view op, int64_t rows, int64_t cols) {
-  if (rows < 0) return Bad(op, absl::StrCat("rows must be >= 0, got ", rows));
+  if (rows < 0) return ArgError(op, absl::StrCat("rows must be >= 0, got ", rows));
   if (cols <= 0 && rows > 0) {
-    return Bad(op, absl::StrCat("cols must be > 0, got ", cols));
+    return ArgError(op, absl::StrCat("cols must be > 0, got ", cols));
   }
   return absl::OkStatus();
 }
@@ -55,12 +36,12 @@ absl::Status CheckRows(absl::string_view op, int64_t rows, int64_t cols) {
 
 absl::Status ValidateGemm(const GemmArgs& g) {
   constexpr absl::string_view op = "gemm";
-  PLATEAU_RETURN_IF_ERROR(CheckCount(op, "m", g.m));
-  PLATEAU_RETURN_IF_ERROR(CheckCount(op, "n", g.n));
-  PLATEAU_RETURN_IF_ERROR(CheckCount(op, "k", g.k));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "m", g.m));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", g.n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "k", g.k));
   constexpr int64_t kMax = 0x7fffffff;  // BLAS takes int dimensions
   if (g.m > kMax || g.n > kMax || g.k > kMax) {
-    return Bad(op, "m, n and k must each fit in 32 bits");
+    return ArgError(op, "m, n and k must each fit in 32 bits");
   }
   // Stored shapes (row-major): A is m x k (k x m transposed), B is k x n
   // (n x k transposed), C is m x n.
@@ -69,7 +50,7 @@ absl::Status ValidateGemm(const GemmArgs& g) {
   auto check_ld = [&](absl::string_view name, int64_t ld, int64_t rows,
                       int64_t cols, absl::string_view mat) -> absl::Status {
     if (rows > 0 && ld < std::max<int64_t>(1, cols)) {
-      return Bad(op, absl::StrCat(name, " = ", ld, " is less than the ", cols,
+      return ArgError(op, absl::StrCat(name, " = ", ld, " is less than the ", cols,
                                   " columns of ", mat, " (", rows, " x ", cols,
                                   ", row-major)"));
     }
@@ -79,13 +60,13 @@ absl::Status ValidateGemm(const GemmArgs& g) {
   if (product) {
     PLATEAU_RETURN_IF_ERROR(check_ld("lda", g.lda, a_rows, a_cols, "A"));
     PLATEAU_RETURN_IF_ERROR(check_ld("ldb", g.ldb, b_rows, b_cols, "B"));
-    PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "a", g.a, g.m * g.k));
-    PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "b", g.b, g.k * g.n));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "a", g.a, g.m * g.k));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "b", g.b, g.k * g.n));
   }
   PLATEAU_RETURN_IF_ERROR(check_ld("ldc", g.ldc, g.m, g.n, "C"));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "c", g.c, g.m * g.n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "c", g.c, g.m * g.n));
   if (!std::isfinite(g.alpha) || !std::isfinite(g.beta)) {
-    return Bad(op, "alpha and beta must be finite");
+    return ArgError(op, "alpha and beta must be finite");
   }
   return absl::OkStatus();
 }
@@ -93,26 +74,26 @@ absl::Status ValidateGemm(const GemmArgs& g) {
 absl::Status ValidateAdamW(const AdamWArgs& a) {
   constexpr absl::string_view op = "adamw";
   if (!(a.lr >= 0.0f) || !std::isfinite(a.lr)) {
-    return Bad(op, absl::StrCat("lr must be finite and >= 0, got ", a.lr));
+    return ArgError(op, absl::StrCat("lr must be finite and >= 0, got ", a.lr));
   }
   if (!(a.beta1 >= 0.0f && a.beta1 < 1.0f)) {
-    return Bad(op, absl::StrCat("beta1 must be in [0, 1), got ", a.beta1));
+    return ArgError(op, absl::StrCat("beta1 must be in [0, 1), got ", a.beta1));
   }
   if (!(a.beta2 >= 0.0f && a.beta2 < 1.0f)) {
-    return Bad(op, absl::StrCat("beta2 must be in [0, 1), got ", a.beta2));
+    return ArgError(op, absl::StrCat("beta2 must be in [0, 1), got ", a.beta2));
   }
   if (!(a.eps > 0.0f)) {
-    return Bad(op, absl::StrCat("eps must be > 0, got ", a.eps));
+    return ArgError(op, absl::StrCat("eps must be > 0, got ", a.eps));
   }
   if (!(a.weight_decay >= 0.0f) || !std::isfinite(a.weight_decay)) {
-    return Bad(op, absl::StrCat("weight_decay must be finite and >= 0, got ",
+    return ArgError(op, absl::StrCat("weight_decay must be finite and >= 0, got ",
                                 a.weight_decay));
   }
   if (a.step < 1) {
-    return Bad(op, absl::StrCat("step must be >= 1 (1-based), got ", a.step));
+    return ArgError(op, absl::StrCat("step must be >= 1 (1-based), got ", a.step));
   }
   if (!std::isfinite(a.grad_scale)) {
-    return Bad(op, "grad_scale must be finite");
+    return ArgError(op, "grad_scale must be finite");
   }
   return absl::OkStatus();
 }
@@ -123,12 +104,12 @@ absl::Status ValidateAdamW(const AdamWArgs& a) {
 absl::Status Backend::Copy(Stream& stream, void* dst, const void* src,
                            size_t bytes) {
   const int64_t n = static_cast<int64_t>(bytes);
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("copy", "dst", dst, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("copy", "src", src, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("copy", "dst", dst, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("copy", "src", src, n));
   const char* d = static_cast<const char*>(dst);
   const char* s = static_cast<const char*>(src);
   if (bytes > 0 && d < s + bytes && s < d + bytes) {
-    return Bad("copy", "src and dst ranges overlap");
+    return ArgError("copy", "src and dst ranges overlap");
   }
   if (bytes == 0) return absl::OkStatus();
   return DoCopy(stream, dst, src, bytes);
@@ -141,50 +122,50 @@ absl::Status Backend::Gemm(Stream& stream, const GemmArgs& args) {
 }
 
 absl::Status Backend::Fill(Stream& s, float* x, int64_t n, float value) {
-  PLATEAU_RETURN_IF_ERROR(CheckCount("fill", "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("fill", "x", x, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative("fill", "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("fill", "x", x, n));
   return n == 0 ? absl::OkStatus() : DoFill(s, x, n, value);
 }
 
 absl::Status Backend::Scale(Stream& s, float* x, int64_t n, float alpha) {
-  PLATEAU_RETURN_IF_ERROR(CheckCount("scale", "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("scale", "x", x, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative("scale", "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("scale", "x", x, n));
   return n == 0 ? absl::OkStatus() : DoScale(s, x, n, alpha);
 }
 
 absl::Status Backend::Axpy(Stream& s, float* y, const float* x, int64_t n,
                            float alpha) {
-  PLATEAU_RETURN_IF_ERROR(CheckCount("axpy", "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("axpy", "y", y, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("axpy", "x", x, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative("axpy", "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("axpy", "y", y, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("axpy", "x", x, n));
   return n == 0 ? absl::OkStatus() : DoAxpy(s, y, x, n, alpha);
 }
 
 absl::Status Backend::Add(Stream& s, float* out, const float* a,
                           const float* b, int64_t n) {
-  PLATEAU_RETURN_IF_ERROR(CheckCount("add", "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("add", "out", out, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("add", "a", a, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("add", "b", b, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative("add", "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("add", "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("add", "a", a, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("add", "b", b, n));
   return n == 0 ? absl::OkStatus() : DoAdd(s, out, a, b, n);
 }
 
 absl::Status Backend::Mul(Stream& s, float* out, const float* a,
                           const float* b, int64_t n) {
-  PLATEAU_RETURN_IF_ERROR(CheckCount("mul", "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("mul", "out", out, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("mul", "a", a, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("mul", "b", b, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative("mul", "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("mul", "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("mul", "a", a, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("mul", "b", b, n));
   return n == 0 ? absl::OkStatus() : DoMul(s, out, a, b, n);
 }
 
 absl::Status Backend::SwiGluForward(Stream& s, float* out, const float* gate,
                                     const float* up, int64_t n) {
   constexpr absl::string_view op = "swiglu_forward";
-  PLATEAU_RETURN_IF_ERROR(CheckCount(op, "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "out", out, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "gate", gate, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "up", up, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "gate", gate, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "up", up, n));
   return n == 0 ? absl::OkStatus() : DoSwiGluForward(s, out, gate, up, n);
 }
 
@@ -192,12 +173,12 @@ absl::Status Backend::SwiGluBackward(Stream& s, float* dgate, float* dup,
                                      const float* dout, const float* gate,
                                      const float* up, int64_t n) {
   constexpr absl::string_view op = "swiglu_backward";
-  PLATEAU_RETURN_IF_ERROR(CheckCount(op, "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "dgate", dgate, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "dup", dup, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "dout", dout, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "gate", gate, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "up", up, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dgate", dgate, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dup", dup, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dout", dout, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "gate", gate, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "up", up, n));
   return n == 0 ? absl::OkStatus()
                 : DoSwiGluBackward(s, dgate, dup, dout, gate, up, n);
 }
@@ -207,12 +188,12 @@ absl::Status Backend::RmsNormForward(Stream& s, float* out, float* rstd,
                                      int64_t rows, int64_t cols, float eps) {
   constexpr absl::string_view op = "rmsnorm_forward";
   PLATEAU_RETURN_IF_ERROR(CheckRows(op, rows, cols));
-  if (!(eps > 0.0f)) return Bad(op, absl::StrCat("eps must be > 0, got ", eps));
+  if (!(eps > 0.0f)) return ArgError(op, absl::StrCat("eps must be > 0, got ", eps));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "out", out, rows * cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "rstd", rstd, rows));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "x", x, rows * cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "weight", weight, cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "rstd", rstd, rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "weight", weight, cols));
   return DoRmsNormForward(s, out, rstd, x, weight, rows, cols, eps);
 }
 
@@ -223,12 +204,12 @@ absl::Status Backend::RmsNormBackward(Stream& s, float* dx, float* dweight,
   constexpr absl::string_view op = "rmsnorm_backward";
   PLATEAU_RETURN_IF_ERROR(CheckRows(op, rows, cols));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "dx", dx, rows * cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "dweight", dweight, cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "dout", dout, rows * cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "x", x, rows * cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "weight", weight, cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "rstd", rstd, rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dx", dx, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dweight", dweight, cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dout", dout, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "weight", weight, cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "rstd", rstd, rows));
   return DoRmsNormBackward(s, dx, dweight, dout, x, weight, rstd, rows, cols);
 }
 
@@ -237,8 +218,8 @@ absl::Status Backend::SoftmaxRows(Stream& s, float* y, const float* x,
   constexpr absl::string_view op = "softmax_rows";
   PLATEAU_RETURN_IF_ERROR(CheckRows(op, rows, cols));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "y", y, rows * cols));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "x", x, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "y", y, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, rows * cols));
   return DoSoftmaxRows(s, y, x, rows, cols);
 }
 
@@ -247,23 +228,23 @@ absl::Status Backend::LogSumExpRows(Stream& s, float* out, const float* x,
   constexpr absl::string_view op = "logsumexp_rows";
   PLATEAU_RETURN_IF_ERROR(CheckRows(op, rows, cols));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "out", out, rows));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "x", x, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, rows * cols));
   return DoLogSumExpRows(s, out, x, rows, cols);
 }
 
 absl::Status Backend::Sum(Stream& s, float* out, const float* x, int64_t n) {
-  PLATEAU_RETURN_IF_ERROR(CheckCount("sum", "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("sum", "out", out, 1));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("sum", "x", x, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative("sum", "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("sum", "out", out, 1));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("sum", "x", x, n));
   return DoSum(s, out, x, n);
 }
 
 absl::Status Backend::SumSquares(Stream& s, float* out, const float* x,
                                  int64_t n) {
-  PLATEAU_RETURN_IF_ERROR(CheckCount("sum_squares", "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("sum_squares", "out", out, 1));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr("sum_squares", "x", x, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative("sum_squares", "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("sum_squares", "out", out, 1));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("sum_squares", "x", x, n));
   return DoSumSquares(s, out, x, n);
 }
 
@@ -272,11 +253,11 @@ absl::Status Backend::AdamW(Stream& s, float* param, const float* grad,
                             const AdamWArgs& args) {
   constexpr absl::string_view op = "adamw";
   PLATEAU_RETURN_IF_ERROR(ValidateAdamW(args));
-  PLATEAU_RETURN_IF_ERROR(CheckCount(op, "n", n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "param", param, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "grad", grad, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "m", m, n));
-  PLATEAU_RETURN_IF_ERROR(CheckPtr(op, "v", v, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "param", param, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "grad", grad, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "m", m, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "v", v, n));
   return n == 0 ? absl::OkStatus() : DoAdamW(s, param, grad, m, v, n, args);
 }
 

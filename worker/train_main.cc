@@ -47,23 +47,9 @@ struct Flags {
 
 absl::StatusOr<Flags> Parse(int argc, char** argv) {
   Flags f;
+  f.trainer = RecallDemoJob(f.ranks);  // defaults: the demo job
   ModelConfig& m = f.trainer.step.model;
-  // Defaults: a small model that visibly learns the recall task in minutes.
   m.vocab_size = 0;  // 0: the data's vocabulary
-  m.hidden = 64;
-  m.layers = 2;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.experts = 4;
-  m.top_k = 2;
-  m.expert_ffn = 128;
-  m.seq_len = 32;
-  f.batch = 32;
-  f.trainer.step.optimizer.lr = 6e-3f;
-  f.trainer.data.recall.num_keys = 8;
-  f.trainer.data.recall.num_values = 8;
-  f.trainer.data.recall.pairs = 4;
-  f.trainer.data.recall.queries = 4;
   std::map<std::string, int64_t*> ints = {
       {"ranks", &f.ranks},         {"rank", &f.rank},           {"steps", &f.steps},
       {"batch", &f.batch},         {"log_every", &f.log_every}, {"device_mb", &f.device_mb},

@@ -38,6 +38,12 @@ struct StepReport {
   double model_flops = 0.0;      // 6 * active params * tokens + attention
 };
 
+// The job `tools/demo` runs and the tests train: a small MoE model
+// (hidden 64, 2 layers, 4 heads / 2 KV heads, 4 experts top-2, FFN 128) on
+// associative recall with 8 keys, 8 values, 4 pairs and 4 queries in
+// sequences of 32 tokens, 32 sequences per step, AdamW lr 6e-3.
+TrainerOptions RecallDemoJob(int64_t ranks);
+
 // Model FLOPs of one training step on the global batch (forward + backward,
 // without recomputation): 6 * active parameters * tokens, plus causal
 // causal attention 6 * L * B * T^2 * n_h * d.

@@ -2,12 +2,11 @@
 
 #include <cmath>
 #include <fstream>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/kv_store.h"
+#include "kernels/testing/local_world.h"
 
 namespace plateau {
 namespace {
@@ -19,64 +18,24 @@ std::string TmpDir(const std::string& name) {
 }
 
 // Runs RunTraining on P rank threads; returns rank 0's per-step losses and
-// every rank's status.
+// the world's status.
 struct TrainRun {
   std::vector<double> losses;
-  std::vector<absl::Status> status;
+  absl::Status status;
 };
 
 TrainRun Train(const TrainerOptions& o, int P) {
-  static int n = 0;
-  auto store = FileStore::Create(TmpDir(absl::StrCat("store", n++)));
-  EXPECT_TRUE(store.ok());
-  std::shared_ptr<KeyValueStore> shared = std::move(*store);
   TrainRun run;
-  run.status.resize(P);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r) {
-    threads.emplace_back([&, r] {
-      BackendOptions bo;
-      bo.device_memory_bytes = 256 << 20;
-      auto backend = Backend::Create(bo);
-      CommunicatorOptions co;
-      co.rank = r;
-      co.size = P;
-      co.store = shared;
-      co.prefix = "train";
-      auto world = CreateCommunicator(co);
-      if (!backend.ok() || !world.ok()) {
-        run.status[r] = backend.ok() ? world.status() : backend.status();
-        return;
-      }
-      run.status[r] = RunTraining(o, **backend, **world, [&](const StepReport& rep) {
-        if (r == 0) run.losses.push_back(rep.stats.loss);
-      });
-    });
-  }
-  for (auto& t : threads) t.join();
+  run.status = RunLocalWorld(P, 256 << 20, FreshStoreDir("train"),
+                             [&](int r, Backend& be, Communicator& world) {
+                               return RunTraining(o, be, world, [&](const StepReport& rep) {
+                                 if (r == 0) run.losses.push_back(rep.stats.loss);
+                               });
+                             });
   return run;
 }
 
-TrainerOptions RecallOptions(int P) {
-  TrainerOptions o;
-  ModelConfig& m = o.step.model;
-  o.data.recall.num_keys = 8;
-  o.data.recall.num_values = 8;
-  o.data.recall.pairs = 4;
-  o.data.recall.queries = 4;
-  m.vocab_size = o.data.recall.vocab_size();
-  m.hidden = 64;
-  m.layers = 2;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.experts = 4;
-  m.top_k = 2;
-  m.expert_ffn = 128;
-  m.seq_len = 32;
-  o.step.layout = {P, 32};
-  o.step.optimizer.lr = 6e-3f;
-  return o;
-}
+TrainerOptions RecallOptions(int P) { return RecallDemoJob(P); }
 
 // 200 steps on the associative-recall task. Only the answers are targets, so
 // a model that ignores the context can at best spread its bet over the
@@ -86,9 +45,9 @@ TrainerOptions RecallOptions(int P) {
 // not just the answer format.
 TEST(TrainerTest, LearnsAssociativeRecallIn200Steps) {
   TrainerOptions o = RecallOptions(2);
-  o.steps = 200;
+  ASSERT_EQ(o.steps, 200);
   TrainRun run = Train(o, 2);
-  for (const auto& s : run.status) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(run.status.ok()) << run.status;
   ASSERT_EQ(run.losses.size(), 200u);
   double tail = 0;
   for (int i = 180; i < 200; ++i) tail += run.losses[i] / 20;
@@ -104,16 +63,16 @@ TEST(TrainerTest, ResumeReproducesTheUninterruptedRunBitForBit) {
   o.steps = 6;
   o.checkpoint_dir = TmpDir("ckpt_straight");
   TrainRun straight = Train(o, 2);
-  for (const auto& s : straight.status) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(straight.status.ok()) << straight.status;
   ASSERT_EQ(straight.losses.size(), 6u);
 
   o.checkpoint_dir = TmpDir("ckpt_resumed");
   o.steps = 3;
   TrainRun first = Train(o, 2);
-  for (const auto& s : first.status) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(first.status.ok()) << first.status;
   o.steps = 6;
   TrainRun second = Train(o, 2);  // resumes from step-00000003
-  for (const auto& s : second.status) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(second.status.ok()) << second.status;
   ASSERT_EQ(first.losses.size(), 3u);
   ASSERT_EQ(second.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) {
@@ -141,7 +100,7 @@ TEST(TrainerTest, TrainsOnByteLevelText) {
   o.step.layout.batch = 4;
   o.steps = 20;
   TrainRun run = Train(o, 2);
-  for (const auto& s : run.status) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(run.status.ok()) << run.status;
   ASSERT_EQ(run.losses.size(), 20u);
   EXPECT_LT(run.losses.back(), run.losses.front() - 1.0);  // a repetitive text is easy
 }
@@ -150,8 +109,8 @@ TEST(TrainerTest, DataLargerThanTheVocabularyIsRefused) {
   TrainerOptions o = RecallOptions(1);
   o.step.model.vocab_size = 10;  // the task needs 18
   TrainRun run = Train(o, 1);
-  EXPECT_EQ(run.status[0].code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(run.status[0].message(), HasSubstr("model.vocab_size"));
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status.message(), HasSubstr("model.vocab_size"));
 }
 
 }  // namespace

@@ -3,37 +3,24 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/model/layers.h"
+#include "kernels/arg_checks.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
 namespace {
 
-absl::Status Bad(absl::string_view op, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
-}
-
-absl::Status Positive(absl::string_view op, absl::string_view name, int64_t v) {
-  if (v < 1) return Bad(op, absl::StrCat(name, " must be >= 1, got ", v));
-  return absl::OkStatus();
-}
-
-absl::Status NonNull(absl::string_view op, absl::string_view name, const void* p) {
-  if (p == nullptr) return Bad(op, absl::StrCat(name, " is null"));
-  return absl::OkStatus();
-}
-
 absl::Status CheckShape(absl::string_view op, const AttentionShape& s) {
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "batch", s.batch));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "q_len", s.q_len));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "kv_len", s.kv_len));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "heads", s.heads));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "kv_heads", s.kv_heads));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "head_dim", s.head_dim));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "batch", s.batch));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "q_len", s.q_len));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "kv_len", s.kv_len));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "heads", s.heads));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "kv_heads", s.kv_heads));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "head_dim", s.head_dim));
   if (s.heads % s.kv_heads != 0) {
-    return Bad(op, absl::StrCat("kv_heads = ", s.kv_heads, " must divide heads = ", s.heads));
+    return ArgError(op, absl::StrCat("kv_heads = ", s.kv_heads, " must divide heads = ", s.heads));
   }
-  if (s.q_pos0 < 0 || s.kv_pos0 < 0) return Bad(op, "positions must be >= 0");
-  if (!(s.scale > 0.0f)) return Bad(op, "scale must be > 0");
+  if (s.q_pos0 < 0 || s.kv_pos0 < 0) return ArgError(op, "positions must be >= 0");
+  if (!(s.scale > 0.0f)) return ArgError(op, "scale must be > 0");
   return absl::OkStatus();
 }
 
@@ -68,13 +55,13 @@ absl::Status ModelKernels::Embedding(Stream& s, const float* table, int64_t voca
                                      const int32_t* tokens, int64_t rows, int64_t hidden,
                                      float* out) {
   constexpr absl::string_view op = "embedding";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "hidden", hidden));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "vocab", vocab));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "hidden", hidden));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "vocab", vocab));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "table", table));
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "tokens", tokens));
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "out", out));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "table", table));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "tokens", tokens));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out));
   // Token ids come from data the loader already checked against the vocabulary.
   return Run(s, [=] { EmbeddingForward(table, tokens, rows, hidden, out); });
 }
@@ -83,12 +70,12 @@ absl::Status ModelKernels::EmbeddingBackward(Stream& s, const float* dout,
                                              const int32_t* tokens, int64_t rows,
                                              int64_t hidden, float* dtable) {
   constexpr absl::string_view op = "embedding_backward";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "hidden", hidden));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "hidden", hidden));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "dout", dout));
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "tokens", tokens));
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "dtable", dtable));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dout", dout));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "tokens", tokens));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dtable", dtable));
   return Run(s, [=] { plateau::EmbeddingBackward(dout, tokens, rows, hidden, dtable); });
 }
 
@@ -96,23 +83,23 @@ absl::Status ModelKernels::Rope(Stream& s, float* x, int64_t batch, int64_t len,
                                 int64_t heads, int64_t head_dim, int64_t pos0,
                                 float theta, bool inverse) {
   constexpr absl::string_view op = "rope";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "batch", batch));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "len", len));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "heads", heads));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "head_dim", head_dim));
-  if (head_dim % 2 != 0) return Bad(op, absl::StrCat("head_dim must be even, got ", head_dim));
-  if (pos0 < 0) return Bad(op, "pos0 must be >= 0");
-  if (!(theta > 1.0f)) return Bad(op, "theta must be > 1");
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "x", x));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "batch", batch));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "len", len));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "heads", heads));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "head_dim", head_dim));
+  if (head_dim % 2 != 0) return ArgError(op, absl::StrCat("head_dim must be even, got ", head_dim));
+  if (pos0 < 0) return ArgError(op, "pos0 must be >= 0");
+  if (!(theta > 1.0f)) return ArgError(op, "theta must be > 1");
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x));
   return Run(s, [=] { RopeApply(x, batch, len, heads, head_dim, pos0, theta, inverse); });
 }
 
 absl::Status ModelKernels::AttentionInit(Stream& s, const AttentionShape& shape, float* m,
                                          float* l, float* acc) {
   PLATEAU_RETURN_IF_ERROR(CheckShape("attention_init", shape));
-  PLATEAU_RETURN_IF_ERROR(NonNull("attention_init", "m", m));
-  PLATEAU_RETURN_IF_ERROR(NonNull("attention_init", "l", l));
-  PLATEAU_RETURN_IF_ERROR(NonNull("attention_init", "acc", acc));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("attention_init", "m", m));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("attention_init", "l", l));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull("attention_init", "acc", acc));
   return Run(s, [=] { AttentionInitState(shape, m, l, acc); });
 }
 
@@ -124,7 +111,7 @@ absl::Status ModelKernels::AttentionForwardBlock(Stream& s, const AttentionShape
   PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
   for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
                          {"m", m}, {"l", l}, {"acc", acc}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc); });
 }
@@ -136,7 +123,7 @@ absl::Status ModelKernels::AttentionFinalize(Stream& s, const AttentionShape& sh
   PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
   for (auto [name, p] : {std::pair<const char*, const void*>{"m", m}, {"l", l},
                          {"acc", acc_to_o}, {"lse", lse}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { plateau::AttentionFinalize(shape, m, l, acc_to_o, lse); });
 }
@@ -147,7 +134,7 @@ absl::Status ModelKernels::AttentionDelta(Stream& s, const AttentionShape& shape
   PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
   for (auto [name, p] : {std::pair<const char*, const void*>{"o", o}, {"dout", dout},
                          {"delta", delta}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { plateau::AttentionDelta(shape, o, dout, delta); });
 }
@@ -162,7 +149,7 @@ absl::Status ModelKernels::AttentionBackwardBlock(Stream& s, const AttentionShap
   for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
                          {"dout", dout}, {"lse", lse}, {"delta", delta}, {"dq", dq},
                          {"dk", dk}, {"dv", dv}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] {
     plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv);
@@ -173,16 +160,16 @@ absl::Status ModelKernels::Router(Stream& s, const float* logits, int64_t rows,
                                   int64_t experts, int64_t top_k, float* probs,
                                   int32_t* chosen, float* gates) {
   constexpr absl::string_view op = "router";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "experts", experts));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "top_k", top_k));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "experts", experts));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "top_k", top_k));
   if (top_k > experts) {
-    return Bad(op, absl::StrCat("top_k = ", top_k, " must be <= experts = ", experts));
+    return ArgError(op, absl::StrCat("top_k = ", top_k, " must be <= experts = ", experts));
   }
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits},
                          {"probs", probs}, {"chosen", chosen}, {"gates", gates}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { RouterForward(logits, rows, experts, top_k, probs, chosen, gates); });
 }
@@ -192,17 +179,17 @@ absl::Status ModelKernels::RouterBackward(Stream& s, const float* probs, const i
                                           int64_t rows, int64_t experts, int64_t top_k,
                                           float* dlogits) {
   constexpr absl::string_view op = "router_backward";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "experts", experts));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "top_k", top_k));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "experts", experts));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "top_k", top_k));
   if (top_k > experts) {
-    return Bad(op, absl::StrCat("top_k = ", top_k, " must be <= experts = ", experts));
+    return ArgError(op, absl::StrCat("top_k = ", top_k, " must be <= experts = ", experts));
   }
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"probs", probs},
                          {"chosen", chosen}, {"gates", gates}, {"dgates", dgates},
                          {"dlogits", dlogits}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] {
     plateau::RouterBackward(probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
@@ -213,13 +200,13 @@ absl::Status ModelKernels::CrossEntropy(Stream& s, const float* logits, const in
                                         int64_t rows, int64_t vocab, float* lse,
                                         double* stats) {
   constexpr absl::string_view op = "cross_entropy";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "vocab", vocab));
-  PLATEAU_RETURN_IF_ERROR(NonNull(op, "stats", stats));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "vocab", vocab));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "stats", stats));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits},
                          {"targets", targets}, {"lse", lse}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] {
     int64_t valid = 0;
@@ -232,12 +219,12 @@ absl::Status ModelKernels::CrossEntropyBackward(Stream& s, float* logits_to_grad
                                                 const float* lse, const int32_t* targets,
                                                 int64_t rows, int64_t vocab, float scale) {
   constexpr absl::string_view op = "cross_entropy_backward";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "vocab", vocab));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "vocab", vocab));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits_to_grad},
                          {"lse", lse}, {"targets", targets}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] {
     plateau::CrossEntropyBackward(logits_to_grad, lse, targets, rows, vocab, scale);
@@ -248,13 +235,13 @@ absl::Status ModelKernels::GatherRows(Stream& s, const float* src, int64_t src_r
                                       const int32_t* index, const float* scales,
                                       int64_t rows, int64_t width, float* dst) {
   constexpr absl::string_view op = "gather_rows";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "width", width));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
   if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "rows", rows));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "src_rows", src_rows));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "src_rows", src_rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"src", src}, {"index", index},
                          {"dst", dst}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { plateau::GatherRows(src, index, scales, rows, width, dst); });
 }
@@ -263,13 +250,13 @@ absl::Status ModelKernels::CombineRows(Stream& s, const float* src, const int32_
                                        const float* weights, int64_t tokens, int64_t k,
                                        int64_t width, float* out) {
   constexpr absl::string_view op = "combine_rows";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "width", width));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "k", k));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "k", k));
   if (tokens == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "tokens", tokens));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "tokens", tokens));
   for (auto [name, p] : {std::pair<const char*, const void*>{"src", src}, {"pos", pos},
                          {"out", out}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { plateau::CombineRows(src, pos, weights, tokens, k, width, out); });
 }
@@ -278,13 +265,13 @@ absl::Status ModelKernels::RowDots(Stream& s, const float* a, const float* b,
                                    const int32_t* pos, int64_t tokens, int64_t k,
                                    int64_t width, float* out) {
   constexpr absl::string_view op = "row_dots";
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "width", width));
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "k", k));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "k", k));
   if (tokens == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(Positive(op, "tokens", tokens));
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "tokens", tokens));
   for (auto [name, p] : {std::pair<const char*, const void*>{"a", a}, {"b", b}, {"pos", pos},
                          {"out", out}}) {
-    PLATEAU_RETURN_IF_ERROR(NonNull(op, name, p));
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { plateau::RowDots(a, b, pos, tokens, k, width, out); });
 }

@@ -3,15 +3,14 @@
 #include <cmath>
 #include <functional>
 #include <random>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
-#include "kernels/kv_store.h"
 #include "kernels/model/reference.h"
+#include "kernels/testing/local_world.h"
 
 namespace plateau {
 namespace {
@@ -62,34 +61,16 @@ void Slice(const GlobalBatch& g, int64_t B, int64_t T, int64_t p, int64_t P,
   }
 }
 
-// Runs fn(rank, backend, world) on P threads, each a rank with its own CPU
-// backend and Gloo communicator rendezvousing through a fresh file store.
+// Runs fn on P rank threads (kernels/testing/local_world.h); gtest
+// assertions inside fn report as usual.
 void RunRanks(int P, const std::function<void(int, Backend&, Communicator&)>& fn,
               int64_t device_bytes = 64 << 20) {
-  static int run = 0;
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/store", run++);
-  auto store = FileStore::Create(dir);
-  ASSERT_TRUE(store.ok()) << store.status();
-  std::shared_ptr<KeyValueStore> shared = std::move(*store);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r) {
-    threads.emplace_back([&, r] {
-      BackendOptions bo;
-      bo.device_memory_bytes = device_bytes;
-      auto backend = Backend::Create(bo);
-      ASSERT_TRUE(backend.ok()) << backend.status();
-      CommunicatorOptions co;
-      co.rank = r;
-      co.size = P;
-      co.store = shared;
-      co.prefix = "step";
-      co.timeout = absl::Seconds(30);
-      auto world = CreateCommunicator(co);
-      ASSERT_TRUE(world.ok()) << world.status();
-      fn(r, **backend, **world);
-    });
-  }
-  for (auto& t : threads) t.join();
+  absl::Status s = RunLocalWorld(P, device_bytes, FreshStoreDir("step"),
+                                 [&](int r, Backend& be, Communicator& world) {
+                                   fn(r, be, world);
+                                   return absl::OkStatus();
+                                 });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 struct RankResult {

@@ -1,0 +1,29 @@
+// A world of P ranks on threads of one process, for tests and benchmarks:
+// each rank gets its own CPU backend (a capped device arena) and a Gloo
+// communicator over loopback, rendezvousing through a fresh file store.
+#ifndef PLATEAU_KERNELS_TESTING_LOCAL_WORLD_H_
+#define PLATEAU_KERNELS_TESTING_LOCAL_WORLD_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+
+namespace plateau {
+
+// Runs fn(rank, backend, world) on `ranks` threads and joins them. `dir` is
+// the rendezvous directory (must not be reused). Returns the first rank's
+// error in rank order, or OK.
+absl::Status RunLocalWorld(
+    int ranks, int64_t device_bytes, const std::string& dir,
+    const std::function<absl::Status(int, Backend&, Communicator&)>& fn);
+
+// A fresh directory name under $TEST_TMPDIR (or /tmp) for RunLocalWorld.
+std::string FreshStoreDir(const std::string& tag);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_TESTING_LOCAL_WORLD_H_
