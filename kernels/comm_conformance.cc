@@ -1,5 +1,7 @@
 #include "kernels/comm_conformance.h"
 
+#include <time.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -7,6 +9,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace plateau {
 namespace conformance {
@@ -36,6 +39,14 @@ void HostMemory::CopyOut(void* host, const void* src, size_t bytes) {
 }
 
 namespace {
+
+// CLOCK_MONOTONIC is one clock for every process of a machine (and does not
+// jump), so ranks' times compare.
+int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 // A buffer of `count` T in the memory under test.
 template <typename T>
@@ -330,9 +341,9 @@ class Suite {
   void CheckBarrier() {
     const std::string what = "barrier";
     absl::SleepFor(absl::Milliseconds(40 * me()));
-    const int64_t arrive = absl::ToUnixNanos(absl::Now());
+    const int64_t arrive = MonotonicNanos();
     if (!Ok(comm_.Barrier(stream_), what) || !Sync(what)) return;
-    const int64_t leave = absl::ToUnixNanos(absl::Now());
+    const int64_t leave = MonotonicNanos();
     Buffer<int64_t> mine(mem_, std::vector<int64_t>{arrive, leave});
     Buffer<int64_t> all(mem_, 2 * size());
     if (!Ok(comm_.AllGather(stream_, mine.get(), all.get(), 2,

@@ -821,7 +821,7 @@ TEST(CommTest, APeerThatSkipsACollectiveTimesItOut) {
       [&](Communicator& comm, CpuStream&) {
         if (comm.rank() == 1) {
           // Stay connected but never take part; outlive rank 0's timeout.
-          absl::SleepFor(absl::Milliseconds(2500));
+          absl::SleepFor(absl::Milliseconds(4000));
           return;
         }
         CpuStream stream("failing");  // will hold the error
@@ -845,7 +845,7 @@ TEST(CommTest, APeerThatSkipsACollectiveTimesItOut) {
                     HasSubstr("unusable after an earlier failure"));
         EXPECT_THAT(std::string(again.message()), HasSubstr("all_reduce"));
       },
-      absl::Milliseconds(1000));
+      absl::Milliseconds(1500));
 }
 
 TEST(CommTest, APeerThatLeavesFailsTheCollective) {
