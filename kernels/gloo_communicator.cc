@@ -42,6 +42,8 @@ namespace {
 // theirs.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kSendRecvSlotPrefix = 0x41;
+// The barrier that ends a rendezvous; collectives take tags from 1.
+constexpr uint32_t kRendezvousTag = 0;
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(
@@ -173,6 +175,14 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(
     gloo::rendezvous::PrefixStore store(prefix, adapter);
     std::shared_ptr<gloo::transport::Device> device = transport.device;
     ctx->connectFullMesh(store, device);
+    // connectFullMesh can return on one rank while a peer is still
+    // connecting; if the first then exits, the peer's rendezvous fails with
+    // "connection closed". A barrier (tag 0; collectives start at 1) makes
+    // success symmetric: once any rank returns, every rank is connected.
+    gloo::BarrierOptions barrier(ctx);
+    barrier.setTag(kRendezvousTag);
+    barrier.setTimeout(ToChrono(transport.timeout));
+    gloo::barrier(barrier);
   });
   if (!s.ok()) return s;
   return std::shared_ptr<gloo::Context>(std::move(ctx));
@@ -480,7 +490,7 @@ class GlooCommunicator final : public Communicator {
   const std::string store_prefix_;
   const std::shared_ptr<gloo::Context> context_;
   const std::shared_ptr<Pending> pending_;
-  std::atomic<uint32_t> next_tag_{0};
+  std::atomic<uint32_t> next_tag_{kRendezvousTag + 1};
 
   absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);

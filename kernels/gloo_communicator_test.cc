@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/comm_conformance.h"
 #include "kernels/communicator.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/kv_store.h"
@@ -90,93 +91,19 @@ void RunRanks(int size, const RankFn& fn,
 }
 
 // --- Inputs and references ---------------------------------------------
+// Every rank's input is a function of (seed, rank), so any rank computes
+// every other rank's contribution locally (kernels/comm_conformance.h).
 
-// Every rank's input is a function of (seed, rank), so any rank can compute
-// every other rank's contribution locally.
-template <typename T>
-std::vector<T> Input(int seed, int rank, size_t n) {
-  std::mt19937_64 gen(static_cast<uint64_t>(seed) * 1000003u + rank);
-  std::vector<T> v(n);
-  if constexpr (std::is_floating_point_v<T>) {
-    std::uniform_real_distribution<double> d(-1.0, 1.0);
-    for (auto& x : v) x = static_cast<T>(d(gen));
-  } else if constexpr (sizeof(T) == 4) {
-    std::uniform_int_distribution<int32_t> d(-1000000, 1000000);
-    for (auto& x : v) x = d(gen);
-  } else {
-    std::uniform_int_distribution<int64_t> d(-(int64_t{1} << 40),
-                                             int64_t{1} << 40);
-    for (auto& x : v) x = d(gen);
-  }
-  return v;
-}
+using conformance::AllToAllVSplit;
+using conformance::DataTypeOf;
+using conformance::Input;
+using conformance::Iota;
+using conformance::Mismatches;
+using conformance::Tagged;
 
-// op over ranks of Input(seed, r, n)[i], in double for floating point.
 template <typename T>
 std::vector<double> Reference(int seed, int size, size_t n, ReduceOp op) {
-  std::vector<double> out(n);
-  for (int r = 0; r < size; ++r) {
-    std::vector<T> in = Input<T>(seed, r, n);
-    for (size_t i = 0; i < n; ++i) {
-      const double x = static_cast<double>(in[i]);
-      if (r == 0) {
-        out[i] = x;
-      } else if (op == ReduceOp::kSum) {
-        out[i] += x;
-      } else if (op == ReduceOp::kMax) {
-        out[i] = std::max(out[i], x);
-      } else {
-        out[i] = std::min(out[i], x);
-      }
-    }
-  }
-  return out;
-}
-
-template <typename T>
-struct Traits;
-template <>
-struct Traits<float> {
-  static constexpr DataType kType = DataType::kFloat32;
-  static constexpr double kSumTolerance = 1e-5;
-};
-template <>
-struct Traits<double> {
-  static constexpr DataType kType = DataType::kFloat64;
-  static constexpr double kSumTolerance = 1e-13;
-};
-template <>
-struct Traits<int32_t> {
-  static constexpr DataType kType = DataType::kInt32;
-  static constexpr double kSumTolerance = 0;
-};
-template <>
-struct Traits<int64_t> {
-  static constexpr DataType kType = DataType::kInt64;
-  static constexpr double kSumTolerance = 0;
-};
-
-// Sums of floating point values differ from the reference by rounding only;
-// max, min and integer sums are exact (int64 inputs stay below 2^53).
-template <typename T>
-int CountMismatches(const T* got, const double* want, size_t n, ReduceOp op,
-                    const std::string& what) {
-  const double tol = op == ReduceOp::kSum ? Traits<T>::kSumTolerance : 0.0;
-  int bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double g = static_cast<double>(got[i]);
-    const double w = op == ReduceOp::kSum ? want[i]
-                                          : static_cast<double>(
-                                                static_cast<T>(want[i]));
-    if (!(std::abs(g - w) <= tol)) {
-      if (bad < 3) {
-        ADD_FAILURE() << what << ": element " << i << " is " << g
-                      << ", expected " << w;
-      }
-      ++bad;
-    }
-  }
-  return bad;
+  return conformance::Reference<T>(seed, Iota(size), n, op);
 }
 
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
@@ -205,16 +132,16 @@ TYPED_TEST(TypedCommTest, AllReduceMatchesLocalReduction) {
             std::vector<T> recv(n, T{0});
             T* out = in_place ? send.data() : recv.data();
             ASSERT_TRUE(comm.AllReduce(stream, send.data(), out, n,
-                                       Traits<T>::kType, op)
+                                       DataTypeOf<T>(), op)
                             .ok());
             ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
             const std::string what =
                 absl::StrCat("all_reduce P=", size, " n=", n, " ",
                              ReduceOpName(op), in_place ? " in place" : "",
                              " rank ", comm.rank());
-            EXPECT_EQ(CountMismatches(out, Reference<T>(seed, size, n, op).data(),
-                                      n, op, what),
-                      0)
+            EXPECT_EQ(Mismatches(out, Reference<T>(seed, size, n, op).data(), n,
+                                 op),
+                      "")
                 << what;
             if (!in_place) {
               EXPECT_EQ(send, original) << what << ": send changed";
@@ -243,7 +170,7 @@ TYPED_TEST(TypedCommTest, ReduceScatterMatchesLocalReduction) {
             std::vector<T> recv(block, T{0});
             T* out = in_place ? send.data() + comm.rank() * block : recv.data();
             ASSERT_TRUE(comm.ReduceScatter(stream, send.data(), out, block,
-                                           Traits<T>::kType, op)
+                                           DataTypeOf<T>(), op)
                             .ok());
             ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
             const std::vector<double> want = Reference<T>(seed, size, n, op);
@@ -251,9 +178,9 @@ TYPED_TEST(TypedCommTest, ReduceScatterMatchesLocalReduction) {
                 absl::StrCat("reduce_scatter P=", size, " block=", block, " ",
                              ReduceOpName(op), in_place ? " in place" : "",
                              " rank ", comm.rank());
-            EXPECT_EQ(CountMismatches(out, want.data() + comm.rank() * block,
-                                      block, op, what),
-                      0)
+            EXPECT_EQ(Mismatches(out, want.data() + comm.rank() * block, block,
+                                 op),
+                      "")
                 << what;
             if (in_place) {
               // Only this rank's block may change.
@@ -289,7 +216,7 @@ TYPED_TEST(TypedCommTest, AllGatherConcatenatesInRankOrder) {
             send = recv.data() + comm.rank() * n;
           }
           ASSERT_TRUE(
-              comm.AllGather(stream, send, recv.data(), n, Traits<T>::kType)
+              comm.AllGather(stream, send, recv.data(), n, DataTypeOf<T>())
                   .ok());
           ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
           for (int r = 0; r < size; ++r) {
@@ -308,23 +235,9 @@ TYPED_TEST(TypedCommTest, AllGatherConcatenatesInRankOrder) {
 
 // --- All-to-all-v ------------------------------------------------------
 
-// Elements rank `src` sends to rank `dst` in the uneven pattern: some pairs
-// are empty (e.g. 0 -> 3, 2 -> 0, and rank 2's block to itself), rank 0
-// sends nothing to rank 1, and the last rank receives nothing at all (when
-// P > 1).
-int64_t Split(int src, int dst, int size) {
-  if (size > 1 && dst == size - 1) return 0;
-  if (src == 0 && dst == 1) return 0;
-  if (src == 2 && dst == 2) return 0;  // an empty block to itself
-  return (src * 7 + dst * 3 + 1) % 5 * 37;
-}
-
-// An element's value says where it came from and where it was going.
-template <typename T>
-T Tagged(int src, int dst, int64_t i) {
-  return static_cast<T>(src * 1000000 + dst * 10000 + i);
-}
-
+// The uneven pattern of conformance::AllToAllVSplit: some pairs are empty (e.g.
+// 0 -> 1, 0 -> 3, 2 -> 0, and rank 2's block to itself) and the last rank
+// receives nothing at all (when P > 1).
 TYPED_TEST(TypedCommTest, AllToAllVWithUnevenAndEmptySplits) {
   using T = TypeParam;
   for (int size : {1, 2, 3, 4}) {
@@ -333,8 +246,8 @@ TYPED_TEST(TypedCommTest, AllToAllVWithUnevenAndEmptySplits) {
       std::vector<int64_t> send_counts(size), recv_counts(size);
       std::vector<T> send;
       for (int d = 0; d < size; ++d) {
-        send_counts[d] = Split(me, d, size);
-        recv_counts[d] = Split(d, me, size);
+        send_counts[d] = AllToAllVSplit(me, d, size);
+        recv_counts[d] = AllToAllVSplit(d, me, size);
         for (int64_t i = 0; i < send_counts[d]; ++i) {
           send.push_back(Tagged<T>(me, d, i));
         }
@@ -347,7 +260,7 @@ TYPED_TEST(TypedCommTest, AllToAllVWithUnevenAndEmptySplits) {
       std::vector<T> recv(total, T{-1});
       ASSERT_TRUE(comm.AllToAllV(stream, send.data(), send_counts,
                                  total > 0 ? recv.data() : nullptr,
-                                 recv_counts, Traits<T>::kType)
+                                 recv_counts, DataTypeOf<T>())
                       .ok());
       ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
       std::vector<T> want;
@@ -361,7 +274,7 @@ TYPED_TEST(TypedCommTest, AllToAllVWithUnevenAndEmptySplits) {
       // Nothing at all to move: every count zero, null buffers.
       std::vector<int64_t> zeros(size, 0);
       ASSERT_TRUE(comm.AllToAllV(stream, nullptr, zeros, nullptr, zeros,
-                                 Traits<T>::kType)
+                                 DataTypeOf<T>())
                       .ok());
       ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
     });
@@ -379,7 +292,7 @@ TYPED_TEST(TypedCommTest, BroadcastFromEveryRoot) {
           const int seed = 300 + root;
           std::vector<T> data = Input<T>(seed, comm.rank(), n);
           ASSERT_TRUE(
-              comm.Broadcast(stream, data.data(), n, Traits<T>::kType, root)
+              comm.Broadcast(stream, data.data(), n, DataTypeOf<T>(), root)
                   .ok());
           ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
           EXPECT_EQ(data, Input<T>(seed, root, n))
@@ -411,13 +324,13 @@ TYPED_TEST(TypedCommTest, SendRecvAroundTheRingBothWays) {
       std::vector<T> from_left(count_of(left));
       ASSERT_TRUE(comm.SendRecv(stream, mine.data(), mine.size(), right,
                                 from_left.data(), from_left.size(), left,
-                                Traits<T>::kType)
+                                DataTypeOf<T>())
                       .ok());
       // Counter-clockwise: to the left, from the right.
       std::vector<T> from_right(count_of(right));
       ASSERT_TRUE(comm.SendRecv(stream, mine.data(), mine.size(), left,
                                 from_right.data(), from_right.size(), right,
-                                Traits<T>::kType)
+                                DataTypeOf<T>())
                       .ok());
       ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
       EXPECT_EQ(from_left, Input<T>(seed, left, count_of(left)))
@@ -431,12 +344,31 @@ TYPED_TEST(TypedCommTest, SendRecvAroundTheRingBothWays) {
       std::vector<T> next(64);
       for (int step = 1; step < size; ++step) {
         ASSERT_TRUE(comm.SendRecv(stream, traveller.data(), 64, right,
-                                  next.data(), 64, left, Traits<T>::kType)
+                                  next.data(), 64, left, DataTypeOf<T>())
                         .ok());
         ASSERT_TRUE(stream.Synchronize().ok()) << stream.Synchronize();
         std::swap(traveller, next);
         EXPECT_EQ(traveller, Input<T>(seed + 1, (me - step + size) % size, 64))
             << "ring step " << step << " rank " << me;
+      }
+    });
+  }
+}
+
+// --- The shared conformance suite -------------------------------------------
+
+// The suite the multi-process and NCCL tests run, here with ranks as threads
+// (small counts; the typed tests above cover the large ones).
+TEST(CommTest, ConformanceSuitePasses) {
+  for (int size : {1, 2, 3, 4}) {
+    RunRanks(size, [&](Communicator& comm, CpuStream& stream) {
+      conformance::HostMemory memory;
+      conformance::ConformanceOptions options;
+      options.seed = 5;
+      options.large = false;
+      for (const std::string& failure :
+           conformance::RunConformance(comm, stream, memory, options)) {
+        ADD_FAILURE() << "P=" << size << ": " << failure;
       }
     });
   }
@@ -889,7 +821,7 @@ TEST(CommTest, APeerThatSkipsACollectiveTimesItOut) {
       [&](Communicator& comm, CpuStream&) {
         if (comm.rank() == 1) {
           // Stay connected but never take part; outlive rank 0's timeout.
-          absl::SleepFor(absl::Milliseconds(2500));
+          absl::SleepFor(absl::Milliseconds(4000));
           return;
         }
         CpuStream stream("failing");  // will hold the error
@@ -913,7 +845,7 @@ TEST(CommTest, APeerThatSkipsACollectiveTimesItOut) {
                     HasSubstr("unusable after an earlier failure"));
         EXPECT_THAT(std::string(again.message()), HasSubstr("all_reduce"));
       },
-      absl::Milliseconds(1000));
+      absl::Milliseconds(1500));
 }
 
 TEST(CommTest, APeerThatLeavesFailsTheCollective) {

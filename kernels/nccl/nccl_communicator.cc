@@ -1,0 +1,469 @@
+#include "kernels/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+absl::Status CudaError(cudaError_t e, absl::string_view what) {
+  std::string msg = absl::StrCat(what, ": CUDA error ", static_cast<int>(e),
+                                 " (", cudaGetErrorName(e), "): ",
+                                 cudaGetErrorString(e));
+  if (e == cudaErrorMemoryAllocation) {
+    return absl::ResourceExhaustedError(msg);
+  }
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+      e == cudaErrorInvalidDevice) {
+    return absl::FailedPreconditionError(msg);
+  }
+  return absl::InternalError(msg);
+}
+
+#define PLATEAU_CUDA_RETURN_IF_ERROR(expr, what) \
+  do {                                           \
+    cudaError_t plateau_cuda_e_ = (expr);        \
+    if (plateau_cuda_e_ != cudaSuccess) {        \
+      return CudaError(plateau_cuda_e_, what);   \
+    }                                            \
+  } while (0)
+
+absl::StatusCode NcclCode(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess:
+      return absl::StatusCode::kOk;
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return absl::StatusCode::kInvalidArgument;
+    case ncclSystemError:
+    case ncclRemoteError:
+      return absl::StatusCode::kUnavailable;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+absl::Status NcclError(ncclResult_t r, ncclComm_t comm,
+                       absl::string_view what) {
+  const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  return absl::Status(
+      NcclCode(r),
+      absl::StrCat(what, ": NCCL error ", static_cast<int>(r), " (",
+                   ncclGetErrorString(r), ")",
+                   last != nullptr && last[0] != '\0'
+                       ? absl::StrCat(": ", last)
+                       : std::string()));
+}
+
+// Makes `device` current on this thread for the guard's lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+ncclDataType_t NcclType(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+// Waits (up to `deadline`) until a non-blocking communicator has finished
+// the operation that returned ncclInProgress.
+ncclResult_t AwaitComm(ncclComm_t comm, absl::Time deadline) {
+  absl::Duration backoff = absl::Microseconds(20);
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return r;
+    if (state != ncclInProgress) return state;
+    if (absl::Now() >= deadline) return ncclInProgress;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(5));
+  }
+}
+
+struct Shared {
+  std::shared_ptr<KeyValueStore> store;
+  absl::Duration timeout;
+  int device = 0;
+};
+
+// Creates an NCCL communicator of `size` ranks whose unique id lives under
+// `key_prefix` (rank 0 publishes it).
+absl::StatusOr<ncclComm_t> InitComm(const Shared& shared,
+                                    const std::string& key_prefix, int rank,
+                                    int size, const std::string& context) {
+  auto fail = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+  };
+  DeviceGuard guard(shared.device);
+  if (guard.status() != cudaSuccess) {
+    return fail(CudaError(guard.status(),
+                          absl::StrCat("cudaSetDevice(", shared.device, ")")));
+  }
+  const std::string key = absl::StrCat(key_prefix, "/nccl_unique_id");
+  ncclUniqueId id;
+  if (rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) return fail(NcclError(r, nullptr, "ncclGetUniqueId"));
+    absl::Status s = shared.store->Set(
+        key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    if (!s.ok()) return fail(s);
+  } else {
+    absl::StatusOr<std::string> v = shared.store->Get(key, shared.timeout);
+    if (!v.ok()) return fail(v.status());
+    if (v->size() != sizeof(id)) {
+      return fail(absl::DataLossError(
+          absl::StrCat("key '", key, "' holds ", v->size(),
+                       " bytes, not an NCCL unique id (", sizeof(id), ")")));
+    }
+    std::memcpy(&id, v->data(), sizeof(id));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every wait below is bounded by the timeout
+  ncclComm_t comm = nullptr;
+  const absl::Time deadline = absl::Now() + shared.timeout;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r == ncclInProgress) r = AwaitComm(comm, deadline);
+  if (r == ncclInProgress) {
+    ncclCommAbort(comm);
+    return fail(absl::DeadlineExceededError(absl::StrCat(
+        "NCCL initialisation did not complete within ",
+        absl::FormatDuration(shared.timeout), " (a rank did not join)")));
+  }
+  if (r != ncclSuccess) {
+    absl::Status s = NcclError(r, comm, "ncclCommInitRankConfig");
+    if (comm != nullptr) ncclCommAbort(comm);
+    return fail(s);
+  }
+  return comm;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::string name, int rank, std::vector<int> members,
+                   std::shared_ptr<Shared> shared, std::string key_prefix,
+                   ncclComm_t comm, int* scratch)
+      : Communicator(BackendKind::kCuda, std::move(name), rank,
+                     std::move(members)),
+        shared_(std::move(shared)),
+        key_prefix_(std::move(key_prefix)),
+        comm_(comm),
+        scratch_(scratch) {}
+
+  ~NcclCommunicator() override {
+    DeviceGuard guard(shared_->device);
+    bool clean = false;
+    {
+      absl::MutexLock lock(&mu_);
+      clean = broken_.ok();
+    }
+    if (clean) {
+      // Flushes enqueued work (bounded); a communicator that cannot finish
+      // in time, or already failed, is aborted instead.
+      ncclResult_t r = ncclCommFinalize(comm_);
+      if (r == ncclInProgress) {
+        r = AwaitComm(comm_, absl::Now() + shared_->timeout);
+      }
+      clean = r == ncclSuccess;
+    }
+    if (clean) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+    cudaFree(scratch_);
+  }
+
+ protected:
+  absl::Status DoAllReduce(Stream& stream, const void* send, void* recv,
+                           size_t count, DataType type,
+                           ReduceOp op) override {
+    return Call("all_reduce", [&] {
+      return ncclAllReduce(send, recv, count, NcclType(type), NcclOp(op),
+                           comm_, Native(stream));
+    });
+  }
+
+  absl::Status DoReduceScatter(Stream& stream, const void* send, void* recv,
+                               size_t recv_count, DataType type,
+                               ReduceOp op) override {
+    return Call("reduce_scatter", [&] {
+      return ncclReduceScatter(send, recv, recv_count, NcclType(type),
+                               NcclOp(op), comm_, Native(stream));
+    });
+  }
+
+  absl::Status DoAllGather(Stream& stream, const void* send, void* recv,
+                           size_t send_count, DataType type) override {
+    return Call("all_gather", [&] {
+      return ncclAllGather(send, recv, send_count, NcclType(type), comm_,
+                           Native(stream));
+    });
+  }
+
+  absl::Status DoAllToAllV(Stream& stream, const void* send,
+                           absl::Span<const int64_t> send_counts, void* recv,
+                           absl::Span<const int64_t> recv_counts,
+                           DataType type) override {
+    PLATEAU_RETURN_IF_ERROR(CheckUsable("all_to_all_v"));
+    const size_t elem = DataTypeSize(type);
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    cudaStream_t s = Native(stream);
+    std::vector<size_t> send_off(size()), recv_off(size());
+    for (int r = 1; r < size(); ++r) {
+      send_off[r] = send_off[r - 1] + send_counts[r - 1] * elem;
+      recv_off[r] = recv_off[r - 1] + recv_counts[r - 1] * elem;
+    }
+    // This rank's block to itself is a device copy, ordered on the stream.
+    if (send_counts[rank()] > 0) {
+      DeviceGuard guard(shared_->device);
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(out + recv_off[rank()], in + send_off[rank()],
+                          send_counts[rank()] * elem, cudaMemcpyDeviceToDevice,
+                          s),
+          Describe("all_to_all_v"));
+    }
+    return Grouped("all_to_all_v", [&]() -> ncclResult_t {
+      for (int p = 0; p < size(); ++p) {
+        if (p == rank()) continue;
+        if (send_counts[p] > 0) {
+          ncclResult_t r = ncclSend(in + send_off[p], send_counts[p],
+                                    NcclType(type), p, comm_, s);
+          if (r != ncclSuccess && r != ncclInProgress) return r;
+        }
+        if (recv_counts[p] > 0) {
+          ncclResult_t r = ncclRecv(out + recv_off[p], recv_counts[p],
+                                    NcclType(type), p, comm_, s);
+          if (r != ncclSuccess && r != ncclInProgress) return r;
+        }
+      }
+      return ncclSuccess;
+    });
+  }
+
+  absl::Status DoBroadcast(Stream& stream, void* data, size_t count,
+                           DataType type, int root) override {
+    return Call("broadcast", [&] {
+      return ncclBroadcast(data, data, count, NcclType(type), root, comm_,
+                           Native(stream));
+    });
+  }
+
+  absl::Status DoSendRecv(Stream& stream, const void* send, size_t send_count,
+                          int dst, void* recv, size_t recv_count, int src,
+                          DataType type) override {
+    PLATEAU_RETURN_IF_ERROR(CheckUsable("send_recv"));
+    cudaStream_t s = Native(stream);
+    if (dst == rank()) {  // a ring of one (validated: src == dst, same size)
+      DeviceGuard guard(shared_->device);
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(recv, send, send_count * DataTypeSize(type),
+                          cudaMemcpyDeviceToDevice, s),
+          Describe("send_recv"));
+      return absl::OkStatus();
+    }
+    return Grouped("send_recv", [&]() -> ncclResult_t {
+      if (send_count > 0) {
+        ncclResult_t r =
+            ncclSend(send, send_count, NcclType(type), dst, comm_, s);
+        if (r != ncclSuccess && r != ncclInProgress) return r;
+      }
+      if (recv_count > 0) {
+        ncclResult_t r =
+            ncclRecv(recv, recv_count, NcclType(type), src, comm_, s);
+        if (r != ncclSuccess && r != ncclInProgress) return r;
+      }
+      return ncclSuccess;
+    });
+  }
+
+  absl::Status DoBarrier(Stream& stream) override {
+    // NCCL has no barrier: a one-element all-reduce completes on a rank's
+    // stream only after every rank has contributed.
+    return Call("barrier", [&] {
+      return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_,
+                           Native(stream));
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> DoGroup(
+      const std::string& name, const std::vector<int>& ranks,
+      std::vector<int> world_members) override {
+    const int group_rank = static_cast<int>(
+        std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
+    const std::string id =
+        absl::StrCat(name, "[", absl::StrJoin(world_members, ","), "]");
+    int incarnation;
+    {
+      absl::MutexLock lock(&mu_);
+      incarnation = groups_made_[id]++;
+    }
+    const std::string prefix =
+        absl::StrCat(key_prefix_, "/", id, "#", incarnation);
+    return Make(name, group_rank, std::move(world_members), shared_, prefix,
+                absl::StrCat("rendezvous of group '", name, "' (rank ",
+                             group_rank, " of ", ranks.size(), ", from rank ",
+                             rank(), " of '", this->name(), "')"));
+  }
+
+ public:
+  static absl::StatusOr<std::unique_ptr<Communicator>> Make(
+      const std::string& name, int rank, std::vector<int> members,
+      std::shared_ptr<Shared> shared, const std::string& key_prefix,
+      const std::string& context) {
+    int* scratch = nullptr;
+    {
+      DeviceGuard guard(shared->device);
+      if (guard.status() != cudaSuccess) {
+        return CudaError(guard.status(),
+                         absl::StrCat(context, ": cudaSetDevice(",
+                                      shared->device, ")"));
+      }
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int)),
+          absl::StrCat(context, ": barrier scratch"));
+    }
+    absl::StatusOr<ncclComm_t> comm =
+        InitComm(*shared, key_prefix, rank, static_cast<int>(members.size()),
+                 context);
+    if (!comm.ok()) {
+      cudaFree(scratch);
+      return comm.status();
+    }
+    return std::unique_ptr<Communicator>(
+        new NcclCommunicator(name, rank, std::move(members), std::move(shared),
+                             key_prefix, *comm, scratch));
+  }
+
+ private:
+  static cudaStream_t Native(Stream& stream) {
+    return static_cast<cudaStream_t>(stream.native_handle());
+  }
+
+  absl::Status CheckUsable(const char* op) {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(op), ": the communicator is unusable after an "
+                                   "earlier failure: ",
+                     broken_.message()));
+  }
+
+  // Records the first failure; the communicator is unusable from then on.
+  absl::Status Failed(const char* op, absl::Status s) {
+    s = absl::Status(s.code(), absl::StrCat(Describe(op), ": ", s.message()));
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = s;
+    return s;
+  }
+
+  // Finishes a call on the non-blocking communicator: ncclInProgress means
+  // "still being enqueued"; wait for it within the timeout.
+  absl::Status Finish(const char* op, ncclResult_t r) {
+    if (r == ncclInProgress) {
+      r = AwaitComm(comm_, absl::Now() + shared_->timeout);
+      if (r == ncclInProgress) {
+        return Failed(op, absl::DeadlineExceededError(absl::StrCat(
+                              "NCCL did not accept the call within ",
+                              absl::FormatDuration(shared_->timeout))));
+      }
+    }
+    if (r != ncclSuccess) return Failed(op, NcclError(r, comm_, "nccl"));
+    return absl::OkStatus();
+  }
+
+  template <typename F>
+  absl::Status Call(const char* op, F&& f) {
+    PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
+    DeviceGuard guard(shared_->device);
+    return Finish(op, f());
+  }
+
+  // Runs `f` (ncclSend/ncclRecv calls) inside ncclGroupStart/End.
+  template <typename F>
+  absl::Status Grouped(const char* op, F&& f) {
+    PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
+    DeviceGuard guard(shared_->device);
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return Failed(op, NcclError(r, comm_, "ncclGroupStart"));
+    ncclResult_t inner = f();
+    r = ncclGroupEnd();  // always close the group, even after an error
+    if (inner != ncclSuccess) return Failed(op, NcclError(inner, comm_, "nccl"));
+    return Finish(op, r);
+  }
+
+  const std::shared_ptr<Shared> shared_;
+  const std::string key_prefix_;
+  ncclComm_t comm_;
+  int* const scratch_;
+
+  absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> groups_made_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    const CommunicatorOptions& options) {
+  auto shared = std::make_shared<Shared>();
+  shared->store = options.store;
+  shared->timeout = options.timeout;
+  shared->device = options.device_index;
+  std::vector<int> members(options.size);
+  for (int i = 0; i < options.size; ++i) members[i] = i;
+  return NcclCommunicator::Make(
+      "world", options.rank, std::move(members), std::move(shared),
+      absl::StrCat(options.prefix, "/world"),
+      absl::StrCat("rendezvous of group 'world' (rank ", options.rank, " of ",
+                   options.size, ")"));
+}
+
+}  // namespace plateau

@@ -1,0 +1,243 @@
+// The NCCL communicator through the same conformance suite as Gloo
+// (kernels/comm_conformance.h), on device memory and CUDA streams. Needs a
+// build with --config=cuda and a visible GPU (two for the two-rank test);
+// otherwise the tests skip and say why.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/comm_conformance.h"
+#include "kernels/communicator.h"
+#include "kernels/cpu_stream.h"
+#include "kernels/kv_store.h"
+
+#ifdef PLATEAU_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::shared_ptr<KeyValueStore> MakeStore(const std::string& name) {
+  static std::atomic<int> counter{0};
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/nccl_",
+                                 name, "_", ::getpid(), "_", counter++);
+  std::filesystem::remove_all(dir);
+  auto store = FileStore::Create(dir);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return std::shared_ptr<KeyValueStore>(std::move(store).value());
+}
+
+CommunicatorOptions Options(int rank, int size,
+                            std::shared_ptr<KeyValueStore> store,
+                            absl::Duration timeout = absl::Seconds(60)) {
+  CommunicatorOptions o;
+  o.backend = BackendKind::kCuda;
+  o.rank = rank;
+  o.size = size;
+  o.store = std::move(store);
+  o.prefix = "nccl_test/attempt0";
+  o.timeout = timeout;
+  o.device_index = rank;
+  return o;
+}
+
+#ifndef PLATEAU_WITH_CUDA
+
+TEST(NcclCommunicatorTest, DefaultBuildSaysToRebuildWithCuda) {
+  auto comm = CreateCommunicator(Options(0, 1, MakeStore("no_cuda")));
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(comm.status().message()),
+              HasSubstr("rebuild with --config=cuda"));
+}
+
+TEST(NcclCommunicatorTest, ConformanceSuite) {
+  GTEST_SKIP() << "built without --config=cuda: NCCL is not compiled in";
+}
+
+#else  // PLATEAU_WITH_CUDA
+
+// Visible GPUs; `why` says what was found when there are none.
+int DeviceCount(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    *why = absl::StrCat("cudaGetDeviceCount failed: ", cudaGetErrorName(e),
+                        " (", cudaGetErrorString(e), ")");
+    return 0;
+  }
+  *why = absl::StrCat(n, " CUDA device(s) visible");
+  return n;
+}
+
+#define REQUIRE_GPUS(k)                                                   \
+  do {                                                                    \
+    std::string why;                                                      \
+    if (DeviceCount(&why) < (k)) {                                        \
+      GTEST_SKIP() << "needs " << (k) << " GPU(s) for NCCL; " << why;     \
+    }                                                                     \
+  } while (0)
+
+// A CUDA stream as the CUDA backend would hand out (only what NCCL needs).
+class TestCudaStream final : public Stream {
+ public:
+  explicit TestCudaStream(int device) : device_(device) {
+    cudaSetDevice(device_);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+              cudaSuccess);
+  }
+  ~TestCudaStream() override { cudaStreamDestroy(stream_); }
+  const std::string& name() const override { return name_; }
+  absl::Status Record(Event&) override {
+    return absl::UnimplementedError("not needed by this test");
+  }
+  absl::Status Wait(Event&) override {
+    return absl::UnimplementedError("not needed by this test");
+  }
+  absl::Status Synchronize() override {
+    cudaError_t e = cudaStreamSynchronize(stream_);
+    if (e != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("cudaStreamSynchronize: ", cudaGetErrorString(e)));
+    }
+    return absl::OkStatus();
+  }
+  void* native_handle() const override { return stream_; }
+
+ private:
+  const int device_;
+  const std::string name_ = "nccl_test";
+  cudaStream_t stream_ = nullptr;
+};
+
+class DeviceMemory final : public conformance::TestMemory {
+ public:
+  explicit DeviceMemory(int device) : device_(device) {}
+  void* Alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    cudaSetDevice(device_);
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    return p;
+  }
+  void Free(void* p) override {
+    if (p != nullptr) cudaFree(p);
+  }
+  void CopyIn(void* dst, const void* host, size_t bytes) override {
+    if (bytes == 0) return;
+    cudaSetDevice(device_);
+    EXPECT_EQ(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  void CopyOut(void* host, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    cudaSetDevice(device_);
+    EXPECT_EQ(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+
+ private:
+  const int device_;
+};
+
+// Runs the suite on `size` ranks (threads), rank r on GPU r.
+void RunSuite(int size) {
+  auto store = MakeStore(absl::StrCat("suite", size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      TestCudaStream stream(r);
+      DeviceMemory memory(r);
+      auto comm = CreateCommunicator(Options(r, size, store));
+      ASSERT_TRUE(comm.ok()) << "rank " << r << ": " << comm.status();
+      EXPECT_EQ((*comm)->backend(), BackendKind::kCuda);
+      conformance::ConformanceOptions options;
+      options.seed = 3;
+      for (const std::string& failure :
+           conformance::RunConformance(**comm, stream, memory, options)) {
+        ADD_FAILURE() << "P=" << size << ": " << failure;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(NcclCommunicatorTest, NoGpuIsAFailedPreconditionNotACrash) {
+  std::string why;
+  if (DeviceCount(&why) > 0) GTEST_SKIP() << "a GPU is visible: " << why;
+  auto comm = CreateCommunicator(Options(0, 1, MakeStore("no_gpu")));
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition)
+      << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              HasSubstr("rendezvous of group 'world' (rank 0 of 1)"));
+}
+
+TEST(NcclCommunicatorTest, ConformanceSuite) {
+  REQUIRE_GPUS(1);
+  RunSuite(1);
+}
+
+TEST(NcclCommunicatorTest, ConformanceSuiteOnTwoGpus) {
+  REQUIRE_GPUS(2);
+  RunSuite(2);
+}
+
+TEST(NcclCommunicatorTest, RejectsAStreamWithoutACudaHandle) {
+  REQUIRE_GPUS(1);
+  auto comm = CreateCommunicator(Options(0, 1, MakeStore("cpu_stream")));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  CpuStream cpu("cpu");
+  float x = 1.0f;
+  absl::Status s = (*comm)->AllReduce(cpu, &x, &x, 1, DataType::kFloat32,
+                                      ReduceOp::kSum);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("stream 'cpu' has no CUDA stream handle"));
+}
+
+TEST(NcclCommunicatorTest, AMissingRankZeroTimesOutNamingTheKey) {
+  REQUIRE_GPUS(1);
+  // Rank 1 of 2 alone (on GPU 0): rank 0 never publishes the unique id.
+  CommunicatorOptions o = Options(1, 2, MakeStore("no_rank0"),
+                                  absl::Milliseconds(500));
+  o.device_index = 0;
+  const absl::Time start = absl::Now();
+  auto comm = CreateCommunicator(o);
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              HasSubstr("nccl_test/attempt0/world/nccl_unique_id"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(NcclCommunicatorTest, AMissingPeerTimesOutInitialisation) {
+  REQUIRE_GPUS(1);
+  // Rank 0 of 2 alone: it publishes the id, but nobody joins NCCL's init.
+  const absl::Time start = absl::Now();
+  auto comm = CreateCommunicator(
+      Options(0, 2, MakeStore("no_rank1"), absl::Seconds(2)));
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              HasSubstr("rendezvous of group 'world' (rank 0 of 2)"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+#endif  // PLATEAU_WITH_CUDA
+
+}  // namespace
+}  // namespace plateau
