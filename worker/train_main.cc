@@ -45,6 +45,21 @@ struct Flags {
   TrainerOptions trainer;
 };
 
+constexpr char kUsage[] = R"(usage: plateau_train [--name=value ...]
+
+Runs a training job of --ranks rank processes on this machine (CPU backend,
+Gloo over loopback) and prints progress from rank 0.
+
+job        --ranks=2 --steps=200 --batch=32 (sequences per step) --lr=0.006 --seed=1
+           --device_mb=256 (each rank's device arena) --log_every=10
+model      --vocab (0: the data's) --hidden=64 --layers=2 --heads=4 --kv_heads=2
+           --experts=4 --top_k=2 --expert_ffn=128 --seq_len=32
+data       --data=recall | text:<file> | shards:<file>[,<file>...]
+           --recall_keys=8 --recall_values=8 --recall_pairs=4 --recall_queries=4
+checkpoint --checkpoint_dir=<dir> (resumes from its newest step-N.safetensors)
+           --checkpoint_every=0 (0: only at the end)
+)";
+
 absl::StatusOr<Flags> Parse(int argc, char** argv) {
   Flags f;
   f.trainer = RecallDemoJob(f.ranks);  // defaults: the demo job
@@ -68,9 +83,14 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   ints["recall_queries"] = &task.queries;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     size_t eq = arg.find('=');
     if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("argument '", arg, "': expected --name=value"));
+      return absl::InvalidArgumentError(absl::StrCat("argument '", arg,
+                                                     "': expected --name=value (see --help)"));
     }
     std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
     if (auto it = ints.find(name); it != ints.end()) {
@@ -84,7 +104,7 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
         return absl::InvalidArgumentError(absl::StrCat("--lr: expected a number, got '", value, "'"));
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
     }
   }
   if (f.ranks < 1 || f.ranks > 16) return absl::InvalidArgumentError("--ranks: expected 1 to 16");
@@ -231,7 +251,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plateau_train: %s\n", std::string(flags.status().message()).c_str());
     return 2;
   }
-  if (flags->rank < 0) return plateau::Launch(*flags, argc, argv);
+  if (flags->rank < 0) {
+    // Refuse an inconsistent job once, before starting any rank.
+    const auto& step = flags->trainer.step;
+    absl::Status valid = plateau::ValidateLayout(step.model, step.layout);
+    if (!valid.ok()) {
+      std::fprintf(stderr, "plateau_train: %s\n", std::string(valid.message()).c_str());
+      return 2;
+    }
+    return plateau::Launch(*flags, argc, argv);
+  }
   absl::Status s = plateau::RunRank(*flags);
   if (!s.ok()) {
     std::fprintf(stderr, "[rank %lld] %s\n", static_cast<long long>(flags->rank), s.ToString().c_str());
