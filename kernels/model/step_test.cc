@@ -266,5 +266,25 @@ TEST(StepTest, BadSpecsAreRefusedNamingTheField) {
   }, /*device_bytes=*/64 * 1024);
 }
 
+// A device that holds the launch-sized state but not the routes is an
+// out-of-memory error naming the dispatch live set, not a crash.
+TEST(StepTest, DispatchOverTheCapIsAnErrorNamingTheLiveSet) {
+  const ModelConfig m = TestModel();
+  StepOptions o;
+  o.model = m;
+  o.layout = {1, 2};
+  auto plan = PlanMemory(o);
+  ASSERT_TRUE(plan.ok());
+  const int64_t launch = plan->total() - plan->bytes[static_cast<int>(LiveSet::kDispatch)];
+  const GlobalBatch g = MakeBatch(m, 2, 8);
+  RunRanks(1, [&](int, Backend& be, Communicator& world) {
+    auto step = TrainingStep::Create(o, be, world);
+    ASSERT_TRUE(step.ok()) << step.status();
+    auto st = (*step)->ForwardBackward(g.tokens, g.targets);
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(st.status().message(), HasSubstr("live set 'dispatch'"));
+  }, /*device_bytes=*/launch + 1024);
+}
+
 }  // namespace
 }  // namespace plateau
