@@ -9,84 +9,86 @@
 namespace plateau {
 namespace {
 
-constexpr int64_t kTile = 64;
+// Query rows per panel. A panel meets all of its visible keys in one GEMM
+// (scores [panel x visible keys]): large GEMMs keep the BLAS efficient and
+// threaded, and the scratch stays linear in the sequence (panel x kv_len).
+constexpr int64_t kPanel = 128;
 
-// The tile pair (q rows [i0, i0+tq), keys [j0, j0+tk)) of one sequence is
-// fully masked when its first key comes after its last query.
-bool FullyMasked(const AttentionShape& s, int64_t i0, int64_t tq, int64_t j0) {
-  return s.kv_pos0 + j0 > s.q_pos0 + i0 + tq - 1;
+// Keys of the block visible to the last row of the panel starting at i0
+// (causal: key position <= query position), capped at kv_len.
+int64_t VisibleKeys(const AttentionShape& s, int64_t i0, int64_t tq) {
+  const int64_t last_query = s.q_pos0 + i0 + tq - 1;
+  return std::clamp<int64_t>(last_query - s.kv_pos0 + 1, 0, s.kv_len);
 }
 
-// S[tq x tk] = scale * Q_tile K_tile^T with causal masking (-inf).
-void Scores(const AttentionShape& s, const float* q, const float* k, int64_t tq,
-            int64_t tk, int64_t i0, int64_t j0, float* S) {
+// S[tq x tk] = scale * Q_panel K^T with causal masking (-inf).
+void Scores(const AttentionShape& s, const float* q, const float* k, int64_t tq, int64_t tk,
+            int64_t i0, float* S) {
   const int64_t qs = s.heads * s.head_dim, ks = s.kv_heads * s.head_dim;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, tk, s.head_dim,
-              s.scale, q, qs, k, ks, 0.0f, S, tk);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, tk, s.head_dim, s.scale, q, qs, k, ks,
+              0.0f, S, tk);
   for (int64_t r = 0; r < tq; ++r) {
-    const int64_t limit = s.q_pos0 + i0 + r - (s.kv_pos0 + j0);  // last visible c
-    for (int64_t c = std::max<int64_t>(0, limit + 1); c < tk; ++c) {
-      S[r * tk + c] = -INFINITY;
-    }
+    const int64_t limit = s.q_pos0 + i0 + r - s.kv_pos0;  // last visible key
+    for (int64_t c = std::max<int64_t>(0, limit + 1); c < tk; ++c) S[r * tk + c] = -INFINITY;
   }
 }
 
 }  // namespace
 
-void AttentionInitState(const AttentionShape& s, float* m, float* l,
-                        float* acc) {
+int64_t AttentionWorkspaceFloats(const AttentionShape& s) {
+  return 2 * std::min(kPanel, s.q_len) * s.kv_len;
+}
+
+void AttentionInitState(const AttentionShape& s, float* m, float* l, float* acc) {
   const int64_t rows = s.batch * s.q_len * s.heads;
   std::fill(m, m + rows, -INFINITY);
   std::fill(l, l + rows, 0.0f);
   std::fill(acc, acc + rows * s.head_dim, 0.0f);
 }
 
-void AttentionForwardBlock(const AttentionShape& s, const float* q,
-                           const float* k, const float* v, float* m, float* l,
-                           float* acc) {
+void AttentionForwardBlock(const AttentionShape& s, const float* q, const float* k,
+                           const float* v, float* m, float* l, float* acc, float* work) {
   const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
   const int64_t qs = s.heads * d, ks = s.kv_heads * d;
-  std::vector<float> S(kTile * kTile);
+  float* S = work;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t g = h / group;
-      for (int64_t i0 = 0; i0 < s.q_len; i0 += kTile) {
-        const int64_t tq = std::min(kTile, s.q_len - i0);
+      const float* kb = k + b * s.kv_len * ks + g * d;
+      const float* vb = v + b * s.kv_len * ks + g * d;
+      for (int64_t i0 = 0; i0 < s.q_len; i0 += kPanel) {
+        const int64_t tq = std::min(kPanel, s.q_len - i0);
+        const int64_t tk = VisibleKeys(s, i0, tq);
+        if (tk == 0) continue;  // the whole block lies after these queries
         const float* qt = q + (b * s.q_len + i0) * qs + h * d;
         float* acct = acc + (b * s.q_len + i0) * qs + h * d;
         float* mt = m + (b * s.q_len + i0) * s.heads + h;
         float* lt = l + (b * s.q_len + i0) * s.heads + h;
-        for (int64_t j0 = 0; j0 < s.kv_len; j0 += kTile) {
-          if (FullyMasked(s, i0, tq, j0)) break;  // later tiles are too
-          const int64_t tk = std::min(kTile, s.kv_len - j0);
-          const float* kt = k + (b * s.kv_len + j0) * ks + g * d;
-          const float* vt = v + (b * s.kv_len + j0) * ks + g * d;
-          Scores(s, qt, kt, tq, tk, i0, j0, S.data());
-          for (int64_t r = 0; r < tq; ++r) {
-            float* Sr = &S[r * tk];
-            float rmax = -INFINITY;
-            for (int64_t c = 0; c < tk; ++c) rmax = std::max(rmax, Sr[c]);
-            float& mr = mt[r * s.heads];
-            float& lr = lt[r * s.heads];
-            if (rmax == -INFINITY) {  // nothing visible in this tile
-              std::fill(Sr, Sr + tk, 0.0f);
-              continue;
-            }
-            const float mnew = std::max(mr, rmax);
-            const float alpha = std::exp(mr - mnew);  // 0 when mr = -inf
-            float sum = 0.0f;
-            for (int64_t c = 0; c < tk; ++c) {
-              Sr[c] = std::exp(Sr[c] - mnew);
-              sum += Sr[c];
-            }
-            lr = lr * alpha + sum;
-            mr = mnew;
-            float* ar = acct + r * qs;
-            for (int64_t c = 0; c < d; ++c) ar[c] *= alpha;
+        Scores(s, qt, kb, tq, tk, i0, S);
+        for (int64_t r = 0; r < tq; ++r) {
+          float* Sr = &S[r * tk];
+          float rmax = -INFINITY;
+          for (int64_t c = 0; c < tk; ++c) rmax = std::max(rmax, Sr[c]);
+          float& mr = mt[r * s.heads];
+          float& lr = lt[r * s.heads];
+          if (rmax == -INFINITY) {  // this row sees none of the block's keys
+            std::fill(Sr, Sr + tk, 0.0f);
+            continue;
           }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk,
-                      1.0f, S.data(), tk, vt, ks, 1.0f, acct, qs);
+          const float mnew = std::max(mr, rmax);
+          const float alpha = std::exp(mr - mnew);  // 0 when mr = -inf
+          float sum = 0.0f;
+          for (int64_t c = 0; c < tk; ++c) {
+            Sr[c] = std::exp(Sr[c] - mnew);
+            sum += Sr[c];
+          }
+          lr = lr * alpha + sum;
+          mr = mnew;
+          float* ar = acct + r * qs;
+          for (int64_t c = 0; c < d; ++c) ar[c] *= alpha;
         }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, 1.0f, S, tk, vb, ks,
+                    1.0f, acct, qs);
       }
     }
   }
@@ -118,51 +120,47 @@ void AttentionDelta(const AttentionShape& s, const float* o, const float* dout,
   }
 }
 
-void AttentionBackwardBlock(const AttentionShape& s, const float* q,
-                            const float* k, const float* v, const float* dout,
-                            const float* lse, const float* delta, float* dq,
-                            float* dk, float* dv) {
+void AttentionBackwardBlock(const AttentionShape& s, const float* q, const float* k,
+                            const float* v, const float* dout, const float* lse,
+                            const float* delta, float* dq, float* dk, float* dv, float* work) {
   const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
   const int64_t qs = s.heads * d, ks = s.kv_heads * d;
-  std::vector<float> P(kTile * kTile), dP(kTile * kTile);
+  float* P = work;
+  float* dP = work + std::min(kPanel, s.q_len) * s.kv_len;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t g = h / group;
-      for (int64_t i0 = 0; i0 < s.q_len; i0 += kTile) {
-        const int64_t tq = std::min(kTile, s.q_len - i0);
+      const int64_t koff = b * s.kv_len * ks + g * d;
+      for (int64_t i0 = 0; i0 < s.q_len; i0 += kPanel) {
+        const int64_t tq = std::min(kPanel, s.q_len - i0);
+        const int64_t tk = VisibleKeys(s, i0, tq);
+        if (tk == 0) continue;
         const int64_t qoff = (b * s.q_len + i0) * qs + h * d;
         const float* lt = lse + (b * s.q_len + i0) * s.heads + h;
         const float* dt = delta + (b * s.q_len + i0) * s.heads + h;
-        for (int64_t j0 = 0; j0 < s.kv_len; j0 += kTile) {
-          if (FullyMasked(s, i0, tq, j0)) break;
-          const int64_t tk = std::min(kTile, s.kv_len - j0);
-          const int64_t koff = (b * s.kv_len + j0) * ks + g * d;
-          Scores(s, q + qoff, k + koff, tq, tk, i0, j0, P.data());
-          for (int64_t r = 0; r < tq; ++r) {
-            const float lr = lt[r * s.heads];
-            for (int64_t c = 0; c < tk; ++c) {
-              float& p = P[r * tk + c];
-              p = lr == -INFINITY ? 0.0f : std::exp(p - lr);  // exp(-inf) = 0
-            }
+        Scores(s, q + qoff, k + koff, tq, tk, i0, P);
+        for (int64_t r = 0; r < tq; ++r) {
+          const float lr = lt[r * s.heads];
+          for (int64_t c = 0; c < tk; ++c) {
+            float& p = P[r * tk + c];
+            p = lr == -INFINITY ? 0.0f : std::exp(p - lr);  // exp(-inf) = 0
           }
-          // dV += P^T dO; dP = dO V^T.
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, tk, d, tq, 1.0f,
-                      P.data(), tk, dout + qoff, qs, 1.0f, dv + koff, ks);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, tk, d, 1.0f,
-                      dout + qoff, qs, v + koff, ks, 0.0f, dP.data(), tk);
-          // dS = P (dP - delta), reusing dP.
-          for (int64_t r = 0; r < tq; ++r) {
-            const float dr = dt[r * s.heads];
-            for (int64_t c = 0; c < tk; ++c) {
-              dP[r * tk + c] = P[r * tk + c] * (dP[r * tk + c] - dr);
-            }
-          }
-          // dQ += scale dS K; dK += scale dS^T Q.
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk,
-                      s.scale, dP.data(), tk, k + koff, ks, 1.0f, dq + qoff, qs);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, tk, d, tq,
-                      s.scale, dP.data(), tk, q + qoff, qs, 1.0f, dk + koff, ks);
         }
+        // dV += P^T dO; dP = dO V^T.
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, tk, d, tq, 1.0f, P, tk, dout + qoff,
+                    qs, 1.0f, dv + koff, ks);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, tk, d, 1.0f, dout + qoff, qs,
+                    v + koff, ks, 0.0f, dP, tk);
+        // dS = P (dP - delta), in dP.
+        for (int64_t r = 0; r < tq; ++r) {
+          const float dr = dt[r * s.heads];
+          for (int64_t c = 0; c < tk; ++c) dP[r * tk + c] = P[r * tk + c] * (dP[r * tk + c] - dr);
+        }
+        // dQ += scale dS K; dK += scale dS^T Q.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, s.scale, dP, tk,
+                    k + koff, ks, 1.0f, dq + qoff, qs);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, tk, d, tq, s.scale, dP, tk, q + qoff,
+                    qs, 1.0f, dk + koff, ks);
       }
     }
   }

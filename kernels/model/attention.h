@@ -1,6 +1,7 @@
-// Causal grouped-query attention, tiled with an online softmax (the
-// FlashAttention recurrence), on the CPU. Memory is linear in the sequence:
-// no T x T score matrix exists, only one tile of it at a time.
+// Causal grouped-query attention with an online softmax (the FlashAttention
+// recurrence), on the CPU. Memory is linear in the sequence: no T x T score
+// matrix exists, only one panel of it (128 query rows x the block's keys) at
+// a time.
 //
 // The unit of work is a *block pair*: the queries a rank holds against one
 // block of keys/values, which may be its own or one that arrived over the
@@ -18,7 +19,9 @@
 // the K/V block kv_pos0 + t. A key is visible when its position <= the
 // query's (causal), and only within the same sequence b.
 //
-// Every function is deterministic: a fixed tile order, no atomics.
+// Every function is deterministic: a fixed panel order, no atomics. `work`
+// is caller-provided scratch of AttentionWorkspaceFloats() floats, so that
+// the step accounts for it in its live sets.
 #ifndef PLATEAU_KERNELS_MODEL_ATTENTION_H_
 #define PLATEAU_KERNELS_MODEL_ATTENTION_H_
 
@@ -38,6 +41,10 @@ struct AttentionShape {
   float scale = 1.0f;  // 1 / sqrt(head_dim)
 };
 
+// Scratch the block functions need, in floats: linear in kv_len (a panel of
+// query rows against the block's keys), never kv_len x q_len.
+int64_t AttentionWorkspaceFloats(const AttentionShape& s);
+
 // m = -inf, l = 0, acc = 0.
 void AttentionInitState(const AttentionShape& s, float* m, float* l,
                         float* acc);
@@ -45,7 +52,7 @@ void AttentionInitState(const AttentionShape& s, float* m, float* l,
 // Folds the K/V block into the running state.
 void AttentionForwardBlock(const AttentionShape& s, const float* q,
                            const float* k, const float* v, float* m, float* l,
-                           float* acc);
+                           float* acc, float* work);
 
 // o = acc / l (in place: acc becomes o), lse = m + log(l). A row that saw no
 // key at all (impossible under causal masking with its own block) gets o = 0
@@ -62,7 +69,7 @@ void AttentionDelta(const AttentionShape& s, const float* o, const float* dout,
 void AttentionBackwardBlock(const AttentionShape& s, const float* q,
                             const float* k, const float* v, const float* dout,
                             const float* lse, const float* delta, float* dq,
-                            float* dk, float* dv);
+                            float* dk, float* dv, float* work);
 
 // Rotary embedding (docs/MODEL.md, half-split) in place on x [batch, len,
 // heads, head_dim], row t of sequence b at position pos0 + t. `inverse`

@@ -106,14 +106,14 @@ absl::Status ModelKernels::AttentionInit(Stream& s, const AttentionShape& shape,
 absl::Status ModelKernels::AttentionForwardBlock(Stream& s, const AttentionShape& shape,
                                                  const float* q, const float* k,
                                                  const float* v, float* m, float* l,
-                                                 float* acc) {
+                                                 float* acc, float* work) {
   constexpr absl::string_view op = "attention_forward_block";
   PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
   for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
-                         {"m", m}, {"l", l}, {"acc", acc}}) {
+                         {"m", m}, {"l", l}, {"acc", acc}, {"work", work}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc); });
+  return Run(s, [=] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc, work); });
 }
 
 absl::Status ModelKernels::AttentionFinalize(Stream& s, const AttentionShape& shape,
@@ -143,16 +143,16 @@ absl::Status ModelKernels::AttentionBackwardBlock(Stream& s, const AttentionShap
                                                   const float* q, const float* k,
                                                   const float* v, const float* dout,
                                                   const float* lse, const float* delta,
-                                                  float* dq, float* dk, float* dv) {
+                                                  float* dq, float* dk, float* dv, float* work) {
   constexpr absl::string_view op = "attention_backward_block";
   PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
   for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
                          {"dout", dout}, {"lse", lse}, {"delta", delta}, {"dq", dq},
-                         {"dk", dk}, {"dv", dv}}) {
+                         {"dk", dk}, {"dv", dv}, {"work", work}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] {
-    plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv);
+    plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv, work);
   });
 }
 

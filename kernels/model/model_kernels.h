@@ -38,10 +38,11 @@ class ModelKernels {
 
   absl::Status AttentionInit(Stream& s, const AttentionShape& shape, float* m,
                              float* l, float* acc);
+  // `work` holds AttentionWorkspaceFloats(shape) floats.
   absl::Status AttentionForwardBlock(Stream& s, const AttentionShape& shape,
                                      const float* q, const float* k,
                                      const float* v, float* m, float* l,
-                                     float* acc);
+                                     float* acc, float* work);
   absl::Status AttentionFinalize(Stream& s, const AttentionShape& shape,
                                  const float* m, const float* l,
                                  float* acc_to_o, float* lse);
@@ -51,7 +52,8 @@ class ModelKernels {
                                       const float* q, const float* k,
                                       const float* v, const float* dout,
                                       const float* lse, const float* delta,
-                                      float* dq, float* dk, float* dv);
+                                      float* dq, float* dk, float* dv,
+                                      float* work);
 
   absl::Status Router(Stream& s, const float* logits, int64_t rows,
                       int64_t experts, int64_t top_k, float* probs,

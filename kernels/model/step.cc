@@ -34,6 +34,7 @@ struct TrainingStep::Impl {
   Buffer h1, u, rstd_u, rlogits, probs, chosen, gates;
   Buffer z, rstd_f, dh, dh1, du, tmp, dgates, drlogits, dO, delta, dq, dkv;
   Buffer fwd_trav, bwd_trav;            // ring travellers, two of each
+  Buffer attn_work;                     // attention panel scratch
   // kWorkspace
   Buffer stats;    // 2 doubles: loss sum, valid count
   Buffer scalars;  // 2 floats: squared norms (dense shard, experts)
@@ -105,6 +106,9 @@ std::vector<BufferSpec> LaunchBuffers(const StepOptions& o, const ParamLayout& p
       {&I::dkv, LiveSet::kActivations, 2 * N * kvd * f},
       {&I::fwd_trav, LiveSet::kActivations, 2 * 2 * N * kvd * f},
       {&I::bwd_trav, LiveSet::kActivations, 2 * 4 * N * kvd * f},
+      {&I::attn_work, LiveSet::kActivations,
+       AttentionWorkspaceFloats({o.layout.batch, N / o.layout.batch, N / o.layout.batch, m.heads,
+                                 m.kv_heads, d, 0, 0, 1.0f}) * f},
       {&I::stats, LiveSet::kWorkspace, 2 * static_cast<int64_t>(sizeof(double))},
       {&I::scalars, LiveSet::kWorkspace, 2 * f},
   };
@@ -330,7 +334,8 @@ absl::Status RingForward(Ctx& x) {
     }
     s.kv_pos0 = ((x.rank - step + x.P) % x.P) * x.Ns;
     PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionForwardBlock(x.c(), s, I.q.as<float>(), cur,
-                                                             cur + n, m, l, I.o.as<float>()));
+                                                             cur + n, m, l, I.o.as<float>(),
+                                                             I.attn_work.as<float>()));
     if (step + 1 < x.P) {
       PLATEAU_RETURN_IF_ERROR(x.ComputeAfterComm());
       cur = next;
@@ -356,7 +361,8 @@ absl::Status RingBackward(Ctx& x) {
     s.kv_pos0 = ((x.rank - step + x.P) % x.P) * x.Ns;
     PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionBackwardBlock(
         x.c(), s, I.q.as<float>(), cur, cur + n, I.dO.as<float>(), I.lse.as<float>(),
-        I.delta.as<float>(), I.dq.as<float>(), cur + 2 * n, cur + 3 * n));
+        I.delta.as<float>(), I.dq.as<float>(), cur + 2 * n, cur + 3 * n,
+        I.attn_work.as<float>()));
     if (x.P == 1) {
       return x.be.Copy(x.c(), I.dkv.data(), cur + 2 * n, 2 * n * sizeof(float));
     }
