@@ -152,4 +152,54 @@ void RowDots(const float* a, const float* b, const int32_t* pos, int64_t tokens,
   }
 }
 
+void StripFold(const float* logits, int64_t rows, int64_t width, int64_t col0,
+               const int32_t* targets, float* m, float* s, float* t) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t target = targets[r];
+    if (target == kIgnoreIndex) continue;
+    const float* x = logits + r * width;
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < width; ++c) mx = std::max(mx, x[c]);
+    const float mnew = std::max(m[r], mx);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < width; ++c) sum += std::exp(x[c] - mnew);
+    s[r] = s[r] * std::exp(m[r] - mnew) + sum;  // exp(-inf) = 0 on the first strip
+    m[r] = mnew;
+    if (target >= col0 && target < col0 + width) t[r] = x[target - col0];
+  }
+}
+
+double StripFinish(const float* m, const float* s, const float* t,
+                   const int32_t* targets, int64_t rows, float* lse,
+                   int64_t* valid) {
+  double total = 0.0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == kIgnoreIndex) {
+      lse[r] = 0.0f;
+      continue;
+    }
+    lse[r] = m[r] + std::log(s[r]);
+    total += static_cast<double>(lse[r] - t[r]);
+    ++count;
+  }
+  *valid = count;
+  return total;
+}
+
+void StripDelta(float* logits_to_delta, int64_t rows, int64_t width,
+                int64_t col0, const int32_t* targets, const float* lse,
+                float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = logits_to_delta + r * width;
+    const int64_t target = targets[r];
+    if (target == kIgnoreIndex) {
+      std::fill(x, x + width, 0.0f);
+      continue;
+    }
+    for (int64_t c = 0; c < width; ++c) x[c] = std::exp(x[c] - lse[r]) * scale;
+    if (target >= col0 && target < col0 + width) x[target - col0] -= scale;
+  }
+}
+
 }  // namespace plateau

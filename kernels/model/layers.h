@@ -54,6 +54,25 @@ void CombineRows(const float* src, const int32_t* pos, const float* weights,
 void RowDots(const float* a, const float* b, const int32_t* pos, int64_t tokens,
              int64_t k, int64_t width, float* out);
 
+// Ring-DTP's strip kernels (kernels/projection/ring_dtp.h). A strip holds
+// the logits of `rows` tokens for `width` consecutive vocabulary ids starting
+// at `col0`. Rows whose target is kIgnoreIndex are skipped.
+//
+// Folds a strip into the running per-token state (max m, sum s of exp(x - m),
+// target logit t): the online log-sum-exp, in fp32, strips in call order.
+void StripFold(const float* logits, int64_t rows, int64_t width, int64_t col0,
+               const int32_t* targets, float* m, float* s, float* t);
+// lse = m + log(s); returns the sum of (lse - t) over valid rows (double,
+// row order) and their count through `valid`; ignored rows get lse = 0.
+double StripFinish(const float* m, const float* s, const float* t,
+                   const int32_t* targets, int64_t rows, float* lse,
+                   int64_t* valid);
+// In place: logits become scale * (softmax - onehot) for valid rows (the
+// softmax from the final lse), 0 for ignored rows.
+void StripDelta(float* logits_to_delta, int64_t rows, int64_t width,
+                int64_t col0, const int32_t* targets, const float* lse,
+                float scale);
+
 }  // namespace plateau
 
 #endif  // PLATEAU_KERNELS_MODEL_LAYERS_H_

@@ -1,5 +1,8 @@
 #include "kernels/model/model_kernels.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/model/layers.h"
@@ -274,6 +277,73 @@ absl::Status ModelKernels::RowDots(Stream& s, const float* a, const float* b,
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
   return Run(s, [=] { plateau::RowDots(a, b, pos, tokens, k, width, out); });
+}
+
+absl::Status ModelKernels::StripInit(Stream& s, float* state, int64_t rows) {
+  constexpr absl::string_view op = "strip_init";
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "state", state));
+  return Run(s, [=] {
+    std::fill(state, state + rows, -INFINITY);
+    std::fill(state + rows, state + 3 * rows, 0.0f);
+  });
+}
+
+absl::Status ModelKernels::StripFold(Stream& s, const float* logits, int64_t rows,
+                                     int64_t width, int64_t col0, const int32_t* targets,
+                                     float* state, int64_t stride) {
+  constexpr absl::string_view op = "strip_fold";
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
+  if (stride < rows) {
+    return ArgError(op, absl::StrCat("stride = ", stride, " must be >= rows = ", rows));
+  }
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "col0", col0));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits},
+                         {"targets", targets}, {"state", state}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return Run(s, [=] {
+    plateau::StripFold(logits, rows, width, col0, targets, state, state + stride,
+                       state + 2 * stride);
+  });
+}
+
+absl::Status ModelKernels::StripFinish(Stream& s, const float* state, const int32_t* targets,
+                                       int64_t rows, float* lse, double* stats) {
+  constexpr absl::string_view op = "strip_finish";
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "stats", stats));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"state", state},
+                         {"targets", targets}, {"lse", lse}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return Run(s, [=] {
+    int64_t valid = 0;
+    stats[0] += plateau::StripFinish(state, state + rows, state + 2 * rows, targets, rows, lse,
+                                     &valid);
+    stats[1] += static_cast<double>(valid);
+  });
+}
+
+absl::Status ModelKernels::StripDelta(Stream& s, float* logits_to_delta, int64_t rows,
+                                      int64_t width, int64_t col0, const int32_t* targets,
+                                      const float* lse, float scale) {
+  constexpr absl::string_view op = "strip_delta";
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "col0", col0));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits_to_delta},
+                         {"targets", targets}, {"lse", lse}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return Run(s, [=] {
+    plateau::StripDelta(logits_to_delta, rows, width, col0, targets, lse, scale);
+  });
 }
 
 }  // namespace plateau

@@ -84,6 +84,21 @@ class ModelKernels {
                        const int32_t* pos, int64_t tokens, int64_t k,
                        int64_t width, float* out);
 
+  // Ring-DTP strips (layers.h). A state is [m | s | t] for `stride` rows
+  // (m at state, s at state + stride, t at state + 2 * stride); a strip of
+  // `rows` rows folds into the state's rows starting at `state`.
+  absl::Status StripInit(Stream& s, float* state, int64_t rows);
+  absl::Status StripFold(Stream& s, const float* logits, int64_t rows,
+                         int64_t width, int64_t col0, const int32_t* targets,
+                         float* state, int64_t stride);
+  // lse from the state; stats[0] += sum of valid losses, stats[1] += count.
+  absl::Status StripFinish(Stream& s, const float* state,
+                           const int32_t* targets, int64_t rows, float* lse,
+                           double* stats);
+  absl::Status StripDelta(Stream& s, float* logits_to_delta, int64_t rows,
+                          int64_t width, int64_t col0, const int32_t* targets,
+                          const float* lse, float scale);
+
  protected:
   // Runs `fn` on the stream in order with the rest of its work.
   virtual absl::Status Run(Stream& s, std::function<void()> fn) = 0;

@@ -1,0 +1,342 @@
+#include "kernels/projection/ring_dtp.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+constexpr int64_t kF = sizeof(float);
+
+int64_t MaxShardRows(int64_t vocab, int64_t ranks) { return (vocab + ranks - 1) / ranks; }
+
+// Floats of one rotating traveller slot: X or dX (N x H) in activation mode,
+// W or dW of the largest shard in weight mode.
+int64_t SlotFloats(const RingDtpConfig& c, int64_t ranks) {
+  return c.mode == RingDtpMode::kActivations ? c.rows * c.hidden
+                                             : MaxShardRows(c.vocab, ranks) * c.hidden;
+}
+
+}  // namespace
+
+absl::string_view RingDtpModeName(RingDtpMode mode) {
+  return mode == RingDtpMode::kActivations ? "activations" : "weights";
+}
+
+int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard) {
+  return shard * (vocab / ranks) + std::min(shard, vocab % ranks);
+}
+
+RingDtpMode RingDtp::ChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
+  return rows <= MaxShardRows(vocab, ranks) ? RingDtpMode::kActivations : RingDtpMode::kWeights;
+}
+
+// The live set, buffer by buffer (Allocate() allocates exactly these):
+//   strip            min(N, row_tile) x S       logits of one strip tile, then its delta
+//   slots            3 x SlotFloats             rotating travellers (2 in forward)
+//   state            2 x 3N                     running (m, s, t), double-buffered
+//   lse_own          N                          this rank's log-sum-exp, forward -> backward
+//   side (act. mode) 2 x N floats + 2 x N int32 the travelling batch's lse and targets
+int64_t RingDtp::BoundBytes(const RingDtpConfig& c, int64_t ranks) {
+  const int64_t N = c.rows;
+  int64_t floats = std::min(N, c.row_tile) * std::min(c.strip, c.vocab) +
+                   3 * SlotFloats(c, ranks) + 6 * N + N;
+  int64_t ints = 0;
+  if (c.mode == RingDtpMode::kActivations) {
+    floats += 2 * N;
+    ints += 2 * N;
+  }
+  return floats * kF + ints * static_cast<int64_t>(sizeof(int32_t));
+}
+
+struct RingDtp::Buffers {
+  Buffer strip;
+  Buffer slots[3];
+  Buffer state[2];
+  Buffer lse_own;
+  Buffer lse_side[2];
+  Buffer tgt_side[2];
+  std::unique_ptr<Event> ev_compute, ev_comm;
+};
+
+RingDtp::RingDtp(const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
+                 Communicator& group, Stream& compute, Stream& comm)
+    : config_(config),
+      backend_(backend),
+      kernels_(kernels),
+      group_(group),
+      compute_(compute),
+      comm_(comm),
+      buf_(std::make_unique<Buffers>()) {}
+
+RingDtp::~RingDtp() {
+  compute_.Synchronize().IgnoreError();
+  comm_.Synchronize().IgnoreError();
+}
+
+absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c, Backend& backend,
+                                                         ModelKernels& kernels,
+                                                         Communicator& group, Stream& compute,
+                                                         Stream& comm) {
+  auto bad = [](absl::string_view field, absl::string_view expected, int64_t got) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
+  };
+  if (c.rows < 1) return bad("ring_dtp.rows", ">= 1", c.rows);
+  if (c.hidden < 1) return bad("ring_dtp.hidden", ">= 1", c.hidden);
+  if (c.vocab < 2) return bad("ring_dtp.vocab", ">= 2", c.vocab);
+  if (c.vocab < group.size()) {
+    return bad("ring_dtp.vocab", absl::StrCat(">= the ", group.size(), " ranks (one shard each)"),
+               c.vocab);
+  }
+  if (c.strip < 1) return bad("ring_dtp.strip", ">= 1 vocabulary columns", c.strip);
+  if (c.row_tile < 1) return bad("ring_dtp.row_tile", ">= 1 token rows", c.row_tile);
+  if (c.mode != RingDtpMode::kActivations && c.mode != RingDtpMode::kWeights) {
+    return absl::InvalidArgumentError("ring_dtp.mode: expected activations or weights");
+  }
+  std::unique_ptr<RingDtp> r(new RingDtp(c, backend, kernels, group, compute, comm));
+  PLATEAU_RETURN_IF_ERROR(r->Allocate());
+  return r;
+}
+
+absl::Status RingDtp::Allocate() {
+  const int64_t N = config_.rows, P = group_.size();
+  MemorySpace& dev = backend_.device();
+  auto floats = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * kF); };
+  Buffers& b = *buf_;
+  PLATEAU_ASSIGN_OR_RETURN(
+      b.strip, floats(std::min(N, config_.row_tile) * std::min(config_.strip, config_.vocab)));
+  for (Buffer& s : b.slots) {
+    PLATEAU_ASSIGN_OR_RETURN(s, floats(SlotFloats(config_, P)));
+  }
+  for (Buffer& s : b.state) {
+    PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * N));
+  }
+  PLATEAU_ASSIGN_OR_RETURN(b.lse_own, floats(N));
+  if (config_.mode == RingDtpMode::kActivations) {
+    for (Buffer& s : b.lse_side) {
+      PLATEAU_ASSIGN_OR_RETURN(s, floats(N));
+    }
+    for (Buffer& s : b.tgt_side) {
+      PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, N * sizeof(int32_t)));
+    }
+  }
+  PLATEAU_ASSIGN_OR_RETURN(b.ev_compute, backend_.CreateEvent());
+  PLATEAU_ASSIGN_OR_RETURN(b.ev_comm, backend_.CreateEvent());
+  return absl::OkStatus();
+}
+
+int64_t RingDtp::ShardRows(int64_t shard) const {
+  const int64_t P = group_.size();
+  return VocabShardBegin(config_.vocab, P, shard + 1) - VocabShardBegin(config_.vocab, P, shard);
+}
+
+absl::Status RingDtp::CommAfterCompute() {
+  PLATEAU_RETURN_IF_ERROR(compute_.Record(*buf_->ev_compute));
+  return comm_.Wait(*buf_->ev_compute);
+}
+
+absl::Status RingDtp::ComputeAfterComm() {
+  PLATEAU_RETURN_IF_ERROR(comm_.Record(*buf_->ev_comm));
+  return compute_.Wait(*buf_->ev_comm);
+}
+
+// One (batch, shard) meeting, strip by strip, each strip in row tiles: the
+// fixed order (strips ascending, then row tiles) is the fold order.
+absl::Status RingDtp::FoldMeeting(const float* x, const float* w, int64_t width, int64_t col0,
+                                  const int32_t* targets, float* state) {
+  const int64_t N = config_.rows, H = config_.hidden;
+  float* L = buf_->strip.as<float>();
+  for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
+    const int64_t sw = std::min(config_.strip, width - j0);
+    for (int64_t i0 = 0; i0 < N; i0 += config_.row_tile) {
+      const int64_t rows = std::min(config_.row_tile, N - i0);
+      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+          compute_, {false, true, rows, sw, H, 1.0f, x + i0 * H, H, w + j0 * H, H, 0.0f, L, sw}));
+      PLATEAU_RETURN_IF_ERROR(kernels_.StripFold(compute_, L, rows, sw, col0 + j0, targets + i0,
+                                                 state + i0, N));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RingDtp::DeltaMeeting(const float* x, const float* w, int64_t width, int64_t col0,
+                                   const int32_t* targets, const float* lse, float scale,
+                                   float* dx, float* dw) {
+  const int64_t N = config_.rows, H = config_.hidden;
+  float* L = buf_->strip.as<float>();
+  for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
+    const int64_t sw = std::min(config_.strip, width - j0);
+    const float* ws = w + j0 * H;
+    for (int64_t i0 = 0; i0 < N; i0 += config_.row_tile) {
+      const int64_t rows = std::min(config_.row_tile, N - i0);
+      const float* xt = x + i0 * H;
+      PLATEAU_RETURN_IF_ERROR(
+          backend_.Gemm(compute_, {false, true, rows, sw, H, 1.0f, xt, H, ws, H, 0.0f, L, sw}));
+      PLATEAU_RETURN_IF_ERROR(kernels_.StripDelta(compute_, L, rows, sw, col0 + j0, targets + i0,
+                                                  lse + i0, scale));
+      // dX += delta W_strip; dW_strip += delta^T X.
+      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+          compute_, {false, false, rows, H, sw, 1.0f, L, sw, ws, H, 1.0f, dx + i0 * H, H}));
+      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+          compute_, {true, false, sw, H, rows, 1.0f, L, sw, xt, H, 1.0f, dw + j0 * H, H}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_t* targets,
+                              double* stats) {
+  const int64_t N = config_.rows, H = config_.hidden, V = config_.vocab;
+  const int P = group_.size(), p = group_.rank();
+  const int dst = (p + 1) % P, src = (p - 1 + P) % P;
+  Buffers& b = *buf_;
+  float* own_state = b.state[0].as<float>();
+  PLATEAU_RETURN_IF_ERROR(kernels_.StripInit(compute_, own_state, N));
+
+  if (config_.mode == RingDtpMode::kWeights) {
+    // Shards travel; this batch's state stays home.
+    const float* w = w_shard;
+    for (int r = 0; r < P; ++r) {
+      const int64_t s = (p - r + P) % P;
+      float* next = b.slots[r % 2].as<float>();
+      if (r + 1 < P) {
+        PLATEAU_RETURN_IF_ERROR(CommAfterCompute());  // `next` was read at step r-1
+        PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, w, ShardRows(s) * H, dst, next,
+                                                ShardRows((s - 1 + P) % P) * H, src,
+                                                DataType::kFloat32));
+      }
+      PLATEAU_RETURN_IF_ERROR(
+          FoldMeeting(x, w, ShardRows(s), VocabShardBegin(V, P, s), targets, own_state));
+      if (r + 1 < P) {
+        PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+        w = next;
+      }
+    }
+  } else {
+    // Batches travel with their state; this rank's shard stays home.
+    const int64_t col0 = VocabShardBegin(V, P, p), width = ShardRows(p);
+    const float* xq = x;
+    const int32_t* tq = targets;
+    float* state = own_state;
+    for (int r = 0; r < P; ++r) {
+      float* x_next = b.slots[r % 2].as<float>();
+      int32_t* t_next = b.tgt_side[r % 2].as<int32_t>();
+      if (r + 1 < P) {
+        PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+        PLATEAU_RETURN_IF_ERROR(
+            group_.SendRecv(comm_, xq, N * H, dst, x_next, N * H, src, DataType::kFloat32));
+        PLATEAU_RETURN_IF_ERROR(
+            group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
+      }
+      PLATEAU_RETURN_IF_ERROR(FoldMeeting(xq, w_shard, width, col0, tq, state));
+      if (P > 1) {
+        // The state is final for this step: it hops on (after the last step,
+        // home to its batch's rank).
+        float* state_next = b.state[(r + 1) % 2].as<float>();
+        PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+        PLATEAU_RETURN_IF_ERROR(
+            group_.SendRecv(comm_, state, 3 * N, dst, state_next, 3 * N, src, DataType::kFloat32));
+        PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+        state = state_next;
+        xq = x_next;
+        tq = t_next;
+      }
+    }
+    own_state = state;
+  }
+  return kernels_.StripFinish(compute_, own_state, targets, N, b.lse_own.as<float>(), stats);
+}
+
+absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32_t* targets,
+                               float scale, float* dx, float* dw_shard) {
+  const int64_t N = config_.rows, H = config_.hidden, V = config_.vocab;
+  const int P = group_.size(), p = group_.rank();
+  const int dst = (p + 1) % P, src = (p - 1 + P) % P;
+  Buffers& b = *buf_;
+  const float* lse_own = b.lse_own.as<float>();
+  const bool weights = config_.mode == RingDtpMode::kWeights;
+
+  if (P == 1) {  // one meeting, no ring
+    PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
+    return DeltaMeeting(x, w_shard, V, 0, targets, lse_own, scale, dx, dw_shard);
+  }
+  if (weights) PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
+
+  // Three slots rotate: the read-only traveller (X or W) of the next step
+  // arrives in `free_slot` during the strips; the accumulator (dX or dW)
+  // hops after them into the slot the current traveller leaves.
+  int x_slot = -1;  // -1: the traveller is this rank's own input
+  int acc_slot = 0, free_slot = 1, spare = 2;
+  const float* trav = weights ? w_shard : x;
+  const float* lse_q = lse_own;
+  const int32_t* tq = targets;
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Fill(compute_, b.slots[acc_slot].as<float>(), SlotFloats(config_, P), 0.0f));
+  for (int r = 0; r < P; ++r) {
+    const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
+    float* acc = b.slots[acc_slot].as<float>();
+    float* next = b.slots[free_slot].as<float>();
+    float* lse_next = weights ? nullptr : b.lse_side[r % 2].as<float>();
+    int32_t* t_next = weights ? nullptr : b.tgt_side[r % 2].as<int32_t>();
+    if (r + 1 < P) {
+      PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+      if (weights) {
+        PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, ShardRows(s) * H, dst, next,
+                                                ShardRows((s - 1 + P) % P) * H, src,
+                                                DataType::kFloat32));
+      } else {
+        PLATEAU_RETURN_IF_ERROR(
+            group_.SendRecv(comm_, trav, N * H, dst, next, N * H, src, DataType::kFloat32));
+        PLATEAU_RETURN_IF_ERROR(
+            group_.SendRecv(comm_, lse_q, N, dst, lse_next, N, src, DataType::kFloat32));
+        PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
+      }
+    }
+    if (weights) {
+      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(x, trav, ShardRows(s), VocabShardBegin(V, P, s),
+                                           targets, lse_own, scale, dx, acc));
+    } else {
+      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(trav, w_shard, ShardRows(p), VocabShardBegin(V, P, p),
+                                           tq, lse_q, scale, acc, dw_shard));
+    }
+    // The accumulator holds this step's meeting: it hops on (an accumulator
+    // arrives with the sum of the meetings before; only step 0's starts at 0).
+    PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+    const int64_t acc_count = weights ? ShardRows(s) * H : N * H;
+    if (r + 1 < P) {
+      const int recv_slot = x_slot >= 0 ? x_slot : spare;
+      const int64_t next_count = weights ? ShardRows((s - 1 + P) % P) * H : N * H;
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst,
+                                              b.slots[recv_slot].as<float>(), next_count, src,
+                                              DataType::kFloat32));
+      PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+      const int old_acc = acc_slot;
+      x_slot = free_slot;
+      acc_slot = recv_slot;
+      free_slot = old_acc;
+      trav = b.slots[x_slot].as<float>();
+      if (!weights) {
+        lse_q = lse_next;
+        tq = t_next;
+      }
+    } else if (weights) {
+      // Home: this rank's shard's dW, summed over every batch.
+      float* home = b.slots[x_slot >= 0 ? x_slot : spare].as<float>();
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, home,
+                                              ShardRows(p) * H, src, DataType::kFloat32));
+      PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+      PLATEAU_RETURN_IF_ERROR(backend_.Axpy(compute_, dw_shard, home, ShardRows(p) * H, 1.0f));
+    } else {
+      // Home: this batch's dX, summed over every shard.
+      PLATEAU_RETURN_IF_ERROR(
+          group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, DataType::kFloat32));
+      PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+    }
+  }
+  return compute_.Synchronize();
+}
+
+}  // namespace plateau

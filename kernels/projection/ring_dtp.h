@@ -1,0 +1,122 @@
+// Ring-DTP: exact vocabulary projection and cross-entropy over distinct
+// per-rank batches (DESIGN.md §1.2), the schedule that replaces the dense
+// projection's N x V logits.
+//
+// Rank p keeps its batch X_p [N, H] (targets y_p) and owns vocabulary shard
+// W_p (rows [VocabShardBegin(p), VocabShardBegin(p+1)) of the [V, H]
+// projection; shards may be uneven). Over P ring steps every (batch, shard)
+// pair meets once; a meeting computes logits in strips of S vocabulary
+// columns, folds each strip into a running per-token state (max m, sum s,
+// target logit t: online log-sum-exp in fp32, strips in a fixed order) and
+// releases it. Two circulation modes:
+// - kActivations: X_q travels with its running state (forward) and with its
+//   log-sum-exp and dX accumulator (backward); dW stays home.
+// - kWeights: W_s travels (forward); in backward its dW accumulator travels
+//   with it; X and dX stay home.
+// The loss of a token is final only once every shard has met it, so backward
+// recomputes every strip: delta = scale (softmax - onehot), dX += delta W,
+// dW += delta^T X. Neither the N x V logits nor their gradient ever exist.
+//
+// Communication overlaps compute: the read-only traveller (X or W) of the
+// next step is in flight on the communication stream while the current
+// strips run; what compute writes (the forward state, the backward
+// accumulator) hops after the step. The accumulators rotate through three
+// buffers so the peak stays at the bound returned by BoundBytes().
+//
+// Every buffer is allocated by Create() in the kProjection live set.
+// Thread safety: one per rank; Forward/Backward are collective over the
+// vocabulary group.
+#ifndef PLATEAU_KERNELS_PROJECTION_RING_DTP_H_
+#define PLATEAU_KERNELS_PROJECTION_RING_DTP_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/memory.h"
+#include "kernels/model/model_kernels.h"
+
+namespace plateau {
+
+enum class RingDtpMode { kActivations, kWeights };
+absl::string_view RingDtpModeName(RingDtpMode mode);  // "activations"/"weights"
+
+// First vocabulary row of shard s of V rows over P ranks (the first V % P
+// shards hold one row more).
+int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard);
+
+struct RingDtpConfig {
+  int64_t rows = 0;    // N, tokens per rank
+  int64_t hidden = 0;  // H
+  int64_t vocab = 0;   // V, the whole vocabulary
+  int64_t strip = 0;   // S, vocabulary columns per strip
+  RingDtpMode mode = RingDtpMode::kActivations;
+  // Token rows per strip tile: the strip buffer is min(N, row_tile) x S, so
+  // it does not grow with N. Large enough to keep the strip GEMMs efficient.
+  int64_t row_tile = 2048;
+};
+
+class RingDtp {
+ public:
+  // The smaller traveller: activations (about 2 N H in flight) when N is at
+  // most a shard's V / P rows, weights otherwise.
+  static RingDtpMode ChooseMode(int64_t rows, int64_t vocab, int64_t ranks);
+
+  // Bytes of the kProjection live set for the configuration on P ranks: the
+  // strip tile, the three rotating traveller buffers, the per-token state and
+  // log-sum-exp. Independent of V in activation mode; in weight mode it grows
+  // with N only through the per-token state (a few floats per token).
+  static int64_t BoundBytes(const RingDtpConfig& c, int64_t ranks);
+
+  // Validates the configuration (errors name the field: ring_dtp.strip, ...).
+  static absl::StatusOr<std::unique_ptr<RingDtp>> Create(
+      const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
+      Communicator& vocab_group, Stream& compute, Stream& comm);
+  ~RingDtp();
+
+  // x [N, H], w_shard [V_p, H] (this rank's shard), targets [N]:
+  // stats[0] += the sum of this rank's valid token losses, stats[1] += their
+  // count. Keeps this rank's log-sum-exp for Backward.
+  absl::Status Forward(const float* x, const float* w_shard,
+                       const int32_t* targets, double* stats);
+  // With scale = 1 / (valid tokens of the global batch): dx = d loss / d x
+  // (overwritten), dw_shard += d loss / d w_shard.
+  absl::Status Backward(const float* x, const float* w_shard,
+                        const int32_t* targets, float scale, float* dx,
+                        float* dw_shard);
+
+  const RingDtpConfig& config() const { return config_; }
+
+ private:
+  struct Buffers;
+  RingDtp(const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
+          Communicator& group, Stream& compute, Stream& comm);
+  absl::Status Allocate();
+  // Strips of one meeting: rows x rows_x against shard rows [0, width) of w
+  // (vocabulary ids from col0).
+  absl::Status FoldMeeting(const float* x, const float* w, int64_t width,
+                           int64_t col0, const int32_t* targets, float* state);
+  absl::Status DeltaMeeting(const float* x, const float* w, int64_t width,
+                            int64_t col0, const int32_t* targets,
+                            const float* lse, float scale, float* dx,
+                            float* dw);
+  absl::Status CommAfterCompute();
+  absl::Status ComputeAfterComm();
+  int64_t ShardRows(int64_t shard) const;
+
+  const RingDtpConfig config_;
+  Backend& backend_;
+  ModelKernels& kernels_;
+  Communicator& group_;
+  Stream& compute_;
+  Stream& comm_;
+  std::unique_ptr<Buffers> buf_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_PROJECTION_RING_DTP_H_

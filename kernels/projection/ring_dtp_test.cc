@@ -1,0 +1,257 @@
+#include "kernels/projection/ring_dtp.h"
+
+#include <cmath>
+#include <random>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/model/config.h"
+#include "kernels/projection/dense_projection.h"
+#include "kernels/status_macros.h"
+#include "kernels/testing/local_world.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One global problem: P batches X_p [N, H] with targets, and W [V, H].
+struct Problem {
+  int64_t P, N, H, V;
+  std::vector<std::vector<float>> x;
+  std::vector<std::vector<int32_t>> y;
+  std::vector<float> w;
+};
+
+Problem Make(int64_t P, int64_t N, int64_t H, int64_t V, float scale, uint64_t seed) {
+  Problem pr{P, N, H, V, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  pr.w.resize(V * H);
+  for (auto& e : pr.w) e = n(rng) * scale;
+  for (int64_t p = 0; p < P; ++p) {
+    std::vector<float> x(N * H);
+    for (auto& e : x) e = n(rng);
+    std::vector<int32_t> y(N);
+    for (int64_t i = 0; i < N; ++i) {
+      y[i] = i % 7 == 3 ? kIgnoreIndex : static_cast<int32_t>(rng() % V);
+    }
+    pr.x.push_back(std::move(x));
+    pr.y.push_back(std::move(y));
+  }
+  return pr;
+}
+
+// The dense definition in double: mean loss over every rank's valid tokens,
+// dX per rank, dW over the whole vocabulary.
+struct Want {
+  double loss = 0;
+  std::vector<std::vector<double>> dx;
+  std::vector<double> dw;
+};
+
+Want Dense(const Problem& pr) {
+  Want w;
+  int64_t valid = 0;
+  for (const auto& y : pr.y) for (int32_t t : y) valid += t != kIgnoreIndex;
+  w.dw.assign(pr.V * pr.H, 0.0);
+  for (int64_t p = 0; p < pr.P; ++p) {
+    std::vector<double> dx(pr.N * pr.H, 0.0);
+    for (int64_t i = 0; i < pr.N; ++i) {
+      if (pr.y[p][i] == kIgnoreIndex) continue;
+      std::vector<double> lg(pr.V);
+      double mx = -INFINITY;
+      for (int64_t v = 0; v < pr.V; ++v) {
+        double acc = 0;
+        for (int64_t h = 0; h < pr.H; ++h) acc += double(pr.x[p][i * pr.H + h]) * pr.w[v * pr.H + h];
+        lg[v] = acc;
+        mx = std::max(mx, acc);
+      }
+      double sum = 0;
+      for (double l : lg) sum += std::exp(l - mx);
+      const double lse = mx + std::log(sum);
+      w.loss += (lse - lg[pr.y[p][i]]) / valid;
+      for (int64_t v = 0; v < pr.V; ++v) {
+        const double d = (std::exp(lg[v] - lse) - (v == pr.y[p][i])) / valid;
+        for (int64_t h = 0; h < pr.H; ++h) {
+          dx[i * pr.H + h] += d * pr.w[v * pr.H + h];
+          w.dw[v * pr.H + h] += d * pr.x[p][i * pr.H + h];
+        }
+      }
+    }
+    w.dx.push_back(std::move(dx));
+  }
+  return w;
+}
+
+struct Got {
+  double loss = 0;
+  std::vector<std::vector<float>> dx;
+  std::vector<float> dw;  // whole vocabulary, assembled from the shards
+  int64_t peak = 0, bound = 0;
+};
+
+Got RunRing(const Problem& pr, int64_t strip, RingDtpMode mode) {
+  Got got;
+  got.dx.resize(pr.P);
+  got.dw.assign(pr.V * pr.H, 0.0f);
+  std::vector<int64_t> peaks(pr.P);
+  absl::Status st = RunLocalWorld(
+      static_cast<int>(pr.P), 64 << 20, FreshStoreDir("ringdtp"),
+      [&](int p, Backend& be, Communicator& world) -> absl::Status {
+        auto compute = be.CreateStream("compute");
+        auto comm = be.CreateStream("comm");
+        auto kernels = ModelKernels::Create(be);
+        if (!compute.ok() || !comm.ok() || !kernels.ok()) return absl::InternalError("setup");
+        RingDtpConfig c{pr.N, pr.H, pr.V, strip, mode, /*row_tile=*/10};  // 24 rows: 10+10+4
+        auto ring = RingDtp::Create(c, be, **kernels, world, **compute, **comm);
+        if (!ring.ok()) return ring.status();
+        const int64_t begin = VocabShardBegin(pr.V, pr.P, p);
+        const int64_t rows = VocabShardBegin(pr.V, pr.P, p + 1) - begin;
+        // Inputs in the device space, as the step holds them.
+        auto x = be.device().Allocate(LiveSet::kActivations, pr.N * pr.H * 4);
+        auto y = be.device().Allocate(LiveSet::kActivations, pr.N * 4);
+        auto w = be.device().Allocate(LiveSet::kWeights, rows * pr.H * 4);
+        auto dx = be.device().Allocate(LiveSet::kActivations, pr.N * pr.H * 4);
+        auto dw = be.device().Allocate(LiveSet::kGrads, rows * pr.H * 4);
+        auto stats = be.device().Allocate(LiveSet::kWorkspace, 2 * sizeof(double));
+        std::copy(pr.x[p].begin(), pr.x[p].end(), x->as<float>());
+        std::copy(pr.y[p].begin(), pr.y[p].end(), y->as<int32_t>());
+        std::copy_n(&pr.w[begin * pr.H], rows * pr.H, w->as<float>());
+        std::fill_n(dw->as<float>(), rows * pr.H, 0.0f);
+        double* s = stats->as<double>();
+        s[0] = s[1] = 0;
+        be.device().tracker().ResetPeaks();
+        const int64_t before = be.device().tracker().current(LiveSet::kProjection);
+        PLATEAU_RETURN_IF_ERROR((*ring)->Forward(x->as<float>(), w->as<float>(), y->as<int32_t>(), s));
+        PLATEAU_RETURN_IF_ERROR((*compute)->Synchronize());
+        // The global mean needs every rank's sum and count.
+        PLATEAU_RETURN_IF_ERROR(world.AllReduce(**comm, s, s, 2, DataType::kFloat64, ReduceOp::kSum));
+        PLATEAU_RETURN_IF_ERROR((*comm)->Synchronize());
+        const float scale = static_cast<float>(1.0 / s[1]);
+        PLATEAU_RETURN_IF_ERROR((*ring)->Backward(x->as<float>(), w->as<float>(), y->as<int32_t>(),
+                                                  scale, dx->as<float>(), dw->as<float>()));
+        PLATEAU_RETURN_IF_ERROR((*compute)->Synchronize());
+        PLATEAU_RETURN_IF_ERROR((*comm)->Synchronize());
+        peaks[p] = be.device().tracker().peak(LiveSet::kProjection);
+        if (before != be.device().tracker().peak(LiveSet::kProjection) && p == 0) {
+          // Nothing beyond Create()'s buffers may appear in the live set.
+          return absl::InternalError("the projection live set grew after Create()");
+        }
+        got.dx[p].assign(dx->as<float>(), dx->as<float>() + pr.N * pr.H);
+        std::copy_n(dw->as<float>(), rows * pr.H, &got.dw[begin * pr.H]);
+        if (p == 0) got.loss = s[0] / s[1];
+        got.bound = RingDtp::BoundBytes(c, pr.P);
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(st.ok()) << st;
+  got.peak = *std::max_element(peaks.begin(), peaks.end());
+  return got;
+}
+
+double MaxAbs(const std::vector<double>& v) {
+  double m = 0;
+  for (double e : v) m = std::max(m, std::abs(e));
+  return m;
+}
+
+void ExpectMatches(const Got& got, const Want& want, const Problem& pr) {
+  EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::abs(want.loss));
+  for (int64_t p = 0; p < pr.P; ++p) {
+    const double tol = 1e-4 * MaxAbs(want.dx[p]) + 1e-9;
+    for (size_t i = 0; i < want.dx[p].size(); ++i) {
+      ASSERT_NEAR(got.dx[p][i], want.dx[p][i], tol) << "dx rank " << p << " [" << i << "]";
+    }
+  }
+  const double tol = 1e-4 * MaxAbs(want.dw) + 1e-9;
+  for (size_t i = 0; i < want.dw.size(); ++i) {
+    ASSERT_NEAR(got.dw[i], want.dw[i], tol) << "dw[" << i << "] (vocab row " << i / pr.H << ")";
+  }
+}
+
+using Params = std::tuple<int, RingDtpMode, int>;  // ranks, mode, strip
+class RingDtpTest : public ::testing::TestWithParam<Params> {};
+
+// Loss, dX and dW equal the dense definition, with V = 53 split unevenly
+// (14/13/13/13 on 4 ranks), strips that do and do not divide the shards,
+// and ignored tokens; the projection live set stays at or under the bound.
+TEST_P(RingDtpTest, MatchesTheDenseProjection) {
+  const auto [P, mode, strip] = GetParam();
+  const Problem pr = Make(P, 24, 16, 53, 0.5f, 17 + P);
+  const Want want = Dense(pr);
+  const Got got = RunRing(pr, strip, mode);
+  ExpectMatches(got, want, pr);
+  EXPECT_GT(got.peak, 0);
+  EXPECT_LE(got.peak, got.bound);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, RingDtpTest,
+    ::testing::Combine(::testing::Values(1, 2, 4),
+                       ::testing::Values(RingDtpMode::kActivations, RingDtpMode::kWeights),
+                       ::testing::Values(5, 16, 64)),
+    [](const ::testing::TestParamInfo<Params>& i) {
+      return absl::StrCat("P", std::get<0>(i.param), "_",
+                          RingDtpModeName(std::get<1>(i.param)), "_S", std::get<2>(i.param));
+    });
+
+TEST(RingDtpTest, ExtremeLogitsNeitherOverflowNorLoseExactness) {
+  // Logits in the thousands: exp would overflow without the running max.
+  const Problem pr = Make(2, 16, 8, 40, 400.0f, 5);
+  const Want want = Dense(pr);
+  for (RingDtpMode mode : {RingDtpMode::kActivations, RingDtpMode::kWeights}) {
+    const Got got = RunRing(pr, 7, mode);
+    ASSERT_TRUE(std::isfinite(got.loss));
+    ExpectMatches(got, want, pr);
+  }
+}
+
+TEST(RingDtpTest, SameBitsRunToRun) {
+  const Problem pr = Make(4, 20, 8, 37, 1.0f, 9);
+  for (RingDtpMode mode : {RingDtpMode::kActivations, RingDtpMode::kWeights}) {
+    const Got a = RunRing(pr, 6, mode);
+    const Got b = RunRing(pr, 6, mode);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.dx, b.dx);
+    EXPECT_EQ(a.dw, b.dw);
+  }
+}
+
+TEST(RingDtpTest, BoundStaysFlatInNWhileDenseGrowsWithNTimesV) {
+  // Weight mode: 16x more tokens grow the bound only through the per-token
+  // state (a few floats per token); the dense logits grow 16x.
+  const int64_t H = 64, V = 32000, S = 256, P = 4;
+  const int64_t small = RingDtp::BoundBytes({2048, H, V, S, RingDtpMode::kWeights}, P);
+  const int64_t large = RingDtp::BoundBytes({32768, H, V, S, RingDtpMode::kWeights}, P);
+  EXPECT_LT(large, small * 12 / 10);
+  EXPECT_GT(DenseProjection::BoundBytes(16384, V), 15 * DenseProjection::BoundBytes(1024, V));
+  EXPECT_EQ(RingDtp::ChooseMode(2048, V, P), RingDtpMode::kActivations);
+  EXPECT_EQ(RingDtp::ChooseMode(32768, V, P), RingDtpMode::kWeights);
+}
+
+TEST(RingDtpTest, BadConfigurationsAreRefusedByField) {
+  absl::Status st = RunLocalWorld(1, 1 << 20, FreshStoreDir("ringbad"),
+                                  [&](int, Backend& be, Communicator& world) -> absl::Status {
+    auto s1 = be.CreateStream("a");
+    auto s2 = be.CreateStream("b");
+    auto k = ModelKernels::Create(be);
+    auto r = RingDtp::Create({8, 4, 10, 0, RingDtpMode::kActivations, 16}, be, **k, world, **s1, **s2);
+    EXPECT_THAT(r.status().message(), HasSubstr("ring_dtp.strip"));
+    r = RingDtp::Create({8, 4, 1, 4, RingDtpMode::kActivations, 16}, be, **k, world, **s1, **s2);
+    EXPECT_THAT(r.status().message(), HasSubstr("ring_dtp.vocab"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(VocabShardTest, UnevenShardsTileTheVocabulary) {
+  EXPECT_EQ(VocabShardBegin(53, 4, 0), 0);
+  EXPECT_EQ(VocabShardBegin(53, 4, 1), 14);
+  EXPECT_EQ(VocabShardBegin(53, 4, 2), 27);
+  EXPECT_EQ(VocabShardBegin(53, 4, 4), 53);
+}
+
+}  // namespace
+}  // namespace plateau
