@@ -13,10 +13,19 @@ constexpr int64_t kF = sizeof(float);
 
 int64_t MaxShardRows(int64_t vocab, int64_t ranks) { return (vocab + ranks - 1) / ranks; }
 
-// Floats of one rotating traveller slot: X or dX (N x H) in activation mode,
-// W or dW of the largest shard in weight mode.
+// Tokens per ring pass: a chunk of the batch in activation mode, all of it
+// in weight mode.
+int64_t PassRowsOf(const RingDtpConfig& c) {
+  if (c.mode == RingDtpMode::kActivations && c.chunk_rows > 0) {
+    return std::min(c.chunk_rows, c.rows);
+  }
+  return c.rows;
+}
+
+// Floats of one rotating traveller slot: X or dX of a pass in activation
+// mode, W or dW of the largest shard in weight mode.
 int64_t SlotFloats(const RingDtpConfig& c, int64_t ranks) {
-  return c.mode == RingDtpMode::kActivations ? c.rows * c.hidden
+  return c.mode == RingDtpMode::kActivations ? PassRowsOf(c) * c.hidden
                                              : MaxShardRows(c.vocab, ranks) * c.hidden;
 }
 
@@ -35,19 +44,20 @@ RingDtpMode RingDtp::ChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
 }
 
 // The live set, buffer by buffer (Allocate() allocates exactly these):
-//   strip            min(N, row_tile) x S       logits of one strip tile, then its delta
+//   strip            min(R, row_tile) x S       logits of one strip tile, then its delta
 //   slots            3 x SlotFloats             rotating travellers (2 in forward)
-//   state            2 x 3N                     running (m, s, t), double-buffered
+//   state            2 x 3R                     running (m, s, t), double-buffered
 //   lse_own          N                          this rank's log-sum-exp, forward -> backward
-//   side (act. mode) 2 x N floats + 2 x N int32 the travelling batch's lse and targets
+//   side (act. mode) 2 x R floats + 2 x R int32 the travelling batch's lse and targets
+// with R the rows of one pass.
 int64_t RingDtp::BoundBytes(const RingDtpConfig& c, int64_t ranks) {
-  const int64_t N = c.rows;
-  int64_t floats = std::min(N, c.row_tile) * std::min(c.strip, c.vocab) +
-                   3 * SlotFloats(c, ranks) + 6 * N + N;
+  const int64_t N = c.rows, R = PassRowsOf(c);
+  int64_t floats = std::min(R, c.row_tile) * std::min(c.strip, c.vocab) +
+                   3 * SlotFloats(c, ranks) + 6 * R + N;
   int64_t ints = 0;
   if (c.mode == RingDtpMode::kActivations) {
-    floats += 2 * N;
-    ints += 2 * N;
+    floats += 2 * R;
+    ints += 2 * R;
   }
   return floats * kF + ints * static_cast<int64_t>(sizeof(int32_t));
 }
@@ -93,6 +103,7 @@ absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c,
   }
   if (c.strip < 1) return bad("ring_dtp.strip", ">= 1 vocabulary columns", c.strip);
   if (c.row_tile < 1) return bad("ring_dtp.row_tile", ">= 1 token rows", c.row_tile);
+  if (c.chunk_rows < 0) return bad("ring_dtp.chunk_rows", ">= 0 (0: one pass)", c.chunk_rows);
   if (c.mode != RingDtpMode::kActivations && c.mode != RingDtpMode::kWeights) {
     return absl::InvalidArgumentError("ring_dtp.mode: expected activations or weights");
   }
@@ -102,31 +113,33 @@ absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c,
 }
 
 absl::Status RingDtp::Allocate() {
-  const int64_t N = config_.rows, P = group_.size();
+  const int64_t N = config_.rows, R = PassRows(), P = group_.size();
   MemorySpace& dev = backend_.device();
   auto floats = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * kF); };
   Buffers& b = *buf_;
   PLATEAU_ASSIGN_OR_RETURN(
-      b.strip, floats(std::min(N, config_.row_tile) * std::min(config_.strip, config_.vocab)));
+      b.strip, floats(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
   for (Buffer& s : b.slots) {
     PLATEAU_ASSIGN_OR_RETURN(s, floats(SlotFloats(config_, P)));
   }
   for (Buffer& s : b.state) {
-    PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * N));
+    PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * R));
   }
   PLATEAU_ASSIGN_OR_RETURN(b.lse_own, floats(N));
   if (config_.mode == RingDtpMode::kActivations) {
     for (Buffer& s : b.lse_side) {
-      PLATEAU_ASSIGN_OR_RETURN(s, floats(N));
+      PLATEAU_ASSIGN_OR_RETURN(s, floats(R));
     }
     for (Buffer& s : b.tgt_side) {
-      PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, N * sizeof(int32_t)));
+      PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, R * sizeof(int32_t)));
     }
   }
   PLATEAU_ASSIGN_OR_RETURN(b.ev_compute, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(b.ev_comm, backend_.CreateEvent());
   return absl::OkStatus();
 }
+
+int64_t RingDtp::PassRows() const { return PassRowsOf(config_); }
 
 int64_t RingDtp::ShardRows(int64_t shard) const {
   const int64_t P = group_.size();
@@ -145,9 +158,9 @@ absl::Status RingDtp::ComputeAfterComm() {
 
 // One (batch, shard) meeting, strip by strip, each strip in row tiles: the
 // fixed order (strips ascending, then row tiles) is the fold order.
-absl::Status RingDtp::FoldMeeting(const float* x, const float* w, int64_t width, int64_t col0,
-                                  const int32_t* targets, float* state) {
-  const int64_t N = config_.rows, H = config_.hidden;
+absl::Status RingDtp::FoldMeeting(const float* x, int64_t N, const float* w, int64_t width,
+                                  int64_t col0, const int32_t* targets, float* state) {
+  const int64_t H = config_.hidden;
   float* L = buf_->strip.as<float>();
   for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
     const int64_t sw = std::min(config_.strip, width - j0);
@@ -162,10 +175,10 @@ absl::Status RingDtp::FoldMeeting(const float* x, const float* w, int64_t width,
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::DeltaMeeting(const float* x, const float* w, int64_t width, int64_t col0,
-                                   const int32_t* targets, const float* lse, float scale,
-                                   float* dx, float* dw) {
-  const int64_t N = config_.rows, H = config_.hidden;
+absl::Status RingDtp::DeltaMeeting(const float* x, int64_t N, const float* w, int64_t width,
+                                   int64_t col0, const int32_t* targets, const float* lse,
+                                   float scale, float* dx, float* dw) {
+  const int64_t H = config_.hidden;
   float* L = buf_->strip.as<float>();
   for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
     const int64_t sw = std::min(config_.strip, width - j0);
@@ -189,7 +202,28 @@ absl::Status RingDtp::DeltaMeeting(const float* x, const float* w, int64_t width
 
 absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_t* targets,
                               double* stats) {
-  const int64_t N = config_.rows, H = config_.hidden, V = config_.vocab;
+  const int64_t N = config_.rows, R = PassRows(), H = config_.hidden;
+  for (int64_t i0 = 0; i0 < N; i0 += R) {
+    PLATEAU_RETURN_IF_ERROR(ForwardPass(x + i0 * H, w_shard, targets + i0, std::min(R, N - i0),
+                                        buf_->lse_own.as<float>() + i0, stats));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32_t* targets,
+                               float scale, float* dx, float* dw_shard) {
+  const int64_t N = config_.rows, R = PassRows(), H = config_.hidden;
+  for (int64_t i0 = 0; i0 < N; i0 += R) {
+    PLATEAU_RETURN_IF_ERROR(BackwardPass(x + i0 * H, w_shard, targets + i0,
+                                         buf_->lse_own.as<float>() + i0, std::min(R, N - i0),
+                                         scale, dx + i0 * H, dw_shard));
+  }
+  return compute_.Synchronize();
+}
+
+absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const int32_t* targets,
+                                  int64_t N, float* lse, double* stats) {
+  const int64_t H = config_.hidden, V = config_.vocab;
   const int P = group_.size(), p = group_.rank();
   const int dst = (p + 1) % P, src = (p - 1 + P) % P;
   Buffers& b = *buf_;
@@ -209,7 +243,7 @@ absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_
                                                 DataType::kFloat32));
       }
       PLATEAU_RETURN_IF_ERROR(
-          FoldMeeting(x, w, ShardRows(s), VocabShardBegin(V, P, s), targets, own_state));
+          FoldMeeting(x, N, w, ShardRows(s), VocabShardBegin(V, P, s), targets, own_state));
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
         w = next;
@@ -231,7 +265,7 @@ absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_
         PLATEAU_RETURN_IF_ERROR(
             group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
       }
-      PLATEAU_RETURN_IF_ERROR(FoldMeeting(xq, w_shard, width, col0, tq, state));
+      PLATEAU_RETURN_IF_ERROR(FoldMeeting(xq, N, w_shard, width, col0, tq, state));
       if (P > 1) {
         // The state is final for this step: it hops on (after the last step,
         // home to its batch's rank).
@@ -247,21 +281,21 @@ absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_
     }
     own_state = state;
   }
-  return kernels_.StripFinish(compute_, own_state, targets, N, b.lse_own.as<float>(), stats);
+  return kernels_.StripFinish(compute_, own_state, targets, N, lse, stats);
 }
 
-absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32_t* targets,
-                               float scale, float* dx, float* dw_shard) {
-  const int64_t N = config_.rows, H = config_.hidden, V = config_.vocab;
+absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const int32_t* targets,
+                                   const float* lse_own, int64_t N, float scale, float* dx,
+                                   float* dw_shard) {
+  const int64_t H = config_.hidden, V = config_.vocab;
   const int P = group_.size(), p = group_.rank();
   const int dst = (p + 1) % P, src = (p - 1 + P) % P;
   Buffers& b = *buf_;
-  const float* lse_own = b.lse_own.as<float>();
   const bool weights = config_.mode == RingDtpMode::kWeights;
 
   if (P == 1) {  // one meeting, no ring
     PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
-    return DeltaMeeting(x, w_shard, V, 0, targets, lse_own, scale, dx, dw_shard);
+    return DeltaMeeting(x, N, w_shard, V, 0, targets, lse_own, scale, dx, dw_shard);
   }
   if (weights) PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
 
@@ -273,8 +307,8 @@ absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32
   const float* trav = weights ? w_shard : x;
   const float* lse_q = lse_own;
   const int32_t* tq = targets;
-  PLATEAU_RETURN_IF_ERROR(
-      backend_.Fill(compute_, b.slots[acc_slot].as<float>(), SlotFloats(config_, P), 0.0f));
+  PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, b.slots[acc_slot].as<float>(),
+                                        weights ? ShardRows(p) * H : N * H, 0.0f));
   for (int r = 0; r < P; ++r) {
     const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
     float* acc = b.slots[acc_slot].as<float>();
@@ -296,11 +330,12 @@ absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32
       }
     }
     if (weights) {
-      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(x, trav, ShardRows(s), VocabShardBegin(V, P, s),
+      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(x, N, trav, ShardRows(s), VocabShardBegin(V, P, s),
                                            targets, lse_own, scale, dx, acc));
     } else {
-      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(trav, w_shard, ShardRows(p), VocabShardBegin(V, P, p),
-                                           tq, lse_q, scale, acc, dw_shard));
+      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(trav, N, w_shard, ShardRows(p),
+                                           VocabShardBegin(V, P, p), tq, lse_q, scale, acc,
+                                           dw_shard));
     }
     // The accumulator holds this step's meeting: it hops on (an accumulator
     // arrives with the sum of the meetings before; only step 0's starts at 0).
@@ -336,7 +371,7 @@ absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
     }
   }
-  return compute_.Synchronize();
+  return absl::OkStatus();
 }
 
 }  // namespace plateau

@@ -58,6 +58,11 @@ struct RingDtpConfig {
   // Token rows per strip tile: the strip buffer is min(N, row_tile) x S, so
   // it does not grow with N. Large enough to keep the strip GEMMs efficient.
   int64_t row_tile = 2048;
+  // Activation mode only: the batch circulates in passes of at most
+  // chunk_rows tokens (0: one pass of all N). Each pass is a full ring, so
+  // every token still meets every shard once; the travellers shrink to
+  // chunk_rows x H at the price of more, smaller hops.
+  int64_t chunk_rows = 0;
 };
 
 class RingDtp {
@@ -96,14 +101,25 @@ class RingDtp {
   RingDtp(const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
           Communicator& group, Stream& compute, Stream& comm);
   absl::Status Allocate();
-  // Strips of one meeting: rows x rows_x against shard rows [0, width) of w
-  // (vocabulary ids from col0).
-  absl::Status FoldMeeting(const float* x, const float* w, int64_t width,
-                           int64_t col0, const int32_t* targets, float* state);
-  absl::Status DeltaMeeting(const float* x, const float* w, int64_t width,
-                            int64_t col0, const int32_t* targets,
-                            const float* lse, float scale, float* dx,
-                            float* dw);
+  // Rows per pass: chunk_rows in activation mode, else N.
+  int64_t PassRows() const;
+  // One pass of `rows` tokens (a chunk of the batch, or all of it).
+  absl::Status ForwardPass(const float* x, const float* w_shard,
+                           const int32_t* targets, int64_t rows, float* lse,
+                           double* stats);
+  absl::Status BackwardPass(const float* x, const float* w_shard,
+                            const int32_t* targets, const float* lse,
+                            int64_t rows, float scale, float* dx,
+                            float* dw_shard);
+  // The strips of one meeting of `rows` tokens with shard rows [0, width) of
+  // w (vocabulary ids from col0); `state` has stride `rows`.
+  absl::Status FoldMeeting(const float* x, int64_t rows, const float* w,
+                           int64_t width, int64_t col0, const int32_t* targets,
+                           float* state);
+  absl::Status DeltaMeeting(const float* x, int64_t rows, const float* w,
+                            int64_t width, int64_t col0,
+                            const int32_t* targets, const float* lse,
+                            float scale, float* dx, float* dw);
   absl::Status CommAfterCompute();
   absl::Status ComputeAfterComm();
   int64_t ShardRows(int64_t shard) const;

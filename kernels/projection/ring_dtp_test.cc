@@ -93,7 +93,7 @@ struct Got {
   int64_t peak = 0, bound = 0;
 };
 
-Got RunRing(const Problem& pr, int64_t strip, RingDtpMode mode) {
+Got RunRing(const Problem& pr, int64_t strip, RingDtpMode mode, int64_t chunk_rows = 0) {
   Got got;
   got.dx.resize(pr.P);
   got.dw.assign(pr.V * pr.H, 0.0f);
@@ -105,7 +105,8 @@ Got RunRing(const Problem& pr, int64_t strip, RingDtpMode mode) {
         auto comm = be.CreateStream("comm");
         auto kernels = ModelKernels::Create(be);
         if (!compute.ok() || !comm.ok() || !kernels.ok()) return absl::InternalError("setup");
-        RingDtpConfig c{pr.N, pr.H, pr.V, strip, mode, /*row_tile=*/10};  // 24 rows: 10+10+4
+        RingDtpConfig c{pr.N, pr.H, pr.V, strip, mode, /*row_tile=*/10,  // 24 rows: 10+10+4
+                        chunk_rows};
         auto ring = RingDtp::Create(c, be, **kernels, world, **compute, **comm);
         if (!ring.ok()) return ring.status();
         const int64_t begin = VocabShardBegin(pr.V, pr.P, p);
@@ -196,6 +197,22 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("P", std::get<0>(i.param), "_",
                           RingDtpModeName(std::get<1>(i.param)), "_S", std::get<2>(i.param));
     });
+
+// The batch circulating in chunks (activation mode): 24 rows as 9 + 9 + 6,
+// each a full ring; same values, smaller bound.
+TEST(RingDtpTest, ChunkedPassesMatchAndShrinkTheBound) {
+  for (int P : {1, 2, 4}) {
+    const Problem pr = Make(P, 24, 16, 53, 0.5f, 40 + P);
+    const Want want = Dense(pr);
+    const Got got = RunRing(pr, 16, RingDtpMode::kActivations, /*chunk_rows=*/9);
+    ExpectMatches(got, want, pr);
+    EXPECT_LE(got.peak, got.bound);
+  }
+  const RingDtpConfig whole{4096, 1024, 50000, 1024, RingDtpMode::kActivations, 1024, 0};
+  RingDtpConfig halves = whole;
+  halves.chunk_rows = 2048;
+  EXPECT_LT(RingDtp::BoundBytes(halves, 4), RingDtp::BoundBytes(whole, 4) * 6 / 10);
+}
 
 TEST(RingDtpTest, ExtremeLogitsNeitherOverflowNorLoseExactness) {
   // Logits in the thousands: exp would overflow without the running max.
