@@ -41,7 +41,7 @@ namespace {
 struct Flags {
   int64_t ranks = 2, rank = -1, steps = 200, batch = 32, log_every = 10;
   int64_t device_mb = 256, checkpoint_every = 0;
-  std::string store_dir, data = "recall", checkpoint_dir;
+  std::string store_dir, data = "recall", checkpoint_dir, projection = "dense", ring_mode = "auto";
   TrainerOptions trainer;
 };
 
@@ -56,6 +56,8 @@ model      --vocab (0: the data's) --hidden=64 --layers=2 --heads=4 --kv_heads=2
            --experts=4 --top_k=2 --expert_ffn=128 --seq_len=32
 data       --data=recall | text:<file> | shards:<file>[,<file>...]
            --recall_keys=8 --recall_values=8 --recall_pairs=4 --recall_queries=4
+projection --projection=dense | ring_dtp  --ring_mode=auto|activations|weights
+           --ring_strip=16 (vocabulary columns per strip) --ring_chunk_rows=0 (0: one pass)
 checkpoint --checkpoint_dir=<dir> (resumes from its newest step-N.safetensors)
            --checkpoint_every=0 (0: only at the end)
 )";
@@ -73,7 +75,12 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
       {"heads", &m.heads},         {"kv_heads", &m.kv_heads},   {"experts", &m.experts},
       {"top_k", &m.top_k},         {"expert_ffn", &m.expert_ffn}, {"seq_len", &m.seq_len}};
   std::map<std::string, std::string*> strings = {
-      {"store_dir", &f.store_dir}, {"data", &f.data}, {"checkpoint_dir", &f.checkpoint_dir}};
+      {"store_dir", &f.store_dir}, {"data", &f.data}, {"checkpoint_dir", &f.checkpoint_dir},
+      {"projection", &f.projection}, {"ring_mode", &f.ring_mode}};
+  ProjectionOptions& proj = f.trainer.step.projection;
+  proj.strip = 16;  // small default for the small demo vocabulary
+  ints["ring_strip"] = &proj.strip;
+  ints["ring_chunk_rows"] = &proj.chunk_rows;
   int64_t seed = 1;
   ints["seed"] = &seed;
   RecallTask& task = f.trainer.data.recall;
@@ -110,6 +117,20 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   if (f.ranks < 1 || f.ranks > 16) return absl::InvalidArgumentError("--ranks: expected 1 to 16");
   if (f.device_mb < 1) return absl::InvalidArgumentError("--device_mb: expected >= 1");
   if (f.log_every < 1) return absl::InvalidArgumentError("--log_every: expected >= 1");
+  if (f.projection == "ring_dtp") {
+    proj.kind = ProjectionOptions::Kind::kRingDtp;
+  } else if (f.projection != "dense") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--projection: expected dense or ring_dtp, got '", f.projection, "'"));
+  }
+  if (f.ring_mode == "activations") {
+    proj.mode = RingDtpMode::kActivations;
+  } else if (f.ring_mode == "weights") {
+    proj.mode = RingDtpMode::kWeights;
+  } else if (f.ring_mode != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ring_mode: expected auto, activations or weights, got '", f.ring_mode, "'"));
+  }
   f.trainer.step.seed = static_cast<uint64_t>(seed);
   f.trainer.step.layout = {f.ranks, f.batch};
   f.trainer.steps = f.steps;

@@ -17,7 +17,8 @@ struct TrainingStep::Impl {
   std::unique_ptr<Event> ev_compute, ev_comm;
   std::unique_ptr<ModelKernels> kernels;
   std::unique_ptr<StandardEp> ep;
-  std::unique_ptr<DenseProjection> projection;
+  std::unique_ptr<DenseProjection> projection;  // one of these two
+  std::unique_ptr<RingDtp> ring_dtp;
 
   // kWeights: working dense weights (all-gathered) and this rank's experts.
   Buffer dense, experts;
@@ -114,8 +115,48 @@ std::vector<BufferSpec> LaunchBuffers(const StepOptions& o, const ParamLayout& p
   };
 }
 
+RingDtpConfig RingDtpConfigOf(const StepOptions& o) {
+  const int64_t N = TokensPerRank(o.model, o.layout);
+  RingDtpConfig c;
+  c.rows = N;
+  c.hidden = o.model.hidden;
+  c.vocab = o.model.vocab_size;
+  c.strip = o.projection.strip;
+  c.row_tile = o.projection.row_tile;
+  c.chunk_rows = o.projection.chunk_rows;
+  c.mode = o.projection.mode.value_or(RingDtp::ChooseMode(N, o.model.vocab_size, o.layout.ranks));
+  return c;
+}
+
+int64_t ProjectionBytes(const StepOptions& o) {
+  if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) {
+    return RingDtp::BoundBytes(RingDtpConfigOf(o), o.layout.ranks);
+  }
+  return DenseProjection::BoundBytes(TokensPerRank(o.model, o.layout), o.model.vocab_size);
+}
+
+absl::Status ValidateProjection(const StepOptions& o) {
+  const ProjectionOptions& p = o.projection;
+  if (p.kind != ProjectionOptions::Kind::kRingDtp) return absl::OkStatus();
+  auto bad = [](absl::string_view field, absl::string_view expected, int64_t got) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
+  };
+  if (p.strip < 1) return bad("projection.ring_dtp.strip", ">= 1 vocabulary columns", p.strip);
+  if (p.row_tile < 1) return bad("projection.ring_dtp.row_tile", ">= 1 token rows", p.row_tile);
+  if (p.chunk_rows < 0) {
+    return bad("projection.ring_dtp.chunk_rows", ">= 0 (0: one pass)", p.chunk_rows);
+  }
+  if (o.model.vocab_size < o.layout.ranks) {
+    return bad("model.vocab_size", absl::StrCat(">= layout.ranks = ", o.layout.ranks,
+                                                " (Ring-DTP gives every rank a vocabulary shard)"),
+               o.model.vocab_size);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateOptions(const StepOptions& o, int world_size) {
   PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
+  PLATEAU_RETURN_IF_ERROR(ValidateProjection(o));
   if (o.layout.ranks != world_size) {
     return absl::InvalidArgumentError(absl::StrCat("layout.ranks: expected the world size ",
                                                    world_size, ", got ", o.layout.ranks));
@@ -151,12 +192,12 @@ std::string MemoryPlan::DebugString() const {
 
 absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
+  PLATEAU_RETURN_IF_ERROR(ValidateProjection(o));
   ParamLayout p(o.model, o.layout.ranks);
   MemoryPlan plan;
   for (const BufferSpec& b : LaunchBuffers(o, p)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
   const int64_t N = TokensPerRank(o.model, o.layout);
-  plan.bytes[static_cast<int>(LiveSet::kProjection)] +=
-      DenseProjection::BoundBytes(N, o.model.vocab_size);
+  plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
   // Standard EP with balanced routing: N*k rows received. Its backward holds
   // five [rows, H] buffers (inputs, returned outputs, outgoing and incoming
   // gradients, their expert-major copy) and six [rows, F] (three forward
@@ -212,8 +253,13 @@ absl::Status TrainingStep::Allocate() {
     PLATEAU_ASSIGN_OR_RETURN(I.*(b.member), backend_.device().Allocate(b.set, b.bytes));
   }
   const int64_t N = TokensPerRank(m, options_.layout);
-  PLATEAU_ASSIGN_OR_RETURN(I.projection, DenseProjection::Create(backend_, *I.kernels, N,
-                                                                 m.hidden, m.vocab_size));
+  if (options_.projection.kind == ProjectionOptions::Kind::kRingDtp) {
+    PLATEAU_ASSIGN_OR_RETURN(I.ring_dtp, RingDtp::Create(RingDtpConfigOf(options_), backend_,
+                                                         *I.kernels, world_, *I.compute, *I.comm));
+  } else {
+    PLATEAU_ASSIGN_OR_RETURN(I.projection, DenseProjection::Create(backend_, *I.kernels, N,
+                                                                   m.hidden, m.vocab_size));
+  }
   I.ep = std::make_unique<StandardEp>(m, backend_, *I.kernels, world_, *I.compute, *I.comm);
 
   I.off_embed = layout_.DenseOffset("embed.weight");
@@ -505,8 +551,18 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
     static constexpr double kZero[2] = {0.0, 0.0};
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), stats, kZero, sizeof(kZero)));
   }
-  PLATEAU_RETURN_IF_ERROR(I.projection->Forward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
+  // Ring-DTP: this rank's vocabulary shard is its rows of the (all-gathered)
+  // lm_head, and its dW lands in the same rows of the dense gradient, which
+  // the reduce-scatter sums like every other dense gradient.
+  const int64_t shard_off =
+      I.off_lm_head + VocabShardBegin(m.vocab_size, world_.size(), world_.rank()) * H;
+  if (I.ring_dtp) {
+    PLATEAU_RETURN_IF_ERROR(I.ring_dtp->Forward(I.z.as<float>(), x.W(shard_off),
                                                 I.targets.as<int32_t>(), stats));
+  } else {
+    PLATEAU_RETURN_IF_ERROR(I.projection->Forward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
+                                                  I.targets.as<int32_t>(), stats));
+  }
   // The mean is over the global batch: sum and count from every rank.
   PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
   PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, stats, stats, 2, DataType::kFloat64, ReduceOp::kSum));
@@ -519,9 +575,15 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   const float scale = out.valid_tokens > 0 ? static_cast<float>(1.0 / host_stats[1]) : 0.0f;
 
   // Backward.
-  PLATEAU_RETURN_IF_ERROR(I.projection->Backward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
+  if (I.ring_dtp) {
+    PLATEAU_RETURN_IF_ERROR(I.ring_dtp->Backward(I.z.as<float>(), x.W(shard_off),
                                                  I.targets.as<int32_t>(), scale, I.tmp.as<float>(),
-                                                 x.G(I.off_lm_head)));
+                                                 x.G(shard_off)));
+  } else {
+    PLATEAU_RETURN_IF_ERROR(I.projection->Backward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
+                                                   I.targets.as<int32_t>(), scale,
+                                                   I.tmp.as<float>(), x.G(I.off_lm_head)));
+  }
   PLATEAU_RETURN_IF_ERROR(backend_.RmsNormBackward(x.c(), I.dh.as<float>(), x.G(I.off_final_norm),
                                                    I.tmp.as<float>(), hL, x.W(I.off_final_norm),
                                                    I.rstd_f.as<float>(), N, H));

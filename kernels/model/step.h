@@ -12,7 +12,9 @@
 //   updates its shard with AdamW (torch semantics, global-norm clipping),
 //   working weights all-gathered;
 // - the vocabulary projection is dense (full N x V logits,
-//   kernels/projection/dense_projection.h);
+//   kernels/projection/dense_projection.h), or Ring-DTP when
+//   options.projection chooses it (each rank's vocabulary shard of the
+//   all-gathered lm_head meets every rank's batch; no N x V logits);
 // - full activation checkpointing: each layer's input is kept (kCheckpoints)
 //   and the layer is recomputed in backward.
 //
@@ -27,6 +29,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +40,7 @@
 #include "kernels/memory.h"
 #include "kernels/model/config.h"
 #include "kernels/model/params.h"
+#include "kernels/projection/ring_dtp.h"
 
 namespace plateau {
 
@@ -49,10 +53,25 @@ struct OptimizerConfig {
   float max_grad_norm = 1.0f;  // 0 turns clipping off
 };
 
+// Which schedule computes the vocabulary projection and cross-entropy.
+struct ProjectionOptions {
+  enum class Kind { kDense, kRingDtp };
+  Kind kind = Kind::kDense;
+  // Ring-DTP (kernels/projection/ring_dtp.h): the circulation mode (unset:
+  // RingDtp::ChooseMode picks the smaller traveller), the strip width S, the
+  // token rows per strip tile, and the rows per activation-mode pass (0: the
+  // whole batch in one pass).
+  std::optional<RingDtpMode> mode;
+  int64_t strip = 1024;
+  int64_t row_tile = 2048;
+  int64_t chunk_rows = 0;
+};
+
 struct StepOptions {
   ModelConfig model;
   LayoutConfig layout;
   OptimizerConfig optimizer;
+  ProjectionOptions projection;
   uint64_t seed = 1;
 };
 
