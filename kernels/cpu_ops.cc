@@ -186,14 +186,21 @@ void SumSquares(float* out, const float* x, int64_t n) {
   }));
 }
 
-void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
-           const AdamWArgs& a) {
-  // Bias corrections in double, as torch computes them (Python floats).
+AdamWStepScalars ComputeAdamWStepScalars(const AdamWArgs& a) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), a.step);
   const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), a.step);
-  const float step_size = static_cast<float>(a.lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.0f - a.lr * a.weight_decay;
+  AdamWStepScalars s;
+  s.step_size = static_cast<float>(a.lr / bc1);
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.decay = 1.0f - a.lr * a.weight_decay;
+  return s;
+}
+
+void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
+           const AdamWArgs& a) {
+  const AdamWStepScalars sc = ComputeAdamWStepScalars(a);
+  const float step_size = sc.step_size, bc2_sqrt = sc.bc2_sqrt,
+              decay = sc.decay;
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i] * a.grad_scale;
     float p = param[i] * decay;
