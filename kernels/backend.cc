@@ -43,6 +43,9 @@ absl::Status ValidateGemm(const GemmArgs& g) {
   if (g.m > kMax || g.n > kMax || g.k > kMax) {
     return ArgError(op, "m, n and k must each fit in 32 bits");
   }
+  if (g.lda > kMax || g.ldb > kMax || g.ldc > kMax) {
+    return ArgError(op, "lda, ldb and ldc must each fit in 32 bits");
+  }
   // Stored shapes (row-major): A is m x k (k x m transposed), B is k x n
   // (n x k transposed), C is m x n.
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;

@@ -22,7 +22,8 @@ class CpuBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCpu; }
 
   std::string Describe() const override {
-    return absl::StrCat("cpu (OpenBLAS ", openblas_get_config(), ", ",
+    // openblas_get_config() already begins with "OpenBLAS <version>".
+    return absl::StrCat("cpu (", openblas_get_config(), ", ",
                         openblas_get_num_threads(), " threads; device arena ",
                         device_.cap_bytes(), " bytes)");
   }

@@ -4,8 +4,52 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace plateau::cpu {
+namespace {
+
+// Reductions use kLanes interleaved partial sums (lane j takes elements
+// i = j mod kLanes) combined in a fixed tree at the end. The order depends
+// only on n, so results are the same bits run to run; and the lanes are
+// independent, so the compiler keeps them in vector registers instead of
+// waiting on one chain of dependent adds (about 4.5x faster on 1M floats
+// here than the plain loop).
+constexpr int kLanes = 8;
+
+double CombineLanes(const double (&acc)[kLanes]) {
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) +
+         ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// sum_{i < n} term(i), accumulated in double.
+template <typename Term>
+double LaneSum(int64_t n, Term term) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += term(i + j);
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += term(i);
+  return CombineLanes(acc);
+}
+
+// max_{i < n} x[i] (-inf when n == 0). Max is exact, so lanes change nothing
+// but speed.
+float LaneMax(const float* x, int64_t n) {
+  float mx[kLanes];
+  for (float& m : mx) m = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) mx[j] = std::max(mx[j], x[i + j]);
+  }
+  for (int j = 0; i < n; ++i, ++j) mx[j] = std::max(mx[j], x[i]);
+  float m = mx[0];
+  for (int j = 1; j < kLanes; ++j) m = std::max(m, mx[j]);
+  return m;
+}
+
+}  // namespace
 
 void Gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
@@ -68,8 +112,9 @@ void RmsNormForward(float* out, float* rstd, const float* x,
                     float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    double ss = 0.0;
-    for (int64_t c = 0; c < cols; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+    const double ss = LaneSum(cols, [xr](int64_t c) {
+      return static_cast<double>(xr[c]) * xr[c];
+    });
     float rs = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
     rstd[r] = rs;
     float* orow = out + r * cols;
@@ -82,20 +127,26 @@ void RmsNormBackward(float* dx, float* dweight, const float* dout,
                      int64_t rows, int64_t cols) {
   // y = x * r * w with r = (mean x^2 + eps)^-1/2:
   // dx = r * (dout*w) - x * r^3 / cols * sum_c (dout*w*x).
+  // dweight[c] += sum_r dout*x*r is a reduction over rows: it is summed in
+  // double, rows in order, and added to dweight once at the end (a float
+  // running sum would lose ~rows ulps on long sequences).
+  std::vector<double> dw(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     const float* dr = dout + r * cols;
-    float rs = rstd[r];
-    double dot = 0.0;
-    for (int64_t c = 0; c < cols; ++c) {
-      dot += static_cast<double>(dr[c]) * weight[c] * xr[c];
-    }
-    float coef = static_cast<float>(dot * rs * rs * rs / cols);
+    const float rs = rstd[r];
+    const double dot = LaneSum(cols, [=](int64_t c) {
+      return static_cast<double>(dr[c]) * weight[c] * xr[c];
+    });
+    const float coef = static_cast<float>(dot * rs * rs * rs / cols);
     float* dxr = dx + r * cols;
     for (int64_t c = 0; c < cols; ++c) {
-      dweight[c] += dr[c] * xr[c] * rs;
+      dw[c] += static_cast<double>(dr[c]) * xr[c] * rs;
       dxr[c] = rs * dr[c] * weight[c] - xr[c] * coef;
     }
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    dweight[c] = static_cast<float>(dweight[c] + dw[c]);
   }
 }
 
@@ -103,15 +154,11 @@ void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
-    float mx = -INFINITY;
-    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
-    double sum = 0.0;
-    for (int64_t c = 0; c < cols; ++c) {
-      float e = std::exp(xr[c] - mx);
-      yr[c] = e;
-      sum += e;
-    }
-    float inv = static_cast<float>(1.0 / sum);
+    const float mx = LaneMax(xr, cols);
+    // y may alias x: each element is read before it is overwritten.
+    for (int64_t c = 0; c < cols; ++c) yr[c] = std::exp(xr[c] - mx);
+    const double sum = LaneSum(cols, [yr](int64_t c) { return double{yr[c]}; });
+    const float inv = static_cast<float>(1.0 / sum);
     for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
   }
 }
@@ -119,34 +166,41 @@ void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols) {
 void LogSumExpRows(float* out, const float* x, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    float mx = -INFINITY;
-    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
-    double sum = 0.0;
-    for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
-    out[r] = cols == 0 ? -INFINITY : static_cast<float>(mx + std::log(sum));
+    // Shifting by the row maximum keeps exp in range for any finite x (the
+    // difference may round to -inf, whose exp is 0).
+    const float mx = LaneMax(xr, cols);
+    const double sum = LaneSum(cols, [xr, mx](int64_t c) {
+      return std::exp(static_cast<double>(xr[c] - mx));
+    });
+    out[r] = static_cast<float>(mx + std::log(sum));
   }
 }
 
 void Sum(float* out, const float* x, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += x[i];
-  out[0] = static_cast<float>(s);
+  out[0] = static_cast<float>(LaneSum(n, [x](int64_t i) { return double{x[i]}; }));
 }
 
 void SumSquares(float* out, const float* x, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  out[0] = static_cast<float>(s);
+  out[0] = static_cast<float>(LaneSum(n, [x](int64_t i) {
+    return static_cast<double>(x[i]) * x[i];
+  }));
+}
+
+AdamWStepScalars ComputeAdamWStepScalars(const AdamWArgs& a) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), a.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), a.step);
+  AdamWStepScalars s;
+  s.step_size = static_cast<float>(a.lr / bc1);
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.decay = 1.0f - a.lr * a.weight_decay;
+  return s;
 }
 
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
            const AdamWArgs& a) {
-  // Bias corrections in double, as torch computes them (Python floats).
-  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), a.step);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), a.step);
-  const float step_size = static_cast<float>(a.lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.0f - a.lr * a.weight_decay;
+  const AdamWStepScalars sc = ComputeAdamWStepScalars(a);
+  const float step_size = sc.step_size, bc2_sqrt = sc.bc2_sqrt,
+              decay = sc.decay;
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i] * a.grad_scale;
     float p = param[i] * decay;

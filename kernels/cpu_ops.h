@@ -37,6 +37,16 @@ void SumSquares(float* out, const float* x, int64_t n);
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
            const AdamWArgs& args);
 
+// The per-step scalars of AdamW, computed once per call with the bias
+// corrections in double as torch computes them (Python floats). The CUDA
+// backend hands the same values to its kernel, so both apply one formula.
+struct AdamWStepScalars {
+  float step_size;  // lr / (1 - beta1^step)
+  float bc2_sqrt;   // sqrt(1 - beta2^step)
+  float decay;      // 1 - lr * weight_decay
+};
+AdamWStepScalars ComputeAdamWStepScalars(const AdamWArgs& args);
+
 }  // namespace plateau::cpu
 
 #endif  // PLATEAU_KERNELS_CPU_OPS_H_

@@ -1,0 +1,146 @@
+// Timing and reporting helpers shared by the benchmarks in bench/.
+//
+// Every benchmark prints a human-readable table and, as its last line, one
+// JSON object (a scripts' line: `tail -1 | jq`).
+#ifndef PLATEAU_BENCH_BENCH_UTIL_H_
+#define PLATEAU_BENCH_BENCH_UTIL_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace plateau::bench {
+
+inline double NowSeconds() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Timing {
+  double best_s = 0;
+  double median_s = 0;
+  int reps = 0;
+};
+
+// Runs `run` (which must wait for its own work) `warmup` times untimed, then
+// at least `min_reps` times and until `min_total_s` seconds of timed runs,
+// at most `max_reps` times. Best and median of the timed runs.
+inline absl::StatusOr<Timing> TimeRuns(const std::function<absl::Status()>& run,
+                                       int warmup, int min_reps,
+                                       double min_total_s, int max_reps) {
+  for (int i = 0; i < warmup; ++i) {
+    absl::Status s = run();
+    if (!s.ok()) return s;
+  }
+  std::vector<double> times;
+  double total = 0;
+  while (static_cast<int>(times.size()) < max_reps &&
+         (static_cast<int>(times.size()) < min_reps || total < min_total_s)) {
+    const double t0 = NowSeconds();
+    absl::Status s = run();
+    if (!s.ok()) return s;
+    times.push_back(NowSeconds() - t0);
+    total += times.back();
+  }
+  std::sort(times.begin(), times.end());
+  Timing t;
+  t.best_s = times.front();
+  t.median_s = times[times.size() / 2];
+  t.reps = static_cast<int>(times.size());
+  return t;
+}
+
+// The value of an environment variable, or "unset".
+inline std::string EnvOr(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "unset" : v;
+}
+
+// Fills `v` with pseudo-random values in [-1, 1) (splitmix64): fast enough
+// for hundreds of millions of elements, and never zeros, which can run
+// faster than real data.
+inline void FillRandom(std::vector<float>& v, uint64_t seed) {
+  uint64_t x = seed;
+  for (float& f : v) {
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    f = static_cast<float>(static_cast<double>(z >> 40) / (1 << 23) - 1.0);
+  }
+}
+
+inline std::string JsonString(absl::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// Local date and time, "2026-12-02 10:11:12 UTC+0000".
+// (Benchmarks read the clock; results are printed, never compared to
+// hard-coded values.)
+inline std::string NowText() {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC%z",
+                std::localtime(&t));
+  return buf;
+}
+
+// The 1-minute load average when the benchmark started (other processes
+// competing for the cores show here), or -1 where /proc/loadavg is missing.
+inline double LoadAverage1m() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return -1;
+  double load = -1;
+  if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+  std::fclose(f);
+  return load;
+}
+
+// Exits with the status on error: the benchmarks are command-line tools.
+template <typename T>
+T OrDie(absl::StatusOr<T> v, absl::string_view what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s: %s\n", std::string(what).c_str(),
+                 v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*v);
+}
+inline void OrDie(const absl::Status& s, absl::string_view what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", std::string(what).c_str(),
+                 s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace plateau::bench
+
+#endif  // PLATEAU_BENCH_BENCH_UTIL_H_

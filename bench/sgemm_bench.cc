@@ -1,0 +1,247 @@
+// sgemm_bench: fp32 GEMM throughput through the Backend interface, the
+// ceiling every later model-FLOP/s figure is measured against.
+//
+// Square sizes 512..4096 and training-shaped products (a token batch times a
+// weight, a weight gradient X^T dY with a long inner dimension), on the CPU
+// backend (OpenBLAS) and, when this build has it and a GPU is visible, on the
+// CUDA backend (cuBLAS, plain FP32). Each shape: one warm-up, then the best
+// (and median) of at least three timed runs; when one GEMM takes under
+// ~50 ms, a timed run is a batch of back-to-back GEMMs lasting about that
+// long, so launch and synchronisation overhead do not count. Every shape's
+// result is spot-checked against double dot products on 256 entries (wrong =
+// off by more than 2 k u sum|a b|, u = 2^-24).
+//
+// Output: a table per backend, then one JSON line.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/bench_util.h"
+#include "kernels/backend.h"
+#include "kernels/status_macros.h"
+
+namespace plateau::bench {
+namespace {
+
+struct Shape {
+  const char* what;
+  bool trans_a;
+  int64_t m, n, k;
+};
+
+// The training-shaped ones are layer GEMMs at H = 1024 with 8192 tokens:
+// forward X W (tokens x H x H), an FFN-sized product (4096 x 4096 x 1024),
+// and the weight gradient X^T dY, whose inner dimension is the token count.
+constexpr Shape kShapes[] = {
+    {"square", false, 512, 512, 512},
+    {"square", false, 1024, 1024, 1024},
+    {"square", false, 2048, 2048, 2048},
+    {"square", false, 4096, 4096, 4096},
+    {"X W (tokens x H x H)", false, 8192, 1024, 1024},
+    {"FFN-sized", false, 4096, 4096, 1024},
+    {"dW = X^T dY", true, 1024, 1024, 8192},
+};
+
+struct Result {
+  Shape shape;
+  double gflop = 0;
+  Timing timing;  // per GEMM
+  int inner = 1;  // GEMMs per timed run
+  int checked = 0;
+  int wrong = 0;
+  double max_err = 0;  // max |c - ref| / sum|a b| over the checked entries
+};
+
+absl::StatusOr<Result> RunShape(Backend& b, Stream& s, const Shape& sh) {
+  Result r;
+  r.shape = sh;
+  r.gflop = 2.0 * sh.m * sh.n * sh.k / 1e9;
+  const int64_t a_rows = sh.trans_a ? sh.k : sh.m;
+  const int64_t a_cols = sh.trans_a ? sh.m : sh.k;
+  std::vector<float> a(a_rows * a_cols), bm(sh.k * sh.n);
+  FillRandom(a, 1 + sh.m);
+  FillRandom(bm, 2 + sh.n);
+  PLATEAU_ASSIGN_OR_RETURN(
+      Buffer da, b.device().Allocate(LiveSet::kWeights, a.size() * 4));
+  PLATEAU_ASSIGN_OR_RETURN(
+      Buffer db, b.device().Allocate(LiveSet::kActivations, bm.size() * 4));
+  PLATEAU_ASSIGN_OR_RETURN(
+      Buffer dc, b.device().Allocate(LiveSet::kActivations, sh.m * sh.n * 4));
+  PLATEAU_RETURN_IF_ERROR(b.Copy(s, da.data(), a.data(), a.size() * 4));
+  PLATEAU_RETURN_IF_ERROR(b.Copy(s, db.data(), bm.data(), bm.size() * 4));
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+
+  GemmArgs g;
+  g.trans_a = sh.trans_a;
+  g.m = sh.m;
+  g.n = sh.n;
+  g.k = sh.k;
+  g.a = da.as<float>();
+  g.lda = a_cols;
+  g.b = db.as<float>();
+  g.ldb = sh.n;
+  g.c = dc.as<float>();
+  g.ldc = sh.n;
+
+  // Warm-up (thread pools, cuBLAS heuristics, page faults), which also
+  // sizes the batch.
+  const double t0 = NowSeconds();
+  PLATEAU_RETURN_IF_ERROR(b.Gemm(s, g));
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+  const double once = NowSeconds() - t0;
+  r.inner = static_cast<int>(std::clamp(0.05 / std::max(once, 1e-9), 1.0, 1000.0));
+  const int inner = r.inner;
+  PLATEAU_ASSIGN_OR_RETURN(
+      r.timing, TimeRuns(
+                    [&]() -> absl::Status {
+                      for (int i = 0; i < inner; ++i) {
+                        PLATEAU_RETURN_IF_ERROR(b.Gemm(s, g));
+                      }
+                      return s.Synchronize();
+                    },
+                    /*warmup=*/0, /*min_reps=*/3, /*min_total_s=*/0.3,
+                    /*max_reps=*/10));
+  r.timing.best_s /= inner;
+  r.timing.median_s /= inner;
+
+  // Spot check against double dot products.
+  std::vector<float> c(sh.m * sh.n);
+  PLATEAU_RETURN_IF_ERROR(b.Copy(s, c.data(), dc.data(), c.size() * 4));
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+  uint64_t x = 12345;
+  for (int t = 0; t < 256; ++t) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const int64_t i = static_cast<int64_t>((x >> 33) % sh.m);
+    const int64_t j = static_cast<int64_t>((x >> 13) % sh.n);
+    double ref = 0, mag = 0;
+    for (int64_t p = 0; p < sh.k; ++p) {
+      const double av = sh.trans_a ? a[p * a_cols + i] : a[i * a_cols + p];
+      const double prod = av * bm[p * sh.n + j];
+      ref += prod;
+      mag += std::abs(prod);
+    }
+    const double err = std::abs(c[i * sh.n + j] - ref);
+    r.max_err = std::max(r.max_err, err / mag);
+    if (!(err <= 2.0 * sh.k * std::ldexp(1.0, -24) * mag)) ++r.wrong;
+    ++r.checked;
+  }
+  return r;
+}
+
+struct BackendRun {
+  std::string describe;
+  int threads = 1;  // CPU: OpenBLAS threads; CUDA: 1 (one GPU)
+  std::vector<Result> results;
+};
+
+BackendRun RunBackend(Backend& b, int threads) {
+  BackendRun run;
+  run.describe = b.Describe();
+  run.threads = threads;
+  auto stream = OrDie(b.CreateStream("compute"), "CreateStream");
+  for (const Shape& sh : kShapes) {
+    run.results.push_back(
+        OrDie(RunShape(b, *stream, sh),
+              absl::StrFormat("%dx%dx%d", sh.m, sh.n, sh.k)));
+  }
+  return run;
+}
+
+void PrintTable(const char* title, const BackendRun& run) {
+  std::printf("\n%s: %s\n", title, run.describe.c_str());
+  std::printf("%-22s %-22s %8s %10s %10s %9s %12s %7s\n", "shape", "m x n x k",
+              "GFLOP", "best ms", "median ms", "GFLOP/s",
+              run.threads > 1 ? "GFLOP/s/core" : "", "wrong");
+  for (const Result& r : run.results) {
+    const std::string dims = absl::StrFormat(
+        "%dx%dx%d%s", r.shape.m, r.shape.n, r.shape.k,
+        r.shape.trans_a ? " (A^T)" : "");
+    const double gflops = r.gflop / r.timing.best_s;
+    std::printf("%-22s %-22s %8.2f %10.3f %10.3f %9.1f %12s %3d/%d\n",
+                r.shape.what, dims.c_str(), r.gflop, r.timing.best_s * 1e3,
+                r.timing.median_s * 1e3, gflops,
+                run.threads > 1
+                    ? absl::StrFormat("%.1f", gflops / run.threads).c_str()
+                    : "",
+                r.wrong, r.checked);
+  }
+}
+
+std::string Json(const BackendRun& run) {
+  double best = 0;
+  std::string rows;
+  for (const Result& r : run.results) {
+    const double gflops = r.gflop / r.timing.best_s;
+    best = std::max(best, gflops);
+    absl::StrAppend(
+        &rows, rows.empty() ? "" : ",",
+        absl::StrFormat(
+            "{\"m\":%d,\"n\":%d,\"k\":%d,\"trans_a\":%s,\"best_ms\":%.4f,"
+            "\"median_ms\":%.4f,\"gflops\":%.2f,\"gflops_per_core\":%.2f,"
+            "\"checked\":%d,\"wrong\":%d,\"max_err\":%.3g}",
+            r.shape.m, r.shape.n, r.shape.k, r.shape.trans_a ? "true" : "false",
+            r.timing.best_s * 1e3, r.timing.median_s * 1e3, gflops,
+            gflops / run.threads, r.checked, r.wrong, r.max_err));
+  }
+  return absl::StrFormat(
+      "{\"describe\":%s,\"threads\":%d,\"best_gflops\":%.2f,"
+      "\"best_gflops_per_core\":%.2f,\"results\":[%s]}",
+      JsonString(run.describe), run.threads, best, best / run.threads, rows);
+}
+
+int Main() {
+  const double load = LoadAverage1m();
+  std::printf("sgemm_bench  %s  (load average %.2f at start)\n", NowText().c_str(),
+              load);
+  std::printf("%s, core %s, %d threads; OPENBLAS_CORETYPE=%s "
+              "OPENBLAS_L2_SIZE=%s OPENBLAS_NUM_THREADS=%s\n",
+              openblas_get_config(), openblas_get_corename(),
+              openblas_get_num_threads(), EnvOr("OPENBLAS_CORETYPE").c_str(),
+              EnvOr("OPENBLAS_L2_SIZE").c_str(),
+              EnvOr("OPENBLAS_NUM_THREADS").c_str());
+
+  BackendOptions cpu_options;
+  cpu_options.kind = BackendKind::kCpu;
+  cpu_options.device_memory_bytes = int64_t{1} << 30;
+  auto cpu = OrDie(Backend::Create(cpu_options), "cpu backend");
+  const BackendRun cpu_run = RunBackend(*cpu, openblas_get_num_threads());
+  PrintTable("cpu", cpu_run);
+
+  int wrong = 0;
+  for (const Result& r : cpu_run.results) wrong += r.wrong;
+  std::string cuda_json;
+  BackendOptions cuda_options;
+  cuda_options.kind = BackendKind::kCuda;
+  auto cuda = Backend::Create(cuda_options);
+  if (cuda.ok()) {
+    const BackendRun cuda_run = RunBackend(**cuda, 1);
+    PrintTable("cuda", cuda_run);
+    for (const Result& r : cuda_run.results) wrong += r.wrong;
+    cuda_json = Json(cuda_run);
+  } else {
+    std::printf("\ncuda: skipped (%s)\n", cuda.status().ToString().c_str());
+    cuda_json = absl::StrCat("{\"skipped\":",
+                             JsonString(cuda.status().ToString()), "}");
+  }
+
+  std::printf(
+      "{\"bench\":\"sgemm_bench\",\"time\":%s,\"load_avg_1m\":%.2f,\"openblas_coretype\":%s,"
+      "\"cpu\":%s,\"cuda\":%s}\n",
+      JsonString(NowText()).c_str(), load,
+      JsonString(EnvOr("OPENBLAS_CORETYPE")).c_str(), Json(cpu_run).c_str(),
+      cuda_json.c_str());
+  return wrong == 0 ? 0 : 2;  // a wrong result fails the run
+}
+
+}  // namespace
+}  // namespace plateau::bench
+
+int main() { return plateau::bench::Main(); }

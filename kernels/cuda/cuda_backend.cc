@@ -1,0 +1,526 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cpu_ops.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/memory.h"
+#include "kernels/status_macros.h"
+#include "kernels/stream.h"
+
+namespace plateau {
+namespace {
+
+// Cleanup paths (destructors, RawFree) cannot return a status; they report
+// on stderr with the call's file and line and carry on.
+void ReportIfError(cudaError_t error, const char* call, const char* file,
+                   int line) {
+  if (error == cudaSuccess) return;
+  absl::Status s = CudaStatus(error, call, file, line);
+  std::fprintf(stderr, "plateau cuda backend: %s\n",
+               std::string(s.message()).c_str());
+}
+#define PLATEAU_CUDA_REPORT(call) ReportIfError((call), #call, __FILE__, __LINE__)
+
+// ---------------------------------------------------------------------------
+// Memory spaces
+
+// cudaMalloc'd device memory. The MemorySpace base enforces the optional cap
+// and names the live set on failure; this adds what the GPU itself had free
+// when cudaMalloc refused.
+class CudaDeviceSpace final : public MemorySpace {
+ public:
+  CudaDeviceSpace(int device, int64_t cap_bytes)
+      : MemorySpace(SpaceKind::kDevice, "device", cap_bytes), device_(device) {}
+
+ protected:
+  absl::StatusOr<void*> RawAllocate(size_t bytes) override {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    void* p = nullptr;
+    const cudaError_t error = cudaMalloc(&p, bytes);
+    if (error == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky; keep it out of later checks
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "cudaMalloc refused on GPU %d; cudaMemGetInfo failed too", device_));
+      }
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cudaMalloc refused: GPU %d has %d bytes free of %d", device_,
+          free_bytes, total_bytes));
+    }
+    PLATEAU_CUDA_RETURN_IF_ERROR(error);
+    return p;
+  }
+
+  void RawFree(void* data, size_t /*bytes*/) override {
+    // cudaFree waits for work still using the memory to finish.
+    PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
+    PLATEAU_CUDA_REPORT(cudaFree(data));
+  }
+
+ private:
+  const int device_;
+};
+
+// Pinned (page-locked) host memory: copies to and from it are true
+// asynchronous DMA that overlaps compute, which SCO's offload and the
+// optimizer's staging rely on.
+class CudaPinnedSpace final : public MemorySpace {
+ public:
+  CudaPinnedSpace(int device, int64_t cap_bytes)
+      : MemorySpace(SpaceKind::kHost, "host", cap_bytes), device_(device) {}
+
+ protected:
+  absl::StatusOr<void*> RawAllocate(size_t bytes) override {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    void* p = nullptr;
+    const cudaError_t error = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (error == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          "cudaHostAlloc refused to pin that much host memory");
+    }
+    PLATEAU_CUDA_RETURN_IF_ERROR(error);
+    return p;
+  }
+
+  void RawFree(void* data, size_t /*bytes*/) override {
+    PLATEAU_CUDA_REPORT(cudaFreeHost(data));
+  }
+
+ private:
+  const int device_;
+};
+
+// ---------------------------------------------------------------------------
+// Events and streams
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int device, cudaEvent_t event) : device_(device), event_(event) {}
+  ~CudaEvent() override { PLATEAU_CUDA_REPORT(cudaEventDestroy(event_)); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  absl::Status Synchronize() override {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    return absl::OkStatus();
+  }
+
+  bool Done() override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    // A real error counts as done, so a polling caller does not spin
+    // forever; Synchronize() reports it.
+    return e != cudaErrorNotReady;
+  }
+
+  int device() const { return device_; }
+  cudaEvent_t native() const { return event_; }
+
+ private:
+  const int device_;
+  const cudaEvent_t event_;
+};
+
+// A non-blocking CUDA stream (it does not synchronise with the legacy default
+// stream) with its own cuBLAS handle and workspace.
+class CudaStream final : public Stream {
+ public:
+  CudaStream(std::string name, int device, cudaStream_t stream,
+             cublasHandle_t blas, Buffer workspace)
+      : name_(std::move(name)),
+        device_(device),
+        stream_(stream),
+        blas_(blas),
+        workspace_(std::move(workspace)) {}
+
+  ~CudaStream() override {
+    // The workspace may still be in use by enqueued work: drain first.
+    PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
+    PLATEAU_CUDA_REPORT(cudaStreamSynchronize(stream_));
+    if (cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "plateau cuda backend: cublasDestroy failed\n");
+    }
+    PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream_));
+    workspace_.Release();
+  }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  const std::string& name() const override { return name_; }
+
+  absl::Status Record(Event& event) override {
+    auto* e = dynamic_cast<CudaEvent*>(&event);
+    if (e == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream '", name_, "': Record needs a CUDA event"));
+    }
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaEventRecord(e->native(), stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status Wait(Event& event) override {
+    auto* e = dynamic_cast<CudaEvent*>(&event);
+    if (e == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream '", name_, "': Wait needs a CUDA event"));
+    }
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, e->native(), 0));
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize() override {
+    const cudaError_t error = cudaStreamSynchronize(stream_);
+    if (error == cudaSuccess) return absl::OkStatus();
+    absl::Status s = CudaStatus(error, "cudaStreamSynchronize", __FILE__,
+                                __LINE__);
+    return absl::Status(s.code(),
+                        absl::StrCat("stream '", name_, "': ", s.message()));
+  }
+
+  void* native_handle() const override { return stream_; }
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t blas() const { return blas_; }
+  void* scratch() const { return workspace_.data(); }
+  // Held while an operation enqueues its kernels (see cuda_backend.h).
+  absl::Mutex& launch_mu() { return launch_mu_; }
+
+ private:
+  const std::string name_;
+  const int device_;
+  const cudaStream_t stream_;
+  const cublasHandle_t blas_;
+  Buffer workspace_;
+  absl::Mutex launch_mu_;
+};
+
+// ---------------------------------------------------------------------------
+// The backend
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const BackendOptions& o, const cudaDeviceProp& prop)
+      : device_index_(o.device_index),
+        prop_(prop),
+        // cuBLAS's recommended workspace: 32 MiB on Hopper and later, 4 MiB
+        // before; never less than our reductions' scratch.
+        workspace_bytes_(std::max(
+            prop.major >= 9 ? size_t{32} << 20 : size_t{4} << 20,
+            cuda_ops::kScratchBytes)),
+        device_(o.device_index, o.device_memory_bytes),
+        host_(o.device_index, o.host_memory_bytes) {}
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+
+  std::string Describe() const override {
+    return absl::StrFormat(
+        "cuda (%s, sm_%d%d, %d SMs, %d MiB, GPU %d; device cap %s)",
+        prop_.name, prop_.major, prop_.minor, prop_.multiProcessorCount,
+        static_cast<int64_t>(prop_.totalGlobalMem >> 20), device_index_,
+        device_.cap_bytes() == MemorySpace::kUncapped
+            ? std::string("none")
+            : absl::StrCat(device_.cap_bytes(), " bytes"));
+  }
+
+  MemorySpace& device() override { return device_; }
+  MemorySpace& host() override { return host_; }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
+      absl::string_view name) override {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+    PLATEAU_ASSIGN_OR_RETURN(
+        Buffer workspace,
+        device_.Allocate(LiveSet::kWorkspace, workspace_bytes_));
+    cudaStream_t stream = nullptr;
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cublasHandle_t blas = nullptr;
+    absl::Status s = ConfigureBlas(stream, workspace, &blas);
+    if (!s.ok()) {
+      if (blas != nullptr) cublasDestroy(blas);
+      PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream));
+      return s;
+    }
+    return std::make_unique<CudaStream>(std::string(name), device_index_,
+                                        stream, blas, std::move(workspace));
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+    cudaEvent_t event = nullptr;
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return std::make_unique<CudaEvent>(device_index_, event);
+  }
+
+ protected:
+  absl::Status DoCopy(Stream& st, void* dst, const void* src,
+                      size_t bytes) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    // cudaMemcpyDefault: unified addressing tells device from host pointers.
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream()));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    if (g.k == 0) {  // C = beta * C; A and B may be null
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
+      return absl::OkStatus();
+    }
+    // cuBLAS is column-major. A row-major matrix read as column-major is its
+    // transpose, so the row-major C = op(A) op(B) is computed as the
+    // column-major C^T (n x m) = op(B)^T op(A)^T: the operands swap places
+    // and keep their own transpose flags and leading dimensions.
+    const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+        s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
+        static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_32F,
+        static_cast<int>(g.ldb), g.a, CUDA_R_32F, static_cast<int>(g.lda),
+        &g.beta, g.c, CUDA_R_32F, static_cast<int>(g.ldc),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoFill(Stream& st, float* x, int64_t n, float value) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Fill(s->stream(), x, n, value));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoScale(Stream& st, float* x, int64_t n, float alpha) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Scale(s->stream(), x, n, alpha));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAxpy(Stream& st, float* y, const float* x, int64_t n,
+                      float alpha) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Axpy(s->stream(), y, x, n, alpha));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAdd(Stream& st, float* out, const float* a, const float* b,
+                     int64_t n) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Add(s->stream(), out, a, b, n));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoMul(Stream& st, float* out, const float* a, const float* b,
+                     int64_t n) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Mul(s->stream(), out, a, b, n));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoSwiGluForward(Stream& st, float* out, const float* gate,
+                               const float* up, int64_t n) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_ops::SwiGluForward(s->stream(), out, gate, up, n));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoSwiGluBackward(Stream& st, float* dgate, float* dup,
+                                const float* dout, const float* gate,
+                                const float* up, int64_t n) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::SwiGluBackward(
+        s->stream(), dgate, dup, dout, gate, up, n));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoRmsNormForward(Stream& st, float* out, float* rstd,
+                                const float* x, const float* weight,
+                                int64_t rows, int64_t cols,
+                                float eps) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::RmsNormForward(
+        s->stream(), out, rstd, x, weight, rows, cols, eps));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoRmsNormBackward(Stream& st, float* dx, float* dweight,
+                                 const float* dout, const float* x,
+                                 const float* weight, const float* rstd,
+                                 int64_t rows, int64_t cols) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_ops::RmsNormBackward(s->stream(), dx, dweight, dout, x, weight,
+                                  rstd, rows, cols, s->scratch()));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoSoftmaxRows(Stream& st, float* y, const float* x,
+                             int64_t rows, int64_t cols) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_ops::SoftmaxRows(s->stream(), y, x, rows, cols));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoLogSumExpRows(Stream& st, float* out, const float* x,
+                               int64_t rows, int64_t cols) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_ops::LogSumExpRows(s->stream(), out, x, rows, cols));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoSum(Stream& st, float* out, const float* x,
+                     int64_t n) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_ops::Sum(s->stream(), out, x, n, s->scratch()));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoSumSquares(Stream& st, float* out, const float* x,
+                            int64_t n) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_ops::SumSquares(s->stream(), out, x, n, s->scratch()));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
+                       float* v, int64_t n, const AdamWArgs& args) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    const cpu::AdamWStepScalars step = cpu::ComputeAdamWStepScalars(args);
+    cuda_ops::AdamWScalars k;
+    k.beta1 = args.beta1;
+    k.one_minus_beta1 = 1.0f - args.beta1;
+    k.beta2 = args.beta2;
+    k.one_minus_beta2 = 1.0f - args.beta2;
+    k.eps = args.eps;
+    k.grad_scale = args.grad_scale;
+    k.step_size = step.step_size;
+    k.bc2_sqrt = step.bc2_sqrt;
+    k.decay = step.decay;
+    absl::MutexLock lock(&s->launch_mu());
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_ops::AdamW(s->stream(), param, grad, m, v, n, k));
+    return absl::OkStatus();
+  }
+
+ private:
+  // The stream as one of ours on this backend's GPU, with that GPU current
+  // on the calling thread (launches go to the current device's streams).
+  absl::StatusOr<CudaStream*> Native(Stream& stream) {
+    auto* s = dynamic_cast<CudaStream*>(&stream);
+    if (s == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stream '", stream.name(), "' does not belong to the CUDA backend"));
+    }
+    if (s->device() != device_index_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stream '", stream.name(), "' is on GPU ", s->device(),
+          ", this backend on GPU ", device_index_));
+    }
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+    return s;
+  }
+
+  // One handle per stream, bound to it once, with the stream's own
+  // workspace and plain FP32 math: CUBLAS_DEFAULT_MATH never turns on TF32
+  // or BF16x9 emulation, which would round inputs below fp32 and break the
+  // agreement with the CPU backend.
+  absl::Status ConfigureBlas(cudaStream_t stream, const Buffer& workspace,
+                             cublasHandle_t* blas) {
+    PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasCreate(blas));
+    // cublasSetStream resets the workspace to cuBLAS's own pool, so the
+    // stream goes first.
+    PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasSetStream(*blas, stream));
+    PLATEAU_CUBLAS_RETURN_IF_ERROR(
+        cublasSetWorkspace(*blas, workspace.data(), workspace.bytes()));
+    PLATEAU_CUBLAS_RETURN_IF_ERROR(
+        cublasSetMathMode(*blas, CUBLAS_DEFAULT_MATH));
+    return absl::OkStatus();
+  }
+
+  const int device_index_;
+  const cudaDeviceProp prop_;
+  const size_t workspace_bytes_;
+  CudaDeviceSpace device_;
+  CudaPinnedSpace host_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    const BackendOptions& options) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend: cuda was asked for, but no GPU is visible (",
+        error != cudaSuccess
+            ? absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorName(error),
+                           ", ", cudaGetErrorString(error))
+            : std::string("cudaGetDeviceCount found 0 devices"),
+        "); run on a machine with an NVIDIA GPU and its driver, or use the "
+        "cpu backend"));
+  }
+  if (options.device_index < 0 || options.device_index >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_index: ", options.device_index, " is not one of the ", count,
+        " visible GPUs (0..", count - 1, ")"));
+  }
+  PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device_index));
+  cudaDeviceProp prop;
+  PLATEAU_CUDA_RETURN_IF_ERROR(
+      cudaGetDeviceProperties(&prop, options.device_index));
+  const cudaError_t image = cuda_ops::CheckKernelImage();
+  if (image != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend: GPU ", options.device_index, " (", prop.name, ", sm_",
+        prop.major, prop.minor,
+        ") cannot run this build's kernels, which are built for sm_80 and "
+        "sm_90 (",
+        cudaGetErrorName(image), ")"));
+  }
+  return std::make_unique<CudaBackend>(options, prop);
+}
+
+}  // namespace plateau

@@ -1,0 +1,40 @@
+// The CUDA backend: cuBLAS for GEMM, our kernels (cuda_ops.h) for the other
+// primitives, cudaMalloc'd device memory and cudaHostAlloc'd pinned host
+// memory, non-blocking CUDA streams and timing-free events. Built only with
+// --config=cuda; Backend::Create(kind = kCuda) reaches it.
+//
+// Memory: every byte this backend takes on the GPU goes through its device
+// MemorySpace and is tracked by live set, including each stream's workspace
+// (LiveSet::kWorkspace: cuBLAS's workspace and the reductions' scratch; 32 MiB
+// per stream on Hopper and later, 4 MiB before, as cuBLAS recommends). The
+// CUDA context and the libraries' own code are not.
+//
+// Determinism: each stream has its own cuBLAS handle and workspace (cuBLAS
+// promises the same bits run to run only then), cuBLAS runs plain FP32 math
+// (no TF32, no emulation), and our reductions use fixed grids and no atomics.
+//
+// Thread safety: as Backend. Launches onto one stream are serialised, so an
+// operation's kernels, which share that stream's workspace, are never
+// interleaved with another thread's. Streams and events must be destroyed
+// before the backend that created them.
+#ifndef PLATEAU_KERNELS_CUDA_CUDA_BACKEND_H_
+#define PLATEAU_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace plateau {
+
+// FAILED_PRECONDITION when no GPU is visible (no driver, no device) or the
+// device has no machine code in this build (sm_80 and sm_90 are built);
+// INVALID_ARGUMENT when options.device_index names no visible GPU.
+// options.device_memory_bytes caps the device space (0: what the GPU has);
+// options.host_memory_bytes caps the pinned host space (0: uncapped).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    const BackendOptions& options);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,45 @@
+#include "kernels/cuda/cuda_check.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace plateau {
+
+absl::Status CudaStatus(cudaError_t error, const char* call, const char* file,
+                        int line) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  // Errors that are not sticky stay in the per-thread last-error slot;
+  // clear it, since this one is now being reported.
+  (void)cudaGetLastError();
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  switch (error) {
+    case cudaErrorMemoryAllocation:
+      code = absl::StatusCode::kResourceExhausted;
+      break;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorInvalidDevice:
+      code = absl::StatusCode::kFailedPrecondition;
+      break;
+    default:
+      break;
+  }
+  return absl::Status(
+      code, absl::StrCat(file, ":", line, ": ", call, ": ",
+                         cudaGetErrorName(error), " (",
+                         cudaGetErrorString(error), ")"));
+}
+
+absl::Status CublasStatus(cublasStatus_t status, const char* call,
+                          const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const absl::StatusCode code = status == CUBLAS_STATUS_ALLOC_FAILED
+                                    ? absl::StatusCode::kResourceExhausted
+                                    : absl::StatusCode::kInternal;
+  return absl::Status(
+      code, absl::StrCat(file, ":", line, ": ", call, ": ",
+                         cublasGetStatusName(status), " (",
+                         cublasGetStatusString(status), ")"));
+}
+
+}  // namespace plateau

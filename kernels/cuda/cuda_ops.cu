@@ -1,0 +1,467 @@
+// CUDA kernels for the backend's primitives. Each mirrors its CPU twin in
+// kernels/cpu_ops.cc expression for expression (the same fp32 operations in
+// the same order per element, the same double accumulators for reductions),
+// so the two agree to fp32 rounding; only the order in which reductions add
+// their terms differs, and that order is fixed (see cuda_ops.h).
+//
+// Every kernel runs blocks of kThreads threads. Elementwise kernels and the
+// row kernels use grid-stride loops, so any size runs on a bounded grid.
+#include "kernels/cuda/cuda_ops.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace plateau::cuda_ops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGrid = int64_t{1} << 16;
+// Sum/SumSquares: at most this many per-block partials, each block's threads
+// taking at least kItemsPerThread elements first.
+constexpr int64_t kReduceBlocks = 1024;
+constexpr int64_t kItemsPerThread = 16;
+// RmsNormBackward's dweight: rows are split into at most kMaxChunks chunks of
+// at least kRowsPerChunk rows, each chunk's column sums a partial.
+constexpr int64_t kRowsPerChunk = 32;
+constexpr int64_t kMaxChunks = 1024;
+
+static_assert(kReduceBlocks * sizeof(double) <= kScratchBytes,
+              "Sum's partials must fit in the scratch");
+
+int ElementwiseGrid(int64_t n) {
+  return static_cast<int>(
+      std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxGrid));
+}
+
+// One block per row, up to kMaxGrid blocks (then blocks take several rows).
+int RowGrid(int64_t rows) {
+  return static_cast<int>(std::clamp<int64_t>(rows, 1, kMaxGrid));
+}
+
+__device__ __forceinline__ int64_t GlobalThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Combines one value from each of the block's kThreads threads in a fixed
+// tree (the same pairs every run) and returns the result to every thread.
+// The trailing barrier makes the shared array free for the next call.
+template <typename T, typename Op>
+__device__ T BlockReduce(T v, Op op) {
+  __shared__ T smem[kThreads];
+  smem[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      smem[threadIdx.x] = op(smem[threadIdx.x], smem[threadIdx.x + stride]);
+    }
+    __syncthreads();
+  }
+  const T result = smem[0];
+  __syncthreads();
+  return result;
+}
+
+__device__ __forceinline__ float Sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+// ---------------------------------------------------------------------------
+// Elementwise: one functor per primitive, applied at every index. Outputs may
+// alias inputs: each index is read before it is written, by the same thread.
+
+template <typename Op>
+__global__ void __launch_bounds__(kThreads) ElementwiseKernel(int64_t n, Op op) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) op(i);
+}
+
+template <typename Op>
+cudaError_t LaunchElementwise(cudaStream_t stream, int64_t n, Op op) {
+  ElementwiseKernel<<<ElementwiseGrid(n), kThreads, 0, stream>>>(n, op);
+  return cudaGetLastError();
+}
+
+struct FillOp {
+  float* x;
+  float value;
+  __device__ void operator()(int64_t i) const { x[i] = value; }
+};
+
+struct ScaleOp {
+  float* x;
+  float alpha;
+  __device__ void operator()(int64_t i) const { x[i] *= alpha; }
+};
+
+struct AxpyOp {
+  float* y;
+  const float* x;
+  float alpha;
+  __device__ void operator()(int64_t i) const { y[i] += alpha * x[i]; }
+};
+
+struct AddOp {
+  float* out;
+  const float* a;
+  const float* b;
+  __device__ void operator()(int64_t i) const { out[i] = a[i] + b[i]; }
+};
+
+struct MulOp {
+  float* out;
+  const float* a;
+  const float* b;
+  __device__ void operator()(int64_t i) const { out[i] = a[i] * b[i]; }
+};
+
+struct SwiGluForwardOp {
+  float* out;
+  const float* gate;
+  const float* up;
+  __device__ void operator()(int64_t i) const {
+    const float g = gate[i];
+    out[i] = g * Sigmoid(g) * up[i];
+  }
+};
+
+struct SwiGluBackwardOp {
+  float* dgate;
+  float* dup;
+  const float* dout;
+  const float* gate;
+  const float* up;
+  __device__ void operator()(int64_t i) const {
+    const float g = gate[i], s = Sigmoid(g), d = dout[i];
+    const float silu = g * s;
+    // silu'(g) = s * (1 + g * (1 - s))
+    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+    dup[i] = d * silu;
+  }
+};
+
+struct ScaleMatrixOp {
+  float* c;
+  int64_t cols, ld;
+  float beta;
+  __device__ void operator()(int64_t i) const {
+    float* p = c + (i / cols) * ld + (i % cols);
+    *p = beta == 0.0f ? 0.0f : beta * *p;
+  }
+};
+
+struct AdamWOp {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  AdamWScalars s;
+  __device__ void operator()(int64_t i) const {
+    const float g = grad[i] * s.grad_scale;
+    const float p = param[i] * s.decay;
+    const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
+    const float vi = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Row-wise: one block per row. Every thread of a block walks the same rows,
+// so the barriers inside BlockReduce are reached by all of them.
+
+__global__ void __launch_bounds__(kThreads)
+    RmsNormForwardKernel(float* out, float* rstd, const float* x,
+                         const float* weight, int64_t rows, int64_t cols,
+                         float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    double ss = 0.0;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      ss += static_cast<double>(xr[c]) * xr[c];
+    }
+    ss = BlockReduce(ss, SumOp());
+    const float rs = static_cast<float>(1.0 / sqrt(ss / cols + eps));
+    if (threadIdx.x == 0) rstd[r] = rs;
+    // out may alias x: every thread has read its elements of the row before
+    // the barrier in BlockReduce, and writes only those.
+    float* orow = out + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      orow[c] = xr[c] * rs * weight[c];
+    }
+  }
+}
+
+// dx = r * (dout*w) - x * r^3 / cols * sum_c (dout*w*x), r = rstd[row].
+__global__ void __launch_bounds__(kThreads)
+    RmsNormBackwardDxKernel(float* dx, const float* dout, const float* x,
+                            const float* weight, const float* rstd,
+                            int64_t rows, int64_t cols) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    const float* dr = dout + r * cols;
+    const float rs = rstd[r];
+    double dot = 0.0;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      dot += static_cast<double>(dr[c]) * weight[c] * xr[c];
+    }
+    dot = BlockReduce(dot, SumOp());
+    const float coef = static_cast<float>(dot * rs * rs * rs / cols);
+    float* dxr = dx + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      dxr[c] = rs * dr[c] * weight[c] - xr[c] * coef;
+    }
+  }
+}
+
+// dweight[c] += sum_r dout[r,c] x[r,c] rstd[r], first pass: block (bx, by)
+// sums rows [by * rows_per_chunk, ...) of columns [bx * kThreads, ...), rows
+// in order, into partial[by * cols + c]. With partial == nullptr (a single
+// chunk) it adds straight into dweight. Adjacent threads read adjacent
+// columns, so each row's loads are coalesced.
+__global__ void __launch_bounds__(kThreads)
+    RmsNormDweightPartialKernel(double* partial, float* dweight,
+                                const float* dout, const float* x,
+                                const float* rstd, int64_t rows, int64_t cols,
+                                int64_t rows_per_chunk) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end =
+      begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+  double acc = 0.0;
+  for (int64_t r = begin; r < end; ++r) {
+    acc += static_cast<double>(dout[r * cols + c]) * x[r * cols + c] * rstd[r];
+  }
+  if (partial != nullptr) {
+    partial[blockIdx.y * cols + c] = acc;
+  } else {
+    dweight[c] = static_cast<float>(dweight[c] + acc);
+  }
+}
+
+// Second pass: each column's chunk partials, in chunk order.
+__global__ void __launch_bounds__(kThreads)
+    RmsNormDweightCombineKernel(float* dweight, const double* partial,
+                                int64_t cols, int64_t chunks) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  double acc = 0.0;
+  for (int64_t j = 0; j < chunks; ++j) acc += partial[j * cols + c];
+  dweight[c] = static_cast<float>(dweight[c] + acc);
+}
+
+// Softmax and log-sum-exp shift by the row maximum so exp stays in range
+// for any finite x (x - max may round to -inf, whose exp is 0).
+__device__ float RowMax(const float* xr, int64_t cols) {
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) mx = fmaxf(mx, xr[c]);
+  return BlockReduce(mx, MaxOp());
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SoftmaxRowsKernel(float* y, const float* x, int64_t rows, int64_t cols) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    const float mx = RowMax(xr, cols);
+    double sum = 0.0;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      sum += static_cast<double>(expf(xr[c] - mx));
+    }
+    sum = BlockReduce(sum, SumOp());
+    const float inv = static_cast<float>(1.0 / sum);
+    // y may alias x: see RmsNormForwardKernel.
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      yr[c] = expf(xr[c] - mx) * inv;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    LogSumExpRowsKernel(float* out, const float* x, int64_t rows,
+                        int64_t cols) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    const float mx = RowMax(xr, cols);
+    double sum = 0.0;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+      sum += exp(static_cast<double>(xr[c] - mx));
+    }
+    sum = BlockReduce(sum, SumOp());
+    if (threadIdx.x == 0) out[r] = static_cast<float>(mx + log(sum));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Whole-array reductions: per-block partials, then one block combines them.
+
+template <bool kSquare>
+__global__ void __launch_bounds__(kThreads)
+    ReducePartialKernel(double* partial, const float* x, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const double v = x[i];
+    acc += kSquare ? v * v : v;
+  }
+  acc = BlockReduce(acc, SumOp());
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ReduceFinishKernel(float* out, const double* partial, int64_t count) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += kThreads) acc += partial[i];
+  acc = BlockReduce(acc, SumOp());
+  if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
+}
+
+template <bool kSquare>
+cudaError_t LaunchReduce(cudaStream_t stream, float* out, const float* x,
+                         int64_t n, void* scratch) {
+  const int64_t per_block = kThreads * kItemsPerThread;
+  const int64_t blocks =
+      std::clamp<int64_t>((n + per_block - 1) / per_block, 1, kReduceBlocks);
+  auto* partial = static_cast<double*>(scratch);
+  ReducePartialKernel<kSquare>
+      <<<static_cast<int>(blocks), kThreads, 0, stream>>>(partial, x, n);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  ReduceFinishKernel<<<1, kThreads, 0, stream>>>(out, partial, blocks);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t CheckKernelImage() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, ElementwiseKernel<FillOp>);
+}
+
+cudaError_t Fill(cudaStream_t stream, float* x, int64_t n, float value) {
+  return LaunchElementwise(stream, n, FillOp{x, value});
+}
+
+cudaError_t Scale(cudaStream_t stream, float* x, int64_t n, float alpha) {
+  return LaunchElementwise(stream, n, ScaleOp{x, alpha});
+}
+
+cudaError_t Axpy(cudaStream_t stream, float* y, const float* x, int64_t n,
+                 float alpha) {
+  return LaunchElementwise(stream, n, AxpyOp{y, x, alpha});
+}
+
+cudaError_t Add(cudaStream_t stream, float* out, const float* a,
+                const float* b, int64_t n) {
+  return LaunchElementwise(stream, n, AddOp{out, a, b});
+}
+
+cudaError_t Mul(cudaStream_t stream, float* out, const float* a,
+                const float* b, int64_t n) {
+  return LaunchElementwise(stream, n, MulOp{out, a, b});
+}
+
+cudaError_t SwiGluForward(cudaStream_t stream, float* out, const float* gate,
+                          const float* up, int64_t n) {
+  return LaunchElementwise(stream, n, SwiGluForwardOp{out, gate, up});
+}
+
+cudaError_t SwiGluBackward(cudaStream_t stream, float* dgate, float* dup,
+                           const float* dout, const float* gate,
+                           const float* up, int64_t n) {
+  return LaunchElementwise(stream, n,
+                           SwiGluBackwardOp{dgate, dup, dout, gate, up});
+}
+
+cudaError_t ScaleMatrix(cudaStream_t stream, float* c, int64_t rows,
+                        int64_t cols, int64_t ld, float beta) {
+  return LaunchElementwise(stream, rows * cols,
+                           ScaleMatrixOp{c, cols, ld, beta});
+}
+
+cudaError_t RmsNormForward(cudaStream_t stream, float* out, float* rstd,
+                           const float* x, const float* weight, int64_t rows,
+                           int64_t cols, float eps) {
+  RmsNormForwardKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+      out, rstd, x, weight, rows, cols, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormBackward(cudaStream_t stream, float* dx, float* dweight,
+                            const float* dout, const float* x,
+                            const float* weight, const float* rstd,
+                            int64_t rows, int64_t cols, void* scratch) {
+  // dweight first: it reads dout and x across rows, while the dx kernel
+  // reads each row before writing it, so this order also stays right if a
+  // caller passes dx aliasing dout or x (as the CPU twin tolerates).
+  //
+  // Row chunks for dweight: enough for parallelism, bounded by the scratch
+  // (chunks * cols doubles). Depends only on (rows, cols).
+  const int64_t capacity = static_cast<int64_t>(kScratchBytes / sizeof(double));
+  int64_t chunks = std::min<int64_t>(
+      {(rows + kRowsPerChunk - 1) / kRowsPerChunk, kMaxChunks, capacity / cols});
+  chunks = std::max<int64_t>(chunks, 1);
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;  // none empty
+  double* partial = chunks > 1 ? static_cast<double*>(scratch) : nullptr;
+
+  const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(chunks));
+  RmsNormDweightPartialKernel<<<grid, kThreads, 0, stream>>>(
+      partial, dweight, dout, x, rstd, rows, cols, rows_per_chunk);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  if (partial != nullptr) {
+    RmsNormDweightCombineKernel<<<grid.x, kThreads, 0, stream>>>(
+        dweight, partial, cols, chunks);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  RmsNormBackwardDxKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+      dx, dout, x, weight, rstd, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t SoftmaxRows(cudaStream_t stream, float* y, const float* x,
+                        int64_t rows, int64_t cols) {
+  SoftmaxRowsKernel<<<RowGrid(rows), kThreads, 0, stream>>>(y, x, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t LogSumExpRows(cudaStream_t stream, float* out, const float* x,
+                          int64_t rows, int64_t cols) {
+  LogSumExpRowsKernel<<<RowGrid(rows), kThreads, 0, stream>>>(out, x, rows,
+                                                              cols);
+  return cudaGetLastError();
+}
+
+cudaError_t Sum(cudaStream_t stream, float* out, const float* x, int64_t n,
+                void* scratch) {
+  return LaunchReduce<false>(stream, out, x, n, scratch);
+}
+
+cudaError_t SumSquares(cudaStream_t stream, float* out, const float* x,
+                       int64_t n, void* scratch) {
+  return LaunchReduce<true>(stream, out, x, n, scratch);
+}
+
+cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
+                  float* m, float* v, int64_t n, const AdamWScalars& s) {
+  return LaunchElementwise(stream, n, AdamWOp{param, grad, m, v, s});
+}
+
+}  // namespace plateau::cuda_ops

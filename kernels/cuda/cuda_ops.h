@@ -1,0 +1,96 @@
+// CUDA kernels for the backend's primitives, one launcher per primitive.
+//
+// Semantics are those of kernels/backend.h and of the CPU twins in
+// kernels/cpu_ops.cc, which are the reference these are tested against
+// (kernels/cuda_twin_test.cc). Arguments are assumed validated (the Backend
+// base does that once for every backend). Each launcher enqueues its kernels
+// on `stream` and returns cudaGetLastError(): launch errors show at once,
+// faults inside a kernel at the stream's next synchronisation.
+//
+// Determinism: no floating-point atomics anywhere. Reductions run on a grid
+// whose shape depends only on the problem size, combine per-thread partials
+// with a fixed tree inside each block, and combine per-block partials in a
+// second kernel in a fixed order; so the same inputs give the same bits run
+// to run (on the same GPU model). Sums accumulate in double, like the CPU
+// twins.
+//
+// This header is plain C++ (no CUDA language extensions) so that the
+// backend, compiled by the host compiler, can include it; the kernels are
+// compiled by nvcc into a static library (see BUILD.bazel).
+#ifndef PLATEAU_KERNELS_CUDA_CUDA_OPS_H_
+#define PLATEAU_KERNELS_CUDA_CUDA_OPS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace plateau::cuda_ops {
+
+// The scratch memory a stream lends to reductions that need a second pass:
+// Sum and SumSquares use at most 8 KiB of it; RmsNormBackward's per-chunk
+// dweight partials use up to all of it (fewer row chunks when cols is large).
+// The amount is fixed, not taken from the device, so the reduction order, and
+// with it the bits, do not depend on which GPU runs it.
+inline constexpr size_t kScratchBytes = size_t{4} << 20;
+
+// Returns cudaSuccess when this library has machine code the current device
+// can run (built for sm_80 and sm_90), an error such as
+// cudaErrorNoKernelImageForDevice otherwise.
+cudaError_t CheckKernelImage();
+
+cudaError_t Fill(cudaStream_t stream, float* x, int64_t n, float value);
+cudaError_t Scale(cudaStream_t stream, float* x, int64_t n, float alpha);
+cudaError_t Axpy(cudaStream_t stream, float* y, const float* x, int64_t n,
+                 float alpha);
+cudaError_t Add(cudaStream_t stream, float* out, const float* a,
+                const float* b, int64_t n);
+cudaError_t Mul(cudaStream_t stream, float* out, const float* a,
+                const float* b, int64_t n);
+cudaError_t SwiGluForward(cudaStream_t stream, float* out, const float* gate,
+                          const float* up, int64_t n);
+cudaError_t SwiGluBackward(cudaStream_t stream, float* dgate, float* dup,
+                           const float* dout, const float* gate,
+                           const float* up, int64_t n);
+
+// C[rows x cols] (row stride ld) = beta * C, with beta == 0 writing zeros
+// (C is not read): a GEMM whose inner dimension k is 0.
+cudaError_t ScaleMatrix(cudaStream_t stream, float* c, int64_t rows,
+                        int64_t cols, int64_t ld, float beta);
+
+cudaError_t RmsNormForward(cudaStream_t stream, float* out, float* rstd,
+                           const float* x, const float* weight, int64_t rows,
+                           int64_t cols, float eps);
+// `scratch` (kScratchBytes, 256-byte aligned, device memory) must not be
+// used by anything else until this work has run: stream order does that when
+// it belongs to `stream`.
+cudaError_t RmsNormBackward(cudaStream_t stream, float* dx, float* dweight,
+                            const float* dout, const float* x,
+                            const float* weight, const float* rstd,
+                            int64_t rows, int64_t cols, void* scratch);
+cudaError_t SoftmaxRows(cudaStream_t stream, float* y, const float* x,
+                        int64_t rows, int64_t cols);
+cudaError_t LogSumExpRows(cudaStream_t stream, float* out, const float* x,
+                          int64_t rows, int64_t cols);
+cudaError_t Sum(cudaStream_t stream, float* out, const float* x, int64_t n,
+                void* scratch);
+cudaError_t SumSquares(cudaStream_t stream, float* out, const float* x,
+                       int64_t n, void* scratch);
+
+// The scalars of one AdamW step, computed on the host exactly as the CPU
+// twin computes them (cpu::AdamWStepScalars), so both apply one formula.
+struct AdamWScalars {
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float eps;
+  float grad_scale;
+  float step_size;  // lr / (1 - beta1^step)
+  float bc2_sqrt;   // sqrt(1 - beta2^step)
+  float decay;      // 1 - lr * weight_decay
+};
+cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
+                  float* m, float* v, int64_t n, const AdamWScalars& s);
+
+}  // namespace plateau::cuda_ops
+
+#endif  // PLATEAU_KERNELS_CUDA_CUDA_OPS_H_
