@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <functional>
 #include <string>
 #include <utility>
@@ -122,6 +124,48 @@ inline double LoadAverage1m() {
   std::fclose(f);
   return load;
 }
+
+// How much of the machine's CPU time other processes used over an interval:
+// these benchmarks share their cores with whatever else runs, and a figure
+// taken while others were busy is not a ceiling. Reads /proc/stat (all
+// busy time) and getrusage (this process's time, all threads).
+class CpuMeter {
+ public:
+  CpuMeter() { Restart(); }
+  void Restart() { Read(&busy0_, &total0_, &self0_); }
+  // Percent of all core-seconds in the interval spent by other processes,
+  // or -1 where /proc/stat cannot be read.
+  double OthersPercent() const {
+    double busy, total, self;
+    Read(&busy, &total, &self);
+    if (busy0_ < 0 || busy < 0 || total <= total0_) return -1;
+    const double others = (busy - busy0_) - (self - self0_);
+    return std::max(0.0, 100.0 * others / (total - total0_));
+  }
+
+ private:
+  static void Read(double* busy, double* total, double* self) {
+    *busy = *total = -1;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *self = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+            ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+    std::FILE* f = std::fopen("/proc/stat", "r");
+    if (f == nullptr) return;
+    unsigned long long v[8] = {};
+    const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu",
+                                &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                                &v[6], &v[7]);
+    std::fclose(f);
+    if (got != 8) return;
+    // user nice system idle iowait irq softirq steal
+    const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+    *busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / tick;
+    *total = (v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]) / tick;
+  }
+
+  double busy0_, total0_, self0_;
+};
 
 // Exits with the status on error: the benchmarks are command-line tools.
 template <typename T>

@@ -18,6 +18,9 @@
 // several timed runs after a warm-up; small sizes repeat the copy within a
 // run so a run lasts at least ~20 ms. Copied bytes are checked after timing.
 //
+// "others%": the share of the machine's CPU time other processes took while
+// a row ran (these cores are shared; such rows understate the ceiling).
+//
 // Output: tables, then one JSON line.
 #include <cblas.h>
 
@@ -75,6 +78,7 @@ absl::StatusOr<double> BestGBps(size_t bytes,
 struct HostRow {
   size_t bytes;
   double gbps;
+  double others_pct;  // CPU time other processes took meanwhile
 };
 
 std::vector<HostRow> HostMemcpy() {
@@ -85,6 +89,7 @@ std::vector<HostRow> HostMemcpy() {
   for (size_t i = 0; i < max_bytes; ++i) src[i] = static_cast<char>(i * 131);
   std::memset(dst.data(), 1, max_bytes);
   for (size_t bytes : kSizes) {
+    CpuMeter meter;
     const double gbps = OrDie(
         BestGBps(
             bytes,
@@ -98,7 +103,7 @@ std::vector<HostRow> HostMemcpy() {
       std::fprintf(stderr, "memcpy: copied bytes differ\n");
       std::exit(2);
     }
-    rows.push_back({bytes, gbps});
+    rows.push_back({bytes, gbps, meter.OthersPercent()});
   }
   return rows;
 }
@@ -106,12 +111,14 @@ std::vector<HostRow> HostMemcpy() {
 struct CopyRow {
   size_t bytes;
   double h2d_gbps, d2h_gbps;
+  double others_pct;
 };
 
 struct OverlapResult {
   size_t copy_bytes = 0;
   int64_t gemm_n = 0;
   double t_copy = 0, t_gemm = 0, t_both = 0;
+  double others_pct = 0;
   double ratio() const { return t_both / (t_copy + t_gemm); }
   double ideal() const { return std::max(t_copy, t_gemm) / (t_copy + t_gemm); }
 };
@@ -133,6 +140,7 @@ absl::StatusOr<OverlapResult> RunOverlap(Backend& b, Stream& copy,
                                          const Buffer& dev, int64_t gemm_n,
                                          double h2d_gbps) {
   OverlapResult ov;
+  CpuMeter meter;
   ov.gemm_n = gemm_n;
   const int64_t n = gemm_n;
   std::vector<float> a(n * n);
@@ -171,6 +179,7 @@ absl::StatusOr<OverlapResult> RunOverlap(Backend& b, Stream& copy,
   };
   PLATEAU_ASSIGN_OR_RETURN(Timing tb, TimeRuns(both, 1, 3, 0.1, 5));
   ov.t_both = tb.best_s;
+  ov.others_pct = meter.OthersPercent();
   return ov;
 }
 
@@ -191,7 +200,8 @@ absl::StatusOr<BackendResult> RunBackend(Backend& b, int64_t gemm_n,
 
   // Bandwidth per direction and size.
   for (size_t bytes : kSizes) {
-    CopyRow row{bytes, 0, 0};
+    CopyRow row{bytes, 0, 0, 0};
+    CpuMeter meter;
     auto sync = [&] { return copy->Synchronize(); };
     PLATEAU_ASSIGN_OR_RETURN(
         row.h2d_gbps,
@@ -203,6 +213,7 @@ absl::StatusOr<BackendResult> RunBackend(Backend& b, int64_t gemm_n,
         BestGBps(bytes,
                  [&] { return b.Copy(*copy, host.data(), dev.data(), bytes); },
                  sync));
+    row.others_pct = meter.OthersPercent();
     out.copies.push_back(row);
   }
   // The round trips left the host bytes as they were; check the device's.
@@ -231,10 +242,11 @@ absl::StatusOr<BackendResult> RunBackend(Backend& b, int64_t gemm_n,
 
 void PrintBackend(const char* title, const BackendResult& r) {
   std::printf("\n%s: %s\n", title, r.describe.c_str());
-  std::printf("%-10s %14s %14s\n", "size", "host->dev GB/s", "dev->host GB/s");
+  std::printf("%-10s %14s %14s %8s\n", "size", "host->dev GB/s",
+              "dev->host GB/s", "others%");
   for (const CopyRow& c : r.copies) {
-    std::printf("%-10s %14.2f %14.2f\n", SizeText(c.bytes).c_str(), c.h2d_gbps,
-                c.d2h_gbps);
+    std::printf("%-10s %14.2f %14.2f %8.1f\n", SizeText(c.bytes).c_str(),
+                c.h2d_gbps, c.d2h_gbps, c.others_pct);
   }
   auto print = [](const OverlapResult& o, const std::string& note) {
     std::printf("overlap: copy %s host->dev on 'copy' + sgemm %lldx%lldx%lld "
@@ -242,10 +254,11 @@ void PrintBackend(const char* title, const BackendResult& r) {
                 SizeText(o.copy_bytes).c_str(), static_cast<long long>(o.gemm_n),
                 static_cast<long long>(o.gemm_n),
                 static_cast<long long>(o.gemm_n), note.c_str());
-    std::printf("%10s %10s %10s %14s %8s\n", "copy ms", "gemm ms", "both ms",
-                "overlap ratio", "ideal");
-    std::printf("%10.2f %10.2f %10.2f %14.3f %8.3f\n", o.t_copy * 1e3,
-                o.t_gemm * 1e3, o.t_both * 1e3, o.ratio(), o.ideal());
+    std::printf("%10s %10s %10s %14s %8s %8s\n", "copy ms", "gemm ms",
+                "both ms", "overlap ratio", "ideal", "others%");
+    std::printf("%10.2f %10.2f %10.2f %14.3f %8.3f %8.1f\n", o.t_copy * 1e3,
+                o.t_gemm * 1e3, o.t_both * 1e3, o.ratio(), o.ideal(),
+                o.others_pct);
   };
   print(r.overlap, r.gemm_threads > 0
                        ? absl::StrFormat(" (OpenBLAS %d threads)", r.gemm_threads)
@@ -262,16 +275,17 @@ std::string Json(const BackendResult& r) {
   for (const CopyRow& c : r.copies) {
     absl::StrAppend(&rows, rows.empty() ? "" : ",",
                     absl::StrFormat("{\"bytes\":%d,\"h2d_gbps\":%.3f,"
-                                    "\"d2h_gbps\":%.3f}",
-                                    c.bytes, c.h2d_gbps, c.d2h_gbps));
+                                    "\"d2h_gbps\":%.3f,\"others_pct\":%.1f}",
+                                    c.bytes, c.h2d_gbps, c.d2h_gbps,
+                                    c.others_pct));
   }
   auto overlap = [](const OverlapResult& o, int threads) {
     return absl::StrFormat(
         "{\"copy_bytes\":%d,\"gemm_n\":%d,\"gemm_threads\":%d,"
         "\"copy_ms\":%.3f,\"gemm_ms\":%.3f,\"both_ms\":%.3f,"
-        "\"ratio\":%.4f,\"ideal\":%.4f}",
+        "\"ratio\":%.4f,\"ideal\":%.4f,\"others_pct\":%.1f}",
         o.copy_bytes, o.gemm_n, threads, o.t_copy * 1e3, o.t_gemm * 1e3,
-        o.t_both * 1e3, o.ratio(), o.ideal());
+        o.t_both * 1e3, o.ratio(), o.ideal(), o.others_pct);
   };
   std::string json = absl::StrFormat(
       "{\"describe\":%s,\"copies\":[%s],\"overlap\":%s",
@@ -288,15 +302,18 @@ int Main() {
   std::printf("copy_bench  %s  (load average %.2f at start)\n", NowText().c_str(),
               load);
   const std::vector<HostRow> host = HostMemcpy();
-  std::printf("\nhost memcpy (one thread)\n%-10s %10s\n", "size", "GB/s");
+  std::printf("\nhost memcpy (one thread)\n%-10s %10s %8s\n", "size", "GB/s",
+              "others%");
   double best_host = 0;
   std::string host_json;
   for (const HostRow& r : host) {
-    std::printf("%-10s %10.2f\n", SizeText(r.bytes).c_str(), r.gbps);
+    std::printf("%-10s %10.2f %8.1f\n", SizeText(r.bytes).c_str(), r.gbps,
+                r.others_pct);
     best_host = std::max(best_host, r.gbps);
     absl::StrAppend(&host_json, host_json.empty() ? "" : ",",
-                    absl::StrFormat("{\"bytes\":%d,\"gbps\":%.3f}", r.bytes,
-                                    r.gbps));
+                    absl::StrFormat("{\"bytes\":%d,\"gbps\":%.3f,"
+                                    "\"others_pct\":%.1f}",
+                                    r.bytes, r.gbps, r.others_pct));
   }
 
   BackendOptions cpu_options;

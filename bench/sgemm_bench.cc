@@ -11,6 +11,10 @@
 // result is spot-checked against double dot products on 256 entries (wrong =
 // off by more than 2 k u sum|a b|, u = 2^-24).
 //
+// "others%" is the share of the machine's CPU time that other processes
+// took while a shape ran: these cores are shared, and a row taken while
+// others were busy understates the ceiling.
+//
 // Output: a table per backend, then one JSON line.
 #include <cblas.h>
 
@@ -55,6 +59,7 @@ struct Result {
   double gflop = 0;
   Timing timing;  // per GEMM
   int inner = 1;  // GEMMs per timed run
+  double others_pct = 0;  // CPU time other processes took meanwhile
   int checked = 0;
   int wrong = 0;
   double max_err = 0;  // max |c - ref| / sum|a b| over the checked entries
@@ -93,6 +98,7 @@ absl::StatusOr<Result> RunShape(Backend& b, Stream& s, const Shape& sh) {
 
   // Warm-up (thread pools, cuBLAS heuristics, page faults), which also
   // sizes the batch.
+  CpuMeter meter;
   const double t0 = NowSeconds();
   PLATEAU_RETURN_IF_ERROR(b.Gemm(s, g));
   PLATEAU_RETURN_IF_ERROR(s.Synchronize());
@@ -109,6 +115,7 @@ absl::StatusOr<Result> RunShape(Backend& b, Stream& s, const Shape& sh) {
                     },
                     /*warmup=*/0, /*min_reps=*/3, /*min_total_s=*/0.3,
                     /*max_reps=*/10));
+  r.others_pct = meter.OthersPercent();
   r.timing.best_s /= inner;
   r.timing.median_s /= inner;
 
@@ -157,21 +164,21 @@ BackendRun RunBackend(Backend& b, int threads) {
 
 void PrintTable(const char* title, const BackendRun& run) {
   std::printf("\n%s: %s\n", title, run.describe.c_str());
-  std::printf("%-22s %-22s %8s %10s %10s %9s %12s %7s\n", "shape", "m x n x k",
-              "GFLOP", "best ms", "median ms", "GFLOP/s",
-              run.threads > 1 ? "GFLOP/s/core" : "", "wrong");
+  std::printf("%-22s %-22s %8s %10s %10s %9s %12s %7s %8s\n", "shape",
+              "m x n x k", "GFLOP", "best ms", "median ms", "GFLOP/s",
+              run.threads > 1 ? "GFLOP/s/core" : "", "wrong", "others%");
   for (const Result& r : run.results) {
     const std::string dims = absl::StrFormat(
         "%dx%dx%d%s", r.shape.m, r.shape.n, r.shape.k,
         r.shape.trans_a ? " (A^T)" : "");
     const double gflops = r.gflop / r.timing.best_s;
-    std::printf("%-22s %-22s %8.2f %10.3f %10.3f %9.1f %12s %3d/%d\n",
+    std::printf("%-22s %-22s %8.2f %10.3f %10.3f %9.1f %12s %3d/%d %8.1f\n",
                 r.shape.what, dims.c_str(), r.gflop, r.timing.best_s * 1e3,
                 r.timing.median_s * 1e3, gflops,
                 run.threads > 1
                     ? absl::StrFormat("%.1f", gflops / run.threads).c_str()
                     : "",
-                r.wrong, r.checked);
+                r.wrong, r.checked, r.others_pct);
   }
 }
 
@@ -186,10 +193,12 @@ std::string Json(const BackendRun& run) {
         absl::StrFormat(
             "{\"m\":%d,\"n\":%d,\"k\":%d,\"trans_a\":%s,\"best_ms\":%.4f,"
             "\"median_ms\":%.4f,\"gflops\":%.2f,\"gflops_per_core\":%.2f,"
-            "\"checked\":%d,\"wrong\":%d,\"max_err\":%.3g}",
+            "\"checked\":%d,\"wrong\":%d,\"max_err\":%.3g,"
+            "\"others_pct\":%.1f}",
             r.shape.m, r.shape.n, r.shape.k, r.shape.trans_a ? "true" : "false",
             r.timing.best_s * 1e3, r.timing.median_s * 1e3, gflops,
-            gflops / run.threads, r.checked, r.wrong, r.max_err));
+            gflops / run.threads, r.checked, r.wrong, r.max_err,
+            r.others_pct));
   }
   return absl::StrFormat(
       "{\"describe\":%s,\"threads\":%d,\"best_gflops\":%.2f,"

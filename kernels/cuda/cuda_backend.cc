@@ -170,6 +170,7 @@ class CudaStream final : public Stream {
       return absl::InvalidArgumentError(
           absl::StrCat("stream '", name_, "': Record needs a CUDA event"));
     }
+    absl::MutexLock lock(&launch_mu_);  // between operations, not inside one
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaEventRecord(e->native(), stream_));
     return absl::OkStatus();
@@ -181,6 +182,7 @@ class CudaStream final : public Stream {
       return absl::InvalidArgumentError(
           absl::StrCat("stream '", name_, "': Wait needs a CUDA event"));
     }
+    absl::MutexLock lock(&launch_mu_);
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, e->native(), 0));
     return absl::OkStatus();
