@@ -260,7 +260,9 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
       for (const auto& ls : plan.live_sets()) {
         const int64_t pk = peak[ls.live_set()];
         std::printf("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
-                    pk > ls.bytes() ? "  over the plan" : "");
+                    pk <= ls.bytes() ? ""
+                    : ls.live_set() == "dispatch" ? "  above the balanced estimate (standard_ep has no bound)"
+                                                  : "  OVER THE PLAN");
       }
       std::printf("    %-12s %9s / %9s of a %s MiB device\n", "total", MiB(peak_total).c_str(),
                   MiB(plan.total_bytes()).c_str(), MiB(plan.device_memory_bytes()).c_str());

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -404,6 +405,30 @@ TEST(ServiceTest, KilledRankFailsTheJobWithItsSignal) {
   EXPECT_EQ(job.failure().signal(), SIGKILL);
   EXPECT_THAT(job.state_reason(), HasSubstr("signal 9"));
   EXPECT_TRUE(RankPids(id).empty());
+}
+
+TEST(ServiceTest, CrashedAttemptRestartsWhenRestartsAreLeft) {
+  Cluster c("restart");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(300);
+  spec.set_max_restarts(1);
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
+  const std::vector<pid_t> first = RankPids(id);
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(kill(first[0], SIGKILL), 0);
+  const v1::Job job = c.WaitDone(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 1);
+  std::vector<v1::JobState> states;
+  ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+    if (e.has_state_change()) states.push_back(e.state_change().state());
+    return true;
+  }).ok());
+  EXPECT_THAT(states, ::testing::Contains(v1::RESTARTING));
+  EXPECT_EQ(std::count(states.begin(), states.end(), v1::RUNNING), 2);
 }
 
 TEST(ServiceTest, RankExitCodeAndMessageReachTheJob) {
