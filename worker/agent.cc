@@ -55,6 +55,7 @@ absl::Status Agent::RegisterNow() {
                                      s.error_message()));
   }
   worker_id_ = resp.worker_id();
+  if (resp.heartbeat_interval_ms() > 0) heartbeat_interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
   std::printf("plateau_worker: registered as %s with the coordinator at %s (%s, %d device(s))\n",
               worker_id_.c_str(), options_.coordinator.c_str(),
               options_.capabilities.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
@@ -86,7 +87,7 @@ absl::Status Agent::Run() {
   while (!stop_.load()) {
     if (absl::Now() >= next_heartbeat) {
       HeartbeatOnce();
-      next_heartbeat = absl::Now() + absl::Milliseconds(500);
+      next_heartbeat = absl::Now() + heartbeat_interval_;
     }
     KillOverdue();
     Reap();

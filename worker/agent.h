@@ -86,6 +86,7 @@ class Agent {
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::atomic<bool> stop_{false};
   std::string worker_id_;
+  absl::Duration heartbeat_interval_ = absl::Milliseconds(500);  // the coordinator's
   bool reachable_ = true;
 
   absl::Mutex mu_;
