@@ -15,6 +15,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # CPU backend
   libgloo-dev libopenblas-dev
+  # tools/demo shows the /metrics it serves
+  curl
 )
 
 missing=()

@@ -5,8 +5,8 @@
 // for them, and forwards Ctrl-C. With --rank it is one rank: CPU backend with
 // a capped device arena, Gloo over loopback, the baseline MoE step on the
 // chosen data, checkpoints, and a progress line every --log_every steps
-// (rank 0). The service's worker agent (issue 4) will start ranks the same
-// way.
+// (rank 0). The service's worker agent starts plateau_rank processes the
+// same way, with rendezvous through the coordinator (docs/SERVICE.md).
 //
 //   plateau_train --ranks=2 --steps=200                 # synthetic recall task
 //   plateau_train --data=text:README.md --vocab=256     # byte-level text

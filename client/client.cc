@@ -1,0 +1,114 @@
+#include "client/client.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace plateau {
+
+Client::Client(std::string address, absl::Duration timeout)
+    : address_(std::move(address)), timeout_(timeout) {
+  stub_ = v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+}
+
+absl::Status Client::Convert(const grpc::Status& s) const {
+  if (s.ok()) return absl::OkStatus();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the coordinator at ", address_, ": ", s.error_message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+std::unique_ptr<grpc::ClientContext> Client::Context() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
+  return ctx;
+}
+
+absl::StatusOr<v1::SubmitJobResponse> Client::SubmitJob(const v1::JobSpec& spec, bool validate_only) {
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  req.set_validate_only(validate_only);
+  v1::SubmitJobResponse resp;
+  auto ctx = Context();
+  absl::Status s = Convert(stub_->SubmitJob(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  v1::Job resp;
+  auto ctx = Context();
+  absl::Status s = Convert(stub_->GetJob(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& req) {
+  v1::ListJobsResponse resp;
+  auto ctx = Context();
+  absl::Status s = Convert(stub_->ListJobs(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::Job> Client::CancelJob(const std::string& id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(id);
+  v1::Job resp;
+  auto ctx = Context();
+  absl::Status s = Convert(stub_->CancelJob(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
+  v1::PlanJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::PlanJobResponse resp;
+  auto ctx = Context();
+  absl::Status s = Convert(stub_->PlanJob(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::WatchJob(const std::string& id, int64_t from,
+                              const std::function<bool(const v1::JobEvent&)>& on_event) {
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  req.set_from_index(from);
+  grpc::ClientContext ctx;
+  auto reader = stub_->WatchJob(&ctx, req);
+  v1::JobEvent e;
+  while (reader->Read(&e)) {
+    if (!on_event(e)) {
+      ctx.TryCancel();
+      reader->Finish().ok();
+      return absl::OkStatus();
+    }
+  }
+  return Convert(reader->Finish());
+}
+
+absl::Status Client::GetJobLogs(const std::string& id, bool follow, int64_t from,
+                                const std::function<bool(const v1::LogEntry&)>& on_line) {
+  v1::GetJobLogsRequest req;
+  req.set_job_id(id);
+  req.set_follow(follow);
+  req.set_from_index(from);
+  grpc::ClientContext ctx;
+  auto reader = stub_->GetJobLogs(&ctx, req);
+  v1::LogEntry l;
+  while (reader->Read(&l)) {
+    if (!on_line(l)) {
+      ctx.TryCancel();
+      reader->Finish().ok();
+      return absl::OkStatus();
+    }
+  }
+  return Convert(reader->Finish());
+}
+
+}  // namespace plateau

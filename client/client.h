@@ -1,0 +1,50 @@
+// A small C++ client of the coordinator's JobService, used by plateauctl
+// and the tests. Every error says what failed; a coordinator that cannot be
+// reached is UNAVAILABLE "cannot reach the coordinator at HOST:PORT: ...".
+//
+// Thread safety: a Client may be shared by threads (gRPC stubs are).
+#ifndef PLATEAU_CLIENT_CLIENT_H_
+#define PLATEAU_CLIENT_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "plateau/v1/job.grpc.pb.h"
+
+namespace plateau {
+
+class Client {
+ public:
+  explicit Client(std::string address, absl::Duration timeout = absl::Seconds(10));
+
+  const std::string& address() const { return address_; }
+
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::JobSpec& spec, bool validate_only);
+  absl::StatusOr<v1::Job> GetJob(const std::string& id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& id);
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::JobSpec& spec);
+  // Streams the job's events from `from` until the job's final state (or
+  // until on_event returns false). No deadline: a watch lasts the job.
+  absl::Status WatchJob(const std::string& id, int64_t from,
+                        const std::function<bool(const v1::JobEvent&)>& on_event);
+  absl::Status GetJobLogs(const std::string& id, bool follow, int64_t from,
+                          const std::function<bool(const v1::LogEntry&)>& on_line);
+
+ private:
+  absl::Status Convert(const grpc::Status& s) const;
+  std::unique_ptr<grpc::ClientContext> Context() const;
+
+  const std::string address_;
+  const absl::Duration timeout_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_CLIENT_CLIENT_H_

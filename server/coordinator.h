@@ -1,0 +1,137 @@
+// The coordinator's core, independent of the RPC layer: the job state
+// machine, the scheduler that places pending jobs on registered workers, the
+// worker registry with heartbeat expiry, the rendezvous key-value store the
+// ranks meet through, and telemetry into the job store and the metrics.
+//
+// Job lifecycle (docs/SERVICE.md):
+//   PENDING -> SCHEDULED (placed; assignments go out with heartbeats)
+//           -> RUNNING (every rank started) -> SUCCEEDED | FAILED
+//   any live state -> CANCELLING (ranks being stopped) -> CANCELLED
+//   a crashed or lost attempt with restarts left -> RESTARTING -> PENDING
+// A job leaves SCHEDULED/RUNNING/CANCELLING only when every rank has been
+// reported gone by its agent (process group empty) or its worker was lost.
+//
+// The RPC services (server/services.h) translate requests into these calls;
+// authentication and TLS are layered there, not here.
+//
+// Thread safety: every public method may be called from any thread.
+#ifndef PLATEAU_SERVER_COORDINATOR_H_
+#define PLATEAU_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "plateau/v1/job.pb.h"
+#include "plateau/v1/worker.pb.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+
+namespace plateau {
+
+struct CoordinatorOptions {
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // A worker silent for this long is lost; its jobs fail (or restart).
+  absl::Duration worker_timeout = absl::Seconds(10);
+  absl::Duration tick = absl::Milliseconds(100);
+};
+
+bool IsTerminal(v1::JobState state);
+
+class Coordinator {
+ public:
+  Coordinator(JobStore* store, Metrics* metrics, CoordinatorOptions options);
+  ~Coordinator();
+
+  // Recovers jobs left live by a previous coordinator and starts the
+  // scheduler thread.
+  absl::Status Start();
+  void Stop();
+
+  // --- JobService
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& id);
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request);
+  // A counter that grows whenever events, logs or states change; WaitForChange
+  // returns when it differs from `seen` or after `timeout`.
+  uint64_t version();
+  uint64_t WaitForChange(uint64_t seen, absl::Duration timeout);
+  JobStore& store() { return *store_; }
+
+  // --- WorkerService
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  absl::Status ReportRankStatus(const v1::RankStatusRequest& request);
+  absl::Status ReportTelemetry(v1::TelemetryRequest request);
+  absl::Status KvSet(const std::string& key, const std::string& value);
+  // NOT_FOUND when the key is still unset after `wait`.
+  absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait);
+  bool KvCheck(const std::vector<std::string>& keys);
+
+ private:
+  struct Worker {
+    std::string id;
+    v1::WorkerCapabilities caps;
+    absl::Time last_heartbeat;
+    int used_devices = 0;
+    std::vector<v1::Assignment> assignments;  // not yet delivered
+    std::vector<v1::Cancellation> cancellations;
+  };
+  struct RankState {
+    std::string worker_id;
+    bool started = false;
+    bool gone = false;
+  };
+  // A job that is not in a final state.
+  struct Active {
+    v1::Job job;
+    std::vector<RankState> ranks;  // of the current attempt
+    bool cancel_requested = false;
+    bool has_failure = false;
+    int failure_priority = 0;
+    v1::Failure failure;
+    double tokens = 0, seconds = 0;  // rank 0's totals this attempt
+  };
+
+  void Loop();
+  void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a state change: an event, the stored job, metrics, waiters.
+  absl::Status SetState(Active& a, v1::JobState state, const std::string& reason,
+                        const v1::Failure* failure = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of the attempt is gone: decide the outcome.
+  void Finish(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFinish(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopRanks(Active& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordFailure(Active& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Active* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
+
+  JobStore* const store_;
+  Metrics* const metrics_;
+  const CoordinatorOptions options_;
+
+  absl::Mutex mu_;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Active> active_ ABSL_GUARDED_BY(mu_);  // by job seq
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_SERVER_COORDINATOR_H_

@@ -1,0 +1,299 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  seq   INTEGER PRIMARY KEY AUTOINCREMENT,
+  state INTEGER NOT NULL,
+  job   BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);
+CREATE TABLE IF NOT EXISTS events (
+  job   TEXT NOT NULL,
+  idx   INTEGER NOT NULL,
+  event BLOB NOT NULL,
+  PRIMARY KEY (job, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS logs (
+  job   TEXT NOT NULL,
+  idx   INTEGER NOT NULL,
+  entry BLOB NOT NULL,
+  PRIMARY KEY (job, idx)
+) WITHOUT ROWID;
+)sql";
+
+// A prepared statement, finalized on scope exit.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr); }
+  ~Stmt() { sqlite3_finalize(s_); }
+  bool ok() const { return rc_ == SQLITE_OK; }
+  sqlite3_stmt* get() { return s_; }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(s_, i, v); }
+  void Bind(int i, const std::string& v) {
+    sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  void BindText(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  int Step() { return sqlite3_step(s_); }
+  std::string Blob(int col) {
+    const void* p = sqlite3_column_blob(s_, col);
+    return std::string(static_cast<const char*>(p), sqlite3_column_bytes(s_, col));
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(s_, col); }
+
+ private:
+  sqlite3_stmt* s_ = nullptr;
+  int rc_;
+};
+
+}  // namespace
+
+absl::StatusOr<int64_t> ParseJobId(const std::string& id, const char* field) {
+  int64_t seq = 0;
+  if (id.rfind("job-", 0) != 0 || !absl::SimpleAtoi(id.substr(4), &seq) || seq < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected a job id like 'job-12', got '", id.substr(0, 64), "'"));
+  }
+  return seq;
+}
+
+std::string JobIdOf(int64_t seq) { return absl::StrCat("job-", seq); }
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("state database ", path, ": ", msg));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  absl::MutexLock lock(&store->mu_);
+  sqlite3_busy_timeout(db, 5000);
+  // WAL: readers never block the writer; NORMAL sync is durable across a
+  // process crash (the WAL is synced at checkpoints).
+  PLATEAU_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
+  PLATEAU_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
+  PLATEAU_RETURN_IF_ERROR(store->Exec(kSchema));
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Error(const char* what) {
+  return absl::InternalError(absl::StrCat("state database: ", what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("state database: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Stmt ins(db_, "INSERT INTO jobs (state, job) VALUES (?, ?)");
+  ins.Bind(1, job.state());
+  ins.Bind(2, std::string());
+  if (!ins.ok() || ins.Step() != SQLITE_DONE) {
+    absl::Status s = Error("insert job");
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  const int64_t seq = sqlite3_last_insert_rowid(db_);
+  job.set_id(JobIdOf(seq));
+  Stmt upd(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
+  upd.Bind(1, job.SerializeAsString());
+  upd.Bind(2, seq);
+  if (!upd.ok() || upd.Step() != SQLITE_DONE) {
+    absl::Status s = Error("store job");
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  return job;
+}
+
+absl::Status JobStore::PutJob(const v1::Job& job) {
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
+  absl::MutexLock lock(&mu_);
+  Stmt upd(db_, "UPDATE jobs SET state = ?, job = ? WHERE seq = ?");
+  upd.Bind(1, job.state());
+  upd.Bind(2, job.SerializeAsString());
+  upd.Bind(3, seq);
+  if (!upd.ok() || upd.Step() != SQLITE_DONE) return Error("update job");
+  if (sqlite3_changes(db_) != 1) return absl::NotFoundError(absl::StrCat("job '", job.id(), "' not found"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobStore::GetJob(const std::string& id) {
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT job FROM jobs WHERE seq = ?");
+  q.Bind(1, seq);
+  if (!q.ok()) return Error("read job");
+  int rc = q.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  if (rc != SQLITE_ROW) return Error("read job");
+  v1::Job job;
+  if (!job.ParseFromString(q.Blob(0))) return absl::DataLossError(absl::StrCat("job '", id, "': corrupt record"));
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(int64_t after_seq, int limit,
+                                                        const std::vector<v1::JobState>& states,
+                                                        bool* more) {
+  std::string sql = "SELECT job FROM jobs WHERE seq > ?";
+  if (!states.empty()) {
+    sql += " AND state IN (";
+    for (size_t i = 0; i < states.size(); ++i) absl::StrAppend(&sql, i ? "," : "", static_cast<int>(states[i]));
+    sql += ")";
+  }
+  sql += " ORDER BY seq LIMIT ?";
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, sql.c_str());
+  if (!q.ok()) return Error("list jobs");
+  q.Bind(1, after_seq);
+  q.Bind(2, static_cast<int64_t>(limit) + 1);
+  std::vector<v1::Job> jobs;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::Job job;
+    if (!job.ParseFromString(q.Blob(0))) return absl::DataLossError("list jobs: corrupt record");
+    jobs.push_back(std::move(job));
+  }
+  if (rc != SQLITE_DONE) return Error("list jobs");
+  *more = static_cast<int>(jobs.size()) > limit;
+  if (*more) jobs.pop_back();
+  return jobs;
+}
+
+absl::StatusOr<int64_t> JobStore::NextIndex(const char* table, const std::string& id,
+                                            std::map<std::string, int64_t>& cache) {
+  auto it = cache.find(id);
+  if (it != cache.end()) return it->second;
+  Stmt q(db_, absl::StrCat("SELECT COALESCE(MAX(idx) + 1, 0) FROM ", table, " WHERE job = ?").c_str());
+  if (!q.ok()) return Error("read index");
+  q.BindText(1, id);
+  if (q.Step() != SQLITE_ROW) return Error("read index");
+  int64_t next = q.Int(0);
+  cache[id] = next;
+  return next;
+}
+
+absl::Status JobStore::AppendEvents(std::vector<v1::JobEvent>& events) {
+  if (events.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  std::map<std::string, int64_t> next = next_event_;
+  for (v1::JobEvent& e : events) {
+    auto idx = NextIndex("events", e.job_id(), next);
+    if (!idx.ok()) {
+      Exec("ROLLBACK").IgnoreError();
+      return idx.status();
+    }
+    e.set_index(*idx);
+    Stmt ins(db_, "INSERT INTO events (job, idx, event) VALUES (?, ?, ?)");
+    ins.BindText(1, e.job_id());
+    ins.Bind(2, *idx);
+    ins.Bind(3, e.SerializeAsString());
+    if (!ins.ok() || ins.Step() != SQLITE_DONE) {
+      absl::Status s = Error("append event");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    next[e.job_id()] = *idx + 1;
+  }
+  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  next_event_ = std::move(next);
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::AppendLogs(std::vector<v1::LogEntry>& logs) {
+  if (logs.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  std::map<std::string, int64_t> next = next_log_;
+  for (v1::LogEntry& e : logs) {
+    auto idx = NextIndex("logs", e.job_id(), next);
+    if (!idx.ok()) {
+      Exec("ROLLBACK").IgnoreError();
+      return idx.status();
+    }
+    e.set_index(*idx);
+    Stmt ins(db_, "INSERT INTO logs (job, idx, entry) VALUES (?, ?, ?)");
+    ins.BindText(1, e.job_id());
+    ins.Bind(2, *idx);
+    ins.Bind(3, e.SerializeAsString());
+    if (!ins.ok() || ins.Step() != SQLITE_DONE) {
+      absl::Status s = Error("append log");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    next[e.job_id()] = *idx + 1;
+  }
+  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  next_log_ = std::move(next);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const std::string& id, int64_t from,
+                                                               int limit) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT event FROM events WHERE job = ? AND idx >= ? ORDER BY idx LIMIT ?");
+  if (!q.ok()) return Error("read events");
+  q.BindText(1, id);
+  q.Bind(2, from);
+  q.Bind(3, static_cast<int64_t>(limit));
+  std::vector<v1::JobEvent> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::JobEvent e;
+    if (!e.ParseFromString(q.Blob(0))) return absl::DataLossError("read events: corrupt record");
+    out.push_back(std::move(e));
+  }
+  if (rc != SQLITE_DONE) return Error("read events");
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::LogEntry>> JobStore::ReadLogs(const std::string& id, int64_t from,
+                                                             int limit) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT entry FROM logs WHERE job = ? AND idx >= ? ORDER BY idx LIMIT ?");
+  if (!q.ok()) return Error("read logs");
+  q.BindText(1, id);
+  q.Bind(2, from);
+  q.Bind(3, static_cast<int64_t>(limit));
+  std::vector<v1::LogEntry> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::LogEntry e;
+    if (!e.ParseFromString(q.Blob(0))) return absl::DataLossError("read logs: corrupt record");
+    out.push_back(std::move(e));
+  }
+  if (rc != SQLITE_DONE) return Error("read logs");
+  return out;
+}
+
+int64_t JobStore::EventCount(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto n = NextIndex("events", id, next_event_);
+  return n.ok() ? *n : 0;
+}
+
+}  // namespace plateau

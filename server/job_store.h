@@ -1,0 +1,78 @@
+// The coordinator's durable state: jobs, their events and their logs in one
+// SQLite database (WAL), so that a restarted coordinator finds every job,
+// event and log line again.
+//
+// A job is stored as its serialized plateau.v1.Job; its id is "job-<seq>"
+// where seq is the row's rowid (ids are never reused). Events and log lines
+// carry a per-job index 0, 1, 2, ... without gaps, assigned here.
+//
+// Thread safety: every method may be called from any thread (one connection
+// behind a mutex).
+#ifndef PLATEAU_SERVER_JOB_STORE_H_
+#define PLATEAU_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "plateau/v1/job.pb.h"
+
+struct sqlite3;
+
+namespace plateau {
+
+// "job-12" -> 12; INVALID_ARGUMENT naming `field` otherwise.
+absl::StatusOr<int64_t> ParseJobId(const std::string& id, const char* field = "job_id");
+std::string JobIdOf(int64_t seq);
+
+class JobStore {
+ public:
+  // Opens (creating when missing) the database at `path`.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Stores a new job and returns it with its id set.
+  absl::StatusOr<v1::Job> CreateJob(v1::Job job);
+  // Replaces the stored job of the same id.
+  absl::Status PutJob(const v1::Job& job);
+  // NOT_FOUND names the id.
+  absl::StatusOr<v1::Job> GetJob(const std::string& id);
+
+  // Jobs with seq > after_seq in seq order, at most `limit`, whose state is
+  // in `states` (all when empty). *more is set when further jobs match.
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(int64_t after_seq, int limit,
+                                                const std::vector<v1::JobState>& states,
+                                                bool* more);
+
+  // Appends events / log lines (one transaction), setting each one's index.
+  absl::Status AppendEvents(std::vector<v1::JobEvent>& events);
+  absl::Status AppendLogs(std::vector<v1::LogEntry>& logs);
+  // Up to `limit` events / lines of a job with index >= from, in order.
+  absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& id, int64_t from, int limit);
+  absl::StatusOr<std::vector<v1::LogEntry>> ReadLogs(const std::string& id, int64_t from, int limit);
+  int64_t EventCount(const std::string& id);
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> NextIndex(const char* table, const std::string& id,
+                                    std::map<std::string, int64_t>& cache)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  sqlite3* const db_;
+  std::map<std::string, int64_t> next_event_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> next_log_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_SERVER_JOB_STORE_H_

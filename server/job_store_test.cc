@@ -1,0 +1,114 @@
+#include "server/job_store.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDb(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir + "/state.db";
+}
+
+v1::Job NewJob(v1::JobState state) {
+  v1::Job j;
+  j.set_state(state);
+  j.mutable_spec()->set_name("t");
+  return j;
+}
+
+TEST(JobStoreTest, JobsSurviveReopeningWithEventsAndLogs) {
+  const std::string path = TempDb("reopen");
+  std::string id;
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto job = (*store)->CreateJob(NewJob(v1::PENDING));
+    ASSERT_TRUE(job.ok()) << job.status();
+    id = job->id();
+    EXPECT_EQ(id, "job-1");
+    job->set_state(v1::RUNNING);
+    ASSERT_TRUE((*store)->PutJob(*job).ok());
+    std::vector<v1::JobEvent> ev(3);
+    for (auto& e : ev) e.set_job_id(id);
+    ASSERT_TRUE((*store)->AppendEvents(ev).ok());
+    EXPECT_EQ(ev[2].index(), 2);
+    std::vector<v1::LogEntry> logs(2);
+    for (auto& l : logs) l.set_job_id(id), l.set_line("hello");
+    ASSERT_TRUE((*store)->AppendLogs(logs).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto job = (*store)->GetJob(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::RUNNING);
+  std::vector<v1::JobEvent> more(1);
+  more[0].set_job_id(id);
+  ASSERT_TRUE((*store)->AppendEvents(more).ok());
+  EXPECT_EQ(more[0].index(), 3);  // indices continue after a restart
+  auto events = (*store)->ReadEvents(id, 1, 100);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[0].index(), 1);
+  auto logs = (*store)->ReadLogs(id, 0, 100);
+  ASSERT_TRUE(logs.ok());
+  EXPECT_EQ(logs->size(), 2u);
+  auto second = (*store)->CreateJob(NewJob(v1::PENDING));
+  EXPECT_EQ(second->id(), "job-2");
+}
+
+TEST(JobStoreTest, ListPagesAndFilters) {
+  auto store = JobStore::Open(TempDb("list"));
+  ASSERT_TRUE(store.ok());
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE((*store)->CreateJob(NewJob(i % 3 == 0 ? v1::CANCELLED : v1::PENDING)).ok());
+  }
+  std::set<std::string> seen;
+  int64_t after = 0;
+  bool more = true;
+  int pages = 0;
+  while (more) {
+    auto page = (*store)->ListJobs(after, 3, {}, &more);
+    ASSERT_TRUE(page.ok());
+    ++pages;
+    for (const auto& j : *page) {
+      EXPECT_TRUE(seen.insert(j.id()).second) << j.id();
+      after = *ParseJobId(j.id());
+    }
+  }
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen.size(), 7u);
+  auto cancelled = (*store)->ListJobs(0, 10, {v1::CANCELLED}, &more);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->size(), 3u);  // jobs 1, 4, 7
+  EXPECT_FALSE(more);
+}
+
+TEST(JobStoreTest, UnknownAndMalformedIds) {
+  auto store = JobStore::Open(TempDb("ids"));
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->GetJob("job-9").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT((*store)->GetJob("job-9").status().message(), HasSubstr("job-9"));
+  EXPECT_EQ((*store)->GetJob("nine").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->GetJob("job--1").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobStoreTest, UnwritableDirectoryIsAnError) {
+  auto store = JobStore::Open("/nonexistent-dir/x/state.db");
+  EXPECT_FALSE(store.ok());
+  EXPECT_THAT(store.status().message(), HasSubstr("/nonexistent-dir/x/state.db"));
+}
+
+}  // namespace
+}  // namespace plateau

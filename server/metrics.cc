@@ -1,0 +1,113 @@
+#include "server/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace plateau {
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind_address) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  try {
+    m->exposer_ = std::make_unique<prometheus::Exposer>(bind_address, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_address ", bind_address, ": cannot serve /metrics: ", e.what()));
+  }
+  auto ports = m->exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("--metrics_address ", bind_address, ": not listening"));
+  }
+  m->port_ = ports[0];
+  prometheus::Registry& r = *m->registry_;
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  m->step_ = &BuildGauge().Name("plateau_job_step").Help("Optimizer steps a rank has completed.").Register(r);
+  m->loss_ = &BuildGauge().Name("plateau_job_loss").Help("Loss of the latest step (mean over the global batch).").Register(r);
+  m->tokens_ = &BuildCounter()
+                    .Name("plateau_job_tokens_total")
+                    .Help("Tokens trained; each rank counts its 1/P share of the global batch.")
+                    .Register(r);
+  m->flops_ = &BuildCounter()
+                   .Name("plateau_job_model_flops_total")
+                   .Help("Model FLOPs (6 x active params x tokens + attention); each rank counts its "
+                         "1/P share. Its rate is the job's FLOP/s.")
+                   .Register(r);
+  m->duration_ = &BuildHistogram()
+                      .Name("plateau_job_step_duration_seconds")
+                      .Help("Wall time of one training step.")
+                      .Register(r);
+  m->peak_ = &BuildGauge()
+                  .Name("plateau_job_peak_bytes")
+                  .Help("Largest device bytes a live set has held in any step so far (live_set=\"total\": the peak of the sum).")
+                  .Register(r);
+  m->planned_ = &BuildGauge()
+                     .Name("plateau_job_planned_bytes")
+                     .Help("Device bytes planned per live set before launch (dispatch: balanced-routing estimate).")
+                     .Register(r);
+  m->mfu_ = &BuildGauge()
+                 .Name("plateau_job_mfu_ratio")
+                 .Help("Model FLOP/s of the latest step over the device's peak FLOP/s.")
+                 .Register(r);
+  m->state_ = &BuildGauge()
+                   .Name("plateau_job_state")
+                   .Help("The job's state as a state set: 1 for the current state, 0 for the others.")
+                   .Register(r);
+  m->heartbeat_ = &BuildGauge()
+                       .Name("plateau_worker_last_heartbeat_timestamp_seconds")
+                       .Help("Unix time of the worker's latest heartbeat.")
+                       .Register(r);
+  m->exposer_->RegisterCollectable(m->registry_);
+  return m;
+}
+
+void Metrics::OnJobState(const std::string& job, v1::JobState state) {
+  for (int s = v1::PENDING; s <= v1::RESTARTING; ++s) {
+    state_->Add({{"job", job}, {"state", v1::JobState_Name(static_cast<v1::JobState>(s))}})
+        .Set(s == state ? 1 : 0);
+  }
+}
+
+void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan) {
+  for (int r = 0; r < ranks; ++r) {
+    for (const v1::LiveSetBytes& ls : plan.live_sets()) {
+      planned_->Add({{"job", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
+          .Set(static_cast<double>(ls.bytes()));
+    }
+    planned_->Add({{"job", job}, {"rank", absl::StrCat(r)}, {"live_set", "total"}})
+        .Set(static_cast<double>(plan.total_bytes()));
+  }
+}
+
+void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
+                     double device_peak_flops) {
+  const std::string rank = absl::StrCat(t.rank());
+  const std::map<std::string, std::string> labels = {{"job", job}, {"rank", rank}};
+  step_->Add(labels).Set(static_cast<double>(t.step()));
+  loss_->Add(labels).Set(t.loss());
+  const double share = ranks > 0 ? 1.0 / ranks : 1.0;
+  tokens_->Add(labels).Increment(static_cast<double>(t.tokens()) * share);
+  flops_->Add(labels).Increment(t.model_flops() * share);
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+  duration_->Add(labels, kBuckets).Observe(t.seconds());
+  if (device_peak_flops > 0 && t.seconds() > 0) {
+    mfu_->Add(labels).Set(t.model_flops() * share / t.seconds() / device_peak_flops);
+  }
+  absl::MutexLock lock(&mu_);
+  auto raise = [&](const std::string& set, int64_t bytes) {
+    double& best = peaks_[absl::StrCat(job, "/", rank, "/", set)];
+    if (bytes > best) best = static_cast<double>(bytes);
+    peak_->Add({{"job", job}, {"rank", rank}, {"live_set", set}}).Set(best);
+  };
+  for (const v1::LiveSetBytes& ls : t.peak()) raise(ls.live_set(), ls.bytes());
+  raise("total", t.peak_total_bytes());
+}
+
+void Metrics::OnHeartbeat(const std::string& worker, absl::Time when) {
+  heartbeat_->Add({{"worker", worker}}).Set(absl::ToDoubleSeconds(when - absl::UnixEpoch()));
+}
+
+}  // namespace plateau

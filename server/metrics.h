@@ -1,0 +1,73 @@
+// The coordinator's Prometheus metrics (prometheus-cpp), served on /metrics.
+// Names follow Prometheus conventions; per job and rank:
+//   plateau_job_step, plateau_job_loss (gauges)
+//   plateau_job_tokens_total, plateau_job_model_flops_total (counters; each
+//     rank counts its 1/P share of the global batch, so summing over ranks
+//     gives the job, and rate(plateau_job_model_flops_total) is FLOP/s)
+//   plateau_job_step_duration_seconds (histogram)
+//   plateau_job_peak_bytes{live_set}, plateau_job_planned_bytes{live_set}
+//   plateau_job_mfu_ratio (only where the worker knows its device's peak)
+// per job: plateau_job_state{state} (a state set: 1 for the current state);
+// per worker: plateau_worker_last_heartbeat_timestamp_seconds.
+//
+// Thread safety: every method may be called from any thread.
+#ifndef PLATEAU_SERVER_METRICS_H_
+#define PLATEAU_SERVER_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "plateau/v1/job.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace plateau {
+
+class Metrics {
+ public:
+  // Serves /metrics on `bind_address` ("127.0.0.1:0" picks a free port).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& bind_address);
+
+  int port() const { return port_; }
+
+  void OnJobState(const std::string& job, v1::JobState state);
+  // The planned bytes per live set, for each of the job's ranks.
+  void OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan);
+  // One rank's step; device_peak_flops 0 when unknown (no MFU then).
+  void OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
+              double device_peak_flops);
+  void OnHeartbeat(const std::string& worker, absl::Time when);
+
+ private:
+  Metrics() = default;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+  prometheus::Family<prometheus::Gauge>* step_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* loss_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tokens_ = nullptr;
+  prometheus::Family<prometheus::Counter>* flops_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* duration_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* peak_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* planned_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* mfu_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* state_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* heartbeat_ = nullptr;
+
+  absl::Mutex mu_;
+  // The largest peak each (job, rank, live set) has reached.
+  std::map<std::string, double> peaks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_SERVER_METRICS_H_

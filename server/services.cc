@@ -1,0 +1,132 @@
+#include "server/services.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace plateau {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+namespace {
+
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* out) {
+  if (!result.ok()) return ToGrpc(result.status());
+  *out = std::move(*result);
+  return grpc::Status::OK;
+}
+
+// Streams rows of a job from `from` until the job is final and every row is
+// sent (or, without follow, until the rows now stored are sent).
+template <typename Row, typename ReadFn>
+grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::string& job_id, int64_t from,
+                        bool follow, grpc::ServerWriter<Row>* writer, ReadFn read) {
+  if (from < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_index: expected >= 0");
+  auto job = c->GetJob(job_id);
+  if (!job.ok()) return ToGrpc(job.status());
+  while (!ctx->IsCancelled()) {
+    const uint64_t version = c->version();
+    // The state before the rows: a final state's rows are already stored.
+    auto now = c->GetJob(job_id);
+    if (!now.ok()) return ToGrpc(now.status());
+    const bool final = IsTerminal(now->state());
+    absl::StatusOr<std::vector<Row>> rows = read(from);
+    if (!rows.ok()) return ToGrpc(rows.status());
+    for (const Row& r : *rows) {
+      if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      from = r.index() + 1;
+    }
+    if (rows->size() == 256) continue;  // more are stored
+    if (final || !follow) return grpc::Status::OK;
+    c->WaitForChange(version, absl::Seconds(1));
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+}
+
+}  // namespace
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                       v1::SubmitJobResponse* out) {
+  return Reply(c_->SubmitJob(*req), out);
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::Job* out) {
+  return Reply(c_->GetJob(req->job_id()), out);
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+                                      v1::ListJobsResponse* out) {
+  return Reply(c_->ListJobs(*req), out);
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req, v1::Job* out) {
+  return Reply(c_->CancelJob(req->job_id()), out);
+}
+
+grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* req,
+                                     v1::PlanJobResponse* out) {
+  return Reply(c_->PlanJob(*req), out);
+}
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                                      grpc::ServerWriter<v1::JobEvent>* writer) {
+  const std::string id = req->job_id();
+  return StreamRows<v1::JobEvent>(c_, ctx, id, req->from_index(), /*follow=*/true, writer,
+                                  [&](int64_t from) { return c_->store().ReadEvents(id, from, 256); });
+}
+
+grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
+                                        grpc::ServerWriter<v1::LogEntry>* writer) {
+  const std::string id = req->job_id();
+  return StreamRows<v1::LogEntry>(c_, ctx, id, req->from_index(), req->follow(), writer,
+                                  [&](int64_t from) { return c_->store().ReadLogs(id, from, 256); });
+}
+
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                                         v1::RegisterResponse* out) {
+  return Reply(c_->Register(*req), out);
+}
+
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                                          v1::HeartbeatResponse* out) {
+  return Reply(c_->Heartbeat(*req), out);
+}
+
+grpc::Status WorkerServiceImpl::ReportRankStatus(grpc::ServerContext*, const v1::RankStatusRequest* req,
+                                                 v1::RankStatusResponse*) {
+  return ToGrpc(c_->ReportRankStatus(*req));
+}
+
+grpc::Status WorkerServiceImpl::ReportTelemetry(grpc::ServerContext*, const v1::TelemetryRequest* req,
+                                                v1::TelemetryResponse*) {
+  return ToGrpc(c_->ReportTelemetry(*req));
+}
+
+grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) {
+  return ToGrpc(c_->KvSet(req->key(), req->value()));
+}
+
+grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
+                                      v1::KvGetResponse* out) {
+  if (req->wait_ms() < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "wait_ms: expected >= 0");
+  absl::Duration wait = absl::Milliseconds(req->wait_ms());
+  // Never hold the call past the client's own deadline.
+  const auto left = ctx->deadline() - std::chrono::system_clock::now();
+  wait = std::min(wait, absl::FromChrono(left) - absl::Milliseconds(50));
+  auto v = c_->KvGet(req->key(), std::max(wait, absl::ZeroDuration()));
+  if (!v.ok()) return ToGrpc(v.status());
+  out->set_value(*v);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext*, const v1::KvCheckRequest* req,
+                                        v1::KvCheckResponse* out) {
+  out->set_all_set(c_->KvCheck({req->keys().begin(), req->keys().end()}));
+  return grpc::Status::OK;
+}
+
+}  // namespace plateau

@@ -1,0 +1,56 @@
+// The gRPC layer over the Coordinator: JobService (public) and WorkerService
+// (internal). Each handler validates the request, calls the coordinator and
+// maps absl::Status onto the same canonical gRPC code. Authentication and TLS
+// (a later issue) wrap these services without touching the coordinator.
+//
+// Thread safety: gRPC calls the handlers from many threads; the coordinator
+// is thread-safe.
+#ifndef PLATEAU_SERVER_SERVICES_H_
+#define PLATEAU_SERVER_SERVICES_H_
+
+#include "grpcpp/grpcpp.h"
+#include "plateau/v1/job.grpc.pb.h"
+#include "plateau/v1/worker.grpc.pb.h"
+#include "server/coordinator.h"
+
+namespace plateau {
+
+grpc::Status ToGrpc(const absl::Status& s);
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::Job*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
+                        grpc::ServerWriter<v1::JobEvent>*) override;
+  grpc::Status GetJobLogs(grpc::ServerContext*, const v1::GetJobLogsRequest*,
+                          grpc::ServerWriter<v1::LogEntry>*) override;
+  grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest*, v1::PlanJobResponse*) override;
+
+ private:
+  Coordinator* const c_;
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  explicit WorkerServiceImpl(Coordinator* c) : c_(c) {}
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  grpc::Status ReportRankStatus(grpc::ServerContext*, const v1::RankStatusRequest*,
+                                v1::RankStatusResponse*) override;
+  grpc::Status ReportTelemetry(grpc::ServerContext*, const v1::TelemetryRequest*,
+                               v1::TelemetryResponse*) override;
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
+  grpc::Status KvCheck(grpc::ServerContext*, const v1::KvCheckRequest*, v1::KvCheckResponse*) override;
+
+ private:
+  Coordinator* const c_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_SERVER_SERVICES_H_

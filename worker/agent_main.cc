@@ -1,0 +1,138 @@
+// plateau_worker: the node agent (worker/agent.h). One per node.
+//
+//   plateau_worker --coordinator=127.0.0.1:7070 [--backend=cpu] [--devices=2]
+//       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
+//       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--name=HOST]
+//       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
+//       [--grace_s=5]
+//
+// SIGINT/SIGTERM stop every rank it started (SIGTERM, then SIGKILL after
+// the grace period) and exit once they are gone.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "worker/agent.h"
+
+namespace plateau {
+namespace {
+
+constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--name=value ...]
+
+  --coordinator=127.0.0.1:7070     the coordinator's API address
+  --backend=cpu                    cpu or cuda
+  --devices=2                      rank slots (GPUs; on the CPU, ranks it runs at once)
+  --device_memory_bytes=1073741824 per device (CPU: the largest arena a rank may ask for)
+  --host_memory_bytes=0            0: not reported
+  --device_peak_flops=0            fp32 peak per device for the MFU metric; 0: unknown
+  --rank_address=127.0.0.1         where this node's ranks listen for their peers
+  --name=HOST                      shown in the coordinator's view
+  --rank_binary=PATH               plateau_rank (default: beside this binary)
+  --work_dir=DIR                   spec files of running jobs (default: a temp dir)
+  --grace_s=5                      SIGTERM to SIGKILL on cancel
+)";
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "plateau_worker: %s\n", msg.c_str());
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::map<std::string, std::string> f = {
+      {"coordinator", "127.0.0.1:7070"},
+      {"backend", "cpu"},
+      {"devices", "2"},
+      {"device_memory_bytes", "1073741824"},
+      {"host_memory_bytes", "0"},
+      {"device_peak_flops", "0"},
+      {"rank_address", "127.0.0.1"},
+      {"name", host},
+      {"rank_binary", (self.parent_path() / "plateau_rank").string()},
+      {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
+      {"grace_s", "5"}};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
+      return Fail(absl::StrCat("argument '", arg, "': expected --name=value (see --help)"));
+    }
+    std::string name = arg.substr(2, eq - 2);
+    if (!f.count(name)) return Fail(absl::StrCat("unknown flag --", name, " (see --help)"));
+    f[name] = arg.substr(eq + 1);
+  }
+  AgentOptions o;
+  o.coordinator = f["coordinator"];
+  v1::WorkerCapabilities& c = o.capabilities;
+  if (f["backend"] == "cpu") {
+    c.set_backend(v1::BACKEND_CPU);
+  } else if (f["backend"] == "cuda") {
+    c.set_backend(v1::BACKEND_CUDA);
+  } else {
+    return Fail(absl::StrCat("--backend: expected cpu or cuda, got '", f["backend"], "'"));
+  }
+  int32_t devices = 0;
+  int64_t dev_mem = 0, host_mem = 0;
+  double peak = 0, grace = 0;
+  if (!absl::SimpleAtoi(f["devices"], &devices) || devices < 1) return Fail("--devices: expected an integer >= 1");
+  if (!absl::SimpleAtoi(f["device_memory_bytes"], &dev_mem) || dev_mem < 0) {
+    return Fail("--device_memory_bytes: expected an integer >= 0");
+  }
+  if (!absl::SimpleAtoi(f["host_memory_bytes"], &host_mem) || host_mem < 0) {
+    return Fail("--host_memory_bytes: expected an integer >= 0");
+  }
+  if (!absl::SimpleAtod(f["device_peak_flops"], &peak) || peak < 0) {
+    return Fail("--device_peak_flops: expected a number >= 0");
+  }
+  if (!absl::SimpleAtod(f["grace_s"], &grace) || !(grace >= 0)) return Fail("--grace_s: expected seconds >= 0");
+  if (access(f["rank_binary"].c_str(), X_OK) != 0) {
+    return Fail(absl::StrCat("--rank_binary: ", f["rank_binary"], " is not an executable"));
+  }
+  c.set_devices(devices);
+  c.set_device_memory_bytes(dev_mem);
+  c.set_host_memory_bytes(host_mem);
+  c.set_device_peak_flops(peak);
+  c.set_rank_address(f["rank_address"]);
+  c.set_name(f["name"]);
+  o.rank_binary = f["rank_binary"];
+  o.work_dir = f["work_dir"];
+  o.grace = absl::Seconds(grace);
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  Agent agent(o);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::printf("plateau_worker: signal %d, stopping every rank\n", sig);
+    std::fflush(stdout);
+    agent.RequestStop();
+  });
+  waiter.detach();
+  absl::Status s = agent.Run();
+  std::filesystem::remove_all(o.work_dir, ec);
+  if (!s.ok()) return Fail(std::string(s.message()));
+  return 0;
+}
+
+}  // namespace
+}  // namespace plateau
+
+int main(int argc, char** argv) { return plateau::Main(argc, argv); }

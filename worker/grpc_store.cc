@@ -1,0 +1,91 @@
+#include "worker/grpc_store.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace plateau {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+void SetDeadline(grpc::ClientContext& ctx, absl::Duration d) {
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
+}
+
+// Retries a call while the coordinator is unreachable, up to `budget`.
+template <typename Fn>
+grpc::Status Retry(absl::Duration budget, Fn call) {
+  const absl::Time end = absl::Now() + budget;
+  while (true) {
+    grpc::Status s = call();
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > end) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcStore>> GrpcStore::Create(const std::string& address) {
+  if (address.empty()) return absl::InvalidArgumentError("coordinator: expected host:port");
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  return std::unique_ptr<GrpcStore>(new GrpcStore(address, v1::WorkerService::NewStub(channel)));
+}
+
+absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
+  v1::KvSetRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  grpc::Status s = Retry(absl::Seconds(30), [&] {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, absl::Seconds(10));
+    v1::KvSetResponse resp;
+    return stub_->KvSet(&ctx, req, &resp);
+  });
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("rendezvous store at ", address_, ": set '", key, "'"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left = end - absl::Now();
+    v1::KvGetRequest req;
+    req.set_key(key);
+    req.set_wait_ms(std::max<int64_t>(0, std::min(absl::ToInt64Milliseconds(left), int64_t{5000})));
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, absl::Milliseconds(req.wait_ms()) + absl::Seconds(5));
+    v1::KvGetResponse resp;
+    grpc::Status s = stub_->KvGet(&ctx, req, &resp);
+    if (s.ok()) return resp.value();
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } else if (s.error_code() != grpc::StatusCode::NOT_FOUND &&
+               s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return FromGrpc(s, absl::StrCat("rendezvous store at ", address_, ": get '", key, "'"));
+    }
+    if (absl::Now() >= end) {
+      return absl::DeadlineExceededError(absl::StrCat("rendezvous store at ", address_, ": key '", key,
+                                                      "' was not set within ", absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+absl::StatusOr<bool> GrpcStore::Check(const std::vector<std::string>& keys) {
+  v1::KvCheckRequest req;
+  for (const std::string& k : keys) req.add_keys(k);
+  v1::KvCheckResponse resp;
+  grpc::Status s = Retry(absl::Seconds(30), [&] {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, absl::Seconds(10));
+    return stub_->KvCheck(&ctx, req, &resp);
+  });
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("rendezvous store at ", address_, ": check"));
+  return resp.all_set();
+}
+
+}  // namespace plateau

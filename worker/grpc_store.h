@@ -1,0 +1,41 @@
+// The rendezvous KeyValueStore (kernels/kv_store.h) served by the
+// coordinator over WorkerService's KvSet/KvGet/KvCheck: how the ranks of a
+// job on any number of nodes find each other (Gloo's store, NCCL's unique
+// id). Get long-polls the coordinator in slices of a few seconds up to the
+// caller's timeout; a coordinator that is briefly unreachable is retried
+// until then.
+//
+// Thread safety: every method may be called from any thread at once.
+#ifndef PLATEAU_WORKER_GRPC_STORE_H_
+#define PLATEAU_WORKER_GRPC_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/kv_store.h"
+#include "plateau/v1/worker.grpc.pb.h"
+
+namespace plateau {
+
+class GrpcStore final : public KeyValueStore {
+ public:
+  // `address` is the coordinator's "host:port".
+  static absl::StatusOr<std::unique_ptr<GrpcStore>> Create(const std::string& address);
+
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
+
+ private:
+  GrpcStore(std::string address, std::unique_ptr<v1::WorkerService::Stub> stub)
+      : address_(std::move(address)), stub_(std::move(stub)) {}
+  const std::string address_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_WORKER_GRPC_STORE_H_

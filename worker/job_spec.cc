@@ -1,0 +1,375 @@
+#include "worker/job_spec.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "kernels/model/config.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view expected, absl::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
+}
+
+// Upper bounds that keep every byte count of the plan inside int64 (and far
+// beyond any real job); a spec over them is refused, never overflowed.
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxRanks = 65536;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+constexpr double kMaxPlannedBytes = 1e18;
+
+absl::Status CheckRange(absl::string_view field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) return Bad(field, absl::StrCat(lo, " to ", hi), absl::StrCat(v));
+  return absl::OkStatus();
+}
+
+absl::Status CheckFloat(absl::string_view field, float v, float lo, bool lo_open, float hi,
+                        bool hi_open) {
+  const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  if (!ok) {
+    return Bad(field,
+               absl::StrCat("a finite value in ", lo_open ? "(" : "[", lo, ", ",
+                            std::isinf(hi) ? "inf" : absl::StrCat(hi), hi_open ? ")" : "]"),
+               absl::StrCat(v));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPath(absl::string_view field, const std::string& path) {
+  if (path.empty()) return Bad(field, "a path", "an empty string");
+  if (path[0] != '/') {
+    return Bad(field, "an absolute path on the worker's node (plateauctl makes relative paths absolute)",
+               absl::StrCat("'", path, "'"));
+  }
+  if (path.size() > 4096 || path.find('\0') != std::string::npos) {
+    return Bad(field, "a path of at most 4096 bytes without NUL", absl::StrCat(path.size(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConvertModel(const v1::ModelSpec& s, ModelConfig* m) {
+  for (auto [field, v] : {std::pair<const char*, int64_t>{"model.vocab_size", s.vocab_size()},
+                          {"model.hidden", s.hidden()},
+                          {"model.layers", s.layers()},
+                          {"model.heads", s.heads()},
+                          {"model.kv_heads", s.kv_heads()},
+                          {"model.experts", s.experts()},
+                          {"model.top_k", s.top_k()},
+                          {"model.expert_ffn", s.expert_ffn()},
+                          {"model.seq_len", s.seq_len()}}) {
+    const int64_t hi = std::string(field) == "model.vocab_size" ? (int64_t{1} << 31) : kMaxDim;
+    const int64_t lo = std::string(field) == "model.vocab_size" ? 2 : 1;
+    PLATEAU_RETURN_IF_ERROR(CheckRange(field, v, lo, hi));
+  }
+  m->vocab_size = s.vocab_size();
+  m->hidden = s.hidden();
+  m->layers = s.layers();
+  m->heads = s.heads();
+  m->kv_heads = s.kv_heads();
+  m->experts = s.experts();
+  m->top_k = s.top_k();
+  m->expert_ffn = s.expert_ffn();
+  m->seq_len = s.seq_len();
+  if (s.has_rope_theta()) m->rope_theta = s.rope_theta();
+  if (s.has_norm_eps()) m->norm_eps = s.norm_eps();
+  if (s.has_init_std()) m->init_std = s.init_std();
+  return ValidateModelConfig(*m);
+}
+
+absl::Status ConvertOptimizer(const v1::OptimizerSpec& s, OptimizerConfig* o) {
+  PLATEAU_RETURN_IF_ERROR(CheckFloat("optimizer.lr", s.lr(), 0, true, 1e3f, false));
+  o->lr = s.lr();
+  if (s.has_beta1()) {
+    PLATEAU_RETURN_IF_ERROR(CheckFloat("optimizer.beta1", s.beta1(), 0, false, 1, true));
+    o->beta1 = s.beta1();
+  }
+  if (s.has_beta2()) {
+    PLATEAU_RETURN_IF_ERROR(CheckFloat("optimizer.beta2", s.beta2(), 0, false, 1, true));
+    o->beta2 = s.beta2();
+  }
+  if (s.has_eps()) {
+    PLATEAU_RETURN_IF_ERROR(CheckFloat("optimizer.eps", s.eps(), 0, true, 1, false));
+    o->eps = s.eps();
+  }
+  if (s.has_weight_decay()) {
+    PLATEAU_RETURN_IF_ERROR(CheckFloat("optimizer.weight_decay", s.weight_decay(), 0, false, 1, false));
+    o->weight_decay = s.weight_decay();
+  }
+  if (s.has_max_grad_norm()) {
+    PLATEAU_RETURN_IF_ERROR(
+        CheckFloat("optimizer.max_grad_norm", s.max_grad_norm(), 0, false, INFINITY, true));
+    o->max_grad_norm = s.max_grad_norm();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConvertData(const v1::DataSpec& s, const ModelConfig& m, const LayoutConfig& l,
+                         DataOptions* d) {
+  switch (s.source_case()) {
+    case v1::DataSpec::kRecall: {
+      const v1::RecallData& r = s.recall();
+      PLATEAU_RETURN_IF_ERROR(CheckRange("data.recall.num_keys", r.num_keys(), 1, kMaxDim));
+      PLATEAU_RETURN_IF_ERROR(CheckRange("data.recall.num_values", r.num_values(), 1, kMaxDim));
+      PLATEAU_RETURN_IF_ERROR(CheckRange("data.recall.pairs", r.pairs(), 1, r.num_keys()));
+      PLATEAU_RETURN_IF_ERROR(CheckRange("data.recall.queries", r.queries(), 1, r.pairs()));
+      d->kind = DataOptions::Kind::kRecall;
+      d->recall.num_keys = r.num_keys();
+      d->recall.num_values = r.num_values();
+      d->recall.pairs = r.pairs();
+      d->recall.queries = r.queries();
+      d->recall.seed = r.has_seed() ? r.seed() : 1;
+      const int64_t need = 2 * r.pairs() + 3 * r.queries();
+      if (m.seq_len < need) {
+        return Bad("model.seq_len",
+                   absl::StrCat(">= ", need, " for ", r.pairs(), " recall pairs and ", r.queries(),
+                                " queries (data.recall)"),
+                   absl::StrCat(m.seq_len));
+      }
+      if (d->recall.vocab_size() > m.vocab_size) {
+        return Bad("model.vocab_size",
+                   absl::StrCat(">= ", d->recall.vocab_size(),
+                                " for the recall task (2 + num_keys + num_values)"),
+                   absl::StrCat(m.vocab_size));
+      }
+      // The data source's own checks, as the rank will run them.
+      DataSlice slice{l.batch, m.seq_len, 0, l.ranks};
+      auto src = OpenAssociativeRecall(d->recall, slice);
+      if (!src.ok()) return src.status();
+      return absl::OkStatus();
+    }
+    case v1::DataSpec::kText:
+      PLATEAU_RETURN_IF_ERROR(CheckPath("data.text.path", s.text().path()));
+      if (m.vocab_size < 256) {
+        return Bad("model.vocab_size", ">= 256 for byte-level text (data.text)",
+                   absl::StrCat(m.vocab_size));
+      }
+      d->kind = DataOptions::Kind::kText;
+      d->paths = {s.text().path()};
+      return absl::OkStatus();
+    case v1::DataSpec::kShards:
+      if (s.shards().paths().empty()) return Bad("data.shards.paths", "at least one file", "none");
+      for (int i = 0; i < s.shards().paths_size(); ++i) {
+        PLATEAU_RETURN_IF_ERROR(CheckPath(absl::StrCat("data.shards.paths[", i, "]"), s.shards().paths(i)));
+      }
+      d->kind = DataOptions::Kind::kShards;
+      d->paths.assign(s.shards().paths().begin(), s.shards().paths().end());
+      return absl::OkStatus();
+    case v1::DataSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return Bad("data", "one of data.recall, data.text or data.shards", "none");
+}
+
+absl::Status CheckSchedule(const v1::ScheduleSpec& s) {
+  auto later = [](absl::string_view field, absl::string_view baseline) {
+    return absl::UnimplementedError(absl::StrCat(
+        field, ": this schedule is not in this build yet (it arrives with its own issue); use ",
+        baseline, " (the baseline) or leave it unset"));
+  };
+  if (s.dispatch_case() == v1::ScheduleSpec::kPipelinedLlep) {
+    return later("schedule.pipelined_llep", "schedule.standard_ep");
+  }
+  if (s.projection_case() == v1::ScheduleSpec::kRingDtp) return later("schedule.ring_dtp", "schedule.dense");
+  if (s.checkpoints_case() == v1::ScheduleSpec::kSco) return later("schedule.sco", "schedule.full_checkpoints");
+  if (s.optimizer_placement_case() == v1::ScheduleSpec::kOffloadStreamAdamw) {
+    return later("schedule.offload_stream_adamw", "schedule.device_adamw");
+  }
+  return absl::OkStatus();
+}
+
+// A rough size of the job in doubles, so that no int64 product in the plan
+// can overflow: the logits, the activations and the parameters.
+absl::Status CheckSize(const ModelConfig& m, const LayoutConfig& l) {
+  const double N = static_cast<double>(l.batch) * m.seq_len / l.ranks;
+  const double params = static_cast<double>(m.vocab_size) * m.hidden * 2 +
+                        static_cast<double>(m.layers) * m.hidden *
+                            (4.0 * m.hidden + m.experts + 3.0 * m.experts * m.expert_ffn);
+  for (auto [what, bytes] : {std::pair<const char*, double>{"the logits (tokens per rank x model.vocab_size)",
+                                                            4 * N * m.vocab_size},
+                             {"the activations (tokens per rank x model.hidden x model.layers)",
+                              4 * N * m.hidden * (m.layers + 8) + 4 * N * m.top_k * m.expert_ffn * 8},
+                             {"the parameters", 16 * params}}) {
+    if (bytes > kMaxPlannedBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: the job is too large to plan: ", what, " would take ~", bytes, " bytes per rank"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Bytes(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return absl::StrCat(b, " bytes (", absl::StrFormat("%.2f", b / 1073741824.0), " GiB)");
+  return absl::StrCat(b, " bytes (", absl::StrFormat("%.2f", b / 1048576.0), " MiB)");
+}
+
+}  // namespace
+
+int64_t NodesOf(const v1::JobSpec& spec) {
+  return spec.layout().nodes() == 0 ? 1 : spec.layout().nodes();
+}
+
+std::string BackendName(v1::Backend b) {
+  switch (b) {
+    case v1::BACKEND_CPU:
+      return "cpu";
+    case v1::BACKEND_CUDA:
+      return "cuda";
+    default:
+      return "unspecified";
+  }
+}
+
+absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec) {
+  BackendOptions o;
+  switch (spec.backend()) {
+    case v1::BACKEND_CPU:
+      o.kind = BackendKind::kCpu;
+      if (spec.device_memory_bytes() < 1) {
+        return Bad("device_memory_bytes",
+                   "the size of each rank's device arena in bytes (>= 1) for backend cpu",
+                   absl::StrCat(spec.device_memory_bytes()));
+      }
+      break;
+    case v1::BACKEND_CUDA:
+      o.kind = BackendKind::kCuda;
+      if (spec.device_memory_bytes() < 0) {
+        return Bad("device_memory_bytes", ">= 0 (0: the whole device)",
+                   absl::StrCat(spec.device_memory_bytes()));
+      }
+      break;
+    default:
+      return Bad("backend", "BACKEND_CPU or BACKEND_CUDA", v1::Backend_Name(spec.backend()).empty()
+                                                            ? absl::StrCat(spec.backend())
+                                                            : v1::Backend_Name(spec.backend()));
+  }
+  o.device_memory_bytes = spec.device_memory_bytes();
+  return o;
+}
+
+absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
+  if (spec.name().size() > 256) return Bad("name", "at most 256 bytes", absl::StrCat(spec.name().size(), " bytes"));
+  if (!spec.has_model()) return Bad("model", "the model's configuration", "none");
+  TrainerOptions t;
+  PLATEAU_RETURN_IF_ERROR(ConvertModel(spec.model(), &t.step.model));
+  if (!spec.has_layout()) return Bad("layout", "layout.ranks and layout.batch", "none");
+  const v1::LayoutSpec& l = spec.layout();
+  PLATEAU_RETURN_IF_ERROR(CheckRange("layout.ranks", l.ranks(), 1, kMaxRanks));
+  PLATEAU_RETURN_IF_ERROR(CheckRange("layout.batch", l.batch(), 1, kMaxDim));
+  if (l.nodes() < 0 || l.nodes() > l.ranks() || l.ranks() % NodesOf(spec) != 0) {
+    return Bad("layout.nodes", absl::StrCat("a divisor of layout.ranks = ", l.ranks(), " (0 means 1)"),
+               absl::StrCat(l.nodes()));
+  }
+  t.step.layout = {l.ranks(), l.batch()};
+  PLATEAU_RETURN_IF_ERROR(ValidateLayout(t.step.model, t.step.layout));
+  PLATEAU_RETURN_IF_ERROR(CheckSize(t.step.model, t.step.layout));
+  PLATEAU_RETURN_IF_ERROR(CheckSchedule(spec.schedule()));
+  if (!spec.has_optimizer()) return Bad("optimizer", "optimizer.lr at least", "none");
+  PLATEAU_RETURN_IF_ERROR(ConvertOptimizer(spec.optimizer(), &t.step.optimizer));
+  PLATEAU_RETURN_IF_ERROR(ConvertData(spec.data(), t.step.model, t.step.layout, &t.data));
+  PLATEAU_RETURN_IF_ERROR(CheckRange("steps", spec.steps(), 1, kMaxSteps));
+  t.steps = spec.steps();
+  const v1::CheckpointSpec& c = spec.checkpoint();
+  if (!c.directory().empty()) PLATEAU_RETURN_IF_ERROR(CheckPath("checkpoint.directory", c.directory()));
+  PLATEAU_RETURN_IF_ERROR(CheckRange("checkpoint.every", c.every(), 0, kMaxSteps));
+  if (c.every() > 0 && c.directory().empty()) {
+    return Bad("checkpoint.directory", "a directory when checkpoint.every is set", "none");
+  }
+  t.checkpoint_dir = c.directory();
+  t.checkpoint_every = c.every();
+  t.resume = true;  // a restarted attempt continues from the newest checkpoint
+  PLATEAU_RETURN_IF_ERROR(CheckRange("max_restarts", spec.max_restarts(), 0, 100));
+  t.step.seed = spec.has_seed() ? spec.seed() : 1;
+  PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());
+  return t;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) { return ToTrainerOptions(spec).status(); }
+
+absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
+  PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+  PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(t.step));
+  v1::MemoryPlan out;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    auto* ls = out.add_live_sets();
+    ls->set_live_set(std::string(LiveSetName(static_cast<LiveSet>(i))));
+    ls->set_bytes(plan.bytes[i]);
+  }
+  out.set_total_bytes(plan.total());
+  out.set_device_memory_bytes(spec.device_memory_bytes());
+  out.set_fits(spec.device_memory_bytes() == 0 || plan.total() <= spec.device_memory_bytes());
+  out.set_tokens_per_rank(TokensPerRank(t.step.model, t.step.layout));
+  out.set_parameters(ParameterCount(t.step.model));
+  out.set_active_parameters(ActiveParameterCount(t.step.model));
+  out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
+  out.add_notes(
+      "dispatch: the balanced-routing estimate (N*k routes received); standard_ep has no bound, "
+      "skewed routing receives more");
+  if (spec.device_memory_bytes() == 0) {
+    out.add_notes("device_memory_bytes 0: checked against the worker's device when scheduled");
+  }
+  return out;
+}
+
+absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec));
+  const int64_t cap = spec.device_memory_bytes();
+  if (cap == 0) return plan;
+  int64_t launch = 0;
+  std::vector<std::string> parts;
+  for (const v1::LiveSetBytes& ls : plan.live_sets()) {
+    if (ls.live_set() == "dispatch" || ls.bytes() == 0) continue;
+    launch += ls.bytes();
+    parts.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
+  }
+  if (launch > cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device_memory_bytes: ", Bytes(cap), " per rank cannot hold the step's launch-sized state of ",
+        Bytes(launch), " (", absl::StrJoin(parts, ", "), ")"));
+  }
+  if (!plan.fits()) {
+    plan.add_notes(absl::StrCat("the dispatch estimate does not fit: ", Bytes(plan.total_bytes()),
+                                " planned against a cap of ", Bytes(cap),
+                                "; under balanced routing the step runs out of memory in the dispatch "
+                                "live set"));
+  }
+  return plan;
+}
+
+v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {
+  const TrainerOptions o = RecallDemoJob(ranks);
+  v1::JobSpec s;
+  s.set_name("recall-demo");
+  const ModelConfig& m = o.step.model;
+  v1::ModelSpec* ms = s.mutable_model();
+  ms->set_vocab_size(m.vocab_size);
+  ms->set_hidden(m.hidden);
+  ms->set_layers(m.layers);
+  ms->set_heads(m.heads);
+  ms->set_kv_heads(m.kv_heads);
+  ms->set_experts(m.experts);
+  ms->set_top_k(m.top_k);
+  ms->set_expert_ffn(m.expert_ffn);
+  ms->set_seq_len(m.seq_len);
+  s.mutable_layout()->set_ranks(ranks);
+  s.mutable_layout()->set_nodes(1);
+  s.mutable_layout()->set_batch(o.step.layout.batch);
+  s.mutable_schedule()->mutable_standard_ep();
+  s.mutable_schedule()->mutable_dense();
+  s.mutable_optimizer()->set_lr(o.step.optimizer.lr);
+  v1::RecallData* r = s.mutable_data()->mutable_recall();
+  r->set_num_keys(o.data.recall.num_keys);
+  r->set_num_values(o.data.recall.num_values);
+  r->set_pairs(o.data.recall.pairs);
+  r->set_queries(o.data.recall.queries);
+  s.set_steps(steps);
+  s.set_backend(v1::BACKEND_CPU);
+  s.set_device_memory_bytes(int64_t{256} << 20);
+  return s;
+}
+
+}  // namespace plateau

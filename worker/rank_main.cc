@@ -1,0 +1,162 @@
+// plateau_rank: one rank of a job, started by the worker agent in its own
+// process group. Reads the job spec, creates the backend and the world
+// communicator (rendezvous through the coordinator's store), runs the
+// training loop and reports each step as a plateau.v1.RankOutput JSON line
+// on stdout; human-readable progress and errors go to stderr. Exit codes
+// are worker/rank_protocol.h's (3: out of memory, naming the live set).
+//
+//   plateau_rank --coordinator=HOST:PORT --job_id=job-3 --attempt=0 --rank=1
+//       --spec_file=PATH (binary plateau.v1.JobSpec) --kv_prefix=job-3/attempt-0
+//       [--hostname=127.0.0.1] [--device_index=0]
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "plateau/v1/worker.pb.h"
+#include "worker/grpc_store.h"
+#include "worker/job_spec.h"
+#include "worker/rank_protocol.h"
+#include "worker/trainer.h"
+
+namespace plateau {
+namespace {
+
+void Emit(const v1::RankOutput& out) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = false;
+  if (!google::protobuf::util::MessageToJsonString(out, &json, opts).ok()) return;
+  std::printf("%s\n", json.c_str());
+  std::fflush(stdout);
+}
+
+int ExitCodeFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return kRankExitOutOfMemory;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+      return kRankExitInvalidJob;
+    default:
+      return kRankExitError;
+  }
+}
+
+int Fail(int64_t rank, const absl::Status& s) {
+  v1::RankOutput out;
+  v1::RankError* e = out.mutable_error();
+  e->set_code(absl::StatusCodeToString(s.code()));
+  e->set_message(std::string(s.message()));
+  std::smatch m;
+  const std::string msg(s.message());
+  if (std::regex_search(msg, m, std::regex("live set '([a-z_]+)'"))) e->set_live_set(m[1]);
+  Emit(out);
+  std::fprintf(stderr, "rank %lld failed: %s\n", static_cast<long long>(rank), s.ToString().c_str());
+  return ExitCodeFor(s);
+}
+
+int Main(int argc, char** argv) {
+  // The agent's death takes its ranks with it: nothing is left orphaned.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) return kRankExitError;
+  std::map<std::string, std::string> f = {{"coordinator", ""}, {"job_id", ""},       {"attempt", "0"},
+                                          {"rank", ""},        {"spec_file", ""},    {"kv_prefix", ""},
+                                          {"hostname", "127.0.0.1"}, {"device_index", "0"}};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos || !f.count(arg.substr(2, eq - 2))) {
+      std::fprintf(stderr, "plateau_rank: bad argument '%s' (started by plateau_worker)\n", arg.c_str());
+      return kRankExitUsage;
+    }
+    f[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
+  }
+  int64_t rank = -1, attempt = 0, device_index = 0;
+  if (!absl::SimpleAtoi(f["rank"], &rank) || rank < 0 || !absl::SimpleAtoi(f["attempt"], &attempt) ||
+      !absl::SimpleAtoi(f["device_index"], &device_index) || f["coordinator"].empty() ||
+      f["spec_file"].empty() || f["kv_prefix"].empty()) {
+    std::fprintf(stderr, "plateau_rank: --rank, --coordinator, --spec_file and --kv_prefix are required\n");
+    return kRankExitUsage;
+  }
+  v1::JobSpec spec;
+  {
+    std::ifstream in(f["spec_file"], std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    if (!in || !spec.ParseFromString(bytes.str())) {
+      return Fail(rank, absl::InvalidArgumentError(absl::StrCat("spec_file: cannot read ", f["spec_file"])));
+    }
+  }
+  auto trainer = ToTrainerOptions(spec);
+  if (!trainer.ok()) return Fail(rank, trainer.status());
+  auto bo = ToBackendOptions(spec);
+  if (!bo.ok()) return Fail(rank, bo.status());
+  bo->device_index = static_cast<int>(device_index);
+  auto backend = Backend::Create(*bo);
+  if (!backend.ok()) return Fail(rank, backend.status());
+  auto store = GrpcStore::Create(f["coordinator"]);
+  if (!store.ok()) return Fail(rank, store.status());
+  CommunicatorOptions co;
+  co.backend = bo->kind;
+  co.rank = static_cast<int>(rank);
+  co.size = static_cast<int>(spec.layout().ranks());
+  co.store = std::shared_ptr<KeyValueStore>(std::move(*store));
+  co.prefix = f["kv_prefix"];
+  co.hostname = f["hostname"];
+  co.device_index = static_cast<int>(device_index);
+  auto world = CreateCommunicator(co);
+  if (!world.ok()) return Fail(rank, world.status());
+  std::fprintf(stderr, "%s; joined the world of %d ranks\n", (*backend)->Describe().c_str(),
+               (*world)->size());
+  const int64_t log_every = std::max<int64_t>(1, spec.steps() / 20);
+  auto on_step = [&](const StepReport& r) {
+    v1::RankOutput out;
+    v1::StepTelemetry* t = out.mutable_step();
+    t->set_rank(static_cast<int>(rank));
+    t->set_attempt(static_cast<int>(attempt));
+    t->set_step(r.stats.step);
+    t->set_total_steps(spec.steps());
+    t->set_loss(r.stats.loss);
+    t->set_grad_norm(r.stats.grad_norm);
+    t->set_tokens(r.tokens);
+    t->set_model_flops(r.model_flops);
+    t->set_seconds(r.seconds);
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      v1::LiveSetBytes* ls = t->add_peak();
+      ls->set_live_set(std::string(LiveSetName(static_cast<LiveSet>(i))));
+      ls->set_bytes(r.stats.device.peak[i]);
+    }
+    t->set_peak_total_bytes(r.stats.device.total_peak);
+    Emit(out);
+    if (rank == 0 && (r.stats.step % log_every == 0 || r.stats.step == 1)) {
+      std::fprintf(stderr, "step %lld/%lld loss %.4f |g| %.3f %.0f tok/s\n",
+                   static_cast<long long>(r.stats.step), static_cast<long long>(spec.steps()), r.stats.loss,
+                   r.stats.grad_norm, r.tokens / r.seconds);
+    }
+  };
+  absl::Status s = RunTraining(*trainer, **backend, **world, on_step);
+  if (!s.ok()) return Fail(rank, s);
+  std::fprintf(stderr, "finished %lld steps\n", static_cast<long long>(spec.steps()));
+  return kRankExitOk;
+}
+
+}  // namespace
+}  // namespace plateau
+
+int main(int argc, char** argv) { return plateau::Main(argc, argv); }
