@@ -174,7 +174,6 @@ absl::Status CheckSchedule(const v1::ScheduleSpec& s) {
   if (s.dispatch_case() == v1::ScheduleSpec::kPipelinedLlep) {
     return later("schedule.pipelined_llep", "schedule.standard_ep");
   }
-  if (s.projection_case() == v1::ScheduleSpec::kRingDtp) return later("schedule.ring_dtp", "schedule.dense");
   if (s.checkpoints_case() == v1::ScheduleSpec::kSco) return later("schedule.sco", "schedule.full_checkpoints");
   if (s.optimizer_placement_case() == v1::ScheduleSpec::kOffloadStreamAdamw) {
     return later("schedule.offload_stream_adamw", "schedule.device_adamw");
@@ -251,6 +250,35 @@ absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec) {
   return o;
 }
 
+// schedule.ring_dtp -> the step's projection options (dense when unset).
+absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
+                               ProjectionOptions* out) {
+  if (s.projection_case() != v1::ScheduleSpec::kRingDtp) return absl::OkStatus();
+  const v1::RingDtpProjection& r = s.ring_dtp();
+  out->kind = ProjectionOptions::Kind::kRingDtp;
+  switch (r.mode()) {
+    case v1::RingDtpProjection::MODE_UNSPECIFIED:
+      out->mode.reset();
+      break;
+    case v1::RingDtpProjection::MODE_ACTIVATIONS:
+      out->mode = RingDtpMode::kActivations;
+      break;
+    case v1::RingDtpProjection::MODE_WEIGHTS:
+      out->mode = RingDtpMode::kWeights;
+      break;
+    default:
+      return Bad("schedule.ring_dtp.mode", "MODE_UNSPECIFIED, MODE_ACTIVATIONS or MODE_WEIGHTS",
+                 absl::StrCat(static_cast<int>(r.mode())));
+  }
+  PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.strip", r.strip(), 0, m.vocab_size));
+  PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.row_tile", r.row_tile(), 0, kMaxDim));
+  PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.chunk_rows", r.chunk_rows(), 0, kMaxDim));
+  out->strip = r.strip() > 0 ? r.strip() : std::min<int64_t>(1024, m.vocab_size);
+  out->row_tile = r.row_tile() > 0 ? r.row_tile() : 2048;
+  out->chunk_rows = r.chunk_rows();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   if (spec.name().size() > 256) return Bad("name", "at most 256 bytes", absl::StrCat(spec.name().size(), " bytes"));
   if (!spec.has_model()) return Bad("model", "the model's configuration", "none");
@@ -268,6 +296,7 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(ValidateLayout(t.step.model, t.step.layout));
   PLATEAU_RETURN_IF_ERROR(CheckSize(t.step.model, t.step.layout));
   PLATEAU_RETURN_IF_ERROR(CheckSchedule(spec.schedule()));
+  PLATEAU_RETURN_IF_ERROR(ConvertProjection(spec.schedule(), t.step.model, &t.step.projection));
   if (!spec.has_optimizer()) return Bad("optimizer", "optimizer.lr at least", "none");
   PLATEAU_RETURN_IF_ERROR(ConvertOptimizer(spec.optimizer(), &t.step.optimizer));
   PLATEAU_RETURN_IF_ERROR(ConvertData(spec.data(), t.step.model, t.step.layout, &t.data));
@@ -285,6 +314,9 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_restarts", spec.max_restarts(), 0, 100));
   t.step.seed = spec.has_seed() ? spec.seed() : 1;
   PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());
+  // The step's own checks on the whole combination (e.g. Ring-DTP needs a
+  // vocabulary shard per rank), so that the service and the step agree.
+  PLATEAU_RETURN_IF_ERROR(PlanMemory(t.step).status());
   return t;
 }
 

@@ -173,8 +173,13 @@ TEST(JobSpecTest, EveryMalformedFieldIsRefusedNamingIt) {
        }},
       {"schedule.pipelined_llep", [](S& s) { s.mutable_schedule()->mutable_pipelined_llep(); },
        absl::StatusCode::kUnimplemented},
-      {"schedule.ring_dtp", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(64); },
-       absl::StatusCode::kUnimplemented},
+      {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(-1); }},
+      {"schedule.ring_dtp.chunk_rows",
+       [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_chunk_rows(-5); }},
+      {"schedule.ring_dtp.mode", [](S& s) {
+         s.mutable_schedule()->mutable_ring_dtp()->set_mode(
+             static_cast<v1::RingDtpProjection::Mode>(9));
+       }},
       {"schedule.sco", [](S& s) { s.mutable_schedule()->mutable_sco(); }, absl::StatusCode::kUnimplemented},
       {"schedule.offload_stream_adamw",
        [](S& s) { s.mutable_schedule()->mutable_offload_stream_adamw(); }, absl::StatusCode::kUnimplemented},
@@ -189,6 +194,25 @@ TEST(JobSpecTest, EveryMalformedFieldIsRefusedNamingIt) {
     EXPECT_EQ(PlanJob(s).status().code(), c.code) << c.field;
     EXPECT_EQ(AdmitJob(s).status().code(), c.code) << c.field;
   }
+}
+
+TEST(JobSpecTest, RingDtpBecomesTheStepsProjection) {
+  v1::JobSpec s = Good();
+  auto* r = s.mutable_schedule()->mutable_ring_dtp();
+  r->set_mode(v1::RingDtpProjection::MODE_WEIGHTS);
+  r->set_strip(8);
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->step.projection.kind, ProjectionOptions::Kind::kRingDtp);
+  ASSERT_TRUE(t->step.projection.mode.has_value());
+  EXPECT_EQ(*t->step.projection.mode, RingDtpMode::kWeights);
+  EXPECT_EQ(t->step.projection.strip, 8);
+  r->set_mode(v1::RingDtpProjection::MODE_UNSPECIFIED);
+  r->set_strip(0);
+  t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->step.projection.mode.has_value());  // the smaller traveller
+  EXPECT_GT(t->step.projection.strip, 0);
 }
 
 }  // namespace
