@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/cuda_check.h"
@@ -55,9 +57,23 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("embedding_backward", s, cuda_model_ops::EmbeddingBackward,
                    dout, tokens, rows, hidden, dtable);
   }
-  absl::Status DoRope(Stream&, float*, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, float, bool) override {
-    return NotOnCuda("rope");
+  absl::Status DoRope(Stream& s, float* x, int64_t batch, int64_t len,
+                      int64_t heads, int64_t head_dim, int64_t pos0,
+                      float theta, bool inverse) override {
+    const int64_t half = head_dim / 2;
+    if (half > cuda_model_ops::kMaxRopeHalf) {
+      return absl::UnimplementedError(absl::StrCat(
+          "rope is not implemented on the cuda backend for head_dim > ",
+          2 * cuda_model_ops::kMaxRopeHalf, " (got ", head_dim, ")"));
+    }
+    // The CPU's own expression (attention.cc), so both form the same angles.
+    cuda_model_ops::RopeFreqs freqs{};
+    for (int64_t j = 0; j < half; ++j) {
+      freqs.freq[j] = std::pow(theta, -2.0f * static_cast<float>(j) /
+                                          static_cast<float>(head_dim));
+    }
+    PLATEAU_LAUNCH("rope", s, cuda_model_ops::Rope, x, batch, len, heads,
+                   head_dim, pos0, freqs, inverse);
   }
   absl::Status DoAttentionInit(Stream&, const AttentionShape&, float*, float*,
                                float*) override {

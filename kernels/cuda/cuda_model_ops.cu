@@ -260,7 +260,37 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One thread per (row, j) pair of a half-split rotation; mul and sub/add
+// rounded separately, as the CPU does.
+__global__ void RopeKernel(float* x, int64_t rows, int64_t len, int64_t heads,
+                           int64_t head_dim, int64_t pos0, RopeFreqs freqs,
+                           bool inverse) {
+  const int64_t half = head_dim / 2;
+  const int64_t n = rows * half;  // rows = batch * len * heads
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int64_t row = i / half;
+    const int64_t j = i - row * half;
+    const int64_t t = (row / heads) % len;
+    const float angle = __fmul_rn(static_cast<float>(pos0 + t), freqs.freq[j]);
+    const float cs = cosf(angle);
+    const float sn = inverse ? -sinf(angle) : sinf(angle);
+    float* v = x + row * head_dim;
+    const float x1 = v[j], x2 = v[j + half];
+    v[j] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+    v[j + half] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+  }
+}
+
 }  // namespace
+
+cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
+                 int64_t heads, int64_t head_dim, int64_t pos0,
+                 const RopeFreqs& freqs, bool inverse) {
+  const int64_t rows = batch * len * heads;
+  RopeKernel<<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
+      x, rows, len, heads, head_dim, pos0, freqs, inverse);
+  return cudaGetLastError();
+}
 
 cudaError_t StripInit(cudaStream_t stream, float* state, int64_t rows) {
   StripInitKernel<<<ElementwiseGrid(3 * rows), kThreads, 0, stream>>>(state,

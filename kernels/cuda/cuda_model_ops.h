@@ -1,8 +1,8 @@
 // CUDA kernels for the model kernels (kernels/model/model_kernels.h), one
 // launcher per op. So far: Ring-DTP's strips (StripInit, StripFold,
 // StripFinish, StripDelta), the dense cross-entropy and its backward, the
-// embedding and its backward, and the dispatch row movement (GatherRows,
-// CombineRows, RowDots). The semantics are those of the CPU functions in
+// embedding and its backward, the dispatch row movement (GatherRows,
+// CombineRows, RowDots) and the rotary embedding. The semantics are those of the CPU functions in
 // kernels/model/layers.h, the references these are tested against
 // (kernels/model/cuda_model_twin_test.cc).
 //
@@ -72,6 +72,18 @@ cudaError_t CombineRows(cudaStream_t stream, const float* src,
 cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
                     const int32_t* pos, int64_t tokens, int64_t k,
                     int64_t width, float* out);
+
+// The rotary embedding's frequencies, computed on the host exactly as the CPU
+// (std::pow), travel in the launch's parameters: the GPU then forms the same
+// fp32 angles, and only sinf/cosf differ from the host's. head_dim up to
+// 2 * kMaxRopeHalf (UNIMPLEMENTED above, in cuda_model_kernels.cc).
+inline constexpr int kMaxRopeHalf = 512;
+struct RopeFreqs {
+  float freq[kMaxRopeHalf];
+};
+cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
+                 int64_t heads, int64_t head_dim, int64_t pos0,
+                 const RopeFreqs& freqs, bool inverse);
 
 }  // namespace plateau::cuda_model_ops
 

@@ -451,6 +451,36 @@ TEST_F(CudaModelTwinTest, RowMovementMatchesCpu) {
   EXPECT_TRUE(Near(dots[1], dots[0], [&](size_t i) { return 2 * kU * mag[i]; }, "row_dots"));
 }
 
+// Rotary embedding, forward and inverse, at positions near 0 and near 4000.
+// Both sides form the same fp32 angles (the frequencies come from the host);
+// sinf/cosf are within 2 ulp on the GPU, 1 on the host, and each side rounds
+// two products and a sum: |d| <= 12u (|x1| + |x2|) of the pair.
+TEST_F(CudaModelTwinTest, RopeMatchesCpu) {
+  const int64_t batch = 2, len = 37, heads = 3, head_dim = 64, half = head_dim / 2;
+  const std::vector<float> x = Uniform(batch * len * heads * head_dim, 71, 3.0f);
+  std::vector<float> pair_mag(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t row = i / head_dim, j = i % head_dim % half;
+    pair_mag[i] = std::abs(x[row * head_dim + j]) + std::abs(x[row * head_dim + j + half]);
+  }
+  for (int64_t pos0 : {int64_t{0}, int64_t{4000}}) {
+    for (bool inverse : {false, true}) {
+      std::vector<std::vector<float>> out;
+      for (Side* side : {&cpu_, &cuda_, &cuda_}) {
+        float* d = side->Up(x);
+        absl::Status st =
+            side->k->Rope(*side->stream, d, batch, len, heads, head_dim, pos0, 10000.0f, inverse);
+        EXPECT_TRUE(st.ok()) << st;
+        out.push_back(side->Down(d, static_cast<int64_t>(x.size())));
+        side->buffers.clear();
+      }
+      const std::string what = absl::StrCat("rope pos0 ", pos0, inverse ? " inverse" : "");
+      EXPECT_TRUE(Near(out[1], out[0], [&](size_t i) { return 12 * kU * pair_mag[i]; }, what));
+      EXPECT_TRUE(SameBits(out[2], out[1], what + ", run 2"));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Ops without CUDA kernels say so, naming the op, and enqueue nothing.
 
@@ -468,7 +498,8 @@ TEST_F(CudaModelTwinTest, UnimplementedOpsSaySo) {
     EXPECT_THAT(std::string(st.message()),
                 HasSubstr(absl::StrCat(op, " is not implemented on the cuda backend")));
   };
-  expect_unimplemented(k.Rope(s, f, 1, 1, 1, 2, 0, 10000.0f, false), "rope");
+  // Rope has a kernel up to head_dim 1024 only.
+  expect_unimplemented(k.Rope(s, f, 1, 1, 1, 1026, 0, 10000.0f, false), "rope");
   expect_unimplemented(k.AttentionInit(s, shape, f, f, f), "attention_init");
   expect_unimplemented(k.AttentionForwardBlock(s, shape, f, f, f, f, f, f, f),
                        "attention_forward_block");
