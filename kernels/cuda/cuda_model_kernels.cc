@@ -101,14 +101,19 @@ class CudaModelKernels final : public ModelKernels {
                                         float*, float*, float*) override {
     return NotOnCuda("attention_backward_block");
   }
-  absl::Status DoRouter(Stream&, const float*, int64_t, int64_t, int64_t,
-                        float*, int32_t*, float*) override {
-    return NotOnCuda("router");
+  absl::Status DoRouter(Stream& s, const float* logits, int64_t rows,
+                        int64_t experts, int64_t top_k, float* probs,
+                        int32_t* chosen, float* gates) override {
+    PLATEAU_LAUNCH("router", s, cuda_model_ops::Router, logits, rows, experts,
+                   top_k, probs, chosen, gates);
   }
-  absl::Status DoRouterBackward(Stream&, const float*, const int32_t*,
-                                const float*, const float*, int64_t, int64_t,
-                                int64_t, float*) override {
-    return NotOnCuda("router_backward");
+  absl::Status DoRouterBackward(Stream& s, const float* probs,
+                                const int32_t* chosen, const float* gates,
+                                const float* dgates, int64_t rows,
+                                int64_t experts, int64_t top_k,
+                                float* dlogits) override {
+    PLATEAU_LAUNCH("router_backward", s, cuda_model_ops::RouterBackward, probs,
+                   chosen, gates, dgates, rows, experts, top_k, dlogits);
   }
   absl::Status DoCrossEntropy(Stream& s, const float* logits,
                               const int32_t* targets, int64_t rows,

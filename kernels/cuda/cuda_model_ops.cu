@@ -281,7 +281,87 @@ __global__ void RopeKernel(float* x, int64_t rows, int64_t len, int64_t heads,
   }
 }
 
+__global__ void RouterKernel(const float* logits, int64_t rows,
+                             int64_t experts, int64_t top_k, float* probs,
+                             int32_t* chosen, float* gates) {
+  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) {
+    const float* lg = logits + r * experts;
+    float* p = probs + r * experts;
+    int32_t* ch = chosen + r * top_k;
+    float mx = lg[0];
+    for (int64_t e = 1; e < experts; ++e) mx = fmaxf(mx, lg[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < experts; ++e) {
+      p[e] = expf(lg[e] - mx);
+      sum = __fadd_rn(sum, p[e]);
+    }
+    const float inv = __fdiv_rn(1.0f, sum);
+    for (int64_t e = 0; e < experts; ++e) p[e] = __fmul_rn(p[e], inv);
+    // Selection in the CPU's order: largest first, ties to the lower index.
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < experts; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || ch[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      ch[j] = static_cast<int32_t>(best);
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) total = __fadd_rn(total, p[ch[j]]);
+    for (int64_t j = 0; j < top_k; ++j) {
+      gates[r * top_k + j] = __fdiv_rn(p[ch[j]], total);
+    }
+  }
+}
+
+__global__ void RouterBackwardKernel(const float* probs, const int32_t* chosen,
+                                     const float* gates, const float* dgates,
+                                     int64_t rows, int64_t experts,
+                                     int64_t top_k, float* dlogits) {
+  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) {
+    const float* p = probs + r * experts;
+    const int32_t* ch = chosen + r * top_k;
+    const float* g = gates + r * top_k;
+    const float* dg = dgates + r * top_k;
+    float* dl = dlogits + r * experts;  // holds dp until the last loop
+    float total = 0.0f, gdot = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      total = __fadd_rn(total, p[ch[j]]);
+      gdot = __fadd_rn(gdot, __fmul_rn(dg[j], g[j]));
+    }
+    for (int64_t e = 0; e < experts; ++e) dl[e] = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      dl[ch[j]] = __fdiv_rn(__fsub_rn(dg[j], gdot), total);
+    }
+    float pdot = 0.0f;
+    for (int64_t e = 0; e < experts; ++e) {
+      pdot = __fadd_rn(pdot, __fmul_rn(dl[e], p[e]));
+    }
+    for (int64_t e = 0; e < experts; ++e) {
+      dl[e] = __fmul_rn(p[e], __fsub_rn(dl[e], pdot));
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t Router(cudaStream_t stream, const float* logits, int64_t rows,
+                   int64_t experts, int64_t top_k, float* probs,
+                   int32_t* chosen, float* gates) {
+  RouterKernel<<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
+      logits, rows, experts, top_k, probs, chosen, gates);
+  return cudaGetLastError();
+}
+
+cudaError_t RouterBackward(cudaStream_t stream, const float* probs,
+                           const int32_t* chosen, const float* gates,
+                           const float* dgates, int64_t rows, int64_t experts,
+                           int64_t top_k, float* dlogits) {
+  RouterBackwardKernel<<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
+      probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
+  return cudaGetLastError();
+}
 
 cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
                  int64_t heads, int64_t head_dim, int64_t pos0,

@@ -2,7 +2,7 @@
 // launcher per op. So far: Ring-DTP's strips (StripInit, StripFold,
 // StripFinish, StripDelta), the dense cross-entropy and its backward, the
 // embedding and its backward, the dispatch row movement (GatherRows,
-// CombineRows, RowDots) and the rotary embedding. The semantics are those of the CPU functions in
+// CombineRows, RowDots), the rotary embedding and the router. The semantics are those of the CPU functions in
 // kernels/model/layers.h, the references these are tested against
 // (kernels/model/cuda_model_twin_test.cc).
 //
@@ -72,6 +72,19 @@ cudaError_t CombineRows(cudaStream_t stream, const float* src,
 cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
                     const int32_t* pos, int64_t tokens, int64_t k,
                     int64_t width, float* out);
+
+// The router, one thread per row (experts is small): softmax, top_k in
+// descending probability with ties to the lower expert (the CPU's stable
+// order), gates renormalised over the chosen; the same fp32 operations in the
+// same order as the CPU, only expf differs.
+cudaError_t Router(cudaStream_t stream, const float* logits, int64_t rows,
+                   int64_t experts, int64_t top_k, float* probs,
+                   int32_t* chosen, float* gates);
+// One thread per row; dlogits doubles as the row's dp scratch.
+cudaError_t RouterBackward(cudaStream_t stream, const float* probs,
+                           const int32_t* chosen, const float* gates,
+                           const float* dgates, int64_t rows, int64_t experts,
+                           int64_t top_k, float* dlogits);
 
 // The rotary embedding's frequencies, computed on the host exactly as the CPU
 // (std::pow), travel in the launch's parameters: the GPU then forms the same

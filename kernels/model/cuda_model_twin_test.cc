@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -481,12 +482,67 @@ TEST_F(CudaModelTwinTest, RopeMatchesCpu) {
   }
 }
 
+// The router: the same fp32 operations in the same order on both sides, only
+// expf differs (6u between the sides), so probs within 16u p, gates within
+// 32u, the same experts chosen (random logits: no near-ties), and the
+// backward, from the CPU's forward outputs on both sides, the same bits up to
+// 2u of the terms it sums.
+TEST_F(CudaModelTwinTest, RouterMatchesCpu) {
+  for (auto [rows, experts, top_k] : {std::tuple<int64_t, int64_t, int64_t>{300, 64, 4},
+                                      {1000, 8, 2}, {5, 3, 3}}) {
+    const std::vector<float> logits = Uniform(rows * experts, 81, 3.0f);
+    const std::vector<float> dgates = Uniform(rows * top_k, 82, 1.0f);
+    std::vector<std::vector<float>> probs, gates, dlogits;
+    std::vector<std::vector<int32_t>> chosen;
+    for (Side* side : {&cpu_, &cuda_, &cuda_}) {
+      const float* lg = side->Up(logits);
+      float* p = side->Up(std::vector<float>(rows * experts));
+      int32_t* ch = side->Up(std::vector<int32_t>(rows * top_k));
+      float* g = side->Up(std::vector<float>(rows * top_k));
+      absl::Status st = side->k->Router(*side->stream, lg, rows, experts, top_k, p, ch, g);
+      EXPECT_TRUE(st.ok()) << st;
+      probs.push_back(side->Down(p, rows * experts));
+      chosen.push_back(side->Down(ch, rows * top_k));
+      gates.push_back(side->Down(g, rows * top_k));
+      // Backward from the CPU's forward outputs.
+      const float* p0 = side->Up(probs[0]);
+      const int32_t* ch0 = side->Up(chosen[0]);
+      const float* g0 = side->Up(gates[0]);
+      const float* dg = side->Up(dgates);
+      float* dl = side->Up(std::vector<float>(rows * experts, 7.0f));
+      st = side->k->RouterBackward(*side->stream, p0, ch0, g0, dg, rows, experts, top_k, dl);
+      EXPECT_TRUE(st.ok()) << st;
+      dlogits.push_back(side->Down(dl, rows * experts));
+      side->buffers.clear();
+    }
+    const std::string what = absl::StrCat("router ", rows, "x", experts, " top ", top_k);
+    EXPECT_TRUE(Near(probs[1], probs[0], [&](size_t i) { return 16 * kU * probs[0][i]; },
+                     what + " probs"));
+    EXPECT_EQ(chosen[1], chosen[0]) << what;
+    EXPECT_TRUE(Near(gates[1], gates[0], [&](size_t i) { return 32 * kU * gates[0][i]; },
+                     what + " gates"));
+    std::vector<double> mag(rows * experts);
+    for (int64_t r = 0; r < rows; ++r) {
+      double pdot = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        pdot += std::abs(double{dlogits[0][r * experts + e]});
+      }
+      for (int64_t e = 0; e < experts; ++e) {
+        mag[r * experts + e] = std::abs(dlogits[0][r * experts + e]) + pdot + 1.0;
+      }
+    }
+    EXPECT_TRUE(Near(dlogits[1], dlogits[0], [&](size_t i) { return 2 * kU * mag[i]; },
+                     what + " dlogits"));
+    EXPECT_TRUE(SameBits(probs[2], probs[1], what + " probs run 2"));
+    EXPECT_TRUE(SameBits(dlogits[2], dlogits[1], what + " dlogits run 2"));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Ops without CUDA kernels say so, naming the op, and enqueue nothing.
 
 TEST_F(CudaModelTwinTest, UnimplementedOpsSaySo) {
   float* f = cuda_.Up(std::vector<float>(4096, 0.0f));
-  int32_t* i = cuda_.Up(std::vector<int32_t>(16, 0));
   Stream& s = *cuda_.stream;
   ModelKernels& k = *cuda_.k;
   AttentionShape shape;
@@ -507,8 +563,6 @@ TEST_F(CudaModelTwinTest, UnimplementedOpsSaySo) {
   expect_unimplemented(k.AttentionDelta(s, shape, f, f, f), "attention_delta");
   expect_unimplemented(k.AttentionBackwardBlock(s, shape, f, f, f, f, f, f, f, f, f, f),
                        "attention_backward_block");
-  expect_unimplemented(k.Router(s, f, 2, 4, 2, f, i, f), "router");
-  expect_unimplemented(k.RouterBackward(s, f, i, f, f, 2, 4, 2, f), "router_backward");
   // Validation still comes first.
   EXPECT_EQ(k.Rope(s, f, 1, 1, 1, 3, 0, 10000.0f, false).code(),
             absl::StatusCode::kInvalidArgument);
