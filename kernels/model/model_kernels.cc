@@ -4,8 +4,6 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu_stream.h"
-#include "kernels/model/layers.h"
 #include "kernels/arg_checks.h"
 #include "kernels/status_macros.h"
 
@@ -27,32 +25,7 @@ absl::Status CheckShape(absl::string_view op, const AttentionShape& s) {
   return absl::OkStatus();
 }
 
-class CpuModelKernels final : public ModelKernels {
- protected:
-  absl::Status Run(Stream& s, std::function<void()> fn) override {
-    auto* cs = dynamic_cast<CpuStream*>(&s);
-    if (cs == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stream '", s.name(), "' does not belong to the CPU backend"));
-    }
-    cs->Enqueue([fn = std::move(fn)] {
-      fn();
-      return absl::OkStatus();
-    });
-    return absl::OkStatus();
-  }
-};
-
 }  // namespace
-
-absl::StatusOr<std::unique_ptr<ModelKernels>> ModelKernels::Create(Backend& backend) {
-  if (backend.kind() != BackendKind::kCpu) {
-    return absl::UnimplementedError(
-        "model kernels (attention, router, embedding, cross-entropy) exist only "
-        "for the cpu backend so far; their CUDA kernels are not written yet");
-  }
-  return std::unique_ptr<ModelKernels>(std::make_unique<CpuModelKernels>());
-}
 
 absl::Status ModelKernels::Embedding(Stream& s, const float* table, int64_t vocab,
                                      const int32_t* tokens, int64_t rows, int64_t hidden,
@@ -66,7 +39,7 @@ absl::Status ModelKernels::Embedding(Stream& s, const float* table, int64_t voca
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "tokens", tokens));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out));
   // Token ids come from data the loader already checked against the vocabulary.
-  return Run(s, [=] { EmbeddingForward(table, tokens, rows, hidden, out); });
+  return DoEmbedding(s, table, vocab, tokens, rows, hidden, out);
 }
 
 absl::Status ModelKernels::EmbeddingBackward(Stream& s, const float* dout,
@@ -79,7 +52,7 @@ absl::Status ModelKernels::EmbeddingBackward(Stream& s, const float* dout,
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dout", dout));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "tokens", tokens));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dtable", dtable));
-  return Run(s, [=] { plateau::EmbeddingBackward(dout, tokens, rows, hidden, dtable); });
+  return DoEmbeddingBackward(s, dout, tokens, rows, hidden, dtable);
 }
 
 absl::Status ModelKernels::Rope(Stream& s, float* x, int64_t batch, int64_t len,
@@ -94,7 +67,7 @@ absl::Status ModelKernels::Rope(Stream& s, float* x, int64_t batch, int64_t len,
   if (pos0 < 0) return ArgError(op, "pos0 must be >= 0");
   if (!(theta > 1.0f)) return ArgError(op, "theta must be > 1");
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x));
-  return Run(s, [=] { RopeApply(x, batch, len, heads, head_dim, pos0, theta, inverse); });
+  return DoRope(s, x, batch, len, heads, head_dim, pos0, theta, inverse);
 }
 
 absl::Status ModelKernels::AttentionInit(Stream& s, const AttentionShape& shape, float* m,
@@ -103,7 +76,7 @@ absl::Status ModelKernels::AttentionInit(Stream& s, const AttentionShape& shape,
   PLATEAU_RETURN_IF_ERROR(CheckNotNull("attention_init", "m", m));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull("attention_init", "l", l));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull("attention_init", "acc", acc));
-  return Run(s, [=] { AttentionInitState(shape, m, l, acc); });
+  return DoAttentionInit(s, shape, m, l, acc);
 }
 
 absl::Status ModelKernels::AttentionForwardBlock(Stream& s, const AttentionShape& shape,
@@ -116,7 +89,7 @@ absl::Status ModelKernels::AttentionForwardBlock(Stream& s, const AttentionShape
                          {"m", m}, {"l", l}, {"acc", acc}, {"work", work}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc, work); });
+  return DoAttentionForwardBlock(s, shape, q, k, v, m, l, acc, work);
 }
 
 absl::Status ModelKernels::AttentionFinalize(Stream& s, const AttentionShape& shape,
@@ -128,7 +101,7 @@ absl::Status ModelKernels::AttentionFinalize(Stream& s, const AttentionShape& sh
                          {"acc", acc_to_o}, {"lse", lse}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { plateau::AttentionFinalize(shape, m, l, acc_to_o, lse); });
+  return DoAttentionFinalize(s, shape, m, l, acc_to_o, lse);
 }
 
 absl::Status ModelKernels::AttentionDelta(Stream& s, const AttentionShape& shape,
@@ -139,7 +112,7 @@ absl::Status ModelKernels::AttentionDelta(Stream& s, const AttentionShape& shape
                          {"delta", delta}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { plateau::AttentionDelta(shape, o, dout, delta); });
+  return DoAttentionDelta(s, shape, o, dout, delta);
 }
 
 absl::Status ModelKernels::AttentionBackwardBlock(Stream& s, const AttentionShape& shape,
@@ -154,9 +127,7 @@ absl::Status ModelKernels::AttentionBackwardBlock(Stream& s, const AttentionShap
                          {"dk", dk}, {"dv", dv}, {"work", work}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] {
-    plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv, work);
-  });
+  return DoAttentionBackwardBlock(s, shape, q, k, v, dout, lse, delta, dq, dk, dv, work);
 }
 
 absl::Status ModelKernels::Router(Stream& s, const float* logits, int64_t rows,
@@ -174,7 +145,7 @@ absl::Status ModelKernels::Router(Stream& s, const float* logits, int64_t rows,
                          {"probs", probs}, {"chosen", chosen}, {"gates", gates}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { RouterForward(logits, rows, experts, top_k, probs, chosen, gates); });
+  return DoRouter(s, logits, rows, experts, top_k, probs, chosen, gates);
 }
 
 absl::Status ModelKernels::RouterBackward(Stream& s, const float* probs, const int32_t* chosen,
@@ -194,9 +165,7 @@ absl::Status ModelKernels::RouterBackward(Stream& s, const float* probs, const i
                          {"dlogits", dlogits}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] {
-    plateau::RouterBackward(probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
-  });
+  return DoRouterBackward(s, probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
 }
 
 absl::Status ModelKernels::CrossEntropy(Stream& s, const float* logits, const int32_t* targets,
@@ -211,11 +180,7 @@ absl::Status ModelKernels::CrossEntropy(Stream& s, const float* logits, const in
                          {"targets", targets}, {"lse", lse}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] {
-    int64_t valid = 0;
-    stats[0] += CrossEntropyForward(logits, targets, rows, vocab, lse, &valid);
-    stats[1] += static_cast<double>(valid);
-  });
+  return DoCrossEntropy(s, logits, targets, rows, vocab, lse, stats);
 }
 
 absl::Status ModelKernels::CrossEntropyBackward(Stream& s, float* logits_to_grad,
@@ -229,9 +194,7 @@ absl::Status ModelKernels::CrossEntropyBackward(Stream& s, float* logits_to_grad
                          {"lse", lse}, {"targets", targets}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] {
-    plateau::CrossEntropyBackward(logits_to_grad, lse, targets, rows, vocab, scale);
-  });
+  return DoCrossEntropyBackward(s, logits_to_grad, lse, targets, rows, vocab, scale);
 }
 
 absl::Status ModelKernels::GatherRows(Stream& s, const float* src, int64_t src_rows,
@@ -246,7 +209,7 @@ absl::Status ModelKernels::GatherRows(Stream& s, const float* src, int64_t src_r
                          {"dst", dst}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { plateau::GatherRows(src, index, scales, rows, width, dst); });
+  return DoGatherRows(s, src, src_rows, index, scales, rows, width, dst);
 }
 
 absl::Status ModelKernels::CombineRows(Stream& s, const float* src, const int32_t* pos,
@@ -261,7 +224,7 @@ absl::Status ModelKernels::CombineRows(Stream& s, const float* src, const int32_
                          {"out", out}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { plateau::CombineRows(src, pos, weights, tokens, k, width, out); });
+  return DoCombineRows(s, src, pos, weights, tokens, k, width, out);
 }
 
 absl::Status ModelKernels::RowDots(Stream& s, const float* a, const float* b,
@@ -276,7 +239,7 @@ absl::Status ModelKernels::RowDots(Stream& s, const float* a, const float* b,
                          {"out", out}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] { plateau::RowDots(a, b, pos, tokens, k, width, out); });
+  return DoRowDots(s, a, b, pos, tokens, k, width, out);
 }
 
 absl::Status ModelKernels::StripInit(Stream& s, float* state, int64_t rows) {
@@ -284,10 +247,7 @@ absl::Status ModelKernels::StripInit(Stream& s, float* state, int64_t rows) {
   if (rows == 0) return absl::OkStatus();
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "state", state));
-  return Run(s, [=] {
-    std::fill(state, state + rows, -INFINITY);
-    std::fill(state + rows, state + 3 * rows, 0.0f);
-  });
+  return DoStripInit(s, state, rows);
 }
 
 absl::Status ModelKernels::StripFold(Stream& s, const float* logits, int64_t rows,
@@ -305,10 +265,7 @@ absl::Status ModelKernels::StripFold(Stream& s, const float* logits, int64_t row
                          {"targets", targets}, {"state", state}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] {
-    plateau::StripFold(logits, rows, width, col0, targets, state, state + stride,
-                       state + 2 * stride);
-  });
+  return DoStripFold(s, logits, rows, width, col0, targets, state, stride);
 }
 
 absl::Status ModelKernels::StripFinish(Stream& s, const float* state, const int32_t* targets,
@@ -321,12 +278,7 @@ absl::Status ModelKernels::StripFinish(Stream& s, const float* state, const int3
                          {"targets", targets}, {"lse", lse}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] {
-    int64_t valid = 0;
-    stats[0] += plateau::StripFinish(state, state + rows, state + 2 * rows, targets, rows, lse,
-                                     &valid);
-    stats[1] += static_cast<double>(valid);
-  });
+  return DoStripFinish(s, state, targets, rows, lse, stats);
 }
 
 absl::Status ModelKernels::StripDelta(Stream& s, float* logits_to_delta, int64_t rows,
@@ -341,9 +293,7 @@ absl::Status ModelKernels::StripDelta(Stream& s, float* logits_to_delta, int64_t
                          {"targets", targets}, {"lse", lse}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return Run(s, [=] {
-    plateau::StripDelta(logits_to_delta, rows, width, col0, targets, lse, scale);
-  });
+  return DoStripDelta(s, logits_to_delta, rows, width, col0, targets, lse, scale);
 }
 
 }  // namespace plateau

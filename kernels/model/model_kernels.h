@@ -2,11 +2,15 @@
 // the generic primitives of kernels/backend.h: embedding, rotary embedding,
 // tiled attention block pairs, the router and the dense cross-entropy.
 //
-// Same contract as Backend: public calls validate their arguments once
-// (INVALID_ARGUMENT naming the argument, nothing enqueued) and the work runs
-// asynchronously on the stream. The CPU implementation runs the functions of
-// attention.h and layers.h on the stream's thread; CUDA kernels for these are
-// not written yet, so Create() refuses a CUDA backend with UNIMPLEMENTED.
+// Same contract and shape as Backend (the NVI pattern): public calls validate
+// their arguments once (INVALID_ARGUMENT naming the argument, nothing
+// enqueued), then call the protected Do<Op>, and the work runs asynchronously
+// on the stream. The CPU implementation (cpu_model_kernels.h) runs the
+// functions of attention.h and layers.h on the stream's thread. The CUDA one
+// (kernels/cuda/cuda_model_kernels.h, --config=cuda) has kernels for some ops
+// so far; the others return UNIMPLEMENTED naming the op, never a wrong answer.
+//
+// Thread safety: as Backend; an instance holds no mutable state.
 #ifndef PLATEAU_KERNELS_MODEL_MODEL_KERNELS_H_
 #define PLATEAU_KERNELS_MODEL_MODEL_KERNELS_H_
 
@@ -23,6 +27,8 @@ namespace plateau {
 
 class ModelKernels {
  public:
+  // The implementation for backend.kind(): CPU always; CUDA in a build with
+  // --config=cuda (UNIMPLEMENTED otherwise). Lives in model_kernels_factory.cc.
   static absl::StatusOr<std::unique_ptr<ModelKernels>> Create(Backend& backend);
   virtual ~ModelKernels() = default;
 
@@ -100,8 +106,27 @@ class ModelKernels {
                           const float* lse, float scale);
 
  protected:
-  // Runs `fn` on the stream in order with the rest of its work.
-  virtual absl::Status Run(Stream& s, std::function<void()> fn) = 0;
+  // Implementations: called only after the arguments were validated (and
+  // never with rows == 0 / tokens == 0).
+  virtual absl::Status DoEmbedding(Stream& s, const float* table, int64_t vocab, const int32_t* tokens, int64_t rows, int64_t hidden, float* out) = 0;
+  virtual absl::Status DoEmbeddingBackward(Stream& s, const float* dout, const int32_t* tokens, int64_t rows, int64_t hidden, float* dtable) = 0;
+  virtual absl::Status DoRope(Stream& s, float* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0, float theta, bool inverse) = 0;
+  virtual absl::Status DoAttentionInit(Stream& s, const AttentionShape& shape, float* m, float* l, float* acc) = 0;
+  virtual absl::Status DoAttentionForwardBlock(Stream& s, const AttentionShape& shape, const float* q, const float* k, const float* v, float* m, float* l, float* acc, float* work) = 0;
+  virtual absl::Status DoAttentionFinalize(Stream& s, const AttentionShape& shape, const float* m, const float* l, float* acc_to_o, float* lse) = 0;
+  virtual absl::Status DoAttentionDelta(Stream& s, const AttentionShape& shape, const float* o, const float* dout, float* delta) = 0;
+  virtual absl::Status DoAttentionBackwardBlock(Stream& s, const AttentionShape& shape, const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv, float* work) = 0;
+  virtual absl::Status DoRouter(Stream& s, const float* logits, int64_t rows, int64_t experts, int64_t top_k, float* probs, int32_t* chosen, float* gates) = 0;
+  virtual absl::Status DoRouterBackward(Stream& s, const float* probs, const int32_t* chosen, const float* gates, const float* dgates, int64_t rows, int64_t experts, int64_t top_k, float* dlogits) = 0;
+  virtual absl::Status DoCrossEntropy(Stream& s, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats) = 0;
+  virtual absl::Status DoCrossEntropyBackward(Stream& s, float* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale) = 0;
+  virtual absl::Status DoGatherRows(Stream& s, const float* src, int64_t src_rows, const int32_t* index, const float* scales, int64_t rows, int64_t width, float* dst) = 0;
+  virtual absl::Status DoCombineRows(Stream& s, const float* src, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, float* out) = 0;
+  virtual absl::Status DoRowDots(Stream& s, const float* a, const float* b, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out) = 0;
+  virtual absl::Status DoStripInit(Stream& s, float* state, int64_t rows) = 0;
+  virtual absl::Status DoStripFold(Stream& s, const float* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride) = 0;
+  virtual absl::Status DoStripFinish(Stream& s, const float* state, const int32_t* targets, int64_t rows, float* lse, double* stats) = 0;
+  virtual absl::Status DoStripDelta(Stream& s, float* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) = 0;
 };
 
 }  // namespace plateau

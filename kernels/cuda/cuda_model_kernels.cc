@@ -1,0 +1,188 @@
+#include "kernels/cuda/cuda_model_kernels.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_model_ops.h"
+#include "kernels/model/config.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+static_assert(kIgnoreIndex == -1,
+              "cuda_model_ops.cu hard-codes kIgnoreIndex as -1");
+
+absl::Status NotOnCuda(absl::string_view op) {
+  return absl::UnimplementedError(
+      absl::StrCat(op, " is not implemented on the cuda backend yet"));
+}
+
+// The stream's cudaStream_t, with its device made current on this thread
+// (the caller's thread may have another device current).
+absl::StatusOr<cudaStream_t> Native(absl::string_view op, Stream& s) {
+  auto stream = static_cast<cudaStream_t>(s.native_handle());
+  if (stream == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": stream '", s.name(), "' does not belong to a CUDA backend"));
+  }
+  int device = 0;
+  PLATEAU_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(stream, &device));
+  PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  return stream;
+}
+
+#define PLATEAU_LAUNCH(op, s, launcher, ...)                          \
+  do {                                                                \
+    PLATEAU_ASSIGN_OR_RETURN(cudaStream_t native_, Native(op, s));    \
+    PLATEAU_CUDA_RETURN_IF_ERROR(launcher(native_, __VA_ARGS__));     \
+    return absl::OkStatus();                                          \
+  } while (0)
+
+class CudaModelKernels final : public ModelKernels {
+ protected:
+  absl::Status DoEmbedding(Stream& s, const float* table, int64_t /*vocab*/,
+                           const int32_t* tokens, int64_t rows, int64_t hidden,
+                           float* out) override {
+    PLATEAU_LAUNCH("embedding", s, cuda_model_ops::Embedding, table, tokens,
+                   rows, hidden, out);
+  }
+  absl::Status DoEmbeddingBackward(Stream& s, const float* dout,
+                                   const int32_t* tokens, int64_t rows,
+                                   int64_t hidden, float* dtable) override {
+    PLATEAU_LAUNCH("embedding_backward", s, cuda_model_ops::EmbeddingBackward,
+                   dout, tokens, rows, hidden, dtable);
+  }
+  absl::Status DoRope(Stream& s, float* x, int64_t batch, int64_t len,
+                      int64_t heads, int64_t head_dim, int64_t pos0,
+                      float theta, bool inverse) override {
+    const int64_t half = head_dim / 2;
+    if (half > cuda_model_ops::kMaxRopeHalf) {
+      return absl::UnimplementedError(absl::StrCat(
+          "rope is not implemented on the cuda backend for head_dim > ",
+          2 * cuda_model_ops::kMaxRopeHalf, " (got ", head_dim, ")"));
+    }
+    // The CPU's own expression (attention.cc), so both form the same angles.
+    cuda_model_ops::RopeFreqs freqs{};
+    for (int64_t j = 0; j < half; ++j) {
+      freqs.freq[j] = std::pow(theta, -2.0f * static_cast<float>(j) /
+                                          static_cast<float>(head_dim));
+    }
+    PLATEAU_LAUNCH("rope", s, cuda_model_ops::Rope, x, batch, len, heads,
+                   head_dim, pos0, freqs, inverse);
+  }
+  absl::Status DoAttentionInit(Stream&, const AttentionShape&, float*, float*,
+                               float*) override {
+    return NotOnCuda("attention_init");
+  }
+  absl::Status DoAttentionForwardBlock(Stream&, const AttentionShape&,
+                                       const float*, const float*,
+                                       const float*, float*, float*, float*,
+                                       float*) override {
+    return NotOnCuda("attention_forward_block");
+  }
+  absl::Status DoAttentionFinalize(Stream&, const AttentionShape&,
+                                   const float*, const float*, float*,
+                                   float*) override {
+    return NotOnCuda("attention_finalize");
+  }
+  absl::Status DoAttentionDelta(Stream&, const AttentionShape&, const float*,
+                                const float*, float*) override {
+    return NotOnCuda("attention_delta");
+  }
+  absl::Status DoAttentionBackwardBlock(Stream&, const AttentionShape&,
+                                        const float*, const float*,
+                                        const float*, const float*,
+                                        const float*, const float*, float*,
+                                        float*, float*, float*) override {
+    return NotOnCuda("attention_backward_block");
+  }
+  absl::Status DoRouter(Stream& s, const float* logits, int64_t rows,
+                        int64_t experts, int64_t top_k, float* probs,
+                        int32_t* chosen, float* gates) override {
+    PLATEAU_LAUNCH("router", s, cuda_model_ops::Router, logits, rows, experts,
+                   top_k, probs, chosen, gates);
+  }
+  absl::Status DoRouterBackward(Stream& s, const float* probs,
+                                const int32_t* chosen, const float* gates,
+                                const float* dgates, int64_t rows,
+                                int64_t experts, int64_t top_k,
+                                float* dlogits) override {
+    PLATEAU_LAUNCH("router_backward", s, cuda_model_ops::RouterBackward, probs,
+                   chosen, gates, dgates, rows, experts, top_k, dlogits);
+  }
+  absl::Status DoCrossEntropy(Stream& s, const float* logits,
+                              const int32_t* targets, int64_t rows,
+                              int64_t vocab, float* lse,
+                              double* stats) override {
+    PLATEAU_LAUNCH("cross_entropy", s, cuda_model_ops::CrossEntropy, logits,
+                   targets, rows, vocab, lse, stats);
+  }
+  absl::Status DoCrossEntropyBackward(Stream& s, float* logits_to_grad,
+                                      const float* lse, const int32_t* targets,
+                                      int64_t rows, int64_t vocab,
+                                      float scale) override {
+    PLATEAU_LAUNCH("cross_entropy_backward", s,
+                   cuda_model_ops::CrossEntropyBackward, logits_to_grad, lse,
+                   targets, rows, vocab, scale);
+  }
+  absl::Status DoGatherRows(Stream& s, const float* src, int64_t /*src_rows*/,
+                            const int32_t* index, const float* scales,
+                            int64_t rows, int64_t width, float* dst) override {
+    PLATEAU_LAUNCH("gather_rows", s, cuda_model_ops::GatherRows, src, index,
+                   scales, rows, width, dst);
+  }
+  absl::Status DoCombineRows(Stream& s, const float* src, const int32_t* pos,
+                             const float* weights, int64_t tokens, int64_t k,
+                             int64_t width, float* out) override {
+    PLATEAU_LAUNCH("combine_rows", s, cuda_model_ops::CombineRows, src, pos,
+                   weights, tokens, k, width, out);
+  }
+  absl::Status DoRowDots(Stream& s, const float* a, const float* b,
+                         const int32_t* pos, int64_t tokens, int64_t k,
+                         int64_t width, float* out) override {
+    PLATEAU_LAUNCH("row_dots", s, cuda_model_ops::RowDots, a, b, pos, tokens,
+                   k, width, out);
+  }
+  absl::Status DoStripInit(Stream& s, float* state, int64_t rows) override {
+    PLATEAU_LAUNCH("strip_init", s, cuda_model_ops::StripInit, state, rows);
+  }
+  absl::Status DoStripFold(Stream& s, const float* logits, int64_t rows,
+                           int64_t width, int64_t col0, const int32_t* targets,
+                           float* state, int64_t stride) override {
+    PLATEAU_LAUNCH("strip_fold", s, cuda_model_ops::StripFold, logits, rows,
+                   width, col0, targets, state, stride);
+  }
+  absl::Status DoStripFinish(Stream& s, const float* state,
+                             const int32_t* targets, int64_t rows, float* lse,
+                             double* stats) override {
+    PLATEAU_LAUNCH("strip_finish", s, cuda_model_ops::StripFinish, state,
+                   targets, rows, lse, stats);
+  }
+  absl::Status DoStripDelta(Stream& s, float* logits_to_delta, int64_t rows,
+                            int64_t width, int64_t col0, const int32_t* targets,
+                            const float* lse, float scale) override {
+    PLATEAU_LAUNCH("strip_delta", s, cuda_model_ops::StripDelta,
+                   logits_to_delta, rows, width, col0, targets, lse, scale);
+  }
+};
+
+#undef PLATEAU_LAUNCH
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
+    Backend& backend) {
+  if (backend.kind() != BackendKind::kCuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda model kernels: backend is ", BackendKindName(backend.kind()),
+        ", not cuda"));
+  }
+  return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>());
+}
+
+}  // namespace plateau

@@ -1,0 +1,31 @@
+// ModelKernels on the CUDA backend: the ops of cuda_model_ops.h run as CUDA
+// kernels on the stream's cudaStream_t (Ring-DTP's strips, the dense
+// cross-entropy, the embedding, the dispatch row movement and the rotary
+// embedding up to head_dim 1024, the router). The attention block pairs have
+// no CUDA kernels yet and return UNIMPLEMENTED naming the op. Built only with
+// --config=cuda; ModelKernels::Create reaches it for a CUDA backend.
+//
+// Every pointer an op takes must be device memory of that backend (stats
+// too); streams must come from it.
+//
+// Thread safety: as ModelKernels (no mutable state). Launches go straight
+// onto the stream; none of these kernels uses the stream's workspace, so they
+// need not take the backend's per-stream launch lock.
+#ifndef PLATEAU_KERNELS_CUDA_CUDA_MODEL_KERNELS_H_
+#define PLATEAU_KERNELS_CUDA_CUDA_MODEL_KERNELS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/model/model_kernels.h"
+
+namespace plateau {
+
+// INVALID_ARGUMENT unless backend.kind() is kCuda.
+absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
+    Backend& backend);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_CUDA_CUDA_MODEL_KERNELS_H_

@@ -1,0 +1,103 @@
+// CUDA kernels for the model kernels (kernels/model/model_kernels.h), one
+// launcher per op. So far: Ring-DTP's strips (StripInit, StripFold,
+// StripFinish, StripDelta), the dense cross-entropy and its backward, the
+// embedding and its backward, the dispatch row movement (GatherRows,
+// CombineRows, RowDots), the rotary embedding and the router. The semantics are those of the CPU functions in
+// kernels/model/layers.h, the references these are tested against
+// (kernels/model/cuda_model_twin_test.cc).
+//
+// Arguments are assumed validated (ModelKernels' public methods do that) and
+// rows/tokens > 0. All pointers are device memory, including `stats`. Each
+// launcher enqueues on `stream` and returns cudaGetLastError().
+//
+// Determinism: no atomics. Per-row reductions run one block per row and
+// combine per-thread partials in a fixed tree; the loss sums of StripFinish
+// and CrossEntropy run in one block over the rows in a fixed assignment and a
+// fixed tree; EmbeddingBackward gives each column to one thread, which adds
+// the rows in row order (the CPU order, so it agrees with the CPU bitwise).
+// The same inputs give the same bits run to run on the same GPU model.
+//
+// Plain C++ header (no CUDA extensions): the host compiler includes it.
+#ifndef PLATEAU_KERNELS_CUDA_CUDA_MODEL_OPS_H_
+#define PLATEAU_KERNELS_CUDA_CUDA_MODEL_OPS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace plateau::cuda_model_ops {
+
+// state[0, rows) = -inf (m); state[rows, 3 * rows) = 0 (s and t).
+cudaError_t StripInit(cudaStream_t stream, float* state, int64_t rows);
+// Per row r (targets[r] != kIgnoreIndex): mnew = max(m, max_c x), s = s *
+// exp(m - mnew) + sum_c exp(x - mnew), m = mnew, t = x[target - col0] when
+// the target lies in [col0, col0 + width). m, s, t are state, state + stride,
+// state + 2 * stride.
+cudaError_t StripFold(cudaStream_t stream, const float* logits, int64_t rows,
+                      int64_t width, int64_t col0, const int32_t* targets,
+                      float* state, int64_t stride);
+// lse = m + log(s) (0 for ignored rows); stats[0] += sum over valid rows of
+// (double)(lse - t), stats[1] += their count.
+cudaError_t StripFinish(cudaStream_t stream, const float* state,
+                        const int32_t* targets, int64_t rows, float* lse,
+                        double* stats);
+// x = exp(x - lse) * scale, minus scale at the target; 0 for ignored rows.
+cudaError_t StripDelta(cudaStream_t stream, float* logits_to_delta,
+                       int64_t rows, int64_t width, int64_t col0,
+                       const int32_t* targets, const float* lse, float scale);
+
+cudaError_t CrossEntropy(cudaStream_t stream, const float* logits,
+                         const int32_t* targets, int64_t rows, int64_t vocab,
+                         float* lse, double* stats);
+cudaError_t CrossEntropyBackward(cudaStream_t stream, float* logits_to_grad,
+                                 const float* lse, const int32_t* targets,
+                                 int64_t rows, int64_t vocab, float scale);
+
+cudaError_t Embedding(cudaStream_t stream, const float* table,
+                      const int32_t* tokens, int64_t rows, int64_t hidden,
+                      float* out);
+// One thread per column walks the rows in order: deterministic and in the
+// CPU's order, but parallel only over `hidden` (fine for the embedding's
+// once-per-step use; a sort-by-token kernel would be the faster version).
+cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
+                              const int32_t* tokens, int64_t rows,
+                              int64_t hidden, float* dtable);
+
+cudaError_t GatherRows(cudaStream_t stream, const float* src,
+                       const int32_t* index, const float* scales, int64_t rows,
+                       int64_t width, float* dst);
+cudaError_t CombineRows(cudaStream_t stream, const float* src,
+                        const int32_t* pos, const float* weights,
+                        int64_t tokens, int64_t k, int64_t width, float* out);
+cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
+                    const int32_t* pos, int64_t tokens, int64_t k,
+                    int64_t width, float* out);
+
+// The router, one thread per row (experts is small): softmax, top_k in
+// descending probability with ties to the lower expert (the CPU's stable
+// order), gates renormalised over the chosen; the same fp32 operations in the
+// same order as the CPU, only expf differs.
+cudaError_t Router(cudaStream_t stream, const float* logits, int64_t rows,
+                   int64_t experts, int64_t top_k, float* probs,
+                   int32_t* chosen, float* gates);
+// One thread per row; dlogits doubles as the row's dp scratch.
+cudaError_t RouterBackward(cudaStream_t stream, const float* probs,
+                           const int32_t* chosen, const float* gates,
+                           const float* dgates, int64_t rows, int64_t experts,
+                           int64_t top_k, float* dlogits);
+
+// The rotary embedding's frequencies, computed on the host exactly as the CPU
+// (std::pow), travel in the launch's parameters: the GPU then forms the same
+// fp32 angles, and only sinf/cosf differ from the host's. head_dim up to
+// 2 * kMaxRopeHalf (UNIMPLEMENTED above, in cuda_model_kernels.cc).
+inline constexpr int kMaxRopeHalf = 512;
+struct RopeFreqs {
+  float freq[kMaxRopeHalf];
+};
+cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
+                 int64_t heads, int64_t head_dim, int64_t pos0,
+                 const RopeFreqs& freqs, bool inverse);
+
+}  // namespace plateau::cuda_model_ops
+
+#endif  // PLATEAU_KERNELS_CUDA_CUDA_MODEL_OPS_H_

@@ -1,0 +1,139 @@
+#include "kernels/model/cpu_model_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_stream.h"
+#include "kernels/model/attention.h"
+#include "kernels/model/layers.h"
+
+namespace plateau {
+namespace {
+
+class CpuModelKernels final : public ModelKernels {
+ protected:
+  absl::Status DoEmbedding(Stream& s, const float* table, int64_t vocab, const int32_t* tokens, int64_t rows, int64_t hidden, float* out) override {
+    return Run(s, [=] { EmbeddingForward(table, tokens, rows, hidden, out); });
+  }
+
+  absl::Status DoEmbeddingBackward(Stream& s, const float* dout, const int32_t* tokens, int64_t rows, int64_t hidden, float* dtable) override {
+    return Run(s, [=] { plateau::EmbeddingBackward(dout, tokens, rows, hidden, dtable); });
+  }
+
+  absl::Status DoRope(Stream& s, float* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0, float theta, bool inverse) override {
+    return Run(s, [=] { RopeApply(x, batch, len, heads, head_dim, pos0, theta, inverse); });
+  }
+
+  absl::Status DoAttentionInit(Stream& s, const AttentionShape& shape, float* m, float* l, float* acc) override {
+    return Run(s, [=] { AttentionInitState(shape, m, l, acc); });
+  }
+
+  absl::Status DoAttentionForwardBlock(Stream& s, const AttentionShape& shape, const float* q, const float* k, const float* v, float* m, float* l, float* acc, float* work) override {
+    return Run(s, [=] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc, work); });
+  }
+
+  absl::Status DoAttentionFinalize(Stream& s, const AttentionShape& shape, const float* m, const float* l, float* acc_to_o, float* lse) override {
+    return Run(s, [=] { plateau::AttentionFinalize(shape, m, l, acc_to_o, lse); });
+  }
+
+  absl::Status DoAttentionDelta(Stream& s, const AttentionShape& shape, const float* o, const float* dout, float* delta) override {
+    return Run(s, [=] { plateau::AttentionDelta(shape, o, dout, delta); });
+  }
+
+  absl::Status DoAttentionBackwardBlock(Stream& s, const AttentionShape& shape, const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv, float* work) override {
+    return Run(s, [=] {
+    plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv, work);
+  });
+  }
+
+  absl::Status DoRouter(Stream& s, const float* logits, int64_t rows, int64_t experts, int64_t top_k, float* probs, int32_t* chosen, float* gates) override {
+    return Run(s, [=] { RouterForward(logits, rows, experts, top_k, probs, chosen, gates); });
+  }
+
+  absl::Status DoRouterBackward(Stream& s, const float* probs, const int32_t* chosen, const float* gates, const float* dgates, int64_t rows, int64_t experts, int64_t top_k, float* dlogits) override {
+    return Run(s, [=] {
+    plateau::RouterBackward(probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
+  });
+  }
+
+  absl::Status DoCrossEntropy(Stream& s, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats) override {
+    return Run(s, [=] {
+    int64_t valid = 0;
+    stats[0] += CrossEntropyForward(logits, targets, rows, vocab, lse, &valid);
+    stats[1] += static_cast<double>(valid);
+  });
+  }
+
+  absl::Status DoCrossEntropyBackward(Stream& s, float* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale) override {
+    return Run(s, [=] {
+    plateau::CrossEntropyBackward(logits_to_grad, lse, targets, rows, vocab, scale);
+  });
+  }
+
+  absl::Status DoGatherRows(Stream& s, const float* src, int64_t src_rows, const int32_t* index, const float* scales, int64_t rows, int64_t width, float* dst) override {
+    return Run(s, [=] { plateau::GatherRows(src, index, scales, rows, width, dst); });
+  }
+
+  absl::Status DoCombineRows(Stream& s, const float* src, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, float* out) override {
+    return Run(s, [=] { plateau::CombineRows(src, pos, weights, tokens, k, width, out); });
+  }
+
+  absl::Status DoRowDots(Stream& s, const float* a, const float* b, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out) override {
+    return Run(s, [=] { plateau::RowDots(a, b, pos, tokens, k, width, out); });
+  }
+
+  absl::Status DoStripInit(Stream& s, float* state, int64_t rows) override {
+    return Run(s, [=] {
+    std::fill(state, state + rows, -INFINITY);
+    std::fill(state + rows, state + 3 * rows, 0.0f);
+  });
+  }
+
+  absl::Status DoStripFold(Stream& s, const float* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride) override {
+    return Run(s, [=] {
+    plateau::StripFold(logits, rows, width, col0, targets, state, state + stride,
+                       state + 2 * stride);
+  });
+  }
+
+  absl::Status DoStripFinish(Stream& s, const float* state, const int32_t* targets, int64_t rows, float* lse, double* stats) override {
+    return Run(s, [=] {
+    int64_t valid = 0;
+    stats[0] += plateau::StripFinish(state, state + rows, state + 2 * rows, targets, rows, lse,
+                                     &valid);
+    stats[1] += static_cast<double>(valid);
+  });
+  }
+
+  absl::Status DoStripDelta(Stream& s, float* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) override {
+    return Run(s, [=] {
+    plateau::StripDelta(logits_to_delta, rows, width, col0, targets, lse, scale);
+  });
+  }
+
+ private:
+  // Runs `fn` on the stream in order with the rest of its work.
+  static absl::Status Run(Stream& s, std::function<void()> fn) {
+    auto* cs = dynamic_cast<CpuStream*>(&s);
+    if (cs == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream '", s.name(), "' does not belong to the CPU backend"));
+    }
+    cs->Enqueue([fn = std::move(fn)] {
+      fn();
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ModelKernels> CreateCpuModelKernels() {
+  return std::make_unique<CpuModelKernels>();
+}
+
+}  // namespace plateau

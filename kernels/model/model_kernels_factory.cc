@@ -1,0 +1,27 @@
+// ModelKernels::Create lives apart from the interface so that the CUDA
+// implementation can depend on the interface without a dependency cycle.
+#include "kernels/model/cpu_model_kernels.h"
+#include "kernels/model/model_kernels.h"
+#ifdef PLATEAU_WITH_CUDA
+#include "kernels/cuda/cuda_model_kernels.h"
+#endif
+
+namespace plateau {
+
+absl::StatusOr<std::unique_ptr<ModelKernels>> ModelKernels::Create(Backend& backend) {
+  switch (backend.kind()) {
+    case BackendKind::kCpu:
+      return CreateCpuModelKernels();
+    case BackendKind::kCuda:
+#ifdef PLATEAU_WITH_CUDA
+      return CreateCudaModelKernels(backend);
+#else
+      return absl::UnimplementedError(
+          "model kernels: a cuda backend was given, but this build has no CUDA "
+          "model kernels; rebuild with --config=cuda");
+#endif
+  }
+  return absl::InvalidArgumentError("model kernels: unknown backend kind");
+}
+
+}  // namespace plateau
