@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/cuda_device_utils.cuh"
 #include "kernels/cuda/cuda_model_ops.h"
 
 namespace plateau::cuda_model_ops {
@@ -17,53 +18,15 @@ namespace {
 // cuda_model_kernels.cc; that header is not nvcc's to include).
 constexpr int32_t kIgnore = -1;
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 16;
-
-int ElementwiseGrid(int64_t n) {
-  return static_cast<int>(
-      std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxGrid));
-}
-// One block per row, up to kMaxGrid blocks (then blocks take several rows).
-int RowGrid(int64_t rows) {
-  return static_cast<int>(std::clamp<int64_t>(rows, 1, kMaxGrid));
-}
-
-__device__ __forceinline__ int64_t GlobalThread() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GridThreads() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
-struct SumOp {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Combines one value from each of the block's kThreads threads in a fixed
-// tree (the same pairs every run) and returns it to every thread. The
-// trailing barrier frees the shared array for the next call.
-template <typename T, typename Op>
-__device__ T BlockReduce(T v, Op op) {
-  __shared__ T smem[kThreads];
-  smem[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) {
-      smem[threadIdx.x] = op(smem[threadIdx.x], smem[threadIdx.x + stride]);
-    }
-    __syncthreads();
-  }
-  const T result = smem[0];
-  __syncthreads();
-  return result;
-}
+using cuda_device::BlockReduce;
+using cuda_device::ElementwiseGrid;
+using cuda_device::GlobalThread;
+using cuda_device::GridThreads;
+using cuda_device::kMaxGrid;
+using cuda_device::kThreads;
+using cuda_device::MaxOp;
+using cuda_device::RowGrid;
+using cuda_device::SumOp;
 
 __global__ void StripInitKernel(float* state, int64_t rows) {
   for (int64_t i = GlobalThread(); i < 3 * rows; i += GridThreads()) {

@@ -8,6 +8,8 @@
 // row kernels use grid-stride loops, so any size runs on a bounded grid.
 #include "kernels/cuda/cuda_ops.h"
 
+#include "kernels/cuda/cuda_device_utils.cuh"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,8 +18,16 @@
 namespace plateau::cuda_ops {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 16;
+using cuda_device::BlockReduce;
+using cuda_device::ElementwiseGrid;
+using cuda_device::GlobalThread;
+using cuda_device::GridThreads;
+using cuda_device::kMaxGrid;
+using cuda_device::kThreads;
+using cuda_device::MaxOp;
+using cuda_device::RowGrid;
+using cuda_device::SumOp;
+
 // Sum/SumSquares: at most this many per-block partials, each block's threads
 // taking at least kItemsPerThread elements first.
 constexpr int64_t kReduceBlocks = 1024;
@@ -29,52 +39,6 @@ constexpr int64_t kMaxChunks = 1024;
 
 static_assert(kReduceBlocks * sizeof(double) <= kScratchBytes,
               "Sum's partials must fit in the scratch");
-
-int ElementwiseGrid(int64_t n) {
-  return static_cast<int>(
-      std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxGrid));
-}
-
-// One block per row, up to kMaxGrid blocks (then blocks take several rows).
-int RowGrid(int64_t rows) {
-  return static_cast<int>(std::clamp<int64_t>(rows, 1, kMaxGrid));
-}
-
-__device__ __forceinline__ int64_t GlobalThread() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GridThreads() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
-
-struct SumOp {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Combines one value from each of the block's kThreads threads in a fixed
-// tree (the same pairs every run) and returns the result to every thread.
-// The trailing barrier makes the shared array free for the next call.
-template <typename T, typename Op>
-__device__ T BlockReduce(T v, Op op) {
-  __shared__ T smem[kThreads];
-  smem[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) {
-      smem[threadIdx.x] = op(smem[threadIdx.x], smem[threadIdx.x + stride]);
-    }
-    __syncthreads();
-  }
-  const T result = smem[0];
-  __syncthreads();
-  return result;
-}
 
 __device__ __forceinline__ float Sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
