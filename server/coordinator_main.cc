@@ -23,6 +23,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "kernels/named_flags.h"
 #include "server/coordinator.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -58,19 +59,11 @@ int Main(int argc, char** argv) {
                                               {"ready_file", ""},
                                               {"worker_timeout_s", "10"},
                                               {"heartbeat_ms", "500"}};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return Fail(absl::StrCat("argument '", arg, "': expected --name=value (see --help)"));
-    }
-    std::string name = arg.substr(2, eq - 2);
-    if (!flags.count(name)) return Fail(absl::StrCat("unknown flag --", name, " (see --help)"));
-    flags[name] = arg.substr(eq + 1);
+  absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &flags);
+  if (!help.ok()) return Fail(std::string(help.status().message()));
+  if (*help) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
   if (flags["state_dir"].empty()) return Fail("--state_dir: expected a directory (see --help)");
   CoordinatorOptions options;

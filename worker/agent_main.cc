@@ -19,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/named_flags.h"
 #include "worker/agent.h"
 
 namespace plateau {
@@ -61,19 +62,11 @@ int Main(int argc, char** argv) {
       {"rank_binary", (self.parent_path() / "plateau_rank").string()},
       {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
       {"grace_s", "5"}};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return Fail(absl::StrCat("argument '", arg, "': expected --name=value (see --help)"));
-    }
-    std::string name = arg.substr(2, eq - 2);
-    if (!f.count(name)) return Fail(absl::StrCat("unknown flag --", name, " (see --help)"));
-    f[name] = arg.substr(eq + 1);
+  absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &f);
+  if (!help.ok()) return Fail(std::string(help.status().message()));
+  if (*help) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
   AgentOptions o;
   o.coordinator = f["coordinator"];
