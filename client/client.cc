@@ -5,7 +5,9 @@
 namespace plateau {
 
 Client::Client(std::string address, absl::Duration timeout)
-    : address_(std::move(address)), timeout_(timeout) {
+    : Client(ClientOptions{std::move(address), timeout}) {}
+
+Client::Client(ClientOptions options) : address_(std::move(options.address)), timeout_(options.timeout) {
   stub_ = v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
 }
 

@@ -18,8 +18,15 @@
 
 namespace plateau {
 
+// Where and how to reach the coordinator.
+struct ClientOptions {
+  std::string address;  // HOST:PORT
+  absl::Duration timeout = absl::Seconds(10);  // per unary call
+};
+
 class Client {
  public:
+  explicit Client(ClientOptions options);
   explicit Client(std::string address, absl::Duration timeout = absl::Seconds(10));
 
   const std::string& address() const { return address_; }

@@ -1,278 +1,30 @@
 // The service end to end, with real processes over loopback: a coordinator
 // (real SQLite in a temporary directory, real /metrics over HTTP), a worker
 // agent spawning real rank processes, driven through the gRPC API and
-// plateauctl. Ports are chosen by the OS and read from --ready_file.
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <fcntl.h>
-#include <netinet/in.h>
+// plateauctl (tests/cluster.h).
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <map>
-#include <memory>
-#include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
-#include "client/client.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
-#include "worker/job_spec.h"
-
-extern char** environ;
+#include "tests/cluster.h"
 
 namespace plateau {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Generous: a loaded 2-core machine runs these alongside other tests.
-constexpr absl::Duration kDeadline = absl::Seconds(120);
-
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Polls `ready` until it holds or the deadline passes.
-bool WaitFor(const std::function<bool()>& ready, absl::Duration deadline = kDeadline) {
-  const absl::Time end = absl::Now() + deadline;
-  while (absl::Now() < end) {
-    if (ready()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return ready();
-}
-
-// A child process in its own process group, output to files; stopped (the
-// whole group) when destroyed.
-class Process {
- public:
-  Process(const std::vector<std::string>& args, const std::string& log_prefix) : log_(log_prefix) {
-    std::vector<std::string> a = args;
-    std::vector<char*> argv;
-    for (std::string& s : a) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, (log_ + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, (log_ + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attr, 0);
-    int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) pid_ = 0;
-  }
-  ~Process() { Stop(); }
-  pid_t pid() const { return pid_; }
-  std::string out() const { return ReadFile(log_ + ".out"); }
-  std::string err() const { return ReadFile(log_ + ".err"); }
-  // SIGTERM, then SIGKILL after 20 s; returns the wait status.
-  int Stop(int sig = SIGTERM) {
-    if (pid_ == 0) return status_;
-    kill(-pid_, sig);
-    const absl::Time end = absl::Now() + absl::Seconds(20);
-    while (waitpid(pid_, &status_, WNOHANG) == 0) {
-      if (absl::Now() > end) {
-        kill(-pid_, SIGKILL);
-        waitpid(pid_, &status_, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    kill(-pid_, SIGKILL);  // anything left in its group
-    pid_ = 0;
-    return status_;
-  }
-
- private:
-  std::string log_;
-  pid_t pid_ = 0;
-  int status_ = 0;
-};
-
-// Runs a command to completion; returns its exit code and output.
-struct Ran {
-  int code = -1;
-  std::string out, err;
-};
-Ran RunCommand(const std::vector<std::string>& args, const std::string& log_prefix) {
-  Process p(args, log_prefix);
-  int status = 0;
-  const absl::Time end = absl::Now() + kDeadline;
-  while (waitpid(p.pid(), &status, WNOHANG) == 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
-  Ran r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = p.out();
-  r.err = p.err();
-  return r;
-}
-
-// An HTTP GET of /metrics over a plain socket: what Prometheus does.
-std::string Scrape(const std::string& address) {
-  std::vector<std::string> hp = absl::StrSplit(address, ':');
-  int port = 0;
-  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, hp[0].c_str(), &sa.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = absl::StrCat("GET /metrics HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
-  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
-    close(fd);
-    return "";
-  }
-  std::string resp;
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return resp;
-}
-
-// The value of the sample `name{labels}` (labels in the exposition's order:
-// prometheus-cpp sorts them by name), or NaN when absent.
-double Sample(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StartsWith(line, series + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-    }
-  }
-  return NAN;
-}
-
-// Pids of the rank processes of `job` in the process table.
-std::vector<pid_t> RankPids(const std::string& job) {
-  std::vector<pid_t> pids;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return pids;
-  while (dirent* e = readdir(d)) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
-    std::string cmd = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::vector<std::string> args = absl::StrSplit(cmd, '\0');
-    bool rank = false, mine = false;
-    for (const std::string& a : args) {
-      rank = rank || absl::EndsWith(a, "plateau_rank");
-      mine = mine || a == "--job_id=" + job;
-    }
-    if (rank && mine) pids.push_back(pid);
-  }
-  closedir(d);
-  return pids;
-}
-
-// A small job: the demo's model on a tiny batch.
-v1::JobSpec TinyJob(int64_t steps) {
-  v1::JobSpec s = DemoJobSpec(2, steps);
-  s.set_name("tiny");
-  s.mutable_layout()->set_batch(4);
-  return s;
-}
-
-class Cluster {
- public:
-  explicit Cluster(const std::string& name, bool with_worker = true, double worker_timeout_s = 10)
-      : dir_(TempDir(name)) {
-    coordinator_ = std::make_unique<Process>(
-        std::vector<std::string>{"server/plateau_coordinator", "--state_dir=" + dir_ + "/state",
-                                 "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
-                                 "--ready_file=" + dir_ + "/ready",
-                                 absl::StrCat("--worker_timeout_s=", worker_timeout_s), "--heartbeat_ms=200"},
-        dir_ + "/coordinator");
-    ready_ = WaitFor([&] { return std::filesystem::exists(dir_ + "/ready"); });
-    if (!ready_) return;
-    for (absl::string_view line : absl::StrSplit(ReadFile(dir_ + "/ready"), '\n')) {
-      if (absl::StartsWith(line, "api=")) api_ = std::string(line.substr(4));
-      if (absl::StartsWith(line, "metrics=")) metrics_ = std::string(line.substr(8));
-    }
-    client_ = std::make_unique<Client>(api_);
-    if (with_worker) StartWorker();
-  }
-
-  void StartWorker() {
-    worker_ = std::make_unique<Process>(
-        std::vector<std::string>{"worker/plateau_worker", "--coordinator=" + api_, "--devices=2",
-                                 "--rank_binary=worker/plateau_rank", "--work_dir=" + dir_ + "/work",
-                                 "--grace_s=3", "--device_peak_flops=1e11"},
-        dir_ + "/worker");
-  }
-
-  bool ready() const { return ready_ && !api_.empty() && !metrics_.empty(); }
-  Client& client() { return *client_; }
-  const std::string& api() const { return api_; }
-  const std::string& metrics() const { return metrics_; }
-  const std::string& dir() const { return dir_; }
-  Process* worker() { return worker_.get(); }
-  std::string Logs() const {
-    return absl::StrCat("--- coordinator:\n", coordinator_->out(), coordinator_->err(), "--- worker:\n",
-                        worker_ ? worker_->out() + worker_->err() : "");
-  }
-
-  // Waits for the job's final state.
-  v1::Job WaitDone(const std::string& id) {
-    v1::Job job;
-    WaitFor([&] {
-      auto j = client_->GetJob(id);
-      if (j.ok()) job = *j;
-      return j.ok() && (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED);
-    });
-    return job;
-  }
-
-  // Watches until rank 0 reported step `step`.
-  bool WaitStep(const std::string& id, int64_t step) {
-    bool reached = false;
-    client_->WatchJob(id, 0, [&](const v1::JobEvent& e) {
-      reached = e.has_step() && e.step().step() >= step;
-      return !reached;
-    }).IgnoreError();
-    return reached;
-  }
-
- private:
-  std::string dir_, api_, metrics_;
-  bool ready_ = false;
-  std::unique_ptr<Process> coordinator_, worker_;
-  std::unique_ptr<Client> client_;
-};
+using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
 
 TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
   Cluster c("succeed");
@@ -392,10 +144,7 @@ TEST(ServiceTest, KilledRankFailsTheJobWithItsSignal) {
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
   ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
-  pid_t rank1 = 0;
-  for (pid_t p : RankPids(id)) {
-    if (absl::StrContains(ReadFile(absl::StrCat("/proc/", p, "/cmdline")), std::string("--rank=1\0", 9))) rank1 = p;
-  }
+  const pid_t rank1 = RankPid(id, 1);
   ASSERT_NE(rank1, 0);
   ASSERT_EQ(kill(rank1, SIGKILL), 0);
   const v1::Job job = c.WaitDone(id);
@@ -471,7 +220,9 @@ TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
 }
 
 TEST(ServiceTest, ValidateOnlyCreatesNothingAndBadSpecsNameTheField) {
-  Cluster c("validate", /*with_worker=*/false);
+  ClusterOptions o;
+  o.with_worker = false;
+  Cluster c("validate", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   auto v = c.client().SubmitJob(TinyJob(5), /*validate_only=*/true);
   ASSERT_TRUE(v.ok()) << v.status();
@@ -508,7 +259,9 @@ TEST(ServiceTest, ValidateOnlyCreatesNothingAndBadSpecsNameTheField) {
 }
 
 TEST(ServiceTest, ListJobsPagesAndFiltersOverMoreThanOnePage) {
-  Cluster c("list", /*with_worker=*/false);
+  ClusterOptions o;
+  o.with_worker = false;
+  Cluster c("list", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   std::vector<std::string> ids;
   for (int i = 0; i < 7; ++i) {
@@ -565,7 +318,9 @@ TEST(ServiceTest, ListJobsPagesAndFiltersOverMoreThanOnePage) {
 }
 
 TEST(ServiceTest, LostWorkerFailsItsJob) {
-  Cluster c("lost", /*with_worker=*/true, /*worker_timeout_s=*/2);
+  ClusterOptions o;
+  o.worker_timeout_s = 2;
+  Cluster c("lost", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   auto sub = c.client().SubmitJob(TinyJob(1000000), false);
   ASSERT_TRUE(sub.ok()) << sub.status();
@@ -626,15 +381,7 @@ TEST(ServiceTest, PlateauctlSubmitWaitJsonAndErrors) {
   EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: model.heads:"));
 
   // A coordinator that is not there: a clear message and its own exit code.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  const std::string dead = absl::StrCat("127.0.0.1:", ntohs(sa.sin_port));
-  close(fd);
+  const std::string dead = absl::StrCat("127.0.0.1:", FreePort());
   r = RunCommand({ctl, "--coordinator=" + dead, "list"}, c.dir() + "/dead");
   EXPECT_EQ(r.code, 4);
   EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at " + dead));

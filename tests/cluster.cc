@@ -1,0 +1,296 @@
+#include "tests/cluster.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "worker/job_spec.h"
+
+extern char** environ;
+
+namespace plateau {
+namespace testing_cluster {
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool WaitFor(const std::function<bool()>& ready, absl::Duration deadline) {
+  const absl::Time end = absl::Now() + deadline;
+  while (absl::Now() < end) {
+    if (ready()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return ready();
+}
+
+Process::Process(const std::vector<std::string>& args, const std::string& log_prefix) : log_(log_prefix) {
+  std::vector<std::string> a = args;
+  std::vector<char*> argv;
+  for (std::string& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, (log_ + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, (log_ + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) pid_ = 0;
+}
+
+std::string Process::out() const { return ReadFile(log_ + ".out"); }
+std::string Process::err() const { return ReadFile(log_ + ".err"); }
+
+bool Process::Running() {
+  if (pid_ == 0) return false;
+  if (waitpid(pid_, &status_, WNOHANG) == 0) return true;
+  kill(-pid_, SIGKILL);  // anything left in its group
+  pid_ = 0;
+  return false;
+}
+
+int Process::Stop(int sig) {
+  if (pid_ == 0) return status_;
+  kill(-pid_, sig);
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (waitpid(pid_, &status_, WNOHANG) == 0) {
+    if (absl::Now() > end) {
+      kill(-pid_, SIGKILL);
+      waitpid(pid_, &status_, 0);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(-pid_, SIGKILL);  // anything left in its group
+  pid_ = 0;
+  return status_;
+}
+
+Ran RunCommand(const std::vector<std::string>& args, const std::string& log_prefix) {
+  Process p(args, log_prefix);
+  int status = 0;
+  const absl::Time end = absl::Now() + kDeadline;
+  bool exited = false;
+  while (!(exited = waitpid(p.pid(), &status, WNOHANG) != 0) && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  Ran r;
+  r.code = exited && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = p.out();
+  r.err = p.err();
+  return r;
+}
+
+std::string HttpGet(const std::string& address, const std::string& path) {
+  std::vector<std::string> hp = absl::StrSplit(address, ':');
+  int port = 0;
+  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) return "";
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, hp[0].c_str(), &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string resp;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return resp;
+}
+
+std::string Scrape(const std::string& address) { return HttpGet(address, "/metrics"); }
+
+double Sample(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+    }
+  }
+  return NAN;
+}
+
+std::vector<pid_t> RankPids(const std::string& job) {
+  std::vector<pid_t> pids;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return pids;
+  while (dirent* e = readdir(d)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    std::string cmd = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::vector<std::string> args = absl::StrSplit(cmd, '\0');
+    bool rank = false, mine = false;
+    for (const std::string& a : args) {
+      rank = rank || absl::EndsWith(a, "plateau_rank");
+      mine = mine || a == "--job_id=" + job;
+    }
+    if (rank && mine) pids.push_back(pid);
+  }
+  closedir(d);
+  return pids;
+}
+
+pid_t RankPid(const std::string& job, int rank) {
+  for (pid_t p : RankPids(job)) {
+    std::vector<std::string> args = absl::StrSplit(ReadFile(absl::StrCat("/proc/", p, "/cmdline")), '\0');
+    for (const std::string& a : args) {
+      if (a == absl::StrCat("--rank=", rank)) return p;
+    }
+  }
+  return 0;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return 0;
+  }
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+v1::JobSpec TinyJob(int64_t steps) {
+  v1::JobSpec s = DemoJobSpec(2, steps);
+  s.set_name("tiny");
+  s.mutable_layout()->set_batch(4);
+  return s;
+}
+
+Cluster::Cluster(const std::string& name, ClusterOptions options)
+    : options_(std::move(options)), dir_(TempDir(name)) {
+  ready_ = StartCoordinator("127.0.0.1:0");
+  if (!ready_) return;
+  ClientOptions co = options_.client;
+  co.address = api_;
+  client_ = std::make_unique<Client>(co);
+  if (options_.with_worker) StartWorker();
+}
+
+Cluster::~Cluster() {
+  // Workers first: they stop their ranks; then the coordinator.
+  for (auto& w : workers_) w->Stop();
+  if (coordinator_) coordinator_->Stop();
+}
+
+bool Cluster::StartCoordinator(const std::string& listen) {
+  const std::string ready_file = absl::StrCat(dir_, "/ready-", coordinator_starts_);
+  std::vector<std::string> args = {"server/plateau_coordinator",
+                                   "--state_dir=" + dir_ + "/state",
+                                   "--listen=" + listen,
+                                   "--metrics_address=127.0.0.1:0",
+                                   "--ready_file=" + ready_file,
+                                   absl::StrCat("--worker_timeout_s=", options_.worker_timeout_s),
+                                   absl::StrCat("--heartbeat_ms=", options_.heartbeat_ms)};
+  args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
+  coordinator_ = std::make_unique<Process>(args, absl::StrCat(dir_, "/coordinator-", coordinator_starts_));
+  ++coordinator_starts_;
+  if (!WaitFor([&] { return std::filesystem::exists(ready_file) || !coordinator_->Running(); })) return false;
+  if (!std::filesystem::exists(ready_file)) return false;
+  for (absl::string_view line : absl::StrSplit(ReadFile(ready_file), '\n')) {
+    if (absl::StartsWith(line, "api=")) api_ = std::string(line.substr(4));
+    if (absl::StartsWith(line, "metrics=")) metrics_ = std::string(line.substr(8));
+  }
+  return true;
+}
+
+Process* Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
+  const size_t n = workers_.size();
+  std::vector<std::string> args = {"worker/plateau_worker",       "--coordinator=" + api_,
+                                   "--devices=2",                 "--rank_binary=worker/plateau_rank",
+                                   absl::StrCat("--work_dir=", dir_, "/work-", n), "--grace_s=3",
+                                   "--device_peak_flops=1e11"};
+  args.insert(args.end(), options_.worker_flags.begin(), options_.worker_flags.end());
+  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  workers_.push_back(std::make_unique<Process>(args, absl::StrCat(dir_, "/worker-", n)));
+  return workers_.back().get();
+}
+
+void Cluster::KillCoordinator(int sig) { coordinator_->Stop(sig); }
+
+bool Cluster::RestartCoordinator() {
+  // gRPC binds with SO_REUSEADDR: the old port is free again at once.
+  ready_ = StartCoordinator(api_);
+  return ready_;
+}
+
+std::string Cluster::Logs() const {
+  std::string out;
+  for (int i = 0; i < coordinator_starts_; ++i) {
+    const std::string p = absl::StrCat(dir_, "/coordinator-", i);
+    absl::StrAppend(&out, "--- coordinator ", i, ":\n", ReadFile(p + ".out"), ReadFile(p + ".err"));
+  }
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    absl::StrAppend(&out, "--- worker ", i, ":\n", workers_[i]->out(), workers_[i]->err());
+  }
+  return out;
+}
+
+v1::Job Cluster::WaitDone(const std::string& id) {
+  v1::Job job;
+  WaitFor([&] {
+    auto j = client_->GetJob(id);
+    if (j.ok()) job = *j;
+    return j.ok() && (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED);
+  });
+  return job;
+}
+
+bool Cluster::WaitStep(const std::string& id, int64_t step) {
+  bool reached = false;
+  client_->WatchJob(id, 0, [&](const v1::JobEvent& e) {
+             reached = e.has_step() && e.step().step() >= step;
+             return !reached;
+           })
+      .IgnoreError();
+  return reached;
+}
+
+}  // namespace testing_cluster
+}  // namespace plateau

@@ -1,0 +1,138 @@
+// A Plateau cluster of real processes on loopback for the end-to-end tests:
+// a coordinator (real SQLite under a temporary directory, real /metrics),
+// zero or more worker agents spawning real rank processes, and a C++ client.
+// Ports are chosen by the OS and read back from --ready_file; a restarted
+// coordinator listens on the port its predecessor had, so that running
+// workers find it again.
+//
+// Also the small process, file and HTTP helpers those tests share.
+#ifndef PLATEAU_TESTS_CLUSTER_H_
+#define PLATEAU_TESTS_CLUSTER_H_
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "plateau/v1/job.pb.h"
+
+namespace plateau {
+namespace testing_cluster {
+
+// Generous: a loaded 2-core machine runs these alongside other tests.
+constexpr absl::Duration kDeadline = absl::Seconds(120);
+
+// $TEST_TMPDIR/name (or /tmp/name), emptied.
+std::string TempDir(const std::string& name);
+std::string ReadFile(const std::string& path);
+// Polls `ready` every 50 ms until it holds or the deadline passes.
+bool WaitFor(const std::function<bool()>& ready, absl::Duration deadline = kDeadline);
+
+// A child process in its own process group, stdout and stderr to
+// log_prefix.out / .err; the whole group is stopped when destroyed.
+class Process {
+ public:
+  Process(const std::vector<std::string>& args, const std::string& log_prefix);
+  ~Process() { Stop(); }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  std::string out() const;
+  std::string err() const;
+  // Sends `sig` to the group, SIGKILL after 20 s; returns the wait status.
+  int Stop(int sig = SIGTERM);
+  // True while the process has not exited (reaps it when it has).
+  bool Running();
+
+ private:
+  std::string log_;
+  pid_t pid_ = 0;
+  int status_ = 0;
+};
+
+// Runs a command to completion (kDeadline at most).
+struct Ran {
+  int code = -1;  // exit code; -1 when killed or timed out
+  std::string out, err;
+};
+Ran RunCommand(const std::vector<std::string>& args, const std::string& log_prefix);
+
+// An HTTP/1.0 GET of `path` on HOST:PORT over a plain socket; the whole
+// response (status line, headers, body), or "" when unreachable.
+std::string HttpGet(const std::string& address, const std::string& path);
+// GET /metrics: what Prometheus does.
+std::string Scrape(const std::string& address);
+// The value of the sample `series` ("name{labels}", labels as the exposition
+// orders them: prometheus-cpp sorts them by name), or NaN when absent.
+double Sample(const std::string& text, const std::string& series);
+// Pids of the plateau_rank processes of `job` in the process table.
+std::vector<pid_t> RankPids(const std::string& job);
+// Pid of rank `rank` of `job`, or 0.
+pid_t RankPid(const std::string& job, int rank);
+// A free TCP port on 127.0.0.1 (bound, then released).
+int FreePort();
+
+// The demo's model on a tiny batch: a few seconds per 100 steps here.
+v1::JobSpec TinyJob(int64_t steps);
+
+struct ClusterOptions {
+  bool with_worker = true;
+  double worker_timeout_s = 10;
+  int heartbeat_ms = 200;
+  std::vector<std::string> coordinator_flags;  // appended to the defaults
+  std::vector<std::string> worker_flags;
+  // Options of the test's Client (auth, TLS); the address is filled in.
+  ClientOptions client;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(const std::string& name, ClusterOptions options = {});
+  ~Cluster();
+
+  bool ready() const { return ready_ && !api_.empty() && !metrics_.empty(); }
+  Client& client() { return *client_; }
+  const std::string& api() const { return api_; }
+  const std::string& metrics() const { return metrics_; }
+  const std::string& dir() const { return dir_; }
+  Process* coordinator() { return coordinator_.get(); }
+  // The first worker (nullptr when none).
+  Process* worker() { return workers_.empty() ? nullptr : workers_[0].get(); }
+  Process* worker(size_t i) { return workers_.at(i).get(); }
+
+  // Starts one more worker agent (its work dir: dir/work-<n>).
+  Process* StartWorker(const std::vector<std::string>& extra_flags = {});
+  // Kills the coordinator with `sig` and waits for it to exit.
+  void KillCoordinator(int sig);
+  // Starts a coordinator on the same state directory and API port; true
+  // once it is serving.
+  bool RestartCoordinator();
+
+  std::string Logs() const;
+  // Waits for the job's final state (kDeadline at most).
+  v1::Job WaitDone(const std::string& id);
+  // Watches until rank 0 reported step `step` of the job.
+  bool WaitStep(const std::string& id, int64_t step);
+
+ private:
+  bool StartCoordinator(const std::string& listen);
+
+  ClusterOptions options_;
+  std::string dir_, api_, metrics_;
+  bool ready_ = false;
+  int coordinator_starts_ = 0;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> workers_;
+  std::unique_ptr<Client> client_;
+};
+
+}  // namespace testing_cluster
+}  // namespace plateau
+
+#endif  // PLATEAU_TESTS_CLUSTER_H_
