@@ -7,8 +7,14 @@ namespace plateau {
 Client::Client(std::string address, absl::Duration timeout)
     : Client(ClientOptions{std::move(address), timeout}) {}
 
-Client::Client(ClientOptions options) : address_(std::move(options.address)), timeout_(options.timeout) {
-  stub_ = v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+Client::Client(ClientOptions options)
+    : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for) {
+  // A watch resumes within a second of a restarted coordinator answering.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  stub_ = v1::JobService::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
 }
 
 absl::Status Client::Convert(const grpc::Status& s) const {
@@ -76,41 +82,67 @@ absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
   return resp;
 }
 
+namespace {
+
+// Reads a server stream of indexed rows from `from`; when the stream breaks
+// because the coordinator went away (UNAVAILABLE: a restart), opens it
+// again from the next index for up to `reconnect_for`, so the caller sees
+// every row once, in order. A coordinator never reached fails at once.
+template <typename Row, typename OpenFn, typename Convert>
+absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for, OpenFn open,
+                          const std::function<bool(const Row&)>& on_row, Convert convert) {
+  absl::Time broke = absl::InfiniteFuture();
+  bool connected = false;
+  while (true) {
+    grpc::ClientContext ctx;
+    auto reader = open(&ctx, from);
+    Row row;
+    while (reader->Read(&row)) {
+      broke = absl::InfiniteFuture();
+      connected = true;
+      from = row.index() + 1;
+      if (!on_row(row)) {
+        ctx.TryCancel();
+        reader->Finish().ok();
+        return absl::OkStatus();
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || !connected) return convert(s);
+    const absl::Time now = absl::Now();
+    if (broke == absl::InfiniteFuture()) broke = now;
+    if (now - broke >= reconnect_for) return convert(s);
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+}
+
+}  // namespace
+
 absl::Status Client::WatchJob(const std::string& id, int64_t from,
                               const std::function<bool(const v1::JobEvent&)>& on_event) {
-  v1::WatchJobRequest req;
-  req.set_job_id(id);
-  req.set_from_index(from);
-  grpc::ClientContext ctx;
-  auto reader = stub_->WatchJob(&ctx, req);
-  v1::JobEvent e;
-  while (reader->Read(&e)) {
-    if (!on_event(e)) {
-      ctx.TryCancel();
-      reader->Finish().ok();
-      return absl::OkStatus();
-    }
-  }
-  return Convert(reader->Finish());
+  return ReadResuming<v1::JobEvent>(
+      from, reconnect_for_,
+      [&](grpc::ClientContext* ctx, int64_t at) {
+        v1::WatchJobRequest req;
+        req.set_job_id(id);
+        req.set_from_index(at);
+        return stub_->WatchJob(ctx, req);
+      },
+      on_event, [this](const grpc::Status& s) { return Convert(s); });
 }
 
 absl::Status Client::GetJobLogs(const std::string& id, bool follow, int64_t from,
                                 const std::function<bool(const v1::LogEntry&)>& on_line) {
-  v1::GetJobLogsRequest req;
-  req.set_job_id(id);
-  req.set_follow(follow);
-  req.set_from_index(from);
-  grpc::ClientContext ctx;
-  auto reader = stub_->GetJobLogs(&ctx, req);
-  v1::LogEntry l;
-  while (reader->Read(&l)) {
-    if (!on_line(l)) {
-      ctx.TryCancel();
-      reader->Finish().ok();
-      return absl::OkStatus();
-    }
-  }
-  return Convert(reader->Finish());
+  return ReadResuming<v1::LogEntry>(
+      from, reconnect_for_,
+      [&](grpc::ClientContext* ctx, int64_t at) {
+        v1::GetJobLogsRequest req;
+        req.set_job_id(id);
+        req.set_follow(follow);
+        req.set_from_index(at);
+        return stub_->GetJobLogs(ctx, req);
+      },
+      on_line, [this](const grpc::Status& s) { return Convert(s); });
 }
 
 }  // namespace plateau

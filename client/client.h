@@ -22,6 +22,9 @@ namespace plateau {
 struct ClientOptions {
   std::string address;  // HOST:PORT
   absl::Duration timeout = absl::Seconds(10);  // per unary call
+  // A watch or log stream broken by the coordinator going away (a restart)
+  // is opened again from the next index for this long.
+  absl::Duration reconnect_for = absl::Seconds(60);
 };
 
 class Client {
@@ -37,7 +40,8 @@ class Client {
   absl::StatusOr<v1::Job> CancelJob(const std::string& id);
   absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::JobSpec& spec);
   // Streams the job's events from `from` until the job's final state (or
-  // until on_event returns false). No deadline: a watch lasts the job.
+  // until on_event returns false). No deadline: a watch lasts the job, and
+  // it resumes across a coordinator restart (ClientOptions::reconnect_for).
   absl::Status WatchJob(const std::string& id, int64_t from,
                         const std::function<bool(const v1::JobEvent&)>& on_event);
   absl::Status GetJobLogs(const std::string& id, bool follow, int64_t from,
@@ -49,6 +53,7 @@ class Client {
 
   const std::string address_;
   const absl::Duration timeout_;
+  const absl::Duration reconnect_for_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 

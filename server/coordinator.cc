@@ -5,7 +5,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -34,7 +36,26 @@ std::string DescribeBytes(int64_t b) { return absl::StrCat(b >> 20, " MiB"); }
 // crash is the cause; a peer's collective error or an agent's stop is a
 // consequence of it.
 constexpr int kPriorityStopped = 0, kPriorityExit = 1, kPriorityInvalid = 2, kPrioritySignal = 3,
-              kPriorityOutOfMemory = 4, kPriorityWorkerLost = 3;
+              kPriorityOutOfMemory = 4, kPriorityWorkerLost = 3, kPriorityHung = 3;
+
+// The priority of a failure read back from the store after a restart (the
+// "stopped by its agent" distinction is not kept: it ranks as an exit).
+int PriorityOf(const v1::Failure& f) {
+  switch (f.kind()) {
+    case v1::Failure::OUT_OF_MEMORY:
+      return kPriorityOutOfMemory;
+    case v1::Failure::WORKER_LOST:
+      return kPriorityWorkerLost;
+    case v1::Failure::RANK_HUNG:
+      return kPriorityHung;
+    case v1::Failure::INVALID:
+      return kPriorityInvalid;
+    default:
+      return f.signal() != 0 ? kPrioritySignal : kPriorityExit;
+  }
+}
+
+std::string KvPrefixOf(const v1::Job& job) { return absl::StrCat(job.id(), "/attempt-", job.attempt()); }
 
 }  // namespace
 
@@ -50,9 +71,9 @@ Coordinator::~Coordinator() { Stop(); }
 absl::Status Coordinator::Start() {
   {
     absl::MutexLock lock(&mu_);
-    // Jobs a previous coordinator left live. PENDING jobs wait again; jobs
-    // that had ranks cannot be reattached yet (that arrives with fault
-    // tolerance), so they fail with the reason.
+    PLATEAU_ASSIGN_OR_RETURN(kv_, store_->KvAll());
+    // Jobs a previous coordinator left live: PENDING ones wait again, the
+    // others are re-attached (Restore).
     int64_t after = 0;
     bool more = true;
     while (more) {
@@ -64,25 +85,63 @@ absl::Status Coordinator::Start() {
       for (v1::Job& job : jobs) {
         PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
         after = seq;
-        Active& a = active_[seq];
-        a.job = std::move(job);
-        if (a.job.state() == v1::PENDING) {
-          metrics_->OnJobState(a.job.id(), v1::PENDING);
-          continue;
-        }
-        if (a.job.state() == v1::CANCELLING) {
-          PLATEAU_RETURN_IF_ERROR(SetState(a, v1::CANCELLED, "cancelled while the coordinator restarted"));
-        } else {
-          v1::Failure f;
-          f.set_kind(v1::Failure::WORKER_LOST);
-          f.set_message("the coordinator restarted while the job had ranks; its ranks were not reattached");
-          PLATEAU_RETURN_IF_ERROR(SetState(a, v1::FAILED, f.message(), &f));
-        }
-        active_.erase(seq);
+        PLATEAU_RETURN_IF_ERROR(Restore(seq, std::move(job)));
       }
     }
   }
   thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
+  Active& a = active_[seq];
+  a.job = std::move(job);
+  const v1::JobState state = a.job.state();
+  metrics_->OnJobState(a.job.id(), state);
+  if (state == v1::PENDING) return absl::OkStatus();
+  if (state == v1::RESTARTING) {  // stopped between the two halves of Finish
+    a.job.set_attempt(a.job.attempt() + 1);
+    a.job.clear_placement();
+    return SetState(a, v1::PENDING, "waiting to be scheduled (restart)");
+  }
+  const absl::Time now = absl::Now();
+  const int64_t ranks = a.job.spec().layout().ranks();
+  a.ranks.assign(ranks, RankState{});
+  for (const v1::Placement& p : a.job.placement()) {
+    Worker& w = workers_[p.worker_id()];
+    if (w.id.empty()) {
+      w.id = p.worker_id();
+      w.attached = false;
+      w.last_heartbeat = now;
+      w.expires = now + options_.reattach_timeout;
+      int64_t n = 0;
+      if (absl::SimpleAtoi(absl::StripPrefix(w.id, "worker-"), &n)) next_worker_ = std::max(next_worker_, n + 1);
+    }
+    for (int r : p.ranks()) {
+      if (r < 0 || r >= ranks) {
+        return absl::DataLossError(absl::StrCat("state database: ", a.job.id(), " places rank ", r, " of ", ranks));
+      }
+      a.ranks[r].worker_id = p.worker_id();
+      a.ranks[r].started = state == v1::RUNNING;
+      a.ranks[r].last_progress = now + options_.reattach_timeout;
+    }
+    for (int r : p.exited_ranks()) {
+      if (r >= 0 && r < ranks) a.ranks[r].gone = true;
+    }
+  }
+  if (a.job.has_failure()) {
+    a.has_failure = true;
+    a.failure = a.job.failure();
+    a.failure_priority = PriorityOf(a.failure);
+  }
+  metrics_->OnPlan(a.job.id(), static_cast<int>(ranks), a.job.plan());
+  if (state == v1::CANCELLING) {
+    a.cancel_requested = true;
+    StopRanks(a);
+  } else if (a.has_failure) {
+    StopRanks(a);  // the attempt was already ending
+  }
+  MaybeFinish(seq);
   return absl::OkStatus();
 }
 
@@ -105,6 +164,7 @@ void Coordinator::Loop() {
 
 void Coordinator::Tick() {
   ExpireWorkers();
+  CheckProgress();
   Schedule();
 }
 
@@ -144,6 +204,18 @@ absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::str
   metrics_->OnJobState(job.id(), state);
   Changed();
   return absl::OkStatus();
+}
+
+void Coordinator::Log(const std::string& job_id, int attempt, const std::string& line) {
+  std::vector<v1::LogEntry> l(1);
+  l[0].set_job_id(job_id);
+  l[0].set_attempt(attempt);
+  l[0].set_rank(-1);
+  l[0].set_stream("coordinator");
+  l[0].set_line(line);
+  Now(l[0].mutable_time());
+  store_->AppendLogs(l).IgnoreError();
+  Changed();
 }
 
 // ---------------------------------------------------------------------------
@@ -257,6 +329,7 @@ void Coordinator::Schedule() {
     std::vector<Worker*> fit;
     std::vector<std::string> seen;
     for (auto& [id, w] : workers_) {
+      if (!w.attached) continue;
       const int free = w.caps.devices() - w.used_devices;
       seen.push_back(absl::StrCat(id, " (", BackendName(w.caps.backend()), ", ", free, "/", w.caps.devices(),
                                   " free, ", DescribeBytes(w.caps.device_memory_bytes()), " each)"));
@@ -275,7 +348,7 @@ void Coordinator::Schedule() {
       std::string reason = absl::StrCat(
           "waiting for ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
           " free device(s) and ", DescribeBytes(spec.device_memory_bytes()), " per device; ",
-          workers_.empty() ? std::string("no worker is registered")
+          seen.empty() ? std::string("no worker is registered")
                            : absl::StrCat("workers: ", absl::StrJoin(seen, ", ")));
       if (reason != a.job.state_reason()) SetState(a, v1::PENDING, reason).IgnoreError();
       continue;
@@ -289,25 +362,20 @@ void Coordinator::Schedule() {
     a.failure_priority = 0;
     a.failure.Clear();
     a.tokens = a.seconds = 0;
+    a.hang_reported = false;
     a.job.clear_placement();
     a.job.clear_failure();
     std::vector<std::string> where;
     for (int64_t n = 0; n < nodes; ++n) {
       Worker& w = *fit[n];
-      v1::Assignment as;
-      as.set_job_id(a.job.id());
-      as.set_attempt(a.job.attempt());
-      *as.mutable_spec() = spec;
-      as.set_kv_prefix(absl::StrCat(a.job.id(), "/attempt-", a.job.attempt()));
       v1::Placement* p = a.job.add_placement();
       p->set_worker_id(w.id);
       for (int64_t r = n * per_node; r < (n + 1) * per_node; ++r) {
-        as.add_ranks(static_cast<int>(r));
         p->add_ranks(static_cast<int>(r));
         a.ranks[r].worker_id = w.id;
       }
       w.used_devices += static_cast<int>(per_node);
-      w.assignments.push_back(std::move(as));
+      w.assignments.push_back(AssignmentFor(a, *p));
       where.push_back(absl::StrCat(w.id, " (ranks ", n * per_node, "-", (n + 1) * per_node - 1, ")"));
     }
     metrics_->OnPlan(a.job.id(), static_cast<int>(spec.layout().ranks()), a.job.plan());
@@ -320,10 +388,14 @@ void Coordinator::ExpireWorkers() {
   const absl::Time now = absl::Now();
   std::vector<std::string> lost;
   for (auto& [id, w] : workers_) {
-    if (now - w.last_heartbeat > options_.worker_timeout) lost.push_back(id);
+    if (now > w.expires) lost.push_back(id);
   }
   for (const std::string& id : lost) {
-    const double silent = absl::ToDoubleSeconds(now - workers_[id].last_heartbeat);
+    const Worker& w = workers_[id];
+    const std::string why =
+        w.attached ? absl::StrCat("sent no heartbeat for ", absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - w.last_heartbeat)), " s")
+                   : absl::StrCat("did not register again within ", absl::FormatDuration(options_.reattach_timeout),
+                                  " of the coordinator's restart");
     workers_.erase(id);
     std::vector<int64_t> touched;
     for (auto& [seq, a] : active_) {
@@ -338,13 +410,53 @@ void Coordinator::ExpireWorkers() {
       v1::Failure f;
       f.set_kind(v1::Failure::WORKER_LOST);
       f.set_worker_id(id);
-      f.set_message(absl::StrCat("worker lost: ", id, " sent no heartbeat for ",
-                                 absl::StrFormat("%.1f", silent), " s"));
+      f.set_message(absl::StrCat("worker lost: ", id, " ", why));
       RecordFailure(a, f, kPriorityWorkerLost);
+      Log(a.job.id(), a.job.attempt(), f.message());
       StopRanks(a);
       touched.push_back(seq);
     }
     for (int64_t seq : touched) MaybeFinish(seq);
+    Changed();
+  }
+}
+
+void Coordinator::CheckProgress() {
+  const absl::Time now = absl::Now();
+  for (auto& [seq, a] : active_) {
+    if (a.hang_reported || a.cancel_requested || a.ranks.empty()) continue;
+    if (a.job.state() != v1::SCHEDULED && a.job.state() != v1::RUNNING) continue;
+    const int64_t timeout_s = a.job.spec().progress_timeout_s();
+    const absl::Duration timeout =
+        timeout_s > 0 ? absl::Seconds(timeout_s) : options_.default_progress_timeout;
+    // Ranks whose clock runs: started, or delivered to their worker.
+    std::vector<int> stalled;
+    for (size_t r = 0; r < a.ranks.size(); ++r) {
+      const RankState& x = a.ranks[r];
+      if (x.gone || x.last_progress == absl::Time()) continue;
+      if (now - x.last_progress > timeout) stalled.push_back(static_cast<int>(r));
+    }
+    if (stalled.empty()) continue;
+    // The rank furthest behind is named; all stalled ones are listed.
+    int worst = stalled[0];
+    for (int r : stalled) {
+      if (a.ranks[r].last_step < a.ranks[worst].last_step) worst = r;
+    }
+    v1::Failure f;
+    f.set_kind(v1::Failure::RANK_HUNG);
+    f.set_rank(worst);
+    f.set_worker_id(a.ranks[worst].worker_id);
+    f.set_message(absl::StrCat("rank ", worst, " hung: no step progress for ",
+                               absl::FormatDuration(absl::Trunc(now - a.ranks[worst].last_progress, absl::Seconds(1))),
+                               " (progress timeout ", absl::FormatDuration(timeout), "; last step ",
+                               a.ranks[worst].last_step, "; stalled ranks ", absl::StrJoin(stalled, ", "),
+                               "); its ranks were killed"));
+    a.hang_reported = true;
+    RecordFailure(a, f, kPriorityHung);
+    Log(a.job.id(), a.job.attempt(), f.message());
+    a.job.set_state_reason(f.message());
+    store_->PutJob(a.job).IgnoreError();
+    StopRanks(a);
     Changed();
   }
 }
@@ -354,20 +466,25 @@ void Coordinator::RecordFailure(Active& a, const v1::Failure& f, int priority) {
   a.has_failure = true;
   a.failure_priority = priority;
   a.failure = f;
+  // Kept with the job, so that a restarted coordinator knows the attempt
+  // is failing and why.
+  *a.job.mutable_failure() = f;
+  store_->PutJob(a.job).IgnoreError();
 }
 
 void Coordinator::StopRanks(Active& a) {
   for (const v1::Placement& p : a.job.placement()) {
     auto w = workers_.find(p.worker_id());
     if (w == workers_.end()) continue;
-    // An assignment not yet delivered is withdrawn: its ranks never start.
-    auto& as = w->second.assignments;
-    auto undelivered = std::find_if(as.begin(), as.end(), [&](const v1::Assignment& x) {
-      return x.job_id() == a.job.id() && x.attempt() == a.job.attempt();
-    });
-    if (undelivered != as.end()) {
-      for (int r : undelivered->ranks()) a.ranks[r].gone = true;
-      as.erase(undelivered);
+    if (!p.delivered()) {
+      // An assignment not yet delivered is withdrawn: its ranks never start.
+      auto& as = w->second.assignments;
+      as.erase(std::remove_if(as.begin(), as.end(),
+                              [&](const v1::Assignment& x) {
+                                return x.job_id() == a.job.id() && x.attempt() == a.job.attempt();
+                              }),
+               as.end());
+      for (int r : p.ranks()) a.ranks[r].gone = true;
       continue;
     }
     v1::Cancellation c;
@@ -375,6 +492,23 @@ void Coordinator::StopRanks(Active& a) {
     c.set_attempt(a.job.attempt());
     w->second.cancellations.push_back(c);
   }
+}
+
+v1::Assignment Coordinator::AssignmentFor(const Active& a, const v1::Placement& p) {
+  v1::Assignment as;
+  as.set_job_id(a.job.id());
+  as.set_attempt(a.job.attempt());
+  *as.mutable_spec() = a.job.spec();
+  as.set_kv_prefix(KvPrefixOf(a.job));
+  for (int r : p.ranks()) as.add_ranks(r);
+  return as;
+}
+
+v1::Placement* Coordinator::PlacementOn(Active& a, const std::string& worker_id) {
+  for (v1::Placement& p : *a.job.mutable_placement()) {
+    if (p.worker_id() == worker_id) return &p;
+  }
+  return nullptr;
 }
 
 void Coordinator::MaybeFinish(int64_t seq) {
@@ -393,6 +527,12 @@ void Coordinator::Finish(int64_t seq) {
     if (w != workers_.end()) w->second.used_devices -= p.ranks_size();
   }
   a.job.clear_placement();
+  // The attempt's rendezvous keys are of no further use.
+  const std::string prefix = KvPrefixOf(a.job) + "/";
+  store_->KvDeletePrefix(prefix).IgnoreError();
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && absl::StartsWith(it->first, prefix);) {
+    it = kv_.erase(it);
+  }
   if (a.cancel_requested) {
     SetState(a, v1::CANCELLED, "cancelled; every rank process has exited").IgnoreError();
   } else if (!a.has_failure) {
@@ -401,7 +541,8 @@ void Coordinator::Finish(int64_t seq) {
         .IgnoreError();
   } else {
     const bool restartable = a.failure.kind() == v1::Failure::RANK_CRASHED ||
-                             a.failure.kind() == v1::Failure::WORKER_LOST;
+                             a.failure.kind() == v1::Failure::WORKER_LOST ||
+                             a.failure.kind() == v1::Failure::RANK_HUNG;
     if (restartable && a.job.attempt() < a.job.spec().max_restarts()) {
       SetState(a, v1::RESTARTING,
                absl::StrCat("attempt ", a.job.attempt(), " failed (", a.failure.message(), "); restart ",
@@ -436,32 +577,132 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
     return absl::InvalidArgumentError("capabilities.rank_address: expected the address ranks listen on");
   }
   absl::MutexLock lock(&mu_);
-  Worker w;
-  w.id = absl::StrCat("worker-", next_worker_++);
-  w.caps = c;
-  w.last_heartbeat = absl::Now();
-  metrics_->OnHeartbeat(w.id, w.last_heartbeat);
+  const absl::Time now = absl::Now();
   v1::RegisterResponse out;
-  out.set_worker_id(w.id);
   out.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
-  workers_[w.id] = std::move(w);
+  // A worker registering again keeps its id when nobody else holds it; if
+  // this coordinator was expecting it (a restart), its ranks re-attach.
+  std::string id;
+  int64_t n = 0;
+  const std::string& asked = request.worker_id();
+  auto it = workers_.find(asked);
+  if (it != workers_.end() && !it->second.attached) {
+    id = asked;
+  } else if (it == workers_.end() && absl::StartsWith(asked, "worker-") &&
+             absl::SimpleAtoi(absl::StripPrefix(asked, "worker-"), &n) && n > 0) {
+    id = asked;
+    next_worker_ = std::max(next_worker_, n + 1);
+  } else {
+    id = absl::StrCat("worker-", next_worker_++);
+  }
+  Worker& w = workers_[id];
+  w.id = id;
+  w.caps = c;
+  w.last_heartbeat = now;
+  w.expires = now + options_.worker_timeout;
+  metrics_->OnHeartbeat(w.id, w.last_heartbeat);
+  out.set_worker_id(w.id);
+  Reattach(w, request, &out);
+  w.attached = true;
   Changed();
   Schedule();
   return out;
 }
 
+void Coordinator::Reattach(Worker& w, const v1::RegisterRequest& request, v1::RegisterResponse* out) {
+  const absl::Time now = absl::Now();
+  // What the agent runs, by attempt.
+  std::map<std::pair<std::string, int>, std::set<int>> running;
+  for (const v1::RunningJob& j : request.running()) {
+    running[{j.job_id(), j.attempt()}].insert(j.ranks().begin(), j.ranks().end());
+  }
+  std::set<std::pair<std::string, int>> attached;
+  std::vector<int64_t> touched;
+  if (!w.attached) {
+    for (auto& [seq, a] : active_) {
+      v1::Placement* p = PlacementOn(a, w.id);
+      if (p == nullptr) continue;
+      const std::pair<std::string, int> key{a.job.id(), a.job.attempt()};
+      auto run = running.find(key);
+      w.used_devices += p->ranks_size();
+      touched.push_back(seq);
+      if (!p->delivered() && run == running.end()) {
+        // The assignment never reached the worker: send it (again).
+        if (!a.cancel_requested && !a.has_failure) w.assignments.push_back(AssignmentFor(a, *p));
+        else for (int r : p->ranks()) a.ranks[r].gone = true;
+        continue;
+      }
+      attached.insert(key);
+      p->set_delivered(true);
+      for (int r : p->ranks()) {
+        RankState& x = a.ranks[r];
+        if (x.gone) continue;
+        if (run != running.end() && run->second.count(r)) {
+          x.started = true;
+          x.last_progress = now;
+          continue;
+        }
+        // Delivered, not exited, and not running there: the rank is gone
+        // without a word (the agent restarted, say).
+        x.gone = true;
+        v1::Failure f;
+        f.set_kind(v1::Failure::RANK_CRASHED);
+        f.set_rank(r);
+        f.set_worker_id(w.id);
+        f.set_message(absl::StrCat("rank ", r, " was no longer running on ", w.id,
+                                   " when it registered again after the coordinator's restart"));
+        RecordFailure(a, f, kPriorityExit);
+      }
+      if (a.cancel_requested || a.has_failure) {
+        v1::Cancellation c;
+        c.set_job_id(a.job.id());
+        c.set_attempt(a.job.attempt());
+        w.cancellations.push_back(c);
+      }
+      bool all = true;
+      for (const RankState& x : a.ranks) all = all && x.started;
+      if (all && a.job.state() == v1::SCHEDULED) {
+        SetState(a, v1::RUNNING, absl::StrCat("all ", a.ranks.size(), " ranks started")).IgnoreError();
+      } else {
+        store_->PutJob(a.job).IgnoreError();
+      }
+      Log(a.job.id(), a.job.attempt(), absl::StrCat("re-attached after the coordinator's restart: ", w.id));
+    }
+  }
+  // Anything else it runs belongs to no live attempt here: it stops it.
+  for (const auto& [key, ranks] : running) {
+    if (attached.count(key)) continue;
+    v1::Cancellation* c = out->add_cancellations();
+    c->set_job_id(key.first);
+    c->set_attempt(key.second);
+  }
+  for (int64_t seq : touched) MaybeFinish(seq);
+}
+
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(request.worker_id());
-  if (it == workers_.end()) {
+  if (it == workers_.end() || !it->second.attached) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
-                                            "' is not registered (lost or unknown); register again"));
+                                            "' is not registered (lost, unknown, or the coordinator restarted); "
+                                            "register again"));
   }
   Worker& w = it->second;
   w.last_heartbeat = absl::Now();
+  w.expires = w.last_heartbeat + options_.worker_timeout;
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   v1::HeartbeatResponse out;
-  for (v1::Assignment& a : w.assignments) *out.add_assignments() = std::move(a);
+  for (v1::Assignment& as : w.assignments) {
+    // Recorded as delivered before it leaves, so that a restarted
+    // coordinator does not send it twice; the ranks' clocks start now.
+    Active* a = FindActive(as.job_id(), as.attempt());
+    if (a != nullptr) {
+      if (v1::Placement* p = PlacementOn(*a, w.id)) p->set_delivered(true);
+      for (int r : as.ranks()) a->ranks[r].last_progress = w.last_heartbeat;
+      store_->PutJob(a->job).IgnoreError();
+    }
+    *out.add_assignments() = std::move(as);
+  }
   for (v1::Cancellation& c : w.cancellations) *out.add_cancellations() = std::move(c);
   w.assignments.clear();
   w.cancellations.clear();
@@ -478,7 +719,8 @@ Coordinator::Active* Coordinator::FindActive(const std::string& job_id, int atte
 
 absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (workers_.find(request.worker_id()) == workers_.end()) {
+  auto w = workers_.find(request.worker_id());
+  if (w == workers_.end() || !w->second.attached) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
@@ -492,7 +734,9 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
   RankState& r = a->ranks[request.rank()];
   const int64_t seq = *ParseJobId(request.job_id());
   if (request.has_started()) {
+    if (r.gone) return absl::OkStatus();  // a late duplicate
     r.started = true;
+    r.last_progress = absl::Now();
     bool all = true;
     for (const RankState& x : a->ranks) all = all && x.started;
     if (all && a->job.state() == v1::SCHEDULED) {
@@ -503,8 +747,13 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
   }
   if (!request.has_exited()) return absl::InvalidArgumentError("status: expected started or exited");
   const v1::RankExited& e = request.exited();
+  if (r.gone) return absl::OkStatus();  // a retried report already counted
   r.gone = true;
   r.started = true;
+  if (v1::Placement* p = PlacementOn(*a, request.worker_id())) {
+    p->add_exited_ranks(request.rank());
+    PLATEAU_RETURN_IF_ERROR(store_->PutJob(a->job));
+  }
   const bool failed = e.signal() != 0 || e.exit_code() != kRankExitOk;
   if (failed && !a->cancel_requested) {
     v1::Failure f;
@@ -552,7 +801,7 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
 absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   absl::MutexLock lock(&mu_);
   auto w = workers_.find(request.worker_id());
-  if (w == workers_.end()) {
+  if (w == workers_.end() || !w->second.attached) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
@@ -563,10 +812,16 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
     Active* a = FindActive(s.job_id(), s.telemetry().attempt());
     if (a == nullptr) continue;
     const v1::StepTelemetry& t = s.telemetry();
+    if (t.rank() < 0 || t.rank() >= static_cast<int>(a->ranks.size())) continue;
+    RankState& rs = a->ranks[t.rank()];
+    // A batch re-sent after a lost reply is not counted twice.
+    if (t.step() <= rs.last_step) continue;
+    rs.last_step = t.step();
+    rs.last_progress = absl::Now();
     metrics_->OnStep(a->job.id(), static_cast<int>(a->ranks.size()), t, peak_flops);
     if (t.rank() == 0) {
       v1::Progress* p = a->job.mutable_progress();
-      if (p->step() == 0 || a->tokens == 0) p->set_first_loss(t.loss());
+      if (p->step() == 0) p->set_first_loss(t.loss());
       p->set_step(t.step());
       p->set_total_steps(a->job.spec().steps());
       p->set_loss(t.loss());
@@ -610,6 +865,7 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
     return absl::InvalidArgumentError(absl::StrCat("value: expected at most ", kMaxKvValue, " bytes"));
   }
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_->KvPut(key, value));
   kv_[key] = value;
   Changed();
   return absl::OkStatus();

@@ -11,6 +11,15 @@
 // A job leaves SCHEDULED/RUNNING/CANCELLING only when every rank has been
 // reported gone by its agent (process group empty) or its worker was lost.
 //
+// Faults (docs/SERVICE.md "Faults"): a worker silent for worker_timeout is
+// lost and its ranks count as gone; a rank without a step for the job's
+// progress timeout is hung and its attempt is stopped. A restarted
+// coordinator re-attaches the attempts it finds live in the store: every
+// worker they were placed on has reattach_timeout to register again with
+// its old id and the ranks it still runs; what does not come back is lost.
+// What that needs is kept in the store as it happens: placements (with
+// delivery and exited ranks), the attempt's failure, the rendezvous keys.
+//
 // The RPC services (server/services.h) translate requests into these calls;
 // authentication and TLS are layered there, not here.
 //
@@ -38,9 +47,15 @@
 namespace plateau {
 
 struct CoordinatorOptions {
-  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
   // A worker silent for this long is lost; its jobs fail (or restart).
-  absl::Duration worker_timeout = absl::Seconds(10);
+  // Two heartbeat intervals: one missed heartbeat is tolerated.
+  absl::Duration worker_timeout = absl::Seconds(2);
+  // After a restart: how long the workers of live jobs have to register
+  // again before they count as lost.
+  absl::Duration reattach_timeout = absl::Seconds(10);
+  // JobSpec.progress_timeout_s when the spec leaves it 0.
+  absl::Duration default_progress_timeout = absl::Seconds(600);
   absl::Duration tick = absl::Milliseconds(100);
 };
 
@@ -83,6 +98,10 @@ class Coordinator {
     std::string id;
     v1::WorkerCapabilities caps;
     absl::Time last_heartbeat;
+    absl::Time expires;  // lost when now passes this
+    // False for a worker a restarted coordinator expects to register again
+    // (it has ranks of a live job); it gets no new work until it does.
+    bool attached = true;
     int used_devices = 0;
     std::vector<v1::Assignment> assignments;  // not yet delivered
     std::vector<v1::Cancellation> cancellations;
@@ -91,6 +110,8 @@ class Coordinator {
     std::string worker_id;
     bool started = false;
     bool gone = false;
+    int64_t last_step = 0;
+    absl::Time last_progress;  // its start or its last step
   };
   // A job that is not in a final state.
   struct Active {
@@ -101,12 +122,21 @@ class Coordinator {
     int failure_priority = 0;
     v1::Failure failure;
     double tokens = 0, seconds = 0;  // rank 0's totals this attempt
+    bool hang_reported = false;
   };
 
   void Loop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rebuilds a live attempt read from the store after a restart.
+  absl::Status Restore(int64_t seq, v1::Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker registering again with the ranks it runs: attach them.
+  void Reattach(Worker& w, const v1::RegisterRequest& request, v1::RegisterResponse* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Assignment AssignmentFor(const Active& a, const v1::Placement& p);
+  v1::Placement* PlacementOn(Active& a, const std::string& worker_id);
   // Records a state change: an event, the stored job, metrics, waiters.
   absl::Status SetState(Active& a, v1::JobState state, const std::string& reason,
                         const v1::Failure* failure = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -117,6 +147,8 @@ class Coordinator {
   void RecordFailure(Active& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Active* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
+  // A line of the job's log from the coordinator itself (rank -1).
+  void Log(const std::string& job_id, int attempt, const std::string& line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* const store_;
   Metrics* const metrics_;

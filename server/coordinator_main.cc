@@ -5,7 +5,8 @@
 //
 //   plateau_coordinator --state_dir=/var/lib/plateau
 //       [--listen=127.0.0.1:7070] [--metrics_address=127.0.0.1:9464]
-//       [--ready_file=PATH] [--worker_timeout_s=10] [--heartbeat_ms=500]
+//       [--ready_file=PATH] [--heartbeat_ms=1000] [--worker_timeout_s=2 x heartbeat]
+//       [--reattach_timeout_s=10]
 //
 // Port 0 picks a free port; the bound addresses are printed and, with
 // --ready_file, written there ("api=HOST:PORT" and "metrics=HOST:PORT"
@@ -38,8 +39,10 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
   --listen=127.0.0.1:7070          gRPC API address (port 0: any free port)
   --metrics_address=127.0.0.1:9464 Prometheus /metrics (port 0: any free port)
   --ready_file=PATH                written once serving: api=HOST:PORT, metrics=HOST:PORT
-  --worker_timeout_s=10            a worker silent this long is lost
-  --heartbeat_ms=500               heartbeat interval asked of workers
+  --heartbeat_ms=1000              heartbeat interval asked of workers
+  --worker_timeout_s=0             a worker silent this long is lost (0: two heartbeat intervals)
+  --reattach_timeout_s=10          after a restart, the time the workers of live jobs have to
+                                   register again before they count as lost
 )";
 
 int Fail(const std::string& msg) {
@@ -57,8 +60,9 @@ int Main(int argc, char** argv) {
                                               {"listen", "127.0.0.1:7070"},
                                               {"metrics_address", "127.0.0.1:9464"},
                                               {"ready_file", ""},
-                                              {"worker_timeout_s", "10"},
-                                              {"heartbeat_ms", "500"}};
+                                              {"worker_timeout_s", "0"},
+                                              {"reattach_timeout_s", "10"},
+                                              {"heartbeat_ms", "1000"}};
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &flags);
   if (!help.ok()) return Fail(std::string(help.status().message()));
   if (*help) {
@@ -69,14 +73,23 @@ int Main(int argc, char** argv) {
   CoordinatorOptions options;
   double timeout_s = 0;
   int64_t heartbeat_ms = 0;
-  if (!absl::SimpleAtod(flags["worker_timeout_s"], &timeout_s) || !(timeout_s > 0)) {
-    return Fail("--worker_timeout_s: expected a number of seconds > 0");
+  double reattach_s = 0;
+  if (!absl::SimpleAtod(flags["worker_timeout_s"], &timeout_s) || !(timeout_s >= 0)) {
+    return Fail("--worker_timeout_s: expected a number of seconds >= 0");
+  }
+  if (!absl::SimpleAtod(flags["reattach_timeout_s"], &reattach_s) || !(reattach_s > 0)) {
+    return Fail("--reattach_timeout_s: expected a number of seconds > 0");
   }
   if (!absl::SimpleAtoi(flags["heartbeat_ms"], &heartbeat_ms) || heartbeat_ms < 10) {
     return Fail("--heartbeat_ms: expected an integer >= 10");
   }
-  options.worker_timeout = absl::Seconds(timeout_s);
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+  // One missed heartbeat is tolerated; the second makes the worker lost.
+  options.worker_timeout = timeout_s > 0 ? absl::Seconds(timeout_s) : 2 * options.heartbeat_interval;
+  if (options.worker_timeout <= options.heartbeat_interval) {
+    return Fail("--worker_timeout_s: expected more than one heartbeat interval (--heartbeat_ms)");
+  }
+  options.reattach_timeout = absl::Seconds(reattach_s);
 
   // Signals are taken by sigwait below; every thread inherits the mask.
   sigset_t signals;

@@ -28,6 +28,10 @@ CREATE TABLE IF NOT EXISTS logs (
   entry BLOB NOT NULL,
   PRIMARY KEY (job, idx)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS kv (
+  key   TEXT PRIMARY KEY,
+  value BLOB NOT NULL
+) WITHOUT ROWID;
 )sql";
 
 // A prepared statement, finalized on scope exit.
@@ -294,6 +298,40 @@ int64_t JobStore::EventCount(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto n = NextIndex("events", id, next_event_);
   return n.ok() ? *n : 0;
+}
+
+absl::Status JobStore::KvPut(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  Stmt put(db_, "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)");
+  put.BindText(1, key);
+  put.Bind(2, value);
+  if (!put.ok() || put.Step() != SQLITE_DONE) return Error("store key");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> JobStore::KvAll() {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT key, value FROM kv");
+  if (!q.ok()) return Error("read keys");
+  std::map<std::string, std::string> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    out[q.Blob(0)] = q.Blob(1);
+  }
+  if (rc != SQLITE_DONE) return Error("read keys");
+  return out;
+}
+
+absl::Status JobStore::KvDeletePrefix(const std::string& prefix) {
+  absl::MutexLock lock(&mu_);
+  // A range, not LIKE: keys may contain '%' and '_'.
+  Stmt del(db_, "DELETE FROM kv WHERE key >= ? AND key < ?");
+  std::string end = prefix;
+  end.push_back('\xff');
+  del.BindText(1, prefix);
+  del.BindText(2, end);
+  if (!del.ok() || del.Step() != SQLITE_DONE) return Error("delete keys");
+  return absl::OkStatus();
 }
 
 }  // namespace plateau

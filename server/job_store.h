@@ -1,6 +1,6 @@
-// The coordinator's durable state: jobs, their events and their logs in one
-// SQLite database (WAL), so that a restarted coordinator finds every job,
-// event and log line again.
+// The coordinator's durable state: jobs, their events and their logs, and
+// the ranks' rendezvous keys in one SQLite database (WAL), so that a
+// restarted coordinator finds every job, event, log line and key again.
 //
 // A job is stored as its serialized plateau.v1.Job; its id is "job-<seq>"
 // where seq is the row's rowid (ids are never reused). Events and log lines
@@ -58,6 +58,12 @@ class JobStore {
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& id, int64_t from, int limit);
   absl::StatusOr<std::vector<v1::LogEntry>> ReadLogs(const std::string& id, int64_t from, int limit);
   int64_t EventCount(const std::string& id);
+
+  // The rendezvous store's keys (written through, so that ranks meeting
+  // across a coordinator restart still find each other).
+  absl::Status KvPut(const std::string& key, const std::string& value);
+  absl::StatusOr<std::map<std::string, std::string>> KvAll();
+  absl::Status KvDeletePrefix(const std::string& prefix);
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

@@ -226,8 +226,8 @@ bool Cluster::StartCoordinator(const std::string& listen) {
                                    "--listen=" + listen,
                                    "--metrics_address=127.0.0.1:0",
                                    "--ready_file=" + ready_file,
-                                   absl::StrCat("--worker_timeout_s=", options_.worker_timeout_s),
                                    absl::StrCat("--heartbeat_ms=", options_.heartbeat_ms)};
+  if (options_.worker_timeout_s > 0) args.push_back(absl::StrCat("--worker_timeout_s=", options_.worker_timeout_s));
   args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
   coordinator_ = std::make_unique<Process>(args, absl::StrCat(dir_, "/coordinator-", coordinator_starts_));
   ++coordinator_starts_;

@@ -83,7 +83,7 @@ v1::JobSpec TinyJob(int64_t steps);
 
 struct ClusterOptions {
   bool with_worker = true;
-  double worker_timeout_s = 10;
+  double worker_timeout_s = 10;  // 0: the coordinator's default (two heartbeats)
   int heartbeat_ms = 200;
   std::vector<std::string> coordinator_flags;  // appended to the defaults
   std::vector<std::string> worker_flags;

@@ -31,11 +31,31 @@ bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
 }  // namespace
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+  // Reconnect within a second of the coordinator coming back (gRPC's
+  // default backoff grows to minutes): a restarted coordinator gives the
+  // workers of live jobs only reattach_timeout to register again.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stub_ = v1::WorkerService::NewStub(
-      grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args));
 }
 
-Agent::~Agent() { Reap(); }
+Agent::~Agent() {
+  // Run() has stopped every rank; their waiters end with them, whether or
+  // not their exit reached the coordinator.
+  std::map<std::string, std::unique_ptr<JobRun>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    jobs.swap(jobs_);
+  }
+  for (auto& [key, job] : jobs) {
+    for (auto& r : job->ranks) {
+      if (r->waiter.joinable()) r->waiter.join();
+    }
+  }
+}
 
 std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout) {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -43,9 +63,26 @@ std::unique_ptr<grpc::ClientContext> Agent::Context(absl::Duration timeout) {
   return ctx;
 }
 
-absl::Status Agent::RegisterNow() {
+std::string Agent::worker_id() {
+  absl::MutexLock lock(&id_mu_);
+  return worker_id_;
+}
+
+absl::Status Agent::RegisterNow(bool again) {
   v1::RegisterRequest req;
   *req.mutable_capabilities() = options_.capabilities;
+  if (again) {
+    req.set_worker_id(worker_id());
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, job] : jobs_) {
+      v1::RunningJob* r = req.add_running();
+      r->set_job_id(job->job_id);
+      r->set_attempt(job->attempt);
+      for (auto& rank : job->ranks) {
+        if (!rank->exit_acked) r->add_ranks(rank->rank);
+      }
+    }
+  }
   v1::RegisterResponse resp;
   auto ctx = Context(absl::Seconds(5));
   grpc::Status s = stub_->Register(ctx.get(), req, &resp);
@@ -54,13 +91,21 @@ absl::Status Agent::RegisterNow() {
                         absl::StrCat("cannot register with the coordinator at ", options_.coordinator, ": ",
                                      s.error_message()));
   }
-  worker_id_ = resp.worker_id();
+  {
+    absl::MutexLock lock(&id_mu_);
+    worker_id_ = resp.worker_id();
+  }
   if (resp.heartbeat_interval_ms() > 0) heartbeat_interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
-  std::printf("plateau_worker: registered as %s with the coordinator at %s (%s, %d device(s))\n",
-              worker_id_.c_str(), options_.coordinator.c_str(),
+  std::printf("plateau_worker: %s as %s with the coordinator at %s (%s, %d device(s), %d job(s) running)\n",
+              again ? "registered again" : "registered", resp.worker_id().c_str(), options_.coordinator.c_str(),
               options_.capabilities.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
-              options_.capabilities.devices());
+              options_.capabilities.devices(), req.running_size());
   std::fflush(stdout);
+  absl::MutexLock lock(&mu_);
+  for (const v1::Cancellation& c : resp.cancellations()) {
+    auto it = jobs_.find(absl::StrCat(c.job_id(), "/", c.attempt()));
+    if (it != jobs_.end()) StopJob(*it->second, "the coordinator did not re-attach it");
+  }
   return absl::OkStatus();
 }
 
@@ -70,7 +115,7 @@ absl::Status Agent::Run() {
   if (ec) return absl::InvalidArgumentError(absl::StrCat("work_dir: ", options_.work_dir, ": ", ec.message()));
   // Register, retrying while the coordinator starts.
   while (!stop_.load()) {
-    absl::Status s = RegisterNow();
+    absl::Status s = RegisterNow(/*again=*/false);
     if (s.ok()) break;
     if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDeadlineExceeded) return s;
     if (reachable_) std::fprintf(stderr, "plateau_worker: %s; retrying\n", std::string(s.message()).c_str());
@@ -83,38 +128,52 @@ absl::Status Agent::Run() {
       Flush();
     }
   });
-  absl::Time next_heartbeat = absl::Now();
+  // Heartbeats on their own thread: nothing the agent does (spawning,
+  // reaping, a slow report) may delay them into a "worker lost".
+  std::thread heartbeat([this] { HeartbeatLoop(); });
   while (!stop_.load()) {
-    if (absl::Now() >= next_heartbeat) {
-      HeartbeatOnce();
-      next_heartbeat = absl::Now() + heartbeat_interval_;
-    }
     KillOverdue();
     Reap();
     absl::SleepFor(absl::Milliseconds(50));
   }
+  heartbeat.join();
   // Stop everything this agent started, and wait until it is gone.
   {
     absl::MutexLock lock(&mu_);
     for (auto& [key, job] : jobs_) StopJob(*job, "the worker agent is shutting down");
   }
+  sender.join();
+  // Exit reports are sent for at most a few seconds more: a coordinator
+  // that is gone must not keep the agent from exiting.
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
   while (true) {
     KillOverdue();
+    Flush();
     Reap();
     absl::MutexLock lock(&mu_);
-    if (jobs_.empty()) break;
+    bool exited = true;
+    for (auto& [key, job] : jobs_) {
+      for (auto& r : job->ranks) exited = exited && r->exited;
+    }
+    if (jobs_.empty() || (exited && absl::Now() > give_up)) break;
     mu_.Unlock();
     absl::SleepFor(absl::Milliseconds(50));
     mu_.Lock();
   }
-  sender.join();
-  Flush();
   return absl::OkStatus();
+}
+
+void Agent::HeartbeatLoop() {
+  while (!stop_.load()) {
+    const absl::Time next = absl::Now() + heartbeat_interval_;
+    HeartbeatOnce();
+    while (!stop_.load() && absl::Now() < next) absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 void Agent::HeartbeatOnce() {
   v1::HeartbeatRequest req;
-  req.set_worker_id(worker_id_);
+  req.set_worker_id(worker_id());
   {
     absl::MutexLock lock(&mu_);
     for (auto& [key, job] : jobs_) {
@@ -127,14 +186,11 @@ void Agent::HeartbeatOnce() {
   auto ctx = Context(absl::Seconds(5));
   grpc::Status s = stub_->Heartbeat(ctx.get(), req, &resp);
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-    // The coordinator dropped this worker (lost, or restarted): its jobs
-    // here are no longer anyone's; stop them and register afresh.
+    // The coordinator does not know this worker (it restarted, or declared
+    // it lost): register again with what still runs here.
     std::fprintf(stderr, "plateau_worker: %s\n", s.error_message().c_str());
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto& [key, job] : jobs_) StopJob(*job, "the coordinator no longer knows this worker");
-    }
-    RegisterNow().IgnoreError();
+    absl::Status r = RegisterNow(/*again=*/true);
+    if (!r.ok()) std::fprintf(stderr, "plateau_worker: %s\n", std::string(r.message()).c_str());
     return;
   }
   if (!s.ok()) {
@@ -154,33 +210,103 @@ void Agent::HeartbeatOnce() {
   }
 }
 
+namespace {
+// A batch closes at this size, far below any request limit of the
+// coordinator; the queue holds at most kMaxQueued bytes of telemetry and
+// logs (status reports always fit) while the coordinator is away.
+constexpr size_t kBatchBytes = 256 << 10;
+constexpr size_t kMaxQueued = 256 << 20;
+}  // namespace
+
+void Agent::CloseBatch() {
+  if (batch_.telemetry.steps_size() == 0 && batch_.telemetry.logs_size() == 0) return;
+  queued_bytes_ += batch_.bytes;
+  queue_.push_back(std::move(batch_));
+  batch_ = Report();
+}
+
 void Agent::Log(const std::string& job_id, int attempt, int rank, const std::string& stream,
                 const std::string& line) {
   absl::MutexLock lock(&out_mu_);
-  v1::LogEntry* l = outbox_.add_logs();
+  if (queued_bytes_ > kMaxQueued) {
+    ++dropped_lines_;
+    return;
+  }
+  if (dropped_lines_ > 0) {
+    v1::LogEntry* d = batch_.telemetry.add_logs();
+    d->set_job_id(job_id);
+    d->set_attempt(attempt);
+    d->set_rank(-1);
+    d->set_stream("agent");
+    d->set_line(absl::StrCat(dropped_lines_, " log line(s) of this worker's jobs were dropped: the coordinator "
+                             "was unreachable and the agent's queue was full"));
+    dropped_lines_ = 0;
+  }
+  v1::LogEntry* l = batch_.telemetry.add_logs();
   l->set_job_id(job_id);
   l->set_attempt(attempt);
   l->set_rank(rank);
   l->set_stream(stream);
   l->set_line(line);
   Now(l->mutable_time());
+  batch_.bytes += line.size() + 64;
+  if (batch_.bytes > kBatchBytes) CloseBatch();
+}
+
+void Agent::QueueStatus(v1::RankStatusRequest status, Rank* rank) {
+  absl::MutexLock lock(&out_mu_);
+  CloseBatch();
+  Report r;
+  r.is_status = true;
+  r.status = std::move(status);
+  r.rank = rank;
+  queue_.push_back(std::move(r));
 }
 
 void Agent::Flush() {
   absl::MutexLock send(&send_mu_);
-  v1::TelemetryRequest req;
   {
     absl::MutexLock lock(&out_mu_);
-    if (outbox_.steps_size() == 0 && outbox_.logs_size() == 0) return;
-    req.Swap(&outbox_);
+    CloseBatch();
   }
-  req.set_worker_id(worker_id_);
-  for (int tries = 0; tries < 20 && !worker_id_.empty(); ++tries) {
-    v1::TelemetryResponse resp;
+  const std::string id = worker_id();
+  while (!id.empty()) {
+    Report r;
+    {
+      absl::MutexLock lock(&out_mu_);
+      if (queue_.empty()) return;
+      r = queue_.front();  // a copy: it stays queued until delivered
+    }
+    grpc::Status s;
     auto ctx = Context(absl::Seconds(5));
-    grpc::Status s = stub_->ReportTelemetry(ctx.get(), req, &resp);
-    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) return;
-    absl::SleepFor(absl::Milliseconds(250));
+    if (r.is_status) {
+      r.status.set_worker_id(id);
+      v1::RankStatusResponse resp;
+      s = stub_->ReportRankStatus(ctx.get(), r.status, &resp);
+    } else {
+      r.telemetry.set_worker_id(id);
+      v1::TelemetryResponse resp;
+      s = stub_->ReportTelemetry(ctx.get(), r.telemetry, &resp);
+    }
+    // Kept for later: the coordinator is away, slow, or does not know this
+    // worker yet (the heartbeat thread registers it again).
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      return;
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "plateau_worker: the coordinator refused a report: %s\n", s.error_message().c_str());
+    }
+    {
+      absl::MutexLock lock(&out_mu_);
+      if (!r.is_status) queued_bytes_ -= std::min(queued_bytes_, queue_.front().bytes);
+      queue_.pop_front();
+    }
+    // Never out_mu_ then mu_: StopJob logs under mu_.
+    if (r.rank != nullptr && r.status.has_exited()) {
+      absl::MutexLock jobs(&mu_);
+      r.rank->exit_acked = true;
+    }
   }
 }
 
@@ -251,7 +377,6 @@ void Agent::Start(const v1::Assignment& a) {
       close(err[1]);
     }
     v1::RankStatusRequest report;
-    report.set_worker_id(worker_id_);
     report.set_job_id(a.job_id());
     report.set_attempt(a.attempt());
     report.set_rank(r);
@@ -264,11 +389,11 @@ void Agent::Start(const v1::Assignment& a) {
       const std::string msg = absl::StrCat("cannot start ", options_.rank_binary, ": ", strerror(rc));
       Log(a.job_id(), a.attempt(), r, "agent", msg);
       rp->exited = true;
-      Flush();
       v1::RankExited* e = report.mutable_exited();
       e->set_exit_code(127);
       e->set_message(msg);
       e->set_process_group_empty(true);
+      QueueStatus(report, rp);
       absl::MutexLock lock(&mu_);
       j->ranks.push_back(std::move(rank));
       StopJob(*j, "a rank could not be started");
@@ -279,13 +404,12 @@ void Agent::Start(const v1::Assignment& a) {
       rp->readers.emplace_back([this, j, rp, fd = out[0]] { ReadPipe(j, rp, fd, true); });
       rp->readers.emplace_back([this, j, rp, fd = err[0]] { ReadPipe(j, rp, fd, false); });
       report.mutable_started()->set_pid(pid);
+      // Queued before the waiter exists, so that "started" precedes "exited".
+      QueueStatus(report, nullptr);
       absl::MutexLock lock(&mu_);
       j->ranks.push_back(std::move(rank));
       rp->waiter = std::thread([this, j, rp] { Wait(j, rp); });
     }
-    v1::RankStatusResponse resp;
-    auto ctx = Context(absl::Seconds(5));
-    stub_->ReportRankStatus(ctx.get(), report, &resp);
   }
 }
 
@@ -298,9 +422,11 @@ void Agent::ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout) {
       if (google::protobuf::util::JsonStringToMessage(l, &out).ok()) {
         if (out.has_step()) {
           absl::MutexLock lock(&out_mu_);
-          v1::TelemetryRequest::Step* s = outbox_.add_steps();
+          v1::TelemetryRequest::Step* s = batch_.telemetry.add_steps();
           s->set_job_id(job->job_id);
           *s->mutable_telemetry() = out.step();
+          batch_.bytes += l.size();
+          if (batch_.bytes > kBatchBytes) CloseBatch();
           return;
         }
         if (out.has_error()) {
@@ -344,7 +470,6 @@ void Agent::Wait(JobRun* job, Rank* rank) {
   }
   for (std::thread& t : rank->readers) t.join();
   v1::RankStatusRequest report;
-  report.set_worker_id(worker_id_);
   report.set_job_id(job->job_id);
   report.set_attempt(job->attempt);
   report.set_rank(rank->rank);
@@ -368,14 +493,9 @@ void Agent::Wait(JobRun* job, Rank* rank) {
     failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   Log(job->job_id, job->attempt, rank->rank, "agent", absl::StrCat("rank ", rank->rank, " (pid ", rank->pid, ") ", how));
-  Flush();  // its telemetry and logs before its exit
-  v1::RankStatusResponse resp;
-  for (int tries = 0; tries < 20; ++tries) {
-    auto ctx = Context(absl::Seconds(5));
-    grpc::Status s = stub_->ReportRankStatus(ctx.get(), report, &resp);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    absl::SleepFor(absl::Milliseconds(250));
-  }
+  // After its telemetry and logs; acknowledged (and the job forgotten) only
+  // once the coordinator has it.
+  QueueStatus(report, rank);
   absl::MutexLock lock(&mu_);
   rank->exited = true;
   if (failed && !job->stopping) StopJob(*job, absl::StrCat("rank ", rank->rank, " ", how));
@@ -389,6 +509,7 @@ void Agent::StopJob(JobRun& job, const std::string& why) {
     if (r->exited || r->pid == 0) continue;
     r->stop_sent = true;
     kill(-r->pid, SIGTERM);
+    kill(-r->pid, SIGCONT);  // a stopped (SIGSTOP) rank must see the SIGTERM too
   }
   Log(job.job_id, job.attempt, -1, "agent",
       absl::StrCat("stopping the job's ranks (", why, "): SIGTERM, SIGKILL after ",
@@ -412,7 +533,7 @@ void Agent::Reap() {
     absl::MutexLock lock(&mu_);
     for (auto it = jobs_.begin(); it != jobs_.end();) {
       bool all = !it->second->ranks.empty();
-      for (auto& r : it->second->ranks) all = all && r->exited;
+      for (auto& r : it->second->ranks) all = all && r->exited && r->exit_acked;
       if (all) {
         done.push_back(std::move(it->second));
         it = jobs_.erase(it);

@@ -11,6 +11,18 @@
 // When one rank of a job fails, the agent stops its siblings at once (they
 // would otherwise wait on a dead peer until the collective timeout).
 //
+// Nothing is lost while the coordinator is away: reports (rank started and
+// exited, step telemetry, log lines) wait in one ordered queue and are sent
+// in order once it answers again; a rank's job is forgotten only after its
+// exit was acknowledged. When the coordinator says it does not know this
+// worker (it restarted, or declared the worker lost), the agent registers
+// again with its old id and the ranks it still runs; the coordinator
+// re-attaches them or names the jobs to stop.
+//
+// Threads: Run() (reaping, kills after the grace period), a heartbeat
+// thread (assignments, cancellations, registering again) and a sender
+// thread (the report queue).
+//
 // Thread safety: Run() on one thread; RequestStop() from any thread or a
 // signal-handling thread.
 #ifndef PLATEAU_WORKER_AGENT_H_
@@ -19,6 +31,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +69,7 @@ class Agent {
     int rank = 0;
     pid_t pid = 0;
     bool exited = false;
+    bool exit_acked = false;  // the coordinator has its exit report
     bool stop_sent = false;
     v1::RankError last_error;
     std::vector<std::thread> readers;
@@ -69,7 +83,19 @@ class Agent {
     absl::Time kill_at = absl::InfiniteFuture();
   };
 
-  absl::Status RegisterNow();
+  // One entry of the report queue: a batch of telemetry and logs, or a
+  // rank's status (with the rank to mark acknowledged when it is exited).
+  struct Report {
+    v1::TelemetryRequest telemetry;
+    bool is_status = false;
+    v1::RankStatusRequest status;
+    Rank* rank = nullptr;
+    size_t bytes = 0;
+  };
+
+  // `again`: with this worker's old id and the ranks it still runs.
+  absl::Status RegisterNow(bool again);
+  void HeartbeatLoop();
   void HeartbeatOnce();
   void Start(const v1::Assignment& a);
   void StopJob(JobRun& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -78,22 +104,33 @@ class Agent {
   void Wait(JobRun* job, Rank* rank);
   void Log(const std::string& job_id, int attempt, int rank, const std::string& stream,
            const std::string& line);
+  // Queues a rank status after everything queued before it.
+  void QueueStatus(v1::RankStatusRequest status, Rank* rank);
+  void CloseBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_);
+  // Sends the queue in order; stops at the first report the coordinator
+  // cannot take now (it is retried on the next call).
   void Flush() ABSL_LOCKS_EXCLUDED(send_mu_);
   void Reap() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string worker_id();
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout);
 
   const AgentOptions options_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::atomic<bool> stop_{false};
-  std::string worker_id_;
-  absl::Duration heartbeat_interval_ = absl::Milliseconds(500);  // the coordinator's
-  bool reachable_ = true;
+  absl::Duration heartbeat_interval_ = absl::Seconds(1);  // the coordinator's
+  bool reachable_ = true;  // heartbeat thread only
+
+  absl::Mutex id_mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(id_mu_);
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<JobRun>> jobs_ ABSL_GUARDED_BY(mu_);  // "job-3/0"
 
   absl::Mutex out_mu_;
-  v1::TelemetryRequest outbox_ ABSL_GUARDED_BY(out_mu_);
+  Report batch_ ABSL_GUARDED_BY(out_mu_);  // telemetry and logs being gathered
+  std::deque<Report> queue_ ABSL_GUARDED_BY(out_mu_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(out_mu_) = 0;
+  int64_t dropped_lines_ ABSL_GUARDED_BY(out_mu_) = 0;
   absl::Mutex send_mu_;  // one Flush at a time, so reports keep their order
 };
 

@@ -312,6 +312,8 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   t.checkpoint_every = c.every();
   t.resume = true;  // a restarted attempt continues from the newest checkpoint
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_restarts", spec.max_restarts(), 0, 100));
+  // Up to a week: a step that long is a hang by any measure.
+  PLATEAU_RETURN_IF_ERROR(CheckRange("progress_timeout_s", spec.progress_timeout_s(), 0, 7 * 24 * 3600));
   t.step.seed = spec.has_seed() ? spec.seed() : 1;
   PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());
   // The step's own checks on the whole combination (e.g. Ring-DTP needs a

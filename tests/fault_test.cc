@@ -1,0 +1,278 @@
+// Faults end to end, with real processes over loopback (tests/cluster.h):
+// a lost worker, a restart from the last checkpoint on the remaining
+// worker, a hung rank, a coordinator killed and restarted mid-job, and a
+// worker that was declared lost while it still ran ranks. After each, no
+// rank process is left.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+// Every event of the job, in order (the watch ends with the final state).
+std::vector<v1::JobEvent> Events(Cluster& c, const std::string& id) {
+  std::vector<v1::JobEvent> events;
+  c.client()
+      .WatchJob(id, 0,
+                [&](const v1::JobEvent& e) {
+                  events.push_back(e);
+                  return true;
+                })
+      .IgnoreError();
+  return events;
+}
+
+std::vector<v1::JobState> States(const std::vector<v1::JobEvent>& events) {
+  std::vector<v1::JobState> states;
+  for (const v1::JobEvent& e : events) {
+    if (e.has_state_change()) states.push_back(e.state_change().state());
+  }
+  return states;
+}
+
+std::string AllLogs(Cluster& c, const std::string& id) {
+  std::string logs;
+  c.client()
+      .GetJobLogs(id, false, 0,
+                  [&](const v1::LogEntry& l) {
+                    absl::StrAppend(&logs, l.rank(), " ", l.stream(), " ", l.line(), "\n");
+                    return true;
+                  })
+      .IgnoreError();
+  return logs;
+}
+
+// The loss rank 0 reported for `step` of the job's last attempt.
+double LossAt(const std::vector<v1::JobEvent>& events, int64_t step) {
+  double loss = -1;
+  for (const v1::JobEvent& e : events) {
+    if (e.has_step() && e.step().rank() == 0 && e.step().step() == step) loss = e.step().loss();
+  }
+  return loss;
+}
+
+absl::Time TimeOf(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+TEST(FaultTest, LostWorkerFailsItsJobWithinTwoHeartbeatIntervals) {
+  ClusterOptions o;
+  o.heartbeat_ms = 500;
+  o.worker_timeout_s = 0;  // the default: two heartbeat intervals
+  Cluster c("lost", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 1)) << c.Logs();
+  const absl::Time killed = absl::Now();
+  c.worker()->Stop(SIGKILL);  // the agent; its ranks die with it
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.failure().kind(), v1::Failure::WORKER_LOST);
+  EXPECT_THAT(job.state_reason(), HasSubstr("worker lost: worker-1"));
+  // Its last heartbeat was at most one interval before the kill; lost two
+  // intervals after it, plus the coordinator's 100 ms tick.
+  const absl::Duration after_kill = TimeOf(job.end_time()) - killed;
+  EXPECT_LE(after_kill, absl::Milliseconds(2 * 500 + 100 + 150)) << after_kill;
+  EXPECT_THAT(AllLogs(c, id), HasSubstr("coordinator worker lost: worker-1 sent no heartbeat"));
+  EXPECT_TRUE(WaitFor([&] { return RankPids(id).empty(); }, absl::Seconds(30)));
+}
+
+TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss) {
+  ClusterOptions o;
+  o.heartbeat_ms = 500;
+  o.worker_timeout_s = 0;
+  Cluster c("resume", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  constexpr int64_t kSteps = 40;
+  auto spec_in = [&](const std::string& dir) {
+    v1::JobSpec s = TinyJob(kSteps);
+    s.mutable_checkpoint()->set_directory(c.dir() + "/" + dir);
+    s.mutable_checkpoint()->set_every(10);
+    s.set_max_restarts(1);
+    return s;
+  };
+  // The uninterrupted run.
+  auto a = c.client().SubmitJob(spec_in("ckpt-a"), false);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(c.WaitDone(a->job().id()).state(), v1::SUCCEEDED) << c.Logs();
+  const std::vector<v1::JobEvent> events_a = Events(c, a->job().id());
+
+  // The same job with a second worker registered: the job's worker is
+  // killed after step 25, and the attempt restarts on the one that remains.
+  c.StartWorker();
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(c.worker(1)->out(), "registered as worker-2"); }))
+      << c.Logs();
+  auto b = c.client().SubmitJob(spec_in("ckpt-b"), false);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::string id = b->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 25)) << c.Logs();
+  auto placed = c.client().GetJob(id);
+  ASSERT_TRUE(placed.ok() && placed->placement_size() == 1) << placed.status();
+  const int victim = placed->placement(0).worker_id() == "worker-1" ? 0 : 1;
+  c.worker(victim)->Stop(SIGKILL);
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 1);
+  ASSERT_EQ(job.placement_size(), 0);
+  const std::vector<v1::JobEvent> events_b = Events(c, id);
+  const std::vector<v1::JobState> states = States(events_b);
+  EXPECT_THAT(states, ::testing::Contains(v1::RESTARTING));
+  bool lost = false;
+  for (const v1::JobEvent& e : events_b) {
+    lost = lost || (e.has_state_change() && e.state_change().state() == v1::RESTARTING &&
+                    e.state_change().failure().kind() == v1::Failure::WORKER_LOST);
+  }
+  EXPECT_TRUE(lost);
+  // The second attempt started from the newest checkpoint the first one
+  // wrote (every 10 steps; the kill came after step 25)...
+  int64_t last_of_attempt_0 = 0, first_of_attempt_1 = 0;
+  for (const v1::JobEvent& e : events_b) {
+    if (!e.has_step()) continue;
+    if (e.step().attempt() == 0) last_of_attempt_0 = std::max(last_of_attempt_0, e.step().step());
+    if (e.step().attempt() == 1 && first_of_attempt_1 == 0) first_of_attempt_1 = e.step().step();
+  }
+  EXPECT_GE(last_of_attempt_0, 25);
+  EXPECT_EQ((first_of_attempt_1 - 1) % 10, 0) << first_of_attempt_1;
+  EXPECT_GE(first_of_attempt_1 - 1, 20);
+  EXPECT_LE(first_of_attempt_1 - 1, last_of_attempt_0);
+  // ...and ended where the uninterrupted run did, to the bit.
+  const double loss_a = LossAt(events_a, kSteps), loss_b = LossAt(events_b, kSteps);
+  ASSERT_GT(loss_a, 0);
+  EXPECT_EQ(loss_a, loss_b);
+  for (int64_t step = first_of_attempt_1; step <= kSteps; ++step) EXPECT_EQ(LossAt(events_a, step), LossAt(events_b, step)) << step;
+  const std::string last = "/step-00000040.safetensors";
+  const std::string ckpt_a = ReadFile(c.dir() + "/ckpt-a" + last), ckpt_b = ReadFile(c.dir() + "/ckpt-b" + last);
+  ASSERT_GT(ckpt_a.size(), 1000u);
+  EXPECT_TRUE(ckpt_a == ckpt_b) << "the final checkpoints differ";
+  EXPECT_TRUE(RankPids(id).empty());
+}
+
+TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
+  Cluster c("hung");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(1000000);
+  spec.set_progress_timeout_s(4);
+  const absl::Time submitted = absl::Now();
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 3)) << c.Logs();
+  // The timeout is per step, not per job: a healthy job outlives it.
+  absl::SleepFor(absl::Seconds(5) - (absl::Now() - submitted));
+  auto running = c.client().GetJob(id);
+  ASSERT_TRUE(running.ok());
+  ASSERT_EQ(running->state(), v1::RUNNING) << running->DebugString();
+  const pid_t rank1 = RankPid(id, 1);
+  ASSERT_NE(rank1, 0);
+  const absl::Time stopped = absl::Now();
+  ASSERT_EQ(kill(rank1, SIGSTOP), 0);  // alive, making no progress
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.failure().kind(), v1::Failure::RANK_HUNG) << job.failure().DebugString();
+  EXPECT_THAT(job.failure().message(), HasSubstr("no step progress for"));
+  EXPECT_THAT(job.failure().message(), HasSubstr("progress timeout 4s"));
+  EXPECT_EQ(job.failure().worker_id(), "worker-1");
+  // Detected after the timeout, and the ranks stopped within the grace
+  // period (3 s) and a heartbeat or two.
+  EXPECT_LE(TimeOf(job.end_time()) - stopped, absl::Seconds(4 + 3 + 3));
+  EXPECT_TRUE(RankPids(id).empty());
+  EXPECT_NE(kill(rank1, 0), 0) << "the stopped rank still exists";
+  const std::string logs = AllLogs(c, id);
+  EXPECT_THAT(logs, HasSubstr("coordinator rank"));
+  EXPECT_THAT(logs, HasSubstr("hung: no step progress"));
+}
+
+TEST(FaultTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
+  Cluster c("coordinator-restart");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  constexpr int64_t kSteps = 200;
+  auto sub = c.client().SubmitJob(TinyJob(kSteps), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 10)) << c.Logs();
+  const std::vector<pid_t> ranks = RankPids(id);
+  ASSERT_EQ(ranks.size(), 2u);
+  c.KillCoordinator(SIGKILL);
+  // The ranks train on while nobody listens; the agent keeps what they say.
+  absl::SleepFor(absl::Milliseconds(1500));
+  for (pid_t p : ranks) EXPECT_EQ(kill(p, 0), 0) << "rank pid " << p << " died with the coordinator";
+  ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 0) << "re-attached, not restarted";
+  EXPECT_EQ(job.progress().step(), kSteps);
+
+  const std::vector<v1::JobEvent> events = Events(c, id);
+  ASSERT_EQ(static_cast<int64_t>(events.size()), job.event_count());
+  std::map<int, std::set<int64_t>> steps;
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].index(), static_cast<int64_t>(i));
+    if (events[i].has_step()) steps[events[i].step().rank()].insert(events[i].step().step());
+  }
+  for (int r : {0, 1}) {
+    EXPECT_EQ(steps[r].size(), static_cast<size_t>(kSteps)) << "rank " << r;
+    EXPECT_EQ(*steps[r].begin(), 1);
+    EXPECT_EQ(*steps[r].rbegin(), kSteps);
+  }
+  // (PENDING may repeat with a new reason while the worker registers.)
+  std::vector<v1::JobState> states = States(events);
+  states.erase(std::unique(states.begin(), states.end()), states.end());
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::PENDING, v1::SCHEDULED, v1::RUNNING, v1::SUCCEEDED}));
+  // Every line rank 0 printed, including those printed while the
+  // coordinator was down.
+  const std::string logs = AllLogs(c, id);
+  for (int64_t s = 10; s <= kSteps; s += 10) {
+    EXPECT_THAT(logs, HasSubstr(absl::StrCat("0 stderr step ", s, "/", kSteps, " loss"))) << s;
+  }
+  EXPECT_THAT(logs, HasSubstr("coordinator re-attached after the coordinator's restart: worker-1"));
+  EXPECT_THAT(logs, HasSubstr("0 stderr finished 200 steps"));
+  EXPECT_THAT(logs, HasSubstr("1 stderr finished 200 steps"));
+  EXPECT_TRUE(RankPids(id).empty());
+}
+
+TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
+  ClusterOptions o;
+  o.heartbeat_ms = 500;
+  o.worker_timeout_s = 0;
+  Cluster c("partition", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
+  const std::vector<pid_t> ranks = RankPids(id);
+  ASSERT_EQ(ranks.size(), 2u);
+  // The agent freezes (its ranks, in their own process groups, run on): to
+  // the coordinator it is a lost worker.
+  ASSERT_EQ(kill(c.worker()->pid(), SIGSTOP), 0);
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.failure().kind(), v1::Failure::WORKER_LOST);
+  for (pid_t p : ranks) EXPECT_EQ(kill(p, 0), 0) << "the check below must be able to fail";
+  ASSERT_EQ(kill(c.worker()->pid(), SIGCONT), 0);
+  // Back, it registers again; its job is no longer live, so it stops it.
+  EXPECT_TRUE(WaitFor([&] { return RankPids(id).empty(); }, absl::Seconds(30))) << c.Logs();
+  EXPECT_THAT(c.worker()->out(), HasSubstr("registered again as worker-1"));
+}
+
+}  // namespace
+}  // namespace plateau
