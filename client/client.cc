@@ -11,8 +11,8 @@ Client::Client(ClientOptions options)
     : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for) {
   // A watch resumes within a second of a restarted coordinator answering.
   grpc::ChannelArguments args;
+  // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stub_ = v1::JobService::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
 }

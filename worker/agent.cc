@@ -35,8 +35,8 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   // default backoff grows to minutes): a restarted coordinator gives the
   // workers of live jobs only reattach_timeout to register again.
   grpc::ChannelArguments args;
+  // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stub_ = v1::WorkerService::NewStub(
       grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args));
