@@ -1,6 +1,9 @@
 #include "client/client.h"
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/connection.h"
 
 namespace plateau {
 
@@ -8,11 +11,25 @@ Client::Client(std::string address, absl::Duration timeout)
     : Client(ClientOptions{std::move(address), timeout}) {}
 
 Client::Client(ClientOptions options) : address_(std::move(options.address)), timeout_(options.timeout) {
-  stub_ = v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(ConnectionOptions{address_, options.token_file, options.tls_ca_file});
+  if (!channel.ok()) {
+    status_ = channel.status();
+    return;  // stub_ stays null: every call returns status_
+  }
+  stub_ = v1::JobService::NewStub(*channel);
 }
 
 absl::Status Client::Convert(const grpc::Status& s) const {
   if (s.ok()) return absl::OkStatus();
+  // gRPC's own words for a request over the coordinator's limit name
+  // neither side; say whose limit it is.
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(absl::AsciiStrToLower(s.error_message()), "larger than max")) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request is larger than the coordinator at ", address_,
+        " accepts (its --max_request_bytes): ", s.error_message()));
+  }
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")) {
     return absl::UnavailableError(
@@ -31,6 +48,7 @@ absl::StatusOr<v1::SubmitJobResponse> Client::SubmitJob(const v1::JobSpec& spec,
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   req.set_validate_only(validate_only);
+  if (!status_.ok()) return status_;
   v1::SubmitJobResponse resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->SubmitJob(ctx.get(), req, &resp));
@@ -41,6 +59,7 @@ absl::StatusOr<v1::SubmitJobResponse> Client::SubmitJob(const v1::JobSpec& spec,
 absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
   v1::GetJobRequest req;
   req.set_job_id(id);
+  if (!status_.ok()) return status_;
   v1::Job resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->GetJob(ctx.get(), req, &resp));
@@ -49,6 +68,7 @@ absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
 }
 
 absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& req) {
+  if (!status_.ok()) return status_;
   v1::ListJobsResponse resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->ListJobs(ctx.get(), req, &resp));
@@ -59,6 +79,7 @@ absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest&
 absl::StatusOr<v1::Job> Client::CancelJob(const std::string& id) {
   v1::CancelJobRequest req;
   req.set_job_id(id);
+  if (!status_.ok()) return status_;
   v1::Job resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->CancelJob(ctx.get(), req, &resp));
@@ -69,6 +90,7 @@ absl::StatusOr<v1::Job> Client::CancelJob(const std::string& id) {
 absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
   v1::PlanJobRequest req;
   *req.mutable_spec() = spec;
+  if (!status_.ok()) return status_;
   v1::PlanJobResponse resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->PlanJob(ctx.get(), req, &resp));
@@ -81,6 +103,7 @@ absl::Status Client::WatchJob(const std::string& id, int64_t from,
   v1::WatchJobRequest req;
   req.set_job_id(id);
   req.set_from_index(from);
+  if (!status_.ok()) return status_;
   grpc::ClientContext ctx;
   auto reader = stub_->WatchJob(&ctx, req);
   v1::JobEvent e;
@@ -100,6 +123,7 @@ absl::Status Client::GetJobLogs(const std::string& id, bool follow, int64_t from
   req.set_job_id(id);
   req.set_follow(follow);
   req.set_from_index(from);
+  if (!status_.ok()) return status_;
   grpc::ClientContext ctx;
   auto reader = stub_->GetJobLogs(&ctx, req);
   v1::LogEntry l;
