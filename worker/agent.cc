@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/telemetry_batch.h"
 
 extern char** environ;
 
@@ -32,7 +33,8 @@ bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
   stub_ = v1::WorkerService::NewStub(
-      grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
+      options_.channel ? options_.channel
+                       : grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
 }
 
 Agent::~Agent() { Reap(); }
@@ -175,12 +177,18 @@ void Agent::Flush() {
     req.Swap(&outbox_);
   }
   req.set_worker_id(worker_id_);
-  for (int tries = 0; tries < 20 && !worker_id_.empty(); ++tries) {
-    v1::TelemetryResponse resp;
-    auto ctx = Context(absl::Seconds(5));
-    grpc::Status s = stub_->ReportTelemetry(ctx.get(), req, &resp);
-    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) return;
-    absl::SleepFor(absl::Milliseconds(250));
+  // In batches well under the coordinator's --max_request_bytes.
+  for (const v1::TelemetryRequest& batch : SplitTelemetry(std::move(req))) {
+    grpc::Status s;
+    for (int tries = 0; tries < 20 && !worker_id_.empty(); ++tries) {
+      v1::TelemetryResponse resp;
+      auto ctx = Context(absl::Seconds(5));
+      s = stub_->ReportTelemetry(ctx.get(), batch, &resp);
+      if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      absl::SleepFor(absl::Milliseconds(250));
+    }
+    // Still unreachable: drop the rest too rather than wait this long again per batch.
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) return;
   }
 }
 
@@ -211,7 +219,9 @@ void Agent::Start(const v1::Assignment& a) {
                                      absl::StrCat("--spec_file=", spec_file),
                                      absl::StrCat("--kv_prefix=", a.kv_prefix()),
                                      absl::StrCat("--hostname=", options_.capabilities.rank_address()),
-                                     absl::StrCat("--device_index=", i)};
+                                     absl::StrCat("--device_index=", i),
+                                     absl::StrCat("--token_file=", options_.token_file),
+                                     absl::StrCat("--tls_ca_file=", options_.tls_ca_file)};
     std::vector<char*> argv;
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
