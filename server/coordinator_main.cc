@@ -17,12 +17,15 @@
 // lines) once both are serving. SIGINT/SIGTERM shut it down cleanly.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -67,6 +70,19 @@ reflection is off when --token_file is set.
 // Below this a worker agent's telemetry batch (worker/telemetry_batch.h)
 // might not fit.
 constexpr int64_t kMinRequestBytes = 1 << 20;
+
+// Loading gRPC's reflection library registers its plugin with every
+// ServerBuilder (a static initializer), so leaving out the Init call is not
+// enough to turn it off: this option takes the plugin out of the builder.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const auto& p) { return p->name() == "proto_server_reflection"; }),
+                   plugins->end());
+  }
+};
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "plateau_coordinator: %s\n", msg.c_str());
@@ -197,8 +213,9 @@ int Main(int argc, char** argv) {
   // Reflection would be an RPC that answers without the token (gRPC runs
   // it outside our handlers): on only when no token is asked for. With a
   // token, tools read proto/plateau/v1/*.proto instead.
-  if (!auth.enabled()) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (auth.enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
   builder.AddListeningPort(flags["listen"], credentials, &port);
   // gRPC refuses a larger request with RESOURCE_EXHAUSTED before it is
