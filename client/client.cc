@@ -1,6 +1,9 @@
 #include "client/client.h"
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/connection.h"
 
 namespace plateau {
 
@@ -9,16 +12,25 @@ Client::Client(std::string address, absl::Duration timeout)
 
 Client::Client(ClientOptions options)
     : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for) {
-  // A watch resumes within a second of a restarted coordinator answering.
-  grpc::ChannelArguments args;
-  // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout.)
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  stub_ = v1::JobService::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(ConnectionOptions{address_, options.token_file, options.tls_ca_file});
+  if (!channel.ok()) {
+    status_ = channel.status();
+    return;  // stub_ stays null: every call returns status_
+  }
+  stub_ = v1::JobService::NewStub(*channel);
 }
 
 absl::Status Client::Convert(const grpc::Status& s) const {
   if (s.ok()) return absl::OkStatus();
+  // gRPC's own words for a request over the coordinator's limit name
+  // neither side; say whose limit it is.
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(absl::AsciiStrToLower(s.error_message()), "larger than max")) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request is larger than the coordinator at ", address_,
+        " accepts (its --max_request_bytes): ", s.error_message()));
+  }
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")) {
     return absl::UnavailableError(
@@ -37,6 +49,7 @@ absl::StatusOr<v1::SubmitJobResponse> Client::SubmitJob(const v1::JobSpec& spec,
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   req.set_validate_only(validate_only);
+  if (!status_.ok()) return status_;
   v1::SubmitJobResponse resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->SubmitJob(ctx.get(), req, &resp));
@@ -47,6 +60,7 @@ absl::StatusOr<v1::SubmitJobResponse> Client::SubmitJob(const v1::JobSpec& spec,
 absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
   v1::GetJobRequest req;
   req.set_job_id(id);
+  if (!status_.ok()) return status_;
   v1::Job resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->GetJob(ctx.get(), req, &resp));
@@ -55,6 +69,7 @@ absl::StatusOr<v1::Job> Client::GetJob(const std::string& id) {
 }
 
 absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& req) {
+  if (!status_.ok()) return status_;
   v1::ListJobsResponse resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->ListJobs(ctx.get(), req, &resp));
@@ -65,6 +80,7 @@ absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest&
 absl::StatusOr<v1::Job> Client::CancelJob(const std::string& id) {
   v1::CancelJobRequest req;
   req.set_job_id(id);
+  if (!status_.ok()) return status_;
   v1::Job resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->CancelJob(ctx.get(), req, &resp));
@@ -75,6 +91,7 @@ absl::StatusOr<v1::Job> Client::CancelJob(const std::string& id) {
 absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
   v1::PlanJobRequest req;
   *req.mutable_spec() = spec;
+  if (!status_.ok()) return status_;
   v1::PlanJobResponse resp;
   auto ctx = Context();
   absl::Status s = Convert(stub_->PlanJob(ctx.get(), req, &resp));
@@ -120,6 +137,7 @@ absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for, OpenFn ope
 
 absl::Status Client::WatchJob(const std::string& id, int64_t from,
                               const std::function<bool(const v1::JobEvent&)>& on_event) {
+  if (!status_.ok()) return status_;
   return ReadResuming<v1::JobEvent>(
       from, reconnect_for_,
       [&](grpc::ClientContext* ctx, int64_t at) {
@@ -133,6 +151,7 @@ absl::Status Client::WatchJob(const std::string& id, int64_t from,
 
 absl::Status Client::GetJobLogs(const std::string& id, bool follow, int64_t from,
                                 const std::function<bool(const v1::LogEntry&)>& on_line) {
+  if (!status_.ok()) return status_;
   return ReadResuming<v1::LogEntry>(
       from, reconnect_for_,
       [&](grpc::ClientContext* ctx, int64_t at) {

@@ -1,6 +1,9 @@
 // A small C++ client of the coordinator's JobService, used by plateauctl
 // and the tests. Every error says what failed; a coordinator that cannot be
 // reached is UNAVAILABLE "cannot reach the coordinator at HOST:PORT: ...".
+// The channel (TLS, bearer token) is client/connection.h's; a token or CA
+// file that cannot be read makes status() and every call fail with that
+// error (INVALID_ARGUMENT naming the flag and the path).
 //
 // Thread safety: a Client may be shared by threads (gRPC stubs are).
 #ifndef PLATEAU_CLIENT_CLIENT_H_
@@ -25,6 +28,8 @@ struct ClientOptions {
   // A watch or log stream broken by the coordinator going away (a restart)
   // is opened again from the next index for this long.
   absl::Duration reconnect_for = absl::Seconds(60);
+  std::string token_file;   // bearer token sent on every call; empty: none
+  std::string tls_ca_file;  // PEM CA of the coordinator's certificate; empty: plaintext
 };
 
 class Client {
@@ -33,6 +38,8 @@ class Client {
   explicit Client(std::string address, absl::Duration timeout = absl::Seconds(10));
 
   const std::string& address() const { return address_; }
+  // Whether the channel could be opened (the token and CA files read).
+  const absl::Status& status() const { return status_; }
 
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::JobSpec& spec, bool validate_only);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
@@ -54,6 +61,7 @@ class Client {
   const std::string address_;
   const absl::Duration timeout_;
   const absl::Duration reconnect_for_;
+  absl::Status status_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 

@@ -1,6 +1,7 @@
 // plateauctl: the command line of the Plateau service.
 //
-//   plateauctl [--coordinator=HOST:PORT] [--output=text|json] COMMAND ...
+//   plateauctl [--coordinator=HOST:PORT] [--output=text|json]
+//       [--token_file=PATH] [--tls_ca_file=PATH] COMMAND ...
 //
 // Exit codes: 0 success (a job that SUCCEEDED); 1 the job FAILED;
 // 2 bad usage or a refused request (e.g. an invalid spec); 3 the job was
@@ -31,7 +32,8 @@
 namespace plateau {
 namespace {
 
-constexpr char kUsage[] = R"(usage: plateauctl [--coordinator=HOST:PORT] [--output=text|json] COMMAND ...
+constexpr char kUsage[] = R"(usage: plateauctl [--coordinator=HOST:PORT] [--output=text|json]
+                  [--token_file=PATH] [--tls_ca_file=PATH] COMMAND ...
 
 commands
   submit SPEC [--validate-only] [--wait]   submit a job (text-format plateau.v1.JobSpec);
@@ -44,6 +46,9 @@ commands
   cancel JOB
 
 The coordinator defaults to $PLATEAU_COORDINATOR, else 127.0.0.1:7070.
+--token_file (default $PLATEAU_TOKEN_FILE): a file holding the coordinator's bearer
+token, sent on every call; --tls_ca_file (default $PLATEAU_TLS_CA_FILE): the PEM CA
+that signed the coordinator's certificate, which turns TLS on.
 Exit codes: 0 ok / SUCCEEDED, 1 FAILED, 2 usage or refused request, 3 CANCELLED,
 4 coordinator unreachable.
 )";
@@ -52,6 +57,7 @@ constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, 
 
 struct Options {
   std::string coordinator;
+  std::string token_file, tls_ca_file;  // client/connection.h
   bool json = false;
   std::string command;
   std::vector<std::string> args;  // positional
@@ -272,7 +278,12 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
 }
 
 int Run(const Options& o) {
-  Client client(o.coordinator);
+  ClientOptions co;
+  co.address = o.coordinator;
+  co.token_file = o.token_file;
+  co.tls_ca_file = o.tls_ca_file;
+  Client client(co);
+  if (!client.status().ok()) return Report(client.status());
   auto need = [&](size_t n) {
     if (o.args.size() != n) {
       std::fprintf(stderr, "plateauctl %s: expected %zu argument(s), got %zu (see --help)\n", o.command.c_str(),
@@ -432,6 +443,10 @@ int main(int argc, char** argv) {
   plateau::Options o;
   const char* env = std::getenv("PLATEAU_COORDINATOR");
   o.coordinator = env && *env ? env : "127.0.0.1:7070";
+  const char* token = std::getenv("PLATEAU_TOKEN_FILE");
+  o.token_file = token ? token : "";
+  const char* ca = std::getenv("PLATEAU_TLS_CA_FILE");
+  o.tls_ca_file = ca ? ca : "";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h" || arg == "help") {
@@ -445,6 +460,10 @@ int main(int argc, char** argv) {
       const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
       if (name == "coordinator") {
         o.coordinator = value;
+      } else if (name == "token_file") {
+        o.token_file = value;
+      } else if (name == "tls_ca_file") {
+        o.tls_ca_file = value;
       } else if (name == "output") {
         if (value != "json" && value != "text") {
           std::fprintf(stderr, "plateauctl: --output: expected text or json, got '%s'\n", value.c_str());

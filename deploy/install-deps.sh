@@ -17,6 +17,8 @@ PACKAGES=(
   libgloo-dev libopenblas-dev
   # tools/demo shows the /metrics it serves
   curl
+  # tests/security_test makes a TLS certificate; operators make theirs with it
+  openssl
 )
 
 missing=()

@@ -1,26 +1,36 @@
 // plateau_coordinator: the coordinator daemon. Serves JobService and
-// WorkerService over gRPC (with health checking and server reflection),
-// keeps jobs, events and logs in SQLite under --state_dir, and serves
-// Prometheus metrics on --metrics_address. Listens on loopback by default.
+// WorkerService over gRPC (with health checking, and server reflection
+// when no token is set), keeps jobs, events and logs in SQLite under
+// --state_dir, and serves Prometheus metrics on --metrics_address. Listens
+// on loopback by default; beyond loopback only with --token_file (or
+// --insecure_listen_any). docs/SERVICE.md "Security".
 //
 //   plateau_coordinator --state_dir=/var/lib/plateau
 //       [--listen=127.0.0.1:7070] [--metrics_address=127.0.0.1:9464]
 //       [--ready_file=PATH] [--heartbeat_ms=1000] [--worker_timeout_s=2 x heartbeat]
 //       [--reattach_timeout_s=10]
+//       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH]
+//       [--insecure_listen_any] [--max_request_bytes=4194304]
+//       [--max_watches_per_client=64]
 //
 // Port 0 picks a free port; the bound addresses are printed and, with
 // --ready_file, written there ("api=HOST:PORT" and "metrics=HOST:PORT"
 // lines) once both are serving. SIGINT/SIGTERM shut it down cleanly.
 #include <signal.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/connection.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -28,6 +38,7 @@
 #include "server/coordinator.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/security.h"
 #include "server/services.h"
 
 namespace plateau {
@@ -43,7 +54,38 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
   --worker_timeout_s=0             a worker silent this long is lost (0: two heartbeat intervals)
   --reattach_timeout_s=10          after a restart, the time the workers of live jobs have to
                                    register again before they count as lost
+
+security (docs/SERVICE.md "Security")
+  --token_file=PATH                bearer token every JobService and WorkerService call must carry
+                                   ("authorization: Bearer <token>"); read once at start
+  --tls_cert_file=PATH             PEM certificate chain: serve TLS (with --tls_key_file)
+  --tls_key_file=PATH              PEM private key of that certificate
+  --insecure_listen_any            allow a non-loopback --listen without --token_file
+                                   (anyone who reaches the port can run jobs; refused otherwise)
+  --max_request_bytes=4194304      largest request accepted (larger: RESOURCE_EXHAUSTED);
+                                   at least 1048576 (a worker's telemetry batch is <= 512 KiB)
+  --max_watches_per_client=64      open WatchJob / GetJobLogs --follow streams per client host
+                                   (0: no limit)
+Health checking (grpc.health.v1.Health) stays open for liveness probes; server
+reflection is off when --token_file is set.
 )";
+
+// Below this a worker agent's telemetry batch (at most ~320 KiB, worker/
+// agent.cc kBatchBytes plus one line) might not fit.
+constexpr int64_t kMinRequestBytes = 1 << 20;
+
+// Loading gRPC's reflection library registers its plugin with every
+// ServerBuilder (a static initializer), so leaving out the Init call is not
+// enough to turn it off: this option takes the plugin out of the builder.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const auto& p) { return p->name() == "proto_server_reflection"; }),
+                   plugins->end());
+  }
+};
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "plateau_coordinator: %s\n", msg.c_str());
@@ -62,7 +104,13 @@ int Main(int argc, char** argv) {
                                               {"ready_file", ""},
                                               {"worker_timeout_s", "0"},
                                               {"reattach_timeout_s", "10"},
-                                              {"heartbeat_ms", "1000"}};
+                                              {"heartbeat_ms", "1000"},
+                                              {"token_file", ""},
+                                              {"tls_cert_file", ""},
+                                              {"tls_key_file", ""},
+                                              {"insecure_listen_any", "false"},
+                                              {"max_request_bytes", "4194304"},
+                                              {"max_watches_per_client", "64"}};
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &flags);
   if (!help.ok()) return Fail(std::string(help.status().message()));
   if (*help) {
@@ -91,6 +139,65 @@ int Main(int argc, char** argv) {
   }
   options.reattach_timeout = absl::Seconds(reattach_s);
 
+  // Security: every check before anything is opened or bound.
+  int64_t max_request_bytes = 0, max_watches = 0;
+  if (!absl::SimpleAtoi(flags["max_request_bytes"], &max_request_bytes) || max_request_bytes < kMinRequestBytes ||
+      max_request_bytes > INT32_MAX) {
+    return Fail(absl::StrCat("--max_request_bytes: expected an integer from ", kMinRequestBytes,
+                             " (a worker's telemetry batch must fit) to ", INT32_MAX, ", got '",
+                             flags["max_request_bytes"], "'"));
+  }
+  if (!absl::SimpleAtoi(flags["max_watches_per_client"], &max_watches) || max_watches < 0 ||
+      max_watches > INT32_MAX) {
+    return Fail(absl::StrCat("--max_watches_per_client: expected an integer >= 0 (0: no limit), got '",
+                             flags["max_watches_per_client"], "'"));
+  }
+  if (flags["insecure_listen_any"] != "true" && flags["insecure_listen_any"] != "false") {
+    return Fail(absl::StrCat("--insecure_listen_any: expected true or false, got '", flags["insecure_listen_any"],
+                             "'"));
+  }
+  std::string token;
+  if (!flags["token_file"].empty()) {
+    absl::StatusOr<std::string> t = ReadTokenFile("--token_file", flags["token_file"]);
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    token = *t;
+  }
+  const bool tls = !flags["tls_cert_file"].empty() || !flags["tls_key_file"].empty();
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (tls) {
+    if (flags["tls_cert_file"].empty() || flags["tls_key_file"].empty()) {
+      return Fail(absl::StrCat("TLS needs both --tls_cert_file and --tls_key_file; ",
+                               flags["tls_cert_file"].empty() ? "--tls_cert_file" : "--tls_key_file",
+                               " is missing"));
+    }
+    absl::StatusOr<std::string> cert = ReadPemFile("--tls_cert_file", flags["tls_cert_file"]);
+    if (!cert.ok()) return Fail(std::string(cert.status().message()));
+    absl::StatusOr<std::string> key = ReadPemFile("--tls_key_file", flags["tls_key_file"]);
+    if (!key.ok()) return Fail(std::string(key.status().message()));
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  const bool loopback = IsLoopbackListen(flags["listen"]);
+  if (!loopback && token.empty()) {
+    if (flags["insecure_listen_any"] != "true") {
+      return Fail(absl::StrCat("--listen=", flags["listen"],
+                               " is not a loopback address and --token_file is not set: anyone who can reach it "
+                               "could run jobs and register workers. Give --token_file (and --tls_cert_file/"
+                               "--tls_key_file), or --insecure_listen_any to accept that"));
+    }
+    std::fprintf(stderr,
+                 "plateau_coordinator: WARNING: --insecure_listen_any: serving %s without a token; anyone who "
+                 "can reach it can run jobs and register workers\n",
+                 flags["listen"].c_str());
+  } else if (!loopback && !tls) {
+    std::fprintf(stderr,
+                 "plateau_coordinator: WARNING: --listen=%s is not loopback and TLS is off: the bearer token "
+                 "and every request cross the network in plaintext (give --tls_cert_file and "
+                 "--tls_key_file)\n",
+                 flags["listen"].c_str());
+  }
+
   // Signals are taken by sigwait below; every thread inherits the mask.
   sigset_t signals;
   sigemptyset(&signals);
@@ -108,23 +215,40 @@ int Main(int argc, char** argv) {
   Coordinator coordinator(store->get(), metrics->get(), options);
   if (absl::Status s = coordinator.Start(); !s.ok()) return Fail(s.ToString());
 
-  JobServiceImpl jobs(&coordinator);
-  WorkerServiceImpl workers(&coordinator);
+  BearerAuth auth(token);
+  WatchLimiter watches(static_cast<int>(max_watches));
+  const ServiceGuards guards{&auth, &watches};
+  JobServiceImpl jobs(&coordinator, guards);
+  WorkerServiceImpl workers(&coordinator, guards);
+  // Health stays open: liveness probes (kubelet, systemd, load balancers)
+  // carry no token, and it reveals only SERVING or not.
   grpc::EnableDefaultHealthCheckService(true);
+  // Reflection would be an RPC that answers without the token (gRPC runs
+  // it outside our handlers): on only when no token is asked for. With a
+  // token, tools read proto/plateau/v1/*.proto instead.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (auth.enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
-  builder.AddListeningPort(flags["listen"], grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(flags["listen"], credentials, &port);
+  // gRPC refuses a larger request with RESOURCE_EXHAUSTED before it is
+  // parsed, so a huge SubmitJob costs no more than this much memory.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_request_bytes));
   builder.RegisterService(&jobs);
   builder.RegisterService(&workers);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail(absl::StrCat("--listen=", flags["listen"], ": cannot listen there"));
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("--listen=", flags["listen"], ": cannot listen there",
+                             tls ? " (or --tls_cert_file and --tls_key_file are not a matching certificate and key)"
+                                 : ""));
+  }
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.JobService", true);
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.WorkerService", true);
 
   const std::string api = absl::StrCat(HostOf(flags["listen"]), ":", port);
   const std::string mx = absl::StrCat(HostOf(flags["metrics_address"]), ":", (*metrics)->port());
-  std::printf("plateau_coordinator: API on %s, metrics on http://%s/metrics, state in %s\n", api.c_str(),
+  std::printf("plateau_coordinator: API on %s (%s, %s), metrics on http://%s/metrics, state in %s\n",
+              api.c_str(), tls ? "TLS" : "plaintext", auth.enabled() ? "bearer token required" : "no token",
               mx.c_str(), flags["state_dir"].c_str());
   std::fflush(stdout);
   if (!flags["ready_file"].empty()) {

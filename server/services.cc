@@ -47,33 +47,50 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
   return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
 }
 
+// The first line of every handler: the bearer token, before the request
+// is looked at.
+grpc::Status Admit(const ServiceGuards& guards, const grpc::ServerContext& ctx) {
+  return guards.auth == nullptr ? grpc::Status::OK : guards.auth->Check(ctx);
+}
+
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->SubmitJob(*req), out);
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::Job* out) {
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->GetJob(req->job_id()), out);
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->ListJobs(*req), out);
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req, v1::Job* out) {
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->CancelJob(req->job_id()), out);
 }
 
-grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* req,
+grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::PlanJobRequest* req,
                                      v1::PlanJobResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->PlanJob(*req), out);
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  // Held until this handler returns, however the stream ends.
+  WatchLimiter::Lease lease;
+  if (guards_.watches != nullptr) {
+    if (grpc::Status s = guards_.watches->Acquire(PeerHost(ctx->peer()), &lease); !s.ok()) return s;
+  }
   const std::string id = req->job_id();
   return StreamRows<v1::JobEvent>(c_, ctx, id, req->from_index(), /*follow=*/true, writer,
                                   [&](int64_t from) { return c_->store().ReadEvents(id, from, 256); });
@@ -81,37 +98,50 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
 
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
                                         grpc::ServerWriter<v1::LogEntry>* writer) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  // Only a follow lasts; a plain read ends once the stored lines are sent.
+  WatchLimiter::Lease lease;
+  if (guards_.watches != nullptr && req->follow()) {
+    if (grpc::Status s = guards_.watches->Acquire(PeerHost(ctx->peer()), &lease); !s.ok()) return s;
+  }
   const std::string id = req->job_id();
   return StreamRows<v1::LogEntry>(c_, ctx, id, req->from_index(), req->follow(), writer,
                                   [&](int64_t from) { return c_->store().ReadLogs(id, from, 256); });
 }
 
-grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                          v1::RegisterResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->Register(*req), out);
 }
 
-grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                           v1::HeartbeatResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->Heartbeat(*req), out);
 }
 
-grpc::Status WorkerServiceImpl::ReportRankStatus(grpc::ServerContext*, const v1::RankStatusRequest* req,
+grpc::Status WorkerServiceImpl::ReportRankStatus(grpc::ServerContext* ctx, const v1::RankStatusRequest* req,
                                                  v1::RankStatusResponse*) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return ToGrpc(c_->ReportRankStatus(*req));
 }
 
-grpc::Status WorkerServiceImpl::ReportTelemetry(grpc::ServerContext*, const v1::TelemetryRequest* req,
+grpc::Status WorkerServiceImpl::ReportTelemetry(grpc::ServerContext* ctx, const v1::TelemetryRequest* req,
                                                 v1::TelemetryResponse*) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return ToGrpc(c_->ReportTelemetry(*req));
 }
 
-grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) {
+grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
+                                      v1::KvSetResponse*) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   return ToGrpc(c_->KvSet(req->key(), req->value()));
 }
 
 grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                                       v1::KvGetResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   if (req->wait_ms() < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "wait_ms: expected >= 0");
   absl::Duration wait = absl::Milliseconds(req->wait_ms());
   // Never hold the call past the client's own deadline.
@@ -123,8 +153,9 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetR
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext*, const v1::KvCheckRequest* req,
+grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext* ctx, const v1::KvCheckRequest* req,
                                         v1::KvCheckResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
   out->set_all_set(c_->KvCheck({req->keys().begin(), req->keys().end()}));
   return grpc::Status::OK;
 }

@@ -1,7 +1,8 @@
 // The gRPC layer over the Coordinator: JobService (public) and WorkerService
 // (internal). Each handler validates the request, calls the coordinator and
-// maps absl::Status onto the same canonical gRPC code. Authentication and TLS
-// (a later issue) wrap these services without touching the coordinator.
+// maps absl::Status onto the same canonical gRPC code. Every handler first
+// admits the call (server/security.h): the bearer token, then, for a
+// streaming watch, the per-client limit; only then does it read the request.
 //
 // Thread safety: gRPC calls the handlers from many threads; the coordinator
 // is thread-safe.
@@ -12,14 +13,22 @@
 #include "plateau/v1/job.grpc.pb.h"
 #include "plateau/v1/worker.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/security.h"
 
 namespace plateau {
 
 grpc::Status ToGrpc(const absl::Status& s);
 
+// What the handlers check before anything else; owned by the caller and
+// outliving the services. nullptr: no check.
+struct ServiceGuards {
+  const BearerAuth* auth = nullptr;
+  WatchLimiter* watches = nullptr;  // JobService's WatchJob and GetJobLogs with follow
+};
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
+  explicit JobServiceImpl(Coordinator* c, ServiceGuards guards = {}) : c_(c), guards_(guards) {}
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
@@ -32,11 +41,12 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Coordinator* const c_;
+  const ServiceGuards guards_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(Coordinator* c) : c_(c) {}
+  explicit WorkerServiceImpl(Coordinator* c, ServiceGuards guards = {}) : c_(c), guards_(guards) {}
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
   grpc::Status ReportRankStatus(grpc::ServerContext*, const v1::RankStatusRequest*,
@@ -49,6 +59,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   Coordinator* const c_;
+  const ServiceGuards guards_;
 };
 
 }  // namespace plateau

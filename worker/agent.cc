@@ -31,15 +31,9 @@ bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
 }  // namespace
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
-  // Reconnect within a second of the coordinator coming back (gRPC's
-  // default backoff grows to minutes): a restarted coordinator gives the
-  // workers of live jobs only reattach_timeout to register again.
-  grpc::ChannelArguments args;
-  // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout.)
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stub_ = v1::WorkerService::NewStub(
-      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args));
+      options_.channel ? options_.channel
+                       : grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
 }
 
 Agent::~Agent() {
@@ -337,7 +331,9 @@ void Agent::Start(const v1::Assignment& a) {
                                      absl::StrCat("--spec_file=", spec_file),
                                      absl::StrCat("--kv_prefix=", a.kv_prefix()),
                                      absl::StrCat("--hostname=", options_.capabilities.rank_address()),
-                                     absl::StrCat("--device_index=", i)};
+                                     absl::StrCat("--device_index=", i),
+                                     absl::StrCat("--token_file=", options_.token_file),
+                                     absl::StrCat("--tls_ca_file=", options_.tls_ca_file)};
     std::vector<char*> argv;
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);

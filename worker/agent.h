@@ -48,6 +48,12 @@ namespace plateau {
 
 struct AgentOptions {
   std::string coordinator;  // host:port
+  // Opened by client/connection.h's OpenChannel (TLS, bearer token);
+  // nullptr: plaintext, no token. The two files are passed on to the ranks,
+  // whose rendezvous calls need them too.
+  std::shared_ptr<grpc::Channel> channel;
+  std::string token_file;
+  std::string tls_ca_file;
   v1::WorkerCapabilities capabilities;
   std::string rank_binary;  // plateau_rank
   std::string work_dir;     // spec files of running jobs

@@ -4,7 +4,7 @@
 //       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
 //       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--name=HOST]
 //       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
-//       [--grace_s=5]
+//       [--grace_s=5] [--token_file=PATH] [--tls_ca_file=PATH]
 //
 // SIGINT/SIGTERM stop every rank it started (SIGTERM, then SIGKILL after
 // the grace period) and exit once they are gone.
@@ -19,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/connection.h"
 #include "kernels/named_flags.h"
 #include "worker/agent.h"
 
@@ -38,6 +39,9 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --rank_binary=PATH               plateau_rank (default: beside this binary)
   --work_dir=DIR                   spec files of running jobs (default: a temp dir)
   --grace_s=5                      SIGTERM to SIGKILL on cancel
+  --token_file=PATH                the coordinator's bearer token (its --token_file), sent on every
+                                   call; passed on to the ranks for their rendezvous calls
+  --tls_ca_file=PATH               PEM CA of the coordinator's certificate: TLS on (ranks too)
 )";
 
 int Fail(const std::string& msg) {
@@ -61,7 +65,9 @@ int Main(int argc, char** argv) {
       {"name", host},
       {"rank_binary", (self.parent_path() / "plateau_rank").string()},
       {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
-      {"grace_s", "5"}};
+      {"grace_s", "5"},
+      {"token_file", ""},
+      {"tls_ca_file", ""}};
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &f);
   if (!help.ok()) return Fail(std::string(help.status().message()));
   if (*help) {
@@ -104,6 +110,16 @@ int Main(int argc, char** argv) {
   o.rank_binary = f["rank_binary"];
   o.work_dir = f["work_dir"];
   o.grace = absl::Seconds(grace);
+  // Absolute: the ranks read the same files.
+  for (const char* name : {"token_file", "tls_ca_file"}) {
+    if (!f[name].empty()) f[name] = std::filesystem::absolute(f[name]).lexically_normal().string();
+  }
+  o.token_file = f["token_file"];
+  o.tls_ca_file = f["tls_ca_file"];
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(ConnectionOptions{o.coordinator, o.token_file, o.tls_ca_file});
+  if (!channel.ok()) return Fail(std::string(channel.status().message()));
+  o.channel = *channel;
 
   sigset_t signals;
   sigemptyset(&signals);

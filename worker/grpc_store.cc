@@ -30,10 +30,11 @@ grpc::Status Retry(absl::Duration budget, Fn call) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GrpcStore>> GrpcStore::Create(const std::string& address) {
-  if (address.empty()) return absl::InvalidArgumentError("coordinator: expected host:port");
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  return std::unique_ptr<GrpcStore>(new GrpcStore(address, v1::WorkerService::NewStub(channel)));
+absl::StatusOr<std::unique_ptr<GrpcStore>> GrpcStore::Create(const ConnectionOptions& coordinator) {
+  if (coordinator.address.empty()) return absl::InvalidArgumentError("coordinator: expected host:port");
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(coordinator);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<GrpcStore>(new GrpcStore(coordinator.address, v1::WorkerService::NewStub(*channel)));
 }
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {

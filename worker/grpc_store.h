@@ -3,7 +3,8 @@
 // job on any number of nodes find each other (Gloo's store, NCCL's unique
 // id). Get long-polls the coordinator in slices of a few seconds up to the
 // caller's timeout; a coordinator that is briefly unreachable is retried
-// until then.
+// until then. The channel is client/connection.h's: TLS and the bearer
+// token when the coordinator asks for them (UNAUTHENTICATED is not retried).
 //
 // Thread safety: every method may be called from any thread at once.
 #ifndef PLATEAU_WORKER_GRPC_STORE_H_
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/connection.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/kv_store.h"
 #include "plateau/v1/worker.grpc.pb.h"
@@ -22,8 +24,9 @@ namespace plateau {
 
 class GrpcStore final : public KeyValueStore {
  public:
-  // `address` is the coordinator's "host:port".
-  static absl::StatusOr<std::unique_ptr<GrpcStore>> Create(const std::string& address);
+  // `coordinator.address` is the coordinator's "host:port"; an unreadable
+  // token or CA file is INVALID_ARGUMENT naming the flag.
+  static absl::StatusOr<std::unique_ptr<GrpcStore>> Create(const ConnectionOptions& coordinator);
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;

@@ -8,6 +8,7 @@
 //   plateau_rank --coordinator=HOST:PORT --job_id=job-3 --attempt=0 --rank=1
 //       --spec_file=PATH (binary plateau.v1.JobSpec) --kv_prefix=job-3/attempt-0
 //       [--hostname=127.0.0.1] [--device_index=0]
+//       [--token_file=PATH] [--tls_ca_file=PATH]  (the agent's: how to reach the coordinator)
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -77,7 +78,8 @@ int Main(int argc, char** argv) {
   if (getppid() == 1) return kRankExitError;
   std::map<std::string, std::string> f = {{"coordinator", ""}, {"job_id", ""},       {"attempt", "0"},
                                           {"rank", ""},        {"spec_file", ""},    {"kv_prefix", ""},
-                                          {"hostname", "127.0.0.1"}, {"device_index", "0"}};
+                                          {"hostname", "127.0.0.1"}, {"device_index", "0"},
+                                          {"token_file", ""},  {"tls_ca_file", ""}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     size_t eq = arg.find('=');
@@ -110,7 +112,7 @@ int Main(int argc, char** argv) {
   bo->device_index = static_cast<int>(device_index);
   auto backend = Backend::Create(*bo);
   if (!backend.ok()) return Fail(rank, backend.status());
-  auto store = GrpcStore::Create(f["coordinator"]);
+  auto store = GrpcStore::Create(ConnectionOptions{f["coordinator"], f["token_file"], f["tls_ca_file"]});
   if (!store.ok()) return Fail(rank, store.status());
   CommunicatorOptions co;
   co.backend = bo->kind;

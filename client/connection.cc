@@ -1,0 +1,116 @@
+#include "client/connection.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/support/client_interceptor.h"
+
+namespace plateau {
+namespace {
+
+absl::StatusOr<std::string> ReadWhole(const std::string& flag, const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": expected a file path"));
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": cannot read the file"));
+  }
+  return text.str();
+}
+
+// Adds the bearer token to the initial metadata of every call on the channel.
+class BearerInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(std::string header) : header_(std::move(header)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string header_;
+};
+
+class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token) : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadWhole(flag, path);
+  if (!text.ok()) return text.status();
+  std::string token(absl::StripTrailingAsciiWhitespace(*text));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": the file is empty; expected the bearer token"));
+  }
+  // Visible ASCII only: what an HTTP/2 header value carries unchanged, and
+  // what "Bearer <token>" (RFC 6750) allows. A stray byte would otherwise
+  // surface as a confusing per-call failure.
+  for (unsigned char ch : token) {
+    if (ch < 0x21 || ch > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, "=", path, ": expected one line of visible ASCII characters (no spaces), found byte ",
+          static_cast<int>(ch)));
+    }
+  }
+  return token;
+}
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadWhole(flag, path);
+  if (!text.ok()) return text.status();
+  if (!absl::StrContains(*text, "-----BEGIN ")) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": expected a PEM file (-----BEGIN ...)"));
+  }
+  return text;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptions& options) {
+  if (options.address.empty()) return absl::InvalidArgumentError("coordinator: expected HOST:PORT");
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca_file", options.tls_ca_file);
+    if (!ca.ok()) return ca.status();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *ca;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  // Replies come from the coordinator, which bounds what it accepts with
+  // its own --max_request_bytes; a receive limit here (gRPC's default is
+  // 4 MiB) would only break, e.g., an assignment whose spec the coordinator
+  // accepted under a larger limit, or a long ListJobs page.
+  // Reconnect within a second of a restarted coordinator answering (gRPC's
+  // default backoff grows to minutes): its workers have reattach_timeout to
+  // register again, and watches resume. Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS:
+  // that is also the connect timeout.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(-1);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile("--token_file", options.token_file);
+    if (!token.ok()) return token.status();
+    interceptors.push_back(std::make_unique<BearerInterceptorFactory>(*token));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(options.address, credentials, args,
+                                                                  std::move(interceptors));
+}
+
+}  // namespace plateau

@@ -1,0 +1,48 @@
+// How every Plateau process reaches the coordinator: plateauctl and the
+// Client, the worker agent, and the ranks' rendezvous store. One function
+// opens the channel, so that TLS and the bearer token work the same way in
+// each of them (docs/SERVICE.md "Security").
+//
+// The token travels as "authorization: Bearer <token>" on every call, added
+// by a client interceptor rather than by CallCredentials: gRPC refuses to
+// send CallCredentials over a plaintext channel, and a token on loopback
+// without TLS is a supported setup. No call site has to remember it.
+//
+// Thread safety: the functions are thread-safe; the channel is gRPC's.
+#ifndef PLATEAU_CLIENT_CONNECTION_H_
+#define PLATEAU_CLIENT_CONNECTION_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace plateau {
+
+struct ConnectionOptions {
+  std::string address;      // HOST:PORT of the coordinator
+  std::string token_file;   // the bearer token; empty: send none
+  std::string tls_ca_file;  // PEM CA that signed the coordinator's certificate; empty: plaintext
+};
+
+// Reads a secret (a bearer token) from `path` once: trailing whitespace
+// and the newline an editor leaves are stripped. An unreadable or empty
+// file, or one with characters an HTTP/2 header cannot carry, is
+// INVALID_ARGUMENT naming `flag` ("--token_file") and the path.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path);
+
+// Reads a PEM file (certificate, key, CA): INVALID_ARGUMENT naming `flag`
+// and the path when it cannot be read or holds no PEM block.
+absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path);
+
+// A channel to options.address: TLS verified against tls_ca_file when set,
+// else plaintext; the token of token_file on every call when set. Files are
+// read here, once; their errors are INVALID_ARGUMENT naming the flag
+// (--token_file, --tls_ca_file) and the path. The channel connects lazily:
+// an unreachable coordinator shows as UNAVAILABLE on the first call.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptions& options);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_CLIENT_CONNECTION_H_

@@ -1,0 +1,69 @@
+// The token and PEM files of client/connection.h. That the token reaches
+// the coordinator on every call, and TLS, are tests/security_test.cc's.
+#include "client/connection.h"
+
+#include <cstdlib>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string Write(const std::string& name, const std::string& text) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+TEST(ReadTokenFileTest, StripsTheTrailingNewlineAndSpaces) {
+  auto t = ReadTokenFile("--token_file", Write("t1", "s3cr3t-Token_42 \n\n"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, "s3cr3t-Token_42");
+}
+
+TEST(ReadTokenFileTest, EmptyOrBlankFileNamesTheFlagAndPath) {
+  for (const std::string& text : {std::string(), std::string(" \n\t\n")}) {
+    const std::string path = Write("empty", text);
+    auto t = ReadTokenFile("--token_file", path);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(t.status().message(), AllOf(HasSubstr("--token_file=" + path), HasSubstr("empty")));
+  }
+}
+
+TEST(ReadTokenFileTest, UnreadableFileNamesTheFlagAndPath) {
+  auto t = ReadTokenFile("--token_file", "/nonexistent/token");
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), HasSubstr("--token_file=/nonexistent/token: cannot read"));
+  // A directory opens but cannot be read.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  auto d = ReadTokenFile("--token_file", tmp ? tmp : "/tmp");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReadTokenFileTest, RefusesBytesAHeaderCannotCarry) {
+  for (const std::string& text : {std::string("two words\n"), std::string("tab\there"), std::string("caf\xc3\xa9")}) {
+    auto t = ReadTokenFile("--token_file", Write("odd", text));
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(t.status().message(), HasSubstr("visible ASCII")) << text;
+  }
+}
+
+TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
+  auto c = OpenChannel({"127.0.0.1:1", "/nonexistent/token", ""});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("--token_file=/nonexistent/token"));
+  c = OpenChannel({"127.0.0.1:1", "", Write("notpem", "hello\n")});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), AllOf(HasSubstr("--tls_ca_file="), HasSubstr("PEM")));
+  EXPECT_EQ(OpenChannel({"", "", ""}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(OpenChannel({"127.0.0.1:1", Write("ok", "tok\n"), ""}).ok());
+}
+
+}  // namespace
+}  // namespace plateau

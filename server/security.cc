@@ -1,0 +1,120 @@
+#include "server/security.h"
+
+#include <arpa/inet.h>
+
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace plateau {
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  // Every byte of b is visited whatever a holds; volatile keeps the
+  // compiler from turning the loop back into an early exit.
+  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    diff = diff | (x ^ static_cast<unsigned char>(b[i]));
+  }
+  return diff == 0;
+}
+
+grpc::Status BearerAuth::Check(const grpc::ServerContext& ctx) const {
+  if (!enabled()) return grpc::Status::OK;
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return CheckHeader(nullptr);
+  const absl::string_view value(it->second.data(), it->second.length());
+  return CheckHeader(&value);
+}
+
+grpc::Status BearerAuth::CheckHeader(const absl::string_view* authorization) const {
+  if (!enabled()) return grpc::Status::OK;
+  constexpr absl::string_view kScheme = "bearer ";
+  if (authorization == nullptr || authorization->size() < kScheme.size() ||
+      !absl::EqualsIgnoreCase(authorization->substr(0, kScheme.size()), kScheme)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing bearer token: this coordinator requires 'authorization: Bearer <token>' on "
+                        "every call (plateauctl --token_file or $PLATEAU_TOKEN_FILE; plateau_worker --token_file)");
+  }
+  const absl::string_view given = absl::StripAsciiWhitespace(authorization->substr(kScheme.size()));
+  if (!ConstantTimeEquals(given, token_)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "wrong bearer token: it is not the coordinator's --token_file");
+  }
+  return grpc::Status::OK;
+}
+
+std::string PeerHost(const std::string& peer) {
+  absl::string_view p = peer;
+  if (!absl::ConsumePrefix(&p, "ipv4:") && !absl::ConsumePrefix(&p, "ipv6:")) return peer;
+  if (absl::StartsWith(p, "[")) {
+    const size_t close = p.find(']');
+    if (close != absl::string_view::npos) return std::string(p.substr(1, close - 1));
+  }
+  const size_t colon = p.rfind(':');
+  return std::string(colon == absl::string_view::npos ? p : p.substr(0, colon));
+}
+
+WatchLimiter::Lease::~Lease() {
+  if (limiter_ != nullptr) limiter_->Release(host_);
+}
+
+grpc::Status WatchLimiter::Acquire(const std::string& host, Lease* lease) {
+  absl::MutexLock lock(&mu_);
+  int& n = open_[host];
+  if (max_ > 0 && n >= max_) {
+    if (n == 0) open_.erase(host);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("too many open watches from ", host, ": ", n, " of at most ", max_,
+                                     " (the coordinator's --max_watches_per_client) are open; close one first"));
+  }
+  ++n;
+  lease->limiter_ = this;
+  lease->host_ = host;
+  return grpc::Status::OK;
+}
+
+int WatchLimiter::open(const std::string& host) const {
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(host);
+  return it == open_.end() ? 0 : it->second;
+}
+
+void WatchLimiter::Release(const std::string& host) {
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(host);
+  if (it == open_.end()) return;
+  if (--it->second <= 0) open_.erase(it);
+}
+
+bool IsLoopbackListen(const std::string& address) {
+  absl::string_view a = address;
+  // A unix socket is reachable only through this machine's file system.
+  if (absl::StartsWith(a, "unix:") || absl::StartsWith(a, "unix-abstract:")) return true;
+  absl::string_view host = a;
+  if (absl::StartsWith(a, "[")) {
+    const size_t close = a.find(']');
+    if (close == absl::string_view::npos) return false;
+    host = a.substr(1, close - 1);
+  } else {
+    const size_t colon = a.rfind(':');
+    if (colon != absl::string_view::npos) host = a.substr(0, colon);
+  }
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  const std::string h(host);
+  in_addr v4{};
+  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    // ::ffff:127.x.x.x, an IPv4 loopback address in IPv6 form.
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+}  // namespace plateau

@@ -1,0 +1,95 @@
+// What the coordinator checks before it does anything for a call
+// (docs/SERVICE.md "Security"): the bearer token of every JobService and
+// WorkerService call, and how many streaming watches one client host may
+// hold open. Also the loopback rule of --listen.
+//
+// gRPC's AuthMetadataProcessor only runs on TLS ports, and a server
+// interceptor cannot refuse a call, so the services call Check() first in
+// every handler (server/services.cc); tests/security_test.cc calls each RPC
+// without and with a wrong token.
+//
+// Thread safety: BearerAuth is immutable; WatchLimiter is thread-safe.
+#ifndef PLATEAU_SERVER_SECURITY_H_
+#define PLATEAU_SERVER_SECURITY_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+
+namespace plateau {
+
+// a == b in time that depends on b's length only, not on where the first
+// difference is: a token cannot be guessed one byte at a time by timing.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+class BearerAuth {
+ public:
+  // An empty token turns the check off (every call is let in).
+  explicit BearerAuth(std::string token) : token_(std::move(token)) {}
+  bool enabled() const { return !token_.empty(); }
+
+  // OK when the call carries "authorization: Bearer <the token>";
+  // UNAUTHENTICATED "missing bearer token ..." when it carries none (or
+  // another scheme), "wrong bearer token" when the token differs.
+  grpc::Status Check(const grpc::ServerContext& ctx) const;
+  // The same on the header's value; nullptr: no header.
+  grpc::Status CheckHeader(const absl::string_view* authorization) const;
+
+ private:
+  const std::string token_;
+};
+
+// The host part of ServerContext::peer(): "ipv4:127.0.0.1:5000" ->
+// "127.0.0.1", "ipv6:[::1]:5000" -> "::1"; anything else as it is.
+std::string PeerHost(const std::string& peer);
+
+// Counts the open streaming watches (WatchJob, GetJobLogs with follow) of
+// each client host. A watch holds a server thread and a wakeup on every
+// change for as long as its job lives, so one client must not be able to
+// hold an unbounded number.
+class WatchLimiter {
+ public:
+  // max_per_client 0: no limit.
+  explicit WatchLimiter(int max_per_client) : max_(max_per_client) {}
+
+  // Holds one watch of `host` until destroyed; ok() is false (and nothing
+  // is held) when the host already has the maximum open.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept : limiter_(o.limiter_), host_(std::move(o.host_)) { o.limiter_ = nullptr; }
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    ~Lease();
+
+   private:
+    friend class WatchLimiter;
+    WatchLimiter* limiter_ = nullptr;
+    std::string host_;
+  };
+
+  // RESOURCE_EXHAUSTED naming the limit and --max_watches_per_client when
+  // `host` has the maximum open; otherwise OK and *lease holds one.
+  grpc::Status Acquire(const std::string& host, Lease* lease);
+  int open(const std::string& host) const;
+
+ private:
+  void Release(const std::string& host);
+
+  const int max_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, int> open_ ABSL_GUARDED_BY(mu_);
+};
+
+// Whether a --listen address only accepts connections from this machine:
+// 127.0.0.0/8, ::1, "localhost", or a unix: socket. Any other host name
+// counts as not loopback (it may resolve to anything).
+bool IsLoopbackListen(const std::string& address);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_SERVER_SECURITY_H_

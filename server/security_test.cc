@@ -1,0 +1,96 @@
+#include "server/security.h"
+
+#include <optional>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+TEST(ConstantTimeEqualsTest, EqualOnlyWhenEveryByteAndTheLengthAgree) {
+  EXPECT_TRUE(ConstantTimeEquals("s3cret", "s3cret"));
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_FALSE(ConstantTimeEquals("s3cres", "s3cret"));
+  EXPECT_FALSE(ConstantTimeEquals("s3cre", "s3cret"));     // a prefix
+  EXPECT_FALSE(ConstantTimeEquals("s3cret!", "s3cret"));   // longer
+  EXPECT_FALSE(ConstantTimeEquals("", "s3cret"));
+  EXPECT_FALSE(ConstantTimeEquals("s3cret", ""));
+  EXPECT_FALSE(ConstantTimeEquals(absl::string_view("s3cret\0", 7), "s3cret"));
+}
+
+TEST(BearerAuthTest, MissingWrongAndRight) {
+  BearerAuth auth("tok-123");
+  ASSERT_TRUE(auth.enabled());
+  auto check = [&](std::optional<std::string> header) {
+    if (!header) return auth.CheckHeader(nullptr);
+    absl::string_view v = *header;
+    return auth.CheckHeader(&v);
+  };
+  for (auto h : std::vector<std::optional<std::string>>{std::nullopt, "", "tok-123", "Basic tok-123", "Bearer"}) {
+    grpc::Status s = check(h);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << h.value_or("(none)");
+    EXPECT_THAT(s.error_message(), HasSubstr("missing bearer token")) << h.value_or("(none)");
+  }
+  for (std::string h : {"Bearer tok-12", "Bearer tok-1234", "Bearer TOK-123", "Bearer "}) {
+    grpc::Status s = check(h);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << h;
+    EXPECT_THAT(s.error_message(), HasSubstr("wrong bearer token")) << h;
+  }
+  EXPECT_TRUE(check("Bearer tok-123").ok());
+  EXPECT_TRUE(check("bearer tok-123").ok());  // the scheme is case-insensitive (RFC 7235)
+  EXPECT_TRUE(BearerAuth("").CheckHeader(nullptr).ok()) << "no token: the check is off";
+}
+
+TEST(PeerHostTest, StripsThePort) {
+  EXPECT_EQ(PeerHost("ipv4:127.0.0.1:43210"), "127.0.0.1");
+  EXPECT_EQ(PeerHost("ipv6:[::1]:43210"), "::1");
+  EXPECT_EQ(PeerHost("ipv6:[2001:db8::7]:1"), "2001:db8::7");
+  EXPECT_EQ(PeerHost("unix:/tmp/s"), "unix:/tmp/s");
+}
+
+TEST(WatchLimiterTest, LimitsEachHostAndReleasesWhenTheLeaseEnds) {
+  WatchLimiter limiter(2);
+  {
+    WatchLimiter::Lease a, b, c;
+    ASSERT_TRUE(limiter.Acquire("10.0.0.1", &a).ok());
+    ASSERT_TRUE(limiter.Acquire("10.0.0.1", &b).ok());
+    grpc::Status s = limiter.Acquire("10.0.0.1", &c);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(s.error_message(),
+                AllOf(HasSubstr("10.0.0.1"), HasSubstr("2"), HasSubstr("--max_watches_per_client")));
+    EXPECT_EQ(limiter.open("10.0.0.1"), 2) << "a refused watch holds nothing";
+    WatchLimiter::Lease other;
+    EXPECT_TRUE(limiter.Acquire("10.0.0.2", &other).ok()) << "another host has its own count";
+    {
+      WatchLimiter::Lease moved(std::move(a));  // released once, by `moved`
+    }
+    EXPECT_EQ(limiter.open("10.0.0.1"), 1);
+    WatchLimiter::Lease d;
+    EXPECT_TRUE(limiter.Acquire("10.0.0.1", &d).ok());
+  }
+  EXPECT_EQ(limiter.open("10.0.0.1"), 0);
+  EXPECT_EQ(limiter.open("10.0.0.2"), 0);
+
+  WatchLimiter unlimited(0);
+  std::vector<WatchLimiter::Lease> many(100);
+  for (auto& l : many) EXPECT_TRUE(unlimited.Acquire("h", &l).ok());
+}
+
+TEST(IsLoopbackListenTest, OnlyThisMachine) {
+  for (const char* a : {"127.0.0.1:7070", "127.1.2.3:0", "localhost:7070", "LOCALHOST:1", "[::1]:7070",
+                        "[::ffff:127.0.0.1]:7070", "unix:/run/plateau.sock", "unix-abstract:plateau"}) {
+    EXPECT_TRUE(IsLoopbackListen(a)) << a;
+  }
+  for (const char* a : {"0.0.0.0:7070", "[::]:7070", ":7070", "10.1.2.3:7070", "example.com:7070",
+                        "128.0.0.1:1", "[::1:7070", "[::ffff:10.0.0.1]:1"}) {
+    EXPECT_FALSE(IsLoopbackListen(a)) << a;
+  }
+}
+
+}  // namespace
+}  // namespace plateau

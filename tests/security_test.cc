@@ -1,0 +1,595 @@
+// Security end to end (docs/SERVICE.md "Security"), with real processes over
+// loopback (tests/cluster.h): the bearer token on every RPC of JobService and
+// WorkerService, workers and their ranks that need it, TLS, the loopback
+// rule of --listen, the request size limit and the per-client watch limit.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/connection.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/empty.pb.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/wrappers.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "plateau/v1/job.grpc.pb.h"
+#include "plateau/v1/worker.grpc.pb.h"
+#include "tests/cluster.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address, const std::string& token_file = "",
+                                       const std::string& ca_file = "") {
+  auto c = OpenChannel(ConnectionOptions{address, token_file, ca_file});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : nullptr;
+}
+
+void Deadline(grpc::ClientContext& ctx, absl::Duration d = absl::Seconds(10)) {
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
+}
+
+template <typename Row>
+grpc::Status Drain(grpc::ClientReader<Row>* reader) {
+  Row row;
+  while (reader->Read(&row)) {
+  }
+  return reader->Finish();
+}
+
+// Every RPC of both services, each with a request that would change
+// something if it were let in. Keep in step with the protos: the test below
+// checks that each service still has exactly the RPCs called here.
+std::vector<std::pair<std::string, grpc::Status>> CallEveryRpc(const std::shared_ptr<grpc::Channel>& channel) {
+  auto jobs = v1::JobService::NewStub(channel);
+  auto workers = v1::WorkerService::NewStub(channel);
+  std::vector<std::pair<std::string, grpc::Status>> out;
+  auto unary = [&](const std::string& name, const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    out.emplace_back(name, call(&ctx));
+  };
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = TinyJob(3);
+  unary("SubmitJob", [&](auto* ctx) {
+    v1::SubmitJobResponse r;
+    return jobs->SubmitJob(ctx, submit, &r);
+  });
+  unary("GetJob", [&](auto* ctx) {
+    v1::GetJobRequest q;
+    q.set_job_id("job-1");
+    v1::Job r;
+    return jobs->GetJob(ctx, q, &r);
+  });
+  unary("ListJobs", [&](auto* ctx) {
+    v1::ListJobsResponse r;
+    return jobs->ListJobs(ctx, v1::ListJobsRequest(), &r);
+  });
+  unary("CancelJob", [&](auto* ctx) {
+    v1::CancelJobRequest q;
+    q.set_job_id("job-1");
+    v1::Job r;
+    return jobs->CancelJob(ctx, q, &r);
+  });
+  unary("WatchJob", [&](auto* ctx) {
+    v1::WatchJobRequest q;
+    q.set_job_id("job-1");
+    return Drain(jobs->WatchJob(ctx, q).get());
+  });
+  unary("GetJobLogs", [&](auto* ctx) {
+    v1::GetJobLogsRequest q;
+    q.set_job_id("job-1");
+    q.set_follow(true);
+    return Drain(jobs->GetJobLogs(ctx, q).get());
+  });
+  unary("PlanJob", [&](auto* ctx) {
+    v1::PlanJobRequest q;
+    *q.mutable_spec() = TinyJob(3);
+    v1::PlanJobResponse r;
+    return jobs->PlanJob(ctx, q, &r);
+  });
+  unary("Register", [&](auto* ctx) {
+    v1::RegisterRequest q;
+    q.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
+    q.mutable_capabilities()->set_devices(2);
+    q.mutable_capabilities()->set_device_memory_bytes(int64_t{1} << 30);
+    q.mutable_capabilities()->set_rank_address("127.0.0.1");
+    v1::RegisterResponse r;
+    return workers->Register(ctx, q, &r);
+  });
+  unary("Heartbeat", [&](auto* ctx) {
+    v1::HeartbeatRequest q;
+    q.set_worker_id("worker-1");
+    v1::HeartbeatResponse r;
+    return workers->Heartbeat(ctx, q, &r);
+  });
+  unary("ReportRankStatus", [&](auto* ctx) {
+    v1::RankStatusRequest q;
+    q.set_worker_id("worker-1");
+    q.set_job_id("job-1");
+    q.mutable_started()->set_pid(1);
+    v1::RankStatusResponse r;
+    return workers->ReportRankStatus(ctx, q, &r);
+  });
+  unary("ReportTelemetry", [&](auto* ctx) {
+    v1::TelemetryRequest q;
+    q.set_worker_id("worker-1");
+    q.add_logs()->set_line("forged");
+    v1::TelemetryResponse r;
+    return workers->ReportTelemetry(ctx, q, &r);
+  });
+  unary("KvSet", [&](auto* ctx) {
+    v1::KvSetRequest q;
+    q.set_key("security-test/probe");
+    q.set_value("forged");
+    v1::KvSetResponse r;
+    return workers->KvSet(ctx, q, &r);
+  });
+  unary("KvGet", [&](auto* ctx) {
+    v1::KvGetRequest q;
+    q.set_key("security-test/probe");
+    v1::KvGetResponse r;
+    return workers->KvGet(ctx, q, &r);
+  });
+  unary("KvCheck", [&](auto* ctx) {
+    v1::KvCheckRequest q;
+    q.add_keys("security-test/probe");
+    v1::KvCheckResponse r;
+    return workers->KvCheck(ctx, q, &r);
+  });
+  return out;
+}
+
+// A unary call by method name, for services without generated stubs here.
+// The messages are wire-compatible stand-ins: grpc.health.v1's
+// HealthCheckRequest {string service = 1} is a StringValue, its
+// HealthCheckResponse {enum status = 1} an Int32Value (1: SERVING).
+template <typename Request, typename Response>
+grpc::Status GenericUnary(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                          const Request& request, Response* response) {
+  grpc::TemplatedGenericStub<Request, Response> stub(channel);
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&ctx, method, request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
+                         int* serving) {
+  google::protobuf::StringValue req;
+  req.set_value(service);
+  google::protobuf::Int32Value resp;
+  grpc::Status s = GenericUnary(channel, "/grpc.health.v1.Health/Check", req, &resp);
+  *serving = resp.value();
+  return s;
+}
+
+grpc::Status Reflection(const std::shared_ptr<grpc::Channel>& channel) {
+  google::protobuf::Empty req, resp;
+  return GenericUnary(channel, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", req, &resp);
+}
+
+struct Tokens {
+  std::string right, wrong;
+};
+Tokens WriteTokens(const std::string& dir) {
+  return {WriteFile(dir + "/token", "tok-3f9a1c-right\n"), WriteFile(dir + "/wrong-token", "tok-3f9a1c-wrong\n")};
+}
+
+TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
+  // Adding an RPC to a service must add it to CallEveryRpc.
+  const auto* pool = google::protobuf::DescriptorPool::generated_pool();
+  ASSERT_EQ(pool->FindServiceByName("plateau.v1.JobService")->method_count(), 7);
+  ASSERT_EQ(pool->FindServiceByName("plateau.v1.WorkerService")->method_count(), 7);
+
+  const Tokens t = WriteTokens(TempDir("auth_tokens"));
+  ClusterOptions o;
+  o.with_worker = false;
+  o.coordinator_flags = {"--token_file=" + t.right};
+  o.client.token_file = t.right;
+  Cluster c("auth_rpcs", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+
+  for (const auto& [label, channel, expected] :
+       std::vector<std::tuple<std::string, std::shared_ptr<grpc::Channel>, std::string>>{
+           {"no token", Channel(c.api()), "missing bearer token"},
+           {"wrong token", Channel(c.api(), t.wrong), "wrong bearer token"}}) {
+    const auto results = CallEveryRpc(channel);
+    ASSERT_EQ(results.size(), 14u);
+    for (const auto& [rpc, status] : results) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << label << ": " << rpc << ": " << status.error_message();
+      EXPECT_THAT(status.error_message(), HasSubstr(expected)) << label << ": " << rpc;
+    }
+  }
+
+  // Nothing the refused calls asked for happened.
+  auto list = c.client().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->jobs_size(), 0);
+  auto with_token = Channel(c.api(), t.right);
+  auto workers = v1::WorkerService::NewStub(with_token);
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::KvCheckRequest q;
+    q.add_keys("security-test/probe");
+    v1::KvCheckResponse r;
+    ASSERT_TRUE(workers->KvCheck(&ctx, q, &r).ok());
+    EXPECT_FALSE(r.all_set()) << "an unauthenticated KvSet went through";
+  }
+  {
+    // The right token is let in by the same services.
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::KvSetRequest q;
+    q.set_key("security-test/probe");
+    q.set_value("v");
+    v1::KvSetResponse r;
+    EXPECT_TRUE(workers->KvSet(&ctx, q, &r).ok());
+  }
+  auto job = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->job().id(), "job-1");
+
+  // The Client with no token file says what is missing.
+  ClientOptions bare;
+  bare.address = c.api();
+  Client anonymous(bare);
+  EXPECT_EQ(anonymous.GetJob("job-1").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(anonymous.GetJob("job-1").status().message(), HasSubstr("--token_file"));
+
+  // Health stays open for liveness probes; reflection is off (it would answer
+  // without the token).
+  int serving = 0;
+  grpc::Status h = HealthCheck(Channel(c.api()), "plateau.v1.JobService", &serving);
+  EXPECT_TRUE(h.ok()) << h.error_message();
+  EXPECT_EQ(serving, 1);
+  EXPECT_EQ(Reflection(Channel(c.api())).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(Reflection(with_token).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST(SecurityTest, WorkerWithoutTheTokenCannotRegisterAndWithItRunsAJob) {
+  const Tokens t = WriteTokens(TempDir("worker_tokens"));
+  ClusterOptions o;
+  o.with_worker = false;
+  o.coordinator_flags = {"--token_file=" + t.right};
+  o.client.token_file = t.right;
+  Cluster c("auth_worker", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+
+  Process* none = c.StartWorker();
+  Process* wrong = c.StartWorker({"--token_file=" + t.wrong});
+  ASSERT_TRUE(WaitFor([&] { return !none->Running() && !wrong->Running(); }, absl::Seconds(60))) << c.Logs();
+  int status = none->Stop();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  EXPECT_THAT(none->err(), AllOf(HasSubstr("cannot register with the coordinator"), HasSubstr("missing bearer token")));
+  status = wrong->Stop();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  EXPECT_THAT(wrong->err(), HasSubstr("wrong bearer token"));
+
+  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  absl::SleepFor(absl::Seconds(1));  // several scheduling rounds
+  auto pending = c.client().GetJob(id);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_EQ(pending->state(), v1::PENDING);
+  EXPECT_THAT(pending->state_reason(), HasSubstr("no worker")) << "a worker registered without the token";
+
+  // With the token the worker registers, and its ranks' rendezvous (KvSet/
+  // KvGet through the coordinator) authenticates with the file passed on.
+  c.StartWorker({"--token_file=" + t.right});
+  const v1::Job done = c.WaitDone(id);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString() << c.Logs();
+  EXPECT_EQ(done.progress().step(), 3);
+}
+
+// A self-signed certificate for 127.0.0.1 and localhost, its own CA.
+bool MakeCertificate(const std::string& dir, const std::string& name, std::string* cert, std::string* key) {
+  *cert = absl::StrCat(dir, "/", name, ".crt");
+  *key = absl::StrCat(dir, "/", name, ".key");
+  Ran r = RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                      "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", *key, "-out", *cert, "-days", "2",
+                      "-subj", "/CN=plateau-test", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"},
+                     absl::StrCat(dir, "/openssl-", name));
+  EXPECT_EQ(r.code, 0) << "openssl (deploy/install-deps.sh installs it): " << r.err;
+  return r.code == 0;
+}
+
+TEST(SecurityTest, TlsWithTokenRunsPlateauctlAndRefusesPlaintextAndAStrangerCa) {
+  const std::string dir = TempDir("tls_files");
+  const Tokens t = WriteTokens(dir);
+  std::string cert, key, other_cert, other_key;
+  ASSERT_TRUE(MakeCertificate(dir, "coordinator", &cert, &key));
+  ASSERT_TRUE(MakeCertificate(dir, "stranger", &other_cert, &other_key));
+  ClusterOptions o;
+  o.coordinator_flags = {"--token_file=" + t.right, "--tls_cert_file=" + cert, "--tls_key_file=" + key};
+  o.worker_flags = {"--token_file=" + t.right, "--tls_ca_file=" + cert};
+  o.client.token_file = t.right;
+  o.client.tls_ca_file = cert;
+  Cluster c("tls", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  EXPECT_THAT(c.coordinator()->out(), HasSubstr("(TLS, bearer token required)"));
+
+  const std::string spec_path = c.dir() + "/job.txtpb";
+  {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(TinyJob(3), &text);
+    WriteFile(spec_path, text);
+  }
+  const std::string ctl = "client/plateauctl";
+  const std::string coord = "--coordinator=" + c.api();
+  // The CA from the environment, the token from the flag.
+  setenv("PLATEAU_TLS_CA_FILE", cert.c_str(), 1);
+  Ran r = RunCommand({ctl, coord, "--token_file=" + t.right, "submit", spec_path, "--wait"}, c.dir() + "/submit");
+  unsetenv("PLATEAU_TLS_CA_FILE");
+  EXPECT_EQ(r.code, 0) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, HasSubstr("summary: job-1 SUCCEEDED"));
+
+  // And the other way round.
+  setenv("PLATEAU_TOKEN_FILE", t.right.c_str(), 1);
+  r = RunCommand({ctl, coord, "--tls_ca_file=" + cert, "get", "job-1"}, c.dir() + "/get");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  // Plaintext to a TLS port: no connection (exit 4), with the right token.
+  r = RunCommand({ctl, coord, "list"}, c.dir() + "/plaintext");
+  unsetenv("PLATEAU_TOKEN_FILE");
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator"));
+  // TLS but no token: refused, exit 2, saying what is missing.
+  r = RunCommand({ctl, coord, "--tls_ca_file=" + cert, "list"}, c.dir() + "/notoken");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("UNAUTHENTICATED: missing bearer token"));
+  // An unreadable token file: exit 2 naming the flag and the path.
+  r = RunCommand({ctl, coord, "--tls_ca_file=" + cert, "--token_file=" + dir + "/absent", "list"},
+                 c.dir() + "/absent");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--token_file=" + dir + "/absent"));
+
+  // Raw stubs: plaintext is UNAVAILABLE; a certificate another CA signed is
+  // not trusted.
+  for (const auto& [label, channel] : std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>>{
+           {"plaintext", Channel(c.api(), t.right)}, {"stranger CA", Channel(c.api(), t.right, other_cert)}}) {
+    auto stub = v1::JobService::NewStub(channel);
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::ListJobsResponse resp;
+    grpc::Status s = stub->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << label << ": " << s.error_message();
+  }
+  auto ok = v1::JobService::NewStub(Channel(c.api(), t.right, cert));
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::ListJobsResponse resp;
+  EXPECT_TRUE(ok->ListJobs(&ctx, v1::ListJobsRequest(), &resp).ok());
+  EXPECT_EQ(resp.jobs_size(), 1);
+}
+
+// Starts a coordinator outside the harness; its API address once serving.
+std::string StartCoordinator(const std::string& dir, const std::string& name, std::vector<std::string> flags,
+                             std::unique_ptr<Process>* p) {
+  const std::string ready = absl::StrCat(dir, "/", name, ".ready");
+  std::vector<std::string> args = {"server/plateau_coordinator", absl::StrCat("--state_dir=", dir, "/", name),
+                                   "--metrics_address=127.0.0.1:0", "--ready_file=" + ready};
+  args.insert(args.end(), flags.begin(), flags.end());
+  *p = std::make_unique<Process>(args, absl::StrCat(dir, "/", name));
+  if (!WaitFor([&] { return std::filesystem::exists(ready) || !(*p)->Running(); })) return "";
+  for (absl::string_view line : absl::StrSplit(ReadFile(ready), '\n')) {
+    // "api=0.0.0.0:PORT": reach it on loopback.
+    if (absl::ConsumePrefix(&line, "api=")) return absl::StrCat("127.0.0.1:", line.substr(line.rfind(':') + 1));
+  }
+  return "";
+}
+
+TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
+  const std::string dir = TempDir("listen_any");
+  const Tokens t = WriteTokens(dir);
+  const std::string coordinator = "server/plateau_coordinator";
+
+  Ran r = RunCommand({coordinator, "--state_dir=" + dir + "/refused", "--listen=0.0.0.0:0",
+                      "--metrics_address=127.0.0.1:0"},
+                     dir + "/refused");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--listen=0.0.0.0:0 is not a loopback address"), HasSubstr("--token_file"),
+                           HasSubstr("--insecure_listen_any")));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/refused")) << "refused before anything was created";
+  r = RunCommand({coordinator, "--state_dir=" + dir + "/refused6", "--listen=[::]:0"}, dir + "/refused6");
+  EXPECT_EQ(r.code, 2) << r.err;
+
+  // Bad security flags: exit 2, naming the flag.
+  const std::string empty = WriteFile(dir + "/empty-token", "\n");
+  for (const auto& [flag, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"--token_file=" + empty, "--token_file=" + empty + ": the file is empty"},
+           {"--tls_cert_file=" + t.right, "--tls_key_file is missing"},
+           {"--max_request_bytes=1000", "--max_request_bytes: expected an integer from 1048576"},
+           {"--max_watches_per_client=-1", "--max_watches_per_client: expected an integer >= 0"},
+           {"--insecure_listen_any=maybe", "--insecure_listen_any: expected true or false"}}) {
+    r = RunCommand({coordinator, "--state_dir=" + dir + "/bad", flag}, dir + "/bad");
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(expected)) << flag;
+  }
+  r = RunCommand({coordinator, "--state_dir=" + dir + "/badpem", "--tls_cert_file=" + t.right,
+                  "--tls_key_file=" + t.right},
+                 dir + "/badpem");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--tls_cert_file=" + t.right + ": expected a PEM file"));
+
+  // --insecure_listen_any: it serves everyone, says so, and has reflection.
+  std::unique_ptr<Process> open;
+  const std::string open_api = StartCoordinator(dir, "open", {"--listen=0.0.0.0:0", "--insecure_listen_any"}, &open);
+  ASSERT_FALSE(open_api.empty()) << open->err();
+  EXPECT_THAT(open->err(), HasSubstr("WARNING: --insecure_listen_any"));
+  auto list = Client(open_api).ListJobs(v1::ListJobsRequest());
+  EXPECT_TRUE(list.ok()) << list.status();
+  EXPECT_NE(Reflection(Channel(open_api)).error_code(), grpc::StatusCode::UNIMPLEMENTED)
+      << "reflection is on without a token (so the check in the auth test can fail)";
+  open->Stop();
+
+  // A token without TLS beyond loopback: it serves, warning about plaintext.
+  std::unique_ptr<Process> tokened;
+  const std::string api = StartCoordinator(dir, "tokened", {"--listen=0.0.0.0:0", "--token_file=" + t.right},
+                                           &tokened);
+  ASSERT_FALSE(api.empty()) << tokened->err();
+  EXPECT_THAT(tokened->err(), HasSubstr("TLS is off"));
+  ClientOptions co;
+  co.address = api;
+  co.token_file = t.right;
+  EXPECT_TRUE(Client(co).ListJobs(v1::ListJobsRequest()).ok());
+  EXPECT_EQ(Client(api).ListJobs(v1::ListJobsRequest()).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST(SecurityTest, OversizedRequestIsResourceExhaustedAndAbsurdFieldsAreInvalid) {
+  ClusterOptions o;
+  o.with_worker = false;
+  o.coordinator_flags = {"--max_request_bytes=1048576"};
+  Cluster c("oversized", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+
+  v1::JobSpec huge = TinyJob(3);
+  huge.set_name(std::string(1100 * 1024, 'n'));
+  auto sub = c.client().SubmitJob(huge, false);
+  EXPECT_EQ(sub.status().code(), absl::StatusCode::kResourceExhausted) << sub.status();
+  EXPECT_THAT(sub.status().message(), HasSubstr("--max_request_bytes"));
+  // The internal service has the same limit.
+  auto workers = v1::WorkerService::NewStub(Channel(c.api()));
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::KvSetRequest q;
+    q.set_key("big");
+    q.set_value(std::string(2 << 20, 'v'));
+    v1::KvSetResponse r;
+    EXPECT_EQ(workers->KvSet(&ctx, q, &r).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // Under the size limit, but strings nobody needs (worker/job_spec.cc).
+  v1::JobSpec named = TinyJob(3);
+  named.set_name(std::string(257, 'n'));
+  sub = c.client().SubmitJob(named, false);
+  EXPECT_EQ(sub.status().code(), absl::StatusCode::kInvalidArgument) << sub.status();
+  EXPECT_THAT(sub.status().message(), HasSubstr("name: expected at most 256 bytes, got 257 bytes"));
+  named.set_name(std::string(256, 'n'));
+  named.mutable_checkpoint()->set_directory("/" + std::string(5000, 'd'));
+  sub = c.client().SubmitJob(named, true);
+  EXPECT_EQ(sub.status().code(), absl::StatusCode::kInvalidArgument) << sub.status();
+  EXPECT_THAT(sub.status().message(), HasSubstr("checkpoint.directory: expected a path of at most 4096 bytes"));
+  // The coordinator is unharmed and takes a normal job.
+  named.clear_checkpoint();
+  sub = c.client().SubmitJob(named, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  EXPECT_EQ(sub->job().id(), "job-1");
+}
+
+// One watch held open by the test.
+struct Watch {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+  std::unique_ptr<grpc::ClientReader<v1::LogEntry>> logs;
+};
+
+TEST(SecurityTest, WatchLimitPerClientRefusesTheThirdAndReleasesWhenOneEnds) {
+  ClusterOptions o;
+  o.with_worker = false;  // the jobs stay PENDING: their watches stay open
+  o.coordinator_flags = {"--max_watches_per_client=2"};
+  Cluster c("watches", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  auto stub = v1::JobService::NewStub(Channel(c.api()));
+  // True once the server sent the first event: the watch is held there.
+  auto open = [&](Watch* w, const std::string& job) {
+    v1::WatchJobRequest q;
+    q.set_job_id(job);
+    w->reader = stub->WatchJob(&w->ctx, q);
+    v1::JobEvent e;
+    return w->reader->Read(&e);
+  };
+  Watch a, b;
+  ASSERT_TRUE(open(&a, id));
+  ASSERT_TRUE(open(&b, id));
+  {
+    Watch third;
+    ASSERT_FALSE(open(&third, id));
+    grpc::Status s = third.reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_THAT(s.error_message(), AllOf(HasSubstr("127.0.0.1"), HasSubstr("at most 2"),
+                                         HasSubstr("--max_watches_per_client")));
+  }
+  {
+    // GetJobLogs with follow counts too; a one-off read does not.
+    Watch logs;
+    Deadline(logs.ctx, absl::Seconds(20));
+    v1::GetJobLogsRequest q;
+    q.set_job_id(id);
+    q.set_follow(true);
+    grpc::Status s = Drain(stub->GetJobLogs(&logs.ctx, q).get());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_TRUE(c.client().GetJobLogs(id, false, 0, [](const v1::LogEntry&) { return true; }).ok());
+  }
+
+  // The client ends one: its count is released (the server notices within
+  // its wakeup interval), and a new watch is accepted.
+  a.ctx.TryCancel();
+  EXPECT_EQ(a.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  std::unique_ptr<Watch> d;
+  EXPECT_TRUE(WaitFor([&] {
+    d = std::make_unique<Watch>();
+    if (open(d.get(), id)) return true;
+    d->reader->Finish();
+    return false;
+  }, absl::Seconds(20)));
+
+  // The job ends: both watches end by themselves, and release their counts
+  // before their status reaches the client.
+  ASSERT_TRUE(c.client().CancelJob(id).ok());
+  EXPECT_TRUE(Drain(b.reader.get()).ok());
+  EXPECT_TRUE(Drain(d->reader.get()).ok());
+  auto next = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(next.ok());
+  Watch e, f;
+  EXPECT_TRUE(open(&e, next->job().id()));
+  EXPECT_TRUE(open(&f, next->job().id()));
+  e.ctx.TryCancel();
+  f.ctx.TryCancel();
+  e.reader->Finish();
+  f.reader->Finish();
+}
+
+}  // namespace
+}  // namespace plateau
