@@ -653,7 +653,10 @@ void Coordinator::Reattach(Worker& w, const v1::RegisterRequest& request, v1::Re
                                    " when it registered again after the coordinator's restart"));
         RecordFailure(a, f, kPriorityExit);
       }
-      if (a.cancel_requested || a.has_failure) {
+      const bool queued = std::any_of(w.cancellations.begin(), w.cancellations.end(), [&](const v1::Cancellation& c) {
+        return c.job_id() == a.job.id() && c.attempt() == a.job.attempt();
+      });
+      if ((a.cancel_requested || a.has_failure) && !queued) {
         v1::Cancellation c;
         c.set_job_id(a.job.id());
         c.set_attempt(a.job.attempt());

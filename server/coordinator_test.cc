@@ -1,0 +1,322 @@
+// The coordinator's fault handling in process, with a real SQLite store and
+// the agent's side played by direct calls: the restart paths that an
+// end-to-end test cannot hit at will (an assignment not yet delivered, a
+// cancel in flight, a worker that never comes back, a worker running a job
+// the coordinator no longer has), hang detection, and retried reports.
+#include "server/coordinator.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/job_spec.h"
+#include "worker/rank_protocol.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir_ = std::string(tmp ? tmp : "/tmp") + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    // One metrics server for all tests: its HTTP server takes ~2 s to stop.
+    static Metrics* const metrics = [] {
+      auto m = Metrics::Create("127.0.0.1:0");
+      return m.ok() ? m->release() : nullptr;
+    }();
+    ASSERT_NE(metrics, nullptr);
+    metrics_ = metrics;
+    options_.heartbeat_interval = absl::Milliseconds(100);
+    options_.worker_timeout = absl::Milliseconds(300);
+    options_.reattach_timeout = absl::Milliseconds(600);
+    options_.tick = absl::Milliseconds(20);
+    Open();
+  }
+
+  // (Re)starts the coordinator on the same database: a restart.
+  void Open() {
+    coordinator_.reset();
+    store_.reset();
+    auto s = JobStore::Open(dir_ + "/state.db");
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    coordinator_ = std::make_unique<Coordinator>(store_.get(), metrics_, options_);
+    ASSERT_TRUE(coordinator_->Start().ok());
+  }
+
+  Coordinator& c() { return *coordinator_; }
+
+  std::string Register(const std::string& old_id = "", const std::vector<v1::RunningJob>& running = {},
+                       v1::RegisterResponse* out = nullptr) {
+    v1::RegisterRequest req;
+    req.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
+    req.mutable_capabilities()->set_devices(2);
+    req.mutable_capabilities()->set_rank_address("127.0.0.1");
+    req.set_worker_id(old_id);
+    for (const auto& r : running) *req.add_running() = r;
+    auto resp = c().Register(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    if (out != nullptr && resp.ok()) *out = *resp;
+    return resp.ok() ? resp->worker_id() : "";
+  }
+
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& worker) {
+    v1::HeartbeatRequest req;
+    req.set_worker_id(worker);
+    return c().Heartbeat(req);
+  }
+
+  absl::Status Started(const std::string& worker, const std::string& job, int rank) {
+    v1::RankStatusRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(job);
+    r.set_rank(rank);
+    r.mutable_started()->set_pid(1000 + rank);
+    return c().ReportRankStatus(r);
+  }
+
+  absl::Status Exited(const std::string& worker, const std::string& job, int rank, int code, int signal = 0,
+                      bool stopped = false) {
+    v1::RankStatusRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(job);
+    r.set_rank(rank);
+    r.mutable_exited()->set_exit_code(code);
+    r.mutable_exited()->set_signal(signal);
+    r.mutable_exited()->set_stopped_by_agent(stopped);
+    r.mutable_exited()->set_process_group_empty(true);
+    return c().ReportRankStatus(r);
+  }
+
+  std::string Submit(v1::JobSpec spec) {
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = std::move(spec);
+    auto resp = c().SubmitJob(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->job().id() : "";
+  }
+
+  v1::Job Get(const std::string& id) {
+    auto j = c().GetJob(id);
+    EXPECT_TRUE(j.ok()) << j.status();
+    return j.ok() ? *j : v1::Job();
+  }
+
+  // Waits (polling) until the job is in `state`.
+  bool WaitState(const std::string& id, v1::JobState state, absl::Duration d = absl::Seconds(10)) {
+    const absl::Time end = absl::Now() + d;
+    while (absl::Now() < end) {
+      if (Get(id).state() == state) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return Get(id).state() == state;
+  }
+
+  // A job placed on a fresh worker with both ranks started: returns the
+  // worker id.
+  std::string RunningJob(const std::string& job) {
+    const std::string w = Register();
+    auto hb = Heartbeat(w);
+    EXPECT_TRUE(hb.ok());
+    EXPECT_EQ(hb->assignments_size(), 1);
+    EXPECT_TRUE(Started(w, job, 0).ok());
+    EXPECT_TRUE(Started(w, job, 1).ok());
+    EXPECT_EQ(Get(job).state(), v1::RUNNING);
+    return w;
+  }
+
+  static v1::RunningJob Runs(const std::string& job, int attempt, std::vector<int> ranks) {
+    v1::RunningJob r;
+    r.set_job_id(job);
+    r.set_attempt(attempt);
+    for (int x : ranks) r.add_ranks(x);
+    return r;
+  }
+
+  std::string dir_;
+  CoordinatorOptions options_;
+  Metrics* metrics_ = nullptr;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(CoordinatorTest, RestartReattachesRunningRanksAndFinishesWithTheirExits) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());  // one rank done before the restart
+  Open();
+  EXPECT_EQ(Get(job).state(), v1::RUNNING);
+  EXPECT_EQ(Heartbeat(w).status().code(), absl::StatusCode::kNotFound) << "must register again";
+  v1::RegisterResponse resp;
+  EXPECT_EQ(Register(w, {Runs(job, 0, {1})}, &resp), w);
+  EXPECT_EQ(resp.cancellations_size(), 0);
+  // A retried report of the exit recorded before the restart changes nothing.
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  EXPECT_EQ(Get(job).state(), v1::RUNNING);
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  EXPECT_EQ(Get(job).state(), v1::SUCCEEDED);
+  EXPECT_EQ(Get(job).attempt(), 0);
+}
+
+TEST_F(CoordinatorTest, RestartResendsAnAssignmentThatWasNeverDelivered) {
+  const std::string w = Register();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  ASSERT_EQ(Get(job).state(), v1::SCHEDULED);  // placed, not yet heartbeaten out
+  Open();
+  EXPECT_EQ(Register(w, {}), w);
+  auto hb = Heartbeat(w);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);
+  EXPECT_EQ(hb->assignments(0).job_id(), job);
+  EXPECT_EQ(hb->assignments(0).kv_prefix(), job + "/attempt-0");
+  ASSERT_TRUE(Started(w, job, 0).ok());
+  ASSERT_TRUE(Started(w, job, 1).ok());
+  EXPECT_EQ(Get(job).state(), v1::RUNNING);
+}
+
+TEST_F(CoordinatorTest, DeliveredRankMissingAfterRestartFailsTheAttempt) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  Open();
+  v1::RegisterResponse resp;
+  Register(w, {Runs(job, 0, {0})}, &resp);  // rank 1 vanished
+  // The attempt is stopped: rank 0 gets a cancellation...
+  auto hb = Heartbeat(w);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->cancellations_size(), 1);
+  ASSERT_TRUE(Exited(w, job, 0, 0, /*signal=*/15, /*stopped=*/true).ok());
+  const v1::Job j = Get(job);
+  ASSERT_EQ(j.state(), v1::FAILED) << j.DebugString();
+  EXPECT_EQ(j.failure().rank(), 1);
+  EXPECT_THAT(j.failure().message(), HasSubstr("no longer running on " + w));
+}
+
+TEST_F(CoordinatorTest, CancelInFlightAcrossARestartEndsCancelled) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().CancelJob(job).ok());
+  ASSERT_EQ(Get(job).state(), v1::CANCELLING);
+  Open();  // before the cancellation reached the worker
+  Register(w, {Runs(job, 0, {0, 1})});
+  auto hb = Heartbeat(w);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->cancellations_size(), 1);
+  EXPECT_EQ(hb->cancellations(0).job_id(), job);
+  ASSERT_TRUE(Exited(w, job, 0, 0, 15, true).ok());
+  ASSERT_TRUE(Exited(w, job, 1, 0, 15, true).ok());
+  EXPECT_EQ(Get(job).state(), v1::CANCELLED);
+}
+
+TEST_F(CoordinatorTest, WorkerThatDoesNotComeBackIsLostAfterTheReattachTimeout) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_max_restarts(1);
+  const std::string job = Submit(spec);
+  RunningJob(job);
+  Open();
+  const absl::Time restarted = absl::Now();
+  // Restarted attempts wait for a worker: a new one takes it.
+  ASSERT_TRUE(WaitState(job, v1::PENDING)) << Get(job).DebugString();
+  EXPECT_GE(absl::Now() - restarted, options_.reattach_timeout);
+  const v1::Job j = Get(job);
+  EXPECT_EQ(j.attempt(), 1);
+  EXPECT_EQ(j.failure().kind(), v1::Failure::WORKER_LOST);
+  EXPECT_THAT(j.failure().message(), HasSubstr("did not register again within"));
+}
+
+TEST_F(CoordinatorTest, JobsTheCoordinatorNoLongerHasAreCancelledAtRegistration) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  // Silent past the worker timeout: lost, and the job failed without it.
+  ASSERT_TRUE(WaitState(job, v1::FAILED));
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::WORKER_LOST);
+  v1::RegisterResponse resp;
+  EXPECT_EQ(Register(w, {Runs(job, 0, {0, 1}), Runs("job-77", 3, {0})}, &resp), w);
+  ASSERT_EQ(resp.cancellations_size(), 2);
+  EXPECT_EQ(resp.cancellations(0).job_id(), job);
+  EXPECT_EQ(resp.cancellations(1).job_id(), "job-77");
+}
+
+TEST_F(CoordinatorTest, RankWithoutProgressIsReportedHungAndStopped) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_progress_timeout_s(1);
+  const std::string job = Submit(spec);
+  const std::string w = RunningJob(job);
+  // Rank 0 reports a step; rank 1 never does.
+  v1::TelemetryRequest t;
+  t.set_worker_id(w);
+  v1::TelemetryRequest::Step* s = t.add_steps();
+  s->set_job_id(job);
+  s->mutable_telemetry()->set_rank(0);
+  s->mutable_telemetry()->set_step(1);
+  s->mutable_telemetry()->set_tokens(128);
+  s->mutable_telemetry()->set_seconds(0.1);
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  bool cancelled = false;
+  while (!cancelled && absl::Now() < end) {
+    auto hb = Heartbeat(w);
+    ASSERT_TRUE(hb.ok());
+    cancelled = hb->cancellations_size() == 1;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(cancelled) << Get(job).DebugString();
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::RANK_HUNG);
+  EXPECT_EQ(Get(job).failure().rank(), 1);
+  ASSERT_TRUE(Exited(w, job, 0, 0, 15, true).ok());
+  ASSERT_TRUE(Exited(w, job, 1, 0, 9, true).ok());
+  EXPECT_EQ(Get(job).state(), v1::FAILED);
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::RANK_HUNG);
+}
+
+TEST_F(CoordinatorTest, RetriedTelemetryIsCountedOnce) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  const int64_t before = store_->EventCount(job);
+  v1::TelemetryRequest t;
+  t.set_worker_id(w);
+  for (int step : {1, 2}) {
+    v1::TelemetryRequest::Step* s = t.add_steps();
+    s->set_job_id(job);
+    s->mutable_telemetry()->set_rank(0);
+    s->mutable_telemetry()->set_step(step);
+    s->mutable_telemetry()->set_tokens(128);
+    s->mutable_telemetry()->set_seconds(0.1);
+  }
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());  // the reply was lost; sent again
+  EXPECT_EQ(store_->EventCount(job), before + 2);
+  EXPECT_EQ(Get(job).progress().step(), 2);
+}
+
+TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().KvSet(job + "/attempt-0/rank-0", "addr0").ok());
+  ASSERT_TRUE(c().KvSet("other/key", "x").ok());
+  Open();
+  auto v = c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "addr0");
+  Register(w, {Runs(job, 0, {0, 1})});
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  EXPECT_EQ(c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(c().KvGet("other/key", absl::ZeroDuration()).ok());
+  Open();
+  EXPECT_EQ(c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace plateau
