@@ -17,6 +17,9 @@ PACKAGES=(
   libgloo-dev libopenblas-dev
   # tools/demo shows the /metrics it serves
   curl
+  # deploy/ and its test: a real Prometheus (and promtool), systemd-analyze
+  # for the units, Debian's python3 gRPC for client/python
+  prometheus systemd python3-grpcio python3-protobuf
 )
 
 missing=()
