@@ -19,6 +19,9 @@ PACKAGES=(
   curl
   # tests/security_test makes a TLS certificate; operators make theirs with it
   openssl
+  # deploy/ and its test: a real Prometheus (and promtool), systemd-analyze
+  # for the units, Debian's python3 gRPC for client/python
+  prometheus systemd python3-grpcio python3-protobuf
 )
 
 missing=()

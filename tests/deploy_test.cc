@@ -1,0 +1,416 @@
+// The operations files under deploy/ against the real service and the real
+// tools (tests/cluster.h): Debian's Prometheus scrapes a running job with
+// the shipped scrape job, every Grafana panel's query answers through it,
+// the dashboard and the alert rules name only metrics the coordinator
+// exports, promtool accepts the configuration, and systemd accepts the
+// units. A missing tool fails the test (deploy/install-deps.sh installs it):
+// a skipped check would let the files rot unseen.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cluster.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+// Debian's packages, by absolute path: the test environment's PATH is not
+// the one an operator has, and these are the binaries the files are for.
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+constexpr char kPromtool[] = "/usr/bin/promtool";
+constexpr char kSystemdAnalyze[] = "/usr/bin/systemd-analyze";
+constexpr char kSystemdSysusers[] = "/usr/bin/systemd-sysusers";
+
+// Runfiles paths of the files under test.
+constexpr char kPrometheusYml[] = "deploy/prometheus/prometheus.yml";
+constexpr char kRulesYml[] = "deploy/prometheus/plateau.rules.yml";
+constexpr char kDashboard[] = "deploy/grafana/plateau.json";
+// The target the shipped scrape job names: the coordinator's default
+// --metrics_address.
+constexpr char kShippedTarget[] = "127.0.0.1:9464";
+
+::testing::AssertionResult Installed(const std::string& path, const std::string& package) {
+  if (access(path.c_str(), X_OK) == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << path << " is missing: install Debian's " << package
+                                       << " (deploy/install-deps.sh)";
+}
+
+std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      absl::StrAppend(&out, "%", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+// The JSON body of a 200 response of Prometheus's HTTP API, or null.
+json ApiGet(const std::string& address, const std::string& path, std::string* error) {
+  const std::string resp = HttpGet(address, path);
+  const size_t body = resp.find("\r\n\r\n");
+  if (!absl::StartsWith(resp, "HTTP/1.0 200") && !absl::StartsWith(resp, "HTTP/1.1 200")) {
+    *error = absl::StrCat("GET ", path, ": ", resp.empty() ? "unreachable" : resp.substr(0, 400));
+    return nullptr;
+  }
+  json j = json::parse(resp.substr(body == std::string::npos ? resp.size() : body + 4), nullptr, false);
+  if (j.is_discarded() || j.value("status", "") != "success") {
+    *error = absl::StrCat("GET ", path, ": not a successful API answer: ", resp.substr(0, 400));
+    return nullptr;
+  }
+  return j;
+}
+
+// An instant query's result vector, or null with `error` set.
+json Query(const std::string& prom, const std::string& promql, std::string* error) {
+  json j = ApiGet(prom, "/api/v1/query?query=" + UrlEncode(promql), error);
+  if (j.is_null()) return nullptr;
+  if (j["data"].value("resultType", "") != "vector") {
+    *error = absl::StrCat(promql, ": expected a vector, got ", j.dump());
+    return nullptr;
+  }
+  return j["data"]["result"];
+}
+
+// The value of the only series of an instant query, NaN when there is not
+// exactly one.
+double QueryOne(const std::string& prom, const std::string& promql) {
+  std::string error;
+  json r = Query(prom, promql, &error);
+  double v = NAN;
+  if (r.is_array() && r.size() == 1 && absl::SimpleAtod(r[0]["value"][1].get<std::string>(), &v)) return v;
+  return NAN;
+}
+
+// Every "expr" string anywhere in the dashboard (panels, rows' panels) and
+// the queries of its template variables.
+void CollectQueries(const json& j, std::vector<std::string>* exprs, std::vector<std::string>* variables) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "expr" && it->is_string()) exprs->push_back(it->get<std::string>());
+      if (it.key() == "definition" && it->is_string()) variables->push_back(it->get<std::string>());
+      CollectQueries(*it, exprs, variables);
+    }
+  } else if (j.is_array()) {
+    for (const json& e : j) CollectQueries(e, exprs, variables);
+  }
+}
+
+json ReadJson(const std::string& path) { return json::parse(ReadFile(path), nullptr, false); }
+
+// The alert rules' expressions: plateau.rules.yml writes each on one line
+// after "expr:" (checked: at least one is found).
+std::vector<std::string> RuleExprs() {
+  std::vector<std::string> exprs;
+  for (absl::string_view line : absl::StrSplit(ReadFile(kRulesYml), '\n')) {
+    line = absl::StripLeadingAsciiWhitespace(line);
+    if (absl::ConsumePrefix(&line, "expr:")) exprs.emplace_back(absl::StripAsciiWhitespace(line));
+  }
+  return exprs;
+}
+
+// Metric names in a PromQL expression: Plateau's names all start with
+// "plateau_", and label names and functions never do. `up` is Prometheus's
+// own series per target.
+std::set<std::string> MetricNames(const std::string& expr) {
+  std::set<std::string> names;
+  static const std::regex kName("\\bplateau_[a-zA-Z0-9_]+");
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), kName); it != std::sregex_iterator(); ++it) {
+    names.insert(it->str());
+  }
+  if (std::regex_search(expr, std::regex("(^|[^a-zA-Z0-9_])up\\{"))) names.insert("up");
+  return names;
+}
+
+// Names of the samples in a /metrics exposition (histograms contribute
+// their _bucket, _sum and _count series).
+std::set<std::string> ExportedNames(const std::string& scrape) {
+  std::set<std::string> names;
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (line.empty() || line[0] == '#' || !absl::StartsWith(line, "plateau_")) continue;
+    names.insert(std::string(line.substr(0, line.find_first_of("{ "))));
+  }
+  return names;
+}
+
+// What Grafana does to an expression before it reaches Prometheus, for the
+// variables the dashboard uses: every job, and a rate window that holds
+// several of the test's 1 s scrapes.
+std::string AsGrafanaSends(std::string expr) {
+  for (const auto& [var, value] : std::vector<std::pair<std::string, std::string>>{
+           {"${job}", ".+"}, {"$job", ".+"}, {"$__rate_interval", "1m"}}) {
+    for (size_t at; (at = expr.find(var)) != std::string::npos;) expr.replace(at, var.size(), value);
+  }
+  return expr;
+}
+
+// The shipped prometheus.yml with only the target and the intervals
+// changed: everything else (honor_labels, the rule file) is under test.
+::testing::AssertionResult WriteTestConfig(const std::string& dir, const std::string& target) {
+  std::string yml = ReadFile(kPrometheusYml);
+  if (!absl::StrContains(yml, kShippedTarget)) {
+    return ::testing::AssertionFailure() << kPrometheusYml << " no longer names the target " << kShippedTarget
+                                         << "; update this test with it";
+  }
+  yml = absl::StrReplaceAll(yml, {{kShippedTarget, target}});
+  static const std::regex kInterval("(scrape_interval|evaluation_interval): *[0-9a-z]+");
+  if (!std::regex_search(yml, kInterval)) return ::testing::AssertionFailure() << "no interval to shorten";
+  yml = std::regex_replace(yml, kInterval, "$1: 1s");
+  std::ofstream(dir + "/prometheus.yml") << yml;
+  std::filesystem::copy_file(kRulesYml, dir + "/plateau.rules.yml");
+  return ::testing::AssertionSuccess();
+}
+
+TEST(DeployTest, PromtoolAcceptsTheScrapeConfigAndItsRules) {
+  ASSERT_TRUE(Installed(kPromtool, "prometheus"));
+  const std::string dir = TempDir("promtool");
+  Ran r = RunCommand({kPromtool, "check", "config", kPrometheusYml}, dir + "/config");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("is valid prometheus config file syntax")) << r.out << r.err;
+  // The config names the rule file, so the check above also read it; check
+  // it by itself too so that a failure says which file.
+  r = RunCommand({kPromtool, "check", "rules", kRulesYml}, dir + "/rules");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 4 rules found")) << r.out << r.err;
+}
+
+TEST(DeployTest, SystemdAcceptsTheUnitsAndTheSysusersFile) {
+  ASSERT_TRUE(Installed(kSystemdAnalyze, "systemd"));
+  ASSERT_TRUE(Installed(kSystemdSysusers, "systemd"));
+  // An image of the installed system: the units where an operator puts
+  // them, the binaries they run (verify checks ExecStart is executable),
+  // and the distribution's units they order against (sysinit.target, ...).
+  const std::string dir = TempDir("systemd");
+  const std::string root = dir + "/root";
+  std::filesystem::create_directories(root + "/usr/local/bin");
+  std::filesystem::create_directories(root + "/etc/systemd/system");
+  std::filesystem::create_directories(root + "/usr/lib/systemd");
+  const std::string system_units =
+      std::filesystem::exists("/usr/lib/systemd/system/sysinit.target") ? "/usr/lib/systemd/system" : "/lib/systemd/system";
+  std::error_code ec;
+  // copy_symlinks: masked units are links to /dev/null.
+  std::filesystem::copy(system_units, root + "/usr/lib/systemd/system",
+                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks, ec);
+  ASSERT_FALSE(ec) << "copying " << system_units << ": " << ec.message();
+  for (const char* bin : {"server/plateau_coordinator", "worker/plateau_worker", "worker/plateau_rank"}) {
+    std::filesystem::copy_file(bin, root + "/usr/local/bin/" + std::filesystem::path(bin).filename().string());
+  }
+  for (const char* unit : {"plateau-coordinator.service", "plateau-worker.service"}) {
+    std::filesystem::copy_file(absl::StrCat("deploy/systemd/", unit), root + "/etc/systemd/system/" + unit);
+  }
+  Ran r = RunCommand({kSystemdAnalyze, "verify", "--root=" + root, "plateau-coordinator.service", "plateau-worker.service"},
+                     dir + "/verify");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  // Unknown or misspelt settings are only warnings ("Unknown key ...,
+  // ignoring"): a unit with any is wrong here.
+  EXPECT_EQ(r.err, "") << "systemd-analyze verify warned";
+
+  // Where an operator installs it, named by an absolute path: sysusers
+  // cannot open relative ones here, and only warns (exit 0) when it cannot.
+  std::filesystem::create_directories(root + "/etc/sysusers.d");
+  const std::string sysusers = std::filesystem::absolute(root + "/etc/sysusers.d/plateau.conf");
+  std::filesystem::copy_file("deploy/systemd/plateau.sysusers.conf", sysusers);
+  r = RunCommand({kSystemdSysusers, "--root=" + root, "--dry-run", sysusers}, dir + "/sysusers");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out + r.err, HasSubstr("Creating user 'plateau'"));
+}
+
+// The sbatch script's own logic on this machine: its coordinator, one
+// worker through a stand-in srun that drops Slurm's options and runs the
+// command (one node), plateauctl submitting a job to the end, and the
+// script's cleanup. Slurm itself is not here (deploy/README.md).
+TEST(DeployTest, SlurmScriptRunsAJobThroughAStandInSrun) {
+  const std::string dir = TempDir("slurm");
+  std::filesystem::create_directories(dir + "/bin");
+  std::filesystem::create_directories(dir + "/fakebin");
+  // PLATEAU_BIN holds the three binaries side by side, as an install does;
+  // the worker finds plateau_rank beside the binary the link resolves to.
+  for (const char* bin : {"server/plateau_coordinator", "worker/plateau_worker", "client/plateauctl"}) {
+    std::filesystem::create_symlink(std::filesystem::absolute(bin),
+                                    dir + "/bin/" + std::filesystem::path(bin).filename().string());
+  }
+  std::ofstream(dir + "/fakebin/srun") << "#!/bin/bash\nwhile [[ \"$1\" == --* ]]; do shift; done\nexec \"$@\"\n";
+  std::filesystem::permissions(dir + "/fakebin/srun", std::filesystem::perms::owner_all);
+  std::string spec;
+  google::protobuf::TextFormat::PrintToString(TinyJob(4), &spec);
+  std::ofstream(dir + "/spec.txtpb") << spec;
+  const int api_port = FreePort(), metrics_port = FreePort();
+  Ran r = RunCommand({"/usr/bin/env", "PATH=" + dir + "/fakebin:/usr/bin:/bin", "SLURM_JOB_ID=42",
+                      "SLURM_JOB_NUM_NODES=1", "SLURM_CPUS_ON_NODE=2", "TMPDIR=" + dir, "PLATEAU_BIN=" + dir + "/bin",
+                      "PLATEAU_BACKEND=cpu", "PLATEAU_DEVICES=2", "PLATEAU_RANK_ADDRESS=127.0.0.1",
+                      "PLATEAU_RUN_DIR=" + dir + "/run", absl::StrCat("PLATEAU_API_PORT=", api_port),
+                      absl::StrCat("PLATEAU_METRICS_PORT=", metrics_port), "PLATEAU_SPEC=" + dir + "/spec.txtpb",
+                      "/bin/bash", "deploy/slurm/plateau.sbatch"},
+                     dir + "/sbatch");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("plateau.sbatch: coordinator at "));
+  EXPECT_THAT(r.out, HasSubstr("summary: job-1 SUCCEEDED")) << r.out << r.err;
+  // The script stopped the worker (it stops its ranks) and then the
+  // coordinator it started: nothing answers on the metrics port any more.
+  EXPECT_THAT(r.out + r.err, HasSubstr("plateau_worker: signal 15, stopping every rank"));
+  EXPECT_THAT(ReadFile(dir + "/run/coordinator.log"), HasSubstr("shutting down"));
+  EXPECT_EQ(HttpGet(absl::StrCat("127.0.0.1:", metrics_port), "/metrics"), "");
+}
+
+TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
+  json dash = ReadJson(kDashboard);
+  ASSERT_FALSE(dash.is_discarded()) << kDashboard << " is not JSON";
+  std::vector<std::string> exprs, variables;
+  CollectQueries(dash, &exprs, &variables);
+  ASSERT_GE(exprs.size(), 10u) << "the dashboard's queries were not found";
+  ASSERT_FALSE(variables.empty()) << "the $job variable's query was not found";
+  const std::vector<std::string> rules = RuleExprs();
+  ASSERT_EQ(rules.size(), 4u) << "the alert rules' expressions were not found";
+
+  Cluster c("names");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  ASSERT_EQ(c.WaitDone(sub->job().id()).state(), v1::SUCCEEDED) << c.Logs();
+  const std::string scrape = Scrape(c.metrics());
+  ASSERT_THAT(scrape, HasSubstr("200 OK"));
+  std::set<std::string> exported = ExportedNames(scrape);
+  ASSERT_TRUE(exported.count("plateau_job_loss")) << scrape;
+  exported.insert("up");
+
+  std::vector<std::string> all = exprs;
+  all.insert(all.end(), variables.begin(), variables.end());
+  all.insert(all.end(), rules.begin(), rules.end());
+  for (const std::string& e : all) {
+    const std::set<std::string> names = MetricNames(e);
+    // A misspelt prefix ("plateu_") would leave a query naming nothing.
+    EXPECT_FALSE(names.empty()) << "names no Plateau metric: " << e;
+    for (const std::string& n : names) {
+      EXPECT_TRUE(exported.count(n)) << n << " (in " << e << ") is not in a real /metrics scrape; exported: "
+                                     << absl::StrJoin(exported, " ");
+    }
+  }
+}
+
+TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
+  ASSERT_TRUE(Installed(kPrometheus, "prometheus"));
+  Cluster c("prometheus");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  ASSERT_TRUE(WriteTestConfig(c.dir(), c.metrics()));
+  const std::string prom = absl::StrCat("127.0.0.1:", FreePort());
+  Process prometheus({kPrometheus, "--config.file=" + c.dir() + "/prometheus.yml",
+                      "--storage.tsdb.path=" + c.dir() + "/tsdb", "--web.listen-address=" + prom},
+                     c.dir() + "/prometheus");
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(HttpGet(prom, "/-/ready"), " 200 "); }))
+      << prometheus.err();
+
+  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_EQ(id, "job-1");
+
+  // While it runs: Prometheus holds a sample of the RUNNING state and of a
+  // completed step. Cancelling only afterwards makes these scrapes of a
+  // running job (the state never returns to RUNNING).
+  const std::string sel = absl::StrCat("{job=\"", id, "\",rank=\"0\"}");
+  std::string error;
+  ASSERT_TRUE(WaitFor([&] {
+    return QueryOne(prom, "plateau_job_state{job=\"job-1\",state=\"RUNNING\"}") == 1 &&
+           QueryOne(prom, "plateau_job_step" + sel) >= 2;
+  })) << "Prometheus holds no running sample of job-1; its plateau_job_step series (a scrape job "
+         "without honor_labels shows the id as exported_job): "
+      << Query(prom, "plateau_job_step", &error).dump() << error << "\n"
+      << prometheus.err() << c.Logs();
+  const double running_loss = QueryOne(prom, "plateau_job_loss" + sel);
+  ASSERT_TRUE(c.client().CancelJob(id).ok());
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::CANCELLED) << c.Logs();
+
+  // That loss is one rank 0 reported. The exposition prints 16 significant
+  // digits, so the match is to that precision; consecutive steps' losses
+  // differ far more.
+  std::vector<double> losses;
+  ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+    if (e.has_step() && e.step().rank() == 0) losses.push_back(e.step().loss());
+    return true;
+  }).ok());
+  EXPECT_TRUE(std::any_of(losses.begin(), losses.end(), [&](double l) {
+    return std::abs(l - running_loss) <= 1e-14 * std::abs(l);
+  })) << "Prometheus's loss " << running_loss << " while running is none of rank 0's " << losses.size() << " losses";
+
+  // Once cancelled the gauges stay: Prometheus's next scrapes must give
+  // exactly what /metrics shows, which is GetJob's progress (rank 0's).
+  const double final_loss = Sample(Scrape(c.metrics()), "plateau_job_loss" + sel);
+  ASSERT_GT(final_loss, 0);
+  EXPECT_NEAR(final_loss, job.progress().loss(), 1e-14 * final_loss);
+  EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_loss" + sel) == final_loss; }))
+      << "Prometheus has " << QueryOne(prom, "plateau_job_loss" + sel) << ", /metrics " << final_loss;
+  // The query an operator types: both ranks, selected by the training job's
+  // id (only with the scrape job's honor_labels: true). Rank 1 may have
+  // reported one step more or less than rank 0 when the cancel stopped them.
+  json both = Query(prom, "plateau_job_loss{job=\"job-1\"}", &error);
+  ASSERT_TRUE(both.is_array()) << error;
+  ASSERT_EQ(both.size(), 2u) << both.dump();
+  for (const json& s : both) {
+    double v = 0;
+    ASSERT_TRUE(absl::SimpleAtod(s["value"][1].get<std::string>(), &v)) << s.dump();
+    EXPECT_GT(v, 0) << s.dump();
+    if (s["metric"].value("rank", "") == "0") {
+      EXPECT_EQ(v, final_loss) << s.dump();
+    }
+  }
+  EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_state{job=\"job-1\",state=\"CANCELLED\"}") == 1; }));
+
+  // Every dashboard query answers with at least one series: a wrong label,
+  // a wrong aggregation or a metric that is never set would leave a panel
+  // empty.
+  std::vector<std::string> exprs, variables;
+  CollectQueries(ReadJson(kDashboard), &exprs, &variables);
+  ASSERT_FALSE(exprs.empty());
+  for (const std::string& e : exprs) {
+    const std::string q = AsGrafanaSends(e);
+    ASSERT_FALSE(absl::StrContains(q, "$")) << "a Grafana variable this test does not know: " << e;
+    json r = Query(prom, q, &error);
+    ASSERT_TRUE(r.is_array()) << error;
+    EXPECT_FALSE(r.empty()) << "the panel query answers nothing: " << q;
+  }
+
+  // The alert rules loaded and evaluate without error, and none fires on a
+  // healthy cluster whose job kept every live set within its plan.
+  ASSERT_TRUE(WaitFor([&] {
+    json j = ApiGet(prom, "/api/v1/rules", &error);
+    if (j.is_null() || j["data"]["groups"].empty()) return false;
+    for (const json& rule : j["data"]["groups"][0]["rules"]) {
+      if (rule.value("health", "") != "ok") return false;
+    }
+    return j["data"]["groups"][0]["rules"].size() == 4;
+  })) << ApiGet(prom, "/api/v1/rules", &error).dump() << error;
+  json alerts = ApiGet(prom, "/api/v1/alerts", &error);
+  ASSERT_FALSE(alerts.is_null()) << error;
+  EXPECT_TRUE(alerts["data"]["alerts"].empty()) << alerts.dump();
+}
+
+}  // namespace
+}  // namespace plateau

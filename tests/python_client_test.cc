@@ -1,0 +1,177 @@
+// client/python/plateau_client_example.py against a real coordinator and
+// worker (tests/cluster.h): Debian's python3 with python3-grpcio and the
+// stubs //client/python:plateau_v1_py generated from proto/, through the
+// public API only. What it prints is checked against the job's own events
+// read through the C++ client.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+// Debian's interpreter by absolute path: python3-grpcio and python3-protobuf
+// are installed for it alone, and the first python3 on a developer's PATH
+// may be a pyenv or virtualenv one without them.
+constexpr char kPython[] = "/usr/bin/python3";
+constexpr char kExample[] = "client/python/plateau_client_example.py";
+
+class PythonClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(access(kPython, X_OK), 0) << kPython << " is missing: install Debian's python3 (deploy/install-deps.sh)";
+    // The generated package sits beside the example in the runfiles; the
+    // script's own directory would be its source directory (Python resolves
+    // the symlink), so the path is given as a user would give bazel-bin's.
+    setenv("PYTHONPATH", (std::filesystem::current_path() / "client/python").c_str(), 1);
+    // Runfiles are not the place for __pycache__.
+    setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
+  }
+
+  std::string WriteSpec(const Cluster& c, const std::string& name, const v1::JobSpec& spec) {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(spec, &text);
+    const std::string path = c.dir() + "/" + name + ".txtpb";
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  Ran Example(const Cluster& c, const std::string& log, std::vector<std::string> args) {
+    std::vector<std::string> argv = {kPython, kExample, "--coordinator=" + c.api()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, c.dir() + "/" + log);
+  }
+};
+
+// "job-1 step 3/5 rank 0 loss 2.49..." lines: step -> loss, per rank.
+std::map<int, std::map<int64_t, double>> PrintedSteps(const std::string& out, const std::string& id) {
+  std::map<int, std::map<int64_t, double>> steps;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    std::vector<std::string> w = absl::StrSplit(line, ' ');
+    if (w.size() != 7 || w[0] != id || w[1] != "step" || w[3] != "rank" || w[5] != "loss") continue;
+    int64_t step = 0;
+    int rank = 0;
+    double loss = 0;
+    std::vector<std::string> of = absl::StrSplit(w[2], '/');
+    if (absl::SimpleAtoi(of[0], &step) && absl::SimpleAtoi(w[4], &rank) && absl::SimpleAtod(w[6], &loss)) {
+      steps[rank][step] = loss;
+    }
+  }
+  return steps;
+}
+
+// The "<id> state X" lines, in order.
+std::vector<std::string> PrintedStates(const std::string& out, const std::string& id) {
+  std::vector<std::string> states;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    std::vector<std::string> w = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+    if (w.size() >= 3 && w[0] == id && w[1] == "state") {
+      states.push_back(w[2].substr(0, w[2].find(':')));  // before ": reason"
+    }
+  }
+  return states;
+}
+
+TEST_F(PythonClientTest, SubmitsAndWatchesToSucceededPrintingEveryStepsLoss) {
+  Cluster c("py-succeed");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string spec = WriteSpec(c, "tiny", TinyJob(100));
+  // --steps replaces the file's 100: the spec is the script's to edit.
+  Ran r = Example(c, "succeed", {"--spec=" + spec, "--steps=5"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, HasSubstr("submitted job-1: "));
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
+  const std::vector<std::string> states = PrintedStates(r.out, "job-1");
+  EXPECT_EQ(states, (std::vector<std::string>{"PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED"})) << r.out;
+
+  // Every step of both ranks, with the loss the rank reported, read back
+  // exactly (the script prints Python's round-tripping repr).
+  std::map<int, std::map<int64_t, double>> reported;
+  ASSERT_TRUE(c.client().WatchJob("job-1", 0, [&](const v1::JobEvent& e) {
+    if (e.has_step()) reported[e.step().rank()][e.step().step()] = e.step().loss();
+    return true;
+  }).ok());
+  ASSERT_EQ(reported[0].size(), 5u);
+  ASSERT_EQ(reported[1].size(), 5u);
+  EXPECT_EQ(PrintedSteps(r.out, "job-1"), reported) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("job-1 step 5/5 rank 0 loss "));
+
+  auto job = c.client().GetJob("job-1");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::SUCCEEDED);
+  EXPECT_EQ(job->spec().steps(), 5);
+}
+
+TEST_F(PythonClientTest, CancelsAfterAStepAndTheJobEndsCancelled) {
+  Cluster c("py-cancel");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string spec = WriteSpec(c, "long", TinyJob(1000000));
+  Ran r = Example(c, "cancel", {"--spec=" + spec, "--cancel-after-step=2"});
+  EXPECT_EQ(r.code, 3) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, HasSubstr("job-1 cancelling after step 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended CANCELLED"));
+  const std::vector<std::string> states = PrintedStates(r.out, "job-1");
+  ASSERT_GE(states.size(), 2u) << r.out;
+  EXPECT_EQ(states[states.size() - 2], "CANCELLING") << r.out;
+  EXPECT_EQ(states.back(), "CANCELLED") << r.out;
+  // The cancel was sent after rank 0's step 2 and before the job ended:
+  // rank 0's steps 1 and 2 were printed before it.
+  const size_t cancel_at = r.out.find("cancelling after step");
+  EXPECT_LT(r.out.find("job-1 step 2/1000000 rank 0 loss "), cancel_at) << r.out;
+
+  auto job = c.client().GetJob("job-1");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::CANCELLED) << job->DebugString();
+  EXPECT_GE(job->progress().step(), 2);
+  EXPECT_LT(job->progress().step(), 1000000);
+  EXPECT_TRUE(RankPids("job-1").empty());
+}
+
+TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
+  ClusterOptions no_worker;
+  no_worker.with_worker = false;
+  Cluster c("py-errors", no_worker);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec bad = TinyJob(5);
+  bad.mutable_model()->set_heads(3);
+  Ran r = Example(c, "invalid", {"--spec=" + WriteSpec(c, "invalid", bad)});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("submit refused: INVALID_ARGUMENT model.heads"));
+
+  std::ofstream(c.dir() + "/garbled.txtpb") << "model { heads: \"four\" }\n";
+  r = Example(c, "garbled", {"--spec=" + c.dir() + "/garbled.txtpb"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("not a text-format plateau.v1.JobSpec"));
+
+  // Nothing listens on a port just released.
+  const std::string dead = absl::StrCat("127.0.0.1:", FreePort());
+  r = RunCommand({kPython, kExample, "--coordinator=" + dead, "--connect-timeout=1", "--spec=" + WriteSpec(c, "ok", TinyJob(5))},
+                 c.dir() + "/dead");
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at " + dead));
+  // None of these created a job.
+  auto list = c.client().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->jobs_size(), 0);
+}
+
+}  // namespace
+}  // namespace plateau
