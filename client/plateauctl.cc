@@ -148,6 +148,8 @@ void PrintJob(const v1::Job& j) {
         f.kind() == v1::Failure::INVALID) {
       std::printf(" rank=%d exit_code=%d signal=%d", f.rank(), f.exit_code(), f.signal());
     }
+    if (f.kind() == v1::Failure::RANK_HUNG) std::printf(" rank=%d", f.rank());
+    if (!f.worker_id().empty()) std::printf(" worker=%s", f.worker_id().c_str());
     std::printf("\n");
   }
   const v1::Progress& p = j.progress();

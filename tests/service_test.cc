@@ -317,23 +317,7 @@ TEST(ServiceTest, ListJobsPagesAndFiltersOverMoreThanOnePage) {
   EXPECT_EQ(c.client().ListJobs(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ServiceTest, LostWorkerFailsItsJob) {
-  ClusterOptions o;
-  o.worker_timeout_s = 2;
-  Cluster c("lost", o);
-  ASSERT_TRUE(c.ready()) << c.Logs();
-  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
-  ASSERT_TRUE(sub.ok()) << sub.status();
-  const std::string id = sub->job().id();
-  ASSERT_TRUE(c.WaitStep(id, 1)) << c.Logs();
-  c.worker()->Stop(SIGKILL);  // the agent and (by its group) nothing else...
-  const v1::Job job = c.WaitDone(id);
-  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
-  EXPECT_EQ(job.failure().kind(), v1::Failure::WORKER_LOST);
-  EXPECT_THAT(job.state_reason(), HasSubstr("worker-1"));
-  // ...while its ranks die with it (parent-death signal).
-  EXPECT_TRUE(WaitFor([&] { return RankPids(id).empty(); }, absl::Seconds(30)));
-}
+// Lost workers, hung ranks and coordinator restarts: tests/fault_test.cc.
 
 TEST(ServiceTest, PlateauctlSubmitWaitJsonAndErrors) {
   Cluster c("cli");
