@@ -62,20 +62,24 @@ std::string Agent::worker_id() {
   return worker_id_;
 }
 
+void Agent::RunningJobs(google::protobuf::RepeatedPtrField<v1::RunningJob>* out) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, job] : jobs_) {
+    v1::RunningJob* r = out->Add();
+    r->set_job_id(job->job_id);
+    r->set_attempt(job->attempt);
+    for (auto& rank : job->ranks) {
+      if (!rank->exit_acked) r->add_ranks(rank->rank);
+    }
+  }
+}
+
 absl::Status Agent::RegisterNow(bool again) {
   v1::RegisterRequest req;
   *req.mutable_capabilities() = options_.capabilities;
   if (again) {
     req.set_worker_id(worker_id());
-    absl::MutexLock lock(&mu_);
-    for (auto& [key, job] : jobs_) {
-      v1::RunningJob* r = req.add_running();
-      r->set_job_id(job->job_id);
-      r->set_attempt(job->attempt);
-      for (auto& rank : job->ranks) {
-        if (!rank->exit_acked) r->add_ranks(rank->rank);
-      }
-    }
+    RunningJobs(req.mutable_running());
   }
   v1::RegisterResponse resp;
   auto ctx = Context(absl::Seconds(5));
@@ -168,14 +172,7 @@ void Agent::HeartbeatLoop() {
 void Agent::HeartbeatOnce() {
   v1::HeartbeatRequest req;
   req.set_worker_id(worker_id());
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [key, job] : jobs_) {
-      v1::RunningJob* r = req.add_running();
-      r->set_job_id(job->job_id);
-      r->set_attempt(job->attempt);
-    }
-  }
+  RunningJobs(req.mutable_running());
   v1::HeartbeatResponse resp;
   auto ctx = Context(absl::Seconds(5));
   grpc::Status s = stub_->Heartbeat(ctx.get(), req, &resp);

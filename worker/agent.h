@@ -101,6 +101,8 @@ class Agent {
 
   // `again`: with this worker's old id and the ranks it still runs.
   absl::Status RegisterNow(bool again);
+  // Every attempt with ranks whose exit is not yet acknowledged.
+  void RunningJobs(google::protobuf::RepeatedPtrField<v1::RunningJob>* out) ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop();
   void HeartbeatOnce();
   void Start(const v1::Assignment& a);
