@@ -14,6 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -25,6 +27,25 @@ namespace {
 using ::testing::HasSubstr;
 
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+// The harness itself: a command that cannot start fails at once, saying
+// why, and leaves the test's other children alone (waiting on pid 0 would
+// have waited for any of them, here for the deadline).
+TEST(ServiceTest, HarnessFailsFastOnACommandThatCannotStart) {
+  const std::string dir = TempDir("harness");
+  Process other({"/bin/sleep", "60"}, dir + "/sleep");
+  ASSERT_TRUE(other.Running());
+  Process missing({dir + "/no-such-binary"}, dir + "/missing");
+  EXPECT_EQ(missing.pid(), 0);
+  EXPECT_FALSE(missing.Running());
+  EXPECT_THAT(missing.spawn_error(), HasSubstr("no-such-binary: No such file or directory"));
+  const absl::Time start = absl::Now();
+  Ran r = RunCommand({dir + "/no-such-binary", "--flag"}, dir + "/run");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(r.code, -1);
+  EXPECT_EQ(r.err, "cannot start " + dir + "/no-such-binary: No such file or directory");
+  EXPECT_TRUE(other.Running()) << "RunCommand reaped another child";
+}
 
 TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
   Cluster c("succeed");
