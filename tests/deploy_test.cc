@@ -161,18 +161,20 @@ std::set<std::string> ExportedNames(const std::string& scrape) {
 }
 
 // What Grafana does to an expression before it reaches Prometheus, for the
-// variables the dashboard uses: every job, and a rate window that holds
-// several of the test's 1 s scrapes.
-std::string AsGrafanaSends(std::string expr) {
+// variables the dashboard uses: the training job selected as `job_id`, and a
+// rate window that holds several of the test's 1 s scrapes. A job's id, not
+// ".+": a panel that selected it by another label would then answer nothing.
+std::string AsGrafanaSends(std::string expr, const std::string& job_id) {
   for (const auto& [var, value] : std::vector<std::pair<std::string, std::string>>{
-           {"${job}", ".+"}, {"$job", ".+"}, {"$__rate_interval", "1m"}}) {
+           {"${job_id}", job_id}, {"$job_id", job_id}, {"$__rate_interval", "1m"}}) {
     for (size_t at; (at = expr.find(var)) != std::string::npos;) expr.replace(at, var.size(), value);
   }
   return expr;
 }
 
 // The shipped prometheus.yml with only the target and the intervals
-// changed: everything else (honor_labels, the rule file) is under test.
+// changed: everything else (the scrape job's name and labels, the rule
+// file) is under test.
 ::testing::AssertionResult WriteTestConfig(const std::string& dir, const std::string& target) {
   std::string yml = ReadFile(kPrometheusYml);
   if (!absl::StrContains(yml, kShippedTarget)) {
@@ -285,7 +287,7 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   std::vector<std::string> exprs, variables;
   CollectQueries(dash, &exprs, &variables);
   ASSERT_GE(exprs.size(), 10u) << "the dashboard's queries were not found";
-  ASSERT_FALSE(variables.empty()) << "the $job variable's query was not found";
+  ASSERT_FALSE(variables.empty()) << "the $job_id variable's query was not found";
   const std::vector<std::string> rules = RuleExprs();
   ASSERT_EQ(rules.size(), 4u) << "the alert rules' expressions were not found";
 
@@ -334,13 +336,13 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   // While it runs: Prometheus holds a sample of the RUNNING state and of a
   // completed step. Cancelling only afterwards makes these scrapes of a
   // running job (the state never returns to RUNNING).
-  const std::string sel = absl::StrCat("{job=\"", id, "\",rank=\"0\"}");
+  const std::string sel = absl::StrCat("{job_id=\"", id, "\",rank=\"0\"}");
   std::string error;
   ASSERT_TRUE(WaitFor([&] {
-    return QueryOne(prom, "plateau_job_state{job=\"job-1\",state=\"RUNNING\"}") == 1 &&
+    return QueryOne(prom, "plateau_job_state{job_id=\"job-1\",state=\"RUNNING\"}") == 1 &&
            QueryOne(prom, "plateau_job_step" + sel) >= 2;
-  })) << "Prometheus holds no running sample of job-1; its plateau_job_step series (a scrape job "
-         "without honor_labels shows the id as exported_job): "
+  })) << "Prometheus holds no running sample of job-1; its plateau_job_step series (an id the "
+         "scrape job renamed shows as exported_job_id): "
       << Query(prom, "plateau_job_step", &error).dump() << error << "\n"
       << prometheus.err() << c.Logs();
   const double running_loss = QueryOne(prom, "plateau_job_loss" + sel);
@@ -368,12 +370,16 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_loss" + sel) == final_loss; }))
       << "Prometheus has " << QueryOne(prom, "plateau_job_loss" + sel) << ", /metrics " << final_loss;
   // The query an operator types: both ranks, selected by the training job's
-  // id (only with the scrape job's honor_labels: true). Rank 1 may have
-  // reported one step more or less than rank 0 when the cancel stopped them.
-  json both = Query(prom, "plateau_job_loss{job=\"job-1\"}", &error);
+  // id. Rank 1 may have reported one step more or less than rank 0 when the
+  // cancel stopped them. Each series keeps the id as Plateau exported it and
+  // carries the scrape job's name, which the "up" alert and panel select.
+  json both = Query(prom, "plateau_job_loss{job_id=\"job-1\"}", &error);
   ASSERT_TRUE(both.is_array()) << error;
   ASSERT_EQ(both.size(), 2u) << both.dump();
   for (const json& s : both) {
+    EXPECT_EQ(s["metric"].value("job", ""), "plateau-coordinator") << s.dump();
+    EXPECT_EQ(s["metric"].value("job_id", ""), "job-1") << s.dump();
+    EXPECT_FALSE(s["metric"].contains("exported_job_id")) << s.dump();
     double v = 0;
     ASSERT_TRUE(absl::SimpleAtod(s["value"][1].get<std::string>(), &v)) << s.dump();
     EXPECT_GT(v, 0) << s.dump();
@@ -381,16 +387,27 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
       EXPECT_EQ(v, final_loss) << s.dump();
     }
   }
-  EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_state{job=\"job-1\",state=\"CANCELLED\"}") == 1; }));
+  EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_state{job_id=\"job-1\",state=\"CANCELLED\"}") == 1; }));
+
+  // The job variable offers job-1: its label_values(METRIC, LABEL) is what
+  // Grafana asks of Prometheus's label values API.
+  std::vector<std::string> exprs, variables;
+  CollectQueries(ReadJson(kDashboard), &exprs, &variables);
+  ASSERT_FALSE(exprs.empty());
+  for (const std::string& v : variables) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(v, m, std::regex("label_values\\(([a-z_]+), *([a-z_]+)\\)"))) << v;
+    json values = ApiGet(prom, absl::StrCat("/api/v1/label/", m[2].str(), "/values?match[]=", UrlEncode(m[1].str())),
+                         &error);
+    ASSERT_FALSE(values.is_null()) << error;
+    EXPECT_EQ(values["data"], json::array({"job-1"})) << v << " offers " << values.dump();
+  }
 
   // Every dashboard query answers with at least one series: a wrong label,
   // a wrong aggregation or a metric that is never set would leave a panel
   // empty.
-  std::vector<std::string> exprs, variables;
-  CollectQueries(ReadJson(kDashboard), &exprs, &variables);
-  ASSERT_FALSE(exprs.empty());
   for (const std::string& e : exprs) {
-    const std::string q = AsGrafanaSends(e);
+    const std::string q = AsGrafanaSends(e, id);
     ASSERT_FALSE(absl::StrContains(q, "$")) << "a Grafana variable this test does not know: " << e;
     json r = Query(prom, q, &error);
     ASSERT_TRUE(r.is_array()) << error;

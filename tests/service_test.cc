@@ -111,20 +111,20 @@ TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
 
   const std::string m = Scrape(c.metrics());
   ASSERT_THAT(m, HasSubstr("200 OK"));
-  EXPECT_EQ(Sample(m, "plateau_job_step{job=\"job-1\",rank=\"0\"}"), 6);
-  EXPECT_EQ(Sample(m, "plateau_job_step{job=\"job-1\",rank=\"1\"}"), 6);
+  EXPECT_EQ(Sample(m, "plateau_job_step{job_id=\"job-1\",rank=\"0\"}"), 6);
+  EXPECT_EQ(Sample(m, "plateau_job_step{job_id=\"job-1\",rank=\"1\"}"), 6);
   // Each rank counts its half of the global batch.
-  EXPECT_EQ(Sample(m, "plateau_job_tokens_total{job=\"job-1\",rank=\"0\"}"), 6 * 4 * 32 / 2);
-  EXPECT_GT(Sample(m, "plateau_job_model_flops_total{job=\"job-1\",rank=\"0\"}"), 0);
-  EXPECT_GT(Sample(m, "plateau_job_loss{job=\"job-1\",rank=\"0\"}"), 0);
-  EXPECT_EQ(Sample(m, "plateau_job_step_duration_seconds_count{job=\"job-1\",rank=\"0\"}"), 6);
-  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job=\"job-1\",live_set=\"weights\",rank=\"0\"}"), 0);
-  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job=\"job-1\",live_set=\"dispatch\",rank=\"1\"}"), 0);
-  EXPECT_EQ(Sample(m, "plateau_job_planned_bytes{job=\"job-1\",live_set=\"weights\",rank=\"0\"}"),
+  EXPECT_EQ(Sample(m, "plateau_job_tokens_total{job_id=\"job-1\",rank=\"0\"}"), 6 * 4 * 32 / 2);
+  EXPECT_GT(Sample(m, "plateau_job_model_flops_total{job_id=\"job-1\",rank=\"0\"}"), 0);
+  EXPECT_GT(Sample(m, "plateau_job_loss{job_id=\"job-1\",rank=\"0\"}"), 0);
+  EXPECT_EQ(Sample(m, "plateau_job_step_duration_seconds_count{job_id=\"job-1\",rank=\"0\"}"), 6);
+  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job_id=\"job-1\",live_set=\"weights\",rank=\"0\"}"), 0);
+  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job_id=\"job-1\",live_set=\"dispatch\",rank=\"1\"}"), 0);
+  EXPECT_EQ(Sample(m, "plateau_job_planned_bytes{job_id=\"job-1\",live_set=\"weights\",rank=\"0\"}"),
             sub->plan().live_sets(0).bytes());
-  EXPECT_GT(Sample(m, "plateau_job_mfu_ratio{job=\"job-1\",rank=\"0\"}"), 0);
-  EXPECT_EQ(Sample(m, "plateau_job_state{job=\"job-1\",state=\"SUCCEEDED\"}"), 1);
-  EXPECT_EQ(Sample(m, "plateau_job_state{job=\"job-1\",state=\"RUNNING\"}"), 0);
+  EXPECT_GT(Sample(m, "plateau_job_mfu_ratio{job_id=\"job-1\",rank=\"0\"}"), 0);
+  EXPECT_EQ(Sample(m, "plateau_job_state{job_id=\"job-1\",state=\"SUCCEEDED\"}"), 1);
+  EXPECT_EQ(Sample(m, "plateau_job_state{job_id=\"job-1\",state=\"RUNNING\"}"), 0);
   EXPECT_GT(Sample(m, "plateau_worker_last_heartbeat_timestamp_seconds{worker=\"worker-1\"}"), 1.7e9);
   EXPECT_TRUE(RankPids(id).empty());
 }
