@@ -227,6 +227,11 @@ TEST(DeployTest, SystemdAcceptsTheUnitsAndTheSysusersFile) {
   }
   for (const char* unit : {"plateau-coordinator.service", "plateau-worker.service"}) {
     std::filesystem::copy_file(absl::StrCat("deploy/systemd/", unit), root + "/etc/systemd/system/" + unit);
+    // Secure by default: the token on every call, whatever the env file's
+    // --listen (deploy/README.md).
+    EXPECT_TRUE(std::regex_search(ReadFile(absl::StrCat("deploy/systemd/", unit)),
+                                  std::regex("\nExecStart=[^\n]* --token_file=/etc/plateau/token ")))
+        << unit << " does not pass --token_file=/etc/plateau/token";
   }
   Ran r = RunCommand({kSystemdAnalyze, "verify", "--root=" + root, "plateau-coordinator.service", "plateau-worker.service"},
                      dir + "/verify");
