@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
 
 void Metrics::OnJobState(const std::string& job, v1::JobState state) {
   for (int s = v1::PENDING; s <= v1::RESTARTING; ++s) {
-    state_->Add({{"job", job}, {"state", v1::JobState_Name(static_cast<v1::JobState>(s))}})
+    state_->Add({{"job_id", job}, {"state", v1::JobState_Name(static_cast<v1::JobState>(s))}})
         .Set(s == state ? 1 : 0);
   }
 }
@@ -73,10 +73,10 @@ void Metrics::OnJobState(const std::string& job, v1::JobState state) {
 void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan) {
   for (int r = 0; r < ranks; ++r) {
     for (const v1::LiveSetBytes& ls : plan.live_sets()) {
-      planned_->Add({{"job", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
+      planned_->Add({{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
           .Set(static_cast<double>(ls.bytes()));
     }
-    planned_->Add({{"job", job}, {"rank", absl::StrCat(r)}, {"live_set", "total"}})
+    planned_->Add({{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", "total"}})
         .Set(static_cast<double>(plan.total_bytes()));
   }
 }
@@ -84,7 +84,7 @@ void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& pl
 void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
                      double device_peak_flops) {
   const std::string rank = absl::StrCat(t.rank());
-  const std::map<std::string, std::string> labels = {{"job", job}, {"rank", rank}};
+  const std::map<std::string, std::string> labels = {{"job_id", job}, {"rank", rank}};
   step_->Add(labels).Set(static_cast<double>(t.step()));
   loss_->Add(labels).Set(t.loss());
   const double share = ranks > 0 ? 1.0 / ranks : 1.0;
@@ -100,7 +100,7 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   auto raise = [&](const std::string& set, int64_t bytes) {
     double& best = peaks_[absl::StrCat(job, "/", rank, "/", set)];
     if (bytes > best) best = static_cast<double>(bytes);
-    peak_->Add({{"job", job}, {"rank", rank}, {"live_set", set}}).Set(best);
+    peak_->Add({{"job_id", job}, {"rank", rank}, {"live_set", set}}).Set(best);
   };
   for (const v1::LiveSetBytes& ls : t.peak()) raise(ls.live_set(), ls.bytes());
   raise("total", t.peak_total_bytes());

@@ -1,5 +1,8 @@
 // The coordinator's Prometheus metrics (prometheus-cpp), served on /metrics.
-// Names follow Prometheus conventions; per job and rank:
+// Names follow Prometheus conventions. The training job's id is the label
+// `job_id`, not `job`: Prometheus sets `job` to the scrape job's name, so a
+// `job` label of ours would be overwritten (or need honor_labels).
+// Per job and rank:
 //   plateau_job_step, plateau_job_loss (gauges)
 //   plateau_job_tokens_total, plateau_job_model_flops_total (counters; each
 //     rank counts its 1/P share of the global batch, so summing over ranks

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -67,7 +68,10 @@ Process::Process(const std::vector<std::string>& args, const std::string& log_pr
   int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) pid_ = 0;
+  if (rc != 0) {
+    pid_ = 0;
+    spawn_error_ = absl::StrCat("cannot start ", args.empty() ? "(no command)" : args[0], ": ", std::strerror(rc));
+  }
 }
 
 std::string Process::out() const { return ReadFile(log_ + ".out"); }
@@ -100,13 +104,20 @@ int Process::Stop(int sig) {
 
 Ran RunCommand(const std::vector<std::string>& args, const std::string& log_prefix) {
   Process p(args, log_prefix);
+  Ran r;
+  // Without a child, waitpid(0, ...) below would wait for any child of the
+  // test (a cluster's coordinator) instead of failing.
+  if (p.pid() == 0) {
+    r.err = p.spawn_error();
+    return r;
+  }
   int status = 0;
   const absl::Time end = absl::Now() + kDeadline;
-  bool exited = false;
-  while (!(exited = waitpid(p.pid(), &status, WNOHANG) != 0) && absl::Now() < end) {
+  pid_t waited = 0;
+  while ((waited = waitpid(p.pid(), &status, WNOHANG)) == 0 && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  Ran r;
+  const bool exited = waited == p.pid();
   r.code = exited && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = p.out();
   r.err = p.err();

@@ -34,7 +34,9 @@ std::string ReadFile(const std::string& path);
 bool WaitFor(const std::function<bool()>& ready, absl::Duration deadline = kDeadline);
 
 // A child process in its own process group, stdout and stderr to
-// log_prefix.out / .err; the whole group is stopped when destroyed.
+// log_prefix.out / .err; the whole group is stopped when destroyed. When it
+// cannot be started (a missing binary), pid() is 0, Running() is false and
+// spawn_error() says why.
 class Process {
  public:
   Process(const std::vector<std::string>& args, const std::string& log_prefix);
@@ -43,6 +45,8 @@ class Process {
   Process& operator=(const Process&) = delete;
 
   pid_t pid() const { return pid_; }
+  // Empty when the process was started.
+  const std::string& spawn_error() const { return spawn_error_; }
   std::string out() const;
   std::string err() const;
   // Sends `sig` to the group, SIGKILL after 20 s; returns the wait status.
@@ -52,14 +56,15 @@ class Process {
 
  private:
   std::string log_;
+  std::string spawn_error_;
   pid_t pid_ = 0;
   int status_ = 0;
 };
 
 // Runs a command to completion (kDeadline at most).
 struct Ran {
-  int code = -1;  // exit code; -1 when killed or timed out
-  std::string out, err;
+  int code = -1;  // exit code; -1 when killed, timed out or not started
+  std::string out, err;  // err: the reason when the command could not start
 };
 Ran RunCommand(const std::vector<std::string>& args, const std::string& log_prefix);
 

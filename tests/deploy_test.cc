@@ -45,6 +45,7 @@ constexpr char kPrometheus[] = "/usr/bin/prometheus";
 constexpr char kPromtool[] = "/usr/bin/promtool";
 constexpr char kSystemdAnalyze[] = "/usr/bin/systemd-analyze";
 constexpr char kSystemdSysusers[] = "/usr/bin/systemd-sysusers";
+constexpr char kOpenssl[] = "/usr/bin/openssl";
 
 // Runfiles paths of the files under test.
 constexpr char kPrometheusYml[] = "deploy/prometheus/prometheus.yml";
@@ -161,18 +162,20 @@ std::set<std::string> ExportedNames(const std::string& scrape) {
 }
 
 // What Grafana does to an expression before it reaches Prometheus, for the
-// variables the dashboard uses: every job, and a rate window that holds
-// several of the test's 1 s scrapes.
-std::string AsGrafanaSends(std::string expr) {
+// variables the dashboard uses: the training job selected as `job_id`, and a
+// rate window that holds several of the test's 1 s scrapes. A job's id, not
+// ".+": a panel that selected it by another label would then answer nothing.
+std::string AsGrafanaSends(std::string expr, const std::string& job_id) {
   for (const auto& [var, value] : std::vector<std::pair<std::string, std::string>>{
-           {"${job}", ".+"}, {"$job", ".+"}, {"$__rate_interval", "1m"}}) {
+           {"${job_id}", job_id}, {"$job_id", job_id}, {"$__rate_interval", "1m"}}) {
     for (size_t at; (at = expr.find(var)) != std::string::npos;) expr.replace(at, var.size(), value);
   }
   return expr;
 }
 
 // The shipped prometheus.yml with only the target and the intervals
-// changed: everything else (honor_labels, the rule file) is under test.
+// changed: everything else (the scrape job's name and labels, the rule
+// file) is under test.
 ::testing::AssertionResult WriteTestConfig(const std::string& dir, const std::string& target) {
   std::string yml = ReadFile(kPrometheusYml);
   if (!absl::StrContains(yml, kShippedTarget)) {
@@ -224,6 +227,11 @@ TEST(DeployTest, SystemdAcceptsTheUnitsAndTheSysusersFile) {
   }
   for (const char* unit : {"plateau-coordinator.service", "plateau-worker.service"}) {
     std::filesystem::copy_file(absl::StrCat("deploy/systemd/", unit), root + "/etc/systemd/system/" + unit);
+    // Secure by default: the token on every call, whatever the env file's
+    // --listen (deploy/README.md).
+    EXPECT_TRUE(std::regex_search(ReadFile(absl::StrCat("deploy/systemd/", unit)),
+                                  std::regex("\nExecStart=[^\n]* --token_file=/etc/plateau/token ")))
+        << unit << " does not pass --token_file=/etc/plateau/token";
   }
   Ran r = RunCommand({kSystemdAnalyze, "verify", "--root=" + root, "plateau-coordinator.service", "plateau-worker.service"},
                      dir + "/verify");
@@ -245,9 +253,21 @@ TEST(DeployTest, SystemdAcceptsTheUnitsAndTheSysusersFile) {
 // The sbatch script's own logic on this machine: its coordinator, one
 // worker through a stand-in srun that drops Slurm's options and runs the
 // command (one node), plateauctl submitting a job to the end, and the
-// script's cleanup. Slurm itself is not here (deploy/README.md).
-TEST(DeployTest, SlurmScriptRunsAJobThroughAStandInSrun) {
-  const std::string dir = TempDir("slurm");
+// script's cleanup. Slurm itself is not here (deploy/README.md). The
+// stand-in srun first calls the coordinator the way a stranger would,
+// without the token (while the coordinator is up, before any worker), and
+// leaves plateauctl's answer and exit code in dir/untokened.
+struct SbatchRun {
+  std::string dir;
+  int metrics_port = 0;
+  Ran ran;
+};
+
+// Runs the script in `dir` (a TempDir) with the test's Slurm and Plateau
+// settings and `extra_env` ("NAME=value") after them.
+SbatchRun RunSbatch(const std::string& dir, const std::vector<std::string>& extra_env) {
+  SbatchRun run;
+  run.dir = dir;
   std::filesystem::create_directories(dir + "/bin");
   std::filesystem::create_directories(dir + "/fakebin");
   // PLATEAU_BIN holds the three binaries side by side, as an install does;
@@ -256,27 +276,94 @@ TEST(DeployTest, SlurmScriptRunsAJobThroughAStandInSrun) {
     std::filesystem::create_symlink(std::filesystem::absolute(bin),
                                     dir + "/bin/" + std::filesystem::path(bin).filename().string());
   }
-  std::ofstream(dir + "/fakebin/srun") << "#!/bin/bash\nwhile [[ \"$1\" == --* ]]; do shift; done\nexec \"$@\"\n";
+  std::ofstream(dir + "/fakebin/srun")
+      << "#!/bin/bash\n"
+      << "env -u PLATEAU_TOKEN_FILE \"$PLATEAU_BIN/plateauctl\" --coordinator=\"$PLATEAU_COORDINATOR\" list >"
+      << dir << "/untokened 2>&1\n"
+      << "echo \"exit $?\" >>" << dir << "/untokened\n"
+      << "while [[ \"$1\" == --* ]]; do shift; done\nexec \"$@\"\n";
   std::filesystem::permissions(dir + "/fakebin/srun", std::filesystem::perms::owner_all);
   std::string spec;
   google::protobuf::TextFormat::PrintToString(TinyJob(4), &spec);
   std::ofstream(dir + "/spec.txtpb") << spec;
-  const int api_port = FreePort(), metrics_port = FreePort();
-  Ran r = RunCommand({"/usr/bin/env", "PATH=" + dir + "/fakebin:/usr/bin:/bin", "SLURM_JOB_ID=42",
-                      "SLURM_JOB_NUM_NODES=1", "SLURM_CPUS_ON_NODE=2", "TMPDIR=" + dir, "PLATEAU_BIN=" + dir + "/bin",
-                      "PLATEAU_BACKEND=cpu", "PLATEAU_DEVICES=2", "PLATEAU_RANK_ADDRESS=127.0.0.1",
-                      "PLATEAU_RUN_DIR=" + dir + "/run", absl::StrCat("PLATEAU_API_PORT=", api_port),
-                      absl::StrCat("PLATEAU_METRICS_PORT=", metrics_port), "PLATEAU_SPEC=" + dir + "/spec.txtpb",
-                      "/bin/bash", "deploy/slurm/plateau.sbatch"},
-                     dir + "/sbatch");
+  const int api_port = FreePort();
+  run.metrics_port = FreePort();
+  std::vector<std::string> args = {"/usr/bin/env", "PATH=" + dir + "/fakebin:/usr/bin:/bin", "SLURM_JOB_ID=42",
+                                   "SLURM_JOB_NUM_NODES=1", "SLURM_CPUS_ON_NODE=2", "TMPDIR=" + dir,
+                                   "PLATEAU_BIN=" + dir + "/bin", "PLATEAU_BACKEND=cpu", "PLATEAU_DEVICES=2",
+                                   "PLATEAU_RANK_ADDRESS=127.0.0.1", "PLATEAU_RUN_DIR=" + dir + "/run",
+                                   absl::StrCat("PLATEAU_API_PORT=", api_port),
+                                   absl::StrCat("PLATEAU_METRICS_PORT=", run.metrics_port),
+                                   "PLATEAU_SPEC=" + dir + "/spec.txtpb"};
+  args.insert(args.end(), extra_env.begin(), extra_env.end());
+  args.insert(args.end(), {"/bin/bash", "deploy/slurm/plateau.sbatch"});
+  run.ran = RunCommand(args, dir + "/sbatch");
+  return run;
+}
+
+// What every run of the script must show: the job to the end, a coordinator
+// that refused the call without the token, and the cleanup.
+void ExpectSecuredRunToTheEnd(const SbatchRun& run) {
+  const Ran& r = run.ran;
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("plateau.sbatch: coordinator at "));
   EXPECT_THAT(r.out, HasSubstr("summary: job-1 SUCCEEDED")) << r.out << r.err;
+  const std::string log = ReadFile(run.dir + "/run/coordinator.log");
+  EXPECT_THAT(log, HasSubstr("bearer token required")) << log;
+  const std::string untokened = ReadFile(run.dir + "/untokened");
+  EXPECT_THAT(untokened, HasSubstr("UNAUTHENTICATED: missing bearer token")) << untokened;
+  EXPECT_THAT(untokened, HasSubstr("exit 2")) << untokened;
   // The script stopped the worker (it stops its ranks) and then the
   // coordinator it started: nothing answers on the metrics port any more.
   EXPECT_THAT(r.out + r.err, HasSubstr("plateau_worker: signal 15, stopping every rank"));
-  EXPECT_THAT(ReadFile(dir + "/run/coordinator.log"), HasSubstr("shutting down"));
-  EXPECT_EQ(HttpGet(absl::StrCat("127.0.0.1:", metrics_port), "/metrics"), "");
+  EXPECT_THAT(log, HasSubstr("shutting down"));
+  EXPECT_EQ(HttpGet(absl::StrCat("127.0.0.1:", run.metrics_port), "/metrics"), "");
+}
+
+// Without PLATEAU_TOKEN_FILE the script makes a token only this user can
+// read, in the run directory, and gives its path (never the token) to the
+// coordinator, the worker and plateauctl.
+TEST(DeployTest, SlurmScriptRunsAJobThroughAStandInSrunWithAGeneratedToken) {
+  const SbatchRun run = RunSbatch(TempDir("slurm"), {});
+  ExpectSecuredRunToTheEnd(run);
+  const std::string token_file = run.dir + "/run/token";
+  EXPECT_THAT(run.ran.out, HasSubstr("(bearer token in " + token_file + ")"));
+  ASSERT_TRUE(std::filesystem::exists(token_file));
+  EXPECT_EQ(std::filesystem::status(token_file).permissions(),
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string token = ReadFile(token_file);
+  EXPECT_TRUE(std::regex_match(token, std::regex("[0-9a-f]{64}"))) << "'" << token << "'";
+  // The stand-in srun leaves the worker's output in the script's.
+  const std::string logs = run.ran.out + run.ran.err + ReadFile(run.dir + "/run/coordinator.log");
+  EXPECT_FALSE(absl::StrContains(logs, token)) << "the token is in a log";
+}
+
+// PLATEAU_TOKEN_FILE is used as given (with a warning, as other users may
+// read it), and the TLS files serve the coordinator; the clients verify it
+// with the certificate as their CA (self-signed, naming this host, which is
+// what the script gives them as the coordinator's address).
+TEST(DeployTest, SlurmScriptUsesTheGivenTokenAndTls) {
+  ASSERT_TRUE(Installed(kOpenssl, "openssl"));
+  const std::string dir = TempDir("slurm_tls");
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  const std::string token_file = dir + "/given-token";
+  std::ofstream(token_file) << "given-Token_7\n";
+  std::filesystem::permissions(token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                                               std::filesystem::perms::group_read);
+  Ran r = RunCommand({kOpenssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                      "-keyout", dir + "/key.pem", "-out", dir + "/cert.pem", "-days", "2", "-subj", "/CN=plateau-test",
+                      "-addext", absl::StrCat("subjectAltName=DNS:", host)},
+                     dir + "/openssl");
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const SbatchRun run = RunSbatch(dir, {"PLATEAU_TOKEN_FILE=" + token_file, "PLATEAU_TLS_CERT_FILE=" + dir + "/cert.pem",
+                                        "PLATEAU_TLS_KEY_FILE=" + dir + "/key.pem"});
+  ExpectSecuredRunToTheEnd(run);
+  EXPECT_THAT(run.ran.out, HasSubstr("(bearer token in " + token_file + ", TLS)"));
+  EXPECT_THAT(run.ran.err, HasSubstr("PLATEAU_TOKEN_FILE=" + token_file + " has mode 640; chmod 600 it"));
+  EXPECT_THAT(ReadFile(dir + "/run/coordinator.log"), HasSubstr("(TLS, bearer token required)"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/token")) << "a token was generated although one was given";
 }
 
 TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
@@ -285,7 +372,7 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   std::vector<std::string> exprs, variables;
   CollectQueries(dash, &exprs, &variables);
   ASSERT_GE(exprs.size(), 10u) << "the dashboard's queries were not found";
-  ASSERT_FALSE(variables.empty()) << "the $job variable's query was not found";
+  ASSERT_FALSE(variables.empty()) << "the $job_id variable's query was not found";
   const std::vector<std::string> rules = RuleExprs();
   ASSERT_EQ(rules.size(), 4u) << "the alert rules' expressions were not found";
 
@@ -334,13 +421,13 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   // While it runs: Prometheus holds a sample of the RUNNING state and of a
   // completed step. Cancelling only afterwards makes these scrapes of a
   // running job (the state never returns to RUNNING).
-  const std::string sel = absl::StrCat("{job=\"", id, "\",rank=\"0\"}");
+  const std::string sel = absl::StrCat("{job_id=\"", id, "\",rank=\"0\"}");
   std::string error;
   ASSERT_TRUE(WaitFor([&] {
-    return QueryOne(prom, "plateau_job_state{job=\"job-1\",state=\"RUNNING\"}") == 1 &&
+    return QueryOne(prom, "plateau_job_state{job_id=\"job-1\",state=\"RUNNING\"}") == 1 &&
            QueryOne(prom, "plateau_job_step" + sel) >= 2;
-  })) << "Prometheus holds no running sample of job-1; its plateau_job_step series (a scrape job "
-         "without honor_labels shows the id as exported_job): "
+  })) << "Prometheus holds no running sample of job-1; its plateau_job_step series (an id the "
+         "scrape job renamed shows as exported_job_id): "
       << Query(prom, "plateau_job_step", &error).dump() << error << "\n"
       << prometheus.err() << c.Logs();
   const double running_loss = QueryOne(prom, "plateau_job_loss" + sel);
@@ -368,12 +455,16 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_loss" + sel) == final_loss; }))
       << "Prometheus has " << QueryOne(prom, "plateau_job_loss" + sel) << ", /metrics " << final_loss;
   // The query an operator types: both ranks, selected by the training job's
-  // id (only with the scrape job's honor_labels: true). Rank 1 may have
-  // reported one step more or less than rank 0 when the cancel stopped them.
-  json both = Query(prom, "plateau_job_loss{job=\"job-1\"}", &error);
+  // id. Rank 1 may have reported one step more or less than rank 0 when the
+  // cancel stopped them. Each series keeps the id as Plateau exported it and
+  // carries the scrape job's name, which the "up" alert and panel select.
+  json both = Query(prom, "plateau_job_loss{job_id=\"job-1\"}", &error);
   ASSERT_TRUE(both.is_array()) << error;
   ASSERT_EQ(both.size(), 2u) << both.dump();
   for (const json& s : both) {
+    EXPECT_EQ(s["metric"].value("job", ""), "plateau-coordinator") << s.dump();
+    EXPECT_EQ(s["metric"].value("job_id", ""), "job-1") << s.dump();
+    EXPECT_FALSE(s["metric"].contains("exported_job_id")) << s.dump();
     double v = 0;
     ASSERT_TRUE(absl::SimpleAtod(s["value"][1].get<std::string>(), &v)) << s.dump();
     EXPECT_GT(v, 0) << s.dump();
@@ -381,16 +472,27 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
       EXPECT_EQ(v, final_loss) << s.dump();
     }
   }
-  EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_state{job=\"job-1\",state=\"CANCELLED\"}") == 1; }));
+  EXPECT_TRUE(WaitFor([&] { return QueryOne(prom, "plateau_job_state{job_id=\"job-1\",state=\"CANCELLED\"}") == 1; }));
+
+  // The job variable offers job-1: its label_values(METRIC, LABEL) is what
+  // Grafana asks of Prometheus's label values API.
+  std::vector<std::string> exprs, variables;
+  CollectQueries(ReadJson(kDashboard), &exprs, &variables);
+  ASSERT_FALSE(exprs.empty());
+  for (const std::string& v : variables) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(v, m, std::regex("label_values\\(([a-z_]+), *([a-z_]+)\\)"))) << v;
+    json values = ApiGet(prom, absl::StrCat("/api/v1/label/", m[2].str(), "/values?match[]=", UrlEncode(m[1].str())),
+                         &error);
+    ASSERT_FALSE(values.is_null()) << error;
+    EXPECT_EQ(values["data"], json::array({"job-1"})) << v << " offers " << values.dump();
+  }
 
   // Every dashboard query answers with at least one series: a wrong label,
   // a wrong aggregation or a metric that is never set would leave a panel
   // empty.
-  std::vector<std::string> exprs, variables;
-  CollectQueries(ReadJson(kDashboard), &exprs, &variables);
-  ASSERT_FALSE(exprs.empty());
   for (const std::string& e : exprs) {
-    const std::string q = AsGrafanaSends(e);
+    const std::string q = AsGrafanaSends(e, id);
     ASSERT_FALSE(absl::StrContains(q, "$")) << "a Grafana variable this test does not know: " << e;
     json r = Query(prom, q, &error);
     ASSERT_TRUE(r.is_array()) << error;

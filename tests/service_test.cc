@@ -14,6 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -25,6 +27,25 @@ namespace {
 using ::testing::HasSubstr;
 
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+// The harness itself: a command that cannot start fails at once, saying
+// why, and leaves the test's other children alone (waiting on pid 0 would
+// have waited for any of them, here for the deadline).
+TEST(ServiceTest, HarnessFailsFastOnACommandThatCannotStart) {
+  const std::string dir = TempDir("harness");
+  Process other({"/bin/sleep", "60"}, dir + "/sleep");
+  ASSERT_TRUE(other.Running());
+  Process missing({dir + "/no-such-binary"}, dir + "/missing");
+  EXPECT_EQ(missing.pid(), 0);
+  EXPECT_FALSE(missing.Running());
+  EXPECT_THAT(missing.spawn_error(), HasSubstr("no-such-binary: No such file or directory"));
+  const absl::Time start = absl::Now();
+  Ran r = RunCommand({dir + "/no-such-binary", "--flag"}, dir + "/run");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(r.code, -1);
+  EXPECT_EQ(r.err, "cannot start " + dir + "/no-such-binary: No such file or directory");
+  EXPECT_TRUE(other.Running()) << "RunCommand reaped another child";
+}
 
 TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
   Cluster c("succeed");
@@ -90,20 +111,20 @@ TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
 
   const std::string m = Scrape(c.metrics());
   ASSERT_THAT(m, HasSubstr("200 OK"));
-  EXPECT_EQ(Sample(m, "plateau_job_step{job=\"job-1\",rank=\"0\"}"), 6);
-  EXPECT_EQ(Sample(m, "plateau_job_step{job=\"job-1\",rank=\"1\"}"), 6);
+  EXPECT_EQ(Sample(m, "plateau_job_step{job_id=\"job-1\",rank=\"0\"}"), 6);
+  EXPECT_EQ(Sample(m, "plateau_job_step{job_id=\"job-1\",rank=\"1\"}"), 6);
   // Each rank counts its half of the global batch.
-  EXPECT_EQ(Sample(m, "plateau_job_tokens_total{job=\"job-1\",rank=\"0\"}"), 6 * 4 * 32 / 2);
-  EXPECT_GT(Sample(m, "plateau_job_model_flops_total{job=\"job-1\",rank=\"0\"}"), 0);
-  EXPECT_GT(Sample(m, "plateau_job_loss{job=\"job-1\",rank=\"0\"}"), 0);
-  EXPECT_EQ(Sample(m, "plateau_job_step_duration_seconds_count{job=\"job-1\",rank=\"0\"}"), 6);
-  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job=\"job-1\",live_set=\"weights\",rank=\"0\"}"), 0);
-  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job=\"job-1\",live_set=\"dispatch\",rank=\"1\"}"), 0);
-  EXPECT_EQ(Sample(m, "plateau_job_planned_bytes{job=\"job-1\",live_set=\"weights\",rank=\"0\"}"),
+  EXPECT_EQ(Sample(m, "plateau_job_tokens_total{job_id=\"job-1\",rank=\"0\"}"), 6 * 4 * 32 / 2);
+  EXPECT_GT(Sample(m, "plateau_job_model_flops_total{job_id=\"job-1\",rank=\"0\"}"), 0);
+  EXPECT_GT(Sample(m, "plateau_job_loss{job_id=\"job-1\",rank=\"0\"}"), 0);
+  EXPECT_EQ(Sample(m, "plateau_job_step_duration_seconds_count{job_id=\"job-1\",rank=\"0\"}"), 6);
+  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job_id=\"job-1\",live_set=\"weights\",rank=\"0\"}"), 0);
+  EXPECT_GT(Sample(m, "plateau_job_peak_bytes{job_id=\"job-1\",live_set=\"dispatch\",rank=\"1\"}"), 0);
+  EXPECT_EQ(Sample(m, "plateau_job_planned_bytes{job_id=\"job-1\",live_set=\"weights\",rank=\"0\"}"),
             sub->plan().live_sets(0).bytes());
-  EXPECT_GT(Sample(m, "plateau_job_mfu_ratio{job=\"job-1\",rank=\"0\"}"), 0);
-  EXPECT_EQ(Sample(m, "plateau_job_state{job=\"job-1\",state=\"SUCCEEDED\"}"), 1);
-  EXPECT_EQ(Sample(m, "plateau_job_state{job=\"job-1\",state=\"RUNNING\"}"), 0);
+  EXPECT_GT(Sample(m, "plateau_job_mfu_ratio{job_id=\"job-1\",rank=\"0\"}"), 0);
+  EXPECT_EQ(Sample(m, "plateau_job_state{job_id=\"job-1\",state=\"SUCCEEDED\"}"), 1);
+  EXPECT_EQ(Sample(m, "plateau_job_state{job_id=\"job-1\",state=\"RUNNING\"}"), 0);
   EXPECT_GT(Sample(m, "plateau_worker_last_heartbeat_timestamp_seconds{worker=\"worker-1\"}"), 1.7e9);
   EXPECT_TRUE(RankPids(id).empty());
 }

@@ -116,16 +116,20 @@ int Main(int argc, char** argv) {
   }
   o.token_file = f["token_file"];
   o.tls_ca_file = f["tls_ca_file"];
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      OpenChannel(ConnectionOptions{o.coordinator, o.token_file, o.tls_ca_file});
-  if (!channel.ok()) return Fail(std::string(channel.status().message()));
-  o.channel = *channel;
-
+  // SIGINT/SIGTERM are taken by sigwait below. Blocked before the channel
+  // is opened: gRPC starts its threads there, every thread inherits the
+  // mask, and one without it would take the signal's default action (the
+  // agent killed at once, its ranks left to the parent-death signal).
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(ConnectionOptions{o.coordinator, o.token_file, o.tls_ca_file});
+  if (!channel.ok()) return Fail(std::string(channel.status().message()));
+  o.channel = *channel;
+
   Agent agent(o);
   std::thread waiter([&] {
     int sig = 0;
