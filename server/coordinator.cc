@@ -166,6 +166,11 @@ void Coordinator::Tick() {
   ExpireWorkers();
   CheckProgress();
   Schedule();
+  const absl::Time now = absl::Now();
+  while (!forget_.empty() && forget_.front().first <= now) {
+    metrics_->ForgetJob(forget_.front().second);
+    forget_.pop_front();
+  }
 }
 
 uint64_t Coordinator::version() {
@@ -202,6 +207,9 @@ absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::str
   job.set_event_count(ev[0].index() + 1);
   PLATEAU_RETURN_IF_ERROR(store_->PutJob(job));
   metrics_->OnJobState(job.id(), state);
+  if (IsTerminal(state) && options_.metrics_retention > absl::ZeroDuration()) {
+    forget_.emplace_back(absl::Now() + options_.metrics_retention, job.id());
+  }
   Changed();
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@
 #define PLATEAU_SERVER_COORDINATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -57,6 +58,10 @@ struct CoordinatorOptions {
   // JobSpec.progress_timeout_s when the spec leaves it 0.
   absl::Duration default_progress_timeout = absl::Seconds(600);
   absl::Duration tick = absl::Milliseconds(100);
+  // A finished job's metric series are removed this long after its final
+  // state (Prometheus has scraped the final values by then); 0: kept until
+  // the coordinator restarts.
+  absl::Duration metrics_retention = absl::Minutes(15);
 };
 
 bool IsTerminal(v1::JobState state);
@@ -161,6 +166,8 @@ class Coordinator {
   std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Active> active_ ABSL_GUARDED_BY(mu_);  // by job seq
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  // Finished jobs whose metric series go at the given time, oldest first.
+  std::deque<std::pair<absl::Time, std::string>> forget_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -8,7 +8,7 @@
 //   plateau_coordinator --state_dir=/var/lib/plateau
 //       [--listen=127.0.0.1:7070] [--metrics_address=127.0.0.1:9464]
 //       [--ready_file=PATH] [--heartbeat_ms=1000] [--worker_timeout_s=2 x heartbeat]
-//       [--reattach_timeout_s=10]
+//       [--reattach_timeout_s=10] [--metrics_retention_s=900]
 //       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH]
 //       [--insecure_listen_any] [--max_request_bytes=4194304]
 //       [--max_watches_per_client=64]
@@ -54,6 +54,8 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
   --worker_timeout_s=0             a worker silent this long is lost (0: two heartbeat intervals)
   --reattach_timeout_s=10          after a restart, the time the workers of live jobs have to
                                    register again before they count as lost
+  --metrics_retention_s=900        a finished job's metric series are removed this long after its
+                                   final state (0: kept until the coordinator restarts)
 
 security (docs/SERVICE.md "Security")
   --token_file=PATH                bearer token every JobService and WorkerService call must carry
@@ -104,6 +106,7 @@ int Main(int argc, char** argv) {
                                               {"ready_file", ""},
                                               {"worker_timeout_s", "0"},
                                               {"reattach_timeout_s", "10"},
+                                              {"metrics_retention_s", "900"},
                                               {"heartbeat_ms", "1000"},
                                               {"token_file", ""},
                                               {"tls_cert_file", ""},
@@ -138,6 +141,11 @@ int Main(int argc, char** argv) {
     return Fail("--worker_timeout_s: expected more than one heartbeat interval (--heartbeat_ms)");
   }
   options.reattach_timeout = absl::Seconds(reattach_s);
+  double retention_s = 0;
+  if (!absl::SimpleAtod(flags["metrics_retention_s"], &retention_s) || !(retention_s >= 0)) {
+    return Fail("--metrics_retention_s: expected a number of seconds >= 0");
+  }
+  options.metrics_retention = absl::Seconds(retention_s);
 
   // Security: every check before anything is opened or bound.
   int64_t max_request_bytes = 0, max_watches = 0;

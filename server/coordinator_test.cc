@@ -10,9 +10,12 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cluster.h"
 #include "worker/job_spec.h"
 #include "worker/rank_protocol.h"
 
@@ -316,6 +319,37 @@ TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {
   Open();
   EXPECT_EQ(c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, FinishedJobsMetricSeriesLeaveAfterTheRetention) {
+  options_.metrics_retention = absl::Milliseconds(300);
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  v1::TelemetryRequest t;
+  t.set_worker_id(w);
+  v1::TelemetryRequest::Step* s = t.add_steps();
+  s->set_job_id(job);
+  s->mutable_telemetry()->set_rank(0);
+  s->mutable_telemetry()->set_step(1);
+  s->mutable_telemetry()->set_loss(2.5);
+  s->mutable_telemetry()->set_tokens(128);
+  s->mutable_telemetry()->set_seconds(0.1);
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  const std::string address = absl::StrCat("127.0.0.1:", metrics_->port());
+  const std::string loss = absl::StrCat("plateau_job_loss{job_id=\"", job, "\",rank=\"0\"}");
+  EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), loss), 2.5);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  const absl::Time done = absl::Now();
+  // Still there right after the end: Prometheus must see the final values.
+  const std::string state = absl::StrCat("plateau_job_state{job_id=\"", job, "\",state=\"SUCCEEDED\"}");
+  EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), state), 1);
+  ASSERT_TRUE(testing_cluster::WaitFor(
+      [&] { return !absl::StrContains(testing_cluster::Scrape(address), "job_id=\"" + job + "\""); },
+      absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - done, absl::Milliseconds(300));
 }
 
 }  // namespace

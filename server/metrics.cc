@@ -63,9 +63,30 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
   return m;
 }
 
+template <typename T, typename... Args>
+T& Metrics::Add(prometheus::Family<T>* family, const std::string& job,
+                const std::map<std::string, std::string>& labels, Args&&... args) {
+  T& metric = family->Add(labels, std::forward<Args>(args)...);
+  absl::MutexLock lock(&mu_);
+  series_[job].emplace(&metric, [family, m = &metric] { family->Remove(m); });
+  return metric;
+}
+
+void Metrics::ForgetJob(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  auto it = series_.find(job);
+  if (it == series_.end()) return;
+  for (auto& [metric, remove] : it->second) remove();
+  series_.erase(it);
+  const std::string prefix = job + "/";
+  for (auto p = peaks_.lower_bound(prefix); p != peaks_.end() && p->first.compare(0, prefix.size(), prefix) == 0;) {
+    p = peaks_.erase(p);
+  }
+}
+
 void Metrics::OnJobState(const std::string& job, v1::JobState state) {
   for (int s = v1::PENDING; s <= v1::RESTARTING; ++s) {
-    state_->Add({{"job_id", job}, {"state", v1::JobState_Name(static_cast<v1::JobState>(s))}})
+    Add(state_, job, {{"job_id", job}, {"state", v1::JobState_Name(static_cast<v1::JobState>(s))}})
         .Set(s == state ? 1 : 0);
   }
 }
@@ -73,10 +94,10 @@ void Metrics::OnJobState(const std::string& job, v1::JobState state) {
 void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan) {
   for (int r = 0; r < ranks; ++r) {
     for (const v1::LiveSetBytes& ls : plan.live_sets()) {
-      planned_->Add({{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
+      Add(planned_, job, {{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
           .Set(static_cast<double>(ls.bytes()));
     }
-    planned_->Add({{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", "total"}})
+    Add(planned_, job, {{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", "total"}})
         .Set(static_cast<double>(plan.total_bytes()));
   }
 }
@@ -85,22 +106,26 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
                      double device_peak_flops) {
   const std::string rank = absl::StrCat(t.rank());
   const std::map<std::string, std::string> labels = {{"job_id", job}, {"rank", rank}};
-  step_->Add(labels).Set(static_cast<double>(t.step()));
-  loss_->Add(labels).Set(t.loss());
+  Add(step_, job, labels).Set(static_cast<double>(t.step()));
+  Add(loss_, job, labels).Set(t.loss());
   const double share = ranks > 0 ? 1.0 / ranks : 1.0;
-  tokens_->Add(labels).Increment(static_cast<double>(t.tokens()) * share);
-  flops_->Add(labels).Increment(t.model_flops() * share);
+  Add(tokens_, job, labels).Increment(static_cast<double>(t.tokens()) * share);
+  Add(flops_, job, labels).Increment(t.model_flops() * share);
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
       0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
-  duration_->Add(labels, kBuckets).Observe(t.seconds());
+  Add(duration_, job, labels, kBuckets).Observe(t.seconds());
   if (device_peak_flops > 0 && t.seconds() > 0) {
-    mfu_->Add(labels).Set(t.model_flops() * share / t.seconds() / device_peak_flops);
+    Add(mfu_, job, labels).Set(t.model_flops() * share / t.seconds() / device_peak_flops);
   }
-  absl::MutexLock lock(&mu_);
   auto raise = [&](const std::string& set, int64_t bytes) {
-    double& best = peaks_[absl::StrCat(job, "/", rank, "/", set)];
-    if (bytes > best) best = static_cast<double>(bytes);
-    peak_->Add({{"job_id", job}, {"rank", rank}, {"live_set", set}}).Set(best);
+    double best;
+    {
+      absl::MutexLock lock(&mu_);
+      double& b = peaks_[absl::StrCat(job, "/", rank, "/", set)];
+      if (bytes > b) b = static_cast<double>(bytes);
+      best = b;
+    }
+    Add(peak_, job, {{"job_id", job}, {"rank", rank}, {"live_set", set}}).Set(best);
   };
   for (const v1::LiveSetBytes& ls : t.peak()) raise(ls.live_set(), ls.bytes());
   raise("total", t.peak_total_bytes());

@@ -17,6 +17,7 @@
 #ifndef PLATEAU_SERVER_METRICS_H_
 #define PLATEAU_SERVER_METRICS_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,9 +49,17 @@ class Metrics {
   void OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
               double device_peak_flops);
   void OnHeartbeat(const std::string& worker, absl::Time when);
+  // Removes every series of the job (a finished job, once Prometheus has
+  // had time to scrape its final values), so that /metrics does not grow
+  // with every job a coordinator ever ran.
+  void ForgetJob(const std::string& job);
 
  private:
   Metrics() = default;
+  // Family::Add that remembers the series under its job, for ForgetJob.
+  template <typename T, typename... Args>
+  T& Add(prometheus::Family<T>* family, const std::string& job,
+         const std::map<std::string, std::string>& labels, Args&&... args);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
@@ -69,6 +78,8 @@ class Metrics {
   absl::Mutex mu_;
   // The largest peak each (job, rank, live set) has reached.
   std::map<std::string, double> peaks_ ABSL_GUARDED_BY(mu_);
+  // Every series of a job, as the closure that removes it.
+  std::map<std::string, std::map<const void*, std::function<void()>>> series_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace plateau
