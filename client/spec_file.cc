@@ -13,6 +13,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/stubs/common.h"
 #include "google/protobuf/text_format.h"
 
 namespace plateau {
@@ -208,6 +209,40 @@ std::string Describe(absl::string_view text, const FirstError& e, int* line, int
   return absl::StrCat(out, ": ", message, hint);
 }
 
+// The first string field of `m` that is not UTF-8, and where the file set
+// it. The text format takes any bytes ("\\377"), but proto3 strings must be
+// UTF-8 and the coordinator's wire parser would refuse the whole request
+// without saying which field.
+bool FindNonUtf8(const pb::Message& m, const pb::TextFormat::ParseInfoTree* tree, const std::string& prefix,
+                 std::string* path, pb::TextFormat::ParseLocation* where) {
+  std::vector<const pb::FieldDescriptor*> fields;
+  m.GetReflection()->ListFields(m, &fields);
+  for (const pb::FieldDescriptor* f : fields) {
+    const int n = f->is_repeated() ? m.GetReflection()->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const int index = f->is_repeated() ? i : -1;
+      const std::string name =
+          absl::StrCat(prefix, prefix.empty() ? "" : ".", f->name(), f->is_repeated() ? absl::StrCat("[", i, "]") : "");
+      if (f->type() == pb::FieldDescriptor::TYPE_STRING) {
+        const std::string v = f->is_repeated() ? m.GetReflection()->GetRepeatedString(m, f, i)
+                                               : m.GetReflection()->GetString(m, f);
+        if (!pb::internal::IsStructurallyValidUTF8(v.data(), static_cast<int>(v.size()))) {
+          *path = name;
+          if (tree != nullptr) *where = tree->GetLocation(f, index);
+          return true;
+        }
+      } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+        const pb::Message& sub = f->is_repeated() ? m.GetReflection()->GetRepeatedMessage(m, f, i)
+                                                  : m.GetReflection()->GetMessage(m, f);
+        if (FindNonUtf8(sub, tree != nullptr ? tree->GetTreeForNested(f, index) : nullptr, name, path, where)) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseSpecText(absl::string_view text, const std::string& name) {
@@ -215,12 +250,20 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(absl::string_view text, const std::str
   pb::TextFormat::Parser parser;
   FirstError errors;
   parser.RecordErrorsTo(&errors);
+  pb::TextFormat::ParseInfoTree tree;
+  parser.WriteLocationsTo(&tree);
   if (text.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !parser.ParseFromString(std::string(text), &spec)) {
     int line = errors.line, column = errors.column;
     const std::string what = errors.seen ? Describe(text, errors, &line, &column) : "cannot be parsed";
     return absl::InvalidArgumentError(
         absl::StrCat(name, ":", line + 1, ":", column + 1, ": ", what, " (a text-format plateau.v1.JobSpec)"));
+  }
+  std::string field;
+  pb::TextFormat::ParseLocation where;
+  if (FindNonUtf8(spec, &tree, "", &field, &where)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ":", where.line + 1, ":", where.column + 1, ": ", field,
+                                                   " (string): expected UTF-8 text, got bytes that are not UTF-8"));
   }
   return spec;
 }

@@ -42,6 +42,8 @@ TEST(SpecFileTest, ParseErrorsNameTheLineColumnAndField) {
       {"layout { ranks: 2 nodes: -x }", "1:27: layout.nodes (int64): ", "Expected integer"},
       {"model { hidden: 64\n", "2:1: model (message plateau.v1.ModelSpec): ", "got: the end of the file"},
       {"model { hidden: 64 } }", "1:22: ", "Expected identifier"},
+      {"name: \"ok\"\ndata { shards { paths: \"/a\" paths: \"/b\\377\" } }", "2:29: data.shards.paths[1] (string): ",
+       "expected UTF-8 text"},
       {"optimizer { beta1: 0.9 beta2: 1e9x }", "1:34: optimizer.beta2 (float): ", "Need space"},
   };
   for (const Bad& c : cases) {

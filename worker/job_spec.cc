@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/stubs/common.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 
@@ -46,14 +47,26 @@ absl::Status CheckFloat(absl::string_view field, float v, float lo, bool lo_open
   return absl::OkStatus();
 }
 
+// proto3 strings must be UTF-8: the wire parser (the coordinator's gRPC
+// server, the rank reading its assignment) refuses a message with one that
+// is not, so a spec built in process with such bytes must not validate.
+// The parser's own check, so that the two agree.
+absl::Status CheckText(absl::string_view field, const std::string& s) {
+  if (!google::protobuf::internal::IsStructurallyValidUTF8(s.data(), static_cast<int>(s.size()))) {
+    return Bad(field, "UTF-8 text (a proto3 string)", absl::StrCat(s.size(), " bytes that are not UTF-8"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPath(absl::string_view field, const std::string& path) {
   if (path.empty()) return Bad(field, "a path", "an empty string");
-  if (path[0] != '/') {
-    return Bad(field, "an absolute path on the worker's node (plateauctl makes relative paths absolute)",
-               absl::StrCat("'", path, "'"));
-  }
+  PLATEAU_RETURN_IF_ERROR(CheckText(field, path));
   if (path.size() > 4096 || path.find('\0') != std::string::npos) {
     return Bad(field, "a path of at most 4096 bytes without NUL", absl::StrCat(path.size(), " bytes"));
+  }
+  if (path[0] != '/') {
+    return Bad(field, "an absolute path on the worker's node (plateauctl makes relative paths absolute)",
+               absl::StrCat("'", path.substr(0, 256), path.size() > 256 ? "...'" : "'"));
   }
   return absl::OkStatus();
 }
@@ -309,6 +322,7 @@ absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
 
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   if (spec.name().size() > 256) return Bad("name", "at most 256 bytes", absl::StrCat(spec.name().size(), " bytes"));
+  PLATEAU_RETURN_IF_ERROR(CheckText("name", spec.name()));
   if (!spec.has_model()) return Bad("model", "the model's configuration", "none");
   TrainerOptions t;
   PLATEAU_RETURN_IF_ERROR(ConvertModel(spec.model(), &t.step.model));

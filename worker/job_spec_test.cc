@@ -193,6 +193,11 @@ std::vector<Case> MalformedFieldCases() {
          s.mutable_data()->mutable_text()->set_path(std::string("/a\0b", 4));
          s.mutable_model()->set_vocab_size(256);
        }},
+      {"data.text.path", [](S& s) {
+         s.mutable_data()->mutable_text()->set_path("/data/\xff\xfe.txt");
+         s.mutable_model()->set_vocab_size(256);
+       }},
+      {"name", [](S& s) { s.set_name("caf\xc3"); }},  // truncated UTF-8
       {"model.vocab_size", [](S& s) { s.mutable_data()->mutable_text()->set_path("/etc/hostname"); }},
       {"data.shards.paths", [](S& s) { s.mutable_data()->mutable_shards(); }},
       {"data.shards.paths[0]", [](S& s) { s.mutable_data()->mutable_shards()->add_paths(""); }},
@@ -208,6 +213,8 @@ std::vector<Case> MalformedFieldCases() {
       {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_directory("ckpt"); }},
       {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_every(10); }},
       {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_directory("/" + std::string(5000, 'c')); }},
+      {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_directory("/ckpt/\xed\xa0\x80"); }},
+      {"data.shards.paths[0]", [](S& s) { s.mutable_data()->mutable_shards()->add_paths("/\xc0\xaf"); }},
       {"checkpoint.every", [](S& s) {
          s.mutable_checkpoint()->set_directory("/tmp/x");
          s.mutable_checkpoint()->set_every(-1);
