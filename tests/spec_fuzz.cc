@@ -279,11 +279,13 @@ v1::JobSpec SpecMutator::MutateFields(std::string* what) {
                                       int64_t{1} << 20, (int64_t{1} << 20) + 1, int64_t{1} << 31,
                                       (int64_t{1} << 31) + 1, int64_t{1} << 40, int64_t{1} << 62,
                                       kI64Max, kI64Min, kI64Min + 1};
+      // Wrapping arithmetic: the mutator itself must not overflow (UBSan).
+      const uint64_t u = static_cast<uint64_t>(current);
       switch (Below(4)) {
         case 0:
-          return current + static_cast<int64_t>(Below(7)) - 3;
+          return static_cast<int64_t>(u + Below(7) - 3);
         case 1:
-          return Below(2) ? current * 2 : current / 2;
+          return Below(2) ? static_cast<int64_t>(u * 2) : current / 2;
         case 2: {
           const int64_t p = int64_t{1} << Below(63);
           return p + static_cast<int64_t>(Below(3)) - 1;
