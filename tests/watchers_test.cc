@@ -151,8 +151,9 @@ TEST(WatchersTest, FiftyWatchersGetEveryEventAndASlowOneStallsNobody) {
   {
     absl::MutexLock l(&mu);
     EXPECT_GE(slow_when_fast_done, 0);
-    EXPECT_LT(slow_when_fast_done, static_cast<int64_t>(want.size()) / 2)
-        << "the slow watcher was not behind: the check below proves nothing";
+    // ~5 events/s against ~40/s: behind unless the job took ~40 s.
+    EXPECT_LT(slow_when_fast_done, static_cast<int64_t>(want.size()))
+        << "the slow watcher was not behind: the check above proves nothing";
   }
   // ...and got every event in the end.
   EXPECT_TRUE(got[0].status.ok()) << got[0].status.error_message();
