@@ -10,10 +10,8 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,8 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "google/protobuf/io/tokenizer.h"
-#include "google/protobuf/text_format.h"
+#include "client/spec_file.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace plateau {
@@ -83,26 +80,12 @@ std::string Json(const google::protobuf::Message& m) {
 
 std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
 
-class Collector : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, int column, const std::string& message) override {
-    if (error.empty()) error = absl::StrCat(line + 1, ":", column + 1, ": ", message);
-  }
-  std::string error;
-};
-
+// The file's spec; a parse error names the file, line, column and field
+// (client/spec_file.h).
 absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  v1::JobSpec spec;
-  google::protobuf::TextFormat::Parser parser;
-  Collector errors;
-  parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text.str(), &spec)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ":", errors.error, " (a text-format plateau.v1.JobSpec)"));
-  }
+  auto parsed = ReadSpecFile(path);
+  if (!parsed.ok()) return parsed.status();
+  v1::JobSpec spec = *std::move(parsed);
   // Paths are read on the worker's node: make relative ones absolute here.
   auto absolute = [](std::string* p) {
     if (!p->empty() && (*p)[0] != '/') *p = std::filesystem::absolute(*p).lexically_normal().string();

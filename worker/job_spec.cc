@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/stubs/common.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 
@@ -19,8 +20,14 @@ absl::Status Bad(absl::string_view field, absl::string_view expected, absl::stri
 // Upper bounds that keep every byte count of the plan inside int64 (and far
 // beyond any real job); a spec over them is refused, never overflowed.
 constexpr int64_t kMaxDim = int64_t{1} << 20;
+// The plan lists every layer's weights by name (ModelWeights, three times):
+// 2^20 layers made planning one spec take 15 s and 1.9 GB on the
+// coordinator's RPC thread. 4096 is far beyond any real depth.
+constexpr int64_t kMaxLayers = int64_t{1} << 12;
 constexpr int64_t kMaxRanks = 65536;
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
+// Per size category of CheckSize; four categories stay under INT64_MAX
+// (9.2e18) together, so the plan's sum of live sets cannot overflow either.
 constexpr double kMaxPlannedBytes = 1e18;
 
 absl::Status CheckRange(absl::string_view field, int64_t v, int64_t lo, int64_t hi) {
@@ -40,14 +47,26 @@ absl::Status CheckFloat(absl::string_view field, float v, float lo, bool lo_open
   return absl::OkStatus();
 }
 
+// proto3 strings must be UTF-8: the wire parser (the coordinator's gRPC
+// server, the rank reading its assignment) refuses a message with one that
+// is not, so a spec built in process with such bytes must not validate.
+// The parser's own check, so that the two agree.
+absl::Status CheckText(absl::string_view field, const std::string& s) {
+  if (!google::protobuf::internal::IsStructurallyValidUTF8(s.data(), static_cast<int>(s.size()))) {
+    return Bad(field, "UTF-8 text (a proto3 string)", absl::StrCat(s.size(), " bytes that are not UTF-8"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPath(absl::string_view field, const std::string& path) {
   if (path.empty()) return Bad(field, "a path", "an empty string");
-  if (path[0] != '/') {
-    return Bad(field, "an absolute path on the worker's node (plateauctl makes relative paths absolute)",
-               absl::StrCat("'", path, "'"));
-  }
+  PLATEAU_RETURN_IF_ERROR(CheckText(field, path));
   if (path.size() > 4096 || path.find('\0') != std::string::npos) {
     return Bad(field, "a path of at most 4096 bytes without NUL", absl::StrCat(path.size(), " bytes"));
+  }
+  if (path[0] != '/') {
+    return Bad(field, "an absolute path on the worker's node (plateauctl makes relative paths absolute)",
+               absl::StrCat("'", path.substr(0, 256), path.size() > 256 ? "...'" : "'"));
   }
   return absl::OkStatus();
 }
@@ -62,10 +81,18 @@ absl::Status ConvertModel(const v1::ModelSpec& s, ModelConfig* m) {
                           {"model.top_k", s.top_k()},
                           {"model.expert_ffn", s.expert_ffn()},
                           {"model.seq_len", s.seq_len()}}) {
-    const int64_t hi = std::string(field) == "model.vocab_size" ? (int64_t{1} << 31) : kMaxDim;
-    const int64_t lo = std::string(field) == "model.vocab_size" ? 2 : 1;
+    const std::string f = field;
+    const int64_t hi = f == "model.vocab_size" ? (int64_t{1} << 31) : f == "model.layers" ? kMaxLayers : kMaxDim;
+    const int64_t lo = f == "model.vocab_size" ? 2 : 1;
     PLATEAU_RETURN_IF_ERROR(CheckRange(field, v, lo, hi));
   }
+  // Upper bounds far beyond real models, below the values whose fp32
+  // arithmetic overflows (a weight std of 1e30 makes every activation inf).
+  if (s.has_rope_theta()) {
+    PLATEAU_RETURN_IF_ERROR(CheckFloat("model.rope_theta", s.rope_theta(), 1, true, 1e12f, false));
+  }
+  if (s.has_norm_eps()) PLATEAU_RETURN_IF_ERROR(CheckFloat("model.norm_eps", s.norm_eps(), 0, true, 1, false));
+  if (s.has_init_std()) PLATEAU_RETURN_IF_ERROR(CheckFloat("model.init_std", s.init_std(), 0, true, 1, false));
   m->vocab_size = s.vocab_size();
   m->hidden = s.hidden();
   m->layers = s.layers();
@@ -181,21 +208,35 @@ absl::Status CheckSchedule(const v1::ScheduleSpec& s) {
   return absl::OkStatus();
 }
 
-// A rough size of the job in doubles, so that no int64 product in the plan
-// can overflow: the logits, the activations and the parameters.
+// An upper bound, in doubles, of every byte count the plan forms in int64
+// (each buffer of PlanMemory's LaunchBuffers, the projection's bound, the
+// dispatch estimate, the parameter counts), by category. Each category is
+// over-counted and capped at kMaxPlannedBytes, so that no int64 product in
+// the plan and no sum of its live sets can overflow; a spec over the cap is
+// refused naming what is too large. (Checking only some products let
+// tokens per rank x top_k x hidden overflow the dispatch estimate.)
 absl::Status CheckSize(const ModelConfig& m, const LayoutConfig& l) {
-  const double N = static_cast<double>(l.batch) * m.seq_len / l.ranks;
-  const double params = static_cast<double>(m.vocab_size) * m.hidden * 2 +
-                        static_cast<double>(m.layers) * m.hidden *
-                            (4.0 * m.hidden + m.experts + 3.0 * m.experts * m.expert_ffn);
-  for (auto [what, bytes] : {std::pair<const char*, double>{"the logits (tokens per rank x model.vocab_size)",
-                                                            4 * N * m.vocab_size},
-                             {"the activations (tokens per rank x model.hidden x model.layers)",
-                              4 * N * m.hidden * (m.layers + 8) + 4 * N * m.top_k * m.expert_ffn * 8},
-                             {"the parameters", 16 * params}}) {
-    if (bytes > kMaxPlannedBytes) {
+  const double N = static_cast<double>(l.batch) * m.seq_len / l.ranks;  // tokens per rank
+  const double T = static_cast<double>(m.seq_len) / l.ranks;            // of one sequence
+  const double H = m.hidden, L = m.layers, E = m.experts, K = m.top_k, F = m.expert_ffn;
+  const double V = m.vocab_size;
+  const double params = 2 * V * H + L * H * (4 * H + E + 3 * E * F + 2) + H;
+  // Activations: the L+1 boundaries and ~40 [N, hidden]-sized buffers
+  // (q, kv, travellers, ... heads and kv_heads <= hidden), the router's
+  // [N, E] and [N, k], and the attention panel (at most 2 T^2).
+  const double activations = 4 * N * (H * (L + 41) + 8 * E + 8) + 8 * T * T;
+  for (auto [what, bytes] : {
+           std::pair<const char*, double>{
+               "the vocabulary projection (tokens per rank x model.vocab_size)",
+               4 * (N * V + 3 * H * (N + V) + 12 * N)},
+           {"the activations (tokens per rank x (model.hidden x model.layers + model.experts))", activations},
+           {"the routed tokens (tokens per rank x model.top_k x (model.hidden + model.expert_ffn))",
+            4 * N * K * (5 * H + 6 * F)},
+           {"the parameters and their optimizer state", 32 * params}}) {
+    if (!(bytes <= kMaxPlannedBytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model: the job is too large to plan: ", what, " would take ~", bytes, " bytes per rank"));
+          "model: the job is too large to plan: ", what, " would take ~", bytes,
+          " bytes per rank (at most ", kMaxPlannedBytes, ")"));
     }
   }
   return absl::OkStatus();
@@ -281,6 +322,7 @@ absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
 
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   if (spec.name().size() > 256) return Bad("name", "at most 256 bytes", absl::StrCat(spec.name().size(), " bytes"));
+  PLATEAU_RETURN_IF_ERROR(CheckText("name", spec.name()));
   if (!spec.has_model()) return Bad("model", "the model's configuration", "none");
   TrainerOptions t;
   PLATEAU_RETURN_IF_ERROR(ConvertModel(spec.model(), &t.step.model));

@@ -2,11 +2,16 @@
 
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
@@ -95,105 +100,433 @@ struct Case {
   absl::StatusCode code = absl::StatusCode::kInvalidArgument;
 };
 
-TEST(JobSpecTest, EveryMalformedFieldIsRefusedNamingIt) {
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
+constexpr int32_t kI32Max = std::numeric_limits<int32_t>::max();
+constexpr int32_t kI32Min = std::numeric_limits<int32_t>::min();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Every field of JobSpec and its sub-messages, each malformed in every way
+// that applies: missing (where required), negative, zero, just past its
+// bound, INT64_MAX/MIN (whose products would overflow the plan), NaN and
+// infinities. Each must be refused with the canonical code, naming the field
+// and saying what was expected, quickly, and the same way by PlanJob and
+// AdmitJob (the coordinator's submit path).
+std::vector<Case> MalformedFieldCases() {
   using S = v1::JobSpec;
-  const std::vector<Case> cases = {
+  using M = v1::ModelSpec;
+  std::vector<Case> cases = {
       {"name", [](S& s) { s.set_name(std::string(300, 'x')); }},
       {"model", [](S& s) { s.clear_model(); }},
       {"model.vocab_size", [](S& s) { s.mutable_model()->set_vocab_size(1); }},
       {"model.vocab_size", [](S& s) { s.mutable_model()->set_vocab_size(10); }},  // < recall's 18
-      {"model.hidden", [](S& s) { s.mutable_model()->set_hidden(0); }},
+      {"model.vocab_size", [](S& s) { s.mutable_model()->set_vocab_size((int64_t{1} << 31) + 1); }},
       {"model.hidden", [](S& s) { s.mutable_model()->set_hidden(int64_t{1} << 40); }},
-      {"model.layers", [](S& s) { s.mutable_model()->set_layers(-1); }},
       {"model.heads", [](S& s) { s.mutable_model()->set_heads(5); }},
-      {"model.heads", [](S& s) { s.mutable_model()->set_heads(0); }},
+      {"model.heads", [](S& s) { s.mutable_model()->set_heads(128); }},  // more heads than hidden
+      {"model.heads", [](S& s) { s.mutable_model()->set_heads(64); }},   // odd head dimension (1)
       {"model.kv_heads", [](S& s) { s.mutable_model()->set_kv_heads(3); }},
-      {"model.experts", [](S& s) { s.mutable_model()->set_experts(0); }},
-      {"model.experts", [](S& s) { s.mutable_model()->set_experts(3); }},  // not a multiple of ranks
-      {"model.top_k", [](S& s) { s.mutable_model()->set_top_k(5); }},
-      {"model.top_k", [](S& s) { s.mutable_model()->set_top_k(0); }},
-      {"model.expert_ffn", [](S& s) { s.mutable_model()->set_expert_ffn(0); }},
-      {"model.seq_len", [](S& s) { s.mutable_model()->set_seq_len(0); }},
-      {"model.seq_len", [](S& s) { s.mutable_model()->set_seq_len(33); }},  // not a multiple of ranks
-      {"model.seq_len", [](S& s) { s.mutable_model()->set_seq_len(16); }},  // too short for recall
+      {"model.kv_heads", [](S& s) { s.mutable_model()->set_kv_heads(8); }},  // more than heads
+      {"model.experts", [](S& s) { s.mutable_model()->set_experts(3); }},    // not a multiple of ranks
+      {"model.top_k", [](S& s) { s.mutable_model()->set_top_k(5); }},        // > experts
+      {"model.seq_len", [](S& s) { s.mutable_model()->set_seq_len(33); }},   // not a multiple of ranks
+      {"model.seq_len", [](S& s) { s.mutable_model()->set_seq_len(16); }},   // too short for recall
       {"model.rope_theta", [](S& s) { s.mutable_model()->set_rope_theta(0.5f); }},
+      {"model.rope_theta", [](S& s) { s.mutable_model()->set_rope_theta(1.0f); }},
+      {"model.rope_theta", [](S& s) { s.mutable_model()->set_rope_theta(-10000); }},
+      {"model.rope_theta", [](S& s) { s.mutable_model()->set_rope_theta(kNaN); }},
+      {"model.rope_theta", [](S& s) { s.mutable_model()->set_rope_theta(kInf); }},
+      {"model.rope_theta", [](S& s) { s.mutable_model()->set_rope_theta(3e38f); }},
       {"model.norm_eps", [](S& s) { s.mutable_model()->set_norm_eps(0); }},
-      {"model.init_std", [](S& s) { s.mutable_model()->set_init_std(NAN); }},
-      {"model", [](S& s) {  // too large to plan
-         s.mutable_model()->set_vocab_size(int64_t{1} << 31);
-         s.mutable_model()->set_seq_len(int64_t{1} << 20);
-         s.mutable_layout()->set_batch(int64_t{1} << 20);
-       }},
+      {"model.norm_eps", [](S& s) { s.mutable_model()->set_norm_eps(-1e-5f); }},
+      {"model.norm_eps", [](S& s) { s.mutable_model()->set_norm_eps(kNaN); }},
+      {"model.norm_eps", [](S& s) { s.mutable_model()->set_norm_eps(kInf); }},
+      {"model.norm_eps", [](S& s) { s.mutable_model()->set_norm_eps(2); }},
+      {"model.init_std", [](S& s) { s.mutable_model()->set_init_std(kNaN); }},
+      {"model.init_std", [](S& s) { s.mutable_model()->set_init_std(0); }},
+      {"model.init_std", [](S& s) { s.mutable_model()->set_init_std(-0.02f); }},
+      {"model.init_std", [](S& s) { s.mutable_model()->set_init_std(-kInf); }},
+      {"model.init_std", [](S& s) { s.mutable_model()->set_init_std(1e30f); }},
       {"layout", [](S& s) { s.clear_layout(); }},
-      {"layout.ranks", [](S& s) { s.mutable_layout()->set_ranks(0); }},
       {"layout.ranks", [](S& s) { s.mutable_layout()->set_ranks(1 << 20); }},
       {"layout.nodes", [](S& s) { s.mutable_layout()->set_nodes(3); }},
+      {"layout.nodes", [](S& s) { s.mutable_layout()->set_nodes(4); }},  // more nodes than ranks
       {"layout.nodes", [](S& s) { s.mutable_layout()->set_nodes(-1); }},
-      {"layout.batch", [](S& s) { s.mutable_layout()->set_batch(0); }},
+      {"layout.nodes", [](S& s) { s.mutable_layout()->set_nodes(kI64Max); }},
+      {"layout.nodes", [](S& s) { s.mutable_layout()->set_nodes(kI64Min); }},
+      {"layout.batch", [](S& s) { s.mutable_layout()->set_batch((int64_t{1} << 20) + 1); }},
       {"optimizer", [](S& s) { s.clear_optimizer(); }},
-      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->set_lr(0); }},
-      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->set_lr(INFINITY); }},
+      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->clear_lr(); }},  // required
+      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->set_lr(-1e-3f); }},
+      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->set_lr(kInf); }},
+      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->set_lr(kNaN); }},
+      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->set_lr(1e4f); }},
       {"optimizer.beta1", [](S& s) { s.mutable_optimizer()->set_beta1(1.0f); }},
+      {"optimizer.beta1", [](S& s) { s.mutable_optimizer()->set_beta1(-0.1f); }},
+      {"optimizer.beta1", [](S& s) { s.mutable_optimizer()->set_beta1(kNaN); }},
       {"optimizer.beta2", [](S& s) { s.mutable_optimizer()->set_beta2(-0.1f); }},
+      {"optimizer.beta2", [](S& s) { s.mutable_optimizer()->set_beta2(1.0f); }},
+      {"optimizer.beta2", [](S& s) { s.mutable_optimizer()->set_beta2(kInf); }},
       {"optimizer.eps", [](S& s) { s.mutable_optimizer()->set_eps(0); }},
+      {"optimizer.eps", [](S& s) { s.mutable_optimizer()->set_eps(-1e-8f); }},
+      {"optimizer.eps", [](S& s) { s.mutable_optimizer()->set_eps(kNaN); }},
+      {"optimizer.eps", [](S& s) { s.mutable_optimizer()->set_eps(2); }},
       {"optimizer.weight_decay", [](S& s) { s.mutable_optimizer()->set_weight_decay(-1); }},
-      {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(NAN); }},
+      {"optimizer.weight_decay", [](S& s) { s.mutable_optimizer()->set_weight_decay(1.5f); }},
+      {"optimizer.weight_decay", [](S& s) { s.mutable_optimizer()->set_weight_decay(kNaN); }},
+      {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(kNaN); }},
+      {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(-1); }},
+      {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(kInf); }},
       {"data", [](S& s) { s.clear_data(); }},
-      {"data.recall.num_keys", [](S& s) { s.mutable_data()->mutable_recall()->set_num_keys(0); }},
-      {"data.recall.num_values", [](S& s) { s.mutable_data()->mutable_recall()->set_num_values(0); }},
-      {"data.recall.pairs", [](S& s) { s.mutable_data()->mutable_recall()->set_pairs(9); }},
-      {"data.recall.queries", [](S& s) { s.mutable_data()->mutable_recall()->set_queries(5); }},
+      {"data.recall.pairs", [](S& s) { s.mutable_data()->mutable_recall()->set_pairs(9); }},  // > num_keys
+      {"data.recall.queries", [](S& s) { s.mutable_data()->mutable_recall()->set_queries(5); }},  // > pairs
+      {"data.recall.num_keys", [](S& s) { s.mutable_data()->mutable_recall()->set_num_keys(int64_t{1} << 21); }},
       {"data.text.path", [](S& s) { s.mutable_data()->mutable_text()->set_path(""); }},
+      {"data.text.path", [](S& s) { s.mutable_data()->mutable_text(); }},  // missing
       {"data.text.path", [](S& s) {
          s.mutable_data()->mutable_text()->set_path("relative.txt");
          s.mutable_model()->set_vocab_size(256);
        }},
+      {"data.text.path", [](S& s) {
+         s.mutable_data()->mutable_text()->set_path("/" + std::string(5000, 'a'));
+         s.mutable_model()->set_vocab_size(256);
+       }},
+      {"data.text.path", [](S& s) {
+         s.mutable_data()->mutable_text()->set_path(std::string("/a\0b", 4));
+         s.mutable_model()->set_vocab_size(256);
+       }},
+      {"data.text.path", [](S& s) {
+         s.mutable_data()->mutable_text()->set_path("/data/\xff\xfe.txt");
+         s.mutable_model()->set_vocab_size(256);
+       }},
+      {"name", [](S& s) { s.set_name("caf\xc3"); }},  // truncated UTF-8
       {"model.vocab_size", [](S& s) { s.mutable_data()->mutable_text()->set_path("/etc/hostname"); }},
       {"data.shards.paths", [](S& s) { s.mutable_data()->mutable_shards(); }},
+      {"data.shards.paths[0]", [](S& s) { s.mutable_data()->mutable_shards()->add_paths(""); }},
       {"data.shards.paths[1]", [](S& s) {
          s.mutable_data()->mutable_shards()->add_paths("/a.bin");
          s.mutable_data()->mutable_shards()->add_paths("b.bin");
        }},
-      {"steps", [](S& s) { s.set_steps(0); }},
-      {"steps", [](S& s) { s.set_steps(-5); }},
+      {"data.shards.paths[0]", [](S& s) {
+         s.mutable_data()->mutable_shards()->add_paths(std::string("/a\0b", 4));
+       }},
+      {"steps", [](S& s) { s.clear_steps(); }},  // required
+      {"steps", [](S& s) { s.set_steps((int64_t{1} << 40) + 1); }},
       {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_directory("ckpt"); }},
       {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_every(10); }},
+      {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_directory("/" + std::string(5000, 'c')); }},
+      {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_directory("/ckpt/\xed\xa0\x80"); }},
+      {"data.shards.paths[0]", [](S& s) { s.mutable_data()->mutable_shards()->add_paths("/\xc0\xaf"); }},
       {"checkpoint.every", [](S& s) {
          s.mutable_checkpoint()->set_directory("/tmp/x");
          s.mutable_checkpoint()->set_every(-1);
        }},
+      {"checkpoint.every", [](S& s) {
+         s.mutable_checkpoint()->set_directory("/tmp/x");
+         s.mutable_checkpoint()->set_every(kI64Max);
+       }},
+      {"checkpoint.every", [](S& s) {
+         s.mutable_checkpoint()->set_directory("/tmp/x");
+         s.mutable_checkpoint()->set_every(kI64Min);
+       }},
       {"max_restarts", [](S& s) { s.set_max_restarts(-1); }},
       {"max_restarts", [](S& s) { s.set_max_restarts(1000); }},
+      {"max_restarts", [](S& s) { s.set_max_restarts(kI32Max); }},
+      {"max_restarts", [](S& s) { s.set_max_restarts(kI32Min); }},
+      {"progress_timeout_s", [](S& s) { s.set_progress_timeout_s(-1); }},
+      {"progress_timeout_s", [](S& s) { s.set_progress_timeout_s(7 * 24 * 3600 + 1); }},
+      {"progress_timeout_s", [](S& s) { s.set_progress_timeout_s(kI64Max); }},
+      {"progress_timeout_s", [](S& s) { s.set_progress_timeout_s(kI64Min); }},
       {"backend", [](S& s) { s.set_backend(v1::BACKEND_UNSPECIFIED); }},
       {"backend", [](S& s) { s.set_backend(static_cast<v1::Backend>(7)); }},
-      {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(0); }},
+      {"backend", [](S& s) { s.set_backend(static_cast<v1::Backend>(-1)); }},
+      {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(0); }},  // required for cpu
+      {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(-1); }},
+      {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(kI64Min); }},
       {"device_memory_bytes", [](S& s) {
          s.set_backend(v1::BACKEND_CUDA);
          s.set_device_memory_bytes(-1);
        }},
-      {"schedule.pipelined_llep", [](S& s) { s.mutable_schedule()->mutable_pipelined_llep(); },
-       absl::StatusCode::kUnimplemented},
+      {"device_memory_bytes", [](S& s) {
+         s.set_backend(v1::BACKEND_CUDA);
+         s.set_device_memory_bytes(kI64Min);
+       }},
+      // The schedules: Ring-DTP's fields, then the reserved choices, which
+      // are refused as not yet built whatever their fields hold.
       {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(-1); }},
+      {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(33); }},  // > vocab
+      {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(kI64Max); }},
+      {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(kI64Min); }},
+      {"schedule.ring_dtp.row_tile", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_row_tile(-1); }},
+      {"schedule.ring_dtp.row_tile",
+       [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_row_tile(kI64Max); }},
+      {"schedule.ring_dtp.row_tile",
+       [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_row_tile(kI64Min); }},
       {"schedule.ring_dtp.chunk_rows",
        [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_chunk_rows(-5); }},
+      {"schedule.ring_dtp.chunk_rows",
+       [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_chunk_rows(kI64Max); }},
       {"schedule.ring_dtp.mode", [](S& s) {
          s.mutable_schedule()->mutable_ring_dtp()->set_mode(
              static_cast<v1::RingDtpProjection::Mode>(9));
        }},
+      {"schedule.ring_dtp.mode", [](S& s) {
+         s.mutable_schedule()->mutable_ring_dtp()->set_mode(
+             static_cast<v1::RingDtpProjection::Mode>(-1));
+       }},
+      {"model.vocab_size", [](S& s) {  // Ring-DTP gives every rank a vocabulary shard
+         s.mutable_schedule()->mutable_ring_dtp();
+         s.mutable_model()->set_vocab_size(30);
+         s.mutable_model()->set_experts(32);
+         s.mutable_layout()->set_ranks(32);
+         s.mutable_layout()->set_nodes(1);
+         s.mutable_data()->mutable_recall()->set_num_keys(4);
+         s.mutable_data()->mutable_recall()->set_num_values(4);
+         s.mutable_data()->mutable_recall()->set_pairs(2);
+         s.mutable_data()->mutable_recall()->set_queries(1);
+       }},
+      {"schedule.pipelined_llep", [](S& s) { s.mutable_schedule()->mutable_pipelined_llep(); },
+       absl::StatusCode::kUnimplemented},
+      {"schedule.pipelined_llep", [](S& s) {
+         auto* p = s.mutable_schedule()->mutable_pipelined_llep();
+         p->set_chunk_tokens(-1);
+         p->set_alpha(std::numeric_limits<double>::quiet_NaN());
+         p->set_min_piece(kI64Min);
+       }, absl::StatusCode::kUnimplemented},
       {"schedule.sco", [](S& s) { s.mutable_schedule()->mutable_sco(); }, absl::StatusCode::kUnimplemented},
+      {"schedule.sco", [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(-1); },
+       absl::StatusCode::kUnimplemented},
       {"schedule.offload_stream_adamw",
        [](S& s) { s.mutable_schedule()->mutable_offload_stream_adamw(); }, absl::StatusCode::kUnimplemented},
+      {"schedule.offload_stream_adamw", [](S& s) {
+         auto* o = s.mutable_schedule()->mutable_offload_stream_adamw();
+         o->set_bucket_params(kI64Max);
+         o->set_staging_slots(kI32Min);
+       }, absl::StatusCode::kUnimplemented},
   };
-  for (const Case& c : cases) {
+  // Every integer of the model: missing (0), negative, and the extremes.
+  const std::vector<std::pair<std::string, void (M::*)(int64_t)>> model_ints = {
+      {"vocab_size", &M::set_vocab_size}, {"hidden", &M::set_hidden},
+      {"layers", &M::set_layers},         {"heads", &M::set_heads},
+      {"kv_heads", &M::set_kv_heads},     {"experts", &M::set_experts},
+      {"top_k", &M::set_top_k},           {"expert_ffn", &M::set_expert_ffn},
+      {"seq_len", &M::set_seq_len}};
+  for (const auto& [name, set] : model_ints) {
+    for (int64_t v : {int64_t{0}, int64_t{-1}, kI64Min, kI64Max, (int64_t{1} << 20) + 2}) {
+      if (name == "vocab_size" && v == (int64_t{1} << 20) + 2) continue;  // a valid vocabulary
+      cases.push_back({"model." + name, [set = set, v](S& s) { (s.mutable_model()->*set)(v); }});
+    }
+  }
+  using L = v1::LayoutSpec;
+  for (const auto& [name, set] : std::vector<std::pair<std::string, void (L::*)(int64_t)>>{
+           {"ranks", &L::set_ranks}, {"batch", &L::set_batch}}) {
+    for (int64_t v : {int64_t{0}, int64_t{-1}, kI64Min, kI64Max}) {
+      cases.push_back({"layout." + name, [set = set, v](S& s) { (s.mutable_layout()->*set)(v); }});
+    }
+  }
+  using R = v1::RecallData;
+  for (const auto& [name, set] : std::vector<std::pair<std::string, void (R::*)(int64_t)>>{
+           {"num_keys", &R::set_num_keys}, {"num_values", &R::set_num_values},
+           {"pairs", &R::set_pairs}, {"queries", &R::set_queries}}) {
+    for (int64_t v : {int64_t{0}, int64_t{-1}, kI64Min, kI64Max}) {
+      cases.push_back({"data.recall." + name, [set = set, v](S& s) {
+                         (s.mutable_data()->mutable_recall()->*set)(v);
+                       }});
+    }
+  }
+  for (int64_t v : {int64_t{0}, int64_t{-5}, kI64Min, kI64Max}) {
+    cases.push_back({"steps", [v](S& s) { s.set_steps(v); }});
+  }
+  for (float v : {-kInf, kInf, kNaN}) {  // each optional float, non-finite
+    cases.push_back({"optimizer.beta1", [v](S& s) { s.mutable_optimizer()->set_beta1(v); }});
+    cases.push_back({"optimizer.beta2", [v](S& s) { s.mutable_optimizer()->set_beta2(v); }});
+    cases.push_back({"optimizer.eps", [v](S& s) { s.mutable_optimizer()->set_eps(v); }});
+    cases.push_back({"optimizer.weight_decay", [v](S& s) { s.mutable_optimizer()->set_weight_decay(v); }});
+    cases.push_back({"optimizer.max_grad_norm", [v](S& s) { s.mutable_optimizer()->set_max_grad_norm(v); }});
+    cases.push_back({"optimizer.lr", [v](S& s) { s.mutable_optimizer()->set_lr(v); }});
+    cases.push_back({"model.rope_theta", [v](S& s) { s.mutable_model()->set_rope_theta(v); }});
+    cases.push_back({"model.norm_eps", [v](S& s) { s.mutable_model()->set_norm_eps(v); }});
+    cases.push_back({"model.init_std", [v](S& s) { s.mutable_model()->set_init_std(v); }});
+  }
+  return cases;
+}
+
+// Sizes each within its own bound whose products would overflow int64 in
+// the plan (tokens per rank x experts, routed rows x hidden, the sum of the
+// live sets): refused as too large, naming the model, never overflowed (the
+// ASan/UBSan build of the fuzz test checks the arithmetic itself).
+std::vector<Case> OverflowProneCases() {
+  using S = v1::JobSpec;
+  auto big_batch = [](S& s) {  // N = B*T/P = 2^39 tokens per rank
+    s.mutable_layout()->set_batch(int64_t{1} << 20);
+    s.mutable_model()->set_seq_len(int64_t{1} << 20);
+  };
+  return {
+      {"model", [&](S& s) {  // the logits, N x V
+         big_batch(s);
+         s.mutable_model()->set_vocab_size(int64_t{1} << 31);
+       }},
+      {"model", [&](S& s) {  // the router's N x E, three times
+         big_batch(s);
+         s.mutable_model()->set_experts(int64_t{1} << 20);
+         s.mutable_model()->set_hidden(2);
+         s.mutable_model()->set_heads(1);
+         s.mutable_model()->set_kv_heads(1);
+         s.mutable_model()->set_expert_ffn(1);
+       }},
+      {"model", [](S& s) {  // the routed rows N*k x hidden in dispatch
+         s.mutable_layout()->set_batch(int64_t{1} << 10);
+         s.mutable_model()->set_seq_len(int64_t{1} << 11);
+         s.mutable_model()->set_hidden(int64_t{1} << 20);
+         s.mutable_model()->set_experts(int64_t{1} << 20);
+         s.mutable_model()->set_top_k(int64_t{1} << 20);
+         s.mutable_model()->set_expert_ffn(1);
+       }},
+      {"model", [&](S& s) {  // the activations: N x hidden x layers
+         big_batch(s);
+         s.mutable_model()->set_hidden(int64_t{1} << 18);
+         s.mutable_model()->set_layers(64);
+       }},
+      {"model", [](S& s) {  // the parameters: L x E x H x F
+         s.mutable_model()->set_layers(int64_t{1} << 10);
+         s.mutable_model()->set_experts(int64_t{1} << 20);
+         s.mutable_model()->set_hidden(int64_t{1} << 16);
+         s.mutable_model()->set_expert_ffn(int64_t{1} << 16);
+       }},
+      {"model.layers", [](S& s) {  // a layer count that only a typo makes
+         s.mutable_model()->set_layers(int64_t{1} << 20);
+       }},
+  };
+}
+
+void ExpectRefused(const Case& c, const v1::JobSpec& s) {
+  SCOPED_TRACE(c.field);
+  const absl::Time t0 = absl::Now();
+  absl::Status st = ValidateJobSpec(s);
+  EXPECT_EQ(st.code(), c.code) << st;
+  EXPECT_THAT(st.message(), HasSubstr(c.field + ":")) << st;
+  if (c.code == absl::StatusCode::kInvalidArgument) {
+    EXPECT_THAT(std::string(st.message()), ::testing::ContainsRegex("expected|too large")) << st;
+  }
+  // The plan and admission refuse it the same way, and never crash.
+  EXPECT_EQ(PlanJob(s).status(), st);
+  EXPECT_EQ(AdmitJob(s).status(), st);
+  // Refusing is cheap: the coordinator does it on the RPC thread.
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1)) << st;
+}
+
+TEST(JobSpecTest, EveryMalformedFieldIsRefusedNamingIt) {
+  for (const Case& c : MalformedFieldCases()) {
     v1::JobSpec s = Good();
     c.mutate(s);
-    absl::Status st = ValidateJobSpec(s);
-    EXPECT_EQ(st.code(), c.code) << c.field << ": " << st;
-    EXPECT_THAT(st.message(), HasSubstr(c.field + ":")) << st;
-    // The plan and admission refuse it the same way, and never crash.
-    EXPECT_EQ(PlanJob(s).status().code(), c.code) << c.field;
-    EXPECT_EQ(AdmitJob(s).status().code(), c.code) << c.field;
+    ExpectRefused(c, s);
   }
+}
+
+void LeafFields(const google::protobuf::Descriptor* d, const std::string& prefix, std::vector<std::string>* out) {
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    const std::string name = prefix + f->name();
+    if (f->message_type() != nullptr && f->message_type()->field_count() > 0) {
+      LeafFields(f->message_type(), name + ".", out);
+    } else {
+      out->push_back(name);
+    }
+  }
+}
+
+// The table above covers every field JobSpec has: a field added to the
+// proto fails here until it has a malformed case (or is listed below with
+// the reason any value is valid).
+TEST(JobSpecTest, TheTableCoversEveryFieldOfTheSpec) {
+  const std::map<std::string, std::string> any_value_is_valid = {
+      {"seed", "any uint64 seeds the initialisation"},
+      {"data.recall.seed", "any uint64 seeds the task"},
+      {"schedule.standard_ep", "the baseline's empty marker"},
+      {"schedule.dense", "the baseline's empty marker"},
+      {"schedule.full_checkpoints", "the baseline's empty marker"},
+      {"schedule.device_adamw", "the baseline's empty marker"},
+  };
+  // The reserved schedules are refused whole (UNIMPLEMENTED naming the
+  // schedule) whatever their fields hold; their cases put garbage in them.
+  const std::vector<std::string> reserved = {"schedule.pipelined_llep.", "schedule.sco.",
+                                             "schedule.offload_stream_adamw."};
+  std::set<std::string> named;
+  for (const Case& c : MalformedFieldCases()) named.insert(c.field.substr(0, c.field.find('[')));
+  std::vector<std::string> leaves;
+  LeafFields(v1::JobSpec::descriptor(), "", &leaves);
+  for (const std::string& leaf : leaves) {
+    if (any_value_is_valid.count(leaf) || named.count(leaf)) continue;
+    bool in_reserved = false;
+    for (const std::string& r : reserved) {
+      in_reserved = in_reserved || (leaf.rfind(r, 0) == 0 && named.count(r.substr(0, r.size() - 1)));
+    }
+    EXPECT_TRUE(in_reserved) << leaf << " has no malformed case in MalformedFieldCases()";
+  }
+  EXPECT_GT(leaves.size(), 40u);
+}
+
+TEST(JobSpecTest, SizesWhoseProductsOverflowAreRefusedNotOverflowed) {
+  for (const Case& c : OverflowProneCases()) {
+    v1::JobSpec s = Good();
+    c.mutate(s);
+    ExpectRefused(c, s);
+  }
+}
+
+// The largest job the bounds let through still plans without overflow: the
+// live sets are non-negative and sum to the total.
+TEST(JobSpecTest, TheLargestAdmissibleSizesPlanConsistently) {
+  v1::JobSpec s = Good();
+  s.mutable_model()->set_hidden(int64_t{1} << 16);
+  s.mutable_model()->set_expert_ffn(int64_t{1} << 16);
+  s.mutable_model()->set_experts(int64_t{1} << 10);
+  s.mutable_model()->set_top_k(int64_t{1} << 10);
+  s.mutable_model()->set_layers(8);
+  s.mutable_layout()->set_batch(int64_t{1} << 10);
+  s.mutable_model()->set_seq_len(int64_t{1} << 10);
+  auto plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int64_t sum = 0;
+  for (const auto& ls : plan->live_sets()) {
+    EXPECT_GE(ls.bytes(), 0) << ls.live_set();
+    sum += ls.bytes();
+  }
+  EXPECT_EQ(sum, plan->total_bytes());
+  EXPECT_GT(plan->total_bytes(), int64_t{1} << 40);
+  EXPECT_GT(plan->parameters(), 0);
+  EXPECT_GT(plan->active_parameters(), 0);
+  EXPECT_GT(plan->model_flops_per_step(), 0);
+}
+
+// Unset optional fields and the baseline schedules are valid: the table
+// above refuses values, never the absence of an optional field.
+TEST(JobSpecTest, OptionalFieldsAndBaselineSchedulesMayBeUnsetOrExplicit) {
+  v1::JobSpec s = Good();
+  s.clear_name();
+  s.clear_schedule();
+  s.clear_checkpoint();
+  s.clear_seed();
+  s.mutable_layout()->clear_nodes();
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  s.mutable_schedule()->mutable_standard_ep();
+  s.mutable_schedule()->mutable_dense();
+  s.mutable_schedule()->mutable_full_checkpoints();
+  s.mutable_schedule()->mutable_device_adamw();
+  s.set_seed(std::numeric_limits<uint64_t>::max());
+  s.mutable_data()->mutable_recall()->set_seed(0);
+  s.set_max_restarts(100);
+  s.mutable_optimizer()->set_beta1(0);
+  s.mutable_optimizer()->set_max_grad_norm(0);
+  s.mutable_optimizer()->set_weight_decay(1);
+  s.mutable_model()->set_rope_theta(500000);
+  s.set_steps(int64_t{1} << 40);
+  s.set_device_memory_bytes(kI64Max);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  s.set_backend(v1::BACKEND_CUDA);
+  s.set_device_memory_bytes(0);  // CUDA: the whole card
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
 }
 
 TEST(JobSpecTest, RingDtpBecomesTheStepsProjection) {

@@ -1,0 +1,330 @@
+// Bad input against a real coordinator process (no worker: jobs stay
+// PENDING): malformed spec fields through SubmitJob over gRPC, spec files
+// plateauctl cannot parse, and a fuzz run of raw and mutated SubmitJob
+// requests from several threads. Nothing invalid may become a job, every
+// call must return within its deadline, and the coordinator must still be
+// alive and answering afterwards.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/stubs/logging.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "plateau/v1/job.grpc.pb.h"
+#include "tests/cluster.h"
+#include "tests/spec_fuzz.h"
+#include "worker/job_spec.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+ClusterOptions NoWorker() {
+  ClusterOptions o;
+  o.with_worker = false;
+  return o;
+}
+
+// Every job the coordinator holds, over all pages.
+std::vector<v1::Job> AllJobs(Client& client) {
+  std::vector<v1::Job> jobs;
+  v1::ListJobsRequest req;
+  req.set_page_size(1000);
+  do {
+    auto page = client.ListJobs(req);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) break;
+    for (const v1::Job& j : page->jobs()) jobs.push_back(j);
+    req.set_page_token(page->next_page_token());
+  } while (!req.page_token().empty());
+  return jobs;
+}
+
+// A representative malformed value of each part of the spec, through the
+// real RPC (worker/job_spec_test.cc has the exhaustive table): the code and
+// the field survive the trip through gRPC, with and without validate_only,
+// and nothing is created.
+TEST(BadInputTest, SubmitJobRefusesMalformedFieldsNamingThem) {
+  Cluster c("bad-fields", NoWorker());
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  using S = v1::JobSpec;
+  struct Case {
+    std::string field;
+    std::function<void(S&)> mutate;
+    absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+  };
+  const std::vector<Case> cases = {
+      {"name", [](S& s) { s.set_name(std::string(1000, 'n')); }},
+      {"model", [](S& s) { s.clear_model(); }},
+      {"model.vocab_size", [](S& s) { s.mutable_model()->set_vocab_size(std::numeric_limits<int64_t>::max()); }},
+      {"model.hidden", [](S& s) { s.mutable_model()->set_hidden(-64); }},
+      {"model.layers", [](S& s) { s.mutable_model()->set_layers(int64_t{1} << 20); }},
+      {"model.kv_heads", [](S& s) { s.mutable_model()->set_kv_heads(0); }},
+      {"model.norm_eps", [](S& s) { s.mutable_model()->set_norm_eps(std::nanf("")); }},
+      {"model", [](S& s) {  // tokens x top_k x hidden would overflow the dispatch plan
+         s.mutable_layout()->set_batch(int64_t{1} << 10);
+         s.mutable_model()->set_seq_len(int64_t{1} << 11);
+         s.mutable_model()->set_hidden(int64_t{1} << 20);
+         s.mutable_model()->set_experts(int64_t{1} << 20);
+         s.mutable_model()->set_top_k(int64_t{1} << 20);
+         s.mutable_model()->set_expert_ffn(1);
+       }},
+      {"layout.ranks", [](S& s) { s.mutable_layout()->set_ranks(std::numeric_limits<int64_t>::min()); }},
+      {"layout.batch", [](S& s) { s.mutable_layout()->set_batch(0); }},
+      {"schedule.ring_dtp.row_tile", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_row_tile(-1); }},
+      {"schedule.sco", [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(1); },
+       absl::StatusCode::kUnimplemented},
+      {"optimizer.lr", [](S& s) { s.mutable_optimizer()->set_lr(INFINITY); }},
+      {"optimizer.beta2", [](S& s) { s.mutable_optimizer()->set_beta2(1); }},
+      {"data.recall.queries", [](S& s) { s.mutable_data()->mutable_recall()->set_queries(-1); }},
+      {"data.text.path", [](S& s) { s.mutable_data()->mutable_text()->set_path("corpus.txt"); }},
+      {"data.shards.paths[0]", [](S& s) { s.mutable_data()->mutable_shards()->add_paths(""); }},
+      {"steps", [](S& s) { s.set_steps(std::numeric_limits<int64_t>::max()); }},
+      {"checkpoint.every", [](S& s) {
+         s.mutable_checkpoint()->set_directory("/tmp/c");
+         s.mutable_checkpoint()->set_every(-1);
+       }},
+      {"max_restarts", [](S& s) { s.set_max_restarts(std::numeric_limits<int32_t>::max()); }},
+      {"backend", [](S& s) { s.set_backend(static_cast<v1::Backend>(42)); }},
+      {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(-1); }},
+  };
+  for (bool validate_only : {true, false}) {
+    for (const Case& k : cases) {
+      v1::JobSpec s = TinyJob(5);
+      k.mutate(s);
+      const absl::Time t0 = absl::Now();
+      auto r = c.client().SubmitJob(s, validate_only);
+      EXPECT_EQ(r.status().code(), k.code) << k.field << ": " << r.status();
+      EXPECT_THAT(std::string(r.status().message()), HasSubstr(k.field + ":")) << r.status();
+      EXPECT_LT(absl::Now() - t0, absl::Seconds(5)) << k.field;
+    }
+  }
+  EXPECT_TRUE(AllJobs(c.client()).empty()) << "nothing may have been created";
+  EXPECT_TRUE(c.coordinator()->Running());
+}
+
+// "Wrong type in the file": plateauctl exits 2 naming file:line:column and
+// the field, and creates nothing.
+TEST(BadInputTest, PlateauctlRefusesSpecFilesThatDoNotParse) {
+  Cluster c("bad-files", NoWorker());
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  struct File {
+    std::string name, text, where, field;
+  };
+  const std::vector<File> files = {
+      {"string-for-int", "model {\n  hidden: \"sixty-four\"\n}\n", ":2:11: ", "model.hidden (int64): Expected integer"},
+      {"unknown-field", "steps: 5\nlayout {\n  rank: 2\n}\n", ":3:3: ", "layout.rank: "},
+      {"bad-enum", "steps: 5\nbackend: BACKEND_TPU\n", ":2:10: ", "backend (enum plateau.v1.Backend): Unknown enumeration"},
+      {"out-of-range", "max_restarts: 4294967296\n", ":1:15: ", "max_restarts (int32): Integer out of range"},
+      {"not-utf8", "name: \"\\377\"\n", ":1:1: ", "name (string): expected UTF-8"},
+  };
+  for (const File& f : files) {
+    const std::string path = c.dir() + "/" + f.name + ".txtpb";
+    std::ofstream(path) << f.text;
+    Ran r = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "submit", path}, c.dir() + "/" + f.name);
+    EXPECT_EQ(r.code, 2) << f.name << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(path + f.where)) << f.name;
+    EXPECT_THAT(r.err, HasSubstr(f.field)) << f.name;
+    EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT")) << f.name;
+  }
+  EXPECT_TRUE(AllJobs(c.client()).empty()) << "nothing may have been created";
+}
+
+// One unary SubmitJob with `body` as the raw request bytes, through the
+// generic stub: what a client that does not use our proto can send.
+grpc::Status RawSubmit(grpc::GenericStub& stub, const std::string& body, absl::Duration deadline,
+                       std::string* response) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+  grpc::Slice slice(body);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/plateau.v1.JobService/SubmitJob", grpc::StubOptions(), &req, &resp,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  std::future<grpc::Status> f = done.get_future();
+  // The deadline bounds the call; a callback that never comes is a gRPC bug
+  // that would leave `ctx` in use, so stop here rather than hang.
+  if (f.wait_for(absl::ToChronoMilliseconds(deadline + absl::Seconds(30))) != std::future_status::ready) {
+    std::fprintf(stderr, "SubmitJob never completed\n");
+    std::abort();
+  }
+  grpc::Status s = f.get();
+  std::vector<grpc::Slice> slices;
+  response->clear();
+  if (s.ok() && resp.Dump(&slices).ok()) {
+    for (const grpc::Slice& sl : slices) response->append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  return s;
+}
+
+// A fuzz run over gRPC: random bytes and mutated requests, raw through the
+// generic stub and typed through the client, from four threads. The
+// coordinator's answer to each parseable request must be what the
+// validator says in process; an unparseable one is refused; no call
+// outlives its deadline; afterwards the coordinator is alive, and the jobs
+// it holds are exactly the accepted non-validate_only submissions, each
+// with a spec that validates.
+TEST(BadInputTest, FuzzedSubmitJobNeverCrashesHangsOrCreatesAnInvalidJob) {
+  google::protobuf::SetLogHandler(nullptr);  // non-UTF-8 strings would be logged by the thousand
+  Cluster c("fuzz-submit", NoWorker());
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const int kThreads = 4, kPerThread = 1000;
+  const absl::Duration kDeadline = absl::Seconds(10);
+  std::atomic<int> created{0}, accepted{0}, refused{0};
+  std::mutex mu;
+  std::vector<std::string> failures;  // guarded by mu
+  absl::Duration slowest;             // guarded by mu
+  std::vector<std::string> ids;       // guarded by mu
+  std::map<std::string, int> codes;   // guarded by mu: the replies, by code
+  auto fail = [&](std::string what) {
+    std::lock_guard<std::mutex> l(mu);
+    if (failures.size() < 20) failures.push_back(std::move(what));
+  };
+  auto run = [&](int t) {
+    spec_fuzz::SpecMutator m(1000 + t);
+    auto channel = grpc::CreateChannel(c.api(), grpc::InsecureChannelCredentials());
+    grpc::GenericStub raw(channel);
+    Client typed(c.api(), kDeadline);
+    for (int i = 0; i < kPerThread; ++i) {
+      const std::string where = absl::StrCat("thread ", t, " iteration ", i);
+      spec_fuzz::SpecMutator::Input in = m.Next();
+      const bool validate_only = m.rng()() % 2 == 0;
+      std::string body;
+      const absl::Time t0 = absl::Now();
+      grpc::Status status;
+      std::string response;
+      v1::SubmitJobRequest want;  // what the coordinator parses, when it can
+      bool parses = false;
+      if (in.kind == spec_fuzz::SpecMutator::Kind::kFieldValues) {
+        // Typed, through the client as plateauctl sends it.
+        *want.mutable_spec() = in.spec;
+        want.set_validate_only(validate_only);
+        parses = v1::SubmitJobRequest().ParseFromString(want.SerializeAsString());
+        auto r = typed.SubmitJob(in.spec, validate_only);
+        status = r.ok() ? grpc::Status::OK
+                        : grpc::Status(static_cast<grpc::StatusCode>(r.status().code()), std::string(r.status().message()));
+        if (r.ok()) response = r->SerializeAsString();
+      } else {
+        if (in.kind == spec_fuzz::SpecMutator::Kind::kRandomBytes || m.rng()() % 4 == 0) {
+          body = in.bytes;  // the whole request is the fuzzed bytes
+        } else {
+          // A request whose spec field holds the fuzzed bytes.
+          v1::SubmitJobRequest shell;
+          shell.set_validate_only(validate_only);
+          body = shell.SerializeAsString();
+          std::string field;
+          google::protobuf::io::StringOutputStream so(&field);
+          {
+            google::protobuf::io::CodedOutputStream out(&so);
+            out.WriteTag((1 << 3) | 2);
+            out.WriteVarint32(static_cast<uint32_t>(in.bytes.size()));
+            out.WriteRaw(in.bytes.data(), static_cast<int>(in.bytes.size()));
+          }
+          body = field + body;
+        }
+        parses = want.ParseFromString(body);
+        status = RawSubmit(raw, body, kDeadline, &response);
+      }
+      const absl::Duration took = absl::Now() - t0;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        slowest = std::max(slowest, took);
+      }
+      {
+        std::lock_guard<std::mutex> l(mu);
+        ++codes[absl::StrCat(parses ? "" : "unparseable: ", absl::StatusCodeToString(
+                                                                static_cast<absl::StatusCode>(status.error_code())))];
+      }
+      const std::string input = absl::StrCat(where, " (", spec_fuzz::KindName(in.kind), ": ", in.what, ")");
+      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+          status.error_code() == grpc::StatusCode::UNAVAILABLE || took > kDeadline) {
+        fail(absl::StrCat("no timely answer: ", status.error_message(), " after ", absl::FormatDuration(took),
+                          "; ", input));
+        continue;
+      }
+      if (!parses) {
+        // gRPC refuses what does not deserialize (INTERNAL) before our code.
+        if (status.ok()) fail(absl::StrCat("an unparseable request was accepted; ", input));
+        ++refused;
+        continue;
+      }
+      const absl::Status expect = AdmitJob(want.spec()).status();
+      if (static_cast<int>(status.error_code()) != static_cast<int>(expect.code())) {
+        fail(absl::StrCat("coordinator said ", status.error_code(), " ", status.error_message(),
+                          ", the validator says ", expect.ToString(), "; ", input));
+        continue;
+      }
+      if (!status.ok()) {
+        ++refused;
+        continue;
+      }
+      ++accepted;
+      v1::SubmitJobResponse r;
+      if (!r.ParseFromString(response)) {
+        fail(absl::StrCat("an OK reply that does not parse; ", input));
+        continue;
+      }
+      if (want.validate_only() != !r.has_job()) {
+        fail(absl::StrCat("validate_only=", want.validate_only(), " but job=", r.job().id(), "; ", input));
+      }
+      if (r.has_job()) {
+        ++created;
+        std::lock_guard<std::mutex> l(mu);
+        ids.push_back(r.job().id());
+      }
+    }
+  };
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(run, t);
+  for (std::thread& t : threads) t.join();
+  const absl::Duration elapsed = absl::Now() - start;
+  std::printf("%d requests in %s (slowest %s): %d accepted (%d created), %d refused\n", kThreads * kPerThread,
+              absl::FormatDuration(elapsed).c_str(), absl::FormatDuration(slowest).c_str(), accepted.load(),
+              created.load(), refused.load());
+  for (const auto& [code, n] : codes) std::printf("  %s: %d\n", code.c_str(), n);
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  EXPECT_EQ(accepted + refused + static_cast<int>(failures.size()), kThreads * kPerThread);
+
+  // Still alive, still answering, still accepting a good job.
+  ASSERT_TRUE(c.coordinator()->Running()) << c.Logs();
+  auto ok = c.client().SubmitJob(TinyJob(5), /*validate_only=*/true);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  const std::vector<v1::Job> jobs = AllJobs(c.client());
+  EXPECT_EQ(static_cast<int>(jobs.size()), created.load()) << "jobs exist that no OK reply created, or the reverse";
+  std::vector<std::string> listed;
+  for (const v1::Job& j : jobs) {
+    listed.push_back(j.id());
+    EXPECT_EQ(j.state(), v1::PENDING) << j.id();
+    const absl::Status v = ValidateJobSpec(j.spec());
+    EXPECT_TRUE(v.ok()) << j.id() << " holds a spec the validator refuses: " << v << "\n" << j.spec().DebugString();
+  }
+  std::sort(ids.begin(), ids.end());
+  std::sort(listed.begin(), listed.end());
+  EXPECT_EQ(listed, ids);
+  // The fuzzing must reach both sides to mean anything.
+  EXPECT_GT(created.load(), 10);
+  EXPECT_GT(refused.load(), kThreads * kPerThread / 2);
+}
+
+}  // namespace
+}  // namespace plateau
