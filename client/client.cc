@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -104,7 +106,9 @@ namespace {
 // Reads a server stream of indexed rows from `from`; when the stream breaks
 // because the coordinator went away (UNAVAILABLE: a restart), opens it
 // again from the next index for up to `reconnect_for`, so the caller sees
-// every row once, in order. A coordinator never reached fails at once.
+// every row once, in order. A coordinator never reached is retried for a
+// few seconds only (a connect can fail transiently on a loaded machine), so
+// that a wrong address still fails fast.
 template <typename Row, typename OpenFn, typename Convert>
 absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for, OpenFn open,
                           const std::function<bool(const Row&)>& on_row, Convert convert) {
@@ -125,10 +129,11 @@ absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for, OpenFn ope
       }
     }
     grpc::Status s = reader->Finish();
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || !connected) return convert(s);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return convert(s);
     const absl::Time now = absl::Now();
     if (broke == absl::InfiniteFuture()) broke = now;
-    if (now - broke >= reconnect_for) return convert(s);
+    const absl::Duration patience = connected ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));
+    if (now - broke >= patience) return convert(s);
     absl::SleepFor(absl::Milliseconds(250));
   }
 }
