@@ -375,6 +375,9 @@ v1::JobSpec SpecMutator::MutateFields(std::string* what) {
 bool NamesAField(absl::string_view message) {
   const size_t colon = message.find(": ");
   if (colon == absl::string_view::npos || colon == 0) return false;
+  // "spec: ..." is about the spec as a whole (a field number this build
+  // does not know, at the top level).
+  if (message.substr(0, colon) == "spec") return true;
   const pb::Descriptor* d = v1::JobSpec::descriptor();
   for (absl::string_view part : absl::StrSplit(message.substr(0, colon), '.')) {
     if (d == nullptr) return false;  // a path below a scalar

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/stubs/common.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 
@@ -320,7 +321,34 @@ absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
   return absl::OkStatus();
 }
 
+// A field this build does not know (a newer client's) would be stored and
+// silently ignored: refused instead, naming where it sits.
+absl::Status CheckNoUnknownFields(const google::protobuf::Message& m, const std::string& path) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = r->GetUnknownFields(m);
+  if (!unknown.empty()) {
+    return Bad(path.empty() ? "spec" : path, "only fields of this coordinator's plateau.v1.JobSpec",
+               absl::StrCat("unknown field number ", unknown.field(0).number(),
+                            " (a client built from a newer job.proto?)"));
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const std::string sub = path.empty() ? f->name() : absl::StrCat(path, ".", f->name());
+    if (f->is_repeated()) {
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        PLATEAU_RETURN_IF_ERROR(CheckNoUnknownFields(r->GetRepeatedMessage(m, f, i), sub));
+      }
+    } else {
+      PLATEAU_RETURN_IF_ERROR(CheckNoUnknownFields(r->GetMessage(m, f), sub));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
+  PLATEAU_RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
   if (spec.name().size() > 256) return Bad("name", "at most 256 bytes", absl::StrCat(spec.name().size(), " bytes"));
   PLATEAU_RETURN_IF_ERROR(CheckText("name", spec.name()));
   if (!spec.has_model()) return Bad("model", "the model's configuration", "none");

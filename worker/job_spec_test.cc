@@ -43,6 +43,32 @@ TEST(JobSpecTest, DemoSpecIsValidAndMapsOntoTheDemoJob) {
 }
 
 // tools/demo submits this file; it must stay the demo job of RecallDemoJob.
+TEST(JobSpecTest, FieldsOfANewerJobProtoAreRefusedNotIgnored) {
+  // What a newer client's spec looks like to this build: an extra field on
+  // the wire (number 999, varint), at the top and inside model.
+  const std::string good = Good().SerializeAsString();
+  std::string extra;
+  extra.push_back(static_cast<char>((999 << 3) & 0x7f | 0x80));
+  extra.push_back(static_cast<char>(999 >> 4));
+  extra.push_back(1);
+  v1::JobSpec top;
+  ASSERT_TRUE(top.ParseFromString(good + extra));
+  absl::Status s = ValidateJobSpec(top);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("spec: expected only fields of"));
+  EXPECT_THAT(s.message(), HasSubstr("unknown field number 999"));
+
+  v1::ModelSpec model = Good().model();
+  v1::ModelSpec newer;
+  ASSERT_TRUE(newer.ParseFromString(model.SerializeAsString() + extra));
+  v1::JobSpec nested = Good();
+  *nested.mutable_model() = newer;
+  s = ValidateJobSpec(nested);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model: expected only fields of"));
+  EXPECT_TRUE(ValidateJobSpec(Good()).ok());
+}
+
 TEST(JobSpecTest, DemoJobFileIsTheDemoJob) {
   std::ifstream in("tools/demo_job.txtpb");
   ASSERT_TRUE(in) << "tools/demo_job.txtpb missing from runfiles";
