@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -92,6 +93,7 @@ TEST(FaultTest, LostWorkerFailsItsJobWithinTwoHeartbeatIntervals) {
   // intervals after it, plus the coordinator's 100 ms tick.
   const absl::Duration after_kill = TimeOf(job.end_time()) - killed;
   EXPECT_LE(after_kill, absl::Milliseconds(2 * 500 + 100 + 150)) << after_kill;
+  std::printf("worker killed -> job FAILED after %s (heartbeat 500 ms)\n", absl::FormatDuration(after_kill).c_str());
   EXPECT_THAT(AllLogs(c, id), HasSubstr("coordinator worker lost: worker-1 sent no heartbeat"));
   EXPECT_TRUE(WaitFor([&] { return RankPids(id).empty(); }, absl::Seconds(30)));
 }
@@ -194,6 +196,8 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
   // Detected after the timeout, and the ranks stopped within the grace
   // period (3 s) and a heartbeat or two.
   EXPECT_LE(TimeOf(job.end_time()) - stopped, absl::Seconds(4 + 3 + 3));
+  std::printf("rank stopped -> job FAILED (RANK_HUNG) after %s (progress timeout 4 s, grace 3 s)\n",
+              absl::FormatDuration(TimeOf(job.end_time()) - stopped).c_str());
   EXPECT_TRUE(RankPids(id).empty());
   EXPECT_NE(kill(rank1, 0), 0) << "the stopped rank still exists";
   const std::string logs = AllLogs(c, id);
