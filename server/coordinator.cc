@@ -532,7 +532,8 @@ void Coordinator::Finish(int64_t seq) {
   Active& a = active_[seq];
   for (const v1::Placement& p : a.job.placement()) {
     auto w = workers_.find(p.worker_id());
-    if (w != workers_.end()) w->second.used_devices -= p.ranks_size();
+    // A worker not yet re-attached after a restart has not counted them.
+    if (w != workers_.end() && w->second.attached) w->second.used_devices -= p.ranks_size();
   }
   a.job.clear_placement();
   // The attempt's rendezvous keys are of no further use.
@@ -604,20 +605,24 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
     id = absl::StrCat("worker-", next_worker_++);
   }
   Worker& w = workers_[id];
+  // A worker this coordinator was waiting for (it had ranks of a live job
+  // when the previous coordinator stopped).
+  const bool expected = !w.id.empty() && !w.attached;
   w.id = id;
+  w.attached = true;
   w.caps = c;
   w.last_heartbeat = now;
   w.expires = now + options_.worker_timeout;
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   out.set_worker_id(w.id);
-  Reattach(w, request, &out);
-  w.attached = true;
+  Reattach(w, expected, request, &out);
   Changed();
   Schedule();
   return out;
 }
 
-void Coordinator::Reattach(Worker& w, const v1::RegisterRequest& request, v1::RegisterResponse* out) {
+void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& request,
+                           v1::RegisterResponse* out) {
   const absl::Time now = absl::Now();
   // What the agent runs, by attempt.
   std::map<std::pair<std::string, int>, std::set<int>> running;
@@ -626,7 +631,7 @@ void Coordinator::Reattach(Worker& w, const v1::RegisterRequest& request, v1::Re
   }
   std::set<std::pair<std::string, int>> attached;
   std::vector<int64_t> touched;
-  if (!w.attached) {
+  if (expected) {
     for (auto& [seq, a] : active_) {
       v1::Placement* p = PlacementOn(a, w.id);
       if (p == nullptr) continue;

@@ -138,7 +138,8 @@ class Coordinator {
   // Rebuilds a live attempt read from the store after a restart.
   absl::Status Restore(int64_t seq, v1::Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.
-  void Reattach(Worker& w, const v1::RegisterRequest& request, v1::RegisterResponse* out)
+  // `expected`: the restart left ranks of live jobs placed on it.
+  void Reattach(Worker& w, bool expected, const v1::RegisterRequest& request, v1::RegisterResponse* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Assignment AssignmentFor(const Active& a, const v1::Placement& p);
   v1::Placement* PlacementOn(Active& a, const std::string& worker_id);

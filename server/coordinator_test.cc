@@ -168,6 +168,8 @@ TEST_F(CoordinatorTest, RestartReattachesRunningRanksAndFinishesWithTheirExits) 
   ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
   EXPECT_EQ(Get(job).state(), v1::SUCCEEDED);
   EXPECT_EQ(Get(job).attempt(), 0);
+  // Its two device slots are free again: the next job is placed at once.
+  EXPECT_EQ(Get(Submit(DemoJobSpec(2, 5))).state(), v1::SCHEDULED);
 }
 
 TEST_F(CoordinatorTest, RestartResendsAnAssignmentThatWasNeverDelivered) {
@@ -201,6 +203,19 @@ TEST_F(CoordinatorTest, DeliveredRankMissingAfterRestartFailsTheAttempt) {
   ASSERT_EQ(j.state(), v1::FAILED) << j.DebugString();
   EXPECT_EQ(j.failure().rank(), 1);
   EXPECT_THAT(j.failure().message(), HasSubstr("no longer running on " + w));
+  EXPECT_EQ(Get(Submit(DemoJobSpec(2, 5))).state(), v1::SCHEDULED) << "device slots leaked";
+}
+
+TEST_F(CoordinatorTest, AttemptWhoseRanksAllVanishedEndsAtRegistrationAndFreesItsSlots) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  const std::string job = Submit(spec);
+  const std::string w = RunningJob(job);
+  Open();
+  Register(w, {});  // runs nothing of it any more
+  const v1::Job j = Get(job);
+  ASSERT_EQ(j.state(), v1::FAILED) << j.DebugString();
+  EXPECT_EQ(j.failure().kind(), v1::Failure::RANK_CRASHED);
+  EXPECT_EQ(Get(Submit(DemoJobSpec(2, 5))).state(), v1::SCHEDULED) << "device slots leaked";
 }
 
 TEST_F(CoordinatorTest, CancelInFlightAcrossARestartEndsCancelled) {
