@@ -137,6 +137,23 @@ class CoordinatorTest : public ::testing::Test {
     return w;
   }
 
+  // Rank 0's telemetry of `steps`, as an agent batches it.
+  static v1::TelemetryRequest Steps(const std::string& worker, const std::string& job,
+                                    std::vector<int64_t> steps, double loss = 2.0) {
+    v1::TelemetryRequest t;
+    t.set_worker_id(worker);
+    for (int64_t step : steps) {
+      v1::TelemetryRequest::Step* s = t.add_steps();
+      s->set_job_id(job);
+      s->mutable_telemetry()->set_rank(0);
+      s->mutable_telemetry()->set_step(step);
+      s->mutable_telemetry()->set_loss(loss);
+      s->mutable_telemetry()->set_tokens(128);
+      s->mutable_telemetry()->set_seconds(0.1);
+    }
+    return t;
+  }
+
   static v1::RunningJob Runs(const std::string& job, int attempt, std::vector<int> ranks) {
     v1::RunningJob r;
     r.set_job_id(job);
@@ -269,15 +286,7 @@ TEST_F(CoordinatorTest, RankWithoutProgressIsReportedHungAndStopped) {
   const std::string job = Submit(spec);
   const std::string w = RunningJob(job);
   // Rank 0 reports a step; rank 1 never does.
-  v1::TelemetryRequest t;
-  t.set_worker_id(w);
-  v1::TelemetryRequest::Step* s = t.add_steps();
-  s->set_job_id(job);
-  s->mutable_telemetry()->set_rank(0);
-  s->mutable_telemetry()->set_step(1);
-  s->mutable_telemetry()->set_tokens(128);
-  s->mutable_telemetry()->set_seconds(0.1);
-  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1})).ok());
   const absl::Time end = absl::Now() + absl::Seconds(5);
   bool cancelled = false;
   while (!cancelled && absl::Now() < end) {
@@ -299,16 +308,7 @@ TEST_F(CoordinatorTest, RetriedTelemetryIsCountedOnce) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
   const int64_t before = store_->EventCount(job);
-  v1::TelemetryRequest t;
-  t.set_worker_id(w);
-  for (int step : {1, 2}) {
-    v1::TelemetryRequest::Step* s = t.add_steps();
-    s->set_job_id(job);
-    s->mutable_telemetry()->set_rank(0);
-    s->mutable_telemetry()->set_step(step);
-    s->mutable_telemetry()->set_tokens(128);
-    s->mutable_telemetry()->set_seconds(0.1);
-  }
+  const v1::TelemetryRequest t = Steps(w, job, {1, 2});
   ASSERT_TRUE(c().ReportTelemetry(t).ok());
   ASSERT_TRUE(c().ReportTelemetry(t).ok());  // the reply was lost; sent again
   EXPECT_EQ(store_->EventCount(job), before + 2);
@@ -341,16 +341,7 @@ TEST_F(CoordinatorTest, FinishedJobsMetricSeriesLeaveAfterTheRetention) {
   Open();
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
-  v1::TelemetryRequest t;
-  t.set_worker_id(w);
-  v1::TelemetryRequest::Step* s = t.add_steps();
-  s->set_job_id(job);
-  s->mutable_telemetry()->set_rank(0);
-  s->mutable_telemetry()->set_step(1);
-  s->mutable_telemetry()->set_loss(2.5);
-  s->mutable_telemetry()->set_tokens(128);
-  s->mutable_telemetry()->set_seconds(0.1);
-  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1}, /*loss=*/2.5)).ok());
   const std::string address = absl::StrCat("127.0.0.1:", metrics_->port());
   const std::string loss = absl::StrCat("plateau_job_loss{job_id=\"", job, "\",rank=\"0\"}");
   EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), loss), 2.5);
