@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/testing/device_side.h"
 #include "kernels/cpu_backend.h"
 
 namespace plateau {
@@ -83,9 +84,9 @@ std::vector<double> ToDouble(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
 }
 
-// One CPU backend and a compute stream; device buffers are filled and read
-// back through Backend::Copy, so the tests use only the Backend interface.
-class BackendTest : public ::testing::Test {
+// One CPU backend and a compute stream (kernels/testing/device_side.h): the
+// tests use only the Backend interface.
+class BackendTest : public ::testing::Test, public DeviceSide {
  protected:
   void SetUp() override {
     BackendOptions options;
@@ -93,53 +94,13 @@ class BackendTest : public ::testing::Test {
     options.device_memory_bytes = int64_t{1} << 30;
     auto backend = Backend::Create(options);
     ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = std::move(*backend);
-    auto stream = backend_->CreateStream("compute");
-    ASSERT_TRUE(stream.ok()) << stream.status();
-    stream_ = std::move(*stream);
+    absl::Status s = Init(std::move(*backend));
+    ASSERT_TRUE(s.ok()) << s;
   }
-
+  // Every test's queued work completes without a sticky stream error.
   void TearDown() override {
-    if (stream_ != nullptr) {
-      EXPECT_TRUE(stream_->Synchronize().ok());
-    }
-    buffers_.clear();
+    if (ready()) EXPECT_TRUE(s().Synchronize().ok());
   }
-
-  Backend& b() { return *backend_; }
-  Stream& s() { return *stream_; }
-
-  // A device buffer holding `host`.
-  float* Upload(const std::vector<float>& host) {
-    auto buf = backend_->device().Allocate(LiveSet::kActivations,
-                                           host.size() * sizeof(float));
-    EXPECT_TRUE(buf.ok()) << buf.status();
-    if (!buf.ok()) return nullptr;
-    float* d = buf->as<float>();
-    EXPECT_TRUE(
-        backend_->Copy(*stream_, d, host.data(), host.size() * sizeof(float))
-            .ok());
-    EXPECT_TRUE(stream_->Synchronize().ok());
-    buffers_.push_back(std::move(*buf));
-    return d;
-  }
-
-  // A device buffer of n NaNs: an output element the op forgets to write
-  // stays NaN and fails every comparison.
-  float* Poisoned(int64_t n) { return Upload(std::vector<float>(n, kNaN)); }
-
-  std::vector<float> Download(const float* d, int64_t n) {
-    std::vector<float> host(n, kNaN);
-    EXPECT_TRUE(stream_->Synchronize().ok());
-    EXPECT_TRUE(
-        backend_->Copy(*stream_, host.data(), d, n * sizeof(float)).ok());
-    EXPECT_TRUE(stream_->Synchronize().ok());
-    return host;
-  }
-
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Stream> stream_;
-  std::vector<Buffer> buffers_;
 };
 
 // ---------------------------------------------------------------------------

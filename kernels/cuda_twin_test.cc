@@ -31,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/testing/device_side.h"
 
 namespace plateau {
 namespace {
@@ -88,54 +89,8 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed, float lo = -1.0f,
   return ::testing::AssertionSuccess();
 }
 
-// One backend with a stream; device buffers are filled and read back through
-// Backend::Copy.
-struct Side {
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Stream> stream;
-  std::vector<Buffer> buffers;
-
-  ~Side() {
-    if (stream != nullptr) (void)stream->Synchronize();
-    buffers.clear();
-    stream.reset();  // streams go before their backend
-  }
-
-  Backend& b() { return *backend; }
-  Stream& s() { return *stream; }
-
-  float* Upload(const std::vector<float>& host) {
-    auto buf = backend->device().Allocate(LiveSet::kActivations,
-                                          host.size() * sizeof(float));
-    EXPECT_TRUE(buf.ok()) << buf.status();
-    if (!buf.ok()) return nullptr;
-    float* d = buf->as<float>();
-    EXPECT_TRUE(
-        backend->Copy(*stream, d, host.data(), host.size() * sizeof(float))
-            .ok());
-    EXPECT_TRUE(stream->Synchronize().ok());
-    buffers.push_back(std::move(*buf));
-    return d;
-  }
-  float* Poisoned(int64_t n) { return Upload(std::vector<float>(n, kNaN)); }
-  std::vector<float> Download(const float* d, int64_t n) {
-    std::vector<float> host(n, kNaN);
-    EXPECT_TRUE(stream->Synchronize().ok());
-    EXPECT_TRUE(backend->Copy(*stream, host.data(), d, n * sizeof(float)).ok());
-    EXPECT_TRUE(stream->Synchronize().ok());
-    return host;
-  }
-  // Several device arrays (pointer, length), one after the other.
-  std::vector<float> DownloadAll(
-      const std::vector<std::pair<const float*, int64_t>>& parts) {
-    std::vector<float> all;
-    for (const auto& [p, n] : parts) {
-      std::vector<float> part = Download(p, n);
-      all.insert(all.end(), part.begin(), part.end());
-    }
-    return all;
-  }
-};
+// One backend with its stream (kernels/testing/device_side.h).
+using Side = DeviceSide;
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCuda(int64_t device_cap = 0) {
   BackendOptions options;
@@ -160,10 +115,8 @@ class CudaTwinTest : public ::testing::Test {
   }
 
   static void Init(Side& side, std::unique_ptr<Backend> backend) {
-    side.backend = std::move(backend);
-    auto stream = side.backend->CreateStream("compute");
-    ASSERT_TRUE(stream.ok()) << stream.status();
-    side.stream = std::move(*stream);
+    absl::Status s = side.Init(std::move(backend));
+    ASSERT_TRUE(s.ok()) << s;
   }
 
   // Runs `op` on both sides; it returns the outputs to compare.
