@@ -17,6 +17,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -47,10 +48,12 @@ The coordinator defaults to $PLATEAU_COORDINATOR, else 127.0.0.1:7070.
 token, sent on every call; --tls_ca_file (default $PLATEAU_TLS_CA_FILE): the PEM CA
 that signed the coordinator's certificate, which turns TLS on.
 Exit codes: 0 ok / SUCCEEDED, 1 FAILED, 2 usage or refused request, 3 CANCELLED,
-4 coordinator unreachable.
+4 coordinator unreachable, 5 the job's memory plan does not fit its device
+(plan, submit: RESOURCE_EXHAUSTED).
 )";
 
-constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, kExitUnreachable = 4;
+constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, kExitUnreachable = 4,
+              kExitDoesNotFit = 5;
 
 struct Options {
   std::string coordinator;
@@ -107,7 +110,10 @@ void PrintPlan(const v1::MemoryPlan& p) {
   std::printf("  %-12s %12lld  (%s MiB) of a %s MiB device: %s\n", "total",
               static_cast<long long>(p.total_bytes()), MiB(p.total_bytes()).c_str(),
               p.device_memory_bytes() ? MiB(p.device_memory_bytes()).c_str() : "whole",
-              p.fits() ? "fits" : "DOES NOT FIT");
+              p.fits() ? "fits"
+                       : absl::StrCat("DOES NOT FIT (short by ",
+                                      MiB(p.total_bytes() - p.device_memory_bytes()), " MiB)")
+                             .c_str());
   std::printf("  %lld tokens per rank, %lld parameters (%lld active), %.3g model FLOPs per step\n",
               static_cast<long long>(p.tokens_per_rank()), static_cast<long long>(p.parameters()),
               static_cast<long long>(p.active_parameters()), p.model_flops_per_step());
@@ -310,10 +316,17 @@ int Run(const Options& o) {
       } else {
         PrintPlan(plan->plan());
       }
-      return kExitOk;
+      // A plan that does not fit is an answer, but not a yes: scripts see it.
+      return plan->plan().fits() ? kExitOk : kExitDoesNotFit;
     }
     auto resp = client.SubmitJob(*spec, flag("validate-only"));
-    if (!resp.ok()) return Report(resp.status());
+    if (!resp.ok()) {
+      const int rc = Report(resp.status());
+      // Admission's refusal of a plan over the cap (worker/job_spec.h AdmitJob).
+      const bool does_not_fit = resp.status().code() == absl::StatusCode::kResourceExhausted &&
+                                absl::StartsWith(resp.status().message(), "device_memory_bytes");
+      return does_not_fit ? kExitDoesNotFit : rc;
+    }
     if (o.json) {
       std::printf("%s\n", Json(*resp).c_str());
     } else {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cpu_stream.h"
+#include "kernels/status_macros.h"
 
 namespace plateau {
 namespace {
@@ -16,8 +17,10 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& o)
-      : device_(SpaceKind::kDevice, "device", o.device_memory_bytes),
-        host_(SpaceKind::kHost, "host", o.host_memory_bytes) {}
+      : streams_(std::make_shared<CpuStreamSet>()),
+        device_(SpaceKind::kDevice, "device", o.device_memory_bytes,
+                [s = streams_] { s->Drain(); }),
+        host_(SpaceKind::kHost, "host", o.host_memory_bytes, [s = streams_] { s->Drain(); }) {}
 
   BackendKind kind() const override { return BackendKind::kCpu; }
 
@@ -33,7 +36,7 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       absl::string_view name) override {
-    return std::make_unique<CpuStream>(std::string(name));
+    return std::make_unique<CpuStream>(std::string(name), streams_);
   }
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
@@ -56,9 +59,15 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // Memory of the caller's own (a std::vector, a stack array) is copied
+  // before Copy returns, as cudaMemcpyAsync does with pageable memory: the
+  // caller may free it on any path, errors included, once Copy is back.
+  // Between the backend's spaces the copy is asynchronous.
   absl::Status DoCopy(Stream& st, void* dst, const void* src,
                       size_t bytes) override {
-    return Run(st, [=] { std::memcpy(dst, src, bytes); });
+    PLATEAU_RETURN_IF_ERROR(Run(st, [=] { std::memcpy(dst, src, bytes); }));
+    if (InSpaces(dst, bytes) && InSpaces(src, bytes)) return absl::OkStatus();
+    return st.Synchronize();
   }
   absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
     return Run(st, [=] { cpu::Gemm(g); });
@@ -128,6 +137,12 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  bool InSpaces(const void* p, size_t bytes) const {
+    return device_.Contains(p, bytes) || host_.Contains(p, bytes);
+  }
+
+  // Declared first: the spaces' release fences drain these streams.
+  std::shared_ptr<CpuStreamSet> streams_;
   HeapSpace device_;
   HeapSpace host_;
 };

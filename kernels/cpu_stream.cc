@@ -1,5 +1,6 @@
 #include "kernels/cpu_stream.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -45,10 +46,54 @@ bool CpuEvent::Done() {
 }
 
 // ---------------------------------------------------------------------------
+// CpuStreamSet
+
+void CpuStreamSet::Add(CpuStream* stream) {
+  absl::MutexLock lock(&mu_);
+  streams_.push_back(stream);
+}
+
+void CpuStreamSet::Remove(CpuStream* stream) {
+  absl::MutexLock lock(&mu_);
+  // A Drain may still hold this stream in its snapshot.
+  mu_.Await(absl::Condition(
+      +[](int* draining) { return *draining == 0; }, &draining_));
+  streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
+}
+
+void CpuStreamSet::Drain() {
+  std::vector<CpuStream*> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    streams = streams_;
+    ++draining_;
+  }
+  const CpuStream* self = CpuStream::Current();
+  for (CpuStream* s : streams) {
+    // The stream's own error is its owner's to report; here only the
+    // ordering matters.
+    if (s != self) s->Synchronize().IgnoreError();
+  }
+  absl::MutexLock lock(&mu_);
+  --draining_;
+}
+
+// ---------------------------------------------------------------------------
 // CpuStream
 
-CpuStream::CpuStream(std::string name)
-    : name_(std::move(name)), worker_([this] { Run(); }) {}
+namespace {
+thread_local const CpuStream* current_stream = nullptr;
+}  // namespace
+
+const CpuStream* CpuStream::Current() { return current_stream; }
+
+CpuStream::CpuStream(std::string name, std::shared_ptr<CpuStreamSet> set)
+    : name_(std::move(name)), set_(std::move(set)), worker_([this] {
+        current_stream = this;
+        Run();
+      }) {
+  if (set_ != nullptr) set_->Add(this);
+}
 
 CpuStream::~CpuStream() {
   {
@@ -56,6 +101,7 @@ CpuStream::~CpuStream() {
     stopping_ = true;
   }
   worker_.join();
+  if (set_ != nullptr) set_->Remove(this);
 }
 
 void CpuStream::Push(Item item) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -36,12 +37,42 @@ class CpuEvent final : public Event {
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+class CpuStream;
+
+// The streams of one CPU backend. Its spaces call Drain() before memory goes
+// back to the heap: the CPU counterpart of cudaFree, which waits for the
+// device. Without it a buffer released on an error path could be reused
+// while a collective queued on another stream still writes into it.
+//
+// Thread safety: safe from any thread. A stream task must not free backend
+// memory while another stream's task does the same (each would wait for the
+// other); no task in Plateau frees memory.
+class CpuStreamSet {
+ public:
+  // Called by CpuStream's constructor and destructor.
+  void Add(CpuStream* stream);
+  void Remove(CpuStream* stream);
+  // Blocks until every stream of the set has run everything enqueued before
+  // this call. From a stream's own thread, that stream is skipped (its
+  // earlier work has run, in FIFO order).
+  void Drain();
+
+ private:
+  absl::Mutex mu_;
+  std::vector<CpuStream*> streams_ ABSL_GUARDED_BY(mu_);
+  int draining_ ABSL_GUARDED_BY(mu_) = 0;  // Drain calls using a snapshot
+};
+
 class CpuStream final : public Stream {
  public:
   using Task = std::function<absl::Status()>;
 
-  explicit CpuStream(std::string name);
+  // `set`, when given, is the backend's set this stream joins.
+  explicit CpuStream(std::string name, std::shared_ptr<CpuStreamSet> set = nullptr);
   ~CpuStream() override;  // drains the queue, then joins the worker
+
+  // The stream whose thread is calling, or nullptr.
+  static const CpuStream* Current();
   CpuStream(const CpuStream&) = delete;
   CpuStream& operator=(const CpuStream&) = delete;
 
@@ -64,6 +95,7 @@ class CpuStream final : public Stream {
   void Run();
 
   const std::string name_;
+  const std::shared_ptr<CpuStreamSet> set_;
   absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   int64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;

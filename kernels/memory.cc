@@ -1,11 +1,15 @@
 #include "kernels/memory.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace plateau {
 namespace {
@@ -15,7 +19,43 @@ constexpr absl::string_view kLiveSetNames[kNumLiveSets] = {
     "dispatch",    "projection", "activations", "workspace",
 };
 
+// The payload's type URL and its text: "live_set=dispatch space=device
+// requested=1024 free=512 cap=4096". Text keeps it readable in a debugger;
+// it is parsed only here.
+constexpr absl::string_view kOomPayloadUrl = "type.plateau.dev/plateau.OutOfMemoryInfo";
+
 }  // namespace
+
+void SetOutOfMemoryInfo(absl::Status& status, const OutOfMemoryInfo& info) {
+  status.SetPayload(kOomPayloadUrl,
+                    absl::Cord(absl::StrCat("live_set=", LiveSetName(info.live_set),
+                                            " space=", info.space, " requested=", info.requested,
+                                            " free=", info.free, " cap=", info.cap)));
+}
+
+std::optional<OutOfMemoryInfo> OutOfMemoryInfoOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kOomPayloadUrl);  // absl::optional here
+  if (!payload.has_value()) return std::nullopt;
+  OutOfMemoryInfo info;
+  bool have_set = false;
+  for (absl::string_view kv : absl::StrSplit(std::string(*payload), ' ', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    if (p.first == "live_set") {
+      absl::StatusOr<LiveSet> set = ParseLiveSet(p.second);
+      if (!set.ok()) return std::nullopt;
+      info.live_set = *set;
+      have_set = true;
+    } else if (p.first == "space") {
+      info.space = std::string(p.second);
+    } else if (p.first == "requested" || p.first == "free" || p.first == "cap") {
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(p.second, &v)) return std::nullopt;
+      (p.first == "requested" ? info.requested : p.first == "free" ? info.free : info.cap) = v;
+    }
+  }
+  if (!have_set) return std::nullopt;
+  return info;
+}
 
 absl::string_view LiveSetName(LiveSet set) {
   int i = static_cast<int>(set);
@@ -141,10 +181,18 @@ absl::Status MemorySpace::OutOfMemory(LiveSet set, size_t bytes,
           ? std::string("no cap")
           : absl::StrCat(cap_bytes_ - s.total_current, " bytes free of a ",
                          cap_bytes_, "-byte cap");
-  return absl::ResourceExhaustedError(absl::StrFormat(
+  absl::Status status = absl::ResourceExhaustedError(absl::StrFormat(
       "%s out of memory: live set '%s' asked for %d bytes; %s (%s); in use: "
       "%s",
       name_, LiveSetName(set), bytes, free_text, why, s.DebugString()));
+  OutOfMemoryInfo info;
+  info.live_set = set;
+  info.space = name_;
+  info.requested = static_cast<int64_t>(std::min<size_t>(bytes, INT64_MAX));
+  info.cap = cap_bytes_;
+  info.free = cap_bytes_ == kUncapped ? 0 : cap_bytes_ - s.total_current;
+  SetOutOfMemoryInfo(status, info);
+  return status;
 }
 
 absl::StatusOr<Buffer> MemorySpace::Allocate(LiveSet set, size_t bytes) {
@@ -175,6 +223,9 @@ absl::StatusOr<Buffer> MemorySpace::Allocate(LiveSet set, size_t bytes) {
 
 void MemorySpace::Free(void* data, size_t bytes, LiveSet set) {
   if (bytes == 0) return;
+  // Outside the lock: the fence may wait for queued work, and another thread
+  // must still be able to allocate meanwhile.
+  ReleaseFence();
   absl::MutexLock lock(&mu_);
   RawFree(data, bytes);
   tracker_.Sub(set, static_cast<int64_t>(bytes));
@@ -189,9 +240,26 @@ absl::StatusOr<void*> HeapSpace::RawAllocate(size_t bytes) {
   if (p == nullptr) {
     return absl::ResourceExhaustedError("the host allocator refused");
   }
+  absl::MutexLock lock(&ranges_mu_);
+  ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
 }
 
-void HeapSpace::RawFree(void* data, size_t /*bytes*/) { std::free(data); }
+void HeapSpace::RawFree(void* data, size_t /*bytes*/) {
+  {
+    absl::MutexLock lock(&ranges_mu_);
+    ranges_.erase(reinterpret_cast<uintptr_t>(data));
+  }
+  std::free(data);
+}
+
+bool HeapSpace::Contains(const void* p, size_t bytes) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  absl::MutexLock lock(&ranges_mu_);
+  auto it = ranges_.upper_bound(a);
+  if (it == ranges_.begin()) return false;
+  --it;
+  return a >= it->first && a - it->first <= it->second && bytes <= it->second - (a - it->first);
+}
 
 }  // namespace plateau

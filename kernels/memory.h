@@ -15,6 +15,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -93,6 +96,22 @@ class MemoryTracker {
   std::atomic<int64_t> total_peak_{0};
 };
 
+// What an out-of-memory refusal carries as data (a payload of the
+// RESOURCE_EXHAUSTED status), so that the rank, the worker and the
+// coordinator report the live set and the bytes without parsing text.
+struct OutOfMemoryInfo {
+  LiveSet live_set = LiveSet::kWorkspace;
+  std::string space;         // "device" or "host" (the space's name)
+  int64_t requested = 0;     // bytes asked for
+  int64_t free = 0;          // bytes free under the cap (0 when uncapped)
+  int64_t cap = 0;           // the space's cap (0: uncapped)
+};
+// The info of an out-of-memory status made by MemorySpace::Allocate (and
+// kept by every wrapper that preserves payloads), or nullopt.
+std::optional<OutOfMemoryInfo> OutOfMemoryInfoOf(const absl::Status& status);
+// Attaches `info` to `status` (for code that re-creates a status).
+void SetOutOfMemoryInfo(absl::Status& status, const OutOfMemoryInfo& info);
+
 class MemorySpace;
 
 // Owns one allocation in a MemorySpace; returns it (and its bytes in the
@@ -140,6 +159,12 @@ class Buffer {
 // the ones a closed-form bound predicts.
 //
 // Every Buffer must be released before its space is destroyed.
+//
+// Release and queued work: memory goes back to the space only after the
+// space's release fence has run (see HeapSpace). On CUDA, cudaFree waits for
+// the device to be idle; the CPU backend's spaces wait for its streams. So a
+// Buffer dropped on an error path while a stream still has work that touches
+// it cannot be reused under that work.
 class MemorySpace {
  public:
   static constexpr size_t kAlignment = 256;  // as cudaMalloc guarantees
@@ -164,11 +189,15 @@ class MemorySpace {
   // Never called with bytes == 0.
   virtual absl::StatusOr<void*> RawAllocate(size_t bytes) = 0;
   virtual void RawFree(void* data, size_t bytes) = 0;
+  // Runs before a Buffer's memory is returned, outside the space's lock:
+  // waits until no queued work can still touch it. Default: nothing.
+  virtual void ReleaseFence() {}
 
  private:
   friend class Buffer;
   void Free(void* data, size_t bytes, LiveSet set);
-  absl::Status OutOfMemory(LiveSet set, size_t bytes, absl::string_view why);
+  absl::Status OutOfMemory(LiveSet set, size_t bytes, absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SpaceKind kind_;
   const std::string name_;
@@ -182,14 +211,34 @@ class MemorySpace {
 // Plain aligned heap memory with an optional cap: the CPU backend's device
 // arena (its cap is the launch option that plays the GPU's memory size) and
 // its host space.
+//
+// `release_fence` (optional) runs before every free: the CPU backend passes
+// one that drains its streams, as cudaFree waits for the device. Contains()
+// tells the backend whether a pointer is inside a live allocation (memory it
+// may copy asynchronously) or pageable memory of the caller (which it copies
+// before Copy returns, as cudaMemcpyAsync does with pageable memory).
 class HeapSpace final : public MemorySpace {
  public:
-  HeapSpace(SpaceKind kind, std::string name, int64_t cap_bytes)
-      : MemorySpace(kind, std::move(name), cap_bytes) {}
+  HeapSpace(SpaceKind kind, std::string name, int64_t cap_bytes,
+            std::function<void()> release_fence = nullptr)
+      : MemorySpace(kind, std::move(name), cap_bytes),
+        release_fence_(std::move(release_fence)) {}
+
+  // True when [p, p + bytes) lies inside one live allocation of this space.
+  bool Contains(const void* p, size_t bytes) const;
 
  protected:
   absl::StatusOr<void*> RawAllocate(size_t bytes) override;
   void RawFree(void* data, size_t bytes) override;
+  void ReleaseFence() override {
+    if (release_fence_) release_fence_();
+  }
+
+ private:
+  const std::function<void()> release_fence_;
+  mutable absl::Mutex ranges_mu_;
+  // Live allocations: start address -> requested bytes.
+  std::map<uintptr_t, size_t> ranges_ ABSL_GUARDED_BY(ranges_mu_);
 };
 
 }  // namespace plateau

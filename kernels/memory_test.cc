@@ -127,6 +127,60 @@ TEST(HeapSpaceTest, CapRefusalNamesLiveSetBytesAndFree) {
   EXPECT_EQ(space.tracker().total_peak(), 4096);
 }
 
+TEST(HeapSpaceTest, CapRefusalCarriesTheLiveSetAndBytesAsData) {
+  HeapSpace space(SpaceKind::kDevice, "device", 4096);
+  auto w = space.Allocate(LiveSet::kWeights, 3000);
+  ASSERT_TRUE(w.ok());
+  auto d = space.Allocate(LiveSet::kDispatch, 2000);
+  ASSERT_FALSE(d.ok());
+  auto info = OutOfMemoryInfoOf(d.status());
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->live_set, LiveSet::kDispatch);
+  EXPECT_EQ(info->space, "device");
+  EXPECT_EQ(info->requested, 2000);
+  EXPECT_EQ(info->free, 1096);
+  EXPECT_EQ(info->cap, 4096);
+  // A copy of the status (as PLATEAU_RETURN_IF_ERROR passes it up) keeps it;
+  // a status that is not an out-of-memory has none.
+  absl::Status copy = d.status();
+  EXPECT_EQ(OutOfMemoryInfoOf(copy)->requested, 2000);
+  EXPECT_FALSE(OutOfMemoryInfoOf(absl::ResourceExhaustedError("other")).has_value());
+  EXPECT_FALSE(OutOfMemoryInfoOf(absl::OkStatus()).has_value());
+}
+
+TEST(HeapSpaceTest, ContainsOnlyLiveAllocations) {
+  HeapSpace space(SpaceKind::kHost, "host", 0);
+  auto b = space.Allocate(LiveSet::kCheckpoints, 1000);
+  ASSERT_TRUE(b.ok());
+  const char* p = b->as<char>();
+  EXPECT_TRUE(space.Contains(p, 1000));
+  EXPECT_TRUE(space.Contains(p + 999, 1));
+  EXPECT_FALSE(space.Contains(p + 1, 1000));  // runs past the end
+  EXPECT_FALSE(space.Contains(p - 1, 1));
+  int on_stack = 0;
+  EXPECT_FALSE(space.Contains(&on_stack, sizeof(on_stack)));
+  b->Release();
+  EXPECT_FALSE(space.Contains(p, 1));
+}
+
+TEST(HeapSpaceTest, ReleaseFenceRunsBeforeTheMemoryIsFreed) {
+  int fences = 0;
+  int64_t held_during_fence = -1;
+  HeapSpace* self = nullptr;
+  HeapSpace space(SpaceKind::kDevice, "device", 4096, [&] {
+    ++fences;
+    held_during_fence = self->tracker().total_current();
+  });
+  self = &space;
+  auto b = space.Allocate(LiveSet::kDispatch, 512);
+  ASSERT_TRUE(b.ok());
+  b->Release();
+  EXPECT_EQ(fences, 1);
+  // Still charged while the fence waits: the bytes are not reusable yet.
+  EXPECT_EQ(held_during_fence, 512);
+  EXPECT_EQ(space.tracker().total_current(), 0);
+}
+
 TEST(HeapSpaceTest, AbsurdSizeIsAnErrorNotACrash) {
   HeapSpace host(SpaceKind::kHost, "host", MemorySpace::kUncapped);
   auto a = host.Allocate(LiveSet::kOptimizer, ~size_t{0});

@@ -786,9 +786,17 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
     } else if (e.error_code() == "RESOURCE_EXHAUSTED" || e.exit_code() == kRankExitOutOfMemory) {
       f.set_kind(v1::Failure::OUT_OF_MEMORY);
       f.set_live_set(e.live_set());
+      std::string bytes;
+      if (e.has_out_of_memory()) {
+        const v1::OutOfMemory& o = e.out_of_memory();
+        *f.mutable_out_of_memory() = o;
+        bytes = absl::StrCat(": asked for ", o.bytes_requested(), " bytes of ", o.space(), " memory, ",
+                             o.bytes_free(), " free",
+                             o.cap_bytes() > 0 ? absl::StrCat(" of its ", o.cap_bytes(), "-byte cap") : "");
+      }
       f.set_message(absl::StrCat("out of memory on rank ", request.rank(),
                                  e.live_set().empty() ? "" : absl::StrCat(" in live set '", e.live_set(), "'"),
-                                 detail));
+                                 bytes, detail));
       priority = kPriorityOutOfMemory;
     } else if (e.signal() != 0) {
       f.set_kind(v1::Failure::RANK_CRASHED);

@@ -24,6 +24,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/stubs/logging.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -35,6 +36,7 @@
 namespace plateau {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
 
@@ -147,6 +149,40 @@ TEST(BadInputTest, PlateauctlRefusesSpecFilesThatDoNotParse) {
     EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT")) << f.name;
   }
   EXPECT_TRUE(AllJobs(c.client()).empty()) << "nothing may have been created";
+}
+
+// A spec whose plan does not fit its cap: `plan` prints it and exits 5,
+// `submit --validate-only` and `submit` are refused with 5 naming the
+// shortfall and force_launch, and nothing is created; with force_launch the
+// same spec validates.
+TEST(BadInputTest, PlateauctlExitsNonZeroWhenThePlanDoesNotFit) {
+  Cluster c("no-fit", NoWorker());
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(5);
+  auto plan = c.client().PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+  std::string text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(spec, &text));
+  const std::string path = c.dir() + "/no-fit.txtpb";
+  std::ofstream(path) << text;
+  const std::string ctl = "client/plateauctl", at = "--coordinator=" + c.api();
+  Ran p = RunCommand({ctl, at, "plan", path}, c.dir() + "/plan");
+  EXPECT_EQ(p.code, 5) << p.out << p.err;
+  EXPECT_THAT(p.out, HasSubstr("DOES NOT FIT (short by 0.00 MiB)"));
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{ctl, at, "submit", path, "--validate-only"},
+        std::vector<std::string>{ctl, at, "submit", path}}) {
+    Ran r = RunCommand(args, c.dir() + "/submit" + std::to_string(args.size()));
+    EXPECT_EQ(r.code, 5) << r.out << r.err;
+    EXPECT_THAT(r.err, AllOf(HasSubstr("RESOURCE_EXHAUSTED"), HasSubstr("short by 1 bytes"),
+                             HasSubstr("force_launch")));
+  }
+  EXPECT_TRUE(AllJobs(c.client()).empty()) << "nothing may have been created";
+  std::ofstream(path, std::ios::app) << "force_launch: true\n";
+  Ran forced = RunCommand({ctl, at, "submit", path, "--validate-only"}, c.dir() + "/forced");
+  EXPECT_EQ(forced.code, 0) << forced.out << forced.err;
+  EXPECT_THAT(forced.out, HasSubstr("note: force_launch"));
 }
 
 // One unary SubmitJob with `body` as the raw request bytes, through the

@@ -24,6 +24,7 @@
 namespace plateau {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
@@ -227,17 +228,35 @@ TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
   for (const auto& ls : plan->plan().live_sets()) {
     if (ls.live_set() == "dispatch") dispatch = ls.bytes();
   }
-  // Holds the launch-sized state but only a quarter of the routes.
-  spec.set_device_memory_bytes(plan->plan().total_bytes() - dispatch + dispatch / 4);
+  // Holds the launch-sized state but only a quarter of the balanced routes.
+  const int64_t cap = plan->plan().total_bytes() - dispatch + plan->plan().dispatch_balanced_bytes() / 4;
+  spec.set_device_memory_bytes(cap);
+  spec.set_max_restarts(2);  // an out-of-memory would fail again: never restarted
+  // Admission refuses a plan over the cap, naming the shortfall and how to
+  // force it...
+  auto refused = c.client().SubmitJob(spec, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), AllOf(HasSubstr("short by"), HasSubstr("force_launch")));
+  // ...and launches it when forced; the step then runs out of memory by name.
+  spec.set_force_launch(true);
   auto sub = c.client().SubmitJob(spec, false);
   ASSERT_TRUE(sub.ok()) << sub.status();
   EXPECT_FALSE(sub->plan().fits());
   const v1::Job job = c.WaitDone(sub->job().id());
   ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 0);
   EXPECT_EQ(job.failure().kind(), v1::Failure::OUT_OF_MEMORY) << job.failure().DebugString();
   EXPECT_EQ(job.failure().live_set(), "dispatch");
   EXPECT_EQ(job.failure().exit_code(), 3);
-  EXPECT_THAT(job.state_reason(), HasSubstr("live set 'dispatch'"));
+  const v1::OutOfMemory& oom = job.failure().out_of_memory();
+  EXPECT_EQ(oom.live_set(), "dispatch");
+  EXPECT_EQ(oom.space(), "device");
+  EXPECT_EQ(oom.cap_bytes(), cap);
+  EXPECT_GT(oom.bytes_requested(), oom.bytes_free());
+  EXPECT_THAT(job.state_reason(),
+              AllOf(HasSubstr("live set 'dispatch'"),
+                    HasSubstr(absl::StrCat("asked for ", oom.bytes_requested(), " bytes")),
+                    HasSubstr(absl::StrCat(oom.bytes_free(), " free"))));
 }
 
 TEST(ServiceTest, ValidateOnlyCreatesNothingAndBadSpecsNameTheField) {

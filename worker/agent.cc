@@ -481,6 +481,9 @@ void Agent::Wait(JobRun* job, Rank* rank) {
     e->set_message(rank->last_error.message());
     e->set_error_code(rank->last_error.code());
     e->set_live_set(rank->last_error.live_set());
+    if (rank->last_error.has_out_of_memory()) {
+      *e->mutable_out_of_memory() = rank->last_error.out_of_memory();
+    }
     e->set_process_group_empty(!GroupAlive(rank->pid));
     e->set_stopped_by_agent(rank->stop_sent);
     failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);

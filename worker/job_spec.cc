@@ -406,13 +406,14 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
   out.set_total_bytes(plan.total());
   out.set_device_memory_bytes(spec.device_memory_bytes());
   out.set_fits(spec.device_memory_bytes() == 0 || plan.total() <= spec.device_memory_bytes());
+  out.set_dispatch_balanced_bytes(plan.dispatch_balanced_bytes);
   out.set_tokens_per_rank(TokensPerRank(t.step.model, t.step.layout));
   out.set_parameters(ParameterCount(t.step.model));
   out.set_active_parameters(ActiveParameterCount(t.step.model));
   out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
-  out.add_notes(
-      "dispatch: the balanced-routing estimate (N*k routes received); standard_ep has no bound, "
-      "skewed routing receives more");
+  out.add_notes(absl::StrCat(
+      "dispatch: standard_ep's worst case (every route of every rank received by one rank); ",
+      Bytes(plan.dispatch_balanced_bytes), " when every rank receives its N*k rows"));
   if (spec.device_memory_bytes() == 0) {
     out.add_notes("device_memory_bytes 0: checked against the worker's device when scheduled");
   }
@@ -422,25 +423,33 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
   PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec));
   const int64_t cap = spec.device_memory_bytes();
-  if (cap == 0) return plan;
+  if (cap == 0 || plan.fits()) return plan;
   int64_t launch = 0;
-  std::vector<std::string> parts;
+  std::vector<std::string> all, launch_sized;
   for (const v1::LiveSetBytes& ls : plan.live_sets()) {
-    if (ls.live_set() == "dispatch" || ls.bytes() == 0) continue;
+    if (ls.bytes() == 0) continue;
+    all.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
+    // Every live set but dispatch is allocated when the step starts.
+    if (ls.live_set() == "dispatch") continue;
     launch += ls.bytes();
-    parts.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
+    launch_sized.push_back(all.back());
   }
   if (launch > cap) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "device_memory_bytes: ", Bytes(cap), " per rank cannot hold the step's launch-sized state of ",
-        Bytes(launch), " (", absl::StrJoin(parts, ", "), ")"));
+        Bytes(launch), " (", absl::StrJoin(launch_sized, ", "), "); short by ", Bytes(launch - cap)));
   }
-  if (!plan.fits()) {
-    plan.add_notes(absl::StrCat("the dispatch estimate does not fit: ", Bytes(plan.total_bytes()),
-                                " planned against a cap of ", Bytes(cap),
-                                "; under balanced routing the step runs out of memory in the dispatch "
-                                "live set"));
+  if (!spec.force_launch()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device_memory_bytes: the plan does not fit: ", Bytes(plan.total_bytes()), " per rank (",
+        absl::StrJoin(all, ", "), ") against a cap of ", Bytes(cap), "; short by ",
+        Bytes(plan.total_bytes() - cap),
+        ". Raise device_memory_bytes, or set force_launch: true to run anyway (the step fails with "
+        "OUT_OF_MEMORY if routing reaches the planned worst case)"));
   }
+  plan.add_notes(absl::StrCat("force_launch: the plan (", Bytes(plan.total_bytes()),
+                              ") does not fit the cap of ", Bytes(cap),
+                              "; launched anyway, the step fails with OUT_OF_MEMORY if it needs more"));
   return plan;
 }
 

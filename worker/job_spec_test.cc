@@ -107,17 +107,33 @@ TEST(JobSpecTest, AdmitRefusesACapBelowTheLaunchStateNamingLiveSets) {
   EXPECT_FALSE(p->fits());
 }
 
-TEST(JobSpecTest, AdmitAcceptsAPlanOverTheCapOnlyInDispatchWithANote) {
+// A plan over the cap is refused, naming every live set, the total, the cap
+// and the shortfall, and saying how to launch anyway; force_launch admits it
+// with a note (it must still hold the launch-sized state).
+TEST(JobSpecTest, AdmitRefusesAPlanOverTheCapUnlessForced) {
   v1::JobSpec s = Good();
   auto plan = PlanJob(s);
   ASSERT_TRUE(plan.ok());
   int64_t dispatch = 0;
   for (const auto& ls : plan->live_sets()) if (ls.live_set() == "dispatch") dispatch = ls.bytes();
+  ASSERT_GT(dispatch, plan->dispatch_balanced_bytes());
   s.set_device_memory_bytes(plan->total_bytes() - dispatch / 2);
+  auto refused = AdmitJob(s);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              AllOf(HasSubstr("device_memory_bytes: the plan does not fit"), HasSubstr("dispatch="),
+                    HasSubstr("weights="), HasSubstr("short by"), HasSubstr("force_launch")));
+  s.set_force_launch(true);
   auto admitted = AdmitJob(s);
   ASSERT_TRUE(admitted.ok()) << admitted.status();
   EXPECT_FALSE(admitted->fits());
-  EXPECT_THAT(admitted->notes(admitted->notes_size() - 1), HasSubstr("dispatch"));
+  EXPECT_THAT(admitted->notes(admitted->notes_size() - 1), HasSubstr("force_launch"));
+  // At exactly the plan it fits, forced or not.
+  s.set_force_launch(false);
+  s.set_device_memory_bytes(plan->total_bytes());
+  auto exact = AdmitJob(s);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_TRUE(exact->fits());
 }
 
 struct Case {
@@ -468,6 +484,7 @@ void LeafFields(const google::protobuf::Descriptor* d, const std::string& prefix
 TEST(JobSpecTest, TheTableCoversEveryFieldOfTheSpec) {
   const std::map<std::string, std::string> any_value_is_valid = {
       {"seed", "any uint64 seeds the initialisation"},
+      {"force_launch", "a bool: both values are valid"},
       {"data.recall.seed", "any uint64 seeds the task"},
       {"schedule.standard_ep", "the baseline's empty marker"},
       {"schedule.dense", "the baseline's empty marker"},

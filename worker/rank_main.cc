@@ -16,7 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -64,9 +64,17 @@ int Fail(int64_t rank, const absl::Status& s) {
   v1::RankError* e = out.mutable_error();
   e->set_code(absl::StatusCodeToString(s.code()));
   e->set_message(std::string(s.message()));
-  std::smatch m;
-  const std::string msg(s.message());
-  if (std::regex_search(msg, m, std::regex("live set '([a-z_]+)'"))) e->set_live_set(m[1]);
+  // The refused allocation travels as data (a payload of the status that
+  // MemorySpace::Allocate made), never parsed back out of the message.
+  if (std::optional<OutOfMemoryInfo> oom = OutOfMemoryInfoOf(s)) {
+    e->set_live_set(std::string(LiveSetName(oom->live_set)));
+    v1::OutOfMemory* o = e->mutable_out_of_memory();
+    o->set_live_set(e->live_set());
+    o->set_space(oom->space);
+    o->set_bytes_requested(oom->requested);
+    o->set_bytes_free(oom->free);
+    o->set_cap_bytes(oom->cap);
+  }
   Emit(out);
   std::fprintf(stderr, "rank %lld failed: %s\n", static_cast<long long>(rank), s.ToString().c_str());
   return ExitCodeFor(s);

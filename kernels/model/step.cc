@@ -198,13 +198,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   for (const BufferSpec& b : LaunchBuffers(o, p)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
   const int64_t N = TokensPerRank(o.model, o.layout);
   plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
-  // Standard EP with balanced routing: N*k rows received. Its backward holds
-  // five [rows, H] buffers (inputs, returned outputs, outgoing and incoming
-  // gradients, their expert-major copy) and six [rows, F] (three forward
-  // intermediates and their gradients). Skewed routing receives more rows:
-  // standard EP has no bound, and this is only the balanced estimate.
-  const int64_t R = N * o.model.top_k, H = o.model.hidden, F = o.model.expert_ffn;
-  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += (5 * R * H + 6 * R * F) * 4;
+  // Standard EP has no bound of its own: its receive buffers grow with the
+  // routes a rank is sent. The plan is its worst case (every route of every
+  // source rank lands on one rank), so that it bounds every routing; the
+  // balanced case (N*k rows received) is kept beside it for information.
+  const int64_t S = N * o.model.top_k, P = o.layout.ranks;
+  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += StandardEp::PeakBytes(
+      o.model, P, S, StandardEp::WorstCaseReceivedRows(o.model, P, N));
+  plan.dispatch_balanced_bytes = StandardEp::PeakBytes(o.model, P, S, S);
   return plan;
 }
 

@@ -75,10 +75,13 @@ struct StepOptions {
   uint64_t seed = 1;
 };
 
-// Bytes per live set that Create() allocates on the device (dispatch: the
-// balanced expectation, N*k routes received; standard EP has no bound).
+// Bytes per live set that the step may hold on the device: an upper bound of
+// every live set's peak for any input. Dispatch is standard EP's worst case
+// (every route of every source rank received by one rank);
+// dispatch_balanced_bytes is what it holds when each rank receives N*k rows.
 struct MemoryPlan {
   std::array<int64_t, kNumLiveSets> bytes{};
+  int64_t dispatch_balanced_bytes = 0;
   int64_t total() const;
   std::string DebugString() const;
 };
