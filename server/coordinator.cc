@@ -391,14 +391,19 @@ void Coordinator::Schedule() {
       if (WhyCannotHost(w.caps, free, a.job, per_node).empty()) fit.push_back(&w);
     }
     if (static_cast<int64_t>(fit.size()) < nodes) {
-      if (static_cast<int64_t>(hosts.size()) < nodes && (!settling || a.job.unschedulable())) {
-        if (settling) continue;
+      const bool never_fits = static_cast<int64_t>(hosts.size()) < nodes;
+      if (never_fits && settling && a.job.unschedulable()) continue;  // keeps its mark and clock
+      if (never_fits && !settling) {
+        const std::string memory =
+            spec.device_memory_bytes() > 0 ? DescribeBytes(spec.device_memory_bytes())
+                                           : absl::StrCat(DescribeBytes(a.job.plan().total_bytes()), " (its plan)");
         const std::string why = absl::StrCat(
             "needs ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
-            " device(s) and ", DescribeBytes(spec.device_memory_bytes()), " per device; ",
+            " device(s) and ", memory, " per device; ",
             seen.empty()    ? std::string("no worker is registered")
             : hosts.empty() ? std::string("no registered worker can host it")
-                            : absl::StrCat("only ", hosts.size(), " can (", absl::StrJoin(hosts, ", "), ")"),
+                            : absl::StrCat("only ", hosts.size(), " registered worker(s) can host it (",
+                                           absl::StrJoin(hosts, ", "), ")"),
             never.empty() ? "" : absl::StrCat("; ", absl::StrJoin(never, ", ")));
         if (!MarkUnschedulable(a, why)) failed.push_back(seq);
         continue;

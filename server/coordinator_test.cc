@@ -370,10 +370,11 @@ class SchedulingTest : public CoordinatorTest {
     Open();
   }
 
-  std::string RegisterWorker(int devices, v1::Backend backend = v1::BACKEND_CPU) {
+  std::string RegisterWorker(int devices, v1::Backend backend = v1::BACKEND_CPU, int64_t device_memory_bytes = 0) {
     v1::RegisterRequest req;
     req.mutable_capabilities()->set_backend(backend);
     req.mutable_capabilities()->set_devices(devices);
+    req.mutable_capabilities()->set_device_memory_bytes(device_memory_bytes);
     req.mutable_capabilities()->set_rank_address("127.0.0.1");
     auto resp = c().Register(req);
     EXPECT_TRUE(resp.ok()) << resp.status();
@@ -445,6 +446,14 @@ TEST_F(SchedulingTest, ABackendNoWorkerHasIsUnschedulable) {
   EXPECT_EQ(j.placement(0).worker_id(), gpu);
 }
 
+TEST_F(SchedulingTest, DevicesSmallerThanTheJobsCapAreUnschedulable) {
+  const std::string w = RegisterWorker(4, v1::BACKEND_CPU, int64_t{128} << 20);
+  const std::string job = Submit(DemoJobSpec(2, 5));  // 256 MiB per rank
+  ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
+  EXPECT_THAT(Get(job).state_reason(), AllOf(HasSubstr("2 device(s) and 256 MiB per device"),
+                                             HasSubstr(w + " has 128 MiB per device")));
+}
+
 TEST_F(SchedulingTest, MoreNodesThanWorkersIsUnschedulableUntilASecondWorkerRegisters) {
   const std::string first = RegisterWorker(4);
   v1::JobSpec spec = DemoJobSpec(2, 5);
@@ -453,7 +462,7 @@ TEST_F(SchedulingTest, MoreNodesThanWorkersIsUnschedulableUntilASecondWorkerRegi
   ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
   EXPECT_THAT(Get(job).state_reason(),
               AllOf(StartsWith("unschedulable: needs 2 worker(s) with backend cpu, 1 device(s)"),
-                    HasSubstr("only 1 can (" + first + ")")));
+                    HasSubstr("only 1 registered worker(s) can host it (" + first + ")")));
   RegisterWorker(1);
   EXPECT_EQ(Get(job).state(), v1::SCHEDULED);
   EXPECT_EQ(Get(job).placement_size(), 2);
