@@ -129,6 +129,9 @@ void PrintJob(const v1::Job& j) {
   std::printf("%s  %s%s\n", j.id().c_str(), v1::JobState_Name(j.state()).c_str(),
               j.spec().name().empty() ? "" : absl::StrCat("  (", j.spec().name(), ")").c_str());
   if (!j.state_reason().empty()) std::printf("  reason:   %s\n", j.state_reason().c_str());
+  if (j.unschedulable()) {
+    std::printf("  pending:  unschedulable since %s\n", Time(j.unschedulable_since()).c_str());
+  }
   if (j.has_failure()) {
     const v1::Failure& f = j.failure();
     std::printf("  failure:  %s", v1::Failure::Kind_Name(f.kind()).c_str());

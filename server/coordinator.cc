@@ -30,7 +30,28 @@ void Now(google::protobuf::Timestamp* t) {
   t->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
+absl::Time TimeOf(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
 std::string DescribeBytes(int64_t b) { return absl::StrCat(b >> 20, " MiB"); }
+
+// Why a worker with `devices` devices cannot take one node's share of the
+// job (`per_node` ranks); empty when it can. Given its free devices it says
+// whether the job can be placed there now; given all of them, whether it
+// could ever host it.
+std::string WhyCannotHost(const v1::WorkerCapabilities& caps, int devices, const v1::Job& job,
+                          int64_t per_node) {
+  const v1::JobSpec& spec = job.spec();
+  if (caps.backend() != spec.backend()) return absl::StrCat("backend ", BackendName(caps.backend()));
+  if (devices < per_node) return absl::StrCat(devices, " device(s)");
+  // The job's cap, or its whole plan when it takes the whole card; a worker
+  // that does not say its device memory (0) is not refused for it.
+  const int64_t need = spec.device_memory_bytes() > 0 ? spec.device_memory_bytes() : job.plan().total_bytes();
+  const int64_t memory = caps.device_memory_bytes();
+  if (memory > 0 && need > memory) return absl::StrCat(DescribeBytes(memory), " per device");
+  return "";
+}
 
 // How much a failure explains an attempt's end: an out-of-memory or a
 // crash is the cause; a peer's collective error or an agent's stop is a
@@ -71,6 +92,7 @@ Coordinator::~Coordinator() { Stop(); }
 absl::Status Coordinator::Start() {
   {
     absl::MutexLock lock(&mu_);
+    started_ = absl::Now();
     PLATEAU_ASSIGN_OR_RETURN(kv_, store_->KvAll());
     // Jobs a previous coordinator left live: PENDING ones wait again, the
     // others are re-attached (Restore).
@@ -190,6 +212,10 @@ absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::str
   v1::Job& job = a.job;
   job.set_state(state);
   job.set_state_reason(reason);
+  if (state != v1::PENDING) {
+    job.clear_unschedulable();
+    job.clear_unschedulable_since();
+  }
   if (failure != nullptr) *job.mutable_failure() = *failure;
   Now(job.mutable_update_time());
   if (state == v1::RUNNING && !job.has_start_time()) Now(job.mutable_start_time());
@@ -202,6 +228,7 @@ absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::str
   sc->set_state(state);
   sc->set_reason(reason);
   sc->set_attempt(job.attempt());
+  sc->set_unschedulable(job.unschedulable());
   if (failure != nullptr) *sc->mutable_failure() = *failure;
   PLATEAU_RETURN_IF_ERROR(store_->AppendEvents(ev));
   job.set_event_count(ev[0].index() + 1);
@@ -256,7 +283,13 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   a.job = job;
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::PENDING, "waiting to be scheduled"));
   Schedule();
-  *out.mutable_job() = active_.count(seq) ? active_[seq].job : a.job;
+  // Schedule may have ended it (and dropped `a`): the store has it then.
+  auto it = active_.find(seq);
+  if (it != active_.end()) {
+    *out.mutable_job() = it->second.job;
+  } else {
+    PLATEAU_ASSIGN_OR_RETURN(*out.mutable_job(), store_->GetJob(job.id()));
+  }
   return out;
 }
 
@@ -329,6 +362,11 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id) {
 // Scheduling
 
 void Coordinator::Schedule() {
+  // Right after a (re)start the workers of before may still be registering
+  // again: a job found unschedulable then keeps its earlier mark and clock,
+  // and none is newly marked or failed.
+  const bool settling = absl::Now() < started_ + options_.reattach_timeout;
+  std::vector<int64_t> failed;
   for (auto& [seq, a] : active_) {
     if (a.job.state() != v1::PENDING) continue;
     const v1::JobSpec& spec = a.job.spec();
@@ -336,29 +374,50 @@ void Coordinator::Schedule() {
     const int64_t per_node = spec.layout().ranks() / nodes;
     std::vector<Worker*> fit;
     std::vector<std::string> seen;
+    // Workers that could host a node's share when idle, and why each of the
+    // others never could.
+    std::vector<std::string> hosts, never;
     for (auto& [id, w] : workers_) {
       if (!w.attached) continue;
       const int free = w.caps.devices() - w.used_devices;
       seen.push_back(absl::StrCat(id, " (", BackendName(w.caps.backend()), ", ", free, "/", w.caps.devices(),
                                   " free, ", DescribeBytes(w.caps.device_memory_bytes()), " each)"));
-      if (w.caps.backend() != spec.backend() || free < per_node) continue;
-      if (spec.device_memory_bytes() > 0 && w.caps.device_memory_bytes() > 0 &&
-          spec.device_memory_bytes() > w.caps.device_memory_bytes()) {
+      const std::string why = WhyCannotHost(w.caps, w.caps.devices(), a.job, per_node);
+      if (!why.empty()) {
+        never.push_back(absl::StrCat(id, " has ", why));
         continue;
       }
-      if (spec.device_memory_bytes() == 0 && w.caps.device_memory_bytes() > 0 &&
-          a.job.plan().total_bytes() > w.caps.device_memory_bytes()) {
-        continue;
-      }
-      fit.push_back(&w);
+      hosts.push_back(id);
+      if (WhyCannotHost(w.caps, free, a.job, per_node).empty()) fit.push_back(&w);
     }
     if (static_cast<int64_t>(fit.size()) < nodes) {
+      const bool never_fits = static_cast<int64_t>(hosts.size()) < nodes;
+      if (never_fits && settling && a.job.unschedulable()) continue;  // keeps its mark and clock
+      if (never_fits && !settling) {
+        const std::string memory =
+            spec.device_memory_bytes() > 0 ? DescribeBytes(spec.device_memory_bytes())
+                                           : absl::StrCat(DescribeBytes(a.job.plan().total_bytes()), " (its plan)");
+        const std::string why = absl::StrCat(
+            "needs ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
+            " device(s) and ", memory, " per device; ",
+            seen.empty()    ? std::string("no worker is registered")
+            : hosts.empty() ? std::string("no registered worker can host it")
+                            : absl::StrCat("only ", hosts.size(), " registered worker(s) can host it (",
+                                           absl::StrJoin(hosts, ", "), ")"),
+            never.empty() ? "" : absl::StrCat("; ", absl::StrJoin(never, ", ")));
+        if (!MarkUnschedulable(a, why)) failed.push_back(seq);
+        continue;
+      }
       std::string reason = absl::StrCat(
           "waiting for ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
           " free device(s) and ", DescribeBytes(spec.device_memory_bytes()), " per device; ",
           seen.empty() ? std::string("no worker is registered")
                            : absl::StrCat("workers: ", absl::StrJoin(seen, ", ")));
-      if (reason != a.job.state_reason()) SetState(a, v1::PENDING, reason).IgnoreError();
+      if (reason != a.job.state_reason() || a.job.unschedulable()) {
+        a.job.clear_unschedulable();  // a worker that can host it registered
+        a.job.clear_unschedulable_since();
+        SetState(a, v1::PENDING, reason).IgnoreError();
+      }
       continue;
     }
     // Most free devices first, so that jobs spread over the nodes.
@@ -390,6 +449,34 @@ void Coordinator::Schedule() {
     SetState(a, v1::SCHEDULED, absl::StrCat("placed on ", absl::StrJoin(where, ", ")))
         .IgnoreError();
   }
+  for (int64_t seq : failed) active_.erase(seq);
+}
+
+bool Coordinator::MarkUnschedulable(Active& a, const std::string& why) {
+  const absl::Time now = absl::Now();
+  if (!a.job.unschedulable()) {
+    a.job.set_unschedulable(true);
+    Now(a.job.mutable_unschedulable_since());
+  }
+  const int64_t limit_s = a.job.spec().max_pending_s();
+  const absl::Duration limit = limit_s > 0 ? absl::Seconds(limit_s) : options_.default_max_pending;
+  const bool expires = limit > absl::ZeroDuration();
+  if (expires && now - TimeOf(a.job.unschedulable_since()) >= limit) {
+    v1::Failure f;
+    f.set_kind(v1::Failure::UNSCHEDULABLE);
+    f.set_message(absl::StrCat("unschedulable for ", absl::FormatDuration(limit),
+                               " (max_pending_s): no registered worker could host it; ", why));
+    Log(a.job.id(), a.job.attempt(), f.message());
+    SetState(a, v1::FAILED, f.message(), &f).IgnoreError();
+    return false;
+  }
+  const std::string reason = absl::StrCat(
+      "unschedulable: ", why, "; ",
+      expires ? absl::StrCat("fails after ", absl::FormatDuration(limit), " (max_pending_s) unless one registers")
+              : std::string("waits for one to register (no max_pending_s)"));
+  // The first mark and each change of what the workers offer is an event.
+  if (reason != a.job.state_reason()) SetState(a, v1::PENDING, reason).IgnoreError();
+  return true;
 }
 
 void Coordinator::ExpireWorkers() {

@@ -8,6 +8,8 @@
 //           -> RUNNING (every rank started) -> SUCCEEDED | FAILED
 //   any live state -> CANCELLING (ranks being stopped) -> CANCELLED
 //   a crashed or lost attempt with restarts left -> RESTARTING -> PENDING
+//   PENDING -> FAILED (UNSCHEDULABLE) when no registered worker could host
+//              the job for its max_pending_s
 // A job leaves SCHEDULED/RUNNING/CANCELLING only when every rank has been
 // reported gone by its agent (process group empty) or its worker was lost.
 //
@@ -57,6 +59,9 @@ struct CoordinatorOptions {
   absl::Duration reattach_timeout = absl::Seconds(10);
   // JobSpec.progress_timeout_s when the spec leaves it 0.
   absl::Duration default_progress_timeout = absl::Seconds(600);
+  // JobSpec.max_pending_s when the spec leaves it 0: how long a job that no
+  // registered worker could host stays PENDING before it fails; 0: forever.
+  absl::Duration default_max_pending = absl::Seconds(600);
   absl::Duration tick = absl::Milliseconds(100);
   // A finished job's metric series are removed this long after its final
   // state (Prometheus has scraped the final values by then); 0: kept until
@@ -132,7 +137,13 @@ class Coordinator {
 
   void Loop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places pending jobs that fit; marks the ones no registered worker could
+  // ever host as unschedulable, and fails those marked for max_pending.
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a PENDING job that no registered worker could host (`why`), or
+  // fails it when it has been so for its max_pending: false then (the
+  // caller erases it).
+  bool MarkUnschedulable(Active& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuilds a live attempt read from the store after a restart.
@@ -163,6 +174,10 @@ class Coordinator {
   absl::Mutex mu_;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // When Start ran: for reattach_timeout after it, workers that were
+  // registered before a restart may still be registering again, so no job
+  // is newly found unschedulable and none fails for it.
+  absl::Time started_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Active> active_ ABSL_GUARDED_BY(mu_);  // by job seq

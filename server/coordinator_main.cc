@@ -8,7 +8,7 @@
 //   plateau_coordinator --state_dir=/var/lib/plateau
 //       [--listen=127.0.0.1:7070] [--metrics_address=127.0.0.1:9464]
 //       [--ready_file=PATH] [--heartbeat_ms=1000] [--worker_timeout_s=2 x heartbeat]
-//       [--reattach_timeout_s=10] [--metrics_retention_s=900]
+//       [--reattach_timeout_s=10] [--metrics_retention_s=900] [--max_pending_s=600]
 //       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH]
 //       [--insecure_listen_any] [--max_request_bytes=4194304]
 //       [--max_watches_per_client=64]
@@ -56,6 +56,9 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
                                    register again before they count as lost
   --metrics_retention_s=900        a finished job's metric series are removed this long after its
                                    final state (0: kept until the coordinator restarts)
+  --max_pending_s=600              a job that no registered worker could host fails
+                                   (UNSCHEDULABLE) after this long, unless its spec sets
+                                   max_pending_s (0: it waits forever)
 
 security (docs/SERVICE.md "Security")
   --token_file=PATH                bearer token every JobService and WorkerService call must carry
@@ -107,6 +110,7 @@ int Main(int argc, char** argv) {
                                               {"worker_timeout_s", "0"},
                                               {"reattach_timeout_s", "10"},
                                               {"metrics_retention_s", "900"},
+                                              {"max_pending_s", "600"},
                                               {"heartbeat_ms", "1000"},
                                               {"token_file", ""},
                                               {"tls_cert_file", ""},
@@ -146,6 +150,12 @@ int Main(int argc, char** argv) {
     return Fail("--metrics_retention_s: expected a number of seconds >= 0");
   }
   options.metrics_retention = absl::Seconds(retention_s);
+  double max_pending_s = 0;
+  if (!absl::SimpleAtod(flags["max_pending_s"], &max_pending_s) || !(max_pending_s >= 0) ||
+      max_pending_s > 7 * 24 * 3600) {
+    return Fail("--max_pending_s: expected a number of seconds from 0 (wait forever) to 604800 (a week)");
+  }
+  options.default_max_pending = absl::Seconds(max_pending_s);
 
   // Security: every check before anything is opened or bound.
   int64_t max_request_bytes = 0, max_watches = 0;

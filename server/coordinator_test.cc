@@ -358,5 +358,174 @@ TEST_F(CoordinatorTest, FinishedJobsMetricSeriesLeaveAfterTheRetention) {
   EXPECT_GE(absl::Now() - done, absl::Milliseconds(300));
 }
 
+// Scheduling against what the registered workers could ever host. Workers
+// stay registered without heartbeats (worker_timeout 30 s); the restart
+// settling window (reattach_timeout) is short.
+class SchedulingTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    options_.worker_timeout = absl::Seconds(30);
+    options_.reattach_timeout = absl::Milliseconds(300);
+    Open();
+  }
+
+  std::string RegisterWorker(int devices, v1::Backend backend = v1::BACKEND_CPU, int64_t device_memory_bytes = 0) {
+    v1::RegisterRequest req;
+    req.mutable_capabilities()->set_backend(backend);
+    req.mutable_capabilities()->set_devices(devices);
+    req.mutable_capabilities()->set_device_memory_bytes(device_memory_bytes);
+    req.mutable_capabilities()->set_rank_address("127.0.0.1");
+    auto resp = c().Register(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->worker_id() : "";
+  }
+
+  bool WaitUnschedulable(const std::string& id, bool want = true) {
+    return testing_cluster::WaitFor([&] { return Get(id).unschedulable() == want; }, absl::Seconds(10));
+  }
+
+  // What WatchJob sends: the job's state changes in order.
+  std::vector<v1::StateChange> Changes(const std::string& id) {
+    std::vector<v1::StateChange> out;
+    auto events = store_->ReadEvents(id, 0, 1000);
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) return out;
+    for (const v1::JobEvent& e : *events) {
+      if (e.has_state_change()) out.push_back(e.state_change());
+    }
+    return out;
+  }
+};
+
+using ::testing::AllOf;
+using ::testing::StartsWith;
+
+TEST_F(SchedulingTest, MoreRanksThanAnyWorkerHasIsUnschedulableUntilOneThatCanRegistersAndItRuns) {
+  const std::string small = RegisterWorker(2);
+  const std::string job = Submit(DemoJobSpec(4, 5));
+  ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
+  v1::Job j = Get(job);
+  EXPECT_EQ(j.state(), v1::PENDING);
+  EXPECT_THAT(j.state_reason(), AllOf(StartsWith("unschedulable: needs 1 worker(s) with backend cpu, 4 device(s)"),
+                                      HasSubstr("no registered worker can host it"),
+                                      HasSubstr(small + " has 2 device(s)"),
+                                      HasSubstr("fails after 10m (max_pending_s)")));
+  EXPECT_TRUE(j.has_unschedulable_since());
+  // Watchers see the mark as a state change.
+  ASSERT_FALSE(Changes(job).empty());
+  EXPECT_TRUE(Changes(job).back().unschedulable());
+  EXPECT_EQ(Changes(job).back().reason(), j.state_reason());
+
+  const std::string big = RegisterWorker(4);
+  j = Get(job);
+  EXPECT_EQ(j.state(), v1::SCHEDULED) << j.DebugString();
+  EXPECT_FALSE(j.unschedulable());
+  EXPECT_FALSE(j.has_unschedulable_since());
+  EXPECT_FALSE(Changes(job).back().unschedulable());
+  auto hb = Heartbeat(big);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->assignments_size(), 1);
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(Started(big, job, r).ok());
+  EXPECT_EQ(Get(job).state(), v1::RUNNING);
+}
+
+TEST_F(SchedulingTest, ABackendNoWorkerHasIsUnschedulable) {
+  const std::string cpu = RegisterWorker(8);
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_backend(v1::BACKEND_CUDA);
+  spec.set_device_memory_bytes(0);
+  const std::string job = Submit(spec);
+  ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
+  EXPECT_THAT(Get(job).state_reason(),
+              AllOf(StartsWith("unschedulable: needs 1 worker(s) with backend cuda"), HasSubstr(cpu + " has backend cpu")));
+  // A CUDA worker registering takes it.
+  const std::string gpu = RegisterWorker(2, v1::BACKEND_CUDA);
+  const v1::Job j = Get(job);
+  EXPECT_EQ(j.state(), v1::SCHEDULED);
+  EXPECT_EQ(j.placement(0).worker_id(), gpu);
+}
+
+TEST_F(SchedulingTest, DevicesSmallerThanTheJobsCapAreUnschedulable) {
+  const std::string w = RegisterWorker(4, v1::BACKEND_CPU, int64_t{128} << 20);
+  const std::string job = Submit(DemoJobSpec(2, 5));  // 256 MiB per rank
+  ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
+  EXPECT_THAT(Get(job).state_reason(), AllOf(HasSubstr("2 device(s) and 256 MiB per device"),
+                                             HasSubstr(w + " has 128 MiB per device")));
+}
+
+TEST_F(SchedulingTest, MoreNodesThanWorkersIsUnschedulableUntilASecondWorkerRegisters) {
+  const std::string first = RegisterWorker(4);
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  const std::string job = Submit(spec);
+  ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
+  EXPECT_THAT(Get(job).state_reason(),
+              AllOf(StartsWith("unschedulable: needs 2 worker(s) with backend cpu, 1 device(s)"),
+                    HasSubstr("only 1 registered worker(s) can host it (" + first + ")")));
+  RegisterWorker(1);
+  EXPECT_EQ(Get(job).state(), v1::SCHEDULED);
+  EXPECT_EQ(Get(job).placement_size(), 2);
+}
+
+// Capacity that exists but is busy is waited for, without a deadline.
+TEST_F(SchedulingTest, AJobWaitingForBusyDevicesIsNotUnschedulable) {
+  const std::string w = RegisterWorker(2);
+  const std::string first = Submit(DemoJobSpec(2, 5));
+  ASSERT_EQ(Get(first).state(), v1::SCHEDULED);
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_max_pending_s(1);
+  const std::string second = Submit(spec);
+  absl::SleepFor(options_.reattach_timeout + absl::Seconds(1) + absl::Milliseconds(300));
+  const v1::Job j = Get(second);
+  EXPECT_EQ(j.state(), v1::PENDING);
+  EXPECT_FALSE(j.unschedulable());
+  EXPECT_THAT(j.state_reason(), StartsWith("waiting for 1 worker(s) with backend cpu, 2 free device(s)"));
+}
+
+// The mark and its clock are in the store: a restarted coordinator keeps
+// both while its workers register again, and fails the job when the time
+// counted from the first mark is up; a refused job is not restarted.
+TEST_F(SchedulingTest, MaxPendingFailsAnUnschedulableJobCountingFromTheMarkAcrossARestart) {
+  RegisterWorker(2);
+  v1::JobSpec spec = DemoJobSpec(4, 5);
+  spec.set_max_pending_s(2);
+  spec.set_max_restarts(3);
+  const std::string job = Submit(spec);
+  ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
+  const v1::Job marked = Get(job);
+  EXPECT_THAT(marked.state_reason(), HasSubstr("fails after 2s (max_pending_s)"));
+  absl::SleepFor(absl::Seconds(1));
+  Open();
+  const v1::Job restored = Get(job);  // in the settling window: no worker yet
+  EXPECT_TRUE(restored.unschedulable());
+  EXPECT_EQ(restored.unschedulable_since().SerializeAsString(), marked.unschedulable_since().SerializeAsString());
+  ASSERT_TRUE(WaitState(job, v1::FAILED)) << Get(job).DebugString();
+  const v1::Job j = Get(job);
+  EXPECT_EQ(j.failure().kind(), v1::Failure::UNSCHEDULABLE);
+  EXPECT_THAT(j.failure().message(), AllOf(StartsWith("unschedulable for 2s (max_pending_s)"),
+                                           HasSubstr("no worker is registered")));
+  EXPECT_EQ(j.state_reason(), j.failure().message());
+  EXPECT_EQ(j.attempt(), 0);
+  EXPECT_FALSE(j.unschedulable());
+  // From the first mark, not from the restart (that would be >= 3.3 s).
+  const absl::Duration waited = absl::FromUnixSeconds(j.end_time().seconds()) + absl::Nanoseconds(j.end_time().nanos()) -
+                                (absl::FromUnixSeconds(marked.unschedulable_since().seconds()) +
+                                 absl::Nanoseconds(marked.unschedulable_since().nanos()));
+  EXPECT_GE(waited, absl::Seconds(2));
+  EXPECT_LT(waited, absl::Seconds(3));
+  EXPECT_EQ(Changes(job).back().failure().kind(), v1::Failure::UNSCHEDULABLE);
+}
+
+// JobSpec.max_pending_s 0 is the coordinator's default.
+TEST_F(SchedulingTest, TheCoordinatorsDefaultMaxPendingAppliesWhenTheSpecLeavesItZero) {
+  options_.default_max_pending = absl::Milliseconds(300);
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  ASSERT_TRUE(WaitState(job, v1::FAILED)) << Get(job).DebugString();
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::UNSCHEDULABLE);
+  EXPECT_THAT(Get(job).failure().message(), HasSubstr("no worker is registered"));
+}
+
 }  // namespace
 }  // namespace plateau

@@ -360,7 +360,10 @@ TEST(ServiceTest, ListJobsPagesAndFiltersOverMoreThanOnePage) {
 // Lost workers, hung ranks and coordinator restarts: tests/fault_test.cc.
 
 TEST(ServiceTest, PlateauctlSubmitWaitJsonAndErrors) {
-  Cluster c("cli");
+  ClusterOptions options;
+  // Jobs no worker can host are marked once the restart window is over.
+  options.coordinator_flags = {"--reattach_timeout_s=0.5"};
+  Cluster c("cli", options);
   ASSERT_TRUE(c.ready()) << c.Logs();
   const std::string spec_path = c.dir() + "/job.txtpb";
   {
@@ -403,6 +406,28 @@ TEST(ServiceTest, PlateauctlSubmitWaitJsonAndErrors) {
   r = RunCommand({ctl, coord, "submit", c.dir() + "/invalid.txtpb"}, c.dir() + "/invalid");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: model.heads:"));
+
+  // Two nodes with one worker: accepted, shown unschedulable with the reason
+  // by submit, get and watch, and FAILED once its max_pending_s is up.
+  {
+    v1::JobSpec s = TinyJob(4);
+    s.mutable_layout()->set_nodes(2);
+    s.set_max_pending_s(3);
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(s, &text);
+    std::ofstream(c.dir() + "/two_nodes.txtpb") << text;
+  }
+  r = RunCommand({ctl, coord, "submit", c.dir() + "/two_nodes.txtpb"}, c.dir() + "/two_nodes");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("submitted job-2: PENDING (unschedulable: needs 2 worker(s)"));
+  r = RunCommand({ctl, coord, "get", "job-2"}, c.dir() + "/get_unschedulable");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("only 1 registered worker(s) can host it (worker-1)"));
+  EXPECT_THAT(r.out, HasSubstr("pending:  unschedulable since"));
+  r = RunCommand({ctl, coord, "watch", "job-2"}, c.dir() + "/watch_unschedulable");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-2 PENDING: unschedulable: needs 2 worker(s)"));
+  EXPECT_THAT(r.out, HasSubstr("summary: job-2 FAILED (UNSCHEDULABLE)"));
 
   // A coordinator that is not there: a clear message and its own exit code.
   const std::string dead = absl::StrCat("127.0.0.1:", FreePort());

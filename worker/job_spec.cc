@@ -384,6 +384,9 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_restarts", spec.max_restarts(), 0, 100));
   // Up to a week: a step that long is a hang by any measure.
   PLATEAU_RETURN_IF_ERROR(CheckRange("progress_timeout_s", spec.progress_timeout_s(), 0, 7 * 24 * 3600));
+  // Up to a week: a worker expected to come (hardware being repaired) is
+  // waited for that long at most; 0 is the coordinator's default.
+  PLATEAU_RETURN_IF_ERROR(CheckRange("max_pending_s", spec.max_pending_s(), 0, 7 * 24 * 3600));
   t.step.seed = spec.has_seed() ? spec.seed() : 1;
   PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());
   // The step's own checks on the whole combination (e.g. Ring-DTP needs a

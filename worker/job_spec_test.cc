@@ -280,6 +280,10 @@ std::vector<Case> MalformedFieldCases() {
       {"progress_timeout_s", [](S& s) { s.set_progress_timeout_s(7 * 24 * 3600 + 1); }},
       {"progress_timeout_s", [](S& s) { s.set_progress_timeout_s(kI64Max); }},
       {"progress_timeout_s", [](S& s) { s.set_progress_timeout_s(kI64Min); }},
+      {"max_pending_s", [](S& s) { s.set_max_pending_s(-1); }},
+      {"max_pending_s", [](S& s) { s.set_max_pending_s(7 * 24 * 3600 + 1); }},
+      {"max_pending_s", [](S& s) { s.set_max_pending_s(kI64Max); }},
+      {"max_pending_s", [](S& s) { s.set_max_pending_s(kI64Min); }},
       {"backend", [](S& s) { s.set_backend(v1::BACKEND_UNSPECIFIED); }},
       {"backend", [](S& s) { s.set_backend(static_cast<v1::Backend>(7)); }},
       {"backend", [](S& s) { s.set_backend(static_cast<v1::Backend>(-1)); }},
@@ -560,6 +564,7 @@ TEST(JobSpecTest, OptionalFieldsAndBaselineSchedulesMayBeUnsetOrExplicit) {
   s.set_seed(std::numeric_limits<uint64_t>::max());
   s.mutable_data()->mutable_recall()->set_seed(0);
   s.set_max_restarts(100);
+  s.set_max_pending_s(7 * 24 * 3600);
   s.mutable_optimizer()->set_beta1(0);
   s.mutable_optimizer()->set_max_grad_norm(0);
   s.mutable_optimizer()->set_weight_decay(1);
