@@ -2,8 +2,12 @@
 // the coordinator on every call, and TLS, are tests/security_test.cc's.
 #include "client/connection.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,9 +18,17 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string Write(const std::string& name, const std::string& text) {
+// $TEST_TMPDIR; run by hand, a directory of this process's own.
+std::string TmpDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  if (tmp != nullptr) return tmp;
+  const std::string own = "/tmp/plateau-test-" + std::to_string(getpid());
+  std::filesystem::create_directories(own);
+  return own;
+}
+
+std::string Write(const std::string& name, const std::string& text) {
+  const std::string path = TmpDir() + "/" + name;
   std::ofstream(path, std::ios::binary) << text;
   return path;
 }
@@ -41,8 +53,7 @@ TEST(ReadTokenFileTest, UnreadableFileNamesTheFlagAndPath) {
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(t.status().message(), HasSubstr("--token_file=/nonexistent/token: cannot read"));
   // A directory opens but cannot be read.
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  auto d = ReadTokenFile("--token_file", tmp ? tmp : "/tmp");
+  auto d = ReadTokenFile("--token_file", TmpDir());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,5 +1,8 @@
 #include "client/spec_file.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -71,7 +74,10 @@ TEST(SpecFileTest, AValidFileParsesToItsSpec) {
 }
 
 TEST(SpecFileTest, FilesThatAreNotSpecsAreRefusedNamingThePath) {
-  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  // Run by hand (no TEST_TMPDIR): a directory of this process's own.
+  const std::string dir =
+      std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp/plateau-test-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
   EXPECT_THAT(ReadSpecFile(dir + "/missing.txtpb").status().message(), HasSubstr("missing.txtpb: cannot open"));
   EXPECT_THAT(ReadSpecFile(dir).status().message(), HasSubstr("is a directory"));
   // /dev/zero never ends: refused after the first MiB, not read whole.

@@ -5,6 +5,8 @@
 // the coordinator no longer has), hang detection, and retried reports.
 #include "server/coordinator.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -28,7 +30,9 @@ class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const char* tmp = std::getenv("TEST_TMPDIR");
-    dir_ = std::string(tmp ? tmp : "/tmp") + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    // Run by hand (no TEST_TMPDIR): a directory of this process's own.
+    dir_ = (tmp ? std::string(tmp) : absl::StrCat("/tmp/plateau-test-", getpid())) + "/" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     // One metrics server for all tests: its HTTP server takes ~2 s to stop.

@@ -1,5 +1,7 @@
 #include "server/job_store.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -15,7 +17,8 @@ using ::testing::HasSubstr;
 
 std::string TempDb(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  // Run by hand (no TEST_TMPDIR): a directory of this process's own.
+  std::string dir = (tmp ? std::string(tmp) : "/tmp/plateau-test-" + std::to_string(getpid())) + "/" + name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir + "/state.db";

@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "worker/job_spec.h"
 
@@ -28,9 +29,38 @@ extern char** environ;
 namespace plateau {
 namespace testing_cluster {
 
+namespace {
+
+// $TEST_TMPDIR (Bazel gives every test its own), else a new directory of
+// this process's own, made once.
+const std::string& TempBase() {
+  static const std::string* const base = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    if (tmp != nullptr && *tmp != '\0') return new std::string(std::filesystem::absolute(tmp).string());
+    char pattern[] = "/tmp/plateau-test-XXXXXX";
+    return new std::string(mkdtemp(pattern) != nullptr ? pattern : "/tmp");
+  }();
+  return *base;
+}
+
+std::vector<std::string> CommandLine(pid_t pid) {
+  const std::string cmd = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  return absl::StrSplit(cmd, '\0', absl::SkipEmpty());
+}
+
+bool NamesPathUnder(absl::string_view arg, const std::string& prefix) {
+  if (absl::StartsWith(arg, "--")) {
+    const size_t eq = arg.find('=');
+    if (eq == absl::string_view::npos) return false;
+    arg.remove_prefix(eq + 1);
+  }
+  return absl::StartsWith(arg, prefix);
+}
+
+}  // namespace
+
 std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+  std::string dir = absl::StrCat(TempBase(), "/", name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -162,34 +192,24 @@ double Sample(const std::string& text, const std::string& series) {
   return NAN;
 }
 
-std::vector<pid_t> RankPids(const std::string& job) {
+std::vector<pid_t> ProcessesUnder(const std::string& dir) {
   std::vector<pid_t> pids;
+  if (dir.empty()) return pids;
+  const std::string prefix = absl::StrCat(std::filesystem::absolute(dir).lexically_normal().string(), "/");
   DIR* d = opendir("/proc");
   if (d == nullptr) return pids;
   while (dirent* e = readdir(d)) {
     pid_t pid = 0;
     if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
-    std::string cmd = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    std::vector<std::string> args = absl::StrSplit(cmd, '\0');
-    bool rank = false, mine = false;
-    for (const std::string& a : args) {
-      rank = rank || absl::EndsWith(a, "plateau_rank");
-      mine = mine || a == "--job_id=" + job;
+    for (const std::string& a : CommandLine(pid)) {
+      if (NamesPathUnder(a, prefix)) {
+        pids.push_back(pid);
+        break;
+      }
     }
-    if (rank && mine) pids.push_back(pid);
   }
   closedir(d);
   return pids;
-}
-
-pid_t RankPid(const std::string& job, int rank) {
-  for (pid_t p : RankPids(job)) {
-    std::vector<std::string> args = absl::StrSplit(ReadFile(absl::StrCat("/proc/", p, "/cmdline")), '\0');
-    for (const std::string& a : args) {
-      if (a == absl::StrCat("--rank=", rank)) return p;
-    }
-  }
-  return 0;
 }
 
 int FreePort() {
@@ -205,6 +225,23 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   close(fd);
   return ntohs(sa.sin_port);
+}
+
+RefusedAddress::RefusedAddress() : fd_(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  // No SO_REUSEADDR: nobody else can bind the port while this holds it.
+  if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    return;
+  }
+  address_ = absl::StrCat("127.0.0.1:", ntohs(sa.sin_port));
+}
+
+RefusedAddress::~RefusedAddress() {
+  if (fd_ >= 0) close(fd_);
 }
 
 v1::JobSpec TinyJob(int64_t steps) {
@@ -291,6 +328,28 @@ v1::Job Cluster::WaitDone(const std::string& id) {
     return j.ok() && (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED);
   });
   return job;
+}
+
+std::vector<pid_t> Cluster::RankPids(const std::string& id) const {
+  std::vector<pid_t> pids;
+  for (pid_t pid : ProcessesUnder(dir_)) {
+    bool rank = false, job = false;
+    for (const std::string& a : CommandLine(pid)) {
+      rank = rank || absl::EndsWith(a, "/plateau_rank") || a == "plateau_rank";
+      job = job || a == "--job_id=" + id;
+    }
+    if (rank && job) pids.push_back(pid);
+  }
+  return pids;
+}
+
+pid_t Cluster::RankPid(const std::string& id, int rank) const {
+  for (pid_t p : RankPids(id)) {
+    for (const std::string& a : CommandLine(p)) {
+      if (a == absl::StrCat("--rank=", rank)) return p;
+    }
+  }
+  return 0;
 }
 
 bool Cluster::WaitStep(const std::string& id, int64_t step) {

@@ -27,7 +27,9 @@ namespace testing_cluster {
 // Generous: a loaded 2-core machine runs these alongside other tests.
 constexpr absl::Duration kDeadline = absl::Seconds(120);
 
-// $TEST_TMPDIR/name (or /tmp/name), emptied.
+// $TEST_TMPDIR/name, emptied; an absolute path. Outside Bazel (no
+// TEST_TMPDIR) the base is a directory of this process's own under /tmp,
+// never a fixed /tmp path another run could share.
 std::string TempDir(const std::string& name);
 std::string ReadFile(const std::string& path);
 // Polls `ready` every 50 ms until it holds or the deadline passes.
@@ -76,12 +78,33 @@ std::string Scrape(const std::string& address);
 // The value of the sample `series` ("name{labels}", labels as the exposition
 // orders them: prometheus-cpp sorts them by name), or NaN when absent.
 double Sample(const std::string& text, const std::string& series);
-// Pids of the plateau_rank processes of `job` in the process table.
-std::vector<pid_t> RankPids(const std::string& job);
-// Pid of rank `rank` of `job`, or 0.
-pid_t RankPid(const std::string& job, int rank);
-// A free TCP port on 127.0.0.1 (bound, then released).
+// Pids of the processes in the process table whose command line names a
+// path below `dir` (an argument, or a --flag=value's value, starting with
+// dir + "/"). Without a PID namespace (Bazel's processwrapper-sandbox, most
+// containers) /proc shows every test's processes: a test finds its own by its
+// own directory, never by a name (a binary, a job id) another test shares.
+std::vector<pid_t> ProcessesUnder(const std::string& dir);
+// A free TCP port on 127.0.0.1, bound, then released: another process may
+// take it before it is used. Prefer port 0 and a ready file; a caller of this
+// must retry on "address in use" (or hold the port, as RefusedAddress does).
 int FreePort();
+
+// An address on 127.0.0.1 where nothing listens, for as long as this lives:
+// the port stays bound (never listened on), so connections are refused and no
+// other process can take it meanwhile.
+class RefusedAddress {
+ public:
+  RefusedAddress();
+  ~RefusedAddress();
+  RefusedAddress(const RefusedAddress&) = delete;
+  RefusedAddress& operator=(const RefusedAddress&) = delete;
+  // "127.0.0.1:PORT"; "" when no port could be bound.
+  const std::string& address() const { return address_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
 
 // The demo's model on a tiny batch: a few seconds per 100 steps here.
 v1::JobSpec TinyJob(int64_t steps);
@@ -124,6 +147,14 @@ class Cluster {
   v1::Job WaitDone(const std::string& id);
   // Watches until rank 0 reported step `step` of the job.
   bool WaitStep(const std::string& id, int64_t step);
+
+  // Pids of this cluster's plateau_rank processes of job `id`: those below
+  // dir() (ProcessesUnder: their --spec_file lies in a worker's work dir),
+  // including ranks whose worker is gone. Another cluster's job of the same
+  // id, in this test or in one running beside it, is never among them.
+  std::vector<pid_t> RankPids(const std::string& id) const;
+  // Pid of rank `rank` of this cluster's job `id`, or 0.
+  pid_t RankPid(const std::string& id, int rank) const;
 
  private:
   bool StartCoordinator(const std::string& listen);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
@@ -256,10 +257,16 @@ TEST(DeployTest, SystemdAcceptsTheUnitsAndTheSysusersFile) {
 // script's cleanup. Slurm itself is not here (deploy/README.md). The
 // stand-in srun first calls the coordinator the way a stranger would,
 // without the token (while the coordinator is up, before any worker), and
-// leaves plateauctl's answer and exit code in dir/untokened.
+// leaves plateauctl's answer and exit code in dir/untokened. A stand-in
+// `hostname` names this machine kUnresolvableHost (options such as -I go to
+// the real one): the script must not use the machine's name as an address,
+// and no test may depend on what the machine is called. The coordinator's
+// ports are 0 (any free one), read back from its ready file.
+constexpr char kUnresolvableHost[] = "plateau-test-host.invalid";
+
 struct SbatchRun {
   std::string dir;
-  int metrics_port = 0;
+  std::string metrics_port;  // the coordinator's, from its ready file
   Ran ran;
 };
 
@@ -283,21 +290,25 @@ SbatchRun RunSbatch(const std::string& dir, const std::vector<std::string>& extr
       << "echo \"exit $?\" >>" << dir << "/untokened\n"
       << "while [[ \"$1\" == --* ]]; do shift; done\nexec \"$@\"\n";
   std::filesystem::permissions(dir + "/fakebin/srun", std::filesystem::perms::owner_all);
+  std::ofstream(dir + "/fakebin/hostname") << "#!/bin/bash\n"
+                                           << "if [ $# -eq 0 ]; then echo " << kUnresolvableHost << "; exit 0; fi\n"
+                                           << "exec /bin/hostname \"$@\"\n";
+  std::filesystem::permissions(dir + "/fakebin/hostname", std::filesystem::perms::owner_all);
   std::string spec;
   google::protobuf::TextFormat::PrintToString(TinyJob(4), &spec);
   std::ofstream(dir + "/spec.txtpb") << spec;
-  const int api_port = FreePort();
-  run.metrics_port = FreePort();
   std::vector<std::string> args = {"/usr/bin/env", "PATH=" + dir + "/fakebin:/usr/bin:/bin", "SLURM_JOB_ID=42",
                                    "SLURM_JOB_NUM_NODES=1", "SLURM_CPUS_ON_NODE=2", "TMPDIR=" + dir,
                                    "PLATEAU_BIN=" + dir + "/bin", "PLATEAU_BACKEND=cpu", "PLATEAU_DEVICES=2",
                                    "PLATEAU_RANK_ADDRESS=127.0.0.1", "PLATEAU_RUN_DIR=" + dir + "/run",
-                                   absl::StrCat("PLATEAU_API_PORT=", api_port),
-                                   absl::StrCat("PLATEAU_METRICS_PORT=", run.metrics_port),
+                                   "PLATEAU_API_PORT=0", "PLATEAU_METRICS_PORT=0",
                                    "PLATEAU_SPEC=" + dir + "/spec.txtpb"};
   args.insert(args.end(), extra_env.begin(), extra_env.end());
   args.insert(args.end(), {"/bin/bash", "deploy/slurm/plateau.sbatch"});
   run.ran = RunCommand(args, dir + "/sbatch");
+  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/run/coordinator.ready"), '\n')) {
+    if (absl::ConsumePrefix(&line, "metrics=")) run.metrics_port = std::string(line.substr(line.rfind(':') + 1));
+  }
   return run;
 }
 
@@ -307,6 +318,8 @@ void ExpectSecuredRunToTheEnd(const SbatchRun& run) {
   const Ran& r = run.ran;
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("plateau.sbatch: coordinator at "));
+  EXPECT_THAT(r.out + r.err, ::testing::Not(HasSubstr(std::string(kUnresolvableHost) + ":")))
+      << "the script used the machine's name as an address";
   EXPECT_THAT(r.out, HasSubstr("summary: job-1 SUCCEEDED")) << r.out << r.err;
   const std::string log = ReadFile(run.dir + "/run/coordinator.log");
   EXPECT_THAT(log, HasSubstr("bearer token required")) << log;
@@ -317,15 +330,19 @@ void ExpectSecuredRunToTheEnd(const SbatchRun& run) {
   // coordinator it started: nothing answers on the metrics port any more.
   EXPECT_THAT(r.out + r.err, HasSubstr("plateau_worker: signal 15, stopping every rank"));
   EXPECT_THAT(log, HasSubstr("shutting down"));
-  EXPECT_EQ(HttpGet(absl::StrCat("127.0.0.1:", run.metrics_port), "/metrics"), "");
+  ASSERT_FALSE(run.metrics_port.empty()) << "no metrics= in the coordinator's ready file";
+  EXPECT_EQ(HttpGet("127.0.0.1:" + run.metrics_port, "/metrics"), "");
 }
 
 // Without PLATEAU_TOKEN_FILE the script makes a token only this user can
 // read, in the run directory, and gives its path (never the token) to the
-// coordinator, the worker and plateauctl.
+// coordinator, the worker and plateauctl. Without PLATEAU_COORDINATOR_HOST
+// it advertises the coordinator at an IP address of this node.
 TEST(DeployTest, SlurmScriptRunsAJobThroughAStandInSrunWithAGeneratedToken) {
   const SbatchRun run = RunSbatch(TempDir("slurm"), {});
   ExpectSecuredRunToTheEnd(run);
+  EXPECT_TRUE(std::regex_search(run.ran.out, std::regex("coordinator at (\\d+\\.\\d+\\.\\d+\\.\\d+|\\[[0-9a-fA-F:]+\\]):\\d+ ")))
+      << run.ran.out;
   const std::string token_file = run.dir + "/run/token";
   EXPECT_THAT(run.ran.out, HasSubstr("(bearer token in " + token_file + ")"));
   ASSERT_TRUE(std::filesystem::exists(token_file));
@@ -340,26 +357,26 @@ TEST(DeployTest, SlurmScriptRunsAJobThroughAStandInSrunWithAGeneratedToken) {
 
 // PLATEAU_TOKEN_FILE is used as given (with a warning, as other users may
 // read it), and the TLS files serve the coordinator; the clients verify it
-// with the certificate as their CA (self-signed, naming this host, which is
-// what the script gives them as the coordinator's address).
+// with the certificate as their CA (self-signed, naming the address given in
+// PLATEAU_COORDINATOR_HOST, which the script gives them as the
+// coordinator's).
 TEST(DeployTest, SlurmScriptUsesTheGivenTokenAndTls) {
   ASSERT_TRUE(Installed(kOpenssl, "openssl"));
   const std::string dir = TempDir("slurm_tls");
-  char host[256] = {};
-  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
   const std::string token_file = dir + "/given-token";
   std::ofstream(token_file) << "given-Token_7\n";
   std::filesystem::permissions(token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
                                                std::filesystem::perms::group_read);
   Ran r = RunCommand({kOpenssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                       "-keyout", dir + "/key.pem", "-out", dir + "/cert.pem", "-days", "2", "-subj", "/CN=plateau-test",
-                      "-addext", absl::StrCat("subjectAltName=DNS:", host)},
+                      "-addext", "subjectAltName=IP:127.0.0.1"},
                      dir + "/openssl");
   ASSERT_EQ(r.code, 0) << r.err;
 
   const SbatchRun run = RunSbatch(dir, {"PLATEAU_TOKEN_FILE=" + token_file, "PLATEAU_TLS_CERT_FILE=" + dir + "/cert.pem",
-                                        "PLATEAU_TLS_KEY_FILE=" + dir + "/key.pem"});
+                                        "PLATEAU_TLS_KEY_FILE=" + dir + "/key.pem", "PLATEAU_COORDINATOR_HOST=127.0.0.1"});
   ExpectSecuredRunToTheEnd(run);
+  EXPECT_THAT(run.ran.out, HasSubstr("coordinator at 127.0.0.1:"));
   EXPECT_THAT(run.ran.out, HasSubstr("(bearer token in " + token_file + ", TLS)"));
   EXPECT_THAT(run.ran.err, HasSubstr("PLATEAU_TOKEN_FILE=" + token_file + " has mode 640; chmod 600 it"));
   EXPECT_THAT(ReadFile(dir + "/run/coordinator.log"), HasSubstr("(TLS, bearer token required)"));
@@ -406,12 +423,25 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   Cluster c("prometheus");
   ASSERT_TRUE(c.ready()) << c.Logs();
   ASSERT_TRUE(WriteTestConfig(c.dir(), c.metrics()));
-  const std::string prom = absl::StrCat("127.0.0.1:", FreePort());
-  Process prometheus({kPrometheus, "--config.file=" + c.dir() + "/prometheus.yml",
-                      "--storage.tsdb.path=" + c.dir() + "/tsdb", "--web.listen-address=" + prom},
-                     c.dir() + "/prometheus");
-  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(HttpGet(prom, "/-/ready"), " 200 "); }))
-      << prometheus.err();
+  // Prometheus cannot report a port it picked: a free port, and another if
+  // some other process took it first (Prometheus then exits). Ready only
+  // while our Prometheus runs, so a server of another test on that port
+  // cannot pass for it.
+  std::string prom;
+  std::unique_ptr<Process> prometheus_process;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    prom = absl::StrCat("127.0.0.1:", FreePort());
+    prometheus_process = std::make_unique<Process>(
+        std::vector<std::string>{kPrometheus, "--config.file=" + c.dir() + "/prometheus.yml",
+                                 "--storage.tsdb.path=" + c.dir() + "/tsdb", "--web.listen-address=" + prom},
+        absl::StrCat(c.dir(), "/prometheus-", attempt));
+    WaitFor([&] {
+      return !prometheus_process->Running() || absl::StrContains(HttpGet(prom, "/-/ready"), " 200 ");
+    });
+    if (prometheus_process->Running() || !absl::StrContains(prometheus_process->err(), "address already in use")) break;
+  }
+  Process& prometheus = *prometheus_process;
+  ASSERT_TRUE(prometheus.Running() && absl::StrContains(HttpGet(prom, "/-/ready"), " 200 ")) << prometheus.err();
 
   auto sub = c.client().SubmitJob(TinyJob(1000000), false);
   ASSERT_TRUE(sub.ok()) << sub.status();

@@ -95,7 +95,7 @@ TEST(FaultTest, LostWorkerFailsItsJobWithinTwoHeartbeatIntervals) {
   EXPECT_LE(after_kill, absl::Milliseconds(2 * 500 + 100 + 150)) << after_kill;
   std::printf("worker killed -> job FAILED after %s (heartbeat 500 ms)\n", absl::FormatDuration(after_kill).c_str());
   EXPECT_THAT(AllLogs(c, id), HasSubstr("coordinator worker lost: worker-1 sent no heartbeat"));
-  EXPECT_TRUE(WaitFor([&] { return RankPids(id).empty(); }, absl::Seconds(30)));
+  EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30)));
 }
 
 TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss) {
@@ -165,7 +165,7 @@ TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss)
   const std::string ckpt_a = ReadFile(c.dir() + "/ckpt-a" + last), ckpt_b = ReadFile(c.dir() + "/ckpt-b" + last);
   ASSERT_GT(ckpt_a.size(), 1000u);
   EXPECT_TRUE(ckpt_a == ckpt_b) << "the final checkpoints differ";
-  EXPECT_TRUE(RankPids(id).empty());
+  EXPECT_TRUE(c.RankPids(id).empty());
 }
 
 TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
@@ -183,7 +183,7 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
   auto running = c.client().GetJob(id);
   ASSERT_TRUE(running.ok());
   ASSERT_EQ(running->state(), v1::RUNNING) << running->DebugString();
-  const pid_t rank1 = RankPid(id, 1);
+  const pid_t rank1 = c.RankPid(id, 1);
   ASSERT_NE(rank1, 0);
   const absl::Time stopped = absl::Now();
   ASSERT_EQ(kill(rank1, SIGSTOP), 0);  // alive, making no progress
@@ -198,7 +198,7 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
   EXPECT_LE(TimeOf(job.end_time()) - stopped, absl::Seconds(4 + 3 + 3));
   std::printf("rank stopped -> job FAILED (RANK_HUNG) after %s (progress timeout 4 s, grace 3 s)\n",
               absl::FormatDuration(TimeOf(job.end_time()) - stopped).c_str());
-  EXPECT_TRUE(RankPids(id).empty());
+  EXPECT_TRUE(c.RankPids(id).empty());
   EXPECT_NE(kill(rank1, 0), 0) << "the stopped rank still exists";
   const std::string logs = AllLogs(c, id);
   EXPECT_THAT(logs, HasSubstr("coordinator rank"));
@@ -213,7 +213,7 @@ TEST(FaultTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
   ASSERT_TRUE(c.WaitStep(id, 10)) << c.Logs();
-  const std::vector<pid_t> ranks = RankPids(id);
+  const std::vector<pid_t> ranks = c.RankPids(id);
   ASSERT_EQ(ranks.size(), 2u);
   c.KillCoordinator(SIGKILL);
   // The ranks train on while nobody listens; the agent keeps what they say.
@@ -250,7 +250,7 @@ TEST(FaultTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
   EXPECT_THAT(logs, HasSubstr("coordinator re-attached after the coordinator's restart: worker-1"));
   EXPECT_THAT(logs, HasSubstr("0 stderr finished 200 steps"));
   EXPECT_THAT(logs, HasSubstr("1 stderr finished 200 steps"));
-  EXPECT_TRUE(RankPids(id).empty());
+  EXPECT_TRUE(c.RankPids(id).empty());
 }
 
 TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
@@ -263,7 +263,7 @@ TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
   ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
-  const std::vector<pid_t> ranks = RankPids(id);
+  const std::vector<pid_t> ranks = c.RankPids(id);
   ASSERT_EQ(ranks.size(), 2u);
   // The agent freezes (its ranks, in their own process groups, run on): to
   // the coordinator it is a lost worker.
@@ -274,7 +274,7 @@ TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   for (pid_t p : ranks) EXPECT_EQ(kill(p, 0), 0) << "the check below must be able to fail";
   ASSERT_EQ(kill(c.worker()->pid(), SIGCONT), 0);
   // Back, it registers again; its job is no longer live, so it stops it.
-  EXPECT_TRUE(WaitFor([&] { return RankPids(id).empty(); }, absl::Seconds(30))) << c.Logs();
+  EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30))) << c.Logs();
   EXPECT_THAT(c.worker()->out(), HasSubstr("registered again as worker-1"));
 }
 

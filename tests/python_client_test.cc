@@ -142,7 +142,7 @@ TEST_F(PythonClientTest, CancelsAfterAStepAndTheJobEndsCancelled) {
   EXPECT_EQ(job->state(), v1::CANCELLED) << job->DebugString();
   EXPECT_GE(job->progress().step(), 2);
   EXPECT_LT(job->progress().step(), 1000000);
-  EXPECT_TRUE(RankPids("job-1").empty());
+  EXPECT_TRUE(c.RankPids("job-1").empty());
 }
 
 TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
@@ -161,8 +161,10 @@ TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("not a text-format plateau.v1.JobSpec"));
 
-  // Nothing listens on a port just released.
-  const std::string dead = absl::StrCat("127.0.0.1:", FreePort());
+  // Nothing listens there (the port is held, so no other test takes it).
+  const RefusedAddress refused;
+  const std::string dead = refused.address();
+  ASSERT_FALSE(dead.empty());
   r = RunCommand({kPython, kExample, "--coordinator=" + dead, "--connect-timeout=1", "--spec=" + WriteSpec(c, "ok", TinyJob(5))},
                  c.dir() + "/dead");
   EXPECT_EQ(r.code, 4) << r.out << r.err;

@@ -429,10 +429,13 @@ TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
   EXPECT_THAT(r.err, AllOf(HasSubstr("--listen=0.0.0.0:0 is not a loopback address"), HasSubstr("--token_file"),
                            HasSubstr("--insecure_listen_any")));
   EXPECT_FALSE(std::filesystem::exists(dir + "/refused")) << "refused before anything was created";
-  r = RunCommand({coordinator, "--state_dir=" + dir + "/refused6", "--listen=[::]:0"}, dir + "/refused6");
+  r = RunCommand({coordinator, "--state_dir=" + dir + "/refused6", "--listen=[::]:0", "--metrics_address=127.0.0.1:0"},
+                 dir + "/refused6");
   EXPECT_EQ(r.code, 2) << r.err;
 
-  // Bad security flags: exit 2, naming the flag.
+  // Bad security flags: exit 2, naming the flag. Port 0 everywhere: a
+  // coordinator that wrongly started would otherwise take the fixed
+  // defaults (7070, 9464) from whatever else runs on this machine.
   const std::string empty = WriteFile(dir + "/empty-token", "\n");
   for (const auto& [flag, expected] : std::vector<std::pair<std::string, std::string>>{
            {"--token_file=" + empty, "--token_file=" + empty + ": the file is empty"},
@@ -440,12 +443,14 @@ TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
            {"--max_request_bytes=1000", "--max_request_bytes: expected an integer from 1048576"},
            {"--max_watches_per_client=-1", "--max_watches_per_client: expected an integer >= 0"},
            {"--insecure_listen_any=maybe", "--insecure_listen_any: expected true or false"}}) {
-    r = RunCommand({coordinator, "--state_dir=" + dir + "/bad", flag}, dir + "/bad");
+    r = RunCommand({coordinator, "--state_dir=" + dir + "/bad", "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+                    flag},
+                   dir + "/bad");
     EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
     EXPECT_THAT(r.err, HasSubstr(expected)) << flag;
   }
-  r = RunCommand({coordinator, "--state_dir=" + dir + "/badpem", "--tls_cert_file=" + t.right,
-                  "--tls_key_file=" + t.right},
+  r = RunCommand({coordinator, "--state_dir=" + dir + "/badpem", "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+                  "--tls_cert_file=" + t.right, "--tls_key_file=" + t.right},
                  dir + "/badpem");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--tls_cert_file=" + t.right + ": expected a PEM file"));

@@ -48,6 +48,33 @@ TEST(ServiceTest, HarnessFailsFastOnACommandThatCannotStart) {
   EXPECT_TRUE(other.Running()) << "RunCommand reaped another child";
 }
 
+// The harness finds a cluster's ranks by the cluster's directory, not by the
+// job's id: two clusters each running their job-1 at the same time (as two
+// tests do beside each other without a PID namespace) never see each
+// other's ranks. b's directory starts with a's name ("own", "own2"): a
+// directory is matched whole, not as a string prefix.
+TEST(ServiceTest, HarnessFindsOnlyItsOwnClustersRanks) {
+  Cluster a("own"), b("own2");
+  ASSERT_TRUE(a.ready() && b.ready()) << a.Logs() << b.Logs();
+  auto sa = a.client().SubmitJob(TinyJob(1000000), false);
+  auto sb = b.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status() << sb.status();
+  ASSERT_EQ(sa->job().id(), "job-1");
+  ASSERT_EQ(sb->job().id(), "job-1");
+  ASSERT_TRUE(a.WaitStep("job-1", 1)) << a.Logs();
+  ASSERT_TRUE(b.WaitStep("job-1", 1)) << b.Logs();
+  std::vector<pid_t> ra = a.RankPids("job-1"), rb = b.RankPids("job-1");
+  ASSERT_EQ(ra.size(), 2u);
+  ASSERT_EQ(rb.size(), 2u);
+  for (pid_t p : ra) EXPECT_THAT(rb, ::testing::Not(::testing::Contains(p)));
+  EXPECT_NE(a.RankPid("job-1", 1), b.RankPid("job-1", 1));
+  EXPECT_NE(a.RankPid("job-1", 1), 0);
+  ASSERT_TRUE(a.client().CancelJob("job-1").ok());
+  ASSERT_EQ(a.WaitDone("job-1").state(), v1::CANCELLED) << a.Logs();
+  EXPECT_TRUE(a.RankPids("job-1").empty());
+  EXPECT_EQ(b.RankPids("job-1").size(), 2u) << "cancelling a's job-1 touched b's";
+}
+
 TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
   Cluster c("succeed");
   ASSERT_TRUE(c.ready()) << c.Logs();
@@ -127,7 +154,7 @@ TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
   EXPECT_EQ(Sample(m, "plateau_job_state{job_id=\"job-1\",state=\"SUCCEEDED\"}"), 1);
   EXPECT_EQ(Sample(m, "plateau_job_state{job_id=\"job-1\",state=\"RUNNING\"}"), 0);
   EXPECT_GT(Sample(m, "plateau_worker_last_heartbeat_timestamp_seconds{worker=\"worker-1\"}"), 1.7e9);
-  EXPECT_TRUE(RankPids(id).empty());
+  EXPECT_TRUE(c.RankPids(id).empty());
 }
 
 TEST(ServiceTest, CancelMidRunLeavesNoRankProcess) {
@@ -137,7 +164,7 @@ TEST(ServiceTest, CancelMidRunLeavesNoRankProcess) {
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
   ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
-  const std::vector<pid_t> pids = RankPids(id);
+  const std::vector<pid_t> pids = c.RankPids(id);
   ASSERT_EQ(pids.size(), 2u) << "the check below must be able to fail";
   auto cancelled = c.client().CancelJob(id);
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
@@ -146,7 +173,7 @@ TEST(ServiceTest, CancelMidRunLeavesNoRankProcess) {
   EXPECT_EQ(job.state(), v1::CANCELLED) << job.DebugString() << c.Logs();
   EXPECT_FALSE(job.has_failure());
   // CANCELLED means no rank process is left: checked from the process table.
-  EXPECT_TRUE(RankPids(id).empty());
+  EXPECT_TRUE(c.RankPids(id).empty());
   for (pid_t p : pids) EXPECT_NE(kill(p, 0), 0) << "pid " << p << " still exists";
   // SIGTERM stopped them (not the SIGKILL after the grace period).
   std::string logs;
@@ -166,7 +193,7 @@ TEST(ServiceTest, KilledRankFailsTheJobWithItsSignal) {
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
   ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
-  const pid_t rank1 = RankPid(id, 1);
+  const pid_t rank1 = c.RankPid(id, 1);
   ASSERT_NE(rank1, 0);
   ASSERT_EQ(kill(rank1, SIGKILL), 0);
   const v1::Job job = c.WaitDone(id);
@@ -175,7 +202,7 @@ TEST(ServiceTest, KilledRankFailsTheJobWithItsSignal) {
   EXPECT_EQ(job.failure().rank(), 1);
   EXPECT_EQ(job.failure().signal(), SIGKILL);
   EXPECT_THAT(job.state_reason(), HasSubstr("signal 9"));
-  EXPECT_TRUE(RankPids(id).empty());
+  EXPECT_TRUE(c.RankPids(id).empty());
 }
 
 TEST(ServiceTest, CrashedAttemptRestartsWhenRestartsAreLeft) {
@@ -187,7 +214,7 @@ TEST(ServiceTest, CrashedAttemptRestartsWhenRestartsAreLeft) {
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
   ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
-  const std::vector<pid_t> first = RankPids(id);
+  const std::vector<pid_t> first = c.RankPids(id);
   ASSERT_EQ(first.size(), 2u);
   ASSERT_EQ(kill(first[0], SIGKILL), 0);
   const v1::Job job = c.WaitDone(id);
@@ -430,7 +457,9 @@ TEST(ServiceTest, PlateauctlSubmitWaitJsonAndErrors) {
   EXPECT_THAT(r.out, HasSubstr("summary: job-2 FAILED (UNSCHEDULABLE)"));
 
   // A coordinator that is not there: a clear message and its own exit code.
-  const std::string dead = absl::StrCat("127.0.0.1:", FreePort());
+  const RefusedAddress refused;
+  const std::string dead = refused.address();
+  ASSERT_FALSE(dead.empty());
   r = RunCommand({ctl, "--coordinator=" + dead, "list"}, c.dir() + "/dead");
   EXPECT_EQ(r.code, 4);
   EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at " + dead));

@@ -1,8 +1,12 @@
 #include "worker/data.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -15,7 +19,11 @@ using ::testing::HasSubstr;
 
 std::string TmpPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
+  if (dir != nullptr) return std::string(dir) + "/" + name;
+  // Run by hand: a directory of this process's own, not a fixed /tmp path.
+  const std::string own = "/tmp/plateau-test-" + std::to_string(getpid());
+  std::filesystem::create_directories(own);
+  return own + "/" + name;
 }
 
 std::vector<int32_t> Iota(int32_t n, int32_t mod) {
