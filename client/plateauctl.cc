@@ -253,7 +253,7 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     }
     std::printf("\n");
     if (first_loss >= 0 && seconds > 0) {
-      std::printf("  loss %.4f -> %.4f over steps 1-%lld; %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
+      std::printf("  loss %.17g -> %.17g over steps 1-%lld; %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
                   first_loss, last_loss, static_cast<long long>(last_step), tokens / seconds,
                   flops / seconds / 1e12);
       std::printf("  device peak per live set (largest over ranks) against the plan, MiB:\n");

@@ -155,7 +155,7 @@ int Main(int argc, char** argv) {
     t->set_peak_total_bytes(r.stats.device.total_peak);
     Emit(out);
     if (rank == 0 && (r.stats.step % log_every == 0 || r.stats.step == 1)) {
-      std::fprintf(stderr, "step %lld/%lld loss %.4f |g| %.3f %.0f tok/s\n",
+      std::fprintf(stderr, "step %lld/%lld loss %.17g |g| %.3f %.0f tok/s\n",
                    static_cast<long long>(r.stats.step), static_cast<long long>(spec.steps()), r.stats.loss,
                    r.stats.grad_norm, r.tokens / r.seconds);
     }

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -50,17 +51,41 @@ constexpr char kUsage[] = R"(usage: plateau_train [--name=value ...]
 Runs a training job of --ranks rank processes on this machine (CPU backend,
 Gloo over loopback) and prints progress from rank 0.
 
-job        --ranks=2 --steps=200 --batch=32 (sequences per step) --lr=0.006 --seed=1
-           --device_mb=256 (each rank's device arena) --log_every=10
+job        --ranks=2 --steps=200 --batch=32 (sequences per step)
+           --seed=1 (weight initialisation) --device_mb=256 (each rank's device arena)
+           --log_every=10
 model      --vocab (0: the data's) --hidden=64 --layers=2 --heads=4 --kv_heads=2
            --experts=4 --top_k=2 --expert_ffn=128 --seq_len=32
+           --rope_theta=10000 --norm_eps=1e-5 --init_std=0.02
+optimizer  AdamW, constant learning rate: --lr=0.006 --beta1=0.9 --beta2=0.95
+           --eps=1e-8 --weight_decay=0 --max_grad_norm=1 (0: no clipping)
 data       --data=recall | text:<file> | shards:<file>[,<file>...]
            --recall_keys=8 --recall_values=8 --recall_pairs=4 --recall_queries=4
+           --data_seed=1 (the recall task's generator; text and shards are read in order)
 projection --projection=dense | ring_dtp  --ring_mode=auto|activations|weights
            --ring_strip=16 (vocabulary columns per strip) --ring_chunk_rows=0 (0: one pass)
 checkpoint --checkpoint_dir=<dir> (resumes from its newest step-N.safetensors)
            --checkpoint_every=0 (0: only at the end)
 )";
+
+// A float flag and the values it accepts: lo and hi, each excluded when
+// *_open (hi = INFINITY: no upper bound); the value must be finite. Parsed
+// as the float nearest the decimal given.
+struct FloatFlag {
+  float* value;
+  float lo;
+  bool lo_open;
+  float hi;
+  bool hi_open;
+
+  bool Accepts(float v) const {
+    return std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+  std::string Range() const {
+    if (std::isinf(hi)) return absl::StrCat("a finite number ", lo_open ? "> " : ">= ", lo);
+    return absl::StrCat("a number in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]");
+  }
+};
 
 absl::StatusOr<Flags> Parse(int argc, char** argv) {
   Flags f;
@@ -81,9 +106,26 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   proj.strip = 16;  // small default for the small demo vocabulary
   ints["ring_strip"] = &proj.strip;
   ints["ring_chunk_rows"] = &proj.chunk_rows;
-  int64_t seed = 1;
-  ints["seed"] = &seed;
   RecallTask& task = f.trainer.data.recall;
+  // Two seeds, independent of each other: changing one leaves the other's
+  // stream as it was (docs/MODEL.md, "Data" and "Initialisation").
+  std::map<std::string, uint64_t*> seeds = {{"seed", &f.trainer.step.seed},
+                                            {"data_seed", &task.seed}};
+  OptimizerConfig& opt = f.trainer.step.optimizer;
+  // Every documented constant, with the range a JobSpec accepts
+  // (worker/job_spec.cc), so that a plateau_train run can also be submitted
+  // as a job; checked here so that the error names the flag the user typed
+  // and no rank is started for a bad value.
+  std::map<std::string, FloatFlag> floats = {
+      {"lr", {&opt.lr, 0.0f, true, 1e3f, false}},
+      {"beta1", {&opt.beta1, 0.0f, false, 1.0f, true}},
+      {"beta2", {&opt.beta2, 0.0f, false, 1.0f, true}},
+      {"eps", {&opt.eps, 0.0f, true, 1.0f, false}},
+      {"weight_decay", {&opt.weight_decay, 0.0f, false, 1.0f, false}},
+      {"max_grad_norm", {&opt.max_grad_norm, 0.0f, false, INFINITY, true}},
+      {"rope_theta", {&m.rope_theta, 1.0f, true, 1e12f, false}},
+      {"norm_eps", {&m.norm_eps, 0.0f, true, 1.0f, false}},
+      {"init_std", {&m.init_std, 0.0f, true, 1.0f, false}}};
   ints["recall_keys"] = &task.num_keys;
   ints["recall_values"] = &task.num_values;
   ints["recall_pairs"] = &task.pairs;
@@ -106,10 +148,18 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
       }
     } else if (auto st = strings.find(name); st != strings.end()) {
       *st->second = value;
-    } else if (name == "lr") {
-      if (!absl::SimpleAtof(value, &f.trainer.step.optimizer.lr)) {
-        return absl::InvalidArgumentError(absl::StrCat("--lr: expected a number, got '", value, "'"));
+    } else if (auto sd = seeds.find(name); sd != seeds.end()) {
+      if (!absl::SimpleAtoi(value, sd->second)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, ": expected an integer from 0 to 2^64-1, got '", value, "'"));
       }
+    } else if (auto fl = floats.find(name); fl != floats.end()) {
+      float v = 0.0f;
+      if (!absl::SimpleAtof(value, &v) || !fl->second.Accepts(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, ": expected ", fl->second.Range(), ", got '", value, "'"));
+      }
+      *fl->second.value = v;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
     }
@@ -131,7 +181,6 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ring_mode: expected auto, activations or weights, got '", f.ring_mode, "'"));
   }
-  f.trainer.step.seed = static_cast<uint64_t>(seed);
   f.trainer.step.layout = {f.ranks, f.batch};
   f.trainer.steps = f.steps;
   f.trainer.checkpoint_dir = f.checkpoint_dir;
@@ -188,7 +237,9 @@ absl::Status RunRank(const Flags& f) {
     for (int i = 0; i < kNumLiveSets; ++i) peak.peak[i] = std::max(peak.peak[i], r.stats.device.peak[i]);
     peak.total_peak = std::max(peak.total_peak, r.stats.device.total_peak);
     if (f.rank == 0 && (r.stats.step % f.log_every == 0 || r.stats.step == f.steps || r.stats.step == 1)) {
-      std::printf("step %5lld/%lld  loss %.4f  |g| %.3f  %.0f tok/s  %.2f GFLOP/s  peak %s\n",
+      // The loss in full: %.17g reads back as the same double, so a run can
+      // be compared with an independent rebuild of the model step by step.
+      std::printf("step %5lld/%lld  loss %.17g  |g| %.3f  %.0f tok/s  %.2f GFLOP/s  peak %s\n",
                   static_cast<long long>(r.stats.step), static_cast<long long>(f.steps), r.stats.loss,
                   r.stats.grad_norm, r.tokens / r.seconds, r.model_flops / r.seconds / 1e9,
                   Peaks(r.stats.device).c_str());
@@ -198,7 +249,7 @@ absl::Status RunRank(const Flags& f) {
   PLATEAU_RETURN_IF_ERROR(RunTraining(f.trainer, *backend, *world, on_step));
   if (f.rank == 0 && first >= 0) {
     std::printf(
-        "summary: loss %.4f -> %.4f over %lld steps; %.0f tok/s, %.2f GFLOP/s (model), %.1f s;\n"
+        "summary: loss %.17g -> %.17g over %lld steps; %.0f tok/s, %.2f GFLOP/s (model), %.1f s;\n"
         "         device peaks per live set (rank 0): %s (total %.2f MiB of the %lld MiB arena)\n",
         first, last, static_cast<long long>(f.steps), tokens / seconds, flops / seconds / 1e9, seconds,
         Peaks(peak).c_str(), peak.total_peak / 1048576.0, static_cast<long long>(f.device_mb));
