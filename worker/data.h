@@ -73,7 +73,7 @@ struct RecallTask {
   int64_t num_values = 16;
   int64_t pairs = 8;     // <= num_keys
   int64_t queries = 4;   // <= pairs
-  uint64_t seed = 1;
+  uint64_t seed = 1;     // the data seed; the weights' seed is another
   int64_t vocab_size() const { return 2 + num_keys + num_values; }
 };
 absl::StatusOr<std::unique_ptr<DataSource>> OpenAssociativeRecall(

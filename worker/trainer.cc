@@ -69,12 +69,17 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
     views.push_back({"optimizer.m." + specs[i].name, specs[i].shape, st.m[i].data()});
     views.push_back({"optimizer.v." + specs[i].name, specs[i].shape, st.v[i].data()});
   }
+  // docs/MODEL.md, "Checkpoints": "seed" is the initialisation's; the
+  // recall task's generator has a seed of its own (text and shards have none).
+  std::map<std::string, std::string> metadata = {{"step", absl::StrCat(st.step)},
+                                                 {"data_position", absl::StrCat(data.position())},
+                                                 {"seed", absl::StrCat(o.step.seed)},
+                                                 {"format", "plateau-checkpoint-v1"}};
+  if (o.data.kind == DataOptions::Kind::kRecall) {
+    metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
+  }
   std::filesystem::create_directories(o.checkpoint_dir);
-  return WriteSafetensors(CheckpointPath(o.checkpoint_dir, st.step), views,
-                          {{"step", absl::StrCat(st.step)},
-                           {"data_position", absl::StrCat(data.position())},
-                           {"seed", absl::StrCat(o.step.seed)},
-                           {"format", "plateau-checkpoint-v1"}});
+  return WriteSafetensors(CheckpointPath(o.checkpoint_dir, st.step), views, metadata);
 }
 
 absl::Status LoadCheckpoint(const std::string& path, TrainingStep& step, DataSource& data) {

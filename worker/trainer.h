@@ -15,6 +15,9 @@
 
 namespace plateau {
 
+// Where batches come from (docs/MODEL.md, "Data"). The data seed is
+// recall.seed, independent of StepOptions::seed (the initialisation's): text
+// and shards are read in order and have no seed.
 struct DataOptions {
   enum class Kind { kRecall, kShards, kText } kind = Kind::kRecall;
   RecallTask recall;
