@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/model/config.h"
+#include "kernels/model/init.h"
 
 namespace plateau {
 namespace {
@@ -168,6 +169,85 @@ TEST(AssociativeRecallTest, DeterministicAndSliceable) {
   Batch next;
   ASSERT_TRUE((*whole)->Next(&next).ok());
   EXPECT_NE(next.tokens, w.tokens);
+}
+
+// docs/MODEL.md, "Data": the recall generator written out from the page.
+void DocumentedRecall(const RecallTask& t, int64_t T, uint64_t i, std::vector<int32_t>* x,
+                      std::vector<int32_t>* y) {
+  const int64_t K = t.num_keys, W = t.num_values, np = t.pairs, nq = t.queries;
+  uint64_t c = Mix64(t.seed) ^ Mix64(i * 0x9e3779b97f4a7c15ULL + 1);
+  auto next = [&c](uint64_t n) {
+    const uint64_t r = Mix64(c) % n;
+    c = c + 1;
+    return static_cast<int64_t>(r);
+  };
+  std::vector<int32_t> keys(K), vals(np);
+  for (int64_t j = 0; j < K; ++j) keys[j] = static_cast<int32_t>(2 + j);
+  for (int64_t j = 0; j < np; ++j) std::swap(keys[j], keys[j + next(K - j)]);
+  for (int64_t j = 0; j < np; ++j) vals[j] = static_cast<int32_t>(K + 2 + next(W));
+  x->assign(T, 0);
+  y->assign(T, kIgnoreIndex);
+  const int64_t R = T - 3 * nq;
+  for (int64_t j = 0; j < np; ++j) {
+    const int64_t a = j * (R / np);
+    (*x)[a] = keys[j];
+    (*x)[a + 1] = vals[j];
+  }
+  std::vector<int64_t> asked(np);
+  for (int64_t j = 0; j < np; ++j) asked[j] = j;
+  for (int64_t q = 0; q < nq; ++q) {
+    std::swap(asked[q], asked[q + next(np - q)]);
+    const int64_t a = R + 3 * q;
+    (*x)[a] = 1;
+    (*x)[a + 1] = keys[asked[q]];
+    (*x)[a + 2] = vals[asked[q]];
+    (*y)[a + 1] = vals[asked[q]];
+  }
+}
+
+// The generator is the page's, for the default data seed 1 and another,
+// tasks of several shapes, and batches after the first; a different data
+// seed gives a different stream.
+TEST(AssociativeRecallTest, FollowsTheDocumentedGenerator) {
+  EXPECT_EQ(RecallTask{}.seed, 1u);  // the documented default
+  RecallTask small;
+  small.num_keys = 8;
+  small.num_values = 8;
+  small.pairs = 4;
+  small.queries = 4;
+  RecallTask odd;
+  odd.num_keys = 5;
+  odd.num_values = 3;
+  odd.pairs = 5;
+  odd.queries = 2;
+  for (RecallTask task : {RecallTask{}, small, odd}) {
+    for (uint64_t seed : {uint64_t{1}, uint64_t{0xfeedbeef12345678}}) {
+      task.seed = seed;
+      const int64_t B = 3, T = 37;
+      auto src = OpenAssociativeRecall(task, DataSlice{B, T, 0, 1});
+      ASSERT_TRUE(src.ok()) << src.status();
+      Batch b;
+      std::vector<int32_t> x, y;
+      for (int step = 0; step < 2; ++step) {
+        ASSERT_TRUE((*src)->Next(&b).ok());
+        for (int64_t r = 0; r < B; ++r) {
+          DocumentedRecall(task, T, step * B + r, &x, &y);
+          EXPECT_EQ(std::vector<int32_t>(b.tokens.begin() + r * T, b.tokens.begin() + (r + 1) * T), x)
+              << "seed " << seed << ", sequence " << step * B + r;
+          EXPECT_EQ(std::vector<int32_t>(b.targets.begin() + r * T, b.targets.begin() + (r + 1) * T), y)
+              << "seed " << seed << ", sequence " << step * B + r;
+        }
+      }
+    }
+  }
+  RecallTask a, other;
+  other.seed = 2;
+  auto sa = OpenAssociativeRecall(a, DataSlice{4, 64, 0, 1});
+  auto so = OpenAssociativeRecall(other, DataSlice{4, 64, 0, 1});
+  ASSERT_TRUE(sa.ok() && so.ok());
+  Batch ba, bo;
+  ASSERT_TRUE((*sa)->Next(&ba).ok() && (*so)->Next(&bo).ok());
+  EXPECT_NE(ba.tokens, bo.tokens);
 }
 
 TEST(AssociativeRecallTest, RefusesImpossibleTasks) {

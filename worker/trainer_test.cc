@@ -1,12 +1,17 @@
 #include "worker/trainer.h"
 
+#include <cfloat>
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/model/config.h"
+#include "kernels/model/init.h"
 #include "kernels/testing/local_world.h"
+#include "worker/safetensors.h"
 
 namespace plateau {
 namespace {
@@ -21,6 +26,7 @@ std::string TmpDir(const std::string& name) {
 // the world's status.
 struct TrainRun {
   std::vector<double> losses;
+  std::vector<double> grad_norms;
   absl::Status status;
 };
 
@@ -29,7 +35,9 @@ TrainRun Train(const TrainerOptions& o, int P) {
   run.status = RunLocalWorld(P, 256 << 20, FreshStoreDir("train"),
                              [&](int r, Backend& be, Communicator& world) {
                                return RunTraining(o, be, world, [&](const StepReport& rep) {
-                                 if (r == 0) run.losses.push_back(rep.stats.loss);
+                                 if (r != 0) return;
+                                 run.losses.push_back(rep.stats.loss);
+                                 run.grad_norms.push_back(rep.stats.grad_norm);
                                });
                              });
   return run;
@@ -111,6 +119,170 @@ TEST(TrainerTest, DataLargerThanTheVocabularyIsRefused) {
   TrainRun run = Train(o, 1);
   EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(run.status.message(), HasSubstr("model.vocab_size"));
+}
+
+
+// ---------------------------------------------------------------------------
+// The optimizer and the checkpoint against docs/MODEL.md ("Initialisation",
+// "The optimizer", "Checkpoints"), computed here from the page's formulas.
+
+// A weight at initialisation: float(s * z), or 1 for norm weights.
+std::vector<float> DocumentedInit(const WeightSpec& w, uint64_t seed) {
+  std::vector<float> out(w.numel());
+  const uint64_t key = WeightKey(seed, w.name);
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    out[i] = w.init_std == 0.0f
+                 ? 1.0f
+                 : static_cast<float>(static_cast<double>(w.init_std) * StandardNormal(key, i));
+  }
+  return out;
+}
+
+// The per-step scalars of AdamW at step t.
+struct AdamWScalars {
+  float step_size, bc2, decay, eps;
+};
+AdamWScalars Scalars(const OptimizerConfig& o, int64_t t) {
+  return {static_cast<float>(static_cast<double>(o.lr) / (1.0 - std::pow(static_cast<double>(o.beta1), t))),
+          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), t))),
+          1.0f - o.lr * o.weight_decay, o.eps};
+}
+
+// p after one update, from the moments after it (as the checkpoint holds
+// them), and how far an evaluation of it may be off: a few fp32 roundings of
+// |p| and of the Adam step, whether or not the compiler fuses operations.
+float Updated(float p, float m, float v, const AdamWScalars& s) {
+  return p * s.decay - s.step_size * m / (std::sqrt(v) / s.bc2 + s.eps);
+}
+float Tolerance(float p, float m, float v, const AdamWScalars& s) {
+  return 4 * FLT_EPSILON * (std::abs(p) + std::abs(s.step_size * m / (std::sqrt(v) / s.bc2 + s.eps)));
+}
+
+SafetensorsFile ReadCheckpoint(const std::string& dir, int64_t step) {
+  absl::StatusOr<SafetensorsFile> f = ReadSafetensors(CheckpointPath(dir, step));
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? *std::move(f) : SafetensorsFile{};
+}
+
+// Counts the elements that fail a check and keeps the first failure.
+struct Mismatches {
+  int64_t count = 0;
+  std::string first;
+  void Check(bool ok, const std::string& name, int64_t i, const std::string& what) {
+    if (ok) return;
+    if (count++ == 0) first = absl::StrCat(name, "[", i, "]: ", what);
+  }
+};
+
+// Two runs of two steps that differ only in the weight decay λ. Step 1's
+// gradient is that of the initial weights in both, so the moments agree bit
+// for bit and step 1's weights are the initial weights times (1 - ηλ) —
+// before the Adam step, not after it — minus the same Adam step; the moments
+// are m = (1-β1)·g, v = (1-β2)·g² of the clipped gradient, whose norm is the
+// clipping coefficient times the reported norm. Step 2 checks the bias
+// corrections at t = 2 the same way. The betas, ε and the clipping norm are
+// not the defaults, so a constant that does not reach the optimizer fails too.
+TEST(TrainerTest, WeightDecayIsDecoupledAdamWAsDocumented) {
+  TrainerOptions o = RecallOptions(2);
+  o.steps = 2;
+  o.checkpoint_every = 1;
+  OptimizerConfig& opt = o.step.optimizer;
+  opt.beta1 = 0.8f;
+  opt.beta2 = 0.99f;
+  opt.eps = 1e-7f;
+  opt.max_grad_norm = 0.25f;
+  o.checkpoint_dir = TmpDir("decay_off");
+  TrainRun off = Train(o, 2);
+  const OptimizerConfig no_decay = opt;
+  opt.weight_decay = 0.5f;
+  o.checkpoint_dir = TmpDir("decay_on");
+  TrainRun on = Train(o, 2);
+  ASSERT_TRUE(off.status.ok()) << off.status;
+  ASSERT_TRUE(on.status.ok()) << on.status;
+  ASSERT_EQ(on.losses.size(), 2u);
+  ASSERT_EQ(off.losses.size(), 2u);
+  EXPECT_EQ(on.losses[0], off.losses[0]);  // the initial weights' loss
+  EXPECT_NE(on.losses[1], off.losses[1]);
+  EXPECT_EQ(on.grad_norms[0], off.grad_norms[0]);
+  const double n = on.grad_norms[0];
+  ASSERT_GT(n, opt.max_grad_norm) << "step 1 must clip for this test to check the clipping";
+
+  const SafetensorsFile off1 = ReadCheckpoint(TmpDir("decay_off"), 1);
+  const SafetensorsFile on1 = ReadCheckpoint(TmpDir("decay_on"), 1);
+  const SafetensorsFile on2 = ReadCheckpoint(TmpDir("decay_on"), 2);
+  const std::vector<WeightSpec> weights = ModelWeights(o.step.model);
+  for (const SafetensorsFile* f : {&off1, &on1, &on2}) {
+    for (const WeightSpec& w : weights) {
+      for (const std::string& name : {w.name, "optimizer.m." + w.name, "optimizer.v." + w.name}) {
+        ASSERT_TRUE(f->tensors.count(name)) << name;
+        ASSERT_EQ(f->tensors.at(name).shape, w.shape) << name;
+      }
+    }
+  }
+  const AdamWScalars s1 = Scalars(opt, 1), s1_off = Scalars(no_decay, 1), s2 = Scalars(opt, 2);
+  const float b1 = opt.beta1, b2 = opt.beta2;
+  Mismatches moments, second_moment, undecayed, decayed, step2;
+  int64_t total = 0, changed = 0;
+  double clipped_sq = 0;
+  for (const WeightSpec& w : weights) {
+    const std::vector<float> p0 = DocumentedInit(w, o.step.seed);
+    const std::vector<float>& p_off = off1.tensors.at(w.name).data;
+    const std::vector<float>& m_off = off1.tensors.at("optimizer.m." + w.name).data;
+    const std::vector<float>& v_off = off1.tensors.at("optimizer.v." + w.name).data;
+    const std::vector<float>& p1 = on1.tensors.at(w.name).data;
+    const std::vector<float>& m1 = on1.tensors.at("optimizer.m." + w.name).data;
+    const std::vector<float>& v1 = on1.tensors.at("optimizer.v." + w.name).data;
+    const std::vector<float>& p2 = on2.tensors.at(w.name).data;
+    const std::vector<float>& m2 = on2.tensors.at("optimizer.m." + w.name).data;
+    const std::vector<float>& v2 = on2.tensors.at("optimizer.v." + w.name).data;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      moments.Check(m1[i] == m_off[i] && v1[i] == v_off[i], w.name, i,
+                    absl::StrCat("moments ", m1[i], ", ", v1[i], " with decay, ", m_off[i], ", ",
+                                 v_off[i], " without"));
+      const double g = m1[i] / (1.0 - b1);  // the clipped gradient
+      clipped_sq += g * g;
+      second_moment.Check(std::abs(v1[i] - (1.0 - b2) * g * g) <= 1e-5 * v1[i] + 1e-30, w.name, i,
+                          absl::StrCat("v ", v1[i], ", (1-b2)(m/(1-b1))^2 ", (1.0 - b2) * g * g));
+      const float want_off = Updated(p0[i], m1[i], v1[i], s1_off);
+      undecayed.Check(std::abs(p_off[i] - want_off) <= Tolerance(p0[i], m1[i], v1[i], s1_off), w.name,
+                      i, absl::StrCat("without decay ", p_off[i], ", expected ", want_off));
+      const float want = Updated(p0[i], m1[i], v1[i], s1);
+      decayed.Check(std::abs(p1[i] - want) <= Tolerance(p0[i], m1[i], v1[i], s1), w.name, i,
+                    absl::StrCat("with decay ", p1[i], ", expected ", want, " (from ", p0[i], ")"));
+      const float want2 = Updated(p1[i], m2[i], v2[i], s2);
+      step2.Check(std::abs(p2[i] - want2) <= Tolerance(p1[i], m2[i], v2[i], s2), w.name, i,
+                  absl::StrCat("step 2 ", p2[i], ", expected ", want2, " (from ", p1[i], ")"));
+      changed += p1[i] != p_off[i];
+      ++total;
+    }
+  }
+  EXPECT_EQ(moments.count, 0) << "the decay changed step 1's gradient: " << moments.first;
+  EXPECT_EQ(second_moment.count, 0) << second_moment.first;
+  EXPECT_EQ(undecayed.count, 0) << undecayed.first;
+  EXPECT_EQ(decayed.count, 0) << decayed.first;
+  EXPECT_EQ(step2.count, 0) << step2.first;
+  EXPECT_GT(changed, total * 99 / 100) << "the decay changed " << changed << " of " << total;
+  const float clip = std::min(1.0f, opt.max_grad_norm / (static_cast<float>(n) + 1e-6f));
+  EXPECT_NEAR(std::sqrt(clipped_sq), clip * n, 1e-5 * clip * n);
+}
+
+// The metadata is exactly the documented one: the two seeds recorded apart.
+TEST(TrainerTest, CheckpointMetadataAsDocumented) {
+  TrainerOptions o = RecallOptions(1);
+  o.step.layout.batch = 4;
+  o.steps = 1;
+  o.step.seed = 5;
+  o.data.recall.seed = 9;
+  o.checkpoint_dir = TmpDir("ckpt_metadata");
+  TrainRun run = Train(o, 1);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  const SafetensorsFile f = ReadCheckpoint(o.checkpoint_dir, 1);
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"step", "1"},
+                                                             {"data_position", "4"},
+                                                             {"seed", "5"},
+                                                             {"data_seed", "9"},
+                                                             {"format", "plateau-checkpoint-v1"}}));
+  EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
 }
 
 }  // namespace
