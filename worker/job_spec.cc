@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "kernels/budget/budget.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 

@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "plateau/v1/job.pb.h"
-#include "worker/trainer.h"
+#include "worker/trainer_options.h"
 
 namespace plateau {
 

@@ -112,40 +112,6 @@ std::string CheckpointPath(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%08d.safetensors", dir, step);
 }
 
-TrainerOptions RecallDemoJob(int64_t ranks) {
-  TrainerOptions o;
-  RecallTask& task = o.data.recall;
-  task.num_keys = 8;
-  task.num_values = 8;
-  task.pairs = 4;
-  task.queries = 4;
-  ModelConfig& m = o.step.model;
-  m.vocab_size = task.vocab_size();
-  m.hidden = 64;
-  m.layers = 2;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.experts = 4;
-  m.top_k = 2;
-  m.expert_ffn = 128;
-  m.seq_len = 32;
-  o.step.layout = {ranks, 32};
-  o.step.optimizer.lr = 6e-3f;
-  o.steps = 200;
-  return o;
-}
-
-double ModelFlopsPerStep(const ModelConfig& m, int64_t batch) {
-  const double tokens = static_cast<double>(batch) * m.seq_len;
-  // Causal attention: QK^T and PV are 4 T^2 d flops per head forward,
-  // half of them masked; backward is twice the forward.
-  const double attention = 6.0 * m.layers * batch * static_cast<double>(m.seq_len) * m.seq_len *
-                           m.heads * m.head_dim();
-  // The embedding is a table lookup, not a matmul: its parameters do no FLOPs.
-  const double matmul_params = static_cast<double>(ActiveParameterCount(m) - m.vocab_size * m.hidden);
-  return 6.0 * matmul_params * tokens + attention;
-}
-
 absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator& world,
                          const std::function<void(const StepReport&)>& on_step) {
   if (o.steps < 0) return absl::InvalidArgumentError("steps: expected >= 0");

@@ -26,6 +26,7 @@
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/memory.h"
+#include "kernels/dispatch/standard_ep_plan.h"
 #include "kernels/model/config.h"
 #include "kernels/model/model_kernels.h"
 
@@ -68,17 +69,15 @@ class StandardEp {
   // Rows this rank received in the last Forward (its R_d).
   int64_t received_rows() const { return recv_rows_; }
 
-  // Peak bytes of the kDispatch live set over Forward and Backward of one
-  // layer in which this rank sends `sent_routes` routes (N*k) and receives
-  // `received_rows` rows, counted from the buffers those calls allocate
-  // (Backward holds the most). The one formula the plan and the tests use.
+  // kernels/dispatch/standard_ep_plan.h, here for the schedule's users.
   static int64_t PeakBytes(const ModelConfig& model, int64_t ranks, int64_t sent_routes,
-                           int64_t received_rows);
-  // The most rows one rank can receive: every token of every source rank
-  // sends it all the routes it can, min(k, E/P) (a token's k experts are
-  // distinct, so at most E/P of them live on one rank).
+                           int64_t received_rows) {
+    return StandardEpPeakBytes(model, ranks, sent_routes, received_rows);
+  }
   static int64_t WorstCaseReceivedRows(const ModelConfig& model, int64_t ranks,
-                                       int64_t tokens_per_rank);
+                                       int64_t tokens_per_rank) {
+    return StandardEpWorstCaseReceivedRows(model, ranks, tokens_per_rank);
+  }
 
  private:
   absl::Status Plan(const int32_t* chosen, int64_t tokens);

@@ -12,7 +12,7 @@ namespace {
 // Query rows per panel. A panel meets all of its visible keys in one GEMM
 // (scores [panel x visible keys]): large GEMMs keep the BLAS efficient and
 // threaded, and the scratch stays linear in the sequence (panel x kv_len).
-constexpr int64_t kPanel = 128;
+constexpr int64_t kPanel = kAttentionPanelRows;
 
 // Keys of the block visible to the last row of the panel starting at i0
 // (causal: key position <= query position), capped at kv_len.
@@ -34,10 +34,6 @@ void Scores(const AttentionShape& s, const float* q, const float* k, int64_t tq,
 }
 
 }  // namespace
-
-int64_t AttentionWorkspaceFloats(const AttentionShape& s) {
-  return 2 * std::min(kPanel, s.q_len) * s.kv_len;
-}
 
 void AttentionInitState(const AttentionShape& s, float* m, float* l, float* acc) {
   const int64_t rows = s.batch * s.q_len * s.heads;

@@ -27,23 +27,10 @@
 
 #include <cstdint>
 
+#include "kernels/model/attention_shape.h"
+
 namespace plateau {
 
-struct AttentionShape {
-  int64_t batch = 1;
-  int64_t q_len = 0;   // query rows per sequence in this block
-  int64_t kv_len = 0;  // key rows per sequence in the K/V block
-  int64_t heads = 1;
-  int64_t kv_heads = 1;
-  int64_t head_dim = 0;
-  int64_t q_pos0 = 0;
-  int64_t kv_pos0 = 0;
-  float scale = 1.0f;  // 1 / sqrt(head_dim)
-};
-
-// Scratch the block functions need, in floats: linear in kv_len (a panel of
-// query rows against the block's keys), never kv_len x q_len.
-int64_t AttentionWorkspaceFloats(const AttentionShape& s);
 
 // m = -inf, l = 0, acc = 0.
 void AttentionInitState(const AttentionShape& s, float* m, float* l,

@@ -49,114 +49,67 @@ struct TrainingStep::Impl {
 
 namespace {
 
-// Every launch-time buffer of the step: the plan and the allocation read the
-// same list, so the plan is exactly what Create() allocates.
-struct BufferSpec {
+// The Impl member of each launch-sized buffer, in the order of the budget's
+// StepLaunchBuffers (kernels/budget/budget.h), which names each one: the plan
+// and the allocation read one list of sizes.
+struct LaunchMember {
+  const char* name;
   Buffer TrainingStep::Impl::*member;
-  LiveSet set;
-  int64_t bytes;
 };
 
-std::vector<BufferSpec> LaunchBuffers(const StepOptions& o, const ParamLayout& p) {
+const std::vector<LaunchMember>& LaunchMembers() {
   using I = TrainingStep::Impl;
-  const ModelConfig& m = o.model;
-  const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();
-  const int64_t qd = m.heads * d, kvd = m.kv_heads * d, E = m.experts, K = m.top_k;
-  const int64_t rows_h = N * m.heads;  // (token, head) rows of attention state
-  const int64_t f = sizeof(float), i32 = sizeof(int32_t);
-  const int64_t D = p.dense_padded(), S = p.shard_numel(), X = p.expert_numel_per_rank();
-  return {
-      {&I::dense, LiveSet::kWeights, D * f},
-      {&I::experts, LiveSet::kWeights, X * f},
-      {&I::dense_grad, LiveSet::kGrads, D * f},
-      {&I::dense_grad_shard, LiveSet::kGrads, S * f},
-      {&I::expert_grad, LiveSet::kGrads, X * f},
-      {&I::master, LiveSet::kOptimizer, S * f},
-      {&I::m, LiveSet::kOptimizer, S * f},
-      {&I::v, LiveSet::kOptimizer, S * f},
-      {&I::expert_m, LiveSet::kOptimizer, X * f},
-      {&I::expert_v, LiveSet::kOptimizer, X * f},
-      {&I::boundaries, LiveSet::kCheckpoints, (m.layers + 1) * N * H * f},
-      {&I::tokens, LiveSet::kActivations, N * i32},
-      {&I::targets, LiveSet::kActivations, N * i32},
-      {&I::a, LiveSet::kActivations, N * H * f},
-      {&I::rstd_a, LiveSet::kActivations, N * f},
-      {&I::q, LiveSet::kActivations, N * qd * f},
-      {&I::kv, LiveSet::kActivations, 2 * N * kvd * f},
-      {&I::ml, LiveSet::kActivations, 2 * rows_h * f},
-      {&I::o, LiveSet::kActivations, N * qd * f},
-      {&I::lse, LiveSet::kActivations, rows_h * f},
-      {&I::h1, LiveSet::kActivations, N * H * f},
-      {&I::u, LiveSet::kActivations, N * H * f},
-      {&I::rstd_u, LiveSet::kActivations, N * f},
-      {&I::rlogits, LiveSet::kActivations, N * E * f},
-      {&I::probs, LiveSet::kActivations, N * E * f},
-      {&I::chosen, LiveSet::kActivations, N * K * i32},
-      {&I::gates, LiveSet::kActivations, N * K * f},
-      {&I::z, LiveSet::kActivations, N * H * f},
-      {&I::rstd_f, LiveSet::kActivations, N * f},
-      {&I::dh, LiveSet::kActivations, N * H * f},
-      {&I::dh1, LiveSet::kActivations, N * H * f},
-      {&I::du, LiveSet::kActivations, N * H * f},
-      {&I::tmp, LiveSet::kActivations, N * H * f},
-      {&I::dgates, LiveSet::kActivations, N * K * f},
-      {&I::drlogits, LiveSet::kActivations, N * E * f},
-      {&I::dO, LiveSet::kActivations, N * qd * f},
-      {&I::delta, LiveSet::kActivations, rows_h * f},
-      {&I::dq, LiveSet::kActivations, N * qd * f},
-      {&I::dkv, LiveSet::kActivations, 2 * N * kvd * f},
-      {&I::fwd_trav, LiveSet::kActivations, 2 * 2 * N * kvd * f},
-      {&I::bwd_trav, LiveSet::kActivations, 2 * 4 * N * kvd * f},
-      {&I::attn_work, LiveSet::kActivations,
-       AttentionWorkspaceFloats({o.layout.batch, N / o.layout.batch, N / o.layout.batch, m.heads,
-                                 m.kv_heads, d, 0, 0, 1.0f}) * f},
-      {&I::stats, LiveSet::kWorkspace, 2 * static_cast<int64_t>(sizeof(double))},
-      {&I::scalars, LiveSet::kWorkspace, 2 * f},
+  static const std::vector<LaunchMember> kMembers = {
+      {"dense", &I::dense},
+      {"experts", &I::experts},
+      {"dense_grad", &I::dense_grad},
+      {"dense_grad_shard", &I::dense_grad_shard},
+      {"expert_grad", &I::expert_grad},
+      {"master", &I::master},
+      {"m", &I::m},
+      {"v", &I::v},
+      {"expert_m", &I::expert_m},
+      {"expert_v", &I::expert_v},
+      {"boundaries", &I::boundaries},
+      {"tokens", &I::tokens},
+      {"targets", &I::targets},
+      {"a", &I::a},
+      {"rstd_a", &I::rstd_a},
+      {"q", &I::q},
+      {"kv", &I::kv},
+      {"ml", &I::ml},
+      {"o", &I::o},
+      {"lse", &I::lse},
+      {"h1", &I::h1},
+      {"u", &I::u},
+      {"rstd_u", &I::rstd_u},
+      {"rlogits", &I::rlogits},
+      {"probs", &I::probs},
+      {"chosen", &I::chosen},
+      {"gates", &I::gates},
+      {"z", &I::z},
+      {"rstd_f", &I::rstd_f},
+      {"dh", &I::dh},
+      {"dh1", &I::dh1},
+      {"du", &I::du},
+      {"tmp", &I::tmp},
+      {"dgates", &I::dgates},
+      {"drlogits", &I::drlogits},
+      {"dO", &I::dO},
+      {"delta", &I::delta},
+      {"dq", &I::dq},
+      {"dkv", &I::dkv},
+      {"fwd_trav", &I::fwd_trav},
+      {"bwd_trav", &I::bwd_trav},
+      {"attn_work", &I::attn_work},
+      {"stats", &I::stats},
+      {"scalars", &I::scalars},
   };
-}
-
-RingDtpConfig RingDtpConfigOf(const StepOptions& o) {
-  const int64_t N = TokensPerRank(o.model, o.layout);
-  RingDtpConfig c;
-  c.rows = N;
-  c.hidden = o.model.hidden;
-  c.vocab = o.model.vocab_size;
-  c.strip = o.projection.strip;
-  c.row_tile = o.projection.row_tile;
-  c.chunk_rows = o.projection.chunk_rows;
-  c.mode = o.projection.mode.value_or(RingDtp::ChooseMode(N, o.model.vocab_size, o.layout.ranks));
-  return c;
-}
-
-int64_t ProjectionBytes(const StepOptions& o) {
-  if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) {
-    return RingDtp::BoundBytes(RingDtpConfigOf(o), o.layout.ranks);
-  }
-  return DenseProjection::BoundBytes(TokensPerRank(o.model, o.layout), o.model.vocab_size);
-}
-
-absl::Status ValidateProjection(const StepOptions& o) {
-  const ProjectionOptions& p = o.projection;
-  if (p.kind != ProjectionOptions::Kind::kRingDtp) return absl::OkStatus();
-  auto bad = [](absl::string_view field, absl::string_view expected, int64_t got) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
-  };
-  if (p.strip < 1) return bad("projection.ring_dtp.strip", ">= 1 vocabulary columns", p.strip);
-  if (p.row_tile < 1) return bad("projection.ring_dtp.row_tile", ">= 1 token rows", p.row_tile);
-  if (p.chunk_rows < 0) {
-    return bad("projection.ring_dtp.chunk_rows", ">= 0 (0: one pass)", p.chunk_rows);
-  }
-  if (o.model.vocab_size < o.layout.ranks) {
-    return bad("model.vocab_size", absl::StrCat(">= layout.ranks = ", o.layout.ranks,
-                                                " (Ring-DTP gives every rank a vocabulary shard)"),
-               o.model.vocab_size);
-  }
-  return absl::OkStatus();
+  return kMembers;
 }
 
 absl::Status ValidateOptions(const StepOptions& o, int world_size) {
-  PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
-  PLATEAU_RETURN_IF_ERROR(ValidateProjection(o));
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(o));
   if (o.layout.ranks != world_size) {
     return absl::InvalidArgumentError(absl::StrCat("layout.ranks: expected the world size ",
                                                    world_size, ", got ", o.layout.ranks));
@@ -173,41 +126,6 @@ absl::Status ValidateOptions(const StepOptions& o, int world_size) {
 }
 
 }  // namespace
-
-int64_t MemoryPlan::total() const {
-  int64_t t = 0;
-  for (int64_t b : bytes) t += b;
-  return t;
-}
-
-std::string MemoryPlan::DebugString() const {
-  std::string out;
-  for (int i = 0; i < kNumLiveSets; ++i) {
-    if (bytes[i] == 0) continue;
-    absl::StrAppend(&out, LiveSetName(static_cast<LiveSet>(i)), "=", bytes[i], " ");
-  }
-  absl::StrAppend(&out, "total=", total());
-  return out;
-}
-
-absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
-  PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
-  PLATEAU_RETURN_IF_ERROR(ValidateProjection(o));
-  ParamLayout p(o.model, o.layout.ranks);
-  MemoryPlan plan;
-  for (const BufferSpec& b : LaunchBuffers(o, p)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
-  const int64_t N = TokensPerRank(o.model, o.layout);
-  plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
-  // Standard EP has no bound of its own: its receive buffers grow with the
-  // routes a rank is sent. The plan is its worst case (every route of every
-  // source rank lands on one rank), so that it bounds every routing; the
-  // balanced case (N*k rows received) is kept beside it for information.
-  const int64_t S = N * o.model.top_k, P = o.layout.ranks;
-  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += StandardEp::PeakBytes(
-      o.model, P, S, StandardEp::WorstCaseReceivedRows(o.model, P, N));
-  plan.dispatch_balanced_bytes = StandardEp::PeakBytes(o.model, P, S, S);
-  return plan;
-}
 
 // ---------------------------------------------------------------------------
 
@@ -250,8 +168,19 @@ absl::Status TrainingStep::Allocate() {
   PLATEAU_ASSIGN_OR_RETURN(I.ev_compute, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(I.ev_comm, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(I.kernels, ModelKernels::Create(backend_));
-  for (const BufferSpec& b : LaunchBuffers(options_, layout_)) {
-    PLATEAU_ASSIGN_OR_RETURN(I.*(b.member), backend_.device().Allocate(b.set, b.bytes));
+  const std::vector<StepBufferSpec> specs = StepLaunchBuffers(options_);
+  const std::vector<LaunchMember>& members = LaunchMembers();
+  if (specs.size() != members.size()) {
+    return absl::InternalError(absl::StrCat("the budget lists ", specs.size(),
+                                            " launch buffers, the step has ", members.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (absl::string_view(specs[i].name) != members[i].name) {
+      return absl::InternalError(absl::StrCat("launch buffer ", i, ": the budget names '",
+                                              specs[i].name, "', the step '", members[i].name, "'"));
+    }
+    PLATEAU_ASSIGN_OR_RETURN(I.*(members[i].member),
+                             backend_.device().Allocate(specs[i].set, specs[i].bytes));
   }
   const int64_t N = TokensPerRank(m, options_.layout);
   if (options_.projection.kind == ProjectionOptions::Kind::kRingDtp) {

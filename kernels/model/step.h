@@ -40,52 +40,11 @@
 #include "kernels/memory.h"
 #include "kernels/model/config.h"
 #include "kernels/model/params.h"
+#include "kernels/budget/budget.h"
+#include "kernels/model/step_options.h"
 #include "kernels/projection/ring_dtp.h"
 
 namespace plateau {
-
-struct OptimizerConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  float max_grad_norm = 1.0f;  // 0 turns clipping off
-};
-
-// Which schedule computes the vocabulary projection and cross-entropy.
-struct ProjectionOptions {
-  enum class Kind { kDense, kRingDtp };
-  Kind kind = Kind::kDense;
-  // Ring-DTP (kernels/projection/ring_dtp.h): the circulation mode (unset:
-  // RingDtp::ChooseMode picks the smaller traveller), the strip width S, the
-  // token rows per strip tile, and the rows per activation-mode pass (0: the
-  // whole batch in one pass).
-  std::optional<RingDtpMode> mode;
-  int64_t strip = 1024;
-  int64_t row_tile = 2048;
-  int64_t chunk_rows = 0;
-};
-
-struct StepOptions {
-  ModelConfig model;
-  LayoutConfig layout;
-  OptimizerConfig optimizer;
-  ProjectionOptions projection;
-  uint64_t seed = 1;
-};
-
-// Bytes per live set that the step may hold on the device: an upper bound of
-// every live set's peak for any input. Dispatch is standard EP's worst case
-// (every route of every source rank received by one rank);
-// dispatch_balanced_bytes is what it holds when each rank receives N*k rows.
-struct MemoryPlan {
-  std::array<int64_t, kNumLiveSets> bytes{};
-  int64_t dispatch_balanced_bytes = 0;
-  int64_t total() const;
-  std::string DebugString() const;
-};
-absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& options);
 
 struct StepStats {
   int64_t step = 0;            // optimizer steps taken so far

@@ -4,10 +4,6 @@
 
 namespace plateau {
 
-int64_t DenseProjection::BoundBytes(int64_t rows, int64_t vocab) {
-  return (rows * vocab + rows) * static_cast<int64_t>(sizeof(float));
-}
-
 absl::StatusOr<std::unique_ptr<DenseProjection>> DenseProjection::Create(
     Backend& backend, ModelKernels& kernels, int64_t rows, int64_t hidden, int64_t vocab) {
   PLATEAU_ASSIGN_OR_RETURN(Buffer logits, backend.device().Allocate(

@@ -14,13 +14,17 @@
 #include "kernels/backend.h"
 #include "kernels/memory.h"
 #include "kernels/model/model_kernels.h"
+#include "kernels/projection/projection_plan.h"
 
 namespace plateau {
 
 class DenseProjection {
  public:
-  // Bytes of the kProjection live set for `rows` tokens: logits + lse.
-  static int64_t BoundBytes(int64_t rows, int64_t vocab);
+  // Bytes of the kProjection live set for `rows` tokens: logits + lse
+  // (kernels/projection/projection_plan.h).
+  static int64_t BoundBytes(int64_t rows, int64_t vocab) {
+    return DenseProjectionBoundBytes(rows, vocab);
+  }
 
   static absl::StatusOr<std::unique_ptr<DenseProjection>> Create(
       Backend& backend, ModelKernels& kernels, int64_t rows, int64_t hidden,

@@ -11,56 +11,7 @@ namespace {
 
 constexpr int64_t kF = sizeof(float);
 
-int64_t MaxShardRows(int64_t vocab, int64_t ranks) { return (vocab + ranks - 1) / ranks; }
-
-// Tokens per ring pass: a chunk of the batch in activation mode, all of it
-// in weight mode.
-int64_t PassRowsOf(const RingDtpConfig& c) {
-  if (c.mode == RingDtpMode::kActivations && c.chunk_rows > 0) {
-    return std::min(c.chunk_rows, c.rows);
-  }
-  return c.rows;
-}
-
-// Floats of one rotating traveller slot: X or dX of a pass in activation
-// mode, W or dW of the largest shard in weight mode.
-int64_t SlotFloats(const RingDtpConfig& c, int64_t ranks) {
-  return c.mode == RingDtpMode::kActivations ? PassRowsOf(c) * c.hidden
-                                             : MaxShardRows(c.vocab, ranks) * c.hidden;
-}
-
 }  // namespace
-
-absl::string_view RingDtpModeName(RingDtpMode mode) {
-  return mode == RingDtpMode::kActivations ? "activations" : "weights";
-}
-
-int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard) {
-  return shard * (vocab / ranks) + std::min(shard, vocab % ranks);
-}
-
-RingDtpMode RingDtp::ChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
-  return rows <= MaxShardRows(vocab, ranks) ? RingDtpMode::kActivations : RingDtpMode::kWeights;
-}
-
-// The live set, buffer by buffer (Allocate() allocates exactly these):
-//   strip            min(R, row_tile) x S       logits of one strip tile, then its delta
-//   slots            3 x SlotFloats             rotating travellers (2 in forward)
-//   state            2 x 3R                     running (m, s, t), double-buffered
-//   lse_own          N                          this rank's log-sum-exp, forward -> backward
-//   side (act. mode) 2 x R floats + 2 x R int32 the travelling batch's lse and targets
-// with R the rows of one pass.
-int64_t RingDtp::BoundBytes(const RingDtpConfig& c, int64_t ranks) {
-  const int64_t N = c.rows, R = PassRowsOf(c);
-  int64_t floats = std::min(R, c.row_tile) * std::min(c.strip, c.vocab) +
-                   3 * SlotFloats(c, ranks) + 6 * R + N;
-  int64_t ints = 0;
-  if (c.mode == RingDtpMode::kActivations) {
-    floats += 2 * R;
-    ints += 2 * R;
-  }
-  return floats * kF + ints * static_cast<int64_t>(sizeof(int32_t));
-}
 
 struct RingDtp::Buffers {
   Buffer strip;
@@ -120,7 +71,7 @@ absl::Status RingDtp::Allocate() {
   PLATEAU_ASSIGN_OR_RETURN(
       b.strip, floats(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
   for (Buffer& s : b.slots) {
-    PLATEAU_ASSIGN_OR_RETURN(s, floats(SlotFloats(config_, P)));
+    PLATEAU_ASSIGN_OR_RETURN(s, floats(RingDtpSlotFloats(config_, P)));
   }
   for (Buffer& s : b.state) {
     PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * R));
@@ -139,7 +90,7 @@ absl::Status RingDtp::Allocate() {
   return absl::OkStatus();
 }
 
-int64_t RingDtp::PassRows() const { return PassRowsOf(config_); }
+int64_t RingDtp::PassRows() const { return RingDtpPassRows(config_); }
 
 int64_t RingDtp::ShardRows(int64_t shard) const {
   const int64_t P = group_.size();

@@ -39,43 +39,19 @@
 #include "kernels/communicator.h"
 #include "kernels/memory.h"
 #include "kernels/model/model_kernels.h"
+#include "kernels/projection/projection_plan.h"
 
 namespace plateau {
 
-enum class RingDtpMode { kActivations, kWeights };
-absl::string_view RingDtpModeName(RingDtpMode mode);  // "activations"/"weights"
-
-// First vocabulary row of shard s of V rows over P ranks (the first V % P
-// shards hold one row more).
-int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard);
-
-struct RingDtpConfig {
-  int64_t rows = 0;    // N, tokens per rank
-  int64_t hidden = 0;  // H
-  int64_t vocab = 0;   // V, the whole vocabulary
-  int64_t strip = 0;   // S, vocabulary columns per strip
-  RingDtpMode mode = RingDtpMode::kActivations;
-  // Token rows per strip tile: the strip buffer is min(N, row_tile) x S, so
-  // it does not grow with N. Large enough to keep the strip GEMMs efficient.
-  int64_t row_tile = 2048;
-  // Activation mode only: the batch circulates in passes of at most
-  // chunk_rows tokens (0: one pass of all N). Each pass is a full ring, so
-  // every token still meets every shard once; the travellers shrink to
-  // chunk_rows x H at the price of more, smaller hops.
-  int64_t chunk_rows = 0;
-};
-
 class RingDtp {
  public:
-  // The smaller traveller: activations (about 2 N H in flight) when N is at
-  // most a shard's V / P rows, weights otherwise.
-  static RingDtpMode ChooseMode(int64_t rows, int64_t vocab, int64_t ranks);
-
-  // Bytes of the kProjection live set for the configuration on P ranks: the
-  // strip tile, the three rotating traveller buffers, the per-token state and
-  // log-sum-exp. Independent of V in activation mode; in weight mode it grows
-  // with N only through the per-token state (a few floats per token).
-  static int64_t BoundBytes(const RingDtpConfig& c, int64_t ranks);
+  // kernels/projection/projection_plan.h, here for the schedule's users.
+  static RingDtpMode ChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
+    return RingDtpChooseMode(rows, vocab, ranks);
+  }
+  static int64_t BoundBytes(const RingDtpConfig& c, int64_t ranks) {
+    return RingDtpBoundBytes(c, ranks);
+  }
 
   // Validates the configuration (errors name the field: ring_dtp.strip, ...).
   static absl::StatusOr<std::unique_ptr<RingDtp>> Create(

@@ -1,0 +1,153 @@
+#include "kernels/budget/budget.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/dispatch/standard_ep_plan.h"
+#include "kernels/model/attention_shape.h"
+#include "kernels/model/params.h"
+#include "kernels/projection/projection_plan.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+int64_t ProjectionBytes(const StepOptions& o) {
+  if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) {
+    return RingDtpBoundBytes(RingDtpConfigOf(o), o.layout.ranks);
+  }
+  return DenseProjectionBoundBytes(TokensPerRank(o.model, o.layout), o.model.vocab_size);
+}
+
+absl::Status ValidateProjection(const StepOptions& o) {
+  const ProjectionOptions& p = o.projection;
+  if (p.kind != ProjectionOptions::Kind::kRingDtp) return absl::OkStatus();
+  auto bad = [](absl::string_view field, absl::string_view expected, int64_t got) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
+  };
+  if (p.strip < 1) return bad("projection.ring_dtp.strip", ">= 1 vocabulary columns", p.strip);
+  if (p.row_tile < 1) return bad("projection.ring_dtp.row_tile", ">= 1 token rows", p.row_tile);
+  if (p.chunk_rows < 0) {
+    return bad("projection.ring_dtp.chunk_rows", ">= 0 (0: one pass)", p.chunk_rows);
+  }
+  if (o.model.vocab_size < o.layout.ranks) {
+    return bad("model.vocab_size", absl::StrCat(">= layout.ranks = ", o.layout.ranks,
+                                                " (Ring-DTP gives every rank a vocabulary shard)"),
+               o.model.vocab_size);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) {
+  const ParamLayout p(o.model, o.layout.ranks);
+  const ModelConfig& m = o.model;
+  const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();
+  const int64_t qd = m.heads * d, kvd = m.kv_heads * d, E = m.experts, K = m.top_k;
+  const int64_t rows_h = N * m.heads;  // (token, head) rows of attention state
+  const int64_t f = sizeof(float), i32 = sizeof(int32_t);
+  const int64_t D = p.dense_padded(), S = p.shard_numel(), X = p.expert_numel_per_rank();
+  return {
+      {"dense", LiveSet::kWeights, D * f},
+      {"experts", LiveSet::kWeights, X * f},
+      {"dense_grad", LiveSet::kGrads, D * f},
+      {"dense_grad_shard", LiveSet::kGrads, S * f},
+      {"expert_grad", LiveSet::kGrads, X * f},
+      {"master", LiveSet::kOptimizer, S * f},
+      {"m", LiveSet::kOptimizer, S * f},
+      {"v", LiveSet::kOptimizer, S * f},
+      {"expert_m", LiveSet::kOptimizer, X * f},
+      {"expert_v", LiveSet::kOptimizer, X * f},
+      {"boundaries", LiveSet::kCheckpoints, (m.layers + 1) * N * H * f},
+      {"tokens", LiveSet::kActivations, N * i32},
+      {"targets", LiveSet::kActivations, N * i32},
+      {"a", LiveSet::kActivations, N * H * f},
+      {"rstd_a", LiveSet::kActivations, N * f},
+      {"q", LiveSet::kActivations, N * qd * f},
+      {"kv", LiveSet::kActivations, 2 * N * kvd * f},
+      {"ml", LiveSet::kActivations, 2 * rows_h * f},
+      {"o", LiveSet::kActivations, N * qd * f},
+      {"lse", LiveSet::kActivations, rows_h * f},
+      {"h1", LiveSet::kActivations, N * H * f},
+      {"u", LiveSet::kActivations, N * H * f},
+      {"rstd_u", LiveSet::kActivations, N * f},
+      {"rlogits", LiveSet::kActivations, N * E * f},
+      {"probs", LiveSet::kActivations, N * E * f},
+      {"chosen", LiveSet::kActivations, N * K * i32},
+      {"gates", LiveSet::kActivations, N * K * f},
+      {"z", LiveSet::kActivations, N * H * f},
+      {"rstd_f", LiveSet::kActivations, N * f},
+      {"dh", LiveSet::kActivations, N * H * f},
+      {"dh1", LiveSet::kActivations, N * H * f},
+      {"du", LiveSet::kActivations, N * H * f},
+      {"tmp", LiveSet::kActivations, N * H * f},
+      {"dgates", LiveSet::kActivations, N * K * f},
+      {"drlogits", LiveSet::kActivations, N * E * f},
+      {"dO", LiveSet::kActivations, N * qd * f},
+      {"delta", LiveSet::kActivations, rows_h * f},
+      {"dq", LiveSet::kActivations, N * qd * f},
+      {"dkv", LiveSet::kActivations, 2 * N * kvd * f},
+      {"fwd_trav", LiveSet::kActivations, 2 * 2 * N * kvd * f},
+      {"bwd_trav", LiveSet::kActivations, 2 * 4 * N * kvd * f},
+      {"attn_work", LiveSet::kActivations,
+       AttentionWorkspaceFloats({o.layout.batch, N / o.layout.batch, N / o.layout.batch, m.heads,
+                                 m.kv_heads, d, 0, 0, 1.0f}) * f},
+      {"stats", LiveSet::kWorkspace, 2 * static_cast<int64_t>(sizeof(double))},
+      {"scalars", LiveSet::kWorkspace, 2 * f},
+  };
+}
+
+RingDtpConfig RingDtpConfigOf(const StepOptions& o) {
+  const int64_t N = TokensPerRank(o.model, o.layout);
+  RingDtpConfig c;
+  c.rows = N;
+  c.hidden = o.model.hidden;
+  c.vocab = o.model.vocab_size;
+  c.strip = o.projection.strip;
+  c.row_tile = o.projection.row_tile;
+  c.chunk_rows = o.projection.chunk_rows;
+  c.mode = o.projection.mode.value_or(RingDtpChooseMode(N, o.model.vocab_size, o.layout.ranks));
+  return c;
+}
+
+absl::Status ValidateStepShape(const StepOptions& o) {
+  PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
+  return ValidateProjection(o);
+}
+
+int64_t MemoryPlan::total() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+std::string MemoryPlan::DebugString() const {
+  std::string out;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (bytes[i] == 0) continue;
+    absl::StrAppend(&out, LiveSetName(static_cast<LiveSet>(i)), "=", bytes[i], " ");
+  }
+  absl::StrAppend(&out, "total=", total());
+  return out;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(o));
+  MemoryPlan plan;
+  for (const StepBufferSpec& b : StepLaunchBuffers(o)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
+  const int64_t N = TokensPerRank(o.model, o.layout);
+  plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
+  // Standard EP has no bound of its own: its receive buffers grow with the
+  // routes a rank is sent. The plan is its worst case (every route of every
+  // source rank lands on one rank), so that it bounds every routing; the
+  // balanced case (N*k rows received) is kept beside it for information.
+  const int64_t S = N * o.model.top_k, P = o.layout.ranks;
+  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += StandardEpPeakBytes(
+      o.model, P, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
+  plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, P, S, S);
+  return plan;
+}
+
+
+}  // namespace plateau

@@ -1,0 +1,56 @@
+// The budget of a training step, computed from its options without a
+// backend, a communicator or any allocation: every live set's device bytes,
+// each an upper bound of what the step can hold for any input. The launch-
+// sized buffers come from one list (StepLaunchBuffers) that the step also
+// allocates from, the projection's and the dispatch's from their schedules'
+// own bound functions (kernels/projection/projection_plan.h,
+// kernels/dispatch/standard_ep_plan.h). Used by the coordinator's admission
+// (worker/job_spec.h), by the rank before it allocates, and by the tests.
+#ifndef PLATEAU_KERNELS_BUDGET_BUDGET_H_
+#define PLATEAU_KERNELS_BUDGET_BUDGET_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/memory.h"
+#include "kernels/model/step_options.h"
+
+namespace plateau {
+
+// Bytes per live set that the step may hold on the device: an upper bound of
+// every live set's peak for any input. Dispatch is standard EP's worst case
+// (every route of every source rank received by one rank);
+// dispatch_balanced_bytes is what it holds when each rank receives N*k rows.
+struct MemoryPlan {
+  std::array<int64_t, kNumLiveSets> bytes{};
+  int64_t dispatch_balanced_bytes = 0;
+  int64_t total() const;
+  std::string DebugString() const;
+};
+
+// Validates what the plan depends on (the model and layout, the projection
+// schedule's options); errors name the spec field.
+absl::Status ValidateStepShape(const StepOptions& options);
+
+absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& options);
+
+// One buffer the step allocates at launch: `name` is its member of
+// TrainingStep::Impl (the step allocates in this order and checks the names).
+struct StepBufferSpec {
+  const char* name;
+  LiveSet set;
+  int64_t bytes;
+};
+std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options);
+
+// Ring-DTP's configuration for the step's options (the mode chosen when the
+// options leave it unset).
+RingDtpConfig RingDtpConfigOf(const StepOptions& options);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_BUDGET_BUDGET_H_

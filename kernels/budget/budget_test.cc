@@ -1,0 +1,80 @@
+// The budget is computed without a backend and is the sum of its parts: the
+// step's launch list, the projection schedule's bound and the dispatch's
+// worst case. (kernels/model/step_test holds the measured peaks to it.)
+#include "kernels/budget/budget.h"
+
+#include <set>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/dispatch/standard_ep_plan.h"
+#include "kernels/projection/projection_plan.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+StepOptions Small(int64_t ranks) {
+  StepOptions o;
+  o.model.vocab_size = 40;
+  o.model.hidden = 16;
+  o.model.layers = 3;
+  o.model.heads = 4;
+  o.model.kv_heads = 2;
+  o.model.experts = 4;
+  o.model.top_k = 2;
+  o.model.expert_ffn = 24;
+  o.model.seq_len = 32;
+  o.layout = {ranks, 2};
+  return o;
+}
+
+TEST(BudgetTest, PlanIsTheSumOfTheLaunchListAndTheSchedulesBounds) {
+  for (int64_t P : {1, 2, 4}) {
+    for (bool ring : {false, true}) {
+      StepOptions o = Small(P);
+      if (ring) o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+      auto plan = PlanMemory(o);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::array<int64_t, kNumLiveSets> launch{};
+      std::set<std::string> names;
+      for (const StepBufferSpec& b : StepLaunchBuffers(o)) {
+        EXPECT_TRUE(names.insert(b.name).second) << "two launch buffers named " << b.name;
+        EXPECT_GE(b.bytes, 0) << b.name;
+        launch[static_cast<int>(b.set)] += b.bytes;
+      }
+      const int64_t N = TokensPerRank(o.model, o.layout);
+      const int64_t projection =
+          ring ? RingDtpBoundBytes(RingDtpConfigOf(o), P) : DenseProjectionBoundBytes(N, o.model.vocab_size);
+      const int64_t S = N * o.model.top_k;
+      const int64_t dispatch =
+          StandardEpPeakBytes(o.model, P, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
+      for (int i = 0; i < kNumLiveSets; ++i) {
+        const LiveSet s = static_cast<LiveSet>(i);
+        const int64_t extra = s == LiveSet::kProjection ? projection : s == LiveSet::kDispatch ? dispatch : 0;
+        EXPECT_EQ(plan->bytes[i], launch[i] + extra) << "P=" << P << " " << LiveSetName(s);
+      }
+      EXPECT_EQ(plan->dispatch_balanced_bytes, StandardEpPeakBytes(o.model, P, S, S));
+      // The worst case receives every route of every rank that one rank can
+      // hold: P * N * min(k, E/P).
+      EXPECT_EQ(StandardEpWorstCaseReceivedRows(o.model, P, N), P * N * std::min<int64_t>(2, 4 / P));
+      EXPECT_GE(plan->bytes[static_cast<int>(LiveSet::kDispatch)], plan->dispatch_balanced_bytes);
+    }
+  }
+}
+
+TEST(BudgetTest, BadOptionsAreRefusedNamingTheSpecField) {
+  StepOptions o = Small(2);
+  o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+  o.projection.strip = 0;
+  EXPECT_THAT(PlanMemory(o).status().message(), HasSubstr("projection.ring_dtp.strip"));
+  o = Small(2);
+  o.model.heads = 3;
+  EXPECT_EQ(PlanMemory(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(PlanMemory(o).status().message(), HasSubstr("model.heads"));
+}
+
+}  // namespace
+}  // namespace plateau

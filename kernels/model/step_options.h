@@ -1,0 +1,49 @@
+// The options of the training step: the model, its layout over the ranks,
+// the optimizer and the schedule chosen at each schedule point. Plain data,
+// read by the step (kernels/model/step.h) and by the budget
+// (kernels/budget/budget.h), which plans them without a backend.
+#ifndef PLATEAU_KERNELS_MODEL_STEP_OPTIONS_H_
+#define PLATEAU_KERNELS_MODEL_STEP_OPTIONS_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "kernels/model/config.h"
+#include "kernels/projection/projection_plan.h"
+
+namespace plateau {
+
+struct OptimizerConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float max_grad_norm = 1.0f;  // 0 turns clipping off
+};
+
+// Which schedule computes the vocabulary projection and cross-entropy.
+struct ProjectionOptions {
+  enum class Kind { kDense, kRingDtp };
+  Kind kind = Kind::kDense;
+  // Ring-DTP (kernels/projection/ring_dtp.h): the circulation mode (unset:
+  // RingDtp::ChooseMode picks the smaller traveller), the strip width S, the
+  // token rows per strip tile, and the rows per activation-mode pass (0: the
+  // whole batch in one pass).
+  std::optional<RingDtpMode> mode;
+  int64_t strip = 1024;
+  int64_t row_tile = 2048;
+  int64_t chunk_rows = 0;
+};
+
+struct StepOptions {
+  ModelConfig model;
+  LayoutConfig layout;
+  OptimizerConfig optimizer;
+  ProjectionOptions projection;
+  uint64_t seed = 1;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MODEL_STEP_OPTIONS_H_

@@ -1,0 +1,60 @@
+// What the projection schedules need to be planned without a backend or a
+// communicator: Ring-DTP's configuration, its circulation-mode choice and its
+// bound, and the dense baseline's bound. The coordinator's budget links only
+// this; ring_dtp.h and dense_projection.h build on it.
+#ifndef PLATEAU_KERNELS_PROJECTION_PROJECTION_PLAN_H_
+#define PLATEAU_KERNELS_PROJECTION_PROJECTION_PLAN_H_
+
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+
+namespace plateau {
+
+enum class RingDtpMode { kActivations, kWeights };
+absl::string_view RingDtpModeName(RingDtpMode mode);  // "activations"/"weights"
+
+// First vocabulary row of shard s of V rows over P ranks (the first V % P
+// shards hold one row more).
+int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard);
+
+struct RingDtpConfig {
+  int64_t rows = 0;    // N, tokens per rank
+  int64_t hidden = 0;  // H
+  int64_t vocab = 0;   // V, the whole vocabulary
+  int64_t strip = 0;   // S, vocabulary columns per strip
+  RingDtpMode mode = RingDtpMode::kActivations;
+  // Token rows per strip tile: the strip buffer is min(N, row_tile) x S, so
+  // it does not grow with N. Large enough to keep the strip GEMMs efficient.
+  int64_t row_tile = 2048;
+  // Activation mode only: the batch circulates in passes of at most
+  // chunk_rows tokens (0: one pass of all N). Each pass is a full ring, so
+  // every token still meets every shard once; the travellers shrink to
+  // chunk_rows x H at the price of more, smaller hops.
+  int64_t chunk_rows = 0;
+};
+
+// The smaller traveller: activations (about 2 N H in flight) when N is at
+// most a shard's V / P rows, weights otherwise.
+RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks);
+
+// Bytes of Ring-DTP's kProjection live set on P ranks: the strip tile, the
+// three rotating traveller buffers, the per-token state and log-sum-exp
+// (ring_dtp.cc allocates exactly these). Independent of V in activation
+// mode; in weight mode it grows with N only through the per-token state.
+int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks);
+
+// The pieces of that bound, shared with the allocation: the rows of the
+// largest vocabulary shard, the tokens of one ring pass, the floats of one
+// traveller slot.
+int64_t RingDtpMaxShardRows(int64_t vocab, int64_t ranks);
+int64_t RingDtpPassRows(const RingDtpConfig& c);
+int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks);
+
+// Bytes of the dense projection's kProjection live set for `rows` tokens:
+// the N x V logits and the log-sum-exp.
+int64_t DenseProjectionBoundBytes(int64_t rows, int64_t vocab);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_PROJECTION_PROJECTION_PLAN_H_

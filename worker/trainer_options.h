@@ -1,0 +1,50 @@
+// A training job's options, as the control plane sees them: the step's
+// options, the data source, steps and checkpoints. Plain data with no
+// dependency on the training step itself, so that the coordinator can
+// validate and plan a job (worker/job_spec.h) without linking any compute.
+#ifndef PLATEAU_WORKER_TRAINER_OPTIONS_H_
+#define PLATEAU_WORKER_TRAINER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/model/config.h"
+#include "kernels/model/step_options.h"
+#include "worker/data.h"
+
+namespace plateau {
+
+// Where batches come from (docs/MODEL.md, "Data"). The data seed is
+// recall.seed, independent of StepOptions::seed (the initialisation's): text
+// and shards are read in order and have no seed.
+struct DataOptions {
+  enum class Kind { kRecall, kShards, kText } kind = Kind::kRecall;
+  RecallTask recall;
+  std::vector<std::string> paths;  // shards, or the one text file
+};
+
+struct TrainerOptions {
+  StepOptions step;
+  DataOptions data;
+  int64_t steps = 100;                 // optimizer steps to reach in total
+  std::string checkpoint_dir;          // empty: no checkpoints
+  int64_t checkpoint_every = 0;        // steps; 0: only at the end
+  bool resume = true;                  // continue from the newest checkpoint
+};
+
+// What each step reports (every rank gets the same loss).
+// The job `tools/demo` runs and the tests train: a small MoE model
+// (hidden 64, 2 layers, 4 heads / 2 KV heads, 4 experts top-2, FFN 128) on
+// associative recall with 8 keys, 8 values, 4 pairs and 4 queries in
+// sequences of 32 tokens, 32 sequences per step, AdamW lr 6e-3.
+TrainerOptions RecallDemoJob(int64_t ranks);
+
+// Model FLOPs of one training step on the global batch (forward + backward,
+// without recomputation): 6 * active parameters * tokens, plus causal
+// causal attention 6 * L * B * T^2 * n_h * d.
+double ModelFlopsPerStep(const ModelConfig& m, int64_t batch);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_WORKER_TRAINER_OPTIONS_H_
