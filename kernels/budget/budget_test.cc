@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/dispatch/standard_ep_plan.h"
 #include "kernels/projection/projection_plan.h"
+#include "kernels/testing/tiny_model.h"
 
 namespace plateau {
 namespace {
@@ -18,14 +19,9 @@ using ::testing::HasSubstr;
 
 StepOptions Small(int64_t ranks) {
   StepOptions o;
+  o.model = TinyModel();
   o.model.vocab_size = 40;
-  o.model.hidden = 16;
   o.model.layers = 3;
-  o.model.heads = 4;
-  o.model.kv_heads = 2;
-  o.model.experts = 4;
-  o.model.top_k = 2;
-  o.model.expert_ffn = 24;
   o.model.seq_len = 32;
   o.layout = {ranks, 2};
   return o;

@@ -13,6 +13,7 @@
 #include "kernels/communicator.h"
 #include "kernels/model/reference.h"
 #include "kernels/testing/local_world.h"
+#include "kernels/testing/tiny_model.h"
 
 namespace plateau {
 namespace {
@@ -20,20 +21,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-ModelConfig TestModel() {
-  ModelConfig m;
-  m.vocab_size = 32;
-  m.hidden = 16;
-  m.layers = 2;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.experts = 4;
-  m.top_k = 2;
-  m.expert_ffn = 24;
-  m.seq_len = 16;
-  m.init_std = 0.3f;  // strong enough that routing and attention matter
-  return m;
-}
+ModelConfig TestModel() { return TinyModel(); }
 
 struct GlobalBatch {
   std::vector<int32_t> tokens, targets;  // [B, T]

@@ -1,0 +1,29 @@
+// The small MoE model the step's tests run: 2 layers, hidden 16, 4 heads /
+// 2 KV heads, 4 experts top-2 with FFN 24, vocabulary 32, sequences of 16,
+// init σ 0.3 (strong enough that routing and attention matter). Tests that
+// need another size change a field of it.
+#ifndef PLATEAU_KERNELS_TESTING_TINY_MODEL_H_
+#define PLATEAU_KERNELS_TESTING_TINY_MODEL_H_
+
+#include "kernels/model/config.h"
+
+namespace plateau {
+
+inline ModelConfig TinyModel() {
+  ModelConfig m;
+  m.vocab_size = 32;
+  m.hidden = 16;
+  m.layers = 2;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.experts = 4;
+  m.top_k = 2;
+  m.expert_ffn = 24;
+  m.seq_len = 16;
+  m.init_std = 0.3f;
+  return m;
+}
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_TESTING_TINY_MODEL_H_
