@@ -185,6 +185,9 @@ void Coordinator::Loop() {
 }
 
 void Coordinator::Tick() {
+  // Frozen after a failed store write: every further change would widen the
+  // gap between memory and the database (Written).
+  if (!store_error_.ok()) return;
   ExpireWorkers();
   CheckProgress();
   Schedule();
@@ -209,6 +212,7 @@ uint64_t Coordinator::WaitForChange(uint64_t seen, absl::Duration timeout) {
 
 absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::string& reason,
                                    const v1::Failure* failure) {
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen: the store is behind memory
   v1::Job& job = a.job;
   job.set_state(state);
   job.set_state_reason(reason);
@@ -230,9 +234,10 @@ absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::str
   sc->set_attempt(job.attempt());
   sc->set_unschedulable(job.unschedulable());
   if (failure != nullptr) *sc->mutable_failure() = *failure;
-  PLATEAU_RETURN_IF_ERROR(store_->AppendEvents(ev));
+  const std::string what = absl::StrCat("record ", job.id(), " as ", v1::JobState_Name(state));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(ev), what));
   job.set_event_count(ev[0].index() + 1);
-  PLATEAU_RETURN_IF_ERROR(store_->PutJob(job));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(job), what));
   metrics_->OnJobState(job.id(), state);
   if (IsTerminal(state) && options_.metrics_retention > absl::ZeroDuration()) {
     forget_.emplace_back(absl::Now() + options_.metrics_retention, job.id());
@@ -249,8 +254,39 @@ void Coordinator::Log(const std::string& job_id, int attempt, const std::string&
   l[0].set_stream("coordinator");
   l[0].set_line(line);
   Now(l[0].mutable_time());
-  store_->AppendLogs(l).IgnoreError();
+  Write(store_->AppendLogs(l), absl::StrCat("append a log line of ", job_id));
   Changed();
+}
+
+absl::Status Coordinator::Written(absl::Status s, absl::string_view what) {
+  if (s.ok()) return s;
+  if (store_error_.ok()) {
+    store_error_ = absl::UnavailableError(absl::StrCat(
+        "the coordinator's state database failed to ", what, " (", s.message(),
+        "); its memory may now differ from the database, so it refuses changes and reports not "
+        "ready: restart it (it recovers every job from the database)"));
+    std::fprintf(stderr, "plateau_coordinator: %s\n", store_error_.ToString().c_str());
+    Changed();
+  }
+  return store_error_;
+}
+
+void Coordinator::Transition(Active& a, v1::JobState state, const std::string& reason,
+                             const v1::Failure* failure) {
+  // SetState records a failed write (Written); a background transition has
+  // no request to fail.
+  SetState(a, state, reason, failure).IgnoreError();
+}
+
+void Coordinator::Write(absl::Status s, absl::string_view what) {
+  // A failure is recorded in store_error_ (not ready, changes refused);
+  // the caller has no request to fail.
+  Written(std::move(s), what).IgnoreError();
+}
+
+absl::Status Coordinator::Health() {
+  absl::MutexLock lock(&mu_);
+  return store_error_;
 }
 
 // ---------------------------------------------------------------------------
@@ -277,7 +313,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   Now(job.mutable_create_time());
   *job.mutable_update_time() = job.create_time();
   absl::MutexLock lock(&mu_);
-  PLATEAU_ASSIGN_OR_RETURN(job, store_->CreateJob(std::move(job)));
+  PLATEAU_RETURN_IF_ERROR(store_error_);
+  auto created = store_->CreateJob(std::move(job));
+  PLATEAU_RETURN_IF_ERROR(Written(created.status(), "create a job"));
+  job = *std::move(created);
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
   Active& a = active_[seq];
   a.job = job;
@@ -336,6 +375,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
   auto it = active_.find(seq);
   if (it == active_.end()) {
     PLATEAU_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(id));
@@ -416,7 +456,7 @@ void Coordinator::Schedule() {
       if (reason != a.job.state_reason() || a.job.unschedulable()) {
         a.job.clear_unschedulable();  // a worker that can host it registered
         a.job.clear_unschedulable_since();
-        SetState(a, v1::PENDING, reason).IgnoreError();
+        Transition(a, v1::PENDING, reason);
       }
       continue;
     }
@@ -446,8 +486,7 @@ void Coordinator::Schedule() {
       where.push_back(absl::StrCat(w.id, " (ranks ", n * per_node, "-", (n + 1) * per_node - 1, ")"));
     }
     metrics_->OnPlan(a.job.id(), static_cast<int>(spec.layout().ranks()), a.job.plan());
-    SetState(a, v1::SCHEDULED, absl::StrCat("placed on ", absl::StrJoin(where, ", ")))
-        .IgnoreError();
+    Transition(a, v1::SCHEDULED, absl::StrCat("placed on ", absl::StrJoin(where, ", ")));
   }
   for (int64_t seq : failed) active_.erase(seq);
 }
@@ -467,7 +506,7 @@ bool Coordinator::MarkUnschedulable(Active& a, const std::string& why) {
     f.set_message(absl::StrCat("unschedulable for ", absl::FormatDuration(limit),
                                " (max_pending_s): no registered worker could host it; ", why));
     Log(a.job.id(), a.job.attempt(), f.message());
-    SetState(a, v1::FAILED, f.message(), &f).IgnoreError();
+    Transition(a, v1::FAILED, f.message(), &f);
     return false;
   }
   const std::string reason = absl::StrCat(
@@ -475,7 +514,7 @@ bool Coordinator::MarkUnschedulable(Active& a, const std::string& why) {
       expires ? absl::StrCat("fails after ", absl::FormatDuration(limit), " (max_pending_s) unless one registers")
               : std::string("waits for one to register (no max_pending_s)"));
   // The first mark and each change of what the workers offer is an event.
-  if (reason != a.job.state_reason()) SetState(a, v1::PENDING, reason).IgnoreError();
+  if (reason != a.job.state_reason()) Transition(a, v1::PENDING, reason);
   return true;
 }
 
@@ -550,7 +589,7 @@ void Coordinator::CheckProgress() {
     RecordFailure(a, f, kPriorityHung);
     Log(a.job.id(), a.job.attempt(), f.message());
     a.job.set_state_reason(f.message());
-    store_->PutJob(a.job).IgnoreError();
+    Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s hang"));
     StopRanks(a);
     Changed();
   }
@@ -564,7 +603,7 @@ void Coordinator::RecordFailure(Active& a, const v1::Failure& f, int priority) {
   // Kept with the job, so that a restarted coordinator knows the attempt
   // is failing and why.
   *a.job.mutable_failure() = f;
-  store_->PutJob(a.job).IgnoreError();
+  Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s failure"));
 }
 
 void Coordinator::StopRanks(Active& a) {
@@ -625,32 +664,30 @@ void Coordinator::Finish(int64_t seq) {
   a.job.clear_placement();
   // The attempt's rendezvous keys are of no further use.
   const std::string prefix = KvPrefixOf(a.job) + "/";
-  store_->KvDeletePrefix(prefix).IgnoreError();
+  Write(store_->KvDeletePrefix(prefix), absl::StrCat("delete the rendezvous keys ", prefix));
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && absl::StartsWith(it->first, prefix);) {
     it = kv_.erase(it);
   }
   if (a.cancel_requested) {
-    SetState(a, v1::CANCELLED, "cancelled; every rank process has exited").IgnoreError();
+    Transition(a, v1::CANCELLED, "cancelled; every rank process has exited");
   } else if (!a.has_failure) {
-    SetState(a, v1::SUCCEEDED, absl::StrCat("all ", a.ranks.size(), " ranks finished ",
-                                            a.job.spec().steps(), " steps"))
-        .IgnoreError();
+    Transition(a, v1::SUCCEEDED, absl::StrCat("all ", a.ranks.size(), " ranks finished ",
+                                              a.job.spec().steps(), " steps"));
   } else {
     const bool restartable = a.failure.kind() == v1::Failure::RANK_CRASHED ||
                              a.failure.kind() == v1::Failure::WORKER_LOST ||
                              a.failure.kind() == v1::Failure::RANK_HUNG;
     if (restartable && a.job.attempt() < a.job.spec().max_restarts()) {
-      SetState(a, v1::RESTARTING,
-               absl::StrCat("attempt ", a.job.attempt(), " failed (", a.failure.message(), "); restart ",
-                            a.job.attempt() + 1, " of ", a.job.spec().max_restarts()),
-               &a.failure)
-          .IgnoreError();
+      Transition(a, v1::RESTARTING,
+                 absl::StrCat("attempt ", a.job.attempt(), " failed (", a.failure.message(), "); restart ",
+                              a.job.attempt() + 1, " of ", a.job.spec().max_restarts()),
+                 &a.failure);
       a.job.set_attempt(a.job.attempt() + 1);
       a.ranks.clear();
-      SetState(a, v1::PENDING, "waiting to be scheduled (restart)").IgnoreError();
+      Transition(a, v1::PENDING, "waiting to be scheduled (restart)");
       return;
     }
-    SetState(a, v1::FAILED, a.failure.message(), &a.failure).IgnoreError();
+    Transition(a, v1::FAILED, a.failure.message(), &a.failure);
   }
   active_.erase(seq);
 }
@@ -673,6 +710,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
     return absl::InvalidArgumentError("capabilities.rank_address: expected the address ranks listen on");
   }
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
   const absl::Time now = absl::Now();
   v1::RegisterResponse out;
   out.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -765,9 +803,9 @@ void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& 
       bool all = true;
       for (const RankState& x : a.ranks) all = all && x.started;
       if (all && a.job.state() == v1::SCHEDULED) {
-        SetState(a, v1::RUNNING, absl::StrCat("all ", a.ranks.size(), " ranks started")).IgnoreError();
+        Transition(a, v1::RUNNING, absl::StrCat("all ", a.ranks.size(), " ranks started"));
       } else {
-        store_->PutJob(a.job).IgnoreError();
+        Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s re-attached ranks"));
       }
       Log(a.job.id(), a.job.attempt(), absl::StrCat("re-attached after the coordinator's restart: ", w.id));
     }
@@ -784,6 +822,7 @@ void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& 
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
   auto it = workers_.find(request.worker_id());
   if (it == workers_.end() || !it->second.attached) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
@@ -802,7 +841,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     if (a != nullptr) {
       if (v1::Placement* p = PlacementOn(*a, w.id)) p->set_delivered(true);
       for (int r : as.ranks()) a->ranks[r].last_progress = w.last_heartbeat;
-      store_->PutJob(a->job).IgnoreError();
+      Write(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s delivered assignment"));
     }
     *out.add_assignments() = std::move(as);
   }
@@ -822,6 +861,7 @@ Coordinator::Active* Coordinator::FindActive(const std::string& job_id, int atte
 
 absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request) {
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
   auto w = workers_.find(request.worker_id());
   if (w == workers_.end() || !w->second.attached) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
@@ -855,7 +895,7 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
   r.started = true;
   if (v1::Placement* p = PlacementOn(*a, request.worker_id())) {
     p->add_exited_ranks(request.rank());
-    PLATEAU_RETURN_IF_ERROR(store_->PutJob(a->job));
+    PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s exited rank")));
   }
   const bool failed = e.signal() != 0 || e.exit_code() != kRankExitOk;
   if (failed && !a->cancel_requested) {
@@ -911,6 +951,7 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
 
 absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
   auto w = workers_.find(request.worker_id());
   if (w == workers_.end() || !w->second.attached) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
@@ -950,7 +991,7 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
     *e.mutable_step() = std::move(*s.mutable_telemetry());
     events.push_back(std::move(e));
   }
-  PLATEAU_RETURN_IF_ERROR(store_->AppendEvents(events));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(events), "append telemetry events"));
   std::vector<v1::LogEntry> logs;
   for (v1::LogEntry& l : *request.mutable_logs()) {
     auto seq = ParseJobId(l.job_id());
@@ -959,10 +1000,10 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
     if (!l.has_time()) Now(l.mutable_time());
     logs.push_back(std::move(l));
   }
-  PLATEAU_RETURN_IF_ERROR(store_->AppendLogs(logs));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(logs), "append log lines"));
   for (Active* a : progressed) {
     a->job.set_event_count(store_->EventCount(a->job.id()));
-    PLATEAU_RETURN_IF_ERROR(store_->PutJob(a->job));
+    PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s progress")));
   }
   if (!events.empty() || !logs.empty()) Changed();
   return absl::OkStatus();
@@ -976,7 +1017,8 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
     return absl::InvalidArgumentError(absl::StrCat("value: expected at most ", kMaxKvValue, " bytes"));
   }
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(store_->KvPut(key, value));
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
+  PLATEAU_RETURN_IF_ERROR(Written(store_->KvPut(key, value), absl::StrCat("store the key ", key)));
   kv_[key] = value;
   Changed();
   return absl::OkStatus();

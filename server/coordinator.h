@@ -93,6 +93,12 @@ class Coordinator {
   uint64_t WaitForChange(uint64_t seen, absl::Duration timeout);
   JobStore& store() { return *store_; }
 
+  // OK while every write to the state database has succeeded; after a failed
+  // one, UNAVAILABLE saying what failed: the coordinator then refuses every
+  // change and reports not ready until it is restarted (it recovers from the
+  // database).
+  absl::Status Health();
+
   // --- WorkerService
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
@@ -154,6 +160,16 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Assignment AssignmentFor(const Active& a, const v1::Placement& p);
   v1::Placement* PlacementOn(Active& a, const std::string& worker_id);
+  // Every write to the store goes through these: a failed write is kept in
+  // store_error_ (the first one), which freezes the coordinator (Tick does
+  // nothing, changes are refused, Health() says why) instead of letting its
+  // memory and its database silently diverge. Written returns store_error_
+  // for a request to fail with; Write is for paths with no request.
+  absl::Status Written(absl::Status s, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Write(absl::Status s, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SetState from a path with no request to fail (a failure is recorded).
+  void Transition(Active& a, v1::JobState state, const std::string& reason,
+                  const v1::Failure* failure = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a state change: an event, the stored job, metrics, waiters.
   absl::Status SetState(Active& a, v1::JobState state, const std::string& reason,
                         const v1::Failure* failure = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -184,6 +200,8 @@ class Coordinator {
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   // Finished jobs whose metric series go at the given time, oldest first.
   std::deque<std::pair<absl::Time, std::string>> forget_ ABSL_GUARDED_BY(mu_);
+  // The first failed write to the store (see Written); OK while none failed.
+  absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -5,6 +5,7 @@
 // the coordinator no longer has), hang detection, and retried reports.
 #include "server/coordinator.h"
 
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -338,6 +339,50 @@ TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {
   Open();
   EXPECT_EQ(c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A write to the database that fails (here: another process holds it
+// locked past the busy timeout, a real SQLITE_BUSY) is never ignored: the
+// coordinator stops changing state, reports why (Health, /readyz), refuses
+// every change, and a restart recovers the last state the database holds.
+TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().Health().ok());
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  // Rank 0 exits: recording it needs a write, which waits out the busy
+  // timeout and fails.
+  absl::Status s = Exited(w, job, 0, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("state database failed to record " + job));
+  EXPECT_EQ(c().Health().code(), absl::StatusCode::kUnavailable);
+  ASSERT_EQ(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  // The database works again, but memory may be ahead of it: still frozen.
+  EXPECT_EQ(Exited(w, job, 1, 0).code(), absl::StatusCode::kUnavailable);
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  EXPECT_EQ(c().SubmitJob(req).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Heartbeat(w).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c().CancelJob(job).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c().KvSet("k", "v").code(), absl::StatusCode::kUnavailable);
+  absl::SleepFor(absl::Milliseconds(500));  // ticks: no worker expiry, nothing changes
+  EXPECT_EQ(Get(job).state(), v1::RUNNING);
+  // A restart recovers from the database: the worker re-attaches with both
+  // ranks' exits and the job ends.
+  Open();
+  EXPECT_TRUE(c().Health().ok());
+  v1::RunningJob running;
+  running.set_job_id(job);
+  running.set_attempt(0);
+  running.add_ranks(0);
+  running.add_ranks(1);
+  Register(w, {running});
+  EXPECT_TRUE(Exited(w, job, 0, 0).ok());
+  EXPECT_TRUE(Exited(w, job, 1, 0).ok());
+  EXPECT_TRUE(WaitState(job, v1::SUCCEEDED)) << Get(job).DebugString();
 }
 
 TEST_F(CoordinatorTest, FinishedJobsMetricSeriesLeaveAfterTheRetention) {
