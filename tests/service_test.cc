@@ -276,7 +276,7 @@ TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
   EXPECT_EQ(job.failure().live_set(), "dispatch");
   EXPECT_EQ(job.failure().exit_code(), 3);
   const v1::OutOfMemory& oom = job.failure().out_of_memory();
-  EXPECT_EQ(oom.live_set(), "dispatch");
+  EXPECT_EQ(oom.live_set(), v1::LIVE_SET_DISPATCH);
   EXPECT_EQ(oom.space(), "device");
   EXPECT_EQ(oom.cap_bytes(), cap);
   EXPECT_GT(oom.bytes_requested(), oom.bytes_free());

@@ -28,6 +28,7 @@
 #include "plateau/v1/worker.pb.h"
 #include "worker/grpc_store.h"
 #include "worker/job_spec.h"
+#include "worker/live_set_proto.h"
 #include "worker/rank_protocol.h"
 #include "worker/trainer.h"
 
@@ -69,7 +70,7 @@ int Fail(int64_t rank, const absl::Status& s) {
   if (std::optional<OutOfMemoryInfo> oom = OutOfMemoryInfoOf(s)) {
     e->set_live_set(std::string(LiveSetName(oom->live_set)));
     v1::OutOfMemory* o = e->mutable_out_of_memory();
-    o->set_live_set(e->live_set());
+    o->set_live_set(ToProto(oom->live_set));
     o->set_space(oom->space);
     o->set_bytes_requested(oom->requested);
     o->set_bytes_free(oom->free);
