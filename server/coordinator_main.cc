@@ -1,7 +1,8 @@
 // plateau_coordinator: the coordinator daemon. Serves JobService and
 // WorkerService over gRPC (with health checking, and server reflection
 // when no token is set), keeps jobs, events and logs in SQLite under
-// --state_dir, and serves Prometheus metrics on --metrics_address. Listens
+// --state_dir, and serves Prometheus metrics on --metrics_address (with
+// /healthz and /readyz for probes: server/metrics.h). Listens
 // on loopback by default; beyond loopback only with --token_file (or
 // --insecure_listen_any). docs/SERVICE.md "Security".
 //
@@ -48,7 +49,8 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
 
   --state_dir=DIR                  jobs, events and logs (SQLite, WAL); created if missing
   --listen=127.0.0.1:7070          gRPC API address (port 0: any free port)
-  --metrics_address=127.0.0.1:9464 Prometheus /metrics (port 0: any free port)
+  --metrics_address=127.0.0.1:9464 HTTP: Prometheus /metrics, probes /healthz (process up) and
+                                   /readyz (store recovered, gRPC API serving) (port 0: any free port)
   --ready_file=PATH                written once serving: api=HOST:PORT, metrics=HOST:PORT
   --heartbeat_ms=1000              heartbeat interval asked of workers
   --worker_timeout_s=0             a worker silent this long is lost (0: two heartbeat intervals)
@@ -231,7 +233,10 @@ int Main(int argc, char** argv) {
   auto metrics = Metrics::Create(flags["metrics_address"]);
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   Coordinator coordinator(store->get(), metrics->get(), options);
+  // /readyz says which step start-up is in; /healthz is 200 throughout.
+  (*metrics)->SetReadiness(absl::UnavailableError("recovering live jobs from the store"));
   if (absl::Status s = coordinator.Start(); !s.ok()) return Fail(s.ToString());
+  (*metrics)->SetReadiness(absl::UnavailableError("gRPC API not serving yet"));
 
   BearerAuth auth(token);
   WatchLimiter watches(static_cast<int>(max_watches));
@@ -262,10 +267,12 @@ int Main(int argc, char** argv) {
   }
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.JobService", true);
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.WorkerService", true);
+  (*metrics)->SetReadiness(absl::OkStatus());
 
   const std::string api = absl::StrCat(HostOf(flags["listen"]), ":", port);
   const std::string mx = absl::StrCat(HostOf(flags["metrics_address"]), ":", (*metrics)->port());
-  std::printf("plateau_coordinator: API on %s (%s, %s), metrics on http://%s/metrics, state in %s\n",
+  std::printf("plateau_coordinator: API on %s (%s, %s), metrics on http://%s/metrics (probes /healthz, /readyz), "
+              "state in %s\n",
               api.c_str(), tls ? "TLS" : "plaintext", auth.enabled() ? "bearer token required" : "no token",
               mx.c_str(), flags["state_dir"].c_str());
   std::fflush(stdout);
@@ -282,6 +289,7 @@ int Main(int argc, char** argv) {
   sigwait(&signals, &sig);
   std::printf("plateau_coordinator: signal %d, shutting down\n", sig);
   std::fflush(stdout);
+  (*metrics)->SetReadiness(absl::UnavailableError("shutting down"));
   coordinator.Stop();  // wakes streaming calls
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

@@ -1,25 +1,14 @@
 #include "server/metrics.h"
 
-#include <exception>
-
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "prometheus/text_serializer.h"
 
 namespace plateau {
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind_address) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->registry_ = std::make_shared<prometheus::Registry>();
-  try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(bind_address, 2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_address ", bind_address, ": cannot serve /metrics: ", e.what()));
-  }
-  auto ports = m->exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("--metrics_address ", bind_address, ": not listening"));
-  }
-  m->port_ = ports[0];
   prometheus::Registry& r = *m->registry_;
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
@@ -59,8 +48,34 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                        .Name("plateau_worker_last_heartbeat_timestamp_seconds")
                        .Help("Unix time of the worker's latest heartbeat.")
                        .Register(r);
-  m->exposer_->RegisterCollectable(m->registry_);
+  Metrics* self = m.get();
+  std::map<std::string, HttpHandler> routes = {
+      {"/metrics",
+       [self] { return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", self->Text()}; }},
+      {"/healthz", [] { return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; }},
+      {"/readyz", [self] { return self->Readyz(); }},
+  };
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(bind_address, std::move(routes));
+  if (!server.ok()) {
+    return absl::UnavailableError(absl::StrCat("--metrics_address=", bind_address, ": ", server.status().message()));
+  }
+  m->server_ = std::move(*server);
   return m;
+}
+
+std::string Metrics::Text() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
+
+void Metrics::SetReadiness(absl::Status status) {
+  absl::MutexLock lock(&readiness_mu_);
+  readiness_ = std::move(status);
+}
+
+HttpResponse Metrics::Readyz() {
+  absl::MutexLock lock(&readiness_mu_);
+  if (readiness_.ok()) return HttpResponse{200, "text/plain; charset=utf-8", "ready\n"};
+  // One line, as probes log it.
+  return HttpResponse{503, "text/plain; charset=utf-8",
+                      absl::StrCat("not ready: ", absl::StrReplaceAll(readiness_.message(), {{"\n", " "}}), "\n")};
 }
 
 template <typename T, typename... Args>

@@ -13,6 +13,11 @@
 // per job: plateau_job_state{state} (a state set: 1 for the current state);
 // per worker: plateau_worker_last_heartbeat_timestamp_seconds.
 //
+// The same HTTP port (server/http_server.h) answers the probes operators and
+// Kubernetes expect: /healthz 200 while the process serves at all, /readyz
+// 200 once SetReadiness(OK) and 503 with a one-line reason otherwise. Any
+// other path is 404.
+//
 // Thread safety: every method may be called from any thread.
 #ifndef PLATEAU_SERVER_METRICS_H_
 #define PLATEAU_SERVER_METRICS_H_
@@ -26,21 +31,28 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "plateau/v1/job.pb.h"
+#include "absl/status/status.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/http_server.h"
 
 namespace plateau {
 
 class Metrics {
  public:
-  // Serves /metrics on `bind_address` ("127.0.0.1:0" picks a free port).
+  // Serves /metrics, /healthz and /readyz on `bind_address` ("127.0.0.1:0"
+  // picks a free port). Not ready until SetReadiness(OkStatus()).
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& bind_address);
 
-  int port() const { return port_; }
+  int port() const { return server_->port(); }
+
+  // What /readyz answers from now on: 200 when OK, else 503 and the message.
+  void SetReadiness(absl::Status status);
+  // The exposition text of every series (what GET /metrics returns).
+  std::string Text() const;
 
   void OnJobState(const std::string& job, v1::JobState state);
   // The planned bytes per live set, for each of the job's ranks.
@@ -61,9 +73,9 @@ class Metrics {
   T& Add(prometheus::Family<T>* family, const std::string& job,
          const std::map<std::string, std::string>& labels, Args&&... args);
 
+  HttpResponse Readyz();
+
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  int port_ = 0;
   prometheus::Family<prometheus::Gauge>* step_ = nullptr;
   prometheus::Family<prometheus::Gauge>* loss_ = nullptr;
   prometheus::Family<prometheus::Counter>* tokens_ = nullptr;
@@ -80,6 +92,11 @@ class Metrics {
   std::map<std::string, double> peaks_ ABSL_GUARDED_BY(mu_);
   // Every series of a job, as the closure that removes it.
   std::map<std::string, std::map<const void*, std::function<void()>>> series_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex readiness_mu_;
+  absl::Status readiness_ ABSL_GUARDED_BY(readiness_mu_) = absl::UnavailableError("starting");
+  // Last: destroyed first, so no handler runs on a destroyed member.
+  std::unique_ptr<HttpServer> server_;
 };
 
 }  // namespace plateau

@@ -4,11 +4,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -178,6 +180,62 @@ std::string HttpGet(const std::string& address, const std::string& path) {
   while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
   close(fd);
   return resp;
+}
+
+RawHttp::RawHttp(const std::string& address) {
+  std::vector<std::string> hp = absl::StrSplit(address, ':');
+  int port = 0;
+  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) return;
+  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, hp[0].c_str(), &sa.sin_addr);
+  if (connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd_);
+    fd_ = -1;
+  }
+}
+
+RawHttp::~RawHttp() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool RawHttp::Send(const std::string& bytes) {
+  size_t sent = 0;
+  while (fd_ >= 0 && sent < bytes.size()) {
+    const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return fd_ >= 0;
+}
+
+std::string RawHttp::ReadAll(absl::Duration timeout) {
+  std::string out;
+  const absl::Time deadline = absl::Now() + timeout;
+  char buf[65536];
+  while (fd_ >= 0) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1) <= 0) continue;
+    const ssize_t n = read(fd_, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // closed, or reset
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+int HttpStatus(const std::string& response) {
+  int status = 0;
+  if (!absl::StartsWith(response, "HTTP/1.") || response.size() < 12 ||
+      !absl::SimpleAtoi(response.substr(9, 3), &status)) {
+    return 0;
+  }
+  return status;
 }
 
 std::string Scrape(const std::string& address) { return HttpGet(address, "/metrics"); }

@@ -73,6 +73,28 @@ Ran RunCommand(const std::vector<std::string>& args, const std::string& log_pref
 // An HTTP/1.0 GET of `path` on HOST:PORT over a plain socket; the whole
 // response (status line, headers, body), or "" when unreachable.
 std::string HttpGet(const std::string& address, const std::string& path);
+// A raw client connection to HOST:PORT (IPv4) for tests of odd HTTP
+// requests: the bytes go out exactly as given, in as many pieces as the test
+// sends them.
+class RawHttp {
+ public:
+  explicit RawHttp(const std::string& address);
+  ~RawHttp();
+  RawHttp(const RawHttp&) = delete;
+  RawHttp& operator=(const RawHttp&) = delete;
+
+  bool connected() const { return fd_ >= 0; }
+  // False once the server has closed or reset the connection.
+  bool Send(const std::string& bytes);
+  // Everything the server sends until it closes (or `timeout` passes).
+  std::string ReadAll(absl::Duration timeout = absl::Seconds(30));
+
+ private:
+  int fd_ = -1;
+};
+// The status code of a response ("HTTP/1.1 404 Not Found..." -> 404), 0 when
+// there is none (nothing came back).
+int HttpStatus(const std::string& response);
 // GET /metrics: what Prometheus does.
 std::string Scrape(const std::string& address);
 // The value of the sample `series` ("name{labels}", labels as the exposition
