@@ -266,6 +266,7 @@ absl::Status Coordinator::Written(absl::Status s, absl::string_view what) {
         "); its memory may now differ from the database, so it refuses changes and reports not "
         "ready: restart it (it recovers every job from the database)"));
     std::fprintf(stderr, "plateau_coordinator: %s\n", store_error_.ToString().c_str());
+    metrics_->SetReadiness(store_error_);  // /readyz: 503 with the reason
     Changed();
   }
   return store_error_;

@@ -267,7 +267,9 @@ int Main(int argc, char** argv) {
   }
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.JobService", true);
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.WorkerService", true);
-  (*metrics)->SetReadiness(absl::OkStatus());
+  // Ready, unless a store write already failed (the coordinator then keeps
+  // /readyz at 503 with the reason itself: Coordinator::Written).
+  (*metrics)->SetReadiness(coordinator.Health());
 
   const std::string api = absl::StrCat(HostOf(flags["listen"]), ":", port);
   const std::string mx = absl::StrCat(HostOf(flags["metrics_address"]), ":", (*metrics)->port());

@@ -36,7 +36,7 @@ class CoordinatorTest : public ::testing::Test {
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    // One metrics server for all tests: its HTTP server takes ~2 s to stop.
+    // One metrics server for all tests.
     static Metrics* const metrics = [] {
       auto m = Metrics::Create("127.0.0.1:0");
       return m.ok() ? m->release() : nullptr;
@@ -358,6 +358,10 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("state database failed to record " + job));
   EXPECT_EQ(c().Health().code(), absl::StatusCode::kUnavailable);
+  // /readyz says so too.
+  const std::string readyz = testing_cluster::HttpGet(absl::StrCat("127.0.0.1:", metrics_->port()), "/readyz");
+  EXPECT_THAT(readyz, HasSubstr(" 503 "));
+  EXPECT_THAT(readyz, HasSubstr("state database failed"));
   ASSERT_EQ(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
   sqlite3_close(other);
   // The database works again, but memory may be ahead of it: still frozen.
