@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <tuple>
 
@@ -56,6 +57,7 @@ std::string RoutingName(Routing r) {
   }
   return "?";
 }
+void PrintTo(Routing r, std::ostream* os) { *os << RoutingName(r); }
 
 // One global problem. Weights are global [E, H, F] (gate, up) and
 // [E, F, H] (down); rank p owns experts [p E/P, (p+1) E/P). out, du and the

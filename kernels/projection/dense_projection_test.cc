@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -174,6 +175,9 @@ struct Shape {
   int64_t N, H, V;
   float scale;  // of W: 400 puts the logits in the thousands
 };
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "N=" << s.N << " H=" << s.H << " V=" << s.V << " scale=" << s.scale;
+}
 
 class DenseProjectionTest : public ::testing::TestWithParam<Shape> {};
 
