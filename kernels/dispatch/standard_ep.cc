@@ -200,7 +200,8 @@ absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const fl
 
 absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, float* du,
                                   float* dgates, const ExpertGrads& grads) {
-  if (x_.empty() && recv_rows_ > 0) {
+  // x_ is held (zero bytes on a rank sent no rows) from Forward to Backward.
+  if (x_.empty()) {
     return absl::FailedPreconditionError("StandardEp::Backward needs the layer's Forward first");
   }
   const int64_t H = model_.hidden, F = model_.expert_ffn, K = model_.top_k;
