@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
+#include "server/placement.h"
 #include "worker/job_spec.h"
 #include "worker/rank_protocol.h"
 
@@ -32,25 +33,6 @@ void Now(google::protobuf::Timestamp* t) {
 
 absl::Time TimeOf(const google::protobuf::Timestamp& t) {
   return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
-
-std::string DescribeBytes(int64_t b) { return absl::StrCat(b >> 20, " MiB"); }
-
-// Why a worker with `devices` devices cannot take one node's share of the
-// job (`per_node` ranks); empty when it can. Given its free devices it says
-// whether the job can be placed there now; given all of them, whether it
-// could ever host it.
-std::string WhyCannotHost(const v1::WorkerCapabilities& caps, int devices, const v1::Job& job,
-                          int64_t per_node) {
-  const v1::JobSpec& spec = job.spec();
-  if (caps.backend() != spec.backend()) return absl::StrCat("backend ", BackendName(caps.backend()));
-  if (devices < per_node) return absl::StrCat(devices, " device(s)");
-  // The job's cap, or its whole plan when it takes the whole card; a worker
-  // that does not say its device memory (0) is not refused for it.
-  const int64_t need = spec.device_memory_bytes() > 0 ? spec.device_memory_bytes() : job.plan().total_bytes();
-  const int64_t memory = caps.device_memory_bytes();
-  if (memory > 0 && need > memory) return absl::StrCat(DescribeBytes(memory), " per device");
-  return "";
 }
 
 // How much a failure explains an attempt's end: an out-of-memory or a
@@ -410,61 +392,28 @@ void Coordinator::Schedule() {
   std::vector<int64_t> failed;
   for (auto& [seq, a] : active_) {
     if (a.job.state() != v1::PENDING) continue;
-    const v1::JobSpec& spec = a.job.spec();
-    const int64_t nodes = NodesOf(spec);
-    const int64_t per_node = spec.layout().ranks() / nodes;
-    std::vector<Worker*> fit;
-    std::vector<std::string> seen;
-    // Workers that could host a node's share when idle, and why each of the
-    // others never could.
-    std::vector<std::string> hosts, never;
-    for (auto& [id, w] : workers_) {
-      if (!w.attached) continue;
-      const int free = w.caps.devices() - w.used_devices;
-      seen.push_back(absl::StrCat(id, " (", BackendName(w.caps.backend()), ", ", free, "/", w.caps.devices(),
-                                  " free, ", DescribeBytes(w.caps.device_memory_bytes()), " each)"));
-      const std::string why = WhyCannotHost(w.caps, w.caps.devices(), a.job, per_node);
-      if (!why.empty()) {
-        never.push_back(absl::StrCat(id, " has ", why));
-        continue;
-      }
-      hosts.push_back(id);
-      if (WhyCannotHost(w.caps, free, a.job, per_node).empty()) fit.push_back(&w);
+    std::vector<WorkerSlots> slots;
+    for (const auto& [id, w] : workers_) {
+      if (w.attached) slots.push_back({id, w.caps, w.caps.devices() - w.used_devices});
     }
-    if (static_cast<int64_t>(fit.size()) < nodes) {
-      const bool never_fits = static_cast<int64_t>(hosts.size()) < nodes;
-      if (never_fits && settling && a.job.unschedulable()) continue;  // keeps its mark and clock
-      if (never_fits && !settling) {
-        const std::string memory =
-            spec.device_memory_bytes() > 0 ? DescribeBytes(spec.device_memory_bytes())
-                                           : absl::StrCat(DescribeBytes(a.job.plan().total_bytes()), " (its plan)");
-        const std::string why = absl::StrCat(
-            "needs ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
-            " device(s) and ", memory, " per device; ",
-            seen.empty()    ? std::string("no worker is registered")
-            : hosts.empty() ? std::string("no registered worker can host it")
-                            : absl::StrCat("only ", hosts.size(), " registered worker(s) can host it (",
-                                           absl::StrJoin(hosts, ", "), ")"),
-            never.empty() ? "" : absl::StrCat("; ", absl::StrJoin(never, ", ")));
-        if (!MarkUnschedulable(a, why)) failed.push_back(seq);
+    const PlacementDecision d = Place(a.job, slots);
+    if (d.kind == PlacementDecision::Kind::kUnschedulable) {
+      if (settling && a.job.unschedulable()) continue;  // keeps its mark and clock
+      if (!settling) {
+        if (!MarkUnschedulable(a, d.reason)) failed.push_back(seq);
         continue;
       }
-      std::string reason = absl::StrCat(
-          "waiting for ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
-          " free device(s) and ", DescribeBytes(spec.device_memory_bytes()), " per device; ",
-          seen.empty() ? std::string("no worker is registered")
-                           : absl::StrCat("workers: ", absl::StrJoin(seen, ", ")));
-      if (reason != a.job.state_reason() || a.job.unschedulable()) {
+    }
+    if (d.kind != PlacementDecision::Kind::kPlaced) {
+      if (d.waiting_reason != a.job.state_reason() || a.job.unschedulable()) {
         a.job.clear_unschedulable();  // a worker that can host it registered
         a.job.clear_unschedulable_since();
-        Transition(a, v1::PENDING, reason);
+        Transition(a, v1::PENDING, d.waiting_reason);
       }
       continue;
     }
-    // Most free devices first, so that jobs spread over the nodes.
-    std::stable_sort(fit.begin(), fit.end(), [](Worker* x, Worker* y) {
-      return x->caps.devices() - x->used_devices > y->caps.devices() - y->used_devices;
-    });
+    const v1::JobSpec& spec = a.job.spec();
+    const int64_t per_node = spec.layout().ranks() / static_cast<int64_t>(d.nodes.size());
     a.ranks.assign(spec.layout().ranks(), RankState{});
     a.has_failure = false;
     a.failure_priority = 0;
@@ -474,11 +423,11 @@ void Coordinator::Schedule() {
     a.job.clear_placement();
     a.job.clear_failure();
     std::vector<std::string> where;
-    for (int64_t n = 0; n < nodes; ++n) {
-      Worker& w = *fit[n];
+    for (size_t n = 0; n < d.nodes.size(); ++n) {
+      Worker& w = workers_.at(d.nodes[n]);
       v1::Placement* p = a.job.add_placement();
       p->set_worker_id(w.id);
-      for (int64_t r = n * per_node; r < (n + 1) * per_node; ++r) {
+      for (int64_t r = n * per_node; r < static_cast<int64_t>(n + 1) * per_node; ++r) {
         p->add_ranks(static_cast<int>(r));
         a.ranks[r].worker_id = w.id;
       }

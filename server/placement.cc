@@ -1,0 +1,83 @@
+#include "server/placement.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/job_spec.h"
+
+namespace plateau {
+namespace {
+
+std::string DescribeBytes(int64_t b) { return absl::StrCat(b >> 20, " MiB"); }
+
+}  // namespace
+
+std::string WhyCannotHost(const v1::WorkerCapabilities& caps, int devices, const v1::Job& job,
+                          int64_t per_node) {
+  const v1::JobSpec& spec = job.spec();
+  if (caps.backend() != spec.backend()) return absl::StrCat("backend ", BackendName(caps.backend()));
+  if (devices < per_node) return absl::StrCat(devices, " device(s)");
+  // The job's cap, or its whole plan when it takes the whole card; a worker
+  // that does not say its device memory (0) is not refused for it.
+  const int64_t need = spec.device_memory_bytes() > 0 ? spec.device_memory_bytes() : job.plan().total_bytes();
+  const int64_t memory = caps.device_memory_bytes();
+  if (memory > 0 && need > memory) return absl::StrCat(DescribeBytes(memory), " per device");
+  return "";
+}
+
+PlacementDecision Place(const v1::Job& job, const std::vector<WorkerSlots>& workers) {
+  const v1::JobSpec& spec = job.spec();
+  const int64_t nodes = NodesOf(spec);
+  const int64_t per_node = spec.layout().ranks() / nodes;
+  std::vector<const WorkerSlots*> fit;
+  std::vector<std::string> seen;
+  // Workers that could host a node's share when idle, and why each of the
+  // others never could.
+  std::vector<std::string> hosts, never;
+  for (const WorkerSlots& w : workers) {
+    seen.push_back(absl::StrCat(w.id, " (", BackendName(w.caps.backend()), ", ", w.free_devices, "/",
+                                w.caps.devices(), " free, ", DescribeBytes(w.caps.device_memory_bytes()),
+                                " each)"));
+    const std::string why = WhyCannotHost(w.caps, w.caps.devices(), job, per_node);
+    if (!why.empty()) {
+      never.push_back(absl::StrCat(w.id, " has ", why));
+      continue;
+    }
+    hosts.push_back(w.id);
+    if (WhyCannotHost(w.caps, w.free_devices, job, per_node).empty()) fit.push_back(&w);
+  }
+  PlacementDecision d;
+  d.waiting_reason = absl::StrCat(
+      "waiting for ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
+      " free device(s) and ", DescribeBytes(spec.device_memory_bytes()), " per device; ",
+      seen.empty() ? std::string("no worker is registered") : absl::StrCat("workers: ", absl::StrJoin(seen, ", ")));
+  if (static_cast<int64_t>(hosts.size()) < nodes) {
+    const std::string memory = spec.device_memory_bytes() > 0
+                                   ? DescribeBytes(spec.device_memory_bytes())
+                                   : absl::StrCat(DescribeBytes(job.plan().total_bytes()), " (its plan)");
+    d.kind = PlacementDecision::Kind::kUnschedulable;
+    d.reason = absl::StrCat(
+        "needs ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
+        " device(s) and ", memory, " per device; ",
+        seen.empty()    ? std::string("no worker is registered")
+        : hosts.empty() ? std::string("no registered worker can host it")
+                        : absl::StrCat("only ", hosts.size(), " registered worker(s) can host it (",
+                                       absl::StrJoin(hosts, ", "), ")"),
+        never.empty() ? "" : absl::StrCat("; ", absl::StrJoin(never, ", ")));
+    return d;
+  }
+  if (static_cast<int64_t>(fit.size()) < nodes) {
+    d.kind = PlacementDecision::Kind::kWaiting;
+    d.reason = d.waiting_reason;
+    return d;
+  }
+  std::stable_sort(fit.begin(), fit.end(), [](const WorkerSlots* x, const WorkerSlots* y) {
+    return x->free_devices > y->free_devices;
+  });
+  d.kind = PlacementDecision::Kind::kPlaced;
+  for (int64_t n = 0; n < nodes; ++n) d.nodes.push_back(fit[n]->id);
+  return d;
+}
+
+}  // namespace plateau

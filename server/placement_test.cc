@@ -1,0 +1,74 @@
+// Placement decisions on their own: placed (most free devices first, one
+// worker per node), waiting for busy capacity, or unschedulable with a
+// reason naming what is missing.
+#include "server/placement.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/job_spec.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::Job JobOf(int ranks, int nodes, v1::Backend backend = v1::BACKEND_CPU, int64_t cap = 1 << 20) {
+  v1::Job job;
+  *job.mutable_spec() = DemoJobSpec(ranks, 5);
+  job.mutable_spec()->mutable_layout()->set_nodes(nodes);
+  job.mutable_spec()->set_backend(backend);
+  job.mutable_spec()->set_device_memory_bytes(cap);
+  return job;
+}
+
+WorkerSlots Worker(const std::string& id, int devices, int free, int64_t memory = 0,
+                   v1::Backend backend = v1::BACKEND_CPU) {
+  WorkerSlots w;
+  w.id = id;
+  w.caps.set_backend(backend);
+  w.caps.set_devices(devices);
+  w.caps.set_device_memory_bytes(memory);
+  w.free_devices = free;
+  return w;
+}
+
+TEST(PlacementTest, PlacesOneWorkerPerNodeMostFreeDevicesFirst) {
+  const PlacementDecision d = Place(JobOf(4, 2), {Worker("a", 4, 2), Worker("b", 4, 4), Worker("c", 4, 3)});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kPlaced) << d.reason;
+  EXPECT_THAT(d.nodes, ElementsAre("b", "c"));
+}
+
+TEST(PlacementTest, BusyCapacityThatCouldHostItIsWaitedFor) {
+  const PlacementDecision d = Place(JobOf(2, 1), {Worker("a", 2, 1)});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kWaiting);
+  EXPECT_THAT(d.reason, HasSubstr("waiting for 1 worker(s) with backend cpu, 2 free device(s)"));
+  EXPECT_THAT(d.reason, HasSubstr("a (cpu, 1/2 free"));
+}
+
+TEST(PlacementTest, WhatNoWorkerCouldEverHostIsUnschedulableNamingWhy) {
+  // More ranks per node than any worker has devices.
+  PlacementDecision d = Place(JobOf(4, 1), {Worker("a", 2, 2)});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("a has 2 device(s)"));
+  // A backend no worker has.
+  d = Place(JobOf(2, 1, v1::BACKEND_CUDA), {Worker("a", 2, 2)});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("a has backend cpu"));
+  // More nodes than workers that could host a node's share.
+  d = Place(JobOf(4, 2), {Worker("a", 2, 2), Worker("b", 1, 1)});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("only 1 registered worker(s) can host it (a)"));
+  // Devices smaller than the job's cap.
+  d = Place(JobOf(2, 1, v1::BACKEND_CPU, int64_t{8} << 20), {Worker("a", 2, 2, int64_t{4} << 20)});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("a has 4 MiB per device"));
+  // Nobody at all; the waiting text still says so.
+  d = Place(JobOf(2, 1), {});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("no worker is registered"));
+  EXPECT_THAT(d.waiting_reason, HasSubstr("no worker is registered"));
+}
+
+}  // namespace
+}  // namespace plateau
