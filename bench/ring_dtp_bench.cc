@@ -88,15 +88,15 @@ absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps
         // Dense baseline.
         {
           be.device().tracker().ResetPeaks();
-          PLATEAU_ASSIGN_OR_RETURN(auto dense_p, DenseProjection::Create(be, *kernels, N, H, V));
+          PLATEAU_ASSIGN_OR_RETURN(auto dense_p, DenseProjection::Create(be, *kernels, *compute, N, H, V));
           for (int r = 0; r < reps; ++r) {
             PLATEAU_RETURN_IF_ERROR(barrier());
             double t0 = Now();
-            PLATEAU_RETURN_IF_ERROR(dense_p->Forward(*compute, x.as<float>(), w.as<float>(),
+            PLATEAU_RETURN_IF_ERROR(dense_p->Forward(x.as<float>(), w.as<float>(),
                                                      y.as<int32_t>(), s));
             PLATEAU_RETURN_IF_ERROR(sync());
             double t1 = Now();
-            PLATEAU_RETURN_IF_ERROR(dense_p->Backward(*compute, x.as<float>(), w.as<float>(),
+            PLATEAU_RETURN_IF_ERROR(dense_p->Backward(x.as<float>(), w.as<float>(),
                                                       y.as<int32_t>(), scale, dx.as<float>(),
                                                       dw.as<float>()));
             PLATEAU_RETURN_IF_ERROR(sync());

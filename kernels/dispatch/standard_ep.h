@@ -26,26 +26,14 @@
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/memory.h"
+#include "kernels/dispatch/expert_dispatch.h"
 #include "kernels/dispatch/standard_ep_plan.h"
 #include "kernels/model/config.h"
 #include "kernels/model/model_kernels.h"
 
 namespace plateau {
 
-// The local experts of one layer on this rank: [E_p, H, F] gate and up,
-// [E_p, F, H] down (and their gradients in Backward).
-struct ExpertWeights {
-  const float* w_gate = nullptr;
-  const float* w_up = nullptr;
-  const float* w_down = nullptr;
-};
-struct ExpertGrads {
-  float* w_gate = nullptr;
-  float* w_up = nullptr;
-  float* w_down = nullptr;
-};
-
-class StandardEp {
+class StandardEp final : public ExpertDispatch {
  public:
   // `experts` is the expert group (experts partitioned E/P per rank);
   // `compute` and `comm` are the streams the work runs on.
@@ -55,16 +43,16 @@ class StandardEp {
   // out[N, H] += sum_j gates[t, j] * expert_{chosen[t, j]}(u[t]).
   absl::Status Forward(const float* u, const int32_t* chosen,
                        const float* gates, int64_t tokens,
-                       const ExpertWeights& w, float* out);
+                       const ExpertWeights& w, float* out) override;
 
   // Given dout = d loss / d out: du += d/du (through the experts; the router
   // path is the caller's), dgates = d loss / d gates, and the expert weight
   // gradients accumulate into g. Needs the preceding Forward's state.
   absl::Status Backward(const float* dout, const ExpertWeights& w,
-                        float* du, float* dgates, const ExpertGrads& g);
+                        float* du, float* dgates, const ExpertGrads& g) override;
 
   // Frees the layer's dispatch buffers.
-  void Release();
+  void Release() override;
 
   // Rows this rank received in the last Forward (its R_d).
   int64_t received_rows() const { return recv_rows_; }

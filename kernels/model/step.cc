@@ -5,9 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/dispatch/standard_ep.h"
 #include "kernels/model/model_kernels.h"
-#include "kernels/projection/dense_projection.h"
+#include "kernels/model/schedules.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -16,9 +15,9 @@ struct TrainingStep::Impl {
   std::unique_ptr<Stream> compute, comm;
   std::unique_ptr<Event> ev_compute, ev_comm;
   std::unique_ptr<ModelKernels> kernels;
-  std::unique_ptr<StandardEp> ep;
-  std::unique_ptr<DenseProjection> projection;  // one of these two
-  std::unique_ptr<RingDtp> ring_dtp;
+  // The schedule at each point (kernels/model/schedules.h).
+  std::unique_ptr<ExpertDispatch> dispatch;
+  std::unique_ptr<VocabProjection> projection;
 
   // kWeights: working dense weights (all-gathered) and this rank's experts.
   Buffer dense, experts;
@@ -183,14 +182,10 @@ absl::Status TrainingStep::Allocate() {
                              backend_.device().Allocate(specs[i].set, specs[i].bytes));
   }
   const int64_t N = TokensPerRank(m, options_.layout);
-  if (options_.projection.kind == ProjectionOptions::Kind::kRingDtp) {
-    PLATEAU_ASSIGN_OR_RETURN(I.ring_dtp, RingDtp::Create(RingDtpConfigOf(options_), backend_,
-                                                         *I.kernels, world_, *I.compute, *I.comm));
-  } else {
-    PLATEAU_ASSIGN_OR_RETURN(I.projection, DenseProjection::Create(backend_, *I.kernels, N,
-                                                                   m.hidden, m.vocab_size));
-  }
-  I.ep = std::make_unique<StandardEp>(m, backend_, *I.kernels, world_, *I.compute, *I.comm);
+  PLATEAU_ASSIGN_OR_RETURN(StepSchedules schedules,
+                           CreateSchedules({options_, backend_, *I.kernels, world_, *I.compute, *I.comm}));
+  I.dispatch = std::move(schedules.dispatch);
+  I.projection = std::move(schedules.projection);
 
   I.off_embed = layout_.DenseOffset("embed.weight");
   I.off_final_norm = layout_.DenseOffset("final_norm.weight");
@@ -391,7 +386,7 @@ absl::Status LayerForward(Ctx& x, int64_t l) {
                                             I.probs.as<float>(), I.chosen.as<int32_t>(),
                                             I.gates.as<float>()));
   PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), out, I.h1.data(), N * H * sizeof(float)));
-  return I.ep->Forward(I.u.as<float>(), I.chosen.as<int32_t>(), I.gates.as<float>(), N,
+  return I.dispatch->Forward(I.u.as<float>(), I.chosen.as<int32_t>(), I.gates.as<float>(), N,
                        x.experts(l), out);
 }
 
@@ -407,7 +402,7 @@ absl::Status LayerBackward(Ctx& x, int64_t l) {
   float* dh = I.dh.as<float>();
   // MoE: out = h1 + moe(rmsnorm(h1)).
   PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), I.du.as<float>(), N * H, 0.0f));
-  PLATEAU_RETURN_IF_ERROR(I.ep->Backward(dh, x.experts(l), I.du.as<float>(), I.dgates.as<float>(),
+  PLATEAU_RETURN_IF_ERROR(I.dispatch->Backward(dh, x.experts(l), I.du.as<float>(), I.dgates.as<float>(),
                                          x.expert_grads(l)));
   PLATEAU_RETURN_IF_ERROR(I.kernels->RouterBackward(x.c(), I.probs.as<float>(), I.chosen.as<int32_t>(),
                                                     I.gates.as<float>(), I.dgates.as<float>(), N, E,
@@ -470,7 +465,7 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
                                                I.tokens.as<int32_t>(), N, H, x.boundary(0)));
   for (int64_t l = 0; l < m.layers; ++l) {
     PLATEAU_RETURN_IF_ERROR(LayerForward(x, l));
-    I.ep->Release();
+    I.dispatch->Release();
   }
   const float* hL = x.boundary(m.layers);
   PLATEAU_RETURN_IF_ERROR(backend_.RmsNormForward(x.c(), I.z.as<float>(), I.rstd_f.as<float>(), hL,
@@ -481,18 +476,13 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
     static constexpr double kZero[2] = {0.0, 0.0};
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), stats, kZero, sizeof(kZero)));
   }
-  // Ring-DTP: this rank's vocabulary shard is its rows of the (all-gathered)
-  // lm_head, and its dW lands in the same rows of the dense gradient, which
-  // the reduce-scatter sums like every other dense gradient.
-  const int64_t shard_off =
-      I.off_lm_head + VocabShardBegin(m.vocab_size, world_.size(), world_.rank()) * H;
-  if (I.ring_dtp) {
-    PLATEAU_RETURN_IF_ERROR(I.ring_dtp->Forward(I.z.as<float>(), x.W(shard_off),
-                                                I.targets.as<int32_t>(), stats));
-  } else {
-    PLATEAU_RETURN_IF_ERROR(I.projection->Forward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
-                                                  I.targets.as<int32_t>(), stats));
-  }
+  // The projection reads and writes its rows of the (all-gathered) lm_head:
+  // all of them (dense) or this rank's vocabulary shard (Ring-DTP), whose dW
+  // lands in the same rows of the dense gradient that the reduce-scatter
+  // sums like every other dense gradient.
+  const int64_t lm_rows = I.off_lm_head + I.projection->FirstWeightRow() * H;
+  PLATEAU_RETURN_IF_ERROR(
+      I.projection->Forward(I.z.as<float>(), x.W(lm_rows), I.targets.as<int32_t>(), stats));
   // The mean is over the global batch: sum and count from every rank.
   PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
   PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, stats, stats, 2, DataType::kFloat64, ReduceOp::kSum));
@@ -505,15 +495,8 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   const float scale = out.valid_tokens > 0 ? static_cast<float>(1.0 / host_stats[1]) : 0.0f;
 
   // Backward.
-  if (I.ring_dtp) {
-    PLATEAU_RETURN_IF_ERROR(I.ring_dtp->Backward(I.z.as<float>(), x.W(shard_off),
-                                                 I.targets.as<int32_t>(), scale, I.tmp.as<float>(),
-                                                 x.G(shard_off)));
-  } else {
-    PLATEAU_RETURN_IF_ERROR(I.projection->Backward(x.c(), I.z.as<float>(), x.W(I.off_lm_head),
-                                                   I.targets.as<int32_t>(), scale,
-                                                   I.tmp.as<float>(), x.G(I.off_lm_head)));
-  }
+  PLATEAU_RETURN_IF_ERROR(I.projection->Backward(I.z.as<float>(), x.W(lm_rows), I.targets.as<int32_t>(),
+                                                 scale, I.tmp.as<float>(), x.G(lm_rows)));
   PLATEAU_RETURN_IF_ERROR(backend_.RmsNormBackward(x.c(), I.dh.as<float>(), x.G(I.off_final_norm),
                                                    I.tmp.as<float>(), hL, x.W(I.off_final_norm),
                                                    I.rstd_f.as<float>(), N, H));

@@ -42,7 +42,6 @@
 #include "kernels/model/params.h"
 #include "kernels/budget/budget.h"
 #include "kernels/model/step_options.h"
-#include "kernels/projection/ring_dtp.h"
 
 namespace plateau {
 

@@ -5,26 +5,28 @@
 namespace plateau {
 
 absl::StatusOr<std::unique_ptr<DenseProjection>> DenseProjection::Create(
-    Backend& backend, ModelKernels& kernels, int64_t rows, int64_t hidden, int64_t vocab) {
+    Backend& backend, ModelKernels& kernels, Stream& stream, int64_t rows, int64_t hidden,
+    int64_t vocab) {
   PLATEAU_ASSIGN_OR_RETURN(Buffer logits, backend.device().Allocate(
                                               LiveSet::kProjection, rows * vocab * sizeof(float)));
   PLATEAU_ASSIGN_OR_RETURN(Buffer lse, backend.device().Allocate(LiveSet::kProjection,
                                                                  rows * sizeof(float)));
   return std::unique_ptr<DenseProjection>(new DenseProjection(
-      backend, kernels, rows, hidden, vocab, std::move(logits), std::move(lse)));
+      backend, kernels, stream, rows, hidden, vocab, std::move(logits), std::move(lse)));
 }
 
-absl::Status DenseProjection::Forward(Stream& s, const float* z, const float* w,
-                                      const int32_t* targets, double* stats) {
+absl::Status DenseProjection::Forward(const float* z, const float* w, const int32_t* targets,
+                                      double* stats) {
+  Stream& s = stream_;
   PLATEAU_RETURN_IF_ERROR(backend_.Gemm(s, {false, true, rows_, vocab_, hidden_, 1.0f, z, hidden_,
                                             w, hidden_, 0.0f, logits_.as<float>(), vocab_}));
   return kernels_.CrossEntropy(s, logits_.as<float>(), targets, rows_, vocab_, lse_.as<float>(),
                                stats);
 }
 
-absl::Status DenseProjection::Backward(Stream& s, const float* z, const float* w,
-                                       const int32_t* targets, float scale, float* dz,
-                                       float* dw) {
+absl::Status DenseProjection::Backward(const float* z, const float* w, const int32_t* targets,
+                                       float scale, float* dz, float* dw) {
+  Stream& s = stream_;
   float* dlogits = logits_.as<float>();
   PLATEAU_RETURN_IF_ERROR(kernels_.CrossEntropyBackward(s, dlogits, lse_.as<float>(), targets,
                                                         rows_, vocab_, scale));

@@ -15,10 +15,11 @@
 #include "kernels/memory.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/projection/projection_plan.h"
+#include "kernels/projection/vocab_projection.h"
 
 namespace plateau {
 
-class DenseProjection {
+class DenseProjection final : public VocabProjection {
  public:
   // Bytes of the kProjection live set for `rows` tokens: logits + lse
   // (kernels/projection/projection_plan.h).
@@ -26,28 +27,33 @@ class DenseProjection {
     return DenseProjectionBoundBytes(rows, vocab);
   }
 
+  // Its work runs on `stream`.
   static absl::StatusOr<std::unique_ptr<DenseProjection>> Create(
-      Backend& backend, ModelKernels& kernels, int64_t rows, int64_t hidden,
-      int64_t vocab);
+      Backend& backend, ModelKernels& kernels, Stream& stream, int64_t rows,
+      int64_t hidden, int64_t vocab);
+
+  int64_t FirstWeightRow() const override { return 0; }
 
   // logits = z W^T for z [rows, H], W [V, H]; stats[0] += sum of valid row
   // losses, stats[1] += valid rows (doubles).
-  absl::Status Forward(Stream& s, const float* z, const float* w,
-                       const int32_t* targets, double* stats);
+  absl::Status Forward(const float* z, const float* w, const int32_t* targets,
+                       double* stats) override;
   // With scale = 1 / (valid tokens of the global batch): dz = dlogits W
   // (overwritten), dw += dlogits^T z.
-  absl::Status Backward(Stream& s, const float* z, const float* w,
-                        const int32_t* targets, float scale, float* dz,
-                        float* dw);
+  absl::Status Backward(const float* z, const float* w, const int32_t* targets,
+                        float scale, float* dz, float* dw) override;
 
  private:
-  DenseProjection(Backend& backend, ModelKernels& kernels, int64_t rows,
-                  int64_t hidden, int64_t vocab, Buffer logits, Buffer lse)
-      : backend_(backend), kernels_(kernels), rows_(rows), hidden_(hidden),
-        vocab_(vocab), logits_(std::move(logits)), lse_(std::move(lse)) {}
+  DenseProjection(Backend& backend, ModelKernels& kernels, Stream& stream,
+                  int64_t rows, int64_t hidden, int64_t vocab, Buffer logits,
+                  Buffer lse)
+      : backend_(backend), kernels_(kernels), stream_(stream), rows_(rows),
+        hidden_(hidden), vocab_(vocab), logits_(std::move(logits)),
+        lse_(std::move(lse)) {}
 
   Backend& backend_;
   ModelKernels& kernels_;
+  Stream& stream_;
   const int64_t rows_, hidden_, vocab_;
   Buffer logits_;  // [rows, V]
   Buffer lse_;     // [rows]

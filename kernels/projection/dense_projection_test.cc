@@ -125,11 +125,11 @@ Got RunDense(const Problem& pr, float scale) {
         MemoryTracker& tracker = be.device().tracker();
         tracker.ResetPeaks();
         got.before = tracker.current(LiveSet::kProjection);
-        PLATEAU_ASSIGN_OR_RETURN(auto proj, DenseProjection::Create(be, *kernels, pr.N, pr.H, pr.V));
+        PLATEAU_ASSIGN_OR_RETURN(auto proj, DenseProjection::Create(be, *kernels, *s, pr.N, pr.H, pr.V));
         got.after_create = tracker.current(LiveSet::kProjection);
         PLATEAU_RETURN_IF_ERROR(
-            proj->Forward(*s, z.as<float>(), w.as<float>(), y.as<int32_t>(), stats.as<double>()));
-        PLATEAU_RETURN_IF_ERROR(proj->Backward(*s, z.as<float>(), w.as<float>(), y.as<int32_t>(),
+            proj->Forward(z.as<float>(), w.as<float>(), y.as<int32_t>(), stats.as<double>()));
+        PLATEAU_RETURN_IF_ERROR(proj->Backward(z.as<float>(), w.as<float>(), y.as<int32_t>(),
                                                scale, dz.as<float>(), dw.as<float>()));
         PLATEAU_RETURN_IF_ERROR(s->Synchronize());
         got.peak = tracker.peak(LiveSet::kProjection);

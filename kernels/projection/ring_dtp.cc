@@ -33,6 +33,10 @@ RingDtp::RingDtp(const RingDtpConfig& config, Backend& backend, ModelKernels& ke
       comm_(comm),
       buf_(std::make_unique<Buffers>()) {}
 
+int64_t RingDtp::FirstWeightRow() const {
+  return VocabShardBegin(config_.vocab, group_.size(), group_.rank());
+}
+
 RingDtp::~RingDtp() {
   compute_.Synchronize().IgnoreError();
   comm_.Synchronize().IgnoreError();

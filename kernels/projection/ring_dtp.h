@@ -40,10 +40,11 @@
 #include "kernels/memory.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/projection/projection_plan.h"
+#include "kernels/projection/vocab_projection.h"
 
 namespace plateau {
 
-class RingDtp {
+class RingDtp final : public VocabProjection {
  public:
   // kernels/projection/projection_plan.h, here for the schedule's users.
   static RingDtpMode ChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
@@ -57,18 +58,21 @@ class RingDtp {
   static absl::StatusOr<std::unique_ptr<RingDtp>> Create(
       const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
       Communicator& vocab_group, Stream& compute, Stream& comm);
-  ~RingDtp();
+  ~RingDtp() override;
+
+  // This rank's vocabulary shard: rows [VocabShardBegin(V, P, rank), ...).
+  int64_t FirstWeightRow() const override;
 
   // x [N, H], w_shard [V_p, H] (this rank's shard), targets [N]:
   // stats[0] += the sum of this rank's valid token losses, stats[1] += their
   // count. Keeps this rank's log-sum-exp for Backward.
   absl::Status Forward(const float* x, const float* w_shard,
-                       const int32_t* targets, double* stats);
+                       const int32_t* targets, double* stats) override;
   // With scale = 1 / (valid tokens of the global batch): dx = d loss / d x
   // (overwritten), dw_shard += d loss / d w_shard.
   absl::Status Backward(const float* x, const float* w_shard,
                         const int32_t* targets, float scale, float* dx,
-                        float* dw_shard);
+                        float* dw_shard) override;
 
   const RingDtpConfig& config() const { return config_; }
 

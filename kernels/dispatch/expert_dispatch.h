@@ -1,0 +1,53 @@
+// The expert-dispatch schedule point (DESIGN.md §1.1): the routes of a
+// rank's tokens to the experts that own them, the experts' SwiGLU MLPs, and
+// the combine back into the token rows; then the same in backward. Standard
+// EP (standard_ep.h) is the baseline; LLEP and PipelinedLLEP come next. The
+// step holds one, made from its options by CreateSchedules
+// (kernels/model/schedules.h); a new dispatch schedule is one more
+// implementation plus one line there, and its bound in a *_plan library for
+// the budget.
+//
+// Thread safety: one per rank; Forward and Backward are collective over the
+// expert group.
+#ifndef PLATEAU_KERNELS_DISPATCH_EXPERT_DISPATCH_H_
+#define PLATEAU_KERNELS_DISPATCH_EXPERT_DISPATCH_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace plateau {
+
+// The local experts of one layer on this rank: [E_p, H, F] gate and up,
+// [E_p, F, H] down (and their gradients in Backward).
+struct ExpertWeights {
+  const float* w_gate = nullptr;
+  const float* w_up = nullptr;
+  const float* w_down = nullptr;
+};
+struct ExpertGrads {
+  float* w_gate = nullptr;
+  float* w_up = nullptr;
+  float* w_down = nullptr;
+};
+
+class ExpertDispatch {
+ public:
+  virtual ~ExpertDispatch() = default;
+
+  // out[N, H] += sum_j gates[t, j] * expert_{chosen[t, j]}(u[t]) for the
+  // `tokens` rows of u; keeps what Backward needs.
+  virtual absl::Status Forward(const float* u, const int32_t* chosen, const float* gates,
+                               int64_t tokens, const ExpertWeights& w, float* out) = 0;
+  // Given dout = d loss / d out: du += d/du through the experts, dgates = d
+  // loss / d gates, and the expert weight gradients accumulate into g.
+  // FAILED_PRECONDITION without the layer's Forward.
+  virtual absl::Status Backward(const float* dout, const ExpertWeights& w, float* du,
+                                float* dgates, const ExpertGrads& g) = 0;
+  // Gives back what Forward kept (a layer whose Backward will not run).
+  virtual void Release() = 0;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_DISPATCH_EXPERT_DISPATCH_H_

@@ -1,0 +1,32 @@
+#include "kernels/model/schedules.h"
+
+#include "kernels/budget/budget.h"
+#include "kernels/dispatch/standard_ep.h"
+#include "kernels/projection/dense_projection.h"
+#include "kernels/projection/ring_dtp.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+
+absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
+  const StepOptions& o = c.options;
+  StepSchedules s;
+  switch (o.projection.kind) {
+    case ProjectionOptions::Kind::kDense: {
+      PLATEAU_ASSIGN_OR_RETURN(
+          s.projection, DenseProjection::Create(c.backend, c.kernels, c.compute, TokensPerRank(o.model, o.layout),
+                                                o.model.hidden, o.model.vocab_size));
+      break;
+    }
+    case ProjectionOptions::Kind::kRingDtp: {
+      PLATEAU_ASSIGN_OR_RETURN(s.projection, RingDtp::Create(RingDtpConfigOf(o), c.backend, c.kernels, c.world,
+                                                             c.compute, c.comm));
+      break;
+    }
+  }
+  // Dispatch: standard EP is the only schedule so far (PipelinedLLEP: issue 12).
+  s.dispatch = std::make_unique<StandardEp>(o.model, c.backend, c.kernels, c.world, c.compute, c.comm);
+  return s;
+}
+
+}  // namespace plateau

@@ -1,0 +1,43 @@
+// The one place that turns a step's options into its schedule objects, one
+// per schedule point (DESIGN.md §1): expert dispatch and the vocabulary
+// projection so far; the checkpoint store and the optimizer placement join
+// them as their schedules land (issue 11). The step calls each through its
+// interface only, so adding a schedule is its file plus one case here.
+#ifndef PLATEAU_KERNELS_MODEL_SCHEDULES_H_
+#define PLATEAU_KERNELS_MODEL_SCHEDULES_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/dispatch/expert_dispatch.h"
+#include "kernels/model/model_kernels.h"
+#include "kernels/model/step_options.h"
+#include "kernels/projection/vocab_projection.h"
+
+namespace plateau {
+
+// What every schedule needs from the step: its options, the backend and
+// model kernels, the ranks, and the compute and communication streams.
+struct StepContext {
+  const StepOptions& options;
+  Backend& backend;
+  ModelKernels& kernels;
+  Communicator& world;
+  Stream& compute;
+  Stream& comm;
+};
+
+struct StepSchedules {
+  std::unique_ptr<ExpertDispatch> dispatch;
+  std::unique_ptr<VocabProjection> projection;
+};
+
+// Allocates each schedule's launch-sized buffers (what the budget plans for
+// it); errors name the spec field.
+absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& ctx);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MODEL_SCHEDULES_H_
