@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/dispatch/standard_ep_plan.h"
 #include "kernels/model/attention_shape.h"
 #include "kernels/model/params.h"
@@ -59,7 +60,6 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) {
       {"v", LiveSet::kOptimizer, S * f},
       {"expert_m", LiveSet::kOptimizer, X * f},
       {"expert_v", LiveSet::kOptimizer, X * f},
-      {"boundaries", LiveSet::kCheckpoints, (m.layers + 1) * N * H * f},
       {"tokens", LiveSet::kActivations, N * i32},
       {"targets", LiveSet::kActivations, N * i32},
       {"a", LiveSet::kActivations, N * H * f},
@@ -138,6 +138,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   for (const StepBufferSpec& b : StepLaunchBuffers(o)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
   const int64_t N = TokensPerRank(o.model, o.layout);
   plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
+  // Checkpoints: every boundary on the device (SCO: issue 13).
+  plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
   // Standard EP has no bound of its own: its receive buffers grow with the
   // routes a rank is sent. The plan is its worst case (every route of every
   // source rank lands on one rank), so that it bounds every routing; the

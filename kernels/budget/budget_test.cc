@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/dispatch/standard_ep_plan.h"
 #include "kernels/projection/projection_plan.h"
 #include "kernels/testing/tiny_model.h"
@@ -49,7 +50,11 @@ TEST(BudgetTest, PlanIsTheSumOfTheLaunchListAndTheSchedulesBounds) {
           StandardEpPeakBytes(o.model, P, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
       for (int i = 0; i < kNumLiveSets; ++i) {
         const LiveSet s = static_cast<LiveSet>(i);
-        const int64_t extra = s == LiveSet::kProjection ? projection : s == LiveSet::kDispatch ? dispatch : 0;
+        const int64_t checkpoints = FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
+      const int64_t extra = s == LiveSet::kProjection    ? projection
+                            : s == LiveSet::kDispatch    ? dispatch
+                            : s == LiveSet::kCheckpoints ? checkpoints
+                                                         : 0;
         EXPECT_EQ(plan->bytes[i], launch[i] + extra) << "P=" << P << " " << LiveSetName(s);
       }
       EXPECT_EQ(plan->dispatch_balanced_bytes, StandardEpPeakBytes(o.model, P, S, S));

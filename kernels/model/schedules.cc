@@ -1,6 +1,7 @@
 #include "kernels/model/schedules.h"
 
 #include "kernels/budget/budget.h"
+#include "kernels/checkpoints/full_checkpoints.h"
 #include "kernels/dispatch/standard_ep.h"
 #include "kernels/projection/dense_projection.h"
 #include "kernels/projection/ring_dtp.h"
@@ -11,6 +12,9 @@ namespace plateau {
 absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
   const StepOptions& o = c.options;
   StepSchedules s;
+  // Checkpoints: every boundary on the device (SCO: issue 13).
+  PLATEAU_ASSIGN_OR_RETURN(s.checkpoints, FullCheckpoints::Create(c.backend.device(), o.model.layers,
+                                                                  TokensPerRank(o.model, o.layout), o.model.hidden));
   switch (o.projection.kind) {
     case ProjectionOptions::Kind::kDense: {
       PLATEAU_ASSIGN_OR_RETURN(

@@ -1,7 +1,7 @@
 // The one place that turns a step's options into its schedule objects, one
-// per schedule point (DESIGN.md §1): expert dispatch and the vocabulary
-// projection so far; the checkpoint store and the optimizer placement join
-// them as their schedules land (issue 11). The step calls each through its
+// per schedule point (DESIGN.md §1): the checkpoint store, expert dispatch
+// and the vocabulary projection so far; the optimizer placement joins them
+// as its schedule lands (issue 11). The step calls each through its
 // interface only, so adding a schedule is its file plus one case here.
 #ifndef PLATEAU_KERNELS_MODEL_SCHEDULES_H_
 #define PLATEAU_KERNELS_MODEL_SCHEDULES_H_
@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/checkpoints/boundary_store.h"
 #include "kernels/communicator.h"
 #include "kernels/dispatch/expert_dispatch.h"
 #include "kernels/model/model_kernels.h"
@@ -30,6 +31,7 @@ struct StepContext {
 };
 
 struct StepSchedules {
+  std::unique_ptr<BoundaryStore> checkpoints;
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
 };

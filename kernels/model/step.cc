@@ -16,6 +16,7 @@ struct TrainingStep::Impl {
   std::unique_ptr<Event> ev_compute, ev_comm;
   std::unique_ptr<ModelKernels> kernels;
   // The schedule at each point (kernels/model/schedules.h).
+  std::unique_ptr<BoundaryStore> checkpoints;  // the L+1 layer boundaries h_0 … h_L
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
 
@@ -26,8 +27,6 @@ struct TrainingStep::Impl {
   // kOptimizer: the dense shard's master copy and AdamW moments; the
   // experts' moments (fp32 experts are their own master).
   Buffer master, m, v, expert_m, expert_v;
-  // kCheckpoints: the L+1 layer boundaries h_0 … h_L.
-  Buffer boundaries;
   // kActivations: one layer's working set (recomputed in backward).
   Buffer tokens, targets;               // int32 [N]
   Buffer a, rstd_a, q, kv, ml, o, lse;  // kv: [k | v]; ml: [m | l]
@@ -69,7 +68,6 @@ const std::vector<LaunchMember>& LaunchMembers() {
       {"v", &I::v},
       {"expert_m", &I::expert_m},
       {"expert_v", &I::expert_v},
-      {"boundaries", &I::boundaries},
       {"tokens", &I::tokens},
       {"targets", &I::targets},
       {"a", &I::a},
@@ -184,6 +182,7 @@ absl::Status TrainingStep::Allocate() {
   const int64_t N = TokensPerRank(m, options_.layout);
   PLATEAU_ASSIGN_OR_RETURN(StepSchedules schedules,
                            CreateSchedules({options_, backend_, *I.kernels, world_, *I.compute, *I.comm}));
+  I.checkpoints = std::move(schedules.checkpoints);
   I.dispatch = std::move(schedules.dispatch);
   I.projection = std::move(schedules.projection);
 
@@ -255,7 +254,6 @@ struct Ctx {
   Stream& c() { return *I.compute; }
   float* W(int64_t off) { return I.dense.as<float>() + off; }
   float* G(int64_t off) { return I.dense_grad.as<float>() + off; }
-  float* boundary(int64_t l) { return I.boundaries.as<float>() + l * N * m.hidden; }
   ExpertWeights experts(int64_t l) {
     const float* e = I.experts.as<float>();
     return {e + p.ExpertOffset(l, 0, 0), e + p.ExpertOffset(l, 1, 0), e + p.ExpertOffset(l, 2, 0)};
@@ -353,15 +351,13 @@ absl::Status RingBackward(Ctx& x) {
   return absl::OkStatus();
 }
 
-// Layer l from boundary l to boundary l+1. Leaves the working set (and the
-// dispatch state) in place for LayerBackward.
-absl::Status LayerForward(Ctx& x, int64_t l) {
+// Layer l from its input `in` (boundary l) to `out` (boundary l+1). Leaves
+// the working set (and the dispatch state) in place for LayerBackward.
+absl::Status LayerForward(Ctx& x, int64_t l, const float* in, float* out) {
   TrainingStep::Impl& I = x.I;
   const ModelConfig& m = x.m;
   const auto& off = I.layer_off[l];
   const int64_t N = x.N, H = m.hidden, qd = x.qd(), kvd = x.kvd();
-  const float* in = x.boundary(l);
-  float* out = x.boundary(l + 1);
   PLATEAU_RETURN_IF_ERROR(x.be.RmsNormForward(x.c(), I.a.as<float>(), I.rstd_a.as<float>(), in,
                                               x.W(off.attn_norm), N, H, m.norm_eps));
   float* k = I.kv.as<float>();
@@ -393,12 +389,11 @@ absl::Status LayerForward(Ctx& x, int64_t l) {
 // Given dh = d loss / d boundary l+1 (after LayerForward(l) recomputed the
 // working set), accumulates layer l's weight gradients and turns dh into
 // d loss / d boundary l.
-absl::Status LayerBackward(Ctx& x, int64_t l) {
+absl::Status LayerBackward(Ctx& x, int64_t l, const float* in) {
   TrainingStep::Impl& I = x.I;
   const ModelConfig& m = x.m;
   const auto& off = I.layer_off[l];
   const int64_t N = x.N, H = m.hidden, qd = x.qd(), kvd = x.kvd(), E = m.experts;
-  const float* in = x.boundary(l);
   float* dh = I.dh.as<float>();
   // MoE: out = h1 + moe(rmsnorm(h1)).
   PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), I.du.as<float>(), N * H, 0.0f));
@@ -460,14 +455,20 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.dense_grad.as<float>(), layout_.dense_padded(), 0.0f));
   PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.expert_grad.as<float>(), layout_.expert_numel_per_rank(), 0.0f));
 
-  // Forward: keep only the layer boundaries.
+  // Forward: keep only the layer boundaries, in the checkpoint store.
+  BoundaryStore& boundaries = *I.checkpoints;
+  PLATEAU_ASSIGN_OR_RETURN(float* h, boundaries.Slot(0));
   PLATEAU_RETURN_IF_ERROR(I.kernels->Embedding(x.c(), x.W(I.off_embed), m.vocab_size,
-                                               I.tokens.as<int32_t>(), N, H, x.boundary(0)));
+                                               I.tokens.as<int32_t>(), N, H, h));
+  PLATEAU_RETURN_IF_ERROR(boundaries.Produced(0));
   for (int64_t l = 0; l < m.layers; ++l) {
-    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l));
+    PLATEAU_ASSIGN_OR_RETURN(float* next, boundaries.Slot(l + 1));
+    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, h, next));
     I.dispatch->Release();
+    PLATEAU_RETURN_IF_ERROR(boundaries.Produced(l + 1));
+    h = next;
   }
-  const float* hL = x.boundary(m.layers);
+  const float* hL = h;
   PLATEAU_RETURN_IF_ERROR(backend_.RmsNormForward(x.c(), I.z.as<float>(), I.rstd_f.as<float>(), hL,
                                                   x.W(I.off_final_norm), N, H, m.norm_eps));
   double* stats = I.stats.as<double>();
@@ -497,12 +498,19 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   // Backward.
   PLATEAU_RETURN_IF_ERROR(I.projection->Backward(I.z.as<float>(), x.W(lm_rows), I.targets.as<int32_t>(),
                                                  scale, I.tmp.as<float>(), x.G(lm_rows)));
+  PLATEAU_ASSIGN_OR_RETURN(hL, boundaries.Acquire(m.layers));
   PLATEAU_RETURN_IF_ERROR(backend_.RmsNormBackward(x.c(), I.dh.as<float>(), x.G(I.off_final_norm),
                                                    I.tmp.as<float>(), hL, x.W(I.off_final_norm),
                                                    I.rstd_f.as<float>(), N, H));
+  PLATEAU_RETURN_IF_ERROR(boundaries.Done(m.layers));
   for (int64_t l = m.layers - 1; l >= 0; --l) {
-    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l));  // recompute from the checkpoint
-    PLATEAU_RETURN_IF_ERROR(LayerBackward(x, l));
+    // Recompute the layer from its checkpoint; its output is not needed
+    // again, so it goes to scratch (tmp, which LayerBackward overwrites),
+    // not back into the store.
+    PLATEAU_ASSIGN_OR_RETURN(const float* in, boundaries.Acquire(l));
+    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, in, I.tmp.as<float>()));
+    PLATEAU_RETURN_IF_ERROR(LayerBackward(x, l, in));
+    PLATEAU_RETURN_IF_ERROR(boundaries.Done(l));
   }
   PLATEAU_RETURN_IF_ERROR(I.kernels->EmbeddingBackward(x.c(), I.dh.as<float>(), I.tokens.as<int32_t>(),
                                                        N, H, x.G(I.off_embed)));
