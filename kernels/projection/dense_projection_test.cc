@@ -22,6 +22,7 @@
 #include "kernels/model/config.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/status_macros.h"
+#include "kernels/testing/compare.h"
 #include "kernels/testing/local_world.h"
 
 namespace plateau {
@@ -143,26 +144,12 @@ Got RunDense(const Problem& pr, float scale) {
   return got;
 }
 
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0;
-  for (double e : v) m = std::max(m, std::abs(e));
-  return m;
-}
-
 void ExpectMatches(const Problem& pr, const Got& got, const Want& want) {
   // The count is exact; the sum is fp32 row losses accumulated in double.
   EXPECT_EQ(got.stats[1] - kStats0[1], static_cast<double>(want.valid));
   EXPECT_NEAR(got.stats[0] - kStats0[0], want.loss_sum, 1e-5 * std::abs(want.loss_sum));
-  ASSERT_EQ(got.dz.size(), want.dz.size());
-  const double tz = 1e-4 * MaxAbs(want.dz) + 1e-12;
-  for (size_t i = 0; i < want.dz.size(); ++i) {
-    ASSERT_NEAR(got.dz[i], want.dz[i], tz) << "dz[" << i << "] (row " << i / pr.H << ")";
-  }
-  ASSERT_EQ(got.dw.size(), want.dw.size());
-  const double tw = 1e-4 * MaxAbs(want.dw) + 1e-12;
-  for (size_t i = 0; i < want.dw.size(); ++i) {
-    ASSERT_NEAR(got.dw[i], want.dw[i], tw) << "dw[" << i << "] (vocab row " << i / pr.H << ")";
-  }
+  ExpectNearRelMax(got.dz, want.dz, 1e-4, "dz", pr.H);
+  ExpectNearRelMax(got.dw, want.dw, 1e-4, "dw (by vocabulary row)", pr.H);
   // The live set is the bound from Create on, and nothing more.
   const int64_t bound = DenseProjection::BoundBytes(pr.N, pr.V);
   EXPECT_EQ(got.before, 0);
