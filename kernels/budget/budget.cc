@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/dispatch/standard_ep_plan.h"
+#include "kernels/optimizer/optimizer_plan.h"
 #include "kernels/model/attention_shape.h"
 #include "kernels/model/params.h"
 #include "kernels/projection/projection_plan.h"
@@ -55,11 +56,6 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) {
       {"dense_grad", LiveSet::kGrads, D * f},
       {"dense_grad_shard", LiveSet::kGrads, S * f},
       {"expert_grad", LiveSet::kGrads, X * f},
-      {"master", LiveSet::kOptimizer, S * f},
-      {"m", LiveSet::kOptimizer, S * f},
-      {"v", LiveSet::kOptimizer, S * f},
-      {"expert_m", LiveSet::kOptimizer, X * f},
-      {"expert_v", LiveSet::kOptimizer, X * f},
       {"tokens", LiveSet::kActivations, N * i32},
       {"targets", LiveSet::kActivations, N * i32},
       {"a", LiveSet::kActivations, N * H * f},
@@ -138,6 +134,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   for (const StepBufferSpec& b : StepLaunchBuffers(o)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
   const int64_t N = TokensPerRank(o.model, o.layout);
   plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
+  // Optimizer: master, m and v on the device (OffloadStreamAdamW: issue 14).
+  const ParamLayout p(o.model, o.layout.ranks);
+  plan.bytes[static_cast<int>(LiveSet::kOptimizer)] +=
+      DeviceAdamWBytes(p.shard_numel(), p.expert_numel_per_rank());
   // Checkpoints: every boundary on the device (SCO: issue 13).
   plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
   // Standard EP has no bound of its own: its receive buffers grow with the

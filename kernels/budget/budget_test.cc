@@ -10,6 +10,8 @@
 #include "gtest/gtest.h"
 #include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/dispatch/standard_ep_plan.h"
+#include "kernels/model/params.h"
+#include "kernels/optimizer/optimizer_plan.h"
 #include "kernels/projection/projection_plan.h"
 #include "kernels/testing/tiny_model.h"
 
@@ -51,9 +53,12 @@ TEST(BudgetTest, PlanIsTheSumOfTheLaunchListAndTheSchedulesBounds) {
       for (int i = 0; i < kNumLiveSets; ++i) {
         const LiveSet s = static_cast<LiveSet>(i);
         const int64_t checkpoints = FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
+      const ParamLayout layout(o.model, P);
+      const int64_t optimizer = DeviceAdamWBytes(layout.shard_numel(), layout.expert_numel_per_rank());
       const int64_t extra = s == LiveSet::kProjection    ? projection
                             : s == LiveSet::kDispatch    ? dispatch
                             : s == LiveSet::kCheckpoints ? checkpoints
+                            : s == LiveSet::kOptimizer   ? optimizer
                                                          : 0;
         EXPECT_EQ(plan->bytes[i], launch[i] + extra) << "P=" << P << " " << LiveSetName(s);
       }

@@ -3,6 +3,7 @@
 #include "kernels/budget/budget.h"
 #include "kernels/checkpoints/full_checkpoints.h"
 #include "kernels/dispatch/standard_ep.h"
+#include "kernels/optimizer/device_adamw.h"
 #include "kernels/projection/dense_projection.h"
 #include "kernels/projection/ring_dtp.h"
 #include "kernels/status_macros.h"
@@ -30,6 +31,8 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
   }
   // Dispatch: standard EP is the only schedule so far (PipelinedLLEP: issue 12).
   s.dispatch = std::make_unique<StandardEp>(o.model, c.backend, c.kernels, c.world, c.compute, c.comm);
+  // Optimizer: master, m and v on the device (OffloadStreamAdamW: issue 14).
+  PLATEAU_ASSIGN_OR_RETURN(s.optimizer, DeviceAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
   return s;
 }
 

@@ -1,7 +1,6 @@
 // The one place that turns a step's options into its schedule objects, one
-// per schedule point (DESIGN.md §1): the checkpoint store, expert dispatch
-// and the vocabulary projection so far; the optimizer placement joins them
-// as its schedule lands (issue 11). The step calls each through its
+// per schedule point (DESIGN.md §1): the checkpoint store, expert dispatch,
+// the vocabulary projection and the optimizer placement. The step calls each through its
 // interface only, so adding a schedule is its file plus one case here.
 #ifndef PLATEAU_KERNELS_MODEL_SCHEDULES_H_
 #define PLATEAU_KERNELS_MODEL_SCHEDULES_H_
@@ -15,6 +14,7 @@
 #include "kernels/dispatch/expert_dispatch.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/model/step_options.h"
+#include "kernels/optimizer/optimizer_update.h"
 #include "kernels/projection/vocab_projection.h"
 
 namespace plateau {
@@ -28,12 +28,15 @@ struct StepContext {
   Communicator& world;
   Stream& compute;
   Stream& comm;
+  // The step's weights and gradients the optimizer updates.
+  OptimizerParams params;
 };
 
 struct StepSchedules {
   std::unique_ptr<BoundaryStore> checkpoints;
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
+  std::unique_ptr<OptimizerUpdate> optimizer;
 };
 
 // Allocates each schedule's launch-sized buffers (what the budget plans for

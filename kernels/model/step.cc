@@ -19,14 +19,14 @@ struct TrainingStep::Impl {
   std::unique_ptr<BoundaryStore> checkpoints;  // the L+1 layer boundaries h_0 … h_L
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
+  // kOptimizer lives here: the dense shard's master and AdamW moments, the
+  // experts' moments (fp32 experts are their own master).
+  std::unique_ptr<OptimizerUpdate> optimizer;
 
   // kWeights: working dense weights (all-gathered) and this rank's experts.
   Buffer dense, experts;
   // kGrads
   Buffer dense_grad, dense_grad_shard, expert_grad;
-  // kOptimizer: the dense shard's master copy and AdamW moments; the
-  // experts' moments (fp32 experts are their own master).
-  Buffer master, m, v, expert_m, expert_v;
   // kActivations: one layer's working set (recomputed in backward).
   Buffer tokens, targets;               // int32 [N]
   Buffer a, rstd_a, q, kv, ml, o, lse;  // kv: [k | v]; ml: [m | l]
@@ -63,11 +63,6 @@ const std::vector<LaunchMember>& LaunchMembers() {
       {"dense_grad", &I::dense_grad},
       {"dense_grad_shard", &I::dense_grad_shard},
       {"expert_grad", &I::expert_grad},
-      {"master", &I::master},
-      {"m", &I::m},
-      {"v", &I::v},
-      {"expert_m", &I::expert_m},
-      {"expert_v", &I::expert_v},
       {"tokens", &I::tokens},
       {"targets", &I::targets},
       {"a", &I::a},
@@ -179,12 +174,19 @@ absl::Status TrainingStep::Allocate() {
     PLATEAU_ASSIGN_OR_RETURN(I.*(members[i].member),
                              backend_.device().Allocate(specs[i].set, specs[i].bytes));
   }
-  const int64_t N = TokensPerRank(m, options_.layout);
-  PLATEAU_ASSIGN_OR_RETURN(StepSchedules schedules,
-                           CreateSchedules({options_, backend_, *I.kernels, world_, *I.compute, *I.comm}));
+  OptimizerParams params;
+  params.dense_working = I.dense.as<float>();
+  params.experts = I.experts.as<float>();
+  params.dense_grad_shard = I.dense_grad_shard.as<float>();
+  params.expert_grad = I.expert_grad.as<float>();
+  params.shard_numel = layout_.shard_numel();
+  params.expert_numel = layout_.expert_numel_per_rank();
+  PLATEAU_ASSIGN_OR_RETURN(StepSchedules schedules, CreateSchedules({options_, backend_, *I.kernels, world_,
+                                                                     *I.compute, *I.comm, params}));
   I.checkpoints = std::move(schedules.checkpoints);
   I.dispatch = std::move(schedules.dispatch);
   I.projection = std::move(schedules.projection);
+  I.optimizer = std::move(schedules.optimizer);
 
   I.off_embed = layout_.DenseOffset("embed.weight");
   I.off_final_norm = layout_.DenseOffset("final_norm.weight");
@@ -200,17 +202,12 @@ absl::Status TrainingStep::Allocate() {
 
   // Initial weights: this rank's shard and experts, then the all-gather.
   const int64_t rank = world_.rank();
-  std::vector<float> shard = layout_.InitDenseShard(rank, options_.seed);
   std::vector<float> experts = layout_.InitExperts(rank, options_.seed);
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.master.data(), shard.data(), I.master.bytes()));
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.experts.data(), experts.data(), I.experts.bytes()));
-  for (Buffer* b : {&I.m, &I.v, &I.expert_m, &I.expert_v}) {
-    PLATEAU_RETURN_IF_ERROR(backend_.Fill(*I.compute, b->as<float>(), b->bytes() / 4, 0.0f));
-  }
   PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
-  PLATEAU_RETURN_IF_ERROR(world_.AllGather(*I.comm, I.master.data(), I.dense.data(),
-                                           layout_.shard_numel(), DataType::kFloat32));
-  return I.comm->Synchronize();
+  OptimizerShardState initial;  // zero moments
+  initial.dense_master = layout_.InitDenseShard(rank, options_.seed);
+  return I.optimizer->Load(initial);
 }
 
 absl::Status TrainingStep::CheckBatch(const std::vector<int32_t>& tokens,
@@ -547,14 +544,8 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
     clip = std::min(1.0f, o.max_grad_norm / (static_cast<float>(out.grad_norm) + 1e-6f));
   }
   ++step_;
-  AdamWArgs a{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, clip};
-  PLATEAU_RETURN_IF_ERROR(backend_.AdamW(*I.comm, I.master.as<float>(), I.dense_grad_shard.as<float>(),
-                                         I.m.as<float>(), I.v.as<float>(), S, a));
-  PLATEAU_RETURN_IF_ERROR(backend_.AdamW(*I.comm, I.experts.as<float>(), I.expert_grad.as<float>(),
-                                         I.expert_m.as<float>(), I.expert_v.as<float>(), X, a));
-  PLATEAU_RETURN_IF_ERROR(world_.AllGather(*I.comm, I.master.data(), I.dense.data(), S,
-                                           DataType::kFloat32));
-  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  // AdamW on this rank's shard and experts, then the working weights.
+  PLATEAU_RETURN_IF_ERROR(I.optimizer->Update(clip, step_));
   out.step = step_;
   out.device = backend_.device().tracker().Snapshot();
   out.host = backend_.host().tracker().Snapshot();
@@ -582,8 +573,9 @@ absl::StatusOr<std::vector<float>> GatherToHost(Backend& be, Communicator& world
 
 absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherWeights() {
   Impl& I = *impl_;
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dense,
-                           GatherToHost(backend_, world_, *I.comm, I.master.data(), layout_.shard_numel()));
+  // The working dense weights are the masters all-gathered (fp32: the same bits).
+  std::vector<float> dense(layout_.dense_padded());
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dense.data(), I.dense.data(), I.dense.bytes()));
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> experts,
                            GatherToHost(backend_, world_, *I.comm, I.experts.data(),
                                         layout_.expert_numel_per_rank()));
@@ -606,10 +598,16 @@ absl::StatusOr<ModelState> TrainingStep::GatherState() {
   ModelState st;
   PLATEAU_ASSIGN_OR_RETURN(st.weights, GatherWeights());
   const int64_t S = layout_.shard_numel(), X = layout_.expert_numel_per_rank();
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dm, GatherToHost(backend_, world_, *I.comm, I.m.data(), S));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> em, GatherToHost(backend_, world_, *I.comm, I.expert_m.data(), X));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dv, GatherToHost(backend_, world_, *I.comm, I.v.data(), S));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ev, GatherToHost(backend_, world_, *I.comm, I.expert_v.data(), X));
+  PLATEAU_ASSIGN_OR_RETURN(OptimizerShardState mine, I.optimizer->Save());
+  auto gather = [&](const std::vector<float>& host, int64_t n) -> absl::StatusOr<std::vector<float>> {
+    PLATEAU_ASSIGN_OR_RETURN(Buffer dev, backend_.device().Allocate(LiveSet::kWorkspace, n * sizeof(float)));
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dev.data(), host.data(), dev.bytes()));
+    return GatherToHost(backend_, world_, *I.comm, dev.data(), n);
+  };
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dm, gather(mine.dense_m, S));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> em, gather(mine.expert_m, X));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dv, gather(mine.dense_v, S));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ev, gather(mine.expert_v, X));
   st.m = layout_.Assemble(dm, em);
   st.v = layout_.Assemble(dv, ev);
   st.step = step_;
@@ -633,22 +631,14 @@ absl::Status TrainingStep::LoadState(const ModelState& st) {
   }
   if (st.step < 0) return absl::InvalidArgumentError("state: step must be >= 0");
   const int64_t rank = world_.rank();
-  std::vector<float> shard, experts;
-  struct Target {
-    const std::vector<std::vector<float>>* full;
-    Buffer* dense;
-    Buffer* expert;
-  };
-  for (const Target& t : {Target{&st.weights, &I.master, &I.experts}, Target{&st.m, &I.m, &I.expert_m},
-                          Target{&st.v, &I.v, &I.expert_v}}) {
-    layout_.ShardFrom(*t.full, rank, &shard, &experts);
-    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, t.dense->data(), shard.data(), t.dense->bytes()));
-    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, t.expert->data(), experts.data(), t.expert->bytes()));
-    PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());  // before the host vectors change
-  }
-  PLATEAU_RETURN_IF_ERROR(world_.AllGather(*I.comm, I.master.data(), I.dense.data(),
-                                           layout_.shard_numel(), DataType::kFloat32));
-  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  OptimizerShardState shard;
+  std::vector<float> experts;
+  layout_.ShardFrom(st.m, rank, &shard.dense_m, &shard.expert_m);
+  layout_.ShardFrom(st.v, rank, &shard.dense_v, &shard.expert_v);
+  layout_.ShardFrom(st.weights, rank, &shard.dense_master, &experts);
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.experts.data(), experts.data(), I.experts.bytes()));
+  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
+  PLATEAU_RETURN_IF_ERROR(I.optimizer->Load(shard));
   step_ = st.step;
   return absl::OkStatus();
 }

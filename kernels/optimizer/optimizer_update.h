@@ -1,0 +1,61 @@
+// The optimizer schedule point (DESIGN.md §1.4): where the fp32 master of
+// this rank's ZeRO shard of the dense weights and the AdamW moments live,
+// and how one step updates them. The baseline keeps everything on the
+// device (device_adamw.h); OffloadStreamAdamW will keep master, m and v on
+// the host and stream them through two device slots (issue 14). The step
+// holds one, made from its options by CreateSchedules
+// (kernels/model/schedules.h).
+//
+// The step owns the working weights (kWeights: the all-gathered dense
+// weights and this rank's experts, fp32 experts being their own master) and
+// the gradients (kGrads); the optimizer owns its state (kOptimizer). The
+// step computes the global gradient norm and the clip coefficient before
+// Update, as the paper's pipeline needs it before the first bucket.
+//
+// Thread safety: one per rank; Load and Update are collective (they refresh
+// the working weights by all-gather).
+#ifndef PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_UPDATE_H_
+#define PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_UPDATE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace plateau {
+
+// This rank's optimizer state on the host: the dense shard's master and
+// moments [S], the experts' moments [X].
+struct OptimizerShardState {
+  std::vector<float> dense_master, dense_m, dense_v;
+  std::vector<float> expert_m, expert_v;
+};
+
+// The step's buffers the optimizer reads and writes (device).
+struct OptimizerParams {
+  float* dense_working = nullptr;           // [S * P] all-gathered from the masters
+  float* experts = nullptr;                 // [X] updated in place
+  const float* dense_grad_shard = nullptr;  // [S]
+  const float* expert_grad = nullptr;       // [X]
+  int64_t shard_numel = 0;                  // S
+  int64_t expert_numel = 0;                 // X
+};
+
+class OptimizerUpdate {
+ public:
+  virtual ~OptimizerUpdate() = default;
+
+  // Sets the master shard and the moments (empty moments: zero) and
+  // refreshes the working dense weights from the masters.
+  virtual absl::Status Load(const OptimizerShardState& state) = 0;
+  // This rank's state, copied to the host.
+  virtual absl::StatusOr<OptimizerShardState> Save() = 0;
+  // One AdamW step (torch semantics) at 1-based `step` with the gradients
+  // scaled by `clip`; then the working dense weights are refreshed.
+  virtual absl::Status Update(float clip, int64_t step) = 0;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_UPDATE_H_
