@@ -22,7 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
-#include "kernels/model/step.h"
+#include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
 #include "worker/trainer.h"
 

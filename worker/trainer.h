@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
-#include "kernels/model/step.h"
+#include "kernels/step/step.h"
 #include "worker/data.h"
 #include "worker/trainer_options.h"
 

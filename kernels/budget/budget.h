@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/memory.h"
 #include "kernels/model/step_options.h"
+#include "kernels/projection/projection_plan.h"
 
 namespace plateau {
 

@@ -3,7 +3,7 @@
 // recomputation. The baseline keeps them all on the device
 // (full_checkpoints.h); SCO will keep them in a capped host pool and
 // prefetch one layer ahead (issue 13). The step holds one, made from its
-// options by CreateSchedules (kernels/model/schedules.h).
+// options by CreateSchedules (kernels/step/schedules.h).
 //
 // The step's protocol, per step: forward writes boundary l into Slot(l) and
 // calls Produced(l) once it is complete (l = 0 … L); the backward, for

@@ -3,7 +3,7 @@
 // the combine back into the token rows; then the same in backward. Standard
 // EP (standard_ep.h) is the baseline; LLEP and PipelinedLLEP come next. The
 // step holds one, made from its options by CreateSchedules
-// (kernels/model/schedules.h); a new dispatch schedule is one more
+// (kernels/step/schedules.h); a new dispatch schedule is one more
 // implementation plus one line there, and its bound in a *_plan library for
 // the budget.
 //

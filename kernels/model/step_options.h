@@ -1,6 +1,6 @@
 // The options of the training step: the model, its layout over the ranks,
 // the optimizer and the schedule chosen at each schedule point. Plain data,
-// read by the step (kernels/model/step.h) and by the budget
+// read by the step (kernels/step/step.h) and by the budget
 // (kernels/budget/budget.h), which plans them without a backend.
 #ifndef PLATEAU_KERNELS_MODEL_STEP_OPTIONS_H_
 #define PLATEAU_KERNELS_MODEL_STEP_OPTIONS_H_
@@ -9,9 +9,13 @@
 #include <optional>
 
 #include "kernels/model/config.h"
-#include "kernels/projection/projection_plan.h"
 
 namespace plateau {
+
+// Ring-DTP's circulation modes (kernels/projection/ring_dtp.h): the batch
+// travels (activations) or the vocabulary shards do (weights). Here, with
+// the options, so that the model's folder needs nothing from above it.
+enum class RingDtpMode { kActivations, kWeights };
 
 struct OptimizerConfig {
   float lr = 1e-3f;

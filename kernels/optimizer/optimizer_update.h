@@ -4,7 +4,7 @@
 // device (device_adamw.h); OffloadStreamAdamW will keep master, m and v on
 // the host and stream them through two device slots (issue 14). The step
 // holds one, made from its options by CreateSchedules
-// (kernels/model/schedules.h).
+// (kernels/step/schedules.h).
 //
 // The step owns the working weights (kWeights: the all-gathered dense
 // weights and this rank's experts, fp32 experts being their own master) and

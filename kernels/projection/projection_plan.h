@@ -8,10 +8,10 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "kernels/model/step_options.h"
 
 namespace plateau {
 
-enum class RingDtpMode { kActivations, kWeights };
 absl::string_view RingDtpModeName(RingDtpMode mode);  // "activations"/"weights"
 
 // First vocabulary row of shard s of V rows over P ranks (the first V % P

@@ -3,7 +3,7 @@
 // schedules implement it: the dense baseline (dense_projection.h: the full
 // N x V logits) and Ring-DTP (ring_dtp.h: strips over vocabulary shards that
 // meet every rank's batch). The step holds one, made from its options by
-// CreateSchedules (kernels/model/schedules.h); a new projection schedule is
+// CreateSchedules (kernels/step/schedules.h); a new projection schedule is
 // one more implementation plus one line there, and its bound in
 // projection_plan.h for the budget.
 //

@@ -23,8 +23,8 @@
 //
 // Thread safety: one TrainingStep per rank process; all methods are
 // collective (every rank calls them in the same order).
-#ifndef PLATEAU_KERNELS_MODEL_STEP_H_
-#define PLATEAU_KERNELS_MODEL_STEP_H_
+#ifndef PLATEAU_KERNELS_STEP_STEP_H_
+#define PLATEAU_KERNELS_STEP_STEP_H_
 
 #include <array>
 #include <cstdint>
@@ -109,4 +109,4 @@ class TrainingStep {
 
 }  // namespace plateau
 
-#endif  // PLATEAU_KERNELS_MODEL_STEP_H_
+#endif  // PLATEAU_KERNELS_STEP_STEP_H_

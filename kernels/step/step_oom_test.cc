@@ -21,7 +21,7 @@
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/memory.h"
-#include "kernels/model/step.h"
+#include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/tiny_model.h"
 

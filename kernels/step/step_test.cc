@@ -1,4 +1,4 @@
-#include "kernels/model/step.h"
+#include "kernels/step/step.h"
 
 #include <algorithm>
 #include <cmath>

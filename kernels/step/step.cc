@@ -1,4 +1,4 @@
-#include "kernels/model/step.h"
+#include "kernels/step/step.h"
 
 #include <cmath>
 #include <utility>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/model/model_kernels.h"
-#include "kernels/model/schedules.h"
+#include "kernels/step/schedules.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -15,7 +15,7 @@ struct TrainingStep::Impl {
   std::unique_ptr<Stream> compute, comm;
   std::unique_ptr<Event> ev_compute, ev_comm;
   std::unique_ptr<ModelKernels> kernels;
-  // The schedule at each point (kernels/model/schedules.h).
+  // The schedule at each point (kernels/step/schedules.h).
   std::unique_ptr<BoundaryStore> checkpoints;  // the L+1 layer boundaries h_0 … h_L
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;

@@ -2,8 +2,8 @@
 // per schedule point (DESIGN.md §1): the checkpoint store, expert dispatch,
 // the vocabulary projection and the optimizer placement. The step calls each through its
 // interface only, so adding a schedule is its file plus one case here.
-#ifndef PLATEAU_KERNELS_MODEL_SCHEDULES_H_
-#define PLATEAU_KERNELS_MODEL_SCHEDULES_H_
+#ifndef PLATEAU_KERNELS_STEP_SCHEDULES_H_
+#define PLATEAU_KERNELS_STEP_SCHEDULES_H_
 
 #include <memory>
 
@@ -45,4 +45,4 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& ctx);
 
 }  // namespace plateau
 
-#endif  // PLATEAU_KERNELS_MODEL_SCHEDULES_H_
+#endif  // PLATEAU_KERNELS_STEP_SCHEDULES_H_

@@ -1,4 +1,4 @@
-#include "kernels/model/schedules.h"
+#include "kernels/step/schedules.h"
 
 #include "kernels/budget/budget.h"
 #include "kernels/checkpoints/full_checkpoints.h"
