@@ -21,8 +21,6 @@ namespace {
 
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
-constexpr size_t kMaxKvKey = 4096;
-constexpr size_t kMaxKvValue = 1 << 20;
 
 void Now(google::protobuf::Timestamp* t) {
   const absl::Time now = absl::Now();
@@ -58,8 +56,6 @@ int PriorityOf(const v1::Failure& f) {
   }
 }
 
-std::string KvPrefixOf(const v1::Job& job) { return absl::StrCat(job.id(), "/attempt-", job.attempt()); }
-
 }  // namespace
 
 bool IsTerminal(v1::JobState s) {
@@ -67,7 +63,7 @@ bool IsTerminal(v1::JobState s) {
 }
 
 Coordinator::Coordinator(JobStore* store, Metrics* metrics, CoordinatorOptions options)
-    : store_(store), metrics_(metrics), options_(options) {}
+    : store_(store), metrics_(metrics), options_(options), rendezvous_(store) {}
 
 Coordinator::~Coordinator() { Stop(); }
 
@@ -75,7 +71,7 @@ absl::Status Coordinator::Start() {
   {
     absl::MutexLock lock(&mu_);
     started_ = absl::Now();
-    PLATEAU_ASSIGN_OR_RETURN(kv_, store_->KvAll());
+    PLATEAU_RETURN_IF_ERROR(rendezvous_.Load());
     // Jobs a previous coordinator left live: PENDING ones wait again, the
     // others are re-attached (Restore).
     int64_t after = 0;
@@ -583,7 +579,7 @@ v1::Assignment Coordinator::AssignmentFor(const Active& a, const v1::Placement& 
   as.set_job_id(a.job.id());
   as.set_attempt(a.job.attempt());
   *as.mutable_spec() = a.job.spec();
-  as.set_kv_prefix(KvPrefixOf(a.job));
+  as.set_kv_prefix(AttemptPrefix(a.job.id(), a.job.attempt()));
   for (int r : p.ranks()) as.add_ranks(r);
   return as;
 }
@@ -613,11 +609,8 @@ void Coordinator::Finish(int64_t seq) {
   }
   a.job.clear_placement();
   // The attempt's rendezvous keys are of no further use.
-  const std::string prefix = KvPrefixOf(a.job) + "/";
-  Write(store_->KvDeletePrefix(prefix), absl::StrCat("delete the rendezvous keys ", prefix));
-  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && absl::StartsWith(it->first, prefix);) {
-    it = kv_.erase(it);
-  }
+  Write(rendezvous_.DeleteAttempt(a.job.id(), a.job.attempt()),
+        absl::StrCat("delete the rendezvous keys ", AttemptPrefix(a.job.id(), a.job.attempt()), "/"));
   if (a.cancel_requested) {
     Transition(a, v1::CANCELLED, "cancelled; every rank process has exited");
   } else if (!a.has_failure) {
@@ -959,39 +952,28 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   return absl::OkStatus();
 }
 
+// The rendezvous store (server/rendezvous_store.h) under mu_: a Set is
+// written through Written like every store write, and wakes KvGet waiters.
+
 absl::Status Coordinator::KvSet(const std::string& key, const std::string& value) {
-  if (key.empty() || key.size() > kMaxKvKey) {
-    return absl::InvalidArgumentError(absl::StrCat("key: expected 1 to ", kMaxKvKey, " bytes"));
-  }
-  if (value.size() > kMaxKvValue) {
-    return absl::InvalidArgumentError(absl::StrCat("value: expected at most ", kMaxKvValue, " bytes"));
-  }
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckValue(value));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  PLATEAU_RETURN_IF_ERROR(Written(store_->KvPut(key, value), absl::StrCat("store the key ", key)));
-  kv_[key] = value;
+  PLATEAU_RETURN_IF_ERROR(Written(rendezvous_.Set(key, value), absl::StrCat("store the key ", key)));
   Changed();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> Coordinator::KvGet(const std::string& key, absl::Duration wait) {
-  if (key.empty() || key.size() > kMaxKvKey) {
-    return absl::InvalidArgumentError(absl::StrCat("key: expected 1 to ", kMaxKvKey, " bytes"));
-  }
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
   absl::MutexLock lock(&mu_);
-  auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return kv_.count(key) > 0 || stop_; };
-  mu_.AwaitWithTimeout(absl::Condition(&present), std::min(wait, absl::Seconds(10)));
-  auto it = kv_.find(key);
-  if (it == kv_.end()) return absl::NotFoundError(absl::StrCat("key '", key.substr(0, 256), "' is not set"));
-  return it->second;
+  return rendezvous_.Get(mu_, key, wait, &stop_);
 }
 
 bool Coordinator::KvCheck(const std::vector<std::string>& keys) {
   absl::MutexLock lock(&mu_);
-  for (const std::string& k : keys) {
-    if (kv_.count(k) == 0) return false;
-  }
-  return true;
+  return rendezvous_.Contains(keys);
 }
 
 }  // namespace plateau

@@ -46,6 +46,7 @@
 #include "plateau/v1/worker.pb.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/rendezvous_store.h"
 
 namespace plateau {
 
@@ -197,7 +198,7 @@ class Coordinator {
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Active> active_ ABSL_GUARDED_BY(mu_);  // by job seq
-  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  RendezvousStore rendezvous_ ABSL_GUARDED_BY(mu_);
   // Finished jobs whose metric series go at the given time, oldest first.
   std::deque<std::pair<absl::Time, std::string>> forget_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
