@@ -63,7 +63,9 @@ bool IsTerminal(v1::JobState s) {
 }
 
 Coordinator::Coordinator(JobStore* store, Metrics* metrics, CoordinatorOptions options)
-    : store_(store), metrics_(metrics), options_(options), rendezvous_(store) {}
+    : store_(store), metrics_(metrics), options_(options),
+      registry_(options.worker_timeout, options.reattach_timeout),
+      rendezvous_(store) {}
 
 Coordinator::~Coordinator() { Stop(); }
 
@@ -108,15 +110,7 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
   const int64_t ranks = a.job.spec().layout().ranks();
   a.ranks.assign(ranks, RankState{});
   for (const v1::Placement& p : a.job.placement()) {
-    Worker& w = workers_[p.worker_id()];
-    if (w.id.empty()) {
-      w.id = p.worker_id();
-      w.attached = false;
-      w.last_heartbeat = now;
-      w.expires = now + options_.reattach_timeout;
-      int64_t n = 0;
-      if (absl::SimpleAtoi(absl::StripPrefix(w.id, "worker-"), &n)) next_worker_ = std::max(next_worker_, n + 1);
-    }
+    registry_.Expect(p.worker_id(), now);
     for (int r : p.ranks()) {
       if (r < 0 || r >= ranks) {
         return absl::DataLossError(absl::StrCat("state database: ", a.job.id(), " places rank ", r, " of ", ranks));
@@ -388,11 +382,7 @@ void Coordinator::Schedule() {
   std::vector<int64_t> failed;
   for (auto& [seq, a] : active_) {
     if (a.job.state() != v1::PENDING) continue;
-    std::vector<WorkerSlots> slots;
-    for (const auto& [id, w] : workers_) {
-      if (w.attached) slots.push_back({id, w.caps, w.caps.devices() - w.used_devices});
-    }
-    const PlacementDecision d = Place(a.job, slots);
+    const PlacementDecision d = Place(a.job, registry_.Slots());
     if (d.kind == PlacementDecision::Kind::kUnschedulable) {
       if (settling && a.job.unschedulable()) continue;  // keeps its mark and clock
       if (!settling) {
@@ -420,7 +410,7 @@ void Coordinator::Schedule() {
     a.job.clear_failure();
     std::vector<std::string> where;
     for (size_t n = 0; n < d.nodes.size(); ++n) {
-      Worker& w = workers_.at(d.nodes[n]);
+      Worker& w = registry_.at(d.nodes[n]);
       v1::Placement* p = a.job.add_placement();
       p->set_worker_id(w.id);
       for (int64_t r = n * per_node; r < static_cast<int64_t>(n + 1) * per_node; ++r) {
@@ -466,17 +456,10 @@ bool Coordinator::MarkUnschedulable(Active& a, const std::string& why) {
 
 void Coordinator::ExpireWorkers() {
   const absl::Time now = absl::Now();
-  std::vector<std::string> lost;
-  for (auto& [id, w] : workers_) {
-    if (now > w.expires) lost.push_back(id);
-  }
-  for (const std::string& id : lost) {
-    const Worker& w = workers_[id];
-    const std::string why =
-        w.attached ? absl::StrCat("sent no heartbeat for ", absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - w.last_heartbeat)), " s")
-                   : absl::StrCat("did not register again within ", absl::FormatDuration(options_.reattach_timeout),
-                                  " of the coordinator's restart");
-    workers_.erase(id);
+  // One loss at a time: the next lost worker is still registered while the
+  // attempts on this one are stopped (StopRanks withdraws its assignments).
+  for (const std::string& id : registry_.Expired(now)) {
+    const std::string why = registry_.Remove(id, now);
     std::vector<int64_t> touched;
     for (auto& [seq, a] : active_) {
       bool hit = false;
@@ -554,11 +537,11 @@ void Coordinator::RecordFailure(Active& a, const v1::Failure& f, int priority) {
 
 void Coordinator::StopRanks(Active& a) {
   for (const v1::Placement& p : a.job.placement()) {
-    auto w = workers_.find(p.worker_id());
-    if (w == workers_.end()) continue;
+    Worker* w = registry_.Find(p.worker_id());
+    if (w == nullptr) continue;
     if (!p.delivered()) {
       // An assignment not yet delivered is withdrawn: its ranks never start.
-      auto& as = w->second.assignments;
+      auto& as = w->assignments;
       as.erase(std::remove_if(as.begin(), as.end(),
                               [&](const v1::Assignment& x) {
                                 return x.job_id() == a.job.id() && x.attempt() == a.job.attempt();
@@ -570,7 +553,7 @@ void Coordinator::StopRanks(Active& a) {
     v1::Cancellation c;
     c.set_job_id(a.job.id());
     c.set_attempt(a.job.attempt());
-    w->second.cancellations.push_back(c);
+    w->cancellations.push_back(c);
   }
 }
 
@@ -603,9 +586,8 @@ void Coordinator::MaybeFinish(int64_t seq) {
 void Coordinator::Finish(int64_t seq) {
   Active& a = active_[seq];
   for (const v1::Placement& p : a.job.placement()) {
-    auto w = workers_.find(p.worker_id());
     // A worker not yet re-attached after a restart has not counted them.
-    if (w != workers_.end() && w->second.attached) w->second.used_devices -= p.ranks_size();
+    if (Worker* w = registry_.FindAttached(p.worker_id())) w->used_devices -= p.ranks_size();
   }
   a.job.clear_placement();
   // The attempt's rendezvous keys are of no further use.
@@ -639,48 +621,16 @@ void Coordinator::Finish(int64_t seq) {
 // WorkerService
 
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
-  const v1::WorkerCapabilities& c = request.capabilities();
-  if (c.backend() != v1::BACKEND_CPU && c.backend() != v1::BACKEND_CUDA) {
-    return absl::InvalidArgumentError("capabilities.backend: expected BACKEND_CPU or BACKEND_CUDA");
-  }
-  if (c.devices() < 1 || c.devices() > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat("capabilities.devices: expected 1 to 4096, got ", c.devices()));
-  }
-  if (c.device_memory_bytes() < 0 || c.host_memory_bytes() < 0) {
-    return absl::InvalidArgumentError("capabilities.device_memory_bytes: expected >= 0");
-  }
-  if (c.rank_address().empty()) {
-    return absl::InvalidArgumentError("capabilities.rank_address: expected the address ranks listen on");
-  }
+  PLATEAU_RETURN_IF_ERROR(WorkerRegistry::CheckCapabilities(request.capabilities()));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  const absl::Time now = absl::Now();
   v1::RegisterResponse out;
   out.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   // A worker registering again keeps its id when nobody else holds it; if
-  // this coordinator was expecting it (a restart), its ranks re-attach.
-  std::string id;
-  int64_t n = 0;
-  const std::string& asked = request.worker_id();
-  auto it = workers_.find(asked);
-  if (it != workers_.end() && !it->second.attached) {
-    id = asked;
-  } else if (it == workers_.end() && absl::StartsWith(asked, "worker-") &&
-             absl::SimpleAtoi(absl::StripPrefix(asked, "worker-"), &n) && n > 0) {
-    id = asked;
-    next_worker_ = std::max(next_worker_, n + 1);
-  } else {
-    id = absl::StrCat("worker-", next_worker_++);
-  }
-  Worker& w = workers_[id];
-  // A worker this coordinator was waiting for (it had ranks of a live job
-  // when the previous coordinator stopped).
-  const bool expected = !w.id.empty() && !w.attached;
-  w.id = id;
-  w.attached = true;
-  w.caps = c;
-  w.last_heartbeat = now;
-  w.expires = now + options_.worker_timeout;
+  // this coordinator was expecting it (a restart: it had ranks of a live
+  // job when the previous coordinator stopped), its ranks re-attach.
+  bool expected = false;
+  Worker& w = registry_.Attach(request.worker_id(), request.capabilities(), absl::Now(), &expected);
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   out.set_worker_id(w.id);
   Reattach(w, expected, request, &out);
@@ -766,15 +716,14 @@ void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  auto it = workers_.find(request.worker_id());
-  if (it == workers_.end() || !it->second.attached) {
+  Worker* found = registry_.FindAttached(request.worker_id());
+  if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered (lost, unknown, or the coordinator restarted); "
                                             "register again"));
   }
-  Worker& w = it->second;
-  w.last_heartbeat = absl::Now();
-  w.expires = w.last_heartbeat + options_.worker_timeout;
+  Worker& w = *found;
+  registry_.Beat(w, absl::Now());
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   v1::HeartbeatResponse out;
   for (v1::Assignment& as : w.assignments) {
@@ -805,8 +754,7 @@ Coordinator::Active* Coordinator::FindActive(const std::string& job_id, int atte
 absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  auto w = workers_.find(request.worker_id());
-  if (w == workers_.end() || !w->second.attached) {
+  if (registry_.FindAttached(request.worker_id()) == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
@@ -895,12 +843,12 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
 absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  auto w = workers_.find(request.worker_id());
-  if (w == workers_.end() || !w->second.attached) {
+  const Worker* w = registry_.FindAttached(request.worker_id());
+  if (w == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
-  const double peak_flops = w->second.caps.device_peak_flops();
+  const double peak_flops = w->caps.device_peak_flops();
   std::vector<v1::JobEvent> events;
   std::vector<Active*> progressed;
   for (v1::TelemetryRequest::Step& s : *request.mutable_steps()) {

@@ -47,6 +47,7 @@
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/rendezvous_store.h"
+#include "server/worker_registry.h"
 
 namespace plateau {
 
@@ -111,18 +112,6 @@ class Coordinator {
   bool KvCheck(const std::vector<std::string>& keys);
 
  private:
-  struct Worker {
-    std::string id;
-    v1::WorkerCapabilities caps;
-    absl::Time last_heartbeat;
-    absl::Time expires;  // lost when now passes this
-    // False for a worker a restarted coordinator expects to register again
-    // (it has ranks of a live job); it gets no new work until it does.
-    bool attached = true;
-    int used_devices = 0;
-    std::vector<v1::Assignment> assignments;  // not yet delivered
-    std::vector<v1::Cancellation> cancellations;
-  };
   struct RankState {
     std::string worker_id;
     bool started = false;
@@ -195,8 +184,7 @@ class Coordinator {
   // registered before a restart may still be registering again, so no job
   // is newly found unschedulable and none fails for it.
   absl::Time started_ ABSL_GUARDED_BY(mu_);
-  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Active> active_ ABSL_GUARDED_BY(mu_);  // by job seq
   RendezvousStore rendezvous_ ABSL_GUARDED_BY(mu_);
   // Finished jobs whose metric series go at the given time, oldest first.
