@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
 #include "server/placement.h"
+#include "server/telemetry.h"
 #include "worker/job_spec.h"
 #include "worker/rank_protocol.h"
 
@@ -96,7 +97,7 @@ absl::Status Coordinator::Start() {
 }
 
 absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
-  Active& a = active_[seq];
+  LiveJob& a = active_[seq];
   a.job = std::move(job);
   const v1::JobState state = a.job.state();
   metrics_->OnJobState(a.job.id(), state);
@@ -182,7 +183,7 @@ uint64_t Coordinator::WaitForChange(uint64_t seen, absl::Duration timeout) {
   return version_;
 }
 
-absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::string& reason,
+absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::string& reason,
                                    const v1::Failure* failure) {
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen: the store is behind memory
   v1::Job& job = a.job;
@@ -244,7 +245,7 @@ absl::Status Coordinator::Written(absl::Status s, absl::string_view what) {
   return store_error_;
 }
 
-void Coordinator::Transition(Active& a, v1::JobState state, const std::string& reason,
+void Coordinator::Transition(LiveJob& a, v1::JobState state, const std::string& reason,
                              const v1::Failure* failure) {
   // SetState records a failed write (Written); a background transition has
   // no request to fail.
@@ -291,7 +292,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   PLATEAU_RETURN_IF_ERROR(Written(created.status(), "create a job"));
   job = *std::move(created);
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
-  Active& a = active_[seq];
+  LiveJob& a = active_[seq];
   a.job = job;
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::PENDING, "waiting to be scheduled"));
   Schedule();
@@ -355,7 +356,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", id, " is already ", v1::JobState_Name(job.state()), "; nothing to cancel"));
   }
-  Active& a = it->second;
+  LiveJob& a = it->second;
   if (a.cancel_requested) return a.job;
   a.cancel_requested = true;
   if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
@@ -427,7 +428,7 @@ void Coordinator::Schedule() {
   for (int64_t seq : failed) active_.erase(seq);
 }
 
-bool Coordinator::MarkUnschedulable(Active& a, const std::string& why) {
+bool Coordinator::MarkUnschedulable(LiveJob& a, const std::string& why) {
   const absl::Time now = absl::Now();
   if (!a.job.unschedulable()) {
     a.job.set_unschedulable(true);
@@ -524,7 +525,7 @@ void Coordinator::CheckProgress() {
   }
 }
 
-void Coordinator::RecordFailure(Active& a, const v1::Failure& f, int priority) {
+void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) {
   if (a.has_failure && a.failure_priority >= priority) return;
   a.has_failure = true;
   a.failure_priority = priority;
@@ -535,7 +536,7 @@ void Coordinator::RecordFailure(Active& a, const v1::Failure& f, int priority) {
   Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s failure"));
 }
 
-void Coordinator::StopRanks(Active& a) {
+void Coordinator::StopRanks(LiveJob& a) {
   for (const v1::Placement& p : a.job.placement()) {
     Worker* w = registry_.Find(p.worker_id());
     if (w == nullptr) continue;
@@ -557,7 +558,7 @@ void Coordinator::StopRanks(Active& a) {
   }
 }
 
-v1::Assignment Coordinator::AssignmentFor(const Active& a, const v1::Placement& p) {
+v1::Assignment Coordinator::AssignmentFor(const LiveJob& a, const v1::Placement& p) {
   v1::Assignment as;
   as.set_job_id(a.job.id());
   as.set_attempt(a.job.attempt());
@@ -567,7 +568,7 @@ v1::Assignment Coordinator::AssignmentFor(const Active& a, const v1::Placement& 
   return as;
 }
 
-v1::Placement* Coordinator::PlacementOn(Active& a, const std::string& worker_id) {
+v1::Placement* Coordinator::PlacementOn(LiveJob& a, const std::string& worker_id) {
   for (v1::Placement& p : *a.job.mutable_placement()) {
     if (p.worker_id() == worker_id) return &p;
   }
@@ -584,7 +585,7 @@ void Coordinator::MaybeFinish(int64_t seq) {
 }
 
 void Coordinator::Finish(int64_t seq) {
-  Active& a = active_[seq];
+  LiveJob& a = active_[seq];
   for (const v1::Placement& p : a.job.placement()) {
     // A worker not yet re-attached after a restart has not counted them.
     if (Worker* w = registry_.FindAttached(p.worker_id())) w->used_devices -= p.ranks_size();
@@ -729,7 +730,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   for (v1::Assignment& as : w.assignments) {
     // Recorded as delivered before it leaves, so that a restarted
     // coordinator does not send it twice; the ranks' clocks start now.
-    Active* a = FindActive(as.job_id(), as.attempt());
+    LiveJob* a = FindActive(as.job_id(), as.attempt());
     if (a != nullptr) {
       if (v1::Placement* p = PlacementOn(*a, w.id)) p->set_delivered(true);
       for (int r : as.ranks()) a->ranks[r].last_progress = w.last_heartbeat;
@@ -743,7 +744,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   return out;
 }
 
-Coordinator::Active* Coordinator::FindActive(const std::string& job_id, int attempt) {
+LiveJob* Coordinator::FindActive(const std::string& job_id, int attempt) {
   auto seq = ParseJobId(job_id);
   if (!seq.ok()) return nullptr;
   auto it = active_.find(*seq);
@@ -758,7 +759,7 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
-  Active* a = FindActive(request.job_id(), request.attempt());
+  LiveJob* a = FindActive(request.job_id(), request.attempt());
   if (a == nullptr) return absl::OkStatus();  // a finished job or an old attempt
   if (request.rank() < 0 || request.rank() >= static_cast<int>(a->ranks.size()) ||
       a->ranks[request.rank()].worker_id != request.worker_id()) {
@@ -848,55 +849,21 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
-  const double peak_flops = w->caps.device_peak_flops();
-  std::vector<v1::JobEvent> events;
-  std::vector<Active*> progressed;
-  for (v1::TelemetryRequest::Step& s : *request.mutable_steps()) {
-    Active* a = FindActive(s.job_id(), s.telemetry().attempt());
-    if (a == nullptr) continue;
-    const v1::StepTelemetry& t = s.telemetry();
-    if (t.rank() < 0 || t.rank() >= static_cast<int>(a->ranks.size())) continue;
-    RankState& rs = a->ranks[t.rank()];
-    // A batch re-sent after a lost reply is not counted twice.
-    if (t.step() <= rs.last_step) continue;
-    rs.last_step = t.step();
-    rs.last_progress = absl::Now();
-    metrics_->OnStep(a->job.id(), static_cast<int>(a->ranks.size()), t, peak_flops);
-    if (t.rank() == 0) {
-      v1::Progress* p = a->job.mutable_progress();
-      if (p->step() == 0) p->set_first_loss(t.loss());
-      p->set_step(t.step());
-      p->set_total_steps(a->job.spec().steps());
-      p->set_loss(t.loss());
-      a->tokens += t.tokens();
-      a->seconds += t.seconds();
-      if (a->seconds > 0) {
-        p->set_tokens_per_second(a->tokens / a->seconds);
-        p->set_model_flops_per_second(t.model_flops() * (a->tokens / t.tokens()) / a->seconds);
-      }
-      progressed.push_back(a);
-    }
-    v1::JobEvent e;
-    e.set_job_id(s.job_id());
-    Now(e.mutable_time());
-    *e.mutable_step() = std::move(*s.mutable_telemetry());
-    events.push_back(std::move(e));
-  }
-  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(events), "append telemetry events"));
-  std::vector<v1::LogEntry> logs;
-  for (v1::LogEntry& l : *request.mutable_logs()) {
-    auto seq = ParseJobId(l.job_id());
-    if (!seq.ok()) continue;
-    if (l.line().size() > 16384) l.mutable_line()->resize(16384);
-    if (!l.has_time()) Now(l.mutable_time());
-    logs.push_back(std::move(l));
-  }
-  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(logs), "append log lines"));
-  for (Active* a : progressed) {
+  // Events, progress and metrics are worked out by server/telemetry.h; the
+  // writes go through Written here.
+  TelemetryBatch b = IngestTelemetry(
+      std::move(request), w->caps.device_peak_flops(),
+      [this](const std::string& job_id, int attempt) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return FindActive(job_id, attempt);  // under mu_, held by this call
+      },
+      metrics_);
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(b.events), "append telemetry events"));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(b.logs), "append log lines"));
+  for (LiveJob* a : b.progressed) {
     a->job.set_event_count(store_->EventCount(a->job.id()));
     PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s progress")));
   }
-  if (!events.empty() || !logs.empty()) Changed();
+  if (!b.events.empty() || !b.logs.empty()) Changed();
   return absl::OkStatus();
 }
 
