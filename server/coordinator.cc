@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
 #include "server/placement.h"
+#include "server/telemetry.h"
 #include "worker/job_spec.h"
 #include "worker/rank_protocol.h"
 
@@ -21,8 +22,6 @@ namespace {
 
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
-constexpr size_t kMaxKvKey = 4096;
-constexpr size_t kMaxKvValue = 1 << 20;
 
 void Now(google::protobuf::Timestamp* t) {
   const absl::Time now = absl::Now();
@@ -58,8 +57,6 @@ int PriorityOf(const v1::Failure& f) {
   }
 }
 
-std::string KvPrefixOf(const v1::Job& job) { return absl::StrCat(job.id(), "/attempt-", job.attempt()); }
-
 }  // namespace
 
 bool IsTerminal(v1::JobState s) {
@@ -67,7 +64,9 @@ bool IsTerminal(v1::JobState s) {
 }
 
 Coordinator::Coordinator(JobStore* store, Metrics* metrics, CoordinatorOptions options)
-    : store_(store), metrics_(metrics), options_(options) {}
+    : store_(store), metrics_(metrics), options_(options),
+      registry_(options.worker_timeout, options.reattach_timeout),
+      rendezvous_(store) {}
 
 Coordinator::~Coordinator() { Stop(); }
 
@@ -75,7 +74,7 @@ absl::Status Coordinator::Start() {
   {
     absl::MutexLock lock(&mu_);
     started_ = absl::Now();
-    PLATEAU_ASSIGN_OR_RETURN(kv_, store_->KvAll());
+    PLATEAU_RETURN_IF_ERROR(rendezvous_.Load());
     // Jobs a previous coordinator left live: PENDING ones wait again, the
     // others are re-attached (Restore).
     int64_t after = 0;
@@ -98,7 +97,7 @@ absl::Status Coordinator::Start() {
 }
 
 absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
-  Active& a = active_[seq];
+  LiveJob& a = active_[seq];
   a.job = std::move(job);
   const v1::JobState state = a.job.state();
   metrics_->OnJobState(a.job.id(), state);
@@ -112,15 +111,7 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
   const int64_t ranks = a.job.spec().layout().ranks();
   a.ranks.assign(ranks, RankState{});
   for (const v1::Placement& p : a.job.placement()) {
-    Worker& w = workers_[p.worker_id()];
-    if (w.id.empty()) {
-      w.id = p.worker_id();
-      w.attached = false;
-      w.last_heartbeat = now;
-      w.expires = now + options_.reattach_timeout;
-      int64_t n = 0;
-      if (absl::SimpleAtoi(absl::StripPrefix(w.id, "worker-"), &n)) next_worker_ = std::max(next_worker_, n + 1);
-    }
+    registry_.Expect(p.worker_id(), now);
     for (int r : p.ranks()) {
       if (r < 0 || r >= ranks) {
         return absl::DataLossError(absl::StrCat("state database: ", a.job.id(), " places rank ", r, " of ", ranks));
@@ -192,7 +183,7 @@ uint64_t Coordinator::WaitForChange(uint64_t seen, absl::Duration timeout) {
   return version_;
 }
 
-absl::Status Coordinator::SetState(Active& a, v1::JobState state, const std::string& reason,
+absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::string& reason,
                                    const v1::Failure* failure) {
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen: the store is behind memory
   v1::Job& job = a.job;
@@ -254,7 +245,7 @@ absl::Status Coordinator::Written(absl::Status s, absl::string_view what) {
   return store_error_;
 }
 
-void Coordinator::Transition(Active& a, v1::JobState state, const std::string& reason,
+void Coordinator::Transition(LiveJob& a, v1::JobState state, const std::string& reason,
                              const v1::Failure* failure) {
   // SetState records a failed write (Written); a background transition has
   // no request to fail.
@@ -301,7 +292,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   PLATEAU_RETURN_IF_ERROR(Written(created.status(), "create a job"));
   job = *std::move(created);
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
-  Active& a = active_[seq];
+  LiveJob& a = active_[seq];
   a.job = job;
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::PENDING, "waiting to be scheduled"));
   Schedule();
@@ -365,7 +356,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", id, " is already ", v1::JobState_Name(job.state()), "; nothing to cancel"));
   }
-  Active& a = it->second;
+  LiveJob& a = it->second;
   if (a.cancel_requested) return a.job;
   a.cancel_requested = true;
   if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
@@ -392,11 +383,7 @@ void Coordinator::Schedule() {
   std::vector<int64_t> failed;
   for (auto& [seq, a] : active_) {
     if (a.job.state() != v1::PENDING) continue;
-    std::vector<WorkerSlots> slots;
-    for (const auto& [id, w] : workers_) {
-      if (w.attached) slots.push_back({id, w.caps, w.caps.devices() - w.used_devices});
-    }
-    const PlacementDecision d = Place(a.job, slots);
+    const PlacementDecision d = Place(a.job, registry_.Slots());
     if (d.kind == PlacementDecision::Kind::kUnschedulable) {
       if (settling && a.job.unschedulable()) continue;  // keeps its mark and clock
       if (!settling) {
@@ -424,7 +411,7 @@ void Coordinator::Schedule() {
     a.job.clear_failure();
     std::vector<std::string> where;
     for (size_t n = 0; n < d.nodes.size(); ++n) {
-      Worker& w = workers_.at(d.nodes[n]);
+      Worker& w = registry_.at(d.nodes[n]);
       v1::Placement* p = a.job.add_placement();
       p->set_worker_id(w.id);
       for (int64_t r = n * per_node; r < static_cast<int64_t>(n + 1) * per_node; ++r) {
@@ -441,7 +428,7 @@ void Coordinator::Schedule() {
   for (int64_t seq : failed) active_.erase(seq);
 }
 
-bool Coordinator::MarkUnschedulable(Active& a, const std::string& why) {
+bool Coordinator::MarkUnschedulable(LiveJob& a, const std::string& why) {
   const absl::Time now = absl::Now();
   if (!a.job.unschedulable()) {
     a.job.set_unschedulable(true);
@@ -470,17 +457,10 @@ bool Coordinator::MarkUnschedulable(Active& a, const std::string& why) {
 
 void Coordinator::ExpireWorkers() {
   const absl::Time now = absl::Now();
-  std::vector<std::string> lost;
-  for (auto& [id, w] : workers_) {
-    if (now > w.expires) lost.push_back(id);
-  }
-  for (const std::string& id : lost) {
-    const Worker& w = workers_[id];
-    const std::string why =
-        w.attached ? absl::StrCat("sent no heartbeat for ", absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - w.last_heartbeat)), " s")
-                   : absl::StrCat("did not register again within ", absl::FormatDuration(options_.reattach_timeout),
-                                  " of the coordinator's restart");
-    workers_.erase(id);
+  // One loss at a time: the next lost worker is still registered while the
+  // attempts on this one are stopped (StopRanks withdraws its assignments).
+  for (const std::string& id : registry_.Expired(now)) {
+    const std::string why = registry_.Remove(id, now);
     std::vector<int64_t> touched;
     for (auto& [seq, a] : active_) {
       bool hit = false;
@@ -545,7 +525,7 @@ void Coordinator::CheckProgress() {
   }
 }
 
-void Coordinator::RecordFailure(Active& a, const v1::Failure& f, int priority) {
+void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) {
   if (a.has_failure && a.failure_priority >= priority) return;
   a.has_failure = true;
   a.failure_priority = priority;
@@ -556,13 +536,13 @@ void Coordinator::RecordFailure(Active& a, const v1::Failure& f, int priority) {
   Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s failure"));
 }
 
-void Coordinator::StopRanks(Active& a) {
+void Coordinator::StopRanks(LiveJob& a) {
   for (const v1::Placement& p : a.job.placement()) {
-    auto w = workers_.find(p.worker_id());
-    if (w == workers_.end()) continue;
+    Worker* w = registry_.Find(p.worker_id());
+    if (w == nullptr) continue;
     if (!p.delivered()) {
       // An assignment not yet delivered is withdrawn: its ranks never start.
-      auto& as = w->second.assignments;
+      auto& as = w->assignments;
       as.erase(std::remove_if(as.begin(), as.end(),
                               [&](const v1::Assignment& x) {
                                 return x.job_id() == a.job.id() && x.attempt() == a.job.attempt();
@@ -574,21 +554,21 @@ void Coordinator::StopRanks(Active& a) {
     v1::Cancellation c;
     c.set_job_id(a.job.id());
     c.set_attempt(a.job.attempt());
-    w->second.cancellations.push_back(c);
+    w->cancellations.push_back(c);
   }
 }
 
-v1::Assignment Coordinator::AssignmentFor(const Active& a, const v1::Placement& p) {
+v1::Assignment Coordinator::AssignmentFor(const LiveJob& a, const v1::Placement& p) {
   v1::Assignment as;
   as.set_job_id(a.job.id());
   as.set_attempt(a.job.attempt());
   *as.mutable_spec() = a.job.spec();
-  as.set_kv_prefix(KvPrefixOf(a.job));
+  as.set_kv_prefix(AttemptPrefix(a.job.id(), a.job.attempt()));
   for (int r : p.ranks()) as.add_ranks(r);
   return as;
 }
 
-v1::Placement* Coordinator::PlacementOn(Active& a, const std::string& worker_id) {
+v1::Placement* Coordinator::PlacementOn(LiveJob& a, const std::string& worker_id) {
   for (v1::Placement& p : *a.job.mutable_placement()) {
     if (p.worker_id() == worker_id) return &p;
   }
@@ -605,19 +585,15 @@ void Coordinator::MaybeFinish(int64_t seq) {
 }
 
 void Coordinator::Finish(int64_t seq) {
-  Active& a = active_[seq];
+  LiveJob& a = active_[seq];
   for (const v1::Placement& p : a.job.placement()) {
-    auto w = workers_.find(p.worker_id());
     // A worker not yet re-attached after a restart has not counted them.
-    if (w != workers_.end() && w->second.attached) w->second.used_devices -= p.ranks_size();
+    if (Worker* w = registry_.FindAttached(p.worker_id())) w->used_devices -= p.ranks_size();
   }
   a.job.clear_placement();
   // The attempt's rendezvous keys are of no further use.
-  const std::string prefix = KvPrefixOf(a.job) + "/";
-  Write(store_->KvDeletePrefix(prefix), absl::StrCat("delete the rendezvous keys ", prefix));
-  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && absl::StartsWith(it->first, prefix);) {
-    it = kv_.erase(it);
-  }
+  Write(rendezvous_.DeleteAttempt(a.job.id(), a.job.attempt()),
+        absl::StrCat("delete the rendezvous keys ", AttemptPrefix(a.job.id(), a.job.attempt()), "/"));
   if (a.cancel_requested) {
     Transition(a, v1::CANCELLED, "cancelled; every rank process has exited");
   } else if (!a.has_failure) {
@@ -646,48 +622,16 @@ void Coordinator::Finish(int64_t seq) {
 // WorkerService
 
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
-  const v1::WorkerCapabilities& c = request.capabilities();
-  if (c.backend() != v1::BACKEND_CPU && c.backend() != v1::BACKEND_CUDA) {
-    return absl::InvalidArgumentError("capabilities.backend: expected BACKEND_CPU or BACKEND_CUDA");
-  }
-  if (c.devices() < 1 || c.devices() > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat("capabilities.devices: expected 1 to 4096, got ", c.devices()));
-  }
-  if (c.device_memory_bytes() < 0 || c.host_memory_bytes() < 0) {
-    return absl::InvalidArgumentError("capabilities.device_memory_bytes: expected >= 0");
-  }
-  if (c.rank_address().empty()) {
-    return absl::InvalidArgumentError("capabilities.rank_address: expected the address ranks listen on");
-  }
+  PLATEAU_RETURN_IF_ERROR(WorkerRegistry::CheckCapabilities(request.capabilities()));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  const absl::Time now = absl::Now();
   v1::RegisterResponse out;
   out.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   // A worker registering again keeps its id when nobody else holds it; if
-  // this coordinator was expecting it (a restart), its ranks re-attach.
-  std::string id;
-  int64_t n = 0;
-  const std::string& asked = request.worker_id();
-  auto it = workers_.find(asked);
-  if (it != workers_.end() && !it->second.attached) {
-    id = asked;
-  } else if (it == workers_.end() && absl::StartsWith(asked, "worker-") &&
-             absl::SimpleAtoi(absl::StripPrefix(asked, "worker-"), &n) && n > 0) {
-    id = asked;
-    next_worker_ = std::max(next_worker_, n + 1);
-  } else {
-    id = absl::StrCat("worker-", next_worker_++);
-  }
-  Worker& w = workers_[id];
-  // A worker this coordinator was waiting for (it had ranks of a live job
-  // when the previous coordinator stopped).
-  const bool expected = !w.id.empty() && !w.attached;
-  w.id = id;
-  w.attached = true;
-  w.caps = c;
-  w.last_heartbeat = now;
-  w.expires = now + options_.worker_timeout;
+  // this coordinator was expecting it (a restart: it had ranks of a live
+  // job when the previous coordinator stopped), its ranks re-attach.
+  bool expected = false;
+  Worker& w = registry_.Attach(request.worker_id(), request.capabilities(), absl::Now(), &expected);
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   out.set_worker_id(w.id);
   Reattach(w, expected, request, &out);
@@ -773,21 +717,20 @@ void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  auto it = workers_.find(request.worker_id());
-  if (it == workers_.end() || !it->second.attached) {
+  Worker* found = registry_.FindAttached(request.worker_id());
+  if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered (lost, unknown, or the coordinator restarted); "
                                             "register again"));
   }
-  Worker& w = it->second;
-  w.last_heartbeat = absl::Now();
-  w.expires = w.last_heartbeat + options_.worker_timeout;
+  Worker& w = *found;
+  registry_.Beat(w, absl::Now());
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   v1::HeartbeatResponse out;
   for (v1::Assignment& as : w.assignments) {
     // Recorded as delivered before it leaves, so that a restarted
     // coordinator does not send it twice; the ranks' clocks start now.
-    Active* a = FindActive(as.job_id(), as.attempt());
+    LiveJob* a = FindActive(as.job_id(), as.attempt());
     if (a != nullptr) {
       if (v1::Placement* p = PlacementOn(*a, w.id)) p->set_delivered(true);
       for (int r : as.ranks()) a->ranks[r].last_progress = w.last_heartbeat;
@@ -801,7 +744,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   return out;
 }
 
-Coordinator::Active* Coordinator::FindActive(const std::string& job_id, int attempt) {
+LiveJob* Coordinator::FindActive(const std::string& job_id, int attempt) {
   auto seq = ParseJobId(job_id);
   if (!seq.ok()) return nullptr;
   auto it = active_.find(*seq);
@@ -812,12 +755,11 @@ Coordinator::Active* Coordinator::FindActive(const std::string& job_id, int atte
 absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  auto w = workers_.find(request.worker_id());
-  if (w == workers_.end() || !w->second.attached) {
+  if (registry_.FindAttached(request.worker_id()) == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
-  Active* a = FindActive(request.job_id(), request.attempt());
+  LiveJob* a = FindActive(request.job_id(), request.attempt());
   if (a == nullptr) return absl::OkStatus();  // a finished job or an old attempt
   if (request.rank() < 0 || request.rank() >= static_cast<int>(a->ranks.size()) ||
       a->ranks[request.rank()].worker_id != request.worker_id()) {
@@ -902,96 +844,51 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
 absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  auto w = workers_.find(request.worker_id());
-  if (w == workers_.end() || !w->second.attached) {
+  const Worker* w = registry_.FindAttached(request.worker_id());
+  if (w == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
-  const double peak_flops = w->second.caps.device_peak_flops();
-  std::vector<v1::JobEvent> events;
-  std::vector<Active*> progressed;
-  for (v1::TelemetryRequest::Step& s : *request.mutable_steps()) {
-    Active* a = FindActive(s.job_id(), s.telemetry().attempt());
-    if (a == nullptr) continue;
-    const v1::StepTelemetry& t = s.telemetry();
-    if (t.rank() < 0 || t.rank() >= static_cast<int>(a->ranks.size())) continue;
-    RankState& rs = a->ranks[t.rank()];
-    // A batch re-sent after a lost reply is not counted twice.
-    if (t.step() <= rs.last_step) continue;
-    rs.last_step = t.step();
-    rs.last_progress = absl::Now();
-    metrics_->OnStep(a->job.id(), static_cast<int>(a->ranks.size()), t, peak_flops);
-    if (t.rank() == 0) {
-      v1::Progress* p = a->job.mutable_progress();
-      if (p->step() == 0) p->set_first_loss(t.loss());
-      p->set_step(t.step());
-      p->set_total_steps(a->job.spec().steps());
-      p->set_loss(t.loss());
-      a->tokens += t.tokens();
-      a->seconds += t.seconds();
-      if (a->seconds > 0) {
-        p->set_tokens_per_second(a->tokens / a->seconds);
-        p->set_model_flops_per_second(t.model_flops() * (a->tokens / t.tokens()) / a->seconds);
-      }
-      progressed.push_back(a);
-    }
-    v1::JobEvent e;
-    e.set_job_id(s.job_id());
-    Now(e.mutable_time());
-    *e.mutable_step() = std::move(*s.mutable_telemetry());
-    events.push_back(std::move(e));
-  }
-  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(events), "append telemetry events"));
-  std::vector<v1::LogEntry> logs;
-  for (v1::LogEntry& l : *request.mutable_logs()) {
-    auto seq = ParseJobId(l.job_id());
-    if (!seq.ok()) continue;
-    if (l.line().size() > 16384) l.mutable_line()->resize(16384);
-    if (!l.has_time()) Now(l.mutable_time());
-    logs.push_back(std::move(l));
-  }
-  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(logs), "append log lines"));
-  for (Active* a : progressed) {
+  // Events, progress and metrics are worked out by server/telemetry.h; the
+  // writes go through Written here.
+  TelemetryBatch b = IngestTelemetry(
+      std::move(request), w->caps.device_peak_flops(),
+      [this](const std::string& job_id, int attempt) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return FindActive(job_id, attempt);  // under mu_, held by this call
+      },
+      metrics_);
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(b.events), "append telemetry events"));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(b.logs), "append log lines"));
+  for (LiveJob* a : b.progressed) {
     a->job.set_event_count(store_->EventCount(a->job.id()));
     PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s progress")));
   }
-  if (!events.empty() || !logs.empty()) Changed();
+  if (!b.events.empty() || !b.logs.empty()) Changed();
   return absl::OkStatus();
 }
 
+// The rendezvous store (server/rendezvous_store.h) under mu_: a Set is
+// written through Written like every store write, and wakes KvGet waiters.
+
 absl::Status Coordinator::KvSet(const std::string& key, const std::string& value) {
-  if (key.empty() || key.size() > kMaxKvKey) {
-    return absl::InvalidArgumentError(absl::StrCat("key: expected 1 to ", kMaxKvKey, " bytes"));
-  }
-  if (value.size() > kMaxKvValue) {
-    return absl::InvalidArgumentError(absl::StrCat("value: expected at most ", kMaxKvValue, " bytes"));
-  }
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckValue(value));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  PLATEAU_RETURN_IF_ERROR(Written(store_->KvPut(key, value), absl::StrCat("store the key ", key)));
-  kv_[key] = value;
+  PLATEAU_RETURN_IF_ERROR(Written(rendezvous_.Set(key, value), absl::StrCat("store the key ", key)));
   Changed();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> Coordinator::KvGet(const std::string& key, absl::Duration wait) {
-  if (key.empty() || key.size() > kMaxKvKey) {
-    return absl::InvalidArgumentError(absl::StrCat("key: expected 1 to ", kMaxKvKey, " bytes"));
-  }
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
   absl::MutexLock lock(&mu_);
-  auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return kv_.count(key) > 0 || stop_; };
-  mu_.AwaitWithTimeout(absl::Condition(&present), std::min(wait, absl::Seconds(10)));
-  auto it = kv_.find(key);
-  if (it == kv_.end()) return absl::NotFoundError(absl::StrCat("key '", key.substr(0, 256), "' is not set"));
-  return it->second;
+  return rendezvous_.Get(mu_, key, wait, &stop_);
 }
 
 bool Coordinator::KvCheck(const std::vector<std::string>& keys) {
   absl::MutexLock lock(&mu_);
-  for (const std::string& k : keys) {
-    if (kv_.count(k) == 0) return false;
-  }
-  return true;
+  return rendezvous_.Contains(keys);
 }
 
 }  // namespace plateau

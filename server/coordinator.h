@@ -1,7 +1,12 @@
-// The coordinator's core, independent of the RPC layer: the job state
-// machine, the scheduler that places pending jobs on registered workers, the
-// worker registry with heartbeat expiry, the rendezvous key-value store the
-// ranks meet through, and telemetry into the job store and the metrics.
+// The coordinator's core, independent of the RPC layer: a facade over its
+// parts, which it owns and keeps under its one mutex, plus the job state
+// machine itself (SetState/Transition, Finish/MaybeFinish, StopRanks,
+// RecordFailure; below). The parts, each with its own test:
+//   server/placement.h         where a pending job's ranks go (a pure function)
+//   server/worker_registry.h   registered workers, ids, heartbeat expiry
+//   server/rendezvous_store.h  the ranks' key-value store (KvSet/KvGet/KvCheck)
+//   server/telemetry.h         steps into events, progress and metrics; log lines
+//   server/live_job.h          a live job's in-memory record
 //
 // Job lifecycle (docs/SERVICE.md):
 //   PENDING -> SCHEDULED (placed; assignments go out with heartbeats)
@@ -25,7 +30,9 @@
 // The RPC services (server/services.h) translate requests into these calls;
 // authentication and TLS are layered there, not here.
 //
-// Thread safety: every public method may be called from any thread.
+// Thread safety: every public method may be called from any thread. One
+// mutex (mu_) guards the coordinator and all its parts; it is held across
+// store writes (the store is the record, so memory never runs ahead of it).
 #ifndef PLATEAU_SERVER_COORDINATOR_H_
 #define PLATEAU_SERVER_COORDINATOR_H_
 
@@ -45,7 +52,10 @@
 #include "plateau/v1/job.pb.h"
 #include "plateau/v1/worker.pb.h"
 #include "server/job_store.h"
+#include "server/live_job.h"
 #include "server/metrics.h"
+#include "server/rendezvous_store.h"
+#include "server/worker_registry.h"
 
 namespace plateau {
 
@@ -110,37 +120,6 @@ class Coordinator {
   bool KvCheck(const std::vector<std::string>& keys);
 
  private:
-  struct Worker {
-    std::string id;
-    v1::WorkerCapabilities caps;
-    absl::Time last_heartbeat;
-    absl::Time expires;  // lost when now passes this
-    // False for a worker a restarted coordinator expects to register again
-    // (it has ranks of a live job); it gets no new work until it does.
-    bool attached = true;
-    int used_devices = 0;
-    std::vector<v1::Assignment> assignments;  // not yet delivered
-    std::vector<v1::Cancellation> cancellations;
-  };
-  struct RankState {
-    std::string worker_id;
-    bool started = false;
-    bool gone = false;
-    int64_t last_step = 0;
-    absl::Time last_progress;  // its start or its last step
-  };
-  // A job that is not in a final state.
-  struct Active {
-    v1::Job job;
-    std::vector<RankState> ranks;  // of the current attempt
-    bool cancel_requested = false;
-    bool has_failure = false;
-    int failure_priority = 0;
-    v1::Failure failure;
-    double tokens = 0, seconds = 0;  // rank 0's totals this attempt
-    bool hang_reported = false;
-  };
-
   void Loop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places pending jobs that fit; marks the ones no registered worker could
@@ -149,7 +128,7 @@ class Coordinator {
   // Marks a PENDING job that no registered worker could host (`why`), or
   // fails it when it has been so for its max_pending: false then (the
   // caller erases it).
-  bool MarkUnschedulable(Active& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool MarkUnschedulable(LiveJob& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuilds a live attempt read from the store after a restart.
@@ -158,8 +137,8 @@ class Coordinator {
   // `expected`: the restart left ranks of live jobs placed on it.
   void Reattach(Worker& w, bool expected, const v1::RegisterRequest& request, v1::RegisterResponse* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::Assignment AssignmentFor(const Active& a, const v1::Placement& p);
-  v1::Placement* PlacementOn(Active& a, const std::string& worker_id);
+  v1::Assignment AssignmentFor(const LiveJob& a, const v1::Placement& p);
+  v1::Placement* PlacementOn(LiveJob& a, const std::string& worker_id);
   // Every write to the store goes through these: a failed write is kept in
   // store_error_ (the first one), which freezes the coordinator (Tick does
   // nothing, changes are refused, Health() says why) instead of letting its
@@ -168,17 +147,17 @@ class Coordinator {
   absl::Status Written(absl::Status s, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Write(absl::Status s, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SetState from a path with no request to fail (a failure is recorded).
-  void Transition(Active& a, v1::JobState state, const std::string& reason,
+  void Transition(LiveJob& a, v1::JobState state, const std::string& reason,
                   const v1::Failure* failure = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a state change: an event, the stored job, metrics, waiters.
-  absl::Status SetState(Active& a, v1::JobState state, const std::string& reason,
+  absl::Status SetState(LiveJob& a, v1::JobState state, const std::string& reason,
                         const v1::Failure* failure = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank of the attempt is gone: decide the outcome.
   void Finish(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFinish(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopRanks(Active& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordFailure(Active& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Active* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopRanks(LiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordFailure(LiveJob& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  LiveJob* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
   // A line of the job's log from the coordinator itself (rank -1).
   void Log(const std::string& job_id, int attempt, const std::string& line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -194,10 +173,9 @@ class Coordinator {
   // registered before a restart may still be registering again, so no job
   // is newly found unschedulable and none fails for it.
   absl::Time started_ ABSL_GUARDED_BY(mu_);
-  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Active> active_ ABSL_GUARDED_BY(mu_);  // by job seq
-  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, LiveJob> active_ ABSL_GUARDED_BY(mu_);  // by job seq; the live jobs
+  RendezvousStore rendezvous_ ABSL_GUARDED_BY(mu_);
   // Finished jobs whose metric series go at the given time, oldest first.
   std::deque<std::pair<absl::Time, std::string>> forget_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.

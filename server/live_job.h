@@ -1,0 +1,42 @@
+// What the coordinator keeps in memory about a job that is not in a final
+// state: the stored job itself plus the per-rank and per-attempt facts the
+// job state machine (server/coordinator.h) and telemetry ingestion
+// (server/telemetry.h) read and update.
+//
+// Thread safety: plain data. LiveJobs are owned by the Coordinator (its
+// active_ map) and touched only under its mutex.
+#ifndef PLATEAU_SERVER_LIVE_JOB_H_
+#define PLATEAU_SERVER_LIVE_JOB_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "plateau/v1/job.pb.h"
+
+namespace plateau {
+
+// One rank of the current attempt.
+struct RankState {
+  std::string worker_id;
+  bool started = false;
+  bool gone = false;
+  int64_t last_step = 0;
+  absl::Time last_progress;  // its start or its last step
+};
+
+struct LiveJob {
+  v1::Job job;
+  std::vector<RankState> ranks;  // of the current attempt
+  bool cancel_requested = false;
+  bool has_failure = false;
+  int failure_priority = 0;
+  v1::Failure failure;
+  double tokens = 0, seconds = 0;  // rank 0's totals this attempt
+  bool hang_reported = false;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_SERVER_LIVE_JOB_H_

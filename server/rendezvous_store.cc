@@ -1,0 +1,66 @@
+#include "server/rendezvous_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+
+std::string AttemptPrefix(const std::string& job_id, int attempt) {
+  return absl::StrCat(job_id, "/attempt-", attempt);
+}
+
+absl::Status RendezvousStore::CheckKey(const std::string& key) {
+  if (key.empty() || key.size() > kMaxKey) {
+    return absl::InvalidArgumentError(absl::StrCat("key: expected 1 to ", kMaxKey, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousStore::CheckValue(const std::string& value) {
+  if (value.size() > kMaxValue) {
+    return absl::InvalidArgumentError(absl::StrCat("value: expected at most ", kMaxValue, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousStore::Load() {
+  PLATEAU_ASSIGN_OR_RETURN(kv_, store_->KvAll());
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousStore::Set(const std::string& key, const std::string& value) {
+  PLATEAU_RETURN_IF_ERROR(store_->KvPut(key, value));
+  kv_[key] = value;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RendezvousStore::Get(absl::Mutex& mu, const std::string& key, absl::Duration wait,
+                                                 const bool* stop) {
+  auto present = [this, &key, stop]() { return kv_.count(key) > 0 || *stop; };
+  mu.AwaitWithTimeout(absl::Condition(&present), std::min(wait, kMaxWait));
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return absl::NotFoundError(absl::StrCat("key '", key.substr(0, 256), "' is not set"));
+  return it->second;
+}
+
+bool RendezvousStore::Contains(const std::vector<std::string>& keys) const {
+  for (const std::string& k : keys) {
+    if (kv_.count(k) == 0) return false;
+  }
+  return true;
+}
+
+absl::Status RendezvousStore::DeleteAttempt(const std::string& job_id, int attempt) {
+  // The trailing slash keeps job-1/attempt-1 from matching job-1/attempt-10.
+  const std::string prefix = AttemptPrefix(job_id, attempt) + "/";
+  absl::Status s = store_->KvDeletePrefix(prefix);
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && absl::StartsWith(it->first, prefix);) {
+    it = kv_.erase(it);
+  }
+  return s;
+}
+
+}  // namespace plateau

@@ -1,0 +1,110 @@
+#include "server/worker_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+
+namespace plateau {
+
+absl::Status WorkerRegistry::CheckCapabilities(const v1::WorkerCapabilities& c) {
+  if (c.backend() != v1::BACKEND_CPU && c.backend() != v1::BACKEND_CUDA) {
+    return absl::InvalidArgumentError("capabilities.backend: expected BACKEND_CPU or BACKEND_CUDA");
+  }
+  if (c.devices() < 1 || c.devices() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("capabilities.devices: expected 1 to 4096, got ", c.devices()));
+  }
+  if (c.device_memory_bytes() < 0 || c.host_memory_bytes() < 0) {
+    return absl::InvalidArgumentError("capabilities.device_memory_bytes: expected >= 0");
+  }
+  if (c.rank_address().empty()) {
+    return absl::InvalidArgumentError("capabilities.rank_address: expected the address ranks listen on");
+  }
+  return absl::OkStatus();
+}
+
+Worker& WorkerRegistry::Attach(const std::string& asked, const v1::WorkerCapabilities& caps, absl::Time now,
+                               bool* expected) {
+  std::string id;
+  int64_t n = 0;
+  auto it = workers_.find(asked);
+  if (it != workers_.end() && !it->second.attached) {
+    id = asked;
+  } else if (it == workers_.end() && absl::StartsWith(asked, "worker-") &&
+             absl::SimpleAtoi(absl::StripPrefix(asked, "worker-"), &n) && n > 0) {
+    id = asked;
+    next_worker_ = std::max(next_worker_, n + 1);
+  } else {
+    id = absl::StrCat("worker-", next_worker_++);
+  }
+  Worker& w = workers_[id];
+  *expected = !w.id.empty() && !w.attached;
+  w.id = id;
+  w.attached = true;
+  w.caps = caps;
+  Beat(w, now);
+  return w;
+}
+
+Worker& WorkerRegistry::Expect(const std::string& id, absl::Time now) {
+  Worker& w = workers_[id];
+  if (w.id.empty()) {
+    w.id = id;
+    w.attached = false;
+    w.last_heartbeat = now;
+    w.expires = now + reattach_timeout_;
+    // Ids are never handed out twice: a new worker gets a higher number.
+    int64_t n = 0;
+    if (absl::SimpleAtoi(absl::StripPrefix(w.id, "worker-"), &n)) next_worker_ = std::max(next_worker_, n + 1);
+  }
+  return w;
+}
+
+void WorkerRegistry::Beat(Worker& w, absl::Time now) {
+  w.last_heartbeat = now;
+  w.expires = now + worker_timeout_;
+}
+
+Worker* WorkerRegistry::Find(const std::string& id) {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+Worker* WorkerRegistry::FindAttached(const std::string& id) {
+  Worker* w = Find(id);
+  return w != nullptr && w->attached ? w : nullptr;
+}
+
+std::vector<WorkerSlots> WorkerRegistry::Slots() const {
+  std::vector<WorkerSlots> slots;
+  for (const auto& [id, w] : workers_) {
+    if (w.attached) slots.push_back({id, w.caps, w.caps.devices() - w.used_devices});
+  }
+  return slots;
+}
+
+std::vector<std::string> WorkerRegistry::Expired(absl::Time now) const {
+  std::vector<std::string> lost;
+  for (const auto& [id, w] : workers_) {
+    if (now > w.expires) lost.push_back(id);
+  }
+  return lost;
+}
+
+std::string WorkerRegistry::Remove(const std::string& id, absl::Time now) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return "";
+  const Worker& w = it->second;
+  std::string why =
+      w.attached ? absl::StrCat("sent no heartbeat for ",
+                                absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - w.last_heartbeat)), " s")
+                 : absl::StrCat("did not register again within ", absl::FormatDuration(reattach_timeout_),
+                                " of the coordinator's restart");
+  workers_.erase(it);
+  return why;
+}
+
+}  // namespace plateau

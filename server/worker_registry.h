@@ -1,0 +1,88 @@
+// The worker registry: the registered workers (capabilities, heartbeat
+// clock, devices in use, the assignments and cancellations waiting for their
+// next heartbeat), their ids, and when each counts as lost. It knows nothing
+// of jobs: what a lost worker means for the attempts placed on it is the
+// Coordinator's job state machine (ExpireWorkers).
+//
+// Thread safety: not synchronized by itself; the Coordinator owns it and
+// calls it under its mutex (mu_), like its other parts. Ownership: returned
+// Worker references and pointers stay valid until that worker is Removed.
+#ifndef PLATEAU_SERVER_WORKER_REGISTRY_H_
+#define PLATEAU_SERVER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "plateau/v1/worker.pb.h"
+#include "server/placement.h"
+
+namespace plateau {
+
+struct Worker {
+  std::string id;
+  v1::WorkerCapabilities caps;
+  absl::Time last_heartbeat;
+  absl::Time expires;  // lost when now passes this
+  // False for a worker a restarted coordinator expects to register again
+  // (it has ranks of a live job); it gets no new work until it does.
+  bool attached = true;
+  int used_devices = 0;
+  std::vector<v1::Assignment> assignments;  // not yet delivered
+  std::vector<v1::Cancellation> cancellations;
+};
+
+class WorkerRegistry {
+ public:
+  // worker_timeout: how long an attached worker may stay silent;
+  // reattach_timeout: how long a restarted coordinator waits for a worker
+  // it expects to register again (CoordinatorOptions).
+  WorkerRegistry(absl::Duration worker_timeout, absl::Duration reattach_timeout)
+      : worker_timeout_(worker_timeout), reattach_timeout_(reattach_timeout) {}
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  // INVALID_ARGUMENT naming the field of capabilities a worker cannot register with.
+  static absl::Status CheckCapabilities(const v1::WorkerCapabilities& c);
+
+  // A worker registering, with the id it asks for ("" for a new one). It
+  // keeps that id when nobody else holds it, or when it is the expected
+  // worker of that id; otherwise it gets a fresh "worker-N". Its heartbeat
+  // clock starts at `now`. *expected: this registry was waiting for it (a
+  // restart left ranks of live jobs on it), so its ranks re-attach.
+  Worker& Attach(const std::string& asked, const v1::WorkerCapabilities& caps, absl::Time now, bool* expected);
+  // After a restart: a worker a live attempt was placed on, expected to
+  // register again within reattach_timeout of `now` (unattached until then).
+  Worker& Expect(const std::string& id, absl::Time now);
+  // A heartbeat: the worker is lost worker_timeout after `now`.
+  void Beat(Worker& w, absl::Time now);
+
+  // nullptr when unknown (lost, or never registered).
+  Worker* Find(const std::string& id);
+  // nullptr unless registered and attached (what a request may come from).
+  Worker* FindAttached(const std::string& id);
+  Worker& at(const std::string& id) { return workers_.at(id); }
+  // The attached workers and their free devices, as placement sees them.
+  std::vector<WorkerSlots> Slots() const;
+
+  // The workers whose time ran out at `now`, by id. Each stays registered
+  // until Remove, so that the caller handles one loss at a time.
+  std::vector<std::string> Expired(absl::Time now) const;
+  // Forgets the worker; returns why it was lost at `now` ("sent no
+  // heartbeat for 2.3 s", "did not register again within 10s of the
+  // coordinator's restart").
+  std::string Remove(const std::string& id, absl::Time now);
+
+ private:
+  const absl::Duration worker_timeout_;
+  const absl::Duration reattach_timeout_;
+  int64_t next_worker_ = 1;
+  std::map<std::string, Worker> workers_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_SERVER_WORKER_REGISTRY_H_
