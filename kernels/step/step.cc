@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/model/model_kernels.h"
+#include "kernels/step/ring_attention.h"
 #include "kernels/step/schedules.h"
 #include "kernels/status_macros.h"
 
@@ -278,74 +279,24 @@ struct Ctx {
   }
 };
 
-// Ring attention forward: o and lse for this rank's queries over every
-// rank's keys. The next K/V block is in flight on the comm stream while the
-// compute stream folds the current one.
-absl::Status RingForward(Ctx& x) {
+// Ring attention (ring_attention.h) on the step's buffers.
+RingAttention Ring(Ctx& x) {
   TrainingStep::Impl& I = x.I;
-  const int64_t n = x.N * x.kvd();
-  AttentionShape s = x.shape();
-  float* m = I.ml.as<float>();
-  float* l = m + x.N * x.m.heads;
-  PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionInit(x.c(), s, m, l, I.o.as<float>()));
-  const float* cur = I.kv.as<float>();
-  for (int64_t step = 0; step < x.P; ++step) {
-    float* next = I.fwd_trav.as<float>() + (step % 2) * 2 * n;
-    if (step + 1 < x.P) {
-      // `next` was last read by the compute of step-1: wait for it.
-      PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
-      PLATEAU_RETURN_IF_ERROR(x.world.SendRecv(*I.comm, cur, 2 * n, (x.rank + 1) % x.P, next,
-                                               2 * n, (x.rank - 1 + x.P) % x.P,
-                                               DataType::kFloat32));
-    }
-    s.kv_pos0 = ((x.rank - step + x.P) % x.P) * x.Ns;
-    PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionForwardBlock(x.c(), s, I.q.as<float>(), cur,
-                                                             cur + n, m, l, I.o.as<float>(),
-                                                             I.attn_work.as<float>()));
-    if (step + 1 < x.P) {
-      PLATEAU_RETURN_IF_ERROR(x.ComputeAfterComm());
-      cur = next;
-    }
-  }
-  return I.kernels->AttentionFinalize(x.c(), s, m, l, I.o.as<float>(), I.lse.as<float>());
+  return RingAttention{x.be, *I.kernels, x.world, *I.compute, *I.comm, *I.ev_compute, *I.ev_comm,
+                       x.shape(), x.N};
 }
 
-// Ring attention backward: each block travels with its dK/dV accumulator and
-// comes home after P hops. Sequential (compute, then hop): the accumulator
-// must be final before it moves.
+absl::Status RingForward(Ctx& x) {
+  TrainingStep::Impl& I = x.I;
+  return Ring(x).Forward(I.q.as<float>(), I.kv.as<float>(), I.ml.as<float>(), I.o.as<float>(),
+                         I.lse.as<float>(), I.fwd_trav.as<float>(), I.attn_work.as<float>());
+}
+
 absl::Status RingBackward(Ctx& x) {
   TrainingStep::Impl& I = x.I;
-  const int64_t n = x.N * x.kvd();
-  AttentionShape s = x.shape();
-  float* trav = I.bwd_trav.as<float>();  // two travellers of [k | v | dk | dv]
-  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), trav, I.kv.data(), 2 * n * sizeof(float)));
-  PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), trav + 2 * n, 2 * n, 0.0f));
-  PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), I.dq.as<float>(), x.N * x.qd(), 0.0f));
-  for (int64_t step = 0; step < x.P; ++step) {
-    float* cur = trav + (step % 2) * 4 * n;
-    float* next = trav + ((step + 1) % 2) * 4 * n;
-    s.kv_pos0 = ((x.rank - step + x.P) % x.P) * x.Ns;
-    PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionBackwardBlock(
-        x.c(), s, I.q.as<float>(), cur, cur + n, I.dO.as<float>(), I.lse.as<float>(),
-        I.delta.as<float>(), I.dq.as<float>(), cur + 2 * n, cur + 3 * n,
-        I.attn_work.as<float>()));
-    if (x.P == 1) {
-      return x.be.Copy(x.c(), I.dkv.data(), cur + 2 * n, 2 * n * sizeof(float));
-    }
-    PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
-    const int dst = static_cast<int>((x.rank + 1) % x.P), src = static_cast<int>((x.rank - 1 + x.P) % x.P);
-    if (step + 1 < x.P) {
-      PLATEAU_RETURN_IF_ERROR(x.world.SendRecv(*I.comm, cur, 4 * n, dst, next, 4 * n, src,
-                                               DataType::kFloat32));
-    } else {
-      // The last hop carries only the accumulators home.
-      PLATEAU_RETURN_IF_ERROR(x.world.SendRecv(*I.comm, cur + 2 * n, 2 * n, dst,
-                                               I.dkv.as<float>(), 2 * n, src,
-                                               DataType::kFloat32));
-    }
-    PLATEAU_RETURN_IF_ERROR(x.ComputeAfterComm());
-  }
-  return absl::OkStatus();
+  return Ring(x).Backward(I.q.as<float>(), I.kv.as<float>(), I.dO.as<float>(), I.lse.as<float>(),
+                          I.delta.as<float>(), I.dq.as<float>(), I.dkv.as<float>(), I.bwd_trav.as<float>(),
+                          I.attn_work.as<float>());
 }
 
 // Layer l from its input `in` (boundary l) to `out` (boundary l+1). Leaves

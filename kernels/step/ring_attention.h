@@ -1,0 +1,55 @@
+// Ring attention over the ranks (DESIGN.md §2): each rank holds a distinct
+// slice of every sequence (Ns = T/P positions of each of B sequences, N = B
+// Ns rows); its queries meet every rank's keys as the K/V blocks circulate.
+// Forward: the next block is in flight on the communication stream while
+// the compute stream folds the current one (online softmax). Backward: each
+// block travels with its dK/dV accumulator and comes home after P hops
+// (sequential: an accumulator must be final before it moves). The step's
+// orchestration (step.cc) calls these with its launch-sized buffers.
+//
+// Thread safety: collective over the ranks of `world`; one call at a time
+// per rank.
+#ifndef PLATEAU_KERNELS_STEP_RING_ATTENTION_H_
+#define PLATEAU_KERNELS_STEP_RING_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/model/attention_shape.h"
+#include "kernels/model/model_kernels.h"
+
+namespace plateau {
+
+struct RingAttention {
+  Backend& be;
+  ModelKernels& kernels;
+  Communicator& world;
+  Stream& compute;
+  Stream& comm;
+  Event& ev_compute;  // compute -> comm ordering
+  Event& ev_comm;     // comm -> compute ordering
+  // This rank's block: q_len = kv_len = Ns, q_pos0 = rank * Ns.
+  AttentionShape shape;
+  int64_t rows;  // N = batch * Ns
+
+  // q [N, heads*d], kv [k | v] ([N, kv_heads*d] each): o [N, heads*d] and
+  // lse [N * heads]; ml [2 * N * heads] running (m | l), trav two travellers
+  // of [k | v], work AttentionWorkspaceFloats(shape).
+  absl::Status Forward(const float* q, const float* kv, float* ml, float* o, float* lse, float* trav,
+                       float* work);
+  // Given dO, lse and delta (rowsum(dO * o)): dq (overwritten) and dkv
+  // [dk | dv] of this rank's keys (overwritten); trav two travellers of
+  // [k | v | dk | dv].
+  absl::Status Backward(const float* q, const float* kv, const float* dO, const float* lse,
+                        const float* delta, float* dq, float* dkv, float* trav, float* work);
+
+ private:
+  absl::Status CommAfterCompute();
+  absl::Status ComputeAfterComm();
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_STEP_RING_ATTENTION_H_
