@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/timestamps.h"
 #include "kernels/status_macros.h"
 #include "server/placement.h"
 #include "server/telemetry.h"
@@ -22,17 +23,6 @@ namespace {
 
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
-
-void Now(google::protobuf::Timestamp* t) {
-  const absl::Time now = absl::Now();
-  const int64_t ns = absl::ToUnixNanos(now);
-  t->set_seconds(ns / 1000000000);
-  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
-}
-
-absl::Time TimeOf(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
 
 // How much a failure explains an attempt's end: an out-of-memory or a
 // crash is the cause; a peer's collective error or an agent's stop is a

@@ -9,20 +9,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/test_db.h"
 
 namespace plateau {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TempDb(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  // Run by hand (no TEST_TMPDIR): a directory of this process's own.
-  std::string dir = (tmp ? std::string(tmp) : "/tmp/plateau-test-" + std::to_string(getpid())) + "/" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir + "/state.db";
-}
 
 v1::Job NewJob(v1::JobState state) {
   v1::Job j;

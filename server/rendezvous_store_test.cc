@@ -10,19 +10,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/test_db.h"
 
 namespace plateau {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TempDb(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = (tmp ? std::string(tmp) : "/tmp/plateau-test-" + std::to_string(getpid())) + "/" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir + "/state.db";
-}
 
 std::unique_ptr<JobStore> OpenStore(const std::string& path) {
   auto store = JobStore::Open(path);

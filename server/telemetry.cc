@@ -3,16 +3,12 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "proto/timestamps.h"
 #include "server/job_store.h"
 
 namespace plateau {
 namespace {
 
-void Now(google::protobuf::Timestamp* t) {
-  const int64_t ns = absl::ToUnixNanos(absl::Now());
-  t->set_seconds(ns / 1000000000);
-  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
-}
 
 }  // namespace
 

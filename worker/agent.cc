@@ -14,17 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/timestamps.h"
 
 extern char** environ;
 
 namespace plateau {
 namespace {
-
-void Now(google::protobuf::Timestamp* t) {
-  const int64_t ns = absl::ToUnixNanos(absl::Now());
-  t->set_seconds(ns / 1000000000);
-  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
-}
 
 bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
 
