@@ -106,7 +106,12 @@ class Backend {
 
   // Copies `bytes` between any two spaces of this backend (device or host,
   // either direction), asynchronously on `stream`. The ranges must not
-  // overlap.
+  // overlap. With memory of the caller's own on either side (a std::vector,
+  // a stack array: not in one of the backend's spaces) the copy is complete
+  // when Copy returns, as cudaMemcpyAsync is with pageable memory, so the
+  // caller may reuse or free it on any path; it then also returns the
+  // stream's error. (A Buffer, likewise, goes back to its space only once no
+  // queued work can touch it: memory.h.)
   absl::Status Copy(Stream& stream, void* dst, const void* src,
                             size_t bytes);
 

@@ -258,8 +258,9 @@ bool HeapSpace::Contains(const void* p, size_t bytes) const {
   absl::MutexLock lock(&ranges_mu_);
   auto it = ranges_.upper_bound(a);
   if (it == ranges_.begin()) return false;
-  --it;
-  return a >= it->first && a - it->first <= it->second && bytes <= it->second - (a - it->first);
+  --it;  // the last allocation starting at or before p
+  const uintptr_t offset = a - it->first;
+  return offset <= it->second && bytes <= it->second - offset;
 }
 
 }  // namespace plateau

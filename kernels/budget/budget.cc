@@ -145,9 +145,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   // source rank lands on one rank), so that it bounds every routing; the
   // balanced case (N*k rows received) is kept beside it for information.
   const int64_t S = N * o.model.top_k, P = o.layout.ranks;
-  plan.bytes[static_cast<int>(LiveSet::kDispatch)] += StandardEpPeakBytes(
-      o.model, P, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
-  plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, P, S, S);
+  plan.bytes[static_cast<int>(LiveSet::kDispatch)] +=
+      StandardEpPeakBytes(o.model, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
+  plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, S, S);
   return plan;
 }
 

@@ -49,7 +49,7 @@ TEST(BudgetTest, PlanIsTheSumOfTheLaunchListAndTheSchedulesBounds) {
           ring ? RingDtpBoundBytes(RingDtpConfigOf(o), P) : DenseProjectionBoundBytes(N, o.model.vocab_size);
       const int64_t S = N * o.model.top_k;
       const int64_t dispatch =
-          StandardEpPeakBytes(o.model, P, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
+          StandardEpPeakBytes(o.model, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
       for (int i = 0; i < kNumLiveSets; ++i) {
         const LiveSet s = static_cast<LiveSet>(i);
         const int64_t checkpoints = FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
@@ -62,7 +62,7 @@ TEST(BudgetTest, PlanIsTheSumOfTheLaunchListAndTheSchedulesBounds) {
                                                          : 0;
         EXPECT_EQ(plan->bytes[i], launch[i] + extra) << "P=" << P << " " << LiveSetName(s);
       }
-      EXPECT_EQ(plan->dispatch_balanced_bytes, StandardEpPeakBytes(o.model, P, S, S));
+      EXPECT_EQ(plan->dispatch_balanced_bytes, StandardEpPeakBytes(o.model, S, S));
       // The worst case receives every route of every rank that one rank can
       // hold: P * N * min(k, E/P).
       EXPECT_EQ(StandardEpWorstCaseReceivedRows(o.model, P, N), P * N * std::min<int64_t>(2, 4 / P));

@@ -42,9 +42,9 @@ absl::Status StandardEp::Plan(const int32_t* chosen, int64_t tokens) {
   const int64_t P = comm_.size(), K = model_.top_k, Ep = local_experts_, routes = tokens * K;
   tokens_ = tokens;
   std::vector<int32_t> host_chosen(routes);
+  // Into host memory: done when Copy returns (backend.h).
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, host_chosen.data(), chosen,
                                         routes * sizeof(int32_t)));
-  PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
 
   // Counting sort of the routes by (destination, local expert); within a
   // bucket, token then choice order.
@@ -84,7 +84,6 @@ absl::Status StandardEp::Plan(const int32_t* chosen, int64_t tokens) {
       comm_.AllToAllV(comm_stream_, send_c, per_peer, recv_c, per_peer, DataType::kInt64));
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, host_recv.data(), recv_c,
                                         P * Ep * sizeof(int64_t)));
-  PLATEAU_RETURN_IF_ERROR(comm_stream_.Synchronize());
 
   // Received rows arrive source-major; the experts want them expert-major.
   recv_counts_.assign(P, 0);
@@ -113,7 +112,7 @@ absl::Status StandardEp::Plan(const int32_t* chosen, int64_t tokens) {
   PLATEAU_ASSIGN_OR_RETURN(route_at_pos_, AllocIndex(route_at_pos));
   PLATEAU_ASSIGN_OR_RETURN(perm_, AllocIndex(perm));
   PLATEAU_ASSIGN_OR_RETURN(inv_perm_, AllocIndex(inv_perm));
-  return compute_.Synchronize();  // the host vectors above die on return
+  return absl::OkStatus();  // AllocIndex's copies from the host vectors are done
 }
 
 // Rows of H floats: forward sends by send_counts_ and receives by
@@ -159,8 +158,7 @@ absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const fl
     PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, u, tokens, send_index_.as<int32_t>(),
                                                 nullptr, routes, H, send.as<float>()));
     PLATEAU_RETURN_IF_ERROR(Exchange(send.as<float>(), recv.as<float>(), /*forward=*/true));
-    PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());  // before `send` is freed
-  }
+  }  // `send` goes back once the exchange has read it (memory.h)
   PLATEAU_ASSIGN_OR_RETURN(x_, Alloc(R * H));
   PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, recv.as<float>(), R, perm_.as<int32_t>(),
                                               nullptr, R, H, x_.as<float>()));
@@ -195,7 +193,8 @@ absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const fl
   PLATEAU_RETURN_IF_ERROR(Exchange(yback.as<float>(), returned_.as<float>(), /*forward=*/false));
   PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, returned_.as<float>(),
                                                route_pos_.as<int32_t>(), gates, tokens, K, H, out));
-  return compute_.Synchronize();  // send/recv are freed on return
+  // recv and yback go back once the queued work is done with them (memory.h).
+  return absl::OkStatus();
 }
 
 absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, float* du,
@@ -260,8 +259,7 @@ absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, flo
   PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, dsend.as<float>(),
                                                route_pos_.as<int32_t>(), nullptr, tokens, K, H,
                                                du));
-  PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
-  Release();
+  Release();  // each buffer goes back once the queued work is done with it (memory.h)
   return absl::OkStatus();
 }
 

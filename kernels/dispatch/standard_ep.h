@@ -5,7 +5,9 @@
 // a reverse all-to-all-v brings the outputs back to be combined with the
 // router's gates. Dropless: no capacity factor. Its receive buffers grow with
 // the routes a rank is sent — R_d is unbounded in N and in routing skew — and
-// that is exactly the peak PipelinedLLEP bounds. Buffers are allocated per
+// that is exactly the peak PipelinedLLEP bounds (its worst case for the
+// budget: standard_ep_plan.h, which counts exactly what Forward and Backward
+// allocate). Buffers are allocated per
 // layer call at their exact sizes in the kDispatch live set, so the measured
 // peak shows the growth.
 //
@@ -27,7 +29,6 @@
 #include "kernels/communicator.h"
 #include "kernels/memory.h"
 #include "kernels/dispatch/expert_dispatch.h"
-#include "kernels/dispatch/standard_ep_plan.h"
 #include "kernels/model/config.h"
 #include "kernels/model/model_kernels.h"
 
@@ -56,16 +57,6 @@ class StandardEp final : public ExpertDispatch {
 
   // Rows this rank received in the last Forward (its R_d).
   int64_t received_rows() const { return recv_rows_; }
-
-  // kernels/dispatch/standard_ep_plan.h, here for the schedule's users.
-  static int64_t PeakBytes(const ModelConfig& model, int64_t ranks, int64_t sent_routes,
-                           int64_t received_rows) {
-    return StandardEpPeakBytes(model, ranks, sent_routes, received_rows);
-  }
-  static int64_t WorstCaseReceivedRows(const ModelConfig& model, int64_t ranks,
-                                       int64_t tokens_per_rank) {
-    return StandardEpWorstCaseReceivedRows(model, ranks, tokens_per_rank);
-  }
 
  private:
   absl::Status Plan(const int32_t* chosen, int64_t tokens);

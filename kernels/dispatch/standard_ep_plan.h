@@ -14,8 +14,7 @@ namespace plateau {
 // Peak bytes of the kDispatch live set over Forward and Backward of one
 // layer in which this rank sends `sent_routes` routes (N*k) and receives
 // `received_rows` rows (Backward holds the most).
-int64_t StandardEpPeakBytes(const ModelConfig& model, int64_t ranks, int64_t sent_routes,
-                            int64_t received_rows);
+int64_t StandardEpPeakBytes(const ModelConfig& model, int64_t sent_routes, int64_t received_rows);
 
 // The most rows one rank can receive: every token of every source rank
 // sends it all the routes it can, min(k, E/P) (a token's k experts are

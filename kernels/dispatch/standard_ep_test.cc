@@ -328,11 +328,10 @@ TEST_P(StandardEpTest, MatchesTheReferenceAndThePlannedPeak) {
   // The measured peak is the plan for the routes this rank saw, exactly, and
   // at most the plan for the worst routing; Backward leaves nothing behind.
   const int64_t worst =
-      StandardEpPeakBytes(m, P, max_n * m.top_k, StandardEpWorstCaseReceivedRows(m, P, max_n));
+      StandardEpPeakBytes(m, max_n * m.top_k, StandardEpWorstCaseReceivedRows(m, P, max_n));
   for (int p = 0; p < P; ++p) {
     SCOPED_TRACE(absl::StrCat("rank ", p));
-    EXPECT_EQ(got.peak[p], StandardEpPeakBytes(m, P, pr.n[p] * m.top_k, got.received[p]));
-    EXPECT_EQ(got.peak[p], StandardEp::PeakBytes(m, P, pr.n[p] * m.top_k, got.received[p]));
+    EXPECT_EQ(got.peak[p], StandardEpPeakBytes(m, pr.n[p] * m.top_k, got.received[p]));
     EXPECT_LE(got.peak[p], worst);
     EXPECT_EQ(got.after[p], 0);
   }

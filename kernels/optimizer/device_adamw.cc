@@ -48,9 +48,9 @@ absl::StatusOr<OptimizerShardState> DeviceAdamW::Save() {
                          {&st.dense_m, &m_}, {&st.dense_v, &v_}, {&st.expert_m, &expert_m_},
                          {&st.expert_v, &expert_v_}}) {
     host->resize(b->bytes() / sizeof(float));
+    // Into host memory: done when Copy returns (backend.h).
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(stream_, host->data(), b->data(), b->bytes()));
   }
-  PLATEAU_RETURN_IF_ERROR(stream_.Synchronize());
   return st;
 }
 

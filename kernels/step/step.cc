@@ -205,7 +205,6 @@ absl::Status TrainingStep::Allocate() {
   const int64_t rank = world_.rank();
   std::vector<float> experts = layout_.InitExperts(rank, options_.seed);
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.experts.data(), experts.data(), I.experts.bytes()));
-  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
   OptimizerShardState initial;  // zero moments
   initial.dense_master = layout_.InitDenseShard(rank, options_.seed);
   return I.optimizer->Load(initial);
@@ -588,7 +587,6 @@ absl::Status TrainingStep::LoadState(const ModelState& st) {
   layout_.ShardFrom(st.v, rank, &shard.dense_v, &shard.expert_v);
   layout_.ShardFrom(st.weights, rank, &shard.dense_master, &experts);
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.experts.data(), experts.data(), I.experts.bytes()));
-  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
   PLATEAU_RETURN_IF_ERROR(I.optimizer->Load(shard));
   step_ = st.step;
   return absl::OkStatus();
