@@ -28,7 +28,7 @@ namespace plateau {
 class ModelKernels {
  public:
   // The implementation for backend.kind(): CPU always; CUDA in a build with
-  // --config=cuda (UNIMPLEMENTED otherwise). Lives in model_kernels_factory.cc.
+  // --config=cuda (UNIMPLEMENTED otherwise). Defined in kernels/factory (above both implementations).
   static absl::StatusOr<std::unique_ptr<ModelKernels>> Create(Backend& backend);
   virtual ~ModelKernels() = default;
 

@@ -1,5 +1,5 @@
-// ModelKernels::Create lives apart from the interface so that the CUDA
-// implementation can depend on the interface without a dependency cycle.
+// ModelKernels::Create, defined above the CPU and CUDA model kernels so that
+// both depend on the interface (kernels/model/model_kernels.h) only.
 #include "kernels/model/cpu_model_kernels.h"
 #include "kernels/model/model_kernels.h"
 #ifdef PLATEAU_WITH_CUDA

@@ -1,5 +1,5 @@
-// CreateCommunicator lives apart from the interface so that backends depend
-// on the interface without a dependency cycle (as Backend::Create does).
+// CreateCommunicator, defined above Gloo and NCCL so that both depend on
+// the interface (kernels/communicator.h) and not on each other.
 #include "absl/strings/str_cat.h"
 #include "kernels/communicator.h"
 #include "kernels/gloo_communicator.h"

@@ -1,5 +1,5 @@
-// Backend::Create lives apart from the interface so that the CUDA backend
-// can depend on the interface without a dependency cycle.
+// Backend::Create, defined above the CPU and CUDA backends so that both
+// depend on the interface (kernels/backend.h) and not on each other.
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/cpu_backend.h"
