@@ -42,20 +42,27 @@ absl::Status ValidateProjection(const StepOptions& o) {
 
 }  // namespace
 
+ParamLayout LayoutOf(const StepOptions& o) {
+  return ParamLayout(o.model, o.layout.ranks,
+                     o.projection.kind == ProjectionOptions::Kind::kRingDtp
+                         ? LmHeadLayout::kVocabularySharded
+                         : LmHeadLayout::kDense);
+}
+
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) {
-  const ParamLayout p(o.model, o.layout.ranks);
+  const ParamLayout p = LayoutOf(o);
   const ModelConfig& m = o.model;
   const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();
   const int64_t qd = m.heads * d, kvd = m.kv_heads * d, E = m.experts, K = m.top_k;
   const int64_t rows_h = N * m.heads;  // (token, head) rows of attention state
   const int64_t f = sizeof(float), i32 = sizeof(int32_t);
-  const int64_t D = p.dense_padded(), S = p.shard_numel(), X = p.expert_numel_per_rank();
+  const int64_t D = p.dense_padded(), S = p.shard_numel(), X = p.owned_numel_per_rank();
   return {
       {"dense", LiveSet::kWeights, D * f},
-      {"experts", LiveSet::kWeights, X * f},
+      {"owned", LiveSet::kWeights, X * f},
       {"dense_grad", LiveSet::kGrads, D * f},
       {"dense_grad_shard", LiveSet::kGrads, S * f},
-      {"expert_grad", LiveSet::kGrads, X * f},
+      {"owned_grad", LiveSet::kGrads, X * f},
       {"tokens", LiveSet::kActivations, N * i32},
       {"targets", LiveSet::kActivations, N * i32},
       {"a", LiveSet::kActivations, N * H * f},
@@ -135,9 +142,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   const int64_t N = TokensPerRank(o.model, o.layout);
   plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
   // Optimizer: master, m and v on the device (OffloadStreamAdamW: issue 14).
-  const ParamLayout p(o.model, o.layout.ranks);
+  const ParamLayout p = LayoutOf(o);
   plan.bytes[static_cast<int>(LiveSet::kOptimizer)] +=
-      DeviceAdamWBytes(p.shard_numel(), p.expert_numel_per_rank());
+      DeviceAdamWBytes(p.shard_numel(), p.owned_numel_per_rank());
   // Checkpoints: every boundary on the device (SCO: issue 13).
   plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
   // Standard EP has no bound of its own: its receive buffers grow with the

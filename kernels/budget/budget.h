@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/memory.h"
+#include "kernels/model/params.h"
 #include "kernels/model/step_options.h"
 #include "kernels/projection/projection_plan.h"
 
@@ -47,6 +48,11 @@ struct StepBufferSpec {
   int64_t bytes;
 };
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options);
+
+// Where the parameters live under these options: the lm_head is
+// vocabulary-sharded (owned by its shard's rank) under Ring-DTP, in the
+// ZeRO-sharded dense weights otherwise.
+ParamLayout LayoutOf(const StepOptions& options);
 
 // Ring-DTP's configuration for the step's options (the mode chosen when the
 // options leave it unset).

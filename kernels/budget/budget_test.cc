@@ -53,13 +53,13 @@ TEST(BudgetTest, PlanIsTheSumOfTheLaunchListAndTheSchedulesBounds) {
       for (int i = 0; i < kNumLiveSets; ++i) {
         const LiveSet s = static_cast<LiveSet>(i);
         const int64_t checkpoints = FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
-      const ParamLayout layout(o.model, P);
-      const int64_t optimizer = DeviceAdamWBytes(layout.shard_numel(), layout.expert_numel_per_rank());
-      const int64_t extra = s == LiveSet::kProjection    ? projection
-                            : s == LiveSet::kDispatch    ? dispatch
-                            : s == LiveSet::kCheckpoints ? checkpoints
-                            : s == LiveSet::kOptimizer   ? optimizer
-                                                         : 0;
+        const ParamLayout layout = LayoutOf(o);
+        const int64_t optimizer = DeviceAdamWBytes(layout.shard_numel(), layout.owned_numel_per_rank());
+        const int64_t extra = s == LiveSet::kProjection    ? projection
+                              : s == LiveSet::kDispatch    ? dispatch
+                              : s == LiveSet::kCheckpoints ? checkpoints
+                              : s == LiveSet::kOptimizer   ? optimizer
+                                                           : 0;
         EXPECT_EQ(plan->bytes[i], launch[i] + extra) << "P=" << P << " " << LiveSetName(s);
       }
       EXPECT_EQ(plan->dispatch_balanced_bytes, StandardEpPeakBytes(o.model, S, S));
@@ -69,6 +69,31 @@ TEST(BudgetTest, PlanIsTheSumOfTheLaunchListAndTheSchedulesBounds) {
       EXPECT_GE(plan->bytes[static_cast<int>(LiveSet::kDispatch)], plan->dispatch_balanced_bytes);
     }
   }
+}
+
+// Under Ring-DTP a rank holds only its vocabulary shard of lm_head. Growing
+// V from 400 to 4000 at P = 4 (H = 16):
+// - the embedding [V, H] is a ZeRO-sharded dense weight in both stacks: its
+//   all-gathered working copy and full-size gradient cost 8 bytes per value
+//   on every rank, its gradient shard, master and moments 16 / P;
+// - an lm_head in the dense weights costs the same again;
+// - a vocabulary-sharded lm_head costs 16 bytes per value of the largest
+//   shard, ceil(V / P) x H (working weights, gradient, m, v), and nothing
+//   per value of the other shards.
+// (V x H is a multiple of P here, so the ZeRO padding does not change.)
+TEST(BudgetTest, RingDtpPersistentTermsGrowWithTheVocabularyShardOnly) {
+  const int64_t P = 4, H = Small(P).model.hidden;
+  auto persistent = [&](int64_t vocab, bool ring) {
+    StepOptions o = Small(P);
+    o.model.vocab_size = vocab;
+    if (ring) o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+    MemoryPlan plan = PlanMemory(o).value();
+    return plan.bytes[static_cast<int>(LiveSet::kWeights)] + plan.bytes[static_cast<int>(LiveSet::kGrads)] +
+           plan.bytes[static_cast<int>(LiveSet::kOptimizer)];
+  };
+  const int64_t embedding = (8 + 16 / P) * (4000 - 400) * H;
+  EXPECT_EQ(persistent(4000, false) - persistent(400, false), 2 * embedding);
+  EXPECT_EQ(persistent(4000, true) - persistent(400, true), embedding + 16 * (1000 - 100) * H);
 }
 
 TEST(BudgetTest, BadOptionsAreRefusedNamingTheSpecField) {

@@ -22,14 +22,34 @@ int ExpertWhich(const std::string& name) {
 
 }  // namespace
 
-ParamLayout::ParamLayout(const ModelConfig& m, int64_t ranks)
-    : model_(m), ranks_(ranks), weights_(ModelWeights(m)) {
+int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard) {
+  return shard * (vocab / ranks) + std::min(shard, vocab % ranks);
+}
+
+int64_t MaxVocabShardRows(int64_t vocab, int64_t ranks) { return (vocab + ranks - 1) / ranks; }
+
+ParamLayout::ParamLayout(const ModelConfig& m, int64_t ranks, LmHeadLayout lm_head)
+    : model_(m), ranks_(ranks), lm_head_(lm_head), weights_(ModelWeights(m)) {
+  const int lm = lm_head_weight();
   for (int i = 0; i < static_cast<int>(weights_.size()); ++i) {
     if (weights_[i].expert) continue;
+    if (i == lm && lm_head_ == LmHeadLayout::kVocabularySharded) continue;
     dense_.push_back({i, dense_numel_, weights_[i].numel()});
     dense_numel_ += weights_[i].numel();
   }
   shard_ = (dense_numel_ + ranks_ - 1) / ranks_;
+}
+
+int ParamLayout::lm_head_weight() const {
+  for (int i = 0; i < static_cast<int>(weights_.size()); ++i) {
+    if (weights_[i].name == "lm_head.weight") return i;
+  }
+  std::abort();  // a programming error: the names are fixed by ModelWeights()
+}
+
+int64_t ParamLayout::lm_head_shard_numel() const {
+  if (lm_head_ != LmHeadLayout::kVocabularySharded) return 0;
+  return MaxVocabShardRows(model_.vocab_size, ranks_) * model_.hidden;
 }
 
 int64_t ParamLayout::DenseOffset(const std::string& name) const {
@@ -52,8 +72,8 @@ std::vector<float> ParamLayout::InitDenseShard(int64_t rank, uint64_t seed) cons
   return shard;
 }
 
-std::vector<float> ParamLayout::InitExperts(int64_t rank, uint64_t seed) const {
-  std::vector<float> out(expert_numel_per_rank());
+std::vector<float> ParamLayout::InitOwned(int64_t rank, uint64_t seed) const {
+  std::vector<float> out(owned_numel_per_rank(), 0.0f);
   const int64_t ep = experts_per_rank(), mat = expert_matrix();
   for (const WeightSpec& w : weights_) {
     if (!w.expert) continue;
@@ -66,19 +86,27 @@ std::vector<float> ParamLayout::InitExperts(int64_t rank, uint64_t seed) const {
       for (int64_t i = 0; i < mat; ++i) dst[i] = InitValue(w, key, global + i);
     }
   }
+  if (lm_head_ == LmHeadLayout::kVocabularySharded) {
+    const WeightSpec& w = weights_[lm_head_weight()];
+    const uint64_t key = WeightKey(seed, w.name);
+    const int64_t H = model_.hidden, lo = VocabShardBegin(model_.vocab_size, ranks_, rank) * H,
+                  hi = VocabShardBegin(model_.vocab_size, ranks_, rank + 1) * H;
+    float* dst = &out[lm_head_shard_offset()];
+    for (int64_t i = lo; i < hi; ++i) dst[i - lo] = InitValue(w, key, i);
+  }
   return out;
 }
 
 void ParamLayout::ShardFrom(const std::vector<std::vector<float>>& full, int64_t rank,
                             std::vector<float>* dense_shard,
-                            std::vector<float>* experts) const {
+                            std::vector<float>* owned) const {
   dense_shard->assign(shard_, 0.0f);
   const int64_t lo = rank * shard_, hi = lo + shard_;
   for (const Dense& d : dense_) {
     const int64_t a = std::max(lo, d.offset), b = std::min(hi, d.offset + d.numel);
     for (int64_t i = a; i < b; ++i) (*dense_shard)[i - lo] = full[d.weight][i - d.offset];
   }
-  experts->assign(expert_numel_per_rank(), 0.0f);
+  owned->assign(owned_numel_per_rank(), 0.0f);
   const int64_t ep = experts_per_rank(), mat = expert_matrix();
   for (size_t wi = 0; wi < weights_.size(); ++wi) {
     const WeightSpec& w = weights_[wi];
@@ -87,19 +115,25 @@ void ParamLayout::ShardFrom(const std::vector<std::vector<float>>& full, int64_t
     const int which = ExpertWhich(w.name);
     for (int64_t le = 0; le < ep; ++le) {
       std::copy_n(&full[wi][(rank * ep + le) * mat], mat,
-                  &(*experts)[ExpertOffset(layer, which, le)]);
+                  &(*owned)[ExpertOffset(layer, which, le)]);
     }
+  }
+  if (lm_head_ == LmHeadLayout::kVocabularySharded) {
+    const int64_t H = model_.hidden, lo = VocabShardBegin(model_.vocab_size, ranks_, rank) * H,
+                  hi = VocabShardBegin(model_.vocab_size, ranks_, rank + 1) * H;
+    std::copy(full[lm_head_weight()].begin() + lo, full[lm_head_weight()].begin() + hi,
+              owned->begin() + lm_head_shard_offset());
   }
 }
 
 std::vector<std::vector<float>> ParamLayout::Assemble(const std::vector<float>& dense_full,
-                                                      const std::vector<float>& experts_all) const {
+                                                      const std::vector<float>& owned_all) const {
   std::vector<std::vector<float>> full;
   for (const WeightSpec& w : weights_) full.emplace_back(w.numel());
   for (const Dense& d : dense_) {
     std::copy_n(&dense_full[d.offset], d.numel, full[d.weight].begin());
   }
-  const int64_t ep = experts_per_rank(), mat = expert_matrix(), per_rank = expert_numel_per_rank();
+  const int64_t ep = experts_per_rank(), mat = expert_matrix(), per_rank = owned_numel_per_rank();
   for (size_t wi = 0; wi < weights_.size(); ++wi) {
     const WeightSpec& w = weights_[wi];
     if (!w.expert) continue;
@@ -107,9 +141,18 @@ std::vector<std::vector<float>> ParamLayout::Assemble(const std::vector<float>& 
     const int which = ExpertWhich(w.name);
     for (int64_t r = 0; r < ranks_; ++r) {
       for (int64_t le = 0; le < ep; ++le) {
-        std::copy_n(&experts_all[r * per_rank + ExpertOffset(layer, which, le)], mat,
+        std::copy_n(&owned_all[r * per_rank + ExpertOffset(layer, which, le)], mat,
                     &full[wi][(r * ep + le) * mat]);
       }
+    }
+  }
+  if (lm_head_ == LmHeadLayout::kVocabularySharded) {
+    const int64_t H = model_.hidden;
+    for (int64_t r = 0; r < ranks_; ++r) {
+      const int64_t lo = VocabShardBegin(model_.vocab_size, ranks_, r) * H,
+                    hi = VocabShardBegin(model_.vocab_size, ranks_, r + 1) * H;
+      std::copy_n(&owned_all[r * per_rank + lm_head_shard_offset()], hi - lo,
+                  &full[lm_head_weight()][lo]);
     }
   }
   return full;

@@ -10,17 +10,17 @@ absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(const Optimizer
                                                                  Backend& backend, Communicator& world,
                                                                  Stream& stream) {
   std::unique_ptr<DeviceAdamW> o(new DeviceAdamW(config, params, backend, world, stream));
-  const int64_t S = params.shard_numel, X = params.expert_numel, f = sizeof(float);
+  const int64_t S = params.shard_numel, X = params.owned_numel, f = sizeof(float);
   MemorySpace& dev = backend.device();
   for (auto [b, n] : {std::pair<Buffer*, int64_t>{&o->master_, S}, {&o->m_, S}, {&o->v_, S},
-                      {&o->expert_m_, X}, {&o->expert_v_, X}}) {
+                      {&o->owned_m_, X}, {&o->owned_v_, X}}) {
     PLATEAU_ASSIGN_OR_RETURN(*b, dev.Allocate(LiveSet::kOptimizer, n * f));
   }
   return o;
 }
 
 absl::Status DeviceAdamW::Load(const OptimizerShardState& st) {
-  const int64_t S = params_.shard_numel, X = params_.expert_numel;
+  const int64_t S = params_.shard_numel, X = params_.owned_numel;
   auto put = [&](Buffer& b, const std::vector<float>& host, int64_t n, const char* what) -> absl::Status {
     if (host.empty()) return backend_.Fill(stream_, b.as<float>(), n, 0.0f);
     if (static_cast<int64_t>(host.size()) != n) {
@@ -37,16 +37,16 @@ absl::Status DeviceAdamW::Load(const OptimizerShardState& st) {
   PLATEAU_RETURN_IF_ERROR(put(master_, st.dense_master, S, "the dense master"));
   PLATEAU_RETURN_IF_ERROR(put(m_, st.dense_m, S, "the dense m"));
   PLATEAU_RETURN_IF_ERROR(put(v_, st.dense_v, S, "the dense v"));
-  PLATEAU_RETURN_IF_ERROR(put(expert_m_, st.expert_m, X, "the experts' m"));
-  PLATEAU_RETURN_IF_ERROR(put(expert_v_, st.expert_v, X, "the experts' v"));
+  PLATEAU_RETURN_IF_ERROR(put(owned_m_, st.owned_m, X, "the owned weights' m"));
+  PLATEAU_RETURN_IF_ERROR(put(owned_v_, st.owned_v, X, "the owned weights' v"));
   return Refresh();
 }
 
 absl::StatusOr<OptimizerShardState> DeviceAdamW::Save() {
   OptimizerShardState st;
   for (auto [host, b] : {std::pair<std::vector<float>*, Buffer*>{&st.dense_master, &master_},
-                         {&st.dense_m, &m_}, {&st.dense_v, &v_}, {&st.expert_m, &expert_m_},
-                         {&st.expert_v, &expert_v_}}) {
+                         {&st.dense_m, &m_}, {&st.dense_v, &v_}, {&st.owned_m, &owned_m_},
+                         {&st.owned_v, &owned_v_}}) {
     host->resize(b->bytes() / sizeof(float));
     // Into host memory: done when Copy returns (backend.h).
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(stream_, host->data(), b->data(), b->bytes()));
@@ -59,8 +59,8 @@ absl::Status DeviceAdamW::Update(float clip, int64_t step) {
   AdamWArgs a{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
   PLATEAU_RETURN_IF_ERROR(backend_.AdamW(stream_, master_.as<float>(), params_.dense_grad_shard, m_.as<float>(),
                                          v_.as<float>(), params_.shard_numel, a));
-  PLATEAU_RETURN_IF_ERROR(backend_.AdamW(stream_, params_.experts, params_.expert_grad, expert_m_.as<float>(),
-                                         expert_v_.as<float>(), params_.expert_numel, a));
+  PLATEAU_RETURN_IF_ERROR(backend_.AdamW(stream_, params_.owned, params_.owned_grad, owned_m_.as<float>(),
+                                         owned_v_.as<float>(), params_.owned_numel, a));
   return Refresh();
 }
 

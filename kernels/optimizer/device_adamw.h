@@ -1,9 +1,10 @@
 // The optimizer baseline: ZeRO-sharded AdamW with all its state on the
 // device. Each rank keeps the fp32 master of its dense shard and the AdamW
-// moments of the shard and of its experts (DeviceAdamWBytes in the
+// moments of the shard and of its owned weights (experts; lm_head shard
+// under Ring-DTP) (DeviceAdamWBytes in the
 // kOptimizer live set, allocated at launch: 16 bytes per parameter with the
 // weights and gradients, the persistent term OffloadStreamAdamW cuts); an
-// update runs AdamW on the shard and the experts, then all-gathers the
+// update runs AdamW on the shard and the owned weights, then all-gathers the
 // masters into the working weights.
 //
 // Thread safety: one per rank (OptimizerUpdate).
@@ -45,7 +46,7 @@ class DeviceAdamW final : public OptimizerUpdate {
   Backend& backend_;
   Communicator& world_;
   Stream& stream_;
-  Buffer master_, m_, v_, expert_m_, expert_v_;  // kOptimizer
+  Buffer master_, m_, v_, owned_m_, owned_v_;  // kOptimizer
 };
 
 }  // namespace plateau

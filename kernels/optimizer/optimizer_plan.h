@@ -8,9 +8,9 @@
 namespace plateau {
 
 // Device bytes of the baseline: the dense shard's fp32 master, m and v [S],
-// the experts' m and v [X].
-inline int64_t DeviceAdamWBytes(int64_t shard_numel, int64_t expert_numel) {
-  return (3 * shard_numel + 2 * expert_numel) * static_cast<int64_t>(sizeof(float));
+// the owned weights' m and v [X] (they are their own master).
+inline int64_t DeviceAdamWBytes(int64_t shard_numel, int64_t owned_numel) {
+  return (3 * shard_numel + 2 * owned_numel) * static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace plateau

@@ -7,7 +7,8 @@
 // (kernels/step/schedules.h).
 //
 // The step owns the working weights (kWeights: the all-gathered dense
-// weights and this rank's experts, fp32 experts being their own master) and
+// weights and this rank's owned weights — its experts and, under Ring-DTP,
+// its lm_head vocabulary shard; fp32, so their own master) and
 // the gradients (kGrads); the optimizer owns its state (kOptimizer). The
 // step computes the global gradient norm and the clip coefficient before
 // Update, as the paper's pipeline needs it before the first bucket.
@@ -26,20 +27,20 @@
 namespace plateau {
 
 // This rank's optimizer state on the host: the dense shard's master and
-// moments [S], the experts' moments [X].
+// moments [S], the owned weights' moments [X] (kernels/model/params.h).
 struct OptimizerShardState {
   std::vector<float> dense_master, dense_m, dense_v;
-  std::vector<float> expert_m, expert_v;
+  std::vector<float> owned_m, owned_v;
 };
 
 // The step's buffers the optimizer reads and writes (device).
 struct OptimizerParams {
   float* dense_working = nullptr;           // [S * P] all-gathered from the masters
-  float* experts = nullptr;                 // [X] updated in place
+  float* owned = nullptr;                   // [X] updated in place
   const float* dense_grad_shard = nullptr;  // [S]
-  const float* expert_grad = nullptr;       // [X]
+  const float* owned_grad = nullptr;        // [X]
   int64_t shard_numel = 0;                  // S
-  int64_t expert_numel = 0;                 // X
+  int64_t owned_numel = 0;                  // X, ParamLayout::owned_numel_per_rank()
 };
 
 class OptimizerUpdate {

@@ -8,12 +8,6 @@ absl::string_view RingDtpModeName(RingDtpMode mode) {
   return mode == RingDtpMode::kActivations ? "activations" : "weights";
 }
 
-int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard) {
-  return shard * (vocab / ranks) + std::min(shard, vocab % ranks);
-}
-
-int64_t RingDtpMaxShardRows(int64_t vocab, int64_t ranks) { return (vocab + ranks - 1) / ranks; }
-
 // Tokens per ring pass: a chunk of the batch in activation mode, all of it
 // in weight mode.
 int64_t RingDtpPassRows(const RingDtpConfig& c) {
@@ -27,11 +21,11 @@ int64_t RingDtpPassRows(const RingDtpConfig& c) {
 // weight mode.
 int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks) {
   return c.mode == RingDtpMode::kActivations ? RingDtpPassRows(c) * c.hidden
-                                             : RingDtpMaxShardRows(c.vocab, ranks) * c.hidden;
+                                             : MaxVocabShardRows(c.vocab, ranks) * c.hidden;
 }
 
 RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
-  return rows <= RingDtpMaxShardRows(vocab, ranks) ? RingDtpMode::kActivations
+  return rows <= MaxVocabShardRows(vocab, ranks) ? RingDtpMode::kActivations
                                                    : RingDtpMode::kWeights;
 }
 

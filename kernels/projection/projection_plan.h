@@ -8,15 +8,13 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "kernels/model/params.h"  // VocabShardBegin, MaxVocabShardRows
 #include "kernels/model/step_options.h"
 
 namespace plateau {
 
 absl::string_view RingDtpModeName(RingDtpMode mode);  // "activations"/"weights"
 
-// First vocabulary row of shard s of V rows over P ranks (the first V % P
-// shards hold one row more).
-int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard);
 
 struct RingDtpConfig {
   int64_t rows = 0;    // N, tokens per rank
@@ -44,10 +42,9 @@ RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks);
 // mode; in weight mode it grows with N only through the per-token state.
 int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks);
 
-// The pieces of that bound, shared with the allocation: the rows of the
-// largest vocabulary shard, the tokens of one ring pass, the floats of one
-// traveller slot.
-int64_t RingDtpMaxShardRows(int64_t vocab, int64_t ranks);
+// The pieces of that bound, shared with the allocation (with
+// MaxVocabShardRows, kernels/model/params.h): the tokens of one ring pass,
+// the floats of one traveller slot.
 int64_t RingDtpPassRows(const RingDtpConfig& c);
 int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks);
 

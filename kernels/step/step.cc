@@ -21,13 +21,15 @@ struct TrainingStep::Impl {
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
   // kOptimizer lives here: the dense shard's master and AdamW moments, the
-  // experts' moments (fp32 experts are their own master).
+  // owned weights' moments (fp32: they are their own master).
   std::unique_ptr<OptimizerUpdate> optimizer;
 
-  // kWeights: working dense weights (all-gathered) and this rank's experts.
-  Buffer dense, experts;
+  // kWeights: working dense weights (all-gathered) and this rank's owned
+  // weights (its experts; under Ring-DTP also its lm_head vocabulary shard:
+  // kernels/model/params.h).
+  Buffer dense, owned;
   // kGrads
-  Buffer dense_grad, dense_grad_shard, expert_grad;
+  Buffer dense_grad, dense_grad_shard, owned_grad;
   // kActivations: one layer's working set (recomputed in backward).
   Buffer tokens, targets;               // int32 [N]
   Buffer a, rstd_a, q, kv, ml, o, lse;  // kv: [k | v]; ml: [m | l]
@@ -37,9 +39,13 @@ struct TrainingStep::Impl {
   Buffer attn_work;                     // attention panel scratch
   // kWorkspace
   Buffer stats;    // 2 doubles: loss sum, valid count
-  Buffer scalars;  // 2 floats: squared norms (dense shard, experts)
+  Buffer scalars;  // 2 floats: squared norms (dense shard, owned weights)
 
-  int64_t off_embed = 0, off_final_norm = 0, off_lm_head = 0;
+  int64_t off_embed = 0, off_final_norm = 0;
+  // This rank's rows of lm_head (the projection's FirstWeightRow() onward)
+  // and of its gradient: in the dense weights, or in the owned vector.
+  float* lm_head = nullptr;
+  float* lm_head_grad = nullptr;
   struct LayerOff {
     int64_t attn_norm, wq, wk, wv, wo, moe_norm, router;
   };
@@ -60,10 +66,10 @@ const std::vector<LaunchMember>& LaunchMembers() {
   using I = TrainingStep::Impl;
   static const std::vector<LaunchMember> kMembers = {
       {"dense", &I::dense},
-      {"experts", &I::experts},
+      {"owned", &I::owned},
       {"dense_grad", &I::dense_grad},
       {"dense_grad_shard", &I::dense_grad_shard},
-      {"expert_grad", &I::expert_grad},
+      {"owned_grad", &I::owned_grad},
       {"tokens", &I::tokens},
       {"targets", &I::targets},
       {"a", &I::a},
@@ -126,7 +132,7 @@ TrainingStep::TrainingStep(const StepOptions& options, Backend& backend, Communi
     : options_(options),
       backend_(backend),
       world_(world),
-      layout_(options.model, options.layout.ranks),
+      layout_(LayoutOf(options)),
       impl_(std::make_unique<Impl>()) {}
 
 TrainingStep::~TrainingStep() {
@@ -177,11 +183,11 @@ absl::Status TrainingStep::Allocate() {
   }
   OptimizerParams params;
   params.dense_working = I.dense.as<float>();
-  params.experts = I.experts.as<float>();
+  params.owned = I.owned.as<float>();
   params.dense_grad_shard = I.dense_grad_shard.as<float>();
-  params.expert_grad = I.expert_grad.as<float>();
+  params.owned_grad = I.owned_grad.as<float>();
   params.shard_numel = layout_.shard_numel();
-  params.expert_numel = layout_.expert_numel_per_rank();
+  params.owned_numel = layout_.owned_numel_per_rank();
   PLATEAU_ASSIGN_OR_RETURN(StepSchedules schedules, CreateSchedules({options_, backend_, *I.kernels, world_,
                                                                      *I.compute, *I.comm, params}));
   I.checkpoints = std::move(schedules.checkpoints);
@@ -191,7 +197,15 @@ absl::Status TrainingStep::Allocate() {
 
   I.off_embed = layout_.DenseOffset("embed.weight");
   I.off_final_norm = layout_.DenseOffset("final_norm.weight");
-  I.off_lm_head = layout_.DenseOffset("lm_head.weight");
+  if (layout_.lm_head_layout() == LmHeadLayout::kVocabularySharded) {
+    // The owned vector holds exactly the projection's rows.
+    I.lm_head = I.owned.as<float>() + layout_.lm_head_shard_offset();
+    I.lm_head_grad = I.owned_grad.as<float>() + layout_.lm_head_shard_offset();
+  } else {
+    const int64_t rows = layout_.DenseOffset("lm_head.weight") + I.projection->FirstWeightRow() * m.hidden;
+    I.lm_head = I.dense.as<float>() + rows;
+    I.lm_head_grad = I.dense_grad.as<float>() + rows;
+  }
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     I.layer_off.push_back({layout_.DenseOffset(p + "attn_norm.weight"),
@@ -201,10 +215,10 @@ absl::Status TrainingStep::Allocate() {
                            layout_.DenseOffset(p + "router.weight")});
   }
 
-  // Initial weights: this rank's shard and experts, then the all-gather.
+  // Initial weights: this rank's shard and owned weights, then the all-gather.
   const int64_t rank = world_.rank();
-  std::vector<float> experts = layout_.InitExperts(rank, options_.seed);
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.experts.data(), experts.data(), I.experts.bytes()));
+  std::vector<float> owned = layout_.InitOwned(rank, options_.seed);
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.owned.data(), owned.data(), I.owned.bytes()));
   OptimizerShardState initial;  // zero moments
   initial.dense_master = layout_.InitDenseShard(rank, options_.seed);
   return I.optimizer->Load(initial);
@@ -252,11 +266,11 @@ struct Ctx {
   float* W(int64_t off) { return I.dense.as<float>() + off; }
   float* G(int64_t off) { return I.dense_grad.as<float>() + off; }
   ExpertWeights experts(int64_t l) {
-    const float* e = I.experts.as<float>();
+    const float* e = I.owned.as<float>();
     return {e + p.ExpertOffset(l, 0, 0), e + p.ExpertOffset(l, 1, 0), e + p.ExpertOffset(l, 2, 0)};
   }
   ExpertGrads expert_grads(int64_t l) {
-    float* e = I.expert_grad.as<float>();
+    float* e = I.owned_grad.as<float>();
     return {e + p.ExpertOffset(l, 0, 0), e + p.ExpertOffset(l, 1, 0), e + p.ExpertOffset(l, 2, 0)};
   }
   AttentionShape shape() const {
@@ -400,7 +414,7 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), I.tokens.data(), tokens.data(), N * sizeof(int32_t)));
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), I.targets.data(), targets.data(), N * sizeof(int32_t)));
   PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.dense_grad.as<float>(), layout_.dense_padded(), 0.0f));
-  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.expert_grad.as<float>(), layout_.expert_numel_per_rank(), 0.0f));
+  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.owned_grad.as<float>(), layout_.owned_numel_per_rank(), 0.0f));
 
   // Forward: keep only the layer boundaries, in the checkpoint store.
   BoundaryStore& boundaries = *I.checkpoints;
@@ -424,13 +438,11 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
     static constexpr double kZero[2] = {0.0, 0.0};
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), stats, kZero, sizeof(kZero)));
   }
-  // The projection reads and writes its rows of the (all-gathered) lm_head:
-  // all of them (dense) or this rank's vocabulary shard (Ring-DTP), whose dW
-  // lands in the same rows of the dense gradient that the reduce-scatter
-  // sums like every other dense gradient.
-  const int64_t lm_rows = I.off_lm_head + I.projection->FirstWeightRow() * H;
-  PLATEAU_RETURN_IF_ERROR(
-      I.projection->Forward(I.z.as<float>(), x.W(lm_rows), I.targets.as<int32_t>(), stats));
+  // The projection reads and writes its rows of lm_head: all of them in the
+  // all-gathered dense weights (dense projection; the reduce-scatter sums
+  // their gradient), or this rank's vocabulary shard in its owned weights
+  // (Ring-DTP completes the shard's gradient here: no reduce-scatter).
+  PLATEAU_RETURN_IF_ERROR(I.projection->Forward(I.z.as<float>(), I.lm_head, I.targets.as<int32_t>(), stats));
   // The mean is over the global batch: sum and count from every rank.
   PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
   PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, stats, stats, 2, DataType::kFloat64, ReduceOp::kSum));
@@ -443,8 +455,8 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   const float scale = out.valid_tokens > 0 ? static_cast<float>(1.0 / host_stats[1]) : 0.0f;
 
   // Backward.
-  PLATEAU_RETURN_IF_ERROR(I.projection->Backward(I.z.as<float>(), x.W(lm_rows), I.targets.as<int32_t>(),
-                                                 scale, I.tmp.as<float>(), x.G(lm_rows)));
+  PLATEAU_RETURN_IF_ERROR(I.projection->Backward(I.z.as<float>(), I.lm_head, I.targets.as<int32_t>(),
+                                                 scale, I.tmp.as<float>(), I.lm_head_grad));
   PLATEAU_ASSIGN_OR_RETURN(hL, boundaries.Acquire(m.layers));
   PLATEAU_RETURN_IF_ERROR(backend_.RmsNormBackward(x.c(), I.dh.as<float>(), x.G(I.off_final_norm),
                                                    I.tmp.as<float>(), hL, x.W(I.off_final_norm),
@@ -479,11 +491,11 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
   PLATEAU_ASSIGN_OR_RETURN(StepStats out, ForwardBackward(tokens, targets));
   Impl& I = *impl_;
   const OptimizerConfig& o = options_.optimizer;
-  const int64_t S = layout_.shard_numel(), X = layout_.expert_numel_per_rank();
-  // Global gradient norm: this rank's dense shard and experts, summed over ranks.
+  const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
+  // Global gradient norm: this rank's dense shard and owned weights, summed over ranks.
   float* sq = I.scalars.as<float>();
   PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[0], I.dense_grad_shard.as<float>(), S));
-  PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[1], I.expert_grad.as<float>(), X));
+  PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[1], I.owned_grad.as<float>(), X));
   PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, sq, sq, 2, DataType::kFloat32, ReduceOp::kSum));
   float host_sq[2];
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, host_sq, sq, sizeof(host_sq)));
@@ -494,7 +506,7 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
     clip = std::min(1.0f, o.max_grad_norm / (static_cast<float>(out.grad_norm) + 1e-6f));
   }
   ++step_;
-  // AdamW on this rank's shard and experts, then the working weights.
+  // AdamW on this rank's shard and owned weights, then the working weights.
   PLATEAU_RETURN_IF_ERROR(I.optimizer->Update(clip, step_));
   out.step = step_;
   out.device = backend_.device().tracker().Snapshot();
@@ -526,10 +538,10 @@ absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherWeights() {
   // The working dense weights are the masters all-gathered (fp32: the same bits).
   std::vector<float> dense(layout_.dense_padded());
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dense.data(), I.dense.data(), I.dense.bytes()));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> experts,
-                           GatherToHost(backend_, world_, *I.comm, I.experts.data(),
-                                        layout_.expert_numel_per_rank()));
-  return layout_.Assemble(dense, experts);
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> owned,
+                           GatherToHost(backend_, world_, *I.comm, I.owned.data(),
+                                        layout_.owned_numel_per_rank()));
+  return layout_.Assemble(dense, owned);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherGrads() {
@@ -537,17 +549,17 @@ absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherGrads() {
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dense,
                            GatherToHost(backend_, world_, *I.comm, I.dense_grad_shard.data(),
                                         layout_.shard_numel()));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> experts,
-                           GatherToHost(backend_, world_, *I.comm, I.expert_grad.data(),
-                                        layout_.expert_numel_per_rank()));
-  return layout_.Assemble(dense, experts);
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> owned,
+                           GatherToHost(backend_, world_, *I.comm, I.owned_grad.data(),
+                                        layout_.owned_numel_per_rank()));
+  return layout_.Assemble(dense, owned);
 }
 
 absl::StatusOr<ModelState> TrainingStep::GatherState() {
   Impl& I = *impl_;
   ModelState st;
   PLATEAU_ASSIGN_OR_RETURN(st.weights, GatherWeights());
-  const int64_t S = layout_.shard_numel(), X = layout_.expert_numel_per_rank();
+  const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
   PLATEAU_ASSIGN_OR_RETURN(OptimizerShardState mine, I.optimizer->Save());
   auto gather = [&](const std::vector<float>& host, int64_t n) -> absl::StatusOr<std::vector<float>> {
     PLATEAU_ASSIGN_OR_RETURN(Buffer dev, backend_.device().Allocate(LiveSet::kWorkspace, n * sizeof(float)));
@@ -555,9 +567,9 @@ absl::StatusOr<ModelState> TrainingStep::GatherState() {
     return GatherToHost(backend_, world_, *I.comm, dev.data(), n);
   };
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dm, gather(mine.dense_m, S));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> em, gather(mine.expert_m, X));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> em, gather(mine.owned_m, X));
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dv, gather(mine.dense_v, S));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ev, gather(mine.expert_v, X));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ev, gather(mine.owned_v, X));
   st.m = layout_.Assemble(dm, em);
   st.v = layout_.Assemble(dv, ev);
   st.step = step_;
@@ -582,11 +594,11 @@ absl::Status TrainingStep::LoadState(const ModelState& st) {
   if (st.step < 0) return absl::InvalidArgumentError("state: step must be >= 0");
   const int64_t rank = world_.rank();
   OptimizerShardState shard;
-  std::vector<float> experts;
-  layout_.ShardFrom(st.m, rank, &shard.dense_m, &shard.expert_m);
-  layout_.ShardFrom(st.v, rank, &shard.dense_v, &shard.expert_v);
-  layout_.ShardFrom(st.weights, rank, &shard.dense_master, &experts);
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.experts.data(), experts.data(), I.experts.bytes()));
+  std::vector<float> owned;
+  layout_.ShardFrom(st.m, rank, &shard.dense_m, &shard.owned_m);
+  layout_.ShardFrom(st.v, rank, &shard.dense_v, &shard.owned_v);
+  layout_.ShardFrom(st.weights, rank, &shard.dense_master, &owned);
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.owned.data(), owned.data(), I.owned.bytes()));
   PLATEAU_RETURN_IF_ERROR(I.optimizer->Load(shard));
   step_ = st.step;
   return absl::OkStatus();

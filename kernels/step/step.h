@@ -12,9 +12,10 @@
 //   updates its shard with AdamW (torch semantics, global-norm clipping),
 //   working weights all-gathered;
 // - the vocabulary projection is dense (full N x V logits,
-//   kernels/projection/dense_projection.h), or Ring-DTP when
-//   options.projection chooses it (each rank's vocabulary shard of the
-//   all-gathered lm_head meets every rank's batch; no N x V logits);
+//   kernels/projection/dense_projection.h; lm_head is a dense weight), or
+//   Ring-DTP when options.projection chooses it (each rank owns its
+//   vocabulary shard of lm_head, which meets every rank's batch; no N x V
+//   logits, and the full lm_head is never gathered: kernels/model/params.h);
 // - full activation checkpointing: each layer's input is kept (kCheckpoints)
 //   and the layer is recomputed in backward.
 //

@@ -182,8 +182,18 @@ TEST(StepTest, SameBitsRunToRun) {
 // ~lr * sign(g), so comparing against the double reference's gradient would
 // amplify fp32 rounding of near-zero gradients; the gradient itself is
 // checked against the reference above, and the norm here).
-TEST(StepTest, AdamWUpdateMatchesTheReference) {
-  const ModelConfig m = TestModel();
+//
+// Under both projections (the lm_head ZeRO-sharded in the dense weights, or
+// owned by vocabulary shard under Ring-DTP) at P = 2 and 4, with V = 30 so
+// that the vocabulary shards are uneven at P = 4 (8, 8, 7, 7 rows: ranks 2
+// and 3 carry a zero padding row). The state gathered after the step loads
+// into a fresh step and gathers back bit for bit.
+class StepAdamW : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(StepAdamW, UpdateMatchesTheReference) {
+  const auto [P, ring] = GetParam();
+  ModelConfig m = TestModel();
+  m.vocab_size = 30;
   const int64_t B = 2;
   const GlobalBatch g = MakeBatch(m, B, 21);
   Tensors<double> w = InitWeights<double>(m, 5);
@@ -199,16 +209,20 @@ TEST(StepTest, AdamWUpdateMatchesTheReference) {
   ASSERT_GT(norm, opt.max_grad_norm) << "the test means to exercise clipping";
   const double clip = opt.max_grad_norm / (norm + 1e-6);
   std::vector<std::vector<float>> after, g32;
-  RunRanks(2, [&](int r, Backend& be, Communicator& world) {
+  RunRanks(P, [&](int r, Backend& be, Communicator& world) {
     StepOptions o;
     o.model = m;
-    o.layout = {2, B};
+    o.layout = {P, B};
     o.seed = 5;
     o.optimizer = opt;
+    if (ring) {
+      o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+      o.projection.strip = 3;
+    }
     auto step = TrainingStep::Create(o, be, world);
     ASSERT_TRUE(step.ok()) << step.status();
     std::vector<int32_t> tok, tgt;
-    Slice(g, B, m.seq_len, r, 2, &tok, &tgt);
+    Slice(g, B, m.seq_len, r, P, &tok, &tgt);
     ASSERT_TRUE((*step)->ForwardBackward(tok, tgt).ok());
     auto grads = (*step)->GatherGrads();
     ASSERT_TRUE(grads.ok());
@@ -220,6 +234,19 @@ TEST(StepTest, AdamWUpdateMatchesTheReference) {
     auto weights = (*step)->GatherWeights();
     ASSERT_TRUE(weights.ok());
     if (r == 0) after = std::move(*weights);
+    // Checkpoint round trip through the rank's layout.
+    auto state = (*step)->GatherState();
+    ASSERT_TRUE(state.ok()) << state.status();
+    step->reset();
+    auto fresh = TrainingStep::Create(o, be, world);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    ASSERT_TRUE((*fresh)->LoadState(*state).ok());
+    auto again = (*fresh)->GatherState();
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->weights, state->weights);
+    EXPECT_EQ(again->m, state->m);
+    EXPECT_EQ(again->v, state->v);
+    EXPECT_EQ(again->step, 1);
   });
   double norm32 = 0;
   for (const auto& t : g32) for (float x : t) norm32 += double(x) * x;
@@ -236,6 +263,13 @@ TEST(StepTest, AdamWUpdateMatchesTheReference) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RanksAndProjections, StepAdamW,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           return absl::StrCat("P", std::get<0>(info.param),
+                                               std::get<1>(info.param) ? "RingDtp" : "Dense");
+                         });
 
 TEST(StepTest, PeaksPerLiveSetAreReportedAndWithinThePlan) {
   const ModelConfig m = TestModel();
