@@ -119,26 +119,44 @@ absl::Status ValidateStepShape(const StepOptions& o) {
   return ValidateProjection(o);
 }
 
-int64_t MemoryPlan::total() const {
+namespace {
+
+int64_t Sum(const std::array<int64_t, kNumLiveSets>& bytes) {
   int64_t t = 0;
   for (int64_t b : bytes) t += b;
   return t;
 }
 
-std::string MemoryPlan::DebugString() const {
-  std::string out;
+void AppendSets(const std::array<int64_t, kNumLiveSets>& bytes, std::string* out) {
   for (int i = 0; i < kNumLiveSets; ++i) {
     if (bytes[i] == 0) continue;
-    absl::StrAppend(&out, LiveSetName(static_cast<LiveSet>(i)), "=", bytes[i], " ");
+    absl::StrAppend(out, LiveSetName(static_cast<LiveSet>(i)), "=", bytes[i], " ");
   }
-  absl::StrAppend(&out, "total=", total());
+  absl::StrAppend(out, "total=", Sum(bytes));
+}
+
+}  // namespace
+
+int64_t MemoryPlan::total() const { return Sum(bytes); }
+int64_t MemoryPlan::host_total() const { return Sum(host_bytes); }
+
+std::string MemoryPlan::DebugString() const {
+  std::string out;
+  AppendSets(bytes, &out);
+  if (host_total() > 0) {
+    absl::StrAppend(&out, " host: ");
+    AppendSets(host_bytes, &out);
+  }
   return out;
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   PLATEAU_RETURN_IF_ERROR(ValidateStepShape(o));
   MemoryPlan plan;
-  for (const StepBufferSpec& b : StepLaunchBuffers(o)) plan.bytes[static_cast<int>(b.set)] += b.bytes;
+  for (const StepBufferSpec& b : StepLaunchBuffers(o)) {
+    auto& space = b.space == SpaceKind::kHost ? plan.host_bytes : plan.bytes;
+    space[static_cast<int>(b.set)] += b.bytes;
+  }
   const int64_t N = TokensPerRank(o.model, o.layout);
   plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
   // Optimizer: master, m and v on the device (OffloadStreamAdamW: issue 14).

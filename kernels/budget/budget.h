@@ -1,6 +1,7 @@
 // The budget of a training step, computed from its options without a
-// backend, a communicator or any allocation: every live set's device bytes,
-// each an upper bound of what the step can hold for any input. The launch-
+// backend, a communicator or any allocation: every live set's device bytes
+// and host bytes (pinned on CUDA), each an upper bound of what the step can
+// hold for any input. The launch-
 // sized buffers come from one list (StepLaunchBuffers) that the step also
 // allocates from, the projection's and the dispatch's from their schedules'
 // own bound functions (kernels/projection/projection_plan.h,
@@ -27,10 +28,17 @@ namespace plateau {
 // every live set's peak for any input. Dispatch is standard EP's worst case
 // (every route of every source rank received by one rank);
 // dispatch_balanced_bytes is what it holds when each rank receives N*k rows.
+//
+// Host bytes: what the schedules keep in host memory (SCO's boundary pool,
+// OffloadStreamAdamW's master and moments). The baseline schedules keep
+// nothing there, so every host term is 0 until those schedules plug in.
 struct MemoryPlan {
-  std::array<int64_t, kNumLiveSets> bytes{};
+  std::array<int64_t, kNumLiveSets> bytes{};       // device
+  std::array<int64_t, kNumLiveSets> host_bytes{};  // host
   int64_t dispatch_balanced_bytes = 0;
-  int64_t total() const;
+  int64_t total() const;  // device
+  int64_t host_total() const;
+  // "weights=… grads=… total=…", then " host: … total=…" when any host term.
   std::string DebugString() const;
 };
 
@@ -41,11 +49,13 @@ absl::Status ValidateStepShape(const StepOptions& options);
 absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& options);
 
 // One buffer the step allocates at launch: `name` is its member of
-// TrainingStep::Impl (the step allocates in this order and checks the names).
+// TrainingStep::Impl (the step allocates in this order, from `space`, and
+// checks the names).
 struct StepBufferSpec {
   const char* name;
   LiveSet set;
   int64_t bytes;
+  SpaceKind space = SpaceKind::kDevice;
 };
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options);
 

@@ -154,6 +154,13 @@ absl::StatusOr<std::unique_ptr<TrainingStep>> TrainingStep::Create(const StepOpt
         "device_memory_bytes: ", cap, " bytes cannot hold the step's launch-sized state of ",
         plan.total() - dispatch, " bytes (", plan.DebugString(), ")"));
   }
+  // Every host live set is launch-sized: the whole host plan must fit.
+  const int64_t host_cap = backend.host().cap_bytes();
+  if (host_cap != MemorySpace::kUncapped && plan.host_total() > host_cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host_memory_bytes: ", host_cap, " bytes cannot hold the step's host state of ",
+        plan.host_total(), " bytes (", plan.DebugString(), ")"));
+  }
   std::unique_ptr<TrainingStep> step(new TrainingStep(options, backend, world));
   PLATEAU_RETURN_IF_ERROR(step->Allocate());
   return step;
@@ -178,8 +185,8 @@ absl::Status TrainingStep::Allocate() {
       return absl::InternalError(absl::StrCat("launch buffer ", i, ": the budget names '",
                                               specs[i].name, "', the step '", members[i].name, "'"));
     }
-    PLATEAU_ASSIGN_OR_RETURN(I.*(members[i].member),
-                             backend_.device().Allocate(specs[i].set, specs[i].bytes));
+    MemorySpace& space = specs[i].space == SpaceKind::kHost ? backend_.host() : backend_.device();
+    PLATEAU_ASSIGN_OR_RETURN(I.*(members[i].member), space.Allocate(specs[i].set, specs[i].bytes));
   }
   OptimizerParams params;
   params.dense_working = I.dense.as<float>();

@@ -313,7 +313,7 @@ TEST_P(StepPlanBound, MeasuredPeaksAreWithinThePlanOnEveryRank) {
   o.seed = 5;
   auto plan = PlanMemory(o);
   ASSERT_TRUE(plan.ok());
-  std::vector<MemoryStats> peaks(P);
+  std::vector<MemoryStats> peaks(P), host_peaks(P);
   RunRanks(P, [&](int r, Backend& be, Communicator& world) {
     auto step = TrainingStep::Create(o, be, world);
     ASSERT_TRUE(step.ok()) << step.status();
@@ -337,6 +337,7 @@ TEST_P(StepPlanBound, MeasuredPeaksAreWithinThePlanOnEveryRank) {
     auto stats = (*step)->Step(tok, tgt);
     ASSERT_TRUE(stats.ok()) << stats.status();
     peaks[r] = stats->device;
+    host_peaks[r] = stats->host;
   });
   for (int r = 0; r < P; ++r) {
     for (int i = 0; i < kNumLiveSets; ++i) {
@@ -344,6 +345,13 @@ TEST_P(StepPlanBound, MeasuredPeaksAreWithinThePlanOnEveryRank) {
           << "rank " << r << " " << LiveSetName(static_cast<LiveSet>(i));
     }
     EXPECT_LE(peaks[r].total_peak, plan->total()) << "rank " << r;
+    // Host memory too (the baseline plans none: nothing may appear there
+    // unplanned).
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      EXPECT_LE(host_peaks[r].peak[i], plan->host_bytes[i])
+          << "rank " << r << " host " << LiveSetName(static_cast<LiveSet>(i));
+    }
+    EXPECT_LE(host_peaks[r].total_peak, plan->host_total()) << "rank " << r;
   }
   const int64_t planned_dispatch = plan->bytes[static_cast<int>(LiveSet::kDispatch)];
   if (skewed || P == 1) {  // at P = 1 every routing is the worst case
