@@ -47,6 +47,11 @@ struct BackendOptions {
   int64_t host_memory_bytes = 0;
   // CUDA device ordinal; ignored on the CPU.
   int device_index = 0;
+  // For tests of copy/compute ordering (CPU backend only; ignored on CUDA):
+  // every copy between the device and the host space waits this many
+  // microseconds on its stream before it copies, so that work wrongly
+  // ordered against it sees stale or half-written memory.
+  int64_t copy_delay_us_for_testing = 0;
 };
 
 // Row-major C[m x n] = alpha * op(A) * op(B) + beta * C, where op(A) is

@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/status_macros.h"
@@ -20,7 +22,8 @@ class CpuBackend final : public Backend {
       : streams_(std::make_shared<CpuStreamSet>()),
         device_(SpaceKind::kDevice, "device", o.device_memory_bytes,
                 [s = streams_] { s->Drain(); }),
-        host_(SpaceKind::kHost, "host", o.host_memory_bytes, [s = streams_] { s->Drain(); }) {}
+        host_(SpaceKind::kHost, "host", o.host_memory_bytes, [s = streams_] { s->Drain(); }),
+        copy_delay_(absl::Microseconds(o.copy_delay_us_for_testing)) {}
 
   BackendKind kind() const override { return BackendKind::kCpu; }
 
@@ -65,7 +68,13 @@ class CpuBackend final : public Backend {
   // Between the backend's spaces the copy is asynchronous.
   absl::Status DoCopy(Stream& st, void* dst, const void* src,
                       size_t bytes) override {
-    PLATEAU_RETURN_IF_ERROR(Run(st, [=] { std::memcpy(dst, src, bytes); }));
+    const bool crosses = (device_.Contains(dst, bytes) && host_.Contains(src, bytes)) ||
+                         (host_.Contains(dst, bytes) && device_.Contains(src, bytes));
+    const absl::Duration delay = crosses ? copy_delay_ : absl::ZeroDuration();
+    PLATEAU_RETURN_IF_ERROR(Run(st, [=] {
+      if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+      std::memcpy(dst, src, bytes);
+    }));
     if (InSpaces(dst, bytes) && InSpaces(src, bytes)) return absl::OkStatus();
     return st.Synchronize();
   }
@@ -145,6 +154,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<CpuStreamSet> streams_;
   HeapSpace device_;
   HeapSpace host_;
+  const absl::Duration copy_delay_;  // BackendOptions::copy_delay_us_for_testing
 };
 
 }  // namespace

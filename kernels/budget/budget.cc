@@ -116,6 +116,9 @@ RingDtpConfig RingDtpConfigOf(const StepOptions& o) {
 
 absl::Status ValidateStepShape(const StepOptions& o) {
   PLATEAU_RETURN_IF_ERROR(ValidateLayout(o.model, o.layout));
+  if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
+    PLATEAU_RETURN_IF_ERROR(ValidateSco(o.checkpoints.host_budget_bytes));
+  }
   return ValidateProjection(o);
 }
 
@@ -163,8 +166,15 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   const ParamLayout p = LayoutOf(o);
   plan.bytes[static_cast<int>(LiveSet::kOptimizer)] +=
       DeviceAdamWBytes(p.shard_numel(), p.owned_numel_per_rank());
-  // Checkpoints: every boundary on the device (SCO: issue 13).
-  plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
+  // Checkpoints: every boundary on the device, or SCO's device boundaries
+  // and host pool.
+  if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
+    const ScoLayout sco = PlanSco(o.model.layers, N, o.model.hidden, o.checkpoints.host_budget_bytes);
+    plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += sco.device_bytes();
+    plan.host_bytes[static_cast<int>(LiveSet::kCheckpoints)] += sco.host_bytes();
+  } else {
+    plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
+  }
   // Standard EP has no bound of its own: its receive buffers grow with the
   // routes a rank is sent. The plan is its worst case (every route of every
   // source rank lands on one rank), so that it bounds every routing; the

@@ -20,6 +20,10 @@ absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "host_memory_bytes: must be >= 0, got ", options.host_memory_bytes));
   }
+  if (options.copy_delay_us_for_testing < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "copy_delay_us_for_testing: must be >= 0, got ", options.copy_delay_us_for_testing));
+  }
   switch (options.kind) {
     case BackendKind::kCpu:
       return CreateCpuBackend(options);

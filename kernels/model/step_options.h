@@ -40,11 +40,24 @@ struct ProjectionOptions {
   int64_t chunk_rows = 0;
 };
 
+// Where the layer boundaries wait for the backward's recomputation.
+struct CheckpointOptions {
+  enum class Kind {
+    kFull,  // every boundary on the device (kernels/checkpoints/full_checkpoints.h)
+    kSco    // the earliest boundaries in a capped host pool (kernels/checkpoints/sco.h)
+  };
+  Kind kind = Kind::kFull;
+  // SCO: beta, the host bytes per rank the boundaries may take (the pool
+  // holds as many whole boundaries as fit; kernels/checkpoints/checkpoints_plan.h).
+  int64_t host_budget_bytes = 0;
+};
+
 struct StepOptions {
   ModelConfig model;
   LayoutConfig layout;
   OptimizerConfig optimizer;
   ProjectionOptions projection;
+  CheckpointOptions checkpoints;
   uint64_t seed = 1;
 };
 

@@ -2,6 +2,7 @@
 
 #include "kernels/budget/budget.h"
 #include "kernels/checkpoints/full_checkpoints.h"
+#include "kernels/checkpoints/sco.h"
 #include "kernels/dispatch/standard_ep.h"
 #include "kernels/optimizer/device_adamw.h"
 #include "kernels/projection/dense_projection.h"
@@ -13,9 +14,19 @@ namespace plateau {
 absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
   const StepOptions& o = c.options;
   StepSchedules s;
-  // Checkpoints: every boundary on the device (SCO: issue 13).
-  PLATEAU_ASSIGN_OR_RETURN(s.checkpoints, FullCheckpoints::Create(c.backend.device(), o.model.layers,
-                                                                  TokensPerRank(o.model, o.layout), o.model.hidden));
+  const int64_t N = TokensPerRank(o.model, o.layout);
+  switch (o.checkpoints.kind) {
+    case CheckpointOptions::Kind::kFull: {
+      PLATEAU_ASSIGN_OR_RETURN(s.checkpoints,
+                               FullCheckpoints::Create(c.backend.device(), o.model.layers, N, o.model.hidden));
+      break;
+    }
+    case CheckpointOptions::Kind::kSco: {
+      PLATEAU_ASSIGN_OR_RETURN(s.checkpoints, Sco::Create(c.backend, c.compute, o.model.layers, N, o.model.hidden,
+                                                          o.checkpoints.host_budget_bytes));
+      break;
+    }
+  }
   switch (o.projection.kind) {
     case ProjectionOptions::Kind::kDense: {
       PLATEAU_ASSIGN_OR_RETURN(

@@ -23,6 +23,14 @@ std::string FreshStoreDir(const std::string& tag) {
 absl::Status RunLocalWorld(
     int ranks, int64_t device_bytes, const std::string& dir,
     const std::function<absl::Status(int, Backend&, Communicator&)>& fn) {
+  BackendOptions bo;
+  bo.device_memory_bytes = device_bytes;
+  return RunLocalWorld(ranks, bo, dir, fn);
+}
+
+absl::Status RunLocalWorld(
+    int ranks, const BackendOptions& backend_options, const std::string& dir,
+    const std::function<absl::Status(int, Backend&, Communicator&)>& fn) {
   auto store = FileStore::Create(dir);
   if (!store.ok()) return store.status();
   std::shared_ptr<KeyValueStore> shared = std::move(*store);
@@ -30,9 +38,7 @@ absl::Status RunLocalWorld(
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
-      BackendOptions bo;
-      bo.device_memory_bytes = device_bytes;
-      auto backend = Backend::Create(bo);
+      auto backend = Backend::Create(backend_options);
       if (!backend.ok()) {
         status[r] = backend.status();
         return;

@@ -21,6 +21,12 @@ absl::Status RunLocalWorld(
     int ranks, int64_t device_bytes, const std::string& dir,
     const std::function<absl::Status(int, Backend&, Communicator&)>& fn);
 
+// The same with each rank's backend made from `backend_options` (a host
+// cap, a copy delay for ordering tests).
+absl::Status RunLocalWorld(
+    int ranks, const BackendOptions& backend_options, const std::string& dir,
+    const std::function<absl::Status(int, Backend&, Communicator&)>& fn);
+
 // A fresh directory name under $TEST_TMPDIR (or /tmp) for RunLocalWorld.
 std::string FreshStoreDir(const std::string& tag);
 

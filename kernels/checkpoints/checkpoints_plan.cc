@@ -1,0 +1,31 @@
+#include "kernels/checkpoints/checkpoints_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace plateau {
+
+int64_t FullCheckpointsBytes(int64_t layers, int64_t rows, int64_t hidden) {
+  return (layers + 1) * rows * hidden * static_cast<int64_t>(sizeof(float));
+}
+
+ScoLayout PlanSco(int64_t layers, int64_t rows, int64_t hidden, int64_t host_budget_bytes) {
+  ScoLayout s;
+  s.boundaries = layers + 1;
+  s.boundary_bytes = rows * hidden * static_cast<int64_t>(sizeof(float));
+  const int64_t fit = s.boundary_bytes > 0 ? std::max<int64_t>(host_budget_bytes, 0) / s.boundary_bytes : 0;
+  s.host_boundaries = std::min(fit, std::max<int64_t>(0, layers - 1));
+  return s;
+}
+
+absl::Status ValidateSco(int64_t host_budget_bytes) {
+  if (host_budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule.sco.host_budget_bytes: expected >= 0 bytes of host memory per rank, got ",
+        host_budget_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plateau
