@@ -5,7 +5,8 @@
 //
 // Exit codes: 0 success (a job that SUCCEEDED); 1 the job FAILED;
 // 2 bad usage or a refused request (e.g. an invalid spec); 3 the job was
-// CANCELLED; 4 the coordinator could not be reached.
+// CANCELLED; 4 the coordinator could not be reached; 5 the memory plan does
+// not fit the device or host cap (plan, submit).
 #include <unistd.h>
 
 #include <cstdio>
@@ -48,8 +49,8 @@ The coordinator defaults to $PLATEAU_COORDINATOR, else 127.0.0.1:7070.
 token, sent on every call; --tls_ca_file (default $PLATEAU_TLS_CA_FILE): the PEM CA
 that signed the coordinator's certificate, which turns TLS on.
 Exit codes: 0 ok / SUCCEEDED, 1 FAILED, 2 usage or refused request, 3 CANCELLED,
-4 coordinator unreachable, 5 the job's memory plan does not fit its device
-(plan, submit: RESOURCE_EXHAUSTED).
+4 coordinator unreachable, 5 the job's memory plan does not fit its device or
+host cap (plan, submit: RESOURCE_EXHAUSTED).
 )";
 
 constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, kExitUnreachable = 4,
@@ -101,6 +102,13 @@ absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
   return spec;
 }
 
+// "fits", or "DOES NOT FIT (short by X MiB)", for `total` bytes against
+// `cap` (0: uncapped, checked when scheduled).
+std::string Fit(int64_t total, int64_t cap) {
+  if (cap == 0 || total <= cap) return "fits";
+  return absl::StrCat("DOES NOT FIT (short by ", MiB(total - cap), " MiB)");
+}
+
 void PrintPlan(const v1::MemoryPlan& p) {
   std::printf("memory plan per rank (device bytes per live set):\n");
   for (const v1::LiveSetBytes& ls : p.live_sets()) {
@@ -110,10 +118,23 @@ void PrintPlan(const v1::MemoryPlan& p) {
   std::printf("  %-12s %12lld  (%s MiB) of a %s MiB device: %s\n", "total",
               static_cast<long long>(p.total_bytes()), MiB(p.total_bytes()).c_str(),
               p.device_memory_bytes() ? MiB(p.device_memory_bytes()).c_str() : "whole",
-              p.fits() ? "fits"
-                       : absl::StrCat("DOES NOT FIT (short by ",
-                                      MiB(p.total_bytes() - p.device_memory_bytes()), " MiB)")
-                             .c_str());
+              Fit(p.total_bytes(), p.device_memory_bytes()).c_str());
+  // Host lines only when there is something to say: a host term, or a cap.
+  const int64_t host_cap = p.host_memory_bytes();
+  const std::string cap =
+      host_cap > 0 ? absl::StrCat("a host cap of ", host_cap, " bytes (", MiB(host_cap), " MiB)") : "no host cap";
+  if (p.host_total_bytes() > 0) {
+    std::printf("memory plan per rank (host bytes per live set; the others hold none):\n");
+    for (const v1::LiveSetBytes& ls : p.host_live_sets()) {
+      if (ls.bytes() == 0) continue;
+      std::printf("  %-12s %12lld  (%s MiB)\n", ls.live_set().c_str(), static_cast<long long>(ls.bytes()),
+                  MiB(ls.bytes()).c_str());
+    }
+    std::printf("  %-12s %12lld  (%s MiB) of %s: %s\n", "total", static_cast<long long>(p.host_total_bytes()),
+                MiB(p.host_total_bytes()).c_str(), cap.c_str(), Fit(p.host_total_bytes(), host_cap).c_str());
+  } else if (host_cap > 0) {
+    std::printf("host memory per rank: none planned, of %s: fits\n", cap.c_str());
+  }
   std::printf("  %lld tokens per rank, %lld parameters (%lld active), %.3g model FLOPs per step\n",
               static_cast<long long>(p.tokens_per_rank()), static_cast<long long>(p.parameters()),
               static_cast<long long>(p.active_parameters()), p.model_flops_per_step());
@@ -177,8 +198,8 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
   const bool tty = !o.json && isatty(STDOUT_FILENO);
   const int64_t total = job->spec().steps();
   const int64_t every = std::max<int64_t>(1, total / 20);
-  std::map<std::string, int64_t> peak;  // largest over ranks and steps
-  int64_t peak_total = 0;
+  std::map<std::string, int64_t> peak, host_peak;  // largest over ranks and steps
+  int64_t peak_total = 0, host_peak_total = 0;
   double first_loss = -1, last_loss = 0, tokens = 0, seconds = 0, flops = 0;
   int64_t last_step = 0;
   v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
@@ -189,6 +210,16 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     for (const auto& ls : plan.live_sets()) {
       if (ls.bytes() == 0 && peak[ls.live_set()] == 0) continue;
       parts.push_back(absl::StrCat(ls.live_set(), " ", MiB(peak[ls.live_set()]), "/", MiB(ls.bytes())));
+    }
+    return absl::StrJoin(parts, "  ");
+  };
+  // Host lines only once the plan or a peak has a host term.
+  auto show_host = [&] { return plan.host_total_bytes() > 0 || host_peak_total > 0; };
+  auto host_peaks_line = [&]() {
+    std::vector<std::string> parts;
+    for (const auto& ls : plan.host_live_sets()) {
+      if (ls.bytes() == 0 && host_peak[ls.live_set()] == 0) continue;
+      parts.push_back(absl::StrCat(ls.live_set(), " ", MiB(host_peak[ls.live_set()]), "/", MiB(ls.bytes())));
     }
     return absl::StrJoin(parts, "  ");
   };
@@ -215,6 +246,8 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     const v1::StepTelemetry& t = e.step();
     for (const auto& ls : t.peak()) peak[ls.live_set()] = std::max(peak[ls.live_set()], ls.bytes());
     peak_total = std::max(peak_total, t.peak_total_bytes());
+    for (const auto& ls : t.host_peak()) host_peak[ls.live_set()] = std::max(host_peak[ls.live_set()], ls.bytes());
+    host_peak_total = std::max(host_peak_total, t.host_peak_total_bytes());
     if (t.rank() != 0) return true;
     if (first_loss < 0) first_loss = t.loss();
     last_loss = t.loss();
@@ -226,8 +259,9 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     const bool show = tty || t.step() % every == 0 || t.step() == 1 || t.step() == total;
     if (!show) return true;
     const std::string line = absl::StrFormat(
-        "step %5d/%d  loss %.4f  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s", t.step(), total, t.loss(),
-        t.tokens() / t.seconds(), t.model_flops() / t.seconds() / 1e12, peaks_line());
+        "step %5d/%d  loss %.4f  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s", t.step(), total, t.loss(),
+        t.tokens() / t.seconds(), t.model_flops() / t.seconds() / 1e12, peaks_line(),
+        show_host() ? absl::StrCat("  host: ", host_peaks_line()) : "");
     if (tty) {
       std::printf("\r\033[K%s", line.c_str());
       line_open = true;
@@ -266,6 +300,20 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
       }
       std::printf("    %-12s %9s / %9s of a %s MiB device\n", "total", MiB(peak_total).c_str(),
                   MiB(plan.total_bytes()).c_str(), MiB(plan.device_memory_bytes()).c_str());
+      if (show_host()) {
+        std::printf("  host peak per live set (largest over ranks) against the plan, MiB:\n");
+        for (const auto& ls : plan.host_live_sets()) {
+          const int64_t pk = host_peak[ls.live_set()];
+          if (pk == 0 && ls.bytes() == 0) continue;
+          std::printf("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
+                      pk <= ls.bytes() ? "" : "  OVER THE PLAN");
+        }
+        std::printf("    %-12s %9s / %9s %s\n", "total", MiB(host_peak_total).c_str(),
+                    MiB(plan.host_total_bytes()).c_str(),
+                    plan.host_memory_bytes() > 0
+                        ? absl::StrCat("of a ", MiB(plan.host_memory_bytes()), " MiB host cap").c_str()
+                        : "(no host cap)");
+      }
     }
   }
   return ExitFor(final_state);
@@ -325,9 +373,11 @@ int Run(const Options& o) {
     auto resp = client.SubmitJob(*spec, flag("validate-only"));
     if (!resp.ok()) {
       const int rc = Report(resp.status());
-      // Admission's refusal of a plan over the cap (worker/job_spec.h AdmitJob).
+      // Admission's refusal of a plan over a cap (worker/job_spec.h AdmitPlan):
+      // its message starts with the cap's field.
       const bool does_not_fit = resp.status().code() == absl::StatusCode::kResourceExhausted &&
-                                absl::StartsWith(resp.status().message(), "device_memory_bytes");
+                                (absl::StartsWith(resp.status().message(), "device_memory_bytes") ||
+                                 absl::StartsWith(resp.status().message(), "host_memory_bytes"));
       return does_not_fit ? kExitDoesNotFit : rc;
     }
     if (o.json) {

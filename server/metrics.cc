@@ -32,6 +32,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                   .Name("plateau_job_peak_bytes")
                   .Help("Largest device bytes a live set has held in any step so far (live_set=\"total\": the peak of the sum).")
                   .Register(r);
+  // A gauge of its own rather than a label on plateau_job_peak_bytes:
+  // dashboards and alerts query that one without a space label.
+  m->host_peak_ = &BuildGauge()
+                       .Name("plateau_job_host_peak_bytes")
+                       .Help("Largest host bytes (pinned on CUDA) a live set has held in any step so far "
+                             "(live_set=\"total\": the peak of the sum).")
+                       .Register(r);
   m->planned_ = &BuildGauge()
                      .Name("plateau_job_planned_bytes")
                      .Help("Device bytes planned per live set before launch (dispatch: balanced-routing estimate).")
@@ -132,18 +139,21 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   if (device_peak_flops > 0 && t.seconds() > 0) {
     Add(mfu_, job, labels).Set(t.model_flops() * share / t.seconds() / device_peak_flops);
   }
-  auto raise = [&](const std::string& set, int64_t bytes) {
+  auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space,
+                   const std::string& set, int64_t bytes) {
     double best;
     {
       absl::MutexLock lock(&mu_);
-      double& b = peaks_[absl::StrCat(job, "/", rank, "/", set)];
+      double& b = peaks_[absl::StrCat(job, "/", rank, "/", space, "/", set)];
       if (bytes > b) b = static_cast<double>(bytes);
       best = b;
     }
-    Add(peak_, job, {{"job_id", job}, {"rank", rank}, {"live_set", set}}).Set(best);
+    Add(family, job, {{"job_id", job}, {"rank", rank}, {"live_set", set}}).Set(best);
   };
-  for (const v1::LiveSetBytes& ls : t.peak()) raise(ls.live_set(), ls.bytes());
-  raise("total", t.peak_total_bytes());
+  for (const v1::LiveSetBytes& ls : t.peak()) raise(peak_, "device", ls.live_set(), ls.bytes());
+  raise(peak_, "device", "total", t.peak_total_bytes());
+  for (const v1::LiveSetBytes& ls : t.host_peak()) raise(host_peak_, "host", ls.live_set(), ls.bytes());
+  raise(host_peak_, "host", "total", t.host_peak_total_bytes());
 }
 
 void Metrics::OnHeartbeat(const std::string& worker, absl::Time when) {

@@ -9,6 +9,8 @@
 //     gives the job, and rate(plateau_job_model_flops_total) is FLOP/s)
 //   plateau_job_step_duration_seconds (histogram)
 //   plateau_job_peak_bytes{live_set}, plateau_job_planned_bytes{live_set}
+//     (device bytes), plateau_job_host_peak_bytes{live_set} (host bytes; a
+//     gauge of its own so that queries of the device one stay as they are)
 //   plateau_job_mfu_ratio (only where the worker knows its device's peak)
 // per job: plateau_job_state{state} (a state set: 1 for the current state);
 // per worker: plateau_worker_last_heartbeat_timestamp_seconds.
@@ -82,13 +84,14 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* flops_ = nullptr;
   prometheus::Family<prometheus::Histogram>* duration_ = nullptr;
   prometheus::Family<prometheus::Gauge>* peak_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* host_peak_ = nullptr;
   prometheus::Family<prometheus::Gauge>* planned_ = nullptr;
   prometheus::Family<prometheus::Gauge>* mfu_ = nullptr;
   prometheus::Family<prometheus::Gauge>* state_ = nullptr;
   prometheus::Family<prometheus::Gauge>* heartbeat_ = nullptr;
 
   absl::Mutex mu_;
-  // The largest peak each (job, rank, live set) has reached.
+  // The largest peak each (job, rank, space, live set) has reached.
   std::map<std::string, double> peaks_ ABSL_GUARDED_BY(mu_);
   // Every series of a job, as the closure that removes it.
   std::map<std::string, std::map<const void*, std::function<void()>>> series_ ABSL_GUARDED_BY(mu_);

@@ -1,9 +1,12 @@
 #include "server/metrics.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
@@ -15,6 +18,7 @@ using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using testing_cluster::HttpGet;
 using testing_cluster::HttpStatus;
+using testing_cluster::Sample;
 
 TEST(MetricsTest, ServesMetricsAndProbesOnOnePort) {
   auto m = Metrics::Create("127.0.0.1:0");
@@ -45,6 +49,61 @@ TEST(MetricsTest, ReadyzFollowsSetReadinessInOneLine) {
   r = HttpGet(address, "/readyz");
   EXPECT_EQ(HttpStatus(r), 200);
   EXPECT_THAT(r, EndsWith("\r\n\r\nready\n"));
+}
+
+v1::StepTelemetry Step(int rank, int64_t step, int64_t device_checkpoints, int64_t host_checkpoints) {
+  v1::StepTelemetry t;
+  t.set_rank(rank);
+  t.set_step(step);
+  t.set_tokens(128);
+  t.set_seconds(0.5);
+  v1::LiveSetBytes* d = t.add_peak();
+  d->set_live_set("checkpoints");
+  d->set_bytes(device_checkpoints);
+  t.set_peak_total_bytes(device_checkpoints + 100);
+  v1::LiveSetBytes* h = t.add_host_peak();
+  h->set_live_set("checkpoints");
+  h->set_bytes(host_checkpoints);
+  v1::LiveSetBytes* o = t.add_host_peak();
+  o->set_live_set("optimizer");
+  o->set_bytes(0);
+  t.set_host_peak_total_bytes(host_checkpoints);
+  return t;
+}
+
+// Host peaks are a gauge of their own, plateau_job_host_peak_bytes, with the
+// device gauge's labels; the device gauge keeps its labels and its values.
+// Like the device one it holds the largest peak so far, and ForgetJob
+// removes it. Checked in a real scrape over HTTP.
+TEST(MetricsTest, HostPeaksAreTheirOwnGaugeBesideTheDevicesInAScrape) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*m)->port());
+  (*m)->OnStep("job-7", 2, Step(1, 1, 1000, 4096), 0);
+  (*m)->OnStep("job-7", 2, Step(1, 2, 900, 2048), 0);  // lower peaks: the gauges keep the largest
+  std::string scrape = HttpGet(address, "/metrics");
+  ASSERT_EQ(HttpStatus(scrape), 200);
+  EXPECT_EQ(Sample(scrape, "plateau_job_host_peak_bytes{job_id=\"job-7\",live_set=\"checkpoints\",rank=\"1\"}"), 4096);
+  EXPECT_EQ(Sample(scrape, "plateau_job_host_peak_bytes{job_id=\"job-7\",live_set=\"optimizer\",rank=\"1\"}"), 0);
+  EXPECT_EQ(Sample(scrape, "plateau_job_host_peak_bytes{job_id=\"job-7\",live_set=\"total\",rank=\"1\"}"), 4096);
+  EXPECT_EQ(Sample(scrape, "plateau_job_peak_bytes{job_id=\"job-7\",live_set=\"checkpoints\",rank=\"1\"}"), 1000);
+  EXPECT_EQ(Sample(scrape, "plateau_job_peak_bytes{job_id=\"job-7\",live_set=\"total\",rank=\"1\"}"), 1100);
+  EXPECT_THAT(scrape, HasSubstr("# TYPE plateau_job_host_peak_bytes gauge"));
+  // No series of the device gauge gained a label.
+  int device_series = 0;
+  for (const std::string& line : std::vector<std::string>(absl::StrSplit(scrape, '\n'))) {
+    if (!absl::StartsWith(line, "plateau_job_peak_bytes{")) continue;
+    ++device_series;
+    EXPECT_THAT(line, ::testing::MatchesRegex(R"(plateau_job_peak_bytes\{job_id="[^"]*",live_set="[^"]*",rank="[^"]*"\} .*)"));
+  }
+  EXPECT_EQ(device_series, 2);  // checkpoints and total
+  (*m)->ForgetJob("job-7");
+  scrape = HttpGet(address, "/metrics");
+  EXPECT_THAT(scrape, ::testing::Not(HasSubstr("plateau_job_host_peak_bytes{")));
+  // Its peaks went with it: the same id seen again starts afresh.
+  (*m)->OnStep("job-7", 2, Step(1, 1, 10, 20), 0);
+  scrape = HttpGet(address, "/metrics");
+  EXPECT_EQ(Sample(scrape, "plateau_job_host_peak_bytes{job_id=\"job-7\",live_set=\"total\",rank=\"1\"}"), 20);
 }
 
 TEST(MetricsTest, AnAddressItCannotListenOnIsAnError) {

@@ -3,13 +3,26 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "worker/job_spec.h"
 
 namespace plateau {
 namespace {
 
-std::string DescribeBytes(int64_t b) { return absl::StrCat(b >> 20, " MiB"); }
+// Whole MiB as "256 MiB"; a size below 1 MiB in bytes, so that a small cap
+// is not shown as "0 MiB".
+std::string DescribeBytes(int64_t b) {
+  if (b % (int64_t{1} << 20) == 0) return absl::StrCat(b >> 20, " MiB");
+  if (b < (int64_t{1} << 20)) return absl::StrCat(b, " bytes");
+  return absl::StrFormat("%.1f MiB", b / 1048576.0);
+}
+
+// Host bytes one rank of the job needs: its cap, or its whole host plan when
+// it has none (0: the baseline schedules keep nothing on the host).
+int64_t HostNeedPerRank(const v1::Job& job) {
+  return job.spec().host_memory_bytes() > 0 ? job.spec().host_memory_bytes() : job.plan().host_total_bytes();
+}
 
 }  // namespace
 
@@ -23,6 +36,15 @@ std::string WhyCannotHost(const v1::WorkerCapabilities& caps, int devices, const
   const int64_t need = spec.device_memory_bytes() > 0 ? spec.device_memory_bytes() : job.plan().total_bytes();
   const int64_t memory = caps.device_memory_bytes();
   if (memory > 0 && need > memory) return absl::StrCat(DescribeBytes(memory), " per device");
+  // Host memory is the node's, shared by the node's ranks (per_node of this
+  // job); a worker that does not say its host memory (0) is not refused.
+  // need * per_node > host, without the product's overflow.
+  const int64_t host_need = HostNeedPerRank(job);
+  const int64_t host = caps.host_memory_bytes();
+  if (host > 0 && host_need > 0 && host_need > host / std::max<int64_t>(per_node, 1)) {
+    return absl::StrCat(DescribeBytes(host), " host memory (", per_node, " rank(s) x ", DescribeBytes(host_need),
+                        " needed)");
+  }
   return "";
 }
 
@@ -56,10 +78,17 @@ PlacementDecision Place(const v1::Job& job, const std::vector<WorkerSlots>& work
     const std::string memory = spec.device_memory_bytes() > 0
                                    ? DescribeBytes(spec.device_memory_bytes())
                                    : absl::StrCat(DescribeBytes(job.plan().total_bytes()), " (its plan)");
+    // Host memory only when the job needs some: nothing to say otherwise.
+    const int64_t host_need = HostNeedPerRank(job);
+    const std::string host =
+        host_need == 0 ? ""
+                       : absl::StrCat(", and ", DescribeBytes(host_need),
+                                      spec.host_memory_bytes() > 0 ? "" : " (its host plan)",
+                                      " host memory per rank");
     d.kind = PlacementDecision::Kind::kUnschedulable;
     d.reason = absl::StrCat(
         "needs ", nodes, " worker(s) with backend ", BackendName(spec.backend()), ", ", per_node,
-        " device(s) and ", memory, " per device; ",
+        " device(s) and ", memory, " per device", host, "; ",
         seen.empty()    ? std::string("no worker is registered")
         : hosts.empty() ? std::string("no registered worker can host it")
                         : absl::StrCat("only ", hosts.size(), " registered worker(s) can host it (",

@@ -38,7 +38,10 @@ struct PlacementDecision {
 // Why a worker with `devices` devices cannot take one node's share of the
 // job (`per_node` ranks); empty when it can. Given its free devices it says
 // whether the job can be placed there now; given all of them, whether it
-// could ever host it.
+// could ever host it. Memory it reports (> 0) must hold the job's need: per
+// device, its device_memory_bytes (or its device plan when 0); per node, the
+// node's ranks times its host_memory_bytes (or its host plan when 0). Host
+// memory other jobs on the node use is not subtracted: it is not reserved.
 std::string WhyCannotHost(const v1::WorkerCapabilities& caps, int devices, const v1::Job& job,
                           int64_t per_node);
 

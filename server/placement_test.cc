@@ -70,5 +70,52 @@ TEST(PlacementTest, WhatNoWorkerCouldEverHostIsUnschedulableNamingWhy) {
   EXPECT_THAT(d.waiting_reason, HasSubstr("no worker is registered"));
 }
 
+// Host memory is the node's: a worker that reports it must hold the job's
+// per-rank need (its host cap, else its host plan) for each of the node's
+// ranks. One that reports none (0) is not refused, nor is any worker for a
+// job that needs none (the baseline schedules).
+TEST(PlacementTest, AWorkerWithTooLittleHostMemoryForTheNodesRanksIsNotEligible) {
+  auto with_host = [](WorkerSlots w, int64_t host) {
+    w.caps.set_host_memory_bytes(host);
+    return w;
+  };
+  const WorkerSlots small = with_host(Worker("a", 2, 2), int64_t{64} << 20);
+  const WorkerSlots exact = with_host(Worker("b", 2, 2), int64_t{96} << 20);
+  v1::Job job = JobOf(2, 1);  // 2 ranks on one node
+  job.mutable_spec()->set_host_memory_bytes(int64_t{48} << 20);
+  PlacementDecision d = Place(job, {small});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("and 48 MiB host memory per rank;"));
+  EXPECT_THAT(d.reason, HasSubstr("a has 64 MiB host memory (2 rank(s) x 48 MiB needed)"));
+  d = Place(job, {small, exact});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kPlaced) << d.reason;
+  EXPECT_THAT(d.nodes, ElementsAre("b"));
+  d = Place(job, {Worker("c", 2, 2)});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kPlaced) << d.reason;
+  EXPECT_THAT(d.nodes, ElementsAre("c"));
+  // One rank per node needs one rank's share: 64 MiB hosts it.
+  v1::Job split = job;
+  split.mutable_spec()->mutable_layout()->set_nodes(2);
+  d = Place(split, {small, exact});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kPlaced) << d.reason;
+  EXPECT_THAT(d.nodes, ElementsAre("a", "b"));
+
+  // Without a cap, its host plan is the need.
+  job.mutable_spec()->set_host_memory_bytes(0);
+  job.mutable_plan()->set_host_total_bytes(int64_t{40} << 20);
+  d = Place(job, {small});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("and 40 MiB (its host plan) host memory per rank;"));
+  EXPECT_THAT(d.reason, HasSubstr("a has 64 MiB host memory (2 rank(s) x 40 MiB needed)"));
+  // A job that needs no host memory goes anywhere, and its reason says
+  // nothing of host memory.
+  job.mutable_plan()->set_host_total_bytes(0);
+  d = Place(job, {small});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kPlaced) << d.reason;
+  d = Place(JobOf(4, 1), {small});
+  EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, ::testing::Not(HasSubstr("host memory")));
+}
+
 }  // namespace
 }  // namespace plateau

@@ -108,6 +108,7 @@ TEST(BadInputTest, SubmitJobRefusesMalformedFieldsNamingThem) {
       {"max_restarts", [](S& s) { s.set_max_restarts(std::numeric_limits<int32_t>::max()); }},
       {"backend", [](S& s) { s.set_backend(static_cast<v1::Backend>(42)); }},
       {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(-1); }},
+      {"host_memory_bytes", [](S& s) { s.set_host_memory_bytes(std::numeric_limits<int64_t>::min()); }},
   };
   for (bool validate_only : {true, false}) {
     for (const Case& k : cases) {

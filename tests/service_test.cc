@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -286,6 +287,56 @@ TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
                     HasSubstr(absl::StrCat(oom.bytes_free(), " free"))));
 }
 
+// JobSpec.host_memory_bytes reaches every rank's backend: each rank logs
+// the cap its host space holds (read back from the backend, not the spec).
+// The baseline schedules plan no host bytes, so a 4 KiB cap runs; the plan,
+// plateauctl plan, the telemetry and /metrics carry the host side.
+TEST(ServiceTest, HostCapReachesEveryRanksBackendAndThePlan) {
+  Cluster c("host-cap");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(3);
+  spec.set_host_memory_bytes(4096);
+  const std::string path = c.dir() + "/host-cap.txtpb";
+  {
+    std::string text;
+    ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(spec, &text));
+    std::ofstream(path) << text;
+  }
+  Ran p = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "plan", path}, c.dir() + "/plan");
+  EXPECT_EQ(p.code, 0) << p.out << p.err;
+  EXPECT_THAT(p.out, HasSubstr("host memory per rank: none planned, of a host cap of 4096 bytes"));
+
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  EXPECT_EQ(sub->plan().host_memory_bytes(), 4096);
+  EXPECT_EQ(sub->plan().host_total_bytes(), 0);
+  EXPECT_EQ(sub->plan().host_live_sets_size(), 8);
+  EXPECT_TRUE(sub->plan().fits());
+  const std::string id = sub->job().id();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.plan().host_memory_bytes(), 4096);
+
+  std::set<int> capped;  // ranks whose backend holds the cap
+  ASSERT_TRUE(c.client().GetJobLogs(id, false, 0, [&](const v1::LogEntry& l) {
+    if (absl::StrContains(l.line(), "host memory cap 4096 bytes;")) capped.insert(l.rank());
+    return true;
+  }).ok());
+  EXPECT_EQ(capped, (std::set<int>{0, 1})) << c.Logs();
+
+  int steps = 0;
+  ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+    if (!e.has_step()) return true;
+    ++steps;
+    EXPECT_EQ(e.step().host_peak_size(), 8);
+    EXPECT_EQ(e.step().host_peak_total_bytes(), 0);
+    return true;
+  }).ok());
+  EXPECT_EQ(steps, 6);
+  const std::string m = Scrape(c.metrics());
+  EXPECT_EQ(Sample(m, "plateau_job_host_peak_bytes{job_id=\"" + id + "\",live_set=\"total\",rank=\"1\"}"), 0);
+}
+
 TEST(ServiceTest, ValidateOnlyCreatesNothingAndBadSpecsNameTheField) {
   ClusterOptions o;
   o.with_worker = false;
@@ -302,6 +353,7 @@ TEST(ServiceTest, ValidateOnlyCreatesNothingAndBadSpecsNameTheField) {
       {"data.recall.pairs", [](v1::JobSpec& s) { s.mutable_data()->mutable_recall()->set_pairs(0); }},
       {"steps", [](v1::JobSpec& s) { s.set_steps(0); }},
       {"backend", [](v1::JobSpec& s) { s.clear_backend(); }},
+      {"host_memory_bytes", [](v1::JobSpec& s) { s.set_host_memory_bytes(-1); }},
   };
   for (bool validate_only : {true, false}) {
     for (const auto& [field, mutate] : bad) {

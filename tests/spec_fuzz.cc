@@ -414,7 +414,8 @@ std::string CheckSpec(const v1::JobSpec& spec, bool* accepted) {
     return "";
   }
   if (!a.ok() && (a.status().code() != absl::StatusCode::kResourceExhausted ||
-                  !absl::StartsWith(a.status().message(), "device_memory_bytes: "))) {
+                  !(absl::StartsWith(a.status().message(), "device_memory_bytes: ") ||
+                    absl::StartsWith(a.status().message(), "host_memory_bytes: ")))) {
     return absl::StrCat("AdmitJob refused a valid spec unexpectedly: ", a.status().ToString());
   }
   int64_t sum = 0;
@@ -424,6 +425,15 @@ std::string CheckSpec(const v1::JobSpec& spec, bool* accepted) {
     sum += ls.bytes();
   }
   if (sum != p->total_bytes()) return absl::StrCat("live sets sum to ", sum, ", total_bytes says ", p->total_bytes());
+  int64_t host = 0;
+  for (const v1::LiveSetBytes& ls : p->host_live_sets()) {
+    if (ls.bytes() < 0) return absl::StrCat("host live set ", ls.live_set(), " planned negative: ", ls.bytes());
+    if (ls.bytes() > std::numeric_limits<int64_t>::max() - host) return "the host live sets' sum overflows";
+    host += ls.bytes();
+  }
+  if (host != p->host_total_bytes()) {
+    return absl::StrCat("host live sets sum to ", host, ", host_total_bytes says ", p->host_total_bytes());
+  }
   if (p->parameters() <= 0 || p->active_parameters() <= 0 || p->active_parameters() > p->parameters() ||
       p->tokens_per_rank() <= 0 || !(p->model_flops_per_step() > 0)) {
     return absl::StrCat("implausible plan: ", p->ShortDebugString());

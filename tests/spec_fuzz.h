@@ -65,10 +65,11 @@ const char* KindName(SpecMutator::Kind kind);
 // The invariants of the validator on one spec, "" when they hold, else what
 // broke: ValidateJobSpec, PlanJob and AdmitJob agree; a refusal is
 // INVALID_ARGUMENT or UNIMPLEMENTED (RESOURCE_EXHAUSTED from AdmitJob only,
-// naming device_memory_bytes) whose message starts with a field of JobSpec
-// ("model.heads: ", "data.shards.paths[1]: "); an accepted spec re-validates
-// after a wire and a text-format round trip and plans consistently (every
-// live set >= 0, their sum the total). *accepted says whether it was.
+// naming device_memory_bytes or host_memory_bytes) whose message starts
+// with a field of JobSpec ("model.heads: ", "data.shards.paths[1]: "); an
+// accepted spec re-validates after a wire and a text-format round trip and
+// plans consistently (every live set >= 0, their sum the total, in each
+// space). *accepted says whether it was.
 std::string CheckSpec(const v1::JobSpec& spec, bool* accepted = nullptr);
 
 // Whether `message` starts with "FIELD: " for a field path of JobSpec.

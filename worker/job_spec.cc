@@ -290,6 +290,11 @@ absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec) {
                                                             : v1::Backend_Name(spec.backend()));
   }
   o.device_memory_bytes = spec.device_memory_bytes();
+  if (spec.host_memory_bytes() < 0) {
+    return Bad("host_memory_bytes", ">= 0 (each rank's host memory cap in bytes; 0: uncapped, the node's host memory)",
+               absl::StrCat(spec.host_memory_bytes()));
+  }
+  o.host_memory_bytes = spec.host_memory_bytes();
   return o;
 }
 
@@ -398,36 +403,67 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) { return ToTrainerOptions(spec).status(); }
 
-absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
-  PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
-  PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(t.step));
+v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
   v1::MemoryPlan out;
   for (int i = 0; i < kNumLiveSets; ++i) {
+    const std::string name(LiveSetName(static_cast<LiveSet>(i)));
     auto* ls = out.add_live_sets();
-    ls->set_live_set(std::string(LiveSetName(static_cast<LiveSet>(i))));
+    ls->set_live_set(name);
     ls->set_bytes(plan.bytes[i]);
+    auto* host = out.add_host_live_sets();
+    host->set_live_set(name);
+    host->set_bytes(plan.host_bytes[i]);
   }
   out.set_total_bytes(plan.total());
   out.set_device_memory_bytes(spec.device_memory_bytes());
-  out.set_fits(spec.device_memory_bytes() == 0 || plan.total() <= spec.device_memory_bytes());
+  out.set_host_total_bytes(plan.host_total());
+  out.set_host_memory_bytes(spec.host_memory_bytes());
+  const bool device_fits = spec.device_memory_bytes() == 0 || plan.total() <= spec.device_memory_bytes();
+  const bool host_fits = spec.host_memory_bytes() == 0 || plan.host_total() <= spec.host_memory_bytes();
+  out.set_fits(device_fits && host_fits);
   out.set_dispatch_balanced_bytes(plan.dispatch_balanced_bytes);
-  out.set_tokens_per_rank(TokensPerRank(t.step.model, t.step.layout));
-  out.set_parameters(ParameterCount(t.step.model));
-  out.set_active_parameters(ActiveParameterCount(t.step.model));
-  out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
   out.add_notes(absl::StrCat(
       "dispatch: standard_ep's worst case (every route of every rank received by one rank); ",
       Bytes(plan.dispatch_balanced_bytes), " when every rank receives its N*k rows"));
   if (spec.device_memory_bytes() == 0) {
     out.add_notes("device_memory_bytes 0: checked against the worker's device when scheduled");
   }
+  if (spec.host_memory_bytes() == 0 && plan.host_total() > 0) {
+    out.add_notes("host_memory_bytes 0: the host plan is checked against the worker's host memory when scheduled");
+  }
   return out;
 }
 
-absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec));
+absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
+  PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+  PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(t.step));
+  v1::MemoryPlan out = PlanToProto(spec, plan);
+  out.set_tokens_per_rank(TokensPerRank(t.step.model, t.step.layout));
+  out.set_parameters(ParameterCount(t.step.model));
+  out.set_active_parameters(ActiveParameterCount(t.step.model));
+  out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
+  return out;
+}
+
+absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan plan) {
+  // Every host live set is launch-sized: a host plan over the cap is what
+  // TrainingStep::Create refuses on every rank, so force_launch cannot help.
+  const int64_t host_cap = spec.host_memory_bytes();
+  if (host_cap > 0 && plan.host_total_bytes() > host_cap) {
+    std::vector<std::string> host;
+    for (const v1::LiveSetBytes& ls : plan.host_live_sets()) {
+      if (ls.bytes() != 0) host.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host_memory_bytes: the host plan does not fit: ", Bytes(plan.host_total_bytes()), " per rank (",
+        absl::StrJoin(host, ", "), ") against a cap of ", Bytes(host_cap), "; short by ",
+        Bytes(plan.host_total_bytes() - host_cap),
+        ". Every host live set is allocated when the step starts, so force_launch does not apply (each rank "
+        "would refuse the job at start); raise host_memory_bytes (0: the node's host memory) or lower the "
+        "schedules' host budgets"));
+  }
   const int64_t cap = spec.device_memory_bytes();
-  if (cap == 0 || plan.fits()) return plan;
+  if (cap == 0 || plan.total_bytes() <= cap) return plan;
   int64_t launch = 0;
   std::vector<std::string> all, launch_sized;
   for (const v1::LiveSetBytes& ls : plan.live_sets()) {
@@ -455,6 +491,11 @@ absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
                               ") does not fit the cap of ", Bytes(cap),
                               "; launched anyway, the step fails with OUT_OF_MEMORY if it needs more"));
   return plan;
+}
+
+absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec));
+  return AdmitPlan(spec, std::move(plan));
 }
 
 v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {

@@ -7,8 +7,8 @@
 // Errors: INVALID_ARGUMENT naming the field and what was expected
 // ("layout.nodes: expected a divisor of layout.ranks = 4, got 3");
 // UNIMPLEMENTED naming a schedule this build does not have yet;
-// RESOURCE_EXHAUSTED when the launch-sized state cannot fit the device cap,
-// naming the live sets and their bytes.
+// RESOURCE_EXHAUSTED when the plan cannot fit the device or the host cap
+// (AdmitPlan), naming the cap's field, the live sets and their bytes.
 //
 // Thread safety: free functions without shared state.
 #ifndef PLATEAU_WORKER_JOB_SPEC_H_
@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/budget/budget.h"
 #include "plateau/v1/job.pb.h"
 #include "worker/trainer_options.h"
 
@@ -32,14 +33,32 @@ absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec);
 // Validates every field (ToTrainerOptions and ToBackendOptions succeed).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
-// Validates the spec and plans each rank's device bytes per live set
-// (kernels/model PlanMemory), without allocating anything.
+// Validates the spec and plans each rank's device and host bytes per live
+// set (kernels/budget PlanMemory), without allocating anything. `fits` is
+// true only when both spaces fit their caps (a cap of 0 always fits here).
 absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec);
 
-// PlanJob, then refuses (RESOURCE_EXHAUSTED) a job whose launch-sized state
-// cannot fit the device cap: what TrainingStep::Create would refuse on every
-// rank. The dispatch live set is only an estimate under standard EP (it has
-// no bound), so a plan over the cap only in dispatch is admitted with a note.
+// The budget's plan as the API's, against the spec's caps: the live sets of
+// both spaces, their totals, the caps, `fits`, the dispatch estimate and the
+// notes (PlanJob adds the model's counts). Separate so that tests can give
+// it any plan, e.g. one with host terms before a schedule has them.
+v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan);
+
+// The admission decision on a plan of `spec` (PlanJob's), as a function of
+// the two so that it is testable on any plan: RESOURCE_EXHAUSTED when
+// - the host plan is over host_memory_bytes (every host live set is
+//   launch-sized, so force_launch does not override it: TrainingStep::Create
+//   would refuse it on every rank);
+// - the launch-sized device state (every live set but dispatch) is over
+//   device_memory_bytes (likewise refused by every rank, forced or not);
+// - the whole device plan is over device_memory_bytes and the spec does not
+//   set force_launch (with it, admitted with a note: standard EP's dispatch
+//   is planned at its worst case, which real routing may stay below).
+// Each message starts with the cap's field and names the live sets, the
+// total, the cap and the shortfall. Otherwise returns the plan.
+absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan plan);
+
+// PlanJob, then AdmitPlan.
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec);
 
 // The spec of RecallDemoJob(ranks) (the demo and the tests), with `steps`,

@@ -95,6 +95,117 @@ TEST(JobSpecTest, PlanNamesEveryLiveSetAndMatchesTheStep) {
   EXPECT_EQ(plan->tokens_per_rank(), 32 * 32 / 2);
 }
 
+// host_memory_bytes is the rank's host space cap: it reaches the backend's
+// options as given (0: uncapped), as device_memory_bytes does.
+TEST(JobSpecTest, HostCapReachesTheBackendOptions) {
+  v1::JobSpec s = Good();
+  auto b = ToBackendOptions(s);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->host_memory_bytes, 0);
+  s.set_host_memory_bytes(4096);
+  b = ToBackendOptions(s);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->host_memory_bytes, 4096);
+  EXPECT_EQ(b->device_memory_bytes, int64_t{256} << 20);
+  s.set_host_memory_bytes(-1);
+  const absl::Status bad = ToBackendOptions(s).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), ::testing::StartsWith("host_memory_bytes: expected >= 0"));
+  EXPECT_THAT(bad.message(), HasSubstr("got -1"));
+}
+
+// The plan carries the host space beside the device: every live set by name
+// (all 0 under the baseline schedules), the total and the job's host cap.
+// A tiny host cap fits a host plan of 0.
+TEST(JobSpecTest, PlanCarriesTheHostLiveSetsTotalAndCap) {
+  v1::JobSpec s = Good();
+  s.set_host_memory_bytes(4096);
+  auto plan = AdmitJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->host_live_sets_size(), kNumLiveSets);
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    EXPECT_EQ(plan->host_live_sets(i).live_set(), plan->live_sets(i).live_set());
+    EXPECT_EQ(plan->host_live_sets(i).bytes(), 0) << plan->host_live_sets(i).live_set();
+  }
+  EXPECT_EQ(plan->host_total_bytes(), 0);
+  EXPECT_EQ(plan->host_memory_bytes(), 4096);
+  EXPECT_TRUE(plan->fits());
+  for (const std::string& n : plan->notes()) EXPECT_THAT(n, ::testing::Not(HasSubstr("host"))) << n;
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok());
+  auto direct = PlanMemory(t->step);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(plan->host_total_bytes(), direct->host_total());
+}
+
+// A budget plan with host terms (what SCO and OffloadStreamAdamW will
+// produce), made by hand: `fits` holds only when both spaces fit.
+MemoryPlan WithHost(const v1::JobSpec& spec, int64_t checkpoints, int64_t optimizer) {
+  auto t = ToTrainerOptions(spec);
+  EXPECT_TRUE(t.ok()) << t.status();
+  MemoryPlan plan = *PlanMemory(t->step);
+  plan.host_bytes[static_cast<int>(LiveSet::kCheckpoints)] = checkpoints;
+  plan.host_bytes[static_cast<int>(LiveSet::kOptimizer)] = optimizer;
+  return plan;
+}
+
+TEST(JobSpecTest, FitsOnlyWhenBothDeviceAndHostFit) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  v1::JobSpec s = Good();
+  const MemoryPlan plan = WithHost(s, 3 * kMiB, kMiB);
+  v1::MemoryPlan p = PlanToProto(s, plan);
+  EXPECT_EQ(p.host_total_bytes(), 4 * kMiB);
+  EXPECT_EQ(p.host_live_sets(static_cast<int>(LiveSet::kCheckpoints)).live_set(), "checkpoints");
+  EXPECT_EQ(p.host_live_sets(static_cast<int>(LiveSet::kCheckpoints)).bytes(), 3 * kMiB);
+  EXPECT_EQ(p.total_bytes(), plan.total());
+  EXPECT_TRUE(p.fits()) << "no host cap: checked when scheduled";
+  EXPECT_THAT(p.notes(p.notes_size() - 1), HasSubstr("host_memory_bytes 0"));
+  s.set_host_memory_bytes(4 * kMiB);
+  EXPECT_TRUE(PlanToProto(s, plan).fits());
+  s.set_host_memory_bytes(4 * kMiB - 1);
+  p = PlanToProto(s, plan);
+  EXPECT_FALSE(p.fits()) << "the device fits, the host does not";
+  EXPECT_EQ(p.host_memory_bytes(), 4 * kMiB - 1);
+  s.set_host_memory_bytes(4 * kMiB);
+  s.set_device_memory_bytes(plan.total() - 1);
+  EXPECT_FALSE(PlanToProto(s, plan).fits()) << "the host fits, the device does not";
+}
+
+// A host plan over the cap is refused naming host_memory_bytes, the host
+// live sets and the shortfall, and force_launch does not override it:
+// every host live set is launch-sized, so each rank would refuse it.
+TEST(JobSpecTest, AdmitRefusesAHostPlanOverTheHostCapEvenWhenForced) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  v1::JobSpec s = Good();
+  const MemoryPlan plan = WithHost(s, 3 * kMiB, kMiB);
+  s.set_host_memory_bytes(3 * kMiB);
+  for (bool forced : {false, true}) {
+    s.set_force_launch(forced);
+    auto refused = AdmitPlan(s, PlanToProto(s, plan));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()),
+                AllOf(::testing::StartsWith("host_memory_bytes: the host plan does not fit: 4194304 bytes"),
+                      HasSubstr("per rank (optimizer=1048576, checkpoints=3145728)"),
+                      HasSubstr("against a cap of 3145728 bytes"), HasSubstr("short by 1048576 bytes"),
+                      HasSubstr("force_launch does not apply")))
+        << "forced: " << forced;
+  }
+  // Before the device's overridable refusal: forcing the device plan does
+  // not hide the host's.
+  s.set_device_memory_bytes(plan.total() - 1);
+  auto both = AdmitPlan(s, PlanToProto(s, plan));
+  EXPECT_THAT(std::string(both.status().message()), ::testing::StartsWith("host_memory_bytes: ")) << both.status();
+  // At exactly the host plan, or without a host cap, it is admitted.
+  s.set_device_memory_bytes(int64_t{256} << 20);
+  s.set_force_launch(false);
+  s.set_host_memory_bytes(4 * kMiB);
+  auto exact = AdmitPlan(s, PlanToProto(s, plan));
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_TRUE(exact->fits());
+  s.set_host_memory_bytes(0);
+  EXPECT_TRUE(AdmitPlan(s, PlanToProto(s, plan)).ok());
+}
+
 TEST(JobSpecTest, AdmitRefusesACapBelowTheLaunchStateNamingLiveSets) {
   v1::JobSpec s = Good();
   s.set_device_memory_bytes(4096);
@@ -298,6 +409,13 @@ std::vector<Case> MalformedFieldCases() {
       {"device_memory_bytes", [](S& s) {
          s.set_backend(v1::BACKEND_CUDA);
          s.set_device_memory_bytes(kI64Min);
+       }},
+      {"host_memory_bytes", [](S& s) { s.set_host_memory_bytes(-1); }},
+      {"host_memory_bytes", [](S& s) { s.set_host_memory_bytes(kI64Min); }},
+      {"host_memory_bytes", [](S& s) {
+         s.set_backend(v1::BACKEND_CUDA);
+         s.set_device_memory_bytes(0);
+         s.set_host_memory_bytes(-1);
        }},
       // The schedules: Ring-DTP's fields, then the reserved choices, which
       // are refused as not yet built whatever their fields hold.
@@ -572,6 +690,7 @@ TEST(JobSpecTest, OptionalFieldsAndBaselineSchedulesMayBeUnsetOrExplicit) {
   s.mutable_model()->set_rope_theta(500000);
   s.set_steps(int64_t{1} << 40);
   s.set_device_memory_bytes(kI64Max);
+  s.set_host_memory_bytes(kI64Max);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
   s.set_backend(v1::BACKEND_CUDA);
   s.set_device_memory_bytes(0);  // CUDA: the whole card

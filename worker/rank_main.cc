@@ -133,7 +133,12 @@ int Main(int argc, char** argv) {
   co.device_index = static_cast<int>(device_index);
   auto world = CreateCommunicator(co);
   if (!world.ok()) return Fail(rank, world.status());
-  std::fprintf(stderr, "%s; joined the world of %d ranks\n", (*backend)->Describe().c_str(),
+  // The caps as the backend's spaces hold them (not as the spec asked):
+  // what the job's log shows is what this rank enforces.
+  const int64_t host_cap = (*backend)->host().cap_bytes();
+  std::fprintf(stderr, "%s; host memory cap %s; joined the world of %d ranks\n",
+               (*backend)->Describe().c_str(),
+               host_cap == MemorySpace::kUncapped ? "none" : absl::StrCat(host_cap, " bytes").c_str(),
                (*world)->size());
   const int64_t log_every = std::max<int64_t>(1, spec.steps() / 20);
   auto on_step = [&](const StepReport& r) {
@@ -154,6 +159,12 @@ int Main(int argc, char** argv) {
       ls->set_bytes(r.stats.device.peak[i]);
     }
     t->set_peak_total_bytes(r.stats.device.total_peak);
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      v1::LiveSetBytes* ls = t->add_host_peak();
+      ls->set_live_set(std::string(LiveSetName(static_cast<LiveSet>(i))));
+      ls->set_bytes(r.stats.host.peak[i]);
+    }
+    t->set_host_peak_total_bytes(r.stats.host.total_peak);
     Emit(out);
     if (rank == 0 && (r.stats.step % log_every == 0 || r.stats.step == 1)) {
       std::fprintf(stderr, "step %lld/%lld loss %.17g |g| %.3f %.0f tok/s\n",

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -41,7 +42,7 @@ namespace {
 
 struct Flags {
   int64_t ranks = 2, rank = -1, steps = 200, batch = 32, log_every = 10;
-  int64_t device_mb = 256, checkpoint_every = 0;
+  int64_t device_mb = 256, host_mb = 0, checkpoint_every = 0;
   std::string store_dir, data = "recall", checkpoint_dir, projection = "dense", ring_mode = "auto";
   TrainerOptions trainer;
 };
@@ -53,6 +54,7 @@ Gloo over loopback) and prints progress from rank 0.
 
 job        --ranks=2 --steps=200 --batch=32 (sequences per step)
            --seed=1 (weight initialisation) --device_mb=256 (each rank's device arena)
+           --host_mb=0 (each rank's host memory cap; 0: uncapped)
            --log_every=10
 model      --vocab (0: the data's) --hidden=64 --layers=2 --heads=4 --kv_heads=2
            --experts=4 --top_k=2 --expert_ffn=128 --seq_len=32
@@ -95,6 +97,7 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   std::map<std::string, int64_t*> ints = {
       {"ranks", &f.ranks},         {"rank", &f.rank},           {"steps", &f.steps},
       {"batch", &f.batch},         {"log_every", &f.log_every}, {"device_mb", &f.device_mb},
+      {"host_mb", &f.host_mb},
       {"checkpoint_every", &f.checkpoint_every},
       {"vocab", &m.vocab_size},    {"hidden", &m.hidden},       {"layers", &m.layers},
       {"heads", &m.heads},         {"kv_heads", &m.kv_heads},   {"experts", &m.experts},
@@ -165,7 +168,15 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
     }
   }
   if (f.ranks < 1 || f.ranks > 16) return absl::InvalidArgumentError("--ranks: expected 1 to 16");
-  if (f.device_mb < 1) return absl::InvalidArgumentError("--device_mb: expected >= 1");
+  // MiB that fit in int64 bytes.
+  constexpr int64_t kMaxMb = std::numeric_limits<int64_t>::max() >> 20;
+  if (f.device_mb < 1 || f.device_mb > kMaxMb) {
+    return absl::InvalidArgumentError(absl::StrCat("--device_mb: expected 1 to ", kMaxMb, ", got ", f.device_mb));
+  }
+  if (f.host_mb < 0 || f.host_mb > kMaxMb) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_mb: expected 0 (uncapped) to ", kMaxMb, ", got ", f.host_mb));
+  }
   if (f.log_every < 1) return absl::InvalidArgumentError("--log_every: expected >= 1");
   if (f.projection == "ring_dtp") {
     proj.kind = ProjectionOptions::Kind::kRingDtp;
@@ -219,6 +230,7 @@ std::string Peaks(const MemoryStats& s) {
 absl::Status RunRank(const Flags& f) {
   BackendOptions bo;
   bo.device_memory_bytes = f.device_mb << 20;
+  bo.host_memory_bytes = f.host_mb << 20;
   PLATEAU_ASSIGN_OR_RETURN(auto backend, Backend::Create(bo));
   CommunicatorOptions co;
   co.rank = static_cast<int>(f.rank);
@@ -227,7 +239,7 @@ absl::Status RunRank(const Flags& f) {
   co.prefix = "plateau_train";
   PLATEAU_ASSIGN_OR_RETURN(auto world, CreateCommunicator(co));
   double first = -1, last = 0, tokens = 0, seconds = 0, flops = 0;
-  MemoryStats peak;
+  MemoryStats peak, host_peak;
   auto on_step = [&](const StepReport& r) {
     if (first < 0) first = r.stats.loss;
     last = r.stats.loss;
@@ -236,13 +248,17 @@ absl::Status RunRank(const Flags& f) {
     flops += r.model_flops;
     for (int i = 0; i < kNumLiveSets; ++i) peak.peak[i] = std::max(peak.peak[i], r.stats.device.peak[i]);
     peak.total_peak = std::max(peak.total_peak, r.stats.device.total_peak);
+    for (int i = 0; i < kNumLiveSets; ++i) host_peak.peak[i] = std::max(host_peak.peak[i], r.stats.host.peak[i]);
+    host_peak.total_peak = std::max(host_peak.total_peak, r.stats.host.total_peak);
     if (f.rank == 0 && (r.stats.step % f.log_every == 0 || r.stats.step == f.steps || r.stats.step == 1)) {
       // The loss in full: %.17g reads back as the same double, so a run can
       // be compared with an independent rebuild of the model step by step.
-      std::printf("step %5lld/%lld  loss %.17g  |g| %.3f  %.0f tok/s  %.2f GFLOP/s  peak %s\n",
+      // Host peaks only when the schedules keep something there.
+      std::printf("step %5lld/%lld  loss %.17g  |g| %.3f  %.0f tok/s  %.2f GFLOP/s  peak %s%s\n",
                   static_cast<long long>(r.stats.step), static_cast<long long>(f.steps), r.stats.loss,
                   r.stats.grad_norm, r.tokens / r.seconds, r.model_flops / r.seconds / 1e9,
-                  Peaks(r.stats.device).c_str());
+                  Peaks(r.stats.device).c_str(),
+                  r.stats.host.total_peak > 0 ? absl::StrCat("  host ", Peaks(r.stats.host)).c_str() : "");
       std::fflush(stdout);
     }
   };
@@ -253,6 +269,12 @@ absl::Status RunRank(const Flags& f) {
         "         device peaks per live set (rank 0): %s (total %.2f MiB of the %lld MiB arena)\n",
         first, last, static_cast<long long>(f.steps), tokens / seconds, flops / seconds / 1e9, seconds,
         Peaks(peak).c_str(), peak.total_peak / 1048576.0, static_cast<long long>(f.device_mb));
+    if (host_peak.total_peak > 0 || f.host_mb > 0) {
+      std::printf("         host peaks per live set (rank 0): %s (total %.2f MiB; %s)\n",
+                  host_peak.total_peak > 0 ? Peaks(host_peak).c_str() : "none",
+                  host_peak.total_peak / 1048576.0,
+                  f.host_mb > 0 ? absl::StrCat("host memory cap ", f.host_mb, " MiB").c_str() : "uncapped");
+    }
   }
   return absl::OkStatus();
 }
