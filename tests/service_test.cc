@@ -287,39 +287,53 @@ TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
                     HasSubstr(absl::StrCat(oom.bytes_free(), " free"))));
 }
 
-// JobSpec.host_memory_bytes reaches every rank's backend: each rank logs
-// the cap its host space holds (read back from the backend, not the spec).
-// The baseline schedules plan no host bytes, so a 4 KiB cap runs; the plan,
-// plateauctl plan, the telemetry and /metrics carry the host side.
-TEST(ServiceTest, HostCapReachesEveryRanksBackendAndThePlan) {
+// JobSpec.host_memory_bytes reaches every rank's backend, and SCO's host
+// pool is planned, admitted and measured through the whole service: the tiny
+// job (2 layers, 64 tokens x H = 64 per rank) pools h_0, 16 KiB of host
+// memory per rank. A cap one byte short is refused at submit (plateauctl
+// exits 5, the code for a plan that does not fit); at exactly the plan it
+// runs, each rank logs the cap read back from its backend, every step's host
+// peak is the plan, and /metrics carries it.
+TEST(ServiceTest, ScoHostPoolIsPlannedAdmittedAndMeasuredAgainstTheHostCap) {
   Cluster c("host-cap");
   ASSERT_TRUE(c.ready()) << c.Logs();
+  constexpr int64_t kPool = 64 * 64 * 4;
   v1::JobSpec spec = TinyJob(3);
-  spec.set_host_memory_bytes(4096);
-  const std::string path = c.dir() + "/host-cap.txtpb";
-  {
+  ASSERT_EQ(spec.schedule().checkpoints_case(), v1::ScheduleSpec::kSco) << "the demo job turns SCO on";
+  auto write = [&](const v1::JobSpec& js, const std::string& name) {
     std::string text;
-    ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(spec, &text));
+    EXPECT_TRUE(google::protobuf::TextFormat::PrintToString(js, &text));
+    const std::string path = c.dir() + "/" + name + ".txtpb";
     std::ofstream(path) << text;
-  }
-  Ran p = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "plan", path}, c.dir() + "/plan");
+    return path;
+  };
+  spec.set_host_memory_bytes(kPool - 1);
+  Ran short_by_one = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "submit",
+                                 write(spec, "short")}, c.dir() + "/short");
+  EXPECT_EQ(short_by_one.code, 5) << short_by_one.out << short_by_one.err;
+  EXPECT_THAT(short_by_one.err, AllOf(HasSubstr("host_memory_bytes: the host plan does not fit"),
+                                      HasSubstr("checkpoints=16384"), HasSubstr("short by 1 bytes")));
+
+  spec.set_host_memory_bytes(kPool);
+  Ran p = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "plan", write(spec, "exact")},
+                     c.dir() + "/plan");
   EXPECT_EQ(p.code, 0) << p.out << p.err;
-  EXPECT_THAT(p.out, HasSubstr("host memory per rank: none planned, of a host cap of 4096 bytes"));
+  EXPECT_THAT(p.out, AllOf(HasSubstr("host bytes per live set"), HasSubstr("of a host cap of 16384 bytes")));
 
   auto sub = c.client().SubmitJob(spec, false);
   ASSERT_TRUE(sub.ok()) << sub.status();
-  EXPECT_EQ(sub->plan().host_memory_bytes(), 4096);
-  EXPECT_EQ(sub->plan().host_total_bytes(), 0);
+  EXPECT_EQ(sub->plan().host_memory_bytes(), kPool);
+  EXPECT_EQ(sub->plan().host_total_bytes(), kPool);
   EXPECT_EQ(sub->plan().host_live_sets_size(), 8);
   EXPECT_TRUE(sub->plan().fits());
   const std::string id = sub->job().id();
   const v1::Job job = c.WaitDone(id);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
-  EXPECT_EQ(job.plan().host_memory_bytes(), 4096);
+  EXPECT_EQ(job.plan().host_memory_bytes(), kPool);
 
   std::set<int> capped;  // ranks whose backend holds the cap
   ASSERT_TRUE(c.client().GetJobLogs(id, false, 0, [&](const v1::LogEntry& l) {
-    if (absl::StrContains(l.line(), "host memory cap 4096 bytes;")) capped.insert(l.rank());
+    if (absl::StrContains(l.line(), "host memory cap 16384 bytes;")) capped.insert(l.rank());
     return true;
   }).ok());
   EXPECT_EQ(capped, (std::set<int>{0, 1})) << c.Logs();
@@ -329,12 +343,13 @@ TEST(ServiceTest, HostCapReachesEveryRanksBackendAndThePlan) {
     if (!e.has_step()) return true;
     ++steps;
     EXPECT_EQ(e.step().host_peak_size(), 8);
-    EXPECT_EQ(e.step().host_peak_total_bytes(), 0);
+    EXPECT_EQ(e.step().host_peak_total_bytes(), kPool);
     return true;
   }).ok());
   EXPECT_EQ(steps, 6);
   const std::string m = Scrape(c.metrics());
-  EXPECT_EQ(Sample(m, "plateau_job_host_peak_bytes{job_id=\"" + id + "\",live_set=\"total\",rank=\"1\"}"), 0);
+  EXPECT_EQ(Sample(m, "plateau_job_host_peak_bytes{job_id=\"" + id + "\",live_set=\"checkpoints\",rank=\"1\"}"),
+            kPool);
 }
 
 TEST(ServiceTest, ValidateOnlyCreatesNothingAndBadSpecsNameTheField) {

@@ -203,7 +203,6 @@ absl::Status CheckSchedule(const v1::ScheduleSpec& s) {
   if (s.dispatch_case() == v1::ScheduleSpec::kPipelinedLlep) {
     return later("schedule.pipelined_llep", "schedule.standard_ep");
   }
-  if (s.checkpoints_case() == v1::ScheduleSpec::kSco) return later("schedule.sco", "schedule.full_checkpoints");
   if (s.optimizer_placement_case() == v1::ScheduleSpec::kOffloadStreamAdamw) {
     return later("schedule.offload_stream_adamw", "schedule.device_adamw");
   }
@@ -327,6 +326,22 @@ absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
   return absl::OkStatus();
 }
 
+// schedule.sco -> the step's checkpoint options (every boundary on the
+// device when unset). beta is capped like every byte count of the plan.
+absl::Status ConvertCheckpoints(const v1::ScheduleSpec& s, CheckpointOptions* out) {
+  if (s.checkpoints_case() != v1::ScheduleSpec::kSco) return absl::OkStatus();
+  const int64_t beta = s.sco().host_budget_bytes();
+  if (beta < 0 || !(static_cast<double>(beta) <= kMaxPlannedBytes)) {
+    return Bad("schedule.sco.host_budget_bytes",
+               absl::StrCat(">= 0 bytes of host memory per rank for checkpoint boundaries (at most ",
+                            kMaxPlannedBytes, ")"),
+               absl::StrCat(beta));
+  }
+  out->kind = CheckpointOptions::Kind::kSco;
+  out->host_budget_bytes = beta;
+  return absl::OkStatus();
+}
+
 // A field this build does not know (a newer client's) would be stored and
 // silently ignored: refused instead, naming where it sits.
 absl::Status CheckNoUnknownFields(const google::protobuf::Message& m, const std::string& path) {
@@ -373,6 +388,7 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(CheckSize(t.step.model, t.step.layout));
   PLATEAU_RETURN_IF_ERROR(CheckSchedule(spec.schedule()));
   PLATEAU_RETURN_IF_ERROR(ConvertProjection(spec.schedule(), t.step.model, &t.step.projection));
+  PLATEAU_RETURN_IF_ERROR(ConvertCheckpoints(spec.schedule(), &t.step.checkpoints));
   if (!spec.has_optimizer()) return Bad("optimizer", "optimizer.lr at least", "none");
   PLATEAU_RETURN_IF_ERROR(ConvertOptimizer(spec.optimizer(), &t.step.optimizer));
   PLATEAU_RETURN_IF_ERROR(ConvertData(spec.data(), t.step.model, t.step.layout, &t.data));
@@ -518,6 +534,7 @@ v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {
   s.mutable_layout()->set_batch(o.step.layout.batch);
   s.mutable_schedule()->mutable_standard_ep();
   s.mutable_schedule()->mutable_dense();
+  s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(o.step.checkpoints.host_budget_bytes);
   s.mutable_optimizer()->set_lr(o.step.optimizer.lr);
   v1::RecallData* r = s.mutable_data()->mutable_recall();
   r->set_num_keys(o.data.recall.num_keys);

@@ -114,28 +114,39 @@ TEST(JobSpecTest, HostCapReachesTheBackendOptions) {
   EXPECT_THAT(bad.message(), HasSubstr("got -1"));
 }
 
-// The plan carries the host space beside the device: every live set by name
-// (all 0 under the baseline schedules), the total and the job's host cap.
-// A tiny host cap fits a host plan of 0.
+// The plan carries the host space beside the device: every live set by name,
+// the total and the job's host cap. The demo job turns SCO on: its pool (h_0
+// of a 2-layer model, N x H x 4 bytes) is the only host term.
 TEST(JobSpecTest, PlanCarriesTheHostLiveSetsTotalAndCap) {
   v1::JobSpec s = Good();
-  s.set_host_memory_bytes(4096);
+  constexpr int64_t kPool = 512 * 64 * 4;  // N = 32 x 32 / 2 tokens, H = 64
+  s.set_host_memory_bytes(kPool);
   auto plan = AdmitJob(s);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->host_live_sets_size(), kNumLiveSets);
   for (int i = 0; i < kNumLiveSets; ++i) {
     EXPECT_EQ(plan->host_live_sets(i).live_set(), plan->live_sets(i).live_set());
-    EXPECT_EQ(plan->host_live_sets(i).bytes(), 0) << plan->host_live_sets(i).live_set();
+    EXPECT_EQ(plan->host_live_sets(i).bytes(), plan->host_live_sets(i).live_set() == "checkpoints" ? kPool : 0)
+        << plan->host_live_sets(i).live_set();
   }
-  EXPECT_EQ(plan->host_total_bytes(), 0);
-  EXPECT_EQ(plan->host_memory_bytes(), 4096);
+  EXPECT_EQ(plan->host_total_bytes(), kPool);
+  EXPECT_EQ(plan->host_memory_bytes(), kPool);
   EXPECT_TRUE(plan->fits());
-  for (const std::string& n : plan->notes()) EXPECT_THAT(n, ::testing::Not(HasSubstr("host"))) << n;
   auto t = ToTrainerOptions(s);
   ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->step.checkpoints.kind, CheckpointOptions::Kind::kSco);
   auto direct = PlanMemory(t->step);
   ASSERT_TRUE(direct.ok());
   EXPECT_EQ(plan->host_total_bytes(), direct->host_total());
+  // One byte less is refused, naming the cap.
+  s.set_host_memory_bytes(kPool - 1);
+  EXPECT_THAT(std::string(AdmitJob(s).status().message()), ::testing::StartsWith("host_memory_bytes: "));
+  // Without SCO the host holds nothing.
+  s.mutable_schedule()->mutable_full_checkpoints();
+  auto full = AdmitJob(s);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->host_total_bytes(), 0);
+  for (const std::string& n : full->notes()) EXPECT_THAT(n, ::testing::Not(HasSubstr("host"))) << n;
 }
 
 // A budget plan with host terms (what SCO and OffloadStreamAdamW will
@@ -459,9 +470,10 @@ std::vector<Case> MalformedFieldCases() {
          p->set_alpha(std::numeric_limits<double>::quiet_NaN());
          p->set_min_piece(kI64Min);
        }, absl::StatusCode::kUnimplemented},
-      {"schedule.sco", [](S& s) { s.mutable_schedule()->mutable_sco(); }, absl::StatusCode::kUnimplemented},
-      {"schedule.sco", [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(-1); },
-       absl::StatusCode::kUnimplemented},
+      {"schedule.sco.host_budget_bytes",
+       [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(-1); }},
+      {"schedule.sco.host_budget_bytes",
+       [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(kI64Max); }},
       {"schedule.offload_stream_adamw",
        [](S& s) { s.mutable_schedule()->mutable_offload_stream_adamw(); }, absl::StatusCode::kUnimplemented},
       {"schedule.offload_stream_adamw", [](S& s) {
@@ -616,8 +628,7 @@ TEST(JobSpecTest, TheTableCoversEveryFieldOfTheSpec) {
   };
   // The reserved schedules are refused whole (UNIMPLEMENTED naming the
   // schedule) whatever their fields hold; their cases put garbage in them.
-  const std::vector<std::string> reserved = {"schedule.pipelined_llep.", "schedule.sco.",
-                                             "schedule.offload_stream_adamw."};
+  const std::vector<std::string> reserved = {"schedule.pipelined_llep.", "schedule.offload_stream_adamw."};
   std::set<std::string> named;
   for (const Case& c : MalformedFieldCases()) named.insert(c.field.substr(0, c.field.find('[')));
   std::vector<std::string> leaves;

@@ -44,6 +44,7 @@ struct Flags {
   int64_t ranks = 2, rank = -1, steps = 200, batch = 32, log_every = 10;
   int64_t device_mb = 256, host_mb = 0, checkpoint_every = 0;
   std::string store_dir, data = "recall", checkpoint_dir, projection = "dense", ring_mode = "auto";
+  std::string checkpoints = "full";
   TrainerOptions trainer;
 };
 
@@ -66,6 +67,8 @@ data       --data=recall | text:<file> | shards:<file>[,<file>...]
            --data_seed=1 (the recall task's generator; text and shards are read in order)
 projection --projection=dense | ring_dtp  --ring_mode=auto|activations|weights
            --ring_strip=16 (vocabulary columns per strip) --ring_chunk_rows=0 (0: one pass)
+boundaries --checkpoints=full | sco (the earliest layer boundaries in a host pool)
+           --sco_host_budget_bytes=0 (beta: host bytes per rank for the pool)
 checkpoint --checkpoint_dir=<dir> (resumes from its newest step-N.safetensors)
            --checkpoint_every=0 (0: only at the end)
 )";
@@ -104,7 +107,8 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
       {"top_k", &m.top_k},         {"expert_ffn", &m.expert_ffn}, {"seq_len", &m.seq_len}};
   std::map<std::string, std::string*> strings = {
       {"store_dir", &f.store_dir}, {"data", &f.data}, {"checkpoint_dir", &f.checkpoint_dir},
-      {"projection", &f.projection}, {"ring_mode", &f.ring_mode}};
+      {"projection", &f.projection}, {"ring_mode", &f.ring_mode}, {"checkpoints", &f.checkpoints}};
+  ints["sco_host_budget_bytes"] = &f.trainer.step.checkpoints.host_budget_bytes;
   ProjectionOptions& proj = f.trainer.step.projection;
   proj.strip = 16;  // small default for the small demo vocabulary
   ints["ring_strip"] = &proj.strip;
@@ -178,6 +182,16 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
         absl::StrCat("--host_mb: expected 0 (uncapped) to ", kMaxMb, ", got ", f.host_mb));
   }
   if (f.log_every < 1) return absl::InvalidArgumentError("--log_every: expected >= 1");
+  if (f.checkpoints == "sco") {
+    f.trainer.step.checkpoints.kind = CheckpointOptions::Kind::kSco;
+    if (f.trainer.step.checkpoints.host_budget_bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--sco_host_budget_bytes: expected >= 0, got ",
+                                                     f.trainer.step.checkpoints.host_budget_bytes));
+    }
+  } else if (f.checkpoints != "full") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoints: expected full or sco, got '", f.checkpoints, "'"));
+  }
   if (f.projection == "ring_dtp") {
     proj.kind = ProjectionOptions::Kind::kRingDtp;
   } else if (f.projection != "dense") {

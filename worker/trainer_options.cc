@@ -21,6 +21,10 @@ TrainerOptions RecallDemoJob(int64_t ranks) {
   m.seq_len = 32;
   o.step.layout = {ranks, 32};
   o.step.optimizer.lr = 6e-3f;
+  // SCO: the host pool takes what it can of the boundaries (with 2 layers,
+  // h_0: kernels/checkpoints/checkpoints_plan.h).
+  o.step.checkpoints.kind = CheckpointOptions::Kind::kSco;
+  o.step.checkpoints.host_budget_bytes = int64_t{1} << 20;
   o.steps = 200;
   return o;
 }
