@@ -119,6 +119,10 @@ absl::Status ValidateStepShape(const StepOptions& o) {
   if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
     PLATEAU_RETURN_IF_ERROR(ValidateSco(o.checkpoints.host_budget_bytes));
   }
+  if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
+    PLATEAU_RETURN_IF_ERROR(
+        ValidateOffloadStream(o.optimizer_placement.bucket_params, o.optimizer_placement.staging_slots));
+  }
   return ValidateProjection(o);
 }
 
@@ -162,10 +166,18 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   }
   const int64_t N = TokensPerRank(o.model, o.layout);
   plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
-  // Optimizer: master, m and v on the device (OffloadStreamAdamW: issue 14).
+  // Optimizer: master, m and v on the device, or on the host (with staging
+  // slots on the device when streamed).
   const ParamLayout p = LayoutOf(o);
-  plan.bytes[static_cast<int>(LiveSet::kOptimizer)] +=
-      DeviceAdamWBytes(p.shard_numel(), p.owned_numel_per_rank());
+  const int64_t S = p.shard_numel(), X = p.owned_numel_per_rank();
+  const OptimizerPlacementOptions& op = o.optimizer_placement;
+  const OptimizerBytes optimizer =
+      op.kind == OptimizerPlacementOptions::Kind::kCpuOffload ? CpuOffloadAdamWBytes(S, X)
+      : op.kind == OptimizerPlacementOptions::Kind::kOffloadStream
+          ? OffloadStreamAdamWBytes(S, X, op.bucket_params, op.staging_slots)
+          : OptimizerBytes{DeviceAdamWBytes(S, X), 0};
+  plan.bytes[static_cast<int>(LiveSet::kOptimizer)] += optimizer.device;
+  plan.host_bytes[static_cast<int>(LiveSet::kOptimizer)] += optimizer.host;
   // Checkpoints: every boundary on the device, or SCO's device boundaries
   // and host pool.
   if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
@@ -179,10 +191,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   // routes a rank is sent. The plan is its worst case (every route of every
   // source rank lands on one rank), so that it bounds every routing; the
   // balanced case (N*k rows received) is kept beside it for information.
-  const int64_t S = N * o.model.top_k, P = o.layout.ranks;
+  const int64_t routes = N * o.model.top_k, P = o.layout.ranks;
   plan.bytes[static_cast<int>(LiveSet::kDispatch)] +=
-      StandardEpPeakBytes(o.model, S, StandardEpWorstCaseReceivedRows(o.model, P, N));
-  plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, S, S);
+      StandardEpPeakBytes(o.model, routes, StandardEpWorstCaseReceivedRows(o.model, P, N));
+  plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, routes, routes);
   return plan;
 }
 

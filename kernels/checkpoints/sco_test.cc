@@ -4,7 +4,7 @@
 // device<->host copy slowed, so that missing ordering would show as stale
 // values), the measured device and host peaks against the plan, and the
 // protocol errors. The step with SCO against the baseline step is
-// kernels/step/step_sco_test.cc.
+// kernels/step/step_offload_test.cc.
 #include "kernels/checkpoints/sco.h"
 
 #include <memory>

@@ -52,12 +52,27 @@ struct CheckpointOptions {
   int64_t host_budget_bytes = 0;
 };
 
+// Where the optimizer state lives and how it is updated
+// (kernels/optimizer/).
+struct OptimizerPlacementOptions {
+  enum class Kind {
+    kDevice,        // master, m and v on the device (device_adamw.h)
+    kCpuOffload,    // on the host, updated there (cpu_offload_adamw.h; the baseline)
+    kOffloadStream  // on the host, streamed through device slots (offload_stream_adamw.h)
+  };
+  Kind kind = Kind::kDevice;
+  // OffloadStreamAdamW: parameters per bucket, and staging slots (1 to 3).
+  int64_t bucket_params = 100'000'000;
+  int64_t staging_slots = 2;
+};
+
 struct StepOptions {
   ModelConfig model;
   LayoutConfig layout;
   OptimizerConfig optimizer;
   ProjectionOptions projection;
   CheckpointOptions checkpoints;
+  OptimizerPlacementOptions optimizer_placement;
   uint64_t seed = 1;
 };
 

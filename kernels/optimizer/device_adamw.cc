@@ -1,6 +1,7 @@
 #include "kernels/optimizer/device_adamw.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/optimizer/host_state.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -21,24 +22,17 @@ absl::StatusOr<std::unique_ptr<DeviceAdamW>> DeviceAdamW::Create(const Optimizer
 
 absl::Status DeviceAdamW::Load(const OptimizerShardState& st) {
   const int64_t S = params_.shard_numel, X = params_.owned_numel;
-  auto put = [&](Buffer& b, const std::vector<float>& host, int64_t n, const char* what) -> absl::Status {
+  PLATEAU_RETURN_IF_ERROR(CheckShardState(st, S, X));
+  auto put = [&](Buffer& b, const std::vector<float>& host, int64_t n) -> absl::Status {
     if (host.empty()) return backend_.Fill(stream_, b.as<float>(), n, 0.0f);
-    if (static_cast<int64_t>(host.size()) != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer state: ", what, " has ", host.size(), " values, expected ", n));
-    }
     // From the caller's memory: done when Copy returns (backend.h).
     return backend_.Copy(stream_, b.data(), host.data(), b.bytes());
   };
-  if (static_cast<int64_t>(st.dense_master.size()) != S) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer state: the dense master has ",
-                                                   st.dense_master.size(), " values, expected ", S));
-  }
-  PLATEAU_RETURN_IF_ERROR(put(master_, st.dense_master, S, "the dense master"));
-  PLATEAU_RETURN_IF_ERROR(put(m_, st.dense_m, S, "the dense m"));
-  PLATEAU_RETURN_IF_ERROR(put(v_, st.dense_v, S, "the dense v"));
-  PLATEAU_RETURN_IF_ERROR(put(owned_m_, st.owned_m, X, "the owned weights' m"));
-  PLATEAU_RETURN_IF_ERROR(put(owned_v_, st.owned_v, X, "the owned weights' v"));
+  PLATEAU_RETURN_IF_ERROR(put(master_, st.dense_master, S));
+  PLATEAU_RETURN_IF_ERROR(put(m_, st.dense_m, S));
+  PLATEAU_RETURN_IF_ERROR(put(v_, st.dense_v, S));
+  PLATEAU_RETURN_IF_ERROR(put(owned_m_, st.owned_m, X));
+  PLATEAU_RETURN_IF_ERROR(put(owned_v_, st.owned_v, X));
   return Refresh();
 }
 

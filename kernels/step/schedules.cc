@@ -4,7 +4,9 @@
 #include "kernels/checkpoints/full_checkpoints.h"
 #include "kernels/checkpoints/sco.h"
 #include "kernels/dispatch/standard_ep.h"
+#include "kernels/optimizer/cpu_offload_adamw.h"
 #include "kernels/optimizer/device_adamw.h"
+#include "kernels/optimizer/offload_stream_adamw.h"
 #include "kernels/projection/dense_projection.h"
 #include "kernels/projection/ring_dtp.h"
 #include "kernels/status_macros.h"
@@ -42,8 +44,22 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
   }
   // Dispatch: standard EP is the only schedule so far (PipelinedLLEP: issue 12).
   s.dispatch = std::make_unique<StandardEp>(o.model, c.backend, c.kernels, c.world, c.compute, c.comm);
-  // Optimizer: master, m and v on the device (OffloadStreamAdamW: issue 14).
-  PLATEAU_ASSIGN_OR_RETURN(s.optimizer, DeviceAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
+  switch (o.optimizer_placement.kind) {
+    case OptimizerPlacementOptions::Kind::kDevice: {
+      PLATEAU_ASSIGN_OR_RETURN(s.optimizer, DeviceAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
+      break;
+    }
+    case OptimizerPlacementOptions::Kind::kCpuOffload: {
+      PLATEAU_ASSIGN_OR_RETURN(s.optimizer,
+                               CpuOffloadAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
+      break;
+    }
+    case OptimizerPlacementOptions::Kind::kOffloadStream: {
+      PLATEAU_ASSIGN_OR_RETURN(s.optimizer, OffloadStreamAdamW::Create(o.optimizer, o.optimizer_placement, c.params,
+                                                                       c.backend, c.world, c.comm));
+      break;
+    }
+  }
   return s;
 }
 

@@ -1,10 +1,14 @@
-// The composed step with SCO as its checkpoint store against the baseline
-// step (every boundary on the device), at P = 1 and 2 over a sweep of host
-// budgets from no boundary to all that can leave: the loss, every gradient
-// and the weights after an AdamW step are bitwise equal (SCO only copies);
-// the measured device and host peaks of every live set are within the
-// plan; the device peak does not grow as the budget does; slowing every
-// device<->host copy changes no bit; and the same bits come run to run.
+// The step with the schedules that move state to host memory against the
+// baseline step, at P = 1 and 2:
+// - SCO as the checkpoint store over a sweep of host budgets from no
+//   boundary to all that can leave: the loss, every gradient and the weights
+//   after an AdamW step are bitwise equal (SCO only copies); the measured
+//   device and host peaks of every live set are within the plan; the device
+//   peak does not grow as the budget does; slowing every device<->host copy
+//   changes no bit; the same bits come run to run;
+// - the optimizer state on the host (OffloadStreamAdamW over buckets and
+//   slots, and the CPU-offload baseline), alone and with SCO: the weights
+//   after two steps are bitwise the baseline's, within the plan.
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -38,7 +42,8 @@ struct Outcome {
 
 // ForwardBackward (gradients), then Step (recomputes them, then AdamW), on
 // P rank threads with the given checkpoint options.
-Outcome RunStep(int P, const CheckpointOptions& checkpoints, int64_t copy_delay_us = 0) {
+Outcome RunStep(int P, const CheckpointOptions& checkpoints, int64_t copy_delay_us = 0,
+                const OptimizerPlacementOptions& placement = {}, int64_t steps = 1) {
   const ModelConfig m = FiveLayers();
   std::mt19937 rng(7);
   std::vector<int32_t> tokens(kBatch * m.seq_len), targets(kBatch * m.seq_len);
@@ -58,6 +63,7 @@ Outcome RunStep(int P, const CheckpointOptions& checkpoints, int64_t copy_delay_
     o.seed = 3;
     o.optimizer.weight_decay = 0.1f;
     o.checkpoints = checkpoints;
+    o.optimizer_placement = placement;
     PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(o, be, world));
     // Rank r's slice [B, T/P] of the global batch.
     const int64_t n = m.seq_len / P;
@@ -70,7 +76,10 @@ Outcome RunStep(int P, const CheckpointOptions& checkpoints, int64_t copy_delay_
     }
     PLATEAU_ASSIGN_OR_RETURN(StepStats fb, step->ForwardBackward(tok, tgt));
     PLATEAU_ASSIGN_OR_RETURN(auto grads, step->GatherGrads());
-    PLATEAU_ASSIGN_OR_RETURN(StepStats st, step->Step(tok, tgt));
+    StepStats st;
+    for (int64_t k = 0; k < steps; ++k) {
+      PLATEAU_ASSIGN_OR_RETURN(st, step->Step(tok, tgt));
+    }
     PLATEAU_ASSIGN_OR_RETURN(auto weights, step->GatherWeights());
     out.device[r] = st.device;
     out.host[r] = st.host;
@@ -93,11 +102,12 @@ CheckpointOptions ScoWith(int64_t host_boundaries, int P) {
   return c;
 }
 
-MemoryPlan PlanOf(int P, const CheckpointOptions& c) {
+MemoryPlan PlanOf(int P, const CheckpointOptions& c, const OptimizerPlacementOptions& placement = {}) {
   StepOptions o;
   o.model = FiveLayers();
   o.layout = {P, kBatch};
   o.checkpoints = c;
+  o.optimizer_placement = placement;
   return PlanMemory(o).value();
 }
 
@@ -157,6 +167,53 @@ TEST_P(StepWithSco, SameBitsRunToRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, StepWithSco, ::testing::Values(1, 2));
+
+// The optimizer state on the host: two whole steps (the second reads the
+// state the first wrote back) bitwise the baseline's, each placement within
+// its device and host plan; with SCO too (both pools in host memory).
+class StepWithOffloadedOptimizer : public ::testing::TestWithParam<int> {};
+
+TEST_P(StepWithOffloadedOptimizer, BitwiseTheBaselineWithinItsPlan) {
+  const int P = GetParam();
+  const Outcome base = RunStep(P, CheckpointOptions{}, 0, {}, /*steps=*/2);
+  using Kind = OptimizerPlacementOptions::Kind;
+  struct Case {
+    OptimizerPlacementOptions placement;
+    bool sco;
+  };
+  std::vector<Case> cases;
+  for (int64_t bucket : {int64_t{997}, int64_t{100'000'000}}) {
+    for (int64_t slots : {1, 2, 3}) cases.push_back({{Kind::kOffloadStream, bucket, slots}, false});
+  }
+  cases.push_back({{Kind::kCpuOffload}, false});
+  cases.push_back({{Kind::kOffloadStream, 997, 2}, true});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("P = ", P, ", placement ", static_cast<int>(c.placement.kind), " bucket ",
+                              c.placement.bucket_params, " slots ", c.placement.staging_slots, c.sco ? " + SCO" : ""));
+    const CheckpointOptions ckpt = c.sco ? ScoWith(4, P) : CheckpointOptions{};
+    const Outcome got = RunStep(P, ckpt, 0, c.placement, /*steps=*/2);
+    EXPECT_EQ(got.loss, base.loss);
+    EXPECT_EQ(got.weights, base.weights);
+    const MemoryPlan plan = PlanOf(P, ckpt, c.placement);
+    for (int r = 0; r < P; ++r) {
+      for (int i = 0; i < kNumLiveSets; ++i) {
+        const char* name = LiveSetName(static_cast<LiveSet>(i)).data();
+        EXPECT_LE(got.device[r].peak[i], plan.bytes[i]) << "rank " << r << " device " << name;
+        EXPECT_LE(got.host[r].peak[i], plan.host_bytes[i]) << "rank " << r << " host " << name;
+      }
+      EXPECT_EQ(got.host[r].peak_of(LiveSet::kOptimizer), plan.host_bytes[static_cast<int>(LiveSet::kOptimizer)]);
+      EXPECT_EQ(got.device[r].peak_of(LiveSet::kOptimizer), plan.bytes[static_cast<int>(LiveSet::kOptimizer)]);
+      // Staging slots smaller than the state they stream: less on the
+      // device. (A bucket as large as the whole shard stages more than
+      // device AdamW keeps: 3 slots x 3 x max(S, X) against 3S + 2X.)
+      if (c.placement.kind == Kind::kCpuOffload || c.placement.bucket_params == 997) {
+        EXPECT_LT(got.device[r].peak_of(LiveSet::kOptimizer), base.device[r].peak_of(LiveSet::kOptimizer));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, StepWithOffloadedOptimizer, ::testing::Values(1, 2));
 
 TEST(StepWithScoTest, AHostCapBelowThePoolIsRefusedNamingIt) {
   BackendOptions bo;
