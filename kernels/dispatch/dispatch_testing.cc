@@ -310,13 +310,15 @@ void ExpectBackwardNeedsForward(const DispatchFactory& make) {
           PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<ExpertDispatch> ep,
                                    make(p, m, be, *kernels, world, *compute, *comm));
           absl::Status fresh = ep->Backward(dout, w, du, dgates, g);
-          EXPECT_EQ(fresh.code(), absl::StatusCode::kFailedPrecondition) << "rank " << p << ": " << fresh;
+          EXPECT_EQ(fresh.code(), absl::StatusCode::kFailedPrecondition)
+              << "rank " << p << ": " << fresh;
           EXPECT_NE(fresh.message().find("Forward"), absl::string_view::npos) << fresh;
           PLATEAU_RETURN_IF_ERROR(ep->Forward(u.as<float>(), chosen.as<int32_t>(),
                                               gates.as<float>(), n, w, out));
           PLATEAU_RETURN_IF_ERROR(ep->Backward(dout, w, du, dgates, g));
           absl::Status again = ep->Backward(dout, w, du, dgates, g);
-          EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << "rank " << p << ": " << again;
+          EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition)
+              << "rank " << p << ": " << again;
           PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
           return comm->Synchronize();
         });

@@ -328,7 +328,8 @@ absl::Status LlepChunkRunner::ReturnWeightGrads(const LlepRankPlan& p, const Lle
     const float* src = m.lent + i * X;
     PLATEAU_RETURN_IF_ERROR(
         backend_.Add(compute_, g.w_gate + le * HF, g.w_gate + le * HF, src, HF));
-    PLATEAU_RETURN_IF_ERROR(backend_.Add(compute_, g.w_up + le * HF, g.w_up + le * HF, src + HF, HF));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Add(compute_, g.w_up + le * HF, g.w_up + le * HF, src + HF, HF));
     PLATEAU_RETURN_IF_ERROR(
         backend_.Add(compute_, g.w_down + le * HF, g.w_down + le * HF, src + 2 * HF, HF));
   }

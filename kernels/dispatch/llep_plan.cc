@@ -96,8 +96,8 @@ LlepAssignment AssignLlep(absl::Span<const int64_t> loads, int64_t P, const Llep
     T += loads[e];
     native[e / Ep] += loads[e];
   }
-  a.capacity = std::max<int64_t>(
-      1, static_cast<int64_t>(std::floor(o.alpha * static_cast<double>(T) / static_cast<double>(P))));
+  const double mean = static_cast<double>(T) / static_cast<double>(P);
+  a.capacity = std::max<int64_t>(1, static_cast<int64_t>(std::floor(o.alpha * mean)));
   const int64_t max_native = *std::max_element(native.begin(), native.end());
   // max / mean < lambda  <=>  max * P < lambda * T, for T > 0.
   a.balanced = P > 1 && T > 0 &&

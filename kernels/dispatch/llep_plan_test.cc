@@ -102,7 +102,9 @@ void ExpectWellFormed(const LlepAssignment& a, const std::vector<int64_t>& loads
     for (const LlepPiece& q : a.pieces[e]) {
       EXPECT_EQ(q.begin, at) << "expert " << e;
       EXPECT_GT(q.end, q.begin) << "expert " << e;
-      if (q.rank != e / Ep) EXPECT_GE(q.end - q.begin, min_piece) << "expert " << e;
+      if (q.rank != e / Ep) {
+        EXPECT_GE(q.end - q.begin, min_piece) << "expert " << e;
+      }
       rows[q.rank] += q.end - q.begin;
       at = q.end;
     }
@@ -349,10 +351,14 @@ void ExpectConsistent(const World& w) {
         const int64_t pos = p.route_pos[i * K + j];
         EXPECT_EQ(p.route_at_pos[pos], w.tokens[d][i] * K + j);
         EXPECT_EQ(p.send_index[pos], w.tokens[d][i]);
-        if (p.first_token < 0) EXPECT_EQ(p.chunk_routes[i * K + j], w.tokens[d][i] * K + j);
+        if (p.first_token < 0) {
+          EXPECT_EQ(p.chunk_routes[i * K + j], w.tokens[d][i] * K + j);
+        }
       }
     }
-    if (p.first_token < 0) EXPECT_EQ(p.token_rows, w.tokens[d]);
+    if (p.first_token < 0) {
+      EXPECT_EQ(p.token_rows, w.tokens[d]);
+    }
   }
   EXPECT_EQ(moved > 0, w.plans[0].transfers);
 }
@@ -367,7 +373,9 @@ TEST(LlepPlanTest, EveryRouteReachesAGroupOfItsExpert) {
       for (int64_t p = 0; p < P; ++p) n.push_back(20 + 7 * p);
       const World w = Plan(m, n, profile, Opts(1.0, 3));
       ExpectConsistent(w);
-      if (P > 1 && profile.hot_percent == 100.0) EXPECT_TRUE(w.plans[0].transfers);
+      if (P > 1 && profile.hot_percent == 100.0) {
+        EXPECT_TRUE(w.plans[0].transfers);
+      }
       // Strided and contiguous chunks of the same layer.
       for (ChunkMembership mem : {ChunkMembership::kStrided, ChunkMembership::kContiguous}) {
         for (int64_t j : {0, 2}) ExpectConsistent(Plan(m, n, profile, Opts(1.0, 3), 3, j, mem));

@@ -122,7 +122,9 @@ TEST_P(LlepSweepTest, MatchesTheReferenceAndStandardEpAndItsPeak) {
   }
   EXPECT_EQ(rows, std::accumulate(pr.n.begin(), pr.n.end(), int64_t{0}) * m.top_k);
   // One hot expert is more than its home's capacity: its overflow moves.
-  if (P > 1 && profile.hot_percent == 100.0) EXPECT_GT(moved, 0);
+  if (P > 1 && profile.hot_percent == 100.0) {
+    EXPECT_GT(moved, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, LlepSweepTest,

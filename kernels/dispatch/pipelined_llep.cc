@@ -111,7 +111,8 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
   int64_t* local = counts + 1;
   int64_t* gathered = counts + 1 + max_chunks_ * E;
   std::vector<int64_t> all(P * chunks_ * E);  // [source][chunk][expert]
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, local, mine.data(), mine.size() * sizeof(int64_t)));
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Copy(compute_, local, mine.data(), mine.size() * sizeof(int64_t)));
   PLATEAU_RETURN_IF_ERROR(
       comm_.AllGather(comm_stream_, local, gathered, chunks_ * E, DataType::kInt64));
   PLATEAU_RETURN_IF_ERROR(

@@ -289,7 +289,8 @@ TEST(PipelinedLlepTest, MoreTokensThanTheLaunchIsRefusedEverywhere) {
         auto d = PipelinedLlep::Create(m, TestOptions(), 10, be, **kernels, world, **compute,
                                        **comm);
         if (!d.ok()) return d.status();
-        absl::Status f = (*d)->Forward(nullptr, nullptr, nullptr, pr.n[p], ExpertWeights{}, nullptr);
+        absl::Status f =
+            (*d)->Forward(nullptr, nullptr, nullptr, pr.n[p], ExpertWeights{}, nullptr);
         EXPECT_EQ(f.code(), absl::StatusCode::kInvalidArgument) << "rank " << p << ": " << f;
         EXPECT_THAT(f.message(), HasSubstr("11 tokens"));
         return absl::OkStatus();

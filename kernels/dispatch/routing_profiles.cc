@@ -23,7 +23,9 @@ class SplitMix {
   // Uniform in [0, n) by a 64x64 -> 128-bit multiply (bias below 2^-40 at
   // the sizes used here; exactness is not needed, determinism is).
   int64_t Below(int64_t n) {
-    return static_cast<int64_t>((static_cast<unsigned __int128>(Next()) * static_cast<uint64_t>(n)) >> 64);
+    const unsigned __int128 wide =
+        static_cast<unsigned __int128>(Next()) * static_cast<uint64_t>(n);
+    return static_cast<int64_t>(wide >> 64);
   }
   // A float in [lo, lo + span) from 24 random bits: every step is exact or a
   // single IEEE rounding.
@@ -82,9 +84,8 @@ absl::StatusOr<Routes> MakeRoutes(const RoutingProfile& p, int64_t experts, int6
   SplitMix rng(seed ^ (0xD1B54A32D192ED03ull * (static_cast<uint64_t>(rank) + 1)));
 
   // Which tokens are hot: a random subset of exactly round(h N / 100).
-  const int64_t hot = p.hot_percent == 0.0
-                          ? 0
-                          : static_cast<int64_t>(std::llround(p.hot_percent * static_cast<double>(N) / 100.0));
+  const int64_t hot =
+      static_cast<int64_t>(std::llround(p.hot_percent * static_cast<double>(N) / 100.0));
   std::vector<int32_t> order(N);
   std::iota(order.begin(), order.end(), 0);
   PartialShuffle(order, hot, rng);

@@ -53,7 +53,8 @@ int64_t AllHot(const Routes& r, int64_t g, int64_t k) {
 int64_t ContainsAllOfHotSet(const Routes& r, int64_t g, int64_t k) {
   int64_t n = 0;
   for (size_t t = 0; t * k < r.chosen.size(); ++t) {
-    n += std::count_if(&r.chosen[t * k], &r.chosen[t * k] + k, [&](int32_t e) { return e < g; }) == g;
+    const int32_t* c = &r.chosen[t * k];
+    n += std::count_if(c, c + k, [&](int32_t e) { return e < g; }) == g;
   }
   return n;
 }
