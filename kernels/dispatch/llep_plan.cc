@@ -355,6 +355,23 @@ LlepChunkSizes LlepChunkSizesOf(const LlepRankPlan& p) {
   return s;
 }
 
+LlepChunkSizes LlepSizesFor(const ModelConfig& m, int64_t ranks, int rank, int64_t tokens,
+                            const LlepAssignment& a) {
+  const int64_t Ep = m.experts / ranks;
+  LlepChunkSizes s;
+  s.tokens = tokens;
+  s.routes = tokens * m.top_k;
+  s.rows = a.rank_rows[rank];
+  for (int64_t e = 0; e < m.experts; ++e) {
+    const int64_t home = e / Ep;
+    std::vector<char> at(ranks, 0);
+    for (const LlepPiece& q : a.pieces[e]) at[q.rank] = 1;
+    if (home != rank) s.borrowed += at[rank];
+    if (home == rank) s.lent += std::count(at.begin(), at.end(), 1) - at[rank];
+  }
+  return s;
+}
+
 LlepIndexLayout LlepIndexLayoutOf(const LlepChunkSizes& s) {
   const int64_t S = s.routes, R = s.rows;
   LlepIndexLayout l;

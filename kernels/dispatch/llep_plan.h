@@ -173,6 +173,12 @@ struct LlepChunkSizes {
   bool token_view = false;
 };
 LlepChunkSizes LlepChunkSizesOf(const LlepRankPlan& plan);
+// The same sizes without the routes themselves: rank `rank` with `tokens`
+// tokens in a contiguous chunk (LLEP's layer) under assignment `a`, whose
+// loads were the column sums of the counts. For planning LLEP's peak of a
+// given routing: LlepPeakBytes(model, P, LlepSizesFor(...)).
+LlepChunkSizes LlepSizesFor(const ModelConfig& model, int64_t ranks, int rank, int64_t tokens,
+                            const LlepAssignment& a);
 LlepIndexLayout LlepIndexLayoutOf(const LlepChunkSizes& sizes);
 
 // One buffer of the dispatch live set (every one is LiveSet::kDispatch).

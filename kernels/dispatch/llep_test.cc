@@ -112,10 +112,19 @@ TEST_P(LlepSweepTest, MatchesTheReferenceAndStandardEpAndItsPeak) {
     SCOPED_TRACE(absl::StrCat("rank ", p));
     // Allocated in Forward at the realized sizes, held through Backward.
     EXPECT_EQ(run.got.peak_forward[p], LlepPeakBytes(m, P, run.sizes[p]));
+    // ... which the routes' loads alone predict.
+    const LlepChunkSizes planned = LlepSizesFor(m, P, p, pr.n[p], run.assignment[p]);
+    EXPECT_EQ(LlepPeakBytes(m, P, planned), run.got.peak_forward[p]);
+    EXPECT_EQ(planned.rows, run.sizes[p].rows);
+    EXPECT_EQ(planned.borrowed, run.sizes[p].borrowed);
+    EXPECT_EQ(planned.lent, run.sizes[p].lent);
     EXPECT_EQ(run.got.peak_backward[p], run.got.peak_forward[p]);
     EXPECT_LE(run.got.peak(p), worst);
     EXPECT_EQ(run.got.after[p], 0);
     EXPECT_EQ(run.sizes[p].rows, run.assignment[p].rank_rows[p]);
+    // Every rank computed the same assignment from the same counts.
+    EXPECT_EQ(run.assignment[p].rank_rows, run.assignment[0].rank_rows);
+    EXPECT_EQ(run.assignment[p].capacity, run.assignment[0].capacity);
     EXPECT_LE(run.sizes[p].borrowed, LlepMaxBorrowed(m, P, run.sizes[p].rows, o.min_piece));
     rows += run.sizes[p].rows;
     moved += run.sizes[p].borrowed;
