@@ -144,6 +144,16 @@ TEST_P(PipelinedLlepSweepTest, MatchesTheReferenceWithinTheBound) {
     EXPECT_LE(run.max_sizes[p].lent, LlepMaxLent(m, P, P * c * k, o.balance.min_piece));
     EXPECT_EQ(run.slots[p].rows, P * c * k);
   }
+  int64_t rows = 0, borrowed = 0;
+  for (int p = 0; p < P; ++p) {
+    rows = std::max(rows, run.max_sizes[p].rows);
+    borrowed = std::max(borrowed, run.max_sizes[p].borrowed);
+  }
+  std::cout << profile.Name() << ", P = " << P << ", N = " << max_n << " (launch " << launch_n
+            << "), c = " << c
+            << ": peak = bound = " << bound << " B; most rows received in a chunk " << rows
+            << " of Eq. 1's " << P * c * k << "; most experts borrowed " << borrowed << " of "
+            << LlepMaxBorrowed(m, P, P * c * k, o.balance.min_piece) << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PipelinedLlepSweepTest,
