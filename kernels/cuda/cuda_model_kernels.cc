@@ -136,6 +136,12 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("gather_rows", s, cuda_model_ops::GatherRows, src, index,
                    scales, rows, width, dst);
   }
+  absl::Status DoScatterRows(Stream& s, const float* src, int64_t rows,
+                             const int32_t* index, int64_t width, float* dst,
+                             int64_t /*dst_rows*/) override {
+    PLATEAU_LAUNCH("scatter_rows", s, cuda_model_ops::ScatterRows, src, rows,
+                   index, width, dst);
+  }
   absl::Status DoCombineRows(Stream& s, const float* src, const int32_t* pos,
                              const float* weights, int64_t tokens, int64_t k,
                              int64_t width, float* out) override {

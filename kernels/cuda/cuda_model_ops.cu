@@ -187,6 +187,17 @@ __global__ void GatherRowsKernel(const float* src, const int32_t* index,
   }
 }
 
+// The indices are distinct, so every destination element has one writer.
+__global__ void ScatterRowsKernel(const float* src, int64_t rows,
+                                  const int32_t* index, int64_t width,
+                                  float* dst) {
+  const int64_t n = rows * width;
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int64_t r = i / width;
+    dst[static_cast<int64_t>(index[r]) * width + (i - r * width)] = src[i];
+  }
+}
+
 // Each output element is owned by one thread, which adds the k terms in j
 // order (the CPU order).
 __global__ void CombineRowsKernel(const float* src, const int32_t* pos,
@@ -404,6 +415,13 @@ cudaError_t GatherRows(cudaStream_t stream, const float* src,
                        int64_t width, float* dst) {
   GatherRowsKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
       src, index, scales, rows, width, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
+                        const int32_t* index, int64_t width, float* dst) {
+  ScatterRowsKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+      src, rows, index, width, dst);
   return cudaGetLastError();
 }
 

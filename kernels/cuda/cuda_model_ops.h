@@ -2,7 +2,7 @@
 // launcher per op. So far: Ring-DTP's strips (StripInit, StripFold,
 // StripFinish, StripDelta), the dense cross-entropy and its backward, the
 // embedding and its backward, the dispatch row movement (GatherRows,
-// CombineRows, RowDots), the rotary embedding and the router. The semantics are those of the CPU functions in
+// ScatterRows, CombineRows, RowDots), the rotary embedding and the router. The semantics are those of the CPU functions in
 // kernels/model/layers.h, the references these are tested against
 // (kernels/model/cuda_model_twin_test.cc).
 //
@@ -66,6 +66,8 @@ cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
 cudaError_t GatherRows(cudaStream_t stream, const float* src,
                        const int32_t* index, const float* scales, int64_t rows,
                        int64_t width, float* dst);
+cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
+                        const int32_t* index, int64_t width, float* dst);
 cudaError_t CombineRows(cudaStream_t stream, const float* src,
                         const int32_t* pos, const float* weights,
                         int64_t tokens, int64_t k, int64_t width, float* out);

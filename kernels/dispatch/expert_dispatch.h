@@ -1,11 +1,18 @@
 // The expert-dispatch schedule point (DESIGN.md §1.1): the routes of a
 // rank's tokens to the experts that own them, the experts' SwiGLU MLPs, and
 // the combine back into the token rows; then the same in backward. Standard
-// EP (standard_ep.h) is the baseline; LLEP and PipelinedLLEP come next. The
+// EP (standard_ep.h) is the baseline, LLEP (llep.h) balances compute, and
+// PipelinedLLEP (pipelined_llep.h) bounds the receive buffers. The
 // step holds one, made from its options by CreateSchedules
 // (kernels/step/schedules.h); a new dispatch schedule is one more
 // implementation plus one line there, and its bound in a *_plan library for
 // the budget.
+//
+// Lifetimes: Forward may keep pointers to the caller's u, chosen and gates
+// (LLEP and PipelinedLLEP do: their Backward recomputes or rescales from
+// them), so the caller keeps those three valid and unchanged from Forward
+// until the matching Backward or Release; the step does (the layer's
+// recompute runs Forward right before Backward).
 //
 // Thread safety: one per rank; Forward and Backward are collective over the
 // expert group.
@@ -36,7 +43,8 @@ class ExpertDispatch {
   virtual ~ExpertDispatch() = default;
 
   // out[N, H] += sum_j gates[t, j] * expert_{chosen[t, j]}(u[t]) for the
-  // `tokens` rows of u; keeps what Backward needs.
+  // `tokens` rows of u; keeps what Backward needs (possibly u, chosen and
+  // gates themselves: see Lifetimes above).
   virtual absl::Status Forward(const float* u, const int32_t* chosen, const float* gates,
                                int64_t tokens, const ExpertWeights& w, float* out) = 0;
   // Given dout = d loss / d out: du += d/du through the experts, dgates = d

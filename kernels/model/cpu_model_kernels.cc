@@ -77,6 +77,10 @@ class CpuModelKernels final : public ModelKernels {
     return Run(s, [=] { plateau::GatherRows(src, index, scales, rows, width, dst); });
   }
 
+  absl::Status DoScatterRows(Stream& s, const float* src, int64_t rows, const int32_t* index, int64_t width, float* dst, int64_t /*dst_rows*/) override {
+    return Run(s, [=] { plateau::ScatterRows(src, rows, index, width, dst); });
+  }
+
   absl::Status DoCombineRows(Stream& s, const float* src, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, float* out) override {
     return Run(s, [=] { plateau::CombineRows(src, pos, weights, tokens, k, width, out); });
   }

@@ -415,7 +415,11 @@ TEST_F(CudaModelTwinTest, RowMovementMatchesCpu) {
   std::vector<int32_t> pos(tokens * k);
   std::mt19937 rng(55);
   for (auto& p : pos) p = static_cast<int32_t>(rng() % src_rows);
-  std::vector<std::vector<float>> gathered, scaled, combined, unweighted, dots;
+  // A permutation of src's rows for the scatter (distinct destinations).
+  std::vector<int32_t> perm(src_rows);
+  for (int64_t i = 0; i < src_rows; ++i) perm[i] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<float>> gathered, scaled, combined, unweighted, dots, scattered;
   for (Side* side : {&cpu_, &cuda_}) {
     const float* s = side->Up(src);
     const float* av = side->Up(a);
@@ -426,7 +430,10 @@ TEST_F(CudaModelTwinTest, RowMovementMatchesCpu) {
     float* c1 = side->Up(base);
     float* c2 = side->Up(base);
     float* d = side->Up(std::vector<float>(tokens * k));
+    const int32_t* pm = side->Up(perm);
+    float* sc_out = side->Up(std::vector<float>(src_rows * width, -1.0f));
     Stream& st = *side->stream;
+    EXPECT_TRUE(side->k->ScatterRows(st, s, src_rows - 3, pm, width, sc_out, src_rows).ok());
     EXPECT_TRUE(side->k->GatherRows(st, s, src_rows, p, nullptr, tokens * k, width, g1).ok());
     EXPECT_TRUE(side->k->GatherRows(st, s, src_rows, p, sc, tokens * k, width, g2).ok());
     EXPECT_TRUE(side->k->CombineRows(st, s, p, sc, tokens, k, width, c1).ok());
@@ -437,12 +444,14 @@ TEST_F(CudaModelTwinTest, RowMovementMatchesCpu) {
     combined.push_back(side->Down(c1, tokens * width));
     unweighted.push_back(side->Down(c2, tokens * width));
     dots.push_back(side->Down(d, tokens * k));
+    scattered.push_back(side->Down(sc_out, src_rows * width));
     side->buffers.clear();
   }
   EXPECT_TRUE(SameBits(gathered[1], gathered[0], "gather_rows"));
   EXPECT_TRUE(SameBits(scaled[1], scaled[0], "gather_rows with scales"));
   EXPECT_TRUE(SameBits(combined[1], combined[0], "combine_rows"));
   EXPECT_TRUE(SameBits(unweighted[1], unweighted[0], "combine_rows without weights"));
+  EXPECT_TRUE(SameBits(scattered[1], scattered[0], "scatter_rows"));
   std::vector<double> mag(tokens * k, 0.0);
   for (int64_t i = 0; i < tokens * k; ++i) {
     for (int64_t c = 0; c < width; ++c) {

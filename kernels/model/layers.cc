@@ -127,6 +127,13 @@ void GatherRows(const float* src, const int32_t* index, const float* scales,
   }
 }
 
+void ScatterRows(const float* src, int64_t rows, const int32_t* index,
+                 int64_t width, float* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    std::copy_n(src + i * width, width, dst + static_cast<int64_t>(index[i]) * width);
+  }
+}
+
 void CombineRows(const float* src, const int32_t* pos, const float* weights,
                  int64_t tokens, int64_t k, int64_t width, float* out) {
   for (int64_t t = 0; t < tokens; ++t) {

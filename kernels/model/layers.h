@@ -46,6 +46,11 @@ void CrossEntropyBackward(float* logits_to_grad, const float* lse,
 // dst[i, :] = scale_i * src[index[i], :] with scale_i = scales ? scales[i] : 1.
 void GatherRows(const float* src, const int32_t* index, const float* scales,
                 int64_t rows, int64_t width, float* dst);
+// dst[index[i], :] = src[i, :]: the inverse of GatherRows without scales,
+// for a chunk of rows that is not contiguous in dst (PipelinedLLEP's strided
+// chunks). The indices are distinct.
+void ScatterRows(const float* src, int64_t rows, const int32_t* index,
+                 int64_t width, float* dst);
 // out[t, :] += sum_{j < k} w_{t,j} * src[pos[t*k + j], :] with
 // w = weights ? weights[t*k + j] : 1, summed in j order.
 void CombineRows(const float* src, const int32_t* pos, const float* weights,

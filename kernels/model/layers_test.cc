@@ -135,6 +135,12 @@ TEST(DispatchRowsTest, GatherCombineAndDots) {
   std::vector<float> a = {1, 0, 0, 0, 1, 1}, dots(4);
   RowDots(a.data(), src.data(), pos.data(), 2, 2, W, dots.data());
   EXPECT_EQ(dots, (std::vector<float>{10, 20, 3, 3}));
+  // Scatter is the inverse of an unscaled gather: rows 0 and 1 go to rows 2
+  // and 0 of a 3-row dst; row 1 of dst is untouched.
+  std::vector<int32_t> to = {2, 0};
+  std::vector<float> scattered(9, -1.0f);
+  ScatterRows(src.data(), 2, to.data(), W, scattered.data());
+  EXPECT_EQ(scattered, (std::vector<float>{10, 11, 12, -1, -1, -1, 0, 1, 2}));
 }
 
 }  // namespace

@@ -212,6 +212,24 @@ absl::Status ModelKernels::GatherRows(Stream& s, const float* src, int64_t src_r
   return DoGatherRows(s, src, src_rows, index, scales, rows, width, dst);
 }
 
+absl::Status ModelKernels::ScatterRows(Stream& s, const float* src, int64_t rows,
+                                       const int32_t* index, int64_t width, float* dst,
+                                       int64_t dst_rows) {
+  constexpr absl::string_view op = "scatter_rows";
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  if (dst_rows < rows) {
+    return ArgError(op, absl::StrCat("dst_rows = ", dst_rows, " cannot hold ", rows,
+                                     " distinct rows"));
+  }
+  for (auto [name, p] : {std::pair<const char*, const void*>{"src", src}, {"index", index},
+                         {"dst", dst}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return DoScatterRows(s, src, rows, index, width, dst, dst_rows);
+}
+
 absl::Status ModelKernels::CombineRows(Stream& s, const float* src, const int32_t* pos,
                                        const float* weights, int64_t tokens, int64_t k,
                                        int64_t width, float* out) {

@@ -83,6 +83,11 @@ class ModelKernels {
   absl::Status GatherRows(Stream& s, const float* src, int64_t src_rows,
                           const int32_t* index, const float* scales,
                           int64_t rows, int64_t width, float* dst);
+  // dst[index[i], :] = src[i, :] for i < rows; the indices are distinct and
+  // each < dst_rows.
+  absl::Status ScatterRows(Stream& s, const float* src, int64_t rows,
+                           const int32_t* index, int64_t width, float* dst,
+                           int64_t dst_rows);
   absl::Status CombineRows(Stream& s, const float* src, const int32_t* pos,
                            const float* weights, int64_t tokens, int64_t k,
                            int64_t width, float* out);
@@ -121,6 +126,7 @@ class ModelKernels {
   virtual absl::Status DoCrossEntropy(Stream& s, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats) = 0;
   virtual absl::Status DoCrossEntropyBackward(Stream& s, float* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale) = 0;
   virtual absl::Status DoGatherRows(Stream& s, const float* src, int64_t src_rows, const int32_t* index, const float* scales, int64_t rows, int64_t width, float* dst) = 0;
+  virtual absl::Status DoScatterRows(Stream& s, const float* src, int64_t rows, const int32_t* index, int64_t width, float* dst, int64_t dst_rows) = 0;
   virtual absl::Status DoCombineRows(Stream& s, const float* src, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, float* out) = 0;
   virtual absl::Status DoRowDots(Stream& s, const float* a, const float* b, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out) = 0;
   virtual absl::Status DoStripInit(Stream& s, float* state, int64_t rows) = 0;

@@ -1,0 +1,339 @@
+#include "kernels/dispatch/llep_chunk.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+
+absl::Status AllocateDispatchBuffers(Backend& backend, const std::vector<DispatchBufferSpec>& specs,
+                                     std::vector<Buffer>* out) {
+  for (const DispatchBufferSpec& s : specs) {
+    PLATEAU_ASSIGN_OR_RETURN(Buffer b, backend.device().Allocate(LiveSet::kDispatch,
+                                                                 static_cast<size_t>(s.bytes)));
+    out->push_back(std::move(b));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LlepChunkMemory> CarveChunk(const ModelConfig& model, const LlepChunkSizes& sizes,
+                                           const std::vector<Buffer>& buffers, size_t first) {
+  const std::vector<DispatchBufferSpec> specs = LlepChunkBuffers(model, sizes);
+  if (buffers.size() < first + specs.size()) {
+    return absl::InternalError("CarveChunk: fewer buffers than LlepChunkBuffers lists");
+  }
+  auto at = [&](size_t i) -> void* {
+    return buffers[first + i].data();
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (static_cast<int64_t>(buffers[first + i].bytes()) != specs[i].bytes ||
+        buffers[first + i].live_set() != LiveSet::kDispatch) {
+      return absl::InternalError(absl::StrCat("CarveChunk: buffer '", specs[i].name, "' has ",
+                                              buffers[first + i].bytes(), " bytes, the plan ",
+                                              specs[i].bytes));
+    }
+  }
+  const int64_t S = sizes.routes, R = sizes.rows, F = model.expert_ffn;
+  LlepChunkMemory m;
+  m.sizes = sizes;
+  m.layout = LlepIndexLayoutOf(sizes);
+  // The order of LlepChunkBuffers: index, scalars, send, recv, x, t, ffn,
+  // token_rows, borrowed_weights, borrowed_grads, lent.
+  m.index = static_cast<int32_t*>(at(0));
+  float* scalars = static_cast<float*>(at(1));
+  m.gates_sent = scalars;
+  if (sizes.token_view) {
+    m.chunk_gates = scalars + S;
+    m.chunk_dgates = scalars + 2 * S;
+  }
+  m.send = static_cast<float*>(at(2));
+  m.recv = static_cast<float*>(at(3));
+  m.x = static_cast<float*>(at(4));
+  m.t = static_cast<float*>(at(5));
+  float* ffn = static_cast<float*>(at(6));
+  if (ffn != nullptr) {
+    m.gate = ffn;
+    m.up = ffn + R * F;
+    m.act = ffn + 2 * R * F;
+    m.dact = ffn + 3 * R * F;
+    m.dup = ffn + 4 * R * F;
+  }
+  m.token_rows = static_cast<float*>(at(7));
+  m.borrowed_weights = static_cast<float*>(at(8));
+  m.borrowed_grads = static_cast<float*>(at(9));
+  m.lent = static_cast<float*>(at(10));
+  return m;
+}
+
+void WriteChunkIndex(const LlepRankPlan& p, const LlepIndexLayout& l, int32_t* dst) {
+  auto put = [&](const std::vector<int32_t>& v, int64_t off) {
+    if (!v.empty()) std::memcpy(dst + off, v.data(), v.size() * sizeof(int32_t));
+  };
+  put(p.send_index, l.send_index);
+  put(p.route_at_pos, l.route_at_pos);
+  put(p.route_pos, l.route_pos);
+  put(p.perm, l.perm);
+  put(p.inv_perm, l.inv_perm);
+  put(p.token_rows, l.token_rows);
+  put(p.chunk_routes, l.chunk_routes);
+}
+
+LlepChunkRunner::LlepChunkRunner(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
+                                 Communicator& experts, Stream& compute, Stream& comm)
+    : model_(model),
+      backend_(backend),
+      kernels_(kernels),
+      comm_(experts),
+      compute_(compute),
+      comm_stream_(comm),
+      local_experts_(model.experts / experts.size()) {}
+
+absl::Status LlepChunkRunner::Fits(const LlepRankPlan& p, const LlepChunkMemory& m) const {
+  const LlepChunkSizes need = LlepChunkSizesOf(p), have = m.sizes;
+  if (need.tokens > have.tokens || need.routes > have.routes || need.rows > have.rows ||
+      need.borrowed > have.borrowed || need.lent > have.lent ||
+      (need.token_view && !have.token_view)) {
+    return absl::InternalError(absl::StrCat(
+        "dispatch bound broken: the chunk needs (tokens ", need.tokens, ", routes ", need.routes,
+        ", rows ", need.rows, ", borrowed ", need.borrowed, ", lent ", need.lent,
+        need.token_view ? ", token view" : "", ") but its buffers hold (", have.tokens, ", ",
+        have.routes, ", ", have.rows, ", ", have.borrowed, ", ", have.lent,
+        have.token_view ? ", token view" : "", ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlepChunkRunner::Exchange(const float* send, absl::Span<const int64_t> send_rows,
+                                       float* recv, absl::Span<const int64_t> recv_rows,
+                                       int64_t width) {
+  std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
+  for (size_t i = 0; i < sc.size(); ++i) sc[i] = send_rows[i] * width;
+  for (size_t i = 0; i < rc.size(); ++i) rc[i] = recv_rows[i] * width;
+  if (ready_ == nullptr) {
+    PLATEAU_ASSIGN_OR_RETURN(ready_, backend_.CreateEvent());
+    PLATEAU_ASSIGN_OR_RETURN(landed_, backend_.CreateEvent());
+  }
+  PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready_));
+  PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready_));
+  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, DataType::kFloat32));
+  PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed_));
+  return compute_.Wait(*landed_);
+}
+
+absl::Status LlepChunkRunner::UploadIndex(const int32_t* host, const LlepChunkMemory& m) {
+  return backend_.Copy(compute_, m.index, host, m.layout.total * sizeof(int32_t));
+}
+
+absl::Status LlepChunkRunner::ShipWeights(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                          const ExpertWeights& w) {
+  if (!p.transfers) return absl::OkStatus();  // every rank skips it together
+  const int64_t HF = model_.hidden * model_.expert_ffn, X = 3 * HF;
+  const size_t bytes = HF * sizeof(float);
+  const int64_t first = static_cast<int64_t>(comm_.rank()) * local_experts_;
+  for (size_t i = 0; i < p.lent.size(); ++i) {
+    const int64_t le = p.lent[i].second - first;
+    float* dst = m.lent + i * X;
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, dst, w.w_gate + le * HF, bytes));
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, dst + HF, w.w_up + le * HF, bytes));
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, dst + 2 * HF, w.w_down + le * HF, bytes));
+  }
+  return Exchange(m.lent, p.lent_to, m.borrowed_weights, p.borrowed_from, X);
+}
+
+absl::Status LlepChunkRunner::DispatchRows(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                           const float* u) {
+  const int64_t H = model_.hidden, S = p.routes(), R = p.rows();
+  const int32_t* idx = m.index;
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, u, p.layer_tokens,
+                                              idx + m.layout.send_index, nullptr, S, H, m.send));
+  PLATEAU_RETURN_IF_ERROR(Exchange(m.send, p.send_rows, m.recv, p.recv_rows, H));
+  return kernels_.GatherRows(compute_, m.recv, R, idx + m.layout.perm, nullptr, R, H, m.x);
+}
+
+LlepChunkRunner::GroupWeights LlepChunkRunner::WeightsOf(const LlepGroup& g,
+                                                         const LlepChunkMemory& m,
+                                                         const ExpertWeights& w) const {
+  const int64_t HF = model_.hidden * model_.expert_ffn;
+  if (g.local >= 0) {
+    return {w.w_gate + g.local * HF, w.w_up + g.local * HF, w.w_down + g.local * HF};
+  }
+  const float* b = m.borrowed_weights + g.borrowed * 3 * HF;
+  return {b, b + HF, b + 2 * HF};
+}
+
+absl::Status LlepChunkRunner::ExpertForward(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                            const ExpertWeights& w) {
+  const int64_t H = model_.hidden, F = model_.expert_ffn;
+  int64_t row = 0;
+  for (const LlepGroup& g : p.groups) {
+    const int64_t n = g.rows;
+    const GroupWeights gw = WeightsOf(g, m, w);
+    const float* xe = m.x + row * H;
+    float* ge = m.gate + row * F;
+    float* ue = m.up + row * F;
+    float* ae = m.act + row * F;
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {false, false, n, F, H, 1.0f, xe, H, gw.gate, F, 0.0f, ge, F}));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {false, false, n, F, H, 1.0f, xe, H, gw.up, F, 0.0f, ue, F}));
+    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluForward(compute_, ae, ge, ue, n * F));
+    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
+        compute_, {false, false, n, H, F, 1.0f, ae, F, gw.down, H, 0.0f, m.recv + row * H, H}));
+    row += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlepChunkRunner::ReturnOutputs(const LlepRankPlan& p, const LlepChunkMemory& m) {
+  const int64_t H = model_.hidden, R = p.rows();
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, m.recv, R, m.index + m.layout.inv_perm,
+                                              nullptr, R, H, m.t));
+  return Exchange(m.t, p.recv_rows, m.send, p.send_rows, H);
+}
+
+// A contiguous chunk (LLEP, K = 1, contiguous membership) adds straight into
+// the caller's rows, in CombineRows' order (out + w_0 y_0 + w_1 y_1 ...). A
+// strided chunk gathers its token rows, combines the same way and scatters
+// them back, so both give the same bits for the same expert outputs.
+absl::Status LlepChunkRunner::CombineInto(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                          const float* src, const float* gates, float* dst) {
+  const int64_t H = model_.hidden, K = model_.top_k, n = p.tokens, N = p.layer_tokens;
+  const int32_t* pos = m.index + m.layout.route_pos;
+  if (n == 0) return absl::OkStatus();
+  if (p.first_token >= 0) {
+    const int64_t t0 = p.first_token;
+    return kernels_.CombineRows(compute_, src, pos, gates == nullptr ? nullptr : gates + t0 * K, n,
+                                K, H, dst + t0 * H);
+  }
+  const int32_t* tokens = m.index + m.layout.token_rows;
+  const float* w = nullptr;
+  if (gates != nullptr) {
+    PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, gates, N * K,
+                                                m.index + m.layout.chunk_routes, nullptr, n * K,
+                                                1, m.chunk_gates));
+    w = m.chunk_gates;
+  }
+  PLATEAU_RETURN_IF_ERROR(
+      kernels_.GatherRows(compute_, dst, N, tokens, nullptr, n, H, m.token_rows));
+  PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, src, pos, w, n, K, H, m.token_rows));
+  return kernels_.ScatterRows(compute_, m.token_rows, n, tokens, H, dst, N);
+}
+
+absl::Status LlepChunkRunner::Combine(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                      const float* gates, float* out) {
+  return CombineInto(p, m, m.send, gates, out);
+}
+
+absl::Status LlepChunkRunner::GateGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                        const float* dout, float* dgates) {
+  const int64_t H = model_.hidden, K = model_.top_k, n = p.tokens, N = p.layer_tokens;
+  const int32_t* pos = m.index + m.layout.route_pos;
+  if (n == 0) return absl::OkStatus();
+  if (p.first_token >= 0) {
+    const int64_t t0 = p.first_token;
+    return kernels_.RowDots(compute_, dout + t0 * H, m.send, pos, n, K, H, dgates + t0 * K);
+  }
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dout, N, m.index + m.layout.token_rows,
+                                              nullptr, n, H, m.token_rows));
+  PLATEAU_RETURN_IF_ERROR(
+      kernels_.RowDots(compute_, m.token_rows, m.send, pos, n, K, H, m.chunk_dgates));
+  return kernels_.ScatterRows(compute_, m.chunk_dgates, n * K, m.index + m.layout.chunk_routes, 1,
+                              dgates, N * K);
+}
+
+absl::Status LlepChunkRunner::DispatchOutputGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                                  const float* dout, const float* gates) {
+  const int64_t H = model_.hidden, K = model_.top_k, S = p.routes(), R = p.rows();
+  const int64_t N = p.layer_tokens;
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, gates, N * K,
+                                              m.index + m.layout.route_at_pos, nullptr, S, 1,
+                                              m.gates_sent));
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dout, N, m.index + m.layout.send_index,
+                                              m.gates_sent, S, H, m.send));
+  PLATEAU_RETURN_IF_ERROR(Exchange(m.send, p.send_rows, m.recv, p.recv_rows, H));
+  return kernels_.GatherRows(compute_, m.recv, R, m.index + m.layout.perm, nullptr, R, H, m.t);
+}
+
+absl::Status LlepChunkRunner::ExpertBackward(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                             const ExpertWeights& w, const ExpertGrads& grads) {
+  const int64_t H = model_.hidden, F = model_.expert_ffn, HF = H * F;
+  int64_t row = 0;
+  for (const LlepGroup& g : p.groups) {
+    const int64_t n = g.rows;
+    const GroupWeights gw = WeightsOf(g, m, w);
+    // Own experts accumulate into the caller's gradients; a borrowed
+    // expert's gradient is this rank's alone, overwritten, then sent home.
+    float *dwg, *dwu, *dwd;
+    float beta;
+    if (g.local >= 0) {
+      dwg = grads.w_gate + g.local * HF;
+      dwu = grads.w_up + g.local * HF;
+      dwd = grads.w_down + g.local * HF;
+      beta = 1.0f;
+    } else {
+      dwg = m.borrowed_grads + g.borrowed * 3 * HF;
+      dwu = dwg + HF;
+      dwd = dwg + 2 * HF;
+      beta = 0.0f;
+    }
+    const float* xe = m.x + row * H;
+    const float* dye = m.t + row * H;
+    const float* ge = m.gate + row * F;
+    const float* ue = m.up + row * F;
+    float* ae = m.act + row * F;  // the activation, then (consumed) d gate
+    float* dae = m.dact + row * F;
+    float* due = m.dup + row * F;
+    // dA = dY Wd^T; dWd (+)= A^T dY.
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {false, true, n, F, H, 1.0f, dye, H, gw.down, H, 0.0f, dae, F}));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {true, false, F, H, n, 1.0f, ae, F, dye, H, beta, dwd, H}));
+    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluBackward(compute_, ae, due, dae, ge, ue, n * F));
+    // dWg (+)= X^T dG; dWu (+)= X^T dU; dX = dG Wg^T + dU Wu^T.
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {true, false, H, F, n, 1.0f, xe, H, ae, F, beta, dwg, F}));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {true, false, H, F, n, 1.0f, xe, H, due, F, beta, dwu, F}));
+    float* dx = m.recv + row * H;
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {false, true, n, H, F, 1.0f, ae, F, gw.gate, F, 0.0f, dx, H}));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Gemm(compute_, {false, true, n, H, F, 1.0f, due, F, gw.up, F, 1.0f, dx, H}));
+    row += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlepChunkRunner::ReturnInputGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                               float* du) {
+  const int64_t H = model_.hidden, R = p.rows();
+  // x is consumed by ExpertBackward: it carries dx, source-major.
+  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, m.recv, R, m.index + m.layout.inv_perm,
+                                              nullptr, R, H, m.x));
+  PLATEAU_RETURN_IF_ERROR(Exchange(m.x, p.recv_rows, m.send, p.send_rows, H));
+  return CombineInto(p, m, m.send, nullptr, du);
+}
+
+absl::Status LlepChunkRunner::ReturnWeightGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                                const ExpertGrads& g) {
+  if (!p.transfers) return absl::OkStatus();
+  const int64_t HF = model_.hidden * model_.expert_ffn, X = 3 * HF;
+  PLATEAU_RETURN_IF_ERROR(Exchange(m.borrowed_grads, p.borrowed_from, m.lent, p.lent_to, X));
+  const int64_t first = static_cast<int64_t>(comm_.rank()) * local_experts_;
+  // Helper-major: an expert's helpers are added in ascending rank.
+  for (size_t i = 0; i < p.lent.size(); ++i) {
+    const int64_t le = p.lent[i].second - first;
+    const float* src = m.lent + i * X;
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Add(compute_, g.w_gate + le * HF, g.w_gate + le * HF, src, HF));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Add(compute_, g.w_up + le * HF, g.w_up + le * HF, src + HF, HF));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Add(compute_, g.w_down + le * HF, g.w_down + le * HF, src + 2 * HF, HF));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plateau

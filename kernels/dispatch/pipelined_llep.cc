@@ -1,0 +1,194 @@
+#include "kernels/dispatch/pipelined_llep.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+
+absl::StatusOr<std::unique_ptr<PipelinedLlep>> PipelinedLlep::Create(
+    const ModelConfig& model, const PipelinedLlepOptions& options, int64_t max_tokens,
+    Backend& backend, ModelKernels& kernels, Communicator& experts, Stream& compute,
+    Stream& comm) {
+  PLATEAU_RETURN_IF_ERROR(ValidatePipelinedLlepOptions(options));
+  PLATEAU_RETURN_IF_ERROR(ValidateLlepShape(model, experts.size()));
+  if (max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PipelinedLlep: max_tokens (the launch's tokens per rank) must be >= 0, got ",
+                     max_tokens));
+  }
+  std::unique_ptr<PipelinedLlep> p(new PipelinedLlep(model, options, max_tokens, backend, kernels,
+                                                     experts, compute, comm));
+  PLATEAU_RETURN_IF_ERROR(p->Allocate());
+  return p;
+}
+
+PipelinedLlep::PipelinedLlep(const ModelConfig& model, const PipelinedLlepOptions& options,
+                             int64_t max_tokens, Backend& backend, ModelKernels& kernels,
+                             Communicator& experts, Stream& compute, Stream& comm)
+    : model_(model),
+      options_(options),
+      max_tokens_(max_tokens),
+      max_chunks_(PipelinedLlepChunks(max_tokens, options.chunk_tokens)),
+      backend_(backend),
+      comm_(experts),
+      compute_(compute),
+      comm_stream_(comm),
+      runner_(model, backend, kernels, experts, compute, comm) {}
+
+PipelinedLlep::~PipelinedLlep() = default;
+
+absl::Status PipelinedLlep::Allocate() {
+  const int64_t P = comm_.size();
+  PLATEAU_RETURN_IF_ERROR(AllocateDispatchBuffers(
+      backend_, PipelinedLlepBuffers(model_, P, max_tokens_, options_), &buffers_));
+  PLATEAU_ASSIGN_OR_RETURN(
+      mem_, CarveChunk(model_, PipelinedLlepSlotSizes(model_, P, max_tokens_, options_), buffers_,
+                       1));
+  PLATEAU_ASSIGN_OR_RETURN(
+      host_index_,
+      backend_.host().Allocate(
+          LiveSet::kDispatch,
+          PipelinedLlepHostIndexWords(model_, P, max_tokens_, options_) * sizeof(int32_t)));
+  return absl::OkStatus();
+}
+
+void PipelinedLlep::Release() {
+  forward_done_ = false;
+  u_ = nullptr;
+  gates_ = nullptr;
+}
+
+const int32_t* PipelinedLlep::StagedIndex(int64_t chunk) const {
+  return host_index_.as<int32_t>() + chunk * mem_.layout.total;
+}
+
+// The host's part of a Forward: K, everyone's per-chunk counts, and every
+// chunk's plan and index vectors. The only host waits of the layer.
+absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
+  const int64_t P = comm_.size(), E = model_.experts, K = model_.top_k;
+  int64_t* counts = buffers_[0].as<int64_t>();  // [1 | K_max E | P K_max E]
+  {
+    // K from the largest N of the group: every rank runs the same chunks.
+    // Every rank sees the same maximum, so a refusal below is collective.
+    int64_t n = N;
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, counts, &n, sizeof(n)));
+    PLATEAU_RETURN_IF_ERROR(
+        comm_.AllReduce(comm_stream_, counts, counts, 1, DataType::kInt64, ReduceOp::kMax));
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, &n, counts, sizeof(n)));
+    if (n > max_tokens_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PipelinedLlep::Forward: a rank of the expert group has ", n,
+          " tokens, more than the launch's ", max_tokens_, " the buffers were sized for"));
+    }
+    chunks_ = PipelinedLlepChunks(n, options_.chunk_tokens);
+  }
+  plans_.clear();
+  max_sizes_ = LlepChunkSizes{};
+  if (chunks_ == 0) return absl::OkStatus();
+
+  // This rank's routes and its counts per chunk. The host copy of `chosen`
+  // also waits for the compute stream, so the staged index words of the
+  // previous layer have been uploaded before they are overwritten below.
+  std::vector<int32_t> host_chosen(N * K);
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Copy(compute_, host_chosen.data(), chosen, host_chosen.size() * sizeof(int32_t)));
+  std::vector<std::vector<int32_t>> rows(chunks_);
+  std::vector<int64_t> mine(chunks_ * E, 0);
+  for (int64_t j = 0; j < chunks_; ++j) {
+    rows[j] = ChunkTokenRows(N, chunks_, j, options_.membership);
+    for (int32_t t : rows[j]) {
+      for (int64_t i = 0; i < K; ++i) {
+        const int32_t e = host_chosen[static_cast<int64_t>(t) * K + i];
+        if (e < 0 || e >= E) {
+          return absl::InternalError(absl::StrCat("router chose expert ", e, " of ", E));
+        }
+        ++mine[j * E + e];
+      }
+    }
+  }
+  int64_t* local = counts + 1;
+  int64_t* gathered = counts + 1 + max_chunks_ * E;
+  std::vector<int64_t> all(P * chunks_ * E);  // [source][chunk][expert]
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Copy(compute_, local, mine.data(), mine.size() * sizeof(int64_t)));
+  PLATEAU_RETURN_IF_ERROR(
+      comm_.AllGather(comm_stream_, local, gathered, chunks_ * E, DataType::kInt64));
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Copy(comm_stream_, all.data(), gathered, all.size() * sizeof(int64_t)));
+
+  std::vector<int64_t> chunk_counts(P * E), loads(E);
+  for (int64_t j = 0; j < chunks_; ++j) {
+    std::fill(loads.begin(), loads.end(), 0);
+    for (int64_t s = 0; s < P; ++s) {
+      for (int64_t e = 0; e < E; ++e) {
+        chunk_counts[s * E + e] = all[(s * chunks_ + j) * E + e];
+        loads[e] += chunk_counts[s * E + e];
+      }
+    }
+    const LlepAssignment a = AssignLlep(loads, P, options_.balance);
+    PLATEAU_ASSIGN_OR_RETURN(LlepRankPlan plan, PlanLlepRank(a, chunk_counts, comm_.rank(), P,
+                                                             model_, host_chosen, N, rows[j]));
+    PLATEAU_RETURN_IF_ERROR(runner_.Fits(plan, mem_));
+    WriteChunkIndex(plan, mem_.layout, host_index_.as<int32_t>() + j * mem_.layout.total);
+    const LlepChunkSizes s = LlepChunkSizesOf(plan);
+    max_sizes_.tokens = std::max(max_sizes_.tokens, s.tokens);
+    max_sizes_.routes = std::max(max_sizes_.routes, s.routes);
+    max_sizes_.rows = std::max(max_sizes_.rows, s.rows);
+    max_sizes_.borrowed = std::max(max_sizes_.borrowed, s.borrowed);
+    max_sizes_.lent = std::max(max_sizes_.lent, s.lent);
+    max_sizes_.token_view = max_sizes_.token_view || s.token_view;
+    plans_.push_back(std::move(plan));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelinedLlep::Forward(const float* u, const int32_t* chosen, const float* gates,
+                                    int64_t tokens, const ExpertWeights& w, float* out) {
+  Release();
+  if (tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PipelinedLlep::Forward: tokens = ", tokens));
+  }
+  PLATEAU_RETURN_IF_ERROR(Plan(chosen, tokens));
+  for (int64_t j = 0; j < chunks_; ++j) {
+    const LlepRankPlan& p = plans_[j];
+    PLATEAU_RETURN_IF_ERROR(runner_.UploadIndex(StagedIndex(j), mem_));
+    PLATEAU_RETURN_IF_ERROR(runner_.ShipWeights(p, mem_, w));
+    PLATEAU_RETURN_IF_ERROR(runner_.DispatchRows(p, mem_, u));
+    PLATEAU_RETURN_IF_ERROR(runner_.ExpertForward(p, mem_, w));
+    PLATEAU_RETURN_IF_ERROR(runner_.ReturnOutputs(p, mem_));
+    PLATEAU_RETURN_IF_ERROR(runner_.Combine(p, mem_, gates, out));
+  }
+  u_ = u;
+  gates_ = gates;
+  forward_done_ = true;
+  return absl::OkStatus();
+}
+
+// Each chunk recomputes its forward in the same slots (B.1's inner
+// recompute), so Backward holds no more than Forward.
+absl::Status PipelinedLlep::Backward(const float* dout, const ExpertWeights& w, float* du,
+                                     float* dgates, const ExpertGrads& g) {
+  if (!forward_done_) {
+    return absl::FailedPreconditionError(
+        "PipelinedLlep::Backward needs the layer's Forward first");
+  }
+  for (int64_t j = 0; j < chunks_; ++j) {
+    const LlepRankPlan& p = plans_[j];
+    PLATEAU_RETURN_IF_ERROR(runner_.UploadIndex(StagedIndex(j), mem_));
+    PLATEAU_RETURN_IF_ERROR(runner_.ShipWeights(p, mem_, w));
+    PLATEAU_RETURN_IF_ERROR(runner_.DispatchRows(p, mem_, u_));
+    PLATEAU_RETURN_IF_ERROR(runner_.ExpertForward(p, mem_, w));
+    PLATEAU_RETURN_IF_ERROR(runner_.ReturnOutputs(p, mem_));
+    PLATEAU_RETURN_IF_ERROR(runner_.GateGrads(p, mem_, dout, dgates));
+    PLATEAU_RETURN_IF_ERROR(runner_.DispatchOutputGrads(p, mem_, dout, gates_));
+    PLATEAU_RETURN_IF_ERROR(runner_.ExpertBackward(p, mem_, w, g));
+    PLATEAU_RETURN_IF_ERROR(runner_.ReturnInputGrads(p, mem_, du));
+    PLATEAU_RETURN_IF_ERROR(runner_.ReturnWeightGrads(p, mem_, g));
+  }
+  Release();
+  return absl::OkStatus();
+}
+
+}  // namespace plateau

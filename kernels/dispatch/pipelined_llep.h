@@ -1,0 +1,124 @@
+// PipelinedLLEP: expert dispatch whose receive buffers do not grow with the
+// routing's skew (DESIGN.md §1.1; the paper's §3.1, Eq. 1 and App. B.1).
+//
+// LLEP's dispatch, split into K chunks. In each chunk every source rank
+// sends at most c tokens (c k routes), so a rank receives at most P c k rows
+// per chunk whatever the routing (Eq. 1), and borrows at most
+// min(E - E_p, P c k / min_piece) experts (llep_plan.h). Per chunk: the LLEP
+// assignment over the chunk's loads, dispatch (all-to-all-v), the expert
+// GEMMs over own and borrowed experts, the combine back, accumulated into
+// the caller's token rows.
+//
+// K is agreed collectively in Forward: K = ceil(max_p N_p / c) from an
+// all-reduce (max) of the ranks' token counts, so at small N, K = 1, and
+// ranks with different N run the same chunks (a short rank's late chunks are
+// empty). Chunk membership is strided by default (chunk j takes a source's
+// tokens j, j+K, j+2K, ...) or contiguous blocks; either way a source's chunk
+// has at most ceil(N / K) <= c tokens.
+//
+// Memory: every buffer of the bound (PipelinedLlepBuffers in llep_plan.h) is
+// allocated once by Create, sized from the launch (c, P, k, H, F, E and the
+// launch's tokens per rank N_max), and reused chunk to chunk in stream order
+// (llep_chunk.h), so the measured kDispatch peak is the bound in Forward and
+// in Backward, and no chunk allocates or waits on the host. The host does
+// wait twice per Forward, before the first chunk: for the all-reduced N and
+// for the all-gathered per-chunk counts from which it plans every chunk and
+// stages their index vectors in pinned host memory (one asynchronous copy
+// per chunk).
+//
+// Forward keeps only pointers to the caller's u and gates (expert_dispatch.h,
+// Lifetimes) and the host-side plans. Backward replays chunk by chunk:
+// re-dispatch, recompute the expert forward, backward, return the input
+// gradients and the helpers' weight gradients. Hidden-state and gate
+// gradients are not split; only the order in which expert-weight gradients
+// are summed changes (chunk by chunk). At K = 1 the chunk is the whole
+// layer and every output and gradient is bitwise LLEP's.
+//
+// Thread safety: not thread-safe; one per rank.
+#ifndef PLATEAU_KERNELS_DISPATCH_PIPELINED_LLEP_H_
+#define PLATEAU_KERNELS_DISPATCH_PIPELINED_LLEP_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/dispatch/dispatch_options.h"
+#include "kernels/dispatch/expert_dispatch.h"
+#include "kernels/dispatch/llep_chunk.h"
+#include "kernels/dispatch/llep_plan.h"
+#include "kernels/memory.h"
+#include "kernels/model/config.h"
+#include "kernels/model/model_kernels.h"
+
+namespace plateau {
+
+class PipelinedLlep final : public ExpertDispatch {
+ public:
+  // The dispatch live set's bytes (llep_plan.h), here for the schedule's
+  // users.
+  static int64_t BoundBytes(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
+                            const PipelinedLlepOptions& options) {
+    return PipelinedLlepBoundBytes(model, ranks, max_tokens, options);
+  }
+
+  // Validates the options (schedule.pipelined_llep.*) and the shape, and
+  // allocates every buffer. `max_tokens` is the launch's tokens per rank:
+  // Forward refuses more.
+  static absl::StatusOr<std::unique_ptr<PipelinedLlep>> Create(
+      const ModelConfig& model, const PipelinedLlepOptions& options, int64_t max_tokens,
+      Backend& backend, ModelKernels& kernels, Communicator& experts, Stream& compute,
+      Stream& comm);
+  ~PipelinedLlep() override;
+
+  absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                       const ExpertWeights& w, float* out) override;
+  absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
+                        const ExpertGrads& g) override;
+  // Forgets the layer (the buffers are the schedule's for its lifetime).
+  void Release() override;
+
+  // The last Forward's chunk count and, over its chunks, the most rows this
+  // rank received (<= P c k, Eq. 1) and experts it borrowed and lent; for
+  // tests and for the benchmark's peak as a fraction of the bound.
+  int64_t chunks() const { return chunks_; }
+  const LlepChunkSizes& max_chunk_sizes() const { return max_sizes_; }
+  const LlepChunkSizes& slot_sizes() const { return mem_.sizes; }
+
+ private:
+  PipelinedLlep(const ModelConfig& model, const PipelinedLlepOptions& options,
+                int64_t max_tokens, Backend& backend, ModelKernels& kernels,
+                Communicator& experts, Stream& compute, Stream& comm);
+  absl::Status Allocate();
+  absl::Status Plan(const int32_t* chosen, int64_t tokens);
+  const int32_t* StagedIndex(int64_t chunk) const;
+
+  const ModelConfig model_;
+  const PipelinedLlepOptions options_;
+  const int64_t max_tokens_;
+  const int64_t max_chunks_;
+  Backend& backend_;
+  Communicator& comm_;
+  Stream& compute_;
+  Stream& comm_stream_;
+  LlepChunkRunner runner_;
+
+  std::vector<Buffer> buffers_;  // PipelinedLlepBuffers' list, in order
+  LlepChunkMemory mem_;          // the chunk slots
+  Buffer host_index_;            // K_max slot layouts of index words
+
+  // The layer between Forward and Backward.
+  bool forward_done_ = false;
+  const float* u_ = nullptr;
+  const float* gates_ = nullptr;
+  int64_t chunks_ = 0;
+  std::vector<LlepRankPlan> plans_;
+  LlepChunkSizes max_sizes_;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_DISPATCH_PIPELINED_LLEP_H_

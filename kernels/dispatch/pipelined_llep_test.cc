@@ -1,0 +1,350 @@
+// PipelinedLLEP at P = 2 and 4 rank threads (and P = 1) across the routing
+// skew sweep: outputs and every gradient against the double reference and
+// standard EP; the measured kDispatch peak against the bound in Forward and
+// in Backward; the realized receiver rows per chunk against Eq. 1 (P c k) and
+// the borrowed experts against their bound; K = 1 bitwise LLEP; strided and
+// contiguous membership equal to fp32 rounding; determinism; ranks with
+// different N, without tokens, sent nothing; and the refusals.
+#include "kernels/dispatch/pipelined_llep.h"
+
+#include <algorithm>
+#include <cctype>
+#include <iostream>
+#include <memory>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/dispatch/dispatch_options.h"
+#include "kernels/dispatch/dispatch_testing.h"
+#include "kernels/dispatch/llep.h"
+#include "kernels/dispatch/llep_plan.h"
+#include "kernels/dispatch/routing_profiles.h"
+#include "kernels/dispatch/standard_ep.h"
+#include "kernels/model/config.h"
+#include "kernels/testing/local_world.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+ModelConfig SweepModel() {
+  ModelConfig m = DispatchTestModel();
+  m.experts = 16;
+  return m;
+}
+
+PipelinedLlepOptions TestOptions(int64_t chunk_tokens = 4,
+                                 ChunkMembership membership = ChunkMembership::kStrided) {
+  PipelinedLlepOptions o;
+  o.chunk_tokens = chunk_tokens;
+  o.membership = membership;
+  o.balance.alpha = 1.0;
+  o.balance.min_piece = 2;
+  o.balance.lambda = 1.0;
+  return o;
+}
+
+std::vector<RoutingProfile> Sweep() {
+  return {BalancedRouting(), HotRouting(50, 4), HotRouting(80, 16), HotRouting(100, 1)};
+}
+
+std::vector<int64_t> Tokens(int P, int64_t base = 24) {
+  std::vector<int64_t> n;
+  for (int p = 0; p < P; ++p) n.push_back(base - 5 * p);
+  return n;
+}
+
+int64_t MaxTokens(const DispatchProblem& pr) {
+  return pr.n.empty() ? 0 : *std::max_element(pr.n.begin(), pr.n.end());
+}
+
+DispatchFactory PipelinedFactory(const PipelinedLlepOptions& o, int64_t max_tokens) {
+  return [o, max_tokens](int, const ModelConfig& m, Backend& be, ModelKernels& k,
+                         Communicator& world, Stream& compute,
+                         Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+    absl::StatusOr<std::unique_ptr<PipelinedLlep>> d =
+        PipelinedLlep::Create(m, o, max_tokens, be, k, world, compute, comm);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<ExpertDispatch>(std::move(*d));
+  };
+}
+
+DispatchFactory LlepFactory(const LlepOptions& o) {
+  return [o](int, const ModelConfig& m, Backend& be, ModelKernels& k, Communicator& world,
+             Stream& compute, Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+    absl::StatusOr<std::unique_ptr<Llep>> d = Llep::Create(m, o, be, k, world, compute, comm);
+    if (!d.ok()) return d.status();
+    return std::unique_ptr<ExpertDispatch>(std::move(*d));
+  };
+}
+
+DispatchFactory StandardEpFactory() {
+  return [](int, const ModelConfig& m, Backend& be, ModelKernels& k, Communicator& world,
+            Stream& compute, Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+    return std::make_unique<StandardEp>(m, be, k, world, compute, comm);
+  };
+}
+
+struct PipelinedRun {
+  DispatchGot got;
+  std::vector<int64_t> chunks;
+  std::vector<LlepChunkSizes> max_sizes, slots;
+};
+PipelinedRun RunPipelined(const DispatchProblem& pr, const PipelinedLlepOptions& o,
+                          int64_t max_tokens) {
+  PipelinedRun r;
+  r.chunks.assign(pr.P, -1);
+  r.max_sizes.resize(pr.P);
+  r.slots.resize(pr.P);
+  r.got = RunDispatch(pr, PipelinedFactory(o, max_tokens), [&](int p, ExpertDispatch& d) {
+    const PipelinedLlep& pl = static_cast<PipelinedLlep&>(d);
+    r.chunks[p] = pl.chunks();
+    r.max_sizes[p] = pl.max_chunk_sizes();
+    r.slots[p] = pl.slot_sizes();
+  });
+  return r;
+}
+
+using Params = std::tuple<int, int>;  // P, profile index
+class PipelinedLlepSweepTest : public ::testing::TestWithParam<Params> {};
+
+TEST_P(PipelinedLlepSweepTest, MatchesTheReferenceWithinTheBound) {
+  const auto [P, which] = GetParam();
+  const RoutingProfile profile = Sweep()[which];
+  const ModelConfig m = SweepModel();
+  const PipelinedLlepOptions o = TestOptions();
+  const DispatchProblem pr = MakeProfileProblem(m, Tokens(P), profile, 500 + 10 * P + which);
+  const int64_t max_n = MaxTokens(pr);
+  // The launch is sized above this batch: N may be below N_max.
+  const int64_t launch_n = max_n + 5;
+  const PipelinedRun run = RunPipelined(pr, o, launch_n);
+  if (HasFatalFailure()) return;
+  ExpectMatchesReference(run.got, DispatchReference(pr));
+  ExpectNearRuns(run.got, RunDispatch(pr, StandardEpFactory()), kDispatchGradTol);
+
+  const int64_t bound = PipelinedLlepBoundBytes(m, P, launch_n, o);
+  const int64_t c = o.chunk_tokens, k = m.top_k;
+  for (int p = 0; p < P; ++p) {
+    SCOPED_TRACE(absl::StrCat("rank ", p));
+    // Every buffer is a launch-sized slot: the peak is the bound, exactly,
+    // in Forward and in Backward (the replay reuses the slots).
+    EXPECT_LE(run.got.peak_forward[p], bound);
+    EXPECT_LE(run.got.peak_backward[p], bound);
+    EXPECT_EQ(run.got.peak_forward[p], bound);
+    EXPECT_EQ(run.got.peak_backward[p], bound);
+    EXPECT_EQ(run.got.after[p], bound);  // the slots are the schedule's
+    EXPECT_EQ(run.chunks[p], (max_n + c - 1) / c);
+    // Eq. 1 and the borrowed-expert bound, as realized.
+    EXPECT_LE(run.max_sizes[p].rows, P * c * k);
+    EXPECT_LE(run.max_sizes[p].borrowed,
+              LlepMaxBorrowed(m, P, P * c * k, o.balance.min_piece));
+    EXPECT_LE(run.max_sizes[p].lent, LlepMaxLent(m, P, P * c * k, o.balance.min_piece));
+    EXPECT_EQ(run.slots[p].rows, P * c * k);
+  }
+  int64_t rows = 0, borrowed = 0;
+  for (int p = 0; p < P; ++p) {
+    rows = std::max(rows, run.max_sizes[p].rows);
+    borrowed = std::max(borrowed, run.max_sizes[p].borrowed);
+  }
+  std::cout << profile.Name() << ", P = " << P << ", N = " << max_n << " (launch " << launch_n
+            << "), c = " << c
+            << ": peak = bound = " << bound << " B; most rows received in a chunk " << rows
+            << " of Eq. 1's " << P * c * k << "; most experts borrowed " << borrowed << " of "
+            << LlepMaxBorrowed(m, P, P * c * k, o.balance.min_piece) << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(All, PipelinedLlepSweepTest,
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values(0, 1, 2, 3)),
+                         [](const ::testing::TestParamInfo<Params>& i) {
+                           std::string name = Sweep()[std::get<1>(i.param)].Name();
+                           std::replace_if(
+                               name.begin(), name.end(),
+                               [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); },
+                               '_');
+                           return absl::StrCat("P", std::get<0>(i.param), "_", name);
+                         });
+
+// K = 1 (c >= N): the chunk is the layer, and every output and gradient is
+// LLEP's bit for bit, expert-weight gradients included.
+TEST(PipelinedLlepTest, OneChunkIsLlepBitForBit) {
+  const ModelConfig m = SweepModel();
+  for (int P : {2, 4}) {
+    for (const RoutingProfile& profile : {HotRouting(50, 4), HotRouting(100, 1)}) {
+      const DispatchProblem pr = MakeProfileProblem(m, Tokens(P), profile, 61 + P);
+      for (ChunkMembership mem : {ChunkMembership::kStrided, ChunkMembership::kContiguous}) {
+        const PipelinedLlepOptions o = TestOptions(MaxTokens(pr), mem);
+        const PipelinedRun run = RunPipelined(pr, o, MaxTokens(pr));
+        EXPECT_EQ(run.chunks[0], 1);
+        ExpectSameBits(run.got, RunDispatch(pr, LlepFactory(o.balance)),
+                       absl::StrCat("P = ", P, ", ", profile.Name()));
+      }
+    }
+  }
+}
+
+// Strided and contiguous chunks hold other tokens, so other pieces move and
+// expert gradients sum in another order: equal to fp32 rounding. Each also
+// equals LLEP (the K = 1 schedule) to rounding.
+TEST(PipelinedLlepTest, StridedAndContiguousAgree) {
+  const ModelConfig m = SweepModel();
+  for (int P : {2, 4}) {
+    const DispatchProblem pr = MakeProfileProblem(m, Tokens(P, 30), HotRouting(80, 4), 71 + P);
+    const PipelinedRun strided = RunPipelined(pr, TestOptions(3), MaxTokens(pr));
+    const PipelinedRun contiguous =
+        RunPipelined(pr, TestOptions(3, ChunkMembership::kContiguous), MaxTokens(pr));
+    EXPECT_EQ(strided.chunks[0], 10);
+    ExpectNearRuns(strided.got, contiguous.got, kDispatchGradTol);
+    ExpectNearRuns(strided.got, RunDispatch(pr, LlepFactory(TestOptions().balance)),
+                   kDispatchGradTol);
+  }
+}
+
+TEST(PipelinedLlepTest, SameBitsRunToRun) {
+  for (const RoutingProfile& profile : {BalancedRouting(), HotRouting(100, 1)}) {
+    const DispatchProblem pr = MakeProfileProblem(SweepModel(), Tokens(4), profile, 78);
+    ExpectSameBits(RunPipelined(pr, TestOptions(), MaxTokens(pr)).got,
+                   RunPipelined(pr, TestOptions(), MaxTokens(pr)).got, profile.Name());
+  }
+}
+
+// The point of the schedule: on a skewed layer LLEP's peak grows with the
+// routes a rank is sent, PipelinedLLEP's stays at its bound, which does not
+// grow with N (save 8 (P+1) E bytes of counts per chunk). min_piece = 8 keeps
+// the borrowed-expert slots (min(E - E_p, P c k / min_piece) experts of 3HF
+// floats each, for weights, gradients and lending) from dominating this tiny
+// shape, where one expert's weights are as large as 7 rows' buffers.
+TEST(PipelinedLlepTest, ItsPeakStaysFlatWhereLlepsGrows) {
+  const ModelConfig m = SweepModel();
+  const int P = 4;
+  PipelinedLlepOptions o = TestOptions(4);
+  o.balance.min_piece = 8;
+  int64_t llep_peak[2] = {0, 0}, pl_peak[2] = {0, 0}, max_n[2] = {0, 0};
+  for (int i : {0, 1}) {
+    const DispatchProblem pr =
+        MakeProfileProblem(m, Tokens(P, i == 0 ? 24 : 160), HotRouting(100, 1), 81);
+    const DispatchGot llep = RunDispatch(pr, LlepFactory(o.balance));
+    const PipelinedRun pl = RunPipelined(pr, o, MaxTokens(pr));
+    if (HasFatalFailure()) return;
+    ExpectNearRuns(pl.got, llep, kDispatchGradTol);
+    int64_t rows = 0;
+    for (int p = 0; p < P; ++p) {
+      llep_peak[i] = std::max(llep_peak[i], llep.peak(p));
+      pl_peak[i] = std::max(pl_peak[i], pl.got.peak(p));
+      rows = std::max(rows, pl.max_sizes[p].rows);
+    }
+    max_n[i] = MaxTokens(pr);
+    const int64_t bound = PipelinedLlepBoundBytes(m, P, max_n[i], o);
+    EXPECT_EQ(pl_peak[i], bound);
+    std::cout << "100%/1, P = " << P << ", N_max = " << max_n[i] << ", c = " << o.chunk_tokens
+              << ", min_piece = " << o.balance.min_piece << ": LLEP peak " << llep_peak[i]
+              << " B; PipelinedLLEP peak " << pl_peak[i] << " B = bound " << bound
+              << " B; most rows a rank received in a chunk " << rows << " of Eq. 1's "
+              << P * o.chunk_tokens * m.top_k << "\n";
+  }
+  EXPECT_GT(llep_peak[1], 4 * llep_peak[0]);
+  EXPECT_LT(pl_peak[1], llep_peak[1] / 2);
+  EXPECT_EQ(pl_peak[1] - pl_peak[0],
+            8 * (P + 1) * m.experts *
+                (PipelinedLlepChunks(max_n[1], 4) - PipelinedLlepChunks(max_n[0], 4)));
+}
+
+// Ranks with no tokens send nothing, yet run every chunk; a rank not needed
+// as a helper and owning no chosen expert is sent nothing; nobody with
+// tokens runs no chunk at all.
+TEST(PipelinedLlepTest, EmptySendsAndARankSentNothing) {
+  const ModelConfig m = SweepModel();
+  {
+    const DispatchProblem pr = MakeProfileProblem(m, {0, 13, 0, 9}, HotRouting(50, 4), 18);
+    const PipelinedRun run = RunPipelined(pr, TestOptions(), 16);
+    ExpectMatchesReference(run.got, DispatchReference(pr));
+    EXPECT_EQ(run.chunks[0], 4);
+    EXPECT_EQ(run.max_sizes[0].routes, 0);
+  }
+  {
+    PipelinedLlepOptions o = TestOptions();
+    o.balance.lambda = 1e9;
+    const DispatchProblem pr = MakeProfileProblem(m, Tokens(4), HotRouting(100, 4), 19);
+    const PipelinedRun run = RunPipelined(pr, o, MaxTokens(pr));
+    ExpectMatchesReference(run.got, DispatchReference(pr));
+    for (int p = 1; p < 4; ++p) EXPECT_EQ(run.max_sizes[p].rows, 0) << p;
+  }
+  {
+    const DispatchProblem pr = MakeProfileProblem(m, {0, 0}, BalancedRouting(), 20);
+    const PipelinedRun run = RunPipelined(pr, TestOptions(), 8);
+    EXPECT_EQ(run.chunks[0], 0);
+    EXPECT_EQ(run.chunks[1], 0);
+  }
+}
+
+TEST(PipelinedLlepTest, BackwardWithoutForwardIsAFailedPrecondition) {
+  ExpectBackwardNeedsForward(PipelinedFactory(TestOptions(), 6));
+}
+
+// More tokens than the launch sized the buffers for: every rank refuses, as
+// every rank sees the same all-reduced N.
+TEST(PipelinedLlepTest, MoreTokensThanTheLaunchIsRefusedEverywhere) {
+  const ModelConfig m = SweepModel();
+  const DispatchProblem pr = MakeProfileProblem(m, {6, 11}, BalancedRouting(), 21);
+  absl::Status st = RunLocalWorld(
+      2, 16 << 20, FreshStoreDir("pipelined_llep_over"),
+      [&](int p, Backend& be, Communicator& world) -> absl::Status {
+        auto compute = be.CreateStream("compute");
+        auto comm = be.CreateStream("comm");
+        auto kernels = ModelKernels::Create(be);
+        if (!compute.ok() || !comm.ok() || !kernels.ok()) return absl::InternalError("setup");
+        auto d = PipelinedLlep::Create(m, TestOptions(), 10, be, **kernels, world, **compute,
+                                       **comm);
+        if (!d.ok()) return d.status();
+        absl::Status f =
+            (*d)->Forward(nullptr, nullptr, nullptr, pr.n[p], ExpertWeights{}, nullptr);
+        EXPECT_EQ(f.code(), absl::StatusCode::kInvalidArgument) << "rank " << p << ": " << f;
+        EXPECT_THAT(f.message(), HasSubstr("11 tokens"));
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(PipelinedLlepTest, CreateRefusesBadOptionsNamingTheField) {
+  absl::Status st = RunLocalWorld(
+      1, 1 << 20, FreshStoreDir("pipelined_llep_create"),
+      [](int, Backend& be, Communicator& world) -> absl::Status {
+        auto compute = be.CreateStream("compute");
+        auto comm = be.CreateStream("comm");
+        auto kernels = ModelKernels::Create(be);
+        if (!compute.ok() || !comm.ok() || !kernels.ok()) return absl::InternalError("setup");
+        struct Case {
+          PipelinedLlepOptions o;
+          int64_t max_tokens;
+          const char* field;
+        };
+        PipelinedLlepOptions c0 = TestOptions(0), alpha = TestOptions(), piece = TestOptions(),
+                             lambda = TestOptions();
+        alpha.balance.alpha = -1.0;
+        piece.balance.min_piece = 0;
+        lambda.balance.lambda = 0.0;
+        for (const Case& c : {Case{c0, 8, "schedule.pipelined_llep.chunk_tokens"},
+                              Case{alpha, 8, "schedule.pipelined_llep.alpha"},
+                              Case{piece, 8, "schedule.pipelined_llep.min_piece"},
+                              Case{lambda, 8, "schedule.pipelined_llep.lambda"},
+                              Case{TestOptions(), -1, "max_tokens"}}) {
+          auto d = PipelinedLlep::Create(SweepModel(), c.o, c.max_tokens, be, **kernels, world,
+                                         **compute, **comm);
+          EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+          EXPECT_THAT(d.status().message(), HasSubstr(c.field));
+        }
+        // A launch too large for the device: the bound's allocation says so.
+        auto d = PipelinedLlep::Create(SweepModel(), TestOptions(4096), 1 << 20, be, **kernels,
+                                       world, **compute, **comm);
+        EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+        EXPECT_THAT(d.status().message(), HasSubstr("dispatch"));
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+}  // namespace
+}  // namespace plateau
