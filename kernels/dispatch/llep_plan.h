@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "kernels/dispatch/dispatch_options.h"
+#include "kernels/model/step_options.h"
 #include "kernels/model/config.h"
 
 namespace plateau {

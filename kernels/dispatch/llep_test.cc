@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/dispatch/dispatch_options.h"
+#include "kernels/model/step_options.h"
 #include "kernels/dispatch/dispatch_testing.h"
 #include "kernels/dispatch/llep_plan.h"
 #include "kernels/dispatch/routing_profiles.h"

@@ -46,7 +46,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
-#include "kernels/dispatch/dispatch_options.h"
+#include "kernels/model/step_options.h"
 #include "kernels/dispatch/expert_dispatch.h"
 #include "kernels/dispatch/llep_chunk.h"
 #include "kernels/dispatch/llep_plan.h"
