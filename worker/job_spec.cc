@@ -438,9 +438,11 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
   const bool host_fits = spec.host_memory_bytes() == 0 || plan.host_total() <= spec.host_memory_bytes();
   out.set_fits(device_fits && host_fits);
   out.set_dispatch_balanced_bytes(plan.dispatch_balanced_bytes);
-  out.add_notes(absl::StrCat(
-      "dispatch: standard_ep's worst case (every route of every rank received by one rank); ",
-      Bytes(plan.dispatch_balanced_bytes), " when every rank receives its N*k rows"));
+  const int64_t dispatch = plan.bytes[static_cast<int>(LiveSet::kDispatch)];
+  out.add_notes(plan.dispatch_balanced_bytes == dispatch
+                    ? absl::StrCat("dispatch: ", plan.dispatch_note)
+                    : absl::StrCat("dispatch: ", plan.dispatch_note, "; ", Bytes(plan.dispatch_balanced_bytes),
+                                   " when every rank receives its N*k rows"));
   if (spec.device_memory_bytes() == 0) {
     out.add_notes("device_memory_bytes 0: checked against the worker's device when scheduled");
   }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/checkpoints/checkpoints_plan.h"
+#include "kernels/dispatch/llep_plan.h"
 #include "kernels/dispatch/standard_ep_plan.h"
 #include "kernels/optimizer/optimizer_plan.h"
 #include "kernels/model/attention_shape.h"
@@ -119,6 +120,18 @@ absl::Status ValidateStepShape(const StepOptions& o) {
   if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
     PLATEAU_RETURN_IF_ERROR(ValidateSco(o.checkpoints.host_budget_bytes));
   }
+  switch (o.dispatch.kind) {
+    case DispatchOptions::Kind::kStandardEp:
+      break;
+    case DispatchOptions::Kind::kLlep:
+      PLATEAU_RETURN_IF_ERROR(ValidateLlepShape(o.model, o.layout.ranks));
+      PLATEAU_RETURN_IF_ERROR(ValidateLlepOptions(o.dispatch.llep));
+      break;
+    case DispatchOptions::Kind::kPipelinedLlep:
+      PLATEAU_RETURN_IF_ERROR(ValidateLlepShape(o.model, o.layout.ranks));
+      PLATEAU_RETURN_IF_ERROR(ValidatePipelinedLlepOptions(o.dispatch.pipelined));
+      break;
+  }
   if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
     PLATEAU_RETURN_IF_ERROR(
         ValidateOffloadStream(o.optimizer_placement.bucket_params, o.optimizer_placement.staging_slots));
@@ -187,14 +200,39 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   } else {
     plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
   }
-  // Standard EP has no bound of its own: its receive buffers grow with the
-  // routes a rank is sent. The plan is its worst case (every route of every
-  // source rank lands on one rank), so that it bounds every routing; the
-  // balanced case (N*k rows received) is kept beside it for information.
+  // Dispatch. Standard EP and LLEP have no bound of their own: their
+  // receive buffers grow with the routes a rank is sent. Their plan is the
+  // worst case (every route of every source rank lands on one rank), so that
+  // it bounds every routing; the balanced case (N*k rows received, nothing
+  // borrowed) is kept beside it for information. PipelinedLLEP's is its
+  // bound, allocated at launch, flat in N (plus its pinned index staging on
+  // the host).
   const int64_t routes = N * o.model.top_k, P = o.layout.ranks;
-  plan.bytes[static_cast<int>(LiveSet::kDispatch)] +=
-      StandardEpPeakBytes(o.model, routes, StandardEpWorstCaseReceivedRows(o.model, P, N));
-  plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, routes, routes);
+  int64_t& dispatch = plan.bytes[static_cast<int>(LiveSet::kDispatch)];
+  switch (o.dispatch.kind) {
+    case DispatchOptions::Kind::kStandardEp:
+      dispatch += StandardEpPeakBytes(o.model, routes, StandardEpWorstCaseReceivedRows(o.model, P, N));
+      plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, routes, routes);
+      plan.dispatch_note = "standard_ep's worst case (every route of every rank received by one rank)";
+      break;
+    case DispatchOptions::Kind::kLlep: {
+      dispatch += LlepWorstCasePeakBytes(o.model, P, N, o.dispatch.llep);
+      LlepChunkSizes balanced;
+      balanced.tokens = N;
+      balanced.routes = routes;
+      balanced.rows = routes;
+      plan.dispatch_balanced_bytes = LlepPeakBytes(o.model, P, balanced);
+      plan.dispatch_note = "llep's worst case (every route received by one rank, the most experts borrowed)";
+      break;
+    }
+    case DispatchOptions::Kind::kPipelinedLlep:
+      dispatch += PipelinedLlepBoundBytes(o.model, P, N, o.dispatch.pipelined);
+      plan.host_bytes[static_cast<int>(LiveSet::kDispatch)] +=
+          PipelinedLlepHostIndexWords(o.model, P, N, o.dispatch.pipelined) * static_cast<int64_t>(sizeof(int32_t));
+      plan.dispatch_balanced_bytes = dispatch;
+      plan.dispatch_note = "pipelined_llep's bound, for every routing (Eq. 1: P c k rows per chunk)";
+      break;
+  }
   return plan;
 }
 

@@ -25,17 +25,20 @@
 namespace plateau {
 
 // Bytes per live set that the step may hold on the device: an upper bound of
-// every live set's peak for any input. Dispatch is standard EP's worst case
-// (every route of every source rank received by one rank);
-// dispatch_balanced_bytes is what it holds when each rank receives N*k rows.
+// every live set's peak for any input. Dispatch is PipelinedLLEP's bound, or
+// standard EP's / LLEP's worst case (every route of every source rank
+// received by one rank); dispatch_balanced_bytes is what the latter hold
+// when each rank receives N*k rows (dispatch_note says which).
 //
 // Host bytes: what the schedules keep in host memory (SCO's boundary pool,
-// OffloadStreamAdamW's master and moments). The baseline schedules keep
-// nothing there, so every host term is 0 until those schedules plug in.
+// the offloaded optimizers' master and moments, PipelinedLLEP's index
+// staging). The baseline schedules keep nothing there.
 struct MemoryPlan {
   std::array<int64_t, kNumLiveSets> bytes{};       // device
   std::array<int64_t, kNumLiveSets> host_bytes{};  // host
   int64_t dispatch_balanced_bytes = 0;
+  // What the dispatch term is: a schedule's bound, or a baseline's worst case.
+  std::string dispatch_note;
   int64_t total() const;  // device
   int64_t host_total() const;
   // "weights=… grads=… total=…", then " host: … total=…" when any host term.

@@ -3,6 +3,8 @@
 #include "kernels/budget/budget.h"
 #include "kernels/checkpoints/full_checkpoints.h"
 #include "kernels/checkpoints/sco.h"
+#include "kernels/dispatch/llep.h"
+#include "kernels/dispatch/pipelined_llep.h"
 #include "kernels/dispatch/standard_ep.h"
 #include "kernels/optimizer/cpu_offload_adamw.h"
 #include "kernels/optimizer/device_adamw.h"
@@ -42,8 +44,21 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
       break;
     }
   }
-  // Dispatch: standard EP is the only schedule so far (PipelinedLLEP: issue 12).
-  s.dispatch = std::make_unique<StandardEp>(o.model, c.backend, c.kernels, c.world, c.compute, c.comm);
+  switch (o.dispatch.kind) {
+    case DispatchOptions::Kind::kStandardEp:
+      s.dispatch = std::make_unique<StandardEp>(o.model, c.backend, c.kernels, c.world, c.compute, c.comm);
+      break;
+    case DispatchOptions::Kind::kLlep: {
+      PLATEAU_ASSIGN_OR_RETURN(s.dispatch, Llep::Create(o.model, o.dispatch.llep, c.backend, c.kernels, c.world,
+                                                        c.compute, c.comm));
+      break;
+    }
+    case DispatchOptions::Kind::kPipelinedLlep: {
+      PLATEAU_ASSIGN_OR_RETURN(s.dispatch, PipelinedLlep::Create(o.model, o.dispatch.pipelined, N, c.backend,
+                                                                 c.kernels, c.world, c.compute, c.comm));
+      break;
+    }
+  }
   switch (o.optimizer_placement.kind) {
     case OptimizerPlacementOptions::Kind::kDevice: {
       PLATEAU_ASSIGN_OR_RETURN(s.optimizer, DeviceAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));

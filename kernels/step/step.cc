@@ -148,7 +148,11 @@ absl::StatusOr<std::unique_ptr<TrainingStep>> TrainingStep::Create(const StepOpt
   // Refuse a device that cannot hold the launch-sized state before touching it.
   PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(options));
   const int64_t cap = backend.device().cap_bytes();
-  const int64_t dispatch = plan.bytes[static_cast<int>(LiveSet::kDispatch)];
+  // The baselines' dispatch buffers follow the routing (allocated per
+  // layer); PipelinedLLEP's are launch-sized like everything else.
+  const int64_t dispatch = options.dispatch.kind == DispatchOptions::Kind::kPipelinedLlep
+                               ? 0
+                               : plan.bytes[static_cast<int>(LiveSet::kDispatch)];
   if (cap != MemorySpace::kUncapped && plan.total() - dispatch > cap) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "device_memory_bytes: ", cap, " bytes cannot hold the step's launch-sized state of ",

@@ -6,8 +6,9 @@
 // - attention is ring attention over the world (K/V blocks circulate on the
 //   communication stream while the compute stream folds the current block;
 //   in backward the blocks' dK/dV accumulators travel with them);
-// - experts are partitioned E/P per rank with standard expert parallelism
-//   (kernels/dispatch/standard_ep.h);
+// - experts are partitioned E/P per rank; routes reach them by standard
+//   expert parallelism (kernels/dispatch/standard_ep.h), LLEP or
+//   PipelinedLLEP as options.dispatch chooses;
 // - dense weights are ZeRO-sharded: gradients reduce-scattered, each rank
 //   updates its shard with AdamW (torch semantics, global-norm clipping),
 //   working weights all-gathered;
@@ -19,8 +20,9 @@
 // - full activation checkpointing: each layer's input is kept (kCheckpoints)
 //   and the layer is recomputed in backward.
 //
-// Every allocation is made by Create() except the dispatch buffers, whose
-// size depends on the routing (that is the baseline's unbounded live set).
+// Every allocation is made by Create() except the dispatch buffers of
+// standard EP and LLEP, whose size depends on the routing (the baselines'
+// unbounded live set; PipelinedLLEP's are launch-sized).
 //
 // Thread safety: one TrainingStep per rank process; all methods are
 // collective (every rank calls them in the same order).
