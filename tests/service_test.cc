@@ -250,6 +250,9 @@ TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
   Cluster c("oom");
   ASSERT_TRUE(c.ready()) << c.Logs();
   v1::JobSpec spec = TinyJob(5);
+  // Standard EP: the baseline whose receive buffers follow the routing (the
+  // demo's PipelinedLLEP allocates its bound at launch).
+  spec.mutable_schedule()->mutable_standard_ep();
   auto plan = c.client().PlanJob(spec);
   ASSERT_TRUE(plan.ok()) << plan.status();
   int64_t dispatch = 0;
@@ -287,19 +290,25 @@ TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
                     HasSubstr(absl::StrCat(oom.bytes_free(), " free"))));
 }
 
-// JobSpec.host_memory_bytes reaches every rank's backend, and SCO's host
-// pool is planned, admitted and measured through the whole service: the tiny
-// job (2 layers, 64 tokens x H = 64 per rank) pools h_0, 16 KiB of host
-// memory per rank. A cap one byte short is refused at submit (plateauctl
-// exits 5, the code for a plan that does not fit); at exactly the plan it
-// runs, each rank logs the cap read back from its backend, every step's host
-// peak is the plan, and /metrics carries it.
-TEST(ServiceTest, ScoHostPoolIsPlannedAdmittedAndMeasuredAgainstTheHostCap) {
+// JobSpec.host_memory_bytes reaches every rank's backend, and the host
+// live sets are planned, admitted and measured through the whole service:
+// the tiny job (2 layers, 64 tokens x H = 64 per rank) keeps SCO's pool
+// (h_0, 16 KiB), OffloadStreamAdamW's master and moments and PipelinedLLEP's
+// index staging in host memory. A cap one byte short of the host plan is
+// refused at submit (plateauctl exits 5, the code for a plan that does not
+// fit); at exactly the plan it runs, each rank logs the cap read back from
+// its backend, every step's host peak is the plan, and /metrics carries it.
+TEST(ServiceTest, HostLiveSetsArePlannedAdmittedAndMeasuredAgainstTheHostCap) {
   Cluster c("host-cap");
   ASSERT_TRUE(c.ready()) << c.Logs();
-  constexpr int64_t kPool = 64 * 64 * 4;
   v1::JobSpec spec = TinyJob(3);
   ASSERT_EQ(spec.schedule().checkpoints_case(), v1::ScheduleSpec::kSco) << "the demo job turns SCO on";
+  auto planned = c.client().PlanJob(spec);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const int64_t kPool = planned->plan().host_total_bytes();
+  for (const v1::LiveSetBytes& ls : planned->plan().host_live_sets()) {
+    if (ls.live_set() == "checkpoints") EXPECT_EQ(ls.bytes(), 64 * 64 * 4);
+  }
   auto write = [&](const v1::JobSpec& js, const std::string& name) {
     std::string text;
     EXPECT_TRUE(google::protobuf::TextFormat::PrintToString(js, &text));
@@ -312,13 +321,15 @@ TEST(ServiceTest, ScoHostPoolIsPlannedAdmittedAndMeasuredAgainstTheHostCap) {
                                  write(spec, "short")}, c.dir() + "/short");
   EXPECT_EQ(short_by_one.code, 5) << short_by_one.out << short_by_one.err;
   EXPECT_THAT(short_by_one.err, AllOf(HasSubstr("host_memory_bytes: the host plan does not fit"),
-                                      HasSubstr("checkpoints=16384"), HasSubstr("short by 1 bytes")));
+                                      HasSubstr("checkpoints=16384"), HasSubstr("optimizer="),
+                                      HasSubstr("short by 1 bytes")));
 
   spec.set_host_memory_bytes(kPool);
   Ran p = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "plan", write(spec, "exact")},
                      c.dir() + "/plan");
   EXPECT_EQ(p.code, 0) << p.out << p.err;
-  EXPECT_THAT(p.out, AllOf(HasSubstr("host bytes per live set"), HasSubstr("of a host cap of 16384 bytes")));
+  EXPECT_THAT(p.out, AllOf(HasSubstr("host bytes per live set"),
+                           HasSubstr(absl::StrCat("of a host cap of ", kPool, " bytes"))));
 
   auto sub = c.client().SubmitJob(spec, false);
   ASSERT_TRUE(sub.ok()) << sub.status();
@@ -333,7 +344,7 @@ TEST(ServiceTest, ScoHostPoolIsPlannedAdmittedAndMeasuredAgainstTheHostCap) {
 
   std::set<int> capped;  // ranks whose backend holds the cap
   ASSERT_TRUE(c.client().GetJobLogs(id, false, 0, [&](const v1::LogEntry& l) {
-    if (absl::StrContains(l.line(), "host memory cap 16384 bytes;")) capped.insert(l.rank());
+    if (absl::StrContains(l.line(), absl::StrCat("host memory cap ", kPool, " bytes;"))) capped.insert(l.rank());
     return true;
   }).ok());
   EXPECT_EQ(capped, (std::set<int>{0, 1})) << c.Logs();
@@ -349,7 +360,8 @@ TEST(ServiceTest, ScoHostPoolIsPlannedAdmittedAndMeasuredAgainstTheHostCap) {
   EXPECT_EQ(steps, 6);
   const std::string m = Scrape(c.metrics());
   EXPECT_EQ(Sample(m, "plateau_job_host_peak_bytes{job_id=\"" + id + "\",live_set=\"checkpoints\",rank=\"1\"}"),
-            kPool);
+            64 * 64 * 4);
+  EXPECT_EQ(Sample(m, "plateau_job_host_peak_bytes{job_id=\"" + id + "\",live_set=\"total\",rank=\"1\"}"), kPool);
 }
 
 TEST(ServiceTest, ValidateOnlyCreatesNothingAndBadSpecsNameTheField) {

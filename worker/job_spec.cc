@@ -194,17 +194,63 @@ absl::Status ConvertData(const v1::DataSpec& s, const ModelConfig& m, const Layo
   return Bad("data", "one of data.recall, data.text or data.shards", "none");
 }
 
-absl::Status CheckSchedule(const v1::ScheduleSpec& s) {
-  auto later = [](absl::string_view field, absl::string_view baseline) {
-    return absl::UnimplementedError(absl::StrCat(
-        field, ": this schedule is not in this build yet (it arrives with its own issue); use ",
-        baseline, " (the baseline) or leave it unset"));
+// schedule.llep / schedule.pipelined_llep -> the step's dispatch options
+// (standard EP when unset). A 0 takes the default; the values themselves
+// are checked by the budget (kernels/dispatch/llep_plan.h), which names the
+// field.
+absl::Status ConvertDispatch(const v1::ScheduleSpec& s, DispatchOptions* out) {
+  auto balance = [](double alpha, int64_t min_piece, double lambda, LlepOptions* o) {
+    if (alpha != 0) o->alpha = alpha;
+    if (min_piece != 0) o->min_piece = min_piece;
+    if (lambda != 0) o->lambda = lambda;
   };
-  if (s.dispatch_case() == v1::ScheduleSpec::kPipelinedLlep) {
-    return later("schedule.pipelined_llep", "schedule.standard_ep");
+  switch (s.dispatch_case()) {
+    case v1::ScheduleSpec::kLlep:
+      out->kind = DispatchOptions::Kind::kLlep;
+      balance(s.llep().alpha(), s.llep().min_piece(), s.llep().lambda(), &out->llep);
+      break;
+    case v1::ScheduleSpec::kPipelinedLlep: {
+      const v1::PipelinedLlepDispatch& p = s.pipelined_llep();
+      out->kind = DispatchOptions::Kind::kPipelinedLlep;
+      if (p.chunk_tokens() != 0) out->pipelined.chunk_tokens = p.chunk_tokens();
+      balance(p.alpha(), p.min_piece(), p.lambda(), &out->pipelined.balance);
+      switch (p.membership()) {
+        case v1::PipelinedLlepDispatch::MEMBERSHIP_UNSPECIFIED:
+        case v1::PipelinedLlepDispatch::MEMBERSHIP_STRIDED:
+          out->pipelined.membership = ChunkMembership::kStrided;
+          break;
+        case v1::PipelinedLlepDispatch::MEMBERSHIP_CONTIGUOUS:
+          out->pipelined.membership = ChunkMembership::kContiguous;
+          break;
+        default:
+          return Bad("schedule.pipelined_llep.membership",
+                     "MEMBERSHIP_UNSPECIFIED, MEMBERSHIP_STRIDED or MEMBERSHIP_CONTIGUOUS",
+                     absl::StrCat(static_cast<int>(p.membership())));
+      }
+      break;
+    }
+    default:
+      break;
   }
-  if (s.optimizer_placement_case() == v1::ScheduleSpec::kOffloadStreamAdamw) {
-    return later("schedule.offload_stream_adamw", "schedule.device_adamw");
+  return absl::OkStatus();
+}
+
+// schedule.offload_stream_adamw / schedule.cpu_offload_adamw -> where the
+// optimizer state lives (the device when unset). A 0 takes the default.
+absl::Status ConvertOptimizerPlacement(const v1::ScheduleSpec& s, OptimizerPlacementOptions* out) {
+  switch (s.optimizer_placement_case()) {
+    case v1::ScheduleSpec::kCpuOffloadAdamw:
+      out->kind = OptimizerPlacementOptions::Kind::kCpuOffload;
+      break;
+    case v1::ScheduleSpec::kOffloadStreamAdamw: {
+      const v1::OffloadStreamAdamW& o = s.offload_stream_adamw();
+      out->kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+      if (o.bucket_params() != 0) out->bucket_params = o.bucket_params();
+      if (o.staging_slots() != 0) out->staging_slots = o.staging_slots();
+      break;
+    }
+    default:
+      break;
   }
   return absl::OkStatus();
 }
@@ -386,9 +432,10 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   t.step.layout = {l.ranks(), l.batch()};
   PLATEAU_RETURN_IF_ERROR(ValidateLayout(t.step.model, t.step.layout));
   PLATEAU_RETURN_IF_ERROR(CheckSize(t.step.model, t.step.layout));
-  PLATEAU_RETURN_IF_ERROR(CheckSchedule(spec.schedule()));
   PLATEAU_RETURN_IF_ERROR(ConvertProjection(spec.schedule(), t.step.model, &t.step.projection));
   PLATEAU_RETURN_IF_ERROR(ConvertCheckpoints(spec.schedule(), &t.step.checkpoints));
+  PLATEAU_RETURN_IF_ERROR(ConvertDispatch(spec.schedule(), &t.step.dispatch));
+  PLATEAU_RETURN_IF_ERROR(ConvertOptimizerPlacement(spec.schedule(), &t.step.optimizer_placement));
   if (!spec.has_optimizer()) return Bad("optimizer", "optimizer.lr at least", "none");
   PLATEAU_RETURN_IF_ERROR(ConvertOptimizer(spec.optimizer(), &t.step.optimizer));
   PLATEAU_RETURN_IF_ERROR(ConvertData(spec.data(), t.step.model, t.step.layout, &t.data));
@@ -487,8 +534,11 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
   for (const v1::LiveSetBytes& ls : plan.live_sets()) {
     if (ls.bytes() == 0) continue;
     all.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
-    // Every live set but dispatch is allocated when the step starts.
-    if (ls.live_set() == "dispatch") continue;
+    // Every live set is allocated when the step starts but the baselines'
+    // dispatch, which follows the routing (PipelinedLLEP's is launch-sized).
+    if (ls.live_set() == "dispatch" && spec.schedule().dispatch_case() != v1::ScheduleSpec::kPipelinedLlep) {
+      continue;
+    }
     launch += ls.bytes();
     launch_sized.push_back(all.back());
   }
@@ -534,9 +584,14 @@ v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {
   s.mutable_layout()->set_ranks(ranks);
   s.mutable_layout()->set_nodes(1);
   s.mutable_layout()->set_batch(o.step.layout.batch);
-  s.mutable_schedule()->mutable_standard_ep();
+  v1::PipelinedLlepDispatch* d = s.mutable_schedule()->mutable_pipelined_llep();
+  d->set_chunk_tokens(o.step.dispatch.pipelined.chunk_tokens);
+  d->set_min_piece(o.step.dispatch.pipelined.balance.min_piece);
   s.mutable_schedule()->mutable_dense();
   s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(o.step.checkpoints.host_budget_bytes);
+  v1::OffloadStreamAdamW* opt = s.mutable_schedule()->mutable_offload_stream_adamw();
+  opt->set_bucket_params(o.step.optimizer_placement.bucket_params);
+  opt->set_staging_slots(static_cast<int32_t>(o.step.optimizer_placement.staging_slots));
   s.mutable_optimizer()->set_lr(o.step.optimizer.lr);
   v1::RecallData* r = s.mutable_data()->mutable_recall();
   r->set_num_keys(o.data.recall.num_keys);

@@ -23,6 +23,17 @@ using ::testing::HasSubstr;
 
 v1::JobSpec Good() { return DemoJobSpec(2, 10); }
 
+// The demo job with every schedule at its baseline (standard EP, all
+// boundaries and the optimizer state on the device): no host bytes, and
+// standard EP's worst-case dispatch.
+v1::JobSpec Baseline() {
+  v1::JobSpec s = Good();
+  s.mutable_schedule()->mutable_standard_ep();
+  s.mutable_schedule()->mutable_full_checkpoints();
+  s.mutable_schedule()->mutable_device_adamw();
+  return s;
+}
+
 TEST(JobSpecTest, DemoSpecIsValidAndMapsOntoTheDemoJob) {
   auto t = ToTrainerOptions(Good());
   ASSERT_TRUE(t.ok()) << t.status();
@@ -115,35 +126,40 @@ TEST(JobSpecTest, HostCapReachesTheBackendOptions) {
 }
 
 // The plan carries the host space beside the device: every live set by name,
-// the total and the job's host cap. The demo job turns SCO on: its pool (h_0
-// of a 2-layer model, N x H x 4 bytes) is the only host term.
+// the total and the job's host cap. The demo job puts three live sets in host
+// memory: SCO's pool (h_0 of its 2 layers, N x H x 4 bytes), the optimizer's
+// master and moments (OffloadStreamAdamW) and PipelinedLLEP's index staging.
 TEST(JobSpecTest, PlanCarriesTheHostLiveSetsTotalAndCap) {
   v1::JobSpec s = Good();
-  constexpr int64_t kPool = 512 * 64 * 4;  // N = 32 x 32 / 2 tokens, H = 64
-  s.set_host_memory_bytes(kPool);
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->step.checkpoints.kind, CheckpointOptions::Kind::kSco);
+  EXPECT_EQ(t->step.dispatch.kind, DispatchOptions::Kind::kPipelinedLlep);
+  EXPECT_EQ(t->step.optimizer_placement.kind, OptimizerPlacementOptions::Kind::kOffloadStream);
+  auto direct = PlanMemory(t->step);
+  ASSERT_TRUE(direct.ok());
+  const int64_t host = direct->host_total();
+  EXPECT_EQ(direct->host_bytes[static_cast<int>(LiveSet::kCheckpoints)], 512 * 64 * 4);  // N = 512, H = 64
+  EXPECT_GT(direct->host_bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
+  EXPECT_GT(direct->host_bytes[static_cast<int>(LiveSet::kDispatch)], 0);
+  s.set_host_memory_bytes(host);
   auto plan = AdmitJob(s);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->host_live_sets_size(), kNumLiveSets);
   for (int i = 0; i < kNumLiveSets; ++i) {
     EXPECT_EQ(plan->host_live_sets(i).live_set(), plan->live_sets(i).live_set());
-    EXPECT_EQ(plan->host_live_sets(i).bytes(), plan->host_live_sets(i).live_set() == "checkpoints" ? kPool : 0)
-        << plan->host_live_sets(i).live_set();
+    EXPECT_EQ(plan->host_live_sets(i).bytes(), direct->host_bytes[i]) << plan->host_live_sets(i).live_set();
   }
-  EXPECT_EQ(plan->host_total_bytes(), kPool);
-  EXPECT_EQ(plan->host_memory_bytes(), kPool);
+  EXPECT_EQ(plan->host_total_bytes(), host);
+  EXPECT_EQ(plan->host_memory_bytes(), host);
   EXPECT_TRUE(plan->fits());
-  auto t = ToTrainerOptions(s);
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->step.checkpoints.kind, CheckpointOptions::Kind::kSco);
-  auto direct = PlanMemory(t->step);
-  ASSERT_TRUE(direct.ok());
-  EXPECT_EQ(plan->host_total_bytes(), direct->host_total());
   // One byte less is refused, naming the cap.
-  s.set_host_memory_bytes(kPool - 1);
+  s.set_host_memory_bytes(host - 1);
   EXPECT_THAT(std::string(AdmitJob(s).status().message()), ::testing::StartsWith("host_memory_bytes: "));
-  // Without SCO the host holds nothing.
-  s.mutable_schedule()->mutable_full_checkpoints();
-  auto full = AdmitJob(s);
+  // With every schedule at its baseline the host holds nothing.
+  v1::JobSpec b = Baseline();
+  b.set_host_memory_bytes(4096);
+  auto full = AdmitJob(b);
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_EQ(full->host_total_bytes(), 0);
   for (const std::string& n : full->notes()) EXPECT_THAT(n, ::testing::Not(HasSubstr("host"))) << n;
@@ -162,7 +178,7 @@ MemoryPlan WithHost(const v1::JobSpec& spec, int64_t checkpoints, int64_t optimi
 
 TEST(JobSpecTest, FitsOnlyWhenBothDeviceAndHostFit) {
   constexpr int64_t kMiB = int64_t{1} << 20;
-  v1::JobSpec s = Good();
+  v1::JobSpec s = Baseline();
   const MemoryPlan plan = WithHost(s, 3 * kMiB, kMiB);
   v1::MemoryPlan p = PlanToProto(s, plan);
   EXPECT_EQ(p.host_total_bytes(), 4 * kMiB);
@@ -187,7 +203,7 @@ TEST(JobSpecTest, FitsOnlyWhenBothDeviceAndHostFit) {
 // every host live set is launch-sized, so each rank would refuse it.
 TEST(JobSpecTest, AdmitRefusesAHostPlanOverTheHostCapEvenWhenForced) {
   constexpr int64_t kMiB = int64_t{1} << 20;
-  v1::JobSpec s = Good();
+  v1::JobSpec s = Baseline();
   const MemoryPlan plan = WithHost(s, 3 * kMiB, kMiB);
   s.set_host_memory_bytes(3 * kMiB);
   for (bool forced : {false, true}) {
@@ -234,7 +250,7 @@ TEST(JobSpecTest, AdmitRefusesACapBelowTheLaunchStateNamingLiveSets) {
 // and the shortfall, and saying how to launch anyway; force_launch admits it
 // with a note (it must still hold the launch-sized state).
 TEST(JobSpecTest, AdmitRefusesAPlanOverTheCapUnlessForced) {
-  v1::JobSpec s = Good();
+  v1::JobSpec s = Baseline();
   auto plan = PlanJob(s);
   ASSERT_TRUE(plan.ok());
   int64_t dispatch = 0;
@@ -257,6 +273,23 @@ TEST(JobSpecTest, AdmitRefusesAPlanOverTheCapUnlessForced) {
   auto exact = AdmitJob(s);
   ASSERT_TRUE(exact.ok()) << exact.status();
   EXPECT_TRUE(exact->fits());
+}
+
+// PipelinedLLEP's dispatch buffers are its bound, allocated at launch:
+// a cap below the plan is refused even when forced (the rank would refuse
+// it too), and the plan's note says what the dispatch term is.
+TEST(JobSpecTest, PipelinedLlepDispatchIsLaunchSizedAtAdmission) {
+  v1::JobSpec s = Good();
+  auto plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->notes(0), HasSubstr("pipelined_llep's bound"));
+  EXPECT_THAT(plan->notes(0), ::testing::Not(HasSubstr("when every rank receives")));
+  s.set_device_memory_bytes(plan->total_bytes() - 1);
+  s.set_force_launch(true);
+  auto refused = AdmitJob(s);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              AllOf(HasSubstr("cannot hold the step's launch-sized state"), HasSubstr("dispatch=")));
 }
 
 struct Case {
@@ -428,8 +461,8 @@ std::vector<Case> MalformedFieldCases() {
          s.set_device_memory_bytes(0);
          s.set_host_memory_bytes(-1);
        }},
-      // The schedules: Ring-DTP's fields, then the reserved choices, which
-      // are refused as not yet built whatever their fields hold.
+      // The schedules' fields (their values are checked by the budget,
+      // which names them the same way).
       {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(-1); }},
       {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(33); }},  // > vocab
       {"schedule.ring_dtp.strip", [](S& s) { s.mutable_schedule()->mutable_ring_dtp()->set_strip(kI64Max); }},
@@ -462,25 +495,32 @@ std::vector<Case> MalformedFieldCases() {
          s.mutable_data()->mutable_recall()->set_pairs(2);
          s.mutable_data()->mutable_recall()->set_queries(1);
        }},
-      {"schedule.pipelined_llep", [](S& s) { s.mutable_schedule()->mutable_pipelined_llep(); },
-       absl::StatusCode::kUnimplemented},
-      {"schedule.pipelined_llep", [](S& s) {
-         auto* p = s.mutable_schedule()->mutable_pipelined_llep();
-         p->set_chunk_tokens(-1);
-         p->set_alpha(std::numeric_limits<double>::quiet_NaN());
-         p->set_min_piece(kI64Min);
-       }, absl::StatusCode::kUnimplemented},
+      {"schedule.pipelined_llep.chunk_tokens",
+       [](S& s) { s.mutable_schedule()->mutable_pipelined_llep()->set_chunk_tokens(-1); }},
+      {"schedule.pipelined_llep.alpha", [](S& s) {
+         s.mutable_schedule()->mutable_pipelined_llep()->set_alpha(std::numeric_limits<double>::quiet_NaN());
+       }},
+      {"schedule.pipelined_llep.min_piece",
+       [](S& s) { s.mutable_schedule()->mutable_pipelined_llep()->set_min_piece(kI64Min); }},
+      {"schedule.pipelined_llep.membership", [](S& s) {
+         s.mutable_schedule()->mutable_pipelined_llep()->set_membership(
+             static_cast<v1::PipelinedLlepDispatch::Membership>(7));
+       }},
+      {"schedule.pipelined_llep.lambda",
+       [](S& s) { s.mutable_schedule()->mutable_pipelined_llep()->set_lambda(0.5); }},
+      {"schedule.llep.alpha", [](S& s) { s.mutable_schedule()->mutable_llep()->set_alpha(-1); }},
+      {"schedule.llep.min_piece", [](S& s) { s.mutable_schedule()->mutable_llep()->set_min_piece(-3); }},
+      {"schedule.llep.lambda", [](S& s) { s.mutable_schedule()->mutable_llep()->set_lambda(INFINITY); }},
       {"schedule.sco.host_budget_bytes",
        [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(-1); }},
       {"schedule.sco.host_budget_bytes",
        [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(kI64Max); }},
-      {"schedule.offload_stream_adamw",
-       [](S& s) { s.mutable_schedule()->mutable_offload_stream_adamw(); }, absl::StatusCode::kUnimplemented},
-      {"schedule.offload_stream_adamw", [](S& s) {
-         auto* o = s.mutable_schedule()->mutable_offload_stream_adamw();
-         o->set_bucket_params(kI64Max);
-         o->set_staging_slots(kI32Min);
-       }, absl::StatusCode::kUnimplemented},
+      {"schedule.offload_stream_adamw.bucket_params",
+       [](S& s) { s.mutable_schedule()->mutable_offload_stream_adamw()->set_bucket_params(-5); }},
+      {"schedule.offload_stream_adamw.staging_slots",
+       [](S& s) { s.mutable_schedule()->mutable_offload_stream_adamw()->set_staging_slots(kI32Min); }},
+      {"schedule.offload_stream_adamw.staging_slots",
+       [](S& s) { s.mutable_schedule()->mutable_offload_stream_adamw()->set_staging_slots(4); }},
   };
   // Every integer of the model: missing (0), negative, and the extremes.
   const std::vector<std::pair<std::string, void (M::*)(int64_t)>> model_ints = {
@@ -625,21 +665,15 @@ TEST(JobSpecTest, TheTableCoversEveryFieldOfTheSpec) {
       {"schedule.dense", "the baseline's empty marker"},
       {"schedule.full_checkpoints", "the baseline's empty marker"},
       {"schedule.device_adamw", "the baseline's empty marker"},
+      {"schedule.cpu_offload_adamw", "the CPU-offload baseline's empty marker"},
   };
-  // The reserved schedules are refused whole (UNIMPLEMENTED naming the
-  // schedule) whatever their fields hold; their cases put garbage in them.
-  const std::vector<std::string> reserved = {"schedule.pipelined_llep.", "schedule.offload_stream_adamw."};
   std::set<std::string> named;
   for (const Case& c : MalformedFieldCases()) named.insert(c.field.substr(0, c.field.find('[')));
   std::vector<std::string> leaves;
   LeafFields(v1::JobSpec::descriptor(), "", &leaves);
   for (const std::string& leaf : leaves) {
-    if (any_value_is_valid.count(leaf) || named.count(leaf)) continue;
-    bool in_reserved = false;
-    for (const std::string& r : reserved) {
-      in_reserved = in_reserved || (leaf.rfind(r, 0) == 0 && named.count(r.substr(0, r.size() - 1)));
-    }
-    EXPECT_TRUE(in_reserved) << leaf << " has no malformed case in MalformedFieldCases()";
+    EXPECT_TRUE(any_value_is_valid.count(leaf) || named.count(leaf))
+        << leaf << " has no malformed case in MalformedFieldCases()";
   }
   EXPECT_GT(leaves.size(), 40u);
 }

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "kernels/budget/budget.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/kv_store.h"
@@ -44,7 +45,7 @@ struct Flags {
   int64_t ranks = 2, rank = -1, steps = 200, batch = 32, log_every = 10;
   int64_t device_mb = 256, host_mb = 0, checkpoint_every = 0;
   std::string store_dir, data = "recall", checkpoint_dir, projection = "dense", ring_mode = "auto";
-  std::string checkpoints = "full";
+  std::string checkpoints = "full", dispatch = "standard_ep", optimizer_placement = "device";
   TrainerOptions trainer;
 };
 
@@ -69,6 +70,11 @@ projection --projection=dense | ring_dtp  --ring_mode=auto|activations|weights
            --ring_strip=16 (vocabulary columns per strip) --ring_chunk_rows=0 (0: one pass)
 boundaries --checkpoints=full | sco (the earliest layer boundaries in a host pool)
            --sco_host_budget_bytes=0 (beta: host bytes per rank for the pool)
+dispatch   --dispatch=standard_ep | llep | pipelined_llep
+           --chunk_tokens=4096 (pipelined_llep: tokens per source rank per chunk)
+           --llep_min_piece=1024 (llep, pipelined_llep: smallest piece moved to a helper)
+optimizer  --optimizer_placement=device | cpu_offload | offload_stream
+state      --bucket_params=100000000 --staging_slots=2 (offload_stream)
 checkpoint --checkpoint_dir=<dir> (resumes from its newest step-N.safetensors)
            --checkpoint_every=0 (0: only at the end)
 )";
@@ -107,7 +113,15 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
       {"top_k", &m.top_k},         {"expert_ffn", &m.expert_ffn}, {"seq_len", &m.seq_len}};
   std::map<std::string, std::string*> strings = {
       {"store_dir", &f.store_dir}, {"data", &f.data}, {"checkpoint_dir", &f.checkpoint_dir},
-      {"projection", &f.projection}, {"ring_mode", &f.ring_mode}, {"checkpoints", &f.checkpoints}};
+      {"projection", &f.projection}, {"ring_mode", &f.ring_mode}, {"checkpoints", &f.checkpoints},
+      {"dispatch", &f.dispatch}, {"optimizer_placement", &f.optimizer_placement}};
+  DispatchOptions& dispatch = f.trainer.step.dispatch;
+  int64_t llep_min_piece = dispatch.llep.min_piece;
+  ints["chunk_tokens"] = &dispatch.pipelined.chunk_tokens;
+  ints["llep_min_piece"] = &llep_min_piece;
+  OptimizerPlacementOptions& placement = f.trainer.step.optimizer_placement;
+  ints["bucket_params"] = &placement.bucket_params;
+  ints["staging_slots"] = &placement.staging_slots;
   ints["sco_host_budget_bytes"] = &f.trainer.step.checkpoints.host_budget_bytes;
   ProjectionOptions& proj = f.trainer.step.projection;
   proj.strip = 16;  // small default for the small demo vocabulary
@@ -191,6 +205,23 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   } else if (f.checkpoints != "full") {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoints: expected full or sco, got '", f.checkpoints, "'"));
+  }
+  dispatch.llep.min_piece = dispatch.pipelined.balance.min_piece = llep_min_piece;
+  if (f.dispatch == "llep") {
+    dispatch.kind = DispatchOptions::Kind::kLlep;
+  } else if (f.dispatch == "pipelined_llep") {
+    dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
+  } else if (f.dispatch != "standard_ep") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dispatch: expected standard_ep, llep or pipelined_llep, got '", f.dispatch, "'"));
+  }
+  if (f.optimizer_placement == "cpu_offload") {
+    placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload;
+  } else if (f.optimizer_placement == "offload_stream") {
+    placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+  } else if (f.optimizer_placement != "device") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--optimizer_placement: expected device, cpu_offload or offload_stream, got '", f.optimizer_placement, "'"));
   }
   if (f.projection == "ring_dtp") {
     proj.kind = ProjectionOptions::Kind::kRingDtp;
@@ -361,8 +392,8 @@ int main(int argc, char** argv) {
   }
   if (flags->rank < 0) {
     // Refuse an inconsistent job once, before starting any rank.
-    const auto& step = flags->trainer.step;
-    absl::Status valid = plateau::ValidateLayout(step.model, step.layout);
+    // The layout and every schedule's options, named as in a job spec.
+    absl::Status valid = plateau::ValidateStepShape(flags->trainer.step);
     if (!valid.ok()) {
       std::fprintf(stderr, "plateau_train: %s\n", std::string(valid.message()).c_str());
       return 2;

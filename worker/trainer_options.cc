@@ -25,6 +25,18 @@ TrainerOptions RecallDemoJob(int64_t ranks) {
   // h_0: kernels/checkpoints/checkpoints_plan.h).
   o.step.checkpoints.kind = CheckpointOptions::Kind::kSco;
   o.step.checkpoints.host_budget_bytes = int64_t{1} << 20;
+  // PipelinedLLEP: 4 chunks of 128 tokens per rank and layer at 2 ranks
+  // (N = 512), spilling pieces of 32 routes or more; its dispatch buffers are
+  // launch-sized, so the demo's dispatch peak is its bound whatever the
+  // router learns.
+  o.step.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
+  o.step.dispatch.pipelined.chunk_tokens = 128;
+  o.step.dispatch.pipelined.balance.min_piece = 32;
+  // OffloadStreamAdamW: master and moments on the host, 16,384-parameter
+  // buckets through two device slots.
+  o.step.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+  o.step.optimizer_placement.bucket_params = 16384;
+  o.step.optimizer_placement.staging_slots = 2;
   o.steps = 200;
   return o;
 }
