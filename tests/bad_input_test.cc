@@ -160,6 +160,9 @@ TEST(BadInputTest, PlateauctlExitsNonZeroWhenThePlanDoesNotFit) {
   Cluster c("no-fit", NoWorker());
   ASSERT_TRUE(c.ready()) << c.Logs();
   v1::JobSpec spec = TinyJob(5);
+  // Standard EP, whose dispatch follows the routing, so force_launch can
+  // launch below its worst case (PipelinedLLEP's bound is launch-sized).
+  spec.mutable_schedule()->mutable_standard_ep();
   auto plan = c.client().PlanJob(spec);
   ASSERT_TRUE(plan.ok()) << plan.status();
   spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);

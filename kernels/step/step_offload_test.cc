@@ -140,8 +140,12 @@ TEST_P(StepWithSco, BitwiseTheBaselineWithinItsPlanAcrossTheHostBudget) {
                 plan.host_bytes[static_cast<int>(LiveSet::kCheckpoints)]);
     }
     // The device peak of the whole step falls (does not grow) with beta.
-    if (last_device_peak >= 0) EXPECT_LE(got.device[0].total_peak, last_device_peak);
-    if (j > 0) EXPECT_LT(got.device[0].total_peak, base.device[0].total_peak);
+    if (last_device_peak >= 0) {
+      EXPECT_LE(got.device[0].total_peak, last_device_peak);
+    }
+    if (j > 0) {
+      EXPECT_LT(got.device[0].total_peak, base.device[0].total_peak);
+    }
     last_device_peak = got.device[0].total_peak;
   }
 }
