@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <utility>
 
@@ -66,8 +67,9 @@ Probe TryShape(const StepOptions& o, const FitCaps& caps, const NMaxLimits& limi
   return {true, "", ""};
 }
 
-// The largest x in [1, x_max] whose shape fits: doubling, then bisection,
-// keeping lo fitting and hi not. x is the batch, or seq_len / P.
+// The largest x in [1, x_max] whose shape fits: doubling (or halving),
+// then bisection, keeping lo fitting and hi not. x is the batch, or
+// seq_len / P.
 NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& caps, const NMaxLimits& limits,
                     const PlanFunction& plan) {
   const int64_t P = base.layout.ranks;
@@ -98,14 +100,34 @@ NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& cap
                               batch_axis ? 1 : P, ")");
     return out;
   }
-  Probe at_hi = TryShape(shape(1), caps, limits, plan);
-  if (!at_hi.fits) {
-    answer(0);
-    out.limit = at_hi.limit;
-    out.detail = absl::StrCat("nothing fits: ", at_hi.detail);
-    return out;
+  // From the options' own shape: up by doubling while it fits, or down by
+  // halving until it does (fewer plans than from 1: the answer is usually
+  // within a few factors of 2 of what the spec asks).
+  const int64_t x0 = std::min(x_max, std::max<int64_t>(1, batch_axis ? base.layout.batch : base.model.seq_len / P));
+  int64_t lo = 0, hi = -1;  // lo fits (0: nothing yet), hi does not (-1: none yet)
+  Probe at_hi;
+  Probe p0 = TryShape(shape(x0), caps, limits, plan);
+  if (p0.fits) {
+    lo = x0;
+  } else {
+    hi = x0;
+    at_hi = std::move(p0);
+    for (int64_t x = x0 / 2; x >= 1 && lo == 0; x /= 2) {
+      Probe p = TryShape(shape(x), caps, limits, plan);
+      if (p.fits) {
+        lo = x;
+      } else {
+        hi = x;
+        at_hi = std::move(p);
+      }
+    }
+    if (lo == 0) {  // hi == 1: even one step does not fit
+      answer(0);
+      out.limit = at_hi.limit;
+      out.detail = absl::StrCat("nothing fits: ", at_hi.detail);
+      return out;
+    }
   }
-  int64_t lo = 1, hi = -1;
   while (hi < 0 && lo < x_max) {
     const int64_t x = lo > x_max / 2 ? x_max : 2 * lo;
     Probe p = TryShape(shape(x), caps, limits, plan);
@@ -139,6 +161,14 @@ NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& cap
   return out;
 }
 
+// PlanMemory over the shapes of `options`, with their parameter layout
+// built once (it does not depend on the shape).
+absl::StatusOr<PlanFunction> PlanShapesOf(const StepOptions& options) {
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
+  auto layout = std::make_shared<const ParamLayout>(LayoutOf(options));
+  return PlanFunction([layout](const StepOptions& shape) { return PlanMemory(shape, *layout); });
+}
+
 absl::StatusOr<NMax> Solve(const StepOptions& options, const FitCaps& caps, const NMaxLimits& limits,
                            const PlanFunction& plan) {
   PLATEAU_RETURN_IF_ERROR(plan(options).status());
@@ -157,8 +187,8 @@ absl::StatusOr<NMax> Solve(const StepOptions& options, const FitCaps& caps, cons
 // SCO with beta = every boundary that can leave at the shape's N (PlanSco
 // with an unlimited budget), less what the host cap cannot hold beside the
 // other host terms (the plan with beta = 0).
-PlanFunction ScoEveryBoundary(const FitCaps& caps) {
-  return [caps](const StepOptions& shape) -> absl::StatusOr<MemoryPlan> {
+PlanFunction ScoEveryBoundary(const FitCaps& caps, PlanFunction plan_memory) {
+  return [caps, plan_memory](const StepOptions& shape) -> absl::StatusOr<MemoryPlan> {
     StepOptions o = shape;
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes = 0;
@@ -166,11 +196,11 @@ PlanFunction ScoEveryBoundary(const FitCaps& caps) {
     int64_t beta = PlanSco(m.layers, TokensPerRank(m, o.layout), m.hidden, std::numeric_limits<int64_t>::max())
                        .host_bytes();
     if (caps.host_bytes > 0) {
-      PLATEAU_ASSIGN_OR_RETURN(MemoryPlan others, PlanMemory(o));
+      PLATEAU_ASSIGN_OR_RETURN(MemoryPlan others, plan_memory(o));
       beta = std::max<int64_t>(0, std::min(beta, caps.host_bytes - others.host_total()));
     }
     o.checkpoints.host_budget_bytes = beta;
-    return PlanMemory(o);
+    return plan_memory(o);
   };
 }
 
@@ -184,7 +214,8 @@ bool Fits(const MemoryPlan& plan, const FitCaps& caps) {
 }
 
 absl::StatusOr<NMax> SolveNMax(const StepOptions& options, const FitCaps& caps, const NMaxLimits& limits) {
-  return Solve(options, caps, limits, PlanMemory);
+  PLATEAU_ASSIGN_OR_RETURN(PlanFunction plan, PlanShapesOf(options));
+  return Solve(options, caps, limits, plan);
 }
 
 absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, const FitCaps& caps,
@@ -266,17 +297,20 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
     StepOptions o = off;
     WhatIfRow row;
     row.schedules = std::move(name);
-    PlanFunction plan = PlanMemory;
+    bool adaptive_sco = false;
     for (const Schedule* s : on) {
       s->on(&o);
       row.settings.push_back(s->settings);
-      if (s->adaptive_sco) plan = ScoEveryBoundary(caps);
+      adaptive_sco |= s->adaptive_sco;
     }
     if (on.empty()) row.settings.push_back("standard_ep, dense projection, full checkpoints, device AdamW");
     // A combination the model cannot run (e.g. Ring-DTP with fewer
     // vocabulary entries than ranks) is a row that says why, not a table
     // that fails.
-    absl::StatusOr<NMax> n_max = Solve(o, caps, limits, plan);
+    absl::StatusOr<PlanFunction> plan = PlanShapesOf(o);
+    absl::StatusOr<NMax> n_max =
+        !plan.ok() ? absl::StatusOr<NMax>(plan.status())
+                   : Solve(o, caps, limits, adaptive_sco ? ScoEveryBoundary(caps, *plan) : *plan);
     if (n_max.ok()) {
       row.n_max = *std::move(n_max);
     } else if (n_max.status().code() == absl::StatusCode::kInvalidArgument) {

@@ -29,8 +29,8 @@ namespace plateau {
 //   (ValidateLayout: every rank holds a contiguous slice of each sequence),
 //   so N steps by B.
 //
-// Search: doubling from 1 until the plan does not fit (or the axis' limit),
-// then bisection; the answer x fits and x + 1 step does not (or x is the
+// Search: from the options' own shape, doubling until the plan does not fit
+// (or the axis' limit), or halving until it does, then bisection; the answer x fits and x + 1 step does not (or x is the
 // limit). Exact when the fit is monotone in N, which holds for every device
 // live set: activations, the boundaries and the dense projection grow with
 // N, SCO's device boundaries grow as fewer of them fit its fixed host
