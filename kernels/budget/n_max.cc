@@ -56,12 +56,12 @@ Probe TryShape(const StepOptions& o, const FitCaps& caps, const NMaxLimits& limi
   if (!p.ok()) return {false, "refused", absl::StrCat(where, ": ", p.status().message())};
   if (caps.device_bytes > 0 && p->total() > caps.device_bytes) {
     return {false, "device_memory_bytes",
-            absl::StrCat(where, " the device plan is ", MiB(p->total()), " against the cap of ",
+            absl::StrCat(where, ": the device plan is ", MiB(p->total()), " against the cap of ",
                          MiB(caps.device_bytes), " (largest: ", Largest(p->bytes), ")")};
   }
   if (caps.host_bytes > 0 && p->host_total() > caps.host_bytes) {
     return {false, "host_memory_bytes",
-            absl::StrCat(where, " the host plan is ", MiB(p->host_total()), " against the cap of ",
+            absl::StrCat(where, ": the host plan is ", MiB(p->host_total()), " against the cap of ",
                          MiB(caps.host_bytes), " (largest: ", Largest(p->host_bytes), ")")};
   }
   return {true, "", ""};
