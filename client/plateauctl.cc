@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/plan_table.h"
 #include "client/spec_file.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -139,6 +140,7 @@ void PrintPlan(const v1::MemoryPlan& p) {
               static_cast<long long>(p.tokens_per_rank()), static_cast<long long>(p.parameters()),
               static_cast<long long>(p.active_parameters()), p.model_flops_per_step());
   for (const std::string& n : p.notes()) std::printf("  note: %s\n", n.c_str());
+  std::printf("%s", FormatWhatIf(p).c_str());
 }
 
 std::string Time(const google::protobuf::Timestamp& t) {

@@ -9,6 +9,7 @@
 #include "google/protobuf/stubs/common.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "kernels/budget/budget.h"
+#include "kernels/budget/n_max.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 
@@ -294,6 +295,29 @@ std::string Bytes(int64_t b) {
   return absl::StrCat(b, " bytes (", absl::StrFormat("%.2f", b / 1048576.0), " MiB)");
 }
 
+void AxisToProto(const NMaxAxis& a, v1::NMaxAxis* out) {
+  out->set_batch(a.batch);
+  out->set_seq_len(a.seq_len);
+  out->set_tokens_per_rank(a.tokens_per_rank);
+  out->set_limit(a.limit);
+  out->set_detail(a.detail);
+}
+
+void NMaxToProto(const NMax& n, v1::NMax* out) {
+  AxisToProto(n.batch, out->mutable_batch());
+  AxisToProto(n.context, out->mutable_context());
+}
+
+// N_max within the spec's own limits: the batch and seq_len its validation
+// accepts, and CheckSize on every candidate so that no plan overflows.
+NMaxLimits SpecLimits() {
+  NMaxLimits limits;
+  limits.max_batch = kMaxDim;
+  limits.max_seq_len = kMaxDim;
+  limits.check = [](const StepOptions& o) { return CheckSize(o.model, o.layout); };
+  return limits;
+}
+
 }  // namespace
 
 int64_t NodesOf(const v1::JobSpec& spec) {
@@ -507,6 +531,22 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
   out.set_parameters(ParameterCount(t.step.model));
   out.set_active_parameters(ActiveParameterCount(t.step.model));
   out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
+  // N_max against the device cap (and the host cap, when set). Without a
+  // device cap the device is the worker's, unknown until scheduled.
+  if (spec.device_memory_bytes() == 0) {
+    out.add_notes("n_max: device_memory_bytes 0: no device cap to solve the largest batch and context against");
+    return out;
+  }
+  const FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
+  PLATEAU_ASSIGN_OR_RETURN(NMax n_max, SolveNMax(t.step, caps, SpecLimits()));
+  NMaxToProto(n_max, out.mutable_n_max());
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<WhatIfRow> rows, WhatIfNMax(t.step, caps, SpecLimits()));
+  for (const WhatIfRow& r : rows) {
+    v1::WhatIfRow* row = out.add_what_if();
+    row->set_schedules(r.schedules);
+    for (const std::string& s : r.settings) row->add_settings(s);
+    NMaxToProto(r.n_max, row->mutable_n_max());
+  }
   return out;
 }
 

@@ -36,6 +36,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // Validates the spec and plans each rank's device and host bytes per live
 // set (kernels/budget PlanMemory), without allocating anything. `fits` is
 // true only when both spaces fit their caps (a cap of 0 always fits here).
+// With a device cap, also N_max (the largest batch and the longest context
+// that fit both caps) and the what-if table (kernels/budget/n_max.h),
+// within the spec's own limits on layout.batch and model.seq_len.
 absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec);
 
 // The budget's plan as the API's, against the spec's caps: the live sets of

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
@@ -290,6 +291,97 @@ TEST(JobSpecTest, PipelinedLlepDispatchIsLaunchSizedAtAdmission) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(),
               AllOf(HasSubstr("cannot hold the step's launch-sized state"), HasSubstr("dispatch=")));
+}
+
+// With a device cap the plan carries N_max on both axes, tight against the
+// plan itself: the spec at the largest batch (longest seq_len) fits, one
+// sequence more (ranks tokens more of context) does not.
+TEST(JobSpecTest, PlanCarriesNMaxTightAgainstThePlan) {
+  const v1::JobSpec s = Good();
+  auto plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->has_n_max());
+  const v1::NMaxAxis& b = plan->n_max().batch();
+  EXPECT_EQ(b.limit(), "device_memory_bytes") << b.detail();
+  EXPECT_EQ(b.seq_len(), 32);
+  EXPECT_EQ(b.tokens_per_rank(), b.batch() * 32 / 2);
+  EXPECT_GT(b.batch(), 32);  // the demo's own batch fits its 256 MiB
+  EXPECT_THAT(b.detail(), HasSubstr("against the cap of 256.00 MiB"));
+  auto with = [&](int64_t batch, int64_t seq_len) {
+    v1::JobSpec t = s;
+    t.mutable_layout()->set_batch(batch);
+    t.mutable_model()->set_seq_len(seq_len);
+    auto p = PlanJob(t);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() && p->fits();
+  };
+  EXPECT_TRUE(with(b.batch(), 32));
+  EXPECT_FALSE(with(b.batch() + 1, 32));
+  const v1::NMaxAxis& c = plan->n_max().context();
+  EXPECT_EQ(c.limit(), "device_memory_bytes") << c.detail();
+  EXPECT_EQ(c.batch(), 32);
+  EXPECT_EQ(c.tokens_per_rank(), 32 * c.seq_len() / 2);
+  EXPECT_TRUE(with(32, c.seq_len()));
+  EXPECT_FALSE(with(32, c.seq_len() + 2));
+}
+
+// The what-if rows: all off, each schedule alone, all on; the demo chose
+// all four, so each runs with the spec's settings, and together they buy
+// more context than any one alone.
+TEST(JobSpecTest, PlanCarriesTheWhatIfTable) {
+  auto plan = PlanJob(Good());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->what_if_size(), 6);
+  const std::vector<std::string> names = {"all off", "pipelined_llep", "ring_dtp", "sco", "offload_stream_adamw",
+                                          "all on"};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(plan->what_if(i).schedules(), names[i]);
+  EXPECT_THAT(plan->what_if(1).settings(0), HasSubstr("chunk_tokens=128 min_piece=32 (the spec's)"));
+  EXPECT_THAT(plan->what_if(2).settings(0), HasSubstr("(default)"));  // the demo's projection is dense
+  EXPECT_THAT(plan->what_if(3).settings(0), HasSubstr("host_budget_bytes=1048576 (the spec's)"));
+  EXPECT_THAT(plan->what_if(4).settings(0), HasSubstr("bucket_params=16384 staging_slots=2 (the spec's)"));
+  EXPECT_EQ(plan->what_if(5).settings_size(), 4);
+  const int64_t all_on = plan->what_if(5).n_max().context().tokens_per_rank();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_LT(plan->what_if(i).n_max().context().tokens_per_rank(), all_on) << names[i];
+    EXPECT_GT(plan->what_if(i).n_max().context().tokens_per_rank(), 0) << names[i];
+  }
+}
+
+// Without a device cap (CUDA, 0: the whole device) there is nothing to
+// solve against until the job is scheduled: a note says so.
+TEST(JobSpecTest, PlanWithoutADeviceCapSaysWhyThereIsNoNMax) {
+  v1::JobSpec s = Good();
+  s.set_backend(v1::BACKEND_CUDA);
+  s.set_device_memory_bytes(0);
+  auto plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->has_n_max());
+  EXPECT_EQ(plan->what_if_size(), 0);
+  bool noted = false;
+  for (const std::string& n : plan->notes()) noted |= absl::StartsWith(n, "n_max: device_memory_bytes 0");
+  EXPECT_TRUE(noted);
+}
+
+// The search stays within the spec's limits (CheckSize on every candidate)
+// and is cheap on the RPC thread, for the deepest model the spec accepts.
+TEST(JobSpecTest, NMaxOfTheDeepestModelIsQuick) {
+  v1::JobSpec s = Good();
+  s.mutable_model()->set_layers(4096);
+  s.set_device_memory_bytes(int64_t{1} << 40);
+  const absl::Time t0 = absl::Now();
+  auto plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->n_max().batch().batch(), 0) << plan->n_max().batch().detail();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  // Huge caps: the spec's limits, not an overflow, end the search.
+  s.mutable_model()->set_layers(2);
+  s.set_device_memory_bytes(std::numeric_limits<int64_t>::max());
+  plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const v1::NMaxAxis* a : {&plan->n_max().batch(), &plan->n_max().context()}) {
+    EXPECT_THAT(a->limit(), ::testing::AnyOf("layout.batch", "model.seq_len", "refused")) << a->detail();
+    EXPECT_GT(a->tokens_per_rank(), 0);
+  }
 }
 
 struct Case {

@@ -43,15 +43,18 @@ absl::Status ValidateProjection(const StepOptions& o) {
 
 }  // namespace
 
-ParamLayout LayoutOf(const StepOptions& o) {
-  return ParamLayout(o.model, o.layout.ranks,
-                     o.projection.kind == ProjectionOptions::Kind::kRingDtp
-                         ? LmHeadLayout::kVocabularySharded
-                         : LmHeadLayout::kDense);
+namespace {
+LmHeadLayout LmHeadLayoutOf(const StepOptions& o) {
+  return o.projection.kind == ProjectionOptions::Kind::kRingDtp ? LmHeadLayout::kVocabularySharded
+                                                                 : LmHeadLayout::kDense;
 }
+}  // namespace
 
-std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) {
-  const ParamLayout p = LayoutOf(o);
+ParamLayout LayoutOf(const StepOptions& o) { return ParamLayout(o.model, o.layout.ranks, LmHeadLayoutOf(o)); }
+
+std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) { return StepLaunchBuffers(o, LayoutOf(o)); }
+
+std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamLayout& p) {
   const ModelConfig& m = o.model;
   const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();
   const int64_t qd = m.heads * d, kvd = m.kv_heads * d, E = m.experts, K = m.top_k;
@@ -172,8 +175,20 @@ std::string MemoryPlan::DebugString() const {
 
 absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   PLATEAU_RETURN_IF_ERROR(ValidateStepShape(o));
+  return PlanMemory(o, LayoutOf(o));
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p) {
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(o));
+  const ModelConfig& m = o.model;
+  const ModelConfig& lm = p.model();
+  if (p.ranks() != o.layout.ranks || p.lm_head_layout() != LmHeadLayoutOf(o) ||
+      lm.vocab_size != m.vocab_size || lm.hidden != m.hidden || lm.layers != m.layers || lm.heads != m.heads ||
+      lm.kv_heads != m.kv_heads || lm.experts != m.experts || lm.expert_ffn != m.expert_ffn) {
+    return absl::InvalidArgumentError("PlanMemory: the parameter layout given is not LayoutOf(options)");
+  }
   MemoryPlan plan;
-  for (const StepBufferSpec& b : StepLaunchBuffers(o)) {
+  for (const StepBufferSpec& b : StepLaunchBuffers(o, p)) {
     auto& space = b.space == SpaceKind::kHost ? plan.host_bytes : plan.bytes;
     space[static_cast<int>(b.set)] += b.bytes;
   }
@@ -181,7 +196,6 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o) {
   plan.bytes[static_cast<int>(LiveSet::kProjection)] += ProjectionBytes(o);
   // Optimizer: master, m and v on the device, or on the host (with staging
   // slots on the device when streamed).
-  const ParamLayout p = LayoutOf(o);
   const int64_t S = p.shard_numel(), X = p.owned_numel_per_rank();
   const OptimizerPlacementOptions& op = o.optimizer_placement;
   const OptimizerBytes optimizer =

@@ -50,6 +50,12 @@ struct MemoryPlan {
 absl::Status ValidateStepShape(const StepOptions& options);
 
 absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& options);
+// The same plan with the options' parameter layout given: LayoutOf(options),
+// which depends on neither layout.batch nor model.seq_len (INVALID_ARGUMENT
+// when its model, ranks or lm_head placement differ). The N_max search
+// plans hundreds of shapes of one model, and the layout lists every weight
+// of every layer.
+absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& options, const ParamLayout& layout);
 
 // One buffer the step allocates at launch: `name` is its member of
 // TrainingStep::Impl (the step allocates in this order, from `space`, and
@@ -61,6 +67,7 @@ struct StepBufferSpec {
   SpaceKind space = SpaceKind::kDevice;
 };
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options);
+std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options, const ParamLayout& layout);
 
 // Where the parameters live under these options: the lm_head is
 // vocabulary-sharded (owned by its shard's rank) under Ring-DTP, in the

@@ -96,6 +96,24 @@ TEST(BudgetTest, RingDtpPersistentTermsGrowWithTheVocabularyShardOnly) {
   EXPECT_EQ(persistent(4000, true) - persistent(400, true), embedding + 16 * (1000 - 100) * H);
 }
 
+// The plan with the layout given (what the N_max search reuses across
+// shapes) is the plan; a layout of other options is refused.
+TEST(BudgetTest, PlanWithTheLayoutGivenIsThePlan) {
+  StepOptions o = Small(2);
+  o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+  const ParamLayout layout = LayoutOf(o);
+  for (int64_t batch : {1, 2, 7}) {
+    o.layout.batch = batch;
+    EXPECT_EQ(PlanMemory(o, layout).value().bytes, PlanMemory(o).value().bytes);
+  }
+  StepOptions dense = o;
+  dense.projection.kind = ProjectionOptions::Kind::kDense;
+  EXPECT_EQ(PlanMemory(dense, layout).status().code(), absl::StatusCode::kInvalidArgument);
+  StepOptions deeper = o;
+  deeper.model.layers = 4;
+  EXPECT_EQ(PlanMemory(deeper, layout).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BudgetTest, BadOptionsAreRefusedNamingTheSpecField) {
   StepOptions o = Small(2);
   o.projection.kind = ProjectionOptions::Kind::kRingDtp;
