@@ -21,7 +21,10 @@
 //     fixed K (c = ceil(N / K)), forward only.
 // Then: forward time and peak against c on one profile, and which schedules
 // complete one Forward + Backward under a fixed device cap (an out-of-memory
-// is reported per profile, not a crash). Ends with one JSON line.
+// is reported per profile, not a crash); and beside the times, what the
+// backend adds to them: LLEP's per-call allocation (its buffer list
+// allocated and first written, against written again) and the cost of one
+// more chunk (from the tiny-N pair). Ends with one JSON line.
 //
 //   bazel run -c opt //bench:dispatch_bench
 //
