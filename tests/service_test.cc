@@ -307,7 +307,9 @@ TEST(ServiceTest, HostLiveSetsArePlannedAdmittedAndMeasuredAgainstTheHostCap) {
   ASSERT_TRUE(planned.ok()) << planned.status();
   const int64_t kPool = planned->plan().host_total_bytes();
   for (const v1::LiveSetBytes& ls : planned->plan().host_live_sets()) {
-    if (ls.live_set() == "checkpoints") EXPECT_EQ(ls.bytes(), 64 * 64 * 4);
+    if (ls.live_set() == "checkpoints") {
+      EXPECT_EQ(ls.bytes(), 64 * 64 * 4);
+    }
   }
   auto write = [&](const v1::JobSpec& js, const std::string& name) {
     std::string text;
