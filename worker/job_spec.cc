@@ -502,6 +502,7 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
     host->set_bytes(plan.host_bytes[i]);
   }
   out.set_total_bytes(plan.total());
+  out.set_launch_bytes(plan.launch_total());
   out.set_device_memory_bytes(spec.device_memory_bytes());
   out.set_host_total_bytes(plan.host_total());
   out.set_host_memory_bytes(spec.host_memory_bytes());
@@ -569,18 +570,15 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
   }
   const int64_t cap = spec.device_memory_bytes();
   if (cap == 0 || plan.total_bytes() <= cap) return plan;
-  int64_t launch = 0;
+  // The budget says what is launch-sized (launch_bytes): all but a dispatch
+  // that follows the routing.
+  const int64_t launch = plan.launch_bytes();
+  const bool routing_dispatch = launch < plan.total_bytes();
   std::vector<std::string> all, launch_sized;
   for (const v1::LiveSetBytes& ls : plan.live_sets()) {
     if (ls.bytes() == 0) continue;
     all.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
-    // Every live set is allocated when the step starts but the baselines'
-    // dispatch, which follows the routing (PipelinedLLEP's is launch-sized).
-    if (ls.live_set() == "dispatch" && spec.schedule().dispatch_case() != v1::ScheduleSpec::kPipelinedLlep) {
-      continue;
-    }
-    launch += ls.bytes();
-    launch_sized.push_back(all.back());
+    if (!(routing_dispatch && ls.live_set() == "dispatch")) launch_sized.push_back(all.back());
   }
   if (launch > cap) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -285,6 +285,12 @@ TEST(JobSpecTest, PipelinedLlepDispatchIsLaunchSizedAtAdmission) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->notes(0), HasSubstr("pipelined_llep's bound"));
   EXPECT_THAT(plan->notes(0), ::testing::Not(HasSubstr("when every rank receives")));
+  EXPECT_EQ(plan->launch_bytes(), plan->total_bytes()) << "every byte is allocated at launch";
+  auto baseline = PlanJob(Baseline());
+  ASSERT_TRUE(baseline.ok());
+  int64_t dispatch = 0;
+  for (const auto& ls : baseline->live_sets()) if (ls.live_set() == "dispatch") dispatch = ls.bytes();
+  EXPECT_EQ(baseline->launch_bytes(), baseline->total_bytes() - dispatch) << "standard EP's follows the routing";
   s.set_device_memory_bytes(plan->total_bytes() - 1);
   s.set_force_launch(true);
   auto refused = AdmitJob(s);

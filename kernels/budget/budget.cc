@@ -228,6 +228,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p
       dispatch += StandardEpPeakBytes(o.model, routes, StandardEpWorstCaseReceivedRows(o.model, P, N));
       plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, routes, routes);
       plan.dispatch_note = "standard_ep's worst case (every route of every rank received by one rank)";
+      plan.routing_bytes = dispatch;
       break;
     case DispatchOptions::Kind::kLlep: {
       dispatch += LlepWorstCasePeakBytes(o.model, P, N, o.dispatch.llep);
@@ -237,6 +238,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p
       balanced.rows = routes;
       plan.dispatch_balanced_bytes = LlepPeakBytes(o.model, P, balanced);
       plan.dispatch_note = "llep's worst case (every route received by one rank, the most experts borrowed)";
+      plan.routing_bytes = dispatch;
       break;
     }
     case DispatchOptions::Kind::kPipelinedLlep:

@@ -39,7 +39,13 @@ struct MemoryPlan {
   int64_t dispatch_balanced_bytes = 0;
   // What the dispatch term is: a schedule's bound, or a baseline's worst case.
   std::string dispatch_note;
+  // Device bytes allocated per layer call, following the routing: the
+  // dispatch term of standard EP and LLEP; 0 under PipelinedLLEP, whose
+  // buffers are launch-sized.
+  int64_t routing_bytes = 0;
   int64_t total() const;  // device
+  // What the step allocates when it starts: total() - routing_bytes.
+  int64_t launch_total() const { return total() - routing_bytes; }
   int64_t host_total() const;
   // "weights=… grads=… total=…", then " host: … total=…" when any host term.
   std::string DebugString() const;

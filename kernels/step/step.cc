@@ -148,15 +148,10 @@ absl::StatusOr<std::unique_ptr<TrainingStep>> TrainingStep::Create(const StepOpt
   // Refuse a device that cannot hold the launch-sized state before touching it.
   PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(options));
   const int64_t cap = backend.device().cap_bytes();
-  // The baselines' dispatch buffers follow the routing (allocated per
-  // layer); PipelinedLLEP's are launch-sized like everything else.
-  const int64_t dispatch = options.dispatch.kind == DispatchOptions::Kind::kPipelinedLlep
-                               ? 0
-                               : plan.bytes[static_cast<int>(LiveSet::kDispatch)];
-  if (cap != MemorySpace::kUncapped && plan.total() - dispatch > cap) {
+  if (cap != MemorySpace::kUncapped && plan.launch_total() > cap) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "device_memory_bytes: ", cap, " bytes cannot hold the step's launch-sized state of ",
-        plan.total() - dispatch, " bytes (", plan.DebugString(), ")"));
+        plan.launch_total(), " bytes (", plan.DebugString(), ")"));
   }
   // Every host live set is launch-sized: the whole host plan must fit.
   const int64_t host_cap = backend.host().cap_bytes();

@@ -19,6 +19,7 @@
 #include "kernels/status_macros.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
+#include "kernels/testing/rank_slice.h"
 #include "kernels/testing/tiny_model.h"
 
 namespace plateau {
@@ -74,14 +75,8 @@ Outcome RunStep(int P, const DispatchOptions& dispatch, bool skewed) {
       }
       PLATEAU_RETURN_IF_ERROR(step->LoadState(state));
     }
-    const int64_t n = m.seq_len / P;
-    std::vector<int32_t> tok, tgt;
-    for (int64_t b = 0; b < kBatch; ++b) {
-      for (int64_t t = 0; t < n; ++t) {
-        tok.push_back(tokens[b * m.seq_len + r * n + t]);
-        tgt.push_back(targets[b * m.seq_len + r * n + t]);
-      }
-    }
+    const std::vector<int32_t> tok = RankSlice(tokens, kBatch, m.seq_len, r, P);
+    const std::vector<int32_t> tgt = RankSlice(targets, kBatch, m.seq_len, r, P);
     PLATEAU_ASSIGN_OR_RETURN(StepStats st, step->ForwardBackward(tok, tgt));
     PLATEAU_ASSIGN_OR_RETURN(auto grads, step->GatherGrads());
     out.device[r] = st.device;

@@ -13,6 +13,7 @@
 #include "kernels/communicator.h"
 #include "kernels/model/reference.h"
 #include "kernels/testing/local_world.h"
+#include "kernels/testing/rank_slice.h"
 #include "kernels/testing/tiny_model.h"
 
 namespace plateau {
@@ -40,15 +41,8 @@ GlobalBatch MakeBatch(const ModelConfig& m, int64_t B, uint64_t seed) {
 // Rank p's slice [B, T/P] of a global batch.
 void Slice(const GlobalBatch& g, int64_t B, int64_t T, int64_t p, int64_t P,
            std::vector<int32_t>* tok, std::vector<int32_t>* tgt) {
-  const int64_t n = T / P;
-  tok->clear();
-  tgt->clear();
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < n; ++t) {
-      tok->push_back(g.tokens[b * T + p * n + t]);
-      tgt->push_back(g.targets[b * T + p * n + t]);
-    }
-  }
+  *tok = RankSlice(g.tokens, B, T, p, P);
+  *tgt = RankSlice(g.targets, B, T, p, P);
 }
 
 // Runs fn on P rank threads (kernels/testing/local_world.h); gtest
