@@ -97,6 +97,10 @@ TEST(WatchersTest, FiftyWatchersGetEveryEventAndASlowOneStallsNobody) {
     auto stub = OwnConnection(c.api(), slow);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(240));
+    // Fifty channels connect at once: on a loaded machine one TCP connect may
+    // fail and be retried by the channel. The test is about the events, so a
+    // watcher waits for its channel instead of failing on the first attempt.
+    ctx.set_wait_for_ready(true);
     v1::WatchJobRequest req;
     req.set_job_id(id);
     req.set_from_index(0);
