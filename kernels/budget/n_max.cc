@@ -193,7 +193,8 @@ PlanFunction ScoEveryBoundary(const FitCaps& caps, PlanFunction plan_memory) {
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes = 0;
     const ModelConfig& m = o.model;
-    int64_t beta = PlanSco(m.layers, TokensPerRank(m, o.layout), m.hidden, std::numeric_limits<int64_t>::max())
+    int64_t beta = PlanSco(m.layers, TokensPerRank(m, o.layout), m.hidden, std::numeric_limits<int64_t>::max(),
+                           ElementBytesOf(o.precision))
                        .host_bytes();
     if (caps.host_bytes > 0) {
       PLATEAU_ASSIGN_OR_RETURN(MemoryPlan others, plan_memory(o));
