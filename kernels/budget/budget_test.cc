@@ -155,6 +155,13 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOff) {
                                         (3 * 64 * 16 + 6 * 64 * 24 + 2 * 32 * 16) * 2);
   EXPECT_EQ(at(LiveSet::kWorkspace), 2 * 8 + 2 * 4);
   EXPECT_EQ(plan.host_total(), 0);
+  // The CPU-offload baseline: nothing on the device; on the host fp32
+  // parameters, m and v and the bf16 gradients copied down, per value of
+  // S + X.
+  o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload;
+  const MemoryPlan offload = PlanMemory(o).value();
+  EXPECT_EQ(offload.bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
+  EXPECT_EQ(offload.host_bytes[static_cast<int>(LiveSet::kOptimizer)], (3 * 4 + 2) * (1384 + 4608));
 }
 
 // The same shape with all four schedules on. Under Ring-DTP the lm_head is

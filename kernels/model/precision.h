@@ -8,7 +8,10 @@
 // hold; fp32 master weights and Adam moments; fp32 for what accumulates or
 // reduces (loss, log-sum-exp, online-softmax state, RMSNorm's rstd, the
 // router's softmax and gates, attention's score panel, the dK/dV
-// accumulators that travel the ring).
+// accumulators that travel the ring). Ring-DTP's three traveller slots are
+// the working precision: they rotate between the read-only traveller and
+// the dX / dW accumulator, so they share one element size, and dX / dW are
+// gradients (each meeting's GEMM accumulates in fp32; the hop stores bf16).
 //
 // Thread safety: constants and pure functions.
 #ifndef PLATEAU_KERNELS_MODEL_PRECISION_H_
