@@ -72,16 +72,6 @@ uint32_t Crc32(std::string_view data) {
   return c ^ 0xFFFFFFFFu;
 }
 
-uint32_t Adler32(std::string_view data) {
-  constexpr uint32_t kMod = 65521;
-  uint32_t a = 1, b = 0;
-  for (unsigned char c : data) {
-    a = (a + c) % kMod;
-    b = (b + a) % kMod;
-  }
-  return (b << 16) | a;
-}
-
 std::string EncodePng(const Canvas& canvas) {
   const int w = canvas.width(), h = canvas.height();
   std::string png = "\x89PNG\r\n\x1a\n";

@@ -14,13 +14,12 @@
 
 #include "absl/status/status.h"
 #include "client/chart/canvas.h"
+#include "client/chart/deflate.h"  // Adler32
 
 namespace plateau::chart {
 
-// The checksums the format uses: CRC-32 (ISO 3309, as in zlib and PNG
-// chunks) and Adler-32 (the zlib trailer).
+// CRC-32 (ISO 3309, as in PNG chunks); Adler32 is in deflate.h.
 uint32_t Crc32(std::string_view data);
-uint32_t Adler32(std::string_view data);
 
 // The whole PNG file.
 std::string EncodePng(const Canvas& canvas);
