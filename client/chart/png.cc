@@ -1,10 +1,11 @@
 #include "client/chart/png.h"
 
-#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -40,27 +41,39 @@ void PutChunk(std::string* out, std::string_view type, std::string_view data) {
   PutBe32(out, Crc32(body));
 }
 
-// zlib: header 0x78 0x01 (deflate, 32 KiB window, no dictionary; 0x7801 is a
-// multiple of 31 as the header check requires), stored blocks of at most
-// 65,535 bytes (BFINAL on the last, BTYPE 00, LEN and its one's complement
-// little-endian), Adler-32 of the data big-endian.
-std::string ZlibStored(std::string_view data) {
-  std::string out = {'\x78', '\x01'};
-  size_t pos = 0;
-  do {
-    const size_t n = std::min<size_t>(65535, data.size() - pos);
-    const bool last = pos + n == data.size();
-    out.push_back(last ? '\x01' : '\x00');
-    const uint16_t len = static_cast<uint16_t>(n), nlen = static_cast<uint16_t>(~len);
-    out.push_back(static_cast<char>(len & 0xff));
-    out.push_back(static_cast<char>(len >> 8));
-    out.push_back(static_cast<char>(nlen & 0xff));
-    out.push_back(static_cast<char>(nlen >> 8));
-    out.append(data.substr(pos, n));
-    pos += n;
-  } while (pos < data.size());
-  PutBe32(&out, Adler32(data));
-  return out;
+// Each row as the bytes of the filter (PNG 9.2: 0 None, 1 Sub, 2 Up; the
+// byte before the first pixel and the row above the first row read as 0)
+// whose sum of |byte as signed| is least (PNG 12.8's heuristic, as libpng
+// uses; ties go to the lower type). Flat runs become runs of zeros, rows
+// equal to the one above become all zeros, and deflate finds both.
+std::string FilteredRows(const Canvas& canvas) {
+  const size_t w = static_cast<size_t>(canvas.width()), h = static_cast<size_t>(canvas.height());
+  const size_t stride = 3 * w;
+  const uint8_t* px = canvas.pixels().data();
+  const std::vector<uint8_t> zero_row(stride, 0);
+  std::string raw;
+  raw.reserve(h * (1 + stride));
+  std::array<std::string, 3> filtered;
+  for (std::string& f : filtered) f.resize(stride);
+  for (size_t y = 0; y < h; ++y) {
+    const uint8_t* cur = px + y * stride;
+    const uint8_t* up = y == 0 ? zero_row.data() : cur - stride;
+    for (size_t i = 0; i < stride; ++i) {
+      filtered[0][i] = static_cast<char>(cur[i]);
+      filtered[1][i] = static_cast<char>(cur[i] - (i >= 3 ? cur[i - 3] : 0));
+      filtered[2][i] = static_cast<char>(cur[i] - up[i]);
+    }
+    int best = 0;
+    uint64_t best_sum = UINT64_MAX;
+    for (int f = 0; f < 3; ++f) {
+      uint64_t sum = 0;
+      for (char c : filtered[f]) sum += static_cast<uint64_t>(std::abs(static_cast<int>(static_cast<int8_t>(c))));
+      if (sum < best_sum) best = f, best_sum = sum;
+    }
+    raw.push_back(static_cast<char>(best));
+    raw.append(filtered[best]);
+  }
+  return raw;
 }
 
 }  // namespace
@@ -78,16 +91,9 @@ std::string EncodePng(const Canvas& canvas) {
   std::string ihdr;
   PutBe32(&ihdr, static_cast<uint32_t>(w));
   PutBe32(&ihdr, static_cast<uint32_t>(h));
-  ihdr += {'\x08', '\x02', '\x00', '\x00', '\x00'};  // 8 bits, RGB, deflate, filter 0, no interlace
+  ihdr += {'\x08', '\x02', '\x00', '\x00', '\x00'};  // 8 bits, RGB, deflate, filter method 0 (a type per row), no interlace
   PutChunk(&png, "IHDR", ihdr);
-  std::string raw;
-  raw.reserve(static_cast<size_t>(h) * (1 + 3 * static_cast<size_t>(w)));
-  const std::vector<uint8_t>& px = canvas.pixels();
-  for (int y = 0; y < h; ++y) {
-    raw.push_back('\0');  // filter type 0 (none)
-    raw.append(reinterpret_cast<const char*>(px.data()) + static_cast<size_t>(y) * w * 3, static_cast<size_t>(w) * 3);
-  }
-  PutChunk(&png, "IDAT", ZlibStored(raw));
+  PutChunk(&png, "IDAT", ZlibCompress(FilteredRows(canvas)));
   PutChunk(&png, "IEND", "");
   return png;
 }

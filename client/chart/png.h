@@ -1,8 +1,10 @@
 // PNG encoding of a Canvas without any library: 8-bit RGB, no interlace,
-// every row with filter 0, the image data a zlib stream of stored
-// (uncompressed) deflate blocks. Files are larger than a compressor would
-// make (3 bytes a pixel), which is fine for charts of a few hundred
-// thousand pixels.
+// each row filtered with None, Sub or Up (the least sum of absolute
+// differences), the image data one zlib stream from deflate.h (fixed
+// Huffman with LZ77 matches, stored where that is smaller). A chart of flat
+// colours shrinks about 80-fold (docs/frontier.png: 1.7 MB of rows, 20 KB);
+// noise stays at 3 bytes a pixel plus 5 bytes every 16 KiB. Same canvas,
+// same bytes.
 //
 // Thread safety: pure functions.
 #ifndef PLATEAU_CLIENT_CHART_PNG_H_
