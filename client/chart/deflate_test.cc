@@ -115,14 +115,15 @@ TEST(DeflateTest, RunsBecomeLongMatches) {
   EXPECT_LT(ZlibCompress(rgb).size(), 300000 / 258 * 3);
 }
 
-// Literals mixed with copies of every length 3..258 from distances
-// spread over 1..32768: each length and distance code with its extra bits.
+// Literals mixed with copies of every length 3..258 from distances spread
+// log-uniformly over 1..32768: each length and distance code, extra bits
+// included (a wrong extra-bit count in either table fails here).
 TEST(DeflateTest, EveryLengthAndDistance) {
   std::mt19937 rng(7);
   std::string data = RandomBytes(40000, 2);
   for (int len = 3; len <= 258; ++len) {
     for (int k = 0; k < 4; ++k) {
-      const size_t dist = 1 + rng() % 32768;
+      const size_t dist = 1 + rng() % (size_t{2} << (rng() % 15));  // log-uniform: every distance code
       const size_t from = data.size() - dist;
       for (int i = 0; i < len; ++i) data.push_back(data[from + i]);  // overlapping copies too
       data.push_back(static_cast<char>(rng()));
