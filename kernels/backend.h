@@ -101,6 +101,11 @@ class Backend {
   virtual BackendKind kind() const = 0;
   // "cpu (2 threads, OpenBLAS 0.3.21)" / "cuda (NVIDIA H200, sm_90)".
   virtual std::string Describe() const = 0;
+  // Whether the model kernels compute bf16 mixed precision (bf16 working
+  // weights and activations, fp32 master and reductions). No backend does
+  // yet: the CPU computes fp32 only, and CUDA's bf16 kernels are issue 17's.
+  // TrainingStep::Create refuses a bf16 step on a backend without them.
+  virtual bool computes_bf16() const { return false; }
 
   virtual MemorySpace& device() = 0;
   virtual MemorySpace& host() = 0;

@@ -438,6 +438,34 @@ absl::Status CheckNoUnknownFields(const google::protobuf::Message& m, const std:
   return absl::OkStatus();
 }
 
+// precision -> the step's. Any backend plans either (PlanJob); whether the
+// backend computes it is CheckPrecisionRuns'.
+absl::Status ConvertPrecision(const v1::JobSpec& spec, Precision* out) {
+  switch (spec.precision()) {
+    case v1::PRECISION_UNSPECIFIED:
+    case v1::PRECISION_FP32:
+      *out = Precision::kFp32;
+      return absl::OkStatus();
+    case v1::PRECISION_BF16:
+      *out = Precision::kBf16Mixed;
+      return absl::OkStatus();
+    default:
+      return Bad("precision", "PRECISION_UNSPECIFIED, PRECISION_FP32 or PRECISION_BF16",
+                 absl::StrCat(static_cast<int>(spec.precision())));
+  }
+}
+
+// A job runs only where its precision is computed: the cpu backend computes
+// fp32 only. Refused at submit (ValidateJobSpec, AdmitJob), not by
+// PlanJob, so that `plateauctl plan` shows what a bf16 job would need.
+absl::Status CheckPrecisionRuns(const v1::JobSpec& spec) {
+  if (spec.precision() == v1::PRECISION_BF16 && spec.backend() == v1::BACKEND_CPU) {
+    return Bad("precision", "PRECISION_FP32 (or unset) on backend cpu, which computes fp32 only; bf16 runs on the "
+               "cuda backend (issue 17)", "PRECISION_BF16");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
   if (spec.name().size() > 256) return Bad("name", "at most 256 bytes", absl::StrCat(spec.name().size(), " bytes"));
@@ -481,6 +509,7 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   // waited for that long at most; 0 is the coordinator's default.
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_pending_s", spec.max_pending_s(), 0, 7 * 24 * 3600));
   t.step.seed = spec.has_seed() ? spec.seed() : 1;
+  PLATEAU_RETURN_IF_ERROR(ConvertPrecision(spec, &t.step.precision));
   PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());
   // The step's own checks on the whole combination (e.g. Ring-DTP needs a
   // vocabulary shard per rank), so that the service and the step agree.
@@ -488,7 +517,10 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   return t;
 }
 
-absl::Status ValidateJobSpec(const v1::JobSpec& spec) { return ToTrainerOptions(spec).status(); }
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  PLATEAU_RETURN_IF_ERROR(ToTrainerOptions(spec).status());
+  return CheckPrecisionRuns(spec);
+}
 
 v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
   v1::MemoryPlan out;
@@ -532,6 +564,12 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
   out.set_parameters(ParameterCount(t.step.model));
   out.set_active_parameters(ActiveParameterCount(t.step.model));
   out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
+  if (t.step.precision == Precision::kBf16Mixed) {
+    out.add_notes(spec.backend() == v1::BACKEND_CPU
+                      ? "precision bf16: planned with bf16 working weights and activations, fp32 master and "
+                        "moments; backend cpu computes fp32 only, so submit refuses it (bf16 runs on backend cuda)"
+                      : "precision bf16: planned with bf16 working weights and activations, fp32 master and moments");
+  }
   // N_max against the device cap (and the host cap, when set). Without a
   // device cap the device is the worker's, unknown until scheduled.
   if (spec.device_memory_bytes() == 0) {
@@ -601,6 +639,7 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
 
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
   PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec));
+  PLATEAU_RETURN_IF_ERROR(CheckPrecisionRuns(spec));
   return AdmitPlan(spec, std::move(plan));
 }
 

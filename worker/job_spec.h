@@ -30,7 +30,9 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec);
 // The backend every rank of the job creates.
 absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec);
 
-// Validates every field (ToTrainerOptions and ToBackendOptions succeed).
+// Validates every field (ToTrainerOptions and ToBackendOptions succeed), and
+// that the backend computes the spec's precision (bf16 is refused on backend
+// cpu, naming `precision`).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // Validates the spec and plans each rank's device and host bytes per live
@@ -38,7 +40,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // true only when both spaces fit their caps (a cap of 0 always fits here).
 // With a device cap, also N_max (the largest batch and the longest context
 // that fit both caps) and the what-if table (kernels/budget/n_max.h),
-// within the spec's own limits on layout.batch and model.seq_len.
+// within the spec's own limits on layout.batch and model.seq_len. A bf16
+// spec on backend cpu is planned (what it would need) though
+// ValidateJobSpec and AdmitJob refuse it.
 absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec);
 
 // The budget's plan as the API's, against the spec's caps: the live sets of
@@ -61,7 +65,7 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan);
 // total, the cap and the shortfall. Otherwise returns the plan.
 absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan plan);
 
-// PlanJob, then AdmitPlan.
+// PlanJob, the precision check of ValidateJobSpec, then AdmitPlan.
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec);
 
 // The spec of RecallDemoJob(ranks) (the demo and the tests), with `steps`,

@@ -16,10 +16,11 @@ namespace plateau {
 namespace {
 
 int64_t ProjectionBytes(const StepOptions& o) {
+  const ElementBytes e = ElementBytesOf(o.precision);
   if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) {
-    return RingDtpBoundBytes(RingDtpConfigOf(o), o.layout.ranks);
+    return RingDtpBoundBytes(RingDtpConfigOf(o), o.layout.ranks, e);
   }
-  return DenseProjectionBoundBytes(TokensPerRank(o.model, o.layout), o.model.vocab_size);
+  return DenseProjectionBoundBytes(TokensPerRank(o.model, o.layout), o.model.vocab_size, e);
 }
 
 absl::Status ValidateProjection(const StepOptions& o) {
@@ -59,49 +60,59 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
   const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();
   const int64_t qd = m.heads * d, kvd = m.kv_heads * d, E = m.experts, K = m.top_k;
   const int64_t rows_h = N * m.heads;  // (token, head) rows of attention state
-  const int64_t f = sizeof(float), i32 = sizeof(int32_t);
+  // Element sizes by role (kernels/model/precision.h): w the working
+  // precision (weights, gradients, activations), a fp32 for what reduces or
+  // accumulates: RMSNorm's rstd, attention's online-softmax state (m, l),
+  // log-sum-exp and delta = rowsum(dO o), its score panel, the dK/dV
+  // accumulators that travel the ring (summed over P hops), and the
+  // router's logits, probabilities and gates (its softmax and top-k choice
+  // are sensitive to rounding; N E values, small beside N H).
+  const ElementBytes e = ElementBytesOf(o.precision);
+  const int64_t w = e.working, a = e.accum, i32 = sizeof(int32_t);
   const int64_t D = p.dense_padded(), S = p.shard_numel(), X = p.owned_numel_per_rank();
   return {
-      {"dense", LiveSet::kWeights, D * f},
-      {"owned", LiveSet::kWeights, X * f},
-      {"dense_grad", LiveSet::kGrads, D * f},
-      {"dense_grad_shard", LiveSet::kGrads, S * f},
-      {"owned_grad", LiveSet::kGrads, X * f},
+      {"dense", LiveSet::kWeights, D * w},
+      {"owned", LiveSet::kWeights, X * w},
+      {"dense_grad", LiveSet::kGrads, D * w},
+      {"dense_grad_shard", LiveSet::kGrads, S * w},
+      {"owned_grad", LiveSet::kGrads, X * w},
       {"tokens", LiveSet::kActivations, N * i32},
       {"targets", LiveSet::kActivations, N * i32},
-      {"a", LiveSet::kActivations, N * H * f},
-      {"rstd_a", LiveSet::kActivations, N * f},
-      {"q", LiveSet::kActivations, N * qd * f},
-      {"kv", LiveSet::kActivations, 2 * N * kvd * f},
-      {"ml", LiveSet::kActivations, 2 * rows_h * f},
-      {"o", LiveSet::kActivations, N * qd * f},
-      {"lse", LiveSet::kActivations, rows_h * f},
-      {"h1", LiveSet::kActivations, N * H * f},
-      {"u", LiveSet::kActivations, N * H * f},
-      {"rstd_u", LiveSet::kActivations, N * f},
-      {"rlogits", LiveSet::kActivations, N * E * f},
-      {"probs", LiveSet::kActivations, N * E * f},
+      {"a", LiveSet::kActivations, N * H * w},
+      {"rstd_a", LiveSet::kActivations, N * a},
+      {"q", LiveSet::kActivations, N * qd * w},
+      {"kv", LiveSet::kActivations, 2 * N * kvd * w},
+      {"ml", LiveSet::kActivations, 2 * rows_h * a},
+      {"o", LiveSet::kActivations, N * qd * w},
+      {"lse", LiveSet::kActivations, rows_h * a},
+      {"h1", LiveSet::kActivations, N * H * w},
+      {"u", LiveSet::kActivations, N * H * w},
+      {"rstd_u", LiveSet::kActivations, N * a},
+      {"rlogits", LiveSet::kActivations, N * E * a},
+      {"probs", LiveSet::kActivations, N * E * a},
       {"chosen", LiveSet::kActivations, N * K * i32},
-      {"gates", LiveSet::kActivations, N * K * f},
-      {"z", LiveSet::kActivations, N * H * f},
-      {"rstd_f", LiveSet::kActivations, N * f},
-      {"dh", LiveSet::kActivations, N * H * f},
-      {"dh1", LiveSet::kActivations, N * H * f},
-      {"du", LiveSet::kActivations, N * H * f},
-      {"tmp", LiveSet::kActivations, N * H * f},
-      {"dgates", LiveSet::kActivations, N * K * f},
-      {"drlogits", LiveSet::kActivations, N * E * f},
-      {"dO", LiveSet::kActivations, N * qd * f},
-      {"delta", LiveSet::kActivations, rows_h * f},
-      {"dq", LiveSet::kActivations, N * qd * f},
-      {"dkv", LiveSet::kActivations, 2 * N * kvd * f},
-      {"fwd_trav", LiveSet::kActivations, 2 * 2 * N * kvd * f},
-      {"bwd_trav", LiveSet::kActivations, 2 * 4 * N * kvd * f},
+      {"gates", LiveSet::kActivations, N * K * a},
+      {"z", LiveSet::kActivations, N * H * w},
+      {"rstd_f", LiveSet::kActivations, N * a},
+      {"dh", LiveSet::kActivations, N * H * w},
+      {"dh1", LiveSet::kActivations, N * H * w},
+      {"du", LiveSet::kActivations, N * H * w},
+      {"tmp", LiveSet::kActivations, N * H * w},
+      {"dgates", LiveSet::kActivations, N * K * a},
+      {"drlogits", LiveSet::kActivations, N * E * a},
+      {"dO", LiveSet::kActivations, N * qd * w},
+      {"delta", LiveSet::kActivations, rows_h * a},
+      {"dq", LiveSet::kActivations, N * qd * w},
+      {"dkv", LiveSet::kActivations, 2 * N * kvd * w},
+      // Two slots of the forward's travelling [K | V] block, and of the
+      // backward's [K | V] block with its [dK | dV] accumulators.
+      {"fwd_trav", LiveSet::kActivations, 2 * 2 * N * kvd * w},
+      {"bwd_trav", LiveSet::kActivations, 2 * (2 * N * kvd * w + 2 * N * kvd * a)},
       {"attn_work", LiveSet::kActivations,
        AttentionWorkspaceFloats({o.layout.batch, N / o.layout.batch, N / o.layout.batch, m.heads,
-                                 m.kv_heads, d, 0, 0, 1.0f}) * f},
+                                 m.kv_heads, d, 0, 0, 1.0f}) * a},
       {"stats", LiveSet::kWorkspace, 2 * static_cast<int64_t>(sizeof(double))},
-      {"scalars", LiveSet::kWorkspace, 2 * f},
+      {"scalars", LiveSet::kWorkspace, 2 * a},
   };
 }
 
@@ -198,21 +209,22 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p
   // slots on the device when streamed).
   const int64_t S = p.shard_numel(), X = p.owned_numel_per_rank();
   const OptimizerPlacementOptions& op = o.optimizer_placement;
+  const ElementBytes e = ElementBytesOf(o.precision);
   const OptimizerBytes optimizer =
-      op.kind == OptimizerPlacementOptions::Kind::kCpuOffload ? CpuOffloadAdamWBytes(S, X)
+      op.kind == OptimizerPlacementOptions::Kind::kCpuOffload ? CpuOffloadAdamWBytes(S, X, e)
       : op.kind == OptimizerPlacementOptions::Kind::kOffloadStream
-          ? OffloadStreamAdamWBytes(S, X, op.bucket_params, op.staging_slots)
-          : OptimizerBytes{DeviceAdamWBytes(S, X), 0};
+          ? OffloadStreamAdamWBytes(S, X, op.bucket_params, op.staging_slots, e)
+          : OptimizerBytes{DeviceAdamWBytes(S, X, e), 0};
   plan.bytes[static_cast<int>(LiveSet::kOptimizer)] += optimizer.device;
   plan.host_bytes[static_cast<int>(LiveSet::kOptimizer)] += optimizer.host;
   // Checkpoints: every boundary on the device, or SCO's device boundaries
   // and host pool.
   if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
-    const ScoLayout sco = PlanSco(o.model.layers, N, o.model.hidden, o.checkpoints.host_budget_bytes);
+    const ScoLayout sco = PlanSco(o.model.layers, N, o.model.hidden, o.checkpoints.host_budget_bytes, e);
     plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += sco.device_bytes();
     plan.host_bytes[static_cast<int>(LiveSet::kCheckpoints)] += sco.host_bytes();
   } else {
-    plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden);
+    plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden, e);
   }
   // Dispatch. Standard EP and LLEP have no bound of their own: their
   // receive buffers grow with the routes a rank is sent. Their plan is the
@@ -225,24 +237,24 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p
   int64_t& dispatch = plan.bytes[static_cast<int>(LiveSet::kDispatch)];
   switch (o.dispatch.kind) {
     case DispatchOptions::Kind::kStandardEp:
-      dispatch += StandardEpPeakBytes(o.model, routes, StandardEpWorstCaseReceivedRows(o.model, P, N));
-      plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, routes, routes);
+      dispatch += StandardEpPeakBytes(o.model, routes, StandardEpWorstCaseReceivedRows(o.model, P, N), e);
+      plan.dispatch_balanced_bytes = StandardEpPeakBytes(o.model, routes, routes, e);
       plan.dispatch_note = "standard_ep's worst case (every route of every rank received by one rank)";
       plan.routing_bytes = dispatch;
       break;
     case DispatchOptions::Kind::kLlep: {
-      dispatch += LlepWorstCasePeakBytes(o.model, P, N, o.dispatch.llep);
+      dispatch += LlepWorstCasePeakBytes(o.model, P, N, o.dispatch.llep, e);
       LlepChunkSizes balanced;
       balanced.tokens = N;
       balanced.routes = routes;
       balanced.rows = routes;
-      plan.dispatch_balanced_bytes = LlepPeakBytes(o.model, P, balanced);
+      plan.dispatch_balanced_bytes = LlepPeakBytes(o.model, P, balanced, e);
       plan.dispatch_note = "llep's worst case (every route received by one rank, the most experts borrowed)";
       plan.routing_bytes = dispatch;
       break;
     }
     case DispatchOptions::Kind::kPipelinedLlep:
-      dispatch += PipelinedLlepBoundBytes(o.model, P, N, o.dispatch.pipelined);
+      dispatch += PipelinedLlepBoundBytes(o.model, P, N, o.dispatch.pipelined, e);
       plan.host_bytes[static_cast<int>(LiveSet::kDispatch)] +=
           PipelinedLlepHostIndexWords(o.model, P, N, o.dispatch.pipelined) * static_cast<int64_t>(sizeof(int32_t));
       plan.dispatch_balanced_bytes = dispatch;

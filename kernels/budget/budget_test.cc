@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/dispatch/standard_ep_plan.h"
+#include "kernels/budget/n_max.h"
 #include "kernels/model/params.h"
 #include "kernels/optimizer/optimizer_plan.h"
 #include "kernels/projection/projection_plan.h"
@@ -112,6 +113,126 @@ TEST(BudgetTest, PlanWithTheLayoutGivenIsThePlan) {
   StepOptions deeper = o;
   deeper.model.layers = 4;
   EXPECT_EQ(PlanMemory(deeper, layout).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// bf16 mixed precision, each live set by hand at the tiny model (V 32,
+// H 16, L 2, 4 heads / 2 KV heads of dim 4, E 4 top-2, F 24, T 16) on P = 2
+// ranks with B = 2 (N = 16 tokens per rank). Parameters: dense = embedding
+// 512 + 2 layers x (norms 32, wq 256, wk 128, wv 128, wo 256, router 64)
+// + final norm 16 + lm_head 512 = 2768, shard S = 1384; owned X = 2
+// experts x 3 x 16 x 24 x 2 layers = 4608 per rank.
+TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOff) {
+  StepOptions o;
+  o.model = TinyModel();
+  o.layout = {2, 2};
+  o.precision = Precision::kBf16Mixed;
+  const MemoryPlan plan = PlanMemory(o).value();
+  auto at = [&](LiveSet s) { return plan.bytes[static_cast<int>(s)]; };
+  // Working dense weights D and owned X in bf16.
+  EXPECT_EQ(at(LiveSet::kWeights), (2768 + 4608) * 2);
+  // Gradients D, shard S and owned X in bf16.
+  EXPECT_EQ(at(LiveSet::kGrads), (2768 + 1384 + 4608) * 2);
+  // fp32 master, m, v of the shard, and of the owned weights (which now
+  // need their own master): 3 x (1384 + 4608) x 4.
+  EXPECT_EQ(at(LiveSet::kOptimizer), 3 * (1384 + 4608) * 4);
+  // Activations: int32 tokens, targets [N] and chosen [N k]: 64 words;
+  // bf16: a, h1, u, z, dh, dh1, du, tmp [N H] (8 x 256), q, o, dO, dq
+  // [N 16] (4 x 256), kv, dkv [2 N 8] (2 x 256), the two forward travellers
+  // [2 x 2 N 8] (512) and the backward travellers' K, V (512): 4608 values;
+  // fp32: 3 rstd [N] (48), m and l [N heads] x 2 (128), lse and delta
+  // (64 + 64), router logits, probs and their gradient [N E] (3 x 64),
+  // gates and their gradient [N k] (2 x 32), the backward travellers' dK,
+  // dV (512), the score panel 2 x 8 x 8 (128): 1200 values.
+  EXPECT_EQ(at(LiveSet::kActivations), 64 * 4 + 4608 * 2 + 1200 * 4);
+  // L + 1 = 3 boundaries [N, H] in bf16.
+  EXPECT_EQ(at(LiveSet::kCheckpoints), 3 * 16 * 16 * 2);
+  // Dense logits [N, V] in bf16, the log-sum-exp [N] in fp32.
+  EXPECT_EQ(at(LiveSet::kProjection), 16 * 32 * 2 + 16 * 4);
+  // Standard EP's worst case, its backward: S = N k = 32 routes sent, R =
+  // P N min(k, E/P) = 64 rows received; int32 indices 3S + 2R, fp32 gates
+  // [S]; bf16 x, drecv, dy [R, H], six [R, F], returned and dsend [S, H].
+  EXPECT_EQ(at(LiveSet::kDispatch), (3 * 32 + 2 * 64) * 4 + 32 * 4 +
+                                        (3 * 64 * 16 + 6 * 64 * 24 + 2 * 32 * 16) * 2);
+  EXPECT_EQ(at(LiveSet::kWorkspace), 2 * 8 + 2 * 4);
+  EXPECT_EQ(plan.host_total(), 0);
+  // The CPU-offload baseline: nothing on the device; on the host fp32
+  // parameters, m and v and the bf16 gradients copied down, per value of
+  // S + X.
+  o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload;
+  const MemoryPlan offload = PlanMemory(o).value();
+  EXPECT_EQ(offload.bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
+  EXPECT_EQ(offload.host_bytes[static_cast<int>(LiveSet::kOptimizer)], (3 * 4 + 2) * (1384 + 4608));
+}
+
+// The same shape with all four schedules on. Under Ring-DTP the lm_head is
+// owned by vocabulary shard: dense 2768 - 512 = 2256, S = 1128, owned X =
+// 4608 + 16 rows x 16 = 4864.
+TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOn) {
+  StepOptions o;
+  o.model = TinyModel();
+  o.layout = {2, 2};
+  o.precision = Precision::kBf16Mixed;
+  o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+  o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
+  o.dispatch.pipelined.chunk_tokens = 8;
+  o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+  o.checkpoints.host_budget_bytes = 16 * 16 * 2;  // one bf16 boundary (half of an fp32 one)
+  o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+  o.optimizer_placement.bucket_params = 100;
+  o.optimizer_placement.staging_slots = 2;
+  const MemoryPlan plan = PlanMemory(o).value();
+  auto at = [&](LiveSet s) { return plan.bytes[static_cast<int>(s)]; };
+  auto host = [&](LiveSet s) { return plan.host_bytes[static_cast<int>(s)]; };
+  EXPECT_EQ(at(LiveSet::kWeights), (2256 + 4864) * 2);
+  EXPECT_EQ(at(LiveSet::kGrads), (2256 + 1128 + 4864) * 2);
+  // Two staging slots of one bucket's fp32 master, m, v on the device; the
+  // fp32 master, m, v of shard and owned weights on the host.
+  EXPECT_EQ(at(LiveSet::kOptimizer), 2 * 3 * 100 * 4);
+  EXPECT_EQ(host(LiveSet::kOptimizer), 3 * (1128 + 4864) * 4);
+  // SCO: the 512-byte budget holds h_0 in bf16 (it would hold nothing in
+  // fp32); the device keeps the other two.
+  EXPECT_EQ(at(LiveSet::kCheckpoints), 2 * 16 * 16 * 2);
+  EXPECT_EQ(host(LiveSet::kCheckpoints), 16 * 16 * 2);
+  // Ring-DTP in activation mode (N = 16 <= V / P): the strip tile
+  // min(N, 2048) x min(1024, V) = 16 x 32 and three travellers [N, H] in
+  // bf16; the running state 2 x 3N, lse [N] and the travelling batch's lse
+  // [2N] in fp32; its targets [2N] int32.
+  EXPECT_EQ(at(LiveSet::kProjection), (16 * 32 + 3 * 16 * 16) * 2 + (6 * 16 + 16 + 2 * 16) * 4 + 2 * 16 * 4);
+  // PipelinedLLEP with c = 8: K = 2 chunks; counts int64 1 + (1 + P) K E =
+  // 25; per slot n = 8 tokens, S = 16 routes, R = P S = 32 rows, nothing
+  // borrowed (min_piece 1024 > 32); int32 indices 3S + 2R + n + S = 136;
+  // fp32 gates 3S; bf16 send [S, H], recv, x, t [R, H], five [R, F], the
+  // token rows [n, H]. The host stages both chunks' indices (int32).
+  EXPECT_EQ(at(LiveSet::kDispatch), 25 * 8 + 136 * 4 + 3 * 16 * 4 +
+                                        (16 * 16 + 3 * 32 * 16 + 5 * 32 * 24 + 8 * 16) * 2);
+  EXPECT_EQ(host(LiveSet::kDispatch), 2 * 136 * 4);
+}
+
+// Halving the working bytes lengthens the context that fits: at a cap the
+// fp32 plan fills, bf16 fits a longer one, with every schedule off and on.
+TEST(BudgetTest, NMaxGrowsUnderBf16) {
+  for (bool all_on : {false, true}) {
+    StepOptions o = Small(2);
+    if (all_on) {
+      o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+      o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
+      o.dispatch.pipelined.chunk_tokens = 8;
+      o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+      o.checkpoints.host_budget_bytes = int64_t{1} << 20;
+      o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+      o.optimizer_placement.bucket_params = 1000;
+    }
+    const FitCaps caps{int64_t{4} << 20, 0};
+    NMaxLimits limits;
+    limits.max_batch = limits.max_seq_len = int64_t{1} << 16;
+    const NMax fp32 = SolveNMax(o, caps, limits).value();
+    o.precision = Precision::kBf16Mixed;
+    const NMax bf16 = SolveNMax(o, caps, limits).value();
+    ASSERT_GT(fp32.context.tokens_per_rank, 0) << "all_on=" << all_on;
+    EXPECT_EQ(fp32.context.limit, "device_memory_bytes") << "all_on=" << all_on;
+    EXPECT_GT(bf16.context.seq_len, fp32.context.seq_len) << "all_on=" << all_on;
+    EXPECT_GT(bf16.batch.batch, fp32.batch.batch) << "all_on=" << all_on;
+  }
 }
 
 TEST(BudgetTest, BadOptionsAreRefusedNamingTheSpecField) {

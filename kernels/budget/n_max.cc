@@ -54,9 +54,10 @@ Probe TryShape(const StepOptions& o, const FitCaps& caps, const NMaxLimits& limi
   }
   absl::StatusOr<MemoryPlan> p = plan(o);
   if (!p.ok()) return {false, "refused", absl::StrCat(where, ": ", p.status().message())};
-  if (caps.device_bytes > 0 && p->total() > caps.device_bytes) {
+  if (caps.device_bytes > 0 && DeviceBytesAgainstCap(*p, caps) > caps.device_bytes) {
     return {false, "device_memory_bytes",
-            absl::StrCat(where, ": the device plan is ", MiB(p->total()), " against the cap of ",
+            absl::StrCat(where, ": the device plan is ", MiB(DeviceBytesAgainstCap(*p, caps)),
+                         caps.balanced_dispatch ? " (dispatch at its balanced case)" : "", " against the cap of ",
                          MiB(caps.device_bytes), " (largest: ", Largest(p->bytes), ")")};
   }
   if (caps.host_bytes > 0 && p->host_total() > caps.host_bytes) {
@@ -193,7 +194,8 @@ PlanFunction ScoEveryBoundary(const FitCaps& caps, PlanFunction plan_memory) {
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes = 0;
     const ModelConfig& m = o.model;
-    int64_t beta = PlanSco(m.layers, TokensPerRank(m, o.layout), m.hidden, std::numeric_limits<int64_t>::max())
+    int64_t beta = PlanSco(m.layers, TokensPerRank(m, o.layout), m.hidden, std::numeric_limits<int64_t>::max(),
+                           ElementBytesOf(o.precision))
                        .host_bytes();
     if (caps.host_bytes > 0) {
       PLATEAU_ASSIGN_OR_RETURN(MemoryPlan others, plan_memory(o));
@@ -208,8 +210,13 @@ std::string Origin(bool spec) { return spec ? "(the spec's)" : "(default)"; }
 
 }  // namespace
 
+int64_t DeviceBytesAgainstCap(const MemoryPlan& plan, const FitCaps& caps) {
+  if (!caps.balanced_dispatch) return plan.total();
+  return plan.total() - plan.bytes[static_cast<int>(LiveSet::kDispatch)] + plan.dispatch_balanced_bytes;
+}
+
 bool Fits(const MemoryPlan& plan, const FitCaps& caps) {
-  return (caps.device_bytes == 0 || plan.total() <= caps.device_bytes) &&
+  return (caps.device_bytes == 0 || DeviceBytesAgainstCap(plan, caps) <= caps.device_bytes) &&
          (caps.host_bytes == 0 || plan.host_total() <= caps.host_bytes);
 }
 

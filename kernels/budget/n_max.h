@@ -52,9 +52,20 @@ namespace plateau {
 struct FitCaps {
   int64_t device_bytes = 0;
   int64_t host_bytes = 0;
+  // Count standard EP's and LLEP's dispatch at their balanced case
+  // (MemoryPlan::dispatch_balanced_bytes: every rank receives its N k rows)
+  // instead of their worst case. Not a guarantee (routing may exceed it):
+  // what a baseline run whose routing stays near balance holds, for
+  // comparisons with tuned baselines (tools/frontier). No effect on
+  // PipelinedLLEP, whose bound is its allocation.
+  bool balanced_dispatch = false;
 };
-// Both spaces within their caps: the whole device plan (standard EP's and
-// LLEP's worst-case dispatch included), and the host plan.
+// The device bytes compared with the cap: the plan's total, with the
+// dispatch term at its balanced case when caps.balanced_dispatch.
+int64_t DeviceBytesAgainstCap(const MemoryPlan& plan, const FitCaps& caps);
+// Both spaces within their caps: the device plan (standard EP's and LLEP's
+// worst-case dispatch included unless caps.balanced_dispatch), and the host
+// plan.
 bool Fits(const MemoryPlan& plan, const FitCaps& caps);
 
 struct NMaxLimits {

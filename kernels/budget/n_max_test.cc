@@ -109,6 +109,37 @@ TEST(NMaxTest, TightAndTheLargestForEveryCombinationOfTheSchedules) {
   }
 }
 
+// With the dispatch counted at its balanced case, standard EP's fit uses
+// dispatch_balanced_bytes in place of the worst case: tight against that
+// sum, and longer than the worst case's answer. PipelinedLLEP's plan is
+// its bound either way.
+TEST(NMaxTest, BalancedDispatchCountsTheBalancedCase) {
+  for (int64_t P : {2, 4}) {
+    const StepOptions o = Small(P);
+    FitCaps caps{PlanMemory(WithSeqLen(o, 64 * P)).value().total(), 0};
+    NMaxLimits limits;
+    limits.max_seq_len = 4096 * P;
+    const NMaxAxis worst = SolveNMax(o, caps, limits).value().context;
+    caps.balanced_dispatch = true;
+    const NMaxAxis balanced = SolveNMax(o, caps, limits).value().context;
+    SCOPED_TRACE(::testing::Message() << "P=" << P);
+    EXPECT_GT(balanced.seq_len, worst.seq_len);
+    auto balanced_total = [&](int64_t seq_len) {
+      const MemoryPlan p = PlanMemory(WithSeqLen(o, seq_len)).value();
+      EXPECT_EQ(DeviceBytesAgainstCap(p, caps),
+                p.total() - p.bytes[static_cast<int>(LiveSet::kDispatch)] + p.dispatch_balanced_bytes);
+      return DeviceBytesAgainstCap(p, caps);
+    };
+    EXPECT_LE(balanced_total(balanced.seq_len), caps.device_bytes);
+    EXPECT_GT(balanced_total(balanced.seq_len + P), caps.device_bytes);
+    EXPECT_THAT(balanced.detail, HasSubstr("balanced case"));
+    StepOptions pipelined = o;
+    pipelined.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
+    const MemoryPlan pp = PlanMemory(pipelined).value();
+    EXPECT_EQ(DeviceBytesAgainstCap(pp, caps), pp.total());
+  }
+}
+
 TEST(NMaxTest, NothingFitsReturnsZeroWithTheReason) {
   const StepOptions o = Small(2);
   // Below the weights, gradients and optimizer state alone.

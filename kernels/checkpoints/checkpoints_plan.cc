@@ -6,14 +6,15 @@
 
 namespace plateau {
 
-int64_t FullCheckpointsBytes(int64_t layers, int64_t rows, int64_t hidden) {
-  return (layers + 1) * rows * hidden * static_cast<int64_t>(sizeof(float));
+int64_t FullCheckpointsBytes(int64_t layers, int64_t rows, int64_t hidden, const ElementBytes& e) {
+  return (layers + 1) * rows * hidden * e.working;
 }
 
-ScoLayout PlanSco(int64_t layers, int64_t rows, int64_t hidden, int64_t host_budget_bytes) {
+ScoLayout PlanSco(int64_t layers, int64_t rows, int64_t hidden, int64_t host_budget_bytes,
+                  const ElementBytes& e) {
   ScoLayout s;
   s.boundaries = layers + 1;
-  s.boundary_bytes = rows * hidden * static_cast<int64_t>(sizeof(float));
+  s.boundary_bytes = rows * hidden * e.working;
   const int64_t fit = s.boundary_bytes > 0 ? std::max<int64_t>(host_budget_bytes, 0) / s.boundary_bytes : 0;
   s.host_boundaries = std::min(fit, std::max<int64_t>(0, layers - 1));
   return s;

@@ -6,17 +6,22 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/model/precision.h"
 
 namespace plateau {
 
-// Device bytes of the baseline: the L + 1 boundaries [N, H] in fp32.
-int64_t FullCheckpointsBytes(int64_t layers, int64_t rows, int64_t hidden);
+// Device bytes of the baseline: the L + 1 boundaries [N, H] in the working
+// precision (e.working bytes each: 4 in fp32, 2 in bf16 mixed). The
+// schedules allocate with the default (their kernels compute fp32); the
+// budget passes the step's precision.
+int64_t FullCheckpointsBytes(int64_t layers, int64_t rows, int64_t hidden,
+                             const ElementBytes& e = kFp32Elements);
 
 // Where SCO keeps the L + 1 boundaries h_0 … h_L for a host budget beta.
 //
 // Selection policy: the host pool takes the earliest boundaries,
 // h_0 … h_{j-1}, as many whole ones as beta holds, at most L - 1:
-//   j = min(floor(beta / (N H 4)), max(0, L - 1)).
+//   j = min(floor(beta / (N H b)), max(0, L - 1)), b = e.working.
 // The earliest are produced first and needed last (the backward runs from
 // h_L down), so both their offload and their restore have the most compute
 // to hide behind. The device holds the rest, L + 1 - j boundaries, as:
@@ -28,18 +33,19 @@ int64_t FullCheckpointsBytes(int64_t layers, int64_t rows, int64_t hidden);
 //   ahead): at most two restored boundaries on the device at once;
 // - device storage for h_{j+2} … h_L.
 // So every boundary in the host pool is one fewer on the device, and the
-// device bytes fall by N H 4 per boundary until j = L - 1 (a 1-layer model
+// device bytes fall by N H b per boundary until j = L - 1 (a 1-layer model
 // has no boundary to offload).
 struct ScoLayout {
   int64_t boundaries = 0;       // L + 1
   int64_t host_boundaries = 0;  // j
-  int64_t boundary_bytes = 0;   // N H 4
+  int64_t boundary_bytes = 0;   // N H b
   int64_t slots() const { return boundaries < 2 ? boundaries : 2; }
   int64_t kept() const { return boundaries - host_boundaries - slots(); }  // h_{j+2} … h_L
   int64_t device_bytes() const { return (boundaries - host_boundaries) * boundary_bytes; }
   int64_t host_bytes() const { return host_boundaries * boundary_bytes; }
 };
-ScoLayout PlanSco(int64_t layers, int64_t rows, int64_t hidden, int64_t host_budget_bytes);
+ScoLayout PlanSco(int64_t layers, int64_t rows, int64_t hidden, int64_t host_budget_bytes,
+                  const ElementBytes& e = kFp32Elements);
 
 // INVALID_ARGUMENT naming schedule.sco.host_budget_bytes unless >= 0.
 absl::Status ValidateSco(int64_t host_budget_bytes);

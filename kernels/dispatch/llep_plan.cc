@@ -10,7 +10,7 @@
 namespace plateau {
 namespace {
 
-constexpr int64_t kF32 = sizeof(float), kI32 = sizeof(int32_t), kI64 = sizeof(int64_t);
+constexpr int64_t kI32 = sizeof(int32_t), kI64 = sizeof(int64_t);
 
 template <typename T>
 absl::Status Bad(absl::string_view field, absl::string_view expected, T got) {
@@ -394,33 +394,35 @@ int64_t DispatchBufferBytes(const std::vector<DispatchBufferSpec>& buffers) {
   return total;
 }
 
-std::vector<DispatchBufferSpec> LlepChunkBuffers(const ModelConfig& m, const LlepChunkSizes& s) {
+std::vector<DispatchBufferSpec> LlepChunkBuffers(const ModelConfig& m, const LlepChunkSizes& s,
+                                                 const ElementBytes& e) {
   const int64_t H = m.hidden, F = m.expert_ffn, X = 3 * H * F;
   const int64_t S = s.routes, R = s.rows, view = s.token_view ? 1 : 0;
+  const int64_t w = e.working;
   return {
       {"index", LlepIndexLayoutOf(s).total * kI32},
-      {"scalars", (S + view * 2 * S) * kF32},
-      {"send", S * H * kF32},
-      {"recv", R * H * kF32},
-      {"x", R * H * kF32},
-      {"t", R * H * kF32},
-      {"ffn", 5 * R * F * kF32},
-      {"token_rows", view * s.tokens * H * kF32},
-      {"borrowed_weights", s.borrowed * X * kF32},
-      {"borrowed_grads", s.borrowed * X * kF32},
-      {"lent", s.lent * X * kF32},
+      {"scalars", (S + view * 2 * S) * e.accum},
+      {"send", S * H * w},
+      {"recv", R * H * w},
+      {"x", R * H * w},
+      {"t", R * H * w},
+      {"ffn", 5 * R * F * w},
+      {"token_rows", view * s.tokens * H * w},
+      {"borrowed_weights", s.borrowed * X * w},
+      {"borrowed_grads", s.borrowed * X * w},
+      {"lent", s.lent * X * w},
   };
 }
 
 std::vector<DispatchBufferSpec> LlepBuffers(const ModelConfig& m, int64_t ranks,
-                                            const LlepChunkSizes& s) {
+                                            const LlepChunkSizes& s, const ElementBytes& e) {
   std::vector<DispatchBufferSpec> b = {{"counts", (m.experts + ranks * m.experts) * kI64}};
-  for (const DispatchBufferSpec& c : LlepChunkBuffers(m, s)) b.push_back(c);
+  for (const DispatchBufferSpec& c : LlepChunkBuffers(m, s, e)) b.push_back(c);
   return b;
 }
 
-int64_t LlepPeakBytes(const ModelConfig& m, int64_t ranks, const LlepChunkSizes& s) {
-  return DispatchBufferBytes(LlepBuffers(m, ranks, s));
+int64_t LlepPeakBytes(const ModelConfig& m, int64_t ranks, const LlepChunkSizes& s, const ElementBytes& e) {
+  return DispatchBufferBytes(LlepBuffers(m, ranks, s, e));
 }
 
 int64_t LlepMaxBorrowed(const ModelConfig& m, int64_t ranks, int64_t routes, int64_t min_piece) {
@@ -443,8 +445,8 @@ LlepChunkSizes LlepWorstCaseSizes(const ModelConfig& m, int64_t ranks, int64_t t
 }
 
 int64_t LlepWorstCasePeakBytes(const ModelConfig& m, int64_t ranks, int64_t tokens_per_rank,
-                               const LlepOptions& o) {
-  return LlepPeakBytes(m, ranks, LlepWorstCaseSizes(m, ranks, tokens_per_rank, o));
+                               const LlepOptions& o, const ElementBytes& e) {
+  return LlepPeakBytes(m, ranks, LlepWorstCaseSizes(m, ranks, tokens_per_rank, o), e);
 }
 
 LlepChunkSizes PipelinedLlepSlotSizes(const ModelConfig& m, int64_t ranks, int64_t max_tokens,
@@ -468,19 +470,20 @@ int64_t PipelinedLlepCountWords(const ModelConfig& m, int64_t ranks, int64_t max
 
 std::vector<DispatchBufferSpec> PipelinedLlepBuffers(const ModelConfig& m, int64_t ranks,
                                                      int64_t max_tokens,
-                                                     const PipelinedLlepOptions& o) {
+                                                     const PipelinedLlepOptions& o,
+                                                     const ElementBytes& e) {
   std::vector<DispatchBufferSpec> b = {
       {"counts", PipelinedLlepCountWords(m, ranks, max_tokens, o) * kI64}};
   for (const DispatchBufferSpec& c :
-       LlepChunkBuffers(m, PipelinedLlepSlotSizes(m, ranks, max_tokens, o))) {
+       LlepChunkBuffers(m, PipelinedLlepSlotSizes(m, ranks, max_tokens, o), e)) {
     b.push_back(c);
   }
   return b;
 }
 
 int64_t PipelinedLlepBoundBytes(const ModelConfig& m, int64_t ranks, int64_t max_tokens,
-                                const PipelinedLlepOptions& o) {
-  return DispatchBufferBytes(PipelinedLlepBuffers(m, ranks, max_tokens, o));
+                                const PipelinedLlepOptions& o, const ElementBytes& e) {
+  return DispatchBufferBytes(PipelinedLlepBuffers(m, ranks, max_tokens, o, e));
 }
 
 int64_t PipelinedLlepHostIndexWords(const ModelConfig& m, int64_t ranks, int64_t max_tokens,

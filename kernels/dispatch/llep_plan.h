@@ -188,34 +188,41 @@ struct DispatchBufferSpec {
 };
 int64_t DispatchBufferBytes(const std::vector<DispatchBufferSpec>& buffers);
 
-// The buffers of one chunk, in allocation order (llep_chunk.h carves them):
+// The buffers of one chunk, in allocation order (llep_chunk.h carves them),
+// "w" in the working precision (e.working: fp32 or bf16), gates in fp32
+// (e.accum: the router's softmax):
 //   index             int32 LlepIndexLayoutOf(sizes).total
 //   scalars           fp32  S (+ 2S with the token view): gates in send
 //                           order; the chunk's gates and gate gradients
-//   send              fp32  S x H   routes out (rows of u, dy), back (y, dx)
-//   recv, x, t        fp32  3 x R x H   received rows, expert-major inputs,
+//   send              w     S x H   routes out (rows of u, dy), back (y, dx)
+//   recv, x, t        w     3 x R x H   received rows, expert-major inputs,
 //                           outputs / dy
-//   ffn               fp32  5 x R x F   gate, up, act, d act, d up
-//   token_rows        fp32  n x H (token view only)
-//   borrowed_weights  fp32  B x 3HF   gate, up, down of borrowed experts
-//   borrowed_grads    fp32  B x 3HF   their gradients, back to the owners
-//   lent              fp32  L x 3HF   lent weights out, their gradients back
+//   ffn               w     5 x R x F   gate, up, act, d act, d up
+//   token_rows        w     n x H (token view only)
+//   borrowed_weights  w     B x 3HF   gate, up, down of borrowed experts
+//   borrowed_grads    w     B x 3HF   their gradients, back to the owners
+//   lent              w     L x 3HF   lent weights out, their gradients back
+// The schedules allocate with the default (their kernels compute fp32); the
+// budget passes the step's precision to these and the functions below.
 std::vector<DispatchBufferSpec> LlepChunkBuffers(const ModelConfig& model,
-                                                 const LlepChunkSizes& sizes);
+                                                 const LlepChunkSizes& sizes,
+                                                 const ElementBytes& e = kFp32Elements);
 
 // LLEP allocates the chunk buffers of its one chunk (the whole layer) at
 // their realized sizes in Forward and holds them until Backward ends, after
 // the counts buffer (int64 [E + P E]: its counts and everyone's).
 std::vector<DispatchBufferSpec> LlepBuffers(const ModelConfig& model, int64_t ranks,
-                                            const LlepChunkSizes& sizes);
-int64_t LlepPeakBytes(const ModelConfig& model, int64_t ranks, const LlepChunkSizes& sizes);
+                                            const LlepChunkSizes& sizes,
+                                            const ElementBytes& e = kFp32Elements);
+int64_t LlepPeakBytes(const ModelConfig& model, int64_t ranks, const LlepChunkSizes& sizes,
+                      const ElementBytes& e = kFp32Elements);
 // Its worst case over every routing when no rank has more than
 // `tokens_per_rank` tokens: R = P N k (with borrowing a rank can be sent
 // every route), B and L as LlepMaxBorrowed / LlepMaxLent over P N k routes.
 LlepChunkSizes LlepWorstCaseSizes(const ModelConfig& model, int64_t ranks,
                                   int64_t tokens_per_rank, const LlepOptions& options);
 int64_t LlepWorstCasePeakBytes(const ModelConfig& model, int64_t ranks, int64_t tokens_per_rank,
-                               const LlepOptions& options);
+                               const LlepOptions& options, const ElementBytes& e = kFp32Elements);
 
 // The most experts one rank borrows, and the most (helper, expert) pairs one
 // rank lends, in a chunk of at most `routes` routes in all:
@@ -249,11 +256,13 @@ int64_t PipelinedLlepCountWords(const ModelConfig& model, int64_t ranks, int64_t
 // launch's tokens per rank (the most any Forward may be given).
 std::vector<DispatchBufferSpec> PipelinedLlepBuffers(const ModelConfig& model, int64_t ranks,
                                                      int64_t max_tokens,
-                                                     const PipelinedLlepOptions& options);
+                                                     const PipelinedLlepOptions& options,
+                                                     const ElementBytes& e = kFp32Elements);
 // The bound: the sum of PipelinedLlepBuffers. Holds in Forward and in
 // Backward (which replays chunk by chunk in the same slots).
 int64_t PipelinedLlepBoundBytes(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
-                                const PipelinedLlepOptions& options);
+                                const PipelinedLlepOptions& options,
+                                const ElementBytes& e = kFp32Elements);
 // Host (pinned on CUDA) int32 words staging every chunk's index vectors, so
 // that each chunk's upload is one asynchronous copy: K_max slot layouts.
 int64_t PipelinedLlepHostIndexWords(const ModelConfig& model, int64_t ranks, int64_t max_tokens,

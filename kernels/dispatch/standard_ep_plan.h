@@ -8,13 +8,17 @@
 #include <cstdint>
 
 #include "kernels/model/config.h"
+#include "kernels/model/precision.h"
 
 namespace plateau {
 
 // Peak bytes of the kDispatch live set over Forward and Backward of one
 // layer in which this rank sends `sent_routes` routes (N*k) and receives
-// `received_rows` rows (Backward holds the most).
-int64_t StandardEpPeakBytes(const ModelConfig& model, int64_t sent_routes, int64_t received_rows);
+// `received_rows` rows (Backward holds the most). Rows in the working
+// precision, the gates in fp32; standard_ep.cc allocates with the default
+// (its kernels compute fp32), the budget passes the step's precision.
+int64_t StandardEpPeakBytes(const ModelConfig& model, int64_t sent_routes, int64_t received_rows,
+                            const ElementBytes& e = kFp32Elements);
 
 // The most rows one rank can receive: every token of every source rank
 // sends it all the routes it can, min(k, E/P) (a token's k experts are

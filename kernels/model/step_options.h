@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "kernels/model/config.h"
+#include "kernels/model/precision.h"
 
 namespace plateau {
 
@@ -124,6 +125,10 @@ struct OptimizerPlacementOptions {
 
 struct StepOptions {
   ModelConfig model;
+  // fp32 (what the CPU backend computes) or bf16 mixed (kernels/model/
+  // precision.h): the budget plans either; TrainingStep::Create refuses a
+  // precision its backend does not compute.
+  Precision precision = Precision::kFp32;
   LayoutConfig layout;
   OptimizerConfig optimizer;
   ProjectionOptions projection;

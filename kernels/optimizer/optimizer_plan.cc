@@ -6,12 +6,10 @@
 
 namespace plateau {
 
-namespace {
-constexpr int64_t kF = sizeof(float);
-}  // namespace
-
-OptimizerBytes CpuOffloadAdamWBytes(int64_t shard_numel, int64_t owned_numel) {
-  return {0, 4 * (shard_numel + owned_numel) * kF};
+OptimizerBytes CpuOffloadAdamWBytes(int64_t shard_numel, int64_t owned_numel, const ElementBytes& e) {
+  // Parameters (the dense master; the owned weights' staging copy), m, v in
+  // fp32, and the gradients as the device holds them.
+  return {0, (3 * e.master + e.working) * (shard_numel + owned_numel)};
 }
 
 int64_t OffloadStreamBucket(int64_t shard_numel, int64_t owned_numel, int64_t bucket_params) {
@@ -19,9 +17,9 @@ int64_t OffloadStreamBucket(int64_t shard_numel, int64_t owned_numel, int64_t bu
 }
 
 OptimizerBytes OffloadStreamAdamWBytes(int64_t shard_numel, int64_t owned_numel, int64_t bucket_params,
-                                       int64_t slots) {
+                                       int64_t slots, const ElementBytes& e) {
   const int64_t bucket = OffloadStreamBucket(shard_numel, owned_numel, bucket_params);
-  return {slots * 3 * bucket * kF, DeviceAdamWBytes(shard_numel, owned_numel)};
+  return {slots * 3 * bucket * e.master, DeviceAdamWBytes(shard_numel, owned_numel, e)};
 }
 
 std::vector<OptimizerBucket> OffloadStreamBuckets(int64_t shard_numel, int64_t owned_numel, int64_t bucket) {

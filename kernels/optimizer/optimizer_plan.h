@@ -2,7 +2,10 @@
 // budget's part). Each schedule allocates exactly these bytes.
 //
 // Notation: S = this rank's dense ZeRO shard, X = its owned parameters
-// (kernels/model/params.h), both in fp32 values.
+// (kernels/model/params.h), both in values. Master weights and moments are
+// fp32 (e.master) in either precision; the schedules allocate with the
+// defaults (their kernels compute fp32), the budget passes the step's
+// precision.
 #ifndef PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_PLAN_H_
 #define PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_PLAN_H_
 
@@ -10,13 +13,17 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/model/precision.h"
 
 namespace plateau {
 
 // Device bytes of the baseline: the dense shard's fp32 master, m and v [S],
-// the owned weights' m and v [X] (they are their own master).
-inline int64_t DeviceAdamWBytes(int64_t shard_numel, int64_t owned_numel) {
-  return (3 * shard_numel + 2 * owned_numel) * static_cast<int64_t>(sizeof(float));
+// the owned weights' m and v [X]; in fp32 the owned weights are their own
+// master, in bf16 mixed they need an fp32 master [X] too.
+inline int64_t DeviceAdamWBytes(int64_t shard_numel, int64_t owned_numel,
+                                const ElementBytes& e = kFp32Elements) {
+  const int64_t owned_states = e.working_is_master() ? 2 : 3;
+  return (3 * shard_numel + owned_states * owned_numel) * e.master;
 }
 
 // Bytes of an optimizer placement in each space (kOptimizer).
@@ -28,16 +35,17 @@ struct OptimizerBytes {
 // The CPU-offload baseline: nothing on the device; on the host the
 // parameters [S + X] (the dense master, and a staging copy of the owned
 // weights, which stay authoritative on the device), m and v [S + X] and the
-// gradients copied down [S + X].
-OptimizerBytes CpuOffloadAdamWBytes(int64_t shard_numel, int64_t owned_numel);
+// gradients copied down [S + X] (in the working precision).
+OptimizerBytes CpuOffloadAdamWBytes(int64_t shard_numel, int64_t owned_numel,
+                                    const ElementBytes& e = kFp32Elements);
 
 // OffloadStreamAdamW: master, m and v on the host as in the device
-// baseline, 3S + 2X floats; on the device `slots` staging slots of
+// baseline (DeviceAdamWBytes); on the device `slots` staging slots of
 // master + m + v for one bucket each. The bucket is
 // min(bucket_params, max(S, X)) values: never larger than the larger group.
 int64_t OffloadStreamBucket(int64_t shard_numel, int64_t owned_numel, int64_t bucket_params);
 OptimizerBytes OffloadStreamAdamWBytes(int64_t shard_numel, int64_t owned_numel, int64_t bucket_params,
-                                       int64_t slots);
+                                       int64_t slots, const ElementBytes& e = kFp32Elements);
 
 // The buckets of one update, in order: the dense shard [0, S) in pieces of
 // at most `bucket` values, then the owned vector [0, X). A bucket never

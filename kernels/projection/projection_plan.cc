@@ -36,20 +36,20 @@ RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
 //   lse_own          N                          this rank's log-sum-exp, forward -> backward
 //   side (act. mode) 2 x R floats + 2 x R int32 the travelling batch's lse and targets
 // with R the rows of one pass.
-int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks) {
+int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e) {
   const int64_t N = c.rows, R = RingDtpPassRows(c);
-  int64_t floats = std::min(R, c.row_tile) * std::min(c.strip, c.vocab) +
-                   3 * RingDtpSlotFloats(c, ranks) + 6 * R + N;
+  const int64_t working = std::min(R, c.row_tile) * std::min(c.strip, c.vocab) + 3 * RingDtpSlotFloats(c, ranks);
+  int64_t accum = 6 * R + N;
   int64_t ints = 0;
   if (c.mode == RingDtpMode::kActivations) {
-    floats += 2 * R;
+    accum += 2 * R;
     ints += 2 * R;
   }
-  return floats * static_cast<int64_t>(sizeof(float)) + ints * static_cast<int64_t>(sizeof(int32_t));
+  return working * e.working + accum * e.accum + ints * static_cast<int64_t>(sizeof(int32_t));
 }
 
-int64_t DenseProjectionBoundBytes(int64_t rows, int64_t vocab) {
-  return (rows * vocab + rows) * static_cast<int64_t>(sizeof(float));
+int64_t DenseProjectionBoundBytes(int64_t rows, int64_t vocab, const ElementBytes& e) {
+  return rows * vocab * e.working + rows * e.accum;
 }
 
 }  // namespace plateau

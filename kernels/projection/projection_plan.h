@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "kernels/model/precision.h"
 #include "kernels/model/params.h"  // VocabShardBegin, MaxVocabShardRows
 #include "kernels/model/step_options.h"
 
@@ -40,7 +41,10 @@ RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks);
 // three rotating traveller buffers, the per-token state and log-sum-exp
 // (ring_dtp.cc allocates exactly these). Independent of V in activation
 // mode; in weight mode it grows with N only through the per-token state.
-int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks);
+// The strip tile and the travellers are in the working precision, the
+// per-token state and log-sum-exp in fp32 (e.accum): they accumulate. The
+// schedule allocates with the default (its kernels compute fp32).
+int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e = kFp32Elements);
 
 // The pieces of that bound, shared with the allocation (with
 // MaxVocabShardRows, kernels/model/params.h): the tokens of one ring pass,
@@ -49,8 +53,8 @@ int64_t RingDtpPassRows(const RingDtpConfig& c);
 int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks);
 
 // Bytes of the dense projection's kProjection live set for `rows` tokens:
-// the N x V logits and the log-sum-exp.
-int64_t DenseProjectionBoundBytes(int64_t rows, int64_t vocab);
+// the N x V logits (working precision) and the log-sum-exp (fp32).
+int64_t DenseProjectionBoundBytes(int64_t rows, int64_t vocab, const ElementBytes& e = kFp32Elements);
 
 }  // namespace plateau
 

@@ -124,6 +124,19 @@ absl::Status ValidateOptions(const StepOptions& o, int world_size) {
   return absl::OkStatus();
 }
 
+// The budget plans either precision; the kernels must compute the one
+// asked, or the step would run fp32 in buffers sized for bf16.
+absl::Status CheckPrecision(Precision p, const Backend& backend) {
+  if (p == Precision::kFp32 || backend.computes_bf16()) return absl::OkStatus();
+  if (backend.kind() == BackendKind::kCpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "precision: the cpu backend computes fp32 only, got ", PrecisionName(p),
+        " (bf16 mixed precision runs on the cuda backend, issue 17)"));
+  }
+  return absl::UnimplementedError(absl::StrCat("precision: ", PrecisionName(p),
+                                               " is not computed by this build's backend yet (issue 17)"));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -145,6 +158,7 @@ absl::StatusOr<std::unique_ptr<TrainingStep>> TrainingStep::Create(const StepOpt
                                                                   Backend& backend,
                                                                   Communicator& world) {
   PLATEAU_RETURN_IF_ERROR(ValidateOptions(options, world.size()));
+  PLATEAU_RETURN_IF_ERROR(CheckPrecision(options.precision, backend));
   // Refuse a device that cannot hold the launch-sized state before touching it.
   PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(options));
   const int64_t cap = backend.device().cap_bytes();

@@ -1,0 +1,53 @@
+// The step's numeric precision and the element sizes it implies, read by
+// every plan function (the budget's terms) so that the bytes of a buffer are
+// counted from one buffer list in either precision (no second formula).
+//
+// fp32: everything in 4-byte floats (what the CPU backend computes).
+// bf16 mixed (DESIGN.md §1.4, issue 17): bf16 working weights, activations,
+// gradients and the rows that dispatch, the projection and the checkpoints
+// hold; fp32 master weights and Adam moments; fp32 for what accumulates or
+// reduces (loss, log-sum-exp, online-softmax state, RMSNorm's rstd, the
+// router's softmax and gates, attention's score panel, the dK/dV
+// accumulators that travel the ring). Ring-DTP's three traveller slots are
+// the working precision: they rotate between the read-only traveller and
+// the dX / dW accumulator, so they share one element size, and dX / dW are
+// gradients (each meeting's GEMM accumulates in fp32; the hop stores bf16).
+//
+// Thread safety: constants and pure functions.
+#ifndef PLATEAU_KERNELS_MODEL_PRECISION_H_
+#define PLATEAU_KERNELS_MODEL_PRECISION_H_
+
+#include <cstdint>
+
+namespace plateau {
+
+enum class Precision { kFp32, kBf16Mixed };
+
+// Bytes per element of each kind of buffer.
+struct ElementBytes {
+  int64_t working = 4;  // weights as the kernels read them, activations, gradients, routed rows
+  int64_t master = 4;   // master weights and Adam moments (always fp32)
+  int64_t accum = 4;    // accumulators and reductions (always fp32)
+
+  // Whether a weight's working copy can serve as its own fp32 master (true
+  // in fp32: the owned weights then need no separate master).
+  bool working_is_master() const { return working == master; }
+};
+
+// The schedules' kernels compute fp32 today: their allocations use these
+// sizes, which every plan function defaults to.
+inline constexpr ElementBytes kFp32Elements{4, 4, 4};
+inline constexpr ElementBytes kBf16MixedElements{2, 4, 4};
+
+inline constexpr ElementBytes ElementBytesOf(Precision p) {
+  return p == Precision::kBf16Mixed ? kBf16MixedElements : kFp32Elements;
+}
+
+// "fp32" or "bf16" (the job spec's PRECISION_FP32 / PRECISION_BF16).
+inline constexpr const char* PrecisionName(Precision p) {
+  return p == Precision::kBf16Mixed ? "bf16" : "fp32";
+}
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_MODEL_PRECISION_H_
