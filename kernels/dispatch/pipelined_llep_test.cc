@@ -140,8 +140,8 @@ TEST_P(PipelinedLlepSweepTest, MatchesTheReferenceWithinTheBound) {
     // Eq. 1 and the borrowed-expert bound, as realized.
     EXPECT_LE(run.max_sizes[p].rows, P * c * k);
     EXPECT_LE(run.max_sizes[p].borrowed,
-              LlepMaxBorrowed(m, P, P * c * k, o.balance.min_piece));
-    EXPECT_LE(run.max_sizes[p].lent, LlepMaxLent(m, P, P * c * k, o.balance.min_piece));
+              LlepMaxBorrowed(m, P, P * c * k, o.balance));
+    EXPECT_LE(run.max_sizes[p].lent, LlepMaxLent(m, P, P * c * k, o.balance));
     EXPECT_EQ(run.slots[p].rows, P * c * k);
   }
   int64_t rows = 0, borrowed = 0;
@@ -153,7 +153,7 @@ TEST_P(PipelinedLlepSweepTest, MatchesTheReferenceWithinTheBound) {
             << "), c = " << c
             << ": peak = bound = " << bound << " B; most rows received in a chunk " << rows
             << " of Eq. 1's " << P * c * k << "; most experts borrowed " << borrowed << " of "
-            << LlepMaxBorrowed(m, P, P * c * k, o.balance.min_piece) << "\n";
+            << LlepMaxBorrowed(m, P, P * c * k, o.balance) << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PipelinedLlepSweepTest,
@@ -167,6 +167,43 @@ INSTANTIATE_TEST_SUITE_P(All, PipelinedLlepSweepTest,
                                '_');
                            return absl::StrCat("P", std::get<0>(i.param), "_", name);
                          });
+
+// max_borrowed = 1 across the sweep at P = 2 and 4: no rank borrows more
+// than one expert in a chunk, the results are still standard EP's to fp32
+// rounding, and the measured peak is the (smaller) capped bound in Forward
+// and Backward. The sweep has chunks where an uncapped rank borrows two, so
+// the cap changes assignments here.
+TEST(PipelinedLlepTest, MaxBorrowedCapsTheBorrowedExpertsAndTheBound) {
+  const ModelConfig m = SweepModel();
+  int64_t uncapped_most = 0;
+  for (int P : {2, 4}) {
+    for (int which = 0; which < static_cast<int>(Sweep().size()); ++which) {
+      const RoutingProfile profile = Sweep()[which];
+      SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name()));
+      const DispatchProblem pr = MakeProfileProblem(m, Tokens(P), profile, 500 + 10 * P + which);
+      PipelinedLlepOptions o = TestOptions();
+      const PipelinedRun free = RunPipelined(pr, o, MaxTokens(pr));
+      o.balance.max_borrowed = 1;
+      const PipelinedRun run = RunPipelined(pr, o, MaxTokens(pr));
+      if (HasFatalFailure()) return;
+      ExpectMatchesReference(run.got, DispatchReference(pr));
+      ExpectNearRuns(run.got, RunDispatch(pr, StandardEpFactory()), kDispatchGradTol);
+      const int64_t bound = PipelinedLlepBoundBytes(m, P, MaxTokens(pr), o);
+      o.balance.max_borrowed = 0;
+      EXPECT_LT(bound, PipelinedLlepBoundBytes(m, P, MaxTokens(pr), o));
+      for (int p = 0; p < P; ++p) {
+        EXPECT_LE(run.max_sizes[p].borrowed, 1);
+        EXPECT_LE(run.max_sizes[p].lent, P - 1);
+        EXPECT_EQ(run.slots[p].borrowed, 1);
+        EXPECT_LE(run.got.peak_forward[p], bound);
+        EXPECT_LE(run.got.peak_backward[p], bound);
+        EXPECT_EQ(run.got.peak(p), bound);  // launch-sized slots
+        uncapped_most = std::max(uncapped_most, free.max_sizes[p].borrowed);
+      }
+    }
+  }
+  EXPECT_GE(uncapped_most, 2) << "the cap never bound: the test shows nothing";
+}
 
 // K = 1 (c >= N): the chunk is the layer, and every output and gradient is
 // LLEP's bit for bit, expert-weight gradients included.
