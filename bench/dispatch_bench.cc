@@ -46,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -86,6 +87,7 @@ std::map<std::string, int64_t> flags = {
     {"tokens", 16384},     // N per rank (the paper's 65,536 / 4)
     {"chunk_tokens", 0},   // c; 0: ceil(N / 12)
     {"min_piece", 256},    // LLEP's and PipelinedLLEP's smallest moved piece
+    {"max_borrowed", 0},   // LLEP's and PipelinedLLEP's cap on borrowed experts; 0: none
     {"reps", 5},           // timed reps per schedule and phase
     {"warmup", 1},         // untimed reps before them
     {"cap_mb", 0},         // device cap of the out-of-memory test; 0: see CapBytes
@@ -98,7 +100,9 @@ std::map<std::string, int64_t> flags = {
     {"seed", 1},
 };
 std::map<std::string, std::string> string_flags = {
-    {"profiles", "balanced,50%/4,80%/16,80%/4,100%/1"},
+    // 50%/4@4: 50%/4 with the hot tokens in 4 contiguous runs, where strided
+    // and contiguous chunks differ.
+    {"profiles", "balanced,50%/4,80%/16,80%/4,100%/1,50%/4@4"},
     {"curve", "auto"},             // c values of the curve; auto: N, N/4, N/8, ceil(N/10), N/16, N/32
     {"curve_profile", "80%/16"},   // the profile of the curve ("none" skips it)
 };
@@ -107,16 +111,20 @@ int64_t F(const char* name) { return flags.at(name); }
 constexpr double kAlpha = 1.1;  // LLEP's capacity factor (its default)
 constexpr double kMiB = 1048576.0;
 
+// "balanced", "h%/g" or "h%/g@b" (the hot tokens in b contiguous runs).
 absl::StatusOr<RoutingProfile> ParseProfile(absl::string_view text) {
   if (text == "balanced") return BalancedRouting();
-  std::vector<std::string> parts = absl::StrSplit(text, absl::ByAnyChar("%/"), absl::SkipEmpty());
+  std::vector<std::string> parts = absl::StrSplit(text, absl::ByAnyChar("%/@"), absl::SkipEmpty());
   double h = 0;
-  int64_t g = 0;
-  if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &h) || !absl::SimpleAtoi(parts[1], &g)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--profiles: '", text, "' is neither 'balanced' nor 'h%/g' (e.g. 50%/4)"));
+  int64_t g = 0, b = 0;
+  const bool blocks = absl::StrContains(text, "@");
+  if (parts.size() != (blocks ? 3u : 2u) || !absl::SimpleAtod(parts[0], &h) ||
+      !absl::SimpleAtoi(parts[1], &g) || (blocks && !absl::SimpleAtoi(parts[2], &b))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profiles: '", text, "' is neither 'balanced', 'h%/g' (e.g. 50%/4) nor 'h%/g@b' (e.g. "
+        "50%/4@4: the hot tokens in 4 contiguous runs)"));
   }
-  return HotRouting(h, g);
+  return HotBlockRouting(h, g, b);
 }
 
 // ---------------------------------------------------------------------------
@@ -809,6 +817,7 @@ int main(int argc, char** argv) {
   s.balance.alpha = kAlpha;
   s.balance.min_piece = F("min_piece");
   s.balance.lambda = 1.0;
+  s.balance.max_borrowed = F("max_borrowed");
   {
     absl::Status v = ValidateLlepShape(s.m, s.P);
     if (v.ok()) v = ValidatePipelinedLlepOptions(PipeOptions(s, s.c, ChunkMembership::kStrided));
@@ -844,8 +853,9 @@ int main(int argc, char** argv) {
               "k=%lld, H=%lld, F=%lld, fp32\n",
               P, (long long)s.N, (long long)E, (long long)(E / P), (long long)K, (long long)H,
               (long long)Fd);
-  std::printf("LLEP: alpha=%.2f, lambda=1 (always balance), min_piece=%lld routes\n", kAlpha,
-              (long long)s.balance.min_piece);
+  std::printf("LLEP: alpha=%.2f, lambda=1 (always balance), min_piece=%lld routes, "
+              "max_borrowed=%lld (0: no cap)\n",
+              kAlpha, (long long)s.balance.min_piece, (long long)s.balance.max_borrowed);
   std::printf("PipelinedLLEP: c=%lld tokens per source per chunk -> K=%lld chunks; Eq. 1: at most "
               "P c k = %lld rows per chunk\n",
               (long long)s.c, (long long)Kc, (long long)(P * s.c * K));
@@ -875,9 +885,13 @@ int main(int argc, char** argv) {
               (long long)slot.rows, (long long)slot.routes, MiB(bound_weights).c_str(),
               100.0 * bound_weights / bound, (long long)slot.borrowed, (long long)slot.lent,
               MiB(bound_counts).c_str());
-  std::printf("  (B <= min(E - E_p, P c k / min_piece) = min(%lld, %lld); a rank lends L <= "
-              "min(E_p (P - 1), P c k / min_piece))\n",
-              (long long)(E - E / P), (long long)(P * s.c * K / s.balance.min_piece));
+  std::printf("  (B <= min(E - E_p, P c k / min_piece[, max_borrowed]) = min(%lld, %lld%s); a "
+              "rank lends L <= min(E_p (P - 1), P c k / min_piece[, min(E_p, max_borrowed) (P - "
+              "1)]))\n",
+              (long long)(E - E / P), (long long)(P * s.c * K / s.balance.min_piece),
+              s.balance.max_borrowed > 0
+                  ? absl::StrCat(", ", s.balance.max_borrowed).c_str()
+                  : "");
 
   // Runs.
   std::vector<ProfileResult> results;
@@ -960,7 +974,10 @@ int main(int argc, char** argv) {
   std::printf("  B/L: experts a rank borrowed / (helper, expert) pairs it lent. Eq. 1 fraction = "
               "most rows a rank received in a chunk / (P c k) (paper, at P = 8: 12.5%% strided, "
               "17.1%% contiguous on 50%%/4; an even split at P = %d is %.1f%%). str/con = "
-              "strided forward speed over contiguous (paper 1.03-1.35x)\n",
+              "strided forward speed over contiguous (paper 1.03-1.35x). Each chunk is balanced by "
+              "LLEP on its own loads, so the two memberships give the same rows wherever a "
+              "chunk's overflow can move (pieces >= min_piece, helpers under max_borrowed): they "
+              "differ on hot runs (h%%/g@b) when it cannot, e.g. at --min_piece=1024\n",
               P, 100.0 / P);
 
   // Table: agreement.
@@ -1069,12 +1086,13 @@ int main(int argc, char** argv) {
   std::string js = absl::StrFormat(
       "{\"bench\":\"dispatch\",\"date\":%s,\"load_avg_1m_start\":%.2f,\"load_avg_1m_end\":%.2f,"
       "\"backend\":%s,\"ranks\":%d,\"tokens\":%d,\"experts\":%d,\"top_k\":%d,\"hidden\":%d,"
-      "\"ffn\":%d,\"chunk_tokens\":%d,\"chunks\":%d,\"min_piece\":%d,\"alpha\":%.2f,"
+      "\"ffn\":%d,\"chunk_tokens\":%d,\"chunks\":%d,\"min_piece\":%d,\"max_borrowed\":%d,"
+      "\"alpha\":%.2f,"
       "\"bound_bytes\":%d,\"bound_row_bytes\":%d,\"bound_weight_bytes\":%d,"
       "\"bound_count_bytes\":%d,\"slot_borrowed\":%d,\"slot_lent\":%d,\"cap_bytes\":%d,"
       "\"profiles\":[",
       bench::JsonString(bench::NowText()), load0, load1, bench::JsonString(backend_text), P, s.N, E,
-      K, H, Fd, s.c, Kc, s.balance.min_piece, kAlpha, bound, bound_rows, bound_weights,
+      K, H, Fd, s.c, Kc, s.balance.min_piece, s.balance.max_borrowed, kAlpha, bound, bound_rows, bound_weights,
       bound_counts, slot.borrowed, slot.lent, cap);
   for (size_t i = 0; i < results.size(); ++i) {
     const ProfileResult& r = results[i];

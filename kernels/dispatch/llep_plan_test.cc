@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -602,6 +603,37 @@ TEST(LlepPlanTest, MaxBorrowedShrinksTheBoundByTheBorrowedWeights) {
                   (2 * (lw.borrowed - lc.borrowed) + (lw.lent - lc.lent)) * X)
         << cap;
   }
+}
+
+// Hot tokens in runs ("h%/g@b") are where chunk membership matters: with
+// nothing moved (plain EP inside each chunk, as when min_piece is large
+// against a chunk's overflow), contiguous chunks that fall inside runs send
+// the hot experts' rank far more rows than strided ones, which take a share
+// of every run. Scattered hot tokens look the same either way.
+TEST(LlepPlanTest, ContiguousChunksConcentrateHotRuns) {
+  const ModelConfig m = Model(16, 4);
+  const std::vector<int64_t> n(4, 400);
+  const int64_t K = 8;
+  auto most_rows = [&](const RoutingProfile& profile, ChunkMembership membership) {
+    int64_t most = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      const World w = Plan(m, n, profile, Opts(1.0, 1, 1e9), K, j, membership);
+      for (const LlepRankPlan& p : w.plans) most = std::max(most, p.rows());
+    }
+    return most;
+  };
+  const int64_t strided = most_rows(HotBlockRouting(50, 4, 2), ChunkMembership::kStrided);
+  const int64_t contiguous = most_rows(HotBlockRouting(50, 4, 2), ChunkMembership::kContiguous);
+  const int64_t scattered_s = most_rows(HotRouting(50, 4), ChunkMembership::kStrided);
+  const int64_t scattered_c = most_rows(HotRouting(50, 4), ChunkMembership::kContiguous);
+  // Strided: each source's chunk has 25 +- 2 hot tokens (100 routes to rank
+  // 0) and 25 cold ones (about 25 routes there): about 500 of P c k = 800.
+  EXPECT_NEAR(strided, 500, 40);
+  EXPECT_GT(contiguous, strided * 5 / 4);
+  EXPECT_NEAR(scattered_c, scattered_s, scattered_s / 10);
+  std::cout << "P = 4, c = 50, k = 4, rank 0's most rows in a chunk of P c k = 800: 50%/4@2 "
+            << strided << " strided, " << contiguous << " contiguous; 50%/4 " << scattered_s
+            << " strided, " << scattered_c << " contiguous\n";
 }
 
 // Over a skew sweep of chunked layers, every chunk's realized sizes fit the

@@ -229,14 +229,19 @@ TEST(PipelinedLlepTest, OneChunkIsLlepBitForBit) {
 TEST(PipelinedLlepTest, StridedAndContiguousAgree) {
   const ModelConfig m = SweepModel();
   for (int P : {2, 4}) {
-    const DispatchProblem pr = MakeProfileProblem(m, Tokens(P, 30), HotRouting(80, 4), 71 + P);
-    const PipelinedRun strided = RunPipelined(pr, TestOptions(3), MaxTokens(pr));
-    const PipelinedRun contiguous =
-        RunPipelined(pr, TestOptions(3, ChunkMembership::kContiguous), MaxTokens(pr));
-    EXPECT_EQ(strided.chunks[0], 10);
-    ExpectNearRuns(strided.got, contiguous.got, kDispatchGradTol);
-    ExpectNearRuns(strided.got, RunDispatch(pr, LlepFactory(TestOptions().balance)),
-                   kDispatchGradTol);
+    // Scattered hot tokens, and hot tokens in runs (contiguous chunks then
+    // hold all-hot and all-cold blocks; strided ones a share of each run).
+    for (const RoutingProfile& profile : {HotRouting(80, 4), HotBlockRouting(50, 4, 2)}) {
+      SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name()));
+      const DispatchProblem pr = MakeProfileProblem(m, Tokens(P, 30), profile, 71 + P);
+      const PipelinedRun strided = RunPipelined(pr, TestOptions(3), MaxTokens(pr));
+      const PipelinedRun contiguous =
+          RunPipelined(pr, TestOptions(3, ChunkMembership::kContiguous), MaxTokens(pr));
+      EXPECT_EQ(strided.chunks[0], 10);
+      ExpectNearRuns(strided.got, contiguous.got, kDispatchGradTol);
+      ExpectNearRuns(strided.got, RunDispatch(pr, LlepFactory(TestOptions().balance)),
+                     kDispatchGradTol);
+    }
   }
 }
 
