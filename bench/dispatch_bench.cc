@@ -9,7 +9,9 @@
 //     reset between them; PipelinedLLEP's launch-sized slots are held from
 //     Create, so they count), max over ranks; the outputs and gradients
 //     compared elementwise with LLEP's.
-//  2. Time: Forward alone and Forward + Backward of every schedule,
+//  2. Time: Forward alone and Forward + Backward of every schedule (and
+//     PipelinedLLEP's ForwardForBackward + Backward, what the step's
+//     recompute and backward run),
 //     interleaved rep by rep (the order rotating) after a warm-up, so each
 //     sees the same machine; a rep's time is the slowest rank's, and the
 //     figure is the median over reps. Ratios are LLEP's time over the
@@ -268,6 +270,10 @@ absl::Status Forward(ExpertDispatch& d, Inputs& in) {
   return d.Forward(in.u.as<float>(), in.chosen.as<int32_t>(), in.gates.as<float>(), in.n, in.w(),
                    in.out.as<float>());
 }
+absl::Status ForwardForBackward(ExpertDispatch& d, Inputs& in) {
+  return d.ForwardForBackward(in.u.as<float>(), in.chosen.as<int32_t>(), in.gates.as<float>(),
+                              in.n, in.w(), in.out.as<float>());
+}
 absl::Status Backward(ExpertDispatch& d, Inputs& in) {
   return d.Backward(in.dout.as<float>(), in.w(), in.du.as<float>(), in.dgates.as<float>(), in.g());
 }
@@ -335,10 +341,14 @@ absl::Status RunWorld(int P, int64_t device_bytes, const std::string& tag,
 
 // Per rep, the slowest rank's seconds (filled by the rank threads).
 struct RepTimes {
-  std::vector<double> fwd, total;
+  // total: Forward + Backward. for_backward: ForwardForBackward + Backward,
+  // what the step's recompute and backward run (PipelinedLLEP only; the
+  // others' ForwardForBackward is their Forward).
+  std::vector<double> fwd, total, for_backward;
   void Resize(int reps) {
     fwd.assign(reps, 0.0);
     total.assign(reps, 0.0);
+    for_backward.assign(reps, 0.0);
   }
 };
 
@@ -354,6 +364,7 @@ struct SchedResult {
   int64_t peak() const { return std::max(peak_fwd, peak_bwd); }
   double fwd_s() const { return Median(times.fwd); }
   double total_s() const { return Median(times.total); }
+  double for_backward_s() const { return Median(times.for_backward); }
 };
 
 // What a run gave back, per rank (for the agreement check).
@@ -558,6 +569,19 @@ absl::StatusOr<ProfileResult> RunProfile(const Shape& s, const RoutingProfile& p
                 PLATEAU_RETURN_IF_ERROR(Backward(*d[k], in));
                 PLATEAU_RETURN_IF_ERROR(Sync(x));
                 total = NowSeconds() - t0;
+              }
+              if (k == kPipe) {
+                PLATEAU_RETURN_IF_ERROR(Barrier(x));
+                t0 = NowSeconds();
+                PLATEAU_RETURN_IF_ERROR(ForwardForBackward(*d[k], in));
+                PLATEAU_RETURN_IF_ERROR(Backward(*d[k], in));
+                PLATEAU_RETURN_IF_ERROR(Sync(x));
+                const double fb = NowSeconds() - t0;
+                if (rep >= warmup) {
+                  std::lock_guard<std::mutex> l(mu);
+                  double& slot = res.s[k].times.for_backward[rep - warmup];
+                  slot = std::max(slot, fb);
+                }
               }
               if (rep >= warmup) record(res.s[k].times, rep - warmup, fwd, total);
             }
@@ -943,6 +967,28 @@ int main(int argc, char** argv) {
               "PipelinedLLEP peak / LLEP peak %s (target <= 0.40; paper 0.41-0.43); forward speed "
               "%s, forward+backward speed %s (target >= 1.0; paper 1.01-1.10)\n",
               peak_ratio.Text().c_str(), fwd_speed.Text().c_str(), tot_speed.Text().c_str());
+  // Table: the dispatch's share of a training step. The step runs Forward
+  // in its forward pass, then per layer the recompute and Backward; the
+  // recompute calls ForwardForBackward, which for PipelinedLLEP only plans
+  // (its Backward replays the chunks), for LLEP is Forward.
+  std::printf("\nin the step (forward pass, then recompute + backward; ms):\n");
+  std::printf("%-9s | %9s %9s %7s | %9s %9s %7s\n", "profile", "LLEP f+b", "Pipe r+b",
+              "speed", "LLEP step", "Pipe step", "speed");
+  Range bwd_speed, step_speed;
+  for (const ProfileResult& r : results) {
+    const SchedResult &ll = r.s[kLlep], &pi = r.s[kPipe];
+    const double ls = ll.fwd_s() + ll.total_s(), ps = pi.fwd_s() + pi.for_backward_s();
+    bwd_speed.Add(ll.total_s() / pi.for_backward_s());
+    step_speed.Add(ls / ps);
+    std::printf("%-9s | %9s %9s %6.3fx | %9s %9s %6.3fx\n", r.name.c_str(),
+                Ms(ll.total_s()).c_str(), Ms(pi.for_backward_s()).c_str(),
+                ll.total_s() / pi.for_backward_s(), Ms(ls).c_str(), Ms(ps).c_str(), ls / ps);
+  }
+  std::printf("  r+b = ForwardForBackward + Backward (PipelinedLLEP: plan only, then the chunk "
+              "replay; its GEMMs are 9, LLEP's f+b 9): speed %s; step = fwd + (LLEP: f+b, Pipe: "
+              "r+b): speed %s\n",
+              bwd_speed.Text().c_str(), step_speed.Text().c_str());
+
   double worst_others = 0;
   for (const ProfileResult& r : results) worst_others = std::max(worst_others, r.others_pct);
   if (worst_others > 10) {
@@ -1116,11 +1162,15 @@ int main(int argc, char** argv) {
         ",\"peak_ratio\":%.4f,\"fwd_speed\":%.4f,\"fwd_bwd_speed\":%.4f,\"std_rows\":%d,"
         "\"llep_rows\":%d,\"llep_borrowed\":%d,\"llep_lent\":%d,\"pipe_rows_per_chunk\":%d,"
         "\"pipe_borrowed\":%d,\"pipe_lent\":%d,\"eq1_fraction_strided\":%.4f,"
-        "\"eq1_fraction_contiguous\":%.4f,\"strided_over_contiguous_speed\":%.4f",
+        "\"eq1_fraction_contiguous\":%.4f,\"strided_over_contiguous_speed\":%.4f,"
+        "\"pipe_for_backward_s\":%.5f,\"recompute_bwd_speed\":%.4f,\"step_speed\":%.4f",
         double(r.s[kPipe].peak()) / r.s[kLlep].peak(), r.s[kLlep].fwd_s() / r.s[kPipe].fwd_s(),
         r.s[kLlep].total_s() / r.s[kPipe].total_s(), r.std_rows, r.llep_rows, r.llep_borrowed,
         r.llep_lent, r.pipe_rows, r.pipe_borrowed, r.pipe_lent, r.pipe_rows / eq1,
-        r.contig_rows / eq1, r.s[kPipeContig].fwd_s() / r.s[kPipe].fwd_s());
+        r.contig_rows / eq1, r.s[kPipeContig].fwd_s() / r.s[kPipe].fwd_s(),
+        r.s[kPipe].for_backward_s(), r.s[kLlep].total_s() / r.s[kPipe].for_backward_s(),
+        (r.s[kLlep].fwd_s() + r.s[kLlep].total_s()) /
+            (r.s[kPipe].fwd_s() + r.s[kPipe].for_backward_s()));
     const TinyResult& t = r.tiny;
     absl::StrAppendFormat(&js,
                           ",\"tiny\":{\"tokens\":%d,\"llep_fwd_s\":%.6f,\"budget_chunks\":%d,"
