@@ -95,9 +95,8 @@ absl::Status ValidateLlepShape(const ModelConfig& m, int64_t ranks) {
 //   borrows max_borrowed experts takes no piece of another expert (more of
 //   one it already borrows is free: its weights are there). Helpers are
 //   chosen among the others by the rules above; when no other rank may
-//   borrow the expert, the remainder stays on its home rank, over capacity
-//   (its last piece; the home may then hold two). Compute balance gives way
-//   to the cap, never the memory bound.
+//   borrow the expert, it stays whole on its home rank, over capacity.
+//   Compute balance gives way to the cap, never the memory bound.
 LlepAssignment AssignLlep(absl::Span<const int64_t> loads, int64_t P, const LlepOptions& o) {
   const int64_t E = static_cast<int64_t>(loads.size()), Ep = E / P, m = o.min_piece;
   LlepAssignment a;
