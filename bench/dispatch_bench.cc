@@ -38,6 +38,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -828,6 +829,11 @@ int main(int argc, char** argv) {
     }
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress visible when piped
+  // Under the device cap a rank that runs out of memory returns and closes
+  // its Gloo sockets while its peers may still be writing to them: without
+  // this the write raises SIGPIPE and kills the bench (exit 141) instead of
+  // failing the peers' collective with an error the cap table reports.
+  std::signal(SIGPIPE, SIG_IGN);
   openblas_set_num_threads(static_cast<int>(F("blas_threads")));
 
   Shape s;
