@@ -9,7 +9,9 @@
 //     reset between them; PipelinedLLEP's launch-sized slots are held from
 //     Create, so they count), max over ranks; the outputs and gradients
 //     compared elementwise with LLEP's.
-//  2. Time: Forward alone and Forward + Backward of every schedule,
+//  2. Time: Forward alone and Forward + Backward of every schedule (and
+//     PipelinedLLEP's ForwardForBackward + Backward, what the step's
+//     recompute and backward run),
 //     interleaved rep by rep (the order rotating) after a warm-up, so each
 //     sees the same machine; a rep's time is the slowest rank's, and the
 //     figure is the median over reps. Ratios are LLEP's time over the
@@ -36,6 +38,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -46,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -86,6 +90,7 @@ std::map<std::string, int64_t> flags = {
     {"tokens", 16384},     // N per rank (the paper's 65,536 / 4)
     {"chunk_tokens", 0},   // c; 0: ceil(N / 12)
     {"min_piece", 256},    // LLEP's and PipelinedLLEP's smallest moved piece
+    {"max_borrowed", 0},   // LLEP's and PipelinedLLEP's cap on borrowed experts; 0: none
     {"reps", 5},           // timed reps per schedule and phase
     {"warmup", 1},         // untimed reps before them
     {"cap_mb", 0},         // device cap of the out-of-memory test; 0: see CapBytes
@@ -98,7 +103,9 @@ std::map<std::string, int64_t> flags = {
     {"seed", 1},
 };
 std::map<std::string, std::string> string_flags = {
-    {"profiles", "balanced,50%/4,80%/16,80%/4,100%/1"},
+    // 50%/4@4: 50%/4 with the hot tokens in 4 contiguous runs, where strided
+    // and contiguous chunks differ.
+    {"profiles", "balanced,50%/4,80%/16,80%/4,100%/1,50%/4@4"},
     {"curve", "auto"},             // c values of the curve; auto: N, N/4, N/8, ceil(N/10), N/16, N/32
     {"curve_profile", "80%/16"},   // the profile of the curve ("none" skips it)
 };
@@ -107,16 +114,20 @@ int64_t F(const char* name) { return flags.at(name); }
 constexpr double kAlpha = 1.1;  // LLEP's capacity factor (its default)
 constexpr double kMiB = 1048576.0;
 
+// "balanced", "h%/g" or "h%/g@b" (the hot tokens in b contiguous runs).
 absl::StatusOr<RoutingProfile> ParseProfile(absl::string_view text) {
   if (text == "balanced") return BalancedRouting();
-  std::vector<std::string> parts = absl::StrSplit(text, absl::ByAnyChar("%/"), absl::SkipEmpty());
+  std::vector<std::string> parts = absl::StrSplit(text, absl::ByAnyChar("%/@"), absl::SkipEmpty());
   double h = 0;
-  int64_t g = 0;
-  if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &h) || !absl::SimpleAtoi(parts[1], &g)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--profiles: '", text, "' is neither 'balanced' nor 'h%/g' (e.g. 50%/4)"));
+  int64_t g = 0, b = 0;
+  const bool blocks = absl::StrContains(text, "@");
+  if (parts.size() != (blocks ? 3u : 2u) || !absl::SimpleAtod(parts[0], &h) ||
+      !absl::SimpleAtoi(parts[1], &g) || (blocks && !absl::SimpleAtoi(parts[2], &b))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profiles: '", text, "' is neither 'balanced', 'h%/g' (e.g. 50%/4) nor 'h%/g@b' (e.g. "
+        "50%/4@4: the hot tokens in 4 contiguous runs)"));
   }
-  return HotRouting(h, g);
+  return HotBlockRouting(h, g, b);
 }
 
 // ---------------------------------------------------------------------------
@@ -260,6 +271,10 @@ absl::Status Forward(ExpertDispatch& d, Inputs& in) {
   return d.Forward(in.u.as<float>(), in.chosen.as<int32_t>(), in.gates.as<float>(), in.n, in.w(),
                    in.out.as<float>());
 }
+absl::Status ForwardForBackward(ExpertDispatch& d, Inputs& in) {
+  return d.ForwardForBackward(in.u.as<float>(), in.chosen.as<int32_t>(), in.gates.as<float>(),
+                              in.n, in.w(), in.out.as<float>());
+}
 absl::Status Backward(ExpertDispatch& d, Inputs& in) {
   return d.Backward(in.dout.as<float>(), in.w(), in.du.as<float>(), in.dgates.as<float>(), in.g());
 }
@@ -327,10 +342,14 @@ absl::Status RunWorld(int P, int64_t device_bytes, const std::string& tag,
 
 // Per rep, the slowest rank's seconds (filled by the rank threads).
 struct RepTimes {
-  std::vector<double> fwd, total;
+  // total: Forward + Backward. for_backward: ForwardForBackward + Backward,
+  // what the step's recompute and backward run (PipelinedLLEP only; the
+  // others' ForwardForBackward is their Forward).
+  std::vector<double> fwd, total, for_backward;
   void Resize(int reps) {
     fwd.assign(reps, 0.0);
     total.assign(reps, 0.0);
+    for_backward.assign(reps, 0.0);
   }
 };
 
@@ -346,6 +365,7 @@ struct SchedResult {
   int64_t peak() const { return std::max(peak_fwd, peak_bwd); }
   double fwd_s() const { return Median(times.fwd); }
   double total_s() const { return Median(times.total); }
+  double for_backward_s() const { return Median(times.for_backward); }
 };
 
 // What a run gave back, per rank (for the agreement check).
@@ -550,6 +570,19 @@ absl::StatusOr<ProfileResult> RunProfile(const Shape& s, const RoutingProfile& p
                 PLATEAU_RETURN_IF_ERROR(Backward(*d[k], in));
                 PLATEAU_RETURN_IF_ERROR(Sync(x));
                 total = NowSeconds() - t0;
+              }
+              if (k == kPipe) {
+                PLATEAU_RETURN_IF_ERROR(Barrier(x));
+                t0 = NowSeconds();
+                PLATEAU_RETURN_IF_ERROR(ForwardForBackward(*d[k], in));
+                PLATEAU_RETURN_IF_ERROR(Backward(*d[k], in));
+                PLATEAU_RETURN_IF_ERROR(Sync(x));
+                const double fb = NowSeconds() - t0;
+                if (rep >= warmup) {
+                  std::lock_guard<std::mutex> l(mu);
+                  double& slot = res.s[k].times.for_backward[rep - warmup];
+                  slot = std::max(slot, fb);
+                }
               }
               if (rep >= warmup) record(res.s[k].times, rep - warmup, fwd, total);
             }
@@ -796,6 +829,11 @@ int main(int argc, char** argv) {
     }
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress visible when piped
+  // Under the device cap a rank that runs out of memory returns and closes
+  // its Gloo sockets while its peers may still be writing to them: without
+  // this the write raises SIGPIPE and kills the bench (exit 141) instead of
+  // failing the peers' collective with an error the cap table reports.
+  std::signal(SIGPIPE, SIG_IGN);
   openblas_set_num_threads(static_cast<int>(F("blas_threads")));
 
   Shape s;
@@ -809,6 +847,7 @@ int main(int argc, char** argv) {
   s.balance.alpha = kAlpha;
   s.balance.min_piece = F("min_piece");
   s.balance.lambda = 1.0;
+  s.balance.max_borrowed = F("max_borrowed");
   {
     absl::Status v = ValidateLlepShape(s.m, s.P);
     if (v.ok()) v = ValidatePipelinedLlepOptions(PipeOptions(s, s.c, ChunkMembership::kStrided));
@@ -844,8 +883,9 @@ int main(int argc, char** argv) {
               "k=%lld, H=%lld, F=%lld, fp32\n",
               P, (long long)s.N, (long long)E, (long long)(E / P), (long long)K, (long long)H,
               (long long)Fd);
-  std::printf("LLEP: alpha=%.2f, lambda=1 (always balance), min_piece=%lld routes\n", kAlpha,
-              (long long)s.balance.min_piece);
+  std::printf("LLEP: alpha=%.2f, lambda=1 (always balance), min_piece=%lld routes, "
+              "max_borrowed=%lld (0: no cap)\n",
+              kAlpha, (long long)s.balance.min_piece, (long long)s.balance.max_borrowed);
   std::printf("PipelinedLLEP: c=%lld tokens per source per chunk -> K=%lld chunks; Eq. 1: at most "
               "P c k = %lld rows per chunk\n",
               (long long)s.c, (long long)Kc, (long long)(P * s.c * K));
@@ -875,9 +915,13 @@ int main(int argc, char** argv) {
               (long long)slot.rows, (long long)slot.routes, MiB(bound_weights).c_str(),
               100.0 * bound_weights / bound, (long long)slot.borrowed, (long long)slot.lent,
               MiB(bound_counts).c_str());
-  std::printf("  (B <= min(E - E_p, P c k / min_piece) = min(%lld, %lld); a rank lends L <= "
-              "min(E_p (P - 1), P c k / min_piece))\n",
-              (long long)(E - E / P), (long long)(P * s.c * K / s.balance.min_piece));
+  std::printf("  (B <= min(E - E_p, P c k / min_piece[, max_borrowed]) = min(%lld, %lld%s); a "
+              "rank lends L <= min(E_p (P - 1), P c k / min_piece[, min(E_p, max_borrowed) (P - "
+              "1)]))\n",
+              (long long)(E - E / P), (long long)(P * s.c * K / s.balance.min_piece),
+              s.balance.max_borrowed > 0
+                  ? absl::StrCat(", ", s.balance.max_borrowed).c_str()
+                  : "");
 
   // Runs.
   std::vector<ProfileResult> results;
@@ -929,6 +973,28 @@ int main(int argc, char** argv) {
               "PipelinedLLEP peak / LLEP peak %s (target <= 0.40; paper 0.41-0.43); forward speed "
               "%s, forward+backward speed %s (target >= 1.0; paper 1.01-1.10)\n",
               peak_ratio.Text().c_str(), fwd_speed.Text().c_str(), tot_speed.Text().c_str());
+  // Table: the dispatch's share of a training step. The step runs Forward
+  // in its forward pass, then per layer the recompute and Backward; the
+  // recompute calls ForwardForBackward, which for PipelinedLLEP only plans
+  // (its Backward replays the chunks), for LLEP is Forward.
+  std::printf("\nin the step (forward pass, then recompute + backward; ms):\n");
+  std::printf("%-9s | %9s %9s %7s | %9s %9s %7s\n", "profile", "LLEP f+b", "Pipe r+b",
+              "speed", "LLEP step", "Pipe step", "speed");
+  Range bwd_speed, step_speed;
+  for (const ProfileResult& r : results) {
+    const SchedResult &ll = r.s[kLlep], &pi = r.s[kPipe];
+    const double ls = ll.fwd_s() + ll.total_s(), ps = pi.fwd_s() + pi.for_backward_s();
+    bwd_speed.Add(ll.total_s() / pi.for_backward_s());
+    step_speed.Add(ls / ps);
+    std::printf("%-9s | %9s %9s %6.3fx | %9s %9s %6.3fx\n", r.name.c_str(),
+                Ms(ll.total_s()).c_str(), Ms(pi.for_backward_s()).c_str(),
+                ll.total_s() / pi.for_backward_s(), Ms(ls).c_str(), Ms(ps).c_str(), ls / ps);
+  }
+  std::printf("  r+b = ForwardForBackward + Backward (PipelinedLLEP: plan only, then the chunk "
+              "replay; its GEMMs are 9, LLEP's f+b 9): speed %s; step = fwd + (LLEP: f+b, Pipe: "
+              "r+b): speed %s\n",
+              bwd_speed.Text().c_str(), step_speed.Text().c_str());
+
   double worst_others = 0;
   for (const ProfileResult& r : results) worst_others = std::max(worst_others, r.others_pct);
   if (worst_others > 10) {
@@ -960,7 +1026,10 @@ int main(int argc, char** argv) {
   std::printf("  B/L: experts a rank borrowed / (helper, expert) pairs it lent. Eq. 1 fraction = "
               "most rows a rank received in a chunk / (P c k) (paper, at P = 8: 12.5%% strided, "
               "17.1%% contiguous on 50%%/4; an even split at P = %d is %.1f%%). str/con = "
-              "strided forward speed over contiguous (paper 1.03-1.35x)\n",
+              "strided forward speed over contiguous (paper 1.03-1.35x). Each chunk is balanced by "
+              "LLEP on its own loads, so the two memberships give the same rows wherever a "
+              "chunk's overflow can move (pieces >= min_piece, helpers under max_borrowed): they "
+              "differ on hot runs (h%%/g@b) when it cannot, e.g. at --min_piece=1024\n",
               P, 100.0 / P);
 
   // Table: agreement.
@@ -1069,12 +1138,13 @@ int main(int argc, char** argv) {
   std::string js = absl::StrFormat(
       "{\"bench\":\"dispatch\",\"date\":%s,\"load_avg_1m_start\":%.2f,\"load_avg_1m_end\":%.2f,"
       "\"backend\":%s,\"ranks\":%d,\"tokens\":%d,\"experts\":%d,\"top_k\":%d,\"hidden\":%d,"
-      "\"ffn\":%d,\"chunk_tokens\":%d,\"chunks\":%d,\"min_piece\":%d,\"alpha\":%.2f,"
+      "\"ffn\":%d,\"chunk_tokens\":%d,\"chunks\":%d,\"min_piece\":%d,\"max_borrowed\":%d,"
+      "\"alpha\":%.2f,"
       "\"bound_bytes\":%d,\"bound_row_bytes\":%d,\"bound_weight_bytes\":%d,"
       "\"bound_count_bytes\":%d,\"slot_borrowed\":%d,\"slot_lent\":%d,\"cap_bytes\":%d,"
       "\"profiles\":[",
       bench::JsonString(bench::NowText()), load0, load1, bench::JsonString(backend_text), P, s.N, E,
-      K, H, Fd, s.c, Kc, s.balance.min_piece, kAlpha, bound, bound_rows, bound_weights,
+      K, H, Fd, s.c, Kc, s.balance.min_piece, s.balance.max_borrowed, kAlpha, bound, bound_rows, bound_weights,
       bound_counts, slot.borrowed, slot.lent, cap);
   for (size_t i = 0; i < results.size(); ++i) {
     const ProfileResult& r = results[i];
@@ -1098,11 +1168,15 @@ int main(int argc, char** argv) {
         ",\"peak_ratio\":%.4f,\"fwd_speed\":%.4f,\"fwd_bwd_speed\":%.4f,\"std_rows\":%d,"
         "\"llep_rows\":%d,\"llep_borrowed\":%d,\"llep_lent\":%d,\"pipe_rows_per_chunk\":%d,"
         "\"pipe_borrowed\":%d,\"pipe_lent\":%d,\"eq1_fraction_strided\":%.4f,"
-        "\"eq1_fraction_contiguous\":%.4f,\"strided_over_contiguous_speed\":%.4f",
+        "\"eq1_fraction_contiguous\":%.4f,\"strided_over_contiguous_speed\":%.4f,"
+        "\"pipe_for_backward_s\":%.5f,\"recompute_bwd_speed\":%.4f,\"step_speed\":%.4f",
         double(r.s[kPipe].peak()) / r.s[kLlep].peak(), r.s[kLlep].fwd_s() / r.s[kPipe].fwd_s(),
         r.s[kLlep].total_s() / r.s[kPipe].total_s(), r.std_rows, r.llep_rows, r.llep_borrowed,
         r.llep_lent, r.pipe_rows, r.pipe_borrowed, r.pipe_lent, r.pipe_rows / eq1,
-        r.contig_rows / eq1, r.s[kPipeContig].fwd_s() / r.s[kPipe].fwd_s());
+        r.contig_rows / eq1, r.s[kPipeContig].fwd_s() / r.s[kPipe].fwd_s(),
+        r.s[kPipe].for_backward_s(), r.s[kLlep].total_s() / r.s[kPipe].for_backward_s(),
+        (r.s[kLlep].fwd_s() + r.s[kLlep].total_s()) /
+            (r.s[kPipe].fwd_s() + r.s[kPipe].for_backward_s()));
     const TinyResult& t = r.tiny;
     absl::StrAppendFormat(&js,
                           ",\"tiny\":{\"tokens\":%d,\"llep_fwd_s\":%.6f,\"budget_chunks\":%d,"

@@ -1,6 +1,9 @@
 #include "kernels/backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/arg_checks.h"
@@ -122,6 +125,71 @@ absl::Status Backend::Gemm(Stream& stream, const GemmArgs& args) {
   PLATEAU_RETURN_IF_ERROR(ValidateGemm(args));
   if (args.m == 0 || args.n == 0) return absl::OkStatus();
   return DoGemm(stream, args);
+}
+
+namespace {
+
+// [begin, end) of the floats a row-major matrix of rows x cols at row stride
+// ld touches; empty when it has no element.
+struct Extent {
+  uintptr_t begin = 0, end = 0;
+  size_t gemm = 0;
+};
+Extent ExtentOf(const void* p, int64_t rows, int64_t cols, int64_t ld, size_t gemm) {
+  if (rows <= 0 || cols <= 0) return {0, 0, gemm};
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+  return {b, b + static_cast<uintptr_t>(((rows - 1) * ld + cols) * sizeof(float)), gemm};
+}
+
+}  // namespace
+
+absl::Status Backend::GroupedGemm(Stream& stream, absl::Span<const GemmArgs> gemms) {
+  std::vector<Extent> outputs, inputs;
+  std::vector<GemmArgs> work;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const GemmArgs& g = gemms[i];
+    if (absl::Status st = ValidateGemm(g); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("grouped gemm: gemms[", i, "]: ", st.message()));
+    }
+    if (g.m == 0 || g.n == 0) continue;
+    outputs.push_back(ExtentOf(g.c, g.m, g.n, g.ldc, i));
+    if (g.k > 0) {
+      inputs.push_back(ExtentOf(g.a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, i));
+      inputs.push_back(ExtentOf(g.b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, i));
+    }
+    work.push_back(g);
+  }
+  // The outputs, sorted, must be disjoint, and no input may overlap
+  // another entry's output (an entry's own A or B against its C is Gemm's
+  // rule, not checked there either).
+  std::sort(outputs.begin(), outputs.end(),
+            [](const Extent& x, const Extent& y) { return x.begin < y.begin; });
+  for (size_t j = 1; j < outputs.size(); ++j) {
+    if (outputs[j].begin < outputs[j - 1].end) {
+      return ArgError("grouped gemm",
+                      absl::StrCat("gemms[", outputs[j - 1].gemm, "].c and gemms[",
+                                   outputs[j].gemm, "].c overlap"));
+    }
+  }
+  for (const Extent& in : inputs) {
+    // The first output ending after the input begins, and those after it
+    // while they begin before the input ends.
+    auto it = std::upper_bound(outputs.begin(), outputs.end(), in.begin,
+                               [](uintptr_t v, const Extent& o) { return v < o.end; });
+    for (; it != outputs.end() && it->begin < in.end; ++it) {
+      if (it->gemm != in.gemm) {
+        return ArgError("grouped gemm", absl::StrCat("gemms[", it->gemm, "].c overlaps an input of gemms[",
+                                                     in.gemm, "]"));
+      }
+    }
+  }
+  if (work.empty()) return absl::OkStatus();
+  return DoGroupedGemm(stream, work);
+}
+
+absl::Status Backend::DoGroupedGemm(Stream& stream, absl::Span<const GemmArgs> gemms) {
+  for (const GemmArgs& g : gemms) PLATEAU_RETURN_IF_ERROR(DoGemm(stream, g));
+  return absl::OkStatus();
 }
 
 absl::Status Backend::Fill(Stream& s, float* x, int64_t n, float value) {

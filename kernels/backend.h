@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "kernels/memory.h"
 #include "kernels/stream.h"
 
@@ -126,6 +127,15 @@ class Backend {
                             size_t bytes);
 
   absl::Status Gemm(Stream& stream, const GemmArgs& args);
+  // Independent GEMMs enqueued as one operation (the expert groups of a
+  // dispatch chunk: one GEMM per expert, each with its own rows, weights
+  // and output). On CUDA one cublasGemmGroupedBatchedEx call (per 1024
+  // GEMMs), on the CPU the GEMMs in order in one task. Every entry is
+  // checked as Gemm checks it (the message names gemms[i]); no entry's C
+  // may overlap another entry's A, B or C, since they may run at once. Each
+  // C is what Gemm gives for that entry: bitwise on the CPU; on CUDA to fp32
+  // rounding (cuBLAS's grouped kernels may sum in another order).
+  absl::Status GroupedGemm(Stream& stream, absl::Span<const GemmArgs> gemms);
 
   // --- Elementwise (n elements) ------------------------------------------
   absl::Status Fill(Stream& s, float* x, int64_t n, float value);
@@ -183,6 +193,8 @@ class Backend {
   // Implementations: called only after the arguments were validated.
   virtual absl::Status DoCopy(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status DoGemm(Stream& stream, const GemmArgs& args) = 0;
+  // The entries with m, n > 0 (validated). Default: DoGemm on each, in order.
+  virtual absl::Status DoGroupedGemm(Stream& stream, absl::Span<const GemmArgs> gemms);
   virtual absl::Status DoFill(Stream& s, float* x, int64_t n, float value) = 0;
   virtual absl::Status DoScale(Stream& s, float* x, int64_t n, float alpha) = 0;
   virtual absl::Status DoAxpy(Stream& s, float* y, const float* x, int64_t n, float alpha) = 0;

@@ -265,6 +265,85 @@ TEST_F(BackendTest, GemmEmptyProductScalesC) {
   }
 }
 
+// GroupedGemm on the CPU is the CUDA grouped GEMM's twin: the same sgemm
+// calls in order, so every C is bitwise what Gemm gives (and, through Gemm,
+// within the double reference's bound), an empty entry (m = 0) is skipped,
+// and a k = 0 entry scales C.
+TEST_F(BackendTest, GroupedGemmIsTheSingleGemmsInOrder) {
+  const int64_t H = 24, F = 40;
+  const std::vector<int64_t> rows = {7, 0, 33, 1, 33};
+  std::vector<GemmArgs> gemms;
+  std::vector<float*> outs;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t n = rows[i];
+    float* x = Upload(RandomVector(std::max<int64_t>(n * H, 1), 10 + i));
+    float* w = Upload(RandomVector(H * F, 20 + i));
+    float* y = Upload(RandomVector(std::max<int64_t>(n * F, 1), 30 + i));
+    float* dw = Upload(RandomVector(H * F, 40 + i));
+    gemms.push_back({false, false, n, F, H, 1.0f, x, H, w, F, 0.0f, y, F});
+    gemms.push_back({true, false, H, F, n, 0.5f, x, H, y, F, 1.0f, dw, F});  // after y
+    outs.push_back(y);
+    outs.push_back(dw);
+    sizes.push_back(std::max<int64_t>(n * F, 1));
+    sizes.push_back(H * F);
+  }
+  // The dW entries read the y the forward entries write: not independent,
+  // so run them as two grouped calls (the runner's order), then the same
+  // GEMMs one by one on copies of the starting values.
+  std::vector<std::vector<float>> start;
+  for (size_t i = 0; i < outs.size(); ++i) start.push_back(Download(outs[i], sizes[i]));
+  std::vector<GemmArgs> first, second;
+  for (size_t i = 0; i < gemms.size(); ++i) (i % 2 == 0 ? first : second).push_back(gemms[i]);
+  ASSERT_TRUE(b().GroupedGemm(s(), first).ok());
+  ASSERT_TRUE(b().GroupedGemm(s(), second).ok());
+  std::vector<std::vector<float>> grouped;
+  for (size_t i = 0; i < outs.size(); ++i) grouped.push_back(Download(outs[i], sizes[i]));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    ASSERT_TRUE(b().Copy(s(), outs[i], start[i].data(), start[i].size() * sizeof(float)).ok());
+  }
+  for (const std::vector<GemmArgs>* call : {&first, &second}) {
+    for (const GemmArgs& g : *call) ASSERT_TRUE(b().Gemm(s(), g).ok());
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::vector<float> single = Download(outs[i], sizes[i]);
+    EXPECT_EQ(0, std::memcmp(single.data(), grouped[i].data(), single.size() * sizeof(float)))
+        << "output " << i;
+  }
+  // The empty group's dW (k = 0, beta 1) is its start, untouched.
+  EXPECT_EQ(grouped[3], start[3]);
+  EXPECT_TRUE(b().GroupedGemm(s(), {}).ok());
+}
+
+TEST_F(BackendTest, GroupedGemmRefusesBadEntriesAndOverlaps) {
+  float* a = Upload(RandomVector(64, 1));
+  float* bm = Upload(RandomVector(64, 2));
+  float* c = Poisoned(64);
+  const GemmArgs ok = {false, false, 4, 4, 4, 1.0f, a, 4, bm, 4, 0.0f, c, 4};
+  GemmArgs bad = ok;
+  bad.lda = 2;
+  GemmArgs other = ok;
+  other.c = c + 16;
+  absl::Status st = b().GroupedGemm(s(), {ok, other, bad});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("gemms[2]"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("lda"));
+  // Two outputs overlapping by one row.
+  GemmArgs overlap = ok;
+  overlap.c = c + 12;
+  st = b().GroupedGemm(s(), {ok, overlap});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("gemms[0].c and gemms[1].c overlap"));
+  // One entry's output is another's input.
+  GemmArgs reads = other;
+  reads.a = c;
+  st = b().GroupedGemm(s(), {ok, reads});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("gemms[0].c overlaps an input of gemms[1]"));
+  // Disjoint outputs, shared inputs: fine.
+  EXPECT_TRUE(b().GroupedGemm(s(), {ok, other}).ok());
+}
+
 // Two streams running GEMMs at once (OpenBLAS is entered from two threads):
 // both results must still be right.
 TEST_F(BackendTest, ConcurrentGemmsOnTwoStreams) {

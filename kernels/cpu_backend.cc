@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -80,6 +81,13 @@ class CpuBackend final : public Backend {
   }
   absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
     return Run(st, [=] { cpu::Gemm(g); });
+  }
+  // The CUDA grouped GEMM's twin: the same sgemm calls, in order, as one
+  // task.
+  absl::Status DoGroupedGemm(Stream& st, absl::Span<const GemmArgs> gemms) override {
+    return Run(st, [all = std::vector<GemmArgs>(gemms.begin(), gemms.end())] {
+      for (const GemmArgs& g : all) cpu::Gemm(g);
+    });
   }
   absl::Status DoFill(Stream& st, float* x, int64_t n, float value) override {
     return Run(st, [=] { cpu::Fill(x, n, value); });

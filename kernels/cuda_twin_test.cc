@@ -221,6 +221,119 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{false, false, 6, 5, 0, 2, 0.0f}));
 
 // ---------------------------------------------------------------------------
+// Grouped GEMM (the expert compute of a dispatch chunk)
+
+// The GEMMs of one expert-compute step over `rows[g]` rows per expert
+// group (some empty), in the shapes the dispatch runs: the forward
+// projection x W (rows x H times H x F), the weight gradient x^T dY
+// accumulated (beta 1), and the input gradient dY W^T; consecutive groups of
+// equal rows (which cuBLAS takes as one group), and k = 0 entries.
+struct GroupedProblem {
+  std::vector<GemmArgs> gemms;  // pointers as offsets into `in` / `out`
+  std::vector<float> in, out0;
+  std::vector<double> tol;      // per element of out, 4 k u (magnitude)
+};
+GroupedProblem MakeGroupedProblem(const std::vector<int64_t>& rows, int64_t H,
+                                  int64_t F, uint32_t seed) {
+  GroupedProblem pr;
+  int64_t in_at = 0, out_at = 0;
+  auto take_in = [&](int64_t n) {
+    const int64_t at = in_at;
+    in_at += n;
+    return at;
+  };
+  auto take_out = [&](int64_t n) {
+    const int64_t at = out_at;
+    out_at += n;
+    return at;
+  };
+  // Offsets stand in for pointers until a side places the buffers.
+  auto off = [](int64_t at) { return reinterpret_cast<float*>(at * sizeof(float)); };
+  // By kind, as the dispatch enqueues them: every group's forward
+  // projection, then every weight gradient, then every input gradient.
+  std::vector<GemmArgs> fwd, dw, dx;
+  for (int64_t n : rows) {
+    const int64_t x = take_in(std::max<int64_t>(n * H, 1)), w = take_in(H * F),
+                  dy = take_in(std::max<int64_t>(n * F, 1));
+    // [n, F] = x [n, H] W [H, F]
+    fwd.push_back({false, false, n, F, H, 1.0f, off(x), H, off(w), F, 0.0f,
+                   off(take_out(std::max<int64_t>(n * F, 1))), F});
+    // [H, F] += x^T dY: k = n, 0 for an empty group (C = 1 C)
+    dw.push_back({true, false, H, F, n, 1.0f, off(x), H, off(dy), F, 1.0f,
+                  off(take_out(H * F)), F});
+    // [n, H] = 0.5 dY [n, F] W^T
+    dx.push_back({false, true, n, H, F, 0.5f, off(dy), F, off(w), F, 0.0f,
+                  off(take_out(std::max<int64_t>(n * H, 1))), H});
+  }
+  for (const std::vector<GemmArgs>* kind : {&fwd, &dw, &dx}) {
+    pr.gemms.insert(pr.gemms.end(), kind->begin(), kind->end());
+  }
+  pr.in = RandomVector(in_at, seed);
+  pr.out0 = RandomVector(out_at, seed + 1);
+  pr.tol.assign(out_at, 0.0);
+  auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p) / sizeof(float); };
+  for (const GemmArgs& g : pr.gemms) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        double mag = 0;
+        for (int64_t p = 0; p < g.k; ++p) {
+          const double av = pr.in[at(g.a) + (g.trans_a ? p * g.lda + i : i * g.lda + p)];
+          const double bv = pr.in[at(g.b) + (g.trans_b ? j * g.ldb + p : p * g.ldb + j)];
+          mag += std::abs(av * bv);
+        }
+        const int64_t c = at(g.c) + i * g.ldc + j;
+        mag = std::abs(g.alpha) * mag + std::abs(g.beta * pr.out0[c]);
+        pr.tol[c] = 4.0 * std::max<int64_t>(g.k, 1) * kU * mag;
+      }
+    }
+  }
+  return pr;
+}
+
+// The problem's GEMMs with real pointers on `side`: grouped (one call) or
+// one Gemm each; returns every output.
+std::vector<float> RunGrouped(Side& side, const GroupedProblem& pr, bool grouped) {
+  float* in = side.Upload(pr.in);
+  float* out = side.Upload(pr.out0);
+  std::vector<GemmArgs> gemms = pr.gemms;
+  auto place = [](const float* off, float* base) {
+    return base + reinterpret_cast<uintptr_t>(off) / sizeof(float);
+  };
+  for (GemmArgs& g : gemms) {
+    g.a = place(g.a, in);
+    g.b = place(g.b, in);
+    g.c = place(g.c, out);
+  }
+  if (grouped) {
+    EXPECT_TRUE(side.b().GroupedGemm(side.s(), gemms).ok());
+  } else {
+    for (const GemmArgs& g : gemms) EXPECT_TRUE(side.b().Gemm(side.s(), g).ok());
+  }
+  return side.Download(out, static_cast<int64_t>(pr.out0.size()));
+}
+
+// Expert groups of uneven rows (one empty, runs of equal rows), and more
+// GEMMs than one cuBLAS call takes (1024): against the CPU twin, against
+// cuBLAS's single GEMMs, and the same bits twice.
+TEST_F(CudaTwinTest, GroupedGemmMatchesCpuAndSingleGemms) {
+  const std::vector<std::vector<int64_t>> cases = {
+      {37, 0, 1, 128, 128, 5, 64, 3, 200},
+      std::vector<int64_t>(400, 3),  // 1200 GEMMs: two cuBLAS calls
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("case ", i));
+    const GroupedProblem pr = MakeGroupedProblem(cases[i], 48, 80, 60 + i);
+    const std::vector<float> cpu = RunGrouped(cpu_, pr, true);
+    const std::vector<float> cuda = RunGrouped(cuda_, pr, true);
+    EXPECT_TRUE(Agree(cuda, cpu, pr.tol));
+    EXPECT_TRUE(Agree(cuda, RunGrouped(cuda_, pr, false), pr.tol));
+    EXPECT_TRUE(BitwiseEqual(cuda, RunGrouped(cuda_, pr, true)));
+    // The CPU twin is the single GEMMs in order.
+    EXPECT_TRUE(BitwiseEqual(cpu, RunGrouped(cpu_, pr, false)));
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Elementwise
 
 class CudaElementwiseTest : public CudaTwinTest,

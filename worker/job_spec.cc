@@ -200,21 +200,24 @@ absl::Status ConvertData(const v1::DataSpec& s, const ModelConfig& m, const Layo
 // are checked by the budget (kernels/dispatch/llep_plan.h), which names the
 // field.
 absl::Status ConvertDispatch(const v1::ScheduleSpec& s, DispatchOptions* out) {
-  auto balance = [](double alpha, int64_t min_piece, double lambda, LlepOptions* o) {
+  auto balance = [](double alpha, int64_t min_piece, double lambda, int64_t max_borrowed,
+                    LlepOptions* o) {
     if (alpha != 0) o->alpha = alpha;
     if (min_piece != 0) o->min_piece = min_piece;
     if (lambda != 0) o->lambda = lambda;
+    o->max_borrowed = max_borrowed;  // 0 is the default: no cap
   };
   switch (s.dispatch_case()) {
     case v1::ScheduleSpec::kLlep:
       out->kind = DispatchOptions::Kind::kLlep;
-      balance(s.llep().alpha(), s.llep().min_piece(), s.llep().lambda(), &out->llep);
+      balance(s.llep().alpha(), s.llep().min_piece(), s.llep().lambda(), s.llep().max_borrowed(),
+              &out->llep);
       break;
     case v1::ScheduleSpec::kPipelinedLlep: {
       const v1::PipelinedLlepDispatch& p = s.pipelined_llep();
       out->kind = DispatchOptions::Kind::kPipelinedLlep;
       if (p.chunk_tokens() != 0) out->pipelined.chunk_tokens = p.chunk_tokens();
-      balance(p.alpha(), p.min_piece(), p.lambda(), &out->pipelined.balance);
+      balance(p.alpha(), p.min_piece(), p.lambda(), p.max_borrowed(), &out->pipelined.balance);
       switch (p.membership()) {
         case v1::PipelinedLlepDispatch::MEMBERSHIP_UNSPECIFIED:
         case v1::PipelinedLlepDispatch::MEMBERSHIP_STRIDED:

@@ -126,6 +126,29 @@ TEST(JobSpecTest, HostCapReachesTheBackendOptions) {
   EXPECT_THAT(bad.message(), HasSubstr("got -1"));
 }
 
+// max_borrowed reaches the step's dispatch options (llep and
+// pipelined_llep), and the planned dispatch bound shrinks with it.
+TEST(JobSpecTest, MaxBorrowedReachesTheStepAndShrinksTheDispatchBound) {
+  v1::JobSpec s = Good();
+  auto uncapped = ToTrainerOptions(s);
+  ASSERT_TRUE(uncapped.ok());
+  EXPECT_EQ(uncapped->step.dispatch.pipelined.balance.max_borrowed, 0);
+  s.mutable_schedule()->mutable_pipelined_llep()->set_max_borrowed(1);
+  auto capped = ToTrainerOptions(s);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->step.dispatch.pipelined.balance.max_borrowed, 1);
+  auto a = PlanMemory(uncapped->step);
+  auto b = PlanMemory(capped->step);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const int d = static_cast<int>(LiveSet::kDispatch);
+  EXPECT_LT(b->bytes[d], a->bytes[d]);
+  s.mutable_schedule()->mutable_llep()->set_max_borrowed(2);
+  auto llep = ToTrainerOptions(s);
+  ASSERT_TRUE(llep.ok());
+  EXPECT_EQ(llep->step.dispatch.kind, DispatchOptions::Kind::kLlep);
+  EXPECT_EQ(llep->step.dispatch.llep.max_borrowed, 2);
+}
+
 // The plan carries the host space beside the device: every live set by name,
 // the total and the job's host cap. The demo job puts three live sets in host
 // memory: SCO's pool (h_0 of its 2 layers, N x H x 4 bytes), the optimizer's
@@ -641,6 +664,10 @@ std::vector<Case> MalformedFieldCases() {
       {"schedule.llep.alpha", [](S& s) { s.mutable_schedule()->mutable_llep()->set_alpha(-1); }},
       {"schedule.llep.min_piece", [](S& s) { s.mutable_schedule()->mutable_llep()->set_min_piece(-3); }},
       {"schedule.llep.lambda", [](S& s) { s.mutable_schedule()->mutable_llep()->set_lambda(INFINITY); }},
+      {"schedule.llep.max_borrowed",
+       [](S& s) { s.mutable_schedule()->mutable_llep()->set_max_borrowed(-1); }},
+      {"schedule.pipelined_llep.max_borrowed",
+       [](S& s) { s.mutable_schedule()->mutable_pipelined_llep()->set_max_borrowed(kI64Min); }},
       {"schedule.sco.host_budget_bytes",
        [](S& s) { s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(-1); }},
       {"schedule.sco.host_budget_bytes",

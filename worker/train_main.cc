@@ -73,6 +73,8 @@ boundaries --checkpoints=full | sco (the earliest layer boundaries in a host poo
 dispatch   --dispatch=standard_ep | llep | pipelined_llep
            --chunk_tokens=4096 (pipelined_llep: tokens per source rank per chunk)
            --llep_min_piece=1024 (llep, pipelined_llep: smallest piece moved to a helper)
+           --llep_max_borrowed=0 (llep, pipelined_llep: most experts a rank borrows per
+           layer call / chunk; 0: no cap)
 optimizer  --optimizer_placement=device | cpu_offload | offload_stream
 state      --bucket_params=100000000 --staging_slots=2 (offload_stream)
 checkpoint --checkpoint_dir=<dir> (resumes from its newest step-N.safetensors)
@@ -119,6 +121,8 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   int64_t llep_min_piece = dispatch.llep.min_piece;
   ints["chunk_tokens"] = &dispatch.pipelined.chunk_tokens;
   ints["llep_min_piece"] = &llep_min_piece;
+  int64_t llep_max_borrowed = dispatch.llep.max_borrowed;
+  ints["llep_max_borrowed"] = &llep_max_borrowed;
   OptimizerPlacementOptions& placement = f.trainer.step.optimizer_placement;
   ints["bucket_params"] = &placement.bucket_params;
   ints["staging_slots"] = &placement.staging_slots;
@@ -207,6 +211,7 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
         absl::StrCat("--checkpoints: expected full or sco, got '", f.checkpoints, "'"));
   }
   dispatch.llep.min_piece = dispatch.pipelined.balance.min_piece = llep_min_piece;
+  dispatch.llep.max_borrowed = dispatch.pipelined.balance.max_borrowed = llep_max_borrowed;
   if (f.dispatch == "llep") {
     dispatch.kind = DispatchOptions::Kind::kLlep;
   } else if (f.dispatch == "pipelined_llep") {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -137,17 +138,26 @@ class CudaEvent final : public Event {
   const cudaEvent_t event_;
 };
 
+// The most GEMMs one cublasGemmGroupedBatchedEx call takes: the device
+// arrays of their A, B and C pointers sit at the end of each stream's
+// workspace (24 KiB), after the part lent to cuBLAS and the reductions.
+constexpr int64_t kGroupedGemmsPerCall = 1024;
+constexpr size_t kGemmPointerBytes = 3 * kGroupedGemmsPerCall * sizeof(void*);
+
 // A non-blocking CUDA stream (it does not synchronise with the legacy default
-// stream) with its own cuBLAS handle and workspace.
+// stream) with its own cuBLAS handle and workspace: `blas_bytes` of it for
+// cuBLAS and the reductions' scratch, then the grouped GEMM's pointer
+// arrays (kGemmPointerBytes).
 class CudaStream final : public Stream {
  public:
   CudaStream(std::string name, int device, cudaStream_t stream,
-             cublasHandle_t blas, Buffer workspace)
+             cublasHandle_t blas, Buffer workspace, size_t blas_bytes)
       : name_(std::move(name)),
         device_(device),
         stream_(stream),
         blas_(blas),
-        workspace_(std::move(workspace)) {}
+        workspace_(std::move(workspace)),
+        blas_bytes_(blas_bytes) {}
 
   ~CudaStream() override {
     // The workspace may still be in use by enqueued work: drain first.
@@ -203,6 +213,16 @@ class CudaStream final : public Stream {
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t blas() const { return blas_; }
   void* scratch() const { return workspace_.data(); }
+  // kGroupedGemmsPerCall entries each, device memory; read by the grouped
+  // GEMM enqueued after they are written, so stream order lets the next
+  // grouped GEMM overwrite them.
+  const void** gemm_a() const {
+    return reinterpret_cast<const void**>(gemm_pointers());
+  }
+  const void** gemm_b() const { return gemm_a() + kGroupedGemmsPerCall; }
+  void** gemm_c() const {
+    return reinterpret_cast<void**>(gemm_pointers()) + 2 * kGroupedGemmsPerCall;
+  }
   // Held while an operation enqueues its kernels (see cuda_backend.h).
   absl::Mutex& launch_mu() { return launch_mu_; }
 
@@ -210,8 +230,13 @@ class CudaStream final : public Stream {
   const std::string name_;
   const int device_;
   const cudaStream_t stream_;
+  char* gemm_pointers() const {
+    return static_cast<char*>(workspace_.data()) + blas_bytes_;
+  }
+
   const cublasHandle_t blas_;
   Buffer workspace_;
+  const size_t blas_bytes_;
   absl::Mutex launch_mu_;
 };
 
@@ -251,7 +276,7 @@ class CudaBackend final : public Backend {
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
     PLATEAU_ASSIGN_OR_RETURN(
         Buffer workspace,
-        device_.Allocate(LiveSet::kWorkspace, workspace_bytes_));
+        device_.Allocate(LiveSet::kWorkspace, workspace_bytes_ + kGemmPointerBytes));
     cudaStream_t stream = nullptr;
     PLATEAU_CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -263,7 +288,8 @@ class CudaBackend final : public Backend {
       return s;
     }
     return std::make_unique<CudaStream>(std::string(name), device_index_,
-                                        stream, blas, std::move(workspace));
+                                        stream, blas, std::move(workspace),
+                                        workspace_bytes_);
   }
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
@@ -305,6 +331,78 @@ class CudaBackend final : public Backend {
         static_cast<int>(g.ldb), g.a, CUDA_R_32F, static_cast<int>(g.lda),
         &g.beta, g.c, CUDA_R_32F, static_cast<int>(g.ldc),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
+
+  // One cublasGemmGroupedBatchedEx call per kGroupedGemmsPerCall GEMMs.
+  // Each GEMM is swapped to column-major as in DoGemm; consecutive GEMMs
+  // with the same parameters (all but the pointers) form one cuBLAS group.
+  // GEMMs with k = 0 (C = beta C) go to ScaleMatrix, as in DoGemm.
+  absl::Status DoGroupedGemm(Stream& st,
+                             absl::Span<const GemmArgs> gemms) override {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    std::vector<const GemmArgs*> todo;
+    for (const GemmArgs& g : gemms) {
+      if (g.k == 0) {
+        PLATEAU_CUDA_RETURN_IF_ERROR(
+            cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
+      } else {
+        todo.push_back(&g);
+      }
+    }
+    auto same = [](const GemmArgs& x, const GemmArgs& y) {
+      return x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.m == y.m &&
+             x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
+             x.ldc == y.ldc && x.alpha == y.alpha && x.beta == y.beta;
+    };
+    for (size_t first = 0; first < todo.size();
+         first += kGroupedGemmsPerCall) {
+      const size_t last =
+          std::min(todo.size(), first + static_cast<size_t>(kGroupedGemmsPerCall));
+      // Per GEMM: the pointers; per group: the rest.
+      std::vector<const void*> a, b;
+      std::vector<void*> c;
+      std::vector<cublasOperation_t> op_a, op_b;
+      std::vector<int> m, n, k, lda, ldb, ldc, size;
+      std::vector<float> alpha, beta;
+      for (size_t i = first; i < last; ++i) {
+        const GemmArgs& g = *todo[i];
+        // Column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B.
+        a.push_back(g.b);
+        b.push_back(g.a);
+        c.push_back(g.c);
+        if (i > first && same(g, *todo[i - 1])) {
+          ++size.back();
+          continue;
+        }
+        op_a.push_back(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+        op_b.push_back(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+        m.push_back(static_cast<int>(g.n));
+        n.push_back(static_cast<int>(g.m));
+        k.push_back(static_cast<int>(g.k));
+        lda.push_back(static_cast<int>(g.ldb));
+        ldb.push_back(static_cast<int>(g.lda));
+        ldc.push_back(static_cast<int>(g.ldc));
+        alpha.push_back(g.alpha);
+        beta.push_back(g.beta);
+        size.push_back(1);
+      }
+      // The previous call's kernels read the pointer arrays before these
+      // writes run: both are on this stream, in order.
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::StoreGemmPointers(
+          s->stream(), a.data(), b.data(), c.data(),
+          static_cast<int64_t>(a.size()), s->gemm_a(), s->gemm_b(),
+          s->gemm_c()));
+      // The per-group arrays (and alpha, beta: host pointer mode) are read
+      // during the call; the pointer arrays on the device, in stream order.
+      PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
+          s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(),
+          alpha.data(), s->gemm_a(), CUDA_R_32F, lda.data(), s->gemm_b(),
+          CUDA_R_32F, ldb.data(), beta.data(), s->gemm_c(), CUDA_R_32F,
+          ldc.data(), static_cast<int>(size.size()), size.data(),
+          CUBLAS_COMPUTE_32F));
+    }
     return absl::OkStatus();
   }
 
@@ -473,7 +571,7 @@ class CudaBackend final : public Backend {
     // stream goes first.
     PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasSetStream(*blas, stream));
     PLATEAU_CUBLAS_RETURN_IF_ERROR(
-        cublasSetWorkspace(*blas, workspace.data(), workspace.bytes()));
+        cublasSetWorkspace(*blas, workspace.data(), workspace_bytes_));
     PLATEAU_CUBLAS_RETURN_IF_ERROR(
         cublasSetMathMode(*blas, CUBLAS_DEFAULT_MATH));
     return absl::OkStatus();

@@ -1,4 +1,5 @@
-// The CUDA backend: cuBLAS for GEMM, our kernels (cuda_ops.h) for the other
+// The CUDA backend: cuBLAS for GEMM (cublasGemmGroupedBatchedEx for
+// GroupedGemm), our kernels (cuda_ops.h) for the other
 // primitives, cudaMalloc'd device memory and cudaHostAlloc'd pinned host
 // memory, non-blocking CUDA streams and timing-free events. Built only with
 // --config=cuda; Backend::Create(kind = kCuda) reaches it.
@@ -6,8 +7,9 @@
 // Memory: every byte this backend takes on the GPU goes through its device
 // MemorySpace and is tracked by live set, including each stream's workspace
 // (LiveSet::kWorkspace: cuBLAS's workspace and the reductions' scratch; 32 MiB
-// per stream on Hopper and later, 4 MiB before, as cuBLAS recommends). The
-// CUDA context and the libraries' own code are not.
+// per stream on Hopper and later, 4 MiB before, as cuBLAS recommends; then
+// 24 KiB of device pointer arrays for GroupedGemm's cuBLAS calls). The CUDA
+// context and the libraries' own code are not.
 //
 // Determinism: each stream has its own cuBLAS handle and workspace (cuBLAS
 // promises the same bits run to run only then), cuBLAS runs plain FP32 math

@@ -428,4 +428,44 @@ cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
   return LaunchElementwise(stream, n, AdamWOp{param, grad, m, v, s});
 }
 
+// Grouped GEMM pointer arrays: one launch per kPointersPerLaunch problems,
+// the pointers passed by value in the kernel's arguments.
+struct GemmPointerBatch {
+  const void* a[kPointersPerLaunch];
+  const void* b[kPointersPerLaunch];
+  void* c[kPointersPerLaunch];
+};
+
+__global__ void StoreGemmPointersKernel(GemmPointerBatch batch, int n,
+                                        const void** dst_a, const void** dst_b,
+                                        void** dst_c) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < n) {
+    dst_a[i] = batch.a[i];
+    dst_b[i] = batch.b[i];
+    dst_c[i] = batch.c[i];
+  }
+}
+
+cudaError_t StoreGemmPointers(cudaStream_t stream, const void* const* a,
+                              const void* const* b, void* const* c, int64_t n,
+                              const void** dst_a, const void** dst_b,
+                              void** dst_c) {
+  for (int64_t off = 0; off < n; off += kPointersPerLaunch) {
+    const int count =
+        static_cast<int>(n - off < kPointersPerLaunch ? n - off : kPointersPerLaunch);
+    GemmPointerBatch batch{};
+    for (int i = 0; i < count; ++i) {
+      batch.a[i] = a[off + i];
+      batch.b[i] = b[off + i];
+      batch.c[i] = c[off + i];
+    }
+    StoreGemmPointersKernel<<<1, kPointersPerLaunch, 0, stream>>>(
+        batch, count, dst_a + off, dst_b + off, dst_c + off);
+    const cudaError_t error = cudaGetLastError();
+    if (error != cudaSuccess) return error;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace plateau::cuda_ops

@@ -91,6 +91,19 @@ struct AdamWScalars {
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s);
 
+// The device arrays of pointers a grouped GEMM reads (cuBLAS takes A, B and
+// C of every problem from device memory): a[i], b[i], c[i] for i < n into
+// dst_a, dst_b, dst_c (device memory, n entries each). The pointers travel
+// as kernel arguments, copied when the kernel is launched, so the host
+// arrays may be reused as soon as this returns, and neither the host nor
+// the stream waits (a copy from pageable host memory would). Launches
+// ceil(n / kPointersPerLaunch) kernels.
+inline constexpr int kPointersPerLaunch = 128;  // 3 KiB of kernel arguments
+cudaError_t StoreGemmPointers(cudaStream_t stream, const void* const* a,
+                              const void* const* b, void* const* c, int64_t n,
+                              const void** dst_a, const void** dst_b,
+                              void** dst_c);
+
 }  // namespace plateau::cuda_ops
 
 #endif  // PLATEAU_KERNELS_CUDA_CUDA_OPS_H_

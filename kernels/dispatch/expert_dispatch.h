@@ -47,6 +47,17 @@ class ExpertDispatch {
   // gates themselves: see Lifetimes above).
   virtual absl::Status Forward(const float* u, const int32_t* chosen, const float* gates,
                                int64_t tokens, const ExpertWeights& w, float* out) = 0;
+  // Forward for a caller that needs the Backward after it but not `out`
+  // (the step's recompute of a layer, whose output is already in the
+  // boundary store): `out` is left unspecified, and Backward gives exactly
+  // what it gives after Forward. A schedule whose Backward recomputes its
+  // expert forward itself (PipelinedLLEP's chunk replay) only plans here;
+  // the others keep what Backward reads, so they run Forward.
+  virtual absl::Status ForwardForBackward(const float* u, const int32_t* chosen,
+                                          const float* gates, int64_t tokens,
+                                          const ExpertWeights& w, float* out) {
+    return Forward(u, chosen, gates, tokens, w, out);
+  }
   // Given dout = d loss / d out: du += d/du through the experts, dgates = d
   // loss / d gates, and the expert weight gradients accumulate into g.
   // FAILED_PRECONDITION without the layer's Forward.

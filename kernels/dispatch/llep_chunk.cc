@@ -163,27 +163,43 @@ LlepChunkRunner::GroupWeights LlepChunkRunner::WeightsOf(const LlepGroup& g,
   return {b, b + HF, b + 2 * HF};
 }
 
+std::vector<ExpertGroup> LlepChunkRunner::Groups(const LlepRankPlan& p, const LlepChunkMemory& m,
+                                                 const ExpertWeights& w,
+                                                 const ExpertGrads* grads) const {
+  const int64_t HF = model_.hidden * model_.expert_ffn;
+  std::vector<ExpertGroup> out;
+  out.reserve(p.groups.size());
+  for (const LlepGroup& g : p.groups) {
+    const GroupWeights gw = WeightsOf(g, m, w);
+    ExpertGroup e;
+    e.rows = g.rows;
+    e.w_gate = gw.gate;
+    e.w_up = gw.up;
+    e.w_down = gw.down;
+    if (grads != nullptr) {
+      // Own experts accumulate into the caller's gradients; a borrowed
+      // expert's gradient is this rank's alone, overwritten, then sent home.
+      if (g.local >= 0) {
+        e.dw_gate = grads->w_gate + g.local * HF;
+        e.dw_up = grads->w_up + g.local * HF;
+        e.dw_down = grads->w_down + g.local * HF;
+        e.dw_beta = 1.0f;
+      } else {
+        e.dw_gate = m.borrowed_grads + g.borrowed * 3 * HF;
+        e.dw_up = e.dw_gate + HF;
+        e.dw_down = e.dw_gate + 2 * HF;
+        e.dw_beta = 0.0f;
+      }
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
 absl::Status LlepChunkRunner::ExpertForward(const LlepRankPlan& p, const LlepChunkMemory& m,
                                             const ExpertWeights& w) {
-  const int64_t H = model_.hidden, F = model_.expert_ffn;
-  int64_t row = 0;
-  for (const LlepGroup& g : p.groups) {
-    const int64_t n = g.rows;
-    const GroupWeights gw = WeightsOf(g, m, w);
-    const float* xe = m.x + row * H;
-    float* ge = m.gate + row * F;
-    float* ue = m.up + row * F;
-    float* ae = m.act + row * F;
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {false, false, n, F, H, 1.0f, xe, H, gw.gate, F, 0.0f, ge, F}));
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {false, false, n, F, H, 1.0f, xe, H, gw.up, F, 0.0f, ue, F}));
-    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluForward(compute_, ae, ge, ue, n * F));
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {false, false, n, H, F, 1.0f, ae, F, gw.down, H, 0.0f, m.recv + row * H, H}));
-    row += n;
-  }
-  return absl::OkStatus();
+  return ExpertMlpForward(backend_, compute_, model_.hidden, model_.expert_ffn,
+                          Groups(p, m, w, nullptr), m.x, m.gate, m.up, m.act, m.recv);
 }
 
 absl::Status LlepChunkRunner::ReturnOutputs(const LlepRankPlan& p, const LlepChunkMemory& m) {
@@ -258,52 +274,11 @@ absl::Status LlepChunkRunner::DispatchOutputGrads(const LlepRankPlan& p, const L
 
 absl::Status LlepChunkRunner::ExpertBackward(const LlepRankPlan& p, const LlepChunkMemory& m,
                                              const ExpertWeights& w, const ExpertGrads& grads) {
-  const int64_t H = model_.hidden, F = model_.expert_ffn, HF = H * F;
-  int64_t row = 0;
-  for (const LlepGroup& g : p.groups) {
-    const int64_t n = g.rows;
-    const GroupWeights gw = WeightsOf(g, m, w);
-    // Own experts accumulate into the caller's gradients; a borrowed
-    // expert's gradient is this rank's alone, overwritten, then sent home.
-    float *dwg, *dwu, *dwd;
-    float beta;
-    if (g.local >= 0) {
-      dwg = grads.w_gate + g.local * HF;
-      dwu = grads.w_up + g.local * HF;
-      dwd = grads.w_down + g.local * HF;
-      beta = 1.0f;
-    } else {
-      dwg = m.borrowed_grads + g.borrowed * 3 * HF;
-      dwu = dwg + HF;
-      dwd = dwg + 2 * HF;
-      beta = 0.0f;
-    }
-    const float* xe = m.x + row * H;
-    const float* dye = m.t + row * H;
-    const float* ge = m.gate + row * F;
-    const float* ue = m.up + row * F;
-    float* ae = m.act + row * F;  // the activation, then (consumed) d gate
-    float* dae = m.dact + row * F;
-    float* due = m.dup + row * F;
-    // dA = dY Wd^T; dWd (+)= A^T dY.
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {false, true, n, F, H, 1.0f, dye, H, gw.down, H, 0.0f, dae, F}));
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {true, false, F, H, n, 1.0f, ae, F, dye, H, beta, dwd, H}));
-    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluBackward(compute_, ae, due, dae, ge, ue, n * F));
-    // dWg (+)= X^T dG; dWu (+)= X^T dU; dX = dG Wg^T + dU Wu^T.
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {true, false, H, F, n, 1.0f, xe, H, ae, F, beta, dwg, F}));
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {true, false, H, F, n, 1.0f, xe, H, due, F, beta, dwu, F}));
-    float* dx = m.recv + row * H;
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {false, true, n, H, F, 1.0f, ae, F, gw.gate, F, 0.0f, dx, H}));
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Gemm(compute_, {false, true, n, H, F, 1.0f, due, F, gw.up, F, 1.0f, dx, H}));
-    row += n;
-  }
-  return absl::OkStatus();
+  // act is consumed: it carries d gate from SwiGLU's backward on; dx goes
+  // to recv.
+  return ExpertMlpBackward(backend_, compute_, model_.hidden, model_.expert_ffn,
+                           Groups(p, m, w, &grads), m.x, m.t, m.gate, m.up, m.act, m.dact,
+                           m.act, m.dup, m.recv);
 }
 
 absl::Status LlepChunkRunner::ReturnInputGrads(const LlepRankPlan& p, const LlepChunkMemory& m,

@@ -4,6 +4,9 @@
 // compute and communication streams and returns without waiting, except
 // where a host vector is copied (Backend::Copy completes those at once).
 //
+// The expert compute is expert_mlp.h: one grouped GEMM per step over every
+// expert group of the chunk (own and borrowed experts).
+//
 // The steps of a chunk, given its LlepRankPlan (llep_plan.h):
 //   forward   UploadIndex, ShipWeights, DispatchRows, ExpertForward,
 //             ReturnOutputs, Combine
@@ -33,6 +36,7 @@
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/dispatch/expert_dispatch.h"
+#include "kernels/dispatch/expert_mlp.h"
 #include "kernels/dispatch/llep_plan.h"
 #include "kernels/memory.h"
 #include "kernels/model/config.h"
@@ -119,6 +123,10 @@ class LlepChunkRunner {
   };
   GroupWeights WeightsOf(const LlepGroup& group, const LlepChunkMemory& mem,
                          const ExpertWeights& w) const;
+  // The plan's groups for expert_mlp.h; with `grads`, where each group's
+  // weight gradients go.
+  std::vector<ExpertGroup> Groups(const LlepRankPlan& plan, const LlepChunkMemory& mem,
+                                  const ExpertWeights& w, const ExpertGrads* grads) const;
 
   const ModelConfig model_;
   Backend& backend_;

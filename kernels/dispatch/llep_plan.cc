@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -31,6 +32,10 @@ absl::Status ValidateBalance(const LlepOptions& o, absl::string_view prefix) {
                "a finite imbalance threshold >= 1 (max/mean load is never below 1; 1 balances "
                "every layer)",
                o.lambda);
+  }
+  if (o.max_borrowed < 0) {
+    return Bad(absl::StrCat(prefix, "max_borrowed"),
+               ">= 0 experts one rank may borrow (0: no cap)", o.max_borrowed);
   }
   return absl::OkStatus();
 }
@@ -86,6 +91,12 @@ absl::Status ValidateLlepShape(const ModelConfig& m, int64_t ranks) {
 //   none: helpers are re-ranked before every piece (the reference ranks them
 //   once in the second case), and a remainder no helper has min_piece room
 //   for goes whole to the least effectively loaded helper.
+// - max_borrowed (ours; the reference has no cap): a helper that already
+//   borrows max_borrowed experts takes no piece of another expert (more of
+//   one it already borrows is free: its weights are there). Helpers are
+//   chosen among the others by the rules above; when no other rank may
+//   borrow the expert, it stays whole on its home rank, over capacity.
+//   Compute balance gives way to the cap, never the memory bound.
 LlepAssignment AssignLlep(absl::Span<const int64_t> loads, int64_t P, const LlepOptions& o) {
   const int64_t E = static_cast<int64_t>(loads.size()), Ep = E / P, m = o.min_piece;
   LlepAssignment a;
@@ -119,27 +130,42 @@ LlepAssignment AssignLlep(absl::Span<const int64_t> loads, int64_t P, const Llep
                    [&](int32_t x, int32_t y) { return loads[x] > loads[y]; });
   std::vector<int64_t> pending = native, assigned(P, 0);
   auto effective = [&](int64_t g) { return assigned[g] + pending[g]; };
+  // borrows[g]: experts rank g borrows so far; holds[g]: it has a piece of
+  // the current expert.
+  std::vector<int64_t> borrows(P, 0);
+  std::vector<char> holds(P, 0);
+  auto may_borrow = [&](int32_t g) {
+    return o.max_borrowed == 0 || holds[g] || borrows[g] < o.max_borrowed;
+  };
   std::vector<int32_t> helpers;
   for (int32_t e : order) {
     const int64_t L = loads[e];
     const int32_t home = static_cast<int32_t>(e / Ep);
     pending[home] -= L;
+    std::fill(holds.begin(), holds.end(), 0);
     std::vector<LlepPiece>& pieces = a.pieces[e];
     auto give = [&](int32_t rank, int64_t begin, int64_t n) {
       pieces.push_back({rank, begin, begin + n});
       assigned[rank] += n;
+      if (rank != home && !holds[rank]) ++borrows[rank];
+      holds[rank] = 1;
     };
+    // Who may take a piece of e is fixed before the first piece (a helper
+    // given one holds e and stays eligible), so an expert no other rank may
+    // borrow stays home whole.
+    helpers.clear();
+    for (int32_t g = 0; g < P; ++g) {
+      if (g != home && may_borrow(g)) helpers.push_back(g);
+    }
     int64_t keep = std::clamp<int64_t>(a.capacity - effective(home), 0, L);
-    if (L - keep < m) keep = L;
+    if (L - keep < m || helpers.empty()) keep = L;
     if (keep > 0) give(home, 0, keep);
     for (int64_t off = keep; off < L;) {
       const int64_t remaining = L - off;  // >= m: kept so by every step
-      helpers.clear();
-      for (int32_t g = 0; g < P; ++g) {
-        if (g != home) helpers.push_back(g);
-      }
-      std::stable_sort(helpers.begin(), helpers.end(),
-                       [&](int32_t x, int32_t y) { return effective(x) < effective(y); });
+      // Least effective load first, lower rank on ties.
+      std::sort(helpers.begin(), helpers.end(), [&](int32_t x, int32_t y) {
+        return std::make_pair(effective(x), x) < std::make_pair(effective(y), y);
+      });
       int32_t to = helpers.front();  // forced: no helper has room for a piece
       int64_t piece = remaining;
       for (int32_t g : helpers) {
@@ -425,12 +451,16 @@ int64_t LlepPeakBytes(const ModelConfig& m, int64_t ranks, const LlepChunkSizes&
   return DispatchBufferBytes(LlepBuffers(m, ranks, s, e));
 }
 
-int64_t LlepMaxBorrowed(const ModelConfig& m, int64_t ranks, int64_t routes, int64_t min_piece) {
-  return std::min(m.experts - m.experts / ranks, routes / min_piece);
+int64_t LlepMaxBorrowed(const ModelConfig& m, int64_t ranks, int64_t routes,
+                        const LlepOptions& o) {
+  const int64_t b = std::min(m.experts - m.experts / ranks, routes / o.min_piece);
+  return o.max_borrowed > 0 ? std::min(b, o.max_borrowed) : b;
 }
 
-int64_t LlepMaxLent(const ModelConfig& m, int64_t ranks, int64_t routes, int64_t min_piece) {
-  return std::min(m.experts / ranks * (ranks - 1), routes / min_piece);
+int64_t LlepMaxLent(const ModelConfig& m, int64_t ranks, int64_t routes, const LlepOptions& o) {
+  const int64_t Ep = m.experts / ranks;
+  const int64_t l = std::min(Ep * (ranks - 1), routes / o.min_piece);
+  return o.max_borrowed > 0 ? std::min(l, std::min(Ep, o.max_borrowed) * (ranks - 1)) : l;
 }
 
 LlepChunkSizes LlepWorstCaseSizes(const ModelConfig& m, int64_t ranks, int64_t tokens_per_rank,
@@ -439,8 +469,8 @@ LlepChunkSizes LlepWorstCaseSizes(const ModelConfig& m, int64_t ranks, int64_t t
   s.tokens = tokens_per_rank;
   s.routes = tokens_per_rank * m.top_k;
   s.rows = ranks * s.routes;
-  s.borrowed = LlepMaxBorrowed(m, ranks, s.rows, o.min_piece);
-  s.lent = LlepMaxLent(m, ranks, s.rows, o.min_piece);
+  s.borrowed = LlepMaxBorrowed(m, ranks, s.rows, o);
+  s.lent = LlepMaxLent(m, ranks, s.rows, o);
   return s;
 }
 
@@ -456,8 +486,8 @@ LlepChunkSizes PipelinedLlepSlotSizes(const ModelConfig& m, int64_t ranks, int64
   s.tokens = c_eff;
   s.routes = c_eff * m.top_k;
   s.rows = ranks * s.routes;
-  s.borrowed = LlepMaxBorrowed(m, ranks, s.rows, o.balance.min_piece);
-  s.lent = LlepMaxLent(m, ranks, s.rows, o.balance.min_piece);
+  s.borrowed = LlepMaxBorrowed(m, ranks, s.rows, o.balance);
+  s.lent = LlepMaxLent(m, ranks, s.rows, o.balance);
   s.token_view = o.membership == ChunkMembership::kStrided;
   return s;
 }

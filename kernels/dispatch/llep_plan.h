@@ -30,10 +30,10 @@
 namespace plateau {
 
 // INVALID_ARGUMENT naming the field as a user types it:
-// schedule.llep.{alpha, min_piece, lambda}.
+// schedule.llep.{alpha, min_piece, lambda, max_borrowed}.
 absl::Status ValidateLlepOptions(const LlepOptions& options);
 // schedule.pipelined_llep.{chunk_tokens, membership, alpha, min_piece,
-// lambda}.
+// lambda, max_borrowed}.
 absl::Status ValidatePipelinedLlepOptions(const PipelinedLlepOptions& options);
 // What the schedules need of the model and the expert group: P >= 1 ranks
 // owning E / P experts each (model.experts a multiple of the ranks), k in
@@ -73,7 +73,10 @@ struct LlepAssignment {
 //   rank keeps up to its free capacity, and the overflow goes to the other
 //   rank with the least effective load (ties: lower rank), in pieces of at
 //   least min_piece routes, each up to that rank's free capacity; when no
-//   other rank has min_piece free, the rest goes to the least-loaded one.
+//   other rank has min_piece free, the rest goes to the least-loaded one;
+// - with options.max_borrowed = B > 0, a rank that already borrows B
+//   experts takes no piece of another one; an expert no other rank may
+//   borrow stays whole on its home rank (over capacity).
 // Details (llep_plan.cc) follow the reference code; where it is silent or
 // we differ, the comments there say so.
 LlepAssignment AssignLlep(absl::Span<const int64_t> loads, int64_t ranks,
@@ -226,17 +229,23 @@ int64_t LlepWorstCasePeakBytes(const ModelConfig& model, int64_t ranks, int64_t 
 
 // The most experts one rank borrows, and the most (helper, expert) pairs one
 // rank lends, in a chunk of at most `routes` routes in all:
-//   B <= min(E - E_p, floor(routes / min_piece))
-//   L <= min(E_p (P - 1), floor(routes / min_piece))
+//   B <= min(E - E_p, floor(routes / min_piece)  [, max_borrowed])
+//   L <= min(E_p (P - 1), floor(routes / min_piece)
+//            [, min(E_p, max_borrowed) (P - 1)])
+// the bracketed terms when options.max_borrowed > 0.
 // Proof (AssignLlep): every piece given to a helper has >= min_piece routes,
 // pieces are disjoint, and a borrowed expert (a lent pair) has at least one
 // piece at that helper; so B pieces at one helper hold >= B min_piece of the
 // chunk's routes, and L lent pairs of one owner hold >= L min_piece of
 // them. A rank borrows only experts it does not own (E - E_p) and lends
-// each of its E_p experts to at most the P - 1 others.
+// each of its E_p experts to at most the P - 1 others. With the cap, no
+// helper ever takes a piece of a new expert once it borrows max_borrowed,
+// so each of the P - 1 others borrows at most min(E_p, max_borrowed) of one
+// owner's experts.
 int64_t LlepMaxBorrowed(const ModelConfig& model, int64_t ranks, int64_t routes,
-                        int64_t min_piece);
-int64_t LlepMaxLent(const ModelConfig& model, int64_t ranks, int64_t routes, int64_t min_piece);
+                        const LlepOptions& options);
+int64_t LlepMaxLent(const ModelConfig& model, int64_t ranks, int64_t routes,
+                    const LlepOptions& options);
 
 // PipelinedLLEP's launch-sized slots, per chunk, with c_eff = min(c, N_max)
 // (a source's chunk has at most ceil(N / K) <= c_eff tokens): n = c_eff,

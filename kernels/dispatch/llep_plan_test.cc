@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -25,11 +27,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-LlepOptions Opts(double alpha, int64_t min_piece, double lambda = 1.0) {
+LlepOptions Opts(double alpha, int64_t min_piece, double lambda = 1.0,
+                 int64_t max_borrowed = 0) {
   LlepOptions o;
   o.alpha = alpha;
   o.min_piece = min_piece;
   o.lambda = lambda;
+  o.max_borrowed = max_borrowed;
   return o;
 }
 
@@ -55,6 +59,7 @@ TEST(LlepPlanTest, BadOptionsNameTheFieldAsTyped) {
       {Opts(std::nan(""), 1), "alpha"}, {Opts(INFINITY, 1), "alpha"},
       {Opts(1.0, 0), "min_piece"},      {Opts(1.0, -5), "min_piece"},
       {Opts(1.0, 1, 0.5), "lambda"},    {Opts(1.0, 1, std::nan("")), "lambda"},
+      {Opts(1.0, 1, 1.0, -1), "max_borrowed"},
   };
   for (const Case& c : cases) {
     absl::Status st = ValidateLlepOptions(c.o);
@@ -211,48 +216,107 @@ TEST(LlepPlanTest, TiesAreBrokenByIdAndRank) {
             (std::vector<std::vector<int64_t>>{{0, 0, 26}, {2, 26, 38}, {1, 38, 40}}));
 }
 
-// Random loads, skewed and not: the invariants, and the bounds on borrowed
-// and lent experts that size PipelinedLLEP's slots.
+// Random loads, skewed and not, with and without max_borrowed: the
+// invariants, and the bounds on borrowed and lent experts that size
+// PipelinedLLEP's slots (each attained somewhere, so none is loose).
 TEST(LlepPlanTest, BorrowedAndLentExpertsStayWithinTheirBounds) {
   std::mt19937_64 rng(17);
-  int64_t reached = 0, cases = 0;
-  for (int64_t P : {2, 4, 8}) {
-    for (int64_t E : {P, 2 * P, 4 * P, int64_t{32}}) {
-      if (E % P != 0) continue;
-      const int64_t Ep = E / P;
-      for (int64_t m : {1, 2, 5, 16}) {
-        for (int trial = 0; trial < 30; ++trial) {
-          std::vector<int64_t> loads(E);
-          const int64_t hot = rng() % E;
-          for (int64_t e = 0; e < E; ++e) {
-            loads[e] = rng() % 20 + (trial % 3 == 0 ? 0 : (e <= hot ? rng() % 200 : 0));
-          }
-          const double alpha = 0.5 + (rng() % 8) * 0.25;
-          const LlepAssignment a = AssignLlep(loads, P, Opts(alpha, m));
-          ExpectWellFormed(a, loads, P, m);
-          const int64_t T = std::accumulate(loads.begin(), loads.end(), int64_t{0});
-          const ModelConfig model = Model(E);
-          for (int64_t r = 0; r < P; ++r) {
-            std::set<int64_t> borrowed;
-            std::set<std::pair<int64_t, int64_t>> lent;
+  int64_t cases = 0;
+  std::map<int64_t, int64_t> reached, lent_reached;  // by max_borrowed
+  for (int64_t cap : {0, 1, 2, 3}) {
+    for (int64_t P : {2, 4, 8}) {
+      for (int64_t E : {P, 2 * P, 4 * P, int64_t{32}}) {
+        if (E % P != 0) continue;
+        const int64_t Ep = E / P;
+        for (int64_t m : {1, 2, 5, 16}) {
+          for (int trial = 0; trial < 30; ++trial) {
+            std::vector<int64_t> loads(E);
+            const int64_t hot = rng() % E;
             for (int64_t e = 0; e < E; ++e) {
-              for (const LlepPiece& q : a.pieces[e]) {
-                if (q.rank == r && e / Ep != r) borrowed.insert(e);
-                if (e / Ep == r && q.rank != r) lent.insert({q.rank, e});
-              }
+              loads[e] = rng() % 20 + (trial % 3 == 0 ? 0 : (e <= hot ? rng() % 200 : 0));
             }
-            const int64_t bmax = LlepMaxBorrowed(model, P, T, m);
-            EXPECT_LE(static_cast<int64_t>(borrowed.size()), bmax);
-            EXPECT_LE(static_cast<int64_t>(lent.size()), LlepMaxLent(model, P, T, m));
-            reached += static_cast<int64_t>(borrowed.size()) == bmax && bmax > 0;
+            const double alpha = 0.5 + (rng() % 8) * 0.25;
+            const LlepOptions o = Opts(alpha, m, 1.0, cap);
+            const LlepAssignment a = AssignLlep(loads, P, o);
+            ExpectWellFormed(a, loads, P, m);
+            const int64_t T = std::accumulate(loads.begin(), loads.end(), int64_t{0});
+            const ModelConfig model = Model(E);
+            const int64_t bmax = LlepMaxBorrowed(model, P, T, o);
+            const int64_t lmax = LlepMaxLent(model, P, T, o);
+            if (cap > 0) {
+              EXPECT_LE(bmax, cap);
+              EXPECT_LE(lmax, cap * (P - 1));
+            }
+            for (int64_t r = 0; r < P; ++r) {
+              std::set<int64_t> borrowed;
+              std::set<std::pair<int64_t, int64_t>> lent;
+              for (int64_t e = 0; e < E; ++e) {
+                for (const LlepPiece& q : a.pieces[e]) {
+                  if (q.rank == r && e / Ep != r) borrowed.insert(e);
+                  if (e / Ep == r && q.rank != r) lent.insert({q.rank, e});
+                }
+              }
+              EXPECT_LE(static_cast<int64_t>(borrowed.size()), bmax);
+              EXPECT_LE(static_cast<int64_t>(lent.size()), lmax);
+              reached[cap] += static_cast<int64_t>(borrowed.size()) == bmax && bmax > 0;
+              lent_reached[cap] += static_cast<int64_t>(lent.size()) == lmax && lmax > 0;
+            }
+            ++cases;
           }
-          ++cases;
         }
       }
     }
   }
-  EXPECT_GT(cases, 500);
-  EXPECT_GT(reached, 0) << "the borrowed bound is never attained: is it the tightest?";
+  EXPECT_GT(cases, 2000);
+  for (int64_t cap : {0, 1, 2, 3}) {
+    EXPECT_GT(reached[cap], 0) << "max_borrowed " << cap
+                               << ": the borrowed bound is never attained: is it the tightest?";
+  }
+  for (int64_t cap : {1, 2}) {
+    EXPECT_GT(lent_reached[cap], 0) << "max_borrowed " << cap
+                                    << ": the lent bound is never attained";
+  }
+}
+
+// max_borrowed by hand: the helper that is full of borrowed experts is
+// passed over for the next one, and an expert that no rank may borrow stays
+// home whole, over capacity.
+TEST(LlepPlanTest, MaxBorrowedPassesOverAFullHelperAndKeepsTheRestHome) {
+  // P = 3, one expert each, two hot ones. Uncapped, rank 2 borrows both
+  // overflows.
+  const std::vector<int64_t> hot2 = {90, 60, 0};
+  const LlepAssignment wide = AssignLlep(hot2, 3, Opts(1.0, 1));
+  ExpectWellFormed(wide, hot2, 3, 1);
+  EXPECT_EQ(wide.capacity, 50);
+  EXPECT_EQ(Pieces(wide, 0), (std::vector<std::vector<int64_t>>{{0, 0, 50}, {2, 50, 90}}));
+  EXPECT_EQ(Pieces(wide, 1), (std::vector<std::vector<int64_t>>{{1, 0, 50}, {2, 50, 60}}));
+  // Capped at 1: rank 2 is full after expert 0, so expert 1's overflow is
+  // forced onto rank 0 (over its capacity, but free to borrow).
+  const LlepAssignment capped = AssignLlep(hot2, 3, Opts(1.0, 1, 1.0, 1));
+  ExpectWellFormed(capped, hot2, 3, 1);
+  EXPECT_EQ(Pieces(capped, 0), Pieces(wide, 0));
+  EXPECT_EQ(Pieces(capped, 1), (std::vector<std::vector<int64_t>>{{1, 0, 50}, {0, 50, 60}}));
+  // A cap of 2 is no cap here.
+  const LlepAssignment two = AssignLlep(hot2, 3, Opts(1.0, 1, 1.0, 2));
+  EXPECT_EQ(Pieces(two, 1), Pieces(wide, 1));
+
+  // P = 2, three hot experts on rank 0 (C = 150). Uncapped: expert 0 goes
+  // to rank 1 whole (its home is full of pending work), expert 1 is split.
+  const std::vector<int64_t> three = {100, 100, 100, 0, 0, 0};
+  const LlepAssignment split = AssignLlep(three, 2, Opts(1.0, 1));
+  ExpectWellFormed(split, three, 2, 1);
+  EXPECT_EQ(split.capacity, 150);
+  EXPECT_EQ(Pieces(split, 0), (std::vector<std::vector<int64_t>>{{1, 0, 100}}));
+  EXPECT_EQ(Pieces(split, 1), (std::vector<std::vector<int64_t>>{{0, 0, 50}, {1, 50, 100}}));
+  EXPECT_EQ(split.rank_rows, (std::vector<int64_t>{150, 150}));
+  // Capped at 1: once rank 1 borrows expert 0, no rank may borrow another
+  // of rank 0's: they stay home whole, over capacity.
+  const LlepAssignment home = AssignLlep(three, 2, Opts(1.0, 1, 1.0, 1));
+  ExpectWellFormed(home, three, 2, 1);
+  EXPECT_EQ(Pieces(home, 0), (std::vector<std::vector<int64_t>>{{1, 0, 100}}));
+  EXPECT_EQ(Pieces(home, 1), (std::vector<std::vector<int64_t>>{{0, 0, 100}}));
+  EXPECT_EQ(Pieces(home, 2), (std::vector<std::vector<int64_t>>{{0, 0, 100}}));
+  EXPECT_EQ(home.rank_rows, (std::vector<int64_t>{200, 100}));
 }
 
 // ---------------------------------------------------------------------------
@@ -506,6 +570,70 @@ TEST(LlepPlanTest, ThePipelinedBoundIsFlatInN) {
   EXPECT_EQ(PipelinedLlepHostIndexWords(m, P, 4096, o),
             64 * LlepIndexLayoutOf(PipelinedLlepSlotSizes(m, P, 4096, o)).total);
   EXPECT_EQ(PipelinedLlepBoundBytes(m, P, 0, o), 8);  // nothing but the N exchange
+}
+
+// max_borrowed sizes the borrowed-weight terms (2 x 3HF floats per borrowed
+// expert, 3HF per lent pair) for B = max_borrowed instead of the worst case:
+// the bound falls by exactly those terms, and 0 is the uncapped bound.
+TEST(LlepPlanTest, MaxBorrowedShrinksTheBoundByTheBorrowedWeights) {
+  const ModelConfig m = Model(16, 4);
+  const int64_t P = 4, X = 3 * m.hidden * m.expert_ffn * 4;  // bytes per expert's weights
+  PipelinedLlepOptions o;
+  o.chunk_tokens = 64;
+  o.balance.min_piece = 8;
+  const LlepChunkSizes worst = PipelinedLlepSlotSizes(m, P, 4096, o);
+  EXPECT_EQ(worst.borrowed, 12);  // min(E - E_p, P c k / m) = min(12, 128)
+  EXPECT_EQ(worst.lent, 12);      // min(E_p (P - 1), 128)
+  const int64_t uncapped = PipelinedLlepBoundBytes(m, P, 4096, o);
+  for (int64_t cap : {1, 2, 4, 12, 20}) {
+    PipelinedLlepOptions c = o;
+    c.balance.max_borrowed = cap;
+    const LlepChunkSizes s = PipelinedLlepSlotSizes(m, P, 4096, c);
+    EXPECT_EQ(s.borrowed, std::min<int64_t>(cap, 12)) << cap;
+    EXPECT_EQ(s.lent, std::min<int64_t>(cap, 4) * (P - 1)) << cap;
+    EXPECT_EQ(s.rows, worst.rows);
+    EXPECT_EQ(PipelinedLlepBoundBytes(m, P, 4096, c),
+              uncapped - (2 * (worst.borrowed - s.borrowed) + (worst.lent - s.lent)) * X)
+        << cap;
+    // LLEP's worst case shrinks by the same terms.
+    const LlepChunkSizes lw = LlepWorstCaseSizes(m, P, 4096, o.balance);
+    const LlepChunkSizes lc = LlepWorstCaseSizes(m, P, 4096, c.balance);
+    EXPECT_EQ(LlepWorstCasePeakBytes(m, P, 4096, c.balance),
+              LlepWorstCasePeakBytes(m, P, 4096, o.balance) -
+                  (2 * (lw.borrowed - lc.borrowed) + (lw.lent - lc.lent)) * X)
+        << cap;
+  }
+}
+
+// Hot tokens in runs ("h%/g@b") are where chunk membership matters: with
+// nothing moved (plain EP inside each chunk, as when min_piece is large
+// against a chunk's overflow), contiguous chunks that fall inside runs send
+// the hot experts' rank far more rows than strided ones, which take a share
+// of every run. Scattered hot tokens look the same either way.
+TEST(LlepPlanTest, ContiguousChunksConcentrateHotRuns) {
+  const ModelConfig m = Model(16, 4);
+  const std::vector<int64_t> n(4, 400);
+  const int64_t K = 8;
+  auto most_rows = [&](const RoutingProfile& profile, ChunkMembership membership) {
+    int64_t most = 0;
+    for (int64_t j = 0; j < K; ++j) {
+      const World w = Plan(m, n, profile, Opts(1.0, 1, 1e9), K, j, membership);
+      for (const LlepRankPlan& p : w.plans) most = std::max(most, p.rows());
+    }
+    return most;
+  };
+  const int64_t strided = most_rows(HotBlockRouting(50, 4, 2), ChunkMembership::kStrided);
+  const int64_t contiguous = most_rows(HotBlockRouting(50, 4, 2), ChunkMembership::kContiguous);
+  const int64_t scattered_s = most_rows(HotRouting(50, 4), ChunkMembership::kStrided);
+  const int64_t scattered_c = most_rows(HotRouting(50, 4), ChunkMembership::kContiguous);
+  // Strided: each source's chunk has 25 +- 2 hot tokens (100 routes to rank
+  // 0) and 25 cold ones (about 25 routes there): about 500 of P c k = 800.
+  EXPECT_NEAR(strided, 500, 40);
+  EXPECT_GT(contiguous, strided * 5 / 4);
+  EXPECT_NEAR(scattered_c, scattered_s, scattered_s / 10);
+  std::cout << "P = 4, c = 50, k = 4, rank 0's most rows in a chunk of P c k = 800: 50%/4@2 "
+            << strided << " strided, " << contiguous << " contiguous; 50%/4 " << scattered_s
+            << " strided, " << scattered_c << " contiguous\n";
 }
 
 // Over a skew sweep of chunked layers, every chunk's realized sizes fit the

@@ -125,7 +125,7 @@ TEST_P(LlepSweepTest, MatchesTheReferenceAndStandardEpAndItsPeak) {
     // Every rank computed the same assignment from the same counts.
     EXPECT_EQ(run.assignment[p].rank_rows, run.assignment[0].rank_rows);
     EXPECT_EQ(run.assignment[p].capacity, run.assignment[0].capacity);
-    EXPECT_LE(run.sizes[p].borrowed, LlepMaxBorrowed(m, P, run.sizes[p].rows, o.min_piece));
+    EXPECT_LE(run.sizes[p].borrowed, LlepMaxBorrowed(m, P, run.sizes[p].rows, o));
     rows += run.sizes[p].rows;
     moved += run.sizes[p].borrowed;
   }
@@ -147,6 +147,42 @@ INSTANTIATE_TEST_SUITE_P(All, LlepSweepTest,
                                '_');
                            return absl::StrCat("P", std::get<0>(i.param), "_", name);
                          });
+
+// LLEP with max_borrowed = 1 across the sweep at P = 2 and 4: at most one
+// borrowed expert per rank, standard EP's results to fp32 rounding, and the
+// peak within the capped worst case (which is below the uncapped one).
+TEST(LlepTest, MaxBorrowedCapsTheBorrowedExperts) {
+  const ModelConfig m = SweepModel();
+  int64_t uncapped_most = 0;
+  for (int P : {2, 4}) {
+    for (int which = 0; which < static_cast<int>(Sweep().size()); ++which) {
+      const RoutingProfile profile = Sweep()[which];
+      SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name()));
+      // Larger N than the sweep above, so that an uncapped rank borrows two.
+      const DispatchProblem pr = MakeProfileProblem(m, Tokens(P, 40), profile, 900 + P + which);
+      LlepOptions o = TestOptions();
+      const LlepRun free = RunLlep(pr, o);
+      o.max_borrowed = 1;
+      const LlepRun run = RunLlep(pr, o);
+      if (HasFatalFailure()) return;
+      ExpectMatchesReference(run.got, DispatchReference(pr));
+      ExpectNearRuns(run.got, RunDispatch(pr, StandardEpFactory()), kDispatchGradTol);
+      const int64_t max_n = *std::max_element(pr.n.begin(), pr.n.end());
+      const int64_t worst = LlepWorstCasePeakBytes(m, P, max_n, o);
+      LlepOptions uncapped = o;
+      uncapped.max_borrowed = 0;
+      EXPECT_LT(worst, LlepWorstCasePeakBytes(m, P, max_n, uncapped));
+      for (int p = 0; p < P; ++p) {
+        EXPECT_LE(run.sizes[p].borrowed, 1);
+        EXPECT_LE(run.sizes[p].lent, P - 1);
+        EXPECT_EQ(run.got.peak_forward[p], LlepPeakBytes(m, P, run.sizes[p]));
+        EXPECT_LE(run.got.peak(p), worst);
+        uncapped_most = std::max(uncapped_most, free.sizes[p].borrowed);
+      }
+    }
+  }
+  EXPECT_GE(uncapped_most, 2) << "the cap never bound: the test shows nothing";
+}
 
 // The skew moves compute off the hot rank: its rows fall from standard EP's
 // to about the capacity, and the busiest rank computes no more than that.

@@ -144,13 +144,27 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
   return absl::OkStatus();
 }
 
-absl::Status PipelinedLlep::Forward(const float* u, const int32_t* chosen, const float* gates,
-                                    int64_t tokens, const ExpertWeights& w, float* out) {
+absl::Status PipelinedLlep::Begin(const int32_t* chosen, int64_t tokens) {
   Release();
   if (tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("PipelinedLlep::Forward: tokens = ", tokens));
   }
-  PLATEAU_RETURN_IF_ERROR(Plan(chosen, tokens));
+  return Plan(chosen, tokens);
+}
+
+absl::Status PipelinedLlep::ForwardForBackward(const float* u, const int32_t* chosen,
+                                               const float* gates, int64_t tokens,
+                                               const ExpertWeights&, float*) {
+  PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens));
+  u_ = u;
+  gates_ = gates;
+  forward_done_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status PipelinedLlep::Forward(const float* u, const int32_t* chosen, const float* gates,
+                                    int64_t tokens, const ExpertWeights& w, float* out) {
+  PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens));
   for (int64_t j = 0; j < chunks_; ++j) {
     const LlepRankPlan& p = plans_[j];
     PLATEAU_RETURN_IF_ERROR(runner_.UploadIndex(StagedIndex(j), mem_));
@@ -167,7 +181,13 @@ absl::Status PipelinedLlep::Forward(const float* u, const int32_t* chosen, const
 }
 
 // Each chunk recomputes its forward in the same slots (B.1's inner
-// recompute), so Backward holds no more than Forward.
+// recompute), so Backward holds no more than Forward. The replay includes
+// the down projection: the expert backward needs only x, gate, up and act,
+// but the gate gradients are dgates[t, j] = <dout[t], y_{t,j}>, which need
+// the outputs y. The one exact way around it, <act, dout Wd^T> from an
+// unscaled dA GEMM with the gates sent to the receivers, saves one GEMM of
+// twelve and changes the rounding of dA, so the K = 1 bits would no longer be
+// LLEP's (DESIGN.md §1.1); not done.
 absl::Status PipelinedLlep::Backward(const float* dout, const ExpertWeights& w, float* du,
                                      float* dgates, const ExpertGrads& g) {
   if (!forward_done_) {

@@ -76,6 +76,12 @@ class PipelinedLlep final : public ExpertDispatch {
 
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
                        const ExpertWeights& w, float* out) override;
+  // Plans the layer as Forward does (K, the per-chunk counts, every chunk's
+  // plan and staged index words: the same collectives) and keeps u and
+  // gates, but runs no chunk: Backward replays every chunk's forward anyway,
+  // so its results are bitwise those after Forward.
+  absl::Status ForwardForBackward(const float* u, const int32_t* chosen, const float* gates,
+                                  int64_t tokens, const ExpertWeights& w, float* out) override;
   absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
                         const ExpertGrads& g) override;
   // Forgets the layer (the buffers are the schedule's for its lifetime).
@@ -94,6 +100,9 @@ class PipelinedLlep final : public ExpertDispatch {
                 Communicator& experts, Stream& compute, Stream& comm);
   absl::Status Allocate();
   absl::Status Plan(const int32_t* chosen, int64_t tokens);
+  // Forgets the last layer, validates `tokens` and plans (Forward's and
+  // ForwardForBackward's common start).
+  absl::Status Begin(const int32_t* chosen, int64_t tokens);
   const int32_t* StagedIndex(int64_t chunk) const;
 
   const ModelConfig model_;

@@ -140,8 +140,8 @@ TEST_P(PipelinedLlepSweepTest, MatchesTheReferenceWithinTheBound) {
     // Eq. 1 and the borrowed-expert bound, as realized.
     EXPECT_LE(run.max_sizes[p].rows, P * c * k);
     EXPECT_LE(run.max_sizes[p].borrowed,
-              LlepMaxBorrowed(m, P, P * c * k, o.balance.min_piece));
-    EXPECT_LE(run.max_sizes[p].lent, LlepMaxLent(m, P, P * c * k, o.balance.min_piece));
+              LlepMaxBorrowed(m, P, P * c * k, o.balance));
+    EXPECT_LE(run.max_sizes[p].lent, LlepMaxLent(m, P, P * c * k, o.balance));
     EXPECT_EQ(run.slots[p].rows, P * c * k);
   }
   int64_t rows = 0, borrowed = 0;
@@ -153,7 +153,7 @@ TEST_P(PipelinedLlepSweepTest, MatchesTheReferenceWithinTheBound) {
             << "), c = " << c
             << ": peak = bound = " << bound << " B; most rows received in a chunk " << rows
             << " of Eq. 1's " << P * c * k << "; most experts borrowed " << borrowed << " of "
-            << LlepMaxBorrowed(m, P, P * c * k, o.balance.min_piece) << "\n";
+            << LlepMaxBorrowed(m, P, P * c * k, o.balance) << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PipelinedLlepSweepTest,
@@ -167,6 +167,43 @@ INSTANTIATE_TEST_SUITE_P(All, PipelinedLlepSweepTest,
                                '_');
                            return absl::StrCat("P", std::get<0>(i.param), "_", name);
                          });
+
+// max_borrowed = 1 across the sweep at P = 2 and 4: no rank borrows more
+// than one expert in a chunk, the results are still standard EP's to fp32
+// rounding, and the measured peak is the (smaller) capped bound in Forward
+// and Backward. The sweep has chunks where an uncapped rank borrows two, so
+// the cap changes assignments here.
+TEST(PipelinedLlepTest, MaxBorrowedCapsTheBorrowedExpertsAndTheBound) {
+  const ModelConfig m = SweepModel();
+  int64_t uncapped_most = 0;
+  for (int P : {2, 4}) {
+    for (int which = 0; which < static_cast<int>(Sweep().size()); ++which) {
+      const RoutingProfile profile = Sweep()[which];
+      SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name()));
+      const DispatchProblem pr = MakeProfileProblem(m, Tokens(P), profile, 500 + 10 * P + which);
+      PipelinedLlepOptions o = TestOptions();
+      const PipelinedRun free = RunPipelined(pr, o, MaxTokens(pr));
+      o.balance.max_borrowed = 1;
+      const PipelinedRun run = RunPipelined(pr, o, MaxTokens(pr));
+      if (HasFatalFailure()) return;
+      ExpectMatchesReference(run.got, DispatchReference(pr));
+      ExpectNearRuns(run.got, RunDispatch(pr, StandardEpFactory()), kDispatchGradTol);
+      const int64_t bound = PipelinedLlepBoundBytes(m, P, MaxTokens(pr), o);
+      o.balance.max_borrowed = 0;
+      EXPECT_LT(bound, PipelinedLlepBoundBytes(m, P, MaxTokens(pr), o));
+      for (int p = 0; p < P; ++p) {
+        EXPECT_LE(run.max_sizes[p].borrowed, 1);
+        EXPECT_LE(run.max_sizes[p].lent, P - 1);
+        EXPECT_EQ(run.slots[p].borrowed, 1);
+        EXPECT_LE(run.got.peak_forward[p], bound);
+        EXPECT_LE(run.got.peak_backward[p], bound);
+        EXPECT_EQ(run.got.peak(p), bound);  // launch-sized slots
+        uncapped_most = std::max(uncapped_most, free.max_sizes[p].borrowed);
+      }
+    }
+  }
+  EXPECT_GE(uncapped_most, 2) << "the cap never bound: the test shows nothing";
+}
 
 // K = 1 (c >= N): the chunk is the layer, and every output and gradient is
 // LLEP's bit for bit, expert-weight gradients included.
@@ -192,14 +229,71 @@ TEST(PipelinedLlepTest, OneChunkIsLlepBitForBit) {
 TEST(PipelinedLlepTest, StridedAndContiguousAgree) {
   const ModelConfig m = SweepModel();
   for (int P : {2, 4}) {
-    const DispatchProblem pr = MakeProfileProblem(m, Tokens(P, 30), HotRouting(80, 4), 71 + P);
-    const PipelinedRun strided = RunPipelined(pr, TestOptions(3), MaxTokens(pr));
-    const PipelinedRun contiguous =
-        RunPipelined(pr, TestOptions(3, ChunkMembership::kContiguous), MaxTokens(pr));
-    EXPECT_EQ(strided.chunks[0], 10);
-    ExpectNearRuns(strided.got, contiguous.got, kDispatchGradTol);
-    ExpectNearRuns(strided.got, RunDispatch(pr, LlepFactory(TestOptions().balance)),
-                   kDispatchGradTol);
+    // Scattered hot tokens, and hot tokens in runs (contiguous chunks then
+    // hold all-hot and all-cold blocks; strided ones a share of each run).
+    for (const RoutingProfile& profile : {HotRouting(80, 4), HotBlockRouting(50, 4, 2)}) {
+      SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name()));
+      const DispatchProblem pr = MakeProfileProblem(m, Tokens(P, 30), profile, 71 + P);
+      const PipelinedRun strided = RunPipelined(pr, TestOptions(3), MaxTokens(pr));
+      const PipelinedRun contiguous =
+          RunPipelined(pr, TestOptions(3, ChunkMembership::kContiguous), MaxTokens(pr));
+      EXPECT_EQ(strided.chunks[0], 10);
+      ExpectNearRuns(strided.got, contiguous.got, kDispatchGradTol);
+      ExpectNearRuns(strided.got, RunDispatch(pr, LlepFactory(TestOptions().balance)),
+                     kDispatchGradTol);
+    }
+  }
+}
+
+// The step's recompute runs ForwardForBackward: PipelinedLLEP plans (the
+// same collectives) but runs no chunk, and the Backward after it gives
+// Backward-after-Forward's bits (the replay recomputes each chunk's expert
+// forward either way), within the same bound. A caller's `out` is not
+// touched.
+class ForwardForBackwardOnly final : public ExpertDispatch {
+ public:
+  explicit ForwardForBackwardOnly(std::unique_ptr<ExpertDispatch> d) : d_(std::move(d)) {}
+  absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                       const ExpertWeights& w, float* out) override {
+    return d_->ForwardForBackward(u, chosen, gates, tokens, w, out);
+  }
+  absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
+                        const ExpertGrads& g) override {
+    return d_->Backward(dout, w, du, dgates, g);
+  }
+  void Release() override { d_->Release(); }
+
+ private:
+  std::unique_ptr<ExpertDispatch> d_;
+};
+
+TEST(PipelinedLlepTest, ForwardForBackwardGivesTheSameBackward) {
+  const ModelConfig m = SweepModel();
+  for (int P : {1, 2, 4}) {
+    for (const RoutingProfile& profile : {HotRouting(80, 4), HotRouting(100, 1)}) {
+      SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name()));
+      const DispatchProblem pr = MakeProfileProblem(m, Tokens(P), profile, 131 + P);
+      const PipelinedLlepOptions o = TestOptions(5);
+      const DispatchFactory pipelined = PipelinedFactory(o, MaxTokens(pr));
+      const DispatchGot full = RunDispatch(pr, pipelined);
+      DispatchGot skip = RunDispatch(
+          pr, [&](int p, const ModelConfig& mm, Backend& be, ModelKernels& k, Communicator& world,
+                  Stream& compute,
+                  Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+            absl::StatusOr<std::unique_ptr<ExpertDispatch>> d =
+                pipelined(p, mm, be, k, world, compute, comm);
+            if (!d.ok()) return d.status();
+            return std::unique_ptr<ExpertDispatch>(new ForwardForBackwardOnly(std::move(*d)));
+          });
+      if (HasFatalFailure()) return;
+      for (int p = 0; p < P; ++p) {
+        EXPECT_EQ(skip.out[p], pr.out0[p]) << "rank " << p << ": out was written";
+        EXPECT_EQ(skip.peak_backward[p], full.peak_backward[p]);
+        EXPECT_EQ(skip.peak_backward[p], PipelinedLlepBoundBytes(m, P, MaxTokens(pr), o));
+      }
+      skip.out = full.out;  // compared above; the rest must be the same bits
+      ExpectSameBits(skip, full, "ForwardForBackward + Backward against Forward + Backward");
+    }
   }
 }
 

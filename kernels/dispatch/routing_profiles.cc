@@ -1,5 +1,6 @@
 #include "kernels/dispatch/routing_profiles.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <utility>
@@ -52,6 +53,7 @@ absl::Status Bad(absl::string_view field, absl::string_view expected, double got
 
 std::string RoutingProfile::Name() const {
   if (hot_percent == 0.0) return "balanced";
+  if (hot_blocks > 0) return absl::StrCat(hot_percent, "%/", hot_experts, "@", hot_blocks);
   return absl::StrCat(hot_percent, "%/", hot_experts);
 }
 
@@ -71,6 +73,10 @@ absl::Status ValidateRoutingProfile(const RoutingProfile& p, int64_t experts, in
                absl::StrCat("a hot set of 1 to model.experts = ", experts, " experts"),
                static_cast<double>(p.hot_experts));
   }
+  if (p.hot_blocks < 0) {
+    return Bad("routing.hot_blocks", ">= 0 runs of hot tokens (0: scattered)",
+               static_cast<double>(p.hot_blocks));
+  }
   if (tokens < 0) return Bad("tokens", ">= 0", static_cast<double>(tokens));
   return absl::OkStatus();
 }
@@ -86,11 +92,26 @@ absl::StatusOr<Routes> MakeRoutes(const RoutingProfile& p, int64_t experts, int6
   // Which tokens are hot: a random subset of exactly round(h N / 100).
   const int64_t hot =
       static_cast<int64_t>(std::llround(p.hot_percent * static_cast<double>(N) / 100.0));
-  std::vector<int32_t> order(N);
-  std::iota(order.begin(), order.end(), 0);
-  PartialShuffle(order, hot, rng);
   std::vector<char> is_hot(N, 0);
-  for (int64_t i = 0; i < hot; ++i) is_hot[order[i]] = 1;
+  if (p.hot_blocks == 0) {
+    std::vector<int32_t> order(N);
+    std::iota(order.begin(), order.end(), 0);
+    PartialShuffle(order, hot, rng);
+    for (int64_t i = 0; i < hot; ++i) is_hot[order[i]] = 1;
+  } else {
+    // b runs of floor/ceil(hot / b) tokens; the N - hot cold tokens are cut
+    // into b + 1 gaps at b uniform points of [0, N - hot], sorted.
+    const int64_t b = p.hot_blocks, cold = N - hot;
+    std::vector<int64_t> cut(b);
+    for (int64_t& c : cut) c = rng.Below(cold + 1);
+    std::sort(cut.begin(), cut.end());
+    for (int64_t i = 0, prev_cut = 0, t = 0; i < b; ++i) {
+      t += cut[i] - prev_cut;  // the gap before run i
+      prev_cut = cut[i];
+      const int64_t run = (i + 1) * hot / b - i * hot / b;
+      for (int64_t j = 0; j < run; ++j) is_hot[t++] = 1;
+    }
+  }
 
   Routes r;
   r.chosen.resize(N * K);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -133,6 +134,64 @@ TEST(RoutingProfilesTest, SkewRisesWithHAndFallsWithG) {
   EXPECT_EQ(max_share(Make(HotRouting(100, 1))), kN);
 }
 
+// Whether each token is hot: every route in [0, g) (g >= k; a cold token
+// lands wholly in a hot set of 4 of 16 with probability 1 / 1820).
+std::vector<char> HotTokens(const Routes& r, int64_t g, int64_t k) {
+  std::vector<char> hot(r.chosen.size() / k);
+  for (size_t t = 0; t < hot.size(); ++t) {
+    hot[t] = std::all_of(&r.chosen[t * k], &r.chosen[t * k] + k, [&](int32_t e) { return e < g; });
+  }
+  return hot;
+}
+int64_t LongestRun(const std::vector<char>& hot) {
+  int64_t best = 0, run = 0;
+  for (char h : hot) best = std::max(best, run = h ? run + 1 : 0);
+  return best;
+}
+
+// "h%/g@b": the same share of hot tokens, in b runs. A strided chunk
+// (tokens j, j+K, ...) takes about h% hot tokens from every run; a
+// contiguous chunk inside a run is all hot. That is what makes the two
+// chunk memberships differ.
+TEST(RoutingProfilesTest, HotBlocksAreContiguousRuns) {
+  const int64_t hot = kN / 2;
+  for (int64_t b : {1, 2, 4}) {
+    const RoutingProfile p = HotBlockRouting(50, 4, b);
+    EXPECT_EQ(p.Name(), absl::StrCat("50%/4@", b));
+    const Routes r = Make(p);
+    ExpectWellFormed(r, kN, kK);
+    const std::vector<char> is_hot = HotTokens(r, 4, kK);
+    const int64_t n_hot = std::count(is_hot.begin(), is_hot.end(), 1);
+    EXPECT_GE(n_hot, hot) << p.Name();
+    EXPECT_LE(n_hot, hot + 3) << p.Name();
+    EXPECT_GE(LongestRun(is_hot), hot / b) << p.Name();
+    // The same bytes again; other bytes on another rank.
+    EXPECT_EQ(Make(p).chosen, r.chosen);
+    EXPECT_NE(Make(p, 7, 1).chosen, r.chosen);
+  }
+  // Scattered hot tokens make short runs only.
+  EXPECT_LT(LongestRun(HotTokens(Make(HotRouting(50, 4)), 4, kK)), 25);
+
+  // K = 8 chunks of 50 tokens, two runs of 100 hot tokens: every strided
+  // chunk takes 25 +- 2 hot tokens (12 or 13 of each run), and some
+  // contiguous chunk lies inside a run: all 50 hot.
+  const std::vector<char> is_hot = HotTokens(Make(HotBlockRouting(50, 4, 2)), 4, kK);
+  const int64_t K = 8;
+  int64_t fullest_contiguous = 0;
+  for (int64_t j = 0; j < K; ++j) {
+    int64_t strided = 0, contiguous = 0;
+    for (int64_t t = j; t < kN; t += K) strided += is_hot[t];
+    for (int64_t t = j * kN / K; t < (j + 1) * kN / K; ++t) contiguous += is_hot[t];
+    EXPECT_NEAR(strided, 25, 2) << "chunk " << j;
+    fullest_contiguous = std::max(fullest_contiguous, contiguous);
+  }
+  EXPECT_EQ(fullest_contiguous, 50);
+  // One run of all the tokens at 100%, and no hot token at 0 tokens.
+  EXPECT_EQ(LongestRun(HotTokens(Make(HotBlockRouting(100, 4, 3)), 4, kK)), kN);
+  EXPECT_TRUE(Make(HotBlockRouting(50, 4, 4), 1, 0, 0).chosen.empty());
+  ExpectWellFormed(Make(HotBlockRouting(50, 4, 9), 1, 0, 5), 5, kK);  // more runs than hot tokens
+}
+
 TEST(RoutingProfilesTest, EdgeShapes) {
   EXPECT_TRUE(Make(HotRouting(50, 4), 1, 0, 0).chosen.empty());
   ExpectWellFormed(Make(BalancedRouting(), 1, 0, 3, kE), 3, kE);  // k = E: every expert
@@ -154,6 +213,7 @@ TEST(RoutingProfilesTest, BadProfilesNameTheField) {
       {HotRouting(std::nan(""), 4), kE, kK, 8, "routing.hot_percent"},
       {HotRouting(50, 0), kE, kK, 8, "routing.hot_experts"},
       {HotRouting(50, kE + 1), kE, kK, 8, "routing.hot_experts"},
+      {HotBlockRouting(50, 4, -1), kE, kK, 8, "routing.hot_blocks"},
       {BalancedRouting(), kE, 0, 8, "model.top_k"},
       {BalancedRouting(), kE, kE + 1, 8, "model.top_k"},
       {BalancedRouting(), 0, 1, 8, "model.experts"},

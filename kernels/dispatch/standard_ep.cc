@@ -1,6 +1,7 @@
 #include "kernels/dispatch/standard_ep.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
@@ -138,6 +139,27 @@ absl::Status StandardEp::Exchange(const float* send, float* recv, bool forward) 
   return absl::OkStatus();
 }
 
+std::vector<ExpertGroup> StandardEp::Groups(const ExpertWeights& w,
+                                            const ExpertGrads* grads) const {
+  const int64_t mat = model_.hidden * model_.expert_ffn;
+  std::vector<ExpertGroup> out;
+  for (int64_t le = 0; le < local_experts_; ++le) {
+    if (expert_rows_[le] == 0) continue;
+    ExpertGroup e;
+    e.rows = expert_rows_[le];
+    e.w_gate = w.w_gate + le * mat;
+    e.w_up = w.w_up + le * mat;
+    e.w_down = w.w_down + le * mat;
+    if (grads != nullptr) {
+      e.dw_gate = grads->w_gate + le * mat;
+      e.dw_up = grads->w_up + le * mat;
+      e.dw_down = grads->w_down + le * mat;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
 absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const float* gates,
                                  int64_t tokens, const ExpertWeights& w, float* out) {
   Release();
@@ -167,24 +189,8 @@ absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const fl
   PLATEAU_ASSIGN_OR_RETURN(a_, Alloc(R * F));
   // The experts' outputs reuse the receive buffer (expert-major order).
   float* y = recv.as<float>();
-  int64_t row = 0;
-  const int64_t mat = H * F;
-  for (int64_t le = 0; le < local_experts_; ++le) {
-    const int64_t n = expert_rows_[le];
-    if (n == 0) continue;
-    const float* xe = x_.as<float>() + row * H;
-    float* ge = g_.as<float>() + row * F;
-    float* ue = u_.as<float>() + row * F;
-    float* ae = a_.as<float>() + row * F;
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {false, false, n, F, H, 1.0f, xe, H, w.w_gate + le * mat, F, 0.0f, ge, F}));
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {false, false, n, F, H, 1.0f, xe, H, w.w_up + le * mat, F, 0.0f, ue, F}));
-    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluForward(compute_, ae, ge, ue, n * F));
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {false, false, n, H, F, 1.0f, ae, F, w.w_down + le * mat, H, 0.0f, y + row * H, H}));
-    row += n;
-  }
+  PLATEAU_RETURN_IF_ERROR(ExpertMlpForward(backend_, compute_, H, F, Groups(w, nullptr), x_.as<float>(),
+                                           g_.as<float>(), u_.as<float>(), a_.as<float>(), y));
   // Back to source-major order, back to the senders, combined with the gates.
   PLATEAU_ASSIGN_OR_RETURN(Buffer yback, Alloc(R * H));
   PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, y, R, inv_perm_.as<int32_t>(), nullptr, R,
@@ -222,36 +228,10 @@ absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, flo
   PLATEAU_ASSIGN_OR_RETURN(Buffer dg, Alloc(R * F));
   PLATEAU_ASSIGN_OR_RETURN(Buffer dup, Alloc(R * F));
   float* dx = drecv.as<float>();  // reused: d inputs, expert-major
-  int64_t row = 0;
-  const int64_t mat = H * F;
-  for (int64_t le = 0; le < local_experts_; ++le) {
-    const int64_t n = expert_rows_[le];
-    if (n == 0) continue;
-    const float* xe = x_.as<float>() + row * H;
-    const float* dye = dy.as<float>() + row * H;
-    float* dae = da.as<float>() + row * F;
-    float* dge = dg.as<float>() + row * F;
-    float* due = dup.as<float>() + row * F;
-    // dA = dY Wd^T; dWd += A^T dY.
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {false, true, n, F, H, 1.0f, dye, H, w.w_down + le * mat, H, 0.0f, dae, F}));
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {true, false, F, H, n, 1.0f, a_.as<float>() + row * F, F, dye, H, 1.0f,
-                   grads.w_down + le * mat, H}));
-    PLATEAU_RETURN_IF_ERROR(backend_.SwiGluBackward(compute_, dge, due, dae,
-                                                    g_.as<float>() + row * F,
-                                                    u_.as<float>() + row * F, n * F));
-    // dWg += X^T dG; dWu += X^T dU; dX = dG Wg^T + dU Wu^T.
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {true, false, H, F, n, 1.0f, xe, H, dge, F, 1.0f, grads.w_gate + le * mat, F}));
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {true, false, H, F, n, 1.0f, xe, H, due, F, 1.0f, grads.w_up + le * mat, F}));
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {false, true, n, H, F, 1.0f, dge, F, w.w_gate + le * mat, F, 0.0f, dx + row * H, H}));
-    PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-        compute_, {false, true, n, H, F, 1.0f, due, F, w.w_up + le * mat, F, 1.0f, dx + row * H, H}));
-    row += n;
-  }
+  PLATEAU_RETURN_IF_ERROR(ExpertMlpBackward(backend_, compute_, H, F, Groups(w, &grads),
+                                            x_.as<float>(), dy.as<float>(), g_.as<float>(),
+                                            u_.as<float>(), a_.as<float>(), da.as<float>(),
+                                            dg.as<float>(), dup.as<float>(), dx));
   // Source-major, back to the senders, summed per token in choice order.
   PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dx, R, inv_perm_.as<int32_t>(), nullptr,
                                               R, H, dy.as<float>()));

@@ -29,6 +29,7 @@
 #include "kernels/communicator.h"
 #include "kernels/memory.h"
 #include "kernels/dispatch/expert_dispatch.h"
+#include "kernels/dispatch/expert_mlp.h"
 #include "kernels/model/config.h"
 #include "kernels/model/model_kernels.h"
 
@@ -59,6 +60,9 @@ class StandardEp final : public ExpertDispatch {
   int64_t received_rows() const { return recv_rows_; }
 
  private:
+  // The local experts with rows this layer (expert_mlp.h), in expert order;
+  // with `grads`, their gradients accumulate there.
+  std::vector<ExpertGroup> Groups(const ExpertWeights& w, const ExpertGrads* grads) const;
   absl::Status Plan(const int32_t* chosen, int64_t tokens);
   absl::Status Exchange(const float* send, float* recv, bool forward);
   absl::StatusOr<Buffer> Alloc(int64_t floats);

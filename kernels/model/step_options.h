@@ -63,6 +63,14 @@ struct LlepOptions {
   // moved. The reference's MOE_ADAPTIVE_LPT_ROUTING_RATIO. >= 1; 1 balances
   // every layer (max/mean is never below 1).
   double lambda = 1.0;
+  // The most experts one rank may borrow in one layer call (one chunk, in
+  // PipelinedLLEP); 0: no cap beyond min(E - E_p, routes / min_piece). The
+  // borrowed weights and their gradients are 2 x 3HF floats per borrowed
+  // expert of the dispatch live set, which dominate its bound at large H F;
+  // a cap sizes them for B = max_borrowed instead of the worst case.
+  // Overflow that no rank with borrowing room can take stays on its home
+  // rank (AssignLlep, llep_plan.h). >= 0.
+  int64_t max_borrowed = 0;
 };
 
 // Which of a source rank's tokens a PipelinedLLEP chunk takes.

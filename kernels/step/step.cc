@@ -333,8 +333,12 @@ absl::Status RingBackward(Ctx& x) {
 }
 
 // Layer l from its input `in` (boundary l) to `out` (boundary l+1). Leaves
-// the working set (and the dispatch state) in place for LayerBackward.
-absl::Status LayerForward(Ctx& x, int64_t l, const float* in, float* out) {
+// the working set (and the dispatch state) in place for LayerBackward. With
+// `for_backward` (the recompute before LayerBackward) `out` is scratch and
+// the dispatch point may skip its output (ExpertDispatch::ForwardForBackward:
+// PipelinedLLEP's Backward replays its chunks anyway).
+absl::Status LayerForward(Ctx& x, int64_t l, const float* in, float* out,
+                          bool for_backward = false) {
   TrainingStep::Impl& I = x.I;
   const ModelConfig& m = x.m;
   const auto& off = I.layer_off[l];
@@ -363,6 +367,10 @@ absl::Status LayerForward(Ctx& x, int64_t l, const float* in, float* out) {
                                             I.probs.as<float>(), I.chosen.as<int32_t>(),
                                             I.gates.as<float>()));
   PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), out, I.h1.data(), N * H * sizeof(float)));
+  if (for_backward) {
+    return I.dispatch->ForwardForBackward(I.u.as<float>(), I.chosen.as<int32_t>(),
+                                          I.gates.as<float>(), N, x.experts(l), out);
+  }
   return I.dispatch->Forward(I.u.as<float>(), I.chosen.as<int32_t>(), I.gates.as<float>(), N,
                        x.experts(l), out);
 }
@@ -487,7 +495,7 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
     // again, so it goes to scratch (tmp, which LayerBackward overwrites),
     // not back into the store.
     PLATEAU_ASSIGN_OR_RETURN(const float* in, boundaries.Acquire(l));
-    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, in, I.tmp.as<float>()));
+    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, in, I.tmp.as<float>(), /*for_backward=*/true));
     PLATEAU_RETURN_IF_ERROR(LayerBackward(x, l, in));
     PLATEAU_RETURN_IF_ERROR(boundaries.Done(l));
   }
