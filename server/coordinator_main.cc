@@ -77,8 +77,9 @@ Health checking (grpc.health.v1.Health) stays open for liveness probes; server
 reflection is off when --token_file is set.
 )";
 
-// Below this a worker agent's telemetry batch (at most ~320 KiB, worker/
-// agent.cc kBatchBytes plus one line) might not fit.
+// Below this a worker agent's telemetry batch (under 512 KiB: worker/
+// agent.cc kBatchBytes plus one line of at most kMaxRankOutputLineBytes,
+// worker/rank_protocol.h) might not fit.
 constexpr int64_t kMinRequestBytes = 1 << 20;
 
 // Loading gRPC's reflection library registers its plugin with every
