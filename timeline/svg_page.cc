@@ -150,7 +150,7 @@ std::string MemoryChartSvg(const MemoryChart& c) {
     const double y = cap_on_scale ? s.Y(static_cast<double>(c.cap)) : kTop - 8;
     const std::string what =
         cap_on_scale ? absl::StrCat(c.space, " cap ", HtmlEscape(FormatBytes(c.cap)))
-                     : absl::StrFormat("%s cap %s (off scale: %.1fx this chart's data)", c.space,
+                     : absl::StrFormat("%s cap %s (off scale, %.0fx)", c.space,
                                        HtmlEscape(FormatBytes(c.cap)), static_cast<double>(c.cap) / data);
     absl::StrAppend(&svg, "<line class=\"cap\" data-bytes=\"", c.cap, "\" data-on-scale=\"",
                     cap_on_scale ? "true" : "false", "\" x1=\"", F(kLeft), "\" x2=\"", F(kLeft + kPlotW), "\" y1=\"",
