@@ -533,7 +533,8 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   // Grafana fills ${__field.labels.NAME}, lead to a page the coordinator
   // serves (the memory timeline: job-1 recorded step 1's).
   int links = 0;
-  for (const json& panel : ReadJson(kDashboard)["panels"]) {
+  const json dashboard = ReadJson(kDashboard);
+  for (const json& panel : dashboard["panels"]) {
     if (!panel.contains("fieldConfig") || !panel["fieldConfig"]["defaults"].contains("links")) continue;
     json series = Query(prom, AsGrafanaSends(panel["targets"][0]["expr"].get<std::string>(), id), &error);
     ASSERT_TRUE(series.is_array() && !series.empty()) << error;
@@ -544,9 +545,11 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
           url = absl::StrReplaceAll(url, {{absl::StrCat("${__field.labels.", it.key(), "}"), it->get<std::string>()}});
         }
         ASSERT_FALSE(absl::StrContains(url, "${")) << "a label the series lacks: " << url << " " << one.dump();
-        ASSERT_TRUE(absl::ConsumePrefix(&url, "http://")) << url;
-        const size_t slash = url.find('/');
-        const std::string page = HttpGet(url.substr(0, slash), url.substr(slash));
+        absl::string_view rest = url;
+        ASSERT_TRUE(absl::ConsumePrefix(&rest, "http://")) << url;
+        const size_t slash = rest.find('/');
+        ASSERT_NE(slash, absl::string_view::npos) << url;
+        const std::string page = HttpGet(std::string(rest.substr(0, slash)), std::string(rest.substr(slash)));
         EXPECT_EQ(HttpStatus(page), 200) << panel["title"] << ": " << url << "\n" << page.substr(0, 300);
         EXPECT_THAT(page, HasSubstr("job-1 memory timeline")) << url;
         ++links;
