@@ -128,7 +128,14 @@ std::string MemoryChartSvg(const MemoryChart& c) {
   }
   // Bounds: each set's line at its stacked bound; then the plan's total and the cap.
   std::vector<std::pair<double, std::string>> labels;
-  for (const ChartSeries& ser : c.series) {
+  // Larger bounds drawn last, on top: a tiny set's line sits on the line
+  // below it and must not hide it.
+  std::vector<const ChartSeries*> by_bound;
+  for (const ChartSeries& ser : c.series) by_bound.push_back(&ser);
+  std::stable_sort(by_bound.begin(), by_bound.end(),
+                   [](const ChartSeries* a, const ChartSeries* b) { return a->bound < b->bound; });
+  for (const ChartSeries* line : by_bound) {
+    const ChartSeries& ser = *line;
     if (ser.bound <= 0) continue;
     const double y = s.Y(static_cast<double>(ser.stacked_bound));
     absl::StrAppend(&svg, "<line class=\"bound\" data-live-set=\"", HtmlEscape(ser.live_set), "\" data-bytes=\"",

@@ -36,11 +36,17 @@ std::string TerminalChart(const MemoryChart& c, int width) {
   // The marks of the empty part of a row: bounds, plan total, cap.
   std::vector<char> marks(width + 1, ' ');
   std::string ruler(width + 1, ' ');
+  // Two bounds in one column: the ruler names the larger (a tiny set's
+  // bound sits on the one below it and says little).
+  std::vector<int64_t> named(width + 1, 0);
   for (const ChartSeries& s : c.series) {
     if (s.bound <= 0) continue;
     const int k = col(static_cast<double>(s.stacked_bound));
     marks[k] = ':';
-    ruler[k] = s.letter;
+    if (s.bound > named[k]) {
+      ruler[k] = s.letter;
+      named[k] = s.bound;
+    }
   }
   if (c.planned_total > 0) {
     marks[col(static_cast<double>(c.planned_total))] = '|';
@@ -69,13 +75,13 @@ std::string TerminalChart(const MemoryChart& c, int width) {
     if (c.total_peak[k] > c.total[k]) absl::StrAppend(&out, " (peak ", FormatBytes(c.total_peak[k]), ")");
     absl::StrAppend(&out, "\n");
   }
-  absl::StrAppend(&out, "legend:");
+  absl::StrAppend(&out, "legend:\n");
   for (const ChartSeries& s : c.series) {
-    absl::StrAppend(&out, " ", std::string(1, s.letter), " ", s.live_set);
+    absl::StrAppend(&out, "  ", std::string(1, s.letter), " ", s.live_set);
     if (s.bound > 0) absl::StrAppend(&out, " (bound ", FormatBytes(s.bound), ")");
-    absl::StrAppend(&out, ",");
+    absl::StrAppend(&out, "\n");
   }
-  absl::StrAppend(&out, " + peak inside the phase, : a bound stacked on those left of it, | plan total",
+  absl::StrAppend(&out, "  + peak inside the phase, : a bound stacked on those left of it, | plan total",
                   cap_on_scale ? ", ! cap" : "", "\n");
   return out;
 }

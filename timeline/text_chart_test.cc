@@ -55,9 +55,10 @@ TEST(TerminalChartTest, RowsAtOneHundredBytesAColumn) {
   std::string optimizer = embedding;
   for (int i = 20; i < 23; ++i) optimizer[i] = '+';
   EXPECT_EQ(lines[6], "optimizer  " + optimizer + " 1.95 KiB (peak 2.25 KiB)");
-  EXPECT_THAT(lines[7], HasSubstr("W weights (bound 1000 B)"));
-  EXPECT_THAT(lines[7], HasSubstr("D dispatch (bound 600 B)"));
-  EXPECT_THAT(lines[7], HasSubstr("! cap"));
+  EXPECT_EQ(lines[7], "legend:");
+  EXPECT_EQ(lines[8], "  W weights (bound 1000 B)");
+  EXPECT_EQ(lines[10], "  D dispatch (bound 600 B)");
+  EXPECT_THAT(lines[12], HasSubstr("! cap"));
 }
 
 TEST(TerminalChartTest, AFarCapIsOffScale) {
@@ -71,6 +72,19 @@ TEST(TerminalChartTest, AFarCapIsOffScale) {
   // Scaled to the data (3000 B = 30 columns): the plan total ends the rows.
   EXPECT_EQ(lines[4].substr(11), std::string(10, 'W') + std::string(10, 'G') + ":     :   | 1.95 KiB");
   EXPECT_EQ(text.find('!'), std::string::npos);
+}
+
+// Two bounds in one column: the ruler names the larger one.
+TEST(TerminalChartTest, TheRulerNamesTheLargerOfTwoBoundsInAColumn) {
+  v1::GetMemoryTimelineResponse r = ExampleTimeline(false);
+  v1::LiveSetBytes* tiny = r.mutable_plan()->add_live_sets();
+  tiny->set_live_set("workspace");  // 3000 + 10 bytes: activations' column at 100 B a column
+  tiny->set_bytes(10);
+  auto charts = MemoryCharts(r, 0);
+  ASSERT_TRUE(charts.ok());
+  const std::vector<std::string> lines = Lines(TerminalChart((*charts)[0], 40));
+  EXPECT_EQ(lines[3][11 + 30], 'A');
+  EXPECT_EQ(lines[3].find('S'), std::string::npos);
 }
 
 TEST(TerminalChartTest, HostChart) {
