@@ -93,7 +93,8 @@ class MemoryTracker {
   // call, so the timeline cannot reset those. TakePhase returns the current
   // bytes and the peaks since the last TakePhase (or ResetPhasePeaks), then
   // starts the next phase at the current bytes. An allocation racing with
-  // TakePhase lands in one phase or the other, never in neither.
+  // TakePhase is counted in this phase's peak or the next's (perhaps both),
+  // never in neither.
   void ResetPhasePeaks();
   MemoryStats TakePhase();
 
