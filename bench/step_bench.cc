@@ -7,7 +7,13 @@
 // fraction of the sgemm rate, and the peak bytes of every live set, so that
 // it shows how each peak grows with the sequence. Ends with one JSON line.
 //
+// --timeline=1 also measures what recording the memory timeline costs
+// (kernels/memory_timeline.h; the service records one step in 100 by
+// default): the steps alternate between recorded and not, in the same run,
+// and the line reports both medians and their ratio.
+//
 //   bazel run -c opt //bench:step_bench -- --seq_lens=1024,4096
+//   bazel run -c opt //bench:step_bench -- --seq_lens=1024 --steps=20 --timeline=1
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "kernels/memory_timeline.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
 #include "worker/trainer.h"
@@ -61,6 +68,8 @@ double SgemmRate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
 struct Result {
   int64_t seq_len = 0;
   double step_s = 0, tokens_per_s = 0, gflops = 0;
+  double recorded_step_s = 0;  // --timeline=1: the median of the recorded steps
+  int64_t phases = 0;
   MemoryStats peaks;
 };
 
@@ -72,7 +81,8 @@ int main(int argc, char** argv) {
   std::map<std::string, int64_t> f = {{"ranks", 1},     {"hidden", 1024},  {"layers", 2},
                                       {"heads", 8},     {"kv_heads", 4},   {"experts", 8},
                                       {"top_k", 2},     {"expert_ffn", 1024}, {"vocab", 8192},
-                                      {"batch", 1},     {"steps", 3},      {"device_mb", 8192}};
+                                      {"batch", 1},     {"steps", 3},      {"device_mb", 8192},
+                                      {"timeline", 0}};
   std::string seq_lens = "1024,4096";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -141,16 +151,25 @@ int main(int argc, char** argv) {
             tok[i] = rng() % m.vocab_size;
             tgt[i] = rng() % m.vocab_size;
           }
-          std::vector<double> times;
+          std::vector<double> times, recorded;
+          MemoryTimelineRecorder timeline(be.device().tracker(), be.host().tracker());
           for (int64_t s = 0; s <= f["steps"]; ++s) {  // step 0 warms up
+            // --timeline=1: odd steps recorded, even ones not, so both see the same machine.
+            const bool record = f["timeline"] != 0 && s % 2 == 1;
             double t0 = Now();
-            auto st = (*step)->Step(tok, tgt);
+            if (record) timeline.Begin();
+            auto st = (*step)->Step(tok, tgt, record ? &timeline : nullptr);
             if (!st.ok()) return st.status();
-            if (s > 0) times.push_back(Now() - t0);
-            if (r == 0) res.peaks = st->device;
+            if (s > 0) (record ? recorded : times).push_back(Now() - t0);
+            if (r == 0 && !record) res.peaks = st->device;
           }
           std::sort(times.begin(), times.end());
+          std::sort(recorded.begin(), recorded.end());
           if (r == 0) res.step_s = times[times.size() / 2];
+          if (r == 0 && !recorded.empty()) {
+            res.recorded_step_s = recorded[recorded.size() / 2];
+            res.phases = timeline.phases_seen();
+          }
           return absl::OkStatus();
         });
     if (!run.ok()) {
@@ -168,6 +187,10 @@ int main(int argc, char** argv) {
     }
     std::printf("%8lld %10.3f %10.0f %12.1f %7.1f%%  %s\n", (long long)T, res.step_s,
                 res.tokens_per_s, res.gflops, 100.0 * res.gflops / sgemm, peaks.c_str());
+    if (res.recorded_step_s > 0) {
+      std::printf("%8s memory timeline recorded (%lld phases): median step %.4f s vs %.4f s unrecorded: %.4fx\n",
+                  "", (long long)res.phases, res.recorded_step_s, res.step_s, res.recorded_step_s / res.step_s);
+    }
     std::fflush(stdout);
     results.push_back(res);
   }
@@ -182,7 +205,12 @@ int main(int argc, char** argv) {
       absl::StrAppendFormat(&json, "%s\"%s\":%d", first ? "" : ",", LiveSetName(static_cast<LiveSet>(s)), r.peaks.peak[s]);
       first = false;
     }
-    json += "}}";
+    json += "}";
+    if (r.recorded_step_s > 0) {
+      absl::StrAppendFormat(&json, ",\"timeline_phases\":%d,\"recorded_step_s\":%.4f,\"recorded_ratio\":%.4f", r.phases,
+                            r.recorded_step_s, r.recorded_step_s / r.step_s);
+    }
+    json += "}";
   }
   json += "]}";
   std::printf("\n%s\n", json.c_str());

@@ -90,6 +90,17 @@ absl::StatusOr<v1::Job> Client::CancelJob(const std::string& id) {
   return resp;
 }
 
+absl::StatusOr<v1::GetMemoryTimelineResponse> Client::GetMemoryTimeline(const std::string& id) {
+  v1::GetMemoryTimelineRequest req;
+  req.set_job_id(id);
+  if (!status_.ok()) return status_;
+  v1::GetMemoryTimelineResponse resp;
+  auto ctx = Context();
+  absl::Status s = Convert(stub_->GetMemoryTimeline(ctx.get(), req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
   v1::PlanJobRequest req;
   *req.mutable_spec() = spec;

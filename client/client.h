@@ -46,6 +46,8 @@ class Client {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id);
   absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::JobSpec& spec);
+  // The latest memory timeline of each rank, with the job's plan.
+  absl::StatusOr<v1::GetMemoryTimelineResponse> GetMemoryTimeline(const std::string& id);
   // Streams the job's events from `from` until the job's final state (or
   // until on_event returns false). No deadline: a watch lasts the job, and
   // it resumes across a coordinator restart (ClientOptions::reconnect_for).

@@ -27,6 +27,8 @@
 #include "client/client.h"
 #include "client/plan_table.h"
 #include "client/spec_file.h"
+#include "timeline/memory_chart.h"
+#include "timeline/text_chart.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace plateau {
@@ -44,6 +46,9 @@ commands
   watch JOB [--from=INDEX]                 live progress to the end; exits with its outcome
   logs JOB [-f] [--from=INDEX]             log lines of every rank; -f follows
   cancel JOB
+  memory JOB [--rank=R] [--width=N]        the job's latest memory timeline (rank R, default
+                                           0) as a terminal chart per memory space; the
+                                           page http://METRICS/jobs/JOB/memory draws it
 
 The coordinator defaults to $PLATEAU_COORDINATOR, else 127.0.0.1:7070.
 --token_file (default $PLATEAU_TOKEN_FILE): a file holding the coordinator's bearer
@@ -341,7 +346,7 @@ int Run(const Options& o) {
     static const std::map<std::string, std::set<std::string>> allowed = {
         {"submit", {"validate-only", "wait"}}, {"plan", {}}, {"get", {}},
         {"list", {"state", "page_size", "page_token", "all"}}, {"watch", {"from"}},
-        {"logs", {"f", "follow", "from"}}, {"cancel", {}}};
+        {"logs", {"f", "follow", "from"}}, {"cancel", {}}, {"memory", {"rank", "width"}}};
     auto it = allowed.find(o.command);
     if (it == allowed.end()) {
       std::fprintf(stderr, "plateauctl: unknown command '%s' (see --help)\n", o.command.c_str());
@@ -472,6 +477,32 @@ int Run(const Options& o) {
       return true;
     });
     return s.ok() ? kExitOk : Report(s);
+  }
+  if (o.command == "memory") {
+    if (!need(1)) return kExitUsage;
+    int rank = 0, width = 64;
+    if (flag("rank") && (!absl::SimpleAtoi(o.flags.at("rank"), &rank) || rank < 0)) {
+      std::fprintf(stderr, "plateauctl memory: --rank: expected a rank number >= 0, got '%s'\n",
+                   o.flags.at("rank").c_str());
+      return kExitUsage;
+    }
+    if (flag("width") && (!absl::SimpleAtoi(o.flags.at("width"), &width) || width < 10 || width > 1000)) {
+      std::fprintf(stderr, "plateauctl memory: --width: expected 10 to 1000 columns, got '%s'\n",
+                   o.flags.at("width").c_str());
+      return kExitUsage;
+    }
+    auto timeline = client.GetMemoryTimeline(o.args[0]);
+    if (!timeline.ok()) return Report(timeline.status());
+    if (o.json) {
+      std::printf("%s\n", Json(*timeline).c_str());
+      return kExitOk;
+    }
+    auto charts = MemoryCharts(*timeline, rank);
+    if (!charts.ok()) return Report(charts.status());
+    for (size_t i = 0; i < charts->size(); ++i) {
+      std::printf("%s%s", i > 0 ? "\n" : "", TerminalChart((*charts)[i], width).c_str());
+    }
+    return kExitOk;
   }
   if (o.command == "cancel") {
     if (!need(1)) return kExitUsage;

@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package that building and testing Plateau need.
+# Installs every Debian 12 package that building and running Plateau need;
+# with --tests also what only the tests use (a headless browser), so that
+# tools/demo stays light and tools/test gets everything.
 # Idempotent: when everything is present it checks and prints one line.
+#
+#   deploy/install-deps.sh            # build, demo, deploy
+#   deploy/install-deps.sh --tests    # ... and the tests' extra tools (tools/test)
 set -euo pipefail
+
+with_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) with_tests=1 ;;
+    *) echo "install-deps: unknown argument '$arg' (expected --tests)" >&2; exit 2 ;;
+  esac
+done
 
 PACKAGES=(
   # toolchain
@@ -23,6 +36,12 @@ PACKAGES=(
   # for the units, Debian's python3 gRPC for client/python
   prometheus systemd python3-grpcio python3-protobuf
 )
+if [ "$with_tests" -eq 1 ]; then
+  PACKAGES+=(
+    # tests/memory_page_test loads /jobs/ID/memory in a real headless browser
+    chromium
+  )
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

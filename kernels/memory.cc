@@ -99,10 +99,12 @@ void MemoryTracker::RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
 
 void MemoryTracker::Add(LiveSet set, int64_t bytes) {
   int i = static_cast<int>(set);
-  RaiseTo(peak_[i],
-          current_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  RaiseTo(total_peak_,
-          total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  const int64_t now = current_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  RaiseTo(peak_[i], now);
+  RaiseTo(phase_peak_[i], now);
+  const int64_t total = total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  RaiseTo(total_peak_, total);
+  RaiseTo(total_phase_peak_, total);
 }
 
 void MemoryTracker::Sub(LiveSet set, int64_t bytes) {
@@ -130,6 +132,29 @@ void MemoryTracker::ResetPeaks() {
   }
   total_peak_.store(total_current_.load(std::memory_order_relaxed),
                     std::memory_order_relaxed);
+}
+
+void MemoryTracker::ResetPhasePeaks() {
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    phase_peak_[i].store(current_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+  total_phase_peak_.store(total_current_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+MemoryStats MemoryTracker::TakePhase() {
+  MemoryStats s;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    s.current[i] = current_[i].load(std::memory_order_relaxed);
+    // exchange, then raise again: an Add between the load above and here is
+    // counted in this phase's peak (the exchange returns it) and, through
+    // the raise, in the next phase's start.
+    s.peak[i] = std::max(phase_peak_[i].exchange(s.current[i], std::memory_order_relaxed), s.current[i]);
+    RaiseTo(phase_peak_[i], current_[i].load(std::memory_order_relaxed));
+  }
+  s.total_current = total_current_.load(std::memory_order_relaxed);
+  s.total_peak = std::max(total_phase_peak_.exchange(s.total_current, std::memory_order_relaxed), s.total_current);
+  RaiseTo(total_phase_peak_, total_current_.load(std::memory_order_relaxed));
+  return s;
 }
 
 MemoryStats MemoryTracker::Snapshot() const {

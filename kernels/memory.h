@@ -87,6 +87,17 @@ class MemoryTracker {
 
   MemoryStats Snapshot() const;
 
+  // A second, independent set of peaks for the memory timeline
+  // (kernels/memory_timeline.h), which cuts a step into many short phases:
+  // the step's own peaks (ResetPeaks, StepStats) must still cover the whole
+  // call, so the timeline cannot reset those. TakePhase returns the current
+  // bytes and the peaks since the last TakePhase (or ResetPhasePeaks), then
+  // starts the next phase at the current bytes. An allocation racing with
+  // TakePhase is counted in this phase's peak or the next's (perhaps both),
+  // never in neither.
+  void ResetPhasePeaks();
+  MemoryStats TakePhase();
+
  private:
   static void RaiseTo(std::atomic<int64_t>& peak, int64_t value);
 
@@ -94,6 +105,10 @@ class MemoryTracker {
   std::array<std::atomic<int64_t>, kNumLiveSets> peak_{};
   std::atomic<int64_t> total_current_{0};
   std::atomic<int64_t> total_peak_{0};
+  // The timeline's phase peaks: two more relaxed maxima per allocation
+  // (allocations are per buffer, a few per layer, never per element).
+  std::array<std::atomic<int64_t>, kNumLiveSets> phase_peak_{};
+  std::atomic<int64_t> total_phase_peak_{0};
 };
 
 // What an out-of-memory refusal carries as data (a payload of the

@@ -306,6 +306,28 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
   return store_->GetJob(id);
 }
 
+absl::StatusOr<v1::GetMemoryTimelineResponse> Coordinator::GetMemoryTimeline(const std::string& id) {
+  PLATEAU_ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::MemoryTimeline> ranks, store_->ReadMemoryTimelines(id));
+  if (ranks.empty()) {
+    const v1::JobSpec& spec = job.spec();
+    if (spec.has_memory_timeline_every() && spec.memory_timeline_every() == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(id, " records no memory timeline: its spec sets memory_timeline_every: 0"));
+    }
+    const int64_t every = spec.has_memory_timeline_every() ? spec.memory_timeline_every()
+                                                           : kDefaultMemoryTimelineEvery;
+    return absl::FailedPreconditionError(absl::StrCat(
+        id, " has no memory timeline yet (", v1::JobState_Name(job.state()), ", step ", job.progress().step(),
+        "): each rank records one at step 1 and every ", every, " steps (memory_timeline_every)"));
+  }
+  v1::GetMemoryTimelineResponse out;
+  out.set_job_id(id);
+  for (v1::MemoryTimeline& t : ranks) *out.add_ranks() = std::move(t);
+  *out.mutable_plan() = job.plan();
+  return out;
+}
+
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
   if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size: expected 0 (default ", kDefaultPageSize,
@@ -849,6 +871,7 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
       metrics_);
   PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(b.events), "append telemetry events"));
   PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(b.logs), "append log lines"));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->PutMemoryTimelines(b.timelines), "store memory timelines"));
   for (LiveJob* a : b.progressed) {
     a->job.set_event_count(store_->EventCount(a->job.id()));
     PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s progress")));

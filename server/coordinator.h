@@ -97,6 +97,10 @@ class Coordinator {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id);
   absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request);
+  // The latest memory timeline of each rank and the job's plan. NOT_FOUND:
+  // no such job; FAILED_PRECONDITION: none recorded yet (or never: the spec
+  // sets memory_timeline_every to 0).
+  absl::StatusOr<v1::GetMemoryTimelineResponse> GetMemoryTimeline(const std::string& id);
   // A counter that grows whenever events, logs or states change; WaitForChange
   // returns when it differs from `seen` or after `timeout`.
   uint64_t version();

@@ -38,6 +38,7 @@
 #include "kernels/named_flags.h"
 #include "server/coordinator.h"
 #include "server/job_store.h"
+#include "server/memory_page.h"
 #include "server/metrics.h"
 #include "server/security.h"
 #include "server/services.h"
@@ -49,7 +50,8 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
 
   --state_dir=DIR                  jobs, events and logs (SQLite, WAL); created if missing
   --listen=127.0.0.1:7070          gRPC API address (port 0: any free port)
-  --metrics_address=127.0.0.1:9464 HTTP: Prometheus /metrics, probes /healthz (process up) and
+  --metrics_address=127.0.0.1:9464 HTTP: Prometheus /metrics, a job's memory timeline page
+                                   /jobs/ID/memory, probes /healthz (process up) and
                                    /readyz (store recovered, gRPC API serving) (port 0: any free port)
   --ready_file=PATH                written once serving: api=HOST:PORT, metrics=HOST:PORT
   --heartbeat_ms=1000              heartbeat interval asked of workers
@@ -77,8 +79,9 @@ Health checking (grpc.health.v1.Health) stays open for liveness probes; server
 reflection is off when --token_file is set.
 )";
 
-// Below this a worker agent's telemetry batch (at most ~320 KiB, worker/
-// agent.cc kBatchBytes plus one line) might not fit.
+// Below this a worker agent's telemetry batch (under 512 KiB: worker/
+// agent.cc kBatchBytes plus one line of at most kMaxRankOutputLineBytes,
+// worker/rank_protocol.h) might not fit.
 constexpr int64_t kMinRequestBytes = 1 << 20;
 
 // Loading gRPC's reflection library registers its plugin with every
@@ -236,6 +239,10 @@ int Main(int argc, char** argv) {
   // /readyz says which step start-up is in; /healthz is 200 throughout.
   (*metrics)->SetReadiness(absl::UnavailableError("recovering live jobs from the store"));
   if (absl::Status s = coordinator.Start(); !s.ok()) return Fail(s.ToString());
+  // /jobs/ID/memory: withdrawn (below) before the coordinator is destroyed.
+  (*metrics)->SetJobPages([&coordinator](const std::string& path, const std::string& query) {
+    return MemoryPage(path, query, [&coordinator](const std::string& id) { return coordinator.GetMemoryTimeline(id); });
+  });
   (*metrics)->SetReadiness(absl::UnavailableError("gRPC API not serving yet"));
 
   BearerAuth auth(token);
@@ -294,6 +301,7 @@ int Main(int argc, char** argv) {
   (*metrics)->SetReadiness(absl::UnavailableError("shutting down"));
   coordinator.Stop();  // wakes streaming calls
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  (*metrics)->SetJobPages(nullptr);  // waits for a page being served
   return 0;
 }
 

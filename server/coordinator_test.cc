@@ -194,6 +194,53 @@ TEST_F(CoordinatorTest, RestartReattachesRunningRanksAndFinishesWithTheirExits) 
   EXPECT_EQ(Get(Submit(DemoJobSpec(2, 5))).state(), v1::SCHEDULED);
 }
 
+// GetMemoryTimeline: NOT_FOUND for an unknown job; FAILED_PRECONDITION
+// saying why for a job without one (none yet; off by its spec); once a rank
+// reports one, the latest per rank with the job's plan, also after a restart.
+TEST_F(CoordinatorTest, MemoryTimelineOfAJob) {
+  auto unknown = c().GetMemoryTimeline("job-99");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("job-99"));
+  EXPECT_EQ(c().GetMemoryTimeline("nine").status().code(), absl::StatusCode::kInvalidArgument);
+
+  v1::JobSpec off_spec = DemoJobSpec(2, 5);
+  off_spec.set_memory_timeline_every(0);
+  const std::string off = Submit(off_spec);
+  auto none = c().GetMemoryTimeline(off);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("memory_timeline_every: 0"));
+
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  auto yet = c().GetMemoryTimeline(job);
+  EXPECT_EQ(yet.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(yet.status().message(), HasSubstr("no memory timeline yet"));
+  EXPECT_THAT(yet.status().message(), HasSubstr("every 100 steps"));
+
+  // Cancel the first job so that the second is placed on the worker.
+  ASSERT_TRUE(c().CancelJob(off).ok());
+  const std::string w = RunningJob(job);
+  v1::TelemetryRequest t = Steps(w, job, {1, 2});
+  v1::MemoryTimeline* m = t.mutable_steps(0)->mutable_telemetry()->mutable_memory_timeline();
+  m->add_live_sets("weights");
+  v1::MemoryTimelinePhase* p = m->add_phases();
+  p->set_name("embedding");
+  p->add_device_bytes(123);
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  for (int restart = 0; restart < 2; ++restart) {
+    auto got = c().GetMemoryTimeline(job);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->job_id(), job);
+    ASSERT_EQ(got->ranks_size(), 1);
+    EXPECT_EQ(got->ranks(0).rank(), 0);
+    EXPECT_EQ(got->ranks(0).step(), 1);
+    EXPECT_EQ(got->ranks(0).phases(0).name(), "embedding");
+    EXPECT_EQ(got->ranks(0).phases(0).device_bytes(0), 123);
+    EXPECT_EQ(got->plan().total_bytes(), Get(job).plan().total_bytes());
+    EXPECT_GT(got->plan().live_sets_size(), 0);
+    Open();  // the timeline is in the store, not only in memory
+  }
+}
+
 TEST_F(CoordinatorTest, RestartResendsAnAssignmentThatWasNeverDelivered) {
   const std::string w = Register();
   const std::string job = Submit(DemoJobSpec(2, 5));

@@ -55,8 +55,9 @@ bool IsTokenChar(char c) {
 }
 
 // The request line "METHOD SP /target SP HTTP/1.x" (without its line end):
-// 0 and the method and path (query dropped), or the status to refuse it with.
-int ParseRequestLine(absl::string_view line, std::string* method, std::string* path) {
+// 0 and the method, path and query (after '?', without a fragment), or the
+// status to refuse it with.
+int ParseRequestLine(absl::string_view line, std::string* method, std::string* path, std::string* query) {
   if (absl::EndsWith(line, "\r")) line.remove_suffix(1);
   std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
   if (parts.size() != 3 || parts[0].empty()) return 400;
@@ -74,7 +75,10 @@ int ParseRequestLine(absl::string_view line, std::string* method, std::string* p
     if (u <= 0x20 || u >= 0x7f) return 400;
   }
   *method = std::string(parts[0]);
-  *path = std::string(target.substr(0, target.find_first_of("?#")));
+  const absl::string_view no_fragment = target.substr(0, target.find('#'));
+  const size_t q = no_fragment.find('?');
+  *path = std::string(no_fragment.substr(0, q));
+  *query = q == absl::string_view::npos ? "" : std::string(no_fragment.substr(q + 1));
   return 0;
 }
 
@@ -138,7 +142,8 @@ struct HttpServer::Connection {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& bind_address,
                                                                std::map<std::string, HttpHandler> routes,
-                                                               HttpServerOptions options) {
+                                                               HttpServerOptions options,
+                                                               std::map<std::string, HttpPrefixHandler> prefix_routes) {
   std::string host, port;
   if (absl::Status s = SplitAddress(bind_address, &host, &port); !s.ok()) return s;
   addrinfo hints{};
@@ -178,18 +183,20 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     return absl::UnavailableError(absl::StrCat("pipe: ", why));
   }
   std::unique_ptr<HttpServer> server(
-      new HttpServer(fd, bound_port, wake[0], wake[1], std::move(routes), options));
+      new HttpServer(fd, bound_port, wake[0], wake[1], std::move(routes), options, std::move(prefix_routes)));
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
 }
 
 HttpServer::HttpServer(int listen_fd, int port, int wake_read, int wake_write,
-                       std::map<std::string, HttpHandler> routes, HttpServerOptions options)
+                       std::map<std::string, HttpHandler> routes, HttpServerOptions options,
+                       std::map<std::string, HttpPrefixHandler> prefix_routes)
     : listen_fd_(listen_fd),
       port_(port),
       wake_read_(wake_read),
       wake_write_(wake_write),
       routes_(std::move(routes)),
+      prefix_routes_(std::move(prefix_routes)),
       options_(options) {}
 
 HttpServer::~HttpServer() {
@@ -203,11 +210,34 @@ HttpServer::~HttpServer() {
   close(wake_write_);
 }
 
-std::string HttpServer::Respond(const std::string& method, const std::string& path) {
+std::string HttpServer::Respond(const std::string& method, const std::string& path, const std::string& query) {
   auto route = routes_.find(path);
   if (route == routes_.end()) {
+    // The longest prefix route that the path extends (a path below it).
+    const HttpPrefixHandler* below = nullptr;
+    size_t longest = 0;
+    for (const auto& [prefix, handler] : prefix_routes_) {
+      if (path.size() > prefix.size() && absl::StartsWith(path, prefix) && prefix.size() > longest) {
+        below = &handler;
+        longest = prefix.size();
+      }
+    }
+    if (below != nullptr) {
+      if (method != "GET" && method != "HEAD") {
+        return FormatHttpResponse(405, "text/plain; charset=utf-8", "only GET and HEAD\n", false,
+                                  "Allow: GET, HEAD\r\n");
+      }
+      HttpResponse r;
+      try {
+        r = (*below)(path, query);
+      } catch (const std::exception& e) {
+        r = HttpResponse{500, "text/plain; charset=utf-8", absl::StrCat("internal error: ", e.what(), "\n")};
+      }
+      return FormatHttpResponse(r.status, r.content_type, r.body, method == "HEAD");
+    }
     std::string known;
     for (const auto& [p, handler] : routes_) absl::StrAppend(&known, " ", p);
+    for (const auto& [p, handler] : prefix_routes_) absl::StrAppend(&known, " ", p, "...");
     return FormatHttpResponse(404, "text/plain; charset=utf-8", absl::StrCat("not found; this port serves", known, "\n"),
                               method == "HEAD");
   }
@@ -285,14 +315,14 @@ void HttpServer::Loop() {
         // Decide as early as the bytes allow: a method that is not a token
         // or a bad request line is refused before the headers arrive.
         int status = 0;
-        std::string method, path;
+        std::string method, path, query;
         const size_t end = HeadEnd(c.in);
         const size_t line_end = c.in.find('\n');
         const size_t method_end = std::min(c.in.find(' '), c.in.size());
         if (!std::all_of(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(method_end), IsTokenChar)) {
           status = 400;
         } else if (line_end != std::string::npos && line_end <= options_.max_request_bytes) {
-          status = ParseRequestLine(absl::string_view(c.in).substr(0, line_end), &method, &path);
+          status = ParseRequestLine(absl::string_view(c.in).substr(0, line_end), &method, &path, &query);
           const size_t head_bytes = end == std::string::npos ? c.in.size() : end;
           if (status == 0 && head_bytes > options_.max_request_bytes) {
             status = 431;
@@ -308,7 +338,7 @@ void HttpServer::Loop() {
         }
         c.out = status != 0 ? FormatHttpResponse(status, "text/plain; charset=utf-8",
                                                  absl::StrCat(Reason(status), "\n"), false)
-                            : Respond(method, path);
+                            : Respond(method, path, query);
         c.in.clear();
         c.in.shrink_to_fit();
         c.phase = Connection::Phase::kWriting;

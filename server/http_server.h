@@ -1,5 +1,6 @@
 // A small HTTP/1.1 server for the coordinator's operational endpoints
-// (/metrics, /healthz, /readyz): GET and HEAD of a fixed set of exact paths,
+// (/metrics, /healthz, /readyz) and pages (/jobs/ID/memory): GET and HEAD of
+// a fixed set of exact paths and of the paths below a few prefixes,
 // 404 for any other path, 405 for any other method, 400 for what does not
 // parse. One request per connection ("Connection: close").
 //
@@ -43,6 +44,10 @@ struct HttpResponse {
   std::string body;
 };
 using HttpHandler = std::function<HttpResponse()>;
+// A handler of every path below a prefix ("/jobs/" serves "/jobs/job-3/memory"):
+// it gets the path and the query string (after '?', "" when none) and
+// answers 404 itself for a path it does not serve.
+using HttpPrefixHandler = std::function<HttpResponse(const std::string& path, const std::string& query)>;
 
 struct HttpServerOptions {
   // Request line and headers together; a request body is never read.
@@ -55,10 +60,11 @@ class HttpServer {
  public:
   // Listens on `bind_address` ("HOST:PORT", "[V6]:PORT" or "PORT" for every
   // interface; port 0 picks a free one) and serves `routes` (exact paths,
-  // e.g. "/metrics") until destroyed.
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& bind_address,
-                                                           std::map<std::string, HttpHandler> routes,
-                                                           HttpServerOptions options = {});
+  // e.g. "/metrics") and `prefix_routes` (every longer path starting with
+  // the prefix, e.g. "/jobs/"; an exact route wins) until destroyed.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const std::string& bind_address, std::map<std::string, HttpHandler> routes, HttpServerOptions options = {},
+      std::map<std::string, HttpPrefixHandler> prefix_routes = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -68,15 +74,16 @@ class HttpServer {
  private:
   struct Connection;
   HttpServer(int listen_fd, int port, int wake_read, int wake_write, std::map<std::string, HttpHandler> routes,
-             HttpServerOptions options);
+             HttpServerOptions options, std::map<std::string, HttpPrefixHandler> prefix_routes);
   void Loop();
   // The response to a parsed request.
-  std::string Respond(const std::string& method, const std::string& path);
+  std::string Respond(const std::string& method, const std::string& path, const std::string& query);
 
   const int listen_fd_;
   const int port_;
   const int wake_read_, wake_write_;  // a pipe: the destructor wakes Loop
   const std::map<std::string, HttpHandler> routes_;
+  const std::map<std::string, HttpPrefixHandler> prefix_routes_;
   const HttpServerOptions options_;
   std::thread thread_;
 };

@@ -28,7 +28,13 @@ class HttpServerTest : public ::testing::Test {
         {"/busy", [] { return HttpResponse{503, "text/plain", "not ready: busy\n"}; }},
         {"/throws", []() -> HttpResponse { throw std::runtime_error("boom"); }},
     };
-    auto s = HttpServer::Start("127.0.0.1:0", std::move(routes), options);
+    std::map<std::string, HttpPrefixHandler> prefixes = {
+        {"/jobs/",
+         [](const std::string& path, const std::string& query) {
+           return HttpResponse{path == "/jobs/none" ? 404 : 200, "text/plain", absl::StrCat(path, "|", query, "\n")};
+         }},
+    };
+    auto s = HttpServer::Start("127.0.0.1:0", std::move(routes), options, std::move(prefixes));
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
     address_ = absl::StrCat("127.0.0.1:", server_->port());
@@ -43,6 +49,24 @@ class HttpServerTest : public ::testing::Test {
   std::unique_ptr<HttpServer> server_;
   std::string address_;
 };
+
+// A prefix route gets every path below its prefix with the query string
+// (no fragment); the prefix itself is not below it; other methods are 405.
+TEST_F(HttpServerTest, PrefixRoutesGetThePathAndQuery) {
+  Serve();
+  const std::string get = Exchange("GET /jobs/job-3/memory?rank=1#top HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(HttpStatus(get), 200);
+  EXPECT_THAT(get, HasSubstr("\r\n\r\n/jobs/job-3/memory|rank=1\n"));
+  EXPECT_THAT(Exchange("GET /jobs/x HTTP/1.1\r\n\r\n"), HasSubstr("\r\n\r\n/jobs/x|\n"));
+  EXPECT_EQ(HttpStatus(Exchange("GET /jobs/none HTTP/1.1\r\n\r\n")), 404);
+  EXPECT_EQ(HttpStatus(Exchange("GET /jobs/ HTTP/1.1\r\n\r\n")), 404);
+  EXPECT_EQ(HttpStatus(Exchange("GET /jobs HTTP/1.1\r\n\r\n")), 404);
+  EXPECT_EQ(HttpStatus(Exchange("POST /jobs/x HTTP/1.1\r\n\r\n")), 405);
+  const std::string head = Exchange("HEAD /jobs/x HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(HttpStatus(head), 200);
+  EXPECT_THAT(head, Not(HasSubstr("/jobs/x|")));
+  EXPECT_THAT(Exchange("GET /nothing HTTP/1.1\r\n\r\n"), HasSubstr("/jobs/..."));
+}
 
 TEST_F(HttpServerTest, ServesExactPathsWithGetAndHead) {
   Serve();

@@ -28,6 +28,12 @@ CREATE TABLE IF NOT EXISTS logs (
   entry BLOB NOT NULL,
   PRIMARY KEY (job, idx)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS memory_timelines (
+  job      TEXT NOT NULL,
+  rank     INTEGER NOT NULL,
+  timeline BLOB NOT NULL,
+  PRIMARY KEY (job, rank)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS kv (
   key   TEXT PRIMARY KEY,
   value BLOB NOT NULL
@@ -254,6 +260,42 @@ absl::Status JobStore::AppendLogs(std::vector<v1::LogEntry>& logs) {
   PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
   next_log_ = std::move(next);
   return absl::OkStatus();
+}
+
+absl::Status JobStore::PutMemoryTimelines(const std::vector<JobMemoryTimeline>& timelines) {
+  if (timelines.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  for (const JobMemoryTimeline& t : timelines) {
+    Stmt put(db_, "INSERT OR REPLACE INTO memory_timelines (job, rank, timeline) VALUES (?, ?, ?)");
+    put.BindText(1, t.job_id);
+    put.Bind(2, static_cast<int64_t>(t.timeline.rank()));
+    put.Bind(3, t.timeline.SerializeAsString());
+    if (!put.ok() || put.Step() != SQLITE_DONE) {
+      absl::Status s = Error("store memory timeline");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::vector<v1::MemoryTimeline>> JobStore::ReadMemoryTimelines(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT timeline FROM memory_timelines WHERE job = ? ORDER BY rank");
+  if (!q.ok()) return Error("read memory timelines");
+  q.BindText(1, id);
+  std::vector<v1::MemoryTimeline> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::MemoryTimeline t;
+    if (!t.ParseFromString(q.Blob(0))) {
+      return absl::DataLossError(absl::StrCat("memory timeline of '", id, "': corrupt record"));
+    }
+    out.push_back(std::move(t));
+  }
+  if (rc != SQLITE_DONE) return Error("read memory timelines");
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const std::string& id, int64_t from,

@@ -1,6 +1,8 @@
-// The coordinator's durable state: jobs, their events and their logs, and
-// the ranks' rendezvous keys in one SQLite database (WAL), so that a
-// restarted coordinator finds every job, event, log line and key again.
+// The coordinator's durable state: jobs, their events, their logs and their
+// memory timelines, and the ranks' rendezvous keys in one SQLite database
+// (WAL), so that a restarted coordinator finds every job, event, log line,
+// timeline and key again. A job's memory timeline is the latest each rank
+// reported (one row per rank, replaced).
 //
 // A job is stored as its serialized plateau.v1.Job; its id is "job-<seq>"
 // where seq is the row's rowid (ids are never reused). Events and log lines
@@ -30,6 +32,12 @@ namespace plateau {
 absl::StatusOr<int64_t> ParseJobId(const std::string& id, const char* field = "job_id");
 std::string JobIdOf(int64_t seq);
 
+// A rank's memory timeline (its rank inside) and the job it belongs to.
+struct JobMemoryTimeline {
+  std::string job_id;
+  v1::MemoryTimeline timeline;
+};
+
 class JobStore {
  public:
   // Opens (creating when missing) the database at `path`.
@@ -58,6 +66,11 @@ class JobStore {
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& id, int64_t from, int limit);
   absl::StatusOr<std::vector<v1::LogEntry>> ReadLogs(const std::string& id, int64_t from, int limit);
   int64_t EventCount(const std::string& id);
+
+  // The latest memory timeline of each (job, rank): each one given replaces
+  // that rank's (one transaction). Read back in rank order; none: empty.
+  absl::Status PutMemoryTimelines(const std::vector<JobMemoryTimeline>& timelines);
+  absl::StatusOr<std::vector<v1::MemoryTimeline>> ReadMemoryTimelines(const std::string& id);
 
   // The rendezvous store's keys (written through, so that ranks meeting
   // across a coordinator restart still find each other).

@@ -99,6 +99,52 @@ TEST(JobStoreTest, UnknownAndMalformedIds) {
   EXPECT_EQ((*store)->GetJob("job--1").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+v1::MemoryTimeline Timeline(int rank, int64_t step, int64_t weights) {
+  v1::MemoryTimeline t;
+  t.set_rank(rank);
+  t.set_step(step);
+  t.add_live_sets("weights");
+  v1::MemoryTimelinePhase* p = t.add_phases();
+  p->set_name("forward 0");
+  p->add_device_bytes(weights);
+  p->add_device_peak_bytes(weights + 1);
+  return t;
+}
+
+// The latest timeline of each rank replaces that rank's, per job, and all of
+// it is still there after the database is opened again.
+TEST(JobStoreTest, MemoryTimelinesRoundTripAndSurviveReopening) {
+  const std::string path = TempDb("timelines");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto none = (*store)->ReadMemoryTimelines("job-1");
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_TRUE(none->empty());
+    ASSERT_TRUE((*store)->PutMemoryTimelines({{"job-1", Timeline(1, 1, 10)}, {"job-1", Timeline(0, 1, 20)},
+                                               {"job-2", Timeline(0, 1, 30)}}).ok());
+    // Step 100 of rank 1 replaces its step 1; rank 0 keeps step 1.
+    ASSERT_TRUE((*store)->PutMemoryTimelines({{"job-1", Timeline(1, 100, 40)}}).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto one = (*store)->ReadMemoryTimelines("job-1");
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->size(), 2u);
+  EXPECT_EQ((*one)[0].rank(), 0);
+  EXPECT_EQ((*one)[0].step(), 1);
+  EXPECT_EQ((*one)[0].phases(0).device_bytes(0), 20);
+  EXPECT_EQ((*one)[1].rank(), 1);
+  EXPECT_EQ((*one)[1].step(), 100);
+  EXPECT_EQ((*one)[1].phases(0).name(), "forward 0");
+  EXPECT_EQ((*one)[1].phases(0).device_bytes(0), 40);
+  EXPECT_EQ((*one)[1].phases(0).device_peak_bytes(0), 41);
+  auto two = (*store)->ReadMemoryTimelines("job-2");
+  ASSERT_TRUE(two.ok());
+  ASSERT_EQ(two->size(), 1u);
+  EXPECT_EQ((*two)[0].phases(0).device_bytes(0), 30);
+}
+
 TEST(JobStoreTest, UnwritableDirectoryIsAnError) {
   auto store = JobStore::Open("/nonexistent-dir/x/state.db");
   EXPECT_FALSE(store.ok());

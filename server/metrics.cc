@@ -62,7 +62,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
       {"/healthz", [] { return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; }},
       {"/readyz", [self] { return self->Readyz(); }},
   };
-  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(bind_address, std::move(routes));
+  std::map<std::string, HttpPrefixHandler> prefixes = {
+      {"/jobs/", [self](const std::string& path, const std::string& query) { return self->JobPage(path, query); }},
+  };
+  absl::StatusOr<std::unique_ptr<HttpServer>> server =
+      HttpServer::Start(bind_address, std::move(routes), HttpServerOptions{}, std::move(prefixes));
   if (!server.ok()) {
     return absl::UnavailableError(absl::StrCat("--metrics_address=", bind_address, ": ", server.status().message()));
   }
@@ -75,6 +79,17 @@ std::string Metrics::Text() const { return prometheus::TextSerializer().Serializ
 void Metrics::SetReadiness(absl::Status status) {
   absl::MutexLock lock(&readiness_mu_);
   readiness_ = std::move(status);
+}
+
+void Metrics::SetJobPages(HttpPrefixHandler pages) {
+  absl::MutexLock lock(&pages_mu_);  // waits for a page being served
+  pages_ = std::move(pages);
+}
+
+HttpResponse Metrics::JobPage(const std::string& path, const std::string& query) {
+  absl::MutexLock lock(&pages_mu_);
+  if (!pages_) return HttpResponse{503, "text/plain; charset=utf-8", "job pages are not served yet\n"};
+  return pages_(path, query);
 }
 
 HttpResponse Metrics::Readyz() {

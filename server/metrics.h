@@ -18,7 +18,8 @@
 // The same HTTP port (server/http_server.h) answers the probes operators and
 // Kubernetes expect: /healthz 200 while the process serves at all, /readyz
 // 200 once SetReadiness(OK) and 503 with a one-line reason otherwise. Any
-// other path is 404.
+// other path is 404, except the pages below /jobs/ the coordinator serves
+// (SetJobPages: /jobs/ID/memory, server/memory_page.h).
 //
 // Thread safety: every method may be called from any thread.
 #ifndef PLATEAU_SERVER_METRICS_H_
@@ -53,6 +54,11 @@ class Metrics {
 
   // What /readyz answers from now on: 200 when OK, else 503 and the message.
   void SetReadiness(absl::Status status);
+  // What paths below /jobs/ answer (the coordinator's pages,
+  // server/memory_page.h); until set, and after SetJobPages(nullptr), 503.
+  // Setting waits for a page being served, so that the coordinator can
+  // withdraw its pages before it is destroyed.
+  void SetJobPages(HttpPrefixHandler pages);
   // The exposition text of every series (what GET /metrics returns).
   std::string Text() const;
 
@@ -76,6 +82,7 @@ class Metrics {
          const std::map<std::string, std::string>& labels, Args&&... args);
 
   HttpResponse Readyz();
+  HttpResponse JobPage(const std::string& path, const std::string& query);
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>* step_ = nullptr;
@@ -95,6 +102,9 @@ class Metrics {
   std::map<std::string, double> peaks_ ABSL_GUARDED_BY(mu_);
   // Every series of a job, as the closure that removes it.
   std::map<std::string, std::map<const void*, std::function<void()>>> series_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex pages_mu_;
+  HttpPrefixHandler pages_ ABSL_GUARDED_BY(pages_mu_);
 
   absl::Mutex readiness_mu_;
   absl::Status readiness_ ABSL_GUARDED_BY(readiness_mu_) = absl::UnavailableError("starting");

@@ -83,6 +83,12 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::PlanJob
   return Reply(c_->PlanJob(*req), out);
 }
 
+grpc::Status JobServiceImpl::GetMemoryTimeline(grpc::ServerContext* ctx, const v1::GetMemoryTimelineRequest* req,
+                                               v1::GetMemoryTimelineResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  return Reply(c_->GetMemoryTimeline(req->job_id()), out);
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;

@@ -38,6 +38,8 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status GetJobLogs(grpc::ServerContext*, const v1::GetJobLogsRequest*,
                           grpc::ServerWriter<v1::LogEntry>*) override;
   grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest*, v1::PlanJobResponse*) override;
+  grpc::Status GetMemoryTimeline(grpc::ServerContext*, const v1::GetMemoryTimelineRequest*,
+                                 v1::GetMemoryTimelineResponse*) override;
 
  private:
   Coordinator* const c_;

@@ -43,6 +43,17 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_
       }
       out.progressed.push_back(a);
     }
+    if (s.telemetry().has_memory_timeline()) {
+      v1::StepTelemetry* st = s.mutable_telemetry();
+      JobMemoryTimeline m{s.job_id(), std::move(*st->mutable_memory_timeline())};
+      st->clear_memory_timeline();
+      // What the step says, not what the timeline says: one source.
+      m.timeline.set_rank(st->rank());
+      m.timeline.set_step(st->step());
+      m.timeline.set_attempt(st->attempt());
+      Now(m.timeline.mutable_time());
+      out.timelines.push_back(std::move(m));
+    }
     v1::JobEvent e;
     e.set_job_id(s.job_id());
     Now(e.mutable_time());

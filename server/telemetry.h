@@ -18,6 +18,7 @@
 #include "absl/functional/function_ref.h"
 #include "plateau/v1/job.pb.h"
 #include "plateau/v1/worker.pb.h"
+#include "server/job_store.h"
 #include "server/live_job.h"
 #include "server/metrics.h"
 
@@ -32,12 +33,16 @@ struct TelemetryBatch {
   // Jobs whose Progress moved (rank 0 stepped), to be stored again; a job
   // appears once per rank-0 step of the batch.
   std::vector<LiveJob*> progressed;
+  // The memory timelines the steps carried (to store: the latest per rank),
+  // taken out of their events so that WatchJob streams stay small.
+  std::vector<JobMemoryTimeline> timelines;
 };
 
 // Applies `request`, sent by a worker whose device peaks at
 // `device_peak_flops` (0: unknown), to the live jobs `find` returns
 // (nullptr: a finished job or an old attempt, whose steps are dropped).
-// A step at or below a rank's last one is a batch re-sent after a lost reply
+// A step's memory timeline goes to `timelines`, stamped with the time it
+// arrived and the step's rank, step and attempt. A step at or below a rank's last one is a batch re-sent after a lost reply
 // and is not counted twice; a rank out of range is dropped, as is a log line
 // whose job id is malformed. `metrics` may be null (no series).
 TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_flops,

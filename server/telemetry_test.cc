@@ -85,6 +85,30 @@ TEST(TelemetryTest, ResentStepsAndStrangersAreDropped) {
   EXPECT_EQ(jobs.job.job.progress().step(), 1);
 }
 
+// A step's memory timeline is taken out of its event (WatchJob streams stay
+// small) and kept for the store, stamped with the step's rank, step and
+// attempt; a re-sent step's timeline counts once, like the step.
+TEST(TelemetryTest, MemoryTimelinesLeaveTheirEvents) {
+  Jobs jobs;
+  v1::TelemetryRequest r;
+  AddStep(r, "job-3", 1, 1, 1, 2.5);
+  v1::MemoryTimeline* t = r.mutable_steps(0)->mutable_telemetry()->mutable_memory_timeline();
+  t->set_rank(0);  // wrong: the step's rank wins
+  t->add_phases()->set_name("forward 0");
+  AddStep(r, "job-3", 1, 0, 1, 2.5);  // no timeline
+  TelemetryBatch b = IngestTelemetry(r, 0, jobs, nullptr);
+  ASSERT_EQ(b.events.size(), 2u);
+  EXPECT_FALSE(b.events[0].step().has_memory_timeline());
+  ASSERT_EQ(b.timelines.size(), 1u);
+  EXPECT_EQ(b.timelines[0].job_id, "job-3");
+  EXPECT_EQ(b.timelines[0].timeline.rank(), 1);
+  EXPECT_EQ(b.timelines[0].timeline.step(), 1);
+  EXPECT_EQ(b.timelines[0].timeline.attempt(), 1);
+  EXPECT_TRUE(b.timelines[0].timeline.has_time());
+  EXPECT_EQ(b.timelines[0].timeline.phases(0).name(), "forward 0");
+  EXPECT_TRUE(IngestTelemetry(r, 0, jobs, nullptr).timelines.empty());
+}
+
 TEST(TelemetryTest, LogLinesAreCutStampedAndNeedAJobId) {
   Jobs jobs;
   v1::TelemetryRequest r;

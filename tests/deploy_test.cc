@@ -529,6 +529,35 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
     EXPECT_FALSE(r.empty()) << "the panel query answers nothing: " << q;
   }
 
+  // A panel's data links, filled in from each series its query answers as
+  // Grafana fills ${__field.labels.NAME}, lead to a page the coordinator
+  // serves (the memory timeline: job-1 recorded step 1's).
+  int links = 0;
+  const json dashboard = ReadJson(kDashboard);
+  for (const json& panel : dashboard["panels"]) {
+    if (!panel.contains("fieldConfig") || !panel["fieldConfig"]["defaults"].contains("links")) continue;
+    json series = Query(prom, AsGrafanaSends(panel["targets"][0]["expr"].get<std::string>(), id), &error);
+    ASSERT_TRUE(series.is_array() && !series.empty()) << error;
+    for (const json& link : panel["fieldConfig"]["defaults"]["links"]) {
+      for (const json& one : series) {
+        std::string url = link["url"].get<std::string>();
+        for (auto it = one["metric"].begin(); it != one["metric"].end(); ++it) {
+          url = absl::StrReplaceAll(url, {{absl::StrCat("${__field.labels.", it.key(), "}"), it->get<std::string>()}});
+        }
+        ASSERT_FALSE(absl::StrContains(url, "${")) << "a label the series lacks: " << url << " " << one.dump();
+        absl::string_view rest = url;
+        ASSERT_TRUE(absl::ConsumePrefix(&rest, "http://")) << url;
+        const size_t slash = rest.find('/');
+        ASSERT_NE(slash, absl::string_view::npos) << url;
+        const std::string page = HttpGet(std::string(rest.substr(0, slash)), std::string(rest.substr(slash)));
+        EXPECT_EQ(HttpStatus(page), 200) << panel["title"] << ": " << url << "\n" << page.substr(0, 300);
+        EXPECT_THAT(page, HasSubstr("job-1 memory timeline")) << url;
+        ++links;
+      }
+    }
+  }
+  EXPECT_GE(links, 2) << "no panel links to the memory timeline page";
+
   // The alert rules loaded and evaluate without error, and none fires on a
   // healthy cluster whose job kept every live set within its plan.
   ASSERT_TRUE(WaitFor([&] {

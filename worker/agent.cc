@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/timestamps.h"
+#include "worker/rank_protocol.h"
 
 extern char** environ;
 
@@ -437,7 +438,7 @@ void Agent::ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout) {
       start = nl + 1;
     }
     buf.erase(0, start);
-    if (buf.size() > 65536) {  // an endless line: cut it
+    if (buf.size() > kMaxRankOutputLineBytes) {  // an endless line: cut it
       handle(buf);
       buf.clear();
     }

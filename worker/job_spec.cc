@@ -505,6 +505,10 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   t.checkpoint_dir = c.directory();
   t.checkpoint_every = c.every();
   t.resume = true;  // a restarted attempt continues from the newest checkpoint
+  if (spec.has_memory_timeline_every()) {
+    PLATEAU_RETURN_IF_ERROR(CheckRange("memory_timeline_every", spec.memory_timeline_every(), 0, kMaxSteps));
+    t.memory_timeline_every = spec.memory_timeline_every();
+  }
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_restarts", spec.max_restarts(), 0, 100));
   // Up to a week: a step that long is a hang by any measure.
   PLATEAU_RETURN_IF_ERROR(CheckRange("progress_timeout_s", spec.progress_timeout_s(), 0, 7 * 24 * 3600));

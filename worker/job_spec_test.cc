@@ -55,6 +55,33 @@ TEST(JobSpecTest, DemoSpecIsValidAndMapsOntoTheDemoJob) {
   EXPECT_EQ(b->device_memory_bytes, int64_t{256} << 20);
 }
 
+// Unset: the default (first step, then every 100th); 0 turns it off; any
+// other value is the period.
+TEST(JobSpecTest, MemoryTimelineEvery) {
+  v1::JobSpec s = Good();
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->memory_timeline_every, kDefaultMemoryTimelineEvery);
+  EXPECT_EQ(kDefaultMemoryTimelineEvery, 100);
+  s.set_memory_timeline_every(0);
+  t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->memory_timeline_every, 0);
+  s.set_memory_timeline_every(7);
+  t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->memory_timeline_every, 7);
+  std::vector<int64_t> recorded;
+  for (int64_t step = 1; step <= 22; ++step) {
+    if (RecordsMemoryTimeline(step, 7)) recorded.push_back(step);
+  }
+  EXPECT_EQ(recorded, (std::vector<int64_t>{1, 7, 14, 21}));
+  for (int64_t step = 1; step <= 300; ++step) EXPECT_FALSE(RecordsMemoryTimeline(step, 0));
+  EXPECT_TRUE(RecordsMemoryTimeline(1, 100));
+  EXPECT_FALSE(RecordsMemoryTimeline(2, 100));
+  EXPECT_TRUE(RecordsMemoryTimeline(200, 100));
+}
+
 // tools/demo submits this file; it must stay the demo job of RecallDemoJob.
 TEST(JobSpecTest, FieldsOfANewerJobProtoAreRefusedNotIgnored) {
   // What a newer client's spec looks like to this build: an extra field on
@@ -579,6 +606,9 @@ std::vector<Case> MalformedFieldCases() {
          s.mutable_checkpoint()->set_directory("/tmp/x");
          s.mutable_checkpoint()->set_every(kI64Min);
        }},
+      {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every(-1); }},
+      {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every(kI64Min); }},
+      {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every((int64_t{1} << 40) + 1); }},
       {"max_restarts", [](S& s) { s.set_max_restarts(-1); }},
       {"max_restarts", [](S& s) { s.set_max_restarts(1000); }},
       {"max_restarts", [](S& s) { s.set_max_restarts(kI32Max); }},

@@ -29,17 +29,34 @@
 #include "worker/grpc_store.h"
 #include "worker/job_spec.h"
 #include "worker/live_set_proto.h"
+#include "worker/memory_timeline_proto.h"
 #include "worker/rank_protocol.h"
 #include "worker/trainer.h"
 
 namespace plateau {
 namespace {
 
-void Emit(const v1::RankOutput& out) {
+std::string ToJsonLine(const v1::RankOutput& out) {
   std::string json;
   google::protobuf::util::JsonPrintOptions opts;
   opts.add_whitespace = false;
-  if (!google::protobuf::util::MessageToJsonString(out, &json, opts).ok()) return;
+  if (!google::protobuf::util::MessageToJsonString(out, &json, opts).ok()) return "";
+  return json;
+}
+
+void Emit(const v1::RankOutput& out) {
+  std::string json = ToJsonLine(out);
+  // A step whose memory timeline would not fit the agent's line is sent
+  // without it (kernels/memory_timeline.h bounds it well below; this is the
+  // guard, not the plan).
+  if (json.size() + 1 > kMaxRankOutputLineBytes && out.has_step() && out.step().has_memory_timeline()) {
+    std::fprintf(stderr, "memory timeline of step %lld left out: %zu bytes, over a report line's %zu\n",
+                 static_cast<long long>(out.step().step()), json.size(), kMaxRankOutputLineBytes);
+    v1::RankOutput without = out;
+    without.mutable_step()->clear_memory_timeline();
+    json = ToJsonLine(without);
+  }
+  if (json.empty()) return;
   std::printf("%s\n", json.c_str());
   std::fflush(stdout);
 }
@@ -165,6 +182,11 @@ int Main(int argc, char** argv) {
       ls->set_bytes(r.stats.host.peak[i]);
     }
     t->set_host_peak_total_bytes(r.stats.host.total_peak);
+    if (r.timeline != nullptr) {
+      *t->mutable_memory_timeline() =
+          MemoryTimelineToProto(*r.timeline, static_cast<int>(rank), r.stats.step, static_cast<int>(attempt),
+                                (*backend)->device().cap_bytes(), (*backend)->host().cap_bytes());
+    }
     Emit(out);
     if (rank == 0 && (r.stats.step % log_every == 0 || r.stats.step == 1)) {
       std::fprintf(stderr, "step %lld/%lld loss %.17g |g| %.3f %.0f tok/s\n",

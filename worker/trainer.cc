@@ -127,12 +127,17 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
   }
   const double flops = ModelFlopsPerStep(o.step.model, o.step.layout.batch);
   Batch batch;
+  MemoryTimelineRecorder timeline(backend.device().tracker(), backend.host().tracker());
   while (step->step() < o.steps) {
     auto t0 = std::chrono::steady_clock::now();
     PLATEAU_RETURN_IF_ERROR(data->Next(&batch));
-    PLATEAU_ASSIGN_OR_RETURN(StepStats stats, step->Step(batch.tokens, batch.targets));
+    const bool record = RecordsMemoryTimeline(step->step() + 1, o.memory_timeline_every);
+    if (record) timeline.Begin();
+    PLATEAU_ASSIGN_OR_RETURN(StepStats stats,
+                             step->Step(batch.tokens, batch.targets, record ? &timeline : nullptr));
     StepReport r;
     r.stats = stats;
+    r.timeline = record ? &timeline : nullptr;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens = o.step.layout.batch * o.step.model.seq_len;
     r.model_flops = flops;

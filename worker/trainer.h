@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "kernels/memory_timeline.h"
 #include "kernels/step/step.h"
 #include "worker/data.h"
 #include "worker/trainer_options.h"
@@ -21,6 +22,10 @@ struct StepReport {
   double seconds = 0.0;          // wall time of the step
   int64_t tokens = 0;            // tokens of the global batch
   double model_flops = 0.0;      // 6 * active params * tokens + attention
+  // The step's memory timeline when it recorded one
+  // (TrainerOptions::memory_timeline_every), else nullptr; valid during
+  // the on_step call.
+  const MemoryTimelineRecorder* timeline = nullptr;
 };
 
 

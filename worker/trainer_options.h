@@ -24,6 +24,15 @@ struct DataOptions {
   std::vector<std::string> paths;  // shards, or the one text file
 };
 
+// JobSpec.memory_timeline_every when unset: the first step and every 100th.
+inline constexpr int64_t kDefaultMemoryTimelineEvery = 100;
+
+// True when the step that will be numbered `step` (1-based) records its
+// memory timeline under `every` (TrainerOptions::memory_timeline_every).
+inline bool RecordsMemoryTimeline(int64_t step, int64_t every) {
+  return every > 0 && (step == 1 || step % every == 0);
+}
+
 struct TrainerOptions {
   StepOptions step;
   DataOptions data;
@@ -31,6 +40,9 @@ struct TrainerOptions {
   std::string checkpoint_dir;          // empty: no checkpoints
   int64_t checkpoint_every = 0;        // steps; 0: only at the end
   bool resume = true;                  // continue from the newest checkpoint
+  // Record the memory timeline (kernels/memory_timeline.h) of the first
+  // step and of every step that is a multiple of this; 0: never.
+  int64_t memory_timeline_every = kDefaultMemoryTimelineEvery;
 };
 
 // What each step reports (every rank gets the same loss).

@@ -114,6 +114,7 @@ absl::Status OffloadStreamAdamW::Update(float clip, int64_t step) {
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(*down_, m_.as<float>() + moment, slot_m, n * f));
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(*down_, v_.as<float>() + moment, slot_v, n * f));
     PLATEAU_RETURN_IF_ERROR(down_->Record(*written_[s]));
+    EndPhase(phases_, StepPhase::kOptimizerBucket, static_cast<int64_t>(i));
   }
   // Every rank's region of the working weights from every rank.
   PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, own_region, params_.dense_working, S, DataType::kFloat32));

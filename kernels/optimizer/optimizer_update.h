@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/phase_recorder.h"
 
 namespace plateau {
 
@@ -55,6 +56,15 @@ class OptimizerUpdate {
   // One AdamW step (torch semantics) at 1-based `step` with the gradients
   // scaled by `clip`; then the working dense weights are refreshed.
   virtual absl::Status Update(float clip, int64_t step) = 0;
+
+  // The memory timeline's hook for the next Update, or nullptr (off; the
+  // default). A schedule that works bucket by bucket ends a
+  // StepPhase::kOptimizerBucket phase after issuing each bucket
+  // (kernels/phase_recorder.h); the others leave it to the step.
+  void set_phase_recorder(PhaseRecorder* phases) { phases_ = phases; }
+
+ protected:
+  PhaseRecorder* phases_ = nullptr;
 };
 
 }  // namespace plateau

@@ -429,7 +429,8 @@ absl::Status LayerBackward(Ctx& x, int64_t l, const float* in) {
 }  // namespace
 
 absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_t>& tokens,
-                                                        const std::vector<int32_t>& targets) {
+                                                        const std::vector<int32_t>& targets,
+                                                        PhaseRecorder* phases) {
   PLATEAU_RETURN_IF_ERROR(CheckBatch(tokens, targets));
   Impl& I = *impl_;
   const ModelConfig& m = options_.model;
@@ -450,11 +451,13 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   PLATEAU_RETURN_IF_ERROR(I.kernels->Embedding(x.c(), x.W(I.off_embed), m.vocab_size,
                                                I.tokens.as<int32_t>(), N, H, h));
   PLATEAU_RETURN_IF_ERROR(boundaries.Produced(0));
+  EndPhase(phases, StepPhase::kEmbedding);
   for (int64_t l = 0; l < m.layers; ++l) {
     PLATEAU_ASSIGN_OR_RETURN(float* next, boundaries.Slot(l + 1));
     PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, h, next));
     I.dispatch->Release();
     PLATEAU_RETURN_IF_ERROR(boundaries.Produced(l + 1));
+    EndPhase(phases, StepPhase::kForward, l);
     h = next;
   }
   const float* hL = h;
@@ -481,6 +484,7 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   out.valid_tokens = static_cast<int64_t>(host_stats[1]);
   out.loss = out.valid_tokens > 0 ? host_stats[0] / host_stats[1] : 0.0;
   const float scale = out.valid_tokens > 0 ? static_cast<float>(1.0 / host_stats[1]) : 0.0f;
+  EndPhase(phases, StepPhase::kProjectionForward);
 
   // Backward.
   PLATEAU_RETURN_IF_ERROR(I.projection->Backward(I.z.as<float>(), I.lm_head, I.targets.as<int32_t>(),
@@ -490,14 +494,17 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
                                                    I.tmp.as<float>(), hL, x.W(I.off_final_norm),
                                                    I.rstd_f.as<float>(), N, H));
   PLATEAU_RETURN_IF_ERROR(boundaries.Done(m.layers));
+  EndPhase(phases, StepPhase::kProjectionBackward);
   for (int64_t l = m.layers - 1; l >= 0; --l) {
     // Recompute the layer from its checkpoint; its output is not needed
     // again, so it goes to scratch (tmp, which LayerBackward overwrites),
     // not back into the store.
     PLATEAU_ASSIGN_OR_RETURN(const float* in, boundaries.Acquire(l));
     PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, in, I.tmp.as<float>(), /*for_backward=*/true));
+    EndPhase(phases, StepPhase::kRecompute, l);
     PLATEAU_RETURN_IF_ERROR(LayerBackward(x, l, in));
     PLATEAU_RETURN_IF_ERROR(boundaries.Done(l));
+    EndPhase(phases, StepPhase::kBackward, l);
   }
   PLATEAU_RETURN_IF_ERROR(I.kernels->EmbeddingBackward(x.c(), I.dh.as<float>(), I.tokens.as<int32_t>(),
                                                        N, H, x.G(I.off_embed)));
@@ -508,6 +515,7 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
                                                ReduceOp::kSum));
   PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
   PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
+  EndPhase(phases, StepPhase::kGradReduce);
   out.step = step_;
   out.device = backend_.device().tracker().Snapshot();
   out.host = backend_.host().tracker().Snapshot();
@@ -515,8 +523,8 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
 }
 
 absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
-                                             const std::vector<int32_t>& targets) {
-  PLATEAU_ASSIGN_OR_RETURN(StepStats out, ForwardBackward(tokens, targets));
+                                             const std::vector<int32_t>& targets, PhaseRecorder* phases) {
+  PLATEAU_ASSIGN_OR_RETURN(StepStats out, ForwardBackward(tokens, targets, phases));
   Impl& I = *impl_;
   const OptimizerConfig& o = options_.optimizer;
   const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
@@ -534,8 +542,15 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
     clip = std::min(1.0f, o.max_grad_norm / (static_cast<float>(out.grad_norm) + 1e-6f));
   }
   ++step_;
+  EndPhase(phases, StepPhase::kGradNorm);
   // AdamW on this rank's shard and owned weights, then the working weights.
-  PLATEAU_RETURN_IF_ERROR(I.optimizer->Update(clip, step_));
+  // A bucketed optimizer ends a phase per bucket; the recorder is the
+  // optimizer's only for this call.
+  I.optimizer->set_phase_recorder(phases);
+  const absl::Status updated = I.optimizer->Update(clip, step_);
+  I.optimizer->set_phase_recorder(nullptr);
+  PLATEAU_RETURN_IF_ERROR(updated);
+  EndPhase(phases, StepPhase::kOptimizer);
   out.step = step_;
   out.device = backend_.device().tracker().Snapshot();
   out.host = backend_.host().tracker().Snapshot();

@@ -45,6 +45,7 @@
 #include "kernels/model/params.h"
 #include "kernels/budget/budget.h"
 #include "kernels/model/step_options.h"
+#include "kernels/phase_recorder.h"
 
 namespace plateau {
 
@@ -75,11 +76,17 @@ class TrainingStep {
   // Forward and backward on this rank's slice of the global batch
   // ([B, T/P] tokens and targets): leaves the global gradient in the grad
   // buffers (dense shard + local experts). No update.
+  //
+  // `phases` (optional; the memory timeline, kernels/memory_timeline.h) is
+  // told at every phase boundary of kernels/phase_recorder.h, in its order;
+  // the step's own peaks (StepStats) are not affected.
   absl::StatusOr<StepStats> ForwardBackward(const std::vector<int32_t>& tokens,
-                                            const std::vector<int32_t>& targets);
+                                            const std::vector<int32_t>& targets,
+                                            PhaseRecorder* phases = nullptr);
   // ForwardBackward, global-norm clipping, AdamW, weight all-gather.
   absl::StatusOr<StepStats> Step(const std::vector<int32_t>& tokens,
-                                 const std::vector<int32_t>& targets);
+                                 const std::vector<int32_t>& targets,
+                                 PhaseRecorder* phases = nullptr);
 
   // Collective: the full weights, or the gradient of the last
   // ForwardBackward, as full tensors on every rank.
