@@ -29,6 +29,7 @@
 //   bazel run -c opt //bench:composed_bench -- --quick # < 1 min
 //   bazel run -c opt //bench:composed_bench -- --plan_only
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -86,6 +87,7 @@ std::map<std::string, int64_t> flags = {
     // for attributing its cost to one schedule.
     {"on_mask", 15},
     {"plan_only", 0},
+    {"attribute", 1},  // time each schedule alone at the baseline's longest context
     {"verify", 1},  // 0: skip the reach runs (for timing experiments)
     {"quick", 0},
 };
@@ -106,6 +108,7 @@ void QuickDefaults() {
   flags["bucket_params"] = 16384;
   flags["steps"] = 1;
   flags["rounds"] = 1;
+  flags["attribute"] = 0;
   depths_flag = "4";
 }
 
@@ -181,6 +184,62 @@ std::string Largest(const MemoryPlan& p, int count) {
                           MiB(sets[i].first));
   }
   return out;
+}
+
+// How each device live set grows with the tokens per rank near a shape:
+// (plan at seq_len + 64 P - plan at seq_len) / (64 batch), bytes per token
+// per rank; the sets that do not grow are the fixed part. What limits each
+// stack's reach is the cap less its fixed part, over this growth.
+std::array<double, kNumLiveSets> GrowthPerToken(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
+  const int64_t step = 64 * Ranks();
+  const MemoryPlan a = PlanMemory(Stack(on, layers, seq_len, batch)).value();
+  const MemoryPlan b = PlanMemory(Stack(on, layers, seq_len + step, batch)).value();
+  std::array<double, kNumLiveSets> g{};
+  for (int i = 0; i < kNumLiveSets; ++i) g[i] = static_cast<double>(b.bytes[i] - a.bytes[i]) / (64.0 * batch);
+  return g;
+}
+
+std::string GrowthText(const std::array<double, kNumLiveSets>& g) {
+  std::string out;
+  double total = 0;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (g[i] < 1) continue;
+    total += g[i];
+    absl::StrAppendFormat(&out, "%s %.0f, ", LiveSetName(static_cast<LiveSet>(i)), g[i]);
+  }
+  return absl::StrFormat("%stotal %.0f B per token per rank", out, total);
+}
+
+std::string GrowthJson(const std::array<double, kNumLiveSets>& g) {
+  std::string out = "{";
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    absl::StrAppendFormat(&out, "%s\"%s\":%.1f", i ? "," : "", LiveSetName(static_cast<LiveSet>(i)), g[i]);
+  }
+  return out + "}";
+}
+
+// The baseline's longest context at `batch` sequences if standard EP's
+// dispatch were counted at its balanced estimate (each rank receives N k
+// rows) instead of the worst case: what an operator could get with
+// force_launch and a router that stays balanced, unguaranteed (a skewed
+// layer then runs out of memory mid-step). For context on the guaranteed
+// figure; found on the plan alone, doubling then bisection in steps of P.
+int64_t BalancedContextReach(int64_t layers, int64_t batch, int64_t cap) {
+  auto fits = [&](int64_t t) {
+    const MemoryPlan p = PlanMemory(Stack(false, layers, t * Ranks(), batch)).value();
+    return p.total() - p.bytes[static_cast<int>(LiveSet::kDispatch)] + p.dispatch_balanced_bytes <= cap;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;
+  while (fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo * Ranks();
 }
 
 // The tokens of every rank's slice: rank r holds tokens [r T/P, (r+1) T/P)
@@ -348,11 +407,43 @@ absl::StatusOr<Throughput> MeasureThroughput(int64_t layers, int64_t seq_len, in
   return t;
 }
 
+// Each schedule on alone (the others at their baselines) at one shape,
+// alternating with the baseline in every round: step time over the
+// baseline's, so that the composed stack's cost can be put on the schedule
+// that adds it.
+struct Attribution {
+  const char* schedule;
+  int64_t mask;
+  double ratio = 0;  // median step time over the baseline's
+};
+
+absl::StatusOr<std::vector<Attribution>> Attribute(int64_t layers, int64_t seq_len, int64_t batch, int64_t cap) {
+  std::vector<Attribution> rows = {
+      {"pipelined_llep", 1}, {"ring_dtp", 2}, {"sco", 4}, {"offload_stream_adamw", 8}, {"all four", 15}};
+  std::vector<double> off;
+  std::vector<std::vector<double>> on(rows.size());
+  const int64_t saved = flags["on_mask"];
+  for (int64_t round = 0; round < flags["rounds"]; ++round) {
+    absl::Status s = TimeSteps(Stack(false, layers, seq_len, batch), cap, flags["steps"], &off);
+    for (size_t i = 0; s.ok() && i < rows.size(); ++i) {
+      flags["on_mask"] = rows[i].mask;
+      s = TimeSteps(Stack(true, layers, seq_len, batch), cap, flags["steps"], &on[i]);
+    }
+    flags["on_mask"] = saved;
+    if (!s.ok()) return s;
+  }
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].ratio = Median(on[i]) / Median(off);
+  return rows;
+}
+
 struct DepthResult {
   int64_t layers = 0, params = 0, active = 0;
   int64_t persistent[2] = {0, 0};
   Reach context[2], batch[2];
   int64_t short_seq_len = 0;  // the batch axis' seq_len
+  std::array<double, kNumLiveSets> growth[2]{};  // per token per rank, at the context reach
+  int64_t balanced_off_seq_len = 0;              // BalancedContextReach
+  std::vector<Attribution> attribution;          // at the baseline's longest context
   std::vector<Throughput> throughput;
 };
 
@@ -461,7 +552,15 @@ int main(int argc, char** argv) {
       const NMax n = bench::OrDie(SolveNMax(o, {cap, 0}, limits), "SolveNMax");
       d.context[on] = VerifyAxis(on, L, n.context, true, skewed, cap, run && flags["verify"]);
       print_axis(on, d.context[on], "context");
+      if (n.context.tokens_per_rank > 0) {
+        d.growth[on] = GrowthPerToken(on, L, n.context.seq_len, n.context.batch);
+        std::printf("        fixed %.2f MiB (weights, grads, optimizer); grows: %s\n", MiB(d.persistent[on]),
+                    GrowthText(d.growth[on]).c_str());
+      }
     }
+    d.balanced_off_seq_len = BalancedContextReach(L, flags["ctx_batch"], cap);
+    std::printf("        (all off with standard EP's dispatch at its balanced estimate, not guaranteed: seq_len %lld)\n",
+                (long long)d.balanced_off_seq_len);
     // The batch axis at a shorter common context: batch_seq_len, or (0) a
     // quarter of the baseline's longest, rounded down to a multiple of P.
     d.short_seq_len = flags["batch_seq_len"] > 0 ? flags["batch_seq_len"]
@@ -493,6 +592,18 @@ int main(int argc, char** argv) {
                     (long long)th->on_batch, th->own_s, th->own_gflops, th->own_gflops / th->off_gflops);
         d.throughput.push_back(*th);
       }
+      if (flags["attribute"]) {
+        auto rows = Attribute(L, T, d.context[0].axis.batch, cap);
+        if (!rows.ok()) {
+          std::fprintf(stderr, "composed_bench: attribution: %s\n", rows.status().ToString().c_str());
+          return 1;
+        }
+        d.attribution = *rows;
+        std::printf("L=%-3lld step time over the baseline's at seq_len %lld, each schedule alone:", (long long)L,
+                    (long long)T);
+        for (const Attribution& a : d.attribution) std::printf(" %s %.2fx", a.schedule, a.ratio);
+        std::printf("\n");
+      }
     }
     std::printf("\n");
     results.push_back(std::move(d));
@@ -502,15 +613,16 @@ int main(int argc, char** argv) {
   auto ratio = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / b : 0.0; };
   std::printf("reach at a %lld MiB device cap per rank, P = %d (%s)\n", (long long)flags["cap_mb"], P,
               run ? "predicted by N_max, each verified by running it and one step more" : "predicted only: --plan_only");
-  std::printf("%4s %8s %21s %25s %7s %7s %19s %7s\n", "L", "params", "persistent MiB (cap%)", "longest context, tokens",
-              "x", "at T", "largest batch, seqs", "x");
+  std::printf("%4s %8s %21s %25s %7s %7s %19s %7s %18s\n", "L", "params", "persistent MiB (cap%)",
+              "longest context, tokens", "x", "at T", "largest batch, seqs", "x", "off balanced (x)");
   for (const DepthResult& d : results) {
-    std::printf("%4lld %7.2fM %6.1f (%2.0f%%) / %5.1f %11lld / %11lld %6.1fx %7lld %8lld / %8lld %6.1fx\n",
+    std::printf("%4lld %7.2fM %6.1f (%2.0f%%) / %5.1f %11lld / %11lld %6.1fx %7lld %8lld / %8lld %6.1fx %9lld (%5.1fx)\n",
                 (long long)d.layers, d.params / 1e6, MiB(d.persistent[0]), 100.0 * d.persistent[0] / cap,
                 MiB(d.persistent[1]), (long long)d.context[0].axis.seq_len, (long long)d.context[1].axis.seq_len,
                 ratio(d.context[1].axis.seq_len, d.context[0].axis.seq_len), (long long)d.short_seq_len,
                 (long long)d.batch[0].axis.batch, (long long)d.batch[1].axis.batch,
-                ratio(d.batch[1].axis.batch, d.batch[0].axis.batch));
+                ratio(d.batch[1].axis.batch, d.batch[0].axis.batch), (long long)d.balanced_off_seq_len,
+                ratio(d.context[1].axis.seq_len, d.balanced_off_seq_len));
   }
   if (run) {
     std::printf("\nmodel GFLOP/s where both run (median step, slowest rank): off at its largest batch; on at the same "
@@ -548,10 +660,11 @@ int main(int argc, char** argv) {
     const DepthResult& d = results[i];
     absl::StrAppendFormat(&json,
                           "%s{\"layers\":%d,\"params\":%d,\"active_params\":%d,\"persistent_off_bytes\":%d,"
-                          "\"persistent_on_bytes\":%d,\"context_off\":%s,\"context_on\":%s,\"batch_seq_len\":%d,"
+                          "\"persistent_on_bytes\":%d,\"balanced_off_seq_len\":%d,\"growth_off\":%s,\"growth_on\":%s,\"context_off\":%s,\"context_on\":%s,"
+                          "\"batch_seq_len\":%d,"
                           "\"batch_off\":%s,\"batch_on\":%s,\"throughput\":[",
                           i ? "," : "", d.layers, d.params, d.active, d.persistent[0], d.persistent[1],
-                          AxisJson(d.context[0]), AxisJson(d.context[1]), d.short_seq_len, AxisJson(d.batch[0]),
+                          d.balanced_off_seq_len, GrowthJson(d.growth[0]), GrowthJson(d.growth[1]), AxisJson(d.context[0]), AxisJson(d.context[1]), d.short_seq_len, AxisJson(d.batch[0]),
                           AxisJson(d.batch[1]));
     for (size_t j = 0; j < d.throughput.size(); ++j) {
       const Throughput& t = d.throughput[j];
@@ -564,7 +677,11 @@ int main(int argc, char** argv) {
                             t.off_gflops, t.same_gflops, t.own_gflops, t.same_gflops / t.off_gflops,
                             t.own_gflops / t.off_gflops);
     }
-    json += "]}";
+    json += "],\"attribution\":{";
+    for (size_t j = 0; j < d.attribution.size(); ++j) {
+      absl::StrAppendFormat(&json, "%s\"%s\":%.4f", j ? "," : "", d.attribution[j].schedule, d.attribution[j].ratio);
+    }
+    json += "}}";
   }
   json += "]}";
   std::printf("\n%s\n", json.c_str());
