@@ -20,17 +20,24 @@
 //    batch there, the composed stack at the same batch and at its own
 //    largest batch there; under the seeded router, the three alternating
 //    so that all see the same machine.
+// 4. Attribution: at the baseline's longest context, each schedule alone
+//    against the baseline (step time ratio).
+// Also printed: what limits each stack (its fixed bytes and how each live
+// set grows per token), and the baseline's reach were standard EP's
+// dispatch counted at its balanced estimate instead of its worst case.
 //
 // Ends with one JSON line. Exits 1 when a prediction is not verified (the
-// predicted shape fails, or the next step completes), so the --quick run
-// in the test suite fails when N_max and the step drift apart.
+// predicted shape fails, peaks over its plan, or the next step completes),
+// so the --quick run in the test suite fails when N_max and the step drift
+// apart. Four rank threads share the cores: one BLAS thread each.
 //
-//   bazel run -c opt //bench:composed_bench            # ~10 min on 2 cores
-//   bazel run -c opt //bench:composed_bench -- --quick # < 1 min
-//   bazel run -c opt //bench:composed_bench -- --plan_only
+//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench   # ~10 min on 2 cores
+//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench -- --quick   # < 1 min
+//   bazel run -c opt //bench:composed_bench -- --plan_only   # predictions only
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <unistd.h>
 #include <map>
 #include <random>
 #include <string>
@@ -242,8 +249,9 @@ int64_t BalancedContextReach(int64_t layers, int64_t batch, int64_t cap) {
   return lo * Ranks();
 }
 
-// The tokens of every rank's slice: rank r holds tokens [r T/P, (r+1) T/P)
-// of each sequence (the step's layout), drawn per rank from a fixed seed.
+// Random tokens and targets for rank r's N = B T / P positions, from a
+// fixed seed per rank: neither the step's memory nor its speed depends on
+// the text (the routing is set by the router's weights).
 void RankTokens(const StepOptions& o, int r, std::vector<int32_t>* tok, std::vector<int32_t>* tgt) {
   const int64_t n = TokensPerRank(o.model, o.layout);
   std::mt19937_64 rng(1000 + r);
@@ -306,8 +314,8 @@ Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
   return a;
 }
 
-// Median seconds per step (the slowest rank's) of `steps` steps after one
-// warm-up, under the seeded router, appended to `times`.
+// Runs one warm-up step and then `steps` timed steps under the seeded
+// router; appends each timed step's seconds (its slowest rank's) to `times`.
 absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::vector<double>* times) {
   std::vector<std::vector<double>> per_rank(Ranks());
   absl::Status s = RunLocalWorld(Ranks(), cap, FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& world) {
@@ -333,8 +341,39 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
 }
 
 double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// What the machine could do: the best of five 1024^3 sgemm on one BLAS
+// thread (the ranks run one each), times the cores online. The model FLOP/s
+// below are reported beside it.
+double SgemmCeiling() {
+  BackendOptions bo;
+  bo.device_memory_bytes = int64_t{64} << 20;
+  auto be = Backend::Create(bo);
+  if (!be.ok()) return 0;
+  const int64_t n = 1024;
+  auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+  auto b = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+  auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+  auto s = (*be)->CreateStream("sgemm");
+  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+  std::fill_n(a->as<float>(), n * n, 0.5f);
+  std::fill_n(b->as<float>(), n * n, 0.25f);
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
+    const double t0 = NowSeconds();
+    if (!(*be)->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(), n, 0.0f,
+                            c->as<float>(), n}).ok() ||
+        !(*s)->Synchronize().ok()) {
+      return 0;
+    }
+    if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
+  }
+  return best * static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 // One axis of one stack: the prediction and what the steps said.
@@ -350,8 +389,9 @@ std::string Describe(const Attempt& a) {
   return absl::StrCat(a.at_launch ? "refused at launch: " : "out of memory mid-step: ", a.status.message());
 }
 
-// Verifies one axis: the predicted shape completes under the cap, the next
-// step of the axis does not (RESOURCE_EXHAUSTED).
+// Verifies one axis: the predicted shape completes one step under the cap
+// with its measured peak within its plan, and the next step of the axis
+// does not (RESOURCE_EXHAUSTED, at launch or mid-step).
 Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axis, const ModelState& skewed,
                  int64_t cap, bool run) {
   Reach r;
@@ -365,7 +405,8 @@ Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axi
   r.at = OneStep(at, skewed, cap);
   r.next = OneStep(next, skewed, cap);
   // The plan is an upper bound of the peak (and the arena's cap of both).
-  r.verified = r.at.status.ok() && r.at.peak <= r.planned_total && r.next.status.code() == absl::StatusCode::kResourceExhausted;
+  r.verified = r.at.status.ok() && r.at.peak <= r.planned_total &&
+               r.next.status.code() == absl::StatusCode::kResourceExhausted;
   return r;
 }
 
@@ -509,6 +550,11 @@ int main(int argc, char** argv) {
   const ModelConfig m0 = Model(1, P);
   std::printf("composed_bench %s; load %.2f%s\n", bench::NowText().c_str(), bench::LoadAverage1m(),
               flags["quick"] ? " (--quick)" : "");
+  const double ceiling = run ? SgemmCeiling() : 0;
+  if (run) {
+    std::printf("sgemm ceiling: %.1f GFLOP/s (1024^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
+                ceiling, bench::EnvOr("OPENBLAS_NUM_THREADS").c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  }
   std::printf("device cap %lld MiB per rank, P = %d rank threads; H=%lld heads=%lld/%lld E=%lld k=%lld F=%lld "
               "V=%lld; depths %s\n",
               (long long)flags["cap_mb"], P, (long long)m0.hidden, (long long)m0.heads, (long long)m0.kv_heads,
@@ -632,13 +678,15 @@ int main(int argc, char** argv) {
   if (run) {
     std::printf("\nmodel GFLOP/s where both run (median step, slowest rank): off at its largest batch; on at the same "
                 "batch; on at its largest batch\n");
-    std::printf("%4s %7s %6s %9s %6s %9s %7s %6s %9s %7s\n", "L", "T", "B off", "GF/s off", "B", "GF/s on", "x", "B on",
-                "GF/s on", "x");
+    std::printf("%4s %7s %6s %9s %6s %9s %7s %6s %9s %7s %16s\n", "L", "T", "B off", "GF/s off", "B", "GF/s on", "x",
+                "B on", "GF/s on", "x", "of ceiling off/on");
     for (const DepthResult& d : results) {
       for (const Throughput& t : d.throughput) {
-        std::printf("%4lld %7lld %6lld %9.2f %6lld %9.2f %6.2fx %6lld %9.2f %6.2fx\n", (long long)d.layers,
-                    (long long)t.seq_len, (long long)t.off_batch, t.off_gflops, (long long)t.off_batch, t.same_gflops,
-                    t.same_gflops / t.off_gflops, (long long)t.on_batch, t.own_gflops, t.own_gflops / t.off_gflops);
+        std::printf("%4lld %7lld %6lld %9.2f %6lld %9.2f %6.2fx %6lld %9.2f %6.2fx %7.1f%% / %4.1f%%\n",
+                    (long long)d.layers, (long long)t.seq_len, (long long)t.off_batch, t.off_gflops,
+                    (long long)t.off_batch, t.same_gflops, t.same_gflops / t.off_gflops, (long long)t.on_batch,
+                    t.own_gflops, t.own_gflops / t.off_gflops, 100 * t.off_gflops / ceiling,
+                    100 * t.own_gflops / ceiling);
       }
     }
   }
@@ -652,12 +700,14 @@ int main(int argc, char** argv) {
 
   // The JSON line.
   std::string json = absl::StrFormat(
-      "{\"bench\":\"composed\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,\"ranks\":%d,"
+      "{\"bench\":\"composed\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
+      "\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
       "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"chunk_tokens\":%d,\"min_piece\":%d,\"strip\":%d,"
       "\"row_tile\":%d,\"sco_beta\":\"all L-1 boundaries\",\"bucket_params\":%d,\"staging_slots\":%d},"
       "\"verified\":%s,\"depths\":[",
-      bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false", bench::LoadAverage1m(), others, P, cap,
+      bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false", bench::LoadAverage1m(), others, ceiling, P,
+      cap,
       m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size, flags["chunk_tokens"],
       flags["min_piece"], flags["strip"], flags["row_tile"], flags["bucket_params"], flags["staging_slots"],
       run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
