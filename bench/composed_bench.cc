@@ -1,0 +1,744 @@
+// The composed stack against the all-off baseline (issue 15): at one device
+// cap (the CPU backend's capped arena), P ranks, for several model depths,
+//
+// 1. Reach, predicted: N_max (kernels/budget/n_max.h) of the all-off stack
+//    (standard EP, dense projection, full checkpoints, device AdamW) and of
+//    the all-on stack (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW),
+//    along both axes: the longest context at `ctx_batch` sequences, and the
+//    largest global batch at a shorter common context (a quarter of the
+//    baseline's longest, or `batch_seq_len` tokens per sequence).
+// 2. Reach, verified by running steps: each predicted shape completes one
+//    optimizer step under the cap, and the next step of the axis (seq_len +
+//    P, or batch + 1) is refused at launch or runs out of the arena. Both
+//    run with the routing skewed as far as it goes (router weights zero:
+//    every token picks experts 0..k-1, all on rank 0), so standard EP's
+//    dispatch reaches the worst case the plan counts; a balanced routing
+//    would leave the baseline's prediction loose, not tight.
+// 3. Throughput where both run: model FLOP/s (6 x active matmul params x
+//    tokens + causal attention; worker/trainer_options.h) at the baseline's
+//    longest context and at the shorter one: the baseline at its largest
+//    batch there, the composed stack at the same batch and at its own
+//    largest batch there; under the seeded router, the three alternating
+//    so that all see the same machine.
+// 4. Attribution: at the baseline's longest context, each schedule alone
+//    against the baseline (step time ratio).
+// Also printed: what limits each stack (its fixed bytes and how each live
+// set grows per token), and the baseline's reach were standard EP's
+// dispatch counted at its balanced estimate instead of its worst case.
+//
+// Ends with one JSON line. Exits 1 when a prediction is not verified (the
+// predicted shape fails, peaks over its plan, or the next step completes),
+// so the --quick run in the test suite fails when N_max and the step drift
+// apart. Four rank threads share the cores: one BLAS thread each.
+//
+//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench   # ~10 min on 2 cores
+//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench -- --quick   # < 1 min
+//   bazel run -c opt //bench:composed_bench -- --plan_only   # predictions only
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <unistd.h>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
+#include "kernels/backend.h"
+#include "kernels/budget/budget.h"
+#include "kernels/budget/n_max.h"
+#include "kernels/communicator.h"
+#include "kernels/model/config.h"
+#include "kernels/model/reference.h"
+#include "kernels/model/step_options.h"
+#include "kernels/step/step.h"
+#include "kernels/testing/local_world.h"
+#include "worker/trainer_options.h"
+
+namespace plateau {
+namespace {
+
+using bench::NowSeconds;
+
+// Defaults: the full run (BENCHMARKS.md says why this regime). --quick
+// replaces some of them (QuickDefaults) before the command line is read.
+std::map<std::string, int64_t> flags = {
+    {"ranks", 4},
+    {"hidden", 64},
+    {"heads", 4},
+    {"kv_heads", 1},
+    {"experts", 16},
+    {"top_k", 4},
+    {"expert_ffn", 64},
+    {"vocab", 4096},
+    {"cap_mb", 20},
+    {"ctx_batch", 1},        // sequences on the context axis
+    {"batch_seq_len", 0},    // tokens per sequence on the batch axis (0: the baseline's longest / 4)
+    // All-on settings.
+    {"chunk_tokens", 64},    // PipelinedLLEP c
+    {"min_piece", 256},      // LLEP's smallest moved piece
+    {"strip", 256},          // Ring-DTP S (vocabulary columns)
+    {"row_tile", 256},       // Ring-DTP token rows per strip tile
+    {"bucket_params", 65536},  // OffloadStreamAdamW bucket
+    {"staging_slots", 2},
+    // Throughput.
+    {"steps", 2},  // timed steps per stack per round (after one warm-up)
+    {"rounds", 2},
+    // Which schedules "all on" turns on (bits: 1 pipelined_llep, 2 ring_dtp,
+    // 4 sco, 8 offload_stream_adamw): 15 is the composed stack; others are
+    // for attributing its cost to one schedule.
+    {"on_mask", 15},
+    {"plan_only", 0},
+    {"attribute", 1},  // time each schedule alone at the baseline's longest context
+    {"verify", 1},  // 0: skip the reach runs (for timing experiments)
+    {"quick", 0},
+};
+std::string depths_flag = "8,10,12";
+
+void QuickDefaults() {
+  flags["cap_mb"] = 8;
+  flags["hidden"] = 32;
+  flags["heads"] = 2;
+  flags["experts"] = 8;
+  flags["top_k"] = 2;
+  flags["expert_ffn"] = 32;
+  flags["vocab"] = 1024;
+  flags["chunk_tokens"] = 128;
+  flags["min_piece"] = 16;
+  flags["strip"] = 128;
+  flags["row_tile"] = 128;
+  flags["bucket_params"] = 16384;
+  flags["steps"] = 1;
+  flags["rounds"] = 1;
+  flags["attribute"] = 0;
+  depths_flag = "4";
+}
+
+int Ranks() { return static_cast<int>(flags["ranks"]); }
+
+ModelConfig Model(int64_t layers, int64_t seq_len) {
+  ModelConfig m;
+  m.hidden = flags["hidden"];
+  m.layers = layers;
+  m.heads = flags["heads"];
+  m.kv_heads = flags["kv_heads"];
+  m.experts = flags["experts"];
+  m.top_k = flags["top_k"];
+  m.expert_ffn = flags["expert_ffn"];
+  m.vocab_size = flags["vocab"];
+  m.seq_len = seq_len;
+  return m;
+}
+
+// The two stacks. SCO's beta is "every boundary that can leave": a host
+// budget larger than L - 1 boundaries at any N searched, so the pool holds
+// L - 1 of the L + 1 boundaries at every shape (no host cap is set).
+constexpr int64_t kScoEveryBoundary = int64_t{1} << 50;
+
+StepOptions Stack(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
+  StepOptions o;
+  o.model = Model(layers, seq_len);
+  o.layout = {Ranks(), batch};
+  if (!on) return o;  // the defaults are the four baselines
+  const int64_t mask = flags["on_mask"];
+  if (mask & 1) {
+    o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
+    o.dispatch.pipelined.chunk_tokens = flags["chunk_tokens"];
+    o.dispatch.pipelined.balance.min_piece = flags["min_piece"];
+  }
+  if (mask & 2) {
+    o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+    o.projection.strip = flags["strip"];
+    o.projection.row_tile = flags["row_tile"];
+  }
+  if (mask & 4) {
+    o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+    o.checkpoints.host_budget_bytes = kScoEveryBoundary;
+  }
+  if (mask & 8) {
+    o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+    o.optimizer_placement.bucket_params = flags["bucket_params"];
+    o.optimizer_placement.staging_slots = flags["staging_slots"];
+  }
+  return o;
+}
+
+const char* StackName(bool on) { return on ? "all on" : "all off"; }
+
+double MiB(int64_t b) { return b / 1048576.0; }
+
+// The plan's device bytes fixed by the model alone (weights, gradients,
+// optimizer state and its staging): what the regime is chosen around.
+int64_t Persistent(const MemoryPlan& p) {
+  return p.bytes[static_cast<int>(LiveSet::kWeights)] + p.bytes[static_cast<int>(LiveSet::kGrads)] +
+         p.bytes[static_cast<int>(LiveSet::kOptimizer)];
+}
+
+// The largest device live sets of a plan, "activations 12.3 MiB, ...".
+std::string Largest(const MemoryPlan& p, int count) {
+  std::vector<std::pair<int64_t, int>> sets;
+  for (int i = 0; i < kNumLiveSets; ++i) sets.push_back({p.bytes[i], i});
+  std::sort(sets.rbegin(), sets.rend());
+  std::string out;
+  for (int i = 0; i < count && i < static_cast<int>(sets.size()); ++i) {
+    if (sets[i].first == 0) break;
+    absl::StrAppendFormat(&out, "%s%s %.1f", i ? ", " : "", LiveSetName(static_cast<LiveSet>(sets[i].second)),
+                          MiB(sets[i].first));
+  }
+  return out;
+}
+
+// How each device live set grows with the tokens per rank near a shape:
+// (plan at seq_len + 64 P - plan at seq_len) / (64 batch), bytes per token
+// per rank; the sets that do not grow are the fixed part. What limits each
+// stack's reach is the cap less its fixed part, over this growth.
+std::array<double, kNumLiveSets> GrowthPerToken(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
+  const int64_t step = 64 * Ranks();
+  const MemoryPlan a = PlanMemory(Stack(on, layers, seq_len, batch)).value();
+  const MemoryPlan b = PlanMemory(Stack(on, layers, seq_len + step, batch)).value();
+  std::array<double, kNumLiveSets> g{};
+  for (int i = 0; i < kNumLiveSets; ++i) g[i] = static_cast<double>(b.bytes[i] - a.bytes[i]) / (64.0 * batch);
+  return g;
+}
+
+std::string GrowthText(const std::array<double, kNumLiveSets>& g) {
+  std::string out;
+  double total = 0;
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (g[i] < 1) continue;
+    total += g[i];
+    absl::StrAppendFormat(&out, "%s %.0f, ", LiveSetName(static_cast<LiveSet>(i)), g[i]);
+  }
+  return absl::StrFormat("%stotal %.0f B per token per rank", out, total);
+}
+
+std::string GrowthJson(const std::array<double, kNumLiveSets>& g) {
+  std::string out = "{";
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    absl::StrAppendFormat(&out, "%s\"%s\":%.1f", i ? "," : "", LiveSetName(static_cast<LiveSet>(i)), g[i]);
+  }
+  return out + "}";
+}
+
+// The baseline's longest context at `batch` sequences if standard EP's
+// dispatch were counted at its balanced estimate (each rank receives N k
+// rows) instead of the worst case: what an operator could get with
+// force_launch and a router that stays balanced, unguaranteed (a skewed
+// layer then runs out of memory mid-step). For context on the guaranteed
+// figure; found on the plan alone, doubling then bisection in steps of P.
+int64_t BalancedContextReach(int64_t layers, int64_t batch, int64_t cap) {
+  auto fits = [&](int64_t t) {
+    const MemoryPlan p = PlanMemory(Stack(false, layers, t * Ranks(), batch)).value();
+    return p.total() - p.bytes[static_cast<int>(LiveSet::kDispatch)] + p.dispatch_balanced_bytes <= cap;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;
+  while (fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo * Ranks();
+}
+
+// Random tokens and targets for rank r's N = B T / P positions, from a
+// fixed seed per rank: neither the step's memory nor its speed depends on
+// the text (the routing is set by the router's weights).
+void RankTokens(const StepOptions& o, int r, std::vector<int32_t>* tok, std::vector<int32_t>* tgt) {
+  const int64_t n = TokensPerRank(o.model, o.layout);
+  std::mt19937_64 rng(1000 + r);
+  tok->resize(n);
+  tgt->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    (*tok)[i] = static_cast<int32_t>(rng() % o.model.vocab_size);
+    (*tgt)[i] = static_cast<int32_t>(rng() % o.model.vocab_size);
+  }
+}
+
+// Initial weights with every router weight zero, and zero moments: loaded
+// into a step, every token then picks experts 0..k-1 (all owned by rank 0),
+// which receives every route of every rank: standard EP's worst case.
+ModelState SkewedState(const ModelConfig& m) {
+  ModelState st;
+  st.weights = InitWeights<float>(m, 1);
+  const std::vector<WeightSpec> specs = ModelWeights(m);
+  for (size_t t = 0; t < specs.size(); ++t) {
+    if (absl::StrContains(specs[t].name, "router.weight")) {
+      std::fill(st.weights[t].begin(), st.weights[t].end(), 0.0f);
+    }
+  }
+  st.m = ZerosLike(st.weights);
+  st.v = ZerosLike(st.weights);
+  st.step = 0;
+  return st;
+}
+
+struct Attempt {
+  absl::Status status;
+  bool at_launch = false;  // refused by TrainingStep::Create
+  int64_t peak = 0;        // the largest device total peak over ranks
+  double seconds = 0;
+};
+
+// One optimizer step of `o` under the cap, with the skewed routing (the
+// state is shared by the rank threads, read only).
+Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
+  Attempt a;
+  std::vector<int64_t> peaks(Ranks(), 0);
+  std::vector<int> launched(Ranks(), 0);
+  const double t0 = NowSeconds();
+  a.status = RunLocalWorld(Ranks(), cap, FreshStoreDir("composed"), [&](int r, Backend& be, Communicator& world) {
+    auto step = TrainingStep::Create(o, be, world);
+    if (!step.ok()) return step.status();
+    launched[r] = 1;
+    absl::Status s = (*step)->LoadState(skewed);
+    if (!s.ok()) return s;
+    std::vector<int32_t> tok, tgt;
+    RankTokens(o, r, &tok, &tgt);
+    auto st = (*step)->Step(tok, tgt);
+    if (!st.ok()) return st.status();
+    peaks[r] = st->device.total_peak;
+    return absl::OkStatus();
+  });
+  a.seconds = NowSeconds() - t0;
+  a.at_launch = !a.status.ok() && std::count(launched.begin(), launched.end(), 1) < Ranks();
+  a.peak = *std::max_element(peaks.begin(), peaks.end());
+  return a;
+}
+
+// Runs one warm-up step and then `steps` timed steps under the seeded
+// router; appends each timed step's seconds (its slowest rank's) to `times`.
+absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::vector<double>* times) {
+  std::vector<std::vector<double>> per_rank(Ranks());
+  absl::Status s = RunLocalWorld(Ranks(), cap, FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& world) {
+    auto step = TrainingStep::Create(o, be, world);
+    if (!step.ok()) return step.status();
+    std::vector<int32_t> tok, tgt;
+    RankTokens(o, r, &tok, &tgt);
+    for (int64_t i = 0; i <= steps; ++i) {
+      const double t0 = NowSeconds();
+      auto st = (*step)->Step(tok, tgt);
+      if (!st.ok()) return st.status();
+      if (i > 0) per_rank[r].push_back(NowSeconds() - t0);
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  for (int64_t i = 0; i < steps; ++i) {
+    double slowest = 0;
+    for (int r = 0; r < Ranks(); ++r) slowest = std::max(slowest, per_rank[r][i]);
+    times->push_back(slowest);
+  }
+  return absl::OkStatus();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// What the machine could do: the best of five 1024^3 sgemm on one BLAS
+// thread (the ranks run one each), times the cores online. The model FLOP/s
+// below are reported beside it.
+double SgemmCeiling() {
+  BackendOptions bo;
+  bo.device_memory_bytes = int64_t{64} << 20;
+  auto be = Backend::Create(bo);
+  if (!be.ok()) return 0;
+  const int64_t n = 1024;
+  auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+  auto b = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+  auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+  auto s = (*be)->CreateStream("sgemm");
+  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+  std::fill_n(a->as<float>(), n * n, 0.5f);
+  std::fill_n(b->as<float>(), n * n, 0.25f);
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
+    const double t0 = NowSeconds();
+    if (!(*be)->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(), n, 0.0f,
+                            c->as<float>(), n}).ok() ||
+        !(*s)->Synchronize().ok()) {
+      return 0;
+    }
+    if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
+  }
+  return best * static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// One axis of one stack: the prediction and what the steps said.
+struct Reach {
+  NMaxAxis axis;
+  int64_t planned_total = 0;  // the plan at the predicted shape
+  Attempt at, next;
+  bool verified = false;
+};
+
+std::string Describe(const Attempt& a) {
+  if (a.status.ok()) return absl::StrFormat("completed (peak %.2f MiB, %.1f s)", MiB(a.peak), a.seconds);
+  return absl::StrCat(a.at_launch ? "refused at launch: " : "out of memory mid-step: ", a.status.message());
+}
+
+// Verifies one axis: the predicted shape completes one step under the cap
+// with its measured peak within its plan, and the next step of the axis
+// does not (RESOURCE_EXHAUSTED, at launch or mid-step).
+Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axis, const ModelState& skewed,
+                 int64_t cap, bool run) {
+  Reach r;
+  r.axis = axis;
+  if (axis.tokens_per_rank == 0) return r;  // nothing fits: not verified
+  const StepOptions at = Stack(on, layers, axis.seq_len, axis.batch);
+  r.planned_total = PlanMemory(at).value().total();
+  if (!run) return r;
+  StepOptions next = at;
+  (context_axis ? next.model.seq_len : next.layout.batch) += context_axis ? Ranks() : 1;
+  r.at = OneStep(at, skewed, cap);
+  r.next = OneStep(next, skewed, cap);
+  // The plan is an upper bound of the peak (and the arena's cap of both).
+  r.verified = r.at.status.ok() && r.at.peak <= r.planned_total &&
+               r.next.status.code() == absl::StatusCode::kResourceExhausted;
+  return r;
+}
+
+// Model FLOP/s at one context length: the baseline at its largest batch
+// there, the composed stack at the same batch (the same work: what the
+// schedules cost or save per step), and the composed stack at its own
+// largest batch there (what a user training at that length gets: the
+// paper's comparison at the baseline's longest lengths).
+struct Throughput {
+  int64_t seq_len = 0, off_batch = 0, on_batch = 0;
+  double off_s = 0, same_s = 0, own_s = 0;  // median seconds per step
+  double off_gflops = 0, same_gflops = 0, own_gflops = 0;
+};
+
+absl::StatusOr<Throughput> MeasureThroughput(int64_t layers, int64_t seq_len, int64_t off_batch, int64_t on_batch,
+                                             int64_t cap) {
+  Throughput t;
+  t.seq_len = seq_len;
+  t.off_batch = off_batch;
+  t.on_batch = on_batch;
+  std::vector<double> off, same, own;
+  // Rounds alternate the three so that all see the same machine.
+  for (int64_t round = 0; round < flags["rounds"]; ++round) {
+    absl::Status s = TimeSteps(Stack(false, layers, seq_len, off_batch), cap, flags["steps"], &off);
+    if (!s.ok()) return s;
+    s = TimeSteps(Stack(true, layers, seq_len, off_batch), cap, flags["steps"], &same);
+    if (!s.ok()) return s;
+    if (on_batch != off_batch) {
+      s = TimeSteps(Stack(true, layers, seq_len, on_batch), cap, flags["steps"], &own);
+      if (!s.ok()) return s;
+    }
+  }
+  const ModelConfig m = Model(layers, seq_len);
+  t.off_s = Median(off);
+  t.same_s = Median(same);
+  t.own_s = own.empty() ? t.same_s : Median(own);
+  t.off_gflops = ModelFlopsPerStep(m, off_batch) / t.off_s / 1e9;
+  t.same_gflops = ModelFlopsPerStep(m, off_batch) / t.same_s / 1e9;
+  t.own_gflops = ModelFlopsPerStep(m, on_batch) / t.own_s / 1e9;
+  return t;
+}
+
+// Each schedule on alone (the others at their baselines) at one shape,
+// alternating with the baseline in every round: step time over the
+// baseline's, so that the composed stack's cost can be put on the schedule
+// that adds it. Runs in a 1 GiB arena, not under the cap: one schedule
+// alone need not fit it (PipelinedLLEP beside device AdamW: its flat bound
+// is larger than standard EP's worst case at the baseline's small N), and
+// the arena's cap only accounts bytes, it does not change the speed.
+struct Attribution {
+  const char* schedule;
+  int64_t mask;
+  double ratio = 0;  // median step time over the baseline's
+};
+
+absl::StatusOr<std::vector<Attribution>> Attribute(int64_t layers, int64_t seq_len, int64_t batch) {
+  const int64_t arena = int64_t{1} << 30;
+  std::vector<Attribution> rows = {
+      {"pipelined_llep", 1}, {"ring_dtp", 2}, {"sco", 4}, {"offload_stream_adamw", 8}, {"all four", 15}};
+  std::vector<double> off;
+  std::vector<std::vector<double>> on(rows.size());
+  const int64_t saved = flags["on_mask"];
+  for (int64_t round = 0; round < flags["rounds"]; ++round) {
+    absl::Status s = TimeSteps(Stack(false, layers, seq_len, batch), arena, flags["steps"], &off);
+    for (size_t i = 0; s.ok() && i < rows.size(); ++i) {
+      flags["on_mask"] = rows[i].mask;
+      s = TimeSteps(Stack(true, layers, seq_len, batch), arena, flags["steps"], &on[i]);
+    }
+    flags["on_mask"] = saved;
+    if (!s.ok()) return s;
+  }
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].ratio = Median(on[i]) / Median(off);
+  return rows;
+}
+
+struct DepthResult {
+  int64_t layers = 0, params = 0, active = 0;
+  int64_t persistent[2] = {0, 0};
+  Reach context[2], batch[2];
+  int64_t short_seq_len = 0;  // the batch axis' seq_len
+  std::array<double, kNumLiveSets> growth[2]{};  // per token per rank, at the context reach
+  int64_t balanced_off_seq_len = 0;              // BalancedContextReach
+  std::vector<Attribution> attribution;          // at the baseline's longest context
+  std::vector<Throughput> throughput;
+};
+
+std::string AxisJson(const Reach& r) {
+  return absl::StrFormat(
+      "{\"batch\":%d,\"seq_len\":%d,\"tokens_per_rank\":%d,\"limit\":%s,\"planned_bytes\":%d,"
+      "\"verified\":%s,\"at\":%s,\"at_peak_bytes\":%d,\"next\":%s,\"next_at_launch\":%s}",
+      r.axis.batch, r.axis.seq_len, r.axis.tokens_per_rank, bench::JsonString(r.axis.limit), r.planned_total,
+      r.verified ? "true" : "false", bench::JsonString(r.at.status.ok() ? "ok" : r.at.status.ToString()), r.at.peak,
+      bench::JsonString(r.next.status.ok() ? "ok" : r.next.status.ToString()), r.next.at_launch ? "true" : "false");
+}
+
+}  // namespace
+}  // namespace plateau
+
+int main(int argc, char** argv) {
+  using namespace plateau;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") QuickDefaults();
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick") {
+      flags["quick"] = 1;
+      continue;
+    }
+    if (a == "--plan_only") {
+      flags["plan_only"] = 1;
+      continue;
+    }
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(0, 2) == "--" && eq != std::string::npos ? a.substr(2, eq - 2) : "";
+    if (name == "depths") {
+      depths_flag = a.substr(eq + 1);
+      continue;
+    }
+    if (!flags.count(name) || !absl::SimpleAtoi(a.substr(eq + 1), &flags[name])) {
+      std::fprintf(stderr, "composed_bench: bad argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  std::vector<int64_t> depths;
+  for (absl::string_view d : absl::StrSplit(depths_flag, ',')) {
+    int64_t l = 0;
+    if (!absl::SimpleAtoi(d, &l) || l < 1) {
+      std::fprintf(stderr, "composed_bench: --depths: expected layer counts >= 1 separated by commas, got '%s'\n",
+                   depths_flag.c_str());
+      return 2;
+    }
+    depths.push_back(l);
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress visible when piped
+  const bool run = flags["plan_only"] == 0;
+  const int64_t cap = flags["cap_mb"] << 20;
+  const int P = Ranks();
+  const double t_start = NowSeconds();
+  bench::CpuMeter meter;
+  const ModelConfig m0 = Model(1, P);
+  std::printf("composed_bench %s; load %.2f%s\n", bench::NowText().c_str(), bench::LoadAverage1m(),
+              flags["quick"] ? " (--quick)" : "");
+  const double ceiling = run ? SgemmCeiling() : 0;
+  if (run) {
+    std::printf("sgemm ceiling: %.1f GFLOP/s (1024^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
+                ceiling, bench::EnvOr("OPENBLAS_NUM_THREADS").c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  }
+  std::printf("device cap %lld MiB per rank, P = %d rank threads; H=%lld heads=%lld/%lld E=%lld k=%lld F=%lld "
+              "V=%lld; depths %s\n",
+              (long long)flags["cap_mb"], P, (long long)m0.hidden, (long long)m0.heads, (long long)m0.kv_heads,
+              (long long)m0.experts, (long long)m0.top_k, (long long)m0.expert_ffn, (long long)m0.vocab_size,
+              depths_flag.c_str());
+  std::printf("all on: pipelined_llep c=%lld min_piece=%lld alpha=1.1 strided; ring_dtp S=%lld row_tile=%lld "
+              "mode=auto; sco beta=all L-1 boundaries; offload_stream_adamw bucket=%lld slots=%lld\n",
+              (long long)flags["chunk_tokens"], (long long)flags["min_piece"], (long long)flags["strip"],
+              (long long)flags["row_tile"], (long long)flags["bucket_params"], (long long)flags["staging_slots"]);
+  std::printf("context axis: batch %lld; batch axis: seq_len %s. Reach verified with router weights zero "
+              "(every route to rank 0)\n\n",
+              (long long)flags["ctx_batch"],
+              flags["batch_seq_len"] > 0 ? absl::StrCat(flags["batch_seq_len"]).c_str()
+                                         : "a quarter of the baseline's longest context");
+
+  std::vector<DepthResult> results;
+  bool all_verified = true;
+  for (int64_t L : depths) {
+    DepthResult d;
+    d.layers = L;
+    d.params = ParameterCount(Model(L, P));
+    d.active = ActiveParameterCount(Model(L, P));
+    const ModelState skewed = run && flags["verify"] ? SkewedState(Model(L, P)) : ModelState{};
+    NMaxLimits limits;
+    limits.max_batch = 1 << 16;
+    limits.max_seq_len = 1 << 20;
+    auto print_axis = [&](int on, const Reach& r, const char* axis) {
+      std::printf("L=%-3lld %-7s %-7s predicted seq_len %6lld x batch %4lld = %6lld tokens/rank, %.0f model "
+                  "GFLOP (limit %s; plan %.2f MiB: %s)\n",
+                  (long long)L, StackName(on), axis, (long long)r.axis.seq_len, (long long)r.axis.batch,
+                  (long long)r.axis.tokens_per_rank, ModelFlopsPerStep(Model(L, r.axis.seq_len), r.axis.batch) / 1e9,
+                  r.axis.limit.c_str(), MiB(r.planned_total),
+                  r.axis.tokens_per_rank == 0
+                      ? r.axis.detail.c_str()
+                      : Largest(PlanMemory(Stack(on, L, r.axis.seq_len, r.axis.batch)).value(), 3).c_str());
+      if (run && flags["verify"]) {
+        std::printf("        at it: %s\n        one step more: %s\n        -> %s\n", Describe(r.at).c_str(),
+                    Describe(r.next).c_str(), r.verified ? "verified" : "NOT VERIFIED");
+        all_verified = all_verified && r.verified;
+      }
+    };
+    // The context axis: the longest seq_len at ctx_batch sequences.
+    for (int on = 0; on < 2; ++on) {
+      const StepOptions o = Stack(on, L, P, flags["ctx_batch"]);
+      d.persistent[on] = Persistent(PlanMemory(o).value());
+      const NMax n = bench::OrDie(SolveNMax(o, {cap, 0}, limits), "SolveNMax");
+      d.context[on] = VerifyAxis(on, L, n.context, true, skewed, cap, run && flags["verify"]);
+      print_axis(on, d.context[on], "context");
+      if (n.context.tokens_per_rank > 0) {
+        d.growth[on] = GrowthPerToken(on, L, n.context.seq_len, n.context.batch);
+        std::printf("        fixed %.2f MiB (weights, grads, optimizer); grows: %s\n", MiB(d.persistent[on]),
+                    GrowthText(d.growth[on]).c_str());
+      }
+    }
+    d.balanced_off_seq_len = BalancedContextReach(L, flags["ctx_batch"], cap);
+    std::printf("        (all off with standard EP's dispatch at its balanced estimate, not guaranteed: seq_len %lld)\n",
+                (long long)d.balanced_off_seq_len);
+    // The batch axis at a shorter common context: batch_seq_len, or (0) a
+    // quarter of the baseline's longest, rounded down to a multiple of P.
+    d.short_seq_len = flags["batch_seq_len"] > 0 ? flags["batch_seq_len"]
+                                                 : std::max<int64_t>(P, d.context[0].axis.seq_len / 4 / P * P);
+    for (int on = 0; on < 2; ++on) {
+      const NMax n = bench::OrDie(SolveNMax(Stack(on, L, d.short_seq_len, 1), {cap, 0}, limits), "SolveNMax");
+      d.batch[on] = VerifyAxis(on, L, n.batch, false, skewed, cap, run && flags["verify"]);
+      print_axis(on, d.batch[on], "batch");
+    }
+    if (run && d.context[0].axis.tokens_per_rank > 0 && d.batch[0].axis.tokens_per_rank > 0) {
+      // The composed stack's largest batch at the baseline's longest context
+      // (predicted; its run below is the check that it completes).
+      const int64_t T = d.context[0].axis.seq_len;
+      const NMax at_t = bench::OrDie(SolveNMax(Stack(true, L, T, 1), {cap, 0}, limits), "SolveNMax");
+      const std::pair<int64_t, std::pair<int64_t, int64_t>> points[] = {
+          {T, {d.context[0].axis.batch, at_t.batch.batch}},
+          {d.short_seq_len, {d.batch[0].axis.batch, d.batch[1].axis.batch}}};
+      for (const auto& [t, batches] : points) {
+        auto th = MeasureThroughput(L, t, batches.first, batches.second, cap);
+        if (!th.ok()) {
+          std::fprintf(stderr, "composed_bench: throughput at seq_len %lld: %s\n", (long long)t,
+                       th.status().ToString().c_str());
+          return 1;
+        }
+        std::printf("L=%-3lld throughput at seq_len %lld: all off x %lld seqs %.3f s/step %.2f GFLOP/s; all on x %lld "
+                    "%.3f s %.2f GFLOP/s (%.2fx); all on x %lld (its largest) %.3f s %.2f GFLOP/s (%.2fx)\n",
+                    (long long)L, (long long)t, (long long)th->off_batch, th->off_s, th->off_gflops,
+                    (long long)th->off_batch, th->same_s, th->same_gflops, th->same_gflops / th->off_gflops,
+                    (long long)th->on_batch, th->own_s, th->own_gflops, th->own_gflops / th->off_gflops);
+        d.throughput.push_back(*th);
+      }
+      if (flags["attribute"]) {
+        auto rows = Attribute(L, T, d.context[0].axis.batch);
+        if (!rows.ok()) {
+          std::fprintf(stderr, "composed_bench: attribution: %s\n", rows.status().ToString().c_str());
+          return 1;
+        }
+        d.attribution = *rows;
+        std::printf("L=%-3lld step time over the baseline's at seq_len %lld, each schedule alone:", (long long)L,
+                    (long long)T);
+        for (const Attribution& a : d.attribution) std::printf(" %s %.2fx", a.schedule, a.ratio);
+        std::printf("\n");
+      }
+    }
+    std::printf("\n");
+    results.push_back(std::move(d));
+  }
+
+  // The tables.
+  auto ratio = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / b : 0.0; };
+  std::printf("reach at a %lld MiB device cap per rank, P = %d (%s)\n", (long long)flags["cap_mb"], P,
+              run ? "predicted by N_max, each verified by running it and one step more" : "predicted only: --plan_only");
+  std::printf("%4s %8s %21s %25s %7s %7s %19s %7s %18s\n", "L", "params", "persistent MiB (cap%)",
+              "longest context, tokens", "x", "at T", "largest batch, seqs", "x", "off balanced (x)");
+  for (const DepthResult& d : results) {
+    std::printf("%4lld %7.2fM %6.1f (%2.0f%%) / %5.1f %11lld / %11lld %6.1fx %7lld %8lld / %8lld %6.1fx %9lld (%5.1fx)\n",
+                (long long)d.layers, d.params / 1e6, MiB(d.persistent[0]), 100.0 * d.persistent[0] / cap,
+                MiB(d.persistent[1]), (long long)d.context[0].axis.seq_len, (long long)d.context[1].axis.seq_len,
+                ratio(d.context[1].axis.seq_len, d.context[0].axis.seq_len), (long long)d.short_seq_len,
+                (long long)d.batch[0].axis.batch, (long long)d.batch[1].axis.batch,
+                ratio(d.batch[1].axis.batch, d.batch[0].axis.batch), (long long)d.balanced_off_seq_len,
+                ratio(d.context[1].axis.seq_len, d.balanced_off_seq_len));
+  }
+  if (run) {
+    std::printf("\nmodel GFLOP/s where both run (median step, slowest rank): off at its largest batch; on at the same "
+                "batch; on at its largest batch\n");
+    std::printf("%4s %7s %6s %9s %6s %9s %7s %6s %9s %7s %16s\n", "L", "T", "B off", "GF/s off", "B", "GF/s on", "x",
+                "B on", "GF/s on", "x", "of ceiling off/on");
+    for (const DepthResult& d : results) {
+      for (const Throughput& t : d.throughput) {
+        std::printf("%4lld %7lld %6lld %9.2f %6lld %9.2f %6.2fx %6lld %9.2f %6.2fx %7.1f%% / %4.1f%%\n",
+                    (long long)d.layers, (long long)t.seq_len, (long long)t.off_batch, t.off_gflops,
+                    (long long)t.off_batch, t.same_gflops, t.same_gflops / t.off_gflops, (long long)t.on_batch,
+                    t.own_gflops, t.own_gflops / t.off_gflops, 100 * t.off_gflops / ceiling,
+                    100 * t.own_gflops / ceiling);
+      }
+    }
+  }
+  const double others = meter.OthersPercent();
+  std::printf("\n%s; %.0f s; other processes took %.0f%% of the CPU meanwhile\n",
+              !run ? "nothing run (--plan_only)"
+              : !flags["verify"] ? "predictions not verified (--verify=0)"
+              : all_verified     ? "every prediction verified"
+                                 : "SOME PREDICTIONS NOT VERIFIED",
+              NowSeconds() - t_start, others);
+
+  // The JSON line.
+  std::string json = absl::StrFormat(
+      "{\"bench\":\"composed\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
+      "\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
+      "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
+      "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"chunk_tokens\":%d,\"min_piece\":%d,\"strip\":%d,"
+      "\"row_tile\":%d,\"sco_beta\":\"all L-1 boundaries\",\"bucket_params\":%d,\"staging_slots\":%d},"
+      "\"verified\":%s,\"depths\":[",
+      bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false", bench::LoadAverage1m(), others, ceiling, P,
+      cap,
+      m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size, flags["chunk_tokens"],
+      flags["min_piece"], flags["strip"], flags["row_tile"], flags["bucket_params"], flags["staging_slots"],
+      run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const DepthResult& d = results[i];
+    absl::StrAppendFormat(&json,
+                          "%s{\"layers\":%d,\"params\":%d,\"active_params\":%d,\"persistent_off_bytes\":%d,"
+                          "\"persistent_on_bytes\":%d,\"balanced_off_seq_len\":%d,\"growth_off\":%s,\"growth_on\":%s,\"context_off\":%s,\"context_on\":%s,"
+                          "\"batch_seq_len\":%d,"
+                          "\"batch_off\":%s,\"batch_on\":%s,\"throughput\":[",
+                          i ? "," : "", d.layers, d.params, d.active, d.persistent[0], d.persistent[1],
+                          d.balanced_off_seq_len, GrowthJson(d.growth[0]), GrowthJson(d.growth[1]), AxisJson(d.context[0]), AxisJson(d.context[1]), d.short_seq_len, AxisJson(d.batch[0]),
+                          AxisJson(d.batch[1]));
+    for (size_t j = 0; j < d.throughput.size(); ++j) {
+      const Throughput& t = d.throughput[j];
+      absl::StrAppendFormat(&json,
+                            "%s{\"seq_len\":%d,\"off_batch\":%d,\"on_batch\":%d,\"off_step_s\":%.4f,"
+                            "\"on_same_batch_step_s\":%.4f,\"on_own_batch_step_s\":%.4f,\"off_gflops\":%.3f,"
+                            "\"on_same_batch_gflops\":%.3f,\"on_own_batch_gflops\":%.3f,\"same_batch_ratio\":%.4f,"
+                            "\"own_batch_ratio\":%.4f}",
+                            j ? "," : "", t.seq_len, t.off_batch, t.on_batch, t.off_s, t.same_s, t.own_s,
+                            t.off_gflops, t.same_gflops, t.own_gflops, t.same_gflops / t.off_gflops,
+                            t.own_gflops / t.off_gflops);
+    }
+    json += "],\"attribution\":{";
+    for (size_t j = 0; j < d.attribution.size(); ++j) {
+      absl::StrAppendFormat(&json, "%s\"%s\":%.4f", j ? "," : "", d.attribution[j].schedule, d.attribution[j].ratio);
+    }
+    json += "}}";
+  }
+  json += "]}";
+  std::printf("\n%s\n", json.c_str());
+  return run && !all_verified ? 1 : 0;
+}
