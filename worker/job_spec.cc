@@ -213,6 +213,10 @@ absl::Status ConvertDispatch(const v1::ScheduleSpec& s, DispatchOptions* out) {
     case v1::ScheduleSpec::kPipelinedLlep: {
       const v1::PipelinedLlepDispatch& p = s.pipelined_llep();
       out->kind = DispatchOptions::Kind::kPipelinedLlep;
+      if (p.chunk_tokens_auto() && p.chunk_tokens() != 0) {
+        return Bad("schedule.pipelined_llep.chunk_tokens", "0 (unset) beside chunk_tokens_auto: true",
+                   absl::StrCat(p.chunk_tokens()));
+      }
       if (p.chunk_tokens() != 0) out->pipelined.chunk_tokens = p.chunk_tokens();
       balance(p.alpha(), p.min_piece(), p.lambda(), &out->pipelined.balance);
       switch (p.membership()) {
@@ -246,6 +250,10 @@ absl::Status ConvertOptimizerPlacement(const v1::ScheduleSpec& s, OptimizerPlace
     case v1::ScheduleSpec::kOffloadStreamAdamw: {
       const v1::OffloadStreamAdamW& o = s.offload_stream_adamw();
       out->kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+      if (o.bucket_params_auto() && o.bucket_params() != 0) {
+        return Bad("schedule.offload_stream_adamw.bucket_params", "0 (unset) beside bucket_params_auto: true",
+                   absl::StrCat(o.bucket_params()));
+      }
       if (o.bucket_params() != 0) out->bucket_params = o.bucket_params();
       if (o.staging_slots() != 0) out->staging_slots = o.staging_slots();
       break;
@@ -318,6 +326,44 @@ NMaxLimits SpecLimits() {
   return limits;
 }
 
+// The spec's `auto` settings chosen on the context's calibration (or the
+// default curve) against the spec's caps, or the context's worker's memory
+// where the spec's cap is 0: the chosen values set in *step, and
+// auto_settings and calibration set in *out. Nothing when none is `auto`.
+absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& context, StepOptions* step,
+                                v1::MemoryPlan* out) {
+  const AutoRequest request = AutoRequestOf(spec);
+  if (!request.any()) return absl::OkStatus();
+  std::string source;
+  PLATEAU_ASSIGN_OR_RETURN(const Calibration calibration, CalibrationFor(spec, context, &source));
+  FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
+  std::string caps_note;
+  if (caps.device_bytes == 0 && context.device_memory_bytes > 0) {
+    caps.device_bytes = context.device_memory_bytes;
+    caps_note = absl::StrCat("; device_memory_bytes 0: chosen against that worker's ", Bytes(caps.device_bytes));
+  }
+  if (caps.host_bytes == 0 && context.host_memory_bytes > 0) {
+    caps.host_bytes = context.host_memory_bytes;
+    absl::StrAppend(&caps_note, "; host_memory_bytes 0: chosen against that worker's ", Bytes(caps.host_bytes));
+  }
+  PLATEAU_ASSIGN_OR_RETURN(AutoChoice choice, plateau::ChooseAutoSettings(*step, request, calibration, caps));
+  *step = choice.options;
+  for (const AutoChoice::Setting& s : choice.settings) {
+    v1::AutoSetting* a = out->add_auto_settings();
+    a->set_field(AutoSettingField(s.setting));
+    a->set_value(s.value);
+    a->set_modelled_seconds(s.seconds);
+    a->set_candidates(s.candidates);
+    a->set_fitting(s.fitting);
+    a->set_why(s.why);
+  }
+  out->set_calibration(source);
+  out->add_notes(absl::StrCat("auto: ", choice.settings.size(),
+                              " setting(s) chosen by least modelled time among the plans that fit, on ", source,
+                              caps_note));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t NodesOf(const v1::JobSpec& spec) {
@@ -388,6 +434,9 @@ absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
                  absl::StrCat(static_cast<int>(r.mode())));
   }
   PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.strip", r.strip(), 0, m.vocab_size));
+  if (r.strip_auto() && r.strip() != 0) {
+    return Bad("schedule.ring_dtp.strip", "0 (unset) beside strip_auto: true", absl::StrCat(r.strip()));
+  }
   PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.row_tile", r.row_tile(), 0, kMaxDim));
   PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.chunk_rows", r.chunk_rows(), 0, kMaxDim));
   out->strip = r.strip() > 0 ? r.strip() : std::min<int64_t>(1024, m.vocab_size);
@@ -406,6 +455,9 @@ absl::Status ConvertCheckpoints(const v1::ScheduleSpec& s, CheckpointOptions* ou
                absl::StrCat(">= 0 bytes of host memory per rank for checkpoint boundaries (at most ",
                             kMaxPlannedBytes, ")"),
                absl::StrCat(beta));
+  }
+  if (s.sco().host_budget_auto() && beta != 0) {
+    return Bad("schedule.sco.host_budget_bytes", "0 (unset) beside host_budget_auto: true", absl::StrCat(beta));
   }
   out->kind = CheckpointOptions::Kind::kSco;
   out->host_budget_bytes = beta;
@@ -524,10 +576,14 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
   return out;
 }
 
-absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
+absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
   PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+  // The `auto` settings first: everything below is planned at their values.
+  v1::MemoryPlan chosen;
+  PLATEAU_RETURN_IF_ERROR(ChooseSpecAutoSettings(spec, auto_context, &t.step, &chosen));
   PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(t.step));
   v1::MemoryPlan out = PlanToProto(spec, plan);
+  out.MergeFrom(chosen);
   out.set_tokens_per_rank(TokensPerRank(t.step.model, t.step.layout));
   out.set_parameters(ParameterCount(t.step.model));
   out.set_active_parameters(ActiveParameterCount(t.step.model));
@@ -599,8 +655,8 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
   return plan;
 }
 
-absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec));
+absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec, auto_context));
   return AdmitPlan(spec, std::move(plan));
 }
 
