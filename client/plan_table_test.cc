@@ -34,5 +34,21 @@ TEST(PlanTableTest, NothingWithoutNMax) {
   EXPECT_EQ(FormatWhatIf(plan), "");
 }
 
+TEST(PlanTableTest, AutoSettingsShowTheValueWhyAndTheCurves) {
+  v1::JobSpec spec = DemoJobSpec(2, 10);
+  spec.mutable_schedule()->mutable_pipelined_llep()->clear_chunk_tokens();
+  spec.mutable_schedule()->mutable_pipelined_llep()->set_chunk_tokens_auto(true);
+  auto plan = PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->auto_settings_size(), 1);
+  const std::string text = FormatAutoSettings(*plan);
+  std::cout << text;
+  EXPECT_THAT(text, HasSubstr("curves the default cpu curve"));
+  EXPECT_THAT(text, HasSubstr(absl::StrFormat("  %-44s = %-12d K = ", "schedule.pipelined_llep.chunk_tokens",
+                                              plan->auto_settings(0).value())));
+  EXPECT_THAT(text, HasSubstr(plan->auto_settings(0).why()));
+  EXPECT_EQ(FormatAutoSettings(*PlanJob(DemoJobSpec(2, 10))), "");
+}
+
 }  // namespace
 }  // namespace plateau

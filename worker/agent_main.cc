@@ -4,7 +4,12 @@
 //       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
 //       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--name=HOST]
 //       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
-//       [--grace_s=5] [--token_file=PATH] [--tls_ca_file=PATH]
+//       [--grace_s=5] [--token_file=PATH] [--tls_ca_file=PATH] [--calibrate=true]
+//
+// Before registering it measures its backend for the time model of the
+// `auto` settings (worker/calibration.h; well under a second), or reads the
+// measurement cached in --work_dir by an earlier start of the same binaries
+// on the same backend, and registers with it.
 //
 // SIGINT/SIGTERM stop every rank it started (SIGTERM, then SIGKILL after
 // the grace period) and exit once they are gone.
@@ -19,9 +24,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/connection.h"
 #include "kernels/named_flags.h"
+#include "kernels/backend.h"
 #include "worker/agent.h"
+#include "worker/calibration.h"
 
 namespace plateau {
 namespace {
@@ -37,16 +45,50 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --rank_address=127.0.0.1         where this node's ranks listen for their peers
   --name=HOST                      shown in the coordinator's view
   --rank_binary=PATH               plateau_rank (default: beside this binary)
-  --work_dir=DIR                   spec files of running jobs (default: a temp dir)
+  --work_dir=DIR                   spec files of running jobs and the calibration cache
+                                   (default: a temp dir, removed at exit)
   --grace_s=5                      SIGTERM to SIGKILL on cancel
   --token_file=PATH                the coordinator's bearer token (its --token_file), sent on every
                                    call; passed on to the ranks for their rendezvous calls
   --tls_ca_file=PATH               PEM CA of the coordinator's certificate: TLS on (ranks too)
+  --calibrate=true                 measure the backend for the `auto` settings' time model (cached in
+                                   --work_dir); false: register without, the coordinator's default curve
 )";
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "plateau_worker: %s\n", msg.c_str());
   return 2;
+}
+
+// Sets o->capabilities.calibration from the cache in o->work_dir or a fresh
+// measurement of the backend. A worker that cannot calibrate still works:
+// it registers without one and says why.
+void Calibrate(const std::string& self, AgentOptions* o) {
+  BackendOptions bo;
+  bo.kind = o->capabilities.backend() == v1::BACKEND_CUDA ? BackendKind::kCuda : BackendKind::kCpu;
+  // Fixed, so that the backend's description (part of the cache's key)
+  // does not change with the flags; the measurement needs under 48 MiB.
+  if (bo.kind == BackendKind::kCpu) bo.device_memory_bytes = int64_t{64} << 20;
+  std::error_code ec;
+  std::filesystem::create_directories(o->work_dir, ec);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(bo);
+  absl::StatusOr<v1::Calibration> c = backend.status();
+  bool measured = false;
+  if (backend.ok()) {
+    c = LoadOrMeasureCalibration(
+        o->work_dir, bo.kind, (*backend)->Describe(), BinaryFingerprint({self, o->rank_binary}),
+        [&] { return MeasureCalibration(**backend); }, &measured);
+  }
+  if (!c.ok()) {
+    std::fprintf(stderr, "plateau_worker: no calibration (%s): `auto` settings use the coordinator's default curve\n",
+                 std::string(c.status().message()).c_str());
+    return;
+  }
+  std::printf("plateau_worker: calibration %s (%s)\n",
+              measured ? absl::StrCat("measured in ", absl::StrFormat("%.2f", c->measure_seconds()), " s").c_str()
+                       : "read from the cache",
+              CalibrationCachePath(o->work_dir, bo.kind).c_str());
+  *o->capabilities.mutable_calibration() = *std::move(c);
 }
 
 int Main(int argc, char** argv) {
@@ -67,7 +109,9 @@ int Main(int argc, char** argv) {
       {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
       {"grace_s", "5"},
       {"token_file", ""},
-      {"tls_ca_file", ""}};
+      {"tls_ca_file", ""},
+      {"calibrate", "true"}};
+  const std::map<std::string, std::string> defaults = f;
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &f);
   if (!help.ok()) return Fail(std::string(help.status().message()));
   if (*help) {
@@ -116,6 +160,10 @@ int Main(int argc, char** argv) {
   }
   o.token_file = f["token_file"];
   o.tls_ca_file = f["tls_ca_file"];
+  if (f["calibrate"] != "true" && f["calibrate"] != "false") {
+    return Fail(absl::StrCat("--calibrate: expected true or false, got '", f["calibrate"], "'"));
+  }
+
   // SIGINT/SIGTERM are taken by sigwait below. Blocked before the channel
   // is opened: gRPC starts its threads there, every thread inherits the
   // mask, and one without it would take the signal's default action (the
@@ -125,6 +173,9 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // After the mask: the BLAS library keeps the threads the measurement
+  // starts.
+  if (f["calibrate"] == "true") Calibrate(self.string(), &o);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       OpenChannel(ConnectionOptions{o.coordinator, o.token_file, o.tls_ca_file});
   if (!channel.ok()) return Fail(std::string(channel.status().message()));
@@ -140,7 +191,8 @@ int Main(int argc, char** argv) {
   });
   waiter.detach();
   absl::Status s = agent.Run();
-  std::filesystem::remove_all(o.work_dir, ec);
+  // A work dir of the user's keeps the calibration cache for the next start.
+  if (f["work_dir"] == defaults.at("work_dir")) std::filesystem::remove_all(o.work_dir, ec);
   if (!s.ok()) return Fail(std::string(s.message()));
   return 0;
 }

@@ -19,9 +19,11 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
@@ -114,6 +116,14 @@ int Main(int argc, char** argv) {
       return Fail(rank, absl::InvalidArgumentError(absl::StrCat("spec_file: cannot read ", f["spec_file"])));
     }
   }
+  // The coordinator chooses the `auto` settings once for every rank
+  // (worker/auto_spec.h): a rank choosing its own could disagree with its
+  // peers and with the admitted plan.
+  if (HasAutoSettings(spec)) {
+    return Fail(rank, absl::FailedPreconditionError(
+                          "schedule: the spec still leaves settings `auto`; the coordinator sends their chosen "
+                          "values (MemoryPlan.auto_settings), a rank never chooses them"));
+  }
   auto trainer = ToTrainerOptions(spec);
   if (!trainer.ok()) return Fail(rank, trainer.status());
   auto bo = ToBackendOptions(spec);
@@ -140,6 +150,22 @@ int Main(int argc, char** argv) {
                (*backend)->Describe().c_str(),
                host_cap == MemorySpace::kUncapped ? "none" : absl::StrCat(host_cap, " bytes").c_str(),
                (*world)->size());
+  // The settings an `auto` field may stand for, as this rank runs them.
+  const StepOptions& so = trainer->step;
+  std::vector<std::string> settings;
+  if (so.dispatch.kind == DispatchOptions::Kind::kPipelinedLlep) {
+    settings.push_back(absl::StrCat("pipelined_llep.chunk_tokens=", so.dispatch.pipelined.chunk_tokens));
+  }
+  if (so.projection.kind == ProjectionOptions::Kind::kRingDtp) {
+    settings.push_back(absl::StrCat("ring_dtp.strip=", so.projection.strip));
+  }
+  if (so.checkpoints.kind == CheckpointOptions::Kind::kSco) {
+    settings.push_back(absl::StrCat("sco.host_budget_bytes=", so.checkpoints.host_budget_bytes));
+  }
+  if (so.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
+    settings.push_back(absl::StrCat("offload_stream_adamw.bucket_params=", so.optimizer_placement.bucket_params));
+  }
+  if (!settings.empty()) std::fprintf(stderr, "settings: %s\n", absl::StrJoin(settings, " ").c_str());
   const int64_t log_every = std::max<int64_t>(1, spec.steps() / 20);
   auto on_step = [&](const StepReport& r) {
     v1::RankOutput out;
