@@ -72,13 +72,12 @@ void Calibrate(const std::string& self, AgentOptions* o) {
   std::error_code ec;
   std::filesystem::create_directories(o->work_dir, ec);
   absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(bo);
-  absl::StatusOr<v1::Calibration> c = backend.status();
   bool measured = false;
-  if (backend.ok()) {
-    c = LoadOrMeasureCalibration(
-        o->work_dir, bo.kind, (*backend)->Describe(), BinaryFingerprint({self, o->rank_binary}),
-        [&] { return MeasureCalibration(**backend); }, &measured);
-  }
+  absl::StatusOr<v1::Calibration> c =
+      backend.ok() ? LoadOrMeasureCalibration(
+                         o->work_dir, bo.kind, (*backend)->Describe(), BinaryFingerprint({self, o->rank_binary}),
+                         [&] { return MeasureCalibration(**backend); }, &measured)
+                   : absl::StatusOr<v1::Calibration>(backend.status());
   if (!c.ok()) {
     std::fprintf(stderr, "plateau_worker: no calibration (%s): `auto` settings use the coordinator's default curve\n",
                  std::string(c.status().message()).c_str());
@@ -88,6 +87,7 @@ void Calibrate(const std::string& self, AgentOptions* o) {
               measured ? absl::StrCat("measured in ", absl::StrFormat("%.2f", c->measure_seconds()), " s").c_str()
                        : "read from the cache",
               CalibrationCachePath(o->work_dir, bo.kind).c_str());
+  std::fflush(stdout);
   *o->capabilities.mutable_calibration() = *std::move(c);
 }
 
