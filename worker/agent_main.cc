@@ -13,21 +13,29 @@
 //
 // SIGINT/SIGTERM stop every rank it started (SIGTERM, then SIGKILL after
 // the grace period) and exit once they are gone.
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "client/connection.h"
 #include "kernels/named_flags.h"
-#include "kernels/backend.h"
+#include "google/protobuf/text_format.h"
+#include "kernels/backend.h"  // BackendKind
 #include "worker/agent.h"
 #include "worker/calibration.h"
 
@@ -60,35 +68,65 @@ int Fail(const std::string& msg) {
   return 2;
 }
 
-// Sets o->capabilities.calibration from the cache in o->work_dir or a fresh
-// measurement of the backend. A worker that cannot calibrate still works:
+// Sets o->capabilities.calibration: plateau_rank --calibrate_dir measures
+// the backend (or finds its cache in the work dir still valid) and leaves
+// the result in the cache file, which this reads. The rank binary measures
+// because it is the one that trains, and so that the agent links no
+// compute (tools/check-deps). A worker that cannot calibrate still works:
 // it registers without one and says why.
-void Calibrate(const std::string& self, AgentOptions* o) {
-  BackendOptions bo;
-  bo.kind = o->capabilities.backend() == v1::BACKEND_CUDA ? BackendKind::kCuda : BackendKind::kCpu;
-  // Fixed, so that the backend's description (part of the cache's key)
-  // does not change with the flags; the measurement needs under 48 MiB.
-  if (bo.kind == BackendKind::kCpu) bo.device_memory_bytes = int64_t{64} << 20;
+void Calibrate(AgentOptions* o) {
   std::error_code ec;
   std::filesystem::create_directories(o->work_dir, ec);
-  absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(bo);
-  bool measured = false;
-  absl::StatusOr<v1::Calibration> c =
-      backend.ok() ? LoadOrMeasureCalibration(
-                         o->work_dir, bo.kind, (*backend)->Describe(), BinaryFingerprint({self, o->rank_binary}),
-                         [&] { return MeasureCalibration(**backend); }, &measured)
-                   : absl::StatusOr<v1::Calibration>(backend.status());
-  if (!c.ok()) {
-    std::fprintf(stderr, "plateau_worker: no calibration (%s): `auto` settings use the coordinator's default curve\n",
-                 std::string(c.status().message()).c_str());
-    return;
+  const bool cuda = o->capabilities.backend() == v1::BACKEND_CUDA;
+  const std::string log = absl::StrCat(o->work_dir, "/calibration.log");
+  std::vector<std::string> args = {o->rank_binary, absl::StrCat("--calibrate_dir=", o->work_dir),
+                                   absl::StrCat("--backend=", cuda ? "cuda" : "cpu")};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  std::string why;
+  if (spawned != 0) {
+    why = absl::StrCat("cannot start ", o->rank_binary, ": ", strerror(spawned));
+  } else {
+    // Well under a second when it measures; a minute means it is stuck.
+    int status = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) why = "the measurement failed";
   }
-  std::printf("plateau_worker: calibration %s (%s)\n",
-              measured ? absl::StrCat("measured in ", absl::StrFormat("%.2f", c->measure_seconds()), " s").c_str()
-                       : "read from the cache",
-              CalibrationCachePath(o->work_dir, bo.kind).c_str());
-  std::fflush(stdout);
-  *o->capabilities.mutable_calibration() = *std::move(c);
+  std::ifstream in(log);
+  std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!said.empty() && said.back() == '\n') said.pop_back();
+  v1::Calibration c;
+  if (why.empty()) {
+    const std::string path = CalibrationCachePath(o->work_dir, cuda ? BackendKind::kCuda : BackendKind::kCpu);
+    std::ifstream cache(path);
+    std::string text((std::istreambuf_iterator<char>(cache)), std::istreambuf_iterator<char>());
+    if (!google::protobuf::TextFormat::ParseFromString(text, &c) || !CalibrationFromProto(c).ok()) {
+      why = absl::StrCat("cannot read ", path);
+    } else {
+      std::printf("plateau_worker: calibration %s (%s)\n", said.c_str(), path.c_str());
+      std::fflush(stdout);
+      *o->capabilities.mutable_calibration() = std::move(c);
+      return;
+    }
+  }
+  std::fprintf(stderr, "plateau_worker: no calibration (%s: %s): `auto` settings use the coordinator's default curve\n",
+               why.c_str(), said.c_str());
 }
 
 int Main(int argc, char** argv) {
@@ -164,6 +202,8 @@ int Main(int argc, char** argv) {
     return Fail(absl::StrCat("--calibrate: expected true or false, got '", f["calibrate"], "'"));
   }
 
+  // Before the signal mask, which a child would inherit.
+  if (f["calibrate"] == "true") Calibrate(&o);
   // SIGINT/SIGTERM are taken by sigwait below. Blocked before the channel
   // is opened: gRPC starts its threads there, every thread inherits the
   // mask, and one without it would take the signal's default action (the
@@ -173,9 +213,6 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // After the mask: the BLAS library keeps the threads the measurement
-  // starts.
-  if (f["calibrate"] == "true") Calibrate(self.string(), &o);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       OpenChannel(ConnectionOptions{o.coordinator, o.token_file, o.tls_ca_file});
   if (!channel.ok()) return Fail(std::string(channel.status().message()));

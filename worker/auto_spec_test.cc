@@ -89,7 +89,7 @@ TEST(AutoSpecTest, PlanChoosesShowsAndTheResolvedSpecPlansTheSame) {
   }
   EXPECT_THAT(plan->calibration(), HasSubstr("the default cpu curve (no worker of this backend"));
   bool noted = false;
-  for (const std::string& n : plan->notes()) noted |= n.find("auto: 4 setting(s) chosen") == 0;
+  for (const std::string& n : plan->notes()) noted |= n.find("auto: 4 setting(s) chosen by least modelled time among the plans that fit; curves the default cpu curve") == 0;
   EXPECT_TRUE(noted);
   EXPECT_TRUE(plan->fits());
   auto resolved = ResolvedSpec(spec, *plan);

@@ -4,7 +4,8 @@
 // work dir per backend and binary, and sent to the coordinator with the
 // worker's registration (WorkerCapabilities.calibration).
 //
-// What is measured (MeasureCalibration): GEMM [rows x 256] x [256 x 256]
+// What is measured (worker/calibration_measure.h, run by plateau_rank
+// --calibrate_dir, so that the agent links no compute): GEMM [rows x 256] x [256 x 256]
 // for rows 1, 4, ..., 4096 (the rate against the narrow dimension), one
 // tiny operation enqueue-to-done (the launch), 16 MiB copies host to device
 // and back, a 1M-parameter device AdamW update; each the fastest of a few
@@ -27,21 +28,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/backend.h"
+#include "kernels/backend.h"  // BackendKind
 #include "kernels/budget/auto_settings.h"
 #include "plateau/v1/worker.pb.h"
 
 namespace plateau {
-
-// Gloo over TCP on loopback or a LAN: a small all-to-all's latency.
-inline constexpr double kCpuCollectiveSeconds = 100e-6;
-// NCCL within an NVLink node.
-inline constexpr double kCudaCollectiveSeconds = 20e-6;
-
-// Measures `backend` (allocating under 64 MiB of its device space and 16 MiB
-// of its host space, tagged kWorkspace, freed before it returns). Sets every
-// field but `binary`.
-absl::StatusOr<v1::Calibration> MeasureCalibration(Backend& backend);
 
 // The model's view of a calibration; INVALID_ARGUMENT naming the field when
 // it cannot be modelled (ValidateCalibration).

@@ -3,6 +3,7 @@
 // stored, and measures again when the backend, the binaries or the file
 // change.
 #include "worker/calibration.h"
+#include "worker/calibration_measure.h"
 
 #include <cstdio>
 #include <filesystem>

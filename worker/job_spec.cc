@@ -359,7 +359,7 @@ absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& 
   }
   out->set_calibration(source);
   out->add_notes(absl::StrCat("auto: ", choice.settings.size(),
-                              " setting(s) chosen by least modelled time among the plans that fit, on ", source,
+                              " setting(s) chosen by least modelled time among the plans that fit; curves ", source,
                               caps_note));
   return absl::OkStatus();
 }
