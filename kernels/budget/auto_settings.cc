@@ -91,7 +91,7 @@ absl::Status ScheduleOn(const StepOptions& o, AutoSetting s) {
 }
 
 // The trade at a setting's value, for people.
-std::string Trade(const StepOptions& o, AutoSetting s, int64_t v, const MemoryPlan& plan) {
+std::string Trade(const StepOptions& o, const ParamLayout& p, AutoSetting s, int64_t v, const MemoryPlan& plan) {
   const int64_t N = TokensPerRank(o.model, o.layout);
   switch (s) {
     case AutoSetting::kChunkTokens:
@@ -108,7 +108,6 @@ std::string Trade(const StepOptions& o, AutoSetting s, int64_t v, const MemoryPl
                           MiB(sco.host_bytes()), "); device checkpoints ", MiB(sco.device_bytes()));
     }
     case AutoSetting::kBucketParams: {
-      const ParamLayout p = LayoutOf(o);
       const int64_t bucket = OffloadStreamBucket(p.shard_numel(), p.owned_numel_per_rank(), v);
       return absl::StrCat(OffloadStreamBuckets(p.shard_numel(), p.owned_numel_per_rank(), bucket).size(),
                           " bucket(s) per update; ", o.optimizer_placement.staging_slots, " staging slot(s) ",
@@ -217,12 +216,15 @@ double CheckpointSeconds(const StepOptions& o, int64_t host_budget_bytes, const 
   return static_cast<double>(sco.host_boundaries) * per_boundary;
 }
 
-double OptimizerSeconds(const StepOptions& o, int64_t bucket_params, const Calibration& c) {
-  const ParamLayout p = LayoutOf(o);
-  const int64_t bucket = OffloadStreamBucket(p.shard_numel(), p.owned_numel_per_rank(), bucket_params);
-  const std::vector<OptimizerBucket> buckets =
-      OffloadStreamBuckets(p.shard_numel(), p.owned_numel_per_rank(), bucket);
-  const size_t slots = static_cast<size_t>(std::max<int64_t>(1, o.optimizer_placement.staging_slots));
+namespace {
+
+// OptimizerSeconds on the parameter groups' sizes (LayoutOf lists every
+// weight: the chooser builds it once, not once per candidate).
+double PipelineSeconds(int64_t shard, int64_t owned, int64_t staging_slots, int64_t bucket_params,
+                       const Calibration& c) {
+  const int64_t bucket = OffloadStreamBucket(shard, owned, bucket_params);
+  const std::vector<OptimizerBucket> buckets = OffloadStreamBuckets(shard, owned, bucket);
+  const size_t slots = static_cast<size_t>(std::max<int64_t>(1, staging_slots));
   // End times of each stage per bucket; a stage starts when its stream is
   // free and its input is ready; an upload also needs its slot back.
   std::vector<double> down_end(buckets.size());
@@ -241,6 +243,14 @@ double OptimizerSeconds(const StepOptions& o, int64_t bucket_params, const Calib
     down_free = down_end[i];
   }
   return buckets.empty() ? 0.0 : down_end.back();
+}
+
+}  // namespace
+
+double OptimizerSeconds(const StepOptions& o, int64_t bucket_params, const Calibration& c) {
+  const ParamLayout p = LayoutOf(o);
+  return PipelineSeconds(p.shard_numel(), p.owned_numel_per_rank(), o.optimizer_placement.staging_slots,
+                         bucket_params, c);
 }
 
 const char* AutoSettingField(AutoSetting s) {
@@ -380,7 +390,10 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
       PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(o, layout));
       a.device.push_back(p.total() - base_plan.total());
       a.host.push_back(p.host_total() - base_plan.host_total());
-      a.seconds.push_back(AutoSettingSeconds(base, a.setting, v, calibration));
+      a.seconds.push_back(a.setting == AutoSetting::kBucketParams
+                              ? PipelineSeconds(layout.shard_numel(), layout.owned_numel_per_rank(),
+                                                base.optimizer_placement.staging_slots, v, calibration)
+                              : AutoSettingSeconds(base, a.setting, v, calibration));
     }
   }
   auto fits = [&](int64_t device, int64_t host) {
@@ -466,7 +479,7 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
       if (fits(best_device - a.device[best[i]] + a.device[v], best_host - a.host[best[i]] + a.host[v])) ++s.fitting;
       if (a.seconds[v] < a.seconds[fastest]) fastest = v;
     }
-    s.why = absl::StrCat(Trade(out.options, a.setting, s.value, out.plan), "; modelled ", Ms(s.seconds),
+    s.why = absl::StrCat(Trade(out.options, layout, a.setting, s.value, out.plan), "; modelled ", Ms(s.seconds),
                          " per step, the least of ", s.fitting, " fitting value(s) of ", s.candidates);
     if (fastest != best[i]) {
       const bool device_over = caps.device_bytes != 0 && best_device - a.device[best[i]] + a.device[fastest] > caps.device_bytes;
