@@ -33,10 +33,15 @@ v1::JobSpec AllAuto() {
 }
 
 TEST(AutoSpecTest, RequestFollowsTheFlags) {
-  EXPECT_FALSE(HasAutoSettings(DemoJobSpec(2, 10)));
+  // The demo job leaves its bucket `auto`.
+  const AutoRequest demo = AutoRequestOf(DemoJobSpec(2, 10));
+  EXPECT_TRUE(demo.bucket_params);
+  EXPECT_FALSE(demo.chunk_tokens || demo.strip || demo.host_budget);
   const AutoRequest r = AutoRequestOf(AllAuto());
   EXPECT_TRUE(r.chunk_tokens && r.strip && r.host_budget && r.bucket_params);
   v1::JobSpec one = DemoJobSpec(2, 10);
+  one.mutable_schedule()->mutable_offload_stream_adamw()->clear_bucket_params_auto();
+  EXPECT_FALSE(HasAutoSettings(one));
   one.mutable_schedule()->mutable_sco()->set_host_budget_bytes(0);
   one.mutable_schedule()->mutable_sco()->set_host_budget_auto(true);
   const AutoRequest beta = AutoRequestOf(one);
@@ -146,14 +151,39 @@ TEST(AutoSpecTest, AWorkersCalibrationAndMemoryAreUsed) {
   EXPECT_THAT(PlanJob(spec, context).status().message(), HasSubstr("calibration.gemm: expected at least one point"));
 }
 
-TEST(AutoSpecTest, NothingFitsIsRefusedAtPlanAndAdmission) {
+// Nothing fits: the plan is shown at the smallest settings, not fitting,
+// with the reason; admission refuses it with that reason.
+TEST(AutoSpecTest, NothingFitsIsPlannedAtTheSmallestAndRefusedAtAdmission) {
   v1::JobSpec spec = AllAuto();
   spec.set_device_memory_bytes(1 << 20);  // 1 MiB: the activations alone do not fit
   auto plan = PlanJob(spec);
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(plan.status().message(),
-              HasSubstr("device_memory_bytes: no value of the `auto` settings fits: at the smallest ("));
-  EXPECT_EQ(AdmitJob(spec).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->fits());
+  ASSERT_EQ(plan->auto_settings_size(), 4);
+  for (const v1::AutoSetting& a : plan->auto_settings()) {
+    EXPECT_EQ(a.fitting(), 0);
+    EXPECT_THAT(a.why(), HasSubstr("no value fits the caps"));
+  }
+  // The smallest values: c and S and the bucket at their first candidate,
+  // beta pooling every boundary that can leave (L - 1 = 1 of the demo's 2).
+  EXPECT_EQ(plan->auto_settings(0).value(), 16);
+  EXPECT_EQ(plan->auto_settings(2).value(), 512 * 64 * 4);
+  EXPECT_EQ(plan->auto_settings(3).value(), 1024);
+  auto resolved = ResolvedSpec(spec, *plan);
+  ASSERT_TRUE(resolved.ok());
+  auto direct = PlanJob(*resolved);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(direct->total_bytes(), plan->total_bytes());
+  const absl::Status refused = AdmitJob(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("device_memory_bytes: no value of the `auto` settings fits: at the smallest ("
+                        "schedule.pipelined_llep.chunk_tokens=16, schedule.ring_dtp.strip="));
+  EXPECT_THAT(refused.message(), HasSubstr("the largest live set is activations"));
+  // force_launch: the usual admission decides (here: the launch-sized
+  // state does not fit either).
+  spec.set_force_launch(true);
+  EXPECT_THAT(AdmitJob(spec).status().message(), HasSubstr("cannot hold the step's launch-sized state"));
 }
 
 }  // namespace

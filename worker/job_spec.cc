@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -330,6 +331,10 @@ NMaxLimits SpecLimits() {
 // default curve) against the spec's caps, or the context's worker's memory
 // where the spec's cap is 0: the chosen values set in *step, and
 // auto_settings and calibration set in *out. Nothing when none is `auto`.
+// The note that carries ChooseAutoSettings' nothing-fits error, which
+// AdmitJob returns.
+constexpr absl::string_view kAutoNothingFits = "auto: ";
+
 absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& context, StepOptions* step,
                                 v1::MemoryPlan* out) {
   const AutoRequest request = AutoRequestOf(spec);
@@ -346,7 +351,27 @@ absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& 
     caps.host_bytes = context.host_memory_bytes;
     absl::StrAppend(&caps_note, "; host_memory_bytes 0: chosen against that worker's ", Bytes(caps.host_bytes));
   }
-  PLATEAU_ASSIGN_OR_RETURN(AutoChoice choice, plateau::ChooseAutoSettings(*step, request, calibration, caps));
+  absl::StatusOr<AutoChoice> chosen = plateau::ChooseAutoSettings(*step, request, calibration, caps);
+  if (chosen.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Nothing fits: the plan is shown at the smallest settings (fits false),
+    // with the reason as a note; admission refuses it with that reason.
+    PLATEAU_ASSIGN_OR_RETURN(*step, SmallestAutoSettings(*step, request));
+    for (int i = 0; i < kNumAutoSettings; ++i) {
+      const AutoSetting s = static_cast<AutoSetting>(i);
+      if (!request.has(s)) continue;
+      v1::AutoSetting* a = out->add_auto_settings();
+      a->set_field(AutoSettingField(s));
+      a->set_value(GetAutoSetting(*step, s));
+      a->set_modelled_seconds(AutoSettingSeconds(*step, s, a->value(), calibration));
+      a->set_candidates(static_cast<int32_t>(AutoCandidates(*step, s).size()));
+      a->set_fitting(0);
+      a->set_why("no value fits the caps: planned at the value with the smallest plan (see the auto note)");
+    }
+    out->set_calibration(source);
+    out->add_notes(absl::StrCat(kAutoNothingFits, chosen.status().message()));
+    return absl::OkStatus();
+  }
+  PLATEAU_ASSIGN_OR_RETURN(AutoChoice choice, std::move(chosen));
   *step = choice.options;
   for (const AutoChoice::Setting& s : choice.settings) {
     v1::AutoSetting* a = out->add_auto_settings();
@@ -657,6 +682,19 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
 
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
   PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec, auto_context));
+  // `auto` settings of which no value fits: refused with the chooser's
+  // reason (the cap, the plan at the smallest settings, its largest live
+  // set), unless force_launch leaves the decision to AdmitPlan.
+  if (!plan.fits() && !spec.force_launch()) {
+    for (const v1::AutoSetting& a : plan.auto_settings()) {
+      if (a.fitting() != 0) continue;
+      for (const std::string& n : plan.notes()) {
+        if (absl::StartsWith(n, kAutoNothingFits) && absl::StrContains(n, "no value of the `auto` settings fits")) {
+          return absl::ResourceExhaustedError(n.substr(kAutoNothingFits.size()));
+        }
+      }
+    }
+  }
   return AdmitPlan(spec, std::move(plan));
 }
 
@@ -684,7 +722,9 @@ v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {
   s.mutable_schedule()->mutable_dense();
   s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(o.step.checkpoints.host_budget_bytes);
   v1::OffloadStreamAdamW* opt = s.mutable_schedule()->mutable_offload_stream_adamw();
-  opt->set_bucket_params(o.step.optimizer_placement.bucket_params);
+  // The demo's `auto` setting: the bucket is chosen when the job is planned
+  // (RecallDemoJob's 16384 is what plateau_train runs).
+  opt->set_bucket_params_auto(true);
   opt->set_staging_slots(static_cast<int32_t>(o.step.optimizer_placement.staging_slots));
   s.mutable_optimizer()->set_lr(o.step.optimizer.lr);
   v1::RecallData* r = s.mutable_data()->mutable_recall();

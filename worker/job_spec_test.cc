@@ -22,7 +22,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::JobSpec Good() { return DemoJobSpec(2, 10); }
+// The demo job with its one `auto` setting (the bucket) pinned to the value
+// of RecallDemoJob, so that the admission and N_max cases below plan fixed
+// settings (worker/auto_spec_test covers `auto`).
+v1::JobSpec Good() {
+  v1::JobSpec s = DemoJobSpec(2, 10);
+  s.mutable_schedule()->mutable_offload_stream_adamw()->clear_bucket_params_auto();
+  s.mutable_schedule()->mutable_offload_stream_adamw()->set_bucket_params(16384);
+  return s;
+}
 
 // The demo job with every schedule at its baseline (standard EP, all
 // boundaries and the optimizer state on the device): no host bytes, and

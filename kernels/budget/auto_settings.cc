@@ -56,6 +56,8 @@ int64_t LiveSetOf(AutoSetting s) {
   return 0;
 }
 
+constexpr int64_t kMaxBucketsPerGroup = 4096;
+
 // Powers of two from `lo` below `top`, then `top`.
 std::vector<int64_t> Doubling(int64_t lo, int64_t top) {
   std::vector<int64_t> out;
@@ -109,7 +111,7 @@ std::string Trade(const StepOptions& o, const ParamLayout& p, AutoSetting s, int
     }
     case AutoSetting::kBucketParams: {
       const int64_t bucket = OffloadStreamBucket(p.shard_numel(), p.owned_numel_per_rank(), v);
-      return absl::StrCat(OffloadStreamBuckets(p.shard_numel(), p.owned_numel_per_rank(), bucket).size(),
+      return absl::StrCat(CeilDiv(p.shard_numel(), bucket) + CeilDiv(p.owned_numel_per_rank(), bucket),
                           " bucket(s) per update; ", o.optimizer_placement.staging_slots, " staging slot(s) ",
                           MiB(plan.bytes[LiveSetOf(s)]));
     }
@@ -223,26 +225,29 @@ namespace {
 double PipelineSeconds(int64_t shard, int64_t owned, int64_t staging_slots, int64_t bucket_params,
                        const Calibration& c) {
   const int64_t bucket = OffloadStreamBucket(shard, owned, bucket_params);
-  const std::vector<OptimizerBucket> buckets = OffloadStreamBuckets(shard, owned, bucket);
   const size_t slots = static_cast<size_t>(std::max<int64_t>(1, staging_slots));
-  // End times of each stage per bucket; a stage starts when its stream is
-  // free and its input is ready; an upload also needs its slot back.
-  std::vector<double> down_end(buckets.size());
+  // End times of each stage; a stage starts when its stream is free and its
+  // input is ready; an upload also needs its slot back (the download of the
+  // bucket `slots` before it). The buckets in OffloadStreamBuckets' order:
+  // the dense group, then the owned one, never across.
+  std::vector<double> slot_free(slots, 0.0);
   double up_free = 0, compute_free = 0, down_free = 0;
-  for (size_t i = 0; i < buckets.size(); ++i) {
+  size_t i = 0;
+  for (const bool owned_group : {false, true}) {
+    const int64_t n = owned_group ? owned : shard;
     // The dense group moves master, m and v; the owned group is its own
     // master on the device and moves m and v.
-    const double bytes = (buckets[i].owned ? 2.0 : 3.0) * buckets[i].numel * sizeof(float);
-    const double slot_free = i >= slots ? down_end[i - slots] : 0.0;
-    const double up_end = std::max(up_free, slot_free) + c.launch_seconds + bytes / c.h2d_bytes_per_second;
-    up_free = up_end;
-    const double compute_end =
-        std::max(compute_free, up_end) + c.launch_seconds + buckets[i].numel / c.adamw_params_per_second;
-    compute_free = compute_end;
-    down_end[i] = std::max(down_free, compute_end) + c.launch_seconds + bytes / c.d2h_bytes_per_second;
-    down_free = down_end[i];
+    const double floats = owned_group ? 2.0 : 3.0;
+    for (int64_t off = 0; off < n; off += bucket, ++i) {
+      const int64_t numel = std::min(bucket, n - off);
+      const double bytes = floats * numel * sizeof(float);
+      up_free = std::max(up_free, slot_free[i % slots]) + c.launch_seconds + bytes / c.h2d_bytes_per_second;
+      compute_free = std::max(compute_free, up_free) + c.launch_seconds + numel / c.adamw_params_per_second;
+      down_free = std::max(down_free, compute_free) + c.launch_seconds + bytes / c.d2h_bytes_per_second;
+      slot_free[i % slots] = down_free;
+    }
   }
-  return buckets.empty() ? 0.0 : down_end.back();
+  return down_free;
 }
 
 }  // namespace
@@ -301,7 +306,12 @@ std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s) {
     }
     case AutoSetting::kBucketParams: {
       const ParamLayout p = LayoutOf(o);
-      return Doubling(1024, std::max<int64_t>(1, std::max(p.shard_numel(), p.owned_numel_per_rank())));
+      const int64_t group = std::max<int64_t>(1, std::max(p.shard_numel(), p.owned_numel_per_rank()));
+      // Buckets under 1/4096 of the group only add launches (and would make
+      // the pipeline model walk millions of them on a huge spec).
+      int64_t lo = 1024;
+      while (lo < group / kMaxBucketsPerGroup) lo *= 2;
+      return Doubling(lo, group);
     }
   }
   return {};
@@ -350,6 +360,34 @@ double AutoSettingSeconds(const StepOptions& o, AutoSetting s, int64_t v, const 
       return OptimizerSeconds(o, v, c);
   }
   return 0;
+}
+
+absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request) {
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
+  StepOptions out = options;
+  const ParamLayout layout = LayoutOf(options);
+  for (int i = 0; i < kNumAutoSettings; ++i) {
+    const AutoSetting s = static_cast<AutoSetting>(i);
+    if (!request.has(s)) continue;
+    PLATEAU_RETURN_IF_ERROR(ScheduleOn(options, s));
+    // Each setting moves its own live set only: its smallest is the same
+    // whatever the others are.
+    int64_t best = 0, best_device = 0, best_host = 0;
+    bool first = true;
+    for (int64_t v : AutoCandidates(options, s)) {
+      StepOptions o = out;
+      SetAutoSetting(&o, s, v);
+      PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(o, layout));
+      if (first || p.total() < best_device || (p.total() == best_device && p.host_total() < best_host)) {
+        best = v;
+        best_device = p.total();
+        best_host = p.host_total();
+        first = false;
+      }
+    }
+    SetAutoSetting(&out, s, best);
+  }
+  return out;
 }
 
 absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const AutoRequest& request,
@@ -427,15 +465,10 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
   if (best.empty()) {
     // Nothing fits: the plan at each setting's smallest device bytes (then
     // host bytes), and the live set that dominates it.
-    StepOptions smallest = base;
+    PLATEAU_ASSIGN_OR_RETURN(const StepOptions smallest, SmallestAutoSettings(options, request));
     std::vector<std::string> values;
     for (const Axis& a : axes) {
-      size_t k = 0;
-      for (size_t v = 1; v < a.values.size(); ++v) {
-        if (a.device[v] < a.device[k] || (a.device[v] == a.device[k] && a.host[v] < a.host[k])) k = v;
-      }
-      SetAutoSetting(&smallest, a.setting, a.values[k]);
-      values.push_back(absl::StrCat(AutoSettingField(a.setting), "=", a.values[k]));
+      values.push_back(absl::StrCat(AutoSettingField(a.setting), "=", GetAutoSetting(smallest, a.setting)));
     }
     PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(smallest, layout));
     const bool device_over = caps.device_bytes != 0 && p.total() > caps.device_bytes;

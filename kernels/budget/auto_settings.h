@@ -119,8 +119,9 @@ struct AutoRequest {
 //   per shard; at most V);
 // - beta: j N H 4 bytes for j = 0 .. L - 1 (the smallest beta that pools j
 //   boundaries), at most 33 values of j evenly spaced when L > 33;
-// - bucket: powers of two from 1024 below the larger parameter group, then
-//   that group (one bucket).
+// - bucket: powers of two from 1024 (or from the first one with at most 4096
+//   buckets in the larger parameter group) below that group, then that
+//   group (one bucket).
 std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s);
 
 // The options with setting s at value v.
@@ -128,6 +129,11 @@ void SetAutoSetting(StepOptions* o, AutoSetting s, int64_t v);
 int64_t GetAutoSetting(const StepOptions& o, AutoSetting s);
 // The modelled seconds of setting s's part of the step at value v.
 double AutoSettingSeconds(const StepOptions& o, AutoSetting s, int64_t v, const Calibration& c);
+
+// The options with each requested setting at its candidate with the
+// smallest device plan (then host plan): where a plan that cannot fit is
+// shown, and what ChooseAutoSettings' nothing-fits error reports.
+absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request);
 
 struct AutoChoice {
   struct Setting {

@@ -124,7 +124,16 @@ TEST(AutoSettingsTest, CandidatesSpanEachSettingsRange) {
   const ParamLayout p = LayoutOf(o);
   EXPECT_EQ(buckets.front(), 1024);
   EXPECT_EQ(buckets.back(), std::max(p.shard_numel(), p.owned_numel_per_rank()));
-  // A deep model: at most 33 values of j, 0 and L - 1 among them.
+  // A huge parameter group: buckets start where the group has at most 4096
+  // of them (the pipeline model walks each).
+  StepOptions wide = o;
+  wide.model.experts = 1 << 14;
+  const ParamLayout wp = LayoutOf(wide);
+  const int64_t group = std::max(wp.shard_numel(), wp.owned_numel_per_rank());
+  const std::vector<int64_t> wide_buckets = AutoCandidates(wide, AutoSetting::kBucketParams);
+  EXPECT_LE((group + wide_buckets.front() - 1) / wide_buckets.front(), 4096) << group;
+  EXPECT_GT((group + wide_buckets.front() / 2 - 1) / (wide_buckets.front() / 2), 4096) << group;
+    // A deep model: at most 33 values of j, 0 and L - 1 among them.
   StepOptions deep = o;
   deep.model.layers = 100;
   const std::vector<int64_t> betas = AutoCandidates(deep, AutoSetting::kHostBudget);
