@@ -49,4 +49,14 @@ std::string FormatWhatIf(const v1::MemoryPlan& p) {
   return out;
 }
 
+std::string FormatAutoSettings(const v1::MemoryPlan& plan) {
+  if (plan.auto_settings_size() == 0) return "";
+  std::string out = absl::StrCat("auto settings (the least modelled time among the values whose plan fits; curves ",
+                                 plan.calibration(), "):\n");
+  for (const v1::AutoSetting& a : plan.auto_settings()) {
+    absl::StrAppend(&out, absl::StrFormat("  %-44s = %-12d %s\n", a.field(), a.value(), a.why()));
+  }
+  return out;
+}
+
 }  // namespace plateau

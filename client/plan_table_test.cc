@@ -34,5 +34,23 @@ TEST(PlanTableTest, NothingWithoutNMax) {
   EXPECT_EQ(FormatWhatIf(plan), "");
 }
 
+TEST(PlanTableTest, AutoSettingsShowTheValueWhyAndTheCurves) {
+  v1::JobSpec spec = DemoJobSpec(2, 10);
+  spec.mutable_schedule()->mutable_pipelined_llep()->clear_chunk_tokens();
+  spec.mutable_schedule()->mutable_pipelined_llep()->set_chunk_tokens_auto(true);
+  auto plan = PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->auto_settings_size(), 2);  // and the demo's bucket
+  const std::string text = FormatAutoSettings(*plan);
+  std::cout << text;
+  EXPECT_THAT(text, HasSubstr("curves the default cpu curve"));
+  EXPECT_THAT(text, HasSubstr(absl::StrFormat("  %-44s = %-12d K = ", "schedule.pipelined_llep.chunk_tokens",
+                                              plan->auto_settings(0).value())));
+  EXPECT_THAT(text, HasSubstr(plan->auto_settings(0).why()));
+  v1::JobSpec fixed = DemoJobSpec(2, 10);
+  fixed.mutable_schedule()->mutable_offload_stream_adamw()->clear_bucket_params_auto();
+  EXPECT_EQ(FormatAutoSettings(*PlanJob(fixed)), "");
+}
+
 }  // namespace
 }  // namespace plateau

@@ -145,6 +145,7 @@ void PrintPlan(const v1::MemoryPlan& p) {
               static_cast<long long>(p.tokens_per_rank()), static_cast<long long>(p.parameters()),
               static_cast<long long>(p.active_parameters()), p.model_flops_per_step());
   for (const std::string& n : p.notes()) std::printf("  note: %s\n", n.c_str());
+  std::printf("%s", FormatAutoSettings(p).c_str());
   std::printf("%s", FormatWhatIf(p).c_str());
 }
 
@@ -182,6 +183,7 @@ void PrintJob(const v1::Job& j) {
               j.spec().backend() == v1::BACKEND_CUDA ? "cuda" : "cpu", j.attempt());
   std::printf("  times:    created %s, started %s, ended %s\n", Time(j.create_time()).c_str(),
               Time(j.start_time()).c_str(), Time(j.end_time()).c_str());
+  std::printf("%s", FormatAutoSettings(j.plan()).c_str());
 }
 
 int ExitFor(v1::JobState s) {

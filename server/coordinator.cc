@@ -47,6 +47,28 @@ int PriorityOf(const v1::Failure& f) {
   }
 }
 
+// What a job's `auto` settings are chosen with (worker/auto_spec.h): the
+// calibration of an attached worker of the spec's backend, one that has the
+// job's ranks per node if any has, the first by id among equals; none (the
+// default curve) when no such worker has reported one.
+AutoContext AutoContextFor(const std::vector<WorkerSlots>& workers, const v1::JobSpec& spec) {
+  AutoContext context;
+  if (!HasAutoSettings(spec)) return context;
+  const int64_t per_node = spec.layout().ranks() / std::max<int64_t>(1, NodesOf(spec));
+  const WorkerSlots* pick = nullptr;
+  for (const WorkerSlots& w : workers) {
+    if (w.caps.backend() != spec.backend() || !w.caps.has_calibration()) continue;
+    const bool hosts = w.caps.devices() >= per_node;
+    if (pick == nullptr || (hosts && pick->caps.devices() < per_node)) pick = &w;
+  }
+  if (pick == nullptr) return context;
+  context.calibration = pick->caps.calibration();
+  context.worker = pick->caps.name().empty() ? pick->id : absl::StrCat(pick->id, " (", pick->caps.name(), ")");
+  context.device_memory_bytes = pick->caps.device_memory_bytes();
+  context.host_memory_bytes = pick->caps.host_memory_bytes();
+  return context;
+}
+
 }  // namespace
 
 bool IsTerminal(v1::JobState s) {
@@ -257,14 +279,26 @@ absl::Status Coordinator::Health() {
 // JobService
 
 absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobRequest& request) {
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, plateau::PlanJob(request.spec()));
+  std::vector<WorkerSlots> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    workers = registry_.Slots();
+  }
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, plateau::PlanJob(request.spec(), AutoContextFor(workers, request.spec())));
   v1::PlanJobResponse out;
   *out.mutable_plan() = std::move(plan);
   return out;
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(request.spec()));
+  // The `auto` settings are chosen here, once, and kept in the job's plan:
+  // every attempt's ranks run these values (AssignmentFor).
+  std::vector<WorkerSlots> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    workers = registry_.Slots();
+  }
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(request.spec(), AutoContextFor(workers, request.spec())));
   v1::SubmitJobResponse out;
   *out.mutable_plan() = plan;
   if (request.validate_only()) return out;
@@ -574,7 +608,11 @@ v1::Assignment Coordinator::AssignmentFor(const LiveJob& a, const v1::Placement&
   v1::Assignment as;
   as.set_job_id(a.job.id());
   as.set_attempt(a.job.attempt());
-  *as.mutable_spec() = a.job.spec();
+  // The ranks run the values the plan chose for the spec's `auto` settings.
+  // A plan without them (impossible for a job admitted by this build) sends
+  // the spec as it is, which every rank refuses naming the field.
+  absl::StatusOr<v1::JobSpec> resolved = ResolvedSpec(a.job.spec(), a.job.plan());
+  *as.mutable_spec() = resolved.ok() ? *std::move(resolved) : a.job.spec();
   as.set_kv_prefix(AttemptPrefix(a.job.id(), a.job.attempt()));
   for (int r : p.ranks()) as.add_ranks(r);
   return as;

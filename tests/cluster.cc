@@ -306,6 +306,12 @@ v1::JobSpec TinyJob(int64_t steps) {
   v1::JobSpec s = DemoJobSpec(2, steps);
   s.set_name("tiny");
   s.mutable_layout()->set_batch(4);
+  // The demo leaves the bucket `auto`, chosen on the calibration of a worker
+  // registered when the job is planned: pinned here, so that a plan made
+  // before the cluster's worker has registered is the job's plan
+  // (tests/auto_settings_test runs `auto` end to end).
+  s.mutable_schedule()->mutable_offload_stream_adamw()->clear_bucket_params_auto();
+  s.mutable_schedule()->mutable_offload_stream_adamw()->set_bucket_params(16384);
   return s;
 }
 

@@ -4,24 +4,40 @@
 //       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
 //       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--name=HOST]
 //       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
-//       [--grace_s=5] [--token_file=PATH] [--tls_ca_file=PATH]
+//       [--grace_s=5] [--token_file=PATH] [--tls_ca_file=PATH] [--calibrate=true]
+//
+// Before registering it measures its backend for the time model of the
+// `auto` settings (worker/calibration.h; well under a second), or reads the
+// measurement cached in --work_dir by an earlier start of the same binaries
+// on the same backend, and registers with it.
 //
 // SIGINT/SIGTERM stop every rank it started (SIGTERM, then SIGKILL after
 // the grace period) and exit once they are gone.
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "client/connection.h"
 #include "kernels/named_flags.h"
+#include "google/protobuf/text_format.h"
+#include "kernels/backend.h"  // BackendKind
 #include "worker/agent.h"
+#include "worker/calibration.h"
 
 namespace plateau {
 namespace {
@@ -37,16 +53,80 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --rank_address=127.0.0.1         where this node's ranks listen for their peers
   --name=HOST                      shown in the coordinator's view
   --rank_binary=PATH               plateau_rank (default: beside this binary)
-  --work_dir=DIR                   spec files of running jobs (default: a temp dir)
+  --work_dir=DIR                   spec files of running jobs and the calibration cache
+                                   (default: a temp dir, removed at exit)
   --grace_s=5                      SIGTERM to SIGKILL on cancel
   --token_file=PATH                the coordinator's bearer token (its --token_file), sent on every
                                    call; passed on to the ranks for their rendezvous calls
   --tls_ca_file=PATH               PEM CA of the coordinator's certificate: TLS on (ranks too)
+  --calibrate=true                 measure the backend for the `auto` settings' time model (cached in
+                                   --work_dir); false: register without, the coordinator's default curve
 )";
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "plateau_worker: %s\n", msg.c_str());
   return 2;
+}
+
+// Sets o->capabilities.calibration: plateau_rank --calibrate_dir measures
+// the backend (or finds its cache in the work dir still valid) and leaves
+// the result in the cache file, which this reads. The rank binary measures
+// because it is the one that trains, and so that the agent links no
+// compute (tools/check-deps). A worker that cannot calibrate still works:
+// it registers without one and says why.
+void Calibrate(AgentOptions* o) {
+  std::error_code ec;
+  std::filesystem::create_directories(o->work_dir, ec);
+  const bool cuda = o->capabilities.backend() == v1::BACKEND_CUDA;
+  const std::string log = absl::StrCat(o->work_dir, "/calibration.log");
+  std::vector<std::string> args = {o->rank_binary, absl::StrCat("--calibrate_dir=", o->work_dir),
+                                   absl::StrCat("--backend=", cuda ? "cuda" : "cpu")};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  std::string why;
+  if (spawned != 0) {
+    why = absl::StrCat("cannot start ", o->rank_binary, ": ", strerror(spawned));
+  } else {
+    // Well under a second when it measures; a minute means it is stuck.
+    int status = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) why = "the measurement failed";
+  }
+  std::ifstream in(log);
+  std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!said.empty() && said.back() == '\n') said.pop_back();
+  v1::Calibration c;
+  if (why.empty()) {
+    const std::string path = CalibrationCachePath(o->work_dir, cuda ? BackendKind::kCuda : BackendKind::kCpu);
+    std::ifstream cache(path);
+    std::string text((std::istreambuf_iterator<char>(cache)), std::istreambuf_iterator<char>());
+    if (!google::protobuf::TextFormat::ParseFromString(text, &c) || !CalibrationFromProto(c).ok()) {
+      why = absl::StrCat("cannot read ", path);
+    } else {
+      std::printf("plateau_worker: calibration %s (%s)\n", said.c_str(), path.c_str());
+      std::fflush(stdout);
+      *o->capabilities.mutable_calibration() = std::move(c);
+      return;
+    }
+  }
+  std::fprintf(stderr, "plateau_worker: no calibration (%s: %s): `auto` settings use the coordinator's default curve\n",
+               why.c_str(), said.c_str());
 }
 
 int Main(int argc, char** argv) {
@@ -67,7 +147,9 @@ int Main(int argc, char** argv) {
       {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
       {"grace_s", "5"},
       {"token_file", ""},
-      {"tls_ca_file", ""}};
+      {"tls_ca_file", ""},
+      {"calibrate", "true"}};
+  const std::map<std::string, std::string> defaults = f;
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &f);
   if (!help.ok()) return Fail(std::string(help.status().message()));
   if (*help) {
@@ -116,6 +198,12 @@ int Main(int argc, char** argv) {
   }
   o.token_file = f["token_file"];
   o.tls_ca_file = f["tls_ca_file"];
+  if (f["calibrate"] != "true" && f["calibrate"] != "false") {
+    return Fail(absl::StrCat("--calibrate: expected true or false, got '", f["calibrate"], "'"));
+  }
+
+  // Before the signal mask, which a child would inherit.
+  if (f["calibrate"] == "true") Calibrate(&o);
   // SIGINT/SIGTERM are taken by sigwait below. Blocked before the channel
   // is opened: gRPC starts its threads there, every thread inherits the
   // mask, and one without it would take the signal's default action (the
@@ -140,7 +228,8 @@ int Main(int argc, char** argv) {
   });
   waiter.detach();
   absl::Status s = agent.Run();
-  std::filesystem::remove_all(o.work_dir, ec);
+  // A work dir of the user's keeps the calibration cache for the next start.
+  if (f["work_dir"] == defaults.at("work_dir")) std::filesystem::remove_all(o.work_dir, ec);
   if (!s.ok()) return Fail(std::string(s.message()));
   return 0;
 }

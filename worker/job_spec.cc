@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -216,6 +217,10 @@ absl::Status ConvertDispatch(const v1::ScheduleSpec& s, DispatchOptions* out) {
     case v1::ScheduleSpec::kPipelinedLlep: {
       const v1::PipelinedLlepDispatch& p = s.pipelined_llep();
       out->kind = DispatchOptions::Kind::kPipelinedLlep;
+      if (p.chunk_tokens_auto() && p.chunk_tokens() != 0) {
+        return Bad("schedule.pipelined_llep.chunk_tokens", "0 (unset) beside chunk_tokens_auto: true",
+                   absl::StrCat(p.chunk_tokens()));
+      }
       if (p.chunk_tokens() != 0) out->pipelined.chunk_tokens = p.chunk_tokens();
       balance(p.alpha(), p.min_piece(), p.lambda(), p.max_borrowed(), &out->pipelined.balance);
       switch (p.membership()) {
@@ -249,6 +254,10 @@ absl::Status ConvertOptimizerPlacement(const v1::ScheduleSpec& s, OptimizerPlace
     case v1::ScheduleSpec::kOffloadStreamAdamw: {
       const v1::OffloadStreamAdamW& o = s.offload_stream_adamw();
       out->kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+      if (o.bucket_params_auto() && o.bucket_params() != 0) {
+        return Bad("schedule.offload_stream_adamw.bucket_params", "0 (unset) beside bucket_params_auto: true",
+                   absl::StrCat(o.bucket_params()));
+      }
       if (o.bucket_params() != 0) out->bucket_params = o.bucket_params();
       if (o.staging_slots() != 0) out->staging_slots = o.staging_slots();
       break;
@@ -321,6 +330,68 @@ NMaxLimits SpecLimits() {
   return limits;
 }
 
+// The spec's `auto` settings chosen on the context's calibration (or the
+// default curve) against the spec's caps, or the context's worker's memory
+// where the spec's cap is 0: the chosen values set in *step, and
+// auto_settings and calibration set in *out. Nothing when none is `auto`.
+// The note that carries ChooseAutoSettings' nothing-fits error, which
+// AdmitJob returns.
+constexpr absl::string_view kAutoNothingFits = "auto: ";
+
+absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& context, StepOptions* step,
+                                v1::MemoryPlan* out) {
+  const AutoRequest request = AutoRequestOf(spec);
+  if (!request.any()) return absl::OkStatus();
+  std::string source;
+  PLATEAU_ASSIGN_OR_RETURN(const Calibration calibration, CalibrationFor(spec, context, &source));
+  FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
+  std::string caps_note;
+  if (caps.device_bytes == 0 && context.device_memory_bytes > 0) {
+    caps.device_bytes = context.device_memory_bytes;
+    caps_note = absl::StrCat("; device_memory_bytes 0: chosen against that worker's ", Bytes(caps.device_bytes));
+  }
+  if (caps.host_bytes == 0 && context.host_memory_bytes > 0) {
+    caps.host_bytes = context.host_memory_bytes;
+    absl::StrAppend(&caps_note, "; host_memory_bytes 0: chosen against that worker's ", Bytes(caps.host_bytes));
+  }
+  absl::StatusOr<AutoChoice> chosen = plateau::ChooseAutoSettings(*step, request, calibration, caps);
+  if (chosen.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Nothing fits: the plan is shown at the smallest settings (fits false),
+    // with the reason as a note; admission refuses it with that reason.
+    PLATEAU_ASSIGN_OR_RETURN(*step, SmallestAutoSettings(*step, request));
+    for (int i = 0; i < kNumAutoSettings; ++i) {
+      const AutoSetting s = static_cast<AutoSetting>(i);
+      if (!request.has(s)) continue;
+      v1::AutoSetting* a = out->add_auto_settings();
+      a->set_field(AutoSettingField(s));
+      a->set_value(GetAutoSetting(*step, s));
+      a->set_modelled_seconds(AutoSettingSeconds(*step, s, a->value(), calibration));
+      a->set_candidates(static_cast<int32_t>(AutoCandidates(*step, s).size()));
+      a->set_fitting(0);
+      a->set_why("no value fits the caps: planned at the value with the smallest plan (see the auto note)");
+    }
+    out->set_calibration(source);
+    out->add_notes(absl::StrCat(kAutoNothingFits, chosen.status().message()));
+    return absl::OkStatus();
+  }
+  PLATEAU_ASSIGN_OR_RETURN(AutoChoice choice, std::move(chosen));
+  *step = choice.options;
+  for (const AutoChoice::Setting& s : choice.settings) {
+    v1::AutoSetting* a = out->add_auto_settings();
+    a->set_field(AutoSettingField(s.setting));
+    a->set_value(s.value);
+    a->set_modelled_seconds(s.seconds);
+    a->set_candidates(s.candidates);
+    a->set_fitting(s.fitting);
+    a->set_why(s.why);
+  }
+  out->set_calibration(source);
+  out->add_notes(absl::StrCat("auto: ", choice.settings.size(),
+                              " setting(s) chosen by least modelled time among the plans that fit; curves ", source,
+                              caps_note));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t NodesOf(const v1::JobSpec& spec) {
@@ -391,6 +462,9 @@ absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
                  absl::StrCat(static_cast<int>(r.mode())));
   }
   PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.strip", r.strip(), 0, m.vocab_size));
+  if (r.strip_auto() && r.strip() != 0) {
+    return Bad("schedule.ring_dtp.strip", "0 (unset) beside strip_auto: true", absl::StrCat(r.strip()));
+  }
   PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.row_tile", r.row_tile(), 0, kMaxDim));
   PLATEAU_RETURN_IF_ERROR(CheckRange("schedule.ring_dtp.chunk_rows", r.chunk_rows(), 0, kMaxDim));
   out->strip = r.strip() > 0 ? r.strip() : std::min<int64_t>(1024, m.vocab_size);
@@ -409,6 +483,9 @@ absl::Status ConvertCheckpoints(const v1::ScheduleSpec& s, CheckpointOptions* ou
                absl::StrCat(">= 0 bytes of host memory per rank for checkpoint boundaries (at most ",
                             kMaxPlannedBytes, ")"),
                absl::StrCat(beta));
+  }
+  if (s.sco().host_budget_auto() && beta != 0) {
+    return Bad("schedule.sco.host_budget_bytes", "0 (unset) beside host_budget_auto: true", absl::StrCat(beta));
   }
   out->kind = CheckpointOptions::Kind::kSco;
   out->host_budget_bytes = beta;
@@ -563,10 +640,14 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
   return out;
 }
 
-absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec) {
+absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
   PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+  // The `auto` settings first: everything below is planned at their values.
+  v1::MemoryPlan chosen;
+  PLATEAU_RETURN_IF_ERROR(ChooseSpecAutoSettings(spec, auto_context, &t.step, &chosen));
   PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(t.step));
   v1::MemoryPlan out = PlanToProto(spec, plan);
+  out.MergeFrom(chosen);
   out.set_tokens_per_rank(TokensPerRank(t.step.model, t.step.layout));
   out.set_parameters(ParameterCount(t.step.model));
   out.set_active_parameters(ActiveParameterCount(t.step.model));
@@ -644,9 +725,22 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
   return plan;
 }
 
-absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec) {
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec));
+absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec, auto_context));
   PLATEAU_RETURN_IF_ERROR(CheckPrecisionRuns(spec));
+  // `auto` settings of which no value fits: refused with the chooser's
+  // reason (the cap, the plan at the smallest settings, its largest live
+  // set), unless force_launch leaves the decision to AdmitPlan.
+  if (!plan.fits() && !spec.force_launch()) {
+    for (const v1::AutoSetting& a : plan.auto_settings()) {
+      if (a.fitting() != 0) continue;
+      for (const std::string& n : plan.notes()) {
+        if (absl::StartsWith(n, kAutoNothingFits) && absl::StrContains(n, "no value of the `auto` settings fits")) {
+          return absl::ResourceExhaustedError(n.substr(kAutoNothingFits.size()));
+        }
+      }
+    }
+  }
   return AdmitPlan(spec, std::move(plan));
 }
 
@@ -674,7 +768,9 @@ v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {
   s.mutable_schedule()->mutable_dense();
   s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(o.step.checkpoints.host_budget_bytes);
   v1::OffloadStreamAdamW* opt = s.mutable_schedule()->mutable_offload_stream_adamw();
-  opt->set_bucket_params(o.step.optimizer_placement.bucket_params);
+  // The demo's `auto` setting: the bucket is chosen when the job is planned
+  // (RecallDemoJob's 16384 is what plateau_train runs).
+  opt->set_bucket_params_auto(true);
   opt->set_staging_slots(static_cast<int32_t>(o.step.optimizer_placement.staging_slots));
   s.mutable_optimizer()->set_lr(o.step.optimizer.lr);
   v1::RecallData* r = s.mutable_data()->mutable_recall();

@@ -21,6 +21,7 @@
 #include "kernels/backend.h"
 #include "kernels/budget/budget.h"
 #include "plateau/v1/job.pb.h"
+#include "worker/auto_spec.h"
 #include "worker/trainer_options.h"
 
 namespace plateau {
@@ -43,7 +44,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // within the spec's own limits on layout.batch and model.seq_len. A bf16
 // spec on backend cpu is planned (what it would need) though
 // ValidateJobSpec and AdmitJob refuse it.
-absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec);
+// The spec's `auto` settings (worker/auto_spec.h) are chosen first, on the
+// context's calibration, and everything is planned at their values
+// (MemoryPlan.auto_settings, .calibration); RESOURCE_EXHAUSTED when no
+// value of them fits, naming the cap and the live set.
+absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContext& auto_context = {});
 
 // The budget's plan as the API's, against the spec's caps: the live sets of
 // both spaces, their totals, the caps, `fits`, the dispatch estimate and the
@@ -66,7 +71,7 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan);
 absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan plan);
 
 // PlanJob, the precision check of ValidateJobSpec, then AdmitPlan.
-absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec);
+absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context = {});
 
 // The spec of RecallDemoJob(ranks) (the demo and the tests), with `steps`,
 // the CPU backend and a 256 MiB device arena per rank.

@@ -22,7 +22,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::JobSpec Good() { return DemoJobSpec(2, 10); }
+// The demo job with its one `auto` setting (the bucket) pinned to the value
+// of RecallDemoJob, so that the admission and N_max cases below plan fixed
+// settings (worker/auto_spec_test covers `auto`).
+v1::JobSpec Good() {
+  v1::JobSpec s = DemoJobSpec(2, 10);
+  s.mutable_schedule()->mutable_offload_stream_adamw()->clear_bucket_params_auto();
+  s.mutable_schedule()->mutable_offload_stream_adamw()->set_bucket_params(16384);
+  return s;
+}
 
 // The demo job with every schedule at its baseline (standard EP, all
 // boundaries and the optimizer state on the device): no host bytes, and
@@ -853,6 +861,11 @@ TEST(JobSpecTest, TheTableCoversEveryFieldOfTheSpec) {
       {"schedule.full_checkpoints", "the baseline's empty marker"},
       {"schedule.device_adamw", "the baseline's empty marker"},
       {"schedule.cpu_offload_adamw", "the CPU-offload baseline's empty marker"},
+      // `auto` beside a value is refused naming the value's field (worker/auto_spec_test).
+      {"schedule.pipelined_llep.chunk_tokens_auto", "a bool: both values are valid alone"},
+      {"schedule.ring_dtp.strip_auto", "a bool: both values are valid alone"},
+      {"schedule.sco.host_budget_auto", "a bool: both values are valid alone"},
+      {"schedule.offload_stream_adamw.bucket_params_auto", "a bool: both values are valid alone"},
   };
   std::set<std::string> named;
   for (const Case& c : MalformedFieldCases()) named.insert(c.field.substr(0, c.field.find('[')));

@@ -14,18 +14,24 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "plateau/v1/worker.pb.h"
+#include "worker/calibration.h"
+#include "worker/calibration_measure.h"
 #include "worker/grpc_store.h"
 #include "worker/job_spec.h"
 #include "worker/live_set_proto.h"
@@ -98,6 +104,42 @@ int Fail(int64_t rank, const absl::Status& s) {
   return ExitCodeFor(s);
 }
 
+// plateau_rank --calibrate_dir=DIR --backend=cpu|cuda [--device_index=N]:
+// the worker agent's calibration (worker/calibration.h), measured by the
+// binary that trains, cached in DIR. Prints one line, "measured in X s" or
+// "read from the cache"; exits 0, or 1 with the error on stderr.
+int Calibrate(const std::string& dir, const std::string& backend_name, const std::string& device) {
+  absl::StatusOr<BackendKind> kind = ParseBackendKind(backend_name);
+  int index = 0;
+  if (!kind.ok() || !absl::SimpleAtoi(device, &index)) {
+    std::fprintf(stderr, "plateau_rank: --calibrate_dir needs --backend=cpu|cuda and an integer --device_index\n");
+    return kRankExitUsage;
+  }
+  BackendOptions bo;
+  bo.kind = *kind;
+  bo.device_index = index;
+  // Fixed, so that the backend's description (part of the cache's key)
+  // does not change with a job's cap; the measurement needs under 48 MiB.
+  if (bo.kind == BackendKind::kCpu) bo.device_memory_bytes = int64_t{64} << 20;
+  auto backend = Backend::Create(bo);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "plateau_rank: calibration: %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  bool measured = false;
+  auto c = LoadOrMeasureCalibration(dir, bo.kind, (*backend)->Describe(), BinaryFingerprint({self}),
+                                    [&] { return MeasureCalibration(**backend); }, &measured);
+  if (!c.ok()) {
+    std::fprintf(stderr, "plateau_rank: calibration: %s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s\n", measured ? absl::StrFormat("measured in %.2f s", c->measure_seconds()).c_str()
+                               : "read from the cache");
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   // The agent's death takes its ranks with it: nothing is left orphaned.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -105,7 +147,8 @@ int Main(int argc, char** argv) {
   std::map<std::string, std::string> f = {{"coordinator", ""}, {"job_id", ""},       {"attempt", "0"},
                                           {"rank", ""},        {"spec_file", ""},    {"kv_prefix", ""},
                                           {"hostname", "127.0.0.1"}, {"device_index", "0"},
-                                          {"token_file", ""},  {"tls_ca_file", ""}};
+                                          {"token_file", ""},  {"tls_ca_file", ""},
+                                          {"calibrate_dir", ""}, {"backend", "cpu"}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     size_t eq = arg.find('=');
@@ -115,6 +158,7 @@ int Main(int argc, char** argv) {
     }
     f[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
   }
+  if (!f["calibrate_dir"].empty()) return Calibrate(f["calibrate_dir"], f["backend"], f["device_index"]);
   int64_t rank = -1, attempt = 0, device_index = 0;
   if (!absl::SimpleAtoi(f["rank"], &rank) || rank < 0 || !absl::SimpleAtoi(f["attempt"], &attempt) ||
       !absl::SimpleAtoi(f["device_index"], &device_index) || f["coordinator"].empty() ||
@@ -130,6 +174,14 @@ int Main(int argc, char** argv) {
     if (!in || !spec.ParseFromString(bytes.str())) {
       return Fail(rank, absl::InvalidArgumentError(absl::StrCat("spec_file: cannot read ", f["spec_file"])));
     }
+  }
+  // The coordinator chooses the `auto` settings once for every rank
+  // (worker/auto_spec.h): a rank choosing its own could disagree with its
+  // peers and with the admitted plan.
+  if (HasAutoSettings(spec)) {
+    return Fail(rank, absl::FailedPreconditionError(
+                          "schedule: the spec still leaves settings `auto`; the coordinator sends their chosen "
+                          "values (MemoryPlan.auto_settings), a rank never chooses them"));
   }
   auto trainer = ToTrainerOptions(spec);
   if (!trainer.ok()) return Fail(rank, trainer.status());
@@ -157,6 +209,22 @@ int Main(int argc, char** argv) {
                (*backend)->Describe().c_str(),
                host_cap == MemorySpace::kUncapped ? "none" : absl::StrCat(host_cap, " bytes").c_str(),
                (*world)->size());
+  // The settings an `auto` field may stand for, as this rank runs them.
+  const StepOptions& so = trainer->step;
+  std::vector<std::string> settings;
+  if (so.dispatch.kind == DispatchOptions::Kind::kPipelinedLlep) {
+    settings.push_back(absl::StrCat("pipelined_llep.chunk_tokens=", so.dispatch.pipelined.chunk_tokens));
+  }
+  if (so.projection.kind == ProjectionOptions::Kind::kRingDtp) {
+    settings.push_back(absl::StrCat("ring_dtp.strip=", so.projection.strip));
+  }
+  if (so.checkpoints.kind == CheckpointOptions::Kind::kSco) {
+    settings.push_back(absl::StrCat("sco.host_budget_bytes=", so.checkpoints.host_budget_bytes));
+  }
+  if (so.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
+    settings.push_back(absl::StrCat("offload_stream_adamw.bucket_params=", so.optimizer_placement.bucket_params));
+  }
+  if (!settings.empty()) std::fprintf(stderr, "settings: %s\n", absl::StrJoin(settings, " ").c_str());
   const int64_t log_every = std::max<int64_t>(1, spec.steps() / 20);
   auto on_step = [&](const StepReport& r) {
     v1::RankOutput out;
