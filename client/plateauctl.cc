@@ -24,10 +24,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/chart/png.h"
 #include "client/client.h"
 #include "client/plan_table.h"
 #include "client/spec_file.h"
 #include "timeline/memory_chart.h"
+#include "timeline/png_chart.h"
 #include "timeline/text_chart.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -47,7 +49,7 @@ commands
   logs JOB [-f] [--from=INDEX]             log lines of every rank; -f follows
   cancel JOB
   memory JOB [--rank=R] [--width=N]        the job's latest memory timeline (rank R, default
-                                           0) as a terminal chart per memory space; the
+         [--png=FILE]                      0) as a terminal chart per memory space (or a PNG); the
                                            page http://METRICS/jobs/JOB/memory draws it
 
 The coordinator defaults to $PLATEAU_COORDINATOR, else 127.0.0.1:7070.
@@ -348,7 +350,7 @@ int Run(const Options& o) {
     static const std::map<std::string, std::set<std::string>> allowed = {
         {"submit", {"validate-only", "wait"}}, {"plan", {}}, {"get", {}},
         {"list", {"state", "page_size", "page_token", "all"}}, {"watch", {"from"}},
-        {"logs", {"f", "follow", "from"}}, {"cancel", {}}, {"memory", {"rank", "width"}}};
+        {"logs", {"f", "follow", "from"}}, {"cancel", {}}, {"memory", {"rank", "width", "png"}}};
     auto it = allowed.find(o.command);
     if (it == allowed.end()) {
       std::fprintf(stderr, "plateauctl: unknown command '%s' (see --help)\n", o.command.c_str());
@@ -501,6 +503,18 @@ int Run(const Options& o) {
     }
     auto charts = MemoryCharts(*timeline, rank);
     if (!charts.ok()) return Report(charts.status());
+    if (flag("png")) {
+      const std::string& path = o.flags.at("png");
+      if (path.empty()) {
+        std::fprintf(stderr, "plateauctl memory: --png: expected a file name to write, got ''\n");
+        return kExitUsage;
+      }
+      absl::Status written = chart::WritePng(MemoryChartsCanvas(*charts), path);
+      if (!written.ok()) return Report(written);
+      std::printf("wrote %s (%zu panel(s): %s)\n", path.c_str(), charts->size(),
+                  charts->size() > 1 ? "device, host" : "device");
+      return kExitOk;
+    }
     for (size_t i = 0; i < charts->size(); ++i) {
       std::printf("%s%s", i > 0 ? "\n" : "", TerminalChart((*charts)[i], width).c_str());
     }

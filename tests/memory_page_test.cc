@@ -249,6 +249,19 @@ TEST_F(MemoryPageTest, PlateauctlPrintsTheChartsAndJson) {
   ASSERT_EQ(json.code, 0) << json.err;
   EXPECT_THAT(json.out, HasSubstr("\"ranks\":[{"));
   EXPECT_THAT(json.out, HasSubstr("\"name\":\"recompute 1\""));
+  // --png: the same charts as a PNG file, one 1000 x 420 panel per space,
+  // read back with zlib (not our encoder's own decoder).
+  const std::string png = dir + "/memory-rank1.png";
+  Ran wrote = RunCommand({"client/plateauctl", "--coordinator=" + cluster_->api(), "memory", job_->id(), "--rank=1",
+                          "--png=" + png},
+                         dir + "/ctl-memory-png");
+  ASSERT_EQ(wrote.code, 0) << wrote.out << wrote.err;
+  EXPECT_THAT(wrote.out, HasSubstr("2 panel(s): device, host"));
+  auto img = DecodePng(ReadFile(png));
+  ASSERT_TRUE(img.ok()) << img.status();
+  EXPECT_EQ(img->width, 1000);
+  EXPECT_EQ(img->height, 2 * 420);
+  EXPECT_GT(CountNear(*img, 0x4e79a7, 0), 1000) << "the weights band";
   Ran bad = RunCommand({"client/plateauctl", "--coordinator=" + cluster_->api(), "memory", job_->id(), "--rank=7"},
                        dir + "/ctl-memory-bad");
   EXPECT_EQ(bad.code, 2);

@@ -113,6 +113,12 @@ std::vector<std::pair<std::string, grpc::Status>> CallEveryRpc(const std::shared
     v1::PlanJobResponse r;
     return jobs->PlanJob(ctx, q, &r);
   });
+  unary("GetMemoryTimeline", [&](auto* ctx) {
+    v1::GetMemoryTimelineRequest q;
+    q.set_job_id("job-1");
+    v1::GetMemoryTimelineResponse r;
+    return jobs->GetMemoryTimeline(ctx, q, &r);
+  });
   unary("Register", [&](auto* ctx) {
     v1::RegisterRequest q;
     q.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
@@ -214,7 +220,7 @@ Tokens WriteTokens(const std::string& dir) {
 TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
   // Adding an RPC to a service must add it to CallEveryRpc.
   const auto* pool = google::protobuf::DescriptorPool::generated_pool();
-  ASSERT_EQ(pool->FindServiceByName("plateau.v1.JobService")->method_count(), 7);
+  ASSERT_EQ(pool->FindServiceByName("plateau.v1.JobService")->method_count(), 8);
   ASSERT_EQ(pool->FindServiceByName("plateau.v1.WorkerService")->method_count(), 7);
 
   const Tokens t = WriteTokens(TempDir("auth_tokens"));
@@ -230,7 +236,7 @@ TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
            {"no token", Channel(c.api()), "missing bearer token"},
            {"wrong token", Channel(c.api(), t.wrong), "wrong bearer token"}}) {
     const auto results = CallEveryRpc(channel);
-    ASSERT_EQ(results.size(), 14u);
+    ASSERT_EQ(results.size(), 15u);
     for (const auto& [rpc, status] : results) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << label << ": " << rpc << ": " << status.error_message();

@@ -1,6 +1,7 @@
 #include "timeline/memory_chart.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -97,6 +98,28 @@ int64_t MemoryChart::data_max() const {
   for (int64_t v : total_peak) m = std::max(m, v);
   for (const ChartSeries& s : series) m = std::max(m, s.stacked_bound);
   return m;
+}
+
+bool MemoryChart::cap_on_scale() const {
+  return cap > 0 && static_cast<double>(cap) <= 1.5 * static_cast<double>(std::max<int64_t>(1, data_max()));
+}
+
+double MemoryChart::scale_max() const {
+  return cap_on_scale() ? 1.04 * static_cast<double>(cap)
+                        : 1.08 * static_cast<double>(std::max<int64_t>(1, data_max()));
+}
+
+double ChartTickStep(double max) {
+  double unit = 1;
+  for (double u : {1024.0, 1048576.0, 1073741824.0}) {
+    if (max >= u) unit = u;
+  }
+  const double raw = max / unit / 5;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * p >= raw) return m * p * unit;
+  }
+  return 10 * p * unit;
 }
 
 absl::StatusOr<std::vector<MemoryChart>> MemoryCharts(const v1::GetMemoryTimelineResponse& response, int rank) {

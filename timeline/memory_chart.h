@@ -1,6 +1,6 @@
 // The memory timeline as a chart, independent of how it is drawn: the
 // coordinator's HTML page (timeline/svg_page.h), plateauctl's terminal chart
-// (timeline/text_chart.h), and later a PNG writer read this model only.
+// (timeline/text_chart.h) and its PNG (timeline/png_chart.h) read this model only.
 //
 // One chart per memory space of one rank's timeline. Along x, the step's
 // phases in order; for each phase, every live set's bytes when the phase
@@ -49,7 +49,18 @@ struct MemoryChart {
   // The height the chart needs for its data and the plan (the cap may be
   // far above; a drawing shows it off scale then).
   int64_t data_max() const;
+  // The scale every drawing uses: the cap is drawn on scale when it is at
+  // most 1.5x data_max() (the plot then reaches 4% above it); otherwise the
+  // plot reaches 8% above the data and the cap is marked off scale, since a
+  // cap far above the plan would flatten every band to nothing.
+  bool cap_on_scale() const;
+  double scale_max() const;
 };
+
+// The spacing of the value axis' ticks for a plot reaching `max` bytes: 1, 2
+// or 5 times a power of ten of the largest binary unit (B, KiB, MiB, GiB)
+// below max, so that about 5 ticks fit and read as round numbers.
+double ChartTickStep(double max);
 
 // The charts of `rank`'s timeline in `response`: the device chart, then the
 // host chart when the plan or the timeline has any host bytes. NOT_FOUND

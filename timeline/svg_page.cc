@@ -15,30 +15,12 @@ namespace {
 constexpr double kWidth = 1000, kHeight = 460;
 constexpr double kLeft = 84, kRight = 250, kTop = 46, kBottom = 120;
 constexpr double kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBottom;
-// A cap more than this far above the data is drawn off scale, at the top.
-constexpr double kCapOnScale = 1.5;
-
 std::string F(double v) { return absl::StrFormat("%.1f", v); }
 
 struct Scale {
   double max = 1;  // bytes at the top of the plot
   double Y(double bytes) const { return kTop + kPlotH * (1.0 - std::min(bytes, max) / max); }
 };
-
-// 1, 2 or 5 times a power of ten of the largest binary unit (B, KiB, MiB,
-// GiB) below `max`, so that about 5 ticks fit and read as round numbers.
-double TickStep(double max) {
-  double unit = 1;
-  for (double u : {1024.0, 1048576.0, 1073741824.0}) {
-    if (max >= u) unit = u;
-  }
-  const double raw = max / unit / 5;
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0, 10.0}) {
-    if (m * p >= raw) return m * p * unit;
-  }
-  return 10 * p * unit;
-}
 
 // Moves labels (by y) apart so that none overlaps the one above it.
 void Spread(std::vector<std::pair<double, std::string>>& labels, double gap) {
@@ -67,9 +49,9 @@ std::string HtmlEscape(absl::string_view text) {
 std::string MemoryChartSvg(const MemoryChart& c) {
   const size_t n = c.phases.size();
   const double data = static_cast<double>(std::max<int64_t>(1, c.data_max()));
-  const bool cap_on_scale = c.cap > 0 && c.cap <= kCapOnScale * data;
+  const bool cap_on_scale = c.cap_on_scale();
   Scale s;
-  s.max = cap_on_scale ? 1.04 * static_cast<double>(c.cap) : 1.08 * data;
+  s.max = c.scale_max();
   const double bar = n == 0 ? kPlotW : kPlotW / static_cast<double>(n);
   const double gap = bar > 6 ? 1 : 0;
   std::string svg = absl::StrFormat(
@@ -82,7 +64,7 @@ std::string MemoryChartSvg(const MemoryChart& c) {
   absl::StrAppend(&svg, "<text x=\"", F(kLeft), "\" y=\"22\" class=\"chart-title\">", HtmlEscape(c.title),
                   "</text>\n");
   // Y axis and grid.
-  const double step = TickStep(s.max);
+  const double step = ChartTickStep(s.max);
   for (double v = 0; v <= s.max * 1.0001; v += step) {
     const double y = s.Y(v);
     absl::StrAppend(&svg, "<line class=\"grid\" x1=\"", F(kLeft), "\" x2=\"", F(kLeft + kPlotW), "\" y1=\"", F(y),
