@@ -82,6 +82,7 @@ std::map<std::string, int64_t> flags = {
     // All-on settings.
     {"chunk_tokens", 64},    // PipelinedLLEP c
     {"min_piece", 256},      // LLEP's smallest moved piece
+    {"max_borrowed", 1},     // experts one rank may borrow per chunk (0: no cap)
     {"strip", 256},          // Ring-DTP S (vocabulary columns)
     {"row_tile", 256},       // Ring-DTP token rows per strip tile
     {"bucket_params", 65536},  // OffloadStreamAdamW bucket
@@ -150,6 +151,7 @@ StepOptions Stack(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
     o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
     o.dispatch.pipelined.chunk_tokens = flags["chunk_tokens"];
     o.dispatch.pipelined.balance.min_piece = flags["min_piece"];
+    o.dispatch.pipelined.balance.max_borrowed = flags["max_borrowed"];
   }
   if (mask & 2) {
     o.projection.kind = ProjectionOptions::Kind::kRingDtp;
@@ -560,9 +562,10 @@ int main(int argc, char** argv) {
               (long long)flags["cap_mb"], P, (long long)m0.hidden, (long long)m0.heads, (long long)m0.kv_heads,
               (long long)m0.experts, (long long)m0.top_k, (long long)m0.expert_ffn, (long long)m0.vocab_size,
               depths_flag.c_str());
-  std::printf("all on: pipelined_llep c=%lld min_piece=%lld alpha=1.1 strided; ring_dtp S=%lld row_tile=%lld "
+  std::printf("all on: pipelined_llep c=%lld min_piece=%lld max_borrowed=%lld alpha=1.1 strided; ring_dtp S=%lld row_tile=%lld "
               "mode=auto; sco beta=all L-1 boundaries; offload_stream_adamw bucket=%lld slots=%lld\n",
-              (long long)flags["chunk_tokens"], (long long)flags["min_piece"], (long long)flags["strip"],
+              (long long)flags["chunk_tokens"], (long long)flags["min_piece"], (long long)flags["max_borrowed"],
+              (long long)flags["strip"],
               (long long)flags["row_tile"], (long long)flags["bucket_params"], (long long)flags["staging_slots"]);
   std::printf("context axis: batch %lld; batch axis: seq_len %s. Reach verified with router weights zero "
               "(every route to rank 0)\n\n",
@@ -703,14 +706,14 @@ int main(int argc, char** argv) {
       "{\"bench\":\"composed\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
       "\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
-      "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"chunk_tokens\":%d,\"min_piece\":%d,\"strip\":%d,"
+      "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":%d,\"strip\":%d,"
       "\"row_tile\":%d,\"sco_beta\":\"all L-1 boundaries\",\"bucket_params\":%d,\"staging_slots\":%d},"
       "\"verified\":%s,\"depths\":[",
       bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false", bench::LoadAverage1m(), others, ceiling, P,
       cap,
       m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size, flags["chunk_tokens"],
-      flags["min_piece"], flags["strip"], flags["row_tile"], flags["bucket_params"], flags["staging_slots"],
-      run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
+      flags["min_piece"], flags["max_borrowed"], flags["strip"], flags["row_tile"], flags["bucket_params"],
+      flags["staging_slots"], run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
   for (size_t i = 0; i < results.size(); ++i) {
     const DepthResult& d = results[i];
     absl::StrAppendFormat(&json,
