@@ -26,6 +26,7 @@
 #include "kernels/communicator.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
+#include "kernels/testing/random_tokens.h"
 #include "worker/calibration.h"
 #include "worker/calibration_measure.h"
 
@@ -58,15 +59,9 @@ StepOptions Job() {
 // Median seconds of one optimizer step of `o` (rank 0's clock; the ranks
 // meet in every collective).
 absl::StatusOr<double> StepSeconds(const StepOptions& o) {
-  std::mt19937_64 rng(3);
-  const int64_t n = TokensPerRank(o.model, o.layout);
-  std::vector<std::vector<int32_t>> tok(kRanks), tgt(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    for (int64_t i = 0; i < n; ++i) {
-      tok[r].push_back(static_cast<int32_t>(rng() % o.model.vocab_size));
-      tgt[r].push_back(static_cast<int32_t>(rng() % o.model.vocab_size));
-    }
-  }
+  const RankBatches in = UniformRankBatches(kRanks, TokensPerRank(o.model, o.layout), o.model.vocab_size, 3);
+  const auto& tok = in.tokens;
+  const auto& tgt = in.targets;
   double median = 0;
   absl::Status s = RunLocalWorld(kRanks, kArena, FreshStoreDir("auto_bench"),
                                  [&](int r, Backend& be, Communicator& world) -> absl::Status {

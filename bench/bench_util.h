@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/model/config.h"
 
 namespace plateau::bench {
 
@@ -66,6 +68,23 @@ inline absl::StatusOr<Timing> TimeRuns(const std::function<absl::Status()>& run,
 }
 
 // The value of an environment variable, or "unset".
+// The model named by a benchmark's flags "hidden", "heads", "kv_heads",
+// "experts", "top_k", "expert_ffn" and "vocab", at `layers` and `seq_len`
+// (the other fields keep their defaults).
+inline ModelConfig ModelFromFlags(const std::map<std::string, int64_t>& flags, int64_t layers, int64_t seq_len) {
+  ModelConfig m;
+  m.hidden = flags.at("hidden");
+  m.layers = layers;
+  m.heads = flags.at("heads");
+  m.kv_heads = flags.at("kv_heads");
+  m.experts = flags.at("experts");
+  m.top_k = flags.at("top_k");
+  m.expert_ffn = flags.at("expert_ffn");
+  m.vocab_size = flags.at("vocab");
+  m.seq_len = seq_len;
+  return m;
+}
+
 inline std::string EnvOr(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "unset" : v;

@@ -122,19 +122,7 @@ void QuickDefaults() {
 
 int Ranks() { return static_cast<int>(flags["ranks"]); }
 
-ModelConfig Model(int64_t layers, int64_t seq_len) {
-  ModelConfig m;
-  m.hidden = flags["hidden"];
-  m.layers = layers;
-  m.heads = flags["heads"];
-  m.kv_heads = flags["kv_heads"];
-  m.experts = flags["experts"];
-  m.top_k = flags["top_k"];
-  m.expert_ffn = flags["expert_ffn"];
-  m.vocab_size = flags["vocab"];
-  m.seq_len = seq_len;
-  return m;
-}
+ModelConfig Model(int64_t layers, int64_t seq_len) { return bench::ModelFromFlags(flags, layers, seq_len); }
 
 // The two stacks. SCO's beta is "every boundary that can leave": a host
 // budget larger than L - 1 boundaries at any N searched, so the pool holds

@@ -43,19 +43,7 @@ std::map<std::string, int64_t> flags = {
     {"top_k", 2},    {"expert_ffn", 128}, {"vocab", 256}, {"seq_len", 128},  {"batch", 32},
     {"steps", 5},    {"cap_mb", 256},     {"device_mb", 4096}};
 
-ModelConfig Model() {
-  ModelConfig m;
-  m.hidden = flags["hidden"];
-  m.layers = flags["layers"];
-  m.heads = flags["heads"];
-  m.kv_heads = flags["kv_heads"];
-  m.experts = flags["experts"];
-  m.top_k = flags["top_k"];
-  m.expert_ffn = flags["expert_ffn"];
-  m.vocab_size = flags["vocab"];
-  m.seq_len = flags["seq_len"];
-  return m;
-}
+ModelConfig Model() { return bench::ModelFromFlags(flags, flags["layers"], flags["seq_len"]); }
 
 CheckpointOptions Sco(int64_t host_boundaries, int64_t N) {
   CheckpointOptions c;

@@ -14,6 +14,7 @@
 #include "kernels/budget/auto_settings.h"
 #include "kernels/budget/budget.h"
 #include "kernels/communicator.h"
+#include "kernels/step/capped_step_testing.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/tiny_model.h"
@@ -40,23 +41,7 @@ StepOptions AllOn() {
 }
 
 absl::Status RunOneStep(const StepOptions& o, const FitCaps& caps) {
-  std::mt19937_64 rng(11);
-  const int64_t n = TokensPerRank(o.model, o.layout);
-  std::vector<std::vector<int32_t>> tok(kRanks), tgt(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    for (int64_t i = 0; i < n; ++i) {
-      tok[r].push_back(static_cast<int32_t>(rng() % o.model.vocab_size));
-      tgt[r].push_back(static_cast<int32_t>(rng() % o.model.vocab_size));
-    }
-  }
-  BackendOptions bo;
-  bo.device_memory_bytes = caps.device_bytes;
-  bo.host_memory_bytes = caps.host_bytes;
-  return RunLocalWorld(kRanks, bo, FreshStoreDir("auto"), [&](int r, Backend& be, Communicator& world) {
-    auto step = TrainingStep::Create(o, be, world);
-    if (!step.ok()) return step.status();
-    return (*step)->Step(tok[r], tgt[r]).status();
-  });
+  return RunOneStepUnderCaps(o, kRanks, caps.device_bytes, caps.host_bytes, /*seed=*/11, "auto");
 }
 
 TEST(StepAutoSettingsTest, TheChoiceRunsUnderTheCapsItWasChosenFor) {

@@ -23,6 +23,7 @@
 #include "kernels/memory.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
+#include "kernels/testing/random_tokens.h"
 #include "kernels/testing/tiny_model.h"
 
 namespace plateau {
@@ -49,15 +50,9 @@ struct RunResult {
 
 // kSteps optimizer steps on kRanks rank threads, each with a device of `cap`.
 RunResult RunAtCap(const StepOptions& o, int64_t cap) {
-  std::mt19937_64 rng(17);
-  const int64_t n = kBatch * o.model.seq_len / kRanks;
-  std::vector<std::vector<int32_t>> tok(kRanks), tgt(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    for (int64_t i = 0; i < n; ++i) {
-      tok[r].push_back(static_cast<int32_t>(rng() % o.model.vocab_size));
-      tgt[r].push_back(static_cast<int32_t>(rng() % o.model.vocab_size));
-    }
-  }
+  const RankBatches in = UniformRankBatches(kRanks, kBatch * o.model.seq_len / kRanks, o.model.vocab_size, 17);
+  const auto& tok = in.tokens;
+  const auto& tgt = in.targets;
   RunResult out;
   const auto start = std::chrono::steady_clock::now();
   RunLocalWorld(kRanks, cap, FreshStoreDir("oom"), [&](int r, Backend& be, Communicator& world) {
