@@ -149,7 +149,9 @@ TEST(MultiNodeTest, LossesAcrossTwoHostsEqualOneHostsToTheBit) {
     }
     return true;
   })) << c.Logs();
-  constexpr int64_t kSteps = 30;
+  // Long enough that the one-node job still holds host 2 when the
+  // two-node job is placed.
+  constexpr int64_t kSteps = 60;
   v1::JobSpec one = TinyJob(kSteps);
   one.mutable_layout()->set_nodes(1);
   v1::JobSpec two = TinyJob(kSteps);

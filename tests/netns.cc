@@ -29,8 +29,9 @@ std::string Tool(const std::string& name) {
   return "";
 }
 
-// A child in a new network namespace, alive until killed or this process
-// dies. Only async-signal-safe calls after fork (the test has threads).
+// A child in a new network namespace, alive until killed or the thread
+// that forked it (the test's main thread) ends: PR_SET_PDEATHSIG. Only
+// async-signal-safe calls after fork (the test has threads).
 absl::StatusOr<pid_t> HoldNamespace() {
   int ready[2];
   if (pipe2(ready, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
@@ -139,9 +140,7 @@ absl::StatusOr<std::unique_ptr<TestNetwork>> TestNetwork::Create(int hosts, cons
 
 TestNetwork::~TestNetwork() {
   // The namespaces go with their holders, and every link with them.
-  for (pid_t p : {hub_}) {
-    if (p != 0) kill(p, SIGKILL);
-  }
+  if (hub_ != 0) kill(hub_, SIGKILL);
   for (const Host& h : hosts_) kill(h.holder, SIGKILL);
   if (hub_ != 0) waitpid(hub_, nullptr, 0);
   for (const Host& h : hosts_) waitpid(h.holder, nullptr, 0);
