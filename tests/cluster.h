@@ -161,8 +161,8 @@ class Cluster {
   Process* worker(size_t i) { return workers_.at(i).get(); }
 
   // Starts one more worker agent (its work dir: dir/work-<n>). `wrap`, when
-  // given, is the command line the agent's runs under (TestNetwork::InHost:
-  // in a network namespace of its own), ending where the agent's begins.
+  // given, turns the agent's command line into the one started
+  // (TestNetwork::InHost: the agent in a network namespace of its own).
   Process* StartWorker(const std::vector<std::string>& extra_flags = {},
                        const std::function<std::vector<std::string>(const std::vector<std::string>&)>& wrap = {});
   // Kills the coordinator with `sig` and waits for it to exit.
