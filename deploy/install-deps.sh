@@ -40,7 +40,12 @@ if [ "$with_tests" -eq 1 ]; then
   PACKAGES+=(
     # tests/memory_page_test loads /jobs/ID/memory in a real headless browser
     chromium
+    # tests/multinode_test makes network namespaces, veth pairs and a bridge
+    iproute2
   )
+  # tests/deploy_test checks deploy/kubernetes with kubectl's client side;
+  # any kubectl will do (Debian 12's kubernetes-client is 1.20).
+  if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
 fi
 
 missing=()

@@ -791,6 +791,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   for (v1::Cancellation& c : w.cancellations) *out.add_cancellations() = std::move(c);
   w.assignments.clear();
   w.cancellations.clear();
+  // Renewed by this answer; the agent freezes its ranks when it lapses
+  // (WorkerRegistry::lease says why it ends before the worker timeout).
+  out.set_lease_ms(absl::ToInt64Milliseconds(registry_.lease()));
   return out;
 }
 

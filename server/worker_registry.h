@@ -10,6 +10,7 @@
 #ifndef PLATEAU_SERVER_WORKER_REGISTRY_H_
 #define PLATEAU_SERVER_WORKER_REGISTRY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -47,6 +48,15 @@ class WorkerRegistry {
 
   // INVALID_ARGUMENT naming the field of capabilities a worker cannot register with.
   static absl::Status CheckCapabilities(const v1::WorkerCapabilities& c);
+
+  // The fencing lease sent with every heartbeat (HeartbeatResponse.lease_ms;
+  // docs/SERVICE.md "Partitions and fencing"): three quarters of the shorter
+  // of the two timeouts after which this coordinator re-places a silent
+  // worker's jobs. The agent counts it from when it sent the answered
+  // heartbeat, which is no later than when the coordinator received it, so
+  // the agent has frozen its ranks at least a quarter of that timeout before
+  // the coordinator can declare it lost and start the job's next attempt.
+  absl::Duration lease() const { return std::min(worker_timeout_, reattach_timeout_) * 3 / 4; }
 
   // A worker registering, with the id it asks for ("" for a new one). It
   // keeps that id when nobody else holds it, or when it is the expected

@@ -107,5 +107,21 @@ TEST(WorkerRegistryTest, CapabilitiesNameTheField) {
   EXPECT_THAT(std::string(WorkerRegistry::CheckCapabilities(c).message()), HasSubstr("capabilities.backend"));
 }
 
+TEST(WorkerRegistryTest, TheLeaseEndsBeforeEitherTimeoutCanReplaceAJob) {
+  // The fencing rule's order: lease < worker timeout and < re-attach timeout,
+  // with a quarter of the shorter left for the agent to freeze its ranks.
+  for (auto [timeout, reattach] : {std::pair<absl::Duration, absl::Duration>{absl::Seconds(2), absl::Seconds(10)},
+                                   {absl::Seconds(10), absl::Seconds(10)},
+                                   {absl::Seconds(30), absl::Seconds(8)},
+                                   {absl::Milliseconds(1000), absl::Seconds(10)}}) {
+    WorkerRegistry reg(timeout, reattach);
+    const absl::Duration shorter = std::min(timeout, reattach);
+    EXPECT_LT(reg.lease(), timeout);
+    EXPECT_LT(reg.lease(), reattach);
+    EXPECT_EQ(reg.lease(), shorter * 3 / 4);
+    EXPECT_GE(shorter - reg.lease(), shorter / 4);
+  }
+}
+
 }  // namespace
 }  // namespace plateau

@@ -317,7 +317,7 @@ v1::JobSpec TinyJob(int64_t steps) {
 
 Cluster::Cluster(const std::string& name, ClusterOptions options)
     : options_(std::move(options)), dir_(TempDir(name)) {
-  ready_ = StartCoordinator("127.0.0.1:0");
+  ready_ = StartCoordinator(options_.listen);
   if (!ready_) return;
   ClientOptions co = options_.client;
   co.address = api_;
@@ -352,7 +352,8 @@ bool Cluster::StartCoordinator(const std::string& listen) {
   return true;
 }
 
-Process* Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
+Process* Cluster::StartWorker(const std::vector<std::string>& extra_flags,
+                              const std::function<std::vector<std::string>(const std::vector<std::string>&)>& wrap) {
   const size_t n = workers_.size();
   std::vector<std::string> args = {"worker/plateau_worker",       "--coordinator=" + api_,
                                    "--devices=2",                 "--rank_binary=worker/plateau_rank",
@@ -360,6 +361,7 @@ Process* Cluster::StartWorker(const std::vector<std::string>& extra_flags) {
                                    "--device_peak_flops=1e11"};
   args.insert(args.end(), options_.worker_flags.begin(), options_.worker_flags.end());
   args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  if (wrap) args = wrap(args);
   workers_.push_back(std::make_unique<Process>(args, absl::StrCat(dir_, "/worker-", n)));
   return workers_.back().get();
 }

@@ -132,6 +132,10 @@ class RefusedAddress {
 v1::JobSpec TinyJob(int64_t steps);
 
 struct ClusterOptions {
+  // The coordinator's --listen (port 0: chosen by the OS); another address
+  // than loopback needs a token or --insecure_listen_any among
+  // coordinator_flags.
+  std::string listen = "127.0.0.1:0";
   bool with_worker = true;
   double worker_timeout_s = 10;  // 0: the coordinator's default (two heartbeats)
   int heartbeat_ms = 200;
@@ -156,8 +160,11 @@ class Cluster {
   Process* worker() { return workers_.empty() ? nullptr : workers_[0].get(); }
   Process* worker(size_t i) { return workers_.at(i).get(); }
 
-  // Starts one more worker agent (its work dir: dir/work-<n>).
-  Process* StartWorker(const std::vector<std::string>& extra_flags = {});
+  // Starts one more worker agent (its work dir: dir/work-<n>). `wrap`, when
+  // given, turns the agent's command line into the one started
+  // (TestNetwork::InHost: the agent in a network namespace of its own).
+  Process* StartWorker(const std::vector<std::string>& extra_flags = {},
+                       const std::function<std::vector<std::string>(const std::vector<std::string>&)>& wrap = {});
   // Kills the coordinator with `sig` and waits for it to exit.
   void KillCoordinator(int sig);
   // Starts a coordinator on the same state directory and API port; true

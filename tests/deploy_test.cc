@@ -17,6 +17,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -571,6 +572,216 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   json alerts = ApiGet(prom, "/api/v1/alerts", &error);
   ASSERT_FALSE(alerts.is_null()) << error;
   EXPECT_TRUE(alerts["data"]["alerts"].empty()) << alerts.dump();
+}
+
+// kubectl where Debian's kubernetes-client (1.20) or another build puts it.
+std::string Kubectl() {
+  for (const char* p : {"/usr/bin/kubectl", "/usr/local/bin/kubectl", "/snap/bin/kubectl"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// A container's "--name=value" arguments by name.
+std::map<std::string, std::string> Flags(const json& container) {
+  std::map<std::string, std::string> out;
+  for (const json& a : container.at("args")) {
+    const std::string arg = a.get<std::string>();
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) out[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
+  }
+  return out;
+}
+
+std::string PortOf(const std::string& address) { return address.substr(address.rfind(':') + 1); }
+
+// The container's port named `name`, or -1.
+int ContainerPort(const json& container, const std::string& name) {
+  for (const json& p : container.at("ports")) {
+    if (p.value("name", "") == name) return p.at("containerPort").get<int>();
+  }
+  return -1;
+}
+
+// mountPath of the volume mount `name`, "" when absent.
+std::string MountPath(const json& container, const std::string& name) {
+  for (const json& m : container.at("volumeMounts")) {
+    if (m.at("name") == name) return m.at("mountPath").get<std::string>();
+  }
+  return "";
+}
+
+// The pod spec's volume `name` (null when absent).
+json Volume(const json& pod, const std::string& name) {
+  for (const json& v : pod.at("volumes")) {
+    if (v.at("name") == name) return v;
+  }
+  return json();
+}
+
+TEST(DeployTest, KubernetesManifestsParseAndMatchWhatTheBinariesAccept) {
+  const std::string kubectl = Kubectl();
+  ASSERT_FALSE(kubectl.empty()) << "kubectl is missing: install Debian's kubernetes-client (deploy/install-deps.sh "
+                                   "--tests)";
+  const std::string dir = TempDir("kubernetes");
+  // Client-side only, on kubectl 1.20 and later alike: `label --local`
+  // decodes each file into the typed API objects (a wrong type or a
+  // malformed file fails) without a cluster; `create/apply --dry-run=client`
+  // would ask a server for the kinds. No kubeconfig, so no cluster is ever
+  // contacted.
+  const std::string env = "/usr/bin/env";
+  const std::string no_config = "KUBECONFIG=" + dir + "/no-kubeconfig";
+  std::map<std::string, json> by_kind;
+  const std::vector<std::string> files = {"token-secret.yaml", "coordinator-pvc.yaml", "coordinator-deployment.yaml",
+                                          "coordinator-service.yaml", "checkpoints-pvc.yaml", "worker-daemonset.yaml"};
+  for (const std::string& f : files) {
+    const std::string path = "deploy/kubernetes/" + f;
+    Ran r = RunCommand({env, no_config, kubectl, "label", "--local", "-f", path, "plateau.dev/checked=true", "-o", "json"},
+                       dir + "/" + f);
+    ASSERT_EQ(r.code, 0) << path << ": " << r.out << r.err;
+    json j = json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_EQ(j["metadata"]["labels"]["plateau.dev/checked"], "true") << path;
+    by_kind[j.at("kind").get<std::string>() + "/" + j["metadata"]["name"].get<std::string>()] = j;
+  }
+  // The kustomization lists them all and builds offline. (On a copy:
+  // kustomize does not take the runfiles tree's symlinked files.)
+  const std::string copy = dir + "/kustomize-copy";
+  std::filesystem::create_directories(copy);
+  for (const std::string& f : files) std::filesystem::copy_file("deploy/kubernetes/" + f, copy + "/" + f);
+  std::filesystem::copy_file("deploy/kubernetes/kustomization.yaml", copy + "/kustomization.yaml");
+  Ran k = RunCommand({env, no_config, kubectl, "kustomize", copy}, dir + "/kustomize");
+  ASSERT_EQ(k.code, 0) << k.out << k.err;
+  for (const auto& [key, obj] : by_kind) EXPECT_THAT(k.out, HasSubstr("name: " + obj["metadata"]["name"].get<std::string>()));
+
+  ASSERT_TRUE(by_kind.count("Deployment/plateau-coordinator"));
+  ASSERT_TRUE(by_kind.count("Service/plateau-coordinator"));
+  ASSERT_TRUE(by_kind.count("DaemonSet/plateau-worker"));
+  ASSERT_TRUE(by_kind.count("Secret/plateau-token"));
+  json deployment = by_kind["Deployment/plateau-coordinator"];
+  json service = by_kind["Service/plateau-coordinator"];
+  json daemonset = by_kind["DaemonSet/plateau-worker"];
+  json secret = by_kind["Secret/plateau-token"];
+  json cpod = deployment["spec"]["template"]["spec"];
+  json wpod = daemonset["spec"]["template"]["spec"];
+  ASSERT_EQ(cpod["containers"].size(), 1u);
+  ASSERT_EQ(wpod["containers"].size(), 1u);
+  json coordinator = cpod["containers"][0];
+  json worker = wpod["containers"][0];
+  std::map<std::string, std::string> cflags = Flags(coordinator), wflags = Flags(worker);
+
+  // Ports: the flags, the container ports, the probes and the Service agree.
+  EXPECT_EQ(PortOf(cflags["listen"]), std::to_string(ContainerPort(coordinator, "grpc")));
+  EXPECT_EQ(PortOf(cflags["metrics_address"]), std::to_string(ContainerPort(coordinator, "metrics")));
+  EXPECT_EQ(coordinator["livenessProbe"]["httpGet"]["port"], "metrics");
+  EXPECT_EQ(coordinator["readinessProbe"]["httpGet"]["port"], "metrics");
+  const std::string liveness = coordinator["livenessProbe"]["httpGet"]["path"];
+  const std::string readiness = coordinator["readinessProbe"]["httpGet"]["path"];
+  std::map<std::string, int> service_ports;
+  for (const json& p : service["spec"]["ports"]) {
+    EXPECT_GT(ContainerPort(coordinator, p["targetPort"].get<std::string>()), 0) << p.dump();
+    service_ports[p["name"].get<std::string>()] = p["port"].get<int>();
+  }
+  EXPECT_EQ(service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"]);
+  EXPECT_EQ(deployment["spec"]["selector"]["matchLabels"], deployment["spec"]["template"]["metadata"]["labels"]);
+  EXPECT_EQ(daemonset["spec"]["selector"]["matchLabels"], daemonset["spec"]["template"]["metadata"]["labels"]);
+  // The workers reach the coordinator through the Service.
+  EXPECT_EQ(wflags["coordinator"], absl::StrCat(service["metadata"]["name"].get<std::string>(), ":", service_ports["grpc"]));
+  // One Secret, mounted where both --token_file point.
+  ASSERT_TRUE(secret["stringData"].contains("token")) << secret.dump();
+  for (const auto& [pod, container, flags] : {std::tuple<const json&, const json&, std::map<std::string, std::string>&>{
+                                                  cpod, coordinator, cflags},
+                                              {wpod, worker, wflags}}) {
+    ASSERT_FALSE(Volume(pod, "token").is_null());
+    EXPECT_EQ(flags["token_file"], MountPath(container, "token") + "/token");
+    EXPECT_EQ(Volume(pod, "token")["secret"]["secretName"], secret["metadata"]["name"]);
+  }
+  // The coordinator's state on its claim; SQLite has one writer.
+  EXPECT_EQ(cflags["state_dir"], MountPath(coordinator, "state"));
+  EXPECT_EQ(Volume(cpod, "state")["persistentVolumeClaim"]["claimName"], "plateau-coordinator-state");
+  EXPECT_TRUE(by_kind.count("PersistentVolumeClaim/plateau-coordinator-state"));
+  EXPECT_EQ(deployment["spec"]["replicas"], 1);
+  EXPECT_EQ(deployment["spec"]["strategy"]["type"], "Recreate");
+  // The workers: GPUs asked of Kubernetes = slots told to the coordinator;
+  // ranks listen on the pod's address.
+  EXPECT_EQ(wflags["backend"], "cuda");
+  json gpus = worker["resources"]["limits"]["nvidia.com/gpu"];  // a quantity: "1" or 1
+  EXPECT_EQ(gpus.is_string() ? gpus.get<std::string>() : gpus.dump(), wflags["devices"]);
+  EXPECT_EQ(wflags["rank_address"], "$(POD_IP)");
+  bool pod_ip = false;
+  for (const json& e : worker["env"]) {
+    pod_ip = pod_ip || (e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP");
+  }
+  EXPECT_TRUE(pod_ip);
+  EXPECT_GT(wpod["terminationGracePeriodSeconds"].get<double>(), std::stod(wflags["grace_s"]));
+  EXPECT_EQ(Volume(wpod, "checkpoints")["persistentVolumeClaim"]["claimName"], "plateau-checkpoints");
+
+  // The real binaries with the manifests' arguments. Only what cannot be
+  // the manifest's here is replaced: paths (into this test's directory) and
+  // the fixed ports (port 0: another test or run may hold 7070 or 9464; the
+  // ports themselves were compared above).
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << "k8s-test-token-" << getpid() << "\n";
+  std::vector<std::string> cargs = {"server/plateau_coordinator"};
+  for (const json& a : coordinator["args"]) {
+    std::string arg = a.get<std::string>();
+    if (absl::StartsWith(arg, "--state_dir=")) arg = "--state_dir=" + dir + "/state";
+    if (absl::StartsWith(arg, "--token_file=")) arg = "--token_file=" + token_file;
+    if (absl::StartsWith(arg, "--listen=") || absl::StartsWith(arg, "--metrics_address=")) {
+      arg = arg.substr(0, arg.rfind(':')) + ":0";
+    }
+    cargs.push_back(arg);
+  }
+  cargs.push_back("--ready_file=" + dir + "/ready");
+  Process c(cargs, dir + "/coordinator");
+  ASSERT_TRUE(WaitFor([&] { return std::filesystem::exists(dir + "/ready") || !c.Running(); }))
+      << c.out() << c.err();
+  ASSERT_TRUE(c.Running()) << "the coordinator refused the manifest's arguments: " << c.err();
+  std::string api, metrics;
+  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/ready"), '\n')) {
+    if (absl::StartsWith(line, "api=")) api = "127.0.0.1:" + PortOf(std::string(line.substr(4)));
+    if (absl::StartsWith(line, "metrics=")) metrics = "127.0.0.1:" + PortOf(std::string(line.substr(8)));
+  }
+  ASSERT_FALSE(metrics.empty()) << ReadFile(dir + "/ready");
+  // The probes' paths answer 200 on the metrics port (readiness once the
+  // store is recovered and the API serves).
+  EXPECT_EQ(HttpStatus(HttpGet(metrics, liveness)), 200) << liveness;
+  EXPECT_TRUE(WaitFor([&] { return HttpStatus(HttpGet(metrics, readiness)) == 200; }, absl::Seconds(30))) << readiness;
+  EXPECT_EQ(HttpStatus(HttpGet(metrics, "/no-such-probe")), 404) << "the probe check above could not fail";
+
+  // The worker agent with the DaemonSet's arguments (the fields Kubernetes
+  // fills in: the pod IP and node name) registers with that coordinator.
+  std::vector<std::string> wargs = {"worker/plateau_worker"};
+  for (const json& a : worker["args"]) {
+    std::string arg = a.get<std::string>();
+    arg = absl::StrReplaceAll(arg, {{"$(POD_IP)", "127.0.0.1"}, {"$(NODE_NAME)", "k8s-node-a"}});
+    if (absl::StartsWith(arg, "--coordinator=")) arg = "--coordinator=" + api;
+    if (absl::StartsWith(arg, "--token_file=")) arg = "--token_file=" + token_file;
+    if (absl::StartsWith(arg, "--work_dir=")) arg = "--work_dir=" + dir + "/work";
+    wargs.push_back(arg);
+  }
+  // No GPU here: calibration of the cuda backend is skipped, not the flags.
+  wargs.push_back("--calibrate=false");
+  Process w(wargs, dir + "/worker");
+  EXPECT_TRUE(WaitFor([&] { return absl::StrContains(w.out(), "registered as worker-1") || !w.Running(); },
+                      absl::Seconds(60)))
+      << w.out() << w.err();
+  EXPECT_THAT(w.out(), HasSubstr("(cuda, " + wflags["devices"] + " device(s)")) << w.out() << w.err();
+  w.Stop();
+  c.Stop();
+
+  // The shipped placeholder token is refused: applied unchanged, nothing
+  // serves with a token everyone can read here.
+  const std::string placeholder = secret["stringData"]["token"];
+  std::ofstream(dir + "/placeholder") << placeholder << "\n";
+  std::vector<std::string> refused = cargs;
+  for (std::string& a : refused) {
+    if (absl::StartsWith(a, "--token_file=")) a = "--token_file=" + dir + "/placeholder";
+    if (absl::StartsWith(a, "--ready_file=")) a = "--ready_file=" + dir + "/ready-placeholder";
+  }
+  Ran r = RunCommand(refused, dir + "/placeholder-run");
+  EXPECT_NE(r.code, 0) << "the coordinator started with the placeholder token";
+  EXPECT_THAT(r.err, HasSubstr("--token_file")) << r.err;
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Faults end to end, with real processes over loopback (tests/cluster.h):
 // a lost worker, a restart from the last checkpoint on the remaining
-// worker, a hung rank, a coordinator killed and restarted mid-job, and a
+// worker, a hung rank, a coordinator killed and restarted mid-job (also for
+// longer than the agent's lease: the ranks freeze, then resume), and a
 // worker that was declared lost while it still ran ranks. After each, no
-// rank process is left.
+// rank process is left. (A partition: tests/multinode_test.cc.)
 #include <signal.h>
 #include <unistd.h>
 
@@ -276,6 +277,47 @@ TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   // Back, it registers again; its job is no longer live, so it stops it.
   EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30))) << c.Logs();
   EXPECT_THAT(c.worker()->out(), HasSubstr("registered again as worker-1"));
+}
+
+// /proc/PID/stat's state letter ('T': stopped), or 0 when the process is gone.
+char ProcState(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
+TEST(FaultTest, RanksFrozenByALapsedLeaseResumeWhenTheRestartedCoordinatorReattachesThem) {
+  // The lease (docs/SERVICE.md "Partitions and fencing") is 3/4 of the
+  // shorter of the worker and re-attach timeouts: 3 s here. A coordinator
+  // down longer than that freezes the ranks; restarted, it re-attaches the
+  // attempt, and the agent resumes them: the job finishes as attempt 0.
+  ClusterOptions o;
+  o.worker_timeout_s = 4;
+  o.coordinator_flags = {"--reattach_timeout_s=20"};
+  Cluster c("lease-resume", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  constexpr int64_t kSteps = 150;
+  auto sub = c.client().SubmitJob(TinyJob(kSteps), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 5)) << c.Logs();
+  const std::vector<pid_t> ranks = c.RankPids(id);
+  ASSERT_EQ(ranks.size(), 2u);
+  c.KillCoordinator(SIGKILL);
+  const absl::Time killed = absl::Now();
+  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) == 'T' && ProcState(ranks[1]) == 'T'; }, absl::Seconds(20)))
+      << "the ranks were not frozen: " << ProcState(ranks[0]) << ProcState(ranks[1]);
+  EXPECT_GE(absl::Now() - killed, absl::Seconds(2)) << "frozen before the lease could have lapsed";
+  ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) != 'T' && ProcState(ranks[1]) != 'T'; }, absl::Seconds(30)))
+      << "the ranks were not resumed";
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 0) << "re-attached and resumed, not restarted";
+  const std::string logs = AllLogs(c, id);
+  EXPECT_THAT(logs, HasSubstr("-1 agent fenced: no answer from the coordinator for"));
+  EXPECT_THAT(logs, HasSubstr("-1 agent the coordinator answers again and kept the attempt: the ranks resume"));
+  EXPECT_TRUE(c.RankPids(id).empty());
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ absl::Status Agent::RegisterNow(bool again) {
   }
   v1::RegisterResponse resp;
   auto ctx = Context(absl::Seconds(5));
+  const absl::Time sent = absl::Now();
   grpc::Status s = stub_->Register(ctx.get(), req, &resp);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -96,11 +97,41 @@ absl::Status Agent::RegisterNow(bool again) {
               options_.capabilities.devices(), req.running_size());
   std::fflush(stdout);
   absl::MutexLock lock(&mu_);
-  for (const v1::Cancellation& c : resp.cancellations()) {
-    auto it = jobs_.find(absl::StrCat(c.job_id(), "/", c.attempt()));
-    if (it != jobs_.end()) StopJob(*it->second, "the coordinator did not re-attach it");
-  }
+  ApplyCancellations(resp.cancellations(), "the coordinator did not re-attach it");
+  RenewLease(sent);
   return absl::OkStatus();
+}
+
+void Agent::ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Cancellation>& cancellations,
+                               const std::string& why) {
+  for (const v1::Cancellation& c : cancellations) {
+    auto it = jobs_.find(absl::StrCat(c.job_id(), "/", c.attempt()));
+    if (it != jobs_.end()) StopJob(*it->second, why);
+  }
+}
+
+void Agent::RenewLease(absl::Time sent) {
+  if (lease_ > absl::ZeroDuration()) lease_until_ = sent + lease_;
+}
+
+void Agent::Fence() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  const bool lapsed = now > lease_until_;
+  for (auto& [key, job] : jobs_) {
+    if (lapsed == job->frozen) continue;
+    if (!lapsed && job->stopping) continue;  // a frozen job being stopped stays frozen until killed
+    job->frozen = lapsed;
+    for (auto& r : job->ranks) {
+      if (!r->exited && r->pid != 0) kill(-r->pid, lapsed ? SIGSTOP : SIGCONT);
+    }
+    Log(job->job_id, job->attempt, -1, "agent",
+        lapsed ? absl::StrCat("fenced: no answer from the coordinator for ",
+                              absl::FormatDuration(absl::Trunc(now - lease_until_ + lease_, absl::Milliseconds(1))),
+                              " (lease ", absl::FormatDuration(lease_),
+                              "); the job's ranks are frozen (SIGSTOP) until it answers")
+               : std::string("the coordinator answers again and kept the attempt: the ranks resume (SIGCONT)"));
+  }
 }
 
 absl::Status Agent::Run() {
@@ -126,6 +157,7 @@ absl::Status Agent::Run() {
   // reaping, a slow report) may delay them into a "worker lost".
   std::thread heartbeat([this] { HeartbeatLoop(); });
   while (!stop_.load()) {
+    Fence();
     KillOverdue();
     Reap();
     absl::SleepFor(absl::Milliseconds(50));
@@ -171,6 +203,7 @@ void Agent::HeartbeatOnce() {
   RunningJobs(req.mutable_running());
   v1::HeartbeatResponse resp;
   auto ctx = Context(absl::Seconds(5));
+  const absl::Time sent = absl::Now();
   grpc::Status s = stub_->Heartbeat(ctx.get(), req, &resp);
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
     // The coordinator does not know this worker (it restarted, or declared
@@ -189,12 +222,18 @@ void Agent::HeartbeatOnce() {
     return;
   }
   reachable_ = true;
-  for (const v1::Assignment& a : resp.assignments()) Start(a);
-  absl::MutexLock lock(&mu_);
-  for (const v1::Cancellation& c : resp.cancellations()) {
-    auto it = jobs_.find(absl::StrCat(c.job_id(), "/", c.attempt()));
-    if (it != jobs_.end()) StopJob(*it->second, "cancelled by the coordinator");
+  // Cancellations before the renewal: a frozen attempt the coordinator
+  // voided must be killed, never resumed by the renewed lease.
+  {
+    absl::MutexLock lock(&mu_);
+    ApplyCancellations(resp.cancellations(), "cancelled by the coordinator");
+    if (resp.lease_ms() > 0) lease_ = absl::Milliseconds(resp.lease_ms());
+    RenewLease(sent);
   }
+  for (const v1::Assignment& a : resp.assignments()) Start(a);
+  // Again for attempts this answer both started and cancelled.
+  absl::MutexLock lock(&mu_);
+  ApplyCancellations(resp.cancellations(), "cancelled by the coordinator");
 }
 
 namespace {
@@ -496,6 +535,20 @@ void Agent::Wait(JobRun* job, Rank* rank) {
 void Agent::StopJob(JobRun& job, const std::string& why) {
   if (job.stopping) return;
   job.stopping = true;
+  if (job.frozen) {
+    // Fenced, and its attempt is void now: no grace, it must not resume
+    // even for a moment (it could finish a checkpoint write).
+    job.kill_at = absl::Now();
+    for (auto& r : job.ranks) {
+      if (!r->exited && r->pid != 0) {
+        r->stop_sent = true;
+        kill(-r->pid, SIGKILL);
+      }
+    }
+    Log(job.job_id, job.attempt, -1, "agent",
+        absl::StrCat("killing the job's frozen ranks (", why, "): SIGKILL"));
+    return;
+  }
   job.kill_at = absl::Now() + options_.grace;
   for (auto& r : job.ranks) {
     if (r->exited || r->pid == 0) continue;

@@ -19,7 +19,18 @@
 // again with its old id and the ranks it still runs; the coordinator
 // re-attaches them or names the jobs to stop.
 //
-// Threads: Run() (reaping, kills after the grace period), a heartbeat
+// Fencing (docs/SERVICE.md "Partitions and fencing"): every answered
+// heartbeat renews a lease (HeartbeatResponse.lease_ms), counted from when
+// the heartbeat was sent. When it lapses (the coordinator unreachable for
+// that long: a partition, or the coordinator down), the agent freezes every
+// rank it runs with SIGSTOP, before the coordinator can declare this worker
+// lost and start the job's next attempt elsewhere: a frozen rank writes no
+// checkpoint. Frozen ranks are resumed (SIGCONT) when a registration or
+// heartbeat is answered again and their attempt was not cancelled in that
+// answer (a restarted coordinator re-attached them); an attempt the
+// coordinator voids while frozen is killed at once (SIGKILL, no grace).
+//
+// Threads: Run() (reaping, kills after the grace period, the lease), a heartbeat
 // thread (assignments, cancellations, registering again) and a sender
 // thread (the report queue).
 //
@@ -86,6 +97,7 @@ class Agent {
     int attempt = 0;
     std::vector<std::unique_ptr<Rank>> ranks;
     bool stopping = false;
+    bool frozen = false;  // SIGSTOPped: the lease lapsed
     absl::Time kill_at = absl::InfiniteFuture();
   };
 
@@ -108,6 +120,14 @@ class Agent {
   void Start(const v1::Assignment& a);
   void StopJob(JobRun& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillOverdue() ABSL_LOCKS_EXCLUDED(mu_);
+  // Freezes every job when the lease has lapsed; resumes the frozen ones
+  // that are not stopping once it is renewed.
+  void Fence() ABSL_LOCKS_EXCLUDED(mu_);
+  // An answered heartbeat or registration sent at `sent`; called after the
+  // answer's cancellations were applied, so that no voided attempt resumes.
+  void RenewLease(absl::Time sent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Cancellation>& cancellations,
+                          const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout);
   void Wait(JobRun* job, Rank* rank);
   void Log(const std::string& job_id, int attempt, int rank, const std::string& stream,
@@ -133,6 +153,8 @@ class Agent {
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<JobRun>> jobs_ ABSL_GUARDED_BY(mu_);  // "job-3/0"
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();  // 0: none granted yet
+  absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 
   absl::Mutex out_mu_;
   Report batch_ ABSL_GUARDED_BY(out_mu_);  // telemetry and logs being gathered

@@ -188,6 +188,22 @@ int Main(int argc, char** argv) {
   c.set_host_memory_bytes(host_mem);
   c.set_device_peak_flops(peak);
   c.set_rank_address(f["rank_address"]);
+  // Ranks bind their collectives to --rank_address and peers on other
+  // nodes connect to it: loopback only works while every worker of a job
+  // shares this host. Said at start, not discovered as a rendezvous timeout.
+  {
+    const std::string host = f["coordinator"].substr(0, f["coordinator"].rfind(':'));
+    const auto loopback = [](const std::string& h) {
+      return h == "localhost" || h.rfind("127.", 0) == 0 || h == "::1" || h == "[::1]";
+    };
+    if (loopback(f["rank_address"]) && !loopback(host)) {
+      std::fprintf(stderr,
+                   "plateau_worker: WARNING: --rank_address=%s is loopback but the coordinator is at %s: ranks of a "
+                   "job placed across nodes could not reach this node's ranks; set --rank_address to this node's "
+                   "address on the network the other workers share\n",
+                   f["rank_address"].c_str(), f["coordinator"].c_str());
+    }
+  }
   c.set_name(f["name"]);
   o.rank_binary = f["rank_binary"];
   o.work_dir = f["work_dir"];

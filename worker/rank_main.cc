@@ -185,6 +185,11 @@ int Main(int argc, char** argv) {
   }
   auto trainer = ToTrainerOptions(spec);
   if (!trainer.ok()) return Fail(rank, trainer.status());
+  // A restarted attempt fences the checkpoints of the one it replaces.
+  if (!f["job_id"].empty()) {
+    trainer->fence_job = f["job_id"];
+    trainer->fence_attempt = attempt;
+  }
   auto bo = ToBackendOptions(spec);
   if (!bo.ok()) return Fail(rank, bo.status());
   bo->device_index = static_cast<int>(device_index);

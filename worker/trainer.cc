@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/status_macros.h"
+#include "worker/checkpoint_fence.h"
 #include "worker/safetensors.h"
 
 namespace plateau {
@@ -79,7 +80,13 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
     metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
   }
   std::filesystem::create_directories(o.checkpoint_dir);
-  return WriteSafetensors(CheckpointPath(o.checkpoint_dir, st.step), views, metadata);
+  if (o.fence_attempt < 0) return WriteSafetensors(CheckpointPath(o.checkpoint_dir, st.step), views, metadata);
+  // Written aside, then renamed into place only if no newer attempt has
+  // claimed the directory meanwhile (worker/checkpoint_fence.h).
+  const std::string partial = PartialCheckpointPath(o.checkpoint_dir, o.fence_attempt, st.step);
+  PLATEAU_RETURN_IF_ERROR(WriteSafetensors(partial, views, metadata));
+  return CommitCheckpoint(o.checkpoint_dir, o.fence_job, o.fence_attempt, partial,
+                          CheckpointPath(o.checkpoint_dir, st.step));
 }
 
 absl::Status LoadCheckpoint(const std::string& path, TrainingStep& step, DataSource& data) {
@@ -119,6 +126,11 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
   PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<DataSource> data, OpenData(o, world.rank()));
   PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<TrainingStep> step,
                            TrainingStep::Create(o.step, backend, world));
+  // Claimed by every rank before any reads: from then on no older attempt
+  // can commit, so all ranks read the same newest checkpoint.
+  if (!o.checkpoint_dir.empty() && o.fence_attempt >= 0) {
+    PLATEAU_RETURN_IF_ERROR(ClaimCheckpointDir(o.checkpoint_dir, o.fence_job, o.fence_attempt));
+  }
   if (!o.checkpoint_dir.empty() && o.resume) {
     const int64_t newest = NewestCheckpoint(o.checkpoint_dir);
     if (newest >= 0) {

@@ -40,6 +40,12 @@ struct TrainerOptions {
   std::string checkpoint_dir;          // empty: no checkpoints
   int64_t checkpoint_every = 0;        // steps; 0: only at the end
   bool resume = true;                  // continue from the newest checkpoint
+  // Checkpoint fencing (worker/checkpoint_fence.h): the job and attempt
+  // this run is; the run claims checkpoint_dir before it reads it and
+  // commits each checkpoint only while it still holds it. Attempt < 0: no
+  // fencing (a run outside the service, train_main).
+  std::string fence_job;
+  int64_t fence_attempt = -1;
   // Record the memory timeline (kernels/memory_timeline.h) of the first
   // step and of every step that is a multiple of this; 0: never.
   int64_t memory_timeline_every = kDefaultMemoryTimelineEvery;

@@ -1,0 +1,152 @@
+#include "worker/checkpoint_fence.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace plateau {
+namespace {
+
+constexpr char kFenceName[] = ".plateau-fence";
+constexpr char kPartialPrefix[] = ".partial-attempt-";
+
+// The fence file, open and locked (exclusive, whole file) while this lives.
+class LockedFence {
+ public:
+  static absl::StatusOr<LockedFence> Open(const std::string& dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create the checkpoint directory: ", ec.message()));
+    const std::string path = absl::StrCat(dir, "/", kFenceName);
+    LockedFence f;
+    f.path_ = path;
+    f.fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f.fd_ < 0) return absl::InternalError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    struct flock lk = {};
+    lk.l_type = F_WRLCK;
+    lk.l_whence = SEEK_SET;
+    while (fcntl(f.fd_, F_OFD_SETLKW, &lk) != 0) {
+      if (errno != EINTR) return absl::InternalError(absl::StrCat(path, ": cannot lock: ", std::strerror(errno)));
+    }
+    return f;
+  }
+  LockedFence(LockedFence&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  LockedFence(const LockedFence&) = delete;
+  ~LockedFence() {
+    if (fd_ >= 0) close(fd_);  // releases the lock
+  }
+
+  // "job attempt\n"; an empty file: never claimed.
+  absl::StatusOr<CheckpointFence> Read() {
+    char buf[512];
+    ssize_t n = pread(fd_, buf, sizeof(buf) - 1, 0);
+    if (n < 0) return absl::InternalError(absl::StrCat(path_, ": cannot read: ", std::strerror(errno)));
+    CheckpointFence out;
+    std::string text(buf, static_cast<size_t>(n));
+    if (text.empty()) return out;
+    std::vector<std::string> parts = absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), ' ');
+    if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtoi(parts[1], &out.attempt)) {
+      return absl::DataLossError(absl::StrCat(path_, ": not a checkpoint fence ('", text.substr(0, 80),
+                                              "'); remove it only when no attempt of the job runs"));
+    }
+    out.job = parts[0];
+    return out;
+  }
+
+  absl::Status Write(const CheckpointFence& f) {
+    const std::string text = absl::StrCat(f.job, " ", f.attempt, "\n");
+    if (ftruncate(fd_, 0) != 0 || pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
+        fsync(fd_) != 0) {
+      return absl::InternalError(absl::StrCat(path_, ": cannot write: ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  LockedFence() = default;
+  int fd_ = -1;
+  std::string path_;
+};
+
+std::string Holder(const CheckpointFence& f) {
+  return f.job.empty() ? std::string("nobody") : absl::StrCat(f.job, " attempt ", f.attempt);
+}
+
+}  // namespace
+
+std::string PartialCheckpointPath(const std::string& dir, int64_t attempt, int64_t step) {
+  return absl::StrCat(dir, "/", kPartialPrefix, attempt, "-step-", step, ".safetensors");
+}
+
+absl::StatusOr<CheckpointFence> ReadCheckpointFence(const std::string& dir) {
+  auto f = LockedFence::Open(dir);
+  if (!f.ok()) return f.status();
+  return f->Read();
+}
+
+absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, int64_t attempt) {
+  if (job.empty() || job.find_first_of(" \n") != std::string::npos || attempt < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint fence: bad job '", job, "' or attempt ", attempt));
+  }
+  auto f = LockedFence::Open(dir);
+  if (!f.ok()) return f.status();
+  auto held = f->Read();
+  if (!held.ok()) return held.status();
+  if (held->job == job && held->attempt > attempt) {
+    return absl::AbortedError(absl::StrCat("fenced: checkpoint directory ", dir, " belongs to ", Holder(*held),
+                                           "; attempt ", attempt, " is stale and stops"));
+  }
+  if (held->job != job || held->attempt != attempt) {
+    if (absl::Status s = f->Write({job, attempt}); !s.ok()) return s;
+  }
+  // Partial files of older attempts: never read, and never committed now.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kPartialPrefix, 0) != 0) continue;
+    int64_t a = 0;
+    const std::string rest = name.substr(sizeof(kPartialPrefix) - 1);
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('-')), &a) && a < attempt) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommitCheckpoint(const std::string& dir, const std::string& job, int64_t attempt,
+                              const std::string& partial, const std::string& final_path) {
+  auto f = LockedFence::Open(dir);
+  if (!f.ok()) return f.status();
+  auto held = f->Read();
+  if (!held.ok()) return held.status();
+  if (held->job != job || held->attempt != attempt) {
+    std::remove(partial.c_str());
+    return absl::AbortedError(absl::StrCat("fenced: ", final_path, " not written: the checkpoint directory belongs to ",
+                                           Holder(*held), ", not ", job, " attempt ", attempt,
+                                           " (a newer attempt replaced this one)"));
+  }
+  if (std::rename(partial.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(partial.c_str());
+    return absl::InternalError(absl::StrCat(final_path, ": rename failed: ", std::strerror(err)));
+  }
+  // The rename is durable before the lock is released.
+  int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d >= 0) {
+    fsync(d);
+    close(d);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plateau

@@ -1,0 +1,125 @@
+#include "worker/checkpoint_fence.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Dir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string d = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/fence-", getpid(), "-", name);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void Put(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// What the trainer does: write aside, commit.
+absl::Status Save(const std::string& dir, const std::string& job, int attempt, int step, const std::string& text) {
+  const std::string partial = PartialCheckpointPath(dir, attempt, step);
+  Put(partial, text);
+  return CommitCheckpoint(dir, job, attempt, partial, absl::StrCat(dir, "/step-", step, ".safetensors"));
+}
+
+TEST(CheckpointFenceTest, AStaleAttemptCanNeverReplaceTheNewAttemptsCheckpoint) {
+  const std::string dir = Dir("stale");
+  const std::string step10 = dir + "/step-10.safetensors";
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-3", 0).ok());
+  ASSERT_TRUE(Save(dir, "job-3", 0, 10, "attempt 0").ok());
+  EXPECT_EQ(Read(step10), "attempt 0");
+
+  // Attempt 1 starts (its worker was declared lost: attempt 0 may still run).
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-3", 1).ok());
+  ASSERT_TRUE(Save(dir, "job-3", 1, 10, "attempt 1").ok());
+  // Attempt 0's late write of the same step is refused and leaves nothing.
+  absl::Status late = Save(dir, "job-3", 0, 10, "attempt 0, late");
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
+  EXPECT_THAT(late.message(), HasSubstr("job-3 attempt 1"));
+  EXPECT_EQ(Read(step10), "attempt 1");
+  EXPECT_FALSE(std::filesystem::exists(PartialCheckpointPath(dir, 0, 10)));
+  // Nor can it write a step the new attempt has not reached.
+  EXPECT_EQ(Save(dir, "job-3", 0, 20, "attempt 0").code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-20.safetensors"));
+  // Nor claim the directory back (a rank of attempt 0 starting late).
+  absl::Status claim = ClaimCheckpointDir(dir, "job-3", 0);
+  EXPECT_EQ(claim.code(), absl::StatusCode::kAborted) << claim;
+  auto fence = ReadCheckpointFence(dir);
+  ASSERT_TRUE(fence.ok()) << fence.status();
+  EXPECT_EQ(fence->job, "job-3");
+  EXPECT_EQ(fence->attempt, 1);
+  // The holder's own claims repeat (every rank claims).
+  EXPECT_TRUE(ClaimCheckpointDir(dir, "job-3", 1).ok());
+}
+
+TEST(CheckpointFenceTest, AClaimRemovesOlderAttemptsPartialFiles) {
+  const std::string dir = Dir("partials");
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-1", 0).ok());
+  Put(PartialCheckpointPath(dir, 0, 30), "torn");  // attempt 0 was cut off mid-write
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-1", 1).ok());
+  EXPECT_FALSE(std::filesystem::exists(PartialCheckpointPath(dir, 0, 30)));
+}
+
+TEST(CheckpointFenceTest, AnotherJobTakesTheDirectoryOver) {
+  // A new job reusing a directory resumes from it; the old job's writes stop.
+  const std::string dir = Dir("takeover");
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-1", 2).ok());
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-2", 0).ok());
+  EXPECT_EQ(Save(dir, "job-1", 2, 5, "old job").code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(Save(dir, "job-2", 0, 5, "new job").ok());
+}
+
+TEST(CheckpointFenceTest, ACorruptFenceIsAnErrorNotAnOpenDoor) {
+  const std::string dir = Dir("corrupt");
+  Put(dir + "/.plateau-fence", "garbage");
+  EXPECT_EQ(ClaimCheckpointDir(dir, "job-1", 0).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(CheckpointFenceTest, NoCommitOfAnotherProcessLandsAfterTheClaimReturns) {
+  // Another process (the old attempt's rank 0) commits as fast as it can
+  // while this one claims: the lock makes check-and-rename atomic against
+  // the claim, so the file never changes after ClaimCheckpointDir returns.
+  const std::string dir = Dir("race");
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-7", 0).ok());
+  ASSERT_TRUE(Save(dir, "job-7", 0, 1, "attempt 0 write 0").ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (int i = 1;; ++i) {
+      if (!Save(dir, "job-7", 0, 1, absl::StrCat("attempt 0 write ", i)).ok()) _exit(i > 1 ? 0 : 2);
+    }
+  }
+  absl::SleepFor(absl::Milliseconds(200));  // let it commit a few times
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-7", 1).ok());
+  const std::string at_claim = Read(dir + "/step-1.safetensors");
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the other process never committed before the claim";
+  EXPECT_EQ(Read(dir + "/step-1.safetensors"), at_claim);
+  EXPECT_THAT(at_claim, HasSubstr("attempt 0 write "));
+}
+
+}  // namespace
+}  // namespace plateau
