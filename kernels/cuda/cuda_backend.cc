@@ -616,8 +616,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     return absl::FailedPreconditionError(absl::StrCat(
         "backend: GPU ", options.device_index, " (", prop.name, ", sm_",
         prop.major, prop.minor,
-        ") cannot run this build's kernels, which are built for sm_80 and "
-        "sm_90 (",
+        ") cannot run this build's kernels (machine code for sm_80 and "
+        "sm_90, PTX for compute_90) (",
         cudaGetErrorName(image), ")"));
   }
   return std::make_unique<CudaBackend>(options, prop);

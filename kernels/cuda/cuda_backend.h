@@ -30,7 +30,8 @@
 namespace plateau {
 
 // FAILED_PRECONDITION when no GPU is visible (no driver, no device) or the
-// device has no machine code in this build (sm_80 and sm_90 are built);
+// device can run none of this build's kernels (sm_80 and sm_90 machine
+// code, compute_90 PTX that newer GPUs compile at load);
 // INVALID_ARGUMENT when options.device_index names no visible GPU.
 // options.device_memory_bytes caps the device space (0: what the GPU has);
 // options.host_memory_bytes caps the pinned host space (0: uncapped).

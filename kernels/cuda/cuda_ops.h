@@ -35,7 +35,7 @@ namespace plateau::cuda_ops {
 inline constexpr size_t kScratchBytes = size_t{4} << 20;
 
 // Returns cudaSuccess when this library has machine code the current device
-// can run (built for sm_80 and sm_90), an error such as
+// can run (sm_80 and sm_90 machine code, compute_90 PTX), an error such as
 // cudaErrorNoKernelImageForDevice otherwise.
 cudaError_t CheckKernelImage();
 
