@@ -596,52 +596,47 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  // Retires finished collectives from the front; returns the failure that
-  // ends the communicator (OK while all is well). Marks it broken.
+  // Retires finished collectives; returns the failure that ends the
+  // communicator (OK while all is well) and marks it broken. Every
+  // collective in flight is checked, not only the oldest: collectives on
+  // different streams may start out of enqueue order.
   absl::Status PollLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time now = absl::Now();
-    while (!watched_.empty()) {
-      Watched& w = watched_.front();
-      cudaError_t e = cudaEventQuery(w.end);
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      cudaError_t e = cudaEventQuery(it->end);
       if (e == cudaSuccess) {
-        spare_events_.push_back(w.start);
-        spare_events_.push_back(w.end);
-        watched_.pop_front();
+        spare_events_.push_back(it->start);
+        spare_events_.push_back(it->end);
+        it = watched_.erase(it);
         continue;
       }
-      if (e != cudaErrorNotReady) {
-        return BreakLocked(w.op, CudaError(e, "the collective's stream"));
+      if (e == cudaErrorNotReady && it->started == absl::InfiniteFuture()) {
+        e = cudaEventQuery(it->start);
+        if (e == cudaSuccess) it->started = now;
       }
-      if (w.started == absl::InfiniteFuture()) {
-        e = cudaEventQuery(w.start);
-        if (e == cudaSuccess) {
-          w.started = now;
-        } else if (e != cudaErrorNotReady) {
-          return BreakLocked(w.op, CudaError(e, "the collective's stream"));
-        } else {
-          (void)cudaGetLastError();
-        }
+      if (e != cudaSuccess && e != cudaErrorNotReady) {
+        return BreakLocked(it->op, CudaError(e, "the collective's stream"));
       }
-      break;
+      if (now - it->started > shared_->timeout) {
+        return BreakLocked(
+            it->op,
+            absl::DeadlineExceededError(absl::StrCat(
+                "the collective did not complete within ",
+                absl::FormatDuration(shared_->timeout),
+                " of starting (a peer is dead, stalled, or did not issue the "
+                "same collective); the communicator was aborted")));
+      }
+      ++it;
     }
-    (void)cudaGetLastError();  // cudaErrorNotReady is not an error to keep
     if (watched_.empty()) return absl::OkStatus();
     ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
     if (r != ncclSuccess) state = r;
-    const Watched& w = watched_.front();
     if (state != ncclSuccess && state != ncclInProgress) {
-      return BreakLocked(w.op, NcclError(state, comm_,
-                                         "asynchronous NCCL error (a peer "
-                                         "failed or the network broke)"));
-    }
-    if (now - w.started > shared_->timeout) {
-      return BreakLocked(
-          w.op, absl::DeadlineExceededError(absl::StrCat(
-                    "the collective did not complete within ",
-                    absl::FormatDuration(shared_->timeout),
-                    " of starting (a peer is dead, stalled, or did not issue "
-                    "the same collective); the communicator was aborted")));
+      return BreakLocked(watched_.front().op,
+                         NcclError(state, comm_,
+                                   "asynchronous NCCL error (a peer failed or "
+                                   "the network broke)"));
     }
     return absl::OkStatus();
   }
