@@ -933,6 +933,43 @@ TEST_F(CudaTwinTest, AFailedStreamSkipsLaterWorkAndKeepsItsFirstError) {
 }
 #endif  // PLATEAU_WITH_CUDA
 
+// Releases are stream-ordered, not synchronising: a buffer released while
+// queued GEMMs still read it must not be handed to a new allocation that
+// another stream overwrites at once. The release returns without waiting;
+// the product must still be exact (bitwise the product computed alone).
+TEST_F(CudaTwinTest, AReleasedBufferIsNotReusedUnderQueuedWork) {
+  const int64_t n = 2048;
+  const size_t bytes = n * n * sizeof(float);
+  auto other = cuda_.b().CreateStream("other");
+  ASSERT_TRUE(other.ok()) << other.status();
+  const float* a = cuda_.Upload(RandomVector(n * n, 71));
+  const float* w = cuda_.Upload(RandomVector(n * n, 72));
+  float* c = cuda_.Poisoned(n * n);
+  GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.lda = g.ldb = g.ldc = n;
+  g.b = w;
+  g.c = c;
+  g.a = a;
+  ASSERT_TRUE(cuda_.b().Gemm(cuda_.s(), g).ok());
+  const std::vector<float> want = cuda_.Download(c, n * n);
+
+  auto x = cuda_.b().device().Allocate(LiveSet::kActivations, bytes);
+  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_TRUE(cuda_.b().Copy(cuda_.s(), x->data(), a, bytes).ok());
+  g.a = x->as<float>();
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(cuda_.b().Gemm(cuda_.s(), g).ok());
+  x->Release();  // the GEMMs above are still queued
+  auto z = cuda_.b().device().Allocate(LiveSet::kActivations, bytes);
+  ASSERT_TRUE(z.ok()) << z.status();
+  ASSERT_TRUE(cuda_.b().Fill(**other, z->as<float>(), n * n, kNaN).ok());
+  ASSERT_TRUE((*other)->Synchronize().ok());
+  const std::vector<float> got = cuda_.Download(c, n * n);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0)
+      << "the released buffer was overwritten under the GEMMs reading it";
+  z->Release();
+}
+
 TEST_F(CudaTwinTest, BadDeviceIndexIsRefused) {
   BackendOptions options;
   options.kind = BackendKind::kCuda;

@@ -57,7 +57,11 @@ void ReportIfError(cudaError_t error, const char* call, const char* file,
 //    (and the legacy default stream, which tests' synchronous cudaMemcpy
 //    uses) wait for the release stream's work so far (Publish), so memory
 //    whose last user has not finished is never written by its next one.
-// Both are a few event records and waits: no host synchronisation.
+// Both are a few event records and waits: no host synchronisation. The cost
+// is on the GPU: after an allocation, each stream's next work also waits for
+// what every stream had queued at the last release. The step allocates its
+// buffers at launch (llm.c's habit), so this ordering is paid at launch,
+// not per layer.
 class ReleaseOrder {
  public:
   ReleaseOrder(int device, cudaStream_t release, cudaEvent_t event)
