@@ -202,6 +202,9 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
         "cuda model kernels: backend is ", BackendKindName(backend.kind()),
         ", not cuda"));
   }
+  // Load every model kernel now (on the current device: the backend's, when
+  // it was created on this thread), not at its first launch mid-step.
+  PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
   return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>());
 }
 
