@@ -33,6 +33,10 @@
 #include "kernels/backend.h"
 #include "kernels/testing/device_side.h"
 
+#ifdef PLATEAU_WITH_CUDA
+#include "kernels/cuda/stream_errors.h"
+#endif
+
 namespace plateau {
 namespace {
 
@@ -103,9 +107,11 @@ class CudaTwinTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto cuda = MakeCuda();
-    if (!cuda.ok()) {
+    if (!cuda.ok() && NoCudaHere(cuda.status())) {
       GTEST_SKIP() << "no CUDA backend here: " << cuda.status();
     }
+    ASSERT_TRUE(cuda.ok()) << "a GPU is visible but the CUDA backend failed: "
+                           << cuda.status();
     BackendOptions options;
     options.device_memory_bytes = int64_t{3} << 30;
     auto cpu = Backend::Create(options);
@@ -874,15 +880,16 @@ TEST_F(CudaTwinTest, DeviceCapIsEnforced) {
   stream->reset();
 }
 
-// Without a cap, cudaMalloc itself refuses an impossible size: the error is
-// RESOURCE_EXHAUSTED with the GPU's free bytes, and the backend still works
-// afterwards (the failed call's error does not leak into later checks).
+// Without a cap, the device pool itself refuses an impossible size: the
+// error is RESOURCE_EXHAUSTED with the GPU's free bytes, and the backend
+// still works afterwards (the failed call's error does not leak into later
+// checks).
 TEST_F(CudaTwinTest, CudaMallocRefusalIsReportedAndHarmless) {
   auto huge = cuda_.b().device().Allocate(LiveSet::kDispatch, size_t{1} << 50);
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
   const std::string msg(huge.status().message());
   EXPECT_THAT(msg, HasSubstr("live set 'dispatch'"));
-  EXPECT_THAT(msg, HasSubstr("cudaMalloc refused"));
+  EXPECT_THAT(msg, HasSubstr("the device pool refused"));
   EXPECT_THAT(msg, HasSubstr("bytes free of"));
 
   const int64_t n = 1000;
@@ -891,6 +898,76 @@ TEST_F(CudaTwinTest, CudaMallocRefusalIsReportedAndHarmless) {
   ASSERT_TRUE(cuda_.b().Fill(cuda_.s(), x, n, 0.5f).ok());
   ASSERT_TRUE(cuda_.b().Sum(cuda_.s(), out, x, n).ok());
   EXPECT_EQ(cuda_.Download(out, 1)[0], 500.0f);
+}
+
+#ifdef PLATEAU_WITH_CUDA
+// Errors are sticky per stream (stream.h), whoever reports them: here the
+// stream is failed the way the NCCL watchdog fails it. Later work on it is
+// skipped, Synchronize returns the first error (not a later one), events
+// recorded after the failure still complete, and other streams go on.
+TEST_F(CudaTwinTest, AFailedStreamSkipsLaterWorkAndKeepsItsFirstError) {
+  auto other = cuda_.b().CreateStream("other");
+  ASSERT_TRUE(other.ok()) << other.status();
+  const int64_t n = 256;
+  float* x = cuda_.Poisoned(n);  // NaN, on the compute stream
+  ASSERT_TRUE(cuda_.s().Synchronize().ok());
+  const void* handle = (*other)->native_handle();
+  ASSERT_NE(handle, nullptr);
+  (void)FailCudaStream(handle, absl::DeadlineExceededError("first"));
+  (void)FailCudaStream(handle, absl::InternalError("second"));
+  EXPECT_TRUE(cuda_.b().Fill(**other, x, n, 1.0f).ok());  // skipped
+  auto event = cuda_.b().CreateEvent();
+  ASSERT_TRUE(event.ok()) << event.status();
+  ASSERT_TRUE((*other)->Record(**event).ok());
+  EXPECT_TRUE((*event)->Synchronize().ok());
+  absl::Status s = (*other)->Synchronize();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(s.message(), "first");
+  const std::vector<float> got = cuda_.Download(x, n);
+  EXPECT_TRUE(std::isnan(got[0]) && std::isnan(got[n - 1]))
+      << "the skipped Fill ran";
+  other->reset();  // its handle is forgotten; a new stream starts clean
+  auto fresh = cuda_.b().CreateStream("fresh");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE((*fresh)->Synchronize().ok());
+}
+#endif  // PLATEAU_WITH_CUDA
+
+// Releases are stream-ordered, not synchronising: a buffer released while
+// queued GEMMs still read it must not be handed to a new allocation that
+// another stream overwrites at once. The release returns without waiting;
+// the product must still be exact (bitwise the product computed alone).
+TEST_F(CudaTwinTest, AReleasedBufferIsNotReusedUnderQueuedWork) {
+  const int64_t n = 2048;
+  const size_t bytes = n * n * sizeof(float);
+  auto other = cuda_.b().CreateStream("other");
+  ASSERT_TRUE(other.ok()) << other.status();
+  const float* a = cuda_.Upload(RandomVector(n * n, 71));
+  const float* w = cuda_.Upload(RandomVector(n * n, 72));
+  float* c = cuda_.Poisoned(n * n);
+  GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.lda = g.ldb = g.ldc = n;
+  g.b = w;
+  g.c = c;
+  g.a = a;
+  ASSERT_TRUE(cuda_.b().Gemm(cuda_.s(), g).ok());
+  const std::vector<float> want = cuda_.Download(c, n * n);
+
+  auto x = cuda_.b().device().Allocate(LiveSet::kActivations, bytes);
+  ASSERT_TRUE(x.ok()) << x.status();
+  ASSERT_TRUE(cuda_.b().Copy(cuda_.s(), x->data(), a, bytes).ok());
+  g.a = x->as<float>();
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(cuda_.b().Gemm(cuda_.s(), g).ok());
+  x->Release();  // the GEMMs above are still queued
+  auto z = cuda_.b().device().Allocate(LiveSet::kActivations, bytes);
+  ASSERT_TRUE(z.ok()) << z.status();
+  ASSERT_TRUE(cuda_.b().Fill(**other, z->as<float>(), n * n, kNaN).ok());
+  ASSERT_TRUE((*other)->Synchronize().ok());
+  const std::vector<float> got = cuda_.Download(c, n * n);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0)
+      << "the released buffer was overwritten under the GEMMs reading it";
+  z->Release();
 }
 
 TEST_F(CudaTwinTest, BadDeviceIndexIsRefused) {

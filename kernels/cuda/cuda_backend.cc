@@ -4,7 +4,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <list>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,9 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/stream_errors.h"
 #include "kernels/memory.h"
 #include "kernels/status_macros.h"
 #include "kernels/stream.h"
@@ -35,75 +42,308 @@ void ReportIfError(cudaError_t error, const char* call, const char* file,
 #define PLATEAU_CUDA_REPORT(call) ReportIfError((call), #call, __FILE__, __LINE__)
 
 // ---------------------------------------------------------------------------
+// Release order
+
+// Orders the memory spaces' frees and allocations against every stream of
+// the backend on the GPU, never blocking the host. cudaFree and cudaFreeHost
+// synchronise the whole device; called under a memory space's lock they
+// stalled compute and NCCL at every release and could deadlock with a
+// collective in flight whose peer waits on this process. Instead:
+//  - a release first makes the release stream wait for the work enqueued so
+//    far on every stream (Fence), then frees in the release stream's order
+//    (cudaFreeAsync, or the pinned cache's ready event), so no work that may
+//    still touch the memory can see it reused;
+//  - an allocation, made in the release stream's order, makes every stream
+//    (and the legacy default stream, which tests' synchronous cudaMemcpy
+//    uses) wait for the release stream's work so far (Publish), so memory
+//    whose last user has not finished is never written by its next one.
+// Both are a few event records and waits: no host synchronisation. The cost
+// is on the GPU: after an allocation, each stream's next work also waits for
+// what every stream had queued at the last release. The step allocates its
+// buffers at launch (llm.c's habit), so this ordering is paid at launch,
+// not per layer.
+class ReleaseOrder {
+ public:
+  ReleaseOrder(int device, cudaStream_t release, cudaEvent_t event)
+      : device_(device), release_(release), event_(event) {}
+  ~ReleaseOrder() {
+    PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
+    PLATEAU_CUDA_REPORT(cudaStreamSynchronize(release_));
+    PLATEAU_CUDA_REPORT(cudaEventDestroy(event_));
+    PLATEAU_CUDA_REPORT(cudaStreamDestroy(release_));
+  }
+  ReleaseOrder(const ReleaseOrder&) = delete;
+  ReleaseOrder& operator=(const ReleaseOrder&) = delete;
+
+  cudaStream_t stream() const { return release_; }
+
+  // A new stream: its work waits for the release stream's work so far.
+  absl::Status Add(cudaStream_t stream) {
+    absl::MutexLock lock(&mu_);
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaEventRecord(event_, release_));
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, event_, 0));
+    streams_.push_back(stream);
+    return absl::OkStatus();
+  }
+
+  void Remove(cudaStream_t stream) {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(std::remove(streams_.begin(), streams_.end(), stream),
+                   streams_.end());
+  }
+
+  // The release stream's later work waits for everything enqueued so far on
+  // every stream. One event serves every stream: a wait captures the
+  // event's latest record at the time of the call.
+  cudaError_t Fence() {
+    absl::MutexLock lock(&mu_);
+    for (cudaStream_t s : streams_) {
+      cudaError_t e = cudaEventRecord(event_, s);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(release_, event_, 0);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
+
+  // Every stream's later work waits for the release stream's work so far.
+  cudaError_t Publish() {
+    absl::MutexLock lock(&mu_);
+    cudaError_t e = cudaEventRecord(event_, release_);
+    for (size_t i = 0; e == cudaSuccess && i <= streams_.size(); ++i) {
+      e = cudaStreamWaitEvent(i < streams_.size() ? streams_[i]
+                                                  : cudaStreamLegacy,
+                              event_, 0);
+    }
+    return e;
+  }
+
+ private:
+  const int device_;
+  const cudaStream_t release_;
+  absl::Mutex mu_;
+  std::vector<cudaStream_t> streams_ ABSL_GUARDED_BY(mu_);
+  const cudaEvent_t event_;  // recorded and waited on only under mu_
+};
+
+// ---------------------------------------------------------------------------
 // Memory spaces
 
-// cudaMalloc'd device memory. The MemorySpace base enforces the optional cap
-// and names the live set on failure; this adds what the GPU itself had free
-// when cudaMalloc refused.
+// Device memory from a stream-ordered pool (cudaMallocFromPoolAsync /
+// cudaFreeAsync on the release stream) whose release threshold keeps freed
+// memory reserved for the next allocation: a release never synchronises the
+// device and never returns memory to the driver mid-step. The MemorySpace
+// base enforces the optional cap on live bytes and names the live set on
+// failure, exactly as on the CPU; this adds what the GPU itself had free
+// when the pool refused. cudaMemGetInfo therefore counts the pool's reserve
+// as used: the budget's figures are the tracker's, not the driver's.
 class CudaDeviceSpace final : public MemorySpace {
  public:
-  CudaDeviceSpace(int device, int64_t cap_bytes)
-      : MemorySpace(SpaceKind::kDevice, "device", cap_bytes), device_(device) {}
+  CudaDeviceSpace(int device, int64_t cap_bytes, ReleaseOrder* order,
+                  cudaMemPool_t pool)
+      : MemorySpace(SpaceKind::kDevice, "device", cap_bytes),
+        device_(device),
+        order_(order),
+        pool_(pool) {}
+  ~CudaDeviceSpace() override {
+    // Every buffer is released by now; let the queued frees run first.
+    PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
+    PLATEAU_CUDA_REPORT(cudaStreamSynchronize(order_->stream()));
+    PLATEAU_CUDA_REPORT(cudaMemPoolDestroy(pool_));
+  }
 
  protected:
   absl::StatusOr<void*> RawAllocate(size_t bytes) override {
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     void* p = nullptr;
-    const cudaError_t error = cudaMalloc(&p, bytes);
+    cudaError_t error =
+        cudaMallocFromPoolAsync(&p, bytes, pool_, order_->stream());
+    if (error == cudaErrorMemoryAllocation) {
+      // The reserve may be fragmented: hand what is unused back to the
+      // driver (no synchronisation) and try once more.
+      (void)cudaGetLastError();
+      PLATEAU_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
+      error = cudaMallocFromPoolAsync(&p, bytes, pool_, order_->stream());
+    }
     if (error == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // not sticky; keep it out of later checks
       size_t free_bytes = 0, total_bytes = 0;
       if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "cudaMalloc refused on GPU %d; cudaMemGetInfo failed too", device_));
+            "the device pool refused on GPU %d; cudaMemGetInfo failed too",
+            device_));
       }
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "cudaMalloc refused: GPU %d has %d bytes free of %d", device_,
+          "the device pool refused: GPU %d has %d bytes free of %d", device_,
           free_bytes, total_bytes));
     }
     PLATEAU_CUDA_RETURN_IF_ERROR(error);
+    const cudaError_t published = order_->Publish();
+    if (published != cudaSuccess) {
+      PLATEAU_CUDA_REPORT(cudaFreeAsync(p, order_->stream()));
+      return CudaStatus(published, "ReleaseOrder::Publish", __FILE__,
+                        __LINE__);
+    }
     return p;
   }
 
+  // Under the space's lock: only a stream-ordered free, which returns at
+  // once; ReleaseFence (outside the lock) ordered it after every stream.
   void RawFree(void* data, size_t /*bytes*/) override {
-    // cudaFree waits for work still using the memory to finish.
     PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
-    PLATEAU_CUDA_REPORT(cudaFree(data));
+    PLATEAU_CUDA_REPORT(cudaFreeAsync(data, order_->stream()));
+  }
+
+  void ReleaseFence() override {
+    PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
+    PLATEAU_CUDA_REPORT(order_->Fence());
   }
 
  private:
   const int device_;
+  ReleaseOrder* const order_;
+  const cudaMemPool_t pool_;
 };
 
 // Pinned (page-locked) host memory: copies to and from it are true
 // asynchronous DMA that overlaps compute, which SCO's offload and the
 // optimizer's staging rely on.
+//
+// cudaFreeHost synchronises the device, so a released block is not freed:
+// it waits in a cache with an event recorded on the release stream (after
+// every stream's work at release time) and is handed out again, once that
+// event has completed, to an allocation of at least its size and at most
+// twice it. Blocks beyond kCacheBytes are freed by the next release, outside
+// the space's lock; the rest when the space is destroyed. The tracker counts
+// live bytes only, as on the CPU.
 class CudaPinnedSpace final : public MemorySpace {
  public:
-  CudaPinnedSpace(int device, int64_t cap_bytes)
-      : MemorySpace(SpaceKind::kHost, "host", cap_bytes), device_(device) {}
+  // The cache's bound: enough for the staging buffers of a step to come back
+  // without a cudaHostAlloc, small next to a training host's memory.
+  static constexpr size_t kCacheBytes = size_t{1} << 30;
+
+  CudaPinnedSpace(int device, int64_t cap_bytes, ReleaseOrder* order)
+      : MemorySpace(SpaceKind::kHost, "host", cap_bytes),
+        device_(device),
+        order_(order) {}
+  ~CudaPinnedSpace() override {
+    PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
+    PLATEAU_CUDA_REPORT(cudaStreamSynchronize(order_->stream()));
+    absl::MutexLock lock(&cache_mu_);
+    for (const Cached& c : cache_) {
+      if (c.ready != nullptr) PLATEAU_CUDA_REPORT(cudaEventDestroy(c.ready));
+      PLATEAU_CUDA_REPORT(cudaFreeHost(c.data));
+    }
+    for (cudaEvent_t e : spare_events_) PLATEAU_CUDA_REPORT(cudaEventDestroy(e));
+  }
 
  protected:
   absl::StatusOr<void*> RawAllocate(size_t bytes) override {
+    {
+      absl::MutexLock lock(&cache_mu_);
+      auto best = cache_.end();
+      for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+        if (it->capacity < bytes || it->capacity / 2 > bytes) continue;
+        if (best != cache_.end() && best->capacity <= it->capacity) continue;
+        if (it->ready == nullptr) continue;  // its release was never ordered
+        const cudaError_t q = cudaEventQuery(it->ready);
+        if (q == cudaErrorNotReady) continue;
+        PLATEAU_CUDA_RETURN_IF_ERROR(q);
+        best = it;
+      }
+      if (best != cache_.end()) {
+        void* p = best->data;
+        live_[p] = best->capacity;
+        cached_bytes_ -= best->capacity;
+        spare_events_.push_back(best->ready);
+        cache_.erase(best);
+        return p;
+      }
+    }
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     void* p = nullptr;
     const cudaError_t error = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (error == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          "cudaHostAlloc refused to pin that much host memory");
+      absl::MutexLock lock(&cache_mu_);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cudaHostAlloc refused to pin that much host memory (", cached_bytes_,
+          " bytes are pinned in the release cache, of other sizes or still in "
+          "use by queued copies)"));
     }
     PLATEAU_CUDA_RETURN_IF_ERROR(error);
+    absl::MutexLock lock(&cache_mu_);
+    live_[p] = bytes;
     return p;
   }
 
+  // Under the space's lock: an event record and a list insert, no free.
   void RawFree(void* data, size_t /*bytes*/) override {
-    PLATEAU_CUDA_REPORT(cudaFreeHost(data));
+    absl::MutexLock lock(&cache_mu_);
+    auto it = live_.find(data);
+    const size_t capacity = it == live_.end() ? 0 : it->second;
+    if (it != live_.end()) live_.erase(it);
+    cudaEvent_t ready = nullptr;
+    if (!spare_events_.empty()) {
+      ready = spare_events_.back();
+      spare_events_.pop_back();
+    } else if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) !=
+               cudaSuccess) {
+      (void)cudaGetLastError();
+      ready = nullptr;
+    }
+    if (ready != nullptr && cudaEventRecord(ready, order_->stream()) !=
+                                cudaSuccess) {
+      (void)cudaGetLastError();
+      PLATEAU_CUDA_REPORT(cudaEventDestroy(ready));
+      ready = nullptr;  // never reused; freed with the space
+    }
+    cache_.push_back(Cached{data, capacity, ready});
+    cached_bytes_ += capacity;
+  }
+
+  // Outside the space's lock: order the release after every stream, then
+  // free completed blocks beyond the cache's bound (cudaFreeHost waits for
+  // the device, which is allowed here and only here).
+  void ReleaseFence() override {
+    PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
+    PLATEAU_CUDA_REPORT(order_->Fence());
+    std::vector<Cached> trimmed;
+    {
+      absl::MutexLock lock(&cache_mu_);
+      for (auto it = cache_.begin();
+           it != cache_.end() && cached_bytes_ > kCacheBytes;) {
+        if (it->ready != nullptr && cudaEventQuery(it->ready) == cudaSuccess) {
+          cached_bytes_ -= it->capacity;
+          trimmed.push_back(*it);
+          it = cache_.erase(it);
+        } else {
+          (void)cudaGetLastError();
+          ++it;
+        }
+      }
+    }
+    for (const Cached& c : trimmed) {
+      PLATEAU_CUDA_REPORT(cudaEventDestroy(c.ready));
+      PLATEAU_CUDA_REPORT(cudaFreeHost(c.data));
+    }
   }
 
  private:
+  struct Cached {
+    void* data;
+    size_t capacity;
+    cudaEvent_t ready;  // nullptr: reuse never safe; freed with the space
+  };
+
   const int device_;
+  ReleaseOrder* const order_;
+  absl::Mutex cache_mu_;
+  std::list<Cached> cache_ ABSL_GUARDED_BY(cache_mu_);
+  size_t cached_bytes_ ABSL_GUARDED_BY(cache_mu_) = 0;
+  // Live blocks' capacities (a reused block may be larger than asked).
+  std::map<void*, size_t> live_ ABSL_GUARDED_BY(cache_mu_);
+  std::vector<cudaEvent_t> spare_events_ ABSL_GUARDED_BY(cache_mu_);
 };
 
 // ---------------------------------------------------------------------------
@@ -148,25 +388,35 @@ constexpr size_t kGemmPointerBytes = 3 * kGroupedGemmsPerCall * sizeof(void*);
 // stream) with its own cuBLAS handle and workspace: `blas_bytes` of it for
 // cuBLAS and the reductions' scratch, then the grouped GEMM's pointer
 // arrays (kGemmPointerBytes).
+//
+// Errors are sticky, as stream.h promises: the first failure (an enqueue
+// that failed, a kernel fault seen by Synchronize, or a collective that the
+// NCCL watchdog gave up on) is kept in stream_errors.h under this stream's
+// handle; later work is skipped and Synchronize returns it. Record and Wait
+// still run, so events recorded after the failure complete.
 class CudaStream final : public Stream {
  public:
   CudaStream(std::string name, int device, cudaStream_t stream,
-             cublasHandle_t blas, Buffer workspace, size_t blas_bytes)
+             cublasHandle_t blas, Buffer workspace, size_t blas_bytes,
+             ReleaseOrder* order)
       : name_(std::move(name)),
         device_(device),
         stream_(stream),
         blas_(blas),
         workspace_(std::move(workspace)),
-        blas_bytes_(blas_bytes) {}
+        blas_bytes_(blas_bytes),
+        order_(order) {}
 
   ~CudaStream() override {
     // The workspace may still be in use by enqueued work: drain first.
     PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
     PLATEAU_CUDA_REPORT(cudaStreamSynchronize(stream_));
+    order_->Remove(stream_);
     if (cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "plateau cuda backend: cublasDestroy failed\n");
     }
     PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream_));
+    ForgetCudaStream(stream_);
     workspace_.Release();
   }
   CudaStream(const CudaStream&) = delete;
@@ -198,13 +448,36 @@ class CudaStream final : public Stream {
     return absl::OkStatus();
   }
 
+  // Polls instead of blocking in cudaStreamSynchronize: a collective whose
+  // peer died never completes, and the NCCL watchdog reports it by failing
+  // this stream (after aborting the communicator) — a blocked host thread
+  // would never see that. The poll backs off from 2 us to 200 us, so a
+  // step's synchronise costs at most that much latency.
   absl::Status Synchronize() override {
-    const cudaError_t error = cudaStreamSynchronize(stream_);
-    if (error == cudaSuccess) return absl::OkStatus();
-    absl::Status s = CudaStatus(error, "cudaStreamSynchronize", __FILE__,
-                                __LINE__);
-    return absl::Status(s.code(),
-                        absl::StrCat("stream '", name_, "': ", s.message()));
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    absl::Duration backoff = absl::Microseconds(2);
+    for (;;) {
+      absl::Status sticky = error();
+      if (!sticky.ok()) return sticky;
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return error();
+      if (e != cudaErrorNotReady) {
+        return Fail(CudaStatus(e, "cudaStreamQuery", __FILE__, __LINE__));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Microseconds(200));
+    }
+  }
+
+  // OK, or the stream's first error.
+  absl::Status error() const { return CudaStreamError(stream_); }
+  // Keeps `s` as the stream's first error (naming the stream) unless it has
+  // one; returns `s` as named.
+  absl::Status Fail(const absl::Status& s) {
+    absl::Status named(s.code(),
+                       absl::StrCat("stream '", name_, "': ", s.message()));
+    (void)FailCudaStream(stream_, named);
+    return named;
   }
 
   void* native_handle() const override { return stream_; }
@@ -237,6 +510,7 @@ class CudaStream final : public Stream {
   const cublasHandle_t blas_;
   Buffer workspace_;
   const size_t blas_bytes_;
+  ReleaseOrder* const order_;
   absl::Mutex launch_mu_;
 };
 
@@ -245,7 +519,8 @@ class CudaStream final : public Stream {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const BackendOptions& o, const cudaDeviceProp& prop)
+  CudaBackend(const BackendOptions& o, const cudaDeviceProp& prop,
+              std::unique_ptr<ReleaseOrder> order, cudaMemPool_t pool)
       : device_index_(o.device_index),
         prop_(prop),
         // cuBLAS's recommended workspace: 32 MiB on Hopper and later, 4 MiB
@@ -253,8 +528,9 @@ class CudaBackend final : public Backend {
         workspace_bytes_(std::max(
             prop.major >= 9 ? size_t{32} << 20 : size_t{4} << 20,
             cuda_ops::kScratchBytes)),
-        device_(o.device_index, o.device_memory_bytes),
-        host_(o.device_index, o.host_memory_bytes) {}
+        order_(std::move(order)),
+        device_(o.device_index, o.device_memory_bytes, order_.get(), pool),
+        host_(o.device_index, o.host_memory_bytes, order_.get()) {}
 
   BackendKind kind() const override { return BackendKind::kCuda; }
 
@@ -282,6 +558,10 @@ class CudaBackend final : public Backend {
         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cublasHandle_t blas = nullptr;
     absl::Status s = ConfigureBlas(stream, workspace, &blas);
+    // The stream waits for the release stream's work so far: its workspace
+    // (and any earlier allocation) may reuse memory whose last user is
+    // still queued.
+    if (s.ok()) s = order_->Add(stream);
     if (!s.ok()) {
       if (blas != nullptr) cublasDestroy(blas);
       PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream));
@@ -289,7 +569,7 @@ class CudaBackend final : public Backend {
     }
     return std::make_unique<CudaStream>(std::string(name), device_index_,
                                         stream, blas, std::move(workspace),
-                                        workspace_bytes_);
+                                        workspace_bytes_, order_.get());
   }
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
@@ -303,35 +583,35 @@ class CudaBackend final : public Backend {
  protected:
   absl::Status DoCopy(Stream& st, void* dst, const void* src,
                       size_t bytes) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    // cudaMemcpyDefault: unified addressing tells device from host pointers.
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream()));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      // cudaMemcpyDefault: unified addressing tells device from host pointers.
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream()));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    if (g.k == 0) {  // C = beta * C; A and B may be null
-      PLATEAU_CUDA_RETURN_IF_ERROR(
-          cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      if (g.k == 0) {  // C = beta * C; A and B may be null
+        PLATEAU_CUDA_RETURN_IF_ERROR(
+            cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
+        return absl::OkStatus();
+      }
+      // cuBLAS is column-major. A row-major matrix read as column-major is its
+      // transpose, so the row-major C = op(A) op(B) is computed as the
+      // column-major C^T (n x m) = op(B)^T op(A)^T: the operands swap places
+      // and keep their own transpose flags and leading dimensions.
+      const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+      PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+          s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
+          static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_32F,
+          static_cast<int>(g.ldb), g.a, CUDA_R_32F, static_cast<int>(g.lda),
+          &g.beta, g.c, CUDA_R_32F, static_cast<int>(g.ldc),
+          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       return absl::OkStatus();
-    }
-    // cuBLAS is column-major. A row-major matrix read as column-major is its
-    // transpose, so the row-major C = op(A) op(B) is computed as the
-    // column-major C^T (n x m) = op(B)^T op(A)^T: the operands swap places
-    // and keep their own transpose flags and leading dimensions.
-    const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-        s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
-        static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_32F,
-        static_cast<int>(g.ldb), g.a, CUDA_R_32F, static_cast<int>(g.lda),
-        &g.beta, g.c, CUDA_R_32F, static_cast<int>(g.ldc),
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return absl::OkStatus();
+    });
   }
 
   // One cublasGemmGroupedBatchedEx call per kGroupedGemmsPerCall GEMMs.
@@ -340,191 +620,190 @@ class CudaBackend final : public Backend {
   // GEMMs with k = 0 (C = beta C) go to ScaleMatrix, as in DoGemm.
   absl::Status DoGroupedGemm(Stream& st,
                              absl::Span<const GemmArgs> gemms) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    std::vector<const GemmArgs*> todo;
-    for (const GemmArgs& g : gemms) {
-      if (g.k == 0) {
-        PLATEAU_CUDA_RETURN_IF_ERROR(
-            cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
-      } else {
-        todo.push_back(&g);
-      }
-    }
-    auto same = [](const GemmArgs& x, const GemmArgs& y) {
-      return x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.m == y.m &&
-             x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
-             x.ldc == y.ldc && x.alpha == y.alpha && x.beta == y.beta;
-    };
-    for (size_t first = 0; first < todo.size();
-         first += kGroupedGemmsPerCall) {
-      const size_t last =
-          std::min(todo.size(), first + static_cast<size_t>(kGroupedGemmsPerCall));
-      // Per GEMM: the pointers; per group: the rest.
-      std::vector<const void*> a, b;
-      std::vector<void*> c;
-      std::vector<cublasOperation_t> op_a, op_b;
-      std::vector<int> m, n, k, lda, ldb, ldc, size;
-      std::vector<float> alpha, beta;
-      for (size_t i = first; i < last; ++i) {
-        const GemmArgs& g = *todo[i];
-        // Column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B.
-        a.push_back(g.b);
-        b.push_back(g.a);
-        c.push_back(g.c);
-        if (i > first && same(g, *todo[i - 1])) {
-          ++size.back();
-          continue;
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      std::vector<const GemmArgs*> todo;
+      for (const GemmArgs& g : gemms) {
+        if (g.k == 0) {
+          PLATEAU_CUDA_RETURN_IF_ERROR(
+              cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
+        } else {
+          todo.push_back(&g);
         }
-        op_a.push_back(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-        op_b.push_back(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-        m.push_back(static_cast<int>(g.n));
-        n.push_back(static_cast<int>(g.m));
-        k.push_back(static_cast<int>(g.k));
-        lda.push_back(static_cast<int>(g.ldb));
-        ldb.push_back(static_cast<int>(g.lda));
-        ldc.push_back(static_cast<int>(g.ldc));
-        alpha.push_back(g.alpha);
-        beta.push_back(g.beta);
-        size.push_back(1);
       }
-      // The previous call's kernels read the pointer arrays before these
-      // writes run: both are on this stream, in order.
-      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::StoreGemmPointers(
-          s->stream(), a.data(), b.data(), c.data(),
-          static_cast<int64_t>(a.size()), s->gemm_a(), s->gemm_b(),
-          s->gemm_c()));
-      // The per-group arrays (and alpha, beta: host pointer mode) are read
-      // during the call; the pointer arrays on the device, in stream order.
-      PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
-          s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(),
-          alpha.data(), s->gemm_a(), CUDA_R_32F, lda.data(), s->gemm_b(),
-          CUDA_R_32F, ldb.data(), beta.data(), s->gemm_c(), CUDA_R_32F,
-          ldc.data(), static_cast<int>(size.size()), size.data(),
-          CUBLAS_COMPUTE_32F));
-    }
-    return absl::OkStatus();
+      auto same = [](const GemmArgs& x, const GemmArgs& y) {
+        return x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.m == y.m &&
+               x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
+               x.ldc == y.ldc && x.alpha == y.alpha && x.beta == y.beta;
+      };
+      for (size_t first = 0; first < todo.size();
+           first += kGroupedGemmsPerCall) {
+        const size_t last =
+            std::min(todo.size(), first + static_cast<size_t>(kGroupedGemmsPerCall));
+        // Per GEMM: the pointers; per group: the rest.
+        std::vector<const void*> a, b;
+        std::vector<void*> c;
+        std::vector<cublasOperation_t> op_a, op_b;
+        std::vector<int> m, n, k, lda, ldb, ldc, size;
+        std::vector<float> alpha, beta;
+        for (size_t i = first; i < last; ++i) {
+          const GemmArgs& g = *todo[i];
+          // Column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B.
+          a.push_back(g.b);
+          b.push_back(g.a);
+          c.push_back(g.c);
+          if (i > first && same(g, *todo[i - 1])) {
+            ++size.back();
+            continue;
+          }
+          op_a.push_back(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+          op_b.push_back(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+          m.push_back(static_cast<int>(g.n));
+          n.push_back(static_cast<int>(g.m));
+          k.push_back(static_cast<int>(g.k));
+          lda.push_back(static_cast<int>(g.ldb));
+          ldb.push_back(static_cast<int>(g.lda));
+          ldc.push_back(static_cast<int>(g.ldc));
+          alpha.push_back(g.alpha);
+          beta.push_back(g.beta);
+          size.push_back(1);
+        }
+        // The previous call's kernels read the pointer arrays before these
+        // writes run: both are on this stream, in order.
+        PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::StoreGemmPointers(
+            s->stream(), a.data(), b.data(), c.data(),
+            static_cast<int64_t>(a.size()), s->gemm_a(), s->gemm_b(),
+            s->gemm_c()));
+        // The per-group arrays (and alpha, beta: host pointer mode) are read
+        // during the call; the pointer arrays on the device, in stream order.
+        PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
+            s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(),
+            alpha.data(), s->gemm_a(), CUDA_R_32F, lda.data(), s->gemm_b(),
+            CUDA_R_32F, ldb.data(), beta.data(), s->gemm_c(), CUDA_R_32F,
+            ldc.data(), static_cast<int>(size.size()), size.data(),
+            CUBLAS_COMPUTE_32F));
+      }
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoFill(Stream& st, float* x, int64_t n, float value) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Fill(s->stream(), x, n, value));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Fill(s->stream(), x, n, value));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoScale(Stream& st, float* x, int64_t n, float alpha) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Scale(s->stream(), x, n, alpha));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Scale(s->stream(), x, n, alpha));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoAxpy(Stream& st, float* y, const float* x, int64_t n,
                       float alpha) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Axpy(s->stream(), y, x, n, alpha));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Axpy(s->stream(), y, x, n, alpha));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoAdd(Stream& st, float* out, const float* a, const float* b,
                      int64_t n) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Add(s->stream(), out, a, b, n));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Add(s->stream(), out, a, b, n));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoMul(Stream& st, float* out, const float* a, const float* b,
                      int64_t n) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Mul(s->stream(), out, a, b, n));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::Mul(s->stream(), out, a, b, n));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoSwiGluForward(Stream& st, float* out, const float* gate,
                                const float* up, int64_t n) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_ops::SwiGluForward(s->stream(), out, gate, up, n));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::SwiGluForward(s->stream(), out, gate, up, n));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoSwiGluBackward(Stream& st, float* dgate, float* dup,
                                 const float* dout, const float* gate,
                                 const float* up, int64_t n) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::SwiGluBackward(
-        s->stream(), dgate, dup, dout, gate, up, n));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::SwiGluBackward(
+          s->stream(), dgate, dup, dout, gate, up, n));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoRmsNormForward(Stream& st, float* out, float* rstd,
                                 const float* x, const float* weight,
                                 int64_t rows, int64_t cols,
                                 float eps) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::RmsNormForward(
-        s->stream(), out, rstd, x, weight, rows, cols, eps));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::RmsNormForward(
+          s->stream(), out, rstd, x, weight, rows, cols, eps));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoRmsNormBackward(Stream& st, float* dx, float* dweight,
                                  const float* dout, const float* x,
                                  const float* weight, const float* rstd,
                                  int64_t rows, int64_t cols) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_ops::RmsNormBackward(s->stream(), dx, dweight, dout, x, weight,
-                                  rstd, rows, cols, s->scratch()));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::RmsNormBackward(s->stream(), dx, dweight, dout, x, weight,
+                                    rstd, rows, cols, s->scratch()));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoSoftmaxRows(Stream& st, float* y, const float* x,
                              int64_t rows, int64_t cols) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_ops::SoftmaxRows(s->stream(), y, x, rows, cols));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::SoftmaxRows(s->stream(), y, x, rows, cols));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoLogSumExpRows(Stream& st, float* out, const float* x,
                                int64_t rows, int64_t cols) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_ops::LogSumExpRows(s->stream(), out, x, rows, cols));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::LogSumExpRows(s->stream(), out, x, rows, cols));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoSum(Stream& st, float* out, const float* x,
                      int64_t n) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_ops::Sum(s->stream(), out, x, n, s->scratch()));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::Sum(s->stream(), out, x, n, s->scratch()));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoSumSquares(Stream& st, float* out, const float* x,
                             int64_t n) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_ops::SumSquares(s->stream(), out, x, n, s->scratch()));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::SumSquares(s->stream(), out, x, n, s->scratch()));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
                        float* v, int64_t n, const AdamWArgs& args) override {
-    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
     const cpu::AdamWStepScalars step = cpu::ComputeAdamWStepScalars(args);
     cuda_ops::AdamWScalars k;
     k.beta1 = args.beta1;
@@ -536,13 +815,28 @@ class CudaBackend final : public Backend {
     k.step_size = step.step_size;
     k.bc2_sqrt = step.bc2_sqrt;
     k.decay = step.decay;
-    absl::MutexLock lock(&s->launch_mu());
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_ops::AdamW(s->stream(), param, grad, m, v, n, k));
-    return absl::OkStatus();
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::AdamW(s->stream(), param, grad, m, v, n, k));
+      return absl::OkStatus();
+    });
   }
 
  private:
+  // Enqueues one operation: `launch(s)` runs with the stream's launch lock
+  // held. A stream that has already failed skips it (stream.h: errors are
+  // sticky; Synchronize returns the first); a launch that fails becomes the
+  // stream's error and is returned here too.
+  template <typename F>
+  absl::Status Enqueue(Stream& st, F&& launch) {
+    PLATEAU_ASSIGN_OR_RETURN(CudaStream * s, Native(st));
+    absl::MutexLock lock(&s->launch_mu());
+    if (!s->error().ok()) return absl::OkStatus();
+    absl::Status status = launch(s);
+    if (!status.ok()) return s->Fail(status);
+    return absl::OkStatus();
+  }
+
   // The stream as one of ours on this backend's GPU, with that GPU current
   // on the calling thread (launches go to the current device's streams).
   absl::StatusOr<CudaStream*> Native(Stream& stream) {
@@ -580,6 +874,8 @@ class CudaBackend final : public Backend {
   const int device_index_;
   const cudaDeviceProp prop_;
   const size_t workspace_bytes_;
+  // Declared before the spaces, which use it until they are destroyed.
+  const std::unique_ptr<ReleaseOrder> order_;
   CudaDeviceSpace device_;
   CudaPinnedSpace host_;
 };
@@ -588,6 +884,12 @@ class CudaBackend final : public Backend {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     const BackendOptions& options) {
+  // Every kernel is loaded when the context is created. With lazy loading
+  // (CUDA's default since 12.2) a kernel's first launch loads its module,
+  // which can wait for the context to go idle: mid-ring, behind an NCCL
+  // kernel that waits for a peer, that is a deadlock. Only effective when
+  // this is the process's first CUDA call and the variable is unset.
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0) {
@@ -616,11 +918,52 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     return absl::FailedPreconditionError(absl::StrCat(
         "backend: GPU ", options.device_index, " (", prop.name, ", sm_",
         prop.major, prop.minor,
-        ") cannot run this build's kernels, which are built for sm_80 and "
-        "sm_90 (",
+        ") cannot run this build's kernels (machine code for sm_80 and "
+        "sm_90, PTX for compute_90) (",
         cudaGetErrorName(image), ")"));
   }
-  return std::make_unique<CudaBackend>(options, prop);
+  // The release stream and the device pool (see ReleaseOrder and
+  // CudaDeviceSpace).
+  int pools_supported = 0;
+  PLATEAU_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &pools_supported, cudaDevAttrMemoryPoolsSupported, options.device_index));
+  if (!pools_supported) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend: GPU ", options.device_index, " (", prop.name,
+        ") does not support stream-ordered memory pools, which the cuda "
+        "backend's device space needs (CUDA 11.2+ driver, not under MPS "
+        "limits that disable them)"));
+  }
+  cudaStream_t release = nullptr;
+  PLATEAU_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&release, cudaStreamNonBlocking));
+  cudaEvent_t order_event = nullptr;
+  const cudaError_t event_error =
+      cudaEventCreateWithFlags(&order_event, cudaEventDisableTiming);
+  if (event_error != cudaSuccess) {
+    PLATEAU_CUDA_REPORT(cudaStreamDestroy(release));
+    return CudaStatus(event_error, "cudaEventCreateWithFlags", __FILE__,
+                      __LINE__);
+  }
+  auto order =
+      std::make_unique<ReleaseOrder>(options.device_index, release, order_event);
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = options.device_index;
+  cudaMemPool_t pool = nullptr;
+  PLATEAU_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&pool, &props));
+  // Freed memory stays in the pool (reused by the next allocation) instead
+  // of going back to the driver at every synchronisation.
+  uint64_t keep = UINT64_MAX;
+  const cudaError_t keep_error =
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (keep_error != cudaSuccess) {
+    PLATEAU_CUDA_REPORT(cudaMemPoolDestroy(pool));
+    return CudaStatus(keep_error, "cudaMemPoolSetAttribute(ReleaseThreshold)",
+                      __FILE__, __LINE__);
+  }
+  return std::make_unique<CudaBackend>(options, prop, std::move(order), pool);
 }
 
 }  // namespace plateau

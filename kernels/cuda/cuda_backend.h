@@ -1,8 +1,24 @@
 // The CUDA backend: cuBLAS for GEMM (cublasGemmGroupedBatchedEx for
 // GroupedGemm), our kernels (cuda_ops.h) for the other
-// primitives, cudaMalloc'd device memory and cudaHostAlloc'd pinned host
-// memory, non-blocking CUDA streams and timing-free events. Built only with
-// --config=cuda; Backend::Create(kind = kCuda) reaches it.
+// primitives, device memory from a stream-ordered pool and cudaHostAlloc'd
+// pinned host memory, non-blocking CUDA streams and timing-free events.
+// Built only with --config=cuda; Backend::Create(kind = kCuda) reaches it.
+//
+// Releases never synchronise: device memory goes back with cudaFreeAsync on
+// a release stream that first waits (on the GPU) for the work enqueued so
+// far on every stream of the backend, and stays in the pool for the next
+// allocation; pinned host blocks wait in a cache until that work has run
+// and are reused, cudaFreeHost running only outside the space's lock. A new
+// allocation makes every stream wait for the release stream, so memory is
+// never written by its next user before its last user has finished. The
+// live-set accounting (memory.h) is the CPU's: live bytes as requested.
+//
+// Errors are sticky per stream (stream.h): the first failure is kept,
+// later work on that stream is skipped, Synchronize returns it. Synchronize
+// polls, so a collective that the NCCL watchdog gives up on ends it with the
+// communicator's status instead of a hang. A device fault (illegal address,
+// failed launch, kernel assert, uncorrectable ECC error) poisons the whole
+// CUDA context: its status says so, and only a new process recovers.
 //
 // Memory: every byte this backend takes on the GPU goes through its device
 // MemorySpace and is tracked by live set, including each stream's workspace
@@ -30,7 +46,8 @@
 namespace plateau {
 
 // FAILED_PRECONDITION when no GPU is visible (no driver, no device) or the
-// device has no machine code in this build (sm_80 and sm_90 are built);
+// device can run none of this build's kernels (sm_80 and sm_90 machine
+// code, compute_90 PTX that newer GPUs compile at load);
 // INVALID_ARGUMENT when options.device_index names no visible GPU.
 // options.device_memory_bytes caps the device space (0: what the GPU has);
 // options.host_memory_bytes caps the pinned host space (0: uncapped).

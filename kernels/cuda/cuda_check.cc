@@ -4,6 +4,25 @@
 
 namespace plateau {
 
+bool IsCudaDeviceFault(cudaError_t error) {
+  switch (error) {
+    case cudaErrorECCUncorrectable:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status CudaStatus(cudaError_t error, const char* call, const char* file,
                         int line) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -27,7 +46,8 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file,
   return absl::Status(
       code, absl::StrCat(file, ":", line, ": ", call, ": ",
                          cudaGetErrorName(error), " (",
-                         cudaGetErrorString(error), ")"));
+                         cudaGetErrorString(error), ")",
+                         IsCudaDeviceFault(error) ? kDeviceFaultNote : ""));
 }
 
 absl::Status CublasStatus(cublasStatus_t status, const char* call,

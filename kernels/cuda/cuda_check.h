@@ -11,9 +11,21 @@
 
 namespace plateau {
 
+// A device fault (an illegal address, a failed launch, a kernel assert, an
+// uncorrectable ECC error, ...) is sticky in CUDA: it poisons the whole
+// context, so every later CUDA call of this process fails too and nothing
+// short of a new process recovers the GPU. cudaDeviceReset() would destroy
+// every stream, buffer and communicator the rest of the process still holds.
+bool IsCudaDeviceFault(cudaError_t error);
+// What a device fault's status says after the error itself.
+inline constexpr char kDeviceFaultNote[] =
+    "; a device fault: this process's CUDA context is unusable from now on, "
+    "the process must exit and a new one take over the GPU";
+
 // OK for cudaSuccess. Otherwise RESOURCE_EXHAUSTED for allocation failures,
 // FAILED_PRECONDITION when there is no usable device or driver, INTERNAL for
-// the rest; the message reads "file:line: call: cudaErrorName (description)".
+// the rest; the message reads "file:line: call: cudaErrorName (description)",
+// followed by kDeviceFaultNote for a device fault.
 // Also clears the calling thread's last-error slot, so the error is not
 // reported a second time by a later launch check.
 absl::Status CudaStatus(cudaError_t error, const char* call, const char* file,

@@ -8,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_model_ops.h"
+#include "kernels/cuda/stream_errors.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 
@@ -36,11 +37,24 @@ absl::StatusOr<cudaStream_t> Native(absl::string_view op, Stream& s) {
   return stream;
 }
 
-#define PLATEAU_LAUNCH(op, s, launcher, ...)                          \
-  do {                                                                \
-    PLATEAU_ASSIGN_OR_RETURN(cudaStream_t native_, Native(op, s));    \
-    PLATEAU_CUDA_RETURN_IF_ERROR(launcher(native_, __VA_ARGS__));     \
-    return absl::OkStatus();                                          \
+// Enqueues one kernel with the stream's sticky error (stream.h,
+// stream_errors.h): a stream that has failed skips it; a launch that fails
+// becomes the stream's error and is returned.
+#define PLATEAU_LAUNCH(op, s, launcher, ...)                                \
+  do {                                                                      \
+    PLATEAU_ASSIGN_OR_RETURN(cudaStream_t native_, Native(op, s));          \
+    if (!CudaStreamError(native_).ok()) return absl::OkStatus();            \
+    const cudaError_t launch_error_ = launcher(native_, __VA_ARGS__);       \
+    if (launch_error_ != cudaSuccess) {                                     \
+      absl::Status launch_status_ =                                         \
+          CudaStatus(launch_error_, #launcher, __FILE__, __LINE__);         \
+      launch_status_ = absl::Status(                                        \
+          launch_status_.code(), absl::StrCat("stream '", (s).name(), "': ", \
+                                              launch_status_.message()));   \
+      (void)FailCudaStream(native_, launch_status_);                        \
+      return launch_status_;                                                \
+    }                                                                       \
+    return absl::OkStatus();                                                \
   } while (0)
 
 class CudaModelKernels final : public ModelKernels {
@@ -188,6 +202,9 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
         "cuda model kernels: backend is ", BackendKindName(backend.kind()),
         ", not cuda"));
   }
+  // Load every model kernel now (on the current device: the backend's, when
+  // it was created on this thread), not at its first launch mid-step.
+  PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
   return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>());
 }
 

@@ -441,4 +441,30 @@ cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
   return cudaGetLastError();
 }
 
+cudaError_t LoadKernels() {
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(StripInitKernel),
+      reinterpret_cast<const void*>(StripFoldKernel),
+      reinterpret_cast<const void*>(StripFinishKernel),
+      reinterpret_cast<const void*>(StripDeltaKernel),
+      reinterpret_cast<const void*>(CrossEntropyLseKernel),
+      reinterpret_cast<const void*>(CrossEntropyLossKernel),
+      reinterpret_cast<const void*>(EmbeddingKernel),
+      reinterpret_cast<const void*>(EmbeddingBackwardKernel),
+      reinterpret_cast<const void*>(GatherRowsKernel),
+      reinterpret_cast<const void*>(ScatterRowsKernel),
+      reinterpret_cast<const void*>(CombineRowsKernel),
+      reinterpret_cast<const void*>(RowDotsKernel),
+      reinterpret_cast<const void*>(RopeKernel),
+      reinterpret_cast<const void*>(RouterKernel),
+      reinterpret_cast<const void*>(RouterBackwardKernel),
+  };
+  for (const void* kernel : kernels) {
+    cudaFuncAttributes attributes;
+    const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace plateau::cuda_model_ops

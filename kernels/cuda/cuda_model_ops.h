@@ -28,6 +28,10 @@
 namespace plateau::cuda_model_ops {
 
 // state[0, rows) = -inf (m); state[rows, 3 * rows) = 0 (s and t).
+// Loads every kernel of this library on the current device (see
+// cuda_ops::CheckKernelImage: no lazy load mid-step); the first error.
+cudaError_t LoadKernels();
+
 cudaError_t StripInit(cudaStream_t stream, float* state, int64_t rows);
 // Per row r (targets[r] != kIgnoreIndex): mnew = max(m, max_c x), s = s *
 // exp(m - mnew) + sum_c exp(x - mnew), m = mnew, t = x[target - col0] when

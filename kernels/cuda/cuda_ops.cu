@@ -311,11 +311,6 @@ cudaError_t LaunchReduce(cudaStream_t stream, float* out, const float* x,
 
 }  // namespace
 
-cudaError_t CheckKernelImage() {
-  cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, ElementwiseKernel<FillOp>);
-}
-
 cudaError_t Fill(cudaStream_t stream, float* x, int64_t n, float value) {
   return LaunchElementwise(stream, n, FillOp{x, value});
 }
@@ -464,6 +459,38 @@ cudaError_t StoreGemmPointers(cudaStream_t stream, const void* const* a,
         batch, count, dst_a + off, dst_b + off, dst_c + off);
     const cudaError_t error = cudaGetLastError();
     if (error != cudaSuccess) return error;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t CheckKernelImage() {
+  // Every kernel of this file, so that each is loaded now: with lazy
+  // loading, a first launch mid-step could wait for the context to go idle.
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(ElementwiseKernel<FillOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<ScaleOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AxpyOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AddOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<MulOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluForwardOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluBackwardOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<ScaleMatrixOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AdamWOp>),
+      reinterpret_cast<const void*>(RmsNormForwardKernel),
+      reinterpret_cast<const void*>(RmsNormBackwardDxKernel),
+      reinterpret_cast<const void*>(RmsNormDweightPartialKernel),
+      reinterpret_cast<const void*>(RmsNormDweightCombineKernel),
+      reinterpret_cast<const void*>(SoftmaxRowsKernel),
+      reinterpret_cast<const void*>(LogSumExpRowsKernel),
+      reinterpret_cast<const void*>(ReducePartialKernel<false>),
+      reinterpret_cast<const void*>(ReducePartialKernel<true>),
+      reinterpret_cast<const void*>(ReduceFinishKernel),
+      reinterpret_cast<const void*>(StoreGemmPointersKernel),
+  };
+  for (const void* kernel : kernels) {
+    cudaFuncAttributes attributes;
+    const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel);
+    if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }

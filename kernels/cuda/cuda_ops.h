@@ -34,9 +34,11 @@ namespace plateau::cuda_ops {
 // with it the bits, do not depend on which GPU runs it.
 inline constexpr size_t kScratchBytes = size_t{4} << 20;
 
-// Returns cudaSuccess when this library has machine code the current device
-// can run (built for sm_80 and sm_90), an error such as
-// cudaErrorNoKernelImageForDevice otherwise.
+// Loads every kernel of this library on the current device and returns
+// cudaSuccess when the device can run them (sm_80 and sm_90 machine code,
+// compute_90 PTX), an error such as cudaErrorNoKernelImageForDevice
+// otherwise. Called at backend creation: a kernel first loaded mid-step
+// (lazy loading) can wait for the context to go idle, behind a collective.
 cudaError_t CheckKernelImage();
 
 cudaError_t Fill(cudaStream_t stream, float* x, int64_t n, float value);

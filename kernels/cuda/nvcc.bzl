@@ -1,11 +1,21 @@
 """nvcc_library: a .cu file compiled by nvcc into a static library.
 
 Bazel 4's C++ rules cannot compile .cu files, so nvcc runs in a genrule
-(machine code for sm_80 (A100) and sm_90 (H100/H200); -fPIC because tests link
-dynamically), cc_import wraps the archive, and a cc_library exposes it with
-its header and the CUDA runtime. Every target is `manual`: only
---config=cuda builds reach them, through select(//:cuda).
+(machine code for sm_80 (A100) and sm_90 (H100/H200), plus compute_90 PTX so
+a newer GPU can JIT the kernels instead of failing with "no kernel image";
+-fPIC because tests link dynamically), cc_import wraps the archive, and a
+cc_library exposes it with its header and the CUDA runtime. Every target is
+`manual`: only --config=cuda builds reach them, through select(//:cuda).
+
+--fmad=false: nvcc never contracts a*b+c into an FMA on its own, as GCC does
+not for the CPU twins (-ffp-contract=off in .bazelrc). An FMA only appears
+where the source asks for one (fmaf, __fmaf_rn) or inside a libdevice
+function (expf, logf). `<name>_ptx` is the same file as PTX text, which
+tools/check-fma reads to check that rule (no cuobjdump in the toolkit here).
 """
+
+# The flags every nvcc call shares (the archive and the PTX check).
+_NVCC_COMMON = "-O3 -std=c++17 --fmad=false -I."
 
 def nvcc_library(name, src, hdr, textual_hdrs = []):
     archive = "lib%s.a" % name
@@ -17,16 +27,31 @@ def nvcc_library(name, src, hdr, textual_hdrs = []):
         # relative to its real location, not the symlink Bazel stages.
         cmd = " ".join([
             "$$(readlink -f $(location @cuda//:nvcc))",
-            "-O3 -std=c++17 -Xcompiler -fPIC",
+            _NVCC_COMMON,
+            "-Xcompiler -fPIC",
             "-gencode arch=compute_80,code=sm_80",
-            "-gencode arch=compute_90,code=sm_90",
-            "-I.",
+            "-gencode arch=compute_90,code=[sm_90,compute_90]",
             "-lib -o $@",
             "$(location %s)" % src,
         ]),
         message = "nvcc " + native.package_name() + "/" + src,
         tags = ["manual"],
         tools = ["@cuda//:nvcc"],
+    )
+    native.genrule(
+        name = name + "_ptx",
+        srcs = [src, hdr] + textual_hdrs,
+        outs = [name + ".ptx"],
+        cmd = " ".join([
+            "$$(readlink -f $(location @cuda//:nvcc))",
+            _NVCC_COMMON,
+            "-arch=compute_90 -ptx -o $@",
+            "$(location %s)" % src,
+        ]),
+        message = "nvcc -ptx " + native.package_name() + "/" + src,
+        tags = ["manual"],
+        tools = ["@cuda//:nvcc"],
+        visibility = ["//tools:__pkg__"],
     )
     native.cc_import(
         name = name + "_archive",

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,12 +17,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "kernels/cuda/stream_errors.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
 namespace {
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
+  // Clear the thread's last-error slot: a non-sticky error left there would
+  // be blamed on the next kernel launch of whoever checks it.
+  (void)cudaGetLastError();
   std::string msg = absl::StrCat(what, ": CUDA error ", static_cast<int>(e),
                                  " (", cudaGetErrorName(e), "): ",
                                  cudaGetErrorString(e));
@@ -194,14 +200,32 @@ class NcclCommunicator final : public Communicator {
         shared_(std::move(shared)),
         key_prefix_(std::move(key_prefix)),
         comm_(comm),
-        scratch_(scratch) {}
+        scratch_(scratch),
+        watchdog_([this] { WatchdogLoop(); }) {}
 
   ~NcclCommunicator() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    watchdog_.join();
     DeviceGuard guard(shared_->device);
     bool clean = false;
     {
       absl::MutexLock lock(&mu_);
       clean = broken_.ok();
+      for (const Watched& w : watched_) {
+        cudaEventDestroy(w.start);
+        cudaEventDestroy(w.end);
+      }
+      watched_.clear();
+      for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+      spare_events_.clear();
+    }
+    absl::MutexLock comm_lock(&comm_mu_);
+    if (aborted_) {  // the watchdog aborted it: comm_ is gone already
+      cudaFree(scratch_);
+      return;
     }
     if (clean) {
       // Flushes enqueued work (bounded); a communicator that cannot finish
@@ -224,7 +248,7 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoAllReduce(Stream& stream, const void* send, void* recv,
                            size_t count, DataType type,
                            ReduceOp op) override {
-    return Call("all_reduce", [&] {
+    return Call("all_reduce", stream, [&] {
       return ncclAllReduce(send, recv, count, NcclType(type), NcclOp(op),
                            comm_, Native(stream));
     });
@@ -233,7 +257,7 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoReduceScatter(Stream& stream, const void* send, void* recv,
                                size_t recv_count, DataType type,
                                ReduceOp op) override {
-    return Call("reduce_scatter", [&] {
+    return Call("reduce_scatter", stream, [&] {
       return ncclReduceScatter(send, recv, recv_count, NcclType(type),
                                NcclOp(op), comm_, Native(stream));
     });
@@ -241,7 +265,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status DoAllGather(Stream& stream, const void* send, void* recv,
                            size_t send_count, DataType type) override {
-    return Call("all_gather", [&] {
+    return Call("all_gather", stream, [&] {
       return ncclAllGather(send, recv, send_count, NcclType(type), comm_,
                            Native(stream));
     });
@@ -270,7 +294,7 @@ class NcclCommunicator final : public Communicator {
                           s),
           Describe("all_to_all_v"));
     }
-    return Grouped("all_to_all_v", [&]() -> ncclResult_t {
+    return Grouped("all_to_all_v", stream, [&]() -> ncclResult_t {
       for (int p = 0; p < size(); ++p) {
         if (p == rank()) continue;
         if (send_counts[p] > 0) {
@@ -290,7 +314,7 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status DoBroadcast(Stream& stream, void* data, size_t count,
                            DataType type, int root) override {
-    return Call("broadcast", [&] {
+    return Call("broadcast", stream, [&] {
       return ncclBroadcast(data, data, count, NcclType(type), root, comm_,
                            Native(stream));
     });
@@ -309,7 +333,7 @@ class NcclCommunicator final : public Communicator {
           Describe("send_recv"));
       return absl::OkStatus();
     }
-    return Grouped("send_recv", [&]() -> ncclResult_t {
+    return Grouped("send_recv", stream, [&]() -> ncclResult_t {
       if (send_count > 0) {
         ncclResult_t r =
             ncclSend(send, send_count, NcclType(type), dst, comm_, s);
@@ -327,7 +351,7 @@ class NcclCommunicator final : public Communicator {
   absl::Status DoBarrier(Stream& stream) override {
     // NCCL has no barrier: a one-element all-reduce completes on a rank's
     // stream only after every rank has contributed.
-    return Call("barrier", [&] {
+    return Call("barrier", stream, [&] {
       return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_,
                            Native(stream));
     });
@@ -369,6 +393,13 @@ class NcclCommunicator final : public Communicator {
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int)),
           absl::StrCat(context, ": barrier scratch"));
+      // Barrier all-reduces it; zeroed so that no rank ever reads
+      // uninitialised memory (compute-sanitizer's initcheck).
+      const cudaError_t zeroed = cudaMemset(scratch, 0, sizeof(int));
+      if (zeroed != cudaSuccess) {
+        cudaFree(scratch);
+        return CudaError(zeroed, absl::StrCat(context, ": barrier scratch"));
+      }
     }
     absl::StatusOr<ncclComm_t> comm =
         InitComm(*shared, key_prefix, rank, static_cast<int>(members.size()),
@@ -419,34 +450,220 @@ class NcclCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  // One collective: `f` enqueues it on `stream`, between two events the
+  // watchdog reads. comm_mu_ keeps the watchdog's abort from freeing the
+  // communicator under the call.
   template <typename F>
-  absl::Status Call(const char* op, F&& f) {
+  absl::Status Call(const char* op, Stream& stream, F&& f) {
+    absl::MutexLock comm_lock(&comm_mu_);
     PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
     DeviceGuard guard(shared_->device);
-    return Finish(op, f());
+    PLATEAU_ASSIGN_OR_RETURN(cudaEvent_t start, MarkStart(op, stream));
+    absl::Status s = Finish(op, f());
+    return Watch(op, stream, start, s);
   }
 
-  // Runs `f` (ncclSend/ncclRecv calls) inside ncclGroupStart/End.
+  // Runs `f` (ncclSend/ncclRecv calls) inside ncclGroupStart/End, as Call.
   template <typename F>
-  absl::Status Grouped(const char* op, F&& f) {
+  absl::Status Grouped(const char* op, Stream& stream, F&& f) {
+    absl::MutexLock comm_lock(&comm_mu_);
     PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
     DeviceGuard guard(shared_->device);
+    PLATEAU_ASSIGN_OR_RETURN(cudaEvent_t start, MarkStart(op, stream));
     ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return Failed(op, NcclError(r, comm_, "ncclGroupStart"));
-    ncclResult_t inner = f();
-    r = ncclGroupEnd();  // always close the group, even after an error
-    if (inner != ncclSuccess) return Failed(op, NcclError(inner, comm_, "nccl"));
-    return Finish(op, r);
+    absl::Status s;
+    if (r != ncclSuccess) {
+      s = Failed(op, NcclError(r, comm_, "ncclGroupStart"));
+    } else {
+      ncclResult_t inner = f();
+      r = ncclGroupEnd();  // always close the group, even after an error
+      s = inner != ncclSuccess ? Failed(op, NcclError(inner, comm_, "nccl"))
+                               : Finish(op, r);
+    }
+    return Watch(op, stream, start, s);
+  }
+
+  // ---- The watchdog -------------------------------------------------------
+  //
+  // NCCL reports a peer that died or never arrived only asynchronously, and
+  // a kernel waiting for it blocks its stream for ever. So every collective
+  // is bracketed by two events on its stream; a thread per communicator
+  // polls the oldest one: once its start event has completed, the
+  // collective has begun and has options.timeout to finish; while it runs,
+  // ncclCommGetAsyncError is polled. On an asynchronous error or a missed
+  // deadline the watchdog aborts the communicator (ncclCommAbort, which
+  // makes the stuck kernels return), marks it broken (later calls fail with
+  // FAILED_PRECONDITION quoting the error) and fails every stream with a
+  // collective still in flight (stream_errors.h): their Synchronize returns
+  // the status instead of hanging. The data those collectives produced is
+  // garbage; the job attempt is over, as communicator.h says.
+
+  struct Watched {
+    const char* op;
+    cudaStream_t stream;
+    cudaEvent_t start;
+    cudaEvent_t end;
+    absl::Time started = absl::InfiniteFuture();  // when start was seen done
+  };
+
+  absl::StatusOr<cudaEvent_t> TakeEvent() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!spare_events_.empty()) {
+        cudaEvent_t e = spare_events_.back();
+        spare_events_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "watchdog event");
+    return e;
+  }
+
+  absl::StatusOr<cudaEvent_t> MarkStart(const char* op, Stream& stream) {
+    absl::StatusOr<cudaEvent_t> start = TakeEvent();
+    if (!start.ok()) return Failed(op, start.status());
+    const cudaError_t e = cudaEventRecord(*start, Native(stream));
+    if (e != cudaSuccess) {
+      cudaEventDestroy(*start);
+      return Failed(op, CudaError(e, "cudaEventRecord (watchdog start)"));
+    }
+    return *start;
+  }
+
+  // Hands the enqueued collective to the watchdog; `s` is the enqueue's own
+  // status. A failed enqueue is not watched (NCCL may have enqueued part of
+  // it; the communicator is broken and is aborted when destroyed).
+  absl::Status Watch(const char* op, Stream& stream, cudaEvent_t start,
+                     absl::Status s) {
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu_);
+      spare_events_.push_back(start);
+      return s;
+    }
+    absl::StatusOr<cudaEvent_t> end = TakeEvent();
+    cudaError_t e = end.ok() ? cudaEventRecord(*end, Native(stream))
+                             : cudaErrorMemoryAllocation;
+    if (e != cudaSuccess) {
+      if (end.ok()) cudaEventDestroy(*end);
+      absl::MutexLock lock(&mu_);
+      spare_events_.push_back(start);
+      return Failed(op, end.ok() ? CudaError(e, "cudaEventRecord (watchdog end)")
+                                 : end.status());
+    }
+    absl::MutexLock lock(&mu_);
+    watched_.push_back(Watched{op, Native(stream), start, *end});
+    return absl::OkStatus();
+  }
+
+  void WatchdogLoop() {
+    DeviceGuard guard(shared_->device);
+    absl::MutexLock lock(&mu_);
+    for (;;) {
+      // 1 ms while collectives are in flight, idle otherwise; Watch and the
+      // destructor wake it.
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !watched_.empty();
+      };
+      if (watched_.empty()) {
+        mu_.Await(absl::Condition(&wake));
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(1));
+      }
+      if (stopping_) return;
+      absl::Status failure = PollLocked();
+      if (failure.ok()) continue;
+      // Abort outside mu_ (callers hold comm_mu_ then mu_; ncclCommAbort
+      // can take a while) but under comm_mu_, so no call is inside NCCL.
+      std::vector<cudaStream_t> streams;
+      for (const Watched& w : watched_) streams.push_back(w.stream);
+      mu_.Unlock();
+      {
+        absl::MutexLock comm_lock(&comm_mu_);
+        ncclCommAbort(comm_);
+        aborted_ = true;
+      }
+      for (cudaStream_t st : streams) (void)FailCudaStream(st, failure);
+      mu_.Lock();
+      for (const Watched& w : watched_) {
+        cudaEventDestroy(w.start);
+        cudaEventDestroy(w.end);
+      }
+      watched_.clear();
+      return;  // nothing more to watch: later calls fail in CheckUsable
+    }
+  }
+
+  // Retires finished collectives; returns the failure that ends the
+  // communicator (OK while all is well) and marks it broken. Every
+  // collective in flight is checked, not only the oldest: collectives on
+  // different streams may start out of enqueue order.
+  absl::Status PollLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time now = absl::Now();
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      cudaError_t e = cudaEventQuery(it->end);
+      if (e == cudaSuccess) {
+        spare_events_.push_back(it->start);
+        spare_events_.push_back(it->end);
+        it = watched_.erase(it);
+        continue;
+      }
+      if (e == cudaErrorNotReady && it->started == absl::InfiniteFuture()) {
+        e = cudaEventQuery(it->start);
+        if (e == cudaSuccess) it->started = now;
+      }
+      if (e != cudaSuccess && e != cudaErrorNotReady) {
+        return BreakLocked(it->op, CudaError(e, "the collective's stream"));
+      }
+      if (now - it->started > shared_->timeout) {
+        return BreakLocked(
+            it->op,
+            absl::DeadlineExceededError(absl::StrCat(
+                "the collective did not complete within ",
+                absl::FormatDuration(shared_->timeout),
+                " of starting (a peer is dead, stalled, or did not issue the "
+                "same collective); the communicator was aborted")));
+      }
+      ++it;
+    }
+    if (watched_.empty()) return absl::OkStatus();
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return BreakLocked(watched_.front().op,
+                         NcclError(state, comm_,
+                                   "asynchronous NCCL error (a peer failed or "
+                                   "the network broke)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status BreakLocked(const char* op, const absl::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status named(s.code(), absl::StrCat(Describe(op), ": ", s.message()));
+    if (broken_.ok()) broken_ = named;
+    return named;
   }
 
   const std::shared_ptr<Shared> shared_;
   const std::string key_prefix_;
+  // Held while a call is inside NCCL and while the watchdog aborts; taken
+  // before mu_ when both are held.
+  absl::Mutex comm_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   ncclComm_t comm_;
+  bool aborted_ ABSL_GUARDED_BY(comm_mu_) = false;
   int* const scratch_;
 
   absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> groups_made_ ABSL_GUARDED_BY(mu_);
+  std::deque<Watched> watched_ ABSL_GUARDED_BY(mu_);
+  std::vector<cudaEvent_t> spare_events_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;  // last: started once everything above exists
 };
 
 }  // namespace

@@ -11,11 +11,16 @@
 // a new unique id (only members call Group, which rules out ncclCommSplit:
 // it needs every rank of the parent).
 //
-// What is bounded here is the host side: rendezvous, initialisation, and
-// the enqueue of each call. A kernel that waits on a peer that never
-// arrives blocks its stream; noticing that needs a watchdog on the stream
-// (ncclCommGetAsyncError + ncclCommAbort), which belongs with the CUDA
-// streams.
+// Bounded: rendezvous, initialisation and the enqueue of each call (by
+// options.timeout), and the collective itself: a watchdog thread per
+// communicator brackets every collective with events on its stream, polls
+// ncclCommGetAsyncError while it runs, and when NCCL reports an error or
+// the collective has not finished options.timeout after it started, aborts
+// the communicator (ncclCommAbort), marks it broken (later calls fail fast
+// with FAILED_PRECONDITION quoting the first error) and fails every stream
+// with a collective in flight (kernels/cuda/stream_errors.h), whose
+// Synchronize then returns DEADLINE_EXCEEDED or the NCCL error instead of
+// hanging.
 //
 // The communicator's device becomes current on the calling thread while it
 // is created and during each call; the previous device is restored.

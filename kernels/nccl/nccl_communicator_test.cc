@@ -23,6 +23,8 @@
 
 #ifdef PLATEAU_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/stream_errors.h"
 #endif
 
 namespace plateau {
@@ -107,13 +109,20 @@ class TestCudaStream final : public Stream {
   absl::Status Wait(Event&) override {
     return absl::UnimplementedError("not needed by this test");
   }
+  // Polls, as the CUDA backend's streams do, so that a collective the
+  // watchdog gave up on ends the wait with its status.
   absl::Status Synchronize() override {
-    cudaError_t e = cudaStreamSynchronize(stream_);
-    if (e != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat("cudaStreamSynchronize: ", cudaGetErrorString(e)));
+    for (;;) {
+      absl::Status sticky = CudaStreamError(stream_);
+      if (!sticky.ok()) return sticky;
+      cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return CudaStreamError(stream_);
+      if (e != cudaErrorNotReady) {
+        return absl::InternalError(
+            absl::StrCat("cudaStreamQuery: ", cudaGetErrorString(e)));
+      }
+      absl::SleepFor(absl::Microseconds(50));
     }
-    return absl::OkStatus();
   }
   void* native_handle() const override { return stream_; }
 
@@ -123,9 +132,13 @@ class TestCudaStream final : public Stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// Copies run on the test's own stream (pinned staging is not needed for
+// correctness: cudaMemcpyAsync from pageable memory stages it), ordered with
+// the collectives instead of racing them on the legacy default stream.
 class DeviceMemory final : public conformance::TestMemory {
  public:
-  explicit DeviceMemory(int device) : device_(device) {}
+  DeviceMemory(int device, cudaStream_t stream)
+      : device_(device), stream_(stream) {}
   void* Alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     cudaSetDevice(device_);
@@ -134,23 +147,30 @@ class DeviceMemory final : public conformance::TestMemory {
     return p;
   }
   void Free(void* p) override {
-    if (p != nullptr) cudaFree(p);
+    if (p == nullptr) return;
+    cudaStreamSynchronize(stream_);  // the suite's collectives may read it
+    cudaFree(p);
   }
   void CopyIn(void* dst, const void* host, size_t bytes) override {
     if (bytes == 0) return;
     cudaSetDevice(device_);
-    EXPECT_EQ(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice),
+    EXPECT_EQ(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice,
+                              stream_),
               cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   void CopyOut(void* host, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     cudaSetDevice(device_);
-    EXPECT_EQ(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost),
+    EXPECT_EQ(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost,
+                              stream_),
               cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
 
  private:
   const int device_;
+  const cudaStream_t stream_;
 };
 
 // Runs the suite on `size` ranks (threads), rank r on GPU r.
@@ -161,7 +181,8 @@ void RunSuite(int size) {
     threads.emplace_back([&, r] {
       cudaSetDevice(r);
       TestCudaStream stream(r);
-      DeviceMemory memory(r);
+      DeviceMemory memory(
+          r, static_cast<cudaStream_t>(stream.native_handle()));
       auto comm = CreateCommunicator(Options(r, size, store));
       ASSERT_TRUE(comm.ok()) << "rank " << r << ": " << comm.status();
       EXPECT_EQ((*comm)->backend(), BackendKind::kCuda);
@@ -235,6 +256,51 @@ TEST(NcclCommunicatorTest, AMissingPeerTimesOutInitialisation) {
   EXPECT_THAT(std::string(comm.status().message()),
               HasSubstr("rendezvous of group 'world' (rank 0 of 2)"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+// The watchdog (issue 17): rank 0 enqueues an all-reduce that rank 1 never
+// joins. Synchronize must end with DEADLINE_EXCEEDED about options.timeout
+// after the collective started, not hang; the next call fails fast with
+// FAILED_PRECONDITION quoting it. Needs two GPUs (NCCL puts one rank per
+// GPU).
+TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
+  REQUIRE_GPUS(2);
+  auto store = MakeStore("watchdog");
+  std::unique_ptr<Communicator> comms[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions o = Options(r, 2, store, absl::Seconds(2));
+      o.device_index = r;
+      auto comm = CreateCommunicator(o);
+      ASSERT_TRUE(comm.ok()) << "rank " << r << ": " << comm.status();
+      comms[r] = std::move(*comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
+  cudaSetDevice(0);
+  TestCudaStream stream(0);
+  float* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 1024 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x, 0, 1024 * sizeof(float)), cudaSuccess);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(comms[0]
+                  ->AllReduce(stream, x, x, 1024, DataType::kFloat32,
+                              ReduceOp::kSum)
+                  .ok());
+  absl::Status s = stream.Synchronize();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  absl::Status again = comms[0]->AllReduce(stream, x, x, 1024,
+                                           DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("did not complete"));
+  comms[0].reset();
+  comms[1].reset();
+  cudaFree(x);
 }
 
 #endif  // PLATEAU_WITH_CUDA

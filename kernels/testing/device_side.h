@@ -15,10 +15,24 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 
 namespace plateau {
+
+// True when `status` (from creating a CUDA backend or its model kernels)
+// says only that there is no GPU to use here: a build without
+// --config=cuda, or no visible device. A CUDA test skips then, and fails on
+// any other error: where a GPU is present, a setup failure is a failure.
+inline bool NoCudaHere(const absl::Status& status) {
+  const absl::string_view m = status.message();
+  return (status.code() == absl::StatusCode::kFailedPrecondition ||
+          status.code() == absl::StatusCode::kUnimplemented) &&
+         (absl::StrContains(m, "this build has no CUDA") ||
+          absl::StrContains(m, "no GPU is visible"));
+}
 
 class DeviceSide {
  public:
