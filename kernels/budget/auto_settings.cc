@@ -524,4 +524,83 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
   return out;
 }
 
+namespace {
+
+// The request less the settings whose schedule `o` does not run.
+AutoRequest OnlyScheduled(const StepOptions& o, const AutoRequest& request) {
+  AutoRequest r = request;
+  r.chunk_tokens &= ScheduleOn(o, AutoSetting::kChunkTokens).ok();
+  r.strip &= ScheduleOn(o, AutoSetting::kStrip).ok();
+  r.host_budget &= ScheduleOn(o, AutoSetting::kHostBudget).ok();
+  r.bucket_params &= ScheduleOn(o, AutoSetting::kBucketParams).ok();
+  return r;
+}
+
+absl::Status CheckAutoRequest(const StepOptions& options, const AutoRequest& request, const Calibration& calibration) {
+  PLATEAU_RETURN_IF_ERROR(ValidateCalibration(calibration));
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
+  for (int i = 0; i < kNumAutoSettings; ++i) {
+    const AutoSetting s = static_cast<AutoSetting>(i);
+    if (request.has(s)) PLATEAU_RETURN_IF_ERROR(ScheduleOn(options, s));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ShapePlan AutoShapePlan(const AutoRequest& request, const Calibration& calibration, const FitCaps& caps) {
+  return [request, calibration, caps](StepOptions* shape) -> absl::StatusOr<MemoryPlan> {
+    const AutoRequest r = OnlyScheduled(*shape, request);
+    if (!r.any()) return PlanMemory(*shape);
+    absl::StatusOr<AutoChoice> choice = ChooseAutoSettings(*shape, r, calibration, caps);
+    if (choice.ok()) {
+      *shape = choice->options;
+      return choice->plan;
+    }
+    if (choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
+    // Nothing fits here: the smallest plan, which is over a cap, so that the
+    // search reads this shape as one that does not fit (and says by how much).
+    PLATEAU_ASSIGN_OR_RETURN(*shape, SmallestAutoSettings(*shape, r));
+    return PlanMemory(*shape);
+  };
+}
+
+std::vector<std::pair<std::string, int64_t>> AutoValues(const StepOptions& options, const AutoRequest& request) {
+  const AutoRequest r = OnlyScheduled(options, request);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (int i = 0; i < kNumAutoSettings; ++i) {
+    const AutoSetting s = static_cast<AutoSetting>(i);
+    if (r.has(s)) out.push_back({AutoSettingField(s), GetAutoSetting(options, s)});
+  }
+  return out;
+}
+
+absl::StatusOr<NMax> SolveNMaxAuto(const StepOptions& options, const AutoRequest& request,
+                                   const Calibration& calibration, const FitCaps& caps, const NMaxLimits& limits) {
+  PLATEAU_RETURN_IF_ERROR(CheckAutoRequest(options, request, calibration));
+  const ShapePlan plan = AutoShapePlan(request, calibration, caps);
+  PLATEAU_ASSIGN_OR_RETURN(NMax out, SolveNMaxWith(options, caps, limits, plan));
+  for (NMaxAxis* axis : {&out.batch, &out.context}) {
+    if (axis->tokens_per_rank == 0) continue;
+    StepOptions at = options;
+    at.layout.batch = axis->batch;
+    at.model.seq_len = axis->seq_len;
+    PLATEAU_RETURN_IF_ERROR(plan(&at).status());
+    axis->auto_values = AutoValues(at, request);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMaxAuto(const StepOptions& options, const AutoRequest& request,
+                                                      const Calibration& calibration, const FitCaps& caps,
+                                                      const NMaxLimits& limits) {
+  PLATEAU_RETURN_IF_ERROR(CheckAutoRequest(options, request, calibration));
+  WhatIfPerShape per_shape;
+  for (int i = 0; i < kNumAutoSettings; ++i) per_shape.chosen[i] = request.has(static_cast<AutoSetting>(i));
+  const ShapePlan plan = AutoShapePlan(request, calibration, caps);
+  per_shape.plan = [plan](const StepOptions&) -> absl::StatusOr<ShapePlan> { return plan; };
+  per_shape.values = [request](const StepOptions& planned) { return AutoValues(planned, request); };
+  return WhatIfNMax(options, caps, limits, &per_shape);
+}
+
 }  // namespace plateau
