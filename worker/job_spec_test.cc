@@ -399,7 +399,7 @@ TEST(JobSpecTest, PlanCarriesTheWhatIfTable) {
   const std::vector<std::string> names = {"all off", "pipelined_llep", "ring_dtp", "sco", "offload_stream_adamw",
                                           "all on"};
   for (int i = 0; i < 6; ++i) EXPECT_EQ(plan->what_if(i).schedules(), names[i]);
-  EXPECT_THAT(plan->what_if(1).settings(0), HasSubstr("chunk_tokens=128 min_piece=32 (the spec's)"));
+  EXPECT_THAT(plan->what_if(1).settings(0), HasSubstr("chunk_tokens=128 min_piece=32 max_borrowed=no cap (the spec's)"));
   EXPECT_THAT(plan->what_if(2).settings(0), HasSubstr("(default)"));  // the demo's projection is dense
   EXPECT_THAT(plan->what_if(3).settings(0), HasSubstr("host_budget_bytes=1048576 (the spec's)"));
   EXPECT_THAT(plan->what_if(4).settings(0), HasSubstr("bucket_params=16384 staging_slots=2 (the spec's)"));
