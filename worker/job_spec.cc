@@ -14,6 +14,7 @@
 #include "kernels/budget/n_max.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
+#include "proto/does_not_fit.h"
 #include "worker/calibration.h"
 
 namespace plateau {
@@ -711,7 +712,7 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
     for (const v1::LiveSetBytes& ls : plan.host_live_sets()) {
       if (ls.bytes() != 0) host.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return DoesNotFitError("host_memory_bytes", absl::StrCat(
         "host_memory_bytes: the host plan does not fit: ", Bytes(plan.host_total_bytes()), " per rank (",
         absl::StrJoin(host, ", "), ") against a cap of ", Bytes(host_cap), "; short by ",
         Bytes(plan.host_total_bytes() - host_cap),
@@ -732,12 +733,12 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
     if (!(routing_dispatch && ls.live_set() == "dispatch")) launch_sized.push_back(all.back());
   }
   if (launch > cap) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return DoesNotFitError("device_memory_bytes", absl::StrCat(
         "device_memory_bytes: ", Bytes(cap), " per rank cannot hold the step's launch-sized state of ",
         Bytes(launch), " (", absl::StrJoin(launch_sized, ", "), "); short by ", Bytes(launch - cap)));
   }
   if (!spec.force_launch()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return DoesNotFitError("device_memory_bytes", absl::StrCat(
         "device_memory_bytes: the plan does not fit: ", Bytes(plan.total_bytes()), " per rank (",
         absl::StrJoin(all, ", "), ") against a cap of ", Bytes(cap), "; short by ",
         Bytes(plan.total_bytes() - cap),
@@ -759,7 +760,7 @@ absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoConte
   // AdmitPlan. Against a worker's memory (the spec's cap 0) it is that
   // worker's misfit, which placement handles (another worker may fit).
   if (plan.has_auto_nothing_fits() && !plan.auto_nothing_fits().cap_of_the_worker() && !spec.force_launch()) {
-    return absl::ResourceExhaustedError(plan.auto_nothing_fits().reason());
+    return DoesNotFitError(plan.auto_nothing_fits().cap(), plan.auto_nothing_fits().reason());
   }
   return AdmitPlan(spec, std::move(plan));
 }

@@ -19,6 +19,7 @@
 #define PLATEAU_KERNELS_BUDGET_AUTO_SETTINGS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/budget/budget.h"
 #include "kernels/budget/n_max.h"
+#include "kernels/model/params.h"
 #include "kernels/model/step_options.h"
 
 namespace plateau {
@@ -123,7 +125,9 @@ struct AutoRequest {
 // - bucket: powers of two from 1024 (or from the first one with at most 4096
 //   buckets in the larger parameter group) below that group, then that
 //   group (one bucket).
-std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s);
+// `layout` (optional, everywhere below): LayoutOf(o), when the caller has it
+// (it lists every weight: a deep model's costs more than a plan).
+std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s, const ParamLayout* layout = nullptr);
 
 // The options with setting s at value v.
 void SetAutoSetting(StepOptions* o, AutoSetting s, int64_t v);
@@ -134,7 +138,8 @@ double AutoSettingSeconds(const StepOptions& o, AutoSetting s, int64_t v, const 
 // The options with each requested setting at its candidate with the
 // smallest device plan (then host plan): where a plan that cannot fit is
 // shown, and what ChooseAutoSettings' nothing-fits error reports.
-absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request);
+absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request,
+                                                 const ParamLayout* layout = nullptr);
 
 struct AutoChoice {
   struct Setting {
@@ -158,7 +163,8 @@ struct AutoChoice {
 // RESOURCE_EXHAUSTED when nothing fits, naming the cap's field, the plan at
 // the smallest settings and its largest live set.
 absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const AutoRequest& request,
-                                              const Calibration& calibration, const FitCaps& caps);
+                                              const Calibration& calibration, const FitCaps& caps,
+                                              const ParamLayout* layout = nullptr);
 
 // --- N_max with the `auto` settings chosen at each N ------------------------
 //
@@ -194,7 +200,9 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
 // The shape plan (n_max.h) that chooses `request`'s settings for each shape
 // (on `calibration`, against `caps`) and plans it at the choice; a shape
 // where nothing fits is planned at SmallestAutoSettings.
-ShapePlan AutoShapePlan(const AutoRequest& request, const Calibration& calibration, const FitCaps& caps);
+// `layout`: the shapes' LayoutOf (the same at every shape), or null.
+ShapePlan AutoShapePlan(const AutoRequest& request, const Calibration& calibration, const FitCaps& caps,
+                        std::shared_ptr<const ParamLayout> layout = nullptr);
 
 // The requested settings' values in `options` as {field, value}
 // (AutoSettingField order), those whose schedule the options run.
