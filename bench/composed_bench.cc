@@ -3,13 +3,17 @@
 //
 // 1. Reach, predicted: N_max (kernels/budget/n_max.h) of the all-off stack
 //    (standard EP, dense projection, full checkpoints, device AdamW) and of
-//    the all-on stack (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW),
-//    along both axes: the longest context at `ctx_batch` sequences, and the
+//    the all-on stack (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW,
+//    with c, S, beta and the bucket left `auto`: chosen again at each N the
+//    search plans, kernels/budget/auto_settings.h SolveNMaxAuto, on the
+//    default CPU curve; --auto=0 runs the flags' fixed values), along both
+//    axes: the longest context at `ctx_batch` sequences, and the
 //    largest global batch at a shorter common context (a quarter of the
 //    baseline's longest, or `batch_seq_len` tokens per sequence).
 // 2. Reach, verified by running steps: each predicted shape completes one
 //    optimizer step under the cap, and the next step of the axis (seq_len +
-//    P, or batch + 1) is refused at launch or runs out of the arena. Both
+//    P, or batch + 1) is refused at launch or runs out of the arena (the
+//    all-on stack's at the settings with the smallest plan there). Both
 //    run with the routing skewed as far as it goes (router weights zero:
 //    every token picks experts 0..k-1, all on rank 0), so standard EP's
 //    dispatch reaches the worst case the plan counts; a balanced routing
@@ -47,11 +51,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "kernels/backend.h"
+#include "kernels/budget/auto_settings.h"
 #include "kernels/budget/budget.h"
 #include "kernels/budget/n_max.h"
+#include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/communicator.h"
 #include "kernels/model/config.h"
 #include "kernels/model/reference.h"
@@ -79,7 +86,9 @@ std::map<std::string, int64_t> flags = {
     {"cap_mb", 20},
     {"ctx_batch", 1},        // sequences on the context axis
     {"batch_seq_len", 0},    // tokens per sequence on the batch axis (0: the baseline's longest / 4)
-    // All-on settings.
+    // All-on settings. With auto (the default) c, S, beta and the bucket are
+    // chosen at each shape and the four flags below are not used.
+    {"auto", 1},
     {"chunk_tokens", 64},    // PipelinedLLEP c
     {"min_piece", 256},      // LLEP's smallest moved piece
     {"max_borrowed", 1},     // experts one rank may borrow per chunk (0: no cap)
@@ -160,6 +169,55 @@ StepOptions Stack(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
 
 const char* StackName(bool on) { return on ? "all on" : "all off"; }
 
+// The all-on stack's `auto` settings: each schedule's that on_mask turns on
+// (none with --auto=0).
+AutoRequest AutoOf() {
+  AutoRequest r;
+  if (flags["auto"] == 0) return r;
+  const int64_t mask = flags["on_mask"];
+  r.chunk_tokens = (mask & 1) != 0;
+  r.strip = (mask & 2) != 0;
+  r.host_budget = (mask & 4) != 0;
+  r.bucket_params = (mask & 8) != 0;
+  return r;
+}
+
+// The time model's curves: the documented default CPU curve, so that the
+// chosen settings are the same on every machine. (Whether a shape fits does
+// not depend on the curve: only which fitting settings are chosen.)
+const Calibration& Curve() {
+  static const Calibration c = DefaultCalibration(CalibrationBackend::kCpu);
+  return c;
+}
+
+// The stack at one shape as it runs: all on with its `auto` settings chosen
+// for that shape against `cap` (where nothing fits, the settings with the
+// smallest plan, which the step refuses).
+StepOptions Chosen(bool on, int64_t layers, int64_t seq_len, int64_t batch, int64_t cap) {
+  StepOptions o = Stack(on, layers, seq_len, batch);
+  if (!on || !AutoOf().any()) return o;
+  bench::OrDie(AutoShapePlan(AutoOf(), Curve(), FitCaps{cap, 0})(&o).status(), "AutoShapePlan");
+  return o;
+}
+
+// "c=32 S=256 beta=7/9 boundaries bucket=1024": the settings a stack ran with.
+std::string SettingsText(const StepOptions& o) {
+  std::vector<std::string> parts;
+  if (o.dispatch.kind == DispatchOptions::Kind::kPipelinedLlep) {
+    parts.push_back(absl::StrCat("c=", o.dispatch.pipelined.chunk_tokens));
+  }
+  if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) parts.push_back(absl::StrCat("S=", o.projection.strip));
+  if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
+    const ScoLayout sco = PlanSco(o.model.layers, TokensPerRank(o.model, o.layout), o.model.hidden,
+                                  o.checkpoints.host_budget_bytes);
+    parts.push_back(absl::StrCat("beta=", sco.host_boundaries, "/", sco.boundaries, " boundaries"));
+  }
+  if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
+    parts.push_back(absl::StrCat("bucket=", o.optimizer_placement.bucket_params));
+  }
+  return parts.empty() ? "baselines" : absl::StrJoin(parts, " ");
+}
+
 double MiB(int64_t b) { return b / 1048576.0; }
 
 // The plan's device bytes fixed by the model alone (weights, gradients,
@@ -183,16 +241,27 @@ std::string Largest(const MemoryPlan& p, int count) {
   return out;
 }
 
-// How each device live set grows with the tokens per rank near a shape:
+// How each device live set grows with the tokens per rank near a shape, at
+// the settings it ran with there (SCO pooling the same boundaries):
 // (plan at seq_len + 64 P - plan at seq_len) / (64 batch), bytes per token
 // per rank; the sets that do not grow are the fixed part. What limits each
 // stack's reach is the cap less its fixed part, over this growth.
-std::array<double, kNumLiveSets> GrowthPerToken(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
+std::array<double, kNumLiveSets> GrowthPerToken(const StepOptions& at) {
   const int64_t step = 64 * Ranks();
-  const MemoryPlan a = PlanMemory(Stack(on, layers, seq_len, batch)).value();
-  const MemoryPlan b = PlanMemory(Stack(on, layers, seq_len + step, batch)).value();
+  StepOptions further = at;
+  further.model.seq_len += step;
+  if (at.checkpoints.kind == CheckpointOptions::Kind::kSco) {
+    const ModelConfig& m = at.model;
+    const int64_t j = PlanSco(m.layers, TokensPerRank(m, at.layout), m.hidden, at.checkpoints.host_budget_bytes)
+                          .host_boundaries;
+    further.checkpoints.host_budget_bytes = j * TokensPerRank(further.model, further.layout) * m.hidden * 4;
+  }
+  const MemoryPlan a = PlanMemory(at).value();
+  const MemoryPlan b = PlanMemory(further).value();
   std::array<double, kNumLiveSets> g{};
-  for (int i = 0; i < kNumLiveSets; ++i) g[i] = static_cast<double>(b.bytes[i] - a.bytes[i]) / (64.0 * batch);
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    g[i] = static_cast<double>(b.bytes[i] - a.bytes[i]) / (64.0 * at.layout.batch);
+  }
   return g;
 }
 
@@ -369,6 +438,7 @@ double SgemmCeiling() {
 // One axis of one stack: the prediction and what the steps said.
 struct Reach {
   NMaxAxis axis;
+  StepOptions options;        // the predicted shape as it ran (its settings)
   int64_t planned_total = 0;  // the plan at the predicted shape
   Attempt at, next;
   bool verified = false;
@@ -387,11 +457,14 @@ Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axi
   Reach r;
   r.axis = axis;
   if (axis.tokens_per_rank == 0) return r;  // nothing fits: not verified
-  const StepOptions at = Stack(on, layers, axis.seq_len, axis.batch);
+  const StepOptions at = Chosen(on, layers, axis.seq_len, axis.batch, cap);
+  r.options = at;
   r.planned_total = PlanMemory(at).value().total();
   if (!run) return r;
-  StepOptions next = at;
-  (context_axis ? next.model.seq_len : next.layout.batch) += context_axis ? Ranks() : 1;
+  // One step more, at the settings chosen there: none fits, so these are
+  // the settings with the smallest plan.
+  const StepOptions next = Chosen(on, layers, axis.seq_len + (context_axis ? Ranks() : 0),
+                                  axis.batch + (context_axis ? 0 : 1), cap);
   r.at = OneStep(at, skewed, cap);
   r.next = OneStep(next, skewed, cap);
   // The plan is an upper bound of the peak (and the arena's cap of both).
@@ -422,10 +495,10 @@ absl::StatusOr<Throughput> MeasureThroughput(int64_t layers, int64_t seq_len, in
   for (int64_t round = 0; round < flags["rounds"]; ++round) {
     absl::Status s = TimeSteps(Stack(false, layers, seq_len, off_batch), cap, flags["steps"], &off);
     if (!s.ok()) return s;
-    s = TimeSteps(Stack(true, layers, seq_len, off_batch), cap, flags["steps"], &same);
+    s = TimeSteps(Chosen(true, layers, seq_len, off_batch, cap), cap, flags["steps"], &same);
     if (!s.ok()) return s;
     if (on_batch != off_batch) {
-      s = TimeSteps(Stack(true, layers, seq_len, on_batch), cap, flags["steps"], &own);
+      s = TimeSteps(Chosen(true, layers, seq_len, on_batch, cap), cap, flags["steps"], &own);
       if (!s.ok()) return s;
     }
   }
@@ -445,7 +518,8 @@ absl::StatusOr<Throughput> MeasureThroughput(int64_t layers, int64_t seq_len, in
 // that adds it. Runs in a 1 GiB arena, not under the cap: one schedule
 // alone need not fit it (PipelinedLLEP beside device AdamW: its flat bound
 // is larger than standard EP's worst case at the baseline's small N), and
-// the arena's cap only accounts bytes, it does not change the speed.
+// the arena's cap only accounts bytes, it does not change the speed. Its
+// `auto` settings are chosen against that arena.
 struct Attribution {
   const char* schedule;
   int64_t mask;
@@ -463,7 +537,7 @@ absl::StatusOr<std::vector<Attribution>> Attribute(int64_t layers, int64_t seq_l
     absl::Status s = TimeSteps(Stack(false, layers, seq_len, batch), arena, flags["steps"], &off);
     for (size_t i = 0; s.ok() && i < rows.size(); ++i) {
       flags["on_mask"] = rows[i].mask;
-      s = TimeSteps(Stack(true, layers, seq_len, batch), arena, flags["steps"], &on[i]);
+      s = TimeSteps(Chosen(true, layers, seq_len, batch, arena), arena, flags["steps"], &on[i]);
     }
     flags["on_mask"] = saved;
     if (!s.ok()) return s;
@@ -485,9 +559,11 @@ struct DepthResult {
 
 std::string AxisJson(const Reach& r) {
   return absl::StrFormat(
-      "{\"batch\":%d,\"seq_len\":%d,\"tokens_per_rank\":%d,\"limit\":%s,\"planned_bytes\":%d,"
+      "{\"batch\":%d,\"seq_len\":%d,\"tokens_per_rank\":%d,\"settings\":%s,\"limit\":%s,\"planned_bytes\":%d,"
       "\"verified\":%s,\"at\":%s,\"at_peak_bytes\":%d,\"next\":%s,\"next_at_launch\":%s}",
-      r.axis.batch, r.axis.seq_len, r.axis.tokens_per_rank, bench::JsonString(r.axis.limit), r.planned_total,
+      r.axis.batch, r.axis.seq_len, r.axis.tokens_per_rank,
+      bench::JsonString(r.axis.tokens_per_rank == 0 ? "" : SettingsText(r.options)), bench::JsonString(r.axis.limit),
+      r.planned_total,
       r.verified ? "true" : "false", bench::JsonString(r.at.status.ok() ? "ok" : r.at.status.ToString()), r.at.peak,
       bench::JsonString(r.next.status.ok() ? "ok" : r.next.status.ToString()), r.next.at_launch ? "true" : "false");
 }
@@ -550,11 +626,19 @@ int main(int argc, char** argv) {
               (long long)flags["cap_mb"], P, (long long)m0.hidden, (long long)m0.heads, (long long)m0.kv_heads,
               (long long)m0.experts, (long long)m0.top_k, (long long)m0.expert_ffn, (long long)m0.vocab_size,
               depths_flag.c_str());
-  std::printf("all on: pipelined_llep c=%lld min_piece=%lld max_borrowed=%lld alpha=1.1 strided; ring_dtp S=%lld row_tile=%lld "
-              "mode=auto; sco beta=all L-1 boundaries; offload_stream_adamw bucket=%lld slots=%lld\n",
-              (long long)flags["chunk_tokens"], (long long)flags["min_piece"], (long long)flags["max_borrowed"],
-              (long long)flags["strip"],
-              (long long)flags["row_tile"], (long long)flags["bucket_params"], (long long)flags["staging_slots"]);
+  if (AutoOf().any()) {
+    std::printf("all on: pipelined_llep c=auto min_piece=%lld max_borrowed=%lld alpha=1.1 strided; ring_dtp S=auto "
+                "row_tile=%lld mode=auto; sco beta=auto; offload_stream_adamw bucket=auto slots=%lld (each `auto` "
+                "chosen at every shape, default cpu curve)\n",
+                (long long)flags["min_piece"], (long long)flags["max_borrowed"], (long long)flags["row_tile"],
+                (long long)flags["staging_slots"]);
+  } else {
+    std::printf("all on: pipelined_llep c=%lld min_piece=%lld max_borrowed=%lld alpha=1.1 strided; ring_dtp S=%lld "
+                "row_tile=%lld mode=auto; sco beta=all L-1 boundaries; offload_stream_adamw bucket=%lld slots=%lld\n",
+                (long long)flags["chunk_tokens"], (long long)flags["min_piece"], (long long)flags["max_borrowed"],
+                (long long)flags["strip"], (long long)flags["row_tile"], (long long)flags["bucket_params"],
+                (long long)flags["staging_slots"]);
+  }
   std::printf("context axis: batch %lld; batch axis: seq_len %s. Reach verified with router weights zero "
               "(every route to rank 0)\n\n",
               (long long)flags["ctx_batch"],
@@ -572,15 +656,21 @@ int main(int argc, char** argv) {
     NMaxLimits limits;
     limits.max_batch = 1 << 16;
     limits.max_seq_len = 1 << 20;
+    // N_max of one stack: all on with its `auto` settings chosen at each N.
+    auto solve = [&](int on, const StepOptions& o) {
+      return on && AutoOf().any()
+                 ? bench::OrDie(SolveNMaxAuto(o, AutoOf(), Curve(), {cap, 0}, limits), "SolveNMaxAuto")
+                 : bench::OrDie(SolveNMax(o, {cap, 0}, limits), "SolveNMax");
+    };
     auto print_axis = [&](int on, const Reach& r, const char* axis) {
       std::printf("L=%-3lld %-7s %-7s predicted seq_len %6lld x batch %4lld = %6lld tokens/rank, %.0f model "
                   "GFLOP (limit %s; plan %.2f MiB: %s)\n",
                   (long long)L, StackName(on), axis, (long long)r.axis.seq_len, (long long)r.axis.batch,
                   (long long)r.axis.tokens_per_rank, ModelFlopsPerStep(Model(L, r.axis.seq_len), r.axis.batch) / 1e9,
                   r.axis.limit.c_str(), MiB(r.planned_total),
-                  r.axis.tokens_per_rank == 0
-                      ? r.axis.detail.c_str()
-                      : Largest(PlanMemory(Stack(on, L, r.axis.seq_len, r.axis.batch)).value(), 3).c_str());
+                  r.axis.tokens_per_rank == 0 ? r.axis.detail.c_str()
+                                              : Largest(PlanMemory(r.options).value(), 3).c_str());
+      if (on && r.axis.tokens_per_rank > 0) std::printf("        settings: %s\n", SettingsText(r.options).c_str());
       if (run && flags["verify"]) {
         std::printf("        at it: %s\n        one step more: %s\n        -> %s\n", Describe(r.at).c_str(),
                     Describe(r.next).c_str(), r.verified ? "verified" : "NOT VERIFIED");
@@ -590,12 +680,13 @@ int main(int argc, char** argv) {
     // The context axis: the longest seq_len at ctx_batch sequences.
     for (int on = 0; on < 2; ++on) {
       const StepOptions o = Stack(on, L, P, flags["ctx_batch"]);
-      d.persistent[on] = Persistent(PlanMemory(o).value());
-      const NMax n = bench::OrDie(SolveNMax(o, {cap, 0}, limits), "SolveNMax");
+      const NMax n = solve(on, o);
       d.context[on] = VerifyAxis(on, L, n.context, true, skewed, cap, run && flags["verify"]);
+      // The fixed part at the reach, at the settings chosen there.
+      d.persistent[on] = Persistent(PlanMemory(n.context.tokens_per_rank > 0 ? d.context[on].options : o).value());
       print_axis(on, d.context[on], "context");
       if (n.context.tokens_per_rank > 0) {
-        d.growth[on] = GrowthPerToken(on, L, n.context.seq_len, n.context.batch);
+        d.growth[on] = GrowthPerToken(d.context[on].options);
         std::printf("        fixed %.2f MiB (weights, grads, optimizer); grows: %s\n", MiB(d.persistent[on]),
                     GrowthText(d.growth[on]).c_str());
       }
@@ -608,7 +699,7 @@ int main(int argc, char** argv) {
     d.short_seq_len = flags["batch_seq_len"] > 0 ? flags["batch_seq_len"]
                                                  : std::max<int64_t>(P, d.context[0].axis.seq_len / 4 / P * P);
     for (int on = 0; on < 2; ++on) {
-      const NMax n = bench::OrDie(SolveNMax(Stack(on, L, d.short_seq_len, 1), {cap, 0}, limits), "SolveNMax");
+      const NMax n = solve(on, Stack(on, L, d.short_seq_len, 1));
       d.batch[on] = VerifyAxis(on, L, n.batch, false, skewed, cap, run && flags["verify"]);
       print_axis(on, d.batch[on], "batch");
     }
@@ -616,7 +707,7 @@ int main(int argc, char** argv) {
       // The composed stack's largest batch at the baseline's longest context
       // (predicted; its run below is the check that it completes).
       const int64_t T = d.context[0].axis.seq_len;
-      const NMax at_t = bench::OrDie(SolveNMax(Stack(true, L, T, 1), {cap, 0}, limits), "SolveNMax");
+      const NMax at_t = solve(true, Stack(true, L, T, 1));
       const std::pair<int64_t, std::pair<int64_t, int64_t>> points[] = {
           {T, {d.context[0].axis.batch, at_t.batch.batch}},
           {d.short_seq_len, {d.batch[0].axis.batch, d.batch[1].axis.batch}}};
@@ -694,13 +785,15 @@ int main(int argc, char** argv) {
       "{\"bench\":\"composed\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
       "\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
-      "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":%d,\"strip\":%d,"
-      "\"row_tile\":%d,\"sco_beta\":\"all L-1 boundaries\",\"bucket_params\":%d,\"staging_slots\":%d},"
+      "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"auto\":%s,\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":%d,\"strip\":%d,"
+      "\"row_tile\":%d,\"sco_beta\":%s,\"bucket_params\":%d,\"staging_slots\":%d},"
       "\"verified\":%s,\"depths\":[",
       bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false", bench::LoadAverage1m(), others, ceiling, P,
       cap,
-      m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size, flags["chunk_tokens"],
-      flags["min_piece"], flags["max_borrowed"], flags["strip"], flags["row_tile"], flags["bucket_params"],
+      m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
+      AutoOf().any() ? "true" : "false", flags["chunk_tokens"],
+      flags["min_piece"], flags["max_borrowed"], flags["strip"], flags["row_tile"],
+      bench::JsonString(AutoOf().any() ? "auto" : "all L-1 boundaries"), flags["bucket_params"],
       flags["staging_slots"], run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
   for (size_t i = 0; i < results.size(); ++i) {
     const DepthResult& d = results[i];

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
+#include "proto/does_not_fit.h"
 
 namespace plateau {
 
@@ -38,7 +39,15 @@ absl::Status Client::Convert(const grpc::Status& s) const {
     return absl::UnavailableError(
         absl::StrCat("cannot reach the coordinator at ", address_, ": ", s.error_message()));
   }
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  // An admission refusal for memory: its type back as the payload
+  // (proto/does_not_fit.h), when the details parse as one.
+  v1::DoesNotFit d;
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && !s.error_details().empty() &&
+      d.ParseFromString(s.error_details()) && !d.cap().empty()) {
+    out.SetPayload(kDoesNotFitUrl, absl::Cord(s.error_details()));
+  }
+  return out;
 }
 
 std::unique_ptr<grpc::ClientContext> Client::Context() const {

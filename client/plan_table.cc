@@ -1,8 +1,12 @@
 #include "client/plan_table.h"
 
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 
 namespace plateau {
@@ -43,6 +47,15 @@ std::string FormatWhatIf(const v1::MemoryPlan& p) {
     for (const std::string& s : r.settings()) {
       if (seen.insert(s).second) absl::StrAppend(&out, "  with ", s, "\n");
     }
+  }
+  // The `auto` settings as chosen again at each answer (N_max re-chooses
+  // them at every N it plans).
+  for (const auto& [name, axis] : {std::pair<const char*, const v1::NMaxAxis*>{"batch", &p.n_max().batch()},
+                                   {"context", &p.n_max().context()}}) {
+    if (axis->auto_settings_size() == 0) continue;
+    std::vector<std::string> values;
+    for (const v1::AutoSetting& a : axis->auto_settings()) values.push_back(absl::StrCat(a.field(), "=", a.value()));
+    absl::StrAppend(&out, "  as specified, `auto` at N_max: ", name, ": ", absl::StrJoin(values, ", "), "\n");
   }
   absl::StrAppend(&out, "  as specified, one step more: batch: ", p.n_max().batch().detail(), "\n");
   absl::StrAppend(&out, "  as specified, one step more: context: ", p.n_max().context().detail(), "\n");

@@ -25,7 +25,12 @@ TEST(PlanTableTest, PrintsEveryRowWithItsNMaxAndTheSettings) {
                                                  r.n_max().batch().tokens_per_rank())));
   }
   EXPECT_THAT(table, HasSubstr(absl::StrFormat("  %-22s %9d", "as specified", plan->n_max().batch().batch())));
-  EXPECT_THAT(table, HasSubstr("with pipelined_llep chunk_tokens=128 min_piece=32 (the spec's)"));
+  EXPECT_THAT(table, HasSubstr("with pipelined_llep chunk_tokens=128 min_piece=32 max_borrowed=no cap (the spec's)"));
+  // The demo's bucket is `auto`: chosen again at each N, shown at each answer.
+  EXPECT_THAT(table, HasSubstr("with offload_stream_adamw bucket_params=auto staging_slots=2 (the spec's)"));
+  EXPECT_THAT(table, HasSubstr(absl::StrCat("as specified, `auto` at N_max: batch: "
+                                            "schedule.offload_stream_adamw.bucket_params=",
+                                            plan->n_max().batch().auto_settings(0).value())));
   EXPECT_THAT(table, HasSubstr("as specified, one step more: batch: at layout.batch "));
 }
 

@@ -28,6 +28,7 @@
 #include "client/client.h"
 #include "client/plan_table.h"
 #include "client/spec_file.h"
+#include "proto/does_not_fit.h"
 #include "timeline/memory_chart.h"
 #include "timeline/png_chart.h"
 #include "timeline/text_chart.h"
@@ -384,11 +385,9 @@ int Run(const Options& o) {
     auto resp = client.SubmitJob(*spec, flag("validate-only"));
     if (!resp.ok()) {
       const int rc = Report(resp.status());
-      // Admission's refusal of a plan over a cap (worker/job_spec.h AdmitPlan):
-      // its message starts with the cap's field.
-      const bool does_not_fit = resp.status().code() == absl::StatusCode::kResourceExhausted &&
-                                (absl::StartsWith(resp.status().message(), "device_memory_bytes") ||
-                                 absl::StartsWith(resp.status().message(), "host_memory_bytes"));
+      // Admission's refusal of a plan over a cap, or of `auto` settings of
+      // which no value fits (worker/job_spec.h AdmitJob): by its type.
+      const bool does_not_fit = DoesNotFitOf(resp.status()).has_value();
       return does_not_fit ? kExitDoesNotFit : rc;
     }
     if (o.json) {

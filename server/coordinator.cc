@@ -47,10 +47,12 @@ int PriorityOf(const v1::Failure& f) {
   }
 }
 
-// What a job's `auto` settings are chosen with (worker/auto_spec.h): the
-// calibration of an attached worker of the spec's backend, one that has the
-// job's ranks per node if any has, the first by id among equals; none (the
-// default curve) when no such worker has reported one.
+// What a job's `auto` settings are chosen with at submit and plan
+// (worker/auto_spec.h): the calibration of an attached worker of the spec's
+// backend, one that has the job's ranks per node if any has, the first by
+// id among equals; none (the default curve) when no such worker has
+// reported one. Placement chooses them again on the workers it picks
+// (Schedule, PlacementAutoContext).
 AutoContext AutoContextFor(const std::vector<WorkerSlots>& workers, const v1::JobSpec& spec) {
   AutoContext context;
   if (!HasAutoSettings(spec)) return context;
@@ -65,7 +67,8 @@ AutoContext AutoContextFor(const std::vector<WorkerSlots>& workers, const v1::Jo
   context.calibration = pick->caps.calibration();
   context.worker = pick->caps.name().empty() ? pick->id : absl::StrCat(pick->id, " (", pick->caps.name(), ")");
   context.device_memory_bytes = pick->caps.device_memory_bytes();
-  context.host_memory_bytes = pick->caps.host_memory_bytes();
+  // The node's host memory is shared by the job's ranks there.
+  context.host_memory_bytes = pick->caps.host_memory_bytes() / std::max<int64_t>(1, per_node);
   return context;
 }
 
@@ -447,6 +450,31 @@ void Coordinator::Schedule() {
     }
     const v1::JobSpec& spec = a.job.spec();
     const int64_t per_node = spec.layout().ranks() / static_cast<int64_t>(d.nodes.size());
+    // The `auto` settings are chosen again for the workers this attempt got
+    // (their calibration and memory; PlacementAutoContext takes the slowest
+    // and the most constrained of them), so that each attempt runs what
+    // suits where it runs: the plan, and what the ranks receive
+    // (AssignmentFor), are this choice.
+    if (HasAutoSettings(spec)) {
+      std::vector<std::pair<std::string, v1::WorkerCapabilities>> placed;
+      for (const std::string& id : d.nodes) placed.push_back({id, registry_.at(id).caps});
+      absl::StatusOr<AutoContext> context = PlacementAutoContext(spec, placed);
+      absl::StatusOr<v1::MemoryPlan> plan =
+          context.ok() ? AdmitJob(spec, *context) : absl::StatusOr<v1::MemoryPlan>(context.status());
+      if (plan.ok() && plan->has_auto_nothing_fits()) {
+        plan = absl::ResourceExhaustedError(plan->auto_nothing_fits().reason());
+      }
+      if (!plan.ok()) {
+        // Placement checked that some value fits there (WhyCannotHost), so
+        // this is unexpected; the job is not launched there and waits.
+        const std::string why = absl::StrCat("waiting to be scheduled: the `auto` settings chosen again for ",
+                                             absl::StrJoin(d.nodes, ", "), " do not admit it: ",
+                                             plan.status().message());
+        if (why != a.job.state_reason()) Transition(a, v1::PENDING, why);
+        continue;
+      }
+      *a.job.mutable_plan() = *std::move(plan);
+    }
     a.ranks.assign(spec.layout().ranks(), RankState{});
     a.has_failure = false;
     a.failure_priority = 0;

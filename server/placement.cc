@@ -31,19 +31,32 @@ std::string WhyCannotHost(const v1::WorkerCapabilities& caps, int devices, const
   const v1::JobSpec& spec = job.spec();
   if (caps.backend() != spec.backend()) return absl::StrCat("backend ", BackendName(caps.backend()));
   if (devices < per_node) return absl::StrCat(devices, " device(s)");
+  // A job whose `auto` settings are chosen against this worker's memory
+  // (the spec leaves that cap 0) is chosen again when placed: its plan's
+  // bytes are from another worker's choice, so the question is whether
+  // some value fits here (AutoFitsOnWorker), not whether that plan does.
+  const bool rechosen = HasAutoSettings(spec);
+  const bool device_rechosen = rechosen && spec.device_memory_bytes() == 0;
+  const bool host_rechosen = rechosen && spec.host_memory_bytes() == 0;
   // The job's cap, or its whole plan when it takes the whole card; a worker
   // that does not say its device memory (0) is not refused for it.
   const int64_t need = spec.device_memory_bytes() > 0 ? spec.device_memory_bytes() : job.plan().total_bytes();
   const int64_t memory = caps.device_memory_bytes();
-  if (memory > 0 && need > memory) return absl::StrCat(DescribeBytes(memory), " per device");
+  if (!device_rechosen && memory > 0 && need > memory) return absl::StrCat(DescribeBytes(memory), " per device");
   // Host memory is the node's, shared by the node's ranks (per_node of this
   // job); a worker that does not say its host memory (0) is not refused.
   // need * per_node > host, without the product's overflow.
   const int64_t host_need = HostNeedPerRank(job);
   const int64_t host = caps.host_memory_bytes();
-  if (host > 0 && host_need > 0 && host_need > host / std::max<int64_t>(per_node, 1)) {
+  if (!host_rechosen && host > 0 && host_need > 0 && host_need > host / std::max<int64_t>(per_node, 1)) {
     return absl::StrCat(DescribeBytes(host), " host memory (", per_node, " rank(s) x ", DescribeBytes(host_need),
                         " needed)");
+  }
+  if ((device_rechosen && memory > 0) || (host_rechosen && host > 0)) {
+    if (absl::Status fits = AutoFitsOnWorker(spec, caps, per_node); !fits.ok()) {
+      return absl::StrCat(DescribeBytes(memory), " per device and ", DescribeBytes(host),
+                          " host memory, where no value of the `auto` settings fits (", fits.message(), ")");
+    }
   }
   return "";
 }

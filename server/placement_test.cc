@@ -100,8 +100,11 @@ TEST(PlacementTest, AWorkerWithTooLittleHostMemoryForTheNodesRanksIsNotEligible)
   ASSERT_EQ(d.kind, PlacementDecision::Kind::kPlaced) << d.reason;
   EXPECT_THAT(d.nodes, ElementsAre("a", "b"));
 
-  // Without a cap, its host plan is the need.
+  // Without a cap, its host plan is the need (of a job without `auto`
+  // settings: the demo's bucket pinned).
   job.mutable_spec()->set_host_memory_bytes(0);
+  job.mutable_spec()->mutable_schedule()->mutable_offload_stream_adamw()->clear_bucket_params_auto();
+  job.mutable_spec()->mutable_schedule()->mutable_offload_stream_adamw()->set_bucket_params(16384);
   job.mutable_plan()->set_host_total_bytes(int64_t{40} << 20);
   d = Place(job, {small});
   EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
@@ -115,6 +118,34 @@ TEST(PlacementTest, AWorkerWithTooLittleHostMemoryForTheNodesRanksIsNotEligible)
   d = Place(JobOf(4, 1), {small});
   EXPECT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
   EXPECT_THAT(d.reason, ::testing::Not(HasSubstr("host memory")));
+}
+
+// A job whose `auto` settings are chosen against the worker's memory (its
+// cap is 0 there) is placed where some value of them fits, whatever the
+// plan made for another worker says; where none fits, the worker is not
+// eligible and the reason says so.
+TEST(PlacementTest, AutoSettingsAreFittedToEachWorkersMemory) {
+  v1::Job job = JobOf(2, 1, v1::BACKEND_CUDA, 0);  // the demo's bucket is `auto`
+  auto plan = PlanJob(job.spec());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  *job.mutable_plan() = *plan;
+  const int64_t total = plan->total_bytes();
+  // A plan made against a larger worker: more than this one has, yet a
+  // smaller bucket fits it.
+  job.mutable_plan()->set_total_bytes(total + (int64_t{64} << 20));
+  PlacementDecision d = Place(job, {Worker("a", 2, 2, total, v1::BACKEND_CUDA)});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kPlaced) << d.reason;
+  // One with less than any bucket's plan: not eligible.
+  d = Place(job, {Worker("b", 2, 2, total / 2, v1::BACKEND_CUDA)});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("b has "));
+  EXPECT_THAT(d.reason, HasSubstr("where no value of the `auto` settings fits (device_memory_bytes: "));
+  // Without `auto` settings the plan is the need, as before.
+  job.mutable_spec()->mutable_schedule()->mutable_offload_stream_adamw()->clear_bucket_params_auto();
+  job.mutable_spec()->mutable_schedule()->mutable_offload_stream_adamw()->set_bucket_params(16384);
+  d = Place(job, {Worker("a", 2, 2, total, v1::BACKEND_CUDA)});
+  ASSERT_EQ(d.kind, PlacementDecision::Kind::kUnschedulable);
+  EXPECT_THAT(d.reason, HasSubstr("a has "));
 }
 
 }  // namespace

@@ -3,11 +3,17 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "proto/does_not_fit.h"
 
 namespace plateau {
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
+  // An admission refusal for memory keeps its type (proto/does_not_fit.h)
+  // in the status' details.
+  if (const auto d = s.GetPayload(kDoesNotFitUrl)) {
+    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()), std::string(*d));
+  }
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 

@@ -29,6 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "plateau/v1/job.grpc.pb.h"
+#include "proto/does_not_fit.h"
 #include "tests/cluster.h"
 #include "tests/spec_fuzz.h"
 #include "worker/job_spec.h"
@@ -187,6 +188,44 @@ TEST(BadInputTest, PlateauctlExitsNonZeroWhenThePlanDoesNotFit) {
   Ran forced = RunCommand({ctl, at, "submit", path, "--validate-only"}, c.dir() + "/forced");
   EXPECT_EQ(forced.code, 0) << forced.out << forced.err;
   EXPECT_THAT(forced.out, HasSubstr("note: force_launch"));
+}
+
+// `auto` settings of which no value fits the spec's cap: submit is refused
+// with the chooser's reason, typed (the client sees DoesNotFit naming the
+// cap, which plateauctl's exit 5 reads), and nothing is created.
+TEST(BadInputTest, AutoSettingsThatFitNoValueAreRefusedTyped) {
+  Cluster c("auto-no-fit", NoWorker());
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(5);
+  spec.mutable_schedule()->mutable_pipelined_llep()->clear_chunk_tokens();
+  spec.mutable_schedule()->mutable_pipelined_llep()->set_chunk_tokens_auto(true);
+  spec.set_device_memory_bytes(1000);
+  auto plan = c.client().PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->plan().fits());
+  ASSERT_TRUE(plan->plan().has_auto_nothing_fits());
+  EXPECT_EQ(plan->plan().auto_nothing_fits().cap(), "device_memory_bytes");
+  EXPECT_EQ(plan->plan().auto_nothing_fits().cap_bytes(), 1000);
+  EXPECT_FALSE(plan->plan().auto_nothing_fits().cap_of_the_worker());
+  auto refused = c.client().SubmitJob(spec, false);
+  ASSERT_FALSE(refused.ok());
+  const std::optional<v1::DoesNotFit> typed = DoesNotFitOf(refused.status());
+  ASSERT_TRUE(typed.has_value()) << refused.status();
+  EXPECT_EQ(typed->cap(), "device_memory_bytes");
+  EXPECT_THAT(refused.status().message(), HasSubstr("no value of the `auto` settings fits"));
+  std::string text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(spec, &text));
+  const std::string path = c.dir() + "/auto-no-fit.txtpb";
+  std::ofstream(path) << text;
+  Ran r = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "submit", path}, c.dir() + "/submit");
+  EXPECT_EQ(r.code, 5) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("no value of the `auto` settings fits"));
+  EXPECT_TRUE(AllJobs(c.client()).empty()) << "nothing may have been created";
+  // Other refusals carry no such type: a malformed spec is not "does not fit".
+  spec.mutable_layout()->set_ranks(3);
+  auto bad = c.client().SubmitJob(spec, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_FALSE(DoesNotFitOf(bad.status()).has_value()) << bad.status();
 }
 
 // One unary SubmitJob with `body` as the raw request bytes, through the

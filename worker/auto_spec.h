@@ -8,9 +8,11 @@
 //   sco { host_budget_auto: true }
 //   offload_stream_adamw { bucket_params_auto: true }
 // The coordinator chooses the values when it plans the job (PlanJob,
-// SubmitJob) and keeps them in the job's plan (MemoryPlan.auto_settings);
-// each assignment carries ResolvedSpec, so every rank runs the same values
-// and a rank never chooses (plateau_rank refuses a spec with `auto` left).
+// SubmitJob), and again each time it places an attempt, on the workers it
+// placed it on (job_spec.h PlacementAutoContext); it keeps the latest
+// choice in the job's plan (MemoryPlan.auto_settings); each assignment
+// carries ResolvedSpec, so every rank runs the same values and a rank never
+// chooses (plateau_rank refuses a spec with `auto` left).
 //
 // Thread safety: free functions without shared state.
 #ifndef PLATEAU_WORKER_AUTO_SPEC_H_
@@ -33,7 +35,8 @@ struct AutoContext {
   // (DefaultCalibration), and the plan says so.
   std::optional<v1::Calibration> calibration;
   std::string worker;  // whose calibration ("worker-1 (host)"), for the plan
-  // That worker's memory per device and host memory (0: unknown): the caps
+  // That worker's memory per device, and its host memory per rank of the
+  // job (the node's shared by the job's ranks there) (0: unknown): the caps
   // for a spec whose own cap is 0.
   int64_t device_memory_bytes = 0;
   int64_t host_memory_bytes = 0;

@@ -1,5 +1,6 @@
 #include "worker/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -13,6 +14,8 @@
 #include "kernels/budget/n_max.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
+#include "proto/does_not_fit.h"
+#include "worker/calibration.h"
 
 namespace plateau {
 namespace {
@@ -313,6 +316,11 @@ void AxisToProto(const NMaxAxis& a, v1::NMaxAxis* out) {
   out->set_tokens_per_rank(a.tokens_per_rank);
   out->set_limit(a.limit);
   out->set_detail(a.detail);
+  for (const auto& [field, value] : a.auto_values) {
+    v1::AutoSetting* s = out->add_auto_settings();
+    s->set_field(field);
+    s->set_value(value);
+  }
 }
 
 void NMaxToProto(const NMax& n, v1::NMax* out) {
@@ -333,17 +341,16 @@ NMaxLimits SpecLimits() {
 // The spec's `auto` settings chosen on the context's calibration (or the
 // default curve) against the spec's caps, or the context's worker's memory
 // where the spec's cap is 0: the chosen values set in *step, and
-// auto_settings and calibration set in *out. Nothing when none is `auto`.
-// The note that carries ChooseAutoSettings' nothing-fits error, which
-// AdmitJob returns.
-constexpr absl::string_view kAutoNothingFits = "auto: ";
-
+// auto_settings and calibration set in *out (auto_nothing_fits when no
+// value fits, which AdmitJob and placement read). The calibration used in
+// *calibration. Nothing when none is `auto`.
 absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& context, StepOptions* step,
-                                v1::MemoryPlan* out) {
+                                    v1::MemoryPlan* out, Calibration* calibration_used) {
   const AutoRequest request = AutoRequestOf(spec);
   if (!request.any()) return absl::OkStatus();
   std::string source;
   PLATEAU_ASSIGN_OR_RETURN(const Calibration calibration, CalibrationFor(spec, context, &source));
+  *calibration_used = calibration;
   FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
   std::string caps_note;
   if (caps.device_bytes == 0 && context.device_memory_bytes > 0) {
@@ -356,9 +363,19 @@ absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& 
   }
   absl::StatusOr<AutoChoice> chosen = plateau::ChooseAutoSettings(*step, request, calibration, caps);
   if (chosen.status().code() == absl::StatusCode::kResourceExhausted) {
-    // Nothing fits: the plan is shown at the smallest settings (fits false),
-    // with the reason as a note; admission refuses it with that reason.
+    // Nothing fits: the plan is shown at the smallest settings (over a cap),
+    // with the reason as a note and in auto_nothing_fits, which admission
+    // (the spec's cap) or placement (the worker's) refuses on.
     PLATEAU_ASSIGN_OR_RETURN(*step, SmallestAutoSettings(*step, request));
+    // The cap the chooser names: the device's when the smallest plan is over
+    // it (ChooseAutoSettings' rule), else the host's.
+    PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan smallest, PlanMemory(*step));
+    const bool device_over = caps.device_bytes != 0 && smallest.total() > caps.device_bytes;
+    v1::AutoNothingFits* none = out->mutable_auto_nothing_fits();
+    none->set_cap(device_over ? "device_memory_bytes" : "host_memory_bytes");
+    none->set_cap_bytes(device_over ? caps.device_bytes : caps.host_bytes);
+    none->set_cap_of_the_worker(device_over ? spec.device_memory_bytes() == 0 : spec.host_memory_bytes() == 0);
+    none->set_reason(std::string(chosen.status().message()));
     for (int i = 0; i < kNumAutoSettings; ++i) {
       const AutoSetting s = static_cast<AutoSetting>(i);
       if (!request.has(s)) continue;
@@ -371,7 +388,7 @@ absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& 
       a->set_why("no value fits the caps: planned at the value with the smallest plan (see the auto note)");
     }
     out->set_calibration(source);
-    out->add_notes(absl::StrCat(kAutoNothingFits, chosen.status().message()));
+    out->add_notes(absl::StrCat("auto: ", chosen.status().message()));
     return absl::OkStatus();
   }
   PLATEAU_ASSIGN_OR_RETURN(AutoChoice choice, std::move(chosen));
@@ -644,7 +661,8 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
   PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
   // The `auto` settings first: everything below is planned at their values.
   v1::MemoryPlan chosen;
-  PLATEAU_RETURN_IF_ERROR(ChooseSpecAutoSettings(spec, auto_context, &t.step, &chosen));
+  Calibration calibration;
+  PLATEAU_RETURN_IF_ERROR(ChooseSpecAutoSettings(spec, auto_context, &t.step, &chosen, &calibration));
   PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(t.step));
   v1::MemoryPlan out = PlanToProto(spec, plan);
   out.MergeFrom(chosen);
@@ -664,10 +682,18 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
     out.add_notes("n_max: device_memory_bytes 0: no device cap to solve the largest batch and context against");
     return out;
   }
+  // The `auto` settings are chosen again at each N the search plans (on the
+  // same curve): a larger N may fit with smaller settings than the spec's N
+  // chose (kernels/budget/auto_settings.h SolveNMaxAuto).
   const FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
-  PLATEAU_ASSIGN_OR_RETURN(NMax n_max, SolveNMax(t.step, caps, SpecLimits()));
+  const AutoRequest request = AutoRequestOf(spec);
+  PLATEAU_ASSIGN_OR_RETURN(NMax n_max, request.any()
+                                           ? SolveNMaxAuto(t.step, request, calibration, caps, SpecLimits())
+                                           : SolveNMax(t.step, caps, SpecLimits()));
   NMaxToProto(n_max, out.mutable_n_max());
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<WhatIfRow> rows, WhatIfNMax(t.step, caps, SpecLimits()));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<WhatIfRow> rows,
+                           request.any() ? WhatIfNMaxAuto(t.step, request, calibration, caps, SpecLimits())
+                                         : WhatIfNMax(t.step, caps, SpecLimits()));
   for (const WhatIfRow& r : rows) {
     v1::WhatIfRow* row = out.add_what_if();
     row->set_schedules(r.schedules);
@@ -686,7 +712,7 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
     for (const v1::LiveSetBytes& ls : plan.host_live_sets()) {
       if (ls.bytes() != 0) host.push_back(absl::StrCat(ls.live_set(), "=", ls.bytes()));
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return DoesNotFitError("host_memory_bytes", absl::StrCat(
         "host_memory_bytes: the host plan does not fit: ", Bytes(plan.host_total_bytes()), " per rank (",
         absl::StrJoin(host, ", "), ") against a cap of ", Bytes(host_cap), "; short by ",
         Bytes(plan.host_total_bytes() - host_cap),
@@ -707,12 +733,12 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
     if (!(routing_dispatch && ls.live_set() == "dispatch")) launch_sized.push_back(all.back());
   }
   if (launch > cap) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return DoesNotFitError("device_memory_bytes", absl::StrCat(
         "device_memory_bytes: ", Bytes(cap), " per rank cannot hold the step's launch-sized state of ",
         Bytes(launch), " (", absl::StrJoin(launch_sized, ", "), "); short by ", Bytes(launch - cap)));
   }
   if (!spec.force_launch()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return DoesNotFitError("device_memory_bytes", absl::StrCat(
         "device_memory_bytes: the plan does not fit: ", Bytes(plan.total_bytes()), " per rank (",
         absl::StrJoin(all, ", "), ") against a cap of ", Bytes(cap), "; short by ",
         Bytes(plan.total_bytes() - cap),
@@ -728,20 +754,81 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
   PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec, auto_context));
   PLATEAU_RETURN_IF_ERROR(CheckPrecisionRuns(spec));
-  // `auto` settings of which no value fits: refused with the chooser's
-  // reason (the cap, the plan at the smallest settings, its largest live
-  // set), unless force_launch leaves the decision to AdmitPlan.
-  if (!plan.fits() && !spec.force_launch()) {
-    for (const v1::AutoSetting& a : plan.auto_settings()) {
-      if (a.fitting() != 0) continue;
-      for (const std::string& n : plan.notes()) {
-        if (absl::StartsWith(n, kAutoNothingFits) && absl::StrContains(n, "no value of the `auto` settings fits")) {
-          return absl::ResourceExhaustedError(n.substr(kAutoNothingFits.size()));
-        }
-      }
-    }
+  // `auto` settings of which no value fits the spec's own cap: refused
+  // with the chooser's reason (the cap, the plan at the smallest settings,
+  // its largest live set), unless force_launch leaves the decision to
+  // AdmitPlan. Against a worker's memory (the spec's cap 0) it is that
+  // worker's misfit, which placement handles (another worker may fit).
+  if (plan.has_auto_nothing_fits() && !plan.auto_nothing_fits().cap_of_the_worker() && !spec.force_launch()) {
+    return DoesNotFitError(plan.auto_nothing_fits().cap(), plan.auto_nothing_fits().reason());
   }
   return AdmitPlan(spec, std::move(plan));
+}
+
+absl::Status AutoFitsOnWorker(const v1::JobSpec& spec, const v1::WorkerCapabilities& worker, int64_t per_node) {
+  const AutoRequest request = AutoRequestOf(spec);
+  if (!request.any()) return absl::OkStatus();
+  PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+  // Any curve: the fit is the caps' alone.
+  const Calibration any = DefaultCalibration(CalibrationBackend::kCpu);
+  FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
+  // Nothing fits the spec's own caps: admission's decision (force_launch
+  // admits it at the smallest settings), the same on every worker, so not
+  // this worker's misfit.
+  if (ChooseAutoSettings(t.step, request, any, caps).status().code() == absl::StatusCode::kResourceExhausted) {
+    return absl::OkStatus();
+  }
+  if (caps.device_bytes == 0) caps.device_bytes = worker.device_memory_bytes();
+  if (caps.host_bytes == 0) caps.host_bytes = worker.host_memory_bytes() / std::max<int64_t>(1, per_node);
+  return ChooseAutoSettings(t.step, request, any, caps).status();
+}
+
+absl::StatusOr<AutoContext> PlacementAutoContext(
+    const v1::JobSpec& spec, const std::vector<std::pair<std::string, v1::WorkerCapabilities>>& workers) {
+  AutoContext context;
+  const int64_t per_node = spec.layout().ranks() / std::max<int64_t>(1, NodesOf(spec));
+  for (const auto& [id, caps] : workers) {
+    const int64_t host = caps.host_memory_bytes() / std::max<int64_t>(1, per_node);
+    if (caps.device_memory_bytes() > 0 &&
+        (context.device_memory_bytes == 0 || caps.device_memory_bytes() < context.device_memory_bytes)) {
+      context.device_memory_bytes = caps.device_memory_bytes();
+    }
+    if (host > 0 && (context.host_memory_bytes == 0 || host < context.host_memory_bytes)) {
+      context.host_memory_bytes = host;
+    }
+  }
+  PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+  const AutoRequest request = AutoRequestOf(spec);
+  FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
+  if (caps.device_bytes == 0) caps.device_bytes = context.device_memory_bytes;
+  if (caps.host_bytes == 0) caps.host_bytes = context.host_memory_bytes;
+  // The slowest calibration by the modelled step of its own choice.
+  const std::pair<std::string, v1::WorkerCapabilities>* slowest = nullptr;
+  double slowest_seconds = -1;
+  std::vector<std::string> compared;
+  for (const auto& w : workers) {
+    if (!w.second.has_calibration()) continue;
+    PLATEAU_ASSIGN_OR_RETURN(const Calibration c, CalibrationFromProto(w.second.calibration()));
+    absl::StatusOr<AutoChoice> choice = ChooseAutoSettings(t.step, request, c, caps);
+    // Nothing fits (RESOURCE_EXHAUSTED) is the same on every curve: PlanJob
+    // says so whichever is taken.
+    const double seconds = choice.ok() ? choice->seconds : 0;
+    if (!choice.ok() && choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
+    compared.push_back(absl::StrFormat("%s %.3g ms", w.first, seconds * 1e3));
+    if (seconds > slowest_seconds) {
+      slowest = &w;
+      slowest_seconds = seconds;
+    }
+  }
+  if (slowest == nullptr) return context;
+  context.calibration = slowest->second.calibration();
+  context.worker = slowest->second.name().empty() ? slowest->first
+                                                  : absl::StrCat(slowest->first, " (", slowest->second.name(), ")");
+  if (compared.size() > 1) {
+    absl::StrAppend(&context.worker, ", the slowest of the job's workers by the modelled step (",
+                    absl::StrJoin(compared, ", "), ")");
+  }
+  return context;
 }
 
 v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {

@@ -15,6 +15,8 @@
 #define PLATEAU_WORKER_JOB_SPEC_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -70,8 +72,32 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan);
 // total, the cap and the shortfall. Otherwise returns the plan.
 absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan plan);
 
-// PlanJob, the precision check of ValidateJobSpec, then AdmitPlan.
+// PlanJob, the precision check of ValidateJobSpec, then AdmitPlan. A plan
+// whose `auto` settings fit no value under the spec's own cap
+// (MemoryPlan.auto_nothing_fits) is refused with the chooser's reason,
+// unless force_launch; under a worker's cap (the spec's is 0) it is left to
+// placement (AutoFitsOnWorker), where another worker may fit.
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context = {});
+
+// Placement's check of a job with `auto` settings on one worker: whether
+// some value of them fits one of the job's ranks there, against the spec's
+// caps or, where the spec's cap is 0, the worker's device memory and its
+// host memory shared by `per_node` ranks (0 reported: unknown, not a cap).
+// Whether a value fits never depends on the calibration (only which is
+// chosen), so none is needed. OK for a spec without `auto` settings;
+// RESOURCE_EXHAUSTED with the chooser's reason otherwise.
+absl::Status AutoFitsOnWorker(const v1::JobSpec& spec, const v1::WorkerCapabilities& worker, int64_t per_node);
+
+// What the coordinator chooses a placed job's `auto` settings with, from the
+// workers it was placed on ({id as shown, capabilities}, one per node): the
+// most constrained memory (the least device memory, the least host memory
+// per rank: every rank must fit) and the slowest calibration. The step is
+// synchronous, so the slowest node sets its pace: of the workers that
+// reported a calibration, the one whose own choice (at those caps) models
+// the longest step, the first among equals; the plan names it and the
+// others. None reported: the default curve.
+absl::StatusOr<AutoContext> PlacementAutoContext(
+    const v1::JobSpec& spec, const std::vector<std::pair<std::string, v1::WorkerCapabilities>>& workers);
 
 // The spec of RecallDemoJob(ranks) (the demo and the tests), with `steps`,
 // the CPU backend and a 256 MiB device arena per rank.

@@ -399,7 +399,7 @@ TEST(JobSpecTest, PlanCarriesTheWhatIfTable) {
   const std::vector<std::string> names = {"all off", "pipelined_llep", "ring_dtp", "sco", "offload_stream_adamw",
                                           "all on"};
   for (int i = 0; i < 6; ++i) EXPECT_EQ(plan->what_if(i).schedules(), names[i]);
-  EXPECT_THAT(plan->what_if(1).settings(0), HasSubstr("chunk_tokens=128 min_piece=32 (the spec's)"));
+  EXPECT_THAT(plan->what_if(1).settings(0), HasSubstr("chunk_tokens=128 min_piece=32 max_borrowed=no cap (the spec's)"));
   EXPECT_THAT(plan->what_if(2).settings(0), HasSubstr("(default)"));  // the demo's projection is dense
   EXPECT_THAT(plan->what_if(3).settings(0), HasSubstr("host_budget_bytes=1048576 (the spec's)"));
   EXPECT_THAT(plan->what_if(4).settings(0), HasSubstr("bucket_params=16384 staging_slots=2 (the spec's)"));
@@ -437,6 +437,29 @@ TEST(JobSpecTest, NMaxOfTheDeepestModelIsQuick) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_GT(plan->n_max().batch().batch(), 0) << plan->n_max().batch().detail();
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  // With all four settings `auto`, chosen again at every N searched (the
+  // chooser plans each candidate): a few times that, still well inside an
+  // RPC's deadline.
+  {
+    v1::JobSpec a = s;
+    v1::ScheduleSpec* sc = a.mutable_schedule();
+    sc->mutable_pipelined_llep()->set_chunk_tokens(0);
+    sc->mutable_pipelined_llep()->set_chunk_tokens_auto(true);
+    sc->mutable_ring_dtp()->set_strip_auto(true);
+    sc->mutable_sco()->set_host_budget_bytes(0);
+    sc->mutable_sco()->set_host_budget_auto(true);
+    sc->mutable_offload_stream_adamw()->set_bucket_params(0);
+    sc->mutable_offload_stream_adamw()->set_bucket_params_auto(true);
+    sc->clear_dense();
+    const absl::Time t1 = absl::Now();
+    auto auto_plan = PlanJob(a);
+    ASSERT_TRUE(auto_plan.ok()) << auto_plan.status();
+    EXPECT_GT(auto_plan->n_max().batch().batch(), 0) << auto_plan->n_max().batch().detail();
+    EXPECT_EQ(auto_plan->n_max().batch().auto_settings_size(), 4);
+    const absl::Duration took = absl::Now() - t1;
+    std::printf("4096 layers, four `auto` settings: PlanJob %s\n", absl::FormatDuration(took).c_str());
+    EXPECT_LT(took, absl::Seconds(5));
+  }
   // Huge caps: the spec's limits, not an overflow, end the search.
   s.mutable_model()->set_layers(2);
   s.set_device_memory_bytes(std::numeric_limits<int64_t>::max());

@@ -4,6 +4,8 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -286,7 +288,7 @@ bool AutoRequest::has(AutoSetting s) const {
   return false;
 }
 
-std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s) {
+std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s, const ParamLayout* layout) {
   const ModelConfig& m = o.model;
   const int64_t N = std::max<int64_t>(1, TokensPerRank(m, o.layout));
   switch (s) {
@@ -305,7 +307,8 @@ std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s) {
       return out;
     }
     case AutoSetting::kBucketParams: {
-      const ParamLayout p = LayoutOf(o);
+      std::optional<ParamLayout> own;
+      const ParamLayout& p = layout != nullptr ? *layout : own.emplace(LayoutOf(o));
       const int64_t group = std::max<int64_t>(1, std::max(p.shard_numel(), p.owned_numel_per_rank()));
       // Buckets under 1/4096 of the group only add launches (and would make
       // the pipeline model walk millions of them on a huge spec).
@@ -362,10 +365,12 @@ double AutoSettingSeconds(const StepOptions& o, AutoSetting s, int64_t v, const 
   return 0;
 }
 
-absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request) {
+absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request,
+                                                 const ParamLayout* given) {
   PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
   StepOptions out = options;
-  const ParamLayout layout = LayoutOf(options);
+  std::optional<ParamLayout> own;
+  const ParamLayout& layout = given != nullptr ? *given : own.emplace(LayoutOf(options));
   for (int i = 0; i < kNumAutoSettings; ++i) {
     const AutoSetting s = static_cast<AutoSetting>(i);
     if (!request.has(s)) continue;
@@ -374,7 +379,7 @@ absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, con
     // whatever the others are.
     int64_t best = 0, best_device = 0, best_host = 0;
     bool first = true;
-    for (int64_t v : AutoCandidates(options, s)) {
+    for (int64_t v : AutoCandidates(options, s, &layout)) {
       StepOptions o = out;
       SetAutoSetting(&o, s, v);
       PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(o, layout));
@@ -391,7 +396,8 @@ absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, con
 }
 
 absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const AutoRequest& request,
-                                              const Calibration& calibration, const FitCaps& caps) {
+                                              const Calibration& calibration, const FitCaps& caps,
+                                              const ParamLayout* given) {
   PLATEAU_RETURN_IF_ERROR(ValidateCalibration(calibration));
   PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
   // One entry per requested setting: its candidates, and for each the
@@ -408,7 +414,7 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
     const AutoSetting s = static_cast<AutoSetting>(i);
     if (!request.has(s)) continue;
     PLATEAU_RETURN_IF_ERROR(ScheduleOn(options, s));
-    Axis a{s, AutoCandidates(options, s), {}, {}, {}};
+    Axis a{s, AutoCandidates(options, s, given), {}, {}, {}};
     SetAutoSetting(&base, s, a.values.front());
     axes.push_back(std::move(a));
   }
@@ -419,7 +425,8 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
     return out;
   }
   // The settings change neither the parameters nor where the lm_head lives.
-  const ParamLayout layout = LayoutOf(base);
+  std::optional<ParamLayout> own;
+  const ParamLayout& layout = given != nullptr ? *given : own.emplace(LayoutOf(base));
   PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan base_plan, PlanMemory(base, layout));
   for (Axis& a : axes) {
     for (int64_t v : a.values) {
@@ -465,7 +472,7 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
   if (best.empty()) {
     // Nothing fits: the plan at each setting's smallest device bytes (then
     // host bytes), and the live set that dominates it.
-    PLATEAU_ASSIGN_OR_RETURN(const StepOptions smallest, SmallestAutoSettings(options, request));
+    PLATEAU_ASSIGN_OR_RETURN(const StepOptions smallest, SmallestAutoSettings(options, request, &layout));
     std::vector<std::string> values;
     for (const Axis& a : axes) {
       values.push_back(absl::StrCat(AutoSettingField(a.setting), "=", GetAutoSetting(smallest, a.setting)));
@@ -522,6 +529,90 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
     out.settings.push_back(std::move(s));
   }
   return out;
+}
+
+namespace {
+
+// The request less the settings whose schedule `o` does not run.
+AutoRequest OnlyScheduled(const StepOptions& o, const AutoRequest& request) {
+  AutoRequest r = request;
+  r.chunk_tokens &= ScheduleOn(o, AutoSetting::kChunkTokens).ok();
+  r.strip &= ScheduleOn(o, AutoSetting::kStrip).ok();
+  r.host_budget &= ScheduleOn(o, AutoSetting::kHostBudget).ok();
+  r.bucket_params &= ScheduleOn(o, AutoSetting::kBucketParams).ok();
+  return r;
+}
+
+absl::Status CheckAutoRequest(const StepOptions& options, const AutoRequest& request, const Calibration& calibration) {
+  PLATEAU_RETURN_IF_ERROR(ValidateCalibration(calibration));
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
+  for (int i = 0; i < kNumAutoSettings; ++i) {
+    const AutoSetting s = static_cast<AutoSetting>(i);
+    if (request.has(s)) PLATEAU_RETURN_IF_ERROR(ScheduleOn(options, s));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ShapePlan AutoShapePlan(const AutoRequest& request, const Calibration& calibration, const FitCaps& caps,
+                        std::shared_ptr<const ParamLayout> layout) {
+  return [request, calibration, caps, layout](StepOptions* shape) -> absl::StatusOr<MemoryPlan> {
+    const AutoRequest r = OnlyScheduled(*shape, request);
+    if (!r.any()) return layout != nullptr ? PlanMemory(*shape, *layout) : PlanMemory(*shape);
+    absl::StatusOr<AutoChoice> choice = ChooseAutoSettings(*shape, r, calibration, caps, layout.get());
+    if (choice.ok()) {
+      *shape = choice->options;
+      return choice->plan;
+    }
+    if (choice.status().code() != absl::StatusCode::kResourceExhausted) return choice.status();
+    // Nothing fits here: the smallest plan, which is over a cap, so that the
+    // search reads this shape as one that does not fit (and says by how much).
+    PLATEAU_ASSIGN_OR_RETURN(*shape, SmallestAutoSettings(*shape, r, layout.get()));
+    return layout != nullptr ? PlanMemory(*shape, *layout) : PlanMemory(*shape);
+  };
+}
+
+std::vector<std::pair<std::string, int64_t>> AutoValues(const StepOptions& options, const AutoRequest& request) {
+  const AutoRequest r = OnlyScheduled(options, request);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (int i = 0; i < kNumAutoSettings; ++i) {
+    const AutoSetting s = static_cast<AutoSetting>(i);
+    if (r.has(s)) out.push_back({AutoSettingField(s), GetAutoSetting(options, s)});
+  }
+  return out;
+}
+
+absl::StatusOr<NMax> SolveNMaxAuto(const StepOptions& options, const AutoRequest& request,
+                                   const Calibration& calibration, const FitCaps& caps, const NMaxLimits& limits) {
+  PLATEAU_RETURN_IF_ERROR(CheckAutoRequest(options, request, calibration));
+  // The shapes share the options' parameter layout: built once.
+  const ShapePlan plan =
+      AutoShapePlan(request, calibration, caps, std::make_shared<const ParamLayout>(LayoutOf(options)));
+  PLATEAU_ASSIGN_OR_RETURN(NMax out, SolveNMaxWith(options, caps, limits, plan));
+  for (NMaxAxis* axis : {&out.batch, &out.context}) {
+    if (axis->tokens_per_rank == 0) continue;
+    StepOptions at = options;
+    at.layout.batch = axis->batch;
+    at.model.seq_len = axis->seq_len;
+    PLATEAU_RETURN_IF_ERROR(plan(&at).status());
+    axis->auto_values = AutoValues(at, request);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMaxAuto(const StepOptions& options, const AutoRequest& request,
+                                                      const Calibration& calibration, const FitCaps& caps,
+                                                      const NMaxLimits& limits) {
+  PLATEAU_RETURN_IF_ERROR(CheckAutoRequest(options, request, calibration));
+  WhatIfPerShape per_shape;
+  for (int i = 0; i < kNumAutoSettings; ++i) per_shape.chosen[i] = request.has(static_cast<AutoSetting>(i));
+  // Each row's layout (Ring-DTP moves the lm_head), built once per row.
+  per_shape.plan = [request, calibration, caps](const StepOptions& row) -> absl::StatusOr<ShapePlan> {
+    return AutoShapePlan(request, calibration, caps, std::make_shared<const ParamLayout>(LayoutOf(row)));
+  };
+  per_shape.values = [request](const StepOptions& planned) { return AutoValues(planned, request); };
+  return WhatIfNMax(options, caps, limits, &per_shape);
 }
 
 }  // namespace plateau

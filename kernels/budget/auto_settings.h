@@ -19,12 +19,15 @@
 #define PLATEAU_KERNELS_BUDGET_AUTO_SETTINGS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/budget/budget.h"
 #include "kernels/budget/n_max.h"
+#include "kernels/model/params.h"
 #include "kernels/model/step_options.h"
 
 namespace plateau {
@@ -122,7 +125,9 @@ struct AutoRequest {
 // - bucket: powers of two from 1024 (or from the first one with at most 4096
 //   buckets in the larger parameter group) below that group, then that
 //   group (one bucket).
-std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s);
+// `layout` (optional, everywhere below): LayoutOf(o), when the caller has it
+// (it lists every weight: a deep model's costs more than a plan).
+std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s, const ParamLayout* layout = nullptr);
 
 // The options with setting s at value v.
 void SetAutoSetting(StepOptions* o, AutoSetting s, int64_t v);
@@ -133,7 +138,8 @@ double AutoSettingSeconds(const StepOptions& o, AutoSetting s, int64_t v, const 
 // The options with each requested setting at its candidate with the
 // smallest device plan (then host plan): where a plan that cannot fit is
 // shown, and what ChooseAutoSettings' nothing-fits error reports.
-absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request);
+absl::StatusOr<StepOptions> SmallestAutoSettings(const StepOptions& options, const AutoRequest& request,
+                                                 const ParamLayout* layout = nullptr);
 
 struct AutoChoice {
   struct Setting {
@@ -157,7 +163,65 @@ struct AutoChoice {
 // RESOURCE_EXHAUSTED when nothing fits, naming the cap's field, the plan at
 // the smallest settings and its largest live set.
 absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const AutoRequest& request,
-                                              const Calibration& calibration, const FitCaps& caps);
+                                              const Calibration& calibration, const FitCaps& caps,
+                                              const ParamLayout* layout = nullptr);
+
+// --- N_max with the `auto` settings chosen at each N ------------------------
+//
+// A spec's `auto` settings are chosen for its own N; a larger N would choose
+// differently (a smaller c, more of the boundaries pooled), so N_max and the
+// what-if rows choose them again at every shape the search plans: a shape
+// fits when some combination of the candidates fits (the chooser's
+// RESOURCE_EXHAUSTED: none does, and the shape is planned at the smallest
+// settings, over a cap). Only the settings the request names are chosen; a
+// request for a schedule the shape does not run is dropped there (the
+// what-if rows turn schedules off).
+//
+// The search stays exact (the answer fits, one step more does not): "some
+// combination fits" is monotone in N wherever each fixed combination's fit
+// is (n_max.h). Take N < N' and a combination that fits at N'; a
+// combination at N with no live set larger fits too:
+// - c: the candidates at N are the powers of two below N and N; c' at N'
+//   maps to min(c', N), also a candidate. Its chunks are no more
+//   (ceil(N / c) <= ceil(N' / c')) and no larger (c <= c'), so the dispatch
+//   bound (slots of P c k rows, the count words per chunk, the borrowed
+//   experts bounded by c k / min_piece) is no larger.
+// - beta: the candidates are j N H e bytes, j the same list at every N (it
+//   depends on L only): j' at N' maps to the same j at N, which pools the
+//   same boundaries, each smaller (host j N H e, device (L + 1 - j) N H e).
+// - S and the bucket: their candidates do not depend on N.
+// The time model is not monotone in N, and need not be: which fitting
+// combination is fastest changes nothing about whether one fits.
+//
+// The chooser compares the plan's total with caps.device_bytes (standard
+// EP's worst case; caps.balanced_dispatch only changes that for standard EP
+// and LLEP, which no `auto` setting belongs to).
+
+// The shape plan (n_max.h) that chooses `request`'s settings for each shape
+// (on `calibration`, against `caps`) and plans it at the choice; a shape
+// where nothing fits is planned at SmallestAutoSettings.
+// `layout`: the shapes' LayoutOf (the same at every shape), or null.
+ShapePlan AutoShapePlan(const AutoRequest& request, const Calibration& calibration, const FitCaps& caps,
+                        std::shared_ptr<const ParamLayout> layout = nullptr);
+
+// The requested settings' values in `options` as {field, value}
+// (AutoSettingField order), those whose schedule the options run.
+std::vector<std::pair<std::string, int64_t>> AutoValues(const StepOptions& options, const AutoRequest& request);
+
+// N_max (n_max.h SolveNMax) with `request`'s settings chosen at each N;
+// each axis' auto_values are the choice at its answer. Errors: SolveNMax's,
+// and INVALID_ARGUMENT for a bad calibration or a setting whose schedule the
+// options do not run (as ChooseAutoSettings).
+absl::StatusOr<NMax> SolveNMaxAuto(const StepOptions& options, const AutoRequest& request,
+                                   const Calibration& calibration, const FitCaps& caps,
+                                   const NMaxLimits& limits = {});
+
+// The what-if table (n_max.h WhatIfNMax) with `request`'s settings chosen
+// at each N in every row that runs their schedule with the options' own
+// settings (printed "auto"; each axis' auto_values at its answer).
+absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMaxAuto(const StepOptions& options, const AutoRequest& request,
+                                                      const Calibration& calibration, const FitCaps& caps,
+                                                      const NMaxLimits& limits = {});
 
 }  // namespace plateau
 

@@ -308,6 +308,85 @@ TEST(AutoSettingsTest, TradesFollowTheCurves) {
   EXPECT_EQ(beta_tight->settings[0].value, 128 * 16 * 4);  // one boundary, no more
 }
 
+// N_max with the `auto` settings chosen at each N: a larger N than the
+// spec's needs smaller settings (here c) than the spec's N chose, so the
+// search that chooses again reaches further than one at the spec's values;
+// and it is exact against the brute force over every combination at every
+// shape of a scan (which also checks, on this range, that "some
+// combination fits" is monotone in N, as auto_settings.h argues).
+TEST(AutoSettingsTest, NMaxChoosesTheSettingsAgainAtEachNAndIsTight) {
+  const StepOptions base = AllOn();
+  const Calibration cal = DefaultCalibration(CalibrationBackend::kCpu);
+  const AutoRequest req = Everything();
+  // A cap that the spec's own N fits roomily (the chooser takes c = N there).
+  auto roomy = ChooseAutoSettings(base, req, cal, FitCaps{});
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  const FitCaps caps{roomy->plan.total() + roomy->plan.total() / 4, 0};
+  auto at_spec = ChooseAutoSettings(base, req, cal, caps);
+  ASSERT_TRUE(at_spec.ok()) << at_spec.status();
+  NMaxLimits limits;
+  limits.max_batch = 64;
+  limits.max_seq_len = 1024 * base.layout.ranks;
+  auto fixed = SolveNMax(at_spec->options, caps, limits);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  auto per_n = SolveNMaxAuto(base, req, cal, caps, limits);
+  ASSERT_TRUE(per_n.ok()) << per_n.status();
+  for (auto axis : {&NMax::batch, &NMax::context}) {
+    const bool batch_axis = axis == &NMax::batch;
+    const NMaxAxis& got = (*per_n).*axis;
+    SCOPED_TRACE(batch_axis ? "batch axis" : "context axis");
+    ASSERT_EQ(got.limit, "device_memory_bytes") << got.detail;
+    EXPECT_GT(got.tokens_per_rank, ((*fixed).*axis).tokens_per_rank);
+    auto shape = [&](int64_t x) {
+      StepOptions o = base;
+      (batch_axis ? o.layout.batch : o.model.seq_len) = batch_axis ? x : x * base.layout.ranks;
+      return o;
+    };
+    // The scan, to twice the answer: the largest shape where some
+    // combination fits.
+    const int64_t answer = batch_axis ? got.batch : got.seq_len / base.layout.ranks;
+    const int64_t x_max = 2 * answer + 2;
+    int64_t largest = 0;
+    for (int64_t x = 1; x <= x_max; ++x) {
+      const bool any = BruteForce(shape(x), req, cal, caps).any;
+      if (any) {
+        EXPECT_EQ(largest, x - 1) << "fits at " << x << " but not at " << largest + 1;
+        largest = x;
+      }
+    }
+    EXPECT_EQ(answer, largest);
+    // The values reported at the answer are the chooser's there, and fit.
+    auto there = ChooseAutoSettings(shape(answer), req, cal, caps);
+    ASSERT_TRUE(there.ok()) << there.status();
+    ASSERT_EQ(got.auto_values.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got.auto_values[i].first, AutoSettingField(there->settings[i].setting));
+      EXPECT_EQ(got.auto_values[i].second, there->settings[i].value);
+    }
+    // c had to shrink below what the spec's N chose.
+    EXPECT_LT(got.auto_values[0].second, at_spec->settings[0].value);
+  }
+  // The what-if table chooses per N in the rows that run the spec's
+  // schedules, and says "auto" there; its all-on row is this N_max.
+  auto rows = WhatIfNMaxAuto(base, req, cal, caps, limits);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 6u);
+  const WhatIfRow& on = rows->back();
+  EXPECT_EQ(on.n_max.batch.tokens_per_rank, per_n->batch.tokens_per_rank);
+  EXPECT_EQ(on.n_max.context.tokens_per_rank, per_n->context.tokens_per_rank);
+  EXPECT_EQ(on.n_max.context.auto_values, per_n->context.auto_values);
+  EXPECT_THAT(on.settings[0], HasSubstr("chunk_tokens=auto min_piece=4 max_borrowed=no cap (the spec's)"));
+  EXPECT_THAT(on.settings[1], HasSubstr("strip=auto"));
+  EXPECT_THAT(on.settings[2], HasSubstr("host_budget_bytes=auto"));
+  EXPECT_THAT(on.settings[3], HasSubstr("bucket_params=auto"));
+  // A row without PipelinedLLEP chooses the others only.
+  const WhatIfRow& ring = (*rows)[2];
+  ASSERT_EQ(ring.schedules, "ring_dtp");
+  ASSERT_EQ(ring.n_max.batch.auto_values.size(), 1u);
+  EXPECT_EQ(ring.n_max.batch.auto_values[0].first, "schedule.ring_dtp.strip");
+  EXPECT_TRUE((*rows)[0].n_max.batch.auto_values.empty());  // all off
+}
+
 TEST(AutoSettingsTest, NothingFitsNamesTheCapAndTheLargestLiveSet) {
   const StepOptions base = AllOn();
   auto got = ChooseAutoSettings(base, Everything(), DefaultCalibration(CalibrationBackend::kCpu), FitCaps{1000, 0});

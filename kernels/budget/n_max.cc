@@ -18,8 +18,9 @@ namespace plateau {
 namespace {
 
 // The plan of one candidate shape: PlanMemory, or PlanMemory under options
-// that follow the shape (the what-if table's SCO budget).
-using PlanFunction = std::function<absl::StatusOr<MemoryPlan>(const StepOptions&)>;
+// that follow the shape (the what-if table's SCO budget, the `auto`
+// settings chosen per shape).
+using PlanFunction = ShapePlan;
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.2f MiB", bytes / 1048576.0); }
 
@@ -52,7 +53,8 @@ Probe TryShape(const StepOptions& o, const FitCaps& caps, const NMaxLimits& limi
   if (limits.check) {
     if (absl::Status s = limits.check(o); !s.ok()) return {false, "refused", absl::StrCat(where, ": ", s.message())};
   }
-  absl::StatusOr<MemoryPlan> p = plan(o);
+  StepOptions planned = o;
+  absl::StatusOr<MemoryPlan> p = plan(&planned);
   if (!p.ok()) return {false, "refused", absl::StrCat(where, ": ", p.status().message())};
   if (caps.device_bytes > 0 && DeviceBytesAgainstCap(*p, caps) > caps.device_bytes) {
     return {false, "device_memory_bytes",
@@ -167,12 +169,13 @@ NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& cap
 absl::StatusOr<PlanFunction> PlanShapesOf(const StepOptions& options) {
   PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
   auto layout = std::make_shared<const ParamLayout>(LayoutOf(options));
-  return PlanFunction([layout](const StepOptions& shape) { return PlanMemory(shape, *layout); });
+  return PlanFunction([layout](StepOptions* shape) { return PlanMemory(*shape, *layout); });
 }
 
 absl::StatusOr<NMax> Solve(const StepOptions& options, const FitCaps& caps, const NMaxLimits& limits,
                            const PlanFunction& plan) {
-  PLATEAU_RETURN_IF_ERROR(plan(options).status());
+  StepOptions own = options;
+  PLATEAU_RETURN_IF_ERROR(plan(&own).status());
   if (caps.device_bytes < 0 || caps.host_bytes < 0 || (caps.device_bytes == 0 && caps.host_bytes == 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device_memory_bytes: expected a device cap (or host_memory_bytes a host cap) > 0 to solve N_max "
@@ -189,8 +192,8 @@ absl::StatusOr<NMax> Solve(const StepOptions& options, const FitCaps& caps, cons
 // with an unlimited budget), less what the host cap cannot hold beside the
 // other host terms (the plan with beta = 0).
 PlanFunction ScoEveryBoundary(const FitCaps& caps, PlanFunction plan_memory) {
-  return [caps, plan_memory](const StepOptions& shape) -> absl::StatusOr<MemoryPlan> {
-    StepOptions o = shape;
+  return [caps, plan_memory](StepOptions* shape) -> absl::StatusOr<MemoryPlan> {
+    StepOptions& o = *shape;
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes = 0;
     const ModelConfig& m = o.model;
@@ -198,11 +201,12 @@ PlanFunction ScoEveryBoundary(const FitCaps& caps, PlanFunction plan_memory) {
                            ElementBytesOf(o.precision))
                        .host_bytes();
     if (caps.host_bytes > 0) {
-      PLATEAU_ASSIGN_OR_RETURN(MemoryPlan others, plan_memory(o));
+      StepOptions without = o;
+      PLATEAU_ASSIGN_OR_RETURN(MemoryPlan others, plan_memory(&without));
       beta = std::max<int64_t>(0, std::min(beta, caps.host_bytes - others.host_total()));
     }
     o.checkpoints.host_budget_bytes = beta;
-    return plan_memory(o);
+    return plan_memory(&o);
   };
 }
 
@@ -225,9 +229,20 @@ absl::StatusOr<NMax> SolveNMax(const StepOptions& options, const FitCaps& caps, 
   return Solve(options, caps, limits, plan);
 }
 
+absl::StatusOr<NMax> SolveNMaxWith(const StepOptions& options, const FitCaps& caps, const NMaxLimits& limits,
+                                   const ShapePlan& plan) {
+  PLATEAU_RETURN_IF_ERROR(ValidateStepShape(options));
+  return Solve(options, caps, limits, plan);
+}
+
 absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, const FitCaps& caps,
-                                                  const NMaxLimits& limits) {
+                                                  const NMaxLimits& limits, const WhatIfPerShape* per_shape) {
   PLATEAU_RETURN_IF_ERROR(PlanMemory(options).status());
+  // A setting chosen at each shape prints as "auto" (its value at each
+  // N_max is in the row's NMaxAxis::auto_values).
+  auto chosen = [&](int setting, int64_t value) {
+    return per_shape != nullptr && per_shape->chosen[setting] ? std::string("auto") : absl::StrCat(value);
+  };
   // Each schedule's "on": the options' own settings when they chose it.
   struct Schedule {
     const char* name;
@@ -244,8 +259,11 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
                            o->dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
                            o->dispatch.pipelined = p;
                          },
-                         absl::StrCat("pipelined_llep chunk_tokens=", p.chunk_tokens, " min_piece=",
-                                      p.balance.min_piece, " ", Origin(spec))});
+                         absl::StrCat("pipelined_llep chunk_tokens=", spec ? chosen(0, p.chunk_tokens) : absl::StrCat(p.chunk_tokens),
+                                      " min_piece=", p.balance.min_piece, " max_borrowed=",
+                                      p.balance.max_borrowed == 0 ? std::string("no cap")
+                                                                  : absl::StrCat(p.balance.max_borrowed),
+                                      " ", Origin(spec))});
   }
   {
     const bool spec = options.projection.kind == ProjectionOptions::Kind::kRingDtp;
@@ -259,7 +277,8 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
                        : *p.mode == RingDtpMode::kActivations ? "activations"
                                                               : "weights";
     schedules.push_back({"ring_dtp", [p](StepOptions* o) { o->projection = p; },
-                         absl::StrCat("ring_dtp strip=", p.strip, " row_tile=", p.row_tile,
+                         absl::StrCat("ring_dtp strip=", spec ? chosen(1, p.strip) : absl::StrCat(p.strip),
+                                      " row_tile=", p.row_tile,
                                       " chunk_rows=", p.chunk_rows, " mode=", mode, " ", Origin(spec))});
   }
   {
@@ -271,7 +290,7 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
            o->checkpoints.kind = CheckpointOptions::Kind::kSco;
            if (spec) o->checkpoints = c;
          },
-         spec ? absl::StrCat("sco host_budget_bytes=", c.host_budget_bytes, " ", Origin(true))
+         spec ? absl::StrCat("sco host_budget_bytes=", chosen(2, c.host_budget_bytes), " ", Origin(true))
               : absl::StrCat("sco host_budget_bytes=every boundary that can leave (", std::max<int64_t>(0, options.model.layers - 1),
                              " of ", options.model.layers + 1, ") at each N",
                              caps.host_bytes > 0 ? ", within the host cap" : "", " ", Origin(false)),
@@ -289,7 +308,8 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
       p.bucket_params = std::max<int64_t>(1, std::min(p.bucket_params, (group + 7) / 8));
     }
     schedules.push_back({"offload_stream_adamw", [p](StepOptions* o) { o->optimizer_placement = p; },
-                         absl::StrCat("offload_stream_adamw bucket_params=", p.bucket_params,
+                         absl::StrCat("offload_stream_adamw bucket_params=",
+                                      spec ? chosen(3, p.bucket_params) : absl::StrCat(p.bucket_params),
                                       " staging_slots=", p.staging_slots, " ", Origin(spec))});
   }
 
@@ -315,11 +335,20 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
     // vocabulary entries than ranks) is a row that says why, not a table
     // that fails.
     absl::StatusOr<PlanFunction> plan = PlanShapesOf(o);
-    absl::StatusOr<NMax> n_max =
-        !plan.ok() ? absl::StatusOr<NMax>(plan.status())
-                   : Solve(o, caps, limits, adaptive_sco ? ScoEveryBoundary(caps, *plan) : *plan);
+    if (plan.ok() && per_shape != nullptr) plan = per_shape->plan(o);
+    if (plan.ok() && adaptive_sco) plan = ScoEveryBoundary(caps, *plan);
+    absl::StatusOr<NMax> n_max = !plan.ok() ? absl::StatusOr<NMax>(plan.status()) : Solve(o, caps, limits, *plan);
     if (n_max.ok()) {
       row.n_max = *std::move(n_max);
+      // What the row's plan chose at each answer (planned again there).
+      for (NMaxAxis* axis : {&row.n_max.batch, &row.n_max.context}) {
+        if (per_shape == nullptr || !per_shape->values || axis->tokens_per_rank == 0) continue;
+        StepOptions at = o;
+        at.layout.batch = axis->batch;
+        at.model.seq_len = axis->seq_len;
+        PLATEAU_RETURN_IF_ERROR((*plan)(&at).status());
+        axis->auto_values = per_shape->values(at);
+      }
     } else if (n_max.status().code() == absl::StatusCode::kInvalidArgument) {
       for (NMaxAxis* axis : {&row.n_max.batch, &row.n_max.context}) {
         axis->limit = "refused";

@@ -8,9 +8,11 @@
 #ifndef PLATEAU_KERNELS_BUDGET_N_MAX_H_
 #define PLATEAU_KERNELS_BUDGET_N_MAX_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -93,6 +95,10 @@ struct NMaxAxis {
   // The next step's plan against the cap (its largest live sets), or why
   // nothing fits, or the limit.
   std::string detail;
+  // The `auto` settings as chosen at this shape ({field, value}, e.g.
+  // {"schedule.pipelined_llep.chunk_tokens", 32}) when the search chose
+  // them at each shape (auto_settings.h SolveNMaxAuto); empty otherwise.
+  std::vector<std::pair<std::string, int64_t>> auto_values;
 };
 struct NMax {
   NMaxAxis batch;
@@ -103,6 +109,22 @@ struct NMax {
 // or neither cap is set (name "device_memory_bytes").
 absl::StatusOr<NMax> SolveNMax(const StepOptions& options, const FitCaps& caps,
                                const NMaxLimits& limits = {});
+
+// The plan of one candidate shape. SolveNMax plans each with PlanMemory at
+// the options' own settings; a ShapePlan may instead choose settings for the
+// shape (auto_settings.h: the `auto` settings chosen again at each N), which
+// it writes into *shape before planning it, so that the caller can read
+// what the plan was made with. An error is a shape that cannot be planned
+// (the search's limit "refused"); a shape whose best plan is over a cap is a
+// plan, not an error.
+using ShapePlan = std::function<absl::StatusOr<MemoryPlan>(StepOptions* shape)>;
+
+// SolveNMax with each candidate shape planned by `plan`. Exact (the answer
+// fits, one step more does not) under the same monotonicity as SolveNMax:
+// a ShapePlan that chooses settings must keep "some choice fits" monotone
+// in N (auto_settings.h argues it for its chooser).
+absl::StatusOr<NMax> SolveNMaxWith(const StepOptions& options, const FitCaps& caps, const NMaxLimits& limits,
+                                   const ShapePlan& plan);
 
 // What each schedule buys: N_max with the four schedules off (standard_ep,
 // dense projection, full checkpoints, device AdamW), each one on alone, and
@@ -128,8 +150,24 @@ struct WhatIfRow {
   std::vector<std::string> settings;  // the options the row ran with
   NMax n_max;
 };
+
+// A what-if table whose rows choose some of the options' settings at each
+// shape (auto_settings.h WhatIfNMaxAuto: the spec's `auto` settings).
+struct WhatIfPerShape {
+  // Which of the options' own settings are chosen per shape, in
+  // auto_settings.h's AutoSetting order (c, S, beta, bucket): a row that
+  // runs that schedule with the options' settings prints it as "auto".
+  std::array<bool, 4> chosen{};
+  // The plan of a row's shapes, given the row's options (its schedules on,
+  // each with the options' or the default settings).
+  std::function<absl::StatusOr<ShapePlan>(const StepOptions& row)> plan;
+  // The chosen values in a shape the row's plan planned (NMaxAxis::auto_values).
+  std::function<std::vector<std::pair<std::string, int64_t>>(const StepOptions& planned)> values;
+};
+
 absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, const FitCaps& caps,
-                                                  const NMaxLimits& limits = {});
+                                                  const NMaxLimits& limits = {},
+                                                  const WhatIfPerShape* per_shape = nullptr);
 
 }  // namespace plateau
 

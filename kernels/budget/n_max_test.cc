@@ -221,6 +221,7 @@ TEST(NMaxTest, WhatIfSaysWhichScheduleBuysHowMuch) {
   o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
   o.dispatch.pipelined.chunk_tokens = 64;
   o.dispatch.pipelined.balance.min_piece = 16;
+  o.dispatch.pipelined.balance.max_borrowed = 2;
   const FitCaps caps{PlanMemory(WithBatch(o, 8)).value().total(), 0};
   NMaxLimits limits;
   limits.max_batch = 4096;
@@ -232,7 +233,7 @@ TEST(NMaxTest, WhatIfSaysWhichScheduleBuysHowMuch) {
   for (size_t i = 0; i < rows->size(); ++i) EXPECT_EQ((*rows)[i].schedules, names[i]);
   const WhatIfRow &off = (*rows)[0], &ring = (*rows)[2], &sco = (*rows)[3], &opt = (*rows)[4], &on = (*rows)[5];
   // The spec's own settings where it chose the schedule, defaults elsewhere.
-  EXPECT_THAT((*rows)[1].settings[0], HasSubstr("chunk_tokens=64 min_piece=16 (the spec's)"));
+  EXPECT_THAT((*rows)[1].settings[0], HasSubstr("chunk_tokens=64 min_piece=16 max_borrowed=2 (the spec's)"));
   EXPECT_THAT(ring.settings[0], HasSubstr("strip=1000"));  // min(1024, V)
   EXPECT_THAT(ring.settings[0], HasSubstr("(default)"));
   EXPECT_THAT(sco.settings[0], HasSubstr("every boundary that can leave (23 of 25)"));

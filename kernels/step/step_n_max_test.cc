@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/budget/auto_settings.h"
 #include "kernels/budget/budget.h"
 #include "kernels/budget/n_max.h"
 #include "kernels/communicator.h"
@@ -98,6 +99,48 @@ TEST(StepNMaxTest, AllFourSchedulesUnderADeviceAndAHostCap) {
   at12.layout.batch = 12;
   const MemoryPlan plan = PlanMemory(at12).value();
   ExpectTightOnTheStep(o, {plan.total() - 64, 2 * plan.host_total()});
+}
+
+// The four settings left `auto`, chosen again at each N the search plans
+// (auto_settings.h SolveNMaxAuto): at N_max the chooser's values run under
+// both caps, and one step more is refused even at the settings with the
+// smallest plan (no combination fits there).
+TEST(StepNMaxTest, AutoSettingsChosenAtEachN) {
+  const StepOptions o = AllOn();
+  const AutoRequest all{true, true, true, true};
+  const Calibration cal = DefaultCalibration(CalibrationBackend::kCpu);
+  StepOptions at12 = o;
+  at12.layout.batch = 12;
+  const MemoryPlan plan = PlanMemory(at12).value();
+  const FitCaps caps{plan.total() - 64, 2 * plan.host_total()};
+  NMaxLimits limits;
+  limits.max_batch = 64;
+  limits.max_seq_len = 512;
+  auto n = SolveNMaxAuto(o, all, cal, caps, limits);
+  ASSERT_TRUE(n.ok()) << n.status();
+  const ShapePlan chosen = AutoShapePlan(all, cal, caps);
+  for (bool batch_axis : {true, false}) {
+    const NMaxAxis& axis = batch_axis ? n->batch : n->context;
+    SCOPED_TRACE(batch_axis ? "batch axis" : "context axis");
+    ASSERT_NE(axis.limit, "layout.batch") << axis.detail;
+    ASSERT_NE(axis.limit, "model.seq_len") << axis.detail;
+    ASSERT_GT(axis.tokens_per_rank, 0) << axis.detail;
+    StepOptions at = o;
+    at.layout.batch = axis.batch;
+    at.model.seq_len = axis.seq_len;
+    ASSERT_TRUE(chosen(&at).ok());
+    ASSERT_EQ(AutoValues(at, all), axis.auto_values);
+    const absl::Status ran = RunOneStep(at, caps);
+    EXPECT_TRUE(ran.ok()) << ran;
+    StepOptions over = o;
+    over.layout.batch = axis.batch + (batch_axis ? 1 : 0);
+    over.model.seq_len = axis.seq_len + (batch_axis ? 0 : kRanks);
+    ASSERT_FALSE(ChooseAutoSettings(over, all, cal, caps).ok());
+    auto smallest = SmallestAutoSettings(over, all);
+    ASSERT_TRUE(smallest.ok()) << smallest.status();
+    const absl::Status refused = RunOneStep(*smallest, caps);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  }
 }
 
 }  // namespace
