@@ -19,6 +19,10 @@
 // again with its old id and the ranks it still runs; the coordinator
 // re-attaches them or names the jobs to stop.
 //
+// The id the coordinator gives it is kept in its work dir (worker_id): a
+// restarted agent registers under the same id, so operators see one worker
+// that came back rather than a new one beside a lost one.
+//
 // Threads: Run() (reaping, kills after the grace period), a heartbeat
 // thread (assignments, cancellations, registering again) and a sender
 // thread (the report queue).
@@ -56,7 +60,7 @@ struct AgentOptions {
   std::string tls_ca_file;
   v1::WorkerCapabilities capabilities;
   std::string rank_binary;  // plateau_rank
-  std::string work_dir;     // spec files of running jobs
+  std::string work_dir;     // spec files of running jobs; the worker id
   absl::Duration grace = absl::Seconds(5);
 };
 
