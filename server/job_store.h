@@ -96,8 +96,9 @@ class JobStore {
   // at start-up).
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountJobsByState();
   // Removes the job's events, logs, memory timelines and rank reports (one
-  // transaction). Their indices are not reused: a later append continues
-  // after the last one.
+  // transaction): the retention of a finished job, which gets no further
+  // events (within this store's life a later append would still continue
+  // after the last index; after a reopen it would start again at 0).
   absl::Status DeleteJobData(const std::string& id);
   // Removes the job itself as well (one transaction). NOT_FOUND names the id.
   absl::Status DeleteJob(const std::string& id);
