@@ -983,8 +983,12 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
       } else {
         Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s re-attached ranks"));
       }
-      Log(a.job.id(), a.job.attempt(), absl::StrCat("re-attached after ", after, ": ", w.id));
-      Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " re-attached to ", w.id, " after ", after));
+      // Re-attached only when some of its ranks still run there; otherwise
+      // the failure recorded above says what happened to them.
+      if (run != running.end()) {
+        Log(a.job.id(), a.job.attempt(), absl::StrCat("re-attached after ", after, ": ", w.id));
+        Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " re-attached to ", w.id, " after ", after));
+      }
     }
   }
   // Anything else it runs belongs to no live attempt here: it stops it.
