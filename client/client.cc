@@ -110,6 +110,24 @@ absl::StatusOr<v1::GetMemoryTimelineResponse> Client::GetMemoryTimeline(const st
   return resp;
 }
 
+absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {
+  if (!status_.ok()) return status_;
+  v1::ListWorkersResponse resp;
+  auto ctx = Context();
+  absl::Status s = Convert(stub_->ListWorkers(ctx.get(), v1::ListWorkersRequest(), &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::DeleteJob(const std::string& id) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(id);
+  if (!status_.ok()) return status_;
+  v1::DeleteJobResponse resp;
+  auto ctx = Context();
+  return Convert(stub_->DeleteJob(ctx.get(), req, &resp));
+}
+
 absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
   v1::PlanJobRequest req;
   *req.mutable_spec() = spec;
@@ -161,7 +179,7 @@ absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for, OpenFn ope
 }  // namespace
 
 absl::Status Client::WatchJob(const std::string& id, int64_t from,
-                              const std::function<bool(const v1::JobEvent&)>& on_event) {
+                              const std::function<bool(const v1::JobEvent&)>& on_event, bool per_rank) {
   if (!status_.ok()) return status_;
   return ReadResuming<v1::JobEvent>(
       from, reconnect_for_,
@@ -169,6 +187,7 @@ absl::Status Client::WatchJob(const std::string& id, int64_t from,
         v1::WatchJobRequest req;
         req.set_job_id(id);
         req.set_from_index(at);
+        req.set_per_rank(per_rank);
         return stub_->WatchJob(ctx, req);
       },
       on_event, [this](const grpc::Status& s) { return Convert(s); });

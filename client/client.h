@@ -48,11 +48,16 @@ class Client {
   absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::JobSpec& spec);
   // The latest memory timeline of each rank, with the job's plan.
   absl::StatusOr<v1::GetMemoryTimelineResponse> GetMemoryTimeline(const std::string& id);
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+  // A finished job and everything of it; FAILED_PRECONDITION when live.
+  absl::Status DeleteJob(const std::string& id);
   // Streams the job's events from `from` until the job's final state (or
   // until on_event returns false). No deadline: a watch lasts the job, and
   // it resumes across a coordinator restart (ClientOptions::reconnect_for).
+  // `per_rank`: each step event carries every rank's report
+  // (WatchJobRequest.per_rank).
   absl::Status WatchJob(const std::string& id, int64_t from,
-                        const std::function<bool(const v1::JobEvent&)>& on_event);
+                        const std::function<bool(const v1::JobEvent&)>& on_event, bool per_rank = false);
   absl::Status GetJobLogs(const std::string& id, bool follow, int64_t from,
                           const std::function<bool(const v1::LogEntry&)>& on_line);
 

@@ -46,9 +46,14 @@ commands
   plan SPEC                                the memory plan per live set, nothing created
   get JOB                                  one job
   list [--state=S[,S...]] [--page_size=N] [--page_token=T] [--all]
-  watch JOB [--from=INDEX]                 live progress to the end; exits with its outcome
+  watch JOB [--from=INDEX]                 live progress to the end, one event per step of the
+                                           whole job; exits with its outcome
   logs JOB [-f] [--from=INDEX]             log lines of every rank; -f follows
   cancel JOB
+  delete JOB                               a finished job, its events, logs and series (a live one:
+                                           cancel it first)
+  workers                                  the registered workers: id, name, address, backend,
+                                           slots, memory, last heartbeat, running jobs
   memory JOB [--rank=R] [--width=N]        the job's latest memory timeline (rank R, default
          [--png=FILE]                      0) as a terminal chart per memory space (or a PNG); the
                                            page http://METRICS/jobs/JOB/memory draws it
@@ -255,12 +260,32 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
       }
       return true;
     }
-    const v1::StepTelemetry& t = e.step();
+    // One event per step of the whole job (peaks already the maximum over
+    // ranks); an older coordinator's database holds one per rank instead,
+    // whose rank 0 stands for the step.
+    v1::JobStepSummary t;
+    if (e.has_job_step()) {
+      t = e.job_step();
+    } else if (e.has_step()) {
+      const v1::StepTelemetry& r = e.step();
+      t.set_step(r.step());
+      t.set_loss(r.loss());
+      t.set_tokens(r.tokens());
+      t.set_model_flops(r.model_flops());
+      t.set_seconds(r.seconds());
+      *t.mutable_peak() = r.peak();
+      t.set_peak_total_bytes(r.peak_total_bytes());
+      *t.mutable_host_peak() = r.host_peak();
+      t.set_host_peak_total_bytes(r.host_peak_total_bytes());
+      if (r.rank() != 0) t.set_step(-1);  // peaks only
+    } else {
+      return true;
+    }
     for (const auto& ls : t.peak()) peak[ls.live_set()] = std::max(peak[ls.live_set()], ls.bytes());
     peak_total = std::max(peak_total, t.peak_total_bytes());
     for (const auto& ls : t.host_peak()) host_peak[ls.live_set()] = std::max(host_peak[ls.live_set()], ls.bytes());
     host_peak_total = std::max(host_peak_total, t.host_peak_total_bytes());
-    if (t.rank() != 0) return true;
+    if (t.step() < 0) return true;
     if (first_loss < 0) first_loss = t.loss();
     last_loss = t.loss();
     last_step = t.step();
@@ -351,7 +376,8 @@ int Run(const Options& o) {
     static const std::map<std::string, std::set<std::string>> allowed = {
         {"submit", {"validate-only", "wait"}}, {"plan", {}}, {"get", {}},
         {"list", {"state", "page_size", "page_token", "all"}}, {"watch", {"from"}},
-        {"logs", {"f", "follow", "from"}}, {"cancel", {}}, {"memory", {"rank", "width", "png"}}};
+        {"logs", {"f", "follow", "from"}}, {"cancel", {}}, {"memory", {"rank", "width", "png"}},
+        {"workers", {}}, {"delete", {}}};
     auto it = allowed.find(o.command);
     if (it == allowed.end()) {
       std::fprintf(stderr, "plateauctl: unknown command '%s' (see --help)\n", o.command.c_str());
@@ -516,6 +542,43 @@ int Run(const Options& o) {
     }
     for (size_t i = 0; i < charts->size(); ++i) {
       std::printf("%s%s", i > 0 ? "\n" : "", TerminalChart((*charts)[i], width).c_str());
+    }
+    return kExitOk;
+  }
+  if (o.command == "workers") {
+    if (!need(0)) return kExitUsage;
+    auto workers = client.ListWorkers();
+    if (!workers.ok()) return Report(workers.status());
+    if (o.json) {
+      std::printf("%s\n", Json(*workers).c_str());
+      return kExitOk;
+    }
+    std::printf("%-10s %-16s %-15s %-7s %-10s %-12s %-12s %-10s %s\n", "WORKER", "NAME", "ADDRESS", "BACKEND",
+                "SLOTS", "DEVICE MiB", "HOST MiB", "HEARTBEAT", "JOBS");
+    const absl::Time now = absl::Now();
+    for (const v1::WorkerInfo& w : workers->workers()) {
+      const absl::Time beat = absl::FromUnixSeconds(w.last_heartbeat().seconds()) +
+                              absl::Nanoseconds(w.last_heartbeat().nanos());
+      std::string jobs = absl::StrJoin(w.running_jobs(), ",");
+      if (w.state() != "attached") jobs = absl::StrCat("(", w.state(), ") ", jobs);
+      std::printf("%-10s %-16s %-15s %-7s %-10s %-12s %-12s %-10s %s\n", w.id().c_str(), w.name().substr(0, 16).c_str(),
+                  w.address().substr(0, 15).c_str(), w.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
+                  absl::StrCat(w.slots_free(), "/", w.slots_total(), " free").c_str(),
+                  MiB(w.device_memory_bytes()).c_str(),
+                  w.host_memory_bytes() > 0 ? MiB(w.host_memory_bytes()).c_str() : "-",
+                  absl::StrFormat("%.1fs ago", absl::ToDoubleSeconds(now - beat)).c_str(),
+                  jobs.empty() ? "-" : jobs.c_str());
+    }
+    return kExitOk;
+  }
+  if (o.command == "delete") {
+    if (!need(1)) return kExitUsage;
+    absl::Status s = client.DeleteJob(o.args[0]);
+    if (!s.ok()) return Report(s);
+    if (o.json) {
+      std::printf("{\"job_id\":\"%s\",\"deleted\":true}\n", o.args[0].c_str());
+    } else {
+      std::printf("%s deleted\n", o.args[0].c_str());
     }
     return kExitOk;
   }

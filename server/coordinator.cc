@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -89,7 +90,10 @@ absl::Status Coordinator::Start() {
   {
     absl::MutexLock lock(&mu_);
     started_ = absl::Now();
+    next_sweep_ = started_;
     PLATEAU_RETURN_IF_ERROR(rendezvous_.Load());
+    PLATEAU_ASSIGN_OR_RETURN(job_counts_, store_->CountJobsByState());
+    int64_t restored = 0;
     // Jobs a previous coordinator left live: PENDING ones wait again, the
     // others are re-attached (Restore).
     int64_t after = 0;
@@ -104,8 +108,14 @@ absl::Status Coordinator::Start() {
         PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
         after = seq;
         PLATEAU_RETURN_IF_ERROR(Restore(seq, std::move(job)));
+        ++restored;
       }
     }
+    if (restored > 0) {
+      Say(absl::StrCat("recovered ", restored, " live job(s) from the state database; their workers have ",
+                       absl::FormatDuration(options_.reattach_timeout), " to register again"));
+    }
+    UpdateGauges();
   }
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
@@ -118,6 +128,11 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
   metrics_->OnJobState(a.job.id(), state);
   if (state == v1::PENDING) return absl::OkStatus();
   if (state == v1::RESTARTING) {  // stopped between the two halves of Finish
+    // The ended attempt's steps that were not yet events (Finish writes
+    // them before RESTARTING, so normally none).
+    a.ranks.assign(a.job.spec().layout().ranks(), RankState{});
+    PLATEAU_RETURN_IF_ERROR(RestoreSteps(a, /*flush=*/true));
+    a.ranks.clear();
     a.job.set_attempt(a.job.attempt() + 1);
     a.job.clear_placement();
     return SetState(a, v1::PENDING, "waiting to be scheduled (restart)");
@@ -145,6 +160,12 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
     a.failure_priority = PriorityOf(a.failure);
   }
   metrics_->OnPlan(a.job.id(), static_cast<int>(ranks), a.job.plan());
+  PLATEAU_RETURN_IF_ERROR(RestoreSteps(a, /*flush=*/false));
+  Say(absl::StrCat(a.job.id(), " ", v1::JobState_Name(state), " attempt ", a.job.attempt(),
+                   ": waiting for its workers to register again (",
+                   absl::StrJoin(a.job.placement(), ", ",
+                                 [](std::string* out, const v1::Placement& p) { out->append(p.worker_id()); }),
+                   ")"));
   if (state == v1::CANCELLING) {
     a.cancel_requested = true;
     StopRanks(a);
@@ -153,6 +174,102 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
   }
   MaybeFinish(seq);
   return absl::OkStatus();
+}
+
+absl::Status Coordinator::RestoreSteps(LiveJob& a, bool flush) {
+  // Resume after the attempt's latest step event; the reports after it are
+  // pending again (or, in a finished attempt, written now).
+  int64_t emitted = 0;
+  absl::StatusOr<v1::JobStepSummary> last = store_->LastStepSummary(a.job.id());
+  if (last.ok() && last->attempt() == a.job.attempt()) emitted = last->step();
+  if (!last.ok() && !absl::IsNotFound(last.status())) return last.status();
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::StepTelemetry> reports,
+                           store_->ReadRankSteps(a.job.id(), a.job.attempt(), emitted + 1, INT64_MAX));
+  std::vector<v1::JobEvent> events = plateau::RestoreSteps(a, reports, emitted);
+  if (flush) {
+    std::vector<v1::JobEvent> rest = FlushSteps(a);
+    events.insert(events.end(), rest.begin(), rest.end());
+  }
+  WriteSteps(a, std::move(events));
+  return store_error_;
+}
+
+void Coordinator::WriteSteps(LiveJob& a, std::vector<v1::JobEvent> events) {
+  if (events.empty()) return;
+  Write(store_->AppendEvents(events), absl::StrCat("append ", a.job.id(), "'s step events"));
+  a.job.set_event_count(events.back().index() + 1);
+  Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s progress"));
+  Changed();
+}
+
+void Coordinator::Say(const std::string& line) {
+  if (options_.log) {
+    options_.log(line);
+    return;
+  }
+  // One line per event, with the time: journald adds its own, a plain file
+  // or a terminal has none.
+  std::printf("%s plateau_coordinator: %s\n",
+              absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()).c_str(), line.c_str());
+  std::fflush(stdout);
+}
+
+void Coordinator::UpdateGauges() {
+  int attached = 0, awaiting = 0;
+  int64_t total = 0, free = 0;
+  for (const auto& [id, w] : registry_.all()) {
+    if (!w.attached) {
+      ++awaiting;
+      continue;
+    }
+    ++attached;
+    total += w.caps.devices();
+    free += std::max(0, w.caps.devices() - w.used_devices);
+  }
+  metrics_->SetWorkers(attached, awaiting);
+  metrics_->SetSlots(total, free);
+  int64_t pending = 0, unschedulable = 0;
+  for (const auto& [seq, a] : active_) {
+    if (a.job.state() != v1::PENDING) continue;
+    ++pending;
+    if (a.job.unschedulable()) ++unschedulable;
+  }
+  metrics_->SetQueue(pending, unschedulable);
+  metrics_->SetJobCounts(job_counts_);
+}
+
+void Coordinator::SweepRetention() {
+  const absl::Time now = absl::Now();
+  if (options_.retention <= absl::ZeroDuration() || now < next_sweep_) return;
+  // Often enough that nothing outlives its retention by more than a tenth
+  // of it, at most every 10 minutes (a sweep reads every finished job).
+  next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
+  const absl::Time cutoff = now - options_.retention;
+  int64_t after = 0;
+  bool more = true;
+  int swept = 0;
+  while (more) {
+    absl::StatusOr<std::vector<v1::Job>> jobs =
+        store_->ListJobs(after, 500, {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}, &more);
+    if (!jobs.ok()) {
+      Say(absl::StrCat("retention sweep: cannot list finished jobs: ", jobs.status().message()));
+      return;
+    }
+    for (v1::Job& job : *jobs) {
+      after = *ParseJobId(job.id());
+      if (job.has_events_deleted_time() || !job.has_end_time() || TimeOf(job.end_time()) > cutoff) continue;
+      Write(store_->DeleteJobData(job.id()), absl::StrCat("delete ", job.id(), "'s events and logs (retention)"));
+      Now(job.mutable_events_deleted_time());
+      Write(store_->PutJob(job), absl::StrCat("record ", job.id(), "'s deleted events"));
+      if (!store_error_.ok()) return;
+      ++swept;
+      Say(absl::StrCat(job.id(), ": removed its ", job.event_count(), " event(s), logs and memory timelines (",
+                       v1::JobState_Name(job.state()), " since ",
+                       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", TimeOf(job.end_time()), absl::UTCTimeZone()),
+                       ", --retention ", absl::FormatDuration(options_.retention), ")"));
+    }
+  }
+  if (swept > 0) Changed();
 }
 
 void Coordinator::Stop() {
@@ -179,6 +296,8 @@ void Coordinator::Tick() {
   ExpireWorkers();
   CheckProgress();
   Schedule();
+  SweepRetention();
+  UpdateGauges();
   const absl::Time now = absl::Now();
   while (!forget_.empty() && forget_.front().first <= now) {
     metrics_->ForgetJob(forget_.front().second);
@@ -202,6 +321,8 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
                                    const v1::Failure* failure) {
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen: the store is behind memory
   v1::Job& job = a.job;
+  const v1::JobState was = job.state();
+  const std::string was_reason = job.state_reason();
   job.set_state(state);
   job.set_state_reason(reason);
   if (state != v1::PENDING) {
@@ -227,6 +348,19 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
   job.set_event_count(ev[0].index() + 1);
   PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(job), what));
   metrics_->OnJobState(job.id(), state);
+  if (was != state) {
+    if (--job_counts_[was] <= 0) job_counts_.erase(was);
+    ++job_counts_[state];
+  }
+  if (was != state || was_reason != reason) {
+    Say(absl::StrCat(job.id(), " ", was == state ? "" : absl::StrCat(v1::JobState_Name(was), " -> "),
+                     v1::JobState_Name(state), " (attempt ", job.attempt(), "): ", reason));
+  }
+  if (state == v1::FAILED) {
+    metrics_->OnFailure(v1::Failure::Kind_Name(failure != nullptr ? failure->kind() : job.failure().kind()));
+  } else if (state == v1::RESTARTING) {
+    metrics_->OnRestart(v1::Failure::Kind_Name(failure != nullptr ? failure->kind() : job.failure().kind()));
+  }
   if (IsTerminal(state) && options_.metrics_retention > absl::ZeroDuration()) {
     forget_.emplace_back(absl::Now() + options_.metrics_retention, job.id());
   }
@@ -248,6 +382,7 @@ void Coordinator::Log(const std::string& job_id, int attempt, const std::string&
 
 absl::Status Coordinator::Written(absl::Status s, absl::string_view what) {
   if (s.ok()) return s;
+  metrics_->OnStoreError();
   if (store_error_.ok()) {
     store_error_ = absl::UnavailableError(absl::StrCat(
         "the coordinator's state database failed to ", what, " (", s.message(),
@@ -321,6 +456,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
   LiveJob& a = active_[seq];
   a.job = job;
+  ++job_counts_[v1::PENDING];  // created PENDING: SetState sees no change of state
+  metrics_->OnSubmission();
+  Say(absl::StrCat(job.id(), " submitted: ", job.spec().layout().ranks(), " rank(s), ", job.spec().steps(),
+                   " step(s)", job.spec().name().empty() ? "" : absl::StrCat(", name '", job.spec().name(), "'")));
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::PENDING, "waiting to be scheduled"));
   Schedule();
   // Schedule may have ended it (and dropped `a`): the store has it then.
@@ -363,6 +502,77 @@ absl::StatusOr<v1::GetMemoryTimelineResponse> Coordinator::GetMemoryTimeline(con
   for (v1::MemoryTimeline& t : ranks) *out.add_ranks() = std::move(t);
   *out.mutable_plan() = job.plan();
   return out;
+}
+
+v1::ListWorkersResponse Coordinator::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, std::vector<std::string>> jobs;  // by worker
+  for (const auto& [seq, a] : active_) {
+    for (const v1::Placement& p : a.job.placement()) jobs[p.worker_id()].push_back(a.job.id());
+  }
+  v1::ListWorkersResponse out;
+  for (const auto& [id, w] : registry_.all()) {
+    v1::WorkerInfo* i = out.add_workers();
+    i->set_id(id);
+    i->set_name(w.caps.name());
+    i->set_address(w.caps.rank_address());
+    i->set_backend(w.caps.backend());
+    i->set_slots_total(w.caps.devices());
+    i->set_slots_free(std::max(0, w.caps.devices() - w.used_devices));
+    i->set_device_memory_bytes(w.caps.device_memory_bytes());
+    i->set_host_memory_bytes(w.caps.host_memory_bytes());
+    SetTimestamp(i->mutable_last_heartbeat(), w.last_heartbeat);
+    if (w.registered != absl::Time()) SetTimestamp(i->mutable_registered_time(), w.registered);
+    i->set_state(w.attached ? "attached" : "awaiting_reattach");
+    for (const std::string& j : jobs[id]) i->add_running_jobs(j);
+  }
+  return out;
+}
+
+absl::Status Coordinator::DeleteJob(const std::string& id) {
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
+  auto it = active_.find(seq);
+  if (it != active_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " is ", v1::JobState_Name(it->second.job.state()),
+        ": only a finished job (SUCCEEDED, FAILED or CANCELLED) can be deleted; cancel it first"));
+  }
+  PLATEAU_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(id));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
+  if (--job_counts_[job.state()] <= 0) job_counts_.erase(job.state());
+  metrics_->ForgetJob(id);
+  Say(absl::StrCat(id, " deleted (", v1::JobState_Name(job.state()), ", ", job.event_count(), " event(s))"));
+  Changed();  // its watchers end (NOT_FOUND)
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::ReadEvents(const std::string& id, int64_t from, int limit,
+                                                                  bool per_rank) {
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, store_->ReadEvents(id, from, limit));
+  if (!per_rank) return events;
+  // One read per run of step events of one attempt.
+  for (size_t i = 0; i < events.size();) {
+    if (!events[i].has_job_step()) {
+      ++i;
+      continue;
+    }
+    const int attempt = events[i].job_step().attempt();
+    size_t j = i;
+    while (j < events.size() && events[j].has_job_step() && events[j].job_step().attempt() == attempt) ++j;
+    PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::StepTelemetry> reports,
+                             store_->ReadRankSteps(id, attempt, events[i].job_step().step(),
+                                                   events[j - 1].job_step().step()));
+    size_t r = 0;
+    for (size_t k = i; k < j; ++k) {
+      v1::JobStepSummary* s = events[k].mutable_job_step();
+      while (r < reports.size() && reports[r].step() < s->step()) ++r;
+      for (; r < reports.size() && reports[r].step() == s->step(); ++r) *s->add_per_rank() = reports[r];
+    }
+    i = j;
+  }
+  return events;
 }
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
@@ -408,6 +618,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id) {
   LiveJob& a = it->second;
   if (a.cancel_requested) return a.job;
   a.cancel_requested = true;
+  metrics_->OnCancel();
   if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
     PLATEAU_RETURN_IF_ERROR(SetState(a, v1::CANCELLED, "cancelled before it was scheduled"));
     v1::Job job = a.job;
@@ -481,6 +692,8 @@ void Coordinator::Schedule() {
     a.failure.Clear();
     a.tokens = a.seconds = 0;
     a.hang_reported = false;
+    a.pending_steps.clear();
+    a.emitted_step = 0;
     a.job.clear_placement();
     a.job.clear_failure();
     std::vector<std::string> where;
@@ -535,6 +748,7 @@ void Coordinator::ExpireWorkers() {
   // attempts on this one are stopped (StopRanks withdraws its assignments).
   for (const std::string& id : registry_.Expired(now)) {
     const std::string why = registry_.Remove(id, now);
+    metrics_->ForgetWorker(id);
     std::vector<int64_t> touched;
     for (auto& [seq, a] : active_) {
       bool hit = false;
@@ -554,6 +768,7 @@ void Coordinator::ExpireWorkers() {
       StopRanks(a);
       touched.push_back(seq);
     }
+    Say(absl::StrCat(id, " lost: ", why, touched.empty() ? "; it ran no live job" : absl::StrCat("; ", touched.size(), " live job(s) affected")));
     for (int64_t seq : touched) MaybeFinish(seq);
     Changed();
   }
@@ -601,6 +816,8 @@ void Coordinator::CheckProgress() {
 
 void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) {
   if (a.has_failure && a.failure_priority >= priority) return;
+  Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), (a.has_failure ? " failure now: " : " failing: "),
+                   v1::Failure::Kind_Name(f.kind()), ": ", f.message()));
   a.has_failure = true;
   a.failure_priority = priority;
   a.failure = f;
@@ -664,6 +881,9 @@ void Coordinator::MaybeFinish(int64_t seq) {
 
 void Coordinator::Finish(int64_t seq) {
   LiveJob& a = active_[seq];
+  // Steps some rank never reported end with the attempt, before its final
+  // state (a watcher that sees the state has seen every step).
+  WriteSteps(a, FlushSteps(a));
   for (const v1::Placement& p : a.job.placement()) {
     // A worker not yet re-attached after a restart has not counted them.
     if (Worker* w = registry_.FindAttached(p.worker_id())) w->used_devices -= p.ranks_size();
@@ -688,6 +908,7 @@ void Coordinator::Finish(int64_t seq) {
                  &a.failure);
       a.job.set_attempt(a.job.attempt() + 1);
       a.ranks.clear();
+      a.emitted_step = 0;
       Transition(a, v1::PENDING, "waiting to be scheduled (restart)");
       return;
     }
@@ -708,17 +929,28 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   // A worker registering again keeps its id when nobody else holds it; if
   // this coordinator was expecting it (a restart: it had ranks of a live
   // job when the previous coordinator stopped), its ranks re-attach.
-  bool expected = false;
-  Worker& w = registry_.Attach(request.worker_id(), request.capabilities(), absl::Now(), &expected);
+  bool expected = false, restarted = false;
+  Worker& w = registry_.Attach(request.worker_id(), request.capabilities(), absl::Now(), &expected, &restarted);
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   out.set_worker_id(w.id);
-  Reattach(w, expected, request, &out);
+  const v1::WorkerCapabilities& caps = request.capabilities();
+  Say(absl::StrCat(w.id, restarted ? " registered again (its agent restarted)"
+                         : expected ? " registered again after the coordinator's restart"
+                         : !request.worker_id().empty() && request.worker_id() == w.id ? " registered again"
+                         : " registered",
+                   !request.worker_id().empty() && request.worker_id() != w.id
+                       ? absl::StrCat(" (asked for ", request.worker_id().substr(0, 64), ", held by another)")
+                       : "",
+                   ": name '", caps.name(), "', ", caps.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu", ", ",
+                   caps.devices(), " slot(s), ranks on ", caps.rank_address(), ", ", request.running_size(),
+                   " attempt(s) running"));
+  Reattach(w, expected, restarted ? "its agent's restart" : "the coordinator's restart", request, &out);
   Changed();
   Schedule();
   return out;
 }
 
-void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& request,
+void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, const v1::RegisterRequest& request,
                            v1::RegisterResponse* out) {
   const absl::Time now = absl::Now();
   // What the agent runs, by attempt.
@@ -760,7 +992,7 @@ void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& 
         f.set_rank(r);
         f.set_worker_id(w.id);
         f.set_message(absl::StrCat("rank ", r, " was no longer running on ", w.id,
-                                   " when it registered again after the coordinator's restart"));
+                                   " when it registered again after ", after));
         RecordFailure(a, f, kPriorityExit);
       }
       const bool queued = std::any_of(w.cancellations.begin(), w.cancellations.end(), [&](const v1::Cancellation& c) {
@@ -779,7 +1011,12 @@ void Coordinator::Reattach(Worker& w, bool expected, const v1::RegisterRequest& 
       } else {
         Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s re-attached ranks"));
       }
-      Log(a.job.id(), a.job.attempt(), absl::StrCat("re-attached after the coordinator's restart: ", w.id));
+      // Re-attached only when some of its ranks still run there; otherwise
+      // the failure recorded above says what happened to them.
+      if (run != running.end()) {
+        Log(a.job.id(), a.job.attempt(), absl::StrCat("re-attached after ", after, ": ", w.id));
+        Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " re-attached to ", w.id, " after ", after));
+      }
     }
   }
   // Anything else it runs belongs to no live attempt here: it stops it.
@@ -938,7 +1175,10 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
         return FindActive(job_id, attempt);  // under mu_, held by this call
       },
       metrics_);
-  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(b.events), "append telemetry events"));
+  // The reports first: a restarted coordinator rebuilds the steps not yet
+  // events from them (RestoreSteps).
+  PLATEAU_RETURN_IF_ERROR(Written(store_->PutRankSteps(b.rank_steps), "store the ranks' step reports"));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(b.events), "append step events"));
   PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(b.logs), "append log lines"));
   PLATEAU_RETURN_IF_ERROR(Written(store_->PutMemoryTimelines(b.timelines), "store memory timelines"));
   for (LiveJob* a : b.progressed) {

@@ -27,6 +27,23 @@
 // What that needs is kept in the store as it happens: placements (with
 // delivery and exited ranks), the attempt's failure, the rendezvous keys.
 //
+// Steps (server/telemetry.h): each rank's report is stored as it arrives;
+// the job's event for a step is written once every rank of the attempt has
+// reported it, and when the attempt ends whatever is still pending is
+// written over the ranks that did report. A restarted coordinator rebuilds
+// the pending steps from the stored reports and resumes after the last
+// step event, so no step event is lost or written twice.
+//
+// Retention: a finished job's events, logs, memory timelines and rank
+// reports are removed `retention` after its end by a periodic sweep (the
+// job itself stays, marked events_deleted_time); DeleteJob removes a
+// finished job entirely.
+//
+// The coordinator's own log (CoordinatorOptions::log): one line per event
+// an operator wants to see: job transitions, failures, workers registered,
+// re-registered and lost, re-attachment after a restart, deletions and
+// retention sweeps, each naming the job or worker id.
+//
 // The RPC services (server/services.h) translate requests into these calls;
 // authentication and TLS are layered there, not here.
 //
@@ -38,6 +55,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -77,6 +95,12 @@ struct CoordinatorOptions {
   // state (Prometheus has scraped the final values by then); 0: kept until
   // the coordinator restarts.
   absl::Duration metrics_retention = absl::Minutes(15);
+  // A finished job's events, logs, memory timelines and per-rank step
+  // reports are removed this long after its final state; 0: kept forever.
+  absl::Duration retention = absl::Hours(24 * 30);
+  // The coordinator's own log, one line per call (no newline); unset: the
+  // line goes to stdout with the time and "plateau_coordinator: ".
+  std::function<void(const std::string&)> log;
 };
 
 bool IsTerminal(v1::JobState state);
@@ -101,6 +125,16 @@ class Coordinator {
   // no such job; FAILED_PRECONDITION: none recorded yet (or never: the spec
   // sets memory_timeline_every to 0).
   absl::StatusOr<v1::GetMemoryTimelineResponse> GetMemoryTimeline(const std::string& id);
+  // The registered workers (and those a restart expects back), by id.
+  v1::ListWorkersResponse ListWorkers();
+  // Deletes a finished job and everything of it (events, logs, timelines,
+  // rank reports, metric series). FAILED_PRECONDITION when it is not
+  // finished; NOT_FOUND when there is no such job.
+  absl::Status DeleteJob(const std::string& id);
+  // The events of a job from `from` (at most `limit`), as WatchJob sends
+  // them: with every rank's report in each step event when `per_rank`.
+  absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& id, int64_t from, int limit,
+                                                       bool per_rank);
   // A counter that grows whenever events, logs or states change; WaitForChange
   // returns when it differs from `seen` or after `timeout`.
   uint64_t version();
@@ -135,12 +169,26 @@ class Coordinator {
   bool MarkUnschedulable(LiveJob& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the events and logs of jobs finished longer than retention ago.
+  void SweepRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The gauges computed from the registry and the live jobs.
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a restart: the attempt's steps reported but not yet events
+  // (server/telemetry.h RestoreSteps); `flush`: the attempt is over, write
+  // them all.
+  absl::Status RestoreSteps(LiveJob& a, bool flush) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends step events and records the job's progress and event count.
+  void WriteSteps(LiveJob& a, std::vector<v1::JobEvent> events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One line of the coordinator's own log (CoordinatorOptions::log).
+  void Say(const std::string& line);
   // Rebuilds a live attempt read from the store after a restart.
   absl::Status Restore(int64_t seq, v1::Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.
   // `expected`: the restart left ranks of live jobs placed on it.
-  void Reattach(Worker& w, bool expected, const v1::RegisterRequest& request, v1::RegisterResponse* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `after`: what happened, for logs and failures ("the coordinator's
+  // restart", "its agent's restart").
+  void Reattach(Worker& w, bool expected, const std::string& after, const v1::RegisterRequest& request,
+                v1::RegisterResponse* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Assignment AssignmentFor(const LiveJob& a, const v1::Placement& p);
   v1::Placement* PlacementOn(LiveJob& a, const std::string& worker_id);
   // Every write to the store goes through these: a failed write is kept in
@@ -182,6 +230,10 @@ class Coordinator {
   RendezvousStore rendezvous_ ABSL_GUARDED_BY(mu_);
   // Finished jobs whose metric series go at the given time, oldest first.
   std::deque<std::pair<absl::Time, std::string>> forget_ ABSL_GUARDED_BY(mu_);
+  // Jobs in the store by state (the plateau_jobs gauge), kept in step with
+  // SetState from a count at Start.
+  std::map<v1::JobState, int64_t> job_counts_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_sweep_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

@@ -10,6 +10,7 @@
 //       [--listen=127.0.0.1:7070] [--metrics_address=127.0.0.1:9464]
 //       [--ready_file=PATH] [--heartbeat_ms=1000] [--worker_timeout_s=2 x heartbeat]
 //       [--reattach_timeout_s=10] [--metrics_retention_s=900] [--max_pending_s=600]
+//       [--retention=30d]
 //       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH]
 //       [--insecure_listen_any] [--max_request_bytes=4194304]
 //       [--max_watches_per_client=64]
@@ -40,6 +41,7 @@
 #include "server/job_store.h"
 #include "server/memory_page.h"
 #include "server/metrics.h"
+#include "server/rpc_metrics.h"
 #include "server/security.h"
 #include "server/services.h"
 
@@ -63,6 +65,9 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
   --max_pending_s=600              a job that no registered worker could host fails
                                    (UNSCHEDULABLE) after this long, unless its spec sets
                                    max_pending_s (0: it waits forever)
+  --retention=30d                  a finished job's events, logs and memory timelines are removed
+                                   this long after it ended (the job itself stays; `plateauctl
+                                   delete` removes it): a number with d, h, m or s (0: keep forever)
 
 security (docs/SERVICE.md "Security")
   --token_file=PATH                bearer token every JobService and WorkerService call must carry
@@ -107,6 +112,24 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+// "30d", "12h", "90m", "45s", "0": a retention period.
+bool ParseRetention(const std::string& text, absl::Duration* out) {
+  if (text == "0") {
+    *out = absl::ZeroDuration();
+    return true;
+  }
+  if (text.size() < 2) return false;
+  double n = 0;
+  if (!absl::SimpleAtod(text.substr(0, text.size() - 1), &n) || !(n >= 0) || n > 1e7) return false;
+  switch (text.back()) {
+    case 'd': *out = absl::Hours(24 * n); return true;
+    case 'h': *out = absl::Hours(n); return true;
+    case 'm': *out = absl::Minutes(n); return true;
+    case 's': *out = absl::Seconds(n); return true;
+    default: return false;
+  }
+}
+
 int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {{"state_dir", ""},
                                               {"listen", "127.0.0.1:7070"},
@@ -116,6 +139,7 @@ int Main(int argc, char** argv) {
                                               {"reattach_timeout_s", "10"},
                                               {"metrics_retention_s", "900"},
                                               {"max_pending_s", "600"},
+                                              {"retention", "30d"},
                                               {"heartbeat_ms", "1000"},
                                               {"token_file", ""},
                                               {"tls_cert_file", ""},
@@ -161,6 +185,10 @@ int Main(int argc, char** argv) {
     return Fail("--max_pending_s: expected a number of seconds from 0 (wait forever) to 604800 (a week)");
   }
   options.default_max_pending = absl::Seconds(max_pending_s);
+  if (!ParseRetention(flags["retention"], &options.retention)) {
+    return Fail(absl::StrCat("--retention: expected a period like 30d, 12h, 90m or 45s (0: keep forever), got '",
+                             flags["retention"], "'"));
+  }
 
   // Security: every check before anything is opened or bound.
   int64_t max_request_bytes = 0, max_watches = 0;
@@ -264,6 +292,10 @@ int Main(int argc, char** argv) {
   // gRPC refuses a larger request with RESOURCE_EXHAUSTED before it is
   // parsed, so a huge SubmitJob costs no more than this much memory.
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_request_bytes));
+  // Every call counted and timed (plateau_rpcs_total, plateau_rpc_duration_seconds).
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<RpcMetricsFactory>(metrics->get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(&jobs);
   builder.RegisterService(&workers);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -15,6 +15,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -47,7 +49,17 @@ class CoordinatorTest : public ::testing::Test {
     options_.worker_timeout = absl::Milliseconds(300);
     options_.reattach_timeout = absl::Milliseconds(600);
     options_.tick = absl::Milliseconds(20);
+    options_.log = [this](const std::string& line) {
+      absl::MutexLock lock(&said_mu_);
+      said_.push_back(line);
+    };
     Open();
+  }
+
+  // The coordinator's own log so far, one line per entry.
+  std::string Said() {
+    absl::MutexLock lock(&said_mu_);
+    return absl::StrJoin(said_, "\n");
   }
 
   // (Re)starts the coordinator on the same database: a restart.
@@ -143,20 +155,38 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // Rank 0's telemetry of `steps`, as an agent batches it.
+  // Reports of `steps` from each of `ranks` (step by step).
   static v1::TelemetryRequest Steps(const std::string& worker, const std::string& job,
-                                    std::vector<int64_t> steps, double loss = 2.0) {
+                                    std::vector<int64_t> steps, double loss = 2.0,
+                                    std::vector<int> ranks = {0, 1}, int attempt = 0) {
     v1::TelemetryRequest t;
     t.set_worker_id(worker);
     for (int64_t step : steps) {
-      v1::TelemetryRequest::Step* s = t.add_steps();
-      s->set_job_id(job);
-      s->mutable_telemetry()->set_rank(0);
-      s->mutable_telemetry()->set_step(step);
-      s->mutable_telemetry()->set_loss(loss);
-      s->mutable_telemetry()->set_tokens(128);
-      s->mutable_telemetry()->set_seconds(0.1);
+      for (int rank : ranks) {
+        v1::TelemetryRequest::Step* s = t.add_steps();
+        s->set_job_id(job);
+        s->mutable_telemetry()->set_rank(rank);
+        s->mutable_telemetry()->set_attempt(attempt);
+        s->mutable_telemetry()->set_step(step);
+        s->mutable_telemetry()->set_loss(loss);
+        s->mutable_telemetry()->set_tokens(128);
+        s->mutable_telemetry()->set_seconds(0.1);
+      }
     }
     return t;
+  }
+
+  // The steps of the job's step events, in index order.
+  std::vector<int64_t> StepEvents(const std::string& id) {
+    std::vector<int64_t> out;
+    auto events = store_->ReadEvents(id, 0, 100000);
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) return out;
+    for (size_t i = 0; i < events->size(); ++i) {
+      EXPECT_EQ((*events)[i].index(), static_cast<int64_t>(i));
+      if ((*events)[i].has_job_step()) out.push_back((*events)[i].job_step().step());
+    }
+    return out;
   }
 
   static v1::RunningJob Runs(const std::string& job, int attempt, std::vector<int> ranks) {
@@ -169,6 +199,8 @@ class CoordinatorTest : public ::testing::Test {
 
   std::string dir_;
   CoordinatorOptions options_;
+  absl::Mutex said_mu_;
+  std::vector<std::string> said_ ABSL_GUARDED_BY(said_mu_);
   Metrics* metrics_ = nullptr;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -338,7 +370,7 @@ TEST_F(CoordinatorTest, RankWithoutProgressIsReportedHungAndStopped) {
   const std::string job = Submit(spec);
   const std::string w = RunningJob(job);
   // Rank 0 reports a step; rank 1 never does.
-  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1})).ok());
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1}, 2.0, {0})).ok());
   const absl::Time end = absl::Now() + absl::Seconds(5);
   bool cancelled = false;
   while (!cancelled && absl::Now() < end) {
@@ -354,6 +386,19 @@ TEST_F(CoordinatorTest, RankWithoutProgressIsReportedHungAndStopped) {
   ASSERT_TRUE(Exited(w, job, 1, 0, 9, true).ok());
   EXPECT_EQ(Get(job).state(), v1::FAILED);
   EXPECT_EQ(Get(job).failure().kind(), v1::Failure::RANK_HUNG);
+  // The step rank 1 never reported ended with the attempt, over rank 0.
+  auto events = store_->ReadEvents(job, 0, 100);
+  ASSERT_TRUE(events.ok());
+  int steps = 0;
+  for (const v1::JobEvent& e : *events) {
+    if (!e.has_job_step()) continue;
+    ++steps;
+    EXPECT_EQ(e.job_step().step(), 1);
+    EXPECT_EQ(e.job_step().ranks_reported(), 1);
+  }
+  EXPECT_EQ(steps, 1);
+  EXPECT_TRUE(events->back().has_state_change());
+  EXPECT_EQ(events->back().state_change().state(), v1::FAILED);
 }
 
 TEST_F(CoordinatorTest, RetriedTelemetryIsCountedOnce) {
@@ -434,6 +479,137 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
   EXPECT_TRUE(Exited(w, job, 0, 0).ok());
   EXPECT_TRUE(Exited(w, job, 1, 0).ok());
   EXPECT_TRUE(WaitState(job, v1::SUCCEEDED)) << Get(job).DebugString();
+}
+
+// One event per step of the whole job; a restarted coordinator neither
+// loses the steps some ranks had reported nor writes a step event twice.
+TEST_F(CoordinatorTest, StepEventsSurviveARestartWithoutLossOrRepeat) {
+  const std::string job = Submit(DemoJobSpec(2, 10));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1, 2})).ok());
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {3}, 2.0, {0})).ok());  // rank 1 is behind
+  EXPECT_EQ(StepEvents(job), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(Get(job).progress().step(), 2);
+  // A report stored but the coordinator stopped before its event: both
+  // ranks' step 4 is in the store, step 4 is not an event.
+  ASSERT_TRUE(store_
+                  ->PutRankSteps({JobRankStep{job, Steps(w, job, {4}, 2.0, {0}).steps(0).telemetry()},
+                                  JobRankStep{job, Steps(w, job, {3, 4}, 2.0, {1}).steps(0).telemetry()},
+                                  JobRankStep{job, Steps(w, job, {3, 4}, 2.0, {1}).steps(1).telemetry()}})
+                  .ok());
+  Open();
+  // Steps 3 and 4 had every rank's report: events now, once.
+  EXPECT_EQ(StepEvents(job), (std::vector<int64_t>{1, 2, 3, 4}));
+  Register(w, {Runs(job, 0, {0, 1})});
+  // The agent re-sends a batch whose reply was lost before the restart.
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {3, 4})).ok());
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {5})).ok());
+  EXPECT_EQ(StepEvents(job), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  Open();
+  Register(w, {Runs(job, 0, {0, 1})});
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {6})).ok());
+  EXPECT_EQ(StepEvents(job), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(Get(job).event_count(), store_->EventCount(job));
+  EXPECT_THAT(Said(), HasSubstr(job + " attempt 0 re-attached to " + w + " after the coordinator's restart"));
+}
+
+// Per-rank detail on request: each step event with every rank's report.
+TEST_F(CoordinatorTest, PerRankDetailIsThereOnRequest) {
+  const std::string job = Submit(DemoJobSpec(2, 10));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1, 2, 3})).ok());
+  auto plain = c().ReadEvents(job, 0, 100, /*per_rank=*/false);
+  auto detail = c().ReadEvents(job, 0, 100, /*per_rank=*/true);
+  ASSERT_TRUE(plain.ok() && detail.ok());
+  ASSERT_EQ(plain->size(), detail->size());
+  int steps = 0;
+  for (size_t i = 0; i < detail->size(); ++i) {
+    EXPECT_EQ((*detail)[i].index(), (*plain)[i].index());
+    if (!(*detail)[i].has_job_step()) continue;
+    ++steps;
+    const v1::JobStepSummary& s = (*detail)[i].job_step();
+    EXPECT_EQ((*plain)[i].job_step().per_rank_size(), 0);
+    ASSERT_EQ(s.per_rank_size(), 2);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(s.per_rank(r).rank(), r);
+      EXPECT_EQ(s.per_rank(r).step(), s.step());
+    }
+  }
+  EXPECT_EQ(steps, 3);
+}
+
+TEST_F(CoordinatorTest, OnlyAFinishedJobCanBeDeletedAndThenItIsGone) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1})).ok());
+  absl::Status live = c().DeleteJob(job);
+  EXPECT_EQ(live.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(live.message(), HasSubstr("job " + job + " is RUNNING: only a finished job"));
+  EXPECT_THAT(live.message(), HasSubstr("cancel it first"));
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  ASSERT_TRUE(c().DeleteJob(job).ok());
+  EXPECT_EQ(c().GetJob(job).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->ReadEvents(job, 0, 100)->empty());
+  EXPECT_TRUE(store_->ReadLogs(job, 0, 100)->empty());
+  EXPECT_TRUE(store_->ReadRankSteps(job, 0, 0, 100)->empty());
+  EXPECT_EQ(c().DeleteJob(job).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c().DeleteJob("job-x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Said(), HasSubstr(job + " deleted (SUCCEEDED"));
+}
+
+TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
+  options_.retention = absl::Milliseconds(400);
+  Open();
+  const std::string done = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(done);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, done, {1})).ok());
+  ASSERT_TRUE(Exited(w, done, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, done, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(done).state(), v1::SUCCEEDED);
+  const int64_t count = Get(done).event_count();
+  const std::string live = Submit(DemoJobSpec(2, 5));  // placed on the freed worker: live
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(done).has_events_deleted_time(); }, absl::Seconds(10)))
+      << Get(done).DebugString();
+  EXPECT_EQ(Get(done).state(), v1::SUCCEEDED);
+  EXPECT_EQ(Get(done).event_count(), count);  // how many there were
+  EXPECT_TRUE(store_->ReadEvents(done, 0, 100)->empty());
+  EXPECT_TRUE(store_->ReadLogs(done, 0, 100)->empty());
+  EXPECT_FALSE(store_->ReadEvents(live, 0, 100)->empty()) << "a live job's events are never swept";
+  EXPECT_THAT(Said(), HasSubstr(done + ": removed its " + std::to_string(count) + " event(s)"));
+}
+
+// An agent that restarts before it is declared lost registers with the id it
+// kept in its work dir: the same worker, once; its ranks are gone.
+TEST_F(CoordinatorTest, ARestartedAgentKeepsItsIdAndItsRanksCountAsGone) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_EQ(c().ListWorkers().workers_size(), 1);
+  EXPECT_EQ(c().ListWorkers().workers(0).slots_free(), 0);
+  EXPECT_EQ(c().ListWorkers().workers(0).running_jobs(0), job);
+  EXPECT_EQ(Register(w), w);  // same name and address, nothing running
+  const v1::ListWorkersResponse workers = c().ListWorkers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).id(), w);
+  EXPECT_EQ(workers.workers(0).state(), "attached");
+  EXPECT_EQ(workers.workers(0).address(), "127.0.0.1");
+  EXPECT_EQ(workers.workers(0).slots_total(), 2);
+  EXPECT_TRUE(workers.workers(0).has_last_heartbeat());
+  ASSERT_TRUE(WaitState(job, v1::FAILED)) << Get(job).DebugString();
+  EXPECT_THAT(Get(job).failure().message(), HasSubstr("when it registered again after its agent's restart"));
+  EXPECT_THAT(Said(), HasSubstr(w + " registered again (its agent restarted)"));
+  EXPECT_EQ(c().ListWorkers().workers(0).slots_free(), 2);
+  // Another node with a copy of that id is not that worker.
+  v1::RegisterRequest other;
+  other.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
+  other.mutable_capabilities()->set_devices(2);
+  other.mutable_capabilities()->set_rank_address("127.0.0.2");
+  other.set_worker_id(w);
+  auto resp = c().Register(other);
+  ASSERT_TRUE(resp.ok());
+  EXPECT_NE(resp->worker_id(), w);
+  EXPECT_EQ(c().ListWorkers().workers_size(), 2);
 }
 
 TEST_F(CoordinatorTest, FinishedJobsMetricSeriesLeaveAfterTheRetention) {

@@ -34,6 +34,14 @@ CREATE TABLE IF NOT EXISTS memory_timelines (
   timeline BLOB NOT NULL,
   PRIMARY KEY (job, rank)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rank_steps (
+  job       TEXT NOT NULL,
+  attempt   INTEGER NOT NULL,
+  step      INTEGER NOT NULL,
+  rank      INTEGER NOT NULL,
+  telemetry BLOB NOT NULL,
+  PRIMARY KEY (job, attempt, step, rank)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS kv (
   key   TEXT PRIMARY KEY,
   value BLOB NOT NULL
@@ -340,6 +348,127 @@ int64_t JobStore::EventCount(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto n = NextIndex("events", id, next_event_);
   return n.ok() ? *n : 0;
+}
+
+absl::Status JobStore::PutRankSteps(const std::vector<JobRankStep>& steps) {
+  if (steps.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  for (const JobRankStep& r : steps) {
+    Stmt put(db_, "INSERT OR IGNORE INTO rank_steps (job, attempt, step, rank, telemetry) VALUES (?, ?, ?, ?, ?)");
+    put.BindText(1, r.job_id);
+    put.Bind(2, static_cast<int64_t>(r.telemetry.attempt()));
+    put.Bind(3, r.telemetry.step());
+    put.Bind(4, static_cast<int64_t>(r.telemetry.rank()));
+    put.Bind(5, r.telemetry.SerializeAsString());
+    if (!put.ok() || put.Step() != SQLITE_DONE) {
+      absl::Status s = Error("store rank steps");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::vector<v1::StepTelemetry>> JobStore::ReadRankSteps(const std::string& id, int attempt,
+                                                                       int64_t from_step, int64_t to_step) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "SELECT telemetry FROM rank_steps WHERE job = ? AND attempt = ? AND step >= ? AND step <= ? "
+         "ORDER BY step, rank");
+  if (!q.ok()) return Error("read rank steps");
+  q.BindText(1, id);
+  q.Bind(2, static_cast<int64_t>(attempt));
+  q.Bind(3, from_step);
+  q.Bind(4, to_step);
+  std::vector<v1::StepTelemetry> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::StepTelemetry t;
+    if (!t.ParseFromString(q.Blob(0))) return absl::DataLossError("read rank steps: corrupt record");
+    out.push_back(std::move(t));
+  }
+  if (rc != SQLITE_DONE) return Error("read rank steps");
+  return out;
+}
+
+absl::StatusOr<v1::JobStepSummary> JobStore::LastStepSummary(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  // Newest first: only state changes can follow the last step event, and a
+  // job has few of those.
+  Stmt q(db_, "SELECT event FROM events WHERE job = ? ORDER BY idx DESC");
+  if (!q.ok()) return Error("read events");
+  q.BindText(1, id);
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    v1::JobEvent e;
+    if (!e.ParseFromString(q.Blob(0))) return absl::DataLossError("read events: corrupt record");
+    if (e.has_job_step()) return e.job_step();
+  }
+  if (rc != SQLITE_DONE) return Error("read events");
+  return absl::NotFoundError(absl::StrCat("job '", id, "' has no step event"));
+}
+
+absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountJobsByState() {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  if (!q.ok()) return Error("count jobs");
+  std::map<v1::JobState, int64_t> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) out[static_cast<v1::JobState>(q.Int(0))] = q.Int(1);
+  if (rc != SQLITE_DONE) return Error("count jobs");
+  return out;
+}
+
+absl::Status JobStore::DeleteDataLocked(const std::string& id) {
+  for (const char* sql : {"DELETE FROM events WHERE job = ?", "DELETE FROM logs WHERE job = ?",
+                          "DELETE FROM memory_timelines WHERE job = ?", "DELETE FROM rank_steps WHERE job = ?"}) {
+    Stmt del(db_, sql);
+    del.BindText(1, id);
+    if (!del.ok() || del.Step() != SQLITE_DONE) return Error("delete a job's data");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::DeleteJobData(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  // The next index is read before the rows go, so that indices are never
+  // reused (a watcher resuming from an old index must not get other rows).
+  PLATEAU_RETURN_IF_ERROR(NextIndex("events", id, next_event_).status());
+  PLATEAU_RETURN_IF_ERROR(NextIndex("logs", id, next_log_).status());
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status s = DeleteDataLocked(id);
+  if (!s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  return Exec("COMMIT");
+}
+
+absl::Status JobStore::DeleteJob(const std::string& id) {
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Stmt del(db_, "DELETE FROM jobs WHERE seq = ?");
+  del.Bind(1, seq);
+  if (!del.ok() || del.Step() != SQLITE_DONE) {
+    absl::Status s = Error("delete job");
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  if (sqlite3_changes(db_) != 1) {
+    Exec("ROLLBACK").IgnoreError();
+    return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  }
+  absl::Status s = DeleteDataLocked(id);
+  if (!s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  next_event_.erase(id);
+  next_log_.erase(id);
+  return absl::OkStatus();
 }
 
 absl::Status JobStore::KvPut(const std::string& key, const std::string& value) {

@@ -38,6 +38,13 @@ struct JobMemoryTimeline {
   v1::MemoryTimeline timeline;
 };
 
+// One rank's report of one step (its rank, step and attempt inside) and the
+// job it belongs to: the per-rank detail behind a job's step events.
+struct JobRankStep {
+  std::string job_id;
+  v1::StepTelemetry telemetry;
+};
+
 class JobStore {
  public:
   // Opens (creating when missing) the database at `path`.
@@ -72,6 +79,30 @@ class JobStore {
   absl::Status PutMemoryTimelines(const std::vector<JobMemoryTimeline>& timelines);
   absl::StatusOr<std::vector<v1::MemoryTimeline>> ReadMemoryTimelines(const std::string& id);
 
+  // Every rank's report of every step (one row per job, attempt, step and
+  // rank; a row already stored is kept: a re-sent report is not a change).
+  // They are the durable buffer of the steps not yet complete (a restarted
+  // coordinator reads them back) and the per-rank detail a watch may ask for.
+  absl::Status PutRankSteps(const std::vector<JobRankStep>& steps);
+  // The reports of attempt `attempt` with from_step <= step <= to_step, by
+  // step then rank.
+  absl::StatusOr<std::vector<v1::StepTelemetry>> ReadRankSteps(const std::string& id, int attempt,
+                                                               int64_t from_step, int64_t to_step);
+  // The job's latest step event (JobEvent.job_step), if any: where a
+  // restarted coordinator resumes (NOT_FOUND when none).
+  absl::StatusOr<v1::JobStepSummary> LastStepSummary(const std::string& id);
+
+  // How many jobs are in each state (the coordinator's jobs-by-state gauge
+  // at start-up).
+  absl::StatusOr<std::map<v1::JobState, int64_t>> CountJobsByState();
+  // Removes the job's events, logs, memory timelines and rank reports (one
+  // transaction): the retention of a finished job, which gets no further
+  // events (within this store's life a later append would still continue
+  // after the last index; after a reopen it would start again at 0).
+  absl::Status DeleteJobData(const std::string& id);
+  // Removes the job itself as well (one transaction). NOT_FOUND names the id.
+  absl::Status DeleteJob(const std::string& id);
+
   // The rendezvous store's keys (written through, so that ranks meeting
   // across a coordinator restart still find each other).
   absl::Status KvPut(const std::string& key, const std::string& value);
@@ -81,6 +112,8 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The DELETEs of DeleteJobData, inside the caller's transaction.
+  absl::Status DeleteDataLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> NextIndex(const char* table, const std::string& id,
                                     std::map<std::string, int64_t>& cache)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -9,6 +9,7 @@
 #define PLATEAU_SERVER_LIVE_JOB_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ struct RankState {
   absl::Time last_progress;  // its start or its last step
 };
 
+// One step some ranks of the attempt have reported (by rank).
+struct PendingStep {
+  std::vector<v1::StepTelemetry> ranks;
+  std::vector<bool> reported;
+};
+
 struct LiveJob {
   v1::Job job;
   std::vector<RankState> ranks;  // of the current attempt
@@ -33,8 +40,14 @@ struct LiveJob {
   bool has_failure = false;
   int failure_priority = 0;
   v1::Failure failure;
-  double tokens = 0, seconds = 0;  // rank 0's totals this attempt
+  double tokens = 0, seconds = 0;  // the job's step totals this attempt
   bool hang_reported = false;
+  // Steps of the current attempt some rank has reported but that are not
+  // yet an event (server/telemetry.h): each rank's report by step, in rank
+  // order (unset: not reported). Emptied when the attempt ends.
+  std::map<int64_t, PendingStep> pending_steps;
+  // The latest step of the current attempt that is an event.
+  int64_t emitted_step = 0;
 };
 
 }  // namespace plateau

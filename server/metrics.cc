@@ -55,6 +55,53 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                        .Name("plateau_worker_last_heartbeat_timestamp_seconds")
                        .Help("Unix time of the worker's latest heartbeat.")
                        .Register(r);
+  m->workers_ = &BuildGauge()
+                     .Name("plateau_workers")
+                     .Help("Registered workers by state: attached, or awaiting_reattach (a restarted coordinator "
+                           "expects them back).")
+                     .Register(r);
+  m->slots_total_ = &BuildGauge().Name("plateau_slots_total").Help("Rank slots of the attached workers.").Register(r);
+  m->slots_free_ = &BuildGauge()
+                        .Name("plateau_slots_free")
+                        .Help("Rank slots of the attached workers not held by a job's ranks.")
+                        .Register(r);
+  m->queue_ = &BuildGauge().Name("plateau_queue_length").Help("Jobs waiting to be scheduled (PENDING).").Register(r);
+  m->unschedulable_ = &BuildGauge()
+                           .Name("plateau_queue_unschedulable")
+                           .Help("PENDING jobs that no registered worker could host.")
+                           .Register(r);
+  m->jobs_ = &BuildGauge().Name("plateau_jobs").Help("Jobs in the state database by state.").Register(r);
+  m->submissions_ = &BuildCounter().Name("plateau_job_submissions_total").Help("Jobs submitted.").Register(r);
+  m->cancels_ = &BuildCounter().Name("plateau_job_cancels_total").Help("Cancels of live jobs accepted.").Register(r);
+  m->failures_ = &BuildCounter()
+                      .Name("plateau_job_failures_total")
+                      .Help("Jobs that ended FAILED, by Failure.Kind.")
+                      .Register(r);
+  m->restarts_ = &BuildCounter()
+                      .Name("plateau_job_restarts_total")
+                      .Help("Failed attempts that were restarted, by Failure.Kind.")
+                      .Register(r);
+  m->store_errors_ = &BuildCounter()
+                          .Name("plateau_store_errors_total")
+                          .Help("Writes to the state database that failed (the coordinator then refuses changes).")
+                          .Register(r);
+  m->rpcs_ = &BuildCounter()
+                  .Name("plateau_rpcs_total")
+                  .Help("gRPC calls served, by service, method and status code.")
+                  .Register(r);
+  m->rpc_duration_ = &BuildHistogram()
+                          .Name("plateau_rpc_duration_seconds")
+                          .Help("Time from a call's arrival to its status (a stream: its whole life).")
+                          .Register(r);
+  // Present from the start, so that rate() and alerts see a 0 before the
+  // first event rather than no series.
+  m->submissions_->Add({});
+  m->cancels_->Add({});
+  m->store_errors_->Add({});
+  m->SetWorkers(0, 0);
+  m->SetSlots(0, 0);
+  m->SetQueue(0, 0);
+  m->SetJobCounts({});
   Metrics* self = m.get();
   std::map<std::string, HttpHandler> routes = {
       {"/metrics",
@@ -173,6 +220,49 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
 
 void Metrics::OnHeartbeat(const std::string& worker, absl::Time when) {
   heartbeat_->Add({{"worker", worker}}).Set(absl::ToDoubleSeconds(when - absl::UnixEpoch()));
+}
+
+void Metrics::ForgetWorker(const std::string& worker) {
+  // Family::Add returns the series when it exists (and makes one that is
+  // removed at once when it does not).
+  heartbeat_->Remove(&heartbeat_->Add({{"worker", worker}}));
+}
+
+void Metrics::SetWorkers(int attached, int awaiting_reattach) {
+  workers_->Add({{"state", "attached"}}).Set(attached);
+  workers_->Add({{"state", "awaiting_reattach"}}).Set(awaiting_reattach);
+}
+
+void Metrics::SetSlots(int64_t total, int64_t free) {
+  slots_total_->Add({}).Set(static_cast<double>(total));
+  slots_free_->Add({}).Set(static_cast<double>(free));
+}
+
+void Metrics::SetQueue(int64_t pending, int64_t unschedulable) {
+  queue_->Add({}).Set(static_cast<double>(pending));
+  unschedulable_->Add({}).Set(static_cast<double>(unschedulable));
+}
+
+void Metrics::SetJobCounts(const std::map<v1::JobState, int64_t>& counts) {
+  for (int s = v1::PENDING; s <= v1::RESTARTING; ++s) {
+    auto it = counts.find(static_cast<v1::JobState>(s));
+    jobs_->Add({{"state", v1::JobState_Name(static_cast<v1::JobState>(s))}})
+        .Set(it == counts.end() ? 0 : static_cast<double>(it->second));
+  }
+}
+
+void Metrics::OnSubmission() { submissions_->Add({}).Increment(); }
+void Metrics::OnCancel() { cancels_->Add({}).Increment(); }
+void Metrics::OnFailure(const std::string& reason) { failures_->Add({{"reason", reason}}).Increment(); }
+void Metrics::OnRestart(const std::string& reason) { restarts_->Add({{"reason", reason}}).Increment(); }
+void Metrics::OnStoreError() { store_errors_->Add({}).Increment(); }
+
+void Metrics::OnRpc(const std::string& service, const std::string& method, const std::string& code,
+                    double seconds) {
+  rpcs_->Add({{"service", service}, {"method", method}, {"code", code}}).Increment();
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 600, 3600};
+  rpc_duration_->Add({{"service", service}, {"method", method}}, kBuckets).Observe(seconds);
 }
 
 }  // namespace plateau

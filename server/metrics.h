@@ -13,7 +13,20 @@
 //     gauge of its own so that queries of the device one stay as they are)
 //   plateau_job_mfu_ratio (only where the worker knows its device's peak)
 // per job: plateau_job_state{state} (a state set: 1 for the current state);
-// per worker: plateau_worker_last_heartbeat_timestamp_seconds.
+// per worker: plateau_worker_last_heartbeat_timestamp_seconds (removed when
+// the worker is lost, so that an alert on a stale heartbeat ends with it).
+// The coordinator itself:
+//   plateau_workers{state="attached"|"awaiting_reattach"}
+//   plateau_slots_total, plateau_slots_free (rank slots of attached workers)
+//   plateau_queue_length (PENDING jobs), plateau_queue_unschedulable (of
+//     those, the ones no registered worker could host)
+//   plateau_jobs{state} (jobs in the store by state)
+//   plateau_job_submissions_total, plateau_job_cancels_total,
+//   plateau_job_failures_total{reason} (jobs ended FAILED, by Failure.Kind),
+//   plateau_job_restarts_total{reason} (failed attempts restarted)
+//   plateau_store_errors_total (failed writes to the state database)
+//   plateau_rpcs_total{service,method,code}, plateau_rpc_duration_seconds
+//     {service,method} (histogram; a watch lasts as long as its stream)
 //
 // The same HTTP port (server/http_server.h) answers the probes operators and
 // Kubernetes expect: /healthz 200 while the process serves at all, /readyz
@@ -69,6 +82,21 @@ class Metrics {
   void OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
               double device_peak_flops);
   void OnHeartbeat(const std::string& worker, absl::Time when);
+  // Removes the worker's series (it was lost).
+  void ForgetWorker(const std::string& worker);
+  // The coordinator's gauges (server/coordinator.cc UpdateGauges).
+  void SetWorkers(int attached, int awaiting_reattach);
+  void SetSlots(int64_t total, int64_t free);
+  void SetQueue(int64_t pending, int64_t unschedulable);
+  void SetJobCounts(const std::map<v1::JobState, int64_t>& counts);
+  void OnSubmission();
+  void OnCancel();
+  void OnFailure(const std::string& reason);
+  void OnRestart(const std::string& reason);
+  void OnStoreError();
+  // One finished RPC (server/rpc_metrics.h).
+  void OnRpc(const std::string& service, const std::string& method, const std::string& code,
+             double seconds);
   // Removes every series of the job (a finished job, once Prometheus has
   // had time to scrape its final values), so that /metrics does not grow
   // with every job a coordinator ever ran.
@@ -96,6 +124,19 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* mfu_ = nullptr;
   prometheus::Family<prometheus::Gauge>* state_ = nullptr;
   prometheus::Family<prometheus::Gauge>* heartbeat_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* workers_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* slots_total_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* slots_free_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* queue_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* unschedulable_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* jobs_ = nullptr;
+  prometheus::Family<prometheus::Counter>* submissions_ = nullptr;
+  prometheus::Family<prometheus::Counter>* cancels_ = nullptr;
+  prometheus::Family<prometheus::Counter>* failures_ = nullptr;
+  prometheus::Family<prometheus::Counter>* restarts_ = nullptr;
+  prometheus::Family<prometheus::Counter>* store_errors_ = nullptr;
+  prometheus::Family<prometheus::Counter>* rpcs_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* rpc_duration_ = nullptr;
 
   absl::Mutex mu_;
   // The largest peak each (job, rank, space, live set) has reached.

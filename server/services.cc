@@ -95,6 +95,19 @@ grpc::Status JobServiceImpl::GetMemoryTimeline(grpc::ServerContext* ctx, const v
   return Reply(c_->GetMemoryTimeline(req->job_id()), out);
 }
 
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
+                                         v1::ListWorkersResponse* out) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  *out = c_->ListWorkers();
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
+                                       v1::DeleteJobResponse*) {
+  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  return ToGrpc(c_->DeleteJob(req->job_id()));
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
@@ -104,8 +117,9 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
     if (grpc::Status s = guards_.watches->Acquire(PeerHost(ctx->peer()), &lease); !s.ok()) return s;
   }
   const std::string id = req->job_id();
+  const bool per_rank = req->per_rank();
   return StreamRows<v1::JobEvent>(c_, ctx, id, req->from_index(), /*follow=*/true, writer,
-                                  [&](int64_t from) { return c_->store().ReadEvents(id, from, 256); });
+                                  [&](int64_t from) { return c_->ReadEvents(id, from, 256, per_rank); });
 }
 
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,

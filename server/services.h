@@ -40,6 +40,8 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest*, v1::PlanJobResponse*) override;
   grpc::Status GetMemoryTimeline(grpc::ServerContext*, const v1::GetMemoryTimelineRequest*,
                                  v1::GetMemoryTimelineResponse*) override;
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse*) override;
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest*, v1::DeleteJobResponse*) override;
 
  private:
   Coordinator* const c_;

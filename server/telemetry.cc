@@ -1,5 +1,7 @@
 #include "server/telemetry.h"
 
+#include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -9,56 +11,143 @@
 namespace plateau {
 namespace {
 
+// The maximum over ranks of each live set, in the order the sets first appear.
+void MaxInto(const google::protobuf::RepeatedPtrField<v1::LiveSetBytes>& from,
+             google::protobuf::RepeatedPtrField<v1::LiveSetBytes>* into) {
+  for (const v1::LiveSetBytes& ls : from) {
+    auto it = std::find_if(into->begin(), into->end(),
+                           [&](const v1::LiveSetBytes& x) { return x.live_set() == ls.live_set(); });
+    if (it == into->end()) {
+      *into->Add() = ls;
+    } else if (ls.bytes() > it->bytes()) {
+      it->set_bytes(ls.bytes());
+    }
+  }
+}
+
+PendingStep& Pending(LiveJob& a, int64_t step) {
+  PendingStep& p = a.pending_steps[step];
+  if (p.ranks.size() != a.ranks.size()) {
+    p.ranks.resize(a.ranks.size());
+    p.reported.resize(a.ranks.size(), false);
+  }
+  return p;
+}
+
+// The event of a summary, and the job's Progress moved to it.
+v1::JobEvent EventOf(LiveJob& a, v1::JobStepSummary s) {
+  v1::Progress* p = a.job.mutable_progress();
+  if (p->step() == 0) p->set_first_loss(s.loss());
+  p->set_step(s.step());
+  p->set_total_steps(a.job.spec().steps());
+  p->set_loss(s.loss());
+  a.tokens += static_cast<double>(s.tokens());
+  a.seconds += s.seconds();
+  if (a.seconds > 0 && s.tokens() > 0) {
+    p->set_tokens_per_second(a.tokens / a.seconds);
+    p->set_model_flops_per_second(s.model_flops() * (a.tokens / static_cast<double>(s.tokens())) / a.seconds);
+  }
+  a.emitted_step = s.step();
+  v1::JobEvent e;
+  e.set_job_id(a.job.id());
+  Now(e.mutable_time());
+  *e.mutable_job_step() = std::move(s);
+  return e;
+}
+
+// Moves the pending steps up to `through` (all: INT64_MAX) into events.
+void Emit(LiveJob& a, int64_t through, std::vector<v1::JobEvent>* out) {
+  for (auto it = a.pending_steps.begin(); it != a.pending_steps.end() && it->first <= through;) {
+    if (it->first > a.emitted_step) out->push_back(EventOf(a, SummarizeStep(it->second)));
+    it = a.pending_steps.erase(it);
+  }
+}
+
+// The step every rank has reached (each rank's latest report).
+int64_t CompleteThrough(const LiveJob& a) {
+  if (a.ranks.empty()) return 0;
+  int64_t m = a.ranks[0].last_step;
+  for (const RankState& r : a.ranks) m = std::min(m, r.last_step);
+  return m;
+}
 
 }  // namespace
+
+v1::JobStepSummary SummarizeStep(const PendingStep& p) {
+  v1::JobStepSummary s;
+  s.set_ranks(static_cast<int>(p.ranks.size()));
+  int reported = 0;
+  double seconds = 0;
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    if (!p.reported[r]) continue;
+    const v1::StepTelemetry& t = p.ranks[r];
+    if (reported == 0) {  // the lowest rank's view of the global batch
+      s.set_step(t.step());
+      s.set_total_steps(t.total_steps());
+      s.set_attempt(t.attempt());
+      s.set_loss(t.loss());
+      s.set_grad_norm(t.grad_norm());
+      s.set_tokens(t.tokens());
+      s.set_model_flops(t.model_flops());
+      s.set_slowest_rank(static_cast<int>(r));
+      s.set_slowest_seconds(t.seconds());
+    }
+    ++reported;
+    seconds += t.seconds();
+    if (t.seconds() > s.slowest_seconds()) {
+      s.set_slowest_rank(static_cast<int>(r));
+      s.set_slowest_seconds(t.seconds());
+    }
+    MaxInto(t.peak(), s.mutable_peak());
+    MaxInto(t.host_peak(), s.mutable_host_peak());
+    s.set_peak_total_bytes(std::max(s.peak_total_bytes(), t.peak_total_bytes()));
+    s.set_host_peak_total_bytes(std::max(s.host_peak_total_bytes(), t.host_peak_total_bytes()));
+  }
+  s.set_ranks_reported(reported);
+  if (reported > 0) s.set_seconds(seconds / reported);
+  return s;
+}
 
 TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_flops,
                                absl::FunctionRef<LiveJob*(const std::string& job_id, int attempt)> find,
                                Metrics* metrics) {
   TelemetryBatch out;
+  std::vector<LiveJob*> touched;
   for (v1::TelemetryRequest::Step& s : *request.mutable_steps()) {
     LiveJob* a = find(s.job_id(), s.telemetry().attempt());
     if (a == nullptr) continue;
-    const v1::StepTelemetry& t = s.telemetry();
-    if (t.rank() < 0 || t.rank() >= static_cast<int>(a->ranks.size())) continue;
-    RankState& rs = a->ranks[t.rank()];
+    v1::StepTelemetry* t = s.mutable_telemetry();
+    if (t->rank() < 0 || t->rank() >= static_cast<int>(a->ranks.size())) continue;
+    RankState& rs = a->ranks[t->rank()];
     // A batch re-sent after a lost reply is not counted twice.
-    if (t.step() <= rs.last_step) continue;
-    rs.last_step = t.step();
+    if (t->step() <= rs.last_step) continue;
+    rs.last_step = t->step();
     rs.last_progress = absl::Now();
     if (metrics != nullptr) {
-      metrics->OnStep(a->job.id(), static_cast<int>(a->ranks.size()), t, device_peak_flops);
+      metrics->OnStep(a->job.id(), static_cast<int>(a->ranks.size()), *t, device_peak_flops);
     }
-    if (t.rank() == 0) {
-      v1::Progress* p = a->job.mutable_progress();
-      if (p->step() == 0) p->set_first_loss(t.loss());
-      p->set_step(t.step());
-      p->set_total_steps(a->job.spec().steps());
-      p->set_loss(t.loss());
-      a->tokens += t.tokens();
-      a->seconds += t.seconds();
-      if (a->seconds > 0) {
-        p->set_tokens_per_second(a->tokens / a->seconds);
-        p->set_model_flops_per_second(t.model_flops() * (a->tokens / t.tokens()) / a->seconds);
-      }
-      out.progressed.push_back(a);
-    }
-    if (s.telemetry().has_memory_timeline()) {
-      v1::StepTelemetry* st = s.mutable_telemetry();
-      JobMemoryTimeline m{s.job_id(), std::move(*st->mutable_memory_timeline())};
-      st->clear_memory_timeline();
+    if (t->has_memory_timeline()) {
+      JobMemoryTimeline m{s.job_id(), std::move(*t->mutable_memory_timeline())};
+      t->clear_memory_timeline();
       // What the step says, not what the timeline says: one source.
-      m.timeline.set_rank(st->rank());
-      m.timeline.set_step(st->step());
-      m.timeline.set_attempt(st->attempt());
+      m.timeline.set_rank(t->rank());
+      m.timeline.set_step(t->step());
+      m.timeline.set_attempt(t->attempt());
       Now(m.timeline.mutable_time());
       out.timelines.push_back(std::move(m));
     }
-    v1::JobEvent e;
-    e.set_job_id(s.job_id());
-    Now(e.mutable_time());
-    *e.mutable_step() = std::move(*s.mutable_telemetry());
-    out.events.push_back(std::move(e));
+    if (t->step() > a->emitted_step) {
+      PendingStep& p = Pending(*a, t->step());
+      p.ranks[t->rank()] = *t;
+      p.reported[t->rank()] = true;
+    }
+    if (std::find(touched.begin(), touched.end(), a) == touched.end()) touched.push_back(a);
+    out.rank_steps.push_back(JobRankStep{s.job_id(), std::move(*t)});
+  }
+  for (LiveJob* a : touched) {
+    const size_t before = out.events.size();
+    Emit(*a, CompleteThrough(*a), &out.events);
+    if (out.events.size() > before) out.progressed.push_back(a);
   }
   for (v1::LogEntry& l : *request.mutable_logs()) {
     if (!ParseJobId(l.job_id()).ok()) continue;
@@ -66,6 +155,30 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_
     if (!l.has_time()) Now(l.mutable_time());
     out.logs.push_back(std::move(l));
   }
+  return out;
+}
+
+std::vector<v1::JobEvent> FlushSteps(LiveJob& a) {
+  std::vector<v1::JobEvent> out;
+  Emit(a, INT64_MAX, &out);
+  return out;
+}
+
+std::vector<v1::JobEvent> RestoreSteps(LiveJob& a, const std::vector<v1::StepTelemetry>& reports,
+                                       int64_t emitted) {
+  a.emitted_step = emitted;
+  a.pending_steps.clear();
+  for (const v1::StepTelemetry& t : reports) {
+    if (t.rank() < 0 || t.rank() >= static_cast<int>(a.ranks.size())) continue;
+    RankState& rs = a.ranks[t.rank()];
+    rs.last_step = std::max(rs.last_step, t.step());
+    if (t.step() <= emitted) continue;
+    PendingStep& p = Pending(a, t.step());
+    p.ranks[t.rank()] = t;
+    p.reported[t.rank()] = true;
+  }
+  std::vector<v1::JobEvent> out;
+  Emit(a, CompleteThrough(a), &out);
   return out;
 }
 

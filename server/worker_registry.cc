@@ -27,10 +27,27 @@ absl::Status WorkerRegistry::CheckCapabilities(const v1::WorkerCapabilities& c) 
 }
 
 Worker& WorkerRegistry::Attach(const std::string& asked, const v1::WorkerCapabilities& caps, absl::Time now,
-                               bool* expected) {
+                               bool* expected, bool* restarted) {
   std::string id;
   int64_t n = 0;
   auto it = workers_.find(asked);
+  // The same agent restarted: an id alone could be a copied work dir on
+  // another node, so its name and rank address must match too.
+  const bool same_agent = it != workers_.end() && it->second.attached && !asked.empty() &&
+                          it->second.caps.name() == caps.name() &&
+                          it->second.caps.rank_address() == caps.rank_address();
+  if (restarted != nullptr) *restarted = same_agent;
+  if (same_agent) {
+    Worker& w = it->second;
+    *expected = true;
+    w.used_devices = 0;
+    w.assignments.clear();
+    w.cancellations.clear();
+    w.caps = caps;
+    w.registered = now;
+    Beat(w, now);
+    return w;
+  }
   if (it != workers_.end() && !it->second.attached) {
     id = asked;
   } else if (it == workers_.end() && absl::StartsWith(asked, "worker-") &&
@@ -45,6 +62,7 @@ Worker& WorkerRegistry::Attach(const std::string& asked, const v1::WorkerCapabil
   w.id = id;
   w.attached = true;
   w.caps = caps;
+  w.registered = now;
   Beat(w, now);
   return w;
 }

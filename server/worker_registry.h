@@ -27,6 +27,7 @@ struct Worker {
   std::string id;
   v1::WorkerCapabilities caps;
   absl::Time last_heartbeat;
+  absl::Time registered;  // its latest registration
   absl::Time expires;  // lost when now passes this
   // False for a worker a restarted coordinator expects to register again
   // (it has ranks of a live job); it gets no new work until it does.
@@ -59,11 +60,18 @@ class WorkerRegistry {
   absl::Duration lease() const { return std::min(worker_timeout_, reattach_timeout_) * 3 / 4; }
 
   // A worker registering, with the id it asks for ("" for a new one). It
-  // keeps that id when nobody else holds it, or when it is the expected
-  // worker of that id; otherwise it gets a fresh "worker-N". Its heartbeat
-  // clock starts at `now`. *expected: this registry was waiting for it (a
-  // restart left ranks of live jobs on it), so its ranks re-attach.
-  Worker& Attach(const std::string& asked, const v1::WorkerCapabilities& caps, absl::Time now, bool* expected);
+  // keeps that id when nobody else holds it, when it is the expected worker
+  // of that id, or when the attached worker of that id has the same name
+  // and rank address (the same agent, restarted before it was declared
+  // lost: it persists its id in its work dir); otherwise it gets a fresh
+  // "worker-N". Its heartbeat clock starts at `now`. *expected: its ranks
+  // are to be re-attached from what it says it runs (a restart left ranks
+  // of live jobs on it, or the agent itself restarted): its devices in use,
+  // assignments and cancellations start empty and the caller rebuilds them.
+  // *restarted (may be null): the last case, an attached worker's agent
+  // registering again.
+  Worker& Attach(const std::string& asked, const v1::WorkerCapabilities& caps, absl::Time now, bool* expected,
+                 bool* restarted = nullptr);
   // After a restart: a worker a live attempt was placed on, expected to
   // register again within reattach_timeout of `now` (unattached until then).
   Worker& Expect(const std::string& id, absl::Time now);
@@ -75,6 +83,8 @@ class WorkerRegistry {
   // nullptr unless registered and attached (what a request may come from).
   Worker* FindAttached(const std::string& id);
   Worker& at(const std::string& id) { return workers_.at(id); }
+  // Every worker, attached or expected, by id.
+  const std::map<std::string, Worker>& all() const { return workers_; }
   // The attached workers and their free devices, as placement sees them.
   std::vector<WorkerSlots> Slots() const;
 

@@ -33,9 +33,22 @@ TEST(WorkerRegistryTest, IdsAreFreshUnlessFreeOrExpected) {
   EXPECT_EQ(reg.Attach("worker-7", Cpu(1), kT0, &expected).id, "worker-7");
   EXPECT_FALSE(expected);
   EXPECT_EQ(reg.Attach("", Cpu(1), kT0, &expected).id, "worker-8");
-  // An id held by an attached worker, or not of the form worker-N, is not given out.
-  EXPECT_EQ(reg.Attach("worker-7", Cpu(1), kT0, &expected).id, "worker-9");
+  // An id held by an attached worker of another node, or not of the form
+  // worker-N, is not given out.
+  v1::WorkerCapabilities elsewhere = Cpu(1);
+  elsewhere.set_rank_address("10.0.0.2");
+  EXPECT_EQ(reg.Attach("worker-7", elsewhere, kT0, &expected).id, "worker-9");
   EXPECT_EQ(reg.Attach("node-a", Cpu(1), kT0, &expected).id, "worker-10");
+  // The same agent (name and rank address) restarted keeps its id; its
+  // devices in use and queued work start over (the caller re-attaches).
+  bool restarted = false;
+  reg.at("worker-7").used_devices = 1;
+  Worker& again = reg.Attach("worker-7", Cpu(1), kT0 + absl::Seconds(1), &expected, &restarted);
+  EXPECT_EQ(again.id, "worker-7");
+  EXPECT_TRUE(expected);
+  EXPECT_TRUE(restarted);
+  EXPECT_EQ(again.used_devices, 0);
+  EXPECT_EQ(again.last_heartbeat, kT0 + absl::Seconds(1));
 }
 
 TEST(WorkerRegistryTest, SilentWorkersExpireAfterTheWorkerTimeout) {

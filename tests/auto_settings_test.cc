@@ -103,14 +103,16 @@ TEST(AutoSettingsServiceTest, AJobWithAutoRunsTheChosenValuesAndGetShowsThem) {
   // device, SCO's pool (beta) on the host.
   int steps = 0;
   ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
-    if (!e.has_step()) return true;
-    ++steps;
-    for (const char* set : {"dispatch", "projection", "optimizer"}) {
-      EXPECT_EQ(Bytes(e.step().peak(), set), Bytes(job.plan().live_sets(), set)) << set;
+    // Every rank's report (per_rank): each rank's peaks, not only their maximum.
+    for (const v1::StepTelemetry& t : e.job_step().per_rank()) {
+      ++steps;
+      for (const char* set : {"dispatch", "projection", "optimizer"}) {
+        EXPECT_EQ(Bytes(t.peak(), set), Bytes(job.plan().live_sets(), set)) << set;
+      }
+      EXPECT_EQ(Bytes(t.host_peak(), "checkpoints"), Bytes(job.plan().host_live_sets(), "checkpoints"));
     }
-    EXPECT_EQ(Bytes(e.step().host_peak(), "checkpoints"), Bytes(job.plan().host_live_sets(), "checkpoints"));
     return true;
-  }).ok());
+  }, /*per_rank=*/true).ok());
   EXPECT_EQ(steps, 8);  // 4 steps x 2 ranks
 
   // `plateauctl get` shows each value and why.

@@ -421,7 +421,7 @@ pid_t Cluster::RankPid(const std::string& id, int rank) const {
 bool Cluster::WaitStep(const std::string& id, int64_t step) {
   bool reached = false;
   client_->WatchJob(id, 0, [&](const v1::JobEvent& e) {
-             reached = e.has_step() && e.step().step() >= step;
+             reached = e.has_job_step() && e.job_step().step() >= step;
              return !reached;
            })
       .IgnoreError();

@@ -174,7 +174,7 @@ class Cluster {
   std::string Logs() const;
   // Waits for the job's final state (kDeadline at most).
   v1::Job WaitDone(const std::string& id);
-  // Watches until rank 0 reported step `step` of the job.
+  // Watches until the job's step `step` is an event (every rank reported it).
   bool WaitStep(const std::string& id, int64_t step);
 
   // Pids of this cluster's plateau_rank processes of job `id`: those below

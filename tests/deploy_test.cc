@@ -417,6 +417,26 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
                                      << absl::StrJoin(exported, " ");
     }
   }
+  // The operator's panels: workers, slots, queue, and the plan drawn over
+  // the peak per live set; each queries a series of that real scrape.
+  const std::vector<std::pair<std::string, std::string>> panels = {
+      {"Workers", "plateau_workers"},
+      {"Slots", "plateau_slots_total"},
+      {"Slots", "plateau_slots_free"},
+      {"Queue", "plateau_queue_length"},
+      {"Peak device bytes per live set, against the plan", "plateau_job_peak_bytes"},
+      {"Peak device bytes per live set, against the plan", "plateau_job_planned_bytes"}};
+  for (const auto& [title, metric] : panels) {
+    bool found = false;
+    for (const json& panel : dash["panels"]) {
+      if (panel.value("title", "") != title) continue;
+      std::vector<std::string> panel_exprs, unused;
+      CollectQueries(panel, &panel_exprs, &unused);
+      for (const std::string& e : panel_exprs) found = found || MetricNames(e).count(metric) > 0;
+    }
+    EXPECT_TRUE(found) << "no panel '" << title << "' queries " << metric;
+    EXPECT_TRUE(exported.count(metric)) << metric << " is not in a real /metrics scrape";
+  }
 }
 
 TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
@@ -471,9 +491,11 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   // differ far more.
   std::vector<double> losses;
   ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
-    if (e.has_step() && e.step().rank() == 0) losses.push_back(e.step().loss());
+    for (const v1::StepTelemetry& t : e.job_step().per_rank()) {
+      if (t.rank() == 0) losses.push_back(t.loss());
+    }
     return true;
-  }).ok());
+  }, /*per_rank=*/true).ok());
   EXPECT_TRUE(std::any_of(losses.begin(), losses.end(), [&](double l) {
     return std::abs(l - running_loss) <= 1e-14 * std::abs(l);
   })) << "Prometheus's loss " << running_loss << " while running is none of rank 0's " << losses.size() << " losses";

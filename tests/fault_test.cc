@@ -61,11 +61,11 @@ std::string AllLogs(Cluster& c, const std::string& id) {
   return logs;
 }
 
-// The loss rank 0 reported for `step` of the job's last attempt.
+// The job's loss at `step` of its last attempt.
 double LossAt(const std::vector<v1::JobEvent>& events, int64_t step) {
   double loss = -1;
   for (const v1::JobEvent& e : events) {
-    if (e.has_step() && e.step().rank() == 0 && e.step().step() == step) loss = e.step().loss();
+    if (e.has_job_step() && e.job_step().step() == step) loss = e.job_step().loss();
   }
   return loss;
 }
@@ -149,9 +149,9 @@ TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss)
   // wrote (every 10 steps; the kill came after step 25)...
   int64_t last_of_attempt_0 = 0, first_of_attempt_1 = 0;
   for (const v1::JobEvent& e : events_b) {
-    if (!e.has_step()) continue;
-    if (e.step().attempt() == 0) last_of_attempt_0 = std::max(last_of_attempt_0, e.step().step());
-    if (e.step().attempt() == 1 && first_of_attempt_1 == 0) first_of_attempt_1 = e.step().step();
+    if (!e.has_job_step()) continue;
+    if (e.job_step().attempt() == 0) last_of_attempt_0 = std::max(last_of_attempt_0, e.job_step().step());
+    if (e.job_step().attempt() == 1 && first_of_attempt_1 == 0) first_of_attempt_1 = e.job_step().step();
   }
   EXPECT_GE(last_of_attempt_0, 25);
   EXPECT_EQ((first_of_attempt_1 - 1) % 10, 0) << first_of_attempt_1;
@@ -228,16 +228,24 @@ TEST(FaultTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
 
   const std::vector<v1::JobEvent> events = Events(c, id);
   ASSERT_EQ(static_cast<int64_t>(events.size()), job.event_count());
-  std::map<int, std::set<int64_t>> steps;
+  // One event per step, none lost or repeated across the restart, each
+  // over both ranks (the per-rank detail too).
+  std::vector<int64_t> steps;
   for (size_t i = 0; i < events.size(); ++i) {
     EXPECT_EQ(events[i].index(), static_cast<int64_t>(i));
-    if (events[i].has_step()) steps[events[i].step().rank()].insert(events[i].step().step());
+    if (!events[i].has_job_step()) continue;
+    steps.push_back(events[i].job_step().step());
+    EXPECT_EQ(events[i].job_step().ranks_reported(), 2) << "step " << events[i].job_step().step();
   }
-  for (int r : {0, 1}) {
-    EXPECT_EQ(steps[r].size(), static_cast<size_t>(kSteps)) << "rank " << r;
-    EXPECT_EQ(*steps[r].begin(), 1);
-    EXPECT_EQ(*steps[r].rbegin(), kSteps);
-  }
+  std::vector<int64_t> want(kSteps);
+  for (int64_t s = 0; s < kSteps; ++s) want[s] = s + 1;
+  EXPECT_EQ(steps, want);
+  std::map<int, std::set<int64_t>> reported;  // per rank
+  ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+    for (const v1::StepTelemetry& t : e.job_step().per_rank()) reported[t.rank()].insert(t.step());
+    return true;
+  }, /*per_rank=*/true).ok());
+  for (int r : {0, 1}) EXPECT_EQ(reported[r].size(), static_cast<size_t>(kSteps)) << "rank " << r;
   // (PENDING may repeat with a new reason while the worker registers.)
   std::vector<v1::JobState> states = States(events);
   states.erase(std::unique(states.begin(), states.end()), states.end());

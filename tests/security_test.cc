@@ -119,6 +119,16 @@ std::vector<std::pair<std::string, grpc::Status>> CallEveryRpc(const std::shared
     v1::GetMemoryTimelineResponse r;
     return jobs->GetMemoryTimeline(ctx, q, &r);
   });
+  unary("ListWorkers", [&](auto* ctx) {
+    v1::ListWorkersResponse r;
+    return jobs->ListWorkers(ctx, v1::ListWorkersRequest(), &r);
+  });
+  unary("DeleteJob", [&](auto* ctx) {
+    v1::DeleteJobRequest q;
+    q.set_job_id("job-1");
+    v1::DeleteJobResponse r;
+    return jobs->DeleteJob(ctx, q, &r);
+  });
   unary("Register", [&](auto* ctx) {
     v1::RegisterRequest q;
     q.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
@@ -220,7 +230,7 @@ Tokens WriteTokens(const std::string& dir) {
 TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
   // Adding an RPC to a service must add it to CallEveryRpc.
   const auto* pool = google::protobuf::DescriptorPool::generated_pool();
-  ASSERT_EQ(pool->FindServiceByName("plateau.v1.JobService")->method_count(), 8);
+  ASSERT_EQ(pool->FindServiceByName("plateau.v1.JobService")->method_count(), 10);
   ASSERT_EQ(pool->FindServiceByName("plateau.v1.WorkerService")->method_count(), 7);
 
   const Tokens t = WriteTokens(TempDir("auth_tokens"));
@@ -236,7 +246,7 @@ TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
            {"no token", Channel(c.api()), "missing bearer token"},
            {"wrong token", Channel(c.api(), t.wrong), "wrong bearer token"}}) {
     const auto results = CallEveryRpc(channel);
-    ASSERT_EQ(results.size(), 15u);
+    ASSERT_EQ(results.size(), 17u);
     for (const auto& [rpc, status] : results) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << label << ": " << rpc << ": " << status.error_message();

@@ -92,17 +92,22 @@ TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
   });
   ASSERT_TRUE(s.ok()) << s << c.Logs();
   std::vector<v1::JobState> states;
-  std::map<int, std::vector<int64_t>> steps;  // per rank
+  std::vector<int64_t> steps;  // one event per step of the whole job
   for (size_t i = 0; i < events.size(); ++i) {
     EXPECT_EQ(events[i].index(), static_cast<int64_t>(i));
+    EXPECT_FALSE(events[i].has_step()) << "no per-rank events any more";
     if (events[i].has_state_change()) states.push_back(events[i].state_change().state());
-    if (events[i].has_step()) {
-      const v1::StepTelemetry& t = events[i].step();
-      steps[t.rank()].push_back(t.step());
+    if (events[i].has_job_step()) {
+      const v1::JobStepSummary& t = events[i].job_step();
+      steps.push_back(t.step());
       EXPECT_GT(t.loss(), 0);
       EXPECT_EQ(t.tokens(), 4 * 32);
       EXPECT_GT(t.model_flops(), 0);
       EXPECT_GT(t.seconds(), 0);
+      EXPECT_GE(t.slowest_seconds(), t.seconds());
+      EXPECT_TRUE(t.slowest_rank() == 0 || t.slowest_rank() == 1);
+      EXPECT_EQ(t.ranks(), 2);
+      EXPECT_EQ(t.ranks_reported(), 2);
       EXPECT_EQ(t.peak_size(), 8);
       EXPECT_GT(t.peak(0).bytes(), 0) << "weights peak";
     }
@@ -111,8 +116,7 @@ TEST(ServiceTest, SubmitRunSucceedsWithTelemetryInWatchAndMetrics) {
   EXPECT_EQ(states.front(), v1::PENDING);
   EXPECT_EQ(states.back(), v1::SUCCEEDED) << c.Logs();
   EXPECT_THAT(states, ::testing::Contains(v1::RUNNING));
-  EXPECT_EQ(steps[0], (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  EXPECT_EQ(steps[1], (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
 
   // Resuming from an index replays exactly the rest.
   std::vector<v1::JobEvent> rest;
@@ -353,13 +357,13 @@ TEST(ServiceTest, HostLiveSetsArePlannedAdmittedAndMeasuredAgainstTheHostCap) {
 
   int steps = 0;
   ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
-    if (!e.has_step()) return true;
+    if (!e.has_job_step()) return true;
     ++steps;
-    EXPECT_EQ(e.step().host_peak_size(), 8);
-    EXPECT_EQ(e.step().host_peak_total_bytes(), kPool);
+    EXPECT_EQ(e.job_step().host_peak_size(), 8);
+    EXPECT_EQ(e.job_step().host_peak_total_bytes(), kPool);
     return true;
   }).ok());
-  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(steps, static_cast<int>(job.spec().steps()));
   const std::string m = Scrape(c.metrics());
   EXPECT_EQ(Sample(m, "plateau_job_host_peak_bytes{job_id=\"" + id + "\",live_set=\"checkpoints\",rank=\"1\"}"),
             64 * 64 * 4);

@@ -32,7 +32,7 @@ namespace {
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
 
 constexpr int kWatchers = 50;
-constexpr int64_t kSteps = 100;  // 2 ranks: ~200 telemetry events, ~40 KB
+constexpr int64_t kSteps = 100;  // one event per step of the whole job: ~105 events
 
 // CPU seconds (user + system) the process has used, from /proc.
 double CpuSeconds(pid_t pid) {
@@ -140,7 +140,13 @@ TEST(WatchersTest, FiftyWatchersGetEveryEventAndASlowOneStallsNobody) {
     return true;
   }).ok());
   ASSERT_EQ(static_cast<int64_t>(want.size()), job.event_count());
-  ASSERT_GT(want.size(), static_cast<size_t>(2 * kSteps)) << "every step of both ranks is an event";
+  int64_t step_events = 0;
+  for (const std::string& bytes : want) {
+    v1::JobEvent e;
+    ASSERT_TRUE(e.ParseFromString(bytes));
+    step_events += e.has_job_step();
+  }
+  ASSERT_EQ(step_events, kSteps) << "one event per step of the whole job";
 
   absl::Time last_fast = start;
   for (int w = 1; w < kWatchers; ++w) {
@@ -171,15 +177,85 @@ TEST(WatchersTest, FiftyWatchersGetEveryEventAndASlowOneStallsNobody) {
               absl::FormatDuration(Ran(job)).c_str(), watched_cpu, want.size(),
               absl::FormatDuration(last_fast - job_done).c_str(), static_cast<long long>(slow_when_fast_done));
   EXPECT_LT(Ran(job), 3 * Ran(base_job) + absl::Seconds(10));
-  // Nor is the coordinator: measured here, each stream wakes ~40 times (the
-  // agent's telemetry batches, every 200 ms) and reads SQLite each time,
-  // ~12% of the reads finding nothing new; the extra coordinator CPU is
-  // 0.6-1.0 s for 50 x 204 delivered events, mostly serializing and writing
-  // them. 0.25 ms per delivered event leaves room for a loaded machine and
-  // fails when the watchers poll instead of waiting for a change (~4 s).
+  // Nor is the coordinator: measured here (with one event per rank and
+  // step), each stream wakes ~40 times (the agent's telemetry batches, every
+  // 200 ms) and reads SQLite each time, ~12% of the reads finding nothing
+  // new; the extra coordinator CPU was 0.6-1.0 s for 50 x 204 delivered
+  // events, mostly serializing and writing them. 0.25 ms per delivered event
+  // leaves room for a loaded machine and fails when the watchers poll
+  // instead of waiting for a change (~4 s).
   const double delivered = static_cast<double>(kWatchers) * static_cast<double>(want.size());
   EXPECT_LT(watched_cpu - base_cpu, 0.25e-3 * delivered)
       << "the coordinator spends too much CPU per delivered event";
+}
+
+// The count the watch scales by: 2 ranks x 200 steps are 200 step events
+// (and the state changes), not 400; each rank's report is there on request
+// (per_rank) under the same indices, and a watch resumed from an index gets
+// exactly the rest.
+TEST(WatchersTest, TwoRanksTimesTwoHundredStepsAreTwoHundredStepEvents) {
+  Cluster c("watch_count");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  // Registered first, so that PENDING is not repeated with a new reason.
+  ASSERT_TRUE(WaitFor([&] {
+    auto w = c.client().ListWorkers();
+    return w.ok() && w->workers_size() == 1;
+  })) << c.Logs();
+  constexpr int64_t kLong = 200;
+  auto sub = c.client().SubmitJob(TinyJob(kLong), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  std::vector<v1::JobEvent> events;
+  ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+    events.push_back(e);
+    return true;
+  }).ok()) << c.Logs();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  int64_t steps = 0, states = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].index(), static_cast<int64_t>(i));
+    if (events[i].has_job_step()) {
+      ++steps;
+      EXPECT_EQ(events[i].job_step().step(), steps) << "in step order, none repeated";
+      EXPECT_EQ(events[i].job_step().ranks_reported(), 2);
+      EXPECT_EQ(events[i].job_step().per_rank_size(), 0) << "per-rank detail only on request";
+    }
+    states += events[i].has_state_change();
+  }
+  EXPECT_EQ(steps, kLong);
+  EXPECT_EQ(states, 4);  // PENDING, SCHEDULED, RUNNING, SUCCEEDED
+  EXPECT_EQ(static_cast<int64_t>(events.size()), kLong + 4);
+  EXPECT_EQ(job.event_count(), kLong + 4);
+  std::printf("2 ranks x %lld steps: %zu events (%lld steps, %lld state changes)\n", static_cast<long long>(kLong),
+              events.size(), static_cast<long long>(steps), static_cast<long long>(states));
+
+  // Per rank on request: the same events, each step with both ranks' reports.
+  int64_t reports = 0;
+  size_t seen = 0;
+  ASSERT_TRUE(c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+    EXPECT_EQ(e.index(), static_cast<int64_t>(seen));
+    ++seen;
+    for (int r = 0; r < e.job_step().per_rank_size(); ++r) {
+      EXPECT_EQ(e.job_step().per_rank(r).rank(), r);
+      EXPECT_EQ(e.job_step().per_rank(r).step(), e.job_step().step());
+      ++reports;
+    }
+    return true;
+  }, /*per_rank=*/true).ok());
+  EXPECT_EQ(seen, events.size());
+  EXPECT_EQ(reports, 2 * kLong);
+
+  // Resumed from the middle: exactly the rest.
+  std::vector<v1::JobEvent> rest;
+  ASSERT_TRUE(c.client().WatchJob(id, 100, [&](const v1::JobEvent& e) {
+    rest.push_back(e);
+    return true;
+  }).ok());
+  ASSERT_EQ(rest.size(), events.size() - 100);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_EQ(rest[i].SerializeAsString(), events[100 + i].SerializeAsString());
+  }
 }
 
 }  // namespace

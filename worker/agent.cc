@@ -24,6 +24,36 @@ namespace {
 
 bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
 
+// Where the agent keeps the id the coordinator gave it, so that a restarted
+// agent registers under the same id (one row in `plateauctl workers`, one
+// heartbeat series) instead of as a new worker.
+std::string IdFile(const std::string& work_dir) { return work_dir + "/worker_id"; }
+
+std::string ReadId(const std::string& work_dir) {
+  std::ifstream in(IdFile(work_dir));
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+// Written to a temporary file and renamed: a crash leaves the old id or the
+// new one, never half of one.
+void WriteId(const std::string& work_dir, const std::string& id) {
+  const std::string tmp = IdFile(work_dir) + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << id << "\n";
+    if (!out) {
+      std::fprintf(stderr, "plateau_worker: cannot write %s: the next start registers as a new worker\n",
+                   tmp.c_str());
+      return;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, IdFile(work_dir), ec);
+  if (ec) std::fprintf(stderr, "plateau_worker: cannot write %s: %s\n", IdFile(work_dir).c_str(), ec.message().c_str());
+}
+
 }  // namespace
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
@@ -76,6 +106,9 @@ absl::Status Agent::RegisterNow(bool again) {
   if (again) {
     req.set_worker_id(worker_id());
     RunningJobs(req.mutable_running());
+  } else {
+    // A fresh start asks for the id of its previous run, if any.
+    req.set_worker_id(ReadId(options_.work_dir));
   }
   v1::RegisterResponse resp;
   auto ctx = Context(absl::Seconds(5));
@@ -90,9 +123,11 @@ absl::Status Agent::RegisterNow(bool again) {
     absl::MutexLock lock(&id_mu_);
     worker_id_ = resp.worker_id();
   }
+  if (resp.worker_id() != req.worker_id()) WriteId(options_.work_dir, resp.worker_id());
   if (resp.heartbeat_interval_ms() > 0) heartbeat_interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
   std::printf("plateau_worker: %s as %s with the coordinator at %s (%s, %d device(s), %d job(s) running)\n",
-              again ? "registered again" : "registered", resp.worker_id().c_str(), options_.coordinator.c_str(),
+              again || resp.worker_id() == req.worker_id() ? "registered again" : "registered",
+              resp.worker_id().c_str(), options_.coordinator.c_str(),
               options_.capabilities.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
               options_.capabilities.devices(), req.running_size());
   std::fflush(stdout);

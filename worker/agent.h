@@ -30,6 +30,10 @@
 // answer (a restarted coordinator re-attached them); an attempt the
 // coordinator voids while frozen is killed at once (SIGKILL, no grace).
 //
+// The id the coordinator gives it is kept in its work dir (worker_id): a
+// restarted agent registers under the same id, so operators see one worker
+// that came back rather than a new one beside a lost one.
+//
 // Threads: Run() (reaping, kills after the grace period, the lease), a heartbeat
 // thread (assignments, cancellations, registering again) and a sender
 // thread (the report queue).
@@ -67,7 +71,7 @@ struct AgentOptions {
   std::string tls_ca_file;
   v1::WorkerCapabilities capabilities;
   std::string rank_binary;  // plateau_rank
-  std::string work_dir;     // spec files of running jobs
+  std::string work_dir;     // spec files of running jobs; the worker id
   absl::Duration grace = absl::Seconds(5);
 };
 
