@@ -40,6 +40,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -135,6 +136,13 @@ class Coordinator {
   bool MarkUnschedulable(LiveJob& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops (then fails) jobs past their JobSpec.max_duration_s, counted from
+  // Job.start_time; a job between attempts fails at once.
+  void CheckMaxDuration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to a retried idempotent submit: the job its request_id
+  // created (ALREADY_EXISTS when the spec differs); nullopt when none.
+  absl::StatusOr<std::optional<v1::SubmitJobResponse>> Resubmitted(const v1::SubmitJobRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuilds a live attempt read from the store after a restart.
   absl::Status Restore(int64_t seq, v1::Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.
