@@ -38,7 +38,6 @@ constexpr int kPriorityStopped = 0, kPriorityExit = 1, kPriorityInvalid = 2, kPr
 constexpr int kPriorityMaxDuration = 5;
 
 constexpr int kMaxRequestIdChars = 128;
-constexpr int32_t kMaxJobPriority = 1000;
 
 // The priority of a failure read back from the store after a restart (the
 // "stopped by its agent" distinction is not kept: it ranks as an exit).
@@ -81,11 +80,9 @@ AutoContext AutoContextFor(const std::vector<WorkerSlots>& workers, const v1::Jo
   return context;
 }
 
-// The fields of a submit the coordinator checks itself (the spec's model,
-// layout and schedules are worker/job_spec.h's): INVALID_ARGUMENT naming
-// the field and what was expected.
-absl::Status CheckSubmitRequest(const v1::SubmitJobRequest& request) {
-  const std::string& id = request.request_id();
+}  // namespace
+
+absl::Status CheckRequestId(const std::string& id) {
   const bool id_ok = id.size() <= static_cast<size_t>(kMaxRequestIdChars) &&
                      std::all_of(id.begin(), id.end(), [](char c) {
                        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
@@ -96,18 +93,10 @@ absl::Status CheckSubmitRequest(const v1::SubmitJobRequest& request) {
         "request_id: expected 1 to ", kMaxRequestIdChars, " characters of [A-Za-z0-9._:-] (a UUID fits), got '",
         absl::CHexEscape(id.substr(0, 64)), id.size() > 64 ? "..." : "", "' (", id.size(), " characters)"));
   }
-  const v1::JobSpec& spec = request.spec();
-  PLATEAU_RETURN_IF_ERROR(CheckLabels(spec.labels()));
-  if (spec.priority() < -kMaxJobPriority || spec.priority() > kMaxJobPriority) {
-    return absl::InvalidArgumentError(absl::StrCat("priority: expected -", kMaxJobPriority, " to ", kMaxJobPriority,
-                                                   " (higher runs first; default 0), got ", spec.priority()));
-  }
-  if (spec.max_duration_s() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_duration_s: expected seconds >= 0 (0: no wall-clock limit), got ", spec.max_duration_s()));
-  }
   return absl::OkStatus();
 }
+
+namespace {
 
 // A page token: the last listed job's seq, "n"-prefixed for a newest-first
 // listing, so that a token is never read in the other order.
@@ -336,7 +325,9 @@ absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobReques
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
-  PLATEAU_RETURN_IF_ERROR(CheckSubmitRequest(request));
+  // The spec's own fields, labels and limits included, are AdmitJob's
+  // (worker/job_spec.h); the request id is the coordinator's.
+  PLATEAU_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
   const bool idempotent = !request.request_id().empty() && !request.validate_only();
   // A retry is answered from the store before anything is planned: the job
   // it returns is the one the first request created, whatever the workers

@@ -82,6 +82,10 @@ struct CoordinatorOptions {
 
 bool IsTerminal(v1::JobState state);
 
+// SubmitJobRequest.request_id: "" or 1 to 128 characters of [A-Za-z0-9._:-];
+// INVALID_ARGUMENT naming request_id otherwise.
+absl::Status CheckRequestId(const std::string& id);
+
 class Coordinator {
  public:
   Coordinator(JobStore* store, Metrics* metrics, CoordinatorOptions options);

@@ -747,10 +747,10 @@ TEST_F(ApiTest, BadRequestIdsLabelsPrioritiesAndLimitsNameTheField) {
       {std::string(129, 'a'), DemoJobSpec(2, 5), "request_id: expected 1 to 128 characters of [A-Za-z0-9._:-]"},
       {"has space", DemoJobSpec(2, 5), "got 'has space' (9 characters)"},
       {"nul\x01", DemoJobSpec(2, 5), "request_id: expected"},
-      {"", bad_key, "labels: key 'team/'"},
-      {"", bad_value, "labels[team]: expected an empty value or 1 to 63 characters"},
+      {"", bad_key, "labels.key: expected a name of 1 to 63 characters"},
+      {"", bad_value, "labels.value: of the key 'team': expected an empty value"},
       {"", high, "priority: expected -1000 to 1000 (higher runs first; default 0), got 1001"},
-      {"", negative, "max_duration_s: expected seconds >= 0 (0: no wall-clock limit), got -1"},
+      {"", negative, "max_duration_s: expected seconds from 0 (no wall-clock limit) to 31536000 (a year), got -1"},
   };
   for (const Case& k : cases) {
     auto r = SubmitWith(k.request_id, k.spec);

@@ -36,7 +36,7 @@ std::string Shown(absl::string_view s) {
   return absl::StrCat("'", out, s.size() > 80 ? "...'" : "'");
 }
 
-// Why `key` is not a label key; empty when it is.
+// Why `key` is not a label key ("expected ..., got ..."); empty when it is.
 std::string KeyProblem(absl::string_view key) {
   const size_t slash = key.find('/');
   absl::string_view name = key;
@@ -44,15 +44,15 @@ std::string KeyProblem(absl::string_view key) {
     const absl::string_view prefix = key.substr(0, slash);
     name = key.substr(slash + 1);
     if (!IsDnsSubdomain(prefix)) {
-      return absl::StrCat("its prefix ", Shown(prefix),
-                          " is not a DNS subdomain (at most 253 characters of [-.a-z0-9], "
-                          "[a-z0-9] at both ends)");
+      return absl::StrCat("expected a DNS-subdomain prefix before '/' (at most 253 characters of [-.a-z0-9], "
+                          "[a-z0-9] at both ends), got ",
+                          Shown(prefix), " in ", Shown(key));
     }
   }
   if (!IsName(name)) {
     return absl::StrCat("expected a name of 1 to 63 characters, [A-Za-z0-9] at both ends and "
                         "[-_.A-Za-z0-9] between, optionally after a DNS-subdomain prefix and '/'; got ",
-                        Shown(name), name.size() > 63 ? absl::StrCat(" (", name.size(), " characters)") : "");
+                        Shown(key), name.size() > 63 ? absl::StrCat(" (", name.size(), " characters)") : "");
   }
   return "";
 }
@@ -74,11 +74,13 @@ absl::Status CheckLabels(const google::protobuf::Map<std::string, std::string>& 
   // In key order, so that the error names the same label every time.
   std::map<std::string, std::string> sorted(labels.begin(), labels.end());
   for (const auto& [key, value] : sorted) {
+    // "labels.key: ..." and "labels.value: ...": the field path (as every
+    // spec error starts), then the label.
     if (std::string why = KeyProblem(key); !why.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": key ", Shown(key), ": ", why));
+      return absl::InvalidArgumentError(absl::StrCat(field, ".key: ", why));
     }
     if (std::string why = ValueProblem(value); !why.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, "[", key, "]: ", why));
+      return absl::InvalidArgumentError(absl::StrCat(field, ".value: of the key ", Shown(key), ": ", why));
     }
   }
   return absl::OkStatus();

@@ -27,7 +27,8 @@ namespace plateau {
 
 constexpr int kMaxLabels = 64;
 
-// INVALID_ARGUMENT naming `field`, the key and what was expected.
+// INVALID_ARGUMENT naming `field` (as "labels.key: ..." or "labels.value:
+// of the key 'team': ..."), the label and what was expected.
 absl::Status CheckLabels(const google::protobuf::Map<std::string, std::string>& labels,
                          const char* field = "labels");
 

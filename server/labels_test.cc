@@ -30,15 +30,16 @@ TEST(LabelsTest, BadKeysAndValuesNameTheKeyAndWhatWasExpected) {
   struct Case {
     std::string key, value, want;
   } cases[] = {
-      {"", "x", "labels: key '': expected a name of 1 to 63 characters"},
-      {"-team", "x", "labels: key '-team': expected a name"},
-      {"team!", "x", "key 'team!'"},
+      {"", "x", "labels.key: expected a name of 1 to 63 characters"},
+      {"-team", "x", "labels.key: expected a name"},
+      {"team!", "x", "got 'team!'"},
       {std::string(64, 'k'), "x", "(64 characters)"},
-      {"Example.com/owner", "x", "its prefix 'Example.com' is not a DNS subdomain"},
-      {"/owner", "x", "its prefix '' is not a DNS subdomain"},
-      {"example.com/", "x", "expected a name"},
-      {"team", "nlp team", "labels[team]: expected an empty value or 1 to 63 characters"},
-      {"team", std::string(64, 'v'), "labels[team]: expected an empty value"},
+      {"Example.com/owner", "x", "labels.key: expected a DNS-subdomain prefix before '/'"},
+      {"Example.com/owner", "x", "got 'Example.com' in 'Example.com/owner'"},
+      {"/owner", "x", "got '' in '/owner'"},
+      {"example.com/", "x", "labels.key: expected a name"},
+      {"team", "nlp team", "labels.value: of the key 'team': expected an empty value or 1 to 63 characters"},
+      {"team", std::string(64, 'v'), "of the key 'team': expected an empty value"},
       {"team", "-x", "got '-x'"},
   };
   for (const Case& c : cases) {

@@ -644,7 +644,7 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   EXPECT_THAT(r.out, HasSubstr("submitted job-3: "));
   r = ctl_run({"submit", spec, "--label=team=nlp team"}, "submit-bad-label");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: labels[team]: expected an empty value"));
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: labels.value: of the key 'team': expected an empty value"));
   r = ctl_run({"submit", spec, "--label=team"}, "submit-label-no-value");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--label: expected KEY=VALUE, got 'team'"));
