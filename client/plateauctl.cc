@@ -95,21 +95,25 @@ struct CommandHelp {
 const std::vector<CommandHelp>& Commands() {
   static const auto* commands = new std::vector<CommandHelp>{
       {"submit", "SPEC", "submit a job (a text-format plateau.v1.JobSpec); prints its plan",
-       "Submits the job in SPEC (text-format plateau.v1.JobSpec; docs/SERVICE.md \"Job spec\") and prints\n"
-       "its memory plan. Every submit carries a request id (a random one unless --request-id\n"
-       "gives one): a submit whose answer was lost (UNAVAILABLE) is retried twice, 1 s apart,\n"
-       "and the coordinator answers a retry with the job the first one created, never a second\n"
-       "job. Exit 5 when the plan does not fit its device or host cap.\n",
+       "Submits the job in SPEC (text-format plateau.v1.JobSpec; docs/SERVICE.md \"The job\n"
+       "spec\") and prints its memory plan. Every submit carries a request id (a random one\n"
+       "unless --request-id gives one): a submit whose answer was lost (UNAVAILABLE) is\n"
+       "retried twice, 1 s apart, and the coordinator answers a retry with the job the first\n"
+       "one created, never a second job. Exit 5 when the plan does not fit its device or\n"
+       "host cap.\n",
        {{"validate-only", "", "validate and plan; create nothing"},
         {"wait", "", "then watch the job to its end and exit with its outcome (0, 1, 3)"},
         {"label", "KEY=VALUE", "a label on the job (repeatable; added to the spec's labels)", true},
         {"request-id", "ID",
-         "makes the submit idempotent across invocations: 1 to 128 of [A-Za-z0-9._:-];\n"
-         "the same ID with the same spec returns the same job, with another spec it\n"
-         "is refused (exit 2, ALREADY_EXISTS naming the job); default: a new random\n"
-         "one per invocation; --request-id= (empty) sends none"},
-        {"priority", "N", "the job's priority in the pending queue (-1000 to 1000; higher first)"},
-        {"max-duration", "SECONDS", "a wall-clock limit from the job's first start (JobSpec.max_duration_s)"}}},
+         "makes the submit idempotent across invocations: 1 to 128 of\n"
+         "[A-Za-z0-9._:-]; the same ID with the same spec returns the same job,\n"
+         "with another spec it is refused (exit 2, ALREADY_EXISTS naming the\n"
+         "job); default: a new random one per invocation; --request-id= (empty)\n"
+         "sends none"},
+        {"priority", "N", "the job's place in the pending queue: -1000 to 1000, higher first\n"
+                          "(a running job is never preempted)"},
+        {"max-duration", "SECONDS", "a wall-clock limit from the job's first start, across restarts\n"
+                                    "(JobSpec.max_duration_s); then FAILED, MAX_DURATION_EXCEEDED"}}},
       {"plan", "SPEC", "the memory plan per live set; nothing is created",
        "Plans the job in SPEC without creating it: per-rank device and host bytes of every live\n"
        "set, N_max and the what-if table. Exit 5 when it does not fit its caps.\n",
@@ -119,8 +123,9 @@ const std::vector<CommandHelp>& Commands() {
        "Lists jobs one page at a time (--all: every page).\n",
        {{"state", "S[,S...]", "only jobs in these states (PENDING, RUNNING, ...)"},
         {"label", "SELECTOR",
-         "only jobs whose labels match: comma-separated key=value, key!=value\n"
-         "(also true without the key), key (present), !key (absent); repeatable (all must hold)",
+         "only jobs whose labels match: comma-separated key=value,\n"
+         "key!=value (also true without the key), key (present), !key\n"
+         "(absent); repeatable (all must hold)",
          true},
         {"newest-first", "", "newest submitted first"},
         {"page_size", "N", "jobs per page (default 50, at most 1000)"},

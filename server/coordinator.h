@@ -15,6 +15,11 @@
 //   a crashed or lost attempt with restarts left -> RESTARTING -> PENDING
 //   PENDING -> FAILED (UNSCHEDULABLE) when no registered worker could host
 //              the job for its max_pending_s
+//   any live state -> FAILED (MAX_DURATION_EXCEEDED) once JobSpec.
+//              max_duration_s has passed since Job.start_time (its first
+//              start), after its ranks are stopped; never restarted
+// Pending jobs are placed in order of JobSpec.priority (higher first), then
+// submission; a running job is never preempted.
 // A job leaves SCHEDULED/RUNNING/CANCELLING only when every rank has been
 // reported gone by its agent (process group empty) or its worker was lost.
 //
