@@ -60,6 +60,10 @@ absl::StatusOr<v1::SubmitJobResponse> Client::SubmitJob(const v1::JobSpec& spec,
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
   req.set_validate_only(validate_only);
+  return SubmitJob(req);
+}
+
+absl::StatusOr<v1::SubmitJobResponse> Client::SubmitJob(const v1::SubmitJobRequest& req) {
   if (!status_.ok()) return status_;
   v1::SubmitJobResponse resp;
   auto ctx = Context();

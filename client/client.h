@@ -42,6 +42,8 @@ class Client {
   const absl::Status& status() const { return status_; }
 
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::JobSpec& spec, bool validate_only);
+  // The whole request: a request_id makes it safe to retry.
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id);

@@ -2,16 +2,23 @@
 //
 //   plateauctl [--coordinator=HOST:PORT] [--output=text|json]
 //       [--token_file=PATH] [--tls_ca_file=PATH] COMMAND ...
+//   plateauctl COMMAND --help
 //
-// Exit codes: 0 success (a job that SUCCEEDED); 1 the job FAILED;
-// 2 bad usage or a refused request (e.g. an invalid spec); 3 the job was
-// CANCELLED; 4 the coordinator could not be reached; 5 the memory plan does
-// not fit the device or host cap (plan, submit).
+// The commands, their flags and the exit codes are one table below
+// (Commands(), kExitCodes): --help and each command's --help are printed
+// from it, and the flags a command accepts are checked against it.
+//
+// --output json is for scripts: one JSON object per line on stdout, every
+// field printed with zero values included (client/json_output.h); an error
+// is one JSON object {"error":{"code","message","exit_code"}} on stderr, so
+// that stdout holds results only (a watch that breaks half-way has printed
+// whole events, then nothing).
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,52 +30,185 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/chart/png.h"
 #include "client/client.h"
+#include "client/json_output.h"
 #include "client/plan_table.h"
 #include "client/spec_file.h"
 #include "proto/does_not_fit.h"
 #include "timeline/memory_chart.h"
 #include "timeline/png_chart.h"
 #include "timeline/text_chart.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace plateau {
 namespace {
 
-constexpr char kUsage[] = R"(usage: plateauctl [--coordinator=HOST:PORT] [--output=text|json]
-                  [--token_file=PATH] [--tls_ca_file=PATH] COMMAND ...
+// Exit codes. 0-5 kept their meaning when 6 and 7 were split off 2
+// (issue 16); scripts may rely on every one of them.
+constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, kExitUnreachable = 4,
+              kExitDoesNotFit = 5, kExitNotFound = 6, kExitAlreadyFinished = 7;
 
-commands
-  submit SPEC [--validate-only] [--wait]   submit a job (text-format plateau.v1.JobSpec);
-                                           prints its plan; --wait watches it to the end
-  plan SPEC                                the memory plan per live set, nothing created
-  get JOB                                  one job
-  list [--state=S[,S...]] [--page_size=N] [--page_token=T] [--all]
-  watch JOB [--from=INDEX]                 live progress to the end, one event per step of the
-                                           whole job; exits with its outcome
-  logs JOB [-f] [--from=INDEX]             log lines of every rank; -f follows
-  cancel JOB
-  delete JOB                               a finished job, its events, logs and series (a live one:
-                                           cancel it first)
-  workers                                  the registered workers: id, name, address, backend,
-                                           slots, memory, last heartbeat, running jobs
-  memory JOB [--rank=R] [--width=N]        the job's latest memory timeline (rank R, default
-         [--png=FILE]                      0) as a terminal chart per memory space (or a PNG); the
-                                           page http://METRICS/jobs/JOB/memory draws it
-
-The coordinator defaults to $PLATEAU_COORDINATOR, else 127.0.0.1:7070.
---token_file (default $PLATEAU_TOKEN_FILE): a file holding the coordinator's bearer
-token, sent on every call; --tls_ca_file (default $PLATEAU_TLS_CA_FILE): the PEM CA
-that signed the coordinator's certificate, which turns TLS on.
-Exit codes: 0 ok / SUCCEEDED, 1 FAILED, 2 usage or refused request, 3 CANCELLED,
-4 coordinator unreachable, 5 the job's memory plan does not fit its device or
-host cap (plan, submit: RESOURCE_EXHAUSTED).
+constexpr char kExitCodes[] = R"(exit codes
+  0  ok; watch, submit --wait: the job SUCCEEDED
+  1  the job FAILED (watch, submit --wait)
+  2  usage error: an unknown command or flag, a missing argument, a bad flag
+     value, a spec file that cannot be read; or a request the coordinator
+     refused (INVALID_ARGUMENT naming the field, ALREADY_EXISTS for a
+     request id used with another spec, UNAUTHENTICATED, ...)
+  3  the job was CANCELLED (watch, submit --wait)
+  4  the coordinator could not be reached (UNAVAILABLE)
+  5  the job's memory plan does not fit its device or host cap (plan, submit)
+  6  no such job (NOT_FOUND)
+  7  the job had already finished (cancel of a SUCCEEDED, FAILED or
+     CANCELLED job)
 )";
 
-constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, kExitUnreachable = 4,
-              kExitDoesNotFit = 5;
+constexpr char kGlobalFlags[] = R"(global flags (before or after the command)
+  --coordinator=HOST:PORT  default $PLATEAU_COORDINATOR, else 127.0.0.1:7070
+  --output=text|json       json: one object per line on stdout, every field
+                           (zero values too; int64 as numbers below 2^53, as
+                           strings above); errors as {"error":{"code":...,
+                           "message":...,"exit_code":N}} on stderr
+  --token_file=PATH        the coordinator's bearer token, sent on every call
+                           (default $PLATEAU_TOKEN_FILE)
+  --tls_ca_file=PATH       PEM CA of the coordinator's certificate; turns TLS
+                           on (default $PLATEAU_TLS_CA_FILE)
+Flags are given as --name=value or --name value.
+)";
+
+struct FlagHelp {
+  std::string name;   // without "--"
+  std::string value;  // the value's placeholder; "" for a switch
+  std::string help;
+  bool repeatable = false;
+};
+
+struct CommandHelp {
+  std::string name;
+  std::string args;     // positional arguments, "" for none
+  std::string summary;  // one line for the command list
+  std::string details;  // the command's --help, before its flags
+  std::vector<FlagHelp> flags;
+};
+
+const std::vector<CommandHelp>& Commands() {
+  static const auto* commands = new std::vector<CommandHelp>{
+      {"submit", "SPEC", "submit a job (a text-format plateau.v1.JobSpec); prints its plan",
+       "Submits the job in SPEC (text-format plateau.v1.JobSpec; docs/SERVICE.md \"The job\n"
+       "spec\") and prints its memory plan. Every submit carries a request id (a random one\n"
+       "unless --request-id gives one): a submit whose answer was lost (UNAVAILABLE) is\n"
+       "retried twice, 1 s apart, and the coordinator answers a retry with the job the first\n"
+       "one created, never a second job. Exit 5 when the plan does not fit its device or\n"
+       "host cap.\n",
+       {{"validate-only", "", "validate and plan; create nothing"},
+        {"wait", "", "then watch the job to its end and exit with its outcome (0, 1, 3)"},
+        {"label", "KEY=VALUE", "a label on the job (repeatable; added to the spec's labels)", true},
+        {"request-id", "ID",
+         "makes the submit idempotent across invocations: 1 to 128 of\n"
+         "[A-Za-z0-9._:-]; the same ID with the same spec returns the same job,\n"
+         "with another spec it is refused (exit 2, ALREADY_EXISTS naming the\n"
+         "job); default: a new random one per invocation; --request-id= (empty)\n"
+         "sends none"},
+        {"priority", "N", "the job's place in the pending queue: -1000 to 1000, higher first\n"
+                          "(a running job is never preempted)"},
+        {"max-duration", "SECONDS", "a wall-clock limit from the job's first start, across restarts\n"
+                                    "(JobSpec.max_duration_s); then FAILED, MAX_DURATION_EXCEEDED"}}},
+      {"plan", "SPEC", "the memory plan per live set; nothing is created",
+       "Plans the job in SPEC without creating it: per-rank device and host bytes of every live\n"
+       "set, N_max and the what-if table. Exit 5 when it does not fit its caps.\n",
+       {}},
+      {"get", "JOB", "one job", "Prints one job: state, reason, failure, progress, layout, labels, times.\n", {}},
+      {"list", "", "jobs, oldest first (or newest first); filters by state and labels",
+       "Lists jobs one page at a time (--all: every page).\n",
+       {{"state", "S[,S...]", "only jobs in these states (PENDING, RUNNING, ...)"},
+        {"label", "SELECTOR",
+         "only jobs whose labels match: comma-separated key=value,\n"
+         "key!=value (also true without the key), key (present), !key\n"
+         "(absent); repeatable (all must hold)",
+         true},
+        {"newest-first", "", "newest submitted first"},
+        {"page_size", "N", "jobs per page (default 50, at most 1000)"},
+        {"page_token", "T", "continue from a previous page (same filters and order)"},
+        {"all", "", "every page"}}},
+      {"watch", "JOB", "live progress to the end; exits with the job's outcome",
+       "Streams the job's state changes and steps until its final state; exits 0, 1 or 3 with it.\n",
+       {{"from", "INDEX", "the first event to show (resume with the last index + 1)"}}},
+      {"logs", "JOB", "log lines of every rank",
+       "Prints the job's log lines: every rank's stdout and stderr, the agent's and the\n"
+       "coordinator's.\n",
+       {{"follow", "", "keep streaming until the job ends (also -f)"},
+        {"from", "INDEX", "the first line to show"}}},
+      {"cancel", "JOB", "stop a job", "Cancels a job: its ranks are stopped, it ends CANCELLED. Exit 7 when it had\n"
+                                      "already finished.\n",
+       {}},
+      {"memory", "JOB", "the job's latest memory timeline as a chart",
+       "Draws the job's latest memory timeline (one step of one rank) as a terminal chart per\n"
+       "memory space, or a PNG; the page http://METRICS/jobs/JOB/memory draws it too.\n",
+       {{"rank", "R", "the rank (default 0)"},
+        {"width", "N", "chart columns, 10 to 1000 (default 64)"},
+        {"png", "FILE", "write a PNG instead"}}},
+      {"workers", "", "the registered workers",
+       "Lists the registered workers: id, name, address, backend, slots free and total, device\n"
+       "and host memory, last heartbeat, running jobs.\n",
+       {}},
+      {"delete", "JOB", "remove a finished job entirely",
+       "Deletes a finished job with its events, logs, memory timelines and metric series. A\n"
+       "job that has not finished is refused (exit 2, FAILED_PRECONDITION): cancel it first.\n",
+       {}},
+  };
+  return *commands;
+}
+
+const CommandHelp* FindCommand(const std::string& name) {
+  for (const CommandHelp& c : Commands()) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+const FlagHelp* FindFlag(const CommandHelp& c, const std::string& name) {
+  const std::string canonical = name == "f" ? "follow" : name;
+  for (const FlagHelp& f : c.flags) {
+    if (f.name == canonical) return &f;
+  }
+  return nullptr;
+}
+
+bool IsGlobalFlag(const std::string& name) {
+  return name == "coordinator" || name == "output" || name == "token_file" || name == "tls_ca_file";
+}
+
+std::string Usage() {
+  std::string out =
+      "usage: plateauctl [--coordinator=HOST:PORT] [--output=text|json]\n"
+      "                  [--token_file=PATH] [--tls_ca_file=PATH] COMMAND [ARGS] [FLAGS]\n"
+      "       plateauctl COMMAND --help     a command's arguments and flags\n\ncommands\n";
+  for (const CommandHelp& c : Commands()) {
+    absl::StrAppendFormat(&out, "  %-16s %s\n", absl::StrCat(c.name, c.args.empty() ? "" : " ", c.args), c.summary);
+  }
+  absl::StrAppend(&out, "\n", kGlobalFlags, "\n", kExitCodes);
+  return out;
+}
+
+std::string CommandUsage(const CommandHelp& c) {
+  std::string out = absl::StrCat("usage: plateauctl [GLOBAL FLAGS] ", c.name, c.args.empty() ? "" : " ", c.args,
+                                 c.flags.empty() ? "" : " [FLAGS]", "\n\n", c.details);
+  if (!c.flags.empty()) {
+    out += "\nflags\n";
+    for (const FlagHelp& f : c.flags) {
+      const std::string spelled =
+          absl::StrCat(f.name == "follow" ? "-f, " : "", "--", f.name, f.value.empty() ? "" : "=", f.value);
+      std::vector<std::string> lines = absl::StrSplit(f.help, '\n');
+      absl::StrAppendFormat(&out, "  %-24s %s\n", spelled, lines[0]);
+      for (size_t i = 1; i < lines.size(); ++i) absl::StrAppendFormat(&out, "  %-24s %s\n", "", lines[i]);
+    }
+  }
+  absl::StrAppend(&out, "\nGlobal flags (--coordinator, --output, --token_file, --tls_ca_file): plateauctl --help.\n\n",
+                  kExitCodes);
+  return out;
+}
 
 struct Options {
   std::string coordinator;
@@ -76,24 +216,56 @@ struct Options {
   bool json = false;
   std::string command;
   std::vector<std::string> args;  // positional
-  std::map<std::string, std::string> flags;
+  // Every value of each flag given, in order (a switch has one "" value).
+  std::map<std::string, std::vector<std::string>> flags;
 };
 
-int Report(const absl::Status& s) {
-  std::fprintf(stderr, "plateauctl: %s%s\n",
-               s.code() == absl::StatusCode::kUnavailable ? ""
-                                                          : absl::StrCat(absl::StatusCodeToString(s.code()), ": ").c_str(),
-               std::string(s.message()).c_str());
-  return s.code() == absl::StatusCode::kUnavailable ? kExitUnreachable : kExitUsage;
+// --output json makes errors JSON too; set once by main before any error.
+bool json_errors = false;
+
+// Prints `s` (text: "plateauctl: CODE: message"; json: ErrorJson) and
+// returns `code`.
+int Fail(const absl::Status& s, int code) {
+  if (json_errors) {
+    std::fprintf(stderr, "%s\n", ErrorJson(s, code).c_str());
+  } else {
+    std::fprintf(stderr, "plateauctl: %s%s\n",
+                 s.code() == absl::StatusCode::kUnavailable ? ""
+                                                            : absl::StrCat(absl::StatusCodeToString(s.code()), ": ").c_str(),
+                 std::string(s.message()).c_str());
+  }
+  return code;
 }
 
-std::string Json(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = false;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
+// An error from the coordinator (or the channel) with its exit code.
+int Report(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+      return Fail(s, kExitUnreachable);
+    case absl::StatusCode::kNotFound:
+      return Fail(s, kExitNotFound);
+    default:
+      return Fail(s, kExitUsage);
+  }
+}
+
+// A command line plateauctl refuses before calling anything: `message` is
+// the whole line ("plateauctl list: --state: ...").
+int UsageError(const std::string& message) {
+  if (json_errors) {
+    std::fprintf(stderr, "%s\n", ErrorJson(absl::InvalidArgumentError(message), kExitUsage).c_str());
+  } else {
+    std::fprintf(stderr, "%s\n", message.c_str());
+  }
+  return kExitUsage;
+}
+
+std::string Json(const google::protobuf::Message& m) { return ToJson(m); }
+
+// A request id for a submit that names none: 128 random bits.
+std::string NewRequestId() {
+  std::random_device rd;
+  return absl::StrFormat("plateauctl-%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }
 
 std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
@@ -191,6 +363,16 @@ void PrintJob(const v1::Job& j) {
               j.spec().backend() == v1::BACKEND_CUDA ? "cuda" : "cpu", j.attempt());
   std::printf("  times:    created %s, started %s, ended %s\n", Time(j.create_time()).c_str(),
               Time(j.start_time()).c_str(), Time(j.end_time()).c_str());
+  if (!j.spec().labels().empty()) {
+    std::map<std::string, std::string> sorted(j.spec().labels().begin(), j.spec().labels().end());
+    std::printf("  labels:   %s\n", absl::StrJoin(sorted, ", ", absl::PairFormatter("=")).c_str());
+  }
+  if (j.spec().priority() != 0 || j.spec().max_duration_s() > 0) {
+    std::printf("  queue:    priority %d%s\n", j.spec().priority(),
+                j.spec().max_duration_s() > 0
+                    ? absl::StrCat(", max_duration_s ", j.spec().max_duration_s(), " (from its first start)").c_str()
+                    : "");
+  }
   std::printf("%s", FormatAutoSettings(j.plan()).c_str());
 }
 
@@ -361,42 +543,40 @@ int Run(const Options& o) {
   co.address = o.coordinator;
   co.token_file = o.token_file;
   co.tls_ca_file = o.tls_ca_file;
+  const CommandHelp* command = FindCommand(o.command);
+  if (command == nullptr) {
+    return UsageError(absl::StrCat("plateauctl: unknown command '", o.command, "' (see plateauctl --help)"));
+  }
+  // The command line first: a usage error never waits for a coordinator.
+  for (const auto& [name, values] : o.flags) {
+    const FlagHelp* f = FindFlag(*command, name);
+    if (f == nullptr) {
+      return UsageError(absl::StrCat("plateauctl ", o.command, ": unknown flag --", name, " (see plateauctl ",
+                                     o.command, " --help)"));
+    }
+    if (values.size() > 1 && !f->repeatable) {
+      return UsageError(absl::StrCat("plateauctl ", o.command, ": --", name, " given ", values.size(),
+                                     " times; expected once"));
+    }
+  }
+  const size_t want_args = command->args.empty() ? 0 : 1;
+  if (o.args.size() != want_args) {
+    return UsageError(absl::StrFormat("plateauctl %s: expected %d argument(s)%s, got %d (see plateauctl %s --help)",
+                                      o.command, want_args, want_args ? absl::StrCat(" (", command->args, ")") : "",
+                                      o.args.size(), o.command));
+  }
+  auto flag = [&](const std::string& name) { return o.flags.count(name) > 0; };
+  auto value = [&](const std::string& name) { return o.flags.at(name).back(); };
+  int64_t from = 0;
+  if (flag("from") && (!absl::SimpleAtoi(value("from"), &from) || from < 0)) {
+    return UsageError(absl::StrCat("plateauctl ", o.command, ": --from: expected an event index >= 0, got '",
+                                   value("from"), "'"));
+  }
   Client client(co);
   if (!client.status().ok()) return Report(client.status());
-  auto need = [&](size_t n) {
-    if (o.args.size() != n) {
-      std::fprintf(stderr, "plateauctl %s: expected %zu argument(s), got %zu (see --help)\n", o.command.c_str(),
-                   n, o.args.size());
-      return false;
-    }
-    return true;
-  };
-  auto flag = [&](const std::string& name) { return o.flags.count(name) > 0; };
-  for (const auto& [name, value] : o.flags) {
-    static const std::map<std::string, std::set<std::string>> allowed = {
-        {"submit", {"validate-only", "wait"}}, {"plan", {}}, {"get", {}},
-        {"list", {"state", "page_size", "page_token", "all"}}, {"watch", {"from"}},
-        {"logs", {"f", "follow", "from"}}, {"cancel", {}}, {"memory", {"rank", "width", "png"}},
-        {"workers", {}}, {"delete", {}}};
-    auto it = allowed.find(o.command);
-    if (it == allowed.end()) {
-      std::fprintf(stderr, "plateauctl: unknown command '%s' (see --help)\n", o.command.c_str());
-      return kExitUsage;
-    }
-    if (!it->second.count(name)) {
-      std::fprintf(stderr, "plateauctl %s: unknown flag --%s (see --help)\n", o.command.c_str(), name.c_str());
-      return kExitUsage;
-    }
-  }
-  int64_t from = 0;
-  if (flag("from") && (!absl::SimpleAtoi(o.flags.at("from"), &from) || from < 0)) {
-    std::fprintf(stderr, "plateauctl: --from: expected an event index >= 0\n");
-    return kExitUsage;
-  }
   if (o.command == "submit" || o.command == "plan") {
-    if (!need(1)) return kExitUsage;
     auto spec = ReadSpec(o.args[0]);
-    if (!spec.ok()) return Report(spec.status());
+    if (!spec.ok()) return Fail(spec.status(), kExitUsage);
     if (o.command == "plan") {
       auto plan = client.PlanJob(*spec);
       if (!plan.ok()) return Report(plan.status());
@@ -408,13 +588,50 @@ int Run(const Options& o) {
       // A plan that does not fit is an answer, but not a yes: scripts see it.
       return plan->plan().fits() ? kExitOk : kExitDoesNotFit;
     }
-    auto resp = client.SubmitJob(*spec, flag("validate-only"));
+    v1::SubmitJobRequest req;
+    if (flag("label")) {
+      for (const std::string& kv : o.flags.at("label")) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos) {
+          return UsageError(absl::StrCat("plateauctl submit: --label: expected KEY=VALUE, got '", kv, "'"));
+        }
+        // The coordinator checks the key and the value (naming them).
+        (*spec->mutable_labels())[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+    }
+    if (flag("priority")) {
+      int32_t priority = 0;
+      if (!absl::SimpleAtoi(value("priority"), &priority)) {
+        return UsageError(absl::StrCat("plateauctl submit: --priority: expected an integer (-1000 to 1000), got '",
+                                       value("priority"), "'"));
+      }
+      spec->set_priority(priority);
+    }
+    if (flag("max-duration")) {
+      int64_t seconds = 0;
+      if (!absl::SimpleAtoi(value("max-duration"), &seconds) || seconds < 0) {
+        return UsageError(absl::StrCat("plateauctl submit: --max-duration: expected seconds >= 0, got '",
+                                       value("max-duration"), "'"));
+      }
+      spec->set_max_duration_s(seconds);
+    }
+    *req.mutable_spec() = *spec;
+    req.set_validate_only(flag("validate-only"));
+    req.set_request_id(flag("request-id") ? value("request-id") : NewRequestId());
+    absl::StatusOr<v1::SubmitJobResponse> resp = client.SubmitJob(req);
+    // A lost answer (the coordinator went away, or answered too late) may
+    // have created the job: the same request id makes the retry return it.
+    for (int retry = 0; retry < 2 && !req.request_id().empty() && !resp.ok() &&
+                        resp.status().code() == absl::StatusCode::kUnavailable;
+         ++retry) {
+      absl::SleepFor(absl::Seconds(1));
+      resp = client.SubmitJob(req);
+    }
     if (!resp.ok()) {
-      const int rc = Report(resp.status());
       // Admission's refusal of a plan over a cap, or of `auto` settings of
       // which no value fits (worker/job_spec.h AdmitJob): by its type.
       const bool does_not_fit = DoesNotFitOf(resp.status()).has_value();
-      return does_not_fit ? kExitDoesNotFit : rc;
+      return does_not_fit ? Fail(resp.status(), kExitDoesNotFit) : Report(resp.status());
     }
     if (o.json) {
       std::printf("%s\n", Json(*resp).c_str());
@@ -432,7 +649,6 @@ int Run(const Options& o) {
     return kExitOk;
   }
   if (o.command == "get") {
-    if (!need(1)) return kExitUsage;
     auto job = client.GetJob(o.args[0]);
     if (!job.ok()) return Report(job.status());
     if (o.json) {
@@ -443,28 +659,30 @@ int Run(const Options& o) {
     return kExitOk;
   }
   if (o.command == "list") {
-    if (!need(0)) return kExitUsage;
     v1::ListJobsRequest req;
     if (flag("state")) {
-      for (absl::string_view s : absl::StrSplit(o.flags.at("state"), ',')) {
+      for (absl::string_view s : absl::StrSplit(value("state"), ',')) {
         v1::JobState st;
         if (!v1::JobState_Parse(absl::AsciiStrToUpper(s), &st) || st == v1::JOB_STATE_UNSPECIFIED) {
-          std::fprintf(stderr, "plateauctl list: --state: '%s' is not a job state (PENDING, RUNNING, ...)\n",
-                       std::string(s).c_str());
-          return kExitUsage;
+          return UsageError(absl::StrCat("plateauctl list: --state: '", s,
+                                         "' is not a job state (PENDING, SCHEDULED, RUNNING, SUCCEEDED, FAILED, "
+                                         "CANCELLING, CANCELLED, RESTARTING)"));
         }
         req.add_states(st);
       }
     }
+    // Repeated selectors must all hold: one selector, joined.
+    if (flag("label")) req.set_label_selector(absl::StrJoin(o.flags.at("label"), ","));
+    req.set_newest_first(flag("newest-first"));
     if (flag("page_size")) {
       int32_t n = 0;
-      if (!absl::SimpleAtoi(o.flags.at("page_size"), &n)) {
-        std::fprintf(stderr, "plateauctl list: --page_size: expected an integer\n");
-        return kExitUsage;
+      if (!absl::SimpleAtoi(value("page_size"), &n)) {
+        return UsageError(absl::StrCat("plateauctl list: --page_size: expected an integer, got '",
+                                       value("page_size"), "'"));
       }
       req.set_page_size(n);
     }
-    if (flag("page_token")) req.set_page_token(o.flags.at("page_token"));
+    if (flag("page_token")) req.set_page_token(value("page_token"));
     v1::ListJobsResponse all;
     do {
       auto page = client.ListJobs(req);
@@ -489,12 +707,10 @@ int Run(const Options& o) {
     return kExitOk;
   }
   if (o.command == "watch") {
-    if (!need(1)) return kExitUsage;
     return Watch(client, o, o.args[0], from);
   }
   if (o.command == "logs") {
-    if (!need(1)) return kExitUsage;
-    absl::Status s = client.GetJobLogs(o.args[0], flag("f") || flag("follow"), from, [&](const v1::LogEntry& l) {
+    absl::Status s = client.GetJobLogs(o.args[0], flag("follow"), from, [&](const v1::LogEntry& l) {
       if (o.json) {
         std::printf("%s\n", Json(l).c_str());
       } else if (l.rank() < 0) {
@@ -508,17 +724,14 @@ int Run(const Options& o) {
     return s.ok() ? kExitOk : Report(s);
   }
   if (o.command == "memory") {
-    if (!need(1)) return kExitUsage;
     int rank = 0, width = 64;
-    if (flag("rank") && (!absl::SimpleAtoi(o.flags.at("rank"), &rank) || rank < 0)) {
-      std::fprintf(stderr, "plateauctl memory: --rank: expected a rank number >= 0, got '%s'\n",
-                   o.flags.at("rank").c_str());
-      return kExitUsage;
+    if (flag("rank") && (!absl::SimpleAtoi(value("rank"), &rank) || rank < 0)) {
+      return UsageError(absl::StrCat("plateauctl memory: --rank: expected a rank number >= 0, got '", value("rank"),
+                                     "'"));
     }
-    if (flag("width") && (!absl::SimpleAtoi(o.flags.at("width"), &width) || width < 10 || width > 1000)) {
-      std::fprintf(stderr, "plateauctl memory: --width: expected 10 to 1000 columns, got '%s'\n",
-                   o.flags.at("width").c_str());
-      return kExitUsage;
+    if (flag("width") && (!absl::SimpleAtoi(value("width"), &width) || width < 10 || width > 1000)) {
+      return UsageError(absl::StrCat("plateauctl memory: --width: expected 10 to 1000 columns, got '",
+                                     value("width"), "'"));
     }
     auto timeline = client.GetMemoryTimeline(o.args[0]);
     if (!timeline.ok()) return Report(timeline.status());
@@ -526,16 +739,14 @@ int Run(const Options& o) {
       std::printf("%s\n", Json(*timeline).c_str());
       return kExitOk;
     }
+    // A --rank the job has no timeline of is the flag's fault: a usage error.
     auto charts = MemoryCharts(*timeline, rank);
-    if (!charts.ok()) return Report(charts.status());
+    if (!charts.ok()) return Fail(charts.status(), kExitUsage);
     if (flag("png")) {
-      const std::string& path = o.flags.at("png");
-      if (path.empty()) {
-        std::fprintf(stderr, "plateauctl memory: --png: expected a file name to write, got ''\n");
-        return kExitUsage;
-      }
+      const std::string path = value("png");
+      if (path.empty()) return UsageError("plateauctl memory: --png: expected a file name to write, got ''");
       absl::Status written = chart::WritePng(MemoryChartsCanvas(*charts), path);
-      if (!written.ok()) return Report(written);
+      if (!written.ok()) return Fail(written, kExitUsage);
       std::printf("wrote %s (%zu panel(s): %s)\n", path.c_str(), charts->size(),
                   charts->size() > 1 ? "device, host" : "device");
       return kExitOk;
@@ -546,7 +757,6 @@ int Run(const Options& o) {
     return kExitOk;
   }
   if (o.command == "workers") {
-    if (!need(0)) return kExitUsage;
     auto workers = client.ListWorkers();
     if (!workers.ok()) return Report(workers.status());
     if (o.json) {
@@ -572,7 +782,6 @@ int Run(const Options& o) {
     return kExitOk;
   }
   if (o.command == "delete") {
-    if (!need(1)) return kExitUsage;
     absl::Status s = client.DeleteJob(o.args[0]);
     if (!s.ok()) return Report(s);
     if (o.json) {
@@ -583,8 +792,12 @@ int Run(const Options& o) {
     return kExitOk;
   }
   if (o.command == "cancel") {
-    if (!need(1)) return kExitUsage;
     auto job = client.CancelJob(o.args[0]);
+    // CancelJob's FAILED_PRECONDITION: the job is SUCCEEDED, FAILED or
+    // CANCELLED already (a script may take that as done).
+    if (!job.ok() && job.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return Fail(job.status(), kExitAlreadyFinished);
+    }
     if (!job.ok()) return Report(job.status());
     if (o.json) {
       std::printf("%s\n", Json(*job).c_str());
@@ -594,14 +807,14 @@ int Run(const Options& o) {
     }
     return kExitOk;
   }
-  std::fprintf(stderr, "plateauctl: unknown command '%s' (see --help)\n", o.command.c_str());
-  return kExitUsage;
+  return UsageError(absl::StrCat("plateauctl: unknown command '", o.command, "' (see plateauctl --help)"));
 }
 
 }  // namespace
 }  // namespace plateau
 
 int main(int argc, char** argv) {
+  using plateau::kExitUsage;
   plateau::Options o;
   const char* env = std::getenv("PLATEAU_COORDINATOR");
   o.coordinator = env && *env ? env : "127.0.0.1:7070";
@@ -609,41 +822,83 @@ int main(int argc, char** argv) {
   o.token_file = token ? token : "";
   const char* ca = std::getenv("PLATEAU_TLS_CA_FILE");
   o.tls_ca_file = ca ? ca : "";
+  // --output first: the errors of the rest of the command line follow it.
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h" || arg == "help") {
-      std::fputs(plateau::kUsage, stdout);
-      return 0;
-    }
-    if (arg == "-f") arg = "--f";
-    if (arg.rfind("--", 0) == 0) {
-      const size_t eq = arg.find('=');
-      const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-      const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
-      if (name == "coordinator") {
-        o.coordinator = value;
-      } else if (name == "token_file") {
-        o.token_file = value;
-      } else if (name == "tls_ca_file") {
-        o.tls_ca_file = value;
-      } else if (name == "output") {
-        if (value != "json" && value != "text") {
-          std::fprintf(stderr, "plateauctl: --output: expected text or json, got '%s'\n", value.c_str());
-          return plateau::kExitUsage;
-        }
-        o.json = value == "json";
-      } else {
-        o.flags[name] = value;
-      }
-    } else if (o.command.empty()) {
-      o.command = arg;
-    } else {
-      o.args.push_back(arg);
+    if (std::string(argv[i]) == "--output=json" ||
+        (std::string(argv[i]) == "--output" && i + 1 < argc && std::string(argv[i + 1]) == "json")) {
+      plateau::json_errors = true;
     }
   }
+  bool help = false;
+  std::string usage_error;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      help = true;
+      continue;
+    }
+    if (arg == "-f") arg = "--follow";
+    if (arg.rfind("--", 0) != 0 || arg == "--") {
+      if (o.command.empty()) {
+        o.command = arg;
+      } else {
+        o.args.push_back(arg);
+      }
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (name == "f") name = "follow";
+    std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    // "--name value" for a flag that takes one: the next argument.
+    const plateau::CommandHelp* command = plateau::FindCommand(o.command);
+    const plateau::FlagHelp* f = command != nullptr ? plateau::FindFlag(*command, name) : nullptr;
+    const bool takes_value = plateau::IsGlobalFlag(name) || (f != nullptr && !f->value.empty());
+    if (eq == std::string::npos && takes_value) {
+      if (i + 1 >= argc) {
+        if (usage_error.empty()) usage_error = absl::StrCat("plateauctl: --", name, ": expected a value");
+        continue;
+      }
+      value = argv[++i];
+    }
+    if (name == "coordinator") {
+      o.coordinator = value;
+    } else if (name == "token_file") {
+      o.token_file = value;
+    } else if (name == "tls_ca_file") {
+      o.tls_ca_file = value;
+    } else if (name == "output") {
+      if (value != "json" && value != "text" && usage_error.empty()) {
+        usage_error = absl::StrCat("plateauctl: --output: expected text or json, got '", value, "'");
+      }
+      o.json = value == "json";
+    } else {
+      o.flags[name].push_back(value);
+    }
+  }
+  if (o.command == "help") {  // "plateauctl help [COMMAND]"
+    help = true;
+    o.command = o.args.empty() ? "" : o.args[0];
+    o.args.clear();
+  }
+  if (help) {
+    if (o.command.empty()) {
+      std::fputs(plateau::Usage().c_str(), stdout);
+      return 0;
+    }
+    const plateau::CommandHelp* command = plateau::FindCommand(o.command);
+    if (command == nullptr) {
+      return plateau::UsageError(
+          absl::StrCat("plateauctl: unknown command '", o.command, "' (the commands: plateauctl --help)"));
+    }
+    std::fputs(plateau::CommandUsage(*command).c_str(), stdout);
+    return 0;
+  }
+  if (!usage_error.empty()) return plateau::UsageError(usage_error);
   if (o.command.empty()) {
-    std::fputs(plateau::kUsage, stderr);
-    return plateau::kExitUsage;
+    if (plateau::json_errors) return plateau::UsageError("plateauctl: expected a command (see plateauctl --help)");
+    std::fputs(plateau::Usage().c_str(), stderr);
+    return kExitUsage;
   }
   return plateau::Run(o);
 }

@@ -6,14 +6,18 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "proto/timestamps.h"
 #include "kernels/status_macros.h"
+#include "server/labels.h"
 #include "server/placement.h"
 #include "server/telemetry.h"
 #include "worker/job_spec.h"
@@ -30,6 +34,11 @@ constexpr int kMaxPageSize = 1000;
 // consequence of it.
 constexpr int kPriorityStopped = 0, kPriorityExit = 1, kPriorityInvalid = 2, kPrioritySignal = 3,
               kPriorityOutOfMemory = 4, kPriorityWorkerLost = 3, kPriorityHung = 3;
+// The wall-clock limit outranks what its own stop causes (the ranks'
+// exits) and anything else: the job is over either way.
+constexpr int kPriorityMaxDuration = 5;
+
+constexpr int kMaxRequestIdChars = 128;
 
 // The priority of a failure read back from the store after a restart (the
 // "stopped by its agent" distinction is not kept: it ranks as an exit).
@@ -43,6 +52,8 @@ int PriorityOf(const v1::Failure& f) {
       return kPriorityHung;
     case v1::Failure::INVALID:
       return kPriorityInvalid;
+    case v1::Failure::MAX_DURATION_EXCEEDED:
+      return kPriorityMaxDuration;
     default:
       return f.signal() != 0 ? kPrioritySignal : kPriorityExit;
   }
@@ -72,6 +83,28 @@ AutoContext AutoContextFor(const std::vector<WorkerSlots>& workers, const v1::Jo
   context.host_memory_bytes = pick->caps.host_memory_bytes() / std::max<int64_t>(1, per_node);
   return context;
 }
+
+}  // namespace
+
+absl::Status CheckRequestId(const std::string& id) {
+  const bool id_ok = id.size() <= static_cast<size_t>(kMaxRequestIdChars) &&
+                     std::all_of(id.begin(), id.end(), [](char c) {
+                       return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+                              c == ':' || c == '-';
+                     });
+  if (!id_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id: expected 1 to ", kMaxRequestIdChars, " characters of [A-Za-z0-9._:-] (a UUID fits), got '",
+        absl::CHexEscape(id.substr(0, 64)), id.size() > 64 ? "..." : "", "' (", id.size(), " characters)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A page token: the last listed job's seq, "n"-prefixed for a newest-first
+// listing, so that a token is never read in the other order.
+std::string PageToken(int64_t seq, bool newest_first) { return absl::StrCat(newest_first ? "n" : "", seq); }
 
 }  // namespace
 
@@ -295,6 +328,7 @@ void Coordinator::Tick() {
   if (!store_error_.ok()) return;
   ExpireWorkers();
   CheckProgress();
+  CheckMaxDuration();
   Schedule();
   SweepRetention();
   UpdateGauges();
@@ -429,6 +463,18 @@ absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobReques
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+  // The spec's own fields, labels and limits included, are AdmitJob's
+  // (worker/job_spec.h); the request id is the coordinator's.
+  PLATEAU_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
+  const bool idempotent = !request.request_id().empty() && !request.validate_only();
+  // A retry is answered from the store before anything is planned: the job
+  // it returns is the one the first request created, whatever the workers
+  // offer now.
+  if (idempotent) {
+    absl::MutexLock lock(&mu_);
+    PLATEAU_ASSIGN_OR_RETURN(std::optional<v1::SubmitJobResponse> again, Resubmitted(request));
+    if (again.has_value()) return *std::move(again);
+  }
   // The `auto` settings are chosen here, once, and kept in the job's plan:
   // every attempt's ranks run these values (AssignmentFor).
   std::vector<WorkerSlots> workers;
@@ -443,6 +489,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   v1::Job job;
   *job.mutable_spec() = request.spec();
   *job.mutable_plan() = plan;
+  job.set_request_id(request.request_id());
   job.set_state(v1::PENDING);
   job.set_state_reason("waiting to be scheduled");
   job.mutable_progress()->set_total_steps(request.spec().steps());
@@ -450,6 +497,11 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   *job.mutable_update_time() = job.create_time();
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);
+  if (idempotent) {
+    // A twin request may have created it while this one was planning.
+    PLATEAU_ASSIGN_OR_RETURN(std::optional<v1::SubmitJobResponse> again, Resubmitted(request));
+    if (again.has_value()) return *std::move(again);
+  }
   auto created = store_->CreateJob(std::move(job));
   PLATEAU_RETURN_IF_ERROR(Written(created.status(), "create a job"));
   job = *std::move(created);
@@ -470,6 +522,29 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     PLATEAU_ASSIGN_OR_RETURN(*out.mutable_job(), store_->GetJob(job.id()));
   }
   return out;
+}
+
+absl::StatusOr<std::optional<v1::SubmitJobResponse>> Coordinator::Resubmitted(const v1::SubmitJobRequest& request) {
+  PLATEAU_ASSIGN_OR_RETURN(std::optional<std::string> id, store_->FindRequest(request.request_id()));
+  if (!id.has_value()) return std::optional<v1::SubmitJobResponse>();
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(*id));
+  v1::Job job;
+  if (auto it = active_.find(seq); it != active_.end()) {
+    job = it->second.job;
+  } else {
+    PLATEAU_ASSIGN_OR_RETURN(job, store_->GetJob(*id));
+  }
+  // Field by field (maps in any order), not by bytes: serialization of a
+  // map is not canonical.
+  if (!google::protobuf::util::MessageDifferencer::Equals(job.spec(), request.spec())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "request_id: '", request.request_id(), "' already created ", *id, " (", v1::JobState_Name(job.state()),
+        ") with another spec; a retry must send the same spec, a new job a new request_id"));
+  }
+  v1::SubmitJobResponse out;
+  *out.mutable_plan() = job.plan();
+  *out.mutable_job() = std::move(job);
+  return std::optional<v1::SubmitJobResponse>(std::move(out));
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
@@ -580,27 +655,39 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
     return absl::InvalidArgumentError(absl::StrCat("page_size: expected 0 (default ", kDefaultPageSize,
                                                    ") to ", kMaxPageSize, ", got ", request.page_size()));
   }
-  int64_t after = 0;
-  if (!request.page_token().empty() &&
-      (!absl::SimpleAtoi(request.page_token(), &after) || after < 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_token: expected a token from a previous ListJobs response, got '",
-                     request.page_token().substr(0, 64), "'"));
+  JobQuery query;
+  query.newest_first = request.newest_first();
+  if (!request.page_token().empty()) {
+    absl::string_view token = request.page_token();
+    const bool newest = absl::ConsumePrefix(&token, "n");
+    if (!absl::SimpleAtoi(token, &query.cursor) || query.cursor < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_token: expected a token from a previous ListJobs response, got '",
+                       absl::CHexEscape(request.page_token().substr(0, 64)), "'"));
+    }
+    if (newest != request.newest_first()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page_token: '", request.page_token(), "' continues a ", newest ? "newest-first" : "oldest-first",
+          " listing; repeat its request with newest_first: ", newest ? "true" : "false", " and the same filters"));
+    }
   }
-  std::vector<v1::JobState> states;
   for (int s : request.states()) {
     if (!v1::JobState_IsValid(s) || s == v1::JOB_STATE_UNSPECIFIED) {
       return absl::InvalidArgumentError(absl::StrCat("states: expected job states, got ", s));
     }
-    states.push_back(static_cast<v1::JobState>(s));
+    query.states.push_back(static_cast<v1::JobState>(s));
   }
-  const int limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  PLATEAU_ASSIGN_OR_RETURN(LabelSelector selector, LabelSelector::Parse(request.label_selector()));
+  if (!selector.empty()) {
+    query.match = [selector](const v1::Job& j) { return selector.Matches(j.spec().labels()); };
+  }
+  query.limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
   bool more = false;
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->ListJobs(after, limit, states, &more));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->ListJobs(query, &more));
   v1::ListJobsResponse out;
   for (v1::Job& j : jobs) *out.add_jobs() = std::move(j);
   if (more && !jobs.empty()) {
-    out.set_next_page_token(absl::StrCat(*ParseJobId(out.jobs(out.jobs_size() - 1).id())));
+    out.set_next_page_token(PageToken(*ParseJobId(out.jobs(out.jobs_size() - 1).id()), request.newest_first()));
   }
   return out;
 }
@@ -641,8 +728,16 @@ void Coordinator::Schedule() {
   // and none is newly marked or failed.
   const bool settling = absl::Now() < started_ + options_.reattach_timeout;
   std::vector<int64_t> failed;
-  for (auto& [seq, a] : active_) {
-    if (a.job.state() != v1::PENDING) continue;
+  // The queue's order: priority, higher first, then submission (seq). A job
+  // that cannot be placed now does not hold back a later one that can (no
+  // reservation), and a running job is never preempted.
+  std::vector<std::pair<int32_t, int64_t>> queue;
+  for (const auto& [seq, a] : active_) {
+    if (a.job.state() == v1::PENDING) queue.emplace_back(-a.job.spec().priority(), seq);
+  }
+  std::sort(queue.begin(), queue.end());
+  for (const auto& [unused, seq] : queue) {
+    LiveJob& a = active_.at(seq);
     const PlacementDecision d = Place(a.job, registry_.Slots());
     if (d.kind == PlacementDecision::Kind::kUnschedulable) {
       if (settling && a.job.unschedulable()) continue;  // keeps its mark and clock
@@ -812,6 +907,41 @@ void Coordinator::CheckProgress() {
     StopRanks(a);
     Changed();
   }
+}
+
+void Coordinator::CheckMaxDuration() {
+  const absl::Time now = absl::Now();
+  std::vector<int64_t> ended, stopped;
+  for (auto& [seq, a] : active_) {
+    const int64_t limit_s = a.job.spec().max_duration_s();
+    if (limit_s <= 0 || !a.job.has_start_time() || a.cancel_requested) continue;
+    if (a.has_failure && a.failure.kind() == v1::Failure::MAX_DURATION_EXCEEDED) continue;  // being stopped
+    const absl::Duration limit = absl::Seconds(limit_s);
+    const absl::Duration ran = now - TimeOf(a.job.start_time());
+    if (ran < limit) continue;
+    v1::Failure f;
+    f.set_kind(v1::Failure::MAX_DURATION_EXCEEDED);
+    f.set_message(absl::StrCat("ran for its max_duration_s (", absl::FormatDuration(limit),
+                               " from its first start, attempt ", a.job.attempt(), ", step ",
+                               a.job.progress().step(), " of ", a.job.spec().steps(), "); its ranks were stopped"));
+    Log(a.job.id(), a.job.attempt(), f.message());
+    if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
+      // Between attempts: nothing runs, so it ends now.
+      Transition(a, v1::FAILED, f.message(), &f);
+      ended.push_back(seq);
+      continue;
+    }
+    RecordFailure(a, f, kPriorityMaxDuration);
+    a.job.set_state_reason(f.message());
+    Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s max_duration_s"));
+    StopRanks(a);
+    stopped.push_back(seq);
+    Changed();
+  }
+  for (int64_t seq : ended) active_.erase(seq);
+  // Ranks withdrawn before delivery are gone already (after the loop:
+  // finishing erases from active_).
+  for (int64_t seq : stopped) MaybeFinish(seq);
 }
 
 void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) {

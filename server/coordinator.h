@@ -15,6 +15,11 @@
 //   a crashed or lost attempt with restarts left -> RESTARTING -> PENDING
 //   PENDING -> FAILED (UNSCHEDULABLE) when no registered worker could host
 //              the job for its max_pending_s
+//   any live state -> FAILED (MAX_DURATION_EXCEEDED) once JobSpec.
+//              max_duration_s has passed since Job.start_time (its first
+//              start), after its ranks are stopped; never restarted
+// Pending jobs are placed in order of JobSpec.priority (higher first), then
+// submission; a running job is never preempted.
 // A job leaves SCHEDULED/RUNNING/CANCELLING only when every rank has been
 // reported gone by its agent (process group empty) or its worker was lost.
 //
@@ -58,6 +63,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -104,6 +110,10 @@ struct CoordinatorOptions {
 };
 
 bool IsTerminal(v1::JobState state);
+
+// SubmitJobRequest.request_id: "" or 1 to 128 characters of [A-Za-z0-9._:-];
+// INVALID_ARGUMENT naming request_id otherwise.
+absl::Status CheckRequestId(const std::string& id);
 
 class Coordinator {
  public:
@@ -181,6 +191,13 @@ class Coordinator {
   void WriteSteps(LiveJob& a, std::vector<v1::JobEvent> events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One line of the coordinator's own log (CoordinatorOptions::log).
   void Say(const std::string& line);
+  // Stops (then fails) jobs past their JobSpec.max_duration_s, counted from
+  // Job.start_time; a job between attempts fails at once.
+  void CheckMaxDuration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to a retried idempotent submit: the job its request_id
+  // created (ALREADY_EXISTS when the spec differs); nullopt when none.
+  absl::StatusOr<std::optional<v1::SubmitJobResponse>> Resubmitted(const v1::SubmitJobRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuilds a live attempt read from the store after a restart.
   absl::Status Restore(int64_t seq, v1::Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -801,6 +803,258 @@ TEST_F(SchedulingTest, TheCoordinatorsDefaultMaxPendingAppliesWhenTheSpecLeavesI
   ASSERT_TRUE(WaitState(job, v1::FAILED)) << Get(job).DebugString();
   EXPECT_EQ(Get(job).failure().kind(), v1::Failure::UNSCHEDULABLE);
   EXPECT_THAT(Get(job).failure().message(), HasSubstr("no worker is registered"));
+}
+
+
+// ---------------------------------------------------------------------------
+// Issue 16's API: idempotent submit, labels and the ListJobs filters, the
+// queue's priorities, the wall-clock limit.
+
+class ApiTest : public SchedulingTest {
+ protected:
+  absl::StatusOr<v1::SubmitJobResponse> SubmitWith(const std::string& request_id, v1::JobSpec spec) {
+    v1::SubmitJobRequest req;
+    req.set_request_id(request_id);
+    *req.mutable_spec() = std::move(spec);
+    return c().SubmitJob(req);
+  }
+
+  static v1::JobSpec Labelled(std::initializer_list<std::pair<std::string, std::string>> labels) {
+    v1::JobSpec spec = DemoJobSpec(2, 5);
+    for (const auto& [k, v] : labels) (*spec.mutable_labels())[k] = v;
+    return spec;
+  }
+
+  // Every page of `req` (page_size 2), the ids in the order listed.
+  std::vector<std::string> AllPages(v1::ListJobsRequest req) {
+    std::vector<std::string> ids;
+    req.set_page_size(2);
+    for (int pages = 0; pages < 100; ++pages) {
+      auto page = c().ListJobs(req);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok()) break;
+      EXPECT_LE(page->jobs_size(), 2);
+      for (const v1::Job& j : page->jobs()) ids.push_back(j.id());
+      if (page->next_page_token().empty()) break;
+      req.set_page_token(page->next_page_token());
+    }
+    return ids;
+  }
+};
+
+TEST_F(ApiTest, ARetriedSubmitReturnsTheSameJobAlsoAfterARestart) {
+  v1::JobSpec spec = Labelled({{"team", "nlp"}, {"stage", "dev"}});
+  auto first = SubmitWith("retry-7f3c", spec);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->job().request_id(), "retry-7f3c");
+  auto again = SubmitWith("retry-7f3c", spec);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->job().id(), first->job().id());
+  EXPECT_EQ(again->plan().total_bytes(), first->plan().total_bytes());
+  // The labels' order in the request does not matter (a map).
+  v1::JobSpec reordered = DemoJobSpec(2, 5);
+  (*reordered.mutable_labels())["stage"] = "dev";
+  (*reordered.mutable_labels())["team"] = "nlp";
+  auto third = SubmitWith("retry-7f3c", reordered);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->job().id(), first->job().id());
+
+  Open();  // a restart: the request id is in the database
+  auto after = SubmitWith("retry-7f3c", spec);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->job().id(), first->job().id());
+  auto list = c().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 1) << "a retried submit created a second job";
+
+  // The same id with another spec: ALREADY_EXISTS naming the job.
+  v1::JobSpec other = spec;
+  other.set_steps(6);
+  auto conflict = SubmitWith("retry-7f3c", other);
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists) << conflict.status();
+  EXPECT_THAT(std::string(conflict.status().message()),
+              AllOf(HasSubstr("request_id: 'retry-7f3c' already created " + first->job().id()),
+                    HasSubstr("another spec")));
+  // Another id is another job; no id, too.
+  auto second = SubmitWith("retry-8000", spec);
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(second->job().id(), first->job().id());
+  EXPECT_NE(SubmitWith("", spec)->job().id(), second->job().id());
+  // validate_only creates nothing and records no id.
+  v1::SubmitJobRequest validate;
+  validate.set_request_id("validate-1");
+  validate.set_validate_only(true);
+  *validate.mutable_spec() = spec;
+  ASSERT_TRUE(c().SubmitJob(validate).ok());
+  auto later = SubmitWith("validate-1", other);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->job().spec().steps(), 6);
+}
+
+TEST_F(ApiTest, ConcurrentSubmitsWithOneRequestIdCreateOneJob) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> ids(8);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = SubmitWith("race-1", DemoJobSpec(2, 5));
+      ids[i] = r.ok() ? r->job().id() : r.status().ToString();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& id : ids) EXPECT_EQ(id, ids[0]);
+  auto list = c().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 1);
+}
+
+TEST_F(ApiTest, BadRequestIdsLabelsPrioritiesAndLimitsNameTheField) {
+  struct Case {
+    std::string request_id;
+    v1::JobSpec spec;
+    std::string want;
+  };
+  v1::JobSpec bad_key = Labelled({{"team/", "nlp"}});
+  v1::JobSpec bad_value = Labelled({{"team", "nlp team"}});
+  v1::JobSpec high = DemoJobSpec(2, 5);
+  high.set_priority(1001);
+  v1::JobSpec negative = DemoJobSpec(2, 5);
+  negative.set_max_duration_s(-1);
+  const Case cases[] = {
+      {std::string(129, 'a'), DemoJobSpec(2, 5), "request_id: expected 1 to 128 characters of [A-Za-z0-9._:-]"},
+      {"has space", DemoJobSpec(2, 5), "got 'has space' (9 characters)"},
+      {"nul\x01", DemoJobSpec(2, 5), "request_id: expected"},
+      {"", bad_key, "labels.key: expected a name of 1 to 63 characters"},
+      {"", bad_value, "labels.value: of the key 'team': expected an empty value"},
+      {"", high, "priority: expected -1000 to 1000 (higher runs first; default 0), got 1001"},
+      {"", negative, "max_duration_s: expected seconds from 0 (no wall-clock limit) to 31536000 (a year), got -1"},
+  };
+  for (const Case& k : cases) {
+    auto r = SubmitWith(k.request_id, k.spec);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << k.want << ": " << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(k.want));
+  }
+  auto list = c().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 0);
+}
+
+TEST_F(ApiTest, ListJobsFiltersByLabelsAndStateAndPagesInBothOrders) {
+  // job-1..job-8: team nlp on the odd ones, stage dev on every third.
+  std::vector<std::string> all;
+  for (int i = 1; i <= 8; ++i) {
+    v1::JobSpec spec = Labelled({{"team", i % 2 ? "nlp" : "vision"}});
+    if (i % 3 == 0) (*spec.mutable_labels())["stage"] = "dev";
+    if (i == 8) spec.clear_labels();
+    all.push_back(Submit(spec));
+  }
+  ASSERT_EQ(all.back(), "job-8");
+  ASSERT_TRUE(c().CancelJob("job-5").ok());
+  v1::ListJobsRequest req;
+  req.set_label_selector("team=nlp,stage!=dev");
+  EXPECT_EQ(AllPages(req), (std::vector<std::string>{"job-1", "job-5", "job-7"}));
+  req.set_newest_first(true);
+  EXPECT_EQ(AllPages(req), (std::vector<std::string>{"job-7", "job-5", "job-1"}));
+  req.add_states(v1::PENDING);
+  EXPECT_EQ(AllPages(req), (std::vector<std::string>{"job-7", "job-1"}));
+  v1::ListJobsRequest presence;
+  presence.set_label_selector("stage");
+  EXPECT_EQ(AllPages(presence), (std::vector<std::string>{"job-3", "job-6"}));
+  presence.set_label_selector("!team");
+  EXPECT_EQ(AllPages(presence), (std::vector<std::string>{"job-8"}));
+  v1::ListJobsRequest newest;
+  newest.set_newest_first(true);
+  EXPECT_EQ(AllPages(newest),
+            (std::vector<std::string>{"job-8", "job-7", "job-6", "job-5", "job-4", "job-3", "job-2", "job-1"}));
+  EXPECT_EQ(AllPages(v1::ListJobsRequest()),
+            (std::vector<std::string>{"job-1", "job-2", "job-3", "job-4", "job-5", "job-6", "job-7", "job-8"}));
+
+  // A token continues its own order only; a bad selector names itself.
+  v1::ListJobsRequest first_page;
+  first_page.set_page_size(2);
+  first_page.set_newest_first(true);
+  auto page = c().ListJobs(first_page);
+  ASSERT_TRUE(page.ok());
+  ASSERT_FALSE(page->next_page_token().empty());
+  v1::ListJobsRequest switched;
+  switched.set_page_token(page->next_page_token());
+  auto refused = c().ListJobs(switched);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              AllOf(HasSubstr("page_token:"), HasSubstr("continues a newest-first listing")));
+  v1::ListJobsRequest bad;
+  bad.set_label_selector("team in (nlp)");
+  refused = c().ListJobs(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("label_selector: requirement 'team in (nlp)'"));
+}
+
+// One slot (a worker with 2 devices, jobs of 2 ranks): when it frees, the
+// highest priority waiting goes first, the first submitted among equals.
+TEST_F(ApiTest, HigherPriorityJobsSubmittedLaterStartFirstFifoWithinAPriority) {
+  const std::string w = RegisterWorker(2);
+  const std::string running = Submit(DemoJobSpec(2, 5));
+  ASSERT_EQ(Get(running).state(), v1::SCHEDULED);
+  const std::string low = Submit(DemoJobSpec(2, 5));
+  v1::JobSpec urgent = DemoJobSpec(2, 5);
+  urgent.set_priority(10);
+  const std::string high1 = Submit(urgent);
+  const std::string high2 = Submit(urgent);
+  v1::JobSpec negative = DemoJobSpec(2, 5);
+  negative.set_priority(-3);
+  const std::string lowest = Submit(negative);
+  for (const std::string& id : {low, high1, high2, lowest}) ASSERT_EQ(Get(id).state(), v1::PENDING) << id;
+
+  std::vector<std::string> order;
+  std::string current = running;
+  for (int i = 0; i < 4; ++i) {
+    // Not delivered yet: the cancel withdraws it and frees the slot.
+    ASSERT_TRUE(c().CancelJob(current).ok());
+    ASSERT_TRUE(WaitState(current, v1::CANCELLED));
+    std::string next;
+    ASSERT_TRUE(testing_cluster::WaitFor([&] {
+      for (const std::string& id : {low, high1, high2, lowest}) {
+        if (Get(id).state() == v1::SCHEDULED) next = id;
+      }
+      return !next.empty();
+    }, absl::Seconds(10)));
+    order.push_back(next);
+    current = next;
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{high1, high2, low, lowest}));
+}
+
+TEST_F(ApiTest, AJobOverItsMaxDurationFailsWithItsOwnReasonAndItsRanksAreStopped) {
+  const std::string w = Register();
+  v1::JobSpec spec = DemoJobSpec(2, 1000);
+  spec.set_max_duration_s(1);
+  spec.set_max_restarts(3);  // not restarted for it
+  const std::string job = Submit(spec);
+  auto hb = Heartbeat(w);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->assignments_size(), 1);
+  ASSERT_TRUE(Started(w, job, 0).ok());
+  ASSERT_TRUE(Started(w, job, 1).ok());
+  ASSERT_EQ(Get(job).state(), v1::RUNNING);
+  const absl::Time started = absl::Now();
+  // The worker is told to stop the ranks once the second is up.
+  bool cancelled = false;
+  ASSERT_TRUE(testing_cluster::WaitFor([&] {
+    auto beat = Heartbeat(w);
+    cancelled = beat.ok() && beat->cancellations_size() == 1;
+    return cancelled;
+  }, absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - started, absl::Milliseconds(900));
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::MAX_DURATION_EXCEEDED);
+  EXPECT_EQ(Get(job).state(), v1::RUNNING) << "final only once every rank is gone";
+  ASSERT_TRUE(Exited(w, job, 0, 143, 0, /*stopped=*/true).ok());
+  ASSERT_TRUE(Exited(w, job, 1, 143, 0, /*stopped=*/true).ok());
+  const v1::Job j = Get(job);
+  EXPECT_EQ(j.state(), v1::FAILED) << j.DebugString();
+  EXPECT_EQ(j.attempt(), 0);
+  EXPECT_EQ(j.failure().kind(), v1::Failure::MAX_DURATION_EXCEEDED);
+  EXPECT_THAT(j.failure().message(), AllOf(HasSubstr("ran for its max_duration_s (1s from its first start"),
+                                           HasSubstr("its ranks were stopped")));
+  EXPECT_EQ(j.state_reason(), j.failure().message());
 }
 
 }  // namespace

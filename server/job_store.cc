@@ -42,6 +42,13 @@ CREATE TABLE IF NOT EXISTS rank_steps (
   telemetry BLOB NOT NULL,
   PRIMARY KEY (job, attempt, step, rank)
 ) WITHOUT ROWID;
+-- SubmitJobRequest.request_id -> the job it created (idempotent submit;
+-- a table of its own, so that a database of an earlier version gains it
+-- without a migration).
+CREATE TABLE IF NOT EXISTS requests (
+  request_id TEXT PRIMARY KEY,
+  seq        INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS kv (
   key   TEXT PRIMARY KEY,
   value BLOB NOT NULL
@@ -135,6 +142,20 @@ absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
   }
   const int64_t seq = sqlite3_last_insert_rowid(db_);
   job.set_id(JobIdOf(seq));
+  if (!job.request_id().empty()) {
+    Stmt req(db_, "INSERT INTO requests (request_id, seq) VALUES (?, ?)");
+    req.BindText(1, job.request_id());
+    req.Bind(2, seq);
+    const int rc = req.ok() ? req.Step() : SQLITE_ERROR;
+    if (rc != SQLITE_DONE) {
+      absl::Status s = (sqlite3_extended_errcode(db_) == SQLITE_CONSTRAINT_PRIMARYKEY)
+                           ? absl::AlreadyExistsError(absl::StrCat("request_id '", job.request_id(),
+                                                                   "' already created a job"))
+                           : Error("record request id");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+  }
   Stmt upd(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
   upd.Bind(1, job.SerializeAsString());
   upd.Bind(2, seq);
@@ -145,6 +166,17 @@ absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
   }
   PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
   return job;
+}
+
+absl::StatusOr<std::optional<std::string>> JobStore::FindRequest(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT seq FROM requests WHERE request_id = ?");
+  if (!q.ok()) return Error("read request id");
+  q.BindText(1, request_id);
+  const int rc = q.Step();
+  if (rc == SQLITE_DONE) return std::optional<std::string>();
+  if (rc != SQLITE_ROW) return Error("read request id");
+  return std::optional<std::string>(JobIdOf(q.Int(0)));
 }
 
 absl::Status JobStore::PutJob(const v1::Job& job) {
@@ -176,27 +208,52 @@ absl::StatusOr<v1::Job> JobStore::GetJob(const std::string& id) {
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(int64_t after_seq, int limit,
                                                         const std::vector<v1::JobState>& states,
                                                         bool* more) {
-  std::string sql = "SELECT job FROM jobs WHERE seq > ?";
-  if (!states.empty()) {
+  JobQuery q;
+  q.cursor = after_seq;
+  q.limit = limit;
+  q.states = states;
+  return ListJobs(q, more);
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, bool* more) {
+  std::string sql = "SELECT job FROM jobs WHERE ";
+  if (query.cursor > 0) {
+    sql += query.newest_first ? "seq < ?" : "seq > ?";
+  } else {
+    sql += "? = ?";  // keeps the parameter numbering of the cursor's case
+  }
+  if (!query.states.empty()) {
     sql += " AND state IN (";
-    for (size_t i = 0; i < states.size(); ++i) absl::StrAppend(&sql, i ? "," : "", static_cast<int>(states[i]));
+    for (size_t i = 0; i < query.states.size(); ++i) {
+      absl::StrAppend(&sql, i ? "," : "", static_cast<int>(query.states[i]));
+    }
     sql += ")";
   }
-  sql += " ORDER BY seq LIMIT ?";
+  sql += query.newest_first ? " ORDER BY seq DESC" : " ORDER BY seq";
+  // Without a predicate SQLite stops at the page; with one, rows are read
+  // until a page (and one more, for *more) has matched.
+  if (!query.match) sql += " LIMIT ?";
   absl::MutexLock lock(&mu_);
   Stmt q(db_, sql.c_str());
   if (!q.ok()) return Error("list jobs");
-  q.Bind(1, after_seq);
-  q.Bind(2, static_cast<int64_t>(limit) + 1);
+  if (query.cursor > 0) {
+    q.Bind(1, query.cursor);
+  } else {
+    q.Bind(1, int64_t{0});
+    q.Bind(2, int64_t{0});
+  }
+  if (!query.match) q.Bind(query.cursor > 0 ? 2 : 3, static_cast<int64_t>(query.limit) + 1);
   std::vector<v1::Job> jobs;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     v1::Job job;
     if (!job.ParseFromString(q.Blob(0))) return absl::DataLossError("list jobs: corrupt record");
+    if (query.match && !query.match(job)) continue;
     jobs.push_back(std::move(job));
+    if (static_cast<int>(jobs.size()) > query.limit) break;
   }
-  if (rc != SQLITE_DONE) return Error("list jobs");
-  *more = static_cast<int>(jobs.size()) > limit;
+  if (rc != SQLITE_DONE && rc != SQLITE_ROW) return Error("list jobs");
+  *more = static_cast<int>(jobs.size()) > query.limit;
   if (*more) jobs.pop_back();
   return jobs;
 }
@@ -459,6 +516,15 @@ absl::Status JobStore::DeleteJob(const std::string& id) {
   if (sqlite3_changes(db_) != 1) {
     Exec("ROLLBACK").IgnoreError();
     return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  }
+  // Its request id goes with it: a submit with that id after the delete is
+  // a new job, not an answer naming a job that no longer exists.
+  Stmt req(db_, "DELETE FROM requests WHERE seq = ?");
+  req.Bind(1, seq);
+  if (!req.ok() || req.Step() != SQLITE_DONE) {
+    absl::Status s = Error("delete a job's request id");
+    Exec("ROLLBACK").IgnoreError();
+    return s;
   }
   absl::Status s = DeleteDataLocked(id);
   if (!s.ok()) {

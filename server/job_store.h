@@ -14,7 +14,9 @@
 #define PLATEAU_SERVER_JOB_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +33,18 @@ namespace plateau {
 // "job-12" -> 12; INVALID_ARGUMENT naming `field` otherwise.
 absl::StatusOr<int64_t> ParseJobId(const std::string& id, const char* field = "job_id");
 std::string JobIdOf(int64_t seq);
+
+// A page of ListJobs: jobs after a cursor in submission order (or before
+// it, newest first), those whose state is in `states` (all when empty) and
+// that `match` accepts (all when unset). `match` runs on each stored job
+// the state filter lets through, so a selective predicate scans more rows.
+struct JobQuery {
+  int64_t cursor = 0;  // a seq; 0: from the first (the last, newest first)
+  bool newest_first = false;
+  int limit = 50;
+  std::vector<v1::JobState> states;
+  std::function<bool(const v1::Job&)> match;
+};
 
 // A rank's memory timeline (its rank inside) and the job it belongs to.
 struct JobMemoryTimeline {
@@ -53,8 +67,12 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  // Stores a new job and returns it with its id set.
+  // Stores a new job and returns it with its id set. A non-empty
+  // job.request_id() is recorded with it in the same transaction (one job
+  // per request id: a second one is ALREADY_EXISTS naming the first).
   absl::StatusOr<v1::Job> CreateJob(v1::Job job);
+  // The id of the job created with `request_id`, if any.
+  absl::StatusOr<std::optional<std::string>> FindRequest(const std::string& request_id);
   // Replaces the stored job of the same id.
   absl::Status PutJob(const v1::Job& job);
   // NOT_FOUND names the id.
@@ -65,6 +83,8 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> ListJobs(int64_t after_seq, int limit,
                                                 const std::vector<v1::JobState>& states,
                                                 bool* more);
+  // The page of `query`; *more is set when further jobs match.
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(const JobQuery& query, bool* more);
 
   // Appends events / log lines (one transaction), setting each one's index.
   absl::Status AppendEvents(std::vector<v1::JobEvent>& events);

@@ -151,5 +151,45 @@ TEST(JobStoreTest, UnwritableDirectoryIsAnError) {
   EXPECT_THAT(store.status().message(), HasSubstr("/nonexistent-dir/x/state.db"));
 }
 
+// The request id is recorded with its job in one transaction: one job per
+// id, found again after reopening.
+TEST(JobStoreTest, RequestIdsAreUniqueAndSurviveReopening) {
+  const std::string path = TempDb("requests");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    v1::Job job = NewJob(v1::PENDING);
+    job.set_request_id("req-1");
+    ASSERT_TRUE((*store)->CreateJob(job).ok());
+    auto twice = (*store)->CreateJob(job);
+    EXPECT_EQ(twice.status().code(), absl::StatusCode::kAlreadyExists) << twice.status();
+    EXPECT_THAT(std::string(twice.status().message()), HasSubstr("request_id 'req-1'"));
+    ASSERT_TRUE((*store)->CreateJob(NewJob(v1::PENDING)).ok());  // no id: no record
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto found = (*store)->FindRequest("req-1");
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  EXPECT_EQ(**found, "job-1");
+  EXPECT_FALSE((*store)->FindRequest("req-2")->has_value());
+  EXPECT_FALSE((*store)->FindRequest("")->has_value());
+  // The refused duplicate left no job behind (its insert was rolled back).
+  bool more = false;
+  auto all = (*store)->ListJobs(JobQuery{}, &more);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[1].request_id(), "");
+
+  // A deleted job frees its request id: the same id then creates a new job.
+  ASSERT_TRUE((*store)->DeleteJob("job-1").ok());
+  EXPECT_FALSE((*store)->FindRequest("req-1")->has_value());
+  v1::Job again = NewJob(v1::PENDING);
+  again.set_request_id("req-1");
+  auto created = (*store)->CreateJob(again);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(**(*store)->FindRequest("req-1"), created->id());
+}
+
 }  // namespace
 }  // namespace plateau

@@ -171,5 +171,91 @@ TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
   EXPECT_EQ(list->jobs_size(), 0);
 }
 
+// A self-signed certificate, its own CA, for `san` (as tests/security_test
+// makes them).
+bool MakeCertificate(const std::string& dir, const std::string& name, const std::string& san, std::string* cert,
+                     std::string* key) {
+  *cert = absl::StrCat(dir, "/", name, ".crt");
+  *key = absl::StrCat(dir, "/", name, ".key");
+  Ran r = RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                      "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", *key, "-out", *cert, "-days", "2",
+                      "-subj", "/CN=plateau-test", "-addext", "subjectAltName=" + san},
+                     absl::StrCat(dir, "/openssl-", name));
+  EXPECT_EQ(r.code, 0) << "openssl (deploy/install-deps.sh installs it): " << r.err;
+  return r.code == 0;
+}
+
+// The deployed setup: a coordinator that requires its token and serves TLS.
+// The example reaches it with --token-file or $PLATEAU_TOKEN, --ca and
+// --server-name; its request id makes a second submit return the first job.
+TEST_F(PythonClientTest, TokenAndTlsReachADeployedCoordinatorAndARetriedSubmitIsTheSameJob) {
+  const std::string files = TempDir("py_tls_files");
+  std::string cert, key, stranger, stranger_key;
+  ASSERT_TRUE(MakeCertificate(files, "coordinator", "IP:127.0.0.1,DNS:coordinator.plateau.test", &cert, &key));
+  ASSERT_TRUE(MakeCertificate(files, "stranger", "IP:127.0.0.1", &stranger, &stranger_key));
+  const std::string token = files + "/token";
+  std::ofstream(token) << "tok-py-5e21\n";
+  ClusterOptions o;
+  o.coordinator_flags = {"--token_file=" + token, "--tls_cert_file=" + cert, "--tls_key_file=" + key};
+  o.worker_flags = {"--token_file=" + token, "--tls_ca_file=" + cert};
+  o.client.token_file = token;
+  o.client.tls_ca_file = cert;
+  Cluster c("py-tls", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string spec = WriteSpec(c, "tiny", TinyJob(3));
+
+  Ran r = Example(c, "tls", {"--spec=" + spec, "--token-file=" + token, "--ca=" + cert, "--label=team=nlp",
+                             "--request-id=py-retry-1"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, HasSubstr("submitted job-1: "));
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
+  auto job = c.client().GetJob("job-1");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().labels().at("team"), "nlp");
+  EXPECT_EQ(job->request_id(), "py-retry-1");
+
+  // The token from the environment, the certificate checked against
+  // --server-name; the same request id and spec: the same job, no second.
+  setenv("PLATEAU_TOKEN", "tok-py-5e21", 1);
+  r = Example(c, "retry", {"--spec=" + spec, "--ca=" + cert, "--server-name=coordinator.plateau.test",
+                           "--label=team=nlp", "--request-id=py-retry-1"});
+  unsetenv("PLATEAU_TOKEN");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("submitted job-1: "));
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
+  auto list = c.client().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->jobs_size(), 1) << "the retried submit created a second job";
+
+  // No token: refused by name. A name the certificate does not carry, a CA
+  // that did not sign it, or plaintext: no connection (exit 4).
+  r = Example(c, "notoken", {"--spec=" + spec, "--ca=" + cert});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("submit refused: UNAUTHENTICATED"));
+  for (const auto& [name, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"wrongname", {"--ca=" + cert, "--server-name=other.plateau.test"}},
+           {"stranger", {"--ca=" + stranger}},
+           {"plaintext", {}}}) {
+    std::vector<std::string> args = {"--spec=" + spec, "--token-file=" + token, "--connect-timeout=2"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    r = Example(c, name, args);
+    EXPECT_EQ(r.code, 4) << name << ": " << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at " + c.api())) << name;
+  }
+  // Bad flags: usage errors naming them.
+  r = Example(c, "badca", {"--spec=" + spec, "--ca=" + files + "/absent.pem"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--ca=" + files + "/absent.pem: No such file or directory"));
+  r = Example(c, "both", {"--spec=" + spec, "--token=x", "--token-file=" + token});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--token and --token-file: give one of them"));
+  r = Example(c, "badlabel", {"--spec=" + spec, "--token-file=" + token, "--ca=" + cert, "--label=team=a b"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("submit refused: INVALID_ARGUMENT labels.value: of the key 'team'"));
+  list = c.client().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 1);
+}
+
 }  // namespace
 }  // namespace plateau

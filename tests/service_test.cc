@@ -17,8 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
 
@@ -554,6 +556,226 @@ TEST(ServiceTest, PlateauctlSubmitWaitJsonAndErrors) {
   r = RunCommand({ctl, "--coordinator=" + dead, "list"}, c.dir() + "/dead");
   EXPECT_EQ(r.code, 4);
   EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at " + dead));
+}
+
+// Issue 16: plateauctl for scripts, run as the real binary against a real
+// cluster: per-command help, labels, an idempotent submit, list filters,
+// JSON of every command with zero values, JSON errors and the exit codes.
+
+std::string WriteSpecFile(const Cluster& c, const std::string& name, const v1::JobSpec& spec) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(spec, &text);
+  const std::string path = c.dir() + "/" + name + ".txtpb";
+  std::ofstream(path) << text;
+  return path;
+}
+
+// `json` read back by protobuf's own JSON parser as an M (so it is JSON, of
+// that message, with nothing unknown in it).
+template <typename M>
+M FromJson(const std::string& json) {
+  M m;
+  auto s = google::protobuf::util::JsonStringToMessage(json, &m);
+  EXPECT_TRUE(s.ok()) << s << ": " << json;
+  return m;
+}
+
+std::vector<std::string> Lines(const std::string& out) {
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  return lines;
+}
+
+TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
+  Cluster c("cli-api");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string ctl = "client/plateauctl";
+  const std::string coord = "--coordinator=" + c.api();
+  auto ctl_run = [&](std::vector<std::string> args, const std::string& log) {
+    args.insert(args.begin(), {ctl, coord});
+    return RunCommand(args, c.dir() + "/" + log);
+  };
+
+  // Help: per command, exit 0; an unknown command is a usage error, --help or not.
+  Ran r = ctl_run({"submit", "--help"}, "help-submit");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("usage: plateauctl [GLOBAL FLAGS] submit SPEC"), HasSubstr("--request-id=ID"),
+                           HasSubstr("--label=KEY=VALUE"), HasSubstr("7  the job had already finished")));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("memory JOB")));
+  r = ctl_run({"help", "list"}, "help-list");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("list [FLAGS]"), HasSubstr("--newest-first"), HasSubstr("--label=SELECTOR")));
+  r = ctl_run({"version", "--help"}, "help-version");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("unknown command 'version'"));
+  EXPECT_EQ(r.out, "");
+  r = ctl_run({"version"}, "version");
+  EXPECT_EQ(r.code, 2);
+  r = ctl_run({"list", "--bogus"}, "bogus");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("plateauctl list: unknown flag --bogus"));
+  r = ctl_run({"get"}, "get-no-arg");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("expected 1 argument(s) (JOB), got 0"));
+  r = ctl_run({"--help"}, "help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("6  no such job (NOT_FOUND)"), HasSubstr("submit SPEC")));
+
+  // Labels (both flag spellings) and a request id; the retry is the same job.
+  const std::string spec = WriteSpecFile(c, "tiny", TinyJob(3));
+  r = ctl_run({"submit", spec, "--label", "team=nlp", "--label=stage=dev", "--request-id=ci-run-41", "--wait"},
+              "submit-1");
+  ASSERT_EQ(r.code, 0) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, HasSubstr("submitted job-1: "));
+  r = ctl_run({"--output", "json", "submit", spec, "--label=team=nlp", "--label=stage=dev",
+               "--request-id", "ci-run-41"},
+              "submit-retry");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(Lines(r.out).size(), 1u) << r.out;
+  const v1::SubmitJobResponse retried = FromJson<v1::SubmitJobResponse>(r.out);
+  EXPECT_EQ(retried.job().id(), "job-1");
+  EXPECT_EQ(retried.job().state(), v1::SUCCEEDED);
+  EXPECT_EQ(retried.job().request_id(), "ci-run-41");
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"attempt\":0"), HasSubstr("\"labels\":{"), HasSubstr("\"priority\":0")));
+  // Same id, another spec: refused naming the job.
+  r = ctl_run({"submit", spec, "--label=team=vision", "--request-id=ci-run-41"}, "submit-conflict");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("ALREADY_EXISTS"), HasSubstr("already created job-1")));
+  // Without --request-id every invocation is a new job; a bad label is named.
+  r = ctl_run({"submit", spec, "--label=team=vision", "--priority=3"}, "submit-2");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("submitted job-2: "));
+  r = ctl_run({"submit", spec, "--label=team=vision"}, "submit-3");
+  EXPECT_THAT(r.out, HasSubstr("submitted job-3: "));
+  r = ctl_run({"submit", spec, "--label=team=nlp team"}, "submit-bad-label");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: labels.value: of the key 'team': expected an empty value"));
+  r = ctl_run({"submit", spec, "--label=team"}, "submit-label-no-value");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--label: expected KEY=VALUE, got 'team'"));
+  ASSERT_EQ(c.WaitDone("job-2").state(), v1::SUCCEEDED) << c.Logs();
+  ASSERT_EQ(c.WaitDone("job-3").state(), v1::SUCCEEDED) << c.Logs();
+
+  // list: label selector, state, newest first; JSON parses with zero values.
+  r = ctl_run({"--output=json", "list", "--label", "team=vision", "--newest-first", "--state", "SUCCEEDED"}, "list-1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  v1::ListJobsResponse listed = FromJson<v1::ListJobsResponse>(r.out);
+  ASSERT_EQ(listed.jobs_size(), 2) << r.out;
+  EXPECT_EQ(listed.jobs(0).id(), "job-3");
+  EXPECT_EQ(listed.jobs(1).id(), "job-2");
+  EXPECT_THAT(r.out, HasSubstr("\"next_page_token\":\"\""));
+  r = ctl_run({"list", "--label=stage", "--label=!frozen"}, "list-2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("job-2")));
+  r = ctl_run({"list", "--label=team in (nlp)"}, "list-bad");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("label_selector: requirement 'team in (nlp)'"));
+  r = ctl_run({"get", "job-1"}, "get-text");
+  EXPECT_THAT(r.out, HasSubstr("labels:   stage=dev, team=nlp"));
+
+  // watch and logs as JSON: one event per line, the first with index 0,
+  // rank 0's steps with "rank":0.
+  r = ctl_run({"--output=json", "watch", "job-1"}, "watch-json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> events = Lines(r.out);
+  ASSERT_GE(events.size(), 4u + 2 * 3);
+  EXPECT_EQ(FromJson<v1::JobEvent>(events[0]).index(), 0);
+  EXPECT_THAT(events[0], HasSubstr("\"index\":0"));
+  int rank0_steps = 0;
+  for (const std::string& line : events) {
+    v1::JobEvent e = FromJson<v1::JobEvent>(line);
+    if (e.has_step() && e.step().rank() == 0) {
+      ++rank0_steps;
+      EXPECT_THAT(line, AllOf(HasSubstr("\"rank\":0"), HasSubstr("\"attempt\":0")));
+    }
+  }
+  EXPECT_EQ(rank0_steps, 3);
+  r = ctl_run({"--output=json", "logs", "job-1"}, "logs-json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_FALSE(Lines(r.out).empty());
+  EXPECT_THAT(Lines(r.out)[0], HasSubstr("\"index\":0"));
+  for (const std::string& line : Lines(r.out)) FromJson<v1::LogEntry>(line);
+  r = ctl_run({"--output=json", "plan", spec}, "plan-json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(FromJson<v1::PlanJobResponse>(r.out).plan().fits());
+  r = ctl_run({"--output=json", "memory", "job-1"}, "memory-json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(FromJson<v1::GetMemoryTimelineResponse>(r.out).job_id(), "job-1");
+
+  // Not found (6) and already finished (7), as text and as JSON on stderr.
+  r = ctl_run({"get", "job-99"}, "get-missing");
+  EXPECT_EQ(r.code, 6);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND: job 'job-99' not found"));
+  r = ctl_run({"--output=json", "watch", "job-99"}, "watch-missing");
+  EXPECT_EQ(r.code, 6);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("{\"error\":{\"code\":\"NOT_FOUND\",\"message\":\"job 'job-99' not found\",\"exit_code\":6}}"));
+  r = ctl_run({"cancel", "job-1"}, "cancel-done");
+  EXPECT_EQ(r.code, 7);
+  EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION: job job-1 is already SUCCEEDED"));
+  r = ctl_run({"--output=json", "cancel", "job-1"}, "cancel-done-json");
+  EXPECT_EQ(r.code, 7);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"FAILED_PRECONDITION\""), HasSubstr("\"exit_code\":7")));
+  r = ctl_run({"--output=json", "get", "job-x"}, "get-bad-id");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("{\"error\":{\"code\":\"INVALID_ARGUMENT\",\"message\":\"job_id: expected a job id"));
+  r = ctl_run({"--output=json", "list", "--page_size=x"}, "usage-json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"INVALID_ARGUMENT\""), HasSubstr("--page_size: expected an integer"),
+                           HasSubstr("\"exit_code\":2")));
+  const RefusedAddress refused;
+  ASSERT_FALSE(refused.address().empty());
+  r = RunCommand({ctl, "--coordinator=" + refused.address(), "--output=json", "list"}, c.dir() + "/dead-json");
+  EXPECT_EQ(r.code, 4);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"UNAVAILABLE\""), HasSubstr("\"exit_code\":4")));
+  // Exactly three jobs: the retry made none.
+  auto all = c.client().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->jobs_size(), 3);
+}
+
+// The wall-clock limit and the queue's priorities with real ranks: a job
+// over its max_duration_s fails with its own reason and leaves no rank; with
+// one slot (one worker, 2 devices, jobs of 2 ranks) a higher-priority job
+// submitted later starts before an earlier one.
+TEST(ServiceTest, MaxDurationFailsTheJobAndPrioritiesOrderTheQueue) {
+  Cluster c("limits");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string ctl = "client/plateauctl";
+  const std::string coord = "--coordinator=" + c.api();
+  const std::string endless = WriteSpecFile(c, "endless", TinyJob(1000000));
+  Ran r = RunCommand({ctl, coord, "submit", endless, "--max-duration=2", "--wait"}, c.dir() + "/limited");
+  EXPECT_EQ(r.code, 1) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, AllOf(HasSubstr("summary: job-1 FAILED (MAX_DURATION_EXCEEDED)"),
+                           HasSubstr("ran for its max_duration_s (2s from its first start")));
+  v1::Job limited = c.WaitDone("job-1");
+  EXPECT_EQ(limited.failure().kind(), v1::Failure::MAX_DURATION_EXCEEDED);
+  EXPECT_EQ(limited.attempt(), 0);
+  const absl::Duration ran = absl::FromUnixSeconds(limited.end_time().seconds()) -
+                             absl::FromUnixSeconds(limited.start_time().seconds());
+  EXPECT_GE(ran, absl::Seconds(1)) << limited.DebugString();  // whole seconds: 2 s can read as 1
+  EXPECT_LT(ran, absl::Seconds(30)) << limited.DebugString();
+  EXPECT_TRUE(c.RankPids("job-1").empty());
+
+  // The slot is taken by job-2; job-3 (priority 0) then job-4 (priority 5) wait.
+  auto busy = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  ASSERT_TRUE(c.WaitStep("job-2", 1)) << c.Logs();
+  r = RunCommand({ctl, coord, "submit", endless}, c.dir() + "/low");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = RunCommand({ctl, coord, "submit", endless, "--priority", "5"}, c.dir() + "/high");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(c.client().GetJob("job-3")->state(), v1::PENDING);
+  EXPECT_EQ(c.client().GetJob("job-4")->state(), v1::PENDING);
+  ASSERT_TRUE(c.client().CancelJob("job-2").ok());
+  ASSERT_EQ(c.WaitDone("job-2").state(), v1::CANCELLED);
+  ASSERT_TRUE(c.WaitStep("job-4", 1)) << c.Logs();
+  EXPECT_EQ(c.client().GetJob("job-3")->state(), v1::PENDING) << "the earlier, lower-priority job started first";
+  ASSERT_TRUE(c.client().CancelJob("job-4").ok());
+  ASSERT_TRUE(c.WaitStep("job-3", 1)) << c.Logs();
+  ASSERT_TRUE(c.client().CancelJob("job-3").ok());
+  EXPECT_EQ(c.WaitDone("job-3").state(), v1::CANCELLED);
 }
 
 }  // namespace

@@ -358,6 +358,21 @@ v1::JobSpec SpecMutator::MutateFields(std::string* what) {
         break;
       }
       case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+        if (f->is_map()) {
+          // One more entry (JobSpec.labels): keys and values valid, near
+          // the rules' edges, or random bytes.
+          static const std::string kLabelTexts[] = {"team", "", "-x", "a/b", "example.com/owner", "A.b_c-9",
+                                                    std::string(63, 'k'), std::string(64, 'k'), "nl p", "\xff"};
+          pb::Message* entry = r->AddMessage(m, f);
+          std::string text[2];
+          for (int side = 0; side < 2; ++side) {
+            text[side] = Below(4) == 0 ? RandomBytes(8) : kLabelTexts[Below(sizeof(kLabelTexts) / sizeof(kLabelTexts[0]))];
+            entry->GetReflection()->SetString(entry, entry->GetDescriptor()->field(side), text[side]);
+          }
+          absl::StrAppend(what, "+{'", absl::CHexEscape(text[0].substr(0, 16)), "': '",
+                          absl::CHexEscape(text[1].substr(0, 16)), "'}; ");
+          break;
+        }
         // Present and empty: a oneof switches to it; a sub-message loses its fields.
         r->ClearField(m, f);
         r->MutableMessage(m, f);

@@ -15,6 +15,7 @@
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 #include "proto/does_not_fit.h"
+#include "server/labels.h"
 #include "worker/calibration.h"
 
 namespace plateau {
@@ -36,6 +37,10 @@ constexpr int64_t kMaxSteps = int64_t{1} << 40;
 // Per size category of CheckSize; four categories stay under INT64_MAX
 // (9.2e18) together, so the plan's sum of live sets cannot overflow either.
 constexpr double kMaxPlannedBytes = 1e18;
+// JobSpec.priority's range, and max_duration_s's bound: a year, far beyond
+// any run, and small enough for any time arithmetic.
+constexpr int32_t kMaxJobPriority = 1000;
+constexpr int64_t kMaxDurationS = 365 * 24 * 3600;
 
 absl::Status CheckRange(absl::string_view field, int64_t v, int64_t lo, int64_t hi) {
   if (v < lo || v > hi) return Bad(field, absl::StrCat(lo, " to ", hi), absl::StrCat(v));
@@ -609,6 +614,17 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   // Up to a week: a worker expected to come (hardware being repaired) is
   // waited for that long at most; 0 is the coordinator's default.
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_pending_s", spec.max_pending_s(), 0, 7 * 24 * 3600));
+  // The service's fields (labels, queue, limit) are checked here with the
+  // rest, so that SubmitJob, PlanJob and this validator agree on a spec.
+  PLATEAU_RETURN_IF_ERROR(CheckLabels(spec.labels()));
+  if (spec.priority() < -kMaxJobPriority || spec.priority() > kMaxJobPriority) {
+    return Bad("priority", absl::StrCat("-", kMaxJobPriority, " to ", kMaxJobPriority, " (higher runs first; default 0)"),
+               absl::StrCat(spec.priority()));
+  }
+  if (spec.max_duration_s() < 0 || spec.max_duration_s() > kMaxDurationS) {
+    return Bad("max_duration_s", absl::StrCat("seconds from 0 (no wall-clock limit) to ", kMaxDurationS, " (a year)"),
+               absl::StrCat(spec.max_duration_s()));
+  }
   t.step.seed = spec.has_seed() ? spec.seed() : 1;
   PLATEAU_RETURN_IF_ERROR(ConvertPrecision(spec, &t.step.precision));
   PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());

@@ -525,6 +525,15 @@ std::vector<Case> MalformedFieldCases() {
   using M = v1::ModelSpec;
   std::vector<Case> cases = {
       {"name", [](S& s) { s.set_name(std::string(300, 'x')); }},
+      {"labels.key", [](S& s) { (*s.mutable_labels())["-team"] = "nlp"; }},
+      {"labels.key", [](S& s) { (*s.mutable_labels())[std::string(64, 'k')] = "nlp"; }},
+      {"labels.key", [](S& s) { (*s.mutable_labels())["Example.com/team"] = "nlp"; }},
+      {"labels.value", [](S& s) { (*s.mutable_labels())["team"] = "nlp team"; }},
+      {"labels.value", [](S& s) { (*s.mutable_labels())["team"] = std::string(64, 'v'); }},
+      {"priority", [](S& s) { s.set_priority(1001); }},
+      {"priority", [](S& s) { s.set_priority(std::numeric_limits<int32_t>::min()); }},
+      {"max_duration_s", [](S& s) { s.set_max_duration_s(-1); }},
+      {"max_duration_s", [](S& s) { s.set_max_duration_s(std::numeric_limits<int64_t>::max()); }},
       {"model", [](S& s) { s.clear_model(); }},
       {"model.vocab_size", [](S& s) { s.mutable_model()->set_vocab_size(1); }},
       {"model.vocab_size", [](S& s) { s.mutable_model()->set_vocab_size(10); }},  // < recall's 18

@@ -6,7 +6,27 @@ through the stubs Bazel generates from the proto files.
   bazel build //client/python:plateau_v1_py
   PYTHONPATH=bazel-bin/client/python /usr/bin/python3 \\
       client/python/plateau_client_example.py --coordinator=127.0.0.1:7070 \\
-      --spec=tools/demo_job.txtpb [--steps=N] [--cancel-after-step=N]
+      --spec=tools/demo_job.txtpb [--steps=N] [--cancel-after-step=N] \\
+      [--token-file=PATH | --token=TOKEN] [--ca=PEM [--server-name=NAME]] \\
+      [--label=KEY=VALUE ...] [--request-id=ID]
+
+The stubs are the package `plateau.v1` (job_pb2, job_pb2_grpc, worker_pb2,
+worker_pb2_grpc): on PYTHONPATH as above, or through Bazel's py_library
+//client/python:plateau_v1 for Bazel's Python rules.
+
+A deployed coordinator requires its bearer token (deploy/): give the file
+that holds it with --token-file (or $PLATEAU_TOKEN_FILE, as plateauctl), or
+the token itself with --token (or $PLATEAU_TOKEN; a command line shows in
+`ps`, so prefer the file). --ca (or $PLATEAU_TLS_CA_FILE) is the PEM CA that
+signed the coordinator's certificate and turns TLS on; --server-name (or
+$PLATEAU_TLS_SERVER_NAME) is the name to check the certificate against when
+it is not the host of --coordinator (a certificate for "localhost" reached
+at 127.0.0.1, say). The token goes in an "authorization: Bearer" header on
+every call, over TLS or, on loopback, over plaintext.
+
+The submit carries a request id (a new UUID unless --request-id gives one):
+the coordinator answers a retry with the same id and spec with the job the
+first one created, so a submit whose answer was lost can be sent again.
 
 Debian's interpreter, /usr/bin/python3, on purpose (the shebang and the
 docs name it): grpc and google.protobuf come from Debian's python3-grpcio and
@@ -21,8 +41,11 @@ refused request, 3 CANCELLED, 4 the coordinator cannot be reached.
 """
 
 import argparse
+import collections
+import os
 import sys
 import time
+import uuid
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -48,6 +71,75 @@ FINAL = {job_pb2.SUCCEEDED: EXIT_SUCCEEDED, job_pb2.FAILED: EXIT_FAILED, job_pb2
 # WatchJob resumes from the next event index after a dropped stream; a
 # coordinator that stays away this many times in a row ends the watch.
 MAX_RECONNECTS = 5
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+        grpc.ClientCallDetails):
+    pass
+
+
+class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds "authorization: Bearer TOKEN" to every call (what the coordinator's
+    --token_file checks). An interceptor rather than call credentials: those
+    gRPC sends over TLS only, and a loopback coordinator may be plaintext."""
+
+    def __init__(self, token):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details):
+        return _CallDetails(details.method, details.timeout, list(details.metadata or []) + [self._header],
+                            details.credentials, getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+
+def read_token(args):
+    """The bearer token from --token or --token-file, or None."""
+    if args.token and args.token_file:
+        die(EXIT_USAGE, "--token and --token-file: give one of them")
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        except OSError as e:
+            die(EXIT_USAGE, f"--token-file={args.token_file}: {e.strerror}")
+        if not token:
+            die(EXIT_USAGE, f"--token-file={args.token_file}: the file is empty")
+        return token
+    if args.token is not None:
+        token = args.token.strip()
+        if not token:
+            die(EXIT_USAGE, "--token: expected the coordinator's bearer token, got an empty one")
+        return token
+    return None
+
+
+def open_channel(args):
+    """(channel to make calls on, raw channel to wait on and close)."""
+    options = []
+    if args.server_name:
+        if not args.ca:
+            die(EXIT_USAGE, "--server-name: only with TLS (--ca)")
+        options.append(("grpc.ssl_target_name_override", args.server_name))
+    if args.ca:
+        try:
+            with open(args.ca, "rb") as f:
+                root = f.read()
+        except OSError as e:
+            die(EXIT_USAGE, f"--ca={args.ca}: {e.strerror}")
+        if b"-----BEGIN CERTIFICATE-----" not in root:
+            die(EXIT_USAGE, f"--ca={args.ca}: expected a PEM certificate")
+        raw = grpc.secure_channel(args.coordinator, grpc.ssl_channel_credentials(root_certificates=root), options)
+    else:
+        raw = grpc.insecure_channel(args.coordinator)
+    token = read_token(args)
+    return (grpc.intercept_channel(raw, BearerToken(token)) if token else raw), raw
 
 
 def load_spec(path, steps):
@@ -117,20 +209,42 @@ def main():
     parser.add_argument("--spec", required=True, help="a text-format plateau.v1.JobSpec (tools/demo_job.txtpb)")
     parser.add_argument("--steps", type=int, help="replaces the spec's steps")
     parser.add_argument("--cancel-after-step", type=int, metavar="N",
-                        help="cancel the job once rank 0 has reported step N")
+                        help="cancel the job once step N is an event")
     parser.add_argument("--connect-timeout", type=float, default=10, metavar="SECONDS")
+    env = os.environ.get
+    parser.add_argument("--token-file", default=env("PLATEAU_TOKEN_FILE") or None, metavar="PATH",
+                        help="a file holding the coordinator's bearer token ($PLATEAU_TOKEN_FILE)")
+    parser.add_argument("--token", default=env("PLATEAU_TOKEN"),
+                        help="the bearer token itself ($PLATEAU_TOKEN); visible in ps: prefer --token-file")
+    parser.add_argument("--ca", default=env("PLATEAU_TLS_CA_FILE") or None, metavar="PEM",
+                        help="the CA of the coordinator's certificate; turns TLS on ($PLATEAU_TLS_CA_FILE)")
+    parser.add_argument("--server-name", default=env("PLATEAU_TLS_SERVER_NAME") or None, metavar="NAME",
+                        help="the name the certificate must carry, when not --coordinator's host "
+                             "($PLATEAU_TLS_SERVER_NAME)")
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                        help="a label on the job (repeatable)")
+    parser.add_argument("--request-id", default=None, metavar="ID",
+                        help="makes the submit idempotent (default: a new UUID)")
     args = parser.parse_args()  # exits 2 on bad usage, as the codes above say
     spec = load_spec(args.spec, args.steps)
+    for kv in args.label:
+        key, eq, value = kv.partition("=")
+        if not eq:
+            die(EXIT_USAGE, f"--label: expected KEY=VALUE, got {kv!r}")
+        spec.labels[key] = value  # the coordinator checks both, naming the key
+    request_id = args.request_id if args.request_id is not None else str(uuid.uuid4())
 
-    with grpc.insecure_channel(args.coordinator) as channel:
+    channel, raw = open_channel(args)
+    with raw:
         try:
-            grpc.channel_ready_future(channel).result(timeout=args.connect_timeout)
+            grpc.channel_ready_future(raw).result(timeout=args.connect_timeout)
         except grpc.FutureTimeoutError:
             die(EXIT_UNREACHABLE, f"cannot reach the coordinator at {args.coordinator} "
-                                  f"within {args.connect_timeout:g} s")
+                                  f"within {args.connect_timeout:g} s"
+                                  + (" (TLS: is --ca the CA of its certificate?)" if args.ca else ""))
         stub = job_pb2_grpc.JobServiceStub(channel)
         try:
-            submitted = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec))
+            submitted = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec, request_id=request_id))
         except grpc.RpcError as e:
             # INVALID_ARGUMENT names the field, RESOURCE_EXHAUSTED the live sets.
             die(EXIT_USAGE, f"submit refused: {e.code().name} {e.details()}")
