@@ -27,8 +27,9 @@ assert d["preflight"]["gpus"] == 0 and d["preflight"]["no_gpu_reason"], d["prefl
 assert by["build"]["status"] == "skipped", by["build"]
 for t in ("cuda_twin_test", "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
-for tool in ("memcheck", "racecheck", "synccheck", "initcheck"):
-    assert by["sanitizer:" + tool]["status"] == "dry_run"
+for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "memcheck:attention",
+             "racecheck:attention"):
+    assert by["sanitizer:" + tool]["status"] == "dry_run", tool
 assert by["step"]["status"] == "pass" and by["step"]["data"]["max_loss_diff"] == 0.0, by["step"]
 for b in ("sgemm_bench", "copy_bench"):
     assert by["bench:" + b]["status"] == "dry_run"
