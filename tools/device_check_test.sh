@@ -27,8 +27,9 @@ assert d["preflight"]["gpus"] == 0 and d["preflight"]["no_gpu_reason"], d["prefl
 assert by["build"]["status"] == "skipped", by["build"]
 for t in ("cuda_twin_test", "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
-for tool in ("memcheck", "racecheck", "synccheck", "initcheck"):
-    assert by["sanitizer:" + tool]["status"] == "dry_run"
+for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "memcheck:attention",
+             "racecheck:attention"):
+    assert by["sanitizer:" + tool]["status"] == "dry_run", tool
 assert by["step"]["status"] == "pass" and by["step"]["data"]["max_loss_diff"] == 0.0, by["step"]
 for b in ("sgemm_bench", "copy_bench"):
     assert by["bench:" + b]["status"] == "dry_run"
@@ -44,7 +45,8 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["verdict"]
   "$tmp/bad/device-check.json" || fail "the failing step is not recorded"
 grep -q 'failed step' "$tmp/bad/table.txt" || fail "the table does not name the failed stage"
 
-# 3. No step command: today's tree has no CUDA step, and says so.
+# 3. No step command and no step test (its source is not in this test's
+# runfiles, nothing is packed): recorded as not_available.
 "$check" --dry-run --skip-build --out="$tmp/none" >"$tmp/none.stdout" 2>&1 || fail "run without a step exited $?"
 python3 -c '
 import json, sys
@@ -54,9 +56,9 @@ assert s["status"] == "not_available" and "not yet available" in s["detail"], s'
   "$tmp/none/device-check.json" || fail "the missing CUDA step is not recorded as not_available"
 
 # 4. The GPU path's plumbing, with stand-ins: an nvidia-smi that lists one
-# GPU and --prebuilt binaries that write gtest's JSON and a bench's JSON
-# line. A passing run passes; a skipped test fails it (skips count as
-# failures where a GPU is present).
+# GPU and --prebuilt binaries (the twin tests and the step test) that write
+# gtest's JSON and a bench's JSON line. A passing run passes; a skipped
+# test fails it (skips count as failures where a GPU is present).
 fake="$tmp/fake"
 mkdir -p "$fake/bin" "$fake/lib" "$tmp/path"
 cat >"$fake/bin/gtest" <<'SH'
@@ -69,7 +71,7 @@ SH
 printf '#!/bin/sh\necho table\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; else echo "Fake, 580, Default, 1 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
 chmod +x "$fake/bin/gtest" "$fake/bin/bench" "$tmp/path/nvidia-smi"
-for t in cuda_twin_test cuda_model_twin_test nccl_communicator_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
+for t in cuda_twin_test cuda_model_twin_test nccl_communicator_test cuda_step_twin_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
 for b in sgemm_bench copy_bench; do cp "$fake/bin/bench" "$fake/bin/$b"; done
 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpu" >"$tmp/gpu.stdout" 2>&1 \
   || { cat "$tmp/gpu.stdout"; fail "the fake GPU run failed"; }
@@ -80,7 +82,8 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "gpu" and d["verdict"] == "pass", (d["mode"], d["verdict"], d["failed"])
 assert by["test:cuda_twin_test"]["status"] == "pass" and by["test:cuda_twin_test"]["data"]["testsuites"]
 assert by["bench:sgemm_bench"]["data"]["cuda"]["gflops"] == 2
-assert by["step"]["status"] == "not_available"' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
+# The packed step test runs on the one fake GPU without its P = 2 case.
+assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
 fi

@@ -18,11 +18,6 @@ namespace {
 static_assert(kIgnoreIndex == -1,
               "cuda_model_ops.cu hard-codes kIgnoreIndex as -1");
 
-absl::Status NotOnCuda(absl::string_view op) {
-  return absl::UnimplementedError(
-      absl::StrCat(op, " is not implemented on the cuda backend yet"));
-}
-
 // The stream's cudaStream_t, with its device made current on this thread
 // (the caller's thread may have another device current).
 absl::StatusOr<cudaStream_t> Native(absl::string_view op, Stream& s) {
@@ -35,6 +30,20 @@ absl::StatusOr<cudaStream_t> Native(absl::string_view op, Stream& s) {
   PLATEAU_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(stream, &device));
   PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   return stream;
+}
+
+cuda_model_ops::AttentionDims Dims(const AttentionShape& s) {
+  return {s.batch,   s.q_len,    s.kv_len,  s.heads, s.kv_heads,
+          s.head_dim, s.q_pos0, s.kv_pos0, s.scale};
+}
+
+// The attention kernels' tiles of one row must fit shared memory
+// (cuda_model_ops::AttentionTile): head_dim up to about 3000.
+absl::Status CheckHeadDim(absl::string_view op, const AttentionShape& s) {
+  if (cuda_model_ops::AttentionTile(s.head_dim) > 0) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      op, " is not implemented on the cuda backend for head_dim = ",
+      s.head_dim, " (its tiles do not fit 48 KiB of shared memory)"));
 }
 
 // Enqueues one kernel with the stream's sticky error (stream.h,
@@ -89,31 +98,46 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("rope", s, cuda_model_ops::Rope, x, batch, len, heads,
                    head_dim, pos0, freqs, inverse);
   }
-  absl::Status DoAttentionInit(Stream&, const AttentionShape&, float*, float*,
-                               float*) override {
-    return NotOnCuda("attention_init");
+  // Attention: fp32 tiled kernels (cuda_model_ops.h). `work` is not used:
+  // the kernels keep their tiles in shared memory and the state in the
+  // caller's m, l and acc, so they need none of the scratch the budget plans
+  // for the CPU twin.
+  absl::Status DoAttentionInit(Stream& s, const AttentionShape& shape,
+                               float* m, float* l, float* acc) override {
+    PLATEAU_LAUNCH("attention_init", s, cuda_model_ops::AttentionInit,
+                   Dims(shape), m, l, acc);
   }
-  absl::Status DoAttentionForwardBlock(Stream&, const AttentionShape&,
-                                       const float*, const float*,
-                                       const float*, float*, float*, float*,
-                                       float*) override {
-    return NotOnCuda("attention_forward_block");
+  absl::Status DoAttentionForwardBlock(Stream& s, const AttentionShape& shape,
+                                       const float* q, const float* k,
+                                       const float* v, float* m, float* l,
+                                       float* acc, float* /*work*/) override {
+    PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_forward_block", shape));
+    PLATEAU_LAUNCH("attention_forward_block", s,
+                   cuda_model_ops::AttentionForwardBlock, Dims(shape), q, k, v,
+                   m, l, acc);
   }
-  absl::Status DoAttentionFinalize(Stream&, const AttentionShape&,
-                                   const float*, const float*, float*,
-                                   float*) override {
-    return NotOnCuda("attention_finalize");
+  absl::Status DoAttentionFinalize(Stream& s, const AttentionShape& shape,
+                                   const float* m, const float* l,
+                                   float* acc_to_o, float* lse) override {
+    PLATEAU_LAUNCH("attention_finalize", s, cuda_model_ops::AttentionFinalize,
+                   Dims(shape), m, l, acc_to_o, lse);
   }
-  absl::Status DoAttentionDelta(Stream&, const AttentionShape&, const float*,
-                                const float*, float*) override {
-    return NotOnCuda("attention_delta");
+  absl::Status DoAttentionDelta(Stream& s, const AttentionShape& shape,
+                                const float* o, const float* dout,
+                                float* delta) override {
+    PLATEAU_LAUNCH("attention_delta", s, cuda_model_ops::AttentionDelta,
+                   Dims(shape), o, dout, delta);
   }
-  absl::Status DoAttentionBackwardBlock(Stream&, const AttentionShape&,
-                                        const float*, const float*,
-                                        const float*, const float*,
-                                        const float*, const float*, float*,
-                                        float*, float*, float*) override {
-    return NotOnCuda("attention_backward_block");
+  absl::Status DoAttentionBackwardBlock(Stream& s, const AttentionShape& shape,
+                                        const float* q, const float* k,
+                                        const float* v, const float* dout,
+                                        const float* lse, const float* delta,
+                                        float* dq, float* dk, float* dv,
+                                        float* /*work*/) override {
+    PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_backward_block", shape));
+    PLATEAU_LAUNCH("attention_backward_block", s,
+                   cuda_model_ops::AttentionBackwardBlock, Dims(shape), q, k,
+                   v, dout, lse, delta, dq, dk, dv);
   }
   absl::Status DoRouter(Stream& s, const float* logits, int64_t rows,
                         int64_t experts, int64_t top_k, float* probs,

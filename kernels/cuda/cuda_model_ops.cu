@@ -318,6 +318,319 @@ __global__ void RouterBackwardKernel(const float* probs, const int32_t* chosen,
   }
 }
 
+
+// ---------------------------------------------------------------------------
+// Attention. Tiles are T query rows x T key rows (T = AttentionTile(d));
+// q/k/v/dout tiles sit in shared memory with a row stride of d + 1 floats, so
+// that threads reading the same column of consecutive rows hit different
+// banks. Every product and sum is rounded on its own (__fmul_rn/__fadd_rn,
+// beside --fmad=false): the CPU twin's elementwise steps in the same order;
+// only the dot products' summation order (the CPU's BLAS/tile GEMMs) and
+// expf/logf differ.
+
+constexpr int kAttnThreads = 128;
+
+__device__ __forceinline__ int64_t VisibleKeysDev(const AttentionDims& s,
+                                                  int64_t i0, int64_t tq) {
+  const int64_t last = s.q_pos0 + i0 + tq - 1 - s.kv_pos0 + 1;
+  return last < 0 ? 0 : (last > s.kv_len ? s.kv_len : last);
+}
+
+// rows x d elements of a [*, stride] row-major array into a tile with row
+// stride d + 1.
+__device__ __forceinline__ void LoadTile(const float* src, int64_t stride,
+                                         int64_t rows, int64_t d, float* tile) {
+  for (int64_t i = threadIdx.x; i < rows * d; i += blockDim.x) {
+    const int64_t r = i / d, c = i - r * d;
+    tile[r * (d + 1) + c] = src[r * stride + c];
+  }
+}
+
+__device__ __forceinline__ float TileDot(const float* a, const float* b,
+                                         int64_t d) {
+  float dot = 0.0f;
+  for (int64_t p = 0; p < d; ++p) dot = __fadd_rn(dot, __fmul_rn(a[p], b[p]));
+  return dot;
+}
+
+__global__ void AttentionInitKernel(int64_t rows, int64_t d, float* m,
+                                    float* l, float* acc) {
+  for (int64_t i = GlobalThread(); i < rows * d; i += GridThreads()) {
+    acc[i] = 0.0f;
+    if (i < rows) {
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+    }
+  }
+}
+
+// Block (query tile x, head y, sequence z). Shared: Q, K, V tiles, the scores
+// S [T x T], and per query row alpha, m, l. The state rows of this (sequence,
+// head, query tile) belong to this block alone; key tiles fold in order.
+__global__ void __launch_bounds__(kAttnThreads)
+    AttentionForwardKernel(AttentionDims s, int T, const float* q,
+                           const float* k, const float* v, float* m, float* l,
+                           float* acc) {
+  extern __shared__ float smem[];
+  const int64_t d = s.head_dim, ld = d + 1;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * T;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t tq = min(static_cast<int64_t>(T), s.q_len - i0);
+  const int64_t tk = VisibleKeysDev(s, i0, tq);
+  if (tk == 0) return;  // the whole K/V block lies after these queries
+  const int64_t g = h / (s.heads / s.kv_heads);
+  const int64_t qs = s.heads * d, ks = s.kv_heads * d;
+  float* Qs = smem;
+  float* Ks = Qs + T * ld;
+  float* Vs = Ks + T * ld;
+  float* S = Vs + T * ld;
+  float* alpha_s = S + T * T;
+  float* m_s = alpha_s + T;
+  float* l_s = m_s + T;
+  const int64_t row0 = b * s.q_len + i0;  // first state row (per head)
+  LoadTile(q + row0 * qs + h * d, qs, tq, d, Qs);
+  for (int64_t r = threadIdx.x; r < tq; r += blockDim.x) {
+    m_s[r] = m[(row0 + r) * s.heads + h];
+    l_s[r] = l[(row0 + r) * s.heads + h];
+  }
+  float* acct = acc + row0 * qs + h * d;
+  for (int64_t j0 = 0; j0 < tk; j0 += T) {
+    const int64_t nk = min(static_cast<int64_t>(T), tk - j0);
+    const int64_t koff = (b * s.kv_len + j0) * ks + g * d;
+    LoadTile(k + koff, ks, nk, d, Ks);
+    LoadTile(v + koff, ks, nk, d, Vs);
+    __syncthreads();
+    // S = scale * (Q K^T), -inf where the key lies after the query.
+    for (int64_t i = threadIdx.x; i < tq * nk; i += blockDim.x) {
+      const int64_t r = i / nk, c = i - r * nk;
+      const bool visible = s.kv_pos0 + j0 + c <= s.q_pos0 + i0 + r;
+      S[r * T + c] = visible ? __fmul_rn(s.scale, TileDot(Qs + r * ld, Ks + c * ld, d))
+                             : -INFINITY;
+    }
+    __syncthreads();
+    // The online softmax step per row, as the CPU: a row that sees none of
+    // the tile's keys keeps its state (alpha = 1, probabilities 0).
+    for (int64_t r = threadIdx.x; r < tq; r += blockDim.x) {
+      float* Sr = S + r * T;
+      float rmax = -INFINITY;
+      for (int64_t c = 0; c < nk; ++c) rmax = fmaxf(rmax, Sr[c]);
+      if (rmax == -INFINITY) {
+        for (int64_t c = 0; c < nk; ++c) Sr[c] = 0.0f;
+        alpha_s[r] = 1.0f;
+        continue;
+      }
+      const float mnew = fmaxf(m_s[r], rmax);
+      const float alpha = expf(m_s[r] - mnew);  // 0 when m = -inf
+      float sum = 0.0f;
+      for (int64_t c = 0; c < nk; ++c) {
+        Sr[c] = expf(Sr[c] - mnew);
+        sum = __fadd_rn(sum, Sr[c]);
+      }
+      l_s[r] = __fadd_rn(__fmul_rn(l_s[r], alpha), sum);
+      m_s[r] = mnew;
+      alpha_s[r] = alpha;
+    }
+    __syncthreads();
+    // acc = acc * alpha + P V: the CPU's rescale, then its GEMM's beta = 1.
+    for (int64_t i = threadIdx.x; i < tq * d; i += blockDim.x) {
+      const int64_t r = i / d, c = i - r * d;
+      float pv = 0.0f;
+      for (int64_t j = 0; j < nk; ++j) {
+        pv = __fadd_rn(pv, __fmul_rn(S[r * T + j], Vs[j * ld + c]));
+      }
+      float* a = acct + r * qs + c;
+      *a = __fadd_rn(__fmul_rn(*a, alpha_s[r]), pv);
+    }
+    __syncthreads();  // the tiles are reloaded next
+  }
+  for (int64_t r = threadIdx.x; r < tq; r += blockDim.x) {
+    m[(row0 + r) * s.heads + h] = m_s[r];
+    l[(row0 + r) * s.heads + h] = l_s[r];
+  }
+}
+
+// One thread per element of o; the row's first also writes lse (logf: named
+// in tools:fma_rule_test's --libm).
+__global__ void AttentionFinalizeKernel(int64_t rows, int64_t d,
+                                        const float* m, const float* l,
+                                        float* o, float* lse) {
+  for (int64_t i = GlobalThread(); i < rows * d; i += GridThreads()) {
+    const int64_t r = i / d, c = i - r * d;
+    const float lr = l[r];
+    if (lr == 0.0f) {
+      o[i] = 0.0f;
+      if (c == 0) lse[r] = -INFINITY;
+      continue;
+    }
+    o[i] = __fmul_rn(o[i], __fdiv_rn(1.0f, lr));
+    if (c == 0) lse[r] = __fadd_rn(m[r], logf(lr));
+  }
+}
+
+__global__ void AttentionDeltaKernel(int64_t rows, int64_t d, const float* o,
+                                     const float* dout, float* delta) {
+  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) {
+    delta[r] = TileDot(o + r * d, dout + r * d, d);
+  }
+}
+
+// The probability P and dS = P (dP - delta) of query row r (tile row) and key
+// c (tile column), as the CPU: P = exp(scale q.k - lse), 0 for a masked key
+// or a row that saw no key (lse = -inf); dP = dout.v.
+__device__ __forceinline__ void ProbAndGrad(const AttentionDims& s,
+                                            const float* Qr, const float* dOr,
+                                            const float* Kc, const float* Vc,
+                                            float lse, float delta,
+                                            bool visible, float* p_out,
+                                            float* ds_out) {
+  const int64_t d = s.head_dim;
+  float p = 0.0f;
+  if (visible && lse != -INFINITY) {
+    p = expf(__fsub_rn(__fmul_rn(s.scale, TileDot(Qr, Kc, d)), lse));
+  }
+  const float dp = TileDot(dOr, Vc, d);
+  *p_out = p;
+  *ds_out = __fmul_rn(p, __fsub_rn(dp, delta));
+}
+
+// dQ: block (query tile x, head y, sequence z) owns its dq rows and folds the
+// visible key tiles in order: dq += scale * (dS K) per key tile.
+__global__ void __launch_bounds__(kAttnThreads)
+    AttentionBackwardDqKernel(AttentionDims s, int T, const float* q,
+                              const float* k, const float* v,
+                              const float* dout, const float* lse,
+                              const float* delta, float* dq) {
+  extern __shared__ float smem[];
+  const int64_t d = s.head_dim, ld = d + 1;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * T;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t tq = min(static_cast<int64_t>(T), s.q_len - i0);
+  const int64_t tk = VisibleKeysDev(s, i0, tq);
+  if (tk == 0) return;
+  const int64_t g = h / (s.heads / s.kv_heads);
+  const int64_t qs = s.heads * d, ks = s.kv_heads * d;
+  float* Qs = smem;
+  float* dOs = Qs + T * ld;
+  float* Ks = dOs + T * ld;
+  float* Vs = Ks + T * ld;
+  float* dS = Vs + T * ld;
+  float* lse_s = dS + T * T;
+  float* delta_s = lse_s + T;
+  const int64_t row0 = b * s.q_len + i0;
+  LoadTile(q + row0 * qs + h * d, qs, tq, d, Qs);
+  LoadTile(dout + row0 * qs + h * d, qs, tq, d, dOs);
+  for (int64_t r = threadIdx.x; r < tq; r += blockDim.x) {
+    lse_s[r] = lse[(row0 + r) * s.heads + h];
+    delta_s[r] = delta[(row0 + r) * s.heads + h];
+  }
+  float* dqt = dq + row0 * qs + h * d;
+  for (int64_t j0 = 0; j0 < tk; j0 += T) {
+    const int64_t nk = min(static_cast<int64_t>(T), tk - j0);
+    const int64_t koff = (b * s.kv_len + j0) * ks + g * d;
+    LoadTile(k + koff, ks, nk, d, Ks);
+    LoadTile(v + koff, ks, nk, d, Vs);
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < tq * nk; i += blockDim.x) {
+      const int64_t r = i / nk, c = i - r * nk;
+      float p;
+      ProbAndGrad(s, Qs + r * ld, dOs + r * ld, Ks + c * ld, Vs + c * ld,
+                  lse_s[r], delta_s[r],
+                  s.kv_pos0 + j0 + c <= s.q_pos0 + i0 + r, &p, &dS[r * T + c]);
+    }
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < tq * d; i += blockDim.x) {
+      const int64_t r = i / d, c = i - r * d;
+      float sum = 0.0f;
+      for (int64_t j = 0; j < nk; ++j) {
+        sum = __fadd_rn(sum, __fmul_rn(dS[r * T + j], Ks[j * ld + c]));
+      }
+      float* out = dqt + r * qs + c;
+      *out = __fadd_rn(*out, __fmul_rn(s.scale, sum));
+    }
+    __syncthreads();
+  }
+}
+
+// dK, dV: block (key tile x, K/V head y, sequence z) owns its dk/dv rows. It
+// walks the query heads of its group, then the query tiles that see any of
+// its keys, in that fixed order: dv += P^T dout, dk += scale * (dS^T Q) per
+// query tile. Summing a key's contributions over query tiles and heads inside
+// one block (rather than with float atomics from the query-tile blocks, as
+// FlashAttention-2 does) costs recomputing P and dS once more, and buys
+// results that are the same bits run to run.
+__global__ void __launch_bounds__(kAttnThreads)
+    AttentionBackwardDkvKernel(AttentionDims s, int T, const float* q,
+                               const float* k, const float* v,
+                               const float* dout, const float* lse,
+                               const float* delta, float* dk, float* dv) {
+  extern __shared__ float smem[];
+  const int64_t d = s.head_dim, ld = d + 1;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * T;
+  const int64_t g = blockIdx.y, b = blockIdx.z;
+  const int64_t nk = min(static_cast<int64_t>(T), s.kv_len - j0);
+  // The first query row that sees key j0 (causal).
+  const int64_t first_q = max(int64_t{0}, s.kv_pos0 + j0 - s.q_pos0);
+  if (first_q >= s.q_len) return;
+  const int64_t group = s.heads / s.kv_heads;
+  const int64_t qs = s.heads * d, ks = s.kv_heads * d;
+  float* Ks = smem;
+  float* Vs = Ks + T * ld;
+  float* Qs = Vs + T * ld;
+  float* dOs = Qs + T * ld;
+  float* P = dOs + T * ld;
+  float* dS = P + T * T;
+  float* lse_s = dS + T * T;
+  float* delta_s = lse_s + T;
+  const int64_t koff = (b * s.kv_len + j0) * ks + g * d;
+  LoadTile(k + koff, ks, nk, d, Ks);
+  LoadTile(v + koff, ks, nk, d, Vs);
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    for (int64_t i0 = first_q / T * T; i0 < s.q_len; i0 += T) {
+      const int64_t tq = min(static_cast<int64_t>(T), s.q_len - i0);
+      const int64_t row0 = b * s.q_len + i0;
+      LoadTile(q + row0 * qs + h * d, qs, tq, d, Qs);
+      LoadTile(dout + row0 * qs + h * d, qs, tq, d, dOs);
+      for (int64_t r = threadIdx.x; r < tq; r += blockDim.x) {
+        lse_s[r] = lse[(row0 + r) * s.heads + h];
+        delta_s[r] = delta[(row0 + r) * s.heads + h];
+      }
+      __syncthreads();
+      for (int64_t i = threadIdx.x; i < tq * nk; i += blockDim.x) {
+        const int64_t r = i / nk, c = i - r * nk;
+        ProbAndGrad(s, Qs + r * ld, dOs + r * ld, Ks + c * ld, Vs + c * ld,
+                    lse_s[r], delta_s[r],
+                    s.kv_pos0 + j0 + c <= s.q_pos0 + i0 + r, &P[r * T + c],
+                    &dS[r * T + c]);
+      }
+      __syncthreads();
+      for (int64_t i = threadIdx.x; i < nk * d; i += blockDim.x) {
+        const int64_t j = i / d, c = i - j * d;
+        float sv = 0.0f, sk = 0.0f;
+        for (int64_t r = 0; r < tq; ++r) {
+          sv = __fadd_rn(sv, __fmul_rn(P[r * T + j], dOs[r * ld + c]));
+          sk = __fadd_rn(sk, __fmul_rn(dS[r * T + j], Qs[r * ld + c]));
+        }
+        const int64_t at = koff + j * ks + c;
+        dv[at] = __fadd_rn(dv[at], sv);
+        dk[at] = __fadd_rn(dk[at], __fmul_rn(s.scale, sk));
+      }
+      __syncthreads();  // Q, dout, P, dS are reloaded next
+    }
+  }
+}
+
+// Shared memory of the kernels, in floats, for tile T.
+int64_t ForwardSmemFloats(int64_t T, int64_t d) { return 3 * T * (d + 1) + T * T + 3 * T; }
+int64_t DqSmemFloats(int64_t T, int64_t d) { return 4 * T * (d + 1) + T * T + 2 * T; }
+int64_t DkvSmemFloats(int64_t T, int64_t d) { return 4 * T * (d + 1) + 2 * T * T + 2 * T; }
+
+// 48 KiB: what any kernel may take without cudaFuncSetAttribute.
+constexpr int64_t kSmemFloats = 48 * 1024 / 4;
+
+bool AttentionGridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
+  return tiles <= 0x7fffffff && heads <= 65535 && s.batch <= 65535;
+}
+
 }  // namespace
 
 cudaError_t Router(cudaStream_t stream, const float* logits, int64_t rows,
@@ -441,6 +754,86 @@ cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
   return cudaGetLastError();
 }
 
+int AttentionTile(int64_t head_dim) {
+  for (int T = 32; T >= 1; T /= 2) {
+    // The dK/dV kernel takes the most; the forward and dQ kernels fit then.
+    if (DkvSmemFloats(T, head_dim) <= kSmemFloats) return T;
+  }
+  return 0;
+}
+
+cudaError_t AttentionInit(cudaStream_t stream, const AttentionDims& s,
+                          float* m, float* l, float* acc) {
+  const int64_t rows = s.batch * s.q_len * s.heads;
+  AttentionInitKernel<<<ElementwiseGrid(rows * s.head_dim), kThreads, 0,
+                        stream>>>(rows, s.head_dim, m, l, acc);
+  return cudaGetLastError();
+}
+
+cudaError_t AttentionForwardBlock(cudaStream_t stream, const AttentionDims& s,
+                                  const float* q, const float* k,
+                                  const float* v, float* m, float* l,
+                                  float* acc) {
+  const int T = AttentionTile(s.head_dim);
+  if (T == 0) return cudaErrorInvalidValue;
+  const int64_t tiles = (s.q_len + T - 1) / T;
+  if (!AttentionGridFits(s, tiles, s.heads)) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
+                  static_cast<unsigned>(s.batch));
+  AttentionForwardKernel<<<grid, kAttnThreads,
+                           ForwardSmemFloats(T, s.head_dim) * sizeof(float),
+                           stream>>>(s, T, q, k, v, m, l, acc);
+  return cudaGetLastError();
+}
+
+cudaError_t AttentionFinalize(cudaStream_t stream, const AttentionDims& s,
+                              const float* m, const float* l, float* acc_to_o,
+                              float* lse) {
+  const int64_t rows = s.batch * s.q_len * s.heads;
+  AttentionFinalizeKernel<<<ElementwiseGrid(rows * s.head_dim), kThreads, 0,
+                            stream>>>(rows, s.head_dim, m, l, acc_to_o, lse);
+  return cudaGetLastError();
+}
+
+cudaError_t AttentionDelta(cudaStream_t stream, const AttentionDims& s,
+                           const float* o, const float* dout, float* delta) {
+  const int64_t rows = s.batch * s.q_len * s.heads;
+  AttentionDeltaKernel<<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
+      rows, s.head_dim, o, dout, delta);
+  return cudaGetLastError();
+}
+
+cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
+                                   const float* q, const float* k,
+                                   const float* v, const float* dout,
+                                   const float* lse, const float* delta,
+                                   float* dq, float* dk, float* dv) {
+  const int T = AttentionTile(s.head_dim);
+  if (T == 0) return cudaErrorInvalidValue;
+  const int64_t qtiles = (s.q_len + T - 1) / T, ktiles = (s.kv_len + T - 1) / T;
+  if (!AttentionGridFits(s, qtiles, s.heads) ||
+      !AttentionGridFits(s, ktiles, s.kv_heads)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  // The two kernels write disjoint outputs (dq; dk and dv) and only read
+  // the rest, so they may run in either order on the one stream.
+  const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
+                   static_cast<unsigned>(s.batch));
+  AttentionBackwardDqKernel<<<qgrid, kAttnThreads,
+                              DqSmemFloats(T, s.head_dim) * sizeof(float),
+                              stream>>>(s, T, q, k, v, dout, lse, delta, dq);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const dim3 kgrid(static_cast<unsigned>(ktiles),
+                   static_cast<unsigned>(s.kv_heads),
+                   static_cast<unsigned>(s.batch));
+  AttentionBackwardDkvKernel<<<kgrid, kAttnThreads,
+                               DkvSmemFloats(T, s.head_dim) * sizeof(float),
+                               stream>>>(s, T, q, k, v, dout, lse, delta, dk,
+                                         dv);
+  return cudaGetLastError();
+}
+
 cudaError_t LoadKernels() {
   const void* kernels[] = {
       reinterpret_cast<const void*>(StripInitKernel),
@@ -458,6 +851,12 @@ cudaError_t LoadKernels() {
       reinterpret_cast<const void*>(RopeKernel),
       reinterpret_cast<const void*>(RouterKernel),
       reinterpret_cast<const void*>(RouterBackwardKernel),
+      reinterpret_cast<const void*>(AttentionInitKernel),
+      reinterpret_cast<const void*>(AttentionForwardKernel),
+      reinterpret_cast<const void*>(AttentionFinalizeKernel),
+      reinterpret_cast<const void*>(AttentionDeltaKernel),
+      reinterpret_cast<const void*>(AttentionBackwardDqKernel),
+      reinterpret_cast<const void*>(AttentionBackwardDkvKernel),
   };
   for (const void* kernel : kernels) {
     cudaFuncAttributes attributes;

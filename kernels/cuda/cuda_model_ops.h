@@ -2,8 +2,9 @@
 // launcher per op. So far: Ring-DTP's strips (StripInit, StripFold,
 // StripFinish, StripDelta), the dense cross-entropy and its backward, the
 // embedding and its backward, the dispatch row movement (GatherRows,
-// ScatterRows, CombineRows, RowDots), the rotary embedding and the router. The semantics are those of the CPU functions in
-// kernels/model/layers.h, the references these are tested against
+// ScatterRows, CombineRows, RowDots), the rotary embedding, the router and
+// attention (forward and backward block pairs). The semantics are those of the CPU functions in
+// kernels/model/layers.h and attention.h, the references these are tested against
 // (kernels/model/cuda_model_twin_test.cc).
 //
 // Arguments are assumed validated (ModelKernels' public methods do that) and
@@ -103,6 +104,48 @@ struct RopeFreqs {
 cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
                  int64_t heads, int64_t head_dim, int64_t pos0,
                  const RopeFreqs& freqs, bool inverse);
+
+// Attention (kernels/model/attention.h): the CPU's block-pair interface with
+// its layouts and its running state (m, l, acc in the caller's buffers), as
+// tiled kernels. AttentionDims mirrors AttentionShape (nvcc does not include
+// kernels/model headers).
+struct AttentionDims {
+  int64_t batch, q_len, kv_len, heads, kv_heads, head_dim, q_pos0, kv_pos0;
+  float scale;
+};
+// The square tile (query rows = key rows per tile) the attention kernels use
+// for this head_dim: the largest power of two <= 32 whose tiles fit 48 KiB of
+// shared memory (no opt-in needed); 0 when not even a 1-row tile fits
+// (head_dim above ~3000), which the caller reports as UNIMPLEMENTED.
+int AttentionTile(int64_t head_dim);
+// m = -inf, l = 0, acc = 0.
+cudaError_t AttentionInit(cudaStream_t stream, const AttentionDims& s,
+                          float* m, float* l, float* acc);
+// Folds the K/V block into (m, l, acc): one block of threads per (sequence,
+// head, query tile); K/V tiles pass through shared memory in key order, the
+// scores of one tile x tile exist only in shared memory. No scratch beyond
+// the state.
+cudaError_t AttentionForwardBlock(cudaStream_t stream, const AttentionDims& s,
+                                  const float* q, const float* k,
+                                  const float* v, float* m, float* l,
+                                  float* acc);
+// o = acc / l, lse = m + log(l); o = 0 and lse = -inf where l = 0.
+cudaError_t AttentionFinalize(cudaStream_t stream, const AttentionDims& s,
+                              const float* m, const float* l, float* acc_to_o,
+                              float* lse);
+// delta = sum_c o * dout per row, in c order (the CPU's loop, bitwise).
+cudaError_t AttentionDelta(cudaStream_t stream, const AttentionDims& s,
+                           const float* o, const float* dout, float* delta);
+// dq += this block pair's dQ; dk, dv += its dK, dV. Two kernels, no atomics:
+// one block per (sequence, head, query tile) owns its dq rows; one block per
+// (sequence, K/V head, key tile) owns its dk/dv rows and walks the group's
+// query heads and the query tiles in a fixed order. Each recomputes the
+// probabilities it needs, so the results are the same bits run to run.
+cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
+                                   const float* q, const float* k,
+                                   const float* v, const float* dout,
+                                   const float* lse, const float* delta,
+                                   float* dq, float* dk, float* dv);
 
 }  // namespace plateau::cuda_model_ops
 

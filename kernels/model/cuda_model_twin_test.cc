@@ -4,7 +4,9 @@
 // rows than one grid), with ignored rows, targets inside and outside each
 // strip and logits up to +-1e4; results are compared with the tolerances
 // stated beside each test. Also: the CUDA results are the same bits run to
-// run, the ops without CUDA kernels answer UNIMPLEMENTED naming the op, and
+// run, the five attention ops (forward and backward block pairs in ring
+// attention's flow, GQA, causal offsets, lengths off the tile), the shapes a
+// CUDA kernel cannot take answer UNIMPLEMENTED naming the op, and
 // Ring-DTP at P = 1 on CUDA (NCCL, one rank) matches the CPU backend's.
 //
 // Without a CUDA backend (the default build, or no GPU) every test skips and
@@ -553,16 +555,270 @@ TEST_F(CudaModelTwinTest, RouterMatchesCpu) {
 }
 
 // ---------------------------------------------------------------------------
+// Attention: each of the five ops against its CPU twin, on identical inputs
+// (the CPU's own intermediate results are uploaded to both sides), in the
+// block-pair flow ring attention uses: the queries of one block fold the K/V
+// blocks of several positions in arrival order (own block, earlier blocks,
+// a block that lies wholly after the queries), then finalize, delta, and the
+// backward of every block pair with dq, dk, dv accumulating (+=) on top of
+// nonzero starting values.
+//
+// Tolerances (fp32 both sides; the CUDA kernels round every product and sum
+// separately, as the CPU does): the elementwise ops use the same operations
+// in the same order, so Init, Finalize's o and Delta are compared bit for
+// bit, and lse within a few ulps (logf against glibc's log). The block ops
+// sum their dot products in another order than the CPU's GEMM tiles (and
+// use CUDA's expf, within 2 ulps): a dot of d terms differs by at most about
+// d * u * sum |terms| between two orders, then exp turns a score's absolute
+// error into a relative error of the probabilities. With |q|, |k|, |v| <= 1
+// and d <= 128 that is ~1e-5 relative at worst, so m, l and acc must agree
+// to 3e-5 of the tensor's largest magnitude; the backward's gradients,
+// sums of many such products, to 2e-4 of their largest magnitude (the
+// gradient tolerance the step's own tests use against a double reference,
+// doubled). A fixed-order kernel also gives the same bits run to run, which
+// the test checks on the CUDA side.
+
+struct AttnCase {
+  std::string name;
+  int64_t batch, q_len, kv_len, heads, kv_heads, head_dim, q_pos0;
+  std::vector<int64_t> kv_pos0s;  // the K/V blocks, in the order they fold
+};
+
+// Equal values (infinities included) pass; otherwise |got - want| <= tol.
+::testing::AssertionResult AttnNear(const std::vector<float>& got,
+                                    const std::vector<float>& want, double tol,
+                                    const std::string& what) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << what << ": sizes";
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    if (!(std::abs(double{got[i]} - double{want[i]}) <= tol)) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << want.size() << " disagree; first [" << first
+         << "]: cuda " << got[first] << ", cpu " << want[first] << ", tol " << tol;
+}
+
+double MaxAbsFinite(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) {
+    if (std::isfinite(x)) m = std::max(m, double{std::abs(x)});
+  }
+  return m;
+}
+
+class CudaAttentionTest : public CudaModelTwinTest,
+                          public ::testing::WithParamInterface<AttnCase> {
+ protected:
+  AttentionShape Shape(int64_t kv_pos0) const {
+    const AttnCase& c = GetParam();
+    AttentionShape s;
+    s.batch = c.batch;
+    s.q_len = c.q_len;
+    s.kv_len = c.kv_len;
+    s.heads = c.heads;
+    s.kv_heads = c.kv_heads;
+    s.head_dim = c.head_dim;
+    s.q_pos0 = c.q_pos0;
+    s.kv_pos0 = kv_pos0;
+    s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    return s;
+  }
+};
+
+struct AttnState {
+  std::vector<float> m, l, acc;
+};
+
+// Init, then ForwardBlock over every K/V block in order, on one side.
+AttnState AttnForward(Side& side, const std::vector<AttentionShape>& shapes,
+                      const std::vector<float>& q, const std::vector<std::vector<float>>& k,
+                      const std::vector<std::vector<float>>& v) {
+  const AttentionShape& s0 = shapes[0];
+  const int64_t rows = s0.batch * s0.q_len * s0.heads;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float* m = side.Up(std::vector<float>(rows, nan));
+  float* l = side.Up(std::vector<float>(rows, nan));
+  float* acc = side.Up(std::vector<float>(rows * s0.head_dim, nan));
+  const float* qd = side.Up(q);
+  absl::Status st = side.k->AttentionInit(*side.stream, s0, m, l, acc);
+  EXPECT_TRUE(st.ok()) << st;
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    float* work = side.Up(std::vector<float>(
+        std::max<int64_t>(AttentionWorkspaceFloats(shapes[j]), 1), nan));
+    st = side.k->AttentionForwardBlock(*side.stream, shapes[j], qd, side.Up(k[j]),
+                                       side.Up(v[j]), m, l, acc, work);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  return {side.Down(m, rows), side.Down(l, rows), side.Down(acc, rows * s0.head_dim)};
+}
+
+struct AttnGrads {
+  std::vector<float> dq;
+  std::vector<std::vector<float>> dk, dv;
+};
+
+AttnGrads AttnBackward(Side& side, const std::vector<AttentionShape>& shapes,
+                       const std::vector<float>& q, const std::vector<std::vector<float>>& k,
+                       const std::vector<std::vector<float>>& v, const std::vector<float>& dout,
+                       const std::vector<float>& lse, const std::vector<float>& delta,
+                       const AttnGrads& start) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float* qd = side.Up(q);
+  const float* ddout = side.Up(dout);
+  const float* dlse = side.Up(lse);
+  const float* ddelta = side.Up(delta);
+  float* dq = side.Up(start.dq);
+  AttnGrads out;
+  std::vector<float*> dks, dvs;
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    float* work = side.Up(std::vector<float>(
+        std::max<int64_t>(AttentionWorkspaceFloats(shapes[j]), 1), nan));
+    dks.push_back(side.Up(start.dk[j]));
+    dvs.push_back(side.Up(start.dv[j]));
+    absl::Status st = side.k->AttentionBackwardBlock(*side.stream, shapes[j], qd,
+                                                     side.Up(k[j]), side.Up(v[j]), ddout, dlse,
+                                                     ddelta, dq, dks[j], dvs[j], work);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  out.dq = side.Down(dq, static_cast<int64_t>(q.size()));
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    out.dk.push_back(side.Down(dks[j], static_cast<int64_t>(k[j].size())));
+    out.dv.push_back(side.Down(dvs[j], static_cast<int64_t>(v[j].size())));
+  }
+  return out;
+}
+
+TEST_P(CudaAttentionTest, EveryOpMatchesCpu) {
+  const AttnCase& c = GetParam();
+  std::vector<AttentionShape> shapes;
+  for (int64_t p : c.kv_pos0s) shapes.push_back(Shape(p));
+  const AttentionShape& s0 = shapes[0];
+  const int64_t rows = c.batch * c.q_len * c.heads, d = c.head_dim;
+  const int64_t q_size = rows * d, kv_size = c.batch * c.kv_len * c.kv_heads * d;
+  uint32_t seed = 900;
+  const std::vector<float> q = Uniform(q_size, seed++, 1.0f);
+  const std::vector<float> dout = Uniform(q_size, seed++, 1.0f);
+  std::vector<std::vector<float>> k, v;
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    k.push_back(Uniform(kv_size, seed++, 1.0f));
+    v.push_back(Uniform(kv_size, seed++, 1.0f));
+  }
+
+  // Init alone: exact.
+  {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::vector<float>> got[2];
+    Side* sides[2] = {&cuda_, &cpu_};
+    for (int i = 0; i < 2; ++i) {
+      Side& side = *sides[i];
+      float* m = side.Up(std::vector<float>(rows, nan));
+      float* l = side.Up(std::vector<float>(rows, nan));
+      float* acc = side.Up(std::vector<float>(q_size, nan));
+      ASSERT_TRUE(side.k->AttentionInit(*side.stream, s0, m, l, acc).ok());
+      got[i] = {side.Down(m, rows), side.Down(l, rows), side.Down(acc, q_size)};
+    }
+    EXPECT_TRUE(SameBits(got[0][0], got[1][0], "init m"));
+    EXPECT_TRUE(SameBits(got[0][1], got[1][1], "init l"));
+    EXPECT_TRUE(SameBits(got[0][2], got[1][2], "init acc"));
+  }
+
+  // Init + ForwardBlock over the blocks: the running state.
+  const AttnState want = AttnForward(cpu_, shapes, q, k, v);
+  const AttnState got = AttnForward(cuda_, shapes, q, k, v);
+  EXPECT_TRUE(AttnNear(got.m, want.m, 3e-5 * MaxAbsFinite(want.m) + 1e-6, "m"));
+  EXPECT_TRUE(AttnNear(got.l, want.l, 3e-5 * MaxAbsFinite(want.l), "l"));
+  EXPECT_TRUE(AttnNear(got.acc, want.acc, 3e-5 * MaxAbsFinite(want.acc) + 1e-7, "acc"));
+  const AttnState again = AttnForward(cuda_, shapes, q, k, v);
+  EXPECT_TRUE(SameBits(again.m, got.m, "m run 2"));
+  EXPECT_TRUE(SameBits(again.l, got.l, "l run 2"));
+  EXPECT_TRUE(SameBits(again.acc, got.acc, "acc run 2"));
+
+  // Finalize on the CPU's state: o bitwise, lse within logf's ulps.
+  std::vector<float> o[2], lse[2];
+  {
+    Side* sides[2] = {&cuda_, &cpu_};
+    for (int i = 0; i < 2; ++i) {
+      Side& side = *sides[i];
+      const float* m = side.Up(want.m);
+      const float* l = side.Up(want.l);
+      float* acc = side.Up(want.acc);
+      float* dlse = side.Up(std::vector<float>(rows, std::numeric_limits<float>::quiet_NaN()));
+      ASSERT_TRUE(side.k->AttentionFinalize(*side.stream, s0, m, l, acc, dlse).ok());
+      o[i] = side.Down(acc, q_size);
+      lse[i] = side.Down(dlse, rows);
+    }
+  }
+  EXPECT_TRUE(SameBits(o[0], o[1], "o"));
+  EXPECT_TRUE(AttnNear(lse[0], lse[1], 8 * kU * (MaxAbsFinite(lse[1]) + 1.0), "lse"));
+
+  // Delta on the CPU's o: the same loop, bitwise.
+  std::vector<float> delta[2];
+  {
+    Side* sides[2] = {&cuda_, &cpu_};
+    for (int i = 0; i < 2; ++i) {
+      Side& side = *sides[i];
+      float* dd = side.Up(std::vector<float>(rows, std::numeric_limits<float>::quiet_NaN()));
+      ASSERT_TRUE(side.k->AttentionDelta(*side.stream, s0, side.Up(o[1]), side.Up(dout), dd).ok());
+      delta[i] = side.Down(dd, rows);
+    }
+  }
+  EXPECT_TRUE(SameBits(delta[0], delta[1], "delta"));
+
+  // Backward over every block pair on the CPU's lse and delta, dq/dk/dv
+  // accumulating on nonzero starting values.
+  AttnGrads start;
+  start.dq = Uniform(q_size, seed++, 0.5f);
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    start.dk.push_back(Uniform(kv_size, seed++, 0.5f));
+    start.dv.push_back(Uniform(kv_size, seed++, 0.5f));
+  }
+  const AttnGrads gw = AttnBackward(cpu_, shapes, q, k, v, dout, lse[1], delta[1], start);
+  const AttnGrads gg = AttnBackward(cuda_, shapes, q, k, v, dout, lse[1], delta[1], start);
+  EXPECT_TRUE(AttnNear(gg.dq, gw.dq, 2e-4 * MaxAbsFinite(gw.dq), "dq"));
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    const std::string b = absl::StrCat(" of block at ", c.kv_pos0s[j]);
+    EXPECT_TRUE(AttnNear(gg.dk[j], gw.dk[j], 2e-4 * MaxAbsFinite(gw.dk[j]), "dk" + b));
+    EXPECT_TRUE(AttnNear(gg.dv[j], gw.dv[j], 2e-4 * MaxAbsFinite(gw.dv[j]), "dv" + b));
+  }
+  const AttnGrads g2 = AttnBackward(cuda_, shapes, q, k, v, dout, lse[1], delta[1], start);
+  EXPECT_TRUE(SameBits(g2.dq, gg.dq, "dq run 2"));
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    EXPECT_TRUE(SameBits(g2.dk[j], gg.dk[j], "dk run 2"));
+    EXPECT_TRUE(SameBits(g2.dv[j], gg.dv[j], "dv run 2"));
+  }
+}
+
+// Tiles: 32 rows for head_dim <= 64, 16 for 128 (cuda_model_ops.h); every
+// length below is a multiple of neither.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttentionTest,
+    ::testing::Values(
+        // GQA 1: the own (diagonal) block, then the earlier one.
+        AttnCase{"gqa1_ring", 2, 37, 37, 4, 4, 16, 37, {37, 0}},
+        // GQA 3, key blocks shorter than the query block, the last one
+        // overlapping the queries partly (keys 90..134, queries 90..159).
+        AttnCase{"gqa3_offsets", 1, 70, 45, 6, 2, 32, 90, {90, 45, 0}},
+        // GQA 2: an unaligned partly visible block and one wholly after
+        // the queries (nothing to fold, nothing to add).
+        AttnCase{"gqa2_after", 2, 50, 50, 4, 2, 64, 100, {100, 60, 150}},
+        // GQA 8, head_dim 128, more keys than queries from position 0.
+        AttnCase{"gqa8_d128", 1, 33, 40, 8, 1, 128, 0, {0}},
+        // Queries that see no key at all: o = 0, lse = -inf, no gradient.
+        AttnCase{"none_visible", 1, 20, 20, 2, 1, 8, 0, {40}}),
+    [](const auto& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------
 // Ops without CUDA kernels say so, naming the op, and enqueue nothing.
 
 TEST_F(CudaModelTwinTest, UnimplementedOpsSaySo) {
   float* f = cuda_.Up(std::vector<float>(4096, 0.0f));
   Stream& s = *cuda_.stream;
   ModelKernels& k = *cuda_.k;
-  AttentionShape shape;
-  shape.batch = shape.q_len = shape.kv_len = shape.heads = shape.kv_heads = 1;
-  shape.head_dim = 2;
-  shape.scale = 1.0f;
   auto expect_unimplemented = [](const absl::Status& st, absl::string_view op) {
     EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << op << ": " << st;
     EXPECT_THAT(std::string(st.message()),
@@ -570,11 +826,12 @@ TEST_F(CudaModelTwinTest, UnimplementedOpsSaySo) {
   };
   // Rope has a kernel up to head_dim 1024 only.
   expect_unimplemented(k.Rope(s, f, 1, 1, 1, 1026, 0, 10000.0f, false), "rope");
-  expect_unimplemented(k.AttentionInit(s, shape, f, f, f), "attention_init");
+  // Attention's tiles of one row must fit shared memory (head_dim ~3000).
+  AttentionShape shape;
+  shape.head_dim = 4096;
+  shape.q_len = shape.kv_len = 1;
   expect_unimplemented(k.AttentionForwardBlock(s, shape, f, f, f, f, f, f, f),
                        "attention_forward_block");
-  expect_unimplemented(k.AttentionFinalize(s, shape, f, f, f, f), "attention_finalize");
-  expect_unimplemented(k.AttentionDelta(s, shape, f, f, f), "attention_delta");
   expect_unimplemented(k.AttentionBackwardBlock(s, shape, f, f, f, f, f, f, f, f, f, f),
                        "attention_backward_block");
   // Validation still comes first.

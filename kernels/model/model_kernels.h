@@ -7,8 +7,9 @@
 // enqueued), then call the protected Do<Op>, and the work runs asynchronously
 // on the stream. The CPU implementation (cpu_model_kernels.h) runs the
 // functions of attention.h and layers.h on the stream's thread. The CUDA one
-// (kernels/cuda/cuda_model_kernels.h, --config=cuda) has kernels for some ops
-// so far; the others return UNIMPLEMENTED naming the op, never a wrong answer.
+// (kernels/cuda/cuda_model_kernels.h, --config=cuda) has a kernel for every
+// op; a shape one cannot take (rope or attention with a head_dim too large for
+// its kernel) returns UNIMPLEMENTED naming the op, never a wrong answer.
 //
 // Thread safety: as Backend; an instance holds no mutable state.
 #ifndef PLATEAU_KERNELS_MODEL_MODEL_KERNELS_H_

@@ -1,0 +1,229 @@
+// The whole training step on the CUDA backend against the same step on the
+// CPU backend, in fp32 at the tiny model's shape (kernels/testing/
+// tiny_model.h): the loss and every gradient of ForwardBackward, then the
+// weights after one full Step (forward, loss, gradients, global-norm
+// clipping, AdamW, weight all-gather) from the same starting weights.
+// P = 1 (NCCL with one rank on GPU 0) always; P = 2 (one rank per GPU over
+// NCCL) when two GPUs are visible, and it skips saying so otherwise.
+//
+// Tolerances: both sides compute in fp32 with the same operations, but the
+// sums run in different orders (cuBLAS against the CPU's GEMMs, the tiled
+// attention kernels against the CPU's tiles) and expf/logf are different
+// libraries: a few ulps per op that the step compounds over two layers
+// (step_test holds each side to 1e-5 relative loss and 1e-4 of a tensor's
+// largest gradient against a double reference, so the two sides can differ
+// by twice that). AdamW's first step moves a weight by about lr * sign(g):
+// the same on both sides where g clearly has a sign, up to 2 lr apart where
+// g is within the gradient tolerance of 0 (the test allows exactly that).
+//
+// Without a GPU (the default build, or no device visible) every case skips
+// and says why. tools/device-check runs this target on a GPU machine.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+#include "kernels/kv_store.h"
+#include "kernels/model/config.h"
+#include "kernels/model/params.h"
+#include "kernels/step/step.h"
+#include "kernels/testing/device_side.h"
+#include "kernels/testing/local_world.h"
+#include "kernels/testing/rank_slice.h"
+#include "kernels/testing/tiny_model.h"
+
+namespace plateau {
+namespace {
+
+struct GlobalBatch {
+  std::vector<int32_t> tokens, targets;  // [B, T]
+};
+
+GlobalBatch MakeBatch(const ModelConfig& m, int64_t B, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  GlobalBatch g;
+  for (int64_t i = 0; i < B * m.seq_len; ++i) {
+    g.tokens.push_back(static_cast<int32_t>(rng() % m.vocab_size));
+    g.targets.push_back(i % 5 == 2 ? kIgnoreIndex : static_cast<int32_t>(rng() % m.vocab_size));
+  }
+  return g;
+}
+
+struct StepResult {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;    // after ForwardBackward
+  double step_loss = 0;                     // Step()'s own loss
+  std::vector<std::vector<float>> weights;  // after Step()
+};
+
+// One rank: its backend (GPU r on CUDA), its communicator (NCCL on CUDA,
+// Gloo on the CPU) and the step; rank 0 keeps the results.
+absl::Status RunRank(BackendKind kind, int r, int P, int64_t B, const ModelConfig& m,
+                     const GlobalBatch& g, std::shared_ptr<KeyValueStore> store,
+                     StepResult* out) {
+  BackendOptions bo;
+  bo.kind = kind;
+  bo.device_index = r;
+  if (kind == BackendKind::kCpu) bo.device_memory_bytes = int64_t{256} << 20;
+  auto backend = Backend::Create(bo);
+  if (!backend.ok()) return backend.status();
+  CommunicatorOptions co;
+  co.backend = kind;
+  co.rank = r;
+  co.size = P;
+  co.store = std::move(store);
+  co.prefix = "cuda_step_twin";
+  co.device_index = r;
+  auto world = CreateCommunicator(co);
+  if (!world.ok()) return world.status();
+  StepOptions o;
+  o.model = m;
+  o.layout = {P, B};
+  o.seed = 5;
+  auto step = TrainingStep::Create(o, **backend, **world);
+  if (!step.ok()) return step.status();
+  const std::vector<int32_t> tok = RankSlice(g.tokens, B, m.seq_len, r, P);
+  const std::vector<int32_t> tgt = RankSlice(g.targets, B, m.seq_len, r, P);
+  auto stats = (*step)->ForwardBackward(tok, tgt);
+  if (!stats.ok()) return stats.status();
+  auto grads = (*step)->GatherGrads();
+  if (!grads.ok()) return grads.status();
+  auto step_stats = (*step)->Step(tok, tgt);
+  if (!step_stats.ok()) return step_stats.status();
+  auto weights = (*step)->GatherWeights();
+  if (!weights.ok()) return weights.status();
+  if (r == 0) {
+    out->loss = stats->loss;
+    out->grads = std::move(*grads);
+    out->step_loss = step_stats->loss;
+    out->weights = std::move(*weights);
+  }
+  step->reset();
+  world->reset();
+  return absl::OkStatus();
+}
+
+// P ranks on threads; the first error in rank order.
+absl::Status RunStepOn(BackendKind kind, int P, int64_t B, const ModelConfig& m,
+                       const GlobalBatch& g, StepResult* out) {
+  auto store = FileStore::Create(FreshStoreDir(absl::StrCat("cuda_step_twin_", static_cast<int>(kind))));
+  if (!store.ok()) return store.status();
+  std::shared_ptr<KeyValueStore> shared = std::move(*store);
+  std::vector<absl::Status> status(P);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r) {
+    threads.emplace_back([&, r] { status[r] = RunRank(kind, r, P, B, m, g, shared, out); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < P; ++r) {
+    if (!status[r].ok()) {
+      return absl::Status(status[r].code(), absl::StrCat("rank ", r, ": ", status[r].message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The CUDA GPUs this process sees: 0 without a CUDA backend (the default
+// build answers UNIMPLEMENTED/FAILED_PRECONDITION for each).
+int VisibleGpus() {
+  int n = 0;
+  for (int i = 0; i < 8; ++i) {
+    BackendOptions bo;
+    bo.kind = BackendKind::kCuda;
+    bo.device_index = i;
+    if (!Backend::Create(bo).ok()) break;
+    ++n;
+  }
+  return n;
+}
+
+// |got - want| <= tol(t, i) for every element i of every tensor t; names
+// the first offender of each tensor.
+void ExpectTensorsNear(const std::vector<std::vector<float>>& got,
+                       const std::vector<std::vector<float>>& want, const ModelConfig& m,
+                       const std::function<double(size_t, size_t)>& tol,
+                       const std::string& what) {
+  const std::vector<WeightSpec> specs = ModelWeights(m);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t t = 0; t < want.size(); ++t) {
+    ASSERT_EQ(got[t].size(), want[t].size()) << what << " " << specs[t].name;
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < want[t].size(); ++i) {
+      if (!(std::abs(double{got[t][i]} - double{want[t][i]}) <= tol(t, i))) {
+        if (first < 0) first = static_cast<int64_t>(i);
+        ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0) << what << " " << specs[t].name << ": " << bad << " of "
+                      << want[t].size() << " differ; first [" << first << "]: cuda "
+                      << got[t][first] << ", cpu " << want[t][first] << ", tol "
+                      << tol(t, first);
+  }
+}
+
+class CudaStepTwinTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaStepTwinTest, StepMatchesCpuBackend) {
+  const int P = GetParam();
+  const int gpus = VisibleGpus();
+  if (gpus == 0) {
+    BackendOptions bo;
+    bo.kind = BackendKind::kCuda;
+    GTEST_SKIP() << "no CUDA step here: " << Backend::Create(bo).status();
+  }
+  if (gpus < P) {
+    GTEST_SKIP() << "P = " << P << " needs " << P << " GPUs; " << gpus << " visible";
+  }
+  const ModelConfig m = TinyModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  StepResult gpu, cpu;
+  absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &gpu);
+  ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA step failed: " << st;
+  st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu);
+  ASSERT_TRUE(st.ok()) << st;
+
+  EXPECT_NEAR(gpu.loss, cpu.loss, 2e-5 * std::abs(cpu.loss));
+  EXPECT_NEAR(gpu.step_loss, cpu.step_loss, 2e-5 * std::abs(cpu.step_loss));
+  // Gradients: 2e-4 of the tensor's largest |gradient|.
+  std::vector<double> grad_tol;
+  for (const std::vector<float>& g : cpu.grads) {
+    double scale = 0;
+    for (float x : g) scale = std::max(scale, double{std::abs(x)});
+    grad_tol.push_back(2e-4 * scale + 1e-9);
+  }
+  ExpectTensorsNear(gpu.grads, cpu.grads, m,
+                    [&](size_t t, size_t) { return grad_tol[t]; }, "gradient");
+  // Weights after one AdamW step (the first: m_hat / sqrt(v_hat) = g / |g|,
+  // so each weight moves by about lr * sign(g), plus weight decay). Where
+  // the CPU's gradient clearly has a sign (|g| > twice the gradient
+  // tolerance) both sides move the same way and agree to a few ulps of the
+  // weight; where |g| is within the tolerance of 0 the signs may differ and
+  // the weights by up to 2 lr.
+  const double lr = StepOptions().optimizer.lr;
+  ExpectTensorsNear(
+      gpu.weights, cpu.weights, m,
+      [&](size_t t, size_t i) {
+        const double w = std::abs(double{cpu.weights[t][i]});
+        if (std::abs(double{cpu.grads[t][i]}) > 2 * grad_tol[t]) return 1e-6 + 1e-6 * w;
+        return 2.0 * lr + 1e-6;
+      },
+      "weight");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CudaStepTwinTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return absl::StrCat("P", info.param); });
+
+}  // namespace
+}  // namespace plateau
