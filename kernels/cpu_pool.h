@@ -82,6 +82,23 @@ inline int64_t TaskCount(int64_t n, int64_t per_task) {
   return n <= per_task ? 1 : (n + per_task - 1) / per_task;
 }
 
+// fn(begin, end) over [0, n) in tasks of `per_task` items (the last one
+// shorter): the split depends on n and per_task only.
+template <typename Fn>
+void ParallelBlocks(CpuPool* pool, int64_t n, int64_t per_task, Fn fn) {
+  if (n <= 0) return;
+  ParallelFor(pool, TaskCount(n, per_task), [&](int64_t t, int) {
+    const int64_t b = t * per_task;
+    fn(b, n - b < per_task ? n : b + per_task);
+  });
+}
+
+// Rows of `cols` floats per task for row-wise kernels: about 16K floats
+// (64 KiB) per task, at least one row.
+inline int64_t RowsPerTask(int64_t cols) {
+  return cols >= (int64_t{1} << 14) ? 1 : (int64_t{1} << 14) / (cols < 1 ? 1 : cols);
+}
+
 }  // namespace plateau
 
 #endif  // PLATEAU_KERNELS_CPU_POOL_H_
