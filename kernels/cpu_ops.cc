@@ -162,14 +162,26 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout,
   ForBlocks(pool, n, [=](int64_t b, int64_t e) {
     int64_t i = b;
 #ifdef PLATEAU_EXP_AVX2
+    // The tail goes through the same lanes (padded), since the compiler may
+    // fuse the scalar form's multiply-adds: one formula for every element.
     const __m256 one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= e; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gate + i), d = _mm256_loadu_ps(dout + i);
+    auto body = [&](const float* gp, const float* dp, const float* upp, float* dgp, float* dupp) {
+      const __m256 g = _mm256_loadu_ps(gp), d = _mm256_loadu_ps(dp);
       const __m256 s = Sigmoid8(g);
       const __m256 t = _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, s)));
-      _mm256_storeu_ps(dgate + i,
-                       _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(up + i)), s), t));
-      _mm256_storeu_ps(dup + i, _mm256_mul_ps(d, _mm256_mul_ps(g, s)));
+      _mm256_storeu_ps(dgp, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(upp)), s), t));
+      _mm256_storeu_ps(dupp, _mm256_mul_ps(d, _mm256_mul_ps(g, s)));
+    };
+    for (; i + 8 <= e; i += 8) body(gate + i, dout + i, up + i, dgate + i, dup + i);
+    if (i < e) {
+      float g8[8] = {}, d8[8] = {}, u8[8] = {}, dg8[8], du8[8];
+      std::copy(gate + i, gate + e, g8);
+      std::copy(dout + i, dout + e, d8);
+      std::copy(up + i, up + e, u8);
+      body(g8, d8, u8, dg8, du8);
+      std::copy(dg8, dg8 + (e - i), dgate + i);
+      std::copy(du8, du8 + (e - i), dup + i);
+      i = e;
     }
 #endif
     for (; i < e; ++i) {
@@ -290,7 +302,43 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
   const float step_size = sc.step_size, bc2_sqrt = sc.bc2_sqrt,
               decay = sc.decay;
   ForBlocks(pool, n, [=, &a](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
+    int64_t i = b;
+#ifdef PLATEAU_EXP_AVX2
+    // Eight lanes, the scalar loop's operations in its order without fused
+    // multiply-adds; the tail goes through the same lanes, padded, so every
+    // element gets one formula whatever the split (bucketed optimizers
+    // compare bitwise with the unbucketed one).
+    const __m256 gs = _mm256_set1_ps(a.grad_scale), dc = _mm256_set1_ps(decay),
+                 b1 = _mm256_set1_ps(a.beta1), c1 = _mm256_set1_ps(1.0f - a.beta1),
+                 b2 = _mm256_set1_ps(a.beta2), c2 = _mm256_set1_ps(1.0f - a.beta2),
+                 ss = _mm256_set1_ps(step_size), bc = _mm256_set1_ps(bc2_sqrt),
+                 ep = _mm256_set1_ps(a.eps);
+    auto body = [&](float* pp, const float* gp, float* mp, float* vp) {
+      const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(gp), gs);
+      const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(pp), dc);
+      const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(mp)), _mm256_mul_ps(c1, g));
+      const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(vp)),
+                                      _mm256_mul_ps(_mm256_mul_ps(c2, g), g));
+      _mm256_storeu_ps(mp, mi);
+      _mm256_storeu_ps(vp, vi);
+      const __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc), ep);
+      _mm256_storeu_ps(pp, _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(ss, mi), den)));
+    };
+    for (; i + 8 <= e; i += 8) body(param + i, grad + i, m + i, v + i);
+    if (i < e) {  // the tail through the same lanes, padded (one formula everywhere)
+      float p8[8] = {}, g8[8] = {}, m8[8] = {}, v8[8] = {};
+      std::copy(param + i, param + e, p8);
+      std::copy(grad + i, grad + e, g8);
+      std::copy(m + i, m + e, m8);
+      std::copy(v + i, v + e, v8);
+      body(p8, g8, m8, v8);
+      std::copy(p8, p8 + (e - i), param + i);
+      std::copy(m8, m8 + (e - i), m + i);
+      std::copy(v8, v8 + (e - i), v + i);
+      i = e;
+    }
+#endif
+    for (; i < e; ++i) {
       float g = grad[i] * a.grad_scale;
       float p = param[i] * decay;
       float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;

@@ -14,49 +14,56 @@ namespace plateau {
 namespace {
 
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Rows [i, i + R) x columns [j, j + 16) of C: 2R accumulators held in
+// registers (R <= 6 fits AVX2's 16) while p runs over k.
+template <int R>
+inline void Block16(int64_t i, int64_t j, int64_t k, __m256 va, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+  __m256 c0[R], c1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+  const float* a = A + i * lda;
+  const float* b = B + j;
+  for (int64_t p = 0; p < k; ++p, b += ldb) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(a + r * lda + p);
+      c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* c = C + (i + r) * ldc + j;
+    const __m256 v0 = _mm256_mul_ps(va, c0[r]), v1 = _mm256_mul_ps(va, c1[r]);
+    _mm256_storeu_ps(c, accumulate ? _mm256_add_ps(_mm256_loadu_ps(c), v0) : v0);
+    _mm256_storeu_ps(c + 8, accumulate ? _mm256_add_ps(_mm256_loadu_ps(c + 8), v1) : v1);
+  }
+}
+#endif
+
 // C[m x n] = (accumulate ? C : 0) + alpha * A[m x k] B[k x n], all row-major
 // with row strides lda, ldb, ldc. Each element is one chain of fused
-// multiply-adds over p in order, in the 6-row block, the single-row tail and
-// the scalar column tail alike, so a value does not depend on where the
-// tile's edges fall.
+// multiply-adds over p in order (then scaled by alpha and added to C), in
+// every row block and in the scalar column tail alike, so a value does not
+// depend on where the tile's edges fall.
 void TileGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, bool accumulate, float* C, int64_t ldc) {
-  auto finish = [&](float* c, float v) { *c = accumulate ? *c + alpha * v : alpha * v; };
   int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256 va = _mm256_set1_ps(alpha);
-  auto store = [&](float* c, __m256 v) {
-    v = _mm256_mul_ps(va, v);
-    _mm256_storeu_ps(c, accumulate ? _mm256_add_ps(_mm256_loadu_ps(c), v) : v);
-  };
   for (; j + 16 <= n; j += 16) {
     int64_t i = 0;
-    for (; i + 6 <= m; i += 6) {
-      __m256 c[6][2];
-      for (auto& r : c) r[0] = r[1] = _mm256_setzero_ps();
-      for (int64_t p = 0; p < k; ++p) {
-        const __m256 b0 = _mm256_loadu_ps(B + p * ldb + j);
-        const __m256 b1 = _mm256_loadu_ps(B + p * ldb + j + 8);
-        for (int r = 0; r < 6; ++r) {
-          const __m256 a = _mm256_broadcast_ss(A + (i + r) * lda + p);
-          c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
-          c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
-        }
-      }
-      for (int r = 0; r < 6; ++r) {
-        store(C + (i + r) * ldc + j, c[r][0]);
-        store(C + (i + r) * ldc + j + 8, c[r][1]);
-      }
-    }
-    for (; i < m; ++i) {
-      __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
-      for (int64_t p = 0; p < k; ++p) {
-        const __m256 a = _mm256_broadcast_ss(A + i * lda + p);
-        c0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(B + p * ldb + j), c0);
-        c1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(B + p * ldb + j + 8), c1);
-      }
-      store(C + i * ldc + j, c0);
-      store(C + i * ldc + j + 8, c1);
+    for (; i + 6 <= m; i += 6) Block16<6>(i, j, k, va, A, lda, B, ldb, accumulate, C, ldc);
+    switch (m - i) {
+      case 5: Block16<5>(i, j, k, va, A, lda, B, ldb, accumulate, C, ldc); break;
+      case 4: Block16<4>(i, j, k, va, A, lda, B, ldb, accumulate, C, ldc); break;
+      case 3: Block16<3>(i, j, k, va, A, lda, B, ldb, accumulate, C, ldc); break;
+      case 2: Block16<2>(i, j, k, va, A, lda, B, ldb, accumulate, C, ldc); break;
+      case 1: Block16<1>(i, j, k, va, A, lda, B, ldb, accumulate, C, ldc); break;
+      default: break;
     }
   }
 #endif
@@ -64,7 +71,8 @@ void TileGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* A, int6
     for (int64_t i = 0; i < m; ++i) {
       float acc = 0.0f;
       for (int64_t p = 0; p < k; ++p) acc = std::fma(A[i * lda + p], B[p * ldb + j], acc);
-      finish(C + i * ldc + j, acc);
+      const float v = alpha * acc;
+      C[i * ldc + j] = accumulate ? C[i * ldc + j] + v : v;
     }
   }
 }
