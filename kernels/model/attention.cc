@@ -277,7 +277,11 @@ void RopeApply(float* x, int64_t batch, int64_t len, int64_t heads,
   // Positions split into tasks; each computes its own angles (the same
   // values as one loop would).
   ParallelBlocks(pool, len, 64, [&](int64_t t0, int64_t t1) {
-    std::vector<float> cs(half), sn(half);
+    // On the stack for head_dim <= 512 (every model here), else on the heap.
+    float cs_buf[256], sn_buf[256];
+    std::vector<float> cs_heap(half > 256 ? half : 0), sn_heap(half > 256 ? half : 0);
+    float* cs = half > 256 ? cs_heap.data() : cs_buf;
+    float* sn = half > 256 ? sn_heap.data() : sn_buf;
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t j = 0; j < half; ++j) {
         const float angle = static_cast<float>(pos0 + t) * freq[j];
