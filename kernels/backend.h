@@ -53,6 +53,10 @@ struct BackendOptions {
   // microseconds on its stream before it copies, so that work wrongly
   // ordered against it sees stale or half-written memory.
   int64_t copy_delay_us_for_testing = 0;
+  // CPU backend only: threads of the pool its non-GEMM kernels share
+  // (kernels/cpu_pool.h); 0 means one per core. Results are the same bits
+  // for any value (the work is split by the problem's size only).
+  int cpu_threads = 0;
 };
 
 // Row-major C[m x n] = alpha * op(A) * op(B) + beta * C, where op(A) is

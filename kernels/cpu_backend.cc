@@ -20,18 +20,22 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& o)
-      : streams_(std::make_shared<CpuStreamSet>()),
+      : pool_(std::make_shared<CpuPool>(o.cpu_threads)),
+        streams_(std::make_shared<CpuStreamSet>()),
         device_(SpaceKind::kDevice, "device", o.device_memory_bytes,
                 [s = streams_] { s->Drain(); }),
         host_(SpaceKind::kHost, "host", o.host_memory_bytes, [s = streams_] { s->Drain(); }),
         copy_delay_(absl::Microseconds(o.copy_delay_us_for_testing)) {}
+
+  const std::shared_ptr<CpuPool>& pool() const { return pool_; }
 
   BackendKind kind() const override { return BackendKind::kCpu; }
 
   std::string Describe() const override {
     // openblas_get_config() already begins with "OpenBLAS <version>".
     return absl::StrCat("cpu (", openblas_get_config(), ", ",
-                        openblas_get_num_threads(), " threads; device arena ",
+                        openblas_get_num_threads(), " threads; a pool of ",
+                        pool_->threads(), " threads for the other kernels; device arena ",
                         device_.cap_bytes(), " bytes)");
   }
 
@@ -90,55 +94,55 @@ class CpuBackend final : public Backend {
     });
   }
   absl::Status DoFill(Stream& st, float* x, int64_t n, float value) override {
-    return Run(st, [=] { cpu::Fill(x, n, value); });
+    return Run(st, [=, p = pool_.get()] { cpu::Fill(x, n, value, p); });
   }
   absl::Status DoScale(Stream& st, float* x, int64_t n, float alpha) override {
-    return Run(st, [=] { cpu::Scale(x, n, alpha); });
+    return Run(st, [=, p = pool_.get()] { cpu::Scale(x, n, alpha, p); });
   }
   absl::Status DoAxpy(Stream& st, float* y, const float* x, int64_t n,
                       float alpha) override {
-    return Run(st, [=] { cpu::Axpy(y, x, n, alpha); });
+    return Run(st, [=, p = pool_.get()] { cpu::Axpy(y, x, n, alpha, p); });
   }
   absl::Status DoAdd(Stream& st, float* out, const float* a, const float* b,
                      int64_t n) override {
-    return Run(st, [=] { cpu::Add(out, a, b, n); });
+    return Run(st, [=, p = pool_.get()] { cpu::Add(out, a, b, n, p); });
   }
   absl::Status DoMul(Stream& st, float* out, const float* a, const float* b,
                      int64_t n) override {
-    return Run(st, [=] { cpu::Mul(out, a, b, n); });
+    return Run(st, [=, p = pool_.get()] { cpu::Mul(out, a, b, n, p); });
   }
   absl::Status DoSwiGluForward(Stream& st, float* out, const float* gate,
                                const float* up, int64_t n) override {
-    return Run(st, [=] { cpu::SwiGluForward(out, gate, up, n); });
+    return Run(st, [=, p = pool_.get()] { cpu::SwiGluForward(out, gate, up, n, p); });
   }
   absl::Status DoSwiGluBackward(Stream& st, float* dgate, float* dup,
                                 const float* dout, const float* gate,
                                 const float* up, int64_t n) override {
-    return Run(st, [=] { cpu::SwiGluBackward(dgate, dup, dout, gate, up, n); });
+    return Run(st, [=, p = pool_.get()] { cpu::SwiGluBackward(dgate, dup, dout, gate, up, n, p); });
   }
   absl::Status DoRmsNormForward(Stream& st, float* out, float* rstd,
                                 const float* x, const float* weight,
                                 int64_t rows, int64_t cols,
                                 float eps) override {
-    return Run(st, [=] {
-      cpu::RmsNormForward(out, rstd, x, weight, rows, cols, eps);
+    return Run(st, [=, p = pool_.get()] {
+      cpu::RmsNormForward(out, rstd, x, weight, rows, cols, eps, p);
     });
   }
   absl::Status DoRmsNormBackward(Stream& st, float* dx, float* dweight,
                                  const float* dout, const float* x,
                                  const float* weight, const float* rstd,
                                  int64_t rows, int64_t cols) override {
-    return Run(st, [=] {
-      cpu::RmsNormBackward(dx, dweight, dout, x, weight, rstd, rows, cols);
+    return Run(st, [=, p = pool_.get()] {
+      cpu::RmsNormBackward(dx, dweight, dout, x, weight, rstd, rows, cols, p);
     });
   }
   absl::Status DoSoftmaxRows(Stream& st, float* y, const float* x,
                              int64_t rows, int64_t cols) override {
-    return Run(st, [=] { cpu::SoftmaxRows(y, x, rows, cols); });
+    return Run(st, [=, p = pool_.get()] { cpu::SoftmaxRows(y, x, rows, cols, p); });
   }
   absl::Status DoLogSumExpRows(Stream& st, float* out, const float* x,
                                int64_t rows, int64_t cols) override {
-    return Run(st, [=] { cpu::LogSumExpRows(out, x, rows, cols); });
+    return Run(st, [=, p = pool_.get()] { cpu::LogSumExpRows(out, x, rows, cols, p); });
   }
   absl::Status DoSum(Stream& st, float* out, const float* x,
                      int64_t n) override {
@@ -150,7 +154,7 @@ class CpuBackend final : public Backend {
   }
   absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
                        float* v, int64_t n, const AdamWArgs& args) override {
-    return Run(st, [=] { cpu::AdamW(param, grad, m, v, n, args); });
+    return Run(st, [=, p = pool_.get()] { cpu::AdamW(param, grad, m, v, n, args, p); });
   }
 
  private:
@@ -158,7 +162,9 @@ class CpuBackend final : public Backend {
     return device_.Contains(p, bytes) || host_.Contains(p, bytes);
   }
 
-  // Declared first: the spaces' release fences drain these streams.
+  // First, so destroyed last: queued tasks hold it by raw pointer.
+  const std::shared_ptr<CpuPool> pool_;  // BackendOptions::cpu_threads
+  // Before the spaces: their release fences drain these streams.
   std::shared_ptr<CpuStreamSet> streams_;
   HeapSpace device_;
   HeapSpace host_;
@@ -166,6 +172,11 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+std::shared_ptr<CpuPool> CpuBackendPool(Backend& backend) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  return cpu == nullptr ? nullptr : cpu->pool();
+}
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
     const BackendOptions& options) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu_exp.h"
+
 namespace plateau::cpu {
 namespace {
 
@@ -67,113 +69,211 @@ void Gemm(const GemmArgs& g) {
               g.c, static_cast<int>(g.ldc));
 }
 
-void Fill(float* x, int64_t n, float value) { std::fill(x, x + n, value); }
+namespace {
 
-void Scale(float* x, int64_t n, float alpha) {
-  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+// Elements per task of the elementwise ops (256 KiB of floats: large enough
+// that waking a worker costs little against it, small enough to balance).
+constexpr int64_t kElemsPerTask = 1 << 16;
+
+// fn(begin, end) over [0, n) in tasks of kElemsPerTask elements.
+template <typename Fn>
+void ForBlocks(CpuPool* pool, int64_t n, Fn fn) {
+  const int64_t tasks = TaskCount(n, kElemsPerTask);
+  ParallelFor(pool, tasks, [&](int64_t t, int) {
+    const int64_t b = t * kElemsPerTask;
+    fn(b, std::min(n, b + kElemsPerTask));
+  });
 }
 
-void Axpy(float* y, const float* x, int64_t n, float alpha) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+// fn(r0, r1) over [0, rows) in tasks of about kElemsPerTask / 4 elements of
+// whole rows (the row count per task depends on cols only).
+template <typename Fn>
+void ForRowBlocks(CpuPool* pool, int64_t rows, int64_t cols, Fn fn) {
+  const int64_t per = std::max<int64_t>(1, (kElemsPerTask / 4) / std::max<int64_t>(cols, 1));
+  const int64_t tasks = TaskCount(rows, per);
+  ParallelFor(pool, tasks, [&](int64_t t, int) {
+    const int64_t r0 = t * per;
+    fn(r0, std::min(rows, r0 + per));
+  });
 }
 
-void Add(float* out, const float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}  // namespace
+
+void Fill(float* x, int64_t n, float value, CpuPool* pool) {
+  ForBlocks(pool, n, [=](int64_t b, int64_t e) { std::fill(x + b, x + e, value); });
 }
 
-void Mul(float* out, const float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+void Scale(float* x, int64_t n, float alpha, CpuPool* pool) {
+  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] *= alpha;
+  });
+}
+
+void Axpy(float* y, const float* x, int64_t n, float alpha, CpuPool* pool) {
+  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] += alpha * x[i];
+  });
+}
+
+void Add(float* out, const float* a, const float* b, int64_t n, CpuPool* pool) {
+  ForBlocks(pool, n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+void Mul(float* out, const float* a, const float* b, int64_t n, CpuPool* pool) {
+  ForBlocks(pool, n, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = a[i] * b[i];
+  });
 }
 
 namespace {
-inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// sigmoid(x) = 1 / (1 + exp(-x)) with the vectorised exp (cpu_exp.h); the
+// scalar and 8-lane forms do the same operations, so the bits do not depend
+// on where a block's tail falls.
+inline float Sigmoid(float x) { return 1.0f / (1.0f + Exp(-x)); }
+#ifdef PLATEAU_EXP_AVX2
+inline __m256 Sigmoid8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, Exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+#endif
 }  // namespace
 
-void SwiGluForward(float* out, const float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float g = gate[i];
-    out[i] = g * Sigmoid(g) * up[i];
-  }
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, CpuPool* pool) {
+  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+    int64_t i = b;
+#ifdef PLATEAU_EXP_AVX2
+    for (; i + 8 <= e; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, Sigmoid8(g)), _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < e; ++i) {
+      const float g = gate[i];
+      out[i] = g * Sigmoid(g) * up[i];
+    }
+  });
 }
 
 void SwiGluBackward(float* dgate, float* dup, const float* dout,
-                    const float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float g = gate[i], s = Sigmoid(g), d = dout[i];
-    float silu = g * s;
-    // silu'(g) = s * (1 + g * (1 - s))
-    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
-    dup[i] = d * silu;
-  }
+                    const float* gate, const float* up, int64_t n, CpuPool* pool) {
+  // silu'(g) = s * (1 + g * (1 - s)); dgate = ((d * up) * s) * (1 + g (1 - s)).
+  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+    int64_t i = b;
+#ifdef PLATEAU_EXP_AVX2
+    // The tail goes through the same lanes (padded), since the compiler may
+    // fuse the scalar form's multiply-adds: one formula for every element.
+    const __m256 one = _mm256_set1_ps(1.0f);
+    auto body = [&](const float* gp, const float* dp, const float* upp, float* dgp, float* dupp) {
+      const __m256 g = _mm256_loadu_ps(gp), d = _mm256_loadu_ps(dp);
+      const __m256 s = Sigmoid8(g);
+      const __m256 t = _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, s)));
+      _mm256_storeu_ps(dgp, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(upp)), s), t));
+      _mm256_storeu_ps(dupp, _mm256_mul_ps(d, _mm256_mul_ps(g, s)));
+    };
+    for (; i + 8 <= e; i += 8) body(gate + i, dout + i, up + i, dgate + i, dup + i);
+    if (i < e) {
+      float g8[8] = {}, d8[8] = {}, u8[8] = {}, dg8[8], du8[8];
+      std::copy(gate + i, gate + e, g8);
+      std::copy(dout + i, dout + e, d8);
+      std::copy(up + i, up + e, u8);
+      body(g8, d8, u8, dg8, du8);
+      std::copy(dg8, dg8 + (e - i), dgate + i);
+      std::copy(du8, du8 + (e - i), dup + i);
+      i = e;
+    }
+#endif
+    for (; i < e; ++i) {
+      const float g = gate[i], s = Sigmoid(g), d = dout[i];
+      const float silu = g * s;
+      dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+      dup[i] = d * silu;
+    }
+  });
 }
 
 void RmsNormForward(float* out, float* rstd, const float* x,
                     const float* weight, int64_t rows, int64_t cols,
-                    float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    const double ss = LaneSum(cols, [xr](int64_t c) {
-      return static_cast<double>(xr[c]) * xr[c];
-    });
-    float rs = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
-    rstd[r] = rs;
-    float* orow = out + r * cols;
-    for (int64_t c = 0; c < cols; ++c) orow[c] = xr[c] * rs * weight[c];
-  }
+                    float eps, CpuPool* pool) {
+  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * cols;
+      const double ss = LaneSum(cols, [xr](int64_t c) {
+        return static_cast<double>(xr[c]) * xr[c];
+      });
+      float rs = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
+      rstd[r] = rs;
+      float* orow = out + r * cols;
+      for (int64_t c = 0; c < cols; ++c) orow[c] = xr[c] * rs * weight[c];
+    }
+  });
 }
 
 void RmsNormBackward(float* dx, float* dweight, const float* dout,
                      const float* x, const float* weight, const float* rstd,
-                     int64_t rows, int64_t cols) {
+                     int64_t rows, int64_t cols, CpuPool* pool) {
   // y = x * r * w with r = (mean x^2 + eps)^-1/2:
   // dx = r * (dout*w) - x * r^3 / cols * sum_c (dout*w*x).
-  // dweight[c] += sum_r dout*x*r is a reduction over rows: it is summed in
-  // double, rows in order, and added to dweight once at the end (a float
-  // running sum would lose ~rows ulps on long sequences).
-  std::vector<double> dw(cols, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    const float* dr = dout + r * cols;
-    const float rs = rstd[r];
-    const double dot = LaneSum(cols, [=](int64_t c) {
-      return static_cast<double>(dr[c]) * weight[c] * xr[c];
-    });
-    const float coef = static_cast<float>(dot * rs * rs * rs / cols);
-    float* dxr = dx + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      dw[c] += static_cast<double>(dr[c]) * xr[c] * rs;
-      dxr[c] = rs * dr[c] * weight[c] - xr[c] * coef;
+  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * cols;
+      const float* dr = dout + r * cols;
+      const float rs = rstd[r];
+      const double dot = LaneSum(cols, [=](int64_t c) {
+        return static_cast<double>(dr[c]) * weight[c] * xr[c];
+      });
+      const float coef = static_cast<float>(dot * rs * rs * rs / cols);
+      float* dxr = dx + r * cols;
+      for (int64_t c = 0; c < cols; ++c) dxr[c] = rs * dr[c] * weight[c] - xr[c] * coef;
     }
-  }
-  for (int64_t c = 0; c < cols; ++c) {
-    dweight[c] = static_cast<float>(dweight[c] + dw[c]);
-  }
+  });
+  // dweight[c] += sum_r dout*x*r is a reduction over rows: split by columns
+  // instead, so each column is still summed in double over rows in order and
+  // added to dweight once (a float running sum would lose ~rows ulps on long
+  // sequences) whatever the pool.
+  constexpr int64_t kColsPerTask = 64;
+  ParallelFor(pool, TaskCount(cols, kColsPerTask), [=](int64_t t, int) {
+    const int64_t c0 = t * kColsPerTask, c1 = std::min(cols, c0 + kColsPerTask);
+    double dw[kColsPerTask] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      const float* dr = dout + r * cols;
+      const float rs = rstd[r];
+      for (int64_t c = c0; c < c1; ++c) dw[c - c0] += static_cast<double>(dr[c]) * xr[c] * rs;
+    }
+    for (int64_t c = c0; c < c1; ++c) dweight[c] = static_cast<float>(dweight[c] + dw[c - c0]);
+  });
 }
 
-void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* yr = y + r * cols;
-    const float mx = LaneMax(xr, cols);
-    // y may alias x: each element is read before it is overwritten.
-    for (int64_t c = 0; c < cols; ++c) yr[c] = std::exp(xr[c] - mx);
-    const double sum = LaneSum(cols, [yr](int64_t c) { return double{yr[c]}; });
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
-  }
+void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols, CpuPool* pool) {
+  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * cols;
+      float* yr = y + r * cols;
+      const float mx = LaneMax(xr, cols);
+      // y may alias x: each element is read before it is overwritten.
+      ExpShiftScale(xr, mx, 1.0f, yr, cols);
+      const double sum = LaneSum(cols, [yr](int64_t c) { return double{yr[c]}; });
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    }
+  });
 }
 
-void LogSumExpRows(float* out, const float* x, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    // Shifting by the row maximum keeps exp in range for any finite x (the
-    // difference may round to -inf, whose exp is 0).
-    const float mx = LaneMax(xr, cols);
-    const double sum = LaneSum(cols, [xr, mx](int64_t c) {
-      return std::exp(static_cast<double>(xr[c] - mx));
-    });
-    out[r] = static_cast<float>(mx + std::log(sum));
-  }
+void LogSumExpRows(float* out, const float* x, int64_t rows, int64_t cols, CpuPool* pool) {
+  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * cols;
+      // Shifting by the row maximum keeps exp in range for any finite x (the
+      // difference may round to -inf, whose exp is 0).
+      const float mx = LaneMax(xr, cols);
+      const double sum = LaneSum(cols, [xr, mx](int64_t c) {
+        return std::exp(static_cast<double>(xr[c] - mx));
+      });
+      out[r] = static_cast<float>(mx + std::log(sum));
+    }
+  });
 }
 
 void Sum(float* out, const float* x, int64_t n) {
@@ -197,19 +297,57 @@ AdamWStepScalars ComputeAdamWStepScalars(const AdamWArgs& a) {
 }
 
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
-           const AdamWArgs& a) {
+           const AdamWArgs& a, CpuPool* pool) {
   const AdamWStepScalars sc = ComputeAdamWStepScalars(a);
   const float step_size = sc.step_size, bc2_sqrt = sc.bc2_sqrt,
               decay = sc.decay;
-  for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i] * a.grad_scale;
-    float p = param[i] * decay;
-    float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
-    float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = p - step_size * mi / (std::sqrt(vi) / bc2_sqrt + a.eps);
-  }
+  ForBlocks(pool, n, [=, &a](int64_t b, int64_t e) {
+    int64_t i = b;
+#ifdef PLATEAU_EXP_AVX2
+    // Eight lanes, the scalar loop's operations in its order without fused
+    // multiply-adds; the tail goes through the same lanes, padded, so every
+    // element gets one formula whatever the split (bucketed optimizers
+    // compare bitwise with the unbucketed one).
+    const __m256 gs = _mm256_set1_ps(a.grad_scale), dc = _mm256_set1_ps(decay),
+                 b1 = _mm256_set1_ps(a.beta1), c1 = _mm256_set1_ps(1.0f - a.beta1),
+                 b2 = _mm256_set1_ps(a.beta2), c2 = _mm256_set1_ps(1.0f - a.beta2),
+                 ss = _mm256_set1_ps(step_size), bc = _mm256_set1_ps(bc2_sqrt),
+                 ep = _mm256_set1_ps(a.eps);
+    auto body = [&](float* pp, const float* gp, float* mp, float* vp) {
+      const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(gp), gs);
+      const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(pp), dc);
+      const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(mp)), _mm256_mul_ps(c1, g));
+      const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(vp)),
+                                      _mm256_mul_ps(_mm256_mul_ps(c2, g), g));
+      _mm256_storeu_ps(mp, mi);
+      _mm256_storeu_ps(vp, vi);
+      const __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc), ep);
+      _mm256_storeu_ps(pp, _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(ss, mi), den)));
+    };
+    for (; i + 8 <= e; i += 8) body(param + i, grad + i, m + i, v + i);
+    if (i < e) {  // the tail through the same lanes, padded (one formula everywhere)
+      float p8[8] = {}, g8[8] = {}, m8[8] = {}, v8[8] = {};
+      std::copy(param + i, param + e, p8);
+      std::copy(grad + i, grad + e, g8);
+      std::copy(m + i, m + e, m8);
+      std::copy(v + i, v + e, v8);
+      body(p8, g8, m8, v8);
+      std::copy(p8, p8 + (e - i), param + i);
+      std::copy(m8, m8 + (e - i), m + i);
+      std::copy(v8, v8 + (e - i), v + i);
+      i = e;
+    }
+#endif
+    for (; i < e; ++i) {
+      float g = grad[i] * a.grad_scale;
+      float p = param[i] * decay;
+      float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
+      float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      param[i] = p - step_size * mi / (std::sqrt(vi) / bc2_sqrt + a.eps);
+    }
+  });
 }
 
 }  // namespace plateau::cpu

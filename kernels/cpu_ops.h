@@ -5,37 +5,44 @@
 //
 // Reductions accumulate in double in a fixed order, so they are deterministic
 // and accurate enough to serve as references.
+//
+// `pool`: the CPU backend passes its thread pool (kernels/cpu_pool.h); the
+// work is split by the problem's size only (blocks of elements, of rows or of
+// columns), so the result is the same bits with or without a pool and for
+// any pool size (cpu_ops_test.cc checks 1, 2 and 3 threads). Sum and
+// SumSquares stay on the calling thread (one fixed-order reduction).
 #ifndef PLATEAU_KERNELS_CPU_OPS_H_
 #define PLATEAU_KERNELS_CPU_OPS_H_
 
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cpu_pool.h"
 
 namespace plateau::cpu {
 
 void Gemm(const GemmArgs& g);  // OpenBLAS cblas_sgemm, row-major
 
-void Fill(float* x, int64_t n, float value);
-void Scale(float* x, int64_t n, float alpha);
-void Axpy(float* y, const float* x, int64_t n, float alpha);
-void Add(float* out, const float* a, const float* b, int64_t n);
-void Mul(float* out, const float* a, const float* b, int64_t n);
-void SwiGluForward(float* out, const float* gate, const float* up, int64_t n);
+void Fill(float* x, int64_t n, float value, CpuPool* pool = nullptr);
+void Scale(float* x, int64_t n, float alpha, CpuPool* pool = nullptr);
+void Axpy(float* y, const float* x, int64_t n, float alpha, CpuPool* pool = nullptr);
+void Add(float* out, const float* a, const float* b, int64_t n, CpuPool* pool = nullptr);
+void Mul(float* out, const float* a, const float* b, int64_t n, CpuPool* pool = nullptr);
+void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, CpuPool* pool = nullptr);
 void SwiGluBackward(float* dgate, float* dup, const float* dout,
-                    const float* gate, const float* up, int64_t n);
+                    const float* gate, const float* up, int64_t n, CpuPool* pool = nullptr);
 void RmsNormForward(float* out, float* rstd, const float* x,
                     const float* weight, int64_t rows, int64_t cols,
-                    float eps);
+                    float eps, CpuPool* pool = nullptr);
 void RmsNormBackward(float* dx, float* dweight, const float* dout,
                      const float* x, const float* weight, const float* rstd,
-                     int64_t rows, int64_t cols);
-void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols);
-void LogSumExpRows(float* out, const float* x, int64_t rows, int64_t cols);
+                     int64_t rows, int64_t cols, CpuPool* pool = nullptr);
+void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols, CpuPool* pool = nullptr);
+void LogSumExpRows(float* out, const float* x, int64_t rows, int64_t cols, CpuPool* pool = nullptr);
 void Sum(float* out, const float* x, int64_t n);
 void SumSquares(float* out, const float* x, int64_t n);
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
-           const AdamWArgs& args);
+           const AdamWArgs& args, CpuPool* pool = nullptr);
 
 // The per-step scalars of AdamW, computed once per call with the bias
 // corrections in double as torch computes them (Python floats). The CUDA

@@ -142,8 +142,10 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOff) {
   // fp32: 3 rstd [N] (48), m and l [N heads] x 2 (128), lse and delta
   // (64 + 64), router logits, probs and their gradient [N E] (3 x 64),
   // gates and their gradient [N k] (2 x 32), the backward travellers' dK,
-  // dV (512), the score panel 2 x 8 x 8 (128): 1200 values.
-  EXPECT_EQ(at(LiveSet::kActivations), 64 * 4 + 4608 * 2 + 1200 * 4);
+  // dV (512): 1072 values; and the attention scratch (attention_shape.h): 8
+  // slots (2 x 4 x 1 forward tiles) of three 8 x 8 tiles and the K, V tiles
+  // transposed (2 x 4 x 8): 8 x 256 = 2048 values.
+  EXPECT_EQ(at(LiveSet::kActivations), 64 * 4 + 4608 * 2 + (1072 + 2048) * 4);
   // L + 1 = 3 boundaries [N, H] in bf16.
   EXPECT_EQ(at(LiveSet::kCheckpoints), 3 * 16 * 16 * 2);
   // Dense logits [N, V] in bf16, the log-sum-exp [N] in fp32.

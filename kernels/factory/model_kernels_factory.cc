@@ -1,5 +1,6 @@
 // ModelKernels::Create, defined above the CPU and CUDA model kernels so that
 // both depend on the interface (kernels/model/model_kernels.h) only.
+#include "kernels/cpu_backend.h"
 #include "kernels/model/cpu_model_kernels.h"
 #include "kernels/model/model_kernels.h"
 #ifdef PLATEAU_WITH_CUDA
@@ -11,7 +12,7 @@ namespace plateau {
 absl::StatusOr<std::unique_ptr<ModelKernels>> ModelKernels::Create(Backend& backend) {
   switch (backend.kind()) {
     case BackendKind::kCpu:
-      return CreateCpuModelKernels();
+      return CreateCpuModelKernels(CpuBackendPool(backend));
     case BackendKind::kCuda:
 #ifdef PLATEAU_WITH_CUDA
       return CreateCudaModelKernels(backend);

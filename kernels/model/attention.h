@@ -1,7 +1,9 @@
 // Causal grouped-query attention with an online softmax (the FlashAttention
-// recurrence), on the CPU. Memory is linear in the sequence: no T x T score
-// matrix exists, only one panel of it (128 query rows x the block's keys) at
-// a time.
+// recurrence), on the CPU, tiled as the CUDA kernel will be: a tile of 64
+// query rows meets the keys 64 at a time; the 64 x 64 score tile stays in
+// cache and no T x T score matrix, nor a score row of the whole block,
+// exists. The tile products are the kernel's own AVX2 loops (not OpenBLAS),
+// so that tiles run on the CPU pool's threads at once.
 //
 // The unit of work is a *block pair*: the queries a rank holds against one
 // block of keys/values, which may be its own or one that arrived over the
@@ -19,14 +21,19 @@
 // the K/V block kv_pos0 + t. A key is visible when its position <= the
 // query's (causal), and only within the same sequence b.
 //
-// Every function is deterministic: a fixed panel order, no atomics. `work`
+// Every function is deterministic: a fixed tile order, no atomics. `work`
 // is caller-provided scratch of AttentionWorkspaceFloats() floats, so that
-// the step accounts for it in its live sets.
+// the step accounts for it in its live sets. `pool` (kernels/cpu_pool.h):
+// forward splits into (sequence, head, query tile) tasks, backward into
+// (sequence, K/V head) tasks, each writing its own outputs with its own
+// scratch slot, so the bits are the same without a pool and for any pool
+// size. Exponentials use kernels/cpu_exp.h (within 2 ulps of std::exp).
 #ifndef PLATEAU_KERNELS_MODEL_ATTENTION_H_
 #define PLATEAU_KERNELS_MODEL_ATTENTION_H_
 
 #include <cstdint>
 
+#include "kernels/cpu_pool.h"
 #include "kernels/model/attention_shape.h"
 
 namespace plateau {
@@ -34,35 +41,41 @@ namespace plateau {
 
 // m = -inf, l = 0, acc = 0.
 void AttentionInitState(const AttentionShape& s, float* m, float* l,
-                        float* acc);
+                        float* acc,
+    CpuPool* pool = nullptr);
 
 // Folds the K/V block into the running state.
 void AttentionForwardBlock(const AttentionShape& s, const float* q,
                            const float* k, const float* v, float* m, float* l,
-                           float* acc, float* work);
+                           float* acc, float* work,
+    CpuPool* pool = nullptr);
 
 // o = acc / l (in place: acc becomes o), lse = m + log(l). A row that saw no
 // key at all (impossible under causal masking with its own block) gets o = 0
 // and lse = -inf.
 void AttentionFinalize(const AttentionShape& s, const float* m, const float* l,
-                       float* acc_to_o, float* lse);
+                       float* acc_to_o, float* lse,
+    CpuPool* pool = nullptr);
 
 // delta[row, head] = sum_c o * do: the softmax-backward correction term.
 void AttentionDelta(const AttentionShape& s, const float* o, const float* dout,
-                    float* delta);
+                    float* delta,
+    CpuPool* pool = nullptr);
 
 // Adds this block pair's contribution to dq (queries) and to dk, dv (the
 // block's keys and values).
 void AttentionBackwardBlock(const AttentionShape& s, const float* q,
                             const float* k, const float* v, const float* dout,
                             const float* lse, const float* delta, float* dq,
-                            float* dk, float* dv, float* work);
+                            float* dk, float* dv, float* work,
+    CpuPool* pool = nullptr);
 
 // Rotary embedding (docs/MODEL.md, half-split) in place on x [batch, len,
 // heads, head_dim], row t of sequence b at position pos0 + t. `inverse`
 // applies the transposed rotation, which is the backward.
 void RopeApply(float* x, int64_t batch, int64_t len, int64_t heads,
-               int64_t head_dim, int64_t pos0, float theta, bool inverse);
+               int64_t head_dim, int64_t pos0, float theta, bool inverse,
+    CpuPool* pool = nullptr);
 
 }  // namespace plateau
 

@@ -9,9 +9,14 @@
 
 namespace plateau {
 
-// Query rows per panel: the block functions score a panel against the whole
-// K/V block, so the scratch is linear in kv_len.
-inline constexpr int64_t kAttentionPanelRows = 128;
+// Attention is tiled (attention.h): a tile of up to kAttentionTileRows
+// query rows meets the block's keys kAttentionTileRows at a time, so a score
+// tile (64 x 64 floats, 16 KiB) stays in cache and no score row spans the
+// sequence. Each participant of the CPU pool gets one slot of tile scratch;
+// at most kAttentionMaxSlots take part in one call (the workspace is planned
+// from the shape alone, before any pool exists).
+inline constexpr int64_t kAttentionTileRows = 64;
+inline constexpr int64_t kAttentionMaxSlots = 8;
 
 struct AttentionShape {
   int64_t batch = 1;
@@ -25,10 +30,35 @@ struct AttentionShape {
   float scale = 1.0f;  // 1 / sqrt(head_dim)
 };
 
-// Scratch the block functions need, in floats: linear in kv_len (a panel of
-// query rows against the block's keys), never kv_len x q_len.
+// Tile sizes of a call: kAttentionTileRows, or the whole block when shorter.
+inline int64_t AttentionTileQueries(const AttentionShape& s) {
+  return std::min(kAttentionTileRows, s.q_len);
+}
+inline int64_t AttentionTileKeys(const AttentionShape& s) {
+  return std::min(kAttentionTileRows, s.kv_len);
+}
+
+// One slot: scores/probabilities and their gradient [tq x tk], the K and V
+// tiles transposed [head_dim x tk], and one transposed tile [tk x tq].
+inline int64_t AttentionSlotFloats(const AttentionShape& s) {
+  const int64_t tq = AttentionTileQueries(s), tk = AttentionTileKeys(s);
+  return 3 * tq * tk + 2 * s.head_dim * tk;
+}
+
+// Slots a call can use: one per task it splits into (forward: sequence x
+// head x query tile; backward: sequence x K/V head), at most
+// kAttentionMaxSlots.
+inline int64_t AttentionSlots(const AttentionShape& s) {
+  const int64_t tq = AttentionTileQueries(s);
+  const int64_t forward = s.batch * s.heads * ((s.q_len + tq - 1) / std::max<int64_t>(tq, 1));
+  const int64_t backward = s.batch * s.kv_heads;
+  return std::max<int64_t>(1, std::min(kAttentionMaxSlots, std::max(forward, backward)));
+}
+
+// Scratch the block functions need, in floats: independent of the sequence
+// length beyond one tile (no T x T scores, no score row of kv_len).
 inline int64_t AttentionWorkspaceFloats(const AttentionShape& s) {
-  return 2 * std::min(kAttentionPanelRows, s.q_len) * s.kv_len;
+  return AttentionSlots(s) * AttentionSlotFloats(s);
 }
 
 }  // namespace plateau

@@ -14,79 +14,82 @@ namespace plateau {
 namespace {
 
 class CpuModelKernels final : public ModelKernels {
+ public:
+  explicit CpuModelKernels(std::shared_ptr<CpuPool> pool) : pool_(std::move(pool)) {}
+
  protected:
   absl::Status DoEmbedding(Stream& s, const float* table, int64_t vocab, const int32_t* tokens, int64_t rows, int64_t hidden, float* out) override {
-    return Run(s, [=] { EmbeddingForward(table, tokens, rows, hidden, out); });
+    return Run(s, [=, p = pool_.get()] { EmbeddingForward(table, tokens, rows, hidden, out, p); });
   }
 
   absl::Status DoEmbeddingBackward(Stream& s, const float* dout, const int32_t* tokens, int64_t rows, int64_t hidden, float* dtable) override {
-    return Run(s, [=] { plateau::EmbeddingBackward(dout, tokens, rows, hidden, dtable); });
+    return Run(s, [=, p = pool_.get()] { plateau::EmbeddingBackward(dout, tokens, rows, hidden, dtable, p); });
   }
 
   absl::Status DoRope(Stream& s, float* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0, float theta, bool inverse) override {
-    return Run(s, [=] { RopeApply(x, batch, len, heads, head_dim, pos0, theta, inverse); });
+    return Run(s, [=, p = pool_.get()] { RopeApply(x, batch, len, heads, head_dim, pos0, theta, inverse, p); });
   }
 
   absl::Status DoAttentionInit(Stream& s, const AttentionShape& shape, float* m, float* l, float* acc) override {
-    return Run(s, [=] { AttentionInitState(shape, m, l, acc); });
+    return Run(s, [=, p = pool_.get()] { AttentionInitState(shape, m, l, acc, p); });
   }
 
   absl::Status DoAttentionForwardBlock(Stream& s, const AttentionShape& shape, const float* q, const float* k, const float* v, float* m, float* l, float* acc, float* work) override {
-    return Run(s, [=] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc, work); });
+    return Run(s, [=, p = pool_.get()] { plateau::AttentionForwardBlock(shape, q, k, v, m, l, acc, work, p); });
   }
 
   absl::Status DoAttentionFinalize(Stream& s, const AttentionShape& shape, const float* m, const float* l, float* acc_to_o, float* lse) override {
-    return Run(s, [=] { plateau::AttentionFinalize(shape, m, l, acc_to_o, lse); });
+    return Run(s, [=, p = pool_.get()] { plateau::AttentionFinalize(shape, m, l, acc_to_o, lse, p); });
   }
 
   absl::Status DoAttentionDelta(Stream& s, const AttentionShape& shape, const float* o, const float* dout, float* delta) override {
-    return Run(s, [=] { plateau::AttentionDelta(shape, o, dout, delta); });
+    return Run(s, [=, p = pool_.get()] { plateau::AttentionDelta(shape, o, dout, delta, p); });
   }
 
   absl::Status DoAttentionBackwardBlock(Stream& s, const AttentionShape& shape, const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv, float* work) override {
-    return Run(s, [=] {
-    plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv, work);
+    return Run(s, [=, p = pool_.get()] {
+    plateau::AttentionBackwardBlock(shape, q, k, v, dout, lse, delta, dq, dk, dv, work, p);
   });
   }
 
   absl::Status DoRouter(Stream& s, const float* logits, int64_t rows, int64_t experts, int64_t top_k, float* probs, int32_t* chosen, float* gates) override {
-    return Run(s, [=] { RouterForward(logits, rows, experts, top_k, probs, chosen, gates); });
+    return Run(s, [=, p = pool_.get()] { RouterForward(logits, rows, experts, top_k, probs, chosen, gates, p); });
   }
 
   absl::Status DoRouterBackward(Stream& s, const float* probs, const int32_t* chosen, const float* gates, const float* dgates, int64_t rows, int64_t experts, int64_t top_k, float* dlogits) override {
-    return Run(s, [=] {
-    plateau::RouterBackward(probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
+    return Run(s, [=, p = pool_.get()] {
+    plateau::RouterBackward(probs, chosen, gates, dgates, rows, experts, top_k, dlogits, p);
   });
   }
 
   absl::Status DoCrossEntropy(Stream& s, const float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats) override {
-    return Run(s, [=] {
+    return Run(s, [=, p = pool_.get()] {
     int64_t valid = 0;
-    stats[0] += CrossEntropyForward(logits, targets, rows, vocab, lse, &valid);
+    stats[0] += CrossEntropyForward(logits, targets, rows, vocab, lse, &valid, p);
     stats[1] += static_cast<double>(valid);
   });
   }
 
   absl::Status DoCrossEntropyBackward(Stream& s, float* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale) override {
-    return Run(s, [=] {
-    plateau::CrossEntropyBackward(logits_to_grad, lse, targets, rows, vocab, scale);
+    return Run(s, [=, p = pool_.get()] {
+    plateau::CrossEntropyBackward(logits_to_grad, lse, targets, rows, vocab, scale, p);
   });
   }
 
   absl::Status DoGatherRows(Stream& s, const float* src, int64_t src_rows, const int32_t* index, const float* scales, int64_t rows, int64_t width, float* dst) override {
-    return Run(s, [=] { plateau::GatherRows(src, index, scales, rows, width, dst); });
+    return Run(s, [=, p = pool_.get()] { plateau::GatherRows(src, index, scales, rows, width, dst, p); });
   }
 
   absl::Status DoScatterRows(Stream& s, const float* src, int64_t rows, const int32_t* index, int64_t width, float* dst, int64_t /*dst_rows*/) override {
-    return Run(s, [=] { plateau::ScatterRows(src, rows, index, width, dst); });
+    return Run(s, [=, p = pool_.get()] { plateau::ScatterRows(src, rows, index, width, dst, p); });
   }
 
   absl::Status DoCombineRows(Stream& s, const float* src, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, float* out) override {
-    return Run(s, [=] { plateau::CombineRows(src, pos, weights, tokens, k, width, out); });
+    return Run(s, [=, p = pool_.get()] { plateau::CombineRows(src, pos, weights, tokens, k, width, out, p); });
   }
 
   absl::Status DoRowDots(Stream& s, const float* a, const float* b, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out) override {
-    return Run(s, [=] { plateau::RowDots(a, b, pos, tokens, k, width, out); });
+    return Run(s, [=, p = pool_.get()] { plateau::RowDots(a, b, pos, tokens, k, width, out, p); });
   }
 
   absl::Status DoStripInit(Stream& s, float* state, int64_t rows) override {
@@ -97,9 +100,9 @@ class CpuModelKernels final : public ModelKernels {
   }
 
   absl::Status DoStripFold(Stream& s, const float* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride) override {
-    return Run(s, [=] {
+    return Run(s, [=, p = pool_.get()] {
     plateau::StripFold(logits, rows, width, col0, targets, state, state + stride,
-                       state + 2 * stride);
+                       state + 2 * stride, p);
   });
   }
 
@@ -113,8 +116,8 @@ class CpuModelKernels final : public ModelKernels {
   }
 
   absl::Status DoStripDelta(Stream& s, float* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) override {
-    return Run(s, [=] {
-    plateau::StripDelta(logits_to_delta, rows, width, col0, targets, lse, scale);
+    return Run(s, [=, p = pool_.get()] {
+    plateau::StripDelta(logits_to_delta, rows, width, col0, targets, lse, scale, p);
   });
   }
 
@@ -132,12 +135,15 @@ class CpuModelKernels final : public ModelKernels {
     });
     return absl::OkStatus();
   }
+
+  // The backend's pool (kernels/cpu_pool.h); may be null (serial).
+  const std::shared_ptr<CpuPool> pool_;
 };
 
 }  // namespace
 
-std::unique_ptr<ModelKernels> CreateCpuModelKernels() {
-  return std::make_unique<CpuModelKernels>();
+std::unique_ptr<ModelKernels> CreateCpuModelKernels(std::shared_ptr<CpuPool> pool) {
+  return std::make_unique<CpuModelKernels>(std::move(pool));
 }
 
 }  // namespace plateau

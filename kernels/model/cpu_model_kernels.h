@@ -3,17 +3,21 @@
 // work. These are the references the CUDA kernels are tested against
 // (kernels/model/cuda_model_twin_test.cc).
 //
-// Thread safety: as ModelKernels (no mutable state).
+// Thread safety: as ModelKernels (no mutable state of its own; the pool is
+// safe to share, kernels/cpu_pool.h).
 #ifndef PLATEAU_KERNELS_MODEL_CPU_MODEL_KERNELS_H_
 #define PLATEAU_KERNELS_MODEL_CPU_MODEL_KERNELS_H_
 
 #include <memory>
 
+#include "kernels/cpu_pool.h"
 #include "kernels/model/model_kernels.h"
 
 namespace plateau {
 
-std::unique_ptr<ModelKernels> CreateCpuModelKernels();
+// `pool` is the CPU backend's (CpuBackendPool); the kernels split their work
+// over it with a fixed split (same bits for any pool size, or none).
+std::unique_ptr<ModelKernels> CreateCpuModelKernels(std::shared_ptr<CpuPool> pool = nullptr);
 
 }  // namespace plateau
 

@@ -1,0 +1,62 @@
+#include "kernels/cpu_pool.h"
+
+#include <atomic>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace plateau {
+namespace {
+
+TEST(CpuPoolTest, EveryTaskRunsOnceWithADistinctSlot) {
+  for (int threads : {1, 2, 3, 5}) {
+    CpuPool pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    for (int64_t tasks : {0, 1, 2, 7, 1000}) {
+      std::vector<std::atomic<int>> hits(tasks);
+      std::vector<std::atomic<int>> in_slot(threads);
+      std::atomic<bool> clash{false};
+      pool.ParallelFor(tasks, [&](int64_t t, int slot) {
+        if (slot < 0 || slot >= threads || in_slot[slot].fetch_add(1) != 0) clash = true;
+        hits[t].fetch_add(1);
+        in_slot[slot].fetch_sub(1);
+      });
+      EXPECT_FALSE(clash) << threads << " threads, " << tasks << " tasks";
+      for (int64_t t = 0; t < tasks; ++t) ASSERT_EQ(hits[t].load(), 1) << t;
+    }
+  }
+}
+
+TEST(CpuPoolTest, MaxSlotsCapsTheParticipants) {
+  CpuPool pool(4);
+  std::atomic<int> worst{0};
+  pool.ParallelFor(100, [&](int64_t, int slot) {
+    int w = worst.load();
+    while (slot > w && !worst.compare_exchange_weak(w, slot)) {}
+  }, 2);
+  EXPECT_LT(worst.load(), 2);
+}
+
+// A caller that finds the pool busy runs its tasks itself.
+TEST(CpuPoolTest, ConcurrentCallersBothFinish) {
+  CpuPool pool(2);
+  std::atomic<int64_t> total{0};
+  std::thread other([&] {
+    for (int i = 0; i < 200; ++i) pool.ParallelFor(50, [&](int64_t, int) { total += 1; });
+  });
+  for (int i = 0; i < 200; ++i) pool.ParallelFor(50, [&](int64_t, int) { total += 1; });
+  other.join();
+  EXPECT_EQ(total.load(), 2 * 200 * 50);
+}
+
+TEST(CpuPoolTest, NullPoolRunsInOrder) {
+  std::vector<int64_t> order;
+  ParallelFor(nullptr, 5, [&](int64_t t, int slot) {
+    EXPECT_EQ(slot, 0);
+    order.push_back(t);
+  });
+  EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
+}  // namespace
+}  // namespace plateau
