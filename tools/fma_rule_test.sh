@@ -3,8 +3,8 @@
 # among its arguments that are in the runfiles (a cc_library's shared library
 # is; its archive, the same code, is not).
 set -euo pipefail
-libm=()
-if [[ "${1:-}" == --libm=* ]]; then libm=("$1"); shift; fi
+opts=()
+while [[ "${1:-}" == --libm=* || "${1:-}" == --explicit=* ]]; do opts+=("$1"); shift; done
 files=()
 for f in "$@"; do
   case "$f" in *.a|*.so|*.ptx) [ -e "$f" ] && files+=("$f") ;; esac
@@ -14,4 +14,4 @@ case " ${files[*]}" in
   *.ptx*) ;;
   *) echo "fma_rule_test: CPU objects only (the CUDA kernels' PTX needs --config=cuda)" ;;
 esac
-exec tools/check-fma "${libm[@]}" "${files[@]}"
+exec tools/check-fma "${opts[@]}" "${files[@]}"
