@@ -60,7 +60,8 @@ std::vector<v1::JobEvent> Events(Cluster& c, const std::string& id) {
 std::map<int64_t, double> Losses(const std::vector<v1::JobEvent>& events, int attempt) {
   std::map<int64_t, double> out;
   for (const v1::JobEvent& e : events) {
-    if (e.has_step() && e.step().rank() == 0 && e.step().attempt() == attempt) out[e.step().step()] = e.step().loss();
+    // One event per step of the whole job (the global batch's loss).
+    if (e.has_job_step() && e.job_step().attempt() == attempt) out[e.job_step().step()] = e.job_step().loss();
   }
   return out;
 }
