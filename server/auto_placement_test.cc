@@ -15,12 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
 #include "tests/cluster.h"
 #include "worker/calibration.h"
 #include "worker/job_spec.h"
+#include "worker/auto_spec_testing.h"
 
 namespace plateau {
 namespace {
@@ -34,18 +34,7 @@ v1::JobSpec AllAuto(v1::Backend backend) {
   s.set_name("auto");
   s.set_backend(backend);
   s.set_max_restarts(1);
-  v1::ScheduleSpec* sc = s.mutable_schedule();
-  sc->mutable_pipelined_llep()->clear_chunk_tokens();
-  sc->mutable_sco()->clear_host_budget_bytes();
-  sc->mutable_offload_stream_adamw()->clear_bucket_params();
-  EXPECT_TRUE(google::protobuf::TextFormat::MergeFromString(R"pb(
-    schedule {
-      pipelined_llep { chunk_tokens_auto: true }
-      ring_dtp { strip_auto: true }
-      sco { host_budget_auto: true }
-      offload_stream_adamw { bucket_params_auto: true }
-    })pb", &s));
-  return s;
+  return WithAllAuto(std::move(s));
 }
 
 // A curve with a flat GEMM rate and the given launch, copy and collective

@@ -13,9 +13,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
+#include "worker/auto_spec_testing.h"
 
 namespace plateau {
 namespace {
@@ -27,18 +27,7 @@ using namespace testing_cluster;  // NOLINT: the harness is this file's vocabula
 v1::JobSpec AllAuto() {
   v1::JobSpec s = TinyJob(4);
   s.set_name("auto");
-  v1::ScheduleSpec* sc = s.mutable_schedule();
-  sc->mutable_pipelined_llep()->clear_chunk_tokens();
-  sc->mutable_sco()->clear_host_budget_bytes();
-  sc->mutable_offload_stream_adamw()->clear_bucket_params();
-  EXPECT_TRUE(google::protobuf::TextFormat::MergeFromString(R"pb(
-    schedule {
-      pipelined_llep { chunk_tokens_auto: true }
-      ring_dtp { strip_auto: true }
-      sco { host_budget_auto: true }
-      offload_stream_adamw { bucket_params_auto: true }
-    })pb", &s));
-  return s;
+  return WithAllAuto(std::move(s));
 }
 
 int64_t Bytes(const google::protobuf::RepeatedPtrField<v1::LiveSetBytes>& sets, const std::string& name) {

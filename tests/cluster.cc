@@ -386,6 +386,18 @@ std::string Cluster::Logs() const {
   return out;
 }
 
+std::vector<v1::JobEvent> Cluster::AllEvents(const std::string& id) {
+  std::vector<v1::JobEvent> events;
+  client_
+      ->WatchJob(id, 0,
+                 [&](const v1::JobEvent& e) {
+                   events.push_back(e);
+                   return true;
+                 })
+      .IgnoreError();
+  return events;
+}
+
 v1::Job Cluster::WaitDone(const std::string& id) {
   v1::Job job;
   WaitFor([&] {

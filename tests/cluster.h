@@ -174,6 +174,9 @@ class Cluster {
   std::string Logs() const;
   // Waits for the job's final state (kDeadline at most).
   v1::Job WaitDone(const std::string& id);
+  // Every event of the job from index 0, in order: a watch to its end (it
+  // ends after the final state; for a live job this waits for it).
+  std::vector<v1::JobEvent> AllEvents(const std::string& id);
   // Watches until the job's step `step` is an event (every rank reported it).
   bool WaitStep(const std::string& id, int64_t step);
 

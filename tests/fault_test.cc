@@ -28,19 +28,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
 
-// Every event of the job, in order (the watch ends with the final state).
-std::vector<v1::JobEvent> Events(Cluster& c, const std::string& id) {
-  std::vector<v1::JobEvent> events;
-  c.client()
-      .WatchJob(id, 0,
-                [&](const v1::JobEvent& e) {
-                  events.push_back(e);
-                  return true;
-                })
-      .IgnoreError();
-  return events;
-}
-
 std::vector<v1::JobState> States(const std::vector<v1::JobEvent>& events) {
   std::vector<v1::JobState> states;
   for (const v1::JobEvent& e : events) {
@@ -117,7 +104,7 @@ TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss)
   auto a = c.client().SubmitJob(spec_in("ckpt-a"), false);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_EQ(c.WaitDone(a->job().id()).state(), v1::SUCCEEDED) << c.Logs();
-  const std::vector<v1::JobEvent> events_a = Events(c, a->job().id());
+  const std::vector<v1::JobEvent> events_a = c.AllEvents(a->job().id());
 
   // The same job with a second worker registered: the job's worker is
   // killed after step 25, and the attempt restarts on the one that remains.
@@ -136,7 +123,7 @@ TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss)
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
   EXPECT_EQ(job.attempt(), 1);
   ASSERT_EQ(job.placement_size(), 0);
-  const std::vector<v1::JobEvent> events_b = Events(c, id);
+  const std::vector<v1::JobEvent> events_b = c.AllEvents(id);
   const std::vector<v1::JobState> states = States(events_b);
   EXPECT_THAT(states, ::testing::Contains(v1::RESTARTING));
   bool lost = false;
@@ -226,7 +213,7 @@ TEST(FaultTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
   EXPECT_EQ(job.attempt(), 0) << "re-attached, not restarted";
   EXPECT_EQ(job.progress().step(), kSteps);
 
-  const std::vector<v1::JobEvent> events = Events(c, id);
+  const std::vector<v1::JobEvent> events = c.AllEvents(id);
   ASSERT_EQ(static_cast<int64_t>(events.size()), job.event_count());
   // One event per step, none lost or repeated across the restart, each
   // over both ranks (the per-rank detail too).

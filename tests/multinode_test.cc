@@ -44,18 +44,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
 
-std::vector<v1::JobEvent> Events(Cluster& c, const std::string& id) {
-  std::vector<v1::JobEvent> events;
-  c.client()
-      .WatchJob(id, 0,
-                [&](const v1::JobEvent& e) {
-                  events.push_back(e);
-                  return true;
-                })
-      .IgnoreError();
-  return events;
-}
-
 // step -> loss rank 0 reported in `attempt`.
 std::map<int64_t, double> Losses(const std::vector<v1::JobEvent>& events, int attempt) {
   std::map<int64_t, double> out;
@@ -191,8 +179,8 @@ TEST(MultiNodeTest, LossesAcrossTwoHostsEqualOneHostsToTheBit) {
 
   ASSERT_EQ(c.WaitDone(a->job().id()).state(), v1::SUCCEEDED) << c.Logs();
   ASSERT_EQ(c.WaitDone(id).state(), v1::SUCCEEDED) << c.Logs();
-  const std::map<int64_t, double> on_one = Losses(Events(c, a->job().id()), 0);
-  const std::map<int64_t, double> on_two = Losses(Events(c, id), 0);
+  const std::map<int64_t, double> on_one = Losses(c.AllEvents(a->job().id()), 0);
+  const std::map<int64_t, double> on_two = Losses(c.AllEvents(id), 0);
   ASSERT_EQ(on_one.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(on_two.size(), static_cast<size_t>(kSteps));
   for (int64_t s = 1; s <= kSteps; ++s) {
@@ -265,7 +253,7 @@ TEST(MultiNodeTest, APartitionedHostIsFencedAndTheJobRestartsOnTheOthers) {
   const v1::Job job = c.WaitDone(id);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
   EXPECT_EQ(job.attempt(), 1);
-  const std::vector<v1::JobEvent> events = Events(c, id);
+  const std::vector<v1::JobEvent> events = c.AllEvents(id);
   absl::Time restarted = absl::InfiniteFuture();
   for (const v1::JobEvent& e : events) {
     if (e.has_state_change() && e.state_change().state() == v1::RESTARTING) {

@@ -8,6 +8,7 @@
 #include "kernels/budget/budget.h"
 #include "worker/calibration.h"
 #include "worker/job_spec.h"
+#include "worker/auto_spec_testing.h"
 
 namespace plateau {
 namespace {
@@ -18,18 +19,7 @@ using ::testing::HasSubstr;
 // writes them.
 v1::JobSpec AllAuto() {
   v1::JobSpec s = DemoJobSpec(2, 10);
-  v1::ScheduleSpec* sc = s.mutable_schedule();
-  sc->mutable_pipelined_llep()->clear_chunk_tokens();
-  sc->mutable_offload_stream_adamw()->clear_bucket_params();
-  sc->mutable_sco()->clear_host_budget_bytes();
-  EXPECT_TRUE(google::protobuf::TextFormat::MergeFromString(R"pb(
-    schedule {
-      pipelined_llep { chunk_tokens_auto: true }
-      ring_dtp { strip_auto: true }
-      sco { host_budget_auto: true }
-      offload_stream_adamw { bucket_params_auto: true }
-    })pb", &s));
-  return s;
+  return WithAllAuto(std::move(s));
 }
 
 TEST(AutoSpecTest, RequestFollowsTheFlags) {
