@@ -583,9 +583,8 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     const absl::Time at = absl::FromUnixSeconds(e.time().seconds()) + absl::Nanoseconds(e.time().nanos());
     const std::string elapsed =
         started == absl::InfinitePast() || e.time().seconds() == 0 ? "-" : Clock(at - started);
-    const std::string eta =
-        steps_seen > 0 && seconds > 0 ? Clock(absl::Seconds(seconds / steps_seen * std::max<int64_t>(0, total - t.step())))
-                                      : "-";
+    const int64_t left = std::max<int64_t>(0, total - t.step());
+    const std::string eta = steps_seen > 0 && seconds > 0 ? Clock(absl::Seconds(seconds / steps_seen * left)) : "-";
     // Elapsed and ETA come before the long peaks, so a cut keeps them.
     const std::string line = FitLine(
         absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s",
@@ -620,47 +619,47 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     if (final_change.has_failure()) {
       const v1::Failure& f = final_change.failure();
       say(" (%s%s)", v1::Failure::Kind_Name(f.kind()).c_str(),
-                  f.live_set().empty() ? "" : absl::StrCat(", live set ", f.live_set()).c_str());
+          f.live_set().empty() ? "" : absl::StrCat(", live set ", f.live_set()).c_str());
     }
     say("\n");
     if (first_loss >= 0 && seconds > 0) {
       if (first_step <= 1) {
         say("  loss %.17g -> %.17g over steps 1-%lld; %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
-                    first_loss, last_loss, static_cast<long long>(last_step), tokens / seconds,
-                    flops / seconds / 1e12);
+            first_loss, last_loss, static_cast<long long>(last_step), tokens / seconds,
+            flops / seconds / 1e12);
       } else {
         // Resumed: the loss starts at the job's first step (from the job, as
         // this watch never saw it); the rates are of the steps it covers.
         const bool known = now->progress().step() > 0;
         say("  loss %s -> %.17g (step 1 from the job)\n",
-            known ? absl::StrFormat("%.17g", now->progress().first_loss()) : std::string("unknown"), last_loss);
+        known ? absl::StrFormat("%.17g", now->progress().first_loss()) : std::string("unknown"), last_loss);
         say("  this watch covers steps %lld-%lld of %lld: %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
-            static_cast<long long>(first_step), static_cast<long long>(last_step), static_cast<long long>(total),
-            tokens / seconds, flops / seconds / 1e12);
+        static_cast<long long>(first_step), static_cast<long long>(last_step), static_cast<long long>(total),
+        tokens / seconds, flops / seconds / 1e12);
       }
       say("  device peak per live set (largest over ranks) against the plan, MiB:\n");
       for (const auto& ls : plan.live_sets()) {
         const int64_t pk = peak[ls.live_set()];
         say("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
-                    pk <= ls.bytes() ? ""
-                    : ls.live_set() == "dispatch" ? "  above the balanced estimate (standard_ep has no bound)"
-                                                  : "  OVER THE PLAN");
+            pk <= ls.bytes() ? ""
+            : ls.live_set() == "dispatch" ? "  above the balanced estimate (standard_ep has no bound)"
+                                          : "  OVER THE PLAN");
       }
       say("    %-12s %9s / %9s of a %s MiB device\n", "total", MiB(peak_total).c_str(),
-                  MiB(plan.total_bytes()).c_str(), MiB(plan.device_memory_bytes()).c_str());
+          MiB(plan.total_bytes()).c_str(), MiB(plan.device_memory_bytes()).c_str());
       if (show_host()) {
         say("  host peak per live set (largest over ranks) against the plan, MiB:\n");
         for (const auto& ls : plan.host_live_sets()) {
           const int64_t pk = host_peak[ls.live_set()];
           if (pk == 0 && ls.bytes() == 0) continue;
           say("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
-                      pk <= ls.bytes() ? "" : "  OVER THE PLAN");
+              pk <= ls.bytes() ? "" : "  OVER THE PLAN");
         }
         say("    %-12s %9s / %9s %s\n", "total", MiB(host_peak_total).c_str(),
-                    MiB(plan.host_total_bytes()).c_str(),
-                    plan.host_memory_bytes() > 0
-                        ? absl::StrCat("of a ", MiB(plan.host_memory_bytes()), " MiB host cap").c_str()
-                        : "(no host cap)");
+            MiB(plan.host_total_bytes()).c_str(),
+            plan.host_memory_bytes() > 0
+                ? absl::StrCat("of a ", MiB(plan.host_memory_bytes()), " MiB host cap").c_str()
+                : "(no host cap)");
       }
     }
     for (absl::string_view line : absl::StrSplit(summary, '\n', absl::SkipEmpty())) {
