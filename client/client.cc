@@ -14,7 +14,8 @@ Client::Client(std::string address, absl::Duration timeout)
     : Client(ClientOptions{std::move(address), timeout}) {}
 
 Client::Client(ClientOptions options)
-    : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for) {
+    : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for),
+      on_reconnecting_(std::move(options.on_reconnecting)) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       OpenChannel(ConnectionOptions{address_, options.token_file, options.tls_ca_file});
   if (!channel.ok()) {
@@ -152,7 +153,8 @@ namespace {
 // few seconds only (a connect can fail transiently on a loaded machine), so
 // that a wrong address still fails fast.
 template <typename Row, typename OpenFn, typename Convert>
-absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for, OpenFn open,
+absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for,
+                          const std::function<void(const absl::Status&)>& on_reconnecting, OpenFn open,
                           const std::function<bool(const Row&)>& on_row, Convert convert) {
   absl::Time broke = absl::InfiniteFuture();
   bool connected = false;
@@ -173,7 +175,12 @@ absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for, OpenFn ope
     grpc::Status s = reader->Finish();
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return convert(s);
     const absl::Time now = absl::Now();
-    if (broke == absl::InfiniteFuture()) broke = now;
+    if (broke == absl::InfiniteFuture()) {
+      broke = now;
+      // Once per outage, and only after rows came: a coordinator never
+      // reached is an error, not a reconnect.
+      if (connected && on_reconnecting) on_reconnecting(convert(s));
+    }
     const absl::Duration patience = connected ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));
     if (now - broke >= patience) return convert(s);
     absl::SleepFor(absl::Milliseconds(250));
@@ -186,7 +193,7 @@ absl::Status Client::WatchJob(const std::string& id, int64_t from,
                               const std::function<bool(const v1::JobEvent&)>& on_event, bool per_rank) {
   if (!status_.ok()) return status_;
   return ReadResuming<v1::JobEvent>(
-      from, reconnect_for_,
+      from, reconnect_for_, on_reconnecting_,
       [&](grpc::ClientContext* ctx, int64_t at) {
         v1::WatchJobRequest req;
         req.set_job_id(id);
@@ -201,7 +208,7 @@ absl::Status Client::GetJobLogs(const std::string& id, bool follow, int64_t from
                                 const std::function<bool(const v1::LogEntry&)>& on_line) {
   if (!status_.ok()) return status_;
   return ReadResuming<v1::LogEntry>(
-      from, reconnect_for_,
+      from, reconnect_for_, on_reconnecting_,
       [&](grpc::ClientContext* ctx, int64_t at) {
         v1::GetJobLogsRequest req;
         req.set_job_id(id);

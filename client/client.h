@@ -30,6 +30,9 @@ struct ClientOptions {
   absl::Duration reconnect_for = absl::Seconds(60);
   std::string token_file;   // bearer token sent on every call; empty: none
   std::string tls_ca_file;  // PEM CA of the coordinator's certificate; empty: plaintext
+  // Called once each time a watch or log stream breaks and is being opened
+  // again (a UI says "reconnecting..."); not for a coordinator never reached.
+  std::function<void(const absl::Status&)> on_reconnecting;
 };
 
 class Client {
@@ -70,6 +73,7 @@ class Client {
   const std::string address_;
   const absl::Duration timeout_;
   const absl::Duration reconnect_for_;
+  const std::function<void(const absl::Status&)> on_reconnecting_;
   absl::Status status_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };

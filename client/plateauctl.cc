@@ -13,9 +13,12 @@
 // is one JSON object {"error":{"code","message","exit_code"}} on stderr, so
 // that stdout holds results only (a watch that breaks half-way has printed
 // whole events, then nothing).
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -119,9 +122,13 @@ const std::vector<CommandHelp>& Commands() {
        "Plans the job in SPEC without creating it: per-rank device and host bytes of every live\n"
        "set, N_max and the what-if table. Exit 5 when it does not fit its caps.\n",
        {}},
-      {"get", "JOB", "one job", "Prints one job: state, reason, failure, progress, layout, labels, times.\n", {}},
+      {"get", "JOB", "one job",
+       "Prints one job: state, reason, failure, progress (once a step has been reported),\n"
+       "placement (each worker and its ranks), layout, labels, times.\n",
+       {}},
       {"list", "", "jobs, oldest first (or newest first); filters by state and labels",
-       "Lists jobs one page at a time (--all: every page).\n",
+       "Lists jobs one page at a time (--all: every page). Reasons are cut to the terminal\n"
+       "width ($COLUMNS, else the terminal's, else 100 columns) with \"...\".\n",
        {{"state", "S[,S...]", "only jobs in these states (PENDING, RUNNING, ...)"},
         {"label", "SELECTOR",
          "only jobs whose labels match: comma-separated key=value,\n"
@@ -133,13 +140,19 @@ const std::vector<CommandHelp>& Commands() {
         {"page_token", "T", "continue from a previous page (same filters and order)"},
         {"all", "", "every page"}}},
       {"watch", "JOB", "live progress to the end; exits with the job's outcome",
-       "Streams the job's state changes and steps until its final state; exits 0, 1 or 3 with it.\n",
+       "Streams the job's state changes and steps until its final state; exits 0, 1 or 3 with it.\n"
+       "Each step line shows the elapsed time since the job started and an ETA (the steps left\n"
+       "times the mean step time so far), and is cut to the terminal width ($COLUMNS, else the\n"
+       "terminal's, else 100 columns). While the coordinator is away it says \"reconnecting...\"\n"
+       "on stderr and resumes from the next event.\n",
        {{"from", "INDEX", "the first event to show (resume with the last index + 1)"}}},
       {"logs", "JOB", "log lines of every rank",
        "Prints the job's log lines: every rank's stdout and stderr, the agent's and the\n"
        "coordinator's.\n",
        {{"follow", "", "keep streaming until the job ends (also -f)"},
-        {"from", "INDEX", "the first line to show"}}},
+        {"from", "INDEX", "the first line to show"},
+        {"rank", "N", "only rank N's lines (-1: the agent's and the coordinator's)"},
+        {"tail", "N", "only the last N lines (with --follow: the last N, then new ones)"}}},
       {"cancel", "JOB", "stop a job", "Cancels a job: its ranks are stopped, it ends CANCELLED. Exit 7 when it had\n"
                                       "already finished.\n",
        {}},
@@ -270,6 +283,61 @@ std::string NewRequestId() {
 
 std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
 
+// The columns a line of `watch` or `list` may take: $COLUMNS when it is a
+// positive number (what a shell exports, and what a test can set), else the
+// terminal's width when stdout is one, else 100 (a pipe or a file: no
+// terminal to fit, but lines a reader can still take in).
+int TerminalWidth() {
+  const char* env = std::getenv("COLUMNS");
+  int columns = 0;
+  if (env != nullptr && absl::SimpleAtoi(env, &columns) && columns > 0) return columns;
+  winsize ws{};
+  if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 100;
+}
+
+// `line` cut to `width` columns, "..." marking the cut (ASCII: every
+// terminal shows it in 3 columns). The lines cut are ASCII but for names
+// and reasons; a cut never splits a UTF-8 sequence.
+std::string FitLine(const std::string& line, int width) {
+  if (static_cast<int>(line.size()) <= width) return line;
+  if (width <= 3) return line.substr(0, std::max(0, width));
+  size_t cut = width - 3;
+  while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
+  return line.substr(0, cut) + "...";
+}
+
+// `text` word-wrapped to `width` columns, for lines that must not lose
+// their end (a summary): the continuation lines indented 4 more than the
+// first; a word longer than a line is cut (FitLine).
+std::string WrapLine(const std::string& text, int width) {
+  if (static_cast<int>(text.size()) <= width) return text + "\n";  // its spacing kept (tables)
+  const size_t indent = text.find_first_not_of(' ');
+  if (indent == std::string::npos) return FitLine(text, width) + "\n";
+  const std::string cont(indent + 4, ' ');
+  std::string out, line = text.substr(0, indent);
+  bool empty = true;  // no word on `line` yet
+  for (absl::string_view word : absl::StrSplit(absl::string_view(text).substr(indent), ' ', absl::SkipEmpty())) {
+    if (!empty && static_cast<int>(line.size() + 1 + word.size()) > width) {
+      absl::StrAppend(&out, FitLine(line, width), "\n");
+      line = cont;
+      empty = true;
+    }
+    absl::StrAppend(&line, empty ? "" : " ", word);
+    empty = false;
+  }
+  absl::StrAppend(&out, FitLine(line, width), "\n");
+  return out;
+}
+
+// A duration for a progress line: "42s", "3m07s", "2h05m".
+std::string Clock(absl::Duration d) {
+  const int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(d));
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+}
+
 // The file's spec; a parse error names the file, line, column and field
 // (client/spec_file.h).
 absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
@@ -354,9 +422,25 @@ void PrintJob(const v1::Job& j) {
     std::printf("\n");
   }
   const v1::Progress& p = j.progress();
-  std::printf("  progress: step %lld/%lld, loss %.4f, %.0f tokens/s, %.4f TFLOP/s\n",
-              static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()), p.loss(),
-              p.tokens_per_second(), p.model_flops_per_second() / 1e12);
+  // Before the first step is reported the progress is all zeros: a "loss
+  // 0.0000" would read as a measured loss, so say there is none yet.
+  if (p.step() > 0) {
+    std::printf("  progress: step %lld/%lld, loss %.4f (first %.4f), %.0f tokens/s, %.4f TFLOP/s\n",
+                static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()), p.loss(),
+                p.first_loss(), p.tokens_per_second(), p.model_flops_per_second() / 1e12);
+  } else {
+    std::printf("  progress: no step reported yet (of %lld)\n", static_cast<long long>(j.spec().steps()));
+  }
+  if (j.placement().empty()) {
+    // Cleared when an attempt ends: only a scheduled or running job has one.
+    std::printf("  placement: none (not running)\n");
+  } else {
+    std::vector<std::string> parts;
+    for (const v1::Placement& pl : j.placement()) {
+      parts.push_back(absl::StrCat(pl.worker_id(), " ranks ", absl::StrJoin(pl.ranks(), ",")));
+    }
+    std::printf("  placement: %s\n", absl::StrJoin(parts, "; ").c_str());
+  }
   std::printf("  layout:   %lld ranks on %lld node(s), backend %s; attempt %d\n",
               static_cast<long long>(j.spec().layout().ranks()),
               static_cast<long long>(j.spec().layout().nodes() ? j.spec().layout().nodes() : 1),
@@ -395,12 +479,19 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
   std::map<std::string, int64_t> planned;
   for (const auto& ls : plan.live_sets()) planned[ls.live_set()] = ls.bytes();
   const bool tty = !o.json && isatty(STDOUT_FILENO);
+  const int width = TerminalWidth();
   const int64_t total = job->spec().steps();
+  // Elapsed time counts from the job's start; a job not yet started when the
+  // watch began starts at its RUNNING event.
+  absl::Time started = job->start_time().seconds() > 0
+                           ? absl::FromUnixSeconds(job->start_time().seconds()) +
+                                 absl::Nanoseconds(job->start_time().nanos())
+                           : absl::InfinitePast();
   const int64_t every = std::max<int64_t>(1, total / 20);
   std::map<std::string, int64_t> peak, host_peak;  // largest over ranks and steps
   int64_t peak_total = 0, host_peak_total = 0;
   double first_loss = -1, last_loss = 0, tokens = 0, seconds = 0, flops = 0;
-  int64_t last_step = 0;
+  int64_t last_step = 0, first_step = 0, steps_seen = 0;
   v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
   v1::StateChange final_change;
   bool line_open = false;
@@ -433,11 +524,16 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
         final_state = c.state();
         final_change = c;
       }
+      if (c.state() == v1::RUNNING && started == absl::InfinitePast()) {
+        started = absl::FromUnixSeconds(e.time().seconds()) + absl::Nanoseconds(e.time().nanos());
+      }
       if (!o.json) {
         if (line_open) std::printf("\n");
         line_open = false;
-        std::printf("[%s] %s %s: %s\n", Time(e.time()).c_str(), id.c_str(),
-                    v1::JobState_Name(c.state()).c_str(), c.reason().c_str());
+        std::printf("%s\n", FitLine(absl::StrFormat("[%s] %s %s: %s", Time(e.time()), id,
+                                                     v1::JobState_Name(c.state()), c.reason()),
+                                     width)
+                                 .c_str());
         std::fflush(stdout);
       }
       return true;
@@ -468,7 +564,11 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     for (const auto& ls : t.host_peak()) host_peak[ls.live_set()] = std::max(host_peak[ls.live_set()], ls.bytes());
     host_peak_total = std::max(host_peak_total, t.host_peak_total_bytes());
     if (t.step() < 0) return true;
-    if (first_loss < 0) first_loss = t.loss();
+    if (first_loss < 0) {
+      first_loss = t.loss();
+      first_step = t.step();
+    }
+    ++steps_seen;
     last_loss = t.loss();
     last_step = t.step();
     tokens += t.tokens();
@@ -477,10 +577,23 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     if (o.json) return true;
     const bool show = tty || t.step() % every == 0 || t.step() == 1 || t.step() == total;
     if (!show) return true;
-    const std::string line = absl::StrFormat(
-        "step %5d/%d  loss %.4f  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s", t.step(), total, t.loss(),
-        t.tokens() / t.seconds(), t.model_flops() / t.seconds() / 1e12, peaks_line(),
-        show_host() ? absl::StrCat("  host: ", host_peaks_line()) : "");
+    // Elapsed: the step's event time since the start (a replayed finished
+    // job shows the times it had, not the time since). ETA: the steps left
+    // at the mean step time of the steps this watch has seen.
+    const absl::Time at = absl::FromUnixSeconds(e.time().seconds()) + absl::Nanoseconds(e.time().nanos());
+    const std::string elapsed =
+        started == absl::InfinitePast() || e.time().seconds() == 0 ? "-" : Clock(at - started);
+    const int64_t left = std::max<int64_t>(0, total - t.step());
+    const std::string eta = steps_seen > 0 && seconds > 0 ? Clock(absl::Seconds(seconds / steps_seen * left)) : "-";
+    // Elapsed and ETA come before the long peaks, so a cut keeps them.
+    const std::string line = FitLine(
+        absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s",
+                        t.step(), total, t.loss(), elapsed, eta, t.tokens() / t.seconds(),
+                        t.model_flops() / t.seconds() / 1e12, peaks_line(),
+                        show_host() ? absl::StrCat("  host: ", host_peaks_line()) : ""),
+        // A tty line is redrawn in place: one column short, so that the
+        // cursor never wraps to a new line.
+        tty ? std::max(1, width - 1) : width);
     if (tty) {
       std::printf("\r\033[K%s", line.c_str());
       line_open = true;
@@ -492,47 +605,65 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
   });
   if (line_open) std::printf("\n");
   if (!s.ok()) return Report(s);
-  if (final_state == v1::JOB_STATE_UNSPECIFIED) {
-    auto now = client.GetJob(id);
-    if (!now.ok()) return Report(now.status());
-    final_state = now->state();
-  }
+  // The job as it ended: its state when no final event was seen, and its
+  // first loss (a watch resumed with --from has not seen step 1).
+  auto now = client.GetJob(id);
+  if (!now.ok()) return Report(now.status());
+  if (final_state == v1::JOB_STATE_UNSPECIFIED) final_state = now->state();
   if (!o.json) {
-    std::printf("summary: %s %s", id.c_str(), v1::JobState_Name(final_state).c_str());
+    // Every summary line within the width, wrapped (not cut): it is the
+    // record of the run.
+    std::string summary;
+    auto say = [&](const auto&... args) { absl::StrAppendFormat(&summary, args...); };
+    say("summary: %s %s", id.c_str(), v1::JobState_Name(final_state).c_str());
     if (final_change.has_failure()) {
       const v1::Failure& f = final_change.failure();
-      std::printf(" (%s%s)", v1::Failure::Kind_Name(f.kind()).c_str(),
-                  f.live_set().empty() ? "" : absl::StrCat(", live set ", f.live_set()).c_str());
+      say(" (%s%s)", v1::Failure::Kind_Name(f.kind()).c_str(),
+          f.live_set().empty() ? "" : absl::StrCat(", live set ", f.live_set()).c_str());
     }
-    std::printf("\n");
+    say("\n");
     if (first_loss >= 0 && seconds > 0) {
-      std::printf("  loss %.17g -> %.17g over steps 1-%lld; %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
-                  first_loss, last_loss, static_cast<long long>(last_step), tokens / seconds,
-                  flops / seconds / 1e12);
-      std::printf("  device peak per live set (largest over ranks) against the plan, MiB:\n");
+      if (first_step <= 1) {
+        say("  loss %.17g -> %.17g over steps 1-%lld; %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
+            first_loss, last_loss, static_cast<long long>(last_step), tokens / seconds,
+            flops / seconds / 1e12);
+      } else {
+        // Resumed: the loss starts at the job's first step (from the job, as
+        // this watch never saw it); the rates are of the steps it covers.
+        const bool known = now->progress().step() > 0;
+        say("  loss %s -> %.17g (step 1 from the job)\n",
+        known ? absl::StrFormat("%.17g", now->progress().first_loss()) : std::string("unknown"), last_loss);
+        say("  this watch covers steps %lld-%lld of %lld: %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
+        static_cast<long long>(first_step), static_cast<long long>(last_step), static_cast<long long>(total),
+        tokens / seconds, flops / seconds / 1e12);
+      }
+      say("  device peak per live set (largest over ranks) against the plan, MiB:\n");
       for (const auto& ls : plan.live_sets()) {
         const int64_t pk = peak[ls.live_set()];
-        std::printf("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
-                    pk <= ls.bytes() ? ""
-                    : ls.live_set() == "dispatch" ? "  above the balanced estimate (standard_ep has no bound)"
-                                                  : "  OVER THE PLAN");
+        say("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
+            pk <= ls.bytes() ? ""
+            : ls.live_set() == "dispatch" ? "  above the balanced estimate (standard_ep has no bound)"
+                                          : "  OVER THE PLAN");
       }
-      std::printf("    %-12s %9s / %9s of a %s MiB device\n", "total", MiB(peak_total).c_str(),
-                  MiB(plan.total_bytes()).c_str(), MiB(plan.device_memory_bytes()).c_str());
+      say("    %-12s %9s / %9s of a %s MiB device\n", "total", MiB(peak_total).c_str(),
+          MiB(plan.total_bytes()).c_str(), MiB(plan.device_memory_bytes()).c_str());
       if (show_host()) {
-        std::printf("  host peak per live set (largest over ranks) against the plan, MiB:\n");
+        say("  host peak per live set (largest over ranks) against the plan, MiB:\n");
         for (const auto& ls : plan.host_live_sets()) {
           const int64_t pk = host_peak[ls.live_set()];
           if (pk == 0 && ls.bytes() == 0) continue;
-          std::printf("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
-                      pk <= ls.bytes() ? "" : "  OVER THE PLAN");
+          say("    %-12s %9s / %9s%s\n", ls.live_set().c_str(), MiB(pk).c_str(), MiB(ls.bytes()).c_str(),
+              pk <= ls.bytes() ? "" : "  OVER THE PLAN");
         }
-        std::printf("    %-12s %9s / %9s %s\n", "total", MiB(host_peak_total).c_str(),
-                    MiB(plan.host_total_bytes()).c_str(),
-                    plan.host_memory_bytes() > 0
-                        ? absl::StrCat("of a ", MiB(plan.host_memory_bytes()), " MiB host cap").c_str()
-                        : "(no host cap)");
+        say("    %-12s %9s / %9s %s\n", "total", MiB(host_peak_total).c_str(),
+            MiB(plan.host_total_bytes()).c_str(),
+            plan.host_memory_bytes() > 0
+                ? absl::StrCat("of a ", MiB(plan.host_memory_bytes()), " MiB host cap").c_str()
+                : "(no host cap)");
       }
+    }
+    for (absl::string_view line : absl::StrSplit(summary, '\n', absl::SkipEmpty())) {
+      std::printf("%s", WrapLine(std::string(line), width).c_str());
     }
   }
   return ExitFor(final_state);
@@ -572,6 +703,24 @@ int Run(const Options& o) {
     return UsageError(absl::StrCat("plateauctl ", o.command, ": --from: expected an event index >= 0, got '",
                                    value("from"), "'"));
   }
+  int32_t log_rank = 0;
+  int64_t tail = -1;
+  if (flag("rank") && o.command == "logs" && (!absl::SimpleAtoi(value("rank"), &log_rank) || log_rank < -1)) {
+    return UsageError(absl::StrCat("plateauctl logs: --rank: expected a rank number >= 0, or -1 for the agent's "
+                                   "lines, got '", value("rank"), "'"));
+  }
+  if (flag("tail") && (!absl::SimpleAtoi(value("tail"), &tail) || tail < 0)) {
+    return UsageError(absl::StrCat("plateauctl logs: --tail: expected a number of lines >= 0, got '", value("tail"),
+                                   "'"));
+  }
+  // A watch or log stream outlives a coordinator restart (client.h): say so
+  // on stderr while it is away, so that a silent terminal is not a hang.
+  co.on_reconnecting = [](const absl::Status& s) {
+    std::fprintf(stderr, "\nplateauctl: the coordinator went away (%s); reconnecting... (resuming from the next "
+                         "event)\n",
+                 std::string(s.message()).c_str());
+    std::fflush(stderr);
+  };
   Client client(co);
   if (!client.status().ok()) return Report(client.status());
   if (o.command == "submit" || o.command == "plan") {
@@ -695,11 +844,19 @@ int Run(const Options& o) {
       std::printf("%s\n", Json(all).c_str());
       return kExitOk;
     }
-    std::printf("%-10s %-11s %-16s %-12s %s\n", "JOB", "STATE", "NAME", "STEP", "REASON");
+    // A long reason (a failure's message) would wrap into the next row:
+    // each row is cut to the terminal width.
+    const int width = TerminalWidth();
+    std::printf("%s\n",
+                FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %s", "JOB", "STATE", "NAME", "STEP", "REASON"), width)
+                    .c_str());
     for (const v1::Job& j : all.jobs()) {
-      std::printf("%-10s %-11s %-16s %-12s %s\n", j.id().c_str(), v1::JobState_Name(j.state()).c_str(),
-                  j.spec().name().substr(0, 16).c_str(),
-                  absl::StrCat(j.progress().step(), "/", j.spec().steps()).c_str(), j.state_reason().c_str());
+      std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %s", j.id(), v1::JobState_Name(j.state()),
+                                                   j.spec().name().substr(0, 16),
+                                                   absl::StrCat(j.progress().step(), "/", j.spec().steps()),
+                                                   j.state_reason()),
+                                   width)
+                               .c_str());
     }
     if (!all.next_page_token().empty()) {
       std::printf("more: --page_token=%s (or --all)\n", all.next_page_token().c_str());
@@ -710,7 +867,7 @@ int Run(const Options& o) {
     return Watch(client, o, o.args[0], from);
   }
   if (o.command == "logs") {
-    absl::Status s = client.GetJobLogs(o.args[0], flag("follow"), from, [&](const v1::LogEntry& l) {
+    auto print = [&](const v1::LogEntry& l) {
       if (o.json) {
         std::printf("%s\n", Json(l).c_str());
       } else if (l.rank() < 0) {
@@ -719,6 +876,33 @@ int Run(const Options& o) {
         std::printf("[rank %d] %s\n", l.rank(), l.line().c_str());
       }
       std::fflush(stdout);
+    };
+    // Filtered here: the coordinator streams every rank's lines.
+    auto wanted = [&](const v1::LogEntry& l) { return !flag("rank") || l.rank() == log_rank; };
+    if (tail < 0) {
+      absl::Status s = client.GetJobLogs(o.args[0], flag("follow"), from, [&](const v1::LogEntry& l) {
+        if (wanted(l)) print(l);
+        return true;
+      });
+      return s.ok() ? kExitOk : Report(s);
+    }
+    // --tail: read what exists (no follow), keep the last N wanted lines,
+    // print them; with --follow, then stream from the line after the last
+    // one read.
+    std::deque<v1::LogEntry> last;
+    int64_t next = from;
+    absl::Status s = client.GetJobLogs(o.args[0], /*follow=*/false, from, [&](const v1::LogEntry& l) {
+      next = l.index() + 1;
+      if (!wanted(l) || tail == 0) return true;
+      last.push_back(l);
+      if (static_cast<int64_t>(last.size()) > tail) last.pop_front();
+      return true;
+    });
+    if (!s.ok()) return Report(s);
+    for (const v1::LogEntry& l : last) print(l);
+    if (!flag("follow")) return kExitOk;
+    s = client.GetJobLogs(o.args[0], /*follow=*/true, next, [&](const v1::LogEntry& l) {
+      if (wanted(l)) print(l);
       return true;
     });
     return s.ok() ? kExitOk : Report(s);

@@ -384,6 +384,50 @@ TEST(DeployTest, SlurmScriptUsesTheGivenTokenAndTls) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/token")) << "a token was generated although one was given";
 }
 
+// The default of `--NAME` as the binary's --help prints it ("  --NAME=VALUE
+// help"), or "" when it prints none.
+std::string HelpDefault(const std::string& help, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(help, m, std::regex("\\n  --" + name + "=(\\S+)"))) return "";
+  return m[1];
+}
+
+// The figures the operations docs quote for the binaries' defaults are the
+// ones the built binaries' --help prints (issue 16: the docs had drifted).
+TEST(DeployTest, DocumentedDefaultsMatchTheBinariesHelp) {
+  const std::string dir = TempDir("defaults");
+  Ran c = RunCommand({"server/plateau_coordinator", "--help"}, dir + "/coordinator-help");
+  Ran w = RunCommand({"worker/plateau_worker", "--help"}, dir + "/worker-help");
+  const std::string chelp = c.out + c.err, whelp = w.out + w.err;
+  const std::string heartbeat_ms = HelpDefault(chelp, "heartbeat_ms");
+  const std::string worker_timeout = HelpDefault(chelp, "worker_timeout_s");
+  const std::string retention = HelpDefault(chelp, "metrics_retention_s");
+  const std::string reattach = HelpDefault(chelp, "reattach_timeout_s");
+  const std::string grace = HelpDefault(whelp, "grace_s");
+  ASSERT_FALSE(heartbeat_ms.empty() || worker_timeout.empty() || retention.empty() || reattach.empty() ||
+               grace.empty())
+      << chelp << whelp;
+  int64_t ms = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(heartbeat_ms, &ms));
+  // 0 is "two heartbeat intervals", which is what the docs say.
+  ASSERT_EQ(worker_timeout, "0");
+  EXPECT_THAT(chelp, HasSubstr("(0: two heartbeat intervals)"));
+
+  const std::string rules = ReadFile(kRulesYml);
+  EXPECT_THAT(rules, HasSubstr(absl::StrCat("--heartbeat_ms (", ms / 1000, " s by default")));
+  EXPECT_THAT(rules, HasSubstr("--worker_timeout_s (two heartbeat intervals by default"));
+  const std::string dashboard = ReadFile(kDashboard);
+  EXPECT_THAT(dashboard, HasSubstr(absl::StrCat("--heartbeat_ms (", ms, " ms by default")));
+  EXPECT_THAT(dashboard, HasSubstr("--worker_timeout_s (two heartbeat intervals by default"));
+  const std::string readme = ReadFile("deploy/README.md");
+  EXPECT_THAT(readme, HasSubstr(absl::StrCat("`--metrics_retention_s` (", retention, " s)")));
+  EXPECT_THAT(readme, HasSubstr(absl::StrCat("`--reattach_timeout_s` (", reattach, " s)")));
+  EXPECT_THAT(readme, HasSubstr(absl::StrCat("`--grace_s` (", grace, " s)")));
+  EXPECT_THAT(readme, HasSubstr(absl::StrCat("2 s at its ", ms, " ms")));
+  // A restarted coordinator re-attaches its jobs (docs/SERVICE.md "Faults").
+  EXPECT_THAT(readme, ::testing::Not(::testing::ContainsRegex("restarted coordinator marks[^.]*FAILED")));
+}
+
 TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   json dash = ReadJson(kDashboard);
   ASSERT_FALSE(dash.is_discarded()) << kDashboard << " is not JSON";

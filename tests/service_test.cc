@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_split.h"
@@ -776,6 +778,189 @@ TEST(ServiceTest, MaxDurationFailsTheJobAndPrioritiesOrderTheQueue) {
   ASSERT_TRUE(c.WaitStep("job-3", 1)) << c.Logs();
   ASSERT_TRUE(c.client().CancelJob("job-3").ok());
   EXPECT_EQ(c.WaitDone("job-3").state(), v1::CANCELLED);
+}
+
+// The longest line of `out`, in bytes (the lines checked are ASCII).
+size_t Widest(const std::string& out) {
+  size_t w = 0;
+  for (const std::string& line : Lines(out)) w = std::max(w, line.size());
+  return w;
+}
+
+// Issue 16, the CLI: get before and after the first step (no zero
+// progress, the placement), logs --rank/--tail, watch and list cut to the
+// terminal width with elapsed and ETA, and a watch resumed with --from whose
+// summary names the steps it covers and the job's first loss. The real
+// plateauctl, as a user runs it.
+TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
+  ClusterOptions options;
+  options.with_worker = false;  // job-1 stays PENDING until a worker comes
+  Cluster c("cli-view", options);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string coord = "--coordinator=" + c.api();
+  // `env` sets COLUMNS for one run only ("-u": none, whatever the test's own).
+  auto ctl = [&](const std::string& columns, std::vector<std::string> args, const std::string& log) {
+    std::vector<std::string> cmd = {"/usr/bin/env"};
+    if (columns.empty()) {
+      cmd.insert(cmd.end(), {"-u", "COLUMNS"});
+    } else {
+      cmd.push_back("COLUMNS=" + columns);
+    }
+    cmd.insert(cmd.end(), {"client/plateauctl", coord});
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    return RunCommand(cmd, c.dir() + "/" + log);
+  };
+
+  // Before any step: no "loss 0.0000", no placement.
+  auto long_job = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(long_job.ok()) << long_job.status();
+  Ran r = ctl("", {"get", "job-1"}, "get-pending");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("PENDING"), HasSubstr("progress: no step reported yet (of 1000000)"),
+                           HasSubstr("placement: none")));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("loss"))) << r.out;
+
+  // Running: the progress, and the placement with the worker and its ranks.
+  ASSERT_NE(c.StartWorker(), nullptr);
+  ASSERT_TRUE(c.WaitStep("job-1", 2)) << c.Logs();
+  auto workers = c.client().ListWorkers();
+  ASSERT_TRUE(workers.ok() && workers->workers_size() == 1) << workers.status();
+  r = ctl("", {"get", "job-1"}, "get-running");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("progress: step "), HasSubstr("/1000000, loss "),
+                           HasSubstr("placement: " + workers->workers(0).id() + " ranks 0,1")))
+      << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("no step reported"))) << r.out;
+  ASSERT_TRUE(c.client().CancelJob("job-1").ok());
+  ASSERT_EQ(c.WaitDone("job-1").state(), v1::CANCELLED);
+
+  // A short job to the end, then watched: every line within 60 columns,
+  // each step line with its elapsed time and ETA.
+  constexpr int64_t kSteps = 12;
+  auto sub = c.client().SubmitJob(TinyJob(kSteps), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const v1::Job done = c.WaitDone("job-2");
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << c.Logs();
+  r = ctl("60", {"watch", "job-2"}, "watch-60");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_LE(Widest(r.out), 60u) << r.out;
+  int step_lines = 0;
+  for (const std::string& line : Lines(r.out)) {
+    if (!absl::StartsWith(line, "step ")) continue;
+    ++step_lines;
+    EXPECT_THAT(line, AllOf(::testing::ContainsRegex("elapsed [0-9]+s"), ::testing::ContainsRegex("eta [0-9]+s")))
+        << line;
+  }
+  EXPECT_GE(step_lines, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("eta 0s")) << "the last step has none left: " << r.out;
+  // Without COLUMNS and without a terminal: 100 columns, and the line is cut
+  // there (the peaks make it longer), so the check can fail.
+  r = ctl("", {"watch", "job-2"}, "watch-default");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_LE(Widest(r.out), 100u) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("...")) << r.out;
+  r = ctl("1000", {"watch", "job-2"}, "watch-wide");
+  EXPECT_GT(Widest(r.out), 100u) << "a wide terminal gets the whole line: " << r.out;
+
+  // Resumed with --from at step 5's event: the summary names steps 5-12
+  // and takes the first loss from the job (step 1, never seen here).
+  r = ctl("", {"--output=json", "watch", "job-2"}, "watch-json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  int64_t step5 = -1;
+  for (const std::string& line : Lines(r.out)) {
+    const v1::JobEvent e = FromJson<v1::JobEvent>(line);
+    if (e.has_job_step() && e.job_step().step() == 5) step5 = e.index();
+  }
+  ASSERT_GE(step5, 0) << r.out;
+  r = ctl("", {"watch", "job-2", "--from=" + std::to_string(step5)}, "watch-from");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string first_loss = absl::StrFormat("%.17g", done.progress().first_loss());
+  EXPECT_THAT(r.out, AllOf(HasSubstr("summary: job-2 SUCCEEDED"), HasSubstr("loss " + first_loss + " -> "),
+                           HasSubstr("(step 1 from the job)"), HasSubstr("this watch covers steps 5-12 of 12")))
+      << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step     1/"))) << r.out;
+
+  // logs: --rank N only that rank's lines, -1 the agent's and coordinator's;
+  // --tail N the last N of what exists; both together; with --follow on a
+  // finished job the last N, then the end.
+  r = ctl("", {"logs", "job-2"}, "logs-all");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> all = Lines(r.out);
+  std::vector<std::string> rank1, agent;
+  for (const std::string& l : all) {
+    if (absl::StartsWith(l, "[rank 1] ")) rank1.push_back(l);
+    if (absl::StartsWith(l, "[agent] ")) agent.push_back(l);
+  }
+  ASSERT_GE(rank1.size(), 2u) << r.out;
+  // (The agent's lines about a rank carry its rank: rank -1 may be none.)
+  ASSERT_GT(all.size(), rank1.size() + 3) << "other ranks' lines, so that the filter can fail";
+  r = ctl("", {"logs", "job-2", "--rank", "1"}, "logs-rank1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Lines(r.out), rank1);
+  r = ctl("", {"logs", "job-2", "--rank=-1"}, "logs-agent");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Lines(r.out), agent);
+  r = ctl("", {"logs", "job-2", "--tail=3"}, "logs-tail");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Lines(r.out), std::vector<std::string>(all.end() - 3, all.end()));
+  r = ctl("", {"logs", "job-2", "--rank=1", "--tail", "2"}, "logs-rank-tail");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Lines(r.out), std::vector<std::string>(rank1.end() - 2, rank1.end()));
+  r = ctl("", {"logs", "job-2", "--tail=2", "-f"}, "logs-tail-follow");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Lines(r.out), std::vector<std::string>(all.end() - 2, all.end()));
+  r = ctl("", {"logs", "job-2", "--tail=-1"}, "logs-bad-tail");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("plateauctl logs: --tail: expected a number of lines >= 0, got '-1'"));
+  r = ctl("", {"logs", "job-2", "--rank=x"}, "logs-bad-rank");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("plateauctl logs: --rank:"));
+  r = ctl("", {"logs", "--help"}, "logs-help");
+  EXPECT_THAT(r.out, AllOf(HasSubstr("--rank=N"), HasSubstr("--tail=N")));
+
+  // list: rows cut to the width with "...", whole when it is wide enough.
+  r = ctl("40", {"list"}, "list-40");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_LE(Widest(r.out), 40u) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("...")) << r.out;
+  r = ctl("1000", {"list"}, "list-wide");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("..."))) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(done.state_reason())) << r.out;
+}
+
+// A watch across a coordinator restart says "reconnecting..." on stderr
+// and goes on from the next event: no step printed twice, none missed.
+TEST(ServiceTest, PlateauctlWatchSaysReconnectingAcrossACoordinatorRestart) {
+  Cluster c("cli-reconnect");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  constexpr int64_t kSteps = 150;
+  auto sub = c.client().SubmitJob(TinyJob(kSteps), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  // Every step printed (a non-tty watch prints every 20th of the total).
+  Process watch({"/usr/bin/env", "COLUMNS=200", "client/plateauctl", "--coordinator=" + c.api(), "watch", id},
+                c.dir() + "/watch");
+  ASSERT_TRUE(watch.spawn_error().empty()) << watch.spawn_error();
+  ASSERT_TRUE(c.WaitStep(id, 5)) << c.Logs();
+  c.KillCoordinator(SIGKILL);
+  absl::SleepFor(absl::Milliseconds(1500));
+  ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+  ASSERT_TRUE(WaitFor([&] { return !watch.Running(); })) << watch.err();
+  EXPECT_THAT(watch.err(), HasSubstr("reconnecting...")) << watch.err();
+  const std::string out = watch.out();
+  EXPECT_THAT(out, HasSubstr("summary: " + id + " SUCCEEDED")) << out << c.Logs();
+  // Steps 1, every 7th (150/20) and the last, each once, in order.
+  std::vector<int> printed;
+  for (const std::string& line : Lines(out)) {
+    int step = 0;
+    if (std::sscanf(line.c_str(), "step %d/", &step) == 1) printed.push_back(step);
+  }
+  std::vector<int> want;
+  for (int s = 1; s <= kSteps; ++s) {
+    if (s % 7 == 0 || s == 1 || s == kSteps) want.push_back(s);
+  }
+  EXPECT_EQ(printed, want) << out;
 }
 
 }  // namespace
