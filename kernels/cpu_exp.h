@@ -52,9 +52,13 @@ inline float Exp(float x) {
   const float r2 = r * r;
   float y = std::fma(p, r2, r) + 1.0f;
   // 2^n as 2^n1 * 2^n2, both normal for n in [-151, 129].
-  const int32_t ni = static_cast<int32_t>(n);
+  // A NaN x gives a NaN n: the vector lanes' conversion yields INT32_MIN
+  // for it (x86's "integer indefinite"); spelled out here, since the C++
+  // cast of a NaN is undefined. The exponent bits are built in unsigned
+  // arithmetic (for a NaN they wrap; the NaN y carries the result anyway).
+  const int32_t ni = std::isnan(n) ? INT32_MIN : static_cast<int32_t>(n);
   const int32_t n1 = ni >> 1, n2 = ni - n1;
-  const int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  const uint32_t b1 = static_cast<uint32_t>(n1 + 127) << 23, b2 = static_cast<uint32_t>(n2 + 127) << 23;
   float s1, s2;
   std::memcpy(&s1, &b1, 4);
   std::memcpy(&s2, &b2, 4);
