@@ -72,57 +72,36 @@ void Gemm(const GemmArgs& g) {
 namespace {
 
 // Elements per task of the elementwise ops (256 KiB of floats: large enough
-// that waking a worker costs little against it, small enough to balance).
+// that waking a worker costs little against it, small enough to balance);
+// the row-wise ops take whole rows of about a quarter of it (RowsPerTask).
 constexpr int64_t kElemsPerTask = 1 << 16;
-
-// fn(begin, end) over [0, n) in tasks of kElemsPerTask elements.
-template <typename Fn>
-void ForBlocks(CpuPool* pool, int64_t n, Fn fn) {
-  const int64_t tasks = TaskCount(n, kElemsPerTask);
-  ParallelFor(pool, tasks, [&](int64_t t, int) {
-    const int64_t b = t * kElemsPerTask;
-    fn(b, std::min(n, b + kElemsPerTask));
-  });
-}
-
-// fn(r0, r1) over [0, rows) in tasks of about kElemsPerTask / 4 elements of
-// whole rows (the row count per task depends on cols only).
-template <typename Fn>
-void ForRowBlocks(CpuPool* pool, int64_t rows, int64_t cols, Fn fn) {
-  const int64_t per = std::max<int64_t>(1, (kElemsPerTask / 4) / std::max<int64_t>(cols, 1));
-  const int64_t tasks = TaskCount(rows, per);
-  ParallelFor(pool, tasks, [&](int64_t t, int) {
-    const int64_t r0 = t * per;
-    fn(r0, std::min(rows, r0 + per));
-  });
-}
 
 }  // namespace
 
 void Fill(float* x, int64_t n, float value, CpuPool* pool) {
-  ForBlocks(pool, n, [=](int64_t b, int64_t e) { std::fill(x + b, x + e, value); });
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) { std::fill(x + b, x + e, value); });
 }
 
 void Scale(float* x, int64_t n, float alpha, CpuPool* pool) {
-  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) x[i] *= alpha;
   });
 }
 
 void Axpy(float* y, const float* x, int64_t n, float alpha, CpuPool* pool) {
-  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) y[i] += alpha * x[i];
   });
 }
 
 void Add(float* out, const float* a, const float* b, int64_t n, CpuPool* pool) {
-  ForBlocks(pool, n, [=](int64_t lo, int64_t hi) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
   });
 }
 
 void Mul(float* out, const float* a, const float* b, int64_t n, CpuPool* pool) {
-  ForBlocks(pool, n, [=](int64_t lo, int64_t hi) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = a[i] * b[i];
   });
 }
@@ -141,7 +120,7 @@ inline __m256 Sigmoid8(__m256 x) {
 }  // namespace
 
 void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, CpuPool* pool) {
-  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {
     int64_t i = b;
 #ifdef PLATEAU_EXP_AVX2
     for (; i + 8 <= e; i += 8) {
@@ -159,7 +138,7 @@ void SwiGluForward(float* out, const float* gate, const float* up, int64_t n, Cp
 void SwiGluBackward(float* dgate, float* dup, const float* dout,
                     const float* gate, const float* up, int64_t n, CpuPool* pool) {
   // silu'(g) = s * (1 + g * (1 - s)); dgate = ((d * up) * s) * (1 + g (1 - s)).
-  ForBlocks(pool, n, [=](int64_t b, int64_t e) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {
     int64_t i = b;
 #ifdef PLATEAU_EXP_AVX2
     // The tail goes through the same lanes (padded), since the compiler may
@@ -196,7 +175,7 @@ void SwiGluBackward(float* dgate, float* dup, const float* dout,
 void RmsNormForward(float* out, float* rstd, const float* x,
                     const float* weight, int64_t rows, int64_t cols,
                     float eps, CpuPool* pool) {
-  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+  ParallelBlocks(pool, rows, RowsPerTask(cols), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * cols;
       const double ss = LaneSum(cols, [xr](int64_t c) {
@@ -215,7 +194,7 @@ void RmsNormBackward(float* dx, float* dweight, const float* dout,
                      int64_t rows, int64_t cols, CpuPool* pool) {
   // y = x * r * w with r = (mean x^2 + eps)^-1/2:
   // dx = r * (dout*w) - x * r^3 / cols * sum_c (dout*w*x).
-  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+  ParallelBlocks(pool, rows, RowsPerTask(cols), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * cols;
       const float* dr = dout + r * cols;
@@ -247,7 +226,7 @@ void RmsNormBackward(float* dx, float* dweight, const float* dout,
 }
 
 void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols, CpuPool* pool) {
-  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+  ParallelBlocks(pool, rows, RowsPerTask(cols), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * cols;
       float* yr = y + r * cols;
@@ -262,7 +241,7 @@ void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols, CpuPool* 
 }
 
 void LogSumExpRows(float* out, const float* x, int64_t rows, int64_t cols, CpuPool* pool) {
-  ForRowBlocks(pool, rows, cols, [=](int64_t r0, int64_t r1) {
+  ParallelBlocks(pool, rows, RowsPerTask(cols), [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * cols;
       // Shifting by the row maximum keeps exp in range for any finite x (the
@@ -301,7 +280,7 @@ void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
   const AdamWStepScalars sc = ComputeAdamWStepScalars(a);
   const float step_size = sc.step_size, bc2_sqrt = sc.bc2_sqrt,
               decay = sc.decay;
-  ForBlocks(pool, n, [=, &a](int64_t b, int64_t e) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=, &a](int64_t b, int64_t e) {
     int64_t i = b;
 #ifdef PLATEAU_EXP_AVX2
     // Eight lanes, the scalar loop's operations in its order without fused
