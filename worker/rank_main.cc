@@ -243,6 +243,7 @@ int Main(int argc, char** argv) {
     t->set_tokens(r.tokens);
     t->set_model_flops(r.model_flops);
     t->set_seconds(r.seconds);
+    t->set_lr(r.lr);
     for (int i = 0; i < kNumLiveSets; ++i) {
       v1::LiveSetBytes* ls = t->add_peak();
       ls->set_live_set(std::string(LiveSetName(static_cast<LiveSet>(i))));
@@ -262,9 +263,9 @@ int Main(int argc, char** argv) {
     }
     Emit(out);
     if (rank == 0 && (r.stats.step % log_every == 0 || r.stats.step == 1)) {
-      std::fprintf(stderr, "step %lld/%lld loss %.17g |g| %.3f %.0f tok/s\n",
+      std::fprintf(stderr, "step %lld/%lld loss %.17g |g| %.3f lr %.4g %.0f tok/s\n",
                    static_cast<long long>(r.stats.step), static_cast<long long>(spec.steps()), r.stats.loss,
-                   r.stats.grad_norm, r.tokens / r.seconds);
+                   r.stats.grad_norm, r.lr, r.tokens / r.seconds);
     }
   };
   absl::Status s = RunTraining(*trainer, **backend, **world, on_step);

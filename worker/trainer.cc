@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint_fence.h"
 #include "worker/safetensors.h"
@@ -153,6 +154,7 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens = o.step.layout.batch * o.step.model.seq_len;
     r.model_flops = flops;
+    r.lr = LearningRateF(o.step.optimizer, stats.step);
     if (on_step) on_step(r);
     const bool last = step->step() == o.steps;
     if (!o.checkpoint_dir.empty() &&

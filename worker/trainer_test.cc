@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/model/config.h"
 #include "kernels/model/init.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/testing/local_world.h"
 #include "worker/safetensors.h"
 
@@ -27,6 +28,7 @@ std::string TmpDir(const std::string& name) {
 struct TrainRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;
+  std::vector<double> lrs;  // StepReport::lr
   absl::Status status;
 };
 
@@ -38,6 +40,7 @@ TrainRun Train(const TrainerOptions& o, int P) {
                                  if (r != 0) return;
                                  run.losses.push_back(rep.stats.loss);
                                  run.grad_norms.push_back(rep.stats.grad_norm);
+                                 run.lrs.push_back(rep.lr);
                                });
                              });
   return run;
@@ -93,6 +96,61 @@ TEST(TrainerTest, ResumeReproducesTheUninterruptedRunBitForBit) {
   std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
   EXPECT_FALSE(sa.empty());
   EXPECT_EQ(sa, sb);
+}
+
+// A warm-up + cosine schedule is a function of the step alone: a run
+// stopped mid-warm-up (step 2 of W = 4) and again mid-decay (step 6), each
+// time resumed in fresh objects from its checkpoint, runs every step at the
+// same learning rate and with the same loss, to the bit, as the run that
+// never stopped. Each step reports the rate it ran with.
+TEST(TrainerTest, ScheduledLearningRateResumesBitForBit) {
+  TrainerOptions o = RecallOptions(2);
+  o.step.optimizer.schedule.decay = LrSchedule::Decay::kCosine;
+  o.step.optimizer.schedule.warmup_steps = 4;
+  o.step.optimizer.schedule.total_steps = 9;  // the job's steps, whatever o.steps a run stops at
+  o.step.optimizer.schedule.min_lr = 6e-4;
+  ASSERT_TRUE(ValidateLrSchedule(o.step.optimizer).ok());
+  o.steps = 9;
+  o.checkpoint_dir = TmpDir("ckpt_lr_straight");
+  TrainRun straight = Train(o, 2);
+  ASSERT_TRUE(straight.status.ok()) << straight.status;
+  ASSERT_EQ(straight.losses.size(), 9u);
+  for (int64_t s = 1; s <= 9; ++s) {
+    EXPECT_EQ(straight.lrs[s - 1], LearningRateF(o.step.optimizer, s)) << "step " << s;
+  }
+  EXPECT_EQ(straight.lrs[0], 0.0);                    // warm-up from 0
+  EXPECT_EQ(straight.lrs[4], o.step.optimizer.lr);    // step W + 1: the peak
+  EXPECT_GT(straight.lrs[8], 6e-4);                   // the last: just above the floor
+
+  o.checkpoint_dir = TmpDir("ckpt_lr_resumed");
+  std::vector<double> losses, lrs;
+  for (int64_t stop : {2, 6, 9}) {
+    o.steps = stop;
+    TrainRun part = Train(o, 2);
+    ASSERT_TRUE(part.status.ok()) << part.status;
+    losses.insert(losses.end(), part.losses.begin(), part.losses.end());
+    lrs.insert(lrs.end(), part.lrs.begin(), part.lrs.end());
+  }
+  ASSERT_EQ(losses.size(), 9u);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(losses[i], straight.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(lrs[i], straight.lrs[i]) << "step " << i + 1;
+  }
+  std::ifstream a(CheckpointPath(TmpDir("ckpt_lr_straight"), 9), std::ios::binary);
+  std::ifstream b(CheckpointPath(TmpDir("ckpt_lr_resumed"), 9), std::ios::binary);
+  std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(sa.empty());
+  EXPECT_EQ(sa, sb);
+
+  // The schedule changes the run: the constant default's losses differ from
+  // step 2 on (step 1 ran at lr 0 here, so step 2 saw the initial weights).
+  TrainerOptions c = RecallOptions(2);
+  c.steps = 3;
+  TrainRun constant = Train(c, 2);
+  ASSERT_TRUE(constant.status.ok()) << constant.status;
+  EXPECT_EQ(constant.losses[0], straight.losses[0]);  // same weights, same batch
+  EXPECT_NE(constant.losses[1], straight.losses[1]);
+  for (double lr : constant.lrs) EXPECT_EQ(lr, c.step.optimizer.lr);
 }
 
 TEST(TrainerTest, TrainsOnByteLevelText) {
