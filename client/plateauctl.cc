@@ -437,6 +437,11 @@ void PrintJob(const v1::Job& j) {
     std::printf("  progress: step %lld/%lld, loss %.4f (first %.4f), lr %.4g, %.0f tokens/s, %.4f TFLOP/s\n",
                 static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()), p.loss(),
                 p.first_loss(), j.lr(), p.tokens_per_second(), p.model_flops_per_second() / 1e12);
+    if (j.has_validation_loss()) {
+      std::printf("  validation: loss %.4f after step %lld (held-out sequences, every %lld steps)\n",
+                  j.validation_loss(), static_cast<long long>(j.validation_step()),
+                  static_cast<long long>(j.spec().validation_every()));
+    }
   } else {
     std::printf("  progress: no step reported yet (of %lld)\n", static_cast<long long>(j.spec().steps()));
   }
@@ -505,7 +510,7 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
   const int64_t every = std::max<int64_t>(1, total / 20);
   std::map<std::string, int64_t> peak, host_peak;  // largest over ranks and steps
   int64_t peak_total = 0, host_peak_total = 0;
-  double first_loss = -1, last_loss = 0, tokens = 0, seconds = 0, flops = 0;
+  double first_loss = -1, last_loss = 0, tokens = 0, seconds = 0, flops = 0, last_validation = -1;
   int64_t last_step = 0, first_step = 0, steps_seen = 0;
   v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
   v1::StateChange final_change;
@@ -591,7 +596,10 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     seconds += t.seconds();
     flops += t.model_flops();
     if (o.json) return true;
-    const bool show = tty || per_rank || t.step() % every == 0 || t.step() == 1 || t.step() == total;
+    if (t.has_validation_loss()) last_validation = t.validation_loss();
+    // A step with a validation loss is always shown: it is rare and telling.
+    const bool show = tty || per_rank || t.has_validation_loss() || t.step() % every == 0 || t.step() == 1 ||
+                      t.step() == total;
     if (!show) return true;
     // Elapsed: the step's event time since the start (a replayed finished
     // job shows the times it had, not the time since). ETA: the steps left
@@ -603,8 +611,10 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     const std::string eta = steps_seen > 0 && seconds > 0 ? Clock(absl::Seconds(seconds / steps_seen * left)) : "-";
     // Elapsed and ETA come before the long peaks, so a cut keeps them.
     const std::string line = FitLine(
-        absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  lr %.3g  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s",
-                        t.step(), total, t.loss(), elapsed, eta, t.lr(), t.tokens() / t.seconds(),
+        absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  lr %.3g%s  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s",
+                        t.step(), total, t.loss(), elapsed, eta, t.lr(),
+                        t.has_validation_loss() ? absl::StrFormat("  val %.4f", t.validation_loss()) : "",
+                        t.tokens() / t.seconds(),
                         t.model_flops() / t.seconds() / 1e12, peaks_line(),
                         show_host() ? absl::StrCat("  host: ", host_peaks_line()) : ""),
         // A tty line is redrawn in place: one column short, so that the
@@ -665,6 +675,7 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
         static_cast<long long>(first_step), static_cast<long long>(last_step), static_cast<long long>(total),
         tokens / seconds, flops / seconds / 1e12);
       }
+      if (last_validation >= 0) say("  validation loss %.17g (the latest this watch saw)\n", last_validation);
       say("  device peak per live set (largest over ranks) against the plan, MiB:\n");
       for (const auto& ls : plan.live_sets()) {
         const int64_t pk = peak[ls.live_set()];

@@ -116,6 +116,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* step_ = nullptr;
   prometheus::Family<prometheus::Gauge>* loss_ = nullptr;
   prometheus::Family<prometheus::Gauge>* lr_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* validation_loss_ = nullptr;
   prometheus::Family<prometheus::Counter>* tokens_ = nullptr;
   prometheus::Family<prometheus::Counter>* flops_ = nullptr;
   prometheus::Family<prometheus::Histogram>* duration_ = nullptr;

@@ -972,6 +972,61 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   }
 }
 
+// The validation loss end to end: a job measuring it every 3 steps (and at
+// its last) carries it in those steps' events only; `get` shows the latest
+// value and step, `watch` a column on exactly those steps and the latest in
+// its summary, its JSON the field, and /metrics plateau_job_validation_loss.
+TEST(ServiceTest, ValidationLossInEventsWatchGetJsonAndMetrics) {
+  Cluster c("validation");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(7);
+  spec.set_validation_every(3);
+  spec.mutable_data()->set_held_out_sequences(8);  // 2 batches of TinyJob's 4
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  std::vector<int64_t> validated;
+  double last = -1;
+  for (const v1::JobEvent& e : c.AllEvents(id)) {
+    if (!e.has_job_step() || !e.job_step().has_validation_loss()) continue;
+    validated.push_back(e.job_step().step());
+    last = e.job_step().validation_loss();
+    EXPECT_GT(last, 0);
+  }
+  EXPECT_EQ(validated, (std::vector<int64_t>{3, 6, 7}));
+  ASSERT_TRUE(job.has_validation_loss());
+  EXPECT_EQ(job.validation_loss(), last);
+  EXPECT_EQ(job.validation_step(), 7);
+
+  const std::string ctl = "client/plateauctl", coord = "--coordinator=" + c.api();
+  Ran r = RunCommand({ctl, coord, "get", id}, c.dir() + "/get");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrFormat("validation: loss %.4f after step 7", last))) << r.out;
+  r = RunCommand({"/usr/bin/env", "COLUMNS=1000", ctl, coord, "watch", id}, c.dir() + "/watch");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<int> with_column;
+  for (const std::string& line : Lines(r.out)) {
+    int step = 0;
+    if (std::sscanf(line.c_str(), "step %d/", &step) == 1 && absl::StrContains(line, "  val ")) {
+      with_column.push_back(step);
+    }
+  }
+  EXPECT_EQ(with_column, (std::vector<int>{3, 6, 7})) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrFormat("validation loss %.17g", last))) << r.out;
+  r = RunCommand({ctl, coord, "--output=json", "watch", id}, c.dir() + "/watch-json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  int in_json = 0;
+  for (const std::string& line : Lines(r.out)) {
+    const v1::JobEvent e = FromJson<v1::JobEvent>(line);
+    in_json += e.has_job_step() && e.job_step().has_validation_loss();
+  }
+  EXPECT_EQ(in_json, 3);
+  const std::string m = Scrape(c.metrics());
+  EXPECT_EQ(Sample(m, "plateau_job_validation_loss{job_id=\"" + id + "\",rank=\"0\"}"), last) << m;
+}
+
 // A watch across a coordinator restart says "reconnecting..." on stderr
 // and goes on from the next event: no step printed twice, none missed.
 TEST(ServiceTest, PlateauctlWatchSaysReconnectingAcrossACoordinatorRestart) {

@@ -634,6 +634,17 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
     PLATEAU_RETURN_IF_ERROR(CheckRange("memory_timeline_every", spec.memory_timeline_every(), 0, kMaxSteps));
     t.memory_timeline_every = spec.memory_timeline_every();
   }
+  // The validation loss: its held-out sequences come in whole batches.
+  PLATEAU_RETURN_IF_ERROR(CheckRange("data.held_out_sequences", spec.data().held_out_sequences(), 0, kMaxDim));
+  PLATEAU_RETURN_IF_ERROR(CheckRange("validation_every", spec.validation_every(), 0, kMaxSteps));
+  t.data.held_out = spec.data().held_out_sequences();
+  t.validation_every = spec.validation_every();
+  if (t.validation_every > 0 && (t.data.held_out < 1 || t.data.held_out % t.step.layout.batch != 0)) {
+    return Bad("data.held_out_sequences",
+               absl::StrCat("a positive multiple of layout.batch = ", t.step.layout.batch,
+                            " when validation_every is set (every held-out sequence once, in whole batches)"),
+               absl::StrCat(t.data.held_out));
+  }
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_restarts", spec.max_restarts(), 0, 100));
   // Up to a week: a step that long is a hang by any measure.
   PLATEAU_RETURN_IF_ERROR(CheckRange("progress_timeout_s", spec.progress_timeout_s(), 0, 7 * 24 * 3600));

@@ -689,6 +689,14 @@ std::vector<Case> MalformedFieldCases() {
          s.mutable_checkpoint()->set_directory("/tmp/x");
          s.mutable_checkpoint()->set_every(kI64Min);
        }},
+      {"validation_every", [](S& s) { s.set_validation_every(-1); }},
+      {"validation_every", [](S& s) { s.set_validation_every(kI64Max); }},
+      {"data.held_out_sequences", [](S& s) { s.mutable_data()->set_held_out_sequences(-1); }},
+      {"data.held_out_sequences", [](S& s) { s.set_validation_every(5); }},  // none held out
+      {"data.held_out_sequences", [](S& s) {
+         s.set_validation_every(5);
+         s.mutable_data()->set_held_out_sequences(33);  // not whole batches of 32
+       }},
       {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every(-1); }},
       {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every(kI64Min); }},
       {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every((int64_t{1} << 40) + 1); }},

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/model/config.h"
 #include "kernels/model/init.h"
+#include "kernels/model/reference.h"
 #include "kernels/optimizer/lr_schedule.h"
 #include "kernels/testing/local_world.h"
 #include "worker/safetensors.h"
@@ -29,6 +30,8 @@ struct TrainRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;
   std::vector<double> lrs;  // StepReport::lr
+  std::vector<int64_t> validation_steps;
+  std::vector<double> validation;  // StepReport::validation_loss on those steps
   absl::Status status;
 };
 
@@ -41,6 +44,10 @@ TrainRun Train(const TrainerOptions& o, int P) {
                                  run.losses.push_back(rep.stats.loss);
                                  run.grad_norms.push_back(rep.stats.grad_norm);
                                  run.lrs.push_back(rep.lr);
+                                 if (rep.has_validation) {
+                                   run.validation_steps.push_back(rep.stats.step);
+                                   run.validation.push_back(rep.validation_loss);
+                                 }
                                });
                              });
   return run;
@@ -341,6 +348,79 @@ TEST(TrainerTest, CheckpointMetadataAsDocumented) {
                                                              {"data_seed", "9"},
                                                              {"format", "plateau-checkpoint-v1"}}));
   EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
+}
+
+// The validation loss over the held-out sequences (2 batches), forward only.
+// Step 1 runs at lr 0 (a warm-up), so its validation sees the initial
+// weights on any rank count: P = 1 and P = 2 agree to fp32 rounding (2e-6)
+// and both equal the naive double reference of the same batches to 1e-5
+// (the step's own loss tolerance, step_test); after step 3 each equals the
+// reference with its own checkpoint's weights. Validating changes nothing
+// about training: the losses are those of a run without it, to the bit.
+TEST(TrainerTest, ValidationLossMatchesTheReferenceOnAnyRankCount) {
+  auto options = [](int P, const std::string& dir, bool validate) {
+    TrainerOptions o = RecallOptions(P);
+    o.steps = 3;
+    o.step.optimizer.schedule.warmup_steps = 2;
+    o.step.optimizer.schedule.total_steps = 3;
+    // Held out either way (the recall split changes which sequences train).
+    o.data.held_out = 2 * o.step.layout.batch;
+    if (validate) o.validation_every = 1;
+    o.checkpoint_dir = TmpDir(dir);
+    o.checkpoint_every = 1;
+    return o;
+  };
+  TrainRun one = Train(options(1, "val_p1", true), 1);
+  TrainRun two = Train(options(2, "val_p2", true), 2);
+  TrainRun plain = Train(options(2, "val_none", false), 2);
+  for (const TrainRun* r : {&one, &two, &plain}) ASSERT_TRUE(r->status.ok()) << r->status;
+  EXPECT_EQ(one.validation_steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(two.validation_steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(plain.validation_steps.empty());
+  EXPECT_EQ(two.losses, plain.losses);
+
+  // The reference: the same held-out batches (read at P = 1), in double.
+  const TrainerOptions o = options(1, "unused", true);
+  const ModelConfig& m = o.step.model;
+  const int64_t B = o.step.layout.batch;
+  auto held = OpenAssociativeRecall(o.data.recall, DataSlice{B, m.seq_len, 0, 1, o.data.held_out, true});
+  ASSERT_TRUE(held.ok()) << held.status();
+  std::vector<Batch> batches(2);
+  for (Batch& b : batches) ASSERT_TRUE((*held)->Next(&b).ok());
+  auto reference = [&](const Tensors<double>& w) {
+    double sum = 0;
+    int64_t valid = 0;
+    for (const Batch& b : batches) {
+      Tensors<double> grads;
+      const double loss = ReferenceLossAndGrads(m, w, b.tokens, b.targets, B, &grads);
+      int64_t n = 0;
+      for (int32_t t : b.targets) n += t != kIgnoreIndex;
+      sum += loss * static_cast<double>(n);
+      valid += n;
+    }
+    return sum / static_cast<double>(valid);
+  };
+  auto weights_at = [&](const std::string& dir, int64_t step) {
+    const SafetensorsFile f = ReadCheckpoint(TmpDir(dir), step);
+    Tensors<double> w;
+    for (const WeightSpec& spec : ModelWeights(m)) {
+      const std::vector<float>& t = f.tensors.at(spec.name).data;
+      w.emplace_back(t.begin(), t.end());
+    }
+    return w;
+  };
+  // Step 1 moved no weight (lr 0): both runs' weights after it are the
+  // initial ones, the same on 1 and 2 ranks.
+  const Tensors<double> w1 = weights_at("val_p2", 1);
+  EXPECT_EQ(w1, weights_at("val_p1", 1));
+  const double initial = reference(w1);
+  EXPECT_NEAR(one.validation[0], two.validation[0], 2e-6 * initial);
+  EXPECT_NEAR(one.validation[0], initial, 1e-5 * initial);
+  EXPECT_NEAR(two.validation[0], initial, 1e-5 * initial);
+  const double after_one = reference(weights_at("val_p1", 3)), after_two = reference(weights_at("val_p2", 3));
+  EXPECT_NEAR(one.validation[2], after_one, 1e-5 * after_one);
+  EXPECT_NEAR(two.validation[2], after_two, 1e-5 * after_two);
+  EXPECT_LT(two.validation[2], two.validation[0]) << "it trains";
 }
 
 }  // namespace
