@@ -1024,7 +1024,8 @@ TEST(ServiceTest, ValidationLossInEventsWatchGetJsonAndMetrics) {
   }
   EXPECT_EQ(in_json, 3);
   const std::string m = Scrape(c.metrics());
-  EXPECT_EQ(Sample(m, "plateau_job_validation_loss{job_id=\"" + id + "\",rank=\"0\"}"), last) << m;
+  // The exposition prints 16 significant digits (not the 17 that read back).
+  EXPECT_NEAR(Sample(m, "plateau_job_validation_loss{job_id=\"" + id + "\",rank=\"0\"}"), last, 1e-14 * last) << m;
 }
 
 // A watch across a coordinator restart says "reconnecting..." on stderr
