@@ -144,8 +144,11 @@ const std::vector<CommandHelp>& Commands() {
        "Each step line shows the elapsed time since the job started and an ETA (the steps left\n"
        "times the mean step time so far), and is cut to the terminal width ($COLUMNS, else the\n"
        "terminal's, else 100 columns). While the coordinator is away it says \"reconnecting...\"\n"
-       "on stderr and resumes from the next event.\n",
-       {{"from", "INDEX", "the first event to show (resume with the last index + 1)"}}},
+       "on stderr and resumes from the next event (under --output json: a {\"notice\":...} object).\n",
+       {{"from", "INDEX", "the first event to show (resume with the last index + 1)"},
+        {"per-rank", "", "under each step's line, each rank's: loss, time, device peak\n"
+                         "(every step, one line each); in JSON each step event carries them\n"
+                         "(job_step.per_rank)"}}},
       {"logs", "JOB", "log lines of every rank",
        "Prints the job's log lines: every rank's stdout and stderr, the agent's and the\n"
        "coordinator's.\n",
@@ -402,6 +405,12 @@ std::string Time(const google::protobuf::Timestamp& t) {
   return absl::FormatTime("%H:%M:%S", absl::FromUnixSeconds(t.seconds()), absl::LocalTimeZone());
 }
 
+// With the date: a retention pass acts days after the job ended.
+std::string DateTime(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixSeconds(t.seconds()), absl::LocalTimeZone());
+}
+
 void PrintJob(const v1::Job& j) {
   std::printf("%s  %s%s\n", j.id().c_str(), v1::JobState_Name(j.state()).c_str(),
               j.spec().name().empty() ? "" : absl::StrCat("  (", j.spec().name(), ")").c_str());
@@ -425,9 +434,14 @@ void PrintJob(const v1::Job& j) {
   // Before the first step is reported the progress is all zeros: a "loss
   // 0.0000" would read as a measured loss, so say there is none yet.
   if (p.step() > 0) {
-    std::printf("  progress: step %lld/%lld, loss %.4f (first %.4f), %.0f tokens/s, %.4f TFLOP/s\n",
+    std::printf("  progress: step %lld/%lld, loss %.4f (first %.4f), lr %.4g, %.0f tokens/s, %.4f TFLOP/s\n",
                 static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()), p.loss(),
-                p.first_loss(), p.tokens_per_second(), p.model_flops_per_second() / 1e12);
+                p.first_loss(), j.lr(), p.tokens_per_second(), p.model_flops_per_second() / 1e12);
+    if (j.has_validation_loss()) {
+      std::printf("  validation: loss %.4f after step %lld (held-out sequences, every %lld steps)\n",
+                  j.validation_loss(), static_cast<long long>(j.validation_step()),
+                  static_cast<long long>(j.spec().validation_every()));
+    }
   } else {
     std::printf("  progress: no step reported yet (of %lld)\n", static_cast<long long>(j.spec().steps()));
   }
@@ -447,6 +461,10 @@ void PrintJob(const v1::Job& j) {
               j.spec().backend() == v1::BACKEND_CUDA ? "cuda" : "cpu", j.attempt());
   std::printf("  times:    created %s, started %s, ended %s\n", Time(j.create_time()).c_str(),
               Time(j.start_time()).c_str(), Time(j.end_time()).c_str());
+  if (j.has_events_deleted_time()) {
+    std::printf("  events:   %lld deleted at %s by the retention pass (watch and logs send none)\n",
+                static_cast<long long>(j.event_count()), DateTime(j.events_deleted_time()).c_str());
+  }
   if (!j.spec().labels().empty()) {
     std::map<std::string, std::string> sorted(j.spec().labels().begin(), j.spec().labels().end());
     std::printf("  labels:   %s\n", absl::StrJoin(sorted, ", ", absl::PairFormatter("=")).c_str());
@@ -478,7 +496,9 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
   const v1::MemoryPlan plan = job->plan();
   std::map<std::string, int64_t> planned;
   for (const auto& ls : plan.live_sets()) planned[ls.live_set()] = ls.bytes();
-  const bool tty = !o.json && isatty(STDOUT_FILENO);
+  const bool per_rank = o.flags.count("per-rank") > 0;
+  // Per-rank lines go under their step's line: nothing is redrawn in place.
+  const bool tty = !o.json && !per_rank && isatty(STDOUT_FILENO);
   const int width = TerminalWidth();
   const int64_t total = job->spec().steps();
   // Elapsed time counts from the job's start; a job not yet started when the
@@ -490,7 +510,7 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
   const int64_t every = std::max<int64_t>(1, total / 20);
   std::map<std::string, int64_t> peak, host_peak;  // largest over ranks and steps
   int64_t peak_total = 0, host_peak_total = 0;
-  double first_loss = -1, last_loss = 0, tokens = 0, seconds = 0, flops = 0;
+  double first_loss = -1, last_loss = 0, tokens = 0, seconds = 0, flops = 0, last_validation = -1;
   int64_t last_step = 0, first_step = 0, steps_seen = 0;
   v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
   v1::StateChange final_change;
@@ -548,6 +568,7 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
       const v1::StepTelemetry& r = e.step();
       t.set_step(r.step());
       t.set_loss(r.loss());
+      t.set_lr(r.lr());
       t.set_tokens(r.tokens());
       t.set_model_flops(r.model_flops());
       t.set_seconds(r.seconds());
@@ -575,7 +596,10 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     seconds += t.seconds();
     flops += t.model_flops();
     if (o.json) return true;
-    const bool show = tty || t.step() % every == 0 || t.step() == 1 || t.step() == total;
+    if (t.has_validation_loss()) last_validation = t.validation_loss();
+    // A step with a validation loss is always shown: it is rare and telling.
+    const bool show = tty || per_rank || t.has_validation_loss() || t.step() % every == 0 || t.step() == 1 ||
+                      t.step() == total;
     if (!show) return true;
     // Elapsed: the step's event time since the start (a replayed finished
     // job shows the times it had, not the time since). ETA: the steps left
@@ -587,8 +611,10 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     const std::string eta = steps_seen > 0 && seconds > 0 ? Clock(absl::Seconds(seconds / steps_seen * left)) : "-";
     // Elapsed and ETA come before the long peaks, so a cut keeps them.
     const std::string line = FitLine(
-        absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s",
-                        t.step(), total, t.loss(), elapsed, eta, t.tokens() / t.seconds(),
+        absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  lr %.3g%s  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s",
+                        t.step(), total, t.loss(), elapsed, eta, t.lr(),
+                        t.has_validation_loss() ? absl::StrFormat("  val %.4f", t.validation_loss()) : "",
+                        t.tokens() / t.seconds(),
                         t.model_flops() / t.seconds() / 1e12, peaks_line(),
                         show_host() ? absl::StrCat("  host: ", host_peaks_line()) : ""),
         // A tty line is redrawn in place: one column short, so that the
@@ -600,9 +626,21 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     } else {
       std::printf("%s\n", line.c_str());
     }
+    for (const v1::StepTelemetry& r : t.per_rank()) {
+      std::printf("%s\n", FitLine(absl::StrFormat("  rank %3d  loss %.4f  |g| %.3f  lr %.3g  %.3f s  device peak %s MiB"
+                                                   "%s",
+                                                   r.rank(), r.loss(), r.grad_norm(), r.lr(), r.seconds(),
+                                                   MiB(r.peak_total_bytes()),
+                                                   r.host_peak_total_bytes() > 0
+                                                       ? absl::StrCat("  host peak ", MiB(r.host_peak_total_bytes()),
+                                                                      " MiB")
+                                                       : ""),
+                                   width)
+                               .c_str());
+    }
     std::fflush(stdout);
     return true;
-  });
+  }, per_rank);
   if (line_open) std::printf("\n");
   if (!s.ok()) return Report(s);
   // The job as it ended: its state when no final event was seen, and its
@@ -637,6 +675,7 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
         static_cast<long long>(first_step), static_cast<long long>(last_step), static_cast<long long>(total),
         tokens / seconds, flops / seconds / 1e12);
       }
+      if (last_validation >= 0) say("  validation loss %.17g (the latest this watch saw)\n", last_validation);
       say("  device peak per live set (largest over ranks) against the plan, MiB:\n");
       for (const auto& ls : plan.live_sets()) {
         const int64_t pk = peak[ls.live_set()];
@@ -715,10 +754,18 @@ int Run(const Options& o) {
   }
   // A watch or log stream outlives a coordinator restart (client.h): say so
   // on stderr while it is away, so that a silent terminal is not a hang.
-  co.on_reconnecting = [](const absl::Status& s) {
-    std::fprintf(stderr, "\nplateauctl: the coordinator went away (%s); reconnecting... (resuming from the next "
-                         "event)\n",
-                 std::string(s.message()).c_str());
+  // Under --output json it is an object too, so that a script reading
+  // stderr line by line can parse every line (errors are objects there).
+  co.on_reconnecting = [json = o.json](const absl::Status& s) {
+    if (json) {
+      std::fprintf(stderr, "{\"notice\":{\"kind\":\"reconnecting\",\"code\":%s,\"message\":%s}}\n",
+                   JsonString(absl::StatusCodeToString(s.code())).c_str(),
+                   JsonString(std::string(s.message())).c_str());
+    } else {
+      std::fprintf(stderr, "\nplateauctl: the coordinator went away (%s); reconnecting... (resuming from the next "
+                           "event)\n",
+                   std::string(s.message()).c_str());
+    }
     std::fflush(stderr);
   };
   Client client(co);
@@ -846,15 +893,23 @@ int Run(const Options& o) {
     }
     // A long reason (a failure's message) would wrap into the next row:
     // each row is cut to the terminal width.
+    // Labels (sorted, k=v joined by commas) get a column of their own, cut
+    // to 24 characters with "..." so that the reason keeps its place.
     const int width = TerminalWidth();
-    std::printf("%s\n",
-                FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %s", "JOB", "STATE", "NAME", "STEP", "REASON"), width)
-                    .c_str());
+    auto labels_of = [](const v1::Job& j) {
+      std::map<std::string, std::string> sorted(j.spec().labels().begin(), j.spec().labels().end());
+      std::string text = sorted.empty() ? "-" : absl::StrJoin(sorted, ",", absl::PairFormatter("="));
+      return text.size() > 24 ? text.substr(0, 21) + "..." : text;
+    };
+    std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %-24s %s", "JOB", "STATE", "NAME", "STEP",
+                                                 "LABELS", "REASON"),
+                                 width)
+                             .c_str());
     for (const v1::Job& j : all.jobs()) {
-      std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %s", j.id(), v1::JobState_Name(j.state()),
-                                                   j.spec().name().substr(0, 16),
+      std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %-24s %s", j.id(),
+                                                   v1::JobState_Name(j.state()), j.spec().name().substr(0, 16),
                                                    absl::StrCat(j.progress().step(), "/", j.spec().steps()),
-                                                   j.state_reason()),
+                                                   labels_of(j), j.state_reason()),
                                    width)
                                .c_str());
     }

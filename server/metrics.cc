@@ -15,6 +15,15 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
   using prometheus::BuildHistogram;
   m->step_ = &BuildGauge().Name("plateau_job_step").Help("Optimizer steps a rank has completed.").Register(r);
   m->loss_ = &BuildGauge().Name("plateau_job_loss").Help("Loss of the latest step (mean over the global batch).").Register(r);
+  m->lr_ = &BuildGauge()
+                .Name("plateau_job_learning_rate")
+                .Help("Learning rate the latest step's AdamW ran with (the spec's schedule at that step).")
+                .Register(r);
+  m->validation_loss_ = &BuildGauge()
+                             .Name("plateau_job_validation_loss")
+                             .Help("Mean token cross-entropy over the held-out sequences at the latest "
+                                   "validation (JobSpec.validation_every).")
+                             .Register(r);
   m->tokens_ = &BuildCounter()
                     .Name("plateau_job_tokens_total")
                     .Help("Tokens trained; each rank counts its 1/P share of the global batch.")
@@ -192,6 +201,8 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   const std::map<std::string, std::string> labels = {{"job_id", job}, {"rank", rank}};
   Add(step_, job, labels).Set(static_cast<double>(t.step()));
   Add(loss_, job, labels).Set(t.loss());
+  Add(lr_, job, labels).Set(t.lr());
+  if (t.has_validation_loss()) Add(validation_loss_, job, labels).Set(t.validation_loss());
   const double share = ranks > 0 ? 1.0 / ranks : 1.0;
   Add(tokens_, job, labels).Increment(static_cast<double>(t.tokens()) * share);
   Add(flops_, job, labels).Increment(t.model_flops() * share);

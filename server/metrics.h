@@ -115,6 +115,8 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>* step_ = nullptr;
   prometheus::Family<prometheus::Gauge>* loss_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* lr_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* validation_loss_ = nullptr;
   prometheus::Family<prometheus::Counter>* tokens_ = nullptr;
   prometheus::Family<prometheus::Counter>* flops_ = nullptr;
   prometheus::Family<prometheus::Histogram>* duration_ = nullptr;

@@ -41,6 +41,11 @@ v1::JobEvent EventOf(LiveJob& a, v1::JobStepSummary s) {
   p->set_step(s.step());
   p->set_total_steps(a.job.spec().steps());
   p->set_loss(s.loss());
+  a.job.set_lr(s.lr());
+  if (s.has_validation_loss()) {
+    a.job.set_validation_loss(s.validation_loss());
+    a.job.set_validation_step(s.step());
+  }
   a.tokens += static_cast<double>(s.tokens());
   a.seconds += s.seconds();
   if (a.seconds > 0 && s.tokens() > 0) {
@@ -87,6 +92,8 @@ v1::JobStepSummary SummarizeStep(const PendingStep& p) {
       s.set_attempt(t.attempt());
       s.set_loss(t.loss());
       s.set_grad_norm(t.grad_norm());
+      s.set_lr(t.lr());
+      if (t.has_validation_loss()) s.set_validation_loss(t.validation_loss());
       s.set_tokens(t.tokens());
       s.set_model_flops(t.model_flops());
       s.set_slowest_rank(static_cast<int>(r));

@@ -28,6 +28,7 @@ void AddStep(v1::TelemetryRequest& r, const std::string& job, int attempt, int r
   t->set_tokens(100);
   t->set_seconds(0.5);
   t->set_model_flops(1e9);
+  t->set_lr(1e-3 * static_cast<double>(step));  // a schedule's rate, different at each step
 }
 
 // The live jobs, as the coordinator's FindActive returns them: one.
@@ -73,6 +74,9 @@ TEST(TelemetryTest, AStepIsOneEventOnceEveryRankHasReportedIt) {
   EXPECT_DOUBLE_EQ(p.loss(), 2.25);
   EXPECT_DOUBLE_EQ(p.tokens_per_second(), 200);       // 200 tokens in 1 s
   EXPECT_DOUBLE_EQ(p.model_flops_per_second(), 2e9);  // 1e9 per 100 tokens
+  // The step's learning rate, in its event and as the job's latest.
+  EXPECT_EQ(b.events[0].job_step().lr(), 2e-3);
+  EXPECT_EQ(jobs.job.job.lr(), 2e-3);
   EXPECT_TRUE(jobs.job.pending_steps.empty());
 }
 

@@ -440,7 +440,11 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
 
   Cluster c("names");
   ASSERT_TRUE(c.ready()) << c.Logs();
-  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  // With a validation loss, so that its series is in the scrape too.
+  v1::JobSpec spec = TinyJob(3);
+  spec.set_validation_every(3);
+  spec.mutable_data()->set_held_out_sequences(4);
+  auto sub = c.client().SubmitJob(spec, false);
   ASSERT_TRUE(sub.ok()) << sub.status();
   ASSERT_EQ(c.WaitDone(sub->job().id()).state(), v1::SUCCEEDED) << c.Logs();
   const std::string scrape = Scrape(c.metrics());
@@ -508,7 +512,12 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
   Process& prometheus = *prometheus_process;
   ASSERT_TRUE(prometheus.Running() && absl::StrContains(HttpGet(prom, "/-/ready"), " 200 ")) << prometheus.err();
 
-  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  // A validation loss every step, so that the loss panel's validation
+  // query has a series to answer with.
+  v1::JobSpec long_spec = TinyJob(1000000);
+  long_spec.set_validation_every(1);
+  long_spec.mutable_data()->set_held_out_sequences(4);
+  auto sub = c.client().SubmitJob(long_spec, false);
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
   ASSERT_EQ(id, "job-1");

@@ -20,7 +20,9 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "tests/cluster.h"
+#include "worker/job_spec.h"
 
 namespace plateau {
 namespace {
@@ -55,6 +57,15 @@ double LossAt(const std::vector<v1::JobEvent>& events, int64_t step) {
     if (e.has_job_step() && e.job_step().step() == step) loss = e.job_step().loss();
   }
   return loss;
+}
+
+// The learning rate the job's last attempt reported at `step`.
+double LrAt(const std::vector<v1::JobEvent>& events, int64_t step) {
+  double lr = -1;
+  for (const v1::JobEvent& e : events) {
+    if (e.has_job_step() && e.job_step().step() == step) lr = e.job_step().lr();
+  }
+  return lr;
 }
 
 absl::Time TimeOf(const google::protobuf::Timestamp& t) {
@@ -153,6 +164,65 @@ TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss)
   const std::string ckpt_a = ReadFile(c.dir() + "/ckpt-a" + last), ckpt_b = ReadFile(c.dir() + "/ckpt-b" + last);
   ASSERT_GT(ckpt_a.size(), 1000u);
   EXPECT_TRUE(ckpt_a == ckpt_b) << "the final checkpoints differ";
+  EXPECT_TRUE(c.RankPids(id).empty());
+}
+
+// A warm-up + cosine schedule across a crash: a rank is killed after step
+// 15, the job restarts from its newest checkpoint (step 10 or 20: mid
+// warm-up, W = 25) and runs on through the decay. Every step's learning
+// rate and loss equal the uninterrupted job's to the bit, and are the
+// schedule's (kernels/optimizer/lr_schedule.h) at that step.
+TEST(FaultTest, ScheduledLearningRateContinuesAcrossARestartBitForBit) {
+  Cluster c("lr-restart");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  constexpr int64_t kSteps = 40;
+  auto spec_in = [&](const std::string& dir) {
+    v1::JobSpec s = TinyJob(kSteps);
+    s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
+    s.mutable_optimizer()->set_warmup_steps(25);
+    s.mutable_optimizer()->set_min_lr(6e-4);
+    s.mutable_checkpoint()->set_directory(c.dir() + "/" + dir);
+    s.mutable_checkpoint()->set_every(10);
+    s.set_max_restarts(1);
+    return s;
+  };
+  auto options = ToTrainerOptions(spec_in("x"));
+  ASSERT_TRUE(options.ok()) << options.status();
+  const OptimizerConfig& opt = options->step.optimizer;
+  auto a = c.client().SubmitJob(spec_in("ckpt-a"), false);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(c.WaitDone(a->job().id()).state(), v1::SUCCEEDED) << c.Logs();
+  const std::vector<v1::JobEvent> events_a = c.AllEvents(a->job().id());
+
+  auto b = c.client().SubmitJob(spec_in("ckpt-b"), false);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::string id = b->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 15)) << c.Logs();
+  const std::vector<pid_t> ranks = c.RankPids(id);
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(kill(ranks[0], SIGKILL), 0);
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 1);
+  const std::vector<v1::JobEvent> events_b = c.AllEvents(id);
+  int64_t first_of_attempt_1 = 0;
+  for (const v1::JobEvent& e : events_b) {
+    if (e.has_job_step() && e.job_step().attempt() == 1 && first_of_attempt_1 == 0) {
+      first_of_attempt_1 = e.job_step().step();
+    }
+  }
+  EXPECT_EQ((first_of_attempt_1 - 1) % 10, 0) << first_of_attempt_1;
+  EXPECT_GE(first_of_attempt_1 - 1, 10);
+  EXPECT_LE(first_of_attempt_1 - 1, 20) << "restarted from the warm-up's checkpoints";
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    EXPECT_EQ(LrAt(events_b, step), LrAt(events_a, step)) << step;
+    EXPECT_EQ(LrAt(events_a, step), static_cast<double>(LearningRateF(opt, step))) << step;
+    EXPECT_EQ(LossAt(events_b, step), LossAt(events_a, step)) << step;
+  }
+  EXPECT_EQ(LrAt(events_a, 1), 0.0);
+  EXPECT_EQ(LrAt(events_a, 26), static_cast<double>(opt.lr));
+  EXPECT_GT(LrAt(events_a, kSteps), 6e-4);
+  EXPECT_EQ(job.lr(), LrAt(events_a, kSteps));
   EXPECT_TRUE(c.RankPids(id).empty());
 }
 

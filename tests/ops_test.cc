@@ -161,6 +161,8 @@ TEST(OpsTest, WorkersMetricsLogsDeleteAndRetention) {
   Ran got = Ctl(c, {"get", id}, "get-swept");
   EXPECT_EQ(got.code, 0) << got.err;
   EXPECT_THAT(got.out, HasSubstr("SUCCEEDED"));
+  // ...and says when its events went, and how many there were.
+  EXPECT_THAT(got.out, HasSubstr("  events:   " + std::to_string(job.event_count()) + " deleted at ")) << got.out;
   EXPECT_THAT(c.coordinator()->out(), HasSubstr(id + ": removed its " + std::to_string(job.event_count()) + " event(s)"));
 
   // --- A departed worker: listed no more, its heartbeat series gone.

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
@@ -812,7 +813,9 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   };
 
   // Before any step: no "loss 0.0000", no placement.
-  auto long_job = c.client().SubmitJob(TinyJob(1000000), false);
+  v1::JobSpec labelled = TinyJob(1000000);
+  (*labelled.mutable_labels())["team"] = "nlp";
+  auto long_job = c.client().SubmitJob(labelled, false);
   ASSERT_TRUE(long_job.ok()) << long_job.status();
   Ran r = ctl("", {"get", "job-1"}, "get-pending");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -827,7 +830,7 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   ASSERT_TRUE(workers.ok() && workers->workers_size() == 1) << workers.status();
   r = ctl("", {"get", "job-1"}, "get-running");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("progress: step "), HasSubstr("/1000000, loss "),
+  EXPECT_THAT(r.out, AllOf(HasSubstr("progress: step "), HasSubstr("/1000000, loss "), HasSubstr(", lr 0.006, "),
                            HasSubstr("placement: " + workers->workers(0).id() + " ranks 0,1")))
       << r.out;
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("no step reported"))) << r.out;
@@ -853,6 +856,38 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   }
   EXPECT_GE(step_lines, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("eta 0s")) << "the last step has none left: " << r.out;
+  // --per-rank: every step's line, each rank's line under it (loss, time,
+  // peak), and in JSON each step event with both ranks' reports.
+  r = ctl("1000", {"watch", "job-2", "--per-rank"}, "watch-per-rank");
+  ASSERT_EQ(r.code, 0) << r.err;
+  {
+    const std::vector<std::string> lines = Lines(r.out);
+    int steps = 0;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (!absl::StartsWith(lines[i], "step ")) continue;
+      ++steps;
+      EXPECT_THAT(lines[i], HasSubstr("  lr 0.006  ")) << "TinyJob's constant lr: " << lines[i];
+      ASSERT_LT(i + 2, lines.size()) << r.out;
+      EXPECT_THAT(lines[i + 1], AllOf(::testing::StartsWith("  rank   0  loss "), HasSubstr("device peak ")));
+      EXPECT_THAT(lines[i + 2], ::testing::StartsWith("  rank   1  loss "));
+    }
+    EXPECT_EQ(steps, kSteps) << "every step, not every 20th: " << r.out;
+  }
+  r = ctl("", {"--output=json", "watch", "job-2", "--per-rank"}, "watch-per-rank-json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  {
+    int steps = 0;
+    for (const std::string& line : Lines(r.out)) {
+      const v1::JobEvent e = FromJson<v1::JobEvent>(line);
+      if (!e.has_job_step()) continue;
+      ++steps;
+      ASSERT_EQ(e.job_step().per_rank_size(), 2) << line;
+      EXPECT_EQ(e.job_step().per_rank(1).rank(), 1);
+      EXPECT_EQ(e.job_step().per_rank(0).step(), e.job_step().step());
+      EXPECT_EQ(e.job_step().lr(), e.job_step().per_rank(0).lr());
+    }
+    EXPECT_EQ(steps, kSteps);
+  }
   // Without COLUMNS and without a terminal: 100 columns, and the line is cut
   // there (the peaks make it longer), so the check can fail.
   r = ctl("", {"watch", "job-2"}, "watch-default");
@@ -927,6 +962,70 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("..."))) << r.out;
   EXPECT_THAT(r.out, HasSubstr(done.state_reason())) << r.out;
+  // The labels column: job-1's label, "-" for job-2 (none).
+  {
+    const std::vector<std::string> rows = Lines(r.out);
+    ASSERT_GE(rows.size(), 3u) << r.out;
+    EXPECT_THAT(rows[0], HasSubstr(" LABELS "));
+    EXPECT_THAT(rows[1], AllOf(::testing::StartsWith("job-1 "), HasSubstr(" team=nlp ")));
+    EXPECT_THAT(rows[2], ::testing::ContainsRegex("^job-2 .* - +" + done.state_reason().substr(0, 8)));
+  }
+}
+
+// The validation loss end to end: a job measuring it every 3 steps (and at
+// its last) carries it in those steps' events only; `get` shows the latest
+// value and step, `watch` a column on exactly those steps and the latest in
+// its summary, its JSON the field, and /metrics plateau_job_validation_loss.
+TEST(ServiceTest, ValidationLossInEventsWatchGetJsonAndMetrics) {
+  Cluster c("validation");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(7);
+  spec.set_validation_every(3);
+  spec.mutable_data()->set_held_out_sequences(8);  // 2 batches of TinyJob's 4
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  std::vector<int64_t> validated;
+  double last = -1;
+  for (const v1::JobEvent& e : c.AllEvents(id)) {
+    if (!e.has_job_step() || !e.job_step().has_validation_loss()) continue;
+    validated.push_back(e.job_step().step());
+    last = e.job_step().validation_loss();
+    EXPECT_GT(last, 0);
+  }
+  EXPECT_EQ(validated, (std::vector<int64_t>{3, 6, 7}));
+  ASSERT_TRUE(job.has_validation_loss());
+  EXPECT_EQ(job.validation_loss(), last);
+  EXPECT_EQ(job.validation_step(), 7);
+
+  const std::string ctl = "client/plateauctl", coord = "--coordinator=" + c.api();
+  Ran r = RunCommand({ctl, coord, "get", id}, c.dir() + "/get");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrFormat("validation: loss %.4f after step 7", last))) << r.out;
+  r = RunCommand({"/usr/bin/env", "COLUMNS=1000", ctl, coord, "watch", id}, c.dir() + "/watch");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<int> with_column;
+  for (const std::string& line : Lines(r.out)) {
+    int step = 0;
+    if (std::sscanf(line.c_str(), "step %d/", &step) == 1 && absl::StrContains(line, "  val ")) {
+      with_column.push_back(step);
+    }
+  }
+  EXPECT_EQ(with_column, (std::vector<int>{3, 6, 7})) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrFormat("validation loss %.17g", last))) << r.out;
+  r = RunCommand({ctl, coord, "--output=json", "watch", id}, c.dir() + "/watch-json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  int in_json = 0;
+  for (const std::string& line : Lines(r.out)) {
+    const v1::JobEvent e = FromJson<v1::JobEvent>(line);
+    in_json += e.has_job_step() && e.job_step().has_validation_loss();
+  }
+  EXPECT_EQ(in_json, 3);
+  const std::string m = Scrape(c.metrics());
+  // The exposition prints 16 significant digits (not the 17 that read back).
+  EXPECT_NEAR(Sample(m, "plateau_job_validation_loss{job_id=\"" + id + "\",rank=\"0\"}"), last, 1e-14 * last) << m;
 }
 
 // A watch across a coordinator restart says "reconnecting..." on stderr
@@ -942,12 +1041,31 @@ TEST(ServiceTest, PlateauctlWatchSaysReconnectingAcrossACoordinatorRestart) {
   Process watch({"/usr/bin/env", "COLUMNS=200", "client/plateauctl", "--coordinator=" + c.api(), "watch", id},
                 c.dir() + "/watch");
   ASSERT_TRUE(watch.spawn_error().empty()) << watch.spawn_error();
+  // The same under --output json: the notice is a JSON object on stderr.
+  Process json_watch({"client/plateauctl", "--coordinator=" + c.api(), "--output=json", "watch", id},
+                     c.dir() + "/watch-json");
+  ASSERT_TRUE(json_watch.spawn_error().empty()) << json_watch.spawn_error();
   ASSERT_TRUE(c.WaitStep(id, 5)) << c.Logs();
   c.KillCoordinator(SIGKILL);
   absl::SleepFor(absl::Milliseconds(1500));
   ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
   ASSERT_TRUE(WaitFor([&] { return !watch.Running(); })) << watch.err();
   EXPECT_THAT(watch.err(), HasSubstr("reconnecting...")) << watch.err();
+  ASSERT_TRUE(WaitFor([&] { return !json_watch.Running(); })) << json_watch.err();
+  {
+    const std::vector<std::string> err_lines = Lines(json_watch.err());
+    ASSERT_FALSE(err_lines.empty()) << "no reconnecting notice";
+    for (const std::string& line : err_lines) {
+      const google::protobuf::Struct notice = FromJson<google::protobuf::Struct>(line);  // fails if not JSON
+      ASSERT_TRUE(notice.fields().count("notice")) << line;
+      const auto& f = notice.fields().at("notice").struct_value().fields();
+      EXPECT_EQ(f.count("kind") ? f.at("kind").string_value() : "", "reconnecting") << line;
+      EXPECT_TRUE(f.count("message") && f.at("message").has_string_value()) << line;
+    }
+    int steps = 0;
+    for (const std::string& line : Lines(json_watch.out())) steps += FromJson<v1::JobEvent>(line).has_job_step();
+    EXPECT_EQ(steps, kSteps) << "every step once";
+  }
   const std::string out = watch.out();
   EXPECT_THAT(out, HasSubstr("summary: " + id + " SUCCEEDED")) << out << c.Logs();
   // Steps 1, every 7th (150/20) and the last, each once, in order.

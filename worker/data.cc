@@ -29,6 +29,10 @@ absl::Status CheckSlice(const DataSlice& s) {
   if (s.seq_len % s.ranks != 0) {
     return absl::InvalidArgumentError(absl::StrCat("data.seq_len: expected a multiple of ranks = ", s.ranks, ", got ", s.seq_len));
   }
+  if (s.held_out < 0 || (s.validation && s.held_out == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.held_out_sequences: expected >= 0 (and >= 1 to read the held-out split), got ", s.held_out));
+  }
   return absl::OkStatus();
 }
 
@@ -73,22 +77,38 @@ class TokenStream final : public DataSource {
   TokenStream(std::vector<Part> parts, int64_t vocab, const DataSlice& slice)
       : parts_(std::move(parts)), vocab_(vocab), slice_(slice) {
     for (const Part& p : parts_) total_ += p.count;
+    const int64_t T = slice_.seq_len;
+    if (slice_.held_out == 0) {
+      sequences_ = (total_ - 1) / T;
+      return;
+    }
+    // The held-out tokens are the last held_out * T + 1: sequence j of the
+    // split is tokens [split + jT, split + jT + T]. The training sequences
+    // read tokens below `split` only (the last one's target is token
+    // split - 1 at most), so no token position is in both.
+    const int64_t split = total_ - (slice_.held_out * T + 1);
+    if (slice_.validation) {
+      base_ = split;
+      sequences_ = slice_.held_out;
+    } else {
+      sequences_ = split > 0 ? (split - 1) / T : 0;
+    }
   }
 
   int64_t total() const { return total_; }
+  int64_t sequences() const { return sequences_; }
   int64_t vocab_size() const override { return vocab_; }
   uint64_t position() const override { return position_; }
   void Seek(uint64_t position) override { position_ = position; }
 
   absl::Status Next(Batch* out) override {
     const int64_t T = slice_.seq_len, n = T / slice_.ranks;
-    const int64_t per_epoch = (total_ - 1) / T;
     out->tokens.resize(slice_.batch * n);
     out->targets.resize(slice_.batch * n);
     std::vector<int32_t> buf(n + 1);
     for (int64_t b = 0; b < slice_.batch; ++b) {
-      const int64_t seq = static_cast<int64_t>((position_ + b) % per_epoch);
-      PLATEAU_RETURN_IF_ERROR(Read(seq * T + slice_.rank * n, n + 1, buf.data()));
+      const int64_t seq = static_cast<int64_t>((position_ + b) % sequences_);
+      PLATEAU_RETURN_IF_ERROR(Read(base_ + seq * T + slice_.rank * n, n + 1, buf.data()));
       std::copy_n(buf.begin(), n, out->tokens.begin() + b * n);
       std::copy_n(buf.begin() + 1, n, out->targets.begin() + b * n);
     }
@@ -130,6 +150,8 @@ class TokenStream final : public DataSource {
   int64_t vocab_;
   DataSlice slice_;
   int64_t total_ = 0;
+  int64_t base_ = 0;       // the first token of this split
+  int64_t sequences_ = 0;  // sequences of this split (a stream wraps after them)
   uint64_t position_ = 0;
 };
 
@@ -154,6 +176,12 @@ absl::StatusOr<std::unique_ptr<DataSource>> Finish(std::vector<TokenStream::Part
         what, ": ", s->total(), " tokens in all, fewer than one sequence of seq_len + 1 = ",
         slice.seq_len + 1));
   }
+  if (s->sequences() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.held_out_sequences: ", slice.held_out, " sequences hold out ", slice.held_out * slice.seq_len + 1,
+        " of the ", s->total(), " tokens of ", what, ", leaving fewer than one training sequence of seq_len + 1 = ",
+        slice.seq_len + 1));
+  }
   return std::unique_ptr<DataSource>(std::move(s));
 }
 
@@ -172,7 +200,20 @@ class AssociativeRecall final : public DataSource {
     out->targets.resize(slice_.batch * n);
     std::vector<int32_t> tok(T), tgt(T);
     for (int64_t b = 0; b < slice_.batch; ++b) {
-      Generate(position_ + b, tok.data(), tgt.data());
+      const uint64_t index = position_ + b;
+      if (slice_.held_out == 0) {
+        Generate(index, 0, tok.data(), tgt.data());
+      } else {
+        // Split by content: the first draw (attempt 0, 1, ...) of sequence
+        // `index` whose class is this split's. A training and a held-out
+        // sequence are of different classes, so never the same sequence.
+        const uint64_t want = slice_.validation ? 1 : 0;
+        const uint64_t i = slice_.validation ? index % static_cast<uint64_t>(slice_.held_out) : index;
+        for (uint64_t attempt = 0;; ++attempt) {
+          Generate(i, attempt, tok.data(), tgt.data());
+          if (ClassOf(tok.data(), T) == want) break;
+        }
+      }
       std::copy_n(tok.begin() + slice_.rank * n, n, out->tokens.begin() + b * n);
       std::copy_n(tgt.begin() + slice_.rank * n, n, out->targets.begin() + b * n);
     }
@@ -180,10 +221,20 @@ class AssociativeRecall final : public DataSource {
     return absl::OkStatus();
   }
 
-  // Sequence `index`, a pure function of (seed, index).
-  void Generate(uint64_t index, int32_t* tok, int32_t* tgt) const {
+  // The split a sequence belongs to when there is one: a bit of a hash of
+  // its tokens (the targets follow from them).
+  static uint64_t ClassOf(const int32_t* tok, int64_t T) {
+    uint64_t h = 0x243f6a8885a308d3ULL;
+    for (int64_t t = 0; t < T; ++t) h = Mix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(tok[t])));
+    return h & 1;
+  }
+
+  // Sequence `index` (draw `attempt`), a pure function of (seed, index,
+  // attempt); attempt 0 is the sequence the task had before splits existed.
+  void Generate(uint64_t index, uint64_t attempt, int32_t* tok, int32_t* tgt) const {
     const int64_t T = slice_.seq_len;
     uint64_t counter = Mix64(task_.seed) ^ Mix64(index * 0x9e3779b97f4a7c15ULL + 1);
+    if (attempt > 0) counter ^= Mix64(attempt * 0xd1b54a32d192ed03ULL + 7);
     auto next = [&counter](uint64_t bound) { return Mix64(counter++) % bound; };
     std::fill(tok, tok + T, 0);
     std::fill(tgt, tgt + T, kIgnoreIndex);

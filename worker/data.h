@@ -33,6 +33,16 @@ struct DataSlice {
   int64_t seq_len = 0;   // T
   int64_t rank = 0;      // p
   int64_t ranks = 1;     // P; seq_len % ranks == 0
+  // The held-out split (docs/MODEL.md "Validation loss"): `held_out`
+  // sequences that the training stream never contains, for the validation
+  // loss. 0: none, and the training stream is what it was without a split.
+  // A token stream (shards, text) holds out its last held_out * T + 1
+  // tokens; the recall task splits its sequences into two classes by a hash
+  // of their tokens, training on one and holding out the other.
+  int64_t held_out = 0;
+  // Read the held-out split (its sequences 0 .. held_out - 1, over and over)
+  // instead of the training stream.
+  bool validation = false;
 };
 
 // One rank's part of one global batch: [B, T/P] tokens and targets

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -119,6 +120,110 @@ TEST(ByteTextTest, EveryByteIsAToken) {
   ASSERT_TRUE((*src)->Next(&b).ok());
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{'l', 'l'}));
   EXPECT_EQ(b.targets, (std::vector<int32_t>{'l', 'o'}));
+}
+
+// Every sequence a source yields from `batches` global batches (P = 1):
+// each as its T tokens followed by its T targets.
+std::vector<std::vector<int32_t>> Sequences(DataSource& src, int64_t batches, int64_t B, int64_t T) {
+  std::vector<std::vector<int32_t>> out;
+  Batch batch;
+  for (int64_t i = 0; i < batches; ++i) {
+    EXPECT_TRUE(src.Next(&batch).ok());
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int32_t> seq(batch.tokens.begin() + b * T, batch.tokens.begin() + (b + 1) * T);
+      seq.insert(seq.end(), batch.targets.begin() + b * T, batch.targets.begin() + (b + 1) * T);
+      out.push_back(std::move(seq));
+    }
+  }
+  return out;
+}
+
+// A token stream's held-out split is its last held_out * T + 1 tokens: with
+// every token its own position, the training stream (over two epochs) never
+// reads a position the split reads, the split is the same sequences every
+// time it is read from the start, wraps after them, and its rank slices
+// tile it. Shards and text are the same stream underneath; both are run.
+TEST(HeldOutSplitTest, TokenStreamsHoldOutTheirTailDisjointly) {
+  const std::string shard = TmpPath("held.bin"), text = TmpPath("held.txt");
+  ASSERT_TRUE(WriteTokenShard(shard, Iota(100, 1000)).ok());
+  {
+    std::ofstream f(text, std::ios::binary);
+    for (int i = 0; i < 100; ++i) f.put(static_cast<char>(i));
+  }
+  constexpr int64_t T = 8, kHeld = 3;
+  for (bool is_text : {false, true}) {
+    SCOPED_TRACE(is_text ? "text" : "shards");
+    auto open = [&](int64_t B, int64_t p, int64_t P, int64_t held, bool validation) {
+      DataSlice slice{B, T, p, P, held, validation};
+      return is_text ? OpenByteText(text, slice) : OpenTokenShards({shard}, 1000, slice);
+    };
+    auto train = open(1, 0, 1, kHeld, false);
+    auto held = open(1, 0, 1, kHeld, true);
+    ASSERT_TRUE(train.ok()) << train.status();
+    ASSERT_TRUE(held.ok()) << held.status();
+    std::set<int32_t> train_positions, held_positions;
+    // 100 tokens, 25 + 1 held out: tokens [0, 75) train, 9 sequences an epoch.
+    for (const auto& seq : Sequences(**train, 18, 1, T)) train_positions.insert(seq.begin(), seq.end());
+    EXPECT_EQ(*train_positions.rbegin(), 72);  // sequence 8's last target
+    const auto split = Sequences(**held, kHeld, 1, T);
+    for (const auto& seq : split) held_positions.insert(seq.begin(), seq.end());
+    EXPECT_EQ(*held_positions.begin(), 75);
+    EXPECT_EQ(*held_positions.rbegin(), 99);
+    for (int32_t t : held_positions) EXPECT_EQ(train_positions.count(t), 0u) << "position " << t << " in both";
+    EXPECT_EQ(Sequences(**held, 1, 1, T)[0], split[0]) << "wraps after held_out sequences";
+    (*held)->Seek(0);
+    EXPECT_EQ(Sequences(**held, kHeld, 1, T), split) << "the same split each time";
+    // Two ranks' slices of a batch of 3 held-out sequences tile the split.
+    auto r0 = open(kHeld, 0, 2, kHeld, true), r1 = open(kHeld, 1, 2, kHeld, true);
+    ASSERT_TRUE(r0.ok() && r1.ok());
+    Batch b0, b1;
+    ASSERT_TRUE((*r0)->Next(&b0).ok());
+    ASSERT_TRUE((*r1)->Next(&b1).ok());
+    for (int64_t b = 0; b < kHeld; ++b) {
+      for (int64_t i = 0; i < T / 2; ++i) {
+        EXPECT_EQ(b0.tokens[b * T / 2 + i], split[b][i]);
+        EXPECT_EQ(b1.tokens[b * T / 2 + i], split[b][T / 2 + i]);
+        EXPECT_EQ(b1.targets[b * T / 2 + i], split[b][T + T / 2 + i]);
+      }
+    }
+    // Holding out more than leaves one training sequence is refused, naming the field.
+    auto greedy = open(1, 0, 1, 12, false);
+    EXPECT_EQ(greedy.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(greedy.status().message(), HasSubstr("data.held_out_sequences: 12 sequences hold out 97"));
+  }
+}
+
+// The recall task splits its sequences by content: no held-out sequence is
+// among 4000 training ones, the split repeats after held_out sequences and
+// is the same each time, and without a split the stream is unchanged (the
+// documented generator's test above pins it).
+TEST(HeldOutSplitTest, RecallHoldsOutAClassOfSequencesDisjointly) {
+  RecallTask task;
+  task.num_keys = 4;  // a small space of sequences, so that a bad split would show
+  task.num_values = 2;
+  task.pairs = 2;
+  task.queries = 1;
+  constexpr int64_t T = 16, kHeld = 8;
+  auto train = OpenAssociativeRecall(task, DataSlice{4, T, 0, 1, kHeld, false});
+  auto held = OpenAssociativeRecall(task, DataSlice{4, T, 0, 1, kHeld, true});
+  auto plain = OpenAssociativeRecall(task, DataSlice{4, T, 0, 1});
+  ASSERT_TRUE(train.ok() && held.ok() && plain.ok());
+  const auto training = Sequences(**train, 1000, 4, T);
+  const std::set<std::vector<int32_t>> train_set(training.begin(), training.end());
+  const auto split = Sequences(**held, kHeld / 4, 4, T);
+  for (const auto& seq : split) EXPECT_EQ(train_set.count(seq), 0u) << "a held-out sequence is trained on";
+  // The space is small (4*3 key orders x 4 values x 2 queries): the
+  // training stream covers many distinct sequences, and a plain stream
+  // (no split) contains held-out ones, so the check above can fail.
+  EXPECT_GT(train_set.size(), 20u);
+  const auto unsplit = Sequences(**plain, 1000, 4, T);
+  const std::set<std::vector<int32_t>> split_set(split.begin(), split.end());
+  int in_split = 0;
+  for (const auto& seq : unsplit) in_split += split_set.count(seq);
+  EXPECT_GT(in_split, 0);
+  EXPECT_EQ(Sequences(**held, kHeld / 4, 4, T), split) << "wraps after held_out sequences";
+  (*held)->Seek(0);
+  EXPECT_EQ(Sequences(**held, kHeld / 4, 4, T), split);
 }
 
 TEST(AssociativeRecallTest, AnswersAreTheValuesOfEarlierKeys) {

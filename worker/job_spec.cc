@@ -13,6 +13,7 @@
 #include "kernels/budget/budget.h"
 #include "kernels/budget/n_max.h"
 #include "kernels/model/config.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 #include "proto/does_not_fit.h"
 #include "server/labels.h"
@@ -145,6 +146,30 @@ absl::Status ConvertOptimizer(const v1::OptimizerSpec& s, OptimizerConfig* o) {
     o->max_grad_norm = s.max_grad_norm();
   }
   return absl::OkStatus();
+}
+
+// The schedule ends at the job's last step, so it is converted once steps
+// is known (kernels/optimizer/lr_schedule.h checks it against lr).
+absl::Status ConvertLrSchedule(const v1::OptimizerSpec& s, int64_t steps, OptimizerConfig* o) {
+  switch (s.lr_decay()) {
+    case v1::OptimizerSpec::LR_DECAY_UNSPECIFIED:
+    case v1::OptimizerSpec::LR_DECAY_CONSTANT:
+      o->schedule.decay = LrSchedule::Decay::kConstant;
+      break;
+    case v1::OptimizerSpec::LR_DECAY_COSINE:
+      o->schedule.decay = LrSchedule::Decay::kCosine;
+      break;
+    case v1::OptimizerSpec::LR_DECAY_LINEAR:
+      o->schedule.decay = LrSchedule::Decay::kLinear;
+      break;
+    default:
+      return Bad("optimizer.lr_decay", "LR_DECAY_CONSTANT, LR_DECAY_COSINE or LR_DECAY_LINEAR",
+                 absl::StrCat(static_cast<int>(s.lr_decay())));
+  }
+  o->schedule.warmup_steps = s.warmup_steps();
+  o->schedule.total_steps = steps;
+  o->schedule.min_lr = s.min_lr();
+  return ValidateLrSchedule(*o, "optimizer");
 }
 
 absl::Status ConvertData(const v1::DataSpec& s, const ModelConfig& m, const LayoutConfig& l,
@@ -595,6 +620,7 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(ConvertData(spec.data(), t.step.model, t.step.layout, &t.data));
   PLATEAU_RETURN_IF_ERROR(CheckRange("steps", spec.steps(), 1, kMaxSteps));
   t.steps = spec.steps();
+  PLATEAU_RETURN_IF_ERROR(ConvertLrSchedule(spec.optimizer(), spec.steps(), &t.step.optimizer));
   const v1::CheckpointSpec& c = spec.checkpoint();
   if (!c.directory().empty()) PLATEAU_RETURN_IF_ERROR(CheckPath("checkpoint.directory", c.directory()));
   PLATEAU_RETURN_IF_ERROR(CheckRange("checkpoint.every", c.every(), 0, kMaxSteps));
@@ -607,6 +633,17 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   if (spec.has_memory_timeline_every()) {
     PLATEAU_RETURN_IF_ERROR(CheckRange("memory_timeline_every", spec.memory_timeline_every(), 0, kMaxSteps));
     t.memory_timeline_every = spec.memory_timeline_every();
+  }
+  // The validation loss: its held-out sequences come in whole batches.
+  PLATEAU_RETURN_IF_ERROR(CheckRange("data.held_out_sequences", spec.data().held_out_sequences(), 0, kMaxDim));
+  PLATEAU_RETURN_IF_ERROR(CheckRange("validation_every", spec.validation_every(), 0, kMaxSteps));
+  t.data.held_out = spec.data().held_out_sequences();
+  t.validation_every = spec.validation_every();
+  if (t.validation_every > 0 && (t.data.held_out < 1 || t.data.held_out % t.step.layout.batch != 0)) {
+    return Bad("data.held_out_sequences",
+               absl::StrCat("a positive multiple of layout.batch = ", t.step.layout.batch,
+                            " when validation_every is set (every held-out sequence once, in whole batches)"),
+               absl::StrCat(t.data.held_out));
   }
   PLATEAU_RETURN_IF_ERROR(CheckRange("max_restarts", spec.max_restarts(), 0, 100));
   // Up to a week: a step that long is a hang by any measure.

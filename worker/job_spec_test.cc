@@ -63,6 +63,30 @@ TEST(JobSpecTest, DemoSpecIsValidAndMapsOntoTheDemoJob) {
   EXPECT_EQ(b->device_memory_bytes, int64_t{256} << 20);
 }
 
+// The schedule's fields reach the optimizer's options; its end is the
+// job's steps. Unset, the schedule is the constant default.
+TEST(JobSpecTest, LearningRateSchedule) {
+  v1::JobSpec s = Good();
+  auto plain = ToTrainerOptions(s);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->step.optimizer.schedule.decay, LrSchedule::Decay::kConstant);
+  EXPECT_EQ(plain->step.optimizer.schedule.warmup_steps, 0);
+  s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
+  s.mutable_optimizer()->set_warmup_steps(10);  // W = steps is allowed
+  s.mutable_optimizer()->set_min_lr(6e-4);
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->step.optimizer.schedule.decay, LrSchedule::Decay::kCosine);
+  EXPECT_EQ(t->step.optimizer.schedule.warmup_steps, 10);
+  EXPECT_EQ(t->step.optimizer.schedule.total_steps, 10);
+  EXPECT_EQ(t->step.optimizer.schedule.min_lr, 6e-4);
+  s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_LINEAR);
+  s.mutable_optimizer()->set_min_lr(s.optimizer().lr());  // the floor may equal lr
+  t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->step.optimizer.schedule.decay, LrSchedule::Decay::kLinear);
+}
+
 // Unset: the default (first step, then every 100th); 0 turns it off; any
 // other value is the period.
 TEST(JobSpecTest, MemoryTimelineEvery) {
@@ -594,6 +618,25 @@ std::vector<Case> MalformedFieldCases() {
       {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(kNaN); }},
       {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(-1); }},
       {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(kInf); }},
+      // The learning-rate schedule (Good() has 10 steps, lr 6e-3).
+      {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(11); }},  // > steps
+      {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(-1); }},
+      {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(kI64Min); }},
+      {"optimizer.min_lr", [](S& s) {
+         s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
+         s.mutable_optimizer()->set_min_lr(-1e-4);
+       }},
+      {"optimizer.min_lr", [](S& s) {
+         s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_LINEAR);
+         s.mutable_optimizer()->set_min_lr(1e-2);  // above lr
+       }},
+      {"optimizer.min_lr", [](S& s) {
+         s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
+         s.mutable_optimizer()->set_min_lr(kNaN);
+       }},
+      {"optimizer.min_lr", [](S& s) { s.mutable_optimizer()->set_min_lr(1e-4); }},  // constant: no floor
+      {"optimizer.lr_decay",
+       [](S& s) { s.mutable_optimizer()->set_lr_decay(static_cast<v1::OptimizerSpec::LrDecay>(9)); }},
       {"data", [](S& s) { s.clear_data(); }},
       {"data.recall.pairs", [](S& s) { s.mutable_data()->mutable_recall()->set_pairs(9); }},  // > num_keys
       {"data.recall.queries", [](S& s) { s.mutable_data()->mutable_recall()->set_queries(5); }},  // > pairs
@@ -645,6 +688,14 @@ std::vector<Case> MalformedFieldCases() {
       {"checkpoint.every", [](S& s) {
          s.mutable_checkpoint()->set_directory("/tmp/x");
          s.mutable_checkpoint()->set_every(kI64Min);
+       }},
+      {"validation_every", [](S& s) { s.set_validation_every(-1); }},
+      {"validation_every", [](S& s) { s.set_validation_every(kI64Max); }},
+      {"data.held_out_sequences", [](S& s) { s.mutable_data()->set_held_out_sequences(-1); }},
+      {"data.held_out_sequences", [](S& s) { s.set_validation_every(5); }},  // none held out
+      {"data.held_out_sequences", [](S& s) {
+         s.set_validation_every(5);
+         s.mutable_data()->set_held_out_sequences(33);  // not whole batches of 32
        }},
       {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every(-1); }},
       {"memory_timeline_every", [](S& s) { s.set_memory_timeline_every(kI64Min); }},

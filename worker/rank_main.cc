@@ -243,6 +243,8 @@ int Main(int argc, char** argv) {
     t->set_tokens(r.tokens);
     t->set_model_flops(r.model_flops);
     t->set_seconds(r.seconds);
+    t->set_lr(r.lr);
+    if (r.has_validation) t->set_validation_loss(r.validation_loss);
     for (int i = 0; i < kNumLiveSets; ++i) {
       v1::LiveSetBytes* ls = t->add_peak();
       ls->set_live_set(std::string(LiveSetName(static_cast<LiveSet>(i))));
@@ -261,10 +263,14 @@ int Main(int argc, char** argv) {
                                 (*backend)->device().cap_bytes(), (*backend)->host().cap_bytes());
     }
     Emit(out);
+    if (rank == 0 && r.has_validation) {
+      std::fprintf(stderr, "step %lld/%lld validation loss %.17g\n", static_cast<long long>(r.stats.step),
+                   static_cast<long long>(spec.steps()), r.validation_loss);
+    }
     if (rank == 0 && (r.stats.step % log_every == 0 || r.stats.step == 1)) {
-      std::fprintf(stderr, "step %lld/%lld loss %.17g |g| %.3f %.0f tok/s\n",
+      std::fprintf(stderr, "step %lld/%lld loss %.17g |g| %.3f lr %.4g %.0f tok/s\n",
                    static_cast<long long>(r.stats.step), static_cast<long long>(spec.steps()), r.stats.loss,
-                   r.stats.grad_norm, r.tokens / r.seconds);
+                   r.stats.grad_norm, r.lr, r.tokens / r.seconds);
     }
   };
   absl::Status s = RunTraining(*trainer, **backend, **world, on_step);

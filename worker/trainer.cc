@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint_fence.h"
 #include "worker/safetensors.h"
@@ -14,9 +15,9 @@
 namespace plateau {
 namespace {
 
-absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, int rank) {
+absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, int rank, bool validation = false) {
   const ModelConfig& m = o.step.model;
-  DataSlice slice{o.step.layout.batch, m.seq_len, rank, o.step.layout.ranks};
+  DataSlice slice{o.step.layout.batch, m.seq_len, rank, o.step.layout.ranks, o.data.held_out, validation};
   std::unique_ptr<DataSource> src;
   switch (o.data.kind) {
     case DataOptions::Kind::kRecall: {
@@ -113,6 +114,33 @@ absl::Status LoadCheckpoint(const std::string& path, TrainingStep& step, DataSou
   return absl::OkStatus();
 }
 
+// The validation loss: every held-out sequence once, in batches of the
+// step's, forward only. The mean token cross-entropy over all of them:
+// sum_b loss_b * valid_b / sum_b valid_b (each batch's loss is its sum over
+// its valid targets divided by their count, the same on any rank count).
+// Its peaks are folded into the step's, so the reported peaks cover it.
+absl::Status Validate(const TrainerOptions& o, TrainingStep& step, DataSource& held_out, StepReport* r) {
+  held_out.Seek(0);
+  double sum = 0;
+  int64_t valid = 0;
+  Batch batch;
+  for (int64_t b = 0; b < o.data.held_out / o.step.layout.batch; ++b) {
+    PLATEAU_RETURN_IF_ERROR(held_out.Next(&batch));
+    PLATEAU_ASSIGN_OR_RETURN(StepStats e, step.Evaluate(batch.tokens, batch.targets));
+    sum += e.loss * static_cast<double>(e.valid_tokens);
+    valid += e.valid_tokens;
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      r->stats.device.peak[i] = std::max(r->stats.device.peak[i], e.device.peak[i]);
+      r->stats.host.peak[i] = std::max(r->stats.host.peak[i], e.host.peak[i]);
+    }
+    r->stats.device.total_peak = std::max(r->stats.device.total_peak, e.device.total_peak);
+    r->stats.host.total_peak = std::max(r->stats.host.total_peak, e.host.total_peak);
+  }
+  r->has_validation = true;
+  r->validation_loss = valid > 0 ? sum / static_cast<double>(valid) : 0.0;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string CheckpointPath(const std::string& dir, int64_t step) {
@@ -123,7 +151,17 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
                          const std::function<void(const StepReport&)>& on_step) {
   if (o.steps < 0) return absl::InvalidArgumentError("steps: expected >= 0");
   if (o.checkpoint_every < 0) return absl::InvalidArgumentError("checkpoint_every: expected >= 0");
+  if (o.validation_every < 0) return absl::InvalidArgumentError("validation_every: expected >= 0");
+  if (o.validation_every > 0 && (o.data.held_out < 1 || o.data.held_out % o.step.layout.batch != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("data.held_out_sequences: expected a positive multiple of "
+                                                   "layout.batch = ", o.step.layout.batch,
+                                                   " with validation_every, got ", o.data.held_out));
+  }
   PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<DataSource> data, OpenData(o, world.rank()));
+  std::unique_ptr<DataSource> held_out;
+  if (o.validation_every > 0) {
+    PLATEAU_ASSIGN_OR_RETURN(held_out, OpenData(o, world.rank(), /*validation=*/true));
+  }
   PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<TrainingStep> step,
                            TrainingStep::Create(o.step, backend, world));
   // Claimed by every rank before any reads: from then on no older attempt
@@ -153,8 +191,12 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens = o.step.layout.batch * o.step.model.seq_len;
     r.model_flops = flops;
-    if (on_step) on_step(r);
+    r.lr = LearningRateF(o.step.optimizer, stats.step);
     const bool last = step->step() == o.steps;
+    if (held_out != nullptr && (last || step->step() % o.validation_every == 0)) {
+      PLATEAU_RETURN_IF_ERROR(Validate(o, *step, *held_out, &r));
+    }
+    if (on_step) on_step(r);
     if (!o.checkpoint_dir.empty() &&
         (last || (o.checkpoint_every > 0 && step->step() % o.checkpoint_every == 0))) {
       PLATEAU_RETURN_IF_ERROR(SaveCheckpoint(o, *step, *data, world.rank()));

@@ -22,6 +22,13 @@ struct StepReport {
   double seconds = 0.0;          // wall time of the step
   int64_t tokens = 0;            // tokens of the global batch
   double model_flops = 0.0;      // 6 * active params * tokens + attention
+  // The learning rate the step's AdamW ran with (kernels/optimizer/
+  // lr_schedule.h; the fp32 value the kernel took).
+  double lr = 0.0;
+  // After the steps TrainerOptions::validation_every picks: the mean token
+  // cross-entropy over the held-out sequences, with this step's weights.
+  bool has_validation = false;
+  double validation_loss = 0.0;
   // The step's memory timeline when it recorded one
   // (TrainerOptions::memory_timeline_every), else nullptr; valid during
   // the on_step call.

@@ -22,6 +22,8 @@ struct DataOptions {
   enum class Kind { kRecall, kShards, kText } kind = Kind::kRecall;
   RecallTask recall;
   std::vector<std::string> paths;  // shards, or the one text file
+  // Sequences held out of training (worker/data.h DataSlice::held_out).
+  int64_t held_out = 0;
 };
 
 // JobSpec.memory_timeline_every when unset: the first step and every 100th.
@@ -49,6 +51,10 @@ struct TrainerOptions {
   // Record the memory timeline (kernels/memory_timeline.h) of the first
   // step and of every step that is a multiple of this; 0: never.
   int64_t memory_timeline_every = kDefaultMemoryTimelineEvery;
+  // After every this many steps and after the last, a forward-only pass
+  // over the data.held_out sequences (batches of layout.batch) gives the
+  // validation loss (StepReport::validation_loss). 0: never.
+  int64_t validation_every = 0;
 };
 
 // What each step reports (every rank gets the same loss).

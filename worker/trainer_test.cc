@@ -10,6 +10,8 @@
 #include "gtest/gtest.h"
 #include "kernels/model/config.h"
 #include "kernels/model/init.h"
+#include "kernels/model/reference.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/testing/local_world.h"
 #include "worker/safetensors.h"
 
@@ -27,6 +29,9 @@ std::string TmpDir(const std::string& name) {
 struct TrainRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;
+  std::vector<double> lrs;  // StepReport::lr
+  std::vector<int64_t> validation_steps;
+  std::vector<double> validation;  // StepReport::validation_loss on those steps
   absl::Status status;
 };
 
@@ -38,6 +43,11 @@ TrainRun Train(const TrainerOptions& o, int P) {
                                  if (r != 0) return;
                                  run.losses.push_back(rep.stats.loss);
                                  run.grad_norms.push_back(rep.stats.grad_norm);
+                                 run.lrs.push_back(rep.lr);
+                                 if (rep.has_validation) {
+                                   run.validation_steps.push_back(rep.stats.step);
+                                   run.validation.push_back(rep.validation_loss);
+                                 }
                                });
                              });
   return run;
@@ -93,6 +103,61 @@ TEST(TrainerTest, ResumeReproducesTheUninterruptedRunBitForBit) {
   std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
   EXPECT_FALSE(sa.empty());
   EXPECT_EQ(sa, sb);
+}
+
+// A warm-up + cosine schedule is a function of the step alone: a run
+// stopped mid-warm-up (step 2 of W = 4) and again mid-decay (step 6), each
+// time resumed in fresh objects from its checkpoint, runs every step at the
+// same learning rate and with the same loss, to the bit, as the run that
+// never stopped. Each step reports the rate it ran with.
+TEST(TrainerTest, ScheduledLearningRateResumesBitForBit) {
+  TrainerOptions o = RecallOptions(2);
+  o.step.optimizer.schedule.decay = LrSchedule::Decay::kCosine;
+  o.step.optimizer.schedule.warmup_steps = 4;
+  o.step.optimizer.schedule.total_steps = 9;  // the job's steps, whatever o.steps a run stops at
+  o.step.optimizer.schedule.min_lr = 6e-4;
+  ASSERT_TRUE(ValidateLrSchedule(o.step.optimizer).ok());
+  o.steps = 9;
+  o.checkpoint_dir = TmpDir("ckpt_lr_straight");
+  TrainRun straight = Train(o, 2);
+  ASSERT_TRUE(straight.status.ok()) << straight.status;
+  ASSERT_EQ(straight.losses.size(), 9u);
+  for (int64_t s = 1; s <= 9; ++s) {
+    EXPECT_EQ(straight.lrs[s - 1], LearningRateF(o.step.optimizer, s)) << "step " << s;
+  }
+  EXPECT_EQ(straight.lrs[0], 0.0);                    // warm-up from 0
+  EXPECT_EQ(straight.lrs[4], o.step.optimizer.lr);    // step W + 1: the peak
+  EXPECT_GT(straight.lrs[8], 6e-4);                   // the last: just above the floor
+
+  o.checkpoint_dir = TmpDir("ckpt_lr_resumed");
+  std::vector<double> losses, lrs;
+  for (int64_t stop : {2, 6, 9}) {
+    o.steps = stop;
+    TrainRun part = Train(o, 2);
+    ASSERT_TRUE(part.status.ok()) << part.status;
+    losses.insert(losses.end(), part.losses.begin(), part.losses.end());
+    lrs.insert(lrs.end(), part.lrs.begin(), part.lrs.end());
+  }
+  ASSERT_EQ(losses.size(), 9u);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(losses[i], straight.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(lrs[i], straight.lrs[i]) << "step " << i + 1;
+  }
+  std::ifstream a(CheckpointPath(TmpDir("ckpt_lr_straight"), 9), std::ios::binary);
+  std::ifstream b(CheckpointPath(TmpDir("ckpt_lr_resumed"), 9), std::ios::binary);
+  std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(sa.empty());
+  EXPECT_EQ(sa, sb);
+
+  // The schedule changes the run: the constant default's losses differ from
+  // step 2 on (step 1 ran at lr 0 here, so step 2 saw the initial weights).
+  TrainerOptions c = RecallOptions(2);
+  c.steps = 3;
+  TrainRun constant = Train(c, 2);
+  ASSERT_TRUE(constant.status.ok()) << constant.status;
+  EXPECT_EQ(constant.losses[0], straight.losses[0]);  // same weights, same batch
+  EXPECT_NE(constant.losses[1], straight.losses[1]);
+  for (double lr : constant.lrs) EXPECT_EQ(lr, c.step.optimizer.lr);
 }
 
 TEST(TrainerTest, TrainsOnByteLevelText) {
@@ -283,6 +348,79 @@ TEST(TrainerTest, CheckpointMetadataAsDocumented) {
                                                              {"data_seed", "9"},
                                                              {"format", "plateau-checkpoint-v1"}}));
   EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
+}
+
+// The validation loss over the held-out sequences (2 batches), forward only.
+// Step 1 runs at lr 0 (a warm-up), so its validation sees the initial
+// weights on any rank count: P = 1 and P = 2 agree to fp32 rounding (2e-6)
+// and both equal the naive double reference of the same batches to 1e-5
+// (the step's own loss tolerance, step_test); after step 3 each equals the
+// reference with its own checkpoint's weights. Validating changes nothing
+// about training: the losses are those of a run without it, to the bit.
+TEST(TrainerTest, ValidationLossMatchesTheReferenceOnAnyRankCount) {
+  auto options = [](int P, const std::string& dir, bool validate) {
+    TrainerOptions o = RecallOptions(P);
+    o.steps = 3;
+    o.step.optimizer.schedule.warmup_steps = 2;
+    o.step.optimizer.schedule.total_steps = 3;
+    // Held out either way (the recall split changes which sequences train).
+    o.data.held_out = 2 * o.step.layout.batch;
+    if (validate) o.validation_every = 1;
+    o.checkpoint_dir = TmpDir(dir);
+    o.checkpoint_every = 1;
+    return o;
+  };
+  TrainRun one = Train(options(1, "val_p1", true), 1);
+  TrainRun two = Train(options(2, "val_p2", true), 2);
+  TrainRun plain = Train(options(2, "val_none", false), 2);
+  for (const TrainRun* r : {&one, &two, &plain}) ASSERT_TRUE(r->status.ok()) << r->status;
+  EXPECT_EQ(one.validation_steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(two.validation_steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(plain.validation_steps.empty());
+  EXPECT_EQ(two.losses, plain.losses);
+
+  // The reference: the same held-out batches (read at P = 1), in double.
+  const TrainerOptions o = options(1, "unused", true);
+  const ModelConfig& m = o.step.model;
+  const int64_t B = o.step.layout.batch;
+  auto held = OpenAssociativeRecall(o.data.recall, DataSlice{B, m.seq_len, 0, 1, o.data.held_out, true});
+  ASSERT_TRUE(held.ok()) << held.status();
+  std::vector<Batch> batches(2);
+  for (Batch& b : batches) ASSERT_TRUE((*held)->Next(&b).ok());
+  auto reference = [&](const Tensors<double>& w) {
+    double sum = 0;
+    int64_t valid = 0;
+    for (const Batch& b : batches) {
+      Tensors<double> grads;
+      const double loss = ReferenceLossAndGrads(m, w, b.tokens, b.targets, B, &grads);
+      int64_t n = 0;
+      for (int32_t t : b.targets) n += t != kIgnoreIndex;
+      sum += loss * static_cast<double>(n);
+      valid += n;
+    }
+    return sum / static_cast<double>(valid);
+  };
+  auto weights_at = [&](const std::string& dir, int64_t step) {
+    const SafetensorsFile f = ReadCheckpoint(TmpDir(dir), step);
+    Tensors<double> w;
+    for (const WeightSpec& spec : ModelWeights(m)) {
+      const std::vector<float>& t = f.tensors.at(spec.name).data;
+      w.emplace_back(t.begin(), t.end());
+    }
+    return w;
+  };
+  // Step 1 moved no weight (lr 0): both runs' weights after it are the
+  // initial ones, the same on 1 and 2 ranks.
+  const Tensors<double> w1 = weights_at("val_p2", 1);
+  EXPECT_EQ(w1, weights_at("val_p1", 1));
+  const double initial = reference(w1);
+  EXPECT_NEAR(one.validation[0], two.validation[0], 2e-6 * initial);
+  EXPECT_NEAR(one.validation[0], initial, 1e-5 * initial);
+  EXPECT_NEAR(two.validation[0], initial, 1e-5 * initial);
+  const double after_one = reference(weights_at("val_p1", 3)), after_two = reference(weights_at("val_p2", 3));
+  EXPECT_NEAR(one.validation[2], after_one, 1e-5 * after_one);
+  EXPECT_NEAR(two.validation[2], after_two, 1e-5 * after_two);
+  EXPECT_LT(two.validation[2], two.validation[0]) << "it trains";
 }
 
 }  // namespace

@@ -18,13 +18,26 @@ namespace plateau {
 // the options, so that the model's folder needs nothing from above it.
 enum class RingDtpMode { kActivations, kWeights };
 
+// The learning rate of each step (kernels/optimizer/lr_schedule.h,
+// docs/MODEL.md "Learning-rate schedule"): linear warm-up from 0 over
+// warmup_steps, then constant, or cosine or linear decay from lr to min_lr
+// at total_steps. The default (constant, no warm-up) is lr at every step.
+struct LrSchedule {
+  enum class Decay { kConstant, kCosine, kLinear };
+  Decay decay = Decay::kConstant;
+  int64_t warmup_steps = 0;  // W, 0 <= W <= total_steps
+  int64_t total_steps = 0;   // T: the job's steps (the decay ends there)
+  double min_lr = 0.0;       // the floor, absolute; 0 <= min_lr <= lr
+};
+
 struct OptimizerConfig {
-  float lr = 1e-3f;
+  float lr = 1e-3f;  // the peak: every step's under the default schedule
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   float max_grad_norm = 1.0f;  // 0 turns clipping off
+  LrSchedule schedule;
 };
 
 // Which schedule computes the vocabulary projection and cross-entropy.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/optimizer/host_state.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/optimizer/optimizer_plan.h"
 #include "kernels/status_macros.h"
 
@@ -52,7 +53,7 @@ absl::StatusOr<OptimizerShardState> CpuOffloadAdamW::Save() {
 
 absl::Status CpuOffloadAdamW::Update(float clip, int64_t step) {
   const OptimizerConfig& o = config_;
-  const AdamWArgs a{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
+  const AdamWArgs a{LearningRateF(o, step), o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
   const int64_t S = params_.shard_numel, X = params_.owned_numel, f = sizeof(float);
   // Down: the gradients, and the owned weights (authoritative on the device).
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(stream_, grad_.as<float>(), params_.dense_grad_shard, S * f));

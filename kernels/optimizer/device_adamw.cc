@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/optimizer/host_state.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -50,7 +51,7 @@ absl::StatusOr<OptimizerShardState> DeviceAdamW::Save() {
 
 absl::Status DeviceAdamW::Update(float clip, int64_t step) {
   const OptimizerConfig& o = config_;
-  AdamWArgs a{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
+  AdamWArgs a{LearningRateF(o, step), o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
   PLATEAU_RETURN_IF_ERROR(backend_.AdamW(stream_, master_.as<float>(), params_.dense_grad_shard, m_.as<float>(),
                                          v_.as<float>(), params_.shard_numel, a));
   PLATEAU_RETURN_IF_ERROR(backend_.AdamW(stream_, params_.owned, params_.owned_grad, owned_m_.as<float>(),

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/optimizer/host_state.h"
+#include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -80,7 +81,7 @@ absl::StatusOr<OptimizerShardState> OffloadStreamAdamW::Save() {
 
 absl::Status OffloadStreamAdamW::Update(float clip, int64_t step) {
   const OptimizerConfig& o = config_;
-  const AdamWArgs a{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
+  const AdamWArgs a{LearningRateF(o, step), o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
   const int64_t S = params_.shard_numel, f = sizeof(float);
   float* own_region = params_.dense_working + world_.rank() * S;
   const std::vector<OptimizerBucket> buckets = OffloadStreamBuckets(S, params_.owned_numel, bucket_);

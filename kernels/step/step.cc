@@ -431,6 +431,16 @@ absl::Status LayerBackward(Ctx& x, int64_t l, const float* in) {
 absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_t>& tokens,
                                                         const std::vector<int32_t>& targets,
                                                         PhaseRecorder* phases) {
+  return Pass(tokens, targets, phases, /*backward=*/true);
+}
+
+absl::StatusOr<StepStats> TrainingStep::Evaluate(const std::vector<int32_t>& tokens,
+                                                 const std::vector<int32_t>& targets) {
+  return Pass(tokens, targets, nullptr, /*backward=*/false);
+}
+
+absl::StatusOr<StepStats> TrainingStep::Pass(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                                             PhaseRecorder* phases, bool backward) {
   PLATEAU_RETURN_IF_ERROR(CheckBatch(tokens, targets));
   Impl& I = *impl_;
   const ModelConfig& m = options_.model;
@@ -485,6 +495,20 @@ absl::StatusOr<StepStats> TrainingStep::ForwardBackward(const std::vector<int32_
   out.loss = out.valid_tokens > 0 ? host_stats[0] / host_stats[1] : 0.0;
   const float scale = out.valid_tokens > 0 ? static_cast<float>(1.0 / host_stats[1]) : 0.0f;
   EndPhase(phases, StepPhase::kProjectionForward);
+  if (!backward) {
+    // Nothing reads the boundaries: release them in the backward's order
+    // (SCO brings its host ones back and drops them, within the step's own
+    // peaks), so that the store ends the pass as a step leaves it.
+    for (int64_t l = m.layers; l >= 0; --l) {
+      PLATEAU_RETURN_IF_ERROR(boundaries.Acquire(l).status());
+      PLATEAU_RETURN_IF_ERROR(boundaries.Done(l));
+    }
+    PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
+    out.step = step_;
+    out.device = backend_.device().tracker().Snapshot();
+    out.host = backend_.host().tracker().Snapshot();
+    return out;
+  }
 
   // Backward.
   PLATEAU_RETURN_IF_ERROR(I.projection->Backward(I.z.as<float>(), I.lm_head, I.targets.as<int32_t>(),

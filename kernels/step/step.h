@@ -83,6 +83,15 @@ class TrainingStep {
   absl::StatusOr<StepStats> ForwardBackward(const std::vector<int32_t>& tokens,
                                             const std::vector<int32_t>& targets,
                                             PhaseRecorder* phases = nullptr);
+  // Forward only, for a validation loss: the loss of the global batch
+  // (stats.loss and valid_tokens, exactly as ForwardBackward computes them
+  // for the same weights and batch), no gradient, no optimizer, the step
+  // count unchanged. Collective. It runs the forward's buffers only, so
+  // its peaks stay within the training step's plan; the checkpoint
+  // schedule's boundaries are released in the backward's order, so the
+  // next step finds the store as a step leaves it.
+  absl::StatusOr<StepStats> Evaluate(const std::vector<int32_t>& tokens,
+                                     const std::vector<int32_t>& targets);
   // ForwardBackward, global-norm clipping, AdamW, weight all-gather.
   absl::StatusOr<StepStats> Step(const std::vector<int32_t>& tokens,
                                  const std::vector<int32_t>& targets,
@@ -106,6 +115,9 @@ class TrainingStep {
  private:
   TrainingStep(const StepOptions& options, Backend& backend, Communicator& world);
   absl::Status Allocate();
+  // ForwardBackward, or with backward = false Evaluate.
+  absl::StatusOr<StepStats> Pass(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                                 PhaseRecorder* phases, bool backward);
   absl::Status CheckBatch(const std::vector<int32_t>& tokens,
                           const std::vector<int32_t>& targets) const;
 
