@@ -4,11 +4,12 @@
 // cache and no T x T score matrix, nor a score row of the whole block,
 // exists. The tile products are the kernel's own loops (not OpenBLAS), so
 // that tiles run on the CPU pool's threads at once: AVX2, or AVX-512 chosen
-// at run time where the CPU has it. Their B operands (K, V, Q, dO tiles) are
-// packed into contiguous panels first, K/V once per key tile for every query
-// tile and head of the group. Each output element is one chain of fused
-// multiply-adds in a fixed order whichever kernel runs, so the AVX2, AVX-512
-// and scalar paths give the same bits (attention_test checks it).
+// at run time where the CPU has it. The transposed operands (K^T, V^T) are
+// packed into contiguous panels once per key tile for every query tile and
+// head of the group; the others are read in place. Each output element is
+// one chain of fused multiply-adds in a fixed order whichever kernel runs, so
+// the AVX2, AVX-512 and scalar paths give the same bits (attention_test
+// checks it).
 //
 // The unit of work is a *block pair*: the queries a rank holds against one
 // block of keys/values, which may be its own or one that arrived over the
