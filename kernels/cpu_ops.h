@@ -9,7 +9,7 @@
 // `pool`: the CPU backend passes its thread pool (kernels/cpu_pool.h); the
 // work is split by the problem's size only (blocks of elements, of rows or of
 // columns), so the result is the same bits with or without a pool and for
-// any pool size (cpu_ops_test.cc checks 1, 2 and 3 threads). Sum and
+// any pool size (kernels/model/cpu_threads_test.cc checks 1, 2 and 3 threads). Sum and
 // SumSquares add blocks of 256K elements, each in double, in block order.
 //
 // Gemm splits C's rows into tasks fixed by m (GemmRowsPerTask), one
