@@ -17,10 +17,20 @@
 namespace plateau {
 namespace {
 
+// The backend's GEMMs run as tasks on its pool (cpu::Gemm), one
+// single-threaded sgemm each, so OpenBLAS is set to one thread (process-wide:
+// every CPU backend of a process does the same). Its own workers would
+// otherwise spin in sched_yield for ~2^28 cycles after each call, against
+// the pool's threads running the next kernel.
+std::shared_ptr<CpuPool> MakePool(int threads) {
+  openblas_set_num_threads(1);
+  return std::make_shared<CpuPool>(threads);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& o)
-      : pool_(std::make_shared<CpuPool>(o.cpu_threads)),
+      : pool_(MakePool(o.cpu_threads)),
         streams_(std::make_shared<CpuStreamSet>()),
         device_(SpaceKind::kDevice, "device", o.device_memory_bytes,
                 [s = streams_] { s->Drain(); }),
@@ -34,8 +44,8 @@ class CpuBackend final : public Backend {
   std::string Describe() const override {
     // openblas_get_config() already begins with "OpenBLAS <version>".
     return absl::StrCat("cpu (", openblas_get_config(), ", ",
-                        openblas_get_num_threads(), " threads; a pool of ",
-                        pool_->threads(), " threads for the other kernels; device arena ",
+                        openblas_get_num_threads(), " thread per sgemm call; a pool of ",
+                        pool_->threads(), " threads for the GEMMs and other kernels; device arena ",
                         device_.cap_bytes(), " bytes)");
   }
 
@@ -84,13 +94,13 @@ class CpuBackend final : public Backend {
     return st.Synchronize();
   }
   absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
-    return Run(st, [=] { cpu::Gemm(g); });
+    return Run(st, [=, p = pool_.get()] { cpu::Gemm(g, p); });
   }
   // The CUDA grouped GEMM's twin: the same sgemm calls, in order, as one
   // task.
   absl::Status DoGroupedGemm(Stream& st, absl::Span<const GemmArgs> gemms) override {
-    return Run(st, [all = std::vector<GemmArgs>(gemms.begin(), gemms.end())] {
-      for (const GemmArgs& g : all) cpu::Gemm(g);
+    return Run(st, [all = std::vector<GemmArgs>(gemms.begin(), gemms.end()), p = pool_.get()] {
+      for (const GemmArgs& g : all) cpu::Gemm(g, p);
     });
   }
   absl::Status DoFill(Stream& st, float* x, int64_t n, float value) override {
@@ -146,11 +156,11 @@ class CpuBackend final : public Backend {
   }
   absl::Status DoSum(Stream& st, float* out, const float* x,
                      int64_t n) override {
-    return Run(st, [=] { cpu::Sum(out, x, n); });
+    return Run(st, [=, p = pool_.get()] { cpu::Sum(out, x, n, p); });
   }
   absl::Status DoSumSquares(Stream& st, float* out, const float* x,
                             int64_t n) override {
-    return Run(st, [=] { cpu::SumSquares(out, x, n); });
+    return Run(st, [=, p = pool_.get()] { cpu::SumSquares(out, x, n, p); });
   }
   absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
                        float* v, int64_t n, const AdamWArgs& args) override {

@@ -17,8 +17,9 @@ namespace plateau {
 // participants, one per core by default) created at launch; its elementwise,
 // row-wise and optimizer kernels, and the model kernels created for it, split
 // their work over the pool with a fixed split, so results do not depend on
-// the pool's size. OpenBLAS (its own threads) runs the GEMMs; both are called
-// from stream threads and a stream runs one task at a time (cpu_pool.h).
+// the pool's size. GEMMs run on the pool too, rows of C split by their size
+// into single-threaded OpenBLAS calls (the backend sets OpenBLAS to one
+// thread, process-wide), so no OpenBLAS worker idles against the pool.
 //
 // options.device_memory_bytes must be > 0 (the arena's size).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(

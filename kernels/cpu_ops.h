@@ -9,8 +9,13 @@
 // `pool`: the CPU backend passes its thread pool (kernels/cpu_pool.h); the
 // work is split by the problem's size only (blocks of elements, of rows or of
 // columns), so the result is the same bits with or without a pool and for
-// any pool size (cpu_ops_test.cc checks 1, 2 and 3 threads). Sum and
-// SumSquares stay on the calling thread (one fixed-order reduction).
+// any pool size (kernels/model/cpu_threads_test.cc checks 1, 2 and 3 threads). Sum and
+// SumSquares add blocks of 256K elements, each in double, in block order.
+//
+// Gemm splits C's rows into tasks fixed by m (GemmRowsPerTask), one
+// single-threaded cblas_sgemm call per task: the CPU backend sets OpenBLAS
+// to one thread, so the pool's threads are the only ones and OpenBLAS's
+// idle workers do not spin (sched_yield) against the other kernels.
 #ifndef PLATEAU_KERNELS_CPU_OPS_H_
 #define PLATEAU_KERNELS_CPU_OPS_H_
 
@@ -21,7 +26,10 @@
 
 namespace plateau::cpu {
 
-void Gemm(const GemmArgs& g);  // OpenBLAS cblas_sgemm, row-major
+// OpenBLAS cblas_sgemm, row-major, rows of C split over the pool.
+void Gemm(const GemmArgs& g, CpuPool* pool = nullptr);
+// Rows of C per Gemm task: depends on m alone.
+int64_t GemmRowsPerTask(int64_t m);
 
 void Fill(float* x, int64_t n, float value, CpuPool* pool = nullptr);
 void Scale(float* x, int64_t n, float alpha, CpuPool* pool = nullptr);
@@ -39,8 +47,8 @@ void RmsNormBackward(float* dx, float* dweight, const float* dout,
                      int64_t rows, int64_t cols, CpuPool* pool = nullptr);
 void SoftmaxRows(float* y, const float* x, int64_t rows, int64_t cols, CpuPool* pool = nullptr);
 void LogSumExpRows(float* out, const float* x, int64_t rows, int64_t cols, CpuPool* pool = nullptr);
-void Sum(float* out, const float* x, int64_t n);
-void SumSquares(float* out, const float* x, int64_t n);
+void Sum(float* out, const float* x, int64_t n, CpuPool* pool = nullptr);
+void SumSquares(float* out, const float* x, int64_t n, CpuPool* pool = nullptr);
 void AdamW(float* param, const float* grad, float* m, float* v, int64_t n,
            const AdamWArgs& args, CpuPool* pool = nullptr);
 

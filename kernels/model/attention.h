@@ -2,8 +2,14 @@
 // recurrence), on the CPU, tiled as the CUDA kernel will be: a tile of 64
 // query rows meets the keys 64 at a time; the 64 x 64 score tile stays in
 // cache and no T x T score matrix, nor a score row of the whole block,
-// exists. The tile products are the kernel's own AVX2 loops (not OpenBLAS),
-// so that tiles run on the CPU pool's threads at once.
+// exists. The tile products are the kernel's own loops (not OpenBLAS), so
+// that tiles run on the CPU pool's threads at once: AVX2, or AVX-512 chosen
+// at run time where the CPU has it. The transposed operands (K^T, V^T) are
+// packed into contiguous panels once per key tile for every query tile and
+// head of the group; the others are read in place. Each output element is
+// one chain of fused multiply-adds in a fixed order whichever kernel runs, so
+// the AVX2, AVX-512 and scalar paths give the same bits (attention_test
+// checks it).
 //
 // The unit of work is a *block pair*: the queries a rank holds against one
 // block of keys/values, which may be its own or one that arrived over the
@@ -24,7 +30,7 @@
 // Every function is deterministic: a fixed tile order, no atomics. `work`
 // is caller-provided scratch of AttentionWorkspaceFloats() floats, so that
 // the step accounts for it in its live sets. `pool` (kernels/cpu_pool.h):
-// forward splits into (sequence, head, query tile) tasks, backward into
+// forward splits into (sequence, K/V head, query tile) tasks, backward into
 // (sequence, K/V head) tasks, each writing its own outputs with its own
 // scratch slot, so the bits are the same without a pool and for any pool
 // size. Exponentials use kernels/cpu_exp.h (within 2 ulps of std::exp).
@@ -76,6 +82,19 @@ void AttentionBackwardBlock(const AttentionShape& s, const float* q,
 void RopeApply(float* x, int64_t batch, int64_t len, int64_t heads,
                int64_t head_dim, int64_t pos0, float theta, bool inverse,
     CpuPool* pool = nullptr);
+
+// The instruction set of the tile products. kAuto (the default) picks
+// AVX-512 when the CPU has it, else AVX2 (the build's baseline). All give the
+// same bits; tests force each one to check that.
+enum class AttentionTileIsa { kAuto, kScalar, kAvx2, kAvx512 };
+
+// Forces the tile products' instruction set for this process (tests and
+// benchmarks); one the CPU lacks falls back to kAuto.
+void SetAttentionTileIsaForTesting(AttentionTileIsa isa);
+// True when `isa` can run here (this build and this CPU).
+bool AttentionTileIsaAvailable(AttentionTileIsa isa);
+// The instruction set the tile products run with now (never kAuto).
+AttentionTileIsa AttentionActiveTileIsa();
 
 }  // namespace plateau
 

@@ -1,6 +1,7 @@
 #include "kernels/model/attention.h"
 
 #include <cmath>
+#include <iostream>
 #include <random>
 #include <vector>
 
@@ -186,6 +187,50 @@ TEST(AttentionTest, DeterministicBits) {
   EXPECT_EQ(dq1, dq2);
   EXPECT_EQ(dk1, dk2);
   EXPECT_EQ(dv1, dv2);
+}
+
+// The tile products' instruction sets (scalar, AVX2, AVX-512 where the CPU
+// has it) compute each element as the same chain of fused multiply-adds, so
+// they must agree bit for bit, and each must match the naive reference.
+// head_dim 44 = two whole 16-column panels and a 12-column tail (and K/V
+// packs of 5 x 8 columns and a 4-column rest); 300 rows in
+// 2 slices of 150 give ragged key tiles (150 = 2 x 64 + 22: a panel and a
+// 6-column tail); 4 query heads over 2 K/V heads.
+TEST(AttentionTest, EveryTileInstructionSetGivesTheSameBits) {
+  Problem p = Make(1, 300, 4, 2, 44, 11);
+  Naive want = NaiveAttention(p);
+  std::vector<AttentionTileIsa> isas = {AttentionTileIsa::kScalar, AttentionTileIsa::kAvx2,
+                                        AttentionTileIsa::kAvx512};
+  std::vector<float> o0, dq0, dk0, dv0;
+  int ran = 0;
+  for (AttentionTileIsa isa : isas) {
+    if (!AttentionTileIsaAvailable(isa)) {
+      // Not a skip of the comparison: the remaining ones still run.
+      std::cout << "tile ISA " << static_cast<int>(isa) << " not available here\n";
+      continue;
+    }
+    SetAttentionTileIsaForTesting(isa);
+    ASSERT_EQ(AttentionActiveTileIsa(), isa);
+    std::vector<float> o, dq, dk, dv;
+    RingAttention(p, 2, &o, &dq, &dk, &dv);
+    SetAttentionTileIsaForTesting(AttentionTileIsa::kAuto);
+    // The tolerances of MatchesNaiveForwardAndBackward: float chains of 44
+    // (scores) and up to 300 (sums over keys/queries) terms against double.
+    ExpectClose(o, want.o, 1e-5, "o");
+    ExpectClose(dq, want.dq, 1e-4, "dq");
+    ExpectClose(dk, want.dk, 1e-4, "dk");
+    ExpectClose(dv, want.dv, 1e-4, "dv");
+    if (ran++ == 0) {
+      o0 = o, dq0 = dq, dk0 = dk, dv0 = dv;
+      continue;
+    }
+    EXPECT_EQ(o, o0) << static_cast<int>(isa);
+    EXPECT_EQ(dq, dq0) << static_cast<int>(isa);
+    EXPECT_EQ(dk, dk0) << static_cast<int>(isa);
+    EXPECT_EQ(dv, dv0) << static_cast<int>(isa);
+  }
+  // The scalar path always runs; on any x86-64-v3 build so does AVX2.
+  EXPECT_GE(ran, 2);
 }
 
 TEST(AttentionTest, ExtremeScoresStayFinite) {

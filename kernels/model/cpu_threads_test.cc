@@ -2,6 +2,7 @@
 // output is the same bits without a pool and with pools of 1, 2 and 3
 // threads (kernels/cpu_pool.h). Shapes are chosen so that every kernel
 // splits into several tasks with a ragged last one.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -74,6 +75,59 @@ TEST(CpuThreadsTest, ElementwiseAndOptimizerOps) {
     args.step = 3;
     cpu::AdamW(param.data(), b.data(), m.data(), v.data(), n, args, p);
     return std::vector<std::vector<float>>{param, m, v};
+  });
+}
+
+// GEMMs split C's rows into tasks fixed by m (2 tasks for m = 1100: 560
+// rows and a ragged 540), one sgemm each; every transpose, beta != 0.
+// Also checked against a double reference: OpenBLAS's float sums over k =
+// 300 products of N(0, 1) values, within 1e-4 of the largest |C|.
+TEST(CpuThreadsTest, GemmAndSums) {
+  const int64_t m = 1100, n = 70, k = 300;
+  ASSERT_EQ(cpu::GemmRowsPerTask(m), 560);
+  const std::vector<float> a = Randn(m * k, 21), b = Randn(k * n, 22), c0 = Randn(m * n, 23);
+  for (int trans = 0; trans < 4; ++trans) {
+    const bool ta = trans & 1, tb = trans & 2;
+    GemmArgs g{ta, tb, m, n, k, 0.75f, a.data(), ta ? m : k, b.data(), tb ? k : n, 0.5f,
+               nullptr, n};
+    std::vector<double> want(m * n);
+    double mag = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          acc += double{ta ? a[p * m + i] : a[i * k + p]} * (tb ? b[j * k + p] : b[p * n + j]);
+        }
+        want[i * n + j] = 0.75 * acc + 0.5 * c0[i * n + j];
+        mag = std::max(mag, std::abs(want[i * n + j]));
+      }
+    }
+    ExpectSameForAnyPool("gemm " + std::to_string(trans), [&](CpuPool* p) {
+      std::vector<float> c = c0;
+      GemmArgs gc = g;
+      gc.c = c.data();
+      cpu::Gemm(gc, p);
+      return std::vector<std::vector<float>>{c};
+    });
+    std::vector<float> c = c0;
+    g.c = c.data();
+    CpuPool pool(2);
+    cpu::Gemm(g, &pool);
+    for (int64_t i = 0; i < m * n; ++i) ASSERT_NEAR(c[i], want[i], 1e-4 * mag) << trans << " " << i;
+  }
+  // Sums: 4 blocks of 256K elements and a ragged fifth.
+  const int64_t len = 4 * (int64_t{1} << 18) + 12345;
+  const std::vector<float> x = Randn(len, 24);
+  double sum = 0, sq = 0;
+  for (float e : x) sum += e, sq += double{e} * e;
+  ExpectSameForAnyPool("sums", [&](CpuPool* p) {
+    std::vector<float> out(2);
+    cpu::Sum(&out[0], x.data(), len, p);
+    cpu::SumSquares(&out[1], x.data(), len, p);
+    // Double accumulation, rounded once: within a float ulp of the reference.
+    EXPECT_NEAR(out[0], sum, 1e-6 * std::abs(sum) + 1e-6);
+    EXPECT_NEAR(out[1], sq, 1e-6 * sq);
+    return std::vector<std::vector<float>>{out};
   });
 }
 
