@@ -118,6 +118,10 @@ std::map<std::string, int64_t> flags = {
     // the next candidate, where the plan still fits the cap): is the chosen
     // combination the fastest fitting one on this machine?
     {"neighbours", 0},
+    // Each rank's CPU pool threads (BackendOptions::cpu_threads; 0: one per
+    // core). The results are the same bits for any value; P ranks' pools on
+    // fewer cores oversubscribe them.
+    {"cpu_threads", 0},
     {"own", 1},  // 0: skip the all-on stack's own largest batch (for timing experiments)
     // Which schedules "all on" turns on (bits: 1 pipelined_llep, 2 ring_dtp,
     // 4 sco, 8 offload_stream_adamw): 15 is the composed stack; others are
@@ -361,6 +365,14 @@ ModelState SkewedState(const ModelConfig& m) {
   return st;
 }
 
+// The backend of each rank: the cap, and the pool's threads.
+BackendOptions RankBackend(int64_t cap) {
+  BackendOptions bo;
+  bo.device_memory_bytes = cap;
+  bo.cpu_threads = static_cast<int>(flags["cpu_threads"]);
+  return bo;
+}
+
 struct Attempt {
   absl::Status status;
   bool at_launch = false;  // refused by TrainingStep::Create
@@ -375,7 +387,7 @@ Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
   std::vector<int64_t> peaks(Ranks(), 0);
   std::vector<int> launched(Ranks(), 0);
   const double t0 = NowSeconds();
-  a.status = RunLocalWorld(Ranks(), cap, FreshStoreDir("composed"), [&](int r, Backend& be, Communicator& world) {
+  a.status = RunLocalWorld(Ranks(), RankBackend(cap), FreshStoreDir("composed"), [&](int r, Backend& be, Communicator& world) {
     auto step = TrainingStep::Create(o, be, world);
     if (!step.ok()) return step.status();
     launched[r] = 1;
@@ -531,7 +543,7 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
   ProcessUsage u0, u1;
   CountingCommunicator::Table table;
   CountingCommunicator::Counts before;
-  absl::Status s = RunLocalWorld(Ranks(), cap, FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& real) {
+  absl::Status s = RunLocalWorld(Ranks(), RankBackend(cap), FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& real) {
     CountingCommunicator::Table mine;
     CountingCommunicator world(real, r == 0 ? &table : &mine);
     auto step = TrainingStep::Create(o, be, world);
