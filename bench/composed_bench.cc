@@ -22,10 +22,17 @@
 //    tokens + causal attention; worker/trainer_options.h) at the baseline's
 //    longest context and at the shorter one: the baseline at its largest
 //    batch there, the composed stack at the same batch and at its own
-//    largest batch there; under the seeded router, the three alternating
-//    so that all see the same machine.
+//    largest batch there; under the seeded router. `rounds` rounds run the
+//    three back to back (each in a fresh world, one untimed warm-up step,
+//    then `steps` / `own_steps` timed ones), so that drift hits all three;
+//    printed: each stack's median and range, the ratio of the medians and
+//    the range of the ratios within a round, and what a step costs beyond
+//    its wall time — the process's CPU seconds, its threads' blocking waits
+//    and rank 0's collectives per step (counts no other load changes).
+//    --neighbours=1 also times the all-on stack at each neighbour of its
+//    `auto` settings (is the chosen combination the fastest that fits?).
 // 4. Attribution: at the baseline's longest context, each schedule alone
-//    against the baseline (step time ratio).
+//    against the baseline (step time, CPU time, waits and collectives).
 // Also printed: what limits each stack (its fixed bytes and how each live
 // set grows per token), and the baseline's reach were standard EP's
 // dispatch counted at its balanced estimate instead of its worst case.
@@ -35,14 +42,17 @@
 // so the --quick run in the test suite fails when N_max and the step drift
 // apart. Four rank threads share the cores: one BLAS thread each.
 //
-//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench   # ~10 min on 2 cores
+//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench   # ~8 min on 2 cores, quiet
 //   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench -- --quick   # < 1 min
 //   bazel run -c opt //bench:composed_bench -- --plan_only   # predictions only
 #include <algorithm>
 #include <array>
+#include <condition_variable>
 #include <cstdio>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,9 +106,23 @@ std::map<std::string, int64_t> flags = {
     {"row_tile", 256},       // Ring-DTP token rows per strip tile
     {"bucket_params", 65536},  // OffloadStreamAdamW bucket
     {"staging_slots", 2},
-    // Throughput.
-    {"steps", 2},  // timed steps per stack per round (after one warm-up)
-    {"rounds", 2},
+    // Throughput. Each round runs the stacks back to back (off, on at the
+    // same batch, on at its own largest batch), each in a fresh world with
+    // one untimed warm-up step, so that drift over the run hits all three;
+    // the ratios are taken within a round and their spread printed.
+    {"steps", 3},      // timed steps per stack per round at the same batch
+    {"own_steps", 1},  // timed steps per round at the all-on stack's own largest batch (~40x the work)
+    {"rounds", 3},
+    // 1: at each same-batch point, also time the all-on stack at each
+    // neighbour of its `auto` settings (one setting halved or doubled to
+    // the next candidate, where the plan still fits the cap): is the chosen
+    // combination the fastest fitting one on this machine?
+    {"neighbours", 0},
+    // Each rank's CPU pool threads (BackendOptions::cpu_threads; 0: one per
+    // core). The results are the same bits for any value; P ranks' pools on
+    // fewer cores oversubscribe them.
+    {"cpu_threads", 0},
+    {"own", 1},  // 0: skip the all-on stack's own largest batch (for timing experiments)
     // Which schedules "all on" turns on (bits: 1 pipelined_llep, 2 ring_dtp,
     // 4 sco, 8 offload_stream_adamw): 15 is the composed stack; others are
     // for attributing its cost to one schedule.
@@ -124,6 +148,7 @@ void QuickDefaults() {
   flags["row_tile"] = 128;
   flags["bucket_params"] = 16384;
   flags["steps"] = 1;
+  flags["own_steps"] = 1;
   flags["rounds"] = 1;
   flags["attribute"] = 0;
   depths_flag = "4";
@@ -340,6 +365,14 @@ ModelState SkewedState(const ModelConfig& m) {
   return st;
 }
 
+// The backend of each rank: the cap, and the pool's threads.
+BackendOptions RankBackend(int64_t cap) {
+  BackendOptions bo;
+  bo.device_memory_bytes = cap;
+  bo.cpu_threads = static_cast<int>(flags["cpu_threads"]);
+  return bo;
+}
+
 struct Attempt {
   absl::Status status;
   bool at_launch = false;  // refused by TrainingStep::Create
@@ -354,7 +387,7 @@ Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
   std::vector<int64_t> peaks(Ranks(), 0);
   std::vector<int> launched(Ranks(), 0);
   const double t0 = NowSeconds();
-  a.status = RunLocalWorld(Ranks(), cap, FreshStoreDir("composed"), [&](int r, Backend& be, Communicator& world) {
+  a.status = RunLocalWorld(Ranks(), RankBackend(cap), FreshStoreDir("composed"), [&](int r, Backend& be, Communicator& world) {
     auto step = TrainingStep::Create(o, be, world);
     if (!step.ok()) return step.status();
     launched[r] = 1;
@@ -373,22 +406,170 @@ Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
   return a;
 }
 
+// A communicator that counts the collectives a rank issues (by kind) and
+// forwards each to the real one: how many latency-bound round trips a step
+// makes, a count no other process's load changes. Groups made through it
+// count into the same table.
+class CountingCommunicator : public Communicator {
+ public:
+  using Counts = std::map<std::string, int64_t>;
+  // Counts under a lock: a rank's collectives may be issued from more than
+  // one of its threads.
+  struct Table {
+    std::mutex mu;
+    Counts counts;
+    void Add(const char* op) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++counts[op];
+    }
+    Counts Read() {
+      std::lock_guard<std::mutex> lock(mu);
+      return counts;
+    }
+  };
+  CountingCommunicator(Communicator& inner, Table* counts)
+      : Communicator(inner.backend(), inner.name(), inner.rank(), inner.members()), inner_(inner), counts_(counts) {}
+  CountingCommunicator(std::unique_ptr<Communicator> owned, Table* counts)
+      : CountingCommunicator(*owned, counts) {
+    owned_ = std::move(owned);
+  }
+
+ protected:
+  absl::Status DoAllReduce(Stream& st, const void* send, void* recv, size_t count, DataType type,
+                           ReduceOp op) override {
+    counts_->Add("all_reduce");
+    return inner_.AllReduce(st, send, recv, count, type, op);
+  }
+  absl::Status DoReduceScatter(Stream& st, const void* send, void* recv, size_t recv_count, DataType type,
+                               ReduceOp op) override {
+    counts_->Add("reduce_scatter");
+    return inner_.ReduceScatter(st, send, recv, recv_count, type, op);
+  }
+  absl::Status DoAllGather(Stream& st, const void* send, void* recv, size_t send_count, DataType type) override {
+    counts_->Add("all_gather");
+    return inner_.AllGather(st, send, recv, send_count, type);
+  }
+  absl::Status DoAllToAllV(Stream& st, const void* send, absl::Span<const int64_t> send_counts, void* recv,
+                           absl::Span<const int64_t> recv_counts, DataType type) override {
+    counts_->Add("all_to_all_v");
+    return inner_.AllToAllV(st, send, send_counts, recv, recv_counts, type);
+  }
+  absl::Status DoBroadcast(Stream& st, void* data, size_t count, DataType type, int root) override {
+    counts_->Add("broadcast");
+    return inner_.Broadcast(st, data, count, type, root);
+  }
+  absl::Status DoSendRecv(Stream& st, const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
+                          int src, DataType type) override {
+    counts_->Add("send_recv");
+    return inner_.SendRecv(st, send, send_count, dst, recv, recv_count, src, type);
+  }
+  absl::Status DoBarrier(Stream& st) override {
+    counts_->Add("barrier");
+    return inner_.Barrier(st);
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> DoGroup(const std::string& name, const std::vector<int>& ranks,
+                                                        std::vector<int>) override {
+    absl::StatusOr<std::unique_ptr<Communicator>> g = inner_.Group(name, ranks);
+    if (!g.ok()) return g.status();
+    return std::unique_ptr<Communicator>(new CountingCommunicator(std::move(*g), counts_));
+  }
+
+ private:
+  Communicator& inner_;
+  std::unique_ptr<Communicator> owned_;  // a group's, made through this one
+  Table* const counts_;
+};
+
+std::string CountsText(const CountingCommunicator::Counts& c, int64_t steps) {
+  std::vector<std::string> parts;
+  int64_t total = 0;
+  for (const auto& [op, n] : c) {
+    total += n;
+    parts.push_back(absl::StrFormat("%s %.0f", op, static_cast<double>(n) / steps));
+  }
+  return absl::StrFormat("%.0f collectives per step (%s)", static_cast<double>(total) / steps,
+                         absl::StrJoin(parts, ", "));
+}
+
+// The rank threads meet here before and after their timed steps, so that
+// the process's CPU time is read while no rank is inside one.
+class Meeting {
+ public:
+  explicit Meeting(int n) : n_(n) {}
+  void Arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen; });
+  }
+
+ private:
+  const int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+// User + system CPU seconds of the whole process (every thread) so far,
+// and its voluntary context switches (a thread blocking: a stream or
+// collective wait, a handoff between threads), which other processes' load
+// changes little.
+struct ProcessUsage {
+  double cpu_s = 0;
+  int64_t waits = 0;
+};
+ProcessUsage ReadUsage() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return {ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6,
+          static_cast<int64_t>(ru.ru_nvcsw)};
+}
+
 // Runs one warm-up step and then `steps` timed steps under the seeded
-// router; appends each timed step's seconds (its slowest rank's) to `times`.
-absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::vector<double>* times) {
+// router; appends each timed step's seconds (its slowest rank's) to `times`
+// and sets `*cpu_s` to the process's CPU seconds per timed step (all
+// ranks' threads: compute, streams, Gloo): the work a step costs, which
+// other processes' load moves far less than its wall time.
+absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::vector<double>* times,
+                       ProcessUsage* usage = nullptr, std::string* counts_text = nullptr) {
   std::vector<std::vector<double>> per_rank(Ranks());
-  absl::Status s = RunLocalWorld(Ranks(), cap, FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& world) {
+  Meeting meeting(Ranks());
+  ProcessUsage u0, u1;
+  CountingCommunicator::Table table;
+  CountingCommunicator::Counts before;
+  absl::Status s = RunLocalWorld(Ranks(), RankBackend(cap), FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& real) {
+    CountingCommunicator::Table mine;
+    CountingCommunicator world(real, r == 0 ? &table : &mine);
     auto step = TrainingStep::Create(o, be, world);
-    if (!step.ok()) return step.status();
+    // Every rank reaches both meetings, also one whose step fails (its
+    // error ends the world after them).
+    absl::Status failed = step.status();
+    int met = 0;
     std::vector<int32_t> tok, tgt;
-    RankTokens(o, r, &tok, &tgt);
-    for (int64_t i = 0; i <= steps; ++i) {
+    if (failed.ok()) RankTokens(o, r, &tok, &tgt);
+    for (int64_t i = 0; i <= steps && failed.ok(); ++i) {
+      if (i == 1) {
+        meeting.Arrive();
+        ++met;
+        if (r == 0) {
+          u0 = ReadUsage();
+          before = table.Read();
+        }
+      }
       const double t0 = NowSeconds();
       auto st = (*step)->Step(tok, tgt);
-      if (!st.ok()) return st.status();
+      if (!st.ok()) failed = st.status();
       if (i > 0) per_rank[r].push_back(NowSeconds() - t0);
     }
-    return absl::OkStatus();
+    for (; met < 2; ++met) meeting.Arrive();
+    if (r == 0) u1 = ReadUsage();
+    return failed;
   });
   if (!s.ok()) return s;
   for (int64_t i = 0; i < steps; ++i) {
@@ -396,6 +577,10 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
     for (int r = 0; r < Ranks(); ++r) slowest = std::max(slowest, per_rank[r][i]);
     times->push_back(slowest);
   }
+  if (usage != nullptr) *usage = {(u1.cpu_s - u0.cpu_s) / steps, (u1.waits - u0.waits) / steps};
+  CountingCommunicator::Counts counts = table.Read();
+  for (const auto& [op, n] : before) counts[op] -= n;
+  if (counts_text != nullptr) *counts_text = CountsText(counts, steps);
   return absl::OkStatus();
 }
 
@@ -473,6 +658,47 @@ Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axi
   return r;
 }
 
+// The timed steps of one stack at one point: every step (its slowest
+// rank's seconds) and each round's median.
+struct Times {
+  std::vector<double> all;
+  std::vector<double> rounds;
+  std::vector<double> cpu;    // process CPU seconds per step, one per round
+  std::vector<double> waits;  // process voluntary context switches per step, one per round
+  double waits_median() const { return Median(waits); }
+  std::string collectives;  // rank 0's collectives per timed step (CountsText)
+  double cpu_median() const { return Median(cpu); }
+  double median() const { return Median(all); }
+  double min() const { return all.empty() ? 0 : *std::min_element(all.begin(), all.end()); }
+  double max() const { return all.empty() ? 0 : *std::max_element(all.begin(), all.end()); }
+};
+
+// Times `steps` steps of `o` in a fresh world (after its warm-up) into `t`.
+absl::Status TimeRound(const StepOptions& o, int64_t cap, int64_t steps, Times* t) {
+  std::vector<double> round;
+  ProcessUsage u;
+  absl::Status s = TimeSteps(o, cap, steps, &round, &u, &t->collectives);
+  if (!s.ok()) return s;
+  t->cpu.push_back(u.cpu_s);
+  t->waits.push_back(static_cast<double>(u.waits));
+  t->all.insert(t->all.end(), round.begin(), round.end());
+  t->rounds.push_back(Median(round));
+  return absl::OkStatus();
+}
+
+// The spread of a throughput ratio: the ratio within each round (the two
+// stacks ran back to back there), smallest and largest. `work` is the
+// all-on stack's model FLOPs over the baseline's per step.
+std::pair<double, double> RoundRatios(const Times& off, const Times& on, double work) {
+  double lo = 0, hi = 0;
+  for (size_t i = 0; i < off.rounds.size() && i < on.rounds.size(); ++i) {
+    const double r = work * off.rounds[i] / on.rounds[i];
+    lo = i == 0 ? r : std::min(lo, r);
+    hi = i == 0 ? r : std::max(hi, r);
+  }
+  return {lo, hi};
+}
+
 // Model FLOP/s at one context length: the baseline at its largest batch
 // there, the composed stack at the same batch (the same work: what the
 // schedules cost or save per step), and the composed stack at its own
@@ -480,36 +706,104 @@ Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axi
 // paper's comparison at the baseline's longest lengths).
 struct Throughput {
   int64_t seq_len = 0, off_batch = 0, on_batch = 0;
+  std::string same_settings, own_settings;  // the all-on stack's chosen settings
+  Times off, same, own;
   double off_s = 0, same_s = 0, own_s = 0;  // median seconds per step
   double off_gflops = 0, same_gflops = 0, own_gflops = 0;
+  std::pair<double, double> same_ratio_range, own_ratio_range;  // RoundRatios
 };
 
 absl::StatusOr<Throughput> MeasureThroughput(int64_t layers, int64_t seq_len, int64_t off_batch, int64_t on_batch,
                                              int64_t cap) {
+  if (!flags["own"]) on_batch = off_batch;
   Throughput t;
   t.seq_len = seq_len;
   t.off_batch = off_batch;
   t.on_batch = on_batch;
-  std::vector<double> off, same, own;
+  const StepOptions off = Stack(false, layers, seq_len, off_batch);
+  const StepOptions same = Chosen(true, layers, seq_len, off_batch, cap);
+  const StepOptions own = Chosen(true, layers, seq_len, on_batch, cap);
+  t.same_settings = SettingsText(same);
+  t.own_settings = SettingsText(own);
   // Rounds alternate the three so that all see the same machine.
   for (int64_t round = 0; round < flags["rounds"]; ++round) {
-    absl::Status s = TimeSteps(Stack(false, layers, seq_len, off_batch), cap, flags["steps"], &off);
+    absl::Status s = TimeRound(off, cap, flags["steps"], &t.off);
+    if (s.ok()) s = TimeRound(same, cap, flags["steps"], &t.same);
+    if (s.ok() && on_batch != off_batch) s = TimeRound(own, cap, flags["own_steps"], &t.own);
     if (!s.ok()) return s;
-    s = TimeSteps(Chosen(true, layers, seq_len, off_batch, cap), cap, flags["steps"], &same);
-    if (!s.ok()) return s;
-    if (on_batch != off_batch) {
-      s = TimeSteps(Chosen(true, layers, seq_len, on_batch, cap), cap, flags["steps"], &own);
-      if (!s.ok()) return s;
-    }
   }
+  if (on_batch == off_batch) t.own = t.same;
   const ModelConfig m = Model(layers, seq_len);
-  t.off_s = Median(off);
-  t.same_s = Median(same);
-  t.own_s = own.empty() ? t.same_s : Median(own);
+  t.off_s = t.off.median();
+  t.same_s = t.same.median();
+  t.own_s = t.own.median();
   t.off_gflops = ModelFlopsPerStep(m, off_batch) / t.off_s / 1e9;
   t.same_gflops = ModelFlopsPerStep(m, off_batch) / t.same_s / 1e9;
   t.own_gflops = ModelFlopsPerStep(m, on_batch) / t.own_s / 1e9;
+  t.same_ratio_range = RoundRatios(t.off, t.same, 1.0);
+  t.own_ratio_range = RoundRatios(t.off, t.own, ModelFlopsPerStep(m, on_batch) / ModelFlopsPerStep(m, off_batch));
   return t;
+}
+
+// The chosen settings' neighbours at one shape: each `auto` setting moved
+// to the candidate just below and just above its chosen value (the others
+// as chosen), where the plan still fits the cap.
+std::vector<StepOptions> Neighbours(const StepOptions& chosen, int64_t cap) {
+  std::vector<StepOptions> out;
+  const AutoRequest request = AutoOf();
+  for (AutoSetting s : {AutoSetting::kChunkTokens, AutoSetting::kStrip, AutoSetting::kHostBudget,
+                        AutoSetting::kBucketParams}) {
+    if (!request.has(s)) continue;
+    const std::vector<int64_t> cands = AutoCandidates(chosen, s);
+    const auto at = std::find(cands.begin(), cands.end(), GetAutoSetting(chosen, s));
+    if (at == cands.end()) continue;
+    const ptrdiff_t i = at - cands.begin();
+    for (ptrdiff_t j : {i - 1, i + 1}) {
+      if (j < 0 || j >= static_cast<ptrdiff_t>(cands.size())) continue;
+      StepOptions o = chosen;
+      SetAutoSetting(&o, s, cands[j]);
+      const absl::StatusOr<MemoryPlan> plan = PlanMemory(o);
+      if (plan.ok() && plan->total() <= cap) out.push_back(o);
+    }
+  }
+  return out;
+}
+
+// The all-on stack at the chosen settings and at each neighbour, each
+// neighbour run right after the chosen settings in every round: step time
+// over the chosen settings' (< 1: the neighbour is faster here), beside the
+// time model's view of the same change (modelled seconds of the changed
+// setting's part, neighbour minus chosen).
+absl::Status TimeNeighbours(int64_t layers, int64_t seq_len, int64_t batch, int64_t cap) {
+  const StepOptions chosen = Chosen(true, layers, seq_len, batch, cap);
+  const std::vector<StepOptions> nbrs = Neighbours(chosen, cap);
+  std::vector<Times> base(nbrs.size()), times(nbrs.size());
+  for (int64_t round = 0; round < flags["rounds"]; ++round) {
+    for (size_t i = 0; i < nbrs.size(); ++i) {
+      absl::Status s = TimeRound(chosen, cap, flags["steps"], &base[i]);
+      if (s.ok()) s = TimeRound(nbrs[i], cap, flags["steps"], &times[i]);
+      if (!s.ok()) return s;
+    }
+  }
+  std::printf("L=%-3lld neighbours of the chosen settings at seq_len %lld x %lld (%s):\n", (long long)layers,
+              (long long)seq_len, (long long)batch, SettingsText(chosen).c_str());
+  for (size_t i = 0; i < nbrs.size(); ++i) {
+    double modelled = 0;
+    for (AutoSetting s : {AutoSetting::kChunkTokens, AutoSetting::kStrip, AutoSetting::kHostBudget,
+                          AutoSetting::kBucketParams}) {
+      if (!AutoOf().has(s) || GetAutoSetting(nbrs[i], s) == GetAutoSetting(chosen, s)) continue;
+      modelled = AutoSettingSeconds(nbrs[i], s, GetAutoSetting(nbrs[i], s), Curve()) -
+                 AutoSettingSeconds(chosen, s, GetAutoSetting(chosen, s), Curve());
+    }
+    const std::pair<double, double> r = RoundRatios(times[i], base[i], 1.0);
+    std::printf("        %-44s %.3f s vs chosen %.3f s: %.2fx (rounds %.2f-%.2f), CPU %.2fx, threads blocked %.0f vs "
+                "%.0f; modelled %+.1f ms\n",
+                SettingsText(nbrs[i]).c_str(), times[i].median(), base[i].median(),
+                times[i].median() / base[i].median(), r.first, r.second,
+                times[i].cpu_median() / base[i].cpu_median(), times[i].waits_median(), base[i].waits_median(),
+                modelled * 1e3);
+  }
+  return absl::OkStatus();
 }
 
 // Each schedule on alone (the others at their baselines) at one shape,
@@ -523,26 +817,41 @@ absl::StatusOr<Throughput> MeasureThroughput(int64_t layers, int64_t seq_len, in
 struct Attribution {
   const char* schedule;
   int64_t mask;
-  double ratio = 0;  // median step time over the baseline's
+  double ratio = 0;      // median step time over the baseline's
+  double cpu_ratio = 0;  // median CPU seconds per step over the baseline's
+  double waits = 0;      // threads blocked per step (Times::waits)
+  std::string settings;  // the schedule's settings as chosen
+  std::string collectives;  // rank 0's per step (CountsText)
 };
 
 absl::StatusOr<std::vector<Attribution>> Attribute(int64_t layers, int64_t seq_len, int64_t batch) {
   const int64_t arena = int64_t{1} << 30;
   std::vector<Attribution> rows = {
       {"pipelined_llep", 1}, {"ring_dtp", 2}, {"sco", 4}, {"offload_stream_adamw", 8}, {"all four", 15}};
-  std::vector<double> off;
-  std::vector<std::vector<double>> on(rows.size());
+  Times off;
+  std::vector<Times> on(rows.size());
   const int64_t saved = flags["on_mask"];
   for (int64_t round = 0; round < flags["rounds"]; ++round) {
-    absl::Status s = TimeSteps(Stack(false, layers, seq_len, batch), arena, flags["steps"], &off);
+    absl::Status s = TimeRound(Stack(false, layers, seq_len, batch), arena, flags["steps"], &off);
     for (size_t i = 0; s.ok() && i < rows.size(); ++i) {
       flags["on_mask"] = rows[i].mask;
-      s = TimeSteps(Chosen(true, layers, seq_len, batch, arena), arena, flags["steps"], &on[i]);
+      const StepOptions o = Chosen(true, layers, seq_len, batch, arena);
+      rows[i].settings = SettingsText(o);
+      s = TimeRound(o, arena, flags["steps"], &on[i]);
     }
     flags["on_mask"] = saved;
     if (!s.ok()) return s;
   }
-  for (size_t i = 0; i < rows.size(); ++i) rows[i].ratio = Median(on[i]) / Median(off);
+  std::printf("L=%-3lld step time (and CPU seconds per step) over the baseline's at seq_len %lld x %lld, each "
+              "schedule alone; baseline %.3f s, CPU %.3f s, %.0f threads blocked per step, rank 0 issued %s\n",
+              (long long)layers, (long long)seq_len, (long long)batch, off.median(), off.cpu_median(),
+              off.waits_median(), off.collectives.c_str());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].collectives = on[i].collectives;
+    rows[i].waits = on[i].waits_median();
+    rows[i].ratio = on[i].median() / off.median();
+    rows[i].cpu_ratio = on[i].cpu_median() / off.cpu_median();
+  }
   return rows;
 }
 
@@ -718,11 +1027,32 @@ int main(int argc, char** argv) {
                        th.status().ToString().c_str());
           return 1;
         }
-        std::printf("L=%-3lld throughput at seq_len %lld: all off x %lld seqs %.3f s/step %.2f GFLOP/s; all on x %lld "
-                    "%.3f s %.2f GFLOP/s (%.2fx); all on x %lld (its largest) %.3f s %.2f GFLOP/s (%.2fx)\n",
-                    (long long)L, (long long)t, (long long)th->off_batch, th->off_s, th->off_gflops,
-                    (long long)th->off_batch, th->same_s, th->same_gflops, th->same_gflops / th->off_gflops,
-                    (long long)th->on_batch, th->own_s, th->own_gflops, th->own_gflops / th->off_gflops);
+        std::printf("L=%-3lld throughput at seq_len %lld, median (min-max) of %lld rounds x %lld steps, slowest rank:\n"
+                    "        all off x %lld seqs %.3f s (%.3f-%.3f), CPU %.3f s, %.2f GFLOP/s\n"
+                    "        all on  x %lld seqs %.3f s (%.3f-%.3f), CPU %.3f s, %.2f GFLOP/s: %.2fx (rounds "
+                    "%.2f-%.2fx) [%s]\n"
+                    "        all on  x %lld seqs (its largest) %.3f s (%.3f-%.3f), CPU %.3f s, %.2f GFLOP/s: %.2fx "
+                    "(rounds %.2f-%.2fx) [%s]\n",
+                    (long long)L, (long long)t, (long long)flags["rounds"], (long long)flags["steps"],
+                    (long long)th->off_batch, th->off_s, th->off.min(), th->off.max(), th->off.cpu_median(),
+                    th->off_gflops, (long long)th->off_batch, th->same_s, th->same.min(), th->same.max(),
+                    th->same.cpu_median(), th->same_gflops, th->same_gflops / th->off_gflops,
+                    th->same_ratio_range.first, th->same_ratio_range.second, th->same_settings.c_str(),
+                    (long long)th->on_batch, th->own_s, th->own.min(), th->own.max(), th->own.cpu_median(),
+                    th->own_gflops, th->own_gflops / th->off_gflops, th->own_ratio_range.first,
+                    th->own_ratio_range.second, th->own_settings.c_str());
+        std::printf("        rank 0 issued: off %s; on %s\n        threads blocked (voluntary context switches, "
+                    "all ranks) per step: off %.0f, on %.0f\n",
+                    th->off.collectives.c_str(), th->same.collectives.c_str(), th->off.waits_median(),
+                    th->same.waits_median());
+        if (flags["neighbours"] && AutoOf().any()) {
+          absl::Status s = TimeNeighbours(L, t, batches.first, cap);
+          if (!s.ok()) {
+            std::fprintf(stderr, "composed_bench: neighbours at seq_len %lld: %s\n", (long long)t,
+                         s.ToString().c_str());
+            return 1;
+          }
+        }
         d.throughput.push_back(*th);
       }
       if (flags["attribute"]) {
@@ -732,10 +1062,10 @@ int main(int argc, char** argv) {
           return 1;
         }
         d.attribution = *rows;
-        std::printf("L=%-3lld step time over the baseline's at seq_len %lld, each schedule alone:", (long long)L,
-                    (long long)T);
-        for (const Attribution& a : d.attribution) std::printf(" %s %.2fx", a.schedule, a.ratio);
-        std::printf("\n");
+        for (const Attribution& a : d.attribution) {
+          std::printf("        %-20s %.2fx (CPU %.2fx, %.0f threads blocked) [%s]; %s\n", a.schedule, a.ratio,
+                      a.cpu_ratio, a.waits, a.settings.c_str(), a.collectives.c_str());
+        }
       }
     }
     std::printf("\n");
@@ -758,16 +1088,20 @@ int main(int argc, char** argv) {
                 ratio(d.context[1].axis.seq_len, d.balanced_off_seq_len));
   }
   if (run) {
-    std::printf("\nmodel GFLOP/s where both run (median step, slowest rank): off at its largest batch; on at the same "
-                "batch; on at its largest batch\n");
-    std::printf("%4s %7s %6s %9s %6s %9s %7s %6s %9s %7s %16s\n", "L", "T", "B off", "GF/s off", "B", "GF/s on", "x",
-                "B on", "GF/s on", "x", "of ceiling off/on");
+    std::printf("\nmodel GFLOP/s where both run (median step, slowest rank; %lld rounds, each off then on back to back, "
+                "%lld / %lld timed steps after a warm-up; rounds' x: the ratio within each round, smallest-largest): "
+                "off at its largest batch; on at the same batch; on at its largest batch\n",
+                (long long)flags["rounds"], (long long)flags["steps"], (long long)flags["own_steps"]);
+    std::printf("%4s %7s %6s %9s %6s %9s %7s %13s %6s %9s %7s %13s %16s\n", "L", "T", "B off", "GF/s off", "B",
+                "GF/s on", "x", "rounds' x", "B on", "GF/s on", "x", "rounds' x", "of ceiling off/on");
     for (const DepthResult& d : results) {
       for (const Throughput& t : d.throughput) {
-        std::printf("%4lld %7lld %6lld %9.2f %6lld %9.2f %6.2fx %6lld %9.2f %6.2fx %7.1f%% / %4.1f%%\n",
+        std::printf("%4lld %7lld %6lld %9.2f %6lld %9.2f %6.2fx %5.2f-%5.2fx %6lld %9.2f %6.2fx %5.2f-%5.2fx %7.1f%% / "
+                    "%4.1f%%\n",
                     (long long)d.layers, (long long)t.seq_len, (long long)t.off_batch, t.off_gflops,
-                    (long long)t.off_batch, t.same_gflops, t.same_gflops / t.off_gflops, (long long)t.on_batch,
-                    t.own_gflops, t.own_gflops / t.off_gflops, 100 * t.off_gflops / ceiling,
+                    (long long)t.off_batch, t.same_gflops, t.same_gflops / t.off_gflops, t.same_ratio_range.first,
+                    t.same_ratio_range.second, (long long)t.on_batch, t.own_gflops, t.own_gflops / t.off_gflops,
+                    t.own_ratio_range.first, t.own_ratio_range.second, 100 * t.off_gflops / ceiling,
                     100 * t.own_gflops / ceiling);
       }
     }
@@ -787,14 +1121,15 @@ int main(int argc, char** argv) {
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
       "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"auto\":%s,\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":%d,\"strip\":%d,"
       "\"row_tile\":%d,\"sco_beta\":%s,\"bucket_params\":%d,\"staging_slots\":%d},"
-      "\"verified\":%s,\"depths\":[",
+      "\"rounds\":%d,\"steps\":%d,\"own_steps\":%d,\"verified\":%s,\"depths\":[",
       bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false", bench::LoadAverage1m(), others, ceiling, P,
       cap,
       m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
       AutoOf().any() ? "true" : "false", flags["chunk_tokens"],
       flags["min_piece"], flags["max_borrowed"], flags["strip"], flags["row_tile"],
       bench::JsonString(AutoOf().any() ? "auto" : "all L-1 boundaries"), flags["bucket_params"],
-      flags["staging_slots"], run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
+      flags["staging_slots"], flags["rounds"], flags["steps"], flags["own_steps"],
+      run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
   for (size_t i = 0; i < results.size(); ++i) {
     const DepthResult& d = results[i];
     absl::StrAppendFormat(&json,
@@ -811,14 +1146,26 @@ int main(int argc, char** argv) {
                             "%s{\"seq_len\":%d,\"off_batch\":%d,\"on_batch\":%d,\"off_step_s\":%.4f,"
                             "\"on_same_batch_step_s\":%.4f,\"on_own_batch_step_s\":%.4f,\"off_gflops\":%.3f,"
                             "\"on_same_batch_gflops\":%.3f,\"on_own_batch_gflops\":%.3f,\"same_batch_ratio\":%.4f,"
-                            "\"own_batch_ratio\":%.4f}",
+                            "\"own_batch_ratio\":%.4f,\"same_batch_ratio_rounds\":[%.4f,%.4f],"
+                            "\"own_batch_ratio_rounds\":[%.4f,%.4f],\"off_step_s_range\":[%.4f,%.4f],"
+                            "\"on_same_batch_step_s_range\":[%.4f,%.4f],\"on_own_batch_step_s_range\":[%.4f,%.4f],"
+                            "\"on_same_batch_settings\":%s,\"on_own_batch_settings\":%s,"
+                            "\"off_cpu_s\":%.4f,\"on_same_batch_cpu_s\":%.4f,\"on_own_batch_cpu_s\":%.4f,"
+                            "\"off_waits\":%.0f,\"on_same_batch_waits\":%.0f}",
                             j ? "," : "", t.seq_len, t.off_batch, t.on_batch, t.off_s, t.same_s, t.own_s,
                             t.off_gflops, t.same_gflops, t.own_gflops, t.same_gflops / t.off_gflops,
-                            t.own_gflops / t.off_gflops);
+                            t.own_gflops / t.off_gflops, t.same_ratio_range.first, t.same_ratio_range.second,
+                            t.own_ratio_range.first, t.own_ratio_range.second, t.off.min(), t.off.max(),
+                            t.same.min(), t.same.max(), t.own.min(), t.own.max(),
+                            bench::JsonString(t.same_settings), bench::JsonString(t.own_settings),
+                            t.off.cpu_median(), t.same.cpu_median(), t.own.cpu_median(), t.off.waits_median(),
+                            t.same.waits_median());
     }
     json += "],\"attribution\":{";
     for (size_t j = 0; j < d.attribution.size(); ++j) {
-      absl::StrAppendFormat(&json, "%s\"%s\":%.4f", j ? "," : "", d.attribution[j].schedule, d.attribution[j].ratio);
+      absl::StrAppendFormat(&json, "%s\"%s\":{\"step_ratio\":%.4f,\"cpu_ratio\":%.4f,\"waits\":%.0f}",
+                            j ? "," : "", d.attribution[j].schedule, d.attribution[j].ratio,
+                            d.attribution[j].cpu_ratio, d.attribution[j].waits);
     }
     json += "}}";
   }

@@ -64,12 +64,30 @@ const int32_t* PipelinedLlep::StagedIndex(int64_t chunk) const {
   return host_index_.as<int32_t>() + chunk * mem_.layout.total;
 }
 
+// A rank of the group has more tokens than the buffers were sized for.
+absl::Status PipelinedLlep::CheckGroupTokens(int64_t n) const {
+  if (n > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PipelinedLlep::Forward: a rank of the expert group has ", n,
+        " tokens, more than the launch's ", max_tokens_, " the buffers were sized for"));
+  }
+  return absl::OkStatus();
+}
+
 // The host's part of a Forward: K, everyone's per-chunk counts, and every
 // chunk's plan and index vectors. The only host waits of the layer.
 absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
   const int64_t P = comm_.size(), E = model_.experts, K = model_.top_k;
   int64_t* counts = buffers_[0].as<int64_t>();  // [1 | K_max E | P K_max E]
-  {
+  // When the launch allows one chunk at most (c >= max_tokens: what `auto`
+  // picks wherever it fits), K is 1 on every rank that has tokens, so the
+  // counts need no K first: one all-gather instead of an all-reduce and an
+  // all-gather, each a host-blocking round trip. The group's largest N is
+  // then read off the gathered counts (every token has top_k routes, all
+  // checked to be experts below), so the refusal stays collective and the
+  // plans are the same.
+  const bool one_chunk = max_chunks_ == 1;
+  if (!one_chunk) {
     // K from the largest N of the group: every rank runs the same chunks.
     // Every rank sees the same maximum, so a refusal below is collective.
     int64_t n = N;
@@ -77,16 +95,15 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
     PLATEAU_RETURN_IF_ERROR(
         comm_.AllReduce(comm_stream_, counts, counts, 1, DataType::kInt64, ReduceOp::kMax));
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, &n, counts, sizeof(n)));
-    if (n > max_tokens_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PipelinedLlep::Forward: a rank of the expert group has ", n,
-          " tokens, more than the launch's ", max_tokens_, " the buffers were sized for"));
-    }
+    PLATEAU_RETURN_IF_ERROR(CheckGroupTokens(n));
     chunks_ = PipelinedLlepChunks(n, options_.chunk_tokens);
+    plans_.clear();
+    max_sizes_ = LlepChunkSizes{};
+    if (chunks_ == 0) return absl::OkStatus();
   }
-  plans_.clear();
-  max_sizes_ = LlepChunkSizes{};
-  if (chunks_ == 0) return absl::OkStatus();
+  // This rank's chunks: one when one_chunk (ChunkTokenRows(N, 1, 0) is
+  // every row, whatever the group's K turns out to be: 0 or 1).
+  const int64_t local_chunks = one_chunk ? 1 : chunks_;
 
   // This rank's routes and its counts per chunk. The host copy of `chosen`
   // also waits for the compute stream, so the staged index words of the
@@ -94,10 +111,10 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
   std::vector<int32_t> host_chosen(N * K);
   PLATEAU_RETURN_IF_ERROR(
       backend_.Copy(compute_, host_chosen.data(), chosen, host_chosen.size() * sizeof(int32_t)));
-  std::vector<std::vector<int32_t>> rows(chunks_);
-  std::vector<int64_t> mine(chunks_ * E, 0);
-  for (int64_t j = 0; j < chunks_; ++j) {
-    rows[j] = ChunkTokenRows(N, chunks_, j, options_.membership);
+  std::vector<std::vector<int32_t>> rows(local_chunks);
+  std::vector<int64_t> mine(local_chunks * E, 0);
+  for (int64_t j = 0; j < local_chunks; ++j) {
+    rows[j] = ChunkTokenRows(N, local_chunks, j, options_.membership);
     for (int32_t t : rows[j]) {
       for (int64_t i = 0; i < K; ++i) {
         const int32_t e = host_chosen[static_cast<int64_t>(t) * K + i];
@@ -110,13 +127,26 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
   }
   int64_t* local = counts + 1;
   int64_t* gathered = counts + 1 + max_chunks_ * E;
-  std::vector<int64_t> all(P * chunks_ * E);  // [source][chunk][expert]
+  std::vector<int64_t> all(P * local_chunks * E);  // [source][chunk][expert]
   PLATEAU_RETURN_IF_ERROR(
       backend_.Copy(compute_, local, mine.data(), mine.size() * sizeof(int64_t)));
   PLATEAU_RETURN_IF_ERROR(
-      comm_.AllGather(comm_stream_, local, gathered, chunks_ * E, DataType::kInt64));
+      comm_.AllGather(comm_stream_, local, gathered, local_chunks * E, DataType::kInt64));
   PLATEAU_RETURN_IF_ERROR(
       backend_.Copy(comm_stream_, all.data(), gathered, all.size() * sizeof(int64_t)));
+  if (one_chunk) {
+    int64_t n = 0;  // the group's largest N: a rank's routes over top_k
+    for (int64_t s = 0; s < P; ++s) {
+      int64_t routes = 0;
+      for (int64_t e = 0; e < E; ++e) routes += all[s * E + e];
+      n = std::max(n, routes / K);
+    }
+    PLATEAU_RETURN_IF_ERROR(CheckGroupTokens(n));
+    chunks_ = PipelinedLlepChunks(n, options_.chunk_tokens);
+    plans_.clear();
+    max_sizes_ = LlepChunkSizes{};
+    if (chunks_ == 0) return absl::OkStatus();
+  }
 
   std::vector<int64_t> chunk_counts(P * E), loads(E);
   for (int64_t j = 0; j < chunks_; ++j) {

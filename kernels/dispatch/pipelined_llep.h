@@ -12,7 +12,11 @@
 // K is agreed collectively in Forward: K = ceil(max_p N_p / c) from an
 // all-reduce (max) of the ranks' token counts, so at small N, K = 1, and
 // ranks with different N run the same chunks (a short rank's late chunks are
-// empty). Chunk membership is strided by default (chunk j takes a source's
+// empty). When the launch allows one chunk at most (c >= its tokens per
+// rank), K is 0 or 1 whatever the ranks' N, so the all-reduce is skipped and
+// the group's largest N is read off the gathered counts (N_p = a rank's
+// routes / k): one host wait fewer per Forward, the same plans. Chunk
+// membership is strided by default (chunk j takes a source's
 // tokens j, j+K, j+2K, ...) or contiguous blocks; either way a source's chunk
 // has at most ceil(N / K) <= c tokens.
 //
@@ -21,8 +25,8 @@
 // launch's tokens per rank N_max), and reused chunk to chunk in stream order
 // (llep_chunk.h), so the measured kDispatch peak is the bound in Forward and
 // in Backward, and no chunk allocates or waits on the host. The host does
-// wait twice per Forward, before the first chunk: for the all-reduced N and
-// for the all-gathered per-chunk counts from which it plans every chunk and
+// wait twice per Forward (once with one chunk at most), before the first
+// chunk: for the all-reduced N and for the all-gathered per-chunk counts from which it plans every chunk and
 // stages their index vectors in pinned host memory (one asynchronous copy
 // per chunk).
 //
@@ -100,6 +104,7 @@ class PipelinedLlep final : public ExpertDispatch {
                 Communicator& experts, Stream& compute, Stream& comm);
   absl::Status Allocate();
   absl::Status Plan(const int32_t* chosen, int64_t tokens);
+  absl::Status CheckGroupTokens(int64_t n) const;
   // Forgets the last layer, validates `tokens` and plans (Forward's and
   // ForwardForBackward's common start).
   absl::Status Begin(const int32_t* chosen, int64_t tokens);

@@ -402,6 +402,31 @@ TEST(PipelinedLlepTest, MoreTokensThanTheLaunchIsRefusedEverywhere) {
   EXPECT_TRUE(st.ok()) << st;
 }
 
+// The same with one chunk at most (c >= the launch's tokens), where the
+// group's N is read off the gathered counts instead of an all-reduce: the
+// rank over the launch and the rank under it both refuse, naming the N.
+TEST(PipelinedLlepTest, MoreTokensThanTheLaunchIsRefusedEverywhereWithOneChunk) {
+  const ModelConfig m = SweepModel();
+  const DispatchProblem pr = MakeProfileProblem(m, {6, 11}, BalancedRouting(), 21);
+  absl::Status st = RunLocalWorld(
+      2, 16 << 20, FreshStoreDir("pipelined_llep_over_one"),
+      [&](int p, Backend& be, Communicator& world) -> absl::Status {
+        auto compute = be.CreateStream("compute");
+        auto comm = be.CreateStream("comm");
+        auto kernels = ModelKernels::Create(be);
+        if (!compute.ok() || !comm.ok() || !kernels.ok()) return absl::InternalError("setup");
+        auto d = PipelinedLlep::Create(m, TestOptions(10), 10, be, **kernels, world, **compute,
+                                       **comm);
+        if (!d.ok()) return d.status();
+        absl::Status f = (*d)->Forward(nullptr, pr.chosen[p].data(), nullptr, pr.n[p],
+                                       ExpertWeights{}, nullptr);
+        EXPECT_EQ(f.code(), absl::StatusCode::kInvalidArgument) << "rank " << p << ": " << f;
+        EXPECT_THAT(f.message(), HasSubstr("11 tokens"));
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(st.ok()) << st;
+}
+
 TEST(PipelinedLlepTest, CreateRefusesBadOptionsNamingTheField) {
   absl::Status st = RunLocalWorld(
       1, 1 << 20, FreshStoreDir("pipelined_llep_create"),
