@@ -9,6 +9,11 @@
 //       --spec_file=PATH (binary plateau.v1.JobSpec) --kv_prefix=job-3/attempt-0
 //       [--hostname=127.0.0.1] [--device_index=0]
 //       [--token_file=PATH] [--tls_ca_file=PATH]  (the agent's: how to reach the coordinator)
+//
+// Devices: a CUDA rank is started with CUDA_VISIBLE_DEVICES naming its GPU
+// alone and --device_index=0 (worker/device_slots.h); its backend and its
+// NCCL communicator both use that device. The NCCL unique id meets the
+// other ranks through the coordinator's store, like Gloo's addresses.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -197,10 +202,13 @@ int Main(int argc, char** argv) {
   if (!backend.ok()) return Fail(rank, backend.status());
   auto store = GrpcStore::Create(ConnectionOptions{f["coordinator"], f["token_file"], f["tls_ca_file"]});
   if (!store.ok()) return Fail(rank, store.status());
-  CommunicatorOptions co;
-  co.backend = bo->kind;
+  // Gloo or NCCL by the spec's backend; either way the rendezvous (Gloo's
+  // addresses, NCCL's unique id under "<kv_prefix>/world/nccl_unique_id")
+  // goes through the coordinator's store.
+  auto comm_options = ToCommunicatorOptions(spec);
+  if (!comm_options.ok()) return Fail(rank, comm_options.status());
+  CommunicatorOptions co = *std::move(comm_options);
   co.rank = static_cast<int>(rank);
-  co.size = static_cast<int>(spec.layout().ranks());
   co.store = std::shared_ptr<KeyValueStore>(std::move(*store));
   co.prefix = f["kv_prefix"];
   co.hostname = f["hostname"];
