@@ -430,7 +430,10 @@ void Agent::Start(const v1::Assignment& a) {
                                      absl::StrCat("--hostname=", options_.capabilities.rank_address()),
                                      absl::StrCat("--device_index=", device_index),
                                      absl::StrCat("--token_file=", options_.token_file),
-                                     absl::StrCat("--tls_ca_file=", options_.tls_ca_file)};
+                                     absl::StrCat("--tls_ca_file=", options_.tls_ca_file),
+                                     absl::StrCat("--device_peak_flops=", options_.capabilities.device_peak_flops()),
+                                     absl::StrCat("--device_peak_bf16_flops=",
+                                                  options_.capabilities.device_peak_bf16_flops())};
     std::vector<char*> argv;
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
