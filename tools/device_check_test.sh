@@ -109,6 +109,19 @@ if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gp
 fi
 grep -q 'test:cuda_twin_test *fail' "$tmp/gpuskip/table.txt" || fail "the skipped twin test is not marked failed"
 
+# 4b. A pack with its libraries as lib.tar.gz (what --pack writes): they are
+# unpacked and first on the binaries' library path.
+packed="$tmp/packed"
+cp -r "$fake" "$packed"
+rm -rf "$packed/lib"
+mkdir -p "$tmp/libsrc/lib"
+echo marker >"$tmp/libsrc/lib/marker"
+tar -C "$tmp/libsrc" -czf "$packed/lib.tar.gz" lib
+printf '#!/bin/sh\n[ -f "${LD_LIBRARY_PATH%%%%:*}/marker" ] || exit 1\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":3}}'" >"$packed/bin/sgemm_bench"
+PATH="$tmp/path:$PATH" "$check" --prebuilt="$packed" --out="$tmp/packedrun" >"$tmp/packed.stdout" 2>&1 \
+  || { cat "$tmp/packed.stdout"; fail "the run from a pack with lib.tar.gz failed"; }
+grep -q 'bench:sgemm_bench *pass' "$tmp/packedrun/table.txt" || fail "the packed libraries were not on the library path"
+
 # 5. Bad usage.
 if "$check" --no-such-flag >/dev/null 2>&1; then fail "an unknown flag was accepted"; fi
 echo "device_check_test: PASSED"
