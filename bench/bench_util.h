@@ -23,9 +23,27 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "kernels/backend.h"
 #include "kernels/model/config.h"
 
 namespace plateau::bench {
+
+// The benchmarks' --backend=cpu|cuda (cpu by default; cuda needs a build
+// with --config=cuda and one GPU per rank). Returns whether `arg` is that
+// flag; sets *kind, or prints why and sets *bad on an unknown value.
+inline bool BackendArg(absl::string_view arg, absl::string_view bench, BackendKind* kind, bool* bad) {
+  if (!absl::ConsumePrefix(&arg, "--backend=")) return false;
+  absl::StatusOr<BackendKind> k = ParseBackendKind(arg);
+  if (k.ok()) {
+    *kind = *k;
+  } else {
+    std::fprintf(stderr, "%.*s: --backend: %s\n", static_cast<int>(bench.size()), bench.data(),
+                 std::string(k.status().message()).c_str());
+    *bad = true;
+  }
+  return true;
+}
 
 inline double NowSeconds() {
   return std::chrono::duration<double>(

@@ -45,6 +45,7 @@
 //   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench   # ~8 min on 2 cores, quiet
 //   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench -- --quick   # < 1 min
 //   bazel run -c opt //bench:composed_bench -- --plan_only   # predictions only
+//   bazel run -c opt --config=cuda //bench:composed_bench -- --backend=cuda --ranks=1 --cap_mb=...
 #include <algorithm>
 #include <array>
 #include <condition_variable>
@@ -133,6 +134,9 @@ std::map<std::string, int64_t> flags = {
     {"quick", 0},
 };
 std::string depths_flag = "8,10,12";
+// --backend=cuda: every step on the GPU (one rank per GPU: --ranks=1 on one
+// card) under the same cap, now a cap below the card's memory.
+BackendKind backend_kind = BackendKind::kCpu;
 
 void QuickDefaults() {
   flags["cap_mb"] = 8;
@@ -367,8 +371,7 @@ ModelState SkewedState(const ModelConfig& m) {
 
 // The backend of each rank: the cap, and the pool's threads.
 BackendOptions RankBackend(int64_t cap) {
-  BackendOptions bo;
-  bo.device_memory_bytes = cap;
+  BackendOptions bo = LocalWorldBackend(backend_kind, cap);
   bo.cpu_threads = static_cast<int>(flags["cpu_threads"]);
   return bo;
 }
@@ -595,9 +598,7 @@ double Median(std::vector<double> v) {
 // thread (the ranks run one each), times the cores online. The model FLOP/s
 // below are reported beside it.
 double SgemmCeiling() {
-  BackendOptions bo;
-  bo.device_memory_bytes = int64_t{64} << 20;
-  auto be = Backend::Create(bo);
+  auto be = Backend::Create(LocalWorldBackend(backend_kind, int64_t{64} << 20));
   if (!be.ok()) return 0;
   const int64_t n = 1024;
   auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
@@ -605,8 +606,10 @@ double SgemmCeiling() {
   auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
   auto s = (*be)->CreateStream("sgemm");
   if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
-  std::fill_n(a->as<float>(), n * n, 0.5f);
-  std::fill_n(b->as<float>(), n * n, 0.25f);
+  // Filled by the backend: on CUDA the buffers are not host memory.
+  if (!(*be)->Fill(**s, a->as<float>(), n * n, 0.5f).ok() || !(*be)->Fill(**s, b->as<float>(), n * n, 0.25f).ok()) {
+    return 0;
+  }
   double best = 0;
   for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
     const double t0 = NowSeconds();
@@ -617,6 +620,9 @@ double SgemmCeiling() {
     }
     if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
   }
+  // One GPU per rank: its own rate is the ceiling; on the CPU the ranks
+  // share the cores.
+  if (backend_kind == BackendKind::kCuda) return best;
   return best * static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
@@ -899,6 +905,11 @@ int main(int argc, char** argv) {
     const std::string name = a.substr(0, 2) == "--" && eq != std::string::npos ? a.substr(2, eq - 2) : "";
     if (name == "depths") {
       depths_flag = a.substr(eq + 1);
+      continue;
+    }
+    bool bad = false;
+    if (bench::BackendArg(a, "composed_bench", &backend_kind, &bad)) {
+      if (bad) return 2;
       continue;
     }
     if (!flags.count(name) || !absl::SimpleAtoi(a.substr(eq + 1), &flags[name])) {

@@ -29,6 +29,7 @@
 // more chunk (from the tiny-N pair). Ends with one JSON line.
 //
 //   bazel run -c opt //bench:dispatch_bench
+//   bazel run -c opt --config=cuda //bench:dispatch_bench -- --backend=cuda --ranks=1   # one GPU
 //
 // The defaults (E = 32, k = 4, H = F = 96, N = 16,384 = the paper's 65,536 /
 // 4, c = ceil(N / 12), min_piece = 256) take a few minutes on 2 cores; the
@@ -108,6 +109,7 @@ std::map<std::string, std::string> string_flags = {
     {"profiles", "balanced,50%/4,80%/16,80%/4,100%/1,50%/4@4"},
     {"curve", "auto"},             // c values of the curve; auto: N, N/4, N/8, ceil(N/10), N/16, N/32
     {"curve_profile", "80%/16"},   // the profile of the curve ("none" skips it)
+    {"backend", "cpu"},            // cuda: every rank on a GPU of its own (--ranks GPUs)
 };
 
 int64_t F(const char* name) { return flags.at(name); }
@@ -305,10 +307,13 @@ absl::Status RunWorld(int P, int64_t device_bytes, const std::string& tag,
   for (int r = 0; r < P; ++r) {
     threads.emplace_back([&, r] {
       status[r] = [&]() -> absl::Status {
-        BackendOptions bo;
-        bo.device_memory_bytes = device_bytes;
+        PLATEAU_ASSIGN_OR_RETURN(BackendKind kind, ParseBackendKind(string_flags["backend"]));
+        BackendOptions bo = LocalWorldBackend(kind, device_bytes);
+        if (kind == BackendKind::kCuda) bo.device_index = r;  // NCCL: one GPU per rank
         PLATEAU_ASSIGN_OR_RETURN(auto be, Backend::Create(bo));
         CommunicatorOptions co;
+        co.backend = kind;
+        co.device_index = bo.device_index;
         co.rank = r;
         co.size = P;
         co.store = shared;
@@ -827,6 +832,11 @@ int main(int argc, char** argv) {
                    a.c_str());
       return 2;
     }
+  }
+  if (!ParseBackendKind(string_flags["backend"]).ok()) {
+    std::fprintf(stderr, "dispatch_bench: --backend: expected cpu or cuda, got '%s'\n",
+                 string_flags["backend"].c_str());
+    return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress visible when piped
   // Under the device cap a rank that runs out of memory returns and closes

@@ -72,8 +72,14 @@ int main(int argc, char** argv) {
   using namespace plateau;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::map<std::string, int64_t> f = {{"dense", 8'000'000}, {"owned", 8'000'000}, {"reps", 5}};
+  BackendKind backend = BackendKind::kCpu;  // --backend=cuda: on one GPU, pinned host memory
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    bool bad = false;
+    if (bench::BackendArg(a, "optimizer_bench", &backend, &bad)) {
+      if (bad) return 2;
+      continue;
+    }
     const size_t eq = a.find('=');
     const std::string name = a.substr(0, 2) == "--" && eq != std::string::npos ? a.substr(2, eq - 2) : "";
     if (!f.count(name) || !absl::SimpleAtoi(a.substr(eq + 1), &f[name])) {
@@ -93,7 +99,7 @@ int main(int argc, char** argv) {
   bench::CpuMeter meter;
   double copy_gbps = 0;
   const int64_t device_bytes = (4 * S + 2 * X) * fl + (3 * S + 2 * X) * fl + 3 * 3 * std::max(S, X) * fl + (64 << 20);
-  absl::Status st = RunLocalWorld(1, device_bytes, FreshStoreDir("opt-bench"), [&](int, Backend& be,
+  absl::Status st = RunLocalWorld(1, LocalWorldBackend(backend, device_bytes), FreshStoreDir("opt-bench"), [&](int, Backend& be,
                                                                                     Communicator& world) {
     PLATEAU_ASSIGN_OR_RETURN(Buffer working, be.device().Allocate(LiveSet::kWeights, S * fl));
     PLATEAU_ASSIGN_OR_RETURN(Buffer owned, be.device().Allocate(LiveSet::kWeights, X * fl));

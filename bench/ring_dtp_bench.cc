@@ -8,6 +8,7 @@
 // N x V. Times are the slowest rank's, best of --reps. Ends with a JSON line.
 //
 //   bazel run -c opt //bench:ring_dtp_bench -- --scale=8 --ranks=2,4
+//   bazel run -c opt --config=cuda //bench:ring_dtp_bench -- --backend=cuda --ranks=1 --flat_ranks=1  # one GPU
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/model/config.h"
@@ -48,12 +50,13 @@ struct Shape {
 
 // Runs `reps` forward (+ backward) calls of the dense projection or of
 // Ring-DTP on P rank threads; returns times and the projection peak.
-absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps, bool timed) {
+absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps, bool timed,
+                                                 BackendKind backend) {
   Measure dense, ring;
   std::mutex mu;
   std::vector<double> dense_fwd(reps, 0), dense_tot(reps, 0), ring_fwd(reps, 0), ring_tot(reps, 0);
   absl::Status st = RunLocalWorld(
-      P, int64_t{20} << 30, FreshStoreDir("ringbench"),
+      P, LocalWorldBackend(backend, backend == BackendKind::kCpu ? int64_t{20} << 30 : 0), FreshStoreDir("ringbench"),
       [&](int p, Backend& be, Communicator& world) -> absl::Status {
         PLATEAU_ASSIGN_OR_RETURN(auto compute, be.CreateStream("compute"));
         PLATEAU_ASSIGN_OR_RETURN(auto comm, be.CreateStream("comm"));
@@ -67,12 +70,22 @@ absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps
         PLATEAU_ASSIGN_OR_RETURN(Buffer w, f(LiveSet::kWeights, V * H));  // dense: W replicated
         PLATEAU_ASSIGN_OR_RETURN(Buffer dw, f(LiveSet::kGrads, V * H));
         PLATEAU_ASSIGN_OR_RETURN(Buffer stats, be.device().Allocate(LiveSet::kWorkspace, 16));
-        std::mt19937 rng(1000 + p);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        for (int64_t i = 0; i < N * H; ++i) x.as<float>()[i] = nd(rng);
-        std::mt19937 wrng(7);  // the same W on every rank
-        for (int64_t i = 0; i < V * H; ++i) w.as<float>()[i] = nd(wrng) * 0.02f;
-        for (int64_t i = 0; i < N; ++i) y.as<int32_t>()[i] = static_cast<int32_t>(rng() % V);
+        {
+          // Generated on the host and copied in (on CUDA the buffers are
+          // not host memory): the same values as before on the CPU.
+          std::mt19937 rng(1000 + p);
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          std::vector<float> hx(N * H), hw(V * H);
+          std::vector<int32_t> hy(N);
+          for (float& v : hx) v = nd(rng);
+          std::mt19937 wrng(7);  // the same W on every rank
+          for (float& v : hw) v = nd(wrng) * 0.02f;
+          for (int32_t& v : hy) v = static_cast<int32_t>(rng() % V);
+          PLATEAU_RETURN_IF_ERROR(be.Copy(*compute, x.data(), hx.data(), hx.size() * sizeof(float)));
+          PLATEAU_RETURN_IF_ERROR(be.Copy(*compute, w.data(), hw.data(), hw.size() * sizeof(float)));
+          PLATEAU_RETURN_IF_ERROR(be.Copy(*compute, y.data(), hy.data(), hy.size() * sizeof(int32_t)));
+          PLATEAU_RETURN_IF_ERROR((*compute).Synchronize());
+        }
         double* s = stats.as<double>();
         const float* wshard = w.as<float>() + begin * H;
         float* dwshard = dw.as<float>() + begin * H;
@@ -147,12 +160,19 @@ absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps
 
 int main(int argc, char** argv) {
   using namespace plateau;
-  int64_t scale = 8, reps = 2, strip = 1024, row_tile = 1024, chunks = 2;
+  // --flat_ranks: P of the peak-against-N table (0: skip it).
+  int64_t scale = 8, reps = 2, strip = 1024, row_tile = 1024, chunks = 2, flat_ranks = 2;
   std::string ranks = "2,4";
-  std::map<std::string, int64_t*> flags = {{"scale", &scale}, {"reps", &reps}, {"strip", &strip},
-                                           {"row_tile", &row_tile}, {"chunks", &chunks}};
+  BackendKind backend = BackendKind::kCpu;  // --backend=cuda: one GPU per rank
+  std::map<std::string, int64_t*> flags = {{"scale", &scale},       {"reps", &reps},     {"strip", &strip},
+                                           {"row_tile", &row_tile}, {"chunks", &chunks}, {"flat_ranks", &flat_ranks}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    bool bad = false;
+    if (bench::BackendArg(a, "ring_dtp_bench", &backend, &bad)) {
+      if (bad) return 2;
+      continue;
+    }
     size_t eq = a.find('=');
     std::string name = eq == std::string::npos ? a : a.substr(2, eq - 2);
     std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
@@ -176,7 +196,7 @@ int main(int argc, char** argv) {
   for (absl::string_view pv : absl::StrSplit(ranks, ',')) {
     int P = 0;
     if (!absl::SimpleAtoi(pv, &P)) return 2;
-    auto r = Run(sh, P, static_cast<int>(reps), true);
+    auto r = Run(sh, P, static_cast<int>(reps), true, backend);
     if (!r.ok()) {
       std::fprintf(stderr, "ring_dtp_bench: %s\n", r.status().ToString().c_str());
       return 1;
@@ -196,13 +216,16 @@ int main(int argc, char** argv) {
     first = false;
   }
   json += "],\"flat_in_n\":[";
-  std::printf("\npeak as N grows (P = 2, passes of %lld rows):\n%8s %14s %14s\n", (long long)sh.chunk_rows,
-              "N", "dense MiB", "ring MiB");
+  if (flat_ranks > 0) {
+    std::printf("\npeak as N grows (P = %lld, passes of %lld rows):\n%8s %14s %14s\n", (long long)flat_ranks,
+                (long long)sh.chunk_rows, "N", "dense MiB", "ring MiB");
+  }
   first = true;
   for (int64_t mult : {1, 2, 4}) {
+    if (flat_ranks <= 0) break;
     Shape s2 = sh;
     s2.N = sh.N * mult / 2;
-    auto r = Run(s2, 2, 1, false);
+    auto r = Run(s2, static_cast<int>(flat_ranks), 1, false, backend);
     if (!r.ok()) {
       std::fprintf(stderr, "ring_dtp_bench: %s\n", r.status().ToString().c_str());
       return 1;

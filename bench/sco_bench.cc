@@ -16,6 +16,7 @@
 // Ends with one JSON line.
 //
 //   bazel run -c opt //bench:sco_bench -- --layers=24 --cap_mb=256
+//   bazel run -c opt --config=cuda //bench:sco_bench -- --backend=cuda ...
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -37,6 +38,9 @@ namespace plateau {
 namespace {
 
 using bench::NowSeconds;
+
+// --backend=cuda: the same runs on one GPU.
+BackendKind backend_kind = BackendKind::kCpu;
 
 std::map<std::string, int64_t> flags = {
     {"hidden", 64},  {"layers", 24},     {"heads", 4},   {"kv_heads", 2},   {"experts", 4},
@@ -71,7 +75,7 @@ std::vector<int32_t> Tokens(int64_t n, uint32_t seed, int64_t vocab) {
 // step each; median seconds per step of each, and each one's last stats.
 absl::Status Interleaved(const std::vector<StepOptions>& opts, int64_t steps, int64_t device_bytes,
                          std::vector<double>* median, std::vector<StepStats>* stats) {
-  return RunLocalWorld(1, device_bytes, FreshStoreDir("sco-bench"), [&](int, Backend& be, Communicator& world) {
+  return RunLocalWorld(1, LocalWorldBackend(backend_kind, device_bytes), FreshStoreDir("sco-bench"), [&](int, Backend& be, Communicator& world) {
     std::vector<std::unique_ptr<TrainingStep>> runs;
     for (const StepOptions& o : opts) {
       auto s = TrainingStep::Create(o, be, world);
@@ -103,13 +107,11 @@ absl::Status Interleaved(const std::vector<StepOptions>& opts, int64_t steps, in
 // Seconds to copy `count` boundaries device -> host -> device on a copy
 // stream (what SCO adds), best of 3.
 double CopySeconds(int64_t boundary_bytes, int64_t count) {
-  BackendOptions bo;
-  bo.device_memory_bytes = boundary_bytes + (1 << 20);
-  auto be = Backend::Create(bo).value();
+  auto be = Backend::Create(LocalWorldBackend(backend_kind, boundary_bytes + (1 << 20))).value();
   auto s = be->CreateStream("copy").value();
   auto dev = be->device().Allocate(LiveSet::kWorkspace, boundary_bytes).value();
   auto host = be->host().Allocate(LiveSet::kWorkspace, boundary_bytes).value();
-  std::fill_n(dev.as<float>(), boundary_bytes / 4, 1.0f);
+  be->Fill(*s, dev.as<float>(), boundary_bytes / 4, 1.0f).IgnoreError();  // not host memory on CUDA
   double best = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     const double t0 = NowSeconds();
@@ -128,7 +130,7 @@ bool Completes(int64_t batch, const CheckpointOptions& c, int64_t cap) {
   const StepOptions o = Options(batch, c.kind == CheckpointOptions::Kind::kSco
                                            ? Sco(1 << 30, TokensPerRank(Model(), {1, batch}))
                                            : c);
-  absl::Status s = RunLocalWorld(1, cap, FreshStoreDir("sco-cap"), [&](int, Backend& be, Communicator& world) {
+  absl::Status s = RunLocalWorld(1, LocalWorldBackend(backend_kind, cap), FreshStoreDir("sco-cap"), [&](int, Backend& be, Communicator& world) {
     auto step = TrainingStep::Create(o, be, world);
     if (!step.ok()) return step.status();
     const int64_t N = TokensPerRank(o.model, o.layout);
@@ -163,6 +165,11 @@ int main(int argc, char** argv) {
   using namespace plateau;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    bool bad = false;
+    if (bench::BackendArg(a, "sco_bench", &backend_kind, &bad)) {
+      if (bad) return 2;
+      continue;
+    }
     const size_t eq = a.find('=');
     const std::string name = a.substr(0, 2) == "--" && eq != std::string::npos ? a.substr(2, eq - 2) : "";
     if (!flags.count(name) || !absl::SimpleAtoi(a.substr(eq + 1), &flags[name])) {

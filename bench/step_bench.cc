@@ -14,6 +14,7 @@
 //
 //   bazel run -c opt //bench:step_bench -- --seq_lens=1024,4096
 //   bazel run -c opt //bench:step_bench -- --seq_lens=1024 --steps=20 --timeline=1
+//   bazel run -c opt --config=cuda //bench:step_bench -- --backend=cuda   # one rank per GPU
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/memory_timeline.h"
@@ -48,10 +50,10 @@ double SgemmRate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
   auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 4);
   auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 4);
   auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 4);
-  if (!a.ok() || !b.ok() || !c.ok()) return 0;
-  std::fill_n(a->as<float>(), m * k, 0.5f);
-  std::fill_n(b->as<float>(), k * n, 0.25f);
   auto s = be.CreateStream("bench");
+  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+  // Filled by the backend: on CUDA the buffers are not host memory.
+  if (!be.Fill(**s, a->as<float>(), m * k, 0.5f).ok() || !be.Fill(**s, b->as<float>(), k * n, 0.25f).ok()) return 0;
   // One untimed run first: it faults the fresh buffers in and starts the
   // BLAS threads, neither of which is the GEMM's rate.
   be.Gemm(**s, {false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f,
@@ -111,6 +113,8 @@ int main(int argc, char** argv) {
                                       {"batch", 1},     {"steps", 3},      {"device_mb", 8192},
                                       {"timeline", 0}};
   std::string seq_lens = "1024,4096";
+  BackendKind backend = BackendKind::kCpu;  // --backend=cuda: the same step on the GPU (--ranks GPUs)
+  bool bad_backend = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     size_t eq = a.find('=');
@@ -118,6 +122,8 @@ int main(int argc, char** argv) {
     std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
     if (name == "seq_lens") {
       seq_lens = value;
+    } else if (bench::BackendArg(a, "step_bench", &backend, &bad_backend)) {
+      if (bad_backend) return 2;
     } else if (!f.count(name) || !absl::SimpleAtoi(value, &f[name])) {
       std::fprintf(stderr, "step_bench: bad argument '%s'\n", a.c_str());
       return 2;
@@ -134,16 +140,20 @@ int main(int argc, char** argv) {
   m.expert_ffn = f["expert_ffn"];
   m.vocab_size = f["vocab"];
 
-  BackendOptions bo;
-  bo.device_memory_bytes = f["device_mb"] << 20;
+  const BackendOptions bo = LocalWorldBackend(backend, f["device_mb"] << 20);
   auto probe = Backend::Create(bo);
-  if (!probe.ok()) return 1;
+  if (!probe.ok()) {
+    std::fprintf(stderr, "step_bench: %s\n", probe.status().ToString().c_str());
+    return 1;
+  }
   // The ceiling: square sgemm and the step's dominant shape (tokens x H x F),
-  // each the better of the backend's GEMM and OpenBLAS's own threads.
+  // each the better of the backend's GEMM and (on the CPU) OpenBLAS's own
+  // threads.
   const double square_backend = SgemmRate(**probe, 2048, 2048, 2048, 5);
   const double shape_backend = SgemmRate(**probe, 4096, m.expert_ffn, m.hidden, 5);
-  const double square_blas = OpenBlasThreadedRate(2048, 2048, 2048, 5);
-  const double shape_blas = OpenBlasThreadedRate(4096, m.expert_ffn, m.hidden, 5);
+  const bool cpu = backend == BackendKind::kCpu;
+  const double square_blas = cpu ? OpenBlasThreadedRate(2048, 2048, 2048, 5) : 0;
+  const double shape_blas = cpu ? OpenBlasThreadedRate(4096, m.expert_ffn, m.hidden, 5) : 0;
   const double sgemm_square = std::max(square_backend, square_blas);
   const double sgemm_shape = std::max(shape_backend, shape_blas);
   const double sgemm = std::max(sgemm_square, sgemm_shape);
@@ -171,7 +181,7 @@ int main(int argc, char** argv) {
     Result res;
     res.seq_len = T;
     absl::Status run = RunLocalWorld(
-        P, f["device_mb"] << 20, FreshStoreDir(absl::StrCat("bench", T)),
+        P, bo, FreshStoreDir(absl::StrCat("bench", T)),
         [&](int r, Backend& be, Communicator& world) -> absl::Status {
           StepOptions o;
           o.model = m;

@@ -95,6 +95,19 @@ struct AdamWArgs {
 };
 absl::Status ValidateAdamW(const AdamWArgs& a);
 
+// The device as its driver sees it (issue 17's CUDA telemetry), beside the
+// live-set accounting of device(): used = total - free counts everything on
+// the card (other processes, the CUDA context, NCCL's and cuBLAS's buffers,
+// the pool's cached blocks), so it is at least the tracked bytes, never equal
+// to them by construction.
+struct DeviceView {
+  std::string name;  // cudaDeviceProp::name
+  int cc_major = 0, cc_minor = 0;
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;           // cudaMemGetInfo
+  int64_t pool_reserved_bytes = 0;  // the stream-ordered pool's reservation
+};
+
 class Backend {
  public:
   // Creates the backend named by options.kind. CUDA needs a build with
@@ -111,6 +124,13 @@ class Backend {
   // yet: the CPU computes fp32 only, and CUDA's bf16 kernels are issue 17's.
   // TrainingStep::Create refuses a bf16 step on a backend without them.
   virtual bool computes_bf16() const { return false; }
+
+  // The device's own view of its memory (CUDA: cudaMemGetInfo and the
+  // pool's reserved bytes). UNIMPLEMENTED where there is no such view (the
+  // CPU backend: its "device" is an arena in host memory).
+  virtual absl::StatusOr<DeviceView> QueryDevice() {
+    return absl::UnimplementedError("backend: no device view (cpu)");
+  }
 
   virtual MemorySpace& device() = 0;
   virtual MemorySpace& host() = 0;

@@ -209,7 +209,12 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
       0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
   Add(duration_, job, labels, kBuckets).Observe(t.seconds());
-  if (device_peak_flops > 0 && t.seconds() > 0) {
+  // The rank's own MFU where it knows its peak (the step's precision and
+  // the device's name: worker/device_telemetry.h), else the worker's fp32
+  // figure.
+  if (t.mfu() > 0) {
+    Add(mfu_, job, labels).Set(t.mfu());
+  } else if (device_peak_flops > 0 && t.seconds() > 0) {
     Add(mfu_, job, labels).Set(t.model_flops() * share / t.seconds() / device_peak_flops);
   }
   auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space,

@@ -109,9 +109,14 @@ v1::JobStepSummary SummarizeStep(const PendingStep& p) {
     MaxInto(t.host_peak(), s.mutable_host_peak());
     s.set_peak_total_bytes(std::max(s.peak_total_bytes(), t.peak_total_bytes()));
     s.set_host_peak_total_bytes(std::max(s.host_peak_total_bytes(), t.host_peak_total_bytes()));
+    s.set_device_used_bytes(std::max(s.device_used_bytes(), t.device_used_bytes()));
+    s.set_device_pool_reserved_bytes(std::max(s.device_pool_reserved_bytes(), t.device_pool_reserved_bytes()));
   }
   s.set_ranks_reported(reported);
-  if (reported > 0) s.set_seconds(seconds / reported);
+  if (reported > 0) {
+    s.set_seconds(seconds / reported);
+    s.set_mfu(p.ranks[s.slowest_rank()].mfu());
+  }
   return s;
 }
 

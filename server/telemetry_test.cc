@@ -105,8 +105,14 @@ TEST(TelemetryTest, TheSummaryTakesTheMaximumOverRanksAndNamesTheSlowest) {
     h->set_live_set("optimizer");
     h->set_bytes(r == 0 ? 50 : 40);
     t.set_host_peak_total_bytes(r == 0 ? 50 : 40);
+    t.set_device_used_bytes(r == 2 ? 9000 : 8000);
+    t.set_device_pool_reserved_bytes(r == 0 ? 7000 : 6000);
+    t.set_mfu(r == 1 ? 0.2 : 0.6);  // the slowest rank's is the step's
   }
   const v1::JobStepSummary s = SummarizeStep(p);
+  EXPECT_EQ(s.device_used_bytes(), 9000);
+  EXPECT_EQ(s.device_pool_reserved_bytes(), 7000);
+  EXPECT_DOUBLE_EQ(s.mfu(), 0.2);
   EXPECT_EQ(s.step(), 7);
   EXPECT_EQ(s.attempt(), 2);
   EXPECT_DOUBLE_EQ(s.loss(), 1.5);

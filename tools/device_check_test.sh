@@ -33,7 +33,16 @@ for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "memcheck:attent
 assert by["step"]["status"] == "pass" and by["step"]["data"]["max_loss_diff"] == 0.0, by["step"]
 for b in ("sgemm_bench", "copy_bench"):
     assert by["bench:" + b]["status"] == "dry_run"
-assert by["bench:ring_dtp_bench"]["status"] == "not_available"
+# The benches' CUDA runs, each with --backend=cuda on one GPU; the composed
+# step's cap is the card's (85% of it) and its N_max is predicted first.
+cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench",
+        "composed_bench:plan", "composed_bench")
+for b in cuda:
+    st = by["bench:" + b]
+    assert st["status"] == "dry_run" and "--backend=cuda" in st["detail"], st
+assert "--plan_only" in by["bench:composed_bench:plan"]["detail"]
+assert "--cap_mb=0" in by["bench:composed_bench"]["detail"]  # no GPU: no card to size it by
+assert by["bench:auto_settings_bench"]["status"] == "not_available"
 PY
 
 # 2. A failing step fails the run and is named.
@@ -69,10 +78,14 @@ skip=""
 echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[{\"name\":\"A\",\"status\":\"RUN\",\"result\":\"COMPLETED\"}$skip]}]}" >"$out"
 SH
 printf '#!/bin/sh\necho table\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
-printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; else echo "Fake, 580, Default, 1 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
+printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
 chmod +x "$fake/bin/gtest" "$fake/bin/bench" "$tmp/path/nvidia-smi"
 for t in cuda_twin_test cuda_model_twin_test nccl_communicator_test cuda_step_twin_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
-for b in sgemm_bench copy_bench; do cp "$fake/bin/bench" "$fake/bin/$b"; done
+for b in sgemm_bench copy_bench ring_dtp_bench dispatch_bench sco_bench optimizer_bench step_bench composed_bench; do
+  cp "$fake/bin/bench" "$fake/bin/$b"
+done
+# The composed step's stand-in records its arguments: the cap it was given.
+printf '#!/bin/sh\necho "$*" >>"%s"\necho %s\n' "$tmp/composed.args" "'{\"composed\":1}'" >"$fake/bin/composed_bench"
 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpu" >"$tmp/gpu.stdout" 2>&1 \
   || { cat "$tmp/gpu.stdout"; fail "the fake GPU run failed"; }
 python3 -c '
@@ -82,12 +95,32 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "gpu" and d["verdict"] == "pass", (d["mode"], d["verdict"], d["failed"])
 assert by["test:cuda_twin_test"]["status"] == "pass" and by["test:cuda_twin_test"]["data"]["testsuites"]
 assert by["bench:sgemm_bench"]["data"]["cuda"]["gflops"] == 2
+for b in ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench"):
+    assert by["bench:" + b]["status"] == "pass" and by["bench:" + b]["data"]["cuda"]["gflops"] == 2, by["bench:" + b]
+assert by["bench:composed_bench"]["status"] == "pass" and by["bench:composed_bench"]["data"] == {"composed": 1}
+assert by["bench:composed_bench:plan"]["status"] == "pass"
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
+# The fake card has 1000 MiB: the composed runs get 85% of it.
+[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 2 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
+grep -q -- '--plan_only' "$tmp/composed.args" || fail "no N_max prediction run"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
 fi
 grep -q 'test:cuda_twin_test *fail' "$tmp/gpuskip/table.txt" || fail "the skipped twin test is not marked failed"
+
+# 4b. A pack with its libraries as lib.tar.gz (what --pack writes): they are
+# unpacked and first on the binaries' library path.
+packed="$tmp/packed"
+cp -r "$fake" "$packed"
+rm -rf "$packed/lib"
+mkdir -p "$tmp/libsrc/lib"
+echo marker >"$tmp/libsrc/lib/marker"
+tar -C "$tmp/libsrc" -czf "$packed/lib.tar.gz" lib
+printf '#!/bin/sh\n[ -f "${LD_LIBRARY_PATH%%%%:*}/marker" ] || exit 1\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":3}}'" >"$packed/bin/sgemm_bench"
+PATH="$tmp/path:$PATH" "$check" --prebuilt="$packed" --out="$tmp/packedrun" >"$tmp/packed.stdout" 2>&1 \
+  || { cat "$tmp/packed.stdout"; fail "the run from a pack with lib.tar.gz failed"; }
+grep -q 'bench:sgemm_bench *pass' "$tmp/packedrun/table.txt" || fail "the packed libraries were not on the library path"
 
 # 5. Bad usage.
 if "$check" --no-such-flag >/dev/null 2>&1; then fail "an unknown flag was accepted"; fi

@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/timestamps.h"
+#include "worker/device_slots.h"
 #include "worker/rank_protocol.h"
 
 extern char** environ;
@@ -382,14 +384,42 @@ void Agent::Start(const v1::Assignment& a) {
     out << a.spec().SerializeAsString();
   }
   JobRun* j = job.get();
+  absl::StatusOr<std::vector<int>> slots;
   {
     absl::MutexLock lock(&mu_);
+    // Chosen before any rank starts; Start runs on the heartbeat thread
+    // only, so no other assignment takes these slots meanwhile.
+    slots = FreeDeviceSlots(options_.capabilities.devices(), SlotsInUse(), a.ranks_size());
     jobs_[key] = std::move(job);
   }
+  const bool cuda = options_.capabilities.backend() == v1::BACKEND_CUDA;
+  std::optional<std::string> agent_visible;
+  if (const char* v = getenv("CUDA_VISIBLE_DEVICES"); v != nullptr) agent_visible = v;
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
   for (int i = 0; i < a.ranks_size(); ++i) {
     const int r = a.ranks(i);
     auto rank = std::make_unique<Rank>();
     rank->rank = r;
+    // The rank's device: its slot's GPU as the only one it sees (CUDA), or
+    // the slot number (CPU, where the backend ignores it).
+    absl::Status device_ok = slots.status();
+    int device_index = 0;
+    std::string visible_devices;
+    std::vector<std::string> env = base_env;
+    if (device_ok.ok()) {
+      rank->slot = (*slots)[i];
+      if (cuda) {
+        absl::StatusOr<std::string> visible = RankVisibleDevices(agent_visible, rank->slot);
+        device_ok = visible.status();
+        if (visible.ok()) {
+          visible_devices = *visible;
+          env = WithVisibleDevices(base_env, visible_devices);
+        }
+      } else {
+        device_index = rank->slot;
+      }
+    }
     std::vector<std::string> args = {options_.rank_binary,
                                      absl::StrCat("--coordinator=", options_.coordinator),
                                      absl::StrCat("--job_id=", a.job_id()),
@@ -398,21 +428,27 @@ void Agent::Start(const v1::Assignment& a) {
                                      absl::StrCat("--spec_file=", spec_file),
                                      absl::StrCat("--kv_prefix=", a.kv_prefix()),
                                      absl::StrCat("--hostname=", options_.capabilities.rank_address()),
-                                     absl::StrCat("--device_index=", i),
+                                     absl::StrCat("--device_index=", device_index),
                                      absl::StrCat("--token_file=", options_.token_file),
-                                     absl::StrCat("--tls_ca_file=", options_.tls_ca_file)};
+                                     absl::StrCat("--tls_ca_file=", options_.tls_ca_file),
+                                     absl::StrCat("--device_peak_flops=", options_.capabilities.device_peak_flops()),
+                                     absl::StrCat("--device_peak_bf16_flops=",
+                                                  options_.capabilities.device_peak_bf16_flops())};
     std::vector<char*> argv;
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     int out[2], err[2];
-    bool piped = pipe2(out, O_CLOEXEC) == 0;
+    bool piped = device_ok.ok() && pipe2(out, O_CLOEXEC) == 0;
     if (piped && pipe2(err, O_CLOEXEC) != 0) {
       close(out[0]);
       close(out[1]);
       piped = false;
     }
     pid_t pid = 0;
-    int rc = piped ? 0 : errno;
+    int rc = piped ? 0 : device_ok.ok() ? errno : EINVAL;
     if (piped) {
       posix_spawn_file_actions_t fa;
       posix_spawn_file_actions_init(&fa);
@@ -433,7 +469,7 @@ void Agent::Start(const v1::Assignment& a) {
       sigaddset(&defaults, SIGTERM);
       sigaddset(&defaults, SIGPIPE);
       posix_spawnattr_setsigdefault(&attr, &defaults);
-      rc = posix_spawn(&pid, options_.rank_binary.c_str(), &fa, &attr, argv.data(), environ);
+      rc = posix_spawn(&pid, options_.rank_binary.c_str(), &fa, &attr, argv.data(), envp.data());
       posix_spawn_file_actions_destroy(&fa);
       posix_spawnattr_destroy(&attr);
       close(out[1]);
@@ -449,7 +485,9 @@ void Agent::Start(const v1::Assignment& a) {
         close(out[0]);
         close(err[0]);
       }
-      const std::string msg = absl::StrCat("cannot start ", options_.rank_binary, ": ", strerror(rc));
+      const std::string msg = device_ok.ok()
+                                  ? absl::StrCat("cannot start ", options_.rank_binary, ": ", strerror(rc))
+                                  : absl::StrCat("cannot start rank ", r, ": ", device_ok.message());
       Log(a.job_id(), a.attempt(), r, "agent", msg);
       rp->exited = true;
       v1::RankExited* e = report.mutable_exited();
@@ -463,7 +501,8 @@ void Agent::Start(const v1::Assignment& a) {
     } else {
       rp->pid = pid;
       Log(a.job_id(), a.attempt(), r, "agent",
-          absl::StrCat("started rank ", r, " as pid ", pid, " (process group ", pid, ")"));
+          absl::StrCat("started rank ", r, " as pid ", pid, " (process group ", pid, ") on device slot ", rp->slot,
+                       cuda ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible_devices, ")") : ""));
       rp->readers.emplace_back([this, j, rp, fd = out[0]] { ReadPipe(j, rp, fd, true); });
       rp->readers.emplace_back([this, j, rp, fd = err[0]] { ReadPipe(j, rp, fd, false); });
       report.mutable_started()->set_pid(pid);
@@ -474,6 +513,16 @@ void Agent::Start(const v1::Assignment& a) {
       rp->waiter = std::thread([this, j, rp] { Wait(j, rp); });
     }
   }
+}
+
+std::vector<int> Agent::SlotsInUse() {
+  std::vector<int> in_use;
+  for (auto& [key, job] : jobs_) {
+    for (auto& r : job->ranks) {
+      if (!r->exited && r->slot >= 0) in_use.push_back(r->slot);
+    }
+  }
+  return in_use;
 }
 
 void Agent::ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout) {

@@ -34,6 +34,10 @@
 // restarted agent registers under the same id, so operators see one worker
 // that came back rather than a new one beside a lost one.
 //
+// Devices (worker/device_slots.h): each rank gets the lowest of the
+// --devices slots no live rank of this agent holds; a CUDA rank sees only
+// that slot's GPU (CUDA_VISIBLE_DEVICES, --device_index=0).
+//
 // Threads: Run() (reaping, kills after the grace period, the lease), a heartbeat
 // thread (assignments, cancellations, registering again) and a sender
 // thread (the report queue).
@@ -88,6 +92,7 @@ class Agent {
  private:
   struct Rank {
     int rank = 0;
+    int slot = -1;  // its device slot (worker/device_slots.h) until it has exited
     pid_t pid = 0;
     bool exited = false;
     bool exit_acked = false;  // the coordinator has its exit report
@@ -122,6 +127,8 @@ class Agent {
   void HeartbeatLoop();
   void HeartbeatOnce();
   void Start(const v1::Assignment& a);
+  // The device slots of the ranks of every job that have not exited.
+  std::vector<int> SlotsInUse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopJob(JobRun& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillOverdue() ABSL_LOCKS_EXCLUDED(mu_);
   // Freezes every job when the lease has lapsed; resumes the frozen ones

@@ -2,7 +2,7 @@
 //
 //   plateau_worker --coordinator=127.0.0.1:7070 [--backend=cpu] [--devices=2]
 //       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
-//       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--name=HOST]
+//       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--device_peak_bf16_flops=0] [--name=HOST]
 //       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
 //       [--grace_s=5] [--token_file=PATH] [--tls_ca_file=PATH] [--calibrate=true]
 //
@@ -49,7 +49,8 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --devices=2                      rank slots (GPUs; on the CPU, ranks it runs at once)
   --device_memory_bytes=1073741824 per device (CPU: the largest arena a rank may ask for)
   --host_memory_bytes=0            0: not reported
-  --device_peak_flops=0            fp32 peak per device for the MFU metric; 0: unknown
+  --device_peak_flops=0            fp32 peak FLOP/s per device, MFU of fp32 steps; 0: by device name (cuda)
+  --device_peak_bf16_flops=0       bf16 dense peak FLOP/s per device, MFU of bf16 steps; 0: by device name
   --rank_address=127.0.0.1         where this node's ranks listen for their peers
   --name=HOST                      shown in the coordinator's view
   --rank_binary=PATH               plateau_rank (default: beside this binary)
@@ -141,6 +142,7 @@ int Main(int argc, char** argv) {
       {"device_memory_bytes", "1073741824"},
       {"host_memory_bytes", "0"},
       {"device_peak_flops", "0"},
+      {"device_peak_bf16_flops", "0"},
       {"rank_address", "127.0.0.1"},
       {"name", host},
       {"rank_binary", (self.parent_path() / "plateau_rank").string()},
@@ -179,6 +181,10 @@ int Main(int argc, char** argv) {
   if (!absl::SimpleAtod(f["device_peak_flops"], &peak) || peak < 0) {
     return Fail("--device_peak_flops: expected a number >= 0");
   }
+  double peak_bf16 = 0;
+  if (!absl::SimpleAtod(f["device_peak_bf16_flops"], &peak_bf16) || peak_bf16 < 0) {
+    return Fail("--device_peak_bf16_flops: expected a number >= 0");
+  }
   if (!absl::SimpleAtod(f["grace_s"], &grace) || !(grace >= 0)) return Fail("--grace_s: expected seconds >= 0");
   if (access(f["rank_binary"].c_str(), X_OK) != 0) {
     return Fail(absl::StrCat("--rank_binary: ", f["rank_binary"], " is not an executable"));
@@ -187,6 +193,7 @@ int Main(int argc, char** argv) {
   c.set_device_memory_bytes(dev_mem);
   c.set_host_memory_bytes(host_mem);
   c.set_device_peak_flops(peak);
+  c.set_device_peak_bf16_flops(peak_bf16);
   c.set_rank_address(f["rank_address"]);
   // Ranks bind their collectives to --rank_address and peers on other
   // nodes connect to it: loopback only works while every worker of a job

@@ -9,6 +9,12 @@
 //       --spec_file=PATH (binary plateau.v1.JobSpec) --kv_prefix=job-3/attempt-0
 //       [--hostname=127.0.0.1] [--device_index=0]
 //       [--token_file=PATH] [--tls_ca_file=PATH]  (the agent's: how to reach the coordinator)
+//       [--device_peak_flops=0] [--device_peak_bf16_flops=0]  (the agent's MFU peaks; 0: the table's)
+//
+// Devices: a CUDA rank is started with CUDA_VISIBLE_DEVICES naming its GPU
+// alone and --device_index=0 (worker/device_slots.h); its backend and its
+// NCCL communicator both use that device. The NCCL unique id meets the
+// other ranks through the coordinator's store, like Gloo's addresses.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -29,9 +35,11 @@
 #include "google/protobuf/util/json_util.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "kernels/model/precision.h"
 #include "plateau/v1/worker.pb.h"
 #include "worker/calibration.h"
 #include "worker/calibration_measure.h"
+#include "worker/device_telemetry.h"
 #include "worker/grpc_store.h"
 #include "worker/job_spec.h"
 #include "worker/live_set_proto.h"
@@ -148,7 +156,8 @@ int Main(int argc, char** argv) {
                                           {"rank", ""},        {"spec_file", ""},    {"kv_prefix", ""},
                                           {"hostname", "127.0.0.1"}, {"device_index", "0"},
                                           {"token_file", ""},  {"tls_ca_file", ""},
-                                          {"calibrate_dir", ""}, {"backend", "cpu"}};
+                                          {"calibrate_dir", ""}, {"backend", "cpu"},
+                                          {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     size_t eq = arg.find('=');
@@ -183,6 +192,12 @@ int Main(int argc, char** argv) {
                           "schedule: the spec still leaves settings `auto`; the coordinator sends their chosen "
                           "values (MemoryPlan.auto_settings), a rank never chooses them"));
   }
+  PeakOverrides peaks;
+  if (!absl::SimpleAtod(f["device_peak_flops"], &peaks.fp32_flops) || peaks.fp32_flops < 0 ||
+      !absl::SimpleAtod(f["device_peak_bf16_flops"], &peaks.bf16_flops) || peaks.bf16_flops < 0) {
+    std::fprintf(stderr, "plateau_rank: --device_peak_flops and --device_peak_bf16_flops must be numbers >= 0\n");
+    return kRankExitUsage;
+  }
   auto trainer = ToTrainerOptions(spec);
   if (!trainer.ok()) return Fail(rank, trainer.status());
   // A restarted attempt fences the checkpoints of the one it replaces.
@@ -197,10 +212,13 @@ int Main(int argc, char** argv) {
   if (!backend.ok()) return Fail(rank, backend.status());
   auto store = GrpcStore::Create(ConnectionOptions{f["coordinator"], f["token_file"], f["tls_ca_file"]});
   if (!store.ok()) return Fail(rank, store.status());
-  CommunicatorOptions co;
-  co.backend = bo->kind;
+  // Gloo or NCCL by the spec's backend; either way the rendezvous (Gloo's
+  // addresses, NCCL's unique id under "<kv_prefix>/world/nccl_unique_id")
+  // goes through the coordinator's store.
+  auto comm_options = ToCommunicatorOptions(spec);
+  if (!comm_options.ok()) return Fail(rank, comm_options.status());
+  CommunicatorOptions co = *std::move(comm_options);
   co.rank = static_cast<int>(rank);
-  co.size = static_cast<int>(spec.layout().ranks());
   co.store = std::shared_ptr<KeyValueStore>(std::move(*store));
   co.prefix = f["kv_prefix"];
   co.hostname = f["hostname"];
@@ -257,6 +275,8 @@ int Main(int argc, char** argv) {
       ls->set_bytes(r.stats.host.peak[i]);
     }
     t->set_host_peak_total_bytes(r.stats.host.total_peak);
+    SetDeviceTelemetry((*backend)->QueryDevice(), r.model_flops, static_cast<int>(spec.layout().ranks()), r.seconds,
+                       trainer->step.precision == Precision::kBf16Mixed, peaks, t);
     if (r.timeline != nullptr) {
       *t->mutable_memory_timeline() =
           MemoryTimelineToProto(*r.timeline, static_cast<int>(rank), r.stats.step, static_cast<int>(attempt),

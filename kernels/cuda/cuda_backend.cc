@@ -530,7 +530,8 @@ class CudaBackend final : public Backend {
             cuda_ops::kScratchBytes)),
         order_(std::move(order)),
         device_(o.device_index, o.device_memory_bytes, order_.get(), pool),
-        host_(o.device_index, o.host_memory_bytes, order_.get()) {}
+        host_(o.device_index, o.host_memory_bytes, order_.get()),
+        pool_(pool) {}
 
   BackendKind kind() const override { return BackendKind::kCuda; }
 
@@ -546,6 +547,25 @@ class CudaBackend final : public Backend {
 
   MemorySpace& device() override { return device_; }
   MemorySpace& host() override { return host_; }
+
+  // Neither call synchronises the device, so a step's telemetry can ask
+  // every step.
+  absl::StatusOr<DeviceView> QueryDevice() override {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+    size_t free = 0, total = 0;
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    uint64_t reserved = 0;  // the attribute is a cuuint64_t
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    DeviceView v;
+    v.name = prop_.name;
+    v.cc_major = prop_.major;
+    v.cc_minor = prop_.minor;
+    v.total_bytes = static_cast<int64_t>(total);
+    v.free_bytes = static_cast<int64_t>(free);
+    v.pool_reserved_bytes = static_cast<int64_t>(reserved);
+    return v;
+  }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       absl::string_view name) override {
@@ -878,6 +898,7 @@ class CudaBackend final : public Backend {
   const std::unique_ptr<ReleaseOrder> order_;
   CudaDeviceSpace device_;
   CudaPinnedSpace host_;
+  const cudaMemPool_t pool_;  // owned by device_
 };
 
 }  // namespace

@@ -230,6 +230,20 @@ TEST(NcclCommunicatorTest, RejectsAStreamWithoutACudaHandle) {
               HasSubstr("stream 'cpu' has no CUDA stream handle"));
 }
 
+// The unique id travels through the job's store (the coordinator's KV in a
+// job, worker/rank_main.cc) under "<prefix>/world/nccl_unique_id": the key
+// the other ranks wait for.
+TEST(NcclCommunicatorTest, RankZeroPublishesTheUniqueIdUnderTheJobsPrefix) {
+  REQUIRE_GPUS(1);
+  auto store = MakeStore("publish");
+  auto comm = CreateCommunicator(Options(0, 1, store));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  absl::StatusOr<std::string> id =
+      store->Get("nccl_test/attempt0/world/nccl_unique_id", absl::Seconds(1));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->size(), 128u);  // NCCL_UNIQUE_ID_BYTES
+}
+
 TEST(NcclCommunicatorTest, AMissingRankZeroTimesOutNamingTheKey) {
   REQUIRE_GPUS(1);
   // Rank 1 of 2 alone (on GPU 0): rank 0 never publishes the unique id.

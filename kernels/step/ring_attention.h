@@ -3,9 +3,20 @@
 // Ns rows); its queries meet every rank's keys as the K/V blocks circulate.
 // Forward: the next block is in flight on the communication stream while
 // the compute stream folds the current one (online softmax). Backward: each
-// block travels with its dK/dV accumulator and comes home after P hops
-// (sequential: an accumulator must be final before it moves). The step's
-// orchestration (step.cc) calls these with its launch-sized buffers.
+// block travels with its dK/dV accumulator and comes home after P hops; the
+// block's K/V is sent ahead while the compute runs (double-buffered), only
+// the accumulator waits for it (it must be final before it moves). The
+// step's orchestration (step.cc) calls these with its launch-sized buffers.
+//
+// Streams: every exchange is Communicator::SendRecv on `comm`, ordered with
+// `compute` by events (recorded after the producing kernel, waited before
+// the consumer), never a host synchronisation. On CUDA `world` is the NCCL
+// communicator and SendRecv is a grouped ncclSend/ncclRecv on the comm
+// stream's cudaStream_t (kernels/nccl/nccl_communicator.h), so compute and
+// exchange overlap on the device; on the CPU it is Gloo on the comm
+// stream's thread. The data and the order of accumulation are the same on
+// both, so the results equal the CPU/Gloo path's (up to the kernels' own
+// twin tolerances).
 //
 // Thread safety: collective over the ranks of `world`; one call at a time
 // per rank.

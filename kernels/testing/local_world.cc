@@ -28,6 +28,13 @@ absl::Status RunLocalWorld(
   return RunLocalWorld(ranks, bo, dir, fn);
 }
 
+BackendOptions LocalWorldBackend(BackendKind kind, int64_t device_bytes) {
+  BackendOptions bo;
+  bo.kind = kind;
+  bo.device_memory_bytes = device_bytes;
+  return bo;
+}
+
 absl::Status RunLocalWorld(
     int ranks, const BackendOptions& backend_options, const std::string& dir,
     const std::function<absl::Status(int, Backend&, Communicator&)>& fn) {
@@ -38,12 +45,16 @@ absl::Status RunLocalWorld(
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
-      auto backend = Backend::Create(backend_options);
+      BackendOptions bo = backend_options;
+      if (bo.kind == BackendKind::kCuda) bo.device_index += r;
+      auto backend = Backend::Create(bo);
       if (!backend.ok()) {
         status[r] = backend.status();
         return;
       }
       CommunicatorOptions co;
+      co.backend = bo.kind;
+      co.device_index = bo.device_index;
       co.rank = r;
       co.size = ranks;
       co.store = shared;
