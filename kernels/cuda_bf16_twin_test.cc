@@ -1,0 +1,278 @@
+// The CUDA backend's bf16 mixed-precision ops against the CPU emulation
+// (kernels/cpu_bf16_ops.h), through the Backend interface, on the same bf16
+// inputs. Both sides load exactly, compute in fp32 and round each stored
+// element once to nearest even at the same points, so:
+// - the conversions are bitwise equal (one rounding of the same fp32 value);
+// - every other op agrees within its fp32 twin's tolerance (cuda_twin_test:
+//   expf, the GEMM's summation order) plus one bf16 unit in the last place,
+//   2^-7 relative: two fp32 values that close can still straddle a rounding
+//   boundary and round to neighbouring bf16 values.
+//
+// Without a CUDA backend (the default build, or no GPU) every test skips and
+// says why; where a GPU is visible a setup failure fails.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/bf16.h"
+#include "kernels/testing/device_side.h"
+
+namespace plateau {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // fp32's unit roundoff
+constexpr double kBf16Ulp = 1.0 / 128;  // one bf16 unit in the last place, relative
+
+std::vector<Bf16> RandomBf16(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<Bf16> v(n);
+  for (Bf16& x : v) x = FloatToBf16(dist(rng));
+  return v;
+}
+
+std::vector<float> Loaded(const std::vector<Bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = Bf16ToFloat(v[i]);
+  return f;
+}
+
+// |cuda[i] - cpu[i]| <= tol[i] + 2^-7 |cpu[i]| for every i; NaN never passes.
+::testing::AssertionResult AgreeBf16(const std::vector<float>& cuda, const std::vector<float>& cpu,
+                                     const std::vector<double>& tol) {
+  if (cuda.size() != cpu.size() || cpu.size() != tol.size()) {
+    return ::testing::AssertionFailure() << "sizes differ";
+  }
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double err = std::abs(double{cuda[i]} - double{cpu[i]});
+    if (!(err <= tol[i] + kBf16Ulp * std::abs(cpu[i]))) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << cpu.size()
+                                       << " elements disagree; first [" << first << "]: cuda "
+                                       << cuda[first] << ", cpu " << cpu[first] << ", tol "
+                                       << tol[first];
+}
+
+class CudaBf16TwinTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BackendOptions options;
+    options.kind = BackendKind::kCuda;
+    auto cuda = Backend::Create(options);
+    if (!cuda.ok() && NoCudaHere(cuda.status())) {
+      GTEST_SKIP() << "no CUDA backend here: " << cuda.status();
+    }
+    ASSERT_TRUE(cuda.ok()) << "a GPU is visible but the CUDA backend failed: " << cuda.status();
+    BackendOptions cpu_options;
+    cpu_options.device_memory_bytes = int64_t{1} << 30;
+    auto cpu = Backend::Create(cpu_options);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE(cpu_.Init(std::move(*cpu)).ok());
+    ASSERT_TRUE(cuda_.Init(std::move(*cuda)).ok());
+  }
+  DeviceSide cpu_, cuda_;
+};
+
+TEST_F(CudaBf16TwinTest, ConversionsAreBitwiseEqual) {
+  std::vector<float> x(100003);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (float& v : x) {
+    const uint32_t u = bits(rng);  // every kind of float: NaNs, infs, subnormals, ties
+    std::memcpy(&v, &u, sizeof(v));
+  }
+  auto run = [&](DeviceSide& side) {
+    Bf16* b = side.PoisonedBf16(static_cast<int64_t>(x.size()));
+    float* back = side.Poisoned(static_cast<int64_t>(x.size()));
+    const int64_t n = static_cast<int64_t>(x.size());
+    EXPECT_TRUE(side.b().ConvertToBf16(side.s(), b, side.Upload(x), n).ok());
+    EXPECT_TRUE(side.b().ConvertToFloat(side.s(), back, b, n).ok());
+    std::vector<Bf16> out = side.DownloadBf16(b, n);
+    std::vector<uint32_t> all(out.size());
+    for (size_t i = 0; i < out.size(); ++i) all[i] = out[i].bits;
+    const std::vector<float> f = side.Download(back, n);
+    for (float v : f) {
+      uint32_t u;
+      std::memcpy(&u, &v, sizeof(u));
+      all.push_back(u);
+    }
+    return all;
+  };
+  EXPECT_EQ(run(cuda_), run(cpu_));
+}
+
+struct GemmCase {
+  bool ta, tb;
+  int64_t m, n, k;
+  float beta;
+};
+
+// cublasGemmEx with bf16 A and B and CUBLAS_COMPUTE_32F against the CPU's
+// sgemm on the loaded values: 4 k u (|alpha| sum |a b| + |beta c|), as the
+// fp32 twin, plus one bf16 unit for a bf16 C.
+TEST_F(CudaBf16TwinTest, GemmMatchesCpu) {
+  const GemmCase cases[] = {{false, false, 37, 29, 53, 0.75f}, {true, false, 37, 29, 53, 0.0f},
+                            {false, true, 17, 1024, 64, -1.0f}, {true, true, 257, 129, 300, 0.5f},
+                            {false, false, 6, 5, 0, -0.5f}};
+  for (const GemmCase& gc : cases) {
+    for (bool bf16_c : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << gc.m << "x" << gc.n << "x" << gc.k << " ta=" << gc.ta
+                                        << " tb=" << gc.tb << (bf16_c ? " bf16 C" : " fp32 C"));
+      const int64_t lda = gc.ta ? gc.m : gc.k, ldb = gc.tb ? gc.k : gc.n;
+      const std::vector<Bf16> a = RandomBf16(std::max<int64_t>(gc.m * gc.k, 1), 2),
+                              b = RandomBf16(std::max<int64_t>(gc.k * gc.n, 1), 3),
+                              c0 = RandomBf16(gc.m * gc.n, 4);
+      const std::vector<float> af = Loaded(a), bf = Loaded(b), cf = Loaded(c0);
+      auto run = [&](DeviceSide& side) {
+        GemmBf16Args g;
+        g.trans_a = gc.ta;
+        g.trans_b = gc.tb;
+        g.m = gc.m;
+        g.n = gc.n;
+        g.k = gc.k;
+        g.alpha = 1.5f;
+        g.beta = gc.beta;
+        g.a = side.UploadBf16(a);
+        g.lda = std::max<int64_t>(lda, 1);
+        g.b = side.UploadBf16(b);
+        g.ldb = std::max<int64_t>(ldb, 1);
+        g.ldc = gc.n;
+        // beta == 0: C must not be read, so start from NaNs.
+        if (bf16_c) {
+          g.c = gc.beta == 0.0f ? side.PoisonedBf16(gc.m * gc.n) : side.UploadBf16(c0);
+          EXPECT_TRUE(side.b().GemmBf16(side.s(), g).ok());
+          return Loaded(side.DownloadBf16(g.c, gc.m * gc.n));
+        }
+        g.c_fp32 = gc.beta == 0.0f ? side.Poisoned(gc.m * gc.n) : side.Upload(cf);
+        EXPECT_TRUE(side.b().GemmBf16(side.s(), g).ok());
+        return side.Download(g.c_fp32, gc.m * gc.n);
+      };
+      const std::vector<float> cpu = run(cpu_), cuda = run(cuda_);
+      std::vector<double> tol(cpu.size());
+      for (int64_t i = 0; i < gc.m; ++i) {
+        for (int64_t j = 0; j < gc.n; ++j) {
+          double mag = 0;
+          for (int64_t p = 0; p < gc.k; ++p) {
+            const double av = gc.ta ? af[p * lda + i] : af[i * lda + p];
+            const double bv = gc.tb ? bf[j * ldb + p] : bf[p * ldb + j];
+            mag += std::abs(av * bv);
+          }
+          mag = 1.5 * mag + (gc.beta == 0.0f ? 0.0 : std::abs(gc.beta * cf[i * gc.n + j]));
+          tol[i * gc.n + j] = 4.0 * std::max<int64_t>(gc.k, 1) * kU * mag;
+        }
+      }
+      if (bf16_c) {
+        EXPECT_TRUE(AgreeBf16(cuda, cpu, tol));
+      } else {
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          ASSERT_LE(std::abs(double{cuda[i]} - cpu[i]), tol[i]) << "C[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+double SigmoidD(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+// The fp32 twin's SwiGLU bounds (cuda_twin_test) plus one bf16 unit.
+TEST_F(CudaBf16TwinTest, SwiGluMatchesCpu) {
+  for (int64_t n : {1, 1000, 300001}) {
+    std::vector<Bf16> gate = RandomBf16(n, 6, -8, 8);
+    const float extremes[] = {-1000.0f, -100.0f, -88.5f, 0.0f, 88.5f, 1000.0f};
+    for (int i = 0; i < 6 && i < n; ++i) gate[i] = FloatToBf16(extremes[i]);
+    const std::vector<Bf16> up = RandomBf16(n, 7, -3, 3), dout = RandomBf16(n, 8);
+    auto run = [&](DeviceSide& side) {
+      const Bf16* dg = side.UploadBf16(gate);
+      const Bf16* du = side.UploadBf16(up);
+      Bf16* out = side.PoisonedBf16(n);
+      Bf16* dgate = side.PoisonedBf16(n);
+      Bf16* dup = side.PoisonedBf16(n);
+      EXPECT_TRUE(side.b().SwiGluForwardBf16(side.s(), out, dg, du, n).ok());
+      EXPECT_TRUE(
+          side.b().SwiGluBackwardBf16(side.s(), dgate, dup, side.UploadBf16(dout), dg, du, n).ok());
+      std::vector<float> all = Loaded(side.DownloadBf16(out, n));
+      for (const Bf16* p : {dgate, dup}) {
+        const std::vector<float> part = Loaded(side.DownloadBf16(p, n));
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      return all;
+    };
+    const std::vector<float> cpu = run(cpu_), cuda = run(cuda_);
+    std::vector<double> tol(3 * n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = Bf16ToFloat(gate[i]), s = SigmoidD(g), u = Bf16ToFloat(up[i]),
+                   d = Bf16ToFloat(dout[i]);
+      tol[i] = 24 * kU * std::abs(g * s * u) + 1e-37;
+      tol[n + i] = 24 * kU * std::abs(d * u) * s * (1 + std::abs(g)) + 1e-37;
+      tol[2 * n + i] = 24 * kU * std::abs(d * g * s) + 1e-37;
+    }
+    EXPECT_TRUE(AgreeBf16(cuda, cpu, tol)) << "n = " << n;
+  }
+}
+
+// The fp32 twin's RMSNorm bounds (cuda_twin_test) plus one bf16 unit; rstd
+// (fp32, not rounded to bf16) within the fp32 bound alone.
+TEST_F(CudaBf16TwinTest, RmsNormMatchesCpu) {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {3, 1000}, {64, 257}, {40000, 8}};
+  for (const auto& [rows, cols] : shapes) {
+    const std::vector<Bf16> x = RandomBf16(rows * cols, 9, -2, 2), w = RandomBf16(cols, 10, 0.5, 1.5),
+                            dout = RandomBf16(rows * cols, 11), dw0 = RandomBf16(cols, 12);
+    std::vector<float> rstd_cpu, rstd_cuda;
+    auto run = [&](DeviceSide& side, std::vector<float>* rstd_out) {
+      const Bf16* dx_in = side.UploadBf16(x);
+      const Bf16* dw = side.UploadBf16(w);
+      Bf16* out = side.PoisonedBf16(rows * cols);
+      float* rstd = side.Poisoned(rows);
+      Bf16* dx = side.PoisonedBf16(rows * cols);
+      Bf16* dweight = side.UploadBf16(dw0);
+      EXPECT_TRUE(side.b().RmsNormForwardBf16(side.s(), out, rstd, dx_in, dw, rows, cols, 1e-5f).ok());
+      EXPECT_TRUE(side.b()
+                      .RmsNormBackwardBf16(side.s(), dx, dweight, side.UploadBf16(dout), dx_in, dw,
+                                           rstd, rows, cols)
+                      .ok());
+      *rstd_out = side.Download(rstd, rows);
+      std::vector<float> all = Loaded(side.DownloadBf16(out, rows * cols));
+      for (const auto& [p, n] : {std::pair<const Bf16*, int64_t>{dx, rows * cols}, {dweight, cols}}) {
+        const std::vector<float> part = Loaded(side.DownloadBf16(p, n));
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      return all;
+    };
+    const std::vector<float> cpu = run(cpu_, &rstd_cpu), cuda = run(cuda_, &rstd_cuda);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_LE(std::abs(double{rstd_cuda[r]} - rstd_cpu[r]), 8 * kU * rstd_cpu[r]) << "rstd " << r;
+    }
+    const std::vector<float> xf = Loaded(x), wf = Loaded(w), df = Loaded(dout), dw0f = Loaded(dw0);
+    std::vector<double> tol(cpu.size());
+    for (int64_t i = 0; i < rows * cols; ++i) tol[i] = 8 * kU * std::abs(cpu[i]);
+    double* tol_dx = tol.data() + rows * cols;
+    double* tol_dw = tol_dx + rows * cols;
+    for (int64_t c = 0; c < cols; ++c) tol_dw[c] = 4 * kU * std::abs(dw0f[c]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double rs = rstd_cpu[r];
+      double abs_dot = 0;
+      for (int64_t c = 0; c < cols; ++c) abs_dot += std::abs(double{df[r * cols + c]} * wf[c] * xf[r * cols + c]);
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t k = r * cols + c;
+        tol_dx[k] = 2e-5 * (rs * std::abs(double{df[k]} * wf[c]) +
+                            std::abs(xf[k]) * rs * rs * rs * abs_dot / cols);
+        tol_dw[c] += 2e-5 * std::abs(double{df[k]} * xf[k] * rs);
+      }
+    }
+    EXPECT_TRUE(AgreeBf16(cuda, cpu, tol)) << rows << " x " << cols;
+  }
+}
+
+}  // namespace
+}  // namespace plateau
