@@ -243,6 +243,13 @@ class Backend {
                                    const Bf16* dout, const Bf16* x,
                                    const Bf16* weight, const float* rstd,
                                    int64_t rows, int64_t cols);
+  // AdamW on the fp32 master (`master`, m and v exactly as AdamW above) with
+  // the bf16 gradient loaded exactly, then the working copy
+  // working = rn(master) from the updated master: one pass, so the master
+  // never leaves fp32 and the working weights are its one rounding.
+  absl::Status AdamWBf16(Stream& s, float* master, const Bf16* grad, float* m,
+                         float* v, Bf16* working, int64_t n,
+                         const AdamWArgs& args);
 
  protected:
   // Implementations: called only after the arguments were validated.
@@ -272,6 +279,7 @@ class Backend {
   virtual absl::Status DoSwiGluBackwardBf16(Stream& s, Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t n);
   virtual absl::Status DoRmsNormForwardBf16(Stream& s, Bf16* out, float* rstd, const Bf16* x, const Bf16* weight, int64_t rows, int64_t cols, float eps);
   virtual absl::Status DoRmsNormBackwardBf16(Stream& s, Bf16* dx, Bf16* dweight, const Bf16* dout, const Bf16* x, const Bf16* weight, const float* rstd, int64_t rows, int64_t cols);
+  virtual absl::Status DoAdamWBf16(Stream& s, float* master, const Bf16* grad, float* m, float* v, Bf16* working, int64_t n, const AdamWArgs& args);
 };
 
 }  // namespace plateau

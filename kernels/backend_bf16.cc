@@ -128,6 +128,19 @@ absl::Status Backend::RmsNormBackwardBf16(Stream& s, Bf16* dx, Bf16* dweight, co
   return DoRmsNormBackwardBf16(s, dx, dweight, dout, x, weight, rstd, rows, cols);
 }
 
+absl::Status Backend::AdamWBf16(Stream& s, float* master, const Bf16* grad, float* m, float* v,
+                                Bf16* working, int64_t n, const AdamWArgs& args) {
+  constexpr absl::string_view op = "adamw_bf16";
+  PLATEAU_RETURN_IF_ERROR(ValidateAdamW(args));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "master", master, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "grad", grad, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "m", m, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "v", v, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "working", working, n));
+  return n == 0 ? absl::OkStatus() : DoAdamWBf16(s, master, grad, m, v, working, n, args);
+}
+
 // Defaults for a backend without bf16 kernels.
 absl::Status Backend::DoGemmBf16(Stream&, const GemmBf16Args&) { return NoBf16("gemm_bf16", *this); }
 absl::Status Backend::DoConvertToBf16(Stream&, Bf16*, const float*, int64_t) {
@@ -150,6 +163,10 @@ absl::Status Backend::DoRmsNormForwardBf16(Stream&, Bf16*, float*, const Bf16*, 
 absl::Status Backend::DoRmsNormBackwardBf16(Stream&, Bf16*, Bf16*, const Bf16*, const Bf16*,
                                             const Bf16*, const float*, int64_t, int64_t) {
   return NoBf16("rmsnorm_backward_bf16", *this);
+}
+absl::Status Backend::DoAdamWBf16(Stream&, float*, const Bf16*, float*, float*, Bf16*, int64_t,
+                                  const AdamWArgs&) {
+  return NoBf16("adamw_bf16", *this);
 }
 
 }  // namespace plateau

@@ -192,6 +192,12 @@ class CpuBackend final : public Backend {
       cpu::RmsNormBackwardBf16(dx, dweight, dout, x, weight, rstd, rows, cols, p);
     });
   }
+  absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
+                           Bf16* working, int64_t n, const AdamWArgs& args) override {
+    return Run(st, [=, p = pool_.get()] {
+      cpu::AdamWBf16(master, grad, m, v, working, n, args, p);
+    });
+  }
 
  private:
   bool InSpaces(const void* p, size_t bytes) const {

@@ -141,4 +141,11 @@ void RmsNormBackwardBf16(Bf16* dx, Bf16* dweight, const Bf16* dout, const Bf16* 
   ConvertToBf16(dweight, dw, cols, pool);
 }
 
+void AdamWBf16(float* master, const Bf16* grad, float* m, float* v, Bf16* working, int64_t n,
+               const AdamWArgs& args, CpuPool* pool) {
+  const float* g = Load(0, grad, n, pool);
+  AdamW(master, g, m, v, n, args, pool);
+  ConvertToBf16(working, master, n, pool);
+}
+
 }  // namespace plateau::cpu

@@ -44,6 +44,11 @@ void RmsNormBackwardBf16(Bf16* dx, Bf16* dweight, const Bf16* dout, const Bf16* 
                          const Bf16* weight, const float* rstd, int64_t rows, int64_t cols,
                          CpuPool* pool = nullptr);
 
+// AdamW of cpu_ops.h on the master with the loaded gradient, then
+// working = rn(master).
+void AdamWBf16(float* master, const Bf16* grad, float* m, float* v, Bf16* working, int64_t n,
+               const AdamWArgs& args, CpuPool* pool = nullptr);
+
 }  // namespace plateau::cpu
 
 #endif  // PLATEAU_KERNELS_CPU_BF16_OPS_H_

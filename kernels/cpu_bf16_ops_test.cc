@@ -353,5 +353,49 @@ TEST_F(CpuBf16OpsTest, RmsNormForwardMayWriteOverItsInput) {
   EXPECT_EQ(Bits(dev_.DownloadBf16(io, rows * cols)), Bits(dev_.DownloadBf16(sep, rows * cols)));
 }
 
+// Three steps: the master is exactly the fp32 AdamW on the loaded gradient
+// (cpu_ops.h's AdamW, tested against torch's formula in backend_test), the
+// moments too, and the working copy is one rounding of the updated master.
+// A step smaller than half a bf16 unit leaves the working weight unchanged
+// but is kept by the master: the reason the master stays fp32.
+TEST_F(CpuBf16OpsTest, AdamWStepsTheFp32MasterAndRoundsTheWorkingCopyOnce) {
+  const int64_t n = 1001;
+  AdamWArgs args;
+  args.lr = 1e-3f;
+  args.weight_decay = 0.1f;
+  args.grad_scale = 0.5f;
+  std::vector<float> master0(n);
+  {
+    std::mt19937 rng(51);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (float& x : master0) x = dist(rng);
+  }
+  float* master = dev_.Upload(master0);
+  float* m = dev_.Upload(std::vector<float>(n, 0.0f));
+  float* v = dev_.Upload(std::vector<float>(n, 0.0f));
+  Bf16* working = dev_.PoisonedBf16(n);
+  std::vector<float> want_p = master0, want_m(n, 0.0f), want_v(n, 0.0f);
+  for (int64_t t = 1; t <= 3; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    args.step = t;
+    const std::vector<Bf16> grad = RandomBf16(n, 60 + t);
+    ASSERT_TRUE(dev_.b().AdamWBf16(dev_.s(), master, dev_.UploadBf16(grad), m, v, working, n, args).ok());
+    const std::vector<float> gf = Loaded(grad);
+    cpu::AdamW(want_p.data(), gf.data(), want_m.data(), want_v.data(), n, args);
+    EXPECT_EQ(dev_.Download(master, n), want_p);
+    EXPECT_EQ(dev_.Download(m, n), want_m);
+    EXPECT_EQ(dev_.Download(v, n), want_v);
+    EXPECT_EQ(Bits(dev_.DownloadBf16(working, n)), Bits(Rounded(want_p)));
+  }
+  // After three steps of ~lr each, the master moved by ~3e-3 relative to
+  // values of size ~1: some weights' working copies did not move at all.
+  int64_t unmoved = 0;
+  const std::vector<Bf16> w = dev_.DownloadBf16(working, n);
+  for (int64_t i = 0; i < n; ++i) unmoved += w[i].bits == FloatToBf16(master0[i]).bits;
+  EXPECT_GT(unmoved, 0);
+  EXPECT_THAT(dev_.b().AdamWBf16(dev_.s(), master, nullptr, m, v, working, n, args).message(),
+              HasSubstr("adamw_bf16: grad is null"));
+}
+
 }  // namespace
 }  // namespace plateau

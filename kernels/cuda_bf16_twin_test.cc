@@ -274,5 +274,66 @@ TEST_F(CudaBf16TwinTest, RmsNormMatchesCpu) {
   }
 }
 
+// Ten steps, as cuda_twin_test's fp32 AdamW: master within 8u t |p| + 2e-4
+// lr, m within 8u (|m| + max|g|), v within 16u |v| + 1e-30; the working copy
+// (a rounding of the master) within the master's bound plus one bf16 unit.
+TEST_F(CudaBf16TwinTest, AdamWMatchesCpuOverSeveralSteps) {
+  const int64_t n = 100003;
+  AdamWArgs args;
+  args.lr = 2e-3f;
+  args.beta2 = 0.95f;
+  args.weight_decay = 0.1f;
+  args.grad_scale = 0.25f;
+  const std::vector<float> p0 = Loaded(RandomBf16(n, 15));
+  DeviceSide* sides[2] = {&cpu_, &cuda_};
+  float* master[2];
+  float* m[2];
+  float* v[2];
+  Bf16* working[2];
+  for (int i = 0; i < 2; ++i) {
+    master[i] = sides[i]->Upload(p0);
+    m[i] = sides[i]->Upload(std::vector<float>(n, 0.0f));
+    v[i] = sides[i]->Upload(std::vector<float>(n, 0.0f));
+    working[i] = sides[i]->PoisonedBf16(n);
+  }
+  double max_g = 0;
+  for (int64_t t = 1; t <= 10; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    const std::vector<Bf16> grad = RandomBf16(n, 100 + t, -3, 3);
+    for (Bf16 g : grad) max_g = std::max(max_g, std::abs(Bf16ToFloat(g) * 0.25));
+    args.step = t;
+    std::vector<float> got[2];
+    for (int i = 0; i < 2; ++i) {
+      DeviceSide& side = *sides[i];
+      ASSERT_TRUE(side.b()
+                      .AdamWBf16(side.s(), master[i], side.UploadBf16(grad), m[i], v[i],
+                                 working[i], n, args)
+                      .ok());
+      got[i] = side.Download(master[i], n);
+      for (const float* p : {m[i], v[i]}) {
+        const std::vector<float> part = side.Download(p, n);
+        got[i].insert(got[i].end(), part.begin(), part.end());
+      }
+      const std::vector<float> w = Loaded(side.DownloadBf16(working[i], n));
+      got[i].insert(got[i].end(), w.begin(), w.end());
+    }
+    std::vector<double> tol(4 * n);
+    for (int64_t j = 0; j < n; ++j) {
+      tol[j] = 8 * kU * t * std::abs(got[0][j]) + 2e-4 * args.lr;
+      tol[n + j] = 8 * kU * (std::abs(got[0][n + j]) + max_g);
+      tol[2 * n + j] = 16 * kU * got[0][2 * n + j] + 1e-30;
+      tol[3 * n + j] = tol[j];
+    }
+    // AgreeBf16 adds one bf16 unit to every bound; only the working copy
+    // (the last n) may use it.
+    for (int64_t j = 0; j < 3 * n; ++j) {
+      ASSERT_LE(std::abs(double{got[1][j]} - got[0][j]), tol[j]) << "element " << j;
+    }
+    EXPECT_TRUE(AgreeBf16(std::vector<float>(got[1].begin() + 3 * n, got[1].end()),
+                          std::vector<float>(got[0].begin() + 3 * n, got[0].end()),
+                          std::vector<double>(tol.begin() + 3 * n, tol.end())));
+  }
+}
+
 }  // namespace
 }  // namespace plateau

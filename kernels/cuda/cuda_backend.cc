@@ -802,8 +802,8 @@ class CudaBackend final : public Backend {
     });
   }
 
-  absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
-                       float* v, int64_t n, const AdamWArgs& args) override {
+  // The kernel's scalars: the CPU twin's per-step values (one formula).
+  static cuda_ops::AdamWScalars AdamWScalarsOf(const AdamWArgs& args) {
     const cpu::AdamWStepScalars step = cpu::ComputeAdamWStepScalars(args);
     cuda_ops::AdamWScalars k;
     k.beta1 = args.beta1;
@@ -815,6 +815,12 @@ class CudaBackend final : public Backend {
     k.step_size = step.step_size;
     k.bc2_sqrt = step.bc2_sqrt;
     k.decay = step.decay;
+    return k;
+  }
+
+  absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
+                       float* v, int64_t n, const AdamWArgs& args) override {
+    const cuda_ops::AdamWScalars k = AdamWScalarsOf(args);
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cuda_ops::AdamW(s->stream(), param, grad, m, v, n, k));
@@ -891,6 +897,15 @@ class CudaBackend final : public Backend {
       PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::RmsNormBackwardBf16(
           s->stream(), Bits(dx), Bits(dweight), Bits(dout), Bits(x), Bits(weight), rstd, rows,
           cols, s->scratch()));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
+                           Bf16* working, int64_t n, const AdamWArgs& args) override {
+    const cuda_ops::AdamWScalars k = AdamWScalarsOf(args);
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::AdamWBf16(s->stream(), master, Bits(grad), m, v, Bits(working), n, k));
       return absl::OkStatus();
     });
   }

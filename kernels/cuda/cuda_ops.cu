@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace plateau::cuda_ops {
 namespace {
@@ -160,20 +161,26 @@ struct ToFloatOp {
   __device__ void operator()(int64_t i) const { out[i] = __bfloat162float(x[i]); }
 };
 
+// G: the gradient's type (float, or bf16 with a bf16 working copy written
+// from the updated fp32 master: AdamWBf16).
+template <typename G>
 struct AdamWOp {
   float* param;
-  const float* grad;
+  const G* grad;
   float* m;
   float* v;
+  Bf16* working;  // bf16 only
   AdamWScalars s;
   __device__ void operator()(int64_t i) const {
-    const float g = grad[i] * s.grad_scale;
+    const float g = Load(grad[i]) * s.grad_scale;
     const float p = param[i] * s.decay;
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
     const float vi = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
     m[i] = mi;
     v[i] = vi;
-    param[i] = p - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+    const float updated = p - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+    param[i] = updated;
+    if constexpr (!std::is_same<G, float>::value) working[i] = __float2bfloat16_rn(updated);
   }
 };
 
@@ -524,7 +531,13 @@ cudaError_t SumSquares(cudaStream_t stream, float* out, const float* x,
 
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s) {
-  return LaunchElementwise(stream, n, AdamWOp{param, grad, m, v, s});
+  return LaunchElementwise(stream, n, AdamWOp<float>{param, grad, m, v, nullptr, s});
+}
+
+cudaError_t AdamWBf16(cudaStream_t stream, float* master, const uint16_t* grad, float* m,
+                      float* v, uint16_t* working, int64_t n, const AdamWScalars& s) {
+  return LaunchElementwise(stream, n,
+                           AdamWOp<Bf16>{master, AsBf16(grad), m, v, AsBf16(working), s});
 }
 
 // Grouped GEMM pointer arrays: one launch per kPointersPerLaunch problems,
@@ -579,7 +592,8 @@ cudaError_t CheckKernelImage() {
       reinterpret_cast<const void*>(ElementwiseKernel<SwiGluForwardOp<float>>),
       reinterpret_cast<const void*>(ElementwiseKernel<SwiGluBackwardOp<float>>),
       reinterpret_cast<const void*>(ElementwiseKernel<ScaleMatrixOp<float>>),
-      reinterpret_cast<const void*>(ElementwiseKernel<AdamWOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AdamWOp<float>>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AdamWOp<Bf16>>),
       reinterpret_cast<const void*>(RmsNormForwardKernel<float>),
       reinterpret_cast<const void*>(RmsNormBackwardDxKernel<float>),
       reinterpret_cast<const void*>(RmsNormDweightPartialKernel<float>),

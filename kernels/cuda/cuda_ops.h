@@ -113,6 +113,10 @@ struct AdamWScalars {
 };
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s);
+// bf16 mixed: AdamW's kernel with the bf16 gradient loaded exactly, then
+// working = __float2bfloat16_rn(updated master) (kernels/backend.h).
+cudaError_t AdamWBf16(cudaStream_t stream, float* master, const uint16_t* grad, float* m,
+                      float* v, uint16_t* working, int64_t n, const AdamWScalars& s);
 
 // The device arrays of pointers a grouped GEMM reads (cuBLAS takes A, B and
 // C of every problem from device memory): a[i], b[i], c[i] for i < n into
