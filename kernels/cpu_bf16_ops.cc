@@ -12,16 +12,7 @@ namespace {
 // the split depends on n only, so the bits do not depend on the pool.
 constexpr int64_t kElemsPerTask = 1 << 16;
 
-// Per-thread scratch slots for the loaded (fp32) copies of a call's bf16
-// arguments; a call uses slots 0..kSlots-1 and never two calls at once on
-// one thread (a stream runs its tasks one at a time).
-constexpr int kSlots = 6;
-float* Slot(int i, int64_t n) {
-  thread_local std::vector<float> slots[kSlots];
-  std::vector<float>& v = slots[i];
-  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
-  return v.data();
-}
+float* Slot(int i, int64_t n) { return Bf16Scratch(i, n); }
 
 // Loads rows x cols of a matrix at row stride ld into a packed fp32 copy.
 const float* LoadMatrix(int slot, const Bf16* src, int64_t rows, int64_t cols, int64_t ld) {
@@ -35,12 +26,25 @@ const float* LoadMatrix(int slot, const Bf16* src, int64_t rows, int64_t cols, i
 }
 
 const float* Load(int slot, const Bf16* src, int64_t n, CpuPool* pool) {
-  float* dst = Slot(slot, n);
-  ConvertToFloat(dst, src, n, pool);
-  return dst;
+  return LoadToScratch(slot, src, n, pool);
 }
 
 }  // namespace
+
+float* Bf16Scratch(int slot, int64_t n) {
+  // A call uses its slots one after another and never two calls at once on
+  // one thread (a stream runs its tasks one at a time).
+  thread_local std::vector<float> slots[kBf16ScratchSlots];
+  std::vector<float>& v = slots[slot];
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+const float* LoadToScratch(int slot, const Bf16* src, int64_t n, CpuPool* pool) {
+  float* dst = Bf16Scratch(slot, n);
+  ConvertToFloat(dst, src, n, pool);
+  return dst;
+}
 
 void ConvertToBf16(Bf16* out, const float* x, int64_t n, CpuPool* pool) {
   ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {

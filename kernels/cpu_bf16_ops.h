@@ -26,6 +26,13 @@
 
 namespace plateau::cpu {
 
+// The per-thread scratch of the loaded copies: slot 0..kBf16ScratchSlots-1,
+// at least n floats, valid until the same slot is asked for again on this
+// thread. LoadToScratch fills one with the exact fp32 values of src.
+inline constexpr int kBf16ScratchSlots = 8;
+float* Bf16Scratch(int slot, int64_t n);
+const float* LoadToScratch(int slot, const Bf16* src, int64_t n, CpuPool* pool = nullptr);
+
 void ConvertToBf16(Bf16* out, const float* x, int64_t n, CpuPool* pool = nullptr);
 void ConvertToFloat(float* out, const Bf16* x, int64_t n, CpuPool* pool = nullptr);
 
