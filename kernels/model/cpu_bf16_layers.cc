@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cpu_bf16_ops.h"
+#include "kernels/model/attention.h"
 #include "kernels/model/layers.h"
 
 namespace plateau::cpu {
@@ -58,6 +59,43 @@ void RowDotsBf16(const Bf16* a, const Bf16* b, int64_t b_rows, const int32_t* po
   const float* x = LoadToScratch(0, a, tokens * width, pool);
   const float* y = LoadToScratch(1, b, b_rows * width, pool);
   plateau::RowDots(x, y, pos, tokens, k, width, out, pool);
+}
+
+void RopeBf16(Bf16* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0,
+              float theta, bool inverse, CpuPool* pool) {
+  const int64_t n = batch * len * heads * head_dim;
+  float* f = Bf16Scratch(0, n);
+  ConvertToFloat(f, x, n, pool);
+  RopeApply(f, batch, len, heads, head_dim, pos0, theta, inverse, pool);
+  ConvertToBf16(x, f, n, pool);
+}
+
+double CrossEntropyForwardBf16(const Bf16* logits, const int32_t* targets, int64_t rows,
+                               int64_t vocab, float* lse, int64_t* valid, CpuPool* pool) {
+  const float* f = LoadToScratch(0, logits, rows * vocab, pool);
+  return CrossEntropyForward(f, targets, rows, vocab, lse, valid, pool);
+}
+
+void CrossEntropyBackwardBf16(Bf16* logits_to_grad, const float* lse, const int32_t* targets,
+                              int64_t rows, int64_t vocab, float scale, CpuPool* pool) {
+  float* f = Bf16Scratch(0, rows * vocab);
+  ConvertToFloat(f, logits_to_grad, rows * vocab, pool);
+  plateau::CrossEntropyBackward(f, lse, targets, rows, vocab, scale, pool);
+  ConvertToBf16(logits_to_grad, f, rows * vocab, pool);
+}
+
+void StripFoldBf16(const Bf16* logits, int64_t rows, int64_t width, int64_t col0,
+                   const int32_t* targets, float* m, float* s, float* t, CpuPool* pool) {
+  const float* f = LoadToScratch(0, logits, rows * width, pool);
+  plateau::StripFold(f, rows, width, col0, targets, m, s, t, pool);
+}
+
+void StripDeltaBf16(Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0,
+                    const int32_t* targets, const float* lse, float scale, CpuPool* pool) {
+  float* f = Bf16Scratch(0, rows * width);
+  ConvertToFloat(f, logits_to_delta, rows * width, pool);
+  plateau::StripDelta(f, rows, width, col0, targets, lse, scale, pool);
+  ConvertToBf16(logits_to_delta, f, rows * width, pool);
 }
 
 }  // namespace plateau::cpu

@@ -4,6 +4,7 @@
 // bounds of a double reference on the same bf16 inputs: the fp32 work's own
 // error (one unit of 2^-24 per fp32 addition or product in the chain) plus
 // one bf16 rounding (2^-8 relative: bf16 keeps 8 significant bits).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdint>
@@ -16,6 +17,8 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
+#include "kernels/model/attention.h"
+#include "kernels/model/config.h"
 #include "kernels/model/layers.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/testing/device_side.h"
@@ -205,6 +208,110 @@ TEST_F(CpuBf16LayersTest, DispatchRowsAreTheRoundedFp32RowsAndWithinBounds) {
   }
 }
 
+// Rope: bitwise the rounded fp32 rotation of the loaded values (the fp32
+// rotation is tested against double in attention_test).
+TEST_F(CpuBf16LayersTest, RopeIsTheRoundedFp32Rotation) {
+  const int64_t batch = 2, len = 9, heads = 3, head_dim = 8, n = batch * len * heads * head_dim;
+  const std::vector<Bf16> x = RandomBf16(n, 21);
+  for (bool inverse : {false, true}) {
+    Bf16* dx = dev_.UploadBf16(x);
+    ASSERT_TRUE(mk_->RopeBf16(dev_.s(), dx, batch, len, heads, head_dim, 5, 10000.0f, inverse).ok());
+    std::vector<float> want = Loaded(x);
+    RopeApply(want.data(), batch, len, heads, head_dim, 5, 10000.0f, inverse);
+    EXPECT_EQ(Bits(dev_.DownloadBf16(dx, n)), RoundedBits(want)) << "inverse " << inverse;
+  }
+}
+
+// Cross-entropy on bf16 logits: lse and the loss sum are the fp32 function's
+// on the loaded logits (no bf16 rounding: fp32 and double outputs), within
+// 8u (|lse| + 1) of a double log-sum-exp; the gradient is the rounded fp32
+// gradient, within 2^-8 |ref| + 8u scale of (softmax - onehot) scale. The
+// Ring-DTP strips over two column ranges give the same lse within the same
+// bound, and their deltas are the rounded fp32 deltas.
+TEST_F(CpuBf16LayersTest, CrossEntropyAndStripsOnBf16Logits) {
+  const int64_t rows = 13, vocab = 300;
+  const std::vector<Bf16> logits = RandomBf16(rows * vocab, 31, 3.0f);
+  std::vector<int32_t> targets = RandomIndex(rows, vocab, 32);
+  targets[4] = kIgnoreIndex;
+  const std::vector<float> lf = Loaded(logits);
+  const int32_t* dt = UploadIndex(targets);
+  float* lse = dev_.Poisoned(rows);
+  double* stats = reinterpret_cast<double*>(dev_.Upload(std::vector<float>(4, 0.0f)));
+  ASSERT_TRUE(mk_->CrossEntropyBf16(dev_.s(), dev_.UploadBf16(logits), dt, rows, vocab, lse, stats).ok());
+  const std::vector<float> got_lse = dev_.Download(lse, rows);
+  const std::vector<float> st = dev_.Download(reinterpret_cast<float*>(stats), 4);
+  double got_stats[2];
+  std::memcpy(got_stats, st.data(), sizeof(got_stats));
+  std::vector<float> want_lse(rows);
+  int64_t valid = 0;
+  const double want_sum = CrossEntropyForward(lf.data(), targets.data(), rows, vocab, want_lse.data(), &valid);
+  EXPECT_EQ(got_lse, want_lse);
+  EXPECT_EQ(got_stats[0], want_sum);
+  EXPECT_EQ(got_stats[1], static_cast<double>(valid));
+  EXPECT_EQ(valid, rows - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == kIgnoreIndex) continue;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < vocab; ++c) mx = std::max(mx, static_cast<double>(lf[r * vocab + c]));
+    for (int64_t c = 0; c < vocab; ++c) sum += std::exp(lf[r * vocab + c] - mx);
+    const double ref = mx + std::log(sum);
+    ASSERT_LE(std::fabs(got_lse[r] - ref), 8 * kFp32Unit * (std::fabs(ref) + 1)) << r;
+  }
+
+  const float scale = 1.0f / static_cast<float>(valid);
+  Bf16* grad = dev_.UploadBf16(logits);
+  ASSERT_TRUE(mk_->CrossEntropyBackwardBf16(dev_.s(), grad, lse, dt, rows, vocab, scale).ok());
+  const std::vector<Bf16> g = dev_.DownloadBf16(grad, rows * vocab);
+  std::vector<float> want_g = lf;
+  CrossEntropyBackward(want_g.data(), want_lse.data(), targets.data(), rows, vocab, scale);
+  EXPECT_EQ(Bits(g), RoundedBits(want_g));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < vocab; ++c) {
+      const double p = targets[r] == kIgnoreIndex ? 0.0 : std::exp(lf[r * vocab + c] - double{got_lse[r]});
+      const double ref = targets[r] == kIgnoreIndex ? 0.0 : (p - (c == targets[r] ? 1.0 : 0.0)) * scale;
+      ASSERT_LE(std::fabs(Bf16ToFloat(g[r * vocab + c]) - ref), kBf16Unit * std::fabs(ref) + 8 * kFp32Unit * scale)
+          << r << "," << c;
+    }
+  }
+
+  // Strips: columns [0, 120) and [120, 300), each a packed rows x width block.
+  float* state = dev_.Poisoned(3 * rows);
+  ASSERT_TRUE(mk_->StripInit(dev_.s(), state, rows).ok());
+  std::vector<float> m(rows, -INFINITY), sm(rows, 0.0f), t(rows, 0.0f);
+  std::vector<std::vector<Bf16>> strips;
+  for (auto [col0, width] : {std::pair<int64_t, int64_t>{0, 120}, {120, 180}}) {
+    std::vector<Bf16> strip(rows * width);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < width; ++c) strip[r * width + c] = logits[r * vocab + col0 + c];
+    }
+    ASSERT_TRUE(mk_->StripFoldBf16(dev_.s(), dev_.UploadBf16(strip), rows, width, col0, dt, state, rows).ok());
+    const std::vector<float> sf = Loaded(strip);
+    StripFold(sf.data(), rows, width, col0, targets.data(), m.data(), sm.data(), t.data());
+    strips.push_back(strip);
+  }
+  std::vector<float> want_state = m;
+  want_state.insert(want_state.end(), sm.begin(), sm.end());
+  want_state.insert(want_state.end(), t.begin(), t.end());
+  EXPECT_EQ(dev_.Download(state, 3 * rows), want_state);
+  float* strip_lse = dev_.Poisoned(rows);
+  double* strip_stats = reinterpret_cast<double*>(dev_.Upload(std::vector<float>(4, 0.0f)));
+  ASSERT_TRUE(mk_->StripFinish(dev_.s(), state, dt, rows, strip_lse, strip_stats).ok());
+  const std::vector<float> sl = dev_.Download(strip_lse, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_LE(std::fabs(double{sl[r]} - got_lse[r]), 16 * kFp32Unit * (std::fabs(got_lse[r]) + 1)) << r;
+  }
+  int64_t col0 = 0;
+  for (const std::vector<Bf16>& strip : strips) {
+    const int64_t width = static_cast<int64_t>(strip.size()) / rows;
+    Bf16* d = dev_.UploadBf16(strip);
+    ASSERT_TRUE(mk_->StripDeltaBf16(dev_.s(), d, rows, width, col0, dt, strip_lse, scale).ok());
+    std::vector<float> want_d = Loaded(strip);
+    StripDelta(want_d.data(), rows, width, col0, targets.data(), sl.data(), scale);
+    EXPECT_EQ(Bits(dev_.DownloadBf16(d, rows * width)), RoundedBits(want_d)) << "col0 " << col0;
+    col0 += width;
+  }
+}
+
 TEST_F(CpuBf16LayersTest, ArgumentsAreCheckedNamingTheOp) {
   Bf16 x[4] = {};
   int32_t idx[2] = {0, 1};
@@ -214,6 +321,11 @@ TEST_F(CpuBf16LayersTest, ArgumentsAreCheckedNamingTheOp) {
               HasSubstr("scatter_rows_bf16: dst_rows = 1 cannot hold 2 distinct rows"));
   EXPECT_THAT(mk_->EmbeddingBackwardBf16(dev_.s(), x, idx, 2, 2, x, 0).message(),
               HasSubstr("embedding_backward_bf16: vocab must be >= 1"));
+  EXPECT_THAT(mk_->RopeBf16(dev_.s(), x, 1, 1, 1, 3, 0, 10000.0f, false).message(),
+              HasSubstr("rope_bf16: head_dim must be even, got 3"));
+  float st[3];
+  EXPECT_THAT(mk_->StripFoldBf16(dev_.s(), x, 2, 2, 0, idx, st, 1).message(),
+              HasSubstr("strip_fold_bf16: stride = 1 must be >= rows = 2"));
 }
 
 }  // namespace

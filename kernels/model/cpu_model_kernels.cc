@@ -141,6 +141,27 @@ class CpuModelKernels final : public ModelKernels {
   absl::Status DoRowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t b_rows, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out) override {
     return Run(s, [=, p = pool_.get()] { cpu::RowDotsBf16(a, b, b_rows, pos, tokens, k, width, out, p); });
   }
+  absl::Status DoRopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0, float theta, bool inverse) override {
+    return Run(s, [=, p = pool_.get()] { cpu::RopeBf16(x, batch, len, heads, head_dim, pos0, theta, inverse, p); });
+  }
+  absl::Status DoCrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats) override {
+    return Run(s, [=, p = pool_.get()] {
+      int64_t valid = 0;
+      stats[0] += cpu::CrossEntropyForwardBf16(logits, targets, rows, vocab, lse, &valid, p);
+      stats[1] += static_cast<double>(valid);
+    });
+  }
+  absl::Status DoCrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale) override {
+    return Run(s, [=, p = pool_.get()] { cpu::CrossEntropyBackwardBf16(logits_to_grad, lse, targets, rows, vocab, scale, p); });
+  }
+  absl::Status DoStripFoldBf16(Stream& s, const Bf16* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride) override {
+    return Run(s, [=, p = pool_.get()] {
+      cpu::StripFoldBf16(logits, rows, width, col0, targets, state, state + stride, state + 2 * stride, p);
+    });
+  }
+  absl::Status DoStripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) override {
+    return Run(s, [=, p = pool_.get()] { cpu::StripDeltaBf16(logits_to_delta, rows, width, col0, targets, lse, scale, p); });
+  }
 
  private:
   // Runs `fn` on the stream in order with the rest of its work.

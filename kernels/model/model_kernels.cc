@@ -80,10 +80,9 @@ absl::Status ModelKernels::EmbeddingBackward(Stream& s, const float* dout,
   return skip ? absl::OkStatus() : DoEmbeddingBackward(s, dout, tokens, rows, hidden, dtable);
 }
 
-absl::Status ModelKernels::Rope(Stream& s, float* x, int64_t batch, int64_t len,
-                                int64_t heads, int64_t head_dim, int64_t pos0,
-                                float theta, bool inverse) {
-  constexpr absl::string_view op = "rope";
+namespace {
+absl::Status CheckRope(absl::string_view op, const void* x, int64_t batch, int64_t len,
+                       int64_t heads, int64_t head_dim, int64_t pos0, float theta) {
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "batch", batch));
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "len", len));
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "heads", heads));
@@ -92,6 +91,14 @@ absl::Status ModelKernels::Rope(Stream& s, float* x, int64_t batch, int64_t len,
   if (pos0 < 0) return ArgError(op, "pos0 must be >= 0");
   if (!(theta > 1.0f)) return ArgError(op, "theta must be > 1");
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status ModelKernels::Rope(Stream& s, float* x, int64_t batch, int64_t len,
+                                int64_t heads, int64_t head_dim, int64_t pos0,
+                                float theta, bool inverse) {
+  PLATEAU_RETURN_IF_ERROR(CheckRope("rope", x, batch, len, heads, head_dim, pos0, theta));
   return DoRope(s, x, batch, len, heads, head_dim, pos0, theta, inverse);
 }
 
@@ -193,33 +200,56 @@ absl::Status ModelKernels::RouterBackward(Stream& s, const float* probs, const i
   return DoRouterBackward(s, probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
 }
 
-absl::Status ModelKernels::CrossEntropy(Stream& s, const float* logits, const int32_t* targets,
-                                        int64_t rows, int64_t vocab, float* lse,
-                                        double* stats) {
-  constexpr absl::string_view op = "cross_entropy";
+namespace {
+
+absl::Status CheckCrossEntropy(absl::string_view op, const void* logits, const int32_t* targets,
+                               int64_t rows, int64_t vocab, const float* lse,
+                               const double* stats, bool* skip) {
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "vocab", vocab));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "stats", stats));
-  if (rows == 0) return absl::OkStatus();
+  *skip = rows == 0;
+  if (*skip) return absl::OkStatus();
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits},
                          {"targets", targets}, {"lse", lse}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return DoCrossEntropy(s, logits, targets, rows, vocab, lse, stats);
+  return absl::OkStatus();
 }
 
-absl::Status ModelKernels::CrossEntropyBackward(Stream& s, float* logits_to_grad,
-                                                const float* lse, const int32_t* targets,
-                                                int64_t rows, int64_t vocab, float scale) {
-  constexpr absl::string_view op = "cross_entropy_backward";
+absl::Status CheckCrossEntropyBackward(absl::string_view op, const void* logits_to_grad,
+                                       const float* lse, const int32_t* targets, int64_t rows,
+                                       int64_t vocab, bool* skip) {
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "vocab", vocab));
-  if (rows == 0) return absl::OkStatus();
+  *skip = rows == 0;
+  if (*skip) return absl::OkStatus();
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits_to_grad},
                          {"lse", lse}, {"targets", targets}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return DoCrossEntropyBackward(s, logits_to_grad, lse, targets, rows, vocab, scale);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ModelKernels::CrossEntropy(Stream& s, const float* logits, const int32_t* targets,
+                                        int64_t rows, int64_t vocab, float* lse,
+                                        double* stats) {
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(
+      CheckCrossEntropy("cross_entropy", logits, targets, rows, vocab, lse, stats, &skip));
+  return skip ? absl::OkStatus() : DoCrossEntropy(s, logits, targets, rows, vocab, lse, stats);
+}
+
+absl::Status ModelKernels::CrossEntropyBackward(Stream& s, float* logits_to_grad,
+                                                const float* lse, const int32_t* targets,
+                                                int64_t rows, int64_t vocab, float scale) {
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(CheckCrossEntropyBackward("cross_entropy_backward", logits_to_grad, lse,
+                                                    targets, rows, vocab, &skip));
+  return skip ? absl::OkStatus()
+              : DoCrossEntropyBackward(s, logits_to_grad, lse, targets, rows, vocab, scale);
 }
 
 namespace {
@@ -332,22 +362,51 @@ absl::Status ModelKernels::StripInit(Stream& s, float* state, int64_t rows) {
   return DoStripInit(s, state, rows);
 }
 
-absl::Status ModelKernels::StripFold(Stream& s, const float* logits, int64_t rows,
-                                     int64_t width, int64_t col0, const int32_t* targets,
-                                     float* state, int64_t stride) {
-  constexpr absl::string_view op = "strip_fold";
+namespace {
+
+absl::Status CheckStripFold(absl::string_view op, const void* logits, int64_t rows,
+                            int64_t width, int64_t col0, const int32_t* targets,
+                            const float* state, int64_t stride, bool* skip) {
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
   if (stride < rows) {
     return ArgError(op, absl::StrCat("stride = ", stride, " must be >= rows = ", rows));
   }
   PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "col0", col0));
-  if (rows == 0) return absl::OkStatus();
+  *skip = rows == 0;
+  if (*skip) return absl::OkStatus();
   PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
   for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits},
                          {"targets", targets}, {"state", state}}) {
     PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
   }
-  return DoStripFold(s, logits, rows, width, col0, targets, state, stride);
+  return absl::OkStatus();
+}
+
+absl::Status CheckStripDelta(absl::string_view op, const void* logits_to_delta, int64_t rows,
+                             int64_t width, int64_t col0, const int32_t* targets,
+                             const float* lse, bool* skip) {
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "col0", col0));
+  *skip = rows == 0;
+  if (*skip) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits_to_delta},
+                         {"targets", targets}, {"lse", lse}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ModelKernels::StripFold(Stream& s, const float* logits, int64_t rows,
+                                     int64_t width, int64_t col0, const int32_t* targets,
+                                     float* state, int64_t stride) {
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(
+      CheckStripFold("strip_fold", logits, rows, width, col0, targets, state, stride, &skip));
+  return skip ? absl::OkStatus()
+              : DoStripFold(s, logits, rows, width, col0, targets, state, stride);
 }
 
 absl::Status ModelKernels::StripFinish(Stream& s, const float* state, const int32_t* targets,
@@ -366,16 +425,11 @@ absl::Status ModelKernels::StripFinish(Stream& s, const float* state, const int3
 absl::Status ModelKernels::StripDelta(Stream& s, float* logits_to_delta, int64_t rows,
                                       int64_t width, int64_t col0, const int32_t* targets,
                                       const float* lse, float scale) {
-  constexpr absl::string_view op = "strip_delta";
-  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "width", width));
-  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "col0", col0));
-  if (rows == 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
-  for (auto [name, p] : {std::pair<const char*, const void*>{"logits", logits_to_delta},
-                         {"targets", targets}, {"lse", lse}}) {
-    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
-  }
-  return DoStripDelta(s, logits_to_delta, rows, width, col0, targets, lse, scale);
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(
+      CheckStripDelta("strip_delta", logits_to_delta, rows, width, col0, targets, lse, &skip));
+  return skip ? absl::OkStatus()
+              : DoStripDelta(s, logits_to_delta, rows, width, col0, targets, lse, scale);
 }
 
 // --- bf16 mixed precision ---------------------------------------------------
@@ -445,6 +499,71 @@ absl::Status ModelKernels::RowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, 
   return skip ? absl::OkStatus() : DoRowDotsBf16(s, a, b, b_rows, pos, tokens, k, width, out);
 }
 
+absl::Status ModelKernels::RopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads,
+                                    int64_t head_dim, int64_t pos0, float theta, bool inverse) {
+  PLATEAU_RETURN_IF_ERROR(CheckRope("rope_bf16", x, batch, len, heads, head_dim, pos0, theta));
+  return DoRopeBf16(s, x, batch, len, heads, head_dim, pos0, theta, inverse);
+}
+
+absl::Status ModelKernels::CrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets,
+                                            int64_t rows, int64_t vocab, float* lse,
+                                            double* stats) {
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(
+      CheckCrossEntropy("cross_entropy_bf16", logits, targets, rows, vocab, lse, stats, &skip));
+  return skip ? absl::OkStatus() : DoCrossEntropyBf16(s, logits, targets, rows, vocab, lse, stats);
+}
+
+absl::Status ModelKernels::CrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad,
+                                                    const float* lse, const int32_t* targets,
+                                                    int64_t rows, int64_t vocab, float scale) {
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(CheckCrossEntropyBackward("cross_entropy_backward_bf16", logits_to_grad,
+                                                    lse, targets, rows, vocab, &skip));
+  return skip ? absl::OkStatus()
+              : DoCrossEntropyBackwardBf16(s, logits_to_grad, lse, targets, rows, vocab, scale);
+}
+
+absl::Status ModelKernels::StripFoldBf16(Stream& s, const Bf16* logits, int64_t rows,
+                                         int64_t width, int64_t col0, const int32_t* targets,
+                                         float* state, int64_t stride) {
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(CheckStripFold("strip_fold_bf16", logits, rows, width, col0, targets,
+                                         state, stride, &skip));
+  return skip ? absl::OkStatus()
+              : DoStripFoldBf16(s, logits, rows, width, col0, targets, state, stride);
+}
+
+absl::Status ModelKernels::StripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows,
+                                          int64_t width, int64_t col0, const int32_t* targets,
+                                          const float* lse, float scale) {
+  bool skip = false;
+  PLATEAU_RETURN_IF_ERROR(CheckStripDelta("strip_delta_bf16", logits_to_delta, rows, width, col0,
+                                          targets, lse, &skip));
+  return skip ? absl::OkStatus()
+              : DoStripDeltaBf16(s, logits_to_delta, rows, width, col0, targets, lse, scale);
+}
+
+absl::Status ModelKernels::DoRopeBf16(Stream&, Bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                      float, bool) {
+  return NoBf16("rope_bf16");
+}
+absl::Status ModelKernels::DoCrossEntropyBf16(Stream&, const Bf16*, const int32_t*, int64_t,
+                                              int64_t, float*, double*) {
+  return NoBf16("cross_entropy_bf16");
+}
+absl::Status ModelKernels::DoCrossEntropyBackwardBf16(Stream&, Bf16*, const float*,
+                                                      const int32_t*, int64_t, int64_t, float) {
+  return NoBf16("cross_entropy_backward_bf16");
+}
+absl::Status ModelKernels::DoStripFoldBf16(Stream&, const Bf16*, int64_t, int64_t, int64_t,
+                                           const int32_t*, float*, int64_t) {
+  return NoBf16("strip_fold_bf16");
+}
+absl::Status ModelKernels::DoStripDeltaBf16(Stream&, Bf16*, int64_t, int64_t, int64_t,
+                                            const int32_t*, const float*, float) {
+  return NoBf16("strip_delta_bf16");
+}
 absl::Status ModelKernels::DoEmbeddingBf16(Stream&, const Bf16*, int64_t, const int32_t*, int64_t,
                                            int64_t, Bf16*) {
   return NoBf16("embedding_bf16");

@@ -138,6 +138,21 @@ class ModelKernels {
   absl::Status RowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t b_rows,
                            const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
                            float* out);
+  // In place on bf16 q or k rows: fp32 rotation of the loaded values, rounded once.
+  absl::Status RopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads,
+                        int64_t head_dim, int64_t pos0, float theta, bool inverse);
+  // bf16 logits; lse (fp32) and stats (double) as CrossEntropy.
+  absl::Status CrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets,
+                                int64_t rows, int64_t vocab, float* lse, double* stats);
+  // In place: the bf16 logits become their gradient, rounded once.
+  absl::Status CrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad, const float* lse,
+                                        const int32_t* targets, int64_t rows, int64_t vocab,
+                                        float scale);
+  // Ring-DTP strips of bf16 logits; the state stays fp32.
+  absl::Status StripFoldBf16(Stream& s, const Bf16* logits, int64_t rows, int64_t width,
+                             int64_t col0, const int32_t* targets, float* state, int64_t stride);
+  absl::Status StripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width,
+                              int64_t col0, const int32_t* targets, const float* lse, float scale);
 
  protected:
   // Implementations: called only after the arguments were validated (and
@@ -168,6 +183,11 @@ class ModelKernels {
   virtual absl::Status DoScatterRowsBf16(Stream& s, const Bf16* src, int64_t rows, const int32_t* index, int64_t width, Bf16* dst, int64_t dst_rows);
   virtual absl::Status DoCombineRowsBf16(Stream& s, const Bf16* src, int64_t src_rows, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, Bf16* out);
   virtual absl::Status DoRowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t b_rows, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out);
+  virtual absl::Status DoRopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0, float theta, bool inverse);
+  virtual absl::Status DoCrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats);
+  virtual absl::Status DoCrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale);
+  virtual absl::Status DoStripFoldBf16(Stream& s, const Bf16* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride);
+  virtual absl::Status DoStripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale);
   virtual absl::Status DoStripDelta(Stream& s, float* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) = 0;
 };
 
