@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
+#include "kernels/model/model_kernels.h"
 #include "kernels/testing/device_side.h"
 
 namespace plateau {
@@ -332,6 +333,62 @@ TEST_F(CudaBf16TwinTest, AdamWMatchesCpuOverSeveralSteps) {
     EXPECT_TRUE(AgreeBf16(std::vector<float>(got[1].begin() + 3 * n, got[1].end()),
                           std::vector<float>(got[0].begin() + 3 * n, got[0].end()),
                           std::vector<double>(tol.begin() + 3 * n, tol.end())));
+  }
+}
+
+// The model kernels' bf16 row ops (ModelKernels::*Bf16) on both backends.
+// Gather (one fp32 product per element), scatter, embedding (copies) and
+// combine (fp32 products and sums in j order, separately rounded on both
+// sides) compute the same fp32 value before the one rounding, so they are
+// bitwise equal; RowDots sums in double in another order and agrees within
+// 2u |out| + 1e-9: the products are exact in double, the two double sums
+// differ by at most about width * 2^-53 * sum |a b| (< 1e-10 here: 257
+// terms of size < 20), then one fp32 rounding each.
+TEST_F(CudaBf16TwinTest, ModelRowOpsMatchCpu) {
+  const int64_t src_rows = 300, width = 257, tokens = 200, k = 2, vocab = 64;
+  const std::vector<Bf16> src = RandomBf16(src_rows * width, 41), out0 = RandomBf16(tokens * width, 42),
+                          a = RandomBf16(tokens * width, 43), table = RandomBf16(vocab * width, 44);
+  std::mt19937 rng(45);
+  std::vector<int32_t> pos(tokens * k), tok(tokens), perm(tokens);
+  for (int32_t& p : pos) p = static_cast<int32_t>(rng() % src_rows);
+  for (int32_t& t : tok) t = static_cast<int32_t>(rng() % vocab);
+  for (int64_t i = 0; i < tokens; ++i) perm[i] = static_cast<int32_t>((i * 7) % tokens);
+  std::vector<float> gates(tokens * k);
+  for (float& g : gates) g = static_cast<float>(rng() % 1000) / 1000.0f;
+  auto ints = [](DeviceSide& side, const std::vector<int32_t>& v) {
+    std::vector<float> f(v.size());
+    std::memcpy(f.data(), v.data(), v.size() * sizeof(int32_t));
+    return reinterpret_cast<int32_t*>(side.Upload(f));
+  };
+  auto run = [&](DeviceSide& side, std::vector<float>* dots) {
+    auto mk = ModelKernels::Create(side.b());
+    EXPECT_TRUE(mk.ok()) << mk.status();
+    const Bf16* dsrc = side.UploadBf16(src);
+    const int32_t* dpos = ints(side, pos);
+    const float* dg = side.Upload(gates);
+    Bf16* gathered = side.PoisonedBf16(tokens * k * width);
+    EXPECT_TRUE((*mk)->GatherRowsBf16(side.s(), dsrc, src_rows, dpos, dg, tokens * k, width, gathered).ok());
+    Bf16* scattered = side.PoisonedBf16(tokens * width);
+    EXPECT_TRUE((*mk)->ScatterRowsBf16(side.s(), gathered, tokens, ints(side, perm), width, scattered, tokens).ok());
+    Bf16* out = side.UploadBf16(out0);
+    EXPECT_TRUE((*mk)->CombineRowsBf16(side.s(), dsrc, src_rows, dpos, dg, tokens, k, width, out).ok());
+    Bf16* emb = side.PoisonedBf16(tokens * width);
+    EXPECT_TRUE((*mk)->EmbeddingBf16(side.s(), side.UploadBf16(table), vocab, ints(side, tok), tokens, width, emb).ok());
+    float* d = side.Poisoned(tokens * k);
+    EXPECT_TRUE((*mk)->RowDotsBf16(side.s(), side.UploadBf16(a), dsrc, src_rows, dpos, tokens, k, width, d).ok());
+    *dots = side.Download(d, tokens * k);
+    std::vector<uint16_t> bits;
+    for (const auto& [p, n] : {std::pair<const Bf16*, int64_t>{gathered, tokens * k * width},
+                               {scattered, tokens * width}, {out, tokens * width}, {emb, tokens * width}}) {
+      for (Bf16 b : side.DownloadBf16(p, n)) bits.push_back(b.bits);
+    }
+    return bits;
+  };
+  std::vector<float> cpu_dots, cuda_dots;
+  const std::vector<uint16_t> cpu = run(cpu_, &cpu_dots), cuda = run(cuda_, &cuda_dots);
+  EXPECT_EQ(cuda, cpu);
+  for (size_t i = 0; i < cpu_dots.size(); ++i) {
+    ASSERT_LE(std::abs(double{cuda_dots[i]} - cpu_dots[i]), 2 * kU * std::abs(cpu_dots[i]) + 1e-9) << i;
   }
 }
 

@@ -192,6 +192,39 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("row_dots", s, cuda_model_ops::RowDots, a, b, pos, tokens,
                    k, width, out);
   }
+  // bf16 mixed precision (cuda_model_ops.h): the row ops; the rest of the
+  // bf16 model ops stay UNIMPLEMENTED here for now.
+  static const uint16_t* Bits(const Bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
+  static uint16_t* Bits(Bf16* p) { return reinterpret_cast<uint16_t*>(p); }
+  absl::Status DoEmbeddingBf16(Stream& s, const Bf16* table, int64_t /*vocab*/,
+                               const int32_t* tokens, int64_t rows, int64_t hidden,
+                               Bf16* out) override {
+    PLATEAU_LAUNCH("embedding_bf16", s, cuda_model_ops::EmbeddingBf16, Bits(table), tokens, rows,
+                   hidden, Bits(out));
+  }
+  absl::Status DoGatherRowsBf16(Stream& s, const Bf16* src, int64_t /*src_rows*/,
+                                const int32_t* index, const float* scales, int64_t rows,
+                                int64_t width, Bf16* dst) override {
+    PLATEAU_LAUNCH("gather_rows_bf16", s, cuda_model_ops::GatherRowsBf16, Bits(src), index,
+                   scales, rows, width, Bits(dst));
+  }
+  absl::Status DoScatterRowsBf16(Stream& s, const Bf16* src, int64_t rows, const int32_t* index,
+                                 int64_t width, Bf16* dst, int64_t /*dst_rows*/) override {
+    PLATEAU_LAUNCH("scatter_rows_bf16", s, cuda_model_ops::ScatterRowsBf16, Bits(src), rows,
+                   index, width, Bits(dst));
+  }
+  absl::Status DoCombineRowsBf16(Stream& s, const Bf16* src, int64_t /*src_rows*/,
+                                 const int32_t* pos, const float* weights, int64_t tokens,
+                                 int64_t k, int64_t width, Bf16* out) override {
+    PLATEAU_LAUNCH("combine_rows_bf16", s, cuda_model_ops::CombineRowsBf16, Bits(src), pos,
+                   weights, tokens, k, width, Bits(out));
+  }
+  absl::Status DoRowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t /*b_rows*/,
+                             const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
+                             float* out) override {
+    PLATEAU_LAUNCH("row_dots_bf16", s, cuda_model_ops::RowDotsBf16, Bits(a), Bits(b), pos,
+                   tokens, k, width, out);
+  }
   absl::Status DoStripInit(Stream& s, float* state, int64_t rows) override {
     PLATEAU_LAUNCH("strip_init", s, cuda_model_ops::StripInit, state, rows);
   }

@@ -11,6 +11,8 @@
 #include "kernels/cuda/cuda_device_utils.cuh"
 #include "kernels/cuda/cuda_model_ops.h"
 
+#include <cuda_bf16.h>
+
 namespace plateau::cuda_model_ops {
 namespace {
 
@@ -27,6 +29,20 @@ using cuda_device::kThreads;
 using cuda_device::MaxOp;
 using cuda_device::RowGrid;
 using cuda_device::SumOp;
+
+// bf16 mixed precision (kernels/bf16.h): the row kernels below are templates
+// over the working element type T; Load is exact, StoreAs rounds once to
+// nearest even. For T = float both are the identity (the fp32 kernels'
+// expressions, unchanged).
+using Bf16 = __nv_bfloat16;
+__device__ __forceinline__ float Load(float x) { return x; }
+__device__ __forceinline__ float Load(Bf16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T StoreAs(float x);
+template <>
+__device__ __forceinline__ float StoreAs<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ Bf16 StoreAs<Bf16>(float x) { return __float2bfloat16_rn(x); }
 
 __global__ void StripInitKernel(float* state, int64_t rows) {
   for (int64_t i = GlobalThread(); i < 3 * rows; i += GridThreads()) {
@@ -156,8 +172,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void EmbeddingKernel(const float* table, const int32_t* tokens,
-                                int64_t rows, int64_t hidden, float* out) {
+template <typename T>
+__global__ void EmbeddingKernel(const T* table, const int32_t* tokens,
+                                int64_t rows, int64_t hidden, T* out) {
   const int64_t n = rows * hidden;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t r = i / hidden;
@@ -176,21 +193,23 @@ __global__ void EmbeddingBackwardKernel(const float* dout,
   }
 }
 
-__global__ void GatherRowsKernel(const float* src, const int32_t* index,
+template <typename T>
+__global__ void GatherRowsKernel(const T* src, const int32_t* index,
                                  const float* scales, int64_t rows,
-                                 int64_t width, float* dst) {
+                                 int64_t width, T* dst) {
   const int64_t n = rows * width;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t r = i / width;
-    const float v = src[static_cast<int64_t>(index[r]) * width + (i - r * width)];
-    dst[i] = scales == nullptr ? v : __fmul_rn(scales[r], v);
+    const float v = Load(src[static_cast<int64_t>(index[r]) * width + (i - r * width)]);
+    dst[i] = StoreAs<T>(scales == nullptr ? v : __fmul_rn(scales[r], v));
   }
 }
 
 // The indices are distinct, so every destination element has one writer.
-__global__ void ScatterRowsKernel(const float* src, int64_t rows,
+template <typename T>
+__global__ void ScatterRowsKernel(const T* src, int64_t rows,
                                   const int32_t* index, int64_t width,
-                                  float* dst) {
+                                  T* dst) {
   const int64_t n = rows * width;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t r = i / width;
@@ -200,34 +219,37 @@ __global__ void ScatterRowsKernel(const float* src, int64_t rows,
 
 // Each output element is owned by one thread, which adds the k terms in j
 // order (the CPU order).
-__global__ void CombineRowsKernel(const float* src, const int32_t* pos,
+// bf16: the sum is kept in an fp32 register and rounded once on the store.
+template <typename T>
+__global__ void CombineRowsKernel(const T* src, const int32_t* pos,
                                   const float* weights, int64_t tokens,
-                                  int64_t k, int64_t width, float* out) {
+                                  int64_t k, int64_t width, T* out) {
   const int64_t n = tokens * width;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t t = i / width;
     const int64_t c = i - t * width;
-    float o = out[i];
+    float o = Load(out[i]);
     for (int64_t j = 0; j < k; ++j) {
       const float w = weights == nullptr ? 1.0f : weights[t * k + j];
-      const float v = src[static_cast<int64_t>(pos[t * k + j]) * width + c];
+      const float v = Load(src[static_cast<int64_t>(pos[t * k + j]) * width + c]);
       o = __fadd_rn(o, __fmul_rn(w, v));
     }
-    out[i] = o;
+    out[i] = StoreAs<T>(o);
   }
 }
 
 // One block per (token, j) pair; the products of two floats are exact in
 // double, so only the order of the double sum differs from the CPU.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RowDotsKernel(const float* a, const float* b, const int32_t* pos,
+    RowDotsKernel(const T* a, const T* b, const int32_t* pos,
                   int64_t tokens, int64_t k, int64_t width, float* out) {
   for (int64_t p = blockIdx.x; p < tokens * k; p += gridDim.x) {
-    const float* x = a + (p / k) * width;
-    const float* y = b + static_cast<int64_t>(pos[p]) * width;
+    const T* x = a + (p / k) * width;
+    const T* y = b + static_cast<int64_t>(pos[p]) * width;
     double acc = 0.0;
     for (int64_t c = threadIdx.x; c < width; c += kThreads) {
-      acc += static_cast<double>(x[c]) * static_cast<double>(y[c]);
+      acc += static_cast<double>(Load(x[c])) * static_cast<double>(Load(y[c]));
     }
     acc = BlockReduce(acc, SumOp());
     if (threadIdx.x == 0) out[p] = static_cast<float>(acc);
@@ -710,7 +732,7 @@ cudaError_t CrossEntropyBackward(cudaStream_t stream, float* logits_to_grad,
 cudaError_t Embedding(cudaStream_t stream, const float* table,
                       const int32_t* tokens, int64_t rows, int64_t hidden,
                       float* out) {
-  EmbeddingKernel<<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
+  EmbeddingKernel<float><<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
       table, tokens, rows, hidden, out);
   return cudaGetLastError();
 }
@@ -726,14 +748,14 @@ cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
 cudaError_t GatherRows(cudaStream_t stream, const float* src,
                        const int32_t* index, const float* scales, int64_t rows,
                        int64_t width, float* dst) {
-  GatherRowsKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  GatherRowsKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
       src, index, scales, rows, width, dst);
   return cudaGetLastError();
 }
 
 cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
                         const int32_t* index, int64_t width, float* dst) {
-  ScatterRowsKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  ScatterRowsKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
       src, rows, index, width, dst);
   return cudaGetLastError();
 }
@@ -741,7 +763,7 @@ cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
 cudaError_t CombineRows(cudaStream_t stream, const float* src,
                         const int32_t* pos, const float* weights,
                         int64_t tokens, int64_t k, int64_t width, float* out) {
-  CombineRowsKernel<<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
+  CombineRowsKernel<float><<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
       src, pos, weights, tokens, k, width, out);
   return cudaGetLastError();
 }
@@ -749,8 +771,52 @@ cudaError_t CombineRows(cudaStream_t stream, const float* src,
 cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
                     const int32_t* pos, int64_t tokens, int64_t k,
                     int64_t width, float* out) {
-  RowDotsKernel<<<RowGrid(tokens * k), kThreads, 0, stream>>>(a, b, pos, tokens,
-                                                              k, width, out);
+  RowDotsKernel<float><<<RowGrid(tokens * k), kThreads, 0, stream>>>(a, b, pos, tokens,
+                                                                     k, width, out);
+  return cudaGetLastError();
+}
+
+// --- bf16 mixed precision ---------------------------------------------------
+
+namespace {
+const Bf16* AsBf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p); }
+Bf16* AsBf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
+}  // namespace
+
+cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int32_t* tokens,
+                          int64_t rows, int64_t hidden, uint16_t* out) {
+  EmbeddingKernel<Bf16><<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
+      AsBf16(table), tokens, rows, hidden, AsBf16(out));
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* index,
+                           const float* scales, int64_t rows, int64_t width, uint16_t* dst) {
+  GatherRowsKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+      AsBf16(src), index, scales, rows, width, AsBf16(dst));
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterRowsBf16(cudaStream_t stream, const uint16_t* src, int64_t rows,
+                            const int32_t* index, int64_t width, uint16_t* dst) {
+  ScatterRowsKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+      AsBf16(src), rows, index, width, AsBf16(dst));
+  return cudaGetLastError();
+}
+
+cudaError_t CombineRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* pos,
+                            const float* weights, int64_t tokens, int64_t k, int64_t width,
+                            uint16_t* out) {
+  CombineRowsKernel<Bf16><<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
+      AsBf16(src), pos, weights, tokens, k, width, AsBf16(out));
+  return cudaGetLastError();
+}
+
+cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* b,
+                        const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
+                        float* out) {
+  RowDotsKernel<Bf16><<<RowGrid(tokens * k), kThreads, 0, stream>>>(AsBf16(a), AsBf16(b), pos,
+                                                                    tokens, k, width, out);
   return cudaGetLastError();
 }
 
@@ -842,12 +908,17 @@ cudaError_t LoadKernels() {
       reinterpret_cast<const void*>(StripDeltaKernel),
       reinterpret_cast<const void*>(CrossEntropyLseKernel),
       reinterpret_cast<const void*>(CrossEntropyLossKernel),
-      reinterpret_cast<const void*>(EmbeddingKernel),
+      reinterpret_cast<const void*>(EmbeddingKernel<float>),
       reinterpret_cast<const void*>(EmbeddingBackwardKernel),
-      reinterpret_cast<const void*>(GatherRowsKernel),
-      reinterpret_cast<const void*>(ScatterRowsKernel),
-      reinterpret_cast<const void*>(CombineRowsKernel),
-      reinterpret_cast<const void*>(RowDotsKernel),
+      reinterpret_cast<const void*>(GatherRowsKernel<float>),
+      reinterpret_cast<const void*>(ScatterRowsKernel<float>),
+      reinterpret_cast<const void*>(CombineRowsKernel<float>),
+      reinterpret_cast<const void*>(RowDotsKernel<float>),
+      reinterpret_cast<const void*>(EmbeddingKernel<Bf16>),
+      reinterpret_cast<const void*>(GatherRowsKernel<Bf16>),
+      reinterpret_cast<const void*>(ScatterRowsKernel<Bf16>),
+      reinterpret_cast<const void*>(CombineRowsKernel<Bf16>),
+      reinterpret_cast<const void*>(RowDotsKernel<Bf16>),
       reinterpret_cast<const void*>(RopeKernel),
       reinterpret_cast<const void*>(RouterKernel),
       reinterpret_cast<const void*>(RouterBackwardKernel),
