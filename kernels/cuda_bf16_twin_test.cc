@@ -392,5 +392,124 @@ TEST_F(CudaBf16TwinTest, ModelRowOpsMatchCpu) {
   }
 }
 
+// Rope, the dense cross-entropy and the Ring-DTP strips on bf16 logits, as
+// cuda_model_twin_test's fp32 bounds on the same loaded values, plus one
+// bf16 unit where the output is bf16 (rope, the gradient, the deltas): lse
+// within (V + 16) 2u + 8u log V + 4u |lse|; the loss sum within the sum of
+// those and 2u |lse - logit[target]|; the gradient / delta within
+// scale 8u e^(x - lse) + 2u |g|; rope within 12u (|x1| + |x2|) of the pair.
+// The strips are folded with the CPU's final lse, so each side's deltas use
+// the same lse.
+TEST_F(CudaBf16TwinTest, RopeCrossEntropyAndStripsMatchCpu) {
+  const int64_t rows = 17, vocab = 1000, strip = 300;
+  const std::vector<Bf16> logits = RandomBf16(rows * vocab, 51, -30, 30);
+  const std::vector<float> lf = Loaded(logits);
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % vocab);
+  targets[3] = -1;  // kIgnoreIndex
+  auto ints = [](DeviceSide& side, const std::vector<int32_t>& v) {
+    std::vector<float> f(v.size());
+    std::memcpy(f.data(), v.data(), v.size() * sizeof(int32_t));
+    return reinterpret_cast<int32_t*>(side.Upload(f));
+  };
+  const float scale = 0.25f;
+  struct Out {
+    std::vector<float> lse, strip_state, grad, deltas;
+    double stats[2];
+  };
+  std::vector<float> cpu_lse;  // the CPU's lse, given to both sides' deltas
+  auto run = [&](DeviceSide& side) {
+    Out o;
+    auto mk = ModelKernels::Create(side.b());
+    EXPECT_TRUE(mk.ok()) << mk.status();
+    const int32_t* y = ints(side, targets);
+    float* lse = side.Poisoned(rows);
+    double* stats = reinterpret_cast<double*>(side.Upload(std::vector<float>(4, 0.0f)));
+    EXPECT_TRUE((*mk)->CrossEntropyBf16(side.s(), side.UploadBf16(logits), y, rows, vocab, lse, stats).ok());
+    o.lse = side.Download(lse, rows);
+    const std::vector<float> st = side.Download(reinterpret_cast<float*>(stats), 4);
+    std::memcpy(o.stats, st.data(), sizeof(o.stats));
+    if (cpu_lse.empty()) cpu_lse = o.lse;
+    const float* ref_lse = side.Upload(cpu_lse);
+    Bf16* g = side.UploadBf16(logits);
+    EXPECT_TRUE((*mk)->CrossEntropyBackwardBf16(side.s(), g, ref_lse, y, rows, vocab, scale).ok());
+    o.grad = Loaded(side.DownloadBf16(g, rows * vocab));
+    float* state = side.Poisoned(3 * rows);
+    EXPECT_TRUE((*mk)->StripInit(side.s(), state, rows).ok());
+    for (int64_t j0 = 0; j0 < vocab; j0 += strip) {
+      const int64_t w = std::min(strip, vocab - j0);
+      std::vector<Bf16> tile(rows * w);
+      for (int64_t r = 0; r < rows; ++r) std::copy_n(&logits[r * vocab + j0], w, &tile[r * w]);
+      const Bf16* dt = side.UploadBf16(tile);
+      EXPECT_TRUE((*mk)->StripFoldBf16(side.s(), dt, rows, w, j0, y, state, rows).ok());
+      Bf16* d = side.UploadBf16(tile);
+      EXPECT_TRUE((*mk)->StripDeltaBf16(side.s(), d, rows, w, j0, y, ref_lse, scale).ok());
+      const std::vector<float> part = Loaded(side.DownloadBf16(d, rows * w));
+      o.deltas.insert(o.deltas.end(), part.begin(), part.end());
+    }
+    o.strip_state = side.Download(state, 3 * rows);
+    return o;
+  };
+  const Out cpu = run(cpu_), cuda = run(cuda_);
+  const double rel_s = (vocab + 16.0) * 2 * kU;
+  auto lse_tol = [&](int64_t r) {
+    return rel_s + 8 * kU * std::log(double(vocab)) + 4 * kU * std::abs(cpu.lse[r]) + 1e-30;
+  };
+  double loss_tol = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_LE(std::abs(double{cuda.lse[r]} - cpu.lse[r]), lse_tol(r)) << "lse " << r;
+    if (targets[r] < 0) continue;
+    loss_tol += lse_tol(r) + 2 * kU * std::abs(cpu.lse[r] - lf[r * vocab + targets[r]]);
+  }
+  EXPECT_NEAR(cuda.stats[0], cpu.stats[0], loss_tol + 1e-12 * std::abs(cpu.stats[0]));
+  EXPECT_EQ(cuda.stats[1], cpu.stats[1]);
+  std::vector<double> tol(rows * vocab);
+  for (int64_t i = 0; i < rows * vocab; ++i) {
+    const double e = std::exp(double(lf[i]) - double(cpu_lse[i / vocab]));
+    tol[i] = scale * 8 * kU * e + 2 * kU * std::abs(cpu.grad[i]) + 1e-30;
+  }
+  EXPECT_TRUE(AgreeBf16(cuda.grad, cpu.grad, tol)) << "cross-entropy gradient";
+  // The deltas are laid out strip by strip: the same per-element bound.
+  std::vector<double> dtol;
+  for (int64_t j0 = 0; j0 < vocab; j0 += strip) {
+    const int64_t w = std::min(strip, vocab - j0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < w; ++c) dtol.push_back(tol[r * vocab + j0 + c]);
+    }
+  }
+  EXPECT_TRUE(AgreeBf16(cuda.deltas, cpu.deltas, dtol)) << "strip deltas";
+  // The fold state: m is a max of the same loaded values (exact), t a loaded
+  // logit (exact), s an exp-sum within the lse bound relative to itself.
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) continue;
+    EXPECT_EQ(cuda.strip_state[r], cpu.strip_state[r]) << "m " << r;
+    EXPECT_EQ(cuda.strip_state[2 * rows + r], cpu.strip_state[2 * rows + r]) << "t " << r;
+    EXPECT_LE(std::abs(double{cuda.strip_state[rows + r]} - cpu.strip_state[rows + r]),
+              lse_tol(r) * cpu.strip_state[rows + r]) << "s " << r;
+  }
+
+  // Rope, forward and inverse, near position 0 and 4000.
+  const int64_t batch = 2, len = 37, heads = 3, head_dim = 64, half = head_dim / 2;
+  const std::vector<Bf16> x = RandomBf16(batch * len * heads * head_dim, 71, -3, 3);
+  const std::vector<float> xf = Loaded(x);
+  std::vector<double> rtol(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t row = i / head_dim, j = i % head_dim % half;
+    rtol[i] = 12 * kU * (std::abs(xf[row * head_dim + j]) + std::abs(xf[row * head_dim + j + half]));
+  }
+  for (int64_t pos0 : {int64_t{0}, int64_t{4000}}) {
+    for (bool inverse : {false, true}) {
+      auto rope = [&](DeviceSide& side) {
+        auto mk = ModelKernels::Create(side.b());
+        EXPECT_TRUE(mk.ok()) << mk.status();
+        Bf16* d = side.UploadBf16(x);
+        EXPECT_TRUE((*mk)->RopeBf16(side.s(), d, batch, len, heads, head_dim, pos0, 10000.0f, inverse).ok());
+        return Loaded(side.DownloadBf16(d, static_cast<int64_t>(x.size())));
+      };
+      EXPECT_TRUE(AgreeBf16(rope(cuda_), rope(cpu_), rtol)) << "rope pos0 " << pos0 << (inverse ? " inverse" : "");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace plateau

@@ -54,24 +54,25 @@ __global__ void StripInitKernel(float* state, int64_t rows) {
 // of the running sum, the new exp-sum and the target logit in one pass over
 // the strip (two reads of the row, one launch). The exp-sum of a row
 // accumulates in double per thread and in the tree, then rounds once.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    StripFoldKernel(const float* logits, int64_t rows, int64_t width,
+    StripFoldKernel(const T* logits, int64_t rows, int64_t width,
                     int64_t col0, const int32_t* targets, float* m, float* s,
                     float* t) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t target = targets[r];
     if (target == kIgnore) continue;  // the same for the whole block
-    const float* xr = logits + r * width;
+    const T* xr = logits + r * width;
     float mx = -INFINITY;
     for (int64_t c = threadIdx.x; c < width; c += kThreads) {
-      mx = fmaxf(mx, xr[c]);
+      mx = fmaxf(mx, Load(xr[c]));
     }
     mx = BlockReduce(mx, MaxOp());
     const float mold = m[r];
     const float mnew = fmaxf(mold, mx);
     double sum = 0.0;
     for (int64_t c = threadIdx.x; c < width; c += kThreads) {
-      sum += static_cast<double>(expf(xr[c] - mnew));
+      sum += static_cast<double>(expf(Load(xr[c]) - mnew));
     }
     sum = BlockReduce(sum, SumOp());
     if (threadIdx.x == 0) {
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
       s[r] = __fadd_rn(__fmul_rn(s[r], expf(mold - mnew)),
                        static_cast<float>(sum));
       m[r] = mnew;
-      if (target >= col0 && target < col0 + width) t[r] = xr[target - col0];
+      if (target >= col0 && target < col0 + width) t[r] = Load(xr[target - col0]);
     }
   }
 }
@@ -110,7 +111,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // delta = scale * (softmax - onehot), fused into one elementwise pass.
-__global__ void StripDeltaKernel(float* x, int64_t rows, int64_t width,
+template <typename T>
+__global__ void StripDeltaKernel(T* x, int64_t rows, int64_t width,
                                  int64_t col0, const int32_t* targets,
                                  const float* lse, float scale) {
   const int64_t n = rows * width;
@@ -119,33 +121,34 @@ __global__ void StripDeltaKernel(float* x, int64_t rows, int64_t width,
     const int64_t c = i - r * width;
     const int64_t target = targets[r];
     if (target == kIgnore) {
-      x[i] = 0.0f;
+      x[i] = StoreAs<T>(0.0f);
       continue;
     }
-    float v = __fmul_rn(expf(x[i] - lse[r]), scale);
+    float v = __fmul_rn(expf(Load(x[i]) - lse[r]), scale);
     if (target - col0 == c) v = __fsub_rn(v, scale);
-    x[i] = v;
+    x[i] = StoreAs<T>(v);
   }
 }
 
 // Dense cross-entropy, pass 1: lse per row (0 for ignored rows).
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    CrossEntropyLseKernel(const float* logits, const int32_t* targets,
+    CrossEntropyLseKernel(const T* logits, const int32_t* targets,
                           int64_t rows, int64_t vocab, float* lse) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (targets[r] == kIgnore) {
       if (threadIdx.x == 0) lse[r] = 0.0f;
       continue;
     }
-    const float* xr = logits + r * vocab;
+    const T* xr = logits + r * vocab;
     float mx = -INFINITY;
     for (int64_t c = threadIdx.x; c < vocab; c += kThreads) {
-      mx = fmaxf(mx, xr[c]);
+      mx = fmaxf(mx, Load(xr[c]));
     }
     mx = BlockReduce(mx, MaxOp());
     double sum = 0.0;
     for (int64_t c = threadIdx.x; c < vocab; c += kThreads) {
-      sum += static_cast<double>(expf(xr[c] - mx));
+      sum += static_cast<double>(expf(Load(xr[c]) - mx));
     }
     sum = BlockReduce(sum, SumOp());
     if (threadIdx.x == 0) lse[r] = mx + logf(static_cast<float>(sum));
@@ -153,15 +156,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Pass 2, one block: the loss sum and count over the rows, as StripFinish.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    CrossEntropyLossKernel(const float* logits, const int32_t* targets,
+    CrossEntropyLossKernel(const T* logits, const int32_t* targets,
                            int64_t rows, int64_t vocab, const float* lse,
                            double* stats) {
   double loss = 0.0, count = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
     const int64_t target = targets[r];
     if (target == kIgnore) continue;
-    loss += static_cast<double>(lse[r] - logits[r * vocab + target]);
+    loss += static_cast<double>(lse[r] - Load(logits[r * vocab + target]));
     count += 1.0;
   }
   loss = BlockReduce(loss, SumOp());
@@ -258,7 +262,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One thread per (row, j) pair of a half-split rotation; mul and sub/add
 // rounded separately, as the CPU does.
-__global__ void RopeKernel(float* x, int64_t rows, int64_t len, int64_t heads,
+template <typename T>
+__global__ void RopeKernel(T* x, int64_t rows, int64_t len, int64_t heads,
                            int64_t head_dim, int64_t pos0, RopeFreqs freqs,
                            bool inverse) {
   const int64_t half = head_dim / 2;
@@ -270,10 +275,10 @@ __global__ void RopeKernel(float* x, int64_t rows, int64_t len, int64_t heads,
     const float angle = __fmul_rn(static_cast<float>(pos0 + t), freqs.freq[j]);
     const float cs = cosf(angle);
     const float sn = inverse ? -sinf(angle) : sinf(angle);
-    float* v = x + row * head_dim;
-    const float x1 = v[j], x2 = v[j + half];
-    v[j] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-    v[j + half] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+    T* v = x + row * head_dim;
+    const float x1 = Load(v[j]), x2 = Load(v[j + half]);
+    v[j] = StoreAs<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+    v[j + half] = StoreAs<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
   }
 }
 
@@ -676,7 +681,7 @@ cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
                  int64_t heads, int64_t head_dim, int64_t pos0,
                  const RopeFreqs& freqs, bool inverse) {
   const int64_t rows = batch * len * heads;
-  RopeKernel<<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
+  RopeKernel<float><<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
       x, rows, len, heads, head_dim, pos0, freqs, inverse);
   return cudaGetLastError();
 }
@@ -690,7 +695,7 @@ cudaError_t StripInit(cudaStream_t stream, float* state, int64_t rows) {
 cudaError_t StripFold(cudaStream_t stream, const float* logits, int64_t rows,
                       int64_t width, int64_t col0, const int32_t* targets,
                       float* state, int64_t stride) {
-  StripFoldKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+  StripFoldKernel<float><<<RowGrid(rows), kThreads, 0, stream>>>(
       logits, rows, width, col0, targets, state, state + stride,
       state + 2 * stride);
   return cudaGetLastError();
@@ -707,7 +712,7 @@ cudaError_t StripFinish(cudaStream_t stream, const float* state,
 cudaError_t StripDelta(cudaStream_t stream, float* logits_to_delta,
                        int64_t rows, int64_t width, int64_t col0,
                        const int32_t* targets, const float* lse, float scale) {
-  StripDeltaKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  StripDeltaKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
       logits_to_delta, rows, width, col0, targets, lse, scale);
   return cudaGetLastError();
 }
@@ -715,10 +720,10 @@ cudaError_t StripDelta(cudaStream_t stream, float* logits_to_delta,
 cudaError_t CrossEntropy(cudaStream_t stream, const float* logits,
                          const int32_t* targets, int64_t rows, int64_t vocab,
                          float* lse, double* stats) {
-  CrossEntropyLseKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+  CrossEntropyLseKernel<float><<<RowGrid(rows), kThreads, 0, stream>>>(
       logits, targets, rows, vocab, lse);
-  CrossEntropyLossKernel<<<1, kThreads, 0, stream>>>(logits, targets, rows,
-                                                     vocab, lse, stats);
+  CrossEntropyLossKernel<float><<<1, kThreads, 0, stream>>>(logits, targets, rows,
+                                                            vocab, lse, stats);
   return cudaGetLastError();
 }
 
@@ -812,6 +817,45 @@ cudaError_t CombineRowsBf16(cudaStream_t stream, const uint16_t* src, const int3
   return cudaGetLastError();
 }
 
+cudaError_t RopeBf16(cudaStream_t stream, uint16_t* x, int64_t batch, int64_t len, int64_t heads,
+                     int64_t head_dim, int64_t pos0, const RopeFreqs& freqs, bool inverse) {
+  const int64_t rows = batch * len * heads;
+  RopeKernel<Bf16><<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
+      AsBf16(x), rows, len, heads, head_dim, pos0, freqs, inverse);
+  return cudaGetLastError();
+}
+
+cudaError_t StripFoldBf16(cudaStream_t stream, const uint16_t* logits, int64_t rows,
+                          int64_t width, int64_t col0, const int32_t* targets, float* state,
+                          int64_t stride) {
+  StripFoldKernel<Bf16><<<RowGrid(rows), kThreads, 0, stream>>>(
+      AsBf16(logits), rows, width, col0, targets, state, state + stride, state + 2 * stride);
+  return cudaGetLastError();
+}
+
+cudaError_t StripDeltaBf16(cudaStream_t stream, uint16_t* logits_to_delta, int64_t rows,
+                           int64_t width, int64_t col0, const int32_t* targets, const float* lse,
+                           float scale) {
+  StripDeltaKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+      AsBf16(logits_to_delta), rows, width, col0, targets, lse, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t CrossEntropyBf16(cudaStream_t stream, const uint16_t* logits, const int32_t* targets,
+                             int64_t rows, int64_t vocab, float* lse, double* stats) {
+  CrossEntropyLseKernel<Bf16><<<RowGrid(rows), kThreads, 0, stream>>>(AsBf16(logits), targets,
+                                                                      rows, vocab, lse);
+  CrossEntropyLossKernel<Bf16><<<1, kThreads, 0, stream>>>(AsBf16(logits), targets, rows, vocab,
+                                                           lse, stats);
+  return cudaGetLastError();
+}
+
+cudaError_t CrossEntropyBackwardBf16(cudaStream_t stream, uint16_t* logits_to_grad,
+                                     const float* lse, const int32_t* targets, int64_t rows,
+                                     int64_t vocab, float scale) {
+  return StripDeltaBf16(stream, logits_to_grad, rows, vocab, 0, targets, lse, scale);
+}
+
 cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* b,
                         const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
                         float* out) {
@@ -903,11 +947,15 @@ cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
 cudaError_t LoadKernels() {
   const void* kernels[] = {
       reinterpret_cast<const void*>(StripInitKernel),
-      reinterpret_cast<const void*>(StripFoldKernel),
+      reinterpret_cast<const void*>(StripFoldKernel<float>),
+      reinterpret_cast<const void*>(StripFoldKernel<Bf16>),
       reinterpret_cast<const void*>(StripFinishKernel),
-      reinterpret_cast<const void*>(StripDeltaKernel),
-      reinterpret_cast<const void*>(CrossEntropyLseKernel),
-      reinterpret_cast<const void*>(CrossEntropyLossKernel),
+      reinterpret_cast<const void*>(StripDeltaKernel<float>),
+      reinterpret_cast<const void*>(StripDeltaKernel<Bf16>),
+      reinterpret_cast<const void*>(CrossEntropyLseKernel<float>),
+      reinterpret_cast<const void*>(CrossEntropyLseKernel<Bf16>),
+      reinterpret_cast<const void*>(CrossEntropyLossKernel<float>),
+      reinterpret_cast<const void*>(CrossEntropyLossKernel<Bf16>),
       reinterpret_cast<const void*>(EmbeddingKernel<float>),
       reinterpret_cast<const void*>(EmbeddingBackwardKernel),
       reinterpret_cast<const void*>(GatherRowsKernel<float>),
@@ -919,7 +967,8 @@ cudaError_t LoadKernels() {
       reinterpret_cast<const void*>(ScatterRowsKernel<Bf16>),
       reinterpret_cast<const void*>(CombineRowsKernel<Bf16>),
       reinterpret_cast<const void*>(RowDotsKernel<Bf16>),
-      reinterpret_cast<const void*>(RopeKernel),
+      reinterpret_cast<const void*>(RopeKernel<float>),
+      reinterpret_cast<const void*>(RopeKernel<Bf16>),
       reinterpret_cast<const void*>(RouterKernel),
       reinterpret_cast<const void*>(RouterBackwardKernel),
       reinterpret_cast<const void*>(AttentionInitKernel),

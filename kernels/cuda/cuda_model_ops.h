@@ -96,6 +96,17 @@ cudaError_t ScatterRowsBf16(cudaStream_t stream, const uint16_t* src, int64_t ro
 cudaError_t CombineRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* pos,
                             const float* weights, int64_t tokens, int64_t k, int64_t width,
                             uint16_t* out);
+cudaError_t StripFoldBf16(cudaStream_t stream, const uint16_t* logits, int64_t rows,
+                          int64_t width, int64_t col0, const int32_t* targets, float* state,
+                          int64_t stride);
+cudaError_t StripDeltaBf16(cudaStream_t stream, uint16_t* logits_to_delta, int64_t rows,
+                           int64_t width, int64_t col0, const int32_t* targets, const float* lse,
+                           float scale);
+cudaError_t CrossEntropyBf16(cudaStream_t stream, const uint16_t* logits, const int32_t* targets,
+                             int64_t rows, int64_t vocab, float* lse, double* stats);
+cudaError_t CrossEntropyBackwardBf16(cudaStream_t stream, uint16_t* logits_to_grad,
+                                     const float* lse, const int32_t* targets, int64_t rows,
+                                     int64_t vocab, float scale);
 cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* b,
                         const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
                         float* out);
@@ -124,6 +135,9 @@ struct RopeFreqs {
 cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
                  int64_t heads, int64_t head_dim, int64_t pos0,
                  const RopeFreqs& freqs, bool inverse);
+// bf16 (as the bf16 row ops above): in place, rounded once per element.
+cudaError_t RopeBf16(cudaStream_t stream, uint16_t* x, int64_t batch, int64_t len, int64_t heads,
+                     int64_t head_dim, int64_t pos0, const RopeFreqs& freqs, bool inverse);
 
 // Attention (kernels/model/attention.h): the CPU's block-pair interface with
 // its layouts and its running state (m, l, acc in the caller's buffers), as
