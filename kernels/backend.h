@@ -225,6 +225,11 @@ class Backend {
   // CPU each is bitwise the fp32 op on the loaded inputs, rounded on store.
   // A backend without bf16 kernels returns UNIMPLEMENTED naming the op.
   absl::Status GemmBf16(Stream& stream, const GemmBf16Args& args);
+  // The expert groups' GEMMs in bf16, checked as GroupedGemm checks its
+  // entries (the message names gemms[i]); each C is what GemmBf16 gives.
+  // Default (and CUDA today): GemmBf16 on each entry in order; the CPU runs
+  // them in order as one task.
+  absl::Status GroupedGemmBf16(Stream& stream, absl::Span<const GemmBf16Args> gemms);
   // out = rn(x): the working copy of an fp32 master.
   absl::Status ConvertToBf16(Stream& s, Bf16* out, const float* x, int64_t n);
   // out = x, exactly.
@@ -273,6 +278,8 @@ class Backend {
   virtual absl::Status DoAdamW(Stream& s, float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args) = 0;
   // bf16 mixed: each defaults to UNIMPLEMENTED naming the op and the backend.
   virtual absl::Status DoGemmBf16(Stream& s, const GemmBf16Args& args);
+  // The entries with m, n > 0 (validated). Default: DoGemmBf16 on each, in order.
+  virtual absl::Status DoGroupedGemmBf16(Stream& s, absl::Span<const GemmBf16Args> gemms);
   virtual absl::Status DoConvertToBf16(Stream& s, Bf16* out, const float* x, int64_t n);
   virtual absl::Status DoConvertToFloat(Stream& s, float* out, const Bf16* x, int64_t n);
   virtual absl::Status DoSwiGluForwardBf16(Stream& s, Bf16* out, const Bf16* gate, const Bf16* up, int64_t n);

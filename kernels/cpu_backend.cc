@@ -162,6 +162,12 @@ class CpuBackend final : public Backend {
   absl::Status DoGemmBf16(Stream& st, const GemmBf16Args& g) override {
     return Run(st, [=] { cpu::GemmBf16(g); });
   }
+  // As DoGroupedGemm: the same GEMMs, in order, as one task.
+  absl::Status DoGroupedGemmBf16(Stream& st, absl::Span<const GemmBf16Args> gemms) override {
+    return Run(st, [all = std::vector<GemmBf16Args>(gemms.begin(), gemms.end())] {
+      for (const GemmBf16Args& g : all) cpu::GemmBf16(g);
+    });
+  }
   absl::Status DoConvertToBf16(Stream& st, Bf16* out, const float* x, int64_t n) override {
     return Run(st, [=, p = pool_.get()] { cpu::ConvertToBf16(out, x, n, p); });
   }

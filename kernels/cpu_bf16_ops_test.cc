@@ -12,8 +12,10 @@
 #include "kernels/cpu_bf16_ops.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -202,6 +204,48 @@ TEST_F(CpuBf16OpsTest, GemmIsTheFp32GemmOfTheLoadedInputsRoundedOnceAndRepeatsBi
   std::vector<float> want(m * n);
   for (int64_t i = 0; i < m * n; ++i) want[i] = acc[i] + g.beta * cf[i];
   EXPECT_EQ(runs[0], Bits(Rounded(want)));
+}
+
+// The expert groups' GEMMs: each C bitwise what GemmBf16 gives for the
+// entry alone; overlapping outputs are refused naming the entries.
+TEST_F(CpuBf16OpsTest, GroupedGemmIsEachGemmAndChecksOverlaps) {
+  const int64_t H = 24, F = 40;
+  const int64_t rows[] = {5, 0, 17, 3};
+  std::vector<GemmBf16Args> gemms;
+  std::vector<std::pair<Bf16*, int64_t>> outs;
+  uint32_t seed = 70;
+  for (int64_t r : rows) {
+    GemmBf16Args g;
+    g.m = r;
+    g.n = F;
+    g.k = H;
+    g.a = dev_.UploadBf16(RandomBf16(std::max<int64_t>(r * H, 1), seed++));
+    g.lda = H;
+    g.b = dev_.UploadBf16(RandomBf16(H * F, seed++));
+    g.ldb = F;
+    g.c = dev_.PoisonedBf16(std::max<int64_t>(r * F, 1));
+    g.ldc = F;
+    gemms.push_back(g);
+    outs.push_back({g.c, r * F});
+  }
+  ASSERT_TRUE(dev_.b().GroupedGemmBf16(dev_.s(), gemms).ok());
+  std::vector<std::vector<uint16_t>> grouped;
+  for (const auto& [p, n] : outs) grouped.push_back(Bits(dev_.DownloadBf16(p, n)));
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    GemmBf16Args g = gemms[i];
+    g.c = dev_.PoisonedBf16(std::max<int64_t>(outs[i].second, 1));
+    ASSERT_TRUE(dev_.b().GemmBf16(dev_.s(), g).ok());
+    EXPECT_EQ(grouped[i], Bits(dev_.DownloadBf16(g.c, outs[i].second))) << "gemms[" << i << "]";
+  }
+  gemms[3].c = gemms[0].c + 1;
+  EXPECT_THAT(dev_.b().GroupedGemmBf16(dev_.s(), gemms).message(),
+              HasSubstr("grouped gemm_bf16: gemms[0].c and gemms[3].c overlap"));
+  gemms[3].c = const_cast<Bf16*>(gemms[2].a);
+  EXPECT_THAT(dev_.b().GroupedGemmBf16(dev_.s(), gemms).message(),
+              HasSubstr("grouped gemm_bf16: gemms[3].c overlaps an input of gemms[2]"));
+  gemms[3].lda = 1;
+  EXPECT_THAT(dev_.b().GroupedGemmBf16(dev_.s(), gemms).message(),
+              HasSubstr("grouped gemm_bf16: gemms[3]: gemm_bf16: lda = 1"));
 }
 
 TEST_F(CpuBf16OpsTest, GemmArgumentsAreCheckedNamingTheField) {
