@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -135,10 +136,39 @@ struct Extent {
   uintptr_t begin = 0, end = 0;
   size_t gemm = 0;
 };
-Extent ExtentOf(const void* p, int64_t rows, int64_t cols, int64_t ld, size_t gemm) {
+Extent ExtentOf(const void* p, int64_t rows, int64_t cols, int64_t ld, size_t gemm,
+                size_t element_bytes = sizeof(float)) {
   if (rows <= 0 || cols <= 0) return {0, 0, gemm};
   const uintptr_t b = reinterpret_cast<uintptr_t>(p);
-  return {b, b + static_cast<uintptr_t>(((rows - 1) * ld + cols) * sizeof(float)), gemm};
+  return {b, b + static_cast<uintptr_t>(((rows - 1) * ld + cols) * element_bytes), gemm};
+}
+
+// The outputs, sorted, must be disjoint, and no input may overlap another
+// entry's output (an entry's own A or B against its C is Gemm's rule, not
+// checked there either). Shared by the fp32 and bf16 grouped GEMMs.
+absl::Status CheckGroupedOverlaps(absl::string_view op, std::vector<Extent> outputs,
+                                  const std::vector<Extent>& inputs) {
+  std::sort(outputs.begin(), outputs.end(),
+            [](const Extent& x, const Extent& y) { return x.begin < y.begin; });
+  for (size_t j = 1; j < outputs.size(); ++j) {
+    if (outputs[j].begin < outputs[j - 1].end) {
+      return ArgError(op, absl::StrCat("gemms[", outputs[j - 1].gemm, "].c and gemms[",
+                                       outputs[j].gemm, "].c overlap"));
+    }
+  }
+  for (const Extent& in : inputs) {
+    // The first output ending after the input begins, and those after it
+    // while they begin before the input ends.
+    auto it = std::upper_bound(outputs.begin(), outputs.end(), in.begin,
+                               [](uintptr_t v, const Extent& o) { return v < o.end; });
+    for (; it != outputs.end() && it->begin < in.end; ++it) {
+      if (it->gemm != in.gemm) {
+        return ArgError(op, absl::StrCat("gemms[", it->gemm, "].c overlaps an input of gemms[",
+                                         in.gemm, "]"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -159,32 +189,41 @@ absl::Status Backend::GroupedGemm(Stream& stream, absl::Span<const GemmArgs> gem
     }
     work.push_back(g);
   }
-  // The outputs, sorted, must be disjoint, and no input may overlap
-  // another entry's output (an entry's own A or B against its C is Gemm's
-  // rule, not checked there either).
-  std::sort(outputs.begin(), outputs.end(),
-            [](const Extent& x, const Extent& y) { return x.begin < y.begin; });
-  for (size_t j = 1; j < outputs.size(); ++j) {
-    if (outputs[j].begin < outputs[j - 1].end) {
-      return ArgError("grouped gemm",
-                      absl::StrCat("gemms[", outputs[j - 1].gemm, "].c and gemms[",
-                                   outputs[j].gemm, "].c overlap"));
-    }
-  }
-  for (const Extent& in : inputs) {
-    // The first output ending after the input begins, and those after it
-    // while they begin before the input ends.
-    auto it = std::upper_bound(outputs.begin(), outputs.end(), in.begin,
-                               [](uintptr_t v, const Extent& o) { return v < o.end; });
-    for (; it != outputs.end() && it->begin < in.end; ++it) {
-      if (it->gemm != in.gemm) {
-        return ArgError("grouped gemm", absl::StrCat("gemms[", it->gemm, "].c overlaps an input of gemms[",
-                                                     in.gemm, "]"));
-      }
-    }
-  }
+  PLATEAU_RETURN_IF_ERROR(CheckGroupedOverlaps("grouped gemm", std::move(outputs), inputs));
   if (work.empty()) return absl::OkStatus();
   return DoGroupedGemm(stream, work);
+}
+
+// bf16 (backend.h): validated as GroupedGemm, with 2-byte A and B and a C of
+// its own type.
+absl::Status Backend::GroupedGemmBf16(Stream& stream, absl::Span<const GemmBf16Args> gemms) {
+  std::vector<Extent> outputs, inputs;
+  std::vector<GemmBf16Args> work;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const GemmBf16Args& g = gemms[i];
+    if (absl::Status st = ValidateGemmBf16(g); !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("grouped gemm_bf16: gemms[", i, "]: ", st.message()));
+    }
+    if (g.m == 0 || g.n == 0) continue;
+    outputs.push_back(g.c != nullptr ? ExtentOf(g.c, g.m, g.n, g.ldc, i, sizeof(Bf16))
+                                     : ExtentOf(g.c_fp32, g.m, g.n, g.ldc, i, sizeof(float)));
+    if (g.k > 0) {
+      inputs.push_back(ExtentOf(g.a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, i,
+                                sizeof(Bf16)));
+      inputs.push_back(ExtentOf(g.b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, i,
+                                sizeof(Bf16)));
+    }
+    work.push_back(g);
+  }
+  PLATEAU_RETURN_IF_ERROR(CheckGroupedOverlaps("grouped gemm_bf16", std::move(outputs), inputs));
+  if (work.empty()) return absl::OkStatus();
+  return DoGroupedGemmBf16(stream, work);
+}
+
+absl::Status Backend::DoGroupedGemmBf16(Stream& stream, absl::Span<const GemmBf16Args> gemms) {
+  for (const GemmBf16Args& g : gemms) PLATEAU_RETURN_IF_ERROR(DoGemmBf16(stream, g));
+  return absl::OkStatus();
 }
 
 absl::Status Backend::DoGroupedGemm(Stream& stream, absl::Span<const GemmArgs> gemms) {

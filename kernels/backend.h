@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/bf16.h"
 #include "kernels/memory.h"
 #include "kernels/stream.h"
 
@@ -107,6 +108,30 @@ struct DeviceView {
   int64_t free_bytes = 0;           // cudaMemGetInfo
   int64_t pool_reserved_bytes = 0;  // the stream-ordered pool's reservation
 };
+
+// The bf16 GEMM of bf16 mixed precision (cuBLASLt / cublasGemmEx with bf16
+// A and B and CUBLAS_COMPUTE_32F): the products and their sum in fp32, then
+// C = alpha * sum + beta * C in fp32 and one rounding per stored element.
+// Shapes and strides as GemmArgs. Exactly one output: `c` (bf16: working
+// activations and gradients) or `c_fp32` (what the plan keeps in fp32: the
+// router's logits, a score panel).
+struct GemmBf16Args {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const Bf16* a = nullptr;
+  int64_t lda = 0;
+  const Bf16* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  Bf16* c = nullptr;
+  float* c_fp32 = nullptr;
+  int64_t ldc = 0;
+};
+// As ValidateGemm (the message names the field, op "gemm_bf16"), and
+// exactly one of c and c_fp32 set.
+absl::Status ValidateGemmBf16(const GemmBf16Args& g);
 
 class Backend {
  public:
@@ -213,6 +238,44 @@ class Backend {
                              float* m, float* v, int64_t n,
                              const AdamWArgs& args);
 
+  // --- bf16 mixed precision (backend_bf16.cc; kernels/bf16.h) -------------
+  // Every op loads its bf16 inputs exactly, computes in fp32 as its fp32
+  // twin above does, and rounds each stored bf16 element once to nearest
+  // even (__float2bfloat16_rn); fp32 arguments (rstd) stay fp32. So on the
+  // CPU each is bitwise the fp32 op on the loaded inputs, rounded on store.
+  // A backend without bf16 kernels returns UNIMPLEMENTED naming the op.
+  absl::Status GemmBf16(Stream& stream, const GemmBf16Args& args);
+  // The expert groups' GEMMs in bf16, checked as GroupedGemm checks its
+  // entries (the message names gemms[i]); each C is what GemmBf16 gives.
+  // Default (and CUDA today): GemmBf16 on each entry in order; the CPU runs
+  // them in order as one task.
+  absl::Status GroupedGemmBf16(Stream& stream, absl::Span<const GemmBf16Args> gemms);
+  // out = rn(x): the working copy of an fp32 master.
+  absl::Status ConvertToBf16(Stream& s, Bf16* out, const float* x, int64_t n);
+  // out = x, exactly.
+  absl::Status ConvertToFloat(Stream& s, float* out, const Bf16* x, int64_t n);
+  absl::Status SwiGluForwardBf16(Stream& s, Bf16* out, const Bf16* gate,
+                                 const Bf16* up, int64_t n);
+  absl::Status SwiGluBackwardBf16(Stream& s, Bf16* dgate, Bf16* dup,
+                                  const Bf16* dout, const Bf16* gate,
+                                  const Bf16* up, int64_t n);
+  // rstd in fp32 (a reduction: the plan's accum precision). out may alias x.
+  absl::Status RmsNormForwardBf16(Stream& s, Bf16* out, float* rstd,
+                                  const Bf16* x, const Bf16* weight,
+                                  int64_t rows, int64_t cols, float eps);
+  // dweight (a bf16 gradient) += the fp32 column sums, rounded once.
+  absl::Status RmsNormBackwardBf16(Stream& s, Bf16* dx, Bf16* dweight,
+                                   const Bf16* dout, const Bf16* x,
+                                   const Bf16* weight, const float* rstd,
+                                   int64_t rows, int64_t cols);
+  // AdamW on the fp32 master (`master`, m and v exactly as AdamW above) with
+  // the bf16 gradient loaded exactly, then the working copy
+  // working = rn(master) from the updated master: one pass, so the master
+  // never leaves fp32 and the working weights are its one rounding.
+  absl::Status AdamWBf16(Stream& s, float* master, const Bf16* grad, float* m,
+                         float* v, Bf16* working, int64_t n,
+                         const AdamWArgs& args);
+
  protected:
   // Implementations: called only after the arguments were validated.
   virtual absl::Status DoCopy(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
@@ -233,6 +296,17 @@ class Backend {
   virtual absl::Status DoSum(Stream& s, float* out, const float* x, int64_t n) = 0;
   virtual absl::Status DoSumSquares(Stream& s, float* out, const float* x, int64_t n) = 0;
   virtual absl::Status DoAdamW(Stream& s, float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args) = 0;
+  // bf16 mixed: each defaults to UNIMPLEMENTED naming the op and the backend.
+  virtual absl::Status DoGemmBf16(Stream& s, const GemmBf16Args& args);
+  // The entries with m, n > 0 (validated). Default: DoGemmBf16 on each, in order.
+  virtual absl::Status DoGroupedGemmBf16(Stream& s, absl::Span<const GemmBf16Args> gemms);
+  virtual absl::Status DoConvertToBf16(Stream& s, Bf16* out, const float* x, int64_t n);
+  virtual absl::Status DoConvertToFloat(Stream& s, float* out, const Bf16* x, int64_t n);
+  virtual absl::Status DoSwiGluForwardBf16(Stream& s, Bf16* out, const Bf16* gate, const Bf16* up, int64_t n);
+  virtual absl::Status DoSwiGluBackwardBf16(Stream& s, Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t n);
+  virtual absl::Status DoRmsNormForwardBf16(Stream& s, Bf16* out, float* rstd, const Bf16* x, const Bf16* weight, int64_t rows, int64_t cols, float eps);
+  virtual absl::Status DoRmsNormBackwardBf16(Stream& s, Bf16* dx, Bf16* dweight, const Bf16* dout, const Bf16* x, const Bf16* weight, const float* rstd, int64_t rows, int64_t cols);
+  virtual absl::Status DoAdamWBf16(Stream& s, float* master, const Bf16* grad, float* m, float* v, Bf16* working, int64_t n, const AdamWArgs& args);
 };
 
 }  // namespace plateau

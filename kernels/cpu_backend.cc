@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/cpu_bf16_ops.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/status_macros.h"
@@ -165,6 +166,53 @@ class CpuBackend final : public Backend {
   absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
                        float* v, int64_t n, const AdamWArgs& args) override {
     return Run(st, [=, p = pool_.get()] { cpu::AdamW(param, grad, m, v, n, args, p); });
+  }
+
+  // bf16 mixed precision: the emulation of kernels/cpu_bf16_ops.h.
+  absl::Status DoGemmBf16(Stream& st, const GemmBf16Args& g) override {
+    return Run(st, [=] { cpu::GemmBf16(g); });
+  }
+  // As DoGroupedGemm: the same GEMMs, in order, as one task.
+  absl::Status DoGroupedGemmBf16(Stream& st, absl::Span<const GemmBf16Args> gemms) override {
+    return Run(st, [all = std::vector<GemmBf16Args>(gemms.begin(), gemms.end())] {
+      for (const GemmBf16Args& g : all) cpu::GemmBf16(g);
+    });
+  }
+  absl::Status DoConvertToBf16(Stream& st, Bf16* out, const float* x, int64_t n) override {
+    return Run(st, [=, p = pool_.get()] { cpu::ConvertToBf16(out, x, n, p); });
+  }
+  absl::Status DoConvertToFloat(Stream& st, float* out, const Bf16* x, int64_t n) override {
+    return Run(st, [=, p = pool_.get()] { cpu::ConvertToFloat(out, x, n, p); });
+  }
+  absl::Status DoSwiGluForwardBf16(Stream& st, Bf16* out, const Bf16* gate, const Bf16* up,
+                                   int64_t n) override {
+    return Run(st, [=, p = pool_.get()] { cpu::SwiGluForwardBf16(out, gate, up, n, p); });
+  }
+  absl::Status DoSwiGluBackwardBf16(Stream& st, Bf16* dgate, Bf16* dup, const Bf16* dout,
+                                    const Bf16* gate, const Bf16* up, int64_t n) override {
+    return Run(st, [=, p = pool_.get()] {
+      cpu::SwiGluBackwardBf16(dgate, dup, dout, gate, up, n, p);
+    });
+  }
+  absl::Status DoRmsNormForwardBf16(Stream& st, Bf16* out, float* rstd, const Bf16* x,
+                                    const Bf16* weight, int64_t rows, int64_t cols,
+                                    float eps) override {
+    return Run(st, [=, p = pool_.get()] {
+      cpu::RmsNormForwardBf16(out, rstd, x, weight, rows, cols, eps, p);
+    });
+  }
+  absl::Status DoRmsNormBackwardBf16(Stream& st, Bf16* dx, Bf16* dweight, const Bf16* dout,
+                                     const Bf16* x, const Bf16* weight, const float* rstd,
+                                     int64_t rows, int64_t cols) override {
+    return Run(st, [=, p = pool_.get()] {
+      cpu::RmsNormBackwardBf16(dx, dweight, dout, x, weight, rstd, rows, cols, p);
+    });
+  }
+  absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
+                           Bf16* working, int64_t n, const AdamWArgs& args) override {
+    return Run(st, [=, p = pool_.get()] {
+      cpu::AdamWBf16(master, grad, m, v, working, n, args, p);
+    });
   }
 
  private:

@@ -822,8 +822,8 @@ class CudaBackend final : public Backend {
     });
   }
 
-  absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
-                       float* v, int64_t n, const AdamWArgs& args) override {
+  // The kernel's scalars: the CPU twin's per-step values (one formula).
+  static cuda_ops::AdamWScalars AdamWScalarsOf(const AdamWArgs& args) {
     const cpu::AdamWStepScalars step = cpu::ComputeAdamWStepScalars(args);
     cuda_ops::AdamWScalars k;
     k.beta1 = args.beta1;
@@ -835,12 +835,106 @@ class CudaBackend final : public Backend {
     k.step_size = step.step_size;
     k.bc2_sqrt = step.bc2_sqrt;
     k.decay = step.decay;
+    return k;
+  }
+
+  absl::Status DoAdamW(Stream& st, float* param, const float* grad, float* m,
+                       float* v, int64_t n, const AdamWArgs& args) override {
+    const cuda_ops::AdamWScalars k = AdamWScalarsOf(args);
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cuda_ops::AdamW(s->stream(), param, grad, m, v, n, k));
       return absl::OkStatus();
     });
   }
+
+  // --- bf16 mixed precision (kernels/bf16.h) -----------------------------
+  // The bf16 GEMM: cublasGemmEx with bf16 A and B and CUBLAS_COMPUTE_32F
+  // (fp32 products and sums), alpha * acc + beta * C in fp32 and one
+  // rounding to a bf16 C, or an fp32 C. Swapped to column-major as DoGemm.
+  absl::Status DoGemmBf16(Stream& st, const GemmBf16Args& g) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      const bool bf16_c = g.c != nullptr;
+      void* c = bf16_c ? static_cast<void*>(g.c) : static_cast<void*>(g.c_fp32);
+      if (g.k == 0) {  // C = beta * C; A and B may be null
+        PLATEAU_CUDA_RETURN_IF_ERROR(
+            bf16_c ? cuda_ops::ScaleMatrixBf16(s->stream(), Bits(g.c), g.m, g.n, g.ldc, g.beta)
+                   : cuda_ops::ScaleMatrix(s->stream(), g.c_fp32, g.m, g.n, g.ldc, g.beta));
+        return absl::OkStatus();
+      }
+      const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+      PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+          s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
+          static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_16BF,
+          static_cast<int>(g.ldb), g.a, CUDA_R_16BF, static_cast<int>(g.lda),
+          &g.beta, c, bf16_c ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(g.ldc),
+          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoConvertToBf16(Stream& st, Bf16* out, const float* x, int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::ConvertToBf16(s->stream(), Bits(out), x, n));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoConvertToFloat(Stream& st, float* out, const Bf16* x, int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::ConvertToFloat(s->stream(), out, Bits(x), n));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoSwiGluForwardBf16(Stream& st, Bf16* out, const Bf16* gate, const Bf16* up,
+                                   int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::SwiGluForwardBf16(s->stream(), Bits(out), Bits(gate), Bits(up), n));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoSwiGluBackwardBf16(Stream& st, Bf16* dgate, Bf16* dup, const Bf16* dout,
+                                    const Bf16* gate, const Bf16* up, int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::SwiGluBackwardBf16(
+          s->stream(), Bits(dgate), Bits(dup), Bits(dout), Bits(gate), Bits(up), n));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoRmsNormForwardBf16(Stream& st, Bf16* out, float* rstd, const Bf16* x,
+                                    const Bf16* weight, int64_t rows, int64_t cols,
+                                    float eps) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::RmsNormForwardBf16(
+          s->stream(), Bits(out), rstd, Bits(x), Bits(weight), rows, cols, eps));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoRmsNormBackwardBf16(Stream& st, Bf16* dx, Bf16* dweight, const Bf16* dout,
+                                     const Bf16* x, const Bf16* weight, const float* rstd,
+                                     int64_t rows, int64_t cols) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::RmsNormBackwardBf16(
+          s->stream(), Bits(dx), Bits(dweight), Bits(dout), Bits(x), Bits(weight), rstd, rows,
+          cols, s->scratch()));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
+                           Bf16* working, int64_t n, const AdamWArgs& args) override {
+    const cuda_ops::AdamWScalars k = AdamWScalarsOf(args);
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::AdamWBf16(s->stream(), master, Bits(grad), m, v, Bits(working), n, k));
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  // A Bf16 buffer as the launchers take it (its bits; cuda_ops.h is plain
+  // C++ and names no bf16 type).
+  static uint16_t* Bits(Bf16* p) { return reinterpret_cast<uint16_t*>(p); }
+  static const uint16_t* Bits(const Bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
 
  private:
   // Enqueues one operation: `launch(s)` runs with the stream's launch lock

@@ -80,6 +80,15 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("embedding_backward", s, cuda_model_ops::EmbeddingBackward,
                    dout, tokens, rows, hidden, dtable);
   }
+  // The CPU's own expression (attention.cc), so both form the same angles.
+  static cuda_model_ops::RopeFreqs RopeFreqsOf(int64_t head_dim, float theta) {
+    cuda_model_ops::RopeFreqs freqs{};
+    for (int64_t j = 0; j < head_dim / 2; ++j) {
+      freqs.freq[j] = std::pow(theta, -2.0f * static_cast<float>(j) /
+                                          static_cast<float>(head_dim));
+    }
+    return freqs;
+  }
   absl::Status DoRope(Stream& s, float* x, int64_t batch, int64_t len,
                       int64_t heads, int64_t head_dim, int64_t pos0,
                       float theta, bool inverse) override {
@@ -89,12 +98,7 @@ class CudaModelKernels final : public ModelKernels {
           "rope is not implemented on the cuda backend for head_dim > ",
           2 * cuda_model_ops::kMaxRopeHalf, " (got ", head_dim, ")"));
     }
-    // The CPU's own expression (attention.cc), so both form the same angles.
-    cuda_model_ops::RopeFreqs freqs{};
-    for (int64_t j = 0; j < half; ++j) {
-      freqs.freq[j] = std::pow(theta, -2.0f * static_cast<float>(j) /
-                                          static_cast<float>(head_dim));
-    }
+    const cuda_model_ops::RopeFreqs freqs = RopeFreqsOf(head_dim, theta);
     PLATEAU_LAUNCH("rope", s, cuda_model_ops::Rope, x, batch, len, heads,
                    head_dim, pos0, freqs, inverse);
   }
@@ -191,6 +195,74 @@ class CudaModelKernels final : public ModelKernels {
                          int64_t width, float* out) override {
     PLATEAU_LAUNCH("row_dots", s, cuda_model_ops::RowDots, a, b, pos, tokens,
                    k, width, out);
+  }
+  // bf16 mixed precision (cuda_model_ops.h); the embedding gradient's bf16
+  // op stays UNIMPLEMENTED here for now (see cuda_model_ops.h).
+  static const uint16_t* Bits(const Bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
+  static uint16_t* Bits(Bf16* p) { return reinterpret_cast<uint16_t*>(p); }
+  absl::Status DoEmbeddingBf16(Stream& s, const Bf16* table, int64_t /*vocab*/,
+                               const int32_t* tokens, int64_t rows, int64_t hidden,
+                               Bf16* out) override {
+    PLATEAU_LAUNCH("embedding_bf16", s, cuda_model_ops::EmbeddingBf16, Bits(table), tokens, rows,
+                   hidden, Bits(out));
+  }
+  absl::Status DoGatherRowsBf16(Stream& s, const Bf16* src, int64_t /*src_rows*/,
+                                const int32_t* index, const float* scales, int64_t rows,
+                                int64_t width, Bf16* dst) override {
+    PLATEAU_LAUNCH("gather_rows_bf16", s, cuda_model_ops::GatherRowsBf16, Bits(src), index,
+                   scales, rows, width, Bits(dst));
+  }
+  absl::Status DoScatterRowsBf16(Stream& s, const Bf16* src, int64_t rows, const int32_t* index,
+                                 int64_t width, Bf16* dst, int64_t /*dst_rows*/) override {
+    PLATEAU_LAUNCH("scatter_rows_bf16", s, cuda_model_ops::ScatterRowsBf16, Bits(src), rows,
+                   index, width, Bits(dst));
+  }
+  absl::Status DoCombineRowsBf16(Stream& s, const Bf16* src, int64_t /*src_rows*/,
+                                 const int32_t* pos, const float* weights, int64_t tokens,
+                                 int64_t k, int64_t width, Bf16* out) override {
+    PLATEAU_LAUNCH("combine_rows_bf16", s, cuda_model_ops::CombineRowsBf16, Bits(src), pos,
+                   weights, tokens, k, width, Bits(out));
+  }
+  absl::Status DoRowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t /*b_rows*/,
+                             const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
+                             float* out) override {
+    PLATEAU_LAUNCH("row_dots_bf16", s, cuda_model_ops::RowDotsBf16, Bits(a), Bits(b), pos,
+                   tokens, k, width, out);
+  }
+  absl::Status DoRopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads,
+                          int64_t head_dim, int64_t pos0, float theta, bool inverse) override {
+    if (head_dim / 2 > cuda_model_ops::kMaxRopeHalf) {
+      return absl::UnimplementedError(absl::StrCat(
+          "rope_bf16 is not implemented on the cuda backend for head_dim > ",
+          2 * cuda_model_ops::kMaxRopeHalf, " (got ", head_dim, ")"));
+    }
+    const cuda_model_ops::RopeFreqs freqs = RopeFreqsOf(head_dim, theta);
+    PLATEAU_LAUNCH("rope_bf16", s, cuda_model_ops::RopeBf16, Bits(x), batch, len, heads, head_dim,
+                   pos0, freqs, inverse);
+  }
+  absl::Status DoCrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets,
+                                  int64_t rows, int64_t vocab, float* lse,
+                                  double* stats) override {
+    PLATEAU_LAUNCH("cross_entropy_bf16", s, cuda_model_ops::CrossEntropyBf16, Bits(logits),
+                   targets, rows, vocab, lse, stats);
+  }
+  absl::Status DoCrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad, const float* lse,
+                                          const int32_t* targets, int64_t rows, int64_t vocab,
+                                          float scale) override {
+    PLATEAU_LAUNCH("cross_entropy_backward_bf16", s, cuda_model_ops::CrossEntropyBackwardBf16,
+                   Bits(logits_to_grad), lse, targets, rows, vocab, scale);
+  }
+  absl::Status DoStripFoldBf16(Stream& s, const Bf16* logits, int64_t rows, int64_t width,
+                               int64_t col0, const int32_t* targets, float* state,
+                               int64_t stride) override {
+    PLATEAU_LAUNCH("strip_fold_bf16", s, cuda_model_ops::StripFoldBf16, Bits(logits), rows, width,
+                   col0, targets, state, stride);
+  }
+  absl::Status DoStripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width,
+                                int64_t col0, const int32_t* targets, const float* lse,
+                                float scale) override {
+    PLATEAU_LAUNCH("strip_delta_bf16", s, cuda_model_ops::StripDeltaBf16, Bits(logits_to_delta),
+                   rows, width, col0, targets, lse, scale);
   }
   absl::Status DoStripInit(Stream& s, float* state, int64_t rows) override {
     PLATEAU_LAUNCH("strip_init", s, cuda_model_ops::StripInit, state, rows);

@@ -11,6 +11,8 @@
 #include "kernels/cuda/cuda_device_utils.cuh"
 #include "kernels/cuda/cuda_model_ops.h"
 
+#include <cuda_bf16.h>
+
 namespace plateau::cuda_model_ops {
 namespace {
 
@@ -28,6 +30,20 @@ using cuda_device::MaxOp;
 using cuda_device::RowGrid;
 using cuda_device::SumOp;
 
+// bf16 mixed precision (kernels/bf16.h): the row kernels below are templates
+// over the working element type T; Load is exact, StoreAs rounds once to
+// nearest even. For T = float both are the identity (the fp32 kernels'
+// expressions, unchanged).
+using Bf16 = __nv_bfloat16;
+__device__ __forceinline__ float Load(float x) { return x; }
+__device__ __forceinline__ float Load(Bf16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T StoreAs(float x);
+template <>
+__device__ __forceinline__ float StoreAs<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ Bf16 StoreAs<Bf16>(float x) { return __float2bfloat16_rn(x); }
+
 __global__ void StripInitKernel(float* state, int64_t rows) {
   for (int64_t i = GlobalThread(); i < 3 * rows; i += GridThreads()) {
     state[i] = i < rows ? -INFINITY : 0.0f;
@@ -38,24 +54,25 @@ __global__ void StripInitKernel(float* state, int64_t rows) {
 // of the running sum, the new exp-sum and the target logit in one pass over
 // the strip (two reads of the row, one launch). The exp-sum of a row
 // accumulates in double per thread and in the tree, then rounds once.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    StripFoldKernel(const float* logits, int64_t rows, int64_t width,
+    StripFoldKernel(const T* logits, int64_t rows, int64_t width,
                     int64_t col0, const int32_t* targets, float* m, float* s,
                     float* t) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t target = targets[r];
     if (target == kIgnore) continue;  // the same for the whole block
-    const float* xr = logits + r * width;
+    const T* xr = logits + r * width;
     float mx = -INFINITY;
     for (int64_t c = threadIdx.x; c < width; c += kThreads) {
-      mx = fmaxf(mx, xr[c]);
+      mx = fmaxf(mx, Load(xr[c]));
     }
     mx = BlockReduce(mx, MaxOp());
     const float mold = m[r];
     const float mnew = fmaxf(mold, mx);
     double sum = 0.0;
     for (int64_t c = threadIdx.x; c < width; c += kThreads) {
-      sum += static_cast<double>(expf(xr[c] - mnew));
+      sum += static_cast<double>(expf(Load(xr[c]) - mnew));
     }
     sum = BlockReduce(sum, SumOp());
     if (threadIdx.x == 0) {
@@ -63,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
       s[r] = __fadd_rn(__fmul_rn(s[r], expf(mold - mnew)),
                        static_cast<float>(sum));
       m[r] = mnew;
-      if (target >= col0 && target < col0 + width) t[r] = xr[target - col0];
+      if (target >= col0 && target < col0 + width) t[r] = Load(xr[target - col0]);
     }
   }
 }
@@ -94,7 +111,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // delta = scale * (softmax - onehot), fused into one elementwise pass.
-__global__ void StripDeltaKernel(float* x, int64_t rows, int64_t width,
+template <typename T>
+__global__ void StripDeltaKernel(T* x, int64_t rows, int64_t width,
                                  int64_t col0, const int32_t* targets,
                                  const float* lse, float scale) {
   const int64_t n = rows * width;
@@ -103,33 +121,34 @@ __global__ void StripDeltaKernel(float* x, int64_t rows, int64_t width,
     const int64_t c = i - r * width;
     const int64_t target = targets[r];
     if (target == kIgnore) {
-      x[i] = 0.0f;
+      x[i] = StoreAs<T>(0.0f);
       continue;
     }
-    float v = __fmul_rn(expf(x[i] - lse[r]), scale);
+    float v = __fmul_rn(expf(Load(x[i]) - lse[r]), scale);
     if (target - col0 == c) v = __fsub_rn(v, scale);
-    x[i] = v;
+    x[i] = StoreAs<T>(v);
   }
 }
 
 // Dense cross-entropy, pass 1: lse per row (0 for ignored rows).
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    CrossEntropyLseKernel(const float* logits, const int32_t* targets,
+    CrossEntropyLseKernel(const T* logits, const int32_t* targets,
                           int64_t rows, int64_t vocab, float* lse) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (targets[r] == kIgnore) {
       if (threadIdx.x == 0) lse[r] = 0.0f;
       continue;
     }
-    const float* xr = logits + r * vocab;
+    const T* xr = logits + r * vocab;
     float mx = -INFINITY;
     for (int64_t c = threadIdx.x; c < vocab; c += kThreads) {
-      mx = fmaxf(mx, xr[c]);
+      mx = fmaxf(mx, Load(xr[c]));
     }
     mx = BlockReduce(mx, MaxOp());
     double sum = 0.0;
     for (int64_t c = threadIdx.x; c < vocab; c += kThreads) {
-      sum += static_cast<double>(expf(xr[c] - mx));
+      sum += static_cast<double>(expf(Load(xr[c]) - mx));
     }
     sum = BlockReduce(sum, SumOp());
     if (threadIdx.x == 0) lse[r] = mx + logf(static_cast<float>(sum));
@@ -137,15 +156,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Pass 2, one block: the loss sum and count over the rows, as StripFinish.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    CrossEntropyLossKernel(const float* logits, const int32_t* targets,
+    CrossEntropyLossKernel(const T* logits, const int32_t* targets,
                            int64_t rows, int64_t vocab, const float* lse,
                            double* stats) {
   double loss = 0.0, count = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
     const int64_t target = targets[r];
     if (target == kIgnore) continue;
-    loss += static_cast<double>(lse[r] - logits[r * vocab + target]);
+    loss += static_cast<double>(lse[r] - Load(logits[r * vocab + target]));
     count += 1.0;
   }
   loss = BlockReduce(loss, SumOp());
@@ -156,8 +176,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void EmbeddingKernel(const float* table, const int32_t* tokens,
-                                int64_t rows, int64_t hidden, float* out) {
+template <typename T>
+__global__ void EmbeddingKernel(const T* table, const int32_t* tokens,
+                                int64_t rows, int64_t hidden, T* out) {
   const int64_t n = rows * hidden;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t r = i / hidden;
@@ -176,21 +197,23 @@ __global__ void EmbeddingBackwardKernel(const float* dout,
   }
 }
 
-__global__ void GatherRowsKernel(const float* src, const int32_t* index,
+template <typename T>
+__global__ void GatherRowsKernel(const T* src, const int32_t* index,
                                  const float* scales, int64_t rows,
-                                 int64_t width, float* dst) {
+                                 int64_t width, T* dst) {
   const int64_t n = rows * width;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t r = i / width;
-    const float v = src[static_cast<int64_t>(index[r]) * width + (i - r * width)];
-    dst[i] = scales == nullptr ? v : __fmul_rn(scales[r], v);
+    const float v = Load(src[static_cast<int64_t>(index[r]) * width + (i - r * width)]);
+    dst[i] = StoreAs<T>(scales == nullptr ? v : __fmul_rn(scales[r], v));
   }
 }
 
 // The indices are distinct, so every destination element has one writer.
-__global__ void ScatterRowsKernel(const float* src, int64_t rows,
+template <typename T>
+__global__ void ScatterRowsKernel(const T* src, int64_t rows,
                                   const int32_t* index, int64_t width,
-                                  float* dst) {
+                                  T* dst) {
   const int64_t n = rows * width;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t r = i / width;
@@ -200,34 +223,37 @@ __global__ void ScatterRowsKernel(const float* src, int64_t rows,
 
 // Each output element is owned by one thread, which adds the k terms in j
 // order (the CPU order).
-__global__ void CombineRowsKernel(const float* src, const int32_t* pos,
+// bf16: the sum is kept in an fp32 register and rounded once on the store.
+template <typename T>
+__global__ void CombineRowsKernel(const T* src, const int32_t* pos,
                                   const float* weights, int64_t tokens,
-                                  int64_t k, int64_t width, float* out) {
+                                  int64_t k, int64_t width, T* out) {
   const int64_t n = tokens * width;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t t = i / width;
     const int64_t c = i - t * width;
-    float o = out[i];
+    float o = Load(out[i]);
     for (int64_t j = 0; j < k; ++j) {
       const float w = weights == nullptr ? 1.0f : weights[t * k + j];
-      const float v = src[static_cast<int64_t>(pos[t * k + j]) * width + c];
+      const float v = Load(src[static_cast<int64_t>(pos[t * k + j]) * width + c]);
       o = __fadd_rn(o, __fmul_rn(w, v));
     }
-    out[i] = o;
+    out[i] = StoreAs<T>(o);
   }
 }
 
 // One block per (token, j) pair; the products of two floats are exact in
 // double, so only the order of the double sum differs from the CPU.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RowDotsKernel(const float* a, const float* b, const int32_t* pos,
+    RowDotsKernel(const T* a, const T* b, const int32_t* pos,
                   int64_t tokens, int64_t k, int64_t width, float* out) {
   for (int64_t p = blockIdx.x; p < tokens * k; p += gridDim.x) {
-    const float* x = a + (p / k) * width;
-    const float* y = b + static_cast<int64_t>(pos[p]) * width;
+    const T* x = a + (p / k) * width;
+    const T* y = b + static_cast<int64_t>(pos[p]) * width;
     double acc = 0.0;
     for (int64_t c = threadIdx.x; c < width; c += kThreads) {
-      acc += static_cast<double>(x[c]) * static_cast<double>(y[c]);
+      acc += static_cast<double>(Load(x[c])) * static_cast<double>(Load(y[c]));
     }
     acc = BlockReduce(acc, SumOp());
     if (threadIdx.x == 0) out[p] = static_cast<float>(acc);
@@ -236,7 +262,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One thread per (row, j) pair of a half-split rotation; mul and sub/add
 // rounded separately, as the CPU does.
-__global__ void RopeKernel(float* x, int64_t rows, int64_t len, int64_t heads,
+template <typename T>
+__global__ void RopeKernel(T* x, int64_t rows, int64_t len, int64_t heads,
                            int64_t head_dim, int64_t pos0, RopeFreqs freqs,
                            bool inverse) {
   const int64_t half = head_dim / 2;
@@ -248,10 +275,10 @@ __global__ void RopeKernel(float* x, int64_t rows, int64_t len, int64_t heads,
     const float angle = __fmul_rn(static_cast<float>(pos0 + t), freqs.freq[j]);
     const float cs = cosf(angle);
     const float sn = inverse ? -sinf(angle) : sinf(angle);
-    float* v = x + row * head_dim;
-    const float x1 = v[j], x2 = v[j + half];
-    v[j] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-    v[j + half] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+    T* v = x + row * head_dim;
+    const float x1 = Load(v[j]), x2 = Load(v[j + half]);
+    v[j] = StoreAs<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+    v[j + half] = StoreAs<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
   }
 }
 
@@ -654,7 +681,7 @@ cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
                  int64_t heads, int64_t head_dim, int64_t pos0,
                  const RopeFreqs& freqs, bool inverse) {
   const int64_t rows = batch * len * heads;
-  RopeKernel<<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
+  RopeKernel<float><<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
       x, rows, len, heads, head_dim, pos0, freqs, inverse);
   return cudaGetLastError();
 }
@@ -668,7 +695,7 @@ cudaError_t StripInit(cudaStream_t stream, float* state, int64_t rows) {
 cudaError_t StripFold(cudaStream_t stream, const float* logits, int64_t rows,
                       int64_t width, int64_t col0, const int32_t* targets,
                       float* state, int64_t stride) {
-  StripFoldKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+  StripFoldKernel<float><<<RowGrid(rows), kThreads, 0, stream>>>(
       logits, rows, width, col0, targets, state, state + stride,
       state + 2 * stride);
   return cudaGetLastError();
@@ -685,7 +712,7 @@ cudaError_t StripFinish(cudaStream_t stream, const float* state,
 cudaError_t StripDelta(cudaStream_t stream, float* logits_to_delta,
                        int64_t rows, int64_t width, int64_t col0,
                        const int32_t* targets, const float* lse, float scale) {
-  StripDeltaKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  StripDeltaKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
       logits_to_delta, rows, width, col0, targets, lse, scale);
   return cudaGetLastError();
 }
@@ -693,10 +720,10 @@ cudaError_t StripDelta(cudaStream_t stream, float* logits_to_delta,
 cudaError_t CrossEntropy(cudaStream_t stream, const float* logits,
                          const int32_t* targets, int64_t rows, int64_t vocab,
                          float* lse, double* stats) {
-  CrossEntropyLseKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+  CrossEntropyLseKernel<float><<<RowGrid(rows), kThreads, 0, stream>>>(
       logits, targets, rows, vocab, lse);
-  CrossEntropyLossKernel<<<1, kThreads, 0, stream>>>(logits, targets, rows,
-                                                     vocab, lse, stats);
+  CrossEntropyLossKernel<float><<<1, kThreads, 0, stream>>>(logits, targets, rows,
+                                                            vocab, lse, stats);
   return cudaGetLastError();
 }
 
@@ -710,7 +737,7 @@ cudaError_t CrossEntropyBackward(cudaStream_t stream, float* logits_to_grad,
 cudaError_t Embedding(cudaStream_t stream, const float* table,
                       const int32_t* tokens, int64_t rows, int64_t hidden,
                       float* out) {
-  EmbeddingKernel<<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
+  EmbeddingKernel<float><<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
       table, tokens, rows, hidden, out);
   return cudaGetLastError();
 }
@@ -726,14 +753,14 @@ cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
 cudaError_t GatherRows(cudaStream_t stream, const float* src,
                        const int32_t* index, const float* scales, int64_t rows,
                        int64_t width, float* dst) {
-  GatherRowsKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  GatherRowsKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
       src, index, scales, rows, width, dst);
   return cudaGetLastError();
 }
 
 cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
                         const int32_t* index, int64_t width, float* dst) {
-  ScatterRowsKernel<<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  ScatterRowsKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
       src, rows, index, width, dst);
   return cudaGetLastError();
 }
@@ -741,7 +768,7 @@ cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
 cudaError_t CombineRows(cudaStream_t stream, const float* src,
                         const int32_t* pos, const float* weights,
                         int64_t tokens, int64_t k, int64_t width, float* out) {
-  CombineRowsKernel<<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
+  CombineRowsKernel<float><<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
       src, pos, weights, tokens, k, width, out);
   return cudaGetLastError();
 }
@@ -749,8 +776,91 @@ cudaError_t CombineRows(cudaStream_t stream, const float* src,
 cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
                     const int32_t* pos, int64_t tokens, int64_t k,
                     int64_t width, float* out) {
-  RowDotsKernel<<<RowGrid(tokens * k), kThreads, 0, stream>>>(a, b, pos, tokens,
-                                                              k, width, out);
+  RowDotsKernel<float><<<RowGrid(tokens * k), kThreads, 0, stream>>>(a, b, pos, tokens,
+                                                                     k, width, out);
+  return cudaGetLastError();
+}
+
+// --- bf16 mixed precision ---------------------------------------------------
+
+namespace {
+const Bf16* AsBf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p); }
+Bf16* AsBf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
+}  // namespace
+
+cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int32_t* tokens,
+                          int64_t rows, int64_t hidden, uint16_t* out) {
+  EmbeddingKernel<Bf16><<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
+      AsBf16(table), tokens, rows, hidden, AsBf16(out));
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* index,
+                           const float* scales, int64_t rows, int64_t width, uint16_t* dst) {
+  GatherRowsKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+      AsBf16(src), index, scales, rows, width, AsBf16(dst));
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterRowsBf16(cudaStream_t stream, const uint16_t* src, int64_t rows,
+                            const int32_t* index, int64_t width, uint16_t* dst) {
+  ScatterRowsKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+      AsBf16(src), rows, index, width, AsBf16(dst));
+  return cudaGetLastError();
+}
+
+cudaError_t CombineRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* pos,
+                            const float* weights, int64_t tokens, int64_t k, int64_t width,
+                            uint16_t* out) {
+  CombineRowsKernel<Bf16><<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
+      AsBf16(src), pos, weights, tokens, k, width, AsBf16(out));
+  return cudaGetLastError();
+}
+
+cudaError_t RopeBf16(cudaStream_t stream, uint16_t* x, int64_t batch, int64_t len, int64_t heads,
+                     int64_t head_dim, int64_t pos0, const RopeFreqs& freqs, bool inverse) {
+  const int64_t rows = batch * len * heads;
+  RopeKernel<Bf16><<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
+      AsBf16(x), rows, len, heads, head_dim, pos0, freqs, inverse);
+  return cudaGetLastError();
+}
+
+cudaError_t StripFoldBf16(cudaStream_t stream, const uint16_t* logits, int64_t rows,
+                          int64_t width, int64_t col0, const int32_t* targets, float* state,
+                          int64_t stride) {
+  StripFoldKernel<Bf16><<<RowGrid(rows), kThreads, 0, stream>>>(
+      AsBf16(logits), rows, width, col0, targets, state, state + stride, state + 2 * stride);
+  return cudaGetLastError();
+}
+
+cudaError_t StripDeltaBf16(cudaStream_t stream, uint16_t* logits_to_delta, int64_t rows,
+                           int64_t width, int64_t col0, const int32_t* targets, const float* lse,
+                           float scale) {
+  StripDeltaKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+      AsBf16(logits_to_delta), rows, width, col0, targets, lse, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t CrossEntropyBf16(cudaStream_t stream, const uint16_t* logits, const int32_t* targets,
+                             int64_t rows, int64_t vocab, float* lse, double* stats) {
+  CrossEntropyLseKernel<Bf16><<<RowGrid(rows), kThreads, 0, stream>>>(AsBf16(logits), targets,
+                                                                      rows, vocab, lse);
+  CrossEntropyLossKernel<Bf16><<<1, kThreads, 0, stream>>>(AsBf16(logits), targets, rows, vocab,
+                                                           lse, stats);
+  return cudaGetLastError();
+}
+
+cudaError_t CrossEntropyBackwardBf16(cudaStream_t stream, uint16_t* logits_to_grad,
+                                     const float* lse, const int32_t* targets, int64_t rows,
+                                     int64_t vocab, float scale) {
+  return StripDeltaBf16(stream, logits_to_grad, rows, vocab, 0, targets, lse, scale);
+}
+
+cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* b,
+                        const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
+                        float* out) {
+  RowDotsKernel<Bf16><<<RowGrid(tokens * k), kThreads, 0, stream>>>(AsBf16(a), AsBf16(b), pos,
+                                                                    tokens, k, width, out);
   return cudaGetLastError();
 }
 
@@ -837,18 +947,28 @@ cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
 cudaError_t LoadKernels() {
   const void* kernels[] = {
       reinterpret_cast<const void*>(StripInitKernel),
-      reinterpret_cast<const void*>(StripFoldKernel),
+      reinterpret_cast<const void*>(StripFoldKernel<float>),
+      reinterpret_cast<const void*>(StripFoldKernel<Bf16>),
       reinterpret_cast<const void*>(StripFinishKernel),
-      reinterpret_cast<const void*>(StripDeltaKernel),
-      reinterpret_cast<const void*>(CrossEntropyLseKernel),
-      reinterpret_cast<const void*>(CrossEntropyLossKernel),
-      reinterpret_cast<const void*>(EmbeddingKernel),
+      reinterpret_cast<const void*>(StripDeltaKernel<float>),
+      reinterpret_cast<const void*>(StripDeltaKernel<Bf16>),
+      reinterpret_cast<const void*>(CrossEntropyLseKernel<float>),
+      reinterpret_cast<const void*>(CrossEntropyLseKernel<Bf16>),
+      reinterpret_cast<const void*>(CrossEntropyLossKernel<float>),
+      reinterpret_cast<const void*>(CrossEntropyLossKernel<Bf16>),
+      reinterpret_cast<const void*>(EmbeddingKernel<float>),
       reinterpret_cast<const void*>(EmbeddingBackwardKernel),
-      reinterpret_cast<const void*>(GatherRowsKernel),
-      reinterpret_cast<const void*>(ScatterRowsKernel),
-      reinterpret_cast<const void*>(CombineRowsKernel),
-      reinterpret_cast<const void*>(RowDotsKernel),
-      reinterpret_cast<const void*>(RopeKernel),
+      reinterpret_cast<const void*>(GatherRowsKernel<float>),
+      reinterpret_cast<const void*>(ScatterRowsKernel<float>),
+      reinterpret_cast<const void*>(CombineRowsKernel<float>),
+      reinterpret_cast<const void*>(RowDotsKernel<float>),
+      reinterpret_cast<const void*>(EmbeddingKernel<Bf16>),
+      reinterpret_cast<const void*>(GatherRowsKernel<Bf16>),
+      reinterpret_cast<const void*>(ScatterRowsKernel<Bf16>),
+      reinterpret_cast<const void*>(CombineRowsKernel<Bf16>),
+      reinterpret_cast<const void*>(RowDotsKernel<Bf16>),
+      reinterpret_cast<const void*>(RopeKernel<float>),
+      reinterpret_cast<const void*>(RopeKernel<Bf16>),
       reinterpret_cast<const void*>(RouterKernel),
       reinterpret_cast<const void*>(RouterBackwardKernel),
       reinterpret_cast<const void*>(AttentionInitKernel),

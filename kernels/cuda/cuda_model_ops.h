@@ -80,6 +80,37 @@ cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
                     const int32_t* pos, int64_t tokens, int64_t k,
                     int64_t width, float* out);
 
+// bf16 mixed precision (uint16_t* = kernels/bf16.h's Bf16 bits): the same
+// kernels templated on the element type; exact loads, the fp32 expressions,
+// one __float2bfloat16_rn per stored element (CombineRows sums in an fp32
+// register); scales, weights and RowDots' out stay fp32. The embedding's
+// gradient has no bf16 kernel yet: its CPU twin sums every row of a token in
+// fp32 and rounds once, which a kernel that walks rows per column can only
+// match with an fp32 accumulator per touched table row.
+cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int32_t* tokens,
+                          int64_t rows, int64_t hidden, uint16_t* out);
+cudaError_t GatherRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* index,
+                           const float* scales, int64_t rows, int64_t width, uint16_t* dst);
+cudaError_t ScatterRowsBf16(cudaStream_t stream, const uint16_t* src, int64_t rows,
+                            const int32_t* index, int64_t width, uint16_t* dst);
+cudaError_t CombineRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* pos,
+                            const float* weights, int64_t tokens, int64_t k, int64_t width,
+                            uint16_t* out);
+cudaError_t StripFoldBf16(cudaStream_t stream, const uint16_t* logits, int64_t rows,
+                          int64_t width, int64_t col0, const int32_t* targets, float* state,
+                          int64_t stride);
+cudaError_t StripDeltaBf16(cudaStream_t stream, uint16_t* logits_to_delta, int64_t rows,
+                           int64_t width, int64_t col0, const int32_t* targets, const float* lse,
+                           float scale);
+cudaError_t CrossEntropyBf16(cudaStream_t stream, const uint16_t* logits, const int32_t* targets,
+                             int64_t rows, int64_t vocab, float* lse, double* stats);
+cudaError_t CrossEntropyBackwardBf16(cudaStream_t stream, uint16_t* logits_to_grad,
+                                     const float* lse, const int32_t* targets, int64_t rows,
+                                     int64_t vocab, float scale);
+cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* b,
+                        const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
+                        float* out);
+
 // The router, one thread per row (experts is small): softmax, top_k in
 // descending probability with ties to the lower expert (the CPU's stable
 // order), gates renormalised over the chosen; the same fp32 operations in the
@@ -104,6 +135,9 @@ struct RopeFreqs {
 cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
                  int64_t heads, int64_t head_dim, int64_t pos0,
                  const RopeFreqs& freqs, bool inverse);
+// bf16 (as the bf16 row ops above): in place, rounded once per element.
+cudaError_t RopeBf16(cudaStream_t stream, uint16_t* x, int64_t batch, int64_t len, int64_t heads,
+                     int64_t head_dim, int64_t pos0, const RopeFreqs& freqs, bool inverse);
 
 // Attention (kernels/model/attention.h): the CPU's block-pair interface with
 // its layouts and its running state (m, l, acc in the caller's buffers), as

@@ -10,10 +10,12 @@
 
 #include "kernels/cuda/cuda_device_utils.cuh"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace plateau::cuda_ops {
 namespace {
@@ -43,6 +45,21 @@ static_assert(kReduceBlocks * sizeof(double) <= kScratchBytes,
 __device__ __forceinline__ float Sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
+
+// The element types of the kernels templated on T (float, or bf16 for bf16
+// mixed precision: kernels/bf16.h): Load is exact, StoreAs rounds an fp32
+// result once to nearest even (__float2bfloat16_rn, the CPU emulation's
+// FloatToBf16). For T = float both are the identity, so the fp32 kernels
+// compute exactly what they computed before they were templated.
+using Bf16 = __nv_bfloat16;
+__device__ __forceinline__ float Load(float x) { return x; }
+__device__ __forceinline__ float Load(Bf16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T StoreAs(float x);
+template <>
+__device__ __forceinline__ float StoreAs<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ Bf16 StoreAs<Bf16>(float x) { return __float2bfloat16_rn(x); }
 
 // ---------------------------------------------------------------------------
 // Elementwise: one functor per primitive, applied at every index. Outputs may
@@ -92,55 +109,78 @@ struct MulOp {
   __device__ void operator()(int64_t i) const { out[i] = a[i] * b[i]; }
 };
 
+template <typename T>
 struct SwiGluForwardOp {
-  float* out;
-  const float* gate;
-  const float* up;
+  T* out;
+  const T* gate;
+  const T* up;
   __device__ void operator()(int64_t i) const {
-    const float g = gate[i];
-    out[i] = g * Sigmoid(g) * up[i];
+    const float g = Load(gate[i]);
+    out[i] = StoreAs<T>(g * Sigmoid(g) * Load(up[i]));
   }
 };
 
+template <typename T>
 struct SwiGluBackwardOp {
-  float* dgate;
-  float* dup;
-  const float* dout;
-  const float* gate;
-  const float* up;
+  T* dgate;
+  T* dup;
+  const T* dout;
+  const T* gate;
+  const T* up;
   __device__ void operator()(int64_t i) const {
-    const float g = gate[i], s = Sigmoid(g), d = dout[i];
+    const float g = Load(gate[i]), s = Sigmoid(g), d = Load(dout[i]);
     const float silu = g * s;
     // silu'(g) = s * (1 + g * (1 - s))
-    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
-    dup[i] = d * silu;
+    dgate[i] = StoreAs<T>(d * Load(up[i]) * s * (1.0f + g * (1.0f - s)));
+    dup[i] = StoreAs<T>(d * silu);
   }
 };
 
+template <typename T>
 struct ScaleMatrixOp {
-  float* c;
+  T* c;
   int64_t cols, ld;
   float beta;
   __device__ void operator()(int64_t i) const {
-    float* p = c + (i / cols) * ld + (i % cols);
-    *p = beta == 0.0f ? 0.0f : beta * *p;
+    T* p = c + (i / cols) * ld + (i % cols);
+    *p = StoreAs<T>(beta == 0.0f ? 0.0f : beta * Load(*p));
   }
 };
 
+// bf16 mixed precision's conversions: the working copy of an fp32 master
+// (one rounding) and an exact load.
+struct ToBf16Op {
+  Bf16* out;
+  const float* x;
+  __device__ void operator()(int64_t i) const { out[i] = __float2bfloat16_rn(x[i]); }
+};
+
+struct ToFloatOp {
+  float* out;
+  const Bf16* x;
+  __device__ void operator()(int64_t i) const { out[i] = __bfloat162float(x[i]); }
+};
+
+// G: the gradient's type (float, or bf16 with a bf16 working copy written
+// from the updated fp32 master: AdamWBf16).
+template <typename G>
 struct AdamWOp {
   float* param;
-  const float* grad;
+  const G* grad;
   float* m;
   float* v;
+  Bf16* working;  // bf16 only
   AdamWScalars s;
   __device__ void operator()(int64_t i) const {
-    const float g = grad[i] * s.grad_scale;
+    const float g = Load(grad[i]) * s.grad_scale;
     const float p = param[i] * s.decay;
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
     const float vi = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
     m[i] = mi;
     v[i] = vi;
-    param[i] = p - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+    const float updated = p - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+    param[i] = updated;
+    if constexpr (!std::is_same<G, float>::value) working[i] = __float2bfloat16_rn(updated);
   }
 };
 
@@ -148,46 +188,49 @@ struct AdamWOp {
 // Row-wise: one block per row. Every thread of a block walks the same rows,
 // so the barriers inside BlockReduce are reached by all of them.
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormForwardKernel(float* out, float* rstd, const float* x,
-                         const float* weight, int64_t rows, int64_t cols,
+    RmsNormForwardKernel(T* out, float* rstd, const T* x,
+                         const T* weight, int64_t rows, int64_t cols,
                          float eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * cols;
+    const T* xr = x + r * cols;
     double ss = 0.0;
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
-      ss += static_cast<double>(xr[c]) * xr[c];
+      const float xc = Load(xr[c]);
+      ss += static_cast<double>(xc) * xc;
     }
     ss = BlockReduce(ss, SumOp());
     const float rs = static_cast<float>(1.0 / sqrt(ss / cols + eps));
     if (threadIdx.x == 0) rstd[r] = rs;
     // out may alias x: every thread has read its elements of the row before
     // the barrier in BlockReduce, and writes only those.
-    float* orow = out + r * cols;
+    T* orow = out + r * cols;
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
-      orow[c] = xr[c] * rs * weight[c];
+      orow[c] = StoreAs<T>(Load(xr[c]) * rs * Load(weight[c]));
     }
   }
 }
 
 // dx = r * (dout*w) - x * r^3 / cols * sum_c (dout*w*x), r = rstd[row].
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormBackwardDxKernel(float* dx, const float* dout, const float* x,
-                            const float* weight, const float* rstd,
+    RmsNormBackwardDxKernel(T* dx, const T* dout, const T* x,
+                            const T* weight, const float* rstd,
                             int64_t rows, int64_t cols) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * cols;
-    const float* dr = dout + r * cols;
+    const T* xr = x + r * cols;
+    const T* dr = dout + r * cols;
     const float rs = rstd[r];
     double dot = 0.0;
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
-      dot += static_cast<double>(dr[c]) * weight[c] * xr[c];
+      dot += static_cast<double>(Load(dr[c])) * Load(weight[c]) * Load(xr[c]);
     }
     dot = BlockReduce(dot, SumOp());
     const float coef = static_cast<float>(dot * rs * rs * rs / cols);
-    float* dxr = dx + r * cols;
+    T* dxr = dx + r * cols;
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
-      dxr[c] = rs * dr[c] * weight[c] - xr[c] * coef;
+      dxr[c] = StoreAs<T>(rs * Load(dr[c]) * Load(weight[c]) - Load(xr[c]) * coef);
     }
   }
 }
@@ -197,9 +240,10 @@ __global__ void __launch_bounds__(kThreads)
 // in order, into partial[by * cols + c]. With partial == nullptr (a single
 // chunk) it adds straight into dweight. Adjacent threads read adjacent
 // columns, so each row's loads are coalesced.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormDweightPartialKernel(double* partial, float* dweight,
-                                const float* dout, const float* x,
+    RmsNormDweightPartialKernel(double* partial, T* dweight,
+                                const T* dout, const T* x,
                                 const float* rstd, int64_t rows, int64_t cols,
                                 int64_t rows_per_chunk) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -209,24 +253,25 @@ __global__ void __launch_bounds__(kThreads)
       begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
   double acc = 0.0;
   for (int64_t r = begin; r < end; ++r) {
-    acc += static_cast<double>(dout[r * cols + c]) * x[r * cols + c] * rstd[r];
+    acc += static_cast<double>(Load(dout[r * cols + c])) * Load(x[r * cols + c]) * rstd[r];
   }
   if (partial != nullptr) {
     partial[blockIdx.y * cols + c] = acc;
   } else {
-    dweight[c] = static_cast<float>(dweight[c] + acc);
+    dweight[c] = StoreAs<T>(static_cast<float>(Load(dweight[c]) + acc));
   }
 }
 
 // Second pass: each column's chunk partials, in chunk order.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormDweightCombineKernel(float* dweight, const double* partial,
+    RmsNormDweightCombineKernel(T* dweight, const double* partial,
                                 int64_t cols, int64_t chunks) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= cols) return;
   double acc = 0.0;
   for (int64_t j = 0; j < chunks; ++j) acc += partial[j * cols + c];
-  dweight[c] = static_cast<float>(dweight[c] + acc);
+  dweight[c] = StoreAs<T>(static_cast<float>(Load(dweight[c]) + acc));
 }
 
 // Softmax and log-sum-exp shift by the row maximum so exp stays in range
@@ -336,34 +381,38 @@ cudaError_t Mul(cudaStream_t stream, float* out, const float* a,
 
 cudaError_t SwiGluForward(cudaStream_t stream, float* out, const float* gate,
                           const float* up, int64_t n) {
-  return LaunchElementwise(stream, n, SwiGluForwardOp{out, gate, up});
+  return LaunchElementwise(stream, n, SwiGluForwardOp<float>{out, gate, up});
 }
 
 cudaError_t SwiGluBackward(cudaStream_t stream, float* dgate, float* dup,
                            const float* dout, const float* gate,
                            const float* up, int64_t n) {
   return LaunchElementwise(stream, n,
-                           SwiGluBackwardOp{dgate, dup, dout, gate, up});
+                           SwiGluBackwardOp<float>{dgate, dup, dout, gate, up});
 }
 
 cudaError_t ScaleMatrix(cudaStream_t stream, float* c, int64_t rows,
                         int64_t cols, int64_t ld, float beta) {
   return LaunchElementwise(stream, rows * cols,
-                           ScaleMatrixOp{c, cols, ld, beta});
+                           ScaleMatrixOp<float>{c, cols, ld, beta});
 }
 
-cudaError_t RmsNormForward(cudaStream_t stream, float* out, float* rstd,
-                           const float* x, const float* weight, int64_t rows,
-                           int64_t cols, float eps) {
-  RmsNormForwardKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+namespace {
+
+template <typename T>
+cudaError_t RmsNormForwardT(cudaStream_t stream, T* out, float* rstd,
+                            const T* x, const T* weight, int64_t rows,
+                            int64_t cols, float eps) {
+  RmsNormForwardKernel<T><<<RowGrid(rows), kThreads, 0, stream>>>(
       out, rstd, x, weight, rows, cols, eps);
   return cudaGetLastError();
 }
 
-cudaError_t RmsNormBackward(cudaStream_t stream, float* dx, float* dweight,
-                            const float* dout, const float* x,
-                            const float* weight, const float* rstd,
-                            int64_t rows, int64_t cols, void* scratch) {
+template <typename T>
+cudaError_t RmsNormBackwardT(cudaStream_t stream, T* dx, T* dweight,
+                             const T* dout, const T* x,
+                             const T* weight, const float* rstd,
+                             int64_t rows, int64_t cols, void* scratch) {
   // dweight first: it reads dout and x across rows, while the dx kernel
   // reads each row before writing it, so this order also stays right if a
   // caller passes dx aliasing dout or x (as the CPU twin tolerates).
@@ -380,19 +429,81 @@ cudaError_t RmsNormBackward(cudaStream_t stream, float* dx, float* dweight,
 
   const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                   static_cast<unsigned>(chunks));
-  RmsNormDweightPartialKernel<<<grid, kThreads, 0, stream>>>(
+  RmsNormDweightPartialKernel<T><<<grid, kThreads, 0, stream>>>(
       partial, dweight, dout, x, rstd, rows, cols, rows_per_chunk);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (partial != nullptr) {
-    RmsNormDweightCombineKernel<<<grid.x, kThreads, 0, stream>>>(
+    RmsNormDweightCombineKernel<T><<<grid.x, kThreads, 0, stream>>>(
         dweight, partial, cols, chunks);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  RmsNormBackwardDxKernel<<<RowGrid(rows), kThreads, 0, stream>>>(
+  RmsNormBackwardDxKernel<T><<<RowGrid(rows), kThreads, 0, stream>>>(
       dx, dout, x, weight, rstd, rows, cols);
   return cudaGetLastError();
+}
+
+// The launchers' bf16 arguments are kernels/bf16.h's bits (this header is
+// plain C++); __nv_bfloat16 has the same size and bits.
+static_assert(sizeof(Bf16) == sizeof(uint16_t), "bf16 is 2 bytes");
+Bf16* AsBf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
+const Bf16* AsBf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p); }
+
+}  // namespace
+
+cudaError_t RmsNormForward(cudaStream_t stream, float* out, float* rstd,
+                           const float* x, const float* weight, int64_t rows,
+                           int64_t cols, float eps) {
+  return RmsNormForwardT(stream, out, rstd, x, weight, rows, cols, eps);
+}
+
+cudaError_t RmsNormBackward(cudaStream_t stream, float* dx, float* dweight,
+                            const float* dout, const float* x,
+                            const float* weight, const float* rstd,
+                            int64_t rows, int64_t cols, void* scratch) {
+  return RmsNormBackwardT(stream, dx, dweight, dout, x, weight, rstd, rows, cols, scratch);
+}
+
+// --- bf16 mixed precision ---------------------------------------------------
+
+cudaError_t ConvertToBf16(cudaStream_t stream, uint16_t* out, const float* x, int64_t n) {
+  return LaunchElementwise(stream, n, ToBf16Op{AsBf16(out), x});
+}
+
+cudaError_t ConvertToFloat(cudaStream_t stream, float* out, const uint16_t* x, int64_t n) {
+  return LaunchElementwise(stream, n, ToFloatOp{out, AsBf16(x)});
+}
+
+cudaError_t ScaleMatrixBf16(cudaStream_t stream, uint16_t* c, int64_t rows, int64_t cols,
+                            int64_t ld, float beta) {
+  return LaunchElementwise(stream, rows * cols, ScaleMatrixOp<Bf16>{AsBf16(c), cols, ld, beta});
+}
+
+cudaError_t SwiGluForwardBf16(cudaStream_t stream, uint16_t* out, const uint16_t* gate,
+                              const uint16_t* up, int64_t n) {
+  return LaunchElementwise(stream, n, SwiGluForwardOp<Bf16>{AsBf16(out), AsBf16(gate), AsBf16(up)});
+}
+
+cudaError_t SwiGluBackwardBf16(cudaStream_t stream, uint16_t* dgate, uint16_t* dup,
+                               const uint16_t* dout, const uint16_t* gate, const uint16_t* up,
+                               int64_t n) {
+  return LaunchElementwise(stream, n,
+                           SwiGluBackwardOp<Bf16>{AsBf16(dgate), AsBf16(dup), AsBf16(dout),
+                                                  AsBf16(gate), AsBf16(up)});
+}
+
+cudaError_t RmsNormForwardBf16(cudaStream_t stream, uint16_t* out, float* rstd,
+                               const uint16_t* x, const uint16_t* weight, int64_t rows,
+                               int64_t cols, float eps) {
+  return RmsNormForwardT(stream, AsBf16(out), rstd, AsBf16(x), AsBf16(weight), rows, cols, eps);
+}
+
+cudaError_t RmsNormBackwardBf16(cudaStream_t stream, uint16_t* dx, uint16_t* dweight,
+                                const uint16_t* dout, const uint16_t* x, const uint16_t* weight,
+                                const float* rstd, int64_t rows, int64_t cols, void* scratch) {
+  return RmsNormBackwardT(stream, AsBf16(dx), AsBf16(dweight), AsBf16(dout), AsBf16(x),
+                          AsBf16(weight), rstd, rows, cols, scratch);
 }
 
 cudaError_t SoftmaxRows(cudaStream_t stream, float* y, const float* x,
@@ -420,7 +531,13 @@ cudaError_t SumSquares(cudaStream_t stream, float* out, const float* x,
 
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s) {
-  return LaunchElementwise(stream, n, AdamWOp{param, grad, m, v, s});
+  return LaunchElementwise(stream, n, AdamWOp<float>{param, grad, m, v, nullptr, s});
+}
+
+cudaError_t AdamWBf16(cudaStream_t stream, float* master, const uint16_t* grad, float* m,
+                      float* v, uint16_t* working, int64_t n, const AdamWScalars& s) {
+  return LaunchElementwise(stream, n,
+                           AdamWOp<Bf16>{master, AsBf16(grad), m, v, AsBf16(working), s});
 }
 
 // Grouped GEMM pointer arrays: one launch per kPointersPerLaunch problems,
@@ -472,14 +589,25 @@ cudaError_t CheckKernelImage() {
       reinterpret_cast<const void*>(ElementwiseKernel<AxpyOp>),
       reinterpret_cast<const void*>(ElementwiseKernel<AddOp>),
       reinterpret_cast<const void*>(ElementwiseKernel<MulOp>),
-      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluForwardOp>),
-      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluBackwardOp>),
-      reinterpret_cast<const void*>(ElementwiseKernel<ScaleMatrixOp>),
-      reinterpret_cast<const void*>(ElementwiseKernel<AdamWOp>),
-      reinterpret_cast<const void*>(RmsNormForwardKernel),
-      reinterpret_cast<const void*>(RmsNormBackwardDxKernel),
-      reinterpret_cast<const void*>(RmsNormDweightPartialKernel),
-      reinterpret_cast<const void*>(RmsNormDweightCombineKernel),
+      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluForwardOp<float>>),
+      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluBackwardOp<float>>),
+      reinterpret_cast<const void*>(ElementwiseKernel<ScaleMatrixOp<float>>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AdamWOp<float>>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AdamWOp<Bf16>>),
+      reinterpret_cast<const void*>(RmsNormForwardKernel<float>),
+      reinterpret_cast<const void*>(RmsNormBackwardDxKernel<float>),
+      reinterpret_cast<const void*>(RmsNormDweightPartialKernel<float>),
+      reinterpret_cast<const void*>(RmsNormDweightCombineKernel<float>),
+      // bf16 mixed precision.
+      reinterpret_cast<const void*>(ElementwiseKernel<ToBf16Op>),
+      reinterpret_cast<const void*>(ElementwiseKernel<ToFloatOp>),
+      reinterpret_cast<const void*>(ElementwiseKernel<ScaleMatrixOp<Bf16>>),
+      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluForwardOp<Bf16>>),
+      reinterpret_cast<const void*>(ElementwiseKernel<SwiGluBackwardOp<Bf16>>),
+      reinterpret_cast<const void*>(RmsNormForwardKernel<Bf16>),
+      reinterpret_cast<const void*>(RmsNormBackwardDxKernel<Bf16>),
+      reinterpret_cast<const void*>(RmsNormDweightPartialKernel<Bf16>),
+      reinterpret_cast<const void*>(RmsNormDweightCombineKernel<Bf16>),
       reinterpret_cast<const void*>(SoftmaxRowsKernel),
       reinterpret_cast<const void*>(LogSumExpRowsKernel),
       reinterpret_cast<const void*>(ReducePartialKernel<false>),

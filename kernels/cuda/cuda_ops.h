@@ -70,6 +70,27 @@ cudaError_t RmsNormBackward(cudaStream_t stream, float* dx, float* dweight,
                             const float* dout, const float* x,
                             const float* weight, const float* rstd,
                             int64_t rows, int64_t cols, void* scratch);
+// bf16 mixed precision (kernels/bf16.h; uint16_t* = the bits of a Bf16):
+// the same kernels as the fp32 ones above, templated on the element type, so
+// they load exactly, compute the fp32 expressions and round each stored
+// element once (__float2bfloat16_rn), the rounding points of the CPU
+// emulation (kernels/cpu_bf16_ops.h). rstd stays fp32.
+cudaError_t ConvertToBf16(cudaStream_t stream, uint16_t* out, const float* x, int64_t n);
+cudaError_t ConvertToFloat(cudaStream_t stream, float* out, const uint16_t* x, int64_t n);
+cudaError_t ScaleMatrixBf16(cudaStream_t stream, uint16_t* c, int64_t rows, int64_t cols,
+                            int64_t ld, float beta);
+cudaError_t SwiGluForwardBf16(cudaStream_t stream, uint16_t* out, const uint16_t* gate,
+                              const uint16_t* up, int64_t n);
+cudaError_t SwiGluBackwardBf16(cudaStream_t stream, uint16_t* dgate, uint16_t* dup,
+                               const uint16_t* dout, const uint16_t* gate, const uint16_t* up,
+                               int64_t n);
+cudaError_t RmsNormForwardBf16(cudaStream_t stream, uint16_t* out, float* rstd,
+                               const uint16_t* x, const uint16_t* weight, int64_t rows,
+                               int64_t cols, float eps);
+cudaError_t RmsNormBackwardBf16(cudaStream_t stream, uint16_t* dx, uint16_t* dweight,
+                                const uint16_t* dout, const uint16_t* x, const uint16_t* weight,
+                                const float* rstd, int64_t rows, int64_t cols, void* scratch);
+
 cudaError_t SoftmaxRows(cudaStream_t stream, float* y, const float* x,
                         int64_t rows, int64_t cols);
 cudaError_t LogSumExpRows(cudaStream_t stream, float* out, const float* x,
@@ -92,6 +113,10 @@ struct AdamWScalars {
 };
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s);
+// bf16 mixed: AdamW's kernel with the bf16 gradient loaded exactly, then
+// working = __float2bfloat16_rn(updated master) (kernels/backend.h).
+cudaError_t AdamWBf16(cudaStream_t stream, float* master, const uint16_t* grad, float* m,
+                      float* v, uint16_t* working, int64_t n, const AdamWScalars& s);
 
 // The device arrays of pointers a grouped GEMM reads (cuBLAS takes A, B and
 // C of every problem from device memory): a[i], b[i], c[i] for i < n into

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/model/attention.h"
+#include "kernels/model/cpu_bf16_layers.h"
 #include "kernels/model/layers.h"
 
 namespace plateau {
@@ -119,6 +120,47 @@ class CpuModelKernels final : public ModelKernels {
     return Run(s, [=, p = pool_.get()] {
     plateau::StripDelta(logits_to_delta, rows, width, col0, targets, lse, scale, p);
   });
+  }
+
+  // bf16 mixed precision: the emulation of cpu_bf16_layers.h.
+  absl::Status DoEmbeddingBf16(Stream& s, const Bf16* table, int64_t /*vocab*/, const int32_t* tokens, int64_t rows, int64_t hidden, Bf16* out) override {
+    return Run(s, [=, p = pool_.get()] { cpu::EmbeddingForwardBf16(table, tokens, rows, hidden, out, p); });
+  }
+  absl::Status DoEmbeddingBackwardBf16(Stream& s, const Bf16* dout, const int32_t* tokens, int64_t rows, int64_t hidden, Bf16* dtable, int64_t vocab) override {
+    return Run(s, [=, p = pool_.get()] { cpu::EmbeddingBackwardBf16(dout, tokens, rows, hidden, dtable, vocab, p); });
+  }
+  absl::Status DoGatherRowsBf16(Stream& s, const Bf16* src, int64_t src_rows, const int32_t* index, const float* scales, int64_t rows, int64_t width, Bf16* dst) override {
+    return Run(s, [=, p = pool_.get()] { cpu::GatherRowsBf16(src, src_rows, index, scales, rows, width, dst, p); });
+  }
+  absl::Status DoScatterRowsBf16(Stream& s, const Bf16* src, int64_t rows, const int32_t* index, int64_t width, Bf16* dst, int64_t /*dst_rows*/) override {
+    return Run(s, [=, p = pool_.get()] { cpu::ScatterRowsBf16(src, rows, index, width, dst, p); });
+  }
+  absl::Status DoCombineRowsBf16(Stream& s, const Bf16* src, int64_t src_rows, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, Bf16* out) override {
+    return Run(s, [=, p = pool_.get()] { cpu::CombineRowsBf16(src, src_rows, pos, weights, tokens, k, width, out, p); });
+  }
+  absl::Status DoRowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t b_rows, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out) override {
+    return Run(s, [=, p = pool_.get()] { cpu::RowDotsBf16(a, b, b_rows, pos, tokens, k, width, out, p); });
+  }
+  absl::Status DoRopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0, float theta, bool inverse) override {
+    return Run(s, [=, p = pool_.get()] { cpu::RopeBf16(x, batch, len, heads, head_dim, pos0, theta, inverse, p); });
+  }
+  absl::Status DoCrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats) override {
+    return Run(s, [=, p = pool_.get()] {
+      int64_t valid = 0;
+      stats[0] += cpu::CrossEntropyForwardBf16(logits, targets, rows, vocab, lse, &valid, p);
+      stats[1] += static_cast<double>(valid);
+    });
+  }
+  absl::Status DoCrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale) override {
+    return Run(s, [=, p = pool_.get()] { cpu::CrossEntropyBackwardBf16(logits_to_grad, lse, targets, rows, vocab, scale, p); });
+  }
+  absl::Status DoStripFoldBf16(Stream& s, const Bf16* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride) override {
+    return Run(s, [=, p = pool_.get()] {
+      cpu::StripFoldBf16(logits, rows, width, col0, targets, state, state + stride, state + 2 * stride, p);
+    });
+  }
+  absl::Status DoStripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) override {
+    return Run(s, [=, p = pool_.get()] { cpu::StripDeltaBf16(logits_to_delta, rows, width, col0, targets, lse, scale, p); });
   }
 
  private:

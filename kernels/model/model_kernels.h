@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/model/attention.h"
 #include "kernels/stream.h"
 
@@ -111,6 +112,48 @@ class ModelKernels {
                           int64_t width, int64_t col0, const int32_t* targets,
                           const float* lse, float scale);
 
+ // --- bf16 mixed precision (kernels/bf16.h; docs/RUNTIME.md) --------------
+  // The same ops on bf16 working buffers (fp32 where the plan keeps fp32:
+  // gates, RowDots' output): exact loads, fp32 arithmetic as the fp32 op,
+  // one rounding per stored bf16 element. Validated as their fp32 twins; the
+  // extra row counts (vocab, src_rows, b_rows) say how many rows the op may
+  // read, which the CPU emulation loads. UNIMPLEMENTED where a backend has
+  // no bf16 version (CUDA's are not written yet).
+  absl::Status EmbeddingBf16(Stream& s, const Bf16* table, int64_t vocab,
+                             const int32_t* tokens, int64_t rows, int64_t hidden, Bf16* out);
+  // dtable (vocab x hidden, a bf16 gradient) += the rows' fp32 sums, rounded once.
+  absl::Status EmbeddingBackwardBf16(Stream& s, const Bf16* dout, const int32_t* tokens,
+                                     int64_t rows, int64_t hidden, Bf16* dtable, int64_t vocab);
+  // scales (the router's gates) stay fp32.
+  absl::Status GatherRowsBf16(Stream& s, const Bf16* src, int64_t src_rows,
+                              const int32_t* index, const float* scales, int64_t rows,
+                              int64_t width, Bf16* dst);
+  absl::Status ScatterRowsBf16(Stream& s, const Bf16* src, int64_t rows, const int32_t* index,
+                               int64_t width, Bf16* dst, int64_t dst_rows);
+  // out += sum_j w_j src[pos_j] in fp32 (on the loaded out), rounded once.
+  absl::Status CombineRowsBf16(Stream& s, const Bf16* src, int64_t src_rows, const int32_t* pos,
+                               const float* weights, int64_t tokens, int64_t k, int64_t width,
+                               Bf16* out);
+  // out (dgates: fp32) as RowDots on the loaded rows.
+  absl::Status RowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t b_rows,
+                           const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
+                           float* out);
+  // In place on bf16 q or k rows: fp32 rotation of the loaded values, rounded once.
+  absl::Status RopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads,
+                        int64_t head_dim, int64_t pos0, float theta, bool inverse);
+  // bf16 logits; lse (fp32) and stats (double) as CrossEntropy.
+  absl::Status CrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets,
+                                int64_t rows, int64_t vocab, float* lse, double* stats);
+  // In place: the bf16 logits become their gradient, rounded once.
+  absl::Status CrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad, const float* lse,
+                                        const int32_t* targets, int64_t rows, int64_t vocab,
+                                        float scale);
+  // Ring-DTP strips of bf16 logits; the state stays fp32.
+  absl::Status StripFoldBf16(Stream& s, const Bf16* logits, int64_t rows, int64_t width,
+                             int64_t col0, const int32_t* targets, float* state, int64_t stride);
+  absl::Status StripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width,
+                              int64_t col0, const int32_t* targets, const float* lse, float scale);
+
  protected:
   // Implementations: called only after the arguments were validated (and
   // never with rows == 0 / tokens == 0).
@@ -133,6 +176,18 @@ class ModelKernels {
   virtual absl::Status DoStripInit(Stream& s, float* state, int64_t rows) = 0;
   virtual absl::Status DoStripFold(Stream& s, const float* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride) = 0;
   virtual absl::Status DoStripFinish(Stream& s, const float* state, const int32_t* targets, int64_t rows, float* lse, double* stats) = 0;
+  // bf16: each defaults to UNIMPLEMENTED naming the op.
+  virtual absl::Status DoEmbeddingBf16(Stream& s, const Bf16* table, int64_t vocab, const int32_t* tokens, int64_t rows, int64_t hidden, Bf16* out);
+  virtual absl::Status DoEmbeddingBackwardBf16(Stream& s, const Bf16* dout, const int32_t* tokens, int64_t rows, int64_t hidden, Bf16* dtable, int64_t vocab);
+  virtual absl::Status DoGatherRowsBf16(Stream& s, const Bf16* src, int64_t src_rows, const int32_t* index, const float* scales, int64_t rows, int64_t width, Bf16* dst);
+  virtual absl::Status DoScatterRowsBf16(Stream& s, const Bf16* src, int64_t rows, const int32_t* index, int64_t width, Bf16* dst, int64_t dst_rows);
+  virtual absl::Status DoCombineRowsBf16(Stream& s, const Bf16* src, int64_t src_rows, const int32_t* pos, const float* weights, int64_t tokens, int64_t k, int64_t width, Bf16* out);
+  virtual absl::Status DoRowDotsBf16(Stream& s, const Bf16* a, const Bf16* b, int64_t b_rows, const int32_t* pos, int64_t tokens, int64_t k, int64_t width, float* out);
+  virtual absl::Status DoRopeBf16(Stream& s, Bf16* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim, int64_t pos0, float theta, bool inverse);
+  virtual absl::Status DoCrossEntropyBf16(Stream& s, const Bf16* logits, const int32_t* targets, int64_t rows, int64_t vocab, float* lse, double* stats);
+  virtual absl::Status DoCrossEntropyBackwardBf16(Stream& s, Bf16* logits_to_grad, const float* lse, const int32_t* targets, int64_t rows, int64_t vocab, float scale);
+  virtual absl::Status DoStripFoldBf16(Stream& s, const Bf16* logits, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, float* state, int64_t stride);
+  virtual absl::Status DoStripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale);
   virtual absl::Status DoStripDelta(Stream& s, float* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) = 0;
 };
 

@@ -88,6 +88,27 @@ class DeviceSide {
     return all;
   }
 
+  // bf16 buffers (kernels/bf16.h), as Upload / Poisoned / Download. The
+  // poison is bf16's NaN, so an element an op forgets to write stays NaN.
+  Bf16* UploadBf16(const std::vector<Bf16>& host) {
+    auto buf = backend_->device().Allocate(LiveSet::kActivations, host.size() * sizeof(Bf16));
+    EXPECT_TRUE(buf.ok()) << buf.status();
+    if (!buf.ok()) return nullptr;
+    Bf16* d = buf->as<Bf16>();
+    EXPECT_TRUE(backend_->Copy(*stream_, d, host.data(), host.size() * sizeof(Bf16)).ok());
+    EXPECT_TRUE(stream_->Synchronize().ok());
+    buffers_.push_back(std::move(*buf));
+    return d;
+  }
+  Bf16* PoisonedBf16(int64_t n) { return UploadBf16(std::vector<Bf16>(n, Bf16{0x7fc0})); }
+  std::vector<Bf16> DownloadBf16(const Bf16* d, int64_t n) {
+    std::vector<Bf16> host(n, Bf16{0x7fc0});
+    EXPECT_TRUE(stream_->Synchronize().ok());
+    EXPECT_TRUE(backend_->Copy(*stream_, host.data(), d, n * sizeof(Bf16)).ok());
+    EXPECT_TRUE(stream_->Synchronize().ok());
+    return host;
+  }
+
  private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stream> stream_;

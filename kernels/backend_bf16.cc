@@ -1,0 +1,172 @@
+// The bf16 entry points of Backend: validated once here, as backend.cc
+// validates the fp32 ones, then handed to the implementation. Kept in their
+// own file so that the fp32 entry points stay as they were.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "kernels/arg_checks.h"
+#include "kernels/backend.h"
+#include "kernels/status_macros.h"
+
+namespace plateau {
+namespace {
+
+absl::Status CheckRowsBf16(absl::string_view op, int64_t rows, int64_t cols) {
+  if (rows < 0) return ArgError(op, absl::StrCat("rows must be >= 0, got ", rows));
+  if (cols <= 0 && rows > 0) return ArgError(op, absl::StrCat("cols must be > 0, got ", cols));
+  return absl::OkStatus();
+}
+
+absl::Status NoBf16(absl::string_view op, const Backend& b) {
+  return absl::UnimplementedError(absl::StrCat(op, ": the ", BackendKindName(b.kind()),
+                                               " backend has no bf16 kernels"));
+}
+
+}  // namespace
+
+absl::Status ValidateGemmBf16(const GemmBf16Args& g) {
+  constexpr absl::string_view op = "gemm_bf16";
+  if ((g.c == nullptr) == (g.c_fp32 == nullptr) && g.m > 0 && g.n > 0) {
+    return ArgError(op, "exactly one of c (bf16) and c_fp32 must be set");
+  }
+  // The shape and stride rules are GemmArgs' (element strides, whatever the
+  // element size): checked by ValidateGemm on the same fields, its message
+  // renamed to this op.
+  GemmArgs shape;
+  shape.trans_a = g.trans_a;
+  shape.trans_b = g.trans_b;
+  shape.m = g.m;
+  shape.n = g.n;
+  shape.k = g.k;
+  shape.alpha = g.alpha;
+  shape.a = reinterpret_cast<const float*>(g.a);
+  shape.lda = g.lda;
+  shape.b = reinterpret_cast<const float*>(g.b);
+  shape.ldb = g.ldb;
+  shape.beta = g.beta;
+  shape.c = g.c != nullptr ? reinterpret_cast<float*>(g.c) : g.c_fp32;
+  shape.ldc = g.ldc;
+  const absl::Status st = ValidateGemm(shape);
+  if (st.ok()) return st;
+  absl::string_view what = st.message();
+  if (absl::ConsumePrefix(&what, "gemm: ")) return ArgError(op, what);
+  return st;
+}
+
+absl::Status Backend::GemmBf16(Stream& stream, const GemmBf16Args& args) {
+  PLATEAU_RETURN_IF_ERROR(ValidateGemmBf16(args));
+  if (args.m == 0 || args.n == 0) return absl::OkStatus();
+  return DoGemmBf16(stream, args);
+}
+
+absl::Status Backend::ConvertToBf16(Stream& s, Bf16* out, const float* x, int64_t n) {
+  constexpr absl::string_view op = "convert_to_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, n));
+  return n == 0 ? absl::OkStatus() : DoConvertToBf16(s, out, x, n);
+}
+
+absl::Status Backend::ConvertToFloat(Stream& s, float* out, const Bf16* x, int64_t n) {
+  constexpr absl::string_view op = "convert_to_float";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, n));
+  return n == 0 ? absl::OkStatus() : DoConvertToFloat(s, out, x, n);
+}
+
+absl::Status Backend::SwiGluForwardBf16(Stream& s, Bf16* out, const Bf16* gate, const Bf16* up,
+                                        int64_t n) {
+  constexpr absl::string_view op = "swiglu_forward_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "gate", gate, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "up", up, n));
+  return n == 0 ? absl::OkStatus() : DoSwiGluForwardBf16(s, out, gate, up, n);
+}
+
+absl::Status Backend::SwiGluBackwardBf16(Stream& s, Bf16* dgate, Bf16* dup, const Bf16* dout,
+                                         const Bf16* gate, const Bf16* up, int64_t n) {
+  constexpr absl::string_view op = "swiglu_backward_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dgate", dgate, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dup", dup, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dout", dout, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "gate", gate, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "up", up, n));
+  return n == 0 ? absl::OkStatus() : DoSwiGluBackwardBf16(s, dgate, dup, dout, gate, up, n);
+}
+
+absl::Status Backend::RmsNormForwardBf16(Stream& s, Bf16* out, float* rstd, const Bf16* x,
+                                         const Bf16* weight, int64_t rows, int64_t cols,
+                                         float eps) {
+  constexpr absl::string_view op = "rmsnorm_forward_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckRowsBf16(op, rows, cols));
+  if (!(eps > 0.0f)) return ArgError(op, absl::StrCat("eps must be > 0, got ", eps));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "rstd", rstd, rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "weight", weight, cols));
+  return DoRmsNormForwardBf16(s, out, rstd, x, weight, rows, cols, eps);
+}
+
+absl::Status Backend::RmsNormBackwardBf16(Stream& s, Bf16* dx, Bf16* dweight, const Bf16* dout,
+                                          const Bf16* x, const Bf16* weight, const float* rstd,
+                                          int64_t rows, int64_t cols) {
+  constexpr absl::string_view op = "rmsnorm_backward_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckRowsBf16(op, rows, cols));
+  if (rows == 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dx", dx, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dweight", dweight, cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dout", dout, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, rows * cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "weight", weight, cols));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "rstd", rstd, rows));
+  return DoRmsNormBackwardBf16(s, dx, dweight, dout, x, weight, rstd, rows, cols);
+}
+
+absl::Status Backend::AdamWBf16(Stream& s, float* master, const Bf16* grad, float* m, float* v,
+                                Bf16* working, int64_t n, const AdamWArgs& args) {
+  constexpr absl::string_view op = "adamw_bf16";
+  PLATEAU_RETURN_IF_ERROR(ValidateAdamW(args));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "master", master, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "grad", grad, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "m", m, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "v", v, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "working", working, n));
+  return n == 0 ? absl::OkStatus() : DoAdamWBf16(s, master, grad, m, v, working, n, args);
+}
+
+// Defaults for a backend without bf16 kernels.
+absl::Status Backend::DoGemmBf16(Stream&, const GemmBf16Args&) { return NoBf16("gemm_bf16", *this); }
+absl::Status Backend::DoConvertToBf16(Stream&, Bf16*, const float*, int64_t) {
+  return NoBf16("convert_to_bf16", *this);
+}
+absl::Status Backend::DoConvertToFloat(Stream&, float*, const Bf16*, int64_t) {
+  return NoBf16("convert_to_float", *this);
+}
+absl::Status Backend::DoSwiGluForwardBf16(Stream&, Bf16*, const Bf16*, const Bf16*, int64_t) {
+  return NoBf16("swiglu_forward_bf16", *this);
+}
+absl::Status Backend::DoSwiGluBackwardBf16(Stream&, Bf16*, Bf16*, const Bf16*, const Bf16*,
+                                           const Bf16*, int64_t) {
+  return NoBf16("swiglu_backward_bf16", *this);
+}
+absl::Status Backend::DoRmsNormForwardBf16(Stream&, Bf16*, float*, const Bf16*, const Bf16*,
+                                           int64_t, int64_t, float) {
+  return NoBf16("rmsnorm_forward_bf16", *this);
+}
+absl::Status Backend::DoRmsNormBackwardBf16(Stream&, Bf16*, Bf16*, const Bf16*, const Bf16*,
+                                            const Bf16*, const float*, int64_t, int64_t) {
+  return NoBf16("rmsnorm_backward_bf16", *this);
+}
+absl::Status Backend::DoAdamWBf16(Stream&, float*, const Bf16*, float*, float*, Bf16*, int64_t,
+                                  const AdamWArgs&) {
+  return NoBf16("adamw_bf16", *this);
+}
+
+}  // namespace plateau

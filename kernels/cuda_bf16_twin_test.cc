@@ -1,0 +1,515 @@
+// The CUDA backend's bf16 mixed-precision ops against the CPU emulation
+// (kernels/cpu_bf16_ops.h), through the Backend interface, on the same bf16
+// inputs. Both sides load exactly, compute in fp32 and round each stored
+// element once to nearest even at the same points, so:
+// - the conversions are bitwise equal (one rounding of the same fp32 value);
+// - every other op agrees within its fp32 twin's tolerance (cuda_twin_test:
+//   expf, the GEMM's summation order) plus one bf16 unit in the last place,
+//   2^-7 relative: two fp32 values that close can still straddle a rounding
+//   boundary and round to neighbouring bf16 values.
+//
+// Without a CUDA backend (the default build, or no GPU) every test skips and
+// says why; where a GPU is visible a setup failure fails.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/bf16.h"
+#include "kernels/model/model_kernels.h"
+#include "kernels/testing/device_side.h"
+
+namespace plateau {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // fp32's unit roundoff
+constexpr double kBf16Ulp = 1.0 / 128;  // one bf16 unit in the last place, relative
+
+std::vector<Bf16> RandomBf16(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<Bf16> v(n);
+  for (Bf16& x : v) x = FloatToBf16(dist(rng));
+  return v;
+}
+
+std::vector<float> Loaded(const std::vector<Bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = Bf16ToFloat(v[i]);
+  return f;
+}
+
+// |cuda[i] - cpu[i]| <= tol[i] + 2^-7 |cpu[i]| for every i; NaN never passes.
+::testing::AssertionResult AgreeBf16(const std::vector<float>& cuda, const std::vector<float>& cpu,
+                                     const std::vector<double>& tol) {
+  if (cuda.size() != cpu.size() || cpu.size() != tol.size()) {
+    return ::testing::AssertionFailure() << "sizes differ";
+  }
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double err = std::abs(double{cuda[i]} - double{cpu[i]});
+    if (!(err <= tol[i] + kBf16Ulp * std::abs(cpu[i]))) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << cpu.size()
+                                       << " elements disagree; first [" << first << "]: cuda "
+                                       << cuda[first] << ", cpu " << cpu[first] << ", tol "
+                                       << tol[first];
+}
+
+class CudaBf16TwinTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BackendOptions options;
+    options.kind = BackendKind::kCuda;
+    auto cuda = Backend::Create(options);
+    if (!cuda.ok() && NoCudaHere(cuda.status())) {
+      GTEST_SKIP() << "no CUDA backend here: " << cuda.status();
+    }
+    ASSERT_TRUE(cuda.ok()) << "a GPU is visible but the CUDA backend failed: " << cuda.status();
+    BackendOptions cpu_options;
+    cpu_options.device_memory_bytes = int64_t{1} << 30;
+    auto cpu = Backend::Create(cpu_options);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE(cpu_.Init(std::move(*cpu)).ok());
+    ASSERT_TRUE(cuda_.Init(std::move(*cuda)).ok());
+  }
+  DeviceSide cpu_, cuda_;
+};
+
+TEST_F(CudaBf16TwinTest, ConversionsAreBitwiseEqual) {
+  std::vector<float> x(100003);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (float& v : x) {
+    const uint32_t u = bits(rng);  // every kind of float: NaNs, infs, subnormals, ties
+    std::memcpy(&v, &u, sizeof(v));
+  }
+  auto run = [&](DeviceSide& side) {
+    Bf16* b = side.PoisonedBf16(static_cast<int64_t>(x.size()));
+    float* back = side.Poisoned(static_cast<int64_t>(x.size()));
+    const int64_t n = static_cast<int64_t>(x.size());
+    EXPECT_TRUE(side.b().ConvertToBf16(side.s(), b, side.Upload(x), n).ok());
+    EXPECT_TRUE(side.b().ConvertToFloat(side.s(), back, b, n).ok());
+    std::vector<Bf16> out = side.DownloadBf16(b, n);
+    std::vector<uint32_t> all(out.size());
+    for (size_t i = 0; i < out.size(); ++i) all[i] = out[i].bits;
+    const std::vector<float> f = side.Download(back, n);
+    for (float v : f) {
+      uint32_t u;
+      std::memcpy(&u, &v, sizeof(u));
+      all.push_back(u);
+    }
+    return all;
+  };
+  EXPECT_EQ(run(cuda_), run(cpu_));
+}
+
+struct GemmCase {
+  bool ta, tb;
+  int64_t m, n, k;
+  float beta;
+};
+
+// cublasGemmEx with bf16 A and B and CUBLAS_COMPUTE_32F against the CPU's
+// sgemm on the loaded values: 4 k u (|alpha| sum |a b| + |beta c|), as the
+// fp32 twin, plus one bf16 unit for a bf16 C.
+TEST_F(CudaBf16TwinTest, GemmMatchesCpu) {
+  const GemmCase cases[] = {{false, false, 37, 29, 53, 0.75f}, {true, false, 37, 29, 53, 0.0f},
+                            {false, true, 17, 1024, 64, -1.0f}, {true, true, 257, 129, 300, 0.5f},
+                            {false, false, 6, 5, 0, -0.5f}};
+  for (const GemmCase& gc : cases) {
+    for (bool bf16_c : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << gc.m << "x" << gc.n << "x" << gc.k << " ta=" << gc.ta
+                                        << " tb=" << gc.tb << (bf16_c ? " bf16 C" : " fp32 C"));
+      const int64_t lda = gc.ta ? gc.m : gc.k, ldb = gc.tb ? gc.k : gc.n;
+      const std::vector<Bf16> a = RandomBf16(std::max<int64_t>(gc.m * gc.k, 1), 2),
+                              b = RandomBf16(std::max<int64_t>(gc.k * gc.n, 1), 3),
+                              c0 = RandomBf16(gc.m * gc.n, 4);
+      const std::vector<float> af = Loaded(a), bf = Loaded(b), cf = Loaded(c0);
+      auto run = [&](DeviceSide& side) {
+        GemmBf16Args g;
+        g.trans_a = gc.ta;
+        g.trans_b = gc.tb;
+        g.m = gc.m;
+        g.n = gc.n;
+        g.k = gc.k;
+        g.alpha = 1.5f;
+        g.beta = gc.beta;
+        g.a = side.UploadBf16(a);
+        g.lda = std::max<int64_t>(lda, 1);
+        g.b = side.UploadBf16(b);
+        g.ldb = std::max<int64_t>(ldb, 1);
+        g.ldc = gc.n;
+        // beta == 0: C must not be read, so start from NaNs.
+        if (bf16_c) {
+          g.c = gc.beta == 0.0f ? side.PoisonedBf16(gc.m * gc.n) : side.UploadBf16(c0);
+          EXPECT_TRUE(side.b().GemmBf16(side.s(), g).ok());
+          return Loaded(side.DownloadBf16(g.c, gc.m * gc.n));
+        }
+        g.c_fp32 = gc.beta == 0.0f ? side.Poisoned(gc.m * gc.n) : side.Upload(cf);
+        EXPECT_TRUE(side.b().GemmBf16(side.s(), g).ok());
+        return side.Download(g.c_fp32, gc.m * gc.n);
+      };
+      const std::vector<float> cpu = run(cpu_), cuda = run(cuda_);
+      std::vector<double> tol(cpu.size());
+      for (int64_t i = 0; i < gc.m; ++i) {
+        for (int64_t j = 0; j < gc.n; ++j) {
+          double mag = 0;
+          for (int64_t p = 0; p < gc.k; ++p) {
+            const double av = gc.ta ? af[p * lda + i] : af[i * lda + p];
+            const double bv = gc.tb ? bf[j * ldb + p] : bf[p * ldb + j];
+            mag += std::abs(av * bv);
+          }
+          mag = 1.5 * mag + (gc.beta == 0.0f ? 0.0 : std::abs(gc.beta * cf[i * gc.n + j]));
+          tol[i * gc.n + j] = 4.0 * std::max<int64_t>(gc.k, 1) * kU * mag;
+        }
+      }
+      if (bf16_c) {
+        EXPECT_TRUE(AgreeBf16(cuda, cpu, tol));
+      } else {
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          ASSERT_LE(std::abs(double{cuda[i]} - cpu[i]), tol[i]) << "C[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+double SigmoidD(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+// The fp32 twin's SwiGLU bounds (cuda_twin_test) plus one bf16 unit.
+TEST_F(CudaBf16TwinTest, SwiGluMatchesCpu) {
+  for (int64_t n : {1, 1000, 300001}) {
+    std::vector<Bf16> gate = RandomBf16(n, 6, -8, 8);
+    const float extremes[] = {-1000.0f, -100.0f, -88.5f, 0.0f, 88.5f, 1000.0f};
+    for (int i = 0; i < 6 && i < n; ++i) gate[i] = FloatToBf16(extremes[i]);
+    const std::vector<Bf16> up = RandomBf16(n, 7, -3, 3), dout = RandomBf16(n, 8);
+    auto run = [&](DeviceSide& side) {
+      const Bf16* dg = side.UploadBf16(gate);
+      const Bf16* du = side.UploadBf16(up);
+      Bf16* out = side.PoisonedBf16(n);
+      Bf16* dgate = side.PoisonedBf16(n);
+      Bf16* dup = side.PoisonedBf16(n);
+      EXPECT_TRUE(side.b().SwiGluForwardBf16(side.s(), out, dg, du, n).ok());
+      EXPECT_TRUE(
+          side.b().SwiGluBackwardBf16(side.s(), dgate, dup, side.UploadBf16(dout), dg, du, n).ok());
+      std::vector<float> all = Loaded(side.DownloadBf16(out, n));
+      for (const Bf16* p : {dgate, dup}) {
+        const std::vector<float> part = Loaded(side.DownloadBf16(p, n));
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      return all;
+    };
+    const std::vector<float> cpu = run(cpu_), cuda = run(cuda_);
+    std::vector<double> tol(3 * n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = Bf16ToFloat(gate[i]), s = SigmoidD(g), u = Bf16ToFloat(up[i]),
+                   d = Bf16ToFloat(dout[i]);
+      tol[i] = 24 * kU * std::abs(g * s * u) + 1e-37;
+      tol[n + i] = 24 * kU * std::abs(d * u) * s * (1 + std::abs(g)) + 1e-37;
+      tol[2 * n + i] = 24 * kU * std::abs(d * g * s) + 1e-37;
+    }
+    EXPECT_TRUE(AgreeBf16(cuda, cpu, tol)) << "n = " << n;
+  }
+}
+
+// The fp32 twin's RMSNorm bounds (cuda_twin_test) plus one bf16 unit; rstd
+// (fp32, not rounded to bf16) within the fp32 bound alone.
+TEST_F(CudaBf16TwinTest, RmsNormMatchesCpu) {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {3, 1000}, {64, 257}, {40000, 8}};
+  for (const auto& [rows, cols] : shapes) {
+    const std::vector<Bf16> x = RandomBf16(rows * cols, 9, -2, 2), w = RandomBf16(cols, 10, 0.5, 1.5),
+                            dout = RandomBf16(rows * cols, 11), dw0 = RandomBf16(cols, 12);
+    std::vector<float> rstd_cpu, rstd_cuda;
+    auto run = [&](DeviceSide& side, std::vector<float>* rstd_out) {
+      const Bf16* dx_in = side.UploadBf16(x);
+      const Bf16* dw = side.UploadBf16(w);
+      Bf16* out = side.PoisonedBf16(rows * cols);
+      float* rstd = side.Poisoned(rows);
+      Bf16* dx = side.PoisonedBf16(rows * cols);
+      Bf16* dweight = side.UploadBf16(dw0);
+      EXPECT_TRUE(side.b().RmsNormForwardBf16(side.s(), out, rstd, dx_in, dw, rows, cols, 1e-5f).ok());
+      EXPECT_TRUE(side.b()
+                      .RmsNormBackwardBf16(side.s(), dx, dweight, side.UploadBf16(dout), dx_in, dw,
+                                           rstd, rows, cols)
+                      .ok());
+      *rstd_out = side.Download(rstd, rows);
+      std::vector<float> all = Loaded(side.DownloadBf16(out, rows * cols));
+      for (const auto& [p, n] : {std::pair<const Bf16*, int64_t>{dx, rows * cols}, {dweight, cols}}) {
+        const std::vector<float> part = Loaded(side.DownloadBf16(p, n));
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      return all;
+    };
+    const std::vector<float> cpu = run(cpu_, &rstd_cpu), cuda = run(cuda_, &rstd_cuda);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_LE(std::abs(double{rstd_cuda[r]} - rstd_cpu[r]), 8 * kU * rstd_cpu[r]) << "rstd " << r;
+    }
+    const std::vector<float> xf = Loaded(x), wf = Loaded(w), df = Loaded(dout), dw0f = Loaded(dw0);
+    std::vector<double> tol(cpu.size());
+    for (int64_t i = 0; i < rows * cols; ++i) tol[i] = 8 * kU * std::abs(cpu[i]);
+    double* tol_dx = tol.data() + rows * cols;
+    double* tol_dw = tol_dx + rows * cols;
+    for (int64_t c = 0; c < cols; ++c) tol_dw[c] = 4 * kU * std::abs(dw0f[c]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double rs = rstd_cpu[r];
+      double abs_dot = 0;
+      for (int64_t c = 0; c < cols; ++c) abs_dot += std::abs(double{df[r * cols + c]} * wf[c] * xf[r * cols + c]);
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t k = r * cols + c;
+        tol_dx[k] = 2e-5 * (rs * std::abs(double{df[k]} * wf[c]) +
+                            std::abs(xf[k]) * rs * rs * rs * abs_dot / cols);
+        tol_dw[c] += 2e-5 * std::abs(double{df[k]} * xf[k] * rs);
+      }
+    }
+    EXPECT_TRUE(AgreeBf16(cuda, cpu, tol)) << rows << " x " << cols;
+  }
+}
+
+// Ten steps, as cuda_twin_test's fp32 AdamW: master within 8u t |p| + 2e-4
+// lr, m within 8u (|m| + max|g|), v within 16u |v| + 1e-30; the working copy
+// (a rounding of the master) within the master's bound plus one bf16 unit.
+TEST_F(CudaBf16TwinTest, AdamWMatchesCpuOverSeveralSteps) {
+  const int64_t n = 100003;
+  AdamWArgs args;
+  args.lr = 2e-3f;
+  args.beta2 = 0.95f;
+  args.weight_decay = 0.1f;
+  args.grad_scale = 0.25f;
+  const std::vector<float> p0 = Loaded(RandomBf16(n, 15));
+  DeviceSide* sides[2] = {&cpu_, &cuda_};
+  float* master[2];
+  float* m[2];
+  float* v[2];
+  Bf16* working[2];
+  for (int i = 0; i < 2; ++i) {
+    master[i] = sides[i]->Upload(p0);
+    m[i] = sides[i]->Upload(std::vector<float>(n, 0.0f));
+    v[i] = sides[i]->Upload(std::vector<float>(n, 0.0f));
+    working[i] = sides[i]->PoisonedBf16(n);
+  }
+  double max_g = 0;
+  for (int64_t t = 1; t <= 10; ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    const std::vector<Bf16> grad = RandomBf16(n, 100 + t, -3, 3);
+    for (Bf16 g : grad) max_g = std::max(max_g, std::abs(Bf16ToFloat(g) * 0.25));
+    args.step = t;
+    std::vector<float> got[2];
+    for (int i = 0; i < 2; ++i) {
+      DeviceSide& side = *sides[i];
+      ASSERT_TRUE(side.b()
+                      .AdamWBf16(side.s(), master[i], side.UploadBf16(grad), m[i], v[i],
+                                 working[i], n, args)
+                      .ok());
+      got[i] = side.Download(master[i], n);
+      for (const float* p : {m[i], v[i]}) {
+        const std::vector<float> part = side.Download(p, n);
+        got[i].insert(got[i].end(), part.begin(), part.end());
+      }
+      const std::vector<float> w = Loaded(side.DownloadBf16(working[i], n));
+      got[i].insert(got[i].end(), w.begin(), w.end());
+    }
+    std::vector<double> tol(4 * n);
+    for (int64_t j = 0; j < n; ++j) {
+      tol[j] = 8 * kU * t * std::abs(got[0][j]) + 2e-4 * args.lr;
+      tol[n + j] = 8 * kU * (std::abs(got[0][n + j]) + max_g);
+      tol[2 * n + j] = 16 * kU * got[0][2 * n + j] + 1e-30;
+      tol[3 * n + j] = tol[j];
+    }
+    // AgreeBf16 adds one bf16 unit to every bound; only the working copy
+    // (the last n) may use it.
+    for (int64_t j = 0; j < 3 * n; ++j) {
+      ASSERT_LE(std::abs(double{got[1][j]} - got[0][j]), tol[j]) << "element " << j;
+    }
+    EXPECT_TRUE(AgreeBf16(std::vector<float>(got[1].begin() + 3 * n, got[1].end()),
+                          std::vector<float>(got[0].begin() + 3 * n, got[0].end()),
+                          std::vector<double>(tol.begin() + 3 * n, tol.end())));
+  }
+}
+
+// The model kernels' bf16 row ops (ModelKernels::*Bf16) on both backends.
+// Gather (one fp32 product per element), scatter, embedding (copies) and
+// combine (fp32 products and sums in j order, separately rounded on both
+// sides) compute the same fp32 value before the one rounding, so they are
+// bitwise equal; RowDots sums in double in another order and agrees within
+// 2u |out| + 1e-9: the products are exact in double, the two double sums
+// differ by at most about width * 2^-53 * sum |a b| (< 1e-10 here: 257
+// terms of size < 20), then one fp32 rounding each.
+TEST_F(CudaBf16TwinTest, ModelRowOpsMatchCpu) {
+  const int64_t src_rows = 300, width = 257, tokens = 200, k = 2, vocab = 64;
+  const std::vector<Bf16> src = RandomBf16(src_rows * width, 41), out0 = RandomBf16(tokens * width, 42),
+                          a = RandomBf16(tokens * width, 43), table = RandomBf16(vocab * width, 44);
+  std::mt19937 rng(45);
+  std::vector<int32_t> pos(tokens * k), tok(tokens), perm(tokens);
+  for (int32_t& p : pos) p = static_cast<int32_t>(rng() % src_rows);
+  for (int32_t& t : tok) t = static_cast<int32_t>(rng() % vocab);
+  for (int64_t i = 0; i < tokens; ++i) perm[i] = static_cast<int32_t>((i * 7) % tokens);
+  std::vector<float> gates(tokens * k);
+  for (float& g : gates) g = static_cast<float>(rng() % 1000) / 1000.0f;
+  auto ints = [](DeviceSide& side, const std::vector<int32_t>& v) {
+    std::vector<float> f(v.size());
+    std::memcpy(f.data(), v.data(), v.size() * sizeof(int32_t));
+    return reinterpret_cast<int32_t*>(side.Upload(f));
+  };
+  auto run = [&](DeviceSide& side, std::vector<float>* dots) {
+    auto mk = ModelKernels::Create(side.b());
+    EXPECT_TRUE(mk.ok()) << mk.status();
+    const Bf16* dsrc = side.UploadBf16(src);
+    const int32_t* dpos = ints(side, pos);
+    const float* dg = side.Upload(gates);
+    Bf16* gathered = side.PoisonedBf16(tokens * k * width);
+    EXPECT_TRUE((*mk)->GatherRowsBf16(side.s(), dsrc, src_rows, dpos, dg, tokens * k, width, gathered).ok());
+    Bf16* scattered = side.PoisonedBf16(tokens * width);
+    EXPECT_TRUE((*mk)->ScatterRowsBf16(side.s(), gathered, tokens, ints(side, perm), width, scattered, tokens).ok());
+    Bf16* out = side.UploadBf16(out0);
+    EXPECT_TRUE((*mk)->CombineRowsBf16(side.s(), dsrc, src_rows, dpos, dg, tokens, k, width, out).ok());
+    Bf16* emb = side.PoisonedBf16(tokens * width);
+    EXPECT_TRUE((*mk)->EmbeddingBf16(side.s(), side.UploadBf16(table), vocab, ints(side, tok), tokens, width, emb).ok());
+    float* d = side.Poisoned(tokens * k);
+    EXPECT_TRUE((*mk)->RowDotsBf16(side.s(), side.UploadBf16(a), dsrc, src_rows, dpos, tokens, k, width, d).ok());
+    *dots = side.Download(d, tokens * k);
+    std::vector<uint16_t> bits;
+    for (const auto& [p, n] : {std::pair<const Bf16*, int64_t>{gathered, tokens * k * width},
+                               {scattered, tokens * width}, {out, tokens * width}, {emb, tokens * width}}) {
+      for (Bf16 b : side.DownloadBf16(p, n)) bits.push_back(b.bits);
+    }
+    return bits;
+  };
+  std::vector<float> cpu_dots, cuda_dots;
+  const std::vector<uint16_t> cpu = run(cpu_, &cpu_dots), cuda = run(cuda_, &cuda_dots);
+  EXPECT_EQ(cuda, cpu);
+  for (size_t i = 0; i < cpu_dots.size(); ++i) {
+    ASSERT_LE(std::abs(double{cuda_dots[i]} - cpu_dots[i]), 2 * kU * std::abs(cpu_dots[i]) + 1e-9) << i;
+  }
+}
+
+// Rope, the dense cross-entropy and the Ring-DTP strips on bf16 logits, as
+// cuda_model_twin_test's fp32 bounds on the same loaded values, plus one
+// bf16 unit where the output is bf16 (rope, the gradient, the deltas): lse
+// within (V + 16) 2u + 8u log V + 4u |lse|; the loss sum within the sum of
+// those and 2u |lse - logit[target]|; the gradient / delta within
+// scale 8u e^(x - lse) + 2u |g|; rope within 12u (|x1| + |x2|) of the pair.
+// The strips are folded with the CPU's final lse, so each side's deltas use
+// the same lse.
+TEST_F(CudaBf16TwinTest, RopeCrossEntropyAndStripsMatchCpu) {
+  const int64_t rows = 17, vocab = 1000, strip = 300;
+  const std::vector<Bf16> logits = RandomBf16(rows * vocab, 51, -30, 30);
+  const std::vector<float> lf = Loaded(logits);
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % vocab);
+  targets[3] = -1;  // kIgnoreIndex
+  auto ints = [](DeviceSide& side, const std::vector<int32_t>& v) {
+    std::vector<float> f(v.size());
+    std::memcpy(f.data(), v.data(), v.size() * sizeof(int32_t));
+    return reinterpret_cast<int32_t*>(side.Upload(f));
+  };
+  const float scale = 0.25f;
+  struct Out {
+    std::vector<float> lse, strip_state, grad, deltas;
+    double stats[2];
+  };
+  std::vector<float> cpu_lse;  // the CPU's lse, given to both sides' deltas
+  auto run = [&](DeviceSide& side) {
+    Out o;
+    auto mk = ModelKernels::Create(side.b());
+    EXPECT_TRUE(mk.ok()) << mk.status();
+    const int32_t* y = ints(side, targets);
+    float* lse = side.Poisoned(rows);
+    double* stats = reinterpret_cast<double*>(side.Upload(std::vector<float>(4, 0.0f)));
+    EXPECT_TRUE((*mk)->CrossEntropyBf16(side.s(), side.UploadBf16(logits), y, rows, vocab, lse, stats).ok());
+    o.lse = side.Download(lse, rows);
+    const std::vector<float> st = side.Download(reinterpret_cast<float*>(stats), 4);
+    std::memcpy(o.stats, st.data(), sizeof(o.stats));
+    if (cpu_lse.empty()) cpu_lse = o.lse;
+    const float* ref_lse = side.Upload(cpu_lse);
+    Bf16* g = side.UploadBf16(logits);
+    EXPECT_TRUE((*mk)->CrossEntropyBackwardBf16(side.s(), g, ref_lse, y, rows, vocab, scale).ok());
+    o.grad = Loaded(side.DownloadBf16(g, rows * vocab));
+    float* state = side.Poisoned(3 * rows);
+    EXPECT_TRUE((*mk)->StripInit(side.s(), state, rows).ok());
+    for (int64_t j0 = 0; j0 < vocab; j0 += strip) {
+      const int64_t w = std::min(strip, vocab - j0);
+      std::vector<Bf16> tile(rows * w);
+      for (int64_t r = 0; r < rows; ++r) std::copy_n(&logits[r * vocab + j0], w, &tile[r * w]);
+      const Bf16* dt = side.UploadBf16(tile);
+      EXPECT_TRUE((*mk)->StripFoldBf16(side.s(), dt, rows, w, j0, y, state, rows).ok());
+      Bf16* d = side.UploadBf16(tile);
+      EXPECT_TRUE((*mk)->StripDeltaBf16(side.s(), d, rows, w, j0, y, ref_lse, scale).ok());
+      const std::vector<float> part = Loaded(side.DownloadBf16(d, rows * w));
+      o.deltas.insert(o.deltas.end(), part.begin(), part.end());
+    }
+    o.strip_state = side.Download(state, 3 * rows);
+    return o;
+  };
+  const Out cpu = run(cpu_), cuda = run(cuda_);
+  const double rel_s = (vocab + 16.0) * 2 * kU;
+  auto lse_tol = [&](int64_t r) {
+    return rel_s + 8 * kU * std::log(double(vocab)) + 4 * kU * std::abs(cpu.lse[r]) + 1e-30;
+  };
+  double loss_tol = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_LE(std::abs(double{cuda.lse[r]} - cpu.lse[r]), lse_tol(r)) << "lse " << r;
+    if (targets[r] < 0) continue;
+    loss_tol += lse_tol(r) + 2 * kU * std::abs(cpu.lse[r] - lf[r * vocab + targets[r]]);
+  }
+  EXPECT_NEAR(cuda.stats[0], cpu.stats[0], loss_tol + 1e-12 * std::abs(cpu.stats[0]));
+  EXPECT_EQ(cuda.stats[1], cpu.stats[1]);
+  std::vector<double> tol(rows * vocab);
+  for (int64_t i = 0; i < rows * vocab; ++i) {
+    const double e = std::exp(double(lf[i]) - double(cpu_lse[i / vocab]));
+    tol[i] = scale * 8 * kU * e + 2 * kU * std::abs(cpu.grad[i]) + 1e-30;
+  }
+  EXPECT_TRUE(AgreeBf16(cuda.grad, cpu.grad, tol)) << "cross-entropy gradient";
+  // The deltas are laid out strip by strip: the same per-element bound.
+  std::vector<double> dtol;
+  for (int64_t j0 = 0; j0 < vocab; j0 += strip) {
+    const int64_t w = std::min(strip, vocab - j0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < w; ++c) dtol.push_back(tol[r * vocab + j0 + c]);
+    }
+  }
+  EXPECT_TRUE(AgreeBf16(cuda.deltas, cpu.deltas, dtol)) << "strip deltas";
+  // The fold state: m is a max of the same loaded values (exact), t a loaded
+  // logit (exact), s an exp-sum within the lse bound relative to itself.
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) continue;
+    EXPECT_EQ(cuda.strip_state[r], cpu.strip_state[r]) << "m " << r;
+    EXPECT_EQ(cuda.strip_state[2 * rows + r], cpu.strip_state[2 * rows + r]) << "t " << r;
+    EXPECT_LE(std::abs(double{cuda.strip_state[rows + r]} - cpu.strip_state[rows + r]),
+              lse_tol(r) * cpu.strip_state[rows + r]) << "s " << r;
+  }
+
+  // Rope, forward and inverse, near position 0 and 4000.
+  const int64_t batch = 2, len = 37, heads = 3, head_dim = 64, half = head_dim / 2;
+  const std::vector<Bf16> x = RandomBf16(batch * len * heads * head_dim, 71, -3, 3);
+  const std::vector<float> xf = Loaded(x);
+  std::vector<double> rtol(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t row = i / head_dim, j = i % head_dim % half;
+    rtol[i] = 12 * kU * (std::abs(xf[row * head_dim + j]) + std::abs(xf[row * head_dim + j + half]));
+  }
+  for (int64_t pos0 : {int64_t{0}, int64_t{4000}}) {
+    for (bool inverse : {false, true}) {
+      auto rope = [&](DeviceSide& side) {
+        auto mk = ModelKernels::Create(side.b());
+        EXPECT_TRUE(mk.ok()) << mk.status();
+        Bf16* d = side.UploadBf16(x);
+        EXPECT_TRUE((*mk)->RopeBf16(side.s(), d, batch, len, heads, head_dim, pos0, 10000.0f, inverse).ok());
+        return Loaded(side.DownloadBf16(d, static_cast<int64_t>(x.size())));
+      };
+      EXPECT_TRUE(AgreeBf16(rope(cuda_), rope(cpu_), rtol)) << "rope pos0 " << pos0 << (inverse ? " inverse" : "");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace plateau
