@@ -598,7 +598,11 @@ double Median(std::vector<double> v) {
 // thread (the ranks run one each), times the cores online. The model FLOP/s
 // below are reported beside it.
 double SgemmCeiling() {
-  auto be = Backend::Create(LocalWorldBackend(backend_kind, int64_t{64} << 20));
+  // One pool thread: the backend splits a GEMM over its pool, and the
+  // ceiling is one core's rate times the cores.
+  BackendOptions bo = LocalWorldBackend(backend_kind, int64_t{64} << 20);
+  bo.cpu_threads = 1;
+  auto be = Backend::Create(bo);
   if (!be.ok()) return 0;
   const int64_t n = 1024;
   auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);

@@ -8,12 +8,14 @@
 // partial per task and combines them in task order, so the bits are the same
 // for any pool size, 1 included, and run to run.
 //
-// OpenBLAS: its sgemm is called only from stream threads, never from a pool
-// task, and a stream runs one task at a time, so on one stream a GEMM and a
+// OpenBLAS: the backend runs it single-threaded (openblas_set_num_threads(1),
+// process-wide) and splits a GEMM into row blocks, one sgemm call per pool
+// task (cpu::Gemm), with the number of blocks fixed by the GEMM's rows alone.
+// A stream runs one kernel at a time, so on one stream a GEMM and another
 // pool-parallel kernel never overlap; the pool's workers block on a condition
-// variable (no spinning) between calls. Two streams may still run a GEMM and
-// a parallel kernel at once (the copy stream runs no kernels today); then the
-// cores are shared as with any two threads, and results do not change.
+// variable (no spinning) between calls. Two streams may still call into the
+// pool at once (the copy stream runs no kernels today): the second runs its
+// tasks itself (below), and results do not change.
 //
 // Thread safety: ParallelFor may be called from any thread. Calls do not
 // nest: a caller that finds the pool busy (another stream's kernel) runs all

@@ -608,11 +608,17 @@ void Agent::Wait(JobRun* job, Rank* rank) {
     failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   Log(job->job_id, job->attempt, rank->rank, "agent", absl::StrCat("rank ", rank->rank, " (pid ", rank->pid, ") ", how));
+  // Exited (its device slot free) before the coordinator can hear of it:
+  // once it has, it may place the next job here at once, and that job's
+  // ranks must find the slot free.
+  {
+    absl::MutexLock lock(&mu_);
+    rank->exited = true;
+  }
   // After its telemetry and logs; acknowledged (and the job forgotten) only
   // once the coordinator has it.
   QueueStatus(report, rank);
   absl::MutexLock lock(&mu_);
-  rank->exited = true;
   if (failed && !job->stopping) StopJob(*job, absl::StrCat("rank ", rank->rank, " ", how));
 }
 

@@ -207,18 +207,33 @@ class AssociativeRecall final : public DataSource {
         // Split by content: the first draw (attempt 0, 1, ...) of sequence
         // `index` whose class is this split's. A training and a held-out
         // sequence are of different classes, so never the same sequence.
-        const uint64_t want = slice_.validation ? 1 : 0;
         const uint64_t i = slice_.validation ? index % static_cast<uint64_t>(slice_.held_out) : index;
-        for (uint64_t attempt = 0;; ++attempt) {
-          Generate(i, attempt, tok.data(), tgt.data());
-          if (ClassOf(tok.data(), T) == want) break;
-        }
+        PLATEAU_RETURN_IF_ERROR(DrawOfClass(i, tok.data(), tgt.data()));
       }
       std::copy_n(tok.begin() + slice_.rank * n, n, out->tokens.begin() + b * n);
       std::copy_n(tgt.begin() + slice_.rank * n, n, out->targets.begin() + b * n);
     }
     position_ += slice_.batch;
     return absl::OkStatus();
+  }
+
+  // The first draw of sequence `index` whose class is this split's (1: the
+  // held-out split, 0: training). A hash bit is one of two classes with
+  // probability 1/2 per draw, so kMaxDraws misses happen with probability
+  // 2^-kMaxDraws unless the task has too few distinct sequences to have both
+  // classes (e.g. one key and one value): then an error, never a spin.
+  absl::Status DrawOfClass(uint64_t index, int32_t* tok, int32_t* tgt) const {
+    constexpr uint64_t kMaxDraws = 256;
+    const uint64_t want = slice_.validation ? 1 : 0;
+    for (uint64_t attempt = 0; attempt < kMaxDraws; ++attempt) {
+      Generate(index, attempt, tok, tgt);
+      if (ClassOf(tok, slice_.seq_len) == want) return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.held_out_sequences: the recall task (num_keys ", task_.num_keys, ", num_values ", task_.num_values,
+        ", pairs ", task_.pairs, ") has too few distinct sequences to split: no ",
+        slice_.validation ? "held-out" : "training", " sequence in ", kMaxDraws,
+        " draws; use more keys or values, or held_out_sequences 0"));
   }
 
   // The split a sequence belongs to when there is one: a bit of a hash of
@@ -331,7 +346,14 @@ absl::StatusOr<std::unique_ptr<DataSource>> OpenAssociativeRecall(const RecallTa
         "data.seq_len: ", slice.seq_len, " is too short for ", t.pairs, " pairs and ", t.queries,
         " queries; expected >= ", 2 * t.pairs + 3 * t.queries));
   }
-  return std::unique_ptr<DataSource>(std::make_unique<AssociativeRecall>(t, slice));
+  auto source = std::make_unique<AssociativeRecall>(t, slice);
+  if (slice.held_out > 0) {
+    // A task too small to split fails here, at the rank's start, rather
+    // than at its first batch.
+    std::vector<int32_t> tok(slice.seq_len), tgt(slice.seq_len);
+    PLATEAU_RETURN_IF_ERROR(source->DrawOfClass(0, tok.data(), tgt.data()));
+  }
+  return std::unique_ptr<DataSource>(std::move(source));
 }
 
 absl::Status WriteTokenShard(const std::string& path, const std::vector<int32_t>& tokens) {

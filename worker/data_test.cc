@@ -226,6 +226,25 @@ TEST(HeldOutSplitTest, RecallHoldsOutAClassOfSequencesDisjointly) {
   EXPECT_EQ(Sequences(**held, kHeld / 4, 4, T), split);
 }
 
+// A task with a single distinct sequence has only one class: the split
+// that lacks it is refused when opened, naming the field, instead of
+// drawing forever (a rank that spins while it heartbeats).
+TEST(HeldOutSplitTest, RecallTooSmallToSplitIsRefusedNotASpin) {
+  RecallTask task;
+  task.num_keys = 1;
+  task.num_values = 1;
+  task.pairs = 1;
+  task.queries = 1;
+  constexpr int64_t T = 8;
+  auto train = OpenAssociativeRecall(task, DataSlice{1, T, 0, 1, 1, false});
+  auto held = OpenAssociativeRecall(task, DataSlice{1, T, 0, 1, 1, true});
+  ASSERT_NE(train.ok(), held.ok()) << "one sequence is of exactly one class";
+  const absl::Status refused = train.ok() ? held.status() : train.status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("data.held_out_sequences"));
+  EXPECT_THAT(refused.message(), HasSubstr("too few distinct sequences"));
+}
+
 TEST(AssociativeRecallTest, AnswersAreTheValuesOfEarlierKeys) {
   RecallTask task;
   auto src = OpenAssociativeRecall(task, DataSlice{4, 64, 0, 1});
