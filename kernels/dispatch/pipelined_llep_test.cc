@@ -23,6 +23,7 @@
 #include "kernels/dispatch/routing_profiles.h"
 #include "kernels/dispatch/standard_ep.h"
 #include "kernels/model/config.h"
+#include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 
 namespace plateau {
@@ -425,6 +426,39 @@ TEST(PipelinedLlepTest, MoreTokensThanTheLaunchIsRefusedEverywhereWithOneChunk) 
         return absl::OkStatus();
       });
   EXPECT_TRUE(st.ok()) << st;
+}
+
+// With one chunk at most (c >= the launch's tokens), Plan reads the group's
+// largest N off the gathered counts instead of an all-reduce first: one
+// host-blocking round trip fewer per Forward, the same gathers, and the same
+// outputs (OneChunkIsLlepBitForBit checks those against LLEP).
+TEST(PipelinedLlepTest, OneChunkPlansWithoutTheAllReduce) {
+  const ModelConfig m = SweepModel();
+  const DispatchProblem pr = MakeProfileProblem(m, {10, 7}, BalancedRouting(), 23);
+  auto counted = [&](int64_t c) {
+    std::vector<CountingCommunicator::Table> tables(pr.P);
+    std::vector<std::unique_ptr<CountingCommunicator>> worlds(pr.P);
+    const DispatchFactory pipelined = PipelinedFactory(TestOptions(c), MaxTokens(pr));
+    RunDispatch(pr, [&](int p, const ModelConfig& mc, Backend& be, ModelKernels& k, Communicator& world,
+                        Stream& compute, Stream& comm) {
+      worlds[p] = std::make_unique<CountingCommunicator>(world, &tables[p]);
+      return pipelined(p, mc, be, k, *worlds[p], compute, comm);
+    });
+    std::vector<CountingCommunicator::Counts> counts;
+    for (auto& t : tables) counts.push_back(t.Read());
+    return counts;
+  };
+  const auto one = counted(MaxTokens(pr));  // K = 1
+  const auto three = counted(3);            // K = 4
+  for (int p = 0; p < pr.P; ++p) {
+    SCOPED_TRACE(absl::StrCat("rank ", p));
+    auto n = [](const CountingCommunicator::Counts& c, const char* op) {
+      return c.count(op) ? c.at(op) : int64_t{0};
+    };
+    EXPECT_EQ(n(one[p], "all_reduce") + 1, n(three[p], "all_reduce")) << "one all-reduce fewer (Forward's K)";
+    EXPECT_EQ(n(one[p], "all_gather"), n(three[p], "all_gather")) << "the counts are gathered either way";
+    EXPECT_GT(n(one[p], "all_gather"), 0);
+  }
 }
 
 TEST(PipelinedLlepTest, CreateRefusesBadOptionsNamingTheField) {
