@@ -456,24 +456,6 @@ std::string BackendName(v1::Backend b) {
   }
 }
 
-absl::StatusOr<CommunicatorOptions> ToCommunicatorOptions(const v1::JobSpec& spec) {
-  PLATEAU_ASSIGN_OR_RETURN(BackendOptions backend, ToBackendOptions(spec));
-  if (spec.layout().ranks() < 1) return Bad("layout.ranks", ">= 1", absl::StrCat(spec.layout().ranks()));
-  if (spec.progress_timeout_s() < 0) {
-    return Bad("progress_timeout_s", ">= 0 (0: the coordinator's default)", absl::StrCat(spec.progress_timeout_s()));
-  }
-  CommunicatorOptions o;
-  o.backend = backend.kind;
-  o.size = static_cast<int>(spec.layout().ranks());
-  if (backend.kind == BackendKind::kCuda) {
-    // 600 s: the coordinator's --default_progress_timeout default, which a
-    // rank cannot see.
-    const int64_t progress_s = spec.progress_timeout_s() > 0 ? spec.progress_timeout_s() : 600;
-    o.timeout = absl::Seconds(std::max<int64_t>(progress_s, 60));
-  }
-  return o;
-}
-
 absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec) {
   BackendOptions o;
   switch (spec.backend()) {

@@ -22,7 +22,6 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/budget/budget.h"
-#include "kernels/communicator.h"
 #include "plateau/v1/job.pb.h"
 #include "worker/auto_spec.h"
 #include "worker/trainer_options.h"
@@ -34,19 +33,6 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec);
 // The backend every rank of the job creates.
 absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec);
 
-// The world communicator every rank of the job creates, less what differs
-// per rank or per attempt (rank, store, prefix, hostname, device_index):
-// the backend's own transport (Gloo for cpu, NCCL for cuda), the world size
-// (layout.ranks) and the timeout that bounds the rendezvous and each
-// collective. Backend cpu keeps Gloo's 60 s. Backend cuda uses the job's
-// progress timeout (progress_timeout_s; 0: the coordinator's default,
-// 600 s), at least 60 s: NCCL's watchdog aborts a collective that has not
-// finished that long after it started, also one merely waiting for a slow
-// peer (rank 0 writing a checkpoint), so a shorter bound would abort healthy
-// jobs, while a collective stuck longer than the job's progress timeout is
-// the hang the coordinator would declare anyway; the rank then fails with
-// the collective's DEADLINE_EXCEEDED instead of being killed silently.
-absl::StatusOr<CommunicatorOptions> ToCommunicatorOptions(const v1::JobSpec& spec);
 
 // Validates every field (ToTrainerOptions and ToBackendOptions succeed), and
 // that the backend computes the spec's precision (bf16 is refused on backend

@@ -87,37 +87,6 @@ TEST(JobSpecTest, LearningRateSchedule) {
   EXPECT_EQ(t->step.optimizer.schedule.decay, LrSchedule::Decay::kLinear);
 }
 
-// The rank's world communicator by the spec's backend: Gloo's options
-// unchanged on cpu; NCCL's on cuda with the job's progress timeout (never
-// under 60 s) bounding the rendezvous and the watchdog.
-TEST(JobSpecTest, CommunicatorByBackendWithTheTimeoutFromTheSpec) {
-  auto cpu = ToCommunicatorOptions(Good());
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  EXPECT_EQ(cpu->backend, BackendKind::kCpu);
-  EXPECT_EQ(cpu->size, 2);
-  EXPECT_EQ(cpu->timeout, CommunicatorOptions{}.timeout);
-
-  v1::JobSpec cuda = Good();
-  cuda.set_backend(v1::BACKEND_CUDA);
-  cuda.set_device_memory_bytes(0);
-  auto nccl = ToCommunicatorOptions(cuda);
-  ASSERT_TRUE(nccl.ok()) << nccl.status();
-  EXPECT_EQ(nccl->backend, BackendKind::kCuda);
-  EXPECT_EQ(nccl->size, 2);
-  EXPECT_EQ(nccl->timeout, absl::Seconds(600));  // unset: the coordinator's default
-  cuda.set_progress_timeout_s(1800);
-  EXPECT_EQ(ToCommunicatorOptions(cuda)->timeout, absl::Seconds(1800));
-  cuda.set_progress_timeout_s(5);  // a rendezvous needs more on a busy node
-  EXPECT_EQ(ToCommunicatorOptions(cuda)->timeout, absl::Seconds(60));
-  cuda.set_progress_timeout_s(-1);
-  EXPECT_THAT(ToCommunicatorOptions(cuda).status().message(), HasSubstr("progress_timeout_s"));
-
-  v1::JobSpec bad = Good();
-  bad.set_backend(static_cast<v1::Backend>(42));
-  EXPECT_THAT(ToCommunicatorOptions(bad).status().message(), HasSubstr("backend"));
-  EXPECT_EQ(ToCommunicatorOptions(bad).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
 // Unset: the default (first step, then every 100th); 0 turns it off; any
 // other value is the period.
 TEST(JobSpecTest, MemoryTimelineEvery) {

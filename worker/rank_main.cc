@@ -42,6 +42,7 @@
 #include "worker/device_telemetry.h"
 #include "worker/grpc_store.h"
 #include "worker/job_spec.h"
+#include "worker/rank_communicator.h"
 #include "worker/live_set_proto.h"
 #include "worker/memory_timeline_proto.h"
 #include "worker/rank_protocol.h"
