@@ -275,6 +275,15 @@ class Backend {
   absl::Status AdamWBf16(Stream& s, float* master, const Bf16* grad, float* m,
                          float* v, Bf16* working, int64_t n,
                          const AdamWArgs& args);
+  // x = rn(value) everywhere (zeroing a bf16 gradient: value 0 gives +0).
+  absl::Status FillBf16(Stream& s, Bf16* x, int64_t n, float value);
+  // out = rn(a + b), the fp32 sum of the loaded values rounded once (the
+  // residual stream's gradients); out may alias a or b.
+  absl::Status AddBf16(Stream& s, Bf16* out, const Bf16* a, const Bf16* b,
+                       int64_t n);
+  // out[0] (fp32) = SumSquares of the loaded values: the gradient norm of
+  // bf16 gradients is an fp32 reduction (no bf16 rounding).
+  absl::Status SumSquaresBf16(Stream& s, float* out, const Bf16* x, int64_t n);
 
  protected:
   // Implementations: called only after the arguments were validated.
@@ -307,6 +316,9 @@ class Backend {
   virtual absl::Status DoRmsNormForwardBf16(Stream& s, Bf16* out, float* rstd, const Bf16* x, const Bf16* weight, int64_t rows, int64_t cols, float eps);
   virtual absl::Status DoRmsNormBackwardBf16(Stream& s, Bf16* dx, Bf16* dweight, const Bf16* dout, const Bf16* x, const Bf16* weight, const float* rstd, int64_t rows, int64_t cols);
   virtual absl::Status DoAdamWBf16(Stream& s, float* master, const Bf16* grad, float* m, float* v, Bf16* working, int64_t n, const AdamWArgs& args);
+  virtual absl::Status DoFillBf16(Stream& s, Bf16* x, int64_t n, float value);
+  virtual absl::Status DoAddBf16(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, int64_t n);
+  virtual absl::Status DoSumSquaresBf16(Stream& s, float* out, const Bf16* x, int64_t n);
 };
 
 }  // namespace plateau

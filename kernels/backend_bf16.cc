@@ -141,7 +141,41 @@ absl::Status Backend::AdamWBf16(Stream& s, float* master, const Bf16* grad, floa
   return n == 0 ? absl::OkStatus() : DoAdamWBf16(s, master, grad, m, v, working, n, args);
 }
 
+absl::Status Backend::FillBf16(Stream& s, Bf16* x, int64_t n, float value) {
+  constexpr absl::string_view op = "fill_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, n));
+  return n == 0 ? absl::OkStatus() : DoFillBf16(s, x, n, value);
+}
+
+absl::Status Backend::AddBf16(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, int64_t n) {
+  constexpr absl::string_view op = "add_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "a", a, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "b", b, n));
+  return n == 0 ? absl::OkStatus() : DoAddBf16(s, out, a, b, n);
+}
+
+absl::Status Backend::SumSquaresBf16(Stream& s, float* out, const Bf16* x, int64_t n) {
+  constexpr absl::string_view op = "sum_squares_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, 1));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, n));
+  // n == 0 still writes out[0] = 0, as SumSquares does.
+  return DoSumSquaresBf16(s, out, x, n);
+}
+
 // Defaults for a backend without bf16 kernels.
+absl::Status Backend::DoFillBf16(Stream&, Bf16*, int64_t, float) {
+  return NoBf16("fill_bf16", *this);
+}
+absl::Status Backend::DoAddBf16(Stream&, Bf16*, const Bf16*, const Bf16*, int64_t) {
+  return NoBf16("add_bf16", *this);
+}
+absl::Status Backend::DoSumSquaresBf16(Stream&, float*, const Bf16*, int64_t) {
+  return NoBf16("sum_squares_bf16", *this);
+}
 absl::Status Backend::DoGemmBf16(Stream&, const GemmBf16Args&) { return NoBf16("gemm_bf16", *this); }
 absl::Status Backend::DoConvertToBf16(Stream&, Bf16*, const float*, int64_t) {
   return NoBf16("convert_to_bf16", *this);

@@ -19,6 +19,8 @@ size_t DataTypeSize(DataType type) {
     case DataType::kFloat64:
     case DataType::kInt64:
       return 8;
+    case DataType::kBfloat16:
+      return 2;
   }
   return 0;
 }
@@ -33,6 +35,8 @@ absl::string_view DataTypeName(DataType type) {
       return "int32";
     case DataType::kInt64:
       return "int64";
+    case DataType::kBfloat16:
+      return "bfloat16";
   }
   return "unknown";
 }

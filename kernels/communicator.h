@@ -48,10 +48,15 @@
 
 namespace plateau {
 
-enum class DataType { kFloat32, kFloat64, kInt32, kInt64 };
+// kBfloat16: kernels/bf16.h's Bf16 (bf16 mixed precision's working
+// gradients, weights and rows, issue 17). A reduction loads both operands
+// exactly, combines them in fp32 and rounds once to nearest even per
+// combining step (per hop of the ring), as NCCL does for ncclBfloat16: a
+// sum over P ranks carries P - 1 bf16 roundings.
+enum class DataType { kFloat32, kFloat64, kInt32, kInt64, kBfloat16 };
 // Bytes per element; 0 for a value outside the enum.
 size_t DataTypeSize(DataType type);
-// "float32", "float64", "int32", "int64" ("unknown" otherwise).
+// "float32", "float64", "int32", "int64", "bfloat16" ("unknown" otherwise).
 absl::string_view DataTypeName(DataType type);
 
 enum class ReduceOp { kSum, kMax, kMin };

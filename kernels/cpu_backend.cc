@@ -208,6 +208,16 @@ class CpuBackend final : public Backend {
       cpu::RmsNormBackwardBf16(dx, dweight, dout, x, weight, rstd, rows, cols, p);
     });
   }
+  absl::Status DoFillBf16(Stream& st, Bf16* x, int64_t n, float value) override {
+    return Run(st, [=, p = pool_.get()] { cpu::FillBf16(x, n, value, p); });
+  }
+  absl::Status DoAddBf16(Stream& st, Bf16* out, const Bf16* a, const Bf16* b,
+                         int64_t n) override {
+    return Run(st, [=, p = pool_.get()] { cpu::AddBf16(out, a, b, n, p); });
+  }
+  absl::Status DoSumSquaresBf16(Stream& st, float* out, const Bf16* x, int64_t n) override {
+    return Run(st, [=, p = pool_.get()] { cpu::SumSquaresBf16(out, x, n, p); });
+  }
   absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
                            Bf16* working, int64_t n, const AdamWArgs& args) override {
     return Run(st, [=, p = pool_.get()] {

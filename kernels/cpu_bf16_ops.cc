@@ -58,6 +58,25 @@ void ConvertToFloat(float* out, const Bf16* x, int64_t n, CpuPool* pool) {
   });
 }
 
+void FillBf16(Bf16* x, int64_t n, float value, CpuPool* pool) {
+  const Bf16 v = FloatToBf16(value);
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = v;
+  });
+}
+
+void AddBf16(Bf16* out, const Bf16* a, const Bf16* b, int64_t n, CpuPool* pool) {
+  const float* x = Load(0, a, n, pool);
+  const float* y = Load(1, b, n, pool);
+  float* o = Slot(2, n);
+  Add(o, x, y, n, pool);
+  ConvertToBf16(out, o, n, pool);
+}
+
+void SumSquaresBf16(float* out, const Bf16* x, int64_t n, CpuPool* pool) {
+  SumSquares(out, Load(0, x, n, pool), n, pool);
+}
+
 void GemmBf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
   // Stored shapes, as GemmArgs: A is m x k (k x m transposed), B k x n

@@ -56,6 +56,12 @@ void RmsNormBackwardBf16(Bf16* dx, Bf16* dweight, const Bf16* dout, const Bf16* 
 void AdamWBf16(float* master, const Bf16* grad, float* m, float* v, Bf16* working, int64_t n,
                const AdamWArgs& args, CpuPool* pool = nullptr);
 
+void FillBf16(Bf16* x, int64_t n, float value, CpuPool* pool = nullptr);
+// out = rn(a + b) (cpu_ops.h's Add on the loaded values); out may alias.
+void AddBf16(Bf16* out, const Bf16* a, const Bf16* b, int64_t n, CpuPool* pool = nullptr);
+// cpu_ops.h's SumSquares (double blocks) on the loaded values.
+void SumSquaresBf16(float* out, const Bf16* x, int64_t n, CpuPool* pool = nullptr);
+
 }  // namespace plateau::cpu
 
 #endif  // PLATEAU_KERNELS_CPU_BF16_OPS_H_

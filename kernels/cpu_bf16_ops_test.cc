@@ -282,6 +282,47 @@ TEST_F(CpuBf16OpsTest, ConversionsRoundToNearestEvenAndLoadExactly) {
               HasSubstr("convert_to_bf16: out is null"));
 }
 
+// Fill stores rn(value); Add is rn(a + b) of the loaded values (a single
+// fp32 addition, exact for most pairs, so within one bf16 rounding, 2^-8
+// relative, of the double sum) and may write over an input; SumSquares is
+// the fp32 twin's double-block reduction of the loaded values (no rounding
+// to bf16), within n 2^-24 of a double sum of squares.
+TEST_F(CpuBf16OpsTest, FillAddAndSumSquaresOnLoadedValues) {
+  const int64_t n = 70001;  // more than one task of 2^16 elements
+  const std::vector<Bf16> a = RandomBf16(n, 41), b = RandomBf16(n, 42, 0.01f);
+  Bf16* f = dev_.PoisonedBf16(n);
+  ASSERT_TRUE(dev_.b().FillBf16(dev_.s(), f, n, 1.0f + 1.0f / 512).ok());  // a tie: to even
+  for (const Bf16& x : dev_.DownloadBf16(f, n)) ASSERT_EQ(x.bits, FloatToBf16(1.0f).bits);
+  Bf16* da = dev_.UploadBf16(a);
+  Bf16* out = dev_.PoisonedBf16(n);
+  ASSERT_TRUE(dev_.b().AddBf16(dev_.s(), out, da, dev_.UploadBf16(b), n).ok());
+  const std::vector<float> af = Loaded(a), bf = Loaded(b);
+  std::vector<float> sum(n);
+  for (int64_t i = 0; i < n; ++i) sum[i] = af[i] + bf[i];
+  const std::vector<Bf16> got = dev_.DownloadBf16(out, n);
+  EXPECT_EQ(Bits(got), Bits(Rounded(sum)));
+  for (int64_t i = 0; i < n; ++i) {
+    const double ref = double{af[i]} + bf[i];
+    ASSERT_LE(std::fabs(Bf16ToFloat(got[i]) - ref), kBf16UnitRoundoff * std::fabs(ref) * 1.0001) << i;
+  }
+  // In place: out aliases a.
+  ASSERT_TRUE(dev_.b().AddBf16(dev_.s(), da, da, dev_.UploadBf16(b), n).ok());
+  EXPECT_EQ(Bits(dev_.DownloadBf16(da, n)), Bits(got));
+  float* sq = dev_.Poisoned(1);
+  ASSERT_TRUE(dev_.b().SumSquaresBf16(dev_.s(), sq, dev_.UploadBf16(a), n).ok());
+  float want = 0.0f;
+  cpu::SumSquares(&want, af.data(), n);
+  const float got_sq = dev_.Download(sq, 1)[0];
+  EXPECT_EQ(got_sq, want);
+  double ref = 0;
+  for (float x : af) ref += double{x} * x;
+  EXPECT_LE(std::fabs(got_sq - ref), 2.0 / (1 << 24) * ref);  // one fp32 rounding of a double sum
+  EXPECT_THAT(dev_.b().AddBf16(dev_.s(), out, nullptr, out, 3).message(),
+              HasSubstr("add_bf16: a is null"));
+  EXPECT_THAT(dev_.b().SumSquaresBf16(dev_.s(), nullptr, out, 3).message(),
+              HasSubstr("sum_squares_bf16: out is null"));
+}
+
 TEST_F(CpuBf16OpsTest, SwiGluWithinBoundsOfDoubleAndBitwiseTheRoundedFp32Twin) {
   const int64_t n = 1003;  // not a multiple of the 8 lanes: the tail too
   const std::vector<Bf16> gate = RandomBf16(n, 21, 3.0f), up = RandomBf16(n, 22),

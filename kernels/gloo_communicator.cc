@@ -30,6 +30,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
+#include "kernels/bf16.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/gloo_kv_store.h"
 #include "kernels/status_macros.h"
@@ -80,6 +81,26 @@ void ReduceInto(void* out, const void* a, const void* b, size_t n) {
   }
 }
 
+// bf16: both operands loaded exactly, combined in fp32, the result rounded
+// once (communicator.h); max / min compare the loaded values and keep the
+// chosen operand's bits.
+template <ReduceOp kOp>
+void ReduceBf16Into(void* out, const void* a, const void* b, size_t n) {
+  Bf16* o = static_cast<Bf16*>(out);
+  const Bf16* x = static_cast<const Bf16*>(a);
+  const Bf16* y = static_cast<const Bf16*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    const float fx = Bf16ToFloat(x[i]), fy = Bf16ToFloat(y[i]);
+    if constexpr (kOp == ReduceOp::kSum) {
+      o[i] = FloatToBf16(fx + fy);
+    } else if constexpr (kOp == ReduceOp::kMax) {
+      o[i] = fx < fy ? y[i] : x[i];
+    } else {
+      o[i] = fy < fx ? y[i] : x[i];
+    }
+  }
+}
+
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
 template <typename T>
@@ -105,6 +126,16 @@ ReduceFn ReduceFor(DataType type, ReduceOp op) {
       return ReduceFor<int32_t>(op);
     case DataType::kInt64:
       return ReduceFor<int64_t>(op);
+    case DataType::kBfloat16:
+      switch (op) {
+        case ReduceOp::kSum:
+          return &ReduceBf16Into<ReduceOp::kSum>;
+        case ReduceOp::kMax:
+          return &ReduceBf16Into<ReduceOp::kMax>;
+        case ReduceOp::kMin:
+          return &ReduceBf16Into<ReduceOp::kMin>;
+      }
+      return nullptr;
   }
   return nullptr;
 }
@@ -121,6 +152,8 @@ void WithType(DataType type, F&& f) {
       return f(int32_t{});
     case DataType::kInt64:
       return f(int64_t{});
+    case DataType::kBfloat16:
+      return f(Bf16{});
   }
 }
 

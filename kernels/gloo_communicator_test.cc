@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/bf16.h"
 #include "kernels/comm_conformance.h"
 #include "kernels/communicator.h"
 #include "kernels/cpu_stream.h"
@@ -195,6 +196,115 @@ TYPED_TEST(TypedCommTest, ReduceScatterMatchesLocalReduction) {
         }
       }
     });
+  }
+}
+
+// --- bf16 (communicator.h: fp32 combine, one rounding per step) ---------
+
+std::vector<Bf16> Bf16Input(int seed, int rank, size_t n) {
+  std::mt19937 rng(seed * 131 + rank);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<Bf16> v(n);
+  for (Bf16& x : v) x = FloatToBf16(dist(rng));
+  return v;
+}
+
+// Reduce-scatter's ring order (gloo_communicator.cc): block b is summed
+// starting after its owner, x_{b+1} + x_{b+2} + ... + x_b, each step
+// rounded to bf16; so the result is reproduced bitwise here. Max and min
+// keep an operand's bits. Sums are also within (P - 1) roundings of 2^-8
+// relative of the partial sums, bounded by the sum of magnitudes, of the
+// exact sum.
+TEST(CommTest, Bf16ReduceScatterSumsInFp32RoundingOncePerHop) {
+  for (int size : {1, 2, 3, 4}) {
+    RunRanks(size, [&](Communicator& comm, CpuStream& stream) {
+      const size_t block = 4099;
+      const size_t n = block * size;
+      int seed = 500;
+      for (ReduceOp op : kOps) {
+        ++seed;
+        std::vector<std::vector<Bf16>> in(size);
+        for (int r = 0; r < size; ++r) in[r] = Bf16Input(seed, r, n);
+        std::vector<Bf16> out(block, Bf16{0x7fc0});
+        ASSERT_TRUE(comm.ReduceScatter(stream, in[comm.rank()].data(), out.data(), block,
+                                       DataType::kBfloat16, op)
+                        .ok());
+        ASSERT_TRUE(stream.Synchronize().ok());
+        const int b = comm.rank();
+        for (size_t i = 0; i < block; ++i) {
+          const size_t at = b * block + i;
+          Bf16 want = in[(b + 1) % size][at];
+          double exact = Bf16ToFloat(want), mag = std::fabs(exact);
+          for (int k = 2; k <= size; ++k) {
+            const Bf16 x = in[(b + k) % size][at];
+            const float fw = Bf16ToFloat(want), fx = Bf16ToFloat(x);
+            if (op == ReduceOp::kSum) {
+              want = FloatToBf16(fw + fx);
+            } else if (op == ReduceOp::kMax) {
+              want = fw < fx ? x : want;
+            } else {
+              want = fx < fw ? x : want;
+            }
+            exact += fx;
+            mag += std::fabs(fx);
+          }
+          ASSERT_EQ(out[i].bits, want.bits) << "P=" << size << " " << ReduceOpName(op) << " " << i;
+          if (op == ReduceOp::kSum) {
+            ASSERT_LE(std::fabs(Bf16ToFloat(out[i]) - exact),
+                      (size - 1) * kBf16UnitRoundoff * mag * (1 + 1.0 / (1 << 15)))
+                << i;
+          }
+        }
+      }
+    });
+  }
+}
+
+// All-reduce: every rank gets the same bits, the same run to run; with
+// two ranks the one combining step is rn(a + b), and in general the sum is
+// within P - 1 roundings of the exact one. All-gather moves bf16 bits.
+TEST(CommTest, Bf16AllReduceAndAllGather) {
+  for (int size : {2, 3}) {
+    const size_t n = 3001;
+    std::vector<std::vector<Bf16>> got(size), again(size), gathered(size);
+    RunRanks(size, [&](Communicator& comm, CpuStream& stream) {
+      const int r = comm.rank();
+      std::vector<Bf16> x = Bf16Input(7, r, n);
+      got[r] = x;
+      ASSERT_TRUE(comm.AllReduce(stream, got[r].data(), got[r].data(), n, DataType::kBfloat16,
+                                 ReduceOp::kSum)
+                      .ok());
+      again[r].assign(n, Bf16{0x7fc0});
+      ASSERT_TRUE(comm.AllReduce(stream, x.data(), again[r].data(), n, DataType::kBfloat16,
+                                 ReduceOp::kSum)
+                      .ok());
+      gathered[r].assign(n * size, Bf16{0x7fc0});
+      ASSERT_TRUE(comm.AllGather(stream, x.data(), gathered[r].data(), n, DataType::kBfloat16).ok());
+      ASSERT_TRUE(stream.Synchronize().ok());
+    });
+    std::vector<std::vector<Bf16>> in(size);
+    for (int r = 0; r < size; ++r) in[r] = Bf16Input(7, r, n);
+    for (int r = 0; r < size; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[r][i].bits, got[0][i].bits) << "P=" << size << " rank " << r << " " << i;
+        ASSERT_EQ(again[r][i].bits, got[0][i].bits) << "run to run, P=" << size << " " << i;
+      }
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(gathered[r][q * n + i].bits, in[q][i].bits);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      double exact = 0, mag = 0;
+      for (int q = 0; q < size; ++q) {
+        exact += Bf16ToFloat(in[q][i]);
+        mag += std::fabs(Bf16ToFloat(in[q][i]));
+      }
+      if (size == 2) {
+        ASSERT_EQ(got[0][i].bits, FloatToBf16(Bf16ToFloat(in[0][i]) + Bf16ToFloat(in[1][i])).bits);
+      }
+      ASSERT_LE(std::fabs(Bf16ToFloat(got[0][i]) - exact), (size - 1) * kBf16UnitRoundoff * mag * (1 + 1.0 / (1 << 15)))
+          << i;
+    }
   }
 }
 

@@ -63,7 +63,9 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
   // Element sizes by role (kernels/model/precision.h): w the working
   // precision (weights, gradients, activations), a fp32 for what reduces or
   // accumulates: RMSNorm's rstd, attention's online-softmax state (m, l),
-  // log-sum-exp and delta = rowsum(dO o), its score panel, the dK/dV
+  // log-sum-exp and delta = rowsum(dO o), its score panel, the running
+  // output o (the online softmax's accumulator across the ring's hops,
+  // finalised in place: kernels/step/ring_attention.h), the dK/dV
   // accumulators that travel the ring (summed over P hops), and the
   // router's logits, probabilities and gates (its softmax and top-k choice
   // are sensitive to rounding; N E values, small beside N H).
@@ -83,7 +85,7 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
       {"q", LiveSet::kActivations, N * qd * w},
       {"kv", LiveSet::kActivations, 2 * N * kvd * w},
       {"ml", LiveSet::kActivations, 2 * rows_h * a},
-      {"o", LiveSet::kActivations, N * qd * w},
+      {"o", LiveSet::kActivations, N * qd * a},
       {"lse", LiveSet::kActivations, rows_h * a},
       {"h1", LiveSet::kActivations, N * H * w},
       {"u", LiveSet::kActivations, N * H * w},

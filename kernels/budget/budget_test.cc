@@ -136,16 +136,17 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOff) {
   // need their own master): 3 x (1384 + 4608) x 4.
   EXPECT_EQ(at(LiveSet::kOptimizer), 3 * (1384 + 4608) * 4);
   // Activations: int32 tokens, targets [N] and chosen [N k]: 64 words;
-  // bf16: a, h1, u, z, dh, dh1, du, tmp [N H] (8 x 256), q, o, dO, dq
-  // [N 16] (4 x 256), kv, dkv [2 N 8] (2 x 256), the two forward travellers
-  // [2 x 2 N 8] (512) and the backward travellers' K, V (512): 4608 values;
-  // fp32: 3 rstd [N] (48), m and l [N heads] x 2 (128), lse and delta
-  // (64 + 64), router logits, probs and their gradient [N E] (3 x 64),
-  // gates and their gradient [N k] (2 x 32), the backward travellers' dK,
-  // dV (512): 1072 values; and the attention scratch (attention_shape.h): 8
-  // slots (2 x 4 x 1 forward tiles) of three 8 x 8 tiles and the K, V tiles
-  // transposed (2 x 4 x 8): 8 x 256 = 2048 values.
-  EXPECT_EQ(at(LiveSet::kActivations), 64 * 4 + 4608 * 2 + (1072 + 2048) * 4);
+  // bf16: a, h1, u, z, dh, dh1, du, tmp [N H] (8 x 256), q, dO, dq [N 16]
+  // (3 x 256), kv, dkv [2 N 8] (2 x 256), the two forward travellers
+  // [2 x 2 N 8] (512) and the backward travellers' K, V (512): 4352 values;
+  // fp32: 3 rstd [N] (48), m and l [N heads] x 2 (128), the running
+  // attention output o [N 16] (256: online-softmax state, precision.h),
+  // lse and delta (64 + 64), router logits, probs and their gradient [N E]
+  // (3 x 64), gates and their gradient [N k] (2 x 32), the backward
+  // travellers' dK, dV (512): 1328 values; and the attention scratch
+  // (attention_shape.h): 8 slots (2 x 4 x 1 forward tiles) of three 8 x 8
+  // tiles and the K, V tiles transposed (2 x 4 x 8): 8 x 256 = 2048 values.
+  EXPECT_EQ(at(LiveSet::kActivations), 64 * 4 + 4352 * 2 + (1328 + 2048) * 4);
   // L + 1 = 3 boundaries [N, H] in bf16.
   EXPECT_EQ(at(LiveSet::kCheckpoints), 3 * 16 * 16 * 2);
   // Dense logits [N, V] in bf16, the log-sum-exp [N] in fp32.

@@ -98,4 +98,39 @@ void StripDeltaBf16(Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t 
   ConvertToBf16(logits_to_delta, f, rows * width, pool);
 }
 
+namespace {
+int64_t QueryFloats(const AttentionShape& s) { return s.batch * s.q_len * s.heads * s.head_dim; }
+int64_t KeyFloats(const AttentionShape& s) { return s.batch * s.kv_len * s.kv_heads * s.head_dim; }
+}  // namespace
+
+void AttentionForwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k,
+                               const Bf16* v, float* m, float* l, float* acc, float* work,
+                               CpuPool* pool) {
+  const float* qf = LoadToScratch(0, q, QueryFloats(s), pool);
+  const float* kf = LoadToScratch(1, k, KeyFloats(s), pool);
+  const float* vf = LoadToScratch(2, v, KeyFloats(s), pool);
+  plateau::AttentionForwardBlock(s, qf, kf, vf, m, l, acc, work, pool);
+}
+
+void AttentionDeltaBf16(const AttentionShape& s, const float* o, const Bf16* dout, float* delta,
+                        CpuPool* pool) {
+  const float* d = LoadToScratch(0, dout, QueryFloats(s), pool);
+  plateau::AttentionDelta(s, o, d, delta, pool);
+}
+
+void AttentionBackwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k,
+                                const Bf16* v, const Bf16* dout, const float* lse,
+                                const float* delta, Bf16* dq, float* dk, float* dv, float* work,
+                                CpuPool* pool) {
+  const int64_t nq = QueryFloats(s), nk = KeyFloats(s);
+  const float* qf = LoadToScratch(0, q, nq, pool);
+  const float* kf = LoadToScratch(1, k, nk, pool);
+  const float* vf = LoadToScratch(2, v, nk, pool);
+  const float* df = LoadToScratch(3, dout, nq, pool);
+  float* dqf = Bf16Scratch(4, nq);
+  ConvertToFloat(dqf, dq, nq, pool);
+  plateau::AttentionBackwardBlock(s, qf, kf, vf, df, lse, delta, dqf, dk, dv, work, pool);
+  ConvertToBf16(dq, dqf, nq, pool);
+}
+
 }  // namespace plateau::cpu

@@ -12,6 +12,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/cpu_pool.h"
+#include "kernels/model/attention_shape.h"
 
 namespace plateau::cpu {
 
@@ -40,6 +41,19 @@ void StripFoldBf16(const Bf16* logits, int64_t rows, int64_t width, int64_t col0
                    const int32_t* targets, float* m, float* s, float* t, CpuPool* pool = nullptr);
 void StripDeltaBf16(Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0,
                     const int32_t* targets, const float* lse, float scale, CpuPool* pool = nullptr);
+
+// Attention's block pairs (attention.h) on bf16 q, k, v, dO with fp32
+// state: the fp32 functions on the loaded inputs; dq (bf16) is loaded, the
+// block's contribution added in fp32, and rounded once.
+void AttentionForwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k,
+                               const Bf16* v, float* m, float* l, float* acc, float* work,
+                               CpuPool* pool = nullptr);
+void AttentionDeltaBf16(const AttentionShape& s, const float* o, const Bf16* dout, float* delta,
+                        CpuPool* pool = nullptr);
+void AttentionBackwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k,
+                                const Bf16* v, const Bf16* dout, const float* lse,
+                                const float* delta, Bf16* dq, float* dk, float* dv, float* work,
+                                CpuPool* pool = nullptr);
 
 }  // namespace plateau::cpu
 

@@ -312,6 +312,81 @@ TEST_F(CpuBf16LayersTest, CrossEntropyAndStripsOnBf16Logits) {
   }
 }
 
+// Ring attention's block pairs on bf16 q, k, v, dO: a rank's queries meet
+// two K/V blocks (the previous rank's, then its own, causal), as two ring
+// hops do. The fp32 state (m, l, acc), lse, delta and the travelling dK / dV
+// are bitwise the fp32 functions' on the loaded inputs (no bf16 rounding:
+// they stay fp32); dq is the fp32 contribution added to the loaded dq and
+// rounded once per block pair, so after two hops it is round(round(dq0 +
+// c1) + c2). attention_test holds the fp32 functions to a double reference;
+// these add exactly the roundings named here.
+TEST_F(CpuBf16LayersTest, AttentionBlockPairsAreTheFp32OnesOnLoadedInputs) {
+  const int64_t B = 2, T = 12, nh = 4, kvh = 2, d = 8;
+  const int64_t nq = B * T * nh * d, nk = B * T * kvh * d, rows = B * T * nh;
+  AttentionShape own{B, T, T, nh, kvh, d, T, T, 1.0f / std::sqrt(float(d))};
+  AttentionShape prev = own;
+  prev.kv_pos0 = 0;  // the block of the rank before: every key visible
+  const std::vector<Bf16> q = RandomBf16(nq, 31), dout = RandomBf16(nq, 32),
+                          dq0 = RandomBf16(nq, 33, 0.01f);
+  const std::vector<Bf16> kp = RandomBf16(nk, 34), vp = RandomBf16(nk, 35), ko = RandomBf16(nk, 36),
+                          vo = RandomBf16(nk, 37);
+  const int64_t wf = AttentionWorkspaceFloats(own);
+  // Device side.
+  float* m = dev_.Poisoned(rows);
+  float* l = dev_.Poisoned(rows);
+  float* acc = dev_.Poisoned(nq);
+  float* work = dev_.Poisoned(wf);
+  const Bf16 *dqq = dev_.UploadBf16(q), *ddo = dev_.UploadBf16(dout);
+  const Bf16 *dkp = dev_.UploadBf16(kp), *dvp = dev_.UploadBf16(vp), *dko = dev_.UploadBf16(ko),
+             *dvo = dev_.UploadBf16(vo);
+  ASSERT_TRUE(mk_->AttentionInit(dev_.s(), own, m, l, acc).ok());
+  ASSERT_TRUE(mk_->AttentionForwardBlockBf16(dev_.s(), prev, dqq, dkp, dvp, m, l, acc, work).ok());
+  ASSERT_TRUE(mk_->AttentionForwardBlockBf16(dev_.s(), own, dqq, dko, dvo, m, l, acc, work).ok());
+  const std::vector<float> got_m = dev_.Download(m, rows), got_l = dev_.Download(l, rows);
+  float* lse = dev_.Poisoned(rows);
+  ASSERT_TRUE(mk_->AttentionFinalize(dev_.s(), own, m, l, acc, lse).ok());
+  float* delta = dev_.Poisoned(rows);
+  ASSERT_TRUE(mk_->AttentionDeltaBf16(dev_.s(), own, acc, ddo, delta).ok());
+  Bf16* dq = dev_.UploadBf16(dq0);
+  float* dk = dev_.Upload(std::vector<float>(2 * nk, 0.0f));
+  float* dv = dk + nk;
+  ASSERT_TRUE(mk_->AttentionBackwardBlockBf16(dev_.s(), own, dqq, dko, dvo, ddo, lse, delta, dq, dk,
+                                              dv, work).ok());
+  const std::vector<Bf16> dq_after_one = dev_.DownloadBf16(dq, nq);
+  const std::vector<float> dk_own = dev_.Download(dk, 2 * nk);
+  ASSERT_TRUE(dev_.b().Fill(dev_.s(), dk, 2 * nk, 0.0f).ok());
+  ASSERT_TRUE(mk_->AttentionBackwardBlockBf16(dev_.s(), prev, dqq, dkp, dvp, ddo, lse, delta, dq, dk,
+                                              dv, work).ok());
+  // Host side: the fp32 functions on the loaded values.
+  const std::vector<float> qf = Loaded(q), df = Loaded(dout), kpf = Loaded(kp), vpf = Loaded(vp),
+                           kof = Loaded(ko), vof = Loaded(vo);
+  std::vector<float> wm(rows), wl(rows), wacc(nq), wwork(wf), wlse(rows), wdelta(rows);
+  AttentionInitState(own, wm.data(), wl.data(), wacc.data());
+  AttentionForwardBlock(prev, qf.data(), kpf.data(), vpf.data(), wm.data(), wl.data(), wacc.data(),
+                        wwork.data());
+  AttentionForwardBlock(own, qf.data(), kof.data(), vof.data(), wm.data(), wl.data(), wacc.data(),
+                        wwork.data());
+  EXPECT_EQ(got_m, wm);
+  EXPECT_EQ(got_l, wl);
+  AttentionFinalize(own, wm.data(), wl.data(), wacc.data(), wlse.data());
+  EXPECT_EQ(dev_.Download(acc, nq), wacc);  // o stays fp32
+  EXPECT_EQ(dev_.Download(lse, rows), wlse);
+  AttentionDelta(own, wacc.data(), df.data(), wdelta.data());
+  EXPECT_EQ(dev_.Download(delta, rows), wdelta);
+  std::vector<float> wdq = Loaded(dq0), wdk(2 * nk, 0.0f);
+  AttentionBackwardBlock(own, qf.data(), kof.data(), vof.data(), df.data(), wlse.data(),
+                         wdelta.data(), wdq.data(), wdk.data(), wdk.data() + nk, wwork.data());
+  EXPECT_EQ(Bits(dq_after_one), RoundedBits(wdq));
+  EXPECT_EQ(dk_own, wdk);
+  // The second hop starts from the rounded dq, not from the fp32 one.
+  wdq = Loaded(dq_after_one);
+  std::fill(wdk.begin(), wdk.end(), 0.0f);
+  AttentionBackwardBlock(prev, qf.data(), kpf.data(), vpf.data(), df.data(), wlse.data(),
+                         wdelta.data(), wdq.data(), wdk.data(), wdk.data() + nk, wwork.data());
+  EXPECT_EQ(Bits(dev_.DownloadBf16(dq, nq)), RoundedBits(wdq));
+  EXPECT_EQ(dev_.Download(dk, 2 * nk), wdk);
+}
+
 TEST_F(CpuBf16LayersTest, ArgumentsAreCheckedNamingTheOp) {
   Bf16 x[4] = {};
   int32_t idx[2] = {0, 1};
@@ -326,6 +401,15 @@ TEST_F(CpuBf16LayersTest, ArgumentsAreCheckedNamingTheOp) {
   float st[3];
   EXPECT_THAT(mk_->StripFoldBf16(dev_.s(), x, 2, 2, 0, idx, st, 1).message(),
               HasSubstr("strip_fold_bf16: stride = 1 must be >= rows = 2"));
+  AttentionShape bad{1, 2, 2, 3, 2, 4, 0, 0, 0.5f};
+  EXPECT_THAT(mk_->AttentionForwardBlockBf16(dev_.s(), bad, x, x, x, st, st, st, st).message(),
+              HasSubstr("attention_forward_block_bf16: kv_heads = 2 must divide heads = 3"));
+  AttentionShape ok{1, 2, 2, 2, 2, 4, 0, 0, 0.5f};
+  EXPECT_THAT(mk_->AttentionDeltaBf16(dev_.s(), ok, st, nullptr, st).message(),
+              HasSubstr("attention_delta_bf16: dout is null"));
+  EXPECT_THAT(mk_->AttentionBackwardBlockBf16(dev_.s(), ok, x, x, x, x, st, st, nullptr, st, st, st)
+                  .message(),
+              HasSubstr("attention_backward_block_bf16: dq is null"));
 }
 
 }  // namespace

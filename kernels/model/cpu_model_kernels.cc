@@ -162,6 +162,15 @@ class CpuModelKernels final : public ModelKernels {
   absl::Status DoStripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) override {
     return Run(s, [=, p = pool_.get()] { cpu::StripDeltaBf16(logits_to_delta, rows, width, col0, targets, lse, scale, p); });
   }
+  absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, float* m, float* l, float* acc, float* work) override {
+    return Run(s, [=, p = pool_.get()] { cpu::AttentionForwardBlockBf16(shape, q, k, v, m, l, acc, work, p); });
+  }
+  absl::Status DoAttentionDeltaBf16(Stream& s, const AttentionShape& shape, const float* o, const Bf16* dout, float* delta) override {
+    return Run(s, [=, p = pool_.get()] { cpu::AttentionDeltaBf16(shape, o, dout, delta, p); });
+  }
+  absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse, const float* delta, Bf16* dq, float* dk, float* dv, float* work) override {
+    return Run(s, [=, p = pool_.get()] { cpu::AttentionBackwardBlockBf16(shape, q, k, v, dout, lse, delta, dq, dk, dv, work, p); });
+  }
 
  private:
   // Runs `fn` on the stream in order with the rest of its work.

@@ -544,6 +544,59 @@ absl::Status ModelKernels::StripDeltaBf16(Stream& s, Bf16* logits_to_delta, int6
               : DoStripDeltaBf16(s, logits_to_delta, rows, width, col0, targets, lse, scale);
 }
 
+absl::Status ModelKernels::AttentionForwardBlockBf16(Stream& s, const AttentionShape& shape,
+                                                     const Bf16* q, const Bf16* k, const Bf16* v,
+                                                     float* m, float* l, float* acc, float* work) {
+  constexpr absl::string_view op = "attention_forward_block_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
+                         {"m", m}, {"l", l}, {"acc", acc}, {"work", work}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return DoAttentionForwardBlockBf16(s, shape, q, k, v, m, l, acc, work);
+}
+
+absl::Status ModelKernels::AttentionDeltaBf16(Stream& s, const AttentionShape& shape,
+                                              const float* o, const Bf16* dout, float* delta) {
+  constexpr absl::string_view op = "attention_delta_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"o", o}, {"dout", dout},
+                         {"delta", delta}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return DoAttentionDeltaBf16(s, shape, o, dout, delta);
+}
+
+absl::Status ModelKernels::AttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape,
+                                                      const Bf16* q, const Bf16* k, const Bf16* v,
+                                                      const Bf16* dout, const float* lse,
+                                                      const float* delta, Bf16* dq, float* dk,
+                                                      float* dv, float* work) {
+  constexpr absl::string_view op = "attention_backward_block_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
+  for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
+                         {"dout", dout}, {"lse", lse}, {"delta", delta}, {"dq", dq},
+                         {"dk", dk}, {"dv", dv}, {"work", work}}) {
+    PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, name, p));
+  }
+  return DoAttentionBackwardBlockBf16(s, shape, q, k, v, dout, lse, delta, dq, dk, dv, work);
+}
+
+absl::Status ModelKernels::DoAttentionForwardBlockBf16(Stream&, const AttentionShape&, const Bf16*,
+                                                       const Bf16*, const Bf16*, float*, float*,
+                                                       float*, float*) {
+  return NoBf16("attention_forward_block_bf16");
+}
+absl::Status ModelKernels::DoAttentionDeltaBf16(Stream&, const AttentionShape&, const float*,
+                                                const Bf16*, float*) {
+  return NoBf16("attention_delta_bf16");
+}
+absl::Status ModelKernels::DoAttentionBackwardBlockBf16(Stream&, const AttentionShape&,
+                                                        const Bf16*, const Bf16*, const Bf16*,
+                                                        const Bf16*, const float*, const float*,
+                                                        Bf16*, float*, float*, float*) {
+  return NoBf16("attention_backward_block_bf16");
+}
 absl::Status ModelKernels::DoRopeBf16(Stream&, Bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,
                                       float, bool) {
   return NoBf16("rope_bf16");

@@ -6,7 +6,8 @@
 // bf16 mixed (DESIGN.md §1.4, issue 17): bf16 working weights, activations,
 // gradients and the rows that dispatch, the projection and the checkpoints
 // hold; fp32 master weights and Adam moments; fp32 for what accumulates or
-// reduces (loss, log-sum-exp, online-softmax state, RMSNorm's rstd, the
+// reduces (loss, log-sum-exp, online-softmax state: m, l and the running
+// output o across the ring's hops, RMSNorm's rstd, the
 // router's softmax and gates, attention's score panel, the dK/dV
 // accumulators that travel the ring). Ring-DTP's three traveller slots are
 // the working precision: they rotate between the read-only traveller and

@@ -102,6 +102,8 @@ ncclDataType_t NcclType(DataType type) {
       return ncclInt32;
     case DataType::kInt64:
       return ncclInt64;
+    case DataType::kBfloat16:
+      return ncclBfloat16;  // fp32 combine, one rounding per step: communicator.h
   }
   return ncclFloat32;
 }

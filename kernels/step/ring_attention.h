@@ -27,13 +27,20 @@
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/communicator.h"
 #include "kernels/model/attention_shape.h"
 #include "kernels/model/model_kernels.h"
 
 namespace plateau {
 
-struct RingAttention {
+// W is the working type (float: fp32; Bf16: bf16 mixed, working_ops.h).
+// q, K/V, dO, dq and dK/dV as they leave are W; the online-softmax state
+// (ml, o, lse), delta, `work` and the dK/dV accumulators that travel the
+// ring stay fp32 (precision.h). Under bf16 dq rounds once per hop and the
+// accumulators round once, when they come home into dkv.
+template <typename W>
+struct RingAttentionT {
   Backend& be;
   ModelKernels& kernels;
   Communicator& world;
@@ -48,18 +55,26 @@ struct RingAttention {
   // q [N, heads*d], kv [k | v] ([N, kv_heads*d] each): o [N, heads*d] and
   // lse [N * heads]; ml [2 * N * heads] running (m | l), trav two travellers
   // of [k | v], work AttentionWorkspaceFloats(shape).
-  absl::Status Forward(const float* q, const float* kv, float* ml, float* o, float* lse, float* trav,
+  absl::Status Forward(const W* q, const W* kv, float* ml, float* o, float* lse, W* trav,
                        float* work);
   // Given dO, lse and delta (rowsum(dO * o)): dq (overwritten) and dkv
   // [dk | dv] of this rank's keys (overwritten); trav two travellers of
-  // [k | v | dk | dv].
-  absl::Status Backward(const float* q, const float* kv, const float* dO, const float* lse,
-                        const float* delta, float* dq, float* dkv, float* trav, float* work);
+  // [k | v] (W) followed by [dk | dv] (fp32): TravellerBytes() each.
+  absl::Status Backward(const W* q, const W* kv, const W* dO, const float* lse,
+                        const float* delta, W* dq, W* dkv, void* trav, float* work);
+
+  // Bytes of one backward traveller (the budget's bwd_trav is two).
+  static int64_t TravellerBytes(int64_t kv_values) {
+    return 2 * kv_values * static_cast<int64_t>(sizeof(W) + sizeof(float));
+  }
 
  private:
   absl::Status CommAfterCompute();
   absl::Status ComputeAfterComm();
 };
+
+// The fp32 step's ring attention.
+using RingAttention = RingAttentionT<float>;
 
 }  // namespace plateau
 

@@ -1,0 +1,168 @@
+// Ring attention on the working precision (ring_attention.h) over P Gloo
+// ranks: RingAttentionT<Bf16> on bf16 q, K/V and dO against
+// RingAttentionT<float> on the same (bf16-representable) values. The
+// forward keeps its whole state fp32, so o and lse are the fp32 ring's
+// bits, and so is delta; the travelling dK/dV accumulators are fp32, so
+// dkv is the fp32 ring's dkv rounded once; dq rounds once per hop, which is
+// reproduced bitwise on the host from the fp32 block function of
+// attention.h in the ring's order. Repeated runs give the same bits.
+#include "kernels/step/ring_attention.h"
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/bf16.h"
+#include "kernels/communicator.h"
+#include "kernels/model/attention.h"
+#include "kernels/model/model_kernels.h"
+#include "kernels/testing/local_world.h"
+
+namespace plateau {
+namespace {
+
+std::vector<float> Representable(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = Bf16ToFloat(FloatToBf16(dist(rng)));
+  return v;
+}
+std::vector<Bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<Bf16> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
+  return b;
+}
+std::vector<uint16_t> Bits(const std::vector<Bf16>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+  return b;
+}
+
+// One rank's device buffers, allocated from its backend and kept alive.
+class Device {
+ public:
+  Device(Backend& be, Stream& s) : be_(be), s_(s) {}
+  template <typename T>
+  T* Alloc(int64_t n) {
+    auto b = be_.device().Allocate(LiveSet::kActivations, n * sizeof(T));
+    EXPECT_TRUE(b.ok()) << b.status();
+    bufs_.push_back(std::move(*b));
+    return bufs_.back().as<T>();
+  }
+  template <typename T>
+  T* Upload(const std::vector<T>& v) {
+    T* d = Alloc<T>(static_cast<int64_t>(v.size()));
+    EXPECT_TRUE(be_.Copy(s_, d, v.data(), v.size() * sizeof(T)).ok());
+    return d;
+  }
+  template <typename T>
+  std::vector<T> Download(const T* d, int64_t n) {
+    std::vector<T> v(n);
+    EXPECT_TRUE(be_.Copy(s_, v.data(), d, n * sizeof(T)).ok());
+    EXPECT_TRUE(s_.Synchronize().ok());
+    return v;
+  }
+
+ private:
+  Backend& be_;
+  Stream& s_;
+  std::vector<Buffer> bufs_;
+};
+
+void CheckRing(int P) {
+  const int64_t B = 2, Ns = 8, nh = 4, kvh = 2, d = 8;
+  const int64_t N = B * Ns, nq = N * nh * d, n = N * kvh * d, rows_h = N * nh;
+  auto q_of = [&](int r) { return Representable(nq, 100 + r); };
+  auto kv_of = [&](int r) { return Representable(2 * n, 200 + r); };
+  auto do_of = [&](int r) { return Representable(nq, 300 + r); };
+  absl::Status st = RunLocalWorld(P, 64 << 20, FreshStoreDir("ring_bf16"), [&](int r, Backend& be,
+                                                                              Communicator& world) {
+    auto kernels = ModelKernels::Create(be);
+    auto compute = be.CreateStream("compute");
+    auto comm = be.CreateStream("comm");
+    auto ev1 = be.CreateEvent();
+    auto ev2 = be.CreateEvent();
+    EXPECT_TRUE(kernels.ok() && compute.ok() && comm.ok() && ev1.ok() && ev2.ok());
+    if (!kernels.ok() || !compute.ok() || !comm.ok() || !ev1.ok() || !ev2.ok()) {
+      return absl::InternalError("setup");
+    }
+    Stream& cs = **compute;
+    Device dev(be, cs);
+    const AttentionShape shape{B, Ns, Ns, nh, kvh, d, r * Ns, 0, 1.0f / std::sqrt(float(d))};
+    const std::vector<float> q = q_of(r), kv = kv_of(r), dO = do_of(r);
+    const int64_t wf = AttentionWorkspaceFloats(shape);
+    RingAttentionT<float> f32{be, **kernels, world, cs, **comm, **ev1, **ev2, shape, N};
+    RingAttentionT<Bf16> b16{be, **kernels, world, cs, **comm, **ev1, **ev2, shape, N};
+
+    // fp32.
+    float *o_f = dev.Alloc<float>(nq), *lse_f = dev.Alloc<float>(rows_h);
+    float *delta_f = dev.Alloc<float>(rows_h), *dq_f = dev.Alloc<float>(nq);
+    float* dkv_f = dev.Alloc<float>(2 * n);
+    {
+      const float *dq_in = dev.Upload(q), *dkv_in = dev.Upload(kv), *ddo = dev.Upload(dO);
+      float* ml = dev.Alloc<float>(2 * rows_h);
+      float* work = dev.Alloc<float>(wf);
+      EXPECT_TRUE(f32.Forward(dq_in, dkv_in, ml, o_f, lse_f, dev.Alloc<float>(4 * n), work).ok());
+      EXPECT_TRUE(kernels.value()->AttentionDelta(cs, shape, o_f, ddo, delta_f).ok());
+      void* trav = dev.Alloc<char>(2 * RingAttentionT<float>::TravellerBytes(n));
+      EXPECT_TRUE(f32.Backward(dq_in, dkv_in, ddo, lse_f, delta_f, dq_f, dkv_f, trav, work).ok());
+    }
+    // bf16, twice.
+    const Bf16 *qb = dev.Upload(ToBf16(q)), *kvb = dev.Upload(ToBf16(kv)), *dob = dev.Upload(ToBf16(dO));
+    std::vector<Bf16> dq_runs[2], dkv_runs[2];
+    std::vector<float> o_b, lse_b, delta_b;
+    for (int run = 0; run < 2; ++run) {
+      float *o = dev.Alloc<float>(nq), *lse = dev.Alloc<float>(rows_h), *delta = dev.Alloc<float>(rows_h);
+      Bf16 *dq = dev.Alloc<Bf16>(nq), *dkv = dev.Alloc<Bf16>(2 * n);
+      float* ml = dev.Alloc<float>(2 * rows_h);
+      float* work = dev.Alloc<float>(wf);
+      EXPECT_TRUE(b16.Forward(qb, kvb, ml, o, lse, dev.Alloc<Bf16>(4 * n), work).ok());
+      EXPECT_TRUE(kernels.value()->AttentionDeltaBf16(cs, shape, o, dob, delta).ok());
+      void* trav = dev.Alloc<char>(2 * RingAttentionT<Bf16>::TravellerBytes(n));
+      EXPECT_TRUE(b16.Backward(qb, kvb, dob, lse, delta, dq, dkv, trav, work).ok());
+      dq_runs[run] = dev.Download(dq, nq);
+      dkv_runs[run] = dev.Download(dkv, 2 * n);
+      if (run == 0) {
+        o_b = dev.Download(o, nq);
+        lse_b = dev.Download(lse, rows_h);
+        delta_b = dev.Download(delta, rows_h);
+      }
+    }
+    EXPECT_TRUE((*comm)->Synchronize().ok());
+    const std::vector<float> o32 = dev.Download(o_f, nq), lse32 = dev.Download(lse_f, rows_h);
+    const std::vector<float> delta32 = dev.Download(delta_f, rows_h);
+    EXPECT_EQ(o_b, o32) << "rank " << r;
+    EXPECT_EQ(lse_b, lse32) << "rank " << r;
+    EXPECT_EQ(delta_b, delta32) << "rank " << r;
+    EXPECT_EQ(Bits(dkv_runs[0]), Bits(ToBf16(dev.Download(dkv_f, 2 * n)))) << "rank " << r;
+    // dq: the ring's order (the rank's own block first, then the blocks of
+    // ranks r-1, r-2, ...), the fp32 block function on the loaded dq, one
+    // rounding per hop.
+    std::vector<float> dqh(nq, 0.0f), dk(n), dv(n), work(wf);
+    for (int step = 0; step < P; ++step) {
+      const int src = (r - step + P) % P;
+      const std::vector<float> kvs = kv_of(src);
+      AttentionShape s = shape;
+      s.kv_pos0 = src * Ns;
+      AttentionBackwardBlock(s, q.data(), kvs.data(), kvs.data() + n, dO.data(), lse32.data(),
+                             delta32.data(), dqh.data(), dk.data(), dv.data(), work.data());
+      for (float& x : dqh) x = Bf16ToFloat(FloatToBf16(x));
+    }
+    EXPECT_EQ(Bits(dq_runs[0]), Bits(ToBf16(dqh))) << "rank " << r;
+    EXPECT_EQ(Bits(dq_runs[1]), Bits(dq_runs[0])) << "run to run, rank " << r;
+    EXPECT_EQ(Bits(dkv_runs[1]), Bits(dkv_runs[0])) << "run to run, rank " << r;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(st.ok()) << st;
+}
+
+TEST(RingAttentionBf16Test, OneRank) { CheckRing(1); }
+TEST(RingAttentionBf16Test, TwoRanks) { CheckRing(2); }
+TEST(RingAttentionBf16Test, ThreeRanks) { CheckRing(3); }
+
+}  // namespace
+}  // namespace plateau
