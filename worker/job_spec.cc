@@ -587,8 +587,8 @@ absl::Status ConvertPrecision(const v1::JobSpec& spec, Precision* out) {
 // PlanJob, so that `plateauctl plan` shows what a bf16 job would need.
 absl::Status CheckPrecisionRuns(const v1::JobSpec& spec) {
   if (spec.precision() == v1::PRECISION_BF16 && spec.backend() == v1::BACKEND_CPU) {
-    return Bad("precision", "PRECISION_FP32 (or unset) on backend cpu, which computes fp32 only; bf16 runs on the "
-               "cuda backend (issue 17)", "PRECISION_BF16");
+    return Bad("precision", "PRECISION_FP32 (or unset) on backend cpu, which computes fp32 only; bf16 is for the "
+               "cuda backend, whose bf16 step is not written yet (issue 17)", "PRECISION_BF16");
   }
   return absl::OkStatus();
 }
@@ -726,7 +726,8 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
   if (t.step.precision == Precision::kBf16Mixed) {
     out.add_notes(spec.backend() == v1::BACKEND_CPU
                       ? "precision bf16: planned with bf16 working weights and activations, fp32 master and "
-                        "moments; backend cpu computes fp32 only, so submit refuses it (bf16 runs on backend cuda)"
+                        "moments; backend cpu computes fp32 only, so submit refuses it (bf16 is for backend cuda, "
+                        "whose bf16 step is not written yet: issue 17)"
                       : "precision bf16: planned with bf16 working weights and activations, fp32 master and moments");
   }
   // N_max against the device cap (and the host cap, when set). Without a

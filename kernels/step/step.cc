@@ -131,7 +131,7 @@ absl::Status CheckPrecision(Precision p, const Backend& backend) {
   if (backend.kind() == BackendKind::kCpu) {
     return absl::InvalidArgumentError(absl::StrCat(
         "precision: the cpu backend computes fp32 only, got ", PrecisionName(p),
-        " (bf16 mixed precision runs on the cuda backend, issue 17)"));
+        " (bf16 mixed precision is for the cuda backend, whose bf16 step is not written yet: issue 17)"));
   }
   return absl::UnimplementedError(absl::StrCat("precision: ", PrecisionName(p),
                                                " is not computed by this build's backend yet (issue 17)"));
