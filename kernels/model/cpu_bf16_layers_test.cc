@@ -22,37 +22,15 @@
 #include "kernels/model/layers.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/testing/device_side.h"
+#include "kernels/testing/bf16_testing.h"
 
 namespace plateau {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr double kFp32Unit = 1.0 / (1 << 24);
 constexpr double kBf16Unit = kBf16UnitRoundoff;
 
-std::vector<Bf16> RandomBf16(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<Bf16> v(n);
-  for (Bf16& x : v) x = FloatToBf16(dist(rng));
-  return v;
-}
-std::vector<float> Loaded(const std::vector<Bf16>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = Bf16ToFloat(v[i]);
-  return f;
-}
-std::vector<uint16_t> RoundedBits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]).bits;
-  return b;
-}
-std::vector<uint16_t> Bits(const std::vector<Bf16>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
 std::vector<int32_t> RandomIndex(int64_t n, int32_t below, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> dist(0, below - 1);

@@ -20,33 +20,13 @@
 #include "kernels/model/attention.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/testing/device_side.h"
+#include "kernels/testing/bf16_testing.h"
 
 namespace plateau {
 namespace {
 
 using F = WorkingOps<float>;
 using B = WorkingOps<Bf16>;
-
-// Random values that bf16 holds exactly, so both instantiations read the
-// same numbers.
-std::vector<float> Representable(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = Bf16ToFloat(FloatToBf16(dist(rng)));
-  return v;
-}
-std::vector<Bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<Bf16> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
-  return b;
-}
-std::vector<uint16_t> Bits(const std::vector<Bf16>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
-std::vector<uint16_t> RoundedBits(const std::vector<float>& v) { return Bits(ToBf16(v)); }
 
 class WorkingOpsTest : public ::testing::Test {
  protected:
@@ -62,7 +42,7 @@ class WorkingOpsTest : public ::testing::Test {
   }
   // The same values on the device, as fp32 and as bf16.
   float* F32(const std::vector<float>& v) { return dev_.Upload(v); }
-  Bf16* B16(const std::vector<float>& v) { return dev_.UploadBf16(ToBf16(v)); }
+  Bf16* B16(const std::vector<float>& v) { return dev_.UploadBf16(Rounded(v)); }
   DeviceSide dev_;
   std::unique_ptr<ModelKernels> mk_;
 };

@@ -20,27 +20,10 @@
 #include "kernels/model/attention.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/testing/local_world.h"
+#include "kernels/testing/bf16_testing.h"
 
 namespace plateau {
 namespace {
-
-std::vector<float> Representable(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = Bf16ToFloat(FloatToBf16(dist(rng)));
-  return v;
-}
-std::vector<Bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<Bf16> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
-  return b;
-}
-std::vector<uint16_t> Bits(const std::vector<Bf16>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
 
 // One rank's device buffers, allocated from its backend and kept alive.
 class Device {
@@ -112,7 +95,7 @@ void CheckRing(int P) {
       EXPECT_TRUE(f32.Backward(dq_in, dkv_in, ddo, lse_f, delta_f, dq_f, dkv_f, trav, work).ok());
     }
     // bf16, twice.
-    const Bf16 *qb = dev.Upload(ToBf16(q)), *kvb = dev.Upload(ToBf16(kv)), *dob = dev.Upload(ToBf16(dO));
+    const Bf16 *qb = dev.Upload(Rounded(q)), *kvb = dev.Upload(Rounded(kv)), *dob = dev.Upload(Rounded(dO));
     std::vector<Bf16> dq_runs[2], dkv_runs[2];
     std::vector<float> o_b, lse_b, delta_b;
     for (int run = 0; run < 2; ++run) {
@@ -138,7 +121,7 @@ void CheckRing(int P) {
     EXPECT_EQ(o_b, o32) << "rank " << r;
     EXPECT_EQ(lse_b, lse32) << "rank " << r;
     EXPECT_EQ(delta_b, delta32) << "rank " << r;
-    EXPECT_EQ(Bits(dkv_runs[0]), Bits(ToBf16(dev.Download(dkv_f, 2 * n)))) << "rank " << r;
+    EXPECT_EQ(Bits(dkv_runs[0]), Bits(Rounded(dev.Download(dkv_f, 2 * n)))) << "rank " << r;
     // dq: the ring's order (the rank's own block first, then the blocks of
     // ranks r-1, r-2, ...), the fp32 block function on the loaded dq, one
     // rounding per hop.
@@ -152,7 +135,7 @@ void CheckRing(int P) {
                              delta32.data(), dqh.data(), dk.data(), dv.data(), work.data());
       for (float& x : dqh) x = Bf16ToFloat(FloatToBf16(x));
     }
-    EXPECT_EQ(Bits(dq_runs[0]), Bits(ToBf16(dqh))) << "rank " << r;
+    EXPECT_EQ(Bits(dq_runs[0]), Bits(Rounded(dqh))) << "rank " << r;
     EXPECT_EQ(Bits(dq_runs[1]), Bits(dq_runs[0])) << "run to run, rank " << r;
     EXPECT_EQ(Bits(dkv_runs[1]), Bits(dkv_runs[0])) << "run to run, rank " << r;
     return absl::OkStatus();
