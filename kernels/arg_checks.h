@@ -27,6 +27,13 @@ inline absl::Status CheckPositive(absl::string_view op, absl::string_view name, 
 }
 
 // A pointer may be null only when nothing is read or written through it.
+// A row-wise op's shape: rows >= 0, and cols > 0 when there are rows.
+inline absl::Status CheckRows(absl::string_view op, int64_t rows, int64_t cols) {
+  if (rows < 0) return ArgError(op, absl::StrCat("rows must be >= 0, got ", rows));
+  if (cols <= 0 && rows > 0) return ArgError(op, absl::StrCat("cols must be > 0, got ", cols));
+  return absl::OkStatus();
+}
+
 inline absl::Status CheckNotNull(absl::string_view op, absl::string_view name, const void* p,
                                  int64_t elements = 1) {
   if (elements > 0 && p == nullptr) {

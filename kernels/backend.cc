@@ -26,18 +26,6 @@ absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name) {
 // ---------------------------------------------------------------------------
 // Argument checks, shared by every backend.
 
-namespace {
-
-absl::Status CheckRows(absl::string_view op, int64_t rows, int64_t cols) {
-  if (rows < 0) return ArgError(op, absl::StrCat("rows must be >= 0, got ", rows));
-  if (cols <= 0 && rows > 0) {
-    return ArgError(op, absl::StrCat("cols must be > 0, got ", cols));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status ValidateGemm(const GemmArgs& g) {
   constexpr absl::string_view op = "gemm";
   PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "m", g.m));

@@ -13,12 +13,6 @@
 namespace plateau {
 namespace {
 
-absl::Status CheckRowsBf16(absl::string_view op, int64_t rows, int64_t cols) {
-  if (rows < 0) return ArgError(op, absl::StrCat("rows must be >= 0, got ", rows));
-  if (cols <= 0 && rows > 0) return ArgError(op, absl::StrCat("cols must be > 0, got ", cols));
-  return absl::OkStatus();
-}
-
 absl::Status NoBf16(absl::string_view op, const Backend& b) {
   return absl::UnimplementedError(absl::StrCat(op, ": the ", BackendKindName(b.kind()),
                                                " backend has no bf16 kernels"));
@@ -103,7 +97,7 @@ absl::Status Backend::RmsNormForwardBf16(Stream& s, Bf16* out, float* rstd, cons
                                          const Bf16* weight, int64_t rows, int64_t cols,
                                          float eps) {
   constexpr absl::string_view op = "rmsnorm_forward_bf16";
-  PLATEAU_RETURN_IF_ERROR(CheckRowsBf16(op, rows, cols));
+  PLATEAU_RETURN_IF_ERROR(CheckRows(op, rows, cols));
   if (!(eps > 0.0f)) return ArgError(op, absl::StrCat("eps must be > 0, got ", eps));
   if (rows == 0) return absl::OkStatus();
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, rows * cols));
@@ -117,7 +111,7 @@ absl::Status Backend::RmsNormBackwardBf16(Stream& s, Bf16* dx, Bf16* dweight, co
                                           const Bf16* x, const Bf16* weight, const float* rstd,
                                           int64_t rows, int64_t cols) {
   constexpr absl::string_view op = "rmsnorm_backward_bf16";
-  PLATEAU_RETURN_IF_ERROR(CheckRowsBf16(op, rows, cols));
+  PLATEAU_RETURN_IF_ERROR(CheckRows(op, rows, cols));
   if (rows == 0) return absl::OkStatus();
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dx", dx, rows * cols));
   PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "dweight", dweight, cols));
