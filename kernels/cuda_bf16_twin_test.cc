@@ -520,6 +520,48 @@ TEST_F(CudaBf16TwinTest, RopeCrossEntropyAndStripsMatchCpu) {
   }
 }
 
+// FillBf16 and AddBf16 (one rounding of the same fp32 value, aliasing
+// allowed) are bitwise equal; SumSquaresBf16 sums the loaded values' exact
+// squares in double on both sides, in other orders, and rounds once: within
+// 2u |result| + 1e-12 sum x^2, as the fp32 twin's SumSquares. n = 2^20 + 3
+// spans more than one reduction block sweep; the operands reach 2^20 so
+// that sums round.
+TEST_F(CudaBf16TwinTest, FillAddAndSumSquaresMatchCpu) {
+  const int64_t n = (int64_t{1} << 20) + 3;
+  const std::vector<Bf16> a = RandomBf16(n, 91, -1, 1), b = RandomBf16(n, 92, -1024, 1024);
+  struct Out {
+    std::vector<uint16_t> bits;
+    float sumsq = 0;
+  };
+  auto run = [&](DeviceSide& side) {
+    Out o;
+    Bf16* filled = side.PoisonedBf16(n);
+    EXPECT_TRUE(side.b().FillBf16(side.s(), filled, n, 0.1f).ok());  // 0.1 rounds
+    Bf16* sum = side.PoisonedBf16(n);
+    const Bf16* da = side.UploadBf16(a);
+    Bf16* db = side.UploadBf16(b);
+    EXPECT_TRUE(side.b().AddBf16(side.s(), sum, da, db, n).ok());
+    EXPECT_TRUE(side.b().AddBf16(side.s(), db, da, db, n).ok());  // in place
+    float* sq = side.Poisoned(1);
+    EXPECT_TRUE(side.b().SumSquaresBf16(side.s(), sq, db, n).ok());
+    for (const Bf16* p : {static_cast<const Bf16*>(filled), static_cast<const Bf16*>(sum),
+                          static_cast<const Bf16*>(db)}) {
+      for (Bf16 v : side.DownloadBf16(p, n)) o.bits.push_back(v.bits);
+    }
+    o.sumsq = side.Download(sq, 1)[0];
+    return o;
+  };
+  const Out cpu = run(cpu_), cuda = run(cuda_);
+  EXPECT_EQ(cuda.bits, cpu.bits);
+  EXPECT_EQ(cpu.bits[0], FloatToBf16(0.1f).bits);
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = Bf16ToFloat(Bf16{cpu.bits[2 * n + i]});
+    sq += v * v;
+  }
+  EXPECT_LE(std::abs(double{cuda.sumsq} - cpu.sumsq), 2 * kU * std::abs(cpu.sumsq) + 1e-12 * sq);
+}
+
 // ---------------------------------------------------------------------------
 // The bf16 embedding gradient: every touched table row is its loaded value
 // plus the fp32 sum of its rows' gradients in row order, rounded once, on

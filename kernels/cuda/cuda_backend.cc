@@ -873,6 +873,26 @@ class CudaBackend final : public Backend {
       return absl::OkStatus();
     });
   }
+  absl::Status DoFillBf16(Stream& st, Bf16* x, int64_t n, float value) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::FillBf16(s->stream(), Bits(x), n, value));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoAddBf16(Stream& st, Bf16* out, const Bf16* a, const Bf16* b,
+                         int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::AddBf16(s->stream(), Bits(out), Bits(a), Bits(b), n));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoSumSquaresBf16(Stream& st, float* out, const Bf16* x, int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::SumSquaresBf16(s->stream(), out, Bits(x), n, s->scratch()));
+      return absl::OkStatus();
+    });
+  }
   absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
                            Bf16* working, int64_t n, const AdamWArgs& args) override {
     const cuda_ops::AdamWScalars k = AdamWScalarsOf(args);
