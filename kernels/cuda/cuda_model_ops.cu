@@ -203,24 +203,31 @@ __global__ void EmbeddingBackwardKernel(const float* dout,
 // CPU twin's result, bit for bit). With no scratch to hold an fp32 row per
 // token, the row is owned by the block of its token's FIRST occurrence:
 // block r (grid-stride over rows) first asks whether an earlier row has the
-// same token (a block-wide scan of tokens[0, r) in chunks, stopping at the
-// first hit, so a repeated token costs little); if r is the first, the
-// block keeps kEmbCols columns per thread in fp32 registers, walks rows
-// r..rows-1 in order and adds every row with that token, then rounds each
-// column once. Every table row has one writer (no atomics) and every sum
-// runs in row order: deterministic, and the CPU's order.
+// same token (a block-wide scan of tokens[0, r), kThreads at a time,
+// stopping at the first hit, so a repeated token costs little); if r is the
+// first, the block keeps kEmbCols columns per thread in fp32 registers,
+// scans rows r..rows-1 kThreads at a time, lists the rows with its token in
+// row order (a ballot per warp, then the warps' counts in order) and adds
+// them in that order, then rounds each column once. Every table row has one
+// writer (no atomics) and every sum runs in row order: deterministic, and
+// the CPU's order.
 //
-// Cost: the fp32 kernel's rows x hidden adds, plus token reads: up to r for
-// each first occurrence's check and (rows - r) x ceil(hidden / (kThreads x
-// kEmbCols)) for its walk, so O(distinct tokens x rows) int32 reads from
-// cache. At 32K rows and 30K distinct tokens that is ~1e9 reads (a few ms);
-// a sort-by-token version would need a rows-sized index scratch that the
+// Cost beyond the fp32 kernel's rows x hidden adds: token reads, kThreads
+// per step of a block, up to r for each row's first-occurrence check and
+// (rows - r) x ceil(hidden / (kThreads x kEmbCols)) for each first
+// occurrence's scan: O(rows x (rows + distinct tokens) / kThreads) steps
+// at worst (all tokens distinct), from a tokens array that sits in L2. A
+// sort-by-token version would need a rows-sized index scratch that the
 // interface does not provide.
 constexpr int kEmbCols = 8;
+constexpr int kWarps = kThreads / 32;
 
 __global__ void __launch_bounds__(kThreads)
     EmbeddingBackwardBf16Kernel(const Bf16* dout, const int32_t* tokens, int64_t rows,
                                 int64_t hidden, Bf16* dtable) {
+  __shared__ int64_t match[kThreads];  // this step's rows with the token, in order
+  __shared__ int warp_first[kWarps + 1];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int32_t tok = tokens[r];
     bool seen = false;
@@ -237,14 +244,29 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t c = c0 + j * kThreads + threadIdx.x;
         acc[j] = c < hidden ? Load(trow[c]) : 0.0f;
       }
-      for (int64_t r2 = r; r2 < rows; ++r2) {
-        if (tokens[r2] != tok) continue;  // the same for the whole block
-        const Bf16* drow = dout + r2 * hidden;
-#pragma unroll
-        for (int j = 0; j < kEmbCols; ++j) {
-          const int64_t c = c0 + j * kThreads + threadIdx.x;
-          if (c < hidden) acc[j] = __fadd_rn(acc[j], Load(drow[c]));
+      for (int64_t base = r; base < rows; base += kThreads) {
+        const int64_t e = base + threadIdx.x;
+        const bool hit = e < rows && tokens[e] == tok;
+        const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_first[warp + 1] = __popc(ballot);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          warp_first[0] = 0;
+          for (int w = 0; w < kWarps; ++w) warp_first[w + 1] += warp_first[w];
         }
+        __syncthreads();
+        if (hit) match[warp_first[warp] + __popc(ballot & ((1u << lane) - 1u))] = e;
+        __syncthreads();
+        const int count = warp_first[kWarps];
+        for (int m = 0; m < count; ++m) {
+          const Bf16* drow = dout + match[m] * hidden;
+#pragma unroll
+          for (int j = 0; j < kEmbCols; ++j) {
+            const int64_t c = c0 + j * kThreads + threadIdx.x;
+            if (c < hidden) acc[j] = __fadd_rn(acc[j], Load(drow[c]));
+          }
+        }
+        __syncthreads();  // match and warp_first are rewritten next step
       }
 #pragma unroll
       for (int j = 0; j < kEmbCols; ++j) {
@@ -975,7 +997,10 @@ cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* 
 
 int AttentionTile(int64_t head_dim) {
   for (int T = 32; T >= 1; T /= 2) {
-    // The dK/dV kernel takes the most; the forward and dQ kernels fit then.
+    // The dK/dV kernel takes the most; the forward and fp32 dQ kernels fit
+    // then (the bf16 dQ kernel's staged dq tile may not: it opts in to
+    // more, DqBf16SmemFloats). One tile for both precisions, so that the
+    // bf16 kernels are the fp32 ones on the loaded values.
     if (DkvSmemFloats(T, head_dim) <= kSmemFloats) return T;
   }
   return 0;

@@ -89,9 +89,9 @@ cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int3
 // dtable[token] = its loaded value plus the fp32 sum, in row order, of the
 // rows with that token, rounded once; untouched table rows are not written.
 // The CPU twin's value bit for bit. One block per row; the block of a
-// token's first occurrence owns its table row (no atomics, no scratch):
-// O(distinct tokens x rows) token reads beside the rows x hidden adds
-// (cuda_model_ops.cu says more).
+// token's first occurrence owns its table row (no atomics, no scratch) and
+// finds its rows by block-wide scans of the tokens (cuda_model_ops.cu gives
+// the cost).
 cudaError_t EmbeddingBackwardBf16(cudaStream_t stream, const uint16_t* dout,
                                   const int32_t* tokens, int64_t rows, int64_t hidden,
                                   uint16_t* dtable);
@@ -154,9 +154,11 @@ struct AttentionDims {
   float scale;
 };
 // The square tile (query rows = key rows per tile) the attention kernels use
-// for this head_dim: the largest power of two <= 32 whose tiles fit 48 KiB of
-// shared memory (no opt-in needed); 0 when not even a 1-row tile fits
-// (head_dim above ~3000), which the caller reports as UNIMPLEMENTED.
+// for this head_dim, in both precisions: the largest power of two <= 32
+// whose tiles fit 48 KiB of shared memory (no opt-in needed; the bf16 dQ
+// kernel's extra fp32 dq tile opts in to at most 60 KiB); 0 when not even a
+// 1-row tile fits (head_dim above ~3000), which the caller reports as
+// UNIMPLEMENTED.
 int AttentionTile(int64_t head_dim);
 // m = -inf, l = 0, acc = 0.
 cudaError_t AttentionInit(cudaStream_t stream, const AttentionDims& s,
