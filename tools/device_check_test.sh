@@ -40,7 +40,7 @@ for b in ("sgemm_bench", "copy_bench"):
 # The benches' CUDA runs, each with --backend=cuda on one GPU; the composed
 # step's cap is the card's (85% of it) and its N_max is predicted first.
 cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench",
-        "step_bench:bf16", "composed_bench:plan", "composed_bench")
+        "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench")
 for b in cuda:
     st = by["bench:" + b]
     assert st["status"] == "dry_run" and "--backend=cuda" in st["detail"], st
@@ -48,6 +48,8 @@ for b in cuda:
 assert "--precision=fp32" in by["bench:step_bench"]["detail"], by["bench:step_bench"]
 assert "--precision=bf16" in by["bench:step_bench:bf16"]["detail"], by["bench:step_bench:bf16"]
 assert "--plan_only" in by["bench:composed_bench:plan"]["detail"]
+assert "--plan_only" in by["bench:composed_bench:plan_bf16"]["detail"]
+assert "--precision=bf16" in by["bench:composed_bench:plan_bf16"]["detail"]
 assert "--cap_mb=0" in by["bench:composed_bench"]["detail"]  # no GPU: no card to size it by
 assert by["bench:auto_settings_bench"]["status"] == "not_available"
 PY
@@ -107,7 +109,14 @@ echo "{\"bench\":\"step\",\"precision\":\"${FAKE_PRECISION:-$p}\",\"cuda\":{\"gf
 SH
 chmod +x "$fake/bin/step_bench"
 # The composed step's stand-in records its arguments: the cap it was given.
-printf '#!/bin/sh\necho "$*" >>"%s"\necho %s\n' "$tmp/composed.args" "'{\"composed\":1}'" >"$fake/bin/composed_bench"
+cat >"$fake/bin/composed_bench" <<SH
+#!/usr/bin/env bash
+echo "\$*" >>"$tmp/composed.args"
+p=fp32
+for a in "\$@"; do case "\$a" in --precision=*) p="\${a#--precision=}" ;; esac; done
+echo "{\"composed\":1,\"precision\":\"\$p\"}"
+SH
+chmod +x "$fake/bin/composed_bench"
 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpu" >"$tmp/gpu.stdout" 2>&1 \
   || { cat "$tmp/gpu.stdout"; fail "the fake GPU run failed"; }
 python3 -c '
@@ -124,12 +133,14 @@ for b in ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "s
 for b, p in (("step_bench", "fp32"), ("step_bench:bf16", "bf16")):
     st = by["bench:" + b]
     assert st["data"]["precision"] == p and st["detail"].startswith("precision %s, rc=0" % p), st
-assert by["bench:composed_bench"]["status"] == "pass" and by["bench:composed_bench"]["data"] == {"composed": 1}
+assert by["bench:composed_bench"]["status"] == "pass" and by["bench:composed_bench"]["data"]["composed"] == 1
 assert by["bench:composed_bench:plan"]["status"] == "pass"
+st = by["bench:composed_bench:plan_bf16"]
+assert st["status"] == "pass" and st["data"]["precision"] == "bf16" and st["detail"].startswith("precision bf16"), st
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
 # The fake card has 1000 MiB: the composed runs get 85% of it.
-[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 2 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
+[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 3 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
 grep -q -- '--plan_only' "$tmp/composed.args" || fail "no N_max prediction run"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
