@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <iterator>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -708,15 +709,18 @@ TEST_F(CudaBf16TwinTest, GroupedGemmMatchesCpu) {
 //   tiles, and dq is the fp32 kernel's dq rounded once per call (checked by
 //   running the fp32 kernel pair by pair and rounding on the host between).
 // Each side also gives the same bits run to run. Causal offsets, GQA 1 to 8,
-// head_dim 16 to 128 (the last with the bf16 dq kernel's staged tile
-// beyond 48 KiB of shared memory), lengths off the tile, and rows that see
-// no key.
+// head_dim 8 to 176 (at 176 the tile is 16 rows and the bf16 dq kernel's
+// staged tile takes it to 57,792 bytes of shared memory, past the 48 KiB
+// that needs no opt-in), lengths off the tile, and rows that see no key.
 
 struct AttnBf16Case {
   const char* name;
   int64_t batch, q_len, kv_len, heads, kv_heads, head_dim, q_pos0;
   std::vector<int64_t> kv_pos0s;  // the K/V blocks, in the order they fold
 };
+
+// Failures name the case, not its bytes.
+void PrintTo(const AttnBf16Case& c, std::ostream* os) { *os << c.name; }
 
 class CudaAttentionBf16Test : public CudaBf16TwinTest,
                               public ::testing::WithParamInterface<AttnBf16Case> {};
@@ -924,8 +928,8 @@ TEST_P(CudaAttentionBf16Test, MatchesCpuAndTheFp32Kernels) {
   }
 }
 
-// Tiles (cuda_model_ops.h): 32 rows for head_dim <= 64, 16 for 128; no
-// length below is a multiple of either.
+// Tiles (cuda_model_ops.h): 32 rows for head_dim <= 64, 16 for 128 and
+// 176; no length below is a multiple of either.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaAttentionBf16Test,
     ::testing::Values(
@@ -936,8 +940,11 @@ INSTANTIATE_TEST_SUITE_P(
         AttnBf16Case{"gqa3_offsets", 1, 70, 45, 6, 2, 32, 90, {90, 45, 0}},
         // GQA 2: a partly visible block and one wholly after the queries.
         AttnBf16Case{"gqa2_after", 2, 50, 50, 4, 2, 64, 100, {100, 60, 150}},
-        // GQA 8, head_dim 128 (the staged dq tile past 48 KiB).
+        // GQA 8, head_dim 128, more keys than queries from position 0.
         AttnBf16Case{"gqa8_d128", 1, 33, 40, 8, 1, 128, 0, {0}},
+        // GQA 2, head_dim 176: the bf16 dq kernel's opt-in past 48 KiB;
+        // the own block, then the earlier one.
+        AttnBf16Case{"gqa2_d176_optin", 1, 21, 21, 4, 2, 176, 21, {21, 0}},
         // Queries that see no key: o = 0, lse = -inf, dq unchanged.
         AttnBf16Case{"none_visible", 1, 20, 20, 2, 1, 8, 0, {40}}),
     [](const auto& info) { return std::string(info.param.name); });
