@@ -4,9 +4,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <list>
 #include <map>
 #include <string>
@@ -673,7 +675,33 @@ class CudaBackend final : public Backend {
                           g.beta, g.c, g.ldc});
         }
       }
-      return EnqueueGrouped(s, todo, CUDA_R_16BF, CUDA_R_16BF);
+      // Should this cuBLAS not take bf16 in its grouped call
+      // (CUBLAS_STATUS_NOT_SUPPORTED), the entries go one by one through
+      // GemmBf16's path: the same values (each C is GemmBf16's), said once
+      // on stderr since it is slower.
+      return EnqueueGrouped(s, todo, CUDA_R_16BF, CUDA_R_16BF, [&](const GroupedEntry& e) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true)) {
+          std::fprintf(stderr,
+                       "plateau cuda backend: cublasGemmGroupedBatchedEx does not take bf16 here; "
+                       "GroupedGemmBf16 runs one cublasGemmEx per entry\n");
+        }
+        GemmBf16Args g;
+        g.trans_a = e.trans_a;
+        g.trans_b = e.trans_b;
+        g.m = e.m;
+        g.n = e.n;
+        g.k = e.k;
+        g.alpha = e.alpha;
+        g.a = static_cast<const Bf16*>(e.a);
+        g.lda = e.lda;
+        g.b = static_cast<const Bf16*>(e.b);
+        g.ldb = e.ldb;
+        g.beta = e.beta;
+        g.c = static_cast<Bf16*>(e.c);
+        g.ldc = e.ldc;
+        return EnqueueGemmBf16(s, g);
+      });
     });
   }
 
@@ -926,9 +954,13 @@ class CudaBackend final : public Backend {
 
   // Enqueues `todo` (every k > 0) as cublasGemmGroupedBatchedEx calls of
   // kGroupedGemmsPerCall GEMMs, A and B of type `ab`, C of type `c_type`,
-  // CUBLAS_COMPUTE_32F. Runs under the stream's launch lock (Enqueue).
-  static absl::Status EnqueueGrouped(CudaStream* s, const std::vector<GroupedEntry>& todo,
-                                     cudaDataType ab, cudaDataType c_type) {
+  // CUBLAS_COMPUTE_32F. A call that cuBLAS answers CUBLAS_STATUS_NOT_SUPPORTED
+  // (it enqueued nothing) goes to `one_by_one` on each of its entries when
+  // given, else is an error. Runs under the stream's launch lock (Enqueue).
+  static absl::Status EnqueueGrouped(
+      CudaStream* s, const std::vector<GroupedEntry>& todo, cudaDataType ab,
+      cudaDataType c_type,
+      const std::function<absl::Status(const GroupedEntry&)>& one_by_one = nullptr) {
     auto same = [](const GroupedEntry& x, const GroupedEntry& y) {
       return x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.m == y.m &&
              x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
@@ -972,10 +1004,17 @@ class CudaBackend final : public Backend {
           s->gemm_a(), s->gemm_b(), s->gemm_c()));
       // The per-group arrays (and alpha, beta: host pointer mode) are read
       // during the call; the pointer arrays on the device, in stream order.
-      PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
+      const cublasStatus_t st = cublasGemmGroupedBatchedEx(
           s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alpha.data(),
           s->gemm_a(), ab, lda.data(), s->gemm_b(), ab, ldb.data(), beta.data(), s->gemm_c(),
-          c_type, ldc.data(), static_cast<int>(size.size()), size.data(), CUBLAS_COMPUTE_32F));
+          c_type, ldc.data(), static_cast<int>(size.size()), size.data(), CUBLAS_COMPUTE_32F);
+      if (st == CUBLAS_STATUS_NOT_SUPPORTED && one_by_one != nullptr) {
+        for (size_t i = first; i < last; ++i) PLATEAU_RETURN_IF_ERROR(one_by_one(todo[i]));
+        continue;
+      }
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        return CublasStatus(st, "cublasGemmGroupedBatchedEx", __FILE__, __LINE__);
+      }
     }
     return absl::OkStatus();
   }
