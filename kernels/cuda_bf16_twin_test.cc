@@ -578,8 +578,11 @@ TEST_F(CudaBf16TwinTest, EmbeddingBackwardIsBitwiseCpu) {
                           table0 = RandomBf16(vocab * hidden, 62);
   std::mt19937 rng(63);
   std::vector<int32_t> tok(rows);
-  for (int32_t& t : tok) t = static_cast<int32_t>(rng() % 64);  // rows 64..68 untouched
+  for (int32_t& t : tok) t = static_cast<int32_t>(rng() % 64);  // rows 64..67 untouched
   tok[5] = tok[500] = tok[999] = static_cast<int32_t>(vocab - 1);
+  // A token whose only row is past the first 256-row scan window: its
+  // first-occurrence check must scan several windows without a hit.
+  tok[700] = 68;
   auto run = [&](DeviceSide& side) {
     auto mk = ModelKernels::Create(side.b());
     EXPECT_TRUE(mk.ok()) << mk.status();

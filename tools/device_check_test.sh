@@ -31,7 +31,8 @@ assert by["build"]["status"] == "skipped", by["build"]
 for t in ("cuda_twin_test", "cuda_bf16_twin_test", "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
 for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "memcheck:attention",
-             "racecheck:attention", "memcheck:bf16", "racecheck:bf16"):
+             "racecheck:attention", "memcheck:bf16", "racecheck:bf16",
+             "synccheck:bf16"):
     assert by["sanitizer:" + tool]["status"] == "dry_run", tool
 assert "cuda_bf16_twin_test" in by["sanitizer:racecheck:bf16"]["detail"], by["sanitizer:racecheck:bf16"]
 assert by["step"]["status"] == "pass" and by["step"]["data"]["max_loss_diff"] == 0.0, by["step"]

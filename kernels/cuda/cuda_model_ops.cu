@@ -214,8 +214,8 @@ __global__ void EmbeddingBackwardKernel(const float* dout,
 //
 // Cost beyond the fp32 kernel's rows x hidden adds: token reads, kThreads
 // per step of a block, up to r for each row's first-occurrence check and
-// (rows - r) x ceil(hidden / (kThreads x kEmbCols)) for each first
-// occurrence's scan: O(rows x (rows + distinct tokens) / kThreads) steps
+// (rows - r) / kThreads x ceil(hidden / (kThreads x kEmbCols)) for each
+// first occurrence's scan: O(rows x (rows + distinct tokens) / kThreads) steps
 // at worst (all tokens distinct), from a tokens array that sits in L2. A
 // sort-by-token version would need a rows-sized index scratch that the
 // interface does not provide.
@@ -1063,7 +1063,10 @@ cudaError_t LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& s,
     const cudaError_t e = cudaFuncSetAttribute(
         reinterpret_cast<const void*>(AttentionBackwardDqKernel<In, Dq>),
         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxDqBf16SmemBytes));
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not left behind for the next launch to be blamed for
+      return e;
+    }
   }
   // The two kernels write disjoint outputs (dq; dk and dv) and only read
   // the rest, so they may run in either order on the one stream.
