@@ -285,24 +285,6 @@ class GlooCommunicator final : public Communicator {
   absl::Status DoAllReduce(Stream& stream, const void* send, void* recv,
                            size_t count, DataType type,
                            ReduceOp op) override {
-    const size_t bytes = count * DataTypeSize(type);
-    if ((type == DataType::kInt32 || type == DataType::kInt64) &&
-        bytes <= kDirectAllGatherMaxBytes) {
-      // Integers reduce to the same value in any order, so a small integer
-      // all-reduce gathers directly (one message delay, not the ring's
-      // 2 (P - 1)) and reduces locally: PipelinedLLEP's group-wide largest N,
-      // once per layer and pass when it runs more than one chunk. Floating
-      // point keeps the ring, whose fixed order defines the bits.
-      return Enqueue(stream, "all_reduce", [=](uint32_t tag) {
-        std::vector<char> all(bytes * size());
-        DirectAllGather(tag, send, all.data(), bytes, /*in_place=*/false);
-        const ReduceFn reduce = ReduceFor(type, op);
-        std::memcpy(recv, all.data(), bytes);
-        for (int r = 1; r < size(); ++r) {
-          reduce(recv, recv, all.data() + r * bytes, count);
-        }
-      });
-    }
     return Enqueue(stream, "all_reduce", [=](uint32_t tag) {
       gloo::AllreduceOptions opts(context_);
       WithType(type, [&](auto zero) {
