@@ -28,7 +28,8 @@
 //    printed: each stack's median and range, the ratio of the medians and
 //    the range of the ratios within a round, and what a step costs beyond
 //    its wall time — the process's CPU seconds, its threads' blocking waits
-//    and rank 0's collectives per step (counts no other load changes).
+//    and rank 0's collectives per step with the bytes they hand over to
+//    send (counts no other load changes).
 //    --neighbours=1 also times the all-on stack at each neighbour of its
 //    `auto` settings (is the chosen combination the fastest that fits?).
 // 4. Attribution: at the baseline's longest context, each schedule alone
@@ -430,15 +431,24 @@ absl::Status CheckPrecisionRuns(int64_t cap) {
                        });
 }
 
-std::string CountsText(const CountingCommunicator::Counts& c, int64_t steps) {
-  std::vector<std::string> parts;
-  int64_t total = 0;
+// Rank 0's collectives per step by kind, and the KiB its calls handed over
+// to send (CountingCommunicator::Table::bytes): at these shapes a
+// collective's cost is its round trips, not its bytes.
+std::string CountsText(const CountingCommunicator::Counts& c, const CountingCommunicator::Counts& bytes,
+                       int64_t steps) {
+  std::vector<std::string> parts, kib;
+  int64_t total = 0, total_bytes = 0;
   for (const auto& [op, n] : c) {
     total += n;
     parts.push_back(absl::StrFormat("%s %.0f", op, static_cast<double>(n) / steps));
   }
-  return absl::StrFormat("%.0f collectives per step (%s)", static_cast<double>(total) / steps,
-                         absl::StrJoin(parts, ", "));
+  for (const auto& [op, n] : bytes) {
+    total_bytes += n;
+    kib.push_back(absl::StrFormat("%s %.1f", op, static_cast<double>(n) / steps / 1024));
+  }
+  return absl::StrFormat("%.0f collectives per step (%s), sending %.1f KiB (%s)",
+                         static_cast<double>(total) / steps, absl::StrJoin(parts, ", "),
+                         static_cast<double>(total_bytes) / steps / 1024, absl::StrJoin(kib, ", "));
 }
 
 // The rank threads meet here before and after their timed steps, so that
@@ -492,7 +502,7 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
   Meeting meeting(Ranks());
   ProcessUsage u0, u1;
   CountingCommunicator::Table table;
-  CountingCommunicator::Counts before;
+  CountingCommunicator::Counts before, before_bytes;
   absl::Status s = RunLocalWorld(Ranks(), RankBackend(cap), FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& real) {
     CountingCommunicator::Table mine;
     CountingCommunicator world(real, r == 0 ? &table : &mine);
@@ -510,6 +520,7 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
         if (r == 0) {
           u0 = ReadUsage();
           before = table.Read();
+          before_bytes = table.ReadBytes();
         }
       }
       const double t0 = NowSeconds();
@@ -528,9 +539,10 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
     times->push_back(slowest);
   }
   if (usage != nullptr) *usage = {(u1.cpu_s - u0.cpu_s) / steps, (u1.waits - u0.waits) / steps};
-  CountingCommunicator::Counts counts = table.Read();
+  CountingCommunicator::Counts counts = table.Read(), bytes = table.ReadBytes();
   for (const auto& [op, n] : before) counts[op] -= n;
-  if (counts_text != nullptr) *counts_text = CountsText(counts, steps);
+  for (const auto& [op, n] : before_bytes) bytes[op] -= n;
+  if (counts_text != nullptr) *counts_text = CountsText(counts, bytes, steps);
   return absl::OkStatus();
 }
 

@@ -18,8 +18,6 @@ struct RingDtp::Buffers {
   Buffer slots[3];
   Buffer state[2];
   Buffer lse_own;
-  Buffer lse_side[2];
-  Buffer tgt_side[2];
   std::unique_ptr<Event> ev_compute, ev_comm;
 };
 
@@ -81,14 +79,6 @@ absl::Status RingDtp::Allocate() {
     PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * R));
   }
   PLATEAU_ASSIGN_OR_RETURN(b.lse_own, floats(N));
-  if (config_.mode == RingDtpMode::kActivations) {
-    for (Buffer& s : b.lse_side) {
-      PLATEAU_ASSIGN_OR_RETURN(s, floats(R));
-    }
-    for (Buffer& s : b.tgt_side) {
-      PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, R * sizeof(int32_t)));
-    }
-  }
   PLATEAU_ASSIGN_OR_RETURN(b.ev_compute, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(b.ev_comm, backend_.CreateEvent());
   return absl::OkStatus();
@@ -99,6 +89,31 @@ int64_t RingDtp::PassRows() const { return RingDtpPassRows(config_); }
 int64_t RingDtp::ShardRows(int64_t shard) const {
   const int64_t P = group_.size();
   return VocabShardBegin(config_.vocab, P, shard + 1) - VocabShardBegin(config_.vocab, P, shard);
+}
+
+// Activation mode's traveller, one message per hop: the batch's X [N, H],
+// then its targets (N int32), then (backward only) its log-sum-exp (N
+// floats). One send/recv instead of two (forward) or three (backward): at
+// small N a hop costs its round trip, not its bytes. The message travels as
+// 4-byte words (kInt32), so float bits and targets arrive unchanged.
+int32_t* RingDtp::PackedTargets(float* slot, int64_t N) const {
+  return reinterpret_cast<int32_t*>(slot + N * config_.hidden);
+}
+
+float* RingDtp::PackedLse(float* slot, int64_t N) const { return slot + N * config_.hidden + N; }
+
+// This rank's own batch (its X and targets, and with `lse` its log-sum-exp)
+// copied into `slot`, to leave on its first hop in one message.
+absl::Status RingDtp::PackOwnBatch(const float* x, const int32_t* targets, const float* lse,
+                                   int64_t N, float* slot) {
+  const int64_t H = config_.hidden;
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, slot, x, N * H * kF));
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Copy(compute_, PackedTargets(slot, N), targets, N * sizeof(int32_t)));
+  if (lse != nullptr) {
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, PackedLse(slot, N), lse, N * kF));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RingDtp::CommAfterCompute() {
@@ -205,20 +220,22 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
       }
     }
   } else {
-    // Batches travel with their state; this rank's shard stays home.
+    // Batches travel with their state; this rank's shard stays home. The
+    // batch hops as one message [X | targets] (PackedTargets); this rank's
+    // own leaves from slots[2], which the forward does not otherwise use.
     const int64_t col0 = VocabShardBegin(V, P, p), width = ShardRows(p);
+    const int64_t words = N * H + N;
     const float* xq = x;
     const int32_t* tq = targets;
+    const float* packed = b.slots[2].as<float>();
+    if (P > 1) PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, nullptr, N, b.slots[2].as<float>()));
     float* state = own_state;
     for (int r = 0; r < P; ++r) {
       float* x_next = b.slots[r % 2].as<float>();
-      int32_t* t_next = b.tgt_side[r % 2].as<int32_t>();
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
         PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, xq, N * H, dst, x_next, N * H, src, DataType::kFloat32));
-        PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
+            group_.SendRecv(comm_, packed, words, dst, x_next, words, src, DataType::kInt32));
       }
       PLATEAU_RETURN_IF_ERROR(FoldMeeting(xq, N, w_shard, width, col0, tq, state));
       if (P > 1) {
@@ -231,7 +248,8 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
         PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
         state = state_next;
         xq = x_next;
-        tq = t_next;
+        tq = PackedTargets(x_next, N);
+        packed = x_next;
       }
     }
     own_state = state;
@@ -264,12 +282,18 @@ absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const i
   const int32_t* tq = targets;
   PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, b.slots[acc_slot].as<float>(),
                                         weights ? ShardRows(p) * H : N * H, 0.0f));
+  // Activation mode: the batch hops as one message [X | targets | lse]. This
+  // rank's own leaves from `spare`; step 0's accumulator arrives there only
+  // after that send (the communication stream runs in order).
+  const int64_t words = N * H + 2 * N;
+  const float* packed = b.slots[spare].as<float>();
+  if (!weights) {
+    PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, lse_own, N, b.slots[spare].as<float>()));
+  }
   for (int r = 0; r < P; ++r) {
     const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
     float* acc = b.slots[acc_slot].as<float>();
     float* next = b.slots[free_slot].as<float>();
-    float* lse_next = weights ? nullptr : b.lse_side[r % 2].as<float>();
-    int32_t* t_next = weights ? nullptr : b.tgt_side[r % 2].as<int32_t>();
     if (r + 1 < P) {
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
       if (weights) {
@@ -278,10 +302,7 @@ absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const i
                                                 DataType::kFloat32));
       } else {
         PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, trav, N * H, dst, next, N * H, src, DataType::kFloat32));
-        PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, lse_q, N, dst, lse_next, N, src, DataType::kFloat32));
-        PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
+            group_.SendRecv(comm_, packed, words, dst, next, words, src, DataType::kInt32));
       }
     }
     if (weights) {
@@ -309,8 +330,9 @@ absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const i
       free_slot = old_acc;
       trav = b.slots[x_slot].as<float>();
       if (!weights) {
-        lse_q = lse_next;
-        tq = t_next;
+        packed = trav;
+        tq = PackedTargets(b.slots[x_slot].as<float>(), N);
+        lse_q = PackedLse(b.slots[x_slot].as<float>(), N);
       }
     } else if (weights) {
       // Home: this rank's shard's dW, summed over every batch.
