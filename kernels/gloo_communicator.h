@@ -4,7 +4,9 @@
 // PrefixStore of "<prefix>/world"), connect a full mesh of TCP pairs on
 // `hostname`, and run each collective on the CpuStream's worker thread when
 // the stream reaches it. Gloo's own algorithms carry all-reduce (ring),
-// all-gather (ring), all-to-all-v, broadcast (binomial tree) and barrier;
+// all-gather (ring; blocks up to 64 KiB go directly to every peer instead,
+// one message delay rather than P - 1), all-to-all-v, broadcast (binomial
+// tree) and barrier;
 // reduce-scatter is a ring of our own over unbound buffers (Gloo's
 // ReduceScatterHalvingDoubling takes int counts and an in-place buffer of
 // the whole input), and so is SendRecv. Every collective gets the next tag
