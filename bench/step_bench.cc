@@ -9,8 +9,9 @@
 // the process's minor page faults and CPU seconds (getrusage around each
 // step), two counts that do not depend on the machine's load the way the
 // wall time does: a fault is memory mapped and zeroed anew in the step, and
-// CPU seconds against step_s show how busy the cores were. Ends with one
-// JSON line.
+// CPU seconds against step_s show how busy the cores were. The JSON also
+// has the CPU device space's most live + cached bytes (HeapSpace's cache of
+// freed blocks; never above its most live bytes). Ends with one JSON line.
 //
 // --timeline=1 also measures what recording the memory timeline costs
 // (kernels/memory_timeline.h; the service records one step in 100 by
@@ -39,6 +40,7 @@
 #include "bench/bench_util.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "kernels/memory.h"
 #include "kernels/memory_timeline.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
@@ -126,6 +128,9 @@ struct Result {
   // world and the backend's threads): minor page faults and CPU seconds.
   int64_t faults_per_step = 0;
   double cpu_s_per_step = 0;
+  // The CPU device space's live + cached bytes at most (HeapSpace keeps
+  // freed blocks for reuse; memory.h); 0 on other backends.
+  int64_t reserved_peak = 0;
   double recorded_step_s = 0;  // --timeline=1: the median of the recorded steps
   int64_t phases = 0;
   MemoryStats peaks;
@@ -248,6 +253,9 @@ int main(int argc, char** argv) {
             res.step_s = Median(times);
             res.faults_per_step = Median(faults);
             res.cpu_s_per_step = Median(cpu_s);
+            if (auto* heap = dynamic_cast<HeapSpace*>(&be.device())) {
+              res.reserved_peak = heap->reserved_peak_bytes();
+            }
           }
           if (r == 0 && !recorded.empty()) {
             res.recorded_step_s = recorded[recorded.size() / 2];
@@ -281,9 +289,9 @@ int main(int argc, char** argv) {
   std::string json = absl::StrFormat("{\"bench\":\"step\",\"ranks\":%d,\"sgemm_gflops\":%.1f,\"runs\":[", P, sgemm);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"cpu_s_per_step\":%.3f,\"minor_faults_per_step\":%d,\"peak_bytes\":{",
+    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"cpu_s_per_step\":%.3f,\"minor_faults_per_step\":%d,\"device_reserved_peak_bytes\":%d,\"peak_bytes\":{",
                           i ? "," : "", r.seq_len, r.step_s, r.tokens_per_s, r.gflops, r.gflops / sgemm,
-                          r.cpu_s_per_step, r.faults_per_step);
+                          r.cpu_s_per_step, r.faults_per_step, r.reserved_peak);
     bool first = true;
     for (int s = 0; s < kNumLiveSets; ++s) {
       if (r.peaks.peak[s] == 0) continue;
