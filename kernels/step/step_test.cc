@@ -363,7 +363,9 @@ TEST_P(StepPlanBound, MeasuredPeaksAreWithinThePlanOnEveryRank) {
     // outside the plan, with or without the cache: hence the max.)
     EXPECT_GE(reserved[r], peaks[r].total_peak) << "rank " << r;
     EXPECT_LE(reserved[r], std::max(plan->total(), reserved_before[r])) << "rank " << r;
-    if (!skewed) EXPECT_LE(reserved[r], plan->total()) << "rank " << r;
+    if (!skewed) {
+      EXPECT_LE(reserved[r], plan->total()) << "rank " << r;
+    }
     EXPECT_LE(host_reserved[r], plan->host_total()) << "rank " << r;
   }
   const int64_t planned_dispatch = plan->bytes[static_cast<int>(LiveSet::kDispatch)];
