@@ -235,10 +235,12 @@ class MemorySpace {
 //
 // Freed blocks are cached for reuse, keyed by their exact size, as a GPU
 // framework's caching allocator keeps freed device memory. A training step
-// allocates the same buffers every step (at issue 18's shape, T = 1024: 44
-// dispatch buffers of 8 MiB), and handing each back to the C heap let the
-// heap unmap or trim it, so the next step faulted its pages in again, each
-// a zeroed 4 KiB page: 6,000-8,000 minor faults per step, ~4 with the cache.
+// allocates the same buffers every step (at issue 18's shape: 44 dispatch
+// buffers of 8, 16, 32 MiB at T = 1024, 2048, 4096), and handing each back
+// to the C heap let the heap unmap or trim it, so the next step faulted its
+// pages in again, each a zeroed 4 KiB page: up to 8,200 / 41,000 / 360,576
+// minor faults per step at those T (all of them at 4096, where every buffer
+// is above glibc's largest mmap threshold); 4 / 8 / 16 with the cache.
 // A cached block is not live: it is in no live set, not in the tracker, not
 // Contains()'d, and the cap is on live bytes as before, so every peak,
 // refusal and message is what it was. The cache is bounded by the space's
