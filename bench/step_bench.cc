@@ -5,7 +5,13 @@
 // AdamW) at several sequence lengths: step time, tokens/s, model FLOP/s
 // (6 x active params x tokens + causal attention, embedding excluded) as a
 // fraction of the sgemm rate, and the peak bytes of every live set, so that
-// it shows how each peak grows with the sequence. Ends with one JSON line.
+// it shows how each peak grows with the sequence. Also per step (medians):
+// the process's minor page faults and CPU seconds (getrusage around each
+// step), two counts that do not depend on the machine's load the way the
+// wall time does: a fault is memory mapped and zeroed anew in the step, and
+// CPU seconds against step_s show how busy the cores were. The JSON also
+// has the CPU device space's most live + cached bytes (HeapSpace's cache of
+// freed blocks; never above its most live bytes). Ends with one JSON line.
 //
 // --timeline=1 also measures what recording the memory timeline costs
 // (kernels/memory_timeline.h; the service records one step in 100 by
@@ -28,6 +34,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <sys/resource.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +49,7 @@
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/communicator.h"
+#include "kernels/memory.h"
 #include "kernels/memory_timeline.h"
 #include "kernels/model/precision.h"
 #include "kernels/step/step.h"
@@ -137,9 +145,35 @@ double OpenBlasThreadedRate(int64_t m, int64_t n, int64_t k, int reps) {
   return best;
 }
 
+// The process's minor page faults and CPU seconds (user + system, all
+// threads) so far.
+struct Usage {
+  int64_t minor_faults = 0;
+  double cpu_s = 0;
+};
+Usage UsageNow() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return {static_cast<int64_t>(u.ru_minflt), seconds(u.ru_utime) + seconds(u.ru_stime)};
+}
+
+template <typename T>
+T Median(std::vector<T> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 struct Result {
   int64_t seq_len = 0;
   double step_s = 0, tokens_per_s = 0, gflops = 0;
+  // Medians over the timed steps, process-wide (every rank of the local
+  // world and the backend's threads): minor page faults and CPU seconds.
+  int64_t faults_per_step = 0;
+  double cpu_s_per_step = 0;
+  // The CPU device space's live + cached bytes at most (HeapSpace keeps
+  // freed blocks for reuse; memory.h); 0 on other backends.
+  int64_t reserved_peak = 0;
   double recorded_step_s = 0;  // --timeline=1: the median of the recorded steps
   int64_t phases = 0;
   MemoryStats peaks;
@@ -222,11 +256,15 @@ int main(int argc, char** argv) {
               sgemm, sgemm_square, (long long)m.expert_ffn, (long long)m.hidden, sgemm_shape,
               square_backend, square_blas, shape_backend, shape_blas);
   if (bf16) {
-    std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f)\n",
-                ceiling, bf16_square, (long long)m.expert_ffn, (long long)m.hidden, bf16_shape);
+    if (ceiling > 0) {
+      std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f)\n",
+                  ceiling, bf16_square, (long long)m.expert_ffn, (long long)m.hidden, bf16_shape);
+    } else {
+      std::printf("bf16 GEMM ceiling: n/a (the backend's GemmBf16 could not be timed)\n");
+    }
   }
-  std::printf("\n%8s %10s %10s %12s %8s  %s\n", "seq_len", "step_s", "tok/s", "model GF/s",
-              bf16 ? "of bf16" : "of sgemm", "peak MiB per live set (rank 0)");
+  std::printf("\n%8s %10s %10s %12s %8s %8s %8s  %s\n", "seq_len", "step_s", "tok/s", "model GF/s",
+              bf16 ? "of bf16" : "of sgemm", "cpu_s", "faults", "peak MiB per live set (rank 0)");
 
   std::vector<Result> results;
   for (absl::string_view sl : absl::StrSplit(seq_lens, ',')) {
@@ -255,21 +293,34 @@ int main(int argc, char** argv) {
             tok[i] = rng() % m.vocab_size;
             tgt[i] = rng() % m.vocab_size;
           }
-          std::vector<double> times, recorded;
+          std::vector<double> times, recorded, cpu_s;
+          std::vector<int64_t> faults;
           MemoryTimelineRecorder timeline(be.device().tracker(), be.host().tracker());
           for (int64_t s = 0; s <= f["steps"]; ++s) {  // step 0 warms up
             // --timeline=1: odd steps recorded, even ones not, so both see the same machine.
             const bool record = f["timeline"] != 0 && s % 2 == 1;
+            const Usage u0 = UsageNow();
             double t0 = Now();
             if (record) timeline.Begin();
             auto st = (*step)->Step(tok, tgt, record ? &timeline : nullptr);
             if (!st.ok()) return st.status();
             if (s > 0) (record ? recorded : times).push_back(Now() - t0);
+            if (s > 0 && !record) {
+              const Usage u1 = UsageNow();
+              faults.push_back(u1.minor_faults - u0.minor_faults);
+              cpu_s.push_back(u1.cpu_s - u0.cpu_s);
+            }
             if (r == 0 && !record) res.peaks = st->device;
           }
-          std::sort(times.begin(), times.end());
           std::sort(recorded.begin(), recorded.end());
-          if (r == 0) res.step_s = times[times.size() / 2];
+          if (r == 0) {
+            res.step_s = Median(times);
+            res.faults_per_step = Median(faults);
+            res.cpu_s_per_step = Median(cpu_s);
+            if (auto* heap = dynamic_cast<HeapSpace*>(&be.device())) {
+              res.reserved_peak = heap->reserved_peak_bytes();
+            }
+          }
           if (r == 0 && !recorded.empty()) {
             res.recorded_step_s = recorded[recorded.size() / 2];
             res.phases = timeline.phases_seen();
@@ -290,8 +341,9 @@ int main(int argc, char** argv) {
       absl::StrAppendFormat(&peaks, "%s=%.1f ", LiveSetName(static_cast<LiveSet>(i)),
                             res.peaks.peak[i] / 1048576.0);
     }
-    std::printf("%8lld %10.3f %10.0f %12.1f %7.1f%%  %s\n", (long long)T, res.step_s,
-                res.tokens_per_s, res.gflops, 100.0 * res.gflops / ceiling, peaks.c_str());
+    std::printf("%8lld %10.3f %10.0f %12.1f %7.1f%% %8.2f %8lld  %s\n", (long long)T, res.step_s,
+                res.tokens_per_s, res.gflops, ceiling > 0 ? 100.0 * res.gflops / ceiling : 0.0,
+                res.cpu_s_per_step, (long long)res.faults_per_step, peaks.c_str());
     if (res.recorded_step_s > 0) {
       std::printf("%8s memory timeline recorded (%lld phases): median step %.4f s vs %.4f s unrecorded: %.4fx\n",
                   "", (long long)res.phases, res.recorded_step_s, res.step_s, res.recorded_step_s / res.step_s);
@@ -305,9 +357,12 @@ int main(int argc, char** argv) {
       PrecisionName(precision), P, sgemm, bf16 ? "gemm_bf16" : "sgemm", ceiling);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"fraction_of_ceiling\":%.4f,\"peak_bytes\":{",
+    // No ceiling measured (a bf16 GEMM that could not be timed): null, not inf.
+    const std::string of_ceiling =
+        ceiling > 0 ? absl::StrFormat("%.4f", r.gflops / ceiling) : std::string("null");
+    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"fraction_of_ceiling\":%s,\"cpu_s_per_step\":%.3f,\"minor_faults_per_step\":%d,\"device_reserved_peak_bytes\":%d,\"peak_bytes\":{",
                           i ? "," : "", r.seq_len, r.step_s, r.tokens_per_s, r.gflops, r.gflops / sgemm,
-                          r.gflops / ceiling);
+                          of_ceiling, r.cpu_s_per_step, r.faults_per_step, r.reserved_peak);
     bool first = true;
     for (int s = 0; s < kNumLiveSets; ++s) {
       if (r.peaks.peak[s] == 0) continue;

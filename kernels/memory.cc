@@ -1,9 +1,25 @@
 #include "kernels/memory.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <new>
 #include <utility>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define PLATEAU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PLATEAU_ASAN 1
+#endif
+#endif
+#ifndef PLATEAU_ASAN
+#define PLATEAU_ASAN 0
+#endif
+#if PLATEAU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -23,6 +39,26 @@ constexpr absl::string_view kLiveSetNames[kNumLiveSets] = {
 // requested=1024 free=512 cap=4096". Text keeps it readable in a debugger;
 // it is parsed only here.
 constexpr absl::string_view kOomPayloadUrl = "type.plateau.dev/plateau.OutOfMemoryInfo";
+
+// Under AddressSanitizer (--config=asan) a cached block is poisoned, so that
+// code touching a Buffer after releasing it is still reported, as it was
+// when every release went back to the heap.
+void PoisonCached(void* p, size_t bytes) {
+#if PLATEAU_ASAN
+  ASAN_POISON_MEMORY_REGION(p, bytes);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+void UnpoisonCached(void* p, size_t bytes) {
+#if PLATEAU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
 
 }  // namespace
 
@@ -259,28 +295,86 @@ void MemorySpace::Free(void* data, size_t bytes, LiveSet set) {
 // ---------------------------------------------------------------------------
 // HeapSpace
 
-absl::StatusOr<void*> HeapSpace::RawAllocate(size_t bytes) {
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
-  if (p == nullptr) {
-    return absl::ResourceExhaustedError("the host allocator refused");
+HeapSpace::~HeapSpace() {
+  absl::MutexLock lock(&heap_mu_);
+  EvictLocked(SIZE_MAX);
+}
+
+void HeapSpace::EvictLocked(size_t bytes) {
+  size_t freed = 0;
+  while (freed < bytes && !cache_.empty()) {
+    auto it = cache_.lower_bound(bytes - freed);
+    if (it == cache_.end()) it = std::prev(cache_.end());
+    UnpoisonCached(it->second, it->first);
+    std::free(it->second);
+    freed += it->first;
+    cached_ -= static_cast<int64_t>(it->first);
+    cache_.erase(it);
   }
-  absl::MutexLock lock(&ranges_mu_);
+}
+
+absl::StatusOr<void*> HeapSpace::RawAllocate(size_t bytes) {
+  absl::MutexLock lock(&heap_mu_);
+  const int64_t n = static_cast<int64_t>(bytes);
+  void* p = nullptr;
+  if (auto hit = cache_.find(bytes); hit != cache_.end()) {
+    p = hit->second;
+    UnpoisonCached(p, bytes);
+    cache_.erase(hit);
+    cached_ -= n;
+  } else {
+    // New memory: first give back whatever cached bytes would take live +
+    // cached past the most ever live at once (raised by this request if it
+    // goes above it).
+    const int64_t bound = std::max(live_peak_, live_ + n);
+    if (live_ + cached_ + n > bound) EvictLocked(static_cast<size_t>(live_ + cached_ + n - bound));
+    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    p = std::aligned_alloc(kAlignment, rounded);
+    if (p == nullptr && !cache_.empty()) {  // the heap may take the cache back
+      EvictLocked(SIZE_MAX);
+      p = std::aligned_alloc(kAlignment, rounded);
+    }
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError("the host allocator refused");
+    }
+  }
+  live_ += n;
+  live_peak_ = std::max(live_peak_, live_);
+  // Measured, not derived from the bound, so that tests check the bound.
+  reserved_peak_ = std::max(reserved_peak_, live_ + cached_);
   ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
 }
 
-void HeapSpace::RawFree(void* data, size_t /*bytes*/) {
-  {
-    absl::MutexLock lock(&ranges_mu_);
-    ranges_.erase(reinterpret_cast<uintptr_t>(data));
-  }
-  std::free(data);
+void HeapSpace::RawFree(void* data, size_t bytes) {
+  absl::MutexLock lock(&heap_mu_);
+  ranges_.erase(reinterpret_cast<uintptr_t>(data));
+  live_ -= static_cast<int64_t>(bytes);
+  // Live + cached is unchanged, so the cache's bound still holds.
+  cache_.emplace(bytes, data);
+  cached_ += static_cast<int64_t>(bytes);
+  reserved_peak_ = std::max(reserved_peak_, live_ + cached_);
+  PoisonCached(data, bytes);
+}
+
+int64_t HeapSpace::cached_bytes() const {
+  absl::MutexLock lock(&heap_mu_);
+  return cached_;
+}
+
+int64_t HeapSpace::reserved_bytes() const {
+  absl::MutexLock lock(&heap_mu_);
+  return live_ + cached_;
+}
+
+int64_t HeapSpace::reserved_peak_bytes() const {
+  absl::MutexLock lock(&heap_mu_);
+  return reserved_peak_;
 }
 
 bool HeapSpace::Contains(const void* p, size_t bytes) const {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  absl::MutexLock lock(&ranges_mu_);
+  absl::MutexLock lock(&heap_mu_);
   auto it = ranges_.upper_bound(a);
   if (it == ranges_.begin()) return false;
   --it;  // the last allocation starting at or before p

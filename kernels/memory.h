@@ -232,15 +232,43 @@ class MemorySpace {
 // tells the backend whether a pointer is inside a live allocation (memory it
 // may copy asynchronously) or pageable memory of the caller (which it copies
 // before Copy returns, as cudaMemcpyAsync does with pageable memory).
+//
+// Freed blocks are cached for reuse, keyed by their exact size, as a GPU
+// framework's caching allocator keeps freed device memory. A training step
+// allocates the same buffers every step (at issue 18's shape: 44 dispatch
+// buffers of 8, 16, 32 MiB at T = 1024, 2048, 4096), and handing each back
+// to the C heap let the heap unmap or trim it, so the next step faulted its
+// pages in again, each a zeroed 4 KiB page: up to 8,200 / 41,000 / 360,576
+// minor faults per step at those T (all of them at 4096, where every buffer
+// is above glibc's largest mmap threshold); 4 / 8 / 16 with the cache.
+// A cached block is not live: it is in no live set, not in the tracker, not
+// Contains()'d, and the cap is on live bytes as before, so every peak,
+// refusal and message is what it was. The cache is bounded by the space's
+// own history instead: live + cached bytes never exceed the most bytes the
+// space has had live at once, so what the space holds from the heap stays
+// within the cap and within any bound its live peaks keep (a plan's total);
+// reserved_peak_bytes() reports the most they reached. A request the cache
+// cannot serve first evicts cached blocks (the smallest that covers the
+// excess, else the largest, repeatedly) when the bound requires it, and
+// all of them if the heap refuses.
 class HeapSpace final : public MemorySpace {
  public:
   HeapSpace(SpaceKind kind, std::string name, int64_t cap_bytes,
             std::function<void()> release_fence = nullptr)
       : MemorySpace(kind, std::move(name), cap_bytes),
         release_fence_(std::move(release_fence)) {}
+  ~HeapSpace() override;  // frees the cached blocks
 
   // True when [p, p + bytes) lies inside one live allocation of this space.
   bool Contains(const void* p, size_t bytes) const;
+
+  // Bytes of freed blocks kept for reuse (as requested when allocated).
+  int64_t cached_bytes() const;
+  // Live plus cached bytes: what the space holds from the heap now, and the
+  // most it has held at once (never above the most bytes ever live at once:
+  // the cache's bound). Alignment padding is not counted, as in the tracker.
+  int64_t reserved_bytes() const;
+  int64_t reserved_peak_bytes() const;
 
  protected:
   absl::StatusOr<void*> RawAllocate(size_t bytes) override;
@@ -250,10 +278,21 @@ class HeapSpace final : public MemorySpace {
   }
 
  private:
+  // Frees cached blocks until at least `bytes` of them are gone (all of
+  // them for SIZE_MAX): the smallest block that covers what is left, else
+  // the largest, repeatedly.
+  void EvictLocked(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heap_mu_);
+
   const std::function<void()> release_fence_;
-  mutable absl::Mutex ranges_mu_;
+  mutable absl::Mutex heap_mu_;
   // Live allocations: start address -> requested bytes.
-  std::map<uintptr_t, size_t> ranges_ ABSL_GUARDED_BY(ranges_mu_);
+  std::map<uintptr_t, size_t> ranges_ ABSL_GUARDED_BY(heap_mu_);
+  // Freed blocks by requested bytes.
+  std::multimap<size_t, void*> cache_ ABSL_GUARDED_BY(heap_mu_);
+  int64_t live_ ABSL_GUARDED_BY(heap_mu_) = 0;
+  int64_t cached_ ABSL_GUARDED_BY(heap_mu_) = 0;
+  int64_t live_peak_ ABSL_GUARDED_BY(heap_mu_) = 0;  // never reset: the cache's bound
+  int64_t reserved_peak_ ABSL_GUARDED_BY(heap_mu_) = 0;  // max of live_ + cached_
 };
 
 }  // namespace plateau

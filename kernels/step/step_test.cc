@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "kernels/memory.h"
 #include "kernels/model/reference.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
@@ -308,6 +309,7 @@ TEST_P(StepPlanBound, MeasuredPeaksAreWithinThePlanOnEveryRank) {
   auto plan = PlanMemory(o);
   ASSERT_TRUE(plan.ok());
   std::vector<MemoryStats> peaks(P), host_peaks(P);
+  std::vector<int64_t> reserved(P, -1), reserved_before(P, -1), host_reserved(P, -1);
   RunRanks(P, [&](int r, Backend& be, Communicator& world) {
     auto step = TrainingStep::Create(o, be, world);
     ASSERT_TRUE(step.ok()) << step.status();
@@ -327,11 +329,20 @@ TEST_P(StepPlanBound, MeasuredPeaksAreWithinThePlanOnEveryRank) {
     }
     std::vector<int32_t> tok, tgt;
     Slice(g, B, m.seq_len, r, P, &tok, &tgt);
+    auto* device = dynamic_cast<HeapSpace*>(&be.device());
+    auto* host = dynamic_cast<HeapSpace*>(&be.host());
+    ASSERT_NE(device, nullptr);
+    ASSERT_NE(host, nullptr);
+    reserved_before[r] = device->reserved_peak_bytes();
     // A whole optimizer step: forward, backward with its recomputation, AdamW.
     auto stats = (*step)->Step(tok, tgt);
     ASSERT_TRUE(stats.ok()) << stats.status();
     peaks[r] = stats->device;
     host_peaks[r] = stats->host;
+    // What the CPU backend's spaces held from the heap, freed blocks kept
+    // for reuse included (memory.h, HeapSpace).
+    reserved[r] = device->reserved_peak_bytes();
+    host_reserved[r] = host->reserved_peak_bytes();
   });
   for (int r = 0; r < P; ++r) {
     for (int i = 0; i < kNumLiveSets; ++i) {
@@ -346,6 +357,16 @@ TEST_P(StepPlanBound, MeasuredPeaksAreWithinThePlanOnEveryRank) {
           << "rank " << r << " host " << LiveSetName(static_cast<LiveSet>(i));
     }
     EXPECT_LE(host_peaks[r].total_peak, plan->host_total()) << "rank " << r;
+    // The spaces' cache of freed blocks stays within the plan too: the step
+    // takes the device's reserved bytes no higher than the plan's total.
+    // (LoadState's staging, in the skewed runs, is live outside any step and
+    // outside the plan, with or without the cache: hence the max.)
+    EXPECT_GE(reserved[r], peaks[r].total_peak) << "rank " << r;
+    EXPECT_LE(reserved[r], std::max(plan->total(), reserved_before[r])) << "rank " << r;
+    if (!skewed) {
+      EXPECT_LE(reserved[r], plan->total()) << "rank " << r;
+    }
+    EXPECT_LE(host_reserved[r], plan->host_total()) << "rank " << r;
   }
   const int64_t planned_dispatch = plan->bytes[static_cast<int>(LiveSet::kDispatch)];
   if (skewed || P == 1) {  // at P = 1 every routing is the worst case
