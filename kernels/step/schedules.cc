@@ -78,8 +78,14 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
       break;
     }
     case OptimizerPlacementOptions::Kind::kOffloadStream: {
-      PLATEAU_ASSIGN_OR_RETURN(s.optimizer, OffloadStreamAdamW::Create(o.optimizer, o.optimizer_placement, c.params,
-                                                                       c.backend, c.world, c.comm));
+      if (bf16) {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer, OffloadStreamAdamWT<Bf16>::Create(o.optimizer, o.optimizer_placement,
+                                                                                c.params_bf16, c.backend, c.world,
+                                                                                c.comm));
+      } else {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer, OffloadStreamAdamW::Create(o.optimizer, o.optimizer_placement,
+                                                                         c.params, c.backend, c.world, c.comm));
+      }
       break;
     }
   }

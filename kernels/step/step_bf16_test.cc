@@ -127,19 +127,32 @@ StepsRun Steps(const StepOptions& o, const GlobalBatch& g, int steps) {
 // rank, for a whole optimizer step (forward, the backward's recomputation,
 // AdamW) in bf16: the launch-sized sets to the byte, standard EP's
 // dispatch to its worst case at P = 1 (every routing is the worst case
-// there) and within it at P = 2. Under full checkpoints and under SCO
-// (boundaries offloaded to the host pool and restored).
-class Bf16Plan : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// there) and within it at P = 2. Under the baseline stack, under SCO
+// (boundaries offloaded to the host pool and restored) and under SCO with
+// OffloadStreamAdamW (masters and moments on the host, streamed through
+// two device slots in buckets smaller than the shard).
+enum class Stack { kBaseline, kSco, kScoOffloadStream };
 
-TEST_P(Bf16Plan, MeasuredEqualsPlannedPerLiveSet) {
-  const auto [P, sco] = GetParam();
-  const ModelConfig m = TinyModel();
-  const int64_t B = 2;
-  StepOptions o = Options(m, P, B, Precision::kBf16Mixed);
-  if (sco) {
+class Bf16Plan : public ::testing::TestWithParam<std::tuple<int, Stack>> {};
+
+StepOptions WithStack(StepOptions o, Stack stack) {
+  if (stack != Stack::kBaseline) {
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes = 1 << 20;  // as many boundaries as SCO offloads (L - 1)
   }
+  if (stack == Stack::kScoOffloadStream) {
+    o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+    o.optimizer_placement.bucket_params = 1000;
+    o.optimizer_placement.staging_slots = 2;
+  }
+  return o;
+}
+
+TEST_P(Bf16Plan, MeasuredEqualsPlannedPerLiveSet) {
+  const auto [P, stack] = GetParam();
+  const ModelConfig m = TinyModel();
+  const int64_t B = 2;
+  const StepOptions o = WithStack(Options(m, P, B, Precision::kBf16Mixed), stack);
   auto plan = PlanMemory(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // The bf16 plan is the fp32 plan with 2-byte working elements: smaller.
@@ -171,11 +184,34 @@ TEST_P(Bf16Plan, MeasuredEqualsPlannedPerLiveSet) {
     }
     EXPECT_LE(dev[r].total_peak, plan->total()) << "rank " << r;
   }
-  if (sco) EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kCheckpoints)], 0);
+  if (stack != Stack::kBaseline) EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kCheckpoints)], 0);
+  if (stack == Stack::kScoOffloadStream) EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(RanksAndCheckpoints, Bf16Plan,
-                         ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(RanksAndStacks, Bf16Plan,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values(Stack::kBaseline, Stack::kSco,
+                                                              Stack::kScoOffloadStream)));
+
+// SCO and OffloadStreamAdamW change where state lives, not the arithmetic:
+// 3 steps under them are bitwise the baseline stack's in bf16 (losses,
+// norms, the whole optimizer state), at P = 2.
+TEST(StepBf16, ScoAndOffloadStreamAreBitwiseTheBaseline) {
+  const ModelConfig m = TinyModel();
+  const GlobalBatch g = MakeBatch(m, 2, 13);
+  const StepOptions base = Options(m, 2, 2, Precision::kBf16Mixed);
+  const StepsRun a = Steps(base, g, 3);
+  const StepsRun b = Steps(WithStack(base, Stack::kScoOffloadStream), g, 3);
+  ASSERT_EQ(a.stats.size(), 3u);
+  ASSERT_EQ(b.stats.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a.stats[i].loss, b.stats[i].loss) << "step " << i;
+    EXPECT_EQ(a.stats[i].grad_norm, b.stats[i].grad_norm) << "step " << i;
+  }
+  EXPECT_EQ(a.state.weights, b.state.weights);
+  EXPECT_EQ(a.state.m, b.state.m);
+  EXPECT_EQ(a.state.v, b.state.v);
+}
 
 // One step's loss and gradient norm in bf16 against the fp32 step on the
 // same seed and batch, at P = 1 and 2, within the bound of the header
@@ -326,8 +362,6 @@ TEST(StepBf16, UnfinishedSchedulesAreRefusedNamingTheField) {
         {[](StepOptions& o) { o.projection.kind = ProjectionOptions::Kind::kRingDtp; }, "schedule.ring_dtp"},
         {[](StepOptions& o) { o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload; },
          "schedule.cpu_offload_adamw"},
-        {[](StepOptions& o) { o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream; },
-         "schedule.offload_stream_adamw"},
         {[](StepOptions& o) { o.model.experts = 32; }, "model.experts"},
     };
     for (const Case& c : cases) {
