@@ -514,16 +514,16 @@ TEST(JobSpecTest, Bf16IsPlannedEverywhereAndRefusedWithUnfinishedSchedules) {
   // The step's options carry it.
   EXPECT_EQ(ToTrainerOptions(s).value().step.precision, Precision::kBf16Mixed);
   // A schedule not computed in bf16 yet: planned, refused at submit.
-  v1::JobSpec ring = s;
-  ring.mutable_schedule()->mutable_ring_dtp();
-  ASSERT_TRUE(PlanJob(ring).ok()) << PlanJob(ring).status();
-  const absl::Status v = ValidateJobSpec(ring);
+  v1::JobSpec offload = s;
+  offload.mutable_schedule()->mutable_cpu_offload_adamw();
+  ASSERT_TRUE(PlanJob(offload).ok()) << PlanJob(offload).status();
+  const absl::Status v = ValidateJobSpec(offload);
   EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(v.message(), "schedule.ring_dtp: ")) << v;
+  EXPECT_TRUE(absl::StartsWith(v.message(), "schedule.cpu_offload_adamw: ")) << v;
   EXPECT_THAT(std::string(v.message()), ::testing::HasSubstr("bf16")) << v;
-  EXPECT_EQ(AdmitJob(ring).status(), v);
-  ring.set_precision(v1::PRECISION_FP32);
-  EXPECT_TRUE(ValidateJobSpec(ring).ok()) << ValidateJobSpec(ring);
+  EXPECT_EQ(AdmitJob(offload).status(), v);
+  offload.set_precision(v1::PRECISION_FP32);
+  EXPECT_TRUE(ValidateJobSpec(offload).ok()) << ValidateJobSpec(offload);
   // Explicit fp32 is the default's plan.
   s.set_precision(v1::PRECISION_FP32);
   EXPECT_TRUE(ValidateJobSpec(s).ok());

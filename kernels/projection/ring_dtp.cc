@@ -4,12 +4,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/model/working_ops.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
 namespace {
 
 constexpr int64_t kF = sizeof(float);
+
+// The travellers and accumulators move in the working precision (a hop
+// moves, never sums: the accumulator's sums are the GEMMs').
+template <typename W>
+constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
 
 }  // namespace
 
@@ -45,7 +51,7 @@ RingDtp::~RingDtp() {
 absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c, Backend& backend,
                                                          ModelKernels& kernels,
                                                          Communicator& group, Stream& compute,
-                                                         Stream& comm) {
+                                                         Stream& comm, const ElementBytes& e) {
   auto bad = [](absl::string_view field, absl::string_view expected, int64_t got) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
   };
@@ -63,6 +69,7 @@ absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c,
     return absl::InvalidArgumentError("ring_dtp.mode: expected activations or weights");
   }
   std::unique_ptr<RingDtp> r(new RingDtp(c, backend, kernels, group, compute, comm));
+  r->working_bytes_ = e.working;
   PLATEAU_RETURN_IF_ERROR(r->Allocate());
   return r;
 }
@@ -71,11 +78,13 @@ absl::Status RingDtp::Allocate() {
   const int64_t N = config_.rows, R = PassRows(), P = group_.size();
   MemorySpace& dev = backend_.device();
   auto floats = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * kF); };
+  // The strip tile and the travellers in the working precision.
+  auto working = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * working_bytes_); };
   Buffers& b = *buf_;
   PLATEAU_ASSIGN_OR_RETURN(
-      b.strip, floats(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
+      b.strip, working(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
   for (Buffer& s : b.slots) {
-    PLATEAU_ASSIGN_OR_RETURN(s, floats(RingDtpSlotFloats(config_, P)));
+    PLATEAU_ASSIGN_OR_RETURN(s, working(RingDtpSlotFloats(config_, P)));
   }
   for (Buffer& s : b.state) {
     PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * R));
@@ -113,50 +122,56 @@ absl::Status RingDtp::ComputeAfterComm() {
 
 // One (batch, shard) meeting, strip by strip, each strip in row tiles: the
 // fixed order (strips ascending, then row tiles) is the fold order.
-absl::Status RingDtp::FoldMeeting(const float* x, int64_t N, const float* w, int64_t width,
+template <typename W>
+absl::Status RingDtp::FoldMeeting(const W* x, int64_t N, const W* w, int64_t width,
                                   int64_t col0, const int32_t* targets, float* state) {
+  using Ops = WorkingOps<W>;
   const int64_t H = config_.hidden;
-  float* L = buf_->strip.as<float>();
+  W* L = buf_->strip.as<W>();
   for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
     const int64_t sw = std::min(config_.strip, width - j0);
     for (int64_t i0 = 0; i0 < N; i0 += config_.row_tile) {
       const int64_t rows = std::min(config_.row_tile, N - i0);
-      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-          compute_, {false, true, rows, sw, H, 1.0f, x + i0 * H, H, w + j0 * H, H, 0.0f, L, sw}));
-      PLATEAU_RETURN_IF_ERROR(kernels_.StripFold(compute_, L, rows, sw, col0 + j0, targets + i0,
-                                                 state + i0, N));
+      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
+          backend_, compute_, {false, true, rows, sw, H, 1.0f, x + i0 * H, H, w + j0 * H, H, 0.0f, L, sw}));
+      PLATEAU_RETURN_IF_ERROR(Ops::StripFold(kernels_, compute_, L, rows, sw, col0 + j0, targets + i0,
+                                             state + i0, N));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::DeltaMeeting(const float* x, int64_t N, const float* w, int64_t width,
+template <typename W>
+absl::Status RingDtp::DeltaMeeting(const W* x, int64_t N, const W* w, int64_t width,
                                    int64_t col0, const int32_t* targets, const float* lse,
-                                   float scale, float* dx, float* dw) {
+                                   float scale, W* dx, W* dw) {
+  using Ops = WorkingOps<W>;
   const int64_t H = config_.hidden;
-  float* L = buf_->strip.as<float>();
+  W* L = buf_->strip.as<W>();
   for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
     const int64_t sw = std::min(config_.strip, width - j0);
-    const float* ws = w + j0 * H;
+    const W* ws = w + j0 * H;
     for (int64_t i0 = 0; i0 < N; i0 += config_.row_tile) {
       const int64_t rows = std::min(config_.row_tile, N - i0);
-      const float* xt = x + i0 * H;
+      const W* xt = x + i0 * H;
       PLATEAU_RETURN_IF_ERROR(
-          backend_.Gemm(compute_, {false, true, rows, sw, H, 1.0f, xt, H, ws, H, 0.0f, L, sw}));
-      PLATEAU_RETURN_IF_ERROR(kernels_.StripDelta(compute_, L, rows, sw, col0 + j0, targets + i0,
-                                                  lse + i0, scale));
-      // dX += delta W_strip; dW_strip += delta^T X.
-      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-          compute_, {false, false, rows, H, sw, 1.0f, L, sw, ws, H, 1.0f, dx + i0 * H, H}));
-      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-          compute_, {true, false, sw, H, rows, 1.0f, L, sw, xt, H, 1.0f, dw + j0 * H, H}));
+          Ops::Gemm(backend_, compute_, {false, true, rows, sw, H, 1.0f, xt, H, ws, H, 0.0f, L, sw}));
+      PLATEAU_RETURN_IF_ERROR(Ops::StripDelta(kernels_, compute_, L, rows, sw, col0 + j0, targets + i0,
+                                              lse + i0, scale));
+      // dX += delta W_strip; dW_strip += delta^T X (bf16: one rounding per
+      // strip tile's GEMM).
+      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
+          backend_, compute_, {false, false, rows, H, sw, 1.0f, L, sw, ws, H, 1.0f, dx + i0 * H, H}));
+      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
+          backend_, compute_, {true, false, sw, H, rows, 1.0f, L, sw, xt, H, 1.0f, dw + j0 * H, H}));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_t* targets,
-                              double* stats) {
+template <typename W>
+absl::Status RingDtp::ForwardT(const W* x, const W* w_shard, const int32_t* targets, double* stats) {
+  PLATEAU_RETURN_IF_ERROR(CheckElement(sizeof(W)));
   const int64_t N = config_.rows, R = PassRows(), H = config_.hidden;
   for (int64_t i0 = 0; i0 < N; i0 += R) {
     PLATEAU_RETURN_IF_ERROR(ForwardPass(x + i0 * H, w_shard, targets + i0, std::min(R, N - i0),
@@ -165,8 +180,10 @@ absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32_t* targets,
-                               float scale, float* dx, float* dw_shard) {
+template <typename W>
+absl::Status RingDtp::BackwardT(const W* x, const W* w_shard, const int32_t* targets, float scale, W* dx,
+                                W* dw_shard) {
+  PLATEAU_RETURN_IF_ERROR(CheckElement(sizeof(W)));
   const int64_t N = config_.rows, R = PassRows(), H = config_.hidden;
   for (int64_t i0 = 0; i0 < N; i0 += R) {
     PLATEAU_RETURN_IF_ERROR(BackwardPass(x + i0 * H, w_shard, targets + i0,
@@ -176,7 +193,8 @@ absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32
   return compute_.Synchronize();
 }
 
-absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const int32_t* targets,
+template <typename W>
+absl::Status RingDtp::ForwardPass(const W* x, const W* w_shard, const int32_t* targets,
                                   int64_t N, float* lse, double* stats) {
   const int64_t H = config_.hidden, V = config_.vocab;
   const int P = group_.size(), p = group_.rank();
@@ -187,15 +205,15 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
 
   if (config_.mode == RingDtpMode::kWeights) {
     // Shards travel; this batch's state stays home.
-    const float* w = w_shard;
+    const W* w = w_shard;
     for (int r = 0; r < P; ++r) {
       const int64_t s = (p - r + P) % P;
-      float* next = b.slots[r % 2].as<float>();
+      W* next = b.slots[r % 2].as<W>();
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());  // `next` was read at step r-1
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, w, ShardRows(s) * H, dst, next,
                                                 ShardRows((s - 1 + P) % P) * H, src,
-                                                DataType::kFloat32));
+                                                kWire<W>));
       }
       PLATEAU_RETURN_IF_ERROR(
           FoldMeeting(x, N, w, ShardRows(s), VocabShardBegin(V, P, s), targets, own_state));
@@ -207,16 +225,16 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
   } else {
     // Batches travel with their state; this rank's shard stays home.
     const int64_t col0 = VocabShardBegin(V, P, p), width = ShardRows(p);
-    const float* xq = x;
+    const W* xq = x;
     const int32_t* tq = targets;
     float* state = own_state;
     for (int r = 0; r < P; ++r) {
-      float* x_next = b.slots[r % 2].as<float>();
+      W* x_next = b.slots[r % 2].as<W>();
       int32_t* t_next = b.tgt_side[r % 2].as<int32_t>();
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
         PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, xq, N * H, dst, x_next, N * H, src, DataType::kFloat32));
+            group_.SendRecv(comm_, xq, N * H, dst, x_next, N * H, src, kWire<W>));
         PLATEAU_RETURN_IF_ERROR(
             group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
       }
@@ -239,9 +257,11 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
   return kernels_.StripFinish(compute_, own_state, targets, N, lse, stats);
 }
 
-absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const int32_t* targets,
-                                   const float* lse_own, int64_t N, float scale, float* dx,
-                                   float* dw_shard) {
+template <typename W>
+absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* targets,
+                                   const float* lse_own, int64_t N, float scale, W* dx,
+                                   W* dw_shard) {
+  using Ops = WorkingOps<W>;
   const int64_t H = config_.hidden, V = config_.vocab;
   const int P = group_.size(), p = group_.rank();
   const int dst = (p + 1) % P, src = (p - 1 + P) % P;
@@ -249,36 +269,34 @@ absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const i
   const bool weights = config_.mode == RingDtpMode::kWeights;
 
   if (P == 1) {  // one meeting, no ring
-    PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
+    PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, dx, N * H, 0.0f));
     return DeltaMeeting(x, N, w_shard, V, 0, targets, lse_own, scale, dx, dw_shard);
   }
-  if (weights) PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
+  if (weights) PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, dx, N * H, 0.0f));
 
   // Three slots rotate: the read-only traveller (X or W) of the next step
   // arrives in `free_slot` during the strips; the accumulator (dX or dW)
   // hops after them into the slot the current traveller leaves.
   int x_slot = -1;  // -1: the traveller is this rank's own input
   int acc_slot = 0, free_slot = 1, spare = 2;
-  const float* trav = weights ? w_shard : x;
+  const W* trav = weights ? w_shard : x;
   const float* lse_q = lse_own;
   const int32_t* tq = targets;
-  PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, b.slots[acc_slot].as<float>(),
-                                        weights ? ShardRows(p) * H : N * H, 0.0f));
+  PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, b.slots[acc_slot].as<W>(),
+                                    weights ? ShardRows(p) * H : N * H, 0.0f));
   for (int r = 0; r < P; ++r) {
     const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
-    float* acc = b.slots[acc_slot].as<float>();
-    float* next = b.slots[free_slot].as<float>();
+    W* acc = b.slots[acc_slot].as<W>();
+    W* next = b.slots[free_slot].as<W>();
     float* lse_next = weights ? nullptr : b.lse_side[r % 2].as<float>();
     int32_t* t_next = weights ? nullptr : b.tgt_side[r % 2].as<int32_t>();
     if (r + 1 < P) {
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
       if (weights) {
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, ShardRows(s) * H, dst, next,
-                                                ShardRows((s - 1 + P) % P) * H, src,
-                                                DataType::kFloat32));
+                                                ShardRows((s - 1 + P) % P) * H, src, kWire<W>));
       } else {
-        PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, trav, N * H, dst, next, N * H, src, DataType::kFloat32));
+        PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, N * H, dst, next, N * H, src, kWire<W>));
         PLATEAU_RETURN_IF_ERROR(
             group_.SendRecv(comm_, lse_q, N, dst, lse_next, N, src, DataType::kFloat32));
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
@@ -299,34 +317,60 @@ absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const i
     if (r + 1 < P) {
       const int recv_slot = x_slot >= 0 ? x_slot : spare;
       const int64_t next_count = weights ? ShardRows((s - 1 + P) % P) * H : N * H;
-      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst,
-                                              b.slots[recv_slot].as<float>(), next_count, src,
-                                              DataType::kFloat32));
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, b.slots[recv_slot].as<W>(),
+                                              next_count, src, kWire<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
       const int old_acc = acc_slot;
       x_slot = free_slot;
       acc_slot = recv_slot;
       free_slot = old_acc;
-      trav = b.slots[x_slot].as<float>();
+      trav = b.slots[x_slot].as<W>();
       if (!weights) {
         lse_q = lse_next;
         tq = t_next;
       }
     } else if (weights) {
       // Home: this rank's shard's dW, summed over every batch.
-      float* home = b.slots[x_slot >= 0 ? x_slot : spare].as<float>();
+      W* home = b.slots[x_slot >= 0 ? x_slot : spare].as<W>();
       PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, home,
-                                              ShardRows(p) * H, src, DataType::kFloat32));
+                                              ShardRows(p) * H, src, kWire<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
-      PLATEAU_RETURN_IF_ERROR(backend_.Axpy(compute_, dw_shard, home, ShardRows(p) * H, 1.0f));
+      if constexpr (std::is_same_v<W, float>) {
+        PLATEAU_RETURN_IF_ERROR(backend_.Axpy(compute_, dw_shard, home, ShardRows(p) * H, 1.0f));
+      } else {
+        PLATEAU_RETURN_IF_ERROR(backend_.AddBf16(compute_, dw_shard, dw_shard, home, ShardRows(p) * H));
+      }
     } else {
       // Home: this batch's dX, summed over every shard.
-      PLATEAU_RETURN_IF_ERROR(
-          group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, DataType::kFloat32));
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, kWire<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status RingDtp::CheckElement(size_t bytes) const {
+  if (static_cast<int64_t>(bytes) == working_bytes_) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("ring_dtp: allocated for ", working_bytes_,
+                                          "-byte working elements, called with ", bytes, "-byte ones"));
+}
+
+absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_t* targets, double* stats) {
+  return ForwardT<float>(x, w_shard, targets, stats);
+}
+
+absl::Status RingDtp::Forward(const Bf16* x, const Bf16* w_shard, const int32_t* targets, double* stats) {
+  return ForwardT<Bf16>(x, w_shard, targets, stats);
+}
+
+absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32_t* targets, float scale,
+                               float* dx, float* dw_shard) {
+  return BackwardT<float>(x, w_shard, targets, scale, dx, dw_shard);
+}
+
+absl::Status RingDtp::Backward(const Bf16* x, const Bf16* w_shard, const int32_t* targets, float scale,
+                               Bf16* dx, Bf16* dw_shard) {
+  return BackwardT<Bf16>(x, w_shard, targets, scale, dx, dw_shard);
 }
 
 }  // namespace plateau

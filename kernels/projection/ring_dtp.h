@@ -55,9 +55,13 @@ class RingDtp final : public VocabProjection {
   }
 
   // Validates the configuration (errors name the field: ring_dtp.strip, ...).
+  // The strip tile and the travellers hold e.working bytes per element
+  // (bf16 mixed: bf16 logits, X / W and dX / dW; the strip state and lse
+  // fp32, the loss sums double): RingDtpBoundBytes(config, P, e).
   static absl::StatusOr<std::unique_ptr<RingDtp>> Create(
       const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
-      Communicator& vocab_group, Stream& compute, Stream& comm);
+      Communicator& vocab_group, Stream& compute, Stream& comm,
+      const ElementBytes& e = kFp32Elements);
   ~RingDtp() override;
 
   // This rank's vocabulary shard: rows [VocabShardBegin(V, P, rank), ...).
@@ -73,6 +77,13 @@ class RingDtp final : public VocabProjection {
   absl::Status Backward(const float* x, const float* w_shard,
                         const int32_t* targets, float scale, float* dx,
                         float* dw_shard) override;
+  // The same in bf16 mixed precision (Create with kBf16MixedElements): one
+  // rounding per stored logit and per strip tile's dX / dW GEMM; the hops
+  // move bf16 exactly.
+  absl::Status Forward(const Bf16* x, const Bf16* w_shard, const int32_t* targets,
+                       double* stats) override;
+  absl::Status Backward(const Bf16* x, const Bf16* w_shard, const int32_t* targets,
+                        float scale, Bf16* dx, Bf16* dw_shard) override;
 
   const RingDtpConfig& config() const { return config_; }
 
@@ -83,23 +94,35 @@ class RingDtp final : public VocabProjection {
   absl::Status Allocate();
   // Rows per pass: chunk_rows in activation mode, else N.
   int64_t PassRows() const;
+  // One body per call for both precisions (W: float or Bf16).
+  template <typename W>
+  absl::Status ForwardT(const W* x, const W* w_shard, const int32_t* targets, double* stats);
+  template <typename W>
+  absl::Status BackwardT(const W* x, const W* w_shard, const int32_t* targets, float scale, W* dx,
+                         W* dw_shard);
+  // INTERNAL unless the buffers were allocated for `bytes`-byte elements.
+  absl::Status CheckElement(size_t bytes) const;
   // One pass of `rows` tokens (a chunk of the batch, or all of it).
-  absl::Status ForwardPass(const float* x, const float* w_shard,
+  template <typename W>
+  absl::Status ForwardPass(const W* x, const W* w_shard,
                            const int32_t* targets, int64_t rows, float* lse,
                            double* stats);
-  absl::Status BackwardPass(const float* x, const float* w_shard,
+  template <typename W>
+  absl::Status BackwardPass(const W* x, const W* w_shard,
                             const int32_t* targets, const float* lse,
-                            int64_t rows, float scale, float* dx,
-                            float* dw_shard);
+                            int64_t rows, float scale, W* dx,
+                            W* dw_shard);
   // The strips of one meeting of `rows` tokens with shard rows [0, width) of
   // w (vocabulary ids from col0); `state` has stride `rows`.
-  absl::Status FoldMeeting(const float* x, int64_t rows, const float* w,
+  template <typename W>
+  absl::Status FoldMeeting(const W* x, int64_t rows, const W* w,
                            int64_t width, int64_t col0, const int32_t* targets,
                            float* state);
-  absl::Status DeltaMeeting(const float* x, int64_t rows, const float* w,
+  template <typename W>
+  absl::Status DeltaMeeting(const W* x, int64_t rows, const W* w,
                             int64_t width, int64_t col0,
                             const int32_t* targets, const float* lse,
-                            float scale, float* dx, float* dw);
+                            float scale, W* dx, W* dw);
   absl::Status CommAfterCompute();
   absl::Status ComputeAfterComm();
   int64_t ShardRows(int64_t shard) const;
@@ -111,6 +134,7 @@ class RingDtp final : public VocabProjection {
   Stream& compute_;
   Stream& comm_;
   std::unique_ptr<Buffers> buf_;
+  int64_t working_bytes_ = sizeof(float);  // of the strip tile and the travellers
 };
 
 }  // namespace plateau

@@ -43,7 +43,7 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
     }
     case ProjectionOptions::Kind::kRingDtp: {
       PLATEAU_ASSIGN_OR_RETURN(s.projection, RingDtp::Create(RingDtpConfigOf(o), c.backend, c.kernels, c.world,
-                                                             c.compute, c.comm));
+                                                             c.compute, c.comm, e));
       break;
     }
   }

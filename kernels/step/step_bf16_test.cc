@@ -30,6 +30,10 @@
 //     gradient's own GEMM or sum (1); the reduce-scatter, one rounding per
 //     hop (P - 1).
 //       K_g = K_f + 3 + L (17 + P) + 1 + (P - 1)
+// Under Ring-DTP the projection's dX / dW accumulate strip by strip, one
+// rounding per strip tile's GEMM: at most ceil(V / strip) + P more on the
+// gradient chain (the strips of every shard; K_f is unchanged: each logit
+// is still one rounding).
 // So |loss_bf16 - loss_fp32| <= ((1 + u)^K_f - 1) loss_fp32 and the same
 // with K_g for the gradient norm; two bf16 runs at P = 1 and P = 2 differ
 // by at most the sum of their bounds. The tests print the observed ratios.
@@ -131,7 +135,7 @@ StepsRun Steps(const StepOptions& o, const GlobalBatch& g, int steps) {
 // (boundaries offloaded to the host pool and restored) and under SCO with
 // OffloadStreamAdamW (masters and moments on the host, streamed through
 // two device slots in buckets smaller than the shard).
-enum class Stack { kBaseline, kSco, kScoOffloadStream };
+enum class Stack { kBaseline, kSco, kScoOffloadStream, kRingDtpScoOffloadStream };
 
 class Bf16Plan : public ::testing::TestWithParam<std::tuple<int, Stack>> {};
 
@@ -140,10 +144,14 @@ StepOptions WithStack(StepOptions o, Stack stack) {
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes = 1 << 20;  // as many boundaries as SCO offloads (L - 1)
   }
-  if (stack == Stack::kScoOffloadStream) {
+  if (stack == Stack::kScoOffloadStream || stack == Stack::kRingDtpScoOffloadStream) {
     o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
     o.optimizer_placement.bucket_params = 1000;
     o.optimizer_placement.staging_slots = 2;
+  }
+  if (stack == Stack::kRingDtpScoOffloadStream) {
+    o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+    o.projection.strip = 5;
   }
   return o;
 }
@@ -185,13 +193,16 @@ TEST_P(Bf16Plan, MeasuredEqualsPlannedPerLiveSet) {
     EXPECT_LE(dev[r].total_peak, plan->total()) << "rank " << r;
   }
   if (stack != Stack::kBaseline) EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kCheckpoints)], 0);
-  if (stack == Stack::kScoOffloadStream) EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
+  if (stack == Stack::kScoOffloadStream || stack == Stack::kRingDtpScoOffloadStream) {
+    EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndStacks, Bf16Plan,
                          ::testing::Combine(::testing::Values(1, 2),
                                             ::testing::Values(Stack::kBaseline, Stack::kSco,
-                                                              Stack::kScoOffloadStream)));
+                                                              Stack::kScoOffloadStream,
+                                                              Stack::kRingDtpScoOffloadStream)));
 
 // SCO and OffloadStreamAdamW change where state lives, not the arithmetic:
 // 3 steps under them are bitwise the baseline stack's in bf16 (losses,
@@ -244,6 +255,26 @@ TEST(StepBf16, LossAndGradNormWithinTheRoundingBoundOfFp32) {
   }
   const double both = RelativeBound(ForwardRoundings(m)) * 2;
   EXPECT_LE(std::abs(loss_at[1] - loss_at[2]), both * loss32);
+  // Ring-DTP in bf16 (strips of 5 columns, activation and weight modes).
+  for (RingDtpMode mode : {RingDtpMode::kActivations, RingDtpMode::kWeights}) {
+    const int P = 2;
+    StepOptions o = Options(m, P, B, Precision::kBf16Mixed);
+    o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+    o.projection.strip = 5;
+    o.projection.mode = mode;
+    const StepsRun bf = Steps(o, g, 1);
+    ASSERT_EQ(bf.stats.size(), 1u);
+    const double loss = bf.stats[0].loss, norm = bf.stats[0].grad_norm;
+    const int64_t strips = (m.vocab_size + o.projection.strip - 1) / o.projection.strip + P;
+    const double loss_bound = RelativeBound(ForwardRoundings(m));
+    const double norm_bound = RelativeBound(GradientRoundings(m, P) + strips);
+    std::printf("ring-dtp %s P=%d loss bf16 %.7f (rel %.2e, bound %.2e); grad norm bf16 %.7f (rel %.2e, bound %.2e)\n",
+                mode == RingDtpMode::kActivations ? "activations" : "weights", P, loss,
+                std::abs(loss - loss32) / loss32, loss_bound, norm, std::abs(norm - norm32) / norm32, norm_bound);
+    EXPECT_NE(loss, loss32);
+    EXPECT_LE(std::abs(loss - loss32), loss_bound * loss32);
+    EXPECT_LE(std::abs(norm - norm32), norm_bound * norm32);
+  }
 }
 
 // A small model learns in bf16: 20 steps on one batch, the loss falls
@@ -359,7 +390,6 @@ TEST(StepBf16, UnfinishedSchedulesAreRefusedNamingTheField) {
     const std::vector<Case> cases = {
         {[](StepOptions& o) { o.dispatch.kind = DispatchOptions::Kind::kLlep; }, "schedule.llep"},
         {[](StepOptions& o) { o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep; }, "schedule.pipelined_llep"},
-        {[](StepOptions& o) { o.projection.kind = ProjectionOptions::Kind::kRingDtp; }, "schedule.ring_dtp"},
         {[](StepOptions& o) { o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload; },
          "schedule.cpu_offload_adamw"},
         {[](StepOptions& o) { o.model.experts = 32; }, "model.experts"},
