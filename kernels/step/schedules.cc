@@ -58,7 +58,7 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
     }
     case DispatchOptions::Kind::kPipelinedLlep: {
       PLATEAU_ASSIGN_OR_RETURN(s.dispatch, PipelinedLlep::Create(o.model, o.dispatch.pipelined, N, c.backend,
-                                                                 c.kernels, c.world, c.compute, c.comm));
+                                                                 c.kernels, c.world, c.compute, c.comm, e));
       break;
     }
   }
