@@ -53,7 +53,7 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
       break;
     case DispatchOptions::Kind::kLlep: {
       PLATEAU_ASSIGN_OR_RETURN(s.dispatch, Llep::Create(o.model, o.dispatch.llep, c.backend, c.kernels, c.world,
-                                                        c.compute, c.comm));
+                                                        c.compute, c.comm, e));
       break;
     }
     case DispatchOptions::Kind::kPipelinedLlep: {
