@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "kernels/backend.h"
 #include "kernels/model/config.h"
+#include "kernels/model/precision.h"
 
 namespace plateau::bench {
 
@@ -40,6 +41,25 @@ inline bool BackendArg(absl::string_view arg, absl::string_view bench, BackendKi
   } else {
     std::fprintf(stderr, "%.*s: --backend: %s\n", static_cast<int>(bench.size()), bench.data(),
                  std::string(k.status().message()).c_str());
+    *bad = true;
+  }
+  return true;
+}
+
+// The benchmarks' --precision=fp32|bf16 (fp32 by default): the step's
+// precision (StepOptions::precision; bf16 = bf16 mixed, kernels/model/
+// precision.h). Returns whether `arg` is that flag; sets *p, or prints why
+// and sets *bad on another value.
+inline bool PrecisionArg(absl::string_view arg, absl::string_view bench, Precision* p, bool* bad) {
+  if (!absl::ConsumePrefix(&arg, "--precision=")) return false;
+  if (arg == "fp32") {
+    *p = Precision::kFp32;
+  } else if (arg == "bf16") {
+    *p = Precision::kBf16Mixed;
+  } else {
+    std::fprintf(stderr, "%.*s: --precision: expected fp32 or bf16, got '%.*s'\n",
+                 static_cast<int>(bench.size()), bench.data(), static_cast<int>(arg.size()),
+                 arg.data());
     *bad = true;
   }
   return true;

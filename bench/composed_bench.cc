@@ -28,7 +28,8 @@
 //    printed: each stack's median and range, the ratio of the medians and
 //    the range of the ratios within a round, and what a step costs beyond
 //    its wall time — the process's CPU seconds, its threads' blocking waits
-//    and rank 0's collectives per step (counts no other load changes).
+//    and rank 0's collectives per step with the bytes they hand over to
+//    send (counts no other load changes).
 //    --neighbours=1 also times the all-on stack at each neighbour of its
 //    `auto` settings (is the chosen combination the fastest that fits?).
 // 4. Attribution: at the baseline's longest context, each schedule alone
@@ -46,6 +47,8 @@
 //   OPENBLAS_NUM_THREADS=1 bazel run -c opt //bench:composed_bench -- --quick   # < 1 min
 //   bazel run -c opt //bench:composed_bench -- --plan_only   # predictions only
 //   bazel run -c opt --config=cuda //bench:composed_bench -- --backend=cuda --ranks=1 --cap_mb=...
+//   ... --precision=bf16   # both stacks planned and run in bf16 mixed precision (the header and
+//                          # the JSON line name the precision; a step that refuses it fails the run)
 #include <algorithm>
 #include <array>
 #include <condition_variable>
@@ -72,6 +75,7 @@
 #include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/communicator.h"
 #include "kernels/model/config.h"
+#include "kernels/model/precision.h"
 #include "kernels/model/reference.h"
 #include "kernels/model/step_options.h"
 #include "kernels/step/step.h"
@@ -138,6 +142,9 @@ std::string depths_flag = "8,10,12";
 // --backend=cuda: every step on the GPU (one rank per GPU: --ranks=1 on one
 // card) under the same cap, now a cap below the card's memory.
 BackendKind backend_kind = BackendKind::kCpu;
+// --precision=fp32|bf16: both stacks' StepOptions::precision, so the budget
+// plans (N_max) and the steps run in it.
+Precision precision_flag = Precision::kFp32;
 
 void QuickDefaults() {
   flags["cap_mb"] = 8;
@@ -172,6 +179,7 @@ StepOptions Stack(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
   StepOptions o;
   o.model = Model(layers, seq_len);
   o.layout = {Ranks(), batch};
+  o.precision = precision_flag;
   if (!on) return o;  // the defaults are the four baselines
   const int64_t mask = flags["on_mask"];
   if (mask & 1) {
@@ -410,15 +418,37 @@ Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
   return a;
 }
 
-std::string CountsText(const CountingCommunicator::Counts& c, int64_t steps) {
-  std::vector<std::string> parts;
-  int64_t total = 0;
+// Whether the step takes --precision on this backend: TrainingStep::Create
+// of the all-off stack at one layer and the shortest context, before any
+// measurement, so that a refused precision ends the run saying so rather
+// than reading as an unverified prediction (OneStep counts a refusal at
+// launch as "over the cap").
+absl::Status CheckPrecisionRuns(int64_t cap) {
+  const StepOptions o = Stack(false, 1, Ranks(), 1);
+  return RunLocalWorld(Ranks(), RankBackend(cap), FreshStoreDir("composed_precision"),
+                       [&](int, Backend& be, Communicator& world) -> absl::Status {
+                         return TrainingStep::Create(o, be, world).status();
+                       });
+}
+
+// Rank 0's collectives per step by kind, and the KiB its calls handed over
+// to send (CountingCommunicator::Table::bytes): at these shapes a
+// collective's cost is its round trips, not its bytes.
+std::string CountsText(const CountingCommunicator::Counts& c, const CountingCommunicator::Counts& bytes,
+                       int64_t steps) {
+  std::vector<std::string> parts, kib;
+  int64_t total = 0, total_bytes = 0;
   for (const auto& [op, n] : c) {
     total += n;
     parts.push_back(absl::StrFormat("%s %.0f", op, static_cast<double>(n) / steps));
   }
-  return absl::StrFormat("%.0f collectives per step (%s)", static_cast<double>(total) / steps,
-                         absl::StrJoin(parts, ", "));
+  for (const auto& [op, n] : bytes) {
+    total_bytes += n;
+    kib.push_back(absl::StrFormat("%s %.1f", op, static_cast<double>(n) / steps / 1024));
+  }
+  return absl::StrFormat("%.0f collectives per step (%s), sending %.1f KiB (%s)",
+                         static_cast<double>(total) / steps, absl::StrJoin(parts, ", "),
+                         static_cast<double>(total_bytes) / steps / 1024, absl::StrJoin(kib, ", "));
 }
 
 // The rank threads meet here before and after their timed steps, so that
@@ -472,7 +502,7 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
   Meeting meeting(Ranks());
   ProcessUsage u0, u1;
   CountingCommunicator::Table table;
-  CountingCommunicator::Counts before;
+  CountingCommunicator::Counts before, before_bytes;
   absl::Status s = RunLocalWorld(Ranks(), RankBackend(cap), FreshStoreDir("composed-t"), [&](int r, Backend& be, Communicator& real) {
     CountingCommunicator::Table mine;
     CountingCommunicator world(real, r == 0 ? &table : &mine);
@@ -490,6 +520,7 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
         if (r == 0) {
           u0 = ReadUsage();
           before = table.Read();
+          before_bytes = table.ReadBytes();
         }
       }
       const double t0 = NowSeconds();
@@ -508,9 +539,10 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
     times->push_back(slowest);
   }
   if (usage != nullptr) *usage = {(u1.cpu_s - u0.cpu_s) / steps, (u1.waits - u0.waits) / steps};
-  CountingCommunicator::Counts counts = table.Read();
+  CountingCommunicator::Counts counts = table.Read(), bytes = table.ReadBytes();
   for (const auto& [op, n] : before) counts[op] -= n;
-  if (counts_text != nullptr) *counts_text = CountsText(counts, steps);
+  for (const auto& [op, n] : before_bytes) bytes[op] -= n;
+  if (counts_text != nullptr) *counts_text = CountsText(counts, bytes, steps);
   return absl::OkStatus();
 }
 
@@ -843,6 +875,10 @@ int main(int argc, char** argv) {
       if (bad) return 2;
       continue;
     }
+    if (bench::PrecisionArg(a, "composed_bench", &precision_flag, &bad)) {
+      if (bad) return 2;
+      continue;
+    }
     if (!flags.count(name) || !absl::SimpleAtoi(a.substr(eq + 1), &flags[name])) {
       std::fprintf(stderr, "composed_bench: bad argument '%s'\n", a.c_str());
       return 2;
@@ -865,8 +901,18 @@ int main(int argc, char** argv) {
   const double t_start = NowSeconds();
   bench::CpuMeter meter;
   const ModelConfig m0 = Model(1, P);
-  std::printf("composed_bench %s; load %.2f%s\n", bench::NowText().c_str(), bench::LoadAverage1m(),
-              flags["quick"] ? " (--quick)" : "");
+  std::printf("composed_bench %s; load %.2f%s; precision %s\n", bench::NowText().c_str(),
+              bench::LoadAverage1m(), flags["quick"] ? " (--quick)" : "", PrecisionName(precision_flag));
+  if (run && precision_flag != Precision::kFp32) {
+    const absl::Status takes = CheckPrecisionRuns(cap);
+    if (!takes.ok()) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "composed_bench: %s: the step refused --precision=%s: %s\n",
+                   absl::StatusCodeToString(takes.code()).c_str(), PrecisionName(precision_flag),
+                   std::string(takes.message()).c_str());
+      return 1;
+    }
+  }
   const double ceiling = run ? SgemmCeiling() : 0;
   if (run) {
     std::printf("sgemm ceiling: %.1f GFLOP/s (1024^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
@@ -1058,13 +1104,14 @@ int main(int argc, char** argv) {
 
   // The JSON line.
   std::string json = absl::StrFormat(
-      "{\"bench\":\"composed\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
+      "{\"bench\":\"composed\",\"precision\":\"%s\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
       "\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
       "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"auto\":%s,\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":%d,\"strip\":%d,"
       "\"row_tile\":%d,\"sco_beta\":%s,\"bucket_params\":%d,\"staging_slots\":%d},"
       "\"rounds\":%d,\"steps\":%d,\"own_steps\":%d,\"verified\":%s,\"depths\":[",
-      bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false", bench::LoadAverage1m(), others, ceiling, P,
+      PrecisionName(precision_flag), bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false",
+      bench::LoadAverage1m(), others, ceiling, P,
       cap,
       m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
       AutoOf().any() ? "true" : "false", flags["chunk_tokens"],

@@ -15,6 +15,14 @@
 //   bazel run -c opt //bench:step_bench -- --seq_lens=1024,4096
 //   bazel run -c opt //bench:step_bench -- --seq_lens=1024 --steps=20 --timeline=1
 //   bazel run -c opt --config=cuda //bench:step_bench -- --backend=cuda   # one rank per GPU
+//   bazel run -c opt --config=cuda //bench:step_bench -- --backend=cuda --precision=bf16
+//
+// --precision=fp32|bf16 (fp32 by default) is the step's precision
+// (StepOptions::precision); the header and the JSON line name it. In bf16
+// the ceiling is the backend's bf16 GEMM (GemmBf16: bf16 A and B, fp32
+// accumulation) at the same shapes, and "fraction_of_ceiling" is against
+// it. A step that refuses the precision (TrainingStep::Create: a backend
+// that does not compute it) ends the run with exit status 1 and says so.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,8 +40,10 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/communicator.h"
 #include "kernels/memory_timeline.h"
+#include "kernels/model/precision.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
 #include "worker/trainer.h"
@@ -65,6 +75,39 @@ double SgemmRate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
     be.Gemm(**s, {false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f,
                   c->as<float>(), n}).IgnoreError();
     (*s)->Synchronize().IgnoreError();
+    best = std::max(best, 2.0 * m * n * k / (Now() - t0) / 1e9);
+  }
+  return best;
+}
+
+// The same for the bf16 GEMM (bf16 A, B and C, fp32 accumulation): the
+// ceiling of a bf16 step. 0 when the backend has no bf16 GEMM.
+double GemmBf16Rate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
+  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 2);
+  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 2);
+  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 2);
+  auto s = be.CreateStream("bench");
+  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+  if (!be.FillBf16(**s, a->as<Bf16>(), m * k, 0.5f).ok() ||
+      !be.FillBf16(**s, b->as<Bf16>(), k * n, 0.25f).ok()) {
+    return 0;
+  }
+  GemmBf16Args g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a->as<Bf16>();
+  g.lda = k;
+  g.b = b->as<Bf16>();
+  g.ldb = n;
+  g.c = c->as<Bf16>();
+  g.ldc = n;
+  if (!be.GemmBf16(**s, g).ok() || !(*s)->Synchronize().ok()) return 0;  // untimed first run
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = Now();
+    be.GemmBf16(**s, g).IgnoreError();
+    if (!(*s)->Synchronize().ok()) return 0;
     best = std::max(best, 2.0 * m * n * k / (Now() - t0) / 1e9);
   }
   return best;
@@ -114,7 +157,8 @@ int main(int argc, char** argv) {
                                       {"timeline", 0}};
   std::string seq_lens = "1024,4096";
   BackendKind backend = BackendKind::kCpu;  // --backend=cuda: the same step on the GPU (--ranks GPUs)
-  bool bad_backend = false;
+  Precision precision = Precision::kFp32;   // --precision=bf16: bf16 mixed precision
+  bool bad_backend = false, bad_precision = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     size_t eq = a.find('=');
@@ -124,6 +168,8 @@ int main(int argc, char** argv) {
       seq_lens = value;
     } else if (bench::BackendArg(a, "step_bench", &backend, &bad_backend)) {
       if (bad_backend) return 2;
+    } else if (bench::PrecisionArg(a, "step_bench", &precision, &bad_precision)) {
+      if (bad_precision) return 2;
     } else if (!f.count(name) || !absl::SimpleAtoi(value, &f[name])) {
       std::fprintf(stderr, "step_bench: bad argument '%s'\n", a.c_str());
       return 2;
@@ -157,6 +203,10 @@ int main(int argc, char** argv) {
   const double sgemm_square = std::max(square_backend, square_blas);
   const double sgemm_shape = std::max(shape_backend, shape_blas);
   const double sgemm = std::max(sgemm_square, sgemm_shape);
+  const bool bf16 = precision == Precision::kBf16Mixed;
+  const double bf16_square = bf16 ? GemmBf16Rate(**probe, 2048, 2048, 2048, 5) : 0;
+  const double bf16_shape = bf16 ? GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden, 5) : 0;
+  const double ceiling = bf16 ? std::max(bf16_square, bf16_shape) : sgemm;
   probe->reset();
 
   std::printf("step_bench: %s\n", (*Backend::Create(bo))->Describe().c_str());
@@ -166,12 +216,17 @@ int main(int argc, char** argv) {
               (long long)m.experts, (long long)m.top_k, (long long)m.expert_ffn,
               (long long)m.vocab_size, (long long)ActiveParameterCount(m),
               (long long)ParameterCount(m), P, (long long)f["batch"]);
+  std::printf("precision: %s\n", PrecisionName(precision));
   std::printf("sgemm ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f; backend / "
-              "OpenBLAS threads: %.1f / %.1f, %.1f / %.1f)\n\n",
+              "OpenBLAS threads: %.1f / %.1f, %.1f / %.1f)\n",
               sgemm, sgemm_square, (long long)m.expert_ffn, (long long)m.hidden, sgemm_shape,
               square_backend, square_blas, shape_backend, shape_blas);
-  std::printf("%8s %10s %10s %12s %8s  %s\n", "seq_len", "step_s", "tok/s", "model GF/s",
-              "of sgemm", "peak MiB per live set (rank 0)");
+  if (bf16) {
+    std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f)\n",
+                ceiling, bf16_square, (long long)m.expert_ffn, (long long)m.hidden, bf16_shape);
+  }
+  std::printf("\n%8s %10s %10s %12s %8s  %s\n", "seq_len", "step_s", "tok/s", "model GF/s",
+              bf16 ? "of bf16" : "of sgemm", "peak MiB per live set (rank 0)");
 
   std::vector<Result> results;
   for (absl::string_view sl : absl::StrSplit(seq_lens, ',')) {
@@ -186,8 +241,13 @@ int main(int argc, char** argv) {
           StepOptions o;
           o.model = m;
           o.layout = {P, f["batch"]};
+          o.precision = precision;
           auto step = TrainingStep::Create(o, be, world);
-          if (!step.ok()) return step.status();
+          if (!step.ok()) {
+            return absl::Status(step.status().code(),
+                                absl::StrCat("the step refused --precision=", PrecisionName(precision),
+                                             ": ", step.status().message()));
+          }
           const int64_t N = TokensPerRank(m, o.layout);
           std::mt19937 rng(r);
           std::vector<int32_t> tok(N), tgt(N);
@@ -217,6 +277,7 @@ int main(int argc, char** argv) {
           return absl::OkStatus();
         });
     if (!run.ok()) {
+      std::fflush(stdout);  // the table so far, then why it ends
       std::fprintf(stderr, "step_bench: %s\n", run.ToString().c_str());
       return 1;
     }
@@ -230,7 +291,7 @@ int main(int argc, char** argv) {
                             res.peaks.peak[i] / 1048576.0);
     }
     std::printf("%8lld %10.3f %10.0f %12.1f %7.1f%%  %s\n", (long long)T, res.step_s,
-                res.tokens_per_s, res.gflops, 100.0 * res.gflops / sgemm, peaks.c_str());
+                res.tokens_per_s, res.gflops, 100.0 * res.gflops / ceiling, peaks.c_str());
     if (res.recorded_step_s > 0) {
       std::printf("%8s memory timeline recorded (%lld phases): median step %.4f s vs %.4f s unrecorded: %.4fx\n",
                   "", (long long)res.phases, res.recorded_step_s, res.step_s, res.recorded_step_s / res.step_s);
@@ -238,11 +299,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     results.push_back(res);
   }
-  std::string json = absl::StrFormat("{\"bench\":\"step\",\"ranks\":%d,\"sgemm_gflops\":%.1f,\"runs\":[", P, sgemm);
+  std::string json = absl::StrFormat(
+      "{\"bench\":\"step\",\"precision\":\"%s\",\"ranks\":%d,\"sgemm_gflops\":%.1f,"
+      "\"ceiling\":\"%s\",\"ceiling_gflops\":%.1f,\"runs\":[",
+      PrecisionName(precision), P, sgemm, bf16 ? "gemm_bf16" : "sgemm", ceiling);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"peak_bytes\":{",
-                          i ? "," : "", r.seq_len, r.step_s, r.tokens_per_s, r.gflops, r.gflops / sgemm);
+    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"fraction_of_ceiling\":%.4f,\"peak_bytes\":{",
+                          i ? "," : "", r.seq_len, r.step_s, r.tokens_per_s, r.gflops, r.gflops / sgemm,
+                          r.gflops / ceiling);
     bool first = true;
     for (int s = 0; s < kNumLiveSets; ++s) {
       if (r.peaks.peak[s] == 0) continue;

@@ -8,6 +8,11 @@
 //   2^-7 relative: two fp32 values that close can still straddle a rounding
 //   boundary and round to neighbouring bf16 values.
 //
+// The model kernels' bf16 ops (ModelKernels::*Bf16) are held to the same
+// rule, and where the CUDA kernel is the fp32 kernel on loaded values
+// (attention) also to the CUDA fp32 kernel, bit for bit; the grouped bf16
+// GEMM of the expert groups to the CPU's GemmBf16 bound.
+//
 // Without a CUDA backend (the default build, or no GPU) every test skips and
 // says why; where a GPU is visible a setup failure fails.
 #include <algorithm>
@@ -15,12 +20,17 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <iterator>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
+#include "kernels/model/attention.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/testing/device_side.h"
 
@@ -510,6 +520,437 @@ TEST_F(CudaBf16TwinTest, RopeCrossEntropyAndStripsMatchCpu) {
     }
   }
 }
+
+// FillBf16 and AddBf16 (one rounding of the same fp32 value, aliasing
+// allowed) are bitwise equal; SumSquaresBf16 sums the loaded values' exact
+// squares in double on both sides, in other orders, and rounds once: within
+// 2u |result| + 1e-12 sum x^2, as the fp32 twin's SumSquares. n = 2^20 + 3
+// spans more than one reduction block sweep; the operands reach 2^20 so
+// that sums round.
+TEST_F(CudaBf16TwinTest, FillAddAndSumSquaresMatchCpu) {
+  const int64_t n = (int64_t{1} << 20) + 3;
+  const std::vector<Bf16> a = RandomBf16(n, 91, -1, 1), b = RandomBf16(n, 92, -1024, 1024);
+  struct Out {
+    std::vector<uint16_t> bits;
+    float sumsq = 0;
+  };
+  auto run = [&](DeviceSide& side) {
+    Out o;
+    Bf16* filled = side.PoisonedBf16(n);
+    EXPECT_TRUE(side.b().FillBf16(side.s(), filled, n, 0.1f).ok());  // 0.1 rounds
+    Bf16* sum = side.PoisonedBf16(n);
+    const Bf16* da = side.UploadBf16(a);
+    Bf16* db = side.UploadBf16(b);
+    EXPECT_TRUE(side.b().AddBf16(side.s(), sum, da, db, n).ok());
+    EXPECT_TRUE(side.b().AddBf16(side.s(), db, da, db, n).ok());  // in place
+    float* sq = side.Poisoned(1);
+    EXPECT_TRUE(side.b().SumSquaresBf16(side.s(), sq, db, n).ok());
+    for (const Bf16* p : {static_cast<const Bf16*>(filled), static_cast<const Bf16*>(sum),
+                          static_cast<const Bf16*>(db)}) {
+      for (Bf16 v : side.DownloadBf16(p, n)) o.bits.push_back(v.bits);
+    }
+    o.sumsq = side.Download(sq, 1)[0];
+    return o;
+  };
+  const Out cpu = run(cpu_), cuda = run(cuda_);
+  EXPECT_EQ(cuda.bits, cpu.bits);
+  EXPECT_EQ(cpu.bits[0], FloatToBf16(0.1f).bits);
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = Bf16ToFloat(Bf16{cpu.bits[2 * n + i]});
+    sq += v * v;
+  }
+  EXPECT_LE(std::abs(double{cuda.sumsq} - cpu.sumsq), 2 * kU * std::abs(cpu.sumsq) + 1e-12 * sq);
+}
+
+// ---------------------------------------------------------------------------
+// The bf16 embedding gradient: every touched table row is its loaded value
+// plus the fp32 sum of its rows' gradients in row order, rounded once, on
+// both sides (the CUDA kernel's first-occurrence block walks the rows in
+// order, as the CPU's loop): bitwise equal, untouched rows included (the
+// CPU rounds them back to their own bits; the kernel leaves them alone).
+// hidden = 2100 takes two of the kernel's column chunks, the second partial;
+// the tokens repeat (vocab 64 over 1000 rows), and three rows carry the
+// table's last token.
+TEST_F(CudaBf16TwinTest, EmbeddingBackwardIsBitwiseCpu) {
+  const int64_t rows = 1000, hidden = 2100, vocab = 70;
+  const std::vector<Bf16> dout = RandomBf16(rows * hidden, 61, -2, 2),
+                          table0 = RandomBf16(vocab * hidden, 62);
+  std::mt19937 rng(63);
+  std::vector<int32_t> tok(rows);
+  for (int32_t& t : tok) t = static_cast<int32_t>(rng() % 64);  // rows 64..67 untouched
+  tok[5] = tok[500] = tok[999] = static_cast<int32_t>(vocab - 1);
+  // A token whose only row is past the first 256-row scan window: its
+  // first-occurrence check must scan several windows without a hit.
+  tok[700] = 68;
+  auto run = [&](DeviceSide& side) {
+    auto mk = ModelKernels::Create(side.b());
+    EXPECT_TRUE(mk.ok()) << mk.status();
+    std::vector<float> f(tok.size());
+    std::memcpy(f.data(), tok.data(), tok.size() * sizeof(int32_t));
+    const int32_t* dt = reinterpret_cast<int32_t*>(side.Upload(f));
+    Bf16* table = side.UploadBf16(table0);
+    EXPECT_TRUE((*mk)->EmbeddingBackwardBf16(side.s(), side.UploadBf16(dout), dt, rows, hidden,
+                                             table, vocab).ok());
+    std::vector<uint16_t> bits;
+    for (Bf16 b : side.DownloadBf16(table, vocab * hidden)) bits.push_back(b.bits);
+    return bits;
+  };
+  const std::vector<uint16_t> cpu = run(cpu_), cuda = run(cuda_);
+  EXPECT_EQ(cuda, cpu);
+  EXPECT_EQ(run(cuda_), cuda) << "run to run";
+  // Not vacuous: the gradient changed the touched rows.
+  int64_t changed = 0;
+  for (int64_t i = 0; i < vocab * hidden; ++i) changed += cpu[i] != table0[i].bits;
+  EXPECT_GT(changed, 60 * hidden);
+}
+
+// The grouped bf16 GEMM (the expert groups): cuBLAS's grouped call for the
+// bf16-C entries, GemmBf16 for the k = 0 and fp32-C ones, against the CPU
+// on the same entries with GemmMatchesCpu's bound (4 k u |alpha| sum |a b|
+// + |beta c|, plus one bf16 unit for a bf16 C). Entries 0 and 1 share their
+// parameters (one cuBLAS group), entry 3 has k = 0, entry 4 an fp32 C; C
+// starts as NaN where beta = 0 (it must not be read).
+TEST_F(CudaBf16TwinTest, GroupedGemmMatchesCpu) {
+  struct Entry {
+    bool ta, tb;
+    int64_t m, n, k;
+    float beta;
+    bool fp32_c;
+  };
+  const Entry entries[] = {{false, true, 40, 96, 64, 0.0f, false},
+                           {false, true, 40, 96, 64, 0.0f, false},
+                           {true, false, 17, 33, 129, 1.0f, false},
+                           {false, false, 9, 12, 0, 0.5f, false},
+                           {false, true, 23, 31, 48, 0.0f, true}};
+  struct Data {
+    std::vector<Bf16> a, b, c;
+  };
+  std::vector<Data> data;
+  uint32_t seed = 80;
+  for (const Entry& e : entries) {
+    data.push_back({RandomBf16(std::max<int64_t>(e.m * e.k, 1), seed++),
+                    RandomBf16(std::max<int64_t>(e.k * e.n, 1), seed++),
+                    RandomBf16(e.m * e.n, seed++)});
+  }
+  auto run = [&](DeviceSide& side) {
+    std::vector<GemmBf16Args> gemms;
+    for (size_t i = 0; i < std::size(entries); ++i) {
+      const Entry& e = entries[i];
+      GemmBf16Args g;
+      g.trans_a = e.ta;
+      g.trans_b = e.tb;
+      g.m = e.m;
+      g.n = e.n;
+      g.k = e.k;
+      g.alpha = 0.75f;
+      g.beta = e.beta;
+      g.a = side.UploadBf16(data[i].a);
+      g.lda = std::max<int64_t>(e.ta ? e.m : e.k, 1);
+      g.b = side.UploadBf16(data[i].b);
+      g.ldb = std::max<int64_t>(e.tb ? e.k : e.n, 1);
+      g.ldc = e.n;
+      if (e.fp32_c) {
+        g.c_fp32 = e.beta == 0.0f ? side.Poisoned(e.m * e.n) : side.Upload(Loaded(data[i].c));
+      } else {
+        g.c = e.beta == 0.0f ? side.PoisonedBf16(e.m * e.n) : side.UploadBf16(data[i].c);
+      }
+      gemms.push_back(g);
+    }
+    const absl::Status st = side.b().GroupedGemmBf16(side.s(), gemms);
+    EXPECT_TRUE(st.ok()) << st;
+    std::vector<std::vector<float>> out;
+    for (size_t i = 0; i < gemms.size(); ++i) {
+      const int64_t n = entries[i].m * entries[i].n;
+      out.push_back(gemms[i].c != nullptr ? Loaded(side.DownloadBf16(gemms[i].c, n))
+                                          : side.Download(gemms[i].c_fp32, n));
+    }
+    return out;
+  };
+  const auto cpu = run(cpu_), cuda = run(cuda_);
+  for (size_t i = 0; i < std::size(entries); ++i) {
+    SCOPED_TRACE(::testing::Message() << "entry " << i);
+    const Entry& e = entries[i];
+    const std::vector<float> af = Loaded(data[i].a), bf = Loaded(data[i].b),
+                             cf = Loaded(data[i].c);
+    const int64_t lda = e.ta ? e.m : e.k, ldb = e.tb ? e.k : e.n;
+    std::vector<double> tol(e.m * e.n);
+    for (int64_t r = 0; r < e.m; ++r) {
+      for (int64_t c = 0; c < e.n; ++c) {
+        double mag = 0;
+        for (int64_t p = 0; p < e.k; ++p) {
+          const double av = e.ta ? af[p * lda + r] : af[r * lda + p];
+          const double bv = e.tb ? bf[c * ldb + p] : bf[p * ldb + c];
+          mag += std::abs(av * bv);
+        }
+        mag = 0.75 * mag + (e.beta == 0.0f ? 0.0 : std::abs(e.beta * cf[r * e.n + c]));
+        tol[r * e.n + c] = 4.0 * std::max<int64_t>(e.k, 1) * kU * mag;
+      }
+    }
+    if (e.fp32_c) {
+      for (size_t j = 0; j < tol.size(); ++j) {
+        ASSERT_LE(std::abs(double{cuda[i][j]} - cpu[i][j]), tol[j]) << "C[" << j << "]";
+      }
+    } else {
+      EXPECT_TRUE(AgreeBf16(cuda[i], cpu[i], tol));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Attention's bf16 block pairs (bf16 q, k, v, dO; fp32 m, l, acc, lse,
+// delta, dK, dV; bf16 dq rounded once per block pair), two ways:
+// - against the CPU emulation (the fp32 functions on the loaded inputs):
+//   cuda_model_twin_test's fp32 attention tolerances (3e-5 of the largest
+//   magnitude for the state, 2e-4 for the gradients; the dot products sum
+//   in another order), delta bitwise (the same loop on both sides), and for
+//   dq one bf16 unit of its largest magnitude more per block pair, since
+//   each pair's rounding can land on neighbouring bf16 values and the next
+//   pair carries the difference on;
+// - against the CUDA fp32 kernels on the loaded values, bit for bit: the
+//   bf16 kernels are the same kernels with exact loads into the same fp32
+//   tiles, and dq is the fp32 kernel's dq rounded once per call (checked by
+//   running the fp32 kernel pair by pair and rounding on the host between).
+// Each side also gives the same bits run to run. Causal offsets, GQA 1 to 8,
+// head_dim 8 to 176 (at 176 the tile is 16 rows and the bf16 dq kernel's
+// staged tile takes it to 57,792 bytes of shared memory, past the 48 KiB
+// that needs no opt-in), lengths off the tile, and rows that see no key.
+
+struct AttnBf16Case {
+  const char* name;
+  int64_t batch, q_len, kv_len, heads, kv_heads, head_dim, q_pos0;
+  std::vector<int64_t> kv_pos0s;  // the K/V blocks, in the order they fold
+};
+
+// Failures name the case, not its bytes.
+void PrintTo(const AttnBf16Case& c, std::ostream* os) { *os << c.name; }
+
+class CudaAttentionBf16Test : public CudaBf16TwinTest,
+                              public ::testing::WithParamInterface<AttnBf16Case> {};
+
+double MaxAbsFinite(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) {
+    if (std::isfinite(x)) m = std::max(m, double{std::abs(x)});
+  }
+  return m;
+}
+
+// Equal values (infinities included) pass; otherwise |got - want| <= tol.
+::testing::AssertionResult Within(const std::vector<float>& got, const std::vector<float>& want,
+                                  double tol, const char* what) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << what << ": sizes";
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    if (!(std::abs(double{got[i]} - double{want[i]}) <= tol)) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << bad << " of " << want.size()
+                                       << " disagree; first [" << first << "]: " << got[first]
+                                       << " vs " << want[first] << ", tol " << tol;
+}
+
+template <typename T>
+::testing::AssertionResult Bitwise(const std::vector<T>& a, const std::vector<T>& b,
+                                   const char* what) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) {
+      return ::testing::AssertionFailure() << what << ": first difference at [" << i << "]";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<uint16_t> BitsOf(const std::vector<Bf16>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+  return b;
+}
+
+struct AttnBf16Data {
+  std::vector<AttentionShape> shapes;
+  int64_t rows = 0, q_size = 0, kv_size = 0;
+  std::vector<Bf16> q, dout, dq0;
+  std::vector<std::vector<Bf16>> k, v;
+  std::vector<std::vector<float>> dk0, dv0;
+};
+
+struct AttnBf16Out {
+  std::vector<float> m, l, acc, o, lse, delta;
+  std::vector<Bf16> dq;
+  std::vector<std::vector<float>> dk, dv;
+};
+
+// Init, ForwardBlock over the blocks, Finalize, Delta and BackwardBlock over
+// the blocks on one side, in bf16 (`fp32` false) or on the loaded values
+// with the fp32 ops (`fp32` true: dq rounded to bf16 on the host after each
+// pair, the bf16 ops' contract). Delta and the backward use `ref` (o, lse;
+// the CPU's) when given, so both sides differentiate the same state.
+AttnBf16Out AttnRun(DeviceSide& side, const AttnBf16Data& d, bool fp32, const AttnBf16Out* ref) {
+  AttnBf16Out out;
+  auto mk = ModelKernels::Create(side.b());
+  EXPECT_TRUE(mk.ok()) << mk.status();
+  if (!mk.ok()) return out;
+  ModelKernels& k = **mk;
+  const AttentionShape& s0 = d.shapes[0];
+  float* m = side.Poisoned(d.rows);
+  float* l = side.Poisoned(d.rows);
+  float* acc = side.Poisoned(d.q_size);
+  EXPECT_TRUE(k.AttentionInit(side.s(), s0, m, l, acc).ok());
+  const Bf16* qb = side.UploadBf16(d.q);
+  const float* qf = side.Upload(Loaded(d.q));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    float* work = side.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
+    absl::Status st =
+        fp32 ? k.AttentionForwardBlock(side.s(), d.shapes[j], qf, side.Upload(Loaded(d.k[j])),
+                                       side.Upload(Loaded(d.v[j])), m, l, acc, work)
+             : k.AttentionForwardBlockBf16(side.s(), d.shapes[j], qb, side.UploadBf16(d.k[j]),
+                                           side.UploadBf16(d.v[j]), m, l, acc, work);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  out.m = side.Download(m, d.rows);
+  out.l = side.Download(l, d.rows);
+  out.acc = side.Download(acc, d.q_size);
+  float* lse = side.Poisoned(d.rows);
+  EXPECT_TRUE(k.AttentionFinalize(side.s(), s0, m, l, acc, lse).ok());
+  out.o = side.Download(acc, d.q_size);
+  out.lse = side.Download(lse, d.rows);
+  const float* o_in = side.Upload(ref != nullptr ? ref->o : out.o);
+  const float* lse_in = side.Upload(ref != nullptr ? ref->lse : out.lse);
+  float* delta = side.Poisoned(d.rows);
+  EXPECT_TRUE((fp32 ? k.AttentionDelta(side.s(), s0, o_in, side.Upload(Loaded(d.dout)), delta)
+                    : k.AttentionDeltaBf16(side.s(), s0, o_in, side.UploadBf16(d.dout), delta))
+                  .ok());
+  out.delta = side.Download(delta, d.rows);
+  const float* delta_in = side.Upload(ref != nullptr ? ref->delta : out.delta);
+  const Bf16* doutb = side.UploadBf16(d.dout);
+  const float* doutf = side.Upload(Loaded(d.dout));
+  std::vector<Bf16> dq_host = d.dq0;
+  Bf16* dqb = side.UploadBf16(d.dq0);
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    float* work = side.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
+    float* dk = side.Upload(d.dk0[j]);
+    float* dv = side.Upload(d.dv0[j]);
+    if (fp32) {
+      float* dqf = side.Upload(Loaded(dq_host));
+      EXPECT_TRUE(k.AttentionBackwardBlock(side.s(), d.shapes[j], qf, side.Upload(Loaded(d.k[j])),
+                                           side.Upload(Loaded(d.v[j])), doutf, lse_in, delta_in,
+                                           dqf, dk, dv, work)
+                      .ok());
+      const std::vector<float> dq_f = side.Download(dqf, d.q_size);
+      for (size_t i = 0; i < dq_f.size(); ++i) dq_host[i] = FloatToBf16(dq_f[i]);
+    } else {
+      EXPECT_TRUE(k.AttentionBackwardBlockBf16(side.s(), d.shapes[j], qb, side.UploadBf16(d.k[j]),
+                                               side.UploadBf16(d.v[j]), doutb, lse_in, delta_in,
+                                               dqb, dk, dv, work)
+                      .ok());
+    }
+    out.dk.push_back(side.Download(dk, d.kv_size));
+    out.dv.push_back(side.Download(dv, d.kv_size));
+  }
+  out.dq = fp32 ? dq_host : side.DownloadBf16(dqb, d.q_size);
+  return out;
+}
+
+TEST_P(CudaAttentionBf16Test, MatchesCpuAndTheFp32Kernels) {
+  const AttnBf16Case& c = GetParam();
+  AttnBf16Data d;
+  for (int64_t p : c.kv_pos0s) {
+    AttentionShape s;
+    s.batch = c.batch;
+    s.q_len = c.q_len;
+    s.kv_len = c.kv_len;
+    s.heads = c.heads;
+    s.kv_heads = c.kv_heads;
+    s.head_dim = c.head_dim;
+    s.q_pos0 = c.q_pos0;
+    s.kv_pos0 = p;
+    s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    d.shapes.push_back(s);
+  }
+  d.rows = c.batch * c.q_len * c.heads;
+  d.q_size = d.rows * c.head_dim;
+  d.kv_size = c.batch * c.kv_len * c.kv_heads * c.head_dim;
+  uint32_t seed = 700;
+  d.q = RandomBf16(d.q_size, seed++);
+  d.dout = RandomBf16(d.q_size, seed++);
+  d.dq0 = RandomBf16(d.q_size, seed++, -0.5f, 0.5f);
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    d.k.push_back(RandomBf16(d.kv_size, seed++));
+    d.v.push_back(RandomBf16(d.kv_size, seed++));
+    d.dk0.push_back(Loaded(RandomBf16(d.kv_size, seed++, -0.5f, 0.5f)));
+    d.dv0.push_back(Loaded(RandomBf16(d.kv_size, seed++, -0.5f, 0.5f)));
+  }
+
+  const AttnBf16Out cpu = AttnRun(cpu_, d, /*fp32=*/false, nullptr);
+  const AttnBf16Out cuda = AttnRun(cuda_, d, /*fp32=*/false, &cpu);
+
+  // Against the CPU emulation.
+  EXPECT_TRUE(Within(cuda.m, cpu.m, 3e-5 * MaxAbsFinite(cpu.m) + 1e-6, "m"));
+  EXPECT_TRUE(Within(cuda.l, cpu.l, 3e-5 * MaxAbsFinite(cpu.l), "l"));
+  EXPECT_TRUE(Within(cuda.acc, cpu.acc, 3e-5 * MaxAbsFinite(cpu.acc) + 1e-7, "acc"));
+  EXPECT_TRUE(Bitwise(cuda.delta, cpu.delta, "delta"));
+  const std::vector<float> cpu_dq = Loaded(cpu.dq);
+  const double pairs = static_cast<double>(d.shapes.size());
+  EXPECT_TRUE(Within(Loaded(cuda.dq), cpu_dq,
+                     (2e-4 + pairs * kBf16Ulp) * MaxAbsFinite(cpu_dq), "dq"));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    EXPECT_TRUE(Within(cuda.dk[j], cpu.dk[j], 2e-4 * MaxAbsFinite(cpu.dk[j]), "dk"));
+    EXPECT_TRUE(Within(cuda.dv[j], cpu.dv[j], 2e-4 * MaxAbsFinite(cpu.dv[j]), "dv"));
+  }
+  // Not vacuous: the pairs moved dq away from its start somewhere (unless
+  // no query sees any key).
+  if (MaxAbsFinite(cpu.l) > 0) {
+    EXPECT_NE(BitsOf(cpu.dq), BitsOf(d.dq0));
+  }
+
+  // Against the CUDA fp32 kernels on the loaded values, bit for bit.
+  const AttnBf16Out f32 = AttnRun(cuda_, d, /*fp32=*/true, &cpu);
+  EXPECT_TRUE(Bitwise(cuda.m, f32.m, "m vs fp32 kernel"));
+  EXPECT_TRUE(Bitwise(cuda.l, f32.l, "l vs fp32 kernel"));
+  EXPECT_TRUE(Bitwise(cuda.acc, f32.acc, "acc vs fp32 kernel"));
+  EXPECT_TRUE(Bitwise(cuda.delta, f32.delta, "delta vs fp32 kernel"));
+  EXPECT_TRUE(Bitwise(BitsOf(cuda.dq), BitsOf(f32.dq), "dq vs fp32 kernel, rounded per pair"));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    EXPECT_TRUE(Bitwise(cuda.dk[j], f32.dk[j], "dk vs fp32 kernel"));
+    EXPECT_TRUE(Bitwise(cuda.dv[j], f32.dv[j], "dv vs fp32 kernel"));
+  }
+
+  // Run to run.
+  const AttnBf16Out again = AttnRun(cuda_, d, /*fp32=*/false, &cpu);
+  EXPECT_TRUE(Bitwise(again.acc, cuda.acc, "acc run 2"));
+  EXPECT_TRUE(Bitwise(BitsOf(again.dq), BitsOf(cuda.dq), "dq run 2"));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    EXPECT_TRUE(Bitwise(again.dk[j], cuda.dk[j], "dk run 2"));
+    EXPECT_TRUE(Bitwise(again.dv[j], cuda.dv[j], "dv run 2"));
+  }
+}
+
+// Tiles (cuda_model_ops.h): 32 rows for head_dim <= 64, 16 for 128 and
+// 176; no length below is a multiple of either.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttentionBf16Test,
+    ::testing::Values(
+        // GQA 1: the own (diagonal) block, then the earlier one.
+        AttnBf16Case{"gqa1_ring", 2, 37, 37, 4, 4, 16, 37, {37, 0}},
+        // GQA 3, key blocks shorter than the queries, the last overlapping
+        // the queries partly.
+        AttnBf16Case{"gqa3_offsets", 1, 70, 45, 6, 2, 32, 90, {90, 45, 0}},
+        // GQA 2: a partly visible block and one wholly after the queries.
+        AttnBf16Case{"gqa2_after", 2, 50, 50, 4, 2, 64, 100, {100, 60, 150}},
+        // GQA 8, head_dim 128, more keys than queries from position 0.
+        AttnBf16Case{"gqa8_d128", 1, 33, 40, 8, 1, 128, 0, {0}},
+        // GQA 2, head_dim 176: the bf16 dq kernel's opt-in past 48 KiB;
+        // the own block, then the earlier one.
+        AttnBf16Case{"gqa2_d176_optin", 1, 21, 21, 4, 2, 176, 21, {21, 0}},
+        // Queries that see no key: o = 0, lse = -inf, dq unchanged.
+        AttnBf16Case{"none_visible", 1, 20, 20, 2, 1, 8, 0, {40}}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace plateau

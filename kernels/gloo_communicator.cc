@@ -43,6 +43,13 @@ namespace {
 // theirs.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kSendRecvSlotPrefix = 0x41;
+constexpr uint8_t kAllGatherSlotPrefix = 0x42;
+// All-gathers of blocks up to this size go direct (DirectAllGather): one
+// message delay instead of the ring's P - 1 in sequence. They are the small,
+// latency-bound ones (PipelinedLLEP gathers every rank's routing counts per
+// layer: E int64 per rank); larger blocks keep Gloo's ring, one peer in
+// flight per rank at a time.
+constexpr size_t kDirectAllGatherMaxBytes = size_t{64} << 10;
 // The barrier that ends a rendezvous; collectives take tags from 1.
 constexpr uint32_t kRendezvousTag = 0;
 
@@ -312,6 +319,10 @@ class GlooCommunicator final : public Communicator {
     const size_t total = bytes * size();
     const bool in_place = send == static_cast<char*>(recv) + rank() * bytes;
     return Enqueue(stream, "all_gather", [=](uint32_t tag) {
+      if (bytes <= kDirectAllGatherMaxBytes) {
+        DirectAllGather(tag, send, recv, bytes, in_place);
+        return;
+      }
       gloo::AllgatherOptions opts(context_);
       // Without an input Gloo gathers in place: this rank's block is
       // already at its offset in the output.
@@ -470,6 +481,38 @@ class GlooCommunicator final : public Communicator {
     if (!done) {
       GLOO_THROW_IO_EXCEPTION(recv ? "receive from" : "send to", " rank ",
                               peer, " was aborted");
+    }
+  }
+
+  // Direct all-gather over one unbound buffer (the output): this rank's
+  // block goes to every peer and every peer's block comes in, all posted at
+  // once, so the gather takes one message delay where Gloo's ring takes P - 1
+  // in sequence. Each rank still sends P - 1 blocks. The output is the same
+  // bytes either way (a gather copies; nothing is added).
+  void DirectAllGather(uint32_t tag, const void* send, void* recv,
+                       size_t block_bytes, bool in_place) {
+    const int p = size();
+    const int r = rank();
+    char* out = static_cast<char*>(recv);
+    if (!in_place) std::memcpy(out + r * block_bytes, send, block_bytes);
+    if (p == 1 || block_bytes == 0) return;
+    const uint64_t slot = gloo::Slot::build(kAllGatherSlotPrefix, tag);
+    auto buf = context_->createUnboundBuffer(out, block_bytes * p);
+    for (int i = 1; i < p; ++i) {
+      const int to = (r + i) % p, from = (r - i + p) % p;
+      buf->recv(from, slot, from * block_bytes, block_bytes);
+      buf->send(to, slot, r * block_bytes, block_bytes);
+    }
+    // The P - 1 receives and sends complete in any order.
+    for (int i = 1; i < p; ++i) {
+      if (!buf->waitRecv(timeout())) {
+        GLOO_THROW_IO_EXCEPTION("a receive of the direct all-gather was aborted");
+      }
+    }
+    for (int i = 1; i < p; ++i) {
+      if (!buf->waitSend(timeout())) {
+        GLOO_THROW_IO_EXCEPTION("a send of the direct all-gather was aborted");
+      }
     }
   }
 

@@ -315,7 +315,10 @@ TYPED_TEST(TypedCommTest, AllGatherConcatenatesInRankOrder) {
   for (int size : {1, 2, 3, 4}) {
     RunRanks(size, [&](Communicator& comm, CpuStream& stream) {
       int seed = 200;
-      for (size_t n : {size_t{1}, size_t{6}, size_t{70001}}) {
+      // Blocks of up to 64 KiB gather directly, larger ones around Gloo's
+      // ring: both sides of the boundary, and far on each side.
+      const size_t edge = (size_t{64} << 10) / sizeof(T);
+      for (size_t n : {size_t{1}, size_t{6}, edge, edge + 1, size_t{70001}}) {
         for (bool in_place : {false, true}) {
           ++seed;
           std::vector<T> mine = Input<T>(seed, comm.rank(), n);

@@ -3,7 +3,10 @@
 # there is no GPU: a dry run (--dry-run, --skip-build: no CUDA build inside a
 # test) with a tiny fake step, checking the JSON and the table it writes,
 # that a failing step fails the run, and that without a step command the
-# missing CUDA step is recorded as not_available rather than passed over.
+# missing CUDA step is recorded as not_available rather than passed over;
+# then the GPU path with stand-ins (a fake nvidia-smi and --prebuilt fake
+# binaries), including the bf16 step stage: passing, refused by the step,
+# and reporting the wrong precision.
 set -euo pipefail
 check=tools/device-check
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -28,19 +31,26 @@ assert by["build"]["status"] == "skipped", by["build"]
 for t in ("cuda_twin_test", "cuda_bf16_twin_test", "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
 for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "memcheck:attention",
-             "racecheck:attention"):
+             "racecheck:attention", "memcheck:bf16", "racecheck:bf16",
+             "synccheck:bf16"):
     assert by["sanitizer:" + tool]["status"] == "dry_run", tool
+assert "cuda_bf16_twin_test" in by["sanitizer:racecheck:bf16"]["detail"], by["sanitizer:racecheck:bf16"]
 assert by["step"]["status"] == "pass" and by["step"]["data"]["max_loss_diff"] == 0.0, by["step"]
 for b in ("sgemm_bench", "copy_bench"):
     assert by["bench:" + b]["status"] == "dry_run"
 # The benches' CUDA runs, each with --backend=cuda on one GPU; the composed
 # step's cap is the card's (85% of it) and its N_max is predicted first.
 cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench",
-        "composed_bench:plan", "composed_bench")
+        "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench")
 for b in cuda:
     st = by["bench:" + b]
     assert st["status"] == "dry_run" and "--backend=cuda" in st["detail"], st
+# The step in both precisions, each asked for by name.
+assert "--precision=fp32" in by["bench:step_bench"]["detail"], by["bench:step_bench"]
+assert "--precision=bf16" in by["bench:step_bench:bf16"]["detail"], by["bench:step_bench:bf16"]
 assert "--plan_only" in by["bench:composed_bench:plan"]["detail"]
+assert "--plan_only" in by["bench:composed_bench:plan_bf16"]["detail"]
+assert "--precision=bf16" in by["bench:composed_bench:plan_bf16"]["detail"]
 assert "--cap_mb=0" in by["bench:composed_bench"]["detail"]  # no GPU: no card to size it by
 assert by["bench:auto_settings_bench"]["status"] == "not_available"
 PY
@@ -84,8 +94,30 @@ for t in cuda_twin_test cuda_bf16_twin_test cuda_model_twin_test nccl_communicat
 for b in sgemm_bench copy_bench ring_dtp_bench dispatch_bench sco_bench optimizer_bench step_bench composed_bench; do
   cp "$fake/bin/bench" "$fake/bin/$b"
 done
+# The step's stand-in says which precision it ran (step_bench's JSON line
+# names it): the one asked for, unless FAKE_PRECISION overrides it; with
+# FAKE_REFUSE it refuses bf16 as a step whose backend does not compute it.
+cat >"$fake/bin/step_bench" <<'SH'
+#!/usr/bin/env bash
+p=fp32
+for a in "$@"; do case "$a" in --precision=*) p="${a#--precision=}" ;; esac; done
+if [ -n "${FAKE_REFUSE:-}" ] && [ "$p" = bf16 ]; then
+  echo "step_bench: UNIMPLEMENTED: the step refused --precision=bf16: precision: bf16 is not computed" >&2
+  echo " seq_len     step_s      tok/s   model GF/s  of bf16"  # buffered stdout lands last
+  exit 1
+fi
+echo "{\"bench\":\"step\",\"precision\":\"${FAKE_PRECISION:-$p}\",\"cuda\":{\"gflops\":2}}"
+SH
+chmod +x "$fake/bin/step_bench"
 # The composed step's stand-in records its arguments: the cap it was given.
-printf '#!/bin/sh\necho "$*" >>"%s"\necho %s\n' "$tmp/composed.args" "'{\"composed\":1}'" >"$fake/bin/composed_bench"
+cat >"$fake/bin/composed_bench" <<SH
+#!/usr/bin/env bash
+echo "\$*" >>"$tmp/composed.args"
+p=fp32
+for a in "\$@"; do case "\$a" in --precision=*) p="\${a#--precision=}" ;; esac; done
+echo "{\"composed\":1,\"precision\":\"\$p\"}"
+SH
+chmod +x "$fake/bin/composed_bench"
 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpu" >"$tmp/gpu.stdout" 2>&1 \
   || { cat "$tmp/gpu.stdout"; fail "the fake GPU run failed"; }
 python3 -c '
@@ -95,19 +127,54 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "gpu" and d["verdict"] == "pass", (d["mode"], d["verdict"], d["failed"])
 assert by["test:cuda_twin_test"]["status"] == "pass" and by["test:cuda_twin_test"]["data"]["testsuites"]
 assert by["bench:sgemm_bench"]["data"]["cuda"]["gflops"] == 2
-for b in ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench"):
+for b in ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench",
+          "step_bench:bf16"):
     assert by["bench:" + b]["status"] == "pass" and by["bench:" + b]["data"]["cuda"]["gflops"] == 2, by["bench:" + b]
-assert by["bench:composed_bench"]["status"] == "pass" and by["bench:composed_bench"]["data"] == {"composed": 1}
+# Each step run says which precision ran.
+for b, p in (("step_bench", "fp32"), ("step_bench:bf16", "bf16")):
+    st = by["bench:" + b]
+    assert st["data"]["precision"] == p and st["detail"].startswith("precision %s, rc=0" % p), st
+assert by["bench:composed_bench"]["status"] == "pass" and by["bench:composed_bench"]["data"]["composed"] == 1
 assert by["bench:composed_bench:plan"]["status"] == "pass"
+st = by["bench:composed_bench:plan_bf16"]
+assert st["status"] == "pass" and st["data"]["precision"] == "bf16" and st["detail"].startswith("precision bf16"), st
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
 # The fake card has 1000 MiB: the composed runs get 85% of it.
-[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 2 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
+[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 3 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
 grep -q -- '--plan_only' "$tmp/composed.args" || fail "no N_max prediction run"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
 fi
 grep -q 'test:cuda_twin_test *fail' "$tmp/gpuskip/table.txt" || fail "the skipped twin test is not marked failed"
+
+# 4a. The bf16 step refused (its backend does not compute bf16): the stage
+# fails, saying the precision did not run and quoting the step's refusal;
+# the fp32 run still passes. A bench that ran fp32 when asked for bf16
+# fails too.
+if FAKE_REFUSE=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/refused" >/dev/null 2>&1; then
+  fail "a step that refused bf16 did not fail the run"
+fi
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+by = {s["stage"]: s for s in d["stages"]}
+assert d["failed"] == ["bench:step_bench:bf16"], d["failed"]
+st = by["bench:step_bench:bf16"]
+assert st["detail"].startswith("precision bf16 NOT run, rc=1") and "the step refused --precision=bf16" in st["detail"], st
+assert by["bench:step_bench"]["status"] == "pass", by["bench:step_bench"]' "$tmp/refused/device-check.json" \
+  || fail "the refused bf16 step is not recorded as such"
+grep -q 'bench:step_bench:bf16 *fail *[0-9]* *precision bf16 NOT run' "$tmp/refused/table.txt" \
+  || { cat "$tmp/refused/table.txt"; fail "the table does not say the bf16 step did not run"; }
+if FAKE_PRECISION=fp32 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/wrongp" >/dev/null 2>&1; then
+  fail "a bf16 run that reported fp32 did not fail the run"
+fi
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+st = [s for s in d["stages"] if s["stage"] == "bench:step_bench:bf16"][0]
+assert d["failed"] == ["bench:step_bench:bf16"] and "says precision fp32" in st["detail"], (d["failed"], st)' \
+  "$tmp/wrongp/device-check.json" || fail "the bf16 run that ran fp32 is not recorded as such"
 
 # 4b. A pack with its libraries as lib.tar.gz (what --pack writes): they are
 # unpacked and first on the binaries' library path.

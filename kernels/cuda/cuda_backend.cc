@@ -4,9 +4,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <list>
 #include <map>
 #include <string>
@@ -641,68 +643,65 @@ class CudaBackend final : public Backend {
   absl::Status DoGroupedGemm(Stream& st,
                              absl::Span<const GemmArgs> gemms) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
-      std::vector<const GemmArgs*> todo;
+      std::vector<GroupedEntry> todo;
       for (const GemmArgs& g : gemms) {
         if (g.k == 0) {
           PLATEAU_CUDA_RETURN_IF_ERROR(
               cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
         } else {
-          todo.push_back(&g);
+          todo.push_back({g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb,
+                          g.beta, g.c, g.ldc});
         }
       }
-      auto same = [](const GemmArgs& x, const GemmArgs& y) {
-        return x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.m == y.m &&
-               x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
-               x.ldc == y.ldc && x.alpha == y.alpha && x.beta == y.beta;
-      };
-      for (size_t first = 0; first < todo.size();
-           first += kGroupedGemmsPerCall) {
-        const size_t last =
-            std::min(todo.size(), first + static_cast<size_t>(kGroupedGemmsPerCall));
-        // Per GEMM: the pointers; per group: the rest.
-        std::vector<const void*> a, b;
-        std::vector<void*> c;
-        std::vector<cublasOperation_t> op_a, op_b;
-        std::vector<int> m, n, k, lda, ldb, ldc, size;
-        std::vector<float> alpha, beta;
-        for (size_t i = first; i < last; ++i) {
-          const GemmArgs& g = *todo[i];
-          // Column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B.
-          a.push_back(g.b);
-          b.push_back(g.a);
-          c.push_back(g.c);
-          if (i > first && same(g, *todo[i - 1])) {
-            ++size.back();
-            continue;
-          }
-          op_a.push_back(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-          op_b.push_back(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-          m.push_back(static_cast<int>(g.n));
-          n.push_back(static_cast<int>(g.m));
-          k.push_back(static_cast<int>(g.k));
-          lda.push_back(static_cast<int>(g.ldb));
-          ldb.push_back(static_cast<int>(g.lda));
-          ldc.push_back(static_cast<int>(g.ldc));
-          alpha.push_back(g.alpha);
-          beta.push_back(g.beta);
-          size.push_back(1);
+      return EnqueueGrouped(s, todo, CUDA_R_32F, CUDA_R_32F);
+    });
+  }
+
+  // The expert groups' bf16 GEMMs: the entries with a bf16 C (the expert
+  // activations and gradients) as grouped cuBLAS calls with bf16 A, B, C and
+  // CUBLAS_COMPUTE_32F, as DoGroupedGemm; k = 0 entries and those with an
+  // fp32 C (which the grouped call is not asked to take) one by one through
+  // DoGemmBf16's path. The entries' outputs do not overlap (validated), so
+  // the order between the two sets does not matter. Each C is what GemmBf16
+  // gives to fp32 rounding of the sum before the one bf16 rounding.
+  absl::Status DoGroupedGemmBf16(Stream& st, absl::Span<const GemmBf16Args> gemms) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      std::vector<GroupedEntry> todo;
+      for (const GemmBf16Args& g : gemms) {
+        if (g.k == 0 || g.c == nullptr) {
+          PLATEAU_RETURN_IF_ERROR(EnqueueGemmBf16(s, g));
+        } else {
+          todo.push_back({g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb,
+                          g.beta, g.c, g.ldc});
         }
-        // The previous call's kernels read the pointer arrays before these
-        // writes run: both are on this stream, in order.
-        PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::StoreGemmPointers(
-            s->stream(), a.data(), b.data(), c.data(),
-            static_cast<int64_t>(a.size()), s->gemm_a(), s->gemm_b(),
-            s->gemm_c()));
-        // The per-group arrays (and alpha, beta: host pointer mode) are read
-        // during the call; the pointer arrays on the device, in stream order.
-        PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmGroupedBatchedEx(
-            s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(),
-            alpha.data(), s->gemm_a(), CUDA_R_32F, lda.data(), s->gemm_b(),
-            CUDA_R_32F, ldb.data(), beta.data(), s->gemm_c(), CUDA_R_32F,
-            ldc.data(), static_cast<int>(size.size()), size.data(),
-            CUBLAS_COMPUTE_32F));
       }
-      return absl::OkStatus();
+      // Should this cuBLAS not take bf16 in its grouped call
+      // (CUBLAS_STATUS_NOT_SUPPORTED), the entries go one by one through
+      // GemmBf16's path: the same values (each C is GemmBf16's), said once
+      // on stderr since it is slower.
+      return EnqueueGrouped(s, todo, CUDA_R_16BF, CUDA_R_16BF, [&](const GroupedEntry& e) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true)) {
+          std::fprintf(stderr,
+                       "plateau cuda backend: cublasGemmGroupedBatchedEx does not take bf16 here; "
+                       "GroupedGemmBf16 runs one cublasGemmEx per entry\n");
+        }
+        GemmBf16Args g;
+        g.trans_a = e.trans_a;
+        g.trans_b = e.trans_b;
+        g.m = e.m;
+        g.n = e.n;
+        g.k = e.k;
+        g.alpha = e.alpha;
+        g.a = static_cast<const Bf16*>(e.a);
+        g.lda = e.lda;
+        g.b = static_cast<const Bf16*>(e.b);
+        g.ldb = e.ldb;
+        g.beta = e.beta;
+        g.c = static_cast<Bf16*>(e.c);
+        g.ldc = e.ldc;
+        return EnqueueGemmBf16(s, g);
+      });
     });
   }
 
@@ -853,25 +852,7 @@ class CudaBackend final : public Backend {
   // (fp32 products and sums), alpha * acc + beta * C in fp32 and one
   // rounding to a bf16 C, or an fp32 C. Swapped to column-major as DoGemm.
   absl::Status DoGemmBf16(Stream& st, const GemmBf16Args& g) override {
-    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
-      const bool bf16_c = g.c != nullptr;
-      void* c = bf16_c ? static_cast<void*>(g.c) : static_cast<void*>(g.c_fp32);
-      if (g.k == 0) {  // C = beta * C; A and B may be null
-        PLATEAU_CUDA_RETURN_IF_ERROR(
-            bf16_c ? cuda_ops::ScaleMatrixBf16(s->stream(), Bits(g.c), g.m, g.n, g.ldc, g.beta)
-                   : cuda_ops::ScaleMatrix(s->stream(), g.c_fp32, g.m, g.n, g.ldc, g.beta));
-        return absl::OkStatus();
-      }
-      const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-      const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-      PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-          s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
-          static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_16BF,
-          static_cast<int>(g.ldb), g.a, CUDA_R_16BF, static_cast<int>(g.lda),
-          &g.beta, c, bf16_c ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(g.ldc),
-          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      return absl::OkStatus();
-    });
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status { return EnqueueGemmBf16(s, g); });
   }
   absl::Status DoConvertToBf16(Stream& st, Bf16* out, const float* x, int64_t n) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
@@ -920,6 +901,26 @@ class CudaBackend final : public Backend {
       return absl::OkStatus();
     });
   }
+  absl::Status DoFillBf16(Stream& st, Bf16* x, int64_t n, float value) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::FillBf16(s->stream(), Bits(x), n, value));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoAddBf16(Stream& st, Bf16* out, const Bf16* a, const Bf16* b,
+                         int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::AddBf16(s->stream(), Bits(out), Bits(a), Bits(b), n));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DoSumSquaresBf16(Stream& st, float* out, const Bf16* x, int64_t n) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::SumSquaresBf16(s->stream(), out, Bits(x), n, s->scratch()));
+      return absl::OkStatus();
+    });
+  }
   absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
                            Bf16* working, int64_t n, const AdamWArgs& args) override {
     const cuda_ops::AdamWScalars k = AdamWScalarsOf(args);
@@ -935,6 +936,111 @@ class CudaBackend final : public Backend {
   // C++ and names no bf16 type).
   static uint16_t* Bits(Bf16* p) { return reinterpret_cast<uint16_t*>(p); }
   static const uint16_t* Bits(const Bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
+
+  // One GEMM of a grouped call, its pointers untyped (the call names the
+  // element types).
+  struct GroupedEntry {
+    bool trans_a, trans_b;
+    int64_t m, n, k;
+    float alpha;
+    const void* a;
+    int64_t lda;
+    const void* b;
+    int64_t ldb;
+    float beta;
+    void* c;
+    int64_t ldc;
+  };
+
+  // Enqueues `todo` (every k > 0) as cublasGemmGroupedBatchedEx calls of
+  // kGroupedGemmsPerCall GEMMs, A and B of type `ab`, C of type `c_type`,
+  // CUBLAS_COMPUTE_32F. A call that cuBLAS answers CUBLAS_STATUS_NOT_SUPPORTED
+  // (it enqueued nothing) goes to `one_by_one` on each of its entries when
+  // given, else is an error. Runs under the stream's launch lock (Enqueue).
+  static absl::Status EnqueueGrouped(
+      CudaStream* s, const std::vector<GroupedEntry>& todo, cudaDataType ab,
+      cudaDataType c_type,
+      const std::function<absl::Status(const GroupedEntry&)>& one_by_one = nullptr) {
+    auto same = [](const GroupedEntry& x, const GroupedEntry& y) {
+      return x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.m == y.m &&
+             x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
+             x.ldc == y.ldc && x.alpha == y.alpha && x.beta == y.beta;
+    };
+    for (size_t first = 0; first < todo.size(); first += kGroupedGemmsPerCall) {
+      const size_t last =
+          std::min(todo.size(), first + static_cast<size_t>(kGroupedGemmsPerCall));
+      // Per GEMM: the pointers; per group: the rest.
+      std::vector<const void*> a, b;
+      std::vector<void*> c;
+      std::vector<cublasOperation_t> op_a, op_b;
+      std::vector<int> m, n, k, lda, ldb, ldc, size;
+      std::vector<float> alpha, beta;
+      for (size_t i = first; i < last; ++i) {
+        const GroupedEntry& g = todo[i];
+        // Column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B.
+        a.push_back(g.b);
+        b.push_back(g.a);
+        c.push_back(g.c);
+        if (i > first && same(g, todo[i - 1])) {
+          ++size.back();
+          continue;
+        }
+        op_a.push_back(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+        op_b.push_back(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+        m.push_back(static_cast<int>(g.n));
+        n.push_back(static_cast<int>(g.m));
+        k.push_back(static_cast<int>(g.k));
+        lda.push_back(static_cast<int>(g.ldb));
+        ldb.push_back(static_cast<int>(g.lda));
+        ldc.push_back(static_cast<int>(g.ldc));
+        alpha.push_back(g.alpha);
+        beta.push_back(g.beta);
+        size.push_back(1);
+      }
+      // The previous call's kernels read the pointer arrays before these
+      // writes run: both are on this stream, in order.
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::StoreGemmPointers(
+          s->stream(), a.data(), b.data(), c.data(), static_cast<int64_t>(a.size()),
+          s->gemm_a(), s->gemm_b(), s->gemm_c()));
+      // The per-group arrays (and alpha, beta: host pointer mode) are read
+      // during the call; the pointer arrays on the device, in stream order.
+      const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+          s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alpha.data(),
+          s->gemm_a(), ab, lda.data(), s->gemm_b(), ab, ldb.data(), beta.data(), s->gemm_c(),
+          c_type, ldc.data(), static_cast<int>(size.size()), size.data(), CUBLAS_COMPUTE_32F);
+      if (st == CUBLAS_STATUS_NOT_SUPPORTED && one_by_one != nullptr) {
+        for (size_t i = first; i < last; ++i) PLATEAU_RETURN_IF_ERROR(one_by_one(todo[i]));
+        continue;
+      }
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        return CublasStatus(st, "cublasGemmGroupedBatchedEx", __FILE__, __LINE__);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The bf16 GEMM: cublasGemmEx with bf16 A and B and CUBLAS_COMPUTE_32F
+  // (fp32 products and sums), alpha * acc + beta * C in fp32 and one
+  // rounding to a bf16 C, or an fp32 C. Swapped to column-major as DoGemm.
+  // Runs under the stream's launch lock (Enqueue).
+  static absl::Status EnqueueGemmBf16(CudaStream* s, const GemmBf16Args& g) {
+    const bool bf16_c = g.c != nullptr;
+    void* c = bf16_c ? static_cast<void*>(g.c) : static_cast<void*>(g.c_fp32);
+    if (g.k == 0) {  // C = beta * C; A and B may be null
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          bf16_c ? cuda_ops::ScaleMatrixBf16(s->stream(), Bits(g.c), g.m, g.n, g.ldc, g.beta)
+                 : cuda_ops::ScaleMatrix(s->stream(), g.c_fp32, g.m, g.n, g.ldc, g.beta));
+      return absl::OkStatus();
+    }
+    const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+        s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
+        static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_16BF, static_cast<int>(g.ldb), g.a,
+        CUDA_R_16BF, static_cast<int>(g.lda), &g.beta, c, bf16_c ? CUDA_R_16BF : CUDA_R_32F,
+        static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
 
  private:
   // Enqueues one operation: `launch(s)` runs with the stream's launch lock

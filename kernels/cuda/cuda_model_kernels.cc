@@ -196,8 +196,7 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("row_dots", s, cuda_model_ops::RowDots, a, b, pos, tokens,
                    k, width, out);
   }
-  // bf16 mixed precision (cuda_model_ops.h); the embedding gradient's bf16
-  // op stays UNIMPLEMENTED here for now (see cuda_model_ops.h).
+  // bf16 mixed precision (cuda_model_ops.h): every bf16 op of ModelKernels.
   static const uint16_t* Bits(const Bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
   static uint16_t* Bits(Bf16* p) { return reinterpret_cast<uint16_t*>(p); }
   absl::Status DoEmbeddingBf16(Stream& s, const Bf16* table, int64_t /*vocab*/,
@@ -205,6 +204,35 @@ class CudaModelKernels final : public ModelKernels {
                                Bf16* out) override {
     PLATEAU_LAUNCH("embedding_bf16", s, cuda_model_ops::EmbeddingBf16, Bits(table), tokens, rows,
                    hidden, Bits(out));
+  }
+  absl::Status DoEmbeddingBackwardBf16(Stream& s, const Bf16* dout, const int32_t* tokens,
+                                       int64_t rows, int64_t hidden, Bf16* dtable,
+                                       int64_t /*vocab*/) override {
+    PLATEAU_LAUNCH("embedding_backward_bf16", s, cuda_model_ops::EmbeddingBackwardBf16,
+                   Bits(dout), tokens, rows, hidden, Bits(dtable));
+  }
+  // Attention on bf16 q, k, v, dO: the fp32 kernels' tiles and arithmetic
+  // on the loaded values; `work` unused, as in fp32.
+  absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
+                                           const Bf16* k, const Bf16* v, float* m, float* l,
+                                           float* acc, float* /*work*/) override {
+    PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_forward_block_bf16", shape));
+    PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockBf16,
+                   Dims(shape), Bits(q), Bits(k), Bits(v), m, l, acc);
+  }
+  absl::Status DoAttentionDeltaBf16(Stream& s, const AttentionShape& shape, const float* o,
+                                    const Bf16* dout, float* delta) override {
+    PLATEAU_LAUNCH("attention_delta_bf16", s, cuda_model_ops::AttentionDeltaBf16, Dims(shape), o,
+                   Bits(dout), delta);
+  }
+  absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
+                                            const Bf16* k, const Bf16* v, const Bf16* dout,
+                                            const float* lse, const float* delta, Bf16* dq,
+                                            float* dk, float* dv, float* /*work*/) override {
+    PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_backward_block_bf16", shape));
+    PLATEAU_LAUNCH("attention_backward_block_bf16", s,
+                   cuda_model_ops::AttentionBackwardBlockBf16, Dims(shape), Bits(q), Bits(k),
+                   Bits(v), Bits(dout), lse, delta, Bits(dq), dk, dv);
   }
   absl::Status DoGatherRowsBf16(Stream& s, const Bf16* src, int64_t /*src_rows*/,
                                 const int32_t* index, const float* scales, int64_t rows,

@@ -1,8 +1,10 @@
 // ModelKernels on the CUDA backend: the ops of cuda_model_ops.h run as CUDA
 // kernels on the stream's cudaStream_t (Ring-DTP's strips, the dense
 // cross-entropy, the embedding, the dispatch row movement and the rotary
-// embedding up to head_dim 1024, the router). The attention block pairs have
-// no CUDA kernels yet and return UNIMPLEMENTED naming the op. Built only with
+// embedding up to head_dim 1024, the router, the tiled attention block
+// pairs), each in fp32 and in bf16 mixed precision (every *Bf16 op of
+// ModelKernels). A shape a kernel cannot take (rope or attention with too
+// large a head_dim) returns UNIMPLEMENTED naming the op. Built only with
 // --config=cuda; ModelKernels::Create reaches it for a CUDA backend.
 //
 // Every pointer an op takes must be device memory of that backend (stats

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_device_utils.cuh"
 #include "kernels/cuda/cuda_model_ops.h"
@@ -197,6 +198,85 @@ __global__ void EmbeddingBackwardKernel(const float* dout,
   }
 }
 
+// bf16 gradient table: each touched table row must be its loaded value
+// plus the fp32 sum of its rows' gradients in row order, rounded once (the
+// CPU twin's result, bit for bit). With no scratch to hold an fp32 row per
+// token, the row is owned by the block of its token's FIRST occurrence:
+// block r (grid-stride over rows) first asks whether an earlier row has the
+// same token (a block-wide scan of tokens[0, r), kThreads at a time,
+// stopping at the first hit, so a repeated token costs little); if r is the
+// first, the block keeps kEmbCols columns per thread in fp32 registers,
+// scans rows r..rows-1 kThreads at a time, lists the rows with its token in
+// row order (a ballot per warp, then the warps' counts in order) and adds
+// them in that order, then rounds each column once. Every table row has one
+// writer (no atomics) and every sum runs in row order: deterministic, and
+// the CPU's order.
+//
+// Cost beyond the fp32 kernel's rows x hidden adds: token reads, kThreads
+// per step of a block, up to r for each row's first-occurrence check and
+// (rows - r) / kThreads x ceil(hidden / (kThreads x kEmbCols)) for each
+// first occurrence's scan: O(rows x (rows + distinct tokens) / kThreads) steps
+// at worst (all tokens distinct), from a tokens array that sits in L2. A
+// sort-by-token version would need a rows-sized index scratch that the
+// interface does not provide.
+constexpr int kEmbCols = 8;
+constexpr int kWarps = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads)
+    EmbeddingBackwardBf16Kernel(const Bf16* dout, const int32_t* tokens, int64_t rows,
+                                int64_t hidden, Bf16* dtable) {
+  __shared__ int64_t match[kThreads];  // this step's rows with the token, in order
+  __shared__ int warp_first[kWarps + 1];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t tok = tokens[r];
+    bool seen = false;
+    for (int64_t base = 0; base < r && !seen; base += kThreads) {
+      const int64_t e = base + threadIdx.x;
+      seen = __syncthreads_or(e < r && tokens[e] == tok) != 0;
+    }
+    if (seen) continue;  // the same for the whole block
+    Bf16* trow = dtable + static_cast<int64_t>(tok) * hidden;
+    for (int64_t c0 = 0; c0 < hidden; c0 += int64_t{kThreads} * kEmbCols) {
+      float acc[kEmbCols];
+#pragma unroll
+      for (int j = 0; j < kEmbCols; ++j) {
+        const int64_t c = c0 + j * kThreads + threadIdx.x;
+        acc[j] = c < hidden ? Load(trow[c]) : 0.0f;
+      }
+      for (int64_t base = r; base < rows; base += kThreads) {
+        const int64_t e = base + threadIdx.x;
+        const bool hit = e < rows && tokens[e] == tok;
+        const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_first[warp + 1] = __popc(ballot);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          warp_first[0] = 0;
+          for (int w = 0; w < kWarps; ++w) warp_first[w + 1] += warp_first[w];
+        }
+        __syncthreads();
+        if (hit) match[warp_first[warp] + __popc(ballot & ((1u << lane) - 1u))] = e;
+        __syncthreads();
+        const int count = warp_first[kWarps];
+        for (int m = 0; m < count; ++m) {
+          const Bf16* drow = dout + match[m] * hidden;
+#pragma unroll
+          for (int j = 0; j < kEmbCols; ++j) {
+            const int64_t c = c0 + j * kThreads + threadIdx.x;
+            if (c < hidden) acc[j] = __fadd_rn(acc[j], Load(drow[c]));
+          }
+        }
+        __syncthreads();  // match and warp_first are rewritten next step
+      }
+#pragma unroll
+      for (int j = 0; j < kEmbCols; ++j) {
+        const int64_t c = c0 + j * kThreads + threadIdx.x;
+        if (c < hidden) trow[c] = StoreAs<Bf16>(acc[j]);
+      }
+    }
+  }
+}
+
 template <typename T>
 __global__ void GatherRowsKernel(const T* src, const int32_t* index,
                                  const float* scales, int64_t rows,
@@ -364,19 +444,24 @@ __device__ __forceinline__ int64_t VisibleKeysDev(const AttentionDims& s,
 }
 
 // rows x d elements of a [*, stride] row-major array into a tile with row
-// stride d + 1.
-__device__ __forceinline__ void LoadTile(const float* src, int64_t stride,
+// stride d + 1. The tiles are fp32 whatever the source: a bf16 source loads
+// exactly (Load), so the bf16 kernels run the fp32 kernels' arithmetic on
+// the loaded values, operation for operation.
+template <typename T>
+__device__ __forceinline__ void LoadTile(const T* src, int64_t stride,
                                          int64_t rows, int64_t d, float* tile) {
   for (int64_t i = threadIdx.x; i < rows * d; i += blockDim.x) {
     const int64_t r = i / d, c = i - r * d;
-    tile[r * (d + 1) + c] = src[r * stride + c];
+    tile[r * (d + 1) + c] = Load(src[r * stride + c]);
   }
 }
 
-__device__ __forceinline__ float TileDot(const float* a, const float* b,
-                                         int64_t d) {
+template <typename A, typename B>
+__device__ __forceinline__ float TileDot(const A* a, const B* b, int64_t d) {
   float dot = 0.0f;
-  for (int64_t p = 0; p < d; ++p) dot = __fadd_rn(dot, __fmul_rn(a[p], b[p]));
+  for (int64_t p = 0; p < d; ++p) {
+    dot = __fadd_rn(dot, __fmul_rn(Load(a[p]), Load(b[p])));
+  }
   return dot;
 }
 
@@ -394,9 +479,11 @@ __global__ void AttentionInitKernel(int64_t rows, int64_t d, float* m,
 // Block (query tile x, head y, sequence z). Shared: Q, K, V tiles, the scores
 // S [T x T], and per query row alpha, m, l. The state rows of this (sequence,
 // head, query tile) belong to this block alone; key tiles fold in order.
+// In = float or Bf16 (q, k, v); the state is fp32 either way.
+template <typename In>
 __global__ void __launch_bounds__(kAttnThreads)
-    AttentionForwardKernel(AttentionDims s, int T, const float* q,
-                           const float* k, const float* v, float* m, float* l,
+    AttentionForwardKernel(AttentionDims s, int T, const In* q,
+                           const In* k, const In* v, float* m, float* l,
                            float* acc) {
   extern __shared__ float smem[];
   const int64_t d = s.head_dim, ld = d + 1;
@@ -494,8 +581,10 @@ __global__ void AttentionFinalizeKernel(int64_t rows, int64_t d,
   }
 }
 
+// dout = float or Bf16 (loaded exactly); o and delta are fp32.
+template <typename In>
 __global__ void AttentionDeltaKernel(int64_t rows, int64_t d, const float* o,
-                                     const float* dout, float* delta) {
+                                     const In* dout, float* delta) {
   for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) {
     delta[r] = TileDot(o + r * d, dout + r * d, d);
   }
@@ -522,11 +611,21 @@ __device__ __forceinline__ void ProbAndGrad(const AttentionDims& s,
 
 // dQ: block (query tile x, head y, sequence z) owns its dq rows and folds the
 // visible key tiles in order: dq += scale * (dS K) per key tile.
+//
+// In = float or Bf16 (q, k, v, dout). Dq = float: dq is updated in global
+// memory once per key tile (the fp32 kernel). Dq = Bf16: dq is a working
+// gradient rounded once per block pair (precision.h), so the block loads
+// its dq rows exactly into an fp32 tile in shared memory (one more T x (d+1)
+// floats: DqBf16SmemFloats), runs the same updates on it in the same order
+// and rounds once at the end; the bf16 result is therefore the fp32
+// kernel's dq on the loaded inputs, rounded once, bit for bit.
+template <typename In, typename Dq>
 __global__ void __launch_bounds__(kAttnThreads)
-    AttentionBackwardDqKernel(AttentionDims s, int T, const float* q,
-                              const float* k, const float* v,
-                              const float* dout, const float* lse,
-                              const float* delta, float* dq) {
+    AttentionBackwardDqKernel(AttentionDims s, int T, const In* q,
+                              const In* k, const In* v,
+                              const In* dout, const float* lse,
+                              const float* delta, Dq* dq) {
+  constexpr bool kStaged = !std::is_same<Dq, float>::value;
   extern __shared__ float smem[];
   const int64_t d = s.head_dim, ld = d + 1;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * T;
@@ -543,6 +642,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* dS = Vs + T * ld;
   float* lse_s = dS + T * T;
   float* delta_s = lse_s + T;
+  float* dQs = delta_s + T;  // kStaged only: the block's dq rows in fp32
   const int64_t row0 = b * s.q_len + i0;
   LoadTile(q + row0 * qs + h * d, qs, tq, d, Qs);
   LoadTile(dout + row0 * qs + h * d, qs, tq, d, dOs);
@@ -550,7 +650,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     lse_s[r] = lse[(row0 + r) * s.heads + h];
     delta_s[r] = delta[(row0 + r) * s.heads + h];
   }
-  float* dqt = dq + row0 * qs + h * d;
+  Dq* dqt = dq + row0 * qs + h * d;
+  if (kStaged) LoadTile(dqt, qs, tq, d, dQs);
   for (int64_t j0 = 0; j0 < tk; j0 += T) {
     const int64_t nk = min(static_cast<int64_t>(T), tk - j0);
     const int64_t koff = (b * s.kv_len + j0) * ks + g * d;
@@ -571,10 +672,22 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int64_t j = 0; j < nk; ++j) {
         sum = __fadd_rn(sum, __fmul_rn(dS[r * T + j], Ks[j * ld + c]));
       }
-      float* out = dqt + r * qs + c;
-      *out = __fadd_rn(*out, __fmul_rn(s.scale, sum));
+      if (kStaged) {
+        float* out = dQs + r * ld + c;
+        *out = __fadd_rn(*out, __fmul_rn(s.scale, sum));
+      } else {
+        // Dq is float here; the cast only names the type for the compiler.
+        float* out = reinterpret_cast<float*>(dqt) + r * qs + c;
+        *out = __fadd_rn(*out, __fmul_rn(s.scale, sum));
+      }
     }
     __syncthreads();
+  }
+  if (kStaged) {
+    for (int64_t i = threadIdx.x; i < tq * d; i += blockDim.x) {
+      const int64_t r = i / d, c = i - r * d;
+      dqt[r * qs + c] = StoreAs<Dq>(dQs[r * ld + c]);
+    }
   }
 }
 
@@ -584,11 +697,13 @@ __global__ void __launch_bounds__(kAttnThreads)
 // query tile. Summing a key's contributions over query tiles and heads inside
 // one block (rather than with float atomics from the query-tile blocks, as
 // FlashAttention-2 does) costs recomputing P and dS once more, and buys
-// results that are the same bits run to run.
+// results that are the same bits run to run. In = float or Bf16 (q, k, v,
+// dout); dk and dv travel the ring and stay fp32 in both precisions.
+template <typename In>
 __global__ void __launch_bounds__(kAttnThreads)
-    AttentionBackwardDkvKernel(AttentionDims s, int T, const float* q,
-                               const float* k, const float* v,
-                               const float* dout, const float* lse,
+    AttentionBackwardDkvKernel(AttentionDims s, int T, const In* q,
+                               const In* k, const In* v,
+                               const In* dout, const float* lse,
                                const float* delta, float* dk, float* dv) {
   extern __shared__ float smem[];
   const int64_t d = s.head_dim, ld = d + 1;
@@ -650,9 +765,17 @@ __global__ void __launch_bounds__(kAttnThreads)
 int64_t ForwardSmemFloats(int64_t T, int64_t d) { return 3 * T * (d + 1) + T * T + 3 * T; }
 int64_t DqSmemFloats(int64_t T, int64_t d) { return 4 * T * (d + 1) + T * T + 2 * T; }
 int64_t DkvSmemFloats(int64_t T, int64_t d) { return 4 * T * (d + 1) + 2 * T * T + 2 * T; }
+// The bf16-dq kernel's extra fp32 dq tile. At the tile AttentionTile picks
+// (DkvSmemFloats <= kSmemFloats) this is at most 1.25 kSmemFloats (its
+// 5 T (d + 1) term is 1.25 times Dkv's 4 T (d + 1)): under 60 KiB, which
+// the launcher opts in to (kMaxDqBf16SmemBytes).
+int64_t DqBf16SmemFloats(int64_t T, int64_t d) { return DqSmemFloats(T, d) + T * (d + 1); }
 
 // 48 KiB: what any kernel may take without cudaFuncSetAttribute.
 constexpr int64_t kSmemFloats = 48 * 1024 / 4;
+// The dynamic shared memory the bf16-dq kernel may take (see
+// DqBf16SmemFloats): an opt-in above 48 KiB, which sm_80 and sm_90 allow.
+constexpr int64_t kMaxDqBf16SmemBytes = 60 * 1024;
 
 bool AttentionGridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
   return tiles <= 0x7fffffff && heads <= 65535 && s.batch <= 65535;
@@ -795,6 +918,14 @@ cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int3
   return cudaGetLastError();
 }
 
+cudaError_t EmbeddingBackwardBf16(cudaStream_t stream, const uint16_t* dout,
+                                  const int32_t* tokens, int64_t rows, int64_t hidden,
+                                  uint16_t* dtable) {
+  EmbeddingBackwardBf16Kernel<<<RowGrid(rows), kThreads, 0, stream>>>(AsBf16(dout), tokens, rows,
+                                                                      hidden, AsBf16(dtable));
+  return cudaGetLastError();
+}
+
 cudaError_t GatherRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* index,
                            const float* scales, int64_t rows, int64_t width, uint16_t* dst) {
   GatherRowsKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
@@ -866,7 +997,10 @@ cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* 
 
 int AttentionTile(int64_t head_dim) {
   for (int T = 32; T >= 1; T /= 2) {
-    // The dK/dV kernel takes the most; the forward and dQ kernels fit then.
+    // The dK/dV kernel takes the most; the forward and fp32 dQ kernels fit
+    // then (the bf16 dQ kernel's staged dq tile may not: it opts in to
+    // more, DqBf16SmemFloats). One tile for both precisions, so that the
+    // bf16 kernels are the fp32 ones on the loaded values.
     if (DkvSmemFloats(T, head_dim) <= kSmemFloats) return T;
   }
   return 0;
@@ -880,20 +1014,90 @@ cudaError_t AttentionInit(cudaStream_t stream, const AttentionDims& s,
   return cudaGetLastError();
 }
 
-cudaError_t AttentionForwardBlock(cudaStream_t stream, const AttentionDims& s,
-                                  const float* q, const float* k,
-                                  const float* v, float* m, float* l,
-                                  float* acc) {
+namespace {
+
+// The launchers' bodies for both precisions (In = float or Bf16).
+template <typename In>
+cudaError_t LaunchAttentionForward(cudaStream_t stream, const AttentionDims& s, const In* q,
+                                   const In* k, const In* v, float* m, float* l, float* acc) {
   const int T = AttentionTile(s.head_dim);
   if (T == 0) return cudaErrorInvalidValue;
   const int64_t tiles = (s.q_len + T - 1) / T;
   if (!AttentionGridFits(s, tiles, s.heads)) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
                   static_cast<unsigned>(s.batch));
-  AttentionForwardKernel<<<grid, kAttnThreads,
-                           ForwardSmemFloats(T, s.head_dim) * sizeof(float),
-                           stream>>>(s, T, q, k, v, m, l, acc);
+  AttentionForwardKernel<In><<<grid, kAttnThreads,
+                               ForwardSmemFloats(T, s.head_dim) * sizeof(float),
+                               stream>>>(s, T, q, k, v, m, l, acc);
   return cudaGetLastError();
+}
+
+template <typename In>
+cudaError_t LaunchAttentionDelta(cudaStream_t stream, const AttentionDims& s, const float* o,
+                                 const In* dout, float* delta) {
+  const int64_t rows = s.batch * s.q_len * s.heads;
+  AttentionDeltaKernel<In><<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
+      rows, s.head_dim, o, dout, delta);
+  return cudaGetLastError();
+}
+
+template <typename In, typename Dq>
+cudaError_t LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& s, const In* q,
+                                    const In* k, const In* v, const In* dout, const float* lse,
+                                    const float* delta, Dq* dq, float* dk, float* dv) {
+  constexpr bool kStaged = !std::is_same<Dq, float>::value;
+  const int T = AttentionTile(s.head_dim);
+  if (T == 0) return cudaErrorInvalidValue;
+  const int64_t qtiles = (s.q_len + T - 1) / T, ktiles = (s.kv_len + T - 1) / T;
+  if (!AttentionGridFits(s, qtiles, s.heads) ||
+      !AttentionGridFits(s, ktiles, s.kv_heads)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const int64_t dq_smem =
+      (kStaged ? DqBf16SmemFloats(T, s.head_dim) : DqSmemFloats(T, s.head_dim)) * sizeof(float);
+  if (kStaged) {
+    // The staged dq tile can take the dq kernel past 48 KiB (at most
+    // kMaxDqBf16SmemBytes): opt in, on the current device (the stream's,
+    // which the caller made current). A host-side attribute, no sync.
+    if (dq_smem > kMaxDqBf16SmemBytes) return cudaErrorInvalidValue;
+    const cudaError_t e = cudaFuncSetAttribute(
+        reinterpret_cast<const void*>(AttentionBackwardDqKernel<In, Dq>),
+        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxDqBf16SmemBytes));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not left behind for the next launch to be blamed for
+      return e;
+    }
+  }
+  // The two kernels write disjoint outputs (dq; dk and dv) and only read
+  // the rest, so they may run in either order on the one stream.
+  const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
+                   static_cast<unsigned>(s.batch));
+  AttentionBackwardDqKernel<In, Dq><<<qgrid, kAttnThreads, dq_smem, stream>>>(
+      s, T, q, k, v, dout, lse, delta, dq);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const dim3 kgrid(static_cast<unsigned>(ktiles),
+                   static_cast<unsigned>(s.kv_heads),
+                   static_cast<unsigned>(s.batch));
+  AttentionBackwardDkvKernel<In><<<kgrid, kAttnThreads,
+                                   DkvSmemFloats(T, s.head_dim) * sizeof(float),
+                                   stream>>>(s, T, q, k, v, dout, lse, delta, dk, dv);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t AttentionForwardBlock(cudaStream_t stream, const AttentionDims& s,
+                                  const float* q, const float* k,
+                                  const float* v, float* m, float* l,
+                                  float* acc) {
+  return LaunchAttentionForward<float>(stream, s, q, k, v, m, l, acc);
+}
+
+cudaError_t AttentionForwardBlockBf16(cudaStream_t stream, const AttentionDims& s,
+                                      const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                      float* m, float* l, float* acc) {
+  return LaunchAttentionForward<Bf16>(stream, s, AsBf16(q), AsBf16(k), AsBf16(v), m, l, acc);
 }
 
 cudaError_t AttentionFinalize(cudaStream_t stream, const AttentionDims& s,
@@ -907,10 +1111,12 @@ cudaError_t AttentionFinalize(cudaStream_t stream, const AttentionDims& s,
 
 cudaError_t AttentionDelta(cudaStream_t stream, const AttentionDims& s,
                            const float* o, const float* dout, float* delta) {
-  const int64_t rows = s.batch * s.q_len * s.heads;
-  AttentionDeltaKernel<<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
-      rows, s.head_dim, o, dout, delta);
-  return cudaGetLastError();
+  return LaunchAttentionDelta<float>(stream, s, o, dout, delta);
+}
+
+cudaError_t AttentionDeltaBf16(cudaStream_t stream, const AttentionDims& s, const float* o,
+                               const uint16_t* dout, float* delta) {
+  return LaunchAttentionDelta<Bf16>(stream, s, o, AsBf16(dout), delta);
 }
 
 cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
@@ -918,30 +1124,15 @@ cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
                                    const float* v, const float* dout,
                                    const float* lse, const float* delta,
                                    float* dq, float* dk, float* dv) {
-  const int T = AttentionTile(s.head_dim);
-  if (T == 0) return cudaErrorInvalidValue;
-  const int64_t qtiles = (s.q_len + T - 1) / T, ktiles = (s.kv_len + T - 1) / T;
-  if (!AttentionGridFits(s, qtiles, s.heads) ||
-      !AttentionGridFits(s, ktiles, s.kv_heads)) {
-    return cudaErrorInvalidConfiguration;
-  }
-  // The two kernels write disjoint outputs (dq; dk and dv) and only read
-  // the rest, so they may run in either order on the one stream.
-  const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
-                   static_cast<unsigned>(s.batch));
-  AttentionBackwardDqKernel<<<qgrid, kAttnThreads,
-                              DqSmemFloats(T, s.head_dim) * sizeof(float),
-                              stream>>>(s, T, q, k, v, dout, lse, delta, dq);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  const dim3 kgrid(static_cast<unsigned>(ktiles),
-                   static_cast<unsigned>(s.kv_heads),
-                   static_cast<unsigned>(s.batch));
-  AttentionBackwardDkvKernel<<<kgrid, kAttnThreads,
-                               DkvSmemFloats(T, s.head_dim) * sizeof(float),
-                               stream>>>(s, T, q, k, v, dout, lse, delta, dk,
-                                         dv);
-  return cudaGetLastError();
+  return LaunchAttentionBackward<float, float>(stream, s, q, k, v, dout, lse, delta, dq, dk, dv);
+}
+
+cudaError_t AttentionBackwardBlockBf16(cudaStream_t stream, const AttentionDims& s,
+                                       const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                       const uint16_t* dout, const float* lse,
+                                       const float* delta, uint16_t* dq, float* dk, float* dv) {
+  return LaunchAttentionBackward<Bf16, Bf16>(stream, s, AsBf16(q), AsBf16(k), AsBf16(v),
+                                             AsBf16(dout), lse, delta, AsBf16(dq), dk, dv);
 }
 
 cudaError_t LoadKernels() {
@@ -958,6 +1149,7 @@ cudaError_t LoadKernels() {
       reinterpret_cast<const void*>(CrossEntropyLossKernel<Bf16>),
       reinterpret_cast<const void*>(EmbeddingKernel<float>),
       reinterpret_cast<const void*>(EmbeddingBackwardKernel),
+      reinterpret_cast<const void*>(EmbeddingBackwardBf16Kernel),
       reinterpret_cast<const void*>(GatherRowsKernel<float>),
       reinterpret_cast<const void*>(ScatterRowsKernel<float>),
       reinterpret_cast<const void*>(CombineRowsKernel<float>),
@@ -972,11 +1164,15 @@ cudaError_t LoadKernels() {
       reinterpret_cast<const void*>(RouterKernel),
       reinterpret_cast<const void*>(RouterBackwardKernel),
       reinterpret_cast<const void*>(AttentionInitKernel),
-      reinterpret_cast<const void*>(AttentionForwardKernel),
+      reinterpret_cast<const void*>(AttentionForwardKernel<float>),
+      reinterpret_cast<const void*>(AttentionForwardKernel<Bf16>),
       reinterpret_cast<const void*>(AttentionFinalizeKernel),
-      reinterpret_cast<const void*>(AttentionDeltaKernel),
-      reinterpret_cast<const void*>(AttentionBackwardDqKernel),
-      reinterpret_cast<const void*>(AttentionBackwardDkvKernel),
+      reinterpret_cast<const void*>(AttentionDeltaKernel<float>),
+      reinterpret_cast<const void*>(AttentionDeltaKernel<Bf16>),
+      reinterpret_cast<const void*>(AttentionBackwardDqKernel<float, float>),
+      reinterpret_cast<const void*>(AttentionBackwardDqKernel<Bf16, Bf16>),
+      reinterpret_cast<const void*>(AttentionBackwardDkvKernel<float>),
+      reinterpret_cast<const void*>(AttentionBackwardDkvKernel<Bf16>),
   };
   for (const void* kernel : kernels) {
     cudaFuncAttributes attributes;

@@ -1,5 +1,5 @@
 // CUDA kernels for the model kernels (kernels/model/model_kernels.h), one
-// launcher per op. So far: Ring-DTP's strips (StripInit, StripFold,
+// launcher per op, fp32 and bf16 mixed precision. So far: Ring-DTP's strips (StripInit, StripFold,
 // StripFinish, StripDelta), the dense cross-entropy and its backward, the
 // embedding and its backward, the dispatch row movement (GatherRows,
 // ScatterRows, CombineRows, RowDots), the rotary embedding, the router and
@@ -83,12 +83,18 @@ cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
 // bf16 mixed precision (uint16_t* = kernels/bf16.h's Bf16 bits): the same
 // kernels templated on the element type; exact loads, the fp32 expressions,
 // one __float2bfloat16_rn per stored element (CombineRows sums in an fp32
-// register); scales, weights and RowDots' out stay fp32. The embedding's
-// gradient has no bf16 kernel yet: its CPU twin sums every row of a token in
-// fp32 and rounds once, which a kernel that walks rows per column can only
-// match with an fp32 accumulator per touched table row.
+// register); scales, weights and RowDots' out stay fp32.
 cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int32_t* tokens,
                           int64_t rows, int64_t hidden, uint16_t* out);
+// dtable[token] = its loaded value plus the fp32 sum, in row order, of the
+// rows with that token, rounded once; untouched table rows are not written.
+// The CPU twin's value bit for bit. One block per row; the block of a
+// token's first occurrence owns its table row (no atomics, no scratch) and
+// finds its rows by block-wide scans of the tokens (cuda_model_ops.cu gives
+// the cost).
+cudaError_t EmbeddingBackwardBf16(cudaStream_t stream, const uint16_t* dout,
+                                  const int32_t* tokens, int64_t rows, int64_t hidden,
+                                  uint16_t* dtable);
 cudaError_t GatherRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* index,
                            const float* scales, int64_t rows, int64_t width, uint16_t* dst);
 cudaError_t ScatterRowsBf16(cudaStream_t stream, const uint16_t* src, int64_t rows,
@@ -148,9 +154,11 @@ struct AttentionDims {
   float scale;
 };
 // The square tile (query rows = key rows per tile) the attention kernels use
-// for this head_dim: the largest power of two <= 32 whose tiles fit 48 KiB of
-// shared memory (no opt-in needed); 0 when not even a 1-row tile fits
-// (head_dim above ~3000), which the caller reports as UNIMPLEMENTED.
+// for this head_dim, in both precisions: the largest power of two <= 32
+// whose tiles fit 48 KiB of shared memory (no opt-in needed; the bf16 dQ
+// kernel's extra fp32 dq tile opts in to at most 60 KiB); 0 when not even a
+// 1-row tile fits (head_dim above ~3000), which the caller reports as
+// UNIMPLEMENTED.
 int AttentionTile(int64_t head_dim);
 // m = -inf, l = 0, acc = 0.
 cudaError_t AttentionInit(cudaStream_t stream, const AttentionDims& s,
@@ -180,6 +188,26 @@ cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
                                    const float* v, const float* dout,
                                    const float* lse, const float* delta,
                                    float* dq, float* dk, float* dv);
+
+// bf16 mixed precision: the same kernels on bf16 q, k, v and dout, loaded
+// exactly into the fp32 shared-memory tiles, so every product, sum, expf
+// and rescale is the fp32 kernel's on the loaded values (same tile, same
+// order). What the plan keeps fp32 stays fp32: m, l, acc (-> o), lse,
+// delta, dk, dv. dq is a bf16 working gradient: the dq kernel stages its
+// rows in fp32 in shared memory (one more tile; it opts in to up to 60 KiB
+// of dynamic shared memory), applies the fp32 kernel's per-key-tile updates
+// and rounds once per call. So, bit for bit: the forward state, delta, dk
+// and dv equal the fp32 kernels' on the loaded inputs, and dq equals the
+// fp32 kernel's dq on the loaded dq, rounded once.
+cudaError_t AttentionForwardBlockBf16(cudaStream_t stream, const AttentionDims& s,
+                                      const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                      float* m, float* l, float* acc);
+cudaError_t AttentionDeltaBf16(cudaStream_t stream, const AttentionDims& s, const float* o,
+                               const uint16_t* dout, float* delta);
+cudaError_t AttentionBackwardBlockBf16(cudaStream_t stream, const AttentionDims& s,
+                                       const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                       const uint16_t* dout, const float* lse,
+                                       const float* delta, uint16_t* dq, float* dk, float* dv);
 
 }  // namespace plateau::cuda_model_ops
 

@@ -102,6 +102,23 @@ struct AddOp {
   __device__ void operator()(int64_t i) const { out[i] = a[i] + b[i]; }
 };
 
+// bf16: x = rn(value) (+0 for 0); out = rn(a + b) of the loaded values,
+// one fp32 add rounded once (the CPU emulation's AddBf16).
+struct FillBf16Op {
+  Bf16* x;
+  float value;
+  __device__ void operator()(int64_t i) const { x[i] = __float2bfloat16_rn(value); }
+};
+
+struct AddBf16Op {
+  Bf16* out;
+  const Bf16* a;
+  const Bf16* b;
+  __device__ void operator()(int64_t i) const {
+    out[i] = __float2bfloat16_rn(__fadd_rn(Load(a[i]), Load(b[i])));
+  }
+};
+
 struct MulOp {
   float* out;
   const float* a;
@@ -319,12 +336,13 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 // Whole-array reductions: per-block partials, then one block combines them.
 
-template <bool kSquare>
+// T = float, or Bf16 (SumSquaresBf16: the loaded values, exact in double).
+template <bool kSquare, typename T>
 __global__ void __launch_bounds__(kThreads)
-    ReducePartialKernel(double* partial, const float* x, int64_t n) {
+    ReducePartialKernel(double* partial, const T* x, int64_t n) {
   double acc = 0.0;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
-    const double v = x[i];
+    const double v = Load(x[i]);
     acc += kSquare ? v * v : v;
   }
   acc = BlockReduce(acc, SumOp());
@@ -339,14 +357,14 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
 }
 
-template <bool kSquare>
-cudaError_t LaunchReduce(cudaStream_t stream, float* out, const float* x,
+template <bool kSquare, typename T>
+cudaError_t LaunchReduce(cudaStream_t stream, float* out, const T* x,
                          int64_t n, void* scratch) {
   const int64_t per_block = kThreads * kItemsPerThread;
   const int64_t blocks =
       std::clamp<int64_t>((n + per_block - 1) / per_block, 1, kReduceBlocks);
   auto* partial = static_cast<double*>(scratch);
-  ReducePartialKernel<kSquare>
+  ReducePartialKernel<kSquare, T>
       <<<static_cast<int>(blocks), kThreads, 0, stream>>>(partial, x, n);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -529,6 +547,20 @@ cudaError_t SumSquares(cudaStream_t stream, float* out, const float* x,
   return LaunchReduce<true>(stream, out, x, n, scratch);
 }
 
+cudaError_t FillBf16(cudaStream_t stream, uint16_t* x, int64_t n, float value) {
+  return LaunchElementwise(stream, n, FillBf16Op{AsBf16(x), value});
+}
+
+cudaError_t AddBf16(cudaStream_t stream, uint16_t* out, const uint16_t* a, const uint16_t* b,
+                    int64_t n) {
+  return LaunchElementwise(stream, n, AddBf16Op{AsBf16(out), AsBf16(a), AsBf16(b)});
+}
+
+cudaError_t SumSquaresBf16(cudaStream_t stream, float* out, const uint16_t* x, int64_t n,
+                           void* scratch) {
+  return LaunchReduce<true>(stream, out, AsBf16(x), n, scratch);
+}
+
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s) {
   return LaunchElementwise(stream, n, AdamWOp<float>{param, grad, m, v, nullptr, s});
@@ -610,8 +642,11 @@ cudaError_t CheckKernelImage() {
       reinterpret_cast<const void*>(RmsNormDweightCombineKernel<Bf16>),
       reinterpret_cast<const void*>(SoftmaxRowsKernel),
       reinterpret_cast<const void*>(LogSumExpRowsKernel),
-      reinterpret_cast<const void*>(ReducePartialKernel<false>),
-      reinterpret_cast<const void*>(ReducePartialKernel<true>),
+      reinterpret_cast<const void*>(ReducePartialKernel<false, float>),
+      reinterpret_cast<const void*>(ReducePartialKernel<true, float>),
+      reinterpret_cast<const void*>(ReducePartialKernel<true, Bf16>),
+      reinterpret_cast<const void*>(ElementwiseKernel<FillBf16Op>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AddBf16Op>),
       reinterpret_cast<const void*>(ReduceFinishKernel),
       reinterpret_cast<const void*>(StoreGemmPointersKernel),
   };

@@ -99,6 +99,14 @@ cudaError_t Sum(cudaStream_t stream, float* out, const float* x, int64_t n,
                 void* scratch);
 cudaError_t SumSquares(cudaStream_t stream, float* out, const float* x,
                        int64_t n, void* scratch);
+// bf16 (kernels/backend.h): x = rn(value); out = rn(a + b) of the loaded
+// values (out may alias a or b); out[0] = SumSquares of the loaded values
+// (the same double partials and tree as SumSquares, no bf16 rounding).
+cudaError_t FillBf16(cudaStream_t stream, uint16_t* x, int64_t n, float value);
+cudaError_t AddBf16(cudaStream_t stream, uint16_t* out, const uint16_t* a, const uint16_t* b,
+                    int64_t n);
+cudaError_t SumSquaresBf16(cudaStream_t stream, float* out, const uint16_t* x, int64_t n,
+                           void* scratch);
 
 // The scalars of one AdamW step, computed on the host exactly as the CPU
 // twin computes them (cpu::AdamWStepScalars), so both apply one formula.

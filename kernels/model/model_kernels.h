@@ -118,7 +118,7 @@ class ModelKernels {
   // one rounding per stored bf16 element. Validated as their fp32 twins; the
   // extra row counts (vocab, src_rows, b_rows) say how many rows the op may
   // read, which the CPU emulation loads. UNIMPLEMENTED where a backend has
-  // no bf16 version (CUDA's are not written yet).
+  // no bf16 version (the CPU and CUDA backends have all of them).
   absl::Status EmbeddingBf16(Stream& s, const Bf16* table, int64_t vocab,
                              const int32_t* tokens, int64_t rows, int64_t hidden, Bf16* out);
   // dtable (vocab x hidden, a bf16 gradient) += the rows' fp32 sums, rounded once.

@@ -17,10 +17,12 @@ int64_t RingDtpPassRows(const RingDtpConfig& c) {
   return c.rows;
 }
 
-// X or dX of a pass in activation mode, W or dW of the largest shard in
-// weight mode.
+// Activation mode: a pass's travelling batch, X with its targets and
+// log-sum-exp (one message per hop), or its dX. Weight mode: W or dW of the
+// largest shard.
 int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks) {
-  return c.mode == RingDtpMode::kActivations ? RingDtpPassRows(c) * c.hidden
+  const int64_t R = RingDtpPassRows(c);
+  return c.mode == RingDtpMode::kActivations ? R * c.hidden + 2 * R
                                              : MaxVocabShardRows(c.vocab, ranks) * c.hidden;
 }
 
@@ -31,19 +33,24 @@ RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
 
 // The live set, buffer by buffer (RingDtp::Allocate() allocates exactly these):
 //   strip            min(R, row_tile) x S       logits of one strip tile, then its delta
-//   slots            3 x SlotFloats             rotating travellers (2 in forward)
+//   slots            3 x SlotFloats             rotating travellers; in activation mode
+//                                               each R x H plus R int32 targets and R
+//                                               floats of log-sum-exp (one message)
 //   state            2 x 3R                     running (m, s, t), double-buffered
 //   lse_own          N                          this rank's log-sum-exp, forward -> backward
-//   side (act. mode) 2 x R floats + 2 x R int32 the travelling batch's lse and targets
 // with R the rows of one pass.
 int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e) {
   const int64_t N = c.rows, R = RingDtpPassRows(c);
-  const int64_t working = std::min(R, c.row_tile) * std::min(c.strip, c.vocab) + 3 * RingDtpSlotFloats(c, ranks);
+  const bool act = c.mode == RingDtpMode::kActivations;
+  // The travellers' X or W in the working precision; a slot's targets and
+  // log-sum-exp are int32 and fp32 whatever it is.
+  const int64_t slot_working = act ? R * c.hidden : RingDtpSlotFloats(c, ranks);
+  const int64_t working = std::min(R, c.row_tile) * std::min(c.strip, c.vocab) + 3 * slot_working;
   int64_t accum = 6 * R + N;
   int64_t ints = 0;
-  if (c.mode == RingDtpMode::kActivations) {
-    accum += 2 * R;
-    ints += 2 * R;
+  if (act) {
+    accum += 3 * R;
+    ints += 3 * R;
   }
   return working * e.working + accum * e.accum + ints * static_cast<int64_t>(sizeof(int32_t));
 }

@@ -16,6 +16,9 @@ constexpr int64_t kF = sizeof(float);
 // moves, never sums: the accumulator's sums are the GEMMs').
 template <typename W>
 constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
+// The packed traveller's words (PackedCount): moved, never combined.
+template <typename W>
+constexpr DataType kPackedWire = std::is_same_v<W, float> ? DataType::kInt32 : DataType::kBfloat16;
 
 }  // namespace
 
@@ -24,8 +27,6 @@ struct RingDtp::Buffers {
   Buffer slots[3];
   Buffer state[2];
   Buffer lse_own;
-  Buffer lse_side[2];
-  Buffer tgt_side[2];
   std::unique_ptr<Event> ev_compute, ev_comm;
 };
 
@@ -68,6 +69,10 @@ absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c,
   if (c.mode != RingDtpMode::kActivations && c.mode != RingDtpMode::kWeights) {
     return absl::InvalidArgumentError("ring_dtp.mode: expected activations or weights");
   }
+  if (c.mode == RingDtpMode::kActivations && e.working == 2 && c.hidden % 2 != 0) {
+    // The packed traveller's targets follow N H bf16 values: 4-byte aligned only for an even H.
+    return bad("ring_dtp.hidden", "an even size under bf16 in activation mode", c.hidden);
+  }
   std::unique_ptr<RingDtp> r(new RingDtp(c, backend, kernels, group, compute, comm));
   r->working_bytes_ = e.working;
   PLATEAU_RETURN_IF_ERROR(r->Allocate());
@@ -83,21 +88,18 @@ absl::Status RingDtp::Allocate() {
   Buffers& b = *buf_;
   PLATEAU_ASSIGN_OR_RETURN(
       b.strip, working(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
+  // A slot: W or dW (working), or activation mode's packed batch, X
+  // (working) with R int32 targets and R fp32 lse (RingDtpBoundBytes).
+  const int64_t slot_bytes = config_.mode == RingDtpMode::kActivations
+                                 ? R * config_.hidden * working_bytes_ + 2 * R * 4
+                                 : RingDtpSlotFloats(config_, P) * working_bytes_;
   for (Buffer& s : b.slots) {
-    PLATEAU_ASSIGN_OR_RETURN(s, working(RingDtpSlotFloats(config_, P)));
+    PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, slot_bytes));
   }
   for (Buffer& s : b.state) {
     PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * R));
   }
   PLATEAU_ASSIGN_OR_RETURN(b.lse_own, floats(N));
-  if (config_.mode == RingDtpMode::kActivations) {
-    for (Buffer& s : b.lse_side) {
-      PLATEAU_ASSIGN_OR_RETURN(s, floats(R));
-    }
-    for (Buffer& s : b.tgt_side) {
-      PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, R * sizeof(int32_t)));
-    }
-  }
   PLATEAU_ASSIGN_OR_RETURN(b.ev_compute, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(b.ev_comm, backend_.CreateEvent());
   return absl::OkStatus();
@@ -108,6 +110,43 @@ int64_t RingDtp::PassRows() const { return RingDtpPassRows(config_); }
 int64_t RingDtp::ShardRows(int64_t shard) const {
   const int64_t P = group_.size();
   return VocabShardBegin(config_.vocab, P, shard + 1) - VocabShardBegin(config_.vocab, P, shard);
+}
+
+// Activation mode's traveller, one message per hop: the batch's X [N, H]
+// (the working type), then its targets (N int32), then (backward only) its
+// log-sum-exp (N floats). One send/recv instead of two (forward) or three
+// (backward): at small N a hop costs its round trip, not its bytes. The
+// message moves unchanged as 4-byte words (kInt32) in fp32, as 2-byte words
+// (kBfloat16: a send/recv only moves) in bf16; there the targets start
+// N H 2 bytes in, 4-byte aligned because H is even (checked at Create).
+template <typename W>
+int32_t* RingDtp::PackedTargets(W* slot, int64_t N) const {
+  return reinterpret_cast<int32_t*>(slot + N * config_.hidden);
+}
+
+template <typename W>
+float* RingDtp::PackedLse(W* slot, int64_t N) const {
+  return reinterpret_cast<float*>(PackedTargets(slot, N) + N);
+}
+
+template <typename W>
+int64_t RingDtp::PackedCount(int64_t N, bool with_lse) const {
+  const int64_t bytes = N * config_.hidden * static_cast<int64_t>(sizeof(W)) + (with_lse ? 2 : 1) * N * 4;
+  return bytes / static_cast<int64_t>(sizeof(W));
+}
+
+// This rank's own batch (its X and targets, and with `lse` its log-sum-exp)
+// copied into `slot`, to leave on its first hop in one message.
+template <typename W>
+absl::Status RingDtp::PackOwnBatch(const W* x, const int32_t* targets, const float* lse, int64_t N, W* slot) {
+  const int64_t H = config_.hidden;
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, slot, x, N * H * sizeof(W)));
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Copy(compute_, PackedTargets(slot, N), targets, N * sizeof(int32_t)));
+  if (lse != nullptr) {
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, PackedLse(slot, N), lse, N * kF));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RingDtp::CommAfterCompute() {
@@ -223,20 +262,22 @@ absl::Status RingDtp::ForwardPass(const W* x, const W* w_shard, const int32_t* t
       }
     }
   } else {
-    // Batches travel with their state; this rank's shard stays home.
+    // Batches travel with their state; this rank's shard stays home. The
+    // batch hops as one message [X | targets] (PackedTargets); this rank's
+    // own leaves from slots[2], which the forward does not otherwise use.
     const int64_t col0 = VocabShardBegin(V, P, p), width = ShardRows(p);
+    const int64_t words = PackedCount<W>(N, /*with_lse=*/false);
     const W* xq = x;
     const int32_t* tq = targets;
+    const W* packed = b.slots[2].as<W>();
+    if (P > 1) PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, nullptr, N, b.slots[2].as<W>()));
     float* state = own_state;
     for (int r = 0; r < P; ++r) {
       W* x_next = b.slots[r % 2].as<W>();
-      int32_t* t_next = b.tgt_side[r % 2].as<int32_t>();
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
         PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, xq, N * H, dst, x_next, N * H, src, kWire<W>));
-        PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
+            group_.SendRecv(comm_, packed, words, dst, x_next, words, src, kPackedWire<W>));
       }
       PLATEAU_RETURN_IF_ERROR(FoldMeeting(xq, N, w_shard, width, col0, tq, state));
       if (P > 1) {
@@ -249,7 +290,8 @@ absl::Status RingDtp::ForwardPass(const W* x, const W* w_shard, const int32_t* t
         PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
         state = state_next;
         xq = x_next;
-        tq = t_next;
+        tq = PackedTargets(x_next, N);
+        packed = x_next;
       }
     }
     own_state = state;
@@ -284,22 +326,26 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
   const int32_t* tq = targets;
   PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, b.slots[acc_slot].as<W>(),
                                     weights ? ShardRows(p) * H : N * H, 0.0f));
+  // Activation mode: the batch hops as one message [X | targets | lse]. This
+  // rank's own leaves from `spare`; step 0's accumulator arrives there only
+  // after that send (the communication stream runs in order).
+  const int64_t words = PackedCount<W>(N, /*with_lse=*/true);
+  const W* packed = b.slots[spare].as<W>();
+  if (!weights) {
+    PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, lse_own, N, b.slots[spare].as<W>()));
+  }
   for (int r = 0; r < P; ++r) {
     const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
     W* acc = b.slots[acc_slot].as<W>();
     W* next = b.slots[free_slot].as<W>();
-    float* lse_next = weights ? nullptr : b.lse_side[r % 2].as<float>();
-    int32_t* t_next = weights ? nullptr : b.tgt_side[r % 2].as<int32_t>();
     if (r + 1 < P) {
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
       if (weights) {
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, ShardRows(s) * H, dst, next,
                                                 ShardRows((s - 1 + P) % P) * H, src, kWire<W>));
       } else {
-        PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, N * H, dst, next, N * H, src, kWire<W>));
         PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, lse_q, N, dst, lse_next, N, src, DataType::kFloat32));
-        PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, tq, N, dst, t_next, N, src, DataType::kInt32));
+            group_.SendRecv(comm_, packed, words, dst, next, words, src, kPackedWire<W>));
       }
     }
     if (weights) {
@@ -326,8 +372,9 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
       free_slot = old_acc;
       trav = b.slots[x_slot].as<W>();
       if (!weights) {
-        lse_q = lse_next;
-        tq = t_next;
+        packed = trav;
+        tq = PackedTargets(b.slots[x_slot].as<W>(), N);
+        lse_q = PackedLse(b.slots[x_slot].as<W>(), N);
       }
     } else if (weights) {
       // Home: this rank's shard's dW, summed over every batch.

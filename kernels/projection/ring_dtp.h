@@ -10,7 +10,9 @@
 // target logit t: online log-sum-exp in fp32, strips in a fixed order) and
 // releases it. Two circulation modes:
 // - kActivations: X_q travels with its running state (forward) and with its
-//   log-sum-exp and dX accumulator (backward); dW stays home.
+//   log-sum-exp and dX accumulator (backward); dW stays home. X_q, its
+//   targets and (backward) its log-sum-exp hop as one message: 2P - 1
+//   send/recvs per pass each way, not 3P - 2 (forward) and 4P - 3.
 // - kWeights: W_s travels (forward); in backward its dW accumulator travels
 //   with it; X and dX stay home.
 // The loss of a token is final only once every shard has met it, so backward
@@ -123,6 +125,20 @@ class RingDtp final : public VocabProjection {
                             int64_t width, int64_t col0,
                             const int32_t* targets, const float* lse,
                             float scale, W* dx, W* dw);
+  // Activation mode's packed traveller of `rows` tokens in a slot: X (W),
+  // then the targets, then the log-sum-exp (ring_dtp.cc says why one
+  // message).
+  template <typename W>
+  int32_t* PackedTargets(W* slot, int64_t rows) const;
+  template <typename W>
+  float* PackedLse(W* slot, int64_t rows) const;
+  template <typename W>
+  absl::Status PackOwnBatch(const W* x, const int32_t* targets,
+                            const float* lse, int64_t rows, W* slot);
+  // The packed message of `rows` tokens (with or without its lse) in units
+  // of its wire type (PackedWire).
+  template <typename W>
+  int64_t PackedCount(int64_t rows, bool with_lse) const;
   absl::Status CommAfterCompute();
   absl::Status ComputeAfterComm();
   int64_t ShardRows(int64_t shard) const;

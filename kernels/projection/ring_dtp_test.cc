@@ -10,6 +10,7 @@
 #include "kernels/model/config.h"
 #include "kernels/projection/dense_projection.h"
 #include "kernels/status_macros.h"
+#include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 
 namespace plateau {
@@ -93,14 +94,18 @@ struct Got {
   int64_t peak = 0, bound = 0;
 };
 
-Got RunRing(const Problem& pr, int64_t strip, RingDtpMode mode, int64_t chunk_rows = 0) {
+// `send_recvs`, when given, gets how many send/recvs rank 0 issued.
+Got RunRing(const Problem& pr, int64_t strip, RingDtpMode mode, int64_t chunk_rows = 0,
+            int64_t* send_recvs = nullptr) {
   Got got;
   got.dx.resize(pr.P);
   got.dw.assign(pr.V * pr.H, 0.0f);
   std::vector<int64_t> peaks(pr.P);
   absl::Status st = RunLocalWorld(
       static_cast<int>(pr.P), 64 << 20, FreshStoreDir("ringdtp"),
-      [&](int p, Backend& be, Communicator& world) -> absl::Status {
+      [&](int p, Backend& be, Communicator& inner) -> absl::Status {
+        CountingCommunicator::Table table;
+        CountingCommunicator world(inner, &table);
         auto compute = be.CreateStream("compute");
         auto comm = be.CreateStream("comm");
         auto kernels = ModelKernels::Create(be);
@@ -145,6 +150,7 @@ Got RunRing(const Problem& pr, int64_t strip, RingDtpMode mode, int64_t chunk_ro
         std::copy_n(dw->as<float>(), rows * pr.H, &got.dw[begin * pr.H]);
         if (p == 0) got.loss = s[0] / s[1];
         got.bound = RingDtp::BoundBytes(c, pr.P);
+        if (p == 0 && send_recvs != nullptr) *send_recvs = table.Read()["send_recv"];
         return absl::OkStatus();
       });
   EXPECT_TRUE(st.ok()) << st;
@@ -212,6 +218,27 @@ TEST(RingDtpTest, ChunkedPassesMatchAndShrinkTheBound) {
   RingDtpConfig halves = whole;
   halves.chunk_rows = 2048;
   EXPECT_LT(RingDtp::BoundBytes(halves, 4), RingDtp::BoundBytes(whole, 4) * 6 / 10);
+}
+
+// A hop's cost at small N is its round trip: activation mode sends the
+// travelling batch (X, targets and, backward, log-sum-exp) as one message,
+// so a pass takes 2P - 1 send/recvs each way (P - 1 batch hops, P state or
+// accumulator hops), not 3P - 2 forward and 4P - 3 backward as with X,
+// targets and log-sum-exp sent apart. Weight mode: P - 1 forward, 2P - 1
+// backward. Per pass: 24 rows in chunks of 9 are three rings.
+TEST(RingDtpTest, SendRecvsPerPass) {
+  for (int P : {1, 2, 4}) {
+    const Problem pr = Make(P, 24, 16, 53, 0.5f, 60 + P);
+    const Want want = Dense(pr);
+    int64_t act = -1, chunked = -1, weights = -1;
+    ExpectMatches(RunRing(pr, 16, RingDtpMode::kActivations, 0, &act), want, pr);
+    ExpectMatches(RunRing(pr, 16, RingDtpMode::kActivations, 9, &chunked), want, pr);
+    ExpectMatches(RunRing(pr, 16, RingDtpMode::kWeights, 0, &weights), want, pr);
+    const int64_t ring = P > 1 ? 2 * P - 1 : 0;
+    EXPECT_EQ(act, 2 * ring) << "P = " << P;
+    EXPECT_EQ(chunked, 3 * 2 * ring) << "P = " << P;
+    EXPECT_EQ(weights, P > 1 ? (P - 1) + (2 * P - 1) : 0) << "P = " << P;
+  }
 }
 
 TEST(RingDtpTest, ExtremeLogitsNeitherOverflowNorLoseExactness) {
