@@ -147,7 +147,7 @@ absl::Status CheckPrecision(const StepOptions& o, const Backend& backend) {
   if (!backend.computes_bf16()) {
     return absl::UnimplementedError(absl::StrCat(
         "precision: ", PrecisionName(o.precision), " is not computed by the ", BackendKindName(backend.kind()),
-        " backend yet (issue 17: its bf16 attention block pairs and embedding gradient); the cpu backend computes it"));
+        " backend yet (issue 17: its bf16 step is not yet checked against the cpu's on a GPU); the cpu backend computes it"));
   }
   // The router's logit gradient [N, E] (fp32) is converted to bf16 for its
   // two GEMMs into `tmp` [N, H] (idle there): no buffer of its own.
