@@ -145,9 +145,11 @@ class Backend {
   // "cpu (2 threads, OpenBLAS 0.3.21)" / "cuda (NVIDIA H200, sm_90)".
   virtual std::string Describe() const = 0;
   // Whether the model kernels compute bf16 mixed precision (bf16 working
-  // weights and activations, fp32 master and reductions). No backend does
-  // yet: the CPU computes fp32 only, and CUDA's bf16 kernels are issue 17's.
-  // TrainingStep::Create refuses a bf16 step on a backend without them.
+  // weights and activations, fp32 master and reductions). The CPU does (its
+  // bf16 ops are exact emulations of what the CUDA kernels compute:
+  // cpu_bf16_ops.h); CUDA not yet (its bf16 kernels exist, but its bf16 step
+  // has not been checked against the CPU's on a GPU: issue 17).
+  // TrainingStep::Create refuses a bf16 step on a backend without it.
   virtual bool computes_bf16() const { return false; }
 
   // The device's own view of its memory (CUDA: cudaMemGetInfo and the

@@ -41,6 +41,9 @@ class CpuBackend final : public Backend {
   const std::shared_ptr<CpuPool>& pool() const { return pool_; }
 
   BackendKind kind() const override { return BackendKind::kCpu; }
+  // Every bf16 op of the step is here: the fp32 op on the loaded values,
+  // rounded once per stored element (cpu_bf16_ops.h, cpu_bf16_layers.h).
+  bool computes_bf16() const override { return true; }
 
   std::string Describe() const override {
     // openblas_get_config() already begins with "OpenBLAS <version>".

@@ -582,16 +582,15 @@ absl::Status ConvertPrecision(const v1::JobSpec& spec, Precision* out) {
   }
 }
 
-// A job runs only where its precision is computed: the cpu backend computes
-// fp32 only. Refused at submit (ValidateJobSpec, AdmitJob), not by
-// PlanJob, so that `plateauctl plan` shows what a bf16 job would need.
-absl::Status CheckPrecisionRuns(const v1::JobSpec& spec) {
-  if (spec.precision() == v1::PRECISION_BF16 && spec.backend() == v1::BACKEND_CPU) {
-    return Bad("precision", "PRECISION_FP32 (or unset) on backend cpu, which computes fp32 only; bf16 is for the "
-               "cuda backend, whose bf16 step is not written yet (issue 17)", "PRECISION_BF16");
-  }
-  return absl::OkStatus();
-}
+// A job runs only where its precision is computed: under bf16 the step
+// computes standard EP, the dense projection, full checkpoints or SCO and
+// the device AdamW so far (CheckBf16Schedules, the step's own list: the
+// error names the schedule's field). Refused at submit (ValidateJobSpec,
+// AdmitJob), not by PlanJob, so that `plateauctl plan` shows what a bf16
+// job would need. The cpu backend computes bf16 (its exact emulation of the
+// CUDA kernels); a cuda rank refuses it until that backend's bf16 kernels
+// are complete (issue 17).
+absl::Status CheckPrecisionRuns(const StepOptions& step) { return CheckBf16Schedules(step); }
 
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
@@ -672,8 +671,8 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
-  PLATEAU_RETURN_IF_ERROR(ToTrainerOptions(spec).status());
-  return CheckPrecisionRuns(spec);
+  PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+  return CheckPrecisionRuns(t.step);
 }
 
 v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
@@ -724,11 +723,7 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
   out.set_active_parameters(ActiveParameterCount(t.step.model));
   out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
   if (t.step.precision == Precision::kBf16Mixed) {
-    out.add_notes(spec.backend() == v1::BACKEND_CPU
-                      ? "precision bf16: planned with bf16 working weights and activations, fp32 master and "
-                        "moments; backend cpu computes fp32 only, so submit refuses it (bf16 is for backend cuda, "
-                        "whose bf16 step is not written yet: issue 17)"
-                      : "precision bf16: planned with bf16 working weights and activations, fp32 master and moments");
+    out.add_notes("precision bf16: planned with bf16 working weights and activations, fp32 master and moments");
   }
   // N_max against the device cap (and the host cap, when set). Without a
   // device cap the device is the worker's, unknown until scheduled.
@@ -807,7 +802,10 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
 
 absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
   PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec, auto_context));
-  PLATEAU_RETURN_IF_ERROR(CheckPrecisionRuns(spec));
+  if (spec.precision() == v1::PRECISION_BF16) {
+    PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
+    PLATEAU_RETURN_IF_ERROR(CheckPrecisionRuns(t.step));
+  }
   // `auto` settings of which no value fits the spec's own cap: refused
   // with the chooser's reason (the cap, the plan at the smallest settings,
   // its largest live set), unless force_launch leaves the decision to

@@ -45,8 +45,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // With a device cap, also N_max (the largest batch and the longest context
 // that fit both caps) and the what-if table (kernels/budget/n_max.h),
 // within the spec's own limits on layout.batch and model.seq_len. A bf16
-// spec on backend cpu is planned (what it would need) though
-// ValidateJobSpec and AdmitJob refuse it.
+// spec with a schedule not yet computed in bf16 is planned (what it would
+// need) though ValidateJobSpec and AdmitJob refuse it.
 // The spec's `auto` settings (worker/auto_spec.h) are chosen first, on the
 // context's calibration, and everything is planned at their values
 // (MemoryPlan.auto_settings, .calibration); RESOURCE_EXHAUSTED when no

@@ -80,6 +80,15 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options, const 
 // ZeRO-sharded dense weights otherwise.
 ParamLayout LayoutOf(const StepOptions& options);
 
+// Which schedules the step computes in bf16 mixed precision (issue 17):
+// every schedule but the CPU-offload AdamW (standard EP, LLEP and
+// PipelinedLLEP, the dense projection and Ring-DTP, full checkpoints and
+// SCO, the device and OffloadStream AdamW). OK in fp32 or for those;
+// otherwise INVALID_ARGUMENT naming the job spec's schedule field
+// (schedule.cpu_offload_adamw).
+// The step checks it at Create and the job spec at submit: one list.
+absl::Status CheckBf16Schedules(const StepOptions& options);
+
 // Ring-DTP's configuration for the step's options (the mode chosen when the
 // options leave it unset).
 RingDtpConfig RingDtpConfigOf(const StepOptions& options);

@@ -21,22 +21,53 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 
 namespace plateau {
 
+// The boundaries are [N, H] elements of the step's working precision W
+// (float in fp32, Bf16 in bf16 mixed: kernels/model/precision.h); a store
+// holds bytes and is made for one element size, which Slot<W> and
+// Acquire<W> check, so a bf16 step cannot read an fp32 store or the reverse.
 class BoundaryStore {
  public:
   virtual ~BoundaryStore() = default;
 
-  // Where forward writes boundary l ([N, H] floats on the device).
-  virtual absl::StatusOr<float*> Slot(int64_t l) = 0;
+  // Bytes of one boundary element (ElementBytes::working of the step).
+  virtual int64_t element_bytes() const = 0;
+
+  // Where forward writes boundary l ([N, H] W on the device).
+  template <typename W = float>
+  absl::StatusOr<W*> Slot(int64_t l) {
+    PLATEAU_RETURN_IF_ERROR(CheckElement(sizeof(W)));
+    PLATEAU_ASSIGN_OR_RETURN(void* p, SlotData(l));
+    return static_cast<W*>(p);
+  }
   // Boundary l is complete (enqueued on the compute stream so far).
   virtual absl::Status Produced(int64_t l) = 0;
   // Boundary l for the backward, ready for work enqueued after this call on
   // the compute stream.
-  virtual absl::StatusOr<const float*> Acquire(int64_t l) = 0;
+  template <typename W = float>
+  absl::StatusOr<const W*> Acquire(int64_t l) {
+    PLATEAU_RETURN_IF_ERROR(CheckElement(sizeof(W)));
+    PLATEAU_ASSIGN_OR_RETURN(const void* p, AcquireData(l));
+    return static_cast<const W*>(p);
+  }
   // The backward of layer l is done with boundary l.
   virtual absl::Status Done(int64_t l) = 0;
+
+ protected:
+  // Slot and Acquire on the store's bytes.
+  virtual absl::StatusOr<void*> SlotData(int64_t l) = 0;
+  virtual absl::StatusOr<const void*> AcquireData(int64_t l) = 0;
+
+ private:
+  absl::Status CheckElement(size_t bytes) const {
+    if (static_cast<int64_t>(bytes) == element_bytes()) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("boundary store: holds ", element_bytes(),
+                                            "-byte elements, asked for ", bytes, "-byte ones"));
+  }
 };
 
 }  // namespace plateau

@@ -19,22 +19,28 @@ namespace plateau {
 
 class FullCheckpoints final : public BoundaryStore {
  public:
-  // Allocates FullCheckpointsBytes(layers, rows, hidden) on `device`.
+  // Allocates FullCheckpointsBytes(layers, rows, hidden, e) on `device`:
+  // boundaries of e.working bytes per element.
   static absl::StatusOr<std::unique_ptr<FullCheckpoints>> Create(MemorySpace& device, int64_t layers,
-                                                                 int64_t rows, int64_t hidden);
+                                                                 int64_t rows, int64_t hidden,
+                                                                 const ElementBytes& e = kFp32Elements);
 
-  absl::StatusOr<float*> Slot(int64_t l) override;
+  int64_t element_bytes() const override { return element_bytes_; }
   absl::Status Produced(int64_t l) override;
-  absl::StatusOr<const float*> Acquire(int64_t l) override;
   absl::Status Done(int64_t l) override;
 
+ protected:
+  absl::StatusOr<void*> SlotData(int64_t l) override;
+  absl::StatusOr<const void*> AcquireData(int64_t l) override;
+
  private:
-  FullCheckpoints(Buffer boundaries, int64_t layers, int64_t rows, int64_t hidden)
-      : boundaries_(std::move(boundaries)), layers_(layers), rows_(rows), hidden_(hidden) {}
+  FullCheckpoints(Buffer boundaries, int64_t layers, int64_t rows, int64_t hidden, int64_t element_bytes)
+      : boundaries_(std::move(boundaries)), layers_(layers), rows_(rows), hidden_(hidden),
+        element_bytes_(element_bytes) {}
   absl::Status Check(int64_t l) const;
 
   Buffer boundaries_;  // [L + 1, N, H]
-  const int64_t layers_, rows_, hidden_;
+  const int64_t layers_, rows_, hidden_, element_bytes_;
 };
 
 }  // namespace plateau

@@ -9,13 +9,13 @@ namespace plateau {
 
 absl::StatusOr<std::unique_ptr<Sco>> Sco::Create(Backend& backend, Stream& compute, int64_t layers,
                                                  int64_t rows, int64_t hidden,
-                                                 int64_t host_budget_bytes) {
+                                                 int64_t host_budget_bytes, const ElementBytes& e) {
   PLATEAU_RETURN_IF_ERROR(ValidateSco(host_budget_bytes));
   if (layers < 0 || rows < 1 || hidden < 1) {
     return absl::InvalidArgumentError(absl::StrCat("sco: expected layers >= 0, rows >= 1 and hidden >= 1, got ",
                                                    layers, ", ", rows, " and ", hidden));
   }
-  std::unique_ptr<Sco> s(new Sco(backend, compute, PlanSco(layers, rows, hidden, host_budget_bytes)));
+  std::unique_ptr<Sco> s(new Sco(backend, compute, PlanSco(layers, rows, hidden, host_budget_bytes, e), e.working));
   const ScoLayout& p = s->layout_;
   PLATEAU_ASSIGN_OR_RETURN(s->copy_, backend.CreateStream("sco-copy"));
   PLATEAU_ASSIGN_OR_RETURN(s->compute_done_, backend.CreateEvent());
@@ -31,11 +31,11 @@ absl::StatusOr<std::unique_ptr<Sco>> Sco::Create(Backend& backend, Stream& compu
   return s;
 }
 
-Sco::Sco(Backend& backend, Stream& compute, const ScoLayout& layout)
+Sco::Sco(Backend& backend, Stream& compute, const ScoLayout& layout, int64_t element_bytes)
     : backend_(backend),
       compute_(compute),
       layout_(layout),
-      floats_(layout.boundary_bytes / static_cast<int64_t>(sizeof(float))),
+      element_bytes_(element_bytes),
       holds_(layout.slots(), -1),
       restoring_(layout.boundaries, false),
       done_(layout.boundaries, false) {}
@@ -54,12 +54,13 @@ absl::Status Sco::Check(int64_t l) const {
   return absl::OkStatus();
 }
 
-float* Sco::Device(int64_t l) {
-  if (InSlot(l)) return slots_.as<float>() + (l % 2) * floats_;
-  return kept_.as<float>() + (l - layout_.host_boundaries - layout_.slots()) * floats_;
+char* Sco::Device(int64_t l) {
+  const int64_t b = layout_.boundary_bytes;
+  if (InSlot(l)) return slots_.as<char>() + (l % 2) * b;
+  return kept_.as<char>() + (l - layout_.host_boundaries - layout_.slots()) * b;
 }
 
-absl::StatusOr<float*> Sco::Slot(int64_t l) {
+absl::StatusOr<void*> Sco::SlotData(int64_t l) {
   PLATEAU_RETURN_IF_ERROR(Check(l));
   if (l == 0) {  // a new step
     std::fill(restoring_.begin(), restoring_.end(), false);
@@ -81,7 +82,7 @@ absl::Status Sco::Produced(int64_t l) {
   const int64_t s = l % 2;
   PLATEAU_RETURN_IF_ERROR(compute_.Record(*compute_done_));
   PLATEAU_RETURN_IF_ERROR(copy_->Wait(*compute_done_));
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*copy_, pool_.as<float>() + l * floats_, Device(l),
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*copy_, Host(l), Device(l),
                                         layout_.boundary_bytes));
   return copy_->Record(*copied_[s]);
 }
@@ -97,7 +98,7 @@ absl::Status Sco::Restore(int64_t l) {
   // After everything compute has enqueued so far: the holder's last use.
   PLATEAU_RETURN_IF_ERROR(compute_.Record(*compute_done_));
   PLATEAU_RETURN_IF_ERROR(copy_->Wait(*compute_done_));
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*copy_, Device(l), pool_.as<float>() + l * floats_,
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*copy_, Device(l), Host(l),
                                         layout_.boundary_bytes));
   PLATEAU_RETURN_IF_ERROR(copy_->Record(*copied_[s]));
   holds_[s] = l;
@@ -106,7 +107,7 @@ absl::Status Sco::Restore(int64_t l) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const float*> Sco::Acquire(int64_t l) {
+absl::StatusOr<const void*> Sco::AcquireData(int64_t l) {
   PLATEAU_RETURN_IF_ERROR(Check(l));
   if (InSlot(l)) {
     const int64_t s = l % 2;

@@ -41,17 +41,18 @@ namespace plateau {
 
 class Sco final : public BoundaryStore {
  public:
-  // Allocates PlanSco(layers, rows, hidden, host_budget_bytes)'s bytes and
-  // a copy stream; `compute` is the stream the step produces and consumes
-  // the boundaries on.
+  // Allocates PlanSco(layers, rows, hidden, host_budget_bytes, e)'s bytes
+  // (boundaries of e.working bytes per element) and a copy stream;
+  // `compute` is the stream the step produces and consumes the boundaries
+  // on. The copies move bytes, so bf16 boundaries move as they are.
   static absl::StatusOr<std::unique_ptr<Sco>> Create(Backend& backend, Stream& compute, int64_t layers,
                                                      int64_t rows, int64_t hidden,
-                                                     int64_t host_budget_bytes);
+                                                     int64_t host_budget_bytes,
+                                                     const ElementBytes& e = kFp32Elements);
   ~Sco() override;
 
-  absl::StatusOr<float*> Slot(int64_t l) override;
+  int64_t element_bytes() const override { return element_bytes_; }
   absl::Status Produced(int64_t l) override;
-  absl::StatusOr<const float*> Acquire(int64_t l) override;
   absl::Status Done(int64_t l) override;
 
   const ScoLayout& layout() const { return layout_; }
@@ -59,18 +60,21 @@ class Sco final : public BoundaryStore {
   int64_t restores() const { return restores_; }
 
  private:
-  Sco(Backend& backend, Stream& compute, const ScoLayout& layout);
+  Sco(Backend& backend, Stream& compute, const ScoLayout& layout, int64_t element_bytes);
+  absl::StatusOr<void*> SlotData(int64_t l) override;
+  absl::StatusOr<const void*> AcquireData(int64_t l) override;
   absl::Status Check(int64_t l) const;
   bool OnHost(int64_t l) const { return l < layout_.host_boundaries; }
   bool InSlot(int64_t l) const { return l < layout_.slots() + layout_.host_boundaries; }
-  float* Device(int64_t l);
+  char* Device(int64_t l);
+  char* Host(int64_t l) { return pool_.as<char>() + l * layout_.boundary_bytes; }
   // Enqueues the copy of host boundary l back into its slot.
   absl::Status Restore(int64_t l);
 
   Backend& backend_;
   Stream& compute_;
   const ScoLayout layout_;
-  const int64_t floats_;  // N H
+  const int64_t element_bytes_;
   // Declared before the buffers, so destroyed after them: freeing a buffer
   // waits for the backend's streams (the copies still in flight included).
   std::unique_ptr<Stream> copy_;

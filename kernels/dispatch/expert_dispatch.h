@@ -14,6 +14,12 @@
 // until the matching Backward or Release; the step does (the layer's
 // recompute runs Forward right before Backward).
 //
+// Precision: each call has an fp32 form (float working rows) and a bf16
+// mixed one (Bf16 rows, weights and gradients; the gates and dgates stay
+// fp32: precision.h), which a schedule that computes bf16 overrides; the
+// others answer UNIMPLEMENTED (the step refuses a bf16 step with such a
+// schedule before it runs: kernels/step/schedules.cc).
+//
 // Thread safety: one per rank; Forward and Backward are collective over the
 // expert group.
 #ifndef PLATEAU_KERNELS_DISPATCH_EXPERT_DISPATCH_H_
@@ -22,21 +28,27 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/bf16.h"
 
 namespace plateau {
 
 // The local experts of one layer on this rank: [E_p, H, F] gate and up,
-// [E_p, F, H] down (and their gradients in Backward).
-struct ExpertWeights {
-  const float* w_gate = nullptr;
-  const float* w_up = nullptr;
-  const float* w_down = nullptr;
+// [E_p, F, H] down (and their gradients in Backward), in the working
+// precision W.
+template <typename W>
+struct ExpertWeightsT {
+  const W* w_gate = nullptr;
+  const W* w_up = nullptr;
+  const W* w_down = nullptr;
 };
-struct ExpertGrads {
-  float* w_gate = nullptr;
-  float* w_up = nullptr;
-  float* w_down = nullptr;
+template <typename W>
+struct ExpertGradsT {
+  W* w_gate = nullptr;
+  W* w_up = nullptr;
+  W* w_down = nullptr;
 };
+using ExpertWeights = ExpertWeightsT<float>;
+using ExpertGrads = ExpertGradsT<float>;
 
 class ExpertDispatch {
  public:
@@ -65,6 +77,27 @@ class ExpertDispatch {
                                 float* dgates, const ExpertGrads& g) = 0;
   // Gives back what Forward kept (a layer whose Backward will not run).
   virtual void Release() = 0;
+
+  // bf16 mixed precision: the same contracts on bf16 rows (gates, dgates
+  // fp32). Default: UNIMPLEMENTED naming the schedule.
+  virtual absl::Status Forward(const Bf16* u, const int32_t* chosen, const float* gates,
+                               int64_t tokens, const ExpertWeightsT<Bf16>& w, Bf16* out) {
+    return NoBf16();
+  }
+  virtual absl::Status ForwardForBackward(const Bf16* u, const int32_t* chosen,
+                                          const float* gates, int64_t tokens,
+                                          const ExpertWeightsT<Bf16>& w, Bf16* out) {
+    return Forward(u, chosen, gates, tokens, w, out);
+  }
+  virtual absl::Status Backward(const Bf16* dout, const ExpertWeightsT<Bf16>& w, Bf16* du,
+                                float* dgates, const ExpertGradsT<Bf16>& g) {
+    return NoBf16();
+  }
+
+ private:
+  static absl::Status NoBf16() {
+    return absl::UnimplementedError("dispatch: this schedule does not compute bf16 mixed precision yet (issue 17)");
+  }
 };
 
 }  // namespace plateau

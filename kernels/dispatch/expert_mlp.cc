@@ -2,41 +2,48 @@
 
 #include <vector>
 
+#include "kernels/model/working_ops.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
+namespace {
 
-absl::Status ExpertMlpForward(Backend& backend, Stream& stream, int64_t H, int64_t F,
-                              absl::Span<const ExpertGroup> groups, const float* x,
-                              float* gate, float* up, float* act, float* y) {
-  std::vector<GemmArgs> gate_up, down;
+// One body for both precisions: WorkingOps<float> is the fp32 ops argument
+// for argument, WorkingOps<Bf16> their bf16 twins.
+template <typename W>
+absl::Status Forward(Backend& backend, Stream& stream, int64_t H, int64_t F,
+                     absl::Span<const ExpertGroupT<W>> groups, const W* x, W* gate, W* up, W* act,
+                     W* y) {
+  using Ops = WorkingOps<W>;
+  std::vector<WorkingGemm<W>> gate_up, down;
   int64_t row = 0;
-  for (const ExpertGroup& g : groups) {
+  for (const ExpertGroupT<W>& g : groups) {
     const int64_t n = g.rows;
-    const float* xe = x + row * H;
+    const W* xe = x + row * H;
     gate_up.push_back({false, false, n, F, H, 1.0f, xe, H, g.w_gate, F, 0.0f, gate + row * F, F});
     gate_up.push_back({false, false, n, F, H, 1.0f, xe, H, g.w_up, F, 0.0f, up + row * F, F});
     down.push_back({false, false, n, H, F, 1.0f, act + row * F, F, g.w_down, H, 0.0f, y + row * H, H});
     row += n;
   }
-  PLATEAU_RETURN_IF_ERROR(backend.GroupedGemm(stream, gate_up));
-  PLATEAU_RETURN_IF_ERROR(backend.SwiGluForward(stream, act, gate, up, row * F));
-  return backend.GroupedGemm(stream, down);
+  PLATEAU_RETURN_IF_ERROR(Ops::GroupedGemm(backend, stream, gate_up));
+  PLATEAU_RETURN_IF_ERROR(Ops::SwiGluForward(backend, stream, act, gate, up, row * F));
+  return Ops::GroupedGemm(backend, stream, down);
 }
 
-absl::Status ExpertMlpBackward(Backend& backend, Stream& stream, int64_t H, int64_t F,
-                               absl::Span<const ExpertGroup> groups, const float* x,
-                               const float* dy, const float* gate, const float* up, float* act,
-                               float* dact, float* dgate, float* dup, float* dx) {
+template <typename W>
+absl::Status Backward(Backend& backend, Stream& stream, int64_t H, int64_t F,
+                      absl::Span<const ExpertGroupT<W>> groups, const W* x, const W* dy,
+                      const W* gate, const W* up, W* act, W* dact, W* dgate, W* dup, W* dx) {
+  using Ops = WorkingOps<W>;
   // Three grouped calls, each of GEMMs with disjoint outputs; the order
   // between them is what the data needs (SwiGLU's backward overwrites act
   // only after dWd read it; dx's second term adds to its first).
-  std::vector<GemmArgs> first, second, third;
+  std::vector<WorkingGemm<W>> first, second, third;
   int64_t row = 0;
-  for (const ExpertGroup& g : groups) {
+  for (const ExpertGroupT<W>& g : groups) {
     const int64_t n = g.rows;
-    const float* xe = x + row * H;
-    const float* dye = dy + row * H;
+    const W* xe = x + row * H;
+    const W* dye = dy + row * H;
     // dA = dY Wd^T; dWd (+)= A^T dY.
     first.push_back({false, true, n, F, H, 1.0f, dye, H, g.w_down, H, 0.0f, dact + row * F, F});
     first.push_back(
@@ -51,10 +58,38 @@ absl::Status ExpertMlpBackward(Backend& backend, Stream& stream, int64_t H, int6
         {false, true, n, H, F, 1.0f, dup + row * F, F, g.w_up, F, 1.0f, dx + row * H, H});
     row += n;
   }
-  PLATEAU_RETURN_IF_ERROR(backend.GroupedGemm(stream, first));
-  PLATEAU_RETURN_IF_ERROR(backend.SwiGluBackward(stream, dgate, dup, dact, gate, up, row * F));
-  PLATEAU_RETURN_IF_ERROR(backend.GroupedGemm(stream, second));
-  return backend.GroupedGemm(stream, third);
+  PLATEAU_RETURN_IF_ERROR(Ops::GroupedGemm(backend, stream, first));
+  PLATEAU_RETURN_IF_ERROR(Ops::SwiGluBackward(backend, stream, dgate, dup, dact, gate, up, row * F));
+  PLATEAU_RETURN_IF_ERROR(Ops::GroupedGemm(backend, stream, second));
+  return Ops::GroupedGemm(backend, stream, third);
+}
+
+}  // namespace
+
+absl::Status ExpertMlpForward(Backend& backend, Stream& stream, int64_t H, int64_t F,
+                              absl::Span<const ExpertGroup> groups, const float* x,
+                              float* gate, float* up, float* act, float* y) {
+  return Forward<float>(backend, stream, H, F, groups, x, gate, up, act, y);
+}
+
+absl::Status ExpertMlpForward(Backend& backend, Stream& stream, int64_t H, int64_t F,
+                              absl::Span<const ExpertGroupT<Bf16>> groups, const Bf16* x,
+                              Bf16* gate, Bf16* up, Bf16* act, Bf16* y) {
+  return Forward<Bf16>(backend, stream, H, F, groups, x, gate, up, act, y);
+}
+
+absl::Status ExpertMlpBackward(Backend& backend, Stream& stream, int64_t H, int64_t F,
+                               absl::Span<const ExpertGroup> groups, const float* x,
+                               const float* dy, const float* gate, const float* up, float* act,
+                               float* dact, float* dgate, float* dup, float* dx) {
+  return Backward<float>(backend, stream, H, F, groups, x, dy, gate, up, act, dact, dgate, dup, dx);
+}
+
+absl::Status ExpertMlpBackward(Backend& backend, Stream& stream, int64_t H, int64_t F,
+                               absl::Span<const ExpertGroupT<Bf16>> groups, const Bf16* x,
+                               const Bf16* dy, const Bf16* gate, const Bf16* up, Bf16* act,
+                               Bf16* dact, Bf16* dgate, Bf16* dup, Bf16* dx) {
+  return Backward<Bf16>(backend, stream, H, F, groups, x, dy, gate, up, act, dact, dgate, dup, dx);
 }
 
 }  // namespace plateau

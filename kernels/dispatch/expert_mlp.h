@@ -13,6 +13,10 @@
 // call per expert would make, so on the CPU the bits are those of the
 // per-expert loop.
 //
+// Precision: each function has an fp32 and a bf16 mixed form (W = Bf16:
+// bf16 rows, weights and gradients, grouped bf16 GEMMs with fp32
+// accumulation, one rounding per stored element: kernels/model/working_ops.h).
+//
 // Thread safety: plain functions; the work is enqueued on `stream`.
 #ifndef PLATEAU_KERNELS_DISPATCH_EXPERT_MLP_H_
 #define PLATEAU_KERNELS_DISPATCH_EXPERT_MLP_H_
@@ -22,28 +26,34 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/stream.h"
 
 namespace plateau {
 
 // One expert group: its rows, its weights ([H, F] gate and up, [F, H]
 // down), and for backward where its weight gradients go, added to (beta 1)
-// or overwritten (beta 0).
-struct ExpertGroup {
+// or overwritten (beta 0). W is the working type.
+template <typename W>
+struct ExpertGroupT {
   int64_t rows = 0;
-  const float* w_gate = nullptr;
-  const float* w_up = nullptr;
-  const float* w_down = nullptr;
-  float* dw_gate = nullptr;
-  float* dw_up = nullptr;
-  float* dw_down = nullptr;
+  const W* w_gate = nullptr;
+  const W* w_up = nullptr;
+  const W* w_down = nullptr;
+  W* dw_gate = nullptr;
+  W* dw_up = nullptr;
+  W* dw_down = nullptr;
   float dw_beta = 1.0f;
 };
+using ExpertGroup = ExpertGroupT<float>;
 
 // x [R, H] -> gate, up, act [R, F] and y [R, H] (R = the groups' rows).
 absl::Status ExpertMlpForward(Backend& backend, Stream& stream, int64_t hidden, int64_t ffn,
                               absl::Span<const ExpertGroup> groups, const float* x,
                               float* gate, float* up, float* act, float* y);
+absl::Status ExpertMlpForward(Backend& backend, Stream& stream, int64_t hidden, int64_t ffn,
+                              absl::Span<const ExpertGroupT<Bf16>> groups, const Bf16* x,
+                              Bf16* gate, Bf16* up, Bf16* act, Bf16* y);
 
 // Given dy [R, H] and the forward's x, gate, up and act: the groups' weight
 // gradients, and dx [R, H] (overwritten). dact and dup are [R, F] scratch;
@@ -52,6 +62,10 @@ absl::Status ExpertMlpBackward(Backend& backend, Stream& stream, int64_t hidden,
                                absl::Span<const ExpertGroup> groups, const float* x,
                                const float* dy, const float* gate, const float* up, float* act,
                                float* dact, float* dgate, float* dup, float* dx);
+absl::Status ExpertMlpBackward(Backend& backend, Stream& stream, int64_t hidden, int64_t ffn,
+                               absl::Span<const ExpertGroupT<Bf16>> groups, const Bf16* x,
+                               const Bf16* dy, const Bf16* gate, const Bf16* up, Bf16* act,
+                               Bf16* dact, Bf16* dgate, Bf16* dup, Bf16* dx);
 
 }  // namespace plateau
 

@@ -10,33 +10,61 @@ namespace plateau {
 absl::StatusOr<std::unique_ptr<Llep>> Llep::Create(const ModelConfig& model,
                                                    const LlepOptions& options, Backend& backend,
                                                    ModelKernels& kernels, Communicator& experts,
-                                                   Stream& compute, Stream& comm) {
+                                                   Stream& compute, Stream& comm, const ElementBytes& e) {
   PLATEAU_RETURN_IF_ERROR(ValidateLlepOptions(options));
   PLATEAU_RETURN_IF_ERROR(ValidateLlepShape(model, experts.size()));
   return std::unique_ptr<Llep>(
-      new Llep(model, options, backend, kernels, experts, compute, comm));
+      new Llep(model, options, backend, kernels, experts, compute, comm, !e.working_is_master()));
 }
 
 Llep::Llep(const ModelConfig& model, const LlepOptions& options, Backend& backend,
-           ModelKernels& kernels, Communicator& experts, Stream& compute, Stream& comm)
+           ModelKernels& kernels, Communicator& experts, Stream& compute, Stream& comm, bool bf16)
     : model_(model),
       options_(options),
       backend_(backend),
       comm_(experts),
       compute_(compute),
       comm_stream_(comm),
-      runner_(model, backend, kernels, experts, compute, comm) {}
+      bf16_(bf16),
+      runner_(model, backend, kernels, experts, compute, comm),
+      runner_bf16_(model, backend, kernels, experts, compute, comm) {}
+
+template <>
+LlepChunkRunnerT<float>& Llep::Runner<float>() {
+  return runner_;
+}
+template <>
+LlepChunkRunnerT<Bf16>& Llep::Runner<Bf16>() {
+  return runner_bf16_;
+}
+template <>
+LlepChunkMemoryT<float>& Llep::Mem<float>() {
+  return mem_;
+}
+template <>
+LlepChunkMemoryT<Bf16>& Llep::Mem<Bf16>() {
+  return mem_bf16_;
+}
 
 void Llep::Release() {
   forward_done_ = false;
   gates_ = nullptr;
   mem_ = LlepChunkMemory{};
+  mem_bf16_ = LlepChunkMemoryT<Bf16>{};
   buffers_.clear();  // each goes back once queued work is done with it (memory.h)
 }
 
-absl::Status Llep::Forward(const float* u, const int32_t* chosen, const float* gates,
-                           int64_t tokens, const ExpertWeights& w, float* out) {
+template <typename W>
+absl::Status Llep::ForwardT(const W* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                            const ExpertWeightsT<W>& w, W* out) {
+  if (bf16_ != std::is_same_v<W, Bf16>) {
+    return absl::InternalError(absl::StrCat("Llep: made for ", bf16_ ? "bf16" : "fp32", " rows, called with ",
+                                            bf16_ ? "fp32" : "bf16", " ones"));
+  }
   Release();
+  const ElementBytes e = std::is_same_v<W, Bf16> ? kBf16MixedElements : kFp32Elements;
+  LlepChunkRunnerT<W>& runner = Runner<W>();
+  LlepChunkMemoryT<W>& mem = Mem<W>();
   const int64_t P = comm_.size(), E = model_.experts, K = model_.top_k, N = tokens;
   if (N < 0) return absl::InvalidArgumentError(absl::StrCat("Llep::Forward: tokens = ", N));
   std::vector<int32_t> host_chosen(N * K);
@@ -54,7 +82,7 @@ absl::Status Llep::Forward(const float* u, const int32_t* chosen, const float* g
   // Everyone's counts: the "counts" buffer, first in LlepBuffers' list (its
   // size does not depend on the routes).
   PLATEAU_RETURN_IF_ERROR(AllocateDispatchBuffers(
-      backend_, {LlepBuffers(model_, P, LlepChunkSizes{}).front()}, &buffers_));
+      backend_, {LlepBuffers(model_, P, LlepChunkSizes{}, e).front()}, &buffers_));
   int64_t* counts = buffers_[0].as<int64_t>();
   std::vector<int64_t> all(P * E);
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, counts, mine.data(), E * sizeof(int64_t)));
@@ -75,37 +103,60 @@ absl::Status Llep::Forward(const float* u, const int32_t* chosen, const float* g
   sizes_ = LlepChunkSizesOf(plan_);
 
   // The rest of the list at this layer's sizes.
-  std::vector<DispatchBufferSpec> specs = LlepBuffers(model_, P, sizes_);
+  std::vector<DispatchBufferSpec> specs = LlepBuffers(model_, P, sizes_, e);
   specs.erase(specs.begin());
   PLATEAU_RETURN_IF_ERROR(AllocateDispatchBuffers(backend_, specs, &buffers_));
-  PLATEAU_ASSIGN_OR_RETURN(mem_, CarveChunk(model_, sizes_, buffers_, 1));
-  std::vector<int32_t> index(mem_.layout.total);
-  WriteChunkIndex(plan_, mem_.layout, index.data());
-  PLATEAU_RETURN_IF_ERROR(runner_.UploadIndex(index.data(), mem_));  // a host vector: done here
+  PLATEAU_ASSIGN_OR_RETURN(mem, CarveChunk<W>(model_, sizes_, buffers_, 1));
+  std::vector<int32_t> index(mem.layout.total);
+  WriteChunkIndex(plan_, mem.layout, index.data());
+  PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(index.data(), mem));  // a host vector: done here
 
-  PLATEAU_RETURN_IF_ERROR(runner_.ShipWeights(plan_, mem_, w));
-  PLATEAU_RETURN_IF_ERROR(runner_.DispatchRows(plan_, mem_, u));
-  PLATEAU_RETURN_IF_ERROR(runner_.ExpertForward(plan_, mem_, w));
-  PLATEAU_RETURN_IF_ERROR(runner_.ReturnOutputs(plan_, mem_));
-  PLATEAU_RETURN_IF_ERROR(runner_.Combine(plan_, mem_, gates, out));
+  PLATEAU_RETURN_IF_ERROR(runner.ShipWeights(plan_, mem, w));
+  PLATEAU_RETURN_IF_ERROR(runner.DispatchRows(plan_, mem, u));
+  PLATEAU_RETURN_IF_ERROR(runner.ExpertForward(plan_, mem, w));
+  PLATEAU_RETURN_IF_ERROR(runner.ReturnOutputs(plan_, mem));
+  PLATEAU_RETURN_IF_ERROR(runner.Combine(plan_, mem, gates, out));
   gates_ = gates;
   forward_done_ = true;
   return absl::OkStatus();
 }
 
-absl::Status Llep::Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
-                            const ExpertGrads& g) {
-  if (!forward_done_) {
+template <typename W>
+absl::Status Llep::BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du, float* dgates,
+                             const ExpertGradsT<W>& g) {
+  if (!forward_done_ || bf16_ != std::is_same_v<W, Bf16>) {
     return absl::FailedPreconditionError("Llep::Backward needs the layer's Forward first");
   }
+  LlepChunkRunnerT<W>& runner = Runner<W>();
+  const LlepChunkMemoryT<W>& mem = Mem<W>();
   // The forward's x, gate, up, act and returned outputs are still held.
-  PLATEAU_RETURN_IF_ERROR(runner_.GateGrads(plan_, mem_, dout, dgates));
-  PLATEAU_RETURN_IF_ERROR(runner_.DispatchOutputGrads(plan_, mem_, dout, gates_));
-  PLATEAU_RETURN_IF_ERROR(runner_.ExpertBackward(plan_, mem_, w, g));
-  PLATEAU_RETURN_IF_ERROR(runner_.ReturnInputGrads(plan_, mem_, du));
-  PLATEAU_RETURN_IF_ERROR(runner_.ReturnWeightGrads(plan_, mem_, g));
+  PLATEAU_RETURN_IF_ERROR(runner.GateGrads(plan_, mem, dout, dgates));
+  PLATEAU_RETURN_IF_ERROR(runner.DispatchOutputGrads(plan_, mem, dout, gates_));
+  PLATEAU_RETURN_IF_ERROR(runner.ExpertBackward(plan_, mem, w, g));
+  PLATEAU_RETURN_IF_ERROR(runner.ReturnInputGrads(plan_, mem, du));
+  PLATEAU_RETURN_IF_ERROR(runner.ReturnWeightGrads(plan_, mem, g));
   Release();
   return absl::OkStatus();
+}
+
+absl::Status Llep::Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                           const ExpertWeights& w, float* out) {
+  return ForwardT<float>(u, chosen, gates, tokens, w, out);
+}
+
+absl::Status Llep::Forward(const Bf16* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                           const ExpertWeightsT<Bf16>& w, Bf16* out) {
+  return ForwardT<Bf16>(u, chosen, gates, tokens, w, out);
+}
+
+absl::Status Llep::Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
+                            const ExpertGrads& g) {
+  return BackwardT<float>(dout, w, du, dgates, g);
+}
+
+absl::Status Llep::Backward(const Bf16* dout, const ExpertWeightsT<Bf16>& w, Bf16* du, float* dgates,
+                            const ExpertGradsT<Bf16>& g) {
+  return BackwardT<Bf16>(dout, w, du, dgates, g);
 }
 
 }  // namespace plateau

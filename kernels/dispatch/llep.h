@@ -22,6 +22,10 @@
 // function of the counts, rows are ordered by (destination, expert, token,
 // choice), and every sum has a fixed order (llep_chunk.h).
 //
+// Precision: fp32, or bf16 mixed (Create with kBf16MixedElements: the Bf16
+// overloads, LlepBuffers at the bf16 element sizes; llep_chunk.h). One
+// template body per call; the fp32 instantiation is the fp32 code.
+//
 // Thread safety: not thread-safe; one per rank.
 #ifndef PLATEAU_KERNELS_DISPATCH_LLEP_H_
 #define PLATEAU_KERNELS_DISPATCH_LLEP_H_
@@ -48,15 +52,23 @@ class Llep final : public ExpertDispatch {
  public:
   // Validates the options (schedule.llep.*) and the shape; `experts` is the
   // expert group (E / P experts per rank); work runs on `compute` and `comm`.
+  // e: the element sizes of the buffers (kBf16MixedElements: the Bf16
+  // overloads run; llep_chunk.h).
   static absl::StatusOr<std::unique_ptr<Llep>> Create(const ModelConfig& model,
                                                       const LlepOptions& options, Backend& backend,
                                                       ModelKernels& kernels, Communicator& experts,
-                                                      Stream& compute, Stream& comm);
+                                                      Stream& compute, Stream& comm,
+                                                      const ElementBytes& e = kFp32Elements);
 
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
                        const ExpertWeights& w, float* out) override;
   absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
                         const ExpertGrads& g) override;
+  // The same in bf16 mixed precision (Create with kBf16MixedElements).
+  absl::Status Forward(const Bf16* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                       const ExpertWeightsT<Bf16>& w, Bf16* out) override;
+  absl::Status Backward(const Bf16* dout, const ExpertWeightsT<Bf16>& w, Bf16* du, float* dgates,
+                        const ExpertGradsT<Bf16>& g) override;
   void Release() override;
 
   // The last Forward's assignment and this rank's realized sizes (R_d, the
@@ -66,7 +78,19 @@ class Llep final : public ExpertDispatch {
 
  private:
   Llep(const ModelConfig& model, const LlepOptions& options, Backend& backend,
-       ModelKernels& kernels, Communicator& experts, Stream& compute, Stream& comm);
+       ModelKernels& kernels, Communicator& experts, Stream& compute, Stream& comm, bool bf16);
+  // One body per call for both precisions; the runner and the chunk memory
+  // of W.
+  template <typename W>
+  absl::Status ForwardT(const W* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                        const ExpertWeightsT<W>& w, W* out);
+  template <typename W>
+  absl::Status BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du, float* dgates,
+                         const ExpertGradsT<W>& g);
+  template <typename W>
+  LlepChunkRunnerT<W>& Runner();
+  template <typename W>
+  LlepChunkMemoryT<W>& Mem();
 
   const ModelConfig model_;
   const LlepOptions options_;
@@ -74,7 +98,9 @@ class Llep final : public ExpertDispatch {
   Communicator& comm_;
   Stream& compute_;
   Stream& comm_stream_;
+  const bool bf16_;  // Create's e: bf16 rows
   LlepChunkRunner runner_;
+  LlepChunkRunnerT<Bf16> runner_bf16_;
 
   // The layer between Forward and Backward.
   bool forward_done_ = false;
@@ -84,6 +110,7 @@ class Llep final : public ExpertDispatch {
   LlepChunkSizes sizes_;
   std::vector<Buffer> buffers_;  // LlepBuffers' list, in order
   LlepChunkMemory mem_;
+  LlepChunkMemoryT<Bf16> mem_bf16_;
 };
 
 }  // namespace plateau

@@ -4,9 +4,16 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/model/working_ops.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
+namespace {
+
+template <typename W>
+constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
+
+}  // namespace
 
 absl::Status AllocateDispatchBuffers(Backend& backend, const std::vector<DispatchBufferSpec>& specs,
                                      std::vector<Buffer>* out) {
@@ -18,9 +25,11 @@ absl::Status AllocateDispatchBuffers(Backend& backend, const std::vector<Dispatc
   return absl::OkStatus();
 }
 
-absl::StatusOr<LlepChunkMemory> CarveChunk(const ModelConfig& model, const LlepChunkSizes& sizes,
-                                           const std::vector<Buffer>& buffers, size_t first) {
-  const std::vector<DispatchBufferSpec> specs = LlepChunkBuffers(model, sizes);
+template <typename W>
+absl::StatusOr<LlepChunkMemoryT<W>> CarveChunk(const ModelConfig& model, const LlepChunkSizes& sizes,
+                                               const std::vector<Buffer>& buffers, size_t first) {
+  const ElementBytes e = std::is_same_v<W, float> ? kFp32Elements : kBf16MixedElements;
+  const std::vector<DispatchBufferSpec> specs = LlepChunkBuffers(model, sizes, e);
   if (buffers.size() < first + specs.size()) {
     return absl::InternalError("CarveChunk: fewer buffers than LlepChunkBuffers lists");
   }
@@ -36,7 +45,7 @@ absl::StatusOr<LlepChunkMemory> CarveChunk(const ModelConfig& model, const LlepC
     }
   }
   const int64_t S = sizes.routes, R = sizes.rows, F = model.expert_ffn;
-  LlepChunkMemory m;
+  LlepChunkMemoryT<W> m;
   m.sizes = sizes;
   m.layout = LlepIndexLayoutOf(sizes);
   // The order of LlepChunkBuffers: index, scalars, send, recv, x, t, ffn,
@@ -48,11 +57,11 @@ absl::StatusOr<LlepChunkMemory> CarveChunk(const ModelConfig& model, const LlepC
     m.chunk_gates = scalars + S;
     m.chunk_dgates = scalars + 2 * S;
   }
-  m.send = static_cast<float*>(at(2));
-  m.recv = static_cast<float*>(at(3));
-  m.x = static_cast<float*>(at(4));
-  m.t = static_cast<float*>(at(5));
-  float* ffn = static_cast<float*>(at(6));
+  m.send = static_cast<W*>(at(2));
+  m.recv = static_cast<W*>(at(3));
+  m.x = static_cast<W*>(at(4));
+  m.t = static_cast<W*>(at(5));
+  W* ffn = static_cast<W*>(at(6));
   if (ffn != nullptr) {
     m.gate = ffn;
     m.up = ffn + R * F;
@@ -60,12 +69,17 @@ absl::StatusOr<LlepChunkMemory> CarveChunk(const ModelConfig& model, const LlepC
     m.dact = ffn + 3 * R * F;
     m.dup = ffn + 4 * R * F;
   }
-  m.token_rows = static_cast<float*>(at(7));
-  m.borrowed_weights = static_cast<float*>(at(8));
-  m.borrowed_grads = static_cast<float*>(at(9));
-  m.lent = static_cast<float*>(at(10));
+  m.token_rows = static_cast<W*>(at(7));
+  m.borrowed_weights = static_cast<W*>(at(8));
+  m.borrowed_grads = static_cast<W*>(at(9));
+  m.lent = static_cast<W*>(at(10));
   return m;
 }
+
+template absl::StatusOr<LlepChunkMemoryT<float>> CarveChunk<float>(const ModelConfig&, const LlepChunkSizes&,
+                                                                    const std::vector<Buffer>&, size_t);
+template absl::StatusOr<LlepChunkMemoryT<Bf16>> CarveChunk<Bf16>(const ModelConfig&, const LlepChunkSizes&,
+                                                                  const std::vector<Buffer>&, size_t);
 
 void WriteChunkIndex(const LlepRankPlan& p, const LlepIndexLayout& l, int32_t* dst) {
   auto put = [&](const std::vector<int32_t>& v, int64_t off) {
@@ -80,7 +94,8 @@ void WriteChunkIndex(const LlepRankPlan& p, const LlepIndexLayout& l, int32_t* d
   put(p.chunk_routes, l.chunk_routes);
 }
 
-LlepChunkRunner::LlepChunkRunner(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
+template <typename W>
+LlepChunkRunnerT<W>::LlepChunkRunnerT(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
                                  Communicator& experts, Stream& compute, Stream& comm)
     : model_(model),
       backend_(backend),
@@ -90,7 +105,8 @@ LlepChunkRunner::LlepChunkRunner(const ModelConfig& model, Backend& backend, Mod
       comm_stream_(comm),
       local_experts_(model.experts / experts.size()) {}
 
-absl::Status LlepChunkRunner::Fits(const LlepRankPlan& p, const LlepChunkMemory& m) const {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::Fits(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m) const {
   const LlepChunkSizes need = LlepChunkSizesOf(p), have = m.sizes;
   if (need.tokens > have.tokens || need.routes > have.routes || need.rows > have.rows ||
       need.borrowed > have.borrowed || need.lent > have.lent ||
@@ -105,8 +121,9 @@ absl::Status LlepChunkRunner::Fits(const LlepRankPlan& p, const LlepChunkMemory&
   return absl::OkStatus();
 }
 
-absl::Status LlepChunkRunner::Exchange(const float* send, absl::Span<const int64_t> send_rows,
-                                       float* recv, absl::Span<const int64_t> recv_rows,
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::Exchange(const W* send, absl::Span<const int64_t> send_rows,
+                                       W* recv, absl::Span<const int64_t> recv_rows,
                                        int64_t width) {
   std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
   for (size_t i = 0; i < sc.size(); ++i) sc[i] = send_rows[i] * width;
@@ -117,24 +134,26 @@ absl::Status LlepChunkRunner::Exchange(const float* send, absl::Span<const int64
   }
   PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready_));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready_));
-  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, DataType::kFloat32));
+  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, kWire<W>));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed_));
   return compute_.Wait(*landed_);
 }
 
-absl::Status LlepChunkRunner::UploadIndex(const int32_t* host, const LlepChunkMemory& m) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::UploadIndex(const int32_t* host, const LlepChunkMemoryT<W>& m) {
   return backend_.Copy(compute_, m.index, host, m.layout.total * sizeof(int32_t));
 }
 
-absl::Status LlepChunkRunner::ShipWeights(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                          const ExpertWeights& w) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::ShipWeights(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                          const ExpertWeightsT<W>& w) {
   if (!p.transfers) return absl::OkStatus();  // every rank skips it together
   const int64_t HF = model_.hidden * model_.expert_ffn, X = 3 * HF;
-  const size_t bytes = HF * sizeof(float);
+  const size_t bytes = HF * sizeof(W);
   const int64_t first = static_cast<int64_t>(comm_.rank()) * local_experts_;
   for (size_t i = 0; i < p.lent.size(); ++i) {
     const int64_t le = p.lent[i].second - first;
-    float* dst = m.lent + i * X;
+    W* dst = m.lent + i * X;
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, dst, w.w_gate + le * HF, bytes));
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, dst + HF, w.w_up + le * HF, bytes));
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, dst + 2 * HF, w.w_down + le * HF, bytes));
@@ -142,36 +161,40 @@ absl::Status LlepChunkRunner::ShipWeights(const LlepRankPlan& p, const LlepChunk
   return Exchange(m.lent, p.lent_to, m.borrowed_weights, p.borrowed_from, X);
 }
 
-absl::Status LlepChunkRunner::DispatchRows(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                           const float* u) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::DispatchRows(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                           const W* u) {
+  using Ops = WorkingOps<W>;
   const int64_t H = model_.hidden, S = p.routes(), R = p.rows();
   const int32_t* idx = m.index;
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, u, p.layer_tokens,
-                                              idx + m.layout.send_index, nullptr, S, H, m.send));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, u, p.layer_tokens,
+                                          idx + m.layout.send_index, nullptr, S, H, m.send));
   PLATEAU_RETURN_IF_ERROR(Exchange(m.send, p.send_rows, m.recv, p.recv_rows, H));
-  return kernels_.GatherRows(compute_, m.recv, R, idx + m.layout.perm, nullptr, R, H, m.x);
+  return Ops::GatherRows(kernels_, compute_, m.recv, R, idx + m.layout.perm, nullptr, R, H, m.x);
 }
 
-LlepChunkRunner::GroupWeights LlepChunkRunner::WeightsOf(const LlepGroup& g,
-                                                         const LlepChunkMemory& m,
-                                                         const ExpertWeights& w) const {
+template <typename W>
+typename LlepChunkRunnerT<W>::GroupWeights LlepChunkRunnerT<W>::WeightsOf(const LlepGroup& g,
+                                                         const LlepChunkMemoryT<W>& m,
+                                                         const ExpertWeightsT<W>& w) const {
   const int64_t HF = model_.hidden * model_.expert_ffn;
   if (g.local >= 0) {
     return {w.w_gate + g.local * HF, w.w_up + g.local * HF, w.w_down + g.local * HF};
   }
-  const float* b = m.borrowed_weights + g.borrowed * 3 * HF;
+  const W* b = m.borrowed_weights + g.borrowed * 3 * HF;
   return {b, b + HF, b + 2 * HF};
 }
 
-std::vector<ExpertGroup> LlepChunkRunner::Groups(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                                 const ExpertWeights& w,
-                                                 const ExpertGrads* grads) const {
+template <typename W>
+std::vector<ExpertGroupT<W>> LlepChunkRunnerT<W>::Groups(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                                 const ExpertWeightsT<W>& w,
+                                                 const ExpertGradsT<W>* grads) const {
   const int64_t HF = model_.hidden * model_.expert_ffn;
-  std::vector<ExpertGroup> out;
+  std::vector<ExpertGroupT<W>> out;
   out.reserve(p.groups.size());
   for (const LlepGroup& g : p.groups) {
     const GroupWeights gw = WeightsOf(g, m, w);
-    ExpertGroup e;
+    ExpertGroupT<W> e;
     e.rows = g.rows;
     e.w_gate = gw.gate;
     e.w_up = gw.up;
@@ -196,16 +219,18 @@ std::vector<ExpertGroup> LlepChunkRunner::Groups(const LlepRankPlan& p, const Ll
   return out;
 }
 
-absl::Status LlepChunkRunner::ExpertForward(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                            const ExpertWeights& w) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::ExpertForward(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                            const ExpertWeightsT<W>& w) {
   return ExpertMlpForward(backend_, compute_, model_.hidden, model_.expert_ffn,
                           Groups(p, m, w, nullptr), m.x, m.gate, m.up, m.act, m.recv);
 }
 
-absl::Status LlepChunkRunner::ReturnOutputs(const LlepRankPlan& p, const LlepChunkMemory& m) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::ReturnOutputs(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m) {
   const int64_t H = model_.hidden, R = p.rows();
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, m.recv, R, m.index + m.layout.inv_perm,
-                                              nullptr, R, H, m.t));
+  PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::GatherRows(kernels_, compute_, m.recv, R, m.index + m.layout.inv_perm,
+                                                    nullptr, R, H, m.t));
   return Exchange(m.t, p.recv_rows, m.send, p.send_rows, H);
 }
 
@@ -213,15 +238,18 @@ absl::Status LlepChunkRunner::ReturnOutputs(const LlepRankPlan& p, const LlepChu
 // the caller's rows, in CombineRows' order (out + w_0 y_0 + w_1 y_1 ...). A
 // strided chunk gathers its token rows, combines the same way and scatters
 // them back, so both give the same bits for the same expert outputs.
-absl::Status LlepChunkRunner::CombineInto(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                          const float* src, const float* gates, float* dst) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::CombineInto(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                          const W* src, const float* gates, W* dst) {
+  using Ops = WorkingOps<W>;
   const int64_t H = model_.hidden, K = model_.top_k, n = p.tokens, N = p.layer_tokens;
+  const int64_t S = m.sizes.routes;  // src rows (send order)
   const int32_t* pos = m.index + m.layout.route_pos;
   if (n == 0) return absl::OkStatus();
   if (p.first_token >= 0) {
     const int64_t t0 = p.first_token;
-    return kernels_.CombineRows(compute_, src, pos, gates == nullptr ? nullptr : gates + t0 * K, n,
-                                K, H, dst + t0 * H);
+    return Ops::CombineRows(kernels_, compute_, src, S, pos, gates == nullptr ? nullptr : gates + t0 * K, n,
+                            K, H, dst + t0 * H);
   }
   const int32_t* tokens = m.index + m.layout.token_rows;
   const float* w = nullptr;
@@ -231,49 +259,54 @@ absl::Status LlepChunkRunner::CombineInto(const LlepRankPlan& p, const LlepChunk
                                                 1, m.chunk_gates));
     w = m.chunk_gates;
   }
-  PLATEAU_RETURN_IF_ERROR(
-      kernels_.GatherRows(compute_, dst, N, tokens, nullptr, n, H, m.token_rows));
-  PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, src, pos, w, n, K, H, m.token_rows));
-  return kernels_.ScatterRows(compute_, m.token_rows, n, tokens, H, dst, N);
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, dst, N, tokens, nullptr, n, H, m.token_rows));
+  PLATEAU_RETURN_IF_ERROR(Ops::CombineRows(kernels_, compute_, src, S, pos, w, n, K, H, m.token_rows));
+  return Ops::ScatterRows(kernels_, compute_, m.token_rows, n, tokens, H, dst, N);
 }
 
-absl::Status LlepChunkRunner::Combine(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                      const float* gates, float* out) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::Combine(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                      const float* gates, W* out) {
   return CombineInto(p, m, m.send, gates, out);
 }
 
-absl::Status LlepChunkRunner::GateGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                        const float* dout, float* dgates) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::GateGrads(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                        const W* dout, float* dgates) {
+  using Ops = WorkingOps<W>;
   const int64_t H = model_.hidden, K = model_.top_k, n = p.tokens, N = p.layer_tokens;
+  const int64_t S = m.sizes.routes;  // rows of m.send
   const int32_t* pos = m.index + m.layout.route_pos;
   if (n == 0) return absl::OkStatus();
   if (p.first_token >= 0) {
     const int64_t t0 = p.first_token;
-    return kernels_.RowDots(compute_, dout + t0 * H, m.send, pos, n, K, H, dgates + t0 * K);
+    return Ops::RowDots(kernels_, compute_, dout + t0 * H, m.send, S, pos, n, K, H, dgates + t0 * K);
   }
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dout, N, m.index + m.layout.token_rows,
-                                              nullptr, n, H, m.token_rows));
-  PLATEAU_RETURN_IF_ERROR(
-      kernels_.RowDots(compute_, m.token_rows, m.send, pos, n, K, H, m.chunk_dgates));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, dout, N, m.index + m.layout.token_rows, nullptr, n,
+                                          H, m.token_rows));
+  PLATEAU_RETURN_IF_ERROR(Ops::RowDots(kernels_, compute_, m.token_rows, m.send, S, pos, n, K, H, m.chunk_dgates));
   return kernels_.ScatterRows(compute_, m.chunk_dgates, n * K, m.index + m.layout.chunk_routes, 1,
                               dgates, N * K);
 }
 
-absl::Status LlepChunkRunner::DispatchOutputGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                                  const float* dout, const float* gates) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::DispatchOutputGrads(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                                  const W* dout, const float* gates) {
+  using Ops = WorkingOps<W>;
   const int64_t H = model_.hidden, K = model_.top_k, S = p.routes(), R = p.rows();
   const int64_t N = p.layer_tokens;
   PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, gates, N * K,
                                               m.index + m.layout.route_at_pos, nullptr, S, 1,
                                               m.gates_sent));
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dout, N, m.index + m.layout.send_index,
-                                              m.gates_sent, S, H, m.send));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, dout, N, m.index + m.layout.send_index,
+                                          m.gates_sent, S, H, m.send));
   PLATEAU_RETURN_IF_ERROR(Exchange(m.send, p.send_rows, m.recv, p.recv_rows, H));
-  return kernels_.GatherRows(compute_, m.recv, R, m.index + m.layout.perm, nullptr, R, H, m.t);
+  return Ops::GatherRows(kernels_, compute_, m.recv, R, m.index + m.layout.perm, nullptr, R, H, m.t);
 }
 
-absl::Status LlepChunkRunner::ExpertBackward(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                             const ExpertWeights& w, const ExpertGrads& grads) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::ExpertBackward(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                             const ExpertWeightsT<W>& w, const ExpertGradsT<W>& grads) {
   // act is consumed: it carries d gate from SwiGLU's backward on; dx goes
   // to recv.
   return ExpertMlpBackward(backend_, compute_, model_.hidden, model_.expert_ffn,
@@ -281,18 +314,20 @@ absl::Status LlepChunkRunner::ExpertBackward(const LlepRankPlan& p, const LlepCh
                            m.act, m.dup, m.recv);
 }
 
-absl::Status LlepChunkRunner::ReturnInputGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                               float* du) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::ReturnInputGrads(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                               W* du) {
   const int64_t H = model_.hidden, R = p.rows();
   // x is consumed by ExpertBackward: it carries dx, source-major.
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, m.recv, R, m.index + m.layout.inv_perm,
-                                              nullptr, R, H, m.x));
+  PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::GatherRows(kernels_, compute_, m.recv, R, m.index + m.layout.inv_perm,
+                                                    nullptr, R, H, m.x));
   PLATEAU_RETURN_IF_ERROR(Exchange(m.x, p.recv_rows, m.send, p.send_rows, H));
   return CombineInto(p, m, m.send, nullptr, du);
 }
 
-absl::Status LlepChunkRunner::ReturnWeightGrads(const LlepRankPlan& p, const LlepChunkMemory& m,
-                                                const ExpertGrads& g) {
+template <typename W>
+absl::Status LlepChunkRunnerT<W>::ReturnWeightGrads(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
+                                                const ExpertGradsT<W>& g) {
   if (!p.transfers) return absl::OkStatus();
   const int64_t HF = model_.hidden * model_.expert_ffn, X = 3 * HF;
   PLATEAU_RETURN_IF_ERROR(Exchange(m.borrowed_grads, p.borrowed_from, m.lent, p.lent_to, X));
@@ -300,15 +335,17 @@ absl::Status LlepChunkRunner::ReturnWeightGrads(const LlepRankPlan& p, const Lle
   // Helper-major: an expert's helpers are added in ascending rank.
   for (size_t i = 0; i < p.lent.size(); ++i) {
     const int64_t le = p.lent[i].second - first;
-    const float* src = m.lent + i * X;
+    const W* src = m.lent + i * X;
+    using Ops = WorkingOps<W>;
+    PLATEAU_RETURN_IF_ERROR(Ops::Add(backend_, compute_, g.w_gate + le * HF, g.w_gate + le * HF, src, HF));
+    PLATEAU_RETURN_IF_ERROR(Ops::Add(backend_, compute_, g.w_up + le * HF, g.w_up + le * HF, src + HF, HF));
     PLATEAU_RETURN_IF_ERROR(
-        backend_.Add(compute_, g.w_gate + le * HF, g.w_gate + le * HF, src, HF));
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Add(compute_, g.w_up + le * HF, g.w_up + le * HF, src + HF, HF));
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Add(compute_, g.w_down + le * HF, g.w_down + le * HF, src + 2 * HF, HF));
+        Ops::Add(backend_, compute_, g.w_down + le * HF, g.w_down + le * HF, src + 2 * HF, HF));
   }
   return absl::OkStatus();
 }
+
+template class LlepChunkRunnerT<float>;
+template class LlepChunkRunnerT<Bf16>;
 
 }  // namespace plateau

@@ -23,6 +23,12 @@
 // helper's gradient in ascending helper rank (ReturnWeightGrads): a fixed
 // order, so the same routes give the same bits.
 //
+// Precision (W): float, or Bf16 under bf16 mixed (rows, weights and
+// gradients bf16 through WorkingOps<W>, exchanged as kBfloat16; the gates
+// and dgates fp32): LlepChunkRunner / LlepChunkMemory are the float
+// instantiations. Under bf16 each helper's gradient adds into its owner's
+// with one rounding (AddBf16).
+//
 // Thread safety: one per rank, not thread-safe.
 #ifndef PLATEAU_KERNELS_DISPATCH_LLEP_CHUNK_H_
 #define PLATEAU_KERNELS_DISPATCH_LLEP_CHUNK_H_
@@ -45,88 +51,93 @@
 namespace plateau {
 
 // Pointers into one chunk's buffers (LlepChunkBuffers' list), and the sizes
-// they were allocated for.
-struct LlepChunkMemory {
+// they were allocated for; the rows in the working type W.
+template <typename W>
+struct LlepChunkMemoryT {
   LlepChunkSizes sizes;
   LlepIndexLayout layout;
   int32_t* index = nullptr;
   float* gates_sent = nullptr;    // [S]
   float* chunk_gates = nullptr;   // [S] token view
   float* chunk_dgates = nullptr;  // [S] token view
-  float *send = nullptr, *recv = nullptr, *x = nullptr, *t = nullptr;
-  float *gate = nullptr, *up = nullptr, *act = nullptr, *dact = nullptr, *dup = nullptr;
-  float* token_rows = nullptr;
-  float *borrowed_weights = nullptr, *borrowed_grads = nullptr, *lent = nullptr;
+  W *send = nullptr, *recv = nullptr, *x = nullptr, *t = nullptr;
+  W *gate = nullptr, *up = nullptr, *act = nullptr, *dact = nullptr, *dup = nullptr;
+  W* token_rows = nullptr;
+  W *borrowed_weights = nullptr, *borrowed_grads = nullptr, *lent = nullptr;
 };
+using LlepChunkMemory = LlepChunkMemoryT<float>;
 
 // Allocates `specs` in order in the kDispatch live set, appending to `out`.
 absl::Status AllocateDispatchBuffers(Backend& backend, const std::vector<DispatchBufferSpec>& specs,
                                      std::vector<Buffer>* out);
 // Points into the chunk buffers that start at buffers[first] (allocated from
-// LlepChunkBuffers(model, sizes)); INTERNAL if the names or sizes differ.
-absl::StatusOr<LlepChunkMemory> CarveChunk(const ModelConfig& model, const LlepChunkSizes& sizes,
-                                           const std::vector<Buffer>& buffers, size_t first);
+// LlepChunkBuffers(model, sizes, e) with e the element sizes of W);
+// INTERNAL if the names or sizes differ.
+template <typename W = float>
+absl::StatusOr<LlepChunkMemoryT<W>> CarveChunk(const ModelConfig& model, const LlepChunkSizes& sizes,
+                                               const std::vector<Buffer>& buffers, size_t first);
 // The plan's index vectors at `layout`'s offsets of `dst` (host memory).
 void WriteChunkIndex(const LlepRankPlan& plan, const LlepIndexLayout& layout, int32_t* dst);
 
-class LlepChunkRunner {
+template <typename W>
+class LlepChunkRunnerT {
  public:
-  LlepChunkRunner(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
+  LlepChunkRunnerT(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
                   Communicator& experts, Stream& compute, Stream& comm);
 
   // INTERNAL when the plan does not fit the memory: a broken bound, never a
   // property of the routing.
-  absl::Status Fits(const LlepRankPlan& plan, const LlepChunkMemory& mem) const;
+  absl::Status Fits(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem) const;
 
   // mem.layout.total index words from `host` (host memory).
-  absl::Status UploadIndex(const int32_t* host, const LlepChunkMemory& mem);
+  absl::Status UploadIndex(const int32_t* host, const LlepChunkMemoryT<W>& mem);
   // Owners pack the experts they lend and every helper receives its
   // borrowed experts' [gate | up | down] in borrowed_weights.
-  absl::Status ShipWeights(const LlepRankPlan& plan, const LlepChunkMemory& mem,
-                           const ExpertWeights& w);
+  absl::Status ShipWeights(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
+                           const ExpertWeightsT<W>& w);
   // x = this rank's received rows of u, expert-major.
-  absl::Status DispatchRows(const LlepRankPlan& plan, const LlepChunkMemory& mem, const float* u);
+  absl::Status DispatchRows(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, const W* u);
   // gate, up, act from x; the expert outputs into recv (expert-major).
-  absl::Status ExpertForward(const LlepRankPlan& plan, const LlepChunkMemory& mem,
-                             const ExpertWeights& w);
+  absl::Status ExpertForward(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
+                             const ExpertWeightsT<W>& w);
   // The outputs back to their sources: send holds them in send order.
-  absl::Status ReturnOutputs(const LlepRankPlan& plan, const LlepChunkMemory& mem);
+  absl::Status ReturnOutputs(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem);
   // out[t] += sum_j gates[t, j] y_{t,j} over the chunk's tokens.
-  absl::Status Combine(const LlepRankPlan& plan, const LlepChunkMemory& mem, const float* gates,
-                       float* out);
+  absl::Status Combine(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, const float* gates,
+                       W* out);
   // dgates[t, j] = <dout[t], y_{t,j}> over the chunk's routes (from send).
-  absl::Status GateGrads(const LlepRankPlan& plan, const LlepChunkMemory& mem, const float* dout,
+  absl::Status GateGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, const W* dout,
                          float* dgates);
   // t = dy = gates * dout rows, received and expert-major.
-  absl::Status DispatchOutputGrads(const LlepRankPlan& plan, const LlepChunkMemory& mem,
-                                   const float* dout, const float* gates);
+  absl::Status DispatchOutputGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
+                                   const W* dout, const float* gates);
   // dx into recv (expert-major); own experts' gradients accumulate into g,
   // borrowed experts' go to borrowed_grads.
-  absl::Status ExpertBackward(const LlepRankPlan& plan, const LlepChunkMemory& mem,
-                              const ExpertWeights& w, const ExpertGrads& g);
+  absl::Status ExpertBackward(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
+                              const ExpertWeightsT<W>& w, const ExpertGradsT<W>& g);
   // du[t] += sum_j dx_{t,j} over the chunk's tokens.
-  absl::Status ReturnInputGrads(const LlepRankPlan& plan, const LlepChunkMemory& mem, float* du);
+  absl::Status ReturnInputGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, W* du);
   // Helpers send borrowed_grads to the owners, which add them into g.
-  absl::Status ReturnWeightGrads(const LlepRankPlan& plan, const LlepChunkMemory& mem,
-                                 const ExpertGrads& g);
+  absl::Status ReturnWeightGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
+                                 const ExpertGradsT<W>& g);
 
  private:
   // Rows of `width` floats; send_counts/recv_counts in rows.
-  absl::Status Exchange(const float* send, absl::Span<const int64_t> send_rows, float* recv,
+  absl::Status Exchange(const W* send, absl::Span<const int64_t> send_rows, W* recv,
                         absl::Span<const int64_t> recv_rows, int64_t width);
   // Adds the chunk's per-route rows in `src` (send order) into rows of
   // `dst` (the caller's N x H), weighted by gates when given.
-  absl::Status CombineInto(const LlepRankPlan& plan, const LlepChunkMemory& mem, const float* src,
-                           const float* gates, float* dst);
+  absl::Status CombineInto(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, const W* src,
+                           const float* gates, W* dst);
   struct GroupWeights {
-    const float *gate, *up, *down;
+    const W *gate, *up, *down;
   };
-  GroupWeights WeightsOf(const LlepGroup& group, const LlepChunkMemory& mem,
-                         const ExpertWeights& w) const;
+  GroupWeights WeightsOf(const LlepGroup& group, const LlepChunkMemoryT<W>& mem,
+                         const ExpertWeightsT<W>& w) const;
   // The plan's groups for expert_mlp.h; with `grads`, where each group's
   // weight gradients go.
-  std::vector<ExpertGroup> Groups(const LlepRankPlan& plan, const LlepChunkMemory& mem,
-                                  const ExpertWeights& w, const ExpertGrads* grads) const;
+  std::vector<ExpertGroupT<W>> Groups(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
+                                  const ExpertWeightsT<W>& w, const ExpertGradsT<W>* grads) const;
 
   const ModelConfig model_;
   Backend& backend_;
@@ -138,6 +149,8 @@ class LlepChunkRunner {
   // Outlive every call: queued work refers to them.
   std::unique_ptr<Event> ready_, landed_;
 };
+
+using LlepChunkRunner = LlepChunkRunnerT<float>;
 
 }  // namespace plateau
 

@@ -10,7 +10,7 @@ namespace plateau {
 absl::StatusOr<std::unique_ptr<PipelinedLlep>> PipelinedLlep::Create(
     const ModelConfig& model, const PipelinedLlepOptions& options, int64_t max_tokens,
     Backend& backend, ModelKernels& kernels, Communicator& experts, Stream& compute,
-    Stream& comm) {
+    Stream& comm, const ElementBytes& e) {
   PLATEAU_RETURN_IF_ERROR(ValidatePipelinedLlepOptions(options));
   PLATEAU_RETURN_IF_ERROR(ValidateLlepShape(model, experts.size()));
   if (max_tokens < 0) {
@@ -19,14 +19,14 @@ absl::StatusOr<std::unique_ptr<PipelinedLlep>> PipelinedLlep::Create(
                      max_tokens));
   }
   std::unique_ptr<PipelinedLlep> p(new PipelinedLlep(model, options, max_tokens, backend, kernels,
-                                                     experts, compute, comm));
+                                                     experts, compute, comm, !e.working_is_master()));
   PLATEAU_RETURN_IF_ERROR(p->Allocate());
   return p;
 }
 
 PipelinedLlep::PipelinedLlep(const ModelConfig& model, const PipelinedLlepOptions& options,
                              int64_t max_tokens, Backend& backend, ModelKernels& kernels,
-                             Communicator& experts, Stream& compute, Stream& comm)
+                             Communicator& experts, Stream& compute, Stream& comm, bool bf16)
     : model_(model),
       options_(options),
       max_tokens_(max_tokens),
@@ -35,17 +35,23 @@ PipelinedLlep::PipelinedLlep(const ModelConfig& model, const PipelinedLlepOption
       comm_(experts),
       compute_(compute),
       comm_stream_(comm),
-      runner_(model, backend, kernels, experts, compute, comm) {}
+      bf16_(bf16),
+      runner_(model, backend, kernels, experts, compute, comm),
+      runner_bf16_(model, backend, kernels, experts, compute, comm) {}
 
 PipelinedLlep::~PipelinedLlep() = default;
 
 absl::Status PipelinedLlep::Allocate() {
   const int64_t P = comm_.size();
+  const ElementBytes e = bf16_ ? kBf16MixedElements : kFp32Elements;
   PLATEAU_RETURN_IF_ERROR(AllocateDispatchBuffers(
-      backend_, PipelinedLlepBuffers(model_, P, max_tokens_, options_), &buffers_));
-  PLATEAU_ASSIGN_OR_RETURN(
-      mem_, CarveChunk(model_, PipelinedLlepSlotSizes(model_, P, max_tokens_, options_), buffers_,
-                       1));
+      backend_, PipelinedLlepBuffers(model_, P, max_tokens_, options_, e), &buffers_));
+  const LlepChunkSizes slots = PipelinedLlepSlotSizes(model_, P, max_tokens_, options_);
+  if (bf16_) {
+    PLATEAU_ASSIGN_OR_RETURN(mem_bf16_, CarveChunk<Bf16>(model_, slots, buffers_, 1));
+  } else {
+    PLATEAU_ASSIGN_OR_RETURN(mem_, CarveChunk(model_, slots, buffers_, 1));
+  }
   PLATEAU_ASSIGN_OR_RETURN(
       host_index_,
       backend_.host().Allocate(
@@ -61,7 +67,32 @@ void PipelinedLlep::Release() {
 }
 
 const int32_t* PipelinedLlep::StagedIndex(int64_t chunk) const {
-  return host_index_.as<int32_t>() + chunk * mem_.layout.total;
+  const LlepIndexLayout& layout = bf16_ ? mem_bf16_.layout : mem_.layout;
+  return host_index_.as<int32_t>() + chunk * layout.total;
+}
+
+template <>
+LlepChunkRunnerT<float>& PipelinedLlep::Runner<float>() {
+  return runner_;
+}
+template <>
+LlepChunkRunnerT<Bf16>& PipelinedLlep::Runner<Bf16>() {
+  return runner_bf16_;
+}
+template <>
+const LlepChunkMemoryT<float>& PipelinedLlep::Mem<float>() const {
+  return mem_;
+}
+template <>
+const LlepChunkMemoryT<Bf16>& PipelinedLlep::Mem<Bf16>() const {
+  return mem_bf16_;
+}
+
+template <typename W>
+absl::Status PipelinedLlep::CheckElement() const {
+  if (bf16_ == std::is_same_v<W, Bf16>) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("PipelinedLlep: its slots hold ", bf16_ ? "bf16" : "fp32",
+                                          " rows, called with ", bf16_ ? "fp32" : "bf16", " ones"));
 }
 
 // A rank of the group has more tokens than the buffers were sized for.
@@ -160,8 +191,9 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
     const LlepAssignment a = AssignLlep(loads, P, options_.balance);
     PLATEAU_ASSIGN_OR_RETURN(LlepRankPlan plan, PlanLlepRank(a, chunk_counts, comm_.rank(), P,
                                                              model_, host_chosen, N, rows[j]));
-    PLATEAU_RETURN_IF_ERROR(runner_.Fits(plan, mem_));
-    WriteChunkIndex(plan, mem_.layout, host_index_.as<int32_t>() + j * mem_.layout.total);
+    const LlepIndexLayout& layout = bf16_ ? mem_bf16_.layout : mem_.layout;
+    PLATEAU_RETURN_IF_ERROR(bf16_ ? runner_bf16_.Fits(plan, mem_bf16_) : runner_.Fits(plan, mem_));
+    WriteChunkIndex(plan, layout, host_index_.as<int32_t>() + j * layout.total);
     const LlepChunkSizes s = LlepChunkSizesOf(plan);
     max_sizes_.tokens = std::max(max_sizes_.tokens, s.tokens);
     max_sizes_.routes = std::max(max_sizes_.routes, s.routes);
@@ -182,9 +214,10 @@ absl::Status PipelinedLlep::Begin(const int32_t* chosen, int64_t tokens) {
   return Plan(chosen, tokens);
 }
 
-absl::Status PipelinedLlep::ForwardForBackward(const float* u, const int32_t* chosen,
-                                               const float* gates, int64_t tokens,
-                                               const ExpertWeights&, float*) {
+template <typename W>
+absl::Status PipelinedLlep::ForwardForBackwardT(const W* u, const int32_t* chosen, const float* gates,
+                                                int64_t tokens) {
+  PLATEAU_RETURN_IF_ERROR(CheckElement<W>());
   PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens));
   u_ = u;
   gates_ = gates;
@@ -192,17 +225,21 @@ absl::Status PipelinedLlep::ForwardForBackward(const float* u, const int32_t* ch
   return absl::OkStatus();
 }
 
-absl::Status PipelinedLlep::Forward(const float* u, const int32_t* chosen, const float* gates,
-                                    int64_t tokens, const ExpertWeights& w, float* out) {
+template <typename W>
+absl::Status PipelinedLlep::ForwardT(const W* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                                     const ExpertWeightsT<W>& w, W* out) {
+  PLATEAU_RETURN_IF_ERROR(CheckElement<W>());
   PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens));
+  LlepChunkRunnerT<W>& runner = Runner<W>();
+  const LlepChunkMemoryT<W>& mem = Mem<W>();
   for (int64_t j = 0; j < chunks_; ++j) {
     const LlepRankPlan& p = plans_[j];
-    PLATEAU_RETURN_IF_ERROR(runner_.UploadIndex(StagedIndex(j), mem_));
-    PLATEAU_RETURN_IF_ERROR(runner_.ShipWeights(p, mem_, w));
-    PLATEAU_RETURN_IF_ERROR(runner_.DispatchRows(p, mem_, u));
-    PLATEAU_RETURN_IF_ERROR(runner_.ExpertForward(p, mem_, w));
-    PLATEAU_RETURN_IF_ERROR(runner_.ReturnOutputs(p, mem_));
-    PLATEAU_RETURN_IF_ERROR(runner_.Combine(p, mem_, gates, out));
+    PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(StagedIndex(j), mem));
+    PLATEAU_RETURN_IF_ERROR(runner.ShipWeights(p, mem, w));
+    PLATEAU_RETURN_IF_ERROR(runner.DispatchRows(p, mem, u));
+    PLATEAU_RETURN_IF_ERROR(runner.ExpertForward(p, mem, w));
+    PLATEAU_RETURN_IF_ERROR(runner.ReturnOutputs(p, mem));
+    PLATEAU_RETURN_IF_ERROR(runner.Combine(p, mem, gates, out));
   }
   u_ = u;
   gates_ = gates;
@@ -218,27 +255,62 @@ absl::Status PipelinedLlep::Forward(const float* u, const int32_t* chosen, const
 // unscaled dA GEMM with the gates sent to the receivers, saves one GEMM of
 // twelve and changes the rounding of dA, so the K = 1 bits would no longer be
 // LLEP's (DESIGN.md §1.1); not done.
-absl::Status PipelinedLlep::Backward(const float* dout, const ExpertWeights& w, float* du,
-                                     float* dgates, const ExpertGrads& g) {
+template <typename W>
+absl::Status PipelinedLlep::BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du, float* dgates,
+                                      const ExpertGradsT<W>& g) {
+  PLATEAU_RETURN_IF_ERROR(CheckElement<W>());
   if (!forward_done_) {
     return absl::FailedPreconditionError(
         "PipelinedLlep::Backward needs the layer's Forward first");
   }
+  LlepChunkRunnerT<W>& runner = Runner<W>();
+  const LlepChunkMemoryT<W>& mem = Mem<W>();
+  const W* u = static_cast<const W*>(u_);
   for (int64_t j = 0; j < chunks_; ++j) {
     const LlepRankPlan& p = plans_[j];
-    PLATEAU_RETURN_IF_ERROR(runner_.UploadIndex(StagedIndex(j), mem_));
-    PLATEAU_RETURN_IF_ERROR(runner_.ShipWeights(p, mem_, w));
-    PLATEAU_RETURN_IF_ERROR(runner_.DispatchRows(p, mem_, u_));
-    PLATEAU_RETURN_IF_ERROR(runner_.ExpertForward(p, mem_, w));
-    PLATEAU_RETURN_IF_ERROR(runner_.ReturnOutputs(p, mem_));
-    PLATEAU_RETURN_IF_ERROR(runner_.GateGrads(p, mem_, dout, dgates));
-    PLATEAU_RETURN_IF_ERROR(runner_.DispatchOutputGrads(p, mem_, dout, gates_));
-    PLATEAU_RETURN_IF_ERROR(runner_.ExpertBackward(p, mem_, w, g));
-    PLATEAU_RETURN_IF_ERROR(runner_.ReturnInputGrads(p, mem_, du));
-    PLATEAU_RETURN_IF_ERROR(runner_.ReturnWeightGrads(p, mem_, g));
+    PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(StagedIndex(j), mem));
+    PLATEAU_RETURN_IF_ERROR(runner.ShipWeights(p, mem, w));
+    PLATEAU_RETURN_IF_ERROR(runner.DispatchRows(p, mem, u));
+    PLATEAU_RETURN_IF_ERROR(runner.ExpertForward(p, mem, w));
+    PLATEAU_RETURN_IF_ERROR(runner.ReturnOutputs(p, mem));
+    PLATEAU_RETURN_IF_ERROR(runner.GateGrads(p, mem, dout, dgates));
+    PLATEAU_RETURN_IF_ERROR(runner.DispatchOutputGrads(p, mem, dout, gates_));
+    PLATEAU_RETURN_IF_ERROR(runner.ExpertBackward(p, mem, w, g));
+    PLATEAU_RETURN_IF_ERROR(runner.ReturnInputGrads(p, mem, du));
+    PLATEAU_RETURN_IF_ERROR(runner.ReturnWeightGrads(p, mem, g));
   }
   Release();
   return absl::OkStatus();
+}
+
+absl::Status PipelinedLlep::ForwardForBackward(const float* u, const int32_t* chosen, const float* gates,
+                                               int64_t tokens, const ExpertWeights&, float*) {
+  return ForwardForBackwardT<float>(u, chosen, gates, tokens);
+}
+
+absl::Status PipelinedLlep::ForwardForBackward(const Bf16* u, const int32_t* chosen, const float* gates,
+                                               int64_t tokens, const ExpertWeightsT<Bf16>&, Bf16*) {
+  return ForwardForBackwardT<Bf16>(u, chosen, gates, tokens);
+}
+
+absl::Status PipelinedLlep::Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                                    const ExpertWeights& w, float* out) {
+  return ForwardT<float>(u, chosen, gates, tokens, w, out);
+}
+
+absl::Status PipelinedLlep::Forward(const Bf16* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                                    const ExpertWeightsT<Bf16>& w, Bf16* out) {
+  return ForwardT<Bf16>(u, chosen, gates, tokens, w, out);
+}
+
+absl::Status PipelinedLlep::Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
+                                     const ExpertGrads& g) {
+  return BackwardT<float>(dout, w, du, dgates, g);
+}
+
+absl::Status PipelinedLlep::Backward(const Bf16* dout, const ExpertWeightsT<Bf16>& w, Bf16* du, float* dgates,
+                                     const ExpertGradsT<Bf16>& g) {
+  return BackwardT<Bf16>(dout, w, du, dgates, g);
 }
 
 }  // namespace plateau

@@ -38,6 +38,11 @@
 // are summed changes (chunk by chunk). At K = 1 the chunk is the whole
 // layer and every output and gradient is bitwise LLEP's.
 //
+// Precision: fp32, or bf16 mixed (Create with kBf16MixedElements: the
+// Bf16 overloads; the slots are PipelinedLlepBuffers' at the bf16 element
+// sizes, rows, weights and gradients bf16, gates fp32: llep_chunk.h). One
+// template body per call; the fp32 instantiation is the fp32 code.
+//
 // Thread safety: not thread-safe; one per rank.
 #ifndef PLATEAU_KERNELS_DISPATCH_PIPELINED_LLEP_H_
 #define PLATEAU_KERNELS_DISPATCH_PIPELINED_LLEP_H_
@@ -75,7 +80,7 @@ class PipelinedLlep final : public ExpertDispatch {
   static absl::StatusOr<std::unique_ptr<PipelinedLlep>> Create(
       const ModelConfig& model, const PipelinedLlepOptions& options, int64_t max_tokens,
       Backend& backend, ModelKernels& kernels, Communicator& experts, Stream& compute,
-      Stream& comm);
+      Stream& comm, const ElementBytes& e = kFp32Elements);
   ~PipelinedLlep() override;
 
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
@@ -88,6 +93,13 @@ class PipelinedLlep final : public ExpertDispatch {
                                   int64_t tokens, const ExpertWeights& w, float* out) override;
   absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
                         const ExpertGrads& g) override;
+  // The same in bf16 mixed precision (Create with kBf16MixedElements).
+  absl::Status Forward(const Bf16* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                       const ExpertWeightsT<Bf16>& w, Bf16* out) override;
+  absl::Status ForwardForBackward(const Bf16* u, const int32_t* chosen, const float* gates,
+                                  int64_t tokens, const ExpertWeightsT<Bf16>& w, Bf16* out) override;
+  absl::Status Backward(const Bf16* dout, const ExpertWeightsT<Bf16>& w, Bf16* du, float* dgates,
+                        const ExpertGradsT<Bf16>& g) override;
   // Forgets the layer (the buffers are the schedule's for its lifetime).
   void Release() override;
 
@@ -96,13 +108,29 @@ class PipelinedLlep final : public ExpertDispatch {
   // tests and for the benchmark's peak as a fraction of the bound.
   int64_t chunks() const { return chunks_; }
   const LlepChunkSizes& max_chunk_sizes() const { return max_sizes_; }
-  const LlepChunkSizes& slot_sizes() const { return mem_.sizes; }
+  const LlepChunkSizes& slot_sizes() const { return bf16_ ? mem_bf16_.sizes : mem_.sizes; }
 
  private:
   PipelinedLlep(const ModelConfig& model, const PipelinedLlepOptions& options,
                 int64_t max_tokens, Backend& backend, ModelKernels& kernels,
-                Communicator& experts, Stream& compute, Stream& comm);
+                Communicator& experts, Stream& compute, Stream& comm, bool bf16);
   absl::Status Allocate();
+  // The runner and the slots of the working type W.
+  template <typename W>
+  LlepChunkRunnerT<W>& Runner();
+  template <typename W>
+  const LlepChunkMemoryT<W>& Mem() const;
+  // INTERNAL unless the slots were made for W.
+  template <typename W>
+  absl::Status CheckElement() const;
+  template <typename W>
+  absl::Status ForwardT(const W* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                        const ExpertWeightsT<W>& w, W* out);
+  template <typename W>
+  absl::Status ForwardForBackwardT(const W* u, const int32_t* chosen, const float* gates, int64_t tokens);
+  template <typename W>
+  absl::Status BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du, float* dgates,
+                         const ExpertGradsT<W>& g);
   absl::Status Plan(const int32_t* chosen, int64_t tokens);
   absl::Status CheckGroupTokens(int64_t n) const;
   // Forgets the last layer, validates `tokens` and plans (Forward's and
@@ -118,15 +146,18 @@ class PipelinedLlep final : public ExpertDispatch {
   Communicator& comm_;
   Stream& compute_;
   Stream& comm_stream_;
+  const bool bf16_;  // the slots hold bf16 rows (Create's e)
   LlepChunkRunner runner_;
+  LlepChunkRunnerT<Bf16> runner_bf16_;
 
   std::vector<Buffer> buffers_;  // PipelinedLlepBuffers' list, in order
-  LlepChunkMemory mem_;          // the chunk slots
+  LlepChunkMemory mem_;          // the chunk slots (fp32)
+  LlepChunkMemoryT<Bf16> mem_bf16_;  // the chunk slots (bf16)
   Buffer host_index_;            // K_max slot layouts of index words
 
   // The layer between Forward and Backward.
   bool forward_done_ = false;
-  const float* u_ = nullptr;
+  const void* u_ = nullptr;  // the working type's u
   const float* gates_ = nullptr;
   int64_t chunks_ = 0;
   std::vector<LlepRankPlan> plans_;

@@ -4,9 +4,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/model/working_ops.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
+namespace {
+
+// The rows travel in their own precision (an exchange moves, never sums).
+template <typename W>
+constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
+
+}  // namespace
 
 StandardEp::StandardEp(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
                        Communicator& experts, Stream& compute, Stream& comm)
@@ -18,8 +26,9 @@ StandardEp::StandardEp(const ModelConfig& model, Backend& backend, ModelKernels&
       comm_stream_(comm),
       local_experts_(model.experts / experts.size()) {}
 
-absl::StatusOr<Buffer> StandardEp::Alloc(int64_t floats) {
-  return backend_.device().Allocate(LiveSet::kDispatch, floats * sizeof(float));
+template <typename T>
+absl::StatusOr<Buffer> StandardEp::Alloc(int64_t count) {
+  return backend_.device().Allocate(LiveSet::kDispatch, count * static_cast<int64_t>(sizeof(T)));
 }
 
 absl::StatusOr<Buffer> StandardEp::AllocIndex(const std::vector<int32_t>& host) {
@@ -116,10 +125,11 @@ absl::Status StandardEp::Plan(const int32_t* chosen, int64_t tokens) {
   return absl::OkStatus();  // AllocIndex's copies from the host vectors are done
 }
 
-// Rows of H floats: forward sends by send_counts_ and receives by
+// Rows of H elements: forward sends by send_counts_ and receives by
 // recv_counts_; the reverse direction swaps them. Ordered after the compute
 // stream's work so far; compute waits for it to land.
-absl::Status StandardEp::Exchange(const float* send, float* recv, bool forward) {
+template <typename W>
+absl::Status StandardEp::Exchange(const W* send, W* recv, bool forward) {
   const int64_t H = model_.hidden;
   std::vector<int64_t> sc(send_counts_.size()), rc(recv_counts_.size());
   for (size_t i = 0; i < sc.size(); ++i) {
@@ -133,19 +143,20 @@ absl::Status StandardEp::Exchange(const float* send, float* recv, bool forward) 
   }
   PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready_));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready_));
-  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, DataType::kFloat32));
+  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, kWire<W>));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed_));
   PLATEAU_RETURN_IF_ERROR(compute_.Wait(*landed_));
   return absl::OkStatus();
 }
 
-std::vector<ExpertGroup> StandardEp::Groups(const ExpertWeights& w,
-                                            const ExpertGrads* grads) const {
+template <typename W>
+std::vector<ExpertGroupT<W>> StandardEp::Groups(const ExpertWeightsT<W>& w,
+                                                const ExpertGradsT<W>* grads) const {
   const int64_t mat = model_.hidden * model_.expert_ffn;
-  std::vector<ExpertGroup> out;
+  std::vector<ExpertGroupT<W>> out;
   for (int64_t le = 0; le < local_experts_; ++le) {
     if (expert_rows_[le] == 0) continue;
-    ExpertGroup e;
+    ExpertGroupT<W> e;
     e.rows = expert_rows_[le];
     e.w_gate = w.w_gate + le * mat;
     e.w_up = w.w_up + le * mat;
@@ -160,51 +171,56 @@ std::vector<ExpertGroup> StandardEp::Groups(const ExpertWeights& w,
   return out;
 }
 
-absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const float* gates,
-                                 int64_t tokens, const ExpertWeights& w, float* out) {
+template <typename W>
+absl::Status StandardEp::ForwardT(const W* u, const int32_t* chosen, const float* gates,
+                                  int64_t tokens, const ExpertWeightsT<W>& w, W* out) {
+  using Ops = WorkingOps<W>;
   Release();
   const int64_t H = model_.hidden, F = model_.expert_ffn, K = model_.top_k;
   const int64_t routes = tokens * K;
   PLATEAU_RETURN_IF_ERROR(Plan(chosen, tokens));
   const int64_t R = recv_rows_;
 
-  // Gates in send order, for the backward's scaled rows.
-  PLATEAU_ASSIGN_OR_RETURN(gates_sent_, Alloc(routes));
+  // Gates in send order (fp32 in either precision), for the backward's
+  // scaled rows.
+  PLATEAU_ASSIGN_OR_RETURN(gates_sent_, Alloc<float>(routes));
   PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, gates, routes,
                                               route_at_pos_.as<int32_t>(), nullptr, routes, 1,
                                               gates_sent_.as<float>()));
 
-  PLATEAU_ASSIGN_OR_RETURN(Buffer recv, Alloc(R * H));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer recv, Alloc<W>(R * H));
   {
-    PLATEAU_ASSIGN_OR_RETURN(Buffer send, Alloc(routes * H));
-    PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, u, tokens, send_index_.as<int32_t>(),
-                                                nullptr, routes, H, send.as<float>()));
-    PLATEAU_RETURN_IF_ERROR(Exchange(send.as<float>(), recv.as<float>(), /*forward=*/true));
+    PLATEAU_ASSIGN_OR_RETURN(Buffer send, Alloc<W>(routes * H));
+    PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, u, tokens, send_index_.as<int32_t>(),
+                                                nullptr, routes, H, send.as<W>()));
+    PLATEAU_RETURN_IF_ERROR(Exchange(send.as<W>(), recv.as<W>(), /*forward=*/true));
   }  // `send` goes back once the exchange has read it (memory.h)
-  PLATEAU_ASSIGN_OR_RETURN(x_, Alloc(R * H));
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, recv.as<float>(), R, perm_.as<int32_t>(),
-                                              nullptr, R, H, x_.as<float>()));
-  PLATEAU_ASSIGN_OR_RETURN(g_, Alloc(R * F));
-  PLATEAU_ASSIGN_OR_RETURN(u_, Alloc(R * F));
-  PLATEAU_ASSIGN_OR_RETURN(a_, Alloc(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(x_, Alloc<W>(R * H));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, recv.as<W>(), R, perm_.as<int32_t>(),
+                                              nullptr, R, H, x_.as<W>()));
+  PLATEAU_ASSIGN_OR_RETURN(g_, Alloc<W>(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(u_, Alloc<W>(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(a_, Alloc<W>(R * F));
   // The experts' outputs reuse the receive buffer (expert-major order).
-  float* y = recv.as<float>();
-  PLATEAU_RETURN_IF_ERROR(ExpertMlpForward(backend_, compute_, H, F, Groups(w, nullptr), x_.as<float>(),
-                                           g_.as<float>(), u_.as<float>(), a_.as<float>(), y));
+  W* y = recv.as<W>();
+  PLATEAU_RETURN_IF_ERROR(ExpertMlpForward(backend_, compute_, H, F, Groups<W>(w, nullptr), x_.as<W>(),
+                                           g_.as<W>(), u_.as<W>(), a_.as<W>(), y));
   // Back to source-major order, back to the senders, combined with the gates.
-  PLATEAU_ASSIGN_OR_RETURN(Buffer yback, Alloc(R * H));
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, y, R, inv_perm_.as<int32_t>(), nullptr, R,
-                                              H, yback.as<float>()));
-  PLATEAU_ASSIGN_OR_RETURN(returned_, Alloc(routes * H));
-  PLATEAU_RETURN_IF_ERROR(Exchange(yback.as<float>(), returned_.as<float>(), /*forward=*/false));
-  PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, returned_.as<float>(),
-                                               route_pos_.as<int32_t>(), gates, tokens, K, H, out));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer yback, Alloc<W>(R * H));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, y, R, inv_perm_.as<int32_t>(), nullptr, R,
+                                              H, yback.as<W>()));
+  PLATEAU_ASSIGN_OR_RETURN(returned_, Alloc<W>(routes * H));
+  PLATEAU_RETURN_IF_ERROR(Exchange(yback.as<W>(), returned_.as<W>(), /*forward=*/false));
+  PLATEAU_RETURN_IF_ERROR(Ops::CombineRows(kernels_, compute_, returned_.as<W>(), routes,
+                                           route_pos_.as<int32_t>(), gates, tokens, K, H, out));
   // recv and yback go back once the queued work is done with them (memory.h).
   return absl::OkStatus();
 }
 
-absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, float* du,
-                                  float* dgates, const ExpertGrads& grads) {
+template <typename W>
+absl::Status StandardEp::BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du,
+                                   float* dgates, const ExpertGradsT<W>& grads) {
+  using Ops = WorkingOps<W>;
   // x_ is held (zero bytes on a rank sent no rows) from Forward to Backward.
   if (x_.empty()) {
     return absl::FailedPreconditionError("StandardEp::Backward needs the layer's Forward first");
@@ -212,35 +228,54 @@ absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, flo
   const int64_t H = model_.hidden, F = model_.expert_ffn, K = model_.top_k;
   const int64_t tokens = tokens_, routes = tokens * K, R = recv_rows_;
   // d gate_{t,j} = <dout[t], y_{t,j}>.
-  PLATEAU_RETURN_IF_ERROR(kernels_.RowDots(compute_, dout, returned_.as<float>(),
-                                           route_pos_.as<int32_t>(), tokens, K, H, dgates));
+  PLATEAU_RETURN_IF_ERROR(Ops::RowDots(kernels_, compute_, dout, returned_.as<W>(), routes,
+                                       route_pos_.as<int32_t>(), tokens, K, H, dgates));
   // d y_{t,j} = gate_{t,j} dout[t], in send order, to the experts.
-  PLATEAU_ASSIGN_OR_RETURN(Buffer dsend, Alloc(routes * H));
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dout, tokens, send_index_.as<int32_t>(),
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dsend, Alloc<W>(routes * H));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, dout, tokens, send_index_.as<int32_t>(),
                                               gates_sent_.as<float>(), routes, H,
-                                              dsend.as<float>()));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer drecv, Alloc(R * H));
-  PLATEAU_RETURN_IF_ERROR(Exchange(dsend.as<float>(), drecv.as<float>(), /*forward=*/true));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer dy, Alloc(R * H));
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, drecv.as<float>(), R, perm_.as<int32_t>(),
-                                              nullptr, R, H, dy.as<float>()));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer da, Alloc(R * F));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer dg, Alloc(R * F));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer dup, Alloc(R * F));
-  float* dx = drecv.as<float>();  // reused: d inputs, expert-major
-  PLATEAU_RETURN_IF_ERROR(ExpertMlpBackward(backend_, compute_, H, F, Groups(w, &grads),
-                                            x_.as<float>(), dy.as<float>(), g_.as<float>(),
-                                            u_.as<float>(), a_.as<float>(), da.as<float>(),
-                                            dg.as<float>(), dup.as<float>(), dx));
+                                              dsend.as<W>()));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer drecv, Alloc<W>(R * H));
+  PLATEAU_RETURN_IF_ERROR(Exchange(dsend.as<W>(), drecv.as<W>(), /*forward=*/true));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dy, Alloc<W>(R * H));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, drecv.as<W>(), R, perm_.as<int32_t>(),
+                                              nullptr, R, H, dy.as<W>()));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer da, Alloc<W>(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dg, Alloc<W>(R * F));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dup, Alloc<W>(R * F));
+  W* dx = drecv.as<W>();  // reused: d inputs, expert-major
+  PLATEAU_RETURN_IF_ERROR(ExpertMlpBackward(backend_, compute_, H, F, Groups<W>(w, &grads),
+                                            x_.as<W>(), dy.as<W>(), g_.as<W>(),
+                                            u_.as<W>(), a_.as<W>(), da.as<W>(),
+                                            dg.as<W>(), dup.as<W>(), dx));
   // Source-major, back to the senders, summed per token in choice order.
-  PLATEAU_RETURN_IF_ERROR(kernels_.GatherRows(compute_, dx, R, inv_perm_.as<int32_t>(), nullptr,
-                                              R, H, dy.as<float>()));
-  PLATEAU_RETURN_IF_ERROR(Exchange(dy.as<float>(), dsend.as<float>(), /*forward=*/false));
-  PLATEAU_RETURN_IF_ERROR(kernels_.CombineRows(compute_, dsend.as<float>(),
-                                               route_pos_.as<int32_t>(), nullptr, tokens, K, H,
-                                               du));
+  PLATEAU_RETURN_IF_ERROR(Ops::GatherRows(kernels_, compute_, dx, R, inv_perm_.as<int32_t>(), nullptr,
+                                              R, H, dy.as<W>()));
+  PLATEAU_RETURN_IF_ERROR(Exchange(dy.as<W>(), dsend.as<W>(), /*forward=*/false));
+  PLATEAU_RETURN_IF_ERROR(Ops::CombineRows(kernels_, compute_, dsend.as<W>(), routes,
+                                           route_pos_.as<int32_t>(), nullptr, tokens, K, H, du));
   Release();  // each buffer goes back once the queued work is done with it (memory.h)
   return absl::OkStatus();
+}
+
+absl::Status StandardEp::Forward(const float* u, const int32_t* chosen, const float* gates,
+                                 int64_t tokens, const ExpertWeights& w, float* out) {
+  return ForwardT<float>(u, chosen, gates, tokens, w, out);
+}
+
+absl::Status StandardEp::Forward(const Bf16* u, const int32_t* chosen, const float* gates,
+                                 int64_t tokens, const ExpertWeightsT<Bf16>& w, Bf16* out) {
+  return ForwardT<Bf16>(u, chosen, gates, tokens, w, out);
+}
+
+absl::Status StandardEp::Backward(const float* dout, const ExpertWeights& w, float* du,
+                                  float* dgates, const ExpertGrads& grads) {
+  return BackwardT<float>(dout, w, du, dgates, grads);
+}
+
+absl::Status StandardEp::Backward(const Bf16* dout, const ExpertWeightsT<Bf16>& w, Bf16* du,
+                                  float* dgates, const ExpertGradsT<Bf16>& grads) {
+  return BackwardT<Bf16>(dout, w, du, dgates, grads);
 }
 
 }  // namespace plateau

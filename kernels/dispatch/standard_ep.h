@@ -16,6 +16,12 @@
 // or Release. Deterministic: routes are ordered by (destination, expert,
 // token, choice) and every sum has a fixed order.
 //
+// Precision: fp32, or bf16 mixed (the Bf16 overloads: rows, weights and
+// gradients bf16, exchanged as kBfloat16 (moved, never summed, so exact);
+// the gates, dgates and their send-order copy fp32). One template body
+// serves both; the fp32 instantiation is the fp32 code. The buffers are
+// the rows' element size (StandardEpPeakBytes with the step's ElementBytes).
+//
 // Thread safety: not thread-safe; one per rank.
 #ifndef PLATEAU_KERNELS_DISPATCH_STANDARD_EP_H_
 #define PLATEAU_KERNELS_DISPATCH_STANDARD_EP_H_
@@ -53,6 +59,12 @@ class StandardEp final : public ExpertDispatch {
   absl::Status Backward(const float* dout, const ExpertWeights& w,
                         float* du, float* dgates, const ExpertGrads& g) override;
 
+  // The same in bf16 mixed precision.
+  absl::Status Forward(const Bf16* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                       const ExpertWeightsT<Bf16>& w, Bf16* out) override;
+  absl::Status Backward(const Bf16* dout, const ExpertWeightsT<Bf16>& w, Bf16* du, float* dgates,
+                        const ExpertGradsT<Bf16>& g) override;
+
   // Frees the layer's dispatch buffers.
   void Release() override;
 
@@ -62,10 +74,21 @@ class StandardEp final : public ExpertDispatch {
  private:
   // The local experts with rows this layer (expert_mlp.h), in expert order;
   // with `grads`, their gradients accumulate there.
-  std::vector<ExpertGroup> Groups(const ExpertWeights& w, const ExpertGrads* grads) const;
+  template <typename W>
+  std::vector<ExpertGroupT<W>> Groups(const ExpertWeightsT<W>& w, const ExpertGradsT<W>* grads) const;
+  template <typename W>
+  absl::Status ForwardT(const W* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                        const ExpertWeightsT<W>& w, W* out);
+  template <typename W>
+  absl::Status BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du, float* dgates,
+                         const ExpertGradsT<W>& g);
   absl::Status Plan(const int32_t* chosen, int64_t tokens);
-  absl::Status Exchange(const float* send, float* recv, bool forward);
-  absl::StatusOr<Buffer> Alloc(int64_t floats);
+  // Rows of H elements of type W.
+  template <typename W>
+  absl::Status Exchange(const W* send, W* recv, bool forward);
+  // `count` elements of type T in the kDispatch live set.
+  template <typename T>
+  absl::StatusOr<Buffer> Alloc(int64_t count);
   absl::StatusOr<Buffer> AllocIndex(const std::vector<int32_t>& host);
 
   const ModelConfig model_;

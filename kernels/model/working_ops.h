@@ -19,8 +19,10 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/model/model_kernels.h"
@@ -59,6 +61,15 @@ struct WorkingOps<float> {
   // C in fp32 (the router's logits): the same GEMM in fp32.
   static absl::Status GemmAccum(Backend& be, Stream& s, const WorkingGemm<float, float>& g) {
     return Gemm(be, s, g);
+  }
+  // The expert groups' GEMMs (Backend::GroupedGemm's rules).
+  static absl::Status GroupedGemm(Backend& be, Stream& s, absl::Span<const WorkingGemm<float>> gs) {
+    std::vector<GemmArgs> args;
+    args.reserve(gs.size());
+    for (const WorkingGemm<float>& g : gs) {
+      args.push_back({g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.ldc});
+    }
+    return be.GroupedGemm(s, args);
   }
   static absl::Status Fill(Backend& be, Stream& s, float* x, int64_t n, float value) {
     return be.Fill(s, x, n, value);
@@ -191,6 +202,15 @@ struct WorkingOps<Bf16> {
     GemmBf16Args a{g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta,
                    nullptr, g.c, g.ldc};
     return be.GemmBf16(s, a);
+  }
+  static absl::Status GroupedGemm(Backend& be, Stream& s, absl::Span<const WorkingGemm<Bf16>> gs) {
+    std::vector<GemmBf16Args> args;
+    args.reserve(gs.size());
+    for (const WorkingGemm<Bf16>& g : gs) {
+      args.push_back({g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c,
+                      nullptr, g.ldc});
+    }
+    return be.GroupedGemmBf16(s, args);
   }
   static absl::Status Fill(Backend& be, Stream& s, Bf16* x, int64_t n, float value) {
     return be.FillBf16(s, x, n, value);

@@ -19,11 +19,20 @@
 // state lives changes. Device bytes: slots x 3 x bucket floats; host bytes:
 // 3S + 2X floats (OffloadStreamAdamWBytes).
 //
+// Precision (W): fp32 (OffloadStreamAdamW), or bf16 mixed
+// (OffloadStreamAdamWT<Bf16>, DeviceAdamWT<Bf16>'s arithmetic): the owned
+// weights then have an fp32 master on the host too (3S + 3X floats), which
+// their buckets bring up and write back like the dense shard's; AdamWBf16
+// writes the working copies rn(master) (this rank's region of the dense
+// weights, the owned weights) in the same pass, and the all-gather moves
+// bf16.
+//
 // Thread safety: one per rank (OptimizerUpdate).
 #ifndef PLATEAU_KERNELS_OPTIMIZER_OFFLOAD_STREAM_ADAMW_H_
 #define PLATEAU_KERNELS_OPTIMIZER_OFFLOAD_STREAM_ADAMW_H_
 
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -37,14 +46,15 @@
 
 namespace plateau {
 
-class OffloadStreamAdamW final : public OptimizerUpdate {
+template <typename W>
+class OffloadStreamAdamWT final : public OptimizerUpdate {
  public:
   // The update runs on `stream` (the step's communication stream, after the
   // gradients' reduce-scatter) and on two copy streams of its own.
-  static absl::StatusOr<std::unique_ptr<OffloadStreamAdamW>> Create(
-      const OptimizerConfig& config, const OptimizerPlacementOptions& placement, const OptimizerParams& params,
-      Backend& backend, Communicator& world, Stream& stream);
-  ~OffloadStreamAdamW() override;
+  static absl::StatusOr<std::unique_ptr<OffloadStreamAdamWT>> Create(
+      const OptimizerConfig& config, const OptimizerPlacementOptions& placement,
+      const OptimizerParamsT<W>& params, Backend& backend, Communicator& world, Stream& stream);
+  ~OffloadStreamAdamWT() override;
 
   absl::Status Load(const OptimizerShardState& state) override;
   absl::StatusOr<OptimizerShardState> Save() override;
@@ -53,15 +63,17 @@ class OffloadStreamAdamW final : public OptimizerUpdate {
   int64_t bucket() const { return bucket_; }
 
  private:
-  OffloadStreamAdamW(const OptimizerConfig& config, const OptimizerParams& params, int64_t bucket,
-                     int64_t slots, Backend& backend, Communicator& world, Stream& stream);
+  // bf16: the owned weights' master lives apart (after the dense one).
+  static constexpr bool kSeparateOwnedMaster = !std::is_same_v<W, float>;
+  OffloadStreamAdamWT(const OptimizerConfig& config, const OptimizerParamsT<W>& params, int64_t bucket,
+                      int64_t slots, Backend& backend, Communicator& world, Stream& stream);
   // Slot s's master, m and v (bucket_ floats each).
   float* SlotPart(int64_t s, int part) { return slots_.as<float>() + (3 * s + part) * bucket_; }
   absl::Status Settle();   // waits for the copy streams
   absl::Status Refresh();  // host master -> working weights, all-gathered
 
   const OptimizerConfig config_;
-  const OptimizerParams params_;
+  const OptimizerParamsT<W> params_;
   const int64_t bucket_, slots_count_;
   Backend& backend_;
   Communicator& world_;
@@ -70,8 +82,10 @@ class OffloadStreamAdamW final : public OptimizerUpdate {
   std::unique_ptr<Stream> up_, down_;
   std::vector<std::unique_ptr<Event>> loaded_, updated_, written_;  // per slot
   Buffer slots_;                  // device: [slots][master | m | v][bucket]
-  Buffer master_, m_, v_;         // host: [S], [S + X], [S + X]
+  Buffer master_, m_, v_;         // host: [S] ([S + X] in bf16), [S + X], [S + X]
 };
+
+using OffloadStreamAdamW = OffloadStreamAdamWT<float>;
 
 }  // namespace plateau
 

@@ -8,7 +8,8 @@
 //
 // The step owns the working weights (kWeights: the all-gathered dense
 // weights and this rank's owned weights — its experts and, under Ring-DTP,
-// its lm_head vocabulary shard; fp32, so their own master) and
+// its lm_head vocabulary shard; in fp32 their own master, in bf16 mixed
+// the rounding of an fp32 master the optimizer keeps) and
 // the gradients (kGrads); the optimizer owns its state (kOptimizer). The
 // step computes the global gradient norm and the clip coefficient before
 // Update, as the paper's pipeline needs it before the first bucket.
@@ -23,26 +24,34 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/bf16.h"
 #include "kernels/phase_recorder.h"
 
 namespace plateau {
 
 // This rank's optimizer state on the host: the dense shard's master and
 // moments [S], the owned weights' moments [X] (kernels/model/params.h).
+// owned_master [X]: the owned weights' fp32 master under bf16 mixed
+// precision (empty in fp32, where the owned weights are their own master).
 struct OptimizerShardState {
   std::vector<float> dense_master, dense_m, dense_v;
   std::vector<float> owned_m, owned_v;
+  std::vector<float> owned_master;
 };
 
-// The step's buffers the optimizer reads and writes (device).
-struct OptimizerParams {
-  float* dense_working = nullptr;           // [S * P] all-gathered from the masters
-  float* owned = nullptr;                   // [X] updated in place
-  const float* dense_grad_shard = nullptr;  // [S]
-  const float* owned_grad = nullptr;        // [X]
-  int64_t shard_numel = 0;                  // S
-  int64_t owned_numel = 0;                  // X, ParamLayout::owned_numel_per_rank()
+// The step's buffers the optimizer reads and writes (device), in the
+// working precision W (float; Bf16 under bf16 mixed: the working copies
+// rn(master) and bf16 gradients).
+template <typename W>
+struct OptimizerParamsT {
+  W* dense_working = nullptr;           // [S * P] all-gathered from the masters
+  W* owned = nullptr;                   // [X] updated in place (bf16: rn(its master))
+  const W* dense_grad_shard = nullptr;  // [S]
+  const W* owned_grad = nullptr;        // [X]
+  int64_t shard_numel = 0;              // S
+  int64_t owned_numel = 0;              // X, ParamLayout::owned_numel_per_rank()
 };
+using OptimizerParams = OptimizerParamsT<float>;
 
 class OptimizerUpdate {
  public:

@@ -4,12 +4,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/model/working_ops.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
 namespace {
 
 constexpr int64_t kF = sizeof(float);
+
+// The travellers and accumulators move in the working precision (a hop
+// moves, never sums: the accumulator's sums are the GEMMs').
+template <typename W>
+constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
+// The packed traveller's words (PackedCount): moved, never combined.
+template <typename W>
+constexpr DataType kPackedWire = std::is_same_v<W, float> ? DataType::kInt32 : DataType::kBfloat16;
 
 }  // namespace
 
@@ -43,7 +52,7 @@ RingDtp::~RingDtp() {
 absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c, Backend& backend,
                                                          ModelKernels& kernels,
                                                          Communicator& group, Stream& compute,
-                                                         Stream& comm) {
+                                                         Stream& comm, const ElementBytes& e) {
   auto bad = [](absl::string_view field, absl::string_view expected, int64_t got) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", expected, ", got ", got));
   };
@@ -60,7 +69,12 @@ absl::StatusOr<std::unique_ptr<RingDtp>> RingDtp::Create(const RingDtpConfig& c,
   if (c.mode != RingDtpMode::kActivations && c.mode != RingDtpMode::kWeights) {
     return absl::InvalidArgumentError("ring_dtp.mode: expected activations or weights");
   }
+  if (c.mode == RingDtpMode::kActivations && e.working == 2 && c.hidden % 2 != 0) {
+    // The packed traveller's targets follow N H bf16 values: 4-byte aligned only for an even H.
+    return bad("ring_dtp.hidden", "an even size under bf16 in activation mode", c.hidden);
+  }
   std::unique_ptr<RingDtp> r(new RingDtp(c, backend, kernels, group, compute, comm));
+  r->working_bytes_ = e.working;
   PLATEAU_RETURN_IF_ERROR(r->Allocate());
   return r;
 }
@@ -69,11 +83,18 @@ absl::Status RingDtp::Allocate() {
   const int64_t N = config_.rows, R = PassRows(), P = group_.size();
   MemorySpace& dev = backend_.device();
   auto floats = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * kF); };
+  // The strip tile and the travellers in the working precision.
+  auto working = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * working_bytes_); };
   Buffers& b = *buf_;
   PLATEAU_ASSIGN_OR_RETURN(
-      b.strip, floats(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
+      b.strip, working(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
+  // A slot: W or dW (working), or activation mode's packed batch, X
+  // (working) with R int32 targets and R fp32 lse (RingDtpBoundBytes).
+  const int64_t slot_bytes = config_.mode == RingDtpMode::kActivations
+                                 ? R * config_.hidden * working_bytes_ + 2 * R * 4
+                                 : RingDtpSlotFloats(config_, P) * working_bytes_;
   for (Buffer& s : b.slots) {
-    PLATEAU_ASSIGN_OR_RETURN(s, floats(RingDtpSlotFloats(config_, P)));
+    PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, slot_bytes));
   }
   for (Buffer& s : b.state) {
     PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * R));
@@ -91,23 +112,35 @@ int64_t RingDtp::ShardRows(int64_t shard) const {
   return VocabShardBegin(config_.vocab, P, shard + 1) - VocabShardBegin(config_.vocab, P, shard);
 }
 
-// Activation mode's traveller, one message per hop: the batch's X [N, H],
-// then its targets (N int32), then (backward only) its log-sum-exp (N
-// floats). One send/recv instead of two (forward) or three (backward): at
-// small N a hop costs its round trip, not its bytes. The message travels as
-// 4-byte words (kInt32), so float bits and targets arrive unchanged.
-int32_t* RingDtp::PackedTargets(float* slot, int64_t N) const {
+// Activation mode's traveller, one message per hop: the batch's X [N, H]
+// (the working type), then its targets (N int32), then (backward only) its
+// log-sum-exp (N floats). One send/recv instead of two (forward) or three
+// (backward): at small N a hop costs its round trip, not its bytes. The
+// message moves unchanged as 4-byte words (kInt32) in fp32, as 2-byte words
+// (kBfloat16: a send/recv only moves) in bf16; there the targets start
+// N H 2 bytes in, 4-byte aligned because H is even (checked at Create).
+template <typename W>
+int32_t* RingDtp::PackedTargets(W* slot, int64_t N) const {
   return reinterpret_cast<int32_t*>(slot + N * config_.hidden);
 }
 
-float* RingDtp::PackedLse(float* slot, int64_t N) const { return slot + N * config_.hidden + N; }
+template <typename W>
+float* RingDtp::PackedLse(W* slot, int64_t N) const {
+  return reinterpret_cast<float*>(PackedTargets(slot, N) + N);
+}
+
+template <typename W>
+int64_t RingDtp::PackedCount(int64_t N, bool with_lse) const {
+  const int64_t bytes = N * config_.hidden * static_cast<int64_t>(sizeof(W)) + (with_lse ? 2 : 1) * N * 4;
+  return bytes / static_cast<int64_t>(sizeof(W));
+}
 
 // This rank's own batch (its X and targets, and with `lse` its log-sum-exp)
 // copied into `slot`, to leave on its first hop in one message.
-absl::Status RingDtp::PackOwnBatch(const float* x, const int32_t* targets, const float* lse,
-                                   int64_t N, float* slot) {
+template <typename W>
+absl::Status RingDtp::PackOwnBatch(const W* x, const int32_t* targets, const float* lse, int64_t N, W* slot) {
   const int64_t H = config_.hidden;
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, slot, x, N * H * kF));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, slot, x, N * H * sizeof(W)));
   PLATEAU_RETURN_IF_ERROR(
       backend_.Copy(compute_, PackedTargets(slot, N), targets, N * sizeof(int32_t)));
   if (lse != nullptr) {
@@ -128,50 +161,56 @@ absl::Status RingDtp::ComputeAfterComm() {
 
 // One (batch, shard) meeting, strip by strip, each strip in row tiles: the
 // fixed order (strips ascending, then row tiles) is the fold order.
-absl::Status RingDtp::FoldMeeting(const float* x, int64_t N, const float* w, int64_t width,
+template <typename W>
+absl::Status RingDtp::FoldMeeting(const W* x, int64_t N, const W* w, int64_t width,
                                   int64_t col0, const int32_t* targets, float* state) {
+  using Ops = WorkingOps<W>;
   const int64_t H = config_.hidden;
-  float* L = buf_->strip.as<float>();
+  W* L = buf_->strip.as<W>();
   for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
     const int64_t sw = std::min(config_.strip, width - j0);
     for (int64_t i0 = 0; i0 < N; i0 += config_.row_tile) {
       const int64_t rows = std::min(config_.row_tile, N - i0);
-      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-          compute_, {false, true, rows, sw, H, 1.0f, x + i0 * H, H, w + j0 * H, H, 0.0f, L, sw}));
-      PLATEAU_RETURN_IF_ERROR(kernels_.StripFold(compute_, L, rows, sw, col0 + j0, targets + i0,
-                                                 state + i0, N));
+      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
+          backend_, compute_, {false, true, rows, sw, H, 1.0f, x + i0 * H, H, w + j0 * H, H, 0.0f, L, sw}));
+      PLATEAU_RETURN_IF_ERROR(Ops::StripFold(kernels_, compute_, L, rows, sw, col0 + j0, targets + i0,
+                                             state + i0, N));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::DeltaMeeting(const float* x, int64_t N, const float* w, int64_t width,
+template <typename W>
+absl::Status RingDtp::DeltaMeeting(const W* x, int64_t N, const W* w, int64_t width,
                                    int64_t col0, const int32_t* targets, const float* lse,
-                                   float scale, float* dx, float* dw) {
+                                   float scale, W* dx, W* dw) {
+  using Ops = WorkingOps<W>;
   const int64_t H = config_.hidden;
-  float* L = buf_->strip.as<float>();
+  W* L = buf_->strip.as<W>();
   for (int64_t j0 = 0; j0 < width; j0 += config_.strip) {
     const int64_t sw = std::min(config_.strip, width - j0);
-    const float* ws = w + j0 * H;
+    const W* ws = w + j0 * H;
     for (int64_t i0 = 0; i0 < N; i0 += config_.row_tile) {
       const int64_t rows = std::min(config_.row_tile, N - i0);
-      const float* xt = x + i0 * H;
+      const W* xt = x + i0 * H;
       PLATEAU_RETURN_IF_ERROR(
-          backend_.Gemm(compute_, {false, true, rows, sw, H, 1.0f, xt, H, ws, H, 0.0f, L, sw}));
-      PLATEAU_RETURN_IF_ERROR(kernels_.StripDelta(compute_, L, rows, sw, col0 + j0, targets + i0,
-                                                  lse + i0, scale));
-      // dX += delta W_strip; dW_strip += delta^T X.
-      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-          compute_, {false, false, rows, H, sw, 1.0f, L, sw, ws, H, 1.0f, dx + i0 * H, H}));
-      PLATEAU_RETURN_IF_ERROR(backend_.Gemm(
-          compute_, {true, false, sw, H, rows, 1.0f, L, sw, xt, H, 1.0f, dw + j0 * H, H}));
+          Ops::Gemm(backend_, compute_, {false, true, rows, sw, H, 1.0f, xt, H, ws, H, 0.0f, L, sw}));
+      PLATEAU_RETURN_IF_ERROR(Ops::StripDelta(kernels_, compute_, L, rows, sw, col0 + j0, targets + i0,
+                                              lse + i0, scale));
+      // dX += delta W_strip; dW_strip += delta^T X (bf16: one rounding per
+      // strip tile's GEMM).
+      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
+          backend_, compute_, {false, false, rows, H, sw, 1.0f, L, sw, ws, H, 1.0f, dx + i0 * H, H}));
+      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
+          backend_, compute_, {true, false, sw, H, rows, 1.0f, L, sw, xt, H, 1.0f, dw + j0 * H, H}));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_t* targets,
-                              double* stats) {
+template <typename W>
+absl::Status RingDtp::ForwardT(const W* x, const W* w_shard, const int32_t* targets, double* stats) {
+  PLATEAU_RETURN_IF_ERROR(CheckElement(sizeof(W)));
   const int64_t N = config_.rows, R = PassRows(), H = config_.hidden;
   for (int64_t i0 = 0; i0 < N; i0 += R) {
     PLATEAU_RETURN_IF_ERROR(ForwardPass(x + i0 * H, w_shard, targets + i0, std::min(R, N - i0),
@@ -180,8 +219,10 @@ absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32_t* targets,
-                               float scale, float* dx, float* dw_shard) {
+template <typename W>
+absl::Status RingDtp::BackwardT(const W* x, const W* w_shard, const int32_t* targets, float scale, W* dx,
+                                W* dw_shard) {
+  PLATEAU_RETURN_IF_ERROR(CheckElement(sizeof(W)));
   const int64_t N = config_.rows, R = PassRows(), H = config_.hidden;
   for (int64_t i0 = 0; i0 < N; i0 += R) {
     PLATEAU_RETURN_IF_ERROR(BackwardPass(x + i0 * H, w_shard, targets + i0,
@@ -191,7 +232,8 @@ absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32
   return compute_.Synchronize();
 }
 
-absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const int32_t* targets,
+template <typename W>
+absl::Status RingDtp::ForwardPass(const W* x, const W* w_shard, const int32_t* targets,
                                   int64_t N, float* lse, double* stats) {
   const int64_t H = config_.hidden, V = config_.vocab;
   const int P = group_.size(), p = group_.rank();
@@ -202,15 +244,15 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
 
   if (config_.mode == RingDtpMode::kWeights) {
     // Shards travel; this batch's state stays home.
-    const float* w = w_shard;
+    const W* w = w_shard;
     for (int r = 0; r < P; ++r) {
       const int64_t s = (p - r + P) % P;
-      float* next = b.slots[r % 2].as<float>();
+      W* next = b.slots[r % 2].as<W>();
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());  // `next` was read at step r-1
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, w, ShardRows(s) * H, dst, next,
                                                 ShardRows((s - 1 + P) % P) * H, src,
-                                                DataType::kFloat32));
+                                                kWire<W>));
       }
       PLATEAU_RETURN_IF_ERROR(
           FoldMeeting(x, N, w, ShardRows(s), VocabShardBegin(V, P, s), targets, own_state));
@@ -224,18 +266,18 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
     // batch hops as one message [X | targets] (PackedTargets); this rank's
     // own leaves from slots[2], which the forward does not otherwise use.
     const int64_t col0 = VocabShardBegin(V, P, p), width = ShardRows(p);
-    const int64_t words = N * H + N;
-    const float* xq = x;
+    const int64_t words = PackedCount<W>(N, /*with_lse=*/false);
+    const W* xq = x;
     const int32_t* tq = targets;
-    const float* packed = b.slots[2].as<float>();
-    if (P > 1) PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, nullptr, N, b.slots[2].as<float>()));
+    const W* packed = b.slots[2].as<W>();
+    if (P > 1) PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, nullptr, N, b.slots[2].as<W>()));
     float* state = own_state;
     for (int r = 0; r < P; ++r) {
-      float* x_next = b.slots[r % 2].as<float>();
+      W* x_next = b.slots[r % 2].as<W>();
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
         PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, packed, words, dst, x_next, words, src, DataType::kInt32));
+            group_.SendRecv(comm_, packed, words, dst, x_next, words, src, kPackedWire<W>));
       }
       PLATEAU_RETURN_IF_ERROR(FoldMeeting(xq, N, w_shard, width, col0, tq, state));
       if (P > 1) {
@@ -257,9 +299,11 @@ absl::Status RingDtp::ForwardPass(const float* x, const float* w_shard, const in
   return kernels_.StripFinish(compute_, own_state, targets, N, lse, stats);
 }
 
-absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const int32_t* targets,
-                                   const float* lse_own, int64_t N, float scale, float* dx,
-                                   float* dw_shard) {
+template <typename W>
+absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* targets,
+                                   const float* lse_own, int64_t N, float scale, W* dx,
+                                   W* dw_shard) {
+  using Ops = WorkingOps<W>;
   const int64_t H = config_.hidden, V = config_.vocab;
   const int P = group_.size(), p = group_.rank();
   const int dst = (p + 1) % P, src = (p - 1 + P) % P;
@@ -267,42 +311,41 @@ absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const i
   const bool weights = config_.mode == RingDtpMode::kWeights;
 
   if (P == 1) {  // one meeting, no ring
-    PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
+    PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, dx, N * H, 0.0f));
     return DeltaMeeting(x, N, w_shard, V, 0, targets, lse_own, scale, dx, dw_shard);
   }
-  if (weights) PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx, N * H, 0.0f));
+  if (weights) PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, dx, N * H, 0.0f));
 
   // Three slots rotate: the read-only traveller (X or W) of the next step
   // arrives in `free_slot` during the strips; the accumulator (dX or dW)
   // hops after them into the slot the current traveller leaves.
   int x_slot = -1;  // -1: the traveller is this rank's own input
   int acc_slot = 0, free_slot = 1, spare = 2;
-  const float* trav = weights ? w_shard : x;
+  const W* trav = weights ? w_shard : x;
   const float* lse_q = lse_own;
   const int32_t* tq = targets;
-  PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, b.slots[acc_slot].as<float>(),
-                                        weights ? ShardRows(p) * H : N * H, 0.0f));
+  PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, b.slots[acc_slot].as<W>(),
+                                    weights ? ShardRows(p) * H : N * H, 0.0f));
   // Activation mode: the batch hops as one message [X | targets | lse]. This
   // rank's own leaves from `spare`; step 0's accumulator arrives there only
   // after that send (the communication stream runs in order).
-  const int64_t words = N * H + 2 * N;
-  const float* packed = b.slots[spare].as<float>();
+  const int64_t words = PackedCount<W>(N, /*with_lse=*/true);
+  const W* packed = b.slots[spare].as<W>();
   if (!weights) {
-    PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, lse_own, N, b.slots[spare].as<float>()));
+    PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, lse_own, N, b.slots[spare].as<W>()));
   }
   for (int r = 0; r < P; ++r) {
     const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
-    float* acc = b.slots[acc_slot].as<float>();
-    float* next = b.slots[free_slot].as<float>();
+    W* acc = b.slots[acc_slot].as<W>();
+    W* next = b.slots[free_slot].as<W>();
     if (r + 1 < P) {
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
       if (weights) {
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, ShardRows(s) * H, dst, next,
-                                                ShardRows((s - 1 + P) % P) * H, src,
-                                                DataType::kFloat32));
+                                                ShardRows((s - 1 + P) % P) * H, src, kWire<W>));
       } else {
         PLATEAU_RETURN_IF_ERROR(
-            group_.SendRecv(comm_, packed, words, dst, next, words, src, DataType::kInt32));
+            group_.SendRecv(comm_, packed, words, dst, next, words, src, kPackedWire<W>));
       }
     }
     if (weights) {
@@ -320,35 +363,61 @@ absl::Status RingDtp::BackwardPass(const float* x, const float* w_shard, const i
     if (r + 1 < P) {
       const int recv_slot = x_slot >= 0 ? x_slot : spare;
       const int64_t next_count = weights ? ShardRows((s - 1 + P) % P) * H : N * H;
-      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst,
-                                              b.slots[recv_slot].as<float>(), next_count, src,
-                                              DataType::kFloat32));
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, b.slots[recv_slot].as<W>(),
+                                              next_count, src, kWire<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
       const int old_acc = acc_slot;
       x_slot = free_slot;
       acc_slot = recv_slot;
       free_slot = old_acc;
-      trav = b.slots[x_slot].as<float>();
+      trav = b.slots[x_slot].as<W>();
       if (!weights) {
         packed = trav;
-        tq = PackedTargets(b.slots[x_slot].as<float>(), N);
-        lse_q = PackedLse(b.slots[x_slot].as<float>(), N);
+        tq = PackedTargets(b.slots[x_slot].as<W>(), N);
+        lse_q = PackedLse(b.slots[x_slot].as<W>(), N);
       }
     } else if (weights) {
       // Home: this rank's shard's dW, summed over every batch.
-      float* home = b.slots[x_slot >= 0 ? x_slot : spare].as<float>();
+      W* home = b.slots[x_slot >= 0 ? x_slot : spare].as<W>();
       PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, home,
-                                              ShardRows(p) * H, src, DataType::kFloat32));
+                                              ShardRows(p) * H, src, kWire<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
-      PLATEAU_RETURN_IF_ERROR(backend_.Axpy(compute_, dw_shard, home, ShardRows(p) * H, 1.0f));
+      if constexpr (std::is_same_v<W, float>) {
+        PLATEAU_RETURN_IF_ERROR(backend_.Axpy(compute_, dw_shard, home, ShardRows(p) * H, 1.0f));
+      } else {
+        PLATEAU_RETURN_IF_ERROR(backend_.AddBf16(compute_, dw_shard, dw_shard, home, ShardRows(p) * H));
+      }
     } else {
       // Home: this batch's dX, summed over every shard.
-      PLATEAU_RETURN_IF_ERROR(
-          group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, DataType::kFloat32));
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, kWire<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status RingDtp::CheckElement(size_t bytes) const {
+  if (static_cast<int64_t>(bytes) == working_bytes_) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("ring_dtp: allocated for ", working_bytes_,
+                                          "-byte working elements, called with ", bytes, "-byte ones"));
+}
+
+absl::Status RingDtp::Forward(const float* x, const float* w_shard, const int32_t* targets, double* stats) {
+  return ForwardT<float>(x, w_shard, targets, stats);
+}
+
+absl::Status RingDtp::Forward(const Bf16* x, const Bf16* w_shard, const int32_t* targets, double* stats) {
+  return ForwardT<Bf16>(x, w_shard, targets, stats);
+}
+
+absl::Status RingDtp::Backward(const float* x, const float* w_shard, const int32_t* targets, float scale,
+                               float* dx, float* dw_shard) {
+  return BackwardT<float>(x, w_shard, targets, scale, dx, dw_shard);
+}
+
+absl::Status RingDtp::Backward(const Bf16* x, const Bf16* w_shard, const int32_t* targets, float scale,
+                               Bf16* dx, Bf16* dw_shard) {
+  return BackwardT<Bf16>(x, w_shard, targets, scale, dx, dw_shard);
 }
 
 }  // namespace plateau

@@ -57,9 +57,13 @@ class RingDtp final : public VocabProjection {
   }
 
   // Validates the configuration (errors name the field: ring_dtp.strip, ...).
+  // The strip tile and the travellers hold e.working bytes per element
+  // (bf16 mixed: bf16 logits, X / W and dX / dW; the strip state and lse
+  // fp32, the loss sums double): RingDtpBoundBytes(config, P, e).
   static absl::StatusOr<std::unique_ptr<RingDtp>> Create(
       const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
-      Communicator& vocab_group, Stream& compute, Stream& comm);
+      Communicator& vocab_group, Stream& compute, Stream& comm,
+      const ElementBytes& e = kFp32Elements);
   ~RingDtp() override;
 
   // This rank's vocabulary shard: rows [VocabShardBegin(V, P, rank), ...).
@@ -75,6 +79,13 @@ class RingDtp final : public VocabProjection {
   absl::Status Backward(const float* x, const float* w_shard,
                         const int32_t* targets, float scale, float* dx,
                         float* dw_shard) override;
+  // The same in bf16 mixed precision (Create with kBf16MixedElements): one
+  // rounding per stored logit and per strip tile's dX / dW GEMM; the hops
+  // move bf16 exactly.
+  absl::Status Forward(const Bf16* x, const Bf16* w_shard, const int32_t* targets,
+                       double* stats) override;
+  absl::Status Backward(const Bf16* x, const Bf16* w_shard, const int32_t* targets,
+                        float scale, Bf16* dx, Bf16* dw_shard) override;
 
   const RingDtpConfig& config() const { return config_; }
 
@@ -85,29 +96,49 @@ class RingDtp final : public VocabProjection {
   absl::Status Allocate();
   // Rows per pass: chunk_rows in activation mode, else N.
   int64_t PassRows() const;
+  // One body per call for both precisions (W: float or Bf16).
+  template <typename W>
+  absl::Status ForwardT(const W* x, const W* w_shard, const int32_t* targets, double* stats);
+  template <typename W>
+  absl::Status BackwardT(const W* x, const W* w_shard, const int32_t* targets, float scale, W* dx,
+                         W* dw_shard);
+  // INTERNAL unless the buffers were allocated for `bytes`-byte elements.
+  absl::Status CheckElement(size_t bytes) const;
   // One pass of `rows` tokens (a chunk of the batch, or all of it).
-  absl::Status ForwardPass(const float* x, const float* w_shard,
+  template <typename W>
+  absl::Status ForwardPass(const W* x, const W* w_shard,
                            const int32_t* targets, int64_t rows, float* lse,
                            double* stats);
-  absl::Status BackwardPass(const float* x, const float* w_shard,
+  template <typename W>
+  absl::Status BackwardPass(const W* x, const W* w_shard,
                             const int32_t* targets, const float* lse,
-                            int64_t rows, float scale, float* dx,
-                            float* dw_shard);
+                            int64_t rows, float scale, W* dx,
+                            W* dw_shard);
   // The strips of one meeting of `rows` tokens with shard rows [0, width) of
   // w (vocabulary ids from col0); `state` has stride `rows`.
-  absl::Status FoldMeeting(const float* x, int64_t rows, const float* w,
+  template <typename W>
+  absl::Status FoldMeeting(const W* x, int64_t rows, const W* w,
                            int64_t width, int64_t col0, const int32_t* targets,
                            float* state);
-  absl::Status DeltaMeeting(const float* x, int64_t rows, const float* w,
+  template <typename W>
+  absl::Status DeltaMeeting(const W* x, int64_t rows, const W* w,
                             int64_t width, int64_t col0,
                             const int32_t* targets, const float* lse,
-                            float scale, float* dx, float* dw);
-  // Activation mode's packed traveller of `rows` tokens in a slot: X, then
-  // the targets, then the log-sum-exp (ring_dtp.cc says why one message).
-  int32_t* PackedTargets(float* slot, int64_t rows) const;
-  float* PackedLse(float* slot, int64_t rows) const;
-  absl::Status PackOwnBatch(const float* x, const int32_t* targets,
-                            const float* lse, int64_t rows, float* slot);
+                            float scale, W* dx, W* dw);
+  // Activation mode's packed traveller of `rows` tokens in a slot: X (W),
+  // then the targets, then the log-sum-exp (ring_dtp.cc says why one
+  // message).
+  template <typename W>
+  int32_t* PackedTargets(W* slot, int64_t rows) const;
+  template <typename W>
+  float* PackedLse(W* slot, int64_t rows) const;
+  template <typename W>
+  absl::Status PackOwnBatch(const W* x, const int32_t* targets,
+                            const float* lse, int64_t rows, W* slot);
+  // The packed message of `rows` tokens (with or without its lse) in units
+  // of its wire type (PackedWire).
+  template <typename W>
+  int64_t PackedCount(int64_t rows, bool with_lse) const;
   absl::Status CommAfterCompute();
   absl::Status ComputeAfterComm();
   int64_t ShardRows(int64_t shard) const;
@@ -119,6 +150,7 @@ class RingDtp final : public VocabProjection {
   Stream& compute_;
   Stream& comm_;
   std::unique_ptr<Buffers> buf_;
+  int64_t working_bytes_ = sizeof(float);  // of the strip tile and the travellers
 };
 
 }  // namespace plateau

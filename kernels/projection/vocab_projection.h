@@ -7,6 +7,11 @@
 // one more implementation plus one line there, and its bound in
 // projection_plan.h for the budget.
 //
+// Precision: each call has an fp32 form and a bf16 mixed one (bf16 x, w,
+// dx and dw; the loss statistics double, the log-sum-exp fp32), which a
+// schedule that computes bf16 overrides; the others answer UNIMPLEMENTED
+// (the step refuses them under bf16 before it runs: schedules.cc).
+//
 // Thread safety: one per rank; both calls are collective over the ranks for
 // schedules that communicate.
 #ifndef PLATEAU_KERNELS_PROJECTION_VOCAB_PROJECTION_H_
@@ -15,6 +20,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/bf16.h"
 
 namespace plateau {
 
@@ -34,6 +40,22 @@ class VocabProjection {
   // (overwritten), dw += d loss / d w.
   virtual absl::Status Backward(const float* x, const float* w, const int32_t* targets,
                                 float scale, float* dx, float* dw) = 0;
+
+  // The same in bf16 mixed precision. Default: UNIMPLEMENTED.
+  virtual absl::Status Forward(const Bf16* x, const Bf16* w, const int32_t* targets,
+                               double* stats) {
+    return NoBf16();
+  }
+  virtual absl::Status Backward(const Bf16* x, const Bf16* w, const int32_t* targets,
+                                float scale, Bf16* dx, Bf16* dw) {
+    return NoBf16();
+  }
+
+ private:
+  static absl::Status NoBf16() {
+    return absl::UnimplementedError(
+        "projection: this schedule does not compute bf16 mixed precision yet (issue 17)");
+  }
 };
 
 }  // namespace plateau

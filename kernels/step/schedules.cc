@@ -17,17 +17,20 @@ namespace plateau {
 
 absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
   const StepOptions& o = c.options;
+  PLATEAU_RETURN_IF_ERROR(CheckBf16Schedules(o));
+  const bool bf16 = o.precision == Precision::kBf16Mixed;
+  const ElementBytes e = ElementBytesOf(o.precision);
   StepSchedules s;
   const int64_t N = TokensPerRank(o.model, o.layout);
   switch (o.checkpoints.kind) {
     case CheckpointOptions::Kind::kFull: {
       PLATEAU_ASSIGN_OR_RETURN(s.checkpoints,
-                               FullCheckpoints::Create(c.backend.device(), o.model.layers, N, o.model.hidden));
+                               FullCheckpoints::Create(c.backend.device(), o.model.layers, N, o.model.hidden, e));
       break;
     }
     case CheckpointOptions::Kind::kSco: {
       PLATEAU_ASSIGN_OR_RETURN(s.checkpoints, Sco::Create(c.backend, c.compute, o.model.layers, N, o.model.hidden,
-                                                          o.checkpoints.host_budget_bytes));
+                                                          o.checkpoints.host_budget_bytes, e));
       break;
     }
   }
@@ -35,12 +38,12 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
     case ProjectionOptions::Kind::kDense: {
       PLATEAU_ASSIGN_OR_RETURN(
           s.projection, DenseProjection::Create(c.backend, c.kernels, c.compute, TokensPerRank(o.model, o.layout),
-                                                o.model.hidden, o.model.vocab_size));
+                                                o.model.hidden, o.model.vocab_size, e));
       break;
     }
     case ProjectionOptions::Kind::kRingDtp: {
       PLATEAU_ASSIGN_OR_RETURN(s.projection, RingDtp::Create(RingDtpConfigOf(o), c.backend, c.kernels, c.world,
-                                                             c.compute, c.comm));
+                                                             c.compute, c.comm, e));
       break;
     }
   }
@@ -50,18 +53,23 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
       break;
     case DispatchOptions::Kind::kLlep: {
       PLATEAU_ASSIGN_OR_RETURN(s.dispatch, Llep::Create(o.model, o.dispatch.llep, c.backend, c.kernels, c.world,
-                                                        c.compute, c.comm));
+                                                        c.compute, c.comm, e));
       break;
     }
     case DispatchOptions::Kind::kPipelinedLlep: {
       PLATEAU_ASSIGN_OR_RETURN(s.dispatch, PipelinedLlep::Create(o.model, o.dispatch.pipelined, N, c.backend,
-                                                                 c.kernels, c.world, c.compute, c.comm));
+                                                                 c.kernels, c.world, c.compute, c.comm, e));
       break;
     }
   }
   switch (o.optimizer_placement.kind) {
     case OptimizerPlacementOptions::Kind::kDevice: {
-      PLATEAU_ASSIGN_OR_RETURN(s.optimizer, DeviceAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
+      if (bf16) {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer, DeviceAdamWT<Bf16>::Create(o.optimizer, c.params_bf16, c.backend,
+                                                                         c.world, c.comm));
+      } else {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer, DeviceAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
+      }
       break;
     }
     case OptimizerPlacementOptions::Kind::kCpuOffload: {
@@ -70,8 +78,14 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
       break;
     }
     case OptimizerPlacementOptions::Kind::kOffloadStream: {
-      PLATEAU_ASSIGN_OR_RETURN(s.optimizer, OffloadStreamAdamW::Create(o.optimizer, o.optimizer_placement, c.params,
-                                                                       c.backend, c.world, c.comm));
+      if (bf16) {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer, OffloadStreamAdamWT<Bf16>::Create(o.optimizer, o.optimizer_placement,
+                                                                                c.params_bf16, c.backend, c.world,
+                                                                                c.comm));
+      } else {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer, OffloadStreamAdamW::Create(o.optimizer, o.optimizer_placement,
+                                                                         c.params, c.backend, c.world, c.comm));
+      }
       break;
     }
   }

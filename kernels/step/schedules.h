@@ -28,8 +28,11 @@ struct StepContext {
   Communicator& world;
   Stream& compute;
   Stream& comm;
-  // The step's weights and gradients the optimizer updates.
+  // The step's weights and gradients the optimizer updates, in the step's
+  // precision (options.precision): `params` in fp32, `params_bf16` in bf16
+  // mixed; the other is unused.
   OptimizerParams params;
+  OptimizerParamsT<Bf16> params_bf16;
 };
 
 struct StepSchedules {
@@ -40,7 +43,8 @@ struct StepSchedules {
 };
 
 // Allocates each schedule's launch-sized buffers (what the budget plans for
-// it); errors name the spec field.
+// it, in the options' precision); errors name the spec field (a schedule
+// not computed in bf16 under precision bf16: CheckBf16Schedules).
 absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& ctx);
 
 }  // namespace plateau

@@ -5,7 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/bf16.h"
+#include "kernels/budget/budget.h"
 #include "kernels/model/model_kernels.h"
+#include "kernels/model/working_ops.h"
 #include "kernels/step/ring_attention.h"
 #include "kernels/step/schedules.h"
 #include "kernels/status_macros.h"
@@ -21,12 +24,15 @@ struct TrainingStep::Impl {
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
   // kOptimizer lives here: the dense shard's master and AdamW moments, the
-  // owned weights' moments (fp32: they are their own master).
+  // owned weights' moments (fp32: they are their own master; bf16 mixed:
+  // their fp32 master too).
   std::unique_ptr<OptimizerUpdate> optimizer;
 
   // kWeights: working dense weights (all-gathered) and this rank's owned
   // weights (its experts; under Ring-DTP also its lm_head vocabulary shard:
-  // kernels/model/params.h).
+  // kernels/model/params.h). Every buffer below whose budget role is
+  // "working" (StepLaunchBuffers) holds the working type W (float, or Bf16
+  // under bf16 mixed); the others fp32 (or int32 / double as named).
   Buffer dense, owned;
   // kGrads
   Buffer dense_grad, dense_grad_shard, owned_grad;
@@ -43,9 +49,18 @@ struct TrainingStep::Impl {
 
   int64_t off_embed = 0, off_final_norm = 0;
   // This rank's rows of lm_head (the projection's FirstWeightRow() onward)
-  // and of its gradient: in the dense weights, or in the owned vector.
-  float* lm_head = nullptr;
-  float* lm_head_grad = nullptr;
+  // and of its gradient: at element lm_head_off of the dense weights (and
+  // their gradient), or of the owned vector when lm_head_owned.
+  bool lm_head_owned = false;
+  int64_t lm_head_off = 0;
+  template <typename W>
+  W* lm_head() const {
+    return (lm_head_owned ? owned : dense).as<W>() + lm_head_off;
+  }
+  template <typename W>
+  W* lm_head_grad() const {
+    return (lm_head_owned ? owned_grad : dense_grad).as<W>() + lm_head_off;
+  }
   struct LayerOff {
     int64_t attn_norm, wq, wk, wv, wo, moe_norm, router;
   };
@@ -126,15 +141,23 @@ absl::Status ValidateOptions(const StepOptions& o, int world_size) {
 
 // The budget plans either precision; the kernels must compute the one
 // asked, or the step would run fp32 in buffers sized for bf16.
-absl::Status CheckPrecision(Precision p, const Backend& backend) {
-  if (p == Precision::kFp32 || backend.computes_bf16()) return absl::OkStatus();
-  if (backend.kind() == BackendKind::kCpu) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "precision: the cpu backend computes fp32 only, got ", PrecisionName(p),
-        " (bf16 mixed precision is for the cuda backend, whose bf16 step is not written yet: issue 17)"));
+absl::Status CheckPrecision(const StepOptions& o, const Backend& backend) {
+  if (o.precision == Precision::kFp32) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(CheckBf16Schedules(o));
+  if (!backend.computes_bf16()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "precision: ", PrecisionName(o.precision), " is not computed by the ", BackendKindName(backend.kind()),
+        " backend yet (issue 17: its bf16 step is not yet checked against the cpu's on a GPU); the cpu backend computes it"));
   }
-  return absl::UnimplementedError(absl::StrCat("precision: ", PrecisionName(p),
-                                               " is not computed by this build's backend yet (issue 17)"));
+  // The router's logit gradient [N, E] (fp32) is converted to bf16 for its
+  // two GEMMs into `tmp` [N, H] (idle there): no buffer of its own.
+  if (o.model.experts > o.model.hidden) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.experts: expected at most model.hidden = ", o.model.hidden,
+        " under precision bf16 (the router's bf16 logit gradient lives in an [N, hidden] scratch), got ",
+        o.model.experts));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -158,7 +181,7 @@ absl::StatusOr<std::unique_ptr<TrainingStep>> TrainingStep::Create(const StepOpt
                                                                   Backend& backend,
                                                                   Communicator& world) {
   PLATEAU_RETURN_IF_ERROR(ValidateOptions(options, world.size()));
-  PLATEAU_RETURN_IF_ERROR(CheckPrecision(options.precision, backend));
+  PLATEAU_RETURN_IF_ERROR(CheckPrecision(options, backend));
   // Refuse a device that cannot hold the launch-sized state before touching it.
   PLATEAU_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(options));
   const int64_t cap = backend.device().cap_bytes();
@@ -201,15 +224,21 @@ absl::Status TrainingStep::Allocate() {
     MemorySpace& space = specs[i].space == SpaceKind::kHost ? backend_.host() : backend_.device();
     PLATEAU_ASSIGN_OR_RETURN(I.*(members[i].member), space.Allocate(specs[i].set, specs[i].bytes));
   }
-  OptimizerParams params;
-  params.dense_working = I.dense.as<float>();
-  params.owned = I.owned.as<float>();
-  params.dense_grad_shard = I.dense_grad_shard.as<float>();
-  params.owned_grad = I.owned_grad.as<float>();
-  params.shard_numel = layout_.shard_numel();
-  params.owned_numel = layout_.owned_numel_per_rank();
-  PLATEAU_ASSIGN_OR_RETURN(StepSchedules schedules, CreateSchedules({options_, backend_, *I.kernels, world_,
-                                                                     *I.compute, *I.comm, params}));
+  auto params_of = [&](auto* w) {
+    using W = std::remove_pointer_t<decltype(w)>;
+    OptimizerParamsT<W> params;
+    params.dense_working = I.dense.as<W>();
+    params.owned = I.owned.as<W>();
+    params.dense_grad_shard = I.dense_grad_shard.as<W>();
+    params.owned_grad = I.owned_grad.as<W>();
+    params.shard_numel = layout_.shard_numel();
+    params.owned_numel = layout_.owned_numel_per_rank();
+    return params;
+  };
+  PLATEAU_ASSIGN_OR_RETURN(StepSchedules schedules,
+                           CreateSchedules({options_, backend_, *I.kernels, world_, *I.compute, *I.comm,
+                                            params_of(static_cast<float*>(nullptr)),
+                                            params_of(static_cast<Bf16*>(nullptr))}));
   I.checkpoints = std::move(schedules.checkpoints);
   I.dispatch = std::move(schedules.dispatch);
   I.projection = std::move(schedules.projection);
@@ -219,12 +248,10 @@ absl::Status TrainingStep::Allocate() {
   I.off_final_norm = layout_.DenseOffset("final_norm.weight");
   if (layout_.lm_head_layout() == LmHeadLayout::kVocabularySharded) {
     // The owned vector holds exactly the projection's rows.
-    I.lm_head = I.owned.as<float>() + layout_.lm_head_shard_offset();
-    I.lm_head_grad = I.owned_grad.as<float>() + layout_.lm_head_shard_offset();
+    I.lm_head_owned = true;
+    I.lm_head_off = layout_.lm_head_shard_offset();
   } else {
-    const int64_t rows = layout_.DenseOffset("lm_head.weight") + I.projection->FirstWeightRow() * m.hidden;
-    I.lm_head = I.dense.as<float>() + rows;
-    I.lm_head_grad = I.dense_grad.as<float>() + rows;
+    I.lm_head_off = layout_.DenseOffset("lm_head.weight") + I.projection->FirstWeightRow() * m.hidden;
   }
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
@@ -236,10 +263,16 @@ absl::Status TrainingStep::Allocate() {
   }
 
   // Initial weights: this rank's shard and owned weights, then the all-gather.
+  // Under bf16 the seed's fp32 values are the masters and the optimizer
+  // writes the working copies rn(master).
   const int64_t rank = world_.rank();
   std::vector<float> owned = layout_.InitOwned(rank, options_.seed);
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.owned.data(), owned.data(), I.owned.bytes()));
   OptimizerShardState initial;  // zero moments
+  if (options_.precision == Precision::kBf16Mixed) {
+    initial.owned_master = std::move(owned);
+  } else {
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.owned.data(), owned.data(), I.owned.bytes()));
+  }
   initial.dense_master = layout_.InitDenseShard(rank, options_.seed);
   return I.optimizer->Load(initial);
 }
@@ -268,12 +301,26 @@ absl::Status TrainingStep::CheckBatch(const std::vector<int32_t>& tokens,
 }
 
 // ---------------------------------------------------------------------------
-// The step itself. Everything below is enqueued on the compute stream unless
+// The step itself, one body for both precisions: W is the working type
+// (float in fp32, Bf16 in bf16 mixed: kernels/model/working_ops.h), and
+// every op on a working buffer goes through WorkingOps<W>, whose float
+// instantiation is the fp32 op argument for argument (so the fp32 step is
+// the fp32 code, bit for bit). What the plan keeps fp32 (rstd, the
+// online-softmax state and attention's running output o, lse, delta, the
+// router's logits, probabilities, gates and their gradients, the loss) is
+// float in both. Everything below is enqueued on the compute stream unless
 // it says comm; the two meet through events.
 
 namespace {
 
+// Collectives move the working type as it is (the reduce-scatter sums bf16
+// in fp32 and rounds once per hop: communicator.h).
+template <typename W>
+constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
+
+template <typename W>
 struct Ctx {
+  using Ops = WorkingOps<W>;
   const ModelConfig& m;
   const ParamLayout& p;
   Backend& be;
@@ -283,14 +330,15 @@ struct Ctx {
   int64_t qd() const { return m.heads * m.head_dim(); }
   int64_t kvd() const { return m.kv_heads * m.head_dim(); }
   Stream& c() { return *I.compute; }
-  float* W(int64_t off) { return I.dense.as<float>() + off; }
-  float* G(int64_t off) { return I.dense_grad.as<float>() + off; }
-  ExpertWeights experts(int64_t l) {
-    const float* e = I.owned.as<float>();
+  ModelKernels& k() { return *I.kernels; }
+  W* weight(int64_t off) { return I.dense.as<W>() + off; }
+  W* grad(int64_t off) { return I.dense_grad.as<W>() + off; }
+  ExpertWeightsT<W> experts(int64_t l) {
+    const W* e = I.owned.as<W>();
     return {e + p.ExpertOffset(l, 0, 0), e + p.ExpertOffset(l, 1, 0), e + p.ExpertOffset(l, 2, 0)};
   }
-  ExpertGrads expert_grads(int64_t l) {
-    float* e = I.owned_grad.as<float>();
+  ExpertGradsT<W> expert_grads(int64_t l) {
+    W* e = I.owned_grad.as<W>();
     return {e + p.ExpertOffset(l, 0, 0), e + p.ExpertOffset(l, 1, 0), e + p.ExpertOffset(l, 2, 0)};
   }
   AttentionShape shape() const {
@@ -306,30 +354,58 @@ struct Ctx {
     PLATEAU_RETURN_IF_ERROR(I.comm->Record(*I.ev_comm));
     return I.compute->Wait(*I.ev_comm);
   }
-  absl::Status Gemm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const float* a,
-                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-    return be.Gemm(*I.compute, {ta, tb, M, Nn, K, 1.0f, a, lda, b, ldb, beta, c, ldc});
+  absl::Status Gemm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const W* a, int64_t lda,
+                    const W* b, int64_t ldb, float beta, W* out, int64_t ldc) {
+    return Ops::Gemm(be, c(), {ta, tb, M, Nn, K, 1.0f, a, lda, b, ldb, beta, out, ldc});
+  }
+  // The same GEMM with an fp32 output (the router's logits).
+  absl::Status GemmAccum(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const W* a, int64_t lda,
+                         const W* b, int64_t ldb, float beta, float* out, int64_t ldc) {
+    return Ops::GemmAccum(be, c(), {ta, tb, M, Nn, K, 1.0f, a, lda, b, ldb, beta, out, ldc});
+  }
+  // Attention's output as the Wo GEMMs read it. fp32: `o` itself. bf16: o
+  // stays fp32 (the running output across the ring's hops, and
+  // AttentionDelta's input), and the GEMMs read its bf16 copy, which the
+  // plan gives no buffer of its own: `dq` ([N, heads d], working) is idle
+  // from the forward to the ring backward, so ConvertWo writes the copy
+  // there after each (re)computed forward and both Wo GEMMs of the layer's
+  // backward read it before RingBackward overwrites dq.
+  const W* o_for_wo() {
+    if constexpr (std::is_same_v<W, float>) {
+      return I.o.as<float>();
+    } else {
+      return I.dq.as<W>();
+    }
+  }
+  absl::Status ConvertWo() {
+    if constexpr (std::is_same_v<W, float>) {
+      return absl::OkStatus();
+    } else {
+      return be.ConvertToBf16(c(), I.dq.as<W>(), I.o.as<float>(), N * qd());
+    }
   }
 };
 
 // Ring attention (ring_attention.h) on the step's buffers.
-RingAttention Ring(Ctx& x) {
+template <typename W>
+RingAttentionT<W> Ring(Ctx<W>& x) {
   TrainingStep::Impl& I = x.I;
-  return RingAttention{x.be, *I.kernels, x.world, *I.compute, *I.comm, *I.ev_compute, *I.ev_comm,
-                       x.shape(), x.N};
+  return RingAttentionT<W>{x.be, *I.kernels, x.world, *I.compute, *I.comm, *I.ev_compute, *I.ev_comm,
+                           x.shape(), x.N};
 }
 
-absl::Status RingForward(Ctx& x) {
+template <typename W>
+absl::Status RingForward(Ctx<W>& x) {
   TrainingStep::Impl& I = x.I;
-  return Ring(x).Forward(I.q.as<float>(), I.kv.as<float>(), I.ml.as<float>(), I.o.as<float>(),
-                         I.lse.as<float>(), I.fwd_trav.as<float>(), I.attn_work.as<float>());
+  return Ring(x).Forward(I.q.as<W>(), I.kv.as<W>(), I.ml.as<float>(), I.o.as<float>(), I.lse.as<float>(),
+                         I.fwd_trav.as<W>(), I.attn_work.as<float>());
 }
 
-absl::Status RingBackward(Ctx& x) {
+template <typename W>
+absl::Status RingBackward(Ctx<W>& x) {
   TrainingStep::Impl& I = x.I;
-  return Ring(x).Backward(I.q.as<float>(), I.kv.as<float>(), I.dO.as<float>(), I.lse.as<float>(),
-                          I.delta.as<float>(), I.dq.as<float>(), I.dkv.as<float>(), I.bwd_trav.as<float>(),
-                          I.attn_work.as<float>());
+  return Ring(x).Backward(I.q.as<W>(), I.kv.as<W>(), I.dO.as<W>(), I.lse.as<float>(), I.delta.as<float>(),
+                          I.dq.as<W>(), I.dkv.as<W>(), I.bwd_trav.data(), I.attn_work.as<float>());
 }
 
 // Layer l from its input `in` (boundary l) to `out` (boundary l+1). Leaves
@@ -337,93 +413,110 @@ absl::Status RingBackward(Ctx& x) {
 // `for_backward` (the recompute before LayerBackward) `out` is scratch and
 // the dispatch point may skip its output (ExpertDispatch::ForwardForBackward:
 // PipelinedLLEP's Backward replays its chunks anyway).
-absl::Status LayerForward(Ctx& x, int64_t l, const float* in, float* out,
-                          bool for_backward = false) {
+template <typename W>
+absl::Status LayerForward(Ctx<W>& x, int64_t l, const W* in, W* out, bool for_backward = false) {
+  using Ops = WorkingOps<W>;
   TrainingStep::Impl& I = x.I;
   const ModelConfig& m = x.m;
   const auto& off = I.layer_off[l];
   const int64_t N = x.N, H = m.hidden, qd = x.qd(), kvd = x.kvd();
-  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormForward(x.c(), I.a.as<float>(), I.rstd_a.as<float>(), in,
-                                              x.W(off.attn_norm), N, H, m.norm_eps));
-  float* k = I.kv.as<float>();
-  float* v = k + N * kvd;
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, qd, H, I.a.as<float>(), H, x.W(off.wq), qd, 0.0f, I.q.as<float>(), qd));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, kvd, H, I.a.as<float>(), H, x.W(off.wk), kvd, 0.0f, k, kvd));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, kvd, H, I.a.as<float>(), H, x.W(off.wv), kvd, 0.0f, v, kvd));
-  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), I.q.as<float>(), x.B, x.Ns, m.heads, m.head_dim(),
-                                          x.rank * x.Ns, m.rope_theta, false));
-  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), k, x.B, x.Ns, m.kv_heads, m.head_dim(),
-                                          x.rank * x.Ns, m.rope_theta, false));
+  W* a = I.a.as<W>();
+  W* q = I.q.as<W>();
+  PLATEAU_RETURN_IF_ERROR(Ops::RmsNormForward(x.be, x.c(), a, I.rstd_a.as<float>(), in, x.weight(off.attn_norm),
+                                              N, H, m.norm_eps));
+  W* k = I.kv.as<W>();
+  W* v = k + N * kvd;
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, qd, H, a, H, x.weight(off.wq), qd, 0.0f, q, qd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, kvd, H, a, H, x.weight(off.wk), kvd, 0.0f, k, kvd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, kvd, H, a, H, x.weight(off.wv), kvd, 0.0f, v, kvd));
+  PLATEAU_RETURN_IF_ERROR(Ops::Rope(x.k(), x.c(), q, x.B, x.Ns, m.heads, m.head_dim(), x.rank * x.Ns,
+                                    m.rope_theta, false));
+  PLATEAU_RETURN_IF_ERROR(Ops::Rope(x.k(), x.c(), k, x.B, x.Ns, m.kv_heads, m.head_dim(), x.rank * x.Ns,
+                                    m.rope_theta, false));
   PLATEAU_RETURN_IF_ERROR(RingForward(x));
+  PLATEAU_RETURN_IF_ERROR(x.ConvertWo());
   // h1 = in + o wo
-  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), I.h1.data(), in, N * H * sizeof(float)));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, H, qd, I.o.as<float>(), qd, x.W(off.wo), H, 1.0f, I.h1.as<float>(), H));
-  // MoE on rmsnorm(h1).
-  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormForward(x.c(), I.u.as<float>(), I.rstd_u.as<float>(),
-                                              I.h1.as<float>(), x.W(off.moe_norm), N, H, m.norm_eps));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, m.experts, H, I.u.as<float>(), H, x.W(off.router),
-                                 m.experts, 0.0f, I.rlogits.as<float>(), m.experts));
+  W* h1 = I.h1.as<W>();
+  W* u = I.u.as<W>();
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), h1, in, N * H * sizeof(W)));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, false, N, H, qd, x.o_for_wo(), qd, x.weight(off.wo), H, 1.0f, h1, H));
+  // MoE on rmsnorm(h1). The router's logits, probabilities and gates are
+  // fp32 in either precision (its softmax and top-k are rounding-sensitive).
+  PLATEAU_RETURN_IF_ERROR(Ops::RmsNormForward(x.be, x.c(), u, I.rstd_u.as<float>(), h1, x.weight(off.moe_norm),
+                                              N, H, m.norm_eps));
+  PLATEAU_RETURN_IF_ERROR(x.GemmAccum(false, false, N, m.experts, H, u, H, x.weight(off.router), m.experts,
+                                      0.0f, I.rlogits.as<float>(), m.experts));
   PLATEAU_RETURN_IF_ERROR(I.kernels->Router(x.c(), I.rlogits.as<float>(), N, m.experts, m.top_k,
                                             I.probs.as<float>(), I.chosen.as<int32_t>(),
                                             I.gates.as<float>()));
-  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), out, I.h1.data(), N * H * sizeof(float)));
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), out, h1, N * H * sizeof(W)));
   if (for_backward) {
-    return I.dispatch->ForwardForBackward(I.u.as<float>(), I.chosen.as<int32_t>(),
-                                          I.gates.as<float>(), N, x.experts(l), out);
+    return I.dispatch->ForwardForBackward(u, I.chosen.as<int32_t>(), I.gates.as<float>(), N, x.experts(l), out);
   }
-  return I.dispatch->Forward(I.u.as<float>(), I.chosen.as<int32_t>(), I.gates.as<float>(), N,
-                       x.experts(l), out);
+  return I.dispatch->Forward(u, I.chosen.as<int32_t>(), I.gates.as<float>(), N, x.experts(l), out);
 }
 
 // Given dh = d loss / d boundary l+1 (after LayerForward(l) recomputed the
 // working set), accumulates layer l's weight gradients and turns dh into
 // d loss / d boundary l.
-absl::Status LayerBackward(Ctx& x, int64_t l, const float* in) {
+template <typename W>
+absl::Status LayerBackward(Ctx<W>& x, int64_t l, const W* in) {
+  using Ops = WorkingOps<W>;
   TrainingStep::Impl& I = x.I;
   const ModelConfig& m = x.m;
   const auto& off = I.layer_off[l];
   const int64_t N = x.N, H = m.hidden, qd = x.qd(), kvd = x.kvd(), E = m.experts;
-  float* dh = I.dh.as<float>();
+  W* dh = I.dh.as<W>();
+  W* du = I.du.as<W>();
+  W* tmp = I.tmp.as<W>();
+  W* u = I.u.as<W>();
   // MoE: out = h1 + moe(rmsnorm(h1)).
-  PLATEAU_RETURN_IF_ERROR(x.be.Fill(x.c(), I.du.as<float>(), N * H, 0.0f));
-  PLATEAU_RETURN_IF_ERROR(I.dispatch->Backward(dh, x.experts(l), I.du.as<float>(), I.dgates.as<float>(),
-                                         x.expert_grads(l)));
+  PLATEAU_RETURN_IF_ERROR(Ops::Fill(x.be, x.c(), du, N * H, 0.0f));
+  PLATEAU_RETURN_IF_ERROR(I.dispatch->Backward(dh, x.experts(l), du, I.dgates.as<float>(), x.expert_grads(l)));
   PLATEAU_RETURN_IF_ERROR(I.kernels->RouterBackward(x.c(), I.probs.as<float>(), I.chosen.as<int32_t>(),
                                                     I.gates.as<float>(), I.dgates.as<float>(), N, E,
                                                     m.top_k, I.drlogits.as<float>()));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, E, N, I.u.as<float>(), H, I.drlogits.as<float>(), E,
-                                 1.0f, x.G(off.router), E));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, E, I.drlogits.as<float>(), E, x.W(off.router), E,
-                                 1.0f, I.du.as<float>(), H));
-  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormBackward(x.c(), I.tmp.as<float>(), x.G(off.moe_norm),
-                                               I.du.as<float>(), I.h1.as<float>(), x.W(off.moe_norm),
-                                               I.rstd_u.as<float>(), N, H));
-  float* dh1 = I.dh1.as<float>();
-  PLATEAU_RETURN_IF_ERROR(x.be.Add(x.c(), dh1, dh, I.tmp.as<float>(), N * H));
+  // The router's GEMMs read d rlogits in the working type: fp32 as it is;
+  // bf16 rounded once into tmp (idle here: the recompute's scratch output,
+  // overwritten below; E <= H is checked at Create).
+  const W* drlogits;
+  if constexpr (std::is_same_v<W, float>) {
+    drlogits = I.drlogits.as<float>();
+  } else {
+    PLATEAU_RETURN_IF_ERROR(x.be.ConvertToBf16(x.c(), tmp, I.drlogits.as<float>(), N * E));
+    drlogits = tmp;
+  }
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, E, N, u, H, drlogits, E, 1.0f, x.grad(off.router), E));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, E, drlogits, E, x.weight(off.router), E, 1.0f, du, H));
+  PLATEAU_RETURN_IF_ERROR(Ops::RmsNormBackward(x.be, x.c(), tmp, x.grad(off.moe_norm), du, I.h1.as<W>(),
+                                               x.weight(off.moe_norm), I.rstd_u.as<float>(), N, H));
+  W* dh1 = I.dh1.as<W>();
+  PLATEAU_RETURN_IF_ERROR(Ops::Add(x.be, x.c(), dh1, dh, tmp, N * H));
   // Attention: h1 = in + attn(rmsnorm(in)).
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, qd, H, N, I.o.as<float>(), qd, dh1, H, 1.0f, x.G(off.wo), H));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, qd, H, dh1, H, x.W(off.wo), H, 0.0f, I.dO.as<float>(), qd));
+  W* dO = I.dO.as<W>();
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, qd, H, N, x.o_for_wo(), qd, dh1, H, 1.0f, x.grad(off.wo), H));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, qd, H, dh1, H, x.weight(off.wo), H, 0.0f, dO, qd));
   const AttentionShape s = x.shape();
-  PLATEAU_RETURN_IF_ERROR(I.kernels->AttentionDelta(x.c(), s, I.o.as<float>(), I.dO.as<float>(),
-                                                    I.delta.as<float>()));
+  PLATEAU_RETURN_IF_ERROR(Ops::AttentionDelta(x.k(), x.c(), s, I.o.as<float>(), dO, I.delta.as<float>()));
   PLATEAU_RETURN_IF_ERROR(RingBackward(x));
-  float* dk = I.dkv.as<float>();
-  float* dv = dk + N * kvd;
-  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), I.dq.as<float>(), x.B, x.Ns, m.heads, m.head_dim(),
-                                          x.rank * x.Ns, m.rope_theta, true));
-  PLATEAU_RETURN_IF_ERROR(I.kernels->Rope(x.c(), dk, x.B, x.Ns, m.kv_heads, m.head_dim(),
-                                          x.rank * x.Ns, m.rope_theta, true));
-  const float* a = I.a.as<float>();
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, qd, N, a, H, I.dq.as<float>(), qd, 1.0f, x.G(off.wq), qd));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, kvd, N, a, H, dk, kvd, 1.0f, x.G(off.wk), kvd));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, kvd, N, a, H, dv, kvd, 1.0f, x.G(off.wv), kvd));
-  float* da = I.du.as<float>();  // du is consumed: reuse it for d a
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, qd, I.dq.as<float>(), qd, x.W(off.wq), qd, 0.0f, da, H));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, kvd, dk, kvd, x.W(off.wk), kvd, 1.0f, da, H));
-  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, kvd, dv, kvd, x.W(off.wv), kvd, 1.0f, da, H));
-  PLATEAU_RETURN_IF_ERROR(x.be.RmsNormBackward(x.c(), I.tmp.as<float>(), x.G(off.attn_norm), da, in,
-                                               x.W(off.attn_norm), I.rstd_a.as<float>(), N, H));
-  return x.be.Add(x.c(), dh, dh1, I.tmp.as<float>(), N * H);
+  W* dq = I.dq.as<W>();
+  W* dk = I.dkv.as<W>();
+  W* dv = dk + N * kvd;
+  PLATEAU_RETURN_IF_ERROR(Ops::Rope(x.k(), x.c(), dq, x.B, x.Ns, m.heads, m.head_dim(), x.rank * x.Ns,
+                                    m.rope_theta, true));
+  PLATEAU_RETURN_IF_ERROR(Ops::Rope(x.k(), x.c(), dk, x.B, x.Ns, m.kv_heads, m.head_dim(), x.rank * x.Ns,
+                                    m.rope_theta, true));
+  const W* a = I.a.as<W>();
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, qd, N, a, H, dq, qd, 1.0f, x.grad(off.wq), qd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, kvd, N, a, H, dk, kvd, 1.0f, x.grad(off.wk), kvd));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(true, false, H, kvd, N, a, H, dv, kvd, 1.0f, x.grad(off.wv), kvd));
+  W* da = du;  // du is consumed: reuse it for d a
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, qd, dq, qd, x.weight(off.wq), qd, 0.0f, da, H));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, kvd, dk, kvd, x.weight(off.wk), kvd, 1.0f, da, H));
+  PLATEAU_RETURN_IF_ERROR(x.Gemm(false, true, N, H, kvd, dv, kvd, x.weight(off.wv), kvd, 1.0f, da, H));
+  PLATEAU_RETURN_IF_ERROR(Ops::RmsNormBackward(x.be, x.c(), tmp, x.grad(off.attn_norm), da, in,
+                                               x.weight(off.attn_norm), I.rstd_a.as<float>(), N, H));
+  return Ops::Add(x.be, x.c(), dh, dh1, tmp, N * H);
 }
 
 }  // namespace
@@ -441,38 +534,48 @@ absl::StatusOr<StepStats> TrainingStep::Evaluate(const std::vector<int32_t>& tok
 
 absl::StatusOr<StepStats> TrainingStep::Pass(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
                                              PhaseRecorder* phases, bool backward) {
+  if (options_.precision == Precision::kBf16Mixed) return PassT<Bf16>(tokens, targets, phases, backward);
+  return PassT<float>(tokens, targets, phases, backward);
+}
+
+template <typename W>
+absl::StatusOr<StepStats> TrainingStep::PassT(const std::vector<int32_t>& tokens,
+                                              const std::vector<int32_t>& targets, PhaseRecorder* phases,
+                                              bool backward) {
+  using Ops = WorkingOps<W>;
   PLATEAU_RETURN_IF_ERROR(CheckBatch(tokens, targets));
   Impl& I = *impl_;
   const ModelConfig& m = options_.model;
   const int64_t N = TokensPerRank(m, options_.layout), H = m.hidden;
-  Ctx x{m, layout_, backend_, world_, I, N, options_.layout.batch, m.seq_len / world_.size(),
-        world_.rank(), world_.size()};
+  Ctx<W> x{m, layout_, backend_, world_, I, N, options_.layout.batch, m.seq_len / world_.size(),
+           world_.rank(), world_.size()};
   backend_.device().tracker().ResetPeaks();
   backend_.host().tracker().ResetPeaks();
 
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), I.tokens.data(), tokens.data(), N * sizeof(int32_t)));
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), I.targets.data(), targets.data(), N * sizeof(int32_t)));
-  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.dense_grad.as<float>(), layout_.dense_padded(), 0.0f));
-  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.owned_grad.as<float>(), layout_.owned_numel_per_rank(), 0.0f));
+  PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, x.c(), I.dense_grad.as<W>(), layout_.dense_padded(), 0.0f));
+  PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, x.c(), I.owned_grad.as<W>(), layout_.owned_numel_per_rank(), 0.0f));
 
   // Forward: keep only the layer boundaries, in the checkpoint store.
   BoundaryStore& boundaries = *I.checkpoints;
-  PLATEAU_ASSIGN_OR_RETURN(float* h, boundaries.Slot(0));
-  PLATEAU_RETURN_IF_ERROR(I.kernels->Embedding(x.c(), x.W(I.off_embed), m.vocab_size,
-                                               I.tokens.as<int32_t>(), N, H, h));
+  PLATEAU_ASSIGN_OR_RETURN(W* h, boundaries.Slot<W>(0));
+  PLATEAU_RETURN_IF_ERROR(Ops::Embedding(x.k(), x.c(), x.weight(I.off_embed), m.vocab_size,
+                                         I.tokens.as<int32_t>(), N, H, h));
   PLATEAU_RETURN_IF_ERROR(boundaries.Produced(0));
   EndPhase(phases, StepPhase::kEmbedding);
   for (int64_t l = 0; l < m.layers; ++l) {
-    PLATEAU_ASSIGN_OR_RETURN(float* next, boundaries.Slot(l + 1));
+    PLATEAU_ASSIGN_OR_RETURN(W* next, boundaries.Slot<W>(l + 1));
     PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, h, next));
     I.dispatch->Release();
     PLATEAU_RETURN_IF_ERROR(boundaries.Produced(l + 1));
     EndPhase(phases, StepPhase::kForward, l);
     h = next;
   }
-  const float* hL = h;
-  PLATEAU_RETURN_IF_ERROR(backend_.RmsNormForward(x.c(), I.z.as<float>(), I.rstd_f.as<float>(), hL,
-                                                  x.W(I.off_final_norm), N, H, m.norm_eps));
+  const W* hL = h;
+  W* z = I.z.as<W>();
+  PLATEAU_RETURN_IF_ERROR(Ops::RmsNormForward(backend_, x.c(), z, I.rstd_f.as<float>(), hL,
+                                              x.weight(I.off_final_norm), N, H, m.norm_eps));
   double* stats = I.stats.as<double>();
   PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.scalars.as<float>(), 2, 0.0f));
   {
@@ -483,7 +586,8 @@ absl::StatusOr<StepStats> TrainingStep::Pass(const std::vector<int32_t>& tokens,
   // all-gathered dense weights (dense projection; the reduce-scatter sums
   // their gradient), or this rank's vocabulary shard in its owned weights
   // (Ring-DTP completes the shard's gradient here: no reduce-scatter).
-  PLATEAU_RETURN_IF_ERROR(I.projection->Forward(I.z.as<float>(), I.lm_head, I.targets.as<int32_t>(), stats));
+  const W* lm_head = I.lm_head<W>();
+  PLATEAU_RETURN_IF_ERROR(I.projection->Forward(z, lm_head, I.targets.as<int32_t>(), stats));
   // The mean is over the global batch: sum and count from every rank.
   PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
   PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, stats, stats, 2, DataType::kFloat64, ReduceOp::kSum));
@@ -500,7 +604,7 @@ absl::StatusOr<StepStats> TrainingStep::Pass(const std::vector<int32_t>& tokens,
     // (SCO brings its host ones back and drops them, within the step's own
     // peaks), so that the store ends the pass as a step leaves it.
     for (int64_t l = m.layers; l >= 0; --l) {
-      PLATEAU_RETURN_IF_ERROR(boundaries.Acquire(l).status());
+      PLATEAU_RETURN_IF_ERROR(boundaries.Acquire<W>(l).status());
       PLATEAU_RETURN_IF_ERROR(boundaries.Done(l));
     }
     PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
@@ -511,32 +615,33 @@ absl::StatusOr<StepStats> TrainingStep::Pass(const std::vector<int32_t>& tokens,
   }
 
   // Backward.
-  PLATEAU_RETURN_IF_ERROR(I.projection->Backward(I.z.as<float>(), I.lm_head, I.targets.as<int32_t>(),
-                                                 scale, I.tmp.as<float>(), I.lm_head_grad));
-  PLATEAU_ASSIGN_OR_RETURN(hL, boundaries.Acquire(m.layers));
-  PLATEAU_RETURN_IF_ERROR(backend_.RmsNormBackward(x.c(), I.dh.as<float>(), x.G(I.off_final_norm),
-                                                   I.tmp.as<float>(), hL, x.W(I.off_final_norm),
-                                                   I.rstd_f.as<float>(), N, H));
+  W* tmp = I.tmp.as<W>();
+  W* dh = I.dh.as<W>();
+  PLATEAU_RETURN_IF_ERROR(I.projection->Backward(z, lm_head, I.targets.as<int32_t>(), scale, tmp,
+                                                 I.lm_head_grad<W>()));
+  PLATEAU_ASSIGN_OR_RETURN(hL, boundaries.Acquire<W>(m.layers));
+  PLATEAU_RETURN_IF_ERROR(Ops::RmsNormBackward(backend_, x.c(), dh, x.grad(I.off_final_norm), tmp, hL,
+                                               x.weight(I.off_final_norm), I.rstd_f.as<float>(), N, H));
   PLATEAU_RETURN_IF_ERROR(boundaries.Done(m.layers));
   EndPhase(phases, StepPhase::kProjectionBackward);
   for (int64_t l = m.layers - 1; l >= 0; --l) {
     // Recompute the layer from its checkpoint; its output is not needed
     // again, so it goes to scratch (tmp, which LayerBackward overwrites),
     // not back into the store.
-    PLATEAU_ASSIGN_OR_RETURN(const float* in, boundaries.Acquire(l));
-    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, in, I.tmp.as<float>(), /*for_backward=*/true));
+    PLATEAU_ASSIGN_OR_RETURN(const W* in, boundaries.Acquire<W>(l));
+    PLATEAU_RETURN_IF_ERROR(LayerForward(x, l, in, tmp, /*for_backward=*/true));
     EndPhase(phases, StepPhase::kRecompute, l);
     PLATEAU_RETURN_IF_ERROR(LayerBackward(x, l, in));
     PLATEAU_RETURN_IF_ERROR(boundaries.Done(l));
     EndPhase(phases, StepPhase::kBackward, l);
   }
-  PLATEAU_RETURN_IF_ERROR(I.kernels->EmbeddingBackward(x.c(), I.dh.as<float>(), I.tokens.as<int32_t>(),
-                                                       N, H, x.G(I.off_embed)));
-  // ZeRO: every rank's dense gradient summed into the owner's shard.
+  PLATEAU_RETURN_IF_ERROR(Ops::EmbeddingBackward(x.k(), x.c(), dh, I.tokens.as<int32_t>(), N, H,
+                                                 x.grad(I.off_embed), m.vocab_size));
+  // ZeRO: every rank's dense gradient summed into the owner's shard (bf16:
+  // an fp32 sum per hop, rounded once: P - 1 roundings over P ranks).
   PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
   PLATEAU_RETURN_IF_ERROR(world_.ReduceScatter(*I.comm, I.dense_grad.data(), I.dense_grad_shard.data(),
-                                               layout_.shard_numel(), DataType::kFloat32,
-                                               ReduceOp::kSum));
+                                               layout_.shard_numel(), kWire<W>, ReduceOp::kSum));
   PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
   PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
   EndPhase(phases, StepPhase::kGradReduce);
@@ -552,10 +657,17 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
   Impl& I = *impl_;
   const OptimizerConfig& o = options_.optimizer;
   const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
-  // Global gradient norm: this rank's dense shard and owned weights, summed over ranks.
+  // Global gradient norm: this rank's dense shard and owned weights, summed
+  // over ranks; an fp32 reduction of the loaded gradients in either
+  // precision.
   float* sq = I.scalars.as<float>();
-  PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[0], I.dense_grad_shard.as<float>(), S));
-  PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[1], I.owned_grad.as<float>(), X));
+  if (options_.precision == Precision::kBf16Mixed) {
+    PLATEAU_RETURN_IF_ERROR(backend_.SumSquaresBf16(*I.comm, &sq[0], I.dense_grad_shard.as<Bf16>(), S));
+    PLATEAU_RETURN_IF_ERROR(backend_.SumSquaresBf16(*I.comm, &sq[1], I.owned_grad.as<Bf16>(), X));
+  } else {
+    PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[0], I.dense_grad_shard.as<float>(), S));
+    PLATEAU_RETURN_IF_ERROR(backend_.SumSquares(*I.comm, &sq[1], I.owned_grad.as<float>(), X));
+  }
   PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, sq, sq, 2, DataType::kFloat32, ReduceOp::kSum));
   float host_sq[2];
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, host_sq, sq, sizeof(host_sq)));
@@ -586,13 +698,22 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
 
 namespace {
 
-// All-gathers `count` floats from every rank into a host vector.
+// All-gathers `count` elements of `type` (kFloat32, or kBfloat16: loaded
+// exactly into floats) from every rank into a host vector.
 absl::StatusOr<std::vector<float>> GatherToHost(Backend& be, Communicator& world, Stream& s,
-                                               const void* src, int64_t count) {
-  PLATEAU_ASSIGN_OR_RETURN(Buffer all, be.device().Allocate(LiveSet::kWorkspace,
-                                                            count * world.size() * sizeof(float)));
-  PLATEAU_RETURN_IF_ERROR(world.AllGather(s, src, all.data(), count, DataType::kFloat32));
+                                               const void* src, int64_t count,
+                                               DataType type = DataType::kFloat32) {
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(type));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer all, be.device().Allocate(LiveSet::kWorkspace, count * world.size() * elem));
+  PLATEAU_RETURN_IF_ERROR(world.AllGather(s, src, all.data(), count, type));
   std::vector<float> host(count * world.size());
+  if (type == DataType::kBfloat16) {
+    std::vector<Bf16> bits(host.size());
+    PLATEAU_RETURN_IF_ERROR(be.Copy(s, bits.data(), all.data(), all.bytes()));
+    PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+    for (size_t i = 0; i < host.size(); ++i) host[i] = Bf16ToFloat(bits[i]);
+    return host;
+  }
   PLATEAU_RETURN_IF_ERROR(be.Copy(s, host.data(), all.data(), all.bytes()));
   PLATEAU_RETURN_IF_ERROR(s.Synchronize());
   return host;
@@ -602,30 +723,43 @@ absl::StatusOr<std::vector<float>> GatherToHost(Backend& be, Communicator& world
 
 absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherWeights() {
   Impl& I = *impl_;
-  // The working dense weights are the masters all-gathered (fp32: the same bits).
+  const bool bf16 = options_.precision == Precision::kBf16Mixed;
+  const DataType type = bf16 ? DataType::kBfloat16 : DataType::kFloat32;
+  // The working dense weights are the masters all-gathered (fp32: the same
+  // bits; bf16: their roundings).
   std::vector<float> dense(layout_.dense_padded());
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dense.data(), I.dense.data(), I.dense.bytes()));
+  if (bf16) {
+    std::vector<Bf16> bits(dense.size());
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, bits.data(), I.dense.data(), I.dense.bytes()));
+    for (size_t i = 0; i < dense.size(); ++i) dense[i] = Bf16ToFloat(bits[i]);
+  } else {
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dense.data(), I.dense.data(), I.dense.bytes()));
+  }
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> owned,
                            GatherToHost(backend_, world_, *I.comm, I.owned.data(),
-                                        layout_.owned_numel_per_rank()));
+                                        layout_.owned_numel_per_rank(), type));
   return layout_.Assemble(dense, owned);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherGrads() {
   Impl& I = *impl_;
+  const DataType type = options_.precision == Precision::kBf16Mixed ? DataType::kBfloat16 : DataType::kFloat32;
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dense,
                            GatherToHost(backend_, world_, *I.comm, I.dense_grad_shard.data(),
-                                        layout_.shard_numel()));
+                                        layout_.shard_numel(), type));
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> owned,
                            GatherToHost(backend_, world_, *I.comm, I.owned_grad.data(),
-                                        layout_.owned_numel_per_rank()));
+                                        layout_.owned_numel_per_rank(), type));
   return layout_.Assemble(dense, owned);
 }
 
 absl::StatusOr<ModelState> TrainingStep::GatherState() {
   Impl& I = *impl_;
+  const bool bf16 = options_.precision == Precision::kBf16Mixed;
   ModelState st;
-  PLATEAU_ASSIGN_OR_RETURN(st.weights, GatherWeights());
+  if (!bf16) {
+    PLATEAU_ASSIGN_OR_RETURN(st.weights, GatherWeights());
+  }
   const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
   PLATEAU_ASSIGN_OR_RETURN(OptimizerShardState mine, I.optimizer->Save());
   auto gather = [&](const std::vector<float>& host, int64_t n) -> absl::StatusOr<std::vector<float>> {
@@ -633,6 +767,12 @@ absl::StatusOr<ModelState> TrainingStep::GatherState() {
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dev.data(), host.data(), dev.bytes()));
     return GatherToHost(backend_, world_, *I.comm, dev.data(), n);
   };
+  if (bf16) {
+    // The fp32 masters, not their bf16 working copies.
+    PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dw, gather(mine.dense_master, S));
+    PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ew, gather(mine.owned_master, X));
+    st.weights = layout_.Assemble(dw, ew);
+  }
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dm, gather(mine.dense_m, S));
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> em, gather(mine.owned_m, X));
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dv, gather(mine.dense_v, S));
@@ -665,7 +805,12 @@ absl::Status TrainingStep::LoadState(const ModelState& st) {
   layout_.ShardFrom(st.m, rank, &shard.dense_m, &shard.owned_m);
   layout_.ShardFrom(st.v, rank, &shard.dense_v, &shard.owned_v);
   layout_.ShardFrom(st.weights, rank, &shard.dense_master, &owned);
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.owned.data(), owned.data(), I.owned.bytes()));
+  if (options_.precision == Precision::kBf16Mixed) {
+    // The owned weights' fp32 master; the optimizer writes rn(master).
+    shard.owned_master = std::move(owned);
+  } else {
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.owned.data(), owned.data(), I.owned.bytes()));
+  }
   PLATEAU_RETURN_IF_ERROR(I.optimizer->Load(shard));
   step_ = st.step;
   return absl::OkStatus();

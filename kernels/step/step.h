@@ -98,11 +98,16 @@ class TrainingStep {
                                  PhaseRecorder* phases = nullptr);
 
   // Collective: the full weights, or the gradient of the last
-  // ForwardBackward, as full tensors on every rank.
+  // ForwardBackward, as full tensors on every rank: the working weights the
+  // kernels read and the working gradients (under bf16 mixed precision their
+  // bf16 values, loaded exactly into floats).
   absl::StatusOr<std::vector<std::vector<float>>> GatherWeights();
   absl::StatusOr<std::vector<std::vector<float>>> GatherGrads();
+  // The optimizer's state: the weights are the fp32 masters (in fp32 the
+  // working weights themselves), so that LoadState resumes bit for bit.
   absl::StatusOr<ModelState> GatherState();
-  // Collective: every rank passes the same full state.
+  // Collective: every rank passes the same full state (the working weights
+  // are rn(master) under bf16).
   absl::Status LoadState(const ModelState& state);
 
   int64_t step() const { return step_; }
@@ -115,9 +120,13 @@ class TrainingStep {
  private:
   TrainingStep(const StepOptions& options, Backend& backend, Communicator& world);
   absl::Status Allocate();
-  // ForwardBackward, or with backward = false Evaluate.
+  // ForwardBackward, or with backward = false Evaluate: PassT on the
+  // options' working type (float, or Bf16 under bf16 mixed precision).
   absl::StatusOr<StepStats> Pass(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
                                  PhaseRecorder* phases, bool backward);
+  template <typename W>
+  absl::StatusOr<StepStats> PassT(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                                  PhaseRecorder* phases, bool backward);
   absl::Status CheckBatch(const std::vector<int32_t>& tokens,
                           const std::vector<int32_t>& targets) const;
 

@@ -545,26 +545,6 @@ TEST(StepTest, BadSpecsAreRefusedNamingTheField) {
   }, /*device_bytes=*/64 * 1024);
 }
 
-// The budget plans bf16 mixed precision, but the CPU backend computes fp32
-// only: a bf16 step is refused before anything is allocated, naming the
-// field and where bf16 runs.
-TEST(StepTest, Bf16IsRefusedOnABackendWithoutIt) {
-  RunRanks(1, [&](int, Backend& be, Communicator& world) {
-    ASSERT_FALSE(be.computes_bf16());
-    StepOptions o;
-    o.model = TestModel();
-    o.layout = {1, 1};
-    o.precision = Precision::kBf16Mixed;
-    ASSERT_TRUE(PlanMemory(o).ok());
-    auto st = TrainingStep::Create(o, be, world);
-    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(st.status().message(), AllOf(HasSubstr("precision"), HasSubstr("cuda backend")));
-    EXPECT_EQ(be.device().tracker().total_peak(), 0);
-    o.precision = Precision::kFp32;
-    EXPECT_TRUE(TrainingStep::Create(o, be, world).ok());
-  });
-}
-
 // A device that holds the launch-sized state but not the routes is an
 // out-of-memory error naming the dispatch live set, not a crash.
 TEST(StepTest, DispatchOverTheCapIsAnErrorNamingTheLiveSet) {
