@@ -145,10 +145,10 @@ class Backend {
   // "cpu (2 threads, OpenBLAS 0.3.21)" / "cuda (NVIDIA H200, sm_90)".
   virtual std::string Describe() const = 0;
   // Whether the model kernels compute bf16 mixed precision (bf16 working
-  // weights and activations, fp32 master and reductions). The CPU does (its
-  // bf16 ops are exact emulations of what the CUDA kernels compute:
-  // cpu_bf16_ops.h); CUDA not yet (its bf16 kernels exist, but its bf16 step
-  // has not been checked against the CPU's on a GPU: issue 17).
+  // weights and activations, fp32 master and reductions). Both backends do:
+  // the CPU's bf16 ops are exact emulations of what the CUDA kernels compute
+  // (cpu_bf16_ops.h), and cuda_step_twin_test holds the CUDA bf16 step to
+  // the CPU's (it has not yet run on a GPU: issue 17's device-check).
   // TrainingStep::Create refuses a bf16 step on a backend without it.
   virtual bool computes_bf16() const { return false; }
 

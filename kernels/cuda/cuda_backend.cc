@@ -537,6 +537,10 @@ class CudaBackend final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCuda; }
 
+  // The bf16 step's every op has a CUDA kernel (cuda_bf16_twin_test,
+  // cuda_model_twin_test) and the step is checked against the CPU's exact
+  // emulation by cuda_step_twin_test's bf16 cases: on a GPU, device-check.
+  bool computes_bf16() const override { return true; }
   std::string Describe() const override {
     return absl::StrFormat(
         "cuda (%s, sm_%d%d, %d SMs, %d MiB, GPU %d; device cap %s)",
