@@ -51,20 +51,6 @@
 namespace plateau {
 namespace {
 
-struct GlobalBatch {
-  std::vector<int32_t> tokens, targets;  // [B, T]
-};
-
-GlobalBatch MakeBatch(const ModelConfig& m, int64_t B, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  GlobalBatch g;
-  for (int64_t i = 0; i < B * m.seq_len; ++i) {
-    g.tokens.push_back(static_cast<int32_t>(rng() % m.vocab_size));
-    g.targets.push_back(i % 5 == 2 ? kIgnoreIndex : static_cast<int32_t>(rng() % m.vocab_size));
-  }
-  return g;
-}
-
 struct StepResult {
   double loss = 0;
   std::vector<std::vector<float>> grads;    // after ForwardBackward
@@ -156,6 +142,18 @@ int VisibleGpus() {
   return n;
 }
 
+// Why a case needing P GPUs cannot run here ("" when it can).
+std::string WhyNoGpus(int P) {
+  const int gpus = VisibleGpus();
+  if (gpus == 0) {
+    BackendOptions bo;
+    bo.kind = BackendKind::kCuda;
+    return absl::StrCat("no CUDA step here: ", Backend::Create(bo).status().ToString());
+  }
+  if (gpus < P) return absl::StrCat("P = ", P, " needs ", P, " GPUs; ", gpus, " visible");
+  return "";
+}
+
 // |got - want| <= tol(t, i) for every element i of every tensor t; names
 // the first offender of each tensor.
 void ExpectTensorsNear(const std::vector<std::vector<float>>& got,
@@ -184,15 +182,7 @@ class CudaStepTwinTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaStepTwinTest, StepMatchesCpuBackend) {
   const int P = GetParam();
-  const int gpus = VisibleGpus();
-  if (gpus == 0) {
-    BackendOptions bo;
-    bo.kind = BackendKind::kCuda;
-    GTEST_SKIP() << "no CUDA step here: " << Backend::Create(bo).status();
-  }
-  if (gpus < P) {
-    GTEST_SKIP() << "P = " << P << " needs " << P << " GPUs; " << gpus << " visible";
-  }
+  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
   const ModelConfig m = TinyModel();
   const int64_t B = 2;
   const GlobalBatch g = MakeBatch(m, B, 11);
@@ -262,15 +252,7 @@ double Norm(const std::vector<std::vector<float>>& tensors) {
 
 TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
   const int P = GetParam();
-  const int gpus = VisibleGpus();
-  if (gpus == 0) {
-    BackendOptions bo;
-    bo.kind = BackendKind::kCuda;
-    GTEST_SKIP() << "no CUDA step here: " << Backend::Create(bo).status();
-  }
-  if (gpus < P) {
-    GTEST_SKIP() << "P = " << P << " needs " << P << " GPUs; " << gpus << " visible";
-  }
+  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
   const ModelConfig m = TinyModel();
   const int64_t B = 2;
   const GlobalBatch g = MakeBatch(m, B, 11);
@@ -310,11 +292,7 @@ TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
 // LossFallsOverTwentySteps on the CPU, which device-check runs as this
 // target's part of "a bf16 run to a falling loss").
 TEST(CudaStepBf16, LossFallsOverTwentySteps) {
-  if (VisibleGpus() == 0) {
-    BackendOptions bo;
-    bo.kind = BackendKind::kCuda;
-    GTEST_SKIP() << "no CUDA step here: " << Backend::Create(bo).status();
-  }
+  if (const std::string why = WhyNoGpus(1); !why.empty()) GTEST_SKIP() << why;
   const ModelConfig m = TinyModel();
   const int64_t B = 2;
   const GlobalBatch g = MakeBatch(m, B, 41);

@@ -62,20 +62,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-struct GlobalBatch {
-  std::vector<int32_t> tokens, targets;  // [B, T]
-};
-
-GlobalBatch MakeBatch(const ModelConfig& m, int64_t B, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  GlobalBatch g;
-  for (int64_t i = 0; i < B * m.seq_len; ++i) {
-    g.tokens.push_back(static_cast<int32_t>(rng() % m.vocab_size));
-    g.targets.push_back(i % 5 == 2 ? kIgnoreIndex : static_cast<int32_t>(rng() % m.vocab_size));
-  }
-  return g;
-}
-
 void RunRanks(int P, const std::function<void(int, Backend&, Communicator&)>& fn) {
   absl::Status s = RunLocalWorld(P, 64 << 20, FreshStoreDir("step_bf16"),
                                  [&](int r, Backend& be, Communicator& world) {

@@ -25,20 +25,6 @@ using ::testing::HasSubstr;
 
 ModelConfig TestModel() { return TinyModel(); }
 
-struct GlobalBatch {
-  std::vector<int32_t> tokens, targets;  // [B, T]
-};
-
-GlobalBatch MakeBatch(const ModelConfig& m, int64_t B, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  GlobalBatch g;
-  for (int64_t i = 0; i < B * m.seq_len; ++i) {
-    g.tokens.push_back(static_cast<int32_t>(rng() % m.vocab_size));
-    g.targets.push_back(i % 5 == 2 ? kIgnoreIndex : static_cast<int32_t>(rng() % m.vocab_size));
-  }
-  return g;
-}
-
 // Rank p's slice [B, T/P] of a global batch.
 void Slice(const GlobalBatch& g, int64_t B, int64_t T, int64_t p, int64_t P,
            std::vector<int32_t>* tok, std::vector<int32_t>* tgt) {
