@@ -1,5 +1,6 @@
 #include "kernels/step/step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -695,26 +696,86 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
 
 // ---------------------------------------------------------------------------
 // Whole-model views, for tests and checkpoints.
+//
+// Device memory: none beyond the plan's. The all-gathers below move the
+// state in chunks through `dense_grad`, borrowed: the full [S * P] working
+// gradient (kGrads, S * P * w bytes, allocated at Create in every
+// configuration). It is idle between calls: every ForwardBackward fills it
+// with zeros before it writes it, and it is dead once the ZeRO
+// reduce-scatter has summed it into dense_grad_shard (what GatherGrads and
+// the optimizer read), so what a gather leaves in it is never read. It is
+// the biggest launch buffer idle between steps in every schedule (the
+// activations scale with N and may be tiny; the checkpoint store and the
+// dispatch buffers are schedule-owned, SCO's partly on the host): its
+// size scales with P, as the gathered data does, giving a chunk of
+// floor(S * P * w / (P * elem)) = floor(S * w / elem) elements per rank,
+// at least S / 2 (fp32 state through bf16 working gradients). That is >= 1
+// in every valid layout: experts % ranks == 0 puts the H * E router weights
+// of a layer (dense) at >= P elements, plus the embedding, so the dense
+// count exceeds P and S >= 2. The dense shard's vectors take one or two
+// chunks; the owned ones (the experts: usually the bulk) ceil(X / chunk).
+// Before this, each gather allocated n * P elements of kWorkspace (plus an
+// n-element staging buffer for host-side state), outside the plan: at a
+// model's real size a checkpoint at N_max would run out of device memory.
+//
+// Host memory: every rank receives the whole state (an all-gather) and
+// returns it in full: 3 x 4 x (dense + experts) bytes for GatherState's
+// three families (weights, m, v), on every rank. Beyond that it holds this
+// rank's shard (OptimizerUpdate::Save: 1/P of the families, with the owned
+// masters under bf16) and, while it assembles a family, that family's
+// gathered flat vectors (4 x (dense + experts) bytes): about 1 + 1/P
+// families at most besides the result. Only rank 0 writes the checkpoint
+// (worker/trainer.cc); sparing the other ranks the host copies would need
+// a root argument here and a caller that tolerates an empty state (not
+// done: the tests compare every rank's state).
 
 namespace {
 
-// All-gathers `count` elements of `type` (kFloat32, or kBfloat16: loaded
-// exactly into floats) from every rank into a host vector.
-absl::StatusOr<std::vector<float>> GatherToHost(Backend& be, Communicator& world, Stream& s,
-                                               const void* src, int64_t count,
-                                               DataType type = DataType::kFloat32) {
+// All-gathers `n` elements of `type` per rank (kFloat32, or kBfloat16:
+// loaded exactly into floats) into host floats [P * n], rank r's at r * n,
+// in chunks through the device buffer `scratch`, on stream `s`. The source
+// is device memory, or the caller's host memory when `src_on_host` (then
+// each chunk is first copied into this rank's block of the scratch and
+// gathered in place). Collective; `scratch` must be idle, and is clobbered.
+absl::StatusOr<std::vector<float>> GatherThrough(Backend& be, Communicator& world, Stream& s, Buffer& scratch,
+                                                 const void* src, bool src_on_host, int64_t n,
+                                                 DataType type = DataType::kFloat32) {
+  const int64_t P = world.size(), rank = world.rank();
   const int64_t elem = static_cast<int64_t>(DataTypeSize(type));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer all, be.device().Allocate(LiveSet::kWorkspace, count * world.size() * elem));
-  PLATEAU_RETURN_IF_ERROR(world.AllGather(s, src, all.data(), count, type));
-  std::vector<float> host(count * world.size());
-  if (type == DataType::kBfloat16) {
-    std::vector<Bf16> bits(host.size());
-    PLATEAU_RETURN_IF_ERROR(be.Copy(s, bits.data(), all.data(), all.bytes()));
-    PLATEAU_RETURN_IF_ERROR(s.Synchronize());
-    for (size_t i = 0; i < host.size(); ++i) host[i] = Bf16ToFloat(bits[i]);
-    return host;
+  const int64_t chunk = static_cast<int64_t>(scratch.bytes()) / (P * elem);
+  if (chunk < 1) {
+    return absl::InternalError(absl::StrCat("gather: the ", scratch.bytes(), "-byte scratch cannot hold one ",
+                                            DataTypeName(type), " element per rank of ", P, " ranks"));
   }
-  PLATEAU_RETURN_IF_ERROR(be.Copy(s, host.data(), all.data(), all.bytes()));
+  std::vector<float> host(n * P);
+  std::vector<Bf16> bits;  // one bf16 chunk of every rank, on the host
+  char* recv = static_cast<char*>(scratch.data());
+  const char* from = static_cast<const char*>(src);
+  for (int64_t lo = 0; lo < n; lo += chunk) {
+    const int64_t len = std::min(chunk, n - lo), bytes = len * elem;
+    // The gathered chunk is [P][len]: rank r's block at r * bytes.
+    if (src_on_host) {
+      char* mine = recv + rank * bytes;
+      // From the caller's memory: done when Copy returns (backend.h).
+      PLATEAU_RETURN_IF_ERROR(be.Copy(s, mine, from + lo * elem, bytes));
+      PLATEAU_RETURN_IF_ERROR(world.AllGather(s, mine, recv, len, type));
+    } else {
+      PLATEAU_RETURN_IF_ERROR(world.AllGather(s, from + lo * elem, recv, len, type));
+    }
+    // Into the caller's memory: done when Copy returns, after the gather
+    // (same stream), so the next chunk may overwrite the scratch.
+    if (type == DataType::kBfloat16) {
+      bits.resize(len * P);
+      PLATEAU_RETURN_IF_ERROR(be.Copy(s, bits.data(), recv, bytes * P));
+      for (int64_t r = 0; r < P; ++r) {
+        for (int64_t i = 0; i < len; ++i) host[r * n + lo + i] = Bf16ToFloat(bits[r * len + i]);
+      }
+    } else {
+      for (int64_t r = 0; r < P; ++r) {
+        PLATEAU_RETURN_IF_ERROR(be.Copy(s, host.data() + r * n + lo, recv + r * bytes, bytes));
+      }
+    }
+  }
   PLATEAU_RETURN_IF_ERROR(s.Synchronize());
   return host;
 }
@@ -735,21 +796,27 @@ absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherWeights() {
   } else {
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dense.data(), I.dense.data(), I.dense.bytes()));
   }
+  // The scratch (dense_grad) once the compute stream is done with it: it is
+  // at every method's return; the wait makes the hand-over explicit.
+  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> owned,
-                           GatherToHost(backend_, world_, *I.comm, I.owned.data(),
-                                        layout_.owned_numel_per_rank(), type));
+                           GatherThrough(backend_, world_, *I.comm, I.dense_grad, I.owned.data(), /*src_on_host=*/false,
+                                         layout_.owned_numel_per_rank(), type));
   return layout_.Assemble(dense, owned);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherGrads() {
   Impl& I = *impl_;
   const DataType type = options_.precision == Precision::kBf16Mixed ? DataType::kBfloat16 : DataType::kFloat32;
+  // dense_grad_shard holds the reduced gradient; dense_grad (the scratch)
+  // is dead after the reduce-scatter.
+  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dense,
-                           GatherToHost(backend_, world_, *I.comm, I.dense_grad_shard.data(),
-                                        layout_.shard_numel(), type));
+                           GatherThrough(backend_, world_, *I.comm, I.dense_grad, I.dense_grad_shard.data(),
+                                         /*src_on_host=*/false, layout_.shard_numel(), type));
   PLATEAU_ASSIGN_OR_RETURN(std::vector<float> owned,
-                           GatherToHost(backend_, world_, *I.comm, I.owned_grad.data(),
-                                        layout_.owned_numel_per_rank(), type));
+                           GatherThrough(backend_, world_, *I.comm, I.dense_grad, I.owned_grad.data(),
+                                         /*src_on_host=*/false, layout_.owned_numel_per_rank(), type));
   return layout_.Assemble(dense, owned);
 }
 
@@ -761,28 +828,37 @@ absl::StatusOr<ModelState> TrainingStep::GatherState() {
     PLATEAU_ASSIGN_OR_RETURN(st.weights, GatherWeights());
   }
   const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
+  // This rank's shard on the host (the optimizer's own copy out).
   PLATEAU_ASSIGN_OR_RETURN(OptimizerShardState mine, I.optimizer->Save());
-  auto gather = [&](const std::vector<float>& host, int64_t n) -> absl::StatusOr<std::vector<float>> {
-    PLATEAU_ASSIGN_OR_RETURN(Buffer dev, backend_.device().Allocate(LiveSet::kWorkspace, n * sizeof(float)));
-    PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, dev.data(), host.data(), dev.bytes()));
-    return GatherToHost(backend_, world_, *I.comm, dev.data(), n);
+  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());  // the scratch's last user
+  // One family: the dense shards and the owned vectors, gathered and
+  // assembled into full tensors (the flat vectors go when it returns).
+  auto family = [&](const std::vector<float>& dense, const std::vector<float>& owned)
+      -> absl::StatusOr<std::vector<std::vector<float>>> {
+    PLATEAU_ASSIGN_OR_RETURN(std::vector<float> d, GatherThrough(backend_, world_, *I.comm, I.dense_grad, dense.data(),
+                                                                 /*src_on_host=*/true, S));
+    PLATEAU_ASSIGN_OR_RETURN(std::vector<float> o, GatherThrough(backend_, world_, *I.comm, I.dense_grad, owned.data(),
+                                                                 /*src_on_host=*/true, X));
+    return layout_.Assemble(d, o);
   };
   if (bf16) {
     // The fp32 masters, not their bf16 working copies.
-    PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dw, gather(mine.dense_master, S));
-    PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ew, gather(mine.owned_master, X));
-    st.weights = layout_.Assemble(dw, ew);
+    PLATEAU_ASSIGN_OR_RETURN(st.weights, family(mine.dense_master, mine.owned_master));
   }
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dm, gather(mine.dense_m, S));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> em, gather(mine.owned_m, X));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> dv, gather(mine.dense_v, S));
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<float> ev, gather(mine.owned_v, X));
-  st.m = layout_.Assemble(dm, em);
-  st.v = layout_.Assemble(dv, ev);
+  PLATEAU_ASSIGN_OR_RETURN(st.m, family(mine.dense_m, mine.owned_m));
+  PLATEAU_ASSIGN_OR_RETURN(st.v, family(mine.dense_v, mine.owned_v));
   st.step = step_;
   return st;
 }
 
+// Device memory: none. This rank's shard is cut from the caller's full
+// state on the host (ParamLayout::ShardFrom) and copied straight into the
+// launch-sized buffers: the owned working weights here, the masters and
+// moments by OptimizerUpdate::Load (device buffers, or the offloaded
+// optimizers' host state), whose refresh all-gathers in place into the
+// working dense weights. Host memory: the caller holds the full state on
+// every rank (worker/trainer.cc reads the checkpoint file on each), plus
+// this rank's shard of it here.
 absl::Status TrainingStep::LoadState(const ModelState& st) {
   Impl& I = *impl_;
   const size_t n = layout_.weights().size();

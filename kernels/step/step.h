@@ -22,7 +22,11 @@
 //
 // Every allocation is made by Create() except the dispatch buffers of
 // standard EP and LLEP, whose size depends on the routing (the baselines'
-// unbounded live set; PipelinedLLEP's are launch-sized).
+// unbounded live set; PipelinedLLEP's are launch-sized). The whole-model
+// views and the checkpoint (GatherWeights, GatherGrads, GatherState,
+// LoadState) allocate nothing on the device: the gathers move the state in
+// chunks through the full dense gradient buffer, idle between steps
+// (step.cc says why it is idle and how the chunk is sized).
 //
 // Thread safety: one TrainingStep per rank process; all methods are
 // collective (every rank calls them in the same order).
@@ -105,6 +109,9 @@ class TrainingStep {
   absl::StatusOr<std::vector<std::vector<float>>> GatherGrads();
   // The optimizer's state: the weights are the fp32 masters (in fp32 the
   // working weights themselves), so that LoadState resumes bit for bit.
+  // Every rank gets the full state in host memory (step.cc: what it takes).
+  // These gathers overwrite the dense gradient buffer (dead between steps:
+  // the next ForwardBackward zeroes it; GatherGrads reads the reduced shard).
   absl::StatusOr<ModelState> GatherState();
   // Collective: every rank passes the same full state (the working weights
   // are rn(master) under bf16).
