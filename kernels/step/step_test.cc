@@ -489,7 +489,9 @@ TEST_P(StepEvaluate, ForwardOnlyLossWithinThePlanChangingNothing) {
   }
   auto plan = PlanMemory(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  if (sco) ASSERT_GT(plan->host_total(), 0);
+  if (sco) {
+    ASSERT_GT(plan->host_total(), 0);
+  }
   Tensors<double> w = InitWeights<double>(m, 5);
   Tensors<double> unused;
   const double want = ReferenceLossAndGrads(m, w, held_out.tokens, held_out.targets, B, &unused);
