@@ -583,13 +583,12 @@ absl::Status ConvertPrecision(const v1::JobSpec& spec, Precision* out) {
 }
 
 // A job runs only where its precision is computed: under bf16 the step
-// computes standard EP, the dense projection, full checkpoints or SCO and
-// the device AdamW so far (CheckBf16Schedules, the step's own list: the
-// error names the schedule's field). Refused at submit (ValidateJobSpec,
+// computes every schedule but the CPU-offload AdamW, on every shape but
+// those CheckBf16Schedules lists (the step's own check at Create: one list;
+// the error names the field). Refused at submit (ValidateJobSpec,
 // AdmitJob), not by PlanJob, so that `plateauctl plan` shows what a bf16
-// job would need. The cpu backend computes bf16 (its exact emulation of the
-// CUDA kernels); a cuda rank refuses it until that backend's bf16 kernels
-// are complete (issue 17).
+// job would need. Both backends compute bf16 (the cpu's is an exact
+// emulation of the CUDA kernels' arithmetic).
 absl::Status CheckPrecisionRuns(const StepOptions& step) { return CheckBf16Schedules(step); }
 
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {

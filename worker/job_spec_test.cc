@@ -524,12 +524,24 @@ TEST(JobSpecTest, Bf16IsPlannedEverywhereAndRefusedWithUnfinishedSchedules) {
   EXPECT_EQ(AdmitJob(offload).status(), v);
   offload.set_precision(v1::PRECISION_FP32);
   EXPECT_TRUE(ValidateJobSpec(offload).ok()) << ValidateJobSpec(offload);
+  // A shape the bf16 step cannot take (more experts than the hidden size:
+  // the router's bf16 logit gradient borrows an [N, hidden] scratch):
+  // planned, refused at submit naming model.experts, fine in fp32.
+  v1::JobSpec wide = s;
+  wide.mutable_model()->set_experts(2 * s.model().hidden());
+  ASSERT_TRUE(PlanJob(wide).ok()) << PlanJob(wide).status();
+  const absl::Status e = ValidateJobSpec(wide);
+  EXPECT_EQ(e.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(e.message(), "model.experts: ")) << e;
+  EXPECT_EQ(AdmitJob(wide).status(), e);
+  wide.set_precision(v1::PRECISION_FP32);
+  EXPECT_TRUE(ValidateJobSpec(wide).ok()) << ValidateJobSpec(wide);
   // Explicit fp32 is the default's plan.
   s.set_precision(v1::PRECISION_FP32);
   EXPECT_TRUE(ValidateJobSpec(s).ok());
   EXPECT_EQ(PlanJob(s).value().total_bytes(), fp32_total);
-  // On the cuda backend a bf16 spec validates too (the rank's step refuses
-  // it until that backend computes bf16, issue 17).
+  // On the cuda backend a bf16 spec validates too (that backend computes
+  // bf16 as well).
   s.set_precision(v1::PRECISION_BF16);
   s.set_backend(v1::BACKEND_CUDA);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);

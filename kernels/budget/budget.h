@@ -83,9 +83,10 @@ ParamLayout LayoutOf(const StepOptions& options);
 // Which schedules the step computes in bf16 mixed precision (issue 17):
 // every schedule but the CPU-offload AdamW (standard EP, LLEP and
 // PipelinedLLEP, the dense projection and Ring-DTP, full checkpoints and
-// SCO, the device and OffloadStream AdamW). OK in fp32 or for those;
-// otherwise INVALID_ARGUMENT naming the job spec's schedule field
-// (schedule.cpu_offload_adamw).
+// SCO, the device and OffloadStream AdamW), and the shape it cannot take
+// (model.experts > model.hidden). OK in fp32 or for those; otherwise
+// INVALID_ARGUMENT naming the job spec's field (schedule.cpu_offload_adamw,
+// model.experts).
 // The step checks it at Create and the job spec at submit: one list.
 absl::Status CheckBf16Schedules(const StepOptions& options);
 

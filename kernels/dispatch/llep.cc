@@ -124,9 +124,11 @@ absl::Status Llep::ForwardT(const W* u, const int32_t* chosen, const float* gate
 template <typename W>
 absl::Status Llep::BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du, float* dgates,
                              const ExpertGradsT<W>& g) {
-  if (!forward_done_ || bf16_ != std::is_same_v<W, Bf16>) {
-    return absl::FailedPreconditionError("Llep::Backward needs the layer's Forward first");
+  if (bf16_ != std::is_same_v<W, Bf16>) {
+    return absl::InternalError(absl::StrCat("Llep: made for ", bf16_ ? "bf16" : "fp32", " rows, called with ",
+                                            bf16_ ? "fp32" : "bf16", " ones"));
   }
+  if (!forward_done_) return absl::FailedPreconditionError("Llep::Backward needs the layer's Forward first");
   LlepChunkRunnerT<W>& runner = Runner<W>();
   const LlepChunkMemoryT<W>& mem = Mem<W>();
   // The forward's x, gate, up, act and returned outputs are still held.
