@@ -33,7 +33,10 @@
 // Under Ring-DTP the projection's dX / dW accumulate strip by strip, one
 // rounding per strip tile's GEMM: at most ceil(V / strip) + P more on the
 // gradient chain (the strips of every shard; K_f is unchanged: each logit
-// is still one rounding).
+// is still one rounding). A dW strip also rounds once per batch it meets
+// and row tile, P ceil(N / row_tile) more (and weight mode's home sum
+// once): N here is under one row tile, so the tests count ceil(V / strip)
+// + P.
 // So |loss_bf16 - loss_fp32| <= ((1 + u)^K_f - 1) loss_fp32 and the same
 // with K_g for the gradient norm; two bf16 runs at P = 1 and P = 2 differ
 // by at most the sum of their bounds. The tests print the observed ratios.
