@@ -452,6 +452,10 @@ TEST(JobSpecTest, PlanWithoutADeviceCapSaysWhyThereIsNoNMax) {
 
 // The search stays within the spec's limits (CheckSize on every candidate)
 // and is cheap on the RPC thread, for the deepest model the spec accepts.
+// The time limits guard against a search gone linear in N (minutes), not a
+// speed target: they hold on a loaded 2-core machine under AddressSanitizer
+// (a clean-clone CI run measured 1.10 s and 1.74 s there; the four-`auto`
+// plan takes 0.23 s in a plain build on a quiet machine).
 TEST(JobSpecTest, NMaxOfTheDeepestModelIsQuick) {
   v1::JobSpec s = Good();
   s.mutable_model()->set_layers(4096);
@@ -460,7 +464,7 @@ TEST(JobSpecTest, NMaxOfTheDeepestModelIsQuick) {
   auto plan = PlanJob(s);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_GT(plan->n_max().batch().batch(), 0) << plan->n_max().batch().detail();
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
   // With all four settings `auto`, chosen again at every N searched (the
   // chooser plans each candidate): a few times that, still well inside an
   // RPC's deadline.
@@ -482,7 +486,7 @@ TEST(JobSpecTest, NMaxOfTheDeepestModelIsQuick) {
     EXPECT_EQ(auto_plan->n_max().batch().auto_settings_size(), 4);
     const absl::Duration took = absl::Now() - t1;
     std::printf("4096 layers, four `auto` settings: PlanJob %s\n", absl::FormatDuration(took).c_str());
-    EXPECT_LT(took, absl::Seconds(5));
+    EXPECT_LT(took, absl::Seconds(30));
   }
   // Huge caps: the spec's limits, not an overflow, end the search.
   s.mutable_model()->set_layers(2);
