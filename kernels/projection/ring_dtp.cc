@@ -136,15 +136,18 @@ int64_t RingDtp::PackedCount(int64_t N, bool with_lse) const {
 }
 
 // This rank's own batch (its X and targets, and with `lse` its log-sum-exp)
-// copied into `slot`, to leave on its first hop in one message.
+// copied into `slot`, to leave on its first hop in one message. On the
+// communication stream, after a CommAfterCompute (X, targets and lse are
+// ready, and nothing on the compute stream still reads the slot): the copy
+// runs beside the first meeting's GEMMs instead of before them, and the
+// in-order comm stream sends the slot only after it is filled.
 template <typename W>
 absl::Status RingDtp::PackOwnBatch(const W* x, const int32_t* targets, const float* lse, int64_t N, W* slot) {
   const int64_t H = config_.hidden;
-  PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, slot, x, N * H * sizeof(W)));
-  PLATEAU_RETURN_IF_ERROR(
-      backend_.Copy(compute_, PackedTargets(slot, N), targets, N * sizeof(int32_t)));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_, slot, x, N * H * sizeof(W)));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_, PackedTargets(slot, N), targets, N * sizeof(int32_t)));
   if (lse != nullptr) {
-    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, PackedLse(slot, N), lse, N * kF));
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_, PackedLse(slot, N), lse, N * kF));
   }
   return absl::OkStatus();
 }
@@ -270,12 +273,12 @@ absl::Status RingDtp::ForwardPass(const W* x, const W* w_shard, const int32_t* t
     const W* xq = x;
     const int32_t* tq = targets;
     const W* packed = b.slots[2].as<W>();
-    if (P > 1) PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, nullptr, N, b.slots[2].as<W>()));
     float* state = own_state;
     for (int r = 0; r < P; ++r) {
       W* x_next = b.slots[r % 2].as<W>();
       if (r + 1 < P) {
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+        if (r == 0) PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, nullptr, N, b.slots[2].as<W>()));
         PLATEAU_RETURN_IF_ERROR(
             group_.SendRecv(comm_, packed, words, dst, x_next, words, src, kPackedWire<W>));
       }
@@ -331,15 +334,15 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
   // after that send (the communication stream runs in order).
   const int64_t words = PackedCount<W>(N, /*with_lse=*/true);
   const W* packed = b.slots[spare].as<W>();
-  if (!weights) {
-    PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, lse_own, N, b.slots[spare].as<W>()));
-  }
   for (int r = 0; r < P; ++r) {
     const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
     W* acc = b.slots[acc_slot].as<W>();
     W* next = b.slots[free_slot].as<W>();
     if (r + 1 < P) {
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+      if (!weights && r == 0) {
+        PLATEAU_RETURN_IF_ERROR(PackOwnBatch(x, targets, lse_own, N, b.slots[spare].as<W>()));
+      }
       if (weights) {
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, ShardRows(s) * H, dst, next,
                                                 ShardRows((s - 1 + P) % P) * H, src, kWire<W>));
