@@ -120,6 +120,20 @@ StepsRun Steps(const StepOptions& o, const GlobalBatch& g, int steps) {
   return run;
 }
 
+// Two runs of `steps` steps gave the same bits: every step's loss and
+// gradient norm, and the whole state gathered after them.
+void ExpectSameBits(const StepsRun& a, const StepsRun& b, size_t steps) {
+  ASSERT_EQ(a.stats.size(), steps);
+  ASSERT_EQ(b.stats.size(), steps);
+  for (size_t i = 0; i < steps; ++i) {
+    EXPECT_EQ(a.stats[i].loss, b.stats[i].loss) << "step " << i;
+    EXPECT_EQ(a.stats[i].grad_norm, b.stats[i].grad_norm) << "step " << i;
+  }
+  EXPECT_EQ(a.state.weights, b.state.weights);
+  EXPECT_EQ(a.state.m, b.state.m);
+  EXPECT_EQ(a.state.v, b.state.v);
+}
+
 // Planned == measured, live set by live set, device and host, on every
 // rank, for a whole optimizer step (forward, the backward's recomputation,
 // AdamW) in bf16: the launch-sized sets to the byte, standard EP's
@@ -218,15 +232,7 @@ TEST(StepBf16, ScoAndOffloadStreamAreBitwiseTheBaseline) {
   const StepOptions base = Options(m, 2, 2, Precision::kBf16Mixed);
   const StepsRun a = Steps(base, g, 3);
   const StepsRun b = Steps(WithStack(base, Stack::kScoOffloadStream), g, 3);
-  ASSERT_EQ(a.stats.size(), 3u);
-  ASSERT_EQ(b.stats.size(), 3u);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(a.stats[i].loss, b.stats[i].loss) << "step " << i;
-    EXPECT_EQ(a.stats[i].grad_norm, b.stats[i].grad_norm) << "step " << i;
-  }
-  EXPECT_EQ(a.state.weights, b.state.weights);
-  EXPECT_EQ(a.state.m, b.state.m);
-  EXPECT_EQ(a.state.v, b.state.v);
+  ExpectSameBits(a, b, 3);
 }
 
 // Rank 0's gathered gradients after one ForwardBackward (working
@@ -452,15 +458,7 @@ TEST(StepBf16, SameBitsRunToRun) {
   const StepOptions o = Options(m, 2, 2, Precision::kBf16Mixed);
   const StepsRun a = Steps(o, g, 3);
   const StepsRun b = Steps(o, g, 3);
-  ASSERT_EQ(a.stats.size(), 3u);
-  ASSERT_EQ(b.stats.size(), 3u);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(a.stats[i].loss, b.stats[i].loss) << "step " << i;
-    EXPECT_EQ(a.stats[i].grad_norm, b.stats[i].grad_norm) << "step " << i;
-  }
-  EXPECT_EQ(a.state.weights, b.state.weights);
-  EXPECT_EQ(a.state.m, b.state.m);
-  EXPECT_EQ(a.state.v, b.state.v);
+  ExpectSameBits(a, b, 3);
 }
 
 // A bf16 checkpoint resumes bit for bit: GatherState holds the fp32 masters
