@@ -276,14 +276,24 @@ TEST(MultiNodeTest, APartitionedHostIsFencedAndTheJobRestartsOnTheOthers) {
   const int64_t resumed_at = second.begin()->first - 1;
   EXPECT_EQ(resumed_at % 5, 0);
   EXPECT_GE(resumed_at, 10);
-  int compared = 0;
+  // Attempt 0 may have checkpointed one step past the last step the
+  // coordinator heard of: rank 0 writes step S's checkpoint after step S, and
+  // the cut can swallow its report of S (its next step waits on the other
+  // host). Then the two attempts share no step and there is nothing to
+  // compare here (fault_test's restart test compares a restart's losses).
+  ASSERT_FALSE(first.empty());
+  EXPECT_LE(resumed_at, first.rbegin()->first + 1) << "attempt 0 checkpointed steps the coordinator never heard of";
+  int compared = 0, overlap = 0;
+  for (const auto& [step, loss] : first) overlap += step > resumed_at;
   for (const auto& [step, loss] : second) {
     if (first.count(step)) {
       EXPECT_EQ(first.at(step), loss) << "step " << step;
       ++compared;
     }
   }
-  EXPECT_GT(compared, 0) << "attempt 1 recomputed no step of attempt 0";
+  EXPECT_EQ(compared, overlap) << "attempt 1 did not recompute every step attempt 0 reported past its checkpoint";
+  std::printf("attempt 1 resumed at step %lld and recomputed %d steps of attempt 0 to the bit\n",
+              static_cast<long long>(resumed_at), compared);
   EXPECT_EQ(second.rbegin()->first, kSteps);
   for (int i = 0; i < 3; ++i) {
     if (i == victim) continue;
