@@ -842,6 +842,12 @@ void Coordinator::ExpireWorkers() {
   // One loss at a time: the next lost worker is still registered while the
   // attempts on this one are stopped (StopRanks withdraws its assignments).
   for (const std::string& id : registry_.Expired(now)) {
+    {
+      // Its heartbeat arrived and waits for mu_ (held by a slow store
+      // write): alive; the heartbeat renews it once handled.
+      absl::MutexLock inflight(&inflight_mu_);
+      if (inflight_beats_.count(id) > 0) continue;
+    }
     const std::string why = registry_.Remove(id, now);
     metrics_->ForgetWorker(id);
     std::vector<int64_t> touched;
@@ -1160,6 +1166,22 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  // Counted as in flight from its arrival until it is handled (see
+  // inflight_beats_): the entry lives only as long as this call, so the map
+  // holds at most one entry per concurrent request.
+  {
+    absl::MutexLock arrived(&inflight_mu_);
+    ++inflight_beats_[request.worker_id()];
+  }
+  struct Handled {
+    Coordinator* c;
+    const std::string& id;
+    ~Handled() {
+      absl::MutexLock done(&c->inflight_mu_);
+      auto it = c->inflight_beats_.find(id);
+      if (--it->second == 0) c->inflight_beats_.erase(it);
+    }
+  } handled{this, request.worker_id()};
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
   Worker* found = registry_.FindAttached(request.worker_id());

@@ -253,6 +253,15 @@ class Coordinator {
   absl::Time next_sweep_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
+  // Heartbeats that have arrived and wait for mu_, by worker id (a count:
+  // a retry may overlap its predecessor). mu_ is held across store writes,
+  // which can stall for seconds on a busy disk (SQLite's busy timeout is
+  // 5 s); a worker whose heartbeat waits on the coordinator is alive, and
+  // ExpireWorkers must not declare it lost for the coordinator's own delay.
+  // Its own small lock, taken before mu_ and never while holding it
+  // except in ExpireWorkers (inflight_mu_ is always the inner lock).
+  absl::Mutex inflight_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, int> inflight_beats_ ABSL_GUARDED_BY(inflight_mu_);
   std::thread thread_;
 };
 

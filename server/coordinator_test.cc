@@ -485,6 +485,36 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
 
 // One event per step of the whole job; a restarted coordinator neither
 // loses the steps some ranks had reported nor writes a step event twice.
+// mu_ is held across store writes, and a write waiting on a busy database
+// holds it for as long (up to SQLite's 5 s busy timeout, far past the worker
+// timeout). A heartbeat that arrived meanwhile shows the worker alive: the
+// coordinator's own stall must not declare it lost. (Without the in-flight
+// count this fails whenever the tick takes the lock before the heartbeat.)
+TEST_F(CoordinatorTest, AHeartbeatWaitingOnASlowStoreWriteKeepsItsWorker) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::string second;
+  std::thread writer([&] { second = Submit(DemoJobSpec(2, 5)); });  // waits on the database, holding mu_
+  absl::SleepFor(absl::Milliseconds(100));
+  absl::StatusOr<v1::HeartbeatResponse> beat;
+  std::thread heartbeat([&] { beat = Heartbeat(w); });  // arrives, waits for mu_
+  // Three worker timeouts (300 ms) with the lock held.
+  absl::SleepFor(absl::Milliseconds(900));
+  ASSERT_EQ(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  writer.join();
+  heartbeat.join();
+  EXPECT_FALSE(second.empty()) << "the write waited and went through";
+  EXPECT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(Get(job).state(), v1::RUNNING);
+  EXPECT_THAT(Said(), ::testing::Not(HasSubstr(w + " lost"))) << Said();
+  // It is still registered: the next heartbeat is answered.
+  EXPECT_TRUE(Heartbeat(w).ok());
+}
+
 TEST_F(CoordinatorTest, StepEventsSurviveARestartWithoutLossOrRepeat) {
   const std::string job = Submit(DemoJobSpec(2, 10));
   const std::string w = RunningJob(job);
