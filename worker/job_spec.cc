@@ -583,9 +583,9 @@ absl::Status ConvertPrecision(const v1::JobSpec& spec, Precision* out) {
 }
 
 // A job runs only where its precision is computed: under bf16 the step
-// computes every schedule but the CPU-offload AdamW, on every shape but
-// those CheckBf16Schedules lists (the step's own check at Create: one list;
-// the error names the field). Refused at submit (ValidateJobSpec,
+// computes every schedule, on every shape but those CheckBf16Schedules
+// lists (the step's own check at Create: one list; the error names the
+// field). Refused at submit (ValidateJobSpec,
 // AdmitJob), not by PlanJob, so that `plateauctl plan` shows what a bf16
 // job would need. Both backends compute bf16 (the cpu's is an exact
 // emulation of the CUDA kernels' arithmetic).

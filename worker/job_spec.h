@@ -35,8 +35,9 @@ absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec);
 
 
 // Validates every field (ToTrainerOptions and ToBackendOptions succeed), and
-// that the backend computes the spec's precision (bf16 is refused on backend
-// cpu, naming `precision`).
+// that the step computes the spec's precision on its shape (under bf16 a
+// shape CheckBf16Schedules lists is refused, naming its field:
+// model.experts above model.hidden).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
 // Validates the spec and plans each rank's device and host bytes per live
@@ -45,8 +46,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 // With a device cap, also N_max (the largest batch and the longest context
 // that fit both caps) and the what-if table (kernels/budget/n_max.h),
 // within the spec's own limits on layout.batch and model.seq_len. A bf16
-// spec with a schedule not yet computed in bf16 is planned (what it would
-// need) though ValidateJobSpec and AdmitJob refuse it.
+// spec with a shape the bf16 step cannot take (CheckBf16Schedules) is
+// planned (what it would need) though ValidateJobSpec and AdmitJob refuse
+// it.
 // The spec's `auto` settings (worker/auto_spec.h) are chosen first, on the
 // context's calibration, and everything is planned at their values
 // (MemoryPlan.auto_settings, .calibration); RESOURCE_EXHAUSTED when no

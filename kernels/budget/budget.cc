@@ -120,26 +120,20 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
 
 absl::Status CheckBf16Schedules(const StepOptions& o) {
   if (o.precision != Precision::kBf16Mixed) return absl::OkStatus();
-  const char* field = nullptr;
-  if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kCpuOffload) field = "schedule.cpu_offload_adamw";
-  if (field == nullptr) {
-    // Shapes the bf16 step cannot take. The router's logit gradient [N, E]
-    // (fp32) is converted to bf16 for its two GEMMs into the step's `tmp`
-    // [N, H], idle there: no buffer of its own, so E <= H.
-    if (o.model.experts > o.model.hidden) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.experts: expected at most model.hidden = ", o.model.hidden,
-          " under precision bf16 (the router's bf16 logit gradient lives in an [N, hidden] scratch), got ",
-          o.model.experts));
-    }
-    // (Ring-DTP's bf16 activation mode also needs an even hidden, which
-    // every valid model has: hidden = heads x an even head dimension,
-    // ValidateModel; RingDtp::Create keeps its own check for direct use.)
-    return absl::OkStatus();
+  // Every schedule computes bf16; what remains are shapes the bf16 step
+  // cannot take. The router's logit gradient [N, E] (fp32) is converted to
+  // bf16 for its two GEMMs into the step's `tmp` [N, H], idle there: no
+  // buffer of its own, so E <= H.
+  if (o.model.experts > o.model.hidden) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.experts: expected at most model.hidden = ", o.model.hidden,
+        " under precision bf16 (the router's bf16 logit gradient lives in an [N, hidden] scratch), got ",
+        o.model.experts));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": not computed in bf16 mixed precision yet (issue 17); with precision bf16 use standard_ep, llep or "
-      "pipelined_llep, dense or ring_dtp, full_checkpoints or sco, and device_adamw or offload_stream_adamw, or precision fp32"));
+  // (Ring-DTP's bf16 activation mode also needs an even hidden, which
+  // every valid model has: hidden = heads x an even head dimension,
+  // ValidateModel; RingDtp::Create keeps its own check for direct use.)
+  return absl::OkStatus();
 }
 
 RingDtpConfig RingDtpConfigOf(const StepOptions& o) {

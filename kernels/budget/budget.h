@@ -80,13 +80,12 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options, const 
 // ZeRO-sharded dense weights otherwise.
 ParamLayout LayoutOf(const StepOptions& options);
 
-// Which schedules the step computes in bf16 mixed precision (issue 17):
-// every schedule but the CPU-offload AdamW (standard EP, LLEP and
-// PipelinedLLEP, the dense projection and Ring-DTP, full checkpoints and
-// SCO, the device and OffloadStream AdamW), and the shape it cannot take
-// (model.experts > model.hidden). OK in fp32 or for those; otherwise
-// INVALID_ARGUMENT naming the job spec's field (schedule.cpu_offload_adamw,
-// model.experts).
+// What the step cannot take in bf16 mixed precision (issue 17). Every
+// schedule computes bf16 (standard EP, LLEP and PipelinedLLEP, the dense
+// projection and Ring-DTP, full checkpoints and SCO, the device,
+// OffloadStream and CPU-offload AdamW); one shape does not: model.experts >
+// model.hidden. OK in fp32 or for every other shape; otherwise
+// INVALID_ARGUMENT naming the job spec's field (model.experts).
 // The step checks it at Create and the job spec at submit: one list.
 absl::Status CheckBf16Schedules(const StepOptions& options);
 

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/checkpoints/checkpoints_plan.h"
@@ -159,12 +160,34 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOff) {
   EXPECT_EQ(at(LiveSet::kWorkspace), 2 * 8 + 2 * 4);
   EXPECT_EQ(plan.host_total(), 0);
   // The CPU-offload baseline: nothing on the device; on the host fp32
-  // parameters, m and v and the bf16 gradients copied down, per value of
-  // S + X.
+  // parameters (the dense and the owned weights' masters), m and v and the
+  // bf16 gradients copied down (which carry the working copies back up),
+  // per value of S + X. The step computes it in bf16 (issue 17).
   o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload;
   const MemoryPlan offload = PlanMemory(o).value();
   EXPECT_EQ(offload.bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
   EXPECT_EQ(offload.host_bytes[static_cast<int>(LiveSet::kOptimizer)], (3 * 4 + 2) * (1384 + 4608));
+  EXPECT_TRUE(CheckBf16Schedules(o).ok()) << CheckBf16Schedules(o);
+}
+
+// Under bf16 every schedule runs; the one shape refused names its field,
+// and fp32 takes it.
+TEST(BudgetTest, CheckBf16SchedulesRefusesOnlyTooManyExperts) {
+  StepOptions o;
+  o.model = TinyModel();
+  o.layout = {2, 2};
+  o.precision = Precision::kBf16Mixed;
+  using Kind = OptimizerPlacementOptions::Kind;
+  for (Kind k : {Kind::kDevice, Kind::kOffloadStream, Kind::kCpuOffload}) {
+    o.optimizer_placement.kind = k;
+    EXPECT_TRUE(CheckBf16Schedules(o).ok()) << static_cast<int>(k);
+  }
+  o.model.experts = o.model.hidden + 2;
+  const absl::Status s = CheckBf16Schedules(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(s.message(), "model.experts: ")) << s;
+  o.precision = Precision::kFp32;
+  EXPECT_TRUE(CheckBf16Schedules(o).ok());
 }
 
 // The same shape with all four schedules on. Under Ring-DTP the lm_head is

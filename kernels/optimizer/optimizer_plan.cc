@@ -7,8 +7,9 @@
 namespace plateau {
 
 OptimizerBytes CpuOffloadAdamWBytes(int64_t shard_numel, int64_t owned_numel, const ElementBytes& e) {
-  // Parameters (the dense master; the owned weights' staging copy), m, v in
-  // fp32, and the gradients as the device holds them.
+  // Parameters (the dense master; the owned weights' staging copy in fp32,
+  // their master in bf16), m, v in fp32, and the gradients as the device
+  // holds them (in bf16 also the working copies going up).
   return {0, (3 * e.master + e.working) * (shard_numel + owned_numel)};
 }
 

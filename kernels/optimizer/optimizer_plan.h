@@ -33,9 +33,11 @@ struct OptimizerBytes {
 };
 
 // The CPU-offload baseline: nothing on the device; on the host the
-// parameters [S + X] (the dense master, and a staging copy of the owned
-// weights, which stay authoritative on the device), m and v [S + X] and the
-// gradients copied down [S + X] (in the working precision).
+// parameters [S + X] (the dense master, and for the owned weights in fp32 a
+// staging copy, since they stay authoritative on the device, in bf16 mixed
+// their fp32 master), m and v [S + X] and the gradients copied down
+// [S + X] (in the working precision; in bf16 the same buffer carries the
+// working copies rn(master) back up).
 OptimizerBytes CpuOffloadAdamWBytes(int64_t shard_numel, int64_t owned_numel,
                                     const ElementBytes& e = kFp32Elements);
 

@@ -9,6 +9,12 @@
 // - a state saved under one placement and loaded into another gives the
 //   same next step;
 // - measured device and host optimizer peaks equal the plan;
+// - bf16 mixed (issue 17): the same three with fp32 masters (dense and
+//   owned) stepped by bf16 gradients and bf16 working copies rn(master):
+//   each against the reference on the loaded gradients, the stream and the
+//   CPU-offload baseline bitwise the device placement (masters, moments
+//   and working bits), a state moving between placements, the plan's
+//   bytes;
 // - bad options name the spec field.
 #include <cmath>
 #include <functional>
@@ -25,6 +31,7 @@
 #include "kernels/optimizer/offload_stream_adamw.h"
 #include "kernels/optimizer/optimizer_plan.h"
 #include "kernels/status_macros.h"
+#include "kernels/testing/bf16_testing.h"
 #include "kernels/testing/local_world.h"
 
 namespace plateau {
@@ -84,20 +91,22 @@ struct RankResult {
   MemoryStats device, host;
 };
 
+// W: float (fp32), or Bf16 (bf16 mixed: the placements' bf16 instantiations).
+template <typename W>
 absl::StatusOr<std::unique_ptr<OptimizerUpdate>> Make(const Placement& p, const OptimizerConfig& c,
-                                                      const OptimizerParams& params, Backend& be,
+                                                      const OptimizerParamsT<W>& params, Backend& be,
                                                       Communicator& world, Stream& s) {
   switch (p.kind) {
     case Kind::kDevice:
-      return DeviceAdamW::Create(c, params, be, world, s);
+      return DeviceAdamWT<W>::Create(c, params, be, world, s);
     case Kind::kCpuOffload:
-      return CpuOffloadAdamW::Create(c, params, be, world, s, /*threads=*/3);
+      return CpuOffloadAdamWT<W>::Create(c, params, be, world, s, /*threads=*/3);
     case Kind::kOffloadStream: {
       OptimizerPlacementOptions o;
       o.kind = Kind::kOffloadStream;
       o.bucket_params = p.bucket;
       o.staging_slots = p.slots;
-      return OffloadStreamAdamW::Create(c, o, params, be, world, s);
+      return OffloadStreamAdamWT<W>::Create(c, o, params, be, world, s);
     }
   }
   return absl::InternalError("placement");
@@ -259,6 +268,190 @@ TEST(OptimizerTest, StateMovesBetweenPlacements) {
   ExpectSameBits(RunUpdates(2, c, clips, stream, &device), stay, "stream -> device");
   ExpectSameBits(RunUpdates(2, c, clips, stream, &cpu), stay, "stream -> cpu-offload");
   ExpectSameBits(RunUpdates(2, c, clips, cpu, &stream), stay, "cpu-offload -> stream");
+}
+
+// --- bf16 mixed precision (issue 17) ---------------------------------------
+// The step's bf16 buffers: working dense weights [S * P], owned weights [X]
+// and both gradients in bf16; the masters (dense and owned) and moments fp32
+// in the optimizer. The inputs are RankInputs' with the owned weights as
+// their fp32 master and the gradients rounded to bf16 (what the step's
+// reduce-scatter leaves).
+struct Bf16Result {
+  OptimizerShardState state;
+  std::vector<uint16_t> owned, working;  // bf16 bits
+  MemoryStats device, host;
+};
+
+OptimizerShardState Bf16InitialState(const RankInputs& in) {
+  OptimizerShardState st = in.state;
+  st.owned_master = in.owned;
+  return st;
+}
+
+std::vector<Bf16Result> RunUpdatesBf16(int P, const OptimizerConfig& config, const std::vector<float>& clips,
+                                       const Placement& first, const Placement* second = nullptr) {
+  std::vector<Bf16Result> out(P);
+  const absl::Status st = RunLocalWorld(P, 16 << 20, FreshStoreDir("opt-bf16"), [&](int r, Backend& be,
+                                                                                     Communicator& world) {
+    const RankInputs in = Inputs(r);
+    const int64_t h = sizeof(Bf16);
+    PLATEAU_ASSIGN_OR_RETURN(Buffer working, be.device().Allocate(LiveSet::kWeights, kS * P * h));
+    PLATEAU_ASSIGN_OR_RETURN(Buffer owned, be.device().Allocate(LiveSet::kWeights, kX * h));
+    PLATEAU_ASSIGN_OR_RETURN(Buffer dgrad, be.device().Allocate(LiveSet::kGrads, kS * h));
+    PLATEAU_ASSIGN_OR_RETURN(Buffer ograd, be.device().Allocate(LiveSet::kGrads, kX * h));
+    PLATEAU_ASSIGN_OR_RETURN(auto stream, be.CreateStream("opt"));
+    // NaN bits in the working buffers: every element must be written.
+    const std::vector<Bf16> nan_s(kS * P, Bf16{0x7fff}), nan_x(kX, Bf16{0x7fff});
+    PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, working.data(), nan_s.data(), kS * P * h));
+    PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, owned.data(), nan_x.data(), kX * h));
+    OptimizerParamsT<Bf16> params{working.as<Bf16>(), owned.as<Bf16>(), dgrad.as<Bf16>(), ograd.as<Bf16>(), kS, kX};
+    be.device().tracker().ResetPeaks();
+    be.host().tracker().ResetPeaks();
+    PLATEAU_ASSIGN_OR_RETURN(auto opt, Make(first, config, params, be, world, *stream));
+    PLATEAU_RETURN_IF_ERROR(opt->Load(Bf16InitialState(in)));
+    for (size_t k = 0; k < clips.size(); ++k) {
+      if (k == 1 && second != nullptr) {
+        PLATEAU_ASSIGN_OR_RETURN(OptimizerShardState saved, opt->Save());
+        opt.reset();
+        PLATEAU_ASSIGN_OR_RETURN(opt, Make(*second, config, params, be, world, *stream));
+        PLATEAU_RETURN_IF_ERROR(opt->Load(saved));
+      }
+      const std::vector<Bf16> dg = Rounded(in.dense_grad[k]), og = Rounded(in.owned_grad[k]);
+      PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, dgrad.data(), dg.data(), kS * h));
+      PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, ograd.data(), og.data(), kX * h));
+      PLATEAU_RETURN_IF_ERROR(opt->Update(clips[k], /*step=*/static_cast<int64_t>(k) + 4));
+    }
+    Bf16Result& res = out[r];
+    PLATEAU_ASSIGN_OR_RETURN(res.state, opt->Save());
+    std::vector<Bf16> o(kX), w(kS * P);
+    PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, o.data(), owned.data(), kX * h));
+    PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, w.data(), working.data(), kS * P * h));
+    res.owned = Bits(o);
+    res.working = Bits(w);
+    res.device = be.device().tracker().Snapshot();
+    res.host = be.host().tracker().Snapshot();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+// The fp32 masters against the double reference on the loaded bf16
+// gradients (fp32 rounding: the masters never leave fp32), and the working
+// copies are the masters rounded once: every rank's dense region on every
+// rank, and the owned weights.
+void ExpectBf16MatchesReference(const std::vector<Bf16Result>& got, int P, const OptimizerConfig& c,
+                                const std::vector<float>& clips, const std::string& what) {
+  for (int r = 0; r < P; ++r) {
+    const RankInputs in = Inputs(r);
+    for (bool owned : {false, true}) {
+      const int64_t n = owned ? kX : kS;
+      double max_err = 0, scale = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double p = owned ? in.owned[i] : in.state.dense_master[i];
+        double m = owned ? in.state.owned_m[i] : in.state.dense_m[i];
+        double v = owned ? in.state.owned_v[i] : in.state.dense_v[i];
+        for (size_t k = 0; k < clips.size(); ++k) {
+          ReferenceStep(&p, RoundToBf16(owned ? in.owned_grad[k][i] : in.dense_grad[k][i]), &m, &v, c,
+                        static_cast<int64_t>(k) + 4, clips[k]);
+        }
+        const double got_p = owned ? got[r].state.owned_master[i] : got[r].state.dense_master[i];
+        max_err = std::max(max_err, std::abs(got_p - p));
+        scale = std::max(scale, std::abs(p));
+        const double got_m = owned ? got[r].state.owned_m[i] : got[r].state.dense_m[i];
+        const double got_v = owned ? got[r].state.owned_v[i] : got[r].state.dense_v[i];
+        ASSERT_NEAR(got_m, m, 1e-6 * (std::abs(m) + 1e-3)) << what << " rank " << r << " m[" << i << "]";
+        ASSERT_NEAR(got_v, v, 1e-5 * v + 1e-12) << what << " rank " << r << " v[" << i << "]";
+      }
+      EXPECT_LE(max_err, 1e-6 * scale) << what << " rank " << r << (owned ? " owned" : " dense");
+    }
+    EXPECT_EQ(got[r].owned, RoundedBits(got[r].state.owned_master)) << what << " rank " << r << " owned";
+    for (int q = 0; q < P; ++q) {
+      const std::vector<uint16_t> slice(got[r].working.begin() + q * kS, got[r].working.begin() + (q + 1) * kS);
+      EXPECT_EQ(slice, RoundedBits(got[q].state.dense_master)) << what << ": rank " << r << "'s copy of rank " << q;
+    }
+  }
+}
+
+void ExpectSameBits(const std::vector<Bf16Result>& a, const std::vector<Bf16Result>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t r = 0; r < a.size(); ++r) {
+    EXPECT_EQ(a[r].state.dense_master, b[r].state.dense_master) << what << " rank " << r;
+    EXPECT_EQ(a[r].state.owned_master, b[r].state.owned_master) << what << " rank " << r;
+    EXPECT_EQ(a[r].state.dense_m, b[r].state.dense_m) << what << " rank " << r;
+    EXPECT_EQ(a[r].state.dense_v, b[r].state.dense_v) << what << " rank " << r;
+    EXPECT_EQ(a[r].state.owned_m, b[r].state.owned_m) << what << " rank " << r;
+    EXPECT_EQ(a[r].state.owned_v, b[r].state.owned_v) << what << " rank " << r;
+    EXPECT_EQ(a[r].owned, b[r].owned) << what << " rank " << r;
+    EXPECT_EQ(a[r].working, b[r].working) << what << " rank " << r;
+  }
+}
+
+class PlacementsBf16 : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+// Every placement steps the fp32 masters as the reference does, and the
+// streamed and CPU-offload placements are bitwise the device one (on the
+// CPU backend all three run cpu::AdamW on the exactly loaded gradients and
+// round the same masters); each within its plan for bf16.
+TEST_P(PlacementsBf16, EachMatchesTheReferenceAndIsBitwiseTheDevice) {
+  const auto [P, clip_on] = GetParam();
+  OptimizerConfig c;
+  c.lr = 1e-2f;
+  c.weight_decay = 0.1f;
+  const std::vector<float> clips = clip_on ? std::vector<float>{0.37f, 0.81f} : std::vector<float>{1.0f, 1.0f};
+  const std::vector<Bf16Result> device = RunUpdatesBf16(P, c, clips, {Kind::kDevice});
+  ExpectBf16MatchesReference(device, P, c, clips, "device");
+  const std::vector<Bf16Result> cpu = RunUpdatesBf16(P, c, clips, {Kind::kCpuOffload});
+  ExpectBf16MatchesReference(cpu, P, c, clips, "cpu-offload");
+  ExpectSameBits(cpu, device, "bf16 cpu-offload vs device");
+  const Placement stream{Kind::kOffloadStream, 333, 2};
+  ExpectSameBits(RunUpdatesBf16(P, c, clips, stream), device, "bf16 " + stream.Name());
+  for (int r = 0; r < P; ++r) {
+    EXPECT_EQ(device[r].device.peak_of(LiveSet::kOptimizer), DeviceAdamWBytes(kS, kX, kBf16MixedElements));
+    EXPECT_EQ(device[r].host.peak_of(LiveSet::kOptimizer), 0);
+    EXPECT_EQ(cpu[r].device.peak_of(LiveSet::kOptimizer), 0);
+    EXPECT_EQ(cpu[r].host.peak_of(LiveSet::kOptimizer), CpuOffloadAdamWBytes(kS, kX, kBf16MixedElements).host);
+    // 3 fp32 values and 1 bf16 per parameter: less than fp32's 4 x 4.
+    EXPECT_EQ(cpu[r].host.peak_of(LiveSet::kOptimizer), 14 * (kS + kX));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksClip, PlacementsBf16, ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()));
+
+// A bf16 state (with the owned weights' master) taken under one placement
+// resumes under another: the next step is bitwise the one that never switched.
+TEST(OptimizerTest, Bf16StateMovesBetweenPlacements) {
+  OptimizerConfig c;
+  c.weight_decay = 0.05f;
+  const std::vector<float> clips = {0.5f, 1.0f};
+  const Placement device{Kind::kDevice}, stream{Kind::kOffloadStream, 300, 2}, cpu{Kind::kCpuOffload};
+  const std::vector<Bf16Result> stay = RunUpdatesBf16(2, c, clips, device);
+  ExpectSameBits(RunUpdatesBf16(2, c, clips, device, &cpu), stay, "device -> cpu-offload");
+  ExpectSameBits(RunUpdatesBf16(2, c, clips, cpu, &device), stay, "cpu-offload -> device");
+  ExpectSameBits(RunUpdatesBf16(2, c, clips, stream, &cpu), stay, "stream -> cpu-offload");
+  ExpectSameBits(RunUpdatesBf16(2, c, clips, cpu, &stream), stay, "cpu-offload -> stream");
+}
+
+// Under bf16 the owned weights' master is part of the state: a state
+// without it (an fp32 one) is refused naming it, by every placement.
+TEST(OptimizerTest, ABf16StateWithoutTheOwnedMasterIsRefused) {
+  const absl::Status st = RunLocalWorld(1, 16 << 20, FreshStoreDir("opt-bf16-bad"), [&](int, Backend& be,
+                                                                                         Communicator& world) {
+    PLATEAU_ASSIGN_OR_RETURN(Buffer w, be.device().Allocate(LiveSet::kWeights, (2 * kS + 2 * kX) * 2));
+    Bf16* base = w.as<Bf16>();
+    OptimizerParamsT<Bf16> params{base, base + kS, base + kS + kX, base + 2 * kS + kX, kS, kX};
+    PLATEAU_ASSIGN_OR_RETURN(auto stream, be.CreateStream("opt"));
+    for (const Placement& p : {Placement{Kind::kDevice}, Placement{Kind::kCpuOffload},
+                               Placement{Kind::kOffloadStream, 100, 2}}) {
+      PLATEAU_ASSIGN_OR_RETURN(auto opt, Make(p, OptimizerConfig{}, params, be, world, *stream));
+      const absl::Status s = opt->Load(Inputs(0).state);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << p.Name();
+      EXPECT_THAT(std::string(s.message()), HasSubstr("the owned weights' master has 0 values, expected 517"))
+          << p.Name();
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(st.ok()) << st;
 }
 
 TEST(OptimizerTest, BadOptionsNameTheSpecField) {

@@ -73,8 +73,13 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
       break;
     }
     case OptimizerPlacementOptions::Kind::kCpuOffload: {
-      PLATEAU_ASSIGN_OR_RETURN(s.optimizer,
-                               CpuOffloadAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
+      if (bf16) {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer, CpuOffloadAdamWT<Bf16>::Create(o.optimizer, c.params_bf16, c.backend,
+                                                                             c.world, c.comm));
+      } else {
+        PLATEAU_ASSIGN_OR_RETURN(s.optimizer,
+                                 CpuOffloadAdamW::Create(o.optimizer, c.params, c.backend, c.world, c.comm));
+      }
       break;
     }
     case OptimizerPlacementOptions::Kind::kOffloadStream: {

@@ -43,8 +43,8 @@ struct StepSchedules {
 };
 
 // Allocates each schedule's launch-sized buffers (what the budget plans for
-// it, in the options' precision); errors name the spec field (a schedule
-// not computed in bf16 under precision bf16: CheckBf16Schedules).
+// it, in the options' precision); errors name the spec field (a shape the
+// bf16 step cannot take under precision bf16: CheckBf16Schedules).
 absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& ctx);
 
 }  // namespace plateau

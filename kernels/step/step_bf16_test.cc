@@ -2,8 +2,10 @@
 // whose bf16 ops are exact emulations of what the CUDA kernels compute
 // (kernels/cpu_bf16_ops.h): the memory plan is the step's to the byte, the
 // loss and gradient norm stay within the rounding bound below of the fp32
-// step on the same seed and batch, a small model learns, and every run,
-// resume included, is bitwise repeatable.
+// step on the same seed and batch, a small model learns, every run,
+// resume included, is bitwise repeatable, and the schedules that only move
+// state (SCO, OffloadStreamAdamW, the CPU-offload AdamW) are bitwise the
+// baseline stack.
 //
 // The bound (docs/RUNTIME.md, "bf16 mixed precision"). Every stored bf16
 // value is its fp32 value rounded once, relative error at most u = 2^-8
@@ -47,6 +49,7 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -141,13 +144,23 @@ void ExpectSameBits(const StepsRun& a, const StepsRun& b, size_t steps) {
 // there) and within it at P = 2. Under the baseline stack, under SCO
 // (boundaries offloaded to the host pool and restored) and under SCO with
 // OffloadStreamAdamW (masters and moments on the host, streamed through
-// two device slots in buckets smaller than the shard).
-enum class Stack { kBaseline, kSco, kScoOffloadStream, kRingDtpScoOffloadStream, kComposed, kLlep };
+// two device slots in buckets smaller than the shard), and under the
+// CPU-offload AdamW (masters and moments on the host, bf16 gradients down
+// and working weights up through one host buffer; nothing on the device).
+enum class Stack { kBaseline, kSco, kScoOffloadStream, kRingDtpScoOffloadStream, kComposed, kLlep, kCpuOffload };
+
+// Whether the stack keeps SCO's boundary pool / the optimizer's state on
+// the host.
+bool HostCheckpoints(Stack s) { return s != Stack::kBaseline && s != Stack::kLlep && s != Stack::kCpuOffload; }
+bool HostOptimizer(Stack s) {
+  return s == Stack::kScoOffloadStream || s == Stack::kRingDtpScoOffloadStream || s == Stack::kComposed ||
+         s == Stack::kCpuOffload;
+}
 
 class Bf16Plan : public ::testing::TestWithParam<std::tuple<int, Stack>> {};
 
 StepOptions WithStack(StepOptions o, Stack stack) {
-  if (stack != Stack::kBaseline && stack != Stack::kLlep) {
+  if (HostCheckpoints(stack)) {
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes = 1 << 20;  // as many boundaries as SCO offloads (L - 1)
   }
@@ -161,6 +174,7 @@ StepOptions WithStack(StepOptions o, Stack stack) {
     o.projection.strip = 5;
   }
   if (stack == Stack::kLlep) o.dispatch.kind = DispatchOptions::Kind::kLlep;
+  if (stack == Stack::kCpuOffload) o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload;
   if (stack == Stack::kComposed) {
     // PipelinedLLEP in chunks of 5 tokens (several chunks per layer).
     o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
@@ -208,11 +222,19 @@ TEST_P(Bf16Plan, MeasuredEqualsPlannedPerLiveSet) {
     }
     EXPECT_LE(dev[r].total_peak, plan->total()) << "rank " << r;
   }
-  if (stack != Stack::kBaseline && stack != Stack::kLlep) {
+  if (HostCheckpoints(stack)) {
     EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kCheckpoints)], 0);
   }
-  if (stack != Stack::kBaseline && stack != Stack::kSco && stack != Stack::kLlep) {
+  if (HostOptimizer(stack)) {
     EXPECT_GT(plan->host_bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
+  }
+  if (stack == Stack::kCpuOffload) {
+    // Nothing of the optimizer on the device; on the host 3 fp32 values
+    // (master, m, v) and the bf16 gradient per parameter of the rank.
+    const ParamLayout layout = LayoutOf(o);
+    EXPECT_EQ(plan->bytes[static_cast<int>(LiveSet::kOptimizer)], 0);
+    EXPECT_EQ(plan->host_bytes[static_cast<int>(LiveSet::kOptimizer)],
+              14 * (layout.shard_numel() + layout.owned_numel_per_rank()));
   }
 }
 
@@ -221,7 +243,8 @@ INSTANTIATE_TEST_SUITE_P(RanksAndStacks, Bf16Plan,
                                             ::testing::Values(Stack::kBaseline, Stack::kSco,
                                                               Stack::kScoOffloadStream,
                                                               Stack::kRingDtpScoOffloadStream,
-                                                              Stack::kComposed, Stack::kLlep)));
+                                                              Stack::kComposed, Stack::kLlep,
+                                                              Stack::kCpuOffload)));
 
 // SCO and OffloadStreamAdamW change where state lives, not the arithmetic:
 // 3 steps under them are bitwise the baseline stack's in bf16 (losses,
@@ -233,6 +256,27 @@ TEST(StepBf16, ScoAndOffloadStreamAreBitwiseTheBaseline) {
   const StepsRun a = Steps(base, g, 3);
   const StepsRun b = Steps(WithStack(base, Stack::kScoOffloadStream), g, 3);
   ExpectSameBits(a, b, 3);
+}
+
+// The CPU-offload AdamW changes where the optimizer runs, not its
+// arithmetic: on the host it loads the bf16 gradients exactly, runs the
+// CPU backend's fp32 AdamW on the fp32 masters and rounds the working
+// copies once, which is what the device AdamW's AdamWBf16 does on the
+// CPU backend (cpu::AdamWBf16). So 3 steps are bitwise the baseline's
+// (losses, norms, the fp32 masters and moments), at P = 1 and 2, as in
+// fp32 (step_offload_test); with SCO too.
+TEST(StepBf16, CpuOffloadIsBitwiseTheDeviceAdamW) {
+  const ModelConfig m = TinyModel();
+  const GlobalBatch g = MakeBatch(m, 2, 19);
+  for (int P : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("P = ", P));
+    const StepOptions base = Options(m, P, 2, Precision::kBf16Mixed);
+    const StepsRun a = Steps(base, g, 3);
+    ExpectSameBits(a, Steps(WithStack(base, Stack::kCpuOffload), g, 3), 3);
+    StepOptions sco = WithStack(base, Stack::kSco);
+    sco.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload;
+    ExpectSameBits(a, Steps(sco, g, 3), 3);
+  }
 }
 
 // Rank 0's gathered gradients after one ForwardBackward (working
@@ -463,15 +507,15 @@ TEST(StepBf16, SameBitsRunToRun) {
 
 // A bf16 checkpoint resumes bit for bit: GatherState holds the fp32 masters
 // (not their bf16 working copies) and the moments, LoadState writes the
-// working copies rn(master) again, so 2 steps, save, a fresh step, load,
-// 2 steps equal 4 uninterrupted steps exactly (losses, norms, state). The
-// working weights gathered are the masters rounded once.
-TEST(StepBf16, CheckpointResumesBitForBit) {
-  const ModelConfig m = TinyModel();
-  const int P = 2;
-  const int64_t B = 2;
+// working copies rn(master) again, so 2 steps under `o`, save, a fresh
+// step under `resume`, load, 2 steps equal 4 uninterrupted steps under `o`
+// exactly (losses, norms, state). The working weights gathered are the
+// masters rounded once.
+void ExpectResumesBitForBit(const StepOptions& o, const StepOptions& resume) {
+  const ModelConfig& m = o.model;
+  const int P = static_cast<int>(o.layout.ranks);
+  const int64_t B = o.layout.batch;
   const GlobalBatch g = MakeBatch(m, B, 7);
-  const StepOptions o = Options(m, P, B, Precision::kBf16Mixed);
   const StepsRun straight = Steps(o, g, 4);
   ASSERT_EQ(straight.stats.size(), 4u);
   std::vector<StepStats> resumed;
@@ -501,7 +545,7 @@ TEST(StepBf16, CheckpointResumesBitForBit) {
         }
       }
     }
-    auto fresh = TrainingStep::Create(o, be, world);
+    auto fresh = TrainingStep::Create(resume, be, world);
     ASSERT_TRUE(fresh.ok()) << fresh.status();
     ASSERT_TRUE((*fresh)->LoadState(saved).ok());
     EXPECT_EQ((*fresh)->step(), 2);
@@ -525,34 +569,48 @@ TEST(StepBf16, CheckpointResumesBitForBit) {
   EXPECT_EQ(end.v, straight.state.v);
 }
 
-// The schedules not yet computed in bf16 are refused at Create, naming the
-// job spec's field, before anything is allocated; so is a router wider
-// than the hidden size (its bf16 logit gradient borrows an [N, H] scratch).
-TEST(StepBf16, UnfinishedSchedulesAreRefusedNamingTheField) {
+TEST(StepBf16, CheckpointResumesBitForBit) {
+  const StepOptions o = Options(TinyModel(), 2, 2, Precision::kBf16Mixed);
+  ExpectResumesBitForBit(o, o);
+}
+
+// Under the CPU-offload AdamW (its host state saved and loaded, the owned
+// weights' master among it), and across placements: a checkpoint of the
+// device AdamW resumed under the CPU-offload one, and back, at P = 2.
+TEST(StepBf16, CpuOffloadCheckpointResumesBitForBit) {
+  const StepOptions device = Options(TinyModel(), 2, 2, Precision::kBf16Mixed);
+  const StepOptions cpu = WithStack(device, Stack::kCpuOffload);
+  {
+    SCOPED_TRACE("cpu-offload -> cpu-offload");
+    ExpectResumesBitForBit(cpu, cpu);
+  }
+  {
+    SCOPED_TRACE("device -> cpu-offload");
+    ExpectResumesBitForBit(device, cpu);
+  }
+  {
+    SCOPED_TRACE("cpu-offload -> device");
+    ExpectResumesBitForBit(cpu, device);
+  }
+}
+
+// Every schedule computes bf16; a router wider than the hidden size does not
+// (its bf16 logit gradient borrows an [N, H] scratch): refused at Create,
+// naming the job spec's field, before anything is allocated, while the same
+// options compute in fp32.
+TEST(StepBf16, TooManyExpertsAreRefusedNamingTheField) {
   RunRanks(1, [&](int, Backend& be, Communicator& world) {
     ASSERT_TRUE(be.computes_bf16());
-    const ModelConfig m = TinyModel();
-    struct Case {
-      std::function<void(StepOptions&)> set;
-      const char* field;
-    };
-    const std::vector<Case> cases = {
-        {[](StepOptions& o) { o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kCpuOffload; },
-         "schedule.cpu_offload_adamw"},
-        {[](StepOptions& o) { o.model.experts = 32; }, "model.experts"},
-    };
-    for (const Case& c : cases) {
-      be.device().tracker().ResetPeaks();  // nothing is live between cases
-      StepOptions o = Options(m, 1, 1, Precision::kBf16Mixed);
-      c.set(o);
-      auto st = TrainingStep::Create(o, be, world);
-      EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
-      EXPECT_THAT(st.status().message(), HasSubstr(c.field));
-      EXPECT_EQ(be.device().tracker().total_peak(), 0) << c.field;
-      // The same options compute in fp32.
-      o.precision = Precision::kFp32;
-      if (o.model.experts <= o.model.hidden) EXPECT_TRUE(TrainingStep::Create(o, be, world).ok()) << c.field;
-    }
+    StepOptions o = Options(TinyModel(), 1, 1, Precision::kBf16Mixed);
+    o.model.experts = 32;
+    ASSERT_GT(o.model.experts, o.model.hidden);
+    be.device().tracker().ResetPeaks();
+    auto st = TrainingStep::Create(o, be, world);
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.status().message(), HasSubstr("model.experts"));
+    EXPECT_EQ(be.device().tracker().total_peak(), 0);
+    o.precision = Precision::kFp32;
+    EXPECT_TRUE(TrainingStep::Create(o, be, world).ok());
   });
 }
 
