@@ -39,8 +39,9 @@
 // the all-gather: one host-blocking round trip fewer per layer and step (two
 // with K > 1). The plans are then exactly what the exchange would give: each
 // rank checks that its own recomputed counts are the kept ones (INTERNAL
-// otherwise: the recompute did not route as the forward, a bug; the other
-// ranks then fail in the chunks' collectives), and its index vectors come
+// otherwise: the recompute did not route as the forward, a bug; a rank
+// that passed then waits in its first chunk's all-to-all until the
+// communicator's timeout or a lost peer ends it), and its index vectors come
 // from its recomputed routes as before. The kept counts are used once.
 //
 // Forward keeps only pointers to the caller's u and gates (expert_dispatch.h,
