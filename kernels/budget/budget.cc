@@ -251,8 +251,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p
   // worst case (every route of every source rank lands on one rank), so that
   // it bounds every routing; the balanced case (N*k rows received, nothing
   // borrowed) is kept beside it for information. PipelinedLLEP's is its
-  // bound, allocated at launch, flat in N (plus its pinned index staging on
-  // the host).
+  // bound, allocated at launch, flat in N (plus its pinned index staging and
+  // the counts it keeps per layer for the recompute, on the host).
   const int64_t routes = N * o.model.top_k, P = o.layout.ranks;
   int64_t& dispatch = plan.bytes[static_cast<int>(LiveSet::kDispatch)];
   switch (o.dispatch.kind) {
@@ -276,7 +276,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p
     case DispatchOptions::Kind::kPipelinedLlep:
       dispatch += PipelinedLlepBoundBytes(o.model, P, N, o.dispatch.pipelined, e);
       plan.host_bytes[static_cast<int>(LiveSet::kDispatch)] +=
-          PipelinedLlepHostIndexWords(o.model, P, N, o.dispatch.pipelined) * static_cast<int64_t>(sizeof(int32_t));
+          PipelinedLlepHostBytes(o.model, P, N, o.dispatch.pipelined);
       plan.dispatch_balanced_bytes = dispatch;
       plan.dispatch_note = "pipelined_llep's bound, for every routing (Eq. 1: P c k rows per chunk)";
       break;

@@ -228,10 +228,12 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOn) {
   // 25; per slot n = 8 tokens, S = 16 routes, R = P S = 32 rows, nothing
   // borrowed (min_piece 1024 > 32); int32 indices 3S + 2R + n + S = 136;
   // fp32 gates 3S; bf16 send [S, H], recv, x, t [R, H], five [R, F], the
-  // token rows [n, H]. The host stages both chunks' indices (int32).
+  // token rows [n, H]. The host stages both chunks' indices (int32) and
+  // keeps each of the 2 layers' K and gathered counts [P][K][E] for its
+  // recompute (int32, 1 + 2 x 2 x 4 = 17 words a layer).
   EXPECT_EQ(at(LiveSet::kDispatch), 25 * 8 + 136 * 4 + 3 * 16 * 4 +
                                         (16 * 16 + 3 * 32 * 16 + 5 * 32 * 24 + 8 * 16) * 2);
-  EXPECT_EQ(host(LiveSet::kDispatch), 2 * 136 * 4);
+  EXPECT_EQ(host(LiveSet::kDispatch), 2 * 136 * 4 + 2 * 17 * 4);
 }
 
 // Halving the working bytes lengthens the context that fits: at a cap the

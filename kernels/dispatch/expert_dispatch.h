@@ -70,6 +70,14 @@ class ExpertDispatch {
                                           const ExpertWeights& w, float* out) {
     return Forward(u, chosen, gates, tokens, w, out);
   }
+  // Names the step's layer (0 .. model.layers - 1) that the next Forward or
+  // ForwardForBackward computes; that call forgets it, so a call without it
+  // names none (every caller but the step). A schedule may keep what layer
+  // l's Forward planned from collectives and reuse it in the recompute's
+  // ForwardForBackward of layer l, whose routing is bitwise the forward's
+  // (PipelinedLLEP: its routing counts, one host-blocking all-gather per
+  // layer and step fewer). Default: ignored.
+  virtual void SetLayer(int64_t layer) {}
   // Given dout = d loss / d out: du += d/du through the experts, dgates = d
   // loss / d gates, and the expert weight gradients accumulate into g.
   // FAILED_PRECONDITION without the layer's Forward.

@@ -522,4 +522,19 @@ int64_t PipelinedLlepHostIndexWords(const ModelConfig& m, int64_t ranks, int64_t
          LlepIndexLayoutOf(PipelinedLlepSlotSizes(m, ranks, max_tokens, o)).total;
 }
 
+int64_t PipelinedLlepKeptCountWords(const ModelConfig& m, int64_t ranks, int64_t max_tokens,
+                                    const PipelinedLlepOptions& o) {
+  // A Forward gathers at most K_max chunks' counts (one in the one-chunk
+  // path, where K_max = 1).
+  const int64_t chunks = PipelinedLlepChunks(max_tokens, o.chunk_tokens);
+  return std::max<int64_t>(0, m.layers) * (1 + ranks * chunks * m.experts);
+}
+
+int64_t PipelinedLlepHostBytes(const ModelConfig& m, int64_t ranks, int64_t max_tokens,
+                               const PipelinedLlepOptions& o) {
+  return (PipelinedLlepHostIndexWords(m, ranks, max_tokens, o) +
+          PipelinedLlepKeptCountWords(m, ranks, max_tokens, o)) *
+         static_cast<int64_t>(sizeof(int32_t));
+}
+
 }  // namespace plateau

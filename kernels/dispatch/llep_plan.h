@@ -276,6 +276,19 @@ int64_t PipelinedLlepBoundBytes(const ModelConfig& model, int64_t ranks, int64_t
 // that each chunk's upload is one asynchronous copy: K_max slot layouts.
 int64_t PipelinedLlepHostIndexWords(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
                                     const PipelinedLlepOptions& options);
+// Host int32 words keeping each layer's gathered counts from its Forward for
+// the recompute's ForwardForBackward (pipelined_llep.h, SetLayer), so that
+// the recompute plans without exchanging them again: per layer of
+// model.layers, its K and the [P][K_max][E] counts. 4 (1 + P K_max E) bytes
+// per layer: at P = 4, E = 16 and one chunk (c >= N), 260 bytes; it grows
+// with N as the index staging does (at L = 12, N = 2031, c = 16: 390 KB
+// beside the staging's 398 KB).
+int64_t PipelinedLlepKeptCountWords(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
+                                    const PipelinedLlepOptions& options);
+// Everything PipelinedLLEP holds in host memory (LiveSet::kDispatch, host),
+// in bytes: the index staging and the kept counts. The budget's host plan.
+int64_t PipelinedLlepHostBytes(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
+                               const PipelinedLlepOptions& options);
 
 }  // namespace plateau
 

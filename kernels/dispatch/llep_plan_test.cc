@@ -569,6 +569,11 @@ TEST(LlepPlanTest, ThePipelinedBoundIsFlatInN) {
   EXPECT_LT(PipelinedLlepBoundBytes(m, P, 4096, half), PipelinedLlepBoundBytes(m, P, 4096, o));
   EXPECT_EQ(PipelinedLlepHostIndexWords(m, P, 4096, o),
             64 * LlepIndexLayoutOf(PipelinedLlepSlotSizes(m, P, 4096, o)).total);
+  // The counts kept per layer for the recompute: K and [P][K_max][E].
+  EXPECT_EQ(PipelinedLlepKeptCountWords(m, P, 4096, o), m.layers * (1 + P * 64 * m.experts));
+  EXPECT_EQ(PipelinedLlepKeptCountWords(m, P, 64, o), m.layers * (1 + P * m.experts));
+  EXPECT_EQ(PipelinedLlepHostBytes(m, P, 4096, o),
+            4 * (PipelinedLlepHostIndexWords(m, P, 4096, o) + PipelinedLlepKeptCountWords(m, P, 4096, o)));
   EXPECT_EQ(PipelinedLlepBoundBytes(m, P, 0, o), 8);  // nothing but the N exchange
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/dispatch/pipelined_llep.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
@@ -57,7 +58,16 @@ absl::Status PipelinedLlep::Allocate() {
       backend_.host().Allocate(
           LiveSet::kDispatch,
           PipelinedLlepHostIndexWords(model_, P, max_tokens_, options_) * sizeof(int32_t)));
+  PLATEAU_ASSIGN_OR_RETURN(
+      kept_, backend_.host().Allocate(
+                 LiveSet::kDispatch,
+                 PipelinedLlepKeptCountWords(model_, P, max_tokens_, options_) * sizeof(int32_t)));
+  kept_valid_.assign(std::max<int64_t>(0, model_.layers), false);
   return absl::OkStatus();
+}
+
+int32_t* PipelinedLlep::Kept(int64_t l) {
+  return kept_.as<int32_t>() + l * (1 + comm_.size() * max_chunks_ * model_.experts);
 }
 
 void PipelinedLlep::Release() {
@@ -107,9 +117,14 @@ absl::Status PipelinedLlep::CheckGroupTokens(int64_t n) const {
 
 // The host's part of a Forward: K, everyone's per-chunk counts, and every
 // chunk's plan and index vectors. The only host waits of the layer.
-absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
+absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer, bool for_backward) {
   const int64_t P = comm_.size(), E = model_.experts, K = model_.top_k;
   int64_t* counts = buffers_[0].as<int64_t>();  // [1 | K_max E | P K_max E]
+  // The named layer's Forward keeps what the collectives give; the
+  // recompute's ForwardForBackward takes it back, once, so a stale plan is
+  // never reused (a Forward that fails leaves none either).
+  const bool reuse = for_backward && layer >= 0 && kept_valid_[layer];
+  if (layer >= 0) kept_valid_[layer] = false;
   // When the launch allows one chunk at most (c >= max_tokens: what `auto`
   // picks wherever it fits), K is 1 on every rank that has tokens, so the
   // counts need no K first: one all-gather instead of an all-reduce and an
@@ -118,7 +133,14 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
   // checked to be experts below), so the refusal stays collective and the
   // plans are the same.
   const bool one_chunk = max_chunks_ == 1;
-  if (!one_chunk) {
+  if (reuse) {
+    // K as the forward agreed it (>= 1: a layer without tokens anywhere
+    // keeps nothing; its refusal of a rank over the launch was collective
+    // there).
+    chunks_ = Kept(layer)[0];
+    plans_.clear();
+    max_sizes_ = LlepChunkSizes{};
+  } else if (!one_chunk) {
     // K from the largest N of the group: every rank runs the same chunks.
     // Every rank sees the same maximum, so a refusal below is collective.
     int64_t n = N;
@@ -159,13 +181,28 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
   int64_t* local = counts + 1;
   int64_t* gathered = counts + 1 + max_chunks_ * E;
   std::vector<int64_t> all(P * local_chunks * E);  // [source][chunk][expert]
-  PLATEAU_RETURN_IF_ERROR(
-      backend_.Copy(compute_, local, mine.data(), mine.size() * sizeof(int64_t)));
-  PLATEAU_RETURN_IF_ERROR(
-      comm_.AllGather(comm_stream_, local, gathered, local_chunks * E, DataType::kInt64));
-  PLATEAU_RETURN_IF_ERROR(
-      backend_.Copy(comm_stream_, all.data(), gathered, all.size() * sizeof(int64_t)));
-  if (one_chunk) {
+  if (reuse) {
+    // Everyone's counts as the forward gathered them. Each rank checks its
+    // own block against its recomputed counts, so together the ranks check
+    // every block: the plans below are the all-gather's.
+    const int32_t* kept = Kept(layer) + 1;
+    std::copy(kept, kept + all.size(), all.begin());
+    const int64_t* own = all.data() + comm_.rank() * local_chunks * E;
+    if (!std::equal(mine.begin(), mine.end(), own)) {
+      return absl::InternalError(absl::StrCat(
+          "PipelinedLlep: the recompute of layer ", layer,
+          " routes differently from its forward (its per-expert counts on rank ", comm_.rank(),
+          " differ from the kept ones); a recompute must be bitwise its forward"));
+    }
+  } else {
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Copy(compute_, local, mine.data(), mine.size() * sizeof(int64_t)));
+    PLATEAU_RETURN_IF_ERROR(
+        comm_.AllGather(comm_stream_, local, gathered, local_chunks * E, DataType::kInt64));
+    PLATEAU_RETURN_IF_ERROR(
+        backend_.Copy(comm_stream_, all.data(), gathered, all.size() * sizeof(int64_t)));
+  }
+  if (one_chunk && !reuse) {
     int64_t n = 0;  // the group's largest N: a rank's routes over top_k
     for (int64_t s = 0; s < P; ++s) {
       int64_t routes = 0;
@@ -203,22 +240,36 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N) {
     max_sizes_.token_view = max_sizes_.token_view || s.token_view;
     plans_.push_back(std::move(plan));
   }
+  if (layer >= 0 && !for_backward) {
+    // Kept for the layer's recompute. int32: a count is at most a chunk's
+    // routes from one source, c_eff k (the index words are int32 too).
+    int32_t* kept = Kept(layer);
+    kept[0] = static_cast<int32_t>(chunks_);
+    std::copy(all.begin(), all.end(), kept + 1);
+    kept_valid_[layer] = true;
+  }
   return absl::OkStatus();
 }
 
-absl::Status PipelinedLlep::Begin(const int32_t* chosen, int64_t tokens) {
+absl::Status PipelinedLlep::Begin(const int32_t* chosen, int64_t tokens, int64_t layer,
+                                  bool for_backward) {
   Release();
   if (tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("PipelinedLlep::Forward: tokens = ", tokens));
   }
-  return Plan(chosen, tokens);
+  if (layer >= static_cast<int64_t>(kept_valid_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("PipelinedLlep: layer ", layer, " of a ",
+                                                   kept_valid_.size(), "-layer model"));
+  }
+  return Plan(chosen, tokens, layer, for_backward);
 }
 
 template <typename W>
 absl::Status PipelinedLlep::ForwardForBackwardT(const W* u, const int32_t* chosen, const float* gates,
                                                 int64_t tokens) {
+  const int64_t layer = std::exchange(layer_, -1);  // SetLayer's, for this call only
   PLATEAU_RETURN_IF_ERROR(CheckElement<W>());
-  PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens));
+  PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens, layer, /*for_backward=*/true));
   u_ = u;
   gates_ = gates;
   forward_done_ = true;
@@ -228,8 +279,9 @@ absl::Status PipelinedLlep::ForwardForBackwardT(const W* u, const int32_t* chose
 template <typename W>
 absl::Status PipelinedLlep::ForwardT(const W* u, const int32_t* chosen, const float* gates, int64_t tokens,
                                      const ExpertWeightsT<W>& w, W* out) {
+  const int64_t layer = std::exchange(layer_, -1);  // SetLayer's, for this call only
   PLATEAU_RETURN_IF_ERROR(CheckElement<W>());
-  PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens));
+  PLATEAU_RETURN_IF_ERROR(Begin(chosen, tokens, layer, /*for_backward=*/false));
   LlepChunkRunnerT<W>& runner = Runner<W>();
   const LlepChunkMemoryT<W>& mem = Mem<W>();
   for (int64_t j = 0; j < chunks_; ++j) {

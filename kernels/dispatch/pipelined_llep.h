@@ -28,7 +28,21 @@
 // wait twice per Forward (once with one chunk at most), before the first
 // chunk: for the all-reduced N and for the all-gathered per-chunk counts from which it plans every chunk and
 // stages their index vectors in pinned host memory (one asynchronous copy
-// per chunk).
+// per chunk); in the step's recompute of a layer it waits only for the
+// routes (below).
+//
+// The recompute plans without collectives. A Forward of a layer the step
+// named (SetLayer) keeps that layer's K and gathered counts in host memory
+// (PipelinedLlepKeptCountWords; part of the host plan). The step's
+// recompute of the layer (ForwardForBackward) routes bitwise as its forward
+// did, so it takes K and the counts from there instead of the all-reduce and
+// the all-gather: one host-blocking round trip fewer per layer and step (two
+// with K > 1). The plans are then exactly what the exchange would give: each
+// rank checks that its own recomputed counts are the kept ones (INTERNAL
+// otherwise: the recompute did not route as the forward, a bug; a rank
+// that passed then waits in its first chunk's all-to-all until the
+// communicator's timeout or a lost peer ends it), and its index vectors come
+// from its recomputed routes as before. The kept counts are used once.
 //
 // Forward keeps only pointers to the caller's u and gates (expert_dispatch.h,
 // Lifetimes) and the host-side plans. Backward replays chunk by chunk:
@@ -102,6 +116,9 @@ class PipelinedLlep final : public ExpertDispatch {
                         const ExpertGradsT<Bf16>& g) override;
   // Forgets the layer (the buffers are the schedule's for its lifetime).
   void Release() override;
+  // The layer the next Forward keeps its counts for, or the next
+  // ForwardForBackward takes them from (see above).
+  void SetLayer(int64_t layer) override { layer_ = layer; }
 
   // The last Forward's chunk count and, over its chunks, the most rows this
   // rank received (<= P c k, Eq. 1) and experts it borrowed and lent; for
@@ -131,11 +148,15 @@ class PipelinedLlep final : public ExpertDispatch {
   template <typename W>
   absl::Status BackwardT(const W* dout, const ExpertWeightsT<W>& w, W* du, float* dgates,
                          const ExpertGradsT<W>& g);
-  absl::Status Plan(const int32_t* chosen, int64_t tokens);
+  // `layer`: SetLayer's (-1: none). `for_backward`: ForwardForBackward's
+  // plan, which takes the layer's counts when its Forward kept them.
+  absl::Status Plan(const int32_t* chosen, int64_t tokens, int64_t layer, bool for_backward);
   absl::Status CheckGroupTokens(int64_t n) const;
-  // Forgets the last layer, validates `tokens` and plans (Forward's and
-  // ForwardForBackward's common start).
-  absl::Status Begin(const int32_t* chosen, int64_t tokens);
+  // Forgets the last layer, validates `tokens` and `layer` and plans
+  // (Forward's and ForwardForBackward's common start).
+  absl::Status Begin(const int32_t* chosen, int64_t tokens, int64_t layer, bool for_backward);
+  // Layer l's kept words: [K][P][K_max][E] (the counts as gathered, int32).
+  int32_t* Kept(int64_t l);
   const int32_t* StagedIndex(int64_t chunk) const;
 
   const ModelConfig model_;
@@ -154,6 +175,9 @@ class PipelinedLlep final : public ExpertDispatch {
   LlepChunkMemory mem_;          // the chunk slots (fp32)
   LlepChunkMemoryT<Bf16> mem_bf16_;  // the chunk slots (bf16)
   Buffer host_index_;            // K_max slot layouts of index words
+  Buffer kept_;                  // per layer: its K and gathered counts
+  std::vector<bool> kept_valid_;  // [layers]: kept_ holds the layer's last Forward's
+  int64_t layer_ = -1;           // SetLayer's, for the next call
 
   // The layer between Forward and Backward.
   bool forward_done_ = false;

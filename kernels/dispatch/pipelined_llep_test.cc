@@ -23,6 +23,7 @@
 #include "kernels/dispatch/routing_profiles.h"
 #include "kernels/dispatch/standard_ep.h"
 #include "kernels/model/config.h"
+#include "kernels/status_macros.h"
 #include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 
@@ -458,6 +459,141 @@ TEST(PipelinedLlepTest, OneChunkPlansWithoutTheAllReduce) {
     EXPECT_EQ(n(one[p], "all_reduce") + 1, n(three[p], "all_reduce")) << "one all-reduce fewer (Forward's K)";
     EXPECT_EQ(n(one[p], "all_gather"), n(three[p], "all_gather")) << "the counts are gathered either way";
     EXPECT_GT(n(one[p], "all_gather"), 0);
+  }
+}
+
+// The step's order for a layer: Forward, then (the recompute) two
+// ForwardForBackward before the Backward, each naming layer 1 when `named`
+// (SetLayer). The second recompute finds nothing kept (used once), so it
+// plans from collectives again; the Backward replays the last plan.
+class ForwardThenRecompute final : public ExpertDispatch {
+ public:
+  ForwardThenRecompute(std::unique_ptr<ExpertDispatch> d, bool named)
+      : d_(std::move(d)), named_(named) {}
+  absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
+                       const ExpertWeights& w, float* out) override {
+    Name();
+    PLATEAU_RETURN_IF_ERROR(d_->Forward(u, chosen, gates, tokens, w, out));
+    d_->Release();
+    for (int i = 0; i < 2; ++i) {
+      Name();
+      PLATEAU_RETURN_IF_ERROR(d_->ForwardForBackward(u, chosen, gates, tokens, w, nullptr));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
+                        const ExpertGrads& g) override {
+    return d_->Backward(dout, w, du, dgates, g);
+  }
+  void Release() override { d_->Release(); }
+
+ private:
+  void Name() {
+    if (named_) d_->SetLayer(1);
+  }
+  std::unique_ptr<ExpertDispatch> d_;
+  const bool named_;
+};
+
+// The recompute of a named layer plans from the counts its Forward kept:
+// one all-gather fewer (and with K > 1 one all-reduce fewer) than planning
+// afresh, used once, and the same bits as Forward + Backward.
+TEST(PipelinedLlepTest, TheRecomputeReusesTheForwardsCountsBitForBit) {
+  const ModelConfig m = SweepModel();
+  ASSERT_GE(m.layers, 2);
+  for (int P : {2, 4}) {
+    const DispatchProblem pr = MakeProfileProblem(m, Tokens(P), HotRouting(80, 4), 141 + P);
+    for (int64_t c : {MaxTokens(pr), int64_t{5}}) {  // one chunk; K = 5
+      SCOPED_TRACE(absl::StrCat("P = ", P, ", c = ", c));
+      const DispatchFactory pipelined = PipelinedFactory(TestOptions(c), MaxTokens(pr));
+      const DispatchGot plain = RunDispatch(pr, pipelined);
+      DispatchGot got[2];
+      CountingCommunicator::Counts counts[2];  // rank 0's
+      for (int named : {0, 1}) {
+        std::vector<CountingCommunicator::Table> tables(pr.P);
+        std::vector<std::unique_ptr<CountingCommunicator>> worlds(pr.P);
+        got[named] = RunDispatch(
+            pr, [&](int p, const ModelConfig& mc, Backend& be, ModelKernels& k, Communicator& world,
+                    Stream& compute, Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+              worlds[p] = std::make_unique<CountingCommunicator>(world, &tables[p]);
+              absl::StatusOr<std::unique_ptr<ExpertDispatch>> d =
+                  pipelined(p, mc, be, k, *worlds[p], compute, comm);
+              if (!d.ok()) return d.status();
+              return std::unique_ptr<ExpertDispatch>(new ForwardThenRecompute(std::move(*d), named));
+            });
+        counts[named] = tables[0].Read();
+      }
+      if (HasFatalFailure()) return;
+      auto n = [](const CountingCommunicator::Counts& c, const char* op) {
+        return c.count(op) ? c.at(op) : int64_t{0};
+      };
+      const bool one_chunk = c >= MaxTokens(pr);
+      EXPECT_EQ(n(counts[0], "all_gather"), 3);  // Forward and both recomputes
+      EXPECT_EQ(n(counts[1], "all_gather"), 2) << "the first recompute gathers nothing";
+      EXPECT_EQ(n(counts[0], "all_reduce"), one_chunk ? 0 : 3);
+      EXPECT_EQ(n(counts[1], "all_reduce"), one_chunk ? 0 : 2);
+      EXPECT_EQ(n(counts[1], "all_to_all_v"), n(counts[0], "all_to_all_v"));
+      EXPECT_GT(n(counts[1], "all_to_all_v"), 0);
+      for (int p = 0; p < P; ++p) {
+        EXPECT_EQ(got[1].peak_backward[p], PipelinedLlepBoundBytes(m, P, MaxTokens(pr), TestOptions(c)));
+      }
+      ExpectSameBits(got[0], plain, "planned afresh against Forward + Backward");
+      ExpectSameBits(got[1], plain, "the kept counts against Forward + Backward");
+    }
+  }
+}
+
+// A recompute that routes otherwise than its forward (here: every route
+// moved to the next expert, on every rank, so that every rank sees it
+// before any collective) is INTERNAL naming the layer, never a plan from
+// counts that are not the routes'. Without the layer named the same call
+// plans afresh and succeeds: the check is what refuses.
+TEST(PipelinedLlepTest, ARecomputeRoutedOtherwiseThanItsForwardIsInternal) {
+  const ModelConfig m = SweepModel();
+  const DispatchProblem pr = MakeProfileProblem(m, {6, 5}, HotRouting(50, 4), 29);
+  for (int64_t c : {int64_t{6}, int64_t{2}}) {  // one chunk; K = 3
+    for (bool named : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("c = ", c, named ? ", layer named" : ", no layer"));
+      absl::Status st = RunLocalWorld(
+          pr.P, 16 << 20, FreshStoreDir("pipelined_llep_reroute"),
+          [&](int p, Backend& be, Communicator& world) -> absl::Status {
+            PLATEAU_ASSIGN_OR_RETURN(auto compute, be.CreateStream("compute"));
+            PLATEAU_ASSIGN_OR_RETURN(auto comm, be.CreateStream("comm"));
+            PLATEAU_ASSIGN_OR_RETURN(auto kernels, ModelKernels::Create(be));
+            const int64_t n = pr.n[p], H = m.hidden, K = m.top_k;
+            const int64_t local = (m.experts / pr.P) * H * m.expert_ffn;
+            // Zero rows and weights (the values do not matter here), on the
+            // CPU backend's device.
+            PLATEAU_ASSIGN_OR_RETURN(
+                Buffer io, be.device().Allocate(LiveSet::kActivations, (2 * n * H + n * K) * sizeof(float)));
+            PLATEAU_ASSIGN_OR_RETURN(Buffer ws, be.device().Allocate(LiveSet::kWeights, 3 * local * sizeof(float)));
+            std::fill_n(io.as<float>(), 2 * n * H + n * K, 0.0f);
+            std::fill_n(ws.as<float>(), 3 * local, 0.0f);
+            const float* u = io.as<float>();
+            float* out = io.as<float>() + n * H;
+            const float* gates = out + n * H;
+            const ExpertWeights w{ws.as<float>(), ws.as<float>() + local, ws.as<float>() + 2 * local};
+            std::vector<int32_t> moved = pr.chosen[p];
+            for (int32_t& e : moved) e = static_cast<int32_t>((e + 1) % m.experts);
+            PLATEAU_ASSIGN_OR_RETURN(auto d, PipelinedLlep::Create(m, TestOptions(c), 6, be, *kernels, world,
+                                                                   *compute, *comm));
+            if (named) d->SetLayer(0);
+            PLATEAU_RETURN_IF_ERROR(d->Forward(u, pr.chosen[p].data(), gates, n, w, out));
+            d->Release();
+            if (named) d->SetLayer(0);
+            absl::Status again = d->ForwardForBackward(u, moved.data(), gates, n, w, nullptr);
+            if (named) {
+              EXPECT_EQ(again.code(), absl::StatusCode::kInternal) << "rank " << p << ": " << again;
+              EXPECT_THAT(again.message(), HasSubstr("recompute of layer 0 routes differently"));
+            } else {
+              EXPECT_TRUE(again.ok()) << "rank " << p << ": " << again;
+            }
+            d->Release();
+            PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
+            return comm->Synchronize();
+          });
+      EXPECT_TRUE(st.ok()) << st;
+    }
   }
 }
 

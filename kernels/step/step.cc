@@ -443,6 +443,9 @@ absl::Status LayerForward(Ctx<W>& x, int64_t l, const W* in, W* out, bool for_ba
                                             I.probs.as<float>(), I.chosen.as<int32_t>(),
                                             I.gates.as<float>()));
   PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), out, h1, N * H * sizeof(W)));
+  // The recompute's routing is bitwise the forward's (the same boundary, the
+  // same kernels), so a dispatch may reuse what the forward planned.
+  I.dispatch->SetLayer(l);
   if (for_backward) {
     return I.dispatch->ForwardForBackward(u, I.chosen.as<int32_t>(), I.gates.as<float>(), N, x.experts(l), out);
   }
