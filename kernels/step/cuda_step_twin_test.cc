@@ -60,8 +60,8 @@ struct StepResult {
 
 // One rank: its backend (GPU r on CUDA), its communicator (NCCL on CUDA,
 // Gloo on the CPU) and the step; rank 0 keeps the results.
-absl::Status RunRank(BackendKind kind, Precision precision, int r, int P, int64_t B,
-                     const ModelConfig& m, const GlobalBatch& g,
+absl::Status RunRank(BackendKind kind, Precision precision, OptimizerPlacementOptions::Kind optimizer, int r,
+                     int P, int64_t B, const ModelConfig& m, const GlobalBatch& g,
                      std::shared_ptr<KeyValueStore> store, StepResult* out) {
   BackendOptions bo;
   bo.kind = kind;
@@ -83,6 +83,7 @@ absl::Status RunRank(BackendKind kind, Precision precision, int r, int P, int64_
   o.layout = {P, B};
   o.seed = 5;
   o.precision = precision;
+  o.optimizer_placement.kind = optimizer;
   auto step = TrainingStep::Create(o, **backend, **world);
   if (!step.ok()) return step.status();
   const std::vector<int32_t> tok = RankSlice(g.tokens, B, m.seq_len, r, P);
@@ -109,7 +110,8 @@ absl::Status RunRank(BackendKind kind, Precision precision, int r, int P, int64_
 // P ranks on threads; the first error in rank order.
 absl::Status RunStepOn(BackendKind kind, int P, int64_t B, const ModelConfig& m,
                        const GlobalBatch& g, StepResult* out,
-                       Precision precision = Precision::kFp32) {
+                       Precision precision = Precision::kFp32,
+                       OptimizerPlacementOptions::Kind optimizer = OptimizerPlacementOptions::Kind::kDevice) {
   auto store = FileStore::Create(FreshStoreDir(absl::StrCat("cuda_step_twin_", static_cast<int>(kind))));
   if (!store.ok()) return store.status();
   std::shared_ptr<KeyValueStore> shared = std::move(*store);
@@ -117,7 +119,7 @@ absl::Status RunStepOn(BackendKind kind, int P, int64_t B, const ModelConfig& m,
   std::vector<std::thread> threads;
   for (int r = 0; r < P; ++r) {
     threads.emplace_back(
-        [&, r] { status[r] = RunRank(kind, precision, r, P, B, m, g, shared, out); });
+        [&, r] { status[r] = RunRank(kind, precision, optimizer, r, P, B, m, g, shared, out); });
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < P; ++r) {
@@ -331,6 +333,31 @@ TEST(CudaStepBf16, LossFallsOverTwentySteps) {
   EXPECT_LT(losses[19], 0.5 * losses[0]);
   EXPECT_LT(losses[9], losses[0]);
   EXPECT_LT(losses[19], losses[9]);
+}
+
+// On the GPU the CPU-offload AdamW updates on the host (cpu::AdamW on the
+// fp32 master, in bf16 then rn(master) back up) while the device AdamW runs
+// the CUDA kernel: one formula, the same host-computed scalars, no FMA on
+// either side (tools/check-fma), so the weights after a step must be equal
+// to the bit, in both precisions (step_bf16_test and optimizer_test hold the
+// same on the CPU backend).
+TEST_P(CudaStepTwinTest, CpuOffloadAdamWIsBitwiseTheDeviceAdamW) {
+  const int P = GetParam();
+  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
+  const ModelConfig m = TinyModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
+    SCOPED_TRACE(precision == Precision::kFp32 ? "fp32" : "bf16");
+    StepResult device, offload;
+    absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &device, precision,
+                                OptimizerPlacementOptions::Kind::kDevice);
+    ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA step failed: " << st;
+    st = RunStepOn(BackendKind::kCuda, P, B, m, g, &offload, precision, OptimizerPlacementOptions::Kind::kCpuOffload);
+    ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA step with the CPU-offload AdamW failed: " << st;
+    EXPECT_EQ(offload.step_loss, device.step_loss);
+    ExpectTensorsNear(offload.weights, device.weights, m, [](size_t, size_t) { return 0.0; }, "weight");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CudaStepTwinTest, ::testing::Values(1, 2),
