@@ -307,14 +307,30 @@ std::vector<Bf16Result> RunUpdatesBf16(int P, const OptimizerConfig& config, con
     OptimizerParamsT<Bf16> params{working.as<Bf16>(), owned.as<Bf16>(), dgrad.as<Bf16>(), ograd.as<Bf16>(), kS, kX};
     be.device().tracker().ResetPeaks();
     be.host().tracker().ResetPeaks();
+    // What Load alone writes: this rank's dense region of the working
+    // copy and the owned weights, rn(master) of the loaded state (the
+    // Updates below rewrite both, so a fault of Load's own would hide).
+    const auto expect_loaded = [&](const OptimizerShardState& loaded, const char* when) -> absl::Status {
+      std::vector<Bf16> o(kX), w(kS * P);
+      PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, o.data(), owned.data(), kX * h));
+      PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, w.data(), working.data(), kS * P * h));
+      const std::vector<uint16_t> all = Bits(w);
+      const std::vector<uint16_t> own_region(all.begin() + r * kS, all.begin() + (r + 1) * kS);
+      if (Bits(o) != RoundedBits(loaded.owned_master) || own_region != RoundedBits(loaded.dense_master)) {
+        return absl::InternalError(absl::StrCat("rank ", r, " ", when, ": the working copies are not rn(master)"));
+      }
+      return absl::OkStatus();
+    };
     PLATEAU_ASSIGN_OR_RETURN(auto opt, Make(first, config, params, be, world, *stream));
     PLATEAU_RETURN_IF_ERROR(opt->Load(Bf16InitialState(in)));
+    PLATEAU_RETURN_IF_ERROR(expect_loaded(Bf16InitialState(in), "after the first Load"));
     for (size_t k = 0; k < clips.size(); ++k) {
       if (k == 1 && second != nullptr) {
         PLATEAU_ASSIGN_OR_RETURN(OptimizerShardState saved, opt->Save());
         opt.reset();
         PLATEAU_ASSIGN_OR_RETURN(opt, Make(*second, config, params, be, world, *stream));
         PLATEAU_RETURN_IF_ERROR(opt->Load(saved));
+        PLATEAU_RETURN_IF_ERROR(expect_loaded(saved, "after the Load in the second placement"));
       }
       const std::vector<Bf16> dg = Rounded(in.dense_grad[k]), og = Rounded(in.owned_grad[k]);
       PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, dgrad.data(), dg.data(), kS * h));
