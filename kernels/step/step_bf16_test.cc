@@ -47,6 +47,8 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -59,6 +61,7 @@
 #include "kernels/model/config.h"
 #include "kernels/model/params.h"
 #include "kernels/step/step.h"
+#include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
 #include "kernels/testing/tiny_model.h"
@@ -101,6 +104,9 @@ double RelativeBound(int64_t roundings) { return std::pow(1.0 + kBf16UnitRoundof
 struct StepsRun {
   std::vector<StepStats> stats;
   ModelState state;
+  // Per rank, the all_to_all_v calls and the bytes they handed over to send
+  // (SkewedStep only: CountingCommunicator's table).
+  std::vector<int64_t> all_to_all_calls, all_to_all_bytes;
 };
 
 StepsRun Steps(const StepOptions& o, const GlobalBatch& g, int steps) {
@@ -418,11 +424,14 @@ TEST(StepBf16, LossAndGradNormWithinTheRoundingBoundOfFp32) {
 // 0 .. k-1, all on rank 0), so that PipelinedLLEP lends rank 0's experts to
 // rank 1 (weights shipped, gradients sent home and added): the composed
 // bf16 step stays within the bound of the fp32 baseline on the same skew,
-// with the helpers' additions (P - 1) and the chunks counted.
+// with the helpers' additions (P - 1) and the chunks counted. Each rank's
+// collectives are counted (CountingCommunicator) to see the lending.
 StepsRun SkewedStep(const StepOptions& o, const GlobalBatch& g) {
   StepsRun run;
   const int P = static_cast<int>(o.layout.ranks);
-  RunRanks(P, [&](int r, Backend& be, Communicator& world) {
+  std::vector<CountingCommunicator::Table> tables(P);
+  RunRanks(P, [&](int r, Backend& be, Communicator& inner) {
+    CountingCommunicator world(inner, &tables[r]);
     auto step = TrainingStep::Create(o, be, world);
     ASSERT_TRUE(step.ok()) << step.status();
     auto state = (*step)->GatherState();
@@ -440,7 +449,51 @@ StepsRun SkewedStep(const StepOptions& o, const GlobalBatch& g) {
     ASSERT_TRUE(st.ok()) << st.status();
     if (r == 0) run.stats.push_back(*st);
   });
+  for (CountingCommunicator::Table& t : tables) {
+    const CountingCommunicator::Counts calls = t.Read(), bytes = t.ReadBytes();
+    run.all_to_all_calls.push_back(calls.count("all_to_all_v") ? calls.at("all_to_all_v") : 0);
+    run.all_to_all_bytes.push_back(bytes.count("all_to_all_v") ? bytes.at("all_to_all_v") : 0);
+  }
   return run;
+}
+
+// The same LLEP options with lending impossible: no piece of a chunk's (or
+// LLEP's layer's) routes is as large as min_piece, so every expert stays
+// home (llep_plan.h); the routing, the chunks and the row exchanges are
+// those of `o`.
+StepOptions WithoutLending(StepOptions o) {
+  const int64_t routes = TokensPerRank(o.model, o.layout) * o.model.top_k * o.layout.ranks;
+  o.dispatch.llep.min_piece = routes + 1;
+  o.dispatch.pipelined.balance.min_piece = routes + 1;
+  return o;
+}
+
+// Lending seen on the wire, against the same step without it. The only
+// all_to_all_v exchanges of the step are the dispatch's (the row exchanges;
+// ring attention and Ring-DTP send/recv), and a chunk that moves experts
+// adds two of 3HF-element rows: the borrowed experts' weights to their
+// helpers and their gradients home (LlepChunkRunner's ShipWeights and
+// ReturnWeightGrads, both skipped by every rank of a chunk without
+// transfers). The row exchanges hand over the same bytes summed over the
+// ranks either way (every route is sent once and its output returned once,
+// whichever rank computes it), so with lending every rank makes more
+// all_to_all_v calls, and the ranks together send more bytes by a whole,
+// positive number of experts' bf16 weights.
+void ExpectLendingOnTheWire(const StepsRun& lent, const StepsRun& kept, const ModelConfig& m,
+                            const std::string& what) {
+  ASSERT_EQ(lent.all_to_all_calls.size(), kept.all_to_all_calls.size());
+  int64_t extra = 0;
+  for (size_t r = 0; r < lent.all_to_all_calls.size(); ++r) {
+    EXPECT_GT(kept.all_to_all_calls[r], 0) << what << " rank " << r << ": the rows are exchanged either way";
+    EXPECT_GT(lent.all_to_all_calls[r], kept.all_to_all_calls[r])
+        << what << " rank " << r << ": no expert weights shipped, nothing was lent";
+    extra += lent.all_to_all_bytes[r] - kept.all_to_all_bytes[r];
+  }
+  const int64_t expert_bytes = 3 * m.hidden * m.expert_ffn * static_cast<int64_t>(sizeof(Bf16));
+  std::printf("%s: all_to_all_v bytes over the ranks, lending %+lld (%lld experts' weights or gradients)\n",
+              what.c_str(), static_cast<long long>(extra), static_cast<long long>(extra / expert_bytes));
+  EXPECT_GT(extra, 0) << what;
+  EXPECT_EQ(extra % expert_bytes, 0) << what << ": " << extra << " bytes are not whole experts";
 }
 
 TEST(StepBf16, ComposedWithLendingWithinTheRoundingBound) {
@@ -449,8 +502,12 @@ TEST(StepBf16, ComposedWithLendingWithinTheRoundingBound) {
   const int64_t B = 2;
   const GlobalBatch g = MakeBatch(m, B, 17);
   const StepsRun ref = SkewedStep(Options(m, P, B, Precision::kFp32), g);
-  const StepOptions o = WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kComposed);
+  StepOptions o = WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kComposed);
+  // Pieces of 2 routes may move: the default min_piece (1024) is more than
+  // a chunk's 20 routes here, which would keep every expert home.
+  o.dispatch.pipelined.balance.min_piece = 2;
   const StepsRun bf = SkewedStep(o, g);
+  ExpectLendingOnTheWire(bf, SkewedStep(WithoutLending(o), g), m, "pipelined_llep");
   ASSERT_EQ(ref.stats.size(), 1u);
   ASSERT_EQ(bf.stats.size(), 1u);
   const double loss32 = ref.stats[0].loss, norm32 = ref.stats[0].grad_norm;
@@ -468,7 +525,10 @@ TEST(StepBf16, ComposedWithLendingWithinTheRoundingBound) {
   EXPECT_LE(std::abs(loss - loss32), loss_bound * loss32);
   EXPECT_LE(std::abs(norm - norm32), norm_bound * norm32);
   // LLEP (one chunk: the whole layer) on the same skew.
-  const StepsRun llep = SkewedStep(WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kLlep), g);
+  StepOptions lo = WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kLlep);
+  lo.dispatch.llep.min_piece = 2;
+  const StepsRun llep = SkewedStep(lo, g);
+  ExpectLendingOnTheWire(llep, SkewedStep(WithoutLending(lo), g), m, "llep");
   ASSERT_EQ(llep.stats.size(), 1u);
   const double llep_bound = RelativeBound(GradientRoundings(m, P) + 1 + (P - 1));
   std::printf("skewed llep P=%d loss bf16 %.7f (rel %.2e); grad norm bf16 %.7f (rel %.2e, bound %.2e)\n", P,
