@@ -46,6 +46,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -671,6 +672,95 @@ TEST(StepBf16, TooManyExpertsAreRefusedNamingTheField) {
     EXPECT_EQ(be.device().tracker().total_peak(), 0);
     o.precision = Precision::kFp32;
     EXPECT_TRUE(TrainingStep::Create(o, be, world).ok());
+  });
+}
+
+// The CPU backend's kernels behind a backend that says it does not compute
+// bf16, as a backend without bf16 kernels would: both real backends compute
+// it, so only this stand-in reaches Create's refusal (step.cc,
+// CheckPrecision). Its fp32 calls go to the CPU backend's public entry
+// points; its bf16 ones are Backend's defaults (UNIMPLEMENTED).
+class NoBf16Backend final : public Backend {
+ public:
+  explicit NoBf16Backend(Backend& cpu) : cpu_(cpu) {}
+  BackendKind kind() const override { return cpu_.kind(); }
+  std::string Describe() const override { return cpu_.Describe() + " without bf16"; }
+  bool computes_bf16() const override { return false; }
+  MemorySpace& device() override { return cpu_.device(); }
+  MemorySpace& host() override { return cpu_.host(); }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(absl::string_view name) override {
+    return cpu_.CreateStream(name);
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override { return cpu_.CreateEvent(); }
+
+ protected:
+  absl::Status DoCopy(Stream& s, void* dst, const void* src, size_t bytes) override {
+    return cpu_.Copy(s, dst, src, bytes);
+  }
+  absl::Status DoGemm(Stream& s, const GemmArgs& a) override { return cpu_.Gemm(s, a); }
+  absl::Status DoFill(Stream& s, float* x, int64_t n, float v) override { return cpu_.Fill(s, x, n, v); }
+  absl::Status DoScale(Stream& s, float* x, int64_t n, float a) override { return cpu_.Scale(s, x, n, a); }
+  absl::Status DoAxpy(Stream& s, float* y, const float* x, int64_t n, float a) override {
+    return cpu_.Axpy(s, y, x, n, a);
+  }
+  absl::Status DoAdd(Stream& s, float* out, const float* a, const float* b, int64_t n) override {
+    return cpu_.Add(s, out, a, b, n);
+  }
+  absl::Status DoMul(Stream& s, float* out, const float* a, const float* b, int64_t n) override {
+    return cpu_.Mul(s, out, a, b, n);
+  }
+  absl::Status DoSwiGluForward(Stream& s, float* out, const float* gate, const float* up, int64_t n) override {
+    return cpu_.SwiGluForward(s, out, gate, up, n);
+  }
+  absl::Status DoSwiGluBackward(Stream& s, float* dgate, float* dup, const float* dout, const float* gate,
+                                const float* up, int64_t n) override {
+    return cpu_.SwiGluBackward(s, dgate, dup, dout, gate, up, n);
+  }
+  absl::Status DoRmsNormForward(Stream& s, float* out, float* rstd, const float* x, const float* w, int64_t rows,
+                                int64_t cols, float eps) override {
+    return cpu_.RmsNormForward(s, out, rstd, x, w, rows, cols, eps);
+  }
+  absl::Status DoRmsNormBackward(Stream& s, float* dx, float* dw, const float* dout, const float* x, const float* w,
+                                 const float* rstd, int64_t rows, int64_t cols) override {
+    return cpu_.RmsNormBackward(s, dx, dw, dout, x, w, rstd, rows, cols);
+  }
+  absl::Status DoSoftmaxRows(Stream& s, float* y, const float* x, int64_t rows, int64_t cols) override {
+    return cpu_.SoftmaxRows(s, y, x, rows, cols);
+  }
+  absl::Status DoLogSumExpRows(Stream& s, float* out, const float* x, int64_t rows, int64_t cols) override {
+    return cpu_.LogSumExpRows(s, out, x, rows, cols);
+  }
+  absl::Status DoSum(Stream& s, float* out, const float* x, int64_t n) override { return cpu_.Sum(s, out, x, n); }
+  absl::Status DoSumSquares(Stream& s, float* out, const float* x, int64_t n) override {
+    return cpu_.SumSquares(s, out, x, n);
+  }
+  absl::Status DoAdamW(Stream& s, float* p, const float* g, float* m, float* v, int64_t n,
+                       const AdamWArgs& a) override {
+    return cpu_.AdamW(s, p, g, m, v, n, a);
+  }
+
+ private:
+  Backend& cpu_;
+};
+
+// A bf16 step on a backend that does not compute bf16 is refused at Create,
+// naming the job spec's field and the backend, before anything is
+// allocated (it would otherwise run fp32 kernels in buffers planned for
+// bf16); the same options in fp32 are created on that backend, and in bf16
+// on the CPU backend itself.
+TEST(StepBf16, BackendWithoutBf16IsRefusedNamingTheFieldAndTheBackend) {
+  RunRanks(1, [&](int, Backend& cpu, Communicator& world) {
+    NoBf16Backend be(cpu);
+    StepOptions o = Options(TinyModel(), 1, 1, Precision::kBf16Mixed);
+    be.device().tracker().ResetPeaks();
+    auto st = TrainingStep::Create(o, be, world);
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kUnimplemented) << st.status();
+    EXPECT_THAT(st.status().message(), AllOf(HasSubstr("precision: bf16"), HasSubstr("by the cpu backend")));
+    EXPECT_EQ(be.device().tracker().total_peak(), 0);
+    o.precision = Precision::kFp32;
+    EXPECT_TRUE(TrainingStep::Create(o, be, world).ok());
+    o.precision = Precision::kBf16Mixed;
+    EXPECT_TRUE(TrainingStep::Create(o, cpu, world).ok());
   });
 }
 
