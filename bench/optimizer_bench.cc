@@ -10,17 +10,30 @@
 // against the device<->host copy bandwidth measured in the same run, and
 // each one's device and host optimizer peak against its plan.
 //
+// --precision=fp32|bf16 (fp32 by default; bench_util.h's PrecisionArg) is
+// the step's precision the optimizers serve: in bf16 mixed precision the
+// working weights and gradients are bf16 and every placement keeps an fp32
+// master of the owned weights too (optimizer_plan.h), so the device AdamW
+// runs AdamWBf16 (fp32 master, m, v; the bf16 working copy rounded once),
+// the CPU offload moves bf16 gradients down and bf16 working copies up
+// (4 (S + X) bytes per update against fp32's 4 (2S + 3X): fp32 also moves
+// the owned weights down and up, being their own master), and
+// OffloadStreamAdamW streams the owned weights' master as well. The ratios
+// are against the device AdamW of the same run and precision; the header
+// and the JSON line name the precision.
+//
 // On the CPU backend "device" and "host" are both this machine's DRAM and
 // the device kernels run on one stream thread, so the comparison says what
 // the schedules cost in copies and ordering here; it does not reproduce the
 // paper's GPU figure (2.05x over the CPU Adam it replaces), where the fused
 // update runs on the GPU at HBM bandwidth and the copies cross PCIe/NVLink.
 //
-//   bazel run -c opt //bench:optimizer_bench -- --dense=8000000 --owned=8000000
+//   bazel run -c opt //bench:optimizer_bench -- --dense=8000000 --owned=8000000 [--precision=bf16]
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -28,7 +41,9 @@
 #include "absl/strings/str_format.h"
 #include "bench/bench_util.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/communicator.h"
+#include "kernels/model/precision.h"
 #include "kernels/optimizer/cpu_offload_adamw.h"
 #include "kernels/optimizer/device_adamw.h"
 #include "kernels/optimizer/offload_stream_adamw.h"
@@ -49,20 +64,94 @@ struct Run {
   OptimizerBytes plan, peak;
 };
 
+// W: the working weights' and gradients' type (float; Bf16 in bf16 mixed).
+template <typename W>
 absl::StatusOr<std::unique_ptr<OptimizerUpdate>> Make(const OptimizerPlacementOptions& p,
-                                                      const OptimizerParams& params, Backend& be,
+                                                      const OptimizerParamsT<W>& params, Backend& be,
                                                       Communicator& world, Stream& s) {
   OptimizerConfig c;
   c.weight_decay = 0.01f;
   switch (p.kind) {
     case Kind::kDevice:
-      return DeviceAdamW::Create(c, params, be, world, s);
+      return DeviceAdamWT<W>::Create(c, params, be, world, s);
     case Kind::kCpuOffload:
-      return CpuOffloadAdamW::Create(c, params, be, world, s);
+      return CpuOffloadAdamWT<W>::Create(c, params, be, world, s);
     case Kind::kOffloadStream:
-      return OffloadStreamAdamW::Create(c, p, params, be, world, s);
+      return OffloadStreamAdamWT<W>::Create(c, p, params, be, world, s);
   }
   return absl::InternalError("placement");
+}
+
+// `v` in W, for a copy to the device.
+std::vector<float> AsWorking(const std::vector<float>& v, float) { return v; }
+std::vector<Bf16> AsWorking(const std::vector<float>& v, Bf16) {
+  std::vector<Bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
+  return out;
+}
+
+// Every run of `runs` on working weights and gradients of type W: the
+// step's buffers (S dense, X owned) made here, each placement created,
+// loaded and timed over `reps` updates, its optimizer peaks read against
+// its plan.
+template <typename W>
+absl::Status MeasureRuns(Backend& be, Communicator& world, Stream& stream, int64_t S, int64_t X, int reps,
+                         std::vector<Run>& runs) {
+  constexpr bool kBf16 = !std::is_same_v<W, float>;
+  const ElementBytes e = kBf16 ? kBf16MixedElements : kFp32Elements;
+  const int64_t fl = sizeof(float), w = sizeof(W);
+  PLATEAU_ASSIGN_OR_RETURN(Buffer working, be.device().Allocate(LiveSet::kWeights, S * w));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer owned, be.device().Allocate(LiveSet::kWeights, X * w));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dgrad, be.device().Allocate(LiveSet::kGrads, S * w));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer ograd, be.device().Allocate(LiveSet::kGrads, X * w));
+  {
+    std::vector<float> v(std::max(S, X));
+    bench::FillRandom(v, 1);
+    std::vector<W> h = AsWorking(v, W{});
+    PLATEAU_RETURN_IF_ERROR(be.Copy(stream, owned.data(), h.data(), X * w));
+    PLATEAU_RETURN_IF_ERROR(be.Copy(stream, dgrad.data(), h.data(), S * w));
+    PLATEAU_RETURN_IF_ERROR(stream.Synchronize());  // h is rewritten below
+    bench::FillRandom(v, 2);
+    h = AsWorking(v, W{});
+    PLATEAU_RETURN_IF_ERROR(be.Copy(stream, ograd.data(), h.data(), X * w));
+    PLATEAU_RETURN_IF_ERROR(stream.Synchronize());
+  }
+  OptimizerParamsT<W> params{working.as<W>(), owned.as<W>(), dgrad.as<W>(), ograd.as<W>(), S, X};
+  OptimizerShardState initial;
+  initial.dense_master.assign(S, 0.5f);
+  // bf16: the owned weights' fp32 master (Load requires it), 0.5 as the
+  // dense one's.
+  if (kBf16) initial.owned_master.assign(X, 0.5f);
+  for (Run& r : runs) {
+    be.device().tracker().ResetPeaks();
+    be.host().tracker().ResetPeaks();
+    PLATEAU_ASSIGN_OR_RETURN(auto opt, Make<W>(r.placement, params, be, world, stream));
+    PLATEAU_RETURN_IF_ERROR(opt->Load(initial));
+    int64_t step = 0;
+    auto t = bench::TimeRuns([&] { return opt->Update(0.9f, ++step); }, 1, reps, 0, 50);
+    if (!t.ok()) return t.status();
+    r.median_s = t->median_s;
+    r.best_s = t->best_s;
+    r.peak = {be.device().tracker().Snapshot().peak_of(LiveSet::kOptimizer),
+              be.host().tracker().Snapshot().peak_of(LiveSet::kOptimizer)};
+    switch (r.placement.kind) {
+      case Kind::kDevice:
+        r.plan = {DeviceAdamWBytes(S, X, e), 0};
+        r.moved_bytes = 0;
+        break;
+      case Kind::kCpuOffload:
+        r.plan = CpuOffloadAdamWBytes(S, X, e);
+        r.moved_bytes = kBf16 ? 2 * (S + X) * w                  // grads down; working copies up
+                              : (S + X + X) * fl + (X + S) * fl;  // grads, owned down; owned, master up
+        break;
+      case Kind::kOffloadStream:
+        r.plan = OffloadStreamAdamWBytes(S, X, r.placement.bucket_params, r.placement.staging_slots, e);
+        // Master (bf16: the owned weights' too), m, v up and back.
+        r.moved_bytes = 2 * (3 * S + (kBf16 ? 3 : 2) * X) * fl;
+        break;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -73,10 +162,12 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::map<std::string, int64_t> f = {{"dense", 8'000'000}, {"owned", 8'000'000}, {"reps", 5}};
   BackendKind backend = BackendKind::kCpu;  // --backend=cuda: on one GPU, pinned host memory
+  Precision precision = Precision::kFp32;   // --precision=bf16: bf16 working weights and gradients
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     bool bad = false;
-    if (bench::BackendArg(a, "optimizer_bench", &backend, &bad)) {
+    if (bench::BackendArg(a, "optimizer_bench", &backend, &bad) ||
+        bench::PrecisionArg(a, "optimizer_bench", &precision, &bad)) {
       if (bad) return 2;
       continue;
     }
@@ -98,22 +189,14 @@ int main(int argc, char** argv) {
   }
   bench::CpuMeter meter;
   double copy_gbps = 0;
-  const int64_t device_bytes = (4 * S + 2 * X) * fl + (3 * S + 2 * X) * fl + 3 * 3 * std::max(S, X) * fl + (64 << 20);
+  const bool bf16 = precision == Precision::kBf16Mixed;
+  // The step's buffers, the copy test's, the largest optimizer (bf16: the
+  // device AdamW's owned master [X] besides), and slack.
+  const int64_t device_bytes = (4 * S + 2 * X) * fl + (3 * S + 2 * X) * fl + 3 * 3 * std::max(S, X) * fl +
+                               (bf16 ? X * fl : 0) + (64 << 20);
   absl::Status st = RunLocalWorld(1, LocalWorldBackend(backend, device_bytes), FreshStoreDir("opt-bench"), [&](int, Backend& be,
                                                                                     Communicator& world) {
-    PLATEAU_ASSIGN_OR_RETURN(Buffer working, be.device().Allocate(LiveSet::kWeights, S * fl));
-    PLATEAU_ASSIGN_OR_RETURN(Buffer owned, be.device().Allocate(LiveSet::kWeights, X * fl));
-    PLATEAU_ASSIGN_OR_RETURN(Buffer dgrad, be.device().Allocate(LiveSet::kGrads, S * fl));
-    PLATEAU_ASSIGN_OR_RETURN(Buffer ograd, be.device().Allocate(LiveSet::kGrads, X * fl));
     PLATEAU_ASSIGN_OR_RETURN(auto stream, be.CreateStream("opt"));
-    {
-      std::vector<float> v(std::max(S, X));
-      bench::FillRandom(v, 1);
-      PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, owned.data(), v.data(), X * fl));
-      PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, dgrad.data(), v.data(), S * fl));
-      bench::FillRandom(v, 2);
-      PLATEAU_RETURN_IF_ERROR(be.Copy(*stream, ograd.data(), v.data(), X * fl));
-    }
     // The copy bandwidth: the state's size down and up on one stream.
     {
       const int64_t n = std::max(S, X);
@@ -128,54 +211,27 @@ int main(int argc, char** argv) {
       if (!t.ok()) return t.status();
       copy_gbps = 2.0 * n * fl / t->median_s / 1e9;
     }
-    OptimizerParams params{working.as<float>(), owned.as<float>(), dgrad.as<float>(), ograd.as<float>(), S, X};
-    OptimizerShardState initial;
-    initial.dense_master.assign(S, 0.5f);
-    for (Run& r : runs) {
-      be.device().tracker().ResetPeaks();
-      be.host().tracker().ResetPeaks();
-      PLATEAU_ASSIGN_OR_RETURN(auto opt, Make(r.placement, params, be, world, *stream));
-      PLATEAU_RETURN_IF_ERROR(opt->Load(initial));
-      int64_t step = 0;
-      auto t = bench::TimeRuns([&] { return opt->Update(0.9f, ++step); }, 1, static_cast<int>(f["reps"]), 0, 50);
-      if (!t.ok()) return t.status();
-      r.median_s = t->median_s;
-      r.best_s = t->best_s;
-      r.peak = {be.device().tracker().Snapshot().peak_of(LiveSet::kOptimizer),
-                be.host().tracker().Snapshot().peak_of(LiveSet::kOptimizer)};
-      switch (r.placement.kind) {
-        case Kind::kDevice:
-          r.plan = {DeviceAdamWBytes(S, X), 0};
-          r.moved_bytes = 0;
-          break;
-        case Kind::kCpuOffload:
-          r.plan = CpuOffloadAdamWBytes(S, X);
-          r.moved_bytes = (S + X + X) * fl + (X + S) * fl;  // grads, owned down; owned, master up
-          break;
-        case Kind::kOffloadStream:
-          r.plan = OffloadStreamAdamWBytes(S, X, r.placement.bucket_params, r.placement.staging_slots);
-          r.moved_bytes = 2 * (3 * S + 2 * X) * fl;  // master, m, v up and back
-          break;
-      }
-    }
-    return absl::OkStatus();
+    const int reps = static_cast<int>(f["reps"]);
+    return bf16 ? MeasureRuns<Bf16>(be, world, *stream, S, X, reps, runs)
+                : MeasureRuns<float>(be, world, *stream, S, X, reps, runs);
   });
   if (!st.ok()) {
     std::fprintf(stderr, "optimizer_bench: %s\n", st.ToString().c_str());
     return 1;
   }
   const double others = meter.OthersPercent();
-  std::printf("optimizer_bench %s; %lld dense + %lld owned parameters on one rank; load %.2f, other processes "
-              "%.0f%% of the CPU\n",
-              bench::NowText().c_str(), (long long)S, (long long)X, bench::LoadAverage1m(), others);
+  std::printf("optimizer_bench %s; precision %s; %lld dense + %lld owned parameters on one rank; load %.2f, "
+              "other processes %.0f%% of the CPU\n",
+              bench::NowText().c_str(), PrecisionName(precision), (long long)S, (long long)X,
+              bench::LoadAverage1m(), others);
   std::printf("device<->host copy bandwidth (one stream, down and up): %.2f GB/s\n\n", copy_gbps);
   std::printf("%-26s %10s %10s %9s %12s %12s %14s %14s\n", "placement", "median s", "vs device", "vs CPU",
               "moved MB", "GB/s", "device opt MB", "host opt MB");
   const double device_s = runs[0].median_s, cpu_s = runs[1].median_s;
   std::string json = absl::StrFormat(
-      "{\"bench\":\"optimizer\",\"date\":%s,\"dense\":%d,\"owned\":%d,\"copy_gbps\":%.3f,\"others_cpu_percent\":%.1f,"
-      "\"runs\":[",
-      bench::JsonString(bench::NowText()), S, X, copy_gbps, others);
+      "{\"bench\":\"optimizer\",\"precision\":\"%s\",\"date\":%s,\"dense\":%d,\"owned\":%d,\"copy_gbps\":%.3f,"
+      "\"others_cpu_percent\":%.1f,\"runs\":[",
+      PrecisionName(precision), bench::JsonString(bench::NowText()), S, X, copy_gbps, others);
   for (size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
     const double gbps = r.moved_bytes > 0 ? r.moved_bytes / r.median_s / 1e9 : 0;

@@ -6,7 +6,7 @@
 # missing CUDA step is recorded as not_available rather than passed over;
 # then the GPU path with stand-ins (a fake nvidia-smi and --prebuilt fake
 # binaries), including the bf16 step stage: passing, refused by the step,
-# and reporting the wrong precision.
+# and reporting the wrong precision; and the optimizers' bf16 stage.
 set -euo pipefail
 check=tools/device-check
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -40,14 +40,15 @@ for b in ("sgemm_bench", "copy_bench"):
     assert by["bench:" + b]["status"] == "dry_run"
 # The benches' CUDA runs, each with --backend=cuda on one GPU; the composed
 # step's cap is the card's (85% of it) and its N_max is predicted first.
-cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench",
-        "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench")
+cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
+        "step_bench", "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench")
 for b in cuda:
     st = by["bench:" + b]
     assert st["status"] == "dry_run" and "--backend=cuda" in st["detail"], st
-# The step in both precisions, each asked for by name.
-assert "--precision=fp32" in by["bench:step_bench"]["detail"], by["bench:step_bench"]
-assert "--precision=bf16" in by["bench:step_bench:bf16"]["detail"], by["bench:step_bench:bf16"]
+# The step and the optimizers in both precisions, each asked for by name.
+for b in ("step_bench", "optimizer_bench"):
+    assert "--precision=fp32" in by["bench:" + b]["detail"], by["bench:" + b]
+    assert "--precision=bf16" in by["bench:%s:bf16" % b]["detail"], by["bench:%s:bf16" % b]
 assert "--plan_only" in by["bench:composed_bench:plan"]["detail"]
 assert "--plan_only" in by["bench:composed_bench:plan_bf16"]["detail"]
 assert "--precision=bf16" in by["bench:composed_bench:plan_bf16"]["detail"]
@@ -109,6 +110,14 @@ fi
 echo "{\"bench\":\"step\",\"precision\":\"${FAKE_PRECISION:-$p}\",\"cuda\":{\"gflops\":2}}"
 SH
 chmod +x "$fake/bin/step_bench"
+# The optimizers' stand-in says the precision it was asked for.
+cat >"$fake/bin/optimizer_bench" <<'SH'
+#!/usr/bin/env bash
+p=fp32
+for a in "$@"; do case "$a" in --precision=*) p="${a#--precision=}" ;; esac; done
+echo "{\"bench\":\"optimizer\",\"precision\":\"$p\",\"cuda\":{\"gflops\":2}}"
+SH
+chmod +x "$fake/bin/optimizer_bench"
 # The composed step's stand-in records its arguments: the cap it was given.
 cat >"$fake/bin/composed_bench" <<SH
 #!/usr/bin/env bash
@@ -127,11 +136,12 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "gpu" and d["verdict"] == "pass", (d["mode"], d["verdict"], d["failed"])
 assert by["test:cuda_twin_test"]["status"] == "pass" and by["test:cuda_twin_test"]["data"]["testsuites"]
 assert by["bench:sgemm_bench"]["data"]["cuda"]["gflops"] == 2
-for b in ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "step_bench",
-          "step_bench:bf16"):
+for b in ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
+          "step_bench", "step_bench:bf16"):
     assert by["bench:" + b]["status"] == "pass" and by["bench:" + b]["data"]["cuda"]["gflops"] == 2, by["bench:" + b]
-# Each step run says which precision ran.
-for b, p in (("step_bench", "fp32"), ("step_bench:bf16", "bf16")):
+# Each step and optimizer run says which precision ran.
+for b, p in (("step_bench", "fp32"), ("step_bench:bf16", "bf16"), ("optimizer_bench", "fp32"),
+             ("optimizer_bench:bf16", "bf16")):
     st = by["bench:" + b]
     assert st["data"]["precision"] == p and st["detail"].startswith("precision %s, rc=0" % p), st
 assert by["bench:composed_bench"]["status"] == "pass" and by["bench:composed_bench"]["data"]["composed"] == 1

@@ -46,7 +46,10 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -59,6 +62,7 @@
 #include "kernels/model/config.h"
 #include "kernels/model/params.h"
 #include "kernels/step/step.h"
+#include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
 #include "kernels/testing/tiny_model.h"
@@ -101,6 +105,9 @@ double RelativeBound(int64_t roundings) { return std::pow(1.0 + kBf16UnitRoundof
 struct StepsRun {
   std::vector<StepStats> stats;
   ModelState state;
+  // Per rank, the all_to_all_v calls and the bytes they handed over to send
+  // (SkewedStep only: CountingCommunicator's table).
+  std::vector<int64_t> all_to_all_calls, all_to_all_bytes;
 };
 
 StepsRun Steps(const StepOptions& o, const GlobalBatch& g, int steps) {
@@ -418,11 +425,14 @@ TEST(StepBf16, LossAndGradNormWithinTheRoundingBoundOfFp32) {
 // 0 .. k-1, all on rank 0), so that PipelinedLLEP lends rank 0's experts to
 // rank 1 (weights shipped, gradients sent home and added): the composed
 // bf16 step stays within the bound of the fp32 baseline on the same skew,
-// with the helpers' additions (P - 1) and the chunks counted.
+// with the helpers' additions (P - 1) and the chunks counted. Each rank's
+// collectives are counted (CountingCommunicator) to see the lending.
 StepsRun SkewedStep(const StepOptions& o, const GlobalBatch& g) {
   StepsRun run;
   const int P = static_cast<int>(o.layout.ranks);
-  RunRanks(P, [&](int r, Backend& be, Communicator& world) {
+  std::vector<CountingCommunicator::Table> tables(P);
+  RunRanks(P, [&](int r, Backend& be, Communicator& inner) {
+    CountingCommunicator world(inner, &tables[r]);
     auto step = TrainingStep::Create(o, be, world);
     ASSERT_TRUE(step.ok()) << step.status();
     auto state = (*step)->GatherState();
@@ -440,7 +450,51 @@ StepsRun SkewedStep(const StepOptions& o, const GlobalBatch& g) {
     ASSERT_TRUE(st.ok()) << st.status();
     if (r == 0) run.stats.push_back(*st);
   });
+  for (CountingCommunicator::Table& t : tables) {
+    const CountingCommunicator::Counts calls = t.Read(), bytes = t.ReadBytes();
+    run.all_to_all_calls.push_back(calls.count("all_to_all_v") ? calls.at("all_to_all_v") : 0);
+    run.all_to_all_bytes.push_back(bytes.count("all_to_all_v") ? bytes.at("all_to_all_v") : 0);
+  }
   return run;
+}
+
+// The same LLEP options with lending impossible: no piece of a chunk's (or
+// LLEP's layer's) routes is as large as min_piece, so every expert stays
+// home (llep_plan.h); the routing, the chunks and the row exchanges are
+// those of `o`.
+StepOptions WithoutLending(StepOptions o) {
+  const int64_t routes = TokensPerRank(o.model, o.layout) * o.model.top_k * o.layout.ranks;
+  o.dispatch.llep.min_piece = routes + 1;
+  o.dispatch.pipelined.balance.min_piece = routes + 1;
+  return o;
+}
+
+// Lending seen on the wire, against the same step without it. The only
+// all_to_all_v exchanges of the step are the dispatch's (the row exchanges;
+// ring attention and Ring-DTP send/recv), and a chunk that moves experts
+// adds two of 3HF-element rows: the borrowed experts' weights to their
+// helpers and their gradients home (LlepChunkRunner's ShipWeights and
+// ReturnWeightGrads, both skipped by every rank of a chunk without
+// transfers). The row exchanges hand over the same bytes summed over the
+// ranks either way (every route is sent once and its output returned once,
+// whichever rank computes it), so with lending every rank makes more
+// all_to_all_v calls, and the ranks together send more bytes by a whole,
+// positive number of experts' bf16 weights.
+void ExpectLendingOnTheWire(const StepsRun& lent, const StepsRun& kept, const ModelConfig& m,
+                            const std::string& what) {
+  ASSERT_EQ(lent.all_to_all_calls.size(), kept.all_to_all_calls.size());
+  int64_t extra = 0;
+  for (size_t r = 0; r < lent.all_to_all_calls.size(); ++r) {
+    EXPECT_GT(kept.all_to_all_calls[r], 0) << what << " rank " << r << ": the rows are exchanged either way";
+    EXPECT_GT(lent.all_to_all_calls[r], kept.all_to_all_calls[r])
+        << what << " rank " << r << ": no expert weights shipped, nothing was lent";
+    extra += lent.all_to_all_bytes[r] - kept.all_to_all_bytes[r];
+  }
+  const int64_t expert_bytes = 3 * m.hidden * m.expert_ffn * static_cast<int64_t>(sizeof(Bf16));
+  std::printf("%s: all_to_all_v bytes over the ranks, lending %+lld (%lld experts' weights or gradients)\n",
+              what.c_str(), static_cast<long long>(extra), static_cast<long long>(extra / expert_bytes));
+  EXPECT_GT(extra, 0) << what;
+  EXPECT_EQ(extra % expert_bytes, 0) << what << ": " << extra << " bytes are not whole experts";
 }
 
 TEST(StepBf16, ComposedWithLendingWithinTheRoundingBound) {
@@ -449,8 +503,12 @@ TEST(StepBf16, ComposedWithLendingWithinTheRoundingBound) {
   const int64_t B = 2;
   const GlobalBatch g = MakeBatch(m, B, 17);
   const StepsRun ref = SkewedStep(Options(m, P, B, Precision::kFp32), g);
-  const StepOptions o = WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kComposed);
+  StepOptions o = WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kComposed);
+  // Pieces of 2 routes may move: the default min_piece (1024) is more than
+  // a chunk's 20 routes here, which would keep every expert home.
+  o.dispatch.pipelined.balance.min_piece = 2;
   const StepsRun bf = SkewedStep(o, g);
+  ExpectLendingOnTheWire(bf, SkewedStep(WithoutLending(o), g), m, "pipelined_llep");
   ASSERT_EQ(ref.stats.size(), 1u);
   ASSERT_EQ(bf.stats.size(), 1u);
   const double loss32 = ref.stats[0].loss, norm32 = ref.stats[0].grad_norm;
@@ -468,7 +526,10 @@ TEST(StepBf16, ComposedWithLendingWithinTheRoundingBound) {
   EXPECT_LE(std::abs(loss - loss32), loss_bound * loss32);
   EXPECT_LE(std::abs(norm - norm32), norm_bound * norm32);
   // LLEP (one chunk: the whole layer) on the same skew.
-  const StepsRun llep = SkewedStep(WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kLlep), g);
+  StepOptions lo = WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kLlep);
+  lo.dispatch.llep.min_piece = 2;
+  const StepsRun llep = SkewedStep(lo, g);
+  ExpectLendingOnTheWire(llep, SkewedStep(WithoutLending(lo), g), m, "llep");
   ASSERT_EQ(llep.stats.size(), 1u);
   const double llep_bound = RelativeBound(GradientRoundings(m, P) + 1 + (P - 1));
   std::printf("skewed llep P=%d loss bf16 %.7f (rel %.2e); grad norm bf16 %.7f (rel %.2e, bound %.2e)\n", P,
@@ -611,6 +672,95 @@ TEST(StepBf16, TooManyExpertsAreRefusedNamingTheField) {
     EXPECT_EQ(be.device().tracker().total_peak(), 0);
     o.precision = Precision::kFp32;
     EXPECT_TRUE(TrainingStep::Create(o, be, world).ok());
+  });
+}
+
+// The CPU backend's kernels behind a backend that says it does not compute
+// bf16, as a backend without bf16 kernels would: both real backends compute
+// it, so only this stand-in reaches Create's refusal (step.cc,
+// CheckPrecision). Its fp32 calls go to the CPU backend's public entry
+// points; its bf16 ones are Backend's defaults (UNIMPLEMENTED).
+class NoBf16Backend final : public Backend {
+ public:
+  explicit NoBf16Backend(Backend& cpu) : cpu_(cpu) {}
+  BackendKind kind() const override { return cpu_.kind(); }
+  std::string Describe() const override { return cpu_.Describe() + " without bf16"; }
+  bool computes_bf16() const override { return false; }
+  MemorySpace& device() override { return cpu_.device(); }
+  MemorySpace& host() override { return cpu_.host(); }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(absl::string_view name) override {
+    return cpu_.CreateStream(name);
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override { return cpu_.CreateEvent(); }
+
+ protected:
+  absl::Status DoCopy(Stream& s, void* dst, const void* src, size_t bytes) override {
+    return cpu_.Copy(s, dst, src, bytes);
+  }
+  absl::Status DoGemm(Stream& s, const GemmArgs& a) override { return cpu_.Gemm(s, a); }
+  absl::Status DoFill(Stream& s, float* x, int64_t n, float v) override { return cpu_.Fill(s, x, n, v); }
+  absl::Status DoScale(Stream& s, float* x, int64_t n, float a) override { return cpu_.Scale(s, x, n, a); }
+  absl::Status DoAxpy(Stream& s, float* y, const float* x, int64_t n, float a) override {
+    return cpu_.Axpy(s, y, x, n, a);
+  }
+  absl::Status DoAdd(Stream& s, float* out, const float* a, const float* b, int64_t n) override {
+    return cpu_.Add(s, out, a, b, n);
+  }
+  absl::Status DoMul(Stream& s, float* out, const float* a, const float* b, int64_t n) override {
+    return cpu_.Mul(s, out, a, b, n);
+  }
+  absl::Status DoSwiGluForward(Stream& s, float* out, const float* gate, const float* up, int64_t n) override {
+    return cpu_.SwiGluForward(s, out, gate, up, n);
+  }
+  absl::Status DoSwiGluBackward(Stream& s, float* dgate, float* dup, const float* dout, const float* gate,
+                                const float* up, int64_t n) override {
+    return cpu_.SwiGluBackward(s, dgate, dup, dout, gate, up, n);
+  }
+  absl::Status DoRmsNormForward(Stream& s, float* out, float* rstd, const float* x, const float* w, int64_t rows,
+                                int64_t cols, float eps) override {
+    return cpu_.RmsNormForward(s, out, rstd, x, w, rows, cols, eps);
+  }
+  absl::Status DoRmsNormBackward(Stream& s, float* dx, float* dw, const float* dout, const float* x, const float* w,
+                                 const float* rstd, int64_t rows, int64_t cols) override {
+    return cpu_.RmsNormBackward(s, dx, dw, dout, x, w, rstd, rows, cols);
+  }
+  absl::Status DoSoftmaxRows(Stream& s, float* y, const float* x, int64_t rows, int64_t cols) override {
+    return cpu_.SoftmaxRows(s, y, x, rows, cols);
+  }
+  absl::Status DoLogSumExpRows(Stream& s, float* out, const float* x, int64_t rows, int64_t cols) override {
+    return cpu_.LogSumExpRows(s, out, x, rows, cols);
+  }
+  absl::Status DoSum(Stream& s, float* out, const float* x, int64_t n) override { return cpu_.Sum(s, out, x, n); }
+  absl::Status DoSumSquares(Stream& s, float* out, const float* x, int64_t n) override {
+    return cpu_.SumSquares(s, out, x, n);
+  }
+  absl::Status DoAdamW(Stream& s, float* p, const float* g, float* m, float* v, int64_t n,
+                       const AdamWArgs& a) override {
+    return cpu_.AdamW(s, p, g, m, v, n, a);
+  }
+
+ private:
+  Backend& cpu_;
+};
+
+// A bf16 step on a backend that does not compute bf16 is refused at Create,
+// naming the job spec's field and the backend, before anything is
+// allocated (it would otherwise run fp32 kernels in buffers planned for
+// bf16); the same options in fp32 are created on that backend, and in bf16
+// on the CPU backend itself.
+TEST(StepBf16, BackendWithoutBf16IsRefusedNamingTheFieldAndTheBackend) {
+  RunRanks(1, [&](int, Backend& cpu, Communicator& world) {
+    NoBf16Backend be(cpu);
+    StepOptions o = Options(TinyModel(), 1, 1, Precision::kBf16Mixed);
+    be.device().tracker().ResetPeaks();
+    auto st = TrainingStep::Create(o, be, world);
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kUnimplemented) << st.status();
+    EXPECT_THAT(st.status().message(), AllOf(HasSubstr("precision: bf16"), HasSubstr("by the cpu backend")));
+    EXPECT_EQ(be.device().tracker().total_peak(), 0);
+    o.precision = Precision::kFp32;
+    EXPECT_TRUE(TrainingStep::Create(o, be, world).ok());
+    o.precision = Precision::kBf16Mixed;
+    EXPECT_TRUE(TrainingStep::Create(o, cpu, world).ok());
   });
 }
 
