@@ -50,9 +50,9 @@ TEST(CpuPoolTest, ConcurrentCallersBothFinish) {
 }
 
 // Calls of two tasks, back to back: a worker woken for one call often
-// arrives after the caller has taken both tasks; it must skip that call
-// (never run a later call's tasks with a stale function) and the caller must
-// not wait for it.
+// arrives after the caller has taken both tasks (the caller no longer waits
+// for it); it must skip that call, and join a later one only with that
+// call's function and tasks.
 TEST(CpuPoolTest, ManySmallCallsEachRunEveryTaskOnce) {
   CpuPool pool(3);
   std::vector<int64_t> hits(2 * 20000, 0);
