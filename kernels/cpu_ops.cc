@@ -75,7 +75,8 @@ void Gemm(const GemmArgs& g, CpuPool* pool) {
   // Rows of C in tasks fixed by m alone, each one sgemm call, with or
   // without a pool: the same calls whatever runs them, so the same bits.
   // Row i of op(A) starts at a + i * lda, or at a + i when A is transposed.
-  ParallelBlocks(pool, g.m, GemmRowsPerTask(g.m), [&g](int64_t r0, int64_t r1) {
+  // A small GEMM runs its tasks here (kPoolMinWork).
+  ParallelBlocks(PoolFor(pool, GemmWork(g.m, g.n, g.k)), g.m, GemmRowsPerTask(g.m), [&g](int64_t r0, int64_t r1) {
     const float* a = g.trans_a ? g.a + r0 : g.a + r0 * g.lda;
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
                 g.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(r1 - r0),

@@ -30,6 +30,9 @@ namespace plateau::cpu {
 void Gemm(const GemmArgs& g, CpuPool* pool = nullptr);
 // Rows of C per Gemm task: depends on m alone.
 int64_t GemmRowsPerTask(int64_t m);
+// A GEMM's flops, for PoolFor: below kPoolMinWork its row blocks run on the
+// calling thread (the same sgemm calls).
+inline int64_t GemmWork(int64_t m, int64_t n, int64_t k) { return 2 * m * n * k; }
 
 void Fill(float* x, int64_t n, float value, CpuPool* pool = nullptr);
 void Scale(float* x, int64_t n, float alpha, CpuPool* pool = nullptr);

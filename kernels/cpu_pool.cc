@@ -30,16 +30,22 @@ void CpuPool::WorkerLoop(int slot) {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && slot < active_slots_); });
+      // A worker joins only a call still open: one that wakes after the
+      // caller has taken every task skips it (and waits for the next).
+      wake_.wait(lock, [&] {
+        return stopping_ || (open_ && generation_ != seen && slot < active_slots_);
+      });
       if (stopping_) return;
       seen = generation_;
+      ++inside_;
     }
     Drain(slot);
+    bool last;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ++finished_workers_;
+      last = --inside_ == 0 && !open_;
     }
-    done_.notify_one();
+    if (last) done_.notify_one();
   }
 }
 
@@ -59,13 +65,18 @@ void CpuPool::ParallelFor(int64_t tasks, const TaskFn& fn, int max_slots) {
     tasks_ = tasks;
     next_.store(0);
     active_slots_ = slots;
-    finished_workers_ = 0;
+    open_ = true;
     ++generation_;
   }
   wake_.notify_all();
   Drain(0);
+  // Every task is taken once the caller's Drain returns; wait only for the
+  // workers still running one. A worker not yet scheduled is not waited
+  // for: on a busy machine (the tests' ranks are threads on 2 cores) that
+  // wait was a scheduler slice per call, longer than the kernel.
   std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return finished_workers_ == slots - 1; });
+  open_ = false;
+  done_.wait(lock, [&] { return inside_ == 0; });
   active_slots_ = 0;
   fn_ = nullptr;
 }

@@ -65,8 +65,9 @@ class CpuPool {
   std::condition_variable wake_;
   std::condition_variable done_;
   uint64_t generation_ = 0;     // guarded by mu_
-  int active_slots_ = 0;        // workers (slots 1..) taking part in this call
-  int finished_workers_ = 0;    // guarded by mu_
+  int active_slots_ = 0;        // slots (workers 1..) this call may use
+  bool open_ = false;           // workers may still join this call; mu_
+  int inside_ = 0;              // workers running this call's tasks; mu_
   bool stopping_ = false;       // guarded by mu_
   const TaskFn* fn_ = nullptr;  // the current call's function
   int64_t tasks_ = 0;
@@ -78,6 +79,23 @@ class CpuPool {
 // called without a pool, e.g. as references in tests).
 void ParallelFor(CpuPool* pool, int64_t tasks, const CpuPool::TaskFn& fn,
                  int max_slots = 1 << 30);
+
+// Kernels whose task size is not already fixed at tens of microseconds (the
+// GEMMs' row blocks, attention's heads and tiles) run on the caller below
+// kPoolMinWork flops: waking a worker and waiting for it costs a futex wake
+// and a wait, ~5-20 us on a quiet machine and up to a scheduler slice on a
+// busy one, more than such a kernel takes on one core. The tests' tiny
+// models (hidden 16-64) paid it thousands of times per test (BENCHMARKS.md,
+// "The test suite's wall time before and after issue 18"). The rule reads
+// the problem's size only, and the inline path runs the same tasks (the
+// no-pool path of ParallelFor), so the bits do not change.
+inline constexpr int64_t kPoolMinWork = int64_t{1} << 20;
+
+// `pool` when `work` (about the kernel's flops) is worth a hand-off, else
+// null: run the tasks in order on the calling thread.
+inline CpuPool* PoolFor(CpuPool* pool, int64_t work) {
+  return work < kPoolMinWork ? nullptr : pool;
+}
 
 // The number of tasks of `per_task` items that cover n items (at least 1).
 inline int64_t TaskCount(int64_t n, int64_t per_task) {

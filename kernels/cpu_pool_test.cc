@@ -49,6 +49,28 @@ TEST(CpuPoolTest, ConcurrentCallersBothFinish) {
   EXPECT_EQ(total.load(), 2 * 200 * 50);
 }
 
+// Calls of two tasks, back to back: a worker woken for one call often
+// arrives after the caller has taken both tasks (the caller no longer waits
+// for it); it must skip that call, and join a later one only with that
+// call's function and tasks.
+TEST(CpuPoolTest, ManySmallCallsEachRunEveryTaskOnce) {
+  CpuPool pool(3);
+  std::vector<int64_t> hits(2 * 20000, 0);
+  for (int64_t call = 0; call < 20000; ++call) {
+    pool.ParallelFor(2, [&, call](int64_t t, int) { ++hits[2 * call + t]; });
+  }
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << i;
+}
+
+// Below kPoolMinWork a kernel runs on its caller; the rule reads the work
+// alone, not the pool.
+TEST(CpuPoolTest, PoolForHandsOffOnlyLargeWork) {
+  CpuPool pool(2);
+  EXPECT_EQ(PoolFor(&pool, kPoolMinWork - 1), nullptr);
+  EXPECT_EQ(PoolFor(&pool, kPoolMinWork), &pool);
+  EXPECT_EQ(PoolFor(nullptr, kPoolMinWork), nullptr);
+}
+
 TEST(CpuPoolTest, NullPoolRunsInOrder) {
   std::vector<int64_t> order;
   ParallelFor(nullptr, 5, [&](int64_t t, int slot) {

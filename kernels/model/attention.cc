@@ -387,6 +387,15 @@ bool AttentionTileIsaAvailable(AttentionTileIsa isa) {
 
 AttentionTileIsa AttentionActiveTileIsa() { return ActiveTileIsa(); }
 
+namespace {
+int64_t AttentionFlops(const AttentionShape& s, int64_t products) {
+  return 2 * products * s.batch * s.heads * s.q_len * s.kv_len * s.head_dim;
+}
+}  // namespace
+
+int64_t AttentionForwardFlops(const AttentionShape& s) { return AttentionFlops(s, 2); }
+int64_t AttentionBackwardFlops(const AttentionShape& s) { return AttentionFlops(s, 5); }
+
 void AttentionInitState(const AttentionShape& s, float* m, float* l, float* acc, CpuPool* pool) {
   const int64_t rows = s.batch * s.q_len * s.heads, d = s.head_dim;
   ParallelBlocks(pool, rows, RowsPerTask(d), [=](int64_t r0, int64_t r1) {
@@ -407,7 +416,8 @@ void AttentionForwardBlock(const AttentionShape& s, const float* q, const float*
   // read that K/V head, so a K/V tile is packed once for the group. Rows of
   // m, l and acc are the task's own, and each (head, query tile) folds the
   // key tiles in order, so the bits do not depend on the pool.
-  ParallelFor(pool, s.batch * s.kv_heads * qtiles, [&](int64_t task, int slot) {
+  // A small block (the tests' tiny models) runs on this thread: PoolFor.
+  ParallelFor(PoolFor(pool, AttentionForwardFlops(s)), s.batch * s.kv_heads * qtiles, [&](int64_t task, int slot) {
     const int64_t b = task / (s.kv_heads * qtiles), g = task / qtiles % s.kv_heads;
     const int64_t i0 = task % qtiles * kBq, tq = std::min(kBq, s.q_len - i0);
     const int64_t tk = VisibleKeys(s, i0, tq);
@@ -486,8 +496,9 @@ void AttentionBackwardBlock(const AttentionShape& s, const float* q, const float
   const int64_t kBq = AttentionTileQueries(s), kBk = AttentionTileKeys(s);
   // One task per (sequence, K/V head): dK and dV of that head, and dQ of the
   // query heads that read it, are written by that task alone, in a fixed
-  // order (key tiles, then heads of the group, then query tiles).
-  ParallelFor(pool, s.batch * s.kv_heads, [&](int64_t task, int slot) {
+  // order (key tiles, then heads of the group, then query tiles). A small
+  // block runs on this thread (PoolFor).
+  ParallelFor(PoolFor(pool, AttentionBackwardFlops(s)), s.batch * s.kv_heads, [&](int64_t task, int slot) {
     const int64_t b = task / s.kv_heads, g = task % s.kv_heads;
     const Slot w = SlotAt(s, work, slot);
     for (int64_t j0 = 0; j0 < s.kv_len; j0 += kBk) {

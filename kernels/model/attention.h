@@ -45,6 +45,13 @@
 namespace plateau {
 
 
+// A block's flops, for PoolFor (kernels/cpu_pool.h): below kPoolMinWork the
+// tasks run on the calling thread. Tile products per (query, key, dimension)
+// of a head: the forward's two (S = QK^T, PV), the backward's five (S, dV,
+// dP, dQ, dK); causal masking is ignored (a bound).
+int64_t AttentionForwardFlops(const AttentionShape& s);
+int64_t AttentionBackwardFlops(const AttentionShape& s);
+
 // m = -inf, l = 0, acc = 0.
 void AttentionInitState(const AttentionShape& s, float* m, float* l,
                         float* acc,

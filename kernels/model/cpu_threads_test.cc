@@ -85,6 +85,7 @@ TEST(CpuThreadsTest, ElementwiseAndOptimizerOps) {
 TEST(CpuThreadsTest, GemmAndSums) {
   const int64_t m = 1100, n = 70, k = 300;
   ASSERT_EQ(cpu::GemmRowsPerTask(m), 560);
+  ASSERT_GE(cpu::GemmWork(m, n, k), kPoolMinWork);  // the pool runs it (PoolFor)
   const std::vector<float> a = Randn(m * k, 21), b = Randn(k * n, 22), c0 = Randn(m * n, 23);
   for (int trans = 0; trans < 4; ++trans) {
     const bool ta = trans & 1, tb = trans & 2;
@@ -214,6 +215,9 @@ TEST(CpuThreadsTest, AttentionAndRope) {
   // heads over 2 K/V heads; the K/V block starts 40 positions before the
   // queries, so diagonal tiles are partly masked.
   AttentionShape s{2, 150, 190, 4, 2, 32, 40, 0, 1.0f / std::sqrt(32.0f)};
+  // Large enough that the pool runs both (PoolFor).
+  ASSERT_GE(AttentionForwardFlops(s), kPoolMinWork);
+  ASSERT_GE(AttentionBackwardFlops(s), kPoolMinWork);
   const std::vector<float> q = Randn(2 * 150 * 4 * 32, 12), k = Randn(2 * 190 * 2 * 32, 13),
                            v = Randn(2 * 190 * 2 * 32, 14), dout = Randn(2 * 150 * 4 * 32, 15);
   ExpectSameForAnyPool("attention", [&](CpuPool* p) {
