@@ -100,7 +100,8 @@ class PipelinedLlep final : public ExpertDispatch {
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
                        const ExpertWeights& w, float* out) override;
   // Plans the layer as Forward does (K, the per-chunk counts, every chunk's
-  // plan and staged index words: the same collectives) and keeps u and
+  // plan and staged index words: the same collectives, or none when the
+  // layer was named by SetLayer and its Forward kept the counts) and keeps u and
   // gates, but runs no chunk: Backward replays every chunk's forward anyway,
   // so its results are bitwise those after Forward.
   absl::Status ForwardForBackward(const float* u, const int32_t* chosen, const float* gates,
@@ -155,7 +156,8 @@ class PipelinedLlep final : public ExpertDispatch {
   // Forgets the last layer, validates `tokens` and `layer` and plans
   // (Forward's and ForwardForBackward's common start).
   absl::Status Begin(const int32_t* chosen, int64_t tokens, int64_t layer, bool for_backward);
-  // Layer l's kept words: [K][P][K_max][E] (the counts as gathered, int32).
+  // Layer l's kept words: K, then the counts as gathered ([P][K][E], int32)
+  // in a region sized for K_max.
   int32_t* Kept(int64_t l);
   const int32_t* StagedIndex(int64_t chunk) const;
 

@@ -462,20 +462,22 @@ TEST(PipelinedLlepTest, OneChunkPlansWithoutTheAllReduce) {
   }
 }
 
-// The step's order for a layer: Forward, then (the recompute) two
-// ForwardForBackward before the Backward, each naming layer 1 when `named`
-// (SetLayer). The second recompute finds nothing kept (used once), so it
-// plans from collectives again; the Backward replays the last plan.
+// The step's order for a layer: Forward, then (the recompute)
+// `recomputes` ForwardForBackward before the Backward, each naming layer 1
+// when `named` (SetLayer). A second recompute finds nothing kept (used
+// once), so it plans from collectives again; the Backward replays the last
+// plan: the bits are checked with one recompute, so that the Backward
+// replays the plan made from the kept counts.
 class ForwardThenRecompute final : public ExpertDispatch {
  public:
-  ForwardThenRecompute(std::unique_ptr<ExpertDispatch> d, bool named)
-      : d_(std::move(d)), named_(named) {}
+  ForwardThenRecompute(std::unique_ptr<ExpertDispatch> d, bool named, int recomputes)
+      : d_(std::move(d)), named_(named), recomputes_(recomputes) {}
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
                        const ExpertWeights& w, float* out) override {
     Name();
     PLATEAU_RETURN_IF_ERROR(d_->Forward(u, chosen, gates, tokens, w, out));
     d_->Release();
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < recomputes_; ++i) {
       Name();
       PLATEAU_RETURN_IF_ERROR(d_->ForwardForBackward(u, chosen, gates, tokens, w, nullptr));
     }
@@ -493,6 +495,7 @@ class ForwardThenRecompute final : public ExpertDispatch {
   }
   std::unique_ptr<ExpertDispatch> d_;
   const bool named_;
+  const int recomputes_;
 };
 
 // The recompute of a named layer plans from the counts its Forward kept:
@@ -507,19 +510,26 @@ TEST(PipelinedLlepTest, TheRecomputeReusesTheForwardsCountsBitForBit) {
       SCOPED_TRACE(absl::StrCat("P = ", P, ", c = ", c));
       const DispatchFactory pipelined = PipelinedFactory(TestOptions(c), MaxTokens(pr));
       const DispatchGot plain = RunDispatch(pr, pipelined);
-      DispatchGot got[2];
-      CountingCommunicator::Counts counts[2];  // rank 0's
+      DispatchGot got[2], twice[2];  // one recompute; two (for the counts)
+      CountingCommunicator::Counts counts[2];  // rank 0's, with two recomputes
       for (int named : {0, 1}) {
+        got[named] = RunDispatch(
+            pr, [&](int p, const ModelConfig& mc, Backend& be, ModelKernels& k, Communicator& world,
+                    Stream& compute, Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+              absl::StatusOr<std::unique_ptr<ExpertDispatch>> d = pipelined(p, mc, be, k, world, compute, comm);
+              if (!d.ok()) return d.status();
+              return std::unique_ptr<ExpertDispatch>(new ForwardThenRecompute(std::move(*d), named, 1));
+            });
         std::vector<CountingCommunicator::Table> tables(pr.P);
         std::vector<std::unique_ptr<CountingCommunicator>> worlds(pr.P);
-        got[named] = RunDispatch(
+        twice[named] = RunDispatch(
             pr, [&](int p, const ModelConfig& mc, Backend& be, ModelKernels& k, Communicator& world,
                     Stream& compute, Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
               worlds[p] = std::make_unique<CountingCommunicator>(world, &tables[p]);
               absl::StatusOr<std::unique_ptr<ExpertDispatch>> d =
                   pipelined(p, mc, be, k, *worlds[p], compute, comm);
               if (!d.ok()) return d.status();
-              return std::unique_ptr<ExpertDispatch>(new ForwardThenRecompute(std::move(*d), named));
+              return std::unique_ptr<ExpertDispatch>(new ForwardThenRecompute(std::move(*d), named, 2));
             });
         counts[named] = tables[0].Read();
       }
@@ -539,6 +549,7 @@ TEST(PipelinedLlepTest, TheRecomputeReusesTheForwardsCountsBitForBit) {
       }
       ExpectSameBits(got[0], plain, "planned afresh against Forward + Backward");
       ExpectSameBits(got[1], plain, "the kept counts against Forward + Backward");
+      ExpectSameBits(twice[1], plain, "a second recompute, planned afresh");
     }
   }
 }

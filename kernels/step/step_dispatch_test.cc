@@ -18,6 +18,7 @@
 #include "kernels/budget/budget.h"
 #include "kernels/status_macros.h"
 #include "kernels/step/step.h"
+#include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
 #include "kernels/testing/tiny_model.h"
@@ -143,6 +144,63 @@ TEST_P(StepDispatch, LlepAndPipelinedLlepMatchStandardEpWithinThePlan) {
 
 INSTANTIATE_TEST_SUITE_P(RanksAndRouting, StepDispatch,
                          ::testing::Combine(::testing::Values(2, 4), ::testing::Bool()));
+
+// Rank 0's collectives in one ForwardBackward, by kind (after Create).
+CountingCommunicator::Counts PassCollectives(int P, const DispatchOptions& dispatch) {
+  const ModelConfig m = TestModel();
+  std::mt19937 rng(9);
+  std::vector<int32_t> tokens(kBatch * m.seq_len), targets(kBatch * m.seq_len);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % m.vocab_size);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % m.vocab_size);
+  CountingCommunicator::Counts counts;
+  const absl::Status s = RunLocalWorld(P, 64 << 20, FreshStoreDir("dispatch_counts"), [&](int r, Backend& be,
+                                                                                           Communicator& world) {
+    CountingCommunicator::Table table;
+    CountingCommunicator counting(world, &table);
+    StepOptions o;
+    o.model = m;
+    o.layout = {P, kBatch};
+    o.seed = 4;
+    o.dispatch = dispatch;
+    PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(o, be, counting));
+    const CountingCommunicator::Counts before = table.Read();
+    PLATEAU_RETURN_IF_ERROR(step->ForwardBackward(RankSlice(tokens, kBatch, m.seq_len, r, P),
+                                                  RankSlice(targets, kBatch, m.seq_len, r, P))
+                                .status());
+    if (r == 0) {
+      counts = table.Read();
+      for (const auto& [op, n] : before) counts[op] -= n;
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return counts;
+}
+
+// The step names each layer to its dispatch (SetLayer) before the forward
+// and the recompute, so PipelinedLLEP's recompute plans from the counts its
+// forward kept: over standard EP's pass, the pipelined pass adds the
+// forward's plan collectives only, one all-gather of the counts per layer
+// (and with K > 1 chunks one all-reduce of the group's N), not two.
+TEST(StepDispatchTest, PipelinedLlepsRecomputeGathersNoCounts) {
+  using Kind = DispatchOptions::Kind;
+  const int64_t L = TestModel().layers;
+  for (int P : {2, 4}) {
+    for (bool one_chunk : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("P = ", P, one_chunk ? ", one chunk" : ", K > 1 chunks"));
+      DispatchOptions pipelined = Dispatch(Kind::kPipelinedLlep);
+      if (one_chunk) pipelined.pipelined.chunk_tokens = 1 << 20;
+      const CountingCommunicator::Counts base = PassCollectives(P, Dispatch(Kind::kStandardEp));
+      const CountingCommunicator::Counts got = PassCollectives(P, pipelined);
+      auto n = [](const CountingCommunicator::Counts& c, const char* op) {
+        auto it = c.find(op);
+        return it == c.end() ? int64_t{0} : it->second;
+      };
+      EXPECT_EQ(n(got, "all_gather") - n(base, "all_gather"), L) << "one count gather per layer (the forward's)";
+      EXPECT_EQ(n(got, "all_reduce") - n(base, "all_reduce"), one_chunk ? 0 : L);
+    }
+  }
+}
 
 TEST(StepDispatchTest, BadOptionsNameTheSpecField) {
   StepOptions o;
