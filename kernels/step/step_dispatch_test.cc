@@ -49,23 +49,38 @@ struct Outcome {
   std::vector<MemoryStats> device, host;
 };
 
-Outcome RunStep(int P, const DispatchOptions& dispatch, bool skewed) {
+// The tests' batch (seeded) and step options.
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+Batch TestBatch() {
   const ModelConfig m = TestModel();
   std::mt19937 rng(9);
-  std::vector<int32_t> tokens(kBatch * m.seq_len), targets(kBatch * m.seq_len);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % m.vocab_size);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % m.vocab_size);
+  Batch b{std::vector<int32_t>(kBatch * m.seq_len), std::vector<int32_t>(kBatch * m.seq_len)};
+  for (auto& t : b.tokens) t = static_cast<int32_t>(rng() % m.vocab_size);
+  for (auto& t : b.targets) t = static_cast<int32_t>(rng() % m.vocab_size);
+  return b;
+}
+StepOptions TestOptions(int P, const DispatchOptions& dispatch) {
+  StepOptions o;
+  o.model = TestModel();
+  o.layout = {P, kBatch};
+  o.seed = 4;
+  o.dispatch = dispatch;
+  return o;
+}
+
+Outcome RunStep(int P, const DispatchOptions& dispatch, bool skewed) {
+  const ModelConfig m = TestModel();
+  const Batch batch = TestBatch();
+  const std::vector<int32_t>& tokens = batch.tokens;
+  const std::vector<int32_t>& targets = batch.targets;
   Outcome out;
   out.device.resize(P);
   out.host.resize(P);
   const absl::Status s = RunLocalWorld(P, 64 << 20, FreshStoreDir("dispatch"), [&](int r, Backend& be,
                                                                                     Communicator& world) {
-    StepOptions o;
-    o.model = m;
-    o.layout = {P, kBatch};
-    o.seed = 4;
-    o.dispatch = dispatch;
-    PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(o, be, world));
+    PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(TestOptions(P, dispatch), be, world));
     if (skewed) {
       PLATEAU_ASSIGN_OR_RETURN(ModelState state, step->GatherState());
       const std::vector<WeightSpec> specs = ModelWeights(m);
@@ -92,13 +107,7 @@ Outcome RunStep(int P, const DispatchOptions& dispatch, bool skewed) {
   return out;
 }
 
-MemoryPlan PlanOf(int P, const DispatchOptions& d) {
-  StepOptions o;
-  o.model = TestModel();
-  o.layout = {P, kBatch};
-  o.dispatch = d;
-  return PlanMemory(o).value();
-}
+MemoryPlan PlanOf(int P, const DispatchOptions& d) { return PlanMemory(TestOptions(P, d)).value(); }
 
 void ExpectClose(const Outcome& got, const Outcome& want, const std::string& what) {
   EXPECT_NEAR(got.loss, want.loss, 1e-6 * std::abs(want.loss)) << what;
@@ -148,21 +157,15 @@ INSTANTIATE_TEST_SUITE_P(RanksAndRouting, StepDispatch,
 // Rank 0's collectives in one ForwardBackward, by kind (after Create).
 CountingCommunicator::Counts PassCollectives(int P, const DispatchOptions& dispatch) {
   const ModelConfig m = TestModel();
-  std::mt19937 rng(9);
-  std::vector<int32_t> tokens(kBatch * m.seq_len), targets(kBatch * m.seq_len);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % m.vocab_size);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % m.vocab_size);
+  const Batch batch = TestBatch();
+  const std::vector<int32_t>& tokens = batch.tokens;
+  const std::vector<int32_t>& targets = batch.targets;
   CountingCommunicator::Counts counts;
   const absl::Status s = RunLocalWorld(P, 64 << 20, FreshStoreDir("dispatch_counts"), [&](int r, Backend& be,
                                                                                            Communicator& world) {
     CountingCommunicator::Table table;
     CountingCommunicator counting(world, &table);
-    StepOptions o;
-    o.model = m;
-    o.layout = {P, kBatch};
-    o.seed = 4;
-    o.dispatch = dispatch;
-    PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(o, be, counting));
+    PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(TestOptions(P, dispatch), be, counting));
     const CountingCommunicator::Counts before = table.Read();
     PLATEAU_RETURN_IF_ERROR(step->ForwardBackward(RankSlice(tokens, kBatch, m.seq_len, r, P),
                                                   RankSlice(targets, kBatch, m.seq_len, r, P))
