@@ -1,6 +1,8 @@
 #include "kernels/cpu_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -52,14 +54,29 @@ TEST(CpuPoolTest, ConcurrentCallersBothFinish) {
 // Calls of two tasks, back to back: a worker woken for one call often
 // arrives after the caller has taken both tasks (the caller no longer waits
 // for it); it must skip that call, and join a later one only with that
-// call's function and tasks.
-TEST(CpuPoolTest, ManySmallCallsEachRunEveryTaskOnce) {
+// call's function and tasks. And a call returns only once every task it
+// handed off has finished: each task spins a little before it counts, so a
+// caller that returned while a worker ran one would find it unfinished.
+TEST(CpuPoolTest, ManySmallCallsEachRunEveryTaskOnceAndFinishBeforeReturning) {
   CpuPool pool(3);
-  std::vector<int64_t> hits(2 * 20000, 0);
+  std::vector<std::atomic<int>> hits(2 * 20000);
+  int64_t on_workers = 0;
   for (int64_t call = 0; call < 20000; ++call) {
-    pool.ParallelFor(2, [&, call](int64_t t, int) { ++hits[2 * call + t]; });
+    std::atomic<int> worker_tasks{0};
+    pool.ParallelFor(2, [&, call](int64_t t, int slot) {
+      // Every task spins (so that workers wake in time to take some), and
+      // counts only at its end.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      if (slot > 0) worker_tasks.fetch_add(1, std::memory_order_relaxed);
+      hits[2 * call + t].fetch_add(1, std::memory_order_relaxed);
+    });
+    ASSERT_EQ(hits[2 * call].load() + hits[2 * call + 1].load(), 2) << "call " << call << " returned early";
+    on_workers += worker_tasks.load();
   }
-  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << i;
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+  std::printf("%lld of 40000 tasks ran on a worker\n", static_cast<long long>(on_workers));
 }
 
 // Below kPoolMinWork a kernel runs on its caller; the rule reads the work
