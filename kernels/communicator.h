@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,6 +55,11 @@ namespace plateau {
 // combining step (per hop of the ring), as NCCL does for ncclBfloat16: a
 // sum over P ranks carries P - 1 bf16 roundings.
 enum class DataType { kFloat32, kFloat64, kInt32, kInt64, kBfloat16 };
+
+// What a step's collectives carry for its working type W: float (fp32) or
+// Bf16 (bf16 mixed precision). One rule for every schedule.
+template <typename W>
+inline constexpr DataType kWorkingDataType = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
 // Bytes per element; 0 for a value outside the enum.
 size_t DataTypeSize(DataType type);
 // "float32", "float64", "int32", "int64", "bfloat16" ("unknown" otherwise).

@@ -8,13 +8,6 @@
 #include "kernels/status_macros.h"
 
 namespace plateau {
-namespace {
-
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
-
-}  // namespace
-
 absl::Status AllocateDispatchBuffers(Backend& backend, const std::vector<DispatchBufferSpec>& specs,
                                      std::vector<Buffer>* out) {
   for (const DispatchBufferSpec& s : specs) {
@@ -134,7 +127,7 @@ absl::Status LlepChunkRunnerT<W>::Exchange(const W* send, absl::Span<const int64
   }
   PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready_));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready_));
-  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, kWire<W>));
+  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, kWorkingDataType<W>));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed_));
   return compute_.Wait(*landed_);
 }

@@ -8,14 +8,6 @@
 #include "kernels/status_macros.h"
 
 namespace plateau {
-namespace {
-
-// The rows travel in their own precision (an exchange moves, never sums).
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
-
-}  // namespace
-
 StandardEp::StandardEp(const ModelConfig& model, Backend& backend, ModelKernels& kernels,
                        Communicator& experts, Stream& compute, Stream& comm)
     : model_(model),
@@ -143,7 +135,7 @@ absl::Status StandardEp::Exchange(const W* send, W* recv, bool forward) {
   }
   PLATEAU_RETURN_IF_ERROR(compute_.Record(*ready_));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Wait(*ready_));
-  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, kWire<W>));
+  PLATEAU_RETURN_IF_ERROR(comm_.AllToAllV(comm_stream_, send, sc, recv, rc, kWorkingDataType<W>));
   PLATEAU_RETURN_IF_ERROR(comm_stream_.Record(*landed_));
   PLATEAU_RETURN_IF_ERROR(compute_.Wait(*landed_));
   return absl::OkStatus();

@@ -13,13 +13,6 @@
 #include "kernels/status_macros.h"
 
 namespace plateau {
-namespace {
-
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
-
-}  // namespace
-
 template <typename W>
 absl::StatusOr<std::unique_ptr<CpuOffloadAdamWT<W>>> CpuOffloadAdamWT<W>::Create(const OptimizerConfig& config,
                                                                                const OptimizerParamsT<W>& params,
@@ -155,7 +148,7 @@ absl::Status CpuOffloadAdamWT<W>::UploadWorking() {
   W* own_region = params_.dense_working + world_.rank() * S;
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(stream_, own_region, grad_.as<W>(), S * w));
   PLATEAU_RETURN_IF_ERROR(backend_.Copy(stream_, params_.owned, grad_.as<W>() + S, X * w));
-  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, own_region, params_.dense_working, S, kWire<W>));
+  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, own_region, params_.dense_working, S, kWorkingDataType<W>));
   // The staging buffer is read by the copies up: nothing touches it again
   // before they are done.
   return stream_.Synchronize();

@@ -6,13 +6,6 @@
 #include "kernels/status_macros.h"
 
 namespace plateau {
-namespace {
-
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
-
-}  // namespace
-
 template <typename W>
 absl::StatusOr<std::unique_ptr<DeviceAdamWT<W>>> DeviceAdamWT<W>::Create(const OptimizerConfig& config,
                                                                          const OptimizerParamsT<W>& params,
@@ -102,7 +95,7 @@ template <typename W>
 absl::Status DeviceAdamWT<W>::Refresh() {
   const void* send = master_.data();
   if constexpr (kSeparateOwnedMaster) send = OwnBlock();
-  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, send, params_.dense_working, params_.shard_numel, kWire<W>));
+  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, send, params_.dense_working, params_.shard_numel, kWorkingDataType<W>));
   return stream_.Synchronize();
 }
 

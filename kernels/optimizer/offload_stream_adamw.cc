@@ -8,13 +8,6 @@
 #include "kernels/status_macros.h"
 
 namespace plateau {
-namespace {
-
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
-
-}  // namespace
-
 template <typename W>
 absl::StatusOr<std::unique_ptr<OffloadStreamAdamWT<W>>> OffloadStreamAdamWT<W>::Create(
     const OptimizerConfig& config, const OptimizerPlacementOptions& placement, const OptimizerParamsT<W>& params,
@@ -151,7 +144,7 @@ absl::Status OffloadStreamAdamWT<W>::Update(float clip, int64_t step) {
     EndPhase(phases_, StepPhase::kOptimizerBucket, static_cast<int64_t>(i));
   }
   // Every rank's region of the working weights from every rank.
-  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, own_region, params_.dense_working, S, kWire<W>));
+  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, own_region, params_.dense_working, S, kWorkingDataType<W>));
   PLATEAU_RETURN_IF_ERROR(stream_.Synchronize());
   return Settle();
 }
@@ -175,7 +168,7 @@ absl::Status OffloadStreamAdamWT<W>::Refresh() {
   } else {
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(stream_, own_region, master_.as<float>(), S * sizeof(float)));
   }
-  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, own_region, params_.dense_working, S, kWire<W>));
+  PLATEAU_RETURN_IF_ERROR(world_.AllGather(stream_, own_region, params_.dense_working, S, kWorkingDataType<W>));
   return stream_.Synchronize();
 }
 

@@ -12,10 +12,6 @@ namespace {
 
 constexpr int64_t kF = sizeof(float);
 
-// The travellers and accumulators move in the working precision (a hop
-// moves, never sums: the accumulator's sums are the GEMMs').
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
 // The packed traveller's words (PackedCount): moved, never combined.
 template <typename W>
 constexpr DataType kPackedWire = std::is_same_v<W, float> ? DataType::kInt32 : DataType::kBfloat16;
@@ -255,7 +251,7 @@ absl::Status RingDtp::ForwardPass(const W* x, const W* w_shard, const int32_t* t
         PLATEAU_RETURN_IF_ERROR(CommAfterCompute());  // `next` was read at step r-1
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, w, ShardRows(s) * H, dst, next,
                                                 ShardRows((s - 1 + P) % P) * H, src,
-                                                kWire<W>));
+                                                kWorkingDataType<W>));
       }
       PLATEAU_RETURN_IF_ERROR(
           FoldMeeting(x, N, w, ShardRows(s), VocabShardBegin(V, P, s), targets, own_state));
@@ -345,7 +341,7 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
       }
       if (weights) {
         PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, trav, ShardRows(s) * H, dst, next,
-                                                ShardRows((s - 1 + P) % P) * H, src, kWire<W>));
+                                                ShardRows((s - 1 + P) % P) * H, src, kWorkingDataType<W>));
       } else {
         PLATEAU_RETURN_IF_ERROR(
             group_.SendRecv(comm_, packed, words, dst, next, words, src, kPackedWire<W>));
@@ -367,7 +363,7 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
       const int recv_slot = x_slot >= 0 ? x_slot : spare;
       const int64_t next_count = weights ? ShardRows((s - 1 + P) % P) * H : N * H;
       PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, b.slots[recv_slot].as<W>(),
-                                              next_count, src, kWire<W>));
+                                              next_count, src, kWorkingDataType<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
       const int old_acc = acc_slot;
       x_slot = free_slot;
@@ -383,7 +379,7 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
       // Home: this rank's shard's dW, summed over every batch.
       W* home = b.slots[x_slot >= 0 ? x_slot : spare].as<W>();
       PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, home,
-                                              ShardRows(p) * H, src, kWire<W>));
+                                              ShardRows(p) * H, src, kWorkingDataType<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
       if constexpr (std::is_same_v<W, float>) {
         PLATEAU_RETURN_IF_ERROR(backend_.Axpy(compute_, dw_shard, home, ShardRows(p) * H, 1.0f));
@@ -392,7 +388,7 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
       }
     } else {
       // Home: this batch's dX, summed over every shard.
-      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, kWire<W>));
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, kWorkingDataType<W>));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
     }
   }

@@ -6,13 +6,6 @@
 #include "kernels/status_macros.h"
 
 namespace plateau {
-namespace {
-
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
-
-}  // namespace
-
 template <typename W>
 absl::Status RingAttentionT<W>::CommAfterCompute() {
   PLATEAU_RETURN_IF_ERROR(compute.Record(ev_compute));
@@ -42,7 +35,7 @@ absl::Status RingAttentionT<W>::Forward(const W* q, const W* kv, float* ml, floa
       // `next` was last read by the compute of step-1: wait for it.
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
       PLATEAU_RETURN_IF_ERROR(world.SendRecv(comm, cur, 2 * n, (rank + 1) % P, next, 2 * n,
-                                             (rank - 1 + P) % P, kWire<W>));
+                                             (rank - 1 + P) % P, kWorkingDataType<W>));
     }
     s.kv_pos0 = ((rank - step + P) % P) * Ns;
     PLATEAU_RETURN_IF_ERROR(Ops::AttentionForwardBlock(kernels, compute, s, q, cur, cur + n, m, l, o, work));
@@ -89,7 +82,7 @@ absl::Status RingAttentionT<W>::Backward(const W* q, const W* kv, const W* dO, c
       // was written by the copy above at step 0): wait for it, then send
       // this block's K/V on while the compute below runs.
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
-      PLATEAU_RETURN_IF_ERROR(world.SendRecv(comm, cur, 2 * n, dst, next, 2 * n, src, kWire<W>));
+      PLATEAU_RETURN_IF_ERROR(world.SendRecv(comm, cur, 2 * n, dst, next, 2 * n, src, kWorkingDataType<W>));
     }
     s.kv_pos0 = ((rank - step + P) % P) * Ns;
     PLATEAU_RETURN_IF_ERROR(Ops::AttentionBackwardBlock(kernels, compute, s, q, cur, cur + n, dO, lse,

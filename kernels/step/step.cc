@@ -306,11 +306,6 @@ absl::Status TrainingStep::CheckBatch(const std::vector<int32_t>& tokens,
 
 namespace {
 
-// Collectives move the working type as it is (the reduce-scatter sums bf16
-// in fp32 and rounds once per hop: communicator.h).
-template <typename W>
-constexpr DataType kWire = std::is_same_v<W, float> ? DataType::kFloat32 : DataType::kBfloat16;
-
 template <typename W>
 struct Ctx {
   using Ops = WorkingOps<W>;
@@ -637,7 +632,7 @@ absl::StatusOr<StepStats> TrainingStep::PassT(const std::vector<int32_t>& tokens
   // an fp32 sum per hop, rounded once: P - 1 roundings over P ranks).
   PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
   PLATEAU_RETURN_IF_ERROR(world_.ReduceScatter(*I.comm, I.dense_grad.data(), I.dense_grad_shard.data(),
-                                               layout_.shard_numel(), kWire<W>, ReduceOp::kSum));
+                                               layout_.shard_numel(), kWorkingDataType<W>, ReduceOp::kSum));
   PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
   PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
   EndPhase(phases, StepPhase::kGradReduce);
