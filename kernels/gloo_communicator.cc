@@ -1,5 +1,10 @@
 #include "kernels/gloo_communicator.h"
 
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,6 +33,7 @@
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/device.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/tcp/loop.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
 #include "kernels/bf16.h"
@@ -195,11 +201,107 @@ absl::Status CatchAll(const std::string& context,
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
 
+// --- Gloo's TCP device, one per process and hostname ------------------------
+//
+// A Gloo TCP device owns one event-loop thread, and that loop wakes on a
+// socket event or every 10 ms (its epoll timeout). Two of its waits cost a
+// tick each when nothing else wakes it, and both are pure idle time on the
+// CPU backend:
+//  - destroying a device joins the loop thread, which sees its stop flag
+//    only at the next tick: up to 10 ms per communicator created;
+//  - closing a pair (every pair of a context, one after the other, when the
+//    context goes) waits for the loop's next tick, so that the loop no
+//    longer calls into the pair: up to (P - 1) x 10 ms per context.
+// A test or bench that makes a fresh world per case spent most of its wall
+// time there (step_oom_test: both cores ~75% idle). So the device lives for
+// the process, shared by every communicator on that hostname (as PyTorch's
+// Gloo process groups share theirs; a worker runs one rank per process, so
+// there it is the one device it had anyway), and teardown rings a bell: an
+// eventfd on the loop, kept readable while any context is being destroyed,
+// so the loop runs through its iterations without waiting and each pair's
+// close returns within one iteration.
+class TeardownBell final : public gloo::transport::tcp::Handler {
+ public:
+  // Level-triggered: the loop calls this on every iteration while the
+  // counter is above zero; it must not read it (that is Quiet's job). The
+  // yield hands the core to the closing threads: without it the spinning
+  // loop held one of two cores and a close still took ~3.5 ms (world_bench).
+  void handleEvents(int /*events*/) override { sched_yield(); }
+
+  int fd() const { return fd_; }
+
+  // The counter is a semaphore (EFD_SEMAPHORE): each Ring adds one, each
+  // Quiet takes one, so overlapping teardowns (ranks that are threads of
+  // one process share the device) keep the bell ringing until the last ends.
+  void Ring() {
+    const uint64_t one = 1;
+    (void)!::write(fd_, &one, sizeof(one));
+  }
+  void Quiet() {
+    uint64_t one;
+    (void)!::read(fd_, &one, sizeof(one));
+  }
+
+  // Rings for the lifetime of the scope.
+  class Ringing {
+   public:
+    explicit Ringing(TeardownBell* bell) : bell_(bell) {
+      if (bell_ != nullptr) bell_->Ring();
+    }
+    ~Ringing() {
+      if (bell_ != nullptr) bell_->Quiet();
+    }
+    Ringing(const Ringing&) = delete;
+    Ringing& operator=(const Ringing&) = delete;
+
+   private:
+    TeardownBell* bell_;
+  };
+
+  static std::unique_ptr<TeardownBell> Create() {
+    const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
+    if (fd < 0) return nullptr;  // teardown is then only slower
+    return std::unique_ptr<TeardownBell>(new TeardownBell(fd));
+  }
+
+ private:
+  explicit TeardownBell(int fd) : fd_(fd) {}
+  const int fd_;  // never closed: the bell lives as long as its device
+};
+
+struct SharedDevice {
+  std::shared_ptr<gloo::transport::tcp::Device> device;
+  TeardownBell* bell = nullptr;  // null if no eventfd could be made
+};
+
+// The process's device for `hostname`, made on first use and never
+// destroyed (a leaked singleton: its loop thread ends with the process).
+// Throws as CreateDevice does.
+SharedDevice DeviceFor(const std::string& hostname) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* devices = new std::map<std::string, SharedDevice>();
+  absl::MutexLock lock(&mu);
+  SharedDevice& d = (*devices)[hostname];
+  if (d.device == nullptr) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = hostname;
+    auto device = std::dynamic_pointer_cast<gloo::transport::tcp::Device>(
+        gloo::transport::tcp::CreateDevice(attr));
+    std::unique_ptr<TeardownBell> bell = TeardownBell::Create();
+    if (bell != nullptr) {
+      device->registerDescriptor(bell->fd(), EPOLLIN, bell.get());
+      d.bell = bell.release();
+    }
+    d.device = std::move(device);
+  }
+  return d;
+}
+
 // --- State shared by a world and the groups made from it ------------------
 
 struct Transport {
   std::shared_ptr<KeyValueStore> store;
-  std::shared_ptr<gloo::transport::Device> device;
+  SharedDevice device;
   absl::Duration timeout;
 };
 
@@ -213,7 +315,7 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(
     ctx->setTimeout(ToChrono(transport.timeout));
     GlooStoreAdapter adapter(transport.store, transport.timeout);
     gloo::rendezvous::PrefixStore store(prefix, adapter);
-    std::shared_ptr<gloo::transport::Device> device = transport.device;
+    std::shared_ptr<gloo::transport::Device> device = transport.device.device;
     ctx->connectFullMesh(store, device);
     // connectFullMesh can return on one rank while a peer is still
     // connecting; if the first then exits, the peer's rendezvous fails with
@@ -224,7 +326,11 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(
     barrier.setTimeout(ToChrono(transport.timeout));
     gloo::barrier(barrier);
   });
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    TeardownBell::Ringing ringing(transport.device.bell);
+    ctx.reset();
+    return s;
+  }
   return std::shared_ptr<gloo::Context>(std::move(ctx));
 }
 
@@ -273,12 +379,17 @@ class GlooCommunicator final : public Communicator {
   ~GlooCommunicator() override {
     // Enqueued collectives capture `this`: wait until each has run (they end
     // by the timeout at the latest) or been dropped by a failed stream.
-    absl::MutexLock lock(&pending_->mu);
-    pending_->mu.Await(absl::Condition(
-        +[](Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
-          return p->count == 0;
-        },
-        pending_.get()));
+    {
+      absl::MutexLock lock(&pending_->mu);
+      pending_->mu.Await(absl::Condition(
+          +[](Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) {
+            return p->count == 0;
+          },
+          pending_.get()));
+    }
+    // Closes this context's pairs without waiting out the loop's ticks.
+    TeardownBell::Ringing ringing(transport_->device.bell);
+    context_.reset();
   }
 
  protected:
@@ -564,7 +675,7 @@ class GlooCommunicator final : public Communicator {
 
   const std::shared_ptr<Transport> transport_;
   const std::string store_prefix_;
-  const std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<gloo::Context> context_;  // reset only by the destructor
   const std::shared_ptr<Pending> pending_;
   std::atomic<uint32_t> next_tag_{kRendezvousTag + 1};
 
@@ -585,11 +696,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   const std::string where =
       absl::StrCat("rendezvous of group 'world' (rank ", options.rank, " of ",
                    options.size, ")");
-  absl::Status s = CatchAll(where, [&] {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = options.hostname;
-    transport->device = gloo::transport::tcp::CreateDevice(attr);
-  });
+  absl::Status s = CatchAll(where, [&] { transport->device = DeviceFor(options.hostname); });
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), " (listening on "
                                                             "hostname '",

@@ -896,6 +896,58 @@ TEST(CommTest, OptionsAreValidated) {
 #endif
 }
 
+// --- The process's device -------------------------------------------------
+// Every communicator on one hostname shares the process's Gloo device (one
+// event loop; gloo_communicator.cc says why). Worlds that overlap in time,
+// worlds made one after another, and a world made after one whose peer
+// left must each see only their own peers' data.
+
+TEST(CommTest, WorldsSharingTheDeviceKeepTheirDataApart) {
+  constexpr int kWorlds = 3, kRanks = 2, kRounds = 4;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> worlds;
+    for (int w = 0; w < kWorlds; ++w) {
+      worlds.emplace_back([&, w] {
+        RunRanks(kRanks, [&](Communicator& comm, CpuStream& stream) {
+          // Distinct per world, round and rank: a sum taken over another
+          // world's ranks would differ.
+          const double mine = 1000.0 * round + 10.0 * w + comm.rank() + 1;
+          std::vector<double> x(257, mine);
+          ASSERT_TRUE(comm.AllReduce(stream, x.data(), x.data(), x.size(), DataType::kFloat64, ReduceOp::kSum)
+                          .ok());
+          ASSERT_TRUE(stream.Synchronize().ok());
+          const double want = kRanks * (1000.0 * round + 10.0 * w) + kRanks * (kRanks + 1) / 2.0;
+          for (double v : x) ASSERT_EQ(v, want) << "world " << w << ", round " << round;
+        });
+      });
+    }
+    for (auto& t : worlds) t.join();
+  }
+}
+
+TEST(CommTest, AWorldAfterOneWhosePeerLeftWorks) {
+  {
+    auto store = MakeStore("left_then");
+    std::thread leaver([&] {
+      auto comm = CreateCommunicator(Options(1, 2, store, absl::Seconds(5)));
+      ASSERT_TRUE(comm.ok()) << comm.status();
+    });  // closes at once
+    auto comm = CreateCommunicator(Options(0, 2, store, absl::Seconds(5)));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    leaver.join();
+    CpuStream stream("s");
+    std::vector<float> x(64, 1.0f);
+    ASSERT_TRUE((*comm)->AllReduce(stream, x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum).ok());
+    EXPECT_FALSE(stream.Synchronize().ok());
+  }
+  RunRanks(2, [&](Communicator& comm, CpuStream& stream) {
+    std::vector<float> x(64, static_cast<float>(comm.rank() + 1));
+    ASSERT_TRUE(comm.AllReduce(stream, x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(stream.Synchronize().ok());
+    for (float v : x) ASSERT_EQ(v, 3.0f);
+  });
+}
+
 // --- Failures become statuses, never hangs -------------------------------
 
 TEST(CommTest, APeerThatNeverJoinsTimesOutTheRendezvous) {
