@@ -75,13 +75,17 @@ std::map<int64_t, double> PrintedSteps(const std::string& out, const std::string
   return steps;
 }
 
-// The "<id> state X" lines, in order.
+// The states of the "<id> state X: reason" lines, in order, a repeat of the
+// previous state counted once: the coordinator sends a new event when only
+// the reason changes (PENDING "waiting to be scheduled", then PENDING "no
+// worker is registered" when the submit beat the worker's registration).
 std::vector<std::string> PrintedStates(const std::string& out, const std::string& id) {
   std::vector<std::string> states;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     std::vector<std::string> w = absl::StrSplit(line, absl::MaxSplits(' ', 2));
     if (w.size() >= 3 && w[0] == id && w[1] == "state") {
-      states.push_back(w[2].substr(0, w[2].find(':')));  // before ": reason"
+      std::string state = w[2].substr(0, w[2].find(':'));  // before ": reason"
+      if (states.empty() || states.back() != state) states.push_back(std::move(state));
     }
   }
   return states;
