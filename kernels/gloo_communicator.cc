@@ -1,6 +1,7 @@
 #include "kernels/gloo_communicator.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -295,6 +297,28 @@ SharedDevice DeviceFor(const std::string& hostname) {
     d.device = std::move(device);
   }
   return d;
+}
+
+// Gloo writes to its sockets with writev, which raises SIGPIPE when the
+// peer has closed the connection (a rank that ran out of memory, crashed or
+// was cancelled) and the write comes before the event loop has seen the
+// close. Gloo's usual host, Python, ignores SIGPIPE at startup; a C++
+// process with the default action dies (exit 141) instead of failing the
+// collective with UNAVAILABLE. So the first communicator of a process
+// ignores SIGPIPE, unless the program installed a handler of its own.
+// Nothing in a rank or a test wants the signal: writes to a closed pipe or
+// socket then fail with EPIPE, which every caller already reports.
+void IgnoreSigpipeUnlessHandled() {
+  static absl::once_flag once;
+  absl::call_once(once, [] {
+    struct sigaction current;
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore = {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
 }
 
 // --- State shared by a world and the groups made from it ------------------
@@ -696,6 +720,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   const std::string where =
       absl::StrCat("rendezvous of group 'world' (rank ", options.rank, " of ",
                    options.size, ")");
+  IgnoreSigpipeUnlessHandled();
   absl::Status s = CatchAll(where, [&] { transport->device = DeviceFor(options.hostname); });
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), " (listening on "

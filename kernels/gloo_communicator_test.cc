@@ -1040,5 +1040,33 @@ TEST(CommTest, APeerThatLeavesFailsTheCollective) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
+// Gloo writes with writev, which raises SIGPIPE once the peer has closed:
+// a rank whose peer ran out of memory and left must see a failed
+// collective, not die of the signal (exit 141; step_oom_test did, about one
+// run in eight, on Gloo's 48-byte notifications). The write has to fall
+// between the peer's close and the event loop seeing it, so the test tries
+// many times: a world, rank 1 closes at once, rank 0 sends small messages.
+TEST(CommTest, WritingToAPeerThatLeftFailsTheCollectiveNotTheProcess) {
+  int failed = 0;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    auto store = MakeStore("sigpipe");
+    std::thread leaver([&] {
+      auto comm = CreateCommunicator(Options(1, 2, store, absl::Seconds(5)));
+      ASSERT_TRUE(comm.ok()) << comm.status();
+    });  // closes at once
+    auto comm = CreateCommunicator(Options(0, 2, store, absl::Seconds(5)));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    CpuStream stream("s");
+    std::vector<float> x(16, 1.0f), y(16);
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_TRUE((*comm)->SendRecv(stream, x.data(), x.size(), 1, y.data(), y.size(), 1, DataType::kFloat32).ok());
+    }
+    failed += !stream.Synchronize().ok();
+    leaver.join();
+  }
+  // The peer never receives: every attempt ends in a failed collective.
+  EXPECT_EQ(failed, 100);
+}
+
 }  // namespace
 }  // namespace plateau
