@@ -20,6 +20,13 @@
 //
 // A group made with Group() is a new Gloo context over its members (same
 // TCP device, PrefixStore "<parent prefix>/<name>[<world ranks>]#<n>").
+//
+// Process-wide effects: every communicator of the process on one hostname
+// shares one Gloo TCP device (one listening socket and one event-loop
+// thread), made on first use and kept until the process ends; and the first
+// communicator sets SIGPIPE to ignored unless the program handles it
+// (Gloo's writes to a peer that has left would otherwise kill the process).
+// gloo_communicator.cc says why.
 #ifndef PLATEAU_KERNELS_GLOO_COMMUNICATOR_H_
 #define PLATEAU_KERNELS_GLOO_COMMUNICATOR_H_
 
