@@ -1,5 +1,6 @@
 #include "kernels/gloo_communicator.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -203,7 +204,7 @@ absl::Status CatchAll(const std::string& context,
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
 
-// --- Gloo's TCP device, one per process and hostname ------------------------
+// --- Gloo's TCP device, one per process and hostname -----------------------
 //
 // A Gloo TCP device owns one event-loop thread, and that loop wakes on a
 // socket event or every 10 ms (its epoll timeout). Two of its waits cost a
@@ -216,12 +217,20 @@ absl::Status CatchAll(const std::string& context,
 //    longer calls into the pair: up to (P - 1) x 10 ms per context.
 // A test or bench that makes a fresh world per case spent most of its wall
 // time there (step_oom_test: both cores ~75% idle). So the device lives for
-// the process, shared by every communicator on that hostname (as PyTorch's
-// Gloo process groups share theirs; a worker runs one rank per process, so
-// there it is the one device it had anyway), and teardown rings a bell: an
-// eventfd on the loop, kept readable while any context is being destroyed,
-// so the loop runs through its iterations without waiting and each pair's
-// close returns within one iteration.
+// the process, one per hostname, shared by every communicator on it. A rank
+// process (worker/rank_main.cc, train_main's ranks) makes one world, so
+// there it is the device it had anyway; ranks that are threads of one
+// process (tests, benches) share its one loop thread, where separate
+// processes would have one each. (Measured alternative: one device per
+// hostname and world rank, reused by later worlds, ran composed_bench's
+// second and later worlds at about half speed, for a reason not found;
+// one device, or a fresh one per world, did not slow down. BENCHMARKS.md.)
+// And teardown rings a bell: an eventfd on the loop, kept readable while a
+// context is being destroyed, so the loop runs through its iterations
+// without waiting and each pair's close returns within one iteration. (Not
+// covered: a rendezvous that throws inside Gloo's connectFullMesh closes
+// its half-made pairs while the exception unwinds, before we can ring; that
+// failure path keeps the ticks.)
 class TeardownBell final : public gloo::transport::tcp::Handler {
  public:
   // Level-triggered: the loop calls this on every iteration while the
@@ -233,8 +242,10 @@ class TeardownBell final : public gloo::transport::tcp::Handler {
   int fd() const { return fd_; }
 
   // The counter is a semaphore (EFD_SEMAPHORE): each Ring adds one, each
-  // Quiet takes one, so overlapping teardowns (ranks that are threads of
-  // one process share the device) keep the bell ringing until the last ends.
+  // Quiet takes one, so overlapping teardowns on one device (ranks that are
+  // threads of one process) keep the bell ringing until the last ends. A
+  // failed write or read can only end someone's ringing early: slower,
+  // never wrong.
   void Ring() {
     const uint64_t one = 1;
     (void)!::write(fd_, &one, sizeof(one));
@@ -260,41 +271,70 @@ class TeardownBell final : public gloo::transport::tcp::Handler {
     TeardownBell* bell_;
   };
 
-  static std::unique_ptr<TeardownBell> Create() {
+  // Registered on `device`'s loop; null (teardown is then only slower)
+  // when no eventfd can be made or the loop refuses it.
+  static TeardownBell* RegisterOn(gloo::transport::tcp::Device& device) {
     const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
-    if (fd < 0) return nullptr;  // teardown is then only slower
-    return std::unique_ptr<TeardownBell>(new TeardownBell(fd));
+    if (fd < 0) return nullptr;
+    auto* bell = new TeardownBell(fd);
+    try {
+      device.registerDescriptor(fd, EPOLLIN, bell);
+    } catch (...) {
+      ::close(fd);
+      delete bell;
+      return nullptr;
+    }
+    return bell;  // lives as long as its device: the process
   }
 
  private:
   explicit TeardownBell(int fd) : fd_(fd) {}
-  const int fd_;  // never closed: the bell lives as long as its device
+  const int fd_;
 };
 
 struct SharedDevice {
   std::shared_ptr<gloo::transport::tcp::Device> device;
-  TeardownBell* bell = nullptr;  // null if no eventfd could be made
+  TeardownBell* bell = nullptr;  // null if none could be registered
 };
 
-// The process's device for `hostname`, made on first use and never
-// destroyed (a leaked singleton: its loop thread ends with the process).
-// Throws as CreateDevice does.
+// The process's devices, made on first use and never destroyed (leaked:
+// their loop threads end with the process).
+struct Devices {
+  absl::Mutex mu;
+  std::map<std::string, SharedDevice> by_hostname ABSL_GUARDED_BY(mu);
+  int64_t made ABSL_GUARDED_BY(mu) = 0;
+};
+
+std::atomic<Devices*> devices{nullptr};
+
+// A child forked after devices exist has their maps and fds but not their
+// loop threads (fork copies only the calling thread), and maybe a mutex some
+// other thread held: it starts over with none (the parent's are leaked).
+void ForgetDevicesInForkedChild() { devices.store(new Devices()); }
+
+Devices& TheDevices() {
+  static const bool registered = [] {
+    devices.store(new Devices());
+    pthread_atfork(nullptr, nullptr, ForgetDevicesInForkedChild);
+    return true;
+  }();
+  (void)registered;
+  return *devices.load();
+}
+
+// The device for `hostname`. Throws as CreateDevice does.
 SharedDevice DeviceFor(const std::string& hostname) {
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* devices = new std::map<std::string, SharedDevice>();
-  absl::MutexLock lock(&mu);
-  SharedDevice& d = (*devices)[hostname];
+  Devices& all = TheDevices();
+  absl::MutexLock lock(&all.mu);
+  SharedDevice& d = all.by_hostname[hostname];
   if (d.device == nullptr) {
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;
     auto device = std::dynamic_pointer_cast<gloo::transport::tcp::Device>(
         gloo::transport::tcp::CreateDevice(attr));
-    std::unique_ptr<TeardownBell> bell = TeardownBell::Create();
-    if (bell != nullptr) {
-      device->registerDescriptor(bell->fd(), EPOLLIN, bell.get());
-      d.bell = bell.release();
-    }
+    d.bell = TeardownBell::RegisterOn(*device);
     d.device = std::move(device);
+    ++all.made;
   }
   return d;
 }
@@ -351,6 +391,9 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(
     gloo::barrier(barrier);
   });
   if (!s.ok()) {
+    // A failed barrier leaves the connected pairs in ctx: close them
+    // without the ticks. (A throw inside connectFullMesh has already closed
+    // its own, unrung.)
     TeardownBell::Ringing ringing(transport.device.bell);
     ctx.reset();
     return s;
@@ -711,6 +754,12 @@ class GlooCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+int64_t GlooDevicesMade() {
+  Devices& all = TheDevices();
+  absl::MutexLock lock(&all.mu);
+  return all.made;
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     const CommunicatorOptions& options) {

@@ -21,15 +21,18 @@
 // A group made with Group() is a new Gloo context over its members (same
 // TCP device, PrefixStore "<parent prefix>/<name>[<world ranks>]#<n>").
 //
-// Process-wide effects: every communicator of the process on one hostname
-// shares one Gloo TCP device (one listening socket and one event-loop
-// thread), made on first use and kept until the process ends; and the first
-// communicator sets SIGPIPE to ignored unless the program handles it
-// (Gloo's writes to a peer that has left would otherwise kill the process).
-// gloo_communicator.cc says why.
+// Process-wide effects: the Gloo TCP device (one event-loop thread) for a
+// hostname is made by the first communicator that needs it and shared by
+// every communicator on that hostname until the process ends (ranks that
+// are threads of one process share its loop thread); and the
+// first communicator sets SIGPIPE to ignored unless the program handles it
+// (Gloo's writes to a peer that has left would otherwise kill the process;
+// a rank whose stdout reader goes away now keeps running, its prints
+// failing). gloo_communicator.cc says why.
 #ifndef PLATEAU_KERNELS_GLOO_COMMUNICATOR_H_
 #define PLATEAU_KERNELS_GLOO_COMMUNICATOR_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -41,6 +44,10 @@ namespace plateau {
 // (ValidateCommunicatorOptions) with backend kCpu.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     const CommunicatorOptions& options);
+
+// How many Gloo devices this process has made (for tests and benches: one
+// per hostname used).
+int64_t GlooDevicesMade();
 
 }  // namespace plateau
 
