@@ -928,21 +928,27 @@ TEST(CommTest, WorldsMadeAtOnceAndInTurnShareTheProcesssDevice) {
   EXPECT_EQ(GlooDevicesMade(), 1);
 }
 
-TEST(CommTest, AWorldAfterOneWhosePeerLeftWorks) {
-  {
-    auto store = MakeStore("left_then");
-    std::thread leaver([&] {
-      auto comm = CreateCommunicator(Options(1, 2, store, absl::Seconds(5)));
-      ASSERT_TRUE(comm.ok()) << comm.status();
-    });  // closes at once
-    auto comm = CreateCommunicator(Options(0, 2, store, absl::Seconds(5)));
+// Makes a 2-rank world whose rank 1 closes as soon as it is made, and runs
+// `fn` on rank 0 (while the peer is leaving or gone).
+void WithAPeerThatLeaves(const std::string& name, const std::function<void(Communicator&)>& fn) {
+  auto store = MakeStore(name);
+  std::thread leaver([&] {
+    auto comm = CreateCommunicator(Options(1, 2, store, absl::Seconds(5)));
     ASSERT_TRUE(comm.ok()) << comm.status();
-    leaver.join();
+  });  // closes at once
+  auto comm = CreateCommunicator(Options(0, 2, store, absl::Seconds(5)));
+  if (comm.ok()) fn(**comm);
+  leaver.join();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+}
+
+TEST(CommTest, AWorldAfterOneWhosePeerLeftWorks) {
+  WithAPeerThatLeaves("left_then", [](Communicator& comm) {
     CpuStream stream("s");
     std::vector<float> x(64, 1.0f);
-    ASSERT_TRUE((*comm)->AllReduce(stream, x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(comm.AllReduce(stream, x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum).ok());
     EXPECT_FALSE(stream.Synchronize().ok());
-  }
+  });
   RunRanks(2, [&](Communicator& comm, CpuStream& stream) {
     std::vector<float> x(64, static_cast<float>(comm.rank() + 1));
     ASSERT_TRUE(comm.AllReduce(stream, x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum).ok());
@@ -1052,20 +1058,14 @@ TEST(CommTest, APeerThatLeavesFailsTheCollective) {
 TEST(CommTest, WritingToAPeerThatLeftFailsTheCollectiveNotTheProcess) {
   int failed = 0;
   for (int attempt = 0; attempt < 100; ++attempt) {
-    auto store = MakeStore("sigpipe");
-    std::thread leaver([&] {
-      auto comm = CreateCommunicator(Options(1, 2, store, absl::Seconds(5)));
-      ASSERT_TRUE(comm.ok()) << comm.status();
-    });  // closes at once
-    auto comm = CreateCommunicator(Options(0, 2, store, absl::Seconds(5)));
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    CpuStream stream("s");
-    std::vector<float> x(16, 1.0f), y(16);
-    for (int i = 0; i < 20; ++i) {
-      ASSERT_TRUE((*comm)->SendRecv(stream, x.data(), x.size(), 1, y.data(), y.size(), 1, DataType::kFloat32).ok());
-    }
-    failed += !stream.Synchronize().ok();
-    leaver.join();
+    WithAPeerThatLeaves("sigpipe", [&](Communicator& comm) {
+      CpuStream stream("s");
+      std::vector<float> x(16, 1.0f), y(16);
+      for (int i = 0; i < 20; ++i) {
+        ASSERT_TRUE(comm.SendRecv(stream, x.data(), x.size(), 1, y.data(), y.size(), 1, DataType::kFloat32).ok());
+      }
+      failed += !stream.Synchronize().ok();
+    });
   }
   // The peer never receives: every attempt ends in a failed collective.
   EXPECT_EQ(failed, 100);
