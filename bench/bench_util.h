@@ -77,6 +77,15 @@ struct Timing {
   int reps = 0;
 };
 
+// The median of `v` (the mean of the two middle values for an even count);
+// 0 when empty.
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
 // Runs `run` (which must wait for its own work) `warmup` times untimed, then
 // at least `min_reps` times and until `min_total_s` seconds of timed runs,
 // at most `max_reps` times. Best and median of the timed runs.

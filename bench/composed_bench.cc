@@ -86,6 +86,7 @@
 namespace plateau {
 namespace {
 
+using bench::Median;
 using bench::NowSeconds;
 
 // Defaults: the full run (BENCHMARKS.md says why this regime). --quick
@@ -544,13 +545,6 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
   for (const auto& [op, n] : before_bytes) bytes[op] -= n;
   if (counts_text != nullptr) *counts_text = CountsText(counts, bytes, steps);
   return absl::OkStatus();
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
 // What the machine could do: the best of five 1024^3 sgemm on one BLAS

@@ -76,6 +76,7 @@
 namespace plateau {
 namespace {
 
+using bench::Median;
 using bench::NowSeconds;
 
 // ---------------------------------------------------------------------------
@@ -356,12 +357,6 @@ struct RepTimes {
     for_backward.assign(reps, 0.0);
   }
 };
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 struct SchedResult {
   int64_t peak_fwd = 0, peak_bwd = 0;  // kDispatch, max over ranks

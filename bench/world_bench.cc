@@ -130,11 +130,6 @@ bool CommunicatorRank(int r, int P, const std::string& dir, double* made, double
   return s.ok();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 int Main(int argc, char** argv) {
   std::vector<int> ranks = {2, 4};
   int worlds = 30;
