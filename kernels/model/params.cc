@@ -13,14 +13,15 @@ float InitValue(const WeightSpec& w, uint64_t key, int64_t index) {
   return static_cast<float>(w.init_std * StandardNormal(key, index));
 }
 
-// Which matrix of an expert layer a weight is: 0 gate, 1 up, 2 down.
+}  // namespace
+
 int ExpertWhich(const std::string& name) {
   if (name.size() >= 6 && name.compare(name.size() - 6, 6, "w_gate") == 0) return 0;
   if (name.size() >= 4 && name.compare(name.size() - 4, 4, "w_up") == 0) return 1;
   return 2;
 }
 
-}  // namespace
+int64_t ExpertLayer(const std::string& name) { return std::atoll(name.c_str() + 7); }
 
 int64_t VocabShardBegin(int64_t vocab, int64_t ranks, int64_t shard) {
   return shard * (vocab / ranks) + std::min(shard, vocab % ranks);
@@ -61,39 +62,21 @@ int64_t ParamLayout::DenseOffset(const std::string& name) const {
 
 std::vector<float> ParamLayout::InitDenseShard(int64_t rank, uint64_t seed) const {
   std::vector<float> shard(shard_, 0.0f);
-  const int64_t lo = rank * shard_, hi = lo + shard_;
-  for (const Dense& d : dense_) {
-    const int64_t a = std::max(lo, d.offset), b = std::min(hi, d.offset + d.numel);
-    if (a >= b) continue;
-    const WeightSpec& w = weights_[d.weight];
+  ForEachDenseRun(rank, 0, shard_, [&](const Run& r) {
+    const WeightSpec& w = weights_[r.weight];
     const uint64_t key = WeightKey(seed, w.name);
-    for (int64_t i = a; i < b; ++i) shard[i - lo] = InitValue(w, key, i - d.offset);
-  }
+    for (int64_t i = 0; i < r.numel; ++i) shard[r.part_offset + i] = InitValue(w, key, r.tensor_offset + i);
+  });
   return shard;
 }
 
 std::vector<float> ParamLayout::InitOwned(int64_t rank, uint64_t seed) const {
   std::vector<float> out(owned_numel_per_rank(), 0.0f);
-  const int64_t ep = experts_per_rank(), mat = expert_matrix();
-  for (const WeightSpec& w : weights_) {
-    if (!w.expert) continue;
-    const int64_t layer = std::atoll(w.name.c_str() + 7);  // "layers.<l>."
-    const int which = ExpertWhich(w.name);
+  ForEachOwnedRun(rank, 0, owned_numel_per_rank(), [&](const Run& r) {
+    const WeightSpec& w = weights_[r.weight];
     const uint64_t key = WeightKey(seed, w.name);
-    for (int64_t le = 0; le < ep; ++le) {
-      const int64_t global = (rank * ep + le) * mat;
-      float* dst = &out[ExpertOffset(layer, which, le)];
-      for (int64_t i = 0; i < mat; ++i) dst[i] = InitValue(w, key, global + i);
-    }
-  }
-  if (lm_head_ == LmHeadLayout::kVocabularySharded) {
-    const WeightSpec& w = weights_[lm_head_weight()];
-    const uint64_t key = WeightKey(seed, w.name);
-    const int64_t H = model_.hidden, lo = VocabShardBegin(model_.vocab_size, ranks_, rank) * H,
-                  hi = VocabShardBegin(model_.vocab_size, ranks_, rank + 1) * H;
-    float* dst = &out[lm_head_shard_offset()];
-    for (int64_t i = lo; i < hi; ++i) dst[i - lo] = InitValue(w, key, i);
-  }
+    for (int64_t i = 0; i < r.numel; ++i) out[r.part_offset + i] = InitValue(w, key, r.tensor_offset + i);
+  });
   return out;
 }
 
@@ -101,59 +84,27 @@ void ParamLayout::ShardFrom(const std::vector<std::vector<float>>& full, int64_t
                             std::vector<float>* dense_shard,
                             std::vector<float>* owned) const {
   dense_shard->assign(shard_, 0.0f);
-  const int64_t lo = rank * shard_, hi = lo + shard_;
-  for (const Dense& d : dense_) {
-    const int64_t a = std::max(lo, d.offset), b = std::min(hi, d.offset + d.numel);
-    for (int64_t i = a; i < b; ++i) (*dense_shard)[i - lo] = full[d.weight][i - d.offset];
-  }
+  ForEachDenseRun(rank, 0, shard_, [&](const Run& r) {
+    std::copy_n(&full[r.weight][r.tensor_offset], r.numel, &(*dense_shard)[r.part_offset]);
+  });
   owned->assign(owned_numel_per_rank(), 0.0f);
-  const int64_t ep = experts_per_rank(), mat = expert_matrix();
-  for (size_t wi = 0; wi < weights_.size(); ++wi) {
-    const WeightSpec& w = weights_[wi];
-    if (!w.expert) continue;
-    const int64_t layer = std::atoll(w.name.c_str() + 7);
-    const int which = ExpertWhich(w.name);
-    for (int64_t le = 0; le < ep; ++le) {
-      std::copy_n(&full[wi][(rank * ep + le) * mat], mat,
-                  &(*owned)[ExpertOffset(layer, which, le)]);
-    }
-  }
-  if (lm_head_ == LmHeadLayout::kVocabularySharded) {
-    const int64_t H = model_.hidden, lo = VocabShardBegin(model_.vocab_size, ranks_, rank) * H,
-                  hi = VocabShardBegin(model_.vocab_size, ranks_, rank + 1) * H;
-    std::copy(full[lm_head_weight()].begin() + lo, full[lm_head_weight()].begin() + hi,
-              owned->begin() + lm_head_shard_offset());
-  }
+  ForEachOwnedRun(rank, 0, owned_numel_per_rank(), [&](const Run& r) {
+    std::copy_n(&full[r.weight][r.tensor_offset], r.numel, &(*owned)[r.part_offset]);
+  });
 }
 
 std::vector<std::vector<float>> ParamLayout::Assemble(const std::vector<float>& dense_full,
                                                       const std::vector<float>& owned_all) const {
   std::vector<std::vector<float>> full;
   for (const WeightSpec& w : weights_) full.emplace_back(w.numel());
-  for (const Dense& d : dense_) {
-    std::copy_n(&dense_full[d.offset], d.numel, full[d.weight].begin());
-  }
-  const int64_t ep = experts_per_rank(), mat = expert_matrix(), per_rank = owned_numel_per_rank();
-  for (size_t wi = 0; wi < weights_.size(); ++wi) {
-    const WeightSpec& w = weights_[wi];
-    if (!w.expert) continue;
-    const int64_t layer = std::atoll(w.name.c_str() + 7);
-    const int which = ExpertWhich(w.name);
-    for (int64_t r = 0; r < ranks_; ++r) {
-      for (int64_t le = 0; le < ep; ++le) {
-        std::copy_n(&owned_all[r * per_rank + ExpertOffset(layer, which, le)], mat,
-                    &full[wi][(r * ep + le) * mat]);
-      }
-    }
-  }
-  if (lm_head_ == LmHeadLayout::kVocabularySharded) {
-    const int64_t H = model_.hidden;
-    for (int64_t r = 0; r < ranks_; ++r) {
-      const int64_t lo = VocabShardBegin(model_.vocab_size, ranks_, r) * H,
-                    hi = VocabShardBegin(model_.vocab_size, ranks_, r + 1) * H;
-      std::copy_n(&owned_all[r * per_rank + lm_head_shard_offset()], hi - lo,
-                  &full[lm_head_weight()][lo]);
-    }
+  const int64_t X = owned_numel_per_rank();
+  for (int64_t rank = 0; rank < ranks_; ++rank) {
+    ForEachDenseRun(rank, 0, shard_, [&](const Run& r) {
+      std::copy_n(&dense_full[rank * shard_ + r.part_offset], r.numel, &full[r.weight][r.tensor_offset]);
+    });
+    ForEachOwnedRun(rank, 0, X, [&](const Run& r) {
+      std::copy_n(&owned_all[rank * X + r.part_offset], r.numel, &full[r.weight][r.tensor_offset]);
+    });
   }
   return full;
 }

@@ -22,6 +22,7 @@
 #ifndef PLATEAU_KERNELS_MODEL_PARAMS_H_
 #define PLATEAU_KERNELS_MODEL_PARAMS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -88,6 +89,25 @@ class ParamLayout {
   std::vector<float> InitDenseShard(int64_t rank, uint64_t seed) const;
   std::vector<float> InitOwned(int64_t rank, uint64_t seed) const;
 
+  // A stretch of values that are consecutive both in one tensor and in one
+  // rank's part (its dense shard, or its owned vector).
+  struct Run {
+    int weight;             // index into weights()
+    int64_t tensor_offset;  // of the first value, in the tensor
+    int64_t part_offset;    // of the first value, in the part
+    int64_t numel;
+  };
+  // Calls fn for the runs that cover [lo, hi) of rank `rank`'s dense shard
+  // (offsets 0..S) or owned vector (0..owned_numel_per_rank()), in the
+  // part's order. Padding (the dense vector's tail, the lm_head shard's
+  // zero rows) belongs to no tensor and is in no run. This is the one map
+  // between the parts and the full tensors: initialisation, ShardFrom,
+  // Assemble and the streamed checkpoint (TrainingStep::StreamState) use it.
+  template <typename Fn>
+  void ForEachDenseRun(int64_t rank, int64_t lo, int64_t hi, Fn&& fn) const;
+  template <typename Fn>
+  void ForEachOwnedRun(int64_t rank, int64_t lo, int64_t hi, Fn&& fn) const;
+
   // Scatters full tensors (ModelWeights() order) into a rank's dense shard
   // and owned vector, and gathers them back from all ranks' parts
   // (dense_full: the P shards concatenated; owned_all: the P owned vectors).
@@ -108,6 +128,47 @@ class ParamLayout {
   int64_t dense_numel_ = 0;
   int64_t shard_ = 0;
 };
+
+// Which matrix of an expert layer the weight named `name` is: 0 gate, 1 up,
+// 2 down; and its layer ("layers.<l>.").
+int ExpertWhich(const std::string& name);
+int64_t ExpertLayer(const std::string& name);
+
+template <typename Fn>
+void ParamLayout::ForEachDenseRun(int64_t rank, int64_t lo, int64_t hi, Fn&& fn) const {
+  const int64_t base = rank * shard_;
+  for (const Dense& d : dense_) {
+    // The part [lo, hi) is flat [base + lo, base + hi) of the dense vector.
+    const int64_t a = std::max(base + lo, d.offset), b = std::min(base + hi, d.offset + d.numel);
+    if (a < b) fn(Run{d.weight, a - d.offset, a - base, b - a});
+  }
+}
+
+template <typename Fn>
+void ParamLayout::ForEachOwnedRun(int64_t rank, int64_t lo, int64_t hi, Fn&& fn) const {
+  // One run of the part [begin, begin + n) that is tensor `weight` from
+  // tensor_offset on, clipped to [lo, hi).
+  auto clip = [&](int weight, int64_t tensor_offset, int64_t begin, int64_t n) {
+    const int64_t a = std::max(lo, begin), b = std::min(hi, begin + n);
+    if (a < b) fn(Run{weight, tensor_offset + (a - begin), a, b - a});
+  };
+  // The experts in the owned vector's order: layer, matrix, local expert.
+  std::vector<int> by_slot(model_.layers * 3, -1);
+  for (int wi = 0; wi < static_cast<int>(weights_.size()); ++wi) {
+    if (weights_[wi].expert) by_slot[ExpertLayer(weights_[wi].name) * 3 + ExpertWhich(weights_[wi].name)] = wi;
+  }
+  const int64_t ep = experts_per_rank(), mat = expert_matrix();
+  for (int64_t slot = 0; slot < model_.layers * 3; ++slot) {
+    for (int64_t le = 0; le < ep; ++le) {
+      clip(by_slot[slot], (rank * ep + le) * mat, ExpertOffset(slot / 3, static_cast<int>(slot % 3), le), mat);
+    }
+  }
+  if (lm_head_ == LmHeadLayout::kVocabularySharded) {
+    const int64_t H = model_.hidden, row = VocabShardBegin(model_.vocab_size, ranks_, rank),
+                  rows = VocabShardBegin(model_.vocab_size, ranks_, rank + 1) - row;
+    clip(lm_head_weight(), row * H, lm_head_shard_offset(), rows * H);
+  }
+}
 
 }  // namespace plateau
 

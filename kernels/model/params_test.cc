@@ -47,6 +47,52 @@ TEST_P(ParamLayoutTest, ShardsInitialiseExactlyAsTheFullModel) {
   }
 }
 
+// The runs of every rank's parts, asked for in chunks of any size, name
+// every value of every tensor exactly once, stay inside the chunk asked
+// for, come in the part's order, and agree with ShardFrom.
+TEST_P(ParamLayoutTest, RunsInAnyChunksCoverEveryValueOnce) {
+  const ModelConfig m = Small();
+  const Tensors<float> full = InitWeights<float>(m, 5);
+  for (int64_t P : {1, 2, 4}) {
+    ParamLayout layout(m, P, GetParam());
+    for (int64_t chunk : {int64_t{1}, int64_t{7}, layout.shard_numel(), layout.owned_numel_per_rank()}) {
+      std::vector<std::vector<int>> seen;
+      for (const WeightSpec& w : layout.weights()) seen.emplace_back(w.numel(), 0);
+      for (int64_t r = 0; r < P; ++r) {
+        std::vector<float> shard, owned;
+        layout.ShardFrom(full, r, &shard, &owned);
+        for (bool is_owned : {false, true}) {
+          const std::vector<float>& part = is_owned ? owned : shard;
+          const int64_t n = static_cast<int64_t>(part.size());
+          for (int64_t lo = 0; lo < n; lo += chunk) {
+            const int64_t hi = std::min(n, lo + chunk);
+            int64_t next = lo;
+            auto check = [&](const ParamLayout::Run& run) {
+              EXPECT_GE(run.part_offset, next) << "P = " << P << " rank " << r;
+              EXPECT_LE(run.part_offset + run.numel, hi);
+              next = run.part_offset + run.numel;
+              for (int64_t i = 0; i < run.numel; ++i) {
+                ++seen[run.weight][run.tensor_offset + i];
+                ASSERT_EQ(part[run.part_offset + i], full[run.weight][run.tensor_offset + i]);
+              }
+            };
+            if (is_owned) {
+              layout.ForEachOwnedRun(r, lo, hi, check);
+            } else {
+              layout.ForEachDenseRun(r, lo, hi, check);
+            }
+          }
+        }
+      }
+      for (size_t w = 0; w < seen.size(); ++w) {
+        for (size_t i = 0; i < seen[w].size(); ++i) {
+          ASSERT_EQ(seen[w][i], 1) << layout.weights()[w].name << "[" << i << "], P = " << P << ", chunk " << chunk;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(LmHead, ParamLayoutTest,
                          ::testing::Values(LmHeadLayout::kDense, LmHeadLayout::kVocabularySharded),
                          [](const auto& info) {
