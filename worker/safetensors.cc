@@ -1,15 +1,17 @@
 #include "worker/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace plateau {
@@ -23,27 +25,44 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+// Writes all `bytes` at file offset `at`.
+absl::Status WriteAll(int fd, const void* data, size_t bytes, uint64_t at, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    ssize_t n = write(fd, p, bytes);
+    ssize_t n = pwrite(fd, p, bytes, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return absl::InternalError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
     p += n;
+    at += n;
     bytes -= n;
   }
   return absl::OkStatus();
 }
 
+// Reads all `bytes` at file offset `at`; false on an error or end of file.
+bool ReadAll(int fd, void* data, size_t bytes, uint64_t at) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    ssize_t n = pread(fd, p, bytes, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    at += n;
+    bytes -= n;
+  }
+  return true;
+}
+
 }  // namespace
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<TensorView>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, const std::vector<TensorSpec>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   std::set<std::string> names;
-  for (const TensorView& t : tensors) {
+  for (const TensorSpec& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("safetensors: bad or duplicate tensor name '", t.name, "'"));
     }
@@ -51,10 +70,9 @@ absl::Status WriteSafetensors(const std::string& path,
       if (d < 0) return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", t.name, "' has a negative dimension"));
     }
     const uint64_t bytes = Numel(t.shape) * sizeof(float);
-    if (bytes > 0 && t.data == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", t.name, "' has no data"));
-    }
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    w->begin_.push_back(offset);
+    w->numel_.push_back(Numel(t.shape));
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -62,50 +80,99 @@ absl::Status WriteSafetensors(const std::string& path,
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
   const uint64_t header_len = text.size();
 
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
+  w->path_ = path;
+  w->tmp_ = absl::StrCat(path, ".tmp.", getpid());
+  w->tensors_ = tensors;
+  w->written_.assign(tensors.size(), 0);
+  w->data_start_ = 8 + header_len;
+  w->fd_ = open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w->fd_ < 0) return absl::InternalError(absl::StrCat(w->tmp_, ": cannot create: ", std::strerror(errno)));
   unsigned char len_le[8];
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(header_len >> (8 * i));
-  absl::Status s = WriteAll(fd, len_le, 8, tmp);
-  if (s.ok()) s = WriteAll(fd, text.data(), text.size(), tmp);
-  for (const TensorView& t : tensors) {
-    if (!s.ok()) break;
-    s = WriteAll(fd, t.data, Numel(t.shape) * sizeof(float), tmp);
+  PLATEAU_RETURN_IF_ERROR(WriteAll(w->fd_, len_le, 8, 0, w->tmp_));
+  PLATEAU_RETURN_IF_ERROR(WriteAll(w->fd_, text.data(), text.size(), 8, w->tmp_));
+  return w;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    close(fd_);
+    std::remove(tmp_.c_str());
   }
-  if (s.ok() && fsync(fd) != 0) s = absl::InternalError(absl::StrCat(tmp, ": fsync failed"));
-  close(fd);
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = absl::InternalError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
+}
+
+absl::Status SafetensorsWriter::Write(size_t tensor, int64_t offset, const float* values, int64_t n) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": written after Commit"));
+  if (tensor >= tensors_.size() || offset < 0 || n < 0 || offset + n > numel_[tensor]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": values [", offset, ", ", offset + n, ") of tensor ",
+        tensor < tensors_.size() ? "'" + tensors_[tensor].name + "'" : absl::StrCat(tensor), " are out of range"));
   }
-  if (!s.ok()) std::remove(tmp.c_str());
+  written_[tensor] += n;
+  return WriteAll(fd_, values, n * sizeof(float), data_start_ + begin_[tensor] + offset * sizeof(float), tmp_);
+}
+
+absl::Status SafetensorsWriter::Commit() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": committed twice"));
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (written_[i] != numel_[i]) {
+      return absl::InternalError(absl::StrCat(path_, ": tensor '", tensors_[i].name, "' got ", written_[i],
+                                              " values written, expected ", numel_[i]));
+    }
+  }
+  absl::Status s;
+  if (fsync(fd_) != 0) s = absl::InternalError(absl::StrCat(tmp_, ": fsync failed: ", std::strerror(errno)));
+  close(fd_);
+  fd_ = -1;
+  if (s.ok() && std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    s = absl::InternalError(absl::StrCat(path_, ": rename failed: ", std::strerror(errno)));
+  }
+  if (!s.ok()) std::remove(tmp_.c_str());
   return s;
 }
 
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  in.seekg(0, std::ios::end);
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<TensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const TensorView& t : tensors) {
+    if (Numel(t.shape) > 0 && t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", t.name, "' has no data"));
+    }
+    specs.push_back({t.name, t.shape});
+  }
+  PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> w, SafetensorsWriter::Create(path, specs, metadata));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PLATEAU_RETURN_IF_ERROR(w->Write(i, 0, tensors[i].data, Numel(tensors[i].shape)));
+  }
+  return w->Commit();
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  r->path_ = path;
+  r->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r->fd_ < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  struct stat st;
+  if (fstat(r->fd_, &st) != 0) return absl::InternalError(absl::StrCat(path, ": stat failed: ", std::strerror(errno)));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
   auto corrupt = [&path](const std::string& why) {
     return absl::DataLossError(absl::StrCat(path, ": not a valid safetensors file: ", why));
   };
   if (size < 8) return corrupt("shorter than its 8-byte header length");
   unsigned char len_le[8];
-  in.read(reinterpret_cast<char*>(len_le), 8);
+  if (!ReadAll(r->fd_, len_le, 8, 0)) return corrupt("short read in the header length");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= uint64_t{len_le[i]} << (8 * i);
   if (header_len > kMaxHeaderBytes || header_len > size - 8) {
     return corrupt(absl::StrCat("header length ", header_len, " does not fit the file of ", size, " bytes"));
   }
   std::string text(header_len, '\0');
-  in.read(text.data(), header_len);
+  if (!ReadAll(r->fd_, text.data(), header_len, 8)) return corrupt("short read in the header");
   const uint64_t data_bytes = size - 8 - header_len;
   nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) return corrupt("the header is not a JSON object");
 
-  SafetensorsFile out;
   struct Span { uint64_t begin, end; std::string name; };
   std::vector<Span> spans;
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -113,7 +180,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
       if (!it->is_object()) return corrupt("__metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string()) return corrupt(absl::StrCat("metadata '", m.key(), "' is not a string"));
-        out.metadata[m.key()] = m->get<std::string>();
+        r->metadata_[m.key()] = m->get<std::string>();
       }
       continue;
     }
@@ -131,7 +198,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
         !off[1].is_number_unsigned()) {
       return corrupt(absl::StrCat("tensor '", name, "' has a malformed shape or data_offsets"));
     }
-    Tensor t;
+    Entry t;
     uint64_t numel = 1;
     for (const auto& d : sh) {
       if (!d.is_number_unsigned()) return corrupt(absl::StrCat("tensor '", name, "' has a bad dimension"));
@@ -144,18 +211,46 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
       return corrupt(absl::StrCat("tensor '", name, "' data_offsets [", begin, ", ", end,
                                   ") do not match its shape or the ", data_bytes, " data bytes"));
     }
-    t.data.resize(numel);
-    in.seekg(8 + header_len + begin);
-    in.read(reinterpret_cast<char*>(t.data.data()), end - begin);
-    if (!in) return corrupt(absl::StrCat("short read in tensor '", name, "'"));
+    t.begin = 8 + header_len + begin;
     spans.push_back({begin, end, name});
-    out.tensors.emplace(name, std::move(t));
+    r->tensors_.emplace(name, std::move(t));
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i) {
     if (spans[i].begin < spans[i - 1].end) {
       return corrupt(absl::StrCat("tensors '", spans[i - 1].name, "' and '", spans[i].name, "' overlap"));
     }
+  }
+  return r;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status SafetensorsReader::Read(const std::string& name, int64_t offset, float* values, int64_t n) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor '", name, "'"));
+  if (offset < 0 || n < 0 || offset + n > Numel(it->second.shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": values [", offset, ", ", offset + n,
+                                                   ") of tensor '", name, "' are out of range"));
+  }
+  if (!ReadAll(fd_, values, n * sizeof(float), it->second.begin + offset * sizeof(float))) {
+    return absl::DataLossError(absl::StrCat(path_, ": short read in tensor '", name, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> r, SafetensorsReader::Open(path));
+  SafetensorsFile out;
+  out.metadata = r->metadata();
+  for (const auto& [name, e] : r->tensors()) {
+    Tensor t;
+    t.shape = e.shape;
+    t.data.resize(Numel(e.shape));
+    PLATEAU_RETURN_IF_ERROR(r->Read(name, 0, t.data.data(), static_cast<int64_t>(t.data.size())));
+    out.tensors.emplace(name, std::move(t));
   }
   return out;
 }

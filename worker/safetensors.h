@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,73 @@ absl::Status WriteSafetensors(const std::string& path,
                               const std::map<std::string, std::string>& metadata);
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// A tensor's name and shape, without its values.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// A file written in pieces, for state too large to hold on the host at
+// once (worker/trainer.cc streams checkpoints through it): the header, laid
+// out exactly as WriteSafetensors lays out the same tensors, is written by
+// Create; then values of any tensor at any offset, in any order; Commit
+// syncs and renames the file into place, and fails unless every value of
+// every tensor was written exactly as many times as it has values (a value
+// never written would read back as zero). Host memory: the header alone.
+// Destroyed uncommitted, it removes its temporary file.
+class SafetensorsWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
+      const std::string& path, const std::vector<TensorSpec>& tensors,
+      const std::map<std::string, std::string>& metadata);
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Values [offset, offset + n) of tensor `tensor` (an index into Create's
+  // list).
+  absl::Status Write(size_t tensor, int64_t offset, const float* values, int64_t n);
+  absl::Status Commit();
+
+ private:
+  SafetensorsWriter() = default;
+
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;  // 8 + header length
+  std::vector<TensorSpec> tensors_;
+  std::vector<uint64_t> begin_;     // each tensor's first byte in the data
+  std::vector<int64_t> numel_, written_;
+};
+
+// A file read in pieces: Open reads and checks the header against the file
+// (as ReadSafetensors does); Read copies any range of one tensor's values.
+// Host memory: the header alone.
+class SafetensorsReader {
+ public:
+  struct Entry {
+    std::vector<int64_t> shape;
+    uint64_t begin = 0;  // byte offset of its first value in the file
+  };
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::map<std::string, Entry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Values [offset, offset + n) of the tensor named `name`.
+  absl::Status Read(const std::string& name, int64_t offset, float* values, int64_t n) const;
+
+ private:
+  SafetensorsReader() = default;
+
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, Entry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace plateau
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <random>
 #include <string>
 
@@ -87,6 +89,65 @@ TEST(SafetensorsTest, RefusesDuplicateNames) {
   float x = 0;
   auto s = WriteSafetensors(TmpPath("d.safetensors"), {{"a", {1}, &x}, {"a", {1}, &x}}, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+std::string Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Pieces written backwards, out of tensor order, give the very bytes that
+// WriteSafetensors writes for the same tensors; pieces read back are the
+// values at those offsets.
+TEST(SafetensorsWriterTest, PiecesInAnyOrderMakeTheSameFile) {
+  std::vector<float> a(10), b(3 * 4);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i) - 1.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -0.25f * static_cast<float>(i);
+  const std::map<std::string, std::string> meta = {{"step", "7"}};
+  const std::string whole = TmpPath("whole.safetensors"), pieces = TmpPath("pieces.safetensors");
+  ASSERT_TRUE(WriteSafetensors(whole, {{"a", {10}, a.data()}, {"b", {3, 4}, b.data()}}, meta).ok());
+  auto w = SafetensorsWriter::Create(pieces, {{"a", {10}}, {"b", {3, 4}}}, meta);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int64_t lo = 9; lo >= 0; lo -= 3) {
+    const int64_t from = std::max<int64_t>(0, lo - 2);
+    ASSERT_TRUE((*w)->Write(1, from, b.data() + from, lo - from + 1).ok());
+    ASSERT_TRUE((*w)->Write(0, from, a.data() + from, lo - from + 1).ok());
+  }
+  ASSERT_TRUE((*w)->Write(1, 10, b.data() + 10, 2).ok());
+  EXPECT_FALSE(std::filesystem::exists(pieces)) << "visible before Commit";
+  ASSERT_TRUE((*w)->Commit().ok());
+  EXPECT_EQ(Bytes(pieces), Bytes(whole));
+
+  auto r = SafetensorsReader::Open(pieces);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->metadata().at("step"), "7");
+  EXPECT_EQ((*r)->tensors().at("b").shape, (std::vector<int64_t>{3, 4}));
+  float got[4];
+  ASSERT_TRUE((*r)->Read("b", 5, got, 4).ok());
+  EXPECT_EQ(std::vector<float>(got, got + 4), std::vector<float>(b.begin() + 5, b.begin() + 9));
+  EXPECT_EQ((*r)->Read("b", 9, got, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*r)->Read("c", 0, got, 1).code(), absl::StatusCode::kNotFound);
+}
+
+// A value never written would read back as zero: Commit refuses, names the
+// tensor, and leaves no file under the name, nor a temporary beside it.
+TEST(SafetensorsWriterTest, CommitRefusesAFileWithValuesUnwritten) {
+  const std::string path = TmpPath("short.safetensors");
+  std::vector<float> a(4, 1.0f);
+  {
+    auto w = SafetensorsWriter::Create(path, {{"a", {4}}, {"b", {2}}}, {});
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Write(0, 0, a.data(), 4).ok());
+    ASSERT_TRUE((*w)->Write(1, 0, a.data(), 1).ok());
+    EXPECT_EQ((*w)->Write(1, 1, a.data(), 2).code(), absl::StatusCode::kInvalidArgument);  // past its end
+    const absl::Status s = (*w)->Commit();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(s.message(), HasSubstr("tensor 'b' got 1 values written, expected 2"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    EXPECT_EQ(e.path().string().find("short.safetensors.tmp"), std::string::npos) << e.path();
+  }
 }
 
 }  // namespace
