@@ -60,56 +60,103 @@ int64_t NewestCheckpoint(const std::string& dir) {
   return best;
 }
 
-absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const DataSource& data,
-                            int rank) {
-  PLATEAU_ASSIGN_OR_RETURN(ModelState st, step.GatherState());  // collective
-  if (rank != 0) return absl::OkStatus();
-  const std::vector<WeightSpec>& specs = step.layout().weights();
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    views.push_back({specs[i].name, specs[i].shape, st.weights[i].data()});
-    views.push_back({"optimizer.m." + specs[i].name, specs[i].shape, st.m[i].data()});
-    views.push_back({"optimizer.v." + specs[i].name, specs[i].shape, st.v[i].data()});
+// The file's tensors, in the documented order: each weight's master, m, v
+// (docs/MODEL.md, "Checkpoints"); weight w's family f is tensor 3w + f.
+std::vector<TensorSpec> CheckpointTensors(const ParamLayout& layout) {
+  std::vector<TensorSpec> specs;
+  for (const WeightSpec& w : layout.weights()) {
+    for (const char* prefix : {"", "optimizer.m.", "optimizer.v."}) specs.push_back({prefix + w.name, w.shape});
   }
-  // docs/MODEL.md, "Checkpoints": "seed" is the initialisation's; the
-  // recall task's generator has a seed of its own (text and shards have none).
-  std::map<std::string, std::string> metadata = {{"step", absl::StrCat(st.step)},
-                                                 {"data_position", absl::StrCat(data.position())},
-                                                 {"seed", absl::StrCat(o.step.seed)},
-                                                 {"format", "plateau-checkpoint-v1"}};
-  if (o.data.kind == DataOptions::Kind::kRecall) {
-    metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
-  }
-  std::filesystem::create_directories(o.checkpoint_dir);
-  if (o.fence_attempt < 0) return WriteSafetensors(CheckpointPath(o.checkpoint_dir, st.step), views, metadata);
-  // Written aside, then renamed into place only if no newer attempt has
-  // claimed the directory meanwhile (worker/checkpoint_fence.h).
-  const std::string partial = PartialCheckpointPath(o.checkpoint_dir, o.fence_attempt, st.step);
-  PLATEAU_RETURN_IF_ERROR(WriteSafetensors(partial, views, metadata));
-  return CommitCheckpoint(o.checkpoint_dir, o.fence_job, o.fence_attempt, partial,
-                          CheckpointPath(o.checkpoint_dir, st.step));
+  return specs;
 }
 
-absl::Status LoadCheckpoint(const std::string& path, TrainingStep& step, DataSource& data) {
-  PLATEAU_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(path));
-  ModelState st;
-  for (const WeightSpec& w : step.layout().weights()) {
-    for (auto [prefix, out] : {std::pair<const char*, std::vector<std::vector<float>>*>{"", &st.weights},
-                               {"optimizer.m.", &st.m}, {"optimizer.v.", &st.v}}) {
-      auto it = f.tensors.find(prefix + w.name);
-      if (it == f.tensors.end() || it->second.shape != w.shape) {
-        return absl::DataLossError(absl::StrCat(path, ": tensor '", prefix, w.name,
-                                                "' is missing or has the wrong shape for this model"));
+size_t CheckpointTensor(int weight, StateFamily family) {
+  const size_t f = family == StateFamily::kWeights ? 0 : family == StateFamily::kM ? 1 : 2;
+  return 3 * static_cast<size_t>(weight) + f;
+}
+
+// Streamed (TrainingStep::StreamState): every rank gathers, rank 0 alone
+// writes the pieces into place in the file, and no host ever holds the
+// full state (at a real model's size it would not fit): rank 0 holds its
+// optimizer shard and one gathered chunk, the others their shard.
+absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const DataSource& data,
+                            int rank) {
+  std::unique_ptr<SafetensorsWriter> file;
+  absl::Status opened;  // rank 0's: it still takes part in the gathers, which the others wait on
+  // Written aside, then renamed into place only if no newer attempt has
+  // claimed the directory meanwhile (worker/checkpoint_fence.h).
+  const std::string final_path = CheckpointPath(o.checkpoint_dir, step.step());
+  const std::string path =
+      o.fence_attempt < 0 ? final_path : PartialCheckpointPath(o.checkpoint_dir, o.fence_attempt, step.step());
+  if (rank == 0) {
+    // docs/MODEL.md, "Checkpoints": "seed" is the initialisation's; the
+    // recall task's generator has a seed of its own (text and shards have none).
+    std::map<std::string, std::string> metadata = {{"step", absl::StrCat(step.step())},
+                                                   {"data_position", absl::StrCat(data.position())},
+                                                   {"seed", absl::StrCat(o.step.seed)},
+                                                   {"format", "plateau-checkpoint-v1"}};
+    if (o.data.kind == DataOptions::Kind::kRecall) {
+      metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpoint_dir, ec);
+    if (ec) {
+      opened = absl::InternalError(absl::StrCat("checkpoint_dir: cannot create ", o.checkpoint_dir, ": ", ec.message()));
+    } else {
+      absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
+          SafetensorsWriter::Create(path, CheckpointTensors(step.layout()), metadata);
+      if (w.ok()) {
+        file = std::move(*w);
+      } else {
+        opened = w.status();
       }
-      out->push_back(std::move(it->second.data));
     }
   }
+  const StateSink sink = [&file](StateFamily family, int weight, int64_t offset, const float* values, int64_t n) {
+    return file->Write(CheckpointTensor(weight, family), offset, values, n);
+  };
+  PLATEAU_RETURN_IF_ERROR(step.StreamState(file != nullptr ? &sink : nullptr));  // collective
+  if (rank != 0) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(opened);
+  PLATEAU_RETURN_IF_ERROR(file->Commit());
+  if (o.fence_attempt < 0) return absl::OkStatus();
+  return CommitCheckpoint(o.checkpoint_dir, o.fence_job, o.fence_attempt, path, final_path);
+}
+
+// Streamed (TrainingStep::LoadStreamedState): each rank reads its own
+// shard's values from the file, and no more.
+absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, TrainingStep& step,
+                            DataSource& data) {
+  PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> f, SafetensorsReader::Open(path));
+  const std::vector<TensorSpec> specs = CheckpointTensors(step.layout());
+  for (const TensorSpec& t : specs) {
+    auto it = f->tensors().find(t.name);
+    if (it == f->tensors().end() || it->second.shape != t.shape) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor '", t.name,
+                                              "' is missing or has the wrong shape for this model"));
+    }
+  }
+  std::map<std::string, std::string> metadata = f->metadata();
+  int64_t step_count = 0;
   uint64_t position = 0;
-  if (!absl::SimpleAtoi(f.metadata["step"], &st.step) ||
-      !absl::SimpleAtoi(f.metadata["data_position"], &position)) {
+  if (!absl::SimpleAtoi(metadata["step"], &step_count) ||
+      !absl::SimpleAtoi(metadata["data_position"], &position)) {
     return absl::DataLossError(absl::StrCat(path, ": metadata lacks step or data_position"));
   }
-  PLATEAU_RETURN_IF_ERROR(step.LoadState(st));
+  // The data position counts sequences of the stream the checkpoint was
+  // trained on; another recall seed is another stream, and the resumed run
+  // would silently be neither the old run nor a new one.
+  if (o.data.kind == DataOptions::Kind::kRecall && metadata.count("data_seed") > 0 &&
+      metadata["data_seed"] != absl::StrCat(o.data.recall.seed)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data.recall.seed: the job says ", o.data.recall.seed, ", but its checkpoint ", path,
+        " was trained on data seed ", metadata["data_seed"],
+        "; resume with the checkpoint's seed, or start the new seed in another checkpoint_dir"));
+  }
+  PLATEAU_RETURN_IF_ERROR(step.LoadStreamedState(
+      step_count, [&](StateFamily family, int weight, int64_t offset, float* values, int64_t n) {
+        return f->Read(specs[CheckpointTensor(weight, family)].name, offset, values, n);
+      }));
   data.Seek(position);
   return absl::OkStatus();
 }
@@ -172,7 +219,7 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
   if (!o.checkpoint_dir.empty() && o.resume) {
     const int64_t newest = NewestCheckpoint(o.checkpoint_dir);
     if (newest >= 0) {
-      PLATEAU_RETURN_IF_ERROR(LoadCheckpoint(CheckpointPath(o.checkpoint_dir, newest), *step, *data));
+      PLATEAU_RETURN_IF_ERROR(LoadCheckpoint(o, CheckpointPath(o.checkpoint_dir, newest), *step, *data));
     }
   }
   const double flops = ModelFlopsPerStep(o.step.model, o.step.layout.batch);

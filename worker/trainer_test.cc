@@ -18,6 +18,7 @@
 namespace plateau {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string TmpDir(const std::string& name) {
@@ -348,6 +349,36 @@ TEST(TrainerTest, CheckpointMetadataAsDocumented) {
                                                              {"data_seed", "9"},
                                                              {"format", "plateau-checkpoint-v1"}}));
   EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
+}
+
+// The data position counts sequences of one recall stream: resuming it
+// with another data seed would train on neither the old run's data nor a
+// fresh run's. Refused before any step, naming the field and both seeds;
+// the checkpoint is left as it was, and the original seed resumes.
+TEST(TrainerTest, ResumingWithAnotherDataSeedIsRefused) {
+  TrainerOptions o = RecallOptions(1);
+  o.step.layout.batch = 4;
+  o.steps = 1;
+  o.data.recall.seed = 9;
+  o.checkpoint_dir = TmpDir("ckpt_data_seed");
+  ASSERT_TRUE(Train(o, 1).status.ok());
+  std::ifstream saved(CheckpointPath(o.checkpoint_dir, 1), std::ios::binary);
+  const std::string before((std::istreambuf_iterator<char>(saved)), {});
+
+  o.steps = 2;
+  o.data.recall.seed = 10;
+  TrainRun other = Train(o, 1);
+  EXPECT_EQ(other.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status.message(),
+              AllOf(HasSubstr("data.recall.seed"), HasSubstr("says 10"), HasSubstr("data seed 9")));
+  EXPECT_TRUE(other.losses.empty());
+  std::ifstream after(CheckpointPath(o.checkpoint_dir, 1), std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after)), {}), before);
+
+  o.data.recall.seed = 9;
+  TrainRun same = Train(o, 1);
+  ASSERT_TRUE(same.status.ok()) << same.status;
+  EXPECT_EQ(same.losses.size(), 1u);
 }
 
 // The validation loss over the held-out sequences (2 batches), forward only.

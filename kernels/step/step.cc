@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -710,26 +711,28 @@ absl::StatusOr<StepStats> TrainingStep::Step(const std::vector<int32_t>& tokens,
 //
 // Host memory: every rank receives the whole state (an all-gather) and
 // returns it in full: 3 x 4 x (dense + experts) bytes for GatherState's
-// three families (weights, m, v), on every rank. Beyond that it holds this
-// rank's shard (OptimizerUpdate::Save: 1/P of the families, with the owned
-// masters under bf16) and, while it assembles a family, that family's
-// gathered flat vectors (4 x (dense + experts) bytes): about 1 + 1/P
-// families at most besides the result. Only rank 0 writes the checkpoint
-// (worker/trainer.cc); sparing the other ranks the host copies would need
-// a root argument here and a caller that tolerates an empty state (not
-// done: the tests compare every rank's state).
+// three families (weights, m, v), on every rank, plus its shard and one
+// family's gathered flat vectors. That is the baseline, kept for the tests
+// that compare every rank's state; the trainer's checkpoints take the
+// streamed path (StreamState, LoadStreamedState), which holds no full
+// tensor anywhere.
 
 namespace {
 
-// All-gathers `n` elements of `type` per rank (kFloat32, or kBfloat16:
-// loaded exactly into floats) into host floats [P * n], rank r's at r * n,
-// in chunks through the device buffer `scratch`, on stream `s`. The source
-// is device memory, or the caller's host memory when `src_on_host` (then
-// each chunk is first copied into this rank's block of the scratch and
-// gathered in place). Collective; `scratch` must be idle, and is clobbered.
-absl::StatusOr<std::vector<float>> GatherThrough(Backend& be, Communicator& world, Stream& s, Buffer& scratch,
-                                                 const void* src, bool src_on_host, int64_t n,
-                                                 DataType type = DataType::kFloat32) {
+// All-gathers `n` elements of `type` per rank in chunks through the device
+// buffer `scratch`, on stream `s`, and hands each gathered chunk to
+// on_chunk(lo, len, values): values [P][len] on the host (kBfloat16 loaded
+// exactly into floats), rank r's elements [lo, lo + len) at r * len, valid
+// until on_chunk returns. With a null on_chunk this rank takes part in the
+// gathers and copies nothing out. The source is device memory, or the
+// caller's host memory when `src_on_host` (then each chunk is first copied
+// into this rank's block of the scratch and gathered in place). Collective;
+// `scratch` must be idle, and is clobbered. Host memory where on_chunk is
+// set: one gathered chunk as floats, P x chunk = scratch.bytes() / elem
+// floats (the scratch's bytes again for fp32 sources).
+using ChunkFn = std::function<void(int64_t lo, int64_t len, const float* values)>;
+absl::Status GatherChunks(Backend& be, Communicator& world, Stream& s, Buffer& scratch, const void* src,
+                          bool src_on_host, int64_t n, DataType type, const ChunkFn& on_chunk) {
   const int64_t P = world.size(), rank = world.rank();
   const int64_t elem = static_cast<int64_t>(DataTypeSize(type));
   const int64_t chunk = static_cast<int64_t>(scratch.bytes()) / (P * elem);
@@ -737,8 +740,9 @@ absl::StatusOr<std::vector<float>> GatherThrough(Backend& be, Communicator& worl
     return absl::InternalError(absl::StrCat("gather: the ", scratch.bytes(), "-byte scratch cannot hold one ",
                                             DataTypeName(type), " element per rank of ", P, " ranks"));
   }
-  std::vector<float> host(n * P);
+  std::vector<float> host;
   std::vector<Bf16> bits;  // one bf16 chunk of every rank, on the host
+  if (on_chunk) host.resize(std::min(chunk, n) * P);
   char* recv = static_cast<char*>(scratch.data());
   const char* from = static_cast<const char*>(src);
   for (int64_t lo = 0; lo < n; lo += chunk) {
@@ -752,22 +756,34 @@ absl::StatusOr<std::vector<float>> GatherThrough(Backend& be, Communicator& worl
     } else {
       PLATEAU_RETURN_IF_ERROR(world.AllGather(s, from + lo * elem, recv, len, type));
     }
-    // Into the caller's memory: done when Copy returns, after the gather
-    // (same stream), so the next chunk may overwrite the scratch.
+    if (!on_chunk) continue;
+    // Into host memory: done when Copy returns, after the gather (same
+    // stream), so the next chunk may overwrite the scratch.
     if (type == DataType::kBfloat16) {
       bits.resize(len * P);
       PLATEAU_RETURN_IF_ERROR(be.Copy(s, bits.data(), recv, bytes * P));
-      for (int64_t r = 0; r < P; ++r) {
-        for (int64_t i = 0; i < len; ++i) host[r * n + lo + i] = Bf16ToFloat(bits[r * len + i]);
-      }
+      for (int64_t i = 0; i < len * P; ++i) host[i] = Bf16ToFloat(bits[i]);
     } else {
-      for (int64_t r = 0; r < P; ++r) {
-        PLATEAU_RETURN_IF_ERROR(be.Copy(s, host.data() + r * n + lo, recv + r * bytes, bytes));
-      }
+      PLATEAU_RETURN_IF_ERROR(be.Copy(s, host.data(), recv, bytes * P));
     }
+    on_chunk(lo, len, host.data());
   }
-  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
-  return host;
+  return s.Synchronize();
+}
+
+// GatherChunks into host floats [P * n], rank r's at r * n.
+absl::StatusOr<std::vector<float>> GatherThrough(Backend& be, Communicator& world, Stream& s, Buffer& scratch,
+                                                 const void* src, bool src_on_host, int64_t n,
+                                                 DataType type = DataType::kFloat32) {
+  const int64_t P = world.size();
+  std::vector<float> out(n * P);
+  PLATEAU_RETURN_IF_ERROR(GatherChunks(be, world, s, scratch, src, src_on_host, n, type,
+                                       [&](int64_t lo, int64_t len, const float* values) {
+                                         for (int64_t r = 0; r < P; ++r) {
+                                           std::copy_n(values + r * len, len, out.data() + r * n + lo);
+                                         }
+                                       }));
+  return out;
 }
 
 }  // namespace
@@ -841,16 +857,9 @@ absl::StatusOr<ModelState> TrainingStep::GatherState() {
   return st;
 }
 
-// Device memory: none. This rank's shard is cut from the caller's full
-// state on the host (ParamLayout::ShardFrom) and copied straight into the
-// launch-sized buffers: the owned working weights here, the masters and
-// moments by OptimizerUpdate::Load (device buffers, or the offloaded
-// optimizers' host state), whose refresh all-gathers in place into the
-// working dense weights. Host memory: the caller holds the full state on
-// every rank (worker/trainer.cc reads the checkpoint file on each), plus
-// this rank's shard of it here.
+// The full state on every rank (tests; the trainer streams, below), read
+// through LoadStreamedState: this rank's shard is cut from it.
 absl::Status TrainingStep::LoadState(const ModelState& st) {
-  Impl& I = *impl_;
   const size_t n = layout_.weights().size();
   for (const auto* t : {&st.weights, &st.m, &st.v}) {
     if (t->size() != n) {
@@ -864,13 +873,103 @@ absl::Status TrainingStep::LoadState(const ModelState& st) {
       }
     }
   }
-  if (st.step < 0) return absl::InvalidArgumentError("state: step must be >= 0");
-  const int64_t rank = world_.rank();
+  return LoadStreamedState(st.step, [&st](StateFamily f, int weight, int64_t offset, float* values, int64_t n) {
+    const std::vector<std::vector<float>>& family =
+        f == StateFamily::kWeights ? st.weights : f == StateFamily::kM ? st.m : st.v;
+    std::copy_n(family[weight].data() + offset, n, values);
+    return absl::OkStatus();
+  });
+}
+
+// Streamed: the families in turn, each as the dense shards then the owned
+// vectors of all ranks, gathered chunk by chunk through the dense gradient
+// buffer (GatherChunks) and cut into runs by the layout's one map
+// (ParamLayout::ForEach*Run). The weights are the fp32 masters: the
+// optimizer's dense master shard, and the owned weights themselves in fp32
+// (on the device) or their separate masters under bf16.
+absl::Status TrainingStep::StreamState(const StateSink* sink) {
+  Impl& I = *impl_;
+  const bool bf16 = options_.precision == Precision::kBf16Mixed;
+  const int64_t P = world_.size(), S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
+  PLATEAU_ASSIGN_OR_RETURN(OptimizerShardState mine, I.optimizer->Save());
+  PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());  // the scratch's last user
+  // The sink's first failure. The gathers go on without it, so that every
+  // rank makes the same collectives and none waits for a rank that left.
+  absl::Status sink_status;
+  auto part = [&](StateFamily family, bool owned, const void* src, bool src_on_host) {
+    ChunkFn to_sink;
+    if (sink != nullptr) {
+      to_sink = [&](int64_t lo, int64_t len, const float* values) {
+        for (int64_t r = 0; r < P && sink_status.ok(); ++r) {
+          auto emit = [&](const ParamLayout::Run& run) {
+            if (!sink_status.ok()) return;
+            sink_status = (*sink)(family, run.weight, run.tensor_offset, values + r * len + (run.part_offset - lo),
+                                  run.numel);
+          };
+          if (owned) {
+            layout_.ForEachOwnedRun(r, lo, lo + len, emit);
+          } else {
+            layout_.ForEachDenseRun(r, lo, lo + len, emit);
+          }
+        }
+      };
+    }
+    return GatherChunks(backend_, world_, *I.comm, I.dense_grad, src, src_on_host, owned ? X : S,
+                        DataType::kFloat32, to_sink);
+  };
+  PLATEAU_RETURN_IF_ERROR(part(StateFamily::kWeights, false, mine.dense_master.data(), true));
+  PLATEAU_RETURN_IF_ERROR(bf16 ? part(StateFamily::kWeights, true, mine.owned_master.data(), true)
+                               : part(StateFamily::kWeights, true, I.owned.data(), false));
+  PLATEAU_RETURN_IF_ERROR(part(StateFamily::kM, false, mine.dense_m.data(), true));
+  PLATEAU_RETURN_IF_ERROR(part(StateFamily::kM, true, mine.owned_m.data(), true));
+  PLATEAU_RETURN_IF_ERROR(part(StateFamily::kV, false, mine.dense_v.data(), true));
+  PLATEAU_RETURN_IF_ERROR(part(StateFamily::kV, true, mine.owned_v.data(), true));
+  return sink_status;
+}
+
+int64_t TrainingStep::StreamStateHostBytes(bool with_sink) const {
+  const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
+  const bool bf16 = options_.precision == Precision::kBf16Mixed;
+  // OptimizerUpdate::Save's copy: master, m and v of the dense shard; m, v
+  // (and under bf16 the master) of the owned vector.
+  const int64_t shard = static_cast<int64_t>(sizeof(float)) * (3 * S + (bf16 ? 3 : 2) * X);
+  return shard + (with_sink ? static_cast<int64_t>(impl_->dense_grad.bytes()) : 0);
+}
+
+int64_t TrainingStep::LoadStreamedStateHostBytes() const {
+  // Master, m and v of the dense shard and of the owned vector (in fp32 the
+  // owned weights pass through the host on their way to the device).
+  return static_cast<int64_t>(sizeof(float)) * 3 * (layout_.shard_numel() + layout_.owned_numel_per_rank());
+}
+
+// Device memory: none. Each rank reads its own dense shard and owned vector
+// (the runs of its parts, ParamLayout::ForEach*Run) from the source and
+// copies them straight into the launch-sized buffers: the owned working
+// weights here, the masters and moments by OptimizerUpdate::Load (device
+// buffers, or the offloaded optimizers' host state), whose refresh
+// all-gathers in place into the working dense weights. Padding stays zero.
+absl::Status TrainingStep::LoadStreamedState(int64_t step, const StateSource& source) {
+  Impl& I = *impl_;
+  if (step < 0) return absl::InvalidArgumentError("state: step must be >= 0");
+  const int64_t rank = world_.rank(), S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
   OptimizerShardState shard;
   std::vector<float> owned;
-  layout_.ShardFrom(st.m, rank, &shard.dense_m, &shard.owned_m);
-  layout_.ShardFrom(st.v, rank, &shard.dense_v, &shard.owned_v);
-  layout_.ShardFrom(st.weights, rank, &shard.dense_master, &owned);
+  auto read = [&](StateFamily family, std::vector<float>* dense_part, std::vector<float>* owned_part) {
+    dense_part->assign(S, 0.0f);
+    owned_part->assign(X, 0.0f);
+    absl::Status s;
+    auto into = [&](std::vector<float>* part) {
+      return [&s, &source, family, part](const ParamLayout::Run& run) {
+        if (s.ok()) s = source(family, run.weight, run.tensor_offset, part->data() + run.part_offset, run.numel);
+      };
+    };
+    layout_.ForEachDenseRun(rank, 0, S, into(dense_part));
+    layout_.ForEachOwnedRun(rank, 0, X, into(owned_part));
+    return s;
+  };
+  PLATEAU_RETURN_IF_ERROR(read(StateFamily::kWeights, &shard.dense_master, &owned));
+  PLATEAU_RETURN_IF_ERROR(read(StateFamily::kM, &shard.dense_m, &shard.owned_m));
+  PLATEAU_RETURN_IF_ERROR(read(StateFamily::kV, &shard.dense_v, &shard.owned_v));
   if (options_.precision == Precision::kBf16Mixed) {
     // The owned weights' fp32 master; the optimizer writes rn(master).
     shard.owned_master = std::move(owned);
@@ -878,7 +977,7 @@ absl::Status TrainingStep::LoadState(const ModelState& st) {
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.compute, I.owned.data(), owned.data(), I.owned.bytes()));
   }
   PLATEAU_RETURN_IF_ERROR(I.optimizer->Load(shard));
-  step_ = st.step;
+  step_ = step;
   return absl::OkStatus();
 }
 

@@ -24,7 +24,7 @@
 // standard EP and LLEP, whose size depends on the routing (the baselines'
 // unbounded live set; PipelinedLLEP's are launch-sized). The whole-model
 // views and the checkpoint (GatherWeights, GatherGrads, GatherState,
-// LoadState) allocate nothing on the device: the gathers move the state in
+// LoadState, StreamState, LoadStreamedState) allocate nothing on the device: the gathers move the state in
 // chunks through the full dense gradient buffer, idle between steps
 // (step.cc says why it is idle and how the chunk is sized).
 //
@@ -35,6 +35,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,15 @@
 #include "kernels/phase_recorder.h"
 
 namespace plateau {
+
+// The model state's families, streamed (TrainingStep::StreamState).
+enum class StateFamily { kWeights, kM, kV };
+// Values [offset, offset + n) of tensor `weight` (an index into
+// ParamLayout::weights()) of one family: received, or to fill.
+using StateSink = std::function<absl::Status(StateFamily family, int weight, int64_t offset,
+                                             const float* values, int64_t n)>;
+using StateSource = std::function<absl::Status(StateFamily family, int weight, int64_t offset,
+                                               float* values, int64_t n)>;
 
 struct StepStats {
   int64_t step = 0;            // optimizer steps taken so far
@@ -116,6 +126,25 @@ class TrainingStep {
   // Collective: every rank passes the same full state (the working weights
   // are rn(master) under bf16).
   absl::Status LoadState(const ModelState& state);
+
+  // The same state streamed, for models whose full state does not fit one
+  // host (GatherState holds all of it on every rank): the values of each
+  // family pass through `sink` in runs of consecutive values of one tensor,
+  // every value exactly once, in an order that depends on the layout (not
+  // the tensors' order). Collective; every rank gathers, and only the ranks
+  // that pass a sink receive (the trainer: rank 0 writes the file). A sink
+  // error stops the sink, not the gathers, and is returned once they end.
+  // Host memory, at most StreamStateHostBytes(sink != nullptr): this rank's
+  // optimizer shard, and where a sink is given one gathered chunk (the
+  // size of the dense gradient buffer). Device memory: none of its own.
+  absl::Status StreamState(const StateSink* sink);
+  int64_t StreamStateHostBytes(bool with_sink) const;
+  // Collective: every rank reads its own shard from `source` (the same
+  // state on every rank: a checkpoint file) and none holds more; then the
+  // step count is `step`. What LoadState does with a full state. Host
+  // memory, at most LoadStreamedStateHostBytes(): this rank's shard.
+  absl::Status LoadStreamedState(int64_t step, const StateSource& source);
+  int64_t LoadStreamedStateHostBytes() const;
 
   int64_t step() const { return step_; }
   const ParamLayout& layout() const { return layout_; }
