@@ -8,11 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/timestamps.h"
@@ -415,6 +417,13 @@ void Agent::Start(const v1::Assignment& a) {
         if (visible.ok()) {
           visible_devices = *visible;
           env = WithVisibleDevices(base_env, visible_devices);
+          // Every kernel loaded with the context (kernels/cuda/cuda_backend.cc
+          // says why), from the rank's first CUDA call on, unless the
+          // operator chose otherwise.
+          if (std::none_of(env.begin(), env.end(),
+                           [](const std::string& e) { return absl::StartsWith(e, "CUDA_MODULE_LOADING="); })) {
+            env.push_back("CUDA_MODULE_LOADING=EAGER");
+          }
         }
       } else {
         device_index = rank->slot;

@@ -201,6 +201,20 @@ class CudaDeviceSpace final : public MemorySpace {
     PLATEAU_CUDA_REPORT(order_->Fence());
   }
 
+ public:
+  // The backend's own memory, from the same pool but outside the cap and
+  // the live sets: each stream's cuBLAS workspace. The budget plans the
+  // step's buffers; what the libraries need beside them (the CUDA context,
+  // NCCL's buffers, cuBLAS's workspaces) is the headroom between the plan
+  // and the card (docs/FRONTIER.md), so it must not count against a cap
+  // sized to the plan (a step at N_max would fail by the workspaces' bytes).
+  absl::StatusOr<void*> AllocateUnplanned(size_t bytes) { return RawAllocate(bytes); }
+  // After every stream's work so far, as a Buffer's release.
+  void FreeUnplanned(void* p) {
+    ReleaseFence();
+    RawFree(p, 0);
+  }
+
  private:
   const int device_;
   ReleaseOrder* const order_;
@@ -399,15 +413,16 @@ constexpr size_t kGemmPointerBytes = 3 * kGroupedGemmsPerCall * sizeof(void*);
 class CudaStream final : public Stream {
  public:
   CudaStream(std::string name, int device, cudaStream_t stream,
-             cublasHandle_t blas, Buffer workspace, size_t blas_bytes,
-             ReleaseOrder* order)
+             cublasHandle_t blas, void* workspace, size_t blas_bytes,
+             ReleaseOrder* order, CudaDeviceSpace* space)
       : name_(std::move(name)),
         device_(device),
         stream_(stream),
         blas_(blas),
-        workspace_(std::move(workspace)),
+        workspace_(workspace),
         blas_bytes_(blas_bytes),
-        order_(order) {}
+        order_(order),
+        space_(space) {}
 
   ~CudaStream() override {
     // The workspace may still be in use by enqueued work: drain first.
@@ -419,7 +434,7 @@ class CudaStream final : public Stream {
     }
     PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream_));
     ForgetCudaStream(stream_);
-    workspace_.Release();
+    space_->FreeUnplanned(workspace_);
   }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
@@ -487,7 +502,7 @@ class CudaStream final : public Stream {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t blas() const { return blas_; }
-  void* scratch() const { return workspace_.data(); }
+  void* scratch() const { return workspace_; }
   // kGroupedGemmsPerCall entries each, device memory; read by the grouped
   // GEMM enqueued after they are written, so stream order lets the next
   // grouped GEMM overwrite them.
@@ -506,13 +521,14 @@ class CudaStream final : public Stream {
   const int device_;
   const cudaStream_t stream_;
   char* gemm_pointers() const {
-    return static_cast<char*>(workspace_.data()) + blas_bytes_;
+    return static_cast<char*>(workspace_) + blas_bytes_;
   }
 
   const cublasHandle_t blas_;
-  Buffer workspace_;
+  void* const workspace_;  // CudaDeviceSpace::AllocateUnplanned
   const size_t blas_bytes_;
   ReleaseOrder* const order_;
+  CudaDeviceSpace* const space_;  // where the workspace goes back
   absl::Mutex launch_mu_;
 };
 
@@ -577,25 +593,26 @@ class CudaBackend final : public Backend {
       absl::string_view name) override {
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
     PLATEAU_ASSIGN_OR_RETURN(
-        Buffer workspace,
-        device_.Allocate(LiveSet::kWorkspace, workspace_bytes_ + kGemmPointerBytes));
+        void* workspace,
+        device_.AllocateUnplanned(workspace_bytes_ + kGemmPointerBytes));
     cudaStream_t stream = nullptr;
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                "cudaStreamCreateWithFlags", __FILE__, __LINE__);
     cublasHandle_t blas = nullptr;
-    absl::Status s = ConfigureBlas(stream, workspace, &blas);
+    if (s.ok()) s = ConfigureBlas(stream, workspace, &blas);
     // The stream waits for the release stream's work so far: its workspace
     // (and any earlier allocation) may reuse memory whose last user is
     // still queued.
     if (s.ok()) s = order_->Add(stream);
     if (!s.ok()) {
       if (blas != nullptr) cublasDestroy(blas);
-      PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream));
+      if (stream != nullptr) PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream));
+      device_.FreeUnplanned(workspace);
       return s;
     }
     return std::make_unique<CudaStream>(std::string(name), device_index_,
-                                        stream, blas, std::move(workspace),
-                                        workspace_bytes_, order_.get());
+                                        stream, blas, workspace,
+                                        workspace_bytes_, order_.get(), &device_);
   }
 
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
@@ -607,14 +624,33 @@ class CudaBackend final : public Backend {
   }
 
  protected:
+  // With the caller's own (pageable) memory on either side, the copy is
+  // complete when DoCopy returns, as backend.h promises: the stream is
+  // synchronised after it. cudaMemcpyAsync alone does not give that: from
+  // pageable memory it returns once the source is staged, and the write to
+  // the device lands later in this stream's order, so work on another stream
+  // (a collective on the communication stream reading counts the compute
+  // stream copied in) could read the old bytes. Between the backend's
+  // spaces (device, pinned host) the copy stays asynchronous.
   absl::Status DoCopy(Stream& st, void* dst, const void* src,
                       size_t bytes) override {
-    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+    PLATEAU_RETURN_IF_ERROR(Enqueue(st, [&](CudaStream* s) -> absl::Status {
       // cudaMemcpyDefault: unified addressing tells device from host pointers.
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream()));
       return absl::OkStatus();
-    });
+    }));
+    PLATEAU_ASSIGN_OR_RETURN(const bool pageable_dst, IsPageable(dst));
+    PLATEAU_ASSIGN_OR_RETURN(const bool pageable_src, IsPageable(src));
+    if (!pageable_dst && !pageable_src) return absl::OkStatus();
+    return st.Synchronize();
+  }
+
+  // Host memory the driver does not know (neither cudaMalloc'd nor pinned).
+  static absl::StatusOr<bool> IsPageable(const void* p) {
+    cudaPointerAttributes attr;
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, p));
+    return attr.type == cudaMemoryTypeUnregistered;
   }
 
   absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
@@ -1081,17 +1117,22 @@ class CudaBackend final : public Backend {
   // One handle per stream, bound to it once, with the stream's own
   // workspace and plain FP32 math: CUBLAS_DEFAULT_MATH never turns on TF32
   // or BF16x9 emulation, which would round inputs below fp32 and break the
-  // agreement with the CPU backend.
-  absl::Status ConfigureBlas(cudaStream_t stream, const Buffer& workspace,
+  // agreement with the CPU backend. DISALLOW_REDUCED_PRECISION_REDUCTION:
+  // a bf16-output GEMM may otherwise keep split-K partial sums in bf16
+  // (cuBLAS's choice, likeliest for the weight gradients, k = N tokens, up
+  // to 10^6, small m x n), which breaks the bf16 contract of one rounding
+  // of an fp32 sum (docs/RUNTIME.md) far beyond the twin tests' k <= 300.
+  absl::Status ConfigureBlas(cudaStream_t stream, void* workspace,
                              cublasHandle_t* blas) {
     PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasCreate(blas));
     // cublasSetStream resets the workspace to cuBLAS's own pool, so the
     // stream goes first.
     PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasSetStream(*blas, stream));
     PLATEAU_CUBLAS_RETURN_IF_ERROR(
-        cublasSetWorkspace(*blas, workspace.data(), workspace_bytes_));
+        cublasSetWorkspace(*blas, workspace, workspace_bytes_));
     PLATEAU_CUBLAS_RETURN_IF_ERROR(
-        cublasSetMathMode(*blas, CUBLAS_DEFAULT_MATH));
+        cublasSetMathMode(*blas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     return absl::OkStatus();
   }
 

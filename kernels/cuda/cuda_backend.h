@@ -20,12 +20,16 @@
 // failed launch, kernel assert, uncorrectable ECC error) poisons the whole
 // CUDA context: its status says so, and only a new process recovers.
 //
-// Memory: every byte this backend takes on the GPU goes through its device
-// MemorySpace and is tracked by live set, including each stream's workspace
-// (LiveSet::kWorkspace: cuBLAS's workspace and the reductions' scratch; 32 MiB
-// per stream on Hopper and later, 4 MiB before, as cuBLAS recommends; then
-// 24 KiB of device pointer arrays for GroupedGemm's cuBLAS calls). The CUDA
-// context and the libraries' own code are not.
+// Memory: every buffer of the step goes through the device MemorySpace and
+// is tracked by live set, against the cap the budget plans. Each stream's
+// workspace (cuBLAS's workspace and the reductions' scratch: 32 MiB per
+// stream on Hopper and later, 4 MiB before, as cuBLAS recommends; then 24
+// KiB of device pointer arrays for GroupedGemm's cuBLAS calls) comes from
+// the same pool but outside the cap and the live sets, with the CUDA
+// context, NCCL's buffers and the libraries' code: the headroom between the
+// plan and the card (docs/FRONTIER.md; about 160 MiB for the composed
+// step's five streams). Counted against a cap sized to the plan, it made
+// the step at N_max fail by its bytes.
 //
 // Determinism: each stream has its own cuBLAS handle and workspace (cuBLAS
 // promises the same bits run to run only then), cuBLAS runs plain FP32 math
