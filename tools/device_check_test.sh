@@ -39,7 +39,9 @@ assert by["step"]["status"] == "pass" and by["step"]["data"]["max_loss_diff"] ==
 for b in ("sgemm_bench", "copy_bench"):
     assert by["bench:" + b]["status"] == "dry_run"
 # The benches' CUDA runs, each with --backend=cuda on one GPU; the composed
-# step's cap is the card's (85% of it) and its N_max is predicted first.
+# step's N_max is predicted first at the card's cap (85% of it), and the
+# step itself runs under a fixed 6 GiB cap (a step at the card's N_max
+# outlasts the run).
 cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
         "step_bench", "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench")
 for b in cuda:
@@ -52,7 +54,8 @@ for b in ("step_bench", "optimizer_bench"):
 assert "--plan_only" in by["bench:composed_bench:plan"]["detail"]
 assert "--plan_only" in by["bench:composed_bench:plan_bf16"]["detail"]
 assert "--precision=bf16" in by["bench:composed_bench:plan_bf16"]["detail"]
-assert "--cap_mb=0" in by["bench:composed_bench"]["detail"]  # no GPU: no card to size it by
+assert "--cap_mb=0" in by["bench:composed_bench:plan"]["detail"]  # no GPU: no card to size it by
+assert "--cap_mb=6144 " in by["bench:composed_bench"]["detail"], by["bench:composed_bench"]
 assert by["bench:auto_settings_bench"]["status"] == "not_available"
 PY
 
@@ -150,8 +153,10 @@ st = by["bench:composed_bench:plan_bf16"]
 assert st["status"] == "pass" and st["data"]["precision"] == "bf16" and st["detail"].startswith("precision bf16"), st
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
-# The fake card has 1000 MiB: the composed runs get 85% of it.
-[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 3 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
+# The fake card has 1000 MiB: the two predictions get 85% of it, the step
+# its fixed 6 GiB.
+[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 2 ] || { cat "$tmp/composed.args"; fail "the predictions' cap"; }
+[ "$(grep -c -- '--cap_mb=6144 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
 grep -q -- '--plan_only' "$tmp/composed.args" || fail "no N_max prediction run"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
