@@ -2,8 +2,9 @@
 // a lost worker, a restart from the last checkpoint on the remaining
 // worker, a hung rank, a coordinator killed and restarted mid-job (also for
 // longer than the agent's lease: the ranks freeze, then resume), and a
-// worker that was declared lost while it still ran ranks. After each, no
-// rank process is left. (A partition: tests/multinode_test.cc.)
+// worker that was declared lost while it still ran ranks, and a frozen
+// agent whose ranks stop themselves. After each, no rank process is left.
+// (A partition: tests/multinode_test.cc.)
 #include <signal.h>
 #include <unistd.h>
 
@@ -322,6 +323,13 @@ TEST(FaultTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
   EXPECT_TRUE(c.RankPids(id).empty());
 }
 
+// /proc/PID/stat's state letter ('T': stopped), or 0 when the process is gone.
+char ProcState(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
 TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   ClusterOptions o;
   o.heartbeat_ms = 500;
@@ -334,24 +342,20 @@ TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
   const std::vector<pid_t> ranks = c.RankPids(id);
   ASSERT_EQ(ranks.size(), 2u);
-  // The agent freezes (its ranks, in their own process groups, run on): to
-  // the coordinator it is a lost worker.
+  // The agent freezes: to the coordinator it is a lost worker. Its ranks,
+  // in their own process groups, are not frozen with it; they stop
+  // themselves once its lease is a second overdue (worker/rank_lease.h).
   ASSERT_EQ(kill(c.worker()->pid(), SIGSTOP), 0);
   const v1::Job job = c.WaitDone(id);
   ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
   EXPECT_EQ(job.failure().kind(), v1::Failure::WORKER_LOST);
+  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) == 'T' && ProcState(ranks[1]) == 'T'; }, absl::Seconds(20)))
+      << "the frozen agent's ranks train on: " << ProcState(ranks[0]) << ProcState(ranks[1]);
   for (pid_t p : ranks) EXPECT_EQ(kill(p, 0), 0) << "the check below must be able to fail";
   ASSERT_EQ(kill(c.worker()->pid(), SIGCONT), 0);
   // Back, it registers again; its job is no longer live, so it stops it.
   EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30))) << c.Logs();
   EXPECT_THAT(c.worker()->out(), HasSubstr("registered again as worker-1"));
-}
-
-// /proc/PID/stat's state letter ('T': stopped), or 0 when the process is gone.
-char ProcState(pid_t pid) {
-  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
 }
 
 TEST(FaultTest, RanksFrozenByALapsedLeaseResumeWhenTheRestartedCoordinatorReattachesThem) {
@@ -397,6 +401,47 @@ TEST(FaultTest, RanksFrozenByALapsedLeaseResumeWhenTheRestartedCoordinatorReatta
   const std::string logs = AllLogs(c, id);
   EXPECT_THAT(logs, HasSubstr("-1 agent fenced: no answer from the coordinator for"));
   EXPECT_THAT(logs, HasSubstr("-1 agent the coordinator answers again and kept the attempt: the ranks resume"));
+  EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30))) << "cancelled ranks still run";
+}
+
+// A frozen agent freezes nothing; its ranks stop themselves once the lease
+// is a second overdue (worker/rank_lease.h), and resume with the agent when
+// it thaws before the coordinator gives up on it: the same ranks train on
+// as attempt 0. The lease is 1.5 s (3/4 of the 2 s re-attach timeout), the
+// worker timeout 20 s: the agent thaws well inside it.
+TEST(FaultTest, AFrozenAgentsRanksStopThemselvesAndResumeWithIt) {
+  ClusterOptions o;
+  o.worker_timeout_s = 20;
+  o.coordinator_flags = {"--reattach_timeout_s=2"};
+  Cluster c("frozen-agent", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 3)) << c.Logs();
+  const std::vector<pid_t> ranks = c.RankPids(id);
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(kill(c.worker()->pid(), SIGSTOP), 0);
+  const absl::Time frozen = absl::Now();
+  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) == 'T' && ProcState(ranks[1]) == 'T'; }, absl::Seconds(15)))
+      << "the frozen agent's ranks train on: " << ProcState(ranks[0]) << ProcState(ranks[1]);
+  EXPECT_GE(absl::Now() - frozen, absl::Seconds(1)) << "stopped before the lease could have lapsed";
+  ASSERT_EQ(kill(c.worker()->pid(), SIGCONT), 0);
+  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) != 'T' && ProcState(ranks[1]) != 'T'; }, absl::Seconds(15)))
+      << "the ranks were not resumed";
+  auto resumed = c.client().GetJob(id);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE(c.WaitStep(id, resumed->progress().step() + 3)) << c.Logs();
+  std::vector<pid_t> now = c.RankPids(id), before = ranks;
+  std::sort(now.begin(), now.end());
+  std::sort(before.begin(), before.end());
+  EXPECT_EQ(now, before) << "the ranks were replaced, not resumed";
+  auto cancelled = c.client().CancelJob(id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::CANCELLED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 0) << "resumed, not restarted";
+  EXPECT_THAT(AllLogs(c, id), HasSubstr("stopped itself for"));
   EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30))) << "cancelled ranks still run";
 }
 

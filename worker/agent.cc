@@ -151,12 +151,42 @@ void Agent::ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Canc
 
 void Agent::RenewLease(absl::Time sent) {
   if (lease_ > absl::ZeroDuration()) lease_until_ = sent + lease_;
+  const int64_t end = RankLeaseEnd();
+  for (auto& [key, job] : jobs_) {
+    if (job->stopping) continue;  // StopJob took its ranks off the lease
+    for (auto& r : job->ranks) {
+      if (r->lease != nullptr) r->lease->SetEnd(end);
+    }
+  }
+}
+
+int64_t Agent::RankLeaseEnd() const {
+  if (lease_ <= absl::ZeroDuration() || lease_until_ == absl::InfiniteFuture()) return RankLease::kNever;
+  return MonotonicNanos() + absl::ToInt64Nanoseconds(lease_until_ - absl::Now());
 }
 
 void Agent::Fence() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   const bool lapsed = now > lease_until_;
+  // Ranks that stopped themselves while this agent did not answer (frozen,
+  // or too slow to fence them): the lease holds again, so they resume. Sent
+  // again on every pass while the mark stays, so a SIGCONT that beat the
+  // rank's own SIGSTOP is repeated.
+  for (auto& [key, job] : jobs_) {
+    if (lapsed || job->frozen || job->stopping) continue;
+    for (auto& r : job->ranks) {
+      if (r->exited || r->pid == 0 || r->lease == nullptr) continue;
+      const bool stopped = r->lease->self_stopped();
+      if (stopped) kill(-r->pid, SIGCONT);
+      if (stopped && !r->self_stop_logged) {
+        Log(job->job_id, job->attempt, r->rank, "agent",
+            absl::StrCat("rank ", r->rank, " had stopped itself (its lease lapsed while this agent did not answer); "
+                         "the lease holds again: it resumes (SIGCONT)"));
+      }
+      r->self_stop_logged = stopped;
+    }
+  }
   for (auto& [key, job] : jobs_) {
     if (lapsed == job->frozen) continue;
     if (!lapsed && job->stopping) continue;  // a frozen job being stopped stays frozen until killed
@@ -443,6 +473,17 @@ void Agent::Start(const v1::Assignment& a) {
                                      absl::StrCat("--device_peak_flops=", options_.capabilities.device_peak_flops()),
                                      absl::StrCat("--device_peak_bf16_flops=",
                                                   options_.capabilities.device_peak_bf16_flops())};
+    // The lease's page, as descriptor kRankLeaseFd in the rank.
+    if (absl::StatusOr<std::unique_ptr<RankLease>> lease = RankLease::Create(); lease.ok()) {
+      rank->lease = std::move(*lease);
+      absl::MutexLock lock(&mu_);
+      rank->lease->SetEnd(RankLeaseEnd());
+      args.push_back(absl::StrCat("--lease_fd=", kRankLeaseFd));
+    } else {
+      Log(a.job_id(), a.attempt(), r, "agent",
+          absl::StrCat("rank ", r, " gets no lease of its own (", lease.status().message(),
+                       "): only this agent can freeze it"));
+    }
     std::vector<char*> argv;
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -463,6 +504,7 @@ void Agent::Start(const v1::Assignment& a) {
       posix_spawn_file_actions_init(&fa);
       posix_spawn_file_actions_adddup2(&fa, out[1], 1);
       posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+      if (rank->lease != nullptr) posix_spawn_file_actions_adddup2(&fa, rank->lease->fd(), kRankLeaseFd);
       posix_spawnattr_t attr;
       posix_spawnattr_init(&attr);
       // Its own process group; default signal handling and an empty mask
@@ -518,6 +560,8 @@ void Agent::Start(const v1::Assignment& a) {
       // Queued before the waiter exists, so that "started" precedes "exited".
       QueueStatus(report, nullptr);
       absl::MutexLock lock(&mu_);
+      // A renewal since the page was made did not reach this rank yet.
+      if (rp->lease != nullptr) rp->lease->SetEnd(RankLeaseEnd());
       j->ranks.push_back(std::move(rank));
       rp->waiter = std::thread([this, j, rp] { Wait(j, rp); });
     }
@@ -634,6 +678,11 @@ void Agent::Wait(JobRun* job, Rank* rank) {
 void Agent::StopJob(JobRun& job, const std::string& why) {
   if (job.stopping) return;
   job.stopping = true;
+  // Off the lease before any signal: a rank continued to see its SIGTERM
+  // must not stop itself again for a lease that no longer concerns it.
+  for (auto& r : job.ranks) {
+    if (r->lease != nullptr) r->lease->SetEnd(RankLease::kNever);
+  }
   if (job.frozen) {
     // Fenced, and its attempt is void now: no grace, it must not resume
     // even for a moment (it could finish a checkpoint write).

@@ -29,6 +29,10 @@
 // heartbeat is answered again and their attempt was not cancelled in that
 // answer (a restarted coordinator re-attached them); an attempt the
 // coordinator voids while frozen is killed at once (SIGKILL, no grace).
+// The ranks hold the lease too (worker/rank_lease.h): a rank stops itself
+// when the lease is a second overdue, so that a frozen or hung agent, which
+// fences nothing, still leaves no rank training; the agent resumes those
+// ranks once it renews the lease.
 //
 // The id the coordinator gives it is kept in its work dir (worker_id): a
 // restarted agent registers under the same id, so operators see one worker
@@ -62,6 +66,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "plateau/v1/worker.grpc.pb.h"
+#include "worker/rank_lease.h"
 
 namespace plateau {
 
@@ -98,6 +103,10 @@ class Agent {
     bool exit_acked = false;  // the coordinator has its exit report
     bool stop_sent = false;
     v1::RankError last_error;
+    // The lease's end, shared with the rank (worker/rank_lease.h); null
+    // when its page could not be made (the agent alone fences it then).
+    std::unique_ptr<RankLease> lease;
+    bool self_stop_logged = false;  // Fence: its resumption is logged once
     std::vector<std::thread> readers;
     std::thread waiter;
   };
@@ -137,6 +146,9 @@ class Agent {
   // An answered heartbeat or registration sent at `sent`; called after the
   // answer's cancellations were applied, so that no voided attempt resumes.
   void RenewLease(absl::Time sent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease's end as the ranks' pages hold it: lease_until_ on the
+  // monotonic clock (RankLease::kNever while no lease was granted).
+  int64_t RankLeaseEnd() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Cancellation>& cancellations,
                           const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout);

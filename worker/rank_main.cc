@@ -45,6 +45,7 @@
 #include "worker/rank_communicator.h"
 #include "worker/live_set_proto.h"
 #include "worker/memory_timeline_proto.h"
+#include "worker/rank_lease.h"
 #include "worker/rank_protocol.h"
 #include "worker/trainer.h"
 
@@ -158,7 +159,8 @@ int Main(int argc, char** argv) {
                                           {"hostname", "127.0.0.1"}, {"device_index", "0"},
                                           {"token_file", ""},  {"tls_ca_file", ""},
                                           {"calibrate_dir", ""}, {"backend", "cpu"},
-                                          {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"}};
+                                          {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
+                                          {"lease_fd", "-1"}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     size_t eq = arg.find('=');
@@ -175,6 +177,29 @@ int Main(int argc, char** argv) {
       f["spec_file"].empty() || f["kv_prefix"].empty()) {
     std::fprintf(stderr, "plateau_rank: --rank, --coordinator, --spec_file and --kv_prefix are required\n");
     return kRankExitUsage;
+  }
+  // The agent's lease (worker/rank_lease.h): this rank stops itself when
+  // the lease is overdue and its agent has not stopped it. Run by hand (no
+  // --lease_fd), nothing watches.
+  int64_t lease_fd = -1;
+  if (!absl::SimpleAtoi(f["lease_fd"], &lease_fd) || lease_fd < -1) {
+    std::fprintf(stderr, "plateau_rank: --lease_fd must be a descriptor number or -1\n");
+    return kRankExitUsage;
+  }
+  std::unique_ptr<RankLease> lease;
+  if (lease_fd >= 0) {
+    auto attached = RankLease::Attach(static_cast<int>(lease_fd));
+    if (!attached.ok()) return Fail(rank, attached.status());
+    lease = std::move(*attached);
+    lease->Watch(kRankLeaseGrace, absl::Milliseconds(100), [rank](absl::Duration stopped, int64_t overdue_ns) {
+      // Written only now: while stopped, the pipe's reader (the agent) may
+      // have been the one not answering.
+      std::fprintf(stderr,
+                   "plateau_rank: rank %lld stopped itself for %s: its agent's lease was %s overdue and the agent "
+                   "had not stopped it; resumed by the agent\n",
+                   static_cast<long long>(rank), absl::FormatDuration(absl::Trunc(stopped, absl::Milliseconds(1))).c_str(),
+                   absl::FormatDuration(absl::Trunc(absl::Nanoseconds(overdue_ns), absl::Milliseconds(1))).c_str());
+    });
   }
   v1::JobSpec spec;
   {
