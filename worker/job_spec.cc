@@ -724,6 +724,15 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
   if (t.step.precision == Precision::kBf16Mixed) {
     out.add_notes("precision bf16: planned with bf16 working weights and activations, fp32 master and moments");
   }
+  if (!t.checkpoint_dir.empty()) {
+    // Plain heap between steps, beside the live sets (kernels/budget/budget.h).
+    const ParamLayout layout = LayoutOf(t.step);
+    out.add_notes(absl::StrCat("checkpoint: streamed; between steps rank 0 holds ",
+                               Bytes(StreamStateHostBytes(t.step, layout, /*with_sink=*/true)),
+                               " of host heap beside the plan (its optimizer shard and one gathered chunk), "
+                               "the other ranks ", Bytes(StreamStateHostBytes(t.step, layout, false)),
+                               "; a resume ", Bytes(LoadStreamedStateHostBytes(layout)), " on each rank"));
+  }
   // N_max against the device cap (and the host cap, when set). Without a
   // device cap the device is the worker's, unknown until scheduled.
   if (spec.device_memory_bytes() == 0) {

@@ -499,6 +499,32 @@ TEST(JobSpecTest, NMaxOfTheDeepestModelIsQuick) {
   }
 }
 
+// A job that checkpoints says in its plan what a checkpoint holds on the
+// host beside the live sets (kernels/budget/budget.h): rank 0 its optimizer
+// shard and one gathered chunk, the others their shard; a resume its shard.
+// Nothing there scales with the full state on every rank.
+TEST(JobSpecTest, APlanSaysWhatACheckpointHoldsOnTheHost) {
+  v1::JobSpec s = Baseline();
+  auto plain = PlanJob(s);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const std::string& n : plain->notes()) EXPECT_THAT(n, ::testing::Not(HasSubstr("checkpoint:"))) << n;
+  s.mutable_checkpoint()->set_directory("/var/lib/plateau/ckpt");
+  auto plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const TrainerOptions t = ToTrainerOptions(s).value();
+  const ParamLayout layout = LayoutOf(t.step);
+  const int64_t rank0 = StreamStateHostBytes(t.step, layout, true), others = StreamStateHostBytes(t.step, layout, false);
+  EXPECT_THAT(plan->notes(),
+              ::testing::Contains(::testing::AllOf(
+                  HasSubstr("checkpoint: streamed"), HasSubstr(absl::StrCat("holds ", rank0, " bytes")),
+                  HasSubstr(absl::StrCat("ranks ", others, " bytes")),
+                  HasSubstr(absl::StrCat("resume ", LoadStreamedStateHostBytes(layout), " bytes")))));
+  int64_t full = 0;
+  for (const WeightSpec& w : layout.weights()) full += 3 * 4 * w.numel();
+  EXPECT_GT(rank0, others);
+  EXPECT_LT(others, full);
+}
+
 // bf16 is planned on any backend (what the job would need) and runs on the
 // cpu backend (its exact emulation of the CUDA bf16 kernels) with every
 // schedule, the CPU-offload AdamW included; a shape the bf16 step cannot

@@ -55,6 +55,20 @@ ParamLayout LayoutOf(const StepOptions& o) { return ParamLayout(o.model, o.layou
 
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) { return StepLaunchBuffers(o, LayoutOf(o)); }
 
+int64_t StreamStateHostBytes(const StepOptions& o, const ParamLayout& p, bool with_sink) {
+  const int64_t S = p.shard_numel(), X = p.owned_numel_per_rank(), f = sizeof(float);
+  const bool bf16 = o.precision == Precision::kBf16Mixed;
+  const int64_t shard = f * (3 * S + (bf16 ? 3 : 2) * X);
+  // The chunk: the dense gradient buffer (D x w bytes) read as P x chunk
+  // elements of the gathered fp32 state, floor(D x w / (P x 4)) per rank.
+  const int64_t P = p.ranks(), chunk = p.dense_padded() * ElementBytesOf(o.precision).working / (P * f);
+  return shard + (with_sink ? f * P * std::min(chunk, std::max(S, X)) : 0);
+}
+
+int64_t LoadStreamedStateHostBytes(const ParamLayout& p) {
+  return static_cast<int64_t>(sizeof(float)) * 3 * (p.shard_numel() + p.owned_numel_per_rank());
+}
+
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamLayout& p) {
   const ModelConfig& m = o.model;
   const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();

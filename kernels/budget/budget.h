@@ -89,6 +89,16 @@ ParamLayout LayoutOf(const StepOptions& options);
 // The step checks it at Create and the job spec at submit: one list.
 absl::Status CheckBf16Schedules(const StepOptions& options);
 
+// The host memory of a checkpoint, beside the plan (plain heap between
+// steps, not a live set): a streamed save (TrainingStep::StreamState) holds
+// the rank's optimizer shard (4 x (3 S + 2 X) bytes; 3 X under bf16, the
+// owned masters) and, on a rank that receives (rank 0, which writes the
+// file), one gathered chunk: the dense gradient buffer's bytes as floats. A
+// streamed load holds the shard, 4 x 3 x (S + X). Nothing scales with the
+// full model on any rank.
+int64_t StreamStateHostBytes(const StepOptions& options, const ParamLayout& layout, bool with_sink);
+int64_t LoadStreamedStateHostBytes(const ParamLayout& layout);
+
 // Ring-DTP's configuration for the step's options (the mode chosen when the
 // options leave it unset).
 RingDtpConfig RingDtpConfigOf(const StepOptions& options);

@@ -928,19 +928,10 @@ absl::Status TrainingStep::StreamState(const StateSink* sink) {
 }
 
 int64_t TrainingStep::StreamStateHostBytes(bool with_sink) const {
-  const int64_t S = layout_.shard_numel(), X = layout_.owned_numel_per_rank();
-  const bool bf16 = options_.precision == Precision::kBf16Mixed;
-  // OptimizerUpdate::Save's copy: master, m and v of the dense shard; m, v
-  // (and under bf16 the master) of the owned vector.
-  const int64_t shard = static_cast<int64_t>(sizeof(float)) * (3 * S + (bf16 ? 3 : 2) * X);
-  return shard + (with_sink ? static_cast<int64_t>(impl_->dense_grad.bytes()) : 0);
+  return plateau::StreamStateHostBytes(options_, layout_, with_sink);
 }
 
-int64_t TrainingStep::LoadStreamedStateHostBytes() const {
-  // Master, m and v of the dense shard and of the owned vector (in fp32 the
-  // owned weights pass through the host on their way to the device).
-  return static_cast<int64_t>(sizeof(float)) * 3 * (layout_.shard_numel() + layout_.owned_numel_per_rank());
-}
+int64_t TrainingStep::LoadStreamedStateHostBytes() const { return plateau::LoadStreamedStateHostBytes(layout_); }
 
 // Device memory: none. Each rank reads its own dense shard and owned vector
 // (the runs of its parts, ParamLayout::ForEach*Run) from the source and

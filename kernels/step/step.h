@@ -134,9 +134,10 @@ class TrainingStep {
   // the tensors' order). Collective; every rank gathers, and only the ranks
   // that pass a sink receive (the trainer: rank 0 writes the file). A sink
   // error stops the sink, not the gathers, and is returned once they end.
-  // Host memory, at most StreamStateHostBytes(sink != nullptr): this rank's
-  // optimizer shard, and where a sink is given one gathered chunk (the
-  // size of the dense gradient buffer). Device memory: none of its own.
+  // Host memory, at most StreamStateHostBytes(sink != nullptr) (the
+  // budget's formula, kernels/budget/budget.h): this rank's optimizer
+  // shard, and where a sink is given one gathered chunk. Device memory:
+  // none of its own.
   absl::Status StreamState(const StateSink* sink);
   int64_t StreamStateHostBytes(bool with_sink) const;
   // Collective: every rank reads its own shard from `source` (the same
