@@ -133,6 +133,18 @@ class CudaTwinTest : public ::testing::Test {
     *cuda_out = op(cuda_);
   }
 
+  // A GEMM on the CUDA side that keeps a stream busy for tens of
+  // milliseconds (8192^3, ~1.1 TFLOP in fp32), on buffers of its own.
+  GemmArgs BusyGemm(uint32_t seed) {
+    const int64_t gm = 8192;
+    GemmArgs g;
+    g.m = g.n = g.k = gm;
+    g.a = g.b = cuda_.Upload(RandomVector(gm * gm, seed));
+    g.c = cuda_.Poisoned(gm * gm);
+    g.lda = g.ldb = g.ldc = gm;
+    return g;
+  }
+
   Side cpu_, cuda_;
 };
 
@@ -785,14 +797,7 @@ TEST_F(CudaTwinTest, StreamsOrderedByEventsAndOverlapping) {
        ev_scaled = b.CreateEvent(), ev_side = b.CreateEvent();
   ASSERT_TRUE(ev_blocked.ok() && ev_h2d.ok() && ev_scaled.ok() && ev_side.ok());
 
-  const int64_t gm = 8192;  // ~1.1 TFLOP in fp32: tens of milliseconds
-  float* ga = cuda_.Upload(RandomVector(gm * gm, 22));
-  float* gc = cuda_.Poisoned(gm * gm);
-  GemmArgs g;
-  g.m = g.n = g.k = gm;
-  g.a = g.b = ga;
-  g.c = gc;
-  g.lda = g.ldb = g.ldc = gm;
+  const GemmArgs g = BusyGemm(22);
 
   const int64_t n = int64_t{64} << 20;  // 256 MiB
   const size_t bytes = n * sizeof(float);
@@ -849,14 +854,7 @@ TEST_F(CudaTwinTest, PageableCopiesAreCompleteForEveryStreamWhenCopyReturns) {
   auto busy = b.CreateStream("busy");
   auto other = b.CreateStream("other");
   ASSERT_TRUE(busy.ok() && other.ok());
-  const int64_t gm = 8192;
-  float* ga = cuda_.Upload(RandomVector(gm * gm, 23));
-  float* gc = cuda_.Poisoned(gm * gm);
-  GemmArgs g;
-  g.m = g.n = g.k = gm;
-  g.a = g.b = ga;
-  g.c = gc;
-  g.lda = g.ldb = g.ldc = gm;
+  const GemmArgs g = BusyGemm(23);
   const std::vector<float> in = RandomVector(1024, 24);
   float* dev = cuda_.Poisoned(1024);
   ASSERT_TRUE(b.Gemm(**busy, g).ok());

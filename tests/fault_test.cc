@@ -330,6 +330,37 @@ char ProcState(pid_t pid) {
   return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
 }
 
+// Whether, within `timeout`, every one of `ranks` is stopped ('T'), or
+// with stopped = false none is.
+bool WaitRanksStopped(const std::vector<pid_t>& ranks, bool stopped, absl::Duration timeout) {
+  return WaitFor(
+      [&] {
+        return std::all_of(ranks.begin(), ranks.end(), [&](pid_t p) { return (ProcState(p) == 'T') == stopped; });
+      },
+      timeout);
+}
+
+std::string RankStates(const std::vector<pid_t>& ranks) {
+  std::string out;
+  for (pid_t p : ranks) out.push_back(ProcState(p));
+  return out;
+}
+
+// The same rank processes (resumed, not replaced) train `steps` steps more;
+// then the job is cancelled. Returns the job once done.
+v1::Job SameRanksTrainOnThenCancel(Cluster& c, const std::string& id, std::vector<pid_t> ranks, int64_t steps) {
+  auto resumed = c.client().GetJob(id);
+  EXPECT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE(resumed.ok() && c.WaitStep(id, resumed->progress().step() + steps)) << c.Logs();
+  std::vector<pid_t> now = c.RankPids(id);
+  std::sort(now.begin(), now.end());
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(now, ranks) << "the ranks were replaced, not resumed";
+  auto cancelled = c.client().CancelJob(id);
+  EXPECT_TRUE(cancelled.ok()) << cancelled.status();
+  return c.WaitDone(id);
+}
+
 TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   ClusterOptions o;
   o.heartbeat_ms = 500;
@@ -349,8 +380,8 @@ TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   const v1::Job job = c.WaitDone(id);
   ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
   EXPECT_EQ(job.failure().kind(), v1::Failure::WORKER_LOST);
-  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) == 'T' && ProcState(ranks[1]) == 'T'; }, absl::Seconds(20)))
-      << "the frozen agent's ranks train on: " << ProcState(ranks[0]) << ProcState(ranks[1]);
+  EXPECT_TRUE(WaitRanksStopped(ranks, true, absl::Seconds(20)))
+      << "the frozen agent's ranks train on: " << RankStates(ranks);
   for (pid_t p : ranks) EXPECT_EQ(kill(p, 0), 0) << "the check below must be able to fail";
   ASSERT_EQ(kill(c.worker()->pid(), SIGCONT), 0);
   // Back, it registers again; its job is no longer live, so it stops it.
@@ -379,23 +410,12 @@ TEST(FaultTest, RanksFrozenByALapsedLeaseResumeWhenTheRestartedCoordinatorReatta
   ASSERT_EQ(ranks.size(), 2u);
   c.KillCoordinator(SIGKILL);
   const absl::Time killed = absl::Now();
-  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) == 'T' && ProcState(ranks[1]) == 'T'; }, absl::Seconds(20)))
-      << "the ranks were not frozen: " << ProcState(ranks[0]) << ProcState(ranks[1]);
+  EXPECT_TRUE(WaitRanksStopped(ranks, true, absl::Seconds(20))) << "the ranks were not frozen: " << RankStates(ranks);
   EXPECT_GE(absl::Now() - killed, absl::Seconds(2)) << "frozen before the lease could have lapsed";
   ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
-  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) != 'T' && ProcState(ranks[1]) != 'T'; }, absl::Seconds(30)))
-      << "the ranks were not resumed";
+  EXPECT_TRUE(WaitRanksStopped(ranks, false, absl::Seconds(30))) << "the ranks were not resumed";
   // Resumed, the same ranks train on: steps past the restart arrive.
-  auto resumed = c.client().GetJob(id);
-  ASSERT_TRUE(resumed.ok()) << resumed.status();
-  ASSERT_TRUE(c.WaitStep(id, resumed->progress().step() + 5)) << c.Logs();
-  std::vector<pid_t> now = c.RankPids(id), before = ranks;
-  std::sort(now.begin(), now.end());
-  std::sort(before.begin(), before.end());
-  EXPECT_EQ(now, before) << "the ranks were replaced, not resumed";
-  auto cancelled = c.client().CancelJob(id);
-  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
-  const v1::Job job = c.WaitDone(id);
+  const v1::Job job = SameRanksTrainOnThenCancel(c, id, ranks, 5);
   ASSERT_EQ(job.state(), v1::CANCELLED) << job.DebugString() << c.Logs();
   EXPECT_EQ(job.attempt(), 0) << "re-attached and resumed, not restarted";
   const std::string logs = AllLogs(c, id);
@@ -423,22 +443,12 @@ TEST(FaultTest, AFrozenAgentsRanksStopThemselvesAndResumeWithIt) {
   ASSERT_EQ(ranks.size(), 2u);
   ASSERT_EQ(kill(c.worker()->pid(), SIGSTOP), 0);
   const absl::Time frozen = absl::Now();
-  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) == 'T' && ProcState(ranks[1]) == 'T'; }, absl::Seconds(15)))
-      << "the frozen agent's ranks train on: " << ProcState(ranks[0]) << ProcState(ranks[1]);
+  EXPECT_TRUE(WaitRanksStopped(ranks, true, absl::Seconds(15)))
+      << "the frozen agent's ranks train on: " << RankStates(ranks);
   EXPECT_GE(absl::Now() - frozen, absl::Seconds(1)) << "stopped before the lease could have lapsed";
   ASSERT_EQ(kill(c.worker()->pid(), SIGCONT), 0);
-  EXPECT_TRUE(WaitFor([&] { return ProcState(ranks[0]) != 'T' && ProcState(ranks[1]) != 'T'; }, absl::Seconds(15)))
-      << "the ranks were not resumed";
-  auto resumed = c.client().GetJob(id);
-  ASSERT_TRUE(resumed.ok()) << resumed.status();
-  ASSERT_TRUE(c.WaitStep(id, resumed->progress().step() + 3)) << c.Logs();
-  std::vector<pid_t> now = c.RankPids(id), before = ranks;
-  std::sort(now.begin(), now.end());
-  std::sort(before.begin(), before.end());
-  EXPECT_EQ(now, before) << "the ranks were replaced, not resumed";
-  auto cancelled = c.client().CancelJob(id);
-  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
-  const v1::Job job = c.WaitDone(id);
+  EXPECT_TRUE(WaitRanksStopped(ranks, false, absl::Seconds(15))) << "the ranks were not resumed";
+  const v1::Job job = SameRanksTrainOnThenCancel(c, id, ranks, 3);
   ASSERT_EQ(job.state(), v1::CANCELLED) << job.DebugString() << c.Logs();
   EXPECT_EQ(job.attempt(), 0) << "resumed, not restarted";
   EXPECT_THAT(AllLogs(c, id), HasSubstr("stopped itself for"));
