@@ -5,6 +5,7 @@
 // worker that was declared lost while it still ran ranks, and a frozen
 // agent whose ranks stop themselves. After each, no rank process is left.
 // (A partition: tests/multinode_test.cc.)
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "kernels/optimizer/lr_schedule.h"
 #include "tests/cluster.h"
 #include "worker/job_spec.h"
+#include "worker/rank_lease.h"
 
 namespace plateau {
 namespace {
@@ -452,6 +454,47 @@ TEST(FaultTest, AFrozenAgentsRanksStopThemselvesAndResumeWithIt) {
   ASSERT_EQ(job.state(), v1::CANCELLED) << job.DebugString() << c.Logs();
   EXPECT_EQ(job.attempt(), 0) << "resumed, not restarted";
   EXPECT_THAT(AllLogs(c, id), HasSubstr("stopped itself for"));
+  EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30))) << "cancelled ranks still run";
+}
+
+// The agent resumes a rank that stopped itself whenever the lease holds,
+// also when the renewal came before the agent's own fence could freeze the
+// job (a short freeze of the agent: the rank stops itself a second after
+// the lease's end; the agent, thawed, renews before its fence runs). Here
+// the test plays that moment: it writes a lapsed end into rank 0's page
+// (its descriptor 3, opened through /proc) while the agent's lease holds,
+// until the rank stops itself; the agent resumes it (not frozen, not
+// stopping: that path alone), says so, and the job trains on.
+TEST(FaultTest, ARankThatStoppedItselfResumesWhileTheLeaseHolds) {
+  ClusterOptions o;
+  o.worker_timeout_s = 20;
+  Cluster c("self-stopped", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
+  const std::vector<pid_t> ranks = c.RankPids(id);
+  ASSERT_EQ(ranks.size(), 2u);
+  const std::string page = absl::StrCat("/proc/", ranks[0], "/fd/", kRankLeaseFd);
+  const int fd = open(page.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << page;
+  auto lease = RankLease::Attach(fd);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const std::string said = "had stopped itself (its lease lapsed while this agent did not answer)";
+  // The agent rewrites the end at each heartbeat (200 ms): lapse it again
+  // until the rank's watchdog (100 ms polls) has caught one.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        (*lease)->SetEnd(MonotonicNanos() - int64_t{10'000'000'000});
+        return absl::StrContains(AllLogs(c, id), said);
+      },
+      absl::Seconds(30)))
+      << c.Logs();
+  const v1::Job job = SameRanksTrainOnThenCancel(c, id, ranks, 3);
+  ASSERT_EQ(job.state(), v1::CANCELLED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 0);
+  EXPECT_THAT(AllLogs(c, id), HasSubstr("0 stderr plateau_rank: rank 0 stopped itself for"));
   EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30))) << "cancelled ranks still run";
 }
 

@@ -116,7 +116,7 @@ absl::Status Agent::RegisterNow(bool again) {
   }
   v1::RegisterResponse resp;
   auto ctx = Context(absl::Seconds(5));
-  const absl::Time sent = absl::Now();
+  const int64_t sent = MonotonicNanos();
   grpc::Status s = stub_->Register(ctx.get(), req, &resp);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -149,8 +149,8 @@ void Agent::ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Canc
   }
 }
 
-void Agent::RenewLease(absl::Time sent) {
-  if (lease_ > absl::ZeroDuration()) lease_until_ = sent + lease_;
+void Agent::RenewLease(int64_t sent) {
+  if (lease_ > absl::ZeroDuration()) lease_until_ = sent + absl::ToInt64Nanoseconds(lease_);
   const int64_t end = RankLeaseEnd();
   for (auto& [key, job] : jobs_) {
     if (job->stopping) continue;  // StopJob took its ranks off the lease
@@ -161,13 +161,12 @@ void Agent::RenewLease(absl::Time sent) {
 }
 
 int64_t Agent::RankLeaseEnd() const {
-  if (lease_ <= absl::ZeroDuration() || lease_until_ == absl::InfiniteFuture()) return RankLease::kNever;
-  return MonotonicNanos() + absl::ToInt64Nanoseconds(lease_until_ - absl::Now());
+  return lease_until_;
 }
 
 void Agent::Fence() {
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
+  const int64_t now = MonotonicNanos();
   const bool lapsed = now > lease_until_;
   // Ranks that stopped themselves while this agent did not answer (frozen,
   // or too slow to fence them): the lease holds again, so they resume. Sent
@@ -196,7 +195,7 @@ void Agent::Fence() {
     }
     Log(job->job_id, job->attempt, -1, "agent",
         lapsed ? absl::StrCat("fenced: no answer from the coordinator for ",
-                              absl::FormatDuration(absl::Trunc(now - lease_until_ + lease_, absl::Milliseconds(1))),
+                              absl::FormatDuration(absl::Trunc(absl::Nanoseconds(now - lease_until_) + lease_, absl::Milliseconds(1))),
                               " (lease ", absl::FormatDuration(lease_),
                               "); the job's ranks are frozen (SIGSTOP) until it answers")
                : std::string("the coordinator answers again and kept the attempt: the ranks resume (SIGCONT)"));
@@ -272,7 +271,7 @@ void Agent::HeartbeatOnce() {
   RunningJobs(req.mutable_running());
   v1::HeartbeatResponse resp;
   auto ctx = Context(absl::Seconds(5));
-  const absl::Time sent = absl::Now();
+  const int64_t sent = MonotonicNanos();
   grpc::Status s = stub_->Heartbeat(ctx.get(), req, &resp);
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
     // The coordinator does not know this worker (it restarted, or declared

@@ -145,9 +145,10 @@ class Agent {
   void Fence() ABSL_LOCKS_EXCLUDED(mu_);
   // An answered heartbeat or registration sent at `sent`; called after the
   // answer's cancellations were applied, so that no voided attempt resumes.
-  void RenewLease(absl::Time sent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The lease's end as the ranks' pages hold it: lease_until_ on the
-  // monotonic clock (RankLease::kNever while no lease was granted).
+  // `sent`: MonotonicNanos() when the request left.
+  void RenewLease(int64_t sent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease's end as the ranks' pages hold it (RankLease::kNever while no
+  // lease was granted).
   int64_t RankLeaseEnd() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Cancellation>& cancellations,
                           const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -177,7 +178,9 @@ class Agent {
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<JobRun>> jobs_ ABSL_GUARDED_BY(mu_);  // "job-3/0"
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();  // 0: none granted yet
-  absl::Time lease_until_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // On the monotonic clock (MonotonicNanos), as the ranks judge it: a step
+  // of the wall clock moves neither the agent's fence nor theirs.
+  int64_t lease_until_ ABSL_GUARDED_BY(mu_) = RankLease::kNever;
 
   absl::Mutex out_mu_;
   Report batch_ ABSL_GUARDED_BY(out_mu_);  // telemetry and logs being gathered

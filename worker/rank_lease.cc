@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +34,8 @@ absl::Status Errno(const std::string& what) {
 
 absl::StatusOr<std::unique_ptr<RankLease>> RankLease::Create() {
   static_assert(sizeof(Page) <= kPageBytes);
+  // Shared between processes: only lock-free atomics are plain memory.
+  static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free);
   const int made = memfd_create("plateau-rank-lease", MFD_CLOEXEC);
   if (made < 0) return Errno("memfd_create");
   // Above the descriptors a spawn sets up (0-2, and 3 where the rank gets
@@ -56,6 +59,13 @@ absl::StatusOr<std::unique_ptr<RankLease>> RankLease::Create() {
 }
 
 absl::StatusOr<std::unique_ptr<RankLease>> RankLease::Attach(int fd) {
+  // A page of the right size, or the first load would fault (SIGBUS).
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno(absl::StrCat("fstat of --lease_fd=", fd));
+  if (!S_ISREG(st.st_mode) || st.st_size < static_cast<off_t>(kPageBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank lease: --lease_fd=", fd, " is not a lease page (",
+                                                   st.st_size, " bytes, expected ", kPageBytes, ")"));
+  }
   void* p = mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return Errno(absl::StrCat("mmap of --lease_fd=", fd));
   return std::unique_ptr<RankLease>(new RankLease(fd, static_cast<Page*>(p)));
@@ -77,8 +87,10 @@ void RankLease::Watch(absl::Duration grace, absl::Duration poll,
   const int64_t grace_ns = absl::ToInt64Nanoseconds(grace);
   watchdog_ = std::thread([this, grace_ns, poll, on_resumed = std::move(on_resumed)] {
     while (!stop_.load()) {
-      const int64_t end = page_->end.load(), now = MonotonicNanos();
-      if (end != kNever && now > end && now - end > grace_ns) {
+      // The clock first: an end read before it could be one the agent has
+      // renewed since (after freezing and resuming this rank in between).
+      const int64_t now = MonotonicNanos(), end = page_->end.load();
+      if (end != kNever && now > end && now - end > grace_ns && page_->end.load() == end) {
         page_->self_stopped.store(1);
         raise(SIGSTOP);  // the whole process, until the agent's SIGCONT
         page_->self_stopped.store(0);

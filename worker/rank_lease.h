@@ -65,9 +65,11 @@ class RankLease {
   // The rank's watchdog: a thread that every `poll` compares the clock with
   // end() + grace; past it, marks the page and stops the process (SIGSTOP);
   // resumed, clears the mark and calls on_resumed(how long it was
-  // stopped). Nothing is written before stopping: the rank's output pipes
-  // lead to the agent, which may be the one not answering. Runs until the
-  // object is destroyed.
+  // stopped, how overdue the lease was). Nothing is written before
+  // stopping: the rank's output pipes lead to the agent, which may be the
+  // one not answering. on_resumed runs on the watchdog's thread and must
+  // not block (a write to a full pipe would keep the watchdog from the next
+  // lapse). Runs until the object is destroyed.
   void Watch(absl::Duration grace, absl::Duration poll,
              std::function<void(absl::Duration stopped, int64_t overdue_ns)> on_resumed);
 

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -192,13 +193,17 @@ int Main(int argc, char** argv) {
     if (!attached.ok()) return Fail(rank, attached.status());
     lease = std::move(*attached);
     lease->Watch(kRankLeaseGrace, absl::Milliseconds(100), [rank](absl::Duration stopped, int64_t overdue_ns) {
-      // Written only now: while stopped, the pipe's reader (the agent) may
-      // have been the one not answering.
-      std::fprintf(stderr,
-                   "plateau_rank: rank %lld stopped itself for %s: its agent's lease was %s overdue and the agent "
-                   "had not stopped it; resumed by the agent\n",
-                   static_cast<long long>(rank), absl::FormatDuration(absl::Trunc(stopped, absl::Milliseconds(1))).c_str(),
-                   absl::FormatDuration(absl::Trunc(absl::Nanoseconds(overdue_ns), absl::Milliseconds(1))).c_str());
+      // Written only now (while stopped, the pipe's reader, the agent, may
+      // have been the one not answering), and on a thread of its own, so
+      // that the watchdog never waits on the pipe.
+      std::thread([=] {
+        std::fprintf(stderr,
+                     "plateau_rank: rank %lld stopped itself for %s: its agent's lease was %s overdue and the "
+                     "agent had not stopped it; resumed by the agent\n",
+                     static_cast<long long>(rank),
+                     absl::FormatDuration(absl::Trunc(stopped, absl::Milliseconds(1))).c_str(),
+                     absl::FormatDuration(absl::Trunc(absl::Nanoseconds(overdue_ns), absl::Milliseconds(1))).c_str());
+      }).detach();
     });
   }
   v1::JobSpec spec;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   w->tmp_ = absl::StrCat(path, ".tmp.", getpid());
   w->tensors_ = tensors;
   w->written_.assign(tensors.size(), 0);
+  w->ranges_.resize(tensors.size());
   w->data_start_ = 8 + header_len;
   w->fd_ = open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd_ < 0) return absl::InternalError(absl::StrCat(w->tmp_, ": cannot create: ", std::strerror(errno)));
@@ -108,6 +110,26 @@ absl::Status SafetensorsWriter::Write(size_t tensor, int64_t offset, const float
         path_, ": values [", offset, ", ", offset + n, ") of tensor ",
         tensor < tensors_.size() ? "'" + tensors_[tensor].name + "'" : absl::StrCat(tensor), " are out of range"));
   }
+  if (n == 0) return absl::OkStatus();
+  // Refuse an overlap with what was written; merge with the neighbours.
+  std::map<int64_t, int64_t>& ranges = ranges_[tensor];
+  auto next = ranges.lower_bound(offset);  // the first range starting at or after offset
+  const bool overlaps = (next != ranges.end() && next->first < offset + n) ||
+                        (next != ranges.begin() && std::prev(next)->second > offset);
+  if (overlaps) {
+    return absl::InternalError(absl::StrCat(path_, ": values [", offset, ", ", offset + n, ") of tensor '",
+                                            tensors_[tensor].name, "' were written before"));
+  }
+  int64_t begin = offset, end = offset + n;
+  if (next != ranges.end() && next->first == end) {
+    end = next->second;
+    next = ranges.erase(next);
+  }
+  if (next != ranges.begin() && std::prev(next)->second == begin) {
+    begin = std::prev(next)->first;
+    ranges.erase(std::prev(next));
+  }
+  ranges[begin] = end;
   written_[tensor] += n;
   return WriteAll(fd_, values, n * sizeof(float), data_start_ + begin_[tensor] + offset * sizeof(float), tmp_);
 }

@@ -53,9 +53,10 @@ struct TensorSpec {
 // once (worker/trainer.cc streams checkpoints through it): the header, laid
 // out exactly as WriteSafetensors lays out the same tensors, is written by
 // Create; then values of any tensor at any offset, in any order; Commit
-// syncs and renames the file into place, and fails unless every value of
-// every tensor was written exactly as many times as it has values (a value
-// never written would read back as zero). Host memory: the header alone.
+// syncs and renames the file into place. A value written twice is refused
+// when it is written, and Commit fails unless every value of every tensor
+// was written (one never written would read back as zero). Host memory: the
+// header and, per tensor, the written ranges not yet merged into one.
 // Destroyed uncommitted, it removes its temporary file.
 class SafetensorsWriter {
  public:
@@ -80,6 +81,9 @@ class SafetensorsWriter {
   std::vector<TensorSpec> tensors_;
   std::vector<uint64_t> begin_;     // each tensor's first byte in the data
   std::vector<int64_t> numel_, written_;
+  // Per tensor, the written ranges [begin, end), merged where they touch:
+  // one range once a tensor's runs arrive in order.
+  std::vector<std::map<int64_t, int64_t>> ranges_;
 };
 
 // A file read in pieces: Open reads and checks the header against the file

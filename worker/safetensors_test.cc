@@ -129,8 +129,11 @@ TEST(SafetensorsWriterTest, PiecesInAnyOrderMakeTheSameFile) {
   EXPECT_EQ((*r)->Read("c", 0, got, 1).code(), absl::StatusCode::kNotFound);
 }
 
-// A value never written would read back as zero: Commit refuses, names the
-// tensor, and leaves no file under the name, nor a temporary beside it.
+// A value written twice is refused where it is written (a part map that
+// sent two ranks' runs to one place), even when the total would come out
+// right; a value never written would read back as zero: Commit refuses,
+// names the tensor, and leaves no file under the name, nor a temporary
+// beside it.
 TEST(SafetensorsWriterTest, CommitRefusesAFileWithValuesUnwritten) {
   const std::string path = TmpPath("short.safetensors");
   std::vector<float> a(4, 1.0f);
@@ -140,6 +143,10 @@ TEST(SafetensorsWriterTest, CommitRefusesAFileWithValuesUnwritten) {
     ASSERT_TRUE((*w)->Write(0, 0, a.data(), 4).ok());
     ASSERT_TRUE((*w)->Write(1, 0, a.data(), 1).ok());
     EXPECT_EQ((*w)->Write(1, 1, a.data(), 2).code(), absl::StatusCode::kInvalidArgument);  // past its end
+    const absl::Status twice = (*w)->Write(0, 3, a.data(), 1);
+    EXPECT_EQ(twice.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(twice.message(), HasSubstr("values [3, 4) of tensor 'a' were written before"));
+    EXPECT_EQ((*w)->Write(1, 0, a.data(), 2).code(), absl::StatusCode::kInternal);  // overlaps [0, 1)
     const absl::Status s = (*w)->Commit();
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
     EXPECT_THAT(s.message(), HasSubstr("tensor 'b' got 1 values written, expected 2"));

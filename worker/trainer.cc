@@ -71,8 +71,7 @@ std::vector<TensorSpec> CheckpointTensors(const ParamLayout& layout) {
 }
 
 size_t CheckpointTensor(int weight, StateFamily family) {
-  const size_t f = family == StateFamily::kWeights ? 0 : family == StateFamily::kM ? 1 : 2;
-  return 3 * static_cast<size_t>(weight) + f;
+  return 3 * static_cast<size_t>(weight) + static_cast<size_t>(family);
 }
 
 // Streamed (TrainingStep::StreamState): every rank gathers, rank 0 alone

@@ -634,14 +634,16 @@ class CudaBackend final : public Backend {
   // spaces (device, pinned host) the copy stays asynchronous.
   absl::Status DoCopy(Stream& st, void* dst, const void* src,
                       size_t bytes) override {
+    // Classified before the copy is queued: an error here leaves nothing in
+    // flight that reads or writes the caller's memory.
+    PLATEAU_ASSIGN_OR_RETURN(const bool pageable_dst, IsPageable(dst));
+    PLATEAU_ASSIGN_OR_RETURN(const bool pageable_src, IsPageable(src));
     PLATEAU_RETURN_IF_ERROR(Enqueue(st, [&](CudaStream* s) -> absl::Status {
       // cudaMemcpyDefault: unified addressing tells device from host pointers.
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->stream()));
       return absl::OkStatus();
     }));
-    PLATEAU_ASSIGN_OR_RETURN(const bool pageable_dst, IsPageable(dst));
-    PLATEAU_ASSIGN_OR_RETURN(const bool pageable_src, IsPageable(src));
     if (!pageable_dst && !pageable_src) return absl::OkStatus();
     return st.Synchronize();
   }
@@ -1154,7 +1156,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
   // (CUDA's default since 12.2) a kernel's first launch loads its module,
   // which can wait for the context to go idle: mid-ring, behind an NCCL
   // kernel that waits for a peer, that is a deadlock. Only effective when
-  // this is the process's first CUDA call and the variable is unset.
+  // this is the process's first CUDA call and the variable is unset (the
+  // agent and tools/device-check set it from the start). The price: the
+  // libraries' every kernel is loaded too, a larger context (hundreds of
+  // MiB more have been reported for cuBLAS and NCCL) and a slower start,
+  // both in the headroom beside the plan; to be measured on the first GPU
+  // run.
   setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);

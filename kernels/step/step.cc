@@ -874,9 +874,7 @@ absl::Status TrainingStep::LoadState(const ModelState& st) {
     }
   }
   return LoadStreamedState(st.step, [&st](StateFamily f, int weight, int64_t offset, float* values, int64_t n) {
-    const std::vector<std::vector<float>>& family =
-        f == StateFamily::kWeights ? st.weights : f == StateFamily::kM ? st.m : st.v;
-    std::copy_n(family[weight].data() + offset, n, values);
+    std::copy_n(st.family(f)[weight].data() + offset, n, values);
     return absl::OkStatus();
   });
 }

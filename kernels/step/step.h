@@ -54,8 +54,9 @@
 
 namespace plateau {
 
-// The model state's families, streamed (TrainingStep::StreamState).
-enum class StateFamily { kWeights, kM, kV };
+// The model state's families, streamed (TrainingStep::StreamState), in the
+// order a checkpoint file holds each weight's tensors (docs/MODEL.md).
+enum class StateFamily { kWeights = 0, kM = 1, kV = 2 };
 // Values [offset, offset + n) of tensor `weight` (an index into
 // ParamLayout::weights()) of one family: received, or to fill.
 using StateSink = std::function<absl::Status(StateFamily family, int weight, int64_t offset,
@@ -76,6 +77,13 @@ struct StepStats {
 struct ModelState {
   std::vector<std::vector<float>> weights, m, v;
   int64_t step = 0;
+
+  std::vector<std::vector<float>>& family(StateFamily f) {
+    return f == StateFamily::kWeights ? weights : f == StateFamily::kM ? m : v;
+  }
+  const std::vector<std::vector<float>>& family(StateFamily f) const {
+    return const_cast<ModelState*>(this)->family(f);
+  }
 };
 
 class TrainingStep {

@@ -410,6 +410,10 @@ TEST_P(StepCheckpointUnderPlanCap, SaveAndResumeFitAndResumeBitForBit) {
           ASSERT_TRUE(step.ok()) << step.status();
           auto first = (*step)->Step(tok1, tgt1);
           ASSERT_TRUE(first.ok()) << first.status();
+          // The trainer's streamed save under the cap too (its device side
+          // is the same whether or not a rank receives).
+          const absl::Status streamed = (*step)->StreamState(nullptr);
+          ASSERT_TRUE(streamed.ok()) << streamed;
           auto state = (*step)->GatherState();
           ASSERT_TRUE(state.ok()) << state.status();
           saved = std::move(*state);

@@ -7,6 +7,7 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -65,19 +66,23 @@ namespace {
 using ::testing::HasSubstr;
 
 // Rank threads meet here, outside every collective (a sync point that
-// allocates nothing).
+// allocates nothing). A rank that failed an assertion never comes: the
+// others give up after a minute, failing the test instead of hanging it.
 class Meeting {
  public:
   explicit Meeting(int n) : n_(n) {}
   void Wait() {
     std::unique_lock<std::mutex> lock(mu_);
+    if (broken_) return;
     const int64_t round = round_;
     if (++arrived_ == n_) {
       arrived_ = 0;
       ++round_;
       cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return round_ != round; });
+    } else if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return round_ != round || broken_; })) {
+      ADD_FAILURE() << "a rank never reached the meeting";
+      broken_ = true;  // every later meeting too: no more waiting
+      cv_.notify_all();
     }
   }
 
@@ -86,6 +91,7 @@ class Meeting {
   std::condition_variable cv_;
   int n_, arrived_ = 0;
   int64_t round_ = 0;
+  bool broken_ = false;
 };
 
 void RunRanks(int P, const std::function<void(int, Backend&, Communicator&)>& fn) {
@@ -172,11 +178,10 @@ TEST_P(StreamStateTest, StreamedIsTheGatheredStateBitForBitAndResumes) {
       }
       const StateSink sink = [&](StateFamily f, int weight, int64_t offset, const float* values, int64_t n) {
         ++calls;
-        const int fi = static_cast<int>(f);
-        std::vector<float>& t = (fi == 0 ? got.weights : fi == 1 ? got.m : got.v)[weight];
+        std::vector<float>& t = got.family(f)[weight];
         for (int64_t i = 0; i < n; ++i) {
           t[offset + i] = values[i];
-          ++counts[fi][weight][offset + i];
+          ++counts[static_cast<int>(f)][weight][offset + i];
         }
         return absl::OkStatus();
       };
@@ -221,10 +226,7 @@ TEST_P(StreamStateTest, StreamedIsTheGatheredStateBitForBitAndResumes) {
       ASSERT_TRUE(step.ok()) << step.status();
       const absl::Status loaded = (*step)->LoadStreamedState(
           streamed.step, [&](StateFamily f, int weight, int64_t offset, float* values, int64_t n) {
-            const ModelState& st = streamed;
-            const int fi = static_cast<int>(f);
-            const std::vector<float>& t = (fi == 0 ? st.weights : fi == 1 ? st.m : st.v)[weight];
-            std::copy_n(t.data() + offset, n, values);
+            std::copy_n(streamed.family(f)[weight].data() + offset, n, values);
             return absl::OkStatus();
           });
       ASSERT_TRUE(loaded.ok()) << loaded;
