@@ -43,7 +43,8 @@ for b in ("sgemm_bench", "copy_bench"):
 # step itself runs under a fixed 6 GiB cap (a step at the card's N_max
 # outlasts the run).
 cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
-        "step_bench", "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench")
+        "step_bench", "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench",
+        "composed_bench:bf16")
 for b in cuda:
     st = by["bench:" + b]
     assert st["status"] == "dry_run" and "--backend=cuda" in st["detail"], st
@@ -56,6 +57,8 @@ assert "--plan_only" in by["bench:composed_bench:plan_bf16"]["detail"]
 assert "--precision=bf16" in by["bench:composed_bench:plan_bf16"]["detail"]
 assert "--cap_mb=0" in by["bench:composed_bench:plan"]["detail"]  # no GPU: no card to size it by
 assert "--cap_mb=6144 " in by["bench:composed_bench"]["detail"], by["bench:composed_bench"]
+st = by["bench:composed_bench:bf16"]
+assert "--precision=bf16" in st["detail"] and "--cap_mb=3072 " in st["detail"] and "--plan_only" not in st["detail"], st
 assert by["bench:auto_settings_bench"]["status"] == "not_available"
 PY
 
@@ -149,14 +152,16 @@ for b, p in (("step_bench", "fp32"), ("step_bench:bf16", "bf16"), ("optimizer_be
     assert st["data"]["precision"] == p and st["detail"].startswith("precision %s, rc=0" % p), st
 assert by["bench:composed_bench"]["status"] == "pass" and by["bench:composed_bench"]["data"]["composed"] == 1
 assert by["bench:composed_bench:plan"]["status"] == "pass"
-st = by["bench:composed_bench:plan_bf16"]
-assert st["status"] == "pass" and st["data"]["precision"] == "bf16" and st["detail"].startswith("precision bf16"), st
+for b in ("composed_bench:plan_bf16", "composed_bench:bf16"):
+    st = by["bench:" + b]
+    assert st["status"] == "pass" and st["data"]["precision"] == "bf16" and st["detail"].startswith("precision bf16"), st
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
 # The fake card has 1000 MiB: the two predictions get 85% of it, the step
 # its fixed 6 GiB.
 [ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 2 ] || { cat "$tmp/composed.args"; fail "the predictions' cap"; }
 [ "$(grep -c -- '--cap_mb=6144 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
+[ "$(grep -c -- '--precision=bf16 --cap_mb=3072 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the bf16 composed step's cap"; }
 grep -q -- '--plan_only' "$tmp/composed.args" || fail "no N_max prediction run"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
