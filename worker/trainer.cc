@@ -74,87 +74,56 @@ size_t CheckpointTensor(int weight, StateFamily family) {
   return 3 * static_cast<size_t>(weight) + static_cast<size_t>(family);
 }
 
-// Streamed (TrainingStep::StreamState): every rank gathers, rank 0 alone
-// writes the pieces into place in the file, and no host ever holds the
-// full state (at a real model's size it would not fit): rank 0 holds its
-// optimizer shard and one gathered chunk, the others their shard.
 absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const DataSource& data,
                             int rank) {
-  std::unique_ptr<SafetensorsWriter> file;
-  absl::Status opened;  // rank 0's: it still takes part in the gathers, which the others wait on
   // Written aside, then renamed into place only if no newer attempt has
   // claimed the directory meanwhile (worker/checkpoint_fence.h).
   const std::string final_path = CheckpointPath(o.checkpoint_dir, step.step());
   const std::string path =
       o.fence_attempt < 0 ? final_path : PartialCheckpointPath(o.checkpoint_dir, o.fence_attempt, step.step());
+  // docs/MODEL.md, "Checkpoints": "seed" is the initialisation's; the
+  // recall task's generator has a seed of its own (text and shards have none).
+  std::map<std::string, std::string> metadata = {{"step", absl::StrCat(step.step())},
+                                                 {"data_position", absl::StrCat(data.position())},
+                                                 {"seed", absl::StrCat(o.step.seed)},
+                                                 {"format", "plateau-checkpoint-v1"}};
+  if (o.data.kind == DataOptions::Kind::kRecall) {
+    metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
+  }
+  absl::Status made;  // rank 0's; it still takes part in the gathers, which the others wait on
   if (rank == 0) {
-    // docs/MODEL.md, "Checkpoints": "seed" is the initialisation's; the
-    // recall task's generator has a seed of its own (text and shards have none).
-    std::map<std::string, std::string> metadata = {{"step", absl::StrCat(step.step())},
-                                                   {"data_position", absl::StrCat(data.position())},
-                                                   {"seed", absl::StrCat(o.step.seed)},
-                                                   {"format", "plateau-checkpoint-v1"}};
-    if (o.data.kind == DataOptions::Kind::kRecall) {
-      metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
-    }
     std::error_code ec;
     std::filesystem::create_directories(o.checkpoint_dir, ec);
-    if (ec) {
-      opened = absl::InternalError(absl::StrCat("checkpoint_dir: cannot create ", o.checkpoint_dir, ": ", ec.message()));
-    } else {
-      absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
-          SafetensorsWriter::Create(path, CheckpointTensors(step.layout()), metadata);
-      if (w.ok()) {
-        file = std::move(*w);
-      } else {
-        opened = w.status();
-      }
-    }
+    if (ec) made = absl::InternalError(absl::StrCat("checkpoint_dir: cannot create ", o.checkpoint_dir, ": ", ec.message()));
   }
-  const StateSink sink = [&file](StateFamily family, int weight, int64_t offset, const float* values, int64_t n) {
-    return file->Write(CheckpointTensor(weight, family), offset, values, n);
-  };
-  PLATEAU_RETURN_IF_ERROR(step.StreamState(file != nullptr ? &sink : nullptr));  // collective
+  PLATEAU_RETURN_IF_ERROR(WriteCheckpointFile(step, path, metadata, /*writer=*/rank == 0 && made.ok()));
   if (rank != 0) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(opened);
-  PLATEAU_RETURN_IF_ERROR(file->Commit());
+  PLATEAU_RETURN_IF_ERROR(made);
   if (o.fence_attempt < 0) return absl::OkStatus();
   return CommitCheckpoint(o.checkpoint_dir, o.fence_job, o.fence_attempt, path, final_path);
 }
 
-// Streamed (TrainingStep::LoadStreamedState): each rank reads its own
-// shard's values from the file, and no more.
 absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, TrainingStep& step,
                             DataSource& data) {
-  PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> f, SafetensorsReader::Open(path));
-  const std::vector<TensorSpec> specs = CheckpointTensors(step.layout());
-  for (const TensorSpec& t : specs) {
-    auto it = f->tensors().find(t.name);
-    if (it == f->tensors().end() || it->second.shape != t.shape) {
-      return absl::DataLossError(absl::StrCat(path, ": tensor '", t.name,
-                                              "' is missing or has the wrong shape for this model"));
-    }
-  }
-  std::map<std::string, std::string> metadata = f->metadata();
-  int64_t step_count = 0;
   uint64_t position = 0;
-  if (!absl::SimpleAtoi(metadata["step"], &step_count) ||
-      !absl::SimpleAtoi(metadata["data_position"], &position)) {
-    return absl::DataLossError(absl::StrCat(path, ": metadata lacks step or data_position"));
-  }
-  // The data position counts sequences of the stream the checkpoint was
-  // trained on; another recall seed is another stream, and the resumed run
-  // would silently be neither the old run nor a new one.
-  if (o.data.kind == DataOptions::Kind::kRecall && metadata.count("data_seed") > 0 &&
-      metadata["data_seed"] != absl::StrCat(o.data.recall.seed)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "data.recall.seed: the job says ", o.data.recall.seed, ", but its checkpoint ", path,
-        " was trained on data seed ", metadata["data_seed"],
-        "; resume with the checkpoint's seed, or start the new seed in another checkpoint_dir"));
-  }
-  PLATEAU_RETURN_IF_ERROR(step.LoadStreamedState(
-      step_count, [&](StateFamily family, int weight, int64_t offset, float* values, int64_t n) {
-        return f->Read(specs[CheckpointTensor(weight, family)].name, offset, values, n);
+  PLATEAU_RETURN_IF_ERROR(ReadCheckpointFile(
+      path, step, [&](std::map<std::string, std::string> metadata) -> absl::StatusOr<int64_t> {
+        int64_t step_count = 0;
+        if (!absl::SimpleAtoi(metadata["step"], &step_count) ||
+            !absl::SimpleAtoi(metadata["data_position"], &position)) {
+          return absl::DataLossError(absl::StrCat(path, ": metadata lacks step or data_position"));
+        }
+        // The data position counts sequences of the stream the checkpoint
+        // was trained on; another recall seed is another stream, and the
+        // resumed run would silently be neither the old run nor a new one.
+        if (o.data.kind == DataOptions::Kind::kRecall && metadata.count("data_seed") > 0 &&
+            metadata["data_seed"] != absl::StrCat(o.data.recall.seed)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "data.recall.seed: the job says ", o.data.recall.seed, ", but its checkpoint ", path,
+              " was trained on data seed ", metadata["data_seed"],
+              "; resume with the checkpoint's seed, or start the new seed in another checkpoint_dir"));
+        }
+        return step_count;
       }));
   data.Seek(position);
   return absl::OkStatus();
@@ -188,6 +157,51 @@ absl::Status Validate(const TrainerOptions& o, TrainingStep& step, DataSource& h
 }
 
 }  // namespace
+
+// Streamed (TrainingStep::StreamState): every rank gathers, the writer
+// alone writes the pieces into place in the file, and no host holds the
+// full state (at a real model's size it would not fit).
+absl::Status WriteCheckpointFile(TrainingStep& step, const std::string& path,
+                                 const std::map<std::string, std::string>& metadata, bool writer) {
+  std::unique_ptr<SafetensorsWriter> file;
+  absl::Status opened;  // the writer's: it still takes part in the gathers, which the others wait on
+  if (writer) {
+    absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
+        SafetensorsWriter::Create(path, CheckpointTensors(step.layout()), metadata);
+    if (w.ok()) {
+      file = std::move(*w);
+    } else {
+      opened = w.status();
+    }
+  }
+  const StateSink sink = [&file](StateFamily family, int weight, int64_t offset, const float* values, int64_t n) {
+    return file->Write(CheckpointTensor(weight, family), offset, values, n);
+  };
+  PLATEAU_RETURN_IF_ERROR(step.StreamState(file != nullptr ? &sink : nullptr));  // collective
+  PLATEAU_RETURN_IF_ERROR(opened);
+  return file != nullptr ? file->Commit() : absl::OkStatus();
+}
+
+// Streamed (TrainingStep::LoadStreamedState): each rank reads its own
+// shard's values from the file, and no more.
+absl::Status ReadCheckpointFile(
+    const std::string& path, TrainingStep& step,
+    const std::function<absl::StatusOr<int64_t>(std::map<std::string, std::string>)>& accept) {
+  PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> f, SafetensorsReader::Open(path));
+  const std::vector<TensorSpec> specs = CheckpointTensors(step.layout());
+  for (const TensorSpec& t : specs) {
+    auto it = f->tensors().find(t.name);
+    if (it == f->tensors().end() || it->second.shape != t.shape) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor '", t.name,
+                                              "' is missing or has the wrong shape for this model"));
+    }
+  }
+  PLATEAU_ASSIGN_OR_RETURN(const int64_t step_count, accept(f->metadata()));
+  return step.LoadStreamedState(step_count,
+                                [&](StateFamily family, int weight, int64_t offset, float* values, int64_t n) {
+                                  return f->Read(specs[CheckpointTensor(weight, family)].name, offset, values, n);
+                                });
+}
 
 std::string CheckpointPath(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%08d.safetensors", dir, step);

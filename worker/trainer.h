@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "kernels/memory_timeline.h"
@@ -45,6 +47,22 @@ absl::Status RunTraining(const TrainerOptions& options, Backend& backend,
 
 // Checkpoint file name for `step`: "<dir>/step-00000042.safetensors".
 std::string CheckpointPath(const std::string& dir, int64_t step);
+
+// The checkpoint file of docs/MODEL.md ("Checkpoints"), streamed: no host
+// holds the full state. Collective: every rank calls it; the `writer` (the
+// trainer's rank 0) writes `path` atomically with `metadata`, the others
+// only take part in the gathers (host memory: the budget's
+// StreamStateHostBytes). An error of the writer's file comes back from the
+// writer once the gathers end.
+absl::Status WriteCheckpointFile(TrainingStep& step, const std::string& path,
+                                 const std::map<std::string, std::string>& metadata, bool writer);
+// Collective: every rank checks that `path` holds every tensor of this
+// model with its shape, passes the metadata to `accept` (which returns the
+// step count to resume at, or an error that ends the read before anything
+// is loaded) and reads its own shard (LoadStreamedStateHostBytes).
+absl::Status ReadCheckpointFile(
+    const std::string& path, TrainingStep& step,
+    const std::function<absl::StatusOr<int64_t>(std::map<std::string, std::string>)>& accept);
 
 }  // namespace plateau
 

@@ -4,95 +4,21 @@
 // the world in step; and the host memory the stream takes, measured by
 // counting this binary's heap, stays under StreamStateHostBytes while the
 // baseline's exceeds it.
-#include <malloc.h>
-
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
 #include <mutex>
-#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/step/step.h"
+#include "kernels/testing/heap_counter.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
 #include "kernels/testing/tiny_model.h"
-
-// The heap, counted: every operator new of this process (the state's
-// std::vectors, the test's own, Gloo's) adds its block's usable size, every
-// delete takes it off; `peak` is the most in use at once since the last
-// reset. The backends' arenas (the device, the host live sets) do not come
-// from here: what is counted is exactly the untagged host memory.
-namespace {
-std::atomic<int64_t> g_heap_now{0}, g_heap_peak{0};
-
-void* Counted(void* p) {
-  if (p == nullptr) throw std::bad_alloc();
-  const int64_t now = g_heap_now.fetch_add(static_cast<int64_t>(malloc_usable_size(p))) +
-                      static_cast<int64_t>(malloc_usable_size(p));
-  int64_t peak = g_heap_peak.load();
-  while (now > peak && !g_heap_peak.compare_exchange_weak(peak, now)) {
-  }
-  return p;
-}
-
-void Uncounted(void* p) {
-  if (p == nullptr) return;
-  g_heap_now.fetch_sub(static_cast<int64_t>(malloc_usable_size(p)));
-  std::free(p);
-}
-
-size_t Aligned(size_t n, std::align_val_t a) {
-  const size_t al = static_cast<size_t>(a);
-  return (n + al - 1) / al * al;
-}
-}  // namespace
-
-void* operator new(size_t n) { return Counted(std::malloc(n == 0 ? 1 : n)); }
-void* operator new(size_t n, std::align_val_t a) {
-  return Counted(std::aligned_alloc(static_cast<size_t>(a), Aligned(n == 0 ? 1 : n, a)));
-}
-void operator delete(void* p) noexcept { Uncounted(p); }
-void operator delete(void* p, size_t) noexcept { Uncounted(p); }
-void operator delete(void* p, std::align_val_t) noexcept { Uncounted(p); }
-void operator delete(void* p, size_t, std::align_val_t) noexcept { Uncounted(p); }
 
 namespace plateau {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Rank threads meet here, outside every collective (a sync point that
-// allocates nothing). A rank that failed an assertion never comes: the
-// others give up after a minute, failing the test instead of hanging it.
-class Meeting {
- public:
-  explicit Meeting(int n) : n_(n) {}
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (broken_) return;
-    const int64_t round = round_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++round_;
-      cv_.notify_all();
-    } else if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return round_ != round || broken_; })) {
-      ADD_FAILURE() << "a rank never reached the meeting";
-      broken_ = true;  // every later meeting too: no more waiting
-      cv_.notify_all();
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, arrived_ = 0;
-  int64_t round_ = 0;
-  bool broken_ = false;
-};
 
 void RunRanks(int P, const std::function<void(int, Backend&, Communicator&)>& fn) {
   absl::Status s = RunLocalWorld(P, int64_t{256} << 20, FreshStoreDir("stream"),
@@ -304,24 +230,10 @@ TEST(StreamStateMemoryTest, StreamedSaveAndLoadHoldTheHostAtTheirBound) {
   m.experts = 8;
   m.vocab_size = 500;
   const StepOptions o = Options(Case{P, Precision::kFp32, false, OptimizerPlacementOptions::Kind::kDevice}, m);
-  Meeting meeting(P);
+  HeapWindow window(P);
   int64_t bound_save = 0, bound_load = 0, full_state = 0;
-  int64_t base = 0, streamed = 0, gathered = 0, loaded = 0;
+  int64_t streamed = 0, gathered = 0, loaded = 0;
   std::mutex mu;
-  // Every rank at `meeting`, then rank 0 zeroes the peak at the heap in use.
-  auto start = [&](int r) {
-    meeting.Wait();
-    if (r == 0) {
-      base = g_heap_now.load();
-      g_heap_peak.store(base);
-    }
-    meeting.Wait();
-  };
-  auto stop = [&](int r, int64_t* into) {
-    meeting.Wait();
-    if (r == 0) *into = g_heap_peak.load() - base;
-    meeting.Wait();
-  };
   RunRanks(P, [&](int r, Backend& be, Communicator& world) {
     auto step = TrainingStep::Create(o, be, world);
     ASSERT_TRUE(step.ok()) << step.status();
@@ -335,27 +247,28 @@ TEST(StreamStateMemoryTest, StreamedSaveAndLoadHoldTheHostAtTheirBound) {
     }
     // A sink that keeps nothing (as a file does), and a source of zeros.
     const StateSink sink = [](StateFamily, int, int64_t, const float*, int64_t) { return absl::OkStatus(); };
-    start(r);
+    window.Begin();
     const absl::Status s = (*step)->StreamState(r == 0 ? &sink : nullptr);
-    stop(r, &streamed);
-    ASSERT_TRUE(s.ok()) << s;
+    const int64_t streamed_r = window.End();  // the same on every rank
+    if (r == 0) streamed = streamed_r;
+    EXPECT_TRUE(s.ok()) << s;
 
-    start(r);
+    window.Begin();
     const absl::Status l = (*step)->LoadStreamedState(0, [](StateFamily, int, int64_t, float* values, int64_t n) {
       std::fill(values, values + n, 0.0f);
       return absl::OkStatus();
     });
-    stop(r, &loaded);
-    ASSERT_TRUE(l.ok()) << l;
+    const int64_t loaded_r = window.End();
+    if (r == 0) loaded = loaded_r;
+    EXPECT_TRUE(l.ok()) << l;
 
-    start(r);
-    {
-      auto state = (*step)->GatherState();
-      ASSERT_TRUE(state.ok());
-      meeting.Wait();  // every rank's full state alive at once, as in a real gather
-    }
-    stop(r, &gathered);
+    window.Begin();
+    auto state = (*step)->GatherState();
+    const int64_t gathered_r = window.End();  // every rank's full state alive at once, as in a real gather
+    if (r == 0) gathered = gathered_r;
+    EXPECT_TRUE(state.ok()) << state.status();
   });
+  ASSERT_FALSE(window.broken()) << "a rank never reached a meeting";
   const int64_t slack = 64 << 10;
   std::printf("heap above the start: streamed save %lld B (bound %lld), load %lld B (bound %lld), "
               "GatherState %lld B; full state %lld B per rank\n",

@@ -1,0 +1,55 @@
+// The heap, counted, for tests and benchmarks that hold host memory to a
+// bound: linking this library replaces the global operator new and delete
+// (every form) with ones that add and take off each block's usable size.
+// What is counted is the plain heap: the state's std::vectors, the
+// binary's own, Gloo's. The backends' arenas (the device, the host live
+// sets, tracked by their MemorySpace) do not come from here.
+//
+// Only for binaries that link it on purpose (alwayslink): it changes every
+// allocation of the process.
+#ifndef PLATEAU_KERNELS_TESTING_HEAP_COUNTER_H_
+#define PLATEAU_KERNELS_TESTING_HEAP_COUNTER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+namespace plateau {
+
+// Bytes in use now.
+int64_t HeapInUse();
+// The most in use at once since the last ResetHeapPeak.
+int64_t HeapPeak();
+// Starts a new peak at what is in use now; returns that.
+int64_t ResetHeapPeak();
+
+// The heap over a stretch of work that P rank threads do together: each
+// rank calls Begin(), works, and calls End(), which returns (to every
+// rank) the most the heap held above what it held at Begin. Begin and End
+// are meetings of all P ranks (allocating nothing); a rank that never
+// comes (it failed) makes the others give up after a minute, and broken()
+// is true from then on (every later meeting returns at once).
+class HeapWindow {
+ public:
+  explicit HeapWindow(int ranks) : ranks_(ranks) {}
+  void Begin();
+  int64_t End();
+  bool broken();
+
+ private:
+  // All ranks meet; the last to arrive runs `last` first.
+  template <typename Fn>
+  void Meet(Fn last);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int ranks_;
+  int arrived_ = 0;
+  int64_t round_ = 0;
+  bool broken_ = false;
+  int64_t base_ = 0, above_ = 0;
+};
+
+}  // namespace plateau
+
+#endif  // PLATEAU_KERNELS_TESTING_HEAP_COUNTER_H_
