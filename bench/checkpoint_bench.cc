@@ -10,8 +10,9 @@
 // Per way: wall time (slowest rank, median of --reps) and the most the
 // process heap held above its start (all P ranks together: a counting
 // operator new, kernels/testing/heap_counter.h), with the budget's bound
-// for the streamed save and load beside it. The two files must be the same
-// bytes, and both loads must give back the saved state.
+// for the streamed save and load beside it (exit 1 past it by more than 64
+// KiB a rank). The two files must be the same bytes, and each load must give
+// back the saved state (the state is zeroed before each, untimed).
 //
 //   bazel build -c opt //bench:checkpoint_bench
 //   bazel-out/k8-opt/bin/bench/checkpoint_bench [--ranks=4] [--layers=4]
@@ -95,15 +96,28 @@ int Main(int argc, char** argv) {
               precision == Precision::kBf16Mixed ? "bf16 mixed" : "fp32");
 
   Way baseline, streamed;
-  HeapWindow window(P);
+  HeapWindow window(P, /*timeout_s=*/3600);  // rank 0 writes the whole file meanwhile
   std::mutex mu;
-  bool same_bytes = false, same_state = true;
+  bool same_bytes = false, baseline_back = true, streamed_back = true;
   const int reps = static_cast<int>(flags["reps"]);
   const absl::Status world = RunLocalWorld(
       P, plan.total() + (int64_t{64} << 20), FreshStoreDir("checkpoint_bench"),
       [&](int r, Backend& be, Communicator& comm) -> absl::Status {
         PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<TrainingStep> step, TrainingStep::Create(o, be, comm));
-        PLATEAU_ASSIGN_OR_RETURN(ModelState truth, step->GatherState());
+        PLATEAU_ASSIGN_OR_RETURN(const ModelState truth, step->GatherState());
+        // Loaded before each load (untimed), so that a load that leaves
+        // anything out is seen: every value zero.
+        ModelState zero = truth;
+        for (StateFamily f : {StateFamily::kWeights, StateFamily::kM, StateFamily::kV}) {
+          for (std::vector<float>& t : zero.family(f)) std::fill(t.begin(), t.end(), 0.0f);
+        }
+        // After each load: the saved state back, or this way failed.
+        auto check_back = [&](bool* same) -> absl::Status {
+          PLATEAU_ASSIGN_OR_RETURN(ModelState back, step->GatherState());
+          std::lock_guard<std::mutex> lock(mu);
+          *same = *same && back.weights == truth.weights && back.m == truth.m && back.v == truth.v;
+          return absl::OkStatus();
+        };
         auto timed = [&](std::vector<double>* times, int64_t* heap, const std::function<absl::Status()>& fn) {
           window.Begin();
           const double t0 = NowSeconds();
@@ -134,6 +148,7 @@ int Main(int argc, char** argv) {
           PLATEAU_RETURN_IF_ERROR(timed(&streamed.save_s, &streamed.save_heap, [&] {
             return WriteCheckpointFile(*step, streamed_path, metadata, /*writer=*/r == 0);
           }));
+          PLATEAU_RETURN_IF_ERROR(step->LoadState(zero));
           PLATEAU_RETURN_IF_ERROR(timed(&baseline.load_s, &baseline.load_heap, [&]() -> absl::Status {
             PLATEAU_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(base_path));
             ModelState st;
@@ -144,15 +159,14 @@ int Main(int argc, char** argv) {
             }
             return step->LoadState(st);
           }));
+          PLATEAU_RETURN_IF_ERROR(check_back(&baseline_back));
+          PLATEAU_RETURN_IF_ERROR(step->LoadState(zero));
           PLATEAU_RETURN_IF_ERROR(timed(&streamed.load_s, &streamed.load_heap, [&] {
             return ReadCheckpointFile(streamed_path, *step,
                                       [](std::map<std::string, std::string>) -> absl::StatusOr<int64_t> { return 0; });
           }));
+          PLATEAU_RETURN_IF_ERROR(check_back(&streamed_back));
         }
-        // Loaded back either way, the state is the one saved.
-        PLATEAU_ASSIGN_OR_RETURN(ModelState back, step->GatherState());
-        std::lock_guard<std::mutex> lock(mu);
-        same_state = same_state && back.weights == truth.weights && back.m == truth.m && back.v == truth.v;
         if (r == 0) same_bytes = FileBytes(base_path) == FileBytes(streamed_path);
         return absl::OkStatus();
       });
@@ -175,7 +189,7 @@ int Main(int argc, char** argv) {
               static_cast<double>(streamed.save_heap) / baseline.save_heap,
               Median(streamed.load_s) / Median(baseline.load_s),
               static_cast<double>(streamed.load_heap) / baseline.load_heap, same_bytes ? "yes" : "NO",
-              same_state ? "yes" : "NO");
+              baseline_back && streamed_back ? "yes (both ways)" : baseline_back ? "NO (streamed)" : "NO (baseline)");
   std::printf(
       "{\"bench\":\"checkpoint\",\"date\":%s,\"ranks\":%d,\"params\":%lld,\"precision\":\"%s\",\"reps\":%d,"
       "\"baseline\":{\"save_s\":%.4f,\"save_heap\":%lld,\"load_s\":%.4f,\"load_heap\":%lld},"
@@ -186,10 +200,14 @@ int Main(int argc, char** argv) {
       static_cast<long long>(baseline.save_heap), Median(baseline.load_s), static_cast<long long>(baseline.load_heap),
       Median(streamed.save_s), static_cast<long long>(streamed.save_heap), Median(streamed.load_s),
       static_cast<long long>(streamed.load_heap), static_cast<long long>(bound_save),
-      static_cast<long long>(bound_load), same_bytes ? "true" : "false", same_state ? "true" : "false");
+      static_cast<long long>(bound_load), same_bytes ? "true" : "false",
+      baseline_back && streamed_back ? "true" : "false");
   std::filesystem::remove_all(dir);
-  return same_bytes && same_state && streamed.save_heap <= bound_save + (int64_t{1} << 20) &&
-                 streamed.load_heap <= bound_load + (int64_t{1} << 20)
+  // The bookkeeping beside the bound (the reader's header, Gloo's): 64 KiB
+  // a rank, as stream_state_test allows in all.
+  const int64_t slack = P * (int64_t{64} << 10);
+  return same_bytes && baseline_back && streamed_back && streamed.save_heap <= bound_save + slack &&
+                 streamed.load_heap <= bound_load + slack
              ? 0
              : 1;
 }

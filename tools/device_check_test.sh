@@ -163,6 +163,12 @@ assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["s
 [ "$(grep -c -- '--cap_mb=6144 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
 [ "$(grep -c -- '--precision=bf16 --cap_mb=3072 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the bf16 composed step's cap"; }
 grep -q -- '--plan_only' "$tmp/composed.args" || fail "no N_max prediction run"
+# With less of the budget left than the bf16 composed step's limit, that
+# optional stage is skipped, not run and cut: the run still passes.
+PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --budget=60 --out="$tmp/short" >/dev/null 2>&1 \
+  || { cat "$tmp/short/table.txt"; fail "a short budget failed the run"; }
+grep -q 'bench:composed_bench:bf16 *skipped' "$tmp/short/table.txt" || { cat "$tmp/short/table.txt"; fail "the optional stage was not skipped"; }
+grep -q 'bench:composed_bench  *pass' "$tmp/short/table.txt" || fail "a stage that must run was skipped"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
 fi

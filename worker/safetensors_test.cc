@@ -157,5 +157,28 @@ TEST(SafetensorsWriterTest, CommitRefusesAFileWithValuesUnwritten) {
   }
 }
 
+// The written ranges merge as they touch, on either side, whatever the
+// order, and a write into any of them is refused: [0, 2) and [4, 6), then
+// [2, 4) between them make one range [0, 6), into which [1, 5) and [3, 4)
+// are refused; [6, 8) completes the tensor.
+TEST(SafetensorsWriterTest, WrittenRangesMergeAndRefuseOverlaps) {
+  std::vector<float> a(8, 2.0f);
+  const std::string path = TmpPath("ranges.safetensors");
+  auto w = SafetensorsWriter::Create(path, {{"a", {8}}}, {});
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Write(0, 0, a.data(), 2).ok());
+  ASSERT_TRUE((*w)->Write(0, 4, a.data(), 2).ok());
+  ASSERT_TRUE((*w)->Write(0, 2, a.data(), 2).ok());
+  EXPECT_EQ((*w)->Write(0, 1, a.data(), 4).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ((*w)->Write(0, 3, a.data(), 1).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ((*w)->Write(0, 5, a.data(), 2).code(), absl::StatusCode::kInternal);  // straddles the end
+  EXPECT_TRUE((*w)->Write(0, 6, a.data(), 0).ok());                              // nothing
+  ASSERT_TRUE((*w)->Write(0, 6, a.data(), 2).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  auto f = ReadSafetensors(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->tensors.at("a").data, a);
+}
+
 }  // namespace
 }  // namespace plateau

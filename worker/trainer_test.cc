@@ -2,6 +2,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -379,6 +380,22 @@ TEST(TrainerTest, ResumingWithAnotherDataSeedIsRefused) {
   TrainRun same = Train(o, 1);
   ASSERT_TRUE(same.status.ok()) << same.status;
   EXPECT_EQ(same.losses.size(), 1u);
+}
+
+// Rank 0 that cannot make the checkpoint directory (a file is in the way)
+// still takes part in the checkpoint's gathers, so rank 1 finishes; rank 0
+// reports the directory and why, and no checkpoint appears.
+TEST(TrainerTest, ACheckpointDirectoryThatCannotBeMadeFailsRankZeroWithoutAHang) {
+  TrainerOptions o = RecallOptions(2);
+  o.steps = 1;
+  const std::string blocker = TmpDir("ckpt_blocker");
+  { std::ofstream(blocker) << "a file, not a directory"; }
+  o.checkpoint_dir = blocker + "/ckpt";
+  TrainRun run = Train(o, 2);
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kInternal) << run.status;
+  EXPECT_THAT(run.status.message(), AllOf(HasSubstr("checkpoint_dir: cannot create"), HasSubstr(o.checkpoint_dir)));
+  EXPECT_EQ(run.losses.size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(o.checkpoint_dir));
 }
 
 // The validation loss over the held-out sequences (2 batches), forward only.

@@ -65,7 +65,7 @@ void HeapWindow::Meet(Fn last) {
     arrived_ = 0;
     ++round_;
     cv_.notify_all();
-  } else if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return round_ != round || broken_; })) {
+  } else if (!cv_.wait_for(lock, std::chrono::seconds(timeout_s_), [&] { return round_ != round || broken_; })) {
     broken_ = true;
     cv_.notify_all();
   }

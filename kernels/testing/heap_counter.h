@@ -27,11 +27,12 @@ int64_t ResetHeapPeak();
 // rank calls Begin(), works, and calls End(), which returns (to every
 // rank) the most the heap held above what it held at Begin. Begin and End
 // are meetings of all P ranks (allocating nothing); a rank that never
-// comes (it failed) makes the others give up after a minute, and broken()
-// is true from then on (every later meeting returns at once).
+// comes (it failed) makes the others give up after `timeout_s` (a rank's
+// work between Begin and End must take less), and broken() is true from
+// then on (every later meeting returns at once).
 class HeapWindow {
  public:
-  explicit HeapWindow(int ranks) : ranks_(ranks) {}
+  explicit HeapWindow(int ranks, int timeout_s = 60) : ranks_(ranks), timeout_s_(timeout_s) {}
   void Begin();
   int64_t End();
   bool broken();
@@ -43,7 +44,7 @@ class HeapWindow {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  const int ranks_;
+  const int ranks_, timeout_s_;
   int arrived_ = 0;
   int64_t round_ = 0;
   bool broken_ = false;
