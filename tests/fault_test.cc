@@ -332,6 +332,18 @@ char ProcState(pid_t pid) {
   return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
 }
 
+// A job far longer than any test (it is cancelled or fails first) on a
+// ready cluster, trained `steps` steps: its id and its two ranks' pids.
+void StartLongJob(Cluster& c, int64_t steps, std::string* id, std::vector<pid_t>* ranks) {
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  *id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(*id, steps)) << c.Logs();
+  *ranks = c.RankPids(*id);
+  ASSERT_EQ(ranks->size(), 2u);
+}
+
 // Whether, within `timeout`, every one of `ranks` is stopped ('T'), or
 // with stopped = false none is.
 bool WaitRanksStopped(const std::vector<pid_t>& ranks, bool stopped, absl::Duration timeout) {
@@ -368,13 +380,9 @@ TEST(FaultTest, WorkerDeclaredLostStopsItsRanksWhenItComesBack) {
   o.heartbeat_ms = 500;
   o.worker_timeout_s = 0;
   Cluster c("partition", o);
-  ASSERT_TRUE(c.ready()) << c.Logs();
-  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
-  ASSERT_TRUE(sub.ok()) << sub.status();
-  const std::string id = sub->job().id();
-  ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
-  const std::vector<pid_t> ranks = c.RankPids(id);
-  ASSERT_EQ(ranks.size(), 2u);
+  std::string id;
+  std::vector<pid_t> ranks;
+  ASSERT_NO_FATAL_FAILURE(StartLongJob(c, 2, &id, &ranks));
   // The agent freezes: to the coordinator it is a lost worker. Its ranks,
   // in their own process groups, are not frozen with it; they stop
   // themselves once its lease is a second overdue (worker/rank_lease.h).
@@ -403,13 +411,9 @@ TEST(FaultTest, RanksFrozenByALapsedLeaseResumeWhenTheRestartedCoordinatorReatta
   o.worker_timeout_s = 4;
   o.coordinator_flags = {"--reattach_timeout_s=20"};
   Cluster c("lease-resume", o);
-  ASSERT_TRUE(c.ready()) << c.Logs();
-  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
-  ASSERT_TRUE(sub.ok()) << sub.status();
-  const std::string id = sub->job().id();
-  ASSERT_TRUE(c.WaitStep(id, 5)) << c.Logs();
-  const std::vector<pid_t> ranks = c.RankPids(id);
-  ASSERT_EQ(ranks.size(), 2u);
+  std::string id;
+  std::vector<pid_t> ranks;
+  ASSERT_NO_FATAL_FAILURE(StartLongJob(c, 5, &id, &ranks));
   c.KillCoordinator(SIGKILL);
   const absl::Time killed = absl::Now();
   EXPECT_TRUE(WaitRanksStopped(ranks, true, absl::Seconds(20))) << "the ranks were not frozen: " << RankStates(ranks);
@@ -436,13 +440,9 @@ TEST(FaultTest, AFrozenAgentsRanksStopThemselvesAndResumeWithIt) {
   o.worker_timeout_s = 20;
   o.coordinator_flags = {"--reattach_timeout_s=2"};
   Cluster c("frozen-agent", o);
-  ASSERT_TRUE(c.ready()) << c.Logs();
-  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
-  ASSERT_TRUE(sub.ok()) << sub.status();
-  const std::string id = sub->job().id();
-  ASSERT_TRUE(c.WaitStep(id, 3)) << c.Logs();
-  const std::vector<pid_t> ranks = c.RankPids(id);
-  ASSERT_EQ(ranks.size(), 2u);
+  std::string id;
+  std::vector<pid_t> ranks;
+  ASSERT_NO_FATAL_FAILURE(StartLongJob(c, 3, &id, &ranks));
   ASSERT_EQ(kill(c.worker()->pid(), SIGSTOP), 0);
   const absl::Time frozen = absl::Now();
   EXPECT_TRUE(WaitRanksStopped(ranks, true, absl::Seconds(15)))
@@ -469,13 +469,9 @@ TEST(FaultTest, ARankThatStoppedItselfResumesWhileTheLeaseHolds) {
   ClusterOptions o;
   o.worker_timeout_s = 20;
   Cluster c("self-stopped", o);
-  ASSERT_TRUE(c.ready()) << c.Logs();
-  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
-  ASSERT_TRUE(sub.ok()) << sub.status();
-  const std::string id = sub->job().id();
-  ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
-  const std::vector<pid_t> ranks = c.RankPids(id);
-  ASSERT_EQ(ranks.size(), 2u);
+  std::string id;
+  std::vector<pid_t> ranks;
+  ASSERT_NO_FATAL_FAILURE(StartLongJob(c, 2, &id, &ranks));
   const std::string page = absl::StrCat("/proc/", ranks[0], "/fd/", kRankLeaseFd);
   const int fd = open(page.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0) << page;

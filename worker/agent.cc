@@ -151,17 +151,12 @@ void Agent::ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Canc
 
 void Agent::RenewLease(int64_t sent) {
   if (lease_ > absl::ZeroDuration()) lease_until_ = sent + absl::ToInt64Nanoseconds(lease_);
-  const int64_t end = RankLeaseEnd();
   for (auto& [key, job] : jobs_) {
     if (job->stopping) continue;  // StopJob took its ranks off the lease
     for (auto& r : job->ranks) {
-      if (r->lease != nullptr) r->lease->SetEnd(end);
+      if (r->lease != nullptr) r->lease->SetEnd(lease_until_);
     }
   }
-}
-
-int64_t Agent::RankLeaseEnd() const {
-  return lease_until_;
 }
 
 void Agent::Fence() {
@@ -476,7 +471,7 @@ void Agent::Start(const v1::Assignment& a) {
     if (absl::StatusOr<std::unique_ptr<RankLease>> lease = RankLease::Create(); lease.ok()) {
       rank->lease = std::move(*lease);
       absl::MutexLock lock(&mu_);
-      rank->lease->SetEnd(RankLeaseEnd());
+      rank->lease->SetEnd(lease_until_);
       args.push_back(absl::StrCat("--lease_fd=", kRankLeaseFd));
     } else {
       Log(a.job_id(), a.attempt(), r, "agent",
@@ -560,7 +555,7 @@ void Agent::Start(const v1::Assignment& a) {
       QueueStatus(report, nullptr);
       absl::MutexLock lock(&mu_);
       // A renewal since the page was made did not reach this rank yet.
-      if (rp->lease != nullptr) rp->lease->SetEnd(RankLeaseEnd());
+      if (rp->lease != nullptr) rp->lease->SetEnd(lease_until_);
       j->ranks.push_back(std::move(rank));
       rp->waiter = std::thread([this, j, rp] { Wait(j, rp); });
     }

@@ -147,9 +147,6 @@ class Agent {
   // answer's cancellations were applied, so that no voided attempt resumes.
   // `sent`: MonotonicNanos() when the request left.
   void RenewLease(int64_t sent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The lease's end as the ranks' pages hold it (RankLease::kNever while no
-  // lease was granted).
-  int64_t RankLeaseEnd() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyCancellations(const google::protobuf::RepeatedPtrField<v1::Cancellation>& cancellations,
                           const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout);
@@ -180,6 +177,7 @@ class Agent {
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();  // 0: none granted yet
   // On the monotonic clock (MonotonicNanos), as the ranks judge it: a step
   // of the wall clock moves neither the agent's fence nor theirs.
+  // RankLease::kNever while no lease was granted; the ranks' pages hold it.
   int64_t lease_until_ ABSL_GUARDED_BY(mu_) = RankLease::kNever;
 
   absl::Mutex out_mu_;
