@@ -10,7 +10,8 @@
 //
 // The model kernels' bf16 ops (ModelKernels::*Bf16) are held to the same
 // rule, and where the CUDA kernel is the fp32 kernel on loaded values
-// (attention) also to the CUDA fp32 kernel, bit for bit; the grouped bf16
+// (attention's tiled kernels, bf16_attention = kTiles; the tensor-core ones
+// are cuda_attention_tc_twin_test's) also to the CUDA fp32 kernel, bit for bit; the grouped bf16
 // GEMM of the expert groups to the CPU's GemmBf16 bound.
 //
 // Without a CUDA backend (the default build, or no GPU) every test skips and
@@ -793,7 +794,11 @@ struct AttnBf16Out {
 // the CPU's) when given, so both sides differentiate the same state.
 AttnBf16Out AttnRun(DeviceSide& side, const AttnBf16Data& d, bool fp32, const AttnBf16Out* ref) {
   AttnBf16Out out;
-  auto mk = ModelKernels::Create(side.b());
+  // The tiled kernels (on CUDA, kAuto would take the tensor-core ones at
+  // head_dim 64 and 128: cuda_attention_tc_twin_test holds those).
+  ModelKernelsOptions options;
+  options.bf16_attention = Bf16Attention::kTiles;
+  auto mk = ModelKernels::Create(side.b(), options);
   EXPECT_TRUE(mk.ok()) << mk.status();
   if (!mk.ok()) return out;
   ModelKernels& k = **mk;

@@ -3,9 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cuda/cuda_attention_tc.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_model_ops.h"
 #include "kernels/cuda/stream_errors.h"
@@ -66,7 +69,31 @@ absl::Status CheckHeadDim(absl::string_view op, const AttentionShape& s) {
     return absl::OkStatus();                                                \
   } while (0)
 
+// The tensor-core kernels load 16 bytes at a time.
+bool Aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
 class CudaModelKernels final : public ModelKernels {
+ public:
+  explicit CudaModelKernels(const ModelKernelsOptions& options)
+      : bf16_attention_(options.bf16_attention) {}
+
+  Bf16Attention Bf16AttentionFor(const AttentionShape& shape) const override {
+    switch (bf16_attention_) {
+      case Bf16Attention::kAuto:
+        return cuda_model_ops::AttentionTcTakes(shape.head_dim) ? Bf16Attention::kTensorCore
+                                                                : Bf16Attention::kTiles;
+      case Bf16Attention::kTiles:
+      case Bf16Attention::kTensorCore:
+        return bf16_attention_;
+    }
+    return Bf16Attention::kTiles;
+  }
+
  protected:
   absl::Status DoEmbedding(Stream& s, const float* table, int64_t /*vocab*/,
                            const int32_t* tokens, int64_t rows, int64_t hidden,
@@ -211,11 +238,33 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("embedding_backward_bf16", s, cuda_model_ops::EmbeddingBackwardBf16,
                    Bits(dout), tokens, rows, hidden, Bits(dtable));
   }
-  // Attention on bf16 q, k, v, dO: the fp32 kernels' tiles and arithmetic
-  // on the loaded values; `work` unused, as in fp32.
+  // Attention on bf16 q, k, v, dO, in the arithmetic Bf16AttentionFor
+  // names: the tensor-core kernels (cuda_attention_tc.h), or the fp32
+  // kernels' tiles and arithmetic on the loaded values. Under kAuto a
+  // pointer off 16 bytes takes the tiled kernels; asked for tensor cores,
+  // it is an error. `work` unused, as in fp32.
+  absl::StatusOr<bool> UseTensorCores(absl::string_view op, const AttentionShape& shape,
+                                      std::initializer_list<const void*> pointers) const {
+    if (Bf16AttentionFor(shape) != Bf16Attention::kTensorCore) return false;
+    if (!cuda_model_ops::AttentionTcTakes(shape.head_dim)) {
+      return absl::UnimplementedError(absl::StrCat(
+          op, ": the tensor-core attention kernels take head_dim 64 or 128, not ",
+          shape.head_dim, " (bf16_attention = tiles or auto runs the tiled kernels)"));
+    }
+    if (Aligned16(pointers)) return true;
+    if (bf16_attention_ == Bf16Attention::kAuto) return false;
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": the tensor-core attention kernels need 16-byte aligned q, k, v, dout and dq"));
+  }
   absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
                                            const Bf16* k, const Bf16* v, float* m, float* l,
                                            float* acc, float* /*work*/) override {
+    PLATEAU_ASSIGN_OR_RETURN(const bool tc,
+                             UseTensorCores("attention_forward_block_bf16", shape, {q, k, v}));
+    if (tc) {
+      PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockTc,
+                     Dims(shape), Bits(q), Bits(k), Bits(v), m, l, acc);
+    }
     PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_forward_block_bf16", shape));
     PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockBf16,
                    Dims(shape), Bits(q), Bits(k), Bits(v), m, l, acc);
@@ -229,6 +278,14 @@ class CudaModelKernels final : public ModelKernels {
                                             const Bf16* k, const Bf16* v, const Bf16* dout,
                                             const float* lse, const float* delta, Bf16* dq,
                                             float* dk, float* dv, float* /*work*/) override {
+    PLATEAU_ASSIGN_OR_RETURN(
+        const bool tc,
+        UseTensorCores("attention_backward_block_bf16", shape, {q, k, v, dout, dq}));
+    if (tc) {
+      PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockTc,
+                     Dims(shape), Bits(q), Bits(k), Bits(v), Bits(dout), lse, delta, Bits(dq),
+                     dk, dv);
+    }
     PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_backward_block_bf16", shape));
     PLATEAU_LAUNCH("attention_backward_block_bf16", s,
                    cuda_model_ops::AttentionBackwardBlockBf16, Dims(shape), Bits(q), Bits(k),
@@ -313,6 +370,9 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("strip_delta", s, cuda_model_ops::StripDelta,
                    logits_to_delta, rows, width, col0, targets, lse, scale);
   }
+
+ private:
+  const Bf16Attention bf16_attention_;  // as asked (Bf16AttentionFor resolves kAuto)
 };
 
 #undef PLATEAU_LAUNCH
@@ -320,7 +380,7 @@ class CudaModelKernels final : public ModelKernels {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
-    Backend& backend) {
+    Backend& backend, const ModelKernelsOptions& options) {
   if (backend.kind() != BackendKind::kCuda) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda model kernels: backend is ", BackendKindName(backend.kind()),
@@ -329,7 +389,8 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   // Load every model kernel now (on the current device: the backend's, when
   // it was created on this thread), not at its first launch mid-step.
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
-  return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>());
+  PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels());
+  return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(options));
 }
 
 }  // namespace plateau

@@ -3,7 +3,7 @@
 // cross-entropy, the embedding, the dispatch row movement and the rotary
 // embedding up to head_dim 1024, the router, the tiled attention block
 // pairs), each in fp32 and in bf16 mixed precision (every *Bf16 op of
-// ModelKernels). A shape a kernel cannot take (rope or attention with too
+// ModelKernels); bf16 attention also on tensor cores (cuda_attention_tc.h). A shape a kernel cannot take (rope or attention with too
 // large a head_dim) returns UNIMPLEMENTED naming the op. Built only with
 // --config=cuda; ModelKernels::Create reaches it for a CUDA backend.
 //
@@ -24,9 +24,11 @@
 
 namespace plateau {
 
-// INVALID_ARGUMENT unless backend.kind() is kCuda.
+// INVALID_ARGUMENT unless backend.kind() is kCuda. options.bf16_attention
+// picks the bf16 attention kernels (model_kernels.h): under kAuto the
+// tensor-core ones (cuda_attention_tc.h) for head_dim 64 and 128.
 absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
-    Backend& backend);
+    Backend& backend, const ModelKernelsOptions& options = {});
 
 }  // namespace plateau
 

@@ -9,13 +9,14 @@
 
 namespace plateau {
 
-absl::StatusOr<std::unique_ptr<ModelKernels>> ModelKernels::Create(Backend& backend) {
+absl::StatusOr<std::unique_ptr<ModelKernels>> ModelKernels::Create(Backend& backend,
+                                                                   const ModelKernelsOptions& options) {
   switch (backend.kind()) {
     case BackendKind::kCpu:
-      return CreateCpuModelKernels(CpuBackendPool(backend));
+      return CreateCpuModelKernels(CpuBackendPool(backend), options);
     case BackendKind::kCuda:
 #ifdef PLATEAU_WITH_CUDA
-      return CreateCudaModelKernels(backend);
+      return CreateCudaModelKernels(backend, options);
 #else
       return absl::UnimplementedError(
           "model kernels: a cuda backend was given, but this build has no CUDA "

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_stream.h"
 #include "kernels/model/attention.h"
+#include "kernels/model/attention_tc.h"
 #include "kernels/model/cpu_bf16_layers.h"
 #include "kernels/model/layers.h"
 
@@ -16,7 +17,12 @@ namespace {
 
 class CpuModelKernels final : public ModelKernels {
  public:
-  explicit CpuModelKernels(std::shared_ptr<CpuPool> pool) : pool_(std::move(pool)) {}
+  CpuModelKernels(std::shared_ptr<CpuPool> pool, const ModelKernelsOptions& options)
+      : pool_(std::move(pool)), tensor_core_(options.bf16_attention == Bf16Attention::kTensorCore) {}
+
+  Bf16Attention Bf16AttentionFor(const AttentionShape& /*shape*/) const override {
+    return tensor_core_ ? Bf16Attention::kTensorCore : Bf16Attention::kTiles;
+  }
 
  protected:
   absl::Status DoEmbedding(Stream& s, const float* table, int64_t vocab, const int32_t* tokens, int64_t rows, int64_t hidden, float* out) override {
@@ -163,12 +169,18 @@ class CpuModelKernels final : public ModelKernels {
     return Run(s, [=, p = pool_.get()] { cpu::StripDeltaBf16(logits_to_delta, rows, width, col0, targets, lse, scale, p); });
   }
   absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, float* m, float* l, float* acc, float* work) override {
+    if (tensor_core_) {
+      return Run(s, [=] { AttentionForwardBlockTc(shape, q, k, v, m, l, acc); });
+    }
     return Run(s, [=, p = pool_.get()] { cpu::AttentionForwardBlockBf16(shape, q, k, v, m, l, acc, work, p); });
   }
   absl::Status DoAttentionDeltaBf16(Stream& s, const AttentionShape& shape, const float* o, const Bf16* dout, float* delta) override {
     return Run(s, [=, p = pool_.get()] { cpu::AttentionDeltaBf16(shape, o, dout, delta, p); });
   }
   absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse, const float* delta, Bf16* dq, float* dk, float* dv, float* work) override {
+    if (tensor_core_) {
+      return Run(s, [=] { AttentionBackwardBlockTc(shape, q, k, v, dout, lse, delta, dq, dk, dv, work); });
+    }
     return Run(s, [=, p = pool_.get()] { cpu::AttentionBackwardBlockBf16(shape, q, k, v, dout, lse, delta, dq, dk, dv, work, p); });
   }
 
@@ -189,12 +201,14 @@ class CpuModelKernels final : public ModelKernels {
 
   // The backend's pool (kernels/cpu_pool.h); may be null (serial).
   const std::shared_ptr<CpuPool> pool_;
+  const bool tensor_core_;  // bf16 attention in attention_tc.h's arithmetic
 };
 
 }  // namespace
 
-std::unique_ptr<ModelKernels> CreateCpuModelKernels(std::shared_ptr<CpuPool> pool) {
-  return std::make_unique<CpuModelKernels>(std::move(pool));
+std::unique_ptr<ModelKernels> CreateCpuModelKernels(std::shared_ptr<CpuPool> pool,
+                                                    const ModelKernelsOptions& options) {
+  return std::make_unique<CpuModelKernels>(std::move(pool), options);
 }
 
 }  // namespace plateau

@@ -17,7 +17,10 @@ namespace plateau {
 
 // `pool` is the CPU backend's (CpuBackendPool); the kernels split their work
 // over it with a fixed split (same bits for any pool size, or none).
-std::unique_ptr<ModelKernels> CreateCpuModelKernels(std::shared_ptr<CpuPool> pool = nullptr);
+// options.bf16_attention = kTensorCore runs attention_tc.h's reference for
+// the bf16 attention block pairs (single-threaded).
+std::unique_ptr<ModelKernels> CreateCpuModelKernels(std::shared_ptr<CpuPool> pool = nullptr,
+                                                    const ModelKernelsOptions& options = {});
 
 }  // namespace plateau
 

@@ -27,12 +27,34 @@
 
 namespace plateau {
 
+// The arithmetic of bf16 attention's block pairs (the *Bf16 attention ops).
+//   kTiles: the fp32 tile arithmetic on the exactly loaded bf16 values
+//     (attention.h); on CUDA the tiled kernels, bit for bit its fp32 ones.
+//   kTensorCore: what tensor cores compute (kernels/model/attention_tc.h):
+//     bf16 operands, fp32 accumulation, the probabilities and dS rounded to
+//     bf16 where they become operands. CUDA: the mma.sync kernels
+//     (kernels/cuda/cuda_attention_tc.h; head_dim 64 or 128, else the op
+//     answers UNIMPLEMENTED); CPU: attention_tc.h's scalar reference.
+//   kAuto: on CUDA kTensorCore where its kernels take the head_dim, else
+//     kTiles; on the CPU kTiles.
+enum class Bf16Attention { kAuto, kTiles, kTensorCore };
+const char* Bf16AttentionName(Bf16Attention a);  // "auto", "tiles", "tensor_core"
+
+struct ModelKernelsOptions {
+  Bf16Attention bf16_attention = Bf16Attention::kAuto;
+};
+
 class ModelKernels {
  public:
   // The implementation for backend.kind(): CPU always; CUDA in a build with
   // --config=cuda (UNIMPLEMENTED otherwise). Defined in kernels/factory (above both implementations).
-  static absl::StatusOr<std::unique_ptr<ModelKernels>> Create(Backend& backend);
+  static absl::StatusOr<std::unique_ptr<ModelKernels>> Create(
+      Backend& backend, const ModelKernelsOptions& options = {});
   virtual ~ModelKernels() = default;
+
+  // The arithmetic the bf16 attention ops run in for this shape (never
+  // kAuto): the options' choice, resolved.
+  virtual Bf16Attention Bf16AttentionFor(const AttentionShape& shape) const = 0;
 
   absl::Status Embedding(Stream& s, const float* table, int64_t vocab,
                          const int32_t* tokens, int64_t rows, int64_t hidden,

@@ -1,0 +1,68 @@
+// Attention's bf16 block pairs on tensor cores: FlashAttention-2's schedule
+// with mma.sync m16n8k16 (bf16 operands, fp32 accumulators; sm_80 and
+// sm_90), behind the same block-pair interface as the tiled kernels of
+// cuda_model_ops.h (ring attention's running state m, l, acc; lse, delta;
+// dq += per pair, rounded once; dk, dv fp32 and travelling with the block).
+//
+// Why: the tiled kernels multiply in fp32 on CUDA cores, two shared-memory
+// loads per multiply-add, a few TFLOP/s; attention is most of the long-context
+// step's FLOPs, so issue 17's MFU target needs tensor cores.
+//
+// Arithmetic (what kernels/model/attention_tc.h computes on the CPU, up to
+// the order of fp32 sums and expf's ulps): scores s = scale * (q . k) with
+// fp32 accumulation of exact bf16 products; per 64-key tile of the block the
+// online-softmax step of the tiled kernels, except that the probabilities
+// are rounded to bf16 (they are the next product's operand) and l sums the
+// rounded values, so that o is exactly a convex combination of the rows of v
+// under the weights used; backward recomputes p = exp(s - lse) in fp32, dS =
+// p (dP - delta) in fp32, and rounds p (for dV = P^T dO) and dS (for dQ = dS K
+// and dK = dS^T Q) to bf16 as operands. dq adds scale * (its fp32 sum) to the
+// loaded dq and rounds once per call; dk adds scale * (its fp32 sum over the
+// group's heads and every query tile), dv its sum.
+//
+// Layout of the work: 128 threads (4 warps x 16 rows) per block of 64 query
+// rows (forward, dQ) or 64 keys (dK/dV: the group's heads and the query tiles
+// that see the keys, in a fixed order, so no atomics and the same bits run to
+// run). K, V, Q, dO tiles pass through shared memory (padded by 8 bf16 per
+// row: the fragment loads are free of bank conflicts), the transposed operands
+// (V^T, K^T, Q^T, dO^T) are stored transposed as they are loaded, and every
+// fragment address comes from mma_layout.h.
+//
+// Takes head_dim 64 or 128 (AttentionTcTakes) and 16-byte aligned pointers
+// (the tiles load 16 bytes at a time); the caller falls back to the tiled
+// kernels otherwise. Shared memory: up to 105 KiB per block (head_dim 128,
+// dK/dV), which the launchers opt in to.
+#ifndef PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
+#define PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_model_ops.h"
+
+namespace plateau::cuda_model_ops {
+
+// Query rows per block and keys per tile (kernels/model/attention_tc.h's
+// kAttentionTcTile: the key tiles fix where the probabilities are rounded).
+inline constexpr int kAttentionTcTileRows = 64;
+
+// Whether the kernels exist for this head_dim (64 or 128).
+bool AttentionTcTakes(int64_t head_dim);
+
+// As AttentionForwardBlockBf16 (cuda_model_ops.h), in the arithmetic above.
+cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,
+                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                    float* m, float* l, float* acc);
+// As AttentionBackwardBlockBf16: the dQ kernel, then the dK/dV kernel.
+cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s,
+                                     const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                     const uint16_t* dout, const float* lse, const float* delta,
+                                     uint16_t* dq, float* dk, float* dv);
+
+// Loads the kernels' module now (backend creation; LoadKernels beside).
+cudaError_t LoadAttentionTcKernels();
+
+}  // namespace plateau::cuda_model_ops
+
+#endif  // PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_

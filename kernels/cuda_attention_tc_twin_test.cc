@@ -1,0 +1,223 @@
+// The tensor-core attention kernels (kernels/cuda/cuda_attention_tc.h)
+// against their CPU twin (kernels/model/attention_tc.h, the same arithmetic
+// as scalar code) and against exact attention in double, through
+// ModelKernels with bf16_attention = kTensorCore on both backends, over ring
+// attention's block pairs: the own block and earlier ones, one wholly after
+// the queries, GQA 1 to 4, head_dim 64 and 128, lengths off the 64-row tile,
+// several key tiles, batch 2, and rows that see no key. Outputs start as NaN.
+//
+// Tolerances (attention_tc_testing.h's magnitudes):
+// - against exact attention, those attention_tc_test holds the CPU twin to:
+//   2^-6 of the magnitude for o, 2^-5 for the gradients, dq one more bf16
+//   unit of its value per pair, lse 2^-7;
+// - against the twin, 2^-6 of the magnitude for every output: the two sum in
+//   different orders (the tensor cores, the quads' shuffles) and use expf
+//   against std::exp, so a probability or dS can round to the neighbouring
+//   bf16 value (a relative 2^-7) on one side only; an index slip in a
+//   fragment moves an output by its whole magnitude.
+// Also: the same bits run to run; kAuto picks these kernels for head_dim 64
+// and 128 (same bits as kTensorCore) and the tiled ones otherwise; asked
+// for tensor cores, head_dim 96 is UNIMPLEMENTED and a pointer off 16 bytes
+// INVALID_ARGUMENT, while kAuto takes the tiled kernels for that pointer.
+//
+// Without a CUDA backend every test skips and says why; where a GPU is
+// visible a setup failure fails.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/model/model_kernels.h"
+#include "kernels/testing/attention_tc_testing.h"
+#include "kernels/testing/device_side.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CudaAttentionTcTest : public ::testing::TestWithParam<AttnTcCase> {
+ protected:
+  void SetUp() override {
+    BackendOptions options;
+    options.kind = BackendKind::kCuda;
+    auto cuda = Backend::Create(options);
+    if (!cuda.ok() && NoCudaHere(cuda.status())) {
+      GTEST_SKIP() << "no CUDA backend here: " << cuda.status();
+    }
+    ASSERT_TRUE(cuda.ok()) << "a GPU is visible but the CUDA backend failed: " << cuda.status();
+    BackendOptions cpu_options;
+    cpu_options.device_memory_bytes = int64_t{1} << 30;
+    auto cpu = Backend::Create(cpu_options);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE(cpu_.Init(std::move(*cpu)).ok());
+    ASSERT_TRUE(cuda_.Init(std::move(*cuda)).ok());
+  }
+  static std::unique_ptr<ModelKernels> Kernels(DeviceSide& side, Bf16Attention a) {
+    ModelKernelsOptions options;
+    options.bf16_attention = a;
+    auto k = ModelKernels::Create(side.b(), options);
+    EXPECT_TRUE(k.ok()) << k.status();
+    return k.ok() ? std::move(*k) : nullptr;
+  }
+  DeviceSide cpu_, cuda_;
+};
+
+double MaxAbs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) {
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  }
+  return m;
+}
+
+std::vector<double> Widened(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
+  const AttnTcData d = MakeAttnTcData(GetParam(), 1700);
+  auto gpu = Kernels(cuda_, Bf16Attention::kTensorCore);
+  auto twin = Kernels(cpu_, Bf16Attention::kTensorCore);
+  ASSERT_TRUE(gpu != nullptr && twin != nullptr);
+  ASSERT_EQ(gpu->Bf16AttentionFor(d.shapes[0]), Bf16Attention::kTensorCore);
+  const AttnTcOut cuda = RunAttnTc(cuda_, *gpu, d);
+  const AttnTcOut cpu = RunAttnTc(cpu_, *twin, d);
+  const AttnExact x = ExactAttention(d);
+  const double pairs = static_cast<double>(d.shapes.size());
+
+  // Against the twin.
+  EXPECT_TRUE(WithinMagnitude(cuda.o, cpu.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbs(x.mag_o), "o"));
+  EXPECT_TRUE(WithinMagnitude(cuda.lse, cpu.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
+                              "lse"));
+  std::vector<double> mag_dq = x.mag_dq;
+  for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.5 * std::abs(x.dq[i]);
+  EXPECT_TRUE(WithinMagnitude(cuda.dq, cpu.dq, mag_dq, 0x1p-6, 1e-6 * MaxAbs(x.mag_dq), "dq"));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    EXPECT_TRUE(WithinMagnitude(cuda.dk[j], cpu.dk[j], x.mag_dk[j], 0x1p-6,
+                                1e-6 * MaxAbs(x.mag_dk[j]), "dk " + std::to_string(j)));
+    EXPECT_TRUE(WithinMagnitude(cuda.dv[j], cpu.dv[j], x.mag_dv[j], 0x1p-6,
+                                1e-6 * MaxAbs(x.mag_dv[j]), "dv " + std::to_string(j)));
+  }
+
+  // Against exact attention, as attention_tc_test holds the twin.
+  double worst_o = 0;
+  EXPECT_TRUE(
+      WithinMagnitude(cuda.o, x.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbs(x.mag_o), "o vs exact", &worst_o));
+  EXPECT_TRUE(WithinMagnitude(cuda.lse, x.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
+                              "lse vs exact"));
+  std::vector<double> mag_dq_exact = x.mag_dq;
+  for (size_t i = 0; i < mag_dq_exact.size(); ++i) {
+    mag_dq_exact[i] += pairs * 0.25 * std::abs(x.dq[i]);
+  }
+  EXPECT_TRUE(WithinMagnitude(cuda.dq, x.dq, mag_dq_exact, 0x1p-5, 1e-6 * MaxAbs(x.mag_dq),
+                              "dq vs exact"));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    EXPECT_TRUE(WithinMagnitude(cuda.dk[j], x.dk[j], x.mag_dk[j], 0x1p-5,
+                                1e-6 * MaxAbs(x.mag_dk[j]), "dk vs exact"));
+    EXPECT_TRUE(WithinMagnitude(cuda.dv[j], x.dv[j], x.mag_dv[j], 0x1p-5,
+                                1e-6 * MaxAbs(x.mag_dv[j]), "dv vs exact"));
+  }
+  std::printf("%s: |o - exact| / magnitude at most %.3g on tensor cores\n", GetParam().name,
+              worst_o);
+
+  // Run to run, and kAuto is these kernels at this head_dim.
+  const AttnTcOut again = RunAttnTc(cuda_, *gpu, d);
+  auto automatic = Kernels(cuda_, Bf16Attention::kAuto);
+  ASSERT_NE(automatic, nullptr);
+  const AttnTcOut picked = RunAttnTc(cuda_, *automatic, d);
+  for (const AttnTcOut* other : {&again, &picked}) {
+    EXPECT_EQ(Bits(other->dq_bits), Bits(cuda.dq_bits));
+    EXPECT_EQ(Widened(other->o), Widened(cuda.o));
+    EXPECT_EQ(Widened(other->lse), Widened(cuda.lse));
+    for (size_t j = 0; j < d.shapes.size(); ++j) {
+      EXPECT_EQ(Widened(other->dk[j]), Widened(cuda.dk[j]));
+      EXPECT_EQ(Widened(other->dv[j]), Widened(cuda.dv[j]));
+    }
+  }
+}
+
+TEST_P(CudaAttentionTcTest, ShapesAndPointersTheKernelsCannotTake) {
+  const AttnTcCase& c = GetParam();
+  if (c.head_dim != 64) GTEST_SKIP() << "run once, on the head_dim 64 cases";
+  AttnTcCase odd = c;
+  odd.head_dim = 96;
+  const AttnTcData d96 = MakeAttnTcData(odd, 1800);
+  auto forced = Kernels(cuda_, Bf16Attention::kTensorCore);
+  auto automatic = Kernels(cuda_, Bf16Attention::kAuto);
+  ASSERT_TRUE(forced != nullptr && automatic != nullptr);
+  EXPECT_EQ(automatic->Bf16AttentionFor(d96.shapes[0]), Bf16Attention::kTiles);
+  float* m = cuda_.Poisoned(d96.rows);
+  float* l = cuda_.Poisoned(d96.rows);
+  float* acc = cuda_.Poisoned(d96.q_size);
+  float* work = cuda_.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d96.shapes[0]), 1));
+  ASSERT_TRUE(automatic->AttentionInit(cuda_.s(), d96.shapes[0], m, l, acc).ok());
+  const Bf16* q = cuda_.UploadBf16(d96.q);
+  const Bf16* k = cuda_.UploadBf16(d96.k[0]);
+  const Bf16* v = cuda_.UploadBf16(d96.v[0]);
+  const absl::Status unimplemented =
+      forced->AttentionForwardBlockBf16(cuda_.s(), d96.shapes[0], q, k, v, m, l, acc, work);
+  EXPECT_EQ(unimplemented.code(), absl::StatusCode::kUnimplemented) << unimplemented;
+  EXPECT_THAT(std::string(unimplemented.message()), HasSubstr("head_dim 64 or 128"));
+  EXPECT_TRUE(automatic->AttentionForwardBlockBf16(cuda_.s(), d96.shapes[0], q, k, v, m, l, acc,
+                                                   work)
+                  .ok());
+
+  // A q two bytes off 16: forced is refused, kAuto runs the tiled kernels
+  // (the same bits as asking for them).
+  const AttnTcData d = MakeAttnTcData(c, 1900);
+  std::vector<Bf16> padded(d.q.size() + 1);
+  std::copy(d.q.begin(), d.q.end(), padded.begin() + 1);
+  const Bf16* q_off = cuda_.UploadBf16(padded) + 1;
+  auto tiles = Kernels(cuda_, Bf16Attention::kTiles);
+  ASSERT_NE(tiles, nullptr);
+  std::vector<std::vector<float>> results;
+  for (ModelKernels* kernels : {automatic.get(), tiles.get()}) {
+    float* m2 = cuda_.Poisoned(d.rows);
+    float* l2 = cuda_.Poisoned(d.rows);
+    float* acc2 = cuda_.Poisoned(d.q_size);
+    float* work2 = cuda_.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[0]), 1));
+    ASSERT_TRUE(kernels->AttentionInit(cuda_.s(), d.shapes[0], m2, l2, acc2).ok());
+    const Bf16* k2 = cuda_.UploadBf16(d.k[0]);
+    const Bf16* v2 = cuda_.UploadBf16(d.v[0]);
+    if (kernels == automatic.get()) {
+      const absl::Status refused =
+          forced->AttentionForwardBlockBf16(cuda_.s(), d.shapes[0], q_off, k2, v2, m2, l2, acc2,
+                                            work2);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+      EXPECT_THAT(std::string(refused.message()), HasSubstr("16-byte aligned"));
+    }
+    ASSERT_TRUE(kernels
+                    ->AttentionForwardBlockBf16(cuda_.s(), d.shapes[0], q_off, k2, v2, m2, l2,
+                                                acc2, work2)
+                    .ok());
+    results.push_back(cuda_.Download(acc2, d.q_size));
+  }
+  EXPECT_EQ(Widened(results[0]), Widened(results[1]));
+}
+
+// Tiles are 64 query rows and 64 keys.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttentionTcTest,
+    ::testing::Values(
+        // GQA 1, head_dim 64, batch 2: the own (diagonal) block, then the
+        // earlier one.
+        AttnTcCase{"gqa1_d64_ring", 2, 37, 37, 4, 4, 64, 37, {37, 0}},
+        // GQA 2, head_dim 64: 150 keys (three tiles, the last partial),
+        // queries past the first tile, a block wholly after the queries.
+        AttnTcCase{"gqa2_d64_tiles", 1, 70, 150, 4, 2, 64, 150, {150, 0, 300}},
+        // GQA 4, head_dim 128, more keys than queries from position 0.
+        AttnTcCase{"gqa4_d128", 1, 33, 80, 8, 2, 128, 0, {0}},
+        // GQA 2, head_dim 128, many tiles each way, ring of three blocks.
+        AttnTcCase{"gqa2_d128_ring", 2, 200, 200, 4, 2, 128, 400, {400, 200, 0}},
+        // Queries that see no key: o = 0, lse = -inf, dq, dk, dv unchanged.
+        AttnTcCase{"none_visible", 1, 20, 20, 2, 1, 128, 0, {40}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace plateau
