@@ -28,13 +28,15 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "dry_run" and d["verdict"] == "dry_run" and d["failed"] == [], d["verdict"]
 assert d["preflight"]["gpus"] == 0 and d["preflight"]["no_gpu_reason"], d["preflight"]
 assert by["build"]["status"] == "skipped", by["build"]
-for t in ("cuda_twin_test", "cuda_bf16_twin_test", "cuda_model_twin_test", "nccl_communicator_test"):
+for t in ("cuda_twin_test", "cuda_bf16_twin_test", "cuda_attention_tc_twin_test",
+          "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
 for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "memcheck:attention",
              "racecheck:attention", "memcheck:bf16", "racecheck:bf16",
-             "synccheck:bf16"):
+             "synccheck:bf16", "memcheck:tc", "racecheck:tc", "synccheck:tc", "initcheck:tc"):
     assert by["sanitizer:" + tool]["status"] == "dry_run", tool
 assert "cuda_bf16_twin_test" in by["sanitizer:racecheck:bf16"]["detail"], by["sanitizer:racecheck:bf16"]
+assert "cuda_attention_tc_twin_test" in by["sanitizer:initcheck:tc"]["detail"], by["sanitizer:initcheck:tc"]
 assert by["step"]["status"] == "pass" and by["step"]["data"]["max_loss_diff"] == 0.0, by["step"]
 for b in ("sgemm_bench", "copy_bench"):
     assert by["bench:" + b]["status"] == "dry_run"
@@ -42,7 +44,7 @@ for b in ("sgemm_bench", "copy_bench"):
 # step's N_max is predicted first at the card's cap (85% of it), and the
 # step itself runs under a fixed 6 GiB cap (a step at the card's N_max
 # outlasts the run).
-cuda = ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
+cuda = ("attention_bench", "ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
         "step_bench", "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench",
         "composed_bench:bf16")
 for b in cuda:
@@ -97,8 +99,8 @@ SH
 printf '#!/bin/sh\necho table\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
 chmod +x "$fake/bin/gtest" "$fake/bin/bench" "$tmp/path/nvidia-smi"
-for t in cuda_twin_test cuda_bf16_twin_test cuda_model_twin_test nccl_communicator_test cuda_step_twin_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
-for b in sgemm_bench copy_bench ring_dtp_bench dispatch_bench sco_bench optimizer_bench step_bench composed_bench; do
+for t in cuda_twin_test cuda_bf16_twin_test cuda_attention_tc_twin_test cuda_model_twin_test nccl_communicator_test cuda_step_twin_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
+for b in sgemm_bench copy_bench attention_bench ring_dtp_bench dispatch_bench sco_bench optimizer_bench step_bench composed_bench; do
   cp "$fake/bin/bench" "$fake/bin/$b"
 done
 # The step's stand-in says which precision it ran (step_bench's JSON line
@@ -142,8 +144,8 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "gpu" and d["verdict"] == "pass", (d["mode"], d["verdict"], d["failed"])
 assert by["test:cuda_twin_test"]["status"] == "pass" and by["test:cuda_twin_test"]["data"]["testsuites"]
 assert by["bench:sgemm_bench"]["data"]["cuda"]["gflops"] == 2
-for b in ("ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
-          "step_bench", "step_bench:bf16"):
+for b in ("attention_bench", "ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench",
+          "optimizer_bench:bf16", "step_bench", "step_bench:bf16"):
     assert by["bench:" + b]["status"] == "pass" and by["bench:" + b]["data"]["cuda"]["gflops"] == 2, by["bench:" + b]
 # Each step and optimizer run says which precision ran.
 for b, p in (("step_bench", "fp32"), ("step_bench:bf16", "bf16"), ("optimizer_bench", "fp32"),

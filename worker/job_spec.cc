@@ -582,13 +582,67 @@ absl::Status ConvertPrecision(const v1::JobSpec& spec, Precision* out) {
   }
 }
 
+// bf16_attention -> the step's. Only under bf16 (it chooses how bf16
+// attention computes); the tensor-core kernels take head_dim 64 and 128 on
+// cuda, so a job asking for them at another head_dim is refused here
+// rather than by its first step.
+absl::Status ConvertBf16Attention(const v1::JobSpec& spec, const ModelConfig& model,
+                                  Bf16Attention* out) {
+  switch (spec.bf16_attention()) {
+    case v1::BF16_ATTENTION_AUTO:
+      *out = Bf16Attention::kAuto;
+      return absl::OkStatus();
+    case v1::BF16_ATTENTION_TILES:
+      *out = Bf16Attention::kTiles;
+      break;
+    case v1::BF16_ATTENTION_TENSOR_CORE:
+      *out = Bf16Attention::kTensorCore;
+      break;
+    default:
+      return Bad("bf16_attention",
+                 "BF16_ATTENTION_AUTO, BF16_ATTENTION_TILES or BF16_ATTENTION_TENSOR_CORE",
+                 absl::StrCat(static_cast<int>(spec.bf16_attention())));
+  }
+  if (spec.precision() != v1::PRECISION_BF16) {
+    return Bad("bf16_attention", "unset (BF16_ATTENTION_AUTO) unless precision is PRECISION_BF16",
+               absl::StrCat(Bf16AttentionName(*out), " with precision ",
+                            v1::Precision_Name(spec.precision())));
+  }
+  if (*out == Bf16Attention::kTensorCore && spec.backend() == v1::BACKEND_CUDA &&
+      model.head_dim() != 64 && model.head_dim() != 128) {
+    return Bad("bf16_attention",
+               "BF16_ATTENTION_TENSOR_CORE on cuda only for head_dim (model.hidden / model.heads) "
+               "64 or 128",
+               absl::StrCat("head_dim ", model.head_dim()));
+  }
+  return absl::OkStatus();
+}
+
+// What bf16 attention computes in, for the plan's notes.
+std::string AttentionArithmeticNote(const v1::JobSpec& spec, const StepOptions& step) {
+  const int64_t d = step.model.head_dim();
+  const bool cuda = spec.backend() == v1::BACKEND_CUDA;
+  switch (step.bf16_attention) {
+    case Bf16Attention::kTiles:
+      return "tiles (fp32 products of the loaded values)";
+    case Bf16Attention::kTensorCore:
+      return cuda ? "tensor cores" : "tensor-core arithmetic (the cpu's scalar reference: slow)";
+    case Bf16Attention::kAuto:
+      break;
+  }
+  if (cuda && (d == 64 || d == 128)) return absl::StrCat("auto: tensor cores (head_dim ", d, ")");
+  if (cuda) return absl::StrCat("auto: tiles (head_dim ", d, " has no tensor-core kernel; 64 and 128 do)");
+  return "auto: tiles";
+}
+
 // A job runs only where its precision is computed: under bf16 the step
 // computes every schedule, on every shape but those CheckBf16Schedules
 // lists (the step's own check at Create: one list; the error names the
 // field). Refused at submit (ValidateJobSpec,
 // AdmitJob), not by PlanJob, so that `plateauctl plan` shows what a bf16
 // job would need. Both backends compute bf16 (the cpu's is an exact
-// emulation of the CUDA kernels' arithmetic).
+// emulation of the CUDA kernels' arithmetic, attention on tensor cores
+// aside: bf16_attention says which arithmetic, and the cpu computes either).
 absl::Status CheckPrecisionRuns(const StepOptions& step) { return CheckBf16Schedules(step); }
 
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
@@ -662,6 +716,7 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   }
   t.step.seed = spec.has_seed() ? spec.seed() : 1;
   PLATEAU_RETURN_IF_ERROR(ConvertPrecision(spec, &t.step.precision));
+  PLATEAU_RETURN_IF_ERROR(ConvertBf16Attention(spec, t.step.model, &t.step.bf16_attention));
   PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());
   // The step's own checks on the whole combination (e.g. Ring-DTP needs a
   // vocabulary shard per rank), so that the service and the step agree.
@@ -723,6 +778,7 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
   out.set_model_flops_per_step(ModelFlopsPerStep(t.step.model, t.step.layout.batch));
   if (t.step.precision == Precision::kBf16Mixed) {
     out.add_notes("precision bf16: planned with bf16 working weights and activations, fp32 master and moments");
+    out.add_notes(absl::StrCat("bf16 attention: ", AttentionArithmeticNote(spec, t.step)));
   }
   if (!t.checkpoint_dir.empty()) {
     // Plain heap between steps, beside the live sets (kernels/budget/budget.h).

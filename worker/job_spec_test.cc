@@ -581,6 +581,41 @@ TEST(JobSpecTest, Bf16IsPlannedEverywhereAndRefusedOnShapesItCannotTake) {
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
 }
 
+// bf16_attention reaches the step's options, and the plan says which
+// arithmetic attention will run in: auto takes tensor cores on cuda only
+// where their kernels take the head_dim (64, 128).
+TEST(JobSpecTest, Bf16AttentionIsCarriedAndNamedInThePlan) {
+  v1::JobSpec s = Baseline();
+  s.set_precision(v1::PRECISION_BF16);
+  auto note = [](const v1::JobSpec& spec) {
+    auto plan = PlanJob(spec);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    for (const std::string& n : plan->notes()) {
+      if (absl::StartsWith(n, "bf16 attention: ")) return n;
+    }
+    return std::string("no note");
+  };
+  EXPECT_EQ(ToTrainerOptions(s).value().step.bf16_attention, Bf16Attention::kAuto);
+  EXPECT_EQ(note(s), "bf16 attention: auto: tiles");
+  s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE);  // the cpu's reference: any head_dim
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  EXPECT_EQ(ToTrainerOptions(s).value().step.bf16_attention, Bf16Attention::kTensorCore);
+  EXPECT_THAT(note(s), ::testing::HasSubstr("scalar reference"));
+  s.set_bf16_attention(v1::BF16_ATTENTION_TILES);
+  EXPECT_EQ(ToTrainerOptions(s).value().step.bf16_attention, Bf16Attention::kTiles);
+  s.set_backend(v1::BACKEND_CUDA);
+  s.set_bf16_attention(v1::BF16_ATTENTION_AUTO);
+  EXPECT_THAT(note(s), ::testing::HasSubstr("auto: tiles (head_dim 16 has no tensor-core kernel"));
+  s.mutable_model()->set_hidden(128 * s.model().heads());  // head_dim 128
+  EXPECT_EQ(note(s), "bf16 attention: auto: tensor cores (head_dim 128)");
+  s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  // No note in fp32, where it does not apply.
+  s.set_precision(v1::PRECISION_FP32);
+  s.clear_bf16_attention();
+  EXPECT_EQ(note(s), "no note");
+}
+
 struct Case {
   std::string field;  // the error must name it
   std::function<void(v1::JobSpec&)> mutate;
@@ -773,6 +808,16 @@ std::vector<Case> MalformedFieldCases() {
       {"backend", [](S& s) { s.set_backend(static_cast<v1::Backend>(-1)); }},
       {"precision", [](S& s) { s.set_precision(static_cast<v1::Precision>(7)); }},
       {"precision", [](S& s) { s.set_precision(static_cast<v1::Precision>(-1)); }},
+      {"bf16_attention", [](S& s) {
+         s.set_precision(v1::PRECISION_BF16);
+         s.set_bf16_attention(static_cast<v1::Bf16Attention>(7));
+       }},
+      {"bf16_attention", [](S& s) { s.set_bf16_attention(v1::BF16_ATTENTION_TILES); }},  // fp32 job
+      {"bf16_attention", [](S& s) {  // no tensor-core kernel for the baseline's head_dim on cuda
+         s.set_precision(v1::PRECISION_BF16);
+         s.set_backend(v1::BACKEND_CUDA);
+         s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE);
+       }},
       {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(0); }},  // required for cpu
       {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(-1); }},
       {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(kI64Min); }},

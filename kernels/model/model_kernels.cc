@@ -544,18 +544,6 @@ absl::Status ModelKernels::StripDeltaBf16(Stream& s, Bf16* logits_to_delta, int6
               : DoStripDeltaBf16(s, logits_to_delta, rows, width, col0, targets, lse, scale);
 }
 
-const char* Bf16AttentionName(Bf16Attention a) {
-  switch (a) {
-    case Bf16Attention::kAuto:
-      return "auto";
-    case Bf16Attention::kTiles:
-      return "tiles";
-    case Bf16Attention::kTensorCore:
-      return "tensor_core";
-  }
-  return "unknown";
-}
-
 absl::Status ModelKernels::AttentionForwardBlockBf16(Stream& s, const AttentionShape& shape,
                                                      const Bf16* q, const Bf16* k, const Bf16* v,
                                                      float* m, float* l, float* acc, float* work) {

@@ -23,25 +23,13 @@
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/model/attention.h"
+#include "kernels/model/precision.h"
 #include "kernels/stream.h"
 
 namespace plateau {
 
-// The arithmetic of bf16 attention's block pairs (the *Bf16 attention ops).
-//   kTiles: the fp32 tile arithmetic on the exactly loaded bf16 values
-//     (attention.h); on CUDA the tiled kernels, bit for bit its fp32 ones.
-//   kTensorCore: what tensor cores compute (kernels/model/attention_tc.h):
-//     bf16 operands, fp32 accumulation, the probabilities and dS rounded to
-//     bf16 where they become operands. CUDA: the mma.sync kernels
-//     (kernels/cuda/cuda_attention_tc.h; head_dim 64 or 128, else the op
-//     answers UNIMPLEMENTED); CPU: attention_tc.h's scalar reference.
-//   kAuto: on CUDA kTensorCore where its kernels take the head_dim, else
-//     kTiles; on the CPU kTiles.
-enum class Bf16Attention { kAuto, kTiles, kTensorCore };
-const char* Bf16AttentionName(Bf16Attention a);  // "auto", "tiles", "tensor_core"
-
 struct ModelKernelsOptions {
-  Bf16Attention bf16_attention = Bf16Attention::kAuto;
+  Bf16Attention bf16_attention = Bf16Attention::kAuto;  // precision.h
 };
 
 class ModelKernels {

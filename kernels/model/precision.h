@@ -49,6 +49,26 @@ inline constexpr const char* PrecisionName(Precision p) {
   return p == Precision::kBf16Mixed ? "bf16" : "fp32";
 }
 
+// The arithmetic of bf16 attention's block pairs (the ModelKernels *Bf16
+// attention ops; StepOptions::bf16_attention; the job's bf16_attention).
+//   kTiles: the fp32 tile arithmetic on the exactly loaded bf16 values
+//     (attention.h); on CUDA the tiled kernels, bit for bit its fp32 ones.
+//   kTensorCore: what tensor cores compute (kernels/model/attention_tc.h):
+//     bf16 operands, fp32 accumulation, the probabilities and dS rounded to
+//     bf16 where they become operands. CUDA: the mma.sync kernels
+//     (kernels/cuda/cuda_attention_tc.h; head_dim 64 or 128, else the op
+//     answers UNIMPLEMENTED); CPU: attention_tc.h's scalar reference.
+//   kAuto: on CUDA kTensorCore where its kernels take the head_dim, else
+//     kTiles; on the CPU kTiles.
+enum class Bf16Attention { kAuto, kTiles, kTensorCore };
+
+// "auto", "tiles", "tensor_core" (the job spec's BF16_ATTENTION_*).
+inline constexpr const char* Bf16AttentionName(Bf16Attention a) {
+  return a == Bf16Attention::kTiles        ? "tiles"
+         : a == Bf16Attention::kTensorCore ? "tensor_core"
+                                           : "auto";
+}
+
 }  // namespace plateau
 
 #endif  // PLATEAU_KERNELS_MODEL_PRECISION_H_

@@ -150,6 +150,9 @@ struct StepOptions {
   // precision.h): the budget plans either; TrainingStep::Create refuses a
   // precision its backend does not compute.
   Precision precision = Precision::kFp32;
+  // Under bf16, the arithmetic of attention (precision.h): kAuto takes the
+  // tensor cores on CUDA where their kernels exist. No effect in fp32.
+  Bf16Attention bf16_attention = Bf16Attention::kAuto;
   LayoutConfig layout;
   OptimizerConfig optimizer;
   ProjectionOptions projection;

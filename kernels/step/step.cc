@@ -203,7 +203,9 @@ absl::Status TrainingStep::Allocate() {
   PLATEAU_ASSIGN_OR_RETURN(I.comm, backend_.CreateStream("comm"));
   PLATEAU_ASSIGN_OR_RETURN(I.ev_compute, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(I.ev_comm, backend_.CreateEvent());
-  PLATEAU_ASSIGN_OR_RETURN(I.kernels, ModelKernels::Create(backend_));
+  ModelKernelsOptions kernel_options;
+  kernel_options.bf16_attention = options_.bf16_attention;
+  PLATEAU_ASSIGN_OR_RETURN(I.kernels, ModelKernels::Create(backend_, kernel_options));
   const std::vector<StepBufferSpec> specs = StepLaunchBuffers(options_);
   const std::vector<LaunchMember>& members = LaunchMembers();
   if (specs.size() != members.size()) {
