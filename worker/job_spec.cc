@@ -630,7 +630,11 @@ std::string AttentionArithmeticNote(const v1::JobSpec& spec, const StepOptions& 
     case Bf16Attention::kAuto:
       break;
   }
-  if (cuda && (d == 64 || d == 128)) return absl::StrCat("auto: tensor cores (head_dim ", d, ")");
+  if (cuda && d == 64) return "auto: tensor cores (head_dim 64)";
+  if (cuda && d == 128) {
+    return "auto: tensor cores (head_dim 128; the tiled kernels on a GPU whose blocks cannot take "
+           "104.5 KiB of shared memory: sm_86, sm_89)";
+  }
   if (cuda) return absl::StrCat("auto: tiles (head_dim ", d, " has no tensor-core kernel; 64 and 128 do)");
   return "auto: tiles";
 }

@@ -9,8 +9,10 @@
 // step's FLOPs, so issue 17's MFU target needs tensor cores.
 //
 // Arithmetic (what kernels/model/attention_tc.h computes on the CPU, up to
-// the order of fp32 sums and expf's ulps): scores s = scale * (q . k) with
-// fp32 accumulation of exact bf16 products; per 64-key tile of the block the
+// the order of the sums and expf's ulps): scores s = scale * (q . k),
+// exact bf16 products accumulated in fp32 (a tensor core aligns and
+// truncates inside one instruction rather than rounding each addition to
+// nearest: far inside the twin test's tolerance); per 64-key tile of the block the
 // online-softmax step of the tiled kernels, except that the probabilities
 // are rounded to bf16 (they are the next product's operand) and l sums the
 // rounded values, so that o is exactly a convex combination of the rows of v
@@ -30,8 +32,9 @@
 //
 // Takes head_dim 64 or 128 (AttentionTcTakes) and 16-byte aligned pointers
 // (the tiles load 16 bytes at a time); the caller falls back to the tiled
-// kernels otherwise. Shared memory: up to 105 KiB per block (head_dim 128,
-// dK/dV), which the launchers opt in to.
+// kernels otherwise. Shared memory: up to 104.5 KiB per block (head_dim
+// 128, dK/dV), which the launchers opt in to and which the caller checks
+// against the device (AttentionTcSmemBytes).
 #ifndef PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 #define PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 
@@ -49,6 +52,12 @@ inline constexpr int kAttentionTcTileRows = 64;
 
 // Whether the kernels exist for this head_dim (64 or 128).
 bool AttentionTcTakes(int64_t head_dim);
+// The most dynamic shared memory one of them takes at this head_dim (the
+// dK/dV kernel: 54.5 KiB at 64, 104.5 KiB at 128); 0 when none exists. A
+// device whose opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin) is
+// below it cannot launch them: sm_86 and sm_89 allow 99 KiB, so head_dim
+// 128 runs there on the tiled kernels.
+int AttentionTcSmemBytes(int64_t head_dim);
 
 // As AttentionForwardBlockBf16 (cuda_model_ops.h), in the arithmetic above.
 cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,

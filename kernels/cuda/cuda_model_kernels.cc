@@ -79,14 +79,15 @@ bool Aligned16(std::initializer_list<const void*> pointers) {
 
 class CudaModelKernels final : public ModelKernels {
  public:
-  explicit CudaModelKernels(const ModelKernelsOptions& options)
-      : bf16_attention_(options.bf16_attention) {}
+  // `smem_optin`: the device's cudaDevAttrMaxSharedMemoryPerBlockOptin.
+  CudaModelKernels(const ModelKernelsOptions& options, int smem_optin)
+      : bf16_attention_(options.bf16_attention), smem_optin_(smem_optin) {}
 
   Bf16Attention Bf16AttentionFor(const AttentionShape& shape) const override {
     switch (bf16_attention_) {
       case Bf16Attention::kAuto:
-        return cuda_model_ops::AttentionTcTakes(shape.head_dim) ? Bf16Attention::kTensorCore
-                                                                : Bf16Attention::kTiles;
+        return TensorCoresTake(shape.head_dim) ? Bf16Attention::kTensorCore
+                                               : Bf16Attention::kTiles;
       case Bf16Attention::kTiles:
       case Bf16Attention::kTensorCore:
         return bf16_attention_;
@@ -251,10 +252,23 @@ class CudaModelKernels final : public ModelKernels {
           op, ": the tensor-core attention kernels take head_dim 64 or 128, not ",
           shape.head_dim, " (bf16_attention = tiles or auto runs the tiled kernels)"));
     }
+    if (!TensorCoresTake(shape.head_dim)) {
+      return absl::UnimplementedError(absl::StrCat(
+          op, ": the tensor-core attention kernels need ",
+          cuda_model_ops::AttentionTcSmemBytes(shape.head_dim),
+          " bytes of shared memory per block at head_dim ", shape.head_dim,
+          "; this device allows ", smem_optin_,
+          " (bf16_attention = tiles or auto runs the tiled kernels)"));
+    }
     if (Aligned16(pointers)) return true;
     if (bf16_attention_ == Bf16Attention::kAuto) return false;
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": the tensor-core attention kernels need 16-byte aligned q, k, v, dout and dq"));
+  }
+  // Kernels exist for the head_dim and fit the device's shared memory.
+  bool TensorCoresTake(int64_t head_dim) const {
+    return cuda_model_ops::AttentionTcTakes(head_dim) &&
+           cuda_model_ops::AttentionTcSmemBytes(head_dim) <= smem_optin_;
   }
   absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
                                            const Bf16* k, const Bf16* v, float* m, float* l,
@@ -373,6 +387,7 @@ class CudaModelKernels final : public ModelKernels {
 
  private:
   const Bf16Attention bf16_attention_;  // as asked (Bf16AttentionFor resolves kAuto)
+  const int smem_optin_;                // bytes a block may opt in to on this device
 };
 
 #undef PLATEAU_LAUNCH
@@ -390,7 +405,13 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   // it was created on this thread), not at its first launch mid-step.
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels());
-  return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(options));
+  // What a block may opt in to (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB
+  // on sm_86/sm_89): the tensor-core kernels at head_dim 128 need 104.5 KiB.
+  int device = 0, smem_optin = 0;
+  PLATEAU_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  PLATEAU_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(options, smem_optin));
 }
 
 }  // namespace plateau

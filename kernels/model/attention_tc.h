@@ -16,7 +16,7 @@
 // operand. Precisely, per query row, over the block's keys in tiles of
 // kAttentionTcTile from the block's first key (the tiles fix where each
 // probability is rounded, so they are the kernels' tiles):
-//   s = scale * (q . k)                      fp32 sum of exact bf16 products
+//   s = scale * (q . k)                      exact bf16 products summed in fp32
 //   mnew = max(m, max s); alpha = exp(m - mnew)
 //   p = bf16(exp(s - mnew))                  rounded: the P V operand
 //   l = l * alpha + sum p                    the rounded p: o stays a convex
@@ -29,8 +29,9 @@
 //   dv += sum_{heads of the group, queries} bf16(p) dO
 //
 // The CUDA kernels compute the same expressions; what they may differ in is
-// the order of the fp32 sums (inside the tensor cores and across lanes) and
-// expf against std::exp, and either can move a value across a bf16
+// the order of the fp32 sums (inside the tensor cores, which also truncate
+// rather than round within one instruction, and across lanes) and expf
+// against std::exp, and either can move a value across a bf16
 // rounding boundary. Hence the twin test's tolerance: one bf16 unit
 // (2^-8, relative) of the magnitude each output sums, which attention_tc_test
 // also holds this reference to against exact (double) attention.
