@@ -72,14 +72,6 @@ class CudaAttentionTcTest : public ::testing::TestWithParam<AttnTcCase> {
   DeviceSide cpu_, cuda_;
 };
 
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) {
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  }
-  return m;
-}
-
 std::vector<double> Widened(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
@@ -108,40 +100,11 @@ TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
   const AttnTcOut cuda = RunAttnTc(cuda_, *gpu, d);
   const AttnTcOut cpu = RunAttnTc(cpu_, *twin, d);
   const AttnExact x = ExactAttention(d);
-  const double pairs = static_cast<double>(d.shapes.size());
-
-  // Against the twin.
-  EXPECT_TRUE(WithinMagnitude(cuda.o, cpu.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbs(x.mag_o), "o"));
-  EXPECT_TRUE(WithinMagnitude(cuda.lse, cpu.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
-                              "lse"));
-  std::vector<double> mag_dq = x.mag_dq;
-  for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.5 * std::abs(x.dq[i]);
-  EXPECT_TRUE(WithinMagnitude(cuda.dq, cpu.dq, mag_dq, 0x1p-6, 1e-6 * MaxAbs(x.mag_dq), "dq"));
-  for (size_t j = 0; j < d.shapes.size(); ++j) {
-    EXPECT_TRUE(WithinMagnitude(cuda.dk[j], cpu.dk[j], x.mag_dk[j], 0x1p-6,
-                                1e-6 * MaxAbs(x.mag_dk[j]), "dk " + std::to_string(j)));
-    EXPECT_TRUE(WithinMagnitude(cuda.dv[j], cpu.dv[j], x.mag_dv[j], 0x1p-6,
-                                1e-6 * MaxAbs(x.mag_dv[j]), "dv " + std::to_string(j)));
-  }
-
-  // Against exact attention, as attention_tc_test holds the twin.
+  // Against the twin, and against exact attention as attention_tc_test
+  // holds the twin.
+  ExpectNearTwin(cuda, cpu, d, x);
   double worst_o = 0;
-  EXPECT_TRUE(
-      WithinMagnitude(cuda.o, x.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbs(x.mag_o), "o vs exact", &worst_o));
-  EXPECT_TRUE(WithinMagnitude(cuda.lse, x.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
-                              "lse vs exact"));
-  std::vector<double> mag_dq_exact = x.mag_dq;
-  for (size_t i = 0; i < mag_dq_exact.size(); ++i) {
-    mag_dq_exact[i] += pairs * 0.25 * std::abs(x.dq[i]);
-  }
-  EXPECT_TRUE(WithinMagnitude(cuda.dq, x.dq, mag_dq_exact, 0x1p-5, 1e-6 * MaxAbs(x.mag_dq),
-                              "dq vs exact"));
-  for (size_t j = 0; j < d.shapes.size(); ++j) {
-    EXPECT_TRUE(WithinMagnitude(cuda.dk[j], x.dk[j], x.mag_dk[j], 0x1p-5,
-                                1e-6 * MaxAbs(x.mag_dk[j]), "dk vs exact"));
-    EXPECT_TRUE(WithinMagnitude(cuda.dv[j], x.dv[j], x.mag_dv[j], 0x1p-5,
-                                1e-6 * MaxAbs(x.mag_dv[j]), "dv vs exact"));
-  }
+  ExpectNearExact(cuda, d, x, &worst_o);
   std::printf("%s: |o - exact| / magnitude at most %.3g on tensor cores\n", GetParam().name,
               worst_o);
 

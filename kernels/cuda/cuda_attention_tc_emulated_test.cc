@@ -109,19 +109,14 @@ std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16*
       [&] { AttentionDkvTcKernel<D>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dk, dv); });
 }
 
-struct PairsRun {
-  std::vector<float> m, l, o, lse, delta, dq;
-  std::vector<std::vector<float>> dk, dv;
-};
-
 // Init, the forward over the blocks, Finalize and Delta on the host
 // (attention.h: the same functions both sides use), the backward over the
 // blocks given `ref`'s lse and delta (the twin's), so both differentiate
 // the same state. `emulated` false: the twin.
-PairsRun RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule, const PairsRun* ref) {
+AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule, const AttnTcOut* ref) {
   const AttentionShape& s0 = d.shapes[0];
   const bool d64 = s0.head_dim == 64;
-  PairsRun r;
+  AttnTcOut r;
   r.m.resize(d.rows);
   r.l.resize(d.rows);
   r.o.resize(d.q_size);
@@ -162,16 +157,9 @@ PairsRun RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule, c
     r.dk.push_back(dk);
     r.dv.push_back(dv);
   }
+  r.dq_bits = dq;
   r.dq = Loaded(dq);
   return r;
-}
-
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) {
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  }
-  return m;
 }
 
 ::testing::AssertionResult SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -185,26 +173,12 @@ class EmulatedAttentionTcTest : public ::testing::TestWithParam<AttnTcCase> {};
 
 TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
   const AttnTcData d = MakeAttnTcData(GetParam(), 2100);
-  const PairsRun twin = RunPairs(d, /*emulated=*/false, simt::Schedule::kInOrder, nullptr);
-  const PairsRun kernel = RunPairs(d, /*emulated=*/true, simt::Schedule::kInOrder, &twin);
-  const AttnExact x = ExactAttention(d);
-  const double pairs = static_cast<double>(d.shapes.size());
-
-  EXPECT_TRUE(WithinMagnitude(kernel.o, twin.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbs(x.mag_o), "o"));
-  EXPECT_TRUE(WithinMagnitude(kernel.lse, twin.lse, std::vector<double>(d.rows, 1.0), 0x1p-7,
-                              1e-6, "lse"));
-  std::vector<double> mag_dq = x.mag_dq;
-  for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.5 * std::abs(x.dq[i]);
-  EXPECT_TRUE(WithinMagnitude(kernel.dq, twin.dq, mag_dq, 0x1p-6, 1e-6 * MaxAbs(x.mag_dq), "dq"));
-  for (size_t j = 0; j < d.shapes.size(); ++j) {
-    EXPECT_TRUE(WithinMagnitude(kernel.dk[j], twin.dk[j], x.mag_dk[j], 0x1p-6,
-                                1e-6 * MaxAbs(x.mag_dk[j]), "dk " + std::to_string(j)));
-    EXPECT_TRUE(WithinMagnitude(kernel.dv[j], twin.dv[j], x.mag_dv[j], 0x1p-6,
-                                1e-6 * MaxAbs(x.mag_dv[j]), "dv " + std::to_string(j)));
-  }
+  const AttnTcOut twin = RunPairs(d, /*emulated=*/false, simt::Schedule::kInOrder, nullptr);
+  const AttnTcOut kernel = RunPairs(d, /*emulated=*/true, simt::Schedule::kInOrder, &twin);
+  ExpectNearTwin(kernel, twin, d, ExactAttention(d));
 
   for (simt::Schedule other : {simt::Schedule::kReversed, simt::Schedule::kShuffled}) {
-    const PairsRun again = RunPairs(d, /*emulated=*/true, other, &twin);
+    const AttnTcOut again = RunPairs(d, /*emulated=*/true, other, &twin);
     EXPECT_TRUE(SameBits(again.m, kernel.m));
     EXPECT_TRUE(SameBits(again.l, kernel.l));
     EXPECT_TRUE(SameBits(again.o, kernel.o));

@@ -50,14 +50,6 @@ class AttentionTcTest : public ::testing::TestWithParam<AttnTcCase> {
   DeviceSide side_;
 };
 
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) {
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  }
-  return m;
-}
-
 TEST_P(AttentionTcTest, WithinBf16OfExactAttention) {
   const AttnTcData d = MakeAttnTcData(GetParam(), 900);
   auto tc = Kernels(Bf16Attention::kTensorCore);
@@ -66,33 +58,19 @@ TEST_P(AttentionTcTest, WithinBf16OfExactAttention) {
   const AttnTcOut out = RunAttnTc(side_, *tc, d);
   const AttnExact x = ExactAttention(d);
 
-  const double pairs = static_cast<double>(d.shapes.size());
-  const double floor_o = 1e-6 * MaxAbs(x.mag_o);
   double worst_o = 0;
-  EXPECT_TRUE(WithinMagnitude(out.o, x.o, x.mag_o, 0x1p-6, floor_o, "o", &worst_o));
-  EXPECT_TRUE(WithinMagnitude(out.lse, x.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
-                              "lse"));
-  // dq is rounded to bf16 once per pair: at most 2^-8 of its value each
-  // (twice that, once scaled by the 2^-5 below).
-  std::vector<double> mag_dq = x.mag_dq;
-  for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.25 * std::abs(x.dq[i]);
-  EXPECT_TRUE(WithinMagnitude(out.dq, x.dq, mag_dq, 0x1p-5, 1e-6 * MaxAbs(x.mag_dq), "dq"));
-  for (size_t j = 0; j < d.shapes.size(); ++j) {
-    EXPECT_TRUE(WithinMagnitude(out.dk[j], x.dk[j], x.mag_dk[j], 0x1p-5,
-                                1e-6 * MaxAbs(x.mag_dk[j]), "dk " + std::to_string(j)));
-    EXPECT_TRUE(WithinMagnitude(out.dv[j], x.dv[j], x.mag_dv[j], 0x1p-5,
-                                1e-6 * MaxAbs(x.mag_dv[j]), "dv " + std::to_string(j)));
-  }
+  ExpectNearExact(out, d, x, &worst_o);
   // Not vacuous: the probabilities were rounded (o moved further than fp32
   // arithmetic could move it) wherever any query sees a key.
-  if (MaxAbs(x.mag_o) > 0) {
+  if (MaxAbsFinite(x.mag_o) > 0) {
     EXPECT_GT(worst_o, 0x1p-12) << "o is within fp32 reach of exact: p was not rounded";
     // ... and the fp32 tiles on the same data stay within fp32 reach.
     auto tiles = Kernels(Bf16Attention::kTiles);
     ASSERT_NE(tiles, nullptr);
     const AttnTcOut t = RunAttnTc(side_, *tiles, d);
     double worst_tiles = 0;
-    EXPECT_TRUE(WithinMagnitude(t.o, x.o, x.mag_o, 0x1p-6, floor_o, "tiles o", &worst_tiles));
+    EXPECT_TRUE(WithinMagnitude(t.o, x.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_o),
+                                "tiles o", &worst_tiles));
     EXPECT_LT(worst_tiles, 0x1p-14);
     std::printf("%s: |o - exact| / magnitude at most %.3g (tensor-core arithmetic), %.3g (tiles)\n",
                 GetParam().name, worst_o, worst_tiles);

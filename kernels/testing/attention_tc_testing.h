@@ -261,6 +261,62 @@ inline ::testing::AssertionResult WithinMagnitude(const std::vector<float>& got,
                          what);
 }
 
+inline double MaxAbsFinite(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) {
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  }
+  return m;
+}
+
+// `got` against exact attention, the bounds attention_tc_test derives for
+// the tensor-core arithmetic: o within 2^-6 of its magnitude (the rounded
+// probabilities and their sum), lse 2^-7, the gradients 2^-5 (lse's,
+// delta's and dS's roundings on top), dq one more 2^-8 of its value per
+// block pair (rounded once a pair), each plus an fp32 floor. *worst_o: the
+// largest |o - exact| / magnitude.
+inline void ExpectNearExact(const AttnTcOut& got, const AttnTcData& d, const AttnExact& x,
+                            double* worst_o = nullptr) {
+  const double pairs = static_cast<double>(d.shapes.size());
+  EXPECT_TRUE(WithinMagnitude(got.o, x.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_o),
+                              "o vs exact", worst_o));
+  EXPECT_TRUE(WithinMagnitude(got.lse, x.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
+                              "lse vs exact"));
+  std::vector<double> mag_dq = x.mag_dq;
+  for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.25 * std::abs(x.dq[i]);
+  EXPECT_TRUE(WithinMagnitude(got.dq, x.dq, mag_dq, 0x1p-5, 1e-6 * MaxAbsFinite(x.mag_dq),
+                              "dq vs exact"));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    EXPECT_TRUE(WithinMagnitude(got.dk[j], x.dk[j], x.mag_dk[j], 0x1p-5,
+                                1e-6 * MaxAbsFinite(x.mag_dk[j]), "dk vs exact, block " + std::to_string(j)));
+    EXPECT_TRUE(WithinMagnitude(got.dv[j], x.dv[j], x.mag_dv[j], 0x1p-5,
+                                1e-6 * MaxAbsFinite(x.mag_dv[j]), "dv vs exact, block " + std::to_string(j)));
+  }
+}
+
+// `got` against another run of the same arithmetic (the CPU twin): every
+// output within 2^-6 of its magnitude, dq one bf16 unit (2^-7) of its value
+// more per pair. The two sum in different orders, so a probability or dS
+// can round to the neighbouring bf16 value on one side only; an index slip
+// moves an output by its whole magnitude.
+inline void ExpectNearTwin(const AttnTcOut& got, const AttnTcOut& twin, const AttnTcData& d,
+                           const AttnExact& x) {
+  const double pairs = static_cast<double>(d.shapes.size());
+  EXPECT_TRUE(WithinMagnitude(got.o, twin.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_o), "o"));
+  EXPECT_TRUE(WithinMagnitude(got.lse, twin.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
+                              "lse"));
+  std::vector<double> mag_dq = x.mag_dq;
+  for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.5 * std::abs(x.dq[i]);
+  EXPECT_TRUE(
+      WithinMagnitude(got.dq, twin.dq, mag_dq, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_dq), "dq"));
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    EXPECT_TRUE(WithinMagnitude(got.dk[j], twin.dk[j], x.mag_dk[j], 0x1p-6,
+                                1e-6 * MaxAbsFinite(x.mag_dk[j]), "dk, block " + std::to_string(j)));
+    EXPECT_TRUE(WithinMagnitude(got.dv[j], twin.dv[j], x.mag_dv[j], 0x1p-6,
+                                1e-6 * MaxAbsFinite(x.mag_dv[j]), "dv, block " + std::to_string(j)));
+  }
+}
+
 }  // namespace plateau
 
 #endif  // PLATEAU_KERNELS_TESTING_ATTENTION_TC_TESTING_H_
