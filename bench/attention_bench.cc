@@ -66,8 +66,8 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   options.bf16_attention = arith;
   PLATEAU_ASSIGN_OR_RETURN(auto kernels, ModelKernels::Create(be, options));
   if (kernels->Bf16AttentionFor(shape) != arith) {
-    return absl::UnimplementedError(absl::StrCat(Bf16AttentionName(arith),
-                                                 " does not run this shape here"));
+    return absl::UnimplementedError(
+        absl::StrCat(Bf16AttentionName(arith), " does not run this shape here"));
   }
   const int64_t rows = shape.batch * shape.q_len * shape.heads;
   const int64_t q_elems = rows * shape.head_dim;
@@ -90,12 +90,13 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   PLATEAU_ASSIGN_OR_RETURN(Buffer work, alloc(AttentionWorkspaceFloats(shape) * 4));
   // The same data for both arithmetics (fixed seeds); dq, dk, dv start at 0
   // and accumulate over the runs (finite: a few runs of unit gradients).
-  for (auto [buf, n, seed] : {std::tuple{&q, q_elems, 1}, {&k, kv_elems, 2}, {&v, kv_elems, 3},
-                              {&dout, q_elems, 4}}) {
+  for (auto [buf, n, seed] :
+       {std::tuple{&q, q_elems, 1}, {&k, kv_elems, 2}, {&v, kv_elems, 3}, {&dout, q_elems, 4}}) {
     const std::vector<Bf16> host = RandomBf16(n, seed);
     PLATEAU_RETURN_IF_ERROR(be.Copy(stream, buf->data(), host.data(), n * 2));
   }
-  for (auto [buf, bytes] : {std::pair{&dq, q_elems * 2}, {&dk, kv_elems * 4}, {&dv, kv_elems * 4}}) {
+  for (auto [buf, bytes] :
+       {std::pair{&dq, q_elems * 2}, {&dk, kv_elems * 4}, {&dv, kv_elems * 4}}) {
     const std::vector<char> zeros(bytes, 0);
     PLATEAU_RETURN_IF_ERROR(be.Copy(stream, buf->data(), zeros.data(), bytes));
   }
@@ -111,9 +112,8 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
     PLATEAU_RETURN_IF_ERROR(kernels->AttentionForwardBlockBf16(stream, shape, qb, kb, vb,
                                                                m.as<float>(), l.as<float>(),
                                                                acc.as<float>(), work.as<float>()));
-    PLATEAU_RETURN_IF_ERROR(kernels->AttentionFinalize(stream, shape, m.as<float>(),
-                                                       l.as<float>(), acc.as<float>(),
-                                                       lse.as<float>()));
+    PLATEAU_RETURN_IF_ERROR(kernels->AttentionFinalize(stream, shape, m.as<float>(), l.as<float>(),
+                                                       acc.as<float>(), lse.as<float>()));
     return stream.Synchronize();
   };
   auto backward = [&]() -> absl::Status {
@@ -154,13 +154,13 @@ int Main(int argc, char** argv) {
       continue;
     }
     const size_t eq = a.find('=');
-    const std::string name = eq == std::string::npos || a.rfind("--", 0) != 0 ? "" : a.substr(2, eq - 2);
+    const std::string name =
+        eq == std::string::npos || a.rfind("--", 0) != 0 ? "" : a.substr(2, eq - 2);
     const std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
     if (name == "seq_lens") {
       seq_lens = value;
     } else if (name == "min_time_s" && absl::SimpleAtod(value, &min_time_s)) {
-    } else if (ints.count(name) == 0 || !absl::SimpleAtoi(value, ints[name]) ||
-               *ints[name] <= 0) {
+    } else if (ints.count(name) == 0 || !absl::SimpleAtoi(value, ints[name]) || *ints[name] <= 0) {
       std::fprintf(stderr,
                    "attention_bench: bad argument '%s' (expected --backend=cpu|cuda, "
                    "--seq_lens=N,N, --batch, --heads, --kv_heads, --head_dim: positive "
@@ -170,7 +170,8 @@ int Main(int argc, char** argv) {
     }
   }
   if (heads % kv_heads != 0) {
-    std::fprintf(stderr, "attention_bench: --heads (%lld) must be a multiple of --kv_heads (%lld)\n",
+    std::fprintf(stderr,
+                 "attention_bench: --heads (%lld) must be a multiple of --kv_heads (%lld)\n",
                  static_cast<long long>(heads), static_cast<long long>(kv_heads));
     return 2;
   }
@@ -206,18 +207,19 @@ int Main(int argc, char** argv) {
     device = view->name;
     peak = MfuPeakFlops(0, view->name, view->cc_major, view->cc_minor, /*bf16=*/true);
   }
-  std::printf("attention_bench: %s, bf16, batch %lld, heads %lld / kv_heads %lld, head_dim %lld, "
-              "causal self block; bf16 dense peak %s\n",
-              device.c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
-              static_cast<long long>(kv_heads), static_cast<long long>(head_dim),
-              peak > 0 ? absl::StrFormat("%.1f TFLOP/s", peak / 1e12).c_str() : "unknown");
+  std::printf(
+      "attention_bench: %s, bf16, batch %lld, heads %lld / kv_heads %lld, head_dim %lld, "
+      "causal self block; bf16 dense peak %s\n",
+      device.c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
+      static_cast<long long>(kv_heads), static_cast<long long>(head_dim),
+      peak > 0 ? absl::StrFormat("%.1f TFLOP/s", peak / 1e12).c_str() : "unknown");
   std::printf("\n%8s %-12s %10s %10s %10s %10s %8s %9s %12s\n", "T", "arithmetic", "fwd ms",
               "bwd ms", "fwd TF/s", "bwd TF/s", "MFU", "time x", "|o diff|");
-  std::string json = absl::StrCat("{\"bench\":\"attention\",\"when\":", JsonString(NowText()),
-                                   ",\"device\":", JsonString(device),
-                                   ",\"peak_bf16_flops\":", peak, ",\"batch\":", batch,
-                                   ",\"heads\":", heads, ",\"kv_heads\":", kv_heads,
-                                   ",\"head_dim\":", head_dim, ",\"points\":[");
+  std::string json =
+      absl::StrCat("{\"bench\":\"attention\",\"when\":", JsonString(NowText()),
+                   ",\"device\":", JsonString(device), ",\"peak_bf16_flops\":", peak,
+                   ",\"batch\":", batch, ",\"heads\":", heads, ",\"kv_heads\":", kv_heads,
+                   ",\"head_dim\":", head_dim, ",\"points\":[");
   bool first = true;
   int failures = 0;
   for (int64_t T : lens) {

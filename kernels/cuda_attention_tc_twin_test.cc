@@ -144,9 +144,9 @@ TEST_P(CudaAttentionTcTest, ShapesAndPointersTheKernelsCannotTake) {
       forced->AttentionForwardBlockBf16(cuda_.s(), d96.shapes[0], q, k, v, m, l, acc, work);
   EXPECT_EQ(unimplemented.code(), absl::StatusCode::kUnimplemented) << unimplemented;
   EXPECT_THAT(std::string(unimplemented.message()), HasSubstr("head_dim 64 or 128"));
-  EXPECT_TRUE(automatic->AttentionForwardBlockBf16(cuda_.s(), d96.shapes[0], q, k, v, m, l, acc,
-                                                   work)
-                  .ok());
+  EXPECT_TRUE(
+      automatic->AttentionForwardBlockBf16(cuda_.s(), d96.shapes[0], q, k, v, m, l, acc, work)
+          .ok());
 
   // A q two bytes off 16: forced is refused, kAuto runs the tiled kernels
   // (the same bits as asking for them).
@@ -166,38 +166,37 @@ TEST_P(CudaAttentionTcTest, ShapesAndPointersTheKernelsCannotTake) {
     const Bf16* k2 = cuda_.UploadBf16(d.k[0]);
     const Bf16* v2 = cuda_.UploadBf16(d.v[0]);
     if (kernels == automatic.get()) {
-      const absl::Status refused =
-          forced->AttentionForwardBlockBf16(cuda_.s(), d.shapes[0], q_off, k2, v2, m2, l2, acc2,
-                                            work2);
+      const absl::Status refused = forced->AttentionForwardBlockBf16(cuda_.s(), d.shapes[0], q_off,
+                                                                     k2, v2, m2, l2, acc2, work2);
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
       EXPECT_THAT(std::string(refused.message()), HasSubstr("16-byte aligned"));
     }
-    ASSERT_TRUE(kernels
-                    ->AttentionForwardBlockBf16(cuda_.s(), d.shapes[0], q_off, k2, v2, m2, l2,
-                                                acc2, work2)
-                    .ok());
+    ASSERT_TRUE(
+        kernels
+            ->AttentionForwardBlockBf16(cuda_.s(), d.shapes[0], q_off, k2, v2, m2, l2, acc2, work2)
+            .ok());
     results.push_back(cuda_.Download(acc2, d.q_size));
   }
   EXPECT_EQ(Widened(results[0]), Widened(results[1]));
 }
 
 // Tiles are 64 query rows and 64 keys.
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaAttentionTcTest,
-    ::testing::Values(
-        // GQA 1, head_dim 64, batch 2: the own (diagonal) block, then the
-        // earlier one.
-        AttnTcCase{"gqa1_d64_ring", 2, 37, 37, 4, 4, 64, 37, {37, 0}},
-        // GQA 2, head_dim 64: 150 keys (three tiles, the last partial),
-        // queries past the first tile, a block wholly after the queries.
-        AttnTcCase{"gqa2_d64_tiles", 1, 70, 150, 4, 2, 64, 150, {150, 0, 300}},
-        // GQA 4, head_dim 128, more keys than queries from position 0.
-        AttnTcCase{"gqa4_d128", 1, 33, 80, 8, 2, 128, 0, {0}},
-        // GQA 2, head_dim 128, many tiles each way, ring of three blocks.
-        AttnTcCase{"gqa2_d128_ring", 2, 200, 200, 4, 2, 128, 400, {400, 200, 0}},
-        // Queries that see no key: o = 0, lse = -inf, dq, dk, dv unchanged.
-        AttnTcCase{"none_visible", 1, 20, 20, 2, 1, 128, 0, {40}}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTcTest,
+                         ::testing::Values(
+                             // GQA 1, head_dim 64, batch 2: the own (diagonal) block, then the
+                             // earlier one.
+                             AttnTcCase{"gqa1_d64_ring", 2, 37, 37, 4, 4, 64, 37, {37, 0}},
+                             // GQA 2, head_dim 64: 150 keys (three tiles, the last partial),
+                             // queries past the first tile, a block wholly after the queries.
+                             AttnTcCase{"gqa2_d64_tiles", 1, 70, 150, 4, 2, 64, 150, {150, 0, 300}},
+                             // GQA 4, head_dim 128, more keys than queries from position 0.
+                             AttnTcCase{"gqa4_d128", 1, 33, 80, 8, 2, 128, 0, {0}},
+                             // GQA 2, head_dim 128, many tiles each way, ring of three blocks.
+                             AttnTcCase{
+                                 "gqa2_d128_ring", 2, 200, 200, 4, 2, 128, 400, {400, 200, 0}},
+                             // Queries that see no key: o = 0, lse = -inf, dq, dk, dv unchanged.
+                             AttnTcCase{"none_visible", 1, 20, 20, 2, 1, 128, 0, {40}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace plateau

@@ -12,6 +12,7 @@
 #include "google/protobuf/unknown_field_set.h"
 #include "kernels/budget/budget.h"
 #include "kernels/budget/n_max.h"
+#include "kernels/model/attention_tc.h"
 #include "kernels/model/config.h"
 #include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
@@ -609,7 +610,7 @@ absl::Status ConvertBf16Attention(const v1::JobSpec& spec, const ModelConfig& mo
                             v1::Precision_Name(spec.precision())));
   }
   if (*out == Bf16Attention::kTensorCore && spec.backend() == v1::BACKEND_CUDA &&
-      model.head_dim() != 64 && model.head_dim() != 128) {
+      !TensorCoreHeadDim(model.head_dim())) {
     return Bad("bf16_attention",
                "BF16_ATTENTION_TENSOR_CORE on cuda only for head_dim (model.hidden / model.heads) "
                "64 or 128",
@@ -630,10 +631,11 @@ std::string AttentionArithmeticNote(const v1::JobSpec& spec, const StepOptions& 
     case Bf16Attention::kAuto:
       break;
   }
-  if (cuda && d == 64) return "auto: tensor cores (head_dim 64)";
-  if (cuda && d == 128) {
-    return "auto: tensor cores (head_dim 128; the tiled kernels on a GPU whose blocks cannot take "
-           "104.5 KiB of shared memory: sm_86, sm_89)";
+  if (cuda && TensorCoreHeadDim(d)) {
+    return absl::StrCat("auto: tensor cores (head_dim ", d,
+                        d == 128 ? "; the tiled kernels on a GPU whose blocks cannot take 104.5 KiB "
+                                   "of shared memory: sm_86, sm_89)"
+                                 : ")");
   }
   if (cuda) return absl::StrCat("auto: tiles (head_dim ", d, " has no tensor-core kernel; 64 and 128 do)");
   return "auto: tiles";

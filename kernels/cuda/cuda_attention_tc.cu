@@ -21,24 +21,11 @@ bool GridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
   return tiles <= 0x7fffffff && heads <= 65535 && s.batch <= 65535;
 }
 
-// Opts the kernel in to `bytes` of dynamic shared memory (past the 48 KiB
-// default; a host-side attribute of the current device, no sync) and clears
-// the error it may leave, so the next launch is not blamed for it.
-cudaError_t OptIn(const void* kernel, int bytes) {
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e;
-}
-
 template <int D>
 cudaError_t LaunchForward(cudaStream_t stream, const AttentionDims& s, const Bf16* q,
                           const Bf16* k, const Bf16* v, float* m, float* l, float* acc) {
   const int64_t tiles = (s.q_len + kTile - 1) / kTile;
   if (!GridFits(s, tiles, s.heads)) return cudaErrorInvalidConfiguration;
-  cudaError_t e = OptIn(reinterpret_cast<const void*>(AttentionForwardTcKernel<D>),
-                        TcSmem<D>::kForward);
-  if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
                   static_cast<unsigned>(s.batch));
   AttentionForwardTcKernel<D><<<grid, kTcThreads, TcSmem<D>::kForward, stream>>>(s, q, k, v, m,
@@ -54,18 +41,13 @@ cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s, const Bf
   if (!GridFits(s, qtiles, s.heads) || !GridFits(s, ktiles, s.kv_heads)) {
     return cudaErrorInvalidConfiguration;
   }
-  cudaError_t e =
-      OptIn(reinterpret_cast<const void*>(AttentionDqTcKernel<D>), TcSmem<D>::kDq);
-  if (e != cudaSuccess) return e;
-  e = OptIn(reinterpret_cast<const void*>(AttentionDkvTcKernel<D>), TcSmem<D>::kDkv);
-  if (e != cudaSuccess) return e;
   // The two kernels write disjoint outputs (dq; dk and dv) and only read the
   // rest, so their order on the stream does not matter.
   const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
                    static_cast<unsigned>(s.batch));
   AttentionDqTcKernel<D><<<qgrid, kTcThreads, TcSmem<D>::kDq, stream>>>(s, q, k, v, dout, lse,
                                                                           delta, dq);
-  e = cudaGetLastError();
+  const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 kgrid(static_cast<unsigned>(ktiles), static_cast<unsigned>(s.kv_heads),
                    static_cast<unsigned>(s.batch));
@@ -79,9 +61,8 @@ Bf16* AsBf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
 
 }  // namespace
 
-bool AttentionTcTakes(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
-
 int AttentionTcSmemBytes(int64_t head_dim) {
+  // The instantiations: kernels/model/attention_tc.h's TensorCoreHeadDim.
   switch (head_dim) {
     case 64:
       return TcSmem<64>::kDkv;  // the dK/dV kernel takes the most
@@ -121,18 +102,27 @@ cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s
   }
 }
 
-cudaError_t LoadAttentionTcKernels() {
-  const void* kernels[] = {
-      reinterpret_cast<const void*>(AttentionForwardTcKernel<64>),
-      reinterpret_cast<const void*>(AttentionForwardTcKernel<128>),
-      reinterpret_cast<const void*>(AttentionDqTcKernel<64>),
-      reinterpret_cast<const void*>(AttentionDqTcKernel<128>),
-      reinterpret_cast<const void*>(AttentionDkvTcKernel<64>),
-      reinterpret_cast<const void*>(AttentionDkvTcKernel<128>),
+cudaError_t LoadAttentionTcKernels(int smem_optin) {
+  struct Kernel {
+    const void* fn;
+    int smem;  // what it launches with
   };
-  for (const void* kernel : kernels) {
+  const Kernel kernels[] = {
+      {reinterpret_cast<const void*>(AttentionForwardTcKernel<64>), TcSmem<64>::kForward},
+      {reinterpret_cast<const void*>(AttentionForwardTcKernel<128>), TcSmem<128>::kForward},
+      {reinterpret_cast<const void*>(AttentionDqTcKernel<64>), TcSmem<64>::kDq},
+      {reinterpret_cast<const void*>(AttentionDqTcKernel<128>), TcSmem<128>::kDq},
+      {reinterpret_cast<const void*>(AttentionDkvTcKernel<64>), TcSmem<64>::kDkv},
+      {reinterpret_cast<const void*>(AttentionDkvTcKernel<128>), TcSmem<128>::kDkv},
+  };
+  for (const Kernel& k : kernels) {
     cudaFuncAttributes attributes;
-    const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel);
+    cudaError_t e = cudaFuncGetAttributes(&attributes, k.fn);
+    if (e != cudaSuccess) return e;
+    // Past the 48 KiB default: a host-side attribute of this device's
+    // context, set once here rather than before every launch.
+    if (k.smem > smem_optin) continue;
+    e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;

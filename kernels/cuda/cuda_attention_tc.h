@@ -30,11 +30,12 @@
 // (V^T, K^T, Q^T, dO^T) are stored transposed as they are loaded, and every
 // fragment address comes from mma_layout.h.
 //
-// Takes head_dim 64 or 128 (AttentionTcTakes) and 16-byte aligned pointers
+// Takes head_dim 64 or 128 (kernels/model/attention_tc.h's
+// TensorCoreHeadDim) and 16-byte aligned pointers
 // (the tiles load 16 bytes at a time); the caller falls back to the tiled
 // kernels otherwise. Shared memory: up to 104.5 KiB per block (head_dim
-// 128, dK/dV), which the launchers opt in to and which the caller checks
-// against the device (AttentionTcSmemBytes).
+// 128, dK/dV), opted in to once per device by LoadAttentionTcKernels and
+// checked by the caller against the device (AttentionTcSmemBytes).
 #ifndef PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 #define PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 
@@ -50,8 +51,6 @@ namespace plateau::cuda_model_ops {
 // kAttentionTcTile: the key tiles fix where the probabilities are rounded).
 inline constexpr int kAttentionTcTileRows = 64;
 
-// Whether the kernels exist for this head_dim (64 or 128).
-bool AttentionTcTakes(int64_t head_dim);
 // The most dynamic shared memory one of them takes at this head_dim (the
 // dK/dV kernel: 54.5 KiB at 64, 104.5 KiB at 128); 0 when none exists. A
 // device whose opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin) is
@@ -60,17 +59,20 @@ bool AttentionTcTakes(int64_t head_dim);
 int AttentionTcSmemBytes(int64_t head_dim);
 
 // As AttentionForwardBlockBf16 (cuda_model_ops.h), in the arithmetic above.
-cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,
-                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                    float* m, float* l, float* acc);
+cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s, const uint16_t* q,
+                                    const uint16_t* k, const uint16_t* v, float* m, float* l,
+                                    float* acc);
 // As AttentionBackwardBlockBf16: the dQ kernel, then the dK/dV kernel.
-cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s,
-                                     const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                     const uint16_t* dout, const float* lse, const float* delta,
-                                     uint16_t* dq, float* dk, float* dv);
+cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s, const uint16_t* q,
+                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
+                                     float* dv);
 
-// Loads the kernels' module now (backend creation; LoadKernels beside).
-cudaError_t LoadAttentionTcKernels();
+// Loads the kernels' module now (backend creation; LoadKernels beside) and
+// opts each kernel in to the shared memory it launches with, once, on the
+// current device: those that fit `smem_optin` (the device's
+// cudaDevAttrMaxSharedMemoryPerBlockOptin; the caller launches no other).
+cudaError_t LoadAttentionTcKernels(int smem_optin);
 
 }  // namespace plateau::cuda_model_ops
 

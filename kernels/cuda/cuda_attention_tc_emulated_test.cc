@@ -58,7 +58,7 @@ float HalfOf(uint32_t word, int h) {
 // 2 * (lane % 4) + i % 2.
 void Mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   const int lane = threadIdx.x % 32;
-  uint32_t (*scratch)[8] = simt::WarpScratch();
+  uint32_t(*scratch)[8] = simt::WarpScratch();
   for (int i = 0; i < 4; ++i) scratch[lane][i] = a[i];
   for (int i = 0; i < 2; ++i) scratch[lane][4 + i] = b[i];
   simt::WarpRendezvous(1);
@@ -78,7 +78,8 @@ void Mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
 }
 
 AttentionDims Dims(const AttentionShape& s) {
-  return {s.batch, s.q_len, s.kv_len, s.heads, s.kv_heads, s.head_dim, s.q_pos0, s.kv_pos0, s.scale};
+  return {s.batch,    s.q_len,  s.kv_len,  s.heads, s.kv_heads,
+          s.head_dim, s.q_pos0, s.kv_pos0, s.scale};
 }
 const __nv_bfloat16* Nv(const HostBf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 __nv_bfloat16* Nv(HostBf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
@@ -86,17 +87,18 @@ unsigned Tiles(int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile
 
 // The launchers' grids and shared memory, on the emulation.
 template <int D>
-std::string Forward(const AttentionShape& s, const HostBf16* q, const HostBf16* k, const HostBf16* v, float* m,
-                    float* l, float* acc, simt::Schedule schedule) {
+std::string Forward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
+                    const HostBf16* v, float* m, float* l, float* acc, simt::Schedule schedule) {
   const AttentionDims d = Dims(s);
-  return simt::RunGrid({Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)},
-                       kTcThreads, TcSmem<D>::kForward, schedule,
-                       [&] { AttentionForwardTcKernel<D>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
+  return simt::RunGrid(
+      {Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)}, kTcThreads,
+      TcSmem<D>::kForward, schedule,
+      [&] { AttentionForwardTcKernel<D>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
 }
 template <int D>
-std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k, const HostBf16* v,
-                     const HostBf16* dout, const float* lse, const float* delta, HostBf16* dq, float* dk,
-                     float* dv, simt::Schedule schedule) {
+std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
+                     const HostBf16* v, const HostBf16* dout, const float* lse, const float* delta,
+                     HostBf16* dq, float* dk, float* dv, simt::Schedule schedule) {
   const AttentionDims d = Dims(s);
   std::string e = simt::RunGrid(
       {Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)}, kTcThreads,
@@ -113,7 +115,8 @@ std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16*
 // (attention.h: the same functions both sides use), the backward over the
 // blocks given `ref`'s lse and delta (the twin's), so both differentiate
 // the same state. `emulated` false: the twin.
-AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule, const AttnTcOut* ref) {
+AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule,
+                   const AttnTcOut* ref) {
   const AttentionShape& s0 = d.shapes[0];
   const bool d64 = s0.head_dim == 64;
   AttnTcOut r;
@@ -124,7 +127,7 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule, 
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     const HostBf16 *q = d.q.data(), *k = d.k[j].data(), *v = d.v[j].data();
     if (!emulated) {
-      AttentionForwardBlockTc(d.shapes[j], q, k, v, r.m.data(), r.l.data(), r.o.data());
+      TensorCoreAttentionForward(d.shapes[j], q, k, v, r.m.data(), r.l.data(), r.o.data());
       continue;
     }
     const std::string e =
@@ -151,8 +154,8 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule, 
       EXPECT_EQ(e, "") << "backward, block " << j;
     } else {
       std::vector<float> work(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
-      AttentionBackwardBlockTc(d.shapes[j], q, k, v, dob, lse, delta, dq.data(), dk.data(),
-                               dv.data(), work.data());
+      TensorCoreAttentionBackward(d.shapes[j], q, k, v, dob, lse, delta, dq.data(), dk.data(),
+                                  dv.data(), work.data());
     }
     r.dk.push_back(dk);
     r.dv.push_back(dv);
@@ -206,20 +209,19 @@ TEST(SimtEmulatorTest, ABarrierNotEveryThreadReachesIsADeadlock) {
 
 // Tiles are 64 rows and 64 keys. Small shapes: each block of threads is
 // emulated, so a case costs seconds.
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, EmulatedAttentionTcTest,
-    ::testing::Values(
-        // GQA 2, head_dim 64: 150 keys (three tiles, the last partial),
-        // queries past the first tile, a block wholly after the queries.
-        AttnTcCase{"gqa2_d64_tiles", 1, 70, 150, 4, 2, 64, 150, {150, 0, 300}},
-        // GQA 1, batch 2, head_dim 64: the own block, then the earlier one.
-        AttnTcCase{"gqa1_d64_ring", 2, 37, 37, 2, 2, 64, 37, {37, 0}},
-        // GQA 4, head_dim 128, more keys than queries from position 0.
-        AttnTcCase{"gqa4_d128", 1, 33, 80, 4, 1, 128, 0, {0}},
-        // head_dim 128, queries before the keys of the first block, offsets
-        // off the tile edges.
-        AttnTcCase{"offsets_d128", 1, 100, 70, 2, 1, 128, 10, {60, 0}}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedAttentionTcTest,
+                         ::testing::Values(
+                             // GQA 2, head_dim 64: 150 keys (three tiles, the last partial),
+                             // queries past the first tile, a block wholly after the queries.
+                             AttnTcCase{"gqa2_d64_tiles", 1, 70, 150, 4, 2, 64, 150, {150, 0, 300}},
+                             // GQA 1, batch 2, head_dim 64: the own block, then the earlier one.
+                             AttnTcCase{"gqa1_d64_ring", 2, 37, 37, 2, 2, 64, 37, {37, 0}},
+                             // GQA 4, head_dim 128, more keys than queries from position 0.
+                             AttnTcCase{"gqa4_d128", 1, 33, 80, 4, 1, 128, 0, {0}},
+                             // head_dim 128, queries before the keys of the first block, offsets
+                             // off the tile edges.
+                             AttnTcCase{"offsets_d128", 1, 100, 70, 2, 1, 128, 10, {60, 0}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace plateau::cuda_model_ops

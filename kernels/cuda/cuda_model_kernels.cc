@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_model_ops.h"
 #include "kernels/cuda/stream_errors.h"
+#include "kernels/model/attention_tc.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
 
@@ -247,7 +248,7 @@ class CudaModelKernels final : public ModelKernels {
   absl::StatusOr<bool> UseTensorCores(absl::string_view op, const AttentionShape& shape,
                                       std::initializer_list<const void*> pointers) const {
     if (Bf16AttentionFor(shape) != Bf16Attention::kTensorCore) return false;
-    if (!cuda_model_ops::AttentionTcTakes(shape.head_dim)) {
+    if (!TensorCoreHeadDim(shape.head_dim)) {
       return absl::UnimplementedError(absl::StrCat(
           op, ": the tensor-core attention kernels take head_dim 64 or 128, not ",
           shape.head_dim, " (bf16_attention = tiles or auto runs the tiled kernels)"));
@@ -267,7 +268,7 @@ class CudaModelKernels final : public ModelKernels {
   }
   // Kernels exist for the head_dim and fit the device's shared memory.
   bool TensorCoresTake(int64_t head_dim) const {
-    return cuda_model_ops::AttentionTcTakes(head_dim) &&
+    return TensorCoreHeadDim(head_dim) &&
            cuda_model_ops::AttentionTcSmemBytes(head_dim) <= smem_optin_;
   }
   absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
@@ -404,13 +405,13 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   // Load every model kernel now (on the current device: the backend's, when
   // it was created on this thread), not at its first launch mid-step.
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
-  PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels());
   // What a block may opt in to (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB
   // on sm_86/sm_89): the tensor-core kernels at head_dim 128 need 104.5 KiB.
   int device = 0, smem_optin = 0;
   PLATEAU_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels(smem_optin));
   return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(options, smem_optin));
 }
 

@@ -98,8 +98,10 @@ struct Regs {
 void WarpMma(std::vector<std::vector<double>>& c, const std::vector<Regs>& regs) {
   double A[kM][kK], B[kK][kN];
   for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 8; ++i) A[PtxA(lane, i).row][PtxA(lane, i).col] = regs[lane].a[i / 2][i % 2];
-    for (int i = 0; i < 4; ++i) B[PtxB(lane, i).row][PtxB(lane, i).col] = regs[lane].b[i / 2][i % 2];
+    for (int i = 0; i < 8; ++i)
+      A[PtxA(lane, i).row][PtxA(lane, i).col] = regs[lane].a[i / 2][i % 2];
+    for (int i = 0; i < 4; ++i)
+      B[PtxB(lane, i).row][PtxB(lane, i).col] = regs[lane].b[i / 2][i % 2];
   }
   for (int lane = 0; lane < 32; ++lane) {
     for (int i = 0; i < 4; ++i) {
@@ -140,7 +142,8 @@ TEST(MmaLayoutTest, TheKernelsAddressingFormsQKThenPV) {
     for (int n = 0; n < kSTiles; ++n) {
       std::vector<Regs> regs(32);
       for (int lane = 0; lane < 32; ++lane) {
-        for (int r = 0; r < kARegs; ++r) Word(q, AWordOffset(lane, r, 0, kk * kK, ldq), regs[lane].a[r]);
+        for (int r = 0; r < kARegs; ++r)
+          Word(q, AWordOffset(lane, r, 0, kk * kK, ldq), regs[lane].a[r]);
         for (int r = 0; r < kBRegs; ++r) {
           Word(k, BWordOffset(lane, r, kk * kK, n * kN, ldk), regs[lane].b[r]);
         }
@@ -153,7 +156,8 @@ TEST(MmaLayoutTest, TheKernelsAddressingFormsQKThenPV) {
       for (int i = 0; i < 4; ++i) {
         const Coord at = CElement(lane, i);
         double want = 0;
-        for (int d = 0; d < kDim; ++d) want += double{q[at.row * ldq + d]} * k[(n * kN + at.col) * ldk + d];
+        for (int d = 0; d < kDim; ++d)
+          want += double{q[at.row * ldq + d]} * k[(n * kN + at.col) * ldk + d];
         ASSERT_EQ(s[n][lane][i], want) << "S tile " << n << " lane " << lane << " c" << i;
       }
     }

@@ -183,7 +183,7 @@ float __shfl_xor_sync(unsigned mask, float x, int lane_mask) {
   using namespace plateau::simt;
   if (mask != 0xffffffffu) Fail("__shfl_xor_sync with a partial mask");
   const int lane = threadIdx.x % 32;
-  uint32_t (*scratch)[8] = WarpScratch();
+  uint32_t(*scratch)[8] = WarpScratch();
   std::memcpy(&scratch[lane][0], &x, 4);
   WarpRendezvous(-1);
   float r;

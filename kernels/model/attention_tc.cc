@@ -38,8 +38,8 @@ ProbGrad ProbAndGrad(const AttentionShape& s, const Bf16* qr, const Bf16* dor, c
 
 }  // namespace
 
-void AttentionForwardBlockTc(const AttentionShape& s, const Bf16* q, const Bf16* k, const Bf16* v,
-                             float* m, float* l, float* acc) {
+void TensorCoreAttentionForward(const AttentionShape& s, const Bf16* q, const Bf16* k,
+                                const Bf16* v, float* m, float* l, float* acc) {
   const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
   const int64_t qs = s.heads * d, ks = s.kv_heads * d;
   float p[kAttentionTcTile];
@@ -78,9 +78,9 @@ void AttentionForwardBlockTc(const AttentionShape& s, const Bf16* q, const Bf16*
   }
 }
 
-void AttentionBackwardBlockTc(const AttentionShape& s, const Bf16* q, const Bf16* k,
-                              const Bf16* v, const Bf16* dout, const float* lse,
-                              const float* delta, Bf16* dq, float* dk, float* dv, float* work) {
+void TensorCoreAttentionBackward(const AttentionShape& s, const Bf16* q, const Bf16* k,
+                                 const Bf16* v, const Bf16* dout, const float* lse,
+                                 const float* delta, Bf16* dq, float* dk, float* dv, float* work) {
   const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
   const int64_t qs = s.heads * d, ks = s.kv_heads * d;
   // dq: query-major, as the dQ kernel (one row's sum, then one rounding).

@@ -12,7 +12,8 @@
 //   fp32 rounding could take it (2^-12 of its magnitude somewhere), and the
 //   kTiles path of the same data is within fp32 reach of exact;
 // - the same bits as calling attention_tc.h directly, and run to run.
-// The CUDA kernels are held to this reference in cuda_bf16_twin_test.
+// The CUDA kernels are held to this reference in cuda_attention_tc_twin_test
+// (on a GPU) and cuda_attention_tc_emulated_test (their source, emulated).
 #include "kernels/model/attention_tc.h"
 
 #include <cmath>
@@ -69,8 +70,8 @@ TEST_P(AttentionTcTest, WithinBf16OfExactAttention) {
     ASSERT_NE(tiles, nullptr);
     const AttnTcOut t = RunAttnTc(side_, *tiles, d);
     double worst_tiles = 0;
-    EXPECT_TRUE(WithinMagnitude(t.o, x.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_o),
-                                "tiles o", &worst_tiles));
+    EXPECT_TRUE(WithinMagnitude(t.o, x.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_o), "tiles o",
+                                &worst_tiles));
     EXPECT_LT(worst_tiles, 0x1p-14);
     std::printf("%s: |o - exact| / magnitude at most %.3g (tensor-core arithmetic), %.3g (tiles)\n",
                 GetParam().name, worst_o, worst_tiles);
@@ -96,8 +97,8 @@ TEST_P(AttentionTcTest, ModelKernelsRunAttentionTcBitForBitAndRunToRun) {
   const AttentionShape& s0 = d.shapes[0];
   AttentionInitState(s0, m.data(), l.data(), acc.data());
   for (size_t j = 0; j < d.shapes.size(); ++j) {
-    AttentionForwardBlockTc(d.shapes[j], d.q.data(), d.k[j].data(), d.v[j].data(), m.data(),
-                            l.data(), acc.data());
+    TensorCoreAttentionForward(d.shapes[j], d.q.data(), d.k[j].data(), d.v[j].data(), m.data(),
+                               l.data(), acc.data());
   }
   EXPECT_EQ(m, a.m);
   EXPECT_EQ(l, a.l);
@@ -105,9 +106,9 @@ TEST_P(AttentionTcTest, ModelKernelsRunAttentionTcBitForBitAndRunToRun) {
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     std::vector<float> dk = d.dk0[j], dv = d.dv0[j];
     std::vector<float> work(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
-    AttentionBackwardBlockTc(d.shapes[j], d.q.data(), d.k[j].data(), d.v[j].data(),
-                             d.dout.data(), a.lse.data(), a.delta.data(), dq.data(), dk.data(),
-                             dv.data(), work.data());
+    TensorCoreAttentionBackward(d.shapes[j], d.q.data(), d.k[j].data(), d.v[j].data(),
+                                d.dout.data(), a.lse.data(), a.delta.data(), dq.data(), dk.data(),
+                                dv.data(), work.data());
     EXPECT_EQ(dk, a.dk[j]);
     EXPECT_EQ(dv, a.dv[j]);
   }
@@ -134,19 +135,18 @@ TEST(AttentionTcOptionsTest, TheCpuRunsTilesUnlessAskedForTensorCores) {
 }
 
 // Key tiles are 64 keys: several of them, and lengths off the tile.
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, AttentionTcTest,
-    ::testing::Values(
-        // GQA 1, head_dim 16: the own (diagonal) block, then the earlier one.
-        AttnTcCase{"gqa1_ring", 2, 37, 37, 4, 4, 16, 37, {37, 0}},
-        // GQA 2, head_dim 64: 150 keys (three tiles, the last partial),
-        // queries past the first tile, a block wholly after the queries.
-        AttnTcCase{"gqa2_d64_tiles", 1, 70, 150, 4, 2, 64, 150, {150, 0, 300}},
-        // GQA 4, head_dim 128, more keys than queries from position 0.
-        AttnTcCase{"gqa4_d128", 1, 33, 80, 8, 2, 128, 0, {0}},
-        // Queries that see no key: o = 0, lse = -inf, dq, dk, dv unchanged.
-        AttnTcCase{"none_visible", 1, 20, 20, 2, 1, 64, 0, {40}}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTcTest,
+                         ::testing::Values(
+                             // GQA 1, head_dim 16: the own (diagonal) block, then the earlier one.
+                             AttnTcCase{"gqa1_ring", 2, 37, 37, 4, 4, 16, 37, {37, 0}},
+                             // GQA 2, head_dim 64: 150 keys (three tiles, the last partial),
+                             // queries past the first tile, a block wholly after the queries.
+                             AttnTcCase{"gqa2_d64_tiles", 1, 70, 150, 4, 2, 64, 150, {150, 0, 300}},
+                             // GQA 4, head_dim 128, more keys than queries from position 0.
+                             AttnTcCase{"gqa4_d128", 1, 33, 80, 8, 2, 128, 0, {0}},
+                             // Queries that see no key: o = 0, lse = -inf, dq, dk, dv unchanged.
+                             AttnTcCase{"none_visible", 1, 20, 20, 2, 1, 64, 0, {40}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace plateau

@@ -170,7 +170,7 @@ class CpuModelKernels final : public ModelKernels {
   }
   absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, float* m, float* l, float* acc, float* work) override {
     if (tensor_core_) {
-      return Run(s, [=] { AttentionForwardBlockTc(shape, q, k, v, m, l, acc); });
+      return Run(s, [=] { TensorCoreAttentionForward(shape, q, k, v, m, l, acc); });
     }
     return Run(s, [=, p = pool_.get()] { cpu::AttentionForwardBlockBf16(shape, q, k, v, m, l, acc, work, p); });
   }
@@ -179,7 +179,7 @@ class CpuModelKernels final : public ModelKernels {
   }
   absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse, const float* delta, Bf16* dq, float* dk, float* dv, float* work) override {
     if (tensor_core_) {
-      return Run(s, [=] { AttentionBackwardBlockTc(shape, q, k, v, dout, lse, delta, dq, dk, dv, work); });
+      return Run(s, [=] { TensorCoreAttentionBackward(shape, q, k, v, dout, lse, delta, dq, dk, dv, work); });
     }
     return Run(s, [=, p = pool_.get()] { cpu::AttentionBackwardBlockBf16(shape, q, k, v, dout, lse, delta, dq, dk, dv, work, p); });
   }

@@ -98,9 +98,9 @@ inline AttnTcOut RunAttnTc(DeviceSide& side, ModelKernels& k, const AttnTcData& 
   const Bf16* q = side.UploadBf16(d.q);
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     float* work = side.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
-    const absl::Status st = k.AttentionForwardBlockBf16(side.s(), d.shapes[j], q,
-                                                        side.UploadBf16(d.k[j]),
-                                                        side.UploadBf16(d.v[j]), m, l, acc, work);
+    const absl::Status st =
+        k.AttentionForwardBlockBf16(side.s(), d.shapes[j], q, side.UploadBf16(d.k[j]),
+                                    side.UploadBf16(d.v[j]), m, l, acc, work);
     EXPECT_TRUE(st.ok()) << st;
   }
   out.m = side.Download(m, d.rows);
@@ -118,9 +118,9 @@ inline AttnTcOut RunAttnTc(DeviceSide& side, ModelKernels& k, const AttnTcData& 
     float* work = side.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
     float* dk = side.Upload(d.dk0[j]);
     float* dv = side.Upload(d.dv0[j]);
-    const absl::Status st = k.AttentionBackwardBlockBf16(
-        side.s(), d.shapes[j], q, side.UploadBf16(d.k[j]), side.UploadBf16(d.v[j]), dout, lse,
-        delta, dq, dk, dv, work);
+    const absl::Status st =
+        k.AttentionBackwardBlockBf16(side.s(), d.shapes[j], q, side.UploadBf16(d.k[j]),
+                                     side.UploadBf16(d.v[j]), dout, lse, delta, dq, dk, dv, work);
     EXPECT_TRUE(st.ok()) << st;
     out.dk.push_back(side.Download(dk, d.kv_size));
     out.dv.push_back(side.Download(dv, d.kv_size));
@@ -247,9 +247,9 @@ inline ::testing::AssertionResult WithinMagnitude(const std::vector<float>& got,
   if (worst != nullptr) *worst = w;
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
-         << what << ": " << bad << " of " << want.size() << " outside " << rel
-         << " x magnitude + " << floor << "; first [" << first << "]: got " << got[first]
-         << ", exact " << want[first] << ", magnitude " << mag[first];
+         << what << ": " << bad << " of " << want.size() << " outside " << rel << " x magnitude + "
+         << floor << "; first [" << first << "]: got " << got[first] << ", exact " << want[first]
+         << ", magnitude " << mag[first];
 }
 
 // The same against another run's values (the magnitudes from the exact run).
@@ -257,8 +257,7 @@ inline ::testing::AssertionResult WithinMagnitude(const std::vector<float>& got,
                                                   const std::vector<float>& want,
                                                   const std::vector<double>& mag, double rel,
                                                   double floor, const std::string& what) {
-  return WithinMagnitude(got, std::vector<double>(want.begin(), want.end()), mag, rel, floor,
-                         what);
+  return WithinMagnitude(got, std::vector<double>(want.begin(), want.end()), mag, rel, floor, what);
 }
 
 inline double MaxAbsFinite(const std::vector<double>& v) {
@@ -284,13 +283,15 @@ inline void ExpectNearExact(const AttnTcOut& got, const AttnTcData& d, const Att
                               "lse vs exact"));
   std::vector<double> mag_dq = x.mag_dq;
   for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.25 * std::abs(x.dq[i]);
-  EXPECT_TRUE(WithinMagnitude(got.dq, x.dq, mag_dq, 0x1p-5, 1e-6 * MaxAbsFinite(x.mag_dq),
-                              "dq vs exact"));
+  EXPECT_TRUE(
+      WithinMagnitude(got.dq, x.dq, mag_dq, 0x1p-5, 1e-6 * MaxAbsFinite(x.mag_dq), "dq vs exact"));
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     EXPECT_TRUE(WithinMagnitude(got.dk[j], x.dk[j], x.mag_dk[j], 0x1p-5,
-                                1e-6 * MaxAbsFinite(x.mag_dk[j]), "dk vs exact, block " + std::to_string(j)));
+                                1e-6 * MaxAbsFinite(x.mag_dk[j]),
+                                "dk vs exact, block " + std::to_string(j)));
     EXPECT_TRUE(WithinMagnitude(got.dv[j], x.dv[j], x.mag_dv[j], 0x1p-5,
-                                1e-6 * MaxAbsFinite(x.mag_dv[j]), "dv vs exact, block " + std::to_string(j)));
+                                1e-6 * MaxAbsFinite(x.mag_dv[j]),
+                                "dv vs exact, block " + std::to_string(j)));
   }
 }
 
@@ -303,17 +304,19 @@ inline void ExpectNearTwin(const AttnTcOut& got, const AttnTcOut& twin, const At
                            const AttnExact& x) {
   const double pairs = static_cast<double>(d.shapes.size());
   EXPECT_TRUE(WithinMagnitude(got.o, twin.o, x.mag_o, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_o), "o"));
-  EXPECT_TRUE(WithinMagnitude(got.lse, twin.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6,
-                              "lse"));
+  EXPECT_TRUE(
+      WithinMagnitude(got.lse, twin.lse, std::vector<double>(d.rows, 1.0), 0x1p-7, 1e-6, "lse"));
   std::vector<double> mag_dq = x.mag_dq;
   for (size_t i = 0; i < mag_dq.size(); ++i) mag_dq[i] += pairs * 0.5 * std::abs(x.dq[i]);
   EXPECT_TRUE(
       WithinMagnitude(got.dq, twin.dq, mag_dq, 0x1p-6, 1e-6 * MaxAbsFinite(x.mag_dq), "dq"));
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     EXPECT_TRUE(WithinMagnitude(got.dk[j], twin.dk[j], x.mag_dk[j], 0x1p-6,
-                                1e-6 * MaxAbsFinite(x.mag_dk[j]), "dk, block " + std::to_string(j)));
+                                1e-6 * MaxAbsFinite(x.mag_dk[j]),
+                                "dk, block " + std::to_string(j)));
     EXPECT_TRUE(WithinMagnitude(got.dv[j], twin.dv[j], x.mag_dv[j], 0x1p-6,
-                                1e-6 * MaxAbsFinite(x.mag_dv[j]), "dv, block " + std::to_string(j)));
+                                1e-6 * MaxAbsFinite(x.mag_dv[j]),
+                                "dv, block " + std::to_string(j)));
   }
 }
 
