@@ -135,8 +135,10 @@ class CudaTwinTest : public ::testing::Test {
 
   // A GEMM on the CUDA side that keeps a stream busy for tens of
   // milliseconds (8192^3, ~1.1 TFLOP in fp32), on buffers of its own.
+  // A GEMM that keeps a GPU busy for tens of milliseconds (on the emulation,
+  // where a query finds queued work pending anyway, a small one).
   GemmArgs BusyGemm(uint32_t seed) {
-    const int64_t gm = 8192;
+    const int64_t gm = kCudaEmulated ? 256 : 8192;
     GemmArgs g;
     g.m = g.n = g.k = gm;
     g.a = g.b = cuda_.Upload(RandomVector(gm * gm, seed));
@@ -396,10 +398,12 @@ TEST_P(CudaElementwiseTest, MatchesCpu) {
                     std::vector<float>(cpu.begin() + 4 * n, cpu.end()), tol));
 }
 
-// 2^24 + 3 elements: more than one sweep of the largest grid.
+// More than one sweep of the largest grid: 2^24 + 3 elements on a GPU
+// (2^16 blocks of 256 threads); the emulation's grids stop at 2^8 blocks
+// (kernels/cuda/cuda_device_utils.cuh), so 2^16 + 3 does the same there.
+constexpr int64_t kPastTheGrid = kCudaEmulated ? (int64_t{1} << 16) + 3 : (int64_t{1} << 24) + 3;
 INSTANTIATE_TEST_SUITE_P(Sizes, CudaElementwiseTest,
-                         ::testing::Values(1, 7, 1000, 65537,
-                                           (int64_t{1} << 24) + 3));
+                         ::testing::Values(1, 7, 1000, 65537, kPastTheGrid));
 
 double SigmoidD(double g) { return 1.0 / (1.0 + std::exp(-g)); }
 
@@ -541,8 +545,9 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaRowsTest,
     ::testing::Values(RowShape{1, 1}, RowShape{3, 1000}, RowShape{1000, 3},
                       RowShape{17, 4096}, RowShape{64, 257},
-                      RowShape{2, 600000}, RowShape{40000, 8},
-                      RowShape{70000, 2}));
+                      RowShape{2, 600000}, RowShape{kCudaEmulated ? 4000 : 40000, 8},
+                      // More rows than blocks: 2^16 on a GPU, 2^8 emulated.
+                      RowShape{kCudaEmulated ? 300 : 70000, 2}));
 
 // Values far outside exp's fp32 range stay finite and agree.
 TEST_F(CudaTwinTest, SoftmaxAndLogSumExpAtExtremes) {
@@ -661,7 +666,7 @@ TEST_F(CudaTwinTest, AdamWMatchesCpuOverSeveralSteps) {
 // Determinism: two runs on the GPU give the same bits.
 
 TEST_F(CudaTwinTest, ReductionsNormsAndGemmAreBitwiseReproducible) {
-  const int64_t rows = 40000, cols = 64, n = rows * cols;
+  const int64_t rows = kCudaEmulated ? 4000 : 40000, cols = 64, n = rows * cols;
   const std::vector<float> x = RandomVector(n, 16), w = RandomVector(cols, 17),
                            dout = RandomVector(n, 18);
   Side& g = cuda_;
@@ -718,7 +723,7 @@ TEST_F(CudaTwinTest, TwoThreadsOnOneStream) {
   float* rstd = g.Poisoned(rows);
   float* out = g.Poisoned(n);
   ASSERT_TRUE(g.b().RmsNormForward(g.s(), out, rstd, dx, dw, rows, cols, 1e-5f).ok());
-  constexpr int kReps = 50;
+  constexpr int kReps = kCudaEmulated ? 8 : 50;
   float* gx = g.Poisoned(n);
   std::vector<float*> gws, sums;
   for (int i = 0; i < kReps; ++i) {
@@ -990,7 +995,7 @@ TEST_F(CudaTwinTest, AFailedStreamSkipsLaterWorkAndKeepsItsFirstError) {
 // another stream overwrites at once. The release returns without waiting;
 // the product must still be exact (bitwise the product computed alone).
 TEST_F(CudaTwinTest, AReleasedBufferIsNotReusedUnderQueuedWork) {
-  const int64_t n = 2048;
+  const int64_t n = kCudaEmulated ? 256 : 2048;
   const size_t bytes = n * n * sizeof(float);
   auto other = cuda_.b().CreateStream("other");
   ASSERT_TRUE(other.ok()) << other.status();

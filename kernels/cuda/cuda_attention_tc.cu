@@ -7,15 +7,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
+#include "kernels/cuda/cuda_device_utils.cuh"
 #include "kernels/cuda/mma_layout.h"
 
 namespace plateau::cuda_model_ops {
 namespace {
 
-#define PLATEAU_TC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 #include "kernels/cuda/cuda_attention_tc_kernels.inc"
-#undef PLATEAU_TC_SHARED
 
 bool GridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
   return tiles <= 0x7fffffff && heads <= 65535 && s.batch <= 65535;
@@ -28,8 +28,8 @@ cudaError_t LaunchForward(cudaStream_t stream, const AttentionDims& s, const Bf1
   if (!GridFits(s, tiles, s.heads)) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
                   static_cast<unsigned>(s.batch));
-  AttentionForwardTcKernel<D><<<grid, kTcThreads, TcSmem<D>::kForward, stream>>>(s, q, k, v, m,
-                                                                                  l, acc);
+  PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, TcSmem<D>::kForward, stream, AttentionForwardTcKernel<D>)(
+      s, q, k, v, m, l, acc);
   return cudaGetLastError();
 }
 
@@ -45,14 +45,14 @@ cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s, const Bf
   // rest, so their order on the stream does not matter.
   const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
                    static_cast<unsigned>(s.batch));
-  AttentionDqTcKernel<D><<<qgrid, kTcThreads, TcSmem<D>::kDq, stream>>>(s, q, k, v, dout, lse,
-                                                                          delta, dq);
+  PLATEAU_KERNEL_LAUNCH(qgrid, kTcThreads, TcSmem<D>::kDq, stream, AttentionDqTcKernel<D>)(
+      s, q, k, v, dout, lse, delta, dq);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 kgrid(static_cast<unsigned>(ktiles), static_cast<unsigned>(s.kv_heads),
                    static_cast<unsigned>(s.batch));
-  AttentionDkvTcKernel<D><<<kgrid, kTcThreads, TcSmem<D>::kDkv, stream>>>(s, q, k, v, dout,
-                                                                            lse, delta, dk, dv);
+  PLATEAU_KERNEL_LAUNCH(kgrid, kTcThreads, TcSmem<D>::kDkv, stream, AttentionDkvTcKernel<D>)(
+      s, q, k, v, dout, lse, delta, dk, dv);
   return cudaGetLastError();
 }
 

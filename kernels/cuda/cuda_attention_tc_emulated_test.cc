@@ -12,9 +12,9 @@
 // - no deadlock, no divergent warp collective, no write past the shared
 //   memory the launcher asks for, and nothing read uninitialised (shared
 //   memory starts as NaN).
-// The emulated mma is the PTX ISA's m16n8k16 table, written out below
-// independently of mma_layout.h, summed in double and rounded once (the
-// hardware's order differs: within the tolerance). What this cannot see:
+// The emulated mma is the PTX ISA's m16n8k16 table, written out in
+// simt_emulator.cc independently of mma_layout.h, summed in double and
+// rounded once (the hardware's order differs: within the tolerance). What this cannot see:
 // the hardware's own behaviour (timing, the memory model within a barrier
 // interval, the real instruction); cuda_attention_tc_twin_test checks the
 // kernels on a GPU.
@@ -37,45 +37,12 @@
 namespace plateau::cuda_model_ops {
 namespace {
 
-#define PLATEAU_TC_SHARED(name) unsigned char* name = ::plateau::simt::SharedMemory()
 #include "kernels/cuda/cuda_attention_tc_kernels.inc"
-#undef PLATEAU_TC_SHARED
 
 // Inside this namespace Bf16 is the kernels' (CUDA's) type; the test's data
 // is kernels/bf16.h's, the same 16 bits.
 using HostBf16 = ::plateau::Bf16;
 static_assert(sizeof(HostBf16) == sizeof(__nv_bfloat16), "the same 16 bits");
-
-float HalfOf(uint32_t word, int h) {
-  return __bfloat162float({static_cast<uint16_t>(h ? word >> 16 : word & 0xffffu)});
-}
-
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the caller's warp,
-// from the PTX ISA's fragment tables: A element (row, k) is in lane
-// (row % 8) * 4 + (k % 8) / 2, register row / 8 + 2 * (k / 8), half k % 2;
-// B element (k, n) in lane n * 4 + (k % 8) / 2, register k / 8, half k % 2;
-// C element i of a lane at row lane / 4 + 8 * (i / 2), column
-// 2 * (lane % 4) + i % 2.
-void Mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-  const int lane = threadIdx.x % 32;
-  uint32_t(*scratch)[8] = simt::WarpScratch();
-  for (int i = 0; i < 4; ++i) scratch[lane][i] = a[i];
-  for (int i = 0; i < 2; ++i) scratch[lane][4 + i] = b[i];
-  simt::WarpRendezvous(1);
-  auto A = [&](int row, int k) {
-    return HalfOf(scratch[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2);
-  };
-  auto B = [&](int k, int n) { return HalfOf(scratch[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
-  float out[4];
-  for (int i = 0; i < 4; ++i) {
-    const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
-    double sum = c[i];
-    for (int k = 0; k < 16; ++k) sum += double{A(row, k)} * double{B(k, col)};
-    out[i] = static_cast<float>(sum);
-  }
-  simt::WarpRendezvous(2);  // every lane has read the fragments
-  for (int i = 0; i < 4; ++i) c[i] = out[i];
-}
 
 AttentionDims Dims(const AttentionShape& s) {
   return {s.batch,    s.q_len,  s.kv_len,  s.heads, s.kv_heads,

@@ -225,8 +225,8 @@ constexpr int kWarps = kThreads / 32;
 __global__ void __launch_bounds__(kThreads)
     EmbeddingBackwardBf16Kernel(const Bf16* dout, const int32_t* tokens, int64_t rows,
                                 int64_t hidden, Bf16* dtable) {
-  __shared__ int64_t match[kThreads];  // this step's rows with the token, in order
-  __shared__ int warp_first[kWarps + 1];
+  PLATEAU_SHARED_ARRAY(int64_t, match, kThreads);  // this step's rows with the token, in order
+  PLATEAU_SHARED_ARRAY(int, warp_first, kWarps + 1);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int32_t tok = tokens[r];
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     AttentionForwardKernel(AttentionDims s, int T, const In* q,
                            const In* k, const In* v, float* m, float* l,
                            float* acc) {
-  extern __shared__ float smem[];
+  PLATEAU_DYNAMIC_SHARED(float, smem);
   const int64_t d = s.head_dim, ld = d + 1;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * T;
   const int64_t h = blockIdx.y, b = blockIdx.z;
@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                               const In* dout, const float* lse,
                               const float* delta, Dq* dq) {
   constexpr bool kStaged = !std::is_same<Dq, float>::value;
-  extern __shared__ float smem[];
+  PLATEAU_DYNAMIC_SHARED(float, smem);
   const int64_t d = s.head_dim, ld = d + 1;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * T;
   const int64_t h = blockIdx.y, b = blockIdx.z;
@@ -705,7 +705,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                                const In* k, const In* v,
                                const In* dout, const float* lse,
                                const float* delta, float* dk, float* dv) {
-  extern __shared__ float smem[];
+  PLATEAU_DYNAMIC_SHARED(float, smem);
   const int64_t d = s.head_dim, ld = d + 1;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * T;
   const int64_t g = blockIdx.y, b = blockIdx.z;
@@ -786,7 +786,7 @@ bool AttentionGridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
 cudaError_t Router(cudaStream_t stream, const float* logits, int64_t rows,
                    int64_t experts, int64_t top_k, float* probs,
                    int32_t* chosen, float* gates) {
-  RouterKernel<<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(rows), kThreads, 0, stream, RouterKernel)(
       logits, rows, experts, top_k, probs, chosen, gates);
   return cudaGetLastError();
 }
@@ -795,7 +795,7 @@ cudaError_t RouterBackward(cudaStream_t stream, const float* probs,
                            const int32_t* chosen, const float* gates,
                            const float* dgates, int64_t rows, int64_t experts,
                            int64_t top_k, float* dlogits) {
-  RouterBackwardKernel<<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(rows), kThreads, 0, stream, RouterBackwardKernel)(
       probs, chosen, gates, dgates, rows, experts, top_k, dlogits);
   return cudaGetLastError();
 }
@@ -804,30 +804,30 @@ cudaError_t Rope(cudaStream_t stream, float* x, int64_t batch, int64_t len,
                  int64_t heads, int64_t head_dim, int64_t pos0,
                  const RopeFreqs& freqs, bool inverse) {
   const int64_t rows = batch * len * heads;
-  RopeKernel<float><<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream, RopeKernel<float>)(
       x, rows, len, heads, head_dim, pos0, freqs, inverse);
   return cudaGetLastError();
 }
 
 cudaError_t StripInit(cudaStream_t stream, float* state, int64_t rows) {
-  StripInitKernel<<<ElementwiseGrid(3 * rows), kThreads, 0, stream>>>(state,
-                                                                     rows);
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(3 * rows), kThreads, 0, stream, StripInitKernel)(
+      state, rows);
   return cudaGetLastError();
 }
 
 cudaError_t StripFold(cudaStream_t stream, const float* logits, int64_t rows,
                       int64_t width, int64_t col0, const int32_t* targets,
                       float* state, int64_t stride) {
-  StripFoldKernel<float><<<RowGrid(rows), kThreads, 0, stream>>>(
-      logits, rows, width, col0, targets, state, state + stride,
-      state + 2 * stride);
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, StripFoldKernel<float>)(
+      logits, rows, width, col0, targets, state, state + stride, state + 2 * stride);
   return cudaGetLastError();
 }
 
 cudaError_t StripFinish(cudaStream_t stream, const float* state,
                         const int32_t* targets, int64_t rows, float* lse,
                         double* stats) {
-  StripFinishKernel<<<1, kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(1, kThreads, 0, stream, StripFinishKernel)(
       state, state + rows, state + 2 * rows, targets, rows, lse, stats);
   return cudaGetLastError();
 }
@@ -835,7 +835,8 @@ cudaError_t StripFinish(cudaStream_t stream, const float* state,
 cudaError_t StripDelta(cudaStream_t stream, float* logits_to_delta,
                        int64_t rows, int64_t width, int64_t col0,
                        const int32_t* targets, const float* lse, float scale) {
-  StripDeltaKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * width), kThreads, 0, stream, StripDeltaKernel<float>)(
       logits_to_delta, rows, width, col0, targets, lse, scale);
   return cudaGetLastError();
 }
@@ -843,10 +844,10 @@ cudaError_t StripDelta(cudaStream_t stream, float* logits_to_delta,
 cudaError_t CrossEntropy(cudaStream_t stream, const float* logits,
                          const int32_t* targets, int64_t rows, int64_t vocab,
                          float* lse, double* stats) {
-  CrossEntropyLseKernel<float><<<RowGrid(rows), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, CrossEntropyLseKernel<float>)(
       logits, targets, rows, vocab, lse);
-  CrossEntropyLossKernel<float><<<1, kThreads, 0, stream>>>(logits, targets, rows,
-                                                            vocab, lse, stats);
+  PLATEAU_KERNEL_LAUNCH(1, kThreads, 0, stream, CrossEntropyLossKernel<float>)(
+      logits, targets, rows, vocab, lse, stats);
   return cudaGetLastError();
 }
 
@@ -860,7 +861,8 @@ cudaError_t CrossEntropyBackward(cudaStream_t stream, float* logits_to_grad,
 cudaError_t Embedding(cudaStream_t stream, const float* table,
                       const int32_t* tokens, int64_t rows, int64_t hidden,
                       float* out) {
-  EmbeddingKernel<float><<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * hidden), kThreads, 0, stream, EmbeddingKernel<float>)(
       table, tokens, rows, hidden, out);
   return cudaGetLastError();
 }
@@ -868,7 +870,7 @@ cudaError_t Embedding(cudaStream_t stream, const float* table,
 cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
                               const int32_t* tokens, int64_t rows,
                               int64_t hidden, float* dtable) {
-  EmbeddingBackwardKernel<<<ElementwiseGrid(hidden), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(hidden), kThreads, 0, stream, EmbeddingBackwardKernel)(
       dout, tokens, rows, hidden, dtable);
   return cudaGetLastError();
 }
@@ -876,14 +878,16 @@ cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
 cudaError_t GatherRows(cudaStream_t stream, const float* src,
                        const int32_t* index, const float* scales, int64_t rows,
                        int64_t width, float* dst) {
-  GatherRowsKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * width), kThreads, 0, stream, GatherRowsKernel<float>)(
       src, index, scales, rows, width, dst);
   return cudaGetLastError();
 }
 
 cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
                         const int32_t* index, int64_t width, float* dst) {
-  ScatterRowsKernel<float><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * width), kThreads, 0, stream, ScatterRowsKernel<float>)(
       src, rows, index, width, dst);
   return cudaGetLastError();
 }
@@ -891,7 +895,8 @@ cudaError_t ScatterRows(cudaStream_t stream, const float* src, int64_t rows,
 cudaError_t CombineRows(cudaStream_t stream, const float* src,
                         const int32_t* pos, const float* weights,
                         int64_t tokens, int64_t k, int64_t width, float* out) {
-  CombineRowsKernel<float><<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(tokens * width), kThreads, 0, stream, CombineRowsKernel<float>)(
       src, pos, weights, tokens, k, width, out);
   return cudaGetLastError();
 }
@@ -899,8 +904,8 @@ cudaError_t CombineRows(cudaStream_t stream, const float* src,
 cudaError_t RowDots(cudaStream_t stream, const float* a, const float* b,
                     const int32_t* pos, int64_t tokens, int64_t k,
                     int64_t width, float* out) {
-  RowDotsKernel<float><<<RowGrid(tokens * k), kThreads, 0, stream>>>(a, b, pos, tokens,
-                                                                     k, width, out);
+  PLATEAU_KERNEL_LAUNCH(RowGrid(tokens * k), kThreads, 0, stream, RowDotsKernel<float>)(
+      a, b, pos, tokens, k, width, out);
   return cudaGetLastError();
 }
 
@@ -913,7 +918,7 @@ Bf16* AsBf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
 
 cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int32_t* tokens,
                           int64_t rows, int64_t hidden, uint16_t* out) {
-  EmbeddingKernel<Bf16><<<ElementwiseGrid(rows * hidden), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(rows * hidden), kThreads, 0, stream, EmbeddingKernel<Bf16>)(
       AsBf16(table), tokens, rows, hidden, AsBf16(out));
   return cudaGetLastError();
 }
@@ -921,21 +926,22 @@ cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int3
 cudaError_t EmbeddingBackwardBf16(cudaStream_t stream, const uint16_t* dout,
                                   const int32_t* tokens, int64_t rows, int64_t hidden,
                                   uint16_t* dtable) {
-  EmbeddingBackwardBf16Kernel<<<RowGrid(rows), kThreads, 0, stream>>>(AsBf16(dout), tokens, rows,
-                                                                      hidden, AsBf16(dtable));
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, EmbeddingBackwardBf16Kernel)(
+      AsBf16(dout), tokens, rows, hidden, AsBf16(dtable));
   return cudaGetLastError();
 }
 
 cudaError_t GatherRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* index,
                            const float* scales, int64_t rows, int64_t width, uint16_t* dst) {
-  GatherRowsKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(rows * width), kThreads, 0, stream, GatherRowsKernel<Bf16>)(
       AsBf16(src), index, scales, rows, width, AsBf16(dst));
   return cudaGetLastError();
 }
 
 cudaError_t ScatterRowsBf16(cudaStream_t stream, const uint16_t* src, int64_t rows,
                             const int32_t* index, int64_t width, uint16_t* dst) {
-  ScatterRowsKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * width), kThreads, 0, stream, ScatterRowsKernel<Bf16>)(
       AsBf16(src), rows, index, width, AsBf16(dst));
   return cudaGetLastError();
 }
@@ -943,7 +949,8 @@ cudaError_t ScatterRowsBf16(cudaStream_t stream, const uint16_t* src, int64_t ro
 cudaError_t CombineRowsBf16(cudaStream_t stream, const uint16_t* src, const int32_t* pos,
                             const float* weights, int64_t tokens, int64_t k, int64_t width,
                             uint16_t* out) {
-  CombineRowsKernel<Bf16><<<ElementwiseGrid(tokens * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(tokens * width), kThreads, 0, stream, CombineRowsKernel<Bf16>)(
       AsBf16(src), pos, weights, tokens, k, width, AsBf16(out));
   return cudaGetLastError();
 }
@@ -951,7 +958,8 @@ cudaError_t CombineRowsBf16(cudaStream_t stream, const uint16_t* src, const int3
 cudaError_t RopeBf16(cudaStream_t stream, uint16_t* x, int64_t batch, int64_t len, int64_t heads,
                      int64_t head_dim, int64_t pos0, const RopeFreqs& freqs, bool inverse) {
   const int64_t rows = batch * len * heads;
-  RopeKernel<Bf16><<<ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * (head_dim / 2)), kThreads, 0, stream, RopeKernel<Bf16>)(
       AsBf16(x), rows, len, heads, head_dim, pos0, freqs, inverse);
   return cudaGetLastError();
 }
@@ -959,7 +967,7 @@ cudaError_t RopeBf16(cudaStream_t stream, uint16_t* x, int64_t batch, int64_t le
 cudaError_t StripFoldBf16(cudaStream_t stream, const uint16_t* logits, int64_t rows,
                           int64_t width, int64_t col0, const int32_t* targets, float* state,
                           int64_t stride) {
-  StripFoldKernel<Bf16><<<RowGrid(rows), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, StripFoldKernel<Bf16>)(
       AsBf16(logits), rows, width, col0, targets, state, state + stride, state + 2 * stride);
   return cudaGetLastError();
 }
@@ -967,17 +975,17 @@ cudaError_t StripFoldBf16(cudaStream_t stream, const uint16_t* logits, int64_t r
 cudaError_t StripDeltaBf16(cudaStream_t stream, uint16_t* logits_to_delta, int64_t rows,
                            int64_t width, int64_t col0, const int32_t* targets, const float* lse,
                            float scale) {
-  StripDeltaKernel<Bf16><<<ElementwiseGrid(rows * width), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(rows * width), kThreads, 0, stream, StripDeltaKernel<Bf16>)(
       AsBf16(logits_to_delta), rows, width, col0, targets, lse, scale);
   return cudaGetLastError();
 }
 
 cudaError_t CrossEntropyBf16(cudaStream_t stream, const uint16_t* logits, const int32_t* targets,
                              int64_t rows, int64_t vocab, float* lse, double* stats) {
-  CrossEntropyLseKernel<Bf16><<<RowGrid(rows), kThreads, 0, stream>>>(AsBf16(logits), targets,
-                                                                      rows, vocab, lse);
-  CrossEntropyLossKernel<Bf16><<<1, kThreads, 0, stream>>>(AsBf16(logits), targets, rows, vocab,
-                                                           lse, stats);
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, CrossEntropyLseKernel<Bf16>)(
+      AsBf16(logits), targets, rows, vocab, lse);
+  PLATEAU_KERNEL_LAUNCH(1, kThreads, 0, stream, CrossEntropyLossKernel<Bf16>)(
+      AsBf16(logits), targets, rows, vocab, lse, stats);
   return cudaGetLastError();
 }
 
@@ -990,8 +998,8 @@ cudaError_t CrossEntropyBackwardBf16(cudaStream_t stream, uint16_t* logits_to_gr
 cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* b,
                         const int32_t* pos, int64_t tokens, int64_t k, int64_t width,
                         float* out) {
-  RowDotsKernel<Bf16><<<RowGrid(tokens * k), kThreads, 0, stream>>>(AsBf16(a), AsBf16(b), pos,
-                                                                    tokens, k, width, out);
+  PLATEAU_KERNEL_LAUNCH(RowGrid(tokens * k), kThreads, 0, stream, RowDotsKernel<Bf16>)(
+      AsBf16(a), AsBf16(b), pos, tokens, k, width, out);
   return cudaGetLastError();
 }
 
@@ -1009,8 +1017,9 @@ int AttentionTile(int64_t head_dim) {
 cudaError_t AttentionInit(cudaStream_t stream, const AttentionDims& s,
                           float* m, float* l, float* acc) {
   const int64_t rows = s.batch * s.q_len * s.heads;
-  AttentionInitKernel<<<ElementwiseGrid(rows * s.head_dim), kThreads, 0,
-                        stream>>>(rows, s.head_dim, m, l, acc);
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * s.head_dim), kThreads, 0, stream, AttentionInitKernel)(
+      rows, s.head_dim, m, l, acc);
   return cudaGetLastError();
 }
 
@@ -1026,9 +1035,9 @@ cudaError_t LaunchAttentionForward(cudaStream_t stream, const AttentionDims& s, 
   if (!AttentionGridFits(s, tiles, s.heads)) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
                   static_cast<unsigned>(s.batch));
-  AttentionForwardKernel<In><<<grid, kAttnThreads,
-                               ForwardSmemFloats(T, s.head_dim) * sizeof(float),
-                               stream>>>(s, T, q, k, v, m, l, acc);
+  PLATEAU_KERNEL_LAUNCH(
+       grid, kAttnThreads, ForwardSmemFloats(T, s.head_dim) * sizeof(float), stream,
+      AttentionForwardKernel<In>)(s, T, q, k, v, m, l, acc);
   return cudaGetLastError();
 }
 
@@ -1036,7 +1045,7 @@ template <typename In>
 cudaError_t LaunchAttentionDelta(cudaStream_t stream, const AttentionDims& s, const float* o,
                                  const In* dout, float* delta) {
   const int64_t rows = s.batch * s.q_len * s.heads;
-  AttentionDeltaKernel<In><<<ElementwiseGrid(rows), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(rows), kThreads, 0, stream, AttentionDeltaKernel<In>)(
       rows, s.head_dim, o, dout, delta);
   return cudaGetLastError();
 }
@@ -1072,16 +1081,16 @@ cudaError_t LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& s,
   // the rest, so they may run in either order on the one stream.
   const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
                    static_cast<unsigned>(s.batch));
-  AttentionBackwardDqKernel<In, Dq><<<qgrid, kAttnThreads, dq_smem, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(qgrid, kAttnThreads, dq_smem, stream, AttentionBackwardDqKernel<In, Dq>)(
       s, T, q, k, v, dout, lse, delta, dq);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 kgrid(static_cast<unsigned>(ktiles),
                    static_cast<unsigned>(s.kv_heads),
                    static_cast<unsigned>(s.batch));
-  AttentionBackwardDkvKernel<In><<<kgrid, kAttnThreads,
-                                   DkvSmemFloats(T, s.head_dim) * sizeof(float),
-                                   stream>>>(s, T, q, k, v, dout, lse, delta, dk, dv);
+  PLATEAU_KERNEL_LAUNCH(
+       kgrid, kAttnThreads, DkvSmemFloats(T, s.head_dim) * sizeof(float), stream,
+      AttentionBackwardDkvKernel<In>)(s, T, q, k, v, dout, lse, delta, dk, dv);
   return cudaGetLastError();
 }
 
@@ -1104,8 +1113,9 @@ cudaError_t AttentionFinalize(cudaStream_t stream, const AttentionDims& s,
                               const float* m, const float* l, float* acc_to_o,
                               float* lse) {
   const int64_t rows = s.batch * s.q_len * s.heads;
-  AttentionFinalizeKernel<<<ElementwiseGrid(rows * s.head_dim), kThreads, 0,
-                            stream>>>(rows, s.head_dim, m, l, acc_to_o, lse);
+  PLATEAU_KERNEL_LAUNCH(
+      ElementwiseGrid(rows * s.head_dim), kThreads, 0, stream, AttentionFinalizeKernel)(
+      rows, s.head_dim, m, l, acc_to_o, lse);
   return cudaGetLastError();
 }
 

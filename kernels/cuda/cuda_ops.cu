@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) ElementwiseKernel(int64_t n, Op op) 
 
 template <typename Op>
 cudaError_t LaunchElementwise(cudaStream_t stream, int64_t n, Op op) {
-  ElementwiseKernel<<<ElementwiseGrid(n), kThreads, 0, stream>>>(n, op);
+  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(n), kThreads, 0, stream, ElementwiseKernel<Op>)(n, op);
   return cudaGetLastError();
 }
 
@@ -364,11 +364,12 @@ cudaError_t LaunchReduce(cudaStream_t stream, float* out, const T* x,
   const int64_t blocks =
       std::clamp<int64_t>((n + per_block - 1) / per_block, 1, kReduceBlocks);
   auto* partial = static_cast<double*>(scratch);
-  ReducePartialKernel<kSquare, T>
-      <<<static_cast<int>(blocks), kThreads, 0, stream>>>(partial, x, n);
+  PLATEAU_KERNEL_LAUNCH(
+      static_cast<int>(blocks), kThreads, 0, stream, ReducePartialKernel<kSquare, T>)(
+      partial, x, n);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  ReduceFinishKernel<<<1, kThreads, 0, stream>>>(out, partial, blocks);
+  PLATEAU_KERNEL_LAUNCH(1, kThreads, 0, stream, ReduceFinishKernel)(out, partial, blocks);
   return cudaGetLastError();
 }
 
@@ -421,7 +422,7 @@ template <typename T>
 cudaError_t RmsNormForwardT(cudaStream_t stream, T* out, float* rstd,
                             const T* x, const T* weight, int64_t rows,
                             int64_t cols, float eps) {
-  RmsNormForwardKernel<T><<<RowGrid(rows), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, RmsNormForwardKernel<T>)(
       out, rstd, x, weight, rows, cols, eps);
   return cudaGetLastError();
 }
@@ -447,17 +448,17 @@ cudaError_t RmsNormBackwardT(cudaStream_t stream, T* dx, T* dweight,
 
   const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                   static_cast<unsigned>(chunks));
-  RmsNormDweightPartialKernel<T><<<grid, kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(grid, kThreads, 0, stream, RmsNormDweightPartialKernel<T>)(
       partial, dweight, dout, x, rstd, rows, cols, rows_per_chunk);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (partial != nullptr) {
-    RmsNormDweightCombineKernel<T><<<grid.x, kThreads, 0, stream>>>(
+    PLATEAU_KERNEL_LAUNCH(grid.x, kThreads, 0, stream, RmsNormDweightCombineKernel<T>)(
         dweight, partial, cols, chunks);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  RmsNormBackwardDxKernel<T><<<RowGrid(rows), kThreads, 0, stream>>>(
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, RmsNormBackwardDxKernel<T>)(
       dx, dout, x, weight, rstd, rows, cols);
   return cudaGetLastError();
 }
@@ -526,14 +527,14 @@ cudaError_t RmsNormBackwardBf16(cudaStream_t stream, uint16_t* dx, uint16_t* dwe
 
 cudaError_t SoftmaxRows(cudaStream_t stream, float* y, const float* x,
                         int64_t rows, int64_t cols) {
-  SoftmaxRowsKernel<<<RowGrid(rows), kThreads, 0, stream>>>(y, x, rows, cols);
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, SoftmaxRowsKernel)(y, x, rows, cols);
   return cudaGetLastError();
 }
 
 cudaError_t LogSumExpRows(cudaStream_t stream, float* out, const float* x,
                           int64_t rows, int64_t cols) {
-  LogSumExpRowsKernel<<<RowGrid(rows), kThreads, 0, stream>>>(out, x, rows,
-                                                              cols);
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, LogSumExpRowsKernel)(
+      out, x, rows, cols);
   return cudaGetLastError();
 }
 
@@ -604,7 +605,7 @@ cudaError_t StoreGemmPointers(cudaStream_t stream, const void* const* a,
       batch.b[i] = b[off + i];
       batch.c[i] = c[off + i];
     }
-    StoreGemmPointersKernel<<<1, kPointersPerLaunch, 0, stream>>>(
+    PLATEAU_KERNEL_LAUNCH(1, kPointersPerLaunch, 0, stream, StoreGemmPointersKernel)(
         batch, count, dst_a + off, dst_b + off, dst_c + off);
     const cudaError_t error = cudaGetLastError();
     if (error != cudaSuccess) return error;

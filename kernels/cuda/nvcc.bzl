@@ -1,4 +1,4 @@
-"""nvcc_library: a .cu file compiled by nvcc into a static library.
+"""nvcc_library: a .cu file compiled by nvcc into a static library (or by g++ for the emulation).
 
 Bazel 4's C++ rules cannot compile .cu files, so nvcc runs in a genrule
 (machine code for sm_80 (A100) and sm_90 (H100/H200), plus compute_90 PTX so
@@ -58,12 +58,31 @@ def nvcc_library(name, src, hdr, textual_hdrs = []):
         static_library = ":" + archive,
         tags = ["manual"],
     )
+    # Under --config=cuda_emulated, g++ compiles the same file as C++ against
+    # the emulation's headers (kernels/cuda/emulated/) instead.
+    native.genrule(
+        name = name + "_emulated_cc",
+        srcs = [src],
+        outs = [name + "_emulated.cc"],
+        cmd = "echo '#include \"%s/%s\"' > $@" % (native.package_name(), src),
+        tags = ["manual"],
+    )
+    native.cc_library(
+        name = name + "_emulated",
+        srcs = [":" + name + "_emulated.cc"],
+        textual_hdrs = [src, hdr] + textual_hdrs,
+        # The kernels' #pragma unroll, and CUDA's unsigned threadIdx against
+        # int counts, mean nothing to g++.
+        copts = ["-Wno-unknown-pragmas", "-Wno-sign-compare"],
+        tags = ["manual"],
+        deps = ["//kernels/cuda:simt_emulator"],
+    )
     native.cc_library(
         name = name,
         hdrs = [hdr],
         tags = ["manual"],
-        deps = [
-            ":" + name + "_archive",
-            "@cuda//:cudart",
-        ],
+        deps = select({
+            "//:cuda_emulated": [":" + name + "_emulated"],
+            "//conditions:default": [":" + name + "_archive"],
+        }) + ["//kernels/cuda:cudart"],
     )

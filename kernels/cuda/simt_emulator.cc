@@ -1,26 +1,107 @@
 #include "kernels/cuda/simt_emulator.h"
 
-#include <ucontext.h>
+#include <sys/mman.h>
 
+#include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 SimtDim3 threadIdx, blockIdx, blockDim, gridDim;
+
+// The context switch: saves the callee-saved registers, the SSE and x87
+// control words and the stack pointer of the running context in *from,
+// and resumes the one whose stack pointer is `to`. glibc's swapcontext does
+// the same plus two signal-mask system calls, which made a grid of a
+// million threads take minutes.
+extern "C" void plateau_simt_switch(void** from, void* to);
+asm(R"(
+  .text
+  .globl plateau_simt_switch
+  .type plateau_simt_switch, @function
+plateau_simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size plateau_simt_switch, .-plateau_simt_switch
+)");
 
 namespace plateau::simt {
 namespace {
 
 constexpr size_t kGuardBytes = 4096;
 constexpr size_t kStackBytes = 256 << 10;
+constexpr size_t kPageBytes = 4096;
 constexpr int kMaxWarps = 32;
 
 enum class Wait { kNone, kWarp, kBlock };
 
+// A thread's stack: mapped once and reused by every block (a fresh
+// zero-filled stack per thread per block cost more than most kernels), with
+// an inaccessible page below it so an overflow faults rather than writing
+// into the next stack.
+class Stack {
+ public:
+  Stack() {
+    base_ = static_cast<char*>(mmap(nullptr, kStackBytes + kPageBytes, PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (base_ == MAP_FAILED) std::abort();
+    mprotect(base_, kPageBytes, PROT_NONE);
+  }
+  ~Stack() { munmap(base_, kStackBytes + kPageBytes); }
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+
+  // The stack pointer that plateau_simt_switch resumes into `entry`: six
+  // zeroed callee-saved registers, the default control words below them,
+  // `entry` as the return address and a null one above it, so that `entry`
+  // starts with the stack aligned as if it had been called.
+  void* Start(void (*entry)()) {
+    char* top = base_ + kPageBytes + kStackBytes;
+#if defined(__SANITIZE_ADDRESS__)
+    // A thread stopped mid-kernel (a failed block) leaves its frames'
+    // redzones poisoned.
+    __asan_unpoison_memory_region(base_ + kPageBytes, kStackBytes);
+#endif
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top) - 9;
+    const uint32_t control[2] = {0x1F80u, 0x037Fu};  // MXCSR, x87 control word
+    std::memcpy(sp, control, 8);
+    for (int i = 1; i <= 6; ++i) sp[i] = 0;
+    sp[7] = reinterpret_cast<uint64_t>(entry);
+    sp[8] = 0;
+    return sp;
+  }
+
+ private:
+  char* base_;
+};
+
 struct Thread {
-  ucontext_t context;
-  std::vector<char> stack;
-  bool started = false, done = false;
+  void* sp = nullptr;  // saved while switched out
+  bool done = false;
   Wait wait = Wait::kNone;
   uint64_t generation = 0;  // of the barrier it waits at
 };
@@ -32,14 +113,19 @@ struct Warp {
 };
 
 struct State {
+  std::vector<std::unique_ptr<Stack>> stacks;
   std::vector<Thread> threads;
   std::vector<Warp> warps;
   uint64_t block_generation = 0;
   int block_arrived = 0;
-  ucontext_t scheduler;
+  int block_or = 0;  // __syncthreads_or's running value
+  int block_or_result = 0;
+  bool progressed = false;  // a collective completed since the last pick
+  void* scheduler_sp = nullptr;
   int current = -1;
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> shared;
+  std::map<const void*, std::vector<unsigned char>> static_shared;
   std::string failure;
 };
 State state;
@@ -48,7 +134,9 @@ void Fail(const std::string& what) {
   if (state.failure.empty()) state.failure = what;
 }
 
-void YieldToScheduler() { swapcontext(&state.threads[state.current].context, &state.scheduler); }
+void YieldToScheduler() {
+  plateau_simt_switch(&state.threads[state.current].sp, state.scheduler_sp);
+}
 
 bool Runnable(int t) {
   const Thread& th = state.threads[t];
@@ -64,44 +152,55 @@ bool Runnable(int t) {
   return true;
 }
 
-void Trampoline() {
+// Each thread starts here and, done, switches back for good.
+void Entry() {
   (*state.body)();
   state.threads[state.current].done = true;
-}  // returns to uc_link: the scheduler
+  YieldToScheduler();
+  std::abort();  // never resumed
+}
 
+// Runs one block: always the first runnable thread in `order`, as far as it
+// goes. Threads before the last pick stay blocked or done until a
+// collective completes, so the scan resumes from there and restarts only
+// then (linear in the threads for a kernel without collectives).
 std::string RunBlock(int threads, const std::vector<int>& order) {
+  while (static_cast<int>(state.stacks.size()) < threads) {
+    state.stacks.push_back(std::make_unique<Stack>());
+  }
   state.threads.assign(threads, Thread());
   state.warps.assign((threads + 31) / 32, Warp());
   state.block_generation = 0;
   state.block_arrived = 0;
-  for (Thread& th : state.threads) {
-    th.stack.resize(kStackBytes);
-    getcontext(&th.context);
-    th.context.uc_stack.ss_sp = th.stack.data();
-    th.context.uc_stack.ss_size = th.stack.size();
-    th.context.uc_link = &state.scheduler;
-    makecontext(&th.context, Trampoline, 0);
-  }
+  state.block_or = 0;
+  state.static_shared.clear();
+  for (int t = 0; t < threads; ++t) state.threads[t].sp = state.stacks[t]->Start(Entry);
+  size_t cursor = 0;
   for (;;) {
-    int pick = -1;
-    for (int t : order) {
-      if (Runnable(t)) {
-        pick = t;
-        break;
-      }
+    if (state.progressed) {
+      state.progressed = false;
+      cursor = 0;
     }
-    if (pick < 0) break;
+    while (cursor < order.size() && !Runnable(order[cursor])) ++cursor;
+    if (cursor == order.size()) break;
+    const int pick = order[cursor];
     state.current = pick;
     threadIdx = {static_cast<unsigned>(pick), 0, 0};
-    Thread& th = state.threads[pick];
-    th.started = true;
-    th.wait = Wait::kNone;
-    swapcontext(&state.scheduler, &th.context);
+    state.threads[pick].wait = Wait::kNone;
+    plateau_simt_switch(&state.scheduler_sp, state.threads[pick].sp);
   }
   for (const Thread& th : state.threads) {
     if (!th.done) {
       Fail("deadlock: a barrier or warp collective that not every thread reached");
       break;
+    }
+  }
+  for (const auto& [key, bytes] : state.static_shared) {
+    for (size_t i = bytes.size() - kGuardBytes; i < bytes.size(); ++i) {
+      if (bytes[i] != 0xFF) {
+        Fail("a write past a __shared__ array");
+        break;
+      }
     }
   }
   return state.failure;
@@ -111,7 +210,46 @@ std::string RunBlock(int threads, const std::vector<int>& order) {
 
 unsigned char* SharedMemory() { return state.shared.data(); }
 
+unsigned char* StaticShared(const void* key, size_t bytes) {
+  std::vector<unsigned char>& memory = state.static_shared[key];
+  if (memory.empty()) memory.assign(bytes + kGuardBytes, 0xFF);
+  return memory.data();
+}
+
 uint32_t (*WarpScratch())[8] { return state.warps[state.current / 32].scratch; }
+
+namespace {
+float HalfOf(uint32_t word, int h) {
+  return __bfloat162float({static_cast<uint16_t>(h ? word >> 16 : word & 0xffffu)});
+}
+}  // namespace
+
+// From the PTX ISA's fragment tables, written out here independently of
+// kernels/cuda/mma_layout.h (which the kernels use): A element (row, k) is
+// in lane (row % 8) * 4 + (k % 8) / 2, register row / 8 + 2 * (k / 8), half
+// k % 2; B element (k, n) in lane n * 4 + (k % 8) / 2, register k / 8, half
+// k % 2; C element i of a lane at row lane / 4 + 8 * (i / 2), column
+// 2 * (lane % 4) + i % 2.
+void MmaM16N8K16Bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  const int lane = threadIdx.x % 32;
+  uint32_t(*scratch)[8] = WarpScratch();
+  for (int i = 0; i < 4; ++i) scratch[lane][i] = a[i];
+  for (int i = 0; i < 2; ++i) scratch[lane][4 + i] = b[i];
+  WarpRendezvous(1);
+  auto A = [&](int row, int k) {
+    return HalfOf(scratch[(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2);
+  };
+  auto B = [&](int k, int n) { return HalfOf(scratch[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
+  float out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+    double sum = c[i];
+    for (int k = 0; k < 16; ++k) sum += double{A(row, k)} * double{B(k, col)};
+    out[i] = static_cast<float>(sum);
+  }
+  WarpRendezvous(2);  // every lane has read the fragments
+  for (int i = 0; i < 4; ++i) c[i] = out[i];
+}
 
 void WarpRendezvous(int kind) {
   Warp& w = state.warps[state.current / 32];
@@ -125,6 +263,7 @@ void WarpRendezvous(int kind) {
   if (++w.arrived == 32) {
     w.arrived = 0;
     ++w.generation;
+    state.progressed = true;
     return;
   }
   th.wait = Wait::kWarp;
@@ -166,17 +305,40 @@ std::string RunGrid(SimtDim3 grid, int threads, int smem_bytes, Schedule schedul
 
 }  // namespace plateau::simt
 
-void __syncthreads() {
+namespace {
+
+// Arrives at the block barrier; returns when every thread has.
+void BlockBarrier() {
   using plateau::simt::state;
   plateau::simt::Thread& th = state.threads[state.current];
   th.generation = state.block_generation;
   if (++state.block_arrived == static_cast<int>(state.threads.size())) {
     state.block_arrived = 0;
     ++state.block_generation;
+    state.progressed = true;
     return;
   }
   th.wait = plateau::simt::Wait::kBlock;
   plateau::simt::YieldToScheduler();
+}
+
+}  // namespace
+
+void __syncthreads() { BlockBarrier(); }
+
+int __syncthreads_or(int predicate) {
+  using plateau::simt::state;
+  // Every thread ORs in before the barrier opens; the last to arrive
+  // publishes the result and clears the sum for the next call. A thread
+  // reads the result before it can reach the next barrier, which cannot
+  // open before every thread has read (they all must arrive there).
+  if (predicate) state.block_or = 1;
+  if (state.block_arrived + 1 == static_cast<int>(state.threads.size())) {
+    state.block_or_result = state.block_or;
+    state.block_or = 0;
+  }
+  BlockBarrier();
+  return state.block_or_result;
 }
 
 float __shfl_xor_sync(unsigned mask, float x, int lane_mask) {
@@ -190,4 +352,17 @@ float __shfl_xor_sync(unsigned mask, float x, int lane_mask) {
   std::memcpy(&r, &scratch[lane ^ lane_mask][0], 4);
   WarpRendezvous(-2);  // every lane has read before the next write
   return r;
+}
+
+unsigned __ballot_sync(unsigned mask, int predicate) {
+  using namespace plateau::simt;
+  if (mask != 0xffffffffu) Fail("__ballot_sync with a partial mask");
+  const int lane = threadIdx.x % 32;
+  uint32_t(*scratch)[8] = WarpScratch();
+  scratch[lane][0] = predicate ? 1u : 0u;
+  WarpRendezvous(-3);
+  unsigned bits = 0;
+  for (int i = 0; i < 32; ++i) bits |= scratch[i][0] << i;
+  WarpRendezvous(-4);  // every lane has read before the next write
+  return bits;
 }

@@ -1,8 +1,9 @@
 // A small emulation of CUDA's execution model on the CPU, for running the
 // body of a kernel that cannot run here (no GPU) as g++ code: each block's
-// threads are user-level contexts (ucontext) switched at the collectives
-// (__syncthreads, the warp shuffles, a warp-wide instruction), one block at
-// a time. What it catches that a plain C++ port would not:
+// threads are user-level contexts (own stacks, a hand-written x86-64
+// switch) switched at the collectives (__syncthreads, the warp shuffles and
+// ballots, a warp-wide instruction), one block at a time. What it catches
+// that a plain C++ port would not:
 //   - a missing barrier: threads run in a chosen order (Schedule), as far
 //     as the barriers let them, so a read of shared memory another warp has
 //     not written yet (or has overwritten already) changes the results
@@ -10,17 +11,21 @@
 //   - a barrier not every thread reaches (deadlock) and warp collectives
 //     the lanes of a warp disagree on;
 //   - uninitialised shared memory: it starts as 0xFF bytes (NaN floats and
-//     bf16), and writes past the kernel's size land in a guard that is
-//     checked after each block.
+//     bf16) in every block, static (__shared__ arrays) and dynamic, and
+//     writes past the kernel's size land in a guard that is checked after
+//     each block.
 // Not modelled: memory-model subtleties inside a barrier interval (a thread
 // runs until its next collective), timing, and the hardware's own
 // arithmetic (a warp-wide instruction is whatever the test defines).
 //
 // The shims below (the CUDA keywords, threadIdx, bf16 conversions, the
-// rounding intrinsics) are what kernels/cuda/cuda_attention_tc_kernels.inc
-// uses; kernels/cuda/emulated/ maps <cuda_runtime.h> and friends here.
+// rounding intrinsics, the launch and shared-memory spellings) are what the
+// kernel sources (kernels/cuda/*.cu, cuda_attention_tc_kernels.inc) use;
+// kernels/cuda/emulated/ maps <cuda_runtime.h> and friends here and runs
+// launches through the emulated runtime (emulated/cuda_runtime_api.h).
 //
-// Single-threaded: one grid at a time in one process (the state is global).
+// One grid at a time in one process (the state is global): the emulated
+// runtime runs every grid under its lock.
 #ifndef PLATEAU_KERNELS_CUDA_SIMT_EMULATOR_H_
 #define PLATEAU_KERNELS_CUDA_SIMT_EMULATOR_H_
 
@@ -30,6 +35,9 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #define __global__
 #define __device__
@@ -38,14 +46,48 @@
 #define __launch_bounds__(x)
 #define __align__(x) alignas(x)
 
-typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+// The CUDA runtime's error codes (the real values, as in driver_types.h).
+enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInitializationError = 3,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNoKernelImageForDevice = 209,
+  cudaErrorECCUncorrectable = 214,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchTimeout = 702,
+  cudaErrorContextIsDestroyed = 709,
+  cudaErrorAssert = 710,
+  cudaErrorHardwareStackError = 714,
+  cudaErrorIllegalInstruction = 715,
+  cudaErrorMisalignedAddress = 716,
+  cudaErrorInvalidAddressSpace = 717,
+  cudaErrorInvalidPc = 718,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
+  cudaErrorUnknown = 999,
+};
+typedef enum cudaError cudaError_t;
 typedef struct CUstream_st* cudaStream_t;
 
 struct SimtDim3 {
   unsigned x = 0, y = 0, z = 0;
 };
 extern SimtDim3 threadIdx, blockIdx, blockDim, gridDim;
+// A launch's grid or block shape, 1 in each dimension not given.
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
 
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
@@ -79,11 +121,17 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 using std::max;
 using std::min;
 
 void __syncthreads();
+// The barrier that also returns whether `predicate` held for any thread.
+int __syncthreads_or(int predicate);
 float __shfl_xor_sync(unsigned mask, float x, int lane_mask);
+// Bit i: lane i's predicate (the full mask only).
+unsigned __ballot_sync(unsigned mask, int predicate);
 
 namespace plateau::simt {
 
@@ -111,6 +159,75 @@ void WarpRendezvous(int kind);
 // 32 lanes x 8 words of per-warp scratch for the collectives.
 uint32_t (*WarpScratch())[8];
 
+// The warp-wide mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+// (c += a b, fragments as the PTX ISA lays them out), each output summed in
+// double and rounded once: the hardware's order differs, within the
+// tolerance of the tests that use it.
+void MmaM16N8K16Bf16(float c[4], const uint32_t a[4], const uint32_t b[2]);
+
+// A statically sized __shared__ array of the running block: `key` names the
+// declaration (one per template instantiation), `bytes` its size. The first
+// call in a block allocates it (0xFF bytes, with a guard checked after the
+// block, as the dynamic shared memory); every thread of the block gets the
+// same memory.
+unsigned char* StaticShared(const void* key, size_t bytes);
+
+// Called by a launch (PLATEAU_KERNEL_LAUNCH): the emulated runtime
+// (kernels/cuda/emulated/runtime.cc) checks the configuration as CUDA does
+// and puts `body` (one thread's run of the kernel, with its arguments
+// bound) on `stream`, to run on RunGrid when the stream runs. Returns the
+// launch's error, which cudaGetLastError also reports.
+// `name` is the kernel as the launch spells it, for messages.
+cudaError_t LaunchKernel(const void* kernel, const char* name, dim3 grid, dim3 block,
+                         size_t smem_bytes, cudaStream_t stream, std::function<void()> body);
+
+// `kernel<<<grid, block, smem, stream>>>(args...)` for the emulation: the
+// arguments are copied at the launch, as CUDA copies them.
+template <typename... Params>
+class Launcher {
+ public:
+  Launcher(void (*kernel)(Params...), const char* name, dim3 grid, dim3 block, size_t smem,
+           cudaStream_t stream)
+      : kernel_(kernel), name_(name), grid_(grid), block_(block), smem_(smem), stream_(stream) {}
+
+  template <typename... Args>
+  void operator()(Args&&... args) const {
+    static_assert(sizeof...(Args) == sizeof...(Params), "a kernel's every argument");
+    std::tuple<std::decay_t<Params>...> bound(static_cast<Params>(std::forward<Args>(args))...);
+    void (*kernel)(Params...) = kernel_;
+    LaunchKernel(reinterpret_cast<const void*>(kernel_), name_, grid_, block_, smem_, stream_,
+                 [kernel, bound] { std::apply(kernel, bound); });
+  }
+
+ private:
+  void (*kernel_)(Params...);
+  const char* name_;
+  dim3 grid_, block_;
+  size_t smem_;
+  cudaStream_t stream_;
+};
+
+template <typename... Params>
+Launcher<Params...> MakeLauncher(void (*kernel)(Params...), const char* name, dim3 grid,
+                                 dim3 block, size_t smem, cudaStream_t stream) {
+  return Launcher<Params...>(kernel, name, grid, block, smem, stream);
+}
+
 }  // namespace plateau::simt
+
+// The kernel sources' spellings of a launch and of shared memory
+// (kernels/cuda/cuda_device_utils.cuh gives nvcc's): the same text compiles
+// for the GPU and for this emulation.
+//   PLATEAU_KERNEL_LAUNCH(grid, block, smem, stream, Kernel<T>)(args...);
+//   PLATEAU_SHARED_ARRAY(float, name, count);   // __shared__ float name[count]
+//   PLATEAU_DYNAMIC_SHARED(float, name);        // extern __shared__ float name[]
+#define PLATEAU_KERNEL_LAUNCH(grid, block, smem, stream, ...) \
+  ::plateau::simt::MakeLauncher(&__VA_ARGS__, #__VA_ARGS__, grid, block, smem, stream)
+#define PLATEAU_SHARED_ARRAY(type, name, count)                               \
+  static const char plateau_shared_key_##name = 0;                           \
+  type* const name = reinterpret_cast<type*>(                                \
+      ::plateau::simt::StaticShared(&plateau_shared_key_##name, sizeof(type) * (count)))
+#define PLATEAU_DYNAMIC_SHARED(type, name) \
+  type* const name = reinterpret_cast<type*>(::plateau::simt::SharedMemory())
 
 #endif  // PLATEAU_KERNELS_CUDA_SIMT_EMULATOR_H_

@@ -22,6 +22,15 @@
 
 namespace plateau {
 
+// True where the CUDA backend runs on the CPU emulation of the CUDA runtime
+// (--config=cuda_emulated, kernels/cuda/emulated/): a GPU test keeps every
+// check and shrinks only what is sized to keep a real GPU busy.
+#if defined(PLATEAU_CUDA_EMULATED)
+inline constexpr bool kCudaEmulated = true;
+#else
+inline constexpr bool kCudaEmulated = false;
+#endif
+
 // True when `status` (from creating a CUDA backend or its model kernels)
 // says only that there is no GPU to use here: a build without
 // --config=cuda, or no visible device. A CUDA test skips then, and fails on

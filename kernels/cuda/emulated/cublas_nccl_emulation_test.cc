@@ -1,0 +1,1070 @@
+// The emulated cuBLAS and NCCL (kernels/cuda/emulated/cublas.cc, nccl.cc)
+// against naive references, on the emulated runtime: device memory from
+// cudaMalloc, inputs uploaded with cudaMemcpyAsync on the test's stream (so
+// they land only when the stream runs), results read back after
+// cudaStreamSynchronize.
+//
+// The GEMM references follow the arithmetic cublas_api.h documents (each
+// dot product summed in double and rounded once to fp32, alpha * dot +
+// beta * C in fp32, one bf16 rounding) and are compared bit for bit. The
+// NCCL references reduce in rank order 0..n-1, bf16 rounded per step, and
+// are compared bit for bit too. NCCL ranks are threads.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/emulated/cublas_v2.h"
+#include "kernels/cuda/emulated/cuda_runtime_api.h"
+#include "kernels/cuda/emulated/nccl.h"
+
+namespace plateau {
+namespace {
+
+using Bf16 = __nv_bfloat16;
+
+// ---- Streams, device memory, data -------------------------------------------
+
+class TestStream {
+ public:
+  TestStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess); }
+  ~TestStream() { EXPECT_EQ(cudaStreamDestroy(s_), cudaSuccess); }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  ~DeviceArray() { EXPECT_EQ(cudaFree(p_), cudaSuccess); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+
+  // Enqueued on `stream`: the bytes land when the stream runs. `host` must
+  // outlive that (the callers keep it until they synchronise).
+  void Upload(const std::vector<T>& host, cudaStream_t stream) {
+    ASSERT_EQ(host.size(), n_);
+    ASSERT_EQ(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+  }
+  // Everything on `stream` so far, then the contents.
+  std::vector<T> Download(cudaStream_t stream) const {
+    std::vector<T> host(n_);
+    EXPECT_EQ(cudaMemcpyAsync(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, stream),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return host;
+  }
+
+ private:
+  const size_t n_;
+  void* p_ = nullptr;
+};
+
+// Deterministic values in [-1, 1) with a full fp32 mantissa.
+class Values {
+ public:
+  explicit Values(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  float Next() {
+    state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<double>(state_ >> 40) / (1ull << 23) - 1.0);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+template <typename T>
+T FromFloat(float f) {
+  if constexpr (std::is_same_v<T, Bf16>) {
+    return __float2bfloat16_rn(f);
+  } else {
+    return static_cast<T>(f);
+  }
+}
+
+template <typename T>
+std::vector<T> RandomVector(size_t n, uint64_t seed) {
+  Values v(seed);
+  std::vector<T> out(n);
+  for (T& x : out) x = FromFloat<T>(v.Next());
+  return out;
+}
+
+float ToFloat(float f) { return f; }
+float ToFloat(Bf16 b) { return __bfloat162float(b); }
+
+// Element i that differs bit for bit, or -1.
+template <typename T>
+int64_t FirstDifference(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) return 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+template <typename T>
+void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const int64_t i = FirstDifference(got, want);
+  if (i < 0) return;
+  if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Bf16>) {
+    ADD_FAILURE() << what << ": element " << i << " is " << ToFloat(got[i]) << ", expected "
+                  << ToFloat(want[i]);
+  } else {
+    ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", expected " << want[i];
+  }
+}
+
+// ---- cuBLAS -----------------------------------------------------------------
+
+// A handle bound to its own stream, as the CUDA backend binds them.
+class Blas {
+ public:
+  Blas() {
+    EXPECT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasSetStream(handle_, stream_.get()), CUBLAS_STATUS_SUCCESS);
+  }
+  ~Blas() { EXPECT_EQ(cublasDestroy(handle_), CUBLAS_STATUS_SUCCESS); }
+  cublasHandle_t handle() const { return handle_; }
+  cudaStream_t stream() const { return stream_.get(); }
+
+ private:
+  TestStream stream_;
+  cublasHandle_t handle_ = nullptr;
+};
+
+struct GemmDims {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1, beta = 0;
+
+  // Elements of the stored A (lda x columns), B and C.
+  size_t a_size() const { return static_cast<size_t>(lda) * (ta == CUBLAS_OP_N ? k : m); }
+  size_t b_size() const { return static_cast<size_t>(ldb) * (tb == CUBLAS_OP_N ? n : k); }
+  size_t c_size() const { return static_cast<size_t>(ldc) * n; }
+};
+
+// Leading dimensions `pad` larger than needed.
+GemmDims Dims(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int pad, float alpha,
+              float beta) {
+  GemmDims d;
+  d.ta = ta;
+  d.tb = tb;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.lda = std::max(1, (ta == CUBLAS_OP_N ? m : k) + pad);
+  d.ldb = std::max(1, (tb == CUBLAS_OP_N ? k : n) + pad);
+  d.ldc = std::max(1, m + pad + 1);
+  d.alpha = alpha;
+  d.beta = beta;
+  return d;
+}
+
+// The naive column-major GEMM with cublas_api.h's arithmetic; rows of C past
+// m (the padding up to ldc) are left as they are.
+template <typename In, typename Out>
+void ReferenceGemm(const GemmDims& d, const std::vector<In>& a, const std::vector<In>& b,
+                   std::vector<Out>* c) {
+  for (int j = 0; j < d.n; ++j) {
+    for (int i = 0; i < d.m; ++i) {
+      const size_t at = static_cast<size_t>(i) + static_cast<size_t>(j) * d.ldc;
+      float value;
+      if (d.alpha == 0.0f || d.k == 0) {
+        value = d.beta == 0.0f ? 0.0f : d.beta * ToFloat((*c)[at]);
+      } else {
+        double sum = 0;
+        for (int l = 0; l < d.k; ++l) {
+          const In x = d.ta == CUBLAS_OP_N ? a[i + static_cast<size_t>(l) * d.lda]
+                                           : a[l + static_cast<size_t>(i) * d.lda];
+          const In y = d.tb == CUBLAS_OP_N ? b[l + static_cast<size_t>(j) * d.ldb]
+                                           : b[j + static_cast<size_t>(l) * d.ldb];
+          sum += static_cast<double>(ToFloat(x)) * static_cast<double>(ToFloat(y));
+        }
+        const float scaled = d.alpha * static_cast<float>(sum);
+        value = scaled;
+        if (d.beta != 0.0f) {
+          const float old = d.beta * ToFloat((*c)[at]);
+          value = scaled + old;
+        }
+      }
+      (*c)[at] = FromFloat<Out>(value);
+    }
+  }
+}
+
+cudaDataType TypeOf(float) { return CUDA_R_32F; }
+cudaDataType TypeOf(Bf16) { return CUDA_R_16BF; }
+
+// One cublasGemmEx against the reference; `c0` is C's initial contents.
+template <typename In, typename Out>
+void CheckGemmEx(const GemmDims& d, const std::vector<Out>& c0, uint64_t seed,
+                 const std::string& what) {
+  Blas blas;
+  const std::vector<In> a = RandomVector<In>(d.a_size(), seed);
+  const std::vector<In> b = RandomVector<In>(d.b_size(), seed + 1);
+  ASSERT_EQ(c0.size(), d.c_size());
+  DeviceArray<In> da(a.size()), db(b.size());
+  DeviceArray<Out> dc(c0.size());
+  da.Upload(a, blas.stream());
+  db.Upload(b, blas.stream());
+  dc.Upload(c0, blas.stream());
+  ASSERT_EQ(cublasGemmEx(blas.handle(), d.ta, d.tb, d.m, d.n, d.k, &d.alpha, da.get(), TypeOf(In{}),
+                         d.lda, db.get(), TypeOf(In{}), d.ldb, &d.beta, dc.get(), TypeOf(Out{}),
+                         d.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS)
+      << what;
+  std::vector<Out> want = c0;
+  ReferenceGemm(d, a, b, &want);
+  ExpectSameBits(dc.Download(blas.stream()), want, what);
+}
+
+const char* OpName(cublasOperation_t op) {
+  return op == CUBLAS_OP_N ? "N" : op == CUBLAS_OP_T ? "T" : "C";
+}
+
+TEST(EmulatedCublasTest, GemmExFp32EveryOpCombinationOddSizesPaddedLeadingDimensions) {
+  uint64_t seed = 1;
+  for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C}) {
+    for (cublasOperation_t tb : {CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C}) {
+      for (int pad : {0, 3}) {
+        const GemmDims d = Dims(ta, tb, 7, 5, 9, pad, 1.25f, -0.5f);
+        const std::string what =
+            std::string("op ") + OpName(ta) + OpName(tb) + " pad " + std::to_string(pad);
+        seed += 2;
+        CheckGemmEx<float, float>(d, RandomVector<float>(d.c_size(), seed), seed + 1, what);
+      }
+    }
+  }
+}
+
+TEST(EmulatedCublasTest, GemmExLargerThanOneBlock) {
+  // Past the implementation's 64-column and 256-deep blocks.
+  const GemmDims d = Dims(CUBLAS_OP_T, CUBLAS_OP_N, 33, 130, 600, 1, 0.75f, 1.5f);
+  CheckGemmEx<float, float>(d, RandomVector<float>(d.c_size(), 5), 6, "33x130x600");
+}
+
+TEST(EmulatedCublasTest, GemmExBetaZeroDoesNotReadC) {
+  for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+    const GemmDims d = Dims(ta, CUBLAS_OP_N, 6, 4, 3, 2, 2.0f, 0.0f);
+    const std::vector<float> nan_c(d.c_size(), std::numeric_limits<float>::quiet_NaN());
+    CheckGemmEx<float, float>(d, nan_c, 11, "beta 0, C NaN");
+    CheckGemmEx<Bf16, Bf16>(d, std::vector<Bf16>(d.c_size(), __float2bfloat16_rn(NAN)), 12,
+                            "bf16, beta 0, C NaN");
+  }
+}
+
+TEST(EmulatedCublasTest, GemmExAlphaZeroOrKZeroScalesC) {
+  const GemmDims alpha0 = Dims(CUBLAS_OP_N, CUBLAS_OP_T, 5, 3, 4, 1, 0.0f, -2.0f);
+  CheckGemmEx<float, float>(alpha0, RandomVector<float>(alpha0.c_size(), 3), 4, "alpha 0");
+  const GemmDims k0 = Dims(CUBLAS_OP_N, CUBLAS_OP_N, 5, 3, 0, 1, 1.0f, 0.5f);
+  CheckGemmEx<float, float>(k0, RandomVector<float>(k0.c_size(), 5), 6, "k 0");
+  const GemmDims k0_beta0 = Dims(CUBLAS_OP_N, CUBLAS_OP_N, 5, 3, 0, 1, 1.0f, 0.0f);
+  CheckGemmEx<float, float>(
+      k0_beta0, std::vector<float>(k0_beta0.c_size(), std::numeric_limits<float>::quiet_NaN()), 7,
+      "k 0, beta 0");
+}
+
+TEST(EmulatedCublasTest, GemmExBf16InBf16OrFp32Out) {
+  uint64_t seed = 100;
+  for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+    for (cublasOperation_t tb : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+      const GemmDims d = Dims(ta, tb, 9, 7, 13, 2, 1.5f, 0.25f);
+      const std::string what = std::string("bf16 op ") + OpName(ta) + OpName(tb);
+      seed += 4;
+      CheckGemmEx<Bf16, Bf16>(d, RandomVector<Bf16>(d.c_size(), seed), seed + 1, what + " -> bf16");
+      CheckGemmEx<Bf16, float>(d, RandomVector<float>(d.c_size(), seed + 2), seed + 3,
+                               what + " -> fp32");
+    }
+  }
+}
+
+TEST(EmulatedCublasTest, GemmExRunsOnTheStreamAndReadsAlphaAtTheCall) {
+  Blas blas;
+  const GemmDims d = Dims(CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, 0, 2.0f, 0.0f);
+  const std::vector<float> a = RandomVector<float>(d.a_size(), 1);
+  const std::vector<float> b = RandomVector<float>(d.b_size(), 2);
+  const std::vector<float> c0(d.c_size(), 7.0f);
+  DeviceArray<float> da(a.size()), db(b.size()), dc(c0.size());
+  da.Upload(a, blas.stream());
+  db.Upload(b, blas.stream());
+  dc.Upload(c0, blas.stream());
+  ASSERT_EQ(cudaStreamSynchronize(blas.stream()), cudaSuccess);
+  float alpha = d.alpha, beta = d.beta;
+  ASSERT_EQ(cublasGemmEx(blas.handle(), d.ta, d.tb, d.m, d.n, d.k, &alpha, da.get(), CUDA_R_32F,
+                         d.lda, db.get(), CUDA_R_32F, d.ldb, &beta, dc.get(), CUDA_R_32F, d.ldc,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  // Host pointer mode: the values at the call count, not these.
+  alpha = 100.0f;
+  beta = std::numeric_limits<float>::quiet_NaN();
+  // The work waits for the stream: device memory is host memory here, and
+  // it still holds C's old values.
+  std::vector<float> before(c0.size());
+  std::memcpy(before.data(), dc.get(), before.size() * sizeof(float));
+  ExpectSameBits(before, c0, "C before the stream ran");
+  std::vector<float> want = c0;
+  ReferenceGemm(d, a, b, &want);
+  ExpectSameBits(dc.Download(blas.stream()), want, "C after");
+}
+
+TEST(EmulatedCublasTest, GemmExRejectsWhatCublasRejects) {
+  Blas blas;
+  DeviceArray<float> buf(1024);
+  float* p = buf.get();
+  const float one = 1.0f;
+  auto gemm = [&](cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                  int lda, int ldb, int ldc, cudaDataType at, cudaDataType bt, cudaDataType ct,
+                  cublasComputeType_t compute, const float* alpha) {
+    return cublasGemmEx(h, ta, tb, m, n, k, alpha, p, at, lda, p, bt, ldb, &one, p, ct, ldc,
+                        compute, CUBLAS_GEMM_DEFAULT);
+  };
+  const cublasHandle_t h = blas.handle();
+  const auto N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+  const auto F = CUDA_R_32F, B = CUDA_R_16BF;
+  const auto C32 = CUBLAS_COMPUTE_32F;
+  EXPECT_EQ(gemm(h, N, N, 4, 4, 4, 4, 4, 4, F, F, F, C32, &one), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(gemm(nullptr, N, N, 4, 4, 4, 4, 4, 4, F, F, F, C32, &one),
+            CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(gemm(h, N, N, -1, 4, 4, 4, 4, 4, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, N, N, 4, -1, 4, 4, 4, 4, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, N, N, 4, 4, -1, 4, 4, 4, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  // lda >= m for op N, >= k for op T; ldb >= k for N, >= n for T; ldc >= m.
+  EXPECT_EQ(gemm(h, N, N, 5, 4, 3, 4, 3, 5, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, T, N, 5, 4, 3, 3, 3, 5, F, F, F, C32, &one), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(gemm(h, T, N, 5, 4, 3, 2, 3, 5, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, N, N, 5, 4, 3, 5, 2, 5, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, N, T, 5, 4, 3, 5, 3, 5, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, N, N, 5, 4, 3, 5, 3, 4, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  // Leading dimensions are at least 1 even for empty matrices.
+  EXPECT_EQ(gemm(h, N, N, 0, 0, 0, 0, 1, 1, F, F, F, C32, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, N, N, 0, 0, 0, 1, 1, 1, F, F, F, C32, &one), CUBLAS_STATUS_SUCCESS);
+  // 3 (CUBLAS_OP_CONJG): not an operation GEMM takes. Invalid values in
+  // these tests stay within the enums' ranges (UBSan checks enum loads).
+  EXPECT_EQ(gemm(h, static_cast<cublasOperation_t>(3), N, 4, 4, 4, 4, 4, 4, F, F, F, C32, &one),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(h, N, N, 4, 4, 4, 4, 4, 4, F, F, F, C32, nullptr), CUBLAS_STATUS_INVALID_VALUE);
+  // Type combinations and compute types cuBLAS (or the emulation) does not take.
+  EXPECT_EQ(gemm(h, N, N, 4, 4, 4, 4, 4, 4, F, F, B, C32, &one), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(gemm(h, N, N, 4, 4, 4, 4, 4, 4, F, B, F, C32, &one), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(gemm(h, N, N, 4, 4, 4, 4, 4, 4, CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, C32, &one),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(gemm(h, N, N, 4, 4, 4, 4, 4, 4, F, F, F, CUBLAS_COMPUTE_32F_FAST_TF32, &one),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(gemm(h, N, N, 4, 4, 4, 4, 4, 4, F, F, F, CUBLAS_COMPUTE_64F, &one),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(cudaStreamSynchronize(blas.stream()), cudaSuccess);
+}
+
+TEST(EmulatedCublasTest, HandleLifecycleWorkspaceAndMathMode) {
+  cublasHandle_t h = nullptr;
+  EXPECT_EQ(cublasCreate(nullptr), CUBLAS_STATUS_INVALID_VALUE);
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  TestStream stream;
+  EXPECT_EQ(cublasSetStream(h, stream.get()), CUBLAS_STATUS_SUCCESS);
+  DeviceArray<unsigned char> workspace(4096);
+  EXPECT_EQ(cublasSetWorkspace(h, workspace.get(), 4096), CUBLAS_STATUS_SUCCESS);
+  // cuBLAS requires 256-byte alignment.
+  EXPECT_EQ(cublasSetWorkspace(h, workspace.get() + 16, 1024), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasSetWorkspace(h, nullptr, 0), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasSetMathMode(
+                h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasSetMathMode(h, static_cast<cublasMath_t>(24)), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasSetStream(h, nullptr), CUBLAS_STATUS_SUCCESS);  // back to the legacy stream
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasDestroy(nullptr), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(cublasSetStream(nullptr, stream.get()), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(cublasSetMathMode(nullptr, CUBLAS_DEFAULT_MATH), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  EXPECT_NE(std::string(cublasGetStatusString(CUBLAS_STATUS_INVALID_VALUE)), "");
+  EXPECT_NE(std::string(cublasGetStatusName(static_cast<cublasStatus_t>(20))), "");
+}
+
+TEST(EmulatedCublasTest, GemmOnTheLegacyStreamByDefault) {
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const GemmDims d = Dims(CUBLAS_OP_T, CUBLAS_OP_T, 3, 2, 5, 0, 1.0f, 0.0f);
+  const std::vector<float> a = RandomVector<float>(d.a_size(), 1);
+  const std::vector<float> b = RandomVector<float>(d.b_size(), 2);
+  const std::vector<float> c0(d.c_size(), 0.0f);  // beta 0: only ldc's padding keeps these
+  DeviceArray<float> da(a.size()), db(b.size()), dc(d.c_size());
+  ASSERT_EQ(cudaMemcpy(da.get(), a.data(), a.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(db.get(), b.data(), b.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dc.get(), c0.data(), c0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cublasGemmEx(h, d.ta, d.tb, d.m, d.n, d.k, &d.alpha, da.get(), CUDA_R_32F, d.lda,
+                         db.get(), CUDA_R_32F, d.ldb, &d.beta, dc.get(), CUDA_R_32F, d.ldc,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  std::vector<float> got(d.c_size());
+  // cudaMemcpy runs on the legacy stream, after the GEMM.
+  ASSERT_EQ(cudaMemcpy(got.data(), dc.get(), got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<float> want = c0;
+  ReferenceGemm(d, a, b, &want);
+  ExpectSameBits(got, want, "legacy stream");
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+}
+
+// The backend's grouped call: per-group host arrays, per-problem device
+// pointer arrays written on the stream just before the call.
+template <typename T>
+void CheckGrouped(cudaDataType type) {
+  Blas blas;
+  const std::vector<GemmDims> groups = {
+      Dims(CUBLAS_OP_N, CUBLAS_OP_T, 5, 3, 4, 1, 1.0f, 0.0f),
+      Dims(CUBLAS_OP_T, CUBLAS_OP_N, 2, 6, 7, 2, -0.5f, 2.0f),
+      Dims(CUBLAS_OP_T, CUBLAS_OP_T, 3, 3, 3, 0, 1.0f, 1.0f),  // size 0: skipped
+      Dims(CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 9, 0, 0.75f, -1.0f),
+  };
+  std::vector<int> sizes = {3, 2, 0, 1};
+  struct Problem {
+    int group;
+    std::vector<T> a, b, c0;
+    std::unique_ptr<DeviceArray<T>> da, db, dc;
+  };
+  std::vector<Problem> problems;
+  uint64_t seed = 40;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int i = 0; i < sizes[g]; ++i) {
+      Problem p;
+      p.group = static_cast<int>(g);
+      p.a = RandomVector<T>(groups[g].a_size(), ++seed);
+      p.b = RandomVector<T>(groups[g].b_size(), ++seed);
+      p.c0 = RandomVector<T>(groups[g].c_size(), ++seed);
+      p.da = std::make_unique<DeviceArray<T>>(p.a.size());
+      p.db = std::make_unique<DeviceArray<T>>(p.b.size());
+      p.dc = std::make_unique<DeviceArray<T>>(p.c0.size());
+      p.da->Upload(p.a, blas.stream());
+      p.db->Upload(p.b, blas.stream());
+      p.dc->Upload(p.c0, blas.stream());
+      problems.push_back(std::move(p));
+    }
+  }
+  const size_t count = problems.size();
+  std::vector<const void*> a_ptrs, b_ptrs;
+  std::vector<void*> c_ptrs;
+  for (const Problem& p : problems) {
+    a_ptrs.push_back(p.da->get());
+    b_ptrs.push_back(p.db->get());
+    c_ptrs.push_back(p.dc->get());
+  }
+  DeviceArray<const void*> d_a(count), d_b(count);
+  DeviceArray<void*> d_c(count);
+  // The arrays first hold the problems in reverse order (as a previous call
+  // would have left them); the right ones are written on the stream just
+  // before the call: reading them at the call would take the wrong ones.
+  std::vector<const void*> a_rev(a_ptrs.rbegin(), a_ptrs.rend());
+  std::vector<const void*> b_rev(b_ptrs.rbegin(), b_ptrs.rend());
+  std::vector<void*> c_rev(c_ptrs.rbegin(), c_ptrs.rend());
+  d_a.Upload(a_rev, blas.stream());
+  d_b.Upload(b_rev, blas.stream());
+  d_c.Upload(c_rev, blas.stream());
+  ASSERT_EQ(cudaStreamSynchronize(blas.stream()), cudaSuccess);
+  d_a.Upload(a_ptrs, blas.stream());
+  d_b.Upload(b_ptrs, blas.stream());
+  d_c.Upload(c_ptrs, blas.stream());
+
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<int> m, n, k, lda, ldb, ldc;
+  std::vector<float> alpha, beta;
+  for (const GemmDims& d : groups) {
+    ta.push_back(d.ta);
+    tb.push_back(d.tb);
+    m.push_back(d.m);
+    n.push_back(d.n);
+    k.push_back(d.k);
+    lda.push_back(d.lda);
+    ldb.push_back(d.ldb);
+    ldc.push_back(d.ldc);
+    alpha.push_back(d.alpha);
+    beta.push_back(d.beta);
+  }
+  ASSERT_EQ(
+      cublasGemmGroupedBatchedEx(blas.handle(), ta.data(), tb.data(), m.data(), n.data(), k.data(),
+                                 alpha.data(), d_a.get(), type, lda.data(), d_b.get(), type,
+                                 ldb.data(), beta.data(), d_c.get(), type, ldc.data(),
+                                 static_cast<int>(groups.size()), sizes.data(), CUBLAS_COMPUTE_32F),
+      CUBLAS_STATUS_SUCCESS);
+  // The host arrays are the call's: changing them now changes nothing.
+  std::fill(m.begin(), m.end(), 1);
+  std::fill(alpha.begin(), alpha.end(), 1000.0f);
+  std::fill(beta.begin(), beta.end(), -1000.0f);
+  std::fill(sizes.begin(), sizes.end(), 0);
+  for (size_t i = 0; i < count; ++i) {
+    const Problem& p = problems[i];
+    std::vector<T> want = p.c0;
+    ReferenceGemm(groups[static_cast<size_t>(p.group)], p.a, p.b, &want);
+    ExpectSameBits(p.dc->Download(blas.stream()), want,
+                   "problem " + std::to_string(i) + " (group " + std::to_string(p.group) + ")");
+  }
+}
+
+TEST(EmulatedCublasTest, GroupedBatchedFp32) { CheckGrouped<float>(CUDA_R_32F); }
+
+TEST(EmulatedCublasTest, GroupedBatchedBf16) { CheckGrouped<Bf16>(CUDA_R_16BF); }
+
+TEST(EmulatedCublasTest, GroupedBatchedRejectsWhatCublasRejects) {
+  Blas blas;
+  DeviceArray<void*> ptrs(4);
+  const void* const* p = ptrs.get();
+  void* const* pc = ptrs.get();
+  cublasOperation_t ops[2] = {CUBLAS_OP_N, CUBLAS_OP_T};
+  int m[2] = {4, 4}, n[2] = {4, 4}, k[2] = {4, 4}, ld[2] = {4, 4}, small_ld[2] = {4, 3};
+  int sizes[2] = {0, 0}, negative[2] = {0, -1};
+  float alpha[2] = {1, 1}, beta[2] = {0, 0};
+  auto grouped = [&](cublasHandle_t h, cudaDataType ab, cudaDataType c, const int* lda, int count,
+                     const int* size, cublasComputeType_t compute) {
+    return cublasGemmGroupedBatchedEx(h, ops, ops, m, n, k, alpha, p, ab, lda, p, ab, ld, beta, pc,
+                                      c, ld, count, size, compute);
+  };
+  const cublasHandle_t h = blas.handle();
+  const auto F = CUDA_R_32F, B = CUDA_R_16BF;
+  EXPECT_EQ(grouped(h, F, F, ld, 2, sizes, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(grouped(h, F, F, ld, 0, sizes, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(grouped(nullptr, F, F, ld, 2, sizes, CUBLAS_COMPUTE_32F),
+            CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(grouped(h, F, F, ld, -1, sizes, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(grouped(h, F, F, ld, 2, negative, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_INVALID_VALUE);
+  // Group 1 is op T: lda must hold k = 4 rows.
+  EXPECT_EQ(grouped(h, F, F, small_ld, 2, sizes, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_INVALID_VALUE);
+  // bf16 in, fp32 out is cublasGemmEx's, not the grouped call's.
+  EXPECT_EQ(grouped(h, B, F, ld, 2, sizes, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(grouped(h, F, F, ld, 2, sizes, CUBLAS_COMPUTE_64F), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(cudaStreamSynchronize(blas.stream()), cudaSuccess);
+}
+
+// ---- NCCL -------------------------------------------------------------------
+
+// Sets PLATEAU_EMULATED_NCCL_TIMEOUT_MS for the worlds created in its scope.
+class ScopedTimeout {
+ public:
+  explicit ScopedTimeout(int ms) {
+    setenv("PLATEAU_EMULATED_NCCL_TIMEOUT_MS", std::to_string(ms).c_str(), 1);
+  }
+  ~ScopedTimeout() { unsetenv("PLATEAU_EMULATED_NCCL_TIMEOUT_MS"); }
+};
+
+using RankBody = std::function<void(int rank, ncclComm_t comm, cudaStream_t stream)>;
+
+// Runs `body` on `n` ranks (threads) of one world, each with a blocking
+// communicator and a stream of its own.
+void OnRanks(int n, const RankBody& body) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ncclComm_t comm = nullptr;
+      ASSERT_EQ(ncclCommInitRankConfig(&comm, n, id, r, nullptr), ncclSuccess) << "rank " << r;
+      {
+        TestStream stream;
+        body(r, comm, stream.get());
+      }
+      EXPECT_EQ(ncclCommFinalize(comm), ncclSuccess);
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+template <typename T>
+ncclDataType_t NcclType() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  if constexpr (std::is_same_v<T, int32_t>) return ncclInt32;
+  if constexpr (std::is_same_v<T, int64_t>) return ncclInt64;
+  if constexpr (std::is_same_v<T, Bf16>) return ncclBfloat16;
+  return ncclNumTypes;
+}
+
+// Rank `rank`'s input: integers large enough for int32 sums to wrap.
+template <typename T>
+std::vector<T> RankInput(int rank, size_t n, uint64_t seed) {
+  Values v(seed * 31 + static_cast<uint64_t>(rank));
+  std::vector<T> out(n);
+  for (T& x : out) {
+    const float f = v.Next();
+    if constexpr (std::is_integral_v<T>) {
+      x = static_cast<T>(static_cast<double>(f) *
+                         static_cast<double>(std::numeric_limits<T>::max()));
+    } else {
+      x = FromFloat<T>(f * 100.0f);
+    }
+  }
+  return out;
+}
+
+// x op y, as the emulation documents it: integers wrap, bf16 rounds once per
+// step, max keeps x unless x < y.
+template <typename T>
+T Apply(T x, T y, ncclRedOp_t op) {
+  if constexpr (std::is_same_v<T, Bf16>) {
+    const float fx = __bfloat162float(x), fy = __bfloat162float(y);
+    if (op == ncclSum) return __float2bfloat16_rn(fx + fy);
+    if (op == ncclMax) return fx < fy ? y : x;
+    return fy < fx ? y : x;
+  } else {
+    if (op == ncclSum) {
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
+      } else {
+        return x + y;
+      }
+    }
+    if (op == ncclMax) return x < y ? y : x;
+    return y < x ? y : x;
+  }
+}
+
+template <typename T>
+std::vector<T> Reduced(int ranks, size_t n, uint64_t seed, ncclRedOp_t op) {
+  std::vector<T> acc = RankInput<T>(0, n, seed);
+  for (int r = 1; r < ranks; ++r) {
+    const std::vector<T> x = RankInput<T>(r, n, seed);
+    for (size_t i = 0; i < n; ++i) acc[i] = Apply(acc[i], x[i], op);
+  }
+  return acc;
+}
+
+std::string Name(ncclRedOp_t op) { return op == ncclSum ? "sum" : op == ncclMax ? "max" : "min"; }
+
+// Every collective of every type, in and out of place, on rank `rank` of
+// `n`: the same sequence on every rank.
+template <typename T>
+void CheckCollectives(int rank, int n, ncclComm_t comm, cudaStream_t stream) {
+  const ncclDataType_t type = NcclType<T>();
+  uint64_t seed = 1000 * static_cast<uint64_t>(type);
+  for (size_t count : {size_t{1}, size_t{1013}}) {
+    for (ncclRedOp_t op : {ncclSum, ncclMax, ncclMin}) {
+      for (bool in_place : {false, true}) {
+        const std::string what = "rank " + std::to_string(rank) + " of " + std::to_string(n) +
+                                 " type " + std::to_string(type) + " count " +
+                                 std::to_string(count) + " " + Name(op) +
+                                 (in_place ? " in place" : "");
+        // All-reduce.
+        ++seed;
+        {
+          const std::vector<T> in = RankInput<T>(rank, count, seed);
+          DeviceArray<T> send(count), recv(count);
+          send.Upload(in, stream);
+          T* out = in_place ? send.get() : recv.get();
+          ASSERT_EQ(ncclAllReduce(send.get(), out, count, type, op, comm, stream), ncclSuccess)
+              << what;
+          ExpectSameBits((in_place ? send : recv).Download(stream), Reduced<T>(n, count, seed, op),
+                         "all-reduce " + what);
+          if (!in_place) ExpectSameBits(send.Download(stream), in, "all-reduce input " + what);
+        }
+        // Reduce-scatter: rank r keeps block r of the reduced n * count.
+        ++seed;
+        {
+          const std::vector<T> in = RankInput<T>(rank, count * n, seed);
+          DeviceArray<T> send(count * n), recv(count);
+          send.Upload(in, stream);
+          T* out = in_place ? send.get() + rank * count : recv.get();
+          ASSERT_EQ(ncclReduceScatter(send.get(), out, count, type, op, comm, stream), ncclSuccess)
+              << what;
+          const std::vector<T> all = Reduced<T>(n, count * n, seed, op);
+          std::vector<T> got(count);
+          if (in_place) {
+            const std::vector<T> whole = send.Download(stream);
+            std::copy(whole.begin() + rank * count, whole.begin() + (rank + 1) * count,
+                      got.begin());
+          } else {
+            got = recv.Download(stream);
+          }
+          ExpectSameBits(
+              got, std::vector<T>(all.begin() + rank * count, all.begin() + (rank + 1) * count),
+              "reduce-scatter " + what);
+        }
+      }
+    }
+    for (bool in_place : {false, true}) {
+      const std::string what = "rank " + std::to_string(rank) + " of " + std::to_string(n) +
+                               " type " + std::to_string(type) + " count " + std::to_string(count) +
+                               (in_place ? " in place" : "");
+      // All-gather: block r is rank r's input.
+      ++seed;
+      {
+        const std::vector<T> in = RankInput<T>(rank, count, seed);
+        DeviceArray<T> send(count), recv(count * n);
+        T* src = in_place ? recv.get() + rank * count : send.get();
+        if (in_place) {
+          std::vector<T> staged = RandomVector<T>(count * n, seed + 7);
+          std::copy(in.begin(), in.end(), staged.begin() + rank * count);
+          recv.Upload(staged, stream);
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        } else {
+          send.Upload(in, stream);
+        }
+        ASSERT_EQ(ncclAllGather(src, recv.get(), count, type, comm, stream), ncclSuccess) << what;
+        std::vector<T> want;
+        for (int r = 0; r < n; ++r) {
+          const std::vector<T> x = RankInput<T>(r, count, seed);
+          want.insert(want.end(), x.begin(), x.end());
+        }
+        ExpectSameBits(recv.Download(stream), want, "all-gather " + what);
+      }
+      // Broadcast from the last rank; the others' buffers start as noise.
+      ++seed;
+      {
+        const int root = n - 1;
+        const std::vector<T> in = rank == root ? RankInput<T>(rank, count, seed)
+                                               : RandomVector<T>(count, seed + 100 + rank);
+        DeviceArray<T> send(count), recv(count);
+        send.Upload(in, stream);
+        T* out = in_place ? send.get() : recv.get();
+        ASSERT_EQ(ncclBroadcast(send.get(), out, count, type, root, comm, stream), ncclSuccess)
+            << what;
+        ExpectSameBits((in_place ? send : recv).Download(stream), RankInput<T>(root, count, seed),
+                       "broadcast " + what);
+      }
+    }
+  }
+}
+
+TEST(EmulatedNcclTest, CollectivesOnOneTwoAndThreeRanks) {
+  for (int n : {1, 2, 3}) {
+    OnRanks(n, [n](int rank, ncclComm_t comm, cudaStream_t stream) {
+      CheckCollectives<float>(rank, n, comm, stream);
+      CheckCollectives<double>(rank, n, comm, stream);
+      CheckCollectives<int32_t>(rank, n, comm, stream);
+      CheckCollectives<int64_t>(rank, n, comm, stream);
+      CheckCollectives<Bf16>(rank, n, comm, stream);
+    });
+  }
+}
+
+TEST(EmulatedNcclTest, Bf16SumRoundsOncePerStep) {
+  // 1 + 2^-8 + 2^-8: one rounding of the exact sum gives 1 + 2^-7; per step,
+  // 1 + 2^-8 ties to even (1), and so does the next step.
+  OnRanks(3, [](int rank, ncclComm_t comm, cudaStream_t stream) {
+    const float mine = rank == 0 ? 1.0f : std::ldexp(1.0f, -8);
+    const std::vector<Bf16> in = {__float2bfloat16_rn(mine)};
+    DeviceArray<Bf16> buf(1);
+    buf.Upload(in, stream);
+    ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclBfloat16, ncclSum, comm, stream),
+              ncclSuccess);
+    EXPECT_EQ(__bfloat162float(buf.Download(stream)[0]), 1.0f);
+  });
+}
+
+TEST(EmulatedNcclTest, SendRecvRingInAGroup) {
+  for (int n : {1, 2, 3}) {
+    OnRanks(n, [n](int rank, ncclComm_t comm, cudaStream_t stream) {
+      const size_t count = 37;
+      const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+      const std::vector<float> in = RankInput<float>(rank, count, 9);
+      DeviceArray<float> send(count), recv(count);
+      send.Upload(in, stream);
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      ASSERT_EQ(ncclSend(send.get(), count, ncclFloat32, next, comm, stream), ncclSuccess);
+      ASSERT_EQ(ncclRecv(recv.get(), count, ncclFloat32, prev, comm, stream), ncclSuccess);
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+      ExpectSameBits(recv.Download(stream), RankInput<float>(prev, count, 9),
+                     "rank " + std::to_string(rank) + " of " + std::to_string(n));
+    });
+  }
+}
+
+TEST(EmulatedNcclTest, SendAndRecvOutsideAGroupMatchInOrder) {
+  OnRanks(2, [](int rank, ncclComm_t comm, cudaStream_t stream) {
+    DeviceArray<int64_t> a(5), b(3);
+    if (rank == 0) {
+      const std::vector<int64_t> x = {1, 2, 3, 4, 5}, y = {7, 8, 9};
+      a.Upload(x, stream);
+      b.Upload(y, stream);
+      ASSERT_EQ(ncclSend(a.get(), 5, ncclInt64, 1, comm, stream), ncclSuccess);
+      ASSERT_EQ(ncclSend(b.get(), 3, ncclInt64, 1, comm, stream), ncclSuccess);
+    } else {
+      ASSERT_EQ(ncclRecv(a.get(), 5, ncclInt64, 0, comm, stream), ncclSuccess);
+      ASSERT_EQ(ncclRecv(b.get(), 3, ncclInt64, 0, comm, stream), ncclSuccess);
+      EXPECT_EQ(a.Download(stream), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+      EXPECT_EQ(b.Download(stream), (std::vector<int64_t>{7, 8, 9}));
+    }
+  });
+}
+
+TEST(EmulatedNcclTest, CollectivesInsideAGroupRunAtGroupEnd) {
+  OnRanks(2, [](int rank, ncclComm_t comm, cudaStream_t stream) {
+    const std::vector<int32_t> in = {rank + 1, 10 * (rank + 1)};
+    DeviceArray<int32_t> send(2), sum(2), gathered(4), ring(2);
+    send.Upload(in, stream);
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(send.get(), sum.get(), 2, ncclInt32, ncclSum, comm, stream),
+              ncclSuccess);
+    ASSERT_EQ(ncclSend(send.get(), 2, ncclInt32, 1 - rank, comm, stream), ncclSuccess);
+    ASSERT_EQ(ncclAllGather(send.get(), gathered.get(), 2, ncclInt32, comm, stream), ncclSuccess);
+    ASSERT_EQ(ncclRecv(ring.get(), 2, ncclInt32, 1 - rank, comm, stream), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    EXPECT_EQ(sum.Download(stream), (std::vector<int32_t>{3, 30}));
+    EXPECT_EQ(gathered.Download(stream), (std::vector<int32_t>{1, 10, 2, 20}));
+    EXPECT_EQ(ring.Download(stream), (std::vector<int32_t>{2 - rank, 10 * (2 - rank)}));
+  });
+}
+
+TEST(EmulatedNcclTest, ARankThatLeavesStillDeliversWhatItSent) {
+  // Rank 0 sends and destroys its communicator at once; rank 1 receives
+  // afterwards, then finds rank 0 gone for anything more.
+  std::atomic<bool> rank0_gone{false};
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ncclComm_t comm = nullptr;
+      ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, r, nullptr), ncclSuccess);
+      TestStream stream;
+      DeviceArray<double> buf(3);
+      if (r == 0) {
+        const std::vector<double> x = {1.5, 2.5, 3.5};
+        buf.Upload(x, stream.get());
+        EXPECT_EQ(ncclSend(buf.get(), 3, ncclFloat64, 1, comm, stream.get()), ncclSuccess);
+        EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+        rank0_gone = true;
+        return;
+      }
+      while (!rank0_gone) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_EQ(ncclRecv(buf.get(), 3, ncclFloat64, 0, comm, stream.get()), ncclSuccess);
+      EXPECT_EQ(buf.Download(stream.get()), (std::vector<double>{1.5, 2.5, 3.5}));
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_EQ(ncclRecv(buf.get(), 3, ncclFloat64, 0, comm, stream.get()), ncclRemoteError);
+      EXPECT_EQ(ncclAllReduce(buf.get(), buf.get(), 3, ncclFloat64, ncclSum, comm, stream.get()),
+                ncclRemoteError);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(EmulatedNcclTest, MismatchedCollectivesFailInsteadOfHanging) {
+  // The same collective with different counts, then different collectives.
+  for (bool different_kinds : {false, true}) {
+    const auto start = std::chrono::steady_clock::now();
+    OnRanks(2, [different_kinds](int rank, ncclComm_t comm, cudaStream_t stream) {
+      DeviceArray<float> send(10), recv(20);
+      const std::vector<float> zeros(10, 0.0f);
+      send.Upload(zeros, stream);
+      ncclResult_t r;
+      if (different_kinds && rank == 1) {
+        r = ncclAllGather(send.get(), recv.get(), 4, ncclFloat32, comm, stream);
+      } else {
+        r = ncclAllReduce(send.get(), recv.get(), rank == 0 || different_kinds ? 4 : 5, ncclFloat32,
+                          ncclSum, comm, stream);
+      }
+      EXPECT_EQ(r, ncclInvalidUsage) << "rank " << rank;
+      EXPECT_NE(std::string(ncclGetLastError(comm)).find("disagree"), std::string::npos)
+          << ncclGetLastError(comm);
+      ncclResult_t async = ncclSuccess;
+      ASSERT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+      EXPECT_EQ(async, ncclInvalidUsage);
+      // The communicator is done for: later calls fail at once.
+      EXPECT_EQ(ncclAllReduce(send.get(), recv.get(), 4, ncclFloat32, ncclSum, comm, stream),
+                ncclInvalidUsage);
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+}
+
+TEST(EmulatedNcclTest, MismatchedSendAndRecvFail) {
+  OnRanks(2, [](int rank, ncclComm_t comm, cudaStream_t stream) {
+    DeviceArray<float> buf(8);
+    const std::vector<float> zeros(8, 0.0f);
+    buf.Upload(zeros, stream);
+    if (rank == 0) {
+      EXPECT_EQ(ncclSend(buf.get(), 3, ncclFloat32, 1, comm, stream), ncclSuccess);
+    } else {
+      EXPECT_EQ(ncclRecv(buf.get(), 4, ncclFloat32, 0, comm, stream), ncclInvalidUsage);
+      ncclResult_t async = ncclSuccess;
+      ASSERT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+      EXPECT_EQ(async, ncclInvalidUsage);
+    }
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  });
+}
+
+TEST(EmulatedNcclTest, AMissingPeerTimesOutAndClosesTheWorld) {
+  ScopedTimeout timeout(300);
+  std::atomic<bool> rank0_done{false};
+  OnRanks(2, [&](int rank, ncclComm_t comm, cudaStream_t stream) {
+    DeviceArray<float> buf(4);
+    const std::vector<float> zeros(4, 0.0f);
+    buf.Upload(zeros, stream);
+    if (rank == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comm, stream),
+                ncclSystemError);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      EXPECT_NE(std::string(ncclGetLastError(comm)).find("rank(s) 1"), std::string::npos)
+          << ncclGetLastError(comm);
+      ncclResult_t async = ncclSuccess;
+      ASSERT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+      EXPECT_EQ(async, ncclSystemError);
+      rank0_done = true;
+    } else {
+      while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      // Rank 0 has given up: rank 1's call fails at once.
+      EXPECT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comm, stream),
+                ncclRemoteError);
+    }
+  });
+}
+
+TEST(EmulatedNcclTest, AbortWakesAWaitingPeer) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  std::thread joiner(
+      [&] { EXPECT_EQ(ncclCommInitRankConfig(&comms[1], 2, id, 1, nullptr), ncclSuccess); });
+  ASSERT_EQ(ncclCommInitRankConfig(&comms[0], 2, id, 0, nullptr), ncclSuccess);
+  joiner.join();
+  ASSERT_NE(comms[1], nullptr);
+  std::thread waiter([&] {
+    TestStream stream;
+    DeviceArray<float> buf(4);
+    const std::vector<float> zeros(4, 0.0f);
+    buf.Upload(zeros, stream.get());
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comms[0], stream.get()),
+              ncclRemoteError);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("aborted"), std::string::npos)
+        << ncclGetLastError(comms[0]);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
+  waiter.join();
+  EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
+}
+
+TEST(EmulatedNcclTest, NonBlockingInitIsInProgressUntilEveryRankJoins) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t first = nullptr, second = nullptr;
+  ASSERT_EQ(ncclCommInitRankConfig(&first, 2, id, 1, &config), ncclInProgress);
+  ASSERT_NE(first, nullptr);
+  ncclResult_t state = ncclSuccess;
+  ASSERT_EQ(ncclCommGetAsyncError(first, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress);
+  // Not usable yet.
+  float* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&buf), 16), cudaSuccess);
+  EXPECT_EQ(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, first, nullptr), ncclInvalidUsage);
+  // The same rank cannot join twice; the world's size is fixed.
+  ncclComm_t again = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&again, 2, id, 1, &config), ncclInvalidUsage);
+  EXPECT_EQ(ncclCommInitRankConfig(&again, 3, id, 0, &config), ncclInvalidUsage);
+  EXPECT_EQ(again, nullptr);
+  // The last rank completes the world.
+  EXPECT_EQ(ncclCommInitRankConfig(&second, 2, id, 0, &config), ncclSuccess);
+  ASSERT_EQ(ncclCommGetAsyncError(first, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(first), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(second), ncclSuccess);
+  EXPECT_EQ(cudaFree(buf), cudaSuccess);
+}
+
+TEST(EmulatedNcclTest, InitWithAMissingRankFailsWithinTheTimeout) {
+  ScopedTimeout timeout(200);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  // Blocking: the call itself gives up.
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSystemError);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("only 1 of 2"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  // Non-blocking: ncclCommGetAsyncError says so once the time is up.
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, &config), ncclInProgress);
+  ncclResult_t state = ncclInProgress;
+  const auto start = std::chrono::steady_clock::now();
+  while (state == ncclInProgress &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(state, ncclSystemError);
+  EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+}
+
+TEST(EmulatedNcclTest, ArgumentErrors) {
+  OnRanks(1, [](int, ncclComm_t comm, cudaStream_t stream) {
+    DeviceArray<float> buf(4);
+    float* p = buf.get();
+    EXPECT_EQ(ncclAllReduce(p, p, 4, ncclFloat32, ncclSum, nullptr, stream), ncclInvalidArgument);
+    EXPECT_EQ(ncclAllReduce(nullptr, p, 4, ncclFloat32, ncclSum, comm, stream),
+              ncclInvalidArgument);
+    EXPECT_EQ(ncclAllReduce(p, p, 4, static_cast<ncclDataType_t>(13), ncclSum, comm, stream),
+              ncclInvalidArgument);
+    EXPECT_EQ(ncclAllReduce(p, p, 4, ncclFloat32, ncclAvg, comm, stream), ncclInvalidArgument);
+    EXPECT_EQ(ncclAllReduce(p, p, 4, ncclFloat16, ncclSum, comm, stream), ncclInvalidArgument);
+    EXPECT_EQ(ncclBroadcast(p, p, 4, ncclFloat32, 1, comm, stream), ncclInvalidArgument);
+    EXPECT_EQ(ncclSend(p, 4, ncclFloat32, -1, comm, stream), ncclInvalidArgument);
+    // Count 0: nothing to do.
+    EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    // A group with a refused operation runs none of it.
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    EXPECT_EQ(ncclSend(p, 4, ncclFloat32, 0, comm, stream), ncclSuccess);
+    EXPECT_EQ(ncclRecv(p, 4, ncclFloat32, 5, comm, stream), ncclInvalidArgument);
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);  // no group open
+    // Argument errors leave the communicator usable.
+    ncclResult_t async = ncclInternalError;
+    ASSERT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+    EXPECT_EQ(async, ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(p, p, 4, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  });
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&comm, 2, id, 2, nullptr), ncclInvalidArgument);
+  ncclConfig_t bad = {};
+  EXPECT_EQ(ncclCommInitRankConfig(&comm, 1, id, 0, &bad), ncclInvalidArgument);
+  EXPECT_STREQ(ncclGetErrorString(ncclSuccess), "no error");
+  EXPECT_NE(std::string(ncclGetErrorString(ncclRemoteError)), "");
+}
+
+TEST(EmulatedNcclTest, UniqueIdsDiffer) {
+  ncclUniqueId a, b;
+  ASSERT_EQ(ncclGetUniqueId(&a), ncclSuccess);
+  ASSERT_EQ(ncclGetUniqueId(&b), ncclSuccess);
+  EXPECT_EQ(sizeof(ncclUniqueId), 128u);
+  EXPECT_NE(std::memcmp(a.internal, b.internal, sizeof(a.internal)), 0);
+}
+
+}  // namespace
+}  // namespace plateau

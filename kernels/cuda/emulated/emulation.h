@@ -1,0 +1,43 @@
+// What the emulated CUDA runtime (runtime.cc) offers the emulated libraries
+// beside it (cublas.cc, nccl.cc): their calls put work on a stream as the
+// real libraries do, and that work runs when the stream runs (see
+// cuda_runtime_api.h: lazily, in stream order).
+#ifndef PLATEAU_KERNELS_CUDA_EMULATED_EMULATION_H_
+#define PLATEAU_KERNELS_CUDA_EMULATED_EMULATION_H_
+
+#include <functional>
+#include <string>
+
+#include "kernels/cuda/emulated/cuda_runtime_api.h"
+
+namespace plateau::cuda_emulation {
+
+// Appends `work` to `stream` (nullptr or cudaStreamLegacy: the legacy
+// stream). It runs with the runtime's lock held, after everything enqueued
+// on the stream before it, and must not call the emulated runtime; it may
+// call Fault. Arguments the real library reads at call time (host arrays,
+// alpha and beta in host pointer mode) must be copied into `work`; what the
+// real library reads from device memory when the work runs (the grouped
+// GEMM's pointer arrays, written by a kernel earlier on the stream) must be
+// read inside it. Returns the sticky error, if the device has faulted
+// (nothing is enqueued then), or cudaErrorInvalidResourceHandle for a
+// destroyed stream.
+cudaError_t Enqueue(cudaStream_t stream, std::function<void()> work);
+
+// Runs everything enqueued on `stream` so far (and, first, what it waits for
+// on other streams). Takes the runtime's lock; do not call it from inside
+// work. Returns the sticky error, if any.
+cudaError_t Flush(cudaStream_t stream);
+
+// From inside work only: the device faults (cudaErrorLaunchFailure from then
+// on, sticky); `why` is printed to stderr once.
+void Fault(const std::string& why);
+
+// The calling thread's current device, and the device a stream belongs to
+// (-1 for an unknown stream).
+int CurrentDevice();
+int StreamDevice(cudaStream_t stream);
+
+}  // namespace plateau::cuda_emulation
+
+#endif  // PLATEAU_KERNELS_CUDA_EMULATED_EMULATION_H_

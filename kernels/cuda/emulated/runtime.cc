@@ -1,0 +1,739 @@
+// The emulated CUDA runtime (cuda_runtime_api.h says what it models). One
+// lock guards everything; stream work runs under it, one item at a time, so
+// the SIMT emulation (one grid at a time) is never entered twice.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/emulated/cuda_runtime_api.h"
+#include "kernels/cuda/emulated/emulation.h"
+#include "kernels/cuda/simt_emulator.h"
+
+// The handles are pointers to these. Destroyed ones stay allocated (marked)
+// so that a later use is an error, not a read of freed memory.
+struct CUstream_st {
+  int device = 0;
+  bool destroyed = false;
+  uint64_t enqueued = 0, executed = 0;  // sequence numbers
+  struct Item {
+    uint64_t seq;
+    std::function<void()> work;
+  };
+  std::deque<Item> queue;
+};
+struct CUevent_st {
+  int device = 0;
+  bool destroyed = false;
+  CUstream_st* stream = nullptr;  // of the last record; none: complete
+  uint64_t seq = 0;
+};
+struct CUmemPoolHandle_st {
+  int device = 0;
+  bool destroyed = false;
+  size_t used = 0;
+};
+
+namespace plateau::cuda_emulation {
+namespace {
+
+constexpr size_t kAlign = 256;  // cudaMalloc's alignment
+constexpr int kDefaultSmem = 48 << 10;
+constexpr int kOptinSmem = 227 << 10;  // sm_90's opt-in maximum
+
+struct Device {
+  size_t total = 0, used = 0;
+  CUstream_st legacy;
+};
+
+struct Allocation {
+  size_t bytes;
+  cudaMemoryType type;
+  int device;
+  CUmemPoolHandle_st* pool;
+};
+
+struct Runtime {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Device>> devices;
+  // Every stream, event and pool ever created (destroyed ones marked, kept
+  // so that a later use is an error rather than a use after free).
+  std::vector<CUstream_st*> streams;
+  std::vector<std::unique_ptr<CUevent_st>> events;
+  std::vector<std::unique_ptr<CUmemPoolHandle_st>> pools;
+  std::map<uintptr_t, Allocation> allocations;
+  std::map<const void*, int> max_dynamic_smem;
+  cudaError_t sticky = cudaSuccess;
+  simt::Schedule schedule = simt::Schedule::kShuffled;
+};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+Runtime& R() {
+  static Runtime* runtime = [] {
+    auto* r = new Runtime;
+    const int gpus = EnvInt("PLATEAU_EMULATED_GPUS", 1);
+    const size_t mib = static_cast<size_t>(EnvInt("PLATEAU_EMULATED_GPU_MIB", 4096));
+    for (int d = 0; d < gpus; ++d) {
+      r->devices.push_back(std::make_unique<Device>());
+      r->devices.back()->total = mib << 20;
+      r->devices.back()->legacy.device = d;
+    }
+    const char* schedule = std::getenv("PLATEAU_SIMT_SCHEDULE");
+    const std::string s = schedule != nullptr ? schedule : "";
+    if (s == "in_order") r->schedule = simt::Schedule::kInOrder;
+    if (s == "reversed") r->schedule = simt::Schedule::kReversed;
+    return r;
+  }();
+  return *runtime;
+}
+
+thread_local int current_device = 0;
+thread_local cudaError_t last_error = cudaSuccess;
+
+// Every failing call leaves its error for cudaGetLastError, as CUDA does.
+cudaError_t Ret(cudaError_t e) {
+  if (e != cudaSuccess) last_error = e;
+  return e;
+}
+
+CUstream_st* Resolve(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy) return &R().devices[current_device]->legacy;
+  return s;
+}
+
+void FaultLocked(const std::string& why) {
+  if (R().sticky == cudaSuccess) {
+    std::fprintf(stderr, "[emulated CUDA] device fault: %s\n", why.c_str());
+    R().sticky = cudaErrorLaunchFailure;
+  }
+}
+
+// Runs `s`'s work up to sequence number `upto` (all of it: UINT64_MAX). A
+// wait item flushes the other stream up to its event from inside. After a
+// fault the remaining work is dropped, as a faulted context runs nothing.
+void FlushLocked(CUstream_st* s, uint64_t upto) {
+  while (s->executed < upto && !s->queue.empty()) {
+    CUstream_st::Item item = std::move(s->queue.front());
+    s->queue.pop_front();
+    s->executed = item.seq;
+    if (R().sticky == cudaSuccess) item.work();
+  }
+}
+
+void FlushAllLocked() {
+  for (auto& d : R().devices) FlushLocked(&d->legacy, UINT64_MAX);
+  for (CUstream_st* s : R().streams) FlushLocked(s, UINT64_MAX);
+}
+
+cudaError_t EnqueueLocked(CUstream_st* s, std::function<void()> work) {
+  if (R().sticky != cudaSuccess) return R().sticky;
+  if (s->destroyed) return cudaErrorInvalidResourceHandle;
+  s->queue.push_back({++s->enqueued, std::move(work)});
+  return cudaSuccess;
+}
+
+const Allocation* Find(const void* p, uintptr_t* start) {
+  auto& allocations = R().allocations;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations.upper_bound(a);
+  if (it == allocations.begin()) return nullptr;
+  --it;
+  if (a >= it->first + std::max<size_t>(it->second.bytes, 1)) return nullptr;
+  if (start != nullptr) *start = it->first;
+  return &it->second;
+}
+
+// Device memory starts as 0xFF bytes (NaN as float and bf16) and is filled
+// again when freed, so a read of memory never written, or already freed,
+// shows in the results.
+cudaError_t AllocateLocked(void** p, size_t bytes, cudaMemoryType type,
+                           CUmemPoolHandle_st* pool) {
+  if (p == nullptr) return cudaErrorInvalidValue;
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  Device& d = *R().devices[current_device];
+  if (type == cudaMemoryTypeDevice && bytes > d.total - d.used) return cudaErrorMemoryAllocation;
+  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* memory = std::aligned_alloc(kAlign, rounded);
+  if (memory == nullptr) return cudaErrorMemoryAllocation;
+  std::memset(memory, 0xFF, rounded);
+  if (type == cudaMemoryTypeDevice) d.used += bytes;
+  if (pool != nullptr) pool->used += bytes;
+  R().allocations[reinterpret_cast<uintptr_t>(memory)] = {bytes, type, current_device, pool};
+  *p = memory;
+  return cudaSuccess;
+}
+
+cudaError_t FreeLocked(void* p, cudaMemoryType type) {
+  if (p == nullptr) return cudaSuccess;
+  auto it = R().allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == R().allocations.end() || it->second.type != type) {
+    return type == cudaMemoryTypeDevice ? cudaErrorInvalidDevicePointer : cudaErrorInvalidValue;
+  }
+  const Allocation a = it->second;
+  if (type == cudaMemoryTypeDevice) R().devices[a.device]->used -= a.bytes;
+  if (a.pool != nullptr) a.pool->used -= a.bytes;
+  std::memset(p, 0xFF, a.bytes);
+  std::free(p);
+  R().allocations.erase(it);
+  return cudaSuccess;
+}
+
+bool IsPageable(const void* p) { return Find(p, nullptr) == nullptr; }
+
+}  // namespace
+
+cudaError_t Enqueue(cudaStream_t stream, std::function<void()> work) {
+  std::lock_guard<std::mutex> lock(R().mu);
+  return EnqueueLocked(Resolve(stream), std::move(work));
+}
+
+cudaError_t Flush(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(R().mu);
+  FlushLocked(Resolve(stream), UINT64_MAX);
+  return R().sticky;
+}
+
+void Fault(const std::string& why) { FaultLocked(why); }
+
+int CurrentDevice() { return current_device; }
+
+int StreamDevice(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(R().mu);
+  return Resolve(stream)->device;
+}
+
+}  // namespace plateau::cuda_emulation
+
+namespace plateau::simt {
+
+cudaError_t LaunchKernel(const void* kernel, const char* name, dim3 grid, dim3 block,
+                         size_t smem_bytes, cudaStream_t stream, std::function<void()> body) {
+  using namespace cuda_emulation;
+  std::lock_guard<std::mutex> lock(R().mu);
+  if (R().sticky != cudaSuccess) return Ret(R().sticky);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
+      grid.z > 65535 || block.x == 0 || block.x * block.y * block.z > 1024) {
+    return Ret(cudaErrorInvalidConfiguration);
+  }
+  if (block.y != 1 || block.z != 1 || block.x % 32 != 0) {
+    std::fprintf(stderr, "[emulated CUDA] %s: the emulation runs 1-D blocks of whole warps\n",
+                 name);
+    return Ret(cudaErrorNotSupported);
+  }
+  auto attr = R().max_dynamic_smem.find(kernel);
+  const int smem_limit = attr != R().max_dynamic_smem.end() ? attr->second : kDefaultSmem;
+  if (smem_bytes > static_cast<size_t>(smem_limit)) return Ret(cudaErrorInvalidValue);
+  CUstream_st* s = Resolve(stream);
+  if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  const std::string kernel_name = name;
+  const Schedule schedule = R().schedule;
+  const SimtDim3 g{grid.x, grid.y, grid.z};
+  const int threads = static_cast<int>(block.x), smem = static_cast<int>(smem_bytes);
+  return Ret(EnqueueLocked(s, [=] {
+    const std::string failure = RunGrid(g, threads, smem, schedule, body);
+    if (!failure.empty()) FaultLocked(kernel_name + ": " + failure);
+  }));
+}
+
+}  // namespace plateau::simt
+
+using plateau::cuda_emulation::current_device;
+using plateau::cuda_emulation::kDefaultSmem;
+using plateau::cuda_emulation::kOptinSmem;
+using plateau::cuda_emulation::last_error;
+using plateau::cuda_emulation::R;
+using plateau::cuda_emulation::Ret;
+
+namespace {
+
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
+     "no kernel image is available for execution on the device"},
+    {cudaErrorECCUncorrectable, "cudaErrorECCUncorrectable", "uncorrectable ECC error"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle",
+     "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
+     "too many resources requested for launch"},
+    {cudaErrorLaunchTimeout, "cudaErrorLaunchTimeout", "the launch timed out"},
+    {cudaErrorContextIsDestroyed, "cudaErrorContextIsDestroyed", "context is destroyed"},
+    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
+    {cudaErrorHardwareStackError, "cudaErrorHardwareStackError", "hardware stack error"},
+    {cudaErrorIllegalInstruction, "cudaErrorIllegalInstruction", "an illegal instruction"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
+    {cudaErrorInvalidAddressSpace, "cudaErrorInvalidAddressSpace",
+     "operation not supported on global/shared address space"},
+    {cudaErrorInvalidPc, "cudaErrorInvalidPc", "invalid program counter"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
+const ErrorText& Text(cudaError_t e) {
+  for (const ErrorText& t : kErrors) {
+    if (t.error == e) return t;
+  }
+  return kErrors[sizeof(kErrors) / sizeof(kErrors[0]) - 1];
+}
+
+bool BadDevice(int device) {
+  return device < 0 || device >= static_cast<int>(R().devices.size());
+}
+
+// The allocation's kind of a copy's endpoint: pageable host memory is
+// everything the runtime did not allocate.
+bool IsPinnedOrDevice(const void* p) {
+  return !plateau::cuda_emulation::IsPageable(p);
+}
+
+}  // namespace
+
+#define PLATEAU_EMULATED_LOCK std::lock_guard<std::mutex> plateau_lock_(R().mu)
+#define PLATEAU_EMULATED_STICKY \
+  if (R().sticky != cudaSuccess) return Ret(R().sticky)
+
+const char* cudaGetErrorName(cudaError_t error) { return Text(error).name; }
+const char* cudaGetErrorString(cudaError_t error) { return Text(error).text; }
+
+cudaError_t cudaGetLastError() {
+  PLATEAU_EMULATED_LOCK;
+  if (R().sticky != cudaSuccess) return R().sticky;
+  const cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() {
+  PLATEAU_EMULATED_LOCK;
+  return R().sticky != cudaSuccess ? R().sticky : last_error;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return Ret(cudaErrorInvalidValue);
+  PLATEAU_EMULATED_LOCK;
+  *count = static_cast<int>(R().devices.size());
+  return R().devices.empty() ? Ret(cudaErrorNoDevice) : cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  PLATEAU_EMULATED_LOCK;
+  if (BadDevice(device)) return Ret(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return Ret(cudaErrorInvalidValue);
+  *device = current_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  PLATEAU_EMULATED_LOCK;
+  if (prop == nullptr) return Ret(cudaErrorInvalidValue);
+  if (BadDevice(device)) return Ret(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "SIMT emulation on the CPU");
+  prop->totalGlobalMem = R().devices[device]->total;
+  prop->sharedMemPerBlock = kDefaultSmem;
+  prop->sharedMemPerBlockOptin = kOptinSmem;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->maxThreadsPerBlock = 1024;
+  prop->clockRate = 1980000;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  PLATEAU_EMULATED_LOCK;
+  if (value == nullptr) return Ret(cudaErrorInvalidValue);
+  if (BadDevice(device)) return Ret(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = kOptinSmem;
+      return cudaSuccess;
+    case cudaDevAttrMemoryPoolsSupported:
+      *value = 1;
+      return cudaSuccess;
+  }
+  return Ret(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  plateau::cuda_emulation::FlushAllLocked();
+  return Ret(R().sticky);
+}
+
+cudaError_t cudaDeviceReset() {
+  // Not emulated: nothing here resets, and the backend never calls it.
+  return Ret(cudaErrorNotSupported);
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (free_bytes == nullptr || total_bytes == nullptr) return Ret(cudaErrorInvalidValue);
+  const auto& d = *R().devices[current_device];
+  *total_bytes = d.total;
+  *free_bytes = d.total - d.used;
+  return cudaSuccess;
+}
+
+// cudaMalloc and cudaFree synchronise with the device, as CUDA's do.
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  return Ret(plateau::cuda_emulation::AllocateLocked(p, bytes, cudaMemoryTypeDevice, nullptr));
+}
+
+cudaError_t cudaFree(void* p) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  plateau::cuda_emulation::FlushAllLocked();
+  return Ret(plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeDevice));
+}
+
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned /*flags*/) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  return Ret(plateau::cuda_emulation::AllocateLocked(p, bytes, cudaMemoryTypeHost, nullptr));
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+
+cudaError_t cudaFreeHost(void* p) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  plateau::cuda_emulation::FlushAllLocked();
+  return Ret(plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeHost));
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  PLATEAU_EMULATED_LOCK;
+  if (attr == nullptr) return Ret(cudaErrorInvalidValue);
+  std::memset(attr, 0, sizeof(*attr));
+  uintptr_t start = 0;
+  const plateau::cuda_emulation::Allocation* a = plateau::cuda_emulation::Find(p, &start);
+  attr->type = a != nullptr ? a->type : cudaMemoryTypeUnregistered;
+  attr->device = a != nullptr ? a->device : -2;
+  if (a != nullptr && a->type == cudaMemoryTypeDevice) attr->devicePointer = const_cast<void*>(p);
+  if (a != nullptr && a->type == cudaMemoryTypeHost) {
+    attr->devicePointer = attr->hostPointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  PLATEAU_EMULATED_LOCK;
+  if (pool == nullptr || props == nullptr || props->allocType != cudaMemAllocationTypePinned ||
+      props->location.type != cudaMemLocationTypeDevice || BadDevice(props->location.id)) {
+    return Ret(cudaErrorInvalidValue);
+  }
+  R().pools.push_back(std::make_unique<CUmemPoolHandle_st>());
+  *pool = R().pools.back().get();
+  (*pool)->device = props->location.id;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  PLATEAU_EMULATED_LOCK;
+  if (pool == nullptr || pool->destroyed) return Ret(cudaErrorInvalidValue);
+  pool->destroyed = true;  // what it still holds is freed when freed
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  PLATEAU_EMULATED_LOCK;
+  if (pool == nullptr || pool->destroyed || value == nullptr) return Ret(cudaErrorInvalidValue);
+  return attr == cudaMemPoolAttrReleaseThreshold ? cudaSuccess : Ret(cudaErrorInvalidValue);
+}
+
+// Memory comes back to the device when its free runs, so what the pool
+// holds (reserved) is what is in use.
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  PLATEAU_EMULATED_LOCK;
+  if (pool == nullptr || pool->destroyed || value == nullptr) return Ret(cudaErrorInvalidValue);
+  switch (attr) {
+    case cudaMemPoolAttrReservedMemCurrent:
+    case cudaMemPoolAttrUsedMemCurrent:
+      *static_cast<uint64_t*>(value) = pool->used;
+      return cudaSuccess;
+    default:
+      return Ret(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t /*keep_bytes*/) {
+  PLATEAU_EMULATED_LOCK;
+  return pool == nullptr || pool->destroyed ? Ret(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+// Stream-ordered allocation: the memory exists at once (CUDA's may be
+// reused memory whose earlier frees in stream order have run); the free
+// runs in stream order.
+cudaError_t cudaMallocFromPoolAsync(void** p, size_t bytes, cudaMemPool_t pool,
+                                    cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (pool == nullptr || pool->destroyed) return Ret(cudaErrorInvalidValue);
+  if (plateau::cuda_emulation::Resolve(stream)->destroyed) {
+    return Ret(cudaErrorInvalidResourceHandle);
+  }
+  return Ret(plateau::cuda_emulation::AllocateLocked(p, bytes, cudaMemoryTypeDevice, pool));
+}
+
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (plateau::cuda_emulation::Resolve(stream)->destroyed) {
+    return Ret(cudaErrorInvalidResourceHandle);
+  }
+  return Ret(plateau::cuda_emulation::AllocateLocked(p, bytes, cudaMemoryTypeDevice, nullptr));
+}
+
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (p == nullptr) return cudaSuccess;
+  auto it = R().allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == R().allocations.end() || it->second.type != cudaMemoryTypeDevice) {
+    return Ret(cudaErrorInvalidDevicePointer);
+  }
+  return Ret(plateau::cuda_emulation::EnqueueLocked(
+      plateau::cuda_emulation::Resolve(stream),
+      [p] { (void)plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeDevice); }));
+}
+
+// A blocking copy: ordered after the legacy stream's work only (the
+// backend's streams are non-blocking, so CUDA does not wait for them
+// either).
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  plateau::cuda_emulation::FlushLocked(&R().devices[current_device]->legacy, UINT64_MAX);
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) return Ret(cudaErrorInvalidValue);
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return Ret(R().sticky);
+}
+
+// From or to pageable host memory the copy is synchronous, as CUDA's is
+// (it waits for the stream's earlier work, then copies before returning);
+// between pinned host and device memory it runs in stream order.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/,
+                            cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (bytes == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return Ret(cudaErrorInvalidValue);
+  CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
+  if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  if (!IsPinnedOrDevice(dst) || !IsPinnedOrDevice(src)) {
+    plateau::cuda_emulation::FlushLocked(s, UINT64_MAX);
+    if (R().sticky == cudaSuccess) std::memmove(dst, src, bytes);
+    return Ret(R().sticky);
+  }
+  return Ret(plateau::cuda_emulation::EnqueueLocked(
+      s, [dst, src, bytes] { std::memmove(dst, src, bytes); }));
+}
+
+// On the legacy stream, after its earlier work.
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (bytes == 0) return cudaSuccess;
+  if (p == nullptr) return Ret(cudaErrorInvalidValue);
+  plateau::cuda_emulation::FlushLocked(&R().devices[current_device]->legacy, UINT64_MAX);
+  if (R().sticky == cudaSuccess) std::memset(p, value, bytes);
+  return Ret(R().sticky);
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (bytes == 0) return cudaSuccess;
+  if (p == nullptr) return Ret(cudaErrorInvalidValue);
+  return Ret(plateau::cuda_emulation::EnqueueLocked(
+      plateau::cuda_emulation::Resolve(stream),
+      [p, value, bytes] { std::memset(p, value, bytes); }));
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned /*flags*/) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (stream == nullptr) return Ret(cudaErrorInvalidValue);
+  *stream = new CUstream_st;
+  (*stream)->device = current_device;
+  R().streams.push_back(*stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
+
+// CUDA lets queued work finish after the destroy; here it runs first.
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  if (stream == nullptr || stream == cudaStreamLegacy || stream->destroyed) {
+    return Ret(cudaErrorInvalidResourceHandle);
+  }
+  plateau::cuda_emulation::FlushLocked(stream, UINT64_MAX);
+  stream->destroyed = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
+  if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  plateau::cuda_emulation::FlushLocked(s, UINT64_MAX);
+  return Ret(R().sticky);
+}
+
+// A query that finds work still queued answers cudaErrorNotReady, as for a
+// GPU busy with it, and the work then runs: the next query answers
+// cudaSuccess, so a loop that polls makes progress.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
+  if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  const bool pending = !s->queue.empty();
+  plateau::cuda_emulation::FlushLocked(s, UINT64_MAX);
+  if (R().sticky != cudaSuccess) return Ret(R().sticky);
+  return pending ? cudaErrorNotReady : cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned /*flags*/) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (event == nullptr || event->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
+  if (event->stream == nullptr) return s->destroyed ? Ret(cudaErrorInvalidResourceHandle)
+                                                    : cudaSuccess;
+  // The event's record as of now: a later record does not move this wait.
+  CUstream_st* other = event->stream;
+  const uint64_t seq = event->seq;
+  return Ret(plateau::cuda_emulation::EnqueueLocked(
+      s, [other, seq] { plateau::cuda_emulation::FlushLocked(other, seq); }));
+}
+
+cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  PLATEAU_EMULATED_LOCK;
+  if (device == nullptr) return Ret(cudaErrorInvalidValue);
+  CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
+  if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  *device = s->device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned /*flags*/) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (event == nullptr) return Ret(cudaErrorInvalidValue);
+  R().events.push_back(std::make_unique<CUevent_st>());
+  *event = R().events.back().get();
+  (*event)->device = current_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  PLATEAU_EMULATED_LOCK;
+  if (event == nullptr || event->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  event->destroyed = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  PLATEAU_EMULATED_LOCK;
+  PLATEAU_EMULATED_STICKY;
+  if (event == nullptr || event->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
+  const cudaError_t e = plateau::cuda_emulation::EnqueueLocked(s, [] {});
+  if (e != cudaSuccess) return Ret(e);
+  event->stream = s;
+  event->seq = s->enqueued;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  PLATEAU_EMULATED_LOCK;
+  if (event == nullptr || event->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  if (event->stream != nullptr) plateau::cuda_emulation::FlushLocked(event->stream, event->seq);
+  return Ret(R().sticky);
+}
+
+// As cudaStreamQuery: cudaErrorNotReady once while the recorded work is
+// queued (it then runs).
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  PLATEAU_EMULATED_LOCK;
+  if (event == nullptr || event->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  const bool pending = event->stream != nullptr && event->stream->executed < event->seq;
+  if (pending) plateau::cuda_emulation::FlushLocked(event->stream, event->seq);
+  if (R().sticky != cudaSuccess) return Ret(R().sticky);
+  return pending ? cudaErrorNotReady : cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  // Timing is not emulated.
+  (void)ms;
+  (void)start;
+  (void)end;
+  return Ret(cudaErrorNotSupported);
+}
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fn) {
+  PLATEAU_EMULATED_LOCK;
+  if (attributes == nullptr || fn == nullptr) return Ret(cudaErrorInvalidValue);
+  std::memset(attributes, 0, sizeof(*attributes));
+  auto it = R().max_dynamic_smem.find(fn);
+  attributes->maxDynamicSharedSizeBytes =
+      it != R().max_dynamic_smem.end() ? it->second : kDefaultSmem;
+  attributes->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value) {
+  PLATEAU_EMULATED_LOCK;
+  if (fn == nullptr || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      value > kOptinSmem) {
+    return Ret(cudaErrorInvalidValue);
+  }
+  R().max_dynamic_smem[fn] = value;
+  return cudaSuccess;
+}

@@ -1,0 +1,207 @@
+// The emulated CUDA runtime keeps the promises the GPU twin tests rely on
+// when they run under --config=cuda_emulated: work runs in stream order
+// and only when the host synchronises (so a missing synchronisation or a
+// missing event wait shows), launches are checked as CUDA checks them, a
+// failed kernel is a sticky fault, and kernels run on the SIMT emulation
+// (threads, barriers, shared memory).
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/emulated/cuda_runtime_api.h"
+#include "kernels/cuda/emulated/emulation.h"
+
+namespace {
+
+// Each thread writes its index into shared memory, then (after the barrier)
+// reads its neighbour's and adds it to out: without the barrier, a thread
+// would read a slot its neighbour has not written yet (NaN).
+__global__ void NeighbourSum(float* out, int with_barrier) {
+  PLATEAU_DYNAMIC_SHARED(float, slots);
+  const int t = threadIdx.x, n = blockDim.x;
+  slots[t] = static_cast<float>(t);
+  if (with_barrier) __syncthreads();
+  out[blockIdx.x * n + t] = slots[t] + slots[(t + 1) % n];
+}
+
+__global__ void Scale(float* x, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    x[i] *= factor;
+  }
+}
+
+__global__ void Deadlock(int* unused) {
+  if (threadIdx.x == 0) __syncthreads();  // the other threads never arrive
+  (void)unused;
+}
+
+__global__ void StaticSharedSum(float* out) {
+  PLATEAU_SHARED_ARRAY(float, partial, 64);
+  partial[threadIdx.x] = 1.0f + threadIdx.x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0;
+    for (int i = 0; i < 64; ++i) sum += partial[i];
+    out[blockIdx.x] = sum;
+  }
+}
+
+class EmulatedRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&a_, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&b_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    cudaStreamDestroy(a_);
+    cudaStreamDestroy(b_);
+  }
+  cudaStream_t a_ = nullptr, b_ = nullptr;
+};
+
+TEST_F(EmulatedRuntimeTest, WorkRunsWhenTheHostSynchronises) {
+  float* pinned = nullptr;
+  float* device = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 4 * sizeof(float), 0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), 4 * sizeof(float)), cudaSuccess);
+  for (int i = 0; i < 4; ++i) pinned[i] = 1.0f + i;
+  ASSERT_EQ(cudaMemcpyAsync(device, pinned, 4 * sizeof(float), cudaMemcpyDefault, a_),
+            cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, Scale)(device, int64_t{4}, 2.0f);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, device, 4 * sizeof(float), cudaMemcpyDefault, a_),
+            cudaSuccess);
+  // Not synchronised: the host still sees what it wrote.
+  EXPECT_EQ(pinned[3], 4.0f);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_EQ(pinned[0], 2.0f);
+  EXPECT_EQ(pinned[3], 8.0f);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
+
+TEST_F(EmulatedRuntimeTest, AnEventWaitOrdersTwoStreams) {
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), sizeof(float)), cudaSuccess);
+  float one = 1.0f, out = 0.0f;
+  ASSERT_EQ(cudaMemcpy(device, &one, sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  cudaEvent_t scaled;
+  ASSERT_EQ(cudaEventCreateWithFlags(&scaled, cudaEventDisableTiming), cudaSuccess);
+
+  // With the wait: b's x3 runs after a's x2 whichever stream the host
+  // synchronises first.
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, Scale)(device, int64_t{1}, 2.0f);
+  ASSERT_EQ(cudaEventRecord(scaled, a_), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(b_, scaled, 0), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, b_, Scale)(device, int64_t{1}, 3.0f);
+  ASSERT_EQ(cudaStreamSynchronize(b_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&out, device, sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  EXPECT_EQ(out, 6.0f);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+
+  // Without it, synchronising b runs b's work alone: a's x2 is still queued.
+  ASSERT_EQ(cudaMemcpy(device, &one, sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, Scale)(device, int64_t{1}, 2.0f);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, b_, Scale)(device, int64_t{1}, 3.0f);
+  ASSERT_EQ(cudaStreamSynchronize(b_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&out, device, sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  EXPECT_EQ(out, 3.0f) << "b ran before a's queued work";
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(scaled), cudaSuccess);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+TEST_F(EmulatedRuntimeTest, KernelsRunOnTheSimtEmulation) {
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), 2 * 64 * sizeof(float)), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(2, 64, 64 * sizeof(float), a_, NeighbourSum)(device, 1);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<float> out(128);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(out.data(), device, out.size() * sizeof(float), cudaMemcpyDefault),
+            cudaSuccess);
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 64; ++t) EXPECT_EQ(out[b * 64 + t], t + (t + 1) % 64) << b << " " << t;
+  }
+
+  PLATEAU_KERNEL_LAUNCH(3, 64, 0, a_, StaticSharedSum)(device);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(out.data(), device, 3 * sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(out[b], 64.0f * 65.0f / 2.0f);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+TEST_F(EmulatedRuntimeTest, AMissingBarrierReadsUnwrittenSharedMemory) {
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), 64 * sizeof(float)), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 64, 64 * sizeof(float), a_, NeighbourSum)(device, 0);
+  std::vector<float> out(64);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(out.data(), device, out.size() * sizeof(float), cudaMemcpyDefault),
+            cudaSuccess);
+  int nan = 0;
+  for (float v : out) nan += v != v;
+  EXPECT_GT(nan, 0) << "every thread ran to the end before its neighbour started";
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+TEST_F(EmulatedRuntimeTest, LaunchesAreCheckedAsCudaChecksThem) {
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), 64 * sizeof(float)), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 2048, 0, a_, NeighbourSum)(device, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not sticky";
+  PLATEAU_KERNEL_LAUNCH(dim3(1, 70000), 64, 0, a_, NeighbourSum)(device, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  // Past 48 KiB of dynamic shared memory only after opting in.
+  const void* kernel = reinterpret_cast<const void*>(&NeighbourSum);
+  PLATEAU_KERNEL_LAUNCH(1, 64, 64 << 10, a_, NeighbourSum)(device, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 300 << 10),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "past sm_90's 227 KiB";
+  ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
+            cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 64, 64 << 10, a_, NeighbourSum)(device, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+TEST_F(EmulatedRuntimeTest, MemoryIsCountedAndRefusedPastTheDevice) {
+  size_t free_before = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 1 << 20), cudaSuccess);
+  size_t free_after = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_EQ(free_before - free_after, size_t{1} << 20);
+  void* q = nullptr;
+  EXPECT_EQ(cudaMalloc(&q, total), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  cudaPointerAttributes attr;
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, static_cast<char*>(p) + 100), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
+  int local = 0;
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, &local), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeUnregistered);
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+  EXPECT_EQ(cudaFree(p), cudaErrorInvalidDevicePointer) << "a second free";
+  (void)cudaGetLastError();
+}
+
+// Last: a fault poisons the process's (emulated) context for good.
+TEST_F(EmulatedRuntimeTest, ZzAFailedKernelIsAStickyFault) {
+  PLATEAU_KERNEL_LAUNCH(1, 64, 0, a_, Deadlock)(nullptr);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the launch itself is fine";
+  EXPECT_EQ(cudaStreamSynchronize(a_), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaStreamSynchronize(b_), cudaErrorLaunchFailure);
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, 16), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure) << "sticky";
+}
+
+}  // namespace
