@@ -219,4 +219,11 @@ grep -q 'bench:sgemm_bench *pass' "$tmp/packedrun/table.txt" || fail "the packed
 
 # 5. Bad usage.
 if "$check" --no-such-flag >/dev/null 2>&1; then fail "an unknown flag was accepted"; fi
+# --emulated builds and runs here (tools/device-check --emulated, by hand:
+# a bazel build inside a test is not possible); with a pack or a dry run it
+# is refused, naming why.
+for other in --dry-run --prebuilt="$packed" --pack="$tmp/p"; do
+  if "$check" --emulated "$other" >"$tmp/emu.stdout" 2>&1; then fail "--emulated $other was accepted"; fi
+  grep -q "not with --prebuilt, --pack or --dry-run" "$tmp/emu.stdout" || { cat "$tmp/emu.stdout"; fail "--emulated $other: no reason"; }
+done
 echo "device_check_test: PASSED"

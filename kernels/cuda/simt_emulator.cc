@@ -21,7 +21,7 @@ SimtDim3 threadIdx, blockIdx, blockDim, gridDim;
 // million threads take minutes.
 extern "C" void plateau_simt_switch(void** from, void* to);
 asm(R"(
-  .text
+  .pushsection .text
   .globl plateau_simt_switch
   .type plateau_simt_switch, @function
 plateau_simt_switch:
@@ -47,6 +47,7 @@ plateau_simt_switch:
   popq %rbp
   ret
   .size plateau_simt_switch, .-plateau_simt_switch
+  .popsection
 )");
 
 namespace plateau::simt {
@@ -54,24 +55,27 @@ namespace {
 
 constexpr size_t kGuardBytes = 4096;
 constexpr size_t kStackBytes = 256 << 10;
-constexpr size_t kPageBytes = 4096;
+// The inaccessible guard below each stack: larger than any frame the
+// kernels have, so an overflow cannot step over it into the next stack.
+constexpr size_t kStackGuardBytes = 64 << 10;
 constexpr int kMaxWarps = 32;
 
 enum class Wait { kNone, kWarp, kBlock };
 
 // A thread's stack: mapped once and reused by every block (a fresh
 // zero-filled stack per thread per block cost more than most kernels), with
-// an inaccessible page below it so an overflow faults rather than writing
+// an inaccessible guard below it so an overflow faults rather than writing
 // into the next stack.
 class Stack {
  public:
   Stack() {
-    base_ = static_cast<char*>(mmap(nullptr, kStackBytes + kPageBytes, PROT_READ | PROT_WRITE,
+    base_ = static_cast<char*>(mmap(nullptr, kStackBytes + kStackGuardBytes,
+                                    PROT_READ | PROT_WRITE,
                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
     if (base_ == MAP_FAILED) std::abort();
-    mprotect(base_, kPageBytes, PROT_NONE);
+    mprotect(base_, kStackGuardBytes, PROT_NONE);
   }
-  ~Stack() { munmap(base_, kStackBytes + kPageBytes); }
+  ~Stack() { munmap(base_, kStackBytes + kStackGuardBytes); }
   Stack(const Stack&) = delete;
   Stack& operator=(const Stack&) = delete;
 
@@ -80,11 +84,11 @@ class Stack {
   // `entry` as the return address and a null one above it, so that `entry`
   // starts with the stack aligned as if it had been called.
   void* Start(void (*entry)()) {
-    char* top = base_ + kPageBytes + kStackBytes;
+    char* top = base_ + kStackGuardBytes + kStackBytes;
 #if defined(__SANITIZE_ADDRESS__)
     // A thread stopped mid-kernel (a failed block) leaves its frames'
     // redzones poisoned.
-    __asan_unpoison_memory_region(base_ + kPageBytes, kStackBytes);
+    __asan_unpoison_memory_region(base_ + kStackGuardBytes, kStackBytes);
 #endif
     uint64_t* sp = reinterpret_cast<uint64_t*>(top) - 9;
     const uint32_t control[2] = {0x1F80u, 0x037Fu};  // MXCSR, x87 control word
@@ -271,7 +275,7 @@ void WarpRendezvous(int kind) {
 }
 
 std::string RunGrid(SimtDim3 grid, int threads, int smem_bytes, Schedule schedule,
-                    const std::function<void()>& body) {
+                    const std::function<void()>& body, int smem_limit) {
   if (threads % 32 != 0 || threads <= 0 || threads > 32 * kMaxWarps) {
     return "threads must be a positive multiple of 32";
   }
@@ -283,20 +287,33 @@ std::string RunGrid(SimtDim3 grid, int threads, int smem_bytes, Schedule schedul
   state.body = &body;
   blockDim = {static_cast<unsigned>(threads), 1, 1};
   gridDim = grid;
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        // 0xFF bytes: NaN as float and as bf16, so a read of memory the
-        // kernel did not write shows in its results.
-        state.shared.assign(smem_bytes + kGuardBytes, 0xFF);
-        blockIdx = {x, y, z};
-        if (!RunBlock(threads, order).empty()) return state.failure;
-        for (size_t i = smem_bytes; i < state.shared.size(); ++i) {
-          if (state.shared[i] != 0xFF) {
-            Fail("a write past the block's shared memory");
-            return state.failure;
-          }
-        }
+  // Blocks run one at a time, in the schedule's order too: a kernel whose
+  // blocks race (one overwriting what another still reads) shows as
+  // results that change between schedules.
+  std::vector<uint64_t> blocks(uint64_t{grid.x} * grid.y * grid.z);
+  std::iota(blocks.begin(), blocks.end(), uint64_t{0});
+  if (schedule == Schedule::kReversed) std::reverse(blocks.begin(), blocks.end());
+  if (schedule == Schedule::kShuffled) std::shuffle(blocks.begin(), blocks.end(), std::mt19937(7));
+  for (uint64_t b : blocks) {
+    // 0xFF bytes: NaN as float and as bf16, so a read of memory the kernel
+    // did not write shows in its results.
+    state.shared.assign(smem_bytes + kGuardBytes, 0xFF);
+    blockIdx = {static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                static_cast<unsigned>(b / grid.x / grid.y)};
+    if (!RunBlock(threads, order).empty()) return state.failure;
+    for (size_t i = smem_bytes; i < state.shared.size(); ++i) {
+      if (state.shared[i] != 0xFF) {
+        Fail("a write past the block's shared memory");
+        return state.failure;
+      }
+    }
+    if (smem_limit >= 0) {
+      size_t total = smem_bytes;
+      for (const auto& [key, bytes] : state.static_shared) total += bytes.size() - kGuardBytes;
+      if (total > static_cast<size_t>(smem_limit)) {
+        Fail("static and dynamic shared memory (" + std::to_string(total) +
+             " bytes) past the kernel's limit of " + std::to_string(smem_limit));
+        return state.failure;
       }
     }
   }
@@ -349,7 +366,7 @@ float __shfl_xor_sync(unsigned mask, float x, int lane_mask) {
   std::memcpy(&scratch[lane][0], &x, 4);
   WarpRendezvous(-1);
   float r;
-  std::memcpy(&r, &scratch[lane ^ lane_mask][0], 4);
+  std::memcpy(&r, &scratch[lane ^ (lane_mask & 31)][0], 4);  // the low 5 bits, as the hardware
   WarpRendezvous(-2);  // every lane has read before the next write
   return r;
 }

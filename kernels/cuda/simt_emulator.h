@@ -25,7 +25,8 @@
 // launches through the emulated runtime (emulated/cuda_runtime_api.h).
 //
 // One grid at a time in one process (the state is global): the emulated
-// runtime runs every grid under its lock.
+// runtime runs every grid under its lock; a test calling RunGrid directly
+// must not run grids from two threads.
 #ifndef PLATEAU_KERNELS_CUDA_SIMT_EMULATOR_H_
 #define PLATEAU_KERNELS_CUDA_SIMT_EMULATOR_H_
 
@@ -142,10 +143,13 @@ enum class Schedule { kInOrder, kReversed, kShuffled };
 
 // Runs `body` once per block of `grid` (x fastest), `threads` threads a
 // block, with `smem_bytes` of dynamic shared memory (SharedMemory()).
-// Returns "" or what went wrong (a deadlock, divergent warp collectives, a
-// write past the shared memory); the first problem is kept.
+// Blocks run one at a time, in the schedule's order (kShuffled: a fixed
+// random order). Returns "" or what went wrong (a deadlock, divergent warp
+// collectives, a write past the shared memory, static plus dynamic shared
+// memory past `smem_limit` bytes when that is not negative); the first
+// problem is kept.
 std::string RunGrid(SimtDim3 grid, int threads, int smem_bytes, Schedule schedule,
-                    const std::function<void()>& body);
+                    const std::function<void()>& body, int smem_limit = -1);
 
 // The running block's dynamic shared memory.
 unsigned char* SharedMemory();
@@ -193,13 +197,19 @@ class Launcher {
   template <typename... Args>
   void operator()(Args&&... args) const {
     static_assert(sizeof...(Args) == sizeof...(Params), "a kernel's every argument");
-    std::tuple<std::decay_t<Params>...> bound(static_cast<Params>(std::forward<Args>(args))...);
+    // Implicit conversions only, as a kernel call's.
+    std::tuple<std::decay_t<Params>...> bound(Convert<Params>(std::forward<Args>(args))...);
     void (*kernel)(Params...) = kernel_;
     LaunchKernel(reinterpret_cast<const void*>(kernel_), name_, grid_, block_, smem_, stream_,
                  [kernel, bound] { std::apply(kernel, bound); });
   }
 
  private:
+  template <typename P, typename A>
+  static P Convert(A&& a) {
+    return std::forward<A>(a);
+  }
+
   void (*kernel_)(Params...);
   const char* name_;
   dim3 grid_, block_;

@@ -34,7 +34,7 @@ cudaError_t Flush(cudaStream_t stream);
 void Fault(const std::string& why);
 
 // The calling thread's current device, and the device a stream belongs to
-// (-1 for an unknown stream).
+// (-1 for an unknown or destroyed stream).
 int CurrentDevice();
 int StreamDevice(cudaStream_t stream);
 

@@ -15,6 +15,10 @@
 #include "kernels/cuda/emulated/emulation.h"
 #include "kernels/cuda/simt_emulator.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 // The handles are pointers to these. Destroyed ones stay allocated (marked)
 // so that a later use is an error, not a read of freed memory.
 struct CUstream_st {
@@ -56,6 +60,7 @@ struct Allocation {
   cudaMemoryType type;
   int device;
   CUmemPoolHandle_st* pool;
+  bool free_queued = false;  // cudaFreeAsync called, not yet run
 };
 
 struct Runtime {
@@ -67,7 +72,8 @@ struct Runtime {
   std::vector<std::unique_ptr<CUevent_st>> events;
   std::vector<std::unique_ptr<CUmemPoolHandle_st>> pools;
   std::map<uintptr_t, Allocation> allocations;
-  std::map<const void*, int> max_dynamic_smem;
+  // cudaFuncSetAttribute's opt-in, per (device, kernel) as CUDA keeps it.
+  std::map<std::pair<int, const void*>, int> max_dynamic_smem;
   cudaError_t sticky = cudaSuccess;
   simt::Schedule schedule = simt::Schedule::kShuffled;
 };
@@ -129,9 +135,13 @@ void FlushLocked(CUstream_st* s, uint64_t upto) {
   }
 }
 
-void FlushAllLocked() {
-  for (auto& d : R().devices) FlushLocked(&d->legacy, UINT64_MAX);
-  for (CUstream_st* s : R().streams) FlushLocked(s, UINT64_MAX);
+// Everything queued on `device` (what its streams wait for on other
+// devices runs too, through their wait items).
+void FlushDeviceLocked(int device) {
+  FlushLocked(&R().devices[device]->legacy, UINT64_MAX);
+  for (CUstream_st* s : R().streams) {
+    if (s->device == device) FlushLocked(s, UINT64_MAX);
+  }
 }
 
 cudaError_t EnqueueLocked(CUstream_st* s, std::function<void()> work) {
@@ -166,6 +176,10 @@ cudaError_t AllocateLocked(void** p, size_t bytes, cudaMemoryType type,
   void* memory = std::aligned_alloc(kAlign, rounded);
   if (memory == nullptr) return cudaErrorMemoryAllocation;
   std::memset(memory, 0xFF, rounded);
+#if defined(__SANITIZE_ADDRESS__)
+  // The rounding's padding: an access past `bytes` is an ASan report.
+  __asan_poison_memory_region(static_cast<char*>(memory) + bytes, rounded - bytes);
+#endif
   if (type == cudaMemoryTypeDevice) d.used += bytes;
   if (pool != nullptr) pool->used += bytes;
   R().allocations[reinterpret_cast<uintptr_t>(memory)] = {bytes, type, current_device, pool};
@@ -182,10 +196,22 @@ cudaError_t FreeLocked(void* p, cudaMemoryType type) {
   const Allocation a = it->second;
   if (type == cudaMemoryTypeDevice) R().devices[a.device]->used -= a.bytes;
   if (a.pool != nullptr) a.pool->used -= a.bytes;
+  const size_t rounded = (a.bytes + kAlign - 1) / kAlign * kAlign;
+  unsigned char* bytes = static_cast<unsigned char*>(p);
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(bytes + a.bytes, rounded - a.bytes);
+#endif
+  // The padding still as allocated, or something wrote past the end: an
+  // illegal address on a GPU, a fault here (reported from this call on).
+  bool overrun = false;
+  for (size_t i = a.bytes; i < rounded && !overrun; ++i) overrun = bytes[i] != 0xFF;
+  if (overrun) {
+    FaultLocked("a write past the end of a " + std::to_string(a.bytes) + "-byte allocation");
+  }
   std::memset(p, 0xFF, a.bytes);
   std::free(p);
   R().allocations.erase(it);
-  return cudaSuccess;
+  return overrun ? R().sticky : cudaSuccess;
 }
 
 bool IsPageable(const void* p) { return Find(p, nullptr) == nullptr; }
@@ -209,7 +235,11 @@ int CurrentDevice() { return current_device; }
 
 int StreamDevice(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(R().mu);
-  return Resolve(stream)->device;
+  if (stream == nullptr || stream == cudaStreamLegacy) return current_device;
+  for (CUstream_st* s : R().streams) {
+    if (s == stream) return s->destroyed ? -1 : s->device;
+  }
+  return -1;
 }
 
 }  // namespace plateau::cuda_emulation
@@ -230,17 +260,19 @@ cudaError_t LaunchKernel(const void* kernel, const char* name, dim3 grid, dim3 b
                  name);
     return Ret(cudaErrorNotSupported);
   }
-  auto attr = R().max_dynamic_smem.find(kernel);
+  auto attr = R().max_dynamic_smem.find({current_device, kernel});
   const int smem_limit = attr != R().max_dynamic_smem.end() ? attr->second : kDefaultSmem;
   if (smem_bytes > static_cast<size_t>(smem_limit)) return Ret(cudaErrorInvalidValue);
   CUstream_st* s = Resolve(stream);
-  if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
+  // A launch goes to a stream of the current device, as CUDA requires.
+  if (s->destroyed || s->device != current_device) return Ret(cudaErrorInvalidResourceHandle);
   const std::string kernel_name = name;
   const Schedule schedule = R().schedule;
   const SimtDim3 g{grid.x, grid.y, grid.z};
   const int threads = static_cast<int>(block.x), smem = static_cast<int>(smem_bytes);
   return Ret(EnqueueLocked(s, [=] {
-    const std::string failure = RunGrid(g, threads, smem, schedule, body);
+    // Static __shared__ arrays count against the same limit as on a GPU.
+    const std::string failure = RunGrid(g, threads, smem, schedule, body, smem_limit);
     if (!failure.empty()) FaultLocked(kernel_name + ": " + failure);
   }));
 }
@@ -392,7 +424,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 cudaError_t cudaDeviceSynchronize() {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
-  plateau::cuda_emulation::FlushAllLocked();
+  plateau::cuda_emulation::FlushDeviceLocked(current_device);
   return Ret(R().sticky);
 }
 
@@ -411,7 +443,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
-// cudaMalloc and cudaFree synchronise with the device, as CUDA's do.
+// cudaFree (and cudaFreeHost) synchronise with the device, as CUDA's do.
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
@@ -421,7 +453,11 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
-  plateau::cuda_emulation::FlushAllLocked();
+  plateau::cuda_emulation::FlushDeviceLocked(current_device);
+  auto it = R().allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it != R().allocations.end() && it->second.free_queued) {
+    return Ret(cudaErrorInvalidDevicePointer);
+  }
   return Ret(plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeDevice));
 }
 
@@ -436,7 +472,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, byt
 cudaError_t cudaFreeHost(void* p) {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
-  plateau::cuda_emulation::FlushAllLocked();
+  plateau::cuda_emulation::FlushDeviceLocked(current_device);
   return Ret(plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeHost));
 }
 
@@ -528,12 +564,20 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   PLATEAU_EMULATED_STICKY;
   if (p == nullptr) return cudaSuccess;
   auto it = R().allocations.find(reinterpret_cast<uintptr_t>(p));
-  if (it == R().allocations.end() || it->second.type != cudaMemoryTypeDevice) {
+  // A second free of the same pointer is refused at the call, as CUDA does.
+  if (it == R().allocations.end() || it->second.type != cudaMemoryTypeDevice ||
+      it->second.free_queued) {
     return Ret(cudaErrorInvalidDevicePointer);
   }
-  return Ret(plateau::cuda_emulation::EnqueueLocked(
-      plateau::cuda_emulation::Resolve(stream),
-      [p] { (void)plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeDevice); }));
+  const cudaError_t e = plateau::cuda_emulation::EnqueueLocked(
+      plateau::cuda_emulation::Resolve(stream), [p] {
+        if (plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeDevice) ==
+            cudaErrorInvalidDevicePointer) {
+          plateau::cuda_emulation::FaultLocked("cudaFreeAsync of memory no longer allocated");
+        }
+      });
+  if (e == cudaSuccess) it->second.free_queued = true;
+  return Ret(e);
 }
 
 // A blocking copy: ordered after the legacy stream's work only (the
@@ -684,6 +728,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   PLATEAU_EMULATED_STICKY;
   if (event == nullptr || event->destroyed) return Ret(cudaErrorInvalidResourceHandle);
   CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
+  // The event and the stream belong to one device, as CUDA requires.
+  if (event->device != s->device) return Ret(cudaErrorInvalidResourceHandle);
   const cudaError_t e = plateau::cuda_emulation::EnqueueLocked(s, [] {});
   if (e != cudaSuccess) return Ret(e);
   event->stream = s;
@@ -721,7 +767,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fn
   PLATEAU_EMULATED_LOCK;
   if (attributes == nullptr || fn == nullptr) return Ret(cudaErrorInvalidValue);
   std::memset(attributes, 0, sizeof(*attributes));
-  auto it = R().max_dynamic_smem.find(fn);
+  auto it = R().max_dynamic_smem.find({current_device, fn});
   attributes->maxDynamicSharedSizeBytes =
       it != R().max_dynamic_smem.end() ? it->second : kDefaultSmem;
   attributes->maxThreadsPerBlock = 1024;
@@ -734,6 +780,6 @@ cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int val
       value > kOptinSmem) {
     return Ret(cudaErrorInvalidValue);
   }
-  R().max_dynamic_smem[fn] = value;
+  R().max_dynamic_smem[{current_device, fn}] = value;
   return cudaSuccess;
 }

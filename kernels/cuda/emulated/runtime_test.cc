@@ -4,7 +4,11 @@
 // missing event wait shows), launches are checked as CUDA checks them, a
 // failed kernel is a sticky fault, and kernels run on the SIMT emulation
 // (threads, barriers, shared memory).
+#include <sys/wait.h>
+
+#include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -13,6 +17,9 @@
 #include "kernels/cuda/emulated/emulation.h"
 
 namespace {
+
+// Two emulated GPUs, set before the runtime's first call reads it.
+const bool kTwoGpus = setenv("PLATEAU_EMULATED_GPUS", "2", 1) == 0;
 
 // Each thread writes its index into shared memory, then (after the barrier)
 // reads its neighbour's and adds it to out: without the barrier, a thread
@@ -45,6 +52,16 @@ __global__ void StaticSharedSum(float* out) {
     for (int i = 0; i < 64; ++i) sum += partial[i];
     out[blockIdx.x] = sum;
   }
+}
+
+__global__ void TooMuchSharedMemory(float* out) {
+  PLATEAU_SHARED_ARRAY(float, big, 10000);  // 40000 bytes, plus the dynamic
+  big[threadIdx.x] = 1.0f;
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
+__global__ void WriteOnePast(float* x, int n) {
+  if (threadIdx.x == 0) x[n] = 1.0f;
 }
 
 class EmulatedRuntimeTest : public ::testing::Test {
@@ -190,6 +207,75 @@ TEST_F(EmulatedRuntimeTest, MemoryIsCountedAndRefusedPastTheDevice) {
   EXPECT_EQ(cudaFree(p), cudaSuccess);
   EXPECT_EQ(cudaFree(p), cudaErrorInvalidDevicePointer) << "a second free";
   (void)cudaGetLastError();
+}
+
+TEST_F(EmulatedRuntimeTest, StreamsEventsAndOptInsBelongToOneDevice) {
+  ASSERT_TRUE(kTwoGpus);
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  ASSERT_EQ(count, 2);
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), 64 * sizeof(float)), cudaSuccess);
+  const void* kernel = reinterpret_cast<const void*>(&NeighbourSum);
+  ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
+            cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  // a_ is device 0's: a launch onto it from device 1 is refused.
+  PLATEAU_KERNEL_LAUNCH(1, 64, 256, a_, NeighbourSum)(device, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+  cudaEvent_t on_one;
+  ASSERT_EQ(cudaEventCreateWithFlags(&on_one, cudaEventDisableTiming), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(on_one, a_), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  // Device 0's opt-in does not carry over to device 1.
+  cudaStream_t c = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 64, 64 << 10, c, NeighbourSum)(device, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaStreamDestroy(c), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(on_one), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+TEST_F(EmulatedRuntimeTest, ASecondAsyncFreeIsRefused) {
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 100), cudaSuccess);
+  EXPECT_EQ(cudaFreeAsync(p, a_), cudaSuccess);
+  EXPECT_EQ(cudaFreeAsync(p, a_), cudaErrorInvalidDevicePointer);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevicePointer);
+  EXPECT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+}
+
+// Faults are sticky, so these run in a child process each.
+TEST_F(EmulatedRuntimeTest, StaticPlusDynamicSharedMemoryPastTheLimitFaults) {
+  EXPECT_EXIT(
+      {
+        float* device = nullptr;
+        (void)cudaMalloc(reinterpret_cast<void**>(&device), 64 * sizeof(float));
+        // 40000 static + 40000 dynamic bytes: each fits 48 KiB, together not.
+        PLATEAU_KERNEL_LAUNCH(1, 64, 40000, a_, TooMuchSharedMemory)(device);
+        std::exit(cudaStreamSynchronize(a_) == cudaErrorLaunchFailure ? 3 : 4);
+      },
+      ::testing::ExitedWithCode(3), "past the kernel's limit of 49152");
+}
+
+TEST_F(EmulatedRuntimeTest, AWritePastAnAllocationIsCaught) {
+  EXPECT_EXIT(
+      {
+        float* device = nullptr;
+        (void)cudaMalloc(reinterpret_cast<void**>(&device), 100 * sizeof(float));
+        PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, WriteOnePast)(device, 100);
+        (void)cudaStreamSynchronize(a_);
+        std::exit(cudaFree(device) == cudaErrorLaunchFailure ? 3 : 4);
+      },
+      // ASan sees the write itself (the padding is poisoned); otherwise the
+      // padding is found changed when the memory is freed.
+      [](int status) {
+        return (WIFEXITED(status) && WEXITSTATUS(status) == 3) || WIFSIGNALED(status) ||
+               (WIFEXITED(status) && WEXITSTATUS(status) == 1);  // ASan's own exit
+      },
+      "a write past the end of a 400-byte allocation|use-after-poison");
 }
 
 // Last: a fault poisons the process's (emulated) context for good.
