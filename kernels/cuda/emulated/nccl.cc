@@ -48,6 +48,13 @@
 
 #include "kernels/cuda/emulated/emulation.h"
 
+// What a missing peer's timeout adds: the likeliest cause under the
+// emulation is a world of processes (the service's rank processes), which
+// it cannot join.
+constexpr char kOneProcess[] =
+    " (the emulated NCCL joins the ranks of one process only: ranks in other processes never "
+    "arrive)";
+
 namespace plateau::cuda_emulation {
 namespace {
 
@@ -917,7 +924,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     failure = w->closed ? ncclRemoteError : ncclSystemError;
     why = w->closed ? what + "the world failed while joining: " + w->closed_why
                     : what + "only " + std::to_string(w->joined) + " of " +
-                          std::to_string(w->size) + " ranks joined within " + emu::Ms(w->timeout);
+                          std::to_string(w->size) + " ranks joined within " +
+                          emu::Ms(w->timeout) + kOneProcess;
   }
   // A blocking initialisation that fails leaves no communicator behind.
   *comm = nullptr;
@@ -940,7 +948,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
       emu::SetAsyncLocked(comm, ncclRemoteError, "the world failed while joining: " + w.closed_why);
     } else if (emu::Clock::now() >= comm->join_deadline) {
       const std::string why = emu::RankName(comm) + ": only " + std::to_string(w.joined) + " of " +
-                              std::to_string(w.size) + " ranks joined within " + emu::Ms(w.timeout);
+                              std::to_string(w.size) + " ranks joined within " +
+                              emu::Ms(w.timeout) + kOneProcess;
       emu::SetAsyncLocked(comm, ncclSystemError, why);
       emu::CloseLocked(w, why);
     } else {
