@@ -16,7 +16,7 @@
 //     each block.
 // Not modelled: memory-model subtleties inside a barrier interval (a thread
 // runs until its next collective), timing, and the hardware's own
-// arithmetic (a warp-wide instruction is whatever the test defines).
+// arithmetic (the warp-wide mma below sums in double and rounds once).
 //
 // The shims below (the CUDA keywords, threadIdx, bf16 conversions, the
 // rounding intrinsics, the launch and shared-memory spellings) are what the
