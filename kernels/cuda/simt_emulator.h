@@ -47,35 +47,43 @@
 #define __launch_bounds__(x)
 #define __align__(x) alignas(x)
 
-// The CUDA runtime's error codes (the real values, as in driver_types.h).
+// The CUDA runtime's error codes: name, value (the real ones, as in
+// driver_types.h) and cudaGetErrorString's text. One list for the enum here
+// and the emulated runtime's names and texts (emulated/runtime.cc).
+#define PLATEAU_CUDA_ERRORS(X) \
+  X(cudaSuccess, 0, "no error") \
+  X(cudaErrorInvalidValue, 1, "invalid argument") \
+  X(cudaErrorMemoryAllocation, 2, "out of memory") \
+  X(cudaErrorInitializationError, 3, "initialization error") \
+  X(cudaErrorInvalidConfiguration, 9, "invalid configuration argument") \
+  X(cudaErrorInvalidDevicePointer, 17, "invalid device pointer") \
+  X(cudaErrorInvalidMemcpyDirection, 21, "invalid copy direction for memcpy") \
+  X(cudaErrorInsufficientDriver, 35,                                                        \
+    "CUDA driver version is insufficient for CUDA runtime version")                        \
+  X(cudaErrorNoDevice, 100, "no CUDA-capable device is detected") \
+  X(cudaErrorInvalidDevice, 101, "invalid device ordinal") \
+  X(cudaErrorNoKernelImageForDevice, 209,                                                   \
+    "no kernel image is available for execution on the device")                            \
+  X(cudaErrorECCUncorrectable, 214, "uncorrectable ECC error") \
+  X(cudaErrorInvalidResourceHandle, 400, "invalid resource handle") \
+  X(cudaErrorNotReady, 600, "device not ready") \
+  X(cudaErrorIllegalAddress, 700, "an illegal memory access") \
+  X(cudaErrorLaunchOutOfResources, 701, "too many resources requested for launch") \
+  X(cudaErrorLaunchTimeout, 702, "the launch timed out") \
+  X(cudaErrorContextIsDestroyed, 709, "context is destroyed") \
+  X(cudaErrorAssert, 710, "device-side assert triggered") \
+  X(cudaErrorHardwareStackError, 714, "hardware stack error") \
+  X(cudaErrorIllegalInstruction, 715, "an illegal instruction") \
+  X(cudaErrorMisalignedAddress, 716, "misaligned address") \
+  X(cudaErrorInvalidAddressSpace, 717, "operation not supported on global/shared address space") \
+  X(cudaErrorInvalidPc, 718, "invalid program counter") \
+  X(cudaErrorLaunchFailure, 719, "unspecified launch failure") \
+  X(cudaErrorNotSupported, 801, "operation not supported") \
+  X(cudaErrorUnknown, 999, "unknown error")
 enum cudaError {
-  cudaSuccess = 0,
-  cudaErrorInvalidValue = 1,
-  cudaErrorMemoryAllocation = 2,
-  cudaErrorInitializationError = 3,
-  cudaErrorInvalidConfiguration = 9,
-  cudaErrorInvalidDevicePointer = 17,
-  cudaErrorInvalidMemcpyDirection = 21,
-  cudaErrorInsufficientDriver = 35,
-  cudaErrorNoDevice = 100,
-  cudaErrorInvalidDevice = 101,
-  cudaErrorNoKernelImageForDevice = 209,
-  cudaErrorECCUncorrectable = 214,
-  cudaErrorInvalidResourceHandle = 400,
-  cudaErrorNotReady = 600,
-  cudaErrorIllegalAddress = 700,
-  cudaErrorLaunchOutOfResources = 701,
-  cudaErrorLaunchTimeout = 702,
-  cudaErrorContextIsDestroyed = 709,
-  cudaErrorAssert = 710,
-  cudaErrorHardwareStackError = 714,
-  cudaErrorIllegalInstruction = 715,
-  cudaErrorMisalignedAddress = 716,
-  cudaErrorInvalidAddressSpace = 717,
-  cudaErrorInvalidPc = 718,
-  cudaErrorLaunchFailure = 719,
-  cudaErrorNotSupported = 801,
-  cudaErrorUnknown = 999,
+#define PLATEAU_CUDA_ERROR_VALUE(name, value, text) name = value,
+  PLATEAU_CUDA_ERRORS(PLATEAU_CUDA_ERROR_VALUE)
+#undef PLATEAU_CUDA_ERROR_VALUE
 };
 typedef enum cudaError cudaError_t;
 typedef struct CUstream_st* cudaStream_t;

@@ -84,18 +84,7 @@ bool ValidShape(cublasOperation_t transa, cublasOperation_t transb, int m, int n
 
 Shape MakeShape(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, int lda,
                 int ldb, int ldc, float alpha, float beta) {
-  Shape s;
-  s.trans_a = transa != CUBLAS_OP_N;
-  s.trans_b = transb != CUBLAS_OP_N;
-  s.m = m;
-  s.n = n;
-  s.k = k;
-  s.lda = lda;
-  s.ldb = ldb;
-  s.ldc = ldc;
-  s.alpha = alpha;
-  s.beta = beta;
-  return s;
+  return {transa != CUBLAS_OP_N, transb != CUBLAS_OP_N, m, n, k, lda, ldb, ldc, alpha, beta};
 }
 
 // Nothing to compute or write: an empty C, or C = 1 * C.

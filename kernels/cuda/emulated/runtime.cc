@@ -214,7 +214,15 @@ cudaError_t FreeLocked(void* p, cudaMemoryType type) {
   return overrun ? R().sticky : cudaSuccess;
 }
 
+// Pageable host memory: everything the runtime did not allocate.
 bool IsPageable(const void* p) { return Find(p, nullptr) == nullptr; }
+
+// A kernel's dynamic shared memory limit on the current device: its opt-in
+// (cudaFuncSetAttribute), else the 48 KiB default.
+int DynamicSmemLimit(const void* kernel) {
+  auto it = R().max_dynamic_smem.find({current_device, kernel});
+  return it != R().max_dynamic_smem.end() ? it->second : kDefaultSmem;
+}
 
 }  // namespace
 
@@ -260,8 +268,7 @@ cudaError_t LaunchKernel(const void* kernel, const char* name, dim3 grid, dim3 b
                  name);
     return Ret(cudaErrorNotSupported);
   }
-  auto attr = R().max_dynamic_smem.find({current_device, kernel});
-  const int smem_limit = attr != R().max_dynamic_smem.end() ? attr->second : kDefaultSmem;
+  const int smem_limit = DynamicSmemLimit(kernel);
   if (smem_bytes > static_cast<size_t>(smem_limit)) return Ret(cudaErrorInvalidValue);
   CUstream_st* s = Resolve(stream);
   // A launch goes to a stream of the current device, as CUDA requires.
@@ -294,40 +301,9 @@ struct ErrorText {
   const char* text;
 };
 constexpr ErrorText kErrors[] = {
-    {cudaSuccess, "cudaSuccess", "no error"},
-    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
-    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
-    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
-    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
-     "invalid configuration argument"},
-    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
-    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
-     "invalid copy direction for memcpy"},
-    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
-     "CUDA driver version is insufficient for CUDA runtime version"},
-    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
-    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
-     "no kernel image is available for execution on the device"},
-    {cudaErrorECCUncorrectable, "cudaErrorECCUncorrectable", "uncorrectable ECC error"},
-    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle",
-     "invalid resource handle"},
-    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
-    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access"},
-    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
-     "too many resources requested for launch"},
-    {cudaErrorLaunchTimeout, "cudaErrorLaunchTimeout", "the launch timed out"},
-    {cudaErrorContextIsDestroyed, "cudaErrorContextIsDestroyed", "context is destroyed"},
-    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
-    {cudaErrorHardwareStackError, "cudaErrorHardwareStackError", "hardware stack error"},
-    {cudaErrorIllegalInstruction, "cudaErrorIllegalInstruction", "an illegal instruction"},
-    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
-    {cudaErrorInvalidAddressSpace, "cudaErrorInvalidAddressSpace",
-     "operation not supported on global/shared address space"},
-    {cudaErrorInvalidPc, "cudaErrorInvalidPc", "invalid program counter"},
-    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
-    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
-    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+#define PLATEAU_CUDA_ERROR_TEXT(name, value, text) {name, #name, text},
+    PLATEAU_CUDA_ERRORS(PLATEAU_CUDA_ERROR_TEXT)
+#undef PLATEAU_CUDA_ERROR_TEXT
 };
 
 const ErrorText& Text(cudaError_t e) {
@@ -339,12 +315,6 @@ const ErrorText& Text(cudaError_t e) {
 
 bool BadDevice(int device) {
   return device < 0 || device >= static_cast<int>(R().devices.size());
-}
-
-// The allocation's kind of a copy's endpoint: pageable host memory is
-// everything the runtime did not allocate.
-bool IsPinnedOrDevice(const void* p) {
-  return !plateau::cuda_emulation::IsPageable(p);
 }
 
 }  // namespace
@@ -603,7 +573,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (dst == nullptr || src == nullptr) return Ret(cudaErrorInvalidValue);
   CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
   if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
-  if (!IsPinnedOrDevice(dst) || !IsPinnedOrDevice(src)) {
+  if (plateau::cuda_emulation::IsPageable(dst) || plateau::cuda_emulation::IsPageable(src)) {
     plateau::cuda_emulation::FlushLocked(s, UINT64_MAX);
     if (R().sticky == cudaSuccess) std::memmove(dst, src, bytes);
     return Ret(R().sticky);
@@ -767,9 +737,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fn
   PLATEAU_EMULATED_LOCK;
   if (attributes == nullptr || fn == nullptr) return Ret(cudaErrorInvalidValue);
   std::memset(attributes, 0, sizeof(*attributes));
-  auto it = R().max_dynamic_smem.find({current_device, fn});
-  attributes->maxDynamicSharedSizeBytes =
-      it != R().max_dynamic_smem.end() ? it->second : kDefaultSmem;
+  attributes->maxDynamicSharedSizeBytes = plateau::cuda_emulation::DynamicSmemLimit(fn);
   attributes->maxThreadsPerBlock = 1024;
   return cudaSuccess;
 }
