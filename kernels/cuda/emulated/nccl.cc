@@ -1,6 +1,6 @@
-// The emulated NCCL (nccl.h): ranks are threads of this process, and every
-// operation runs on the calling thread when it is called (a group's at its
-// outermost ncclGroupEnd).
+// The emulated NCCL (nccl.h): a world's ranks are threads of this process
+// or of other processes, and every operation runs on the calling thread
+// when it is called (a group's at its outermost ncclGroupEnd).
 //
 // Why not on the stream, as NCCL does: the emulated runtime runs a stream's
 // work lazily, under its lock, when some host call looks at the stream. A
@@ -22,15 +22,27 @@
 // still delivered, and only what needs it (a collective it never called, a
 // receive from it with nothing in the mailbox, a send to it) fails.
 //
+// Ranks in other processes: a world lives in the process that made its
+// unique id (the host; the id names it). A rank in another process joins
+// through a proxy there, a host thread that makes that rank's calls on the
+// World exactly as a local rank's thread would, so matching, ordering,
+// timeouts and errors are one implementation; the remote call ships its
+// inputs in one frame (wire.h) and gets its outputs back. See "Ranks in
+// other processes" below.
+//
 // Locks: worlds_mu (forming worlds) before World::mu; comms_mu (live
 // communicators) is never held together with another. None is held across
-// a call into the runtime.
+// a call into the runtime or a wait for another process.
 #include "kernels/cuda/emulated/nccl.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -40,6 +52,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
@@ -47,13 +60,7 @@
 #include <vector>
 
 #include "kernels/cuda/emulated/emulation.h"
-
-// What a missing peer's timeout adds: the likeliest cause under the
-// emulation is a world of processes (the service's rank processes), which
-// it cannot join.
-constexpr char kOneProcess[] =
-    " (the emulated NCCL joins the ranks of one process only: ranks in other processes never "
-    "arrive)";
+#include "kernels/cuda/emulated/wire.h"
 
 namespace plateau::cuda_emulation {
 namespace {
@@ -206,6 +213,21 @@ struct Message {
   Bytes bytes;
 };
 
+// A communicator whose world lives in another process: its two
+// connections to the proxy there (see "Ranks in other processes").
+struct RemoteLink {
+  int ops_fd = -1;  // operations, which may wait long; one call at a time
+  int ctl_fd = -1;  // asynchronous errors, abort, destroy: answered at once
+  std::mutex ops_mu, ctl_mu;
+  int host_pid = 0;
+  std::mutex lost_mu;
+  std::string lost;  // guarded by lost_mu: why the host cannot be reached
+  ~RemoteLink() {
+    wire::Close(ops_fd);
+    wire::Close(ctl_fd);
+  }
+};
+
 struct World {
   World(std::string id_bytes, int n)
       : id(std::move(id_bytes)),
@@ -237,8 +259,10 @@ struct World {
 namespace emu = plateau::cuda_emulation;
 
 struct ncclComm {
-  std::shared_ptr<emu::World> world;
+  std::shared_ptr<emu::World> world;        // null for a remote rank
+  std::unique_ptr<emu::RemoteLink> remote;  // null for a local rank
   int rank = 0;
+  int size = 0;
   int device = 0;
   emu::Clock::time_point join_deadline;
   // Guarded by world->mu.
@@ -253,7 +277,7 @@ namespace plateau::cuda_emulation {
 namespace {
 
 std::string RankName(const ncclComm* c) {
-  return "rank " + std::to_string(c->rank) + " of " + std::to_string(c->world->size);
+  return "rank " + std::to_string(c->rank) + " of " + std::to_string(c->size);
 }
 
 std::string Ms(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
@@ -322,6 +346,8 @@ class CommUse {
 
 constexpr char kBadComm[] = "invalid communicator (null, destroyed or aborted)";
 
+ncclResult_t RetireRemote(ncclComm* c, bool abort, const std::string& why);
+
 // Worlds whose ranks are still joining, by unique id.
 std::mutex worlds_mu;
 std::unordered_map<std::string, std::shared_ptr<World>>& FormingWorlds() {
@@ -338,6 +364,7 @@ ncclResult_t Retire(ncclComm* c, bool abort, const char* verb, std::string why =
     if (c == nullptr || LiveComms().erase(c) == 0) return Fail(ncclInvalidArgument, kBadComm);
   }
   // Out of LiveComms, `c` is this call's: no other call can free it.
+  if (c->remote != nullptr) return RetireRemote(c, abort, why);
   if (why.empty()) why = RankName(c) + " " + verb + " its communicator";
   const std::shared_ptr<World> w = c->world;
   {
@@ -514,9 +541,10 @@ bool IsLegacyStream(cudaStream_t stream) { return stream == nullptr || stream ==
 // group too). An operation refused here takes no part in any rendezvous.
 ncclResult_t Check(const Op& op) {
   ncclComm* c = op.comm;
-  World& w = *c->world;
   const std::string what = std::string(KindName(op.kind)) + " on " + RankName(c) + ": ";
-  {
+  // A remote rank's proxy checks its world's state when the call arrives.
+  if (c->world != nullptr) {
+    World& w = *c->world;
     std::lock_guard<std::mutex> lock(w.mu);
     if (!w.complete) {
       return Fail(ncclInvalidUsage, what + "the communicator is still initialising");
@@ -538,12 +566,12 @@ ncclResult_t Check(const Op& op) {
   }
   const bool has_peer =
       op.kind == Kind::kBroadcast || op.kind == Kind::kSend || op.kind == Kind::kRecv;
-  if (has_peer && (op.peer < 0 || op.peer >= w.size)) {
+  if (has_peer && (op.peer < 0 || op.peer >= c->size)) {
     return Fail(ncclInvalidArgument, what + (op.kind == Kind::kBroadcast ? "root " : "peer ") +
                                          std::to_string(op.peer) + " is not a rank");
   }
   // The largest buffer an operation touches: count elements per rank.
-  if (op.count > SIZE_MAX / elem / static_cast<size_t>(w.size)) {
+  if (op.count > SIZE_MAX / elem / static_cast<size_t>(c->size)) {
     return Fail(ncclInvalidArgument, what + "count " + std::to_string(op.count) + " is too large");
   }
   if (op.count > 0) {
@@ -723,11 +751,43 @@ ncclResult_t RunRecv(const Op& op) {
   return ncclSuccess;
 }
 
-// Runs a group (or a single operation): every stream's work so far, then
-// the sends (so that no rank's receive waits for a send queued behind it),
-// the collectives in call order, the receives. Returns the first error;
-// the rest still run (each fails at once on a communicator that failed).
-ncclResult_t Execute(const std::vector<Op>& ops) {
+void FailRemote(ncclComm* c, ncclResult_t result, const std::string& why);
+ncclResult_t ExecuteRemote(const std::vector<Op>& ops);
+
+// `c` has failed for a reason of its own: its world is closed (the other
+// ranks must not wait for it) and its asynchronous error set.
+void FailComm(ncclComm* c, ncclResult_t result, const std::string& why) {
+  if (c->remote != nullptr) return FailRemote(c, result, why);
+  World& w = *c->world;
+  std::lock_guard<std::mutex> lock(w.mu);
+  SetAsyncLocked(c, result, why);
+  CloseLocked(w, why);
+}
+
+// Runs the work enqueued so far on every stream `ops` name: their inputs
+// are then written.
+ncclResult_t FlushStreams(const std::vector<Op>& ops) {
+  std::vector<cudaStream_t> flushed;
+  for (const Op& op : ops) {
+    if (std::find(flushed.begin(), flushed.end(), op.stream) != flushed.end()) continue;
+    flushed.push_back(op.stream);
+    const cudaError_t e = Flush(op.stream);
+    if (e == cudaSuccess) continue;
+    // Its inputs are not there: this rank cannot take part.
+    const std::string why = RankName(op.comm) + ": its stream failed before " + KindName(op.kind) +
+                            " (" + cudaGetErrorName(e) + ")";
+    for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
+    return Fail(ncclUnhandledCudaError, why);
+  }
+  return ncclSuccess;
+}
+
+// Runs a group (or a single operation): every stream's work so far (unless
+// `flush` is false: a proxy's operations read host buffers), then the
+// sends (so that no rank's receive waits for a send queued behind it), the
+// collectives in call order, the receives. Returns the first error; the
+// rest still run (each fails at once on a communicator that failed).
+ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
   std::vector<CommUse> uses;
   uses.reserve(ops.size());
   for (const Op& op : ops) {
@@ -736,24 +796,19 @@ ncclResult_t Execute(const std::vector<Op>& ops) {
       return Fail(ncclInvalidArgument, std::string(KindName(op.kind)) + ": " + kBadComm);
     }
   }
-  std::vector<cudaStream_t> flushed;
+  const bool remote = ops[0].comm->remote != nullptr;
   for (const Op& op : ops) {
-    if (std::find(flushed.begin(), flushed.end(), op.stream) != flushed.end()) continue;
-    flushed.push_back(op.stream);
-    const cudaError_t e = Flush(op.stream);
-    if (e == cudaSuccess) continue;
-    // Its inputs are not there: this rank cannot take part, and the others
-    // must not wait for it.
-    const std::string why = RankName(op.comm) + ": its stream failed before " + KindName(op.kind) +
-                            " (" + cudaGetErrorName(e) + ")";
-    for (const Op& o : ops) {
-      World& w = *o.comm->world;
-      std::lock_guard<std::mutex> lock(w.mu);
-      SetAsyncLocked(o.comm, ncclUnhandledCudaError, why);
-      CloseLocked(w, why);
+    if ((op.comm->remote != nullptr) != remote || (remote && op.comm != ops[0].comm)) {
+      return Fail(ncclInvalidUsage,
+                  "a group with a communicator whose world lives in another process takes "
+                  "operations on that communicator only (a limit of the emulated NCCL)");
     }
-    return Fail(ncclUnhandledCudaError, why);
   }
+  if (flush) {
+    const ncclResult_t r = FlushStreams(ops);
+    if (r != ncclSuccess) return r;
+  }
+  if (remote) return ExecuteRemote(ops);
   ncclResult_t first = ncclSuccess;
   std::string first_why;
   auto keep = [&](ncclResult_t r) {
@@ -825,6 +880,584 @@ ncclResult_t Submit(const Op& op) {
   return Execute({op});
 }
 
+// Joins (or starts) the world of unique id `id_bytes` in this process.
+ncclResult_t InitLocal(ncclComm_t* comm, int nranks, const std::string& id_bytes, int rank,
+                       bool blocking, int device, const std::string& what) {
+  auto owned = std::make_unique<ncclComm>();
+  ncclComm* c = owned.get();
+  c->rank = rank;
+  c->size = nranks;
+  c->device = device;
+  const std::string& id = id_bytes;
+  std::shared_ptr<World> w;
+  {
+    std::lock_guard<std::mutex> registry(worlds_mu);
+    std::shared_ptr<World>& forming = FormingWorlds()[id];
+    if (forming == nullptr) forming = std::make_shared<World>(id, nranks);
+    w = forming;
+    std::lock_guard<std::mutex> lock(w->mu);
+    if (w->size != nranks) {
+      return Fail(ncclInvalidUsage, what + "the other ranks of this unique id say " +
+                                        std::to_string(w->size) + " ranks");
+    }
+    if (w->members[static_cast<size_t>(rank)] != nullptr) {
+      return Fail(ncclInvalidUsage, what + "this rank has joined this unique id already");
+    }
+    if (w->closed) {
+      return Fail(ncclRemoteError, what + "the world has failed: " + w->closed_why);
+    }
+    w->members[static_cast<size_t>(rank)] = c;
+    ++w->joined;
+    c->world = w;
+    c->join_deadline = Clock::now() + w->timeout;
+    if (w->joined == w->size) {
+      // Complete: no one else may join this id.
+      w->complete = true;
+      FormingWorlds().erase(id);
+      w->cv.notify_all();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(comms_mu);
+    LiveComms().insert(owned.release());
+  }
+  *comm = c;
+  std::string why;
+  ncclResult_t failure;
+  {
+    std::unique_lock<std::mutex> lock(w->mu);
+    if (w->complete) return ncclSuccess;
+    if (!blocking) return ncclInProgress;  // ncclCommGetAsyncError tells the rest
+    if (w->cv.wait_until(lock, c->join_deadline, [&] { return w->complete || w->closed; }) &&
+        w->complete) {
+      return ncclSuccess;
+    }
+    failure = w->closed ? ncclRemoteError : ncclSystemError;
+    why = w->closed ? what + "the world failed while joining: " + w->closed_why
+                    : what + "only " + std::to_string(w->joined) + " of " +
+                          std::to_string(w->size) + " ranks joined within " + Ms(w->timeout);
+  }
+  // A blocking initialisation that fails leaves no communicator behind.
+  *comm = nullptr;
+  Retire(c, /*abort=*/true, "gave up on", why);
+  return Fail(failure, why);
+}
+
+// ---- Ranks in other processes ------------------------------------------------
+//
+// A unique id names the process that made it: bytes [8, 12) its pid,
+// [12, 28) a random token of that process, which together name the abstract
+// socket "plateau-emulated-nccl-<pid>-<token>" it listens on from its first
+// ncclGetUniqueId. The world lives there (the host). A rank whose
+// ncclCommInitRankConfig runs in another process connects twice:
+//   - an operations connection, whose first frame is kJoin: a proxy thread
+//     on the host makes the InitLocal call for it, then, for each kExec
+//     frame (an operation or a whole group, inputs included), the Check and
+//     Execute calls, and answers with the result, the error's description
+//     and the outputs. The proxy blocks where the rank's own thread would.
+//   - a control connection (kControl, naming the proxied communicator):
+//     kAsync, kLastError and kRetire are answered at once, even while an
+//     operation waits on the other connection, so an abort from a watchdog
+//     ends that wait as it would for a local rank.
+// A remote process that goes away (its connection ends) without destroying
+// its communicator aborts it on the host: the others' waits end with that
+// reason. A host that goes away fails its remote ranks' next calls with
+// ncclRemoteError. Not modelled: a group over several communicators one of
+// which is remote (refused), operations' outputs when the group fails.
+
+constexpr size_t kPidAt = 8, kTokenAt = 12, kTokenBytes = 16;
+
+enum Request : uint32_t { kJoin = 1, kExec, kFailComm, kControl, kAsync, kLastError, kRetire };
+
+std::string Hex(const std::string& bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char b : bytes) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+uint32_t IdPid(const std::string& id) {
+  uint32_t pid = 0;
+  std::memcpy(&pid, id.data() + kPidAt, sizeof(pid));
+  return pid;
+}
+
+std::string HostSocket(const std::string& id) {
+  return "plateau-emulated-nccl-" + std::to_string(IdPid(id)) + "-" +
+         Hex(id.substr(kTokenAt, kTokenBytes));
+}
+
+// How long a remote rank waits for its proxy's answer: longer than any
+// wait the proxy makes for the other ranks.
+std::chrono::milliseconds ReplyLimit() { return 2 * WaitLimit() + std::chrono::seconds(10); }
+
+// ---- The host: the proxies -------------------------------------------------
+
+// One remote rank's communicator on the host. `comm` is taken (set null)
+// by whichever connection retires it first, under `mu`; a call on it holds
+// a CommUse taken under `mu`, so the retire waits for that call.
+struct Proxied {
+  std::mutex mu;
+  ncclComm* comm = nullptr;
+  std::string who;  // "rank r of n (process p)"
+};
+
+std::mutex proxied_mu;
+uint64_t next_proxied = 1;  // guarded by proxied_mu
+// kExec frames being served: received, not yet answered.
+std::atomic<int> serving{0};
+std::unordered_map<uint64_t, std::shared_ptr<Proxied>>& ProxiedComms() {
+  static auto* comms = new std::unordered_map<uint64_t, std::shared_ptr<Proxied>>;
+  return *comms;
+}
+
+CommUse UseProxied(Proxied& p) {
+  std::lock_guard<std::mutex> lock(p.mu);
+  return CommUse(p.comm);
+}
+
+ncclResult_t RetireProxied(Proxied& p, bool abort, const std::string& why) {
+  ncclComm* c;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    c = std::exchange(p.comm, nullptr);
+  }
+  if (c == nullptr) return Fail(ncclInvalidArgument, kBadComm);
+  return Retire(c, abort, abort ? "aborted" : "destroyed", why);
+}
+
+// Bytes an operation reads from its send buffer and writes to its receive
+// buffer, on a rank of `ranks`.
+size_t InputBytes(const Op& op, int rank, int ranks) {
+  const size_t bytes = op.count * TypeSize(op.type);
+  switch (op.kind) {
+    case Kind::kReduceScatter:
+      return bytes * static_cast<size_t>(ranks);
+    case Kind::kBroadcast:
+      return op.peer == rank ? bytes : 0;
+    case Kind::kRecv:
+      return 0;
+    default:
+      return bytes;
+  }
+}
+
+size_t OutputBytes(const Op& op, int ranks) {
+  const size_t bytes = op.count * TypeSize(op.type);
+  switch (op.kind) {
+    case Kind::kAllGather:
+      return bytes * static_cast<size_t>(ranks);
+    case Kind::kSend:
+      return 0;
+    default:
+      return bytes;
+  }
+}
+
+std::string Answer(ncclResult_t r, const std::string& why) {
+  return wire::Writer().U32(static_cast<uint32_t>(r)).Str(why).Take();
+}
+
+// kExec: the operations, run on the proxied communicator with host buffers.
+std::string ServeExec(Proxied& p, wire::Reader& in) {
+  uint32_t n = 0;
+  if (!in.U32(&n) || n == 0) return Answer(ncclInternalError, "a malformed kExec frame");
+  CommUse use = UseProxied(p);
+  ncclComm* c = use.get();
+  if (c == nullptr) return Answer(ncclInvalidArgument, kBadComm);
+  std::vector<std::string> inputs(n), outputs(n);
+  std::vector<Op> ops;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t kind, type, redop, peer;
+    uint64_t count;
+    if (!in.U32(&kind) || !in.U64(&count) || !in.U32(&type) || !in.U32(&redop) || !in.U32(&peer) ||
+        !in.Str(&inputs[i])) {
+      return Answer(ncclInternalError, "a malformed kExec frame");
+    }
+    Op op{static_cast<Kind>(kind),
+          c,
+          nullptr,
+          inputs[i].data(),
+          nullptr,
+          count,
+          static_cast<ncclDataType_t>(type),
+          static_cast<ncclRedOp_t>(redop),
+          static_cast<int>(peer)};
+    outputs[i].resize(OutputBytes(op, c->size));
+    op.recv = outputs[i].data();
+    const ncclResult_t r = Check(op);
+    if (r != ncclSuccess) return Answer(r, last_error);
+    ops.push_back(op);
+  }
+  const ncclResult_t r = Execute(ops, /*flush=*/false);
+  wire::Writer out;
+  out.U32(static_cast<uint32_t>(r)).Str(r == ncclSuccess ? "" : last_error);
+  if (r == ncclSuccess) {
+    for (const std::string& o : outputs) out.Str(o);
+  }
+  return out.Take();
+}
+
+// The operations connection: kJoin, then kExec and kFailComm until the
+// remote rank closes it.
+void ServeOperations(int fd, wire::Reader& join) {
+  uint32_t nranks, rank, blocking, pid;
+  std::string id;
+  std::string why;
+  if (!join.U32(&nranks) || !join.U32(&rank) || !join.U32(&blocking) || !join.Str(&id) ||
+      !join.U32(&pid) || id.size() != NCCL_UNIQUE_ID_BYTES) {
+    wire::Send(fd, Answer(ncclInternalError, "a malformed kJoin frame"), &why);
+    return;
+  }
+  const std::string what = "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " +
+                           std::to_string(nranks) + ", process " + std::to_string(pid) + "): ";
+  ncclComm_t c = nullptr;
+  const ncclResult_t r = InitLocal(&c, static_cast<int>(nranks), id, static_cast<int>(rank),
+                                   blocking != 0, /*device=*/0, what);
+  if (c == nullptr) {
+    wire::Send(fd, Answer(r, last_error), &why);
+    return;
+  }
+  auto p = std::make_shared<Proxied>();
+  p->comm = c;
+  p->who = RankName(c) + " (process " + std::to_string(pid) + ")";
+  uint64_t handle;
+  {
+    std::lock_guard<std::mutex> lock(proxied_mu);
+    handle = next_proxied++;
+    ProxiedComms()[handle] = p;
+  }
+  bool open = wire::Send(fd, wire::Writer().U32(r).Str("").U64(handle).Take(), &why);
+  while (open) {
+    std::string frame;
+    if (!wire::Receive(fd, &frame, Clock::time_point::max(), &why)) break;
+    wire::Reader in(frame);
+    uint32_t request = 0;
+    std::string answer;
+    if (in.U32(&request) && request == kExec) {
+      ++serving;
+      answer = ServeExec(*p, in);
+    } else if (request == kFailComm) {
+      uint32_t result = 0;
+      std::string reason;
+      in.U32(&result);
+      in.Str(&reason);
+      CommUse use = UseProxied(*p);
+      if (use.get() != nullptr) FailComm(use.get(), static_cast<ncclResult_t>(result), reason);
+      answer = Answer(ncclSuccess, "");
+    } else {
+      answer = Answer(ncclInternalError, "an unknown request on the operations connection");
+    }
+    open = wire::Send(fd, answer, &why);
+    if (request == kExec) --serving;
+  }
+  // Gone without destroying its communicator (a clean destroy retired it
+  // already): the others must not wait for it.
+  RetireProxied(*p, /*abort=*/true,
+                p->who + ": its process went away without destroying its communicator");
+  std::lock_guard<std::mutex> lock(proxied_mu);
+  ProxiedComms().erase(handle);
+}
+
+// The control connection: answers at once.
+void ServeControl(int fd, wire::Reader& hello) {
+  uint64_t handle = 0;
+  std::shared_ptr<Proxied> p;
+  if (hello.U64(&handle)) {
+    std::lock_guard<std::mutex> lock(proxied_mu);
+    auto it = ProxiedComms().find(handle);
+    if (it != ProxiedComms().end()) p = it->second;
+  }
+  std::string why;
+  if (!wire::Send(fd, Answer(p ? ncclSuccess : ncclInvalidArgument, p ? "" : kBadComm), &why) ||
+      p == nullptr) {
+    return;
+  }
+  for (;;) {
+    std::string frame;
+    if (!wire::Receive(fd, &frame, Clock::time_point::max(), &why)) return;
+    wire::Reader in(frame);
+    uint32_t request = 0;
+    in.U32(&request);
+    std::string answer;
+    if (request == kAsync) {
+      CommUse use = UseProxied(*p);
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r =
+          use.get() != nullptr ? ncclCommGetAsyncError(use.get(), &state) : ncclInvalidArgument;
+      answer = wire::Writer().U32(r).U32(state).Take();
+    } else if (request == kLastError) {
+      CommUse use = UseProxied(*p);
+      std::string shown;
+      if (use.get() != nullptr) {
+        std::lock_guard<std::mutex> lock(use.get()->world->mu);
+        shown = use.get()->async_why;
+      }
+      answer = Answer(ncclSuccess, shown);
+    } else if (request == kRetire) {
+      uint32_t abort = 0;
+      std::string reason;
+      in.U32(&abort);
+      in.Str(&reason);
+      const ncclResult_t r = RetireProxied(*p, abort != 0, reason);
+      answer = Answer(r, r == ncclSuccess ? "" : last_error);
+    } else {
+      answer = Answer(ncclInternalError, "an unknown request on the control connection");
+    }
+    if (!wire::Send(fd, answer, &why)) return;
+  }
+}
+
+void Serve(int fd) {
+  std::string frame, why;
+  uint32_t request = 0;
+  if (wire::Receive(fd, &frame, Clock::now() + std::chrono::seconds(30), &why)) {
+    wire::Reader in(frame);
+    if (in.U32(&request) && request == kJoin) ServeOperations(fd, in);
+    if (request == kControl) ServeControl(fd, in);
+  }
+  wire::Close(fd);
+}
+
+// At the host's exit: a remote rank's operation that completed with the
+// host's own ranks must still get its answer (a rank that returns from the
+// last collective may exit at once, before the proxy thread has written
+// it). So the worlds are closed (operations still waiting end with that
+// reason) and the answers drained, for 10 s at most. A process that ends
+// with _exit or a signal skips this: its remote ranks lose it.
+void DrainProxies() {
+  std::vector<std::shared_ptr<Proxied>> all;
+  {
+    std::lock_guard<std::mutex> lock(proxied_mu);
+    for (const auto& entry : ProxiedComms()) all.push_back(entry.second);
+  }
+  const std::string why =
+      "the process that hosts the world (pid " + std::to_string(getpid()) + ") exited";
+  for (const std::shared_ptr<Proxied>& p : all) {
+    CommUse use = UseProxied(*p);
+    if (use.get() == nullptr) continue;
+    std::lock_guard<std::mutex> lock(use.get()->world->mu);
+    CloseLocked(*use.get()->world, why);
+  }
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+  while (serving > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// This process as a host: its token and socket, set up by the first
+// ncclGetUniqueId (again in a forked child, which has a pid of its own and
+// none of its parent's threads). If it cannot listen, its ids still work
+// for its own threads.
+struct Host {
+  uint32_t pid = 0;
+  char token[kTokenBytes] = {};
+};
+
+Host StartHost() {
+  static std::mutex mu;
+  static Host host;  // plain bytes: nothing to free, nothing a fork's child leaks
+  std::lock_guard<std::mutex> lock(mu);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  if (host.pid == pid) return host;
+  host.pid = pid;
+  std::random_device device;
+  for (char& b : host.token) b = static_cast<char>(device());
+  std::string id(NCCL_UNIQUE_ID_BYTES, '\0');
+  std::memcpy(id.data() + kPidAt, &pid, sizeof(pid));
+  std::memcpy(id.data() + kTokenAt, host.token, kTokenBytes);
+  std::string why;
+  const int listener = wire::Listen(HostSocket(id), &why);
+  if (listener < 0) {
+    std::fprintf(stderr,
+                 "emulated NCCL: process %u cannot listen for ranks in other processes (%s): "
+                 "its unique ids serve its own threads only\n",
+                 pid, why.c_str());
+  } else {
+    std::atexit(DrainProxies);
+    // Lives as long as the process: ranks elsewhere may join at any time.
+    std::thread([listener] {
+      for (;;) {
+        const int fd = wire::Accept(listener);
+        if (fd < 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          continue;
+        }
+        std::thread(Serve, fd).detach();
+      }
+    }).detach();
+  }
+  return host;
+}
+
+// Whether `id` was made by this process (a fork's child did not make its
+// parent's ids: its pid differs).
+bool MadeHere(const std::string& id) {
+  return IdPid(id) == static_cast<uint32_t>(getpid()) &&
+         std::memcmp(id.data() + kTokenAt, StartHost().token, kTokenBytes) == 0;
+}
+
+// ---- A remote rank ---------------------------------------------------------
+
+// One request and its answer on one of `c`'s connections. False (and the
+// link lost, with *why) if the host cannot be reached or does not answer.
+bool Ask(ncclComm* c, bool control, const std::string& request, std::string* answer,
+         std::string* why) {
+  RemoteLink& link = *c->remote;
+  {
+    std::lock_guard<std::mutex> lock(link.lost_mu);
+    if (!link.lost.empty()) {
+      *why = link.lost;
+      return false;
+    }
+  }
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(control ? link.ctl_mu : link.ops_mu);
+    const int fd = control ? link.ctl_fd : link.ops_fd;
+    if (wire::Send(fd, request, &failure) &&
+        wire::Receive(fd, answer, Clock::now() + ReplyLimit(), &failure)) {
+      return true;
+    }
+  }
+  std::lock_guard<std::mutex> lock(link.lost_mu);
+  if (link.lost.empty()) {
+    link.lost = RankName(c) + ": lost the process that hosts its world (pid " +
+                std::to_string(link.host_pid) + "): " + failure;
+  }
+  *why = link.lost;
+  return false;
+}
+
+void FailRemote(ncclComm* c, ncclResult_t result, const std::string& why) {
+  std::string answer, lost;
+  Ask(c, /*control=*/false, wire::Writer().U32(kFailComm).U32(result).Str(why).Take(), &answer,
+      &lost);
+}
+
+ncclResult_t ExecuteRemote(const std::vector<Op>& ops) {
+  ncclComm* c = ops[0].comm;
+  wire::Writer request;
+  request.U32(kExec).U32(static_cast<uint32_t>(ops.size()));
+  for (const Op& op : ops) {
+    request.U32(static_cast<uint32_t>(op.kind))
+        .U64(op.count)
+        .U32(static_cast<uint32_t>(op.type))
+        .U32(static_cast<uint32_t>(op.op))
+        .U32(static_cast<uint32_t>(op.peer))
+        .Bytes(op.send, InputBytes(op, c->rank, c->size));
+  }
+  std::string answer, why;
+  if (!Ask(c, /*control=*/false, request.Take(), &answer, &why)) return Fail(ncclRemoteError, why);
+  wire::Reader in(answer);
+  uint32_t r = ncclInternalError;
+  std::vector<std::string> outputs(ops.size());
+  if (!in.U32(&r) || !in.Str(&why)) return Fail(ncclInternalError, "a malformed answer");
+  if (r != ncclSuccess) return Fail(static_cast<ncclResult_t>(r), why);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!in.Str(&outputs[i]) || outputs[i].size() != OutputBytes(ops[i], c->size)) {
+      return Fail(ncclInternalError, "a malformed answer");
+    }
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!outputs[i].empty()) std::memcpy(ops[i].recv, outputs[i].data(), outputs[i].size());
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t InitRemote(ncclComm_t* comm, int nranks, const std::string& id, int rank,
+                        bool blocking, int device, const std::string& what) {
+  auto c = std::make_unique<ncclComm>();
+  c->rank = rank;
+  c->size = nranks;
+  c->device = device;
+  c->remote = std::make_unique<RemoteLink>();
+  RemoteLink& link = *c->remote;
+  link.host_pid = static_cast<int>(IdPid(id));
+  const std::string where =
+      "the process that made the unique id (pid " + std::to_string(link.host_pid) + ")";
+  std::string why, answer;
+  link.ops_fd = wire::Connect(HostSocket(id), &why);
+  if (link.ops_fd < 0) {
+    return Fail(ncclSystemError, what + "cannot reach " + where + ": " + why +
+                                     " (it has exited, or runs on another machine or in "
+                                     "another network namespace)");
+  }
+  const std::string join = wire::Writer()
+                               .U32(kJoin)
+                               .U32(static_cast<uint32_t>(nranks))
+                               .U32(static_cast<uint32_t>(rank))
+                               .U32(blocking ? 1 : 0)
+                               .Str(id)
+                               .U32(static_cast<uint32_t>(getpid()))
+                               .Take();
+  if (!wire::Send(link.ops_fd, join, &why) ||
+      !wire::Receive(link.ops_fd, &answer, Clock::now() + ReplyLimit(), &why)) {
+    return Fail(ncclSystemError, what + "no answer from " + where + ": " + why);
+  }
+  wire::Reader in(answer);
+  uint32_t r = ncclInternalError;
+  uint64_t handle = 0;
+  if (!in.U32(&r) || !in.Str(&why)) return Fail(ncclInternalError, what + "a malformed answer");
+  if (r != ncclSuccess && r != ncclInProgress) return Fail(static_cast<ncclResult_t>(r), why);
+  if (!in.U64(&handle)) return Fail(ncclInternalError, what + "a malformed answer");
+  link.ctl_fd = wire::Connect(HostSocket(id), &why);
+  if (link.ctl_fd < 0 ||
+      !wire::Send(link.ctl_fd, wire::Writer().U32(kControl).U64(handle).Take(), &why) ||
+      !wire::Receive(link.ctl_fd, &answer, Clock::now() + ReplyLimit(), &why)) {
+    // The operations connection closes with `c`: the host aborts its rank.
+    return Fail(ncclSystemError, what + "no control connection to " + where + ": " + why);
+  }
+  ncclComm* made = c.release();
+  {
+    std::lock_guard<std::mutex> lock(comms_mu);
+    LiveComms().insert(made);
+  }
+  *comm = made;
+  return static_cast<ncclResult_t>(r);
+}
+
+// Out of LiveComms already (Retire): tells the host, waits for the calls in
+// flight (an abort ends their waits there), then frees `c`.
+ncclResult_t RetireRemote(ncclComm* c, bool abort, const std::string& why) {
+  std::string answer, lost;
+  Ask(c, /*control=*/true, wire::Writer().U32(kRetire).U32(abort ? 1 : 0).Str(why).Take(), &answer,
+      &lost);
+  {
+    std::unique_lock<std::mutex> lock(comms_mu);
+    comms_cv.wait(lock, [c] { return c->calls == 0; });
+  }
+  delete c;  // closes both connections
+  return ncclSuccess;
+}
+
+ncclResult_t RemoteAsyncError(ncclComm* c, ncclResult_t* state) {
+  std::string answer, why;
+  if (!Ask(c, /*control=*/true, wire::Writer().U32(kAsync).Take(), &answer, &why)) {
+    *state = ncclRemoteError;
+    return ncclSuccess;
+  }
+  wire::Reader in(answer);
+  uint32_t r = ncclInternalError, s = ncclInternalError;
+  if (!in.U32(&r) || !in.U32(&s)) return Fail(ncclInternalError, "a malformed answer");
+  *state = static_cast<ncclResult_t>(s);
+  return static_cast<ncclResult_t>(r);
+}
+
+std::string RemoteLastError(ncclComm* c) {
+  std::string answer, why;
+  if (!Ask(c, /*control=*/true, wire::Writer().U32(kLastError).Take(), &answer, &why)) return why;
+  wire::Reader in(answer);
+  uint32_t r = 0;
+  std::string shown;
+  in.U32(&r);
+  in.Str(&shown);
+  return shown;
+}
+
 }  // namespace
 }  // namespace plateau::cuda_emulation
 
@@ -833,15 +1466,21 @@ using emu::Op;
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   if (uniqueId == nullptr) return emu::Fail(ncclInvalidArgument, "ncclGetUniqueId: a null pointer");
-  // A process-wide count first (no two ids of this process are equal), then
-  // random bytes (ids of different runs differ too).
+  // A process-wide count first (no two ids of this process are equal), the
+  // host's pid and token (see "Ranks in other processes"), then random
+  // bytes (ids of different runs differ too).
+  const emu::Host host = emu::StartHost();
   static std::mutex mu;
   static uint64_t issued = 0;
   static std::mt19937_64 random{std::random_device{}()};
   std::lock_guard<std::mutex> lock(mu);
   const uint64_t n = ++issued;
   std::memcpy(uniqueId->internal, &n, sizeof(n));
-  for (size_t at = sizeof(n); at < NCCL_UNIQUE_ID_BYTES; at += sizeof(uint64_t)) {
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  std::memcpy(uniqueId->internal + emu::kPidAt, &pid, sizeof(pid));
+  std::memcpy(uniqueId->internal + emu::kTokenAt, host.token, emu::kTokenBytes);
+  for (size_t at = emu::kTokenAt + emu::kTokenBytes; at < NCCL_UNIQUE_ID_BYTES;
+       at += sizeof(uint64_t)) {
     const uint64_t r = random();
     std::memcpy(uniqueId->internal + at, &r, std::min(sizeof(r), NCCL_UNIQUE_ID_BYTES - at));
   }
@@ -872,65 +1511,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   }
   const int device = emu::CurrentDevice();
   if (device < 0) return emu::Fail(ncclUnhandledCudaError, what + "no current device");
-
-  auto owned = std::make_unique<ncclComm>();
-  ncclComm* c = owned.get();
-  c->rank = rank;
-  c->device = device;
   const std::string id(commId.internal, NCCL_UNIQUE_ID_BYTES);
-  std::shared_ptr<emu::World> w;
-  {
-    std::lock_guard<std::mutex> registry(emu::worlds_mu);
-    std::shared_ptr<emu::World>& forming = emu::FormingWorlds()[id];
-    if (forming == nullptr) forming = std::make_shared<emu::World>(id, nranks);
-    w = forming;
-    std::lock_guard<std::mutex> lock(w->mu);
-    if (w->size != nranks) {
-      return emu::Fail(ncclInvalidUsage, what + "the other ranks of this unique id say " +
-                                             std::to_string(w->size) + " ranks");
-    }
-    if (w->members[static_cast<size_t>(rank)] != nullptr) {
-      return emu::Fail(ncclInvalidUsage, what + "this rank has joined this unique id already");
-    }
-    if (w->closed) {
-      return emu::Fail(ncclRemoteError, what + "the world has failed: " + w->closed_why);
-    }
-    w->members[static_cast<size_t>(rank)] = c;
-    ++w->joined;
-    c->world = w;
-    c->join_deadline = emu::Clock::now() + w->timeout;
-    if (w->joined == w->size) {
-      // Complete: no one else may join this id.
-      w->complete = true;
-      emu::FormingWorlds().erase(id);
-      w->cv.notify_all();
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(emu::comms_mu);
-    emu::LiveComms().insert(owned.release());
-  }
-  *comm = c;
-  std::string why;
-  ncclResult_t failure;
-  {
-    std::unique_lock<std::mutex> lock(w->mu);
-    if (w->complete) return ncclSuccess;
-    if (!blocking) return ncclInProgress;  // ncclCommGetAsyncError tells the rest
-    if (w->cv.wait_until(lock, c->join_deadline, [&] { return w->complete || w->closed; }) &&
-        w->complete) {
-      return ncclSuccess;
-    }
-    failure = w->closed ? ncclRemoteError : ncclSystemError;
-    why = w->closed ? what + "the world failed while joining: " + w->closed_why
-                    : what + "only " + std::to_string(w->joined) + " of " +
-                          std::to_string(w->size) + " ranks joined within " +
-                          emu::Ms(w->timeout) + kOneProcess;
-  }
-  // A blocking initialisation that fails leaves no communicator behind.
-  *comm = nullptr;
-  emu::Retire(c, /*abort=*/true, "gave up on", why);
-  return emu::Fail(failure, why);
+  if (emu::MadeHere(id)) return emu::InitLocal(comm, nranks, id, rank, blocking, device, what);
+  return emu::InitRemote(comm, nranks, id, rank, blocking, device, what);
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
@@ -941,6 +1524,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (use.get() == nullptr) {
     return emu::Fail(ncclInvalidArgument, std::string("ncclCommGetAsyncError: ") + emu::kBadComm);
   }
+  if (comm->remote != nullptr) return emu::RemoteAsyncError(comm, asyncError);
   emu::World& w = *comm->world;
   std::lock_guard<std::mutex> lock(w.mu);
   if (comm->async_error == ncclSuccess && !w.complete) {
@@ -948,8 +1532,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
       emu::SetAsyncLocked(comm, ncclRemoteError, "the world failed while joining: " + w.closed_why);
     } else if (emu::Clock::now() >= comm->join_deadline) {
       const std::string why = emu::RankName(comm) + ": only " + std::to_string(w.joined) + " of " +
-                              std::to_string(w.size) + " ranks joined within " +
-                              emu::Ms(w.timeout) + kOneProcess;
+                              std::to_string(w.size) + " ranks joined within " + emu::Ms(w.timeout);
       emu::SetAsyncLocked(comm, ncclSystemError, why);
       emu::CloseLocked(w, why);
     } else {
@@ -1005,7 +1588,10 @@ const char* ncclGetLastError(ncclComm_t comm) {
   shown = emu::last_error;
   if (comm != nullptr) {
     emu::CommUse use(comm);
-    if (use.get() != nullptr) {
+    if (use.get() != nullptr && comm->remote != nullptr) {
+      const std::string remote = emu::RemoteLastError(comm);
+      if (!remote.empty()) shown = remote;
+    } else if (use.get() != nullptr) {
       std::lock_guard<std::mutex> lock(comm->world->mu);
       if (comm->async_error != ncclSuccess) shown = comm->async_why;
     }

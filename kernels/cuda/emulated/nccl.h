@@ -3,12 +3,16 @@
 // (emulated/nccl.cc), with NCCL 2.28's names, signatures and values.
 //
 // What it models:
-//   - ranks are threads of one process: the communicators created with the
-//     same unique id (ncclGetUniqueId: random bytes) form one world of
-//     `nranks` ranks. A blocking ncclCommInitRankConfig returns once all
-//     have joined; a non-blocking one (config.blocking = 0) returns
-//     ncclInProgress and ncclCommGetAsyncError says ncclInProgress until
-//     they have;
+//   - the communicators created with the same unique id form one world of
+//     `nranks` ranks, threads of one process or of several. The id names
+//     the process that made it (its pid and a random token): the world
+//     lives there, and ranks in other processes join it through that
+//     process's Unix-domain socket (abstract namespace, so same machine and
+//     network namespace only), each served by a proxy thread there that
+//     makes its calls for it (nccl.cc: "Ranks in other processes"). A
+//     blocking ncclCommInitRankConfig returns once all have joined; a
+//     non-blocking one (config.blocking = 0) returns ncclInProgress and
+//     ncclCommGetAsyncError says ncclInProgress until they have;
 //   - every operation runs at the call (a group's at the outermost
 //     ncclGroupEnd), not on the stream: the runtime's streams run lazily
 //     under its lock, where ranks could not wait for one another. So each
@@ -35,10 +39,15 @@
 //     asynchronous error (ncclCommGetAsyncError), and later operations on
 //     it return that error at once. Argument errors (ncclInvalidArgument)
 //     take no part in any rendezvous and leave the communicator usable.
+//   - a rank's process that goes away without destroying its communicator
+//     aborts it (the others' waits end, naming it); when the process that
+//     made the id goes away, its remote ranks' next calls fail with
+//     ncclRemoteError.
 // Not modelled: overlap with the stream's later work (a call returns when
 // its data has moved), fp16, fp8 and ncclAvg reductions (ncclInvalidArgument),
 // one thread driving several ranks inside one group (its waits would time
-// out), timing.
+// out), a group over a remote rank's communicator and others
+// (ncclInvalidUsage), timing.
 #ifndef PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 #define PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 

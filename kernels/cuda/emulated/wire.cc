@@ -1,0 +1,209 @@
+#include "kernels/cuda/emulated/wire.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace plateau::cuda_emulation::wire {
+namespace {
+
+// Far above any buffer of a test or demo shape; a larger length means the
+// bytes are not a frame at all.
+constexpr uint64_t kMaxFrame = uint64_t{1} << 36;
+
+void PutLittleEndian(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t GetLittleEndian(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+// The abstract address: a NUL, then the name (not a file: nothing to
+// clean up, and it vanishes with the process).
+socklen_t Address(const std::string& name, sockaddr_un* addr) {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(addr->sun_path) - 1);
+  std::memcpy(addr->sun_path + 1, name.data(), n);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+std::string Errno(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
+
+}  // namespace
+
+Writer& Writer::U32(uint32_t v) {
+  PutLittleEndian(&out_, v, 4);
+  return *this;
+}
+
+Writer& Writer::U64(uint64_t v) {
+  PutLittleEndian(&out_, v, 8);
+  return *this;
+}
+
+Writer& Writer::Bytes(const void* data, size_t n) {
+  U64(n);
+  out_.append(static_cast<const char*>(data), n);
+  return *this;
+}
+
+bool Reader::Take(void* out, size_t n) {
+  if (!ok_ || in_.size() - at_ < n) return ok_ = false;
+  std::memcpy(out, in_.data() + at_, n);
+  at_ += n;
+  return true;
+}
+
+bool Reader::U32(uint32_t* v) {
+  unsigned char b[4];
+  if (!Take(b, 4)) return false;
+  *v = static_cast<uint32_t>(GetLittleEndian(b, 4));
+  return true;
+}
+
+bool Reader::U64(uint64_t* v) {
+  unsigned char b[8];
+  if (!Take(b, 8)) return false;
+  *v = GetLittleEndian(b, 8);
+  return true;
+}
+
+bool Reader::Str(std::string* s) {
+  uint64_t n = 0;
+  if (!U64(&n)) return false;
+  if (in_.size() - at_ < n) return ok_ = false;
+  s->assign(in_.data() + at_, n);
+  at_ += n;
+  return true;
+}
+
+int Listen(const std::string& name, std::string* why) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = Errno("socket");
+    return -1;
+  }
+  sockaddr_un addr;
+  const socklen_t len = Address(name, &addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 64) != 0) {
+    *why = Errno("bind/listen");
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int Accept(int listener) {
+  for (;;) {
+    const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0 || errno != EINTR) return fd;
+  }
+}
+
+int Connect(const std::string& name, std::string* why) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = Errno("socket");
+    return -1;
+  }
+  sockaddr_un addr;
+  const socklen_t len = Address(name, &addr);
+  int r;
+  do {
+    r = connect(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  } while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    *why = Errno("connect");
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void Close(int fd) {
+  if (fd >= 0) close(fd);
+}
+
+bool Send(int fd, const std::string& frame, std::string* why) {
+  std::string out;
+  PutLittleEndian(&out, frame.size(), 8);
+  out += frame;
+  size_t at = 0;
+  while (at < out.size()) {
+    // MSG_NOSIGNAL: a peer that has gone is an error here, not SIGPIPE.
+    const ssize_t n = send(fd, out.data() + at, out.size() - at, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *why = Errno("send");
+      return false;
+    }
+    at += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+namespace {
+
+// Reads exactly n bytes before `deadline`. *got counts what arrived.
+bool ReadFully(int fd, char* out, size_t n, Clock::time_point deadline, std::string* why,
+               size_t* got) {
+  *got = 0;
+  while (*got < n) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      *why = "no answer before the deadline";
+      return false;
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (ready < 0 && errno != EINTR) {
+      *why = Errno("poll");
+      return false;
+    }
+    if (ready <= 0) continue;
+    const ssize_t r = recv(fd, out + *got, n - *got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      *why = Errno("recv");
+      return false;
+    }
+    if (r == 0) {
+      *why = "the connection was closed";
+      return false;
+    }
+    *got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Receive(int fd, std::string* frame, Clock::time_point deadline, std::string* why,
+             bool* closed) {
+  if (closed != nullptr) *closed = false;
+  char header[8];
+  size_t got = 0;
+  if (!ReadFully(fd, header, sizeof(header), deadline, why, &got)) {
+    if (closed != nullptr) *closed = got == 0 && *why == "the connection was closed";
+    return false;
+  }
+  const uint64_t n = GetLittleEndian(reinterpret_cast<unsigned char*>(header), 8);
+  if (n > kMaxFrame) {
+    *why = "a frame of " + std::to_string(n) + " bytes (not a frame of this protocol)";
+    return false;
+  }
+  frame->resize(n);
+  return ReadFully(fd, frame->data(), n, deadline, why, &got);
+}
+
+}  // namespace plateau::cuda_emulation::wire
