@@ -18,7 +18,11 @@
 //     gradient is within rounding of 0 by up to 2 lr either way, and that
 //     compounds (measured on the emulation: see BENCHMARKS.md);
 //   - every live set's measured peak, on both ranks, equals the budget's
-//     planned bytes: the CUDA backend's allocations are the plan's.
+//     planned bytes: the CUDA backend's allocations are the plan's;
+//   - a rank killed mid-run ends the attempt (its peer's NCCL call fails,
+//     no hang) and the job restarts and finishes.
+#include <signal.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -96,6 +100,39 @@ TEST(CudaServiceTest, TwoRankJobOnCudaMatchesTheCpuJob) {
       EXPECT_EQ(peak, planned) << set.live_set() << " rank " << rank;
     }
   }
+}
+
+// Rank 0's process (it made the NCCL unique id: the emulation's world
+// lives there) is killed mid-run: rank 1's next collective fails instead of
+// hanging, the attempt ends, and the job restarts on a fresh NCCL world and
+// finishes.
+TEST(CudaServiceTest, AKilledRankRestartsTheCudaJobOnAFreshNcclWorld) {
+  ClusterOptions options;
+  options.worker_flags = {"--backend=cuda"};
+  Cluster c("cuda_restart", options);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(40);
+  spec.set_backend(v1::BACKEND_CUDA);
+  spec.set_max_restarts(1);
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
+  const pid_t rank0 = c.RankPid(id, 0);
+  ASSERT_NE(rank0, 0);
+  ASSERT_EQ(kill(rank0, SIGKILL), 0);
+  const v1::Job job = c.WaitDone(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.progress().step(), 40);
+  bool restarted = false;
+  for (const v1::JobEvent& e : c.AllEvents(id)) {
+    if (!e.has_state_change()) continue;
+    std::printf("%s: %s\n", v1::JobState_Name(e.state_change().state()).c_str(),
+                e.state_change().reason().c_str());
+    restarted |= e.state_change().state() == v1::RESTARTING;
+  }
+  EXPECT_TRUE(restarted);
 }
 
 }  // namespace
