@@ -21,6 +21,9 @@
 // "others%": the share of the machine's CPU time other processes took while
 // a row ran (these cores are shared; such rows understate the ceiling).
 //
+// --quick: 64 KiB and 1 MiB copies and a 128^3 GEMM for the overlap, every
+// code path in seconds: tools/device-check --emulated.
+//
 // Output: tables, then one JSON line.
 #include <cblas.h>
 
@@ -44,9 +47,9 @@ namespace plateau::bench {
 namespace {
 
 constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
-const std::vector<size_t> kSizes = {64 * kKiB,  256 * kKiB, 1 * kMiB,
-                                    4 * kMiB,   16 * kMiB,  64 * kMiB,
-                                    256 * kMiB, 512 * kMiB};
+// The sizes every table runs (--quick shortens it before any run).
+std::vector<size_t> copy_sizes = {64 * kKiB, 256 * kKiB, 1 * kMiB,   4 * kMiB,
+                                  16 * kMiB, 64 * kMiB,  256 * kMiB, 512 * kMiB};
 
 std::string SizeText(size_t bytes) {
   return bytes >= kMiB ? absl::StrCat(bytes / kMiB, " MiB")
@@ -84,12 +87,12 @@ struct HostRow {
 
 std::vector<HostRow> HostMemcpy() {
   std::vector<HostRow> rows;
-  const size_t max_bytes = kSizes.back();
+  const size_t max_bytes = copy_sizes.back();
   std::vector<char> src(max_bytes), dst(max_bytes);
   // Touch every page first, and never copy zeros.
   for (size_t i = 0; i < max_bytes; ++i) src[i] = static_cast<char>(i * 131);
   std::memset(dst.data(), 1, max_bytes);
-  for (size_t bytes : kSizes) {
+  for (size_t bytes : copy_sizes) {
     CpuMeter meter;
     const double gbps = OrDie(
         BestGBps(
@@ -190,7 +193,7 @@ absl::StatusOr<BackendResult> RunBackend(Backend& b, int64_t gemm_n) {
   out.describe = b.Describe();
   PLATEAU_ASSIGN_OR_RETURN(auto copy, b.CreateStream("copy"));
   PLATEAU_ASSIGN_OR_RETURN(auto compute, b.CreateStream("compute"));
-  const size_t max_bytes = kSizes.back();
+  const size_t max_bytes = copy_sizes.back();
   PLATEAU_ASSIGN_OR_RETURN(Buffer host,
                            b.host().Allocate(LiveSet::kCheckpoints, max_bytes));
   PLATEAU_ASSIGN_OR_RETURN(
@@ -200,7 +203,7 @@ absl::StatusOr<BackendResult> RunBackend(Backend& b, int64_t gemm_n) {
   }
 
   // Bandwidth per direction and size.
-  for (size_t bytes : kSizes) {
+  for (size_t bytes : copy_sizes) {
     CopyRow row{bytes, 0, 0, 0};
     CpuMeter meter;
     auto sync = [&] { return copy->Synchronize(); };
@@ -288,7 +291,19 @@ std::string Json(const BackendResult& r) {
   return json + "}";
 }
 
-int Main() {
+int Main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "copy_bench: unknown argument '%s' (expected --quick or nothing)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  if (quick) copy_sizes = {64 * kKiB, 1 * kMiB};
+  const int64_t cpu_gemm_n = quick ? 128 : 1024, cuda_gemm_n = quick ? 128 : 8192;
   const double load = LoadAverage1m();
   std::printf("copy_bench  %s  (load average %.2f at start)\n", NowText().c_str(),
               load);
@@ -310,8 +325,8 @@ int Main() {
   BackendOptions cpu_options;
   cpu_options.device_memory_bytes = int64_t{2} << 30;
   auto cpu = OrDie(Backend::Create(cpu_options), "cpu backend");
-  // 1024^3: tens of milliseconds on a few cores.
-  BackendResult cpu_result = OrDie(RunBackend(*cpu, 1024), "cpu");
+  // 1024^3 (--quick: 128^3): tens of milliseconds on a few cores.
+  BackendResult cpu_result = OrDie(RunBackend(*cpu, cpu_gemm_n), "cpu");
   // The same GEMM with a core left for the copy stream: a second backend
   // whose pool has one thread fewer (the pool size fixes nothing else: the
   // GEMM's row blocks are the same, so is its result).
@@ -320,7 +335,8 @@ int Main() {
     BackendOptions spare_options = cpu_options;
     spare_options.cpu_threads = cores - 1;
     auto spare = OrDie(Backend::Create(spare_options), "cpu backend, a core spare");
-    cpu_result.overlap_spare_core = OrDie(RunBackend(*spare, 1024), "cpu, a core spare").overlap;
+    cpu_result.overlap_spare_core =
+        OrDie(RunBackend(*spare, cpu_gemm_n), "cpu, a core spare").overlap;
     cpu_result.gemm_threads = cores;
     cpu_result.spare_gemm_threads = cores - 1;
   }
@@ -331,8 +347,8 @@ int Main() {
   cuda_options.kind = BackendKind::kCuda;
   auto cuda = Backend::Create(cuda_options);
   if (cuda.ok()) {
-    // 8192^3 in fp32: tens of milliseconds on an H100/H200.
-    const BackendResult r = OrDie(RunBackend(**cuda, 8192), "cuda");
+    // 8192^3 in fp32 (--quick: 128^3): tens of milliseconds on an H100/H200.
+    const BackendResult r = OrDie(RunBackend(**cuda, cuda_gemm_n), "cuda");
     PrintBackend("cuda", r);
     cuda_json = Json(r);
   } else {
@@ -352,4 +368,4 @@ int Main() {
 }  // namespace
 }  // namespace plateau::bench
 
-int main() { return plateau::bench::Main(); }
+int main(int argc, char** argv) { return plateau::bench::Main(argc, argv); }

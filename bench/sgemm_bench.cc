@@ -15,6 +15,9 @@
 // took while a shape ran: these cores are shared, and a row taken while
 // others were busy understates the ceiling.
 //
+// --quick: two small shapes instead (128^3 and a 64 x 96 x 256 A^T
+// product), every code path in seconds: tools/device-check --emulated.
+//
 // Output: a table per backend, then one JSON line.
 #include <cblas.h>
 
@@ -53,6 +56,10 @@ constexpr Shape kShapes[] = {
     {"X W (tokens x H x H)", false, 8192, 1024, 1024},
     {"FFN-sized", false, 4096, 4096, 1024},
     {"dW = X^T dY", true, 1024, 1024, 8192},
+};
+constexpr Shape kQuickShapes[] = {
+    {"square", false, 128, 128, 128},
+    {"dW = X^T dY", true, 64, 96, 256},
 };
 
 struct Result {
@@ -150,12 +157,15 @@ struct BackendRun {
   std::vector<Result> results;
 };
 
-BackendRun RunBackend(Backend& b, int threads) {
+BackendRun RunBackend(Backend& b, int threads, bool quick) {
   BackendRun run;
   run.describe = b.Describe();
   run.threads = threads;
   auto stream = OrDie(b.CreateStream("compute"), "CreateStream");
-  for (const Shape& sh : kShapes) {
+  const std::vector<Shape> shapes =
+      quick ? std::vector<Shape>(std::begin(kQuickShapes), std::end(kQuickShapes))
+            : std::vector<Shape>(std::begin(kShapes), std::end(kShapes));
+  for (const Shape& sh : shapes) {
     run.results.push_back(
         OrDie(RunShape(b, *stream, sh),
               absl::StrFormat("%dx%dx%d", sh.m, sh.n, sh.k)));
@@ -207,7 +217,17 @@ std::string Json(const BackendRun& run) {
       JsonString(run.describe), run.threads, best, best / run.threads, rows);
 }
 
-int Main() {
+int Main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "sgemm_bench: unknown argument '%s' (expected --quick or nothing)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
   const double load = LoadAverage1m();
   std::printf("sgemm_bench  %s  (load average %.2f at start)\n", NowText().c_str(),
               load);
@@ -226,7 +246,7 @@ int Main() {
   // OpenBLAS single-threaded under it), so the pool's size is the thread
   // count the per-core rate divides by.
   const BackendRun cpu_run =
-      RunBackend(*cpu, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+      RunBackend(*cpu, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), quick);
   PrintTable("cpu", cpu_run);
 
   int wrong = 0;
@@ -236,7 +256,7 @@ int Main() {
   cuda_options.kind = BackendKind::kCuda;
   auto cuda = Backend::Create(cuda_options);
   if (cuda.ok()) {
-    const BackendRun cuda_run = RunBackend(**cuda, 1);
+    const BackendRun cuda_run = RunBackend(**cuda, 1, quick);
     PrintTable("cuda", cuda_run);
     for (const Result& r : cuda_run.results) wrong += r.wrong;
     cuda_json = Json(cuda_run);
@@ -258,4 +278,4 @@ int Main() {
 }  // namespace
 }  // namespace plateau::bench
 
-int main() { return plateau::bench::Main(); }
+int main(int argc, char** argv) { return plateau::bench::Main(argc, argv); }
