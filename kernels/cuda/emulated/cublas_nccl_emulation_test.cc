@@ -32,6 +32,7 @@
 #include "kernels/cuda/emulated/cublas_v2.h"
 #include "kernels/cuda/emulated/cuda_runtime_api.h"
 #include "kernels/cuda/emulated/nccl.h"
+#include "kernels/cuda/emulated/wire.h"
 
 namespace plateau {
 namespace {
@@ -626,15 +627,27 @@ void OnRanks(int n, const RankBody& body, Where where = Where::kThreads) {
   };
   std::vector<std::thread> threads;
   std::vector<pid_t> children;
-  for (int r = n - 1; r >= 0; --r) {  // the children first: forked before any thread starts
+  // Every child is forked before any rank starts: a child forked while a
+  // proxy thread here held a lock would inherit it held.
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  for (int r = n - 1; r >= 0; --r) {
     if (where == Where::kProcesses && r > 0) {
-      children.push_back(InChild([&, r] { rank_main(r); }));
-    } else {
-      threads.emplace_back(rank_main, r);
+      children.push_back(InChild([&, r] {
+        char byte;
+        ASSERT_EQ(read(go[0], &byte, 1), 1);
+        rank_main(r);
+      }));
     }
+  }
+  for (size_t i = 0; i < children.size(); ++i) ASSERT_EQ(write(go[1], "g", 1), 1);
+  for (int r = 0; r < n; ++r) {
+    if (where == Where::kThreads || r == 0) threads.emplace_back(rank_main, r);
   }
   for (std::thread& t : threads) t.join();
   for (pid_t child : children) EXPECT_EQ(Reap(child), 0) << "a rank's process failed";
+  close(go[0]);
+  close(go[1]);
 }
 
 template <typename T>
@@ -1121,6 +1134,55 @@ TEST(EmulatedNcclTest, AHostThatExitsRightAfterACollectiveStillAnswersItsRemoteR
     close(id_pipe[0]);
     close(id_pipe[1]);
   }
+}
+
+// What a process that is not a rank might send to a host's socket: the
+// host answers or closes the connection, and stays usable. White-box: the
+// socket's name and the request codes are nccl.cc's.
+TEST(EmulatedNcclTest, TheHostSurvivesMalformedFrames) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  uint32_t pid;
+  std::memcpy(&pid, id.internal + 8, sizeof(pid));
+  std::string name = "plateau-emulated-nccl-" + std::to_string(pid) + "-";
+  for (int i = 12; i < 28; ++i) {
+    char hex[3];
+    std::snprintf(hex, sizeof(hex), "%02x", static_cast<unsigned char>(id.internal[i]));
+    name += hex;
+  }
+  namespace wire = cuda_emulation::wire;
+  const auto deadline = [] { return wire::Clock::now() + std::chrono::seconds(10); };
+  auto ask = [&](const std::string& frame, std::string* answer) {
+    std::string why;
+    const int fd = wire::Connect(name, &why);
+    EXPECT_GE(fd, 0) << why;
+    const bool answered =
+        wire::Send(fd, frame, deadline(), &why) && wire::Receive(fd, answer, deadline(), &why);
+    wire::Close(fd);
+    return answered;
+  };
+  std::string answer;
+  // A first frame longer than any request: closed unanswered.
+  EXPECT_FALSE(ask(std::string(1 << 20, 'x'), &answer));
+  // A join as rank 1000000 of 2, and one with an id this process did not make.
+  const std::string id_bytes(id.internal, sizeof(id.internal));
+  EXPECT_TRUE(
+      ask(wire::Writer().U32(1).U32(2).U32(1000000).U32(1).Str(id_bytes).U32(1).Take(), &answer));
+  std::string made_up = id_bytes;
+  made_up[20] ^= 1;
+  EXPECT_TRUE(ask(wire::Writer().U32(1).U32(2).U32(1).U32(1).Str(made_up).U32(1).Take(), &answer));
+  EXPECT_NE(answer.find("not made by this process"), std::string::npos);
+  // A control connection naming a communicator without its secret.
+  EXPECT_TRUE(ask(wire::Writer().U32(4).U64(1).U64(12345).Take(), &answer));
+  // The host still forms worlds.
+  OnRanks(
+      2,
+      [](int rank, ncclComm_t comm, cudaStream_t) {
+        float sum = 0;
+        EXPECT_EQ(SumOfRanks(comm, rank, &sum), ncclSuccess);
+        EXPECT_EQ(sum, 3.0f);
+      },
+      Where::kProcesses);
 }
 
 TEST(EmulatedNcclTest, RanksInOtherProcessesFailOnceTheHostGoesAway) {

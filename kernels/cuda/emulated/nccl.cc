@@ -35,6 +35,7 @@
 // a call into the runtime or a wait for another process.
 #include "kernels/cuda/emulated/nccl.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -310,7 +311,8 @@ void CloseLocked(World& w, const std::string& why) {
 // ---- Live communicators -----------------------------------------------------
 
 std::mutex comms_mu;
-std::condition_variable comms_cv;
+// Never destroyed: detached proxy threads may still use it at exit.
+std::condition_variable& comms_cv = *new std::condition_variable;
 std::unordered_set<ncclComm*>& LiveComms() {
   static auto* comms = new std::unordered_set<ncclComm*>;
   return *comms;
@@ -1002,7 +1004,8 @@ std::chrono::milliseconds ReplyLimit() { return 2 * WaitLimit() + std::chrono::s
 struct Proxied {
   std::mutex mu;
   ncclComm* comm = nullptr;
-  std::string who;  // "rank r of n (process p)"
+  std::string who;      // "rank r of n (process p)"
+  uint64_t secret = 0;  // a control connection must name it with the handle
 };
 
 std::mutex proxied_mu;
@@ -1063,8 +1066,13 @@ std::string Answer(ncclResult_t r, const std::string& why) {
 
 // kExec: the operations, run on the proxied communicator with host buffers.
 std::string ServeExec(Proxied& p, wire::Reader& in) {
+  // The frame comes from another process: every field is checked before
+  // anything is sized from it.
+  constexpr uint32_t kMaxOps = 1 << 16;
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 36;
+  const std::string malformed = "a malformed kExec frame";
   uint32_t n = 0;
-  if (!in.U32(&n) || n == 0) return Answer(ncclInternalError, "a malformed kExec frame");
+  if (!in.U32(&n) || n == 0 || n > kMaxOps) return Answer(ncclInternalError, malformed);
   CommUse use = UseProxied(p);
   ncclComm* c = use.get();
   if (c == nullptr) return Answer(ncclInvalidArgument, kBadComm);
@@ -1075,7 +1083,12 @@ std::string ServeExec(Proxied& p, wire::Reader& in) {
     uint64_t count;
     if (!in.U32(&kind) || !in.U64(&count) || !in.U32(&type) || !in.U32(&redop) || !in.U32(&peer) ||
         !in.Str(&inputs[i])) {
-      return Answer(ncclInternalError, "a malformed kExec frame");
+      return Answer(ncclInternalError, malformed);
+    }
+    const size_t elem = TypeSize(static_cast<ncclDataType_t>(type));
+    if (kind > static_cast<uint32_t>(Kind::kRecv) || elem == 0 ||
+        count > kMaxBytes / elem / static_cast<uint64_t>(c->size)) {
+      return Answer(ncclInternalError, malformed);
     }
     Op op{static_cast<Kind>(kind),
           c,
@@ -1086,6 +1099,9 @@ std::string ServeExec(Proxied& p, wire::Reader& in) {
           static_cast<ncclDataType_t>(type),
           static_cast<ncclRedOp_t>(redop),
           static_cast<int>(peer)};
+    if (inputs[i].size() != InputBytes(op, c->rank, c->size)) {
+      return Answer(ncclInternalError, malformed + ": an input of the wrong size");
+    }
     outputs[i].resize(OutputBytes(op, c->size));
     op.recv = outputs[i].data();
     const ncclResult_t r = Check(op);
@@ -1101,6 +1117,8 @@ std::string ServeExec(Proxied& p, wire::Reader& in) {
   return out.Take();
 }
 
+bool MadeHere(const std::string& id);
+
 // The operations connection: kJoin, then kExec and kFailComm until the
 // remote rank closes it.
 void ServeOperations(int fd, wire::Reader& join) {
@@ -1108,8 +1126,15 @@ void ServeOperations(int fd, wire::Reader& join) {
   std::string id;
   std::string why;
   if (!join.U32(&nranks) || !join.U32(&rank) || !join.U32(&blocking) || !join.Str(&id) ||
-      !join.U32(&pid) || id.size() != NCCL_UNIQUE_ID_BYTES) {
-    wire::Send(fd, Answer(ncclInternalError, "a malformed kJoin frame"), &why);
+      !join.U32(&pid) || id.size() != NCCL_UNIQUE_ID_BYTES || nranks < 1 || nranks > 1 << 16 ||
+      rank >= nranks) {
+    wire::Send(fd, Answer(ncclInternalError, "a malformed kJoin frame"),
+               Clock::now() + ReplyLimit(), &why);
+    return;
+  }
+  if (!MadeHere(id)) {
+    wire::Send(fd, Answer(ncclInvalidArgument, "the unique id was not made by this process"),
+               Clock::now() + ReplyLimit(), &why);
     return;
   }
   const std::string what = "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " +
@@ -1118,19 +1143,22 @@ void ServeOperations(int fd, wire::Reader& join) {
   const ncclResult_t r = InitLocal(&c, static_cast<int>(nranks), id, static_cast<int>(rank),
                                    blocking != 0, /*device=*/0, what);
   if (c == nullptr) {
-    wire::Send(fd, Answer(r, last_error), &why);
+    wire::Send(fd, Answer(r, last_error), Clock::now() + ReplyLimit(), &why);
     return;
   }
   auto p = std::make_shared<Proxied>();
   p->comm = c;
   p->who = RankName(c) + " (process " + std::to_string(pid) + ")";
+  std::random_device random;
+  p->secret = (uint64_t{random()} << 32) | random();
   uint64_t handle;
   {
     std::lock_guard<std::mutex> lock(proxied_mu);
     handle = next_proxied++;
     ProxiedComms()[handle] = p;
   }
-  bool open = wire::Send(fd, wire::Writer().U32(r).Str("").U64(handle).Take(), &why);
+  bool open = wire::Send(fd, wire::Writer().U32(r).Str("").U64(handle).U64(p->secret).Take(),
+                         Clock::now() + ReplyLimit(), &why);
   while (open) {
     std::string frame;
     if (!wire::Receive(fd, &frame, Clock::time_point::max(), &why)) break;
@@ -1151,7 +1179,7 @@ void ServeOperations(int fd, wire::Reader& join) {
     } else {
       answer = Answer(ncclInternalError, "an unknown request on the operations connection");
     }
-    open = wire::Send(fd, answer, &why);
+    open = wire::Send(fd, answer, Clock::now() + ReplyLimit(), &why);
     if (request == kExec) --serving;
   }
   // Gone without destroying its communicator (a clean destroy retired it
@@ -1164,15 +1192,16 @@ void ServeOperations(int fd, wire::Reader& join) {
 
 // The control connection: answers at once.
 void ServeControl(int fd, wire::Reader& hello) {
-  uint64_t handle = 0;
+  uint64_t handle = 0, secret = 0;
   std::shared_ptr<Proxied> p;
-  if (hello.U64(&handle)) {
+  if (hello.U64(&handle) && hello.U64(&secret)) {
     std::lock_guard<std::mutex> lock(proxied_mu);
     auto it = ProxiedComms().find(handle);
-    if (it != ProxiedComms().end()) p = it->second;
+    if (it != ProxiedComms().end() && it->second->secret == secret) p = it->second;
   }
   std::string why;
-  if (!wire::Send(fd, Answer(p ? ncclSuccess : ncclInvalidArgument, p ? "" : kBadComm), &why) ||
+  if (!wire::Send(fd, Answer(p ? ncclSuccess : ncclInvalidArgument, p ? "" : kBadComm),
+                  Clock::now() + ReplyLimit(), &why) ||
       p == nullptr) {
     return;
   }
@@ -1207,17 +1236,24 @@ void ServeControl(int fd, wire::Reader& hello) {
     } else {
       answer = Answer(ncclInternalError, "an unknown request on the control connection");
     }
-    if (!wire::Send(fd, answer, &why)) return;
+    if (!wire::Send(fd, answer, Clock::now() + ReplyLimit(), &why)) return;
   }
 }
 
 void Serve(int fd) {
   std::string frame, why;
   uint32_t request = 0;
-  if (wire::Receive(fd, &frame, Clock::now() + std::chrono::seconds(30), &why)) {
-    wire::Reader in(frame);
-    if (in.U32(&request) && request == kJoin) ServeOperations(fd, in);
-    if (request == kControl) ServeControl(fd, in);
+  try {
+    // The first frame is small (kJoin, kControl): a longer one is refused.
+    if (wire::Receive(fd, &frame, Clock::now() + std::chrono::seconds(30), &why, 4096)) {
+      wire::Reader in(frame);
+      if (in.U32(&request) && request == kJoin) ServeOperations(fd, in);
+      if (request == kControl) ServeControl(fd, in);
+    }
+  } catch (const std::exception& e) {
+    // Out of memory for a frame: this connection ends here instead of the
+    // process (a joined rank's world then ends by its timeouts).
+    std::fprintf(stderr, "emulated NCCL: a connection failed: %s\n", e.what());
   }
   wire::Close(fd);
 }
@@ -1278,6 +1314,12 @@ Host StartHost() {
                  pid, why.c_str());
   } else {
     std::atexit(DrainProxies);
+    // A child forked without exec does not serve this world: it must not
+    // keep the socket open (remote ranks would connect into a queue no one
+    // accepts, instead of learning that the host has gone).
+    static int inherited_listener;
+    inherited_listener = listener;
+    pthread_atfork(nullptr, nullptr, [] { close(inherited_listener); });
     // Lives as long as the process: ranks elsewhere may join at any time.
     std::thread([listener] {
       for (;;) {
@@ -1318,15 +1360,19 @@ bool Ask(ncclComm* c, bool control, const std::string& request, std::string* ans
   {
     std::lock_guard<std::mutex> lock(control ? link.ctl_mu : link.ops_mu);
     const int fd = control ? link.ctl_fd : link.ops_fd;
-    if (wire::Send(fd, request, &failure) &&
+    if (wire::Send(fd, request, Clock::now() + ReplyLimit(), &failure) &&
         wire::Receive(fd, answer, Clock::now() + ReplyLimit(), &failure)) {
       return true;
     }
   }
+  // Both connections end now: a call waiting on the other one returns, and
+  // no later call can read an answer meant for this one.
   std::lock_guard<std::mutex> lock(link.lost_mu);
   if (link.lost.empty()) {
     link.lost = RankName(c) + ": lost the process that hosts its world (pid " +
                 std::to_string(link.host_pid) + "): " + failure;
+    wire::Shutdown(link.ops_fd);
+    wire::Shutdown(link.ctl_fd);
   }
   *why = link.lost;
   return false;
@@ -1394,19 +1440,22 @@ ncclResult_t InitRemote(ncclComm_t* comm, int nranks, const std::string& id, int
                                .Str(id)
                                .U32(static_cast<uint32_t>(getpid()))
                                .Take();
-  if (!wire::Send(link.ops_fd, join, &why) ||
+  if (!wire::Send(link.ops_fd, join, Clock::now() + ReplyLimit(), &why) ||
       !wire::Receive(link.ops_fd, &answer, Clock::now() + ReplyLimit(), &why)) {
     return Fail(ncclSystemError, what + "no answer from " + where + ": " + why);
   }
   wire::Reader in(answer);
   uint32_t r = ncclInternalError;
-  uint64_t handle = 0;
+  uint64_t handle = 0, secret = 0;
   if (!in.U32(&r) || !in.Str(&why)) return Fail(ncclInternalError, what + "a malformed answer");
   if (r != ncclSuccess && r != ncclInProgress) return Fail(static_cast<ncclResult_t>(r), why);
-  if (!in.U64(&handle)) return Fail(ncclInternalError, what + "a malformed answer");
+  if (!in.U64(&handle) || !in.U64(&secret)) {
+    return Fail(ncclInternalError, what + "a malformed answer");
+  }
   link.ctl_fd = wire::Connect(HostSocket(id), &why);
   if (link.ctl_fd < 0 ||
-      !wire::Send(link.ctl_fd, wire::Writer().U32(kControl).U64(handle).Take(), &why) ||
+      !wire::Send(link.ctl_fd, wire::Writer().U32(kControl).U64(handle).U64(secret).Take(),
+                  Clock::now() + ReplyLimit(), &why) ||
       !wire::Receive(link.ctl_fd, &answer, Clock::now() + ReplyLimit(), &why)) {
     // The operations connection closes with `c`: the host aborts its rank.
     return Fail(ncclSystemError, what + "no control connection to " + where + ": " + why);

@@ -8,8 +8,9 @@
 //     the process that made it (its pid and a random token): the world
 //     lives there, and ranks in other processes join it through that
 //     process's Unix-domain socket (abstract namespace, so same machine and
-//     network namespace only), each served by a proxy thread there that
-//     makes its calls for it (nccl.cc: "Ranks in other processes"). A
+//     network namespace only; processes of the same user only), each served
+//     by a proxy thread there that makes its calls for it (nccl.cc: "Ranks
+//     in other processes"). A
 //     blocking ncclCommInitRankConfig returns once all have joined; a
 //     non-blocking one (config.blocking = 0) returns ncclInProgress and
 //     ncclCommGetAsyncError says ncclInProgress until they have;

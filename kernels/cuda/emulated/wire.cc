@@ -12,10 +12,6 @@
 namespace plateau::cuda_emulation::wire {
 namespace {
 
-// Far above any buffer of a test or demo shape; a larger length means the
-// bytes are not a frame at all.
-constexpr uint64_t kMaxFrame = uint64_t{1} << 36;
-
 void PutLittleEndian(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
@@ -105,7 +101,14 @@ int Listen(const std::string& name, std::string* why) {
 int Accept(int listener) {
   for (;;) {
     const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0 || errno != EINTR) return fd;
+    if (fd < 0 && errno == EINTR) continue;
+    if (fd < 0) return fd;
+    ucred peer{};
+    socklen_t len = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 && peer.uid == getuid()) {
+      return fd;
+    }
+    close(fd);
   }
 }
 
@@ -133,15 +136,48 @@ void Close(int fd) {
   if (fd >= 0) close(fd);
 }
 
-bool Send(int fd, const std::string& frame, std::string* why) {
+void Shutdown(int fd) {
+  if (fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
+namespace {
+
+// Waits until `fd` is ready for `events` or `deadline` passes (a last
+// zero-timeout look when it has). 1: ready, 0: timed out, -1: error.
+int WaitReady(int fd, short events, Clock::time_point deadline, std::string* why) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd p{fd, events, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 0, 1000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) {
+      *why = Errno("poll");
+      return -1;
+    }
+    if (ready > 0) return 1;
+    if (left <= 0) {
+      *why = "no answer before the deadline";
+      return 0;
+    }
+  }
+}
+
+}  // namespace
+
+bool Send(int fd, const std::string& frame, Clock::time_point deadline, std::string* why) {
   std::string out;
   PutLittleEndian(&out, frame.size(), 8);
   out += frame;
   size_t at = 0;
   while (at < out.size()) {
+    if (WaitReady(fd, POLLOUT, deadline, why) != 1) {
+      if (*why == "no answer before the deadline") *why = "the peer stopped reading";
+      return false;
+    }
     // MSG_NOSIGNAL: a peer that has gone is an error here, not SIGPIPE.
-    const ssize_t n = send(fd, out.data() + at, out.size() - at, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t n = send(fd, out.data() + at, out.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) {
       *why = Errno("send");
       return false;
@@ -158,20 +194,9 @@ bool ReadFully(int fd, char* out, size_t n, Clock::time_point deadline, std::str
                size_t* got) {
   *got = 0;
   while (*got < n) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      *why = "no answer before the deadline";
-      return false;
-    }
-    pollfd p{fd, POLLIN, 0};
-    const int ready = poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
-    if (ready < 0 && errno != EINTR) {
-      *why = Errno("poll");
-      return false;
-    }
-    if (ready <= 0) continue;
-    const ssize_t r = recv(fd, out + *got, n - *got, 0);
+    if (WaitReady(fd, POLLIN, deadline, why) != 1) return false;
+    const ssize_t r = recv(fd, out + *got, n - *got, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       *why = Errno("recv");
@@ -189,17 +214,13 @@ bool ReadFully(int fd, char* out, size_t n, Clock::time_point deadline, std::str
 }  // namespace
 
 bool Receive(int fd, std::string* frame, Clock::time_point deadline, std::string* why,
-             bool* closed) {
-  if (closed != nullptr) *closed = false;
+             uint64_t max_bytes) {
   char header[8];
   size_t got = 0;
-  if (!ReadFully(fd, header, sizeof(header), deadline, why, &got)) {
-    if (closed != nullptr) *closed = got == 0 && *why == "the connection was closed";
-    return false;
-  }
+  if (!ReadFully(fd, header, sizeof(header), deadline, why, &got)) return false;
   const uint64_t n = GetLittleEndian(reinterpret_cast<unsigned char*>(header), 8);
-  if (n > kMaxFrame) {
-    *why = "a frame of " + std::to_string(n) + " bytes (not a frame of this protocol)";
+  if (n > max_bytes) {
+    *why = "a frame of " + std::to_string(n) + " bytes, more than " + std::to_string(max_bytes);
     return false;
   }
   frame->resize(n);

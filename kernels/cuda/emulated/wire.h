@@ -52,20 +52,25 @@ class Reader {
 // A listening socket at the abstract address `name` (no leading NUL: it is
 // added). Returns the descriptor, or -1 with *why set.
 int Listen(const std::string& name, std::string* why);
-// The next connection on `listener` (blocks); -1 on error.
+// The next connection on `listener` (blocks) from a process of this user
+// (others are closed unanswered: an abstract socket has no file
+// permissions); -1 on error.
 int Accept(int listener);
 // A connection to `name`; -1 with *why set (nobody listens there: the
 // process has exited).
 int Connect(const std::string& name, std::string* why);
 void Close(int fd);
+// Ends both directions of `fd` now (a thread blocked on it returns); the
+// descriptor stays open until Close.
+void Shutdown(int fd);
 
-// Sends one frame; false with *why set if the peer has gone.
-bool Send(int fd, const std::string& frame, std::string* why);
-// Receives one frame, waiting until `deadline`; false with *why set on
-// end of stream, error or timeout. *closed says whether the peer closed
-// the connection cleanly between frames.
+// Sends one frame before `deadline`; false with *why set if the peer has
+// gone or stopped reading.
+bool Send(int fd, const std::string& frame, Clock::time_point deadline, std::string* why);
+// Receives one frame of at most `max_bytes`, waiting until `deadline`;
+// false with *why set on end of stream, error, timeout or a longer frame.
 bool Receive(int fd, std::string* frame, Clock::time_point deadline, std::string* why,
-             bool* closed = nullptr);
+             uint64_t max_bytes = uint64_t{1} << 36);
 
 }  // namespace plateau::cuda_emulation::wire
 
