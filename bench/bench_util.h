@@ -46,6 +46,22 @@ inline bool BackendArg(absl::string_view arg, absl::string_view bench, BackendKi
   return true;
 }
 
+// The command line of a bench whose only flag is --quick (small sizes:
+// every code path, no meaningful figure). False, after saying why, for
+// anything else.
+inline bool QuickOnlyArgs(int argc, char** argv, absl::string_view bench, bool* quick) {
+  *quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (absl::string_view(argv[i]) != "--quick") {
+      std::fprintf(stderr, "%.*s: unknown argument '%s' (expected --quick or nothing)\n",
+                   static_cast<int>(bench.size()), bench.data(), argv[i]);
+      return false;
+    }
+    *quick = true;
+  }
+  return true;
+}
+
 // The benchmarks' --precision=fp32|bf16 (fp32 by default): the step's
 // precision (StepOptions::precision; bf16 = bf16 mixed, kernels/model/
 // precision.h). Returns whether `arg` is that flag; sets *p, or prints why

@@ -293,15 +293,7 @@ std::string Json(const BackendResult& r) {
 
 int Main(int argc, char** argv) {
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "copy_bench: unknown argument '%s' (expected --quick or nothing)\n",
-                   argv[i]);
-      return 2;
-    }
-  }
+  if (!QuickOnlyArgs(argc, argv, "copy_bench", &quick)) return 2;
   if (quick) copy_sizes = {64 * kKiB, 1 * kMiB};
   const int64_t cpu_gemm_n = quick ? 128 : 1024, cuda_gemm_n = quick ? 128 : 8192;
   const double load = LoadAverage1m();

@@ -219,15 +219,7 @@ std::string Json(const BackendRun& run) {
 
 int Main(int argc, char** argv) {
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "sgemm_bench: unknown argument '%s' (expected --quick or nothing)\n",
-                   argv[i]);
-      return 2;
-    }
-  }
+  if (!QuickOnlyArgs(argc, argv, "sgemm_bench", &quick)) return 2;
   const double load = LoadAverage1m();
   std::printf("sgemm_bench  %s  (load average %.2f at start)\n", NowText().c_str(),
               load);

@@ -1099,20 +1099,34 @@ TEST(EmulatedNcclTest, ARemoteRankJoinsWithoutBlocking) {
   close(joined[1]);
 }
 
+// Forks a child that makes a unique id (so its process hosts the world),
+// hands it here (*id) and runs `host_rank` as rank 0 of 2 on it; this
+// process is then rank 1, a remote rank.
+pid_t ForkHost(ncclUniqueId* id, const std::function<void(ncclComm_t)>& host_rank) {
+  int id_pipe[2];
+  EXPECT_EQ(pipe(id_pipe), 0);
+  const pid_t child = InChild([&] {
+    ncclUniqueId made;
+    ASSERT_EQ(ncclGetUniqueId(&made), ncclSuccess);
+    ASSERT_EQ(write(id_pipe[1], &made, sizeof(made)), static_cast<ssize_t>(sizeof(made)));
+    ncclComm_t comm = nullptr;
+    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, made, 0, nullptr), ncclSuccess);
+    host_rank(comm);
+  });
+  EXPECT_EQ(read(id_pipe[0], id, sizeof(*id)), static_cast<ssize_t>(sizeof(*id)));
+  close(id_pipe[0]);
+  close(id_pipe[1]);
+  return child;
+}
+
 TEST(EmulatedNcclTest, AHostThatExitsRightAfterACollectiveStillAnswersItsRemoteRanks) {
   // The host's rank returns from the all-reduce and its process exits at
   // once (std::exit, as a rank's main returns); the remote rank's answer is
   // still written before the process ends. Twenty times: the race is short
   // (without the drain at exit, DrainProxies, most rounds lose it).
   for (int round = 0; round < 20; ++round) {
-    int id_pipe[2];
-    ASSERT_EQ(pipe(id_pipe), 0);
-    const pid_t child = InChild([&] {
-      ncclUniqueId id;
-      ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-      ASSERT_EQ(write(id_pipe[1], &id, sizeof(id)), static_cast<ssize_t>(sizeof(id)));
-      ncclComm_t comm = nullptr;
-      ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSuccess);
+    ncclUniqueId id;
+    const pid_t child = ForkHost(&id, [](ncclComm_t comm) {
       // Arrives last: this thread completes the collective and leaves while
       // the proxy thread is still to wake up and answer.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -1121,8 +1135,6 @@ TEST(EmulatedNcclTest, AHostThatExitsRightAfterACollectiveStillAnswersItsRemoteR
       std::fflush(stdout);
       std::exit(::testing::Test::HasFailure() ? 1 : 0);
     });
-    ncclUniqueId id;
-    ASSERT_EQ(read(id_pipe[0], &id, sizeof(id)), static_cast<ssize_t>(sizeof(id)));
     ncclComm_t comm = nullptr;
     ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSuccess) << LastError(nullptr);
     float sum = 0;
@@ -1131,8 +1143,6 @@ TEST(EmulatedNcclTest, AHostThatExitsRightAfterACollectiveStillAnswersItsRemoteR
     EXPECT_EQ(sum, 3.0f);
     EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
     EXPECT_EQ(Reap(child), 0);
-    close(id_pipe[0]);
-    close(id_pipe[1]);
   }
 }
 
@@ -1186,17 +1196,10 @@ TEST(EmulatedNcclTest, TheHostSurvivesMalformedFrames) {
 }
 
 TEST(EmulatedNcclTest, RanksInOtherProcessesFailOnceTheHostGoesAway) {
-  // The child makes the id (it hosts the world) and is rank 0; this process
-  // is rank 1, remote.
-  int id_pipe[2], exit_pipe[2];
-  ASSERT_EQ(pipe(id_pipe), 0);
+  int exit_pipe[2];
   ASSERT_EQ(pipe(exit_pipe), 0);
-  const pid_t child = InChild([&] {
-    ncclUniqueId id;
-    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-    ASSERT_EQ(write(id_pipe[1], &id, sizeof(id)), static_cast<ssize_t>(sizeof(id)));
-    ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSuccess);
+  ncclUniqueId id;
+  const pid_t child = ForkHost(&id, [&](ncclComm_t comm) {
     float sum = 0;
     EXPECT_EQ(SumOfRanks(comm, 0, &sum), ncclSuccess);
     char byte;
@@ -1204,8 +1207,6 @@ TEST(EmulatedNcclTest, RanksInOtherProcessesFailOnceTheHostGoesAway) {
     std::fflush(stdout);
     _exit(::testing::Test::HasFailure() ? 1 : 0);  // the host goes, its world with it
   });
-  ncclUniqueId id;
-  ASSERT_EQ(read(id_pipe[0], &id, sizeof(id)), static_cast<ssize_t>(sizeof(id)));
   ncclComm_t comm = nullptr;
   ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSuccess) << LastError(nullptr);
   float sum = 0;
@@ -1225,7 +1226,8 @@ TEST(EmulatedNcclTest, RanksInOtherProcessesFailOnceTheHostGoesAway) {
   EXPECT_NE(LastError(nullptr).find("cannot reach the process that made the unique id"),
             std::string::npos)
       << LastError(nullptr);
-  for (int fd : {id_pipe[0], id_pipe[1], exit_pipe[0], exit_pipe[1]}) close(fd);
+  close(exit_pipe[0]);
+  close(exit_pipe[1]);
 }
 
 TEST(EmulatedNcclTest, MismatchedSendAndRecvFail) {
