@@ -18,7 +18,9 @@
 //     gradient is within rounding of 0 by up to 2 lr either way, and that
 //     compounds (measured on the emulation: see BENCHMARKS.md);
 //   - every live set's measured peak, on both ranks, equals the budget's
-//     planned bytes: the CUDA backend's allocations are the plan's;
+//     planned bytes: the CUDA backend's allocations are the plan's; the
+//     device's own view (cudaMemGetInfo, the pool's reservation) is
+//     reported and holds at least the plan;
 //   - a rank killed mid-run ends the attempt (its peer's NCCL call fails,
 //     no hang) and the job restarts and finishes.
 #include <signal.h>
@@ -45,6 +47,7 @@ constexpr int kSteps = 4;
 struct JobRun {
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
   std::map<int64_t, double> losses;  // step -> the global batch's loss
+  std::vector<v1::JobStepSummary> steps;
   v1::MemoryPlan plan;
   std::string metrics;
 };
@@ -59,7 +62,9 @@ JobRun RunJob(Cluster& c, v1::Backend backend) {
   run.plan = sub->plan();
   const std::string id = sub->job().id();
   for (const v1::JobEvent& e : c.AllEvents(id)) {
-    if (e.has_job_step()) run.losses[e.job_step().step()] = e.job_step().loss();
+    if (!e.has_job_step()) continue;
+    run.losses[e.job_step().step()] = e.job_step().loss();
+    run.steps.push_back(e.job_step());
   }
   run.state = c.WaitDone(id).state();
   run.metrics = Scrape(c.metrics());
@@ -86,6 +91,23 @@ TEST(CudaServiceTest, TwoRankJobOnCudaMatchesTheCpuJob) {
                 gpu.losses.at(step), loss);
     const double tolerance = (step == 1 ? 2e-5 : 1e-3) * std::abs(loss);
     EXPECT_NEAR(gpu.losses.at(step), loss, tolerance) << "step " << step;
+  }
+
+  // The device's own view (cudaMemGetInfo; the stream-ordered pool's
+  // reservation) is reported on CUDA and is 0 on the CPU.
+  for (const v1::JobStepSummary& t : gpu.steps) {
+    std::printf("step %lld on CUDA: device used %lld bytes, pool reserved %lld, plan total %lld\n",
+                static_cast<long long>(t.step()), static_cast<long long>(t.device_used_bytes()),
+                static_cast<long long>(t.device_pool_reserved_bytes()),
+                static_cast<long long>(gpu.plan.total_bytes()));
+    // The pool holds at least the plan's peak (here also the streams'
+    // cuBLAS workspaces, outside the plan: 5 x 32 MiB).
+    EXPECT_GE(t.device_pool_reserved_bytes(), gpu.plan.total_bytes()) << "step " << t.step();
+    EXPECT_GE(t.device_used_bytes(), t.device_pool_reserved_bytes()) << "step " << t.step();
+  }
+  for (const v1::JobStepSummary& t : cpu.steps) {
+    EXPECT_EQ(t.device_used_bytes(), 0);
+    EXPECT_EQ(t.device_pool_reserved_bytes(), 0);
   }
 
   // Every live set's peak on both ranks is what the budget planned.
