@@ -30,9 +30,9 @@
 // inputs in one frame (wire.h) and gets its outputs back. See "Ranks in
 // other processes" below.
 //
-// Locks: worlds_mu (forming worlds) before World::mu; comms_mu (live
-// communicators) is never held together with another. None is held across
-// a call into the runtime or a wait for another process.
+// Locks: worlds_mu (forming worlds) before World::mu; Proxied::mu before
+// comms_mu (live communicators), which is held with no other. None is held
+// across a call into the runtime or a wait for another process.
 #include "kernels/cuda/emulated/nccl.h"
 
 #include <pthread.h>
@@ -957,15 +957,22 @@ ncclResult_t InitLocal(ncclComm_t* comm, int nranks, const std::string& id_bytes
 //     frame (an operation or a whole group, inputs included), the Check and
 //     Execute calls, and answers with the result, the error's description
 //     and the outputs. The proxy blocks where the rank's own thread would.
-//   - a control connection (kControl, naming the proxied communicator):
+//   - a control connection (kControl, naming the proxied communicator and
+//     the secret the join answered with):
 //     kAsync, kLastError and kRetire are answered at once, even while an
 //     operation waits on the other connection, so an abort from a watchdog
 //     ends that wait as it would for a local rank.
 // A remote process that goes away (its connection ends) without destroying
 // its communicator aborts it on the host: the others' waits end with that
 // reason. A host that goes away fails its remote ranks' next calls with
-// ncclRemoteError. Not modelled: a group over several communicators one of
-// which is remote (refused), operations' outputs when the group fails.
+// ncclRemoteError; at a normal exit it first closes its worlds and writes
+// the answers it owes (DrainProxies). Frames come from other processes:
+// the host checks every field before sizing anything from it, and accepts
+// connections from processes of its own user only. Not modelled: a group
+// over several communicators one of which is remote (refused), outputs of
+// a group that fails (none are delivered), a send that outlives its host
+// (a send completes into the host's mailbox: if the host exits before the
+// peer receives, the receive fails, where NCCL would have held the sender).
 
 constexpr size_t kPidAt = 8, kTokenAt = 12, kTokenBytes = 16;
 
