@@ -577,6 +577,19 @@ class ScopedTimeout {
 
 using RankBody = std::function<void(int rank, ncclComm_t comm, cudaStream_t stream)>;
 
+// A non-blocking communicator's state once it is no longer ncclInProgress
+// (ncclCommGetAsyncError polled for 10 s at most).
+ncclResult_t AwaitInit(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  const auto start = std::chrono::steady_clock::now();
+  while (state == ncclInProgress &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return state;
+}
+
 // Runs `f` in a forked child process, which exits 1 if a check failed in it.
 pid_t InChild(const std::function<void()>& f) {
   std::fflush(stdout);
@@ -1074,13 +1087,7 @@ TEST(EmulatedNcclTest, ARemoteRankJoinsWithoutBlocking) {
     ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
     EXPECT_EQ(state, ncclInProgress);
     ASSERT_EQ(write(joined[1], "j", 1), 1);  // now rank 0 may join
-    const auto start = std::chrono::steady_clock::now();
-    while (state == ncclInProgress &&
-           std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
-      ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ASSERT_EQ(state, ncclSuccess);
+    ASSERT_EQ(AwaitInit(comm), ncclSuccess);
     float sum = 0;
     EXPECT_EQ(SumOfRanks(comm, 1, &sum), ncclSuccess);
     EXPECT_EQ(sum, 3.0f);
@@ -1346,14 +1353,7 @@ TEST(EmulatedNcclTest, InitWithAMissingRankFailsWithinTheTimeout) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, &config), ncclInProgress);
-  ncclResult_t state = ncclInProgress;
-  const auto start = std::chrono::steady_clock::now();
-  while (state == ncclInProgress &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
-    ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(state, ncclSystemError);
+  EXPECT_EQ(AwaitInit(comm), ncclSystemError);
   EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
 }
 

@@ -1174,7 +1174,13 @@ void ServeOperations(int fd, wire::Reader& join) {
     std::string answer;
     if (in.U32(&request) && request == kExec) {
       ++serving;
-      answer = ServeExec(*p, in);
+      try {
+        answer = ServeExec(*p, in);
+      } catch (const std::bad_alloc&) {
+        // The frame's buffers did not fit: this operation fails, the
+        // connection and the count of answers owed stay right.
+        answer = Answer(ncclSystemError, p->who + ": out of host memory in the host's proxy");
+      }
     } else if (request == kFailComm) {
       uint32_t result = 0;
       std::string reason;
@@ -1258,8 +1264,8 @@ void Serve(int fd) {
       if (request == kControl) ServeControl(fd, in);
     }
   } catch (const std::exception& e) {
-    // Out of memory for a frame: this connection ends here instead of the
-    // process (a joined rank's world then ends by its timeouts).
+    // Out of memory outside an operation (ServeOperations answers those):
+    // this connection ends instead of the process.
     std::fprintf(stderr, "emulated NCCL: a connection failed: %s\n", e.what());
   }
   wire::Close(fd);
