@@ -578,16 +578,24 @@ class NcclCommunicator final : public Communicator {
       absl::Status failure = PollLocked();
       if (failure.ok()) continue;
       // Abort outside mu_ (callers hold comm_mu_ then mu_; ncclCommAbort
-      // can take a while) but under comm_mu_, so no call is inside NCCL.
-      std::vector<cudaStream_t> streams;
-      for (const Watched& w : watched_) streams.push_back(w.stream);
+      // can take a while) but under comm_mu_, so no call is inside NCCL or
+      // adds a collective to watch.
       mu_.Unlock();
       {
         absl::MutexLock comm_lock(&comm_mu_);
+        // The streams fail before the abort: it lets the stuck collectives
+        // return, and a Synchronize that found its stream drained with no
+        // error recorded yet would report success for garbage (the emulated
+        // NCCL showed it: a 50 ms pause between the two failed the watchdog
+        // test every time).
+        {
+          absl::MutexLock lock_again(&mu_);
+          for (const Watched& w : watched_)
+            (void)FailCudaStream(w.stream, failure);
+        }
         ncclCommAbort(comm_);
         aborted_ = true;
       }
-      for (cudaStream_t st : streams) (void)FailCudaStream(st, failure);
       mu_.Lock();
       for (const Watched& w : watched_) {
         cudaEventDestroy(w.start);

@@ -279,13 +279,6 @@ TEST(NcclCommunicatorTest, AMissingPeerTimesOutInitialisation) {
 // GPU).
 TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
   REQUIRE_GPUS(2);
-#ifdef PLATEAU_CUDA_EMULATED
-  // The emulated NCCL (kernels/cuda/emulated/nccl.h) runs a collective at
-  // the call, which waits for the missing peer itself; the watchdog's
-  // asynchronous path (the call returns, Synchronize reports the timeout)
-  // needs a real GPU.
-  GTEST_SKIP() << "the emulated NCCL runs collectives at the call: no asynchronous hang to watch";
-#endif
   auto store = MakeStore("watchdog");
   std::unique_ptr<Communicator> comms[2];
   std::vector<std::thread> threads;
@@ -321,6 +314,52 @@ TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
   EXPECT_THAT(std::string(again.message()), HasSubstr("did not complete"));
   comms[0].reset();
   comms[1].reset();
+  cudaFree(x);
+}
+
+// The watchdog's other way in: rank 0's collective waits for rank 1, which
+// leaves (destroys its communicator) without calling it. NCCL reports that
+// only asynchronously and the collective never returns on its own, so the
+// watchdog must see ncclCommGetAsyncError, abort and fail the stream well
+// before the deadline — with the asynchronous error, not a timeout.
+TEST(NcclCommunicatorTest, WatchdogEndsACollectiveWhosePeerFailed) {
+  REQUIRE_GPUS(2);
+  auto store = MakeStore("watchdog_async");
+  std::unique_ptr<Communicator> comms[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      // A long deadline: only the asynchronous error can end the wait soon.
+      CommunicatorOptions o = Options(r, 2, store, absl::Seconds(60));
+      o.device_index = r;
+      auto comm = CreateCommunicator(o);
+      ASSERT_TRUE(comm.ok()) << "rank " << r << ": " << comm.status();
+      comms[r] = std::move(*comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
+  cudaSetDevice(0);
+  TestCudaStream stream(0);
+  float* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 1024 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x, 0, 1024 * sizeof(float)), cudaSuccess);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(
+      comms[0]
+          ->AllReduce(stream, x, x, 1024, DataType::kFloat32, ReduceOp::kSum)
+          .ok());
+  comms[1].reset();  // leaves without joining the all-reduce
+  absl::Status s = stream.Synchronize();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("asynchronous NCCL error"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "not the deadline";
+  absl::Status again = comms[0]->AllReduce(stream, x, x, 1024,
+                                           DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  comms[0].reset();
   cudaFree(x);
 }
 

@@ -578,7 +578,8 @@ class ScopedTimeout {
 using RankBody = std::function<void(int rank, ncclComm_t comm, cudaStream_t stream)>;
 
 // A non-blocking communicator's state once it is no longer ncclInProgress
-// (ncclCommGetAsyncError polled for 10 s at most).
+// (initialising or finalizing; ncclCommGetAsyncError polled for 10 s at
+// most).
 ncclResult_t AwaitInit(ncclComm_t comm) {
   ncclResult_t state = ncclInProgress;
   const auto start = std::chrono::steady_clock::now();
@@ -620,22 +621,50 @@ int Reap(pid_t pid) {
 }
 
 enum class Where { kThreads, kProcesses };
+// Blocking communicators run operations at the call; non-blocking ones (what
+// kernels/nccl uses) on the stream.
+enum class Mode { kAtTheCall, kOnTheStream };
 
-// Runs `body` on `n` ranks of one world, each with a blocking communicator
-// and a stream of its own: threads of this process, or (kProcesses) rank 0
-// here, where the unique id was made, and ranks 1..n-1 in forked processes.
-void OnRanks(int n, const RankBody& body, Where where = Where::kThreads) {
+// Enough emulated GPUs for a device per rank (set before the runtime's first
+// call reads it): ranks on the stream share no device, as NCCL requires —
+// a cudaFree waits for the whole device, and on a shared one for a peer's
+// collective that waits for this rank.
+const bool kThreeGpus = setenv("PLATEAU_EMULATED_GPUS", "3", 1) == 0;
+
+// Runs `body` on `n` ranks of one world, each with a communicator and a
+// stream of its own: threads of this process, or (kProcesses) rank 0 here,
+// where the unique id was made, and ranks 1..n-1 in forked processes. At
+// the call, every rank is on device 0; on the stream, rank r on device r.
+void OnRanks(int n, const RankBody& body, Where where = Where::kThreads,
+             Mode mode = Mode::kAtTheCall) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   auto rank_main = [&](int r) {
     ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, n, id, r, nullptr), ncclSuccess)
-        << "rank " << r << ": " << ncclGetLastError(nullptr);
+    if (mode == Mode::kAtTheCall) {
+      ASSERT_EQ(ncclCommInitRankConfig(&comm, n, id, r, nullptr), ncclSuccess)
+          << "rank " << r << ": " << ncclGetLastError(nullptr);
+    } else {
+      ASSERT_TRUE(kThreeGpus && n <= 3);
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t r0 = ncclCommInitRankConfig(&comm, n, id, r, &config);
+      ASSERT_TRUE(r0 == ncclSuccess || r0 == ncclInProgress) << ncclGetLastError(nullptr);
+      ASSERT_EQ(AwaitInit(comm), ncclSuccess) << "rank " << r;
+    }
     {
       TestStream stream;
       body(r, comm, stream.get());
     }
-    EXPECT_EQ(ncclCommFinalize(comm), ncclSuccess);
+    // On the stream, the last operation may still be winding up.
+    const ncclResult_t finalized = ncclCommFinalize(comm);
+    EXPECT_TRUE(finalized == ncclSuccess ||
+                (mode == Mode::kOnTheStream && finalized == ncclInProgress))
+        << finalized;
+    if (finalized == ncclInProgress) {
+      EXPECT_EQ(AwaitInit(comm), ncclSuccess);
+    }
     EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
   };
   std::vector<std::thread> threads;
@@ -841,6 +870,41 @@ TEST(EmulatedNcclTest, CollectivesOnRanksInOtherProcesses) {
           CheckCollectives<Bf16>(rank, n, comm, stream);
         },
         Where::kProcesses);
+  }
+}
+
+// The same data path with every operation on the stream (the watchdog's
+// tests below check what the stream does while one waits).
+TEST(EmulatedNcclTest, CollectivesAndGroupsOnTheStream) {
+  for (Where where : {Where::kThreads, Where::kProcesses}) {
+    for (int n : {2, 3}) {
+      OnRanks(
+          n,
+          [n](int rank, ncclComm_t comm, cudaStream_t stream) {
+            CheckCollectives<float>(rank, n, comm, stream);
+            CheckCollectives<int64_t>(rank, n, comm, stream);
+            CheckCollectives<Bf16>(rank, n, comm, stream);
+            const size_t count = 37;
+            const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+            const std::vector<float> in = RankInput<float>(rank, count, 9);
+            DeviceArray<float> send(count), recv(count), sum(count);
+            send.Upload(in, stream);
+            ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+            ASSERT_EQ(ncclSend(send.get(), count, ncclFloat32, next, comm, stream), ncclSuccess);
+            ASSERT_EQ(
+                ncclAllReduce(send.get(), sum.get(), count, ncclFloat32, ncclSum, comm, stream),
+                ncclSuccess);
+            ASSERT_EQ(ncclRecv(recv.get(), count, ncclFloat32, prev, comm, stream), ncclSuccess);
+            ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+            const std::string what = "rank " + std::to_string(rank) + " of " + std::to_string(n);
+            ExpectSameBits(recv.Download(stream), RankInput<float>(prev, count, 9), what);
+            ExpectSameBits(sum.Download(stream), Reduced<float>(n, count, 9, ncclSum), what);
+            ncclResult_t state = ncclInProgress;
+            EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+            EXPECT_EQ(state, ncclSuccess) << what;
+          },
+          where, Mode::kOnTheStream);
+    }
   }
 }
 
@@ -1307,6 +1371,213 @@ TEST(EmulatedNcclTest, AbortWakesAWaitingPeer) {
   waiter.join();
   EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
   EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
+}
+
+// ---- Non-blocking communicators: operations on the stream ---------------------
+
+// Two ranks of one world with non-blocking communicators (what
+// kernels/nccl uses), both made on this thread: nothing waits at the call.
+void NonBlockingPair(ncclComm_t comms[2]) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ASSERT_EQ(ncclCommInitRankConfig(&comms[1], 2, id, 1, &config), ncclInProgress);
+  ASSERT_EQ(ncclCommInitRankConfig(&comms[0], 2, id, 0, &config), ncclSuccess);
+  ASSERT_EQ(AwaitInit(comms[1]), ncclSuccess);
+}
+
+// ncclCommGetAsyncError, polled for 10 s at most until it is not ncclSuccess.
+ncclResult_t AwaitAsyncError(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const auto start = std::chrono::steady_clock::now();
+  while (state == ncclSuccess &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return state;
+}
+
+TEST(EmulatedNcclTest, OnTheStreamACollectiveRunsWhenItsStreamReachesIt) {
+  ncclComm_t comms[2];
+  NonBlockingPair(comms);
+  constexpr size_t kN = 257;
+  const std::vector<float> in0 = RankInput<float>(0, kN, 5), in1 = RankInput<float>(1, kN, 5);
+  {
+    TestStream s0, s1, other;
+    DeviceArray<float> a0(kN), a1(kN), after(kN), elsewhere(kN);
+    // Enqueued, not yet run: the collective must read it when the stream
+    // reaches the collective, not at the call.
+    a0.Upload(in0, s0.get());
+    ASSERT_EQ(ncclAllReduce(a0.get(), a0.get(), kN, ncclFloat32, ncclSum, comms[0], s0.get()),
+              ncclSuccess)
+        << "returns although rank 1 has not called";
+    // Work after it, on its stream and on a stream that waits for it.
+    ASSERT_EQ(cudaMemcpyAsync(after.get(), a0.get(), kN * sizeof(float), cudaMemcpyDeviceToDevice,
+                              s0.get()),
+              cudaSuccess);
+    cudaEvent_t done = nullptr;
+    ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(done, s0.get()), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(other.get(), done, 0), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(elsewhere.get(), a0.get(), kN * sizeof(float),
+                              cudaMemcpyDeviceToDevice, other.get()),
+              cudaSuccess);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(cudaStreamQuery(s0.get()), cudaErrorNotReady) << "blocked until rank 1 calls";
+      EXPECT_EQ(cudaStreamQuery(other.get()), cudaErrorNotReady);
+      EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ncclResult_t state = ncclInProgress;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[0], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess) << "waiting for a peer is not an error";
+    // Finalizing does not wait: it is in progress until the collective ends.
+    EXPECT_EQ(ncclCommFinalize(comms[0]), ncclInProgress);
+    ASSERT_EQ(ncclCommGetAsyncError(comms[0], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInProgress);
+    // Rank 1, from the same thread: possible only because nothing waits at
+    // the call.
+    a1.Upload(in1, s1.get());
+    ASSERT_EQ(ncclAllReduce(a1.get(), a1.get(), kN, ncclFloat32, ncclSum, comms[1], s1.get()),
+              ncclSuccess);
+    const std::vector<float> want = Reduced<float>(2, kN, 5, ncclSum);
+    ExpectSameBits(elsewhere.Download(other.get()), want, "the waiting stream's copy");
+    EXPECT_EQ(cudaEventQuery(done), cudaSuccess);
+    ExpectSameBits(after.Download(s0.get()), want, "rank 0's copy after the collective");
+    ExpectSameBits(a1.Download(s1.get()), want, "rank 1's result");
+    EXPECT_EQ(AwaitInit(comms[0]), ncclSuccess) << "finalized";
+    EXPECT_EQ(cudaEventDestroy(done), cudaSuccess);
+  }
+  EXPECT_EQ(ncclCommFinalize(comms[0]), ncclSuccess) << "finalized already";
+  // Rank 1's collective may still be winding up.
+  const ncclResult_t finalized = ncclCommFinalize(comms[1]);
+  EXPECT_TRUE(finalized == ncclSuccess || finalized == ncclInProgress) << finalized;
+  EXPECT_EQ(AwaitInit(comms[1]), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comms[0]), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
+}
+
+TEST(EmulatedNcclTest, OnTheStreamAMissingPeerBecomesTheAsynchronousError) {
+  ScopedTimeout timeout(300);
+  ncclComm_t comms[2];
+  NonBlockingPair(comms);
+  TestStream s0, s1;
+  DeviceArray<float> buf(4);
+  const std::vector<float> zeros(4, 0.0f);
+  buf.Upload(zeros, s0.get());
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comms[0], s0.get()),
+            ncclSuccess);
+  EXPECT_EQ(AwaitAsyncError(comms[0]), ncclSystemError);
+  const auto failed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(failed, std::chrono::milliseconds(250)) << "the wait limit";
+  EXPECT_LT(failed, std::chrono::seconds(5));
+  EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("rank(s) 1"), std::string::npos)
+      << ncclGetLastError(comms[0]);
+  // As on a GPU, the failed collective still holds its stream ...
+  EXPECT_EQ(cudaStreamQuery(s0.get()), cudaErrorNotReady);
+  // ... later calls fail at once with the error ...
+  EXPECT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comms[0], s0.get()),
+            ncclSystemError);
+  // ... and the late peer's call is accepted, its failure asynchronous too.
+  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comms[1], s1.get()),
+            ncclSuccess);
+  EXPECT_EQ(AwaitAsyncError(comms[1]), ncclRemoteError);
+  // An abort lets the streams go (an NCCL failure is not a CUDA error).
+  EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  EXPECT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s0.get()), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5))
+      << "not held for the wait limit again";
+}
+
+TEST(EmulatedNcclTest, OnTheStreamAFailedCollectiveHoldsItsStreamUntilTheWaitLimitAtMost) {
+  ScopedTimeout timeout(200);
+  ncclComm_t comms[2];
+  NonBlockingPair(comms);
+  {
+    TestStream s0;
+    DeviceArray<float> buf(4);
+    const std::vector<float> zeros(4, 0.0f);
+    buf.Upload(zeros, s0.get());
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comms[0], s0.get()),
+              ncclSuccess);
+    // No abort: the limit to wait for the peer, then once more.
+    EXPECT_EQ(cudaStreamSynchronize(s0.get()), cudaSuccess);
+    const auto held = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(held, std::chrono::milliseconds(350));
+    EXPECT_LT(held, std::chrono::seconds(5));
+  }
+  EXPECT_EQ(ncclCommDestroy(comms[0]), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
+}
+
+// What kernels/nccl's watchdog does to a collective stuck on its stream.
+TEST(EmulatedNcclTest, OnTheStreamAnAbortEndsACollectiveStuckOnItsStream) {
+  ncclComm_t comms[2];
+  NonBlockingPair(comms);
+  TestStream s0, s1;
+  DeviceArray<float> buf(4);
+  const std::vector<float> zeros(4, 0.0f);
+  buf.Upload(zeros, s0.get());
+  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comms[0], s0.get()),
+            ncclSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(cudaStreamQuery(s0.get()), cudaErrorNotReady);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] { EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess); });
+  EXPECT_EQ(cudaStreamSynchronize(s0.get()), cudaSuccess);
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
+      << "not the 60 s wait limit";
+  // The peer learns of it at its next collective, which then holds its
+  // stream until the peer's communicator goes too.
+  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 4, ncclFloat32, ncclSum, comms[1], s1.get()),
+            ncclSuccess);
+  EXPECT_EQ(AwaitAsyncError(comms[1]), ncclRemoteError);
+  EXPECT_NE(std::string(ncclGetLastError(comms[1])).find("rank 0 of 2 aborted"), std::string::npos)
+      << ncclGetLastError(comms[1]);
+  EXPECT_EQ(cudaStreamQuery(s1.get()), cudaErrorNotReady);
+  EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s1.get()), cudaSuccess);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// A device fault is sticky for the whole process: in a child.
+TEST(EmulatedNcclTest, OnTheStreamADeviceFaultFailsTheCollectiveAndFreesItsPeers) {
+  const pid_t child = InChild([] {
+    ncclComm_t comms[2];
+    NonBlockingPair(comms);
+    TestStream s1;
+    DeviceArray<float> b0(4), b1(4);
+    // Rank 1 is waiting in its collective first.
+    ASSERT_EQ(ncclAllReduce(b1.get(), b1.get(), 4, ncclFloat32, ncclSum, comms[1], s1.get()),
+              ncclSuccess);
+    // Rank 0's stream faults before its collective: a GEMM into a null C
+    // (an illegal address on a GPU) runs when the stream runs.
+    Blas blas;
+    const float alpha = 1.0f, beta = 0.0f;
+    ASSERT_EQ(cublasGemmEx(blas.handle(), CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, b0.get(),
+                           CUDA_R_32F, 2, b0.get(), CUDA_R_32F, 2, &beta, nullptr, CUDA_R_32F, 2,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(ncclAllReduce(b0.get(), b0.get(), 4, ncclFloat32, ncclSum, comms[0], blas.stream()),
+              ncclSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(blas.stream()), cudaErrorLaunchFailure);
+    EXPECT_EQ(AwaitAsyncError(comms[0]), ncclUnhandledCudaError);
+    // Rank 1 is not left waiting for the 60 s limit.
+    EXPECT_EQ(AwaitAsyncError(comms[1]), ncclRemoteError);
+    EXPECT_NE(std::string(ncclGetLastError(comms[1])).find("rank 0 of 2: its stream failed"),
+              std::string::npos)
+        << ncclGetLastError(comms[1]);
+    std::fflush(stdout);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);  // no teardown on a faulted device
+  });
+  EXPECT_EQ(Reap(child), 0);
 }
 
 TEST(EmulatedNcclTest, NonBlockingInitIsInProgressUntilEveryRankJoins) {

@@ -11,7 +11,9 @@
 //   - streams run their work lazily, in order, only when the host looks (a
 //     synchronise, a query, an event it depends on): a host read of a result
 //     without synchronising sees the old bytes, and a stream that does not
-//     wait for another's event may run before it;
+//     wait for another's event may run before it. The exception is external
+//     work (the emulated NCCL's collectives), which starts as soon as its
+//     stream can reach it and blocks the stream until it is done;
 //   - kernel launches check their configuration as CUDA does (block size,
 //     grid limits, dynamic shared memory past 48 KiB only after
 //     cudaFuncSetAttribute) and run on the SIMT emulation

@@ -24,9 +24,25 @@ namespace plateau::cuda_emulation {
 // destroyed stream.
 cudaError_t Enqueue(cudaStream_t stream, std::function<void()> work);
 
+// Appends work that runs off the stream, on another thread (the emulated
+// NCCL's collectives: they wait for other ranks, which work run under the
+// runtime's lock must never do). When the stream reaches it, `start(done)`
+// is called, with the runtime's lock held: it hands the work to its thread
+// and returns true, and that thread calls `done()` (once, holding no lock
+// the runtime's callers might hold) when the work is over; until then the
+// stream's later work waits, queries say cudaErrorNotReady and synchronising
+// calls wait (without the lock). `start` returns false if there was nothing
+// to do (`done` is then never called). After a device fault it is called as
+// `start(nullptr)` instead: the work must not run (its inputs were never
+// written). The stream's earlier work runs at once, so the work starts now
+// if nothing ahead of it is blocked. Errors as for Enqueue.
+cudaError_t EnqueueExternal(cudaStream_t stream,
+                            std::function<bool(std::function<void()> done)> start);
+
 // Runs everything enqueued on `stream` so far (and, first, what it waits for
-// on other streams). Takes the runtime's lock; do not call it from inside
-// work. Returns the sticky error, if any.
+// on other streams), waiting for external work in the way. Takes the
+// runtime's lock; do not call it from inside work. Returns the sticky error,
+// if any.
 cudaError_t Flush(cudaStream_t stream);
 
 // From inside work only: the device faults (cudaErrorLaunchFailure from then

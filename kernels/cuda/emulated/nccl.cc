@@ -1,16 +1,24 @@
 // The emulated NCCL (nccl.h): a world's ranks are threads of this process
-// or of other processes, and every operation runs on the calling thread
-// when it is called (a group's at its outermost ncclGroupEnd).
+// or of other processes. A blocking communicator's operations run on the
+// calling thread when called (a group's at its outermost ncclGroupEnd); a
+// non-blocking one's run on the stream, as NCCL's do.
 //
-// Why not on the stream, as NCCL does: the emulated runtime runs a stream's
-// work lazily, under its lock, when some host call looks at the stream. A
-// collective there would wait for the other ranks while holding that lock,
-// and the other ranks need the lock to run their own streams up to the same
-// collective: a deadlock. So a call first runs its stream's work so far
-// (Flush: what it reads is written), takes its part in the rendezvous with
-// no lock of the runtime held, and leaves its results in place before
-// returning; work enqueued on the stream afterwards runs after it, as on a
-// GPU.
+// At the call (blocking communicators): the call first runs its stream's
+// work so far (Flush: what it reads is written), takes its part in the
+// rendezvous with no lock of the runtime held, and leaves its results in
+// place before returning; work enqueued on the stream afterwards runs after
+// it, as on a GPU.
+//
+// On the stream (non-blocking communicators, what kernels/nccl uses): the
+// emulated runtime runs a stream's work under its lock, where a collective
+// must not wait for the other ranks (they need the lock to run their own
+// streams). So the call enqueues external work (emulation.h) and returns;
+// when the stream reaches it, the communicator's worker thread takes the
+// operation's part in the rendezvous, exactly as a calling thread would,
+// and the stream's later work waits until it is done. Failures found there
+// become the communicator's asynchronous error, and a peer that never comes
+// leaves the stream blocked until the wait limit, an abort or a destroy ends
+// it: the hang that kernels/nccl's watchdog exists for.
 //
 // Matching: the n-th collective of each rank of a world meet in one Slot
 // (a per-communicator sequence number); the last rank to arrive checks that
@@ -32,7 +40,9 @@
 //
 // Locks: worlds_mu (forming worlds) before World::mu; Proxied::mu before
 // comms_mu (live communicators), which is held with no other. None is held
-// across a call into the runtime or a wait for another process.
+// across a call into the runtime or a wait for another process. Worker::mu
+// is taken under the runtime's lock (a stream reaching an operation) and
+// held with no other.
 #include "kernels/cuda/emulated/nccl.h"
 
 #include <pthread.h>
@@ -229,6 +239,8 @@ struct RemoteLink {
   }
 };
 
+struct Worker;
+
 struct World {
   World(std::string id_bytes, int n)
       : id(std::move(id_bytes)),
@@ -272,6 +284,8 @@ struct ncclComm {
   std::string async_why;
   // Guarded by comms_mu: calls in flight on this communicator.
   int calls = 0;
+  // A non-blocking communicator's thread for its operations on streams.
+  std::shared_ptr<emu::Worker> worker;
 };
 
 namespace plateau::cuda_emulation {
@@ -349,6 +363,7 @@ class CommUse {
 constexpr char kBadComm[] = "invalid communicator (null, destroyed or aborted)";
 
 ncclResult_t RetireRemote(ncclComm* c, bool abort, const std::string& why);
+void StopWorker(ncclComm* c);
 
 // Worlds whose ranks are still joining, by unique id.
 std::mutex worlds_mu;
@@ -388,6 +403,7 @@ ncclResult_t Retire(ncclComm* c, bool abort, const char* verb, std::string why =
     std::unique_lock<std::mutex> lock(comms_mu);
     comms_cv.wait(lock, [c] { return c->calls == 0; });
   }
+  StopWorker(c);
   delete c;
   return ncclSuccess;
 }
@@ -784,32 +800,13 @@ ncclResult_t FlushStreams(const std::vector<Op>& ops) {
   return ncclSuccess;
 }
 
-// Runs a group (or a single operation): every stream's work so far (unless
-// `flush` is false: a proxy's operations read host buffers), then the
+// Runs a group (or a single operation) now, on the calling thread: the
 // sends (so that no rank's receive waits for a send queued behind it), the
 // collectives in call order, the receives. Returns the first error; the
-// rest still run (each fails at once on a communicator that failed).
-ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
-  std::vector<CommUse> uses;
-  uses.reserve(ops.size());
-  for (const Op& op : ops) {
-    uses.emplace_back(op.comm);
-    if (uses.back().get() == nullptr) {
-      return Fail(ncclInvalidArgument, std::string(KindName(op.kind)) + ": " + kBadComm);
-    }
-  }
+// rest still run (each fails at once on a communicator that failed). The
+// callers hold a CommUse of every communicator.
+ncclResult_t RunOps(const std::vector<Op>& ops) {
   const bool remote = ops[0].comm->remote != nullptr;
-  for (const Op& op : ops) {
-    if ((op.comm->remote != nullptr) != remote || (remote && op.comm != ops[0].comm)) {
-      return Fail(ncclInvalidUsage,
-                  "a group with a communicator whose world lives in another process takes "
-                  "operations on that communicator only (a limit of the emulated NCCL)");
-    }
-  }
-  if (flush) {
-    const ncclResult_t r = FlushStreams(ops);
-    if (r != ncclSuccess) return r;
-  }
   if (remote) return ExecuteRemote(ops);
   ncclResult_t first = ncclSuccess;
   std::string first_why;
@@ -847,6 +844,190 @@ ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
   }
   if (first != ncclSuccess) last_error = first_why;
   return first;
+}
+
+ncclResult_t Stream(const std::vector<Op>& ops);
+
+// Runs a group (or a single operation): on its stream if every operation's
+// communicator is non-blocking and they share one stream (Stream), else now:
+// every stream's work so far (unless `flush` is false: a proxy's
+// operations read host buffers), then RunOps.
+ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
+  std::vector<CommUse> uses;
+  uses.reserve(ops.size());
+  for (const Op& op : ops) {
+    uses.emplace_back(op.comm);
+    if (uses.back().get() == nullptr) {
+      return Fail(ncclInvalidArgument, std::string(KindName(op.kind)) + ": " + kBadComm);
+    }
+  }
+  const bool remote = ops[0].comm->remote != nullptr;
+  bool streamed = flush;
+  for (const Op& op : ops) {
+    if ((op.comm->remote != nullptr) != remote || (remote && op.comm != ops[0].comm)) {
+      return Fail(ncclInvalidUsage,
+                  "a group with a communicator whose world lives in another process takes "
+                  "operations on that communicator only (a limit of the emulated NCCL)");
+    }
+    streamed = streamed && op.comm->worker != nullptr && op.stream == ops[0].stream;
+  }
+  if (streamed) return Stream(ops);
+  if (flush) {
+    const ncclResult_t r = FlushStreams(ops);
+    if (r != ncclSuccess) return r;
+  }
+  return RunOps(ops);
+}
+
+// ---- Operations on the stream ------------------------------------------------
+//
+// A non-blocking communicator's operations are jobs for its worker thread,
+// in call order (the n-th collective of each rank meet: the same order as
+// at the call). A job runs once its stream has reached it (the runtime calls
+// its start), and its stream's later work waits until it is done. A group
+// over several communicators is one job of the first one's worker.
+
+struct Job {
+  std::vector<Op> ops;
+  bool started = false;  // its stream has reached it
+  bool faulted = false;  // ... after a device fault: it must not run
+  std::function<void()> done;
+};
+
+struct Worker {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Job>> jobs;  // in call order; guarded by mu
+  int unfinished = 0;                     // jobs queued or running; guarded by mu
+  bool finalizing = false;                // ncclCommFinalize called; guarded by mu
+  bool stopping = false;                  // guarded by mu
+  std::thread thread;
+};
+
+// Runs `job` on the worker's thread; false if it failed. A communicator
+// already aborted or destroyed does nothing (as NCCL's kernels return after
+// an abort: the results are garbage, the job attempt over).
+bool RunJob(const Job& job) {
+  std::vector<CommUse> uses;
+  for (const Op& op : job.ops) {
+    uses.emplace_back(op.comm);
+    if (uses.back().get() == nullptr) return true;
+  }
+  ncclResult_t r = ncclSuccess;
+  std::string why;
+  if (job.faulted) {
+    r = ncclUnhandledCudaError;
+    why = RankName(job.ops[0].comm) + ": its stream failed before " + KindName(job.ops[0].kind) +
+          " (the device faulted)";
+  } else {
+    r = RunOps(job.ops);
+    why = last_error;
+  }
+  if (r == ncclSuccess) return true;
+  // Every failure is asynchronous here: the communicator keeps it, and its
+  // world is closed so that no peer waits for this rank.
+  for (const Op& op : job.ops) FailComm(op.comm, r, why);
+  return false;
+}
+
+void Work(Worker* wk) {
+  std::unique_lock<std::mutex> lock(wk->mu);
+  for (;;) {
+    // The oldest job once its stream reaches it; when stopping, any that
+    // has started (each stream waits for its job), then the thread ends.
+    auto next = [wk] {
+      if (!wk->stopping) {
+        return !wk->jobs.empty() && wk->jobs.front()->started ? wk->jobs.begin() : wk->jobs.end();
+      }
+      return std::find_if(wk->jobs.begin(), wk->jobs.end(),
+                          [](const std::shared_ptr<Job>& j) { return j->started; });
+    };
+    wk->cv.wait(lock, [&] { return wk->stopping || next() != wk->jobs.end(); });
+    const auto it = next();
+    if (it == wk->jobs.end()) return;
+    const std::shared_ptr<Job> job = *it;
+    wk->jobs.erase(it);
+    lock.unlock();
+    const bool ok = RunJob(*job);
+    lock.lock();
+    if (!ok && job->done) {
+      // As NCCL's kernels: a collective that failed does not return; its
+      // stream stays blocked until the communicator is aborted or destroyed
+      // (kernels/nccl's watchdog sees the asynchronous error and aborts) —
+      // or, so that nothing here hangs for ever, until the wait limit
+      // passes once more.
+      wk->cv.wait_until(lock, Clock::now() + WaitLimit(), [wk] { return wk->stopping; });
+    }
+    lock.unlock();
+    if (job->done) job->done();
+    lock.lock();
+    --wk->unfinished;
+    wk->cv.notify_all();
+  }
+}
+
+std::shared_ptr<Worker> StartWorker() {
+  auto wk = std::make_shared<Worker>();
+  wk->thread = std::thread(Work, wk.get());
+  return wk;
+}
+
+// After the communicator's last call: jobs already reached by their streams
+// run (and fail at once: the communicator has left its world); those not
+// yet reached do nothing when they are.
+void StopWorker(ncclComm* c) {
+  if (c->worker == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(c->worker->mu);
+    c->worker->stopping = true;
+  }
+  c->worker->cv.notify_all();
+  c->worker->thread.join();
+}
+
+// ncclInProgress while a finalized communicator still has jobs queued or
+// running, else `state`.
+ncclResult_t WhileFinalizing(ncclComm* c, ncclResult_t state) {
+  if (state != ncclSuccess || c->worker == nullptr) return state;
+  std::lock_guard<std::mutex> lock(c->worker->mu);
+  return c->worker->finalizing && c->worker->unfinished > 0 ? ncclInProgress : state;
+}
+
+ncclResult_t Stream(const std::vector<Op>& ops) {
+  const std::shared_ptr<Worker> wk = ops[0].comm->worker;
+  auto job = std::make_shared<Job>();
+  job->ops = ops;
+  {
+    std::lock_guard<std::mutex> lock(wk->mu);
+    wk->jobs.push_back(job);
+    ++wk->unfinished;
+  }
+  auto drop = [wk, job]() {  // with wk->mu held
+    wk->jobs.erase(std::find(wk->jobs.begin(), wk->jobs.end(), job));
+    --wk->unfinished;
+    wk->cv.notify_all();
+  };
+  const cudaError_t e = EnqueueExternal(ops[0].stream, [wk, job, drop](std::function<void()> done) {
+    std::lock_guard<std::mutex> lock(wk->mu);
+    if (wk->stopping) {  // the communicator is gone: nothing to do
+      drop();
+      return false;
+    }
+    job->started = true;
+    job->faulted = done == nullptr;
+    job->done = std::move(done);
+    wk->cv.notify_all();
+    return true;
+  });
+  if (e == cudaSuccess) return ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(wk->mu);
+    drop();
+  }
+  const std::string why = RankName(ops[0].comm) + ": its stream failed before " +
+                          KindName(ops[0].kind) + " (" + cudaGetErrorName(e) + ")";
+  for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
+  return Fail(ncclUnhandledCudaError, why);
 }
 
 // ncclGroupStart / ncclGroupEnd are per thread, as in NCCL.
@@ -1492,6 +1673,7 @@ ncclResult_t RetireRemote(ncclComm* c, bool abort, const std::string& why) {
     std::unique_lock<std::mutex> lock(comms_mu);
     comms_cv.wait(lock, [c] { return c->calls == 0; });
   }
+  StopWorker(c);
   delete c;  // closes both connections
   return ncclSuccess;
 }
@@ -1574,8 +1756,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   const int device = emu::CurrentDevice();
   if (device < 0) return emu::Fail(ncclUnhandledCudaError, what + "no current device");
   const std::string id(commId.internal, NCCL_UNIQUE_ID_BYTES);
-  if (emu::MadeHere(id)) return emu::InitLocal(comm, nranks, id, rank, blocking, device, what);
-  return emu::InitRemote(comm, nranks, id, rank, blocking, device, what);
+  const ncclResult_t r = emu::MadeHere(id)
+                             ? emu::InitLocal(comm, nranks, id, rank, blocking, device, what)
+                             : emu::InitRemote(comm, nranks, id, rank, blocking, device, what);
+  // Not yet returned, so no other thread uses the communicator.
+  if (!blocking && *comm != nullptr) (*comm)->worker = emu::StartWorker();
+  return r;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
@@ -1586,7 +1772,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (use.get() == nullptr) {
     return emu::Fail(ncclInvalidArgument, std::string("ncclCommGetAsyncError: ") + emu::kBadComm);
   }
-  if (comm->remote != nullptr) return emu::RemoteAsyncError(comm, asyncError);
+  if (comm->remote != nullptr) {
+    const ncclResult_t r = emu::RemoteAsyncError(comm, asyncError);
+    if (r == ncclSuccess) *asyncError = emu::WhileFinalizing(comm, *asyncError);
+    return r;
+  }
   emu::World& w = *comm->world;
   std::lock_guard<std::mutex> lock(w.mu);
   if (comm->async_error == ncclSuccess && !w.complete) {
@@ -1602,7 +1792,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
       return ncclSuccess;
     }
   }
-  *asyncError = comm->async_error;
+  *asyncError = emu::WhileFinalizing(comm, comm->async_error);
   return ncclSuccess;
 }
 
@@ -1614,7 +1804,12 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   emu::CommUse use(comm);
   if (use.get() == nullptr) return emu::Fail(ncclInvalidArgument, emu::kBadComm);
-  return ncclSuccess;
+  if (comm->worker == nullptr) return ncclSuccess;  // blocking: nothing is left in flight
+  // As NCCL's non-blocking communicators: ncclCommGetAsyncError says
+  // ncclInProgress until the operations on streams have finished.
+  std::lock_guard<std::mutex> lock(comm->worker->mu);
+  comm->worker->finalizing = true;
+  return comm->worker->unfinished == 0 ? ncclSuccess : ncclInProgress;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {

@@ -14,13 +14,26 @@
 //     blocking ncclCommInitRankConfig returns once all have joined; a
 //     non-blocking one (config.blocking = 0) returns ncclInProgress and
 //     ncclCommGetAsyncError says ncclInProgress until they have;
-//   - every operation runs at the call (a group's at the outermost
-//     ncclGroupEnd), not on the stream: the runtime's streams run lazily
-//     under its lock, where ranks could not wait for one another. So each
-//     call first runs its stream's work so far (emulation.h's Flush: the
-//     data it reads is then written), then meets the other ranks' matching
-//     call (the n-th collective of each rank), moves the data, and returns
-//     with the results in place, ahead of anything enqueued after it;
+//   - a non-blocking communicator's operations (what kernels/nccl uses) run
+//     on the stream, as NCCL's do: the call checks its arguments, enqueues
+//     the operation and returns; when the stream reaches it (emulation.h's
+//     EnqueueExternal) the communicator's own thread meets the other ranks'
+//     matching call (the n-th collective of each rank) and moves the data,
+//     and the stream's later work, its queries and its synchronisations
+//     wait until then. So a peer that never calls leaves the stream blocked
+//     (until the wait limit below, an abort or a destroy), and every failure
+//     found there is reported only asynchronously (ncclCommGetAsyncError), as
+//     on a GPU; as there, an operation that failed still holds its stream
+//     until the communicator is aborted or destroyed (here also until the
+//     wait limit passes once more, so that nothing hangs for ever). A group
+//     is on the stream only if its operations share one stream; otherwise
+//     it runs at the call, as below;
+//   - a blocking communicator's operations run at the call (a group's at
+//     the outermost ncclGroupEnd): the call first runs its stream's work so
+//     far (emulation.h's Flush: the data it reads is then written), then
+//     meets the other ranks, moves the data, and returns with the results
+//     in place, ahead of anything enqueued after it, and with any failure
+//     as its own result (errors instead of hangs);
 //   - reductions in rank order 0, 1, ..., n-1 (deterministic; NCCL's ring
 //     order differs), sum / prod / max / min on int8, uint8, int32, uint32,
 //     int64, uint64, float, double and bfloat16 (each combining step in fp32
@@ -29,7 +42,7 @@
 //   - send / recv: a send is copied into its peer's mailbox when it runs (a
 //     group deposits all its sends before waiting for its receives), so it
 //     never waits; a receive takes the peer's oldest message to it;
-//   - errors instead of hangs: ranks that disagree on a collective (kind,
+//   - bounded waits: ranks that disagree on a collective (kind,
 //     count, type, op, root) or a message (count, type) get
 //     ncclInvalidUsage; a wait for other ranks ends after 60 s (or
 //     PLATEAU_EMULATED_NCCL_TIMEOUT_MS, read when a world forms) with
@@ -44,11 +57,11 @@
 //     aborts it (the others' waits end, naming it); when the process that
 //     made the id goes away, its remote ranks' next calls fail with
 //     ncclRemoteError.
-// Not modelled: overlap with the stream's later work (a call returns when
-// its data has moved), fp16, fp8 and ncclAvg reductions (ncclInvalidArgument),
-// one thread driving several ranks inside one group (its waits would time
-// out), a group over a remote rank's communicator and others
-// (ncclInvalidUsage), timing.
+// Not modelled: overlap of a collective with the stream's later work, fp16,
+// fp8 and ncclAvg reductions (ncclInvalidArgument), one thread driving
+// several blocking ranks inside one group (its waits would time out), a
+// group over a remote rank's communicator and others (ncclInvalidUsage),
+// timing.
 #ifndef PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 #define PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 
@@ -154,7 +167,10 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 // Ends the other ranks' waits with ncclRemoteError, then frees `comm`.
 ncclResult_t ncclCommAbort(ncclComm_t comm);
-// Nothing is ever left in flight: returns ncclSuccess at once.
+// A blocking communicator's operations have all finished at their calls:
+// ncclSuccess. A non-blocking one's: ncclSuccess if those on streams have
+// finished, else ncclInProgress, and ncclCommGetAsyncError says
+// ncclInProgress until they have.
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 

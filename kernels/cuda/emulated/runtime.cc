@@ -1,6 +1,18 @@
 // The emulated CUDA runtime (cuda_runtime_api.h says what it models). One
 // lock guards everything; stream work runs under it, one item at a time, so
 // the SIMT emulation (one grid at a time) is never entered twice.
+//
+// A stream is a queue of items: work (a kernel, a copy, a free), a wait for
+// another stream's event, or external work (emulation.h: EnqueueExternal,
+// the emulated NCCL's collectives), which runs on another thread and keeps
+// the stream's later items from running until it is done. A flush runs a
+// stream's items up to a point or until one blocks (a wait whose stream is
+// blocked, external work not yet done); the items stay queued until they
+// finish, so a host call that must wait (a synchronise, a blocking copy)
+// releases the lock while blocked and flushes again when external work
+// finishes. When it does, the next external work whose stream can reach it
+// starts (StartExternalsLocked), without waiting for a host call.
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,13 +33,26 @@
 
 // The handles are pointers to these. Destroyed ones stay allocated (marked)
 // so that a later use is an error, not a read of freed memory.
+namespace plateau::cuda_emulation {
+// Work done off the stream (EnqueueExternal). Guarded by the runtime's lock.
+struct External {
+  std::function<bool(std::function<void()>)> start;
+  bool started = false;
+  bool done = false;
+};
+}  // namespace plateau::cuda_emulation
+
 struct CUstream_st {
   int device = 0;
   bool destroyed = false;
   uint64_t enqueued = 0, executed = 0;  // sequence numbers
   struct Item {
-    uint64_t seq;
-    std::function<void()> work;
+    uint64_t seq = 0;
+    std::function<void()> work;  // may be empty
+    // A wait: done once `wait`'s items up to `wait_seq` are.
+    CUstream_st* wait = nullptr;
+    uint64_t wait_seq = 0;
+    std::shared_ptr<plateau::cuda_emulation::External> external;
   };
   std::deque<Item> queue;
 };
@@ -65,6 +90,7 @@ struct Allocation {
 
 struct Runtime {
   std::mutex mu;
+  std::condition_variable external_done;  // some external work finished
   std::vector<std::unique_ptr<Device>> devices;
   // Every stream, event and pool ever created (destroyed ones marked, kept
   // so that a later use is an error rather than a use after free).
@@ -116,6 +142,8 @@ CUstream_st* Resolve(cudaStream_t s) {
   return s;
 }
 
+void StartExternalsLocked();
+
 void FaultLocked(const std::string& why) {
   if (R().sticky == cudaSuccess) {
     std::fprintf(stderr, "[emulated CUDA] device fault: %s\n", why.c_str());
@@ -123,32 +151,99 @@ void FaultLocked(const std::string& why) {
   }
 }
 
-// Runs `s`'s work up to sequence number `upto` (all of it: UINT64_MAX). A
-// wait item flushes the other stream up to its event from inside. After a
-// fault the remaining work is dropped, as a faulted context runs nothing.
-void FlushLocked(CUstream_st* s, uint64_t upto) {
+// Runs `s`'s items up to sequence number `upto` (all of them: UINT64_MAX)
+// or until one blocks; true if none is left before `upto`. A wait item
+// flushes the other stream up to its event; external work is started when
+// the stream reaches it and blocks the stream until done. After a fault the
+// remaining items are dropped, as a faulted context runs nothing: external
+// work not yet started is told so (start(nullptr)); work already started
+// finishes on its own thread, unheeded.
+bool FlushLocked(CUstream_st* s, uint64_t upto) {
   while (s->executed < upto && !s->queue.empty()) {
-    CUstream_st::Item item = std::move(s->queue.front());
+    CUstream_st::Item& front = s->queue.front();
+    const bool faulted = R().sticky != cudaSuccess;
+    if (!faulted && front.wait != nullptr && !FlushLocked(front.wait, front.wait_seq)) {
+      return false;
+    }
+    External* x = front.external.get();
+    if (x != nullptr && !x->started) {
+      x->started = true;
+      if (faulted) {
+        x->start(nullptr);
+        x->done = true;
+      } else {
+        std::shared_ptr<External> keep = front.external;
+        // False: done at once (nothing to wait for).
+        x->done = !x->start([keep] {
+          std::lock_guard<std::mutex> lock(R().mu);
+          keep->done = true;
+          StartExternalsLocked();
+          R().external_done.notify_all();
+        });
+      }
+      x->start = nullptr;  // what it held is the other thread's now
+    }
+    if (x != nullptr && !x->done && !faulted) return false;
+    CUstream_st::Item item = std::move(front);
     s->queue.pop_front();
     s->executed = item.seq;
-    if (R().sticky == cudaSuccess) item.work();
+    if (!faulted && item.work) item.work();
   }
+  return s->executed >= upto || s->queue.empty();
+}
+
+// Starts every external work whose stream can now reach it (running the
+// work ahead of it on that stream): after external work finishes, the next
+// may start without any host call, as on a GPU, where a collective does not
+// wait for the host to look. Other work stays lazy.
+void StartExternalsLocked() {
+  bool started = true;
+  while (started) {
+    started = false;
+    auto start = [&](CUstream_st* s) {
+      for (const CUstream_st::Item& item : s->queue) {
+        if (item.external == nullptr || item.external->started) continue;
+        const std::shared_ptr<External> x = item.external;  // the flush may pop the item
+        FlushLocked(s, item.seq);
+        started = started || x->started;
+        return;
+      }
+    };
+    for (auto& d : R().devices) start(&d->legacy);
+    for (CUstream_st* s : R().streams) start(s);
+  }
+}
+
+// FlushLocked, waiting (the lock released) while external work blocks it.
+void FlushWaitingLocked(std::unique_lock<std::mutex>& lock, CUstream_st* s, uint64_t upto) {
+  while (!FlushLocked(s, upto)) R().external_done.wait(lock);
 }
 
 // Everything queued on `device` (what its streams wait for on other
 // devices runs too, through their wait items).
-void FlushDeviceLocked(int device) {
-  FlushLocked(&R().devices[device]->legacy, UINT64_MAX);
-  for (CUstream_st* s : R().streams) {
-    if (s->device == device) FlushLocked(s, UINT64_MAX);
+void FlushDeviceLocked(std::unique_lock<std::mutex>& lock, int device) {
+  for (;;) {
+    bool all = FlushLocked(&R().devices[device]->legacy, UINT64_MAX);
+    for (CUstream_st* s : R().streams) {
+      if (s->device == device) all = FlushLocked(s, UINT64_MAX) && all;
+    }
+    if (all) return;
+    R().external_done.wait(lock);
   }
 }
 
-cudaError_t EnqueueLocked(CUstream_st* s, std::function<void()> work) {
+cudaError_t EnqueueLocked(CUstream_st* s, CUstream_st::Item item) {
   if (R().sticky != cudaSuccess) return R().sticky;
   if (s->destroyed) return cudaErrorInvalidResourceHandle;
-  s->queue.push_back({++s->enqueued, std::move(work)});
+  item.seq = ++s->enqueued;
+  s->queue.push_back(std::move(item));
   return cudaSuccess;
+}
+
+cudaError_t EnqueueLocked(CUstream_st* s, std::function<void()> work) {
+  CUstream_st::Item item;
+  item.work = std::move(work);
+  return EnqueueLocked(s, std::move(item));
 }
 
 const Allocation* Find(const void* p, uintptr_t* start) {
@@ -231,9 +326,21 @@ cudaError_t Enqueue(cudaStream_t stream, std::function<void()> work) {
   return EnqueueLocked(Resolve(stream), std::move(work));
 }
 
-cudaError_t Flush(cudaStream_t stream) {
+cudaError_t EnqueueExternal(cudaStream_t stream,
+                            std::function<bool(std::function<void()> done)> start) {
   std::lock_guard<std::mutex> lock(R().mu);
-  FlushLocked(Resolve(stream), UINT64_MAX);
+  CUstream_st* s = Resolve(stream);
+  CUstream_st::Item item;
+  item.external = std::make_shared<External>();
+  item.external->start = std::move(start);
+  const cudaError_t e = EnqueueLocked(s, std::move(item));
+  if (e == cudaSuccess) FlushLocked(s, UINT64_MAX);  // starts it if nothing is ahead
+  return e;
+}
+
+cudaError_t Flush(cudaStream_t stream) {
+  std::unique_lock<std::mutex> lock(R().mu);
+  FlushWaitingLocked(lock, Resolve(stream), UINT64_MAX);
   return R().sticky;
 }
 
@@ -319,7 +426,7 @@ bool BadDevice(int device) {
 
 }  // namespace
 
-#define PLATEAU_EMULATED_LOCK std::lock_guard<std::mutex> plateau_lock_(R().mu)
+#define PLATEAU_EMULATED_LOCK std::unique_lock<std::mutex> plateau_lock_(R().mu)
 #define PLATEAU_EMULATED_STICKY \
   if (R().sticky != cudaSuccess) return Ret(R().sticky)
 
@@ -394,7 +501,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 cudaError_t cudaDeviceSynchronize() {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
-  plateau::cuda_emulation::FlushDeviceLocked(current_device);
+  plateau::cuda_emulation::FlushDeviceLocked(plateau_lock_, current_device);
   return Ret(R().sticky);
 }
 
@@ -423,7 +530,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
-  plateau::cuda_emulation::FlushDeviceLocked(current_device);
+  plateau::cuda_emulation::FlushDeviceLocked(plateau_lock_, current_device);
   auto it = R().allocations.find(reinterpret_cast<uintptr_t>(p));
   if (it != R().allocations.end() && it->second.free_queued) {
     return Ret(cudaErrorInvalidDevicePointer);
@@ -442,7 +549,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, byt
 cudaError_t cudaFreeHost(void* p) {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
-  plateau::cuda_emulation::FlushDeviceLocked(current_device);
+  plateau::cuda_emulation::FlushDeviceLocked(plateau_lock_, current_device);
   return Ret(plateau::cuda_emulation::FreeLocked(p, cudaMemoryTypeHost));
 }
 
@@ -556,7 +663,8 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/) {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
-  plateau::cuda_emulation::FlushLocked(&R().devices[current_device]->legacy, UINT64_MAX);
+  plateau::cuda_emulation::FlushWaitingLocked(plateau_lock_, &R().devices[current_device]->legacy,
+                                              UINT64_MAX);
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return Ret(cudaErrorInvalidValue);
   if (bytes > 0) std::memmove(dst, src, bytes);
   return Ret(R().sticky);
@@ -574,7 +682,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
   if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
   if (plateau::cuda_emulation::IsPageable(dst) || plateau::cuda_emulation::IsPageable(src)) {
-    plateau::cuda_emulation::FlushLocked(s, UINT64_MAX);
+    plateau::cuda_emulation::FlushWaitingLocked(plateau_lock_, s, UINT64_MAX);
     if (R().sticky == cudaSuccess) std::memmove(dst, src, bytes);
     return Ret(R().sticky);
   }
@@ -588,7 +696,8 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   PLATEAU_EMULATED_STICKY;
   if (bytes == 0) return cudaSuccess;
   if (p == nullptr) return Ret(cudaErrorInvalidValue);
-  plateau::cuda_emulation::FlushLocked(&R().devices[current_device]->legacy, UINT64_MAX);
+  plateau::cuda_emulation::FlushWaitingLocked(plateau_lock_, &R().devices[current_device]->legacy,
+                                              UINT64_MAX);
   if (R().sticky == cudaSuccess) std::memset(p, value, bytes);
   return Ret(R().sticky);
 }
@@ -623,7 +732,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream->destroyed) {
     return Ret(cudaErrorInvalidResourceHandle);
   }
-  plateau::cuda_emulation::FlushLocked(stream, UINT64_MAX);
+  plateau::cuda_emulation::FlushWaitingLocked(plateau_lock_, stream, UINT64_MAX);
   stream->destroyed = true;
   return cudaSuccess;
 }
@@ -632,7 +741,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   PLATEAU_EMULATED_LOCK;
   CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
   if (s->destroyed) return Ret(cudaErrorInvalidResourceHandle);
-  plateau::cuda_emulation::FlushLocked(s, UINT64_MAX);
+  plateau::cuda_emulation::FlushWaitingLocked(plateau_lock_, s, UINT64_MAX);
   return Ret(R().sticky);
 }
 
@@ -657,10 +766,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (event->stream == nullptr) return s->destroyed ? Ret(cudaErrorInvalidResourceHandle)
                                                     : cudaSuccess;
   // The event's record as of now: a later record does not move this wait.
-  CUstream_st* other = event->stream;
-  const uint64_t seq = event->seq;
-  return Ret(plateau::cuda_emulation::EnqueueLocked(
-      s, [other, seq] { plateau::cuda_emulation::FlushLocked(other, seq); }));
+  CUstream_st::Item wait;
+  wait.wait = event->stream;
+  wait.wait_seq = event->seq;
+  return Ret(plateau::cuda_emulation::EnqueueLocked(s, std::move(wait)));
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
@@ -700,7 +809,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
   // The event and the stream belong to one device, as CUDA requires.
   if (event->device != s->device) return Ret(cudaErrorInvalidResourceHandle);
-  const cudaError_t e = plateau::cuda_emulation::EnqueueLocked(s, [] {});
+  const cudaError_t e = plateau::cuda_emulation::EnqueueLocked(s, CUstream_st::Item{});
   if (e != cudaSuccess) return Ret(e);
   event->stream = s;
   event->seq = s->enqueued;
@@ -710,7 +819,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   PLATEAU_EMULATED_LOCK;
   if (event == nullptr || event->destroyed) return Ret(cudaErrorInvalidResourceHandle);
-  if (event->stream != nullptr) plateau::cuda_emulation::FlushLocked(event->stream, event->seq);
+  if (event->stream != nullptr) {
+    plateau::cuda_emulation::FlushWaitingLocked(plateau_lock_, event->stream, event->seq);
+  }
   return Ret(R().sticky);
 }
 

@@ -6,10 +6,14 @@
 // (threads, barriers, shared memory).
 #include <sys/wait.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -245,6 +249,91 @@ TEST_F(EmulatedRuntimeTest, ASecondAsyncFreeIsRefused) {
   EXPECT_EQ(cudaFreeAsync(p, a_), cudaErrorInvalidDevicePointer);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevicePointer);
   EXPECT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+}
+
+// External work (the emulated NCCL's collectives on a non-blocking
+// communicator) runs on another thread; its stream waits for it.
+TEST_F(EmulatedRuntimeTest, ExternalWorkBlocksItsStreamUntilDone) {
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), sizeof(float)), cudaSuccess);
+  const float one = 1.0f;
+  ASSERT_EQ(cudaMemcpy(device, &one, sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, Scale)(device, int64_t{1}, 2.0f);
+  std::mutex mu;
+  std::vector<std::function<void()>> dones;  // guarded by mu
+  auto external = [&](std::function<void()> done) {
+    std::lock_guard<std::mutex> lock(mu);
+    dones.push_back(std::move(done));
+    return true;
+  };
+  auto started = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return dones.size();
+  };
+  ASSERT_EQ(plateau::cuda_emulation::EnqueueExternal(a_, external), cudaSuccess);
+  // Started at once: the work ahead of it ran (x2), the work after waits.
+  EXPECT_EQ(started(), 1u);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, Scale)(device, int64_t{1}, 3.0f);
+  ASSERT_EQ(plateau::cuda_emulation::EnqueueExternal(a_, external), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, Scale)(device, int64_t{1}, 5.0f);
+  EXPECT_EQ(*device, 2.0f);
+  EXPECT_EQ(started(), 1u) << "the second waits behind the first";
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(cudaStreamQuery(a_), cudaErrorNotReady);
+  cudaEvent_t after;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(after, a_), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady);
+  // Finishing the first starts the second with no host call (its x3 runs
+  // ahead of it); a device-wide wait (cudaFree) waits for both.
+  std::thread other([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::function<void()> first;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      first = dones[0];
+    }
+    first();
+    EXPECT_EQ(started(), 2u);
+    EXPECT_EQ(*device, 6.0f);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::function<void()> second;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      second = dones[1];
+    }
+    second();
+  });
+  float* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float)), cudaSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(cudaFree(scratch), cudaSuccess);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(90));
+  other.join();
+  EXPECT_EQ(*device, 30.0f);
+  EXPECT_EQ(cudaEventQuery(after), cudaSuccess);
+  EXPECT_EQ(cudaStreamQuery(a_), cudaSuccess);
+  // Nothing to do: the stream goes on at once.
+  ASSERT_EQ(
+      plateau::cuda_emulation::EnqueueExternal(a_, [](std::function<void()>) { return false; }),
+      cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(after), cudaSuccess);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+TEST_F(EmulatedRuntimeTest, ExternalWorkAfterAFaultIsToldNotToRun) {
+  EXPECT_EXIT(
+      {
+        PLATEAU_KERNEL_LAUNCH(1, 64, 0, a_, Deadlock)(nullptr);
+        bool told = false;
+        (void)plateau::cuda_emulation::EnqueueExternal(a_, [&](std::function<void()> done) {
+          told = done == nullptr;
+          return false;
+        });
+        const bool faulted = cudaStreamSynchronize(a_) == cudaErrorLaunchFailure;
+        std::exit(told && faulted ? 3 : 4);
+      },
+      ::testing::ExitedWithCode(3), "device fault");
 }
 
 // Faults are sticky, so these run in a child process each.
