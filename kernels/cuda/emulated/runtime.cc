@@ -31,8 +31,6 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
-// The handles are pointers to these. Destroyed ones stay allocated (marked)
-// so that a later use is an error, not a read of freed memory.
 namespace plateau::cuda_emulation {
 // Work done off the stream (EnqueueExternal). Guarded by the runtime's lock.
 struct External {
@@ -42,6 +40,8 @@ struct External {
 };
 }  // namespace plateau::cuda_emulation
 
+// The handles are pointers to these. Destroyed ones stay allocated (marked)
+// so that a later use is an error, not a read of freed memory.
 struct CUstream_st {
   int device = 0;
   bool destroyed = false;
