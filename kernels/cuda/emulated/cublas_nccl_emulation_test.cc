@@ -44,6 +44,14 @@ using Bf16 = __nv_bfloat16;
 class TestStream {
  public:
   TestStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess); }
+  // On `device`, the thread's current device left as it was.
+  explicit TestStream(int device) {
+    int current = 0;
+    EXPECT_EQ(cudaGetDevice(&current), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(current), cudaSuccess);
+  }
   ~TestStream() { EXPECT_EQ(cudaStreamDestroy(s_), cudaSuccess); }
   TestStream(const TestStream&) = delete;
   TestStream& operator=(const TestStream&) = delete;
@@ -575,6 +583,19 @@ class ScopedTimeout {
   ~ScopedTimeout() { unsetenv("PLATEAU_EMULATED_NCCL_TIMEOUT_MS"); }
 };
 
+// Enough emulated GPUs for a device per rank (set before the runtime's first
+// call reads it): NCCL takes one rank per GPU, and so does the emulation.
+const bool kThreeGpus = setenv("PLATEAU_EMULATED_GPUS", "3", 1) == 0;
+
+// Rank `rank` of a world, on GPU `rank` (made the calling thread's current
+// device, which streams created afterwards are on).
+ncclResult_t InitRank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank,
+                      ncclConfig_t* config = nullptr) {
+  EXPECT_TRUE(kThreeGpus);
+  EXPECT_EQ(cudaSetDevice(rank), cudaSuccess) << "rank " << rank << " needs GPU " << rank;
+  return ncclCommInitRankConfig(comm, nranks, id, rank, config);
+}
+
 using RankBody = std::function<void(int rank, ncclComm_t comm, cudaStream_t stream)>;
 
 // A non-blocking communicator's state once it is no longer ncclInProgress
@@ -625,16 +646,10 @@ enum class Where { kThreads, kProcesses };
 // kernels/nccl uses) on the stream.
 enum class Mode { kAtTheCall, kOnTheStream };
 
-// Enough emulated GPUs for a device per rank (set before the runtime's first
-// call reads it): ranks on the stream share no device, as NCCL requires —
-// a cudaFree waits for the whole device, and on a shared one for a peer's
-// collective that waits for this rank.
-const bool kThreeGpus = setenv("PLATEAU_EMULATED_GPUS", "3", 1) == 0;
-
 // Runs `body` on `n` ranks of one world, each with a communicator and a
-// stream of its own: threads of this process, or (kProcesses) rank 0 here,
-// where the unique id was made, and ranks 1..n-1 in forked processes. At
-// the call, every rank is on device 0; on the stream, rank r on device r.
+// stream of its own on GPU r: threads of this process, or (kProcesses) rank
+// 0 here, where the unique id was made, and ranks 1..n-1 in forked
+// processes.
 void OnRanks(int n, const RankBody& body, Where where = Where::kThreads,
              Mode mode = Mode::kAtTheCall) {
   ncclUniqueId id;
@@ -642,14 +657,12 @@ void OnRanks(int n, const RankBody& body, Where where = Where::kThreads,
   auto rank_main = [&](int r) {
     ncclComm_t comm = nullptr;
     if (mode == Mode::kAtTheCall) {
-      ASSERT_EQ(ncclCommInitRankConfig(&comm, n, id, r, nullptr), ncclSuccess)
+      ASSERT_EQ(InitRank(&comm, n, id, r), ncclSuccess)
           << "rank " << r << ": " << ncclGetLastError(nullptr);
     } else {
-      ASSERT_TRUE(kThreeGpus && n <= 3);
-      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
-      const ncclResult_t r0 = ncclCommInitRankConfig(&comm, n, id, r, &config);
+      const ncclResult_t r0 = InitRank(&comm, n, id, r, &config);
       ASSERT_TRUE(r0 == ncclSuccess || r0 == ncclInProgress) << ncclGetLastError(nullptr);
       ASSERT_EQ(AwaitInit(comm), ncclSuccess) << "rank " << r;
     }
@@ -999,7 +1012,7 @@ TEST(EmulatedNcclTest, ARankThatLeavesStillDeliversWhatItSent) {
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       ncclComm_t comm = nullptr;
-      ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, r, nullptr), ncclSuccess);
+      ASSERT_EQ(InitRank(&comm, 2, id, r), ncclSuccess);
       TestStream stream;
       DeviceArray<double> buf(3);
       if (r == 0) {
@@ -1079,11 +1092,11 @@ TEST(EmulatedNcclTest, ARankProcessThatGoesAwayEndsItsPeersWaits) {
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   const pid_t child = InChild([&] {
     ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSuccess);
+    ASSERT_EQ(InitRank(&comm, 2, id, 1), ncclSuccess);
     _exit(0);  // without destroying its communicator
   });
   ncclComm_t comm = nullptr;
-  ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSuccess);
+  ASSERT_EQ(InitRank(&comm, 2, id, 0), ncclSuccess);
   EXPECT_EQ(Reap(child), 0);
   const auto start = std::chrono::steady_clock::now();
   float sum = 0;
@@ -1100,12 +1113,12 @@ TEST(EmulatedNcclTest, AnAbortEndsWaitsInOtherProcesses) {
     ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
     const pid_t child = InChild([&] {
       ncclComm_t comm = nullptr;
-      ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSuccess);
+      ASSERT_EQ(InitRank(&comm, 2, id, 1), ncclSuccess);
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
     });
     ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSuccess);
+    ASSERT_EQ(InitRank(&comm, 2, id, 0), ncclSuccess);
     float sum = 0;
     EXPECT_EQ(SumOfRanks(comm, 0, &sum), ncclRemoteError);
     EXPECT_NE(LastError(comm).find("rank 1 of 2 aborted"), std::string::npos) << LastError(comm);
@@ -1118,7 +1131,7 @@ TEST(EmulatedNcclTest, AnAbortEndsWaitsInOtherProcesses) {
     ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
     const pid_t child = InChild([&] {
       ncclComm_t comm = nullptr;
-      ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSuccess);
+      ASSERT_EQ(InitRank(&comm, 2, id, 1), ncclSuccess);
       const auto start = std::chrono::steady_clock::now();
       float sum = 0;
       EXPECT_EQ(SumOfRanks(comm, 1, &sum), ncclRemoteError);
@@ -1130,7 +1143,7 @@ TEST(EmulatedNcclTest, AnAbortEndsWaitsInOtherProcesses) {
       EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
     });
     ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSuccess);
+    ASSERT_EQ(InitRank(&comm, 2, id, 0), ncclSuccess);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
     EXPECT_EQ(Reap(child), 0);
@@ -1146,7 +1159,7 @@ TEST(EmulatedNcclTest, ARemoteRankJoinsWithoutBlocking) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, &config), ncclInProgress) << LastError(comm);
+    ASSERT_EQ(InitRank(&comm, 2, id, 1, &config), ncclInProgress) << LastError(comm);
     ncclResult_t state = ncclSuccess;
     ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
     EXPECT_EQ(state, ncclInProgress);
@@ -1160,7 +1173,7 @@ TEST(EmulatedNcclTest, ARemoteRankJoinsWithoutBlocking) {
   char byte;
   ASSERT_EQ(read(joined[0], &byte, 1), 1);
   ncclComm_t comm = nullptr;
-  ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSuccess);
+  ASSERT_EQ(InitRank(&comm, 2, id, 0), ncclSuccess);
   float sum = 0;
   EXPECT_EQ(SumOfRanks(comm, 0, &sum), ncclSuccess);
   EXPECT_EQ(sum, 3.0f);
@@ -1181,7 +1194,7 @@ pid_t ForkHost(ncclUniqueId* id, const std::function<void(ncclComm_t)>& host_ran
     ASSERT_EQ(ncclGetUniqueId(&made), ncclSuccess);
     ASSERT_EQ(write(id_pipe[1], &made, sizeof(made)), static_cast<ssize_t>(sizeof(made)));
     ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, made, 0, nullptr), ncclSuccess);
+    ASSERT_EQ(InitRank(&comm, 2, made, 0), ncclSuccess);
     host_rank(comm);
   });
   EXPECT_EQ(read(id_pipe[0], id, sizeof(*id)), static_cast<ssize_t>(sizeof(*id)));
@@ -1207,7 +1220,7 @@ TEST(EmulatedNcclTest, AHostThatExitsRightAfterACollectiveStillAnswersItsRemoteR
       std::exit(::testing::Test::HasFailure() ? 1 : 0);
     });
     ncclComm_t comm = nullptr;
-    ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSuccess) << LastError(nullptr);
+    ASSERT_EQ(InitRank(&comm, 2, id, 1), ncclSuccess) << LastError(nullptr);
     float sum = 0;
     EXPECT_EQ(SumOfRanks(comm, 1, &sum), ncclSuccess)
         << "round " << round << ": " << LastError(comm);
@@ -1248,10 +1261,12 @@ TEST(EmulatedNcclTest, TheHostSurvivesMalformedFrames) {
   // A join as rank 1000000 of 2, and one with an id this process did not make.
   const std::string id_bytes(id.internal, sizeof(id.internal));
   EXPECT_TRUE(
-      ask(wire::Writer().U32(1).U32(2).U32(1000000).U32(1).Str(id_bytes).U32(1).Take(), &answer));
+      ask(wire::Writer().U32(1).U32(2).U32(1000000).U32(1).Str(id_bytes).U32(1).U32(0).Take(),
+          &answer));
   std::string made_up = id_bytes;
   made_up[20] ^= 1;
-  EXPECT_TRUE(ask(wire::Writer().U32(1).U32(2).U32(1).U32(1).Str(made_up).U32(1).Take(), &answer));
+  EXPECT_TRUE(
+      ask(wire::Writer().U32(1).U32(2).U32(1).U32(1).Str(made_up).U32(1).U32(1).Take(), &answer));
   EXPECT_NE(answer.find("not made by this process"), std::string::npos);
   // A control connection naming a communicator without its secret.
   EXPECT_TRUE(ask(wire::Writer().U32(4).U64(1).U64(12345).Take(), &answer));
@@ -1279,7 +1294,7 @@ TEST(EmulatedNcclTest, RanksInOtherProcessesFailOnceTheHostGoesAway) {
     _exit(::testing::Test::HasFailure() ? 1 : 0);  // the host goes, its world with it
   });
   ncclComm_t comm = nullptr;
-  ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSuccess) << LastError(nullptr);
+  ASSERT_EQ(InitRank(&comm, 2, id, 1), ncclSuccess) << LastError(nullptr);
   float sum = 0;
   EXPECT_EQ(SumOfRanks(comm, 1, &sum), ncclSuccess);
   EXPECT_EQ(sum, 3.0f);
@@ -1293,12 +1308,58 @@ TEST(EmulatedNcclTest, RanksInOtherProcessesFailOnceTheHostGoesAway) {
   EXPECT_EQ(async, ncclRemoteError);
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
   // An id whose host has gone cannot be joined; the error says why.
-  EXPECT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclSystemError);
+  EXPECT_EQ(InitRank(&comm, 2, id, 1), ncclSystemError);
   EXPECT_NE(LastError(nullptr).find("cannot reach the process that made the unique id"),
             std::string::npos)
       << LastError(nullptr);
   close(exit_pipe[0]);
   close(exit_pipe[1]);
+}
+
+// As NCCL's "Duplicate GPU detected": two ranks of one world on one GPU
+// fail, in one process or in two (the GPU is the machine's, named by
+// CUDA_VISIBLE_DEVICES), and the ranks already joined do not wait for ever.
+TEST(EmulatedNcclTest, OneRankPerGpu) {
+  for (Where where : {Where::kThreads, Where::kProcesses}) {
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    int joined[2];
+    ASSERT_EQ(pipe(joined), 0);
+    auto second = [&] {
+      char byte;
+      ASSERT_EQ(read(joined[0], &byte, 1), 1);
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // rank 0's GPU
+      ncclComm_t comm = nullptr;
+      EXPECT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, nullptr), ncclInvalidUsage);
+      EXPECT_EQ(comm, nullptr);
+      EXPECT_NE(std::string(ncclGetLastError(nullptr))
+                    .find("rank 1 and rank 0 are both on GPU 0 (NCCL takes one rank per GPU)"),
+                std::string::npos)
+          << ncclGetLastError(nullptr);
+    };
+    std::thread thread;
+    pid_t child = -1;
+    if (where == Where::kThreads) {
+      thread = std::thread(second);
+    } else {
+      child = InChild(second);
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    ASSERT_EQ(InitRank(&comm, 2, id, 0, &config), ncclInProgress);
+    ASSERT_EQ(write(joined[1], "j", 1), 1);
+    EXPECT_EQ(AwaitInit(comm), ncclRemoteError) << "not the 60 s join limit";
+    EXPECT_NE(std::string(ncclGetLastError(comm)).find("both on GPU 0"), std::string::npos)
+        << ncclGetLastError(comm);
+    if (thread.joinable()) thread.join();
+    if (child > 0) {
+      EXPECT_EQ(Reap(child), 0);
+    }
+    EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+    close(joined[0]);
+    close(joined[1]);
+  }
 }
 
 TEST(EmulatedNcclTest, MismatchedSendAndRecvFail) {
@@ -1349,9 +1410,8 @@ TEST(EmulatedNcclTest, AbortWakesAWaitingPeer) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   ncclComm_t comms[2] = {nullptr, nullptr};
-  std::thread joiner(
-      [&] { EXPECT_EQ(ncclCommInitRankConfig(&comms[1], 2, id, 1, nullptr), ncclSuccess); });
-  ASSERT_EQ(ncclCommInitRankConfig(&comms[0], 2, id, 0, nullptr), ncclSuccess);
+  std::thread joiner([&] { EXPECT_EQ(InitRank(&comms[1], 2, id, 1), ncclSuccess); });
+  ASSERT_EQ(InitRank(&comms[0], 2, id, 0), ncclSuccess);
   joiner.join();
   ASSERT_NE(comms[1], nullptr);
   std::thread waiter([&] {
@@ -1382,8 +1442,8 @@ void NonBlockingPair(ncclComm_t comms[2]) {
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ASSERT_EQ(ncclCommInitRankConfig(&comms[1], 2, id, 1, &config), ncclInProgress);
-  ASSERT_EQ(ncclCommInitRankConfig(&comms[0], 2, id, 0, &config), ncclSuccess);
+  ASSERT_EQ(InitRank(&comms[1], 2, id, 1, &config), ncclInProgress);
+  ASSERT_EQ(InitRank(&comms[0], 2, id, 0, &config), ncclSuccess);
   ASSERT_EQ(AwaitInit(comms[1]), ncclSuccess);
 }
 
@@ -1405,7 +1465,7 @@ TEST(EmulatedNcclTest, OnTheStreamACollectiveRunsWhenItsStreamReachesIt) {
   constexpr size_t kN = 257;
   const std::vector<float> in0 = RankInput<float>(0, kN, 5), in1 = RankInput<float>(1, kN, 5);
   {
-    TestStream s0, s1, other;
+    TestStream s0(0), s1(1), other(0);
     DeviceArray<float> a0(kN), a1(kN), after(kN), elsewhere(kN);
     // Enqueued, not yet run: the collective must read it when the stream
     // reaches the collective, not at the call.
@@ -1463,7 +1523,7 @@ TEST(EmulatedNcclTest, OnTheStreamAMissingPeerBecomesTheAsynchronousError) {
   ScopedTimeout timeout(300);
   ncclComm_t comms[2];
   NonBlockingPair(comms);
-  TestStream s0, s1;
+  TestStream s0(0), s1(1);
   DeviceArray<float> buf(4);
   const std::vector<float> zeros(4, 0.0f);
   buf.Upload(zeros, s0.get());
@@ -1520,7 +1580,7 @@ TEST(EmulatedNcclTest, OnTheStreamAFailedCollectiveHoldsItsStreamUntilTheWaitLim
 TEST(EmulatedNcclTest, OnTheStreamAnAbortEndsACollectiveStuckOnItsStream) {
   ncclComm_t comms[2];
   NonBlockingPair(comms);
-  TestStream s0, s1;
+  TestStream s0(0), s1(1);
   DeviceArray<float> buf(4);
   const std::vector<float> zeros(4, 0.0f);
   buf.Upload(zeros, s0.get());
@@ -1552,7 +1612,7 @@ TEST(EmulatedNcclTest, OnTheStreamADeviceFaultFailsTheCollectiveAndFreesItsPeers
   const pid_t child = InChild([] {
     ncclComm_t comms[2];
     NonBlockingPair(comms);
-    TestStream s1;
+    TestStream s1(1);
     DeviceArray<float> b0(4), b1(4);
     // Rank 1 is waiting in its collective first.
     ASSERT_EQ(ncclAllReduce(b1.get(), b1.get(), 4, ncclFloat32, ncclSum, comms[1], s1.get()),
@@ -1586,7 +1646,7 @@ TEST(EmulatedNcclTest, NonBlockingInitIsInProgressUntilEveryRankJoins) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t first = nullptr, second = nullptr;
-  ASSERT_EQ(ncclCommInitRankConfig(&first, 2, id, 1, &config), ncclInProgress);
+  ASSERT_EQ(InitRank(&first, 2, id, 1, &config), ncclInProgress);
   ASSERT_NE(first, nullptr);
   ncclResult_t state = ncclSuccess;
   ASSERT_EQ(ncclCommGetAsyncError(first, &state), ncclSuccess);
@@ -1597,11 +1657,11 @@ TEST(EmulatedNcclTest, NonBlockingInitIsInProgressUntilEveryRankJoins) {
   EXPECT_EQ(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, first, nullptr), ncclInvalidUsage);
   // The same rank cannot join twice; the world's size is fixed.
   ncclComm_t again = nullptr;
-  EXPECT_EQ(ncclCommInitRankConfig(&again, 2, id, 1, &config), ncclInvalidUsage);
-  EXPECT_EQ(ncclCommInitRankConfig(&again, 3, id, 0, &config), ncclInvalidUsage);
+  EXPECT_EQ(InitRank(&again, 2, id, 1, &config), ncclInvalidUsage);
+  EXPECT_EQ(InitRank(&again, 3, id, 0, &config), ncclInvalidUsage);
   EXPECT_EQ(again, nullptr);
   // The last rank completes the world.
-  EXPECT_EQ(ncclCommInitRankConfig(&second, 2, id, 0, &config), ncclSuccess);
+  EXPECT_EQ(InitRank(&second, 2, id, 0, &config), ncclSuccess);
   ASSERT_EQ(ncclCommGetAsyncError(first, &state), ncclSuccess);
   EXPECT_EQ(state, ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(first), ncclSuccess);
@@ -1615,7 +1675,7 @@ TEST(EmulatedNcclTest, InitWithAMissingRankFailsWithinTheTimeout) {
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   // Blocking: the call itself gives up.
   ncclComm_t comm = nullptr;
-  EXPECT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, nullptr), ncclSystemError);
+  EXPECT_EQ(InitRank(&comm, 2, id, 0), ncclSystemError);
   EXPECT_EQ(comm, nullptr);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("only 1 of 2"), std::string::npos)
       << ncclGetLastError(nullptr);
@@ -1623,7 +1683,7 @@ TEST(EmulatedNcclTest, InitWithAMissingRankFailsWithinTheTimeout) {
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 1, &config), ncclInProgress);
+  ASSERT_EQ(InitRank(&comm, 2, id, 1, &config), ncclInProgress);
   EXPECT_EQ(AwaitInit(comm), ncclSystemError);
   EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
 }

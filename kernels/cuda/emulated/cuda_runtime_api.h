@@ -5,9 +5,11 @@
 // folder (kernels/cuda/BUILD.bazel).
 //
 // What it models (see runtime.cc for the details):
-//   - devices: PLATEAU_EMULATED_GPUS of them (default 1), each an sm_90
-//     "GPU" with its own memory count (PLATEAU_EMULATED_GPU_MIB, default
-//     4096) and the current device per host thread;
+//   - devices: the machine has PLATEAU_EMULATED_GPUS (default 1), each an
+//     sm_90 "GPU" with its own memory count (PLATEAU_EMULATED_GPU_MIB,
+//     default 4096); a process sees those CUDA_VISIBLE_DEVICES names
+//     (indices only), in that order, and none if it names none (every call
+//     then fails with cudaErrorNoDevice); the current device per host thread;
 //   - streams run their work lazily, in order, only when the host looks (a
 //     synchronise, a query, an event it depends on): a host read of a result
 //     without synchronising sees the old bytes, and a stream that does not

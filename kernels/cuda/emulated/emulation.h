@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/emulated/cuda_runtime_api.h"
 
@@ -52,7 +53,18 @@ void Fault(const std::string& why);
 // The calling thread's current device, and the device a stream belongs to
 // (-1 for an unknown or destroyed stream).
 int CurrentDevice();
+// The machine's GPU that device `device` of this process is (its entry in
+// CUDA_VISIBLE_DEVICES), -1 for no such device: what NCCL's one-rank-per-GPU
+// check compares across the ranks of a world, in any process.
+int PhysicalDevice(int device);
 int StreamDevice(cudaStream_t stream);
+
+// The machine's GPUs (0 .. gpus-1, PLATEAU_EMULATED_GPUS) this process sees,
+// in device order, given CUDA_VISIBLE_DEVICES (nullptr: unset, all of
+// them): a comma-separated list of indices, as CUDA reads it — it stops at
+// the first entry that names no GPU (not an index, out of range, repeated).
+// GPU UUIDs are not emulated. Read once, at the runtime's first call.
+std::vector<int> VisibleDevices(const char* cuda_visible_devices, int gpus);
 
 }  // namespace plateau::cuda_emulation
 

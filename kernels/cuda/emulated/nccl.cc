@@ -276,7 +276,8 @@ struct ncclComm {
   std::unique_ptr<emu::RemoteLink> remote;  // null for a local rank
   int rank = 0;
   int size = 0;
-  int device = 0;
+  int device = 0;    // in the calling process (a remote rank's: in its own)
+  int physical = 0;  // the machine's GPU (emulation.h's PhysicalDevice)
   emu::Clock::time_point join_deadline;
   // Guarded by world->mu.
   uint64_t next_seq = 0;
@@ -1063,14 +1064,16 @@ ncclResult_t Submit(const Op& op) {
   return Execute({op});
 }
 
-// Joins (or starts) the world of unique id `id_bytes` in this process.
+// Joins (or starts) the world of unique id `id_bytes` in this process, as
+// rank `rank` on the machine's GPU `physical`.
 ncclResult_t InitLocal(ncclComm_t* comm, int nranks, const std::string& id_bytes, int rank,
-                       bool blocking, int device, const std::string& what) {
+                       bool blocking, int device, int physical, const std::string& what) {
   auto owned = std::make_unique<ncclComm>();
   ncclComm* c = owned.get();
   c->rank = rank;
   c->size = nranks;
   c->device = device;
+  c->physical = physical;
   const std::string& id = id_bytes;
   std::shared_ptr<World> w;
   {
@@ -1088,6 +1091,16 @@ ncclResult_t InitLocal(ncclComm_t* comm, int nranks, const std::string& id_bytes
     }
     if (w->closed) {
       return Fail(ncclRemoteError, what + "the world has failed: " + w->closed_why);
+    }
+    // As NCCL's "Duplicate GPU detected": one rank per GPU. The world fails
+    // (the ranks already in it would otherwise wait for this one).
+    for (const ncclComm* m : w->members) {
+      if (m == nullptr || m->physical != physical) continue;
+      const std::string why = "rank " + std::to_string(rank) + " and rank " +
+                              std::to_string(m->rank) + " are both on GPU " +
+                              std::to_string(physical) + " (NCCL takes one rank per GPU)";
+      CloseLocked(*w, why);
+      return Fail(ncclInvalidUsage, what + why);
     }
     w->members[static_cast<size_t>(rank)] = c;
     ++w->joined;
@@ -1133,8 +1146,9 @@ ncclResult_t InitLocal(ncclComm_t* comm, int nranks, const std::string& id_bytes
 // socket "plateau-emulated-nccl-<pid>-<token>" it listens on from its first
 // ncclGetUniqueId. The world lives there (the host). A rank whose
 // ncclCommInitRankConfig runs in another process connects twice:
-//   - an operations connection, whose first frame is kJoin: a proxy thread
-//     on the host makes the InitLocal call for it, then, for each kExec
+//   - an operations connection, whose first frame is kJoin (with the
+//     machine's GPU the rank is on): a proxy thread on the host makes the
+//     InitLocal call for it, then, for each kExec
 //     frame (an operation or a whole group, inputs included), the Check and
 //     Execute calls, and answers with the result, the error's description
 //     and the outputs. The proxy blocks where the rank's own thread would.
@@ -1310,12 +1324,12 @@ bool MadeHere(const std::string& id);
 // The operations connection: kJoin, then kExec and kFailComm until the
 // remote rank closes it.
 void ServeOperations(int fd, wire::Reader& join) {
-  uint32_t nranks, rank, blocking, pid;
+  uint32_t nranks, rank, blocking, pid, physical;
   std::string id;
   std::string why;
   if (!join.U32(&nranks) || !join.U32(&rank) || !join.U32(&blocking) || !join.Str(&id) ||
-      !join.U32(&pid) || id.size() != NCCL_UNIQUE_ID_BYTES || nranks < 1 || nranks > 1 << 16 ||
-      rank >= nranks) {
+      !join.U32(&pid) || !join.U32(&physical) || id.size() != NCCL_UNIQUE_ID_BYTES || nranks < 1 ||
+      nranks > 1 << 16 || rank >= nranks || physical > 1 << 16) {
     wire::Send(fd, Answer(ncclInternalError, "a malformed kJoin frame"),
                Clock::now() + ReplyLimit(), &why);
     return;
@@ -1329,7 +1343,7 @@ void ServeOperations(int fd, wire::Reader& join) {
                            std::to_string(nranks) + ", process " + std::to_string(pid) + "): ";
   ncclComm_t c = nullptr;
   const ncclResult_t r = InitLocal(&c, static_cast<int>(nranks), id, static_cast<int>(rank),
-                                   blocking != 0, /*device=*/0, what);
+                                   blocking != 0, /*device=*/0, static_cast<int>(physical), what);
   if (c == nullptr) {
     wire::Send(fd, Answer(r, last_error), Clock::now() + ReplyLimit(), &why);
     return;
@@ -1633,6 +1647,7 @@ ncclResult_t InitRemote(ncclComm_t* comm, int nranks, const std::string& id, int
                                .U32(blocking ? 1 : 0)
                                .Str(id)
                                .U32(static_cast<uint32_t>(getpid()))
+                               .U32(static_cast<uint32_t>(PhysicalDevice(device)))
                                .Take();
   if (!wire::Send(link.ops_fd, join, Clock::now() + ReplyLimit(), &why) ||
       !wire::Receive(link.ops_fd, &answer, Clock::now() + ReplyLimit(), &why)) {
@@ -1757,7 +1772,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   if (device < 0) return emu::Fail(ncclUnhandledCudaError, what + "no current device");
   const std::string id(commId.internal, NCCL_UNIQUE_ID_BYTES);
   const ncclResult_t r = emu::MadeHere(id)
-                             ? emu::InitLocal(comm, nranks, id, rank, blocking, device, what)
+                             ? emu::InitLocal(comm, nranks, id, rank, blocking, device,
+                                              emu::PhysicalDevice(device), what)
                              : emu::InitRemote(comm, nranks, id, rank, blocking, device, what);
   // Not yet returned, so no other thread uses the communicator.
   if (!blocking && *comm != nullptr) (*comm)->worker = emu::StartWorker();

@@ -13,7 +13,10 @@
 //     in other processes"). A
 //     blocking ncclCommInitRankConfig returns once all have joined; a
 //     non-blocking one (config.blocking = 0) returns ncclInProgress and
-//     ncclCommGetAsyncError says ncclInProgress until they have;
+//     ncclCommGetAsyncError says ncclInProgress until they have. As NCCL,
+//     a world takes one rank per GPU: a rank joining on the GPU of one
+//     already in (the machine's GPU, as CUDA_VISIBLE_DEVICES names it, in
+//     any process) gets ncclInvalidUsage and the world fails;
 //   - a non-blocking communicator's operations (what kernels/nccl uses) run
 //     on the stream, as NCCL's do: the call checks its arguments, enqueues
 //     the operation and returns; when the stream reaches it (emulation.h's

@@ -12,6 +12,7 @@
 // releases the lock while blocked and flushes again when external work
 // finishes. When it does, the next external work whose stream can reach it
 // starts (StartExternalsLocked), without waiting for a host call.
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +77,7 @@ constexpr int kDefaultSmem = 48 << 10;
 constexpr int kOptinSmem = 227 << 10;  // sm_90's opt-in maximum
 
 struct Device {
+  int physical = 0;  // the machine's GPU this device is (CUDA_VISIBLE_DEVICES)
   size_t total = 0, used = 0;
   CUstream_st legacy;
 };
@@ -104,6 +106,38 @@ struct Runtime {
   simt::Schedule schedule = simt::Schedule::kShuffled;
 };
 
+}  // namespace
+
+std::vector<int> VisibleDevices(const char* cuda_visible_devices, int gpus) {
+  std::vector<int> visible;
+  if (cuda_visible_devices == nullptr) {
+    for (int d = 0; d < gpus; ++d) visible.push_back(d);
+    return visible;
+  }
+  const std::string list = cuda_visible_devices;
+  size_t at = 0;
+  while (at < list.size()) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    std::string entry = list.substr(at, end - at);
+    entry.erase(0, entry.find_first_not_of(' '));
+    entry.erase(entry.find_last_not_of(' ') + 1);
+    // CUDA stops at the first entry that names no GPU (here: not an index
+    // of one, or one named twice); the devices after it are not visible.
+    if (entry.empty() || entry.size() > 6 ||
+        entry.find_first_not_of("0123456789") != std::string::npos) {
+      break;
+    }
+    const int physical = std::stoi(entry);
+    if (physical >= gpus || std::count(visible.begin(), visible.end(), physical) != 0) break;
+    visible.push_back(physical);
+    at = end + 1;
+  }
+  return visible;
+}
+
+namespace {
+
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
@@ -114,11 +148,14 @@ Runtime& R() {
     auto* r = new Runtime;
     const int gpus = EnvInt("PLATEAU_EMULATED_GPUS", 1);
     const size_t mib = static_cast<size_t>(EnvInt("PLATEAU_EMULATED_GPU_MIB", 4096));
-    for (int d = 0; d < gpus; ++d) {
+    for (int physical : VisibleDevices(std::getenv("CUDA_VISIBLE_DEVICES"), gpus)) {
       r->devices.push_back(std::make_unique<Device>());
+      r->devices.back()->physical = physical;
       r->devices.back()->total = mib << 20;
-      r->devices.back()->legacy.device = d;
+      r->devices.back()->legacy.device = static_cast<int>(r->devices.size()) - 1;
     }
+    // No GPU visible: every call that needs one fails, as CUDA's do.
+    if (r->devices.empty()) r->sticky = cudaErrorNoDevice;
     const char* schedule = std::getenv("PLATEAU_SIMT_SCHEDULE");
     const std::string s = schedule != nullptr ? schedule : "";
     if (s == "in_order") r->schedule = simt::Schedule::kInOrder;
@@ -138,7 +175,17 @@ cudaError_t Ret(cudaError_t e) {
 }
 
 CUstream_st* Resolve(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy) return &R().devices[current_device]->legacy;
+  if (s == nullptr || s == cudaStreamLegacy) {
+    if (R().devices.empty()) {  // no GPU: a stream no call can use
+      static CUstream_st* none = [] {
+        auto* n = new CUstream_st;
+        n->destroyed = true;
+        return n;
+      }();
+      return none;
+    }
+    return &R().devices[current_device]->legacy;
+  }
   return s;
 }
 
@@ -347,6 +394,12 @@ cudaError_t Flush(cudaStream_t stream) {
 void Fault(const std::string& why) { FaultLocked(why); }
 
 int CurrentDevice() { return current_device; }
+
+int PhysicalDevice(int device) {
+  std::lock_guard<std::mutex> lock(R().mu);
+  if (device < 0 || device >= static_cast<int>(R().devices.size())) return -1;
+  return R().devices[device]->physical;
+}
 
 int StreamDevice(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(R().mu);

@@ -336,6 +336,35 @@ TEST_F(EmulatedRuntimeTest, ExternalWorkAfterAFaultIsToldNotToRun) {
       ::testing::ExitedWithCode(3), "device fault");
 }
 
+// CUDA_VISIBLE_DEVICES as CUDA reads it (the service gives each rank its
+// GPU so): indices of the machine's GPUs, in device order, up to the first
+// entry that names none.
+TEST(EmulatedRuntimeVisibleDevicesTest, AsCudaReadsThem) {
+  using plateau::cuda_emulation::VisibleDevices;
+  using V = std::vector<int>;
+  EXPECT_EQ(VisibleDevices(nullptr, 3), (V{0, 1, 2}));
+  EXPECT_EQ(VisibleDevices("1", 3), (V{1}));
+  EXPECT_EQ(VisibleDevices("2,0", 3), (V{2, 0}));
+  EXPECT_EQ(VisibleDevices(" 1 , 2", 3), (V{1, 2}));
+  EXPECT_EQ(VisibleDevices("0,5,1", 3), (V{0})) << "5 is no GPU: 1 is not visible either";
+  EXPECT_EQ(VisibleDevices("1,1", 3), (V{1}));
+  EXPECT_EQ(VisibleDevices("0,x", 3), (V{0}));
+  EXPECT_EQ(VisibleDevices("GPU-8f1c", 3), (V{})) << "UUIDs are not emulated";
+  EXPECT_EQ(VisibleDevices("", 3), (V{}));
+  EXPECT_EQ(VisibleDevices("-1", 3), (V{}));
+  EXPECT_EQ(VisibleDevices("99999999999", 3), (V{}));
+}
+
+// This process sees PLATEAU_EMULATED_GPUS=2 with CUDA_VISIBLE_DEVICES unset.
+TEST_F(EmulatedRuntimeTest, EachDeviceIsTheMachinesGpuOfItsIndex) {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  ASSERT_EQ(count, 2);
+  EXPECT_EQ(plateau::cuda_emulation::PhysicalDevice(0), 0);
+  EXPECT_EQ(plateau::cuda_emulation::PhysicalDevice(1), 1);
+  EXPECT_EQ(plateau::cuda_emulation::PhysicalDevice(2), -1);
+}
+
 // Faults are sticky, so these run in a child process each.
 TEST_F(EmulatedRuntimeTest, StaticPlusDynamicSharedMemoryPastTheLimitFaults) {
   EXPECT_EXIT(
