@@ -586,8 +586,8 @@ class NcclCommunicator final : public Communicator {
         // The streams fail before the abort: it lets the stuck collectives
         // return, and a Synchronize that found its stream drained with no
         // error recorded yet would report success for garbage (the emulated
-        // NCCL showed it: a 50 ms pause between the two failed the watchdog
-        // test every time).
+        // NCCL showed it: with a 50 ms pause between the two, the watchdog
+        // test's Synchronize returned OK).
         {
           absl::MutexLock lock_again(&mu_);
           for (const Watched& w : watched_)
