@@ -42,7 +42,8 @@
 // comms_mu (live communicators), which is held with no other. None is held
 // across a call into the runtime or a wait for another process. Worker::mu
 // is taken under the runtime's lock (a stream reaching an operation) and
-// held with no other.
+// held with no other. Forking while a non-blocking communicator lives is
+// not supported (its thread may hold the runtime's lock at the fork).
 #include "kernels/cuda/emulated/nccl.h"
 
 #include <pthread.h>
@@ -863,16 +864,22 @@ ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
     }
   }
   const bool remote = ops[0].comm->remote != nullptr;
-  bool streamed = flush;
+  const bool on_stream = ops[0].comm->worker != nullptr;
   for (const Op& op : ops) {
     if ((op.comm->remote != nullptr) != remote || (remote && op.comm != ops[0].comm)) {
       return Fail(ncclInvalidUsage,
                   "a group with a communicator whose world lives in another process takes "
                   "operations on that communicator only (a limit of the emulated NCCL)");
     }
-    streamed = streamed && op.comm->worker != nullptr && op.stream == ops[0].stream;
+    // Run at the call, it would overtake the other's operations queued on
+    // their streams.
+    if ((op.comm->worker != nullptr) != on_stream) {
+      return Fail(ncclInvalidUsage,
+                  "a group over blocking and non-blocking communicators (a limit of the "
+                  "emulated NCCL)");
+    }
   }
-  if (streamed) return Stream(ops);
+  if (on_stream && flush) return Stream(ops);
   if (flush) {
     const ncclResult_t r = FlushStreams(ops);
     if (r != ncclSuccess) return r;
@@ -896,11 +903,15 @@ struct Job {
 };
 
 struct Worker {
+  explicit Worker(std::chrono::milliseconds l) : limit(l) {}
+  const std::chrono::milliseconds limit;  // the world's wait limit
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::shared_ptr<Job>> jobs;  // in call order; guarded by mu
   int unfinished = 0;                     // jobs queued or running; guarded by mu
   bool finalizing = false;                // ncclCommFinalize called; guarded by mu
+  bool failed = false;                    // a job failed; guarded by mu
+  Clock::time_point held_until;           // the failed jobs' hold ends; guarded by mu
   bool stopping = false;                  // guarded by mu
   std::thread thread;
 };
@@ -951,13 +962,19 @@ void Work(Worker* wk) {
     lock.unlock();
     const bool ok = RunJob(*job);
     lock.lock();
+    if (!ok && !wk->failed) {
+      wk->failed = true;
+      wk->held_until = Clock::now() + wk->limit;
+      wk->cv.notify_all();
+    }
     if (!ok && job->done) {
       // As NCCL's kernels: a collective that failed does not return; its
       // stream stays blocked until the communicator is aborted or destroyed
       // (kernels/nccl's watchdog sees the asynchronous error and aborts) —
-      // or, so that nothing here hangs for ever, until the wait limit
-      // passes once more.
-      wk->cv.wait_until(lock, Clock::now() + WaitLimit(), [wk] { return wk->stopping; });
+      // or, so that nothing here hangs for ever, until the wait limit has
+      // passed once more since the first failure (every later job fails at
+      // once and holds until the same time).
+      wk->cv.wait_until(lock, wk->held_until, [wk] { return wk->stopping; });
     }
     lock.unlock();
     if (job->done) job->done();
@@ -967,10 +984,22 @@ void Work(Worker* wk) {
   }
 }
 
-std::shared_ptr<Worker> StartWorker() {
-  auto wk = std::make_shared<Worker>();
+std::shared_ptr<Worker> StartWorker(std::chrono::milliseconds limit) {
+  auto wk = std::make_shared<Worker>(limit);
   wk->thread = std::thread(Work, wk.get());
   return wk;
+}
+
+// What ncclCommDestroy does first, as NCCL's (an implicit finalize): waits
+// until `c`'s jobs are done, or one has failed (those then hold their
+// streams until the destroy), or the wait limit has passed (a job whose
+// stream never reaches it: NCCL would wait for ever).
+void AwaitJobs(ncclComm* c) {
+  if (c->worker == nullptr) return;
+  Worker& wk = *c->worker;
+  std::unique_lock<std::mutex> lock(wk.mu);
+  wk.cv.wait_until(lock, Clock::now() + wk.limit,
+                   [&wk] { return wk.unfinished == 0 || wk.failed; });
 }
 
 // After the communicator's last call: jobs already reached by their streams
@@ -994,7 +1023,45 @@ ncclResult_t WhileFinalizing(ncclComm* c, ncclResult_t state) {
   return c->worker->finalizing && c->worker->unfinished > 0 ? ncclInProgress : state;
 }
 
+// Makes stream `to` wait for the work enqueued on `from` so far (an event on
+// `from`'s device). False if the runtime refuses.
+bool Join(cudaStream_t from, cudaStream_t to) {
+  int current = 0;
+  const int device = IsLegacyStream(from) ? CurrentDevice() : StreamDevice(from);
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return false;
+  cudaEvent_t e = nullptr;
+  bool ok = cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
+  ok =
+      ok && cudaEventRecord(e, from) == cudaSuccess && cudaStreamWaitEvent(to, e, 0) == cudaSuccess;
+  if (e != nullptr) cudaEventDestroy(e);  // the wait keeps what it needs
+  cudaSetDevice(current);
+  return ok;
+}
+
+// The streams of a group other than the first, once each.
+std::vector<cudaStream_t> OtherStreams(const std::vector<Op>& ops) {
+  std::vector<cudaStream_t> others;
+  for (const Op& op : ops) {
+    if (op.stream != ops[0].stream &&
+        std::find(others.begin(), others.end(), op.stream) == others.end()) {
+      others.push_back(op.stream);
+    }
+  }
+  return others;
+}
+
+// Enqueues `ops` as one job on their first stream. A group over several
+// streams joins them there first, and they wait for the job after, as NCCL
+// makes a group's streams wait for one another.
 ncclResult_t Stream(const std::vector<Op>& ops) {
+  const std::vector<cudaStream_t> others = OtherStreams(ops);
+  for (cudaStream_t s : others) {
+    if (!Join(s, ops[0].stream)) {
+      const std::string why = RankName(ops[0].comm) + ": cannot order the group's streams";
+      for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
+      return Fail(ncclUnhandledCudaError, why);
+    }
+  }
   const std::shared_ptr<Worker> wk = ops[0].comm->worker;
   auto job = std::make_shared<Job>();
   job->ops = ops;
@@ -1020,7 +1087,14 @@ ncclResult_t Stream(const std::vector<Op>& ops) {
     wk->cv.notify_all();
     return true;
   });
-  if (e == cudaSuccess) return ncclSuccess;
+  bool joined = true;
+  for (cudaStream_t s : others) joined = e == cudaSuccess && Join(ops[0].stream, s) && joined;
+  if (e == cudaSuccess && joined) return ncclSuccess;
+  if (e == cudaSuccess) {  // the job is queued; the other streams are not ordered after it
+    const std::string why = RankName(ops[0].comm) + ": cannot order the group's streams";
+    for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
+    return Fail(ncclUnhandledCudaError, why);
+  }
   {
     std::lock_guard<std::mutex> lock(wk->mu);
     drop();
@@ -1769,14 +1843,19 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     }
   }
   const int device = emu::CurrentDevice();
-  if (device < 0) return emu::Fail(ncclUnhandledCudaError, what + "no current device");
+  if (emu::PhysicalDevice(device) < 0) {
+    return emu::Fail(ncclUnhandledCudaError, what + "no CUDA device (none is visible)");
+  }
   const std::string id(commId.internal, NCCL_UNIQUE_ID_BYTES);
   const ncclResult_t r = emu::MadeHere(id)
                              ? emu::InitLocal(comm, nranks, id, rank, blocking, device,
                                               emu::PhysicalDevice(device), what)
                              : emu::InitRemote(comm, nranks, id, rank, blocking, device, what);
   // Not yet returned, so no other thread uses the communicator.
-  if (!blocking && *comm != nullptr) (*comm)->worker = emu::StartWorker();
+  if (!blocking && *comm != nullptr) {
+    ncclComm* c = *comm;
+    c->worker = emu::StartWorker(c->world != nullptr ? c->world->timeout : emu::WaitLimit());
+  }
   return r;
 }
 
@@ -1794,21 +1873,27 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
     return r;
   }
   emu::World& w = *comm->world;
-  std::lock_guard<std::mutex> lock(w.mu);
-  if (comm->async_error == ncclSuccess && !w.complete) {
-    if (w.closed) {
-      emu::SetAsyncLocked(comm, ncclRemoteError, "the world failed while joining: " + w.closed_why);
-    } else if (emu::Clock::now() >= comm->join_deadline) {
-      const std::string why = emu::RankName(comm) + ": only " + std::to_string(w.joined) + " of " +
-                              std::to_string(w.size) + " ranks joined within " + emu::Ms(w.timeout);
-      emu::SetAsyncLocked(comm, ncclSystemError, why);
-      emu::CloseLocked(w, why);
-    } else {
-      *asyncError = ncclInProgress;
-      return ncclSuccess;
+  ncclResult_t state;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (comm->async_error == ncclSuccess && !w.complete) {
+      if (w.closed) {
+        emu::SetAsyncLocked(comm, ncclRemoteError,
+                            "the world failed while joining: " + w.closed_why);
+      } else if (emu::Clock::now() >= comm->join_deadline) {
+        const std::string why = emu::RankName(comm) + ": only " + std::to_string(w.joined) +
+                                " of " + std::to_string(w.size) + " ranks joined within " +
+                                emu::Ms(w.timeout);
+        emu::SetAsyncLocked(comm, ncclSystemError, why);
+        emu::CloseLocked(w, why);
+      } else {
+        *asyncError = ncclInProgress;
+        return ncclSuccess;
+      }
     }
+    state = comm->async_error;
   }
-  *asyncError = emu::WhileFinalizing(comm, comm->async_error);
+  *asyncError = emu::WhileFinalizing(comm, state);  // Worker::mu, not under World::mu
   return ncclSuccess;
 }
 
@@ -1830,6 +1915,12 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
+  {
+    // As NCCL's: finalizes first if the caller did not (bounded here).
+    emu::CommUse use(comm);
+    if (use.get() == nullptr) return emu::Fail(ncclInvalidArgument, emu::kBadComm);
+    emu::AwaitJobs(comm);
+  }
   return emu::Retire(comm, /*abort=*/false, "destroyed");
 }
 

@@ -28,9 +28,10 @@
 //     found there is reported only asynchronously (ncclCommGetAsyncError), as
 //     on a GPU; as there, an operation that failed still holds its stream
 //     until the communicator is aborted or destroyed (here also until the
-//     wait limit passes once more, so that nothing hangs for ever). A group
-//     is on the stream only if its operations share one stream; otherwise
-//     it runs at the call, as below;
+//     wait limit has passed once more since its first failure, so that
+//     nothing hangs for ever). Operations run in call order; a group over
+//     several streams is one operation, the streams joined before and after
+//     it (events), as NCCL joins them;
 //   - a blocking communicator's operations run at the call (a group's at
 //     the outermost ncclGroupEnd): the call first runs its stream's work so
 //     far (emulation.h's Flush: the data it reads is then written), then
@@ -63,8 +64,9 @@
 // Not modelled: overlap of a collective with the stream's later work, fp16,
 // fp8 and ncclAvg reductions (ncclInvalidArgument), one thread driving
 // several blocking ranks inside one group (its waits would time out), a
-// group over a remote rank's communicator and others (ncclInvalidUsage),
-// timing.
+// group over a remote rank's communicator and others, or over blocking and
+// non-blocking communicators (ncclInvalidUsage), timing, a fork while a
+// non-blocking communicator lives.
 #ifndef PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 #define PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 
@@ -175,6 +177,9 @@ ncclResult_t ncclCommAbort(ncclComm_t comm);
 // finished, else ncclInProgress, and ncclCommGetAsyncError says
 // ncclInProgress until they have.
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
+// As NCCL's, finalizes first (a non-blocking communicator's operations on
+// streams finish; bounded here by the wait limit, and not for one that has
+// failed), then leaves the world and frees `comm`.
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 
 const char* ncclGetErrorString(ncclResult_t result);

@@ -120,8 +120,8 @@ std::vector<int> VisibleDevices(const char* cuda_visible_devices, int gpus) {
     size_t end = list.find(',', at);
     if (end == std::string::npos) end = list.size();
     std::string entry = list.substr(at, end - at);
-    entry.erase(0, entry.find_first_not_of(' '));
-    entry.erase(entry.find_last_not_of(' ') + 1);
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
     // CUDA stops at the first entry that names no GPU (here: not an index
     // of one, or one named twice); the devices after it are not visible.
     if (entry.empty() || entry.size() > 6 ||
@@ -195,6 +195,9 @@ void FaultLocked(const std::string& why) {
   if (R().sticky == cudaSuccess) {
     std::fprintf(stderr, "[emulated CUDA] device fault: %s\n", why.c_str());
     R().sticky = cudaErrorLaunchFailure;
+    // Calls waiting for external work return the fault now (their next
+    // flush drops what is queued), not when that work is done.
+    R().external_done.notify_all();
   }
 }
 
@@ -779,13 +782,15 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
-// CUDA lets queued work finish after the destroy; here it runs first.
+// CUDA lets queued work finish after the destroy; here what can run now
+// runs first, and what waits behind external work runs when it can (its
+// external work starts by itself; the rest with the next device-wide wait).
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   PLATEAU_EMULATED_LOCK;
   if (stream == nullptr || stream == cudaStreamLegacy || stream->destroyed) {
     return Ret(cudaErrorInvalidResourceHandle);
   }
-  plateau::cuda_emulation::FlushWaitingLocked(plateau_lock_, stream, UINT64_MAX);
+  plateau::cuda_emulation::FlushLocked(stream, UINT64_MAX);
   stream->destroyed = true;
   return cudaSuccess;
 }

@@ -285,6 +285,9 @@ TEST_F(EmulatedRuntimeTest, ExternalWorkBlocksItsStreamUntilDone) {
   EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady);
   // Finishing the first starts the second with no host call (its x3 runs
   // ahead of it); a device-wide wait (cudaFree) waits for both.
+  float* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float)), cudaSuccess);
+  const auto start = std::chrono::steady_clock::now();
   std::thread other([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     std::function<void()> first;
@@ -303,9 +306,6 @@ TEST_F(EmulatedRuntimeTest, ExternalWorkBlocksItsStreamUntilDone) {
     }
     second();
   });
-  float* scratch = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float)), cudaSuccess);
-  const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(cudaFree(scratch), cudaSuccess);
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(90));
   other.join();
@@ -319,6 +319,49 @@ TEST_F(EmulatedRuntimeTest, ExternalWorkBlocksItsStreamUntilDone) {
   EXPECT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
   EXPECT_EQ(cudaEventDestroy(after), cudaSuccess);
   EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+// As CUDA's: destroying a stream does not wait for its work.
+TEST_F(EmulatedRuntimeTest, DestroyingAStreamBlockedByExternalWorkDoesNotWait) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  std::function<void()> finish;
+  ASSERT_EQ(plateau::cuda_emulation::EnqueueExternal(s,
+                                                     [&](std::function<void()> done) {
+                                                       finish = std::move(done);
+                                                       return true;
+                                                     }),
+            cudaSuccess);
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), sizeof(float)), cudaSuccess);
+  const float one = 1.0f;
+  ASSERT_EQ(cudaMemcpy(device, &one, sizeof(float), cudaMemcpyDefault), cudaSuccess);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, s, Scale)(device, int64_t{1}, 4.0f);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess) << "returns although the stream is blocked";
+  ASSERT_TRUE(finish != nullptr);
+  finish();
+  // The destroyed stream's work still runs (a device-wide wait).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(*device, 4.0f);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+// A fault ends the waits for external work at once (the work is dropped).
+TEST_F(EmulatedRuntimeTest, AFaultEndsAWaitForExternalWork) {
+  EXPECT_EXIT(
+      {
+        (void)plateau::cuda_emulation::EnqueueExternal(
+            a_, [](std::function<void()>) { return true; });  // never done
+        std::thread faulting([this] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          PLATEAU_KERNEL_LAUNCH(1, 64, 0, b_, Deadlock)(nullptr);
+          (void)cudaStreamSynchronize(b_);
+        });
+        const bool faulted = cudaStreamSynchronize(a_) == cudaErrorLaunchFailure;
+        faulting.join();
+        std::exit(faulted ? 3 : 4);
+      },
+      ::testing::ExitedWithCode(3), "device fault");
 }
 
 TEST_F(EmulatedRuntimeTest, ExternalWorkAfterAFaultIsToldNotToRun) {
