@@ -272,19 +272,15 @@ TEST(NcclCommunicatorTest, AMissingPeerTimesOutInitialisation) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
-// The watchdog (issue 17): rank 0 enqueues an all-reduce that rank 1 never
-// joins. Synchronize must end with DEADLINE_EXCEEDED about options.timeout
-// after the collective started, not hang; the next call fails fast with
-// FAILED_PRECONDITION quoting it. Needs two GPUs (NCCL puts one rank per
-// GPU).
-TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
-  REQUIRE_GPUS(2);
-  auto store = MakeStore("watchdog");
-  std::unique_ptr<Communicator> comms[2];
+// Two ranks of one world (threads), rank r on GPU r, each communicator
+// with `timeout`; comms[r] stays null if rank r failed (a test failure).
+void MakeTwoRanks(const std::string& name, absl::Duration timeout,
+                  std::unique_ptr<Communicator> comms[2]) {
+  auto store = MakeStore(name);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      CommunicatorOptions o = Options(r, 2, store, absl::Seconds(2));
+      CommunicatorOptions o = Options(r, 2, store, timeout);
       o.device_index = r;
       auto comm = CreateCommunicator(o);
       ASSERT_TRUE(comm.ok()) << "rank " << r << ": " << comm.status();
@@ -292,12 +288,30 @@ TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// `n` zeroed floats on the current device (nullptr on failure).
+float* ZeroedFloats(size_t n) {
+  float* x = nullptr;
+  EXPECT_EQ(cudaMalloc(&x, n * sizeof(float)), cudaSuccess);
+  if (x != nullptr) EXPECT_EQ(cudaMemset(x, 0, n * sizeof(float)), cudaSuccess);
+  return x;
+}
+
+// The watchdog (issue 17): rank 0 enqueues an all-reduce that rank 1 never
+// joins. Synchronize must end with DEADLINE_EXCEEDED about options.timeout
+// after the collective started, not hang; the next call fails fast with
+// FAILED_PRECONDITION quoting it. Needs two GPUs (NCCL puts one rank per
+// GPU).
+TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
+  REQUIRE_GPUS(2);
+  std::unique_ptr<Communicator> comms[2];
+  MakeTwoRanks("watchdog", absl::Seconds(2), comms);
   ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
   cudaSetDevice(0);
   TestCudaStream stream(0);
-  float* x = nullptr;
-  ASSERT_EQ(cudaMalloc(&x, 1024 * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(x, 0, 1024 * sizeof(float)), cudaSuccess);
+  float* x = ZeroedFloats(1024);
+  ASSERT_NE(x, nullptr);
   const absl::Time start = absl::Now();
   ASSERT_TRUE(comms[0]
                   ->AllReduce(stream, x, x, 1024, DataType::kFloat32,
@@ -332,26 +346,14 @@ TEST(NcclCommunicatorTest, WatchdogEndsACollectiveWhosePeerFailed) {
   GTEST_SKIP() << "needs an asynchronous NCCL error, which only the emulated "
                   "NCCL can be made to raise in one process";
 #endif
-  auto store = MakeStore("watchdog_async");
   std::unique_ptr<Communicator> comms[2];
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      // A long deadline: only the asynchronous error can end the wait soon.
-      CommunicatorOptions o = Options(r, 2, store, absl::Seconds(60));
-      o.device_index = r;
-      auto comm = CreateCommunicator(o);
-      ASSERT_TRUE(comm.ok()) << "rank " << r << ": " << comm.status();
-      comms[r] = std::move(*comm);
-    });
-  }
-  for (auto& t : threads) t.join();
+  // A long deadline: only the asynchronous error can end the wait soon.
+  MakeTwoRanks("watchdog_async", absl::Seconds(60), comms);
   ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
   cudaSetDevice(0);
   TestCudaStream stream(0);
-  float* x = nullptr;
-  ASSERT_EQ(cudaMalloc(&x, 1024 * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(x, 0, 1024 * sizeof(float)), cudaSuccess);
+  float* x = ZeroedFloats(1024);
+  ASSERT_NE(x, nullptr);
   const absl::Time start = absl::Now();
   ASSERT_TRUE(
       comms[0]
