@@ -1668,7 +1668,8 @@ TEST(EmulatedNcclTest, OnTheStreamADestroyFinishesWhatIsInFlight) {
 }
 
 // The emulation runs a blocking communicator's operations at the call and a
-// non-blocking one's on the stream: a group cannot be both.
+// non-blocking one's on the stream: a group cannot be both (nor span two
+// non-blocking communicators).
 TEST(EmulatedNcclTest, AGroupOverBlockingAndNonBlockingCommunicatorsIsRefused) {
   ncclComm_t on_stream[2];
   NonBlockingPair(on_stream);
@@ -1687,6 +1688,20 @@ TEST(EmulatedNcclTest, AGroupOverBlockingAndNonBlockingCommunicatorsIsRefused) {
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("blocking and non-blocking"),
             std::string::npos)
       << ncclGetLastError(nullptr);
+  // Nor (on the stream) over two non-blocking communicators (rank 0 of two
+  // worlds, both on GPU 0).
+  ncclComm_t other[2];
+  NonBlockingPair(other);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclFloat32, ncclSum, on_stream[0], s0.get()),
+            ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclFloat32, ncclSum, other[0], s0.get()),
+            ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("several non-blocking"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  EXPECT_EQ(ncclCommDestroy(other[0]), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(other[1]), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(at_call), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(on_stream[0]), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(on_stream[1]), ncclSuccess);

@@ -878,6 +878,13 @@ ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
                   "a group over blocking and non-blocking communicators (a limit of the "
                   "emulated NCCL)");
     }
+    // One job is one worker's: the others' calls would not be ordered with
+    // it, nor waited for by their finalize.
+    if (on_stream && op.comm != ops[0].comm) {
+      return Fail(ncclInvalidUsage,
+                  "a group over several non-blocking communicators (a limit of the emulated "
+                  "NCCL)");
+    }
   }
   if (on_stream && flush) return Stream(ops);
   if (flush) {
@@ -893,7 +900,7 @@ ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
 // in call order (the n-th collective of each rank meet: the same order as
 // at the call). A job runs once its stream has reached it (the runtime calls
 // its start), and its stream's later work waits until it is done. A group
-// over several communicators is one job of the first one's worker.
+// is one job (over one communicator: Execute refuses more).
 
 struct Job {
   std::vector<Op> ops;

@@ -64,9 +64,10 @@
 // Not modelled: overlap of a collective with the stream's later work, fp16,
 // fp8 and ncclAvg reductions (ncclInvalidArgument), one thread driving
 // several blocking ranks inside one group (its waits would time out), a
-// group over a remote rank's communicator and others, or over blocking and
-// non-blocking communicators (ncclInvalidUsage), timing, a fork while a
-// non-blocking communicator lives.
+// group over a remote rank's communicator and others, over blocking and
+// non-blocking communicators, or over several non-blocking ones
+// (ncclInvalidUsage), timing, a fork while a non-blocking communicator
+// lives.
 #ifndef PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 #define PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 
