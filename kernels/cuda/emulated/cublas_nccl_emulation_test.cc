@@ -598,18 +598,30 @@ ncclResult_t InitRank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int 
 
 using RankBody = std::function<void(int rank, ncclComm_t comm, cudaStream_t stream)>;
 
-// A non-blocking communicator's state once it is no longer ncclInProgress
-// (initialising or finalizing; ncclCommGetAsyncError polled for 10 s at
+// ncclCommGetAsyncError once it no longer says `state` (polled for 10 s at
 // most).
-ncclResult_t AwaitInit(ncclComm_t comm) {
-  ncclResult_t state = ncclInProgress;
+ncclResult_t AsyncStateAfter(ncclComm_t comm, ncclResult_t state) {
+  ncclResult_t now = state;
   const auto start = std::chrono::steady_clock::now();
-  while (state == ncclInProgress &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
-    EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  while (now == state && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    EXPECT_EQ(ncclCommGetAsyncError(comm, &now), ncclSuccess);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  return state;
+  return now;
+}
+
+// A non-blocking communicator's state once it has finished initialising or
+// finalizing.
+ncclResult_t AwaitInit(ncclComm_t comm) { return AsyncStateAfter(comm, ncclInProgress); }
+
+// The asynchronous error a communicator comes to (ncclSuccess after 10 s).
+ncclResult_t AwaitAsyncError(ncclComm_t comm) { return AsyncStateAfter(comm, ncclSuccess); }
+
+// No asynchronous error (nor anything in progress) now.
+void ExpectNoAsyncError(ncclComm_t comm, const std::string& what = "") {
+  ncclResult_t state = ncclInProgress;
+  EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess) << what << " " << ncclGetLastError(comm);
 }
 
 // Runs `f` in a forked child process, which exits 1 if a check failed in it.
@@ -912,9 +924,7 @@ TEST(EmulatedNcclTest, CollectivesAndGroupsOnTheStream) {
             const std::string what = "rank " + std::to_string(rank) + " of " + std::to_string(n);
             ExpectSameBits(recv.Download(stream), RankInput<float>(prev, count, 9), what);
             ExpectSameBits(sum.Download(stream), Reduced<float>(n, count, 9, ncclSum), what);
-            ncclResult_t state = ncclInProgress;
-            EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
-            EXPECT_EQ(state, ncclSuccess) << what;
+            ExpectNoAsyncError(comm, what);
           },
           where, Mode::kOnTheStream);
     }
@@ -1447,18 +1457,6 @@ void NonBlockingPair(ncclComm_t comms[2]) {
   ASSERT_EQ(AwaitInit(comms[1]), ncclSuccess);
 }
 
-// ncclCommGetAsyncError, polled for 10 s at most until it is not ncclSuccess.
-ncclResult_t AwaitAsyncError(ncclComm_t comm) {
-  ncclResult_t state = ncclSuccess;
-  const auto start = std::chrono::steady_clock::now();
-  while (state == ncclSuccess &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
-    EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return state;
-}
-
 TEST(EmulatedNcclTest, OnTheStreamACollectiveRunsWhenItsStreamReachesIt) {
   ncclComm_t comms[2];
   NonBlockingPair(comms);
@@ -1623,11 +1621,7 @@ TEST(EmulatedNcclTest, OnTheStreamAGroupOverSeveralStreamsKeepsItsPlace) {
   EXPECT_EQ(x0.Download(a0.get()), seven);
   EXPECT_EQ(y0.Download(b0.get()), twos);
   EXPECT_EQ(z1.Download(s1.get()), twos);
-  for (ncclComm_t c : comms) {
-    ncclResult_t state = ncclInProgress;
-    EXPECT_EQ(ncclCommGetAsyncError(c, &state), ncclSuccess);
-    EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(c);
-  }
+  for (ncclComm_t c : comms) ExpectNoAsyncError(c);
   EXPECT_EQ(ncclCommDestroy(comms[0]), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
 }
@@ -1661,9 +1655,7 @@ TEST(EmulatedNcclTest, OnTheStreamADestroyFinishesWhatIsInFlight) {
   EXPECT_EQ(b0.Download(s0.get()), std::vector<float>{30.0f});
   EXPECT_EQ(a1.Download(s1.get()), std::vector<float>{3.0f});
   EXPECT_EQ(b1.Download(s1.get()), std::vector<float>{30.0f});
-  ncclResult_t state = ncclInProgress;
-  EXPECT_EQ(ncclCommGetAsyncError(comms[1], &state), ncclSuccess);
-  EXPECT_EQ(state, ncclSuccess) << ncclGetLastError(comms[1]);
+  ExpectNoAsyncError(comms[1]);
   EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
 }
 

@@ -786,18 +786,24 @@ void FailComm(ncclComm* c, ncclResult_t result, const std::string& why) {
 
 // Runs the work enqueued so far on every stream `ops` name: their inputs
 // are then written.
+// A group whose stream cannot run it (its inputs are not there): every
+// communicator in it fails, so that no peer waits for this rank.
+ncclResult_t FailGroup(const std::vector<Op>& ops, const std::string& why) {
+  for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
+  return Fail(ncclUnhandledCudaError, why);
+}
+
+std::string StreamFailed(const Op& op, const std::string& how) {
+  return RankName(op.comm) + ": its stream failed before " + KindName(op.kind) + " (" + how + ")";
+}
+
 ncclResult_t FlushStreams(const std::vector<Op>& ops) {
   std::vector<cudaStream_t> flushed;
   for (const Op& op : ops) {
     if (std::find(flushed.begin(), flushed.end(), op.stream) != flushed.end()) continue;
     flushed.push_back(op.stream);
     const cudaError_t e = Flush(op.stream);
-    if (e == cudaSuccess) continue;
-    // Its inputs are not there: this rank cannot take part.
-    const std::string why = RankName(op.comm) + ": its stream failed before " + KindName(op.kind) +
-                            " (" + cudaGetErrorName(e) + ")";
-    for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
-    return Fail(ncclUnhandledCudaError, why);
+    if (e != cudaSuccess) return FailGroup(ops, StreamFailed(op, cudaGetErrorName(e)));
   }
   return ncclSuccess;
 }
@@ -850,10 +856,10 @@ ncclResult_t RunOps(const std::vector<Op>& ops) {
 
 ncclResult_t Stream(const std::vector<Op>& ops);
 
-// Runs a group (or a single operation): on its stream if every operation's
-// communicator is non-blocking and they share one stream (Stream), else now:
-// every stream's work so far (unless `flush` is false: a proxy's
-// operations read host buffers), then RunOps.
+// Runs a group (or a single operation): a non-blocking communicator's on
+// its streams (Stream), a blocking one's now: every stream's work so far
+// (unless `flush` is false: a proxy's operations read host buffers), then
+// RunOps.
 ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
   std::vector<CommUse> uses;
   uses.reserve(ops.size());
@@ -936,8 +942,7 @@ bool RunJob(const Job& job) {
   std::string why;
   if (job.faulted) {
     r = ncclUnhandledCudaError;
-    why = RankName(job.ops[0].comm) + ": its stream failed before " + KindName(job.ops[0].kind) +
-          " (the device faulted)";
+    why = StreamFailed(job.ops[0], "the device faulted");
   } else {
     r = RunOps(job.ops);
     why = last_error;
@@ -1034,8 +1039,9 @@ ncclResult_t WhileFinalizing(ncclComm* c, ncclResult_t state) {
 // `from`'s device). False if the runtime refuses.
 bool Join(cudaStream_t from, cudaStream_t to) {
   int current = 0;
-  const int device = IsLegacyStream(from) ? CurrentDevice() : StreamDevice(from);
-  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return false;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(StreamDevice(from)) != cudaSuccess) {
+    return false;
+  }
   cudaEvent_t e = nullptr;
   bool ok = cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
   ok =
@@ -1061,13 +1067,10 @@ std::vector<cudaStream_t> OtherStreams(const std::vector<Op>& ops) {
 // streams joins them there first, and they wait for the job after, as NCCL
 // makes a group's streams wait for one another.
 ncclResult_t Stream(const std::vector<Op>& ops) {
+  const std::string unordered = RankName(ops[0].comm) + ": cannot order the group's streams";
   const std::vector<cudaStream_t> others = OtherStreams(ops);
   for (cudaStream_t s : others) {
-    if (!Join(s, ops[0].stream)) {
-      const std::string why = RankName(ops[0].comm) + ": cannot order the group's streams";
-      for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
-      return Fail(ncclUnhandledCudaError, why);
-    }
+    if (!Join(s, ops[0].stream)) return FailGroup(ops, unordered);
   }
   const std::shared_ptr<Worker> wk = ops[0].comm->worker;
   auto job = std::make_shared<Job>();
@@ -1094,22 +1097,17 @@ ncclResult_t Stream(const std::vector<Op>& ops) {
     wk->cv.notify_all();
     return true;
   });
-  bool joined = true;
-  for (cudaStream_t s : others) joined = e == cudaSuccess && Join(ops[0].stream, s) && joined;
-  if (e == cudaSuccess && joined) return ncclSuccess;
-  if (e == cudaSuccess) {  // the job is queued; the other streams are not ordered after it
-    const std::string why = RankName(ops[0].comm) + ": cannot order the group's streams";
-    for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
-    return Fail(ncclUnhandledCudaError, why);
+  if (e != cudaSuccess) {
+    {
+      std::lock_guard<std::mutex> lock(wk->mu);
+      drop();
+    }
+    return FailGroup(ops, StreamFailed(ops[0], cudaGetErrorName(e)));
   }
-  {
-    std::lock_guard<std::mutex> lock(wk->mu);
-    drop();
+  for (cudaStream_t s : others) {
+    if (!Join(ops[0].stream, s)) return FailGroup(ops, unordered);  // the job stays queued
   }
-  const std::string why = RankName(ops[0].comm) + ": its stream failed before " +
-                          KindName(ops[0].kind) + " (" + cudaGetErrorName(e) + ")";
-  for (const Op& o : ops) FailComm(o.comm, ncclUnhandledCudaError, why);
-  return Fail(ncclUnhandledCudaError, why);
+  return ncclSuccess;
 }
 
 // ncclGroupStart / ncclGroupEnd are per thread, as in NCCL.
@@ -1704,11 +1702,12 @@ ncclResult_t ExecuteRemote(const std::vector<Op>& ops) {
 }
 
 ncclResult_t InitRemote(ncclComm_t* comm, int nranks, const std::string& id, int rank,
-                        bool blocking, int device, const std::string& what) {
+                        bool blocking, int device, int physical, const std::string& what) {
   auto c = std::make_unique<ncclComm>();
   c->rank = rank;
   c->size = nranks;
   c->device = device;
+  c->physical = physical;
   c->remote = std::make_unique<RemoteLink>();
   RemoteLink& link = *c->remote;
   link.host_pid = static_cast<int>(IdPid(id));
@@ -1728,7 +1727,7 @@ ncclResult_t InitRemote(ncclComm_t* comm, int nranks, const std::string& id, int
                                .U32(blocking ? 1 : 0)
                                .Str(id)
                                .U32(static_cast<uint32_t>(getpid()))
-                               .U32(static_cast<uint32_t>(PhysicalDevice(device)))
+                               .U32(static_cast<uint32_t>(physical))
                                .Take();
   if (!wire::Send(link.ops_fd, join, Clock::now() + ReplyLimit(), &why) ||
       !wire::Receive(link.ops_fd, &answer, Clock::now() + ReplyLimit(), &why)) {
@@ -1850,14 +1849,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     }
   }
   const int device = emu::CurrentDevice();
-  if (emu::PhysicalDevice(device) < 0) {
+  const int physical = emu::PhysicalDevice(device);
+  if (physical < 0) {
     return emu::Fail(ncclUnhandledCudaError, what + "no CUDA device (none is visible)");
   }
   const std::string id(commId.internal, NCCL_UNIQUE_ID_BYTES);
-  const ncclResult_t r = emu::MadeHere(id)
-                             ? emu::InitLocal(comm, nranks, id, rank, blocking, device,
-                                              emu::PhysicalDevice(device), what)
-                             : emu::InitRemote(comm, nranks, id, rank, blocking, device, what);
+  const ncclResult_t r =
+      emu::MadeHere(id) ? emu::InitLocal(comm, nranks, id, rank, blocking, device, physical, what)
+                        : emu::InitRemote(comm, nranks, id, rank, blocking, device, physical, what);
   // Not yet returned, so no other thread uses the communicator.
   if (!blocking && *comm != nullptr) {
     ncclComm* c = *comm;

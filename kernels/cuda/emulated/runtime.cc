@@ -201,6 +201,24 @@ void FaultLocked(const std::string& why) {
   }
 }
 
+// Hands external work to its thread (or, after a fault, tells it not to
+// run); it is done at once if its start says there is nothing to do.
+void StartLocked(const std::shared_ptr<External>& x, bool faulted) {
+  x->started = true;
+  if (faulted) {
+    x->start(nullptr);
+    x->done = true;
+  } else {
+    x->done = !x->start([x] {
+      std::lock_guard<std::mutex> lock(R().mu);
+      x->done = true;
+      StartExternalsLocked();
+      R().external_done.notify_all();
+    });
+  }
+  x->start = nullptr;  // what it held is the other thread's now
+}
+
 // Runs `s`'s items up to sequence number `upto` (all of them: UINT64_MAX)
 // or until one blocks; true if none is left before `upto`. A wait item
 // flushes the other stream up to its event; external work is started when
@@ -216,23 +234,7 @@ bool FlushLocked(CUstream_st* s, uint64_t upto) {
       return false;
     }
     External* x = front.external.get();
-    if (x != nullptr && !x->started) {
-      x->started = true;
-      if (faulted) {
-        x->start(nullptr);
-        x->done = true;
-      } else {
-        std::shared_ptr<External> keep = front.external;
-        // False: done at once (nothing to wait for).
-        x->done = !x->start([keep] {
-          std::lock_guard<std::mutex> lock(R().mu);
-          keep->done = true;
-          StartExternalsLocked();
-          R().external_done.notify_all();
-        });
-      }
-      x->start = nullptr;  // what it held is the other thread's now
-    }
+    if (x != nullptr && !x->started) StartLocked(front.external, faulted);
     if (x != nullptr && !x->done && !faulted) return false;
     CUstream_st::Item item = std::move(front);
     s->queue.pop_front();
