@@ -16,9 +16,8 @@
 //   bf16 value (a relative 2^-7) on one side only; an index slip in a
 //   fragment moves an output by its whole magnitude.
 // Also: the same bits run to run; kAuto picks these kernels for head_dim 64
-// and 128 (same bits as kTensorCore; at 128 only where the device's blocks
-// take 104.5 KiB of shared memory: elsewhere, forced, the op says so) and
-// the tiled ones otherwise; asked
+// and 128 (same bits as kTensorCore; every sm_80+ device's blocks take their
+// shared memory) and the tiled ones otherwise; asked
 // for tensor cores, head_dim 96 is UNIMPLEMENTED and a pointer off 16 bytes
 // INVALID_ARGUMENT, while kAuto takes the tiled kernels for that pointer.
 //
@@ -81,22 +80,7 @@ TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
   auto automatic = Kernels(cuda_, Bf16Attention::kAuto);
   ASSERT_TRUE(gpu != nullptr && twin != nullptr && automatic != nullptr);
   ASSERT_EQ(gpu->Bf16AttentionFor(d.shapes[0]), Bf16Attention::kTensorCore);
-  if (automatic->Bf16AttentionFor(d.shapes[0]) != Bf16Attention::kTensorCore) {
-    // This device's blocks cannot take the kernels' shared memory at this
-    // head_dim (sm_86, sm_89 at 128): auto runs the tiled kernels, and
-    // forced tensor cores say why rather than fail at launch.
-    ASSERT_EQ(d.shapes[0].head_dim, 128);
-    float* m = cuda_.Poisoned(d.rows);
-    float* l = cuda_.Poisoned(d.rows);
-    float* acc = cuda_.Poisoned(d.q_size);
-    float* work = cuda_.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[0]), 1));
-    const absl::Status st = gpu->AttentionForwardBlockBf16(
-        cuda_.s(), d.shapes[0], cuda_.UploadBf16(d.q), cuda_.UploadBf16(d.k[0]),
-        cuda_.UploadBf16(d.v[0]), m, l, acc, work);
-    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
-    EXPECT_THAT(std::string(st.message()), HasSubstr("shared memory"));
-    return;
-  }
+  ASSERT_EQ(automatic->Bf16AttentionFor(d.shapes[0]), Bf16Attention::kTensorCore);
   const AttnTcOut cuda = RunAttnTc(cuda_, *gpu, d);
   const AttnTcOut cpu = RunAttnTc(cpu_, *twin, d);
   const AttnExact x = ExactAttention(d);

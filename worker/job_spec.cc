@@ -632,10 +632,7 @@ std::string AttentionArithmeticNote(const v1::JobSpec& spec, const StepOptions& 
       break;
   }
   if (cuda && TensorCoreHeadDim(d)) {
-    return absl::StrCat("auto: tensor cores (head_dim ", d,
-                        d == 128 ? "; the tiled kernels on a GPU whose blocks cannot take 104.5 KiB "
-                                   "of shared memory: sm_86, sm_89)"
-                                 : ")");
+    return absl::StrCat("auto: tensor cores (head_dim ", d, ")");
   }
   if (cuda) return absl::StrCat("auto: tiles (head_dim ", d, " has no tensor-core kernel; 64 and 128 do)");
   return "auto: tiles";

@@ -25,17 +25,22 @@
 // Layout of the work: 128 threads (4 warps x 16 rows) per block of 64 query
 // rows (forward, dQ) or 64 keys (dK/dV: the group's heads and the query tiles
 // that see the keys, in a fixed order, so no atomics and the same bits run to
-// run). K, V, Q, dO tiles pass through shared memory (padded by 8 bf16 per
-// row: the fragment loads are free of bank conflicts), the transposed operands
-// (V^T, K^T, Q^T, dO^T) are stored transposed as they are loaded, and every
-// fragment address comes from mma_layout.h.
+// run). K, V, Q, dO tiles pass through shared memory row-major, padded by 8
+// bf16 per row (ldmatrix's eight 16-byte rows then fall in distinct banks):
+// copied in by cp.async, double-buffered where the device allows, read into
+// fragments by ldmatrix (.trans for the operands used transposed: V, K, Q,
+// dO as B of P V, dS K, dS^T Q, P^T dO), rows chosen by mma_layout.h.
 //
 // Takes head_dim 64 or 128 (kernels/model/attention_tc.h's
 // TensorCoreHeadDim) and 16-byte aligned pointers
 // (the tiles load 16 bytes at a time); the caller falls back to the tiled
-// kernels otherwise. Shared memory: up to 104.5 KiB per block (head_dim
-// 128, dK/dV), opted in to once per device by LoadAttentionTcKernels and
-// checked by the caller against the device (AttentionTcSmemBytes).
+// kernels otherwise. Shared memory per block at head_dim 128: 51 KiB
+// (forward), 68.5 KiB (dQ, dK/dV) single-buffered; 85 KiB, 102.5 KiB, 103
+// KiB double-buffered. LoadAttentionTcKernels opts the kernels in once per
+// device; the launchers take the double-buffered kernels where they fit the
+// device's opt-in limit (sm_80, sm_90; on sm_86/sm_89, 99 KiB, the forward
+// only), and the caller checks the single-buffered need
+// (AttentionTcSmemBytes).
 #ifndef PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 #define PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 
@@ -51,22 +56,24 @@ namespace plateau::cuda_model_ops {
 // kAttentionTcTile: the key tiles fix where the probabilities are rounded).
 inline constexpr int kAttentionTcTileRows = 64;
 
-// The most dynamic shared memory one of them takes at this head_dim (the
-// dK/dV kernel: 54.5 KiB at 64, 104.5 KiB at 128); 0 when none exists. A
-// device whose opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin) is
-// below it cannot launch them: sm_86 and sm_89 allow 99 KiB, so head_dim
-// 128 runs there on the tiled kernels.
+// The most dynamic shared memory one of them takes single-buffered at this
+// head_dim (the dQ and dK/dV kernels: 36.5 KiB at 64, 68.5 KiB at 128); 0
+// when none exists. A device whose opt-in limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin) is below it cannot launch them;
+// every sm_80+ device can.
 int AttentionTcSmemBytes(int64_t head_dim);
 
 // As AttentionForwardBlockBf16 (cuda_model_ops.h), in the arithmetic above.
-cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s, const uint16_t* q,
-                                    const uint16_t* k, const uint16_t* v, float* m, float* l,
-                                    float* acc);
+// `smem_optin`: the device's cudaDevAttrMaxSharedMemoryPerBlockOptin (at
+// least AttentionTcSmemBytes), which picks single or double buffering.
+cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s, int smem_optin,
+                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                    float* m, float* l, float* acc);
 // As AttentionBackwardBlockBf16: the dQ kernel, then the dK/dV kernel.
-cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s, const uint16_t* q,
-                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
-                                     float* dv);
+cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s, int smem_optin,
+                                     const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                     const uint16_t* dout, const float* lse, const float* delta,
+                                     uint16_t* dq, float* dk, float* dv);
 
 // Loads the kernels' module now (backend creation; LoadKernels beside) and
 // opts each kernel in to the shared memory it launches with, once, on the

@@ -52,38 +52,46 @@ const __nv_bfloat16* Nv(const HostBf16* p) { return reinterpret_cast<const __nv_
 __nv_bfloat16* Nv(HostBf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 unsigned Tiles(int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); }
 
-// The launchers' grids and shared memory, on the emulation.
-template <int D>
+// The launchers' grids and shared memory, on the emulation, with kStages
+// buffers of the streamed tiles.
+template <int D, int kStages>
 std::string Forward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
                     const HostBf16* v, float* m, float* l, float* acc, simt::Schedule schedule) {
   const AttentionDims d = Dims(s);
   return simt::RunGrid(
       {Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)}, kTcThreads,
-      TcSmem<D>::kForward, schedule,
-      [&] { AttentionForwardTcKernel<D>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
+      TcSmem<D, kStages>::kForward, schedule,
+      [&] { AttentionForwardTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
 }
-template <int D>
+template <int D, int kStages>
 std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
                      const HostBf16* v, const HostBf16* dout, const float* lse, const float* delta,
                      HostBf16* dq, float* dk, float* dv, simt::Schedule schedule) {
   const AttentionDims d = Dims(s);
   std::string e = simt::RunGrid(
       {Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)}, kTcThreads,
-      TcSmem<D>::kDq, schedule,
-      [&] { AttentionDqTcKernel<D>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, Nv(dq)); });
+      TcSmem<D, kStages>::kDq, schedule, [&] {
+        AttentionDqTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, Nv(dq));
+      });
   if (!e.empty()) return e;
   return simt::RunGrid(
       {Tiles(s.kv_len), static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(s.batch)},
-      kTcThreads, TcSmem<D>::kDkv, schedule,
-      [&] { AttentionDkvTcKernel<D>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dk, dv); });
+      kTcThreads, TcSmem<D, kStages>::kDkv, schedule, [&] {
+        AttentionDkvTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dk, dv);
+      });
 }
+
+// Which kernels RunPairs runs.
+struct Emulation {
+  int stages;
+  simt::Schedule schedule;
+};
 
 // Init, the forward over the blocks, Finalize and Delta on the host
 // (attention.h: the same functions both sides use), the backward over the
 // blocks given `ref`'s lse and delta (the twin's), so both differentiate
 // the same state. `emulated` false: the twin.
-AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule,
-                   const AttnTcOut* ref) {
+AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const AttnTcOut* ref) {
   const AttentionShape& s0 = d.shapes[0];
   const bool d64 = s0.head_dim == 64;
   AttnTcOut r;
@@ -97,9 +105,13 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule,
       TensorCoreAttentionForward(d.shapes[j], q, k, v, r.m.data(), r.l.data(), r.o.data());
       continue;
     }
+    float *m = r.m.data(), *l = r.l.data(), *o = r.o.data();
+    const simt::Schedule at = run.schedule;
     const std::string e =
-        d64 ? Forward<64>(d.shapes[j], q, k, v, r.m.data(), r.l.data(), r.o.data(), schedule)
-            : Forward<128>(d.shapes[j], q, k, v, r.m.data(), r.l.data(), r.o.data(), schedule);
+        d64 ? (run.stages == 1 ? Forward<64, 1>(d.shapes[j], q, k, v, m, l, o, at)
+                               : Forward<64, 2>(d.shapes[j], q, k, v, m, l, o, at))
+            : (run.stages == 1 ? Forward<128, 1>(d.shapes[j], q, k, v, m, l, o, at)
+                               : Forward<128, 2>(d.shapes[j], q, k, v, m, l, o, at));
     EXPECT_EQ(e, "") << "forward, block " << j;
   }
   r.lse.resize(d.rows);
@@ -114,10 +126,10 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule,
     std::vector<float> dk = d.dk0[j], dv = d.dv0[j];
     const HostBf16 *q = d.q.data(), *k = d.k[j].data(), *v = d.v[j].data(), *dob = d.dout.data();
     if (emulated) {
-      const std::string e = d64 ? Backward<64>(d.shapes[j], q, k, v, dob, lse, delta, dq.data(),
-                                               dk.data(), dv.data(), schedule)
-                                : Backward<128>(d.shapes[j], q, k, v, dob, lse, delta, dq.data(),
-                                                dk.data(), dv.data(), schedule);
+      auto backward = d64 ? (run.stages == 1 ? Backward<64, 1> : Backward<64, 2>)
+                          : (run.stages == 1 ? Backward<128, 1> : Backward<128, 2>);
+      const std::string e = backward(d.shapes[j], q, k, v, dob, lse, delta, dq.data(), dk.data(),
+                                     dv.data(), run.schedule);
       EXPECT_EQ(e, "") << "backward, block " << j;
     } else {
       std::vector<float> work(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
@@ -136,18 +148,23 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, simt::Schedule schedule,
   if (a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0) {
     return ::testing::AssertionSuccess();
   }
-  return ::testing::AssertionFailure() << "the results differ between schedules";
+  return ::testing::AssertionFailure() << "the results differ";
 }
 
 class EmulatedAttentionTcTest : public ::testing::TestWithParam<AttnTcCase> {};
 
 TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
   const AttnTcData d = MakeAttnTcData(GetParam(), 2100);
-  const AttnTcOut twin = RunPairs(d, /*emulated=*/false, simt::Schedule::kInOrder, nullptr);
-  const AttnTcOut kernel = RunPairs(d, /*emulated=*/true, simt::Schedule::kInOrder, &twin);
+  const AttnTcOut twin = RunPairs(d, /*emulated=*/false, {1, simt::Schedule::kInOrder}, nullptr);
+  const AttnTcOut kernel = RunPairs(d, /*emulated=*/true, {1, simt::Schedule::kInOrder}, &twin);
   ExpectNearTwin(kernel, twin, d, ExactAttention(d));
 
-  for (simt::Schedule other : {simt::Schedule::kReversed, simt::Schedule::kShuffled}) {
+  // The same bits whichever warp runs ahead, and double-buffered.
+  for (Emulation other :
+       {Emulation{1, simt::Schedule::kReversed}, Emulation{1, simt::Schedule::kShuffled},
+        Emulation{2, simt::Schedule::kInOrder}, Emulation{2, simt::Schedule::kShuffled}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << other.stages << " stage(s), schedule " << static_cast<int>(other.schedule));
     const AttnTcOut again = RunPairs(d, /*emulated=*/true, other, &twin);
     EXPECT_TRUE(SameBits(again.m, kernel.m));
     EXPECT_TRUE(SameBits(again.l, kernel.l));
@@ -172,6 +189,103 @@ TEST(SimtEmulatorTest, ABarrierNotEveryThreadReachesIsADeadlock) {
   EXPECT_NE(past.find("past the block's shared memory"), std::string::npos) << past;
   EXPECT_EQ(simt::RunGrid({2, 1, 1}, 64, 16, simt::Schedule::kShuffled, [] { __syncthreads(); }),
             "");
+}
+
+// ldmatrix through mma_layout.h's rows hands each lane the fragment the
+// per-word loads of the PTX fragment tables (AWordOffset, BWordOffset) give:
+// A and n-major B without .trans, k-major B (V for P V) with it. The
+// emulated ldmatrix is written from the PTX ISA apart from mma_layout.h.
+TEST(SimtEmulatorTest, LdmatrixGivesTheFragmentsOfTheTables) {
+  constexpr int kLd = 72, kRows = 32;
+  int mismatches = 0, checked = 0;
+  const std::string e =
+      simt::RunGrid({1, 1, 1}, 32, kRows * kLd * 2, simt::Schedule::kShuffled, [&] {
+        auto* tile = reinterpret_cast<Bf16*>(simt::SharedMemory());
+        for (int i = threadIdx.x; i < kRows * kLd; i += 32) tile[i].bits = static_cast<uint16_t>(i);
+        __syncthreads();
+        const int lane = threadIdx.x % 32;
+        auto word = [&](int offset) {  // two elements, the lower offset low
+          return uint32_t{tile[offset].bits} | uint32_t{tile[offset + 1].bits} << 16;
+        };
+        auto expect = [&](uint32_t got, uint32_t want) {
+          ++checked;
+          if (got != want) ++mismatches;
+        };
+        uint32_t a[4], b[4], bt[4];
+        LoadA(tile, 16, 8, kLd, a);
+        LoadB2(tile, 8, 16, kLd, b);
+        LoadB2Trans(tile, 16, 8, kLd, bt);
+        for (int r = 0; r < 4; ++r) {
+          expect(a[r], word(mma::AWordOffset(lane, r, 16, 8, kLd)));
+          expect(b[r], word(mma::BWordOffset(lane, r % 2, 8, 16 + 8 * (r / 2), kLd)));
+          // k-major X[k][n]: B[k][n] is X's element (k, n) itself.
+          uint32_t want = 0;
+          for (int h = 0; h < 2; ++h) {
+            const mma::Coord at = mma::BElement(lane, r % 2, h);
+            want |= uint32_t{tile[(16 + at.row) * kLd + 8 + 8 * (r / 2) + at.col].bits} << (16 * h);
+          }
+          expect(bt[r], want);
+        }
+      });
+  EXPECT_EQ(e, "");
+  EXPECT_EQ(checked, 32 * 4 * 3);
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST(SimtEmulatorTest, LdmatrixTakesAlignedRowsOfSharedMemoryOnly) {
+  static Bf16 global[64];
+  const std::string misaligned = simt::RunGrid({1, 1, 1}, 32, 1024, simt::Schedule::kInOrder, [] {
+    uint32_t r[4];
+    const auto* tile = reinterpret_cast<const Bf16*>(simt::SharedMemory());
+    LdMatrixX4(r, tile + 8 * (threadIdx.x % 32) + (threadIdx.x == 5 ? 1 : 0));
+  });
+  EXPECT_NE(misaligned.find("ldmatrix: lane 5's row is not 16 aligned bytes"), std::string::npos)
+      << misaligned;
+  const std::string outside = simt::RunGrid({1, 1, 1}, 32, 1024, simt::Schedule::kInOrder, [] {
+    uint32_t r[4];
+    LdMatrixX4Trans(r, global);
+  });
+  EXPECT_NE(outside.find("of the block's shared memory"), std::string::npos) << outside;
+}
+
+// A copy lands at its thread's wait for its group, not before: what a
+// kernel reading too early would see is the old bytes; src-size zero-fills.
+TEST(SimtEmulatorTest, CpAsyncLandsAtTheWaitForItsGroup) {
+  alignas(16) static uint8_t src[32];
+  for (int i = 0; i < 32; ++i) src[i] = static_cast<uint8_t>(i + 1);
+  std::vector<int> seen;
+  const std::string e = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [&] {
+    if (threadIdx.x != 0) return;
+    auto* dst = reinterpret_cast<Bf16*>(simt::SharedMemory());
+    const auto* from = reinterpret_cast<const Bf16*>(src);
+    const uint8_t* bytes = simt::SharedMemory();
+    CpAsync16(dst, from, 16);
+    CpAsyncCommit();
+    CpAsync16(dst + 8, from + 8, 4);  // 4 bytes, then 12 zeros
+    CpAsyncCommit();
+    seen.push_back(bytes[0]);  // 0xFF: nothing landed
+    CpAsyncWait<1>();          // the first group only
+    seen.push_back(bytes[0]);
+    seen.push_back(bytes[16]);
+    CpAsyncWait<0>();
+    seen.push_back(bytes[16]);
+    seen.push_back(bytes[19]);
+    seen.push_back(bytes[20]);
+  });
+  EXPECT_EQ(e, "");
+  EXPECT_EQ(seen, (std::vector<int>{0xFF, 1, 0xFF, 17, 20, 0}));
+
+  const std::string never = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [] {
+    CpAsync16(reinterpret_cast<Bf16*>(simt::SharedMemory()), reinterpret_cast<const Bf16*>(src),
+              16);
+    CpAsyncCommit();
+  });
+  EXPECT_NE(never.find("cp.async copies it never waited for"), std::string::npos) << never;
+  const std::string misaligned = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [] {
+    CpAsync16(reinterpret_cast<Bf16*>(simt::SharedMemory() + 8), reinterpret_cast<const Bf16*>(src),
+              16);
+  });
+  EXPECT_NE(misaligned.find("not 16-byte aligned"), std::string::npos) << misaligned;
 }
 
 // Tiles are 64 rows and 64 keys. Small shapes: each block of threads is

@@ -278,7 +278,7 @@ class CudaModelKernels final : public ModelKernels {
                              UseTensorCores("attention_forward_block_bf16", shape, {q, k, v}));
     if (tc) {
       PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockTc,
-                     Dims(shape), Bits(q), Bits(k), Bits(v), m, l, acc);
+                     Dims(shape), smem_optin_, Bits(q), Bits(k), Bits(v), m, l, acc);
     }
     PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_forward_block_bf16", shape));
     PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockBf16,
@@ -298,8 +298,8 @@ class CudaModelKernels final : public ModelKernels {
         UseTensorCores("attention_backward_block_bf16", shape, {q, k, v, dout, dq}));
     if (tc) {
       PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockTc,
-                     Dims(shape), Bits(q), Bits(k), Bits(v), Bits(dout), lse, delta, Bits(dq),
-                     dk, dv);
+                     Dims(shape), smem_optin_, Bits(q), Bits(k), Bits(v), Bits(dout), lse, delta,
+                     Bits(dq), dk, dv);
     }
     PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_backward_block_bf16", shape));
     PLATEAU_LAUNCH("attention_backward_block_bf16", s,
@@ -406,7 +406,8 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   // it was created on this thread), not at its first launch mid-step.
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
   // What a block may opt in to (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB
-  // on sm_86/sm_89): the tensor-core kernels at head_dim 128 need 104.5 KiB.
+  // on sm_86/sm_89): the tensor-core kernels at head_dim 128 need 68.5 KiB
+  // single-buffered and double-buffer where up to 103 KiB fit.
   int device = 0, smem_optin = 0;
   PLATEAU_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   PLATEAU_CUDA_RETURN_IF_ERROR(

@@ -6,7 +6,10 @@
 // address shared memory through these functions alone, and
 // mma_layout_test.cc (plain C++, runs everywhere) checks them against the
 // table and checks the identities the kernels rely on, so a slip in an index
-// shows up on a machine without a GPU.
+// shows up on a machine without a GPU. The kernels load fragments with
+// ldmatrix (the Ldmatrix* functions below); the per-word offsets
+// (AWordOffset, BWordOffset) say what each register must hold, and the tests
+// hold the two to the same fragments.
 //
 // Notation: lane in [0, 32); group = lane / 4 (the PTX "groupID"), quad =
 // lane % 4 ("threadID_in_group"). A and B registers are 32 bits holding two
@@ -64,6 +67,37 @@ PLATEAU_MMA_HD constexpr int AWordOffset(int lane, int reg, int row0, int k0, in
 }
 PLATEAU_MMA_HD constexpr int BWordOffset(int lane, int reg, int k0, int n0, int ld) {
   return (n0 + BElement(lane, reg, 0).col) * ld + k0 + BElement(lane, reg, 0).row;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4 loads four 8 x 8 bf16 matrices, one per
+// register: lane 8 i + r gives the address of row r of matrix i, and
+// register i of lane `lane` receives matrix i's element LdmatrixElement
+// (without .trans: row lane / 4, columns 2 (lane % 4) + h; with .trans the
+// transpose). The rows each lane gives, as offsets (in bf16 elements) into
+// a tile of leading dimension ld, so that the four registers are exactly
+// one mma operand fragment:
+// - LdmatrixARow: A's four registers for the 16 x 16 block at (row0, k0) of
+//   a row-major tile X[row][k] (matrices: rows +0/+8 x k +0/+8, in A's
+//   register order);
+// - LdmatrixBRow: B's two registers for each of the n8 blocks at n0 and
+//   n0 + 8 (registers 0-1, then 2-3) of an n-major tile Y[n][k] (B[k][n] =
+//   Y[n][k]: K for Q K^T), without .trans;
+// - LdmatrixBTransRow: the same from a k-major tile X[k][n] (B = X as it
+//   is stored: V for P V), with .trans.
+// Every row is 8 consecutive elements at an offset that is a multiple of 8
+// (ld, row0, k0, n0 multiples of 8): 16-byte aligned rows, as ldmatrix
+// needs.
+PLATEAU_MMA_HD constexpr Coord LdmatrixElement(int lane, int h, bool trans) {
+  return trans ? Coord{2 * (lane % 4) + h, lane / 4} : Coord{lane / 4, 2 * (lane % 4) + h};
+}
+PLATEAU_MMA_HD constexpr int LdmatrixARow(int lane, int row0, int k0, int ld) {
+  return (row0 + 8 * (lane / 8 % 2) + lane % 8) * ld + k0 + 8 * (lane / 16);
+}
+PLATEAU_MMA_HD constexpr int LdmatrixBRow(int lane, int k0, int n0, int ld) {
+  return (n0 + 8 * (lane / 16) + lane % 8) * ld + k0 + 8 * (lane / 8 % 2);
+}
+PLATEAU_MMA_HD constexpr int LdmatrixBTransRow(int lane, int k0, int n0, int ld) {
+  return (k0 + 8 * (lane / 8 % 2) + lane % 8) * ld + n0 + 8 * (lane / 16);
 }
 
 }  // namespace plateau::mma

@@ -54,6 +54,58 @@ TEST(MmaLayoutTest, FragmentsAreThePtxTables) {
   }
 }
 
+// ldmatrix.x4 as the PTX ISA describes it, written out here: lane
+// 4 row + word of register `matrix` receives 32-bit word `word` of row
+// `row` (elements 2 word, 2 word + 1) of that matrix, whose row address lane
+// 8 matrix + row gave; with .trans, element (i, j) of the result is (j, i)
+// of the matrix stored. Returns the offset of the element lane `lane`'s
+// register `reg`, half h receives, given each lane's row offset.
+template <typename RowOf>
+int PtxLdmatrix(int lane, int reg, int h, bool trans, RowOf row_of) {
+  const int row = lane / 4, col = 2 * (lane % 4) + h;  // of the result
+  return trans ? row_of(8 * reg + col) + row : row_of(8 * reg + row) + col;
+}
+
+TEST(MmaLayoutTest, LdmatrixRowsGiveTheFragments) {
+  for (const int ld : {72, 136}) {
+    for (const auto [base0, k0] : {std::pair{0, 0}, std::pair{16, 8}, std::pair{48, 112}}) {
+      for (int lane = 0; lane < 32; ++lane) {
+        EXPECT_EQ(LdmatrixARow(lane, base0, k0, ld) % 8, 0) << "16-byte aligned rows";
+        EXPECT_EQ(LdmatrixBRow(lane, k0, base0, ld) % 8, 0);
+        EXPECT_EQ(LdmatrixBTransRow(lane, k0, base0, ld) % 8, 0);
+        for (int h = 0; h < 2; ++h) {
+          // One 8 x 8 matrix stored densely: the element is (row, col).
+          for (const bool trans : {false, true}) {
+            const Coord e = LdmatrixElement(lane, h, trans);
+            EXPECT_EQ(PtxLdmatrix(lane, 0, h, trans, [](int l) { return 8 * l; }),
+                      8 * e.row + e.col);
+          }
+          for (int reg = 0; reg < 4; ++reg) {
+            // A of the 16 x 16 block at (base0, k0) of a row-major tile.
+            const Coord a = AElement(lane, reg, h);
+            EXPECT_EQ(PtxLdmatrix(lane, reg, h, false,
+                                  [&](int l) { return LdmatrixARow(l, base0, k0, ld); }),
+                      (base0 + a.row) * ld + k0 + a.col)
+                << "A lane " << lane << " reg " << reg << " half " << h;
+            // B of the n8 blocks at base0 and base0 + 8: n-major Y[n][k]
+            // without .trans, k-major X[k][n] with it.
+            const int n0 = base0 + 8 * (reg / 2);
+            const Coord b = BElement(lane, reg % 2, h);
+            EXPECT_EQ(PtxLdmatrix(lane, reg, h, false,
+                                  [&](int l) { return LdmatrixBRow(l, k0, base0, ld); }),
+                      (n0 + b.col) * ld + k0 + b.row)
+                << "B lane " << lane << " reg " << reg << " half " << h;
+            EXPECT_EQ(PtxLdmatrix(lane, reg, h, true,
+                                  [&](int l) { return LdmatrixBTransRow(l, k0, base0, ld); }),
+                      (k0 + b.row) * ld + n0 + b.col)
+                << "B^T lane " << lane << " reg " << reg << " half " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MmaLayoutTest, EachFragmentCoversItsTileOnce) {
   std::set<std::pair<int, int>> a, b, c;
   for (int lane = 0; lane < 32; ++lane) {

@@ -14,8 +14,12 @@ function (expf, logf). `<name>_ptx` is the same file as PTX text, which
 tools/check-fma reads to check that rule (no cuobjdump in the toolkit here).
 """
 
-# The flags every nvcc call shares (the archive and the PTX check).
-_NVCC_COMMON = "-O3 -std=c++17 --fmad=false -I."
+# The flags every nvcc call shares (the archive and the PTX check). Warnings
+# are errors: a comma of template arguments (TcSmem<D, 2>::kForward) in
+# PLATEAU_KERNEL_LAUNCH's shared-memory argument shifts the stream into a
+# comma expression and launches on the legacy default stream, and nvcc's
+# only sign of it is a warning ("expression has no effect").
+_NVCC_COMMON = "-O3 -std=c++17 --fmad=false -Werror all-warnings -I."
 
 def nvcc_library(name, src, hdr, textual_hdrs = []):
     archive = "lib%s.a" % name

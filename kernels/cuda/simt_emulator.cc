@@ -103,11 +103,21 @@ class Stack {
   char* base_;
 };
 
+// A cp.async not landed yet: it lands at its thread's wait for `group`.
+struct PendingCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  int src_bytes;
+  uint64_t group;  // the thread's commits before it was issued
+};
+
 struct Thread {
   void* sp = nullptr;  // saved while switched out
   bool done = false;
   Wait wait = Wait::kNone;
   uint64_t generation = 0;  // of the barrier it waits at
+  std::vector<PendingCopy> copies;  // in issue order
+  uint64_t committed = 0;           // cp.async groups committed
 };
 
 struct Warp {
@@ -159,6 +169,9 @@ bool Runnable(int t) {
 // Each thread starts here and, done, switches back for good.
 void Entry() {
   (*state.body)();
+  if (!state.threads[state.current].copies.empty()) {
+    Fail("a thread ended with cp.async copies it never waited for");
+  }
   state.threads[state.current].done = true;
   YieldToScheduler();
   std::abort();  // never resumed
@@ -226,7 +239,101 @@ namespace {
 float HalfOf(uint32_t word, int h) {
   return __bfloat162float({static_cast<uint16_t>(h ? word >> 16 : word & 0xffffu)});
 }
+
+// Whether [p, p + n) lies in the running block's shared memory (dynamic, or
+// one __shared__ array), guards excluded.
+bool InShared(const void* p, size_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto within = [&](const std::vector<unsigned char>& memory) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(memory.data());
+    return a >= base && a + n <= base + (memory.size() - kGuardBytes);
+  };
+  if (within(state.shared)) return true;
+  for (const auto& [key, memory] : state.static_shared) {
+    if (within(memory)) return true;
+  }
+  return false;
+}
 }  // namespace
+
+// From the PTX ISA's description of ldmatrix, written out here
+// independently of kernels/cuda/mma_layout.h (whose Ldmatrix*Row functions
+// the kernels use to pick the rows).
+void LdMatrixX4(uint32_t r[4], const void* row, bool trans) {
+  const int lane = threadIdx.x % 32;
+  uint32_t(*scratch)[8] = WarpScratch();
+  const uint64_t address = reinterpret_cast<uintptr_t>(row);
+  scratch[lane][0] = static_cast<uint32_t>(address);
+  scratch[lane][1] = static_cast<uint32_t>(address >> 32);
+  scratch[lane][2] = trans ? 1u : 0u;
+  WarpRendezvous(3);
+  auto row_of = [&](int source) {
+    return reinterpret_cast<const unsigned char*>(uint64_t{scratch[source][0]} |
+                                                  uint64_t{scratch[source][1]} << 32);
+  };
+  bool valid = true;
+  for (int source = 0; source < 32; ++source) {
+    if (scratch[source][2] != scratch[0][2]) {
+      Fail("the lanes of a warp disagree on ldmatrix's .trans");
+      valid = false;
+    }
+    const unsigned char* p = row_of(source);
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || !InShared(p, 16)) {
+      Fail("ldmatrix: lane " + std::to_string(source) +
+           "'s row is not 16 aligned bytes of the block's shared memory");
+      valid = false;
+    }
+  }
+  uint32_t out[4] = {0, 0, 0, 0};
+  for (int i = 0; valid && i < 4; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      // (row, column) of matrix i that this lane's half h holds.
+      const int mrow = trans ? 2 * (lane % 4) + h : lane / 4;
+      const int mcol = trans ? lane / 4 : 2 * (lane % 4) + h;
+      uint16_t bits;
+      std::memcpy(&bits, row_of(8 * i + mrow) + 2 * mcol, 2);
+      out[i] |= uint32_t{bits} << (16 * h);
+    }
+  }
+  WarpRendezvous(4);  // every lane has read the addresses
+  for (int i = 0; i < 4; ++i) r[i] = out[i];
+}
+
+void CpAsync16(void* dst, const void* src, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
+    Fail("cp.async of 16 bytes with an address not 16-byte aligned");
+    return;
+  }
+  if (!InShared(dst, 16)) {
+    Fail("cp.async to a destination outside the block's shared memory");
+    return;
+  }
+  if (src_bytes < 0 || src_bytes > 16) {
+    Fail("cp.async with a src-size outside 0..16");
+    return;
+  }
+  Thread& th = state.threads[state.current];
+  th.copies.push_back({static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src),
+                       src_bytes, th.committed});
+}
+
+void CpAsyncCommit() { ++state.threads[state.current].committed; }
+
+void CpAsyncWait(int pending) {
+  Thread& th = state.threads[state.current];
+  const uint64_t keep = static_cast<uint64_t>(std::max(pending, 0));
+  const uint64_t landed = th.committed > keep ? th.committed - keep : 0;  // groups below land
+  std::vector<PendingCopy> later;
+  for (const PendingCopy& c : th.copies) {
+    if (c.group >= landed) {
+      later.push_back(c);
+      continue;
+    }
+    if (c.src_bytes > 0) std::memcpy(c.dst, c.src, c.src_bytes);
+    std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+  }
+  th.copies = std::move(later);
+}
 
 // From the PTX ISA's fragment tables, written out here independently of
 // kernels/cuda/mma_layout.h (which the kernels use): A element (row, k) is

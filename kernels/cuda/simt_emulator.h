@@ -13,7 +13,9 @@
 //   - uninitialised shared memory: it starts as 0xFF bytes (NaN floats and
 //     bf16) in every block, static (__shared__ arrays) and dynamic, and
 //     writes past the kernel's size land in a guard that is checked after
-//     each block.
+//     each block;
+//   - an asynchronous copy read before it is waited for: cp.async lands at
+//     the thread's wait, as late as the hardware may land it.
 // Not modelled: memory-model subtleties inside a barrier interval (a thread
 // runs until its next collective), timing, and the hardware's own
 // arithmetic (the warp-wide mma below sums in double and rounds once).
@@ -176,6 +178,29 @@ uint32_t (*WarpScratch())[8];
 // double and rounded once: the hardware's order differs, within the
 // tolerance of the tests that use it.
 void MmaM16N8K16Bf16(float c[4], const uint32_t a[4], const uint32_t b[2]);
+
+// The warp-wide ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16: lane
+// 8 i + r gives the address of row r of 8 x 8 matrix i (8 elements, 16
+// bytes, 16-byte aligned, inside the block's shared memory; anything else
+// fails the block); register i of lane l gets matrix i's row l / 4,
+// elements 2 (l % 4) and 2 (l % 4) + 1, the first in the low half, or with
+// `trans` its column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1.
+void LdMatrixX4(uint32_t r[4], const void* row, bool trans);
+
+// cp.async.cg.shared.global with a cp-size of 16 (16-byte aligned; the
+// destination in the block's shared memory): the first `src_bytes` (0..16)
+// bytes from `src`, the rest zero, `src` not read past them. The copy lands
+// when its thread waits for its group, never earlier (the latest a GPU may
+// land it): a read of the destination before that wait, or by another
+// thread before the wait and a barrier, sees the old bytes (0xFF at first:
+// NaN). A thread that ends with copies it never waited for fails the block.
+void CpAsync16(void* dst, const void* src, int src_bytes);
+// cp.async.commit_group: the thread's copies since the last commit are a
+// group.
+void CpAsyncCommit();
+// cp.async.wait_group `pending`: every committed group but the newest
+// `pending` lands.
+void CpAsyncWait(int pending);
 
 // A statically sized __shared__ array of the running block: `key` names the
 // declaration (one per template instantiation), `bytes` its size. The first

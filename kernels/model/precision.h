@@ -56,10 +56,8 @@ inline constexpr const char* PrecisionName(Precision p) {
 //   kTensorCore: what tensor cores compute (kernels/model/attention_tc.h):
 //     bf16 operands, fp32 accumulation, the probabilities and dS rounded to
 //     bf16 where they become operands. CUDA: the mma.sync kernels
-//     (kernels/cuda/cuda_attention_tc.h; head_dim 64 or 128, and at 128 a
-//     device whose blocks may take 104.5 KiB of shared memory: not sm_86 or
-//     sm_89; else the op answers UNIMPLEMENTED); CPU: attention_tc.h's
-//     scalar reference.
+//     (kernels/cuda/cuda_attention_tc.h; head_dim 64 or 128, else the op
+//     answers UNIMPLEMENTED); CPU: attention_tc.h's scalar reference.
 //   kAuto: on CUDA kTensorCore where its kernels take the head_dim on that
 //     device, else kTiles; on the CPU kTiles.
 enum class Bf16Attention { kAuto, kTiles, kTensorCore };
