@@ -9,7 +9,10 @@
 // where kernels/device_peaks.h knows the card, the tensor-core/tiles time
 // ratio, and how far the two outputs lie apart (relative to o's largest
 // magnitude: the rounding of P to bf16, ~2^-8, never O(1); past 2^-6 the
-// run fails).
+// run fails). On CUDA also the tensor-core kernels single-buffered
+// (ModelKernelsOptions::tc_double_buffer = false: the baseline of their
+// cp.async pipeline), with the double/single time ratio; their o must be
+// the double-buffered o bit for bit.
 //
 //   bazel run -c opt --config=cuda //bench:attention_bench -- --backend=cuda
 //   bazel run -c opt //bench:attention_bench                 # CPU: a check
@@ -45,6 +48,7 @@ namespace {
 struct Point {
   int64_t seq_len = 0;
   Bf16Attention arith = Bf16Attention::kTiles;
+  bool double_buffer = true;
   Timing fwd, bwd;
   double fwd_flops = 0;
   std::vector<float> o;  // the last forward's output, on the host
@@ -60,10 +64,18 @@ std::vector<Bf16> RandomBf16(int64_t n, uint64_t seed) {
   return b;
 }
 
+// A row's name: the arithmetic, and "tc_single" for the single-buffered
+// tensor-core kernels.
+const char* Label(Bf16Attention arith, bool double_buffer) {
+  return arith == Bf16Attention::kTensorCore && !double_buffer ? "tc_single"
+                                                               : Bf16AttentionName(arith);
+}
+
 absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape& shape,
-                              Bf16Attention arith, double min_time_s) {
+                              Bf16Attention arith, bool double_buffer, double min_time_s) {
   ModelKernelsOptions options;
   options.bf16_attention = arith;
+  options.tc_double_buffer = double_buffer;
   PLATEAU_ASSIGN_OR_RETURN(auto kernels, ModelKernels::Create(be, options));
   if (kernels->Bf16AttentionFor(shape) != arith) {
     return absl::UnimplementedError(
@@ -127,6 +139,7 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   Point p;
   p.seq_len = shape.q_len;
   p.arith = arith;
+  p.double_buffer = double_buffer;
   PLATEAU_ASSIGN_OR_RETURN(p.fwd, TimeRuns(forward, 1, 3, min_time_s, 50));
   PLATEAU_ASSIGN_OR_RETURN(p.bwd, TimeRuns(backward, 1, 3, min_time_s, 50));
   const double pairs = static_cast<double>(shape.batch * shape.heads) *
@@ -213,13 +226,18 @@ int Main(int argc, char** argv) {
       device.c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
       static_cast<long long>(kv_heads), static_cast<long long>(head_dim),
       peak > 0 ? absl::StrFormat("%.1f TFLOP/s", peak / 1e12).c_str() : "unknown");
+  // What the CUDA kernels chose on this device (their buffering): the
+  // double/single ratio below means nothing where it chose single.
+  std::string chosen;
+  if (auto k = ModelKernels::Create(be); k.ok()) chosen = (*k)->Describe();
+  if (!chosen.empty()) std::printf("%s\n", chosen.c_str());
   std::printf("\n%8s %-12s %10s %10s %10s %10s %8s %9s %12s\n", "T", "arithmetic", "fwd ms",
               "bwd ms", "fwd TF/s", "bwd TF/s", "MFU", "time x", "|o diff|");
-  std::string json =
-      absl::StrCat("{\"bench\":\"attention\",\"when\":", JsonString(NowText()),
-                   ",\"device\":", JsonString(device), ",\"peak_bf16_flops\":", peak,
-                   ",\"batch\":", batch, ",\"heads\":", heads, ",\"kv_heads\":", kv_heads,
-                   ",\"head_dim\":", head_dim, ",\"points\":[");
+  std::string json = absl::StrCat("{\"bench\":\"attention\",\"when\":", JsonString(NowText()),
+                                  ",\"device\":", JsonString(device), ",\"peak_bf16_flops\":", peak,
+                                  ",\"batch\":", batch, ",\"heads\":", heads,
+                                  ",\"kv_heads\":", kv_heads, ",\"head_dim\":", head_dim,
+                                  ",\"kernels\":", JsonString(chosen), ",\"points\":[");
   bool first = true;
   int failures = 0;
   for (int64_t T : lens) {
@@ -231,15 +249,24 @@ int Main(int argc, char** argv) {
     shape.head_dim = head_dim;
     shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     std::vector<Point> points;
-    for (Bf16Attention arith : {Bf16Attention::kTiles, Bf16Attention::kTensorCore}) {
-      auto p = Measure(be, **stream, shape, arith, min_time_s);
+    std::vector<std::pair<Bf16Attention, bool>> variants = {{Bf16Attention::kTiles, true},
+                                                            {Bf16Attention::kTensorCore, true}};
+    if (kind == BackendKind::kCuda) variants.push_back({Bf16Attention::kTensorCore, false});
+    for (auto [arith, double_buffer] : variants) {
+      auto p = Measure(be, **stream, shape, arith, double_buffer, min_time_s);
       if (!p.ok()) {
-        std::printf("%8lld %-12s %s\n", static_cast<long long>(T), Bf16AttentionName(arith),
+        std::printf("%8lld %-12s %s\n", static_cast<long long>(T), Label(arith, double_buffer),
                     p.status().ToString().c_str());
         ++failures;
         continue;
       }
       points.push_back(std::move(*p));
+    }
+    const Point* tc_double = nullptr;
+    const Point* tc_single = nullptr;
+    for (const Point& p : points) {
+      if (p.arith != Bf16Attention::kTensorCore) continue;
+      (p.double_buffer ? tc_double : tc_single) = &p;
     }
     for (const Point& p : points) {
       const double fwd_tf = p.fwd_flops / p.fwd.best_s / 1e12;
@@ -254,20 +281,34 @@ int Main(int argc, char** argv) {
         mag = std::max(mag, std::abs(double{base.o[i]}));
       }
       const double rel = mag > 0 ? diff / mag : diff;
-      // Wrong is not slow: the two must agree within the rounding of P.
+      // Wrong is not slow: the two must agree within the rounding of P,
+      // and single buffering must not change a bit.
       const bool agree = rel <= 1.0 / 64;
-      if (!agree) ++failures;
-      std::printf("%8lld %-12s %10.2f %10.2f %10.2f %10.2f %7.1f%% %9.3f %12.3g%s\n",
-                  static_cast<long long>(T), Bf16AttentionName(p.arith), p.fwd.best_s * 1e3,
+      const bool same_bits = &p != tc_single || tc_double == nullptr || p.o == tc_double->o;
+      if (!agree || !same_bits) ++failures;
+      std::printf("%8lld %-12s %10.2f %10.2f %10.2f %10.2f %7.1f%% %9.3f %12.3g%s%s\n",
+                  static_cast<long long>(T), Label(p.arith, p.double_buffer), p.fwd.best_s * 1e3,
                   p.bwd.best_s * 1e3, fwd_tf, bwd_tf, 100 * mfu, ratio, rel,
-                  agree ? "" : "  WRONG: beyond 2^-6 of max |o|");
+                  agree ? "" : "  WRONG: beyond 2^-6 of max |o|",
+                  same_bits ? "" : "  WRONG: single-buffered o differs from double-buffered");
+      // double_buffer only where it means something: CUDA's tensor cores.
+      const bool buffered = kind == BackendKind::kCuda && p.arith == Bf16Attention::kTensorCore;
       absl::StrAppendFormat(&json,
-                            "%s{\"seq_len\":%d,\"arithmetic\":\"%s\",\"fwd_s\":%.6g,\"bwd_s\":%.6g,"
-                            "\"fwd_tflops\":%.4g,\"bwd_tflops\":%.4g,\"mfu\":%.4g,"
-                            "\"time_ratio_vs_tiles\":%.4g,\"o_rel_diff_vs_tiles\":%.3g}",
-                            first ? "" : ",", T, Bf16AttentionName(p.arith), p.fwd.best_s,
-                            p.bwd.best_s, fwd_tf, bwd_tf, mfu, ratio, rel);
+                            "%s{\"seq_len\":%d,\"arithmetic\":\"%s\"%s,\"fwd_s\":%.6g,"
+                            "\"bwd_s\":%.6g,\"fwd_tflops\":%.4g,\"bwd_tflops\":%.4g,"
+                            "\"mfu\":%.4g,\"time_ratio_vs_tiles\":%.4g,"
+                            "\"o_rel_diff_vs_tiles\":%.3g}",
+                            first ? "" : ",", T, Bf16AttentionName(p.arith),
+                            !buffered         ? ""
+                            : p.double_buffer ? ",\"double_buffer\":true"
+                                              : ",\"double_buffer\":false",
+                            p.fwd.best_s, p.bwd.best_s, fwd_tf, bwd_tf, mfu, ratio, rel);
       first = false;
+    }
+    if (tc_double != nullptr && tc_single != nullptr) {
+      std::printf("%8lld tensor_core double / single buffered: forward %.3f, backward %.3f\n",
+                  static_cast<long long>(T), tc_double->fwd.best_s / tc_single->fwd.best_s,
+                  tc_double->bwd.best_s / tc_single->bwd.best_s);
     }
     std::fflush(stdout);
   }

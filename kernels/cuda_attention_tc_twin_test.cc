@@ -15,11 +15,12 @@
 //   against std::exp, so a probability or dS can round to the neighbouring
 //   bf16 value (a relative 2^-7) on one side only; an index slip in a
 //   fragment moves an output by its whole magnitude.
-// Also: the same bits run to run; kAuto picks these kernels for head_dim 64
-// and 128 (same bits as kTensorCore; every sm_80+ device's blocks take their
-// shared memory) and the tiled ones otherwise; asked
-// for tensor cores, head_dim 96 is UNIMPLEMENTED and a pointer off 16 bytes
-// INVALID_ARGUMENT, while kAuto takes the tiled kernels for that pointer.
+// Also: the same bits run to run and single-buffered; kAuto picks these
+// kernels for head_dim 64 and 128 (same bits as kTensorCore; every sm_80+
+// device's blocks take their shared memory) and the tiled ones otherwise;
+// asked for tensor cores, head_dim 96 is UNIMPLEMENTED and a pointer off 16
+// bytes INVALID_ARGUMENT, while kAuto takes the tiled kernels for that
+// pointer.
 //
 // Without a CUDA backend every test skips and says why; where a GPU is
 // visible a setup failure fails.
@@ -61,9 +62,11 @@ class CudaAttentionTcTest : public ::testing::TestWithParam<AttnTcCase> {
     ASSERT_TRUE(cpu_.Init(std::move(*cpu)).ok());
     ASSERT_TRUE(cuda_.Init(std::move(*cuda)).ok());
   }
-  static std::unique_ptr<ModelKernels> Kernels(DeviceSide& side, Bf16Attention a) {
+  static std::unique_ptr<ModelKernels> Kernels(DeviceSide& side, Bf16Attention a,
+                                               bool double_buffer = true) {
     ModelKernelsOptions options;
     options.bf16_attention = a;
+    options.tc_double_buffer = double_buffer;
     auto k = ModelKernels::Create(side.b(), options);
     EXPECT_TRUE(k.ok()) << k.status();
     return k.ok() ? std::move(*k) : nullptr;
@@ -92,10 +95,15 @@ TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
   std::printf("%s: |o - exact| / magnitude at most %.3g on tensor cores\n", GetParam().name,
               worst_o);
 
-  // Run to run, and kAuto is these kernels at this head_dim.
+  // Run to run, kAuto is these kernels at this head_dim, and single
+  // buffering (what an sm_86/sm_89 runs in the backward, which may
+  // double-buffer here) changes when bytes arrive, not which.
   const AttnTcOut again = RunAttnTc(cuda_, *gpu, d);
   const AttnTcOut picked = RunAttnTc(cuda_, *automatic, d);
-  for (const AttnTcOut* other : {&again, &picked}) {
+  auto single_kernels = Kernels(cuda_, Bf16Attention::kTensorCore, /*double_buffer=*/false);
+  ASSERT_TRUE(single_kernels != nullptr);
+  const AttnTcOut single = RunAttnTc(cuda_, *single_kernels, d);
+  for (const AttnTcOut* other : {&again, &picked, &single}) {
     EXPECT_EQ(Bits(other->dq_bits), Bits(cuda.dq_bits));
     EXPECT_EQ(Widened(other->o), Widened(cuda.o));
     EXPECT_EQ(Widened(other->lse), Widened(cuda.lse));

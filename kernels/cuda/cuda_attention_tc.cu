@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cuda/cuda_device_utils.cuh"
 #include "kernels/cuda/mma_layout.h"
@@ -21,33 +22,54 @@ bool GridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
   return tiles <= 0x7fffffff && heads <= 65535 && s.batch <= 65535;
 }
 
-// The kernels double-buffer their streamed tiles where the device lets a
-// block take the shared memory, else single-buffer them (the same bits).
-// (The shared-memory sizes are named first: a template argument list's comma
+// The kernels with kStages buffers of their streamed tiles, as launched.
+// (The shared-memory sizes are named apart: a template argument list's comma
 // inside PLATEAU_KERNEL_LAUNCH's arguments would split them.)
+template <int D, int kStages>
+void LaunchForwardStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
+                         const Bf16* k, const Bf16* v, float* m, float* l, float* acc) {
+  constexpr int kSmem = TcSmem<D, kStages>::kForward;
+  PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionForwardTcKernel<D, kStages>)(
+      s, q, k, v, m, l, acc);
+}
+template <int D, int kStages>
+void LaunchDqStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
+                    const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
+                    const float* delta, Bf16* dq) {
+  constexpr int kSmem = TcSmem<D, kStages>::kDq;
+  PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionDqTcKernel<D, kStages>)(
+      s, q, k, v, dout, lse, delta, dq);
+}
+template <int D, int kStages>
+void LaunchDkvStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
+                     const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
+                     const float* delta, float* dk, float* dv) {
+  constexpr int kSmem = TcSmem<D, kStages>::kDkv;
+  PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionDkvTcKernel<D, kStages>)(
+      s, q, k, v, dout, lse, delta, dk, dv);
+}
+
 template <int D>
-cudaError_t LaunchForward(cudaStream_t stream, const AttentionDims& s, int smem_optin,
-                          const Bf16* q, const Bf16* k, const Bf16* v, float* m, float* l,
-                          float* acc) {
+cudaError_t LaunchForward(cudaStream_t stream, const AttentionDims& s,
+                          const AttentionTcStages& stages, const Bf16* q, const Bf16* k,
+                          const Bf16* v, float* m, float* l, float* acc) {
   const int64_t tiles = (s.q_len + kTile - 1) / kTile;
   if (!GridFits(s, tiles, s.heads)) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
                   static_cast<unsigned>(s.batch));
-  constexpr int kSingle = TcSmem<D, 1>::kForward, kDouble = TcSmem<D, 2>::kForward;
-  if (kDouble <= smem_optin) {
-    PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kDouble, stream, AttentionForwardTcKernel<D, 2>)(
-        s, q, k, v, m, l, acc);
+  if (stages.forward == 2) {
+    LaunchForwardStages<D, 2>(stream, grid, s, q, k, v, m, l, acc);
   } else {
-    PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSingle, stream, AttentionForwardTcKernel<D, 1>)(
-        s, q, k, v, m, l, acc);
+    LaunchForwardStages<D, 1>(stream, grid, s, q, k, v, m, l, acc);
   }
   return cudaGetLastError();
 }
 
 template <int D>
-cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s, int smem_optin,
-                           const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout,
-                           const float* lse, const float* delta, Bf16* dq, float* dk, float* dv) {
+cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
+                           const AttentionTcStages& stages, const Bf16* q, const Bf16* k,
+                           const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
+                           Bf16* dq, float* dk, float* dv) {
   const int64_t qtiles = (s.q_len + kTile - 1) / kTile, ktiles = (s.kv_len + kTile - 1) / kTile;
   if (!GridFits(s, qtiles, s.heads) || !GridFits(s, ktiles, s.kv_heads)) {
     return cudaErrorInvalidConfiguration;
@@ -56,27 +78,70 @@ cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s, int smem
   // rest, so their order on the stream does not matter.
   const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
                    static_cast<unsigned>(s.batch));
-  constexpr int kDqSingle = TcSmem<D, 1>::kDq, kDqDouble = TcSmem<D, 2>::kDq;
-  if (kDqDouble <= smem_optin) {
-    PLATEAU_KERNEL_LAUNCH(qgrid, kTcThreads, kDqDouble, stream, AttentionDqTcKernel<D, 2>)(
-        s, q, k, v, dout, lse, delta, dq);
+  if (stages.dq == 2) {
+    LaunchDqStages<D, 2>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);
   } else {
-    PLATEAU_KERNEL_LAUNCH(qgrid, kTcThreads, kDqSingle, stream, AttentionDqTcKernel<D, 1>)(
-        s, q, k, v, dout, lse, delta, dq);
+    LaunchDqStages<D, 1>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 kgrid(static_cast<unsigned>(ktiles), static_cast<unsigned>(s.kv_heads),
                    static_cast<unsigned>(s.batch));
-  constexpr int kDkvSingle = TcSmem<D, 1>::kDkv, kDkvDouble = TcSmem<D, 2>::kDkv;
-  if (kDkvDouble <= smem_optin) {
-    PLATEAU_KERNEL_LAUNCH(kgrid, kTcThreads, kDkvDouble, stream, AttentionDkvTcKernel<D, 2>)(
-        s, q, k, v, dout, lse, delta, dk, dv);
+  if (stages.dkv == 2) {
+    LaunchDkvStages<D, 2>(stream, kgrid, s, q, k, v, dout, lse, delta, dk, dv);
   } else {
-    PLATEAU_KERNEL_LAUNCH(kgrid, kTcThreads, kDkvSingle, stream, AttentionDkvTcKernel<D, 1>)(
-        s, q, k, v, dout, lse, delta, dk, dv);
+    LaunchDkvStages<D, 1>(stream, kgrid, s, q, k, v, dout, lse, delta, dk, dv);
   }
   return cudaGetLastError();
+}
+
+// One kernel's two variants, for the stage choice and the opt-in.
+struct Variants {
+  const void* single;
+  const void* twice;  // double-buffered
+  int single_smem, twice_smem;
+};
+template <int D>
+Variants ForwardVariants() {
+  return {reinterpret_cast<const void*>(AttentionForwardTcKernel<D, 1>),
+          reinterpret_cast<const void*>(AttentionForwardTcKernel<D, 2>), TcSmem<D, 1>::kForward,
+          TcSmem<D, 2>::kForward};
+}
+template <int D>
+Variants DqVariants() {
+  return {reinterpret_cast<const void*>(AttentionDqTcKernel<D, 1>),
+          reinterpret_cast<const void*>(AttentionDqTcKernel<D, 2>), TcSmem<D, 1>::kDq,
+          TcSmem<D, 2>::kDq};
+}
+template <int D>
+Variants DkvVariants() {
+  return {reinterpret_cast<const void*>(AttentionDkvTcKernel<D, 1>),
+          reinterpret_cast<const void*>(AttentionDkvTcKernel<D, 2>), TcSmem<D, 1>::kDkv,
+          TcSmem<D, 2>::kDkv};
+}
+
+// 2 where the double-buffered kernel fits `smem_optin` and keeps as many
+// blocks resident per multiprocessor as the single-buffered one (the
+// runtime's occupancy counts registers and shared memory), else 1.
+cudaError_t Stages(const Variants& v, int smem_optin, int* stages) {
+  *stages = 1;
+  if (v.twice_smem > smem_optin) return cudaSuccess;
+  int single = 0, twice = 0;
+  cudaError_t e =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&single, v.single, kTcThreads, v.single_smem);
+  if (e != cudaSuccess) return e;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&twice, v.twice, kTcThreads, v.twice_smem);
+  if (e != cudaSuccess) return e;
+  if (twice >= single && twice > 0) *stages = 2;
+  return cudaSuccess;
+}
+
+template <int D>
+cudaError_t ChooseStages(int smem_optin, AttentionTcStages* stages) {
+  cudaError_t e = Stages(ForwardVariants<D>(), smem_optin, &stages->forward);
+  if (e == cudaSuccess) e = Stages(DqVariants<D>(), smem_optin, &stages->dq);
+  if (e == cudaSuccess) e = Stages(DkvVariants<D>(), smem_optin, &stages->dkv);
+  return e;
 }
 
 const Bf16* AsBf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p); }
@@ -97,65 +162,67 @@ int AttentionTcSmemBytes(int64_t head_dim) {
   }
 }
 
-cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s, int smem_optin,
-                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                    float* m, float* l, float* acc) {
+cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,
+                                    const AttentionTcStages& stages, const uint16_t* q,
+                                    const uint16_t* k, const uint16_t* v, float* m, float* l,
+                                    float* acc) {
   switch (s.head_dim) {
     case 64:
-      return LaunchForward<64>(stream, s, smem_optin, AsBf16(q), AsBf16(k), AsBf16(v), m, l, acc);
+      return LaunchForward<64>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), m, l, acc);
     case 128:
-      return LaunchForward<128>(stream, s, smem_optin, AsBf16(q), AsBf16(k), AsBf16(v), m, l, acc);
+      return LaunchForward<128>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), m, l, acc);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s, int smem_optin,
-                                     const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                     const uint16_t* dout, const float* lse, const float* delta,
-                                     uint16_t* dq, float* dk, float* dv) {
+cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s,
+                                     const AttentionTcStages& stages, const uint16_t* q,
+                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
+                                     float* dv) {
   switch (s.head_dim) {
     case 64:
-      return LaunchBackward<64>(stream, s, smem_optin, AsBf16(q), AsBf16(k), AsBf16(v),
-                                AsBf16(dout), lse, delta, AsBf16(dq), dk, dv);
+      return LaunchBackward<64>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), AsBf16(dout),
+                                lse, delta, AsBf16(dq), dk, dv);
     case 128:
-      return LaunchBackward<128>(stream, s, smem_optin, AsBf16(q), AsBf16(k), AsBf16(v),
-                                 AsBf16(dout), lse, delta, AsBf16(dq), dk, dv);
+      return LaunchBackward<128>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), AsBf16(dout),
+                                 lse, delta, AsBf16(dq), dk, dv);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t LoadAttentionTcKernels(int smem_optin) {
-  struct Kernel {
-    const void* fn;
-    int smem;  // what it launches with
-  };
-  const Kernel kernels[] = {
-      {reinterpret_cast<const void*>(AttentionForwardTcKernel<64, 1>), TcSmem<64, 1>::kForward},
-      {reinterpret_cast<const void*>(AttentionForwardTcKernel<64, 2>), TcSmem<64, 2>::kForward},
-      {reinterpret_cast<const void*>(AttentionForwardTcKernel<128, 1>), TcSmem<128, 1>::kForward},
-      {reinterpret_cast<const void*>(AttentionForwardTcKernel<128, 2>), TcSmem<128, 2>::kForward},
-      {reinterpret_cast<const void*>(AttentionDqTcKernel<64, 1>), TcSmem<64, 1>::kDq},
-      {reinterpret_cast<const void*>(AttentionDqTcKernel<64, 2>), TcSmem<64, 2>::kDq},
-      {reinterpret_cast<const void*>(AttentionDqTcKernel<128, 1>), TcSmem<128, 1>::kDq},
-      {reinterpret_cast<const void*>(AttentionDqTcKernel<128, 2>), TcSmem<128, 2>::kDq},
-      {reinterpret_cast<const void*>(AttentionDkvTcKernel<64, 1>), TcSmem<64, 1>::kDkv},
-      {reinterpret_cast<const void*>(AttentionDkvTcKernel<64, 2>), TcSmem<64, 2>::kDkv},
-      {reinterpret_cast<const void*>(AttentionDkvTcKernel<128, 1>), TcSmem<128, 1>::kDkv},
-      {reinterpret_cast<const void*>(AttentionDkvTcKernel<128, 2>), TcSmem<128, 2>::kDkv},
-  };
-  for (const Kernel& k : kernels) {
-    cudaFuncAttributes attributes;
-    cudaError_t e = cudaFuncGetAttributes(&attributes, k.fn);
-    if (e != cudaSuccess) return e;
-    // Past the 48 KiB default: a host-side attribute of this device's
-    // context, set once here rather than before every launch.
-    if (k.smem > smem_optin) continue;
-    e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
-    if (e != cudaSuccess) return e;
+  const Variants kernels[] = {ForwardVariants<64>(), ForwardVariants<128>(), DqVariants<64>(),
+                              DqVariants<128>(),     DkvVariants<64>(),      DkvVariants<128>()};
+  for (const Variants& v : kernels) {
+    for (auto [fn, smem] : {std::pair{v.single, v.single_smem}, {v.twice, v.twice_smem}}) {
+      cudaFuncAttributes attributes;
+      cudaError_t e = cudaFuncGetAttributes(&attributes, fn);
+      if (e != cudaSuccess) return e;
+      // Past the 48 KiB default: a host-side attribute of this device's
+      // context, set once here rather than before every launch.
+      if (smem > smem_optin) continue;
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+    }
   }
   return cudaSuccess;
+}
+
+cudaError_t ChooseAttentionTcStages(int64_t head_dim, int smem_optin, bool double_buffer,
+                                    AttentionTcStages* stages) {
+  *stages = AttentionTcStages{};
+  if (!double_buffer) return cudaSuccess;
+  switch (head_dim) {
+    case 64:
+      return ChooseStages<64>(smem_optin, stages);
+    case 128:
+      return ChooseStages<128>(smem_optin, stages);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace plateau::cuda_model_ops

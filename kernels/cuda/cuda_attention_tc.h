@@ -37,10 +37,9 @@
 // kernels otherwise. Shared memory per block at head_dim 128: 51 KiB
 // (forward), 68.5 KiB (dQ, dK/dV) single-buffered; 85 KiB, 102.5 KiB, 103
 // KiB double-buffered. LoadAttentionTcKernels opts the kernels in once per
-// device; the launchers take the double-buffered kernels where they fit the
-// device's opt-in limit (sm_80, sm_90; on sm_86/sm_89, 99 KiB, the forward
-// only), and the caller checks the single-buffered need
-// (AttentionTcSmemBytes).
+// device, ChooseAttentionTcStages picks each kernel's buffering there
+// (double where it fits and costs no resident block), and the caller checks
+// the single-buffered need (AttentionTcSmemBytes).
 #ifndef PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 #define PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_TC_H_
 
@@ -63,23 +62,40 @@ inline constexpr int kAttentionTcTileRows = 64;
 // every sm_80+ device can.
 int AttentionTcSmemBytes(int64_t head_dim);
 
-// As AttentionForwardBlockBf16 (cuda_model_ops.h), in the arithmetic above.
-// `smem_optin`: the device's cudaDevAttrMaxSharedMemoryPerBlockOptin (at
-// least AttentionTcSmemBytes), which picks single or double buffering.
-cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s, int smem_optin,
-                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                    float* m, float* l, float* acc);
+// How many buffers of its streamed tiles each kernel uses (1 or 2: the same
+// bits, see above).
+struct AttentionTcStages {
+  int forward = 1, dq = 1, dkv = 1;
+};
+
+// As AttentionForwardBlockBf16 (cuda_model_ops.h), in the arithmetic above,
+// with `stages` (ChooseAttentionTcStages; single-buffered by default).
+cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,
+                                    const AttentionTcStages& stages, const uint16_t* q,
+                                    const uint16_t* k, const uint16_t* v, float* m, float* l,
+                                    float* acc);
 // As AttentionBackwardBlockBf16: the dQ kernel, then the dK/dV kernel.
-cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s, int smem_optin,
-                                     const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                     const uint16_t* dout, const float* lse, const float* delta,
-                                     uint16_t* dq, float* dk, float* dv);
+cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s,
+                                     const AttentionTcStages& stages, const uint16_t* q,
+                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
+                                     float* dv);
 
 // Loads the kernels' module now (backend creation; LoadKernels beside) and
 // opts each kernel in to the shared memory it launches with, once, on the
 // current device: those that fit `smem_optin` (the device's
 // cudaDevAttrMaxSharedMemoryPerBlockOptin; the caller launches no other).
 cudaError_t LoadAttentionTcKernels(int smem_optin);
+
+// The stages for `head_dim` (64 or 128) on the current device, after
+// LoadAttentionTcKernels(smem_optin): each kernel double-buffers where that
+// fits `smem_optin` and keeps as many blocks resident per multiprocessor as
+// single buffering (cudaOccupancyMaxActiveBlocksPerMultiprocessor: an sm_90
+// keeps 2 blocks of these 128-thread, ~255-register kernels either way; an
+// A100's 164 KiB would hold one double-buffered block at head_dim 128
+// against two single-buffered). `double_buffer` false: single everywhere.
+cudaError_t ChooseAttentionTcStages(int64_t head_dim, int smem_optin, bool double_buffer,
+                                    AttentionTcStages* stages);
 
 }  // namespace plateau::cuda_model_ops
 

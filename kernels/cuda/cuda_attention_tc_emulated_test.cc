@@ -81,10 +81,11 @@ std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16*
       });
 }
 
-// Which kernels RunPairs runs.
+// Which kernels RunPairs runs, and how.
 struct Emulation {
   int stages;
   simt::Schedule schedule;
+  simt::CopyLanding landing = simt::CopyLanding::kAtWait;
 };
 
 // Init, the forward over the blocks, Finalize and Delta on the host
@@ -94,6 +95,7 @@ struct Emulation {
 AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const AttnTcOut* ref) {
   const AttentionShape& s0 = d.shapes[0];
   const bool d64 = s0.head_dim == 64;
+  simt::SetCopyLanding(run.landing);
   AttnTcOut r;
   r.m.resize(d.rows);
   r.l.resize(d.rows);
@@ -141,6 +143,7 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
   }
   r.dq_bits = dq;
   r.dq = Loaded(dq);
+  simt::SetCopyLanding(simt::CopyLanding::kAtWait);
   return r;
 }
 
@@ -159,12 +162,19 @@ TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
   const AttnTcOut kernel = RunPairs(d, /*emulated=*/true, {1, simt::Schedule::kInOrder}, &twin);
   ExpectNearTwin(kernel, twin, d, ExactAttention(d));
 
-  // The same bits whichever warp runs ahead, and double-buffered.
+  // The same bits whichever warp runs ahead, double-buffered, and with the
+  // copies landing as early as a GPU may (a buffer refilled before every
+  // warp is done reading it) as well as as late.
+  constexpr simt::CopyLanding kEarly = simt::CopyLanding::kAtIssue;
   for (Emulation other :
        {Emulation{1, simt::Schedule::kReversed}, Emulation{1, simt::Schedule::kShuffled},
-        Emulation{2, simt::Schedule::kInOrder}, Emulation{2, simt::Schedule::kShuffled}}) {
+        Emulation{2, simt::Schedule::kInOrder}, Emulation{2, simt::Schedule::kShuffled},
+        Emulation{1, simt::Schedule::kReversed, kEarly},
+        Emulation{2, simt::Schedule::kReversed, kEarly},
+        Emulation{2, simt::Schedule::kShuffled, kEarly}}) {
     SCOPED_TRACE(::testing::Message()
-                 << other.stages << " stage(s), schedule " << static_cast<int>(other.schedule));
+                 << other.stages << " stage(s), schedule " << static_cast<int>(other.schedule)
+                 << (other.landing == kEarly ? ", copies landing at issue" : ""));
     const AttnTcOut again = RunPairs(d, /*emulated=*/true, other, &twin);
     EXPECT_TRUE(SameBits(again.m, kernel.m));
     EXPECT_TRUE(SameBits(again.l, kernel.l));
@@ -275,6 +285,21 @@ TEST(SimtEmulatorTest, CpAsyncLandsAtTheWaitForItsGroup) {
   EXPECT_EQ(e, "");
   EXPECT_EQ(seen, (std::vector<int>{0xFF, 1, 0xFF, 17, 20, 0}));
 
+  // Landing at issue: the bytes are there at once; the wait still counts.
+  simt::SetCopyLanding(simt::CopyLanding::kAtIssue);
+  std::vector<int> early;
+  const std::string at_issue = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [&] {
+    if (threadIdx.x != 0) return;
+    CpAsync16(reinterpret_cast<Bf16*>(simt::SharedMemory()), reinterpret_cast<const Bf16*>(src),
+              16);
+    early.push_back(simt::SharedMemory()[0]);
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+  });
+  simt::SetCopyLanding(simt::CopyLanding::kAtWait);
+  EXPECT_EQ(at_issue, "");
+  EXPECT_EQ(early, std::vector<int>{1});
+
   const std::string never = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [] {
     CpAsync16(reinterpret_cast<Bf16*>(simt::SharedMemory()), reinterpret_cast<const Bf16*>(src),
               16);
@@ -301,7 +326,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedAttentionTcTest,
                              AttnTcCase{"gqa4_d128", 1, 33, 80, 4, 1, 128, 0, {0}},
                              // head_dim 128, queries before the keys of the first block, offsets
                              // off the tile edges.
-                             AttnTcCase{"offsets_d128", 1, 100, 70, 2, 1, 128, 10, {60, 0}}),
+                             AttnTcCase{"offsets_d128", 1, 100, 70, 2, 1, 128, 10, {60, 0}},
+                             // head_dim 128, three key tiles per query tile: the
+                             // double-buffered forward and dQ refill a buffer.
+                             AttnTcCase{"tiles_d128", 1, 140, 140, 2, 1, 128, 0, {0}}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -80,9 +82,16 @@ bool Aligned16(std::initializer_list<const void*> pointers) {
 
 class CudaModelKernels final : public ModelKernels {
  public:
-  // `smem_optin`: the device's cudaDevAttrMaxSharedMemoryPerBlockOptin.
-  CudaModelKernels(const ModelKernelsOptions& options, int smem_optin)
-      : bf16_attention_(options.bf16_attention), smem_optin_(smem_optin) {}
+  // `smem_optin`: the device's cudaDevAttrMaxSharedMemoryPerBlockOptin;
+  // `stages64`, `stages128`: the tensor-core kernels' buffering at those
+  // head_dims on it (ChooseAttentionTcStages).
+  CudaModelKernels(const ModelKernelsOptions& options, int smem_optin,
+                   const cuda_model_ops::AttentionTcStages& stages64,
+                   const cuda_model_ops::AttentionTcStages& stages128)
+      : bf16_attention_(options.bf16_attention),
+        smem_optin_(smem_optin),
+        stages64_(stages64),
+        stages128_(stages128) {}
 
   Bf16Attention Bf16AttentionFor(const AttentionShape& shape) const override {
     switch (bf16_attention_) {
@@ -271,6 +280,17 @@ class CudaModelKernels final : public ModelKernels {
     return TensorCoreHeadDim(head_dim) &&
            cuda_model_ops::AttentionTcSmemBytes(head_dim) <= smem_optin_;
   }
+  std::string Describe() const override {
+    auto stages = [](const cuda_model_ops::AttentionTcStages& s) {
+      return absl::StrCat(s.forward, "/", s.dq, "/", s.dkv);
+    };
+    return absl::StrCat("tensor-core attention buffers (forward/dQ/dKdV): head_dim 64 ",
+                        stages(stages64_), ", head_dim 128 ", stages(stages128_),
+                        "; opt-in shared memory ", smem_optin_, " bytes");
+  }
+  const cuda_model_ops::AttentionTcStages& Stages(int64_t head_dim) const {
+    return head_dim == 64 ? stages64_ : stages128_;
+  }
   absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
                                            const Bf16* k, const Bf16* v, float* m, float* l,
                                            float* acc, float* /*work*/) override {
@@ -278,7 +298,7 @@ class CudaModelKernels final : public ModelKernels {
                              UseTensorCores("attention_forward_block_bf16", shape, {q, k, v}));
     if (tc) {
       PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockTc,
-                     Dims(shape), smem_optin_, Bits(q), Bits(k), Bits(v), m, l, acc);
+                     Dims(shape), Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), m, l, acc);
     }
     PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_forward_block_bf16", shape));
     PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockBf16,
@@ -298,8 +318,8 @@ class CudaModelKernels final : public ModelKernels {
         UseTensorCores("attention_backward_block_bf16", shape, {q, k, v, dout, dq}));
     if (tc) {
       PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockTc,
-                     Dims(shape), smem_optin_, Bits(q), Bits(k), Bits(v), Bits(dout), lse, delta,
-                     Bits(dq), dk, dv);
+                     Dims(shape), Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), Bits(dout),
+                     lse, delta, Bits(dq), dk, dv);
     }
     PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_backward_block_bf16", shape));
     PLATEAU_LAUNCH("attention_backward_block_bf16", s,
@@ -389,6 +409,7 @@ class CudaModelKernels final : public ModelKernels {
  private:
   const Bf16Attention bf16_attention_;  // as asked (Bf16AttentionFor resolves kAuto)
   const int smem_optin_;                // bytes a block may opt in to on this device
+  const cuda_model_ops::AttentionTcStages stages64_, stages128_;
 };
 
 #undef PLATEAU_LAUNCH
@@ -413,7 +434,14 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels(smem_optin));
-  return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(options, smem_optin));
+  cuda_model_ops::AttentionTcStages stages64, stages128;
+  for (auto [head_dim, stages] : {std::pair{64, &stages64}, {128, &stages128}}) {
+    if (cuda_model_ops::AttentionTcSmemBytes(head_dim) > smem_optin) continue;  // never launched
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionTcStages(
+        head_dim, smem_optin, options.tc_double_buffer, stages));
+  }
+  return std::unique_ptr<ModelKernels>(
+      std::make_unique<CudaModelKernels>(options, smem_optin, stages64, stages128));
 }
 
 }  // namespace plateau

@@ -103,12 +103,14 @@ class Stack {
   char* base_;
 };
 
-// A cp.async not landed yet: it lands at its thread's wait for `group`.
+// A cp.async its thread has not waited for yet (landed already under
+// CopyLanding::kAtIssue).
 struct PendingCopy {
   unsigned char* dst;
   const unsigned char* src;
   int src_bytes;
   uint64_t group;  // the thread's commits before it was issued
+  bool landed;
 };
 
 struct Thread {
@@ -141,6 +143,7 @@ struct State {
   std::vector<unsigned char> shared;
   std::map<const void*, std::vector<unsigned char>> static_shared;
   std::string failure;
+  CopyLanding landing = CopyLanding::kAtWait;
 };
 State state;
 
@@ -299,6 +302,15 @@ void LdMatrixX4(uint32_t r[4], const void* row, bool trans) {
   for (int i = 0; i < 4; ++i) r[i] = out[i];
 }
 
+void SetCopyLanding(CopyLanding landing) { state.landing = landing; }
+
+namespace {
+void Land(const PendingCopy& c) {
+  if (c.src_bytes > 0) std::memcpy(c.dst, c.src, c.src_bytes);
+  std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+}
+}  // namespace
+
 void CpAsync16(void* dst, const void* src, int src_bytes) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
     Fail("cp.async of 16 bytes with an address not 16-byte aligned");
@@ -313,8 +325,10 @@ void CpAsync16(void* dst, const void* src, int src_bytes) {
     return;
   }
   Thread& th = state.threads[state.current];
-  th.copies.push_back({static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src),
-                       src_bytes, th.committed});
+  const PendingCopy c{static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src),
+                      src_bytes, th.committed, state.landing == CopyLanding::kAtIssue};
+  if (c.landed) Land(c);
+  th.copies.push_back(c);
 }
 
 void CpAsyncCommit() { ++state.threads[state.current].committed; }
@@ -329,8 +343,7 @@ void CpAsyncWait(int pending) {
       later.push_back(c);
       continue;
     }
-    if (c.src_bytes > 0) std::memcpy(c.dst, c.src, c.src_bytes);
-    std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+    if (!c.landed) Land(c);
   }
   th.copies = std::move(later);
 }

@@ -14,8 +14,9 @@
 //     bf16) in every block, static (__shared__ arrays) and dynamic, and
 //     writes past the kernel's size land in a guard that is checked after
 //     each block;
-//   - an asynchronous copy read before it is waited for: cp.async lands at
-//     the thread's wait, as late as the hardware may land it.
+//   - an asynchronous copy read before it is waited for, or landing in a
+//     buffer still being read: cp.async lands at the thread's wait (as late
+//     as the hardware may) or at its issue (as early), as asked.
 // Not modelled: memory-model subtleties inside a barrier interval (a thread
 // runs until its next collective), timing, and the hardware's own
 // arithmetic (the warp-wide mma below sums in double and rounds once).
@@ -187,13 +188,23 @@ void MmaM16N8K16Bf16(float c[4], const uint32_t a[4], const uint32_t b[2]);
 // `trans` its column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1.
 void LdMatrixX4(uint32_t r[4], const void* row, bool trans);
 
+// When cp.async copies land (a GPU may land one any time between its issue
+// and its thread's wait for its group), for the grids that follow:
+// - kAtWait (the default): the latest. A read of the destination before the
+//   wait, or by another thread before the wait and a barrier, sees the old
+//   bytes (0xFF at first: NaN).
+// - kAtIssue: the earliest. A copy into a buffer other warps may still be
+//   reading (a refill without the barrier after their last read)
+//   overwrites it under them.
+// A kernel right on a GPU gives the same results under both.
+enum class CopyLanding { kAtWait, kAtIssue };
+void SetCopyLanding(CopyLanding landing);
+
 // cp.async.cg.shared.global with a cp-size of 16 (16-byte aligned; the
 // destination in the block's shared memory): the first `src_bytes` (0..16)
-// bytes from `src`, the rest zero, `src` not read past them. The copy lands
-// when its thread waits for its group, never earlier (the latest a GPU may
-// land it): a read of the destination before that wait, or by another
-// thread before the wait and a barrier, sees the old bytes (0xFF at first:
-// NaN). A thread that ends with copies it never waited for fails the block.
+// bytes from `src`, the rest zero, `src` not read past them; it lands as
+// SetCopyLanding says. A thread that ends with copies it never waited for
+// fails the block.
 void CpAsync16(void* dst, const void* src, int src_bytes);
 // cp.async.commit_group: the thread's copies since the last commit are a
 // group.

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +31,13 @@ namespace plateau {
 
 struct ModelKernelsOptions {
   Bf16Attention bf16_attention = Bf16Attention::kAuto;  // precision.h
+  // CUDA's tensor-core attention kernels (kernels/cuda/cuda_attention_tc.h)
+  // double-buffer their streamed tiles where the device's shared memory
+  // allows; false single-buffers them: the same bits, slower — the baseline
+  // attention_bench measures the pipeline against, and what the twin test
+  // holds to the same bits on a GPU that would double-buffer. The CPU
+  // ignores it.
+  bool tc_double_buffer = true;
 };
 
 class ModelKernels {
@@ -43,6 +51,11 @@ class ModelKernels {
   // The arithmetic the bf16 attention ops run in for this shape (never
   // kAuto): the options' choice, resolved.
   virtual Bf16Attention Bf16AttentionFor(const AttentionShape& shape) const = 0;
+
+  // What the implementation chose at creation that a reader of its figures
+  // needs to know ("" when nothing): on CUDA, the tensor-core attention
+  // kernels' buffering per head_dim.
+  virtual std::string Describe() const { return ""; }
 
   absl::Status Embedding(Stream& s, const float* table, int64_t vocab,
                          const int32_t* tokens, int64_t rows, int64_t hidden,

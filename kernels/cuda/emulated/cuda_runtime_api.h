@@ -163,5 +163,14 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fn);
 cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value);
+// How many blocks of `func` (blockSize threads, dynamicSMemSize bytes of
+// dynamic shared memory) one multiprocessor of an sm_90 holds: 228 KiB of
+// shared memory, 1 KiB of it reserved per block; 2048 threads; 32 blocks;
+// 64K registers, where every thread is taken to use 255 (a g++-compiled
+// kernel has no register count; 255 is the most a thread may have, and the
+// tensor-core attention kernels take 136-255). 0 past the kernel's dynamic
+// shared-memory limit, as CUDA.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void* func,
+                                                          int blockSize, size_t dynamicSMemSize);
 
 #endif  // PLATEAU_KERNELS_CUDA_EMULATED_CUDA_RUNTIME_API_H_

@@ -913,6 +913,26 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fn
   return cudaSuccess;
 }
 
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void* func,
+                                                          int blockSize, size_t dynamicSMemSize) {
+  PLATEAU_EMULATED_LOCK;
+  if (numBlocks == nullptr || func == nullptr || blockSize <= 0 || blockSize > 1024) {
+    return Ret(cudaErrorInvalidValue);
+  }
+  *numBlocks = 0;
+  if (dynamicSMemSize > static_cast<size_t>(plateau::cuda_emulation::DynamicSmemLimit(func))) {
+    return cudaSuccess;
+  }
+  constexpr int64_t kSmemPerSm = 228 << 10, kReservedPerBlock = 1 << 10;
+  constexpr int64_t kRegistersPerSm = 64 << 10, kWarpRegisters = 256 * 32;  // 255, granule 256
+  const int64_t warps = (blockSize + 31) / 32;
+  const int64_t by_smem = kSmemPerSm / (static_cast<int64_t>(dynamicSMemSize) + kReservedPerBlock);
+  const int64_t by_threads = 2048 / (warps * 32);
+  const int64_t by_registers = kRegistersPerSm / (warps * kWarpRegisters);
+  *numBlocks = static_cast<int>(std::min({by_smem, by_threads, by_registers, int64_t{32}}));
+  return cudaSuccess;
+}
+
 cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value) {
   PLATEAU_EMULATED_LOCK;
   if (fn == nullptr || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||

@@ -191,6 +191,35 @@ TEST_F(EmulatedRuntimeTest, LaunchesAreCheckedAsCudaChecksThem) {
   EXPECT_EQ(cudaFree(device), cudaSuccess);
 }
 
+// An sm_90's multiprocessor, registers taken at 255 a thread: 2 blocks of
+// 128 threads by registers, fewer by shared memory past ~113 KiB a block,
+// none past the kernel's opt-in (what the tensor-core attention kernels'
+// choice of buffering asks).
+TEST_F(EmulatedRuntimeTest, OccupancyCountsSharedMemoryThreadsAndRegisters) {
+  const void* kernel = reinterpret_cast<const void*>(&NeighbourSum);
+  ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 150 << 10),
+            cudaSuccess);
+  int blocks = -1;
+  ASSERT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, 0), cudaSuccess);
+  EXPECT_EQ(blocks, 2) << "registers";
+  ASSERT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32, 0), cudaSuccess);
+  EXPECT_EQ(blocks, 8) << "registers of one warp a block";
+  ASSERT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, 105472),
+            cudaSuccess);
+  EXPECT_EQ(blocks, 2) << "228 KiB over 104 KiB";
+  ASSERT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, 120 << 10),
+            cudaSuccess);
+  EXPECT_EQ(blocks, 1) << "228 KiB over 121 KiB";
+  ASSERT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128, 151 << 10),
+            cudaSuccess);
+  EXPECT_EQ(blocks, 0) << "past the kernel's opt-in";
+  EXPECT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(nullptr, kernel, 128, 0),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 2048, 0),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
 TEST_F(EmulatedRuntimeTest, MemoryIsCountedAndRefusedPastTheDevice) {
   size_t free_before = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
