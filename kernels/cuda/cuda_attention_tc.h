@@ -27,7 +27,8 @@
 // that see the keys, in a fixed order, so no atomics and the same bits run to
 // run). K, V, Q, dO tiles pass through shared memory row-major, padded by 8
 // bf16 per row (ldmatrix's eight 16-byte rows then fall in distinct banks):
-// copied in by cp.async, double-buffered where the device allows, read into
+// copied in by cp.async, double-buffered where the device allows it without
+// fewer resident blocks (ChooseAttentionTcStages), read into
 // fragments by ldmatrix (.trans for the operands used transposed: V, K, Q,
 // dO as B of P V, dS K, dS^T Q, P^T dO), rows chosen by mma_layout.h.
 //

@@ -1,23 +1,26 @@
 // The tensor-core attention kernels' own source
 // (cuda_attention_tc_kernels.inc, what nvcc compiles) run on the CPU by the
 // SIMT emulation (simt_emulator.h: 128 threads a block, switched at
-// __syncthreads, the quad shuffles and the warp-wide mma), against their
-// CPU twin (kernels/model/attention_tc.h), with no GPU:
+// __syncthreads, the quad shuffles and the warp-wide mma and ldmatrix),
+// against their CPU twin (kernels/model/attention_tc.h), with no GPU:
 // - every output within 2^-6 of the magnitude it sums (the twin test's
 //   tolerance: the two sum in different orders, so a probability or dS can
 //   round to the neighbouring bf16 value on one side);
-// - the same bits whichever warp runs ahead (three schedules): a missing
-//   barrier lets one warp read a tile another has not finished or has
-//   already replaced, and changes them;
+// - the same bits whichever warp runs ahead (three schedules), single- or
+//   double-buffered, and with cp.async copies landing at their wait (the
+//   latest) or at their issue (the earliest): a missing barrier or wait
+//   lets one warp read a tile that has not arrived or has already been
+//   replaced, and changes them;
 // - no deadlock, no divergent warp collective, no write past the shared
 //   memory the launcher asks for, and nothing read uninitialised (shared
 //   memory starts as NaN).
 // The emulated mma is the PTX ISA's m16n8k16 table, written out in
 // simt_emulator.cc independently of mma_layout.h, summed in double and
-// rounded once (the hardware's order differs: within the tolerance). What this cannot see:
-// the hardware's own behaviour (timing, the memory model within a barrier
-// interval, the real instruction); cuda_attention_tc_twin_test checks the
-// kernels on a GPU.
+// rounded once (the hardware's order differs: within the tolerance); its
+// ldmatrix is the PTX ISA's description, written out there too. What this
+// cannot see: the hardware's own behaviour (timing, the memory model within
+// a barrier interval, the real instructions); cuda_attention_tc_twin_test
+// checks the kernels on a GPU.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -95,7 +98,7 @@ struct Emulation {
 AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const AttnTcOut* ref) {
   const AttentionShape& s0 = d.shapes[0];
   const bool d64 = s0.head_dim == 64;
-  simt::SetCopyLanding(run.landing);
+  const simt::ScopedCopyLanding landing(run.landing);
   AttnTcOut r;
   r.m.resize(d.rows);
   r.l.resize(d.rows);
@@ -143,7 +146,6 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
   }
   r.dq_bits = dq;
   r.dq = Loaded(dq);
-  simt::SetCopyLanding(simt::CopyLanding::kAtWait);
   return r;
 }
 
@@ -285,20 +287,25 @@ TEST(SimtEmulatorTest, CpAsyncLandsAtTheWaitForItsGroup) {
   EXPECT_EQ(e, "");
   EXPECT_EQ(seen, (std::vector<int>{0xFF, 1, 0xFF, 17, 20, 0}));
 
-  // Landing at issue: the bytes are there at once; the wait still counts.
-  simt::SetCopyLanding(simt::CopyLanding::kAtIssue);
+  // Landing at issue: the bytes are there at once, and the wait (which
+  // still counts) does not land them again over a later store.
   std::vector<int> early;
-  const std::string at_issue = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [&] {
-    if (threadIdx.x != 0) return;
-    CpAsync16(reinterpret_cast<Bf16*>(simt::SharedMemory()), reinterpret_cast<const Bf16*>(src),
-              16);
-    early.push_back(simt::SharedMemory()[0]);
-    CpAsyncCommit();
-    CpAsyncWait<0>();
-  });
-  simt::SetCopyLanding(simt::CopyLanding::kAtWait);
+  std::string at_issue;
+  {
+    const simt::ScopedCopyLanding landing(simt::CopyLanding::kAtIssue);
+    at_issue = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [&] {
+      if (threadIdx.x != 0) return;
+      CpAsync16(reinterpret_cast<Bf16*>(simt::SharedMemory()), reinterpret_cast<const Bf16*>(src),
+                16);
+      early.push_back(simt::SharedMemory()[0]);
+      simt::SharedMemory()[0] = 0x42;
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+      early.push_back(simt::SharedMemory()[0]);
+    });
+  }
   EXPECT_EQ(at_issue, "");
-  EXPECT_EQ(early, std::vector<int>{1});
+  EXPECT_EQ(early, (std::vector<int>{1, 0x42}));
 
   const std::string never = simt::RunGrid({1, 1, 1}, 32, 64, simt::Schedule::kInOrder, [] {
     CpAsync16(reinterpret_cast<Bf16*>(simt::SharedMemory()), reinterpret_cast<const Bf16*>(src),

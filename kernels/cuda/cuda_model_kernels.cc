@@ -281,12 +281,14 @@ class CudaModelKernels final : public ModelKernels {
            cuda_model_ops::AttentionTcSmemBytes(head_dim) <= smem_optin_;
   }
   std::string Describe() const override {
-    auto stages = [](const cuda_model_ops::AttentionTcStages& s) {
+    auto stages = [&](int64_t head_dim) {
+      if (!TensorCoresTake(head_dim)) return std::string("none (tiled kernels)");
+      const cuda_model_ops::AttentionTcStages& s = Stages(head_dim);
       return absl::StrCat(s.forward, "/", s.dq, "/", s.dkv);
     };
-    return absl::StrCat("tensor-core attention buffers (forward/dQ/dKdV): head_dim 64 ",
-                        stages(stages64_), ", head_dim 128 ", stages(stages128_),
-                        "; opt-in shared memory ", smem_optin_, " bytes");
+    return absl::StrCat("tensor-core attention buffers (forward/dQ/dKdV): head_dim 64 ", stages(64),
+                        ", head_dim 128 ", stages(128), "; opt-in shared memory ", smem_optin_,
+                        " bytes");
   }
   const cuda_model_ops::AttentionTcStages& Stages(int64_t head_dim) const {
     return head_dim == 64 ? stages64_ : stages128_;
@@ -428,7 +430,8 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
   // What a block may opt in to (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB
   // on sm_86/sm_89): the tensor-core kernels at head_dim 128 need 68.5 KiB
-  // single-buffered and double-buffer where up to 103 KiB fit.
+  // single-buffered, and double-buffer (up to 103 KiB) where that fits and
+  // keeps as many blocks resident (ChooseAttentionTcStages).
   int device = 0, smem_optin = 0;
   PLATEAU_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   PLATEAU_CUDA_RETURN_IF_ERROR(

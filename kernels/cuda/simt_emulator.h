@@ -199,6 +199,14 @@ void LdMatrixX4(uint32_t r[4], const void* row, bool trans);
 // A kernel right on a GPU gives the same results under both.
 enum class CopyLanding { kAtWait, kAtIssue };
 void SetCopyLanding(CopyLanding landing);
+// SetCopyLanding for a scope; kAtWait again at its end.
+class ScopedCopyLanding {
+ public:
+  explicit ScopedCopyLanding(CopyLanding landing) { SetCopyLanding(landing); }
+  ~ScopedCopyLanding() { SetCopyLanding(CopyLanding::kAtWait); }
+  ScopedCopyLanding(const ScopedCopyLanding&) = delete;
+  ScopedCopyLanding& operator=(const ScopedCopyLanding&) = delete;
+};
 
 // cp.async.cg.shared.global with a cp-size of 16 (16-byte aligned; the
 // destination in the block's shared memory): the first `src_bytes` (0..16)

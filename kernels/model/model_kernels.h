@@ -33,7 +33,8 @@ struct ModelKernelsOptions {
   Bf16Attention bf16_attention = Bf16Attention::kAuto;  // precision.h
   // CUDA's tensor-core attention kernels (kernels/cuda/cuda_attention_tc.h)
   // double-buffer their streamed tiles where the device's shared memory
-  // allows; false single-buffers them: the same bits, slower — the baseline
+  // allows it without fewer resident blocks (ChooseAttentionTcStages);
+  // false single-buffers them: the same bits, slower — the baseline
   // attention_bench measures the pipeline against, and what the twin test
   // holds to the same bits on a GPU that would double-buffer. The CPU
   // ignores it.

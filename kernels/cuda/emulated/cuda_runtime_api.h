@@ -169,7 +169,8 @@ cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int val
 // 64K registers, where every thread is taken to use 255 (a g++-compiled
 // kernel has no register count; 255 is the most a thread may have, and the
 // tensor-core attention kernels take 136-255). 0 past the kernel's dynamic
-// shared-memory limit, as CUDA.
+// shared-memory limit, as CUDA. Static __shared__ arrays are not counted
+// (the emulation sizes them at run time; the kernels that ask have none).
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void* func,
                                                           int blockSize, size_t dynamicSMemSize);
 
