@@ -102,7 +102,8 @@ absl::Status ValidateAdamW(const AdamWArgs& a);
 // the pool's cached blocks), so it is at least the tracked bytes, never equal
 // to them by construction.
 struct DeviceView {
-  std::string name;  // cudaDeviceProp::name
+  int device_index = 0;  // the CUDA device (BackendOptions::device_index)
+  std::string name;      // cudaDeviceProp::name
   int cc_major = 0, cc_minor = 0;
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;           // cudaMemGetInfo

@@ -174,6 +174,49 @@ TEST_P(CudaAttentionTcTest, ShapesAndPointersTheKernelsCannotTake) {
   EXPECT_EQ(Widened(results[0]), Widened(results[1]));
 }
 
+// The kernels are made for the backend's device whichever device is
+// current on the creating thread: their shared-memory opt-ins (past 48 KiB)
+// and buffering are per device, and a launch on a device never opted in
+// fails. Backend 0's QueryDevice leaves device 0 current, then the kernels
+// of backend 1 are made and run there (head_dim 128: every tensor-core
+// kernel takes more than 48 KiB). Needs two GPUs (tools/device-check filters it out on
+// one; tools/test runs it on two emulated GPUs).
+TEST(CudaAttentionTcDeviceTest, KernelsAreMadeForTheBackendsDeviceOnTwoGpus) {
+  BackendOptions options;
+  options.kind = BackendKind::kCuda;
+  options.device_index = 1;
+  auto second = Backend::Create(options);
+  if (!second.ok() && NoCudaHere(second.status())) {
+    GTEST_SKIP() << "no CUDA backend here: " << second.status();
+  }
+  if (!second.ok() && second.status().code() == absl::StatusCode::kInvalidArgument) {
+    GTEST_SKIP() << "needs two GPUs: " << second.status();
+  }
+  ASSERT_TRUE(second.ok()) << second.status();
+  options.device_index = 0;
+  auto first = Backend::Create(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  DeviceSide gpu;
+  ASSERT_TRUE(gpu.Init(std::move(*second)).ok());  // creates a stream on device 1
+  ASSERT_TRUE((*first)->QueryDevice().ok());       // device 0 current on this thread
+  ModelKernelsOptions tc;
+  tc.bf16_attention = Bf16Attention::kTensorCore;
+  auto kernels = ModelKernels::Create(gpu.b(), tc);
+  ASSERT_TRUE(kernels.ok()) << kernels.status();
+
+  BackendOptions cpu_options;
+  cpu_options.device_memory_bytes = int64_t{1} << 30;
+  auto cpu_backend = Backend::Create(cpu_options);
+  ASSERT_TRUE(cpu_backend.ok()) << cpu_backend.status();
+  DeviceSide cpu;
+  ASSERT_TRUE(cpu.Init(std::move(*cpu_backend)).ok());
+  auto twin = ModelKernels::Create(cpu.b(), tc);
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  const AttnTcData d = MakeAttnTcData(AttnTcCase{"d128", 1, 70, 70, 2, 1, 128, 0, {0}}, 1900);
+  const AttnTcOut out = RunAttnTc(gpu, **kernels, d);
+  ExpectNearTwin(out, RunAttnTc(cpu, **twin, d), d, ExactAttention(d));
+}
+
 // Tiles are 64 query rows and 64 keys.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTcTest,
                          ::testing::Values(

@@ -580,6 +580,7 @@ class CudaBackend final : public Backend {
     PLATEAU_CUDA_RETURN_IF_ERROR(
         cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
     DeviceView v;
+    v.device_index = device_index_;
     v.name = prop_.name;
     v.cc_major = prop_.major;
     v.cc_minor = prop_.minor;

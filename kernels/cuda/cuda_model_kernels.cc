@@ -425,15 +425,19 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
         "cuda model kernels: backend is ", BackendKindName(backend.kind()),
         ", not cuda"));
   }
-  // Load every model kernel now (on the current device: the backend's, when
-  // it was created on this thread), not at its first launch mid-step.
+  // The backend's device, made current on this thread (which may have had
+  // another): the module loads, shared-memory opt-ins and buffering choice
+  // below are the current device's, and the launches run on the backend's.
+  PLATEAU_ASSIGN_OR_RETURN(const DeviceView view, backend.QueryDevice());
+  const int device = view.device_index;
+  PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  // Load every model kernel now, not at its first launch mid-step.
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadKernels());
   // What a block may opt in to (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB
   // on sm_86/sm_89): the tensor-core kernels at head_dim 128 need 68.5 KiB
   // single-buffered, and double-buffer (up to 103 KiB) where that fits and
   // keeps as many blocks resident (ChooseAttentionTcStages).
-  int device = 0, smem_optin = 0;
-  PLATEAU_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  int smem_optin = 0;
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels(smem_optin));
