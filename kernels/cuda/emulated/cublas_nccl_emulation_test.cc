@@ -1671,27 +1671,24 @@ TEST(EmulatedNcclTest, AGroupOverBlockingAndNonBlockingCommunicatorsIsRefused) {
   ASSERT_EQ(InitRank(&at_call, 1, id, 0), ncclSuccess);
   TestStream s0(0);
   DeviceArray<float> buf(1);
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclFloat32, ncclSum, at_call, s0.get()),
-            ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclFloat32, ncclSum, on_stream[0], s0.get()),
-            ncclSuccess);
-  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("blocking and non-blocking"),
-            std::string::npos)
-      << ncclGetLastError(nullptr);
+  // A group of one all-reduce on each of `a` and `b`, refused at its end
+  // with a message containing `why`.
+  auto refused = [&](ncclComm_t a, ncclComm_t b, const char* why) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (ncclComm_t c : {a, b}) {
+      ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclFloat32, ncclSum, c, s0.get()),
+                ncclSuccess);
+    }
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find(why), std::string::npos)
+        << ncclGetLastError(nullptr);
+  };
+  refused(at_call, on_stream[0], "blocking and non-blocking");
   // Nor (on the stream) over two non-blocking communicators (rank 0 of two
   // worlds, both on GPU 0).
   ncclComm_t other[2];
   NonBlockingPair(other);
-  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclFloat32, ncclSum, on_stream[0], s0.get()),
-            ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), 1, ncclFloat32, ncclSum, other[0], s0.get()),
-            ncclSuccess);
-  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("several non-blocking"), std::string::npos)
-      << ncclGetLastError(nullptr);
+  refused(on_stream[0], other[0], "several non-blocking");
   EXPECT_EQ(ncclCommDestroy(other[0]), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(other[1]), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(at_call), ncclSuccess);
