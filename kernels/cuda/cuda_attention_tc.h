@@ -9,18 +9,27 @@
 // step's FLOPs, so issue 17's MFU target needs tensor cores.
 //
 // Arithmetic (what kernels/model/attention_tc.h computes on the CPU, up to
-// the order of the sums and expf's ulps): scores s = scale * (q . k),
-// exact bf16 products accumulated in fp32 (a tensor core aligns and
-// truncates inside one instruction rather than rounding each addition to
-// nearest: far inside the twin test's tolerance); per 64-key tile of the block the
-// online-softmax step of the tiled kernels, except that the probabilities
-// are rounded to bf16 (they are the next product's operand) and l sums the
-// rounded values, so that o is exactly a convex combination of the rows of v
-// under the weights used; backward recomputes p = exp(s - lse) in fp32, dS =
-// p (dP - delta) in fp32, and rounds p (for dV = P^T dO) and dS (for dQ = dS K
-// and dK = dS^T Q) to bf16 as operands. dq adds scale * (its fp32 sum) to the
-// loaded dq and rounds once per call; dk adds scale * (its fp32 sum over the
-// group's heads and every query tile), dv its sum.
+// the order of the sums and ex2.approx's ulps): x = q . k, exact bf16
+// products accumulated in fp32 (a tensor core aligns and truncates inside
+// one instruction rather than rounding each addition to nearest: far inside
+// the twin test's tolerance); per 64-key tile of the block the online-softmax
+// step in base 2 with the scale folded in, p = exp2(fma(x, scale log2(e),
+// -m2)) (FlashAttention's form: one FFMA and one MUFU.EX2 a score), the
+// probabilities rounded to bf16 (they are the next product's operand) and l
+// summing the rounded values, so that o is exactly a convex combination of
+// the rows of v under the weights used; m is kept in natural units between
+// calls (m2 = m log2(e) inside one). Backward recomputes p = exp2(fma(x,
+// scale log2(e), -lse log2(e))) in fp32, dS = p (dP - delta) in fp32, and
+// rounds p (for dV = P^T dO) and dS (for dQ = dS K and dK = dS^T Q) to bf16
+// as operands. dq adds scale * (its fp32 sum) to the loaded dq and rounds
+// once per call; dk adds scale * (its fp32 sum over the group's heads and
+// every query tile), dv its sum.
+//
+// Speed: the loops are written so that a warp issues few instructions
+// beside its mma.sync (tools/sass-mix counts them from the machine code):
+// only the tiles on the causal diagonal or past a sequence's end test the
+// mask, full tiles copy without bounds tests, and the exponent is one FFMA
+// and one ex2. BENCHMARKS.md ("On a GPU") has the counts.
 //
 // Layout of the work: 128 threads (4 warps x 16 rows) per block of 64 query
 // rows (forward, dQ) or 64 keys (dK/dV: the group's heads and the query tiles
@@ -55,6 +64,10 @@ namespace plateau::cuda_model_ops {
 // Query rows per block and keys per tile (kernels/model/attention_tc.h's
 // kAttentionTcTile: the key tiles fix where the probabilities are rounded).
 inline constexpr int kAttentionTcTileRows = 64;
+// log2(e) and ln(2) as floats (kernels/model/attention_tc.h's, the twin's):
+// the exponentials are base 2, see above.
+inline constexpr float kAttentionTcLog2e = 1.44269504088896340736f;
+inline constexpr float kAttentionTcLn2 = 0.69314718055994530942f;
 
 // The most dynamic shared memory one of them takes single-buffered at this
 // head_dim (the dQ and dK/dV kernels: 36.5 KiB at 64, 68.5 KiB at 128); 0

@@ -46,6 +46,12 @@ namespace {
 // is kernels/bf16.h's, the same 16 bits.
 using HostBf16 = ::plateau::Bf16;
 static_assert(sizeof(HostBf16) == sizeof(__nv_bfloat16), "the same 16 bits");
+// cuda_attention_tc.h mirrors the twin's constants (nvcc does not see
+// attention_tc.h): the tiles fix where p rounds, the base changes its value.
+static_assert(kAttentionTcTileRows == ::plateau::kAttentionTcTile &&
+                  kAttentionTcLog2e == ::plateau::kAttentionTcLog2e &&
+                  kAttentionTcLn2 == ::plateau::kAttentionTcLn2,
+              "the kernels' tile and base-2 constants are the twin's");
 
 AttentionDims Dims(const AttentionShape& s) {
   return {s.batch,    s.q_len,  s.kv_len,  s.heads, s.kv_heads,
@@ -84,6 +90,15 @@ std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16*
       });
 }
 
+// `x` followed by `pad` NaNs: the kernels read no element past an input
+// (a tile's rows past the sequence are zero-filled, not read), and one
+// read there would carry NaN into the outputs.
+std::vector<HostBf16> NanTailed(const std::vector<HostBf16>& x, int64_t pad) {
+  std::vector<HostBf16> out = x;
+  out.resize(x.size() + pad, HostBf16{0x7fc0});
+  return out;
+}
+
 // Which kernels RunPairs runs, and how.
 struct Emulation {
   int stages;
@@ -104,8 +119,17 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
   r.l.resize(d.rows);
   r.o.resize(d.q_size);
   AttentionInitState(s0, r.m.data(), r.l.data(), r.o.data());
+  // The inputs the kernels see, each followed by a tile of NaN rows.
+  const int64_t q_pad = kTile * s0.heads * s0.head_dim, kv_pad = kTile * s0.kv_heads * s0.head_dim;
+  const std::vector<HostBf16> gq = NanTailed(d.q, q_pad), gdout = NanTailed(d.dout, q_pad);
+  std::vector<std::vector<HostBf16>> gk, gv;
+  for (size_t j = 0; j < d.shapes.size(); ++j) {
+    gk.push_back(NanTailed(d.k[j], kv_pad));
+    gv.push_back(NanTailed(d.v[j], kv_pad));
+  }
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     const HostBf16 *q = d.q.data(), *k = d.k[j].data(), *v = d.v[j].data();
+    if (emulated) q = gq.data(), k = gk[j].data(), v = gv[j].data();
     if (!emulated) {
       TensorCoreAttentionForward(d.shapes[j], q, k, v, r.m.data(), r.l.data(), r.o.data());
       continue;
@@ -131,6 +155,7 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
     std::vector<float> dk = d.dk0[j], dv = d.dv0[j];
     const HostBf16 *q = d.q.data(), *k = d.k[j].data(), *v = d.v[j].data(), *dob = d.dout.data();
     if (emulated) {
+      q = gq.data(), k = gk[j].data(), v = gv[j].data(), dob = gdout.data();
       auto backward = d64 ? (run.stages == 1 ? Backward<64, 1> : Backward<64, 2>)
                           : (run.stages == 1 ? Backward<128, 1> : Backward<128, 2>);
       const std::string e = backward(d.shapes[j], q, k, v, dob, lse, delta, dq.data(), dk.data(),
