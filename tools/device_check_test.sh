@@ -28,7 +28,7 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "dry_run" and d["verdict"] == "dry_run" and d["failed"] == [], d["verdict"]
 assert d["preflight"]["gpus"] == 0 and d["preflight"]["no_gpu_reason"], d["preflight"]
 assert by["build"]["status"] == "skipped", by["build"]
-for t in ("cuda_twin_test", "cuda_bf16_twin_test", "cuda_attention_tc_twin_test",
+for t in ("wgmma_probe_test", "cuda_twin_test", "cuda_bf16_twin_test", "cuda_attention_tc_twin_test",
           "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
 for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "memcheck:attention",
@@ -99,7 +99,7 @@ SH
 printf '#!/bin/sh\necho table\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
 chmod +x "$fake/bin/gtest" "$fake/bin/bench" "$tmp/path/nvidia-smi"
-for t in cuda_twin_test cuda_bf16_twin_test cuda_attention_tc_twin_test cuda_model_twin_test nccl_communicator_test cuda_step_twin_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
+for t in wgmma_probe_test cuda_twin_test cuda_bf16_twin_test cuda_attention_tc_twin_test cuda_model_twin_test nccl_communicator_test cuda_step_twin_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
 for b in sgemm_bench copy_bench attention_bench ring_dtp_bench dispatch_bench sco_bench optimizer_bench step_bench composed_bench; do
   cp "$fake/bin/bench" "$fake/bin/$b"
 done

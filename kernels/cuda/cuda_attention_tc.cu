@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_device_utils.cuh"
+#include "kernels/cuda/cp_async.h"
 #include "kernels/cuda/mma_layout.h"
 
 namespace plateau::cuda_model_ops {

@@ -34,6 +34,8 @@
 #include "kernels/testing/attention_tc_testing.h"
 // After the host headers: the emulation defines CUDA's keywords.
 #include "kernels/cuda/simt_emulator.h"
+// Then the kernels' headers, which use it.
+#include "kernels/cuda/cp_async.h"
 #include "kernels/cuda/cuda_attention_tc.h"
 #include "kernels/cuda/mma_layout.h"
 

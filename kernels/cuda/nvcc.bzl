@@ -21,7 +21,17 @@ tools/check-fma reads to check that rule (no cuobjdump in the toolkit here).
 # only sign of it is a warning ("expression has no effect").
 _NVCC_COMMON = "-O3 -std=c++17 --fmad=false -Werror all-warnings -I."
 
-def nvcc_library(name, src, hdr, textual_hdrs = []):
+# sm_80 and sm_90 machine code, and compute_90 PTX a newer GPU can JIT.
+_GENCODE_DEFAULT = [
+    "-gencode arch=compute_80,code=sm_80",
+    "-gencode arch=compute_90,code=[sm_90,compute_90]",
+]
+
+# Hopper's own instructions (wgmma): sm_90a code, which runs on sm_90
+# devices only (the "a" features do not carry to later GPUs, so no PTX).
+GENCODE_SM90A = ["-gencode arch=compute_90a,code=sm_90a"]
+
+def nvcc_library(name, src, hdr, textual_hdrs = [], gencode = _GENCODE_DEFAULT):
     archive = "lib%s.a" % name
     native.genrule(
         name = name + "_nvcc",
@@ -33,8 +43,7 @@ def nvcc_library(name, src, hdr, textual_hdrs = []):
             "$$(readlink -f $(location @cuda//:nvcc))",
             _NVCC_COMMON,
             "-Xcompiler -fPIC",
-            "-gencode arch=compute_80,code=sm_80",
-            "-gencode arch=compute_90,code=[sm_90,compute_90]",
+        ] + gencode + [
             "-lib -o $@",
             "$(location %s)" % src,
         ]),
@@ -49,7 +58,7 @@ def nvcc_library(name, src, hdr, textual_hdrs = []):
         cmd = " ".join([
             "$$(readlink -f $(location @cuda//:nvcc))",
             _NVCC_COMMON,
-            "-arch=compute_90 -ptx -o $@",
+            "-arch=%s -ptx -o $@" % ("compute_90a" if gencode == GENCODE_SM90A else "compute_90"),
             "$(location %s)" % src,
         ]),
         message = "nvcc -ptx " + native.package_name() + "/" + src,

@@ -60,7 +60,7 @@ constexpr size_t kStackBytes = 256 << 10;
 constexpr size_t kStackGuardBytes = 64 << 10;
 constexpr int kMaxWarps = 32;
 
-enum class Wait { kNone, kWarp, kBlock };
+enum class Wait { kNone, kWarp, kWarpgroup, kBlock };
 
 // A thread's stack: mapped once and reused by every block (a fresh
 // zero-filled stack per thread per block cost more than most kernels), with
@@ -120,6 +120,9 @@ struct Thread {
   uint64_t generation = 0;  // of the barrier it waits at
   std::vector<PendingCopy> copies;  // in issue order
   uint64_t committed = 0;           // cp.async groups committed
+  // 16-byte chunks of dynamic shared memory its landed copies wrote that
+  // it has not fenced for the async proxy yet (FenceProxyAsync).
+  std::vector<size_t> unfenced;
 };
 
 struct Warp {
@@ -128,10 +131,35 @@ struct Warp {
   uint32_t scratch[32][8];
 };
 
+// One wgmma as issued: what every thread of the warpgroup passed.
+struct Wgmma {
+  uint64_t group;  // the warpgroup's commits before it was issued
+  float* d[128];
+  const uint32_t* a[128];  // A's registers; null when A is in shared memory
+  uint64_t a_desc, b_desc;
+  bool a_mn_major, b_mn_major, accumulate;
+};
+
+struct Warpgroup {
+  uint64_t generation = 0;
+  int arrived = 0, kind = 0;
+  Wgmma issuing;  // each thread's d and a at the issue
+  // Each thread's descriptors and flags (bit 0: A in registers, 1, 2: A's,
+  // B's MN-major, 3: accumulate), which must agree.
+  uint64_t a_desc[128], b_desc[128];
+  int flags[128];
+  std::vector<Wgmma> pending;  // issued, not completed; in issue order
+  uint64_t committed = 0;
+};
+
 struct State {
   std::vector<std::unique_ptr<Stack>> stacks;
   std::vector<Thread> threads;
   std::vector<Warp> warps;
+  std::vector<Warpgroup> warpgroups;
+  // Per 16-byte chunk of dynamic shared memory: 1 + the thread whose landed
+  // cp.async wrote it and has not fenced it for the async proxy, or 0.
+  std::vector<int> chunk_writer;
   uint64_t block_generation = 0;
   int block_arrived = 0;
   int block_or = 0;  // __syncthreads_or's running value
@@ -144,6 +172,7 @@ struct State {
   std::map<const void*, std::vector<unsigned char>> static_shared;
   std::string failure;
   CopyLanding landing = CopyLanding::kAtWait;
+  WgmmaCompletion completion = WgmmaCompletion::kAtWait;
 };
 State state;
 
@@ -161,6 +190,8 @@ bool Runnable(int t) {
   switch (th.wait) {
     case Wait::kWarp:
       return state.warps[t / 32].generation != th.generation;
+    case Wait::kWarpgroup:
+      return state.warpgroups[t / 128].generation != th.generation;
     case Wait::kBlock:
       return state.block_generation != th.generation;
     case Wait::kNone:
@@ -174,6 +205,10 @@ void Entry() {
   (*state.body)();
   if (!state.threads[state.current].copies.empty()) {
     Fail("a thread ended with cp.async copies it never waited for");
+  }
+  if (state.current / 128 < static_cast<int>(state.warpgroups.size()) &&
+      !state.warpgroups[state.current / 128].pending.empty()) {
+    Fail("a warpgroup ended with wgmma it never waited for");
   }
   state.threads[state.current].done = true;
   YieldToScheduler();
@@ -190,6 +225,8 @@ std::string RunBlock(int threads, const std::vector<int>& order) {
   }
   state.threads.assign(threads, Thread());
   state.warps.assign((threads + 31) / 32, Warp());
+  state.warpgroups.assign(threads / 128, Warpgroup());
+  state.chunk_writer.assign(state.shared.size() / 16, 0);
   state.block_generation = 0;
   state.block_arrived = 0;
   state.block_or = 0;
@@ -305,9 +342,18 @@ void LdMatrixX4(uint32_t r[4], const void* row, bool trans) {
 void SetCopyLanding(CopyLanding landing) { state.landing = landing; }
 
 namespace {
+// Lands a copy of the running thread; marks dynamic shared memory it wrote
+// as not yet fenced for the async proxy.
 void Land(const PendingCopy& c) {
   if (c.src_bytes > 0) std::memcpy(c.dst, c.src, c.src_bytes);
   std::memset(c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(state.shared.data());
+  const uintptr_t at = reinterpret_cast<uintptr_t>(c.dst);
+  if (at >= base && (at - base) / 16 < state.chunk_writer.size()) {
+    const size_t chunk = (at - base) / 16;
+    state.chunk_writer[chunk] = state.current + 1;
+    state.threads[state.current].unfenced.push_back(chunk);
+  }
 }
 }  // namespace
 
@@ -346,6 +392,209 @@ void CpAsyncWait(int pending) {
     if (!c.landed) Land(c);
   }
   th.copies = std::move(later);
+}
+
+void FenceProxyAsync() {
+  Thread& th = state.threads[state.current];
+  for (size_t chunk : th.unfenced) {
+    if (state.chunk_writer[chunk] == state.current + 1) state.chunk_writer[chunk] = 0;
+  }
+  th.unfenced.clear();
+}
+
+uint32_t SharedWindowAddress(const void* p) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(state.shared.data());
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  if (at < base || at >= base + state.shared.size() - kGuardBytes) {
+    Fail("a shared-memory address of a pointer outside the block's dynamic shared memory");
+    return 0;
+  }
+  return static_cast<uint32_t>(at - base);
+}
+
+void SetWgmmaCompletion(WgmmaCompletion completion) { state.completion = completion; }
+
+namespace {
+
+// Returns when all 128 threads of the caller's warpgroup have called it
+// with the same `kind`.
+void WarpgroupRendezvous(int kind) {
+  const int g = state.current / 128;
+  if (g >= static_cast<int>(state.warpgroups.size())) {
+    Fail("a warpgroup instruction in a block that is not whole warpgroups (128 threads)");
+    return;
+  }
+  Warpgroup& w = state.warpgroups[g];
+  if (w.arrived == 0) {
+    w.kind = kind;
+  } else if (w.kind != kind) {
+    Fail("the threads of a warpgroup called different warpgroup instructions at one point");
+  }
+  Thread& th = state.threads[state.current];
+  th.generation = w.generation;
+  if (++w.arrived == 128) {
+    w.arrived = 0;
+    ++w.generation;
+    state.progressed = true;
+    return;
+  }
+  th.wait = Wait::kWarpgroup;
+  YieldToScheduler();
+}
+
+// Element (mn, k) of a shared-memory operand from its descriptor (PTX ISA,
+// "Matrix Descriptor Format": start address, leading and stride byte
+// offsets, each in 16-byte units in bits 0-13, 16-29 and 32-45; base offset
+// in bits 49-51; layout type in bits 62-63, 0 = no swizzle), in the
+// no-swizzle canonical layouts: 8 x 8 core matrices of 128 contiguous
+// bytes, whose 16-byte rows run along K (K-major) or M/N (MN-major);
+// neighbouring core matrices are the leading offset apart along K and the
+// stride offset apart along M/N. Null (and the block fails) for anything
+// else.
+const unsigned char* OperandElement(uint64_t desc, bool mn_major, int mn, int k) {
+  const uint32_t start = static_cast<uint32_t>(desc & 0x3fff) << 4;
+  const uint32_t leading = static_cast<uint32_t>((desc >> 16) & 0x3fff) << 4;
+  const uint32_t stride = static_cast<uint32_t>((desc >> 32) & 0x3fff) << 4;
+  if ((desc >> 49 & 7) != 0 || (desc >> 62) != 0) {
+    Fail("wgmma descriptor with a base offset or a swizzled layout (the emulation has neither)");
+    return nullptr;
+  }
+  const uint32_t in_core = mn_major ? (k % 8) * 16 + (mn % 8) * 2 : (mn % 8) * 16 + (k % 8) * 2;
+  const uint64_t at =
+      uint64_t{start} + (mn / 8) * uint64_t{stride} + (k / 8) * uint64_t{leading} + in_core;
+  if (at + 2 > state.shared.size() - kGuardBytes) {
+    Fail("wgmma operand past the block's dynamic shared memory");
+    return nullptr;
+  }
+  if (state.chunk_writer[at / 16] != 0) {
+    Fail("wgmma read shared memory that thread " + std::to_string(state.chunk_writer[at / 16] - 1) +
+         " wrote by cp.async and did not fence (fence.proxy.async) after it landed");
+    return nullptr;
+  }
+  return state.shared.data() + at;
+}
+
+float Bf16At(const unsigned char* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return __bfloat162float({bits});
+}
+
+// Completes one wgmma: reads A and B as they are now, then writes every
+// thread's d. A (64 x 16) from registers as mma.m16n8k16's A per warp (warp
+// w rows 16 w ..): element (row, k) in thread 32 (row / 16) + (row % 8) 4 +
+// (k % 8) / 2, register (row % 16) / 8 + 2 (k / 8), half k % 2. D (64 x 64):
+// float r of thread t is row 16 (t / 32) + (t % 32) / 4 + 8 ((r % 4) / 2),
+// column 8 (r / 4) + 2 (t % 4) + r % 2.
+void Complete(const Wgmma& op) {
+  float a[64][16], b[16][64];
+  for (int row = 0; row < 64; ++row) {
+    for (int k = 0; k < 16; ++k) {
+      if (op.a[0] != nullptr) {
+        const int t = 32 * (row / 16) + (row % 8) * 4 + (k % 8) / 2;
+        const uint32_t word = op.a[t][(row % 16) / 8 + 2 * (k / 8)];
+        a[row][k] = HalfOf(word, k % 2);
+      } else {
+        const unsigned char* p = OperandElement(op.a_desc, op.a_mn_major, row, k);
+        if (p == nullptr) return;
+        a[row][k] = Bf16At(p);
+      }
+    }
+  }
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < 64; ++n) {
+      const unsigned char* p = OperandElement(op.b_desc, op.b_mn_major, n, k);
+      if (p == nullptr) return;
+      b[k][n] = Bf16At(p);
+    }
+  }
+  for (int t = 0; t < 128; ++t) {
+    for (int r = 0; r < 32; ++r) {
+      const int row = 16 * (t / 32) + (t % 32) / 4 + 8 * ((r % 4) / 2);
+      const int col = 8 * (r / 4) + 2 * (t % 4) + r % 2;
+      double sum = op.accumulate ? op.d[t][r] : 0.0;
+      for (int k = 0; k < 16; ++k) sum += double{a[row][k]} * double{b[k][col]};
+      op.d[t][r] = static_cast<float>(sum);
+    }
+  }
+}
+
+void Issue(float d[32], const uint32_t a[4], uint64_t a_desc, bool a_mn_major, uint64_t b_desc,
+           bool b_mn_major, bool accumulate) {
+  const int g = state.current / 128, t = state.current % 128;
+  if (g < static_cast<int>(state.warpgroups.size())) {
+    Warpgroup& w = state.warpgroups[g];
+    w.issuing.d[t] = d;
+    w.issuing.a[t] = a;
+    w.a_desc[t] = a != nullptr ? 0 : a_desc;
+    w.b_desc[t] = b_desc;
+    w.flags[t] = (a != nullptr) | a_mn_major << 1 | b_mn_major << 2 | accumulate << 3;
+  }
+  WarpgroupRendezvous(5);
+  if (g >= static_cast<int>(state.warpgroups.size())) return;
+  Warpgroup& w = state.warpgroups[g];
+  if (t == 0) {
+    for (int u = 1; u < 128; ++u) {
+      if (w.flags[u] != w.flags[0] || w.a_desc[u] != w.a_desc[0] || w.b_desc[u] != w.b_desc[0]) {
+        Fail("the threads of a warpgroup issued one wgmma with different operands or flags");
+      }
+    }
+    Wgmma op = w.issuing;
+    op.group = w.committed;
+    op.a_desc = w.a_desc[0];
+    op.b_desc = w.b_desc[0];
+    op.a_mn_major = w.flags[0] & 2;
+    op.b_mn_major = w.flags[0] & 4;
+    op.accumulate = w.flags[0] & 8;
+    if (state.completion == WgmmaCompletion::kAtIssue) {
+      Complete(op);
+    } else {
+      w.pending.push_back(op);
+    }
+  }
+  WarpgroupRendezvous(6);  // thread 0 has taken every thread's operands
+}
+
+}  // namespace
+
+void WgmmaRs(float d[32], const uint32_t a[4], uint64_t b_desc, bool b_mn_major, bool accumulate) {
+  Issue(d, a, 0, false, b_desc, b_mn_major, accumulate);
+}
+
+void WgmmaSs(float d[32], uint64_t a_desc, bool a_mn_major, uint64_t b_desc, bool b_mn_major,
+             bool accumulate) {
+  Issue(d, nullptr, a_desc, a_mn_major, b_desc, b_mn_major, accumulate);
+}
+
+void WgmmaFence() { WarpgroupRendezvous(7); }
+
+void WgmmaCommit() {
+  WarpgroupRendezvous(8);
+  const int g = state.current / 128;
+  if (g < static_cast<int>(state.warpgroups.size()) && state.current % 128 == 0) {
+    ++state.warpgroups[g].committed;
+  }
+  WarpgroupRendezvous(9);
+}
+
+void WgmmaWait(int pending) {
+  WarpgroupRendezvous(10);
+  const int g = state.current / 128;
+  if (g < static_cast<int>(state.warpgroups.size()) && state.current % 128 == 0) {
+    Warpgroup& w = state.warpgroups[g];
+    const uint64_t keep = static_cast<uint64_t>(std::max(pending, 0));
+    const uint64_t done = w.committed > keep ? w.committed - keep : 0;  // groups below complete
+    std::vector<Wgmma> later;
+    for (const Wgmma& op : w.pending) {
+      if (op.group < done) {
+        Complete(op);
+      } else {
+        later.push_back(op);
+      }
+    }
+    w.pending = std::move(later);
+  }
+  WarpgroupRendezvous(11);  // every thread's d is written before any goes on
 }
 
 // From the PTX ISA's fragment tables, written out here independently of

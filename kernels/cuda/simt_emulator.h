@@ -223,6 +223,52 @@ void CpAsyncCommit();
 // `pending` lands.
 void CpAsyncWait(int pending);
 
+// Hopper's warpgroup MMA, wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16
+// .bf16 (sm_90a), issued by every thread of the caller's warpgroup (threads
+// 128 g .. 128 g + 127; the block a multiple of 128 threads) with the same
+// descriptors and flags, else the block fails: d (32 floats a thread) =
+// A B, plus d where `accumulate`; A from registers a[4] (WgmmaRs) or shared
+// memory (descriptor a_desc, WgmmaSs), B from shared memory (b_desc); a
+// shared operand K-major, or MN-major where *_mn_major (the .trans
+// immediates). Written out here from the PTX ISA's fragment figures and its
+// matrix-descriptor format and canonical layouts, apart from
+// kernels/cuda/wgmma_layout.h, which the kernels use. Descriptors address
+// the block's dynamic shared memory (SharedWindowAddress) in the
+// no-swizzle layout with base offset 0; anything else fails the block.
+// Summed in double and rounded once, as MmaM16N8K16Bf16.
+//
+// Asynchronous as on the GPU: the operands (A's registers and shared
+// memory) are read and d written when the wgmma completes, at the wait for
+// its group (the latest; the default) or at its issue (the earliest,
+// SetWgmmaCompletion): a kernel that reads d or rewrites an operand before
+// that wait gives different results under the two. Shared memory that a
+// cp.async wrote is read only after its writing thread fenced it
+// (FenceProxyAsync) once it landed (the tensor cores read through the async
+// proxy); otherwise the block fails. A warpgroup whose threads end with
+// wgmma outstanding fails the block. Plain stores to shared memory are not
+// tracked: the kernels fill the operands by cp.async.
+void WgmmaRs(float d[32], const uint32_t a[4], uint64_t b_desc, bool b_mn_major, bool accumulate);
+void WgmmaSs(float d[32], uint64_t a_desc, bool a_mn_major, uint64_t b_desc, bool b_mn_major,
+             bool accumulate);
+// wgmma.fence.sync.aligned (a warpgroup rendezvous here; what it orders on
+// the GPU, register accesses, the emulation does not model).
+void WgmmaFence();
+// wgmma.commit_group.sync.aligned: the warpgroup's wgmma since the last
+// commit are a group.
+void WgmmaCommit();
+// wgmma.wait_group.sync.aligned `pending`: every committed group but the
+// newest `pending` completes.
+void WgmmaWait(int pending);
+// fence.proxy.async.shared::cta: this thread's landed cp.async writes become
+// visible to the tensor cores.
+void FenceProxyAsync();
+// The address a descriptor holds for `p` in the block's dynamic shared
+// memory (its offset there; 16-byte aligned), as __cvta_generic_to_shared
+// on the GPU; a pointer elsewhere fails the block.
+uint32_t SharedWindowAddress(const void* p);
+enum class WgmmaCompletion { kAtWait, kAtIssue };
+void SetWgmmaCompletion(WgmmaCompletion completion);
+
 // A statically sized __shared__ array of the running block: `key` names the
 // declaration (one per template instantiation), `bytes` its size. The first
 // call in a block allocates it (0xFF bytes, with a guard checked after the

@@ -1,0 +1,27 @@
+// The wgmma probe: one small product through Hopper's warpgroup MMA
+// (wgmma.mma_async m64n64k16, sm_90a) in every operand layout the kernels
+// may use, so that the reading of the PTX ISA in wgmma_layout.h (fragments,
+// the no-swizzle shared-memory layouts, the descriptor) and in the SIMT
+// emulation (simt_emulator.cc, written apart) can be checked on an H100 or
+// H200 (wgmma_probe_test, run by tools/device-check) before a kernel is
+// built on them. Compiled for sm_90a only; other GPUs have no image of it.
+#ifndef PLATEAU_KERNELS_CUDA_WGMMA_PROBE_H_
+#define PLATEAU_KERNELS_CUDA_WGMMA_PROBE_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace plateau::cuda_wgmma {
+
+// D[64][64] = A[64][32] B[32][64] (fp32 D; bf16 bits row-major; B^T is
+// `bt`, [64][32], the same values), as two k-steps of 16, the second
+// accumulating: A from registers or (a_in_smem) a K-major shared tile, B
+// from a K-major shared tile (from bt) or (b_mn_major) an MN-major one (from
+// b). One block of 128 threads on `stream`; 16-byte aligned pointers.
+cudaError_t WgmmaProbe(cudaStream_t stream, bool a_in_smem, bool b_mn_major, const uint16_t* a,
+                       const uint16_t* b, const uint16_t* bt, float* d);
+
+}  // namespace plateau::cuda_wgmma
+
+#endif  // PLATEAU_KERNELS_CUDA_WGMMA_PROBE_H_
