@@ -12,7 +12,10 @@
 // run fails). On CUDA also the tensor-core kernels single-buffered
 // (ModelKernelsOptions::tc_double_buffer = false: the baseline of their
 // cp.async pipeline), with the double/single time ratio; their o must be
-// the double-buffered o bit for bit.
+// the double-buffered o bit for bit; and the forward on mma.sync
+// (ModelKernelsOptions::tc_wgmma = false, "tc_mma": the baseline of the
+// wgmma forward an H100/H200 takes), with the wgmma/mma.sync forward time
+// ratio.
 //
 //   bazel run -c opt --config=cuda //bench:attention_bench -- --backend=cuda
 //   bazel run -c opt //bench:attention_bench                 # CPU: a check
@@ -49,6 +52,7 @@ struct Point {
   int64_t seq_len = 0;
   Bf16Attention arith = Bf16Attention::kTiles;
   bool double_buffer = true;
+  bool wgmma = true;  // the forward may take wgmma (the device decides)
   Timing fwd, bwd;
   double fwd_flops = 0;
   std::vector<float> o;  // the last forward's output, on the host
@@ -64,18 +68,20 @@ std::vector<Bf16> RandomBf16(int64_t n, uint64_t seed) {
   return b;
 }
 
-// A row's name: the arithmetic, and "tc_single" for the single-buffered
-// tensor-core kernels.
-const char* Label(Bf16Attention arith, bool double_buffer) {
-  return arith == Bf16Attention::kTensorCore && !double_buffer ? "tc_single"
-                                                               : Bf16AttentionName(arith);
+// A row's name: the arithmetic, "tc_single" for the single-buffered
+// tensor-core kernels, "tc_mma" for their forward kept on mma.sync.
+const char* Label(Bf16Attention arith, bool double_buffer, bool wgmma) {
+  if (arith != Bf16Attention::kTensorCore) return Bf16AttentionName(arith);
+  return !double_buffer ? "tc_single" : !wgmma ? "tc_mma" : Bf16AttentionName(arith);
 }
 
 absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape& shape,
-                              Bf16Attention arith, bool double_buffer, double min_time_s) {
+                              Bf16Attention arith, bool double_buffer, bool wgmma,
+                              double min_time_s) {
   ModelKernelsOptions options;
   options.bf16_attention = arith;
   options.tc_double_buffer = double_buffer;
+  options.tc_wgmma = wgmma;
   PLATEAU_ASSIGN_OR_RETURN(auto kernels, ModelKernels::Create(be, options));
   if (kernels->Bf16AttentionFor(shape) != arith) {
     return absl::UnimplementedError(
@@ -140,6 +146,7 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   p.seq_len = shape.q_len;
   p.arith = arith;
   p.double_buffer = double_buffer;
+  p.wgmma = wgmma;
   PLATEAU_ASSIGN_OR_RETURN(p.fwd, TimeRuns(forward, 1, 3, min_time_s, 50));
   PLATEAU_ASSIGN_OR_RETURN(p.bwd, TimeRuns(backward, 1, 3, min_time_s, 50));
   const double pairs = static_cast<double>(shape.batch * shape.heads) *
@@ -249,14 +256,21 @@ int Main(int argc, char** argv) {
     shape.head_dim = head_dim;
     shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     std::vector<Point> points;
-    std::vector<std::pair<Bf16Attention, bool>> variants = {{Bf16Attention::kTiles, true},
-                                                            {Bf16Attention::kTensorCore, true}};
-    if (kind == BackendKind::kCuda) variants.push_back({Bf16Attention::kTensorCore, false});
-    for (auto [arith, double_buffer] : variants) {
-      auto p = Measure(be, **stream, shape, arith, double_buffer, min_time_s);
+    struct Variant {
+      Bf16Attention arith;
+      bool double_buffer, wgmma;
+    };
+    std::vector<Variant> variants = {{Bf16Attention::kTiles, true, true},
+                                     {Bf16Attention::kTensorCore, true, true}};
+    if (kind == BackendKind::kCuda) {
+      variants.push_back({Bf16Attention::kTensorCore, false, true});
+      variants.push_back({Bf16Attention::kTensorCore, true, false});
+    }
+    for (const Variant& v : variants) {
+      auto p = Measure(be, **stream, shape, v.arith, v.double_buffer, v.wgmma, min_time_s);
       if (!p.ok()) {
-        std::printf("%8lld %-12s %s\n", static_cast<long long>(T), Label(arith, double_buffer),
-                    p.status().ToString().c_str());
+        std::printf("%8lld %-12s %s\n", static_cast<long long>(T),
+                    Label(v.arith, v.double_buffer, v.wgmma), p.status().ToString().c_str());
         ++failures;
         continue;
       }
@@ -264,9 +278,10 @@ int Main(int argc, char** argv) {
     }
     const Point* tc_double = nullptr;
     const Point* tc_single = nullptr;
+    const Point* tc_mma = nullptr;
     for (const Point& p : points) {
       if (p.arith != Bf16Attention::kTensorCore) continue;
-      (p.double_buffer ? tc_double : tc_single) = &p;
+      (!p.wgmma ? tc_mma : p.double_buffer ? tc_double : tc_single) = &p;
     }
     for (const Point& p : points) {
       const double fwd_tf = p.fwd_flops / p.fwd.best_s / 1e12;
@@ -287,14 +302,14 @@ int Main(int argc, char** argv) {
       const bool same_bits = &p != tc_single || tc_double == nullptr || p.o == tc_double->o;
       if (!agree || !same_bits) ++failures;
       std::printf("%8lld %-12s %10.2f %10.2f %10.2f %10.2f %7.1f%% %9.3f %12.3g%s%s\n",
-                  static_cast<long long>(T), Label(p.arith, p.double_buffer), p.fwd.best_s * 1e3,
-                  p.bwd.best_s * 1e3, fwd_tf, bwd_tf, 100 * mfu, ratio, rel,
+                  static_cast<long long>(T), Label(p.arith, p.double_buffer, p.wgmma),
+                  p.fwd.best_s * 1e3, p.bwd.best_s * 1e3, fwd_tf, bwd_tf, 100 * mfu, ratio, rel,
                   agree ? "" : "  WRONG: beyond 2^-6 of max |o|",
                   same_bits ? "" : "  WRONG: single-buffered o differs from double-buffered");
       // double_buffer only where it means something: CUDA's tensor cores.
       const bool buffered = kind == BackendKind::kCuda && p.arith == Bf16Attention::kTensorCore;
       absl::StrAppendFormat(&json,
-                            "%s{\"seq_len\":%d,\"arithmetic\":\"%s\"%s,\"fwd_s\":%.6g,"
+                            "%s{\"seq_len\":%d,\"arithmetic\":\"%s\"%s%s,\"fwd_s\":%.6g,"
                             "\"bwd_s\":%.6g,\"fwd_tflops\":%.4g,\"bwd_tflops\":%.4g,"
                             "\"mfu\":%.4g,\"time_ratio_vs_tiles\":%.4g,"
                             "\"o_rel_diff_vs_tiles\":%.3g}",
@@ -302,6 +317,9 @@ int Main(int argc, char** argv) {
                             !buffered         ? ""
                             : p.double_buffer ? ",\"double_buffer\":true"
                                               : ",\"double_buffer\":false",
+                            !buffered ? ""
+                            : p.wgmma ? ",\"wgmma\":true"
+                                      : ",\"wgmma\":false",
                             p.fwd.best_s, p.bwd.best_s, fwd_tf, bwd_tf, mfu, ratio, rel);
       first = false;
     }
@@ -309,6 +327,12 @@ int Main(int argc, char** argv) {
       std::printf("%8lld tensor_core double / single buffered: forward %.3f, backward %.3f\n",
                   static_cast<long long>(T), tc_double->fwd.best_s / tc_single->fwd.best_s,
                   tc_double->bwd.best_s / tc_single->bwd.best_s);
+    }
+    if (tc_double != nullptr && tc_mma != nullptr) {
+      std::printf("%8lld tensor_core forward, as chosen (%s) / mma.sync: %.3f\n",
+                  static_cast<long long>(T),
+                  chosen.find("forward on wgmma: yes") != std::string::npos ? "wgmma" : "mma.sync",
+                  tc_double->fwd.best_s / tc_mma->fwd.best_s);
     }
     std::fflush(stdout);
   }

@@ -18,6 +18,9 @@ import re
 import struct
 import sys
 
+# Tensor-core instructions: mma.sync (HMMA) and wgmma (HGMMA).
+MMA = ('HMMA', 'HGMMA')
+
 
 def parse(kernel_text):
     labels, ins = {}, []
@@ -41,7 +44,7 @@ def target(body, labels):
 
 def boundary_only(rng):
     ops = [(op, body) for op, body in rng]
-    if any(op.startswith('HMMA') for op, _ in ops):
+    if any(op.startswith(MMA) for op, _ in ops):
         return None
     if any(op.startswith('FSEL') and '-INF' in body for op, body in ops):
         return 'mask'
@@ -71,7 +74,7 @@ def main():
         old_abi_header(sys.argv[2])
         return
     text = open(sys.argv[1]).read()
-    print(f"{'kernel':34} {'loop':>5} {'HMMA':>5} {'common':>6} {'other/HMMA':>10}  "
+    print(f"{'kernel':34} {'loop':>5} {'MMA':>5} {'common':>6} {'other/MMA':>10}  "
           "left out; most frequent on the common path")
     for chunk in re.split(r'\n//-+ \.text\.', text)[1:]:
         name = chunk.split(' ')[0]
@@ -85,7 +88,7 @@ def main():
         for i, (op, body) in enumerate(ins):
             t = target(body, labels) if op == 'BRA' else None
             if t is not None and t <= i:
-                h = sum(op2.startswith('HMMA') for op2, _ in ins[t:i + 1])
+                h = sum(op2.startswith(MMA) for op2, _ in ins[t:i + 1])
                 if h and (best is None or h > best[0]):
                     best = (h, t, i)
         if best is None:

@@ -121,20 +121,8 @@ Variants DkvVariants() {
           TcSmem<D, 2>::kDkv};
 }
 
-// 2 where the double-buffered kernel fits `smem_optin` and keeps as many
-// blocks resident per multiprocessor as the single-buffered one (the
-// runtime's occupancy counts registers and shared memory), else 1.
 cudaError_t Stages(const Variants& v, int smem_optin, int* stages) {
-  *stages = 1;
-  if (v.twice_smem > smem_optin) return cudaSuccess;
-  int single = 0, twice = 0;
-  cudaError_t e =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&single, v.single, kTcThreads, v.single_smem);
-  if (e != cudaSuccess) return e;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&twice, v.twice, kTcThreads, v.twice_smem);
-  if (e != cudaSuccess) return e;
-  if (twice >= single && twice > 0) *stages = 2;
-  return cudaSuccess;
+  return ChooseKernelBuffers(v.single, v.single_smem, v.twice, v.twice_smem, smem_optin, stages);
 }
 
 template <int D>
@@ -149,6 +137,20 @@ const Bf16* AsBf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p);
 Bf16* AsBf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
 
 }  // namespace
+
+cudaError_t ChooseKernelBuffers(const void* single, int single_smem, const void* twice,
+                                int twice_smem, int smem_optin, int* stages) {
+  *stages = 1;
+  if (twice_smem > smem_optin) return cudaSuccess;
+  int single_blocks = 0, twice_blocks = 0;
+  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&single_blocks, single, kTcThreads,
+                                                                single_smem);
+  if (e != cudaSuccess) return e;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&twice_blocks, twice, kTcThreads, twice_smem);
+  if (e != cudaSuccess) return e;
+  if (twice_blocks >= single_blocks && twice_blocks > 0) *stages = 2;
+  return cudaSuccess;
+}
 
 int AttentionTcSmemBytes(int64_t head_dim) {
   // The instantiations: kernels/model/attention_tc.h's TensorCoreHeadDim.

@@ -29,7 +29,12 @@
 // beside its mma.sync (tools/sass-mix counts them from the machine code):
 // only the tiles on the causal diagonal or past a sequence's end test the
 // mask, full tiles copy without bounds tests, and the exponent is one FFMA
-// and one ex2. BENCHMARKS.md ("On a GPU") has the counts.
+// and one ex2. BENCHMARKS.md ("On a GPU") has the counts. What still bounds
+// them is shared memory: every B fragment passes through registers by
+// ldmatrix (about one 512-byte LDSM per two HMMA, near half an H200's bf16
+// rate by bandwidth alone). On an H100/H200 the forward therefore runs on
+// wgmma (cuda_attention_wgmma.h), which reads its operands from shared
+// memory itself; the backward's wgmma kernels are still to come.
 //
 // Layout of the work: 128 threads (4 warps x 16 rows) per block of 64 query
 // rows (forward, dQ) or 64 keys (dK/dV: the group's heads and the query tiles
@@ -80,6 +85,10 @@ int AttentionTcSmemBytes(int64_t head_dim);
 // bits, see above).
 struct AttentionTcStages {
   int forward = 1, dq = 1, dkv = 1;
+  // The forward on Hopper's wgmma (cuda_attention_wgmma.h, sm_90 only;
+  // `forward` buffers) instead of mma.sync: what CreateCudaModelKernels
+  // chooses on an sm_90 device whose wgmma probe agrees.
+  bool forward_wgmma = false;
 };
 
 // As AttentionForwardBlockBf16 (cuda_model_ops.h), in the arithmetic above,
@@ -110,6 +119,14 @@ cudaError_t LoadAttentionTcKernels(int smem_optin);
 // against two single-buffered). `double_buffer` false: single everywhere.
 cudaError_t ChooseAttentionTcStages(int64_t head_dim, int smem_optin, bool double_buffer,
                                     AttentionTcStages* stages);
+
+// The rule above for one kernel (also the wgmma forward's,
+// cuda_attention_wgmma.h): *stages = 2 where the double-buffered variant
+// `twice` fits `smem_optin` and keeps as many 128-thread blocks resident
+// per multiprocessor as `single` (the runtime's occupancy: registers and
+// shared memory), else 1.
+cudaError_t ChooseKernelBuffers(const void* single, int single_smem, const void* twice,
+                                int twice_smem, int smem_optin, int* stages);
 
 }  // namespace plateau::cuda_model_ops
 

@@ -38,11 +38,14 @@
 #include "kernels/cuda/cp_async.h"
 #include "kernels/cuda/cuda_attention_tc.h"
 #include "kernels/cuda/mma_layout.h"
+#include "kernels/cuda/wgmma_instructions.h"
+#include "kernels/cuda/wgmma_layout.h"
 
 namespace plateau::cuda_model_ops {
 namespace {
 
 #include "kernels/cuda/cuda_attention_tc_kernels.inc"
+#include "kernels/cuda/cuda_attention_wgmma_kernels.inc"
 
 // Inside this namespace Bf16 is the kernels' (CUDA's) type; the test's data
 // is kernels/bf16.h's, the same 16 bits.
@@ -73,6 +76,15 @@ std::string Forward(const AttentionShape& s, const HostBf16* q, const HostBf16* 
       {Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)}, kTcThreads,
       TcSmem<D, kStages>::kForward, schedule,
       [&] { AttentionForwardTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
+}
+template <int D, int kStages>
+std::string ForwardWg(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
+                      const HostBf16* v, float* m, float* l, float* acc, simt::Schedule schedule) {
+  const AttentionDims d = Dims(s);
+  return simt::RunGrid(
+      {Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)}, kTcThreads,
+      WgSmem<D, kStages>::kForward, schedule,
+      [&] { AttentionForwardWgKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
 }
 template <int D, int kStages>
 std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
@@ -106,6 +118,8 @@ struct Emulation {
   int stages;
   simt::Schedule schedule;
   simt::CopyLanding landing = simt::CopyLanding::kAtWait;
+  bool wgmma = false;  // the forward on wgmma (cuda_attention_wgmma_kernels.inc)
+  simt::WgmmaCompletion completion = simt::WgmmaCompletion::kAtWait;
 };
 
 // Init, the forward over the blocks, Finalize and Delta on the host
@@ -138,11 +152,15 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
     }
     float *m = r.m.data(), *l = r.l.data(), *o = r.o.data();
     const simt::Schedule at = run.schedule;
-    const std::string e =
-        d64 ? (run.stages == 1 ? Forward<64, 1>(d.shapes[j], q, k, v, m, l, o, at)
-                               : Forward<64, 2>(d.shapes[j], q, k, v, m, l, o, at))
-            : (run.stages == 1 ? Forward<128, 1>(d.shapes[j], q, k, v, m, l, o, at)
-                               : Forward<128, 2>(d.shapes[j], q, k, v, m, l, o, at));
+    auto forward = d64 ? (run.stages == 1 ? Forward<64, 1> : Forward<64, 2>)
+                       : (run.stages == 1 ? Forward<128, 1> : Forward<128, 2>);
+    if (run.wgmma) {
+      forward = d64 ? (run.stages == 1 ? ForwardWg<64, 1> : ForwardWg<64, 2>)
+                    : (run.stages == 1 ? ForwardWg<128, 1> : ForwardWg<128, 2>);
+    }
+    simt::SetWgmmaCompletion(run.completion);
+    const std::string e = forward(d.shapes[j], q, k, v, m, l, o, at);
+    simt::SetWgmmaCompletion(simt::WgmmaCompletion::kAtWait);
     EXPECT_EQ(e, "") << "forward, block " << j;
   }
   r.lse.resize(d.rows);
@@ -200,10 +218,21 @@ TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
         Emulation{2, simt::Schedule::kInOrder}, Emulation{2, simt::Schedule::kShuffled},
         Emulation{1, simt::Schedule::kReversed, kEarly},
         Emulation{2, simt::Schedule::kReversed, kEarly},
-        Emulation{2, simt::Schedule::kShuffled, kEarly}}) {
+        Emulation{2, simt::Schedule::kShuffled, kEarly},
+        // The wgmma forward: the emulation sums each 16-deep k-step in double
+        // and rounds once, as its mma.sync, in the same order, so the same
+        // bits as the mma.sync forward, with its results landing at the wait
+        // or at the issue.
+        Emulation{1, simt::Schedule::kInOrder, simt::CopyLanding::kAtWait, true},
+        Emulation{2, simt::Schedule::kShuffled, simt::CopyLanding::kAtWait, true},
+        Emulation{2, simt::Schedule::kReversed, kEarly, true, simt::WgmmaCompletion::kAtIssue},
+        Emulation{1, simt::Schedule::kShuffled, kEarly, true, simt::WgmmaCompletion::kAtIssue}}) {
     SCOPED_TRACE(::testing::Message()
                  << other.stages << " stage(s), schedule " << static_cast<int>(other.schedule)
-                 << (other.landing == kEarly ? ", copies landing at issue" : ""));
+                 << (other.landing == kEarly ? ", copies landing at issue" : "")
+                 << (other.wgmma ? ", wgmma forward" : "")
+                 << (other.completion == simt::WgmmaCompletion::kAtIssue ? " completing at issue"
+                                                                         : ""));
     const AttnTcOut again = RunPairs(d, /*emulated=*/true, other, &twin);
     EXPECT_TRUE(SameBits(again.m, kernel.m));
     EXPECT_TRUE(SameBits(again.l, kernel.l));

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -11,9 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/cuda_attention_tc.h"
+#include "kernels/cuda/cuda_attention_wgmma.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_model_ops.h"
 #include "kernels/cuda/stream_errors.h"
+#include "kernels/cuda/wgmma_probe.h"
 #include "kernels/model/attention_tc.h"
 #include "kernels/model/config.h"
 #include "kernels/status_macros.h"
@@ -84,14 +87,16 @@ class CudaModelKernels final : public ModelKernels {
  public:
   // `smem_optin`: the device's cudaDevAttrMaxSharedMemoryPerBlockOptin;
   // `stages64`, `stages128`: the tensor-core kernels' buffering at those
-  // head_dims on it (ChooseAttentionTcStages).
+  // head_dims on it (ChooseAttentionTcStages) and whether the forward runs
+  // on wgmma; `wgmma_note`: why it does or does not, for Describe.
   CudaModelKernels(const ModelKernelsOptions& options, int smem_optin,
                    const cuda_model_ops::AttentionTcStages& stages64,
-                   const cuda_model_ops::AttentionTcStages& stages128)
+                   const cuda_model_ops::AttentionTcStages& stages128, std::string wgmma_note)
       : bf16_attention_(options.bf16_attention),
         smem_optin_(smem_optin),
         stages64_(stages64),
-        stages128_(stages128) {}
+        stages128_(stages128),
+        wgmma_note_(std::move(wgmma_note)) {}
 
   Bf16Attention Bf16AttentionFor(const AttentionShape& shape) const override {
     switch (bf16_attention_) {
@@ -288,7 +293,7 @@ class CudaModelKernels final : public ModelKernels {
     };
     return absl::StrCat("tensor-core attention buffers (forward/dQ/dKdV): head_dim 64 ", stages(64),
                         ", head_dim 128 ", stages(128), "; opt-in shared memory ", smem_optin_,
-                        " bytes");
+                        " bytes; forward on wgmma: ", wgmma_note_);
   }
   const cuda_model_ops::AttentionTcStages& Stages(int64_t head_dim) const {
     return head_dim == 64 ? stages64_ : stages128_;
@@ -298,6 +303,11 @@ class CudaModelKernels final : public ModelKernels {
                                            float* acc, float* /*work*/) override {
     PLATEAU_ASSIGN_OR_RETURN(const bool tc,
                              UseTensorCores("attention_forward_block_bf16", shape, {q, k, v}));
+    if (tc && Stages(shape.head_dim).forward_wgmma) {
+      PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockWg,
+                     Dims(shape), Stages(shape.head_dim).forward, Bits(q), Bits(k), Bits(v), m, l,
+                     acc);
+    }
     if (tc) {
       PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockTc,
                      Dims(shape), Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), m, l, acc);
@@ -412,6 +422,7 @@ class CudaModelKernels final : public ModelKernels {
   const Bf16Attention bf16_attention_;  // as asked (Bf16AttentionFor resolves kAuto)
   const int smem_optin_;                // bytes a block may opt in to on this device
   const cuda_model_ops::AttentionTcStages stages64_, stages128_;
+  const std::string wgmma_note_;
 };
 
 #undef PLATEAU_LAUNCH
@@ -441,14 +452,45 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels(smem_optin));
+  // The wgmma forward: an H100/H200 only (sm_90a code), and only where the
+  // probe's products agree with their reference on this device: a
+  // misreading of the PTX ISA's layouts (which nothing without such a GPU
+  // can catch) then costs speed, never a wrong result.
+  int major = 0, minor = 0;
+  PLATEAU_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PLATEAU_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  bool wgmma = false;
+  std::string wgmma_note;
+  if (!options.tc_wgmma) {
+    wgmma_note = "no (turned off)";
+  } else if (major != 9 || minor != 0) {
+    wgmma_note = absl::StrCat("no (compute capability ", major, ".", minor, ", not 9.0)");
+  } else {
+    std::string why;
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_wgmma::WgmmaProbeCheck(&wgmma, &why));
+    if (wgmma) {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionWgKernels(smem_optin));
+      wgmma_note = "yes (probe agrees)";
+    } else {
+      wgmma_note = absl::StrCat("no (the probe disagrees: ", why, ")");
+      std::fprintf(stderr, "plateau: tensor-core forward stays on mma.sync: %s\n", why.c_str());
+    }
+  }
   cuda_model_ops::AttentionTcStages stages64, stages128;
   for (auto [head_dim, stages] : {std::pair{64, &stages64}, {128, &stages128}}) {
     if (cuda_model_ops::AttentionTcSmemBytes(head_dim) > smem_optin) continue;  // never launched
     PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionTcStages(
         head_dim, smem_optin, options.tc_double_buffer, stages));
+    if (wgmma) {
+      stages->forward_wgmma = true;
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionWgStages(
+          head_dim, smem_optin, options.tc_double_buffer, &stages->forward));
+    }
   }
-  return std::unique_ptr<ModelKernels>(
-      std::make_unique<CudaModelKernels>(options, smem_optin, stages64, stages128));
+  return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(
+      options, smem_optin, stages64, stages128, std::move(wgmma_note)));
 }
 
 }  // namespace plateau

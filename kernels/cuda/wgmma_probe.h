@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 namespace plateau::cuda_wgmma {
 
@@ -21,6 +22,14 @@ namespace plateau::cuda_wgmma {
 // b). One block of 128 threads on `stream`; 16-byte aligned pointers.
 cudaError_t WgmmaProbe(cudaStream_t stream, bool a_in_smem, bool b_mn_major, const uint16_t* a,
                        const uint16_t* b, const uint16_t* bt, float* d);
+
+// Runs the probe in all four layouts on the current device, on fixed data,
+// and compares each D with a double reference on the host (1e-5 relative:
+// exact bf16 products summed in fp32): *agrees false names the first layout
+// and element that differ in *why. The caller (CreateCudaModelKernels)
+// takes the wgmma kernels only where it agrees. Call on a compute
+// capability 9.0 device (elsewhere the launch fails: no sm_90a image).
+cudaError_t WgmmaProbeCheck(bool* agrees, std::string* why);
 
 }  // namespace plateau::cuda_wgmma
 

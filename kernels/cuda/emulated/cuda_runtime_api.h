@@ -75,6 +75,8 @@ struct cudaDeviceProp {
 };
 
 enum cudaDeviceAttr {
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
   cudaDevAttrMemoryPoolsSupported = 115,
 };

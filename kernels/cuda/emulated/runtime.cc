@@ -546,6 +546,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (value == nullptr) return Ret(cudaErrorInvalidValue);
   if (BadDevice(device)) return Ret(cudaErrorInvalidDevice);
   switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor:  // an sm_90, as cudaGetDeviceProperties says
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = kOptinSmem;
       return cudaSuccess;

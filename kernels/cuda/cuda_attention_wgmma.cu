@@ -1,0 +1,112 @@
+// The wgmma forward's launchers; the kernel is
+// cuda_attention_wgmma_kernels.inc (shared with the CPU emulation test),
+// which builds on cuda_attention_tc_kernels.inc. See cuda_attention_wgmma.h.
+#include "kernels/cuda/cuda_attention_wgmma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cuda/cp_async.h"
+#include "kernels/cuda/cuda_attention_tc.h"
+#include "kernels/cuda/cuda_device_utils.cuh"
+#include "kernels/cuda/mma_layout.h"
+#include "kernels/cuda/wgmma_instructions.h"
+#include "kernels/cuda/wgmma_layout.h"
+
+namespace plateau::cuda_model_ops {
+namespace {
+
+#include "kernels/cuda/cuda_attention_tc_kernels.inc"
+#include "kernels/cuda/cuda_attention_wgmma_kernels.inc"
+
+template <int D, int kStages>
+void LaunchStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
+                  const Bf16* k, const Bf16* v, float* m, float* l, float* acc) {
+  constexpr int kSmem = WgSmem<D, kStages>::kForward;
+  PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionForwardWgKernel<D, kStages>)(
+      s, q, k, v, m, l, acc);
+}
+
+template <int D>
+cudaError_t Launch(cudaStream_t stream, const AttentionDims& s, int stages, const Bf16* q,
+                   const Bf16* k, const Bf16* v, float* m, float* l, float* acc) {
+  const int64_t tiles = (s.q_len + kTile - 1) / kTile;
+  if (tiles > 0x7fffffff || s.heads > 65535 || s.batch > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
+                  static_cast<unsigned>(s.batch));
+  if (stages == 2) {
+    LaunchStages<D, 2>(stream, grid, s, q, k, v, m, l, acc);
+  } else {
+    LaunchStages<D, 1>(stream, grid, s, q, k, v, m, l, acc);
+  }
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t OptIn(int smem_optin) {
+  const std::pair<const void*, int> kernels[] = {
+      {reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 1>), WgSmem<D, 1>::kForward},
+      {reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>), WgSmem<D, 2>::kForward}};
+  for (auto [fn, smem] : kernels) {
+    cudaFuncAttributes attributes;
+    cudaError_t e = cudaFuncGetAttributes(&attributes, fn);
+    if (e != cudaSuccess) return e;
+    if (smem > smem_optin) continue;
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+template <int D>
+cudaError_t Choose(int smem_optin, int* stages) {
+  return ChooseKernelBuffers(reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 1>),
+                             WgSmem<D, 1>::kForward,
+                             reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>),
+                             WgSmem<D, 2>::kForward, smem_optin, stages);
+}
+
+}  // namespace
+
+cudaError_t AttentionForwardBlockWg(cudaStream_t stream, const AttentionDims& s, int stages,
+                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                    float* m, float* l, float* acc) {
+  const Bf16* bq = reinterpret_cast<const Bf16*>(q);
+  const Bf16* bk = reinterpret_cast<const Bf16*>(k);
+  const Bf16* bv = reinterpret_cast<const Bf16*>(v);
+  switch (s.head_dim) {
+    case 64:
+      return Launch<64>(stream, s, stages, bq, bk, bv, m, l, acc);
+    case 128:
+      return Launch<128>(stream, s, stages, bq, bk, bv, m, l, acc);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LoadAttentionWgKernels(int smem_optin) {
+  cudaError_t e = OptIn<64>(smem_optin);
+  return e == cudaSuccess ? OptIn<128>(smem_optin) : e;
+}
+
+cudaError_t ChooseAttentionWgStages(int64_t head_dim, int smem_optin, bool double_buffer,
+                                    int* stages) {
+  *stages = 1;
+  if (!double_buffer) return cudaSuccess;
+  switch (head_dim) {
+    case 64:
+      return Choose<64>(smem_optin, stages);
+    case 128:
+      return Choose<128>(smem_optin, stages);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace plateau::cuda_model_ops

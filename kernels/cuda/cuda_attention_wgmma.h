@@ -1,0 +1,37 @@
+// The forward block pair of tensor-core attention on Hopper's warpgroup
+// MMA (wgmma.mma_async, sm_90a): the same interface, tiles and arithmetic
+// as AttentionForwardBlockTc (cuda_attention_tc.h), its operands read by the
+// tensor cores straight from shared memory instead of through registers
+// (cuda_attention_wgmma_kernels.inc says how). Built for sm_90a only: an
+// H100 or H200 runs it, nothing else has an image of it, so the caller
+// (CreateCudaModelKernels) takes it only on compute capability 9.0 and
+// only where the wgmma probe (wgmma_probe.h) agrees with its reference on
+// that device.
+#ifndef PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_WGMMA_H_
+#define PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_WGMMA_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_model_ops.h"
+
+namespace plateau::cuda_model_ops {
+
+// As AttentionForwardBlockTc, with `stages` buffers (1 or 2) of the K and
+// V tiles. head_dim 64 or 128, 16-byte aligned pointers.
+cudaError_t AttentionForwardBlockWg(cudaStream_t stream, const AttentionDims& s, int stages,
+                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                    float* m, float* l, float* acc);
+
+// Loads the kernels' module and opts each in to its shared memory (at most
+// 80 KiB: every sm_90 block may), on the current device; then, for
+// `head_dim`, the buffers as ChooseKernelBuffers picks them (1 where
+// `double_buffer` is false).
+cudaError_t LoadAttentionWgKernels(int smem_optin);
+cudaError_t ChooseAttentionWgStages(int64_t head_dim, int smem_optin, bool double_buffer,
+                                    int* stages);
+
+}  // namespace plateau::cuda_model_ops
+
+#endif  // PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_WGMMA_H_
