@@ -14,8 +14,8 @@
 // cp.async pipeline), with the double/single time ratio; their o must be
 // the double-buffered o bit for bit; and the forward on mma.sync
 // (ModelKernelsOptions::tc_wgmma = false, "tc_mma": the baseline of the
-// wgmma forward an H100/H200 takes), with the wgmma/mma.sync forward time
-// ratio.
+// wgmma forward and dQ an H100/H200 takes), with the wgmma/mma.sync
+// forward time ratio (the backward's is in the rows).
 //
 //   bazel run -c opt --config=cuda //bench:attention_bench -- --backend=cuda
 //   bazel run -c opt //bench:attention_bench                 # CPU: a check
@@ -331,7 +331,7 @@ int Main(int argc, char** argv) {
     if (tc_double != nullptr && tc_mma != nullptr) {
       std::printf("%8lld tensor_core forward, as chosen (%s) / mma.sync: %.3f\n",
                   static_cast<long long>(T),
-                  chosen.find("forward on wgmma: yes") != std::string::npos ? "wgmma" : "mma.sync",
+                  chosen.find("on wgmma: yes") != std::string::npos ? "wgmma" : "mma.sync",
                   tc_double->fwd.best_s / tc_mma->fwd.best_s);
     }
     std::fflush(stdout);

@@ -79,7 +79,9 @@ cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
   // rest, so their order on the stream does not matter.
   const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
                    static_cast<unsigned>(s.batch));
-  if (stages.dq == 2) {
+  if (stages.wgmma) {
+    // dQ ran on wgmma (AttentionBackwardBlockWg).
+  } else if (stages.dq == 2) {
     LaunchDqStages<D, 2>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);
   } else {
     LaunchDqStages<D, 1>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);

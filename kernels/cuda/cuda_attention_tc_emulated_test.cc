@@ -86,16 +86,23 @@ std::string ForwardWg(const AttentionShape& s, const HostBf16* q, const HostBf16
       WgSmem<D, kStages>::kForward, schedule,
       [&] { AttentionForwardWgKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
 }
+// With `wgmma`, the dQ kernel on wgmma (cuda_attention_wgmma_kernels.inc).
 template <int D, int kStages>
 std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
                      const HostBf16* v, const HostBf16* dout, const float* lse, const float* delta,
-                     HostBf16* dq, float* dk, float* dv, simt::Schedule schedule) {
+                     HostBf16* dq, float* dk, float* dv, simt::Schedule schedule, bool wgmma) {
   const AttentionDims d = Dims(s);
-  std::string e = simt::RunGrid(
-      {Tiles(s.q_len), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)}, kTcThreads,
-      TcSmem<D, kStages>::kDq, schedule, [&] {
-        AttentionDqTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, Nv(dq));
-      });
+  const SimtDim3 qgrid = {Tiles(s.q_len), static_cast<unsigned>(s.heads),
+                          static_cast<unsigned>(s.batch)};
+  const auto dq_wgmma = [&] {
+    AttentionDqWgKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, Nv(dq));
+  };
+  const auto dq_mma = [&] {
+    AttentionDqTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, Nv(dq));
+  };
+  std::string e =
+      wgmma ? simt::RunGrid(qgrid, kTcThreads, WgDqSmem<D, kStages>::kDq, schedule, dq_wgmma)
+            : simt::RunGrid(qgrid, kTcThreads, TcSmem<D, kStages>::kDq, schedule, dq_mma);
   if (!e.empty()) return e;
   return simt::RunGrid(
       {Tiles(s.kv_len), static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(s.batch)},
@@ -118,7 +125,7 @@ struct Emulation {
   int stages;
   simt::Schedule schedule;
   simt::CopyLanding landing = simt::CopyLanding::kAtWait;
-  bool wgmma = false;  // the forward on wgmma (cuda_attention_wgmma_kernels.inc)
+  bool wgmma = false;  // the forward and dQ on wgmma (cuda_attention_wgmma_kernels.inc)
   simt::WgmmaCompletion completion = simt::WgmmaCompletion::kAtWait;
 };
 
@@ -178,8 +185,10 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
       q = gq.data(), k = gk[j].data(), v = gv[j].data(), dob = gdout.data();
       auto backward = d64 ? (run.stages == 1 ? Backward<64, 1> : Backward<64, 2>)
                           : (run.stages == 1 ? Backward<128, 1> : Backward<128, 2>);
+      simt::SetWgmmaCompletion(run.completion);
       const std::string e = backward(d.shapes[j], q, k, v, dob, lse, delta, dq.data(), dk.data(),
-                                     dv.data(), run.schedule);
+                                     dv.data(), run.schedule, run.wgmma);
+      simt::SetWgmmaCompletion(simt::WgmmaCompletion::kAtWait);
       EXPECT_EQ(e, "") << "backward, block " << j;
     } else {
       std::vector<float> work(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
@@ -219,10 +228,10 @@ TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
         Emulation{1, simt::Schedule::kReversed, kEarly},
         Emulation{2, simt::Schedule::kReversed, kEarly},
         Emulation{2, simt::Schedule::kShuffled, kEarly},
-        // The wgmma forward: the emulation sums each 16-deep k-step in double
-        // and rounds once, as its mma.sync, in the same order, so the same
-        // bits as the mma.sync forward, with its results landing at the wait
-        // or at the issue.
+        // The wgmma forward and dQ: the emulation sums each 16-deep k-step in
+        // double and rounds once, as its mma.sync, in the same order, so the
+        // same bits as the mma.sync kernels, with the results landing at the
+        // wait or at the issue.
         Emulation{1, simt::Schedule::kInOrder, simt::CopyLanding::kAtWait, true},
         Emulation{2, simt::Schedule::kShuffled, simt::CopyLanding::kAtWait, true},
         Emulation{2, simt::Schedule::kReversed, kEarly, true, simt::WgmmaCompletion::kAtIssue},
@@ -230,7 +239,7 @@ TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
     SCOPED_TRACE(::testing::Message()
                  << other.stages << " stage(s), schedule " << static_cast<int>(other.schedule)
                  << (other.landing == kEarly ? ", copies landing at issue" : "")
-                 << (other.wgmma ? ", wgmma forward" : "")
+                 << (other.wgmma ? ", wgmma forward and dQ" : "")
                  << (other.completion == simt::WgmmaCompletion::kAtIssue ? " completing at issue"
                                                                          : ""));
     const AttnTcOut again = RunPairs(d, /*emulated=*/true, other, &twin);

@@ -48,11 +48,40 @@ cudaError_t Launch(cudaStream_t stream, const AttentionDims& s, int stages, cons
   return cudaGetLastError();
 }
 
+template <int D, int kStages>
+void LaunchDqStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
+                    const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
+                    const float* delta, Bf16* dq) {
+  constexpr int kSmem = WgDqSmem<D, kStages>::kDq;
+  PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionDqWgKernel<D, kStages>)(
+      s, q, k, v, dout, lse, delta, dq);
+}
+
+template <int D>
+cudaError_t LaunchDq(cudaStream_t stream, const AttentionDims& s, int stages, const Bf16* q,
+                     const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
+                     const float* delta, Bf16* dq) {
+  const int64_t tiles = (s.q_len + kTile - 1) / kTile;
+  if (tiles > 0x7fffffff || s.heads > 65535 || s.batch > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
+                  static_cast<unsigned>(s.batch));
+  if (stages == 2) {
+    LaunchDqStages<D, 2>(stream, grid, s, q, k, v, dout, lse, delta, dq);
+  } else {
+    LaunchDqStages<D, 1>(stream, grid, s, q, k, v, dout, lse, delta, dq);
+  }
+  return cudaGetLastError();
+}
+
 template <int D>
 cudaError_t OptIn(int smem_optin) {
   const std::pair<const void*, int> kernels[] = {
       {reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 1>), WgSmem<D, 1>::kForward},
-      {reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>), WgSmem<D, 2>::kForward}};
+      {reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>), WgSmem<D, 2>::kForward},
+      {reinterpret_cast<const void*>(AttentionDqWgKernel<D, 1>), WgDqSmem<D, 1>::kDq},
+      {reinterpret_cast<const void*>(AttentionDqWgKernel<D, 2>), WgDqSmem<D, 2>::kDq}};
   for (auto [fn, smem] : kernels) {
     cudaFuncAttributes attributes;
     cudaError_t e = cudaFuncGetAttributes(&attributes, fn);
@@ -65,11 +94,16 @@ cudaError_t OptIn(int smem_optin) {
 }
 
 template <int D>
-cudaError_t Choose(int smem_optin, int* stages) {
-  return ChooseKernelBuffers(reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 1>),
-                             WgSmem<D, 1>::kForward,
-                             reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>),
-                             WgSmem<D, 2>::kForward, smem_optin, stages);
+cudaError_t Choose(int smem_optin, AttentionTcStages* stages) {
+  cudaError_t e = ChooseKernelBuffers(
+      reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 1>), WgSmem<D, 1>::kForward,
+      reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>), WgSmem<D, 2>::kForward,
+      smem_optin, &stages->forward);
+  if (e != cudaSuccess) return e;
+  return ChooseKernelBuffers(reinterpret_cast<const void*>(AttentionDqWgKernel<D, 1>),
+                             WgDqSmem<D, 1>::kDq,
+                             reinterpret_cast<const void*>(AttentionDqWgKernel<D, 2>),
+                             WgDqSmem<D, 2>::kDq, smem_optin, &stages->dq);
 }
 
 }  // namespace
@@ -90,14 +124,39 @@ cudaError_t AttentionForwardBlockWg(cudaStream_t stream, const AttentionDims& s,
   }
 }
 
+cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s,
+                                     const AttentionTcStages& stages, const uint16_t* q,
+                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
+                                     float* dv) {
+  const Bf16* bq = reinterpret_cast<const Bf16*>(q);
+  const Bf16* bk = reinterpret_cast<const Bf16*>(k);
+  const Bf16* bv = reinterpret_cast<const Bf16*>(v);
+  const Bf16* bdo = reinterpret_cast<const Bf16*>(dout);
+  Bf16* bdq = reinterpret_cast<Bf16*>(dq);
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (s.head_dim) {
+    case 64:
+      e = LaunchDq<64>(stream, s, stages.dq, bq, bk, bv, bdo, lse, delta, bdq);
+      break;
+    case 128:
+      e = LaunchDq<128>(stream, s, stages.dq, bq, bk, bv, bdo, lse, delta, bdq);
+      break;
+  }
+  if (e != cudaSuccess) return e;
+  AttentionTcStages dkv_only = stages;
+  dkv_only.wgmma = true;  // AttentionBackwardBlockTc: the dK/dV kernel alone
+  return AttentionBackwardBlockTc(stream, s, dkv_only, q, k, v, dout, lse, delta, dq, dk, dv);
+}
+
 cudaError_t LoadAttentionWgKernels(int smem_optin) {
   cudaError_t e = OptIn<64>(smem_optin);
   return e == cudaSuccess ? OptIn<128>(smem_optin) : e;
 }
 
 cudaError_t ChooseAttentionWgStages(int64_t head_dim, int smem_optin, bool double_buffer,
-                                    int* stages) {
-  *stages = 1;
+                                    AttentionTcStages* stages) {
+  stages->forward = stages->dq = 1;
   if (!double_buffer) return cudaSuccess;
   switch (head_dim) {
     case 64:

@@ -293,7 +293,7 @@ class CudaModelKernels final : public ModelKernels {
     };
     return absl::StrCat("tensor-core attention buffers (forward/dQ/dKdV): head_dim 64 ", stages(64),
                         ", head_dim 128 ", stages(128), "; opt-in shared memory ", smem_optin_,
-                        " bytes; forward on wgmma: ", wgmma_note_);
+                        " bytes; forward and dQ on wgmma: ", wgmma_note_);
   }
   const cuda_model_ops::AttentionTcStages& Stages(int64_t head_dim) const {
     return head_dim == 64 ? stages64_ : stages128_;
@@ -303,7 +303,7 @@ class CudaModelKernels final : public ModelKernels {
                                            float* acc, float* /*work*/) override {
     PLATEAU_ASSIGN_OR_RETURN(const bool tc,
                              UseTensorCores("attention_forward_block_bf16", shape, {q, k, v}));
-    if (tc && Stages(shape.head_dim).forward_wgmma) {
+    if (tc && Stages(shape.head_dim).wgmma) {
       PLATEAU_LAUNCH("attention_forward_block_bf16", s, cuda_model_ops::AttentionForwardBlockWg,
                      Dims(shape), Stages(shape.head_dim).forward, Bits(q), Bits(k), Bits(v), m, l,
                      acc);
@@ -328,6 +328,11 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_ASSIGN_OR_RETURN(
         const bool tc,
         UseTensorCores("attention_backward_block_bf16", shape, {q, k, v, dout, dq}));
+    if (tc && Stages(shape.head_dim).wgmma) {
+      PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockWg,
+                     Dims(shape), Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), Bits(dout),
+                     lse, delta, Bits(dq), dk, dv);
+    }
     if (tc) {
       PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockTc,
                      Dims(shape), Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), Bits(dout),
@@ -484,9 +489,9 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
     PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionTcStages(
         head_dim, smem_optin, options.tc_double_buffer, stages));
     if (wgmma) {
-      stages->forward_wgmma = true;
+      stages->wgmma = true;
       PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionWgStages(
-          head_dim, smem_optin, options.tc_double_buffer, &stages->forward));
+          head_dim, smem_optin, options.tc_double_buffer, stages));
     }
   }
   return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(

@@ -31,7 +31,7 @@ _GENCODE_DEFAULT = [
 # devices only (the "a" features do not carry to later GPUs, so no PTX).
 GENCODE_SM90A = ["-gencode arch=compute_90a,code=sm_90a"]
 
-def nvcc_library(name, src, hdr, textual_hdrs = [], gencode = _GENCODE_DEFAULT):
+def nvcc_library(name, src, hdr, textual_hdrs = [], gencode = _GENCODE_DEFAULT, deps = []):
     archive = "lib%s.a" % name
     native.genrule(
         name = name + "_nvcc",
@@ -94,8 +94,10 @@ def nvcc_library(name, src, hdr, textual_hdrs = [], gencode = _GENCODE_DEFAULT):
         name = name,
         hdrs = [hdr],
         tags = ["manual"],
+        # `deps`: other nvcc_libraries whose host functions this one calls
+        # (so the linker sees their archives after this one's).
         deps = select({
             "//:cuda_emulated": [":" + name + "_emulated"],
             "//conditions:default": [":" + name + "_archive"],
-        }) + ["//kernels/cuda:cudart"],
+        }) + deps + ["//kernels/cuda:cudart"],
     )

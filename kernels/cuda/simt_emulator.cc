@@ -150,6 +150,7 @@ struct Warpgroup {
   int flags[128];
   std::vector<Wgmma> pending;  // issued, not completed; in issue order
   uint64_t committed = 0;
+  bool fenced = false;  // a wgmma.fence since the start or the last wait
 };
 
 struct State {
@@ -160,6 +161,12 @@ struct State {
   // Per 16-byte chunk of dynamic shared memory: 1 + the thread whose landed
   // cp.async wrote it and has not fenced it for the async proxy, or 0.
   std::vector<int> chunk_writer;
+  // Chunks fenced by their writer but with no block barrier since: another
+  // thread's wgmma may not see them yet (the emulation's rule: stricter
+  // than what the PTX ISA may allow within one warpgroup, and what the
+  // kernels keep).
+  std::vector<size_t> unpublished;
+  std::vector<char> chunk_unpublished;
   uint64_t block_generation = 0;
   int block_arrived = 0;
   int block_or = 0;  // __syncthreads_or's running value
@@ -227,6 +234,8 @@ std::string RunBlock(int threads, const std::vector<int>& order) {
   state.warps.assign((threads + 31) / 32, Warp());
   state.warpgroups.assign(threads / 128, Warpgroup());
   state.chunk_writer.assign(state.shared.size() / 16, 0);
+  state.chunk_unpublished.assign(state.shared.size() / 16, 0);
+  state.unpublished.clear();
   state.block_generation = 0;
   state.block_arrived = 0;
   state.block_or = 0;
@@ -397,7 +406,10 @@ void CpAsyncWait(int pending) {
 void FenceProxyAsync() {
   Thread& th = state.threads[state.current];
   for (size_t chunk : th.unfenced) {
-    if (state.chunk_writer[chunk] == state.current + 1) state.chunk_writer[chunk] = 0;
+    if (state.chunk_writer[chunk] != state.current + 1) continue;
+    state.chunk_writer[chunk] = 0;
+    state.chunk_unpublished[chunk] = 1;
+    state.unpublished.push_back(chunk);
   }
   th.unfenced.clear();
 }
@@ -471,6 +483,10 @@ const unsigned char* OperandElement(uint64_t desc, bool mn_major, int mn, int k)
          " wrote by cp.async and did not fence (fence.proxy.async) after it landed");
     return nullptr;
   }
+  if (state.chunk_unpublished[at / 16]) {
+    Fail("wgmma read shared memory a cp.async wrote with no block barrier since its fence");
+    return nullptr;
+  }
   return state.shared.data() + at;
 }
 
@@ -534,6 +550,9 @@ void Issue(float d[32], const uint32_t a[4], uint64_t a_desc, bool a_mn_major, u
   if (g >= static_cast<int>(state.warpgroups.size())) return;
   Warpgroup& w = state.warpgroups[g];
   if (t == 0) {
+    if (!w.fenced) {
+      Fail("wgmma issued with no wgmma.fence since the warpgroup's start or its last wait");
+    }
     for (int u = 1; u < 128; ++u) {
       if (w.flags[u] != w.flags[0] || w.a_desc[u] != w.a_desc[0] || w.b_desc[u] != w.b_desc[0]) {
         Fail("the threads of a warpgroup issued one wgmma with different operands or flags");
@@ -566,7 +585,11 @@ void WgmmaSs(float d[32], uint64_t a_desc, bool a_mn_major, uint64_t b_desc, boo
   Issue(d, nullptr, a_desc, a_mn_major, b_desc, b_mn_major, accumulate);
 }
 
-void WgmmaFence() { WarpgroupRendezvous(7); }
+void WgmmaFence() {
+  WarpgroupRendezvous(7);
+  const int g = state.current / 128;
+  if (g < static_cast<int>(state.warpgroups.size())) state.warpgroups[g].fenced = true;
+}
 
 void WgmmaCommit() {
   WarpgroupRendezvous(8);
@@ -593,6 +616,7 @@ void WgmmaWait(int pending) {
       }
     }
     w.pending = std::move(later);
+    w.fenced = false;  // the results reach registers other instructions now touch
   }
   WarpgroupRendezvous(11);  // every thread's d is written before any goes on
 }
@@ -701,6 +725,8 @@ void BlockBarrier() {
   if (++state.block_arrived == static_cast<int>(state.threads.size())) {
     state.block_arrived = 0;
     ++state.block_generation;
+    for (size_t chunk : state.unpublished) state.chunk_unpublished[chunk] = 0;
+    state.unpublished.clear();
     state.progressed = true;
     return;
   }

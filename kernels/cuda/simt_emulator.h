@@ -59,6 +59,7 @@
   X(cudaErrorInvalidValue, 1, "invalid argument") \
   X(cudaErrorMemoryAllocation, 2, "out of memory") \
   X(cudaErrorInitializationError, 3, "initialization error") \
+  X(cudaErrorInvalidDeviceFunction, 8, "invalid device function") \
   X(cudaErrorInvalidConfiguration, 9, "invalid configuration argument") \
   X(cudaErrorInvalidDevicePointer, 17, "invalid device pointer") \
   X(cudaErrorInvalidMemcpyDirection, 21, "invalid copy direction for memcpy") \
@@ -244,9 +245,14 @@ void CpAsyncWait(int pending);
 // that wait gives different results under the two. Shared memory that a
 // cp.async wrote is read only after its writing thread fenced it
 // (FenceProxyAsync) once it landed (the tensor cores read through the async
-// proxy); otherwise the block fails. A warpgroup whose threads end with
-// wgmma outstanding fails the block. Plain stores to shared memory are not
-// tracked: the kernels fill the operands by cp.async.
+// proxy) and a block barrier followed (stricter than the PTX ISA may be
+// within one warpgroup; what the kernels keep); otherwise the block fails.
+// So does a wgmma with no WgmmaFence since the warpgroup's start or its
+// last WgmmaWait (the ISA asks for one before the first wgmma and after
+// other instructions touched its registers, which a wait's results always
+// are), and a warpgroup whose threads end with wgmma outstanding. Plain
+// stores to shared memory are not tracked: the kernels fill the operands
+// by cp.async.
 void WgmmaRs(float d[32], const uint32_t a[4], uint64_t b_desc, bool b_mn_major, bool accumulate);
 void WgmmaSs(float d[32], uint64_t a_desc, bool a_mn_major, uint64_t b_desc, bool b_mn_major,
              bool accumulate);

@@ -90,7 +90,15 @@ TEST(WgmmaEmulatedTest, ProbeMatchesTheReferenceInEveryLayoutAndTiming) {
 }
 
 // A kernel of the probe's shape with one rule broken per variant.
-enum class Break { kNone, kNoProxyFence, kNoWait, kReadBeforeWait, kSwizzled };
+enum class Break {
+  kNone,
+  kNoProxyFence,
+  kNoBarrier,
+  kNoWgmmaFence,
+  kNoWait,
+  kReadBeforeWait,
+  kSwizzled
+};
 template <Break kBreak>
 void BrokenKernel(const Bf16* bt, float* d) {
   PLATEAU_DYNAMIC_SHARED(unsigned char, smem);
@@ -102,12 +110,12 @@ void BrokenKernel(const Bf16* bt, float* d) {
   cuda_async::CpAsyncCommit();
   cuda_async::CpAsyncWait<0>();
   if (kBreak != Break::kNoProxyFence) wgmma::FenceProxyAsync();
-  __syncthreads();
+  if (kBreak != Break::kNoBarrier) __syncthreads();
   float acc[wgmma::kDFloats] = {};
   uint32_t af[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};  // A = 1
   uint64_t desc = wgmma::TileDescriptor(wgmma::SharedAddress(smem), 64, 0);
   if (kBreak == Break::kSwizzled) desc |= uint64_t{1} << 62;
-  wgmma::Fence();
+  if (kBreak != Break::kNoWgmmaFence) wgmma::Fence();
   wgmma::MmaRs<false>(acc, af, desc, false);
   wgmma::Commit();
   if (kBreak == Break::kReadBeforeWait) d[t] = acc[0];
@@ -129,6 +137,8 @@ TEST(WgmmaEmulatedTest, BrokenOrderFailsTheBlock) {
   EXPECT_FALSE(std::isnan(good[0]));
   EXPECT_NE(RunBroken<Break::kNoProxyFence>(data, &out).find("fence.proxy.async"),
             std::string::npos);
+  EXPECT_NE(RunBroken<Break::kNoBarrier>(data, &out).find("no block barrier"), std::string::npos);
+  EXPECT_NE(RunBroken<Break::kNoWgmmaFence>(data, &out).find("no wgmma.fence"), std::string::npos);
   EXPECT_NE(RunBroken<Break::kNoWait>(data, &out).find("never waited"), std::string::npos);
   EXPECT_NE(RunBroken<Break::kSwizzled>(data, &out).find("swizzled"), std::string::npos);
   // Read before the wait: the old accumulator (0) where the results land

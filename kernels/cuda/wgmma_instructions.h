@@ -74,6 +74,12 @@ __device__ __forceinline__ void FenceProxyAsync() {
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// Ties x to this point for the compiler (CUTLASS's warpgroup_fence_operand):
+// an instruction that writes x cannot sink below it, a read of x cannot
+// rise above it, and x's register is not reused before it. Before Fence on
+// a wgmma's accumulators and A registers, after Wait on the same.
+__device__ __forceinline__ void FenceOperand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void FenceOperand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 #else
 template <bool kBMnMajor>
 inline void MmaRs(float d[32], const uint32_t a[4], uint64_t b_desc, bool accumulate) {
@@ -91,7 +97,19 @@ void Wait() {
 }
 inline void FenceProxyAsync() { ::plateau::simt::FenceProxyAsync(); }
 inline uint32_t SharedAddress(const void* p) { return ::plateau::simt::SharedWindowAddress(p); }
+inline void FenceOperand(float&) {}  // the emulation's compiler knows nothing of wgmma
+inline void FenceOperand(uint32_t&) {}
 #endif
+template <typename T, int kN>
+__device__ __forceinline__ void FenceOperands(T (&x)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) FenceOperand(x[i]);
+}
+template <typename T, int kN, int kM>
+__device__ __forceinline__ void FenceOperands(T (&x)[kN][kM]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) FenceOperands(x[i]);
+}
 
 }  // namespace plateau::wgmma
 

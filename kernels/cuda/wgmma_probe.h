@@ -27,8 +27,10 @@ cudaError_t WgmmaProbe(cudaStream_t stream, bool a_in_smem, bool b_mn_major, con
 // and compares each D with a double reference on the host (1e-5 relative:
 // exact bf16 products summed in fp32): *agrees false names the first layout
 // and element that differ in *why. The caller (CreateCudaModelKernels)
-// takes the wgmma kernels only where it agrees. Call on a compute
-// capability 9.0 device (elsewhere the launch fails: no sm_90a image).
+// takes the wgmma kernels only where it agrees. A device with no sm_90a
+// image (not compute capability 9.0) is a disagreement, not an error; a
+// fault is returned (the probe's shared memory has room for a misread
+// descriptor's reads, so a misreading shows as wrong numbers, not a fault).
 cudaError_t WgmmaProbeCheck(bool* agrees, std::string* why);
 
 }  // namespace plateau::cuda_wgmma
