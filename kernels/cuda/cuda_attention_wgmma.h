@@ -37,7 +37,8 @@ cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s
                                      float* dv);
 
 // Loads the kernels' module and opts each in to its shared memory (at most
-// 80 KiB: every sm_90 block may), on the current device; then, for
+// 96.5 KiB, dQ double-buffered: every sm_90 block may), on the current
+// device; then, for
 // `head_dim`, the buffers as ChooseKernelBuffers picks them (1 where
 // `double_buffer` is false).
 cudaError_t LoadAttentionWgKernels(int smem_optin);

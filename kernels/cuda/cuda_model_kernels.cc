@@ -480,7 +480,8 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
       wgmma_note = "yes (probe agrees)";
     } else {
       wgmma_note = absl::StrCat("no (the probe disagrees: ", why, ")");
-      std::fprintf(stderr, "plateau: tensor-core forward stays on mma.sync: %s\n", why.c_str());
+      std::fprintf(stderr, "plateau: tensor-core forward and dQ stay on mma.sync: %s\n",
+                   why.c_str());
     }
   }
   cuda_model_ops::AttentionTcStages stages64, stages128;

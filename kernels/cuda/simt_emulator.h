@@ -59,12 +59,12 @@
   X(cudaErrorInvalidValue, 1, "invalid argument") \
   X(cudaErrorMemoryAllocation, 2, "out of memory") \
   X(cudaErrorInitializationError, 3, "initialization error") \
-  X(cudaErrorInvalidDeviceFunction, 8, "invalid device function") \
   X(cudaErrorInvalidConfiguration, 9, "invalid configuration argument") \
   X(cudaErrorInvalidDevicePointer, 17, "invalid device pointer") \
   X(cudaErrorInvalidMemcpyDirection, 21, "invalid copy direction for memcpy") \
   X(cudaErrorInsufficientDriver, 35,                                                        \
     "CUDA driver version is insufficient for CUDA runtime version")                        \
+  X(cudaErrorInvalidDeviceFunction, 98, "invalid device function") \
   X(cudaErrorNoDevice, 100, "no CUDA-capable device is detected") \
   X(cudaErrorInvalidDevice, 101, "invalid device ordinal") \
   X(cudaErrorNoKernelImageForDevice, 209,                                                   \

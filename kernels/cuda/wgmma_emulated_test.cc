@@ -21,6 +21,7 @@
 #include "kernels/cuda/mma_layout.h"
 #include "kernels/cuda/wgmma_instructions.h"
 #include "kernels/cuda/wgmma_layout.h"
+#include "kernels/cuda/wgmma_probe.h"
 
 namespace plateau::cuda_wgmma {
 namespace {
@@ -57,27 +58,31 @@ Data MakeData(uint32_t seed) {
   return d;
 }
 
-std::string RunProbe(const Data& data, bool a_smem, bool b_mn, std::vector<float>* out) {
+std::string RunProbe(const Data& data, bool a_smem, int b_layout, std::vector<float>* out) {
   out->assign(64 * 64, std::nanf(""));
-  auto kernel = a_smem ? (b_mn ? WgmmaProbeKernel<true, true> : WgmmaProbeKernel<true, false>)
-                       : (b_mn ? WgmmaProbeKernel<false, true> : WgmmaProbeKernel<false, false>);
+  void (*kernels[2][kProbeBLayouts])(const Bf16*, const Bf16*, const Bf16*, float*) = {
+      {WgmmaProbeKernel<false, kProbeBKMajor>, WgmmaProbeKernel<false, kProbeBMnMajor>,
+       WgmmaProbeKernel<false, kProbeBMnKFastest>},
+      {WgmmaProbeKernel<true, kProbeBKMajor>, WgmmaProbeKernel<true, kProbeBMnMajor>,
+       WgmmaProbeKernel<true, kProbeBMnKFastest>}};
+  auto kernel = kernels[a_smem][b_layout];
   return simt::RunGrid({1, 1, 1}, wgmma::kThreads, kProbeSmem, simt::Schedule::kShuffled,
                        [&] { kernel(data.a.data(), data.b.data(), data.bt.data(), out->data()); });
 }
 
 TEST(WgmmaEmulatedTest, ProbeMatchesTheReferenceInEveryLayoutAndTiming) {
   for (bool a_smem : {false, true}) {
-    for (bool b_mn : {false, true}) {
+    for (int b_layout = 0; b_layout < kProbeBLayouts; ++b_layout) {
       for (auto completion : {simt::WgmmaCompletion::kAtWait, simt::WgmmaCompletion::kAtIssue}) {
         for (auto landing : {simt::CopyLanding::kAtWait, simt::CopyLanding::kAtIssue}) {
-          SCOPED_TRACE(std::string(a_smem ? "A shared" : "A registers") +
-                       (b_mn ? ", B MN-major" : ", B K-major") +
+          SCOPED_TRACE(std::string(a_smem ? "A shared" : "A registers") + ", B layout " +
+                       std::to_string(b_layout) +
                        (completion == simt::WgmmaCompletion::kAtWait ? ", at wait" : ", at issue"));
-          const Data data = MakeData(77 + 2 * a_smem + b_mn);
+          const Data data = MakeData(77 + 3 * a_smem + b_layout);
           simt::SetWgmmaCompletion(completion);
           const simt::ScopedCopyLanding scoped(landing);
           std::vector<float> out;
-          EXPECT_EQ(RunProbe(data, a_smem, b_mn, &out), "");
+          EXPECT_EQ(RunProbe(data, a_smem, b_layout, &out), "");
           simt::SetWgmmaCompletion(simt::WgmmaCompletion::kAtWait);
           for (int i = 0; i < 64 * 64; ++i) {
             ASSERT_NEAR(out[i], data.ref[i], 1e-5 * (1.0 + std::fabs(data.ref[i])))
@@ -156,7 +161,8 @@ TEST(WgmmaEmulatedTest, AWarpgroupMustIssueTogether) {
   std::vector<float> out(64 * 64);
   // 96 threads: not a whole warpgroup.
   const std::string e = simt::RunGrid({1, 1, 1}, 96, kProbeSmem, simt::Schedule::kInOrder, [&] {
-    WgmmaProbeKernel<false, false>(data.a.data(), data.b.data(), data.bt.data(), out.data());
+    WgmmaProbeKernel<false, kProbeBKMajor>(data.a.data(), data.b.data(), data.bt.data(),
+                                           out.data());
   });
   EXPECT_NE(e.find("whole warpgroups"), std::string::npos) << e;
 }

@@ -22,11 +22,11 @@ namespace {
 
 #include "kernels/cuda/wgmma_probe_kernels.inc"
 
-template <bool kASmem, bool kBMnMajor>
+template <bool kASmem, int kBLayout>
 cudaError_t Launch(cudaStream_t stream, const uint16_t* a, const uint16_t* b, const uint16_t* bt,
                    float* d) {
   PLATEAU_KERNEL_LAUNCH(1, wgmma::kThreads, kProbeSmem, stream,
-                        WgmmaProbeKernel<kASmem, kBMnMajor>)(
+                        WgmmaProbeKernel<kASmem, kBLayout>)(
       reinterpret_cast<const Bf16*>(a), reinterpret_cast<const Bf16*>(b),
       reinterpret_cast<const Bf16*>(bt), d);
   return cudaGetLastError();
@@ -34,15 +34,30 @@ cudaError_t Launch(cudaStream_t stream, const uint16_t* a, const uint16_t* b, co
 
 }  // namespace
 
-cudaError_t WgmmaProbe(cudaStream_t stream, bool a_in_smem, bool b_mn_major, const uint16_t* a,
+cudaError_t WgmmaProbe(cudaStream_t stream, bool a_in_smem, int b_layout, const uint16_t* a,
                        const uint16_t* b, const uint16_t* bt, float* d) {
-  if (a_in_smem) {
-    return b_mn_major ? Launch<true, true>(stream, a, b, bt, d)
-                      : Launch<true, false>(stream, a, b, bt, d);
+  switch (b_layout) {
+    case kProbeBKMajor:
+      return a_in_smem ? Launch<true, kProbeBKMajor>(stream, a, b, bt, d)
+                       : Launch<false, kProbeBKMajor>(stream, a, b, bt, d);
+    case kProbeBMnMajor:
+      return a_in_smem ? Launch<true, kProbeBMnMajor>(stream, a, b, bt, d)
+                       : Launch<false, kProbeBMnMajor>(stream, a, b, bt, d);
+    case kProbeBMnKFastest:
+      return a_in_smem ? Launch<true, kProbeBMnKFastest>(stream, a, b, bt, d)
+                       : Launch<false, kProbeBMnKFastest>(stream, a, b, bt, d);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return b_mn_major ? Launch<false, true>(stream, a, b, bt, d)
-                    : Launch<false, false>(stream, a, b, bt, d);
 }
+
+namespace {
+const char* BLayoutName(int b_layout) {
+  return b_layout == kProbeBKMajor    ? "K-major"
+         : b_layout == kProbeBMnMajor ? "MN-major"
+                                      : "MN-major, core matrices k-fastest";
+}
+}  // namespace
 
 cudaError_t WgmmaProbeCheck(bool* agrees, std::string* why) {
   *agrees = false;
@@ -79,10 +94,11 @@ cudaError_t WgmmaProbeCheck(bool* agrees, std::string* why) {
   if (e == cudaSuccess) e = cudaMemcpy(dbt, bt.data(), bt.size() * 2, cudaMemcpyHostToDevice);
   std::vector<float> d(64 * 64);
   bool all = e == cudaSuccess;
-  for (int layout = 0; all && layout < 4; ++layout) {
-    const bool a_smem = layout & 1, b_mn = layout & 2;
+  for (int layout = 0; all && layout < 2 * kProbeBLayouts; ++layout) {
+    const bool a_smem = layout % 2;
+    const int b_layout = layout / 2;
     e = cudaMemset(dd, 0xFF, d.size() * 4);  // NaN: an element never written shows
-    if (e == cudaSuccess) e = WgmmaProbe(nullptr, a_smem, b_mn, da, db, dbt, dd);
+    if (e == cudaSuccess) e = WgmmaProbe(nullptr, a_smem, b_layout, da, db, dbt, dd);
     if (e == cudaSuccess) e = cudaMemcpy(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {
       all = false;
@@ -94,7 +110,7 @@ cudaError_t WgmmaProbeCheck(bool* agrees, std::string* why) {
       if (!(std::fabs(d[i] - ref) <= 1e-5 * (1.0 + std::fabs(ref)))) {
         all = false;
         *why = std::string("wgmma probe (A ") + (a_smem ? "shared" : "registers") + ", B " +
-               (b_mn ? "MN-major" : "K-major") + "): D[" + std::to_string(i / 64) + "][" +
+               BLayoutName(b_layout) + "): D[" + std::to_string(i / 64) + "][" +
                std::to_string(i % 64) + "] = " + std::to_string(d[i]) + ", expected " +
                std::to_string(ref);
       }

@@ -15,15 +15,24 @@
 
 namespace plateau::cuda_wgmma {
 
+// How the probe's B sits in shared memory (no swizzle, wgmma_layout.h):
+// - kProbeBKMajor: K-major, copied from bt (core matrices N-fastest);
+// - kProbeBMnMajor: MN-major, copied from b (N-fastest: SBO 128, LBO 1 KiB),
+//   as the forward's V;
+// - kProbeBMnKFastest: MN-major with the core matrices K-fastest (LBO 128,
+//   SBO 512), as the wgmma dQ kernel reads its K-major K tile.
+inline constexpr int kProbeBKMajor = 0, kProbeBMnMajor = 1, kProbeBMnKFastest = 2;
+inline constexpr int kProbeBLayouts = 3;
+
 // D[64][64] = A[64][32] B[32][64] (fp32 D; bf16 bits row-major; B^T is
 // `bt`, [64][32], the same values), as two k-steps of 16, the second
 // accumulating: A from registers or (a_in_smem) a K-major shared tile, B
-// from a K-major shared tile (from bt) or (b_mn_major) an MN-major one (from
-// b). One block of 128 threads on `stream`; 16-byte aligned pointers.
-cudaError_t WgmmaProbe(cudaStream_t stream, bool a_in_smem, bool b_mn_major, const uint16_t* a,
+// as `b_layout` says. One block of 128 threads on `stream`; 16-byte
+// aligned pointers.
+cudaError_t WgmmaProbe(cudaStream_t stream, bool a_in_smem, int b_layout, const uint16_t* a,
                        const uint16_t* b, const uint16_t* bt, float* d);
 
-// Runs the probe in all four layouts on the current device, on fixed data,
+// Runs the probe in all six layouts on the current device, on fixed data,
 // and compares each D with a double reference on the host (1e-5 relative:
 // exact bf16 products summed in fp32): *agrees false names the first layout
 // and element that differ in *why. The caller (CreateCudaModelKernels)

@@ -57,9 +57,9 @@ TEST(WgmmaProbeTest, MatchesTheReferenceInEveryOperandLayout) {
   ASSERT_CUDA(cudaMalloc(&bt, 64 * kK * 2));
   ASSERT_CUDA(cudaMalloc(&d, 64 * 64 * 4));
   for (bool a_smem : {false, true}) {
-    for (bool b_mn : {false, true}) {
-      SCOPED_TRACE(std::string(a_smem ? "A shared" : "A registers") +
-                   (b_mn ? ", B MN-major" : ", B K-major"));
+    for (int b_layout = 0; b_layout < kProbeBLayouts; ++b_layout) {
+      SCOPED_TRACE(std::string(a_smem ? "A shared" : "A registers") + ", B layout " +
+                   std::to_string(b_layout));
       // Fresh data per layout; D poisoned with NaN (0xFF bytes).
       std::vector<uint16_t> ha(64 * kK), hb(kK * 64), hbt(64 * kK);
       for (uint16_t& x : ha) x = ToBf16(u(rng));
@@ -70,7 +70,7 @@ TEST(WgmmaProbeTest, MatchesTheReferenceInEveryOperandLayout) {
       ASSERT_CUDA(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
       ASSERT_CUDA(cudaMemcpy(bt, hbt.data(), hbt.size() * 2, cudaMemcpyHostToDevice));
       ASSERT_CUDA(cudaMemset(d, 0xFF, 64 * 64 * 4));
-      ASSERT_CUDA(WgmmaProbe(nullptr, a_smem, b_mn, a, b, bt, d));
+      ASSERT_CUDA(WgmmaProbe(nullptr, a_smem, b_layout, a, b, bt, d));
       ASSERT_CUDA(cudaDeviceSynchronize());
       std::vector<float> hd(64 * 64);
       ASSERT_CUDA(cudaMemcpy(hd.data(), d, hd.size() * 4, cudaMemcpyDeviceToHost));
