@@ -19,10 +19,6 @@ namespace {
 
 #include "kernels/cuda/cuda_attention_tc_kernels.inc"
 
-bool GridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
-  return tiles <= 0x7fffffff && heads <= 65535 && s.batch <= 65535;
-}
-
 // The kernels with kStages buffers of their streamed tiles, as launched.
 // (The shared-memory sizes are named apart: a template argument list's comma
 // inside PLATEAU_KERNEL_LAUNCH's arguments would split them.)
@@ -54,10 +50,8 @@ template <int D>
 cudaError_t LaunchForward(cudaStream_t stream, const AttentionDims& s,
                           const AttentionTcStages& stages, const Bf16* q, const Bf16* k,
                           const Bf16* v, float* m, float* l, float* acc) {
-  const int64_t tiles = (s.q_len + kTile - 1) / kTile;
-  if (!GridFits(s, tiles, s.heads)) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
-                  static_cast<unsigned>(s.batch));
+  dim3 grid;
+  if (!TileGrid(s, s.q_len, s.heads, &grid)) return cudaErrorInvalidConfiguration;
   if (stages.forward == 2) {
     LaunchForwardStages<D, 2>(stream, grid, s, q, k, v, m, l, acc);
   } else {
@@ -71,14 +65,12 @@ cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
                            const AttentionTcStages& stages, const Bf16* q, const Bf16* k,
                            const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
                            Bf16* dq, float* dk, float* dv) {
-  const int64_t qtiles = (s.q_len + kTile - 1) / kTile, ktiles = (s.kv_len + kTile - 1) / kTile;
-  if (!GridFits(s, qtiles, s.heads) || !GridFits(s, ktiles, s.kv_heads)) {
+  dim3 qgrid, kgrid;
+  if (!TileGrid(s, s.q_len, s.heads, &qgrid) || !TileGrid(s, s.kv_len, s.kv_heads, &kgrid)) {
     return cudaErrorInvalidConfiguration;
   }
   // The two kernels write disjoint outputs (dq; dk and dv) and only read the
   // rest, so their order on the stream does not matter.
-  const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
-                   static_cast<unsigned>(s.batch));
   if (stages.wgmma) {
     // dQ ran on wgmma (AttentionBackwardBlockWg).
   } else if (stages.dq == 2) {
@@ -88,8 +80,6 @@ cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const dim3 kgrid(static_cast<unsigned>(ktiles), static_cast<unsigned>(s.kv_heads),
-                   static_cast<unsigned>(s.batch));
   if (stages.dkv == 2) {
     LaunchDkvStages<D, 2>(stream, kgrid, s, q, k, v, dout, lse, delta, dk, dv);
   } else {
@@ -202,18 +192,21 @@ cudaError_t LoadAttentionTcKernels(int smem_optin) {
   const Variants kernels[] = {ForwardVariants<64>(), ForwardVariants<128>(), DqVariants<64>(),
                               DqVariants<128>(),     DkvVariants<64>(),      DkvVariants<128>()};
   for (const Variants& v : kernels) {
-    for (auto [fn, smem] : {std::pair{v.single, v.single_smem}, {v.twice, v.twice_smem}}) {
-      cudaFuncAttributes attributes;
-      cudaError_t e = cudaFuncGetAttributes(&attributes, fn);
-      if (e != cudaSuccess) return e;
-      // Past the 48 KiB default: a host-side attribute of this device's
-      // context, set once here rather than before every launch.
-      if (smem > smem_optin) continue;
-      e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (e != cudaSuccess) return e;
-    }
+    cudaError_t e = OptInSharedMemory(v.single, v.single_smem, smem_optin);
+    if (e == cudaSuccess) e = OptInSharedMemory(v.twice, v.twice_smem, smem_optin);
+    if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+cudaError_t OptInSharedMemory(const void* kernel, int smem, int smem_optin) {
+  cudaFuncAttributes attributes;
+  cudaError_t e = cudaFuncGetAttributes(&attributes, kernel);  // loads its module now
+  if (e != cudaSuccess) return e;
+  // Past the 48 KiB default: a host-side attribute of this device's
+  // context, set once here rather than before every launch.
+  if (smem > smem_optin) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 }
 
 cudaError_t ChooseAttentionTcStages(int64_t head_dim, int smem_optin, bool double_buffer,

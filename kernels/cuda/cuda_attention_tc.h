@@ -124,6 +124,11 @@ cudaError_t LoadAttentionTcKernels(int smem_optin);
 cudaError_t ChooseAttentionTcStages(int64_t head_dim, int smem_optin, bool double_buffer,
                                     AttentionTcStages* stages);
 
+// What LoadAttentionTcKernels does for one kernel (also for the wgmma
+// kernels, cuda_attention_wgmma.h): loads its module, and opts it in to
+// `smem` bytes of dynamic shared memory where that fits `smem_optin`.
+cudaError_t OptInSharedMemory(const void* kernel, int smem, int smem_optin);
+
 // The rule above for one kernel (also the wgmma forward's,
 // cuda_attention_wgmma.h): *stages = 2 where the double-buffered variant
 // `twice` fits `smem_optin` and keeps as many 128-thread blocks resident

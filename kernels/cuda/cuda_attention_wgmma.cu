@@ -34,12 +34,8 @@ void LaunchStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const 
 template <int D>
 cudaError_t Launch(cudaStream_t stream, const AttentionDims& s, int stages, const Bf16* q,
                    const Bf16* k, const Bf16* v, float* m, float* l, float* acc) {
-  const int64_t tiles = (s.q_len + kTile - 1) / kTile;
-  if (tiles > 0x7fffffff || s.heads > 65535 || s.batch > 65535) {
-    return cudaErrorInvalidConfiguration;
-  }
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
-                  static_cast<unsigned>(s.batch));
+  dim3 grid;
+  if (!TileGrid(s, s.q_len, s.heads, &grid)) return cudaErrorInvalidConfiguration;
   if (stages == 2) {
     LaunchStages<D, 2>(stream, grid, s, q, k, v, m, l, acc);
   } else {
@@ -61,12 +57,8 @@ template <int D>
 cudaError_t LaunchDq(cudaStream_t stream, const AttentionDims& s, int stages, const Bf16* q,
                      const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
                      const float* delta, Bf16* dq) {
-  const int64_t tiles = (s.q_len + kTile - 1) / kTile;
-  if (tiles > 0x7fffffff || s.heads > 65535 || s.batch > 65535) {
-    return cudaErrorInvalidConfiguration;
-  }
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(s.heads),
-                  static_cast<unsigned>(s.batch));
+  dim3 grid;
+  if (!TileGrid(s, s.q_len, s.heads, &grid)) return cudaErrorInvalidConfiguration;
   if (stages == 2) {
     LaunchDqStages<D, 2>(stream, grid, s, q, k, v, dout, lse, delta, dq);
   } else {
@@ -83,11 +75,7 @@ cudaError_t OptIn(int smem_optin) {
       {reinterpret_cast<const void*>(AttentionDqWgKernel<D, 1>), WgDqSmem<D, 1>::kDq},
       {reinterpret_cast<const void*>(AttentionDqWgKernel<D, 2>), WgDqSmem<D, 2>::kDq}};
   for (auto [fn, smem] : kernels) {
-    cudaFuncAttributes attributes;
-    cudaError_t e = cudaFuncGetAttributes(&attributes, fn);
-    if (e != cudaSuccess) return e;
-    if (smem > smem_optin) continue;
-    e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const cudaError_t e = OptInSharedMemory(fn, smem, smem_optin);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
