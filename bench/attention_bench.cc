@@ -14,7 +14,7 @@
 // cp.async pipeline), with the double/single time ratio; their o must be
 // the double-buffered o bit for bit; and the forward on mma.sync
 // (ModelKernelsOptions::tc_wgmma = false, "tc_mma": the baseline of the
-// wgmma forward and dQ an H100/H200 takes), with the wgmma/mma.sync
+// wgmma kernels an H100/H200 takes), with the wgmma/mma.sync
 // forward time ratio (the backward's is in the rows).
 //
 //   bazel run -c opt --config=cuda //bench:attention_bench -- --backend=cuda

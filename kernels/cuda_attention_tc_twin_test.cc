@@ -96,9 +96,9 @@ TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
   std::printf("%s: |o - exact| / magnitude at most %.3g on tensor cores (%s)\n", GetParam().name,
               worst_o, gpu->Describe().c_str());
 
-  // Everything on mma.sync: on an H100/H200 the default runs the forward
-  // and dQ on wgmma (where the device's probe agrees), so both are held to
-  // the twin.
+  // Everything on mma.sync: on an H100/H200 the default runs the kernels
+  // on wgmma (where the device's probe agrees), so both are held to the
+  // twin.
   auto mma_kernels = Kernels(cuda_, Bf16Attention::kTensorCore, true, /*wgmma=*/false);
   ASSERT_TRUE(mma_kernels != nullptr);
   const AttnTcOut mma = RunAttnTc(cuda_, *mma_kernels, d);

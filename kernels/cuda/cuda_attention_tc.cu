@@ -71,9 +71,7 @@ cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
   }
   // The two kernels write disjoint outputs (dq; dk and dv) and only read the
   // rest, so their order on the stream does not matter.
-  if (stages.wgmma) {
-    // dQ ran on wgmma (AttentionBackwardBlockWg).
-  } else if (stages.dq == 2) {
+  if (stages.dq == 2) {
     LaunchDqStages<D, 2>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);
   } else {
     LaunchDqStages<D, 1>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);

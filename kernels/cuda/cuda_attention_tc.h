@@ -32,9 +32,9 @@
 // and one ex2. BENCHMARKS.md ("On a GPU") has the counts. What still bounds
 // them is shared memory: every B fragment passes through registers by
 // ldmatrix (about one 512-byte LDSM per two HMMA, near half an H200's bf16
-// rate by bandwidth alone). On an H100/H200 the forward and dQ kernels
-// therefore run on wgmma (cuda_attention_wgmma.h), which reads its operands
-// from shared memory itself; dK/dV's wgmma kernel is still to come.
+// rate by bandwidth alone). On an H100/H200 the three kernels
+// all run on wgmma (cuda_attention_wgmma.h), which reads its operands from
+// shared memory itself.
 //
 // Layout of the work: 128 threads (4 warps x 16 rows) per block of 64 query
 // rows (forward, dQ) or 64 keys (dK/dV: the group's heads and the query tiles
@@ -85,11 +85,11 @@ int AttentionTcSmemBytes(int64_t head_dim);
 // bits, see above).
 struct AttentionTcStages {
   int forward = 1, dq = 1, dkv = 1;
-  // The forward and dQ kernels on Hopper's wgmma (cuda_attention_wgmma.h,
-  // sm_90 only; `forward` and `dq` buffers) instead of mma.sync: what
-  // CreateCudaModelKernels chooses on an sm_90 device whose wgmma probe
-  // agrees (`forward` and `dq` then count the wgmma kernels' buffers).
-  // AttentionBackwardBlockTc then launches the dK/dV kernel only.
+  // The kernels on Hopper's wgmma (cuda_attention_wgmma.h, sm_90 only)
+  // instead of mma.sync: what CreateCudaModelKernels chooses on an sm_90
+  // device whose wgmma probe agrees (the counts above are then the wgmma
+  // kernels' buffers). The caller launches AttentionForwardBlockWg and
+  // AttentionBackwardBlockWg then.
   bool wgmma = false;
 };
 
@@ -99,9 +99,7 @@ cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,
                                     const AttentionTcStages& stages, const uint16_t* q,
                                     const uint16_t* k, const uint16_t* v, float* m, float* l,
                                     float* acc);
-// As AttentionBackwardBlockBf16: the dQ kernel, then the dK/dV kernel
-// (only the dK/dV kernel where stages.wgmma: AttentionBackwardBlockWg
-// launches the wgmma dQ kernel first, then this).
+// As AttentionBackwardBlockBf16: the dQ kernel, then the dK/dV kernel.
 cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s,
                                      const AttentionTcStages& stages, const uint16_t* q,
                                      const uint16_t* k, const uint16_t* v, const uint16_t* dout,

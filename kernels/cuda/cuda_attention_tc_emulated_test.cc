@@ -86,7 +86,8 @@ std::string ForwardWg(const AttentionShape& s, const HostBf16* q, const HostBf16
       WgSmem<D, kStages>::kForward, schedule,
       [&] { AttentionForwardWgKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), m, l, acc); });
 }
-// With `wgmma`, the dQ kernel on wgmma (cuda_attention_wgmma_kernels.inc).
+// With `wgmma`, the dQ and dK/dV kernels on wgmma
+// (cuda_attention_wgmma_kernels.inc).
 template <int D, int kStages>
 std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
                      const HostBf16* v, const HostBf16* dout, const float* lse, const float* delta,
@@ -104,11 +105,16 @@ std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16*
       wgmma ? simt::RunGrid(qgrid, kTcThreads, WgDqSmem<D, kStages>::kDq, schedule, dq_wgmma)
             : simt::RunGrid(qgrid, kTcThreads, TcSmem<D, kStages>::kDq, schedule, dq_mma);
   if (!e.empty()) return e;
-  return simt::RunGrid(
-      {Tiles(s.kv_len), static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(s.batch)},
-      kTcThreads, TcSmem<D, kStages>::kDkv, schedule, [&] {
-        AttentionDkvTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dk, dv);
-      });
+  const SimtDim3 kgrid = {Tiles(s.kv_len), static_cast<unsigned>(s.kv_heads),
+                          static_cast<unsigned>(s.batch)};
+  const auto dkv_wgmma = [&] {
+    AttentionDkvWgKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dk, dv);
+  };
+  const auto dkv_mma = [&] {
+    AttentionDkvTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dk, dv);
+  };
+  return wgmma ? simt::RunGrid(kgrid, kTcThreads, WgDkvSmem<D, kStages>::kDkv, schedule, dkv_wgmma)
+               : simt::RunGrid(kgrid, kTcThreads, TcSmem<D, kStages>::kDkv, schedule, dkv_mma);
 }
 
 // `x` followed by `pad` NaNs: the kernels read no element past an input
@@ -125,7 +131,7 @@ struct Emulation {
   int stages;
   simt::Schedule schedule;
   simt::CopyLanding landing = simt::CopyLanding::kAtWait;
-  bool wgmma = false;  // the forward and dQ on wgmma (cuda_attention_wgmma_kernels.inc)
+  bool wgmma = false;  // all three kernels on wgmma (cuda_attention_wgmma_kernels.inc)
   simt::WgmmaCompletion completion = simt::WgmmaCompletion::kAtWait;
 };
 
@@ -228,7 +234,7 @@ TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
         Emulation{1, simt::Schedule::kReversed, kEarly},
         Emulation{2, simt::Schedule::kReversed, kEarly},
         Emulation{2, simt::Schedule::kShuffled, kEarly},
-        // The wgmma forward and dQ: the emulation sums each 16-deep k-step in
+        // The wgmma kernels: the emulation sums each 16-deep k-step in
         // double and rounds once, as its mma.sync, in the same order, so the
         // same bits as the mma.sync kernels, with the results landing at the
         // wait or at the issue.
@@ -239,7 +245,7 @@ TEST_P(EmulatedAttentionTcTest, KernelsMatchTheTwinWhicheverWarpRunsAhead) {
     SCOPED_TRACE(::testing::Message()
                  << other.stages << " stage(s), schedule " << static_cast<int>(other.schedule)
                  << (other.landing == kEarly ? ", copies landing at issue" : "")
-                 << (other.wgmma ? ", wgmma forward and dQ" : "")
+                 << (other.wgmma ? ", on wgmma" : "")
                  << (other.completion == simt::WgmmaCompletion::kAtIssue ? " completing at issue"
                                                                          : ""));
     const AttnTcOut again = RunPairs(d, /*emulated=*/true, other, &twin);

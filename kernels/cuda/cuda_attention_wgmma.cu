@@ -48,21 +48,42 @@ template <int D, int kStages>
 void LaunchDqStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
                     const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
                     const float* delta, Bf16* dq) {
-  constexpr int kSmem = WgDqSmem<D, kStages>::kDq;
+  constexpr int kSmem = WgDqSmem<D, kStages>::kDq;  // (a macro argument holds no comma)
   PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionDqWgKernel<D, kStages>)(
       s, q, k, v, dout, lse, delta, dq);
 }
 
-template <int D>
-cudaError_t LaunchDq(cudaStream_t stream, const AttentionDims& s, int stages, const Bf16* q,
+template <int D, int kStages>
+void LaunchDkvStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
                      const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
-                     const float* delta, Bf16* dq) {
-  dim3 grid;
-  if (!TileGrid(s, s.q_len, s.heads, &grid)) return cudaErrorInvalidConfiguration;
-  if (stages == 2) {
-    LaunchDqStages<D, 2>(stream, grid, s, q, k, v, dout, lse, delta, dq);
+                     const float* delta, float* dk, float* dv) {
+  constexpr int kSmem = WgDkvSmem<D, kStages>::kDkv;
+  PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionDkvWgKernel<D, kStages>)(
+      s, q, k, v, dout, lse, delta, dk, dv);
+}
+
+// The dQ kernel, then the dK/dV kernel: they write disjoint outputs (dq;
+// dk and dv) and only read the rest, so their order does not matter.
+template <int D>
+cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
+                           const AttentionTcStages& stages, const Bf16* q, const Bf16* k,
+                           const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
+                           Bf16* dq, float* dk, float* dv) {
+  dim3 qgrid, kgrid;
+  if (!TileGrid(s, s.q_len, s.heads, &qgrid) || !TileGrid(s, s.kv_len, s.kv_heads, &kgrid)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  if (stages.dq == 2) {
+    LaunchDqStages<D, 2>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);
   } else {
-    LaunchDqStages<D, 1>(stream, grid, s, q, k, v, dout, lse, delta, dq);
+    LaunchDqStages<D, 1>(stream, qgrid, s, q, k, v, dout, lse, delta, dq);
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (stages.dkv == 2) {
+    LaunchDkvStages<D, 2>(stream, kgrid, s, q, k, v, dout, lse, delta, dk, dv);
+  } else {
+    LaunchDkvStages<D, 1>(stream, kgrid, s, q, k, v, dout, lse, delta, dk, dv);
   }
   return cudaGetLastError();
 }
@@ -73,7 +94,9 @@ cudaError_t OptIn(int smem_optin) {
       {reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 1>), WgSmem<D, 1>::kForward},
       {reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>), WgSmem<D, 2>::kForward},
       {reinterpret_cast<const void*>(AttentionDqWgKernel<D, 1>), WgDqSmem<D, 1>::kDq},
-      {reinterpret_cast<const void*>(AttentionDqWgKernel<D, 2>), WgDqSmem<D, 2>::kDq}};
+      {reinterpret_cast<const void*>(AttentionDqWgKernel<D, 2>), WgDqSmem<D, 2>::kDq},
+      {reinterpret_cast<const void*>(AttentionDkvWgKernel<D, 1>), WgDkvSmem<D, 1>::kDkv},
+      {reinterpret_cast<const void*>(AttentionDkvWgKernel<D, 2>), WgDkvSmem<D, 2>::kDkv}};
   for (auto [fn, smem] : kernels) {
     const cudaError_t e = OptInSharedMemory(fn, smem, smem_optin);
     if (e != cudaSuccess) return e;
@@ -88,10 +111,15 @@ cudaError_t Choose(int smem_optin, AttentionTcStages* stages) {
       reinterpret_cast<const void*>(AttentionForwardWgKernel<D, 2>), WgSmem<D, 2>::kForward,
       smem_optin, &stages->forward);
   if (e != cudaSuccess) return e;
-  return ChooseKernelBuffers(reinterpret_cast<const void*>(AttentionDqWgKernel<D, 1>),
-                             WgDqSmem<D, 1>::kDq,
-                             reinterpret_cast<const void*>(AttentionDqWgKernel<D, 2>),
-                             WgDqSmem<D, 2>::kDq, smem_optin, &stages->dq);
+  e = ChooseKernelBuffers(reinterpret_cast<const void*>(AttentionDqWgKernel<D, 1>),
+                          WgDqSmem<D, 1>::kDq,
+                          reinterpret_cast<const void*>(AttentionDqWgKernel<D, 2>),
+                          WgDqSmem<D, 2>::kDq, smem_optin, &stages->dq);
+  if (e != cudaSuccess) return e;
+  return ChooseKernelBuffers(reinterpret_cast<const void*>(AttentionDkvWgKernel<D, 1>),
+                             WgDkvSmem<D, 1>::kDkv,
+                             reinterpret_cast<const void*>(AttentionDkvWgKernel<D, 2>),
+                             WgDkvSmem<D, 2>::kDkv, smem_optin, &stages->dkv);
 }
 
 }  // namespace
@@ -122,19 +150,14 @@ cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s
   const Bf16* bv = reinterpret_cast<const Bf16*>(v);
   const Bf16* bdo = reinterpret_cast<const Bf16*>(dout);
   Bf16* bdq = reinterpret_cast<Bf16*>(dq);
-  cudaError_t e = cudaErrorInvalidValue;
   switch (s.head_dim) {
     case 64:
-      e = LaunchDq<64>(stream, s, stages.dq, bq, bk, bv, bdo, lse, delta, bdq);
-      break;
+      return LaunchBackward<64>(stream, s, stages, bq, bk, bv, bdo, lse, delta, bdq, dk, dv);
     case 128:
-      e = LaunchDq<128>(stream, s, stages.dq, bq, bk, bv, bdo, lse, delta, bdq);
-      break;
+      return LaunchBackward<128>(stream, s, stages, bq, bk, bv, bdo, lse, delta, bdq, dk, dv);
+    default:
+      return cudaErrorInvalidValue;
   }
-  if (e != cudaSuccess) return e;
-  AttentionTcStages dkv_only = stages;
-  dkv_only.wgmma = true;  // AttentionBackwardBlockTc: the dK/dV kernel alone
-  return AttentionBackwardBlockTc(stream, s, dkv_only, q, k, v, dout, lse, delta, dq, dk, dv);
 }
 
 cudaError_t LoadAttentionWgKernels(int smem_optin) {
@@ -144,7 +167,7 @@ cudaError_t LoadAttentionWgKernels(int smem_optin) {
 
 cudaError_t ChooseAttentionWgStages(int64_t head_dim, int smem_optin, bool double_buffer,
                                     AttentionTcStages* stages) {
-  stages->forward = stages->dq = 1;
+  stages->forward = stages->dq = stages->dkv = 1;
   if (!double_buffer) return cudaSuccess;
   switch (head_dim) {
     case 64:

@@ -1,10 +1,9 @@
-// The forward block pair of tensor-core attention and its dQ kernel on
+// The block pairs of tensor-core attention, forward and backward, on
 // Hopper's warpgroup MMA (wgmma.mma_async, sm_90a): the same interface,
-// tiles and arithmetic as AttentionForwardBlockTc and the dQ kernel of
+// tiles, walk and arithmetic as AttentionForwardBlockTc and
 // AttentionBackwardBlockTc (cuda_attention_tc.h), their operands read by
 // the tensor cores straight from shared memory instead of through
-// registers (cuda_attention_wgmma_kernels.inc says how). The dK/dV kernel
-// stays on mma.sync for now. Built for sm_90a only: an
+// registers (cuda_attention_wgmma_kernels.inc says how). Built for sm_90a only: an
 // H100 or H200 runs it, nothing else has an image of it, so the caller
 // (CreateCudaModelKernels) takes it only on compute capability 9.0 and
 // only where the wgmma probe (wgmma_probe.h) agrees with its reference on
@@ -27,9 +26,8 @@ cudaError_t AttentionForwardBlockWg(cudaStream_t stream, const AttentionDims& s,
                                     const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                     float* m, float* l, float* acc);
 
-// As AttentionBackwardBlockTc with `stages`.wgmma: the dQ kernel on
-// wgmma (`stages`.dq buffers), then AttentionBackwardBlockTc's dK/dV kernel
-// on mma.sync.
+// As AttentionBackwardBlockTc: the dQ kernel (`stages`.dq buffers), then
+// the dK/dV kernel (`stages`.dkv), both on wgmma.
 cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s,
                                      const AttentionTcStages& stages, const uint16_t* q,
                                      const uint16_t* k, const uint16_t* v, const uint16_t* dout,
@@ -37,12 +35,12 @@ cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s
                                      float* dv);
 
 // Loads the kernels' module and opts each in to its shared memory (at most
-// 96.5 KiB, dQ double-buffered: every sm_90 block may), on the current
-// device; then, for
-// `head_dim`, the buffers as ChooseKernelBuffers picks them (1 where
-// `double_buffer` is false).
+// 97 KiB, dK/dV double-buffered at head_dim 128: every sm_90 block may), on
+// the current device.
 cudaError_t LoadAttentionWgKernels(int smem_optin);
-// Sets stages->forward and stages->dq for the wgmma kernels.
+// Sets stages->forward, dq and dkv for the wgmma kernels at `head_dim`: the
+// buffers as ChooseKernelBuffers picks them (1 where `double_buffer` is
+// false).
 cudaError_t ChooseAttentionWgStages(int64_t head_dim, int smem_optin, bool double_buffer,
                                     AttentionTcStages* stages);
 

@@ -87,8 +87,8 @@ class CudaModelKernels final : public ModelKernels {
  public:
   // `smem_optin`: the device's cudaDevAttrMaxSharedMemoryPerBlockOptin;
   // `stages64`, `stages128`: the tensor-core kernels' buffering at those
-  // head_dims on it (ChooseAttentionTcStages) and whether the forward runs
-  // on wgmma; `wgmma_note`: why it does or does not, for Describe.
+  // head_dims on it (ChooseAttentionTcStages) and whether they run on
+  // wgmma; `wgmma_note`: why it does or does not, for Describe.
   CudaModelKernels(const ModelKernelsOptions& options, int smem_optin,
                    const cuda_model_ops::AttentionTcStages& stages64,
                    const cuda_model_ops::AttentionTcStages& stages128, std::string wgmma_note)
@@ -293,7 +293,7 @@ class CudaModelKernels final : public ModelKernels {
     };
     return absl::StrCat("tensor-core attention buffers (forward/dQ/dKdV): head_dim 64 ", stages(64),
                         ", head_dim 128 ", stages(128), "; opt-in shared memory ", smem_optin_,
-                        " bytes; forward and dQ on wgmma: ", wgmma_note_);
+                        " bytes; on wgmma: ", wgmma_note_);
   }
   const cuda_model_ops::AttentionTcStages& Stages(int64_t head_dim) const {
     return head_dim == 64 ? stages64_ : stages128_;
@@ -457,7 +457,7 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels(smem_optin));
-  // The wgmma forward: an H100/H200 only (sm_90a code), and only where the
+  // The wgmma kernels: an H100/H200 only (sm_90a code), and only where the
   // probe's products agree with their reference on this device: a
   // misreading of the PTX ISA's layouts (which nothing without such a GPU
   // can catch) then costs speed, never a wrong result.
@@ -480,8 +480,7 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
       wgmma_note = "yes (probe agrees)";
     } else {
       wgmma_note = absl::StrCat("no (the probe disagrees: ", why, ")");
-      std::fprintf(stderr, "plateau: tensor-core forward and dQ stay on mma.sync: %s\n",
-                   why.c_str());
+      std::fprintf(stderr, "plateau: tensor-core attention stays on mma.sync: %s\n", why.c_str());
     }
   }
   cuda_model_ops::AttentionTcStages stages64, stages128;
