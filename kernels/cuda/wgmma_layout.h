@@ -79,6 +79,16 @@ PLATEAU_WGMMA_HD constexpr uint64_t Descriptor(uint32_t address, uint32_t lbo, u
 PLATEAU_WGMMA_HD constexpr uint64_t TileDescriptor(uint32_t tile_address, int rows, int s) {
   return Descriptor(tile_address + 2 * s * 16 * rows, 16 * rows, 128);
 }
+// `desc` with its start `bytes` (a multiple of 16) further on: Descriptor(a
+// + bytes, lbo, sbo) for desc = Descriptor(a, lbo, sbo), while a + bytes is a
+// shared-memory address (below 2^18: the field's 14 bits of address / 16),
+// so the sum never carries out of the field. One 32-bit add of a constant
+// where the kernels' loops would otherwise rebuild every descriptor from
+// its address (shift, mask, or: ~10 instructions a wgmma in the machine
+// code).
+PLATEAU_WGMMA_HD constexpr uint64_t Advance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
 
 }  // namespace plateau::wgmma
 

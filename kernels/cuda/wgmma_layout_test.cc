@@ -77,5 +77,19 @@ TEST(WgmmaLayoutTest, DescriptorFields) {
   EXPECT_EQ(TileDescriptor(0x400, 64, 1), Descriptor(0x400 + 2048, 1024, 128));
 }
 
+TEST(WgmmaLayoutTest, AdvanceIsTheDescriptorOfTheAddressFurtherOn) {
+  // Every start and distance (multiples of 16) within the 2^18 bytes the
+  // address field holds, with strides whose fields are full: no carry.
+  for (uint32_t lbo : {128u, 1024u, 0x3fff0u}) {
+    for (uint32_t a = 0; a < (1u << 18); a += 16 * 37) {
+      for (uint32_t bytes = 0; a + bytes < (1u << 18); bytes += 16 * 101) {
+        ASSERT_EQ(Advance(Descriptor(a, lbo, 0x3fff0), bytes), Descriptor(a + bytes, lbo, 0x3fff0))
+            << a << " + " << bytes << ", lbo " << lbo;
+      }
+    }
+  }
+  EXPECT_EQ(Advance(TileDescriptor(0x400, 64, 0), 3 * 2048), TileDescriptor(0x400, 64, 3));
+}
+
 }  // namespace
 }  // namespace plateau::wgmma
