@@ -97,7 +97,7 @@ TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
               worst_o, gpu->Describe().c_str());
 
   // Everything on mma.sync: on an H100/H200 the default runs the kernels
-  // on wgmma (where the device's probe agrees), so both are held to the
+  // on wgmma (where the device's probe and check agree), so both are held to the
   // twin.
   auto mma_kernels = Kernels(cuda_, Bf16Attention::kTensorCore, true, /*wgmma=*/false);
   ASSERT_TRUE(mma_kernels != nullptr);
@@ -224,6 +224,39 @@ TEST(CudaAttentionTcDeviceTest, KernelsAreMadeForTheBackendsDeviceOnTwoGpus) {
   const AttnTcData d = MakeAttnTcData(AttnTcCase{"d128", 1, 70, 70, 2, 1, 128, 0, {0}}, 1900);
   const AttnTcOut out = RunAttnTc(gpu, **kernels, d);
   ExpectNearTwin(out, RunAttnTc(cpu, **twin, d), d, ExactAttention(d));
+}
+
+// On an H100/H200 the backend takes the wgmma kernels by default: where the
+// probe or the kernels' check (kernels/cuda/wgmma_attention_check.h)
+// disagrees it keeps mma.sync, which every other test here would pass
+// with, so this is where a wgmma kernel that computes wrong numbers on the
+// real instructions fails, quoting the check's reason.
+TEST(CudaAttentionTcDeviceTest, AHopperDeviceRunsTheWgmmaKernels) {
+  BackendOptions options;
+  options.kind = BackendKind::kCuda;
+  auto cuda = Backend::Create(options);
+  if (!cuda.ok() && NoCudaHere(cuda.status())) {
+    GTEST_SKIP() << "no CUDA backend here: " << cuda.status();
+  }
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  auto view = (*cuda)->QueryDevice();
+  ASSERT_TRUE(view.ok()) << view.status();
+  DeviceSide gpu;
+  ASSERT_TRUE(gpu.Init(std::move(*cuda)).ok());
+  ModelKernelsOptions tc;
+  tc.bf16_attention = Bf16Attention::kTensorCore;
+  auto kernels = ModelKernels::Create(gpu.b(), tc);
+  ASSERT_TRUE(kernels.ok()) << kernels.status();
+  const std::string said = (*kernels)->Describe();
+  if (view->cc_major == 9 && view->cc_minor == 0) {
+    EXPECT_THAT(said, HasSubstr("on wgmma: yes")) << view->name;
+  } else {
+    EXPECT_THAT(said, HasSubstr("on wgmma: no (compute capability")) << view->name;
+  }
+  tc.tc_wgmma = false;
+  auto mma = ModelKernels::Create(gpu.b(), tc);
+  ASSERT_TRUE(mma.ok()) << mma.status();
+  EXPECT_THAT((*mma)->Describe(), HasSubstr("on wgmma: no (turned off)"));
 }
 
 // Tiles are 64 query rows and 64 keys.

@@ -87,9 +87,9 @@ struct AttentionTcStages {
   int forward = 1, dq = 1, dkv = 1;
   // The kernels on Hopper's wgmma (cuda_attention_wgmma.h, sm_90 only)
   // instead of mma.sync: what CreateCudaModelKernels chooses on an sm_90
-  // device whose wgmma probe agrees (the counts above are then the wgmma
-  // kernels' buffers). The caller launches AttentionForwardBlockWg and
-  // AttentionBackwardBlockWg then.
+  // device where the wgmma probe and wgmma_attention_check.h agree (the
+  // counts above are then the wgmma kernels' buffers). The caller launches
+  // AttentionForwardBlockWg and AttentionBackwardBlockWg then.
   bool wgmma = false;
 };
 

@@ -6,16 +6,20 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_attention_tc.h"
 #include "kernels/cuda/cuda_attention_wgmma.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_model_ops.h"
 #include "kernels/cuda/stream_errors.h"
+#include "kernels/cuda/wgmma_attention_check.h"
 #include "kernels/cuda/wgmma_probe.h"
 #include "kernels/model/attention_tc.h"
 #include "kernels/model/config.h"
@@ -432,6 +436,52 @@ class CudaModelKernels final : public ModelKernels {
 
 #undef PLATEAU_LAUNCH
 
+// Whether a device runs the wgmma kernels, and with which buffers.
+struct WgmmaChoice {
+  bool agrees = false;
+  std::string why;  // why not, where not
+  cuda_model_ops::AttentionTcStages stages64, stages128;
+};
+
+// The wgmma kernels: an H100/H200 only (sm_90a code, the caller checks
+// compute capability 9.0), and only where the probe's products agree with
+// their reference on this device and the kernels' own outputs with the
+// mma.sync kernels' (`mma64`, `mma128`; wgmma_probe.h,
+// wgmma_attention_check.h): a misreading of the PTX ISA (which nothing
+// without such a GPU can catch) then costs speed, never a wrong result.
+// Decided once per device and buffering in a process: the check launches a
+// few small kernels (milliseconds on a GPU; about a second each time on the
+// CPU emulation, where tests create many backends).
+absl::StatusOr<WgmmaChoice> ChooseWgmma(int device, int smem_optin, bool double_buffer,
+                                        const cuda_model_ops::AttentionTcStages& mma64,
+                                        const cuda_model_ops::AttentionTcStages& mma128) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* decided = new std::map<std::tuple<int, int, bool>, WgmmaChoice>;
+  absl::MutexLock lock(&mu);
+  const std::tuple<int, int, bool> key{device, smem_optin, double_buffer};
+  if (auto it = decided->find(key); it != decided->end()) return it->second;
+  WgmmaChoice c{false, "", mma64, mma128};
+  PLATEAU_CUDA_RETURN_IF_ERROR(cuda_wgmma::WgmmaProbeCheck(&c.agrees, &c.why));
+  if (!c.agrees) c.why = absl::StrCat("the probe disagrees: ", c.why);
+  if (c.agrees) PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionWgKernels(smem_optin));
+  for (auto [head_dim, stages] : {std::pair{64, &c.stages64}, {128, &c.stages128}}) {
+    if (!c.agrees || cuda_model_ops::AttentionTcSmemBytes(head_dim) > smem_optin) continue;
+    stages->wgmma = true;
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cuda_model_ops::ChooseAttentionWgStages(head_dim, smem_optin, double_buffer, stages));
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::CheckAttentionWgAgainstTc(
+        head_dim, head_dim == 64 ? mma64 : mma128, *stages, &c.agrees, &c.why));
+    if (!c.agrees) c.why = absl::StrCat("the kernels disagree with mma.sync: ", c.why);
+  }
+  if (!c.agrees) {
+    c.stages64 = mma64;
+    c.stages128 = mma128;
+    std::fprintf(stderr, "plateau: tensor-core attention stays on mma.sync: %s\n", c.why.c_str());
+  }
+  decided->emplace(key, c);
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
@@ -457,42 +507,29 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionTcKernels(smem_optin));
-  // The wgmma kernels: an H100/H200 only (sm_90a code), and only where the
-  // probe's products agree with their reference on this device: a
-  // misreading of the PTX ISA's layouts (which nothing without such a GPU
-  // can catch) then costs speed, never a wrong result.
+  cuda_model_ops::AttentionTcStages stages64, stages128;
+  for (auto [head_dim, stages] : {std::pair{64, &stages64}, {128, &stages128}}) {
+    if (cuda_model_ops::AttentionTcSmemBytes(head_dim) > smem_optin) continue;  // never launched
+    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionTcStages(
+        head_dim, smem_optin, options.tc_double_buffer, stages));
+  }
   int major = 0, minor = 0;
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  bool wgmma = false;
   std::string wgmma_note;
   if (!options.tc_wgmma) {
     wgmma_note = "no (turned off)";
   } else if (major != 9 || minor != 0) {
     wgmma_note = absl::StrCat("no (compute capability ", major, ".", minor, ", not 9.0)");
   } else {
-    std::string why;
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_wgmma::WgmmaProbeCheck(&wgmma, &why));
-    if (wgmma) {
-      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionWgKernels(smem_optin));
-      wgmma_note = "yes (probe agrees)";
-    } else {
-      wgmma_note = absl::StrCat("no (the probe disagrees: ", why, ")");
-      std::fprintf(stderr, "plateau: tensor-core attention stays on mma.sync: %s\n", why.c_str());
-    }
-  }
-  cuda_model_ops::AttentionTcStages stages64, stages128;
-  for (auto [head_dim, stages] : {std::pair{64, &stages64}, {128, &stages128}}) {
-    if (cuda_model_ops::AttentionTcSmemBytes(head_dim) > smem_optin) continue;  // never launched
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionTcStages(
-        head_dim, smem_optin, options.tc_double_buffer, stages));
-    if (wgmma) {
-      stages->wgmma = true;
-      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::ChooseAttentionWgStages(
-          head_dim, smem_optin, options.tc_double_buffer, stages));
-    }
+    PLATEAU_ASSIGN_OR_RETURN(
+        const WgmmaChoice wg,
+        ChooseWgmma(device, smem_optin, options.tc_double_buffer, stages64, stages128));
+    stages64 = wg.stages64;
+    stages128 = wg.stages128;
+    wgmma_note = wg.agrees ? "yes (probe and kernels agree)" : absl::StrCat("no (", wg.why, ")");
   }
   return std::unique_ptr<ModelKernels>(std::make_unique<CudaModelKernels>(
       options, smem_optin, stages64, stages128, std::move(wgmma_note)));

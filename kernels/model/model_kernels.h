@@ -40,10 +40,12 @@ struct ModelKernelsOptions {
   // ignores it.
   bool tc_double_buffer = true;
   // On an H100/H200 (compute capability 9.0) the tensor-core kernels
-  // (forward, dQ, dK/dV) run on wgmma (kernels/cuda/cuda_attention_wgmma.h) where the
-  // device's wgmma probe agrees with its reference at backend creation;
-  // false keeps them on mma.sync: the baseline attention_bench compares
-  // against, held to the same twin by the twin test. The CPU ignores it.
+  // (forward, dQ, dK/dV) run on wgmma (kernels/cuda/cuda_attention_wgmma.h)
+  // where, at backend creation, the device's wgmma probe agrees with its
+  // reference and the wgmma kernels with the mma.sync ones
+  // (kernels/cuda/wgmma_attention_check.h); false keeps them on mma.sync:
+  // the baseline attention_bench compares against, held to the same twin
+  // by the twin test. The CPU ignores it.
   bool tc_wgmma = true;
 };
 
