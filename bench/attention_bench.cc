@@ -12,10 +12,10 @@
 // run fails). On CUDA also the tensor-core kernels single-buffered
 // (ModelKernelsOptions::tc_double_buffer = false: the baseline of their
 // cp.async pipeline), with the double/single time ratio; their o must be
-// the double-buffered o bit for bit; and the forward on mma.sync
+// the double-buffered o bit for bit; and everything on mma.sync
 // (ModelKernelsOptions::tc_wgmma = false, "tc_mma": the baseline of the
-// wgmma kernels an H100/H200 takes), with the wgmma/mma.sync
-// forward time ratio (the backward's is in the rows).
+// wgmma kernels an H100/H200 takes), with the chosen/mma.sync forward and
+// backward time ratios.
 //
 //   bazel run -c opt --config=cuda //bench:attention_bench -- --backend=cuda
 //   bazel run -c opt //bench:attention_bench                 # CPU: a check
@@ -52,7 +52,7 @@ struct Point {
   int64_t seq_len = 0;
   Bf16Attention arith = Bf16Attention::kTiles;
   bool double_buffer = true;
-  bool wgmma = true;  // the forward may take wgmma (the device decides)
+  bool wgmma = true;  // the kernels may take wgmma (the device decides)
   Timing fwd, bwd;
   double fwd_flops = 0;
   std::vector<float> o;  // the last forward's output, on the host
@@ -329,10 +329,11 @@ int Main(int argc, char** argv) {
                   tc_double->bwd.best_s / tc_single->bwd.best_s);
     }
     if (tc_double != nullptr && tc_mma != nullptr) {
-      std::printf("%8lld tensor_core forward, as chosen (%s) / mma.sync: %.3f\n",
+      std::printf("%8lld tensor_core as chosen (%s) / mma.sync: forward %.3f, backward %.3f\n",
                   static_cast<long long>(T),
                   chosen.find("on wgmma: yes") != std::string::npos ? "wgmma" : "mma.sync",
-                  tc_double->fwd.best_s / tc_mma->fwd.best_s);
+                  tc_double->fwd.best_s / tc_mma->fwd.best_s,
+                  tc_double->bwd.best_s / tc_mma->bwd.best_s);
     }
     std::fflush(stdout);
   }

@@ -127,7 +127,7 @@ cudaError_t ChooseAttentionTcStages(int64_t head_dim, int smem_optin, bool doubl
 // `smem` bytes of dynamic shared memory where that fits `smem_optin`.
 cudaError_t OptInSharedMemory(const void* kernel, int smem, int smem_optin);
 
-// The rule above for one kernel (also the wgmma forward's,
+// The rule above for one kernel (also the wgmma kernels',
 // cuda_attention_wgmma.h): *stages = 2 where the double-buffered variant
 // `twice` fits `smem_optin` and keeps as many 128-thread blocks resident
 // per multiprocessor as `single` (the runtime's occupancy: registers and

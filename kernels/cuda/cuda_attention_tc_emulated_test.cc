@@ -405,8 +405,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedAttentionTcTest,
                              // head_dim 128, queries before the keys of the first block, offsets
                              // off the tile edges.
                              AttnTcCase{"offsets_d128", 1, 100, 70, 2, 1, 128, 10, {60, 0}},
-                             // head_dim 128, three key tiles per query tile: the
-                             // double-buffered forward and dQ refill a buffer.
+                             // head_dim 128, three key tiles per query tile (six
+                             // dK/dV steps): every double-buffered kernel refills a buffer.
                              AttnTcCase{"tiles_d128", 1, 140, 140, 2, 1, 128, 0, {0}}),
                          [](const auto& info) { return std::string(info.param.name); });
 

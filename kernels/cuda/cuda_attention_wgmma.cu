@@ -1,4 +1,4 @@
-// The wgmma forward's launchers; the kernel is
+// The wgmma kernels' launchers (forward, dQ, dK/dV); the kernels are in
 // cuda_attention_wgmma_kernels.inc (shared with the CPU emulation test),
 // which builds on cuda_attention_tc_kernels.inc. See cuda_attention_wgmma.h.
 #include "kernels/cuda/cuda_attention_wgmma.h"

@@ -6,8 +6,9 @@
 // registers (cuda_attention_wgmma_kernels.inc says how). Built for sm_90a only: an
 // H100 or H200 runs it, nothing else has an image of it, so the caller
 // (CreateCudaModelKernels) takes it only on compute capability 9.0 and
-// only where the wgmma probe (wgmma_probe.h) agrees with its reference on
-// that device.
+// only where, on that device, the wgmma probe (wgmma_probe.h) agrees with
+// its reference and these kernels with the mma.sync ones
+// (wgmma_attention_check.h).
 #ifndef PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_WGMMA_H_
 #define PLATEAU_KERNELS_CUDA_CUDA_ATTENTION_WGMMA_H_
 

@@ -8,10 +8,11 @@
 // emulation checks the kernels against its own reading of the PTX ISA).
 // Both families compute the same stated arithmetic (up to the order of the
 // sums inside the tensor cores), so on small fixed inputs their outputs
-// agree to a few bf16 units where the kernels are right, and differ by O(1)
-// where a descriptor, stride or fragment is misread. A disagreement keeps
-// the backend on mma.sync (a few milliseconds at backend creation buy
-// that a misreading costs speed, never a wrong gradient).
+// agree to rounding where the kernels are right, and differ by the
+// outputs' own size where a descriptor, stride or fragment is misread. A
+// disagreement keeps the backend on mma.sync (a few milliseconds, once per
+// device in a process, buy that a misreading costs speed, never a wrong
+// gradient).
 #ifndef PLATEAU_KERNELS_CUDA_WGMMA_ATTENTION_CHECK_H_
 #define PLATEAU_KERNELS_CUDA_WGMMA_ATTENTION_CHECK_H_
 
@@ -26,14 +27,20 @@ namespace plateau::cuda_model_ops {
 
 // Runs the forward and backward block pairs of both families at `head_dim`
 // (64 or 128; `mma` and `wgmma` the buffers each launches with) on the
-// current device, on fixed data at two small shapes (a causal diagonal
-// block of two key tiles, the second partial, and a block of queries that
-// sees every key; two query heads per K/V head), and compares m, l, o, dq,
-// dk and dv: each element within 2^-6 of the largest |value| of its array
-// (the rounding of P and dS to bf16 is ~2^-8; a misread operand is O(1)).
-// *agrees false names the array, shape and element in *why. Needs the
-// modules loaded and opted in (LoadAttentionTcKernels,
-// LoadAttentionWgKernels). A fault is returned.
+// current device, on fixed data: a ring of two K/V blocks (an earlier one
+// of three key tiles every query sees, then the queries' own causal
+// block), 70 queries (a partial tile), GQA 2 over two K/V heads, batch 2,
+// the running state and dq, dk, dv carried from block to block from
+// nonzero starts. Compares m, l, o, dq, dk and dv, each row against its
+// own largest value: m and l within 2^-16 (the data make S and dP exact in
+// fp32), o, dk, dv within 2^-10 (only the order of fp32 sums differs), dq
+// within 2^-6 (bf16, rounded once a block); a misread operand moves an
+// output by its own size. *agrees false names the array and element in
+// *why; so does a launch error that does not stick ("did not run"). A
+// fault is returned, and leaves the process's CUDA context unusable (a
+// misread address can fault: the kernels' shared memory has no slack, the
+// probe's has). Needs the modules loaded and opted in
+// (LoadAttentionTcKernels, LoadAttentionWgKernels).
 cudaError_t CheckAttentionWgAgainstTc(int64_t head_dim, const AttentionTcStages& mma,
                                       const AttentionTcStages& wgmma, bool* agrees,
                                       std::string* why);
