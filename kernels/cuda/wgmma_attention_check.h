@@ -30,12 +30,13 @@ namespace plateau::cuda_model_ops {
 // current device, on fixed data: a ring of two K/V blocks (an earlier one
 // of three key tiles every query sees, then the queries' own causal
 // block), 70 queries (a partial tile), GQA 2 over two K/V heads, batch 2,
-// the running state and dq, dk, dv carried from block to block from
-// nonzero starts. Compares m, l, o, dq, dk and dv, each row against its
-// own largest value: m and l within 2^-16 (the data make S and dP exact in
-// fp32), o, dk, dv within 2^-10 (only the order of fp32 sums differs), dq
-// within 2^-6 (bf16, rounded once a block); a misread operand moves an
-// output by its own size. *agrees false names the array and element in
+// the running state carried from block to block and dq, dk, dv
+// accumulated from nonzero starts. Compares m, l, o, dq (after each
+// block), dk and dv, each row against its own largest value: m and l
+// within 2^-16 (the data make S and dP exact in fp32: expected bit for
+// bit), o, dk, dv within 2^-10 (only the order of fp32 sums differs), dq
+// within 2^-10 plus 2^-6 of each value (bf16, rounded once a block); a
+// misread operand moves an output by its own size. *agrees false names the array and element in
 // *why; so does a launch error that does not stick ("did not run"). A
 // fault is returned, and leaves the process's CUDA context unusable (a
 // misread address can fault: the kernels' shared memory has no slack, the
