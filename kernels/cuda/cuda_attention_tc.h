@@ -28,8 +28,10 @@
 // Speed: the loops are written so that a warp issues few instructions
 // beside its mma.sync (tools/sass-mix counts them from the machine code):
 // only the tiles on the causal diagonal or past a sequence's end test the
-// mask, full tiles copy without bounds tests, and the exponent is one FFMA
-// and one ex2. BENCHMARKS.md ("On a GPU") has the counts. What still bounds
+// mask, full tiles copy without bounds tests, the exponent is one FFMA
+// and one ex2, a warp whose rows kept their maxima skips o's rescale, and
+// dK/dV loads each step's row statistics a step before storing them.
+// BENCHMARKS.md ("On a GPU") has the counts. What still bounds
 // them is shared memory: every B fragment passes through registers by
 // ldmatrix (about one 512-byte LDSM per two HMMA, near half an H200's bf16
 // rate by bandwidth alone). On an H100/H200 the three kernels
