@@ -450,7 +450,7 @@ struct WgmmaChoice {
 // wgmma_attention_check.h): a misreading of the PTX ISA (which nothing
 // without such a GPU can catch) then costs speed, never a wrong result.
 // Decided once per device and buffering in a process: the check launches a
-// few small kernels (milliseconds on a GPU; about a second each time on the
+// few small kernels (milliseconds on a GPU; about three seconds on the
 // CPU emulation, where tests create many backends).
 absl::StatusOr<WgmmaChoice> ChooseWgmma(int device, int smem_optin, bool double_buffer,
                                         const cuda_model_ops::AttentionTcStages& mma64,
