@@ -204,8 +204,9 @@ st = [s for s in d["stages"] if s["stage"] == "bench:step_bench:bf16"][0]
 assert d["failed"] == ["bench:step_bench:bf16"] and "says precision fp32" in st["detail"], (d["failed"], st)' \
   "$tmp/wrongp/device-check.json" || fail "the bf16 run that ran fp32 is not recorded as such"
 
-# 4b. A pack with its libraries as lib.tar.gz (what --pack writes): they are
-# unpacked and first on the binaries' library path.
+# 4b. A pack with its libraries and binaries as lib.tar.gz and bin.tar.gz
+# (what --pack writes): they are unpacked, the libraries first on the
+# binaries' library path, and the binaries run from there.
 packed="$tmp/packed"
 cp -r "$fake" "$packed"
 rm -rf "$packed/lib"
@@ -213,9 +214,11 @@ mkdir -p "$tmp/libsrc/lib"
 echo marker >"$tmp/libsrc/lib/marker"
 tar -C "$tmp/libsrc" -czf "$packed/lib.tar.gz" lib
 printf '#!/bin/sh\n[ -f "${LD_LIBRARY_PATH%%%%:*}/marker" ] || exit 1\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":3}}'" >"$packed/bin/sgemm_bench"
+tar -C "$packed" -czf "$packed/bin.tar.gz" bin && rm -rf "$packed/bin"
 PATH="$tmp/path:$PATH" "$check" --prebuilt="$packed" --out="$tmp/packedrun" >"$tmp/packed.stdout" 2>&1 \
-  || { cat "$tmp/packed.stdout"; fail "the run from a pack with lib.tar.gz failed"; }
+  || { cat "$tmp/packed.stdout"; fail "the run from a pack with lib.tar.gz and bin.tar.gz failed"; }
 grep -q 'bench:sgemm_bench *pass' "$tmp/packedrun/table.txt" || fail "the packed libraries were not on the library path"
+grep -q 'test:cuda_twin_test *pass' "$tmp/packedrun/table.txt" || fail "the packed binaries did not run"
 
 # 5. Bad usage.
 if "$check" --no-such-flag >/dev/null 2>&1; then fail "an unknown flag was accepted"; fi
