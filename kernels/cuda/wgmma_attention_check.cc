@@ -35,17 +35,28 @@ std::vector<uint16_t> Bf16Data(size_t n, uint32_t seed, float scale = 1.0f) {
   return out;
 }
 
-// One device buffer (names ending _d below), freed on every path out.
+// One device buffer (names ending _d below), freed on every path out,
+// between two guard bands: kGuardBytes of kGuardByte on each side. A
+// kernel that writes outside a buffer without faulting (a row past the
+// block's end, a stride off by one) changes a band, which Overrun finds
+// after the kernels ran; the outputs inside could still look right.
 class DeviceBuffer {
  public:
-  DeviceBuffer() = default;
+  static constexpr size_t kGuardBytes = 4096;  // keeps the data 16-byte aligned
+  static constexpr unsigned char kGuardByte = 0xA5;
+
+  explicit DeviceBuffer(const char* name) : name_(name) {}
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(p_); }
+  ~DeviceBuffer() { cudaFree(base_); }
   template <typename T>
   cudaError_t From(const std::vector<T>& host) {
     bytes_ = host.size() * sizeof(T);
-    cudaError_t e = cudaMalloc(&p_, bytes_);
+    cudaError_t e = cudaMalloc(&base_, bytes_ + 2 * kGuardBytes);
+    if (e != cudaSuccess) return e;
+    p_ = static_cast<unsigned char*>(base_) + kGuardBytes;
+    e = cudaMemset(base_, kGuardByte, kGuardBytes);
+    if (e == cudaSuccess) e = cudaMemset(p_ + bytes_, kGuardByte, kGuardBytes);
     return e == cudaSuccess ? cudaMemcpy(p_, host.data(), bytes_, cudaMemcpyHostToDevice) : e;
   }
   template <typename T>
@@ -55,11 +66,37 @@ class DeviceBuffer {
   }
   template <typename T>
   T* as() const {
-    return static_cast<T*>(p_);
+    return reinterpret_cast<T*>(p_);
+  }
+  // Where a kernel wrote into a guard band, in *where ("" if nowhere; an
+  // earlier finding is kept).
+  cudaError_t Overrun(std::string* where) const {
+    if (p_ == nullptr || !where->empty()) return cudaSuccess;
+    std::vector<unsigned char> before(kGuardBytes), after(kGuardBytes);
+    cudaError_t e = cudaMemcpy(before.data(), base_, kGuardBytes, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) {
+      e = cudaMemcpy(after.data(), p_ + bytes_, kGuardBytes, cudaMemcpyDeviceToHost);
+    }
+    if (e != cudaSuccess) return e;
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      if (before[kGuardBytes - 1 - i] != kGuardByte) {
+        *where =
+            std::string(name_) + " written " + std::to_string(i + 1) + " bytes before its start";
+        return cudaSuccess;
+      }
+      if (after[i] != kGuardByte) {
+        *where = std::string(name_) + " written at byte " + std::to_string(i) + " past its end (" +
+                 std::to_string(bytes_) + " bytes)";
+        return cudaSuccess;
+      }
+    }
+    return cudaSuccess;
   }
 
  private:
-  void* p_ = nullptr;
+  const char* name_;
+  void* base_ = nullptr;
+  unsigned char* p_ = nullptr;  // base_ + kGuardBytes
   size_t bytes_ = 0;
 };
 
@@ -77,6 +114,7 @@ struct Inputs {
 // backward's dq after each and dk, dv of each (concatenated).
 struct Outputs {
   std::vector<float> m, l, o, dq, dk, dv;
+  std::string overrun;  // a buffer written outside (DeviceBuffer::Overrun), else ""
 };
 
 // The forward over both blocks from the initial state (m = -inf, l = 0,
@@ -85,13 +123,13 @@ struct Outputs {
 cudaError_t Forward(const Inputs& in, const AttentionTcStages& stages, Outputs* out) {
   const AttentionDims& s0 = in.blocks[0];
   const size_t rows = s0.batch * s0.q_len * s0.heads;
-  DeviceBuffer q_d, m_d, l_d, acc_d;
+  DeviceBuffer q_d("q"), m_d("m"), l_d("l"), acc_d("o");
   cudaError_t e = q_d.From(in.q);
   if (e == cudaSuccess) e = m_d.From(std::vector<float>(rows, -INFINITY));
   if (e == cudaSuccess) e = l_d.From(std::vector<float>(rows, 0.0f));
   if (e == cudaSuccess) e = acc_d.From(std::vector<float>(rows * s0.head_dim, 0.0f));
   for (int j = 0; j < 2 && e == cudaSuccess; ++j) {
-    DeviceBuffer k_d, v_d;
+    DeviceBuffer k_d("k"), v_d("v");
     e = k_d.From(in.k[j]);
     if (e == cudaSuccess) e = v_d.From(in.v[j]);
     if (e != cudaSuccess) break;
@@ -101,6 +139,12 @@ cudaError_t Forward(const Inputs& in, const AttentionTcStages& stages, Outputs* 
     e = stages.wgmma ? AttentionForwardBlockWg(nullptr, s, stages.forward, q, k, v, m, l, acc)
                      : AttentionForwardBlockTc(nullptr, s, stages, q, k, v, m, l, acc);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    for (const DeviceBuffer* b : {&k_d, &v_d}) {
+      if (e == cudaSuccess) e = b->Overrun(&out->overrun);
+    }
+  }
+  for (const DeviceBuffer* b : {&q_d, &m_d, &l_d, &acc_d}) {
+    if (e == cudaSuccess) e = b->Overrun(&out->overrun);
   }
   if (e == cudaSuccess) e = m_d.To(&out->m);
   if (e == cudaSuccess) e = l_d.To(&out->l);
@@ -113,7 +157,7 @@ cudaError_t Forward(const Inputs& in, const AttentionTcStages& stages, Outputs* 
 // starting values; copies out dq after each block, dk and dv of each.
 cudaError_t Backward(const Inputs& in, const AttentionTcStages& stages,
                      const std::vector<float>& lse, Outputs* out) {
-  DeviceBuffer q_d, dout_d, lse_d, delta_d, dq_d;
+  DeviceBuffer q_d("q"), dout_d("dout"), lse_d("lse"), delta_d("delta"), dq_d("dq");
   cudaError_t e = q_d.From(in.q);
   if (e == cudaSuccess) e = dout_d.From(in.dout);
   if (e == cudaSuccess) e = lse_d.From(lse);
@@ -124,7 +168,7 @@ cudaError_t Backward(const Inputs& in, const AttentionTcStages& stages,
   out->dk.clear();
   out->dv.clear();
   for (int j = 0; j < 2 && e == cudaSuccess; ++j) {
-    DeviceBuffer k_d, v_d, dk_d, dv_d;
+    DeviceBuffer k_d("k"), v_d("v"), dk_d("dk"), dv_d("dv");
     e = k_d.From(in.k[j]);
     if (e == cudaSuccess) e = v_d.From(in.v[j]);
     if (e == cudaSuccess) e = dk_d.From(in.dk0[j]);
@@ -135,6 +179,10 @@ cudaError_t Backward(const Inputs& in, const AttentionTcStages& stages,
                    delta_d.as<float>(), dq_d.as<uint16_t>(), dk_d.as<float>(), dv_d.as<float>());
     }
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    for (const DeviceBuffer* b :
+         {&k_d, &v_d, &dk_d, &dv_d, &q_d, &dout_d, &lse_d, &delta_d, &dq_d}) {
+      if (e == cudaSuccess) e = b->Overrun(&out->overrun);
+    }
     std::vector<float> dk, dv;
     if (e == cudaSuccess) e = dk_d.To(&dk);
     if (e == cudaSuccess) e = dv_d.To(&dv);
@@ -243,11 +291,21 @@ cudaError_t CheckAttentionWgAgainstTc(int64_t head_dim, const AttentionTcStages&
   }
   e = Backward(in, mma_only, lse, &want);
   if (e != cudaSuccess) return e;
+  if (!want.overrun.empty()) {
+    // The reference itself is wrong: say so rather than compare with it.
+    *why = "head_dim " + std::to_string(head_dim) + ": the mma.sync kernels wrote outside a " +
+           "buffer: " + want.overrun;
+    return cudaSuccess;
+  }
   std::string not_run;
   e = RunWgmma(in, wg, lse, &got, &not_run);
   if (e != cudaSuccess) return e;
   if (!not_run.empty()) {
     *why = "head_dim " + std::to_string(head_dim) + ": " + not_run;
+    return cudaSuccess;
+  }
+  if (!got.overrun.empty()) {
+    *why = "head_dim " + std::to_string(head_dim) + ": written outside a buffer: " + got.overrun;
     return cudaSuccess;
   }
   // The inputs are multiples of 1/16 in [-1, 1), so every product q . k

@@ -36,8 +36,11 @@ namespace plateau::cuda_model_ops {
 // within 2^-16 (the data make S and dP exact in fp32: expected bit for
 // bit), o, dk, dv within 2^-10 (only the order of fp32 sums differs), dq
 // within 2^-10 plus 2^-6 of each value (bf16, rounded once a block); a
-// misread operand moves an output by its own size. *agrees false names the array and element in
-// *why; so does a launch error that does not stick ("did not run"). A
+// misread operand moves an output by its own size. Every buffer lies
+// between 4 KiB guard bands, and a write into one (by either family) is a
+// disagreement too, named by buffer and offset. *agrees false names the
+// array and element in *why; so does a launch error that does not stick
+// ("did not run"). A
 // fault is returned, and leaves the process's CUDA context unusable (a
 // misread address can fault: the kernels' shared memory has no slack, the
 // probe's has). Needs the modules loaded and opted in

@@ -73,6 +73,12 @@ namespace plateau::cuda_emulation {
 namespace {
 
 constexpr size_t kAlign = 256;  // cudaMalloc's alignment
+// Guard bands of 0xFF bytes before and after every allocation (beside the
+// rounding's padding): a kernel that writes a row or a tile outside its
+// buffer lands in one, and the free reports it, where it would otherwise
+// corrupt the host heap or another buffer unseen (a GPU does not fault on
+// a write that stays inside a mapped page either).
+constexpr size_t kGuardBytes = 16 << 10;
 constexpr int kDefaultSmem = 48 << 10;
 constexpr int kOptinSmem = 227 << 10;  // sm_90's opt-in maximum
 
@@ -320,12 +326,15 @@ cudaError_t AllocateLocked(void** p, size_t bytes, cudaMemoryType type,
   Device& d = *R().devices[current_device];
   if (type == cudaMemoryTypeDevice && bytes > d.total - d.used) return cudaErrorMemoryAllocation;
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* memory = std::aligned_alloc(kAlign, rounded);
-  if (memory == nullptr) return cudaErrorMemoryAllocation;
-  std::memset(memory, 0xFF, rounded);
+  char* base = static_cast<char*>(std::aligned_alloc(kAlign, kGuardBytes + rounded + kGuardBytes));
+  if (base == nullptr) return cudaErrorMemoryAllocation;
+  std::memset(base, 0xFF, kGuardBytes + rounded + kGuardBytes);
+  char* memory = base + kGuardBytes;
 #if defined(__SANITIZE_ADDRESS__)
-  // The rounding's padding: an access past `bytes` is an ASan report.
-  __asan_poison_memory_region(static_cast<char*>(memory) + bytes, rounded - bytes);
+  // The guard bands and the rounding's padding: an access outside `bytes`
+  // is an ASan report.
+  __asan_poison_memory_region(base, kGuardBytes);
+  __asan_poison_memory_region(memory + bytes, rounded - bytes + kGuardBytes);
 #endif
   if (type == cudaMemoryTypeDevice) d.used += bytes;
   if (pool != nullptr) pool->used += bytes;
@@ -345,18 +354,26 @@ cudaError_t FreeLocked(void* p, cudaMemoryType type) {
   if (a.pool != nullptr) a.pool->used -= a.bytes;
   const size_t rounded = (a.bytes + kAlign - 1) / kAlign * kAlign;
   unsigned char* bytes = static_cast<unsigned char*>(p);
+  unsigned char* base = bytes - kGuardBytes;
 #if defined(__SANITIZE_ADDRESS__)
-  __asan_unpoison_memory_region(bytes + a.bytes, rounded - a.bytes);
+  __asan_unpoison_memory_region(base, kGuardBytes);
+  __asan_unpoison_memory_region(bytes + a.bytes, rounded - a.bytes + kGuardBytes);
 #endif
-  // The padding still as allocated, or something wrote past the end: an
-  // illegal address on a GPU, a fault here (reported from this call on).
-  bool overrun = false;
-  for (size_t i = a.bytes; i < rounded && !overrun; ++i) overrun = bytes[i] != 0xFF;
-  if (overrun) {
-    FaultLocked("a write past the end of a " + std::to_string(a.bytes) + "-byte allocation");
+  // The guard bands and padding still as allocated, or something wrote
+  // outside the allocation: a fault here (reported from this call on).
+  size_t after = 0, before = 0;
+  while (after < rounded - a.bytes + kGuardBytes && bytes[a.bytes + after] == 0xFF) ++after;
+  while (before < kGuardBytes && bytes[-1 - static_cast<ptrdiff_t>(before)] == 0xFF) ++before;
+  const bool overrun = after < rounded - a.bytes + kGuardBytes || before < kGuardBytes;
+  if (after < rounded - a.bytes + kGuardBytes) {
+    FaultLocked("a write at byte " + std::to_string(after) + " past the end of a " +
+                std::to_string(a.bytes) + "-byte allocation");
+  } else if (before < kGuardBytes) {
+    FaultLocked("a write " + std::to_string(before + 1) + " bytes before the start of a " +
+                std::to_string(a.bytes) + "-byte allocation");
   }
   std::memset(p, 0xFF, a.bytes);
-  std::free(p);
+  std::free(base);
   R().allocations.erase(it);
   return overrun ? R().sticky : cudaSuccess;
 }

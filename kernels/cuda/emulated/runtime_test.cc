@@ -68,8 +68,9 @@ __global__ void TooMuchSharedMemory(float* out) {
   out[threadIdx.x] = big[threadIdx.x];
 }
 
-__global__ void WriteOnePast(float* x, int n) {
-  if (threadIdx.x == 0) x[n] = 1.0f;
+// Writes x[i] (i may lie outside x's allocation).
+__global__ void WriteAt(float* x, int i) {
+  if (threadIdx.x == 0) x[i] = 1.0f;
 }
 
 class EmulatedRuntimeTest : public ::testing::Test {
@@ -454,22 +455,34 @@ TEST_F(EmulatedRuntimeTest, StaticPlusDynamicSharedMemoryPastTheLimitFaults) {
       ::testing::ExitedWithCode(3), "past the kernel's limit of 49152");
 }
 
-TEST_F(EmulatedRuntimeTest, AWritePastAnAllocationIsCaught) {
-  EXPECT_EXIT(
-      {
-        float* device = nullptr;
-        (void)cudaMalloc(reinterpret_cast<void**>(&device), 100 * sizeof(float));
-        PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, WriteOnePast)(device, 100);
-        (void)cudaStreamSynchronize(a_);
-        std::exit(cudaFree(device) == cudaErrorLaunchFailure ? 3 : 4);
-      },
-      // ASan sees the write itself (the padding is poisoned); otherwise the
-      // padding is found changed when the memory is freed.
-      [](int status) {
-        return (WIFEXITED(status) && WEXITSTATUS(status) == 3) || WIFSIGNALED(status) ||
-               (WIFEXITED(status) && WEXITSTATUS(status) == 1);  // ASan's own exit
-      },
-      "a write past the end of a 400-byte allocation|use-after-poison");
+// A write just past the end (into the rounding's padding), a row past it
+// (into the guard band after the padding) and before the start (the guard
+// band before): each is found when the memory is freed.
+TEST_F(EmulatedRuntimeTest, AWriteOutsideAnAllocationIsCaught) {
+  const struct {
+    int index;
+    const char* said;
+  } cases[] = {{100, "a write at byte 0 past the end of a 400-byte allocation"},
+               {100 + 1024, "a write at byte 4096 past the end of a 400-byte allocation"},
+               {-64, "a write 253 bytes before the start of a 400-byte allocation"}};
+  for (const auto& c : cases) {
+    EXPECT_EXIT(
+        {
+          float* device = nullptr;
+          (void)cudaMalloc(reinterpret_cast<void**>(&device), 100 * sizeof(float));
+          PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, WriteAt)(device, c.index);
+          (void)cudaStreamSynchronize(a_);
+          std::exit(cudaFree(device) == cudaErrorLaunchFailure ? 3 : 4);
+        },
+        // ASan sees the write itself (the bands are poisoned); otherwise a
+        // band is found changed when the memory is freed.
+        [](int status) {
+          return (WIFEXITED(status) && WEXITSTATUS(status) == 3) || WIFSIGNALED(status) ||
+                 (WIFEXITED(status) && WEXITSTATUS(status) == 1);  // ASan's own exit
+        },
+        std::string(c.said) + "|use-after-poison")
+        << "x[" << c.index << "]";
+  }
 }
 
 // Last: a fault poisons the process's (emulated) context for good.
