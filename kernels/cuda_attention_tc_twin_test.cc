@@ -257,6 +257,12 @@ TEST(CudaAttentionTcDeviceTest, AHopperDeviceRunsTheWgmmaKernels) {
   auto mma = ModelKernels::Create(gpu.b(), tc);
   ASSERT_TRUE(mma.ok()) << mma.status();
   EXPECT_THAT((*mma)->Describe(), HasSubstr("on wgmma: no (turned off)"));
+  // Tiled attention launches no tensor-core kernel: no decision at all.
+  tc.tc_wgmma = true;
+  tc.bf16_attention = Bf16Attention::kTiles;
+  auto tiles = ModelKernels::Create(gpu.b(), tc);
+  ASSERT_TRUE(tiles.ok()) << tiles.status();
+  EXPECT_THAT((*tiles)->Describe(), HasSubstr("on wgmma: no (not needed"));
 }
 
 // Tiles are 64 query rows and 64 keys.

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -50,6 +51,7 @@ struct JobRun {
   std::vector<v1::JobStepSummary> steps;
   v1::MemoryPlan plan;
   std::string metrics;
+  std::map<int, std::string> kernels;  // rank -> its log's "kernels: " line
 };
 
 JobRun RunJob(Cluster& c, v1::Backend backend) {
@@ -68,6 +70,14 @@ JobRun RunJob(Cluster& c, v1::Backend backend) {
   }
   run.state = c.WaitDone(id).state();
   run.metrics = Scrape(c.metrics());
+  EXPECT_TRUE(c.client()
+                  .GetJobLogs(id, false, 0,
+                              [&](const v1::LogEntry& l) {
+                                if (absl::StartsWith(l.line(), "kernels: "))
+                                  run.kernels[l.rank()] = l.line();
+                                return true;
+                              })
+                  .ok());
   return run;
 }
 
@@ -92,6 +102,15 @@ TEST(CudaServiceTest, TwoRankJobOnCudaMatchesTheCpuJob) {
     const double tolerance = (step == 1 ? 2e-5 : 1e-3) * std::abs(loss);
     EXPECT_NEAR(gpu.losses.at(step), loss, tolerance) << "step " << step;
   }
+
+  // Each CUDA rank's log says what its kernels chose; an fp32 job launches
+  // no tensor-core attention kernel, so none decided about wgmma (no probe,
+  // no check at start). The CPU's kernels have nothing to say.
+  ASSERT_EQ(gpu.kernels.size(), 2u) << cuda.Logs();
+  for (const auto& [rank, line] : gpu.kernels) {
+    EXPECT_THAT(line, ::testing::HasSubstr("on wgmma: no (not needed")) << "rank " << rank;
+  }
+  EXPECT_TRUE(cpu.kernels.empty()) << cpu.kernels.begin()->second;
 
   // The device's own view (cudaMemGetInfo; the stream-ordered pool's
   // reservation) is reported on CUDA and is 0 on the CPU.

@@ -583,12 +583,13 @@ absl::Status ConvertPrecision(const v1::JobSpec& spec, Precision* out) {
   }
 }
 
-// bf16_attention -> the step's. Only under bf16 (it chooses how bf16
-// attention computes); the tensor-core kernels take head_dim 64 and 128 on
-// cuda, so a job asking for them at another head_dim is refused here
-// rather than by its first step.
+// bf16_attention -> the step's (and whether its tensor-core kernels may run
+// on wgmma). Only under bf16 (it chooses how bf16 attention computes); the
+// tensor-core kernels take head_dim 64 and 128 on cuda, so a job asking for
+// them at another head_dim is refused here rather than by its first step.
 absl::Status ConvertBf16Attention(const v1::JobSpec& spec, const ModelConfig& model,
-                                  Bf16Attention* out) {
+                                  Bf16Attention* out, bool* wgmma) {
+  *wgmma = spec.bf16_attention() != v1::BF16_ATTENTION_TENSOR_CORE_MMA_SYNC;
   switch (spec.bf16_attention()) {
     case v1::BF16_ATTENTION_AUTO:
       *out = Bf16Attention::kAuto;
@@ -597,11 +598,13 @@ absl::Status ConvertBf16Attention(const v1::JobSpec& spec, const ModelConfig& mo
       *out = Bf16Attention::kTiles;
       break;
     case v1::BF16_ATTENTION_TENSOR_CORE:
+    case v1::BF16_ATTENTION_TENSOR_CORE_MMA_SYNC:
       *out = Bf16Attention::kTensorCore;
       break;
     default:
       return Bad("bf16_attention",
-                 "BF16_ATTENTION_AUTO, BF16_ATTENTION_TILES or BF16_ATTENTION_TENSOR_CORE",
+                 "BF16_ATTENTION_AUTO, BF16_ATTENTION_TILES, BF16_ATTENTION_TENSOR_CORE or "
+                 "BF16_ATTENTION_TENSOR_CORE_MMA_SYNC",
                  absl::StrCat(static_cast<int>(spec.bf16_attention())));
   }
   if (spec.precision() != v1::PRECISION_BF16) {
@@ -612,8 +615,8 @@ absl::Status ConvertBf16Attention(const v1::JobSpec& spec, const ModelConfig& mo
   if (*out == Bf16Attention::kTensorCore && spec.backend() == v1::BACKEND_CUDA &&
       !TensorCoreHeadDim(model.head_dim())) {
     return Bad("bf16_attention",
-               "BF16_ATTENTION_TENSOR_CORE on cuda only for head_dim (model.hidden / model.heads) "
-               "64 or 128",
+               absl::StrCat(v1::Bf16Attention_Name(spec.bf16_attention()),
+                            " on cuda only for head_dim (model.hidden / model.heads) 64 or 128"),
                absl::StrCat("head_dim ", model.head_dim()));
   }
   return absl::OkStatus();
@@ -627,7 +630,9 @@ std::string AttentionArithmeticNote(const v1::JobSpec& spec, const StepOptions& 
     case Bf16Attention::kTiles:
       return "tiles (fp32 products of the loaded values)";
     case Bf16Attention::kTensorCore:
-      return cuda ? "tensor cores" : "tensor-core arithmetic (the cpu's scalar reference: slow)";
+      if (!cuda) return "tensor-core arithmetic (the cpu's scalar reference: slow)";
+      return step.attention_wgmma ? "tensor cores (wgmma on an H100/H200 where its checks agree)"
+                                  : "tensor cores, mma.sync only (no wgmma)";
     case Bf16Attention::kAuto:
       break;
   }
@@ -719,7 +724,8 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   }
   t.step.seed = spec.has_seed() ? spec.seed() : 1;
   PLATEAU_RETURN_IF_ERROR(ConvertPrecision(spec, &t.step.precision));
-  PLATEAU_RETURN_IF_ERROR(ConvertBf16Attention(spec, t.step.model, &t.step.bf16_attention));
+  PLATEAU_RETURN_IF_ERROR(
+      ConvertBf16Attention(spec, t.step.model, &t.step.bf16_attention, &t.step.attention_wgmma));
   PLATEAU_RETURN_IF_ERROR(ToBackendOptions(spec).status());
   // The step's own checks on the whole combination (e.g. Ring-DTP needs a
   // vocabulary shard per rank), so that the service and the step agree.

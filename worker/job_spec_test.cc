@@ -600,6 +600,13 @@ TEST(JobSpecTest, Bf16AttentionIsCarriedAndNamedInThePlan) {
   s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE);  // the cpu's reference: any head_dim
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
   EXPECT_EQ(ToTrainerOptions(s).value().step.bf16_attention, Bf16Attention::kTensorCore);
+  EXPECT_TRUE(ToTrainerOptions(s).value().step.attention_wgmma);
+  EXPECT_THAT(note(s), ::testing::HasSubstr("scalar reference"));
+  // mma.sync only: the same arithmetic, never wgmma (the cpu ignores it).
+  s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE_MMA_SYNC);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  EXPECT_EQ(ToTrainerOptions(s).value().step.bf16_attention, Bf16Attention::kTensorCore);
+  EXPECT_FALSE(ToTrainerOptions(s).value().step.attention_wgmma);
   EXPECT_THAT(note(s), ::testing::HasSubstr("scalar reference"));
   s.set_bf16_attention(v1::BF16_ATTENTION_TILES);
   EXPECT_EQ(ToTrainerOptions(s).value().step.bf16_attention, Bf16Attention::kTiles);
@@ -610,6 +617,11 @@ TEST(JobSpecTest, Bf16AttentionIsCarriedAndNamedInThePlan) {
   EXPECT_THAT(note(s), ::testing::Eq("bf16 attention: auto: tensor cores (head_dim 128)"));
   s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  EXPECT_EQ(note(s), "bf16 attention: tensor cores (wgmma on an H100/H200 where its checks agree)");
+  s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE_MMA_SYNC);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  EXPECT_EQ(note(s), "bf16 attention: tensor cores, mma.sync only (no wgmma)");
+  EXPECT_FALSE(ToTrainerOptions(s).value().step.attention_wgmma);
   // No note in fp32, where it does not apply.
   s.set_precision(v1::PRECISION_FP32);
   s.clear_bf16_attention();
@@ -817,6 +829,14 @@ std::vector<Case> MalformedFieldCases() {
          s.set_precision(v1::PRECISION_BF16);
          s.set_backend(v1::BACKEND_CUDA);
          s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE);
+       }},
+      {"bf16_attention", [](S& s) {  // nor on mma.sync only
+         s.set_precision(v1::PRECISION_BF16);
+         s.set_backend(v1::BACKEND_CUDA);
+         s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE_MMA_SYNC);
+       }},
+      {"bf16_attention", [](S& s) {  // an fp32 job
+         s.set_bf16_attention(v1::BF16_ATTENTION_TENSOR_CORE_MMA_SYNC);
        }},
       {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(0); }},  // required for cpu
       {"device_memory_bytes", [](S& s) { s.set_device_memory_bytes(-1); }},

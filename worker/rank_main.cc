@@ -314,6 +314,7 @@ int Main(int argc, char** argv) {
                                 (*backend)->device().cap_bytes(), (*backend)->host().cap_bytes());
     }
     Emit(out);
+    if (!r.kernels.empty()) std::fprintf(stderr, "kernels: %s\n", r.kernels.c_str());
     if (rank == 0 && r.has_validation) {
       std::fprintf(stderr, "step %lld/%lld validation loss %.17g\n", static_cast<long long>(r.stats.step),
                    static_cast<long long>(spec.steps()), r.validation_loss);

@@ -292,6 +292,7 @@ absl::Status RunRank(const Flags& f) {
   MemoryStats peak, host_peak;
   auto on_step = [&](const StepReport& r) {
     if (first < 0) first = r.stats.loss;
+    if (f.rank == 0 && !r.kernels.empty()) std::printf("kernels: %s\n", r.kernels.c_str());
     last = r.stats.loss;
     tokens += r.tokens;
     seconds += r.seconds;

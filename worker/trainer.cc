@@ -238,6 +238,7 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
   const double flops = ModelFlopsPerStep(o.step.model, o.step.layout.batch);
   Batch batch;
   MemoryTimelineRecorder timeline(backend.device().tracker(), backend.host().tracker());
+  bool first_report = true;
   while (step->step() < o.steps) {
     auto t0 = std::chrono::steady_clock::now();
     PLATEAU_RETURN_IF_ERROR(data->Next(&batch));
@@ -252,6 +253,8 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
     r.tokens = o.step.layout.batch * o.step.model.seq_len;
     r.model_flops = flops;
     r.lr = LearningRateF(o.step.optimizer, stats.step);
+    if (first_report) r.kernels = step->KernelsDescribe();
+    first_report = false;
     const bool last = step->step() == o.steps;
     if (held_out != nullptr && (last || step->step() % o.validation_every == 0)) {
       PLATEAU_RETURN_IF_ERROR(Validate(o, *step, *held_out, &r));

@@ -35,6 +35,10 @@ struct StepReport {
   // (TrainerOptions::memory_timeline_every), else nullptr; valid during
   // the on_step call.
   const MemoryTimelineRecorder* timeline = nullptr;
+  // In the first report of a RunTraining call only: what the step's model
+  // kernels chose at creation (TrainingStep::KernelsDescribe; on CUDA
+  // whether attention runs on wgmma, and why not), for the log. Else "".
+  std::string kernels;
 };
 
 

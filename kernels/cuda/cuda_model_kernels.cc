@@ -521,6 +521,9 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   std::string wgmma_note;
   if (!options.tc_wgmma) {
     wgmma_note = "no (turned off)";
+  } else if (options.bf16_attention == Bf16Attention::kTiles) {
+    // Nothing would launch them: no probe, no check (model_kernels.h).
+    wgmma_note = "no (not needed: bf16 attention on the tiled kernels, or an fp32 step)";
   } else if (major != 9 || minor != 0) {
     wgmma_note = absl::StrCat("no (compute capability ", major, ".", minor, ", not 9.0)");
   } else {

@@ -30,7 +30,12 @@
 namespace plateau {
 
 struct ModelKernelsOptions {
-  Bf16Attention bf16_attention = Bf16Attention::kAuto;  // precision.h
+  // precision.h. kTiles launches no tensor-core kernel, so CUDA then skips
+  // deciding about wgmma (its probe and check at creation launch sm_90a
+  // kernels; a fault there would fail creation for a job that never needs
+  // them). A caller that launches no bf16 attention op (an fp32 step)
+  // passes kTiles for that reason.
+  Bf16Attention bf16_attention = Bf16Attention::kAuto;
   // CUDA's tensor-core attention kernels (kernels/cuda/cuda_attention_tc.h)
   // double-buffer their streamed tiles where the device's shared memory
   // allows it without fewer resident blocks (ChooseAttentionTcStages);

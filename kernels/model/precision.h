@@ -55,7 +55,9 @@ inline constexpr const char* PrecisionName(Precision p) {
 //     (attention.h); on CUDA the tiled kernels, bit for bit its fp32 ones.
 //   kTensorCore: what tensor cores compute (kernels/model/attention_tc.h):
 //     bf16 operands, fp32 accumulation, the probabilities and dS rounded to
-//     bf16 where they become operands. CUDA: the mma.sync kernels
+//     bf16 where they become operands. CUDA: the mma.sync kernels, or on an
+//     H100/H200 the wgmma ones where the device's checks agree
+//     (StepOptions::attention_wgmma)
 //     (kernels/cuda/cuda_attention_tc.h; head_dim 64 or 128, else the op
 //     answers UNIMPLEMENTED); CPU: attention_tc.h's scalar reference.
 //   kAuto: on CUDA kTensorCore where its kernels take the head_dim on that

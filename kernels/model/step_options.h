@@ -153,6 +153,10 @@ struct StepOptions {
   // Under bf16, the arithmetic of attention (precision.h): kAuto takes the
   // tensor cores on CUDA where their kernels exist. No effect in fp32.
   Bf16Attention bf16_attention = Bf16Attention::kAuto;
+  // Under bf16 with the tensor cores on an H100/H200: whether their
+  // kernels may run on wgmma (ModelKernelsOptions::tc_wgmma; false keeps
+  // them on mma.sync, what an A100 runs). The CPU ignores it.
+  bool attention_wgmma = true;
   LayoutConfig layout;
   OptimizerConfig optimizer;
   ProjectionOptions projection;

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
@@ -56,12 +57,14 @@ struct StepResult {
   std::vector<std::vector<float>> grads;    // after ForwardBackward
   double step_loss = 0;                     // Step()'s own loss
   std::vector<std::vector<float>> weights;  // after Step()
+  std::string kernels;                      // TrainingStep::KernelsDescribe()
 };
 
 // One rank: its backend (GPU r on CUDA), its communicator (NCCL on CUDA,
 // Gloo on the CPU) and the step; rank 0 keeps the results.
-absl::Status RunRank(BackendKind kind, Precision precision, OptimizerPlacementOptions::Kind optimizer, int r,
-                     int P, int64_t B, const ModelConfig& m, const GlobalBatch& g,
+absl::Status RunRank(BackendKind kind, Precision precision,
+                     OptimizerPlacementOptions::Kind optimizer, bool attention_wgmma, int r, int P,
+                     int64_t B, const ModelConfig& m, const GlobalBatch& g,
                      std::shared_ptr<KeyValueStore> store, StepResult* out) {
   BackendOptions bo;
   bo.kind = kind;
@@ -84,6 +87,7 @@ absl::Status RunRank(BackendKind kind, Precision precision, OptimizerPlacementOp
   o.seed = 5;
   o.precision = precision;
   o.optimizer_placement.kind = optimizer;
+  o.attention_wgmma = attention_wgmma;
   auto step = TrainingStep::Create(o, **backend, **world);
   if (!step.ok()) return step.status();
   const std::vector<int32_t> tok = RankSlice(g.tokens, B, m.seq_len, r, P);
@@ -101,6 +105,7 @@ absl::Status RunRank(BackendKind kind, Precision precision, OptimizerPlacementOp
     out->grads = std::move(*grads);
     out->step_loss = step_stats->loss;
     out->weights = std::move(*weights);
+    out->kernels = (*step)->KernelsDescribe();
   }
   step->reset();
   world->reset();
@@ -108,18 +113,20 @@ absl::Status RunRank(BackendKind kind, Precision precision, OptimizerPlacementOp
 }
 
 // P ranks on threads; the first error in rank order.
-absl::Status RunStepOn(BackendKind kind, int P, int64_t B, const ModelConfig& m,
-                       const GlobalBatch& g, StepResult* out,
-                       Precision precision = Precision::kFp32,
-                       OptimizerPlacementOptions::Kind optimizer = OptimizerPlacementOptions::Kind::kDevice) {
+absl::Status RunStepOn(
+    BackendKind kind, int P, int64_t B, const ModelConfig& m, const GlobalBatch& g, StepResult* out,
+    Precision precision = Precision::kFp32,
+    OptimizerPlacementOptions::Kind optimizer = OptimizerPlacementOptions::Kind::kDevice,
+    bool attention_wgmma = true) {
   auto store = FileStore::Create(FreshStoreDir(absl::StrCat("cuda_step_twin_", static_cast<int>(kind))));
   if (!store.ok()) return store.status();
   std::shared_ptr<KeyValueStore> shared = std::move(*store);
   std::vector<absl::Status> status(P);
   std::vector<std::thread> threads;
   for (int r = 0; r < P; ++r) {
-    threads.emplace_back(
-        [&, r] { status[r] = RunRank(kind, precision, optimizer, r, P, B, m, g, shared, out); });
+    threads.emplace_back([&, r] {
+      status[r] = RunRank(kind, precision, optimizer, attention_wgmma, r, P, B, m, g, shared, out);
+    });
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < P; ++r) {
@@ -193,6 +200,10 @@ TEST_P(CudaStepTwinTest, StepMatchesCpuBackend) {
   ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA step failed: " << st;
   st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu);
   ASSERT_TRUE(st.ok()) << st;
+  // An fp32 step launches no tensor-core attention kernel: its kernels
+  // skip the wgmma probe and check (model_kernels.h).
+  EXPECT_THAT(gpu.kernels, ::testing::HasSubstr("on wgmma: no (not needed")) << gpu.kernels;
+  EXPECT_EQ(cpu.kernels, "");
 
   EXPECT_NEAR(gpu.loss, cpu.loss, 2e-5 * std::abs(cpu.loss));
   EXPECT_NEAR(gpu.step_loss, cpu.step_loss, 2e-5 * std::abs(cpu.step_loss));
@@ -263,6 +274,11 @@ TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
   ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA bf16 step failed: " << st;
   st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu, Precision::kBf16Mixed);
   ASSERT_TRUE(st.ok()) << st;
+  // A bf16 step may launch the tensor-core kernels, so its kernels decided
+  // about wgmma (yes on a 9.0 device whose checks agree, else why not).
+  EXPECT_THAT(gpu.kernels, ::testing::HasSubstr("on wgmma: "));
+  EXPECT_THAT(gpu.kernels, ::testing::Not(::testing::HasSubstr("not needed")));
+  EXPECT_THAT(gpu.kernels, ::testing::Not(::testing::HasSubstr("turned off")));
 
   const double loss_bound = 2 * RelativeBound(ForwardRoundings(m));
   const double norm_bound = 2 * RelativeBound(GradientRoundings(m, P));
@@ -287,6 +303,20 @@ TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
         return 2.0 * lr + bf16_unit + 1e-6;
       },
       "bf16 weight");
+}
+
+// StepOptions::attention_wgmma = false (the job's
+// BF16_ATTENTION_TENSOR_CORE_MMA_SYNC) reaches the kernels: mma.sync only.
+TEST(CudaStepBf16, AttentionWgmmaOffKeepsTheKernelsOnMmaSync) {
+  if (const std::string why = WhyNoGpus(1); !why.empty()) GTEST_SKIP() << why;
+  const ModelConfig m = TinyModel();
+  const GlobalBatch g = MakeBatch(m, 2, 11);
+  StepResult gpu;
+  const absl::Status st = RunStepOn(BackendKind::kCuda, 1, 2, m, g, &gpu, Precision::kBf16Mixed,
+                                    OptimizerPlacementOptions::Kind::kDevice,
+                                    /*attention_wgmma=*/false);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_THAT(gpu.kernels, ::testing::HasSubstr("on wgmma: no (turned off)")) << gpu.kernels;
 }
 
 // A bf16 run learns on the GPU: 20 steps on one batch at P = 1, every loss

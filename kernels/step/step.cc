@@ -204,7 +204,11 @@ absl::Status TrainingStep::Allocate() {
   PLATEAU_ASSIGN_OR_RETURN(I.ev_compute, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(I.ev_comm, backend_.CreateEvent());
   ModelKernelsOptions kernel_options;
-  kernel_options.bf16_attention = options_.bf16_attention;
+  // An fp32 step launches no bf16 attention op: kTiles tells CUDA to skip
+  // the tensor-core kernels' wgmma decision (model_kernels.h).
+  kernel_options.bf16_attention =
+      options_.precision == Precision::kFp32 ? Bf16Attention::kTiles : options_.bf16_attention;
+  kernel_options.tc_wgmma = options_.attention_wgmma;
   PLATEAU_ASSIGN_OR_RETURN(I.kernels, ModelKernels::Create(backend_, kernel_options));
   const std::vector<StepBufferSpec> specs = StepLaunchBuffers(options_);
   const std::vector<LaunchMember>& members = LaunchMembers();
@@ -932,6 +936,8 @@ int64_t TrainingStep::StreamStateHostBytes(bool with_sink) const {
 }
 
 int64_t TrainingStep::LoadStreamedStateHostBytes() const { return plateau::LoadStreamedStateHostBytes(layout_); }
+
+std::string TrainingStep::KernelsDescribe() const { return impl_->kernels->Describe(); }
 
 // Device memory: none. Each rank reads its own dense shard and owned vector
 // (the runs of its parts, ParamLayout::ForEach*Run) from the source and

@@ -157,6 +157,10 @@ class TrainingStep {
 
   int64_t step() const { return step_; }
   const ParamLayout& layout() const { return layout_; }
+  // What the step's model kernels chose at creation (ModelKernels::
+  // Describe: on CUDA the tensor-core attention kernels' buffering and
+  // whether they run on wgmma, and why not); "" on the CPU.
+  std::string KernelsDescribe() const;
   Backend& backend() { return backend_; }
 
   // The buffers and streams; opaque outside step.cc.
