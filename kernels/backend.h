@@ -250,8 +250,9 @@ class Backend {
   absl::Status GemmBf16(Stream& stream, const GemmBf16Args& args);
   // The expert groups' GEMMs in bf16, checked as GroupedGemm checks its
   // entries (the message names gemms[i]); each C is what GemmBf16 gives.
-  // Default (and CUDA today): GemmBf16 on each entry in order; the CPU runs
-  // them in order as one task.
+  // Default: GemmBf16 on each entry in order; the CPU runs them in order as
+  // one task; CUDA as cuBLAS grouped calls (cuda_backend.cc: EnqueueGrouped
+  // says which entries go one by one instead).
   absl::Status GroupedGemmBf16(Stream& stream, absl::Span<const GemmBf16Args> gemms);
   // out = rn(x): the working copy of an fp32 master.
   absl::Status ConvertToBf16(Stream& s, Bf16* out, const float* x, int64_t n);

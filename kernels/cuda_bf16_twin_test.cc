@@ -610,20 +610,23 @@ TEST_F(CudaBf16TwinTest, EmbeddingBackwardIsBitwiseCpu) {
 // bf16-C entries, GemmBf16 for the k = 0 and fp32-C ones, against the CPU
 // on the same entries with GemmMatchesCpu's bound (4 k u |alpha| sum |a b|
 // + |beta c|, plus one bf16 unit for a bf16 C). Entries 0 and 1 share their
-// parameters (one cuBLAS group), entry 3 has k = 0, entry 4 an fp32 C; C
-// starts as NaN where beta = 0 (it must not be read).
+// parameters (one cuBLAS group), entry 3 has k = 0, entry 4 an fp32 C,
+// entry 5 its A and C one element past a 16-byte boundary (a slice at an
+// odd row of a matrix whose width is not a multiple of 8: the grouped call
+// must not take it; the emulated one faults on it); C starts as NaN where
+// beta = 0 (it must not be read).
 TEST_F(CudaBf16TwinTest, GroupedGemmMatchesCpu) {
   struct Entry {
     bool ta, tb;
     int64_t m, n, k;
     float beta;
     bool fp32_c;
+    bool misaligned = false;
   };
-  const Entry entries[] = {{false, true, 40, 96, 64, 0.0f, false},
-                           {false, true, 40, 96, 64, 0.0f, false},
-                           {true, false, 17, 33, 129, 1.0f, false},
-                           {false, false, 9, 12, 0, 0.5f, false},
-                           {false, true, 23, 31, 48, 0.0f, true}};
+  const Entry entries[] = {
+      {false, true, 40, 96, 64, 0.0f, false},  {false, true, 40, 96, 64, 0.0f, false},
+      {true, false, 17, 33, 129, 1.0f, false}, {false, false, 9, 12, 0, 0.5f, false},
+      {false, true, 23, 31, 48, 0.0f, true},   {false, true, 40, 96, 64, 0.0f, false, true}};
   struct Data {
     std::vector<Bf16> a, b, c;
   };
@@ -646,7 +649,11 @@ TEST_F(CudaBf16TwinTest, GroupedGemmMatchesCpu) {
       g.k = e.k;
       g.alpha = 0.75f;
       g.beta = e.beta;
-      g.a = side.UploadBf16(data[i].a);
+      // A misaligned entry's A and C start one element into an upload.
+      const int64_t skew = e.misaligned ? 1 : 0;
+      std::vector<Bf16> a = data[i].a;
+      a.insert(a.begin(), skew, Bf16{0});
+      g.a = side.UploadBf16(a) + skew;
       g.lda = std::max<int64_t>(e.ta ? e.m : e.k, 1);
       g.b = side.UploadBf16(data[i].b);
       g.ldb = std::max<int64_t>(e.tb ? e.k : e.n, 1);
@@ -654,7 +661,10 @@ TEST_F(CudaBf16TwinTest, GroupedGemmMatchesCpu) {
       if (e.fp32_c) {
         g.c_fp32 = e.beta == 0.0f ? side.Poisoned(e.m * e.n) : side.Upload(Loaded(data[i].c));
       } else {
-        g.c = e.beta == 0.0f ? side.PoisonedBf16(e.m * e.n) : side.UploadBf16(data[i].c);
+        std::vector<Bf16> c =
+            e.beta == 0.0f ? std::vector<Bf16>(e.m * e.n, Bf16{0x7fc0}) : data[i].c;  // NaN
+        c.insert(c.begin(), skew, Bf16{0});
+        g.c = side.UploadBf16(c) + skew;
       }
       gemms.push_back(g);
     }

@@ -399,6 +399,13 @@ class CudaEvent final : public Event {
 // workspace (24 KiB), after the part lent to cuBLAS and the reductions.
 constexpr int64_t kGroupedGemmsPerCall = 1024;
 constexpr size_t kGemmPointerBytes = 3 * kGroupedGemmsPerCall * sizeof(void*);
+// cublasGemmGroupedBatchedEx is cuBLAS 12.5's; built against an older one
+// the grouped GEMMs run one cublasGemmEx per entry.
+#if CUBLAS_VERSION >= 120500
+constexpr bool kHaveGroupedGemm = true;
+#else
+constexpr bool kHaveGroupedGemm = false;
+#endif
 
 // A non-blocking CUDA stream (it does not synchronise with the legacy default
 // stream) with its own cuBLAS handle and workspace: `blas_bytes` of it for
@@ -657,26 +664,28 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status DoGemm(Stream& st, const GemmArgs& g) override {
-    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
-      if (g.k == 0) {  // C = beta * C; A and B may be null
-        PLATEAU_CUDA_RETURN_IF_ERROR(
-            cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
-        return absl::OkStatus();
-      }
-      // cuBLAS is column-major. A row-major matrix read as column-major is its
-      // transpose, so the row-major C = op(A) op(B) is computed as the
-      // column-major C^T (n x m) = op(B)^T op(A)^T: the operands swap places
-      // and keep their own transpose flags and leading dimensions.
-      const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-      const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-      PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-          s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
-          static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_32F,
-          static_cast<int>(g.ldb), g.a, CUDA_R_32F, static_cast<int>(g.lda),
-          &g.beta, g.c, CUDA_R_32F, static_cast<int>(g.ldc),
-          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return Enqueue(st, [&](CudaStream* s) { return EnqueueGemm(s, g); });
+  }
+
+  // The fp32 GEMM. Runs under the stream's launch lock (Enqueue).
+  static absl::Status EnqueueGemm(CudaStream* s, const GemmArgs& g) {
+    if (g.k == 0) {  // C = beta * C; A and B may be null
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::ScaleMatrix(s->stream(), g.c, g.m, g.n, g.ldc, g.beta));
       return absl::OkStatus();
-    });
+    }
+    // cuBLAS is column-major. A row-major matrix read as column-major is its
+    // transpose, so the row-major C = op(A) op(B) is computed as the
+    // column-major C^T (n x m) = op(B)^T op(A)^T: the operands swap places
+    // and keep their own transpose flags and leading dimensions.
+    const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    PLATEAU_CUBLAS_RETURN_IF_ERROR(
+        cublasGemmEx(s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
+                     static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_32F, static_cast<int>(g.ldb), g.a,
+                     CUDA_R_32F, static_cast<int>(g.lda), &g.beta, g.c, CUDA_R_32F,
+                     static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
   }
 
   // One cublasGemmGroupedBatchedEx call per kGroupedGemmsPerCall GEMMs.
@@ -696,7 +705,11 @@ class CudaBackend final : public Backend {
                           g.beta, g.c, g.ldc});
         }
       }
-      return EnqueueGrouped(s, todo, CUDA_R_32F, CUDA_R_32F);
+      return EnqueueGrouped(s, todo, CUDA_R_32F, CUDA_R_32F, [&](const GroupedEntry& e) {
+        return EnqueueGemm(
+            s, {e.trans_a, e.trans_b, e.m, e.n, e.k, e.alpha, static_cast<const float*>(e.a), e.lda,
+                static_cast<const float*>(e.b), e.ldb, e.beta, static_cast<float*>(e.c), e.ldc});
+      });
     });
   }
 
@@ -718,16 +731,16 @@ class CudaBackend final : public Backend {
                           g.beta, g.c, g.ldc});
         }
       }
-      // Should this cuBLAS not take bf16 in its grouped call
-      // (CUBLAS_STATUS_NOT_SUPPORTED), the entries go one by one through
-      // GemmBf16's path: the same values (each C is GemmBf16's), said once
-      // on stderr since it is slower.
+      // Entries the grouped call cannot take (EnqueueGrouped says which) go
+      // one by one through GemmBf16's path: the same values (each C is
+      // GemmBf16's), said once on stderr since it is slower.
       return EnqueueGrouped(s, todo, CUDA_R_16BF, CUDA_R_16BF, [&](const GroupedEntry& e) {
         static std::atomic<bool> said{false};
         if (!said.exchange(true)) {
           std::fprintf(stderr,
-                       "plateau cuda backend: cublasGemmGroupedBatchedEx does not take bf16 here; "
-                       "GroupedGemmBf16 runs one cublasGemmEx per entry\n");
+                       "plateau cuda backend: GroupedGemmBf16 runs some entries one cublasGemmEx "
+                       "each (a matrix not 16-byte aligned, or no grouped bf16 call here): "
+                       "slower, the same values\n");
         }
         GemmBf16Args g;
         g.trans_a = e.trans_a;
@@ -997,21 +1010,42 @@ class CudaBackend final : public Backend {
 
   // Enqueues `todo` (every k > 0) as cublasGemmGroupedBatchedEx calls of
   // kGroupedGemmsPerCall GEMMs, A and B of type `ab`, C of type `c_type`,
-  // CUBLAS_COMPUTE_32F. A call that cuBLAS answers CUBLAS_STATUS_NOT_SUPPORTED
-  // (it enqueued nothing) goes to `one_by_one` on each of its entries when
-  // given, else is an error. Runs under the stream's launch lock (Enqueue).
+  // CUBLAS_COMPUTE_32F, and through `one_by_one` (a single GEMM each):
+  //   - entries with a matrix not 16-byte aligned. The grouped call reads
+  //     its matrix pointers from device memory, so cuBLAS cannot look at
+  //     them and picks kernels that assume the alignment its documentation
+  //     asks of them; a misaligned one is a misaligned-address fault, which
+  //     ends the process's CUDA context. A single GEMM's pointers are
+  //     arguments cuBLAS inspects. (The step's slices are aligned where
+  //     hidden and expert_ffn are multiples of 8.)
+  //   - every entry where this cuBLAS predates the grouped call (12.5);
+  //   - the entries of a call cuBLAS answers CUBLAS_STATUS_NOT_SUPPORTED
+  //     (it enqueued nothing).
+  // The entries' outputs are disjoint (ValidateGroupedGemm), so the order
+  // between the two paths does not matter. Runs under the stream's launch
+  // lock (Enqueue).
   static absl::Status EnqueueGrouped(
-      CudaStream* s, const std::vector<GroupedEntry>& todo, cudaDataType ab,
-      cudaDataType c_type,
-      const std::function<absl::Status(const GroupedEntry&)>& one_by_one = nullptr) {
+      CudaStream* s, const std::vector<GroupedEntry>& todo, cudaDataType ab, cudaDataType c_type,
+      const std::function<absl::Status(const GroupedEntry&)>& one_by_one) {
+    std::vector<GroupedEntry> aligned;
+    for (const GroupedEntry& g : todo) {
+      const uintptr_t any = reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b) |
+                            reinterpret_cast<uintptr_t>(g.c);
+      if (kHaveGroupedGemm && any % 16 == 0) {
+        aligned.push_back(g);
+      } else {
+        PLATEAU_RETURN_IF_ERROR(one_by_one(g));
+      }
+    }
+#if CUBLAS_VERSION >= 120500
     auto same = [](const GroupedEntry& x, const GroupedEntry& y) {
       return x.trans_a == y.trans_a && x.trans_b == y.trans_b && x.m == y.m &&
              x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
              x.ldc == y.ldc && x.alpha == y.alpha && x.beta == y.beta;
     };
-    for (size_t first = 0; first < todo.size(); first += kGroupedGemmsPerCall) {
+    for (size_t first = 0; first < aligned.size(); first += kGroupedGemmsPerCall) {
       const size_t last =
-          std::min(todo.size(), first + static_cast<size_t>(kGroupedGemmsPerCall));
+          std::min(aligned.size(), first + static_cast<size_t>(kGroupedGemmsPerCall));
       // Per GEMM: the pointers; per group: the rest.
       std::vector<const void*> a, b;
       std::vector<void*> c;
@@ -1019,12 +1053,12 @@ class CudaBackend final : public Backend {
       std::vector<int> m, n, k, lda, ldb, ldc, size;
       std::vector<float> alpha, beta;
       for (size_t i = first; i < last; ++i) {
-        const GroupedEntry& g = todo[i];
+        const GroupedEntry& g = aligned[i];
         // Column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B.
         a.push_back(g.b);
         b.push_back(g.a);
         c.push_back(g.c);
-        if (i > first && same(g, todo[i - 1])) {
+        if (i > first && same(g, aligned[i - 1])) {
           ++size.back();
           continue;
         }
@@ -1051,14 +1085,18 @@ class CudaBackend final : public Backend {
           s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alpha.data(),
           s->gemm_a(), ab, lda.data(), s->gemm_b(), ab, ldb.data(), beta.data(), s->gemm_c(),
           c_type, ldc.data(), static_cast<int>(size.size()), size.data(), CUBLAS_COMPUTE_32F);
-      if (st == CUBLAS_STATUS_NOT_SUPPORTED && one_by_one != nullptr) {
-        for (size_t i = first; i < last; ++i) PLATEAU_RETURN_IF_ERROR(one_by_one(todo[i]));
+      if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+        for (size_t i = first; i < last; ++i) PLATEAU_RETURN_IF_ERROR(one_by_one(aligned[i]));
         continue;
       }
       if (st != CUBLAS_STATUS_SUCCESS) {
         return CublasStatus(st, "cublasGemmGroupedBatchedEx", __FILE__, __LINE__);
       }
     }
+#else
+    (void)ab;
+    (void)c_type;
+#endif
     return absl::OkStatus();
   }
 

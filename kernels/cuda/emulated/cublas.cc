@@ -266,19 +266,26 @@ cublasStatus_t cublasCreate(cublasHandle_t* handle) {
 }
 
 cublasStatus_t cublasDestroy(cublasHandle_t handle) {
-  cudaStream_t stream;
+  int device;
   {
     std::lock_guard<std::mutex> lock(emu::handles_mu);
     if (handle == nullptr || emu::Handles().erase(handle) == 0) {
       return CUBLAS_STATUS_NOT_INITIALIZED;
     }
-    stream = handle->stream;
+    device = handle->device;
     delete handle;
   }
-  // The enqueued work holds copies of everything it needs, not the handle;
-  // the flush is cuBLAS's implicit synchronisation. Its error (a faulted
-  // device, a stream destroyed first) is the stream's to report.
-  (void)emu::Flush(stream);
+  // The enqueued work holds copies of everything it needs, not the handle.
+  // cuBLAS documents that cublasDestroy synchronises the device (all of
+  // its streams, collectives included), so this waits for the handle's
+  // device: a destroy while another stream holds work that cannot finish
+  // waits as on a GPU. Errors (a faulted device) are the streams' to
+  // report.
+  int current = 0;
+  (void)cudaGetDevice(&current);
+  (void)cudaSetDevice(device);
+  (void)cudaDeviceSynchronize();
+  (void)cudaSetDevice(current);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -453,6 +460,16 @@ cublasStatus_t cublasGemmGroupedBatchedEx(
         int64_t at = 0;
         for (const auto& [shape, count] : groups) {
           for (int64_t p = 0; p < count; ++p, ++at) {
+            // cublas_api.h: bf16 matrices 16-byte aligned (stricter than
+            // cuBLAS's documented rule; a misaligned address on a GPU).
+            const uintptr_t any = reinterpret_cast<uintptr_t>(Aarray[at]) |
+                                  reinterpret_cast<uintptr_t>(Barray[at]) |
+                                  reinterpret_cast<uintptr_t>(Carray[at]);
+            if (Atype == CUDA_R_16BF && any % 16 != 0) {
+              emu::Fault("cublasGemmGroupedBatchedEx: GEMM " + std::to_string(at) +
+                         " has a bf16 matrix not 16-byte aligned (a misaligned address on a GPU)");
+              return;
+            }
             if (!emu::RunTypedGemm("cublasGemmGroupedBatchedEx", shape, Atype, Ctype, Aarray[at],
                                    Barray[at], Carray[at])) {
               return;  // the device has faulted: nothing more runs

@@ -14,6 +14,12 @@
 //     documents them, and the work put on the handle's stream: it runs when
 //     the stream runs (emulation.h), reading A, B, C (and the grouped call's
 //     device pointer arrays) then;
+//   - the grouped call's bf16 matrices: a pointer (from the device pointer
+//     arrays) not 16-byte aligned is a device fault. cuBLAS cannot check
+//     these pointers (they are in device memory) and documents alignment
+//     rules for them; the emulation asks for 16 bytes always, stricter than
+//     the rule (which depends on k), so that code relying on the rule's
+//     letter is caught here too;
 //   - the arithmetic: each dot product summed exactly enough (in double)
 //     and rounded once to fp32, then alpha * sum + beta * C in fp32, a bf16
 //     C rounded once more (to nearest even). cuBLAS's own summation order is
@@ -27,6 +33,13 @@
 
 #include "kernels/cuda/emulated/cuda_runtime_api.h"
 #include "kernels/cuda/emulated/library_types.h"
+
+// The cuBLAS release whose API this models (cublasGemmGroupedBatchedEx is
+// 12.5's).
+#define CUBLAS_VER_MAJOR 12
+#define CUBLAS_VER_MINOR 5
+#define CUBLAS_VER_PATCH 0
+#define CUBLAS_VERSION (CUBLAS_VER_MAJOR * 10000 + CUBLAS_VER_MINOR * 100 + CUBLAS_VER_PATCH)
 
 typedef enum {
   CUBLAS_STATUS_SUCCESS = 0,
@@ -81,8 +94,9 @@ typedef struct cublasContext* cublasHandle_t;
 
 // On the calling thread's current device (emulation.h's CurrentDevice).
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
-// Runs the handle's stream's work first: cuBLAS synchronises the device here,
-// and a host read after cublasDestroy sees the results on a GPU.
+// Synchronises the handle's device first (all its streams), as cuBLAS
+// documents: a host read after cublasDestroy sees the results on a GPU, and
+// a destroy waits for every stream's work, collectives included.
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 // Also resets the workspace to cuBLAS's own, as cuBLAS does.
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);

@@ -572,6 +572,36 @@ TEST(EmulatedCublasTest, GroupedBatchedRejectsWhatCublasRejects) {
   EXPECT_EQ(cudaStreamSynchronize(blas.stream()), cudaSuccess);
 }
 
+// A bf16 matrix the grouped call reaches through a pointer not 16-byte
+// aligned is a device fault when the work runs (cublas_api.h: stricter than
+// cuBLAS's documented rule, which a GPU breaks with a misaligned address).
+TEST(EmulatedCublasTest, GroupedBatchedBf16MisalignedMatrixIsAFault) {
+  // One 8 x 8 x 8 bf16 GEMM whose A starts one element into a buffer.
+  auto misaligned = [] {
+    Blas blas;
+    DeviceArray<Bf16> matrices(3 * 512);
+    const std::vector<const void*> a = {matrices.get() + 1};
+    const std::vector<const void*> b = {matrices.get() + 512};
+    const std::vector<void*> c = {matrices.get() + 1024};
+    DeviceArray<const void*> d_a(1);
+    DeviceArray<const void*> d_b(1);
+    DeviceArray<void*> d_c(1);
+    d_a.Upload(a, blas.stream());
+    d_b.Upload(b, blas.stream());
+    d_c.Upload(c, blas.stream());
+    const cublasOperation_t op = CUBLAS_OP_N;
+    const int dim = 8, size = 1;
+    const float alpha = 1, beta = 0;
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        blas.handle(), &op, &op, &dim, &dim, &dim, &alpha, d_a.get(), CUDA_R_16BF, &dim, d_b.get(),
+        CUDA_R_16BF, &dim, &beta, d_c.get(), CUDA_R_16BF, &dim, 1, &size, CUBLAS_COMPUTE_32F);
+    const bool faulted = cudaStreamSynchronize(blas.stream()) == cudaErrorLaunchFailure;
+    std::exit(st == CUBLAS_STATUS_SUCCESS && faulted ? 3 : 4);
+  };
+  EXPECT_EXIT(misaligned(), ::testing::ExitedWithCode(3),
+              "GEMM 0 has a bf16 matrix not 16-byte aligned");
+}
+
 // ---- NCCL -------------------------------------------------------------------
 
 // Sets PLATEAU_EMULATED_NCCL_TIMEOUT_MS for the worlds created in its scope.
