@@ -15,8 +15,19 @@
 // took while a shape ran: these cores are shared, and a row taken while
 // others were busy understates the ceiling.
 //
+// On CUDA also the bf16 GEMM (GemmBf16: bf16 A and B, fp32 accumulation,
+// one rounding to a bf16 C), the ceiling of a bf16 step: square 4096 and
+// the same training shapes; and the expert groups' GEMMs both ways, as one
+// GroupedGemmBf16 call (cuBLAS's grouped GEMM) and as one GemmBf16 each
+// (cublasGemmEx): the one-by-one/grouped time ratio says whether the
+// grouped call pays on this GPU (its kernels may not use the newest tensor
+// core instructions). Each bf16 result is spot-checked as the fp32 ones,
+// plus one bf16 unit of |c| for C's rounding; the grouped entries' C must
+// agree with the one-by-one C within two bf16 units.
+//
 // --quick: two small shapes instead (128^3 and a 64 x 96 x 256 A^T
-// product), every code path in seconds: tools/device-check --emulated.
+// product; bf16 128^3 and four 32 x 96 x 64 expert GEMMs), every code path
+// in seconds: tools/device-check --emulated.
 //
 // Output: a table per backend, then one JSON line.
 #include <cblas.h>
@@ -34,6 +45,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/bench_util.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/status_macros.h"
 
 namespace plateau::bench {
@@ -73,6 +85,32 @@ struct Result {
   double max_err = 0;  // max |c - ref| / sum|a b| over the checked entries
 };
 
+// One call of `enqueue` (which enqueues its GEMMs on `s`) timed: a warm-up
+// (thread pools, cuBLAS heuristics, page faults) that also sizes a batch of
+// back-to-back calls lasting ~50 ms, then the best and median of 3 to 10
+// batches, per call. `inner`: the batch's size.
+absl::StatusOr<Timing> TimeBatched(Stream& s, const std::function<absl::Status()>& enqueue,
+                                   int* inner) {
+  const double t0 = NowSeconds();
+  PLATEAU_RETURN_IF_ERROR(enqueue());
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+  const double once = NowSeconds() - t0;
+  const int n = static_cast<int>(std::clamp(0.05 / std::max(once, 1e-9), 1.0, 1000.0));
+  PLATEAU_ASSIGN_OR_RETURN(Timing t, TimeRuns(
+                                         [&]() -> absl::Status {
+                                           for (int i = 0; i < n; ++i) {
+                                             PLATEAU_RETURN_IF_ERROR(enqueue());
+                                           }
+                                           return s.Synchronize();
+                                         },
+                                         /*warmup=*/0, /*min_reps=*/3, /*min_total_s=*/0.3,
+                                         /*max_reps=*/10));
+  t.best_s /= n;
+  t.median_s /= n;
+  *inner = n;
+  return t;
+}
+
 absl::StatusOr<Result> RunShape(Backend& b, Stream& s, const Shape& sh) {
   Result r;
   r.shape = sh;
@@ -104,28 +142,10 @@ absl::StatusOr<Result> RunShape(Backend& b, Stream& s, const Shape& sh) {
   g.c = dc.as<float>();
   g.ldc = sh.n;
 
-  // Warm-up (thread pools, cuBLAS heuristics, page faults), which also
-  // sizes the batch.
   CpuMeter meter;
-  const double t0 = NowSeconds();
-  PLATEAU_RETURN_IF_ERROR(b.Gemm(s, g));
-  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
-  const double once = NowSeconds() - t0;
-  r.inner = static_cast<int>(std::clamp(0.05 / std::max(once, 1e-9), 1.0, 1000.0));
-  const int inner = r.inner;
-  PLATEAU_ASSIGN_OR_RETURN(
-      r.timing, TimeRuns(
-                    [&]() -> absl::Status {
-                      for (int i = 0; i < inner; ++i) {
-                        PLATEAU_RETURN_IF_ERROR(b.Gemm(s, g));
-                      }
-                      return s.Synchronize();
-                    },
-                    /*warmup=*/0, /*min_reps=*/3, /*min_total_s=*/0.3,
-                    /*max_reps=*/10));
+  PLATEAU_ASSIGN_OR_RETURN(r.timing, TimeBatched(
+                                         s, [&] { return b.Gemm(s, g); }, &r.inner));
   r.others_pct = meter.OthersPercent();
-  r.timing.best_s /= inner;
-  r.timing.median_s /= inner;
 
   // Spot check against double dot products.
   std::vector<float> c(sh.m * sh.n);
@@ -171,6 +191,192 @@ BackendRun RunBackend(Backend& b, int threads, bool quick) {
               absl::StrFormat("%dx%dx%d", sh.m, sh.n, sh.k)));
   }
   return run;
+}
+
+// ---- bf16 -------------------------------------------------------------------
+
+// A bf16 GEMM shape, `count` times: one GEMM (count 1), or the expert
+// groups' GEMMs (count E, each its own slice of A, B and C).
+struct Bf16Shape {
+  const char* what;
+  bool trans_a;
+  int64_t m, n, k;
+  int count;
+};
+
+// The fp32 shapes' bf16 ceilings, and the expert groups of a layer at
+// H = 1024, expert_ffn 2048, 8 experts with 1024 routed rows each (the
+// first MLP GEMM, rows x H x F).
+constexpr Bf16Shape kBf16Shapes[] = {
+    {"square", false, 4096, 4096, 4096, 1},
+    {"X W (tokens x H x H)", false, 8192, 1024, 1024, 1},
+    {"dW = X^T dY", true, 1024, 1024, 8192, 1},
+    {"experts (rows x H x F)", false, 1024, 2048, 1024, 8},
+};
+constexpr Bf16Shape kQuickBf16Shapes[] = {
+    {"square", false, 128, 128, 128, 1},
+    {"experts (rows x H x F)", false, 32, 96, 64, 4},
+};
+
+struct Bf16Result {
+  Bf16Shape shape;
+  double gflop = 0;   // all `count` GEMMs
+  Timing timing;      // GemmBf16 (count 1) or one GroupedGemmBf16 call
+  Timing one_by_one;  // count > 1: GemmBf16 on each entry
+  int inner = 1;
+  int checked = 0, wrong = 0;
+};
+
+std::vector<Bf16> RandomBf16(size_t n, uint64_t seed) {
+  std::vector<float> f(n);
+  FillRandom(f, seed);
+  std::vector<Bf16> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16(f[i]);
+  return out;
+}
+
+// 64 entries of each of the `count` C's against double dot products of
+// the loaded bf16 values: off by at most 2 k u sum|a b| (the fp32 sum) plus
+// one bf16 unit of |c| (its rounding). Adds to *checked and *wrong.
+void CheckBf16(const Bf16Shape& sh, const std::vector<Bf16>& a, const std::vector<Bf16>& b,
+               const std::vector<Bf16>& c, int* checked, int* wrong) {
+  const int64_t a_cols = sh.trans_a ? sh.m : sh.k;
+  uint64_t x = 777;
+  for (int e = 0; e < sh.count; ++e) {
+    const Bf16* ae = a.data() + e * sh.m * sh.k;
+    const Bf16* be = b.data() + e * sh.k * sh.n;
+    const Bf16* ce = c.data() + e * sh.m * sh.n;
+    for (int t = 0; t < 64; ++t) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const int64_t i = static_cast<int64_t>((x >> 33) % sh.m);
+      const int64_t j = static_cast<int64_t>((x >> 13) % sh.n);
+      double ref = 0, mag = 0;
+      for (int64_t p = 0; p < sh.k; ++p) {
+        const double av = Bf16ToFloat(sh.trans_a ? ae[p * a_cols + i] : ae[i * a_cols + p]);
+        const double prod = av * Bf16ToFloat(be[p * sh.n + j]);
+        ref += prod;
+        mag += std::abs(prod);
+      }
+      const double got = Bf16ToFloat(ce[i * sh.n + j]);
+      const double tol =
+          2.0 * sh.k * std::ldexp(1.0, -24) * mag + kBf16UnitRoundoff * std::abs(got);
+      if (!(std::abs(got - ref) <= tol)) ++*wrong;
+      ++*checked;
+    }
+  }
+}
+
+absl::StatusOr<Bf16Result> RunBf16Shape(Backend& be, Stream& s, const Bf16Shape& sh) {
+  Bf16Result r;
+  r.shape = sh;
+  r.gflop = 2.0 * sh.m * sh.n * sh.k * sh.count / 1e9;
+  const int64_t a_n = sh.m * sh.k, b_n = sh.k * sh.n, c_n = sh.m * sh.n;
+  const std::vector<Bf16> a = RandomBf16(a_n * sh.count, 3 + sh.m);
+  const std::vector<Bf16> b = RandomBf16(b_n * sh.count, 4 + sh.n);
+  PLATEAU_ASSIGN_OR_RETURN(Buffer da, be.device().Allocate(LiveSet::kActivations, a.size() * 2));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer db, be.device().Allocate(LiveSet::kWeights, b.size() * 2));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dc,
+                           be.device().Allocate(LiveSet::kActivations, c_n * sh.count * 2));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dc1,
+                           be.device().Allocate(LiveSet::kActivations, c_n * sh.count * 2));
+  PLATEAU_RETURN_IF_ERROR(be.Copy(s, da.data(), a.data(), a.size() * 2));
+  PLATEAU_RETURN_IF_ERROR(be.Copy(s, db.data(), b.data(), b.size() * 2));
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+  std::vector<GemmBf16Args> gemms, singles;
+  for (int e = 0; e < sh.count; ++e) {
+    GemmBf16Args g;
+    g.trans_a = sh.trans_a;
+    g.m = sh.m;
+    g.n = sh.n;
+    g.k = sh.k;
+    g.a = da.as<Bf16>() + e * a_n;
+    g.lda = sh.trans_a ? sh.m : sh.k;
+    g.b = db.as<Bf16>() + e * b_n;
+    g.ldb = sh.n;
+    g.c = dc.as<Bf16>() + e * c_n;
+    g.ldc = sh.n;
+    gemms.push_back(g);
+    g.c = dc1.as<Bf16>() + e * c_n;
+    singles.push_back(g);
+  }
+  auto one_by_one = [&]() -> absl::Status {
+    for (const GemmBf16Args& g : singles) PLATEAU_RETURN_IF_ERROR(be.GemmBf16(s, g));
+    return absl::OkStatus();
+  };
+  if (sh.count == 1) {
+    PLATEAU_ASSIGN_OR_RETURN(r.timing, TimeBatched(s, one_by_one, &r.inner));
+  } else {
+    PLATEAU_ASSIGN_OR_RETURN(r.timing,
+                             TimeBatched(
+                                 s, [&] { return be.GroupedGemmBf16(s, gemms); }, &r.inner));
+    int inner = 0;
+    PLATEAU_ASSIGN_OR_RETURN(r.one_by_one, TimeBatched(s, one_by_one, &inner));
+  }
+  std::vector<Bf16> c(c_n * sh.count);
+  if (sh.count > 1) {
+    PLATEAU_RETURN_IF_ERROR(be.Copy(s, c.data(), dc.data(), c.size() * 2));
+    PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+    CheckBf16(sh, a, b, c, &r.checked, &r.wrong);
+  }
+  PLATEAU_RETURN_IF_ERROR(be.Copy(s, c.data(), dc1.data(), c.size() * 2));
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+  CheckBf16(sh, a, b, c, &r.checked, &r.wrong);
+  return r;
+}
+
+std::vector<Bf16Result> RunBf16(Backend& be, bool quick) {
+  std::vector<Bf16Result> out;
+  auto stream = OrDie(be.CreateStream("compute"), "CreateStream");
+  const std::vector<Bf16Shape> shapes =
+      quick ? std::vector<Bf16Shape>(std::begin(kQuickBf16Shapes), std::end(kQuickBf16Shapes))
+            : std::vector<Bf16Shape>(std::begin(kBf16Shapes), std::end(kBf16Shapes));
+  for (const Bf16Shape& sh : shapes) {
+    out.push_back(OrDie(RunBf16Shape(be, *stream, sh),
+                        absl::StrFormat("bf16 %d x %dx%dx%d", sh.count, sh.m, sh.n, sh.k)));
+  }
+  return out;
+}
+
+void PrintBf16Table(const char* title, const std::vector<Bf16Result>& results) {
+  std::printf("\n%s bf16 (GemmBf16; the experts as one GroupedGemmBf16 call):\n", title);
+  std::printf("%-24s %-22s %8s %10s %10s %12s %20s %7s\n", "shape", "count x m x n x k", "GFLOP",
+              "best ms", "GFLOP/s", "one-by-one ms", "one-by-one/grouped", "wrong");
+  for (const Bf16Result& r : results) {
+    const Bf16Shape& sh = r.shape;
+    const std::string dims =
+        absl::StrFormat("%d x %dx%dx%d%s", sh.count, sh.m, sh.n, sh.k, sh.trans_a ? " (A^T)" : "");
+    const bool grouped = sh.count > 1;
+    std::printf(
+        "%-24s %-22s %8.2f %10.3f %10.1f %12s %20s %3d/%d\n", sh.what, dims.c_str(), r.gflop,
+        r.timing.best_s * 1e3, r.gflop / r.timing.best_s,
+        grouped ? absl::StrFormat("%.3f", r.one_by_one.best_s * 1e3).c_str() : "",
+        grouped ? absl::StrFormat("%.3f", r.one_by_one.best_s / r.timing.best_s).c_str() : "",
+        r.wrong, r.checked);
+  }
+}
+
+std::string Bf16Json(const std::vector<Bf16Result>& results) {
+  std::string rows;
+  double best = 0;
+  for (const Bf16Result& r : results) {
+    const Bf16Shape& sh = r.shape;
+    const double gflops = r.gflop / r.timing.best_s;
+    if (sh.count == 1) best = std::max(best, gflops);
+    absl::StrAppend(
+        &rows, rows.empty() ? "" : ",",
+        absl::StrFormat("{\"what\":%s,\"count\":%d,\"m\":%d,\"n\":%d,\"k\":%d,\"trans_a\":%s,"
+                        "\"best_ms\":%.4f,\"gflops\":%.2f,\"checked\":%d,\"wrong\":%d",
+                        JsonString(sh.what), sh.count, sh.m, sh.n, sh.k,
+                        sh.trans_a ? "true" : "false", r.timing.best_s * 1e3, gflops, r.checked,
+                        r.wrong));
+    if (sh.count > 1) {
+      absl::StrAppend(
+          &rows, absl::StrFormat(",\"one_by_one_ms\":%.4f,\"one_by_one_over_grouped\":%.4f",
+                                 r.one_by_one.best_s * 1e3, r.one_by_one.best_s / r.timing.best_s));
+    }
+    absl::StrAppend(&rows, "}");
+  }
+  return absl::StrFormat("{\"best_gflops\":%.2f,\"results\":[%s]}", best, rows);
 }
 
 void PrintTable(const char* title, const BackendRun& run) {
@@ -243,6 +449,15 @@ int Main(int argc, char** argv) {
 
   int wrong = 0;
   for (const Result& r : cpu_run.results) wrong += r.wrong;
+  // bf16 on the CPU (an exact emulation, not a speed) only as a check of
+  // the code paths.
+  std::string cpu_bf16_json = "null", cuda_bf16_json = "null";
+  if (quick) {
+    const std::vector<Bf16Result> bf16 = RunBf16(*cpu, quick);
+    PrintBf16Table("cpu", bf16);
+    for (const Bf16Result& r : bf16) wrong += r.wrong;
+    cpu_bf16_json = Bf16Json(bf16);
+  }
   std::string cuda_json;
   BackendOptions cuda_options;
   cuda_options.kind = BackendKind::kCuda;
@@ -252,6 +467,10 @@ int Main(int argc, char** argv) {
     PrintTable("cuda", cuda_run);
     for (const Result& r : cuda_run.results) wrong += r.wrong;
     cuda_json = Json(cuda_run);
+    const std::vector<Bf16Result> bf16 = RunBf16(**cuda, quick);
+    PrintBf16Table("cuda", bf16);
+    for (const Bf16Result& r : bf16) wrong += r.wrong;
+    cuda_bf16_json = Bf16Json(bf16);
   } else {
     std::printf("\ncuda: skipped (%s)\n", cuda.status().ToString().c_str());
     cuda_json = absl::StrCat("{\"skipped\":",
@@ -260,10 +479,9 @@ int Main(int argc, char** argv) {
 
   std::printf(
       "{\"bench\":\"sgemm_bench\",\"time\":%s,\"load_avg_1m\":%.2f,\"openblas_coretype\":%s,"
-      "\"cpu\":%s,\"cuda\":%s}\n",
-      JsonString(NowText()).c_str(), load,
-      JsonString(EnvOr("OPENBLAS_CORETYPE")).c_str(), Json(cpu_run).c_str(),
-      cuda_json.c_str());
+      "\"cpu\":%s,\"cuda\":%s,\"cpu_bf16\":%s,\"cuda_bf16\":%s}\n",
+      JsonString(NowText()).c_str(), load, JsonString(EnvOr("OPENBLAS_CORETYPE")).c_str(),
+      Json(cpu_run).c_str(), cuda_json.c_str(), cpu_bf16_json.c_str(), cuda_bf16_json.c_str());
   return wrong == 0 ? 0 : 2;  // a wrong result fails the run
 }
 
