@@ -98,7 +98,18 @@ echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[{\"name\":\"A\",\"status\"
 SH
 printf '#!/bin/sh\necho table\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
-chmod +x "$fake/bin/gtest" "$fake/bin/bench" "$tmp/path/nvidia-smi"
+# compute-sanitizer's stand-in finds nothing; FAKE_SANITIZER=refuses
+# answers as on an H200 under gVisor, FAKE_SANITIZER=finds as a run that
+# found an error.
+cat >"$tmp/path/compute-sanitizer" <<'SH'
+#!/usr/bin/env bash
+case "${FAKE_SANITIZER:-}" in
+  refuses) echo "========= Error: Device not supported. Please refer to the Supported Devices section."; exit 1 ;;
+  finds) echo "========= Invalid __global__ write of size 4 bytes"; echo "========= ERROR SUMMARY: 1 error"; exit 1 ;;
+esac
+echo "========= ERROR SUMMARY: 0 errors"
+SH
+chmod +x "$fake/bin/gtest" "$fake/bin/bench" "$tmp/path/nvidia-smi" "$tmp/path/compute-sanitizer"
 for t in wgmma_probe_test cuda_twin_test cuda_bf16_twin_test cuda_attention_tc_twin_test cuda_model_twin_test nccl_communicator_test cuda_step_twin_test; do cp "$fake/bin/gtest" "$fake/bin/$t"; done
 for b in sgemm_bench copy_bench attention_bench ring_dtp_bench dispatch_bench sco_bench optimizer_bench step_bench composed_bench; do
   cp "$fake/bin/bench" "$fake/bin/$b"
@@ -203,6 +214,24 @@ d = json.load(open(sys.argv[1]))
 st = [s for s in d["stages"] if s["stage"] == "bench:step_bench:bf16"][0]
 assert d["failed"] == ["bench:step_bench:bf16"] and "says precision fp32" in st["detail"], (d["failed"], st)' \
   "$tmp/wrongp/device-check.json" || fail "the bf16 run that ran fp32 is not recorded as such"
+
+# 4a. compute-sanitizer refusing the device is not a failure of the
+# kernels: the first run is not_available quoting the tool, the rest are
+# not tried, and the run passes. A sanitizer that finds an error fails it.
+FAKE_SANITIZER=refuses PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/refuses" >/dev/null 2>&1 \
+  || { cat "$tmp/refuses/table.txt"; fail "a sanitizer that refused the device failed the run"; }
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+san = [s for s in d["stages"] if s["stage"].startswith("sanitizer:")]
+assert len(san) == 13 and all(s["status"] == "not_available" for s in san), [(s["stage"], s["status"]) for s in san]
+assert "refused this device: ========= Error: Device not supported" in san[0]["detail"], san[0]
+assert all(s["detail"].startswith("not run: compute-sanitizer refused") for s in san[1:]), san[1]' \
+  "$tmp/refuses/device-check.json" || fail "the refusing sanitizer is not recorded as such"
+if FAKE_SANITIZER=finds PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/finds" >/dev/null 2>&1; then
+  fail "a sanitizer that found an error did not fail the run"
+fi
+grep -q 'sanitizer:memcheck  *fail' "$tmp/finds/table.txt" || { cat "$tmp/finds/table.txt"; fail "the sanitizer's finding is not a fail"; }
 
 # 4b. A pack with its libraries and binaries as lib.tar.gz and bin.tar.gz
 # (what --pack writes): they are unpacked, the libraries first on the
