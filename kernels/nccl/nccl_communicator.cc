@@ -212,37 +212,41 @@ class NcclCommunicator final : public Communicator {
     }
     watchdog_.join();
     DeviceGuard guard(shared_->device);
-    bool clean = false;
     {
-      absl::MutexLock lock(&mu_);
-      clean = broken_.ok();
-      for (const Watched& w : watched_) {
-        cudaEventDestroy(w.start);
-        cudaEventDestroy(w.end);
+      absl::MutexLock comm_lock(&comm_mu_);
+      if (!aborted_) {  // else the watchdog or a failed call aborted it
+        absl::Status failure;
+        {
+          absl::MutexLock lock(&mu_);
+          failure = broken_;
+        }
+        if (failure.ok()) {
+          // Flushes enqueued work (bounded); a communicator that cannot
+          // finish in time, or already failed, is aborted instead.
+          ncclResult_t r = ncclCommFinalize(comm_);
+          if (r == ncclInProgress) r = AwaitComm(comm_, absl::Now() + shared_->timeout);
+          if (r != ncclSuccess) {
+            failure = absl::DeadlineExceededError(absl::StrCat(
+                "the communicator was destroyed with collectives that did not finish within ",
+                absl::FormatDuration(shared_->timeout), " (", ncclGetErrorString(r),
+                "); it was aborted"));
+          }
+        }
+        if (failure.ok()) {
+          ncclCommDestroy(comm_);
+        } else {
+          AbortLocked(failure, nullptr);
+        }
       }
-      watched_.clear();
-      for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
-      spare_events_.clear();
     }
-    absl::MutexLock comm_lock(&comm_mu_);
-    if (aborted_) {  // the watchdog aborted it: comm_ is gone already
-      cudaFree(scratch_);
-      return;
+    absl::MutexLock lock(&mu_);
+    for (const Watched& w : watched_) {
+      cudaEventDestroy(w.start);
+      cudaEventDestroy(w.end);
     }
-    if (clean) {
-      // Flushes enqueued work (bounded); a communicator that cannot finish
-      // in time, or already failed, is aborted instead.
-      ncclResult_t r = ncclCommFinalize(comm_);
-      if (r == ncclInProgress) {
-        r = AwaitComm(comm_, absl::Now() + shared_->timeout);
-      }
-      clean = r == ncclSuccess;
-    }
-    if (clean) {
-      ncclCommDestroy(comm_);
-    } else {
-      ncclCommAbort(comm_);
-    }
+    watched_.clear();
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    spare_events_.clear();
     cudaFree(scratch_);
   }
 
@@ -457,6 +461,9 @@ class NcclCommunicator final : public Communicator {
   // communicator under the call.
   template <typename F>
   absl::Status Call(const char* op, Stream& stream, F&& f) {
+    // Checked before comm_mu_ too: a broken communicator fails the call at
+    // once, even while the watchdog still holds comm_mu_ for its abort.
+    PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
     absl::MutexLock comm_lock(&comm_mu_);
     PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
     DeviceGuard guard(shared_->device);
@@ -468,6 +475,7 @@ class NcclCommunicator final : public Communicator {
   // Runs `f` (ncclSend/ncclRecv calls) inside ncclGroupStart/End, as Call.
   template <typename F>
   absl::Status Grouped(const char* op, Stream& stream, F&& f) {
+    PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
     absl::MutexLock comm_lock(&comm_mu_);
     PLATEAU_RETURN_IF_ERROR(CheckUsable(op));
     DeviceGuard guard(shared_->device);
@@ -535,24 +543,35 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Hands the enqueued collective to the watchdog; `s` is the enqueue's own
-  // status. A failed enqueue is not watched (NCCL may have enqueued part of
-  // it; the communicator is broken and is aborted when destroyed).
-  absl::Status Watch(const char* op, Stream& stream, cudaEvent_t start,
-                     absl::Status s) {
+  // status. A failed enqueue ends the communicator here (AbortLocked), its
+  // stream failed with it: NCCL may have enqueued part of it, or still be
+  // enqueuing it (a non-blocking call that did not finish in time: NCCL
+  // 2.22+ connects peers at a collective's first call, so a peer that never
+  // comes shows here), and a kernel it puts on the stream later would wait
+  // for ever, or return garbage once aborted.
+  absl::Status Watch(const char* op, Stream& stream, cudaEvent_t start, absl::Status s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_) {
     if (!s.ok()) {
-      absl::MutexLock lock(&mu_);
-      spare_events_.push_back(start);
+      {
+        absl::MutexLock lock(&mu_);
+        spare_events_.push_back(start);
+      }
+      AbortLocked(s, Native(stream));
       return s;
     }
     absl::StatusOr<cudaEvent_t> end = TakeEvent();
     cudaError_t e = end.ok() ? cudaEventRecord(*end, Native(stream))
                              : cudaErrorMemoryAllocation;
-    if (e != cudaSuccess) {
+    if (e != cudaSuccess) {  // enqueued, but it could not be watched
       if (end.ok()) cudaEventDestroy(*end);
-      absl::MutexLock lock(&mu_);
-      spare_events_.push_back(start);
-      return Failed(op, end.ok() ? CudaError(e, "cudaEventRecord (watchdog end)")
-                                 : end.status());
+      {
+        absl::MutexLock lock(&mu_);
+        spare_events_.push_back(start);
+      }
+      const absl::Status failed =
+          Failed(op, end.ok() ? CudaError(e, "cudaEventRecord (watchdog end)") : end.status());
+      AbortLocked(failed, Native(stream));
+      return failed;
     }
     absl::MutexLock lock(&mu_);
     watched_.push_back(Watched{op, Native(stream), start, *end});
@@ -583,25 +602,9 @@ class NcclCommunicator final : public Communicator {
       mu_.Unlock();
       {
         absl::MutexLock comm_lock(&comm_mu_);
-        // The streams fail before the abort: it lets the stuck collectives
-        // return, and a Synchronize that found its stream drained with no
-        // error recorded yet would report success for garbage (the emulated
-        // NCCL showed it: with a 50 ms pause between the two, the watchdog
-        // test's Synchronize returned OK).
-        {
-          absl::MutexLock lock_again(&mu_);
-          for (const Watched& w : watched_)
-            (void)FailCudaStream(w.stream, failure);
-        }
-        ncclCommAbort(comm_);
-        aborted_ = true;
+        AbortLocked(failure, nullptr);
       }
       mu_.Lock();
-      for (const Watched& w : watched_) {
-        cudaEventDestroy(w.start);
-        cudaEventDestroy(w.end);
-      }
-      watched_.clear();
       return;  // nothing more to watch: later calls fail in CheckUsable
     }
   }
@@ -649,6 +652,34 @@ class NcclCommunicator final : public Communicator {
                                    "the network broke)"));
     }
     return absl::OkStatus();
+  }
+
+  // Ends the communicator after `failure` (once; later calls do nothing):
+  // marks it broken, fails every stream with a collective not yet finished
+  // and `also` (if not null), then aborts it, which lets stuck kernels
+  // return. The streams fail before the abort: a Synchronize that found
+  // its stream drained with no error recorded yet would report success for
+  // garbage (the emulated NCCL showed it: with a 50 ms pause between the
+  // two, the watchdog test's Synchronize returned OK).
+  void AbortLocked(const absl::Status& failure, cudaStream_t also)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (aborted_) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = failure;
+      for (const Watched& w : watched_) {
+        if (cudaEventQuery(w.end) != cudaSuccess) (void)FailCudaStream(w.stream, failure);
+      }
+      if (also != nullptr) (void)FailCudaStream(also, failure);
+    }
+    ncclCommAbort(comm_);
+    aborted_ = true;
+    absl::MutexLock lock(&mu_);
+    for (const Watched& w : watched_) {
+      cudaEventDestroy(w.start);
+      cudaEventDestroy(w.end);
+    }
+    watched_.clear();
   }
 
   absl::Status BreakLocked(const char* op, const absl::Status& s)

@@ -331,6 +331,71 @@ TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
   cudaFree(x);
 }
 
+// A call NCCL never finishes enqueuing (non-blocking: ncclInProgress past
+// the deadline; what NCCL 2.22+ does when it connects a peer at a
+// collective's first call and the peer never comes) ends the communicator
+// at once: DEADLINE_EXCEEDED from the call, its stream failed with the
+// same status (NCCL may still put the kernel there; aborting stops that),
+// later calls FAILED_PRECONDITION, and the destructors return. The
+// emulated NCCL provokes it (PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH);
+// real NCCL between two GPUs of one process connects at init, so on a GPU
+// this skips (device-check filters it, named).
+TEST(NcclCommunicatorTest, ACallNcclNeverFinishesEndsTheCommunicatorAndItsStream) {
+  REQUIRE_GPUS(2);
+#ifndef PLATEAU_CUDA_EMULATED
+  GTEST_SKIP() << "needs the emulated NCCL to leave a call in progress";
+#else
+  std::unique_ptr<Communicator> comms[2];
+  MakeTwoRanks("never_finishes", absl::Seconds(2), comms);
+  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
+  cudaSetDevice(0);
+  TestCudaStream stream(0);
+  float* x = ZeroedFloats(16);
+  ASSERT_NE(x, nullptr);
+  const absl::Time start = absl::Now();
+  setenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH", "1", 1);
+  const absl::Status s = comms[0]->AllReduce(stream, x, x, 16, DataType::kFloat32, ReduceOp::kSum);
+  unsetenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("did not accept the call"));
+  const absl::Status synced = stream.Synchronize();
+  EXPECT_EQ(synced, s) << "the stream of a call NCCL may still enqueue must fail with it";
+  const absl::Status again =
+      comms[0]->AllReduce(stream, x, x, 16, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  comms[0].reset();
+  comms[1].reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  cudaFree(x);
+#endif
+}
+
+// A communicator destroyed while a collective it enqueued cannot finish
+// (the peer never joins, and the watchdog's deadline has not come):
+// finalize waits out the timeout, then the communicator is aborted, which
+// lets the collective's kernel return with garbage. Its stream must fail,
+// not synchronise OK.
+TEST(NcclCommunicatorTest, DestroyedWithACollectiveInFlightFailsItsStreamOnTwoGpus) {
+  REQUIRE_GPUS(2);
+  std::unique_ptr<Communicator> comms[2];
+  MakeTwoRanks("destroyed_in_flight", absl::Seconds(2), comms);
+  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
+  cudaSetDevice(0);
+  TestCudaStream stream(0);
+  float* x = ZeroedFloats(1024);
+  ASSERT_NE(x, nullptr);
+  ASSERT_TRUE(comms[0]->AllReduce(stream, x, x, 1024, DataType::kFloat32, ReduceOp::kSum).ok());
+  const absl::Time start = absl::Now();
+  comms[0].reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  const absl::Status s = stream.Synchronize();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("destroyed with collectives that did not finish"));
+  comms[1].reset();
+  cudaFree(x);
+}
+
 // The watchdog's other way in: rank 0's collective waits for rank 1, which
 // leaves (destroys its communicator) without calling it. The failure is
 // reported only asynchronously and the collective never returns on its own,

@@ -20,6 +20,13 @@
 // leaves the stream blocked until the wait limit, an abort or a destroy ends
 // it: the hang that kernels/nccl's watchdog exists for.
 //
+// A test may set PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH (non-empty): a
+// non-blocking communicator's operation call then returns ncclInProgress
+// and enqueues nothing, and ncclCommGetAsyncError says ncclInProgress from
+// then on, until an abort: as NCCL 2.22+ does while it connects a peer at
+// a collective's first call (NCCL_RUNTIME_CONNECT) and the peer never
+// comes. Read at each call.
+//
 // Matching: the n-th collective of each rank of a world meet in one Slot
 // (a per-communicator sequence number); the last rank to arrive checks that
 // all agree and computes the results for everyone; each rank then copies
@@ -288,6 +295,8 @@ struct ncclComm {
   int calls = 0;
   // A non-blocking communicator's thread for its operations on streams.
   std::shared_ptr<emu::Worker> worker;
+  // A call left ncclInProgress (PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH).
+  std::atomic<bool> call_in_progress{false};
 };
 
 namespace plateau::cuda_emulation {
@@ -892,7 +901,14 @@ ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
                   "NCCL)");
     }
   }
-  if (on_stream && flush) return Stream(ops);
+  if (on_stream && flush) {
+    const char* never = std::getenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH");
+    if (never != nullptr && *never != '\0') {
+      ops[0].comm->call_in_progress = true;
+      return ncclInProgress;
+    }
+    return Stream(ops);
+  }
   if (flush) {
     const ncclResult_t r = FlushStreams(ops);
     if (r != ncclSuccess) return r;
@@ -1872,6 +1888,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   emu::CommUse use(comm);
   if (use.get() == nullptr) {
     return emu::Fail(ncclInvalidArgument, std::string("ncclCommGetAsyncError: ") + emu::kBadComm);
+  }
+  if (comm->call_in_progress) {
+    *asyncError = ncclInProgress;
+    return ncclSuccess;
   }
   if (comm->remote != nullptr) {
     const ncclResult_t r = emu::RemoteAsyncError(comm, asyncError);
