@@ -1206,13 +1206,23 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
+    // Both versions: a driver older than the runtime this build links
+    // (cudaErrorInsufficientDriver) is the usual cause besides no GPU.
+    int driver = 0, runtime = 0;
+    (void)cudaDriverGetVersion(&driver);
+    (void)cudaRuntimeGetVersion(&runtime);
+    (void)cudaGetLastError();
+    auto version = [](int v) {
+      return v > 0 ? absl::StrCat(v / 1000, ".", v % 1000 / 10) : std::string("none");
+    };
     return absl::FailedPreconditionError(absl::StrCat(
         "backend: cuda was asked for, but no GPU is visible (",
-        error != cudaSuccess
-            ? absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorName(error),
-                           ", ", cudaGetErrorString(error))
-            : std::string("cudaGetDeviceCount found 0 devices"),
-        "); run on a machine with an NVIDIA GPU and its driver, or use the "
+        error != cudaSuccess ? absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorName(error), ", ",
+                                            cudaGetErrorString(error))
+                             : std::string("cudaGetDeviceCount found 0 devices"),
+        "; the driver supports CUDA ", version(driver), ", this build's runtime is CUDA ",
+        version(runtime),
+        "); run on a machine with an NVIDIA GPU and a driver for that CUDA, or use the "
         "cpu backend"));
   }
   if (options.device_index < 0 || options.device_index >= count) {

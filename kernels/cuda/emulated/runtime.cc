@@ -508,6 +508,18 @@ bool BadDevice(int device) {
 const char* cudaGetErrorName(cudaError_t error) { return Text(error).name; }
 const char* cudaGetErrorString(cudaError_t error) { return Text(error).text; }
 
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (version == nullptr) return Ret(cudaErrorInvalidValue);
+  *version = 13000;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (version == nullptr) return Ret(cudaErrorInvalidValue);
+  *version = 13000;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetLastError() {
   PLATEAU_EMULATED_LOCK;
   if (R().sticky != cudaSuccess) return R().sticky;
