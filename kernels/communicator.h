@@ -146,7 +146,12 @@ class Communicator {
   // members have joined (or the timeout), so ranks that make several groups
   // make them in one agreed order. The group is independent of this
   // communicator and its streams: its collectives may run concurrently with
-  // the parent's, and it may outlive it.
+  // the parent's, and it may outlive it. On CUDA one caveat: before NCCL
+  // 2.26, the operations of several communicators on one GPU must be issued
+  // in the same order on every rank, or the kernels can deadlock (NCCL's
+  // documentation, "Using multiple NCCL communicators concurrently"). The
+  // step uses only the world communicator today; a schedule that issues
+  // on a group and its parent from different threads must order them.
   absl::StatusOr<std::unique_ptr<Communicator>> Group(const std::string& name,
                                                       std::vector<int> ranks);
 
