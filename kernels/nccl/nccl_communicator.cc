@@ -225,11 +225,12 @@ class NcclCommunicator final : public Communicator {
           // finish in time, or already failed, is aborted instead.
           ncclResult_t r = ncclCommFinalize(comm_);
           if (r == ncclInProgress) r = AwaitComm(comm_, absl::Now() + shared_->timeout);
-          if (r != ncclSuccess) {
+          if (r == ncclInProgress) {
             failure = absl::DeadlineExceededError(absl::StrCat(
                 "the communicator was destroyed with collectives that did not finish within ",
-                absl::FormatDuration(shared_->timeout), " (", ncclGetErrorString(r),
-                "); it was aborted"));
+                absl::FormatDuration(shared_->timeout), "; it was aborted"));
+          } else if (r != ncclSuccess) {
+            failure = NcclError(r, comm_, "ncclCommFinalize (the communicator was aborted)");
           }
         }
         if (failure.ok()) {
