@@ -298,6 +298,34 @@ float* ZeroedFloats(size_t n) {
   return x;
 }
 
+// What the failure tests below share: two ranks of one world
+// (MakeTwoRanks), and on GPU 0 a stream and 1024 zeroed floats for rank
+// 0's collectives; ready() is false if any of it failed. A test may reset
+// a rank's communicator early (a rank that leaves, a destroy under test).
+struct TwoRanksOnGpu0 {
+  TwoRanksOnGpu0(const std::string& name, absl::Duration timeout) {
+    MakeTwoRanks(name, timeout, comms);
+    cudaSetDevice(0);
+    stream = std::make_unique<TestCudaStream>(0);
+    x = ZeroedFloats(kCount);
+  }
+  ~TwoRanksOnGpu0() {
+    comms[0].reset();
+    comms[1].reset();
+    cudaSetDevice(0);
+    cudaFree(x);
+  }
+  bool ready() const { return comms[0] != nullptr && comms[1] != nullptr && x != nullptr; }
+  absl::Status AllReduce() {
+    return comms[0]->AllReduce(*stream, x, x, kCount, DataType::kFloat32, ReduceOp::kSum);
+  }
+
+  static constexpr size_t kCount = 1024;
+  std::unique_ptr<Communicator> comms[2];
+  std::unique_ptr<TestCudaStream> stream;
+  float* x = nullptr;
+};
+
 // The watchdog (issue 17): rank 0 enqueues an all-reduce that rank 1 never
 // joins. Synchronize must end with DEADLINE_EXCEEDED about options.timeout
 // after the collective started, not hang; the next call fails fast with
@@ -305,30 +333,17 @@ float* ZeroedFloats(size_t n) {
 // GPU).
 TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
   REQUIRE_GPUS(2);
-  std::unique_ptr<Communicator> comms[2];
-  MakeTwoRanks("watchdog", absl::Seconds(2), comms);
-  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
-  cudaSetDevice(0);
-  TestCudaStream stream(0);
-  float* x = ZeroedFloats(1024);
-  ASSERT_NE(x, nullptr);
+  TwoRanksOnGpu0 w("watchdog", absl::Seconds(2));
+  ASSERT_TRUE(w.ready());
   const absl::Time start = absl::Now();
-  ASSERT_TRUE(comms[0]
-                  ->AllReduce(stream, x, x, 1024, DataType::kFloat32,
-                              ReduceOp::kSum)
-                  .ok());
-  absl::Status s = stream.Synchronize();
+  ASSERT_TRUE(w.AllReduce().ok());
+  absl::Status s = w.stream->Synchronize();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
-  absl::Status again = comms[0]->AllReduce(stream, x, x, 1024,
-                                           DataType::kFloat32, ReduceOp::kSum);
+  absl::Status again = w.AllReduce();
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
   EXPECT_THAT(std::string(again.message()), HasSubstr("did not complete"));
-  comms[0].reset();
-  comms[1].reset();
-  cudaFree(x);
 }
 
 // A call NCCL never finishes enqueuing (non-blocking: ncclInProgress past
@@ -345,29 +360,22 @@ TEST(NcclCommunicatorTest, ACallNcclNeverFinishesEndsTheCommunicatorAndItsStream
 #ifndef PLATEAU_CUDA_EMULATED
   GTEST_SKIP() << "needs the emulated NCCL to leave a call in progress";
 #else
-  std::unique_ptr<Communicator> comms[2];
-  MakeTwoRanks("never_finishes", absl::Seconds(2), comms);
-  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
-  cudaSetDevice(0);
-  TestCudaStream stream(0);
-  float* x = ZeroedFloats(16);
-  ASSERT_NE(x, nullptr);
+  TwoRanksOnGpu0 w("never_finishes", absl::Seconds(2));
+  ASSERT_TRUE(w.ready());
   const absl::Time start = absl::Now();
   setenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH", "1", 1);
-  const absl::Status s = comms[0]->AllReduce(stream, x, x, 16, DataType::kFloat32, ReduceOp::kSum);
+  const absl::Status s = w.AllReduce();
   unsetenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH");
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("did not accept the call"));
-  const absl::Status synced = stream.Synchronize();
+  const absl::Status synced = w.stream->Synchronize();
   EXPECT_EQ(synced, s) << "the stream of a call NCCL may still enqueue must fail with it";
-  const absl::Status again =
-      comms[0]->AllReduce(stream, x, x, 16, DataType::kFloat32, ReduceOp::kSum);
+  const absl::Status again = w.AllReduce();
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
-  comms[0].reset();
-  comms[1].reset();
+  w.comms[0].reset();
+  w.comms[1].reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
-  cudaFree(x);
 #endif
 }
 
@@ -378,22 +386,16 @@ TEST(NcclCommunicatorTest, ACallNcclNeverFinishesEndsTheCommunicatorAndItsStream
 // not synchronise OK.
 TEST(NcclCommunicatorTest, DestroyedWithACollectiveInFlightFailsItsStreamOnTwoGpus) {
   REQUIRE_GPUS(2);
-  std::unique_ptr<Communicator> comms[2];
-  MakeTwoRanks("destroyed_in_flight", absl::Seconds(2), comms);
-  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
-  cudaSetDevice(0);
-  TestCudaStream stream(0);
-  float* x = ZeroedFloats(1024);
-  ASSERT_NE(x, nullptr);
-  ASSERT_TRUE(comms[0]->AllReduce(stream, x, x, 1024, DataType::kFloat32, ReduceOp::kSum).ok());
+  TwoRanksOnGpu0 w("destroyed_in_flight", absl::Seconds(2));
+  ASSERT_TRUE(w.ready());
+  ASSERT_TRUE(w.AllReduce().ok());
   const absl::Time start = absl::Now();
-  comms[0].reset();
+  w.comms[0].reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
-  const absl::Status s = stream.Synchronize();
+  const absl::Status s = w.stream->Synchronize();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("destroyed with collectives that did not finish"));
-  comms[1].reset();
-  cudaFree(x);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("destroyed with collectives that did not finish"));
 }
 
 // The watchdog's other way in: rank 0's collective waits for rank 1, which
@@ -411,31 +413,19 @@ TEST(NcclCommunicatorTest, WatchdogEndsACollectiveWhosePeerFailed) {
   GTEST_SKIP() << "needs an asynchronous NCCL error, which only the emulated "
                   "NCCL can be made to raise in one process";
 #endif
-  std::unique_ptr<Communicator> comms[2];
   // A long deadline: only the asynchronous error can end the wait soon.
-  MakeTwoRanks("watchdog_async", absl::Seconds(60), comms);
-  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
-  cudaSetDevice(0);
-  TestCudaStream stream(0);
-  float* x = ZeroedFloats(1024);
-  ASSERT_NE(x, nullptr);
+  TwoRanksOnGpu0 w("watchdog_async", absl::Seconds(60));
+  ASSERT_TRUE(w.ready());
   const absl::Time start = absl::Now();
-  ASSERT_TRUE(
-      comms[0]
-          ->AllReduce(stream, x, x, 1024, DataType::kFloat32, ReduceOp::kSum)
-          .ok());
-  comms[1].reset();  // leaves without joining the all-reduce
-  absl::Status s = stream.Synchronize();
+  ASSERT_TRUE(w.AllReduce().ok());
+  w.comms[1].reset();  // leaves without joining the all-reduce
+  absl::Status s = w.stream->Synchronize();
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("asynchronous NCCL error"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "not the deadline";
-  absl::Status again = comms[0]->AllReduce(stream, x, x, 1024,
-                                           DataType::kFloat32, ReduceOp::kSum);
+  absl::Status again = w.AllReduce();
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
-  comms[0].reset();
-  cudaFree(x);
 }
 
 #endif  // PLATEAU_WITH_CUDA
