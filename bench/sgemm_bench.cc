@@ -85,6 +85,32 @@ struct Result {
   double max_err = 0;  // max |c - ref| / sum|a b| over the checked entries
 };
 
+// The spot checks' reference: entry (i, j) of op(A) B from the loaded
+// values in double, and sum |a b| over k (what the fp32 sum's error bound
+// scales with). A is m x k (k x m when trans_a), B k x n, row-major.
+inline double Loaded(float v) { return v; }
+inline double Loaded(Bf16 v) { return Bf16ToFloat(v); }
+template <typename T>
+void ReferenceEntry(const T* a, const T* b, bool trans_a, int64_t m, int64_t n, int64_t k,
+                    int64_t i, int64_t j, double* ref, double* mag) {
+  const int64_t a_cols = trans_a ? m : k;
+  *ref = *mag = 0;
+  for (int64_t p = 0; p < k; ++p) {
+    const double prod =
+        Loaded(trans_a ? a[p * a_cols + i] : a[i * a_cols + p]) * Loaded(b[p * n + j]);
+    *ref += prod;
+    *mag += std::abs(prod);
+  }
+}
+
+// The next entry (i, j) of an m x n matrix the spot checks look at (an LCG
+// in *x).
+void NextEntry(uint64_t* x, int64_t m, int64_t n, int64_t* i, int64_t* j) {
+  *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+  *i = static_cast<int64_t>((*x >> 33) % m);
+  *j = static_cast<int64_t>((*x >> 13) % n);
+}
+
 // One call of `enqueue` (which enqueues its GEMMs on `s`) timed: a warm-up
 // (thread pools, cuBLAS heuristics, page faults) that also sizes a batch of
 // back-to-back calls lasting ~50 ms, then the best and median of 3 to 10
@@ -153,16 +179,10 @@ absl::StatusOr<Result> RunShape(Backend& b, Stream& s, const Shape& sh) {
   PLATEAU_RETURN_IF_ERROR(s.Synchronize());
   uint64_t x = 12345;
   for (int t = 0; t < 256; ++t) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    const int64_t i = static_cast<int64_t>((x >> 33) % sh.m);
-    const int64_t j = static_cast<int64_t>((x >> 13) % sh.n);
-    double ref = 0, mag = 0;
-    for (int64_t p = 0; p < sh.k; ++p) {
-      const double av = sh.trans_a ? a[p * a_cols + i] : a[i * a_cols + p];
-      const double prod = av * bm[p * sh.n + j];
-      ref += prod;
-      mag += std::abs(prod);
-    }
+    int64_t i, j;
+    NextEntry(&x, sh.m, sh.n, &i, &j);
+    double ref, mag;
+    ReferenceEntry(a.data(), bm.data(), sh.trans_a, sh.m, sh.n, sh.k, i, j, &ref, &mag);
     const double err = std::abs(c[i * sh.n + j] - ref);
     r.max_err = std::max(r.max_err, err / mag);
     if (!(err <= 2.0 * sh.k * std::ldexp(1.0, -24) * mag)) ++r.wrong;
@@ -240,23 +260,16 @@ std::vector<Bf16> RandomBf16(size_t n, uint64_t seed) {
 // one bf16 unit of |c| (its rounding). Adds to *checked and *wrong.
 void CheckBf16(const Bf16Shape& sh, const std::vector<Bf16>& a, const std::vector<Bf16>& b,
                const std::vector<Bf16>& c, int* checked, int* wrong) {
-  const int64_t a_cols = sh.trans_a ? sh.m : sh.k;
   uint64_t x = 777;
   for (int e = 0; e < sh.count; ++e) {
     const Bf16* ae = a.data() + e * sh.m * sh.k;
     const Bf16* be = b.data() + e * sh.k * sh.n;
     const Bf16* ce = c.data() + e * sh.m * sh.n;
     for (int t = 0; t < 64; ++t) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      const int64_t i = static_cast<int64_t>((x >> 33) % sh.m);
-      const int64_t j = static_cast<int64_t>((x >> 13) % sh.n);
-      double ref = 0, mag = 0;
-      for (int64_t p = 0; p < sh.k; ++p) {
-        const double av = Bf16ToFloat(sh.trans_a ? ae[p * a_cols + i] : ae[i * a_cols + p]);
-        const double prod = av * Bf16ToFloat(be[p * sh.n + j]);
-        ref += prod;
-        mag += std::abs(prod);
-      }
+      int64_t i, j;
+      NextEntry(&x, sh.m, sh.n, &i, &j);
+      double ref, mag;
+      ReferenceEntry(ae, be, sh.trans_a, sh.m, sh.n, sh.k, i, j, &ref, &mag);
       const double got = Bf16ToFloat(ce[i * sh.n + j]);
       const double tol =
           2.0 * sh.k * std::ldexp(1.0, -24) * mag + kBf16UnitRoundoff * std::abs(got);
