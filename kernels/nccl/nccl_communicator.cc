@@ -656,31 +656,36 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Ends the communicator after `failure` (once; later calls do nothing):
-  // marks it broken, fails every stream with a collective not yet finished
-  // and `also` (if not null), then aborts it, which lets stuck kernels
-  // return. The streams fail before the abort: a Synchronize that found
-  // its stream drained with no error recorded yet would report success for
-  // garbage (the emulated NCCL showed it: with a 50 ms pause between the
-  // two, the watchdog test's Synchronize returned OK).
+  // marks it broken (the first failure stays its reason), fails every
+  // stream with a collective not yet finished and `also` (if not null) with
+  // that reason, then aborts it, which lets stuck kernels return.
+  // - The streams fail before the abort: a Synchronize that found its
+  //   stream drained with no error recorded yet would report success for
+  //   garbage (the emulated NCCL showed it: with a 50 ms pause between the
+  //   two, the watchdog test's Synchronize returned OK).
+  // - The watched collectives leave watched_ in the same critical section:
+  //   the watchdog polls comm_ (ncclCommGetAsyncError) holding only mu_,
+  //   and only while watched_ is not empty, so it never touches comm_
+  //   during or after the abort, which frees it.
   void AbortLocked(const absl::Status& failure, cudaStream_t also)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_) ABSL_LOCKS_EXCLUDED(mu_) {
     if (aborted_) return;
+    std::deque<Watched> unwatched;
     {
       absl::MutexLock lock(&mu_);
       if (broken_.ok()) broken_ = failure;
       for (const Watched& w : watched_) {
-        if (cudaEventQuery(w.end) != cudaSuccess) (void)FailCudaStream(w.stream, failure);
+        if (cudaEventQuery(w.end) != cudaSuccess) (void)FailCudaStream(w.stream, broken_);
       }
-      if (also != nullptr) (void)FailCudaStream(also, failure);
+      if (also != nullptr) (void)FailCudaStream(also, broken_);
+      unwatched.swap(watched_);
     }
     ncclCommAbort(comm_);
     aborted_ = true;
-    absl::MutexLock lock(&mu_);
-    for (const Watched& w : watched_) {
+    for (const Watched& w : unwatched) {
       cudaEventDestroy(w.start);
       cudaEventDestroy(w.end);
     }
-    watched_.clear();
   }
 
   absl::Status BreakLocked(const char* op, const absl::Status& s)

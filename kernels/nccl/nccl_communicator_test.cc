@@ -26,6 +26,9 @@
 
 #include "kernels/cuda/stream_errors.h"
 #endif
+#ifdef PLATEAU_CUDA_EMULATED
+#include <nccl.h>  // the emulation's, for its test switch
+#endif
 
 namespace plateau {
 namespace {
@@ -352,7 +355,7 @@ TEST(NcclCommunicatorTest, WatchdogEndsACollectiveAPeerNeverJoins) {
 // at once: DEADLINE_EXCEEDED from the call, its stream failed with the
 // same status (NCCL may still put the kernel there; aborting stops that),
 // later calls FAILED_PRECONDITION, and the destructors return. The
-// emulated NCCL provokes it (PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH);
+// emulated NCCL provokes it (plateauEmulatedNcclCallsNeverFinish);
 // real NCCL between two GPUs of one process connects at init, so on a GPU
 // this skips (device-check filters it, named).
 TEST(NcclCommunicatorTest, ACallNcclNeverFinishesEndsTheCommunicatorAndItsStream) {
@@ -363,9 +366,9 @@ TEST(NcclCommunicatorTest, ACallNcclNeverFinishesEndsTheCommunicatorAndItsStream
   TwoRanksOnGpu0 w("never_finishes", absl::Seconds(2));
   ASSERT_TRUE(w.ready());
   const absl::Time start = absl::Now();
-  setenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH", "1", 1);
+  plateauEmulatedNcclCallsNeverFinish(true);
   const absl::Status s = w.AllReduce();
-  unsetenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH");
+  plateauEmulatedNcclCallsNeverFinish(false);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce on group 'world' (rank 0 of 2)"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("did not accept the call"));

@@ -20,12 +20,12 @@
 // leaves the stream blocked until the wait limit, an abort or a destroy ends
 // it: the hang that kernels/nccl's watchdog exists for.
 //
-// A test may set PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH (non-empty): a
+// A test may turn on plateauEmulatedNcclCallsNeverFinish (nccl.h): a
 // non-blocking communicator's operation call then returns ncclInProgress
 // and enqueues nothing, and ncclCommGetAsyncError says ncclInProgress from
 // then on, until an abort: as NCCL 2.22+ does while it connects a peer at
 // a collective's first call (NCCL_RUNTIME_CONNECT) and the peer never
-// comes. Read at each call.
+// comes.
 //
 // Matching: the n-th collective of each rank of a world meet in one Slot
 // (a per-communicator sequence number); the last rank to arrive checks that
@@ -295,7 +295,7 @@ struct ncclComm {
   int calls = 0;
   // A non-blocking communicator's thread for its operations on streams.
   std::shared_ptr<emu::Worker> worker;
-  // A call left ncclInProgress (PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH).
+  // A call left ncclInProgress (plateauEmulatedNcclCallsNeverFinish).
   std::atomic<bool> call_in_progress{false};
 };
 
@@ -865,6 +865,8 @@ ncclResult_t RunOps(const std::vector<Op>& ops) {
 
 ncclResult_t Stream(const std::vector<Op>& ops);
 
+std::atomic<bool> calls_never_finish{false};  // plateauEmulatedNcclCallsNeverFinish
+
 // Runs a group (or a single operation): a non-blocking communicator's on
 // its streams (Stream), a blocking one's now: every stream's work so far
 // (unless `flush` is false: a proxy's operations read host buffers), then
@@ -902,8 +904,7 @@ ncclResult_t Execute(const std::vector<Op>& ops, bool flush = true) {
     }
   }
   if (on_stream && flush) {
-    const char* never = std::getenv("PLATEAU_EMULATED_NCCL_CALLS_NEVER_FINISH");
-    if (never != nullptr && *never != '\0') {
+    if (calls_never_finish.load()) {
       ops[0].comm->call_in_progress = true;
       return ncclInProgress;
     }
@@ -2050,3 +2051,5 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   return emu::Submit(
       Op{Kind::kBroadcast, comm, stream, sendbuff, recvbuff, count, datatype, ncclSum, root});
 }
+
+void plateauEmulatedNcclCallsNeverFinish(bool on) { emu::calls_never_finish = on; }

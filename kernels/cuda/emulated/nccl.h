@@ -207,4 +207,11 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 
+// Not NCCL's: a switch for tests of the emulation's users. While on, a
+// non-blocking communicator's operation call returns ncclInProgress and
+// enqueues nothing, and that communicator's ncclCommGetAsyncError says
+// ncclInProgress from then on, until an abort: as NCCL 2.22+ does while it
+// connects a peer at a collective's first call and the peer never comes.
+void plateauEmulatedNcclCallsNeverFinish(bool on);
+
 #endif  // PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
