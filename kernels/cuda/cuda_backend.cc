@@ -161,7 +161,11 @@ class CudaDeviceSpace final : public MemorySpace {
         cudaMallocFromPoolAsync(&p, bytes, pool_, order_->stream());
     if (error == cudaErrorMemoryAllocation) {
       // The reserve may be fragmented: hand what is unused back to the
-      // driver (no synchronisation) and try once more.
+      // driver and try once more. Without synchronising, memory whose
+      // stream-ordered free the host has not yet seen complete may stay
+      // reserved (cudaMemPoolTrimTo's documentation), so this recovers
+      // less than all of it; the step's buffers are launch-sized, so an
+      // out-of-memory here is rare and is reported with the device's view.
       (void)cudaGetLastError();
       PLATEAU_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
       error = cudaMallocFromPoolAsync(&p, bytes, pool_, order_->stream());
