@@ -5,14 +5,15 @@
 #ifndef PLATEAU_BENCH_BENCH_UTIL_H_
 #define PLATEAU_BENCH_BENCH_UTIL_H_
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <sys/resource.h>
-#include <unistd.h>
 #include <functional>
 #include <map>
 #include <string>
@@ -25,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/model/config.h"
 #include "kernels/model/precision.h"
 
@@ -130,7 +132,13 @@ inline absl::StatusOr<Timing> TimeRuns(const std::function<absl::Status()>& run,
   return t;
 }
 
-// The value of an environment variable, or "unset".
+// Each value rounded to bf16 (round to nearest even, as the kernels store).
+inline std::vector<Bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<Bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
+  return out;
+}
+
 // The model named by a benchmark's flags "hidden", "heads", "kv_heads",
 // "experts", "top_k", "expert_ffn" and "vocab", at `layers` and `seq_len`
 // (the other fields keep their defaults).
@@ -148,6 +156,7 @@ inline ModelConfig ModelFromFlags(const std::map<std::string, int64_t>& flags, i
   return m;
 }
 
+// The value of an environment variable, or "unset".
 inline std::string EnvOr(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "unset" : v;

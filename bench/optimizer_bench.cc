@@ -84,11 +84,7 @@ absl::StatusOr<std::unique_ptr<OptimizerUpdate>> Make(const OptimizerPlacementOp
 
 // `v` in W, for a copy to the device.
 std::vector<float> AsWorking(const std::vector<float>& v, float) { return v; }
-std::vector<Bf16> AsWorking(const std::vector<float>& v, Bf16) {
-  std::vector<Bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
-  return out;
-}
+std::vector<Bf16> AsWorking(const std::vector<float>& v, Bf16) { return bench::ToBf16(v); }
 
 // Every run of `runs` on working weights and gradients of type W: the
 // step's buffers (S dense, X owned) made here, each placement created,

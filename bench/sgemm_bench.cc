@@ -242,7 +242,7 @@ struct Bf16Result {
   Bf16Shape shape;
   double gflop = 0;   // all `count` GEMMs
   Timing timing;      // GemmBf16 (count 1) or one GroupedGemmBf16 call
-  Timing one_by_one;  // count > 1: GemmBf16 on each entry
+  Timing one_by_one;  // GemmBf16 on each entry (count 1: the same as timing)
   int inner = 1;
   int checked = 0, wrong = 0;
 };
@@ -250,9 +250,7 @@ struct Bf16Result {
 std::vector<Bf16> RandomBf16(size_t n, uint64_t seed) {
   std::vector<float> f(n);
   FillRandom(f, seed);
-  std::vector<Bf16> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16(f[i]);
-  return out;
+  return ToBf16(f);
 }
 
 // 64 entries of each of the `count` C's against double dot products of
@@ -288,52 +286,59 @@ absl::StatusOr<Bf16Result> RunBf16Shape(Backend& be, Stream& s, const Bf16Shape&
   const std::vector<Bf16> b = RandomBf16(b_n * sh.count, 4 + sh.n);
   PLATEAU_ASSIGN_OR_RETURN(Buffer da, be.device().Allocate(LiveSet::kActivations, a.size() * 2));
   PLATEAU_ASSIGN_OR_RETURN(Buffer db, be.device().Allocate(LiveSet::kWeights, b.size() * 2));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer dc,
-                           be.device().Allocate(LiveSet::kActivations, c_n * sh.count * 2));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer dc1,
-                           be.device().Allocate(LiveSet::kActivations, c_n * sh.count * 2));
   PLATEAU_RETURN_IF_ERROR(be.Copy(s, da.data(), a.data(), a.size() * 2));
   PLATEAU_RETURN_IF_ERROR(be.Copy(s, db.data(), b.data(), b.size() * 2));
   PLATEAU_RETURN_IF_ERROR(s.Synchronize());
-  std::vector<GemmBf16Args> gemms, singles;
-  for (int e = 0; e < sh.count; ++e) {
-    GemmBf16Args g;
-    g.trans_a = sh.trans_a;
-    g.m = sh.m;
-    g.n = sh.n;
-    g.k = sh.k;
-    g.a = da.as<Bf16>() + e * a_n;
-    g.lda = sh.trans_a ? sh.m : sh.k;
-    g.b = db.as<Bf16>() + e * b_n;
-    g.ldb = sh.n;
-    g.c = dc.as<Bf16>() + e * c_n;
-    g.ldc = sh.n;
-    gemms.push_back(g);
-    g.c = dc1.as<Bf16>() + e * c_n;
-    singles.push_back(g);
-  }
+  // The `count` GEMMs writing their C's into `dc`; checked once run.
+  auto gemms_into = [&](Buffer& dc) {
+    std::vector<GemmBf16Args> gemms;
+    for (int e = 0; e < sh.count; ++e) {
+      GemmBf16Args g;
+      g.trans_a = sh.trans_a;
+      g.m = sh.m;
+      g.n = sh.n;
+      g.k = sh.k;
+      g.a = da.as<Bf16>() + e * a_n;
+      g.lda = sh.trans_a ? sh.m : sh.k;
+      g.b = db.as<Bf16>() + e * b_n;
+      g.ldb = sh.n;
+      g.c = dc.as<Bf16>() + e * c_n;
+      g.ldc = sh.n;
+      gemms.push_back(g);
+    }
+    return gemms;
+  };
+  auto check = [&](const Buffer& dc) -> absl::Status {
+    std::vector<Bf16> c(c_n * sh.count);
+    PLATEAU_RETURN_IF_ERROR(be.Copy(s, c.data(), dc.data(), c.size() * 2));
+    PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+    CheckBf16(sh, a, b, c, &r.checked, &r.wrong);
+    return absl::OkStatus();
+  };
+  // One GemmBf16 each: the single GEMM's figure (count 1), the baseline of
+  // the grouped call (count > 1).
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dc1,
+                           be.device().Allocate(LiveSet::kActivations, c_n * sh.count * 2));
+  const std::vector<GemmBf16Args> singles = gemms_into(dc1);
   auto one_by_one = [&]() -> absl::Status {
     for (const GemmBf16Args& g : singles) PLATEAU_RETURN_IF_ERROR(be.GemmBf16(s, g));
     return absl::OkStatus();
   };
+  int inner = 0;
+  PLATEAU_ASSIGN_OR_RETURN(r.one_by_one, TimeBatched(s, one_by_one, &inner));
+  PLATEAU_RETURN_IF_ERROR(check(dc1));
   if (sh.count == 1) {
-    PLATEAU_ASSIGN_OR_RETURN(r.timing, TimeBatched(s, one_by_one, &r.inner));
-  } else {
-    PLATEAU_ASSIGN_OR_RETURN(r.timing,
-                             TimeBatched(
-                                 s, [&] { return be.GroupedGemmBf16(s, gemms); }, &r.inner));
-    int inner = 0;
-    PLATEAU_ASSIGN_OR_RETURN(r.one_by_one, TimeBatched(s, one_by_one, &inner));
+    r.timing = r.one_by_one;
+    r.inner = inner;
+    return r;
   }
-  std::vector<Bf16> c(c_n * sh.count);
-  if (sh.count > 1) {
-    PLATEAU_RETURN_IF_ERROR(be.Copy(s, c.data(), dc.data(), c.size() * 2));
-    PLATEAU_RETURN_IF_ERROR(s.Synchronize());
-    CheckBf16(sh, a, b, c, &r.checked, &r.wrong);
-  }
-  PLATEAU_RETURN_IF_ERROR(be.Copy(s, c.data(), dc1.data(), c.size() * 2));
-  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
-  CheckBf16(sh, a, b, c, &r.checked, &r.wrong);
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dc,
+                           be.device().Allocate(LiveSet::kActivations, c_n * sh.count * 2));
+  const std::vector<GemmBf16Args> gemms = gemms_into(dc);
+  PLATEAU_ASSIGN_OR_RETURN(r.timing,
+                           TimeBatched(
+                               s, [&] { return be.GroupedGemmBf16(s, gemms); }, &r.inner));
+  PLATEAU_RETURN_IF_ERROR(check(dc));
   return r;
 }
 
