@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -82,6 +83,29 @@ bool WaitFor(const std::function<bool()>& ready, absl::Duration deadline) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   return ready();
+}
+
+char ProcState(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
+int64_t NewestCheckpointIn(const std::string& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    constexpr absl::string_view kPrefix = "step-", kSuffix = ".safetensors";
+    int64_t step = 0;
+    if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kSuffix) &&
+        absl::SimpleAtoi(absl::string_view(name).substr(
+                             kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()),
+                         &step)) {
+      newest = std::max(newest, step);
+    }
+  }
+  return newest;
 }
 
 Process::Process(const std::vector<std::string>& args, const std::string& log_prefix) : log_(log_prefix) {

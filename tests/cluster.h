@@ -34,6 +34,12 @@ std::string TempDir(const std::string& name);
 std::string ReadFile(const std::string& path);
 // Polls `ready` every 50 ms until it holds or the deadline passes.
 bool WaitFor(const std::function<bool()>& ready, absl::Duration deadline = kDeadline);
+// /proc/PID/stat's state letter ('T': stopped, 'Z': a zombie), or 0 when
+// the process is gone.
+char ProcState(pid_t pid);
+// The step of the newest "step-N.safetensors" in dir (the trainer's
+// naming, worker/trainer.cc), or -1 when there is none.
+int64_t NewestCheckpointIn(const std::string& dir);
 
 // A child process in its own process group, stdout and stderr to
 // log_prefix.out / .err; the whole group is stopped when destroyed. When it
