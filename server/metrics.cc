@@ -50,7 +50,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                        .Register(r);
   m->planned_ = &BuildGauge()
                      .Name("plateau_job_planned_bytes")
-                     .Help("Device bytes planned per live set before launch (dispatch: balanced-routing estimate).")
+                     .Help(
+                         "Device bytes planned per live set before launch: an upper bound "
+                         "(dispatch: the worst-case routing).")
                      .Register(r);
   m->mfu_ = &BuildGauge()
                  .Name("plateau_job_mfu_ratio")
