@@ -1,0 +1,352 @@
+// Every composition of the schedules against the all-baseline step: each
+// of the 24 combinations of dispatch (standard EP, LLEP, PipelinedLLEP),
+// projection (dense, Ring-DTP), checkpoints (all on device, SCO) and
+// optimizer placement (device AdamW, OffloadStreamAdamW), each with its
+// settings drawn from a seeded generator (chunk sizes, memberships,
+// borrowing limits, strips, tiles, circulation modes, host budgets that cut
+// between boundaries, buckets, staging slots), at P = 1, 2 and 4, under the
+// router's own routing and under routing skewed as far as it goes (router
+// weights zero: every token picks experts 0..k-1, all on rank 0). Each run
+// is a ForwardBackward, two optimizer steps and a validation pass
+// (Evaluate) on one batch. What must hold:
+//   - the same values as the baseline: bit for bit where the schedules
+//     only move data (SCO, OffloadStreamAdamW: the loss of every call, the
+//     gradients, the weights after both steps); where they reorder sums
+//     (LLEP's and PipelinedLLEP's helpers and chunks, Ring-DTP's strips)
+//     the first loss and every gradient to fp32 rounding (the tolerance the
+//     step holds against its double reference, step_test), later calls
+//     being AdamW's amplification of those roundings, not compared;
+//   - every live set's measured peak within the plan on every rank, device
+//     and host, through the recomputing backward, the updates and the
+//     validation pass, and the peak of the total within the plan's total;
+//     PipelinedLLEP's dispatch peak is its launch-sized bound whatever the
+//     routing;
+//   - the same bits run to run (the all-on composition, twice).
+// Each composition's settings are printed in its failure message, so a
+// failing draw can be run again by hand.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/budget/budget.h"
+#include "kernels/status_macros.h"
+#include "kernels/step/step.h"
+#include "kernels/testing/local_world.h"
+#include "kernels/testing/rank_slice.h"
+#include "kernels/testing/tiny_model.h"
+
+namespace plateau {
+namespace {
+
+using DispatchKind = DispatchOptions::Kind;
+
+// Three layers (SCO can move up to two boundaries), eight experts (E/P = 2
+// >= k at P = 4).
+ModelConfig TestModel() {
+  ModelConfig m = TinyModel();
+  m.layers = 3;
+  m.experts = 8;
+  return m;
+}
+
+constexpr int64_t kBatch = 4;
+
+struct Composition {
+  DispatchKind dispatch = DispatchKind::kStandardEp;
+  bool ring_dtp = false, sco = false, offload = false;
+
+  // Whether the schedules only move data (the baseline's bits) rather than
+  // reorder sums.
+  bool Exact() const { return dispatch == DispatchKind::kStandardEp && !ring_dtp; }
+};
+
+std::vector<Composition> AllCompositions() {
+  std::vector<Composition> all;
+  for (DispatchKind d :
+       {DispatchKind::kStandardEp, DispatchKind::kLlep, DispatchKind::kPipelinedLlep}) {
+    for (bool ring : {false, true}) {
+      for (bool sco : {false, true}) {
+        for (bool offload : {false, true}) all.push_back({d, ring, sco, offload});
+      }
+    }
+  }
+  return all;
+}
+
+StepOptions BaseOptions(int P) {
+  StepOptions o;
+  o.model = TestModel();
+  o.layout = {P, kBatch};
+  o.seed = 6;
+  o.optimizer.weight_decay = 0.1f;
+  return o;
+}
+
+int64_t Uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {  // [lo, hi]
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+template <typename T>
+T OneOf(std::mt19937_64& rng, const std::vector<T>& values) {
+  return values[static_cast<size_t>(Uniform(rng, 0, static_cast<int64_t>(values.size()) - 1))];
+}
+
+LlepOptions DrawBalance(std::mt19937_64& rng) {
+  LlepOptions b;
+  b.alpha = OneOf<double>(rng, {0.5, 1.1, 2.0});  // below 1 forces overflow onto helpers
+  b.min_piece = OneOf<int64_t>(rng, {1, 2, 4});
+  b.lambda = OneOf<double>(rng, {1.0, 1.5});
+  b.max_borrowed = OneOf<int64_t>(rng, {0, 1, 2});
+  return b;
+}
+
+// The composition `c` at P ranks, its settings drawn from `rng`.
+StepOptions Draw(const Composition& c, int P, std::mt19937_64& rng) {
+  StepOptions o = BaseOptions(P);
+  const ModelConfig& m = o.model;
+  const int64_t N = kBatch * m.seq_len / P;  // tokens per rank
+  o.dispatch.kind = c.dispatch;
+  if (c.dispatch == DispatchKind::kLlep) o.dispatch.llep = DrawBalance(rng);
+  if (c.dispatch == DispatchKind::kPipelinedLlep) {
+    o.dispatch.pipelined.chunk_tokens = Uniform(rng, 1, N);
+    o.dispatch.pipelined.membership =
+        OneOf<ChunkMembership>(rng, {ChunkMembership::kStrided, ChunkMembership::kContiguous});
+    o.dispatch.pipelined.balance = DrawBalance(rng);
+  }
+  if (c.ring_dtp) {
+    o.projection.kind = ProjectionOptions::Kind::kRingDtp;
+    const int mode = static_cast<int>(Uniform(rng, 0, 2));  // unset, activations, weights
+    if (mode == 1) o.projection.mode = RingDtpMode::kActivations;
+    if (mode == 2) o.projection.mode = RingDtpMode::kWeights;
+    o.projection.strip = Uniform(rng, 1, (m.vocab_size + P - 1) / P);
+    o.projection.row_tile = Uniform(rng, 1, N);
+    o.projection.chunk_rows = mode == 1 && Uniform(rng, 0, 1) == 1 ? Uniform(rng, 1, N) : 0;
+  }
+  if (c.sco) {
+    // Whole boundaries (0 to L - 1 of them) and a part of one more, which
+    // the pool must leave on the device.
+    const int64_t boundary = N * m.hidden * static_cast<int64_t>(sizeof(float));
+    o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+    o.checkpoints.host_budget_bytes =
+        Uniform(rng, 0, m.layers - 1) * boundary + Uniform(rng, 0, boundary - 1);
+  }
+  if (c.offload) {
+    o.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+    // Log-uniform from 64 parameters (hundreds of buckets) to more than
+    // the model (one bucket).
+    o.optimizer_placement.bucket_params = static_cast<int64_t>(
+        std::exp(std::uniform_real_distribution<double>(std::log(64.0), std::log(65536.0))(rng)));
+    o.optimizer_placement.staging_slots = Uniform(rng, 1, 3);
+  }
+  return o;
+}
+
+std::string Describe(const StepOptions& o) {
+  std::string s;
+  switch (o.dispatch.kind) {
+    case DispatchKind::kStandardEp:
+      s = "standard_ep";
+      break;
+    case DispatchKind::kLlep:
+      s = absl::StrCat("llep{alpha ", o.dispatch.llep.alpha, " min_piece ",
+                       o.dispatch.llep.min_piece, " lambda ", o.dispatch.llep.lambda,
+                       " max_borrowed ", o.dispatch.llep.max_borrowed, "}");
+      break;
+    case DispatchKind::kPipelinedLlep: {
+      const PipelinedLlepOptions& p = o.dispatch.pipelined;
+      s = absl::StrCat("pipelined_llep{chunk_tokens ", p.chunk_tokens, " ",
+                       p.membership == ChunkMembership::kStrided ? "strided" : "contiguous",
+                       " alpha ", p.balance.alpha, " min_piece ", p.balance.min_piece, " lambda ",
+                       p.balance.lambda, " max_borrowed ", p.balance.max_borrowed, "}");
+      break;
+    }
+  }
+  if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) {
+    const char* mode = !o.projection.mode                                ? "unset"
+                       : *o.projection.mode == RingDtpMode::kActivations ? "activations"
+                                                                         : "weights";
+    absl::StrAppend(&s, " ring_dtp{mode ", mode, " strip ", o.projection.strip, " row_tile ",
+                    o.projection.row_tile, " chunk_rows ", o.projection.chunk_rows, "}");
+  } else {
+    absl::StrAppend(&s, " dense");
+  }
+  if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
+    absl::StrAppend(&s, " sco{host_budget_bytes ", o.checkpoints.host_budget_bytes, "}");
+  } else {
+    absl::StrAppend(&s, " full_checkpoints");
+  }
+  if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
+    absl::StrAppend(&s, " offload_stream_adamw{bucket_params ", o.optimizer_placement.bucket_params,
+                    " staging_slots ", o.optimizer_placement.staging_slots, "}");
+  } else {
+    absl::StrAppend(&s, " device_adamw");
+  }
+  return absl::StrCat(s, " P=", o.layout.ranks);
+}
+
+struct Outcome {
+  // ForwardBackward, Step, Step, Evaluate.
+  std::vector<double> losses;
+  std::vector<std::vector<float>> grads;    // of the ForwardBackward (rank 0's view)
+  std::vector<std::vector<float>> weights;  // after both steps
+  std::vector<MemoryStats> device, host;    // per rank: the largest peaks of the four calls
+};
+
+void KeepPeaks(const MemoryStats& call, MemoryStats* kept) {
+  for (int i = 0; i < kNumLiveSets; ++i) kept->peak[i] = std::max(kept->peak[i], call.peak[i]);
+  kept->total_peak = std::max(kept->total_peak, call.total_peak);
+}
+
+Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g) {
+  const ModelConfig& m = o.model;
+  const int P = o.layout.ranks;
+  Outcome out;
+  out.device.resize(P);
+  out.host.resize(P);
+  BackendOptions bo;
+  bo.device_memory_bytes = 64 << 20;
+  bo.host_memory_bytes = 16 << 20;
+  const absl::Status s = RunLocalWorld(
+      P, bo, FreshStoreDir("composition"), [&](int r, Backend& be, Communicator& world) {
+        PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(o, be, world));
+        if (skewed) {
+          PLATEAU_ASSIGN_OR_RETURN(ModelState state, step->GatherState());
+          const std::vector<WeightSpec> specs = ModelWeights(m);
+          for (size_t t = 0; t < specs.size(); ++t) {
+            if (absl::StrContains(specs[t].name, "router.weight")) {
+              std::fill(state.weights[t].begin(), state.weights[t].end(), 0.0f);
+            }
+          }
+          PLATEAU_RETURN_IF_ERROR(step->LoadState(state));
+        }
+        const std::vector<int32_t> tok = RankSlice(g.tokens, kBatch, m.seq_len, r, P);
+        const std::vector<int32_t> tgt = RankSlice(g.targets, kBatch, m.seq_len, r, P);
+        std::vector<StepStats> calls;
+        PLATEAU_ASSIGN_OR_RETURN(StepStats fb, step->ForwardBackward(tok, tgt));
+        calls.push_back(fb);
+        PLATEAU_ASSIGN_OR_RETURN(auto grads, step->GatherGrads());
+        for (int k = 0; k < 2; ++k) {
+          PLATEAU_ASSIGN_OR_RETURN(StepStats st, step->Step(tok, tgt));
+          calls.push_back(st);
+        }
+        PLATEAU_ASSIGN_OR_RETURN(auto weights, step->GatherWeights());
+        PLATEAU_ASSIGN_OR_RETURN(StepStats eval, step->Evaluate(tok, tgt));
+        calls.push_back(eval);
+        for (const StepStats& c : calls) {
+          KeepPeaks(c.device, &out.device[r]);
+          KeepPeaks(c.host, &out.host[r]);
+        }
+        if (r == 0) {
+          for (const StepStats& c : calls) out.losses.push_back(c.loss);
+          out.grads = std::move(grads);
+          out.weights = std::move(weights);
+        }
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(s.ok()) << Describe(o) << ": " << s;
+  return out;
+}
+
+void ExpectSameBits(const Outcome& got, const Outcome& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_EQ(got.losses[i], want.losses[i]) << what << " call " << i;
+  EXPECT_TRUE(got.grads == want.grads) << what << ": the gradients differ";
+  EXPECT_TRUE(got.weights == want.weights) << what << ": the weights after two steps differ";
+}
+
+// fp32 rounding: the tolerances the step holds against its double
+// reference (step_test: loss 1e-5 relative, each gradient 1e-4 of its
+// tensor's largest).
+void ExpectRounding(const Outcome& got, const Outcome& want, const std::string& what) {
+  ASSERT_FALSE(got.losses.empty()) << what;
+  EXPECT_NEAR(got.losses[0], want.losses[0], 1e-5 * std::abs(want.losses[0])) << what;
+  const std::vector<WeightSpec> specs = ModelWeights(TestModel());
+  ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
+  for (size_t t = 0; t < want.grads.size(); ++t) {
+    float scale = 0;
+    for (float x : want.grads[t]) scale = std::max(scale, std::abs(x));
+    ASSERT_EQ(got.grads[t].size(), want.grads[t].size()) << what;
+    for (size_t i = 0; i < want.grads[t].size(); ++i) {
+      ASSERT_NEAR(got.grads[t][i], want.grads[t][i], 1e-4f * scale)
+          << what << ": " << specs[t].name << "[" << i << "]";
+    }
+  }
+}
+
+void ExpectWithinPlan(const Outcome& got, const StepOptions& o, const std::string& what) {
+  auto plan = PlanMemory(o);
+  ASSERT_TRUE(plan.ok()) << what << ": " << plan.status();
+  for (int r = 0; r < o.layout.ranks; ++r) {
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      const std::string set(LiveSetName(static_cast<LiveSet>(i)));
+      EXPECT_LE(got.device[r].peak[i], plan->bytes[i])
+          << what << " rank " << r << " device " << set;
+      EXPECT_LE(got.host[r].peak[i], plan->host_bytes[i])
+          << what << " rank " << r << " host " << set;
+    }
+    EXPECT_LE(got.device[r].total_peak, plan->total()) << what << " rank " << r << " device total";
+    EXPECT_LE(got.host[r].total_peak, plan->host_total()) << what << " rank " << r << " host total";
+    if (o.dispatch.kind == DispatchKind::kPipelinedLlep) {
+      EXPECT_EQ(got.device[r].peak_of(LiveSet::kDispatch),
+                plan->bytes[static_cast<int>(LiveSet::kDispatch)])
+          << what << " rank " << r << ": PipelinedLLEP's dispatch is launch-sized";
+    }
+  }
+}
+
+class StepComposition : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(StepComposition, EveryCompositionIsTheBaselineWithinItsPlan) {
+  const auto [P, skewed] = GetParam();
+  const GlobalBatch g = MakeBatch(TestModel(), kBatch, 31);
+  const StepOptions base_options = BaseOptions(P);
+  const Outcome base = RunComposition(base_options, skewed, g);
+  ASSERT_EQ(base.losses.size(), 4u);
+  ExpectWithinPlan(base, base_options, "baseline");
+  // One stream of draws per parameter, so that each case's settings do not
+  // depend on which other cases run.
+  std::mt19937_64 rng(1000 * P + (skewed ? 1 : 0));
+  int exact = 0, rounded = 0;
+  for (const Composition& c : AllCompositions()) {
+    const StepOptions o = Draw(c, P, rng);
+    const std::string what = absl::StrCat(Describe(o), skewed ? " skewed" : " learned");
+    const Outcome got = RunComposition(o, skewed, g);
+    if (got.losses.size() != base.losses.size()) continue;  // the run failed, reported above
+    if (c.Exact()) {
+      ExpectSameBits(got, base, what);
+      ++exact;
+    } else {
+      ExpectRounding(got, base, what);
+      ++rounded;
+    }
+    ExpectWithinPlan(got, o, what);
+  }
+  EXPECT_EQ(exact, 4);
+  EXPECT_EQ(rounded, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndRouting, StepComposition,
+                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           return absl::StrCat("P", std::get<0>(info.param),
+                                               std::get<1>(info.param) ? "Skewed" : "Learned");
+                         });
+
+TEST(StepCompositionTest, AllOnIsTheSameBitsRunToRun) {
+  const GlobalBatch g = MakeBatch(TestModel(), kBatch, 31);
+  std::mt19937_64 rng(77);
+  const StepOptions o = Draw({DispatchKind::kPipelinedLlep, true, true, true}, 2, rng);
+  const Outcome a = RunComposition(o, /*skewed=*/true, g);
+  const Outcome b = RunComposition(o, /*skewed=*/true, g);
+  ASSERT_EQ(a.losses.size(), 4u);
+  ExpectSameBits(a, b, Describe(o));
+}
+
+}  // namespace
+}  // namespace plateau
