@@ -8,14 +8,17 @@
 // router's own routing and under routing skewed as far as it goes (router
 // weights zero: every token picks experts 0..k-1, all on rank 0). Each run
 // is a ForwardBackward, two optimizer steps and a validation pass
-// (Evaluate) on one batch. What must hold:
-//   - the same values as the baseline: bit for bit where the schedules
-//     only move data (SCO, OffloadStreamAdamW: the loss of every call, the
-//     gradients, the weights after both steps); where they reorder sums
-//     (LLEP's and PipelinedLLEP's helpers and chunks, Ring-DTP's strips)
-//     the first loss and every gradient to fp32 rounding (the tolerance the
-//     step holds against its double reference, step_test), later calls
-//     being AdamW's amplification of those roundings, not compared;
+// (Evaluate) on one batch, in fp32 and in bf16 mixed precision. What must
+// hold:
+//   - the same values as the baseline of the same precision: bit for bit
+//     where the schedules only move data (SCO, OffloadStreamAdamW: the loss
+//     of every call, the gradients, the weights after both steps); where
+//     they reorder sums (LLEP's and PipelinedLLEP's helpers and chunks,
+//     Ring-DTP's strips), in fp32, the first loss and every gradient to
+//     fp32 rounding (the tolerance the step holds against its double
+//     reference, step_test), later calls being AdamW's amplification of
+//     those roundings, not compared; in bf16 only finite values here (its
+//     rounding bounds per composition are step_bf16_test's);
 //   - every live set's measured peak within the plan on every rank, device
 //     and host, through the recomputing backward, the updates and the
 //     validation pass, and the peak of the total within the plan's total;
@@ -35,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/budget/budget.h"
+#include "kernels/model/precision.h"
 #include "kernels/status_macros.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/local_world.h"
@@ -79,9 +83,10 @@ std::vector<Composition> AllCompositions() {
   return all;
 }
 
-StepOptions BaseOptions(int P) {
+StepOptions BaseOptions(int P, Precision precision) {
   StepOptions o;
   o.model = TestModel();
+  o.precision = precision;
   o.layout = {P, kBatch};
   o.seed = 6;
   o.optimizer.weight_decay = 0.1f;
@@ -106,8 +111,8 @@ LlepOptions DrawBalance(std::mt19937_64& rng) {
 }
 
 // The composition `c` at P ranks, its settings drawn from `rng`.
-StepOptions Draw(const Composition& c, int P, std::mt19937_64& rng) {
-  StepOptions o = BaseOptions(P);
+StepOptions Draw(const Composition& c, int P, Precision precision, std::mt19937_64& rng) {
+  StepOptions o = BaseOptions(P, precision);
   const ModelConfig& m = o.model;
   const int64_t N = kBatch * m.seq_len / P;  // tokens per rank
   o.dispatch.kind = c.dispatch;
@@ -130,7 +135,7 @@ StepOptions Draw(const Composition& c, int P, std::mt19937_64& rng) {
   if (c.sco) {
     // Whole boundaries (0 to L - 1 of them) and a part of one more, which
     // the pool must leave on the device.
-    const int64_t boundary = N * m.hidden * static_cast<int64_t>(sizeof(float));
+    const int64_t boundary = N * m.hidden * ElementBytesOf(precision).working;
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
     o.checkpoints.host_budget_bytes =
         Uniform(rng, 0, m.layers - 1) * boundary + Uniform(rng, 0, boundary - 1);
@@ -186,7 +191,8 @@ std::string Describe(const StepOptions& o) {
   } else {
     absl::StrAppend(&s, " device_adamw");
   }
-  return absl::StrCat(s, " P=", o.layout.ranks);
+  return absl::StrCat(s, " P=", o.layout.ranks,
+                      o.precision == Precision::kBf16Mixed ? " bf16" : " fp32");
 }
 
 struct Outcome {
@@ -300,29 +306,35 @@ void ExpectWithinPlan(const Outcome& got, const StepOptions& o, const std::strin
   }
 }
 
-class StepComposition : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+class StepComposition : public ::testing::TestWithParam<std::tuple<int, bool, Precision>> {};
 
 TEST_P(StepComposition, EveryCompositionIsTheBaselineWithinItsPlan) {
-  const auto [P, skewed] = GetParam();
+  const auto [P, skewed, precision] = GetParam();
+  const bool bf16 = precision == Precision::kBf16Mixed;
   const GlobalBatch g = MakeBatch(TestModel(), kBatch, 31);
-  const StepOptions base_options = BaseOptions(P);
+  const StepOptions base_options = BaseOptions(P, precision);
   const Outcome base = RunComposition(base_options, skewed, g);
   ASSERT_EQ(base.losses.size(), 4u);
   ExpectWithinPlan(base, base_options, "baseline");
   // One stream of draws per parameter, so that each case's settings do not
   // depend on which other cases run.
-  std::mt19937_64 rng(1000 * P + (skewed ? 1 : 0));
+  std::mt19937_64 rng(1000 * P + (skewed ? 1 : 0) + (bf16 ? 2 : 0));
   int exact = 0, rounded = 0;
   for (const Composition& c : AllCompositions()) {
-    const StepOptions o = Draw(c, P, rng);
+    const StepOptions o = Draw(c, P, precision, rng);
     const std::string what = absl::StrCat(Describe(o), skewed ? " skewed" : " learned");
     const Outcome got = RunComposition(o, skewed, g);
     if (got.losses.size() != base.losses.size()) continue;  // the run failed, reported above
     if (c.Exact()) {
       ExpectSameBits(got, base, what);
       ++exact;
-    } else {
+    } else if (!bf16) {
       ExpectRounding(got, base, what);
+      ++rounded;
+    } else {
+      // bf16 rounding of reordered sums is step_bf16_test's (a bound per
+      // composition against fp32); here the values must only be finite.
+      for (double loss : got.losses) EXPECT_TRUE(std::isfinite(loss)) << what;
       ++rounded;
     }
     ExpectWithinPlan(got, o, what);
@@ -332,20 +344,26 @@ TEST_P(StepComposition, EveryCompositionIsTheBaselineWithinItsPlan) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndRouting, StepComposition,
-                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Bool(),
+                                            ::testing::Values(Precision::kFp32,
+                                                              Precision::kBf16Mixed)),
                          [](const auto& info) {
-                           return absl::StrCat("P", std::get<0>(info.param),
-                                               std::get<1>(info.param) ? "Skewed" : "Learned");
+                           return absl::StrCat(
+                               "P", std::get<0>(info.param),
+                               std::get<1>(info.param) ? "Skewed" : "Learned",
+                               std::get<2>(info.param) == Precision::kFp32 ? "Fp32" : "Bf16");
                          });
 
 TEST(StepCompositionTest, AllOnIsTheSameBitsRunToRun) {
   const GlobalBatch g = MakeBatch(TestModel(), kBatch, 31);
   std::mt19937_64 rng(77);
-  const StepOptions o = Draw({DispatchKind::kPipelinedLlep, true, true, true}, 2, rng);
-  const Outcome a = RunComposition(o, /*skewed=*/true, g);
-  const Outcome b = RunComposition(o, /*skewed=*/true, g);
-  ASSERT_EQ(a.losses.size(), 4u);
-  ExpectSameBits(a, b, Describe(o));
+  for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
+    const StepOptions o = Draw({DispatchKind::kPipelinedLlep, true, true, true}, 2, precision, rng);
+    const Outcome a = RunComposition(o, /*skewed=*/true, g);
+    const Outcome b = RunComposition(o, /*skewed=*/true, g);
+    ASSERT_EQ(a.losses.size(), 4u);
+    ExpectSameBits(a, b, Describe(o));
+  }
 }
 
 }  // namespace
