@@ -18,6 +18,11 @@
 //
 // Bf16StepMatchesCpuEmulation and CudaStepBf16 do the same in bf16 mixed
 // precision (their tolerances are stated above them).
+// EverySchedulesStepMatchesCpuBackendWithinItsPlan runs each schedule
+// (PipelinedLLEP, LLEP, Ring-DTP in both modes, SCO, OffloadStreamAdamW)
+// and all of them together on both backends, with the CUDA step's peaks
+// within the plan; ScoAndOffloadStreamAreBitwiseTheCudaBaseline holds the
+// schedules that only move data to the CUDA baseline's bits.
 //
 // Without a GPU (the default build, or no device visible) every case skips
 // and says why. tools/device-check runs this target on a GPU machine.
@@ -38,8 +43,10 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
+#include "kernels/budget/budget.h"
 #include "kernels/communicator.h"
 #include "kernels/kv_store.h"
+#include "kernels/memory.h"
 #include "kernels/model/config.h"
 #include "kernels/model/params.h"
 #include "kernels/model/precision.h"
@@ -58,14 +65,24 @@ struct StepResult {
   double step_loss = 0;                     // Step()'s own loss
   std::vector<std::vector<float>> weights;  // after Step()
   std::string kernels;                      // TrainingStep::KernelsDescribe()
+  std::vector<MemoryStats> device, host;  // per rank: the larger peaks of ForwardBackward and Step
 };
+
+// Schedules and their settings on top of the twin tests' options.
+using Customize = std::function<void(StepOptions*)>;
+
+void KeepPeaks(const MemoryStats& call, MemoryStats* kept) {
+  for (int i = 0; i < kNumLiveSets; ++i) kept->peak[i] = std::max(kept->peak[i], call.peak[i]);
+  kept->total_peak = std::max(kept->total_peak, call.total_peak);
+}
 
 // One rank: its backend (GPU r on CUDA), its communicator (NCCL on CUDA,
 // Gloo on the CPU) and the step; rank 0 keeps the results.
 absl::Status RunRank(BackendKind kind, Precision precision,
                      OptimizerPlacementOptions::Kind optimizer, bool attention_wgmma, int r, int P,
                      int64_t B, const ModelConfig& m, const GlobalBatch& g,
-                     std::shared_ptr<KeyValueStore> store, StepResult* out) {
+                     std::shared_ptr<KeyValueStore> store, const Customize& customize,
+                     StepResult* out) {
   BackendOptions bo;
   bo.kind = kind;
   bo.device_index = r;
@@ -88,6 +105,7 @@ absl::Status RunRank(BackendKind kind, Precision precision,
   o.precision = precision;
   o.optimizer_placement.kind = optimizer;
   o.attention_wgmma = attention_wgmma;
+  if (customize) customize(&o);
   auto step = TrainingStep::Create(o, **backend, **world);
   if (!step.ok()) return step.status();
   const std::vector<int32_t> tok = RankSlice(g.tokens, B, m.seq_len, r, P);
@@ -100,6 +118,10 @@ absl::Status RunRank(BackendKind kind, Precision precision,
   if (!step_stats.ok()) return step_stats.status();
   auto weights = (*step)->GatherWeights();
   if (!weights.ok()) return weights.status();
+  for (const StepStats* call : {&*stats, &*step_stats}) {
+    KeepPeaks(call->device, &out->device[r]);
+    KeepPeaks(call->host, &out->host[r]);
+  }
   if (r == 0) {
     out->loss = stats->loss;
     out->grads = std::move(*grads);
@@ -117,15 +139,18 @@ absl::Status RunStepOn(
     BackendKind kind, int P, int64_t B, const ModelConfig& m, const GlobalBatch& g, StepResult* out,
     Precision precision = Precision::kFp32,
     OptimizerPlacementOptions::Kind optimizer = OptimizerPlacementOptions::Kind::kDevice,
-    bool attention_wgmma = true) {
+    bool attention_wgmma = true, const Customize& customize = {}) {
   auto store = FileStore::Create(FreshStoreDir(absl::StrCat("cuda_step_twin_", static_cast<int>(kind))));
   if (!store.ok()) return store.status();
   std::shared_ptr<KeyValueStore> shared = std::move(*store);
+  out->device.assign(P, MemoryStats{});
+  out->host.assign(P, MemoryStats{});
   std::vector<absl::Status> status(P);
   std::vector<std::thread> threads;
   for (int r = 0; r < P; ++r) {
     threads.emplace_back([&, r] {
-      status[r] = RunRank(kind, precision, optimizer, attention_wgmma, r, P, B, m, g, shared, out);
+      status[r] = RunRank(kind, precision, optimizer, attention_wgmma, r, P, B, m, g, shared,
+                          customize, out);
     });
   }
   for (auto& t : threads) t.join();
@@ -187,6 +212,38 @@ void ExpectTensorsNear(const std::vector<std::vector<float>>& got,
   }
 }
 
+// The fp32 twins: the CUDA step's loss, gradients and weights after one
+// Step against the CPU step's (the tolerances of the file's header).
+void ExpectFp32Twins(const StepResult& gpu, const StepResult& cpu, const ModelConfig& m,
+                     const std::string& what) {
+  EXPECT_NEAR(gpu.loss, cpu.loss, 2e-5 * std::abs(cpu.loss)) << what;
+  EXPECT_NEAR(gpu.step_loss, cpu.step_loss, 2e-5 * std::abs(cpu.step_loss)) << what;
+  // Gradients: 2e-4 of the tensor's largest |gradient|.
+  std::vector<double> grad_tol;
+  for (const std::vector<float>& g : cpu.grads) {
+    double scale = 0;
+    for (float x : g) scale = std::max(scale, double{std::abs(x)});
+    grad_tol.push_back(2e-4 * scale + 1e-9);
+  }
+  ExpectTensorsNear(
+      gpu.grads, cpu.grads, m, [&](size_t t, size_t) { return grad_tol[t]; }, what + " gradient");
+  // Weights after one AdamW step (the first: m_hat / sqrt(v_hat) = g / |g|,
+  // so each weight moves by about lr * sign(g), plus weight decay). Where
+  // the CPU's gradient clearly has a sign (|g| > twice the gradient
+  // tolerance) both sides move the same way and agree to a few ulps of the
+  // weight; where |g| is within the tolerance of 0 the signs may differ and
+  // the weights by up to 2 lr.
+  const double lr = StepOptions().optimizer.lr;
+  ExpectTensorsNear(
+      gpu.weights, cpu.weights, m,
+      [&](size_t t, size_t i) {
+        const double w = std::abs(double{cpu.weights[t][i]});
+        if (std::abs(double{cpu.grads[t][i]}) > 2 * grad_tol[t]) return 1e-6 + 1e-6 * w;
+        return 2.0 * lr + 1e-6;
+      },
+      what + " weight");
+}
+
 class CudaStepTwinTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaStepTwinTest, StepMatchesCpuBackend) {
@@ -204,33 +261,147 @@ TEST_P(CudaStepTwinTest, StepMatchesCpuBackend) {
   // skip the wgmma probe and check (model_kernels.h).
   EXPECT_THAT(gpu.kernels, ::testing::HasSubstr("on wgmma: no (not needed")) << gpu.kernels;
   EXPECT_EQ(cpu.kernels, "");
+  ExpectFp32Twins(gpu, cpu, m, "baseline");
+}
 
-  EXPECT_NEAR(gpu.loss, cpu.loss, 2e-5 * std::abs(cpu.loss));
-  EXPECT_NEAR(gpu.step_loss, cpu.step_loss, 2e-5 * std::abs(cpu.step_loss));
-  // Gradients: 2e-4 of the tensor's largest |gradient|.
-  std::vector<double> grad_tol;
-  for (const std::vector<float>& g : cpu.grads) {
-    double scale = 0;
-    for (float x : g) scale = std::max(scale, double{std::abs(x)});
-    grad_tol.push_back(2e-4 * scale + 1e-9);
+// Each schedule on CUDA, alone and all together, against the same
+// schedules on the CPU (fp32, ExpectFp32Twins' tolerances): PipelinedLLEP
+// and LLEP with chunks and pieces small enough that experts are lent,
+// Ring-DTP in both circulation modes with strips and tiles that do not
+// divide the shards, SCO with one boundary in the host pool,
+// OffloadStreamAdamW over several buckets. The CUDA step's every live set,
+// device and host, on every rank, stays within the plan through the
+// recomputing backward and the update. (kernels/step/step_composition_test
+// holds the CPU step of every composition to the all-baseline step.)
+struct NamedSchedules {
+  std::string name;
+  Customize customize;
+};
+std::vector<NamedSchedules> EverySchedule(const ModelConfig& m, int P, int64_t B) {
+  const int64_t boundary = B * m.seq_len / P * m.hidden * static_cast<int64_t>(sizeof(float));
+  auto pipelined = [](StepOptions* o) {
+    o->dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
+    o->dispatch.pipelined.chunk_tokens = 5;
+    o->dispatch.pipelined.balance.min_piece = 2;
+  };
+  auto ring = [](RingDtpMode mode) {
+    return [mode](StepOptions* o) {
+      o->projection.kind = ProjectionOptions::Kind::kRingDtp;
+      o->projection.mode = mode;
+      o->projection.strip = 5;
+      o->projection.row_tile = 7;
+      o->projection.chunk_rows = mode == RingDtpMode::kActivations ? 5 : 0;
+    };
+  };
+  auto sco = [boundary](StepOptions* o) {
+    o->checkpoints.kind = CheckpointOptions::Kind::kSco;
+    o->checkpoints.host_budget_bytes = boundary;
+  };
+  auto offload = [](StepOptions* o) {
+    o->optimizer_placement.kind = OptimizerPlacementOptions::Kind::kOffloadStream;
+    o->optimizer_placement.bucket_params = 700;
+    o->optimizer_placement.staging_slots = 2;
+  };
+  return {
+      {"pipelined_llep", pipelined},
+      {"llep",
+       [](StepOptions* o) {
+         o->dispatch.kind = DispatchOptions::Kind::kLlep;
+         o->dispatch.llep.min_piece = 2;
+       }},
+      {"ring_dtp activations", ring(RingDtpMode::kActivations)},
+      {"ring_dtp weights", ring(RingDtpMode::kWeights)},
+      {"sco", sco},
+      {"offload_stream_adamw", offload},
+      {"all on",
+       [=](StepOptions* o) {
+         pipelined(o);
+         ring(RingDtpMode::kActivations)(o);
+         sco(o);
+         offload(o);
+       }},
+  };
+}
+
+void ExpectWithinPlan(const StepResult& run, const StepOptions& o, const std::string& what) {
+  auto plan = PlanMemory(o);
+  ASSERT_TRUE(plan.ok()) << what << ": " << plan.status();
+  ASSERT_EQ(run.device.size(), static_cast<size_t>(o.layout.ranks)) << what;
+  for (int r = 0; r < o.layout.ranks; ++r) {
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      const std::string set(LiveSetName(static_cast<LiveSet>(i)));
+      EXPECT_LE(run.device[r].peak[i], plan->bytes[i])
+          << what << " rank " << r << " device " << set;
+      EXPECT_LE(run.host[r].peak[i], plan->host_bytes[i])
+          << what << " rank " << r << " host " << set;
+    }
+    EXPECT_LE(run.device[r].total_peak, plan->total()) << what << " rank " << r << " device total";
   }
-  ExpectTensorsNear(gpu.grads, cpu.grads, m,
-                    [&](size_t t, size_t) { return grad_tol[t]; }, "gradient");
-  // Weights after one AdamW step (the first: m_hat / sqrt(v_hat) = g / |g|,
-  // so each weight moves by about lr * sign(g), plus weight decay). Where
-  // the CPU's gradient clearly has a sign (|g| > twice the gradient
-  // tolerance) both sides move the same way and agree to a few ulps of the
-  // weight; where |g| is within the tolerance of 0 the signs may differ and
-  // the weights by up to 2 lr.
-  const double lr = StepOptions().optimizer.lr;
-  ExpectTensorsNear(
-      gpu.weights, cpu.weights, m,
-      [&](size_t t, size_t i) {
-        const double w = std::abs(double{cpu.weights[t][i]});
-        if (std::abs(double{cpu.grads[t][i]}) > 2 * grad_tol[t]) return 1e-6 + 1e-6 * w;
-        return 2.0 * lr + 1e-6;
-      },
-      "weight");
+}
+
+// The options RunRank builds, for the plan.
+StepOptions TwinOptions(const ModelConfig& m, int P, int64_t B, Precision precision,
+                        const Customize& customize) {
+  StepOptions o;
+  o.model = m;
+  o.layout = {P, B};
+  o.seed = 5;
+  o.precision = precision;
+  if (customize) customize(&o);
+  return o;
+}
+
+TEST_P(CudaStepTwinTest, EverySchedulesStepMatchesCpuBackendWithinItsPlan) {
+  const int P = GetParam();
+  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
+  const ModelConfig m = TinyModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  for (const NamedSchedules& s : EverySchedule(m, P, B)) {
+    const std::string what = absl::StrCat(s.name, " P=", P);
+    StepResult gpu, cpu;
+    absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &gpu, Precision::kFp32,
+                                OptimizerPlacementOptions::Kind::kDevice, true, s.customize);
+    ASSERT_TRUE(st.ok()) << what << ": a GPU is visible but the CUDA step failed: " << st;
+    st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu, Precision::kFp32,
+                   OptimizerPlacementOptions::Kind::kDevice, true, s.customize);
+    ASSERT_TRUE(st.ok()) << what << ": " << st;
+    ExpectFp32Twins(gpu, cpu, m, what);
+    ExpectWithinPlan(gpu, TwinOptions(m, P, B, Precision::kFp32, s.customize), what + " cuda");
+  }
+}
+
+// SCO and OffloadStreamAdamW only move data (their copies, the same AdamW
+// kernel over buckets): on CUDA, alone and together, the step's losses,
+// gradients and weights after one Step are the CUDA baseline's to the bit,
+// in both precisions, within their plans.
+TEST_P(CudaStepTwinTest, ScoAndOffloadStreamAreBitwiseTheCudaBaseline) {
+  const int P = GetParam();
+  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
+  const ModelConfig m = TinyModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
+    const std::string p = precision == Precision::kFp32 ? " fp32" : " bf16";
+    StepResult base;
+    absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &base, precision);
+    ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA step failed: " << st;
+    for (const NamedSchedules& s : EverySchedule(m, P, B)) {
+      if (s.name != "sco" && s.name != "offload_stream_adamw") continue;
+      const std::string what = absl::StrCat(s.name, p, " P=", P);
+      StepResult got;
+      st = RunStepOn(BackendKind::kCuda, P, B, m, g, &got, precision,
+                     OptimizerPlacementOptions::Kind::kDevice, true, s.customize);
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      EXPECT_EQ(got.loss, base.loss) << what;
+      EXPECT_EQ(got.step_loss, base.step_loss) << what;
+      ExpectTensorsNear(
+          got.grads, base.grads, m, [](size_t, size_t) { return 0.0; }, what + " gradient");
+      ExpectTensorsNear(
+          got.weights, base.weights, m, [](size_t, size_t) { return 0.0; }, what + " weight");
+      ExpectWithinPlan(got, TwinOptions(m, P, B, precision, s.customize), what);
+    }
+  }
 }
 
 // The same step in bf16 mixed precision: the CUDA bf16 kernels against the
