@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -81,7 +82,7 @@ void KeepPeaks(const MemoryStats& call, MemoryStats* kept) {
 absl::Status RunRank(BackendKind kind, Precision precision,
                      OptimizerPlacementOptions::Kind optimizer, bool attention_wgmma, int r, int P,
                      int64_t B, const ModelConfig& m, const GlobalBatch& g,
-                     std::shared_ptr<KeyValueStore> store, const Customize& customize,
+                     std::shared_ptr<KeyValueStore> store, const Customize& customize, bool skewed,
                      StepResult* out) {
   BackendOptions bo;
   bo.kind = kind;
@@ -108,6 +109,19 @@ absl::Status RunRank(BackendKind kind, Precision precision,
   if (customize) customize(&o);
   auto step = TrainingStep::Create(o, **backend, **world);
   if (!step.ok()) return step.status();
+  if (skewed) {
+    // Routing skewed as far as it goes: router weights zero, so every
+    // token picks experts 0..k-1 (the tie-break), all on rank 0.
+    auto state = (*step)->GatherState();
+    if (!state.ok()) return state.status();
+    const std::vector<WeightSpec> specs = ModelWeights(m);
+    for (size_t t = 0; t < specs.size(); ++t) {
+      if (absl::StrContains(specs[t].name, "router.weight")) {
+        std::fill(state->weights[t].begin(), state->weights[t].end(), 0.0f);
+      }
+    }
+    if (absl::Status s = (*step)->LoadState(*state); !s.ok()) return s;
+  }
   const std::vector<int32_t> tok = RankSlice(g.tokens, B, m.seq_len, r, P);
   const std::vector<int32_t> tgt = RankSlice(g.targets, B, m.seq_len, r, P);
   auto stats = (*step)->ForwardBackward(tok, tgt);
@@ -139,7 +153,7 @@ absl::Status RunStepOn(
     BackendKind kind, int P, int64_t B, const ModelConfig& m, const GlobalBatch& g, StepResult* out,
     Precision precision = Precision::kFp32,
     OptimizerPlacementOptions::Kind optimizer = OptimizerPlacementOptions::Kind::kDevice,
-    bool attention_wgmma = true, const Customize& customize = {}) {
+    bool attention_wgmma = true, const Customize& customize = {}, bool skewed = false) {
   auto store = FileStore::Create(FreshStoreDir(absl::StrCat("cuda_step_twin_", static_cast<int>(kind))));
   if (!store.ok()) return store.status();
   std::shared_ptr<KeyValueStore> shared = std::move(*store);
@@ -150,7 +164,7 @@ absl::Status RunStepOn(
   for (int r = 0; r < P; ++r) {
     threads.emplace_back([&, r] {
       status[r] = RunRank(kind, precision, optimizer, attention_wgmma, r, P, B, m, g, shared,
-                          customize, out);
+                          customize, skewed, out);
     });
   }
   for (auto& t : threads) t.join();
@@ -264,7 +278,8 @@ TEST_P(CudaStepTwinTest, StepMatchesCpuBackend) {
   ExpectFp32Twins(gpu, cpu, m, "baseline");
 }
 
-// Each schedule on CUDA, alone and all together, against the same
+// Each schedule on CUDA, alone and all together, under the router's own
+// routing and routing skewed onto rank 0's experts, against the same
 // schedules on the CPU (fp32, ExpectFp32Twins' tolerances): PipelinedLLEP
 // and LLEP with chunks and pieces small enough that experts are lent,
 // Ring-DTP in both circulation modes with strips and tiles that do not
@@ -357,17 +372,20 @@ TEST_P(CudaStepTwinTest, EverySchedulesStepMatchesCpuBackendWithinItsPlan) {
   const ModelConfig m = TinyModel();
   const int64_t B = 2;
   const GlobalBatch g = MakeBatch(m, B, 11);
-  for (const NamedSchedules& s : EverySchedule(m, P, B)) {
-    const std::string what = absl::StrCat(s.name, " P=", P);
-    StepResult gpu, cpu;
-    absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &gpu, Precision::kFp32,
-                                OptimizerPlacementOptions::Kind::kDevice, true, s.customize);
-    ASSERT_TRUE(st.ok()) << what << ": a GPU is visible but the CUDA step failed: " << st;
-    st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu, Precision::kFp32,
-                   OptimizerPlacementOptions::Kind::kDevice, true, s.customize);
-    ASSERT_TRUE(st.ok()) << what << ": " << st;
-    ExpectFp32Twins(gpu, cpu, m, what);
-    ExpectWithinPlan(gpu, TwinOptions(m, P, B, Precision::kFp32, s.customize), what + " cuda");
+  for (bool skewed : {false, true}) {
+    for (const NamedSchedules& s : EverySchedule(m, P, B)) {
+      const std::string what = absl::StrCat(s.name, " P=", P, skewed ? " skewed" : " learned");
+      StepResult gpu, cpu;
+      absl::Status st =
+          RunStepOn(BackendKind::kCuda, P, B, m, g, &gpu, Precision::kFp32,
+                    OptimizerPlacementOptions::Kind::kDevice, true, s.customize, skewed);
+      ASSERT_TRUE(st.ok()) << what << ": a GPU is visible but the CUDA step failed: " << st;
+      st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu, Precision::kFp32,
+                     OptimizerPlacementOptions::Kind::kDevice, true, s.customize, skewed);
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      ExpectFp32Twins(gpu, cpu, m, what);
+      ExpectWithinPlan(gpu, TwinOptions(m, P, B, Precision::kFp32, s.customize), what + " cuda");
+    }
   }
 }
 
