@@ -1,5 +1,6 @@
 #include "client/connection.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/client_interceptor.h"
 
@@ -81,8 +83,40 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::stri
   return text;
 }
 
+absl::Status CheckAddress(const std::string& flag, const std::string& address, bool listen) {
+  const int lowest = listen ? 0 : 1;
+  const std::string expected = absl::StrCat(
+      flag, "=", address, ": expected HOST:PORT (or [IPV6]:PORT) with a port ", lowest, "-65535");
+  // gRPC's target schemes: left to gRPC, which says what it cannot resolve.
+  for (absl::string_view scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:"}) {
+    if (absl::StartsWith(address, scheme)) return absl::OkStatus();
+  }
+  std::string host, port;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(expected);
+    }
+    host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos) return absl::InvalidArgumentError(expected);
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  int n = -1;
+  if (host.empty() || port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      !absl::SimpleAtoi(port, &n) || n < lowest || n > 65535) {
+    return absl::InvalidArgumentError(expected);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptions& options) {
-  if (options.address.empty()) return absl::InvalidArgumentError("coordinator: expected HOST:PORT");
+  if (absl::Status s = CheckAddress("--coordinator", options.address, /*listen=*/false); !s.ok())
+    return s;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!options.tls_ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca_file", options.tls_ca_file);

@@ -36,9 +36,17 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::st
 // and the path when it cannot be read or holds no PEM block.
 absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path);
 
-// A channel to options.address: TLS verified against tls_ca_file when set,
-// else plaintext; the token of token_file on every call when set. Files are
-// read here, once; their errors are INVALID_ARGUMENT naming the flag
+// Checks an address a flag gives (`flag`: "--coordinator", "--listen"):
+// HOST:PORT or [IPV6]:PORT with a port 1-65535, 0-65535 when `listen` (0:
+// the system picks). Addresses in gRPC's own schemes (unix:PATH,
+// dns:///HOST:PORT, ipv4:..., ...) are passed on unchecked. INVALID_ARGUMENT
+// "<flag>=<address>: expected ..." otherwise: gRPC itself takes a port past
+// 65535 modulo 65536, so 127.0.0.1:99553 would reach port 34017.
+absl::Status CheckAddress(const std::string& flag, const std::string& address, bool listen);
+
+// A channel to options.address (CheckAddress'd as --coordinator): TLS verified against tls_ca_file
+// when set, else plaintext; the token of token_file on every call when set. Files are read here,
+// once; their errors are INVALID_ARGUMENT naming the flag
 // (--token_file, --tls_ca_file) and the path. The channel connects lazily:
 // an unreachable coordinator shows as UNAVAILABLE on the first call.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptions& options);

@@ -76,5 +76,33 @@ TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
   EXPECT_TRUE(OpenChannel({"127.0.0.1:1", Write("ok", "tok\n"), ""}).ok());
 }
 
+// gRPC takes a port past 65535 modulo 65536 (127.0.0.1:99553 dials 34017),
+// so every address a flag gives is checked first.
+TEST(CheckAddressTest, PortsOutsideTheirRangeAndMalformedAddressesAreRefused) {
+  for (const std::string& bad :
+       {"127.0.0.1:99553", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:", "127.0.0.1", ":7070",
+        "localhost:7070x", "localhost:+7070", "[::1]7070", "[::1]:", "", "host:0"}) {
+    const absl::Status s = CheckAddress("--coordinator", bad, /*listen=*/false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
+    EXPECT_THAT(s.message(), HasSubstr("--coordinator=" + bad +
+                                       ": expected HOST:PORT (or [IPV6]:PORT) with a port "
+                                       "1-65535"))
+        << bad;
+  }
+  for (const std::string& good :
+       {"127.0.0.1:1", "localhost:65535", "[::1]:7070", "coordinator.example:443",
+        "unix:/run/plateau.sock", "dns:///coordinator:7070"}) {
+    EXPECT_TRUE(CheckAddress("--coordinator", good, /*listen=*/false).ok()) << good;
+  }
+  EXPECT_TRUE(CheckAddress("--listen", "127.0.0.1:0", /*listen=*/true).ok());
+  EXPECT_THAT(
+      CheckAddress("--listen", "127.0.0.1:99999", /*listen=*/true).message(),
+      HasSubstr(
+          "--listen=127.0.0.1:99999: expected HOST:PORT (or [IPV6]:PORT) with a port 0-65535"));
+  auto c = OpenChannel({"127.0.0.1:99553", "", ""});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("--coordinator=127.0.0.1:99553"));
+}
+
 }  // namespace
 }  // namespace plateau

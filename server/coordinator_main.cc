@@ -44,6 +44,7 @@
 #include "server/rpc_metrics.h"
 #include "server/security.h"
 #include "server/services.h"
+#include "worker/dir_lock.h"
 
 namespace plateau {
 namespace {
@@ -229,6 +230,9 @@ int Main(int argc, char** argv) {
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
     credentials = grpc::SslServerCredentials(ssl);
   }
+  if (absl::Status s = CheckAddress("--listen", flags["listen"], /*listen=*/true); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   const bool loopback = IsLoopbackListen(flags["listen"]);
   if (!loopback && token.empty()) {
     if (flags["insecure_listen_any"] != "true") {
@@ -259,6 +263,14 @@ int Main(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::create_directories(flags["state_dir"], ec);
   if (ec) return Fail(absl::StrCat("--state_dir=", flags["state_dir"], ": ", ec.message()));
+  // Held until exit: a second coordinator on this state would schedule the
+  // jobs it sees beside this one, split the workers' heartbeats and refuse
+  // this one's cancels.
+  absl::StatusOr<std::unique_ptr<DirLock>> state_lock = DirLock::Acquire(
+      flags["state_dir"], "--state_dir", "coordinator",
+      "one state directory serves one coordinator; stop that one, or give this one another "
+      "--state_dir");
+  if (!state_lock.ok()) return Fail(std::string(state_lock.status().message()));
   auto store = JobStore::Open(flags["state_dir"] + "/plateau.db");
   if (!store.ok()) return Fail(std::string(store.status().message()));
   auto metrics = Metrics::Create(flags["metrics_address"]);
@@ -289,6 +301,10 @@ int Main(int argc, char** argv) {
   if (auth.enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
   builder.AddListeningPort(flags["listen"], credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second coordinator on this port
+  // would then start too, and the kernel would split the clients and the
+  // workers' heartbeats between the two. Off, the bind fails below.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // gRPC refuses a larger request with RESOURCE_EXHAUSTED before it is
   // parsed, so a huge SubmitJob costs no more than this much memory.
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_request_bytes));
@@ -300,9 +316,11 @@ int Main(int argc, char** argv) {
   builder.RegisterService(&workers);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    return Fail(absl::StrCat("--listen=", flags["listen"], ": cannot listen there",
-                             tls ? " (or --tls_cert_file and --tls_key_file are not a matching certificate and key)"
-                                 : ""));
+    return Fail(absl::StrCat(
+        "--listen=", flags["listen"],
+        ": cannot listen there (in use, or not an address of this host)",
+        tls ? " (or --tls_cert_file and --tls_key_file are not a matching certificate and key)"
+            : ""));
   }
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.JobService", true);
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.WorkerService", true);

@@ -85,7 +85,11 @@ class Stmt {
 
 absl::StatusOr<int64_t> ParseJobId(const std::string& id, const char* field) {
   int64_t seq = 0;
-  if (id.rfind("job-", 0) != 0 || !absl::SimpleAtoi(id.substr(4), &seq) || seq < 1) {
+  // Only the canonical spelling: the job's rows (events, logs, timelines)
+  // are keyed by it, so "job-07" or "job-+7" would find the job but none of
+  // its data, and a delete would leave that behind.
+  if (id.rfind("job-", 0) != 0 || !absl::SimpleAtoi(id.substr(4), &seq) || seq < 1 ||
+      JobIdOf(seq) != id) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": expected a job id like 'job-12', got '", id.substr(0, 64), "'"));
   }

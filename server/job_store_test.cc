@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/test_db.h"
@@ -97,6 +98,22 @@ TEST(JobStoreTest, UnknownAndMalformedIds) {
   EXPECT_THAT((*store)->GetJob("job-9").status().message(), HasSubstr("job-9"));
   EXPECT_EQ((*store)->GetJob("nine").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*store)->GetJob("job--1").status().code(), absl::StatusCode::kInvalidArgument);
+  // Only the canonical spelling of an existing job: its rows are keyed by
+  // it, so another spelling would find the job but not its events or logs.
+  v1::Job job;
+  job.set_state(v1::PENDING);
+  auto put = (*store)->CreateJob(job);
+  ASSERT_TRUE(put.ok()) << put.status();
+  const std::string id = put->id();
+  ASSERT_TRUE((*store)->GetJob(id).ok());
+  for (const std::string& other :
+       {absl::StrCat("job-0", id.substr(4)), absl::StrCat("job-+", id.substr(4)),
+        absl::StrCat("job- ", id.substr(4)), absl::StrCat(id, " "), std::string("job-")}) {
+    auto got = (*store)->GetJob(other);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << "'" << other << "'";
+    EXPECT_THAT(got.status().message(), HasSubstr("expected a job id like 'job-12'"))
+        << "'" << other << "'";
+  }
 }
 
 v1::MemoryTimeline Timeline(int rank, int64_t step, int64_t weights) {

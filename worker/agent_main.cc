@@ -14,13 +14,17 @@
 // SIGINT/SIGTERM stop every rank it started (SIGTERM, then SIGKILL after
 // the grace period) and exit once they are gone.
 #include <fcntl.h>
+#include <netdb.h>
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -33,11 +37,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/connection.h"
-#include "kernels/named_flags.h"
 #include "google/protobuf/text_format.h"
 #include "kernels/backend.h"  // BackendKind
+#include "kernels/named_flags.h"
 #include "worker/agent.h"
 #include "worker/calibration.h"
+#include "worker/dir_lock.h"
 
 namespace plateau {
 namespace {
@@ -130,6 +135,39 @@ void Calibrate(AgentOptions* o) {
                why.c_str(), said.c_str());
 }
 
+// Ranks bind their collectives to --rank_address: one that does not
+// resolve, or is not an address of this host, would fail every job at its
+// ranks' rendezvous (RANK_CRASHED, restarted for nothing). Checked by
+// binding a socket there, as a rank will.
+absl::Status CheckRankAddress(const std::string& address) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(address.c_str(), nullptr, &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank_address=", address,
+                                                   ": cannot resolve it (", gai_strerror(rc),
+                                                   "); expected an address or name of this host"));
+  }
+  std::string why;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool bound =
+        bind(fd, a->ai_addr, a->ai_addrlen) == 0;  // port 0 in the address: any free port
+    if (!bound) why = strerror(errno);
+    close(fd);
+    if (bound) {
+      freeaddrinfo(found);
+      return absl::OkStatus();
+    }
+  }
+  freeaddrinfo(found);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--rank_address=", address, ": not an address of this host (",
+                   why.empty() ? "no socket" : why, "); the ranks listen there for their peers"));
+}
+
 int Main(int argc, char** argv) {
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
@@ -194,6 +232,11 @@ int Main(int argc, char** argv) {
   c.set_host_memory_bytes(host_mem);
   c.set_device_peak_flops(peak);
   c.set_device_peak_bf16_flops(peak_bf16);
+  if (absl::Status s = CheckAddress("--coordinator", f["coordinator"], /*listen=*/false); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (absl::Status s = CheckRankAddress(f["rank_address"]); !s.ok())
+    return Fail(std::string(s.message()));
   c.set_rank_address(f["rank_address"]);
   // Ranks bind their collectives to --rank_address and peers on other
   // nodes connect to it: loopback only works while every worker of a job
@@ -224,6 +267,15 @@ int Main(int argc, char** argv) {
   if (f["calibrate"] != "true" && f["calibrate"] != "false") {
     return Fail(absl::StrCat("--calibrate: expected true or false, got '", f["calibrate"], "'"));
   }
+  // Held until exit, from before the calibration (whose cache is here):
+  // two agents on one work dir would register as one worker, the second's
+  // calibration replacing the first's, and share their spec files.
+  std::filesystem::create_directories(o.work_dir, ec);
+  if (ec) return Fail(absl::StrCat("--work_dir=", o.work_dir, ": ", ec.message()));
+  absl::StatusOr<std::unique_ptr<DirLock>> work_lock = DirLock::Acquire(
+      o.work_dir, "--work_dir", "worker agent",
+      "a work dir holds one agent's worker id, calibration and job specs; give each agent its own");
+  if (!work_lock.ok()) return Fail(std::string(work_lock.status().message()));
 
   // Before the signal mask, which a child would inherit.
   if (f["calibrate"] == "true") Calibrate(&o);

@@ -1,0 +1,101 @@
+// One process per role where two would silently split the service: a
+// second coordinator on a running one's --state_dir or --listen port, and a
+// second worker agent on a running one's --work_dir, are refused at start
+// (exit 2, naming the flag, the directory or address, and the holder), as
+// are addresses that gRPC would take modulo 65536 and a --rank_address the
+// ranks could not listen on. Real processes: a running cluster, and the
+// binaries started beside it.
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
+
+TEST(OneInstanceTest, ASecondCoordinatorOnTheSameStateOrPortIsRefused) {
+  Cluster c("one-coordinator");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string state = c.dir() + "/state";
+  Ran r = RunCommand({"server/plateau_coordinator", "--state_dir=" + state, "--listen=127.0.0.1:0",
+                      "--metrics_address=127.0.0.1:0"},
+                     c.dir() + "/second-state");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat("--state_dir=", state, ": in use by another coordinator (pid ",
+                                     c.coordinator()->pid(), ", ", state, "/.lock)")));
+  // gRPC's default SO_REUSEPORT would let it bind beside the first, and the
+  // kernel would split clients and heartbeats between the two.
+  r = RunCommand({"server/plateau_coordinator", "--state_dir=" + c.dir() + "/other-state",
+                  "--listen=" + c.api(), "--metrics_address=127.0.0.1:0"},
+                 c.dir() + "/second-port");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--listen=" + c.api() + ": cannot listen there"));
+  r = RunCommand({"server/plateau_coordinator", "--state_dir=" + c.dir() + "/wrapped",
+                  "--listen=127.0.0.1:99999", "--metrics_address=127.0.0.1:0"},
+                 c.dir() + "/wrapped");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(
+      r.err,
+      HasSubstr(
+          "--listen=127.0.0.1:99999: expected HOST:PORT (or [IPV6]:PORT) with a port 0-65535"));
+  // The first one still serves, alone.
+  auto list = c.client().ListJobs(v1::ListJobsRequest());
+  EXPECT_TRUE(list.ok()) << list.status();
+  EXPECT_TRUE(c.coordinator()->Running());
+}
+
+TEST(OneInstanceTest, ASecondAgentOnTheSameWorkDirAndBadAddressesAreRefused) {
+  Cluster c("one-agent");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  ASSERT_TRUE(WaitFor([&] {
+    return absl::StrContains(c.worker()->out(), "registered as worker-1");
+  })) << c.Logs();
+  const std::string work = c.dir() + "/work-0";
+  const std::vector<std::string> agent = {"worker/plateau_worker", "--coordinator=" + c.api(),
+                                          "--rank_binary=worker/plateau_rank", "--calibrate=false"};
+  auto with = [&](std::vector<std::string> flags) {
+    std::vector<std::string> args = agent;
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
+  };
+  Ran r = RunCommand(with({"--work_dir=" + work}), c.dir() + "/second-agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat("--work_dir=", work, ": in use by another worker agent (pid ",
+                                     c.worker()->pid(), ", ", work, "/.lock)")));
+  r = RunCommand(
+      with({"--work_dir=" + c.dir() + "/unresolvable", "--rank_address=no-such-host.invalid"}),
+      c.dir() + "/unresolvable");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--rank_address=no-such-host.invalid: cannot resolve it"));
+  // 192.0.2.1 (TEST-NET-1) is no interface's address here.
+  r = RunCommand(with({"--work_dir=" + c.dir() + "/foreign", "--rank_address=192.0.2.1"}),
+                 c.dir() + "/foreign");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--rank_address=192.0.2.1: not an address of this host"));
+  r = RunCommand({"worker/plateau_worker", "--coordinator=127.0.0.1:99553",
+                  "--work_dir=" + c.dir() + "/wrapped", "--rank_binary=worker/plateau_rank",
+                  "--calibrate=false"},
+                 c.dir() + "/wrapped-agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--coordinator=127.0.0.1:99553: expected HOST:PORT"));
+  r = RunCommand({"client/plateauctl", "--coordinator=127.0.0.1:99553", "list"},
+                 c.dir() + "/wrapped-ctl");
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--coordinator=127.0.0.1:99553: expected HOST:PORT"));
+  // The first agent is still the only worker.
+  auto workers = c.client().ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  EXPECT_EQ(workers->workers_size(), 1);
+}
+
+}  // namespace
+}  // namespace plateau
