@@ -1,6 +1,9 @@
 #include "client/connection.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -17,11 +20,20 @@ namespace {
 
 absl::StatusOr<std::string> ReadWhole(const std::string& flag, const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": expected a file path"));
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, "=", path, ": is a directory, expected a file"));
+  }
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
+  const int open_error = errno;
   std::stringstream text;
   if (in) text << in.rdbuf();
   if (!in || in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": cannot read the file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, "=", path, ": cannot read the file",
+                     open_error != 0 ? absl::StrCat(" (", std::strerror(open_error), ")") : ""));
   }
   return text.str();
 }

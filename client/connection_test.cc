@@ -57,6 +57,15 @@ TEST(ReadTokenFileTest, UnreadableFileNamesTheFlagAndPath) {
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A directory where a file is expected says so (it read as "empty").
+TEST(ReadTokenFileTest, ADirectoryIsNamedAsOne) {
+  const std::string dir = std::filesystem::path(Write("in-a-dir", "x")).parent_path().string();
+  auto t = ReadTokenFile("--token_file", dir);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("--token_file=" + dir + ": is a directory, expected a file"));
+}
+
 TEST(ReadTokenFileTest, RefusesBytesAHeaderCannotCarry) {
   for (const std::string& text : {std::string("two words\n"), std::string("tab\there"), std::string("caf\xc3\xa9")}) {
     auto t = ReadTokenFile("--token_file", Write("odd", text));

@@ -1,14 +1,16 @@
 #include "client/spec_file.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <system_error>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -273,8 +275,12 @@ absl::StatusOr<v1::JobSpec> ReadSpecFile(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, expected a job spec file"));
   }
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open"));
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": cannot open", errno != 0 ? absl::StrCat(" (", std::strerror(errno), ")") : ""));
+  }
   // Read at most one byte past the limit: a device or a huge file stops there.
   std::string text(kMaxSpecFileBytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));

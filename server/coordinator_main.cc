@@ -155,6 +155,15 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (flags["state_dir"].empty()) return Fail("--state_dir: expected a directory (see --help)");
+  if (!flags["ready_file"].empty()) {
+    // Checked now, not after the API is up: the file is written last.
+    std::error_code parent_ec;
+    const std::filesystem::path parent = std::filesystem::path(flags["ready_file"]).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent, parent_ec)) {
+      return Fail(absl::StrCat("--ready_file=", flags["ready_file"], ": ", parent.string(),
+                               " is not a directory"));
+    }
+  }
   CoordinatorOptions options;
   double timeout_s = 0;
   int64_t heartbeat_ms = 0;
@@ -342,7 +351,7 @@ int Main(int argc, char** argv) {
       out << "api=" << api << "\nmetrics=" << mx << "\n";
     }
     std::filesystem::rename(tmp, flags["ready_file"], ec);
-    if (ec) return Fail(absl::StrCat("--ready_file: ", ec.message()));
+    if (ec) return Fail(absl::StrCat("--ready_file=", flags["ready_file"], ": ", ec.message()));
   }
   int sig = 0;
   sigwait(&signals, &sig);

@@ -20,18 +20,42 @@ namespace {
 constexpr char kFenceName[] = ".plateau-fence";
 constexpr char kPartialPrefix[] = ".partial-attempt-";
 
+}  // namespace
+
+absl::Status CheckpointDirectoryError(const std::string& dir, const std::string& action,
+                                      int error) {
+  const std::string message =
+      absl::StrCat("checkpoint.directory=", dir, ": cannot ", action, ": ", std::strerror(error));
+  switch (error) {
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case ENOTDIR:
+    case ENOENT:
+    case EEXIST:
+    case ENAMETOOLONG:
+    case ELOOP:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+namespace {
+
 // The fence file, open and locked (exclusive, whole file) while this lives.
 class LockedFence {
  public:
   static absl::StatusOr<LockedFence> Open(const std::string& dir) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create the checkpoint directory: ", ec.message()));
+    if (ec) return CheckpointDirectoryError(dir, "create it", ec.value());
     const std::string path = absl::StrCat(dir, "/", kFenceName);
     LockedFence f;
     f.path_ = path;
     f.fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (f.fd_ < 0) return absl::InternalError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    if (f.fd_ < 0)
+      return CheckpointDirectoryError(dir, absl::StrCat("open ", kFenceName, " there"), errno);
     struct flock lk = {};
     lk.l_type = F_WRLCK;
     lk.l_whence = SEEK_SET;

@@ -53,6 +53,15 @@ std::string PartialCheckpointPath(const std::string& dir, int64_t attempt, int64
 absl::Status CommitCheckpoint(const std::string& dir, const std::string& job, int64_t attempt,
                               const std::string& partial, const std::string& final_path);
 
+// What a checkpoint directory that cannot be created or opened is: the
+// job's own setting when the reason is one (no permission, a read-only file
+// system, a path through a file or where nothing can be created, as under
+// /proc): FAILED_PRECONDITION, which the rank reports as an invalid job
+// rather than a crash to be restarted. Other reasons (a full disk, I/O
+// errors) may pass: INTERNAL. "checkpoint.directory=DIR: cannot ACTION:
+// REASON".
+absl::Status CheckpointDirectoryError(const std::string& dir, const std::string& action, int error);
+
 // The fence as it stands (for tests and diagnostics).
 absl::StatusOr<CheckpointFence> ReadCheckpointFence(const std::string& dir);
 

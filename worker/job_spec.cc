@@ -72,6 +72,24 @@ absl::Status CheckText(absl::string_view field, const std::string& s) {
   return absl::OkStatus();
 }
 
+// Text that plateauctl prints as it is (a job's name): no control
+// characters, C0 (tab and newline included), DEL or C1, which a terminal
+// would act on (escape sequences can rewrite what the operator sees).
+// After CheckText: `s` is UTF-8, so C1 is the two bytes C2 80..C2 9F.
+absl::Status CheckPrintable(absl::string_view field, const std::string& s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9F;
+    if (c < 0x20 || c == 0x7F || c1) {
+      return Bad(
+          field, "printable text (no control characters)",
+          absl::StrCat("a control character at byte ", i, " (0x",
+                       absl::Hex(c1 ? 0xC200 + static_cast<unsigned char>(s[i + 1]) : c), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPath(absl::string_view field, const std::string& path) {
   if (path.empty()) return Bad(field, "a path", "an empty string");
   PLATEAU_RETURN_IF_ERROR(CheckText(field, path));
@@ -657,6 +675,7 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
   if (spec.name().size() > 256) return Bad("name", "at most 256 bytes", absl::StrCat(spec.name().size(), " bytes"));
   PLATEAU_RETURN_IF_ERROR(CheckText("name", spec.name()));
+  PLATEAU_RETURN_IF_ERROR(CheckPrintable("name", spec.name()));
   if (!spec.has_model()) return Bad("model", "the model's configuration", "none");
   TrainerOptions t;
   PLATEAU_RETURN_IF_ERROR(ConvertModel(spec.model(), &t.step.model));

@@ -43,6 +43,18 @@ v1::JobSpec Baseline() {
   return s;
 }
 
+// A name in any script, with spaces and punctuation, is printable text.
+TEST(JobSpecTest, NamesInAnyScriptAreAccepted) {
+  for (const std::string& name :
+       {"recall demo: lr=6e-3, 2 ranks", "caf\xc3\xa9 \xe2\x80\x94 \xe6\x97\xa5\xe6\x9c\xac",
+        "nbsp\xc2\xa0"
+        "and \xc2\xa9"}) {
+    v1::JobSpec s = Good();
+    s.set_name(name);
+    EXPECT_TRUE(ValidateJobSpec(s).ok()) << name << ": " << ValidateJobSpec(s);
+  }
+}
+
 TEST(JobSpecTest, DemoSpecIsValidAndMapsOntoTheDemoJob) {
   auto t = ToTrainerOptions(Good());
   ASSERT_TRUE(t.ok()) << t.status();
@@ -763,6 +775,12 @@ std::vector<Case> MalformedFieldCases() {
          s.mutable_model()->set_vocab_size(256);
        }},
       {"name", [](S& s) { s.set_name("caf\xc3"); }},  // truncated UTF-8
+      // Control characters a terminal acts on: ESC (a colour, or worse),
+      // newline, DEL, C1 CSI (U+009B).
+      {"name", [](S& s) { s.set_name("run \x1b[31mRED"); }},
+      {"name", [](S& s) { s.set_name("two\nlines"); }},
+      {"name", [](S& s) { s.set_name("del\x7f"); }},
+      {"name", [](S& s) { s.set_name("csi\xc2\x9b" "31m"); }},
       {"model.vocab_size", [](S& s) { s.mutable_data()->mutable_text()->set_path("/etc/hostname"); }},
       {"data.shards.paths", [](S& s) { s.mutable_data()->mutable_shards(); }},
       {"data.shards.paths[0]", [](S& s) { s.mutable_data()->mutable_shards()->add_paths(""); }},

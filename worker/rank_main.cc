@@ -236,6 +236,9 @@ int Main(int argc, char** argv) {
     trainer->fence_job = f["job_id"];
     trainer->fence_attempt = attempt;
   }
+  // Said once, by rank 0 (every rank resumes from the same checkpoint).
+  if (rank == 0)
+    trainer->say = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   auto bo = ToBackendOptions(spec);
   if (!bo.ok()) return Fail(rank, bo.status());
   bo->device_index = static_cast<int>(device_index);

@@ -313,7 +313,14 @@ absl::Status RunRank(const Flags& f) {
       std::fflush(stdout);
     }
   };
-  PLATEAU_RETURN_IF_ERROR(RunTraining(f.trainer, *backend, *world, on_step));
+  TrainerOptions trainer = f.trainer;
+  if (f.rank == 0) {
+    trainer.say = [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    };
+  }
+  PLATEAU_RETURN_IF_ERROR(RunTraining(trainer, *backend, *world, on_step));
   if (f.rank == 0 && first >= 0) {
     std::printf(
         "summary: loss %.17g -> %.17g over %lld steps; %.0f tok/s, %.2f GFLOP/s (model), %.1f s;\n"

@@ -94,7 +94,7 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
   if (rank == 0) {
     std::error_code ec;
     std::filesystem::create_directories(o.checkpoint_dir, ec);
-    if (ec) made = absl::InternalError(absl::StrCat("checkpoint_dir: cannot create ", o.checkpoint_dir, ": ", ec.message()));
+    if (ec) made = CheckpointDirectoryError(o.checkpoint_dir, "create it", ec.value());
   }
   PLATEAU_RETURN_IF_ERROR(WriteCheckpointFile(step, path, metadata, /*writer=*/rank == 0 && made.ok()));
   if (rank != 0) return absl::OkStatus();
@@ -231,8 +231,21 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
   }
   if (!o.checkpoint_dir.empty() && o.resume) {
     const int64_t newest = NewestCheckpoint(o.checkpoint_dir);
+    // Past the job's end it is another, longer job's: resuming would end
+    // this one at once, "finished" having trained nothing.
+    if (newest > o.steps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.directory=", o.checkpoint_dir, ": its newest checkpoint, ",
+          CheckpointPath(o.checkpoint_dir, newest), ", is past this job's steps (", o.steps,
+          "): it belongs to a longer job; give this job a directory of its own "
+          "(or steps of at least ",
+          newest, ")"));
+    }
     if (newest >= 0) {
-      PLATEAU_RETURN_IF_ERROR(LoadCheckpoint(o, CheckpointPath(o.checkpoint_dir, newest), *step, *data));
+      const std::string path = CheckpointPath(o.checkpoint_dir, newest);
+      PLATEAU_RETURN_IF_ERROR(LoadCheckpoint(o, path, *step, *data));
+      if (o.say)
+        o.say(absl::StrCat("resumed from ", path, " (step ", newest, " of ", o.steps, ")"));
     }
   }
   const double flops = ModelFlopsPerStep(o.step.model, o.step.layout.batch);

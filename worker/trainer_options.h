@@ -6,6 +6,7 @@
 #define PLATEAU_WORKER_TRAINER_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct TrainerOptions {
   // over the data.held_out sequences (batches of layout.batch) gives the
   // validation loss (StepReport::validation_loss). 0: never.
   int64_t validation_every = 0;
+  // Told what the loop does besides its steps, one line each (the
+  // checkpoint it resumed from); unset: nothing is said.
+  std::function<void(const std::string&)> say;
 };
 
 // What each step reports (every rank gets the same loss).

@@ -382,6 +382,35 @@ TEST(TrainerTest, ResumingWithAnotherDataSeedIsRefused) {
   EXPECT_EQ(same.losses.size(), 1u);
 }
 
+// A directory whose newest checkpoint is past the job's steps is another,
+// longer job's: resuming there would end the job at once, "finished"
+// having trained nothing. Refused naming the file; a checkpoint within the
+// steps is resumed from, and the loop says which.
+TEST(TrainerTest, ACheckpointPastTheJobsStepsIsRefusedAndAResumeIsSaid) {
+  TrainerOptions o = RecallOptions(1);
+  o.step.layout.batch = 4;
+  o.steps = 3;
+  o.checkpoint_dir = TmpDir("ckpt_past_the_end");
+  ASSERT_TRUE(Train(o, 1).status.ok());
+  const std::string third = CheckpointPath(o.checkpoint_dir, 3);
+  std::vector<std::string> said;
+  o.say = [&](const std::string& line) { said.push_back(line); };
+  o.steps = 2;
+  TrainRun shorter = Train(o, 1);
+  EXPECT_EQ(shorter.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(shorter.status.message(), AllOf(HasSubstr("checkpoint.directory=" + o.checkpoint_dir +
+                                                        ": its newest checkpoint, " + third +
+                                                        ", is past this job's steps (2)"),
+                                              HasSubstr("a directory of its own")));
+  EXPECT_TRUE(shorter.losses.empty());
+  EXPECT_TRUE(said.empty());
+  o.steps = 5;
+  TrainRun longer = Train(o, 1);
+  ASSERT_TRUE(longer.status.ok()) << longer.status;
+  EXPECT_EQ(longer.losses.size(), 2u);
+  EXPECT_EQ(said, std::vector<std::string>{"resumed from " + third + " (step 3 of 5)"});
+}
+
 // Rank 0 that cannot make the checkpoint directory (a file is in the way)
 // still takes part in the checkpoint's gathers, so rank 1 finishes; rank 0
 // reports the directory and why, and no checkpoint appears.
@@ -392,8 +421,10 @@ TEST(TrainerTest, ACheckpointDirectoryThatCannotBeMadeFailsRankZeroWithoutAHang)
   { std::ofstream(blocker) << "a file, not a directory"; }
   o.checkpoint_dir = blocker + "/ckpt";
   TrainRun run = Train(o, 2);
-  EXPECT_EQ(run.status.code(), absl::StatusCode::kInternal) << run.status;
-  EXPECT_THAT(run.status.message(), AllOf(HasSubstr("checkpoint_dir: cannot create"), HasSubstr(o.checkpoint_dir)));
+  // The job's setting, not a crash to restart: FAILED_PRECONDITION.
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kFailedPrecondition) << run.status;
+  EXPECT_THAT(run.status.message(),
+              HasSubstr("checkpoint.directory=" + o.checkpoint_dir + ": cannot create it: "));
   EXPECT_EQ(run.losses.size(), 1u);
   EXPECT_FALSE(std::filesystem::exists(o.checkpoint_dir));
 }
