@@ -255,6 +255,26 @@ TEST(ServiceTest, RankExitCodeAndMessageReachTheJob) {
   EXPECT_THAT(job.failure().message(), HasSubstr("/nonexistent/plateau-test.txt"));
 }
 
+// A checkpoint directory the ranks cannot create is the job's setting, not
+// a crash: INVALID, with the directory and the reason, and not restarted.
+TEST(ServiceTest, ACheckpointDirectoryThatCannotBeCreatedIsAnInvalidJob) {
+  Cluster c("bad-ckpt-dir");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(5);
+  spec.set_max_restarts(2);
+  const std::string blocker = c.dir() + "/a-file";
+  { std::ofstream(blocker) << "not a directory"; }
+  spec.mutable_checkpoint()->set_directory(blocker + "/ckpt");
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const v1::Job job = c.WaitDone(sub->job().id());
+  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.failure().kind(), v1::Failure::INVALID) << job.failure().DebugString();
+  EXPECT_EQ(job.attempt(), 0) << "restarted for a setting no restart changes";
+  EXPECT_THAT(job.failure().message(),
+              HasSubstr("checkpoint.directory=" + blocker + "/ckpt: cannot create it"));
+}
+
 TEST(ServiceTest, JobOverTheDeviceCapFailsNamingTheLiveSet) {
   Cluster c("oom");
   ASSERT_TRUE(c.ready()) << c.Logs();
