@@ -922,6 +922,18 @@ int Run(const Options& o) {
     return Watch(client, o, o.args[0], from);
   }
   if (o.command == "logs") {
+    // A rank the job does not have would print nothing, as a quiet job
+    // does: said instead, as `memory --rank` says it.
+    if (flag("rank") && log_rank >= 0) {
+      auto job = client.GetJob(o.args[0]);
+      if (!job.ok()) return Report(job.status());
+      const int64_t ranks = job->spec().layout().ranks();
+      if (log_rank >= ranks) {
+        return UsageError(
+            absl::StrCat("plateauctl logs: --rank: ", o.args[0], " has ranks 0 to ", ranks - 1,
+                         " (and -1 for the agent's and the coordinator's lines), got ", log_rank));
+      }
+    }
     auto print = [&](const v1::LogEntry& l) {
       if (o.json) {
         std::printf("%s\n", Json(l).c_str());

@@ -970,6 +970,12 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   r = ctl("", {"logs", "job-2", "--rank=x"}, "logs-bad-rank");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("plateauctl logs: --rank:"));
+  r = ctl("", {"logs", "job-2", "--rank=99"}, "logs-absent-rank");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(
+      r.err,
+      HasSubstr("plateauctl logs: --rank: job-2 has ranks 0 to 1 (and -1 for the agent's and the "
+                "coordinator's lines), got 99"));
   r = ctl("", {"logs", "--help"}, "logs-help");
   EXPECT_THAT(r.out, AllOf(HasSubstr("--rank=N"), HasSubstr("--tail=N")));
 
