@@ -38,7 +38,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -52,6 +51,7 @@
 #include "kernels/model/params.h"
 #include "kernels/model/precision.h"
 #include "kernels/step/step.h"
+#include "kernels/step/step_testing.h"
 #include "kernels/testing/device_side.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
@@ -71,11 +71,6 @@ struct StepResult {
 
 // Schedules and their settings on top of the twin tests' options.
 using Customize = std::function<void(StepOptions*)>;
-
-void KeepPeaks(const MemoryStats& call, MemoryStats* kept) {
-  for (int i = 0; i < kNumLiveSets; ++i) kept->peak[i] = std::max(kept->peak[i], call.peak[i]);
-  kept->total_peak = std::max(kept->total_peak, call.total_peak);
-}
 
 // One rank: its backend (GPU r on CUDA), its communicator (NCCL on CUDA,
 // Gloo on the CPU) and the step; rank 0 keeps the results.
@@ -110,17 +105,7 @@ absl::Status RunRank(BackendKind kind, Precision precision,
   auto step = TrainingStep::Create(o, **backend, **world);
   if (!step.ok()) return step.status();
   if (skewed) {
-    // Routing skewed as far as it goes: router weights zero, so every
-    // token picks experts 0..k-1 (the tie-break), all on rank 0.
-    auto state = (*step)->GatherState();
-    if (!state.ok()) return state.status();
-    const std::vector<WeightSpec> specs = ModelWeights(m);
-    for (size_t t = 0; t < specs.size(); ++t) {
-      if (absl::StrContains(specs[t].name, "router.weight")) {
-        std::fill(state->weights[t].begin(), state->weights[t].end(), 0.0f);
-      }
-    }
-    if (absl::Status s = (*step)->LoadState(*state); !s.ok()) return s;
+    if (absl::Status s = SkewRouting(**step, m); !s.ok()) return s;
   }
   const std::vector<int32_t> tok = RankSlice(g.tokens, B, m.seq_len, r, P);
   const std::vector<int32_t> tgt = RankSlice(g.targets, B, m.seq_len, r, P);
@@ -338,22 +323,6 @@ std::vector<NamedSchedules> EverySchedule(const ModelConfig& m, int P, int64_t B
   };
 }
 
-void ExpectWithinPlan(const StepResult& run, const StepOptions& o, const std::string& what) {
-  auto plan = PlanMemory(o);
-  ASSERT_TRUE(plan.ok()) << what << ": " << plan.status();
-  ASSERT_EQ(run.device.size(), static_cast<size_t>(o.layout.ranks)) << what;
-  for (int r = 0; r < o.layout.ranks; ++r) {
-    for (int i = 0; i < kNumLiveSets; ++i) {
-      const std::string set(LiveSetName(static_cast<LiveSet>(i)));
-      EXPECT_LE(run.device[r].peak[i], plan->bytes[i])
-          << what << " rank " << r << " device " << set;
-      EXPECT_LE(run.host[r].peak[i], plan->host_bytes[i])
-          << what << " rank " << r << " host " << set;
-    }
-    EXPECT_LE(run.device[r].total_peak, plan->total()) << what << " rank " << r << " device total";
-  }
-}
-
 // The options RunRank builds, for the plan.
 StepOptions TwinOptions(const ModelConfig& m, int P, int64_t B, Precision precision,
                         const Customize& customize) {
@@ -384,7 +353,8 @@ TEST_P(CudaStepTwinTest, EverySchedulesStepMatchesCpuBackendWithinItsPlan) {
                      OptimizerPlacementOptions::Kind::kDevice, true, s.customize, skewed);
       ASSERT_TRUE(st.ok()) << what << ": " << st;
       ExpectFp32Twins(gpu, cpu, m, what);
-      ExpectWithinPlan(gpu, TwinOptions(m, P, B, Precision::kFp32, s.customize), what + " cuda");
+      ExpectWithinPlan(gpu.device, gpu.host, TwinOptions(m, P, B, Precision::kFp32, s.customize),
+                       what + " cuda");
     }
   }
 }
@@ -417,7 +387,7 @@ TEST_P(CudaStepTwinTest, ScoAndOffloadStreamAreBitwiseTheCudaBaseline) {
           got.grads, base.grads, m, [](size_t, size_t) { return 0.0; }, what + " gradient");
       ExpectTensorsNear(
           got.weights, base.weights, m, [](size_t, size_t) { return 0.0; }, what + " weight");
-      ExpectWithinPlan(got, TwinOptions(m, P, B, precision, s.customize), what);
+      ExpectWithinPlan(got.device, got.host, TwinOptions(m, P, B, precision, s.customize), what);
     }
   }
 }

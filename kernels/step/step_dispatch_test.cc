@@ -12,12 +12,12 @@
 #include <random>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/budget/budget.h"
 #include "kernels/status_macros.h"
 #include "kernels/step/step.h"
+#include "kernels/step/step_testing.h"
 #include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
@@ -81,16 +81,7 @@ Outcome RunStep(int P, const DispatchOptions& dispatch, bool skewed) {
   const absl::Status s = RunLocalWorld(P, 64 << 20, FreshStoreDir("dispatch"), [&](int r, Backend& be,
                                                                                     Communicator& world) {
     PLATEAU_ASSIGN_OR_RETURN(auto step, TrainingStep::Create(TestOptions(P, dispatch), be, world));
-    if (skewed) {
-      PLATEAU_ASSIGN_OR_RETURN(ModelState state, step->GatherState());
-      const std::vector<WeightSpec> specs = ModelWeights(m);
-      for (size_t t = 0; t < specs.size(); ++t) {
-        if (absl::StrContains(specs[t].name, "router.weight")) {
-          std::fill(state.weights[t].begin(), state.weights[t].end(), 0.0f);
-        }
-      }
-      PLATEAU_RETURN_IF_ERROR(step->LoadState(state));
-    }
+    if (skewed) PLATEAU_RETURN_IF_ERROR(SkewRouting(*step, m));
     const std::vector<int32_t> tok = RankSlice(tokens, kBatch, m.seq_len, r, P);
     const std::vector<int32_t> tgt = RankSlice(targets, kBatch, m.seq_len, r, P);
     PLATEAU_ASSIGN_OR_RETURN(StepStats st, step->ForwardBackward(tok, tgt));
