@@ -566,10 +566,19 @@ absl::StatusOr<v1::GetMemoryTimelineResponse> Coordinator::GetMemoryTimeline(con
       return absl::FailedPreconditionError(
           absl::StrCat(id, " records no memory timeline: its spec sets memory_timeline_every: 0"));
     }
+    if (job.has_events_deleted_time()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          id,
+          " has no memory timeline: removed with its events after the coordinator's --retention"));
+    }
     const int64_t every = spec.has_memory_timeline_every() ? spec.memory_timeline_every()
                                                            : kDefaultMemoryTimelineEvery;
+    // A finished job will not record one: "yet" only while it may.
     return absl::FailedPreconditionError(absl::StrCat(
-        id, " has no memory timeline yet (", v1::JobState_Name(job.state()), ", step ", job.progress().step(),
+        id,
+        IsTerminal(job.state()) ? " recorded no memory timeline ("
+                                : " has no memory timeline yet (",
+        v1::JobState_Name(job.state()), ", step ", job.progress().step(),
         "): each rank records one at step 1 and every ", every, " steps (memory_timeline_every)"));
   }
   v1::GetMemoryTimelineResponse out;

@@ -259,6 +259,14 @@ TEST_F(CoordinatorTest, MemoryTimelineOfAJob) {
 
   // Cancel the first job so that the second is placed on the worker.
   ASSERT_TRUE(c().CancelJob(off).ok());
+  // Cancelled before its first step: it will not record one, so no "yet".
+  v1::JobSpec early_spec = DemoJobSpec(2, 5);
+  const std::string early = Submit(early_spec);
+  ASSERT_TRUE(c().CancelJob(early).ok());
+  auto never = c().GetMemoryTimeline(early);
+  EXPECT_EQ(never.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(never.status().message(),
+              HasSubstr(early + " recorded no memory timeline (CANCELLED, step 0)"));
   const std::string w = RunningJob(job);
   v1::TelemetryRequest t = Steps(w, job, {1, 2});
   v1::MemoryTimeline* m = t.mutable_steps(0)->mutable_telemetry()->mutable_memory_timeline();
