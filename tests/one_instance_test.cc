@@ -97,5 +97,17 @@ TEST(OneInstanceTest, ASecondAgentOnTheSameWorkDirAndBadAddressesAreRefused) {
   EXPECT_EQ(workers->workers_size(), 1);
 }
 
+// A slot count the coordinator would refuse at registration (as
+// capabilities.devices) is refused at start, naming the flag.
+TEST(OneInstanceTest, ASlotCountPastTheCoordinatorsLimitNamesTheFlag) {
+  const std::string dir = TempDir("devices");
+  Ran r = RunCommand(
+      {"worker/plateau_worker", "--coordinator=127.0.0.1:1", "--devices=100000000",
+       "--work_dir=" + dir + "/work", "--rank_binary=worker/plateau_rank", "--calibrate=false"},
+      dir + "/agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--devices: expected an integer from 1 to 4096, got '100000000'"));
+}
+
 }  // namespace
 }  // namespace plateau

@@ -209,7 +209,12 @@ int Main(int argc, char** argv) {
   int32_t devices = 0;
   int64_t dev_mem = 0, host_mem = 0;
   double peak = 0, grace = 0;
-  if (!absl::SimpleAtoi(f["devices"], &devices) || devices < 1) return Fail("--devices: expected an integer >= 1");
+  // The coordinator's limit (WorkerRegistry::CheckCapabilities), named by
+  // this flag rather than refused at registration.
+  if (!absl::SimpleAtoi(f["devices"], &devices) || devices < 1 || devices > 4096) {
+    return Fail(
+        absl::StrCat("--devices: expected an integer from 1 to 4096, got '", f["devices"], "'"));
+  }
   if (!absl::SimpleAtoi(f["device_memory_bytes"], &dev_mem) || dev_mem < 0) {
     return Fail("--device_memory_bytes: expected an integer >= 0");
   }
