@@ -1,6 +1,5 @@
 #include "client/connection.h"
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -11,8 +10,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/host_port.h"
 #include "grpcpp/support/client_interceptor.h"
 
 namespace plateau {
@@ -103,24 +102,9 @@ absl::Status CheckAddress(const std::string& flag, const std::string& address, b
   for (absl::string_view scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:"}) {
     if (absl::StartsWith(address, scheme)) return absl::OkStatus();
   }
-  std::string host, port;
-  if (absl::StartsWith(address, "[")) {
-    const size_t close = address.find(']');
-    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return absl::InvalidArgumentError(expected);
-    }
-    host = address.substr(1, close - 1);
-    port = address.substr(close + 2);
-  } else {
-    const size_t colon = address.rfind(':');
-    if (colon == std::string::npos) return absl::InvalidArgumentError(expected);
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  int n = -1;
-  if (host.empty() || port.empty() || port.size() > 5 ||
-      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-      !absl::SimpleAtoi(port, &n) || n < lowest || n > 65535) {
+  std::string host;
+  int port = -1;
+  if (!SplitHostPort(address, &host, &port) || host.empty() || port < lowest) {
     return absl::InvalidArgumentError(expected);
   }
   return absl::OkStatus();

@@ -16,10 +16,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "client/host_port.h"
 
 namespace plateau {
 namespace {
@@ -92,24 +92,14 @@ size_t HeadEnd(const std::string& in) {
 }
 
 // Splits "HOST:PORT", "[V6]:PORT" or "PORT".
+// HOST:PORT, [IPV6]:PORT or a bare PORT (every address of this host).
 absl::Status SplitAddress(const std::string& address, std::string* host, std::string* port) {
-  if (absl::StartsWith(address, "[")) {
-    const size_t close = address.find(']');
-    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return absl::InvalidArgumentError(absl::StrCat("'", address, "': expected [IPV6]:PORT"));
-    }
-    *host = address.substr(1, close - 1);
-    *port = address.substr(close + 2);
-  } else if (size_t colon = address.rfind(':'); colon != std::string::npos) {
-    *host = address.substr(0, colon);
-    *port = address.substr(colon + 1);
-  } else {
-    *port = address;
-  }
   int n = -1;
-  if (!absl::SimpleAtoi(*port, &n) || n < 0 || n > 65535) {
+  const bool bare = address.find_first_of(":[") == std::string::npos;
+  if (!SplitHostPort(bare ? ":" + address : address, host, &n)) {
     return absl::InvalidArgumentError(absl::StrCat("'", address, "': expected HOST:PORT with a port 0-65535"));
   }
+  *port = std::to_string(n);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,22 @@
+// The one parser of HOST:PORT addresses that flags give (--coordinator,
+// --listen, --metrics_address), so that every flag takes the same grammar.
+//
+// Thread safety: a pure function.
+#ifndef PLATEAU_CLIENT_HOST_PORT_H_
+#define PLATEAU_CLIENT_HOST_PORT_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace plateau {
+
+// Splits HOST:PORT or [IPV6]:PORT into the host (without the brackets; empty
+// for ":9464") and the port: decimal digits only (no sign or spaces, which
+// absl::SimpleAtoi would take) and at most 65535 (gRPC would take a larger
+// one modulo 65536). False when `address` is not of that form.
+bool SplitHostPort(absl::string_view address, std::string* host, int* port);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_CLIENT_HOST_PORT_H_
