@@ -22,7 +22,8 @@ Client::Client(ClientOptions options)
     status_ = channel.status();
     return;  // stub_ stays null: every call returns status_
   }
-  stub_ = v1::JobService::NewStub(*channel);
+  channel_ = *std::move(channel);
+  stub_ = v1::JobService::NewStub(channel_);
 }
 
 absl::Status Client::Convert(const grpc::Status& s) const {
@@ -153,9 +154,10 @@ namespace {
 // few seconds only (a connect can fail transiently on a loaded machine), so
 // that a wrong address still fails fast.
 template <typename Row, typename OpenFn, typename Convert>
-absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for,
-                          const std::function<void(const absl::Status&)>& on_reconnecting, OpenFn open,
-                          const std::function<bool(const Row&)>& on_row, Convert convert) {
+absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration reconnect_for,
+                          const std::function<void(const absl::Status&)>& on_reconnecting,
+                          OpenFn open, const std::function<bool(const Row&)>& on_row,
+                          Convert convert) {
   absl::Time broke = absl::InfiniteFuture();
   bool connected = false;
   while (true) {
@@ -183,7 +185,7 @@ absl::Status ReadResuming(int64_t from, absl::Duration reconnect_for,
     }
     const absl::Duration patience = connected ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));
     if (now - broke >= patience) return convert(s);
-    absl::SleepFor(absl::Milliseconds(250));
+    PauseBeforeRetry(channel, absl::Milliseconds(250));
   }
 }
 
@@ -193,7 +195,7 @@ absl::Status Client::WatchJob(const std::string& id, int64_t from,
                               const std::function<bool(const v1::JobEvent&)>& on_event, bool per_rank) {
   if (!status_.ok()) return status_;
   return ReadResuming<v1::JobEvent>(
-      from, reconnect_for_, on_reconnecting_,
+      *channel_, from, reconnect_for_, on_reconnecting_,
       [&](grpc::ClientContext* ctx, int64_t at) {
         v1::WatchJobRequest req;
         req.set_job_id(id);
@@ -208,7 +210,7 @@ absl::Status Client::GetJobLogs(const std::string& id, bool follow, int64_t from
                                 const std::function<bool(const v1::LogEntry&)>& on_line) {
   if (!status_.ok()) return status_;
   return ReadResuming<v1::LogEntry>(
-      from, reconnect_for_, on_reconnecting_,
+      *channel_, from, reconnect_for_, on_reconnecting_,
       [&](grpc::ClientContext* ctx, int64_t at) {
         v1::GetJobLogsRequest req;
         req.set_job_id(id);

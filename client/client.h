@@ -75,6 +75,7 @@ class Client {
   const absl::Duration reconnect_for_;
   const std::function<void(const absl::Status&)> on_reconnecting_;
   absl::Status status_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 

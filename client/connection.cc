@@ -127,11 +127,16 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
   // 4 MiB) would only break, e.g., an assignment whose spec the coordinator
   // accepted under a larger limit, or a long ListJobs page.
   // Reconnect within a second of a restarted coordinator answering (gRPC's
-  // default backoff grows to minutes): its workers have reattach_timeout to
-  // register again, and watches resume. Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS:
-  // that is also the connect timeout.
+  // default backoff grows to minutes): its workers have reattach_timeout
+  // (10 s by default) to register again, and watches resume.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // gRPC takes this as the connect timeout too (20 s by default). Calls
+  // wait on an attempt that is connecting, so one attempt stuck in its
+  // handshake (a peer that accepts and never answers) held heartbeats for
+  // two 5 s deadlines and cost a worker its re-attach window. 3 s is ample
+  // for TCP and TLS handshakes on a cluster network.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
   args.SetMaxReceiveMessageSize(-1);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!options.token_file.empty()) {
@@ -141,6 +146,16 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
   }
   return grpc::experimental::CreateCustomChannelWithInterceptors(options.address, credentials, args,
                                                                   std::move(interceptors));
+}
+
+bool PauseBeforeRetry(grpc::Channel& channel, absl::Duration timeout) {
+  if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+    // Connected, yet the call failed (the coordinator was slow, or is going
+    // away): no connection to wait for.
+    absl::SleepFor(timeout);
+    return false;
+  }
+  return channel.WaitForConnected(absl::ToChronoTime(absl::Now() + timeout));
 }
 
 }  // namespace plateau

@@ -51,6 +51,15 @@ absl::Status CheckAddress(const std::string& flag, const std::string& address, b
 // an unreachable coordinator shows as UNAVAILABLE on the first call.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptions& options);
 
+// The pause before retrying a call that found the coordinator unreachable:
+// waits up to `timeout` on the channel itself and returns true the moment
+// it connects (false after the whole timeout, or at once-connected channels
+// after sleeping it out). Not a sleep: gRPC sees a connect attempt end only
+// while some thread polls the channel, and calls that fail fast leave that
+// to its backup poller, every 5 s, so a sleeping retry loop found a
+// restarted coordinator 5-10 s late (a worker's whole re-attach window).
+bool PauseBeforeRetry(grpc::Channel& channel, absl::Duration timeout);
+
 }  // namespace plateau
 
 #endif  // PLATEAU_CLIENT_CONNECTION_H_

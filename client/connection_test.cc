@@ -2,6 +2,9 @@
 // the coordinator on every call, and TLS, are tests/security_test.cc's.
 #include "client/connection.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,8 +12,12 @@
 #include <fstream>
 #include <string>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "plateau/v1/worker.grpc.pb.h"
 
 namespace plateau {
 namespace {
@@ -85,6 +92,108 @@ TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
   EXPECT_TRUE(OpenChannel({"127.0.0.1:1", Write("ok", "tok\n"), ""}).ok());
 }
 
+// A connect attempt that reaches a peer which accepts and never answers
+// (no HTTP/2 SETTINGS) holds every call waiting on the channel until the
+// attempt times out. OpenChannel bounds that at 3 s (gRPC's default is 20 s),
+// so a coordinator that comes up behind such an attempt is reached within
+// an agent's heartbeat deadline, not after its re-attach window.
+TEST(OpenChannelTest, AnAttemptStuckInItsHandshakeIsAbandonedWithinSeconds) {
+  // The silent peer: a listener on a port of the kernel's choosing.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  const int one = 1;
+  ASSERT_EQ(setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  auto channel = OpenChannel({address, "", ""});
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  (*channel)->GetState(/*try_to_connect=*/true);
+  // Accept the attempt and keep it open, silent; then stop listening, so a
+  // real server can take the port (SO_REUSEADDR on both: an accepted
+  // connection does not block the bind, a listener would).
+  const int stuck = accept(listener, nullptr, nullptr);
+  ASSERT_GE(stuck, 0);
+  close(listener);
+  ASSERT_EQ((*channel)->GetState(false), GRPC_CHANNEL_CONNECTING);
+
+  // Any service answers: its unimplemented methods prove the call got
+  // through.
+  v1::WorkerService::Service unimplemented;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&unimplemented);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr) << "cannot listen on " << address;
+
+  auto stub = v1::WorkerService::NewStub(*channel);
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(
+      true);  // wait through the stuck attempt, as an RPC on a connecting channel does
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::HeartbeatRequest req;
+  v1::HeartbeatResponse resp;
+  const absl::Time start = absl::Now();
+  const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+  // gRPC's 20 s default would end this call at its 10 s deadline.
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+      << s.error_message() << " after " << absl::Now() - start;
+  close(stuck);
+  server->Shutdown();
+}
+
+// The pause's contract: it returns once a server that was away answers, and
+// sleeps it out on a connected channel. (Here the server's own threads poll
+// the process's sockets too, so this cannot show that the pause polls where
+// nothing else does: tests/fault_test's coordinator restart shows that.)
+TEST(PauseBeforeRetryTest, ReturnsOnceARestartedServerAnswers) {
+  // A port that nobody listens on, for now.
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(probe, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(probe);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  auto channel = OpenChannel({address, "", ""});
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto stub = v1::WorkerService::NewStub(*channel);
+  {
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest req;
+    v1::HeartbeatResponse resp;
+    EXPECT_EQ(stub->Heartbeat(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  EXPECT_FALSE(PauseBeforeRetry(**channel, absl::Milliseconds(300)));
+
+  v1::WorkerService::Service unimplemented;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&unimplemented);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr) << "cannot listen on " << address;
+  // Reconnect backoff is at most 1 s (OpenChannel).
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(PauseBeforeRetry(**channel, absl::Seconds(3)));
+  EXPECT_EQ((*channel)->GetState(false), GRPC_CHANNEL_READY) << "after " << absl::Now() - start;
+  // Connected: the pause is a plain wait (a call that failed there must not
+  // be retried at once).
+  const absl::Time again = absl::Now();
+  EXPECT_FALSE(PauseBeforeRetry(**channel, absl::Milliseconds(200)));
+  EXPECT_GE(absl::Now() - again, absl::Milliseconds(200));
+  server->Shutdown();
+}
+
 // gRPC takes a port past 65535 modulo 65536 (127.0.0.1:99553 dials 34017),
 // so every address a flag gives is checked first.
 TEST(CheckAddressTest, PortsOutsideTheirRangeAndMalformedAddressesAreRefused) {
@@ -98,7 +207,7 @@ TEST(CheckAddressTest, PortsOutsideTheirRangeAndMalformedAddressesAreRefused) {
                                        "1-65535"))
         << bad;
   }
-  for (const std::string& good :
+  for (const char* good :
        {"127.0.0.1:1", "localhost:65535", "[::1]:7070", "coordinator.example:443",
         "unix:/run/plateau.sock", "dns:///coordinator:7070"}) {
     EXPECT_TRUE(CheckAddress("--coordinator", good, /*listen=*/false).ok()) << good;

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/connection.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/timestamps.h"
 #include "worker/device_slots.h"
@@ -61,10 +62,29 @@ void WriteId(const std::string& work_dir, const std::string& id) {
 }  // namespace
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
-  stub_ = v1::WorkerService::NewStub(
-      options_.channel ? options_.channel
-                       : grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
+  channel_ = options_.channel
+                 ? options_.channel
+                 : grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials());
+  stub_ = v1::WorkerService::NewStub(channel_);
 }
+
+namespace {
+const char* ChannelStateName(grpc_connectivity_state state) {
+  switch (state) {
+    case GRPC_CHANNEL_IDLE:
+      return "idle";
+    case GRPC_CHANNEL_CONNECTING:
+      return "connecting";
+    case GRPC_CHANNEL_READY:
+      return "ready";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return "transient failure";
+    case GRPC_CHANNEL_SHUTDOWN:
+      return "shut down";
+  }
+  return "unknown";
+}
+}  // namespace
 
 Agent::~Agent() {
   // Run() has stopped every rank; their waiters end with them, whether or
@@ -201,13 +221,13 @@ absl::Status Agent::Run() {
   std::error_code ec;
   std::filesystem::create_directories(options_.work_dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("work_dir: ", options_.work_dir, ": ", ec.message()));
-  // Register, retrying while the coordinator starts.
-  while (!stop_.load()) {
+  // Register, retrying while the coordinator starts (said once).
+  for (bool said = false; !stop_.load(); said = true) {
     absl::Status s = RegisterNow(/*again=*/false);
     if (s.ok()) break;
     if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDeadlineExceeded) return s;
-    if (reachable_) std::fprintf(stderr, "plateau_worker: %s; retrying\n", std::string(s.message()).c_str());
-    reachable_ = false;
+    if (!said)
+      std::fprintf(stderr, "plateau_worker: %s; retrying\n", std::string(s.message()).c_str());
     absl::SleepFor(absl::Milliseconds(500));
   }
   std::thread sender([this] {
@@ -256,7 +276,16 @@ void Agent::HeartbeatLoop() {
   while (!stop_.load()) {
     const absl::Time next = absl::Now() + heartbeat_interval_;
     HeartbeatOnce();
-    while (!stop_.load() && absl::Now() < next) absl::SleepFor(absl::Milliseconds(20));
+    while (!stop_.load() && absl::Now() < next) {
+      if (reachable_) {
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      // Unreachable: heartbeat the moment the channel connects again, so a
+      // restarted coordinator hears from this worker within its re-attach
+      // window (client/connection.h says why a sleep would not do).
+      if (PauseBeforeRetry(*channel_, std::min(next - absl::Now(), absl::Milliseconds(100)))) break;
+    }
   }
 }
 
@@ -277,12 +306,26 @@ void Agent::HeartbeatOnce() {
     return;
   }
   if (!s.ok()) {
-    if (reachable_) {
-      std::fprintf(stderr, "plateau_worker: heartbeat to %s failed: %s; retrying\n",
-                   options_.coordinator.c_str(), s.error_message().c_str());
+    // Said once, then every 10 s while it lasts, with the channel's state:
+    // how long heartbeats fail decides whether a restarted coordinator
+    // re-attaches this worker's jobs.
+    const absl::Time now = absl::Now();
+    if (reachable_) unreachable_since_ = now;
+    if (reachable_ || now - unreachable_said_ >= absl::Seconds(10)) {
+      std::fprintf(stderr,
+                   "plateau_worker: heartbeat to %s failed (unreachable for %.1f s, channel %s): "
+                   "%s; retrying\n",
+                   options_.coordinator.c_str(), absl::ToDoubleSeconds(now - unreachable_since_),
+                   ChannelStateName(channel_->GetState(false)), s.error_message().c_str());
+      unreachable_said_ = now;
     }
     reachable_ = false;
     return;
+  }
+  if (!reachable_) {
+    std::fprintf(stderr, "plateau_worker: the coordinator at %s answers again after %.1f s\n",
+                 options_.coordinator.c_str(),
+                 absl::ToDoubleSeconds(absl::Now() - unreachable_since_));
   }
   reachable_ = true;
   // Cancellations before the renewal: a frozen attempt the coordinator

@@ -164,10 +164,13 @@ class Agent {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout);
 
   const AgentOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::atomic<bool> stop_{false};
   absl::Duration heartbeat_interval_ = absl::Seconds(1);  // the coordinator's
-  bool reachable_ = true;  // heartbeat thread only
+  // Heartbeat thread only.
+  bool reachable_ = true;
+  absl::Time unreachable_since_, unreachable_said_;
 
   absl::Mutex id_mu_;
   std::string worker_id_ ABSL_GUARDED_BY(id_mu_);

@@ -1,7 +1,6 @@
 #include "worker/grpc_store.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -19,12 +18,12 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Duration d) {
 
 // Retries a call while the coordinator is unreachable, up to `budget`.
 template <typename Fn>
-grpc::Status Retry(absl::Duration budget, Fn call) {
+grpc::Status Retry(grpc::Channel& channel, absl::Duration budget, Fn call) {
   const absl::Time end = absl::Now() + budget;
   while (true) {
     grpc::Status s = call();
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > end) return s;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    PauseBeforeRetry(channel, absl::Milliseconds(200));
   }
 }
 
@@ -34,14 +33,14 @@ absl::StatusOr<std::unique_ptr<GrpcStore>> GrpcStore::Create(const ConnectionOpt
   if (coordinator.address.empty()) return absl::InvalidArgumentError("coordinator: expected host:port");
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(coordinator);
   if (!channel.ok()) return channel.status();
-  return std::unique_ptr<GrpcStore>(new GrpcStore(coordinator.address, v1::WorkerService::NewStub(*channel)));
+  return std::unique_ptr<GrpcStore>(new GrpcStore(coordinator.address, *std::move(channel)));
 }
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
   v1::KvSetRequest req;
   req.set_key(key);
   req.set_value(value);
-  grpc::Status s = Retry(absl::Seconds(30), [&] {
+  grpc::Status s = Retry(*channel_, absl::Seconds(30), [&] {
     grpc::ClientContext ctx;
     SetDeadline(ctx, absl::Seconds(10));
     v1::KvSetResponse resp;
@@ -64,7 +63,7 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duratio
     grpc::Status s = stub_->KvGet(&ctx, req, &resp);
     if (s.ok()) return resp.value();
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      PauseBeforeRetry(*channel_, absl::Milliseconds(200));
     } else if (s.error_code() != grpc::StatusCode::NOT_FOUND &&
                s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       return FromGrpc(s, absl::StrCat("rendezvous store at ", address_, ": get '", key, "'"));
@@ -80,7 +79,7 @@ absl::StatusOr<bool> GrpcStore::Check(const std::vector<std::string>& keys) {
   v1::KvCheckRequest req;
   for (const std::string& k : keys) req.add_keys(k);
   v1::KvCheckResponse resp;
-  grpc::Status s = Retry(absl::Seconds(30), [&] {
+  grpc::Status s = Retry(*channel_, absl::Seconds(30), [&] {
     grpc::ClientContext ctx;
     SetDeadline(ctx, absl::Seconds(10));
     return stub_->KvCheck(&ctx, req, &resp);

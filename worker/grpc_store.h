@@ -33,9 +33,12 @@ class GrpcStore final : public KeyValueStore {
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
 
  private:
-  GrpcStore(std::string address, std::unique_ptr<v1::WorkerService::Stub> stub)
-      : address_(std::move(address)), stub_(std::move(stub)) {}
+  GrpcStore(std::string address, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)),
+        channel_(std::move(channel)),
+        stub_(v1::WorkerService::NewStub(channel_)) {}
   const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
 };
 
