@@ -623,11 +623,23 @@ absl::Status Coordinator::DeleteJob(const std::string& id) {
         "job ", id, " is ", v1::JobState_Name(it->second.job.state()),
         ": only a finished job (SUCCEEDED, FAILED or CANCELLED) can be deleted; cancel it first"));
   }
-  PLATEAU_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(id));
+  // A record that does not parse (DATA_LOSS, which ListJobs names) can be
+  // deleted too: that is how an operator clears it. Its state column counts.
+  absl::StatusOr<v1::Job> job = store_->GetJob(id);
+  if (!job.ok() && job.status().code() != absl::StatusCode::kDataLoss) return job.status();
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+  if (job.ok()) {
+    state = job->state();
+  } else {
+    PLATEAU_ASSIGN_OR_RETURN(state, store_->RecordedState(id));
+  }
   PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
-  if (--job_counts_[job.state()] <= 0) job_counts_.erase(job.state());
+  if (--job_counts_[state] <= 0) job_counts_.erase(state);
   metrics_->ForgetJob(id);
-  Say(absl::StrCat(id, " deleted (", v1::JobState_Name(job.state()), ", ", job.event_count(), " event(s))"));
+  Say(job.ok()
+          ? absl::StrCat(id, " deleted (", v1::JobState_Name(state), ", ", job->event_count(),
+                         " event(s))")
+          : absl::StrCat(id, " deleted (", v1::JobState_Name(state), "; its record was corrupt)"));
   Changed();  // its watchers end (NOT_FOUND)
   return absl::OkStatus();
 }

@@ -610,6 +610,34 @@ TEST_F(CoordinatorTest, OnlyAFinishedJobCanBeDeletedAndThenItIsGone) {
   EXPECT_THAT(Said(), HasSubstr(job + " deleted (SUCCEEDED"));
 }
 
+// A finished job whose record no longer parses fails every listing, naming
+// it; deleting it is how an operator clears it, and the listing works again.
+TEST_F(CoordinatorTest, AFinishedJobsCorruptRecordIsNamedAndCanBeDeleted) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  const std::string other_job = Submit(DemoJobSpec(2, 5));
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &other), SQLITE_OK);
+  const std::string sql =
+      absl::StrCat("UPDATE jobs SET job = x'ffffffff' WHERE seq = ", job.substr(4));
+  ASSERT_EQ(sqlite3_exec(other, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+
+  auto list = c().ListJobs(v1::ListJobsRequest());
+  EXPECT_EQ(list.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(list.status().message(), HasSubstr(job + ": corrupt record"));
+  EXPECT_THAT(list.status().message(), HasSubstr("plateauctl delete " + job));
+  ASSERT_TRUE(c().DeleteJob(job).ok());
+  EXPECT_THAT(Said(), HasSubstr(job + " deleted (SUCCEEDED; its record was corrupt)"));
+  list = c().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->jobs_size(), 1);
+  EXPECT_EQ(list->jobs(0).id(), other_job);
+}
+
 TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
   options_.retention = absl::Milliseconds(400);
   Open();

@@ -98,6 +98,22 @@ absl::StatusOr<int64_t> ParseJobId(const std::string& id, const char* field) {
 
 std::string JobIdOf(int64_t seq) { return absl::StrCat("job-", seq); }
 
+namespace {
+// DATA_LOSS naming the row, so that an operator can find and clear it.
+absl::Status CorruptJob(int64_t seq) {
+  return absl::DataLossError(
+      absl::StrCat(JobIdOf(seq),
+                   ": corrupt record in the state database (its row in table jobs "
+                   "does not parse); a finished job's row goes with `plateauctl delete ",
+                   JobIdOf(seq), "`"));
+}
+
+absl::Status CorruptRow(const std::string& id, const char* what, int64_t idx) {
+  return absl::DataLossError(absl::StrCat(
+      id, ": ", what, " ", idx, " is a corrupt record in the state database (does not parse)"));
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
@@ -205,7 +221,7 @@ absl::StatusOr<v1::Job> JobStore::GetJob(const std::string& id) {
   if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
   if (rc != SQLITE_ROW) return Error("read job");
   v1::Job job;
-  if (!job.ParseFromString(q.Blob(0))) return absl::DataLossError(absl::StrCat("job '", id, "': corrupt record"));
+  if (!job.ParseFromString(q.Blob(0))) return CorruptJob(seq);
   return job;
 }
 
@@ -220,7 +236,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(int64_t after_seq, int l
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, bool* more) {
-  std::string sql = "SELECT job FROM jobs WHERE ";
+  std::string sql = "SELECT job, seq FROM jobs WHERE ";
   if (query.cursor > 0) {
     sql += query.newest_first ? "seq < ?" : "seq > ?";
   } else {
@@ -251,7 +267,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, b
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     v1::Job job;
-    if (!job.ParseFromString(q.Blob(0))) return absl::DataLossError("list jobs: corrupt record");
+    if (!job.ParseFromString(q.Blob(0))) return CorruptJob(q.Int(1));
     if (query.match && !query.match(job)) continue;
     jobs.push_back(std::move(job));
     if (static_cast<int>(jobs.size()) > query.limit) break;
@@ -370,7 +386,7 @@ absl::StatusOr<std::vector<v1::MemoryTimeline>> JobStore::ReadMemoryTimelines(co
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const std::string& id, int64_t from,
                                                                int limit) {
   absl::MutexLock lock(&mu_);
-  Stmt q(db_, "SELECT event FROM events WHERE job = ? AND idx >= ? ORDER BY idx LIMIT ?");
+  Stmt q(db_, "SELECT event, idx FROM events WHERE job = ? AND idx >= ? ORDER BY idx LIMIT ?");
   if (!q.ok()) return Error("read events");
   q.BindText(1, id);
   q.Bind(2, from);
@@ -379,7 +395,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const std::string
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     v1::JobEvent e;
-    if (!e.ParseFromString(q.Blob(0))) return absl::DataLossError("read events: corrupt record");
+    if (!e.ParseFromString(q.Blob(0))) return CorruptRow(id, "event", q.Int(1));
     out.push_back(std::move(e));
   }
   if (rc != SQLITE_DONE) return Error("read events");
@@ -389,7 +405,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const std::string
 absl::StatusOr<std::vector<v1::LogEntry>> JobStore::ReadLogs(const std::string& id, int64_t from,
                                                              int limit) {
   absl::MutexLock lock(&mu_);
-  Stmt q(db_, "SELECT entry FROM logs WHERE job = ? AND idx >= ? ORDER BY idx LIMIT ?");
+  Stmt q(db_, "SELECT entry, idx FROM logs WHERE job = ? AND idx >= ? ORDER BY idx LIMIT ?");
   if (!q.ok()) return Error("read logs");
   q.BindText(1, id);
   q.Bind(2, from);
@@ -398,7 +414,7 @@ absl::StatusOr<std::vector<v1::LogEntry>> JobStore::ReadLogs(const std::string& 
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     v1::LogEntry e;
-    if (!e.ParseFromString(q.Blob(0))) return absl::DataLossError("read logs: corrupt record");
+    if (!e.ParseFromString(q.Blob(0))) return CorruptRow(id, "log line", q.Int(1));
     out.push_back(std::move(e));
   }
   if (rc != SQLITE_DONE) return Error("read logs");
@@ -446,7 +462,11 @@ absl::StatusOr<std::vector<v1::StepTelemetry>> JobStore::ReadRankSteps(const std
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     v1::StepTelemetry t;
-    if (!t.ParseFromString(q.Blob(0))) return absl::DataLossError("read rank steps: corrupt record");
+    if (!t.ParseFromString(q.Blob(0))) {
+      return absl::DataLossError(
+          absl::StrCat(id, ": a rank's report of attempt ", attempt,
+                       " is a corrupt record in the state database (does not parse)"));
+    }
     out.push_back(std::move(t));
   }
   if (rc != SQLITE_DONE) return Error("read rank steps");
@@ -457,13 +477,13 @@ absl::StatusOr<v1::JobStepSummary> JobStore::LastStepSummary(const std::string& 
   absl::MutexLock lock(&mu_);
   // Newest first: only state changes can follow the last step event, and a
   // job has few of those.
-  Stmt q(db_, "SELECT event FROM events WHERE job = ? ORDER BY idx DESC");
+  Stmt q(db_, "SELECT event, idx FROM events WHERE job = ? ORDER BY idx DESC");
   if (!q.ok()) return Error("read events");
   q.BindText(1, id);
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     v1::JobEvent e;
-    if (!e.ParseFromString(q.Blob(0))) return absl::DataLossError("read events: corrupt record");
+    if (!e.ParseFromString(q.Blob(0))) return CorruptRow(id, "event", q.Int(1));
     if (e.has_job_step()) return e.job_step();
   }
   if (rc != SQLITE_DONE) return Error("read events");
@@ -504,6 +524,20 @@ absl::Status JobStore::DeleteJobData(const std::string& id) {
     return s;
   }
   return Exec("COMMIT");
+}
+
+absl::StatusOr<v1::JobState> JobStore::RecordedState(const std::string& id) {
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT state FROM jobs WHERE seq = ?");
+  q.Bind(1, seq);
+  if (!q.ok()) return Error("read job state");
+  const int rc = q.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
+  if (rc != SQLITE_ROW) return Error("read job state");
+  const int64_t state = q.Int(0);
+  if (!v1::JobState_IsValid(state)) return CorruptJob(seq);
+  return static_cast<v1::JobState>(state);
 }
 
 absl::Status JobStore::DeleteJob(const std::string& id) {

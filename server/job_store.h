@@ -122,6 +122,9 @@ class JobStore {
   absl::Status DeleteJobData(const std::string& id);
   // Removes the job itself as well (one transaction). NOT_FOUND names the id.
   absl::Status DeleteJob(const std::string& id);
+  // The state column of the job's row, which stays readable when the record
+  // itself is corrupt (GetJob's DATA_LOSS).
+  absl::StatusOr<v1::JobState> RecordedState(const std::string& id);
 
   // The rendezvous store's keys (written through, so that ranks meeting
   // across a coordinator restart still find each other).

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/test_db.h"
+#include "sqlite3.h"
 
 namespace plateau {
 namespace {
@@ -206,6 +207,63 @@ TEST(JobStoreTest, RequestIdsAreUniqueAndSurviveReopening) {
   auto created = (*store)->CreateJob(again);
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_EQ(**(*store)->FindRequest("req-1"), created->id());
+}
+
+// Overwrites rows with bytes that do not parse, behind the store's back
+// (a damaged disk, a hand edit).
+void Corrupt(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, &error), SQLITE_OK) << (error ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+}
+
+// A corrupt record is DATA_LOSS naming its row, so that an operator can find
+// it; a corrupt job's row can still be deleted, and the rest read again.
+TEST(JobStoreTest, CorruptRecordsAreNamedAndACorruptJobCanBeDeleted) {
+  const std::string path = TempDb("corrupt");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*store)->CreateJob(NewJob(v1::SUCCEEDED)).ok());
+    std::vector<v1::JobEvent> ev(3);
+    for (auto& e : ev) e.set_job_id("job-1");
+    ASSERT_TRUE((*store)->AppendEvents(ev).ok());
+    std::vector<v1::LogEntry> logs(2);
+    for (auto& l : logs) l.set_job_id("job-1"), l.set_line("hello");
+    ASSERT_TRUE((*store)->AppendLogs(logs).ok());
+  }
+  Corrupt(path,
+          "UPDATE jobs SET job = x'ffffffff' WHERE seq = 2;"
+          "UPDATE events SET event = x'ffffffff' WHERE job = 'job-1' AND idx = 1;"
+          "UPDATE logs SET entry = x'ffffffff' WHERE job = 'job-1' AND idx = 1;");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  bool more = false;
+  auto listed = (*store)->ListJobs(0, 10, {}, &more);
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(listed.status().message(), HasSubstr("job-2: corrupt record in the state database"));
+  EXPECT_THAT(listed.status().message(), HasSubstr("plateauctl delete job-2"));
+  EXPECT_EQ((*store)->GetJob("job-2").status().code(), absl::StatusCode::kDataLoss);
+  ASSERT_TRUE((*store)->GetJob("job-3").ok());
+
+  auto events = (*store)->ReadEvents("job-1", 0, 10);
+  EXPECT_EQ(events.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(events.status().message(), HasSubstr("job-1: event 1 is a corrupt record"));
+  auto logs = (*store)->ReadLogs("job-1", 0, 10);
+  EXPECT_THAT(logs.status().message(), HasSubstr("job-1: log line 1 is a corrupt record"));
+  EXPECT_TRUE((*store)->ReadEvents("job-1", 2, 10).ok()) << "the rows after it";
+
+  auto state = (*store)->RecordedState("job-2");
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, v1::SUCCEEDED);
+  ASSERT_TRUE((*store)->DeleteJob("job-2").ok());
+  listed = (*store)->ListJobs(0, 10, {}, &more);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[1].id(), "job-3");
 }
 
 }  // namespace
