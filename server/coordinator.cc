@@ -632,6 +632,13 @@ absl::Status Coordinator::DeleteJob(const std::string& id) {
     state = job->state();
   } else {
     PLATEAU_ASSIGN_OR_RETURN(state, store_->RecordedState(id));
+    // A live job's record was parsed at start-up, so this one finished; its
+    // state column is checked all the same.
+    if (!IsTerminal(state)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
+                       " by its row's state column: only a finished job can be deleted"));
+    }
   }
   PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
   if (--job_counts_[state] <= 0) job_counts_.erase(state);

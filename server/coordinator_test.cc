@@ -621,9 +621,11 @@ TEST_F(CoordinatorTest, AFinishedJobsCorruptRecordIsNamedAndCanBeDeleted) {
   const std::string other_job = Submit(DemoJobSpec(2, 5));
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &other), SQLITE_OK);
+  sqlite3_busy_timeout(other, 10000);  // the coordinator's loop may be writing
   const std::string sql =
       absl::StrCat("UPDATE jobs SET job = x'ffffffff' WHERE seq = ", job.substr(4));
-  ASSERT_EQ(sqlite3_exec(other, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+      << sqlite3_errmsg(other);
   sqlite3_close(other);
 
   auto list = c().ListJobs(v1::ListJobsRequest());

@@ -104,8 +104,8 @@ absl::Status CorruptJob(int64_t seq) {
   return absl::DataLossError(
       absl::StrCat(JobIdOf(seq),
                    ": corrupt record in the state database (its row in table jobs "
-                   "does not parse); a finished job's row goes with `plateauctl delete ",
-                   JobIdOf(seq), "`"));
+                   "does not parse); a finished job's row goes with: plateauctl delete ",
+                   JobIdOf(seq)));
 }
 
 absl::Status CorruptRow(const std::string& id, const char* what, int64_t idx) {
@@ -536,7 +536,11 @@ absl::StatusOr<v1::JobState> JobStore::RecordedState(const std::string& id) {
   if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
   if (rc != SQLITE_ROW) return Error("read job state");
   const int64_t state = q.Int(0);
-  if (!v1::JobState_IsValid(state)) return CorruptJob(seq);
+  if (!v1::JobState_IsValid(state)) {
+    return absl::DataLossError(absl::StrCat(id, ": the state column of its row in table jobs is ",
+                                            state, ", no job state: remove the row (seq ", seq,
+                                            ") by hand, with the coordinator stopped"));
+  }
   return static_cast<v1::JobState>(state);
 }
 

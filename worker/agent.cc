@@ -228,7 +228,7 @@ absl::Status Agent::Run() {
     if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDeadlineExceeded) return s;
     if (!said)
       std::fprintf(stderr, "plateau_worker: %s; retrying\n", std::string(s.message()).c_str());
-    absl::SleepFor(absl::Milliseconds(500));
+    PauseBeforeRetry(*channel_, absl::Milliseconds(500));
   }
   std::thread sender([this] {
     while (!stop_.load()) {
@@ -273,20 +273,37 @@ absl::Status Agent::Run() {
 }
 
 void Agent::HeartbeatLoop() {
+  bool early = false;  // the last heartbeat went before its time
   while (!stop_.load()) {
     const absl::Time next = absl::Now() + heartbeat_interval_;
     HeartbeatOnce();
+    const bool may_go_early = !early;
+    early = false;
     while (!stop_.load() && absl::Now() < next) {
       if (reachable_) {
         absl::SleepFor(absl::Milliseconds(20));
         continue;
       }
-      // Unreachable: heartbeat the moment the channel connects again, so a
+      // Failing: heartbeat the moment the channel connects again, so that a
       // restarted coordinator hears from this worker within its re-attach
-      // window (client/connection.h says why a sleep would not do).
-      if (PauseBeforeRetry(*channel_, std::min(next - absl::Now(), absl::Milliseconds(100)))) break;
+      // window (client/connection.h says why a sleep would not do). Early
+      // at most every other heartbeat: a peer that accepts and drops every
+      // connection must not make this a busy loop.
+      if (PauseBeforeRetry(*channel_, std::min(next - absl::Now(), absl::Milliseconds(100))) &&
+          may_go_early) {
+        early = true;
+        break;
+      }
     }
   }
+}
+
+void Agent::Answered() {
+  if (!reachable_) {
+    std::fprintf(stderr, "plateau_worker: the coordinator at %s answers again after %.1f s\n",
+                 options_.coordinator.c_str(), absl::ToDoubleSeconds(absl::Now() - failing_since_));
+  }
+  reachable_ = true;
 }
 
 void Agent::HeartbeatOnce() {
@@ -302,7 +319,11 @@ void Agent::HeartbeatOnce() {
     // it lost): register again with what still runs here.
     std::fprintf(stderr, "plateau_worker: %s\n", s.error_message().c_str());
     absl::Status r = RegisterNow(/*again=*/true);
-    if (!r.ok()) std::fprintf(stderr, "plateau_worker: %s\n", std::string(r.message()).c_str());
+    if (!r.ok()) {
+      std::fprintf(stderr, "plateau_worker: %s\n", std::string(r.message()).c_str());
+    } else {
+      Answered();
+    }
     return;
   }
   if (!s.ok()) {
@@ -310,24 +331,18 @@ void Agent::HeartbeatOnce() {
     // how long heartbeats fail decides whether a restarted coordinator
     // re-attaches this worker's jobs.
     const absl::Time now = absl::Now();
-    if (reachable_) unreachable_since_ = now;
-    if (reachable_ || now - unreachable_said_ >= absl::Seconds(10)) {
-      std::fprintf(stderr,
-                   "plateau_worker: heartbeat to %s failed (unreachable for %.1f s, channel %s): "
-                   "%s; retrying\n",
-                   options_.coordinator.c_str(), absl::ToDoubleSeconds(now - unreachable_since_),
-                   ChannelStateName(channel_->GetState(false)), s.error_message().c_str());
-      unreachable_said_ = now;
+    if (reachable_) failing_since_ = now;
+    if (reachable_ || now - failing_said_ >= absl::Seconds(10)) {
+      std::fprintf(
+          stderr, "plateau_worker: heartbeat to %s failing for %.1f s (channel %s): %s; retrying\n",
+          options_.coordinator.c_str(), absl::ToDoubleSeconds(now - failing_since_),
+          ChannelStateName(channel_->GetState(false)), s.error_message().c_str());
+      failing_said_ = now;
     }
     reachable_ = false;
     return;
   }
-  if (!reachable_) {
-    std::fprintf(stderr, "plateau_worker: the coordinator at %s answers again after %.1f s\n",
-                 options_.coordinator.c_str(),
-                 absl::ToDoubleSeconds(absl::Now() - unreachable_since_));
-  }
-  reachable_ = true;
+  Answered();
   // Cancellations before the renewal: a frozen attempt the coordinator
   // voided must be killed, never resumed by the renewed lease.
   {

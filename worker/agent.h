@@ -72,9 +72,10 @@ namespace plateau {
 
 struct AgentOptions {
   std::string coordinator;  // host:port
-  // Opened by client/connection.h's OpenChannel (TLS, bearer token);
-  // nullptr: plaintext, no token. The two files are passed on to the ranks,
-  // whose rendezvous calls need them too.
+  // Opened by client/connection.h's OpenChannel (TLS, bearer token, the
+  // reconnect settings a coordinator restart needs), as agent_main does;
+  // nullptr: plaintext, no token, gRPC's defaults. The two files are passed
+  // on to the ranks, whose rendezvous calls need them too.
   std::shared_ptr<grpc::Channel> channel;
   std::string token_file;
   std::string tls_ca_file;
@@ -135,6 +136,8 @@ class Agent {
   void RunningJobs(google::protobuf::RepeatedPtrField<v1::RunningJob>* out) ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop();
   void HeartbeatOnce();
+  // A heartbeat or re-registration was answered: says so after failures.
+  void Answered();
   void Start(const v1::Assignment& a);
   // The device slots of the ranks of every job that have not exited.
   std::vector<int> SlotsInUse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -168,9 +171,10 @@ class Agent {
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::atomic<bool> stop_{false};
   absl::Duration heartbeat_interval_ = absl::Seconds(1);  // the coordinator's
-  // Heartbeat thread only.
+  // Heartbeat thread only: whether the last heartbeat was answered; since
+  // when they fail, and when that was last said.
   bool reachable_ = true;
-  absl::Time unreachable_since_, unreachable_said_;
+  absl::Time failing_since_, failing_said_;
 
   absl::Mutex id_mu_;
   std::string worker_id_ ABSL_GUARDED_BY(id_mu_);
