@@ -92,6 +92,36 @@ TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
   EXPECT_TRUE(OpenChannel({"127.0.0.1:1", Write("ok", "tok\n"), ""}).ok());
 }
 
+// A TCP socket bound to 127.0.0.1 (SO_REUSEADDR) on a port the kernel
+// picks, and that address; -1 on failure.
+int BindLoopback(std::string* address) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  *address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  return fd;
+}
+
+// A server on `address` whose methods all answer UNIMPLEMENTED: a call that
+// gets that answer got through. `service` must outlive it.
+std::unique_ptr<grpc::Server> ServeUnimplemented(const std::string& address,
+                                                 v1::WorkerService::Service* service) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
 // A connect attempt that reaches a peer which accepts and never answers
 // (no HTTP/2 SETTINGS) holds every call waiting on the channel until the
 // attempt times out. OpenChannel bounds that at 3 s (gRPC's default is 20 s),
@@ -99,18 +129,10 @@ TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
 // an agent's heartbeat deadline, not after its re-attach window.
 TEST(OpenChannelTest, AnAttemptStuckInItsHandshakeIsAbandonedWithinSeconds) {
   // The silent peer: a listener on a port of the kernel's choosing.
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  std::string address;
+  const int listener = BindLoopback(&address);
   ASSERT_GE(listener, 0);
-  const int one = 1;
-  ASSERT_EQ(setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ASSERT_EQ(listen(listener, 4), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
 
   auto channel = OpenChannel({address, "", ""});
   ASSERT_TRUE(channel.ok()) << channel.status();
@@ -123,13 +145,8 @@ TEST(OpenChannelTest, AnAttemptStuckInItsHandshakeIsAbandonedWithinSeconds) {
   close(listener);
   ASSERT_EQ((*channel)->GetState(false), GRPC_CHANNEL_CONNECTING);
 
-  // Any service answers: its unimplemented methods prove the call got
-  // through.
   v1::WorkerService::Service unimplemented;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
-  builder.RegisterService(&unimplemented);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeUnimplemented(address, &unimplemented);
   ASSERT_NE(server, nullptr) << "cannot listen on " << address;
 
   auto stub = v1::WorkerService::NewStub(*channel);
@@ -154,16 +171,10 @@ TEST(OpenChannelTest, AnAttemptStuckInItsHandshakeIsAbandonedWithinSeconds) {
 // nothing else does: tests/fault_test's coordinator restart shows that.)
 TEST(PauseBeforeRetryTest, ReturnsOnceARestartedServerAnswers) {
   // A port that nobody listens on, for now.
-  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  std::string address;
+  const int probe = BindLoopback(&address);
   ASSERT_GE(probe, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   close(probe);
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
 
   auto channel = OpenChannel({address, "", ""});
   ASSERT_TRUE(channel.ok()) << channel.status();
@@ -177,10 +188,7 @@ TEST(PauseBeforeRetryTest, ReturnsOnceARestartedServerAnswers) {
   EXPECT_FALSE(PauseBeforeRetry(**channel, absl::Milliseconds(300)));
 
   v1::WorkerService::Service unimplemented;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
-  builder.RegisterService(&unimplemented);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeUnimplemented(address, &unimplemented);
   ASSERT_NE(server, nullptr) << "cannot listen on " << address;
   // Reconnect backoff is at most 1 s (OpenChannel).
   const absl::Time start = absl::Now();
