@@ -107,7 +107,8 @@ const std::vector<CommandHelp>& Commands() {
        "host cap.\n",
        {{"validate-only", "", "validate and plan; create nothing"},
         {"wait", "", "then watch the job to its end and exit with its outcome (0, 1, 3)"},
-        {"label", "KEY=VALUE", "a label on the job (repeatable; added to the spec's labels)", true},
+        {"label", "KEY=VALUE", "a label on the job (repeatable, one per key; added to the spec's\n"
+                               "labels, replacing the spec's value of that key)", true},
         {"request-id", "ID",
          "makes the submit idempotent across invocations: 1 to 128 of\n"
          "[A-Za-z0-9._:-]; the same ID with the same spec returns the same job,\n"
@@ -786,10 +787,15 @@ int Run(const Options& o) {
     }
     v1::SubmitJobRequest req;
     if (flag("label")) {
+      std::set<std::string> given;
       for (const std::string& kv : o.flags.at("label")) {
         const size_t eq = kv.find('=');
         if (eq == std::string::npos) {
           return UsageError(absl::StrCat("plateauctl submit: --label: expected KEY=VALUE, got '", kv, "'"));
+        }
+        if (!given.insert(kv.substr(0, eq)).second) {
+          return UsageError(absl::StrCat("plateauctl submit: --label: the key '", kv.substr(0, eq),
+                                         "' is given twice; a label has one value"));
         }
         // The coordinator checks the key and the value (naming them).
         (*spec->mutable_labels())[kv.substr(0, eq)] = kv.substr(eq + 1);

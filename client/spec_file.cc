@@ -5,10 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -245,6 +247,62 @@ bool FindNonUtf8(const pb::Message& m, const pb::TextFormat::ParseInfoTree* tree
   return false;
 }
 
+// A label key given twice. The text format takes a map entry's repeat as
+// the new value, silently, where a repeated singular field ("steps: 1 steps:
+// 2") is an error; a spec that says two things of one label is refused the
+// same way. The parse tree has each entry's `key` location; the key's text
+// is read from the tokens that follow it (the tokenizer's own columns).
+bool FindRepeatedLabel(absl::string_view text, const v1::JobSpec& spec,
+                       const pb::TextFormat::ParseInfoTree& tree, std::string* key,
+                       pb::TextFormat::ParseLocation* first, pb::TextFormat::ParseLocation* again) {
+  const pb::FieldDescriptor* labels = v1::JobSpec::descriptor()->FindFieldByName("labels");
+  const pb::FieldDescriptor* key_field = labels->message_type()->FindFieldByName("key");
+  // One nested tree per entry (a list, `labels [{...}, {...}]`, records one
+  // location for the field but a tree for each entry).
+  std::vector<pb::TextFormat::ParseLocation> where;  // its key's place, else its field's
+  while (const pb::TextFormat::ParseInfoTree* nested =
+             tree.GetTreeForNested(labels, static_cast<int>(where.size()))) {
+    pb::TextFormat::ParseLocation at = nested->GetLocation(key_field, -1);
+    if (at.line < 0) at = tree.GetLocation(labels, static_cast<int>(where.size()));
+    if (at.line < 0) at = tree.GetLocation(labels, 0);
+    where.push_back(at);
+  }
+  const int entries = static_cast<int>(where.size());
+  if (entries <= spec.labels_size()) return false;
+  std::map<std::pair<int, int>, int> entry_at;  // a `key` token's place -> its entry
+  for (int i = 0; i < entries; ++i) {
+    const pb::TextFormat::ParseLocation at =
+        tree.GetTreeForNested(labels, i)->GetLocation(key_field, -1);
+    if (at.line >= 0) entry_at[{at.line, at.column}] = i;
+  }
+  std::vector<std::string> keys(entries);  // an entry without `key` has ""
+  pb::io::ArrayInputStream in(text.data(), static_cast<int>(text.size()));
+  Quiet quiet;
+  pb::io::Tokenizer tok(&in, &quiet);
+  tok.set_comment_style(pb::io::Tokenizer::SH_COMMENT_STYLE);
+  tok.set_allow_multiline_strings(true);
+  while (tok.Next()) {
+    auto it = entry_at.find({tok.current().line, tok.current().column});
+    if (it == entry_at.end()) continue;
+    if (tok.Next() && tok.current().text == ":") tok.Next();
+    // Adjacent strings are one value, as the parser takes them.
+    while (tok.current().type == pb::io::Tokenizer::TYPE_STRING) {
+      pb::io::Tokenizer::ParseStringAppend(tok.current().text, &keys[it->second]);
+      if (!tok.Next()) break;
+    }
+  }
+  std::map<std::string, int> seen;
+  for (int i = 0; i < entries; ++i) {
+    auto [it, inserted] = seen.emplace(keys[i], i);
+    if (inserted) continue;
+    *key = keys[i];
+    *first = where[it->second];
+    *again = where[i];
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseSpecText(absl::string_view text, const std::string& name) {
@@ -266,6 +324,14 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(absl::string_view text, const std::str
   if (FindNonUtf8(spec, &tree, "", &field, &where)) {
     return absl::InvalidArgumentError(absl::StrCat(name, ":", where.line + 1, ":", where.column + 1, ": ", field,
                                                    " (string): expected UTF-8 text, got bytes that are not UTF-8"));
+  }
+  std::string key;
+  pb::TextFormat::ParseLocation first;
+  if (FindRepeatedLabel(text, spec, tree, &key, &first, &where)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ":", where.line + 1, ":", where.column + 1, ": labels: the key \"",
+                     absl::CEscape(key), "\" is given again (first at ", first.line + 1, ":",
+                     first.column + 1, "); a label has one value"));
   }
   return spec;
 }

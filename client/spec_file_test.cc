@@ -33,21 +33,31 @@ TEST(SpecFileTest, ParseErrorsNameTheLineColumnAndField) {
       {"max_restarts: 3000000000", "1:15: max_restarts (int32): ", "Integer out of range"},
       {"seed: -1", "1:7: seed (uint64): ", ""},
       {"name: 5", "1:7: name (string): ", "Expected string"},
-      {"model { hiden: 64 }", "1:9: model.hiden: ", "\"hiden\"; the fields of plateau.v1.ModelSpec are vocab_size, hidden,"},
+      {"model { hiden: 64 }", "1:9: model.hiden: ",
+       "\"hiden\"; the fields of plateau.v1.ModelSpec are vocab_size, hidden,"},
       {"# a comment: { with braces\nstepz: 3", "2:1: stepz: ", "has no field named \"stepz\""},
       {"backend: BACKEND_TPU\nsteps: 5\n", "1:10: backend (enum plateau.v1.Backend): ",
        "expected one of BACKEND_UNSPECIFIED, BACKEND_CPU, BACKEND_CUDA"},
       {"schedule {\n  ring_dtp { mode: MODE_FAST strip: 8 }\n}\n",
-       "2:20: schedule.ring_dtp.mode (enum plateau.v1.RingDtpProjection.Mode): ", "MODE_ACTIVATIONS"},
+       "2:20: schedule.ring_dtp.mode (enum plateau.v1.RingDtpProjection.Mode): ",
+       "MODE_ACTIVATIONS"},
       {"steps: 1\nsteps: 2\n", "2:1: steps (int64): ", "specified multiple times"},
-      {"data { shards { paths: [\"/a\", 5] } }", "1:31: data.shards.paths (repeated string): ",
-       "Expected string"},
+      {"data { shards { paths: [\"/a\", 5] } }",
+       "1:31: data.shards.paths (repeated string): ", "Expected string"},
       {"layout { ranks: 2 nodes: -x }", "1:27: layout.nodes (int64): ", "Expected integer"},
-      {"model { hidden: 64\n", "2:1: model (message plateau.v1.ModelSpec): ", "got: the end of the file"},
+      {"model { hidden: 64\n",
+       "2:1: model (message plateau.v1.ModelSpec): ", "got: the end of the file"},
       {"model { hidden: 64 } }", "1:22: ", "Expected identifier"},
-      {"name: \"ok\"\ndata { shards { paths: \"/a\" paths: \"/b\\377\" } }", "2:29: data.shards.paths[1] (string): ",
-       "expected UTF-8 text"},
+      {"name: \"ok\"\ndata { shards { paths: \"/a\" paths: \"/b\\377\" } }",
+       "2:29: data.shards.paths[1] (string): ", "expected UTF-8 text"},
       {"optimizer { beta1: 0.9 beta2: 1e9x }", "1:34: optimizer.beta2 (float): ", "Need space"},
+      {"labels { key: \"team\" value: \"a\" }\nlabels { key: \"team\" value: \"b\" }\n",
+       "2:10: labels: the key \"team\" is given again (first at 1:10)", "a label has one value"},
+      {"labels [{ key: \"t\" \"eam\" value: \"a\" }, { value: \"x\" },\n\t{ key: \"team\" value: "
+       "\"b\" }]",
+       "2:11: labels: the key \"team\" is given again (first at 1:11)", ""},
+      {"labels { value: \"a\" } labels { value: \"b\" }",
+       "1:23: labels: the key \"\" is given again (first at 1:1)", ""},
   };
   for (const Bad& c : cases) {
     auto spec = ParseSpecText(c.text, "job.txtpb");
@@ -56,6 +66,18 @@ TEST(SpecFileTest, ParseErrorsNameTheLineColumnAndField) {
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr("job.txtpb:" + c.where)) << c.text;
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.what)) << c.text;
   }
+}
+
+// Distinct keys, however written, are no repeat.
+TEST(SpecFileTest, DistinctLabelKeysAllParse) {
+  auto spec = ParseSpecText(
+      "labels { key: \"team\" value: \"a\" }\n# key: \"team\"\nlabels: { key: \"te\" \"am2\" "
+      "value: \"team\" }\n"
+      "labels [{ key: \"x\" }, { key: \"y\" value: \"team\" }]",
+      "job.txtpb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->labels_size(), 4);
+  EXPECT_EQ(spec->labels().at("team2"), "team");
 }
 
 TEST(SpecFileTest, AValidFileParsesToItsSpec) {

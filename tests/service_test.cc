@@ -675,6 +675,9 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   r = ctl_run({"submit", spec, "--label=team"}, "submit-label-no-value");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--label: expected KEY=VALUE, got 'team'"));
+  r = ctl_run({"submit", spec, "--label=team=nlp", "--label=team=vision"}, "submit-label-twice");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--label: the key 'team' is given twice; a label has one value"));
   ASSERT_EQ(c.WaitDone("job-2").state(), v1::SUCCEEDED) << c.Logs();
   ASSERT_EQ(c.WaitDone("job-3").state(), v1::SUCCEEDED) << c.Logs();
 

@@ -227,10 +227,14 @@ def main():
                         help="makes the submit idempotent (default: a new UUID)")
     args = parser.parse_args()  # exits 2 on bad usage, as the codes above say
     spec = load_spec(args.spec, args.steps)
+    given = set()
     for kv in args.label:
         key, eq, value = kv.partition("=")
         if not eq:
             die(EXIT_USAGE, f"--label: expected KEY=VALUE, got {kv!r}")
+        if key in given:
+            die(EXIT_USAGE, f"--label: the key {key!r} is given twice; a label has one value")
+        given.add(key)
         spec.labels[key] = value  # the coordinator checks both, naming the key
     request_id = args.request_id if args.request_id is not None else str(uuid.uuid4())
 
