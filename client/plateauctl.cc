@@ -104,7 +104,7 @@ const std::vector<CommandHelp>& Commands() {
        "unless --request-id gives one): a submit whose answer was lost (UNAVAILABLE) is\n"
        "retried twice, 1 s apart, and the coordinator answers a retry with the job the first\n"
        "one created, never a second job. Exit 5 when the plan does not fit its device or\n"
-       "host cap.\n",
+       "host cap. SPEC - reads the spec from standard input.\n",
        {{"validate-only", "", "validate and plan; create nothing"},
         {"wait", "", "then watch the job to its end and exit with its outcome (0, 1, 3)"},
         {"label", "KEY=VALUE", "a label on the job (repeatable, one per key; added to the spec's\n"
@@ -121,7 +121,8 @@ const std::vector<CommandHelp>& Commands() {
                                     "(JobSpec.max_duration_s); then FAILED, MAX_DURATION_EXCEEDED"}}},
       {"plan", "SPEC", "the memory plan per live set; nothing is created",
        "Plans the job in SPEC without creating it: per-rank device and host bytes of every live\n"
-       "set, N_max and the what-if table. Exit 5 when it does not fit its caps.\n",
+       "set, N_max and the what-if table. Exit 5 when it does not fit its caps. SPEC - reads\n"
+       "the spec from standard input.\n",
        {}},
       {"get", "JOB", "one job",
        "Prints one job: state, reason, failure, progress (once a step has been reported),\n"

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <string>
@@ -336,7 +337,23 @@ absl::StatusOr<v1::JobSpec> ParseSpecText(absl::string_view text, const std::str
   return spec;
 }
 
+absl::StatusOr<v1::JobSpec> ReadSpecStream(std::istream& in, const std::string& name) {
+  // Read at most one byte past the limit: a device or a huge file stops there.
+  std::string text(kMaxSpecFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(name, ": cannot read"));
+  if (text.size() > kMaxSpecFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": larger than ", kMaxSpecFileBytes,
+                     " bytes; expected a text-format plateau.v1.JobSpec"));
+  }
+  return ParseSpecText(text, name);
+}
+
 absl::StatusOr<v1::JobSpec> ReadSpecFile(const std::string& path) {
+  // `plateauctl submit -`: a spec another program writes.
+  if (path == "-") return ReadSpecStream(std::cin, "<stdin>");
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, expected a job spec file"));
@@ -347,16 +364,7 @@ absl::StatusOr<v1::JobSpec> ReadSpecFile(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": cannot open", errno != 0 ? absl::StrCat(" (", std::strerror(errno), ")") : ""));
   }
-  // Read at most one byte past the limit: a device or a huge file stops there.
-  std::string text(kMaxSpecFileBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read"));
-  if (text.size() > kMaxSpecFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxSpecFileBytes,
-                                                   " bytes; expected a text-format plateau.v1.JobSpec"));
-  }
-  return ParseSpecText(text, path);
+  return ReadSpecStream(in, path);
 }
 
 }  // namespace plateau

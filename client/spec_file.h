@@ -13,6 +13,7 @@
 #ifndef PLATEAU_CLIENT_SPEC_FILE_H_
 #define PLATEAU_CLIENT_SPEC_FILE_H_
 
+#include <istream>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,8 +29,13 @@ inline constexpr size_t kMaxSpecFileBytes = size_t{1} << 20;
 // Parses `text`; errors start with "<name>:LINE:COLUMN: FIELD: ".
 absl::StatusOr<v1::JobSpec> ParseSpecText(absl::string_view text, const std::string& name);
 
-// Reads and parses the file at `path`; errors name the path.
+// Reads and parses the file at `path`, or standard input for "-" (named
+// "<stdin>" in errors); errors name the path.
 absl::StatusOr<v1::JobSpec> ReadSpecFile(const std::string& path);
+
+// Reads at most kMaxSpecFileBytes from `in` and parses them; errors start
+// with `name`.
+absl::StatusOr<v1::JobSpec> ReadSpecStream(std::istream& in, const std::string& name);
 
 }  // namespace plateau
 

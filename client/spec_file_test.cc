@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,22 @@ TEST(SpecFileTest, DistinctLabelKeysAllParse) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->labels_size(), 4);
   EXPECT_EQ(spec->labels().at("team2"), "team");
+}
+
+// What `plateauctl submit -` reads: a stream, its errors under its name,
+// bounded as a file is.
+TEST(SpecFileTest, AStreamParsesAndItsErrorsCarryItsName) {
+  std::istringstream good("name: \"piped\"\nsteps: 7\n");
+  auto spec = ReadSpecStream(good, "<stdin>");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "piped");
+  EXPECT_EQ(spec->steps(), 7);
+  std::istringstream bad("steps: x\n");
+  EXPECT_THAT(std::string(ReadSpecStream(bad, "<stdin>").status().message()),
+              HasSubstr("<stdin>:1:8: steps (int64): "));
+  std::istringstream huge(std::string(kMaxSpecFileBytes + 10, ' '));
+  EXPECT_THAT(std::string(ReadSpecStream(huge, "<stdin>").status().message()),
+              HasSubstr("<stdin>: larger than"));
 }
 
 TEST(SpecFileTest, AValidFileParsesToItsSpec) {
