@@ -724,6 +724,16 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   r = ctl_run({"--output=json", "plan", spec}, "plan-json");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(FromJson<v1::PlanJobResponse>(r.out).plan().fits());
+  const int64_t planned = FromJson<v1::PlanJobResponse>(r.out).plan().total_bytes();
+  // SPEC "-": the same spec through standard input plans the same.
+  r = RunCommand({"/bin/sh", "-c", absl::StrCat(ctl, " ", coord, " --output=json plan - < ", spec)},
+                 c.dir() + "/plan-stdin");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(FromJson<v1::PlanJobResponse>(r.out).plan().total_bytes(), planned);
+  r = RunCommand({"/bin/sh", "-c", absl::StrCat("echo 'steps: x' | ", ctl, " ", coord, " plan -")},
+                 c.dir() + "/plan-stdin-bad");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("<stdin>:1:8: steps (int64): "));
   r = ctl_run({"--output=json", "memory", "job-1"}, "memory-json");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(FromJson<v1::GetMemoryTimelineResponse>(r.out).job_id(), "job-1");
