@@ -137,6 +137,21 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
   // two 5 s deadlines and cost a worker its re-attach window. 3 s is ample
   // for TCP and TLS handshakes on a cluster network.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
+  // A long-lived client's channel holds a dead coordinator's connection
+  // until something polls it, and its next call goes out on it and fails
+  // (UNAVAILABLE, "Socket closed") although a restarted coordinator is
+  // back. Calls that only read are sent again then; calls that change
+  // something are not (a cancel whose first answer was lost would be
+  // retried into "already finished"; plateauctl retries its submit itself,
+  // under its request id).
+  args.SetServiceConfigJSON(R"json({"methodConfig": [{
+    "name": [{"service": "plateau.v1.JobService", "method": "GetJob"},
+             {"service": "plateau.v1.JobService", "method": "ListJobs"},
+             {"service": "plateau.v1.JobService", "method": "PlanJob"},
+             {"service": "plateau.v1.JobService", "method": "GetMemoryTimeline"},
+             {"service": "plateau.v1.JobService", "method": "ListWorkers"}],
+    "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})json");
   args.SetMaxReceiveMessageSize(-1);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!options.token_file.empty()) {

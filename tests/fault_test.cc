@@ -299,6 +299,28 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
   EXPECT_THAT(logs, HasSubstr("hung: no step progress"));
 }
 
+// A long-lived client's channel still holds the killed coordinator's
+// connection until something polls it; its next call went out on it and
+// failed (UNAVAILABLE, "Broken pipe") although the coordinator was back.
+// OpenChannel's retry policy for the read calls sends it again.
+TEST(FaultTest, AClientsReadsSucceedRightAfterACoordinatorRestart) {
+  ClusterOptions o;
+  o.with_worker = false;
+  Cluster c("client-restart", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  for (int i = 0; i < 3; ++i) {
+    auto sub = c.client().SubmitJob(TinyJob(5), false);
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    ASSERT_TRUE(c.client().GetJob(sub->job().id()).ok());
+    c.KillCoordinator(SIGKILL);
+    ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+    auto got = c.client().GetJob(sub->job().id());
+    EXPECT_TRUE(got.ok()) << "restart " << i << ": " << got.status();
+    auto listed = c.client().ListJobs(v1::ListJobsRequest());
+    EXPECT_TRUE(listed.ok()) << "restart " << i << ": " << listed.status();
+  }
+}
+
 TEST(FaultTest, CoordinatorKilledAndRestartedMidJobLosesNothing) {
   Cluster c("coordinator-restart");
   ASSERT_TRUE(c.ready()) << c.Logs();
