@@ -794,12 +794,13 @@ int Run(const Options& o) {
         if (eq == std::string::npos) {
           return UsageError(absl::StrCat("plateauctl submit: --label: expected KEY=VALUE, got '", kv, "'"));
         }
-        if (!given.insert(kv.substr(0, eq)).second) {
-          return UsageError(absl::StrCat("plateauctl submit: --label: the key '", kv.substr(0, eq),
+        const std::string key = kv.substr(0, eq);
+        if (!given.insert(key).second) {
+          return UsageError(absl::StrCat("plateauctl submit: --label: the key '", key,
                                          "' is given twice; a label has one value"));
         }
         // The coordinator checks the key and the value (naming them).
-        (*spec->mutable_labels())[kv.substr(0, eq)] = kv.substr(eq + 1);
+        (*spec->mutable_labels())[key] = kv.substr(eq + 1);
       }
     }
     if (flag("priority")) {

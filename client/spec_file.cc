@@ -261,21 +261,18 @@ bool FindRepeatedLabel(absl::string_view text, const v1::JobSpec& spec,
   // One nested tree per entry (a list, `labels [{...}, {...}]`, records one
   // location for the field but a tree for each entry).
   std::vector<pb::TextFormat::ParseLocation> where;  // its key's place, else its field's
+  std::map<std::pair<int, int>, int> entry_at;       // a `key` token's place -> its entry
   while (const pb::TextFormat::ParseInfoTree* nested =
              tree.GetTreeForNested(labels, static_cast<int>(where.size()))) {
+    const int i = static_cast<int>(where.size());
     pb::TextFormat::ParseLocation at = nested->GetLocation(key_field, -1);
-    if (at.line < 0) at = tree.GetLocation(labels, static_cast<int>(where.size()));
+    if (at.line >= 0) entry_at[{at.line, at.column}] = i;
+    if (at.line < 0) at = tree.GetLocation(labels, i);
     if (at.line < 0) at = tree.GetLocation(labels, 0);
     where.push_back(at);
   }
   const int entries = static_cast<int>(where.size());
   if (entries <= spec.labels_size()) return false;
-  std::map<std::pair<int, int>, int> entry_at;  // a `key` token's place -> its entry
-  for (int i = 0; i < entries; ++i) {
-    const pb::TextFormat::ParseLocation at =
-        tree.GetTreeForNested(labels, i)->GetLocation(key_field, -1);
-    if (at.line >= 0) entry_at[{at.line, at.column}] = i;
-  }
   std::vector<std::string> keys(entries);  // an entry without `key` has ""
   pb::io::ArrayInputStream in(text.data(), static_cast<int>(text.size()));
   Quiet quiet;

@@ -91,7 +91,6 @@ size_t HeadEnd(const std::string& in) {
   return std::min(crlf, lf);
 }
 
-// Splits "HOST:PORT", "[V6]:PORT" or "PORT".
 // HOST:PORT, [IPV6]:PORT or a bare PORT (every address of this host).
 absl::Status SplitAddress(const std::string& address, std::string* host, std::string* port) {
   int n = -1;

@@ -301,7 +301,8 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
 
 // A long-lived client's channel still holds the killed coordinator's
 // connection until something polls it; its next call went out on it and
-// failed (UNAVAILABLE, "Broken pipe") although the coordinator was back.
+// failed (UNAVAILABLE: "Socket closed" or "Broken pipe") although the
+// coordinator was back.
 // OpenChannel's retry policy for the read calls sends it again.
 TEST(FaultTest, AClientsReadsSucceedRightAfterACoordinatorRestart) {
   ClusterOptions o;
