@@ -49,16 +49,21 @@
 //   bazel run -c opt --config=cuda //bench:composed_bench -- --backend=cuda --ranks=1 --cap_mb=...
 //   ... --precision=bf16   # both stacks planned and run in bf16 mixed precision (the header and
 //                          # the JSON line name the precision; a step that refuses it fails the run)
-#include <algorithm>
-#include <array>
-#include <condition_variable>
-#include <cstdio>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -68,12 +73,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/context_ladder.h"
 #include "kernels/backend.h"
 #include "kernels/budget/auto_settings.h"
 #include "kernels/budget/budget.h"
 #include "kernels/budget/n_max.h"
 #include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/communicator.h"
+#include "kernels/device_peaks.h"
 #include "kernels/model/config.h"
 #include "kernels/model/precision.h"
 #include "kernels/model/reference.h"
@@ -101,24 +108,25 @@ std::map<std::string, int64_t> flags = {
     {"expert_ffn", 64},
     {"vocab", 4096},
     {"cap_mb", 20},
-    {"ctx_batch", 1},        // sequences on the context axis
-    {"batch_seq_len", 0},    // tokens per sequence on the batch axis (0: the baseline's longest / 4)
+    {"ctx_batch", 1},      // sequences on the context axis
+    {"batch_seq_len", 0},  // tokens per sequence on the batch axis (0: the baseline's longest / 4)
     // All-on settings. With auto (the default) c, S, beta and the bucket are
     // chosen at each shape and the four flags below are not used.
     {"auto", 1},
-    {"chunk_tokens", 64},    // PipelinedLLEP c
-    {"min_piece", 256},      // LLEP's smallest moved piece
-    {"max_borrowed", 1},     // experts one rank may borrow per chunk (0: no cap)
-    {"strip", 256},          // Ring-DTP S (vocabulary columns)
-    {"row_tile", 256},       // Ring-DTP token rows per strip tile
+    {"chunk_tokens", 64},      // PipelinedLLEP c
+    {"min_piece", 256},        // LLEP's smallest moved piece
+    {"max_borrowed", 1},       // experts one rank may borrow per chunk (0: no cap)
+    {"strip", 256},            // Ring-DTP S (vocabulary columns)
+    {"row_tile", 256},         // Ring-DTP token rows per strip tile
     {"bucket_params", 65536},  // OffloadStreamAdamW bucket
     {"staging_slots", 2},
     // Throughput. Each round runs the stacks back to back (off, on at the
     // same batch, on at its own largest batch), each in a fresh world with
     // one untimed warm-up step, so that drift over the run hits all three;
     // the ratios are taken within a round and their spread printed.
-    {"steps", 3},      // timed steps per stack per round at the same batch
-    {"own_steps", 1},  // timed steps per round at the all-on stack's own largest batch (~40x the work)
+    {"steps", 3},  // timed steps per stack per round at the same batch
+    {"own_steps",
+     1},  // timed steps per round at the all-on stack's own largest batch (~40x the work)
     {"rounds", 3},
     // 1: at each same-batch point, also time the all-on stack at each
     // neighbour of its `auto` settings (one setting halved or doubled to
@@ -136,8 +144,16 @@ std::map<std::string, int64_t> flags = {
     {"on_mask", 15},
     {"plan_only", 0},
     {"attribute", 1},  // time each schedule alone at the baseline's longest context
-    {"verify", 1},  // 0: skip the reach runs (for timing experiments)
+    {"verify", 1},     // 0: skip the reach runs (for timing experiments)
     {"quick", 0},
+    // --mfu_s=S (issue 17's MFU target): instead of the comparison above,
+    // the all-on stack alone at the longest context of the cap that S
+    // seconds allow (RunMfu), each step's model TFLOP/s and MFU.
+    {"mfu_s", 0},
+    {"mfu_start", 16384},          // the ladder's first context (rounded to 1024 P)
+    {"mfu_growth", 4},             // the most FLOPs one rung does over the last's
+    {"mfu_max_seq_len", 1 << 20},  // N_max searched up to this (the job spec's limit)
+    {"peak_tflops", 0},  // the device's peak for MFU (0: its entry in kernels/device_peaks.h)
 };
 std::string depths_flag = "8,10,12";
 // --backend=cuda: every step on the GPU (one rank per GPU: --ranks=1 on one
@@ -232,10 +248,11 @@ const Calibration& Curve() {
 // The stack at one shape as it runs: all on with its `auto` settings chosen
 // for that shape against `cap` (where nothing fits, the settings with the
 // smallest plan, which the step refuses).
-StepOptions Chosen(bool on, int64_t layers, int64_t seq_len, int64_t batch, int64_t cap) {
+StepOptions Chosen(bool on, int64_t layers, int64_t seq_len, int64_t batch, int64_t cap,
+                   const Calibration& curve = Curve()) {
   StepOptions o = Stack(on, layers, seq_len, batch);
   if (!on || !AutoOf().any()) return o;
-  bench::OrDie(AutoShapePlan(AutoOf(), Curve(), FitCaps{cap, 0})(&o).status(), "AutoShapePlan");
+  bench::OrDie(AutoShapePlan(AutoOf(), curve, FitCaps{cap, 0})(&o).status(), "AutoShapePlan");
   return o;
 }
 
@@ -840,6 +857,371 @@ std::string AxisJson(const Reach& r) {
       bench::JsonString(r.next.status.ok() ? "ok" : r.next.status.ToString()), r.next.at_launch ? "true" : "false");
 }
 
+// --mfu_s: issue 17's MFU target (bf16, the longest context of one device).
+// The all-on stack alone, at one sequence, climbs a ladder of contexts
+// (bench/context_ladder.h) towards N_max of the context axis under the cap,
+// one step at each, for as long as --mfu_s seconds from the start of the run
+// allow; each step's model FLOP/s (ModelFlopsPerStep: 6 x active matmul
+// parameters x tokens + causal attention) and MFU against the device's dense
+// peak for the precision. The first rung runs one untimed step first (kernel
+// loading, cuBLAS's first calls, the pool's first growth); each later rung is
+// its own TrainingStep's first step, so a rung's time includes whatever a
+// first step costs beyond the next: MFU as measured is a lower bound of a
+// long run's. The `auto` settings are chosen as the service chooses them for
+// this backend (its default curve). The router is the seeded one (no skew:
+// the throughput of a trained router, not standard EP's worst case, which
+// the all-on stack does not run anyway). Every rung's device peak must stay
+// within its plan, live set by live set, and its loss must be finite, or the
+// run exits 1.
+//
+// A rung can take longer than its prediction (at the cap the settings chosen
+// are the ones with the smallest plan, slower per FLOP than the last rung's),
+// so a watchdog ends the run at the deadline: it reports the rungs done and
+// the one still running (a bound: its rate is below its FLOPs over the time
+// it has run) and exits, so that the caller's time limit (device-check's,
+// 10 s later) never has to kill it and lose the figures.
+struct Rung {
+  int64_t seq_len = 0;
+  std::string settings;
+  double create_s = 0;  // TrainingStep::Create, the slowest rank
+  double step_s = 0;    // the timed step, the slowest rank
+  double flops = 0;     // model FLOPs of the step (all ranks)
+  double attention_share = 0;
+  int64_t peak = 0, planned = 0;  // device total: the largest rank's peak, the plan
+  std::string over_plan;          // live sets whose peak passed their plan, "" when none
+  double loss = 0;
+};
+
+const Calibration& ServiceCurve() {
+  static const Calibration c = DefaultCalibration(
+      backend_kind == BackendKind::kCuda ? CalibrationBackend::kCuda : CalibrationBackend::kCpu);
+  return c;
+}
+
+// What the ladder has done so far; the rank threads add to it, the watchdog
+// and the end of the run report it.
+class MfuLadder {
+ public:
+  MfuLadder(int64_t layers, const NMaxAxis& n_max, double t_start)
+      : layers_(layers), n_max_(n_max), t_start_(t_start) {}
+
+  void SetDevice(std::string name, double peak_flops) {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_ = std::move(name);
+    peak_flops_ = peak_flops;
+  }
+  // A rung begins (its TrainingStep is made, the first one's warm-up step
+  // runs), then its timed step.
+  void Start(int64_t seq_len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = seq_len;
+    running_since_ = NowSeconds();
+    timed_since_ = 0;
+  }
+  void StartTimedStep(double t0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    timed_since_ = t0;
+  }
+  void Done(const Rung& g) {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = 0;
+    rungs_.push_back(g);
+    std::printf(
+        "  seq_len %8lld [%s]: created in %.1f s, step %.2f s, %.4g model TFLOP (attention "
+        "%.1f%%), %.4g TFLOP/s%s, loss %.4f, peak %.1f MiB of its plan's %.1f%s\n",
+        (long long)g.seq_len, g.settings.c_str(), g.create_s, g.step_s, g.flops / 1e12,
+        100 * g.attention_share, Tflops(g), MfuText(g.flops, g.step_s, " (MFU ", ")").c_str(),
+        g.loss, MiB(g.peak), MiB(g.planned),
+        g.over_plan.empty() ? "" : absl::StrCat(" -- OVER ITS PLAN: ", g.over_plan).c_str());
+  }
+  // The slowest creation so far: what the next rung's costs besides its step.
+  double CreateSeconds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    double s = 0;
+    for (const Rung& g : rungs_) s = std::max(s, g.create_s);
+    return s;
+  }
+  // Prints the summary and the JSON line; returns the exit status. `cut`:
+  // the watchdog's call, with a rung still running.
+  int Report(bool cut) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int P = Ranks();
+    const double now = NowSeconds();
+    const bool bounded = std::all_of(rungs_.begin(), rungs_.end(),
+                                     [](const Rung& g) { return g.over_plan.empty(); });
+    const bool finite = std::all_of(rungs_.begin(), rungs_.end(),
+                                    [](const Rung& g) { return std::isfinite(g.loss); });
+    const Rung last = rungs_.empty() ? Rung{} : rungs_.back();
+    // A rung cut in its timed step bounds the rate: below its FLOPs over the
+    // time the step has run. Cut before it (making the step, warming up),
+    // it says nothing of the rate.
+    const double running_flops = running_ > 0 ? ModelFlopsPerStep(Model(layers_, running_), 1) : 0;
+    const double timed_s = timed_since_ > 0 ? now - timed_since_ : 0;
+    if (cut && running_ > 0) {
+      std::printf(
+          "  seq_len %8lld: still running at the deadline (--mfu_s=%lld), %.1f s after it began%s\n",
+          (long long)running_, (long long)flags["mfu_s"], now - running_since_,
+          timed_s > 0 ? absl::StrFormat(", %.1f s into its timed step: below %.4g TFLOP/s%s",
+                                        timed_s, running_flops / P / timed_s / 1e12,
+                                        MfuText(running_flops, timed_s, " (MFU below ", ")"))
+                            .c_str()
+                      : " (before its timed step)");
+    }
+    if (rungs_.empty()) {
+      std::printf("\nno rung completed\n");
+    } else {
+      std::printf(
+          "\nlongest context run: %lld tokens, %.1f%% of N_max (%lld)%s: %.4g TFLOP/s per device, "
+          "MFU %s against %s (%s dense peak %s); issue 17's target: 40%%\n",
+          (long long)last.seq_len, 100.0 * last.seq_len / n_max_.seq_len, (long long)n_max_.seq_len,
+          last.seq_len == n_max_.seq_len ? "" : " (the time allowance ended the ladder)",
+          Tflops(last),
+          peak_flops_ > 0 ? MfuText(last.flops, last.step_s, "", "").c_str() : "unknown",
+          device_.c_str(), PrecisionName(precision_flag),
+          peak_flops_ > 0 ? absl::StrFormat("%.1f TFLOP/s", peak_flops_ / 1e12).c_str()
+                          : "unknown");
+    }
+    std::printf("%s; %.0f s\n",
+                !bounded  ? "SOME PEAKS OVER THEIR PLAN"
+                : !finite ? "A LOSS NOT FINITE"
+                          : "every peak within its plan",
+                now - t_start_);
+    const ModelConfig m0 = Model(layers_, P);
+    std::string json = absl::StrFormat(
+        "{\"bench\":\"composed_mfu\",\"precision\":\"%s\",\"date\":%s,\"device\":%s,"
+        "\"peak_flops\":%.6g,\"ranks\":%d,\"layers\":%d,\"cap_bytes\":%d,\"model\":{"
+        "\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
+        "\"expert_ffn\":%d,\"vocab\":%d},\"allowance_s\":%d,\"n_max_seq_len\":%d,"
+        "\"n_max_limit\":%s,\"bounded\":%s,\"finite\":%s,\"rungs\":[",
+        PrecisionName(precision_flag), bench::JsonString(bench::NowText()),
+        bench::JsonString(device_), peak_flops_, P, layers_, flags["cap_mb"] << 20, m0.hidden,
+        m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size, flags["mfu_s"],
+        n_max_.seq_len, bench::JsonString(n_max_.limit), bounded ? "true" : "false",
+        finite ? "true" : "false");
+    for (size_t i = 0; i < rungs_.size(); ++i) {
+      const Rung& g = rungs_[i];
+      absl::StrAppendFormat(
+          &json,
+          "%s{\"seq_len\":%d,\"settings\":%s,\"create_s\":%.3f,\"step_s\":%.4f,"
+          "\"model_flops\":%.6g,\"tflops\":%.4g,\"mfu\":%.4g,\"attention_share\":%.4f,"
+          "\"peak_bytes\":%d,\"planned_bytes\":%d,\"over_plan\":%s,\"loss\":%.6g}",
+          i ? "," : "", g.seq_len, bench::JsonString(g.settings), g.create_s, g.step_s, g.flops,
+          Tflops(g), Mfu(g.flops / P, g.step_s, peak_flops_), g.attention_share, g.peak, g.planned,
+          bench::JsonString(g.over_plan), g.loss);
+    }
+    absl::StrAppendFormat(
+        &json, "],\"longest_seq_len\":%d,\"reached_n_max\":%s,\"tflops\":%.4g,\"mfu\":%.4g",
+        last.seq_len, last.seq_len == n_max_.seq_len ? "true" : "false",
+        rungs_.empty() ? 0.0 : Tflops(last), Mfu(last.flops / P, last.step_s, peak_flops_));
+    if (cut && running_ > 0) {
+      absl::StrAppendFormat(&json, ",\"cut\":{\"seq_len\":%d,\"after_s\":%.1f,\"timed_s\":%.1f",
+                            running_, now - running_since_, timed_s);
+      if (timed_s > 0) {
+        absl::StrAppendFormat(&json, ",\"tflops_below\":%.4g,\"mfu_below\":%.4g",
+                              running_flops / P / timed_s / 1e12,
+                              Mfu(running_flops / P, timed_s, peak_flops_));
+      }
+      json += "}";
+    }
+    std::printf("\n%s}\n", json.c_str());
+    std::fflush(stdout);
+    return bounded && finite && !rungs_.empty() ? 0 : 1;
+  }
+
+ private:
+  static double Tflops(const Rung& g) { return g.flops / Ranks() / g.step_s / 1e12; }
+  // "<before>12.3%<after>" against the peak, "" when the peak is unknown.
+  std::string MfuText(double flops, double seconds, const char* before, const char* after) const {
+    if (peak_flops_ <= 0) return "";
+    return absl::StrFormat("%s%.1f%%%s", before, 100 * Mfu(flops / Ranks(), seconds, peak_flops_),
+                           after);
+  }
+
+  const int64_t layers_;
+  const NMaxAxis n_max_;
+  const double t_start_;
+  std::mutex mu_;
+  std::string device_ = std::string(BackendKindName(backend_kind));
+  double peak_flops_ = 0;
+  std::vector<Rung> rungs_;
+  int64_t running_ = 0;  // the rung in progress, 0 between rungs
+  double running_since_ = 0;
+  double timed_since_ = 0;  // its timed step's start, 0 before it
+};
+
+// Ends the process at `deadline` with the ladder's report, unless stopped
+// first. Stopped before the run's own report, so that the report is
+// printed once: by the run, or by the watchdog (which then ends the process
+// while the run waits in Stop).
+class Watchdog {
+ public:
+  Watchdog(MfuLadder* ladder, double deadline)
+      : thread_([this, ladder, deadline] {
+          std::unique_lock<std::mutex> lock(mu_);
+          const auto until = std::chrono::steady_clock::now() +
+                             std::chrono::duration<double>(std::max(0.0, deadline - NowSeconds()));
+          if (cv_.wait_until(lock, until, [this] { return stopped_; })) return;
+          std::fflush(stdout);
+          // The rank threads are inside a step: nothing they hold is needed
+          // for the report, and the process ends without waiting for them.
+          std::_Exit(ladder->Report(/*cut=*/true));
+        }) {}
+  ~Watchdog() { Stop(); }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  std::thread thread_;
+};
+
+int RunMfu(int64_t layers, int64_t cap, double t_start) {
+  const int P = Ranks();
+  const double deadline = t_start + static_cast<double>(flags["mfu_s"]);
+  NMaxLimits limits;
+  limits.max_batch = 1;
+  limits.max_seq_len = flags["mfu_max_seq_len"];
+  const StepOptions first = Stack(true, layers, P, 1);
+  const NMax n =
+      AutoOf().any()
+          ? bench::OrDie(SolveNMaxAuto(first, AutoOf(), ServiceCurve(), {cap, 0}, limits),
+                         "SolveNMaxAuto")
+          : bench::OrDie(SolveNMax(first, {cap, 0}, limits), "SolveNMax");
+  if (n.context.tokens_per_rank == 0) {
+    std::fprintf(stderr,
+                 "composed_bench: --mfu_s: RESOURCE_EXHAUSTED: not even seq_len %d fits the "
+                 "%lld MiB cap: %s\n",
+                 P, (long long)flags["cap_mb"], n.context.detail.c_str());
+    return 1;
+  }
+  const bench::LadderLimits limits_of_ladder{n.context.seq_len, 1024 * int64_t{P},
+                                             static_cast<double>(flags["mfu_growth"])};
+  const bench::FlopsAt flops = [&](int64_t t) { return ModelFlopsPerStep(Model(layers, t), 1); };
+  std::printf(
+      "MFU: all on, %s, L=%lld, one sequence, P = %d, cap %lld MiB per rank: the longest "
+      "context that fits is %lld tokens (N_max; limit %s), %.4g model TFLOP a step; a ladder of "
+      "one-step rungs towards it within %lld s of the start (each at most %lldx the last one's "
+      "FLOPs)\n",
+      PrecisionName(precision_flag), (long long)layers, P, (long long)flags["cap_mb"],
+      (long long)n.context.seq_len, n.context.limit.c_str(), flops(n.context.seq_len) / 1e12,
+      (long long)flags["mfu_s"], (long long)flags["mfu_growth"]);
+
+  MfuLadder ladder(layers, n.context, t_start);
+  Watchdog watchdog(&ladder, deadline);
+  // Rank 0 chooses each next rung between two meetings; every rank reaches
+  // every meeting, also one whose step failed (which then does no more work
+  // and ends the ladder: its error ends the world after the last meeting).
+  Meeting meeting(P);
+  std::vector<double> create_s(P), step_s(P);
+  std::vector<StepStats> stats(P);
+  std::atomic<bool> failed_any{false};
+  int64_t next = FirstContext(limits_of_ladder, flags["mfu_start"]);
+  absl::Status s = RunLocalWorld(
+      P, RankBackend(cap), FreshStoreDir("composed-mfu"),
+      [&](int r, Backend& be, Communicator& world) {
+        if (r == 0) {
+          const double override_flops = static_cast<double>(flags["peak_tflops"]) * 1e12;
+          if (auto view = be.QueryDevice(); view.ok() && !view->name.empty()) {
+            ladder.SetDevice(
+                view->name, MfuPeakFlops(override_flops, view->name, view->cc_major, view->cc_minor,
+                                         precision_flag == Precision::kBf16Mixed));
+          } else {
+            ladder.SetDevice(std::string(BackendKindName(backend_kind)), override_flops);
+          }
+        }
+        absl::Status failed;
+        bool warm_up = true;
+        for (;;) {
+          meeting.Arrive();  // `next` is rank 0's choice
+          const int64_t t = next;
+          if (t == 0) break;
+          if (r == 0) ladder.Start(t);
+          if (failed.ok()) {
+            const StepOptions o = Chosen(true, layers, t, 1, cap, ServiceCurve());
+            double t0 = NowSeconds();
+            auto step = TrainingStep::Create(o, be, world);
+            create_s[r] = NowSeconds() - t0;
+            std::vector<int32_t> tok, tgt;
+            if (!step.ok()) {
+              failed = step.status();
+            } else {
+              RankTokens(o, r, &tok, &tgt);
+              if (warm_up) {
+                auto st = (*step)->Step(tok, tgt);
+                if (!st.ok()) failed = st.status();
+              }
+            }
+            if (failed.ok()) {
+              t0 = NowSeconds();
+              if (r == 0) ladder.StartTimedStep(t0);
+              auto st = (*step)->Step(tok, tgt);
+              step_s[r] = NowSeconds() - t0;
+              if (st.ok()) {
+                stats[r] = *st;
+              } else {
+                failed = st.status();
+              }
+            }
+            if (!failed.ok()) failed_any = true;
+          }
+          warm_up = false;
+          meeting.Arrive();  // every rank's figures are in
+          if (r != 0) continue;
+          next = 0;
+          if (failed_any) continue;
+          Rung g;
+          g.seq_len = t;
+          const StepOptions o = Chosen(true, layers, t, 1, cap, ServiceCurve());
+          const MemoryPlan plan = PlanMemory(o).value();
+          g.settings = SettingsText(o);
+          g.create_s = *std::max_element(create_s.begin(), create_s.end());
+          g.step_s = *std::max_element(step_s.begin(), step_s.end());
+          g.flops = flops(t);
+          g.attention_share = AttentionFlopsPerStep(o.model, 1) / g.flops;
+          g.planned = plan.total();
+          g.loss = stats[0].loss;
+          for (int q = 0; q < P; ++q) {
+            g.peak = std::max(g.peak, stats[q].device.total_peak);
+            for (int i = 0; i < kNumLiveSets; ++i) {
+              if (stats[q].device.peak[i] > plan.bytes[i]) {
+                absl::StrAppendFormat(&g.over_plan, "%srank %d %s %lld > %lld",
+                                      g.over_plan.empty() ? "" : "; ", q,
+                                      LiveSetName(static_cast<LiveSet>(i)),
+                                      (long long)stats[q].device.peak[i], (long long)plan.bytes[i]);
+              }
+            }
+          }
+          if (g.peak > g.planned) {
+            absl::StrAppendFormat(&g.over_plan, "%stotal %lld > %lld",
+                                  g.over_plan.empty() ? "" : "; ", (long long)g.peak,
+                                  (long long)g.planned);
+          }
+          ladder.Done(g);
+          if (!g.over_plan.empty() || !std::isfinite(g.loss))
+            continue;  // ends the ladder; reported below
+          next = bench::NextContext(limits_of_ladder, t, g.flops / g.step_s,
+                                    deadline - NowSeconds(), ladder.CreateSeconds(), flops);
+        }
+        return failed;
+      });
+  watchdog.Stop();
+  if (!s.ok()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "composed_bench: --mfu_s: a step failed: %s\n", s.ToString().c_str());
+    ladder.Report(/*cut=*/false);
+    return 1;
+  }
+  return ladder.Report(/*cut=*/false);
+}
+
 }  // namespace
 }  // namespace plateau
 
@@ -906,6 +1288,16 @@ int main(int argc, char** argv) {
                    std::string(takes.message()).c_str());
       return 1;
     }
+  }
+  if (flags["mfu_s"] > 0) {
+    if (!run || depths.size() != 1 || flags["mfu_growth"] < 2 || flags["mfu_start"] < 1) {
+      std::fprintf(
+          stderr,
+          "composed_bench: --mfu_s runs steps at one depth: expected one --depths value, no "
+          "--plan_only, --mfu_growth >= 2 and --mfu_start >= 1\n");
+      return 2;
+    }
+    return RunMfu(depths[0], cap, t_start);
   }
   const double ceiling = run ? SgemmCeiling() : 0;
   if (run) {

@@ -14,3 +14,49 @@ case "$last" in
 esac
 # Both stacks ran a throughput comparison (two points).
 [ "$(grep -c 'throughput at seq_len' "$out")" -eq 2 ] || { echo "expected 2 throughput lines"; exit 1; }
+
+# --mfu_s: the all-on stack climbs from one quantum (1024 P tokens) to the
+# longest context of a 12 MiB cap, in bf16; 60 s is ample here (~6 s), so
+# the ladder must reach N_max, each rung longer than the last, at most 4x
+# its FLOPs, with every peak within its plan and every loss finite.
+mfu="${TEST_TMPDIR}/mfu.out"
+OPENBLAS_NUM_THREADS=1 "$bin" --quick --ranks=2 --precision=bf16 --cap_mb=12 --mfu_s=60 --mfu_start=1 >"$mfu" 2>&1 \
+  || { cat "$mfu"; echo "composed_bench --mfu_s failed"; exit 1; }
+cat "$mfu"
+tail -n 1 "$mfu" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["bench"] == "composed_mfu" and d["precision"] == "bf16", d
+assert d["bounded"] and d["finite"], "a peak over its plan or a loss not finite"
+r = d["rungs"]
+assert len(r) >= 3, "expected a ladder of at least 3 rungs, got %d" % len(r)
+assert r[0]["seq_len"] == 2048, "the first rung is one quantum: %d" % r[0]["seq_len"]
+for a, b in zip(r, r[1:]):
+    assert b["seq_len"] > a["seq_len"], (a["seq_len"], b["seq_len"])
+    assert b["model_flops"] <= 4 * a["model_flops"] * (1 + 1e-9), (a["seq_len"], b["seq_len"])
+for g in r:
+    assert 0 < g["peak_bytes"] <= g["planned_bytes"], g
+    assert g["step_s"] > 0 and g["tflops"] > 0, g
+assert d["reached_n_max"] and r[-1]["seq_len"] == d["longest_seq_len"] == d["n_max_seq_len"], d
+print("mfu ladder: %s tokens in %d rungs, N_max reached" % (d["n_max_seq_len"], len(r)))
+' || { echo "composed_bench --mfu_s: its JSON line does not hold"; exit 1; }
+
+# A rung still running at the deadline: the watchdog ends the run then,
+# with the JSON line (a rung cut in its timed step would bound the rate).
+# The first rung here is N_max of a 24 MiB cap (the start, 30,000, is past
+# it): 26,570 tokens at the smallest settings, ~30 s for its two steps on 2
+# cores. 2 s cut it, and with no rung done the run fails (exit 1).
+cut="${TEST_TMPDIR}/cut.out"
+t0=$(date +%s)
+if OPENBLAS_NUM_THREADS=1 "$bin" --quick --ranks=2 --precision=bf16 --cap_mb=24 --mfu_s=2 --mfu_start=30000 >"$cut" 2>&1; then
+  cat "$cut"; echo "a ladder with no rung done exited 0"; exit 1
+fi
+took=$(( $(date +%s) - t0 ))
+cat "$cut"
+[ "$took" -le 10 ] || { echo "the watchdog did not end the run at its deadline (${took} s)"; exit 1; }
+tail -n 1 "$cut" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["rungs"] == [] and d["cut"]["seq_len"] == 26570 == d["n_max_seq_len"], d
+assert 0 < d["cut"]["after_s"] <= 2, d["cut"]
+' || { echo "the cut run's JSON line does not hold"; exit 1; }

@@ -46,7 +46,7 @@ for b in ("sgemm_bench", "copy_bench"):
 # outlasts the run).
 cuda = ("attention_bench", "ring_dtp_bench", "dispatch_bench", "sco_bench", "optimizer_bench", "optimizer_bench:bf16",
         "step_bench", "step_bench:bf16", "composed_bench:plan", "composed_bench:plan_bf16", "composed_bench",
-        "composed_bench:bf16")
+        "composed_bench:mfu", "composed_bench:bf16")
 for b in cuda:
     st = by["bench:" + b]
     assert st["status"] == "dry_run" and "--backend=cuda" in st["detail"], st
@@ -61,6 +61,10 @@ assert "--cap_mb=0" in by["bench:composed_bench:plan"]["detail"]  # no GPU: no c
 assert "--cap_mb=6144 " in by["bench:composed_bench"]["detail"], by["bench:composed_bench"]
 st = by["bench:composed_bench:bf16"]
 assert "--precision=bf16" in st["detail"] and "--cap_mb=3072 " in st["detail"] and "--plan_only" not in st["detail"], st
+# The MFU ladder: bf16 at the card's cap, its time what is left of the
+# budget (a dry run names its most: the stage's 150 s less 10).
+st = by["bench:composed_bench:mfu"]
+assert "--precision=bf16" in st["detail"] and "--cap_mb=0 " in st["detail"] and "--mfu_s=140 " in st["detail"], st
 assert by["bench:auto_settings_bench"]["status"] == "not_available"
 PY
 
@@ -72,6 +76,20 @@ fi
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["verdict"]=="fail" and d["failed"]==["step"], d["failed"]' \
   "$tmp/bad/device-check.json" || fail "the failing step is not recorded"
 grep -q 'failed step' "$tmp/bad/table.txt" || fail "the table does not name the failed stage"
+
+# 2a. --only runs the stages it names (after the preflight and the build),
+# and refuses a pattern that names none.
+"$check" --dry-run --skip-build --only='bench:composed_bench:mfu,test:wgmma*' --out="$tmp/only" >/dev/null 2>&1 \
+  || fail "--only exited $?"
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = [s["stage"] for s in d["stages"]]
+assert names == ["preflight", "build", "test:wgmma_probe_test", "bench:composed_bench:mfu"], names' \
+  "$tmp/only/device-check.json" || fail "--only ran other stages"
+rc=0
+"$check" --dry-run --skip-build --only='bench:no_such_bench' --out="$tmp/only2" >"$tmp/only2.out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "selects no stage" "$tmp/only2.out" || { cat "$tmp/only2.out"; fail "--only selecting nothing was not refused"; }
 
 # 3. No step command and no step test (its source is not in this test's
 # runfiles, nothing is packed): recorded as not_available.
@@ -137,13 +155,19 @@ for a in "$@"; do case "$a" in --precision=*) p="${a#--precision=}" ;; esac; don
 echo "{\"bench\":\"optimizer\",\"precision\":\"$p\",\"cuda\":{\"gflops\":2}}"
 SH
 chmod +x "$fake/bin/optimizer_bench"
-# The composed step's stand-in records its arguments: the cap it was given.
+# The composed step's stand-in records its arguments: the cap it was given;
+# with --mfu_s it answers as the MFU ladder does.
 cat >"$fake/bin/composed_bench" <<SH
 #!/usr/bin/env bash
 echo "\$*" >>"$tmp/composed.args"
 p=fp32
-for a in "\$@"; do case "\$a" in --precision=*) p="\${a#--precision=}" ;; esac; done
-echo "{\"composed\":1,\"precision\":\"\$p\"}"
+mfu=""
+for a in "\$@"; do case "\$a" in --precision=*) p="\${a#--precision=}" ;; --mfu_s=*) mfu=1 ;; esac; done
+if [ -n "\$mfu" ]; then
+  echo "{\"bench\":\"composed_mfu\",\"precision\":\"\$p\",\"mfu\":0.25,\"tflops\":247.3,\"longest_seq_len\":524288,\"n_max_seq_len\":1048576}"
+else
+  echo "{\"composed\":1,\"precision\":\"\$p\"}"
+fi
 SH
 chmod +x "$fake/bin/composed_bench"
 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpu" >"$tmp/gpu.stdout" 2>&1 \
@@ -168,19 +192,27 @@ assert by["bench:composed_bench:plan"]["status"] == "pass"
 for b in ("composed_bench:plan_bf16", "composed_bench:bf16"):
     st = by["bench:" + b]
     assert st["status"] == "pass" and st["data"]["precision"] == "bf16" and st["detail"].startswith("precision bf16"), st
+# The MFU ladder leads its row with its answer.
+st = by["bench:composed_bench:mfu"]
+assert st["status"] == "pass" and st["detail"].startswith(
+    "MFU 25.0% (247.3 TFLOP/s) at 524288 tokens, N_max 1048576; precision bf16, rc=0"), st
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
-# The fake card has 1000 MiB: the two predictions get 85% of it, the step
-# its fixed 6 GiB.
-[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 2 ] || { cat "$tmp/composed.args"; fail "the predictions' cap"; }
+# The fake card has 1000 MiB: the two predictions and the MFU ladder get
+# 85% of it (the ladder all of its 150 s less 10: the fake stages before it
+# take no time), the step its fixed 6 GiB.
+[ "$(grep -c -- '--cap_mb=850 ' "$tmp/composed.args")" -eq 3 ] || { cat "$tmp/composed.args"; fail "the predictions' cap"; }
+[ "$(grep -c -- '--cap_mb=850 --mfu_s=140 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the MFU ladder's cap and time"; }
 [ "$(grep -c -- '--cap_mb=6144 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the composed step's cap"; }
 [ "$(grep -c -- '--precision=bf16 --cap_mb=3072 ' "$tmp/composed.args")" -eq 1 ] || { cat "$tmp/composed.args"; fail "the bf16 composed step's cap"; }
 grep -q -- '--plan_only' "$tmp/composed.args" || fail "no N_max prediction run"
 # With less of the budget left than the bf16 composed step's limit, that
-# optional stage is skipped, not run and cut: the run still passes.
-PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --budget=60 --out="$tmp/short" >/dev/null 2>&1 \
+# optional stage is skipped, not run and cut, and so is the MFU ladder with
+# less than its 45 s left: the run still passes.
+PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --budget=40 --out="$tmp/short" >/dev/null 2>&1 \
   || { cat "$tmp/short/table.txt"; fail "a short budget failed the run"; }
 grep -q 'bench:composed_bench:bf16 *skipped' "$tmp/short/table.txt" || { cat "$tmp/short/table.txt"; fail "the optional stage was not skipped"; }
+grep -q 'bench:composed_bench:mfu *skipped .*it needs 45s' "$tmp/short/table.txt" || { cat "$tmp/short/table.txt"; fail "the MFU ladder was not skipped"; }
 grep -q 'bench:composed_bench  *pass' "$tmp/short/table.txt" || fail "a stage that must run was skipped"
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"

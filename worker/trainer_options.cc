@@ -41,15 +41,18 @@ TrainerOptions RecallDemoJob(int64_t ranks) {
   return o;
 }
 
-double ModelFlopsPerStep(const ModelConfig& m, int64_t batch) {
-  const double tokens = static_cast<double>(batch) * m.seq_len;
+double AttentionFlopsPerStep(const ModelConfig& m, int64_t batch) {
   // Causal attention: QK^T and PV are 4 T^2 d flops per head forward,
   // half of them masked; backward is twice the forward.
-  const double attention = 6.0 * m.layers * batch * static_cast<double>(m.seq_len) * m.seq_len *
-                           m.heads * m.head_dim();
+  return 6.0 * m.layers * batch * static_cast<double>(m.seq_len) * m.seq_len * m.heads *
+         m.head_dim();
+}
+
+double ModelFlopsPerStep(const ModelConfig& m, int64_t batch) {
+  const double tokens = static_cast<double>(batch) * m.seq_len;
   // The embedding is a table lookup, not a matmul: its parameters do no FLOPs.
   const double matmul_params = static_cast<double>(ActiveParameterCount(m) - m.vocab_size * m.hidden);
-  return 6.0 * matmul_params * tokens + attention;
+  return 6.0 * matmul_params * tokens + AttentionFlopsPerStep(m, batch);
 }
 
 }  // namespace plateau

@@ -70,8 +70,9 @@ TrainerOptions RecallDemoJob(int64_t ranks);
 
 // Model FLOPs of one training step on the global batch (forward + backward,
 // without recomputation): 6 * active parameters * tokens, plus causal
-// causal attention 6 * L * B * T^2 * n_h * d.
+// attention 6 * L * B * T^2 * n_h * d (AttentionFlopsPerStep).
 double ModelFlopsPerStep(const ModelConfig& m, int64_t batch);
+double AttentionFlopsPerStep(const ModelConfig& m, int64_t batch);
 
 }  // namespace plateau
 
