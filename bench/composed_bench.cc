@@ -870,20 +870,20 @@ std::string AxisJson(const Reach& r) {
 // long run's. The `auto` settings are chosen as the service chooses them for
 // this backend (its default curve). The router is the seeded one (no skew:
 // the throughput of a trained router, not standard EP's worst case, which
-// the all-on stack does not run anyway). Every rung's device peak must stay
-// within its plan, live set by live set, and its loss must be finite, or the
-// run exits 1.
+// the all-on stack does not run anyway). Every step's device peak (the
+// warm-up's too) must stay within its plan, live set by live set, and every
+// loss must be finite, or the run exits 1.
 //
 // A rung can take longer than its prediction (at the cap the settings chosen
 // are the ones with the smallest plan, slower per FLOP than the last rung's),
 // so a watchdog ends the run at the deadline: it reports the rungs done and
 // the one still running (a bound: its rate is below its FLOPs over the time
-// it has run) and exits, so that the caller's time limit (device-check's,
-// 10 s later) never has to kill it and lose the figures.
+// its timed step has run) and exits, so that the caller's time limit
+// (device-check's, 10 s later) never has to kill it and lose the figures.
 struct Rung {
   int64_t seq_len = 0;
   std::string settings;
-  double create_s = 0;  // TrainingStep::Create, the slowest rank
+  double create_s = 0;  // choosing its settings and TrainingStep::Create, the slowest rank
   double step_s = 0;    // the timed step, the slowest rank
   double flops = 0;     // model FLOPs of the step (all ranks)
   double attention_share = 0;
@@ -898,29 +898,41 @@ const Calibration& ServiceCurve() {
   return c;
 }
 
-// What the ladder has done so far; the rank threads add to it, the watchdog
-// and the end of the run report it.
+// What the ladder has done so far; rank 0's thread adds to it, the watchdog
+// and the end of the run report it. Everything the report needs is kept
+// here (the watchdog reads nothing else, not even the flags).
 class MfuLadder {
  public:
   MfuLadder(int64_t layers, const NMaxAxis& n_max, double t_start)
-      : layers_(layers), n_max_(n_max), t_start_(t_start) {}
+      : layers_(layers),
+        ranks_(Ranks()),
+        allowance_s_(flags["mfu_s"]),
+        cap_bytes_(flags["cap_mb"] << 20),
+        model_(Model(layers, Ranks())),
+        n_max_(n_max),
+        t_start_(t_start) {}
 
   void SetDevice(std::string name, double peak_flops) {
     std::lock_guard<std::mutex> lock(mu_);
     device_ = std::move(name);
     peak_flops_ = peak_flops;
   }
-  // A rung begins (its TrainingStep is made, the first one's warm-up step
-  // runs), then its timed step.
-  void Start(int64_t seq_len) {
+  // A rung begins (its settings chosen, its TrainingStep made, the first
+  // rung's warm-up step), then its timed step starts and ends (rank 0's).
+  void Start(int64_t seq_len, double flops) {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = seq_len;
+    running_flops_ = flops;
     running_since_ = NowSeconds();
-    timed_since_ = 0;
+    timed_since_ = timed_until_ = 0;
   }
   void StartTimedStep(double t0) {
     std::lock_guard<std::mutex> lock(mu_);
     timed_since_ = t0;
+  }
+  void EndTimedStep(double t1) {
+    std::lock_guard<std::mutex> lock(mu_);
+    timed_until_ = t1;
   }
   void Done(const Rung& g) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -934,18 +946,32 @@ class MfuLadder {
         g.loss, MiB(g.peak), MiB(g.planned),
         g.over_plan.empty() ? "" : absl::StrCat(" -- OVER ITS PLAN: ", g.over_plan).c_str());
   }
-  // The slowest creation so far: what the next rung's costs besides its step.
-  double CreateSeconds() {
+  // A step failed (`who`: "rank 1", or "the world"): the ladder ends, and
+  // the report fails the run. The first failure is kept.
+  void Fail(const std::string& who, const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.empty()) failure_ = absl::StrCat(who, ": ", status.ToString());
+  }
+  // Why the ladder stopped below N_max, for the summary.
+  void EndedBy(std::string why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_by_ = std::move(why);
+  }
+  // The slowest rung so far outside its timed step (choosing the settings,
+  // creating the step, the first rung's warm-up aside): what the next rung
+  // costs besides its step.
+  double OverheadSeconds() {
     std::lock_guard<std::mutex> lock(mu_);
     double s = 0;
     for (const Rung& g : rungs_) s = std::max(s, g.create_s);
     return s;
   }
+
   // Prints the summary and the JSON line; returns the exit status. `cut`:
-  // the watchdog's call, with a rung still running.
+  // the watchdog's call at the deadline.
   int Report(bool cut) {
     std::lock_guard<std::mutex> lock(mu_);
-    const int P = Ranks();
+    const int P = ranks_;
     const double now = NowSeconds();
     const bool bounded = std::all_of(rungs_.begin(), rungs_.end(),
                                      [](const Rung& g) { return g.over_plan.empty(); });
@@ -953,51 +979,64 @@ class MfuLadder {
                                     [](const Rung& g) { return std::isfinite(g.loss); });
     const Rung last = rungs_.empty() ? Rung{} : rungs_.back();
     // A rung cut in its timed step bounds the rate: below its FLOPs over the
-    // time the step has run. Cut before it (making the step, warming up),
-    // it says nothing of the rate.
-    const double running_flops = running_ > 0 ? ModelFlopsPerStep(Model(layers_, running_), 1) : 0;
-    const double timed_s = timed_since_ > 0 ? now - timed_since_ : 0;
-    if (cut && running_ > 0) {
+    // time the step has run. Cut before it (making the step, warming up) it
+    // says nothing of the rate, nor after rank 0's step ended (other ranks'
+    // steps, or the rung's record, still to come).
+    const bool cut_running = cut && running_ > 0;
+    const bool bound = cut_running && timed_since_ > 0 && timed_until_ == 0;
+    const double timed_s =
+        timed_since_ > 0 ? (timed_until_ > 0 ? timed_until_ : now) - timed_since_ : 0;
+    if (cut_running) {
+      std::string where = " (before its timed step)";
+      if (bound) {
+        where = absl::StrFormat(", %.1f s into its timed step: below %.4g TFLOP/s%s", timed_s,
+                                running_flops_ / P / timed_s / 1e12,
+                                MfuText(running_flops_, timed_s, " (MFU below ", ")"));
+      } else if (timed_until_ > 0) {
+        where = absl::StrFormat(" (rank 0's timed step had ended after %.2f s)", timed_s);
+      }
       std::printf(
-          "  seq_len %8lld: still running at the deadline (--mfu_s=%lld), %.1f s after it began%s\n",
-          (long long)running_, (long long)flags["mfu_s"], now - running_since_,
-          timed_s > 0 ? absl::StrFormat(", %.1f s into its timed step: below %.4g TFLOP/s%s",
-                                        timed_s, running_flops / P / timed_s / 1e12,
-                                        MfuText(running_flops, timed_s, " (MFU below ", ")"))
-                            .c_str()
-                      : " (before its timed step)");
+          "  seq_len %8lld: still running at the deadline (--mfu_s=%lld), %.1f s after it "
+          "began%s\n",
+          (long long)running_, (long long)allowance_s_, now - running_since_, where.c_str());
     }
+    if (!failure_.empty())
+      std::printf("  the ladder ended with a failed step: %s\n", failure_.c_str());
     if (rungs_.empty()) {
       std::printf("\nno rung completed\n");
     } else {
+      const std::string ended = last.seq_len == n_max_.seq_len ? ""
+                                : cut_running                  ? " (the deadline cut the next rung)"
+                                : !ended_by_.empty()           ? absl::StrCat(" (", ended_by_, ")")
+                                                               : "";
       std::printf(
           "\nlongest context run: %lld tokens, %.1f%% of N_max (%lld)%s: %.4g TFLOP/s per device, "
           "MFU %s against %s (%s dense peak %s); issue 17's target: 40%%\n",
           (long long)last.seq_len, 100.0 * last.seq_len / n_max_.seq_len, (long long)n_max_.seq_len,
-          last.seq_len == n_max_.seq_len ? "" : " (the time allowance ended the ladder)",
-          Tflops(last),
+          ended.c_str(), Tflops(last),
           peak_flops_ > 0 ? MfuText(last.flops, last.step_s, "", "").c_str() : "unknown",
           device_.c_str(), PrecisionName(precision_flag),
           peak_flops_ > 0 ? absl::StrFormat("%.1f TFLOP/s", peak_flops_ / 1e12).c_str()
                           : "unknown");
     }
+    const bool ok = bounded && finite && failure_.empty() && !rungs_.empty();
     std::printf("%s; %.0f s\n",
-                !bounded  ? "SOME PEAKS OVER THEIR PLAN"
-                : !finite ? "A LOSS NOT FINITE"
-                          : "every peak within its plan",
+                !bounded            ? "SOME PEAKS OVER THEIR PLAN"
+                : !finite           ? "A LOSS NOT FINITE"
+                : !failure_.empty() ? "A STEP FAILED"
+                                    : "every peak within its plan",
                 now - t_start_);
-    const ModelConfig m0 = Model(layers_, P);
     std::string json = absl::StrFormat(
         "{\"bench\":\"composed_mfu\",\"precision\":\"%s\",\"date\":%s,\"device\":%s,"
         "\"peak_flops\":%.6g,\"ranks\":%d,\"layers\":%d,\"cap_bytes\":%d,\"model\":{"
         "\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
         "\"expert_ffn\":%d,\"vocab\":%d},\"allowance_s\":%d,\"n_max_seq_len\":%d,"
-        "\"n_max_limit\":%s,\"bounded\":%s,\"finite\":%s,\"rungs\":[",
+        "\"n_max_limit\":%s,\"bounded\":%s,\"finite\":%s,\"failure\":%s,\"rungs\":[",
         PrecisionName(precision_flag), bench::JsonString(bench::NowText()),
-        bench::JsonString(device_), peak_flops_, P, layers_, flags["cap_mb"] << 20, m0.hidden,
-        m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size, flags["mfu_s"],
-        n_max_.seq_len, bench::JsonString(n_max_.limit), bounded ? "true" : "false",
-        finite ? "true" : "false");
+        bench::JsonString(device_), peak_flops_, P, layers_, cap_bytes_, model_.hidden,
+        model_.heads, model_.kv_heads, model_.experts, model_.top_k, model_.expert_ffn,
+        model_.vocab_size, allowance_s_, n_max_.seq_len, bench::JsonString(n_max_.limit),
+        bounded ? "true" : "false", finite ? "true" : "false", bench::JsonString(failure_));
     for (size_t i = 0; i < rungs_.size(); ++i) {
       const Rung& g = rungs_[i];
       absl::StrAppendFormat(
@@ -1013,40 +1052,44 @@ class MfuLadder {
         &json, "],\"longest_seq_len\":%d,\"reached_n_max\":%s,\"tflops\":%.4g,\"mfu\":%.4g",
         last.seq_len, last.seq_len == n_max_.seq_len ? "true" : "false",
         rungs_.empty() ? 0.0 : Tflops(last), Mfu(last.flops / P, last.step_s, peak_flops_));
-    if (cut && running_ > 0) {
+    if (cut_running) {
       absl::StrAppendFormat(&json, ",\"cut\":{\"seq_len\":%d,\"after_s\":%.1f,\"timed_s\":%.1f",
                             running_, now - running_since_, timed_s);
-      if (timed_s > 0) {
+      if (bound) {
         absl::StrAppendFormat(&json, ",\"tflops_below\":%.4g,\"mfu_below\":%.4g",
-                              running_flops / P / timed_s / 1e12,
-                              Mfu(running_flops / P, timed_s, peak_flops_));
+                              running_flops_ / P / timed_s / 1e12,
+                              Mfu(running_flops_ / P, timed_s, peak_flops_));
       }
       json += "}";
     }
     std::printf("\n%s}\n", json.c_str());
     std::fflush(stdout);
-    return bounded && finite && !rungs_.empty() ? 0 : 1;
+    return ok ? 0 : 1;
   }
 
  private:
-  static double Tflops(const Rung& g) { return g.flops / Ranks() / g.step_s / 1e12; }
+  double Tflops(const Rung& g) const { return g.flops / ranks_ / g.step_s / 1e12; }
   // "<before>12.3%<after>" against the peak, "" when the peak is unknown.
   std::string MfuText(double flops, double seconds, const char* before, const char* after) const {
     if (peak_flops_ <= 0) return "";
-    return absl::StrFormat("%s%.1f%%%s", before, 100 * Mfu(flops / Ranks(), seconds, peak_flops_),
+    return absl::StrFormat("%s%.1f%%%s", before, 100 * Mfu(flops / ranks_, seconds, peak_flops_),
                            after);
   }
 
   const int64_t layers_;
+  const int ranks_;
+  const int64_t allowance_s_, cap_bytes_;
+  const ModelConfig model_;
   const NMaxAxis n_max_;
   const double t_start_;
   std::mutex mu_;
   std::string device_ = std::string(BackendKindName(backend_kind));
   double peak_flops_ = 0;
   std::vector<Rung> rungs_;
+  std::string failure_, ended_by_;
   int64_t running_ = 0;  // the rung in progress, 0 between rungs
-  double running_since_ = 0;
-  double timed_since_ = 0;  // its timed step's start, 0 before it
+  double running_flops_ = 0, running_since_ = 0;
+  double timed_since_ = 0, timed_until_ = 0;  // rank 0's timed step, 0 before its start / end
 };
 
 // Ends the process at `deadline` with the ladder's report, unless stopped
@@ -1080,8 +1123,15 @@ class Watchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopped_ = false;
-  std::thread thread_;
+  std::thread thread_;  // last: it starts once the members above exist
 };
+
+// The elementwise largest of two calls' peaks.
+MemoryStats MaxPeaks(MemoryStats a, const MemoryStats& b) {
+  for (int i = 0; i < kNumLiveSets; ++i) a.peak[i] = std::max(a.peak[i], b.peak[i]);
+  a.total_peak = std::max(a.total_peak, b.total_peak);
+  return a;
+}
 
 int RunMfu(int64_t layers, int64_t cap, double t_start) {
   const int P = Ranks();
@@ -1102,8 +1152,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
                  P, (long long)flags["cap_mb"], n.context.detail.c_str());
     return 1;
   }
-  const bench::LadderLimits limits_of_ladder{n.context.seq_len, 1024 * int64_t{P},
-                                             static_cast<double>(flags["mfu_growth"])};
+  const bench::LadderLimits ladder_limits{n.context.seq_len, 1024 * int64_t{P},
+                                          static_cast<double>(flags["mfu_growth"])};
   const bench::FlopsAt flops = [&](int64_t t) { return ModelFlopsPerStep(Model(layers, t), 1); };
   std::printf(
       "MFU: all on, %s, L=%lld, one sequence, P = %d, cap %lld MiB per rank: the longest "
@@ -1119,16 +1169,19 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
   // Rank 0 chooses each next rung between two meetings; every rank reaches
   // every meeting, also one whose step failed (which then does no more work
   // and ends the ladder: its error ends the world after the last meeting).
+  // A rank whose backend or communicator cannot be made never meets the
+  // others: they wait until the watchdog reports "no rung completed".
   Meeting meeting(P);
   std::vector<double> create_s(P), step_s(P);
   std::vector<StepStats> stats(P);
+  StepOptions rung_options;  // rank 0's, for the rung's record
   std::atomic<bool> failed_any{false};
-  int64_t next = FirstContext(limits_of_ladder, flags["mfu_start"]);
+  int64_t next = FirstContext(ladder_limits, flags["mfu_start"]);
+  const double override_flops = static_cast<double>(flags["peak_tflops"]) * 1e12;
   absl::Status s = RunLocalWorld(
       P, RankBackend(cap), FreshStoreDir("composed-mfu"),
       [&](int r, Backend& be, Communicator& world) {
         if (r == 0) {
-          const double override_flops = static_cast<double>(flags["peak_tflops"]) * 1e12;
           if (auto view = be.QueryDevice(); view.ok() && !view->name.empty()) {
             ladder.SetDevice(
                 view->name, MfuPeakFlops(override_flops, view->name, view->cc_major, view->cc_minor,
@@ -1143,34 +1196,46 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           meeting.Arrive();  // `next` is rank 0's choice
           const int64_t t = next;
           if (t == 0) break;
-          if (r == 0) ladder.Start(t);
+          if (r == 0) ladder.Start(t, flops(t));
           if (failed.ok()) {
-            const StepOptions o = Chosen(true, layers, t, 1, cap, ServiceCurve());
             double t0 = NowSeconds();
+            const StepOptions o = Chosen(true, layers, t, 1, cap, ServiceCurve());
+            if (r == 0) rung_options = o;
             auto step = TrainingStep::Create(o, be, world);
             create_s[r] = NowSeconds() - t0;
             std::vector<int32_t> tok, tgt;
+            MemoryStats warm_peaks;
             if (!step.ok()) {
               failed = step.status();
             } else {
               RankTokens(o, r, &tok, &tgt);
               if (warm_up) {
                 auto st = (*step)->Step(tok, tgt);
-                if (!st.ok()) failed = st.status();
+                if (st.ok()) {
+                  warm_peaks = st->device;
+                } else {
+                  failed = st.status();
+                }
               }
             }
             if (failed.ok()) {
               t0 = NowSeconds();
               if (r == 0) ladder.StartTimedStep(t0);
               auto st = (*step)->Step(tok, tgt);
-              step_s[r] = NowSeconds() - t0;
+              const double t1 = NowSeconds();
+              step_s[r] = t1 - t0;
+              if (r == 0) ladder.EndTimedStep(t1);
               if (st.ok()) {
                 stats[r] = *st;
+                stats[r].device = MaxPeaks(st->device, warm_peaks);
               } else {
                 failed = st.status();
               }
             }
-            if (!failed.ok()) failed_any = true;
+            if (!failed.ok()) {
+              failed_any = true;
+              ladder.Fail(absl::StrCat("rank ", r), failed);
+            }
           }
           warm_up = false;
           meeting.Arrive();  // every rank's figures are in
@@ -1179,13 +1244,12 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           if (failed_any) continue;
           Rung g;
           g.seq_len = t;
-          const StepOptions o = Chosen(true, layers, t, 1, cap, ServiceCurve());
-          const MemoryPlan plan = PlanMemory(o).value();
-          g.settings = SettingsText(o);
+          const MemoryPlan plan = PlanMemory(rung_options).value();
+          g.settings = SettingsText(rung_options);
           g.create_s = *std::max_element(create_s.begin(), create_s.end());
           g.step_s = *std::max_element(step_s.begin(), step_s.end());
           g.flops = flops(t);
-          g.attention_share = AttentionFlopsPerStep(o.model, 1) / g.flops;
+          g.attention_share = AttentionFlopsPerStep(rung_options.model, 1) / g.flops;
           g.planned = plan.total();
           g.loss = stats[0].loss;
           for (int q = 0; q < P; ++q) {
@@ -1205,19 +1269,23 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
                                   (long long)g.planned);
           }
           ladder.Done(g);
-          if (!g.over_plan.empty() || !std::isfinite(g.loss))
-            continue;  // ends the ladder; reported below
-          next = bench::NextContext(limits_of_ladder, t, g.flops / g.step_s,
-                                    deadline - NowSeconds(), ladder.CreateSeconds(), flops);
+          if (!g.over_plan.empty()) {
+            ladder.EndedBy("a peak over its plan ended the ladder");
+          } else if (!std::isfinite(g.loss)) {
+            ladder.EndedBy("a loss not finite ended the ladder");
+          } else {
+            next = bench::NextContext(ladder_limits, t, g.flops / g.step_s, deadline - NowSeconds(),
+                                      ladder.OverheadSeconds(), flops);
+            if (next == 0) ladder.EndedBy("the time allowance ended the ladder");
+          }
         }
         return failed;
       });
   watchdog.Stop();
   if (!s.ok()) {
+    ladder.Fail("the world", s);  // kept only if no rank said first
     std::fflush(stdout);
     std::fprintf(stderr, "composed_bench: --mfu_s: a step failed: %s\n", s.ToString().c_str());
-    ladder.Report(/*cut=*/false);
-    return 1;
   }
   return ladder.Report(/*cut=*/false);
 }

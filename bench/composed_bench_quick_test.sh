@@ -45,18 +45,19 @@ print("mfu ladder: %s tokens in %d rungs, N_max reached" % (d["n_max_seq_len"], 
 # with the JSON line (a rung cut in its timed step would bound the rate).
 # The first rung here is N_max of a 24 MiB cap (the start, 30,000, is past
 # it): 26,570 tokens at the smallest settings, ~30 s for its two steps on 2
-# cores. 2 s cut it, and with no rung done the run fails (exit 1).
+# cores. 5 s cut it (finding N_max takes well under one), and with no rung
+# done the run fails (exit 1).
 cut="${TEST_TMPDIR}/cut.out"
 t0=$(date +%s)
-if OPENBLAS_NUM_THREADS=1 "$bin" --quick --ranks=2 --precision=bf16 --cap_mb=24 --mfu_s=2 --mfu_start=30000 >"$cut" 2>&1; then
+if OPENBLAS_NUM_THREADS=1 "$bin" --quick --ranks=2 --precision=bf16 --cap_mb=24 --mfu_s=5 --mfu_start=30000 >"$cut" 2>&1; then
   cat "$cut"; echo "a ladder with no rung done exited 0"; exit 1
 fi
 took=$(( $(date +%s) - t0 ))
 cat "$cut"
-[ "$took" -le 10 ] || { echo "the watchdog did not end the run at its deadline (${took} s)"; exit 1; }
+[ "$took" -le 15 ] || { echo "the watchdog did not end the run at its deadline (${took} s)"; exit 1; }
 tail -n 1 "$cut" | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 assert d["rungs"] == [] and d["cut"]["seq_len"] == 26570 == d["n_max_seq_len"], d
-assert 0 < d["cut"]["after_s"] <= 2, d["cut"]
+assert 0 < d["cut"]["after_s"] <= 5, d["cut"]
 ' || { echo "the cut run's JSON line does not hold"; exit 1; }

@@ -38,6 +38,14 @@ TEST(ContextLadderTest, TheLongestContextWhoseStepFitsTheTimeLeft) {
   EXPECT_GT(2 + Square(next + 1024) / 1e9, 600);
 }
 
+TEST(ContextLadderTest, TheTighterOfTheTwoLimitsWins) {
+  const LadderLimits l{1 << 20, 1024, 4};
+  // From 16,384 the FLOPs cap allows 32,768 (n^2); at 1 FLOP/s the time
+  // allows sqrt(left).
+  EXPECT_EQ(NextContext(l, 16384, 1.0, 40000.0 * 40000.0, 0, Square), 32768);  // FLOPs bind
+  EXPECT_EQ(NextContext(l, 16384, 1.0, 20000.0 * 20000.0, 0, Square), 19456);  // time binds
+}
+
 TEST(ContextLadderTest, NMaxIsReachedEvenWhenNotAMultipleOfTheQuantum) {
   const LadderLimits l{40000, 1024, 4};
   EXPECT_EQ(NextContext(l, 32768, 1.0, 1e30, 0, Square), 40000);
@@ -75,7 +83,27 @@ TEST(ContextLadderTest, TheClimbEndsAtNMaxWithinItsTime) {
   }
   EXPECT_EQ(n, 1 << 20);
   EXPECT_EQ(rungs, 7);  // 16K, 32K, ..., 1M
-  EXPECT_GT(left, 0);
+}
+
+TEST(ContextLadderTest, AClimbAtAConstantRateEndsWithinItsTimeBelowNMax) {
+  // A rate that does not change: each prediction is exact, so the climb
+  // spends at most its time and stops where the next rung would not fit.
+  const LadderLimits l{1 << 20, 1024, 4};
+  const double rate = 1e12;
+  auto flops = [](int64_t m) { return Square(m) * 1e3; };
+  double left = 200;
+  int64_t n = FirstContext(l, 16384);
+  for (;;) {
+    left -= flops(n) / rate + 1;
+    ASSERT_GE(left, 0) << "rung " << n << " overran";
+    const int64_t next = NextContext(l, n, rate, left, 1, flops);
+    if (next == 0) break;
+    n = next;
+  }
+  // 1M would take 1,100 s: the climb stops below it, and no longer context
+  // would have fitted what was left.
+  EXPECT_LT(n, 1 << 20);
+  EXPECT_GT(1 + flops(n + 1024) / rate, left);
 }
 
 }  // namespace

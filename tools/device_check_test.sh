@@ -78,7 +78,7 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["verdict"]
 grep -q 'failed step' "$tmp/bad/table.txt" || fail "the table does not name the failed stage"
 
 # 2a. --only runs the stages it names (after the preflight and the build),
-# and refuses a pattern that names none.
+# and refuses, before anything runs, a pattern that names none.
 "$check" --dry-run --skip-build --only='bench:composed_bench:mfu,test:wgmma*' --out="$tmp/only" >/dev/null 2>&1 \
   || fail "--only exited $?"
 python3 -c '
@@ -90,6 +90,10 @@ assert names == ["preflight", "build", "test:wgmma_probe_test", "bench:composed_
 rc=0
 "$check" --dry-run --skip-build --only='bench:no_such_bench' --out="$tmp/only2" >"$tmp/only2.out" 2>&1 || rc=$?
 [ "$rc" -eq 2 ] && grep -q "selects no stage" "$tmp/only2.out" || { cat "$tmp/only2.out"; fail "--only selecting nothing was not refused"; }
+[ ! -e "$tmp/only2/device-check.json" ] || fail "--only selecting nothing ran stages"
+rc=0
+"$check" --dry-run --skip-build --only='bench:composed_bench:mfu,tset:*' --out="$tmp/only3" >"$tmp/only3.out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "'tset:\*' selects no stage" "$tmp/only3.out" || { cat "$tmp/only3.out"; fail "a mistyped --only pattern was not refused"; }
 
 # 3. No step command and no step test (its source is not in this test's
 # runfiles, nothing is packed): recorded as not_available.
@@ -214,6 +218,14 @@ PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --budget=40 --out="$tmp/short
 grep -q 'bench:composed_bench:bf16 *skipped' "$tmp/short/table.txt" || { cat "$tmp/short/table.txt"; fail "the optional stage was not skipped"; }
 grep -q 'bench:composed_bench:mfu *skipped .*it needs 45s' "$tmp/short/table.txt" || { cat "$tmp/short/table.txt"; fail "the MFU ladder was not skipped"; }
 grep -q 'bench:composed_bench  *pass' "$tmp/short/table.txt" || fail "a stage that must run was skipped"
+# A second call for the MFU ladder alone gives it all that is left of its
+# budget, not just the stage's 150 s.
+: >"$tmp/composed.args"
+PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --only=bench:composed_bench:mfu --budget=300 --out="$tmp/mfuonly" >/dev/null 2>&1 \
+  || { cat "$tmp/mfuonly/table.txt"; fail "the MFU ladder alone failed"; }
+mfu_s=$(sed -n 's/.*--mfu_s=\([0-9]*\).*/\1/p' "$tmp/composed.args")
+[ "$(wc -l <"$tmp/composed.args")" -eq 1 ] && [ "${mfu_s:-0}" -gt 250 ] \
+  || { cat "$tmp/composed.args"; fail "the MFU ladder alone did not get the budget"; }
 if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/gpuskip" >/dev/null 2>&1; then
   fail "a skipped twin test on a GPU did not fail the run"
 fi
