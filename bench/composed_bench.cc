@@ -125,8 +125,8 @@ std::map<std::string, int64_t> flags = {
     // one untimed warm-up step, so that drift over the run hits all three;
     // the ratios are taken within a round and their spread printed.
     {"steps", 3},  // timed steps per stack per round at the same batch
-    {"own_steps",
-     1},  // timed steps per round at the all-on stack's own largest batch (~40x the work)
+    // Timed steps per round at the all-on stack's own largest batch (~40x the work).
+    {"own_steps", 1},
     {"rounds", 3},
     // 1: at each same-batch point, also time the all-on stack at each
     // neighbour of its `auto` settings (one setting halved or doubled to

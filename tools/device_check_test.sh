@@ -217,6 +217,14 @@ PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --budget=40 --out="$tmp/short
   || { cat "$tmp/short/table.txt"; fail "a short budget failed the run"; }
 grep -q 'bench:composed_bench:bf16 *skipped' "$tmp/short/table.txt" || { cat "$tmp/short/table.txt"; fail "the optional stage was not skipped"; }
 grep -q 'bench:composed_bench:mfu *skipped .*it needs 45s' "$tmp/short/table.txt" || { cat "$tmp/short/table.txt"; fail "the MFU ladder was not skipped"; }
+# A skipped stage says how to run it in a call of its own.
+python3 -c '
+import json, sys
+by = {s["stage"]: s for s in json.load(open(sys.argv[1]))["stages"]}
+for name in ("bench:composed_bench:mfu", "bench:composed_bench:bf16"):
+    d = by[name]["detail"]
+    assert "run it alone: tools/device-check --prebuilt=%s --only=%s --budget=" % (sys.argv[2], name) in d, d' \
+  "$tmp/short/device-check.json" "$fake" || fail "a skipped stage does not say how to run it alone"
 grep -q 'bench:composed_bench  *pass' "$tmp/short/table.txt" || fail "a stage that must run was skipped"
 # A second call for the MFU ladder alone gives it all that is left of its
 # budget, not just the stage's 150 s.
