@@ -1169,8 +1169,10 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
   // Rank 0 chooses each next rung between two meetings; every rank reaches
   // every meeting, also one whose step failed (which then does no more work
   // and ends the ladder: its error ends the world after the last meeting).
-  // A rank whose backend or communicator cannot be made never meets the
-  // others: they wait until the watchdog reports "no rung completed".
+  // A rank whose backend cannot be made never joins the world: the others'
+  // rendezvous fails after its 60 s timeout, before any meeting, and the
+  // report names the error (a deadline before then reports "no rung
+  // completed").
   Meeting meeting(P);
   std::vector<double> create_s(P), step_s(P);
   std::vector<StepStats> stats(P);
