@@ -64,8 +64,7 @@ TrainerOptions RecallOptions(int P) { return RecallDemoJob(P); }
 // clearly below ln(8) (by 0.3 nats, averaged over the last 20 steps) means
 // the model retrieves values from the context — it has learned the task,
 // not just the answer format.
-TEST(TrainerTest, LearnsAssociativeRecallIn200Steps) {
-  TrainerOptions o = RecallOptions(2);
+void ExpectLearnsRecallIn200Steps(const TrainerOptions& o, const char* what) {
   ASSERT_EQ(o.steps, 200);
   TrainRun run = Train(o, 2);
   ASSERT_TRUE(run.status.ok()) << run.status;
@@ -74,6 +73,11 @@ TEST(TrainerTest, LearnsAssociativeRecallIn200Steps) {
   for (int i = 180; i < 200; ++i) tail += run.losses[i] / 20;
   EXPECT_NEAR(run.losses[0], std::log(18.0), 0.15);
   EXPECT_LT(tail, std::log(8.0) - 0.3) << "first " << run.losses[0] << ", last-20 mean " << tail;
+  std::printf("%s: first %.4f, last-20 mean %.4f\n", what, run.losses[0], tail);
+}
+
+TEST(TrainerTest, LearnsAssociativeRecallIn200Steps) {
+  ExpectLearnsRecallIn200Steps(RecallOptions(2), "fp32");
 }
 
 // The same job in bf16 mixed precision (bf16 working weights, activations
@@ -84,14 +88,7 @@ TEST(TrainerTest, LearnsAssociativeRecallIn200Steps) {
 TEST(TrainerTest, LearnsAssociativeRecallIn200StepsInBf16) {
   TrainerOptions o = RecallOptions(2);
   o.step.precision = Precision::kBf16Mixed;
-  TrainRun run = Train(o, 2);
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  ASSERT_EQ(run.losses.size(), 200u);
-  double tail = 0;
-  for (int i = 180; i < 200; ++i) tail += run.losses[i] / 20;
-  EXPECT_NEAR(run.losses[0], std::log(18.0), 0.15);
-  EXPECT_LT(tail, std::log(8.0) - 0.3) << "first " << run.losses[0] << ", last-20 mean " << tail;
-  std::printf("bf16: first %.4f, last-20 mean %.4f\n", run.losses[0], tail);
+  ExpectLearnsRecallIn200Steps(o, "bf16");
 }
 
 // Stopping at a checkpoint and resuming in fresh objects continues the
