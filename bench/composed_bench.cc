@@ -1126,13 +1126,6 @@ class Watchdog {
   std::thread thread_;  // last: it starts once the members above exist
 };
 
-// The elementwise largest of two calls' peaks.
-MemoryStats MaxPeaks(MemoryStats a, const MemoryStats& b) {
-  for (int i = 0; i < kNumLiveSets; ++i) a.peak[i] = std::max(a.peak[i], b.peak[i]);
-  a.total_peak = std::max(a.total_peak, b.total_peak);
-  return a;
-}
-
 int RunMfu(int64_t layers, int64_t cap, double t_start) {
   const int P = Ranks();
   const double deadline = t_start + static_cast<double>(flags["mfu_s"]);
@@ -1229,7 +1222,7 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
               if (r == 0) ladder.EndTimedStep(t1);
               if (st.ok()) {
                 stats[r] = *st;
-                stats[r].device = MaxPeaks(st->device, warm_peaks);
+                stats[r].device.KeepPeaks(warm_peaks);
               } else {
                 failed = st.status();
               }

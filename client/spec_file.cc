@@ -266,9 +266,12 @@ bool FindRepeatedLabel(absl::string_view text, const v1::JobSpec& spec,
              tree.GetTreeForNested(labels, static_cast<int>(where.size()))) {
     const int i = static_cast<int>(where.size());
     pb::TextFormat::ParseLocation at = nested->GetLocation(key_field, -1);
-    if (at.line >= 0) entry_at[{at.line, at.column}] = i;
-    if (at.line < 0) at = tree.GetLocation(labels, i);
-    if (at.line < 0) at = tree.GetLocation(labels, 0);
+    if (at.line >= 0) {
+      entry_at[{at.line, at.column}] = i;
+    } else {
+      at = tree.GetLocation(labels, i);
+      if (at.line < 0) at = tree.GetLocation(labels, 0);
+    }
     where.push_back(at);
   }
   const int entries = static_cast<int>(where.size());

@@ -11,6 +11,7 @@
 #ifndef PLATEAU_KERNELS_MEMORY_H_
 #define PLATEAU_KERNELS_MEMORY_H_
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -57,6 +58,12 @@ struct MemoryStats {
 
   int64_t current_of(LiveSet s) const { return current[static_cast<int>(s)]; }
   int64_t peak_of(LiveSet s) const { return peak[static_cast<int>(s)]; }
+  // Raises each live set's peak and the total peak to `other`'s where larger
+  // (the peaks over several calls); the current bytes are left as they are.
+  void KeepPeaks(const MemoryStats& other) {
+    for (int i = 0; i < kNumLiveSets; ++i) peak[i] = std::max(peak[i], other.peak[i]);
+    total_peak = std::max(total_peak, other.total_peak);
+  }
   // "weights=1024 (peak 2048), grads=..., total=... (peak ...)"; sets that
   // never held anything are left out.
   std::string DebugString() const;

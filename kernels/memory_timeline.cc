@@ -11,8 +11,7 @@ namespace {
 // b follows a: bytes at b's end, the larger peaks.
 MemoryStats Join(const MemoryStats& a, const MemoryStats& b) {
   MemoryStats s = b;
-  for (int i = 0; i < kNumLiveSets; ++i) s.peak[i] = std::max(a.peak[i], b.peak[i]);
-  s.total_peak = std::max(a.total_peak, b.total_peak);
+  s.KeepPeaks(a);
   return s;
 }
 

@@ -297,10 +297,8 @@ absl::Status RunRank(const Flags& f) {
     tokens += r.tokens;
     seconds += r.seconds;
     flops += r.model_flops;
-    for (int i = 0; i < kNumLiveSets; ++i) peak.peak[i] = std::max(peak.peak[i], r.stats.device.peak[i]);
-    peak.total_peak = std::max(peak.total_peak, r.stats.device.total_peak);
-    for (int i = 0; i < kNumLiveSets; ++i) host_peak.peak[i] = std::max(host_peak.peak[i], r.stats.host.peak[i]);
-    host_peak.total_peak = std::max(host_peak.total_peak, r.stats.host.total_peak);
+    peak.KeepPeaks(r.stats.device);
+    host_peak.KeepPeaks(r.stats.host);
     if (f.rank == 0 && (r.stats.step % f.log_every == 0 || r.stats.step == f.steps || r.stats.step == 1)) {
       // The loss in full: %.17g reads back as the same double, so a run can
       // be compared with an independent rebuild of the model step by step.

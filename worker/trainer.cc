@@ -144,12 +144,8 @@ absl::Status Validate(const TrainerOptions& o, TrainingStep& step, DataSource& h
     PLATEAU_ASSIGN_OR_RETURN(StepStats e, step.Evaluate(batch.tokens, batch.targets));
     sum += e.loss * static_cast<double>(e.valid_tokens);
     valid += e.valid_tokens;
-    for (int i = 0; i < kNumLiveSets; ++i) {
-      r->stats.device.peak[i] = std::max(r->stats.device.peak[i], e.device.peak[i]);
-      r->stats.host.peak[i] = std::max(r->stats.host.peak[i], e.host.peak[i]);
-    }
-    r->stats.device.total_peak = std::max(r->stats.device.total_peak, e.device.total_peak);
-    r->stats.host.total_peak = std::max(r->stats.host.total_peak, e.host.total_peak);
+    r->stats.device.KeepPeaks(e.device);
+    r->stats.host.KeepPeaks(e.host);
   }
   r->has_validation = true;
   r->validation_loss = valid > 0 ? sum / static_cast<double>(valid) : 0.0;

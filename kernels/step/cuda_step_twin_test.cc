@@ -120,8 +120,8 @@ absl::Status RunRank(BackendKind kind, Precision precision,
   auto weights = (*step)->GatherWeights();
   if (!weights.ok()) return weights.status();
   for (const StepStats* call : {&*stats, &*step_stats}) {
-    KeepPeaks(call->device, &out->device[r]);
-    KeepPeaks(call->host, &out->host[r]);
+    out->device[r].KeepPeaks(call->device);
+    out->host[r].KeepPeaks(call->host);
   }
   if (r == 0) {
     out->loss = stats->loss;

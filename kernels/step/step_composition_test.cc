@@ -230,8 +230,8 @@ Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g) 
         PLATEAU_ASSIGN_OR_RETURN(StepStats eval, step->Evaluate(tok, tgt));
         calls.push_back(eval);
         for (const StepStats& c : calls) {
-          KeepPeaks(c.device, &out.device[r]);
-          KeepPeaks(c.host, &out.host[r]);
+          out.device[r].KeepPeaks(c.device);
+          out.host[r].KeepPeaks(c.host);
         }
         if (r == 0) {
           for (const StepStats& c : calls) out.losses.push_back(c.loss);

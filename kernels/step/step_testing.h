@@ -34,12 +34,6 @@ inline absl::Status SkewRouting(TrainingStep& step, const ModelConfig& m) {
   return step.LoadState(state);
 }
 
-// Keeps the larger of `call`'s peaks and `kept`'s, per live set and total.
-inline void KeepPeaks(const MemoryStats& call, MemoryStats* kept) {
-  for (int i = 0; i < kNumLiveSets; ++i) kept->peak[i] = std::max(kept->peak[i], call.peak[i]);
-  kept->total_peak = std::max(kept->total_peak, call.total_peak);
-}
-
 // Every rank's device and host peaks (one MemoryStats per rank) within the
 // plan of `o`: each live set, and the device total.
 inline void ExpectWithinPlan(const std::vector<MemoryStats>& device,
