@@ -85,6 +85,7 @@
 #include "kernels/model/precision.h"
 #include "kernels/model/reference.h"
 #include "kernels/model/step_options.h"
+#include "kernels/phase_clock.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
@@ -890,6 +891,13 @@ struct Rung {
   int64_t peak = 0, planned = 0;  // device total: the largest rank's peak, the plan
   std::string over_plan;          // live sets whose peak passed their plan, "" when none
   double loss = 0;
+  // Rank 0's timed step by phase, on the device (kernels/phase_clock.h), or
+  // why there is no such reading.
+  PhaseTimes phases;
+  std::string phases_error;
+  // The model FLOPs of the layers' forward (the recompute does it again;
+  // the backward twice) and of the vocabulary projection both ways.
+  double layer_forward_flops = 0, projection_flops = 0;
 };
 
 const Calibration& ServiceCurve() {
@@ -945,6 +953,7 @@ class MfuLadder {
         100 * g.attention_share, Tflops(g), MfuText(g.flops, g.step_s, " (MFU ", ")").c_str(),
         g.loss, MiB(g.peak), MiB(g.planned),
         g.over_plan.empty() ? "" : absl::StrCat(" -- OVER ITS PLAN: ", g.over_plan).c_str());
+    std::printf("    where rank 0's step went: %s\n", PhasesText(g).c_str());
   }
   // A step failed (`who`: "rank 1", or "the world"): the ladder ends, and
   // the report fails the run. The first failure is kept.
@@ -1043,10 +1052,10 @@ class MfuLadder {
           &json,
           "%s{\"seq_len\":%d,\"settings\":%s,\"create_s\":%.3f,\"step_s\":%.4f,"
           "\"model_flops\":%.6g,\"tflops\":%.4g,\"mfu\":%.4g,\"attention_share\":%.4f,"
-          "\"peak_bytes\":%d,\"planned_bytes\":%d,\"over_plan\":%s,\"loss\":%.6g}",
+          "\"peak_bytes\":%d,\"planned_bytes\":%d,\"over_plan\":%s,\"loss\":%.6g,%s}",
           i ? "," : "", g.seq_len, bench::JsonString(g.settings), g.create_s, g.step_s, g.flops,
           Tflops(g), Mfu(g.flops / P, g.step_s, peak_flops_), g.attention_share, g.peak, g.planned,
-          bench::JsonString(g.over_plan), g.loss);
+          bench::JsonString(g.over_plan), g.loss, PhasesJson(g));
     }
     absl::StrAppendFormat(
         &json, "],\"longest_seq_len\":%d,\"reached_n_max\":%s,\"tflops\":%.4g,\"mfu\":%.4g",
@@ -1068,6 +1077,44 @@ class MfuLadder {
   }
 
  private:
+  // "forward 24.1% at 312 TFLOP/s, ...": each group's share of the phases'
+  // sum, and where its FLOPs are known its rate per device. The recompute
+  // and the backward share one rate: which of them does the recompute's
+  // expert work depends on the dispatch (PipelinedLLEP's backward replays
+  // it), so their FLOPs are known only together: the layers' forward once
+  // more and the backward's twice (the MFU's model FLOPs leave the
+  // recompute out; this rate counts it).
+  std::string PhasesText(const Rung& g) const {
+    if (!g.phases_error.empty()) return absl::StrCat("not timed (", g.phases_error, ")");
+    const PhaseTimes& t = g.phases;
+    const double sum = t.total();
+    if (!(sum > 0)) return "not timed (no phase took any time)";
+    auto share = [&](double seconds) { return absl::StrFormat("%.1f%%", 100 * seconds / sum); };
+    auto rate = [&](double flops, double seconds) {
+      return seconds > 0 ? absl::StrFormat(" at %.4g TFLOP/s", flops / ranks_ / seconds / 1e12)
+                         : std::string();
+    };
+    return absl::StrCat("forward ", share(t.forward), rate(g.layer_forward_flops, t.forward),
+                        ", recompute ", share(t.recompute), " + backward ", share(t.backward),
+                        rate(3 * g.layer_forward_flops, t.recompute + t.backward), ", projection ",
+                        share(t.projection), rate(g.projection_flops, t.projection), ", optimizer ",
+                        share(t.optimizer), ", the rest ",
+                        share(t.embedding + t.grad_reduce + t.grad_norm),
+                        absl::StrFormat("; %.3g s in all", sum));
+  }
+  static std::string PhasesJson(const Rung& g) {
+    if (!g.phases_error.empty()) {
+      return absl::StrCat("\"phases_error\":", bench::JsonString(g.phases_error));
+    }
+    const PhaseTimes& t = g.phases;
+    return absl::StrFormat(
+        "\"phases_s\":{\"embedding\":%.4g,\"forward\":%.4g,\"projection\":%.4g,"
+        "\"recompute\":%.4g,\"backward\":%.4g,\"grad_reduce\":%.4g,\"grad_norm\":%.4g,"
+        "\"optimizer\":%.4g},\"layer_forward_flops\":%.6g,\"projection_flops\":%.6g",
+        t.embedding, t.forward, t.projection, t.recompute, t.backward, t.grad_reduce, t.grad_norm,
+        t.optimizer, g.layer_forward_flops, g.projection_flops);
+  }
+
   double Tflops(const Rung& g) const { return g.flops / ranks_ / g.step_s / 1e12; }
   // "<before>12.3%<after>" against the peak, "" when the peak is unknown.
   std::string MfuText(double flops, double seconds, const char* before, const char* after) const {
@@ -1170,6 +1217,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
   std::vector<double> create_s(P), step_s(P);
   std::vector<StepStats> stats(P);
   StepOptions rung_options;  // rank 0's, for the rung's record
+  PhaseTimes rung_phases;    // rank 0's timed step by phase
+  std::string rung_phases_error;
   std::atomic<bool> failed_any{false};
   int64_t next = FirstContext(ladder_limits, flags["mfu_start"]);
   const double override_flops = static_cast<double>(flags["peak_tflops"]) * 1e12;
@@ -1214,15 +1263,41 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
               }
             }
             if (failed.ok()) {
+              // Rank 0's step is timed phase by phase too; a clock that
+              // cannot be had (or read) is reported, not a failure.
+              std::unique_ptr<PhaseClock> clock;
+              if (r == 0) {
+                rung_phases_error.clear();
+                auto c = PhaseClock::Create(be, (*step)->streams());
+                if (c.ok()) {
+                  clock = std::move(*c);
+                } else {
+                  rung_phases_error = c.status().ToString();
+                }
+              }
               t0 = NowSeconds();
               if (r == 0) ladder.StartTimedStep(t0);
-              auto st = (*step)->Step(tok, tgt);
+              if (clock != nullptr) {
+                if (absl::Status cs = clock->Start(); !cs.ok()) {
+                  rung_phases_error = cs.ToString();
+                  clock.reset();
+                }
+              }
+              auto st = (*step)->Step(tok, tgt, clock.get());
               const double t1 = NowSeconds();
               step_s[r] = t1 - t0;
               if (r == 0) ladder.EndTimedStep(t1);
               if (st.ok()) {
                 stats[r] = *st;
                 stats[r].device.KeepPeaks(warm_peaks);
+                if (clock != nullptr) {
+                  auto read = clock->Read();
+                  if (read.ok()) {
+                    rung_phases = SumByKind(*read);
+                  } else {
+                    rung_phases_error = read.status().ToString();
+                  }
+                }
               } else {
                 failed = st.status();
               }
@@ -1245,6 +1320,13 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           g.step_s = *std::max_element(step_s.begin(), step_s.end());
           g.flops = flops(t);
           g.attention_share = AttentionFlopsPerStep(rung_options.model, 1) / g.flops;
+          // lm_head [V, H] on every token, both ways; the layers are the rest
+          // (the final norm's few FLOPs among them).
+          g.projection_flops = 6.0 * static_cast<double>(rung_options.model.vocab_size) *
+                               rung_options.model.hidden * static_cast<double>(t);
+          g.layer_forward_flops = (g.flops - g.projection_flops) / 3;
+          g.phases = rung_phases;
+          g.phases_error = rung_phases_error;
           g.planned = plan.total();
           g.loss = stats[0].loss;
           for (int q = 0; q < P; ++q) {

@@ -166,6 +166,12 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
       absl::string_view name) = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+  // An event that also keeps when its point ran, for Event::SecondsSince
+  // (the step's phase clock, kernels/phase_clock.h). CreateEvent's events do
+  // without: on CUDA a timing event costs a timestamp at every Record.
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() {
+    return absl::UnimplementedError("backend: no timing events");
+  }
 
   // Copies `bytes` between any two spaces of this backend (device or host,
   // either direction), asynchronously on `stream`. The ranges must not

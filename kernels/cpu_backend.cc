@@ -64,6 +64,9 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
     return std::make_unique<CpuEvent>();
   }
+  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override {
+    return std::make_unique<CpuEvent>(/*timing=*/true);
+  }
 
  protected:
   // Every operation becomes one task on the stream's thread.

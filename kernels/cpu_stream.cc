@@ -21,8 +21,34 @@ uint64_t CpuEvent::last_ticket() {
 }
 
 void CpuEvent::Complete(uint64_t ticket) {
+  // Read before the lock: the time the stream reached the point, not the
+  // time a waiter let go of the mutex.
+  const absl::Time now = timing_ ? absl::Now() : absl::InfinitePast();
   absl::MutexLock lock(&mu_);
-  if (ticket > completed_) completed_ = ticket;
+  if (ticket > completed_) {
+    completed_ = ticket;
+    completed_at_ = now;
+  }
+}
+
+absl::StatusOr<absl::Time> CpuEvent::RanAt() {
+  if (!timing_)
+    return absl::FailedPreconditionError("event: not a timing event (Backend::CreateTimingEvent)");
+  absl::MutexLock lock(&mu_);
+  if (recorded_ == 0) return absl::FailedPreconditionError("event: never recorded");
+  if (completed_ < recorded_)
+    return absl::FailedPreconditionError("event: its point has not run yet");
+  return completed_at_;
+}
+
+absl::StatusOr<double> CpuEvent::SecondsSince(Event& earlier) {
+  auto* e = dynamic_cast<CpuEvent*>(&earlier);
+  if (e == nullptr) return absl::InvalidArgumentError("event: SecondsSince needs a CPU event");
+  absl::StatusOr<absl::Time> from = e->RanAt();
+  if (!from.ok()) return from.status();
+  absl::StatusOr<absl::Time> to = RanAt();
+  if (!to.ok()) return to.status();
+  return absl::ToDoubleSeconds(*to - *from);
 }
 
 void CpuEvent::WaitFor(uint64_t ticket) {

@@ -13,15 +13,21 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/stream.h"
 
 namespace plateau {
 
 class CpuEvent final : public Event {
  public:
+  // A timing event keeps the steady clock's reading when its point ran.
+  explicit CpuEvent(bool timing = false) : timing_(timing) {}
+
   absl::Status Synchronize() override;
   bool Done() override;
+  absl::StatusOr<double> SecondsSince(Event& earlier) override;
 
  private:
   friend class CpuStream;
@@ -31,10 +37,15 @@ class CpuEvent final : public Event {
   void Complete(uint64_t ticket);
   void WaitFor(uint64_t ticket);
   uint64_t last_ticket();
+  // The time the last recorded point ran; an error unless this is a timing
+  // event, recorded and complete.
+  absl::StatusOr<absl::Time> RanAt();
 
+  const bool timing_;
   absl::Mutex mu_;
   uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time completed_at_ ABSL_GUARDED_BY(mu_);
 };
 
 class CpuStream;

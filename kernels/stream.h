@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace plateau {
@@ -31,6 +32,16 @@ class Event {
   virtual absl::Status Synchronize() = 0;
   // True when the work captured by the last Record has run.
   virtual bool Done() = 0;
+  // Seconds from the moment `earlier`'s last recorded point ran to the
+  // moment this event's did, by the device's clock (CUDA's
+  // cudaEventElapsedTime; the CPU's steady clock), for timing work on a
+  // stream without blocking it. Both must come from one backend's
+  // CreateTimingEvent and be recorded and complete (FailedPrecondition
+  // otherwise). Negative when `earlier` ran later (two streams).
+  virtual absl::StatusOr<double> SecondsSince(Event& earlier) {
+    (void)earlier;
+    return absl::UnimplementedError("event: not a timing event (Backend::CreateTimingEvent)");
+  }
 };
 
 class Stream {

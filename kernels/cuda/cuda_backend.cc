@@ -371,7 +371,8 @@ class CudaPinnedSpace final : public MemorySpace {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(int device, cudaEvent_t event) : device_(device), event_(event) {}
+  CudaEvent(int device, cudaEvent_t event, bool timing = false)
+      : device_(device), event_(event), timing_(timing) {}
   ~CudaEvent() override { PLATEAU_CUDA_REPORT(cudaEventDestroy(event_)); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
@@ -390,12 +391,34 @@ class CudaEvent final : public Event {
     return e != cudaErrorNotReady;
   }
 
+  // cudaEventElapsedTime: milliseconds at about half a microsecond's
+  // resolution; cudaErrorNotReady while either point has not run, and an
+  // invalid handle for an event never recorded or made without timing.
+  absl::StatusOr<double> SecondsSince(Event& earlier) override {
+    auto* e = dynamic_cast<CudaEvent*>(&earlier);
+    if (e == nullptr) return absl::InvalidArgumentError("event: SecondsSince needs a CUDA event");
+    if (!timing_ || !e->timing_) {
+      return absl::FailedPreconditionError(
+          "event: not a timing event (Backend::CreateTimingEvent)");
+    }
+    float ms = 0.0f;
+    const cudaError_t err = cudaEventElapsedTime(&ms, e->event_, event_);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not the next launch's error
+      if (err == cudaErrorNotReady)
+        return absl::FailedPreconditionError("event: its point has not run yet");
+      return CudaStatus(err, "cudaEventElapsedTime", __FILE__, __LINE__);
+    }
+    return ms * 1e-3;
+  }
+
   int device() const { return device_; }
   cudaEvent_t native() const { return event_; }
 
  private:
   const int device_;
   const cudaEvent_t event_;
+  const bool timing_;
 };
 
 // The most GEMMs one cublasGemmGroupedBatchedEx call takes: the device
@@ -633,6 +656,12 @@ class CudaBackend final : public Backend {
     PLATEAU_CUDA_RETURN_IF_ERROR(
         cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     return std::make_unique<CudaEvent>(device_index_, event);
+  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+    cudaEvent_t event = nullptr;
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDefault));
+    return std::make_unique<CudaEvent>(device_index_, event, /*timing=*/true);
   }
 
  protected:

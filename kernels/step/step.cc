@@ -939,6 +939,8 @@ int64_t TrainingStep::LoadStreamedStateHostBytes() const { return plateau::LoadS
 
 std::string TrainingStep::KernelsDescribe() const { return impl_->kernels->Describe(); }
 
+std::vector<Stream*> TrainingStep::streams() { return {impl_->compute.get(), impl_->comm.get()}; }
+
 // Device memory: none. Each rank reads its own dense shard and owned vector
 // (the runs of its parts, ParamLayout::ForEach*Run) from the source and
 // copies them straight into the launch-sized buffers: the owned working

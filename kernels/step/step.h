@@ -162,6 +162,10 @@ class TrainingStep {
   // whether they run on wgmma, and why not); "" on the CPU.
   std::string KernelsDescribe() const;
   Backend& backend() { return backend_; }
+  // The step's compute and communication streams, in that order: for timing
+  // its phases on the device (kernels/phase_clock.h). Work enqueued on them
+  // runs in the step's order.
+  std::vector<Stream*> streams();
 
   // The buffers and streams; opaque outside step.cc.
   struct Impl;

@@ -13,6 +13,7 @@
 // finishes. When it does, the next external work whose stream can reach it
 // starts (StartExternalsLocked), without waiting for a host call.
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -60,8 +61,13 @@ struct CUstream_st {
 struct CUevent_st {
   int device = 0;
   bool destroyed = false;
+  bool timing = true;             // made without cudaEventDisableTiming
   CUstream_st* stream = nullptr;  // of the last record; none: complete
   uint64_t seq = 0;
+  // A timing event's last record, stamped when the stream ran it (the host's
+  // steady clock: the emulation's "device" is the host).
+  uint64_t ran_seq = 0;
+  std::chrono::steady_clock::time_point ran_at;
 };
 struct CUmemPoolHandle_st {
   int device = 0;
@@ -876,13 +882,14 @@ cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned /*flags*/) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
   PLATEAU_EMULATED_LOCK;
   PLATEAU_EMULATED_STICKY;
   if (event == nullptr) return Ret(cudaErrorInvalidValue);
   R().events.push_back(std::make_unique<CUevent_st>());
   *event = R().events.back().get();
   (*event)->device = current_device;
+  (*event)->timing = (flags & cudaEventDisableTiming) == 0;
   return cudaSuccess;
 }
 
@@ -904,10 +911,25 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   CUstream_st* s = plateau::cuda_emulation::Resolve(stream);
   // The event and the stream belong to one device, as CUDA requires.
   if (event->device != s->device) return Ret(cudaErrorInvalidResourceHandle);
-  const cudaError_t e = plateau::cuda_emulation::EnqueueLocked(s, CUstream_st::Item{});
+  CUstream_st::Item item;
+  if (event->timing) {
+    // Events are never freed (destroyed ones are only marked), so the
+    // pointer outlives the item. A later record replaces this one's stamp.
+    const uint64_t seq = s->enqueued + 1;
+    item.work = [event, s, seq] {
+      if (event->stream != s || event->seq != seq) return;
+      event->ran_seq = seq;
+      event->ran_at = std::chrono::steady_clock::now();
+    };
+  }
+  const bool idle = s->queue.empty();
+  const cudaError_t e = plateau::cuda_emulation::EnqueueLocked(s, std::move(item));
   if (e != cudaSuccess) return Ret(e);
   event->stream = s;
   event->seq = s->enqueued;
+  // On a GPU a point recorded on an idle stream has run at once; a lazy
+  // stamp (at the next flush) would time it late.
+  if (event->timing && idle) plateau::cuda_emulation::FlushLocked(s, s->enqueued);
   return cudaSuccess;
 }
 
@@ -931,12 +953,30 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   return pending ? cudaErrorNotReady : cudaSuccess;
 }
 
+// As CUDA's: an invalid handle for an event never recorded or made with
+// cudaEventDisableTiming; cudaErrorNotReady while either point is queued
+// (which, as cudaEventQuery, runs it). Times are the host's.
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  // Timing is not emulated.
-  (void)ms;
-  (void)start;
-  (void)end;
-  return Ret(cudaErrorNotSupported);
+  PLATEAU_EMULATED_LOCK;
+  if (ms == nullptr) return Ret(cudaErrorInvalidValue);
+  for (cudaEvent_t e : {start, end}) {
+    if (e == nullptr || e->destroyed || !e->timing || e->stream == nullptr) {
+      return Ret(cudaErrorInvalidResourceHandle);
+    }
+  }
+  bool pending = false;
+  for (cudaEvent_t e : {start, end}) {
+    if (e->stream->executed < e->seq) {
+      pending = true;
+      plateau::cuda_emulation::FlushLocked(e->stream, e->seq);
+    }
+  }
+  if (R().sticky != cudaSuccess) return Ret(R().sticky);
+  if (pending || start->ran_seq != start->seq || end->ran_seq != end->seq) {
+    return Ret(cudaErrorNotReady);
+  }
+  *ms = std::chrono::duration<float, std::milli>(end->ran_at - start->ran_at).count();
+  return cudaSuccess;
 }
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fn) {

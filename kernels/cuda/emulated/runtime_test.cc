@@ -139,6 +139,39 @@ TEST_F(EmulatedRuntimeTest, AnEventWaitOrdersTwoStreams) {
   EXPECT_EQ(cudaFree(device), cudaSuccess);
 }
 
+// Timing events (the phase clock's, kernels/phase_clock.h) as CUDA's: a
+// point recorded on an idle stream has run at once; one queued behind work
+// is not ready until the work has run; events made without timing, or never
+// recorded, are invalid handles to cudaEventElapsedTime.
+TEST_F(EmulatedRuntimeTest, TimingEventsAreStampedWhenTheirPointRuns) {
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), sizeof(float)), cudaSuccess);
+  cudaEvent_t start, end, plain, never;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&end, cudaEventDefault), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&never), cudaSuccess);
+  float ms = -1.0f;
+
+  ASSERT_EQ(cudaEventRecord(start, a_), cudaSuccess);
+  ASSERT_EQ(cudaEventElapsedTime(&ms, start, start), cudaSuccess) << "an idle stream's point";
+  EXPECT_EQ(ms, 0.0f);
+  PLATEAU_KERNEL_LAUNCH(1, 32, 0, a_, Scale)(device, int64_t{1}, 2.0f);
+  ASSERT_EQ(cudaEventRecord(end, a_), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(plain, a_), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, end), cudaErrorNotReady) << "queued behind a kernel";
+  ms = -1.0f;
+  ASSERT_EQ(cudaEventElapsedTime(&ms, start, end), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, plain, end), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, never), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaEventElapsedTime(nullptr, start, end), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  for (cudaEvent_t e : {start, end, plain, never}) EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
 TEST_F(EmulatedRuntimeTest, KernelsRunOnTheSimtEmulation) {
   float* device = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), 2 * 64 * sizeof(float)), cudaSuccess);
