@@ -1199,7 +1199,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
       "MFU: all on, %s, L=%lld, one sequence, P = %d, cap %lld MiB per rank: the longest "
       "context that fits is %lld tokens (N_max; limit %s), %.4g model TFLOP a step; a ladder of "
       "one-step rungs towards it within %lld s of the start (each at most %lldx the last one's "
-      "FLOPs)\n",
+      "FLOPs); each rung's step by phase on the device, a phase's rate counting any wait inside "
+      "it (a copy, the host)\n",
       PrecisionName(precision_flag), (long long)layers, P, (long long)flags["cap_mb"],
       (long long)n.context.seq_len, n.context.limit.c_str(), flops(n.context.seq_len) / 1e12,
       (long long)flags["mfu_s"], (long long)flags["mfu_growth"]);
@@ -1268,7 +1269,11 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
               std::unique_ptr<PhaseClock> clock;
               if (r == 0) {
                 rung_phases_error.clear();
-                auto c = PhaseClock::Create(be, (*step)->streams());
+                // The layers' boundaries' events made now, outside the
+                // timed step (OffloadStreamAdamW's buckets' as they come:
+                // microseconds each).
+                auto c = PhaseClock::Create(be, (*step)->streams(),
+                                            PhaseBoundaries(o.model.layers, /*buckets=*/0));
                 if (c.ok()) {
                   clock = std::move(*c);
                 } else {

@@ -41,13 +41,13 @@ for g in r:
     # timed, the layers both ways taking time, and the phases inside the
     # timed step (the clock starts after its start and its last boundary passes
     # before Step returns) covering most of it, up to the rounding in the JSON
-    # (four significant digits).
+    # (four significant digits) and a stream thread waking late.
     ph = g["phases_s"]
     assert sorted(ph) == sorted(["embedding", "forward", "projection", "recompute", "backward",
                                  "grad_reduce", "grad_norm", "optimizer"]), ph
     assert all(v >= 0 for v in ph.values()), ph
     assert ph["forward"] > 0 and ph["backward"] > 0 and ph["projection"] > 0, ph
-    assert 0.5 * g["step_s"] <= sum(ph.values()) <= g["step_s"] * 1.002 + 1e-4, (g["step_s"], ph)
+    assert 0.5 * g["step_s"] <= sum(ph.values()) <= g["step_s"] * 1.01 + 2e-3, (g["step_s"], ph)
 assert d["reached_n_max"] and r[-1]["seq_len"] == d["longest_seq_len"] == d["n_max_seq_len"], d
 print("mfu ladder: %s tokens in %d rungs, N_max reached" % (d["n_max_seq_len"], len(r)))
 ' || { echo "composed_bench --mfu_s: its JSON line does not hold"; exit 1; }

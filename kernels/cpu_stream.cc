@@ -1,6 +1,7 @@
 #include "kernels/cpu_stream.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,7 +24,8 @@ uint64_t CpuEvent::last_ticket() {
 void CpuEvent::Complete(uint64_t ticket) {
   // Read before the lock: the time the stream reached the point, not the
   // time a waiter let go of the mutex.
-  const absl::Time now = timing_ ? absl::Now() : absl::InfinitePast();
+  const auto now =
+      timing_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   absl::MutexLock lock(&mu_);
   if (ticket > completed_) {
     completed_ = ticket;
@@ -31,7 +33,7 @@ void CpuEvent::Complete(uint64_t ticket) {
   }
 }
 
-absl::StatusOr<absl::Time> CpuEvent::RanAt() {
+absl::StatusOr<std::chrono::steady_clock::time_point> CpuEvent::RanAt() {
   if (!timing_)
     return absl::FailedPreconditionError("event: not a timing event (Backend::CreateTimingEvent)");
   absl::MutexLock lock(&mu_);
@@ -44,11 +46,11 @@ absl::StatusOr<absl::Time> CpuEvent::RanAt() {
 absl::StatusOr<double> CpuEvent::SecondsSince(Event& earlier) {
   auto* e = dynamic_cast<CpuEvent*>(&earlier);
   if (e == nullptr) return absl::InvalidArgumentError("event: SecondsSince needs a CPU event");
-  absl::StatusOr<absl::Time> from = e->RanAt();
+  auto from = e->RanAt();
   if (!from.ok()) return from.status();
-  absl::StatusOr<absl::Time> to = RanAt();
+  auto to = RanAt();
   if (!to.ok()) return to.status();
-  return absl::ToDoubleSeconds(*to - *from);
+  return std::chrono::duration<double>(*to - *from).count();
 }
 
 void CpuEvent::WaitFor(uint64_t ticket) {
@@ -145,11 +147,25 @@ absl::Status CpuStream::Record(Event& event) {
         absl::StrCat("stream '", name_, "': Record needs a CPU event"));
   }
   uint64_t ticket = e->NextTicket();
-  Push({[e, ticket] {
-          e->Complete(ticket);
-          return absl::OkStatus();
-        },
-        true});
+  Item item{[e, ticket] {
+              e->Complete(ticket);
+              return absl::OkStatus();
+            },
+            true};
+  if (!e->timing_) {
+    Push(std::move(item));
+    return absl::OkStatus();
+  }
+  // A timing point recorded on an idle stream has run now, as on a GPU:
+  // stamped here, not after the worker's wake-up. (Stream lock, then the
+  // event's: the worker completes events without holding its lock.)
+  absl::MutexLock lock(&mu_);
+  if (finished_ == enqueued_) {
+    e->Complete(ticket);
+    return absl::OkStatus();
+  }
+  queue_.push_back(std::move(item));
+  ++enqueued_;
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #ifndef PLATEAU_KERNELS_CPU_STREAM_H_
 #define PLATEAU_KERNELS_CPU_STREAM_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -15,14 +16,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "kernels/stream.h"
 
 namespace plateau {
 
 class CpuEvent final : public Event {
  public:
-  // A timing event keeps the steady clock's reading when its point ran.
+  // A timing event keeps the steady clock's reading when its point ran (at
+  // Record, when the stream was idle).
   explicit CpuEvent(bool timing = false) : timing_(timing) {}
 
   absl::Status Synchronize() override;
@@ -39,13 +40,13 @@ class CpuEvent final : public Event {
   uint64_t last_ticket();
   // The time the last recorded point ran; an error unless this is a timing
   // event, recorded and complete.
-  absl::StatusOr<absl::Time> RanAt();
+  absl::StatusOr<std::chrono::steady_clock::time_point> RanAt();
 
   const bool timing_;
   absl::Mutex mu_;
   uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time completed_at_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point completed_at_ ABSL_GUARDED_BY(mu_);
 };
 
 class CpuStream;

@@ -16,6 +16,7 @@
 // bitwise equal).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/phase_clock.h"
 #include "kernels/testing/device_side.h"
 
 #ifdef PLATEAU_WITH_CUDA
@@ -844,6 +846,48 @@ TEST_F(CudaTwinTest, StreamsOrderedByEventsAndOverlapping) {
   }
   EXPECT_EQ(wrong, 0);
   ASSERT_TRUE((*blocker)->Synchronize().ok());
+}
+
+// The phase clock (kernels/phase_clock.h) on CUDA's timing events: a phase
+// whose stream runs a GEMM takes time on the device although the host
+// issued it at once, the phases fit inside the host's span, and events made
+// without timing are refused with a status.
+TEST_F(CudaTwinTest, ThePhaseClockTimesAPhaseWhereItsStreamRunsIt) {
+  Backend& b = cuda_.b();
+  auto busy = b.CreateStream("busy");
+  auto idle = b.CreateStream("idle");
+  ASSERT_TRUE(busy.ok() && idle.ok());
+  const GemmArgs g = BusyGemm(31);
+  auto clock = PhaseClock::Create(b, {busy->get(), idle->get()}, /*boundaries=*/2);
+  ASSERT_TRUE(clock.ok()) << clock.status();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*clock)->Start().ok());
+  (*clock)->EndPhase(StepPhase::kEmbedding, 0);
+  ASSERT_TRUE(b.Gemm(**busy, g).ok());
+  (*clock)->EndPhase(StepPhase::kForward, 0);
+  auto phases = (*clock)->Read();
+  const double host_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(phases.ok()) << phases.status();
+  ASSERT_EQ(phases->size(), 2u);
+  EXPECT_EQ((*phases)[1].kind, StepPhase::kForward);
+  EXPECT_GE((*phases)[0].seconds, 0.0);
+  EXPECT_GT((*phases)[1].seconds, 0.0) << "the GEMM's phase";
+  EXPECT_LE((*phases)[0].seconds + (*phases)[1].seconds, host_s);
+
+  auto plain = b.CreateEvent();
+  auto timed = b.CreateTimingEvent();
+  ASSERT_TRUE(plain.ok() && timed.ok());
+  ASSERT_TRUE((*busy)->Record(**plain).ok());
+  ASSERT_TRUE((*busy)->Record(**timed).ok());
+  ASSERT_TRUE((*busy)->Synchronize().ok());
+  EXPECT_EQ((*timed)->SecondsSince(**plain).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*plain)->SecondsSince(**timed).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*timed)->SecondsSince(**timed).ok());
+  // A later kernel launch sees no error left behind.
+  ASSERT_TRUE(b.Gemm(**busy, g).ok());
+  EXPECT_TRUE((*busy)->Synchronize().ok());
 }
 
 // backend.h: with the caller's own (pageable) memory on either side, a copy

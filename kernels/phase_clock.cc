@@ -48,29 +48,35 @@ PhaseTimes SumByKind(const std::vector<TimedPhase>& phases) {
 }
 
 absl::StatusOr<std::unique_ptr<PhaseClock>> PhaseClock::Create(Backend& backend,
-                                                               std::vector<Stream*> streams) {
+                                                               std::vector<Stream*> streams,
+                                                               int64_t boundaries) {
   if (streams.empty() || std::count(streams.begin(), streams.end(), nullptr) > 0) {
     return absl::InvalidArgumentError("phase clock: needs the step's streams");
   }
+  if (boundaries < 0 || boundaries > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError("phase clock: boundaries: expected 0 to 2^20");
+  }
   std::unique_ptr<PhaseClock> clock(new PhaseClock(backend, std::move(streams)));
-  // The start's events now: a backend without timing events says so here.
-  clock->points_.emplace_back();
-  for (size_t s = 0; s < clock->streams_.size(); ++s) {
-    PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<Event> e, backend.CreateTimingEvent());
-    clock->points_[0].push_back(std::move(e));
+  // The start's events and the boundaries' now: a backend without timing
+  // events says so here.
+  for (int64_t point = 0; point <= boundaries; ++point) {
+    PLATEAU_RETURN_IF_ERROR(clock->MakePoint());
   }
   return clock;
 }
 
-absl::Status PhaseClock::RecordPoint(size_t point) {
-  if (point == points_.size()) {
-    std::vector<std::unique_ptr<Event>> events;
-    for (size_t s = 0; s < streams_.size(); ++s) {
-      PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<Event> e, backend_.CreateTimingEvent());
-      events.push_back(std::move(e));
-    }
-    points_.push_back(std::move(events));
+absl::Status PhaseClock::MakePoint() {
+  std::vector<std::unique_ptr<Event>> events;
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<Event> e, backend_.CreateTimingEvent());
+    events.push_back(std::move(e));
   }
+  points_.push_back(std::move(events));
+  return absl::OkStatus();
+}
+
+absl::Status PhaseClock::RecordPoint(size_t point) {
+  if (point == points_.size()) PLATEAU_RETURN_IF_ERROR(MakePoint());
   for (size_t s = 0; s < streams_.size(); ++s) {
     PLATEAU_RETURN_IF_ERROR(streams_[s]->Record(*points_[point][s]));
   }

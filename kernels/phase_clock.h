@@ -13,8 +13,8 @@
 // stream. Work of a stream the clock is not given (the optimizer's copy
 // streams) shows where a given stream waits for it, or where the host does.
 //
-// Use: Create once per step (the events are made there and as more
-// boundaries come), Start() right before the step, pass the clock as the
+// Use: Create once per step (the events are made there, and as more
+// boundaries come than it was told of), Start() right before the step, pass the clock as the
 // step's recorder, Read() after it. Start() begins a new reading.
 //
 // Thread safety: one clock per step, used from the step's thread.
@@ -54,12 +54,24 @@ struct PhaseTimes {
 };
 PhaseTimes SumByKind(const std::vector<TimedPhase>& phases);
 
+// The boundaries of one Step of `layers` layers whose optimizer ends
+// `buckets` bucket phases (OffloadStreamAdamW's; 0 for the others): the
+// embedding, each layer's forward, the projection's two, each layer's
+// recompute and backward, the gradient reduce, the norm, the buckets and
+// the optimizer.
+constexpr int64_t PhaseBoundaries(int64_t layers, int64_t buckets) {
+  return 3 * layers + 6 + buckets;
+}
+
 class PhaseClock final : public PhaseRecorder {
  public:
   // `streams`: the step's (TrainingStep::streams()); they must outlive the
-  // clock.
+  // clock. The events of `boundaries` boundaries are made here, so that
+  // making them costs the timed step nothing (PhaseBoundaries); more are
+  // made as they come.
   static absl::StatusOr<std::unique_ptr<PhaseClock>> Create(Backend& backend,
-                                                            std::vector<Stream*> streams);
+                                                            std::vector<Stream*> streams,
+                                                            int64_t boundaries = 0);
 
   // Records the start on every stream and forgets the last reading.
   absl::Status Start();
@@ -71,8 +83,9 @@ class PhaseClock final : public PhaseRecorder {
  private:
   PhaseClock(Backend& backend, std::vector<Stream*> streams)
       : backend_(backend), streams_(std::move(streams)) {}
-  // Records points_[point][s] on every stream s, making the events first
-  // time round.
+  // Makes the events of one more point, one per stream.
+  absl::Status MakePoint();
+  // Records points_[point][s] on every stream s (point <= points_.size()).
   absl::Status RecordPoint(size_t point);
 
   Backend& backend_;

@@ -953,9 +953,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   return pending ? cudaErrorNotReady : cudaSuccess;
 }
 
-// As CUDA's: an invalid handle for an event never recorded or made with
-// cudaEventDisableTiming; cudaErrorNotReady while either point is queued
-// (which, as cudaEventQuery, runs it). Times are the host's.
+// As CUDA's: an invalid handle for an event never recorded, made with
+// cudaEventDisableTiming, or of another device than the other; cudaErrorNotReady while either point
+// is queued (which, as cudaEventQuery, runs it). Times are the host's.
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   PLATEAU_EMULATED_LOCK;
   if (ms == nullptr) return Ret(cudaErrorInvalidValue);
@@ -964,6 +964,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
       return Ret(cudaErrorInvalidResourceHandle);
     }
   }
+  if (start->device != end->device) return Ret(cudaErrorInvalidResourceHandle);
   bool pending = false;
   for (cudaEvent_t e : {start, end}) {
     if (e->stream->executed < e->seq) {
