@@ -14,8 +14,9 @@
 // streams) shows where a given stream waits for it, or where the host does.
 //
 // Use: Create once per step (the events are made there, and as more
-// boundaries come than it was told of), Start() right before the step, pass the clock as the
-// step's recorder, Read() after it. Start() begins a new reading.
+// boundaries come than it was told of), Start() right before the step,
+// pass the clock as the step's recorder, Read() after it. Start() begins a
+// new reading.
 //
 // Thread safety: one clock per step, used from the step's thread.
 #ifndef PLATEAU_KERNELS_PHASE_CLOCK_H_
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
