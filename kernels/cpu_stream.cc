@@ -147,24 +147,20 @@ absl::Status CpuStream::Record(Event& event) {
         absl::StrCat("stream '", name_, "': Record needs a CPU event"));
   }
   uint64_t ticket = e->NextTicket();
-  Item item{[e, ticket] {
-              e->Complete(ticket);
-              return absl::OkStatus();
-            },
-            true};
-  if (!e->timing_) {
-    Push(std::move(item));
-    return absl::OkStatus();
-  }
-  // A timing point recorded on an idle stream has run now, as on a GPU:
-  // stamped here, not after the worker's wake-up. (Stream lock, then the
-  // event's: the worker completes events without holding its lock.)
+  // A point recorded on an idle stream has run now, as on a GPU: complete
+  // (and, for a timing event, stamped) here, not after the worker wakes.
+  // Stream lock, then the event's: the worker completes events without
+  // holding its lock.
   absl::MutexLock lock(&mu_);
   if (finished_ == enqueued_) {
     e->Complete(ticket);
     return absl::OkStatus();
   }
-  queue_.push_back(std::move(item));
+  queue_.push_back({[e, ticket] {
+                      e->Complete(ticket);
+                      return absl::OkStatus();
+                    },
+                    true});
   ++enqueued_;
   return absl::OkStatus();
 }

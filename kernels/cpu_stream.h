@@ -22,8 +22,8 @@ namespace plateau {
 
 class CpuEvent final : public Event {
  public:
-  // A timing event keeps the steady clock's reading when its point ran (at
-  // Record, when the stream was idle).
+  // A timing event keeps the steady clock's reading when its point ran. A
+  // point recorded on an idle stream runs at Record.
   explicit CpuEvent(bool timing = false) : timing_(timing) {}
 
   absl::Status Synchronize() override;

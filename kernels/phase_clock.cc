@@ -105,23 +105,23 @@ absl::StatusOr<std::vector<TimedPhase>> PhaseClock::Read() {
   if (!started_) return absl::FailedPreconditionError("phase clock: Read() before Start()");
   PLATEAU_RETURN_IF_ERROR(error_);
   // Every point's time from the start on the first stream (events of one
-  // backend share its clock, whichever stream ran them).
+  // backend share its clock, whichever stream ran them); a point has passed
+  // when the last stream has run it.
   Event& origin = *points_[0][0];
-  double previous = 0;
-  for (size_t s = 0; s < streams_.size(); ++s) {
-    PLATEAU_RETURN_IF_ERROR(points_[0][s]->Synchronize());
-    PLATEAU_ASSIGN_OR_RETURN(double t, points_[0][s]->SecondsSince(origin));
-    previous = std::max(previous, t);
-  }
-  std::vector<TimedPhase> phases;
-  for (size_t b = 0; b < boundaries_.size(); ++b) {
-    double passed = previous;
-    for (size_t s = 0; s < streams_.size(); ++s) {
-      Event& e = *points_[b + 1][s];
-      PLATEAU_RETURN_IF_ERROR(e.Synchronize());
-      PLATEAU_ASSIGN_OR_RETURN(double t, e.SecondsSince(origin));
+  auto passed_at = [&](size_t point) -> absl::StatusOr<double> {
+    double passed = 0;
+    for (const std::unique_ptr<Event>& e : points_[point]) {
+      PLATEAU_RETURN_IF_ERROR(e->Synchronize());
+      PLATEAU_ASSIGN_OR_RETURN(double t, e->SecondsSince(origin));
       passed = std::max(passed, t);
     }
+    return passed;
+  };
+  PLATEAU_ASSIGN_OR_RETURN(double previous, passed_at(0));
+  std::vector<TimedPhase> phases;
+  for (size_t b = 0; b < boundaries_.size(); ++b) {
+    PLATEAU_ASSIGN_OR_RETURN(double passed, passed_at(b + 1));
+    passed = std::max(passed, previous);  // the streams' clocks never run a boundary backwards
     phases.push_back({boundaries_[b].first, boundaries_[b].second, passed - previous});
     previous = passed;
   }

@@ -403,12 +403,11 @@ class CudaEvent final : public Event {
     }
     float ms = 0.0f;
     const cudaError_t err = cudaEventElapsedTime(&ms, e->event_, event_);
-    if (err != cudaSuccess) {
+    if (err == cudaErrorNotReady) {
       (void)cudaGetLastError();  // not the next launch's error
-      if (err == cudaErrorNotReady)
-        return absl::FailedPreconditionError("event: its point has not run yet");
-      return CudaStatus(err, "cudaEventElapsedTime", __FILE__, __LINE__);
+      return absl::FailedPreconditionError("event: its point has not run yet");
     }
+    PLATEAU_RETURN_IF_ERROR(CudaStatus(err, "cudaEventElapsedTime", __FILE__, __LINE__));
     return ms * 1e-3;
   }
 
@@ -650,19 +649,8 @@ class CudaBackend final : public Backend {
                                         workspace_bytes_, order_.get(), &device_);
   }
 
-  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
-    cudaEvent_t event = nullptr;
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    return std::make_unique<CudaEvent>(device_index_, event);
-  }
-  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override {
-    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
-    cudaEvent_t event = nullptr;
-    PLATEAU_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDefault));
-    return std::make_unique<CudaEvent>(device_index_, event, /*timing=*/true);
-  }
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override { return MakeEvent(false); }
+  absl::StatusOr<std::unique_ptr<Event>> CreateTimingEvent() override { return MakeEvent(true); }
 
  protected:
   // With the caller's own (pageable) memory on either side, the copy is
@@ -1157,6 +1145,16 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // A timing event (cudaEventDefault) costs a timestamp at every record, so
+  // the step's own events are made without (cudaEventDisableTiming).
+  absl::StatusOr<std::unique_ptr<Event>> MakeEvent(bool timing) {
+    PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
+    cudaEvent_t event = nullptr;
+    PLATEAU_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return std::make_unique<CudaEvent>(device_index_, event, timing);
+  }
+
   // Enqueues one operation: `launch(s)` runs with the stream's launch lock
   // held. A stream that has already failed skips it (stream.h: errors are
   // sticky; Synchronize returns the first); a launch that fails becomes the

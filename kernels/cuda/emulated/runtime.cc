@@ -927,9 +927,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (e != cudaSuccess) return Ret(e);
   event->stream = s;
   event->seq = s->enqueued;
-  // On a GPU a point recorded on an idle stream has run at once; a lazy
-  // stamp (at the next flush) would time it late.
-  if (event->timing && idle) plateau::cuda_emulation::FlushLocked(s, s->enqueued);
+  // On a GPU a point recorded on an idle stream has run at once (a lazy
+  // stamp, at the next flush, would time it late). Only the record item
+  // runs: queued work stays lazy.
+  if (idle) plateau::cuda_emulation::FlushLocked(s, s->enqueued);
   return cudaSuccess;
 }
 
@@ -954,8 +955,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 // As CUDA's: an invalid handle for an event never recorded, made with
-// cudaEventDisableTiming, or of another device than the other; cudaErrorNotReady while either point
-// is queued (which, as cudaEventQuery, runs it). Times are the host's.
+// cudaEventDisableTiming, or of another device than the other;
+// cudaErrorNotReady while either point is queued (which, as cudaEventQuery,
+// runs it). Times are the host's.
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   PLATEAU_EMULATED_LOCK;
   if (ms == nullptr) return Ret(cudaErrorInvalidValue);
