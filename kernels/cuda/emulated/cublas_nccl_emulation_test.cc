@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -1188,6 +1189,47 @@ TEST(EmulatedNcclTest, AnAbortEndsWaitsInOtherProcesses) {
     EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
     EXPECT_EQ(Reap(child), 0);
   }
+}
+
+// A fork while another thread is inside the emulation (a proxy thread
+// retiring a rank whose process went away, a watchdog polling its
+// communicator) leaves the child an emulation whose locks are free: the
+// child of InChild in the next test once inherited the communicators' lock
+// held, hung in ncclCommInitRankConfig, and its peer waited out the limit.
+TEST(EmulatedNcclTest, AForkWhileAnotherThreadIsInTheEmulationLeavesTheChildWorking) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  // Takes every registry's lock over and over: the host's (unique ids), the
+  // forming worlds' and the live communicators'.
+  std::thread busy([&] {
+    while (!stop) {
+      ncclUniqueId id;
+      ncclComm_t comm = nullptr;
+      if (ncclGetUniqueId(&id) != ncclSuccess ||
+          ncclCommInitRankConfig(&comm, 1, id, 0, nullptr) != ncclSuccess) {
+        ADD_FAILURE() << "a one-rank world failed: " << ncclGetLastError(nullptr);
+        return;
+      }
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm, &state);
+      ncclCommDestroy(comm);
+      ++rounds;
+    }
+  });
+  while (rounds == 0) std::this_thread::yield();
+  for (int i = 0; i < 100 && !HasFailure(); ++i) {
+    const pid_t child = InChild([] {
+      alarm(10);  // a lock inherited held: SIGALRM, not a hang
+      ncclUniqueId id;
+      ncclComm_t comm = nullptr;
+      ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+      ASSERT_EQ(ncclCommInitRankConfig(&comm, 1, id, 0, nullptr), ncclSuccess);
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    });
+    EXPECT_EQ(Reap(child), 0) << "fork " << i << " (128 + " << SIGALRM << ": it hung)";
+  }
+  stop = true;
+  busy.join();
 }
 
 TEST(EmulatedNcclTest, ARemoteRankJoinsWithoutBlocking) {

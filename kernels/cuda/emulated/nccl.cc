@@ -46,11 +46,13 @@
 // other processes" below.
 //
 // Locks: worlds_mu (forming worlds) before World::mu; Proxied::mu before
-// comms_mu (live communicators), which is held with no other. None is held
-// across a call into the runtime or a wait for another process. Worker::mu
-// is taken under the runtime's lock (a stream reaching an operation) and
-// held with no other. Forking while a non-blocking communicator lives is
-// not supported (its thread may hold the runtime's lock at the fork).
+// comms_mu (live communicators), which is held with no other. proxied_mu,
+// host_mu and ids_mu are held with no other either. None is held across a
+// call into the runtime or a wait for another process. Worker::mu is taken
+// under the runtime's lock (a stream reaching an operation) and held with
+// no other. A fork takes the registries' locks (see "Forks"); forking while
+// a non-blocking communicator lives is not supported (its thread may hold
+// the runtime's lock at the fork).
 #include "kernels/cuda/emulated/nccl.h"
 
 #include <pthread.h>
@@ -1597,10 +1599,12 @@ struct Host {
   char token[kTokenBytes] = {};
 };
 
+std::mutex host_mu;
+Host host;               // guarded by host_mu; plain bytes: nothing a fork's child leaks
+int host_listener = -1;  // guarded by host_mu
+
 Host StartHost() {
-  static std::mutex mu;
-  static Host host;  // plain bytes: nothing to free, nothing a fork's child leaks
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(host_mu);
   const uint32_t pid = static_cast<uint32_t>(getpid());
   if (host.pid == pid) return host;
   host.pid = pid;
@@ -1618,12 +1622,7 @@ Host StartHost() {
                  pid, why.c_str());
   } else {
     std::atexit(DrainProxies);
-    // A child forked without exec does not serve this world: it must not
-    // keep the socket open (remote ranks would connect into a queue no one
-    // accepts, instead of learning that the host has gone).
-    static int inherited_listener;
-    inherited_listener = listener;
-    pthread_atfork(nullptr, nullptr, [] { close(inherited_listener); });
+    host_listener = listener;  // a fork's child closes it (AfterForkInChild)
     // Lives as long as the process: ranks elsewhere may join at any time.
     std::thread([listener] {
       for (;;) {
@@ -1638,6 +1637,48 @@ Host StartHost() {
   }
   return host;
 }
+
+// ---- Forks ------------------------------------------------------------------
+//
+// A thread that forks copies the other threads' locks as they are, and the
+// child has none of those threads to release them: a registry lock held by a
+// proxy thread (retiring a rank whose process went away) or a watchdog's poll
+// at the fork would hang the child's first call. So a fork takes every
+// registry lock first and both sides release them after. These are held with
+// no other of them (see "Locks" above), so any order is deadlock-free.
+// A World's, a Worker's and a RemoteLink's locks are not taken: they belong to
+// communicators the child cannot use (their threads and peers are the
+// parent's), and forking while a non-blocking communicator lives is not
+// supported.
+std::mutex ids_mu;  // ncclGetUniqueId's count and random bytes
+
+void BeforeFork() {
+  host_mu.lock();
+  ids_mu.lock();
+  worlds_mu.lock();
+  proxied_mu.lock();
+  comms_mu.lock();
+}
+
+void AfterForkInParent() {
+  comms_mu.unlock();
+  proxied_mu.unlock();
+  worlds_mu.unlock();
+  ids_mu.unlock();
+  host_mu.unlock();
+}
+
+void AfterForkInChild() {
+  // A child forked without exec does not serve its parent's worlds: it must
+  // not keep the socket open (remote ranks would connect into a queue no one
+  // accepts, instead of learning that the host has gone).
+  if (host_listener >= 0) close(host_listener);
+  host_listener = -1;
+  AfterForkInParent();
+}
+
+// At load, before any thread of the emulation exists.
+const int fork_handlers = pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild);
 
 // Whether `id` was made by this process (a fork's child did not make its
 // parent's ids: its pid differs).
@@ -1826,10 +1867,9 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   // host's pid and token (see "Ranks in other processes"), then random
   // bytes (ids of different runs differ too).
   const emu::Host host = emu::StartHost();
-  static std::mutex mu;
   static uint64_t issued = 0;
   static std::mt19937_64 random{std::random_device{}()};
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(emu::ids_mu);
   const uint64_t n = ++issued;
   std::memcpy(uniqueId->internal, &n, sizeof(n));
   const uint32_t pid = static_cast<uint32_t>(getpid());
