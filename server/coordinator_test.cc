@@ -517,7 +517,10 @@ TEST_F(CoordinatorTest, AHeartbeatWaitingOnASlowStoreWriteKeepsItsWorker) {
   ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
   std::string second;
   std::thread writer([&] { second = Submit(DemoJobSpec(2, 5)); });  // waits on the database, holding mu_
-  absl::SleepFor(absl::Milliseconds(100));
+  // Time for the writer to plan its job (outside mu_) and take mu_: a
+  // heartbeat ahead of it would not be in flight while the lock is held.
+  // 500 + 900 ms stays well inside SQLite's 5 s busy timeout.
+  absl::SleepFor(absl::Milliseconds(500));
   absl::StatusOr<v1::HeartbeatResponse> beat;
   std::thread heartbeat([&] { beat = Heartbeat(w); });  // arrives, waits for mu_
   // Three worker timeouts (kShortWorkerTimeout) with the lock held.
@@ -846,13 +849,13 @@ TEST_F(SchedulingTest, AJobWaitingForBusyDevicesIsNotUnschedulable) {
 TEST_F(SchedulingTest, MaxPendingFailsAnUnschedulableJobCountingFromTheMarkAcrossARestart) {
   RegisterWorker(2);
   v1::JobSpec spec = DemoJobSpec(4, 5);
-  spec.set_max_pending_s(2);
+  spec.set_max_pending_s(4);
   spec.set_max_restarts(3);
   const std::string job = Submit(spec);
   ASSERT_TRUE(WaitUnschedulable(job)) << Get(job).DebugString();
   const v1::Job marked = Get(job);
-  EXPECT_THAT(marked.state_reason(), HasSubstr("fails after 2s (max_pending_s)"));
-  absl::SleepFor(absl::Seconds(1));
+  EXPECT_THAT(marked.state_reason(), HasSubstr("fails after 4s (max_pending_s)"));
+  absl::SleepFor(absl::Milliseconds(2500));
   Open();
   const v1::Job restored = Get(job);  // in the settling window: no worker yet
   EXPECT_TRUE(restored.unschedulable());
@@ -860,17 +863,17 @@ TEST_F(SchedulingTest, MaxPendingFailsAnUnschedulableJobCountingFromTheMarkAcros
   ASSERT_TRUE(WaitState(job, v1::FAILED)) << Get(job).DebugString();
   const v1::Job j = Get(job);
   EXPECT_EQ(j.failure().kind(), v1::Failure::UNSCHEDULABLE);
-  EXPECT_THAT(j.failure().message(), AllOf(StartsWith("unschedulable for 2s (max_pending_s)"),
+  EXPECT_THAT(j.failure().message(), AllOf(StartsWith("unschedulable for 4s (max_pending_s)"),
                                            HasSubstr("no worker is registered")));
   EXPECT_EQ(j.state_reason(), j.failure().message());
   EXPECT_EQ(j.attempt(), 0);
   EXPECT_FALSE(j.unschedulable());
-  // From the first mark, not from the restart (that would be >= 3.3 s).
+  // From the first mark, not from the restart (that would be >= 6.5 s).
   const absl::Duration waited = absl::FromUnixSeconds(j.end_time().seconds()) + absl::Nanoseconds(j.end_time().nanos()) -
                                 (absl::FromUnixSeconds(marked.unschedulable_since().seconds()) +
                                  absl::Nanoseconds(marked.unschedulable_since().nanos()));
-  EXPECT_GE(waited, absl::Seconds(2));
-  EXPECT_LT(waited, absl::Seconds(3));
+  EXPECT_GE(waited, absl::Seconds(4));
+  EXPECT_LT(waited, absl::Seconds(5.5));
   EXPECT_EQ(Changes(job).back().failure().kind(), v1::Failure::UNSCHEDULABLE);
 }
 

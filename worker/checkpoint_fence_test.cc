@@ -10,7 +10,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -103,14 +102,22 @@ TEST(CheckpointFenceTest, NoCommitOfAnotherProcessLandsAfterTheClaimReturns) {
   const std::string dir = Dir("race");
   ASSERT_TRUE(ClaimCheckpointDir(dir, "job-7", 0).ok());
   ASSERT_TRUE(Save(dir, "job-7", 0, 1, "attempt 0 write 0").ok());
+  // The child says when it has committed once, then commits on.
+  int committed[2];
+  ASSERT_EQ(pipe(committed), 0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    close(committed[0]);
     for (int i = 1;; ++i) {
       if (!Save(dir, "job-7", 0, 1, absl::StrCat("attempt 0 write ", i)).ok()) _exit(i > 1 ? 0 : 2);
+      if (i == 1 && write(committed[1], "c", 1) != 1) _exit(3);
     }
   }
-  absl::SleepFor(absl::Milliseconds(200));  // let it commit a few times
+  close(committed[1]);
+  char byte = 0;
+  EXPECT_EQ(read(committed[0], &byte, 1), 1) << "the other process never committed";
+  close(committed[0]);
   ASSERT_TRUE(ClaimCheckpointDir(dir, "job-7", 1).ok());
   const std::string at_claim = Read(dir + "/step-1.safetensors");
   int status = 0;

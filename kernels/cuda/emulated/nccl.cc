@@ -1546,6 +1546,9 @@ void ServeControl(int fd, wire::Reader& hello) {
   }
 }
 
+// Connection threads (Serve) started and not yet ended.
+std::atomic<int> connection_threads{0};
+
 void Serve(int fd) {
   std::string frame, why;
   uint32_t request = 0;
@@ -1562,6 +1565,7 @@ void Serve(int fd) {
     std::fprintf(stderr, "emulated NCCL: a connection failed: %s\n", e.what());
   }
   wire::Close(fd);
+  --connection_threads;
 }
 
 // At the host's exit: a remote rank's operation that completed with the
@@ -1631,6 +1635,7 @@ Host StartHost() {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
           continue;
         }
+        ++connection_threads;
         std::thread(Serve, fd).detach();
       }
     }).detach();
@@ -2093,3 +2098,5 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 }
 
 void plateauEmulatedNcclCallsNeverFinish(bool on) { emu::calls_never_finish = on; }
+
+int plateauEmulatedNcclConnectionThreads() { return emu::connection_threads.load(); }

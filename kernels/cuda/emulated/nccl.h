@@ -214,4 +214,11 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 // connects a peer at a collective's first call and the peer never comes.
 void plateauEmulatedNcclCallsNeverFinish(bool on);
 
+// Not NCCL's: how many threads this process runs for connections of ranks
+// in other processes (one per connection; each ends soon after its rank's
+// process closes it). A test that forks waits for none: a thread busy at
+// the fork may hold a lock of a library (the sanitizers' allocator has no
+// fork handlers) that the child would inherit held.
+int plateauEmulatedNcclConnectionThreads();
+
 #endif  // PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
