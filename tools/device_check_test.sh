@@ -169,7 +169,7 @@ mfu=""
 for a in "\$@"; do case "\$a" in --precision=*) p="\${a#--precision=}" ;; --mfu_s=*) mfu=1 ;; esac; done
 if [ -n "\$mfu" ]; then
   ph='{"embedding":0.1,"forward":20,"projection":1,"recompute":20,"backward":58,"grad_reduce":0.5,"grad_norm":0.1,"optimizer":0.3}'
-  echo "{\"bench\":\"composed_mfu\",\"precision\":\"\$p\",\"ranks\":1,\"mfu\":0.25,\"tflops\":247.3,\"longest_seq_len\":524288,\"n_max_seq_len\":1048576,\"rungs\":[{\"seq_len\":524288,\"phases_s\":\$ph,\"layer_forward_flops\":4.9e15}]}"
+  echo "{\"bench\":\"composed_mfu\",\"precision\":\"\$p\",\"ranks\":1,\"mfu\":0.25,\"tflops\":247.3,\"longest_seq_len\":524288,\"n_max_seq_len\":1048576,\"rungs\":[{\"seq_len\":131072,\"mfu\":0.31},{\"seq_len\":524288,\"mfu\":0.25,\"phases_s\":\$ph,\"layer_forward_flops\":4.9e15,\"projection_flops\":2e14}]}"
 else
   echo "{\"composed\":1,\"precision\":\"\$p\"}"
 fi
@@ -198,12 +198,14 @@ for b in ("composed_bench:plan_bf16", "composed_bench:bf16"):
     st = by["bench:" + b]
     assert st["status"] == "pass" and st["data"]["precision"] == "bf16" and st["detail"].startswith("precision bf16"), st
 # The MFU ladder leads its row with its answer, and where its longest step
-# went: the layers forward (4.9 PFLOP in 20 of 100 s) and the recompute with
-# the backward (three times that in 78 s).
+# went: the layers forward (4.9 PFLOP in 20 of 100 s), the recompute with
+# the backward (three times that in 78 s) and the projection (0.2 PFLOP in
+# 1 s); then the shorter rung that ran at a higher MFU.
 st = by["bench:composed_bench:mfu"]
 assert st["status"] == "pass" and st["detail"].startswith(
     "MFU 25.0% (247.3 TFLOP/s) at 524288 tokens, N_max 1048576; layers forward 20% at 245, "
-    "recompute+backward 78% at 188.5 TFLOP/s; precision bf16, rc=0"), st
+    "recompute+backward 78% at 188.5, projection 1% at 200 TFLOP/s; best MFU 31.0% at 131072 "
+    "tokens; precision bf16, rc=0"), st
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
 # The fake card has 1000 MiB: the two predictions and the MFU ladder get
