@@ -1325,10 +1325,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           g.step_s = *std::max_element(step_s.begin(), step_s.end());
           g.flops = flops(t);
           g.attention_share = AttentionFlopsPerStep(rung_options.model, 1) / g.flops;
-          // lm_head [V, H] on every token, both ways; the layers are the rest
-          // (the final norm's few FLOPs among them).
-          g.projection_flops = 6.0 * static_cast<double>(rung_options.model.vocab_size) *
-                               rung_options.model.hidden * static_cast<double>(t);
+          // The layers are the rest (the final norm's few FLOPs among them).
+          g.projection_flops = ProjectionFlopsPerStep(rung_options.model, 1);
           g.layer_forward_flops = (g.flops - g.projection_flops) / 3;
           g.phases = rung_phases;
           g.phases_error = rung_phases_error;

@@ -134,6 +134,10 @@ CpuStream::~CpuStream() {
 
 void CpuStream::Push(Item item) {
   absl::MutexLock lock(&mu_);
+  PushLocked(std::move(item));
+}
+
+void CpuStream::PushLocked(Item item) {
   queue_.push_back(std::move(item));
   ++enqueued_;
 }
@@ -156,12 +160,11 @@ absl::Status CpuStream::Record(Event& event) {
     e->Complete(ticket);
     return absl::OkStatus();
   }
-  queue_.push_back({[e, ticket] {
-                      e->Complete(ticket);
-                      return absl::OkStatus();
-                    },
-                    true});
-  ++enqueued_;
+  PushLocked({[e, ticket] {
+                e->Complete(ticket);
+                return absl::OkStatus();
+              },
+              true});
   return absl::OkStatus();
 }
 

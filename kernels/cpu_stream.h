@@ -104,6 +104,7 @@ class CpuStream final : public Stream {
     bool control;  // event bookkeeping: runs even after an error
   };
   void Push(Item item);
+  void PushLocked(Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
 
   const std::string name_;

@@ -48,6 +48,11 @@ double AttentionFlopsPerStep(const ModelConfig& m, int64_t batch) {
          m.head_dim();
 }
 
+double ProjectionFlopsPerStep(const ModelConfig& m, int64_t batch) {
+  return 6.0 * static_cast<double>(m.vocab_size) * m.hidden * static_cast<double>(batch) *
+         m.seq_len;
+}
+
 double ModelFlopsPerStep(const ModelConfig& m, int64_t batch) {
   const double tokens = static_cast<double>(batch) * m.seq_len;
   // The embedding is a table lookup, not a matmul: its parameters do no FLOPs.

@@ -73,6 +73,9 @@ TrainerOptions RecallDemoJob(int64_t ranks);
 // attention 6 * L * B * T^2 * n_h * d (AttentionFlopsPerStep).
 double ModelFlopsPerStep(const ModelConfig& m, int64_t batch);
 double AttentionFlopsPerStep(const ModelConfig& m, int64_t batch);
+// The vocabulary projection's part of ModelFlopsPerStep: lm_head [V x H] on
+// every token, forward and backward (6 V H tokens).
+double ProjectionFlopsPerStep(const ModelConfig& m, int64_t batch);
 
 }  // namespace plateau
 
