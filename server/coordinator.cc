@@ -1287,15 +1287,20 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
     p->add_exited_ranks(request.rank());
     PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s exited rank")));
   }
-  const bool failed = e.signal() != 0 || e.exit_code() != kRankExitOk;
+  // A rank its agent killed in a hung teardown (worker/agent.h) counts as
+  // having exited with the code it said: its work was over.
+  const int signal = e.killed_in_teardown() ? 0 : e.signal();
+  const bool failed = signal != 0 || e.exit_code() != kRankExitOk;
   if (failed && !a->cancel_requested) {
     v1::Failure f;
     f.set_rank(request.rank());
     f.set_exit_code(e.exit_code());
-    f.set_signal(e.signal());
+    f.set_signal(signal);
     f.set_worker_id(request.worker_id());
     int priority;
-    const std::string detail = e.message().empty() ? "" : absl::StrCat(": ", e.message());
+    const std::string detail =
+        absl::StrCat(e.message().empty() ? "" : absl::StrCat(": ", e.message()),
+                     e.killed_in_teardown() ? " (then its teardown hung: its agent killed it)" : "");
     if (e.stopped_by_agent()) {
       f.set_kind(v1::Failure::RANK_CRASHED);
       f.set_message(absl::StrCat("rank ", request.rank(), " was stopped by its agent", detail));
@@ -1315,10 +1320,10 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
                                  e.live_set().empty() ? "" : absl::StrCat(" in live set '", e.live_set(), "'"),
                                  bytes, detail));
       priority = kPriorityOutOfMemory;
-    } else if (e.signal() != 0) {
+    } else if (signal != 0) {
       f.set_kind(v1::Failure::RANK_CRASHED);
-      f.set_message(absl::StrCat("rank ", request.rank(), " was killed by signal ", e.signal(), " (",
-                                 strsignal(e.signal()), ")"));
+      f.set_message(absl::StrCat("rank ", request.rank(), " was killed by signal ", signal, " (",
+                                 strsignal(signal), ")"));
       priority = kPrioritySignal;
     } else if (e.exit_code() == kRankExitInvalidJob) {
       f.set_kind(v1::Failure::INVALID);

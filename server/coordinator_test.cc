@@ -5,6 +5,7 @@
 // the coordinator no longer has), hang detection, and retried reports.
 #include "server/coordinator.h"
 
+#include <signal.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -126,6 +127,24 @@ class CoordinatorTest : public ::testing::Test {
     return c().ReportRankStatus(r);
   }
 
+  // What the agent reports for a rank it killed in a hung teardown after
+  // the rank said it was exiting with `code` (worker/agent.h).
+  absl::Status KilledInTeardown(const std::string& worker, const std::string& job, int rank, int code,
+                                const std::string& error_code = "", const std::string& message = "") {
+    v1::RankStatusRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(job);
+    r.set_rank(rank);
+    v1::RankExited* e = r.mutable_exited();
+    e->set_exit_code(code);
+    e->set_signal(SIGKILL);
+    e->set_killed_in_teardown(true);
+    e->set_error_code(error_code);
+    e->set_message(message);
+    e->set_process_group_empty(true);
+    return c().ReportRankStatus(r);
+  }
+
   std::string Submit(v1::JobSpec spec) {
     v1::SubmitJobRequest req;
     *req.mutable_spec() = std::move(spec);
@@ -233,6 +252,40 @@ TEST_F(CoordinatorTest, RestartReattachesRunningRanksAndFinishesWithTheirExits) 
   EXPECT_EQ(Get(job).attempt(), 0);
   // Its two device slots are free again: the next job is placed at once.
   EXPECT_EQ(Get(Submit(DemoJobSpec(2, 5))).state(), v1::SCHEDULED);
+}
+
+// A rank its agent killed in a hung teardown counts as having exited with
+// the code it said: one that had finished counts as finished, and a job a
+// rank refused stays INVALID, not a crash to restart (the signal would
+// have made it RANK_CRASHED, restarted while restarts are left).
+TEST_F(CoordinatorTest, ARankKilledInItsTeardownCountsAsExitedWithTheCodeItSaid) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_max_restarts(3);
+  const std::string finished = Submit(spec);
+  const std::string w = RunningJob(finished);
+  ASSERT_TRUE(KilledInTeardown(w, finished, 0, kRankExitOk).ok());
+  EXPECT_EQ(Get(finished).state(), v1::RUNNING);
+  ASSERT_TRUE(KilledInTeardown(w, finished, 1, kRankExitOk).ok());
+  EXPECT_EQ(Get(finished).state(), v1::SUCCEEDED) << Get(finished).DebugString();
+
+  // The next job goes to the same worker, free again.
+  const std::string refused = Submit(spec);
+  auto hb = Heartbeat(w);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->assignments_size(), 1);
+  ASSERT_TRUE(Started(w, refused, 0).ok());
+  ASSERT_TRUE(Started(w, refused, 1).ok());
+  ASSERT_TRUE(
+      KilledInTeardown(w, refused, 1, kRankExitInvalidJob, "NOT_FOUND", "data.path: /no/such/file: not found").ok());
+  const v1::Job j = Get(refused);
+  EXPECT_EQ(j.failure().kind(), v1::Failure::INVALID) << j.DebugString();
+  EXPECT_EQ(j.failure().exit_code(), kRankExitInvalidJob);
+  EXPECT_EQ(j.failure().signal(), 0);
+  EXPECT_THAT(j.failure().message(), HasSubstr("data.path: /no/such/file: not found"));
+  EXPECT_THAT(j.failure().message(), HasSubstr("then its teardown hung: its agent killed it"));
+  ASSERT_TRUE(Exited(w, refused, 0, 0, SIGTERM, true).ok());
+  EXPECT_EQ(Get(refused).state(), v1::FAILED);
+  EXPECT_EQ(Get(refused).attempt(), 0) << "restarted";
 }
 
 // GetMemoryTimeline: NOT_FOUND for an unknown job; FAILED_PRECONDITION

@@ -2,8 +2,8 @@
 // a lost worker, a restart from the last checkpoint on the remaining
 // worker, a hung rank, a coordinator killed and restarted mid-job (also for
 // longer than the agent's lease: the ranks freeze, then resume), and a
-// worker that was declared lost while it still ran ranks, and a frozen
-// agent whose ranks stop themselves. After each, no rank process is left.
+// worker that was declared lost while it still ran ranks, a frozen agent
+// whose ranks stop themselves, and a rank whose teardown hangs. After each, no rank process is left.
 // (A partition: tests/multinode_test.cc.)
 #include <fcntl.h>
 #include <signal.h>
@@ -27,6 +27,7 @@
 #include "tests/cluster.h"
 #include "worker/job_spec.h"
 #include "worker/rank_lease.h"
+#include "worker/rank_protocol.h"
 
 namespace plateau {
 namespace {
@@ -308,6 +309,41 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
   const std::string logs = AllLogs(c, id);
   EXPECT_THAT(logs, HasSubstr("coordinator rank"));
   EXPECT_THAT(logs, HasSubstr("hung: no step progress"));
+}
+
+// A rank whose teardown hangs after it reported its error (on a GPU:
+// ncclCommAbort waiting on a peer stuck outside NCCL) is killed
+// --teardown_s after it said it was exiting, and its error fails the job as
+// its exit would have: in seconds, not at the progress timeout, and as
+// INVALID (not restarted), not as a crash. The ranks are a stand-in
+// (tests/hung_teardown/plateau_rank): a real rank's teardown does not hang
+// on the CPU.
+TEST(FaultTest, ARankWhoseTeardownHangsIsKilledAndItsErrorStands) {
+  ClusterOptions o;
+  o.worker_flags = {"--rank_binary=tests/hung_teardown/plateau_rank", "--calibrate=false", "--teardown_s=1"};
+  Cluster c("teardown", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(100);
+  spec.set_max_restarts(2);
+  spec.set_progress_timeout_s(60);  // what the job would have waited for
+  const absl::Time submitted = absl::Now();
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const v1::Job job = c.WaitDone(id);
+  const absl::Duration took = TimeOf(job.end_time()) - submitted;
+  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.failure().kind(), v1::Failure::INVALID) << job.failure().DebugString();
+  EXPECT_EQ(job.failure().exit_code(), kRankExitInvalidJob);
+  EXPECT_EQ(job.attempt(), 0) << "restarted";
+  EXPECT_THAT(job.failure().message(), HasSubstr("data.path: the stand-in refuses every job"));
+  EXPECT_THAT(job.failure().message(), HasSubstr("then its teardown hung: its agent killed it"));
+  // 1 s of teardown, a heartbeat or two, the agent's 200 ms report batches.
+  EXPECT_LT(took, absl::Seconds(15));
+  std::printf("submitted -> FAILED (INVALID) after %s with --teardown_s=1 (progress timeout 60 s)\n",
+              absl::FormatDuration(took).c_str());
+  EXPECT_TRUE(c.RankPids(id).empty());
+  EXPECT_THAT(AllLogs(c, id), HasSubstr("is still tearing down (--teardown_s=1): SIGKILL"));
 }
 
 // A long-lived client's channel still holds the killed coordinator's

@@ -651,6 +651,14 @@ void Agent::ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout) {
           rank->last_error = out.error();
           return;
         }
+        if (out.has_exiting()) {
+          absl::MutexLock lock(&mu_);
+          if (rank->exiting_at == absl::InfiniteFuture()) {
+            rank->exiting_at = absl::Now();
+            rank->exiting_code = out.exiting().exit_code();
+          }
+          return;
+        }
       }
     }
     Log(job->job_id, job->attempt, rank->rank, is_stdout ? "stdout" : "stderr", l);
@@ -695,7 +703,16 @@ void Agent::Wait(JobRun* job, Rank* rank) {
   std::string how;
   {
     absl::MutexLock lock(&mu_);
-    if (WIFSIGNALED(status)) {
+    if (WIFSIGNALED(status) && rank->killed_in_teardown) {
+      // Its work was over: it counts as having exited with the code it said.
+      e->set_signal(WTERMSIG(status));
+      e->set_exit_code(rank->exiting_code);
+      e->set_killed_in_teardown(true);
+      how = absl::StrCat("said it was exiting with code ", rank->exiting_code,
+                         " but its teardown did not finish within ",
+                         absl::FormatDuration(options_.teardown), ": killed by its agent (signal ",
+                         WTERMSIG(status), ")");
+    } else if (WIFSIGNALED(status)) {
       e->set_signal(WTERMSIG(status));
       how = absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
     } else {
@@ -710,7 +727,8 @@ void Agent::Wait(JobRun* job, Rank* rank) {
     }
     e->set_process_group_empty(!GroupAlive(rank->pid));
     e->set_stopped_by_agent(rank->stop_sent);
-    failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    failed = rank->killed_in_teardown ? rank->exiting_code != 0
+                                      : !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   Log(job->job_id, job->attempt, rank->rank, "agent", absl::StrCat("rank ", rank->rank, " (pid ", rank->pid, ") ", how));
   // Exited (its device slot free) before the coordinator can hear of it:
@@ -765,6 +783,21 @@ void Agent::KillOverdue() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (auto& [key, job] : jobs_) {
+    // A frozen job's ranks cannot tear down while stopped: none is killed
+    // for it here; once resumed, one past its teardown time is.
+    for (auto& r : job->ranks) {
+      if (r->exited || r->pid == 0 || r->killed_in_teardown || job->frozen) continue;
+      if (now - r->exiting_at < options_.teardown) continue;  // also: not exiting
+      r->killed_in_teardown = true;
+      kill(-r->pid, SIGKILL);
+      Log(job->job_id, job->attempt, r->rank, "agent",
+          absl::StrCat(
+              "rank ", r->rank, " said it was exiting with code ", r->exiting_code, " ",
+              absl::FormatDuration(absl::Trunc(now - r->exiting_at, absl::Milliseconds(1))),
+              " ago and is still tearing down (--teardown_s=",
+              absl::ToDoubleSeconds(options_.teardown),
+              "): SIGKILL; its exit is reported with that code"));
+    }
     if (!job->stopping || now < job->kill_at) continue;
     for (auto& r : job->ranks) {
       if (!r->exited && r->pid != 0 && GroupAlive(r->pid)) kill(-r->pid, SIGKILL);

@@ -9,7 +9,10 @@
 // so a job the coordinator calls finished has no process left.
 //
 // When one rank of a job fails, the agent stops its siblings at once (they
-// would otherwise wait on a dead peer until the collective timeout).
+// would otherwise wait on a dead peer until the collective timeout). A rank
+// that said it is exiting (its work over, its error reported) but is still
+// tearing down AgentOptions.teardown later is killed, and its exit reported
+// with the code it said.
 //
 // Nothing is lost while the coordinator is away: reports (rank started and
 // exited, step telemetry, log lines) wait in one ordered queue and are sent
@@ -83,6 +86,14 @@ struct AgentOptions {
   std::string rank_binary;  // plateau_rank
   std::string work_dir;     // spec files of running jobs; the worker id
   absl::Duration grace = absl::Seconds(5);
+  // How long a rank that said it is exiting (RankOutput.exiting: its work
+  // over, its error if any already reported) may take to tear down before
+  // it is killed and reported as exited with the code it said
+  // (RankExited.killed_in_teardown). A teardown frees memory and ends
+  // communicators, seconds at most; one that hangs (ncclCommAbort waiting
+  // on a peer stuck outside NCCL) would otherwise hold the job's failure
+  // until its progress timeout, 600 s by default.
+  absl::Duration teardown = absl::Seconds(60);
 };
 
 class Agent {
@@ -104,6 +115,11 @@ class Agent {
     bool exit_acked = false;  // the coordinator has its exit report
     bool stop_sent = false;
     v1::RankError last_error;
+    // When it said it is exiting (RankOutput.exiting), and with what code;
+    // set when KillOverdue killed it for overrunning options_.teardown.
+    absl::Time exiting_at = absl::InfiniteFuture();
+    int exiting_code = 0;
+    bool killed_in_teardown = false;
     // The lease's end, shared with the rank (worker/rank_lease.h); null
     // when its page could not be made (the agent alone fences it then).
     std::unique_ptr<RankLease> lease;
@@ -142,6 +158,8 @@ class Agent {
   // The device slots of the ranks of every job that have not exited.
   std::vector<int> SlotsInUse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopJob(JobRun& job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SIGKILL for the ranks of stopping jobs past their grace, and for ranks
+  // past options_.teardown since they said they were exiting.
   void KillOverdue() ABSL_LOCKS_EXCLUDED(mu_);
   // Freezes every job when the lease has lapsed; resumes the frozen ones
   // that are not stopping once it is renewed.

@@ -4,7 +4,7 @@
 //       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
 //       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--device_peak_bf16_flops=0] [--name=HOST]
 //       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
-//       [--grace_s=5] [--token_file=PATH] [--tls_ca_file=PATH] [--calibrate=true]
+//       [--grace_s=5] [--teardown_s=60] [--token_file=PATH] [--tls_ca_file=PATH] [--calibrate=true]
 //
 // Before registering it measures its backend for the time model of the
 // `auto` settings (worker/calibration.h; well under a second), or reads the
@@ -62,6 +62,9 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --work_dir=DIR                   spec files of running jobs and the calibration cache
                                    (default: a temp dir, removed at exit)
   --grace_s=5                      SIGTERM to SIGKILL on cancel
+  --teardown_s=60                  a rank that said it is exiting (its work over, its error reported) and
+                                   is still tearing down this long after is killed; its exit is reported
+                                   with the code it said
   --token_file=PATH                the coordinator's bearer token (its --token_file), sent on every
                                    call; passed on to the ranks for their rendezvous calls
   --tls_ca_file=PATH               PEM CA of the coordinator's certificate: TLS on (ranks too)
@@ -186,6 +189,7 @@ int Main(int argc, char** argv) {
       {"rank_binary", (self.parent_path() / "plateau_rank").string()},
       {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
       {"grace_s", "5"},
+      {"teardown_s", "60"},
       {"token_file", ""},
       {"tls_ca_file", ""},
       {"calibrate", "true"}};
@@ -208,7 +212,7 @@ int Main(int argc, char** argv) {
   }
   int32_t devices = 0;
   int64_t dev_mem = 0, host_mem = 0;
-  double peak = 0, grace = 0;
+  double peak = 0, grace = 0, teardown = 0;
   // The coordinator's limit (WorkerRegistry::CheckCapabilities), named by
   // this flag rather than refused at registration.
   if (!absl::SimpleAtoi(f["devices"], &devices) || devices < 1 || devices > 4096) {
@@ -229,6 +233,9 @@ int Main(int argc, char** argv) {
     return Fail("--device_peak_bf16_flops: expected a number >= 0");
   }
   if (!absl::SimpleAtod(f["grace_s"], &grace) || !(grace >= 0)) return Fail("--grace_s: expected seconds >= 0");
+  if (!absl::SimpleAtod(f["teardown_s"], &teardown) || !(teardown > 0) || teardown > 86400) {
+    return Fail(absl::StrCat("--teardown_s: expected seconds > 0 and at most 86400, got '", f["teardown_s"], "'"));
+  }
   if (access(f["rank_binary"].c_str(), X_OK) != 0) {
     return Fail(absl::StrCat("--rank_binary: ", f["rank_binary"], " is not an executable"));
   }
@@ -263,6 +270,7 @@ int Main(int argc, char** argv) {
   o.rank_binary = f["rank_binary"];
   o.work_dir = f["work_dir"];
   o.grace = absl::Seconds(grace);
+  o.teardown = absl::Seconds(teardown);
   // Absolute: the ranks read the same files.
   for (const char* name : {"token_file", "tls_ca_file"}) {
     if (!f[name].empty()) f[name] = std::filesystem::absolute(f[name]).lexically_normal().string();

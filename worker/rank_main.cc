@@ -3,7 +3,9 @@
 // communicator (rendezvous through the coordinator's store), runs the
 // training loop and reports each step as a plateau.v1.RankOutput JSON line
 // on stdout; human-readable progress and errors go to stderr. Exit codes
-// are worker/rank_protocol.h's (3: out of memory, naming the live set).
+// are worker/rank_protocol.h's (3: out of memory, naming the live set);
+// the code is said (RankOutput.exiting) before the teardown, which the
+// agent bounds (AgentOptions.teardown).
 //
 //   plateau_rank --coordinator=HOST:PORT --job_id=job-3 --attempt=0 --rank=1
 //       --spec_file=PATH (binary plateau.v1.JobSpec) --kv_prefix=job-3/attempt-0
@@ -94,6 +96,16 @@ int ExitCodeFor(const absl::Status& s) {
   }
 }
 
+// Says that this rank's work is over and it exits with `code` once its
+// teardown (the destructors after Main's return) is done; returns `code`.
+// Its agent kills it if that teardown hangs (RankExiting).
+int Exiting(int code) {
+  v1::RankOutput out;
+  out.mutable_exiting()->set_exit_code(code);
+  Emit(out);
+  return code;
+}
+
 int Fail(int64_t rank, const absl::Status& s) {
   v1::RankOutput out;
   v1::RankError* e = out.mutable_error();
@@ -112,7 +124,7 @@ int Fail(int64_t rank, const absl::Status& s) {
   }
   Emit(out);
   std::fprintf(stderr, "rank %lld failed: %s\n", static_cast<long long>(rank), s.ToString().c_str());
-  return ExitCodeFor(s);
+  return Exiting(ExitCodeFor(s));
 }
 
 // plateau_rank --calibrate_dir=DIR --backend=cpu|cuda [--device_index=N]:
@@ -331,7 +343,7 @@ int Main(int argc, char** argv) {
   absl::Status s = RunTraining(*trainer, **backend, **world, on_step);
   if (!s.ok()) return Fail(rank, s);
   std::fprintf(stderr, "finished %lld steps\n", static_cast<long long>(spec.steps()));
-  return kRankExitOk;
+  return Exiting(kRankExitOk);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // What a rank process and its worker agent agree on: the exit codes of
-// plateau_rank. Telemetry and errors travel as plateau.v1.RankOutput JSON
-// lines on the rank's stdout (worker.proto); everything else is a log line.
+// plateau_rank. Telemetry, errors and the exit code to come (said before
+// the teardown) travel as plateau.v1.RankOutput JSON lines on the rank's
+// stdout (worker.proto); everything else is a log line.
 #ifndef PLATEAU_WORKER_RANK_PROTOCOL_H_
 #define PLATEAU_WORKER_RANK_PROTOCOL_H_
 
