@@ -45,7 +45,7 @@ v1::JobSpec Baseline() {
 
 // A name in any script, with spaces and punctuation, is printable text.
 TEST(JobSpecTest, NamesInAnyScriptAreAccepted) {
-  for (const std::string& name :
+  for (const char* name :
        {"recall demo: lr=6e-3, 2 ranks", "caf\xc3\xa9 \xe2\x80\x94 \xe6\x97\xa5\xe6\x9c\xac",
         "nbsp\xc2\xa0"
         "and \xc2\xa9"}) {
@@ -132,7 +132,7 @@ TEST(JobSpecTest, FieldsOfANewerJobProtoAreRefusedNotIgnored) {
   // the wire (number 999, varint), at the top and inside model.
   const std::string good = Good().SerializeAsString();
   std::string extra;
-  extra.push_back(static_cast<char>((999 << 3) & 0x7f | 0x80));
+  extra.push_back(static_cast<char>(((999 << 3) & 0x7f) | 0x80));
   extra.push_back(static_cast<char>(999 >> 4));
   extra.push_back(1);
   v1::JobSpec top;
