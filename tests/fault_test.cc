@@ -346,6 +346,36 @@ TEST(FaultTest, ARankWhoseTeardownHangsIsKilledAndItsErrorStands) {
   EXPECT_THAT(AllLogs(c, id), HasSubstr("is still tearing down (--teardown_s=1): SIGKILL"));
 }
 
+// A rank that reported an out-of-memory and said its exit code, then hung
+// in its teardown, is stopped by its agent when a sibling fails (here
+// before --teardown_s runs out): its error still decides the attempt's
+// failure. Counted as "stopped by its agent" it ranked below the sibling's
+// crash, and the job was restarted to run out of memory again.
+TEST(FaultTest, ARankStoppedInItsTeardownKeepsTheErrorItReported) {
+  ClusterOptions o;
+  o.worker_flags = {"--rank_binary=tests/hung_teardown/plateau_rank", "--calibrate=false", "--teardown_s=600"};
+  Cluster c("teardown-stopped", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(100);
+  spec.set_name("out-of-memory sibling-crashes");  // the stand-in's script
+  spec.set_max_restarts(2);
+  const absl::Time submitted = absl::Now();
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_EQ(job.failure().kind(), v1::Failure::OUT_OF_MEMORY) << job.failure().DebugString();
+  EXPECT_EQ(job.failure().rank(), 0);
+  EXPECT_EQ(job.failure().live_set(), "activations");
+  EXPECT_THAT(job.failure().message(), HasSubstr("the stand-in ran out of memory"));
+  EXPECT_EQ(job.attempt(), 0) << "restarted";
+  // Rank 1's exit after a second, then the SIGTERM: far below --teardown_s.
+  EXPECT_LT(TimeOf(job.end_time()) - submitted, absl::Seconds(15));
+  EXPECT_TRUE(c.RankPids(id).empty());
+  EXPECT_THAT(AllLogs(c, id), HasSubstr("killed in its teardown (signal 15, the job was being stopped)"));
+}
+
 // A long-lived client's channel still holds the killed coordinator's
 // connection until something polls it; its next call went out on it and
 // failed (UNAVAILABLE: "Socket closed" or "Broken pipe") although the

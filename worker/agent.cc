@@ -193,6 +193,7 @@ void Agent::Fence() {
       if (r->exited || r->pid == 0 || r->lease == nullptr) continue;
       const bool stopped = r->lease->self_stopped();
       if (stopped) kill(-r->pid, SIGCONT);
+      if (stopped && r->exiting_at >= 0) r->exiting_at = now;  // its teardown resumes now
       if (stopped && !r->self_stop_logged) {
         Log(job->job_id, job->attempt, r->rank, "agent",
             absl::StrCat("rank ", r->rank, " had stopped itself (its lease lapsed while this agent did not answer); "
@@ -207,6 +208,7 @@ void Agent::Fence() {
     job->frozen = lapsed;
     for (auto& r : job->ranks) {
       if (!r->exited && r->pid != 0) kill(-r->pid, lapsed ? SIGSTOP : SIGCONT);
+      if (!lapsed && r->exiting_at >= 0) r->exiting_at = now;  // its teardown resumes now
     }
     Log(job->job_id, job->attempt, -1, "agent",
         lapsed ? absl::StrCat("fenced: no answer from the coordinator for ",
@@ -653,8 +655,8 @@ void Agent::ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout) {
         }
         if (out.has_exiting()) {
           absl::MutexLock lock(&mu_);
-          if (rank->exiting_at == absl::InfiniteFuture()) {
-            rank->exiting_at = absl::Now();
+          if (rank->exiting_at < 0) {
+            rank->exiting_at = MonotonicNanos();
             rank->exiting_code = out.exiting().exit_code();
           }
           return;
@@ -703,15 +705,24 @@ void Agent::Wait(JobRun* job, Rank* rank) {
   std::string how;
   {
     absl::MutexLock lock(&mu_);
-    if (WIFSIGNALED(status) && rank->killed_in_teardown) {
-      // Its work was over: it counts as having exited with the code it said.
+    // Killed by this agent (its teardown overran, or the job was stopped)
+    // after it said its exit code: its work was over, so it counts as
+    // having exited with that code, not as stopped; an error it reported
+    // (an out-of-memory, say) is not lost to the stop. A signal from
+    // anywhere else (a crash in its teardown) stays a signal.
+    const bool teardown_kill = WIFSIGNALED(status) && rank->exiting_at >= 0 &&
+                               (rank->killed_in_teardown || rank->stop_sent);
+    if (teardown_kill) {
       e->set_signal(WTERMSIG(status));
       e->set_exit_code(rank->exiting_code);
       e->set_killed_in_teardown(true);
       how = absl::StrCat("said it was exiting with code ", rank->exiting_code,
-                         " but its teardown did not finish within ",
-                         absl::FormatDuration(options_.teardown), ": killed by its agent (signal ",
-                         WTERMSIG(status), ")");
+                         " and was killed in its teardown (signal ", WTERMSIG(status), ", ",
+                         rank->killed_in_teardown
+                             ? absl::StrCat("not finished within --teardown_s=",
+                                            absl::ToDoubleSeconds(options_.teardown))
+                             : std::string("the job was being stopped"),
+                         ")");
     } else if (WIFSIGNALED(status)) {
       e->set_signal(WTERMSIG(status));
       how = absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
@@ -726,9 +737,9 @@ void Agent::Wait(JobRun* job, Rank* rank) {
       *e->mutable_out_of_memory() = rank->last_error.out_of_memory();
     }
     e->set_process_group_empty(!GroupAlive(rank->pid));
-    e->set_stopped_by_agent(rank->stop_sent);
-    failed = rank->killed_in_teardown ? rank->exiting_code != 0
-                                      : !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    e->set_stopped_by_agent(rank->stop_sent && !teardown_kill);
+    failed =
+        teardown_kill ? rank->exiting_code != 0 : !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   Log(job->job_id, job->attempt, rank->rank, "agent", absl::StrCat("rank ", rank->rank, " (pid ", rank->pid, ") ", how));
   // Exited (its device slot free) before the coordinator can hear of it:
@@ -782,21 +793,23 @@ void Agent::StopJob(JobRun& job, const std::string& why) {
 void Agent::KillOverdue() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
+  const int64_t mono = MonotonicNanos();
+  const int64_t teardown = absl::ToInt64Nanoseconds(options_.teardown);
   for (auto& [key, job] : jobs_) {
-    // A frozen job's ranks cannot tear down while stopped: none is killed
-    // for it here; once resumed, one past its teardown time is.
+    // A stopped rank cannot tear down: a frozen job's ranks are not killed
+    // here, and Fence restarts the clock of each rank it resumes.
     for (auto& r : job->ranks) {
       if (r->exited || r->pid == 0 || r->killed_in_teardown || job->frozen) continue;
-      if (now - r->exiting_at < options_.teardown) continue;  // also: not exiting
+      if (r->exiting_at < 0 || mono - r->exiting_at < teardown) continue;
       r->killed_in_teardown = true;
       kill(-r->pid, SIGKILL);
       Log(job->job_id, job->attempt, r->rank, "agent",
-          absl::StrCat(
-              "rank ", r->rank, " said it was exiting with code ", r->exiting_code, " ",
-              absl::FormatDuration(absl::Trunc(now - r->exiting_at, absl::Milliseconds(1))),
-              " ago and is still tearing down (--teardown_s=",
-              absl::ToDoubleSeconds(options_.teardown),
-              "): SIGKILL; its exit is reported with that code"));
+          absl::StrCat("rank ", r->rank, " said it was exiting with code ", r->exiting_code, " ",
+                       absl::FormatDuration(absl::Trunc(absl::Nanoseconds(mono - r->exiting_at),
+                                                        absl::Milliseconds(1))),
+                       " ago and is still tearing down (--teardown_s=",
+                       absl::ToDoubleSeconds(options_.teardown),
+                       "): SIGKILL; its exit is reported with that code"));
     }
     if (!job->stopping || now < job->kill_at) continue;
     for (auto& r : job->ranks) {

@@ -115,9 +115,11 @@ class Agent {
     bool exit_acked = false;  // the coordinator has its exit report
     bool stop_sent = false;
     v1::RankError last_error;
-    // When it said it is exiting (RankOutput.exiting), and with what code;
-    // set when KillOverdue killed it for overrunning options_.teardown.
-    absl::Time exiting_at = absl::InfiniteFuture();
+    // When its teardown clock started (MonotonicNanos; -1 until it says
+    // it is exiting, RankOutput.exiting; restarted when a stopped rank is
+    // resumed) and the code it said; killed_in_teardown is set when
+    // KillOverdue killed it for overrunning options_.teardown.
+    int64_t exiting_at = -1;
     int exiting_code = 0;
     bool killed_in_teardown = false;
     // The lease's end, shared with the rank (worker/rank_lease.h); null
