@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -40,6 +41,7 @@
 #include "client/json_output.h"
 #include "client/plan_table.h"
 #include "client/spec_file.h"
+#include "grpc/support/log.h"
 #include "proto/does_not_fit.h"
 #include "timeline/memory_chart.h"
 #include "timeline/png_chart.h"
@@ -145,8 +147,11 @@ const std::vector<CommandHelp>& Commands() {
        "Streams the job's state changes and steps until its final state; exits 0, 1 or 3 with it.\n"
        "Each step line shows the elapsed time since the job started and an ETA (the steps left\n"
        "times the mean step time so far), and is cut to the terminal width ($COLUMNS, else the\n"
-       "terminal's, else 100 columns). While the coordinator is away it says \"reconnecting...\"\n"
-       "on stderr and resumes from the next event (under --output json: a {\"notice\":...} object).\n",
+       "terminal's, else 100 columns). On a terminal it redraws one line at every step; off one\n"
+       "(a pipe, a file) it prints a line for step 1, every (steps / 20)-th step, steps with a\n"
+       "validation loss and the last step (--per-rank or --output json: every step). While the\n"
+       "coordinator is away it says \"reconnecting...\" on stderr and resumes from the next\n"
+       "event (under --output json: a {\"notice\":...} object).\n",
        {{"from", "INDEX", "the first event to show (resume with the last index + 1)"},
         {"per-rank", "", "under each step's line, each rank's: loss, time, device peak\n"
                          "(every step, one line each); in JSON each step event carries them\n"
@@ -292,6 +297,10 @@ std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
 // positive number (what a shell exports, and what a test can set), else the
 // terminal's width when stdout is one, else 100 (a pipe or a file: no
 // terminal to fit, but lines a reader can still take in).
+// JobSpec.max_duration_s's limit (worker/job_spec.cc, which the
+// coordinator checks): --max-duration says it before a call is made.
+constexpr int64_t kMaxDurationSeconds = 365 * 24 * 3600;
+
 int TerminalWidth() {
   const char* env = std::getenv("COLUMNS");
   int columns = 0;
@@ -301,16 +310,70 @@ int TerminalWidth() {
   return 100;
 }
 
-// `line` cut to `width` columns, "..." marking the cut (ASCII: every
-// terminal shows it in 3 columns). The lines cut are ASCII but for names
-// and reasons; a cut never splits a UTF-8 sequence.
-std::string FitLine(const std::string& line, int width) {
-  if (static_cast<int>(line.size()) <= width) return line;
-  if (width <= 3) return line.substr(0, std::max(0, width));
-  size_t cut = width - 3;
-  while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
-  return line.substr(0, cut) + "...";
+// The code point of `s` that starts at byte `i`: its length in bytes, and
+// the columns a terminal gives it (2 in the East Asian wide and full-width
+// blocks and for emoji, 0 for combining accents, else 1). A byte that
+// starts no valid UTF-8 sequence counts as one byte in one column. Names,
+// labels and reasons are UTF-8 in any script; the rest of a line is ASCII.
+struct Glyph {
+  size_t bytes;
+  int columns;
+};
+Glyph GlyphAt(const std::string& s, size_t i) {
+  const unsigned char lead = static_cast<unsigned char>(s[i]);
+  const size_t n = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return {1, 1};
+  char32_t cp = n == 1 ? lead : lead & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const unsigned char b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xC0) != 0x80) return {1, 1};
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  if (cp >= 0x300 && cp <= 0x36F) return {n, 0};
+  const bool wide = (cp >= 0x1100 && cp <= 0x115F) || (cp >= 0x2E80 && cp <= 0xA4CF && cp != 0x303F) ||
+                    (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0xF900 && cp <= 0xFAFF) ||
+                    (cp >= 0xFE30 && cp <= 0xFE4F) || (cp >= 0xFF00 && cp <= 0xFF60) ||
+                    (cp >= 0xFFE0 && cp <= 0xFFE6) || (cp >= 0x1F300 && cp <= 0x1F64F) ||
+                    (cp >= 0x1F900 && cp <= 0x1F9FF) || (cp >= 0x20000 && cp <= 0x3FFFD);
+  return {n, wide ? 2 : 1};
 }
+
+int Columns(const std::string& s) {
+  int columns = 0;
+  for (size_t i = 0; i < s.size();) {
+    const Glyph g = GlyphAt(s, i);
+    columns += g.columns;
+    i += g.bytes;
+  }
+  return columns;
+}
+
+// `text` cut to at most `width` columns, never inside a code point; with
+// `mark`, "..." ends a cut text (when width allows it).
+std::string CutToColumns(const std::string& text, int width, bool mark) {
+  if (Columns(text) <= width) return text;
+  const bool dots = mark && width > 3;
+  const int room = dots ? width - 3 : std::max(0, width);
+  size_t end = 0;
+  for (int used = 0; end < text.size();) {
+    const Glyph g = GlyphAt(text, end);
+    if (used + g.columns > room) break;
+    used += g.columns;
+    end += g.bytes;
+  }
+  return text.substr(0, end) + (dots ? "..." : "");
+}
+
+// A table cell: `text` in exactly `width` columns, cut with "..." and
+// padded with spaces (printf's %-16s counts bytes, not columns).
+std::string Cell(const std::string& text, int width) {
+  std::string cell = CutToColumns(text, width, /*mark=*/true);
+  cell.append(std::max(0, width - Columns(cell)), ' ');
+  return cell;
+}
+
+// `line` cut to `width` columns, "..." marking the cut.
+std::string FitLine(const std::string& line, int width) { return CutToColumns(line, width, /*mark=*/true); }
 
 // `text` word-wrapped to `width` columns, for lines that must not lose
 // their end (a summary): the continuation lines indented 4 more than the
@@ -710,27 +773,40 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
   return ExitFor(final_state);
 }
 
-int Run(const Options& o) {
+int Run(const Options& given) {
   ClientOptions co;
-  co.address = o.coordinator;
-  co.token_file = o.token_file;
-  co.tls_ca_file = o.tls_ca_file;
-  const CommandHelp* command = FindCommand(o.command);
+  co.address = given.coordinator;
+  co.token_file = given.token_file;
+  co.tls_ca_file = given.tls_ca_file;
+  const CommandHelp* command = FindCommand(given.command);
   if (command == nullptr) {
-    return UsageError(absl::StrCat("plateauctl: unknown command '", o.command, "' (see plateauctl --help)"));
+    return UsageError(absl::StrCat("plateauctl: unknown command '", given.command, "' (see plateauctl --help)"));
   }
   // The command line first: a usage error never waits for a coordinator.
-  for (const auto& [name, values] : o.flags) {
+  // A switch is on when given bare or =true, off when =false.
+  std::set<std::string> off;
+  for (const auto& [name, values] : given.flags) {
     const FlagHelp* f = FindFlag(*command, name);
     if (f == nullptr) {
-      return UsageError(absl::StrCat("plateauctl ", o.command, ": unknown flag --", name, " (see plateauctl ",
-                                     o.command, " --help)"));
+      return UsageError(absl::StrCat("plateauctl ", given.command, ": unknown flag --", name, " (see plateauctl ",
+                                     given.command, " --help)"));
     }
     if (values.size() > 1 && !f->repeatable) {
-      return UsageError(absl::StrCat("plateauctl ", o.command, ": --", name, " given ", values.size(),
+      return UsageError(absl::StrCat("plateauctl ", given.command, ": --", name, " given ", values.size(),
                                      " times; expected once"));
     }
+    if (f->value.empty()) {
+      const std::string& v = values.back();
+      if (v != "" && v != "true" && v != "false") {
+        return UsageError(absl::StrCat("plateauctl ", given.command, ": --", name,
+                                       ": a switch; expected it bare, =true or =false, got '", v, "'"));
+      }
+      if (v == "false") off.insert(name);
+    }
   }
+  // From here on a switch given =false is not given.
+  Options o = given;
+  for (const std::string& name : off) o.flags.erase(name);
   const size_t want_args = command->args.empty() ? 0 : 1;
   if (o.args.size() != want_args) {
     return UsageError(absl::StrFormat("plateauctl %s: expected %d argument(s)%s, got %d (see plateauctl %s --help)",
@@ -741,8 +817,9 @@ int Run(const Options& o) {
   auto value = [&](const std::string& name) { return o.flags.at(name).back(); };
   int64_t from = 0;
   if (flag("from") && (!absl::SimpleAtoi(value("from"), &from) || from < 0)) {
-    return UsageError(absl::StrCat("plateauctl ", o.command, ": --from: expected an event index >= 0, got '",
-                                   value("from"), "'"));
+    return UsageError(absl::StrCat("plateauctl ", o.command, ": --from: expected an ",
+                                   o.command == "logs" ? "index of a line" : "event index", " from 0 to ",
+                                   std::numeric_limits<int64_t>::max(), ", got '", value("from"), "'"));
   }
   int32_t log_rank = 0;
   int64_t tail = -1;
@@ -751,8 +828,8 @@ int Run(const Options& o) {
                                    "lines, got '", value("rank"), "'"));
   }
   if (flag("tail") && (!absl::SimpleAtoi(value("tail"), &tail) || tail < 0)) {
-    return UsageError(absl::StrCat("plateauctl logs: --tail: expected a number of lines >= 0, got '", value("tail"),
-                                   "'"));
+    return UsageError(absl::StrCat("plateauctl logs: --tail: expected a number of lines from 0 to ",
+                                   std::numeric_limits<int64_t>::max(), ", got '", value("tail"), "'"));
   }
   // A watch or log stream outlives a coordinator restart (client.h): say so
   // on stderr while it is away, so that a silent terminal is not a hang.
@@ -813,9 +890,9 @@ int Run(const Options& o) {
     }
     if (flag("max-duration")) {
       int64_t seconds = 0;
-      if (!absl::SimpleAtoi(value("max-duration"), &seconds) || seconds < 0) {
-        return UsageError(absl::StrCat("plateauctl submit: --max-duration: expected seconds >= 0, got '",
-                                       value("max-duration"), "'"));
+      if (!absl::SimpleAtoi(value("max-duration"), &seconds) || seconds < 0 || seconds > kMaxDurationSeconds) {
+        return UsageError(absl::StrCat("plateauctl submit: --max-duration: expected seconds from 0 (no limit) to ",
+                                       kMaxDurationSeconds, " (a year), got '", value("max-duration"), "'"));
       }
       spec->set_max_duration_s(seconds);
     }
@@ -880,8 +957,8 @@ int Run(const Options& o) {
     req.set_newest_first(flag("newest-first"));
     if (flag("page_size")) {
       int32_t n = 0;
-      if (!absl::SimpleAtoi(value("page_size"), &n)) {
-        return UsageError(absl::StrCat("plateauctl list: --page_size: expected an integer, got '",
+      if (!absl::SimpleAtoi(value("page_size"), &n) || n < 0 || n > 1000) {
+        return UsageError(absl::StrCat("plateauctl list: --page_size: expected 0 (the default, 50) to 1000 jobs, got '",
                                        value("page_size"), "'"));
       }
       req.set_page_size(n);
@@ -902,22 +979,21 @@ int Run(const Options& o) {
     // A long reason (a failure's message) would wrap into the next row:
     // each row is cut to the terminal width.
     // Labels (sorted, k=v joined by commas) get a column of their own, cut
-    // to 24 characters with "..." so that the reason keeps its place.
+    // to 24 columns with "..." so that the reason keeps its place.
     const int width = TerminalWidth();
     auto labels_of = [](const v1::Job& j) {
       std::map<std::string, std::string> sorted(j.spec().labels().begin(), j.spec().labels().end());
-      std::string text = sorted.empty() ? "-" : absl::StrJoin(sorted, ",", absl::PairFormatter("="));
-      return text.size() > 24 ? text.substr(0, 21) + "..." : text;
+      return sorted.empty() ? std::string("-") : absl::StrJoin(sorted, ",", absl::PairFormatter("="));
     };
     std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %-24s %s", "JOB", "STATE", "NAME", "STEP",
                                                  "LABELS", "REASON"),
                                  width)
                              .c_str());
     for (const v1::Job& j : all.jobs()) {
-      std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %-16s %-12s %-24s %s", j.id(),
-                                                   v1::JobState_Name(j.state()), j.spec().name().substr(0, 16),
+      std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %s %-12s %s %s", j.id(),
+                                                   v1::JobState_Name(j.state()), Cell(j.spec().name(), 16),
                                                    absl::StrCat(j.progress().step(), "/", j.spec().steps()),
-                                                   labels_of(j), j.state_reason()),
+                                                   Cell(labels_of(j), 24), j.state_reason()),
                                    width)
                                .c_str());
     }
@@ -992,15 +1068,30 @@ int Run(const Options& o) {
       return UsageError(absl::StrCat("plateauctl memory: --width: expected 10 to 1000 columns, got '",
                                      value("width"), "'"));
     }
+    // Under --output json the timeline is the data itself, every rank's or
+    // --rank's: there is no chart to size or draw.
+    if (o.json && (flag("png") || flag("width"))) {
+      return UsageError(absl::StrCat("plateauctl memory: --", flag("png") ? "png" : "width",
+                                     " draws a chart; --output json prints the timeline as data (give one of them)"));
+    }
     auto timeline = client.GetMemoryTimeline(o.args[0]);
     if (!timeline.ok()) return Report(timeline.status());
-    if (o.json) {
-      std::printf("%s\n", Json(*timeline).c_str());
-      return kExitOk;
-    }
     // A --rank the job has no timeline of is the flag's fault: a usage error.
     auto charts = MemoryCharts(*timeline, rank);
-    if (!charts.ok()) return Fail(charts.status(), kExitUsage);
+    if (!charts.ok() && (!o.json || flag("rank"))) return Fail(charts.status(), kExitUsage);
+    if (o.json) {
+      if (flag("rank")) {
+        v1::GetMemoryTimelineResponse one = *timeline;
+        one.clear_ranks();
+        for (const v1::MemoryTimeline& t : timeline->ranks()) {
+          if (t.rank() == rank) *one.add_ranks() = t;
+        }
+        std::printf("%s\n", Json(one).c_str());
+      } else {
+        std::printf("%s\n", Json(*timeline).c_str());
+      }
+      return kExitOk;
+    }
     if (flag("png")) {
       const std::string path = value("png");
       if (path.empty()) return UsageError("plateauctl memory: --png: expected a file name to write, got ''");
@@ -1030,8 +1121,8 @@ int Run(const Options& o) {
                               absl::Nanoseconds(w.last_heartbeat().nanos());
       std::string jobs = absl::StrJoin(w.running_jobs(), ",");
       if (w.state() != "attached") jobs = absl::StrCat("(", w.state(), ") ", jobs);
-      std::printf("%-10s %-16s %-15s %-7s %-10s %-12s %-12s %-10s %s\n", w.id().c_str(), w.name().substr(0, 16).c_str(),
-                  w.address().substr(0, 15).c_str(), w.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
+      std::printf("%-10s %s %s %-7s %-10s %-12s %-12s %-10s %s\n", w.id().c_str(), Cell(w.name(), 16).c_str(),
+                  Cell(w.address(), 15).c_str(), w.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
                   absl::StrCat(w.slots_free(), "/", w.slots_total(), " free").c_str(),
                   MiB(w.device_memory_bytes()).c_str(),
                   w.host_memory_bytes() > 0 ? MiB(w.host_memory_bytes()).c_str() : "-",
@@ -1088,8 +1179,14 @@ int main(int argc, char** argv) {
       plateau::json_errors = true;
     }
   }
+  // gRPC logs some failures itself (a TLS handshake with a plaintext
+  // coordinator: "E... ssl_transport_security.cc ... Handshake failed")
+  // before the call's status says the same; under --output json every
+  // stderr line must be one JSON object, so gRPC's own lines are dropped.
+  if (plateau::json_errors) gpr_set_log_function([](gpr_log_func_args*) {});
   bool help = false;
   std::string usage_error;
+  std::set<std::string> globals_seen;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -1119,6 +1216,9 @@ int main(int argc, char** argv) {
         continue;
       }
       value = argv[++i];
+    }
+    if (plateau::IsGlobalFlag(name) && !globals_seen.insert(name).second && usage_error.empty()) {
+      usage_error = absl::StrCat("plateauctl: --", name, " given more than once; expected once");
     }
     if (name == "coordinator") {
       o.coordinator = value;
@@ -1154,6 +1254,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!usage_error.empty()) return plateau::UsageError(usage_error);
+  if (o.command.empty() && !o.flags.empty()) {
+    return plateau::UsageError(absl::StrCat("plateauctl: --", o.flags.begin()->first,
+                                            ": not a global flag, and no command given (see plateauctl --help)"));
+  }
   if (o.command.empty()) {
     if (plateau::json_errors) return plateau::UsageError("plateauctl: expected a command (see plateauctl --help)");
     std::fputs(plateau::Usage().c_str(), stderr);

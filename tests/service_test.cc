@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -689,6 +690,23 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   EXPECT_EQ(listed.jobs(0).id(), "job-3");
   EXPECT_EQ(listed.jobs(1).id(), "job-2");
   EXPECT_THAT(r.out, HasSubstr("\"next_page_token\":\"\""));
+  // A switch given =false is off (it was on whatever its value); another value is refused.
+  r = ctl_run({"--output=json", "list", "--label", "team=vision", "--newest-first=false", "--state", "SUCCEEDED"},
+              "list-oldest");
+  ASSERT_EQ(r.code, 0) << r.err;
+  listed = FromJson<v1::ListJobsResponse>(r.out);
+  ASSERT_EQ(listed.jobs_size(), 2) << r.out;
+  EXPECT_EQ(listed.jobs(0).id(), "job-2");
+  r = ctl_run({"list", "--newest-first=no"}, "list-switch-bad");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("plateauctl list: --newest-first: a switch; expected it bare, =true or =false, got 'no'"));
+  // A global flag twice (ctl_run gives --coordinator), or a flag without a command.
+  r = ctl_run({"--coordinator=127.0.0.1:1", "list"}, "coordinator-twice");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("plateauctl: --coordinator given more than once; expected once"));
+  r = ctl_run({"--version"}, "no-command-flag");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("plateauctl: --version: not a global flag, and no command given"));
   r = ctl_run({"list", "--label=stage", "--label=!frozen"}, "list-2");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("job-1"));
@@ -737,6 +755,23 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   r = ctl_run({"--output=json", "memory", "job-1"}, "memory-json");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(FromJson<v1::GetMemoryTimelineResponse>(r.out).job_id(), "job-1");
+  EXPECT_EQ(FromJson<v1::GetMemoryTimelineResponse>(r.out).ranks_size(), 2) << r.out;
+  // --rank picks one rank in JSON too; one without a timeline is refused as in text.
+  r = ctl_run({"--output=json", "memory", "job-1", "--rank=1"}, "memory-json-rank");
+  EXPECT_EQ(r.code, 0) << r.err;
+  {
+    const v1::GetMemoryTimelineResponse one = FromJson<v1::GetMemoryTimelineResponse>(r.out);
+    ASSERT_EQ(one.ranks_size(), 1) << r.out;
+    EXPECT_EQ(one.ranks(0).rank(), 1);
+  }
+  r = ctl_run({"--output=json", "memory", "job-1", "--rank=7"}, "memory-json-absent-rank");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("\"code\":\"NOT_FOUND\""));
+  r = ctl_run({"--output=json", "memory", "job-1", "--png=" + c.dir() + "/m.png"}, "memory-json-png");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_FALSE(std::filesystem::exists(c.dir() + "/m.png"));
+  EXPECT_THAT(r.err, HasSubstr("--png draws a chart; --output json prints the timeline as data"));
 
   // Not found (6) and already finished (7), as text and as JSON on stderr.
   r = ctl_run({"get", "job-99"}, "get-missing");
@@ -758,17 +793,22 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   EXPECT_THAT(r.err, HasSubstr("{\"error\":{\"code\":\"INVALID_ARGUMENT\",\"message\":\"job_id: expected a job id"));
   r = ctl_run({"--output=json", "list", "--page_size=x"}, "usage-json");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"INVALID_ARGUMENT\""), HasSubstr("--page_size: expected an integer"),
+  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"INVALID_ARGUMENT\""), HasSubstr("--page_size: expected 0 (the default, 50) to 1000"),
                            HasSubstr("\"exit_code\":2")));
   const RefusedAddress refused;
   ASSERT_FALSE(refused.address().empty());
   r = RunCommand({ctl, "--coordinator=" + refused.address(), "--output=json", "list"}, c.dir() + "/dead-json");
   EXPECT_EQ(r.code, 4);
   EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"UNAVAILABLE\""), HasSubstr("\"exit_code\":4")));
-  // Exactly three jobs: the retry made none.
+  // --validate-only=false creates the job (it used to validate only).
+  r = ctl_run({"submit", spec, "--validate-only=false"}, "submit-not-validate-only");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("submitted job-4: "));
+  ASSERT_EQ(c.WaitDone("job-4").state(), v1::SUCCEEDED) << c.Logs();
+  // Exactly four jobs: the retry made none.
   auto all = c.client().ListJobs(v1::ListJobsRequest());
   ASSERT_TRUE(all.ok());
-  EXPECT_EQ(all->jobs_size(), 3);
+  EXPECT_EQ(all->jobs_size(), 4);
 }
 
 // The wall-clock limit and the queue's priorities with real ranks: a job
@@ -815,9 +855,15 @@ TEST(ServiceTest, MaxDurationFailsTheJobAndPrioritiesOrderTheQueue) {
 }
 
 // The longest line of `out`, in bytes (the lines checked are ASCII).
+// The terminal columns of the widest line: ASCII takes one, a three-byte
+// UTF-8 character two (these tests' only other text is Japanese).
 size_t Widest(const std::string& out) {
   size_t w = 0;
-  for (const std::string& line : Lines(out)) w = std::max(w, line.size());
+  for (const std::string& line : Lines(out)) {
+    size_t columns = 0;
+    for (unsigned char b : line) columns += b < 0x80 ? 1 : (b & 0xF0) == 0xE0 ? 2 : 0;
+    w = std::max(w, columns);
+  }
   return w;
 }
 
@@ -979,7 +1025,8 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   EXPECT_EQ(Lines(r.out), std::vector<std::string>(all.end() - 2, all.end()));
   r = ctl("", {"logs", "job-2", "--tail=-1"}, "logs-bad-tail");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("plateauctl logs: --tail: expected a number of lines >= 0, got '-1'"));
+  EXPECT_THAT(r.err, HasSubstr("plateauctl logs: --tail: expected a number of lines from 0 to 9223372036854775807, "
+                               "got '-1'"));
   r = ctl("", {"logs", "job-2", "--rank=x"}, "logs-bad-rank");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("plateauctl logs: --rank:"));
@@ -992,6 +1039,17 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   r = ctl("", {"logs", "--help"}, "logs-help");
   EXPECT_THAT(r.out, AllOf(HasSubstr("--rank=N"), HasSubstr("--tail=N")));
 
+  // A name in a wide script: its cell is cut to 16 columns (2 per
+  // character, "..." 3), never inside a character, and the columns after
+  // it keep their place.
+  v1::JobSpec wide = TinyJob(1000000);
+  wide.set_name("\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe3\x81\xa8\xe3\x81\xa6"
+                "\xe3\x82\x82\xe9\x95\xb7\xe3\x81\x84\xe3\x82\xb8\xe3\x83\xa7\xe3\x83\x96");
+  auto wide_job = c.client().SubmitJob(wide, false);
+  ASSERT_TRUE(wide_job.ok()) << wide_job.status();
+  ASSERT_TRUE(c.client().CancelJob(wide_job->job().id()).ok());
+  ASSERT_EQ(c.WaitDone(wide_job->job().id()).state(), v1::CANCELLED);
+
   // list: rows cut to the width with "...", whole when it is wide enough.
   r = ctl("40", {"list"}, "list-40");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -999,7 +1057,7 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   EXPECT_THAT(r.out, HasSubstr("...")) << r.out;
   r = ctl("1000", {"list"}, "list-wide");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("..."))) << r.out;
+  EXPECT_THAT(Lines(r.out)[1] + Lines(r.out)[2], ::testing::Not(HasSubstr("..."))) << r.out;
   EXPECT_THAT(r.out, HasSubstr(done.state_reason())) << r.out;
   // The labels column: job-1's label, "-" for job-2 (none).
   {
@@ -1008,6 +1066,12 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
     EXPECT_THAT(rows[0], HasSubstr(" LABELS "));
     EXPECT_THAT(rows[1], AllOf(::testing::StartsWith("job-1 "), HasSubstr(" team=nlp ")));
     EXPECT_THAT(rows[2], ::testing::ContainsRegex("^job-2 .* - +" + done.state_reason().substr(0, 8)));
+    ASSERT_GE(rows.size(), 4u) << r.out;
+    // "日本語のとて..." and one space: 16 columns, as the header's "NAME" and 12 spaces.
+    EXPECT_THAT(rows[3], ::testing::StartsWith("job-3      CANCELLED   \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e"
+                                               "\xe3\x81\xae\xe3\x81\xa8\xe3\x81\xa6...  "))
+        << r.out;
+    EXPECT_THAT(rows[0], ::testing::StartsWith("JOB        STATE       NAME             STEP"));
   }
 }
 
