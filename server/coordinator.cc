@@ -607,7 +607,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
     i->set_host_memory_bytes(w.caps.host_memory_bytes());
     SetTimestamp(i->mutable_last_heartbeat(), w.last_heartbeat);
     if (w.registered != absl::Time()) SetTimestamp(i->mutable_registered_time(), w.registered);
-    i->set_state(w.attached ? "attached" : "awaiting_reattach");
+    i->set_state(w.leaving ? "leaving" : w.attached ? "attached" : "awaiting_reattach");
     for (const std::string& j : jobs[id]) i->add_running_jobs(j);
   }
   return out;
@@ -1193,6 +1193,30 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
   for (int64_t seq : touched) MaybeFinish(seq);
 }
 
+void Coordinator::Leaving(Worker& w) {
+  w.leaving = true;
+  std::vector<int64_t> touched;
+  for (auto& [seq, a] : active_) {
+    bool hit = false;
+    for (const RankState& r : a.ranks) hit = hit || (r.worker_id == w.id && !r.gone);
+    if (!hit) continue;
+    v1::Failure f;
+    f.set_kind(v1::Failure::WORKER_LOST);
+    f.set_worker_id(w.id);
+    f.set_message(absl::StrCat("worker left: ", w.id, "'s agent is shutting down"));
+    RecordFailure(a, f, kPriorityWorkerLost);
+    Log(a.job.id(), a.job.attempt(), f.message());
+    // Its ranks there exit (stopped by the agent) and are reported as usual.
+    StopRanks(a);
+    touched.push_back(seq);
+  }
+  Say(absl::StrCat(
+      w.id, " is leaving: its agent is shutting down",
+      touched.empty() ? "; it ran no live job" : absl::StrCat("; ", touched.size(), " live job(s) affected")));
+  for (int64_t seq : touched) MaybeFinish(seq);
+  Changed();
+}
+
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   // Counted as in flight from its arrival until it is handled (see
   // inflight_beats_): the entry lives only as long as this call, so the map
@@ -1221,6 +1245,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   Worker& w = *found;
   registry_.Beat(w, absl::Now());
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
+  if (request.leaving() && !w.leaving) Leaving(w);
   v1::HeartbeatResponse out;
   for (v1::Assignment& as : w.assignments) {
     // Recorded as delivered before it leaves, so that a restarted

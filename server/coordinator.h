@@ -178,6 +178,10 @@ class Coordinator {
   // caller erases it).
   bool MarkUnschedulable(LiveJob& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat said the worker's agent is shutting down
+  // (HeartbeatRequest.leaving): no new work for it, and its live attempts
+  // fail WORKER_LOST now rather than once its heartbeats stop.
+  void Leaving(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the events and logs of jobs finished longer than retention ago.
   void SweepRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -41,6 +41,7 @@ Worker& WorkerRegistry::Attach(const std::string& asked, const v1::WorkerCapabil
     Worker& w = it->second;
     *expected = true;
     w.used_devices = 0;
+    w.leaving = false;
     w.assignments.clear();
     w.cancellations.clear();
     w.caps = caps;
@@ -61,6 +62,7 @@ Worker& WorkerRegistry::Attach(const std::string& asked, const v1::WorkerCapabil
   *expected = !w.id.empty() && !w.attached;
   w.id = id;
   w.attached = true;
+  w.leaving = false;
   w.caps = caps;
   w.registered = now;
   Beat(w, now);
@@ -99,7 +101,7 @@ Worker* WorkerRegistry::FindAttached(const std::string& id) {
 std::vector<WorkerSlots> WorkerRegistry::Slots() const {
   std::vector<WorkerSlots> slots;
   for (const auto& [id, w] : workers_) {
-    if (w.attached) slots.push_back({id, w.caps, w.caps.devices() - w.used_devices});
+    if (w.attached && !w.leaving) slots.push_back({id, w.caps, w.caps.devices() - w.used_devices});
   }
   return slots;
 }
@@ -116,11 +118,11 @@ std::string WorkerRegistry::Remove(const std::string& id, absl::Time now) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return "";
   const Worker& w = it->second;
-  std::string why =
-      w.attached ? absl::StrCat("sent no heartbeat for ",
-                                absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - w.last_heartbeat)), " s")
-                 : absl::StrCat("did not register again within ", absl::FormatDuration(reattach_timeout_),
-                                " of the coordinator's restart");
+  const std::string silent = absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - w.last_heartbeat));
+  std::string why = w.leaving    ? absl::StrCat("left (its agent shut down; last heartbeat ", silent, " s ago)")
+                    : w.attached ? absl::StrCat("sent no heartbeat for ", silent, " s")
+                                 : absl::StrCat("did not register again within ",
+                                                absl::FormatDuration(reattach_timeout_), " of the coordinator's restart");
   workers_.erase(it);
   return why;
 }

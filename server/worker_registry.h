@@ -32,6 +32,10 @@ struct Worker {
   // False for a worker a restarted coordinator expects to register again
   // (it has ranks of a live job); it gets no new work until it does.
   bool attached = true;
+  // Said it is shutting down (HeartbeatRequest.leaving): no new work, and
+  // "left" rather than lost once its heartbeats stop. Cleared when it
+  // registers again.
+  bool leaving = false;
   int used_devices = 0;
   std::vector<v1::Assignment> assignments;  // not yet delivered
   std::vector<v1::Cancellation> cancellations;
@@ -85,7 +89,8 @@ class WorkerRegistry {
   Worker& at(const std::string& id) { return workers_.at(id); }
   // Every worker, attached or expected, by id.
   const std::map<std::string, Worker>& all() const { return workers_; }
-  // The attached workers and their free devices, as placement sees them.
+  // The attached workers that are not leaving and their free devices, as
+  // placement sees them.
   std::vector<WorkerSlots> Slots() const;
 
   // The workers whose time ran out at `now`, by id. Each stays registered

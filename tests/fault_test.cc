@@ -376,6 +376,61 @@ TEST(FaultTest, ARankStoppedInItsTeardownKeepsTheErrorItReported) {
   EXPECT_THAT(AllLogs(c, id), HasSubstr("killed in its teardown (signal 15, the job was being stopped)"));
 }
 
+// An agent asked to stop (SIGTERM: systemd, Kubernetes, an operator) says
+// so before it stops its ranks: the attempt fails as the worker having
+// left, not as a rank's crash, and restarts on the worker that remains;
+// nothing more is placed on the leaving one. Its ranks get SIGTERM from it
+// (they used to die of SIGKILL first: their parent-death signal fired when
+// the heartbeat thread that had spawned them ended).
+TEST(FaultTest, AStoppedAgentsJobFailsAsLeftAndRestartsOnAnotherWorker) {
+  Cluster c("leaving");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  c.StartWorker();
+  ASSERT_TRUE(WaitFor([&] {  // either may register first
+    auto workers = c.client().ListWorkers();
+    return workers.ok() && workers->workers_size() == 2;
+  })) << c.Logs();
+  v1::JobSpec spec = TinyJob(1000000);
+  spec.set_max_restarts(1);
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 3)) << c.Logs();
+  auto placed = c.client().GetJob(id);
+  ASSERT_TRUE(placed.ok() && placed->placement_size() == 1) << placed.status();
+  const std::string left = placed->placement(0).worker_id();
+  const int victim = absl::StrContains(c.worker(0)->out(), "registered as " + left) ? 0 : 1;
+  const std::vector<pid_t> first_ranks = c.RankPids(id);
+  ASSERT_EQ(first_ranks.size(), 2u);
+  c.worker(victim)->Stop(SIGTERM);
+  ASSERT_TRUE(WaitFor([&] {
+    auto j = c.client().GetJob(id);
+    return j.ok() && j->attempt() == 1 && j->state() == v1::RUNNING;
+  })) << c.Logs();
+  auto restarted = c.client().GetJob(id);
+  ASSERT_TRUE(restarted.ok());
+  ASSERT_EQ(restarted->placement_size(), 1);
+  EXPECT_NE(restarted->placement(0).worker_id(), left);
+  for (pid_t p : first_ranks) {
+    const char state = ProcState(p);
+    EXPECT_TRUE(state == 0 || state == 'Z') << "rank " << p << " of the first attempt is still there";
+  }
+  const std::string logs = AllLogs(c, id);
+  EXPECT_THAT(logs, HasSubstr("worker left: " + left + "'s agent is shutting down")) << logs;
+  EXPECT_THAT(logs, HasSubstr("killed by signal 15")) << logs;
+  EXPECT_THAT(logs, ::testing::Not(HasSubstr("killed by signal 9"))) << logs;
+  ASSERT_TRUE(c.client().CancelJob(id).ok());
+  EXPECT_EQ(c.WaitDone(id).state(), v1::CANCELLED);
+  const std::vector<v1::JobEvent> events = c.AllEvents(id);  // ends with the job
+  bool restarting_as_left = false;
+  for (const v1::JobEvent& e : events) {
+    if (e.has_state_change() && e.state_change().state() == v1::RESTARTING) {
+      restarting_as_left = absl::StrContains(e.state_change().reason(), "worker left: " + left);
+    }
+  }
+  EXPECT_TRUE(restarting_as_left) << logs;
+}
+
 // A long-lived client's channel still holds the killed coordinator's
 // connection until something polls it; its next call went out on it and
 // failed (UNAVAILABLE: "Socket closed" or "Broken pipe") although the

@@ -86,6 +86,40 @@ const char* ChannelStateName(grpc_connectivity_state state) {
 }
 }  // namespace
 
+Agent::SpawnThread::SpawnThread() : thread_([this] { Loop(); }) {}
+
+Agent::SpawnThread::~SpawnThread() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void Agent::SpawnThread::Run(const std::function<void()>& f) {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](SpawnThread* t) ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->task_ == nullptr; }, this));
+  task_ = &f;
+  std::pair<SpawnThread*, int64_t> mine{this, ++issued_};
+  mu_.Await(absl::Condition(
+      +[](std::pair<SpawnThread*, int64_t>* w)
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->first->finished_ >= w->second; },
+      &mine));
+}
+
+void Agent::SpawnThread::Loop() {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    mu_.Await(absl::Condition(
+        +[](SpawnThread* t) ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->task_ != nullptr || t->stop_; }, this));
+    if (task_ == nullptr) return;  // stopping, nothing left to run
+    (*task_)();
+    task_ = nullptr;
+    ++finished_;
+  }
+}
+
 Agent::~Agent() {
   // Run() has stopped every rank; their waiters end with them, whether or
   // not their exit reached the coordinator.
@@ -248,6 +282,23 @@ absl::Status Agent::Run() {
     absl::SleepFor(absl::Milliseconds(50));
   }
   heartbeat.join();
+  // Said before any rank is stopped, so that the coordinator fails their
+  // attempts as left by this worker (not as a rank's crash that its stop
+  // would look like) and places nothing more here. One try, briefly: a
+  // coordinator that is away must not hold up the shutdown.
+  {
+    v1::HeartbeatRequest req;
+    req.set_worker_id(worker_id());
+    req.set_leaving(true);
+    RunningJobs(req.mutable_running());
+    v1::HeartbeatResponse resp;
+    auto ctx = Context(absl::Seconds(1));
+    const grpc::Status said = stub_->Heartbeat(ctx.get(), req, &resp);
+    if (!said.ok()) {
+      std::fprintf(stderr, "plateau_worker: could not tell the coordinator this worker is leaving: %s\n",
+                   said.error_message().c_str());
+    }
+  }
   // Stop everything this agent started, and wait until it is gone.
   {
     absl::MutexLock lock(&mu_);
@@ -574,7 +625,7 @@ void Agent::Start(const v1::Assignment& a) {
       sigaddset(&defaults, SIGTERM);
       sigaddset(&defaults, SIGPIPE);
       posix_spawnattr_setsigdefault(&attr, &defaults);
-      rc = posix_spawn(&pid, options_.rank_binary.c_str(), &fa, &attr, argv.data(), envp.data());
+      spawner_.Run([&] { rc = posix_spawn(&pid, options_.rank_binary.c_str(), &fa, &attr, argv.data(), envp.data()); });
       posix_spawn_file_actions_destroy(&fa);
       posix_spawnattr_destroy(&attr);
       close(out[1]);
@@ -730,7 +781,10 @@ void Agent::Wait(JobRun* job, Rank* rank) {
       e->set_exit_code(WEXITSTATUS(status));
       how = absl::StrCat("exited with code ", WEXITSTATUS(status));
     }
-    e->set_message(rank->last_error.message());
+    // A rank stopped without an error of its own says why it was stopped
+    // ("rank 1 was stopped by its agent: the worker agent is shutting down").
+    e->set_message(!rank->last_error.message().empty() || !rank->stop_sent || teardown_kill ? rank->last_error.message()
+                                                                                            : job->stop_reason);
     e->set_error_code(rank->last_error.code());
     e->set_live_set(rank->last_error.live_set());
     if (rank->last_error.has_out_of_memory()) {
@@ -759,6 +813,7 @@ void Agent::Wait(JobRun* job, Rank* rank) {
 void Agent::StopJob(JobRun& job, const std::string& why) {
   if (job.stopping) return;
   job.stopping = true;
+  job.stop_reason = why;
   // Off the lease before any signal: a rank continued to see its SIGTERM
   // must not stop itself again for a lease that no longer concerns it.
   for (auto& r : job.ranks) {

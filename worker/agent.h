@@ -58,6 +58,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -134,6 +135,7 @@ class Agent {
     int attempt = 0;
     std::vector<std::unique_ptr<Rank>> ranks;
     bool stopping = false;
+    std::string stop_reason;  // StopJob's: reported with each rank it stopped
     bool frozen = false;  // SIGSTOPped: the lease lapsed
     absl::Time kill_at = absl::InfiniteFuture();
   };
@@ -213,6 +215,29 @@ class Agent {
   size_t queued_bytes_ ABSL_GUARDED_BY(out_mu_) = 0;
   int64_t dropped_lines_ ABSL_GUARDED_BY(out_mu_) = 0;
   absl::Mutex send_mu_;  // one Flush at a time, so reports keep their order
+
+  // Runs functions on a thread of its own, one at a time, each call
+  // returning once its function has. The ranks are spawned there: a rank's
+  // parent-death signal (plateau_rank sets PR_SET_PDEATHSIG) fires when the
+  // *thread* that spawned it exits, and this one lives as long as the
+  // Agent. Assignments arrive on the heartbeat thread, which ends as soon as
+  // the agent starts stopping: ranks spawned by it died of SIGKILL at once
+  // and were reported as killed by signal 9 instead of stopped.
+  class SpawnThread {
+   public:
+    SpawnThread();
+    ~SpawnThread();
+    void Run(const std::function<void()>& f);
+
+   private:
+    void Loop();
+    absl::Mutex mu_;
+    const std::function<void()>* task_ ABSL_GUARDED_BY(mu_) = nullptr;
+    int64_t issued_ ABSL_GUARDED_BY(mu_) = 0, finished_ ABSL_GUARDED_BY(mu_) = 0;
+    bool stop_ ABSL_GUARDED_BY(mu_) = false;
+    std::thread thread_;  // last: started once the rest exists
+  };
+  SpawnThread spawner_;
 };
 
 }  // namespace plateau
