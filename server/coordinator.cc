@@ -919,20 +919,33 @@ void Coordinator::CheckProgress() {
       if (now - x.last_progress > timeout) stalled.push_back(static_cast<int>(r));
     }
     if (stalled.empty()) continue;
-    // The rank furthest behind is named; all stalled ones are listed.
+    // The rank furthest behind is named; all stalled ones are listed. Ranks
+    // tied there are named together: a rank stuck outside a collective
+    // holds its peers inside it at the same step, so which one stopped
+    // first cannot be told from here (their logs may say); the lowest is
+    // Failure.rank.
     int worst = stalled[0];
     for (int r : stalled) {
       if (a.ranks[r].last_step < a.ranks[worst].last_step) worst = r;
     }
+    std::vector<int> tied;
+    for (int r : stalled) {
+      if (a.ranks[r].last_step == a.ranks[worst].last_step) tied.push_back(r);
+    }
+    worst = tied[0];
     v1::Failure f;
     f.set_kind(v1::Failure::RANK_HUNG);
     f.set_rank(worst);
     f.set_worker_id(a.ranks[worst].worker_id);
-    f.set_message(absl::StrCat("rank ", worst, " hung: no step progress for ",
-                               absl::FormatDuration(absl::Trunc(now - a.ranks[worst].last_progress, absl::Seconds(1))),
-                               " (progress timeout ", absl::FormatDuration(timeout), "; last step ",
-                               a.ranks[worst].last_step, "; stalled ranks ", absl::StrJoin(stalled, ", "),
-                               "); its ranks were killed"));
+    f.set_message(absl::StrCat(
+        tied.size() == 1 ? absl::StrCat("rank ", worst) : absl::StrCat("ranks ", absl::StrJoin(tied, ", ")),
+        " hung: no step progress for ",
+        absl::FormatDuration(absl::Trunc(now - a.ranks[worst].last_progress, absl::Seconds(1))), " (progress timeout ",
+        absl::FormatDuration(timeout), "; last step ", a.ranks[worst].last_step,
+        tied.size() == 1 ? absl::StrCat("; stalled ranks ", absl::StrJoin(stalled, ", "))
+                         : std::string(", all of them: one stuck outside a collective holds the others in it, so "
+                                       "which stopped first is not known here"),
+        "); its ranks were killed"));
     a.hang_reported = true;
     RecordFailure(a, f, kPriorityHung);
     Log(a.job.id(), a.job.attempt(), f.message());

@@ -254,6 +254,29 @@ TEST_F(CoordinatorTest, RestartReattachesRunningRanksAndFinishesWithTheirExits) 
   EXPECT_EQ(Get(Submit(DemoJobSpec(2, 5))).state(), v1::SCHEDULED);
 }
 
+// Ranks stalled at the same step are named together: the coordinator
+// cannot tell which of them stopped first (one stuck outside a collective
+// holds the others in it), and it used to blame rank 0 alone.
+TEST_F(CoordinatorTest, RanksStalledAtTheSameStepAreNamedTogether) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_progress_timeout_s(1);
+  const std::string job = Submit(spec);
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1}, 2.0, {0, 1})).ok());
+  ASSERT_TRUE(testing_cluster::WaitFor(
+      [&] {
+        EXPECT_TRUE(Heartbeat(w).ok());
+        return Get(job).has_failure();
+      },
+      absl::Seconds(5)))
+      << Get(job).DebugString();
+  const v1::Failure f = Get(job).failure();
+  EXPECT_EQ(f.kind(), v1::Failure::RANK_HUNG);
+  EXPECT_EQ(f.rank(), 0);
+  EXPECT_THAT(f.message(), HasSubstr("ranks 0, 1 hung: no step progress for "));
+  EXPECT_THAT(f.message(), HasSubstr("last step 1, all of them"));
+}
+
 // A rank its agent killed in a hung teardown counts as having exited with
 // the code it said: one that had finished counts as finished, and a job a
 // rank refused stays INVALID, not a crash to restart (the signal would
