@@ -1021,8 +1021,8 @@ int Run(const Options& given) {
     auto print = [&](const v1::LogEntry& l) {
       if (o.json) {
         std::printf("%s\n", Json(l).c_str());
-      } else if (l.rank() < 0) {
-        std::printf("[agent] %s\n", l.line().c_str());
+      } else if (l.rank() < 0) {  // the agent's or the coordinator's own line: say whose
+        std::printf("[%s] %s\n", l.stream().empty() ? "agent" : l.stream().c_str(), l.line().c_str());
       } else {
         std::printf("[rank %d] %s\n", l.rank(), l.line().c_str());
       }

@@ -108,6 +108,13 @@ TEST(FaultTest, LostWorkerFailsItsJobWithinTwoHeartbeatIntervals) {
   std::printf("worker killed -> job FAILED after %s (heartbeat 500 ms)\n", absl::FormatDuration(after_kill).c_str());
   EXPECT_THAT(AllLogs(c, id), HasSubstr("coordinator worker lost: worker-1 sent no heartbeat"));
   EXPECT_TRUE(WaitFor([&] { return c.RankPids(id).empty(); }, absl::Seconds(30)));
+  // The killed agent left its job's spec file; the next agent of that work
+  // dir removes it (its ranks died with the old one).
+  const std::string spec_file = c.dir() + "/work-0/" + id + ".attempt-0.spec";
+  ASSERT_TRUE(std::filesystem::exists(spec_file));
+  c.StartWorker({"--work_dir=" + c.dir() + "/work-0"});
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(c.worker(1)->out(), "as worker-1 with"); })) << c.Logs();
+  EXPECT_FALSE(std::filesystem::exists(spec_file));
 }
 
 TEST(FaultTest, LostWorkerRestartsFromTheLastCheckpointWithTheUninterruptedLoss) {

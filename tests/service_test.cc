@@ -1003,7 +1003,7 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   std::vector<std::string> rank1, agent;
   for (const std::string& l : all) {
     if (absl::StartsWith(l, "[rank 1] ")) rank1.push_back(l);
-    if (absl::StartsWith(l, "[agent] ")) agent.push_back(l);
+    if (absl::StartsWith(l, "[agent] ") || absl::StartsWith(l, "[coordinator] ")) agent.push_back(l);
   }
   ASSERT_GE(rank1.size(), 2u) << r.out;
   // (The agent's lines about a rank carry its rank: rank -1 may be none.)

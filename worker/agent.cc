@@ -257,6 +257,14 @@ absl::Status Agent::Run() {
   std::error_code ec;
   std::filesystem::create_directories(options_.work_dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("work_dir: ", options_.work_dir, ": ", ec.message()));
+  // Spec files an earlier agent of this work dir left when it was killed
+  // (Reap removes them as jobs end): their ranks died with it.
+  for (const auto& entry : std::filesystem::directory_iterator(options_.work_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StrContains(name, ".attempt-") && absl::EndsWith(name, ".spec")) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
   // Register, retrying while the coordinator starts (said once).
   for (bool said = false; !stop_.load(); said = true) {
     absl::Status s = RegisterNow(/*again=*/false);
