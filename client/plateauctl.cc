@@ -293,14 +293,14 @@ std::string NewRequestId() {
 
 std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
 
-// The columns a line of `watch` or `list` may take: $COLUMNS when it is a
-// positive number (what a shell exports, and what a test can set), else the
-// terminal's width when stdout is one, else 100 (a pipe or a file: no
-// terminal to fit, but lines a reader can still take in).
 // JobSpec.max_duration_s's limit (worker/job_spec.cc, which the
 // coordinator checks): --max-duration says it before a call is made.
 constexpr int64_t kMaxDurationSeconds = 365 * 24 * 3600;
 
+// The columns a line of `watch` or `list` may take: $COLUMNS when it is a
+// positive number (what a shell exports, and what a test can set), else the
+// terminal's width when stdout is one, else 100 (a pipe or a file: no
+// terminal to fit, but lines a reader can still take in).
 int TerminalWidth() {
   const char* env = std::getenv("COLUMNS");
   int columns = 0;
@@ -321,7 +321,13 @@ struct Glyph {
 };
 Glyph GlyphAt(const std::string& s, size_t i) {
   const unsigned char lead = static_cast<unsigned char>(s[i]);
-  const size_t n = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+  // Lead bytes C2-DF, E0-EF and F0-F4 start sequences of 2, 3 and 4 bytes;
+  // C0, C1 and F5-FF never appear in UTF-8.
+  const size_t n = lead < 0x80                   ? 1
+                   : lead >= 0xC2 && lead <= 0xDF ? 2
+                   : lead >= 0xE0 && lead <= 0xEF ? 3
+                   : lead >= 0xF0 && lead <= 0xF4 ? 4
+                                                  : 0;
   if (n == 0 || i + n > s.size()) return {1, 1};
   char32_t cp = n == 1 ? lead : lead & (0x7F >> n);
   for (size_t k = 1; k < n; ++k) {
@@ -329,6 +335,9 @@ Glyph GlyphAt(const std::string& s, size_t i) {
     if ((b & 0xC0) != 0x80) return {1, 1};
     cp = (cp << 6) | (b & 0x3F);
   }
+  // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+  static constexpr char32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kLeast[n] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return {1, 1};
   if (cp >= 0x300 && cp <= 0x36F) return {n, 0};
   const bool wide = (cp >= 0x1100 && cp <= 0x115F) || (cp >= 0x2E80 && cp <= 0xA4CF && cp != 0x303F) ||
                     (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0xF900 && cp <= 0xFAFF) ||
@@ -379,14 +388,14 @@ std::string FitLine(const std::string& line, int width) { return CutToColumns(li
 // their end (a summary): the continuation lines indented 4 more than the
 // first; a word longer than a line is cut (FitLine).
 std::string WrapLine(const std::string& text, int width) {
-  if (static_cast<int>(text.size()) <= width) return text + "\n";  // its spacing kept (tables)
+  if (Columns(text) <= width) return text + "\n";  // its spacing kept (tables)
   const size_t indent = text.find_first_not_of(' ');
   if (indent == std::string::npos) return FitLine(text, width) + "\n";
   const std::string cont(indent + 4, ' ');
   std::string out, line = text.substr(0, indent);
   bool empty = true;  // no word on `line` yet
   for (absl::string_view word : absl::StrSplit(absl::string_view(text).substr(indent), ' ', absl::SkipEmpty())) {
-    if (!empty && static_cast<int>(line.size() + 1 + word.size()) > width) {
+    if (!empty && Columns(line) + 1 + Columns(std::string(word)) > width) {
       absl::StrAppend(&out, FitLine(line, width), "\n");
       line = cont;
       empty = true;
@@ -865,14 +874,14 @@ int Run(const Options& given) {
     }
     v1::SubmitJobRequest req;
     if (flag("label")) {
-      std::set<std::string> given;
+      std::set<std::string> keys;
       for (const std::string& kv : o.flags.at("label")) {
         const size_t eq = kv.find('=');
         if (eq == std::string::npos) {
           return UsageError(absl::StrCat("plateauctl submit: --label: expected KEY=VALUE, got '", kv, "'"));
         }
         const std::string key = kv.substr(0, eq);
-        if (!given.insert(key).second) {
+        if (!keys.insert(key).second) {
           return UsageError(absl::StrCat("plateauctl submit: --label: the key '", key,
                                          "' is given twice; a label has one value"));
         }

@@ -257,7 +257,7 @@ void Coordinator::UpdateGauges() {
     }
     ++attached;
     total += w.caps.devices();
-    free += std::max(0, w.caps.devices() - w.used_devices);
+    if (!w.leaving) free += std::max(0, w.caps.devices() - w.used_devices);  // a leaving worker takes no work
   }
   metrics_->SetWorkers(attached, awaiting);
   metrics_->SetSlots(total, free);
@@ -928,10 +928,17 @@ void Coordinator::CheckProgress() {
     for (int r : stalled) {
       if (a.ranks[r].last_step < a.ranks[worst].last_step) worst = r;
     }
+    // Tied: every running rank at that step, stalled past the timeout yet
+    // or not. Their last reports reach the coordinator up to an agent's
+    // send interval (200 ms) apart, more across workers, so the first past
+    // the timeout is not the one that stopped.
     std::vector<int> tied;
-    for (int r : stalled) {
-      if (a.ranks[r].last_step == a.ranks[worst].last_step) tied.push_back(r);
+    for (size_t r = 0; r < a.ranks.size(); ++r) {
+      const RankState& x = a.ranks[r];
+      if (x.gone || x.last_progress == absl::Time()) continue;
+      if (x.last_step == a.ranks[worst].last_step) tied.push_back(static_cast<int>(r));
     }
+    const absl::Duration silent = now - a.ranks[worst].last_progress;  // past the timeout
     worst = tied[0];
     v1::Failure f;
     f.set_kind(v1::Failure::RANK_HUNG);
@@ -939,9 +946,8 @@ void Coordinator::CheckProgress() {
     f.set_worker_id(a.ranks[worst].worker_id);
     f.set_message(absl::StrCat(
         tied.size() == 1 ? absl::StrCat("rank ", worst) : absl::StrCat("ranks ", absl::StrJoin(tied, ", ")),
-        " hung: no step progress for ",
-        absl::FormatDuration(absl::Trunc(now - a.ranks[worst].last_progress, absl::Seconds(1))), " (progress timeout ",
-        absl::FormatDuration(timeout), "; last step ", a.ranks[worst].last_step,
+        " hung: no step progress for ", absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
+        " (progress timeout ", absl::FormatDuration(timeout), "; last step ", a.ranks[worst].last_step,
         tied.size() == 1 ? absl::StrCat("; stalled ranks ", absl::StrJoin(stalled, ", "))
                          : std::string(", all of them: one stuck outside a collective holds the others in it, so "
                                        "which stopped first is not known here"),

@@ -854,7 +854,6 @@ TEST(ServiceTest, MaxDurationFailsTheJobAndPrioritiesOrderTheQueue) {
   EXPECT_EQ(c.WaitDone("job-3").state(), v1::CANCELLED);
 }
 
-// The longest line of `out`, in bytes (the lines checked are ASCII).
 // The terminal columns of the widest line: ASCII takes one, a three-byte
 // UTF-8 character two (these tests' only other text is Japanese).
 size_t Widest(const std::string& out) {
@@ -1057,6 +1056,7 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   EXPECT_THAT(r.out, HasSubstr("...")) << r.out;
   r = ctl("1000", {"list"}, "list-wide");
   ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_GE(Lines(r.out).size(), 3u) << r.out;
   EXPECT_THAT(Lines(r.out)[1] + Lines(r.out)[2], ::testing::Not(HasSubstr("..."))) << r.out;
   EXPECT_THAT(r.out, HasSubstr(done.state_reason())) << r.out;
   // The labels column: job-1's label, "-" for job-2 (none).

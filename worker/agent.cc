@@ -289,24 +289,11 @@ absl::Status Agent::Run() {
     Reap();
     absl::SleepFor(absl::Milliseconds(50));
   }
-  heartbeat.join();
-  // Said before any rank is stopped, so that the coordinator fails their
-  // attempts as left by this worker (not as a rank's crash that its stop
-  // would look like) and places nothing more here. One try, briefly: a
-  // coordinator that is away must not hold up the shutdown.
-  {
-    v1::HeartbeatRequest req;
-    req.set_worker_id(worker_id());
-    req.set_leaving(true);
-    RunningJobs(req.mutable_running());
-    v1::HeartbeatResponse resp;
-    auto ctx = Context(absl::Seconds(1));
-    const grpc::Status said = stub_->Heartbeat(ctx.get(), req, &resp);
-    if (!said.ok()) {
-      std::fprintf(stderr, "plateau_worker: could not tell the coordinator this worker is leaving: %s\n",
-                   said.error_message().c_str());
-    }
-  }
+  // The heartbeat thread says the worker is leaving before any rank is
+  // stopped, so that the coordinator fails their attempts as left by this
+  // worker (not as the ranks' crash their stop would look like) and places
+  // nothing more here; after that it starts nothing.
+  while (!heartbeat_stopping_.load()) absl::SleepFor(absl::Milliseconds(10));
   // Stop everything this agent started, and wait until it is gone.
   {
     absl::MutexLock lock(&mu_);
@@ -330,6 +317,8 @@ absl::Status Agent::Run() {
     absl::SleepFor(absl::Milliseconds(50));
     mu_.Lock();
   }
+  ranks_gone_.store(true);
+  heartbeat.join();
   return absl::OkStatus();
 }
 
@@ -357,6 +346,16 @@ void Agent::HeartbeatLoop() {
       }
     }
   }
+  // Shutting down: the coordinator hears it first (one try, as any
+  // heartbeat), then the heartbeats go on, saying so, while Run stops the
+  // ranks: the worker is not expired, nor its lease lapsed, while they exit.
+  HeartbeatOnce(/*leaving=*/true);
+  heartbeat_stopping_.store(true);
+  while (!ranks_gone_.load()) {
+    const absl::Time next = absl::Now() + heartbeat_interval_;
+    while (!ranks_gone_.load() && absl::Now() < next) absl::SleepFor(absl::Milliseconds(20));
+    if (!ranks_gone_.load()) HeartbeatOnce(/*leaving=*/true);
+  }
 }
 
 void Agent::Answered() {
@@ -367,14 +366,16 @@ void Agent::Answered() {
   reachable_ = true;
 }
 
-void Agent::HeartbeatOnce() {
+void Agent::HeartbeatOnce(bool leaving) {
   v1::HeartbeatRequest req;
   req.set_worker_id(worker_id());
+  req.set_leaving(leaving);
   RunningJobs(req.mutable_running());
   v1::HeartbeatResponse resp;
   auto ctx = Context(absl::Seconds(5));
   const int64_t sent = MonotonicNanos();
   grpc::Status s = stub_->Heartbeat(ctx.get(), req, &resp);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND && leaving) return;  // gone already: nothing to tell
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
     // The coordinator does not know this worker (it restarted, or declared
     // it lost): register again with what still runs here.
@@ -412,7 +413,12 @@ void Agent::HeartbeatOnce() {
     if (resp.lease_ms() > 0) lease_ = absl::Milliseconds(resp.lease_ms());
     RenewLease(sent);
   }
-  for (const v1::Assignment& a : resp.assignments()) Start(a);
+  // A leaving worker starts nothing (the coordinator places nothing on it
+  // once it has heard; an answer sent before that is dropped, and its
+  // attempt fails when this worker is forgotten).
+  if (!leaving) {
+    for (const v1::Assignment& a : resp.assignments()) Start(a);
+  }
   // Again for attempts this answer both started and cancelled.
   absl::MutexLock lock(&mu_);
   ApplyCancellations(resp.cancellations(), "cancelled by the coordinator");
@@ -769,8 +775,9 @@ void Agent::Wait(JobRun* job, Rank* rank) {
     // having exited with that code, not as stopped; an error it reported
     // (an out-of-memory, say) is not lost to the stop. A signal from
     // anywhere else (a crash in its teardown) stays a signal.
-    const bool teardown_kill = WIFSIGNALED(status) && rank->exiting_at >= 0 &&
-                               (rank->killed_in_teardown || rank->stop_sent);
+    const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    const bool teardown_kill = rank->exiting_at >= 0 && ((rank->killed_in_teardown && sig == SIGKILL) ||
+                                                         (rank->stop_sent && (sig == SIGTERM || sig == SIGKILL)));
     if (teardown_kill) {
       e->set_signal(WTERMSIG(status));
       e->set_exit_code(rank->exiting_code);

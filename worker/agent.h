@@ -46,8 +46,10 @@
 // that slot's GPU (CUDA_VISIBLE_DEVICES, --device_index=0).
 //
 // Threads: Run() (reaping, kills after the grace period, the lease), a heartbeat
-// thread (assignments, cancellations, registering again) and a sender
-// thread (the report queue).
+// thread (assignments, cancellations, registering again; at shutdown it
+// says the worker is leaving and heartbeats until the ranks are gone), a
+// sender thread (the report queue) and a spawn thread (SpawnThread: the
+// ranks' parent).
 //
 // Thread safety: Run() on one thread; RequestStop() from any thread or a
 // signal-handling thread.
@@ -154,8 +156,14 @@ class Agent {
   absl::Status RegisterNow(bool again);
   // Every attempt with ranks whose exit is not yet acknowledged.
   void RunningJobs(google::protobuf::RepeatedPtrField<v1::RunningJob>* out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Heartbeats until stop_; then says the worker is leaving, lets Run stop
+  // the ranks (heartbeat_stopping_), and keeps heartbeating (leaving) until
+  // Run has seen them all exit (ranks_gone_).
   void HeartbeatLoop();
-  void HeartbeatOnce();
+  // `leaving`: HeartbeatRequest.leaving; assignments in the answer are not
+  // started, and a coordinator that no longer knows the worker is not
+  // registered with again.
+  void HeartbeatOnce(bool leaving = false);
   // A heartbeat or re-registration was answered: says so after failures.
   void Answered();
   void Start(const v1::Assignment& a);
@@ -192,6 +200,11 @@ class Agent {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::atomic<bool> stop_{false};
+  // Set by the heartbeat thread once it has said the worker is leaving and
+  // starts nothing more (Run stops the ranks after it); set by Run once
+  // every rank has exited (the heartbeat thread ends then).
+  std::atomic<bool> heartbeat_stopping_{false};
+  std::atomic<bool> ranks_gone_{false};
   absl::Duration heartbeat_interval_ = absl::Seconds(1);  // the coordinator's
   // Heartbeat thread only: whether the last heartbeat was answered; since
   // when they fail, and when that was last said.
