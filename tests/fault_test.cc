@@ -324,6 +324,15 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
   EXPECT_THAT(logs, HasSubstr("hung: no step progress"));
 }
 
+// A cluster whose worker runs the stand-in rank whose teardown hangs
+// (tests/hung_teardown/plateau_rank) under --teardown_s.
+ClusterOptions StandInRanks(int teardown_s) {
+  ClusterOptions o;
+  o.worker_flags = {"--rank_binary=tests/hung_teardown/plateau_rank", "--calibrate=false",
+                    absl::StrCat("--teardown_s=", teardown_s)};
+  return o;
+}
+
 // A rank whose teardown hangs after it reported its error (on a GPU:
 // ncclCommAbort waiting on a peer stuck outside NCCL) is killed
 // --teardown_s after it said it was exiting, and its error fails the job as
@@ -332,9 +341,7 @@ TEST(FaultTest, HungRankIsDetectedKilledAndReported) {
 // (tests/hung_teardown/plateau_rank): a real rank's teardown does not hang
 // on the CPU.
 TEST(FaultTest, ARankWhoseTeardownHangsIsKilledAndItsErrorStands) {
-  ClusterOptions o;
-  o.worker_flags = {"--rank_binary=tests/hung_teardown/plateau_rank", "--calibrate=false", "--teardown_s=1"};
-  Cluster c("teardown", o);
+  Cluster c("teardown", StandInRanks(1));
   ASSERT_TRUE(c.ready()) << c.Logs();
   v1::JobSpec spec = TinyJob(100);
   spec.set_max_restarts(2);
@@ -365,9 +372,7 @@ TEST(FaultTest, ARankWhoseTeardownHangsIsKilledAndItsErrorStands) {
 // failure. Counted as "stopped by its agent" it ranked below the sibling's
 // crash, and the job was restarted to run out of memory again.
 TEST(FaultTest, ARankStoppedInItsTeardownKeepsTheErrorItReported) {
-  ClusterOptions o;
-  o.worker_flags = {"--rank_binary=tests/hung_teardown/plateau_rank", "--calibrate=false", "--teardown_s=600"};
-  Cluster c("teardown-stopped", o);
+  Cluster c("teardown-stopped", StandInRanks(600));
   ASSERT_TRUE(c.ready()) << c.Logs();
   v1::JobSpec spec = TinyJob(100);
   spec.set_name("out-of-memory sibling-crashes");  // the stand-in's script
