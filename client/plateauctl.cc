@@ -1219,6 +1219,11 @@ int main(int argc, char** argv) {
     const plateau::CommandHelp* command = plateau::FindCommand(o.command);
     const plateau::FlagHelp* f = command != nullptr ? plateau::FindFlag(*command, name) : nullptr;
     const bool takes_value = plateau::IsGlobalFlag(name) || (f != nullptr && !f->value.empty());
+    // "--wait=" says nothing: not the bare switch (on), nor =true or =false.
+    if (f != nullptr && f->value.empty() && eq != std::string::npos && value.empty() && usage_error.empty()) {
+      usage_error = absl::StrCat("plateauctl ", o.command, ": --", name,
+                                 ": a switch; expected it bare, =true or =false, got ''");
+    }
     if (eq == std::string::npos && takes_value) {
       if (i + 1 >= argc) {
         if (usage_error.empty()) usage_error = absl::StrCat("plateauctl: --", name, ": expected a value");

@@ -700,6 +700,9 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   r = ctl_run({"list", "--newest-first=no"}, "list-switch-bad");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("plateauctl list: --newest-first: a switch; expected it bare, =true or =false, got 'no'"));
+  r = ctl_run({"list", "--all="}, "list-switch-empty");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("plateauctl list: --all: a switch; expected it bare, =true or =false, got ''"));
   // A global flag twice (ctl_run gives --coordinator), or a flag without a command.
   r = ctl_run({"--coordinator=127.0.0.1:1", "list"}, "coordinator-twice");
   EXPECT_EQ(r.code, 2);
