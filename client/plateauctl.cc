@@ -16,6 +16,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -34,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/chart/png.h"
@@ -293,10 +295,6 @@ std::string NewRequestId() {
 
 std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
 
-// JobSpec.max_duration_s's limit (worker/job_spec.cc, which the
-// coordinator checks): --max-duration says it before a call is made.
-constexpr int64_t kMaxDurationSeconds = 365 * 24 * 3600;
-
 // The columns a line of `watch` or `list` may take: $COLUMNS when it is a
 // positive number (what a shell exports, and what a test can set), else the
 // terminal's width when stdout is one, else 100 (a pipe or a file: no
@@ -319,7 +317,7 @@ struct Glyph {
   size_t bytes;
   int columns;
 };
-Glyph GlyphAt(const std::string& s, size_t i) {
+Glyph GlyphAt(absl::string_view s, size_t i) {
   const unsigned char lead = static_cast<unsigned char>(s[i]);
   // Lead bytes C2-DF, E0-EF and F0-F4 start sequences of 2, 3 and 4 bytes;
   // C0, C1 and F5-FF never appear in UTF-8.
@@ -347,7 +345,7 @@ Glyph GlyphAt(const std::string& s, size_t i) {
   return {n, wide ? 2 : 1};
 }
 
-int Columns(const std::string& s) {
+int Columns(absl::string_view s) {
   int columns = 0;
   for (size_t i = 0; i < s.size();) {
     const Glyph g = GlyphAt(s, i);
@@ -395,7 +393,7 @@ std::string WrapLine(const std::string& text, int width) {
   std::string out, line = text.substr(0, indent);
   bool empty = true;  // no word on `line` yet
   for (absl::string_view word : absl::StrSplit(absl::string_view(text).substr(indent), ' ', absl::SkipEmpty())) {
-    if (!empty && Columns(line) + 1 + Columns(std::string(word)) > width) {
+    if (!empty && Columns(line) + 1 + Columns(word) > width) {
       absl::StrAppend(&out, FitLine(line, width), "\n");
       line = cont;
       empty = true;
@@ -792,7 +790,8 @@ int Run(const Options& given) {
     return UsageError(absl::StrCat("plateauctl: unknown command '", given.command, "' (see plateauctl --help)"));
   }
   // The command line first: a usage error never waits for a coordinator.
-  // A switch is on when given bare or =true, off when =false.
+  // A switch is on when given bare (main records "true") or =true, off
+  // when =false.
   std::set<std::string> off;
   for (const auto& [name, values] : given.flags) {
     const FlagHelp* f = FindFlag(*command, name);
@@ -806,7 +805,7 @@ int Run(const Options& given) {
     }
     if (f->value.empty()) {
       const std::string& v = values.back();
-      if (v != "" && v != "true" && v != "false") {
+      if (v != "true" && v != "false") {
         return UsageError(absl::StrCat("plateauctl ", given.command, ": --", name,
                                        ": a switch; expected it bare, =true or =false, got '", v, "'"));
       }
@@ -899,9 +898,11 @@ int Run(const Options& given) {
     }
     if (flag("max-duration")) {
       int64_t seconds = 0;
-      if (!absl::SimpleAtoi(value("max-duration"), &seconds) || seconds < 0 || seconds > kMaxDurationSeconds) {
-        return UsageError(absl::StrCat("plateauctl submit: --max-duration: expected seconds from 0 (no limit) to ",
-                                       kMaxDurationSeconds, " (a year), got '", value("max-duration"), "'"));
+      // The range is the job spec's (worker/job_spec.cc), checked by the coordinator.
+      if (!absl::SimpleAtoi(value("max-duration"), &seconds) || seconds < 0) {
+        return UsageError(absl::StrCat("plateauctl submit: --max-duration: expected whole seconds, 0 (no limit) up "
+                                       "to a year, got '",
+                                       value("max-duration"), "'"));
       }
       spec->set_max_duration_s(seconds);
     }
@@ -966,8 +967,10 @@ int Run(const Options& given) {
     req.set_newest_first(flag("newest-first"));
     if (flag("page_size")) {
       int32_t n = 0;
-      if (!absl::SimpleAtoi(value("page_size"), &n) || n < 0 || n > 1000) {
-        return UsageError(absl::StrCat("plateauctl list: --page_size: expected 0 (the default, 50) to 1000 jobs, got '",
+      // Its range is the coordinator's to check (ListJobs names it).
+      if (!absl::SimpleAtoi(value("page_size"), &n)) {
+        return UsageError(absl::StrCat("plateauctl list: --page_size: expected a number of jobs per page, 0 (the "
+                                       "default, 50) to 1000, got '",
                                        value("page_size"), "'"));
       }
       req.set_page_size(n);
@@ -1085,22 +1088,22 @@ int Run(const Options& given) {
     }
     auto timeline = client.GetMemoryTimeline(o.args[0]);
     if (!timeline.ok()) return Report(timeline.status());
-    // A --rank the job has no timeline of is the flag's fault: a usage error.
-    auto charts = MemoryCharts(*timeline, rank);
-    if (!charts.ok() && (!o.json || flag("rank"))) return Fail(charts.status(), kExitUsage);
+    // A --rank the job has no timeline of is the flag's fault: a usage error
+    // (MemoryCharts says which ranks have one).
+    if (o.json && flag("rank")) {  // that rank's timeline alone
+      auto& ranks = *timeline->mutable_ranks();
+      auto it = std::find_if(ranks.begin(), ranks.end(), [&](const v1::MemoryTimeline& t) { return t.rank() == rank; });
+      if (it == ranks.end()) return Fail(MemoryCharts(*timeline, rank).status(), kExitUsage);
+      v1::MemoryTimeline one = std::move(*it);
+      ranks.Clear();
+      *ranks.Add() = std::move(one);
+    }
     if (o.json) {
-      if (flag("rank")) {
-        v1::GetMemoryTimelineResponse one = *timeline;
-        one.clear_ranks();
-        for (const v1::MemoryTimeline& t : timeline->ranks()) {
-          if (t.rank() == rank) *one.add_ranks() = t;
-        }
-        std::printf("%s\n", Json(one).c_str());
-      } else {
-        std::printf("%s\n", Json(*timeline).c_str());
-      }
+      std::printf("%s\n", Json(*timeline).c_str());
       return kExitOk;
     }
+    auto charts = MemoryCharts(*timeline, rank);
+    if (!charts.ok()) return Fail(charts.status(), kExitUsage);
     if (flag("png")) {
       const std::string path = value("png");
       if (path.empty()) return UsageError("plateauctl memory: --png: expected a file name to write, got ''");
@@ -1214,16 +1217,13 @@ int main(int argc, char** argv) {
     const size_t eq = arg.find('=');
     std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     if (name == "f") name = "follow";
-    std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    // A bare flag is a switch turned on: "true", as if given --name=true
+    // (so that Run tells it from --name=, which says nothing).
+    std::string value = eq == std::string::npos ? "true" : arg.substr(eq + 1);
     // "--name value" for a flag that takes one: the next argument.
     const plateau::CommandHelp* command = plateau::FindCommand(o.command);
     const plateau::FlagHelp* f = command != nullptr ? plateau::FindFlag(*command, name) : nullptr;
     const bool takes_value = plateau::IsGlobalFlag(name) || (f != nullptr && !f->value.empty());
-    // "--wait=" says nothing: not the bare switch (on), nor =true or =false.
-    if (f != nullptr && f->value.empty() && eq != std::string::npos && value.empty() && usage_error.empty()) {
-      usage_error = absl::StrCat("plateauctl ", o.command, ": --", name,
-                                 ": a switch; expected it bare, =true or =false, got ''");
-    }
     if (eq == std::string::npos && takes_value) {
       if (i + 1 >= argc) {
         if (usage_error.empty()) usage_error = absl::StrCat("plateauctl: --", name, ": expected a value");

@@ -878,29 +878,38 @@ void Coordinator::ExpireWorkers() {
     }
     const std::string why = registry_.Remove(id, now);
     metrics_->ForgetWorker(id);
-    std::vector<int64_t> touched;
-    for (auto& [seq, a] : active_) {
-      bool hit = false;
-      for (RankState& r : a.ranks) {
-        if (r.worker_id == id && !r.gone) {
-          r.gone = true;
-          hit = true;
-        }
-      }
-      if (!hit) continue;
-      v1::Failure f;
-      f.set_kind(v1::Failure::WORKER_LOST);
-      f.set_worker_id(id);
-      f.set_message(absl::StrCat("worker lost: ", id, " ", why));
-      RecordFailure(a, f, kPriorityWorkerLost);
-      Log(a.job.id(), a.job.attempt(), f.message());
-      StopRanks(a);
-      touched.push_back(seq);
-    }
-    Say(absl::StrCat(id, " lost: ", why, touched.empty() ? "; it ran no live job" : absl::StrCat("; ", touched.size(), " live job(s) affected")));
-    for (int64_t seq : touched) MaybeFinish(seq);
-    Changed();
+    // Its ranks died with it, or are stopped when it comes back.
+    const int touched = FailAttemptsOn(id, absl::StrCat("worker lost: ", id, " ", why), /*ranks_gone=*/true);
+    Say(absl::StrCat(id, " lost: ", why, AffectedJobs(touched)));
   }
+}
+
+std::string Coordinator::AffectedJobs(int touched) {
+  return touched == 0 ? "; it ran no live job" : absl::StrCat("; ", touched, " live job(s) affected");
+}
+
+int Coordinator::FailAttemptsOn(const std::string& worker_id, const std::string& message, bool ranks_gone) {
+  std::vector<int64_t> touched;
+  for (auto& [seq, a] : active_) {
+    bool hit = false;
+    for (RankState& r : a.ranks) {
+      if (r.worker_id != worker_id || r.gone) continue;
+      hit = true;
+      r.gone = ranks_gone;
+    }
+    if (!hit) continue;
+    v1::Failure f;
+    f.set_kind(v1::Failure::WORKER_LOST);
+    f.set_worker_id(worker_id);
+    f.set_message(message);
+    RecordFailure(a, f, kPriorityWorkerLost);
+    Log(a.job.id(), a.job.attempt(), f.message());
+    StopRanks(a);
+    touched.push_back(seq);
+  }
+  for (int64_t seq : touched) MaybeFinish(seq);
+  Changed();
+  return static_cast<int>(touched.size());
 }
 
 void Coordinator::CheckProgress() {
@@ -1214,26 +1223,10 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
 
 void Coordinator::Leaving(Worker& w) {
   w.leaving = true;
-  std::vector<int64_t> touched;
-  for (auto& [seq, a] : active_) {
-    bool hit = false;
-    for (const RankState& r : a.ranks) hit = hit || (r.worker_id == w.id && !r.gone);
-    if (!hit) continue;
-    v1::Failure f;
-    f.set_kind(v1::Failure::WORKER_LOST);
-    f.set_worker_id(w.id);
-    f.set_message(absl::StrCat("worker left: ", w.id, "'s agent is shutting down"));
-    RecordFailure(a, f, kPriorityWorkerLost);
-    Log(a.job.id(), a.job.attempt(), f.message());
-    // Its ranks there exit (stopped by the agent) and are reported as usual.
-    StopRanks(a);
-    touched.push_back(seq);
-  }
-  Say(absl::StrCat(
-      w.id, " is leaving: its agent is shutting down",
-      touched.empty() ? "; it ran no live job" : absl::StrCat("; ", touched.size(), " live job(s) affected")));
-  for (int64_t seq : touched) MaybeFinish(seq);
-  Changed();
+  // Its ranks there exit (stopped by the agent) and are reported as usual.
+  const int touched =
+      FailAttemptsOn(w.id, absl::StrCat("worker left: ", w.id, "'s agent is shutting down"), /*ranks_gone=*/false);
+  Say(absl::StrCat(w.id, " is leaving: its agent is shutting down", AffectedJobs(touched)));
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {

@@ -182,6 +182,14 @@ class Coordinator {
   // (HeartbeatRequest.leaving): no new work for it, and its live attempts
   // fail WORKER_LOST now rather than once its heartbeats stop.
   void Leaving(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails every live attempt with ranks not yet gone on `worker_id` as
+  // WORKER_LOST with `message`, stops its ranks elsewhere and ends what can
+  // end; returns how many. `ranks_gone`: its ranks there count as gone (a
+  // lost worker), else their exits are awaited (a leaving one).
+  int FailAttemptsOn(const std::string& worker_id, const std::string& message, bool ranks_gone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "; it ran no live job" or "; N live job(s) affected", for Say.
+  static std::string AffectedJobs(int touched);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the events and logs of jobs finished longer than retention ago.
   void SweepRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

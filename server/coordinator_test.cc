@@ -173,13 +173,19 @@ class CoordinatorTest : public ::testing::Test {
   // worker id.
   std::string RunningJob(const std::string& job) {
     const std::string w = Register();
-    auto hb = Heartbeat(w);
-    EXPECT_TRUE(hb.ok());
-    EXPECT_EQ(hb->assignments_size(), 1);
-    EXPECT_TRUE(Started(w, job, 0).ok());
-    EXPECT_TRUE(Started(w, job, 1).ok());
-    EXPECT_EQ(Get(job).state(), v1::RUNNING);
+    StartOn(w, job);
     return w;
+  }
+
+  // The job's assignment delivered to worker `w` by its next heartbeat and
+  // both ranks started there: the job is RUNNING.
+  void StartOn(const std::string& w, const std::string& job) {
+    auto hb = Heartbeat(w);
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    ASSERT_EQ(hb->assignments_size(), 1);
+    ASSERT_TRUE(Started(w, job, 0).ok());
+    ASSERT_TRUE(Started(w, job, 1).ok());
+    ASSERT_EQ(Get(job).state(), v1::RUNNING);
   }
 
   // Rank 0's telemetry of `steps`, as an agent batches it.
@@ -293,11 +299,7 @@ TEST_F(CoordinatorTest, ARankKilledInItsTeardownCountsAsExitedWithTheCodeItSaid)
 
   // The next job goes to the same worker, free again.
   const std::string refused = Submit(spec);
-  auto hb = Heartbeat(w);
-  ASSERT_TRUE(hb.ok());
-  ASSERT_EQ(hb->assignments_size(), 1);
-  ASSERT_TRUE(Started(w, refused, 0).ok());
-  ASSERT_TRUE(Started(w, refused, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(StartOn(w, refused));
   ASSERT_TRUE(
       KilledInTeardown(w, refused, 1, kRankExitInvalidJob, "NOT_FOUND", "data.path: /no/such/file: not found").ok());
   const v1::Job j = Get(refused);
@@ -1187,13 +1189,8 @@ TEST_F(ApiTest, AJobOverItsMaxDurationFailsWithItsOwnReasonAndItsRanksAreStopped
   spec.set_max_duration_s(1);
   spec.set_max_restarts(3);  // not restarted for it
   const std::string job = Submit(spec);
-  auto hb = Heartbeat(w);
-  ASSERT_TRUE(hb.ok());
-  ASSERT_EQ(hb->assignments_size(), 1);
-  ASSERT_TRUE(Started(w, job, 0).ok());
-  ASSERT_TRUE(Started(w, job, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(StartOn(w, job));
   const v1::Job running = Get(job);
-  ASSERT_EQ(running.state(), v1::RUNNING);
   // The limit counts from the job's start_time, which the coordinator set.
   const absl::Time started = absl::FromUnixSeconds(running.start_time().seconds()) +
                              absl::Nanoseconds(running.start_time().nanos());

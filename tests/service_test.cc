@@ -618,6 +618,12 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
     args.insert(args.begin(), {ctl, coord});
     return RunCommand(args, c.dir() + "/" + log);
   };
+  // A usage error: exit 2, `said` on stderr.
+  auto usage_error = [&](std::vector<std::string> args, const std::string& log, const std::string& said) {
+    const Ran u = ctl_run(std::move(args), log);
+    EXPECT_EQ(u.code, 2) << u.out << u.err;
+    EXPECT_THAT(u.err, HasSubstr(said));
+  };
 
   // Help: per command, exit 0; an unknown command is a usage error, --help or not.
   Ran r = ctl_run({"submit", "--help"}, "help-submit");
@@ -634,12 +640,8 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   EXPECT_EQ(r.out, "");
   r = ctl_run({"version"}, "version");
   EXPECT_EQ(r.code, 2);
-  r = ctl_run({"list", "--bogus"}, "bogus");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("plateauctl list: unknown flag --bogus"));
-  r = ctl_run({"get"}, "get-no-arg");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("expected 1 argument(s) (JOB), got 0"));
+  usage_error({"list", "--bogus"}, "bogus", "plateauctl list: unknown flag --bogus");
+  usage_error({"get"}, "get-no-arg", "expected 1 argument(s) (JOB), got 0");
   r = ctl_run({"--help"}, "help");
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, AllOf(HasSubstr("6  no such job (NOT_FOUND)"), HasSubstr("submit SPEC")));
@@ -697,19 +699,14 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   listed = FromJson<v1::ListJobsResponse>(r.out);
   ASSERT_EQ(listed.jobs_size(), 2) << r.out;
   EXPECT_EQ(listed.jobs(0).id(), "job-2");
-  r = ctl_run({"list", "--newest-first=no"}, "list-switch-bad");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("plateauctl list: --newest-first: a switch; expected it bare, =true or =false, got 'no'"));
-  r = ctl_run({"list", "--all="}, "list-switch-empty");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("plateauctl list: --all: a switch; expected it bare, =true or =false, got ''"));
+  usage_error({"list", "--newest-first=no"}, "list-switch-bad",
+              "plateauctl list: --newest-first: a switch; expected it bare, =true or =false, got 'no'");
+  usage_error({"list", "--all="}, "list-switch-empty",
+              "plateauctl list: --all: a switch; expected it bare, =true or =false, got ''");
   // A global flag twice (ctl_run gives --coordinator), or a flag without a command.
-  r = ctl_run({"--coordinator=127.0.0.1:1", "list"}, "coordinator-twice");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("plateauctl: --coordinator given more than once; expected once"));
-  r = ctl_run({"--version"}, "no-command-flag");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("plateauctl: --version: not a global flag, and no command given"));
+  usage_error({"--coordinator=127.0.0.1:1", "list"}, "coordinator-twice",
+              "plateauctl: --coordinator given more than once; expected once");
+  usage_error({"--version"}, "no-command-flag", "plateauctl: --version: not a global flag, and no command given");
   r = ctl_run({"list", "--label=stage", "--label=!frozen"}, "list-2");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("job-1"));
@@ -796,7 +793,7 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   EXPECT_THAT(r.err, HasSubstr("{\"error\":{\"code\":\"INVALID_ARGUMENT\",\"message\":\"job_id: expected a job id"));
   r = ctl_run({"--output=json", "list", "--page_size=x"}, "usage-json");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"INVALID_ARGUMENT\""), HasSubstr("--page_size: expected 0 (the default, 50) to 1000"),
+  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"INVALID_ARGUMENT\""), HasSubstr("--page_size: expected a number of jobs per page, 0 (the default, 50) to 1000"),
                            HasSubstr("\"exit_code\":2")));
   const RefusedAddress refused;
   ASSERT_FALSE(refused.address().empty());

@@ -779,34 +779,33 @@ void Agent::Wait(JobRun* job, Rank* rank) {
     const bool teardown_kill = rank->exiting_at >= 0 && ((rank->killed_in_teardown && sig == SIGKILL) ||
                                                          (rank->stop_sent && (sig == SIGTERM || sig == SIGKILL)));
     if (teardown_kill) {
-      e->set_signal(WTERMSIG(status));
+      e->set_signal(sig);
       e->set_exit_code(rank->exiting_code);
       e->set_killed_in_teardown(true);
-      how = absl::StrCat("said it was exiting with code ", rank->exiting_code,
-                         " and was killed in its teardown (signal ", WTERMSIG(status), ", ",
-                         rank->killed_in_teardown
-                             ? absl::StrCat("not finished within --teardown_s=",
-                                            absl::ToDoubleSeconds(options_.teardown))
-                             : std::string("the job was being stopped"),
-                         ")");
-    } else if (WIFSIGNALED(status)) {
-      e->set_signal(WTERMSIG(status));
-      how = absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+      how = absl::StrCat(
+          "said it was exiting with code ", rank->exiting_code, " and was killed in its teardown (signal ", sig, ", ",
+          rank->killed_in_teardown
+              ? absl::StrCat("not finished within --teardown_s=", absl::ToDoubleSeconds(options_.teardown))
+              : std::string("the job was being stopped"),
+          ")");
+    } else if (sig != 0) {
+      e->set_signal(sig);
+      how = absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
     } else {
       e->set_exit_code(WEXITSTATUS(status));
       how = absl::StrCat("exited with code ", WEXITSTATUS(status));
     }
     // A rank stopped without an error of its own says why it was stopped
     // ("rank 1 was stopped by its agent: the worker agent is shutting down").
-    e->set_message(!rank->last_error.message().empty() || !rank->stop_sent || teardown_kill ? rank->last_error.message()
-                                                                                            : job->stop_reason);
+    const bool stopped = rank->stop_sent && !teardown_kill;
+    e->set_message(stopped && rank->last_error.message().empty() ? job->stop_reason : rank->last_error.message());
     e->set_error_code(rank->last_error.code());
     e->set_live_set(rank->last_error.live_set());
     if (rank->last_error.has_out_of_memory()) {
       *e->mutable_out_of_memory() = rank->last_error.out_of_memory();
     }
     e->set_process_group_empty(!GroupAlive(rank->pid));
-    e->set_stopped_by_agent(rank->stop_sent && !teardown_kill);
+    e->set_stopped_by_agent(stopped);
     failed =
         teardown_kill ? rank->exiting_code != 0 : !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
