@@ -1199,30 +1199,43 @@ TEST(EmulatedNcclTest, AnAbortEndsWaitsInOtherProcesses) {
 
 // A fork while another thread is inside the emulation (a proxy thread
 // retiring a rank whose process went away, a watchdog polling its
-// communicator) leaves the child an emulation whose locks are free: the
-// child of InChild in the next test once inherited the communicators' lock
-// held, hung in ncclCommInitRankConfig, and its peer waited out the limit.
+// communicator, a rank's stream work) leaves the child an emulation whose
+// locks are free. The child of InChild in the next test once inherited the
+// communicators' lock held, hung in ncclCommInitRankConfig, and its peer
+// waited out the limit; later (CI, 2026-12-06) this test's child inherited
+// the runtime's lock held, which communicator setup takes to find the GPU.
 TEST(EmulatedNcclTest, AForkWhileAnotherThreadIsInTheEmulationLeavesTheChildWorking) {
   std::atomic<bool> stop{false};
   std::atomic<int> rounds{0};
   // Takes every registry's lock over and over: the host's (unique ids), the
-  // forming worlds' and the live communicators'.
+  // forming worlds' and the live communicators'; and the runtime's, in calls
+  // and while work runs under it (a memset).
   std::thread busy([&] {
+    void* scratch = nullptr;
+    if (cudaMalloc(&scratch, 1 << 16) != cudaSuccess) {
+      ADD_FAILURE() << "cudaMalloc failed";
+      return;
+    }
     while (!stop) {
       ncclUniqueId id;
       ncclComm_t comm = nullptr;
       if (ncclGetUniqueId(&id) != ncclSuccess ||
           ncclCommInitRankConfig(&comm, 1, id, 0, nullptr) != ncclSuccess) {
         ADD_FAILURE() << "a one-rank world failed: " << ncclGetLastError(nullptr);
-        return;
+        break;
       }
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm, &state);
       ncclCommDestroy(comm);
+      if (cudaMemset(scratch, rounds & 0xff, 1 << 16) != cudaSuccess) {
+        ADD_FAILURE() << "cudaMemset failed";
+        break;
+      }
       ++rounds;
     }
+    cudaFree(scratch);
   });
-  while (rounds == 0) std::this_thread::yield();
+  while (rounds == 0 && !HasFailure()) std::this_thread::yield();
   for (int i = 0; i < 100 && !HasFailure(); ++i) {
     const pid_t child = InChild([] {
       alarm(10);  // a lock inherited held: SIGALRM, not a hang
@@ -1231,6 +1244,10 @@ TEST(EmulatedNcclTest, AForkWhileAnotherThreadIsInTheEmulationLeavesTheChildWork
       ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
       ASSERT_EQ(ncclCommInitRankConfig(&comm, 1, id, 0, nullptr), ncclSuccess);
       EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+      void* mine = nullptr;
+      ASSERT_EQ(cudaMalloc(&mine, 256), cudaSuccess);
+      EXPECT_EQ(cudaMemset(mine, 1, 256), cudaSuccess);
+      EXPECT_EQ(cudaFree(mine), cudaSuccess);
     });
     EXPECT_EQ(Reap(child), 0) << "fork " << i << " (128 + " << SIGALRM << ": it hung)";
   }

@@ -50,9 +50,9 @@
 // host_mu and ids_mu are held with no other either. None is held across a
 // call into the runtime or a wait for another process. Worker::mu is taken
 // under the runtime's lock (a stream reaching an operation) and held with
-// no other. A fork takes the registries' locks (see "Forks"); forking while
-// a non-blocking communicator lives is not supported (its thread may hold
-// the runtime's lock at the fork).
+// no other. A fork takes the registries' locks (see "Forks") and the
+// runtime's (runtime.cc); a fork's child must not use its parent's
+// communicators.
 #include "kernels/cuda/emulated/nccl.h"
 
 #include <pthread.h>
@@ -1653,8 +1653,8 @@ Host StartHost() {
 // no other of them (see "Locks" above), so any order is deadlock-free.
 // A World's, a Worker's and a RemoteLink's locks are not taken: they belong to
 // communicators the child cannot use (their threads and peers are the
-// parent's), and forking while a non-blocking communicator lives is not
-// supported.
+// parent's). The runtime's lock, which communicator setup takes, has fork
+// handlers of its own (runtime.cc).
 std::mutex ids_mu;  // ncclGetUniqueId's count and random bytes
 
 void BeforeFork() {

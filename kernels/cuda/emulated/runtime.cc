@@ -12,7 +12,10 @@
 // releases the lock while blocked and flushes again when external work
 // finishes. When it does, the next external work whose stream can reach it
 // starts (StartExternalsLocked), without waiting for a host call.
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -22,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -155,9 +159,12 @@ int EnvInt(const char* name, int fallback) {
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
+std::atomic<Runtime*> made{nullptr};  // the runtime, once R() has made it
+
 Runtime& R() {
   static Runtime* runtime = [] {
     auto* r = new Runtime;
+    made = r;
     const int gpus = EnvInt("PLATEAU_EMULATED_GPUS", 1);
     const size_t mib = static_cast<size_t>(EnvInt("PLATEAU_EMULATED_GPU_MIB", 4096));
     for (int physical : VisibleDevices(std::getenv("CUDA_VISIBLE_DEVICES"), gpus)) {
@@ -179,6 +186,47 @@ Runtime& R() {
 
 thread_local int current_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
+
+// ---- Forks ------------------------------------------------------------------
+//
+// A thread that forks copies the runtime's lock as it is, and the child has
+// none of the other threads to release it: a fork while another thread was
+// in a call (the emulated NCCL's communicator setup asks PhysicalDevice)
+// hung the child's first call. So a fork takes the lock first, waiting for
+// the work running under it (work never forks), and both sides release it
+// after. The emulated NCCL's fork handlers take its registry locks; no
+// thread waits for the runtime's lock holding one of those, and work under
+// the runtime's lock takes only a communicator worker's lock, held with no
+// other, so the handlers' order (registration order across files is not
+// fixed) cannot deadlock. The child gets a new external_done: the waiters
+// counted in the old one are the parent's threads, and a notify in the child
+// could wait for them. What was in flight at the fork (queued work, external
+// work whose threads are the parent's) is not the child's to finish: as in
+// CUDA, a child must not use the streams its parent had busy.
+thread_local bool held_for_fork = false;  // this thread's fork took the lock
+
+void LockBeforeFork() {
+  Runtime* r = made.load();
+  if (r == nullptr) return;  // no call yet: no lock anyone could hold
+  r->mu.lock();
+  held_for_fork = true;
+}
+
+void UnlockAfterForkInParent() {
+  if (!held_for_fork) return;
+  held_for_fork = false;
+  R().mu.unlock();
+}
+
+void UnlockAfterForkInChild() {
+  if (!held_for_fork) return;
+  new (&R().external_done) std::condition_variable;
+  UnlockAfterForkInParent();
+}
+
+// At load, before any thread of the runtime's callers exists.
+const int fork_handlers =
+    pthread_atfork(LockBeforeFork, UnlockAfterForkInParent, UnlockAfterForkInChild);
 
 // Every failing call leaves its error for cudaGetLastError, as CUDA does.
 cudaError_t Ret(cudaError_t e) {
