@@ -313,6 +313,41 @@ TEST_F(CoordinatorTest, ARankKilledInItsTeardownCountsAsExitedWithTheCodeItSaid)
   EXPECT_EQ(Get(refused).attempt(), 0) << "restarted";
 }
 
+// An agent shutting down starts nothing: an assignment it has not collected
+// when it says it is leaving is never sent, and its attempt fails as
+// WORKER_LOST and restarts at once, not a worker timeout later when the
+// silent worker is forgotten. The restart goes to another worker.
+TEST_F(CoordinatorTest, AnAssignmentNotYetCollectedByALeavingWorkerFailsItsAttemptAtOnce) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_max_restarts(1);
+  const std::string w = Register();
+  const std::string job = Submit(spec);
+  ASSERT_EQ(Get(job).state(), v1::SCHEDULED) << "placed on " << w << ", not yet collected";
+  v1::HeartbeatRequest leaving;
+  leaving.set_worker_id(w);
+  leaving.set_leaving(true);
+  auto hb = c().Heartbeat(leaving);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->assignments_size(), 0);
+  v1::Job j = Get(job);
+  EXPECT_EQ(j.state(), v1::PENDING) << j.DebugString();
+  EXPECT_EQ(j.attempt(), 1);
+  EXPECT_EQ(j.failure().kind(), v1::Failure::WORKER_LOST);
+  EXPECT_THAT(j.failure().message(), HasSubstr("worker left: " + w + "'s agent is shutting down"));
+  // Its later heartbeats get nothing either; a new worker takes the restart.
+  hb = c().Heartbeat(leaving);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->assignments_size(), 0);
+  const std::string other = Register();
+  ASSERT_NE(other, w);
+  hb = Heartbeat(other);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);
+  EXPECT_EQ(hb->assignments(0).job_id(), job);
+  EXPECT_EQ(hb->assignments(0).attempt(), 1);
+  EXPECT_EQ(Get(job).state(), v1::SCHEDULED);
+}
+
 // GetMemoryTimeline: NOT_FOUND for an unknown job; FAILED_PRECONDITION
 // saying why for a job without one (none yet; off by its spec); once a rank
 // reports one, the latest per rank with the job's plan, also after a restart.

@@ -413,9 +413,11 @@ void Agent::HeartbeatOnce(bool leaving) {
     if (resp.lease_ms() > 0) lease_ = absl::Milliseconds(resp.lease_ms());
     RenewLease(sent);
   }
-  // A leaving worker starts nothing (the coordinator places nothing on it
-  // once it has heard; an answer sent before that is dropped, and its
-  // attempt fails when this worker is forgotten).
+  // A leaving worker starts nothing. The coordinator places nothing on it
+  // once it has heard, and withdraws what it had not yet delivered when it
+  // fails the attempts there (StopRanks), so no answer to a leaving
+  // heartbeat holds an assignment (coordinator_test
+  // AnAssignmentNotYetCollectedByALeavingWorkerFailsItsAttemptAtOnce).
   if (!leaving) {
     for (const v1::Assignment& a : resp.assignments()) Start(a);
   }
