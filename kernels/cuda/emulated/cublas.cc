@@ -11,6 +11,8 @@
 // uses it, and an fp16 path that was never emulated should not pass silently.
 #include "kernels/cuda/emulated/cublas_api.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -34,11 +36,22 @@ namespace {
 
 // Live handles: a destroyed or made-up handle is answered with
 // CUBLAS_STATUS_NOT_INITIALIZED instead of being dereferenced.
+// Held with no other lock, never across a call into the runtime; Handles()
+// is first made under it.
 std::mutex handles_mu;
 std::unordered_set<cublasContext*>& Handles() {
   static auto* handles = new std::unordered_set<cublasContext*>;
   return *handles;
 }
+
+// A fork takes handles_mu and both sides release it after, so that a child
+// never inherits it held by a thread of its parent's in a cuBLAS call (see
+// "Forks" in runtime.cc: held with no other, it cannot deadlock with the
+// runtime's and the emulated NCCL's handlers).
+void LockBeforeFork() { handles_mu.lock(); }
+void UnlockAfterFork() { handles_mu.unlock(); }
+// At load, before any thread of the library's callers exists.
+const int fork_handlers = pthread_atfork(LockBeforeFork, UnlockAfterFork, UnlockAfterFork);
 
 // A copy of the handle's state, taken under the lock, or false for a handle
 // that is not live.

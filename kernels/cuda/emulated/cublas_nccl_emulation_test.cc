@@ -1208,12 +1208,15 @@ TEST(EmulatedNcclTest, AForkWhileAnotherThreadIsInTheEmulationLeavesTheChildWork
   std::atomic<bool> stop{false};
   std::atomic<int> rounds{0};
   // Takes every registry's lock over and over: the host's (unique ids), the
-  // forming worlds' and the live communicators'; and the runtime's, in calls
-  // and while work runs under it (a memset).
+  // forming worlds' and the live communicators'; cuBLAS's handles'; and the
+  // runtime's, in calls and while work runs under it (a memset queued on a
+  // stream, run at its synchronise).
   std::thread busy([&] {
     void* scratch = nullptr;
-    if (cudaMalloc(&scratch, 1 << 16) != cudaSuccess) {
-      ADD_FAILURE() << "cudaMalloc failed";
+    cudaStream_t stream = nullptr;
+    if (cudaMalloc(&scratch, 1 << 16) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+      ADD_FAILURE() << "cudaMalloc or cudaStreamCreateWithFlags failed";
       return;
     }
     while (!stop) {
@@ -1227,12 +1230,21 @@ TEST(EmulatedNcclTest, AForkWhileAnotherThreadIsInTheEmulationLeavesTheChildWork
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm, &state);
       ncclCommDestroy(comm);
-      if (cudaMemset(scratch, rounds & 0xff, 1 << 16) != cudaSuccess) {
-        ADD_FAILURE() << "cudaMemset failed";
+      cublasHandle_t blas = nullptr;
+      if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS ||
+          cublasSetStream(blas, stream) != CUBLAS_STATUS_SUCCESS ||
+          cublasDestroy(blas) != CUBLAS_STATUS_SUCCESS) {
+        ADD_FAILURE() << "a cuBLAS handle failed";
+        break;
+      }
+      if (cudaMemsetAsync(scratch, rounds & 0xff, 1 << 16, stream) != cudaSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess) {
+        ADD_FAILURE() << "cudaMemsetAsync or cudaStreamSynchronize failed";
         break;
       }
       ++rounds;
     }
+    cudaStreamDestroy(stream);
     cudaFree(scratch);
   });
   while (rounds == 0 && !HasFailure()) std::this_thread::yield();
@@ -1248,6 +1260,9 @@ TEST(EmulatedNcclTest, AForkWhileAnotherThreadIsInTheEmulationLeavesTheChildWork
       ASSERT_EQ(cudaMalloc(&mine, 256), cudaSuccess);
       EXPECT_EQ(cudaMemset(mine, 1, 256), cudaSuccess);
       EXPECT_EQ(cudaFree(mine), cudaSuccess);
+      cublasHandle_t blas = nullptr;
+      ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ(cublasDestroy(blas), CUBLAS_STATUS_SUCCESS);
     });
     EXPECT_EQ(Reap(child), 0) << "fork " << i << " (128 + " << SIGALRM << ": it hung)";
   }

@@ -51,7 +51,7 @@
 // call into the runtime or a wait for another process. Worker::mu is taken
 // under the runtime's lock (a stream reaching an operation) and held with
 // no other. A fork takes the registries' locks (see "Forks") and the
-// runtime's (runtime.cc); a fork's child must not use its parent's
+// runtime's (runtime.cc); a fork's child uses none of its parent's
 // communicators.
 #include "kernels/cuda/emulated/nccl.h"
 
@@ -1872,9 +1872,11 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   // host's pid and token (see "Ranks in other processes"), then random
   // bytes (ids of different runs differ too).
   const emu::Host host = emu::StartHost();
+  // The generator is made under ids_mu, which a fork takes: a fork during
+  // its making would leave the child waiting on its guard.
+  std::lock_guard<std::mutex> lock(emu::ids_mu);
   static uint64_t issued = 0;
   static std::mt19937_64 random{std::random_device{}()};
-  std::lock_guard<std::mutex> lock(emu::ids_mu);
   const uint64_t n = ++issued;
   std::memcpy(uniqueId->internal, &n, sizeof(n));
   const uint32_t pid = static_cast<uint32_t>(getpid());

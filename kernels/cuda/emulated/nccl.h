@@ -66,8 +66,9 @@
 // several blocking ranks inside one group (its waits would time out), a
 // group over a remote rank's communicator and others, over blocking and
 // non-blocking communicators, or over several non-blocking ones
-// (ncclInvalidUsage), timing, a fork while a non-blocking communicator
-// lives.
+// (ncclInvalidUsage), timing, a fork's child using its parent's
+// communicators (as with NCCL, it makes its own; see runtime.cc's "Forks"
+// for what else a child must leave alone).
 #ifndef PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 #define PLATEAU_KERNELS_CUDA_EMULATED_NCCL_H_
 

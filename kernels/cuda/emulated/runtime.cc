@@ -159,29 +159,42 @@ int EnvInt(const char* name, int fallback) {
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
-std::atomic<Runtime*> made{nullptr};  // the runtime, once R() has made it
+Runtime* MakeRuntime() {
+  auto* r = new Runtime;
+  const int gpus = EnvInt("PLATEAU_EMULATED_GPUS", 1);
+  const size_t mib = static_cast<size_t>(EnvInt("PLATEAU_EMULATED_GPU_MIB", 4096));
+  for (int physical : VisibleDevices(std::getenv("CUDA_VISIBLE_DEVICES"), gpus)) {
+    r->devices.push_back(std::make_unique<Device>());
+    r->devices.back()->physical = physical;
+    r->devices.back()->total = mib << 20;
+    r->devices.back()->legacy.device = static_cast<int>(r->devices.size()) - 1;
+  }
+  // No GPU visible: every call that needs one fails, as CUDA's do.
+  if (r->devices.empty()) r->sticky = cudaErrorNoDevice;
+  const char* schedule = std::getenv("PLATEAU_SIMT_SCHEDULE");
+  const std::string s = schedule != nullptr ? schedule : "";
+  if (s == "in_order") r->schedule = simt::Schedule::kInOrder;
+  if (s == "reversed") r->schedule = simt::Schedule::kReversed;
+  return r;
+}
+
+// The runtime, made at its first use (so the environment is read then).
+// Not a function-local static: a fork while another thread was inside its
+// initialisation would leave the child waiting on a guard no thread of its
+// own holds. first_use_mu is taken instead, and forks take it too (Forks).
+std::mutex first_use_mu;
+std::atomic<Runtime*> made{nullptr};
 
 Runtime& R() {
-  static Runtime* runtime = [] {
-    auto* r = new Runtime;
-    made = r;
-    const int gpus = EnvInt("PLATEAU_EMULATED_GPUS", 1);
-    const size_t mib = static_cast<size_t>(EnvInt("PLATEAU_EMULATED_GPU_MIB", 4096));
-    for (int physical : VisibleDevices(std::getenv("CUDA_VISIBLE_DEVICES"), gpus)) {
-      r->devices.push_back(std::make_unique<Device>());
-      r->devices.back()->physical = physical;
-      r->devices.back()->total = mib << 20;
-      r->devices.back()->legacy.device = static_cast<int>(r->devices.size()) - 1;
-    }
-    // No GPU visible: every call that needs one fails, as CUDA's do.
-    if (r->devices.empty()) r->sticky = cudaErrorNoDevice;
-    const char* schedule = std::getenv("PLATEAU_SIMT_SCHEDULE");
-    const std::string s = schedule != nullptr ? schedule : "";
-    if (s == "in_order") r->schedule = simt::Schedule::kInOrder;
-    if (s == "reversed") r->schedule = simt::Schedule::kReversed;
-    return r;
-  }();
-  return *runtime;
+  Runtime* r = made.load(std::memory_order_acquire);
+  if (r != nullptr) return *r;
+  std::lock_guard<std::mutex> first(first_use_mu);
+  r = made.load(std::memory_order_relaxed);
+  if (r == nullptr) {
+    r = MakeRuntime();
+    made.store(r, std::memory_order_release);
+  }
+  return *r;
 }
 
 thread_local int current_device = 0;
@@ -194,7 +207,9 @@ thread_local cudaError_t last_error = cudaSuccess;
 // in a call (the emulated NCCL's communicator setup asks PhysicalDevice)
 // hung the child's first call. So a fork takes the lock first, waiting for
 // the work running under it (work never forks), and both sides release it
-// after. The emulated NCCL's fork handlers take its registry locks; no
+// after. first_use_mu is taken before it: a runtime being made is finished
+// first, and one not yet made is made by nobody until the fork is over.
+// The emulated NCCL's and cuBLAS's fork handlers take their own locks; no
 // thread waits for the runtime's lock holding one of those, and work under
 // the runtime's lock takes only a communicator worker's lock, held with no
 // other, so the handlers' order (registration order across files is not
@@ -202,25 +217,25 @@ thread_local cudaError_t last_error = cudaSuccess;
 // counted in the old one are the parent's threads, and a notify in the child
 // could wait for them. What was in flight at the fork (queued work, external
 // work whose threads are the parent's) is not the child's to finish: as in
-// CUDA, a child must not use the streams its parent had busy.
-thread_local bool held_for_fork = false;  // this thread's fork took the lock
+// CUDA, a child uses none of its parent's communicators or busy streams, nor
+// synchronises a whole device (cudaFree, cudaDeviceSynchronize) where a
+// non-blocking communicator's operation was in flight.
+thread_local Runtime* held_for_fork = nullptr;  // this thread's fork took its lock
 
 void LockBeforeFork() {
-  Runtime* r = made.load();
-  if (r == nullptr) return;  // no call yet: no lock anyone could hold
-  r->mu.lock();
-  held_for_fork = true;
+  first_use_mu.lock();
+  held_for_fork = made.load(std::memory_order_relaxed);
+  if (held_for_fork != nullptr) held_for_fork->mu.lock();
 }
 
 void UnlockAfterForkInParent() {
-  if (!held_for_fork) return;
-  held_for_fork = false;
-  R().mu.unlock();
+  if (held_for_fork != nullptr) held_for_fork->mu.unlock();
+  held_for_fork = nullptr;
+  first_use_mu.unlock();
 }
 
 void UnlockAfterForkInChild() {
-  if (!held_for_fork) return;
-  new (&R().external_done) std::condition_variable;
+  if (held_for_fork != nullptr) new (&held_for_fork->external_done) std::condition_variable;
   UnlockAfterForkInParent();
 }
 
