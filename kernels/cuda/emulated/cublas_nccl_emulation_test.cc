@@ -1204,7 +1204,15 @@ TEST(EmulatedNcclTest, AnAbortEndsWaitsInOtherProcesses) {
 // communicators' lock held, hung in ncclCommInitRankConfig, and its peer
 // waited out the limit; later (CI, 2026-12-06) this test's child inherited
 // the runtime's lock held, which communicator setup takes to find the GPU.
+// Not under AddressSanitizer: GCC 12's libasan has no fork handlers, so the
+// busy thread, allocating at a fork, leaves the child the sanitizer
+// allocator's lock held (gdb on a hung child: 3 of about 4,000 forks with
+// four copies at once). The default pass runs it.
 TEST(EmulatedNcclTest, AForkWhileAnotherThreadIsInTheEmulationLeavesTheChildWorking) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the sanitizer's allocator is not fork-safe (no fork handlers in GCC 12's "
+                  "libasan); the default pass runs this test";
+#endif
   std::atomic<bool> stop{false};
   std::atomic<int> rounds{0};
   // Takes every registry's lock over and over: the host's (unique ids), the
