@@ -220,22 +220,22 @@ thread_local cudaError_t last_error = cudaSuccess;
 // CUDA, a child uses none of its parent's communicators or busy streams, nor
 // synchronises a whole device (cudaFree, cudaDeviceSynchronize) where a
 // non-blocking communicator's operation was in flight.
-thread_local Runtime* held_for_fork = nullptr;  // this thread's fork took its lock
-
+// made changes only under first_use_mu, which the forking thread holds from
+// the prepare handler to the after ones: all three see the same runtime.
 void LockBeforeFork() {
   first_use_mu.lock();
-  held_for_fork = made.load(std::memory_order_relaxed);
-  if (held_for_fork != nullptr) held_for_fork->mu.lock();
+  if (Runtime* r = made.load(std::memory_order_relaxed)) r->mu.lock();
 }
 
 void UnlockAfterForkInParent() {
-  if (held_for_fork != nullptr) held_for_fork->mu.unlock();
-  held_for_fork = nullptr;
+  if (Runtime* r = made.load(std::memory_order_relaxed)) r->mu.unlock();
   first_use_mu.unlock();
 }
 
 void UnlockAfterForkInChild() {
-  if (held_for_fork != nullptr) new (&held_for_fork->external_done) std::condition_variable;
+  if (Runtime* r = made.load(std::memory_order_relaxed)) {
+    new (&r->external_done) std::condition_variable;
+  }
   UnlockAfterForkInParent();
 }
 
