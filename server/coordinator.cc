@@ -367,7 +367,10 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
   Now(job.mutable_update_time());
   if (state == v1::RUNNING && !job.has_start_time()) Now(job.mutable_start_time());
   if (IsTerminal(state)) Now(job.mutable_end_time());
-  // The event first: a reader that sees the final state also sees its event.
+  // The event and the job in one transaction: a reader that sees the new
+  // state also sees its event, and a coordinator killed mid-change restarts
+  // with both or neither (an event without its state would be written
+  // again: a second final event, or a cancelled job run after all).
   std::vector<v1::JobEvent> ev(1);
   ev[0].set_job_id(job.id());
   Now(ev[0].mutable_time());
@@ -378,9 +381,7 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
   sc->set_unschedulable(job.unschedulable());
   if (failure != nullptr) *sc->mutable_failure() = *failure;
   const std::string what = absl::StrCat("record ", job.id(), " as ", v1::JobState_Name(state));
-  PLATEAU_RETURN_IF_ERROR(Written(store_->AppendEvents(ev), what));
-  job.set_event_count(ev[0].index() + 1);
-  PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(job), what));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->PutJobWithEvent(job, ev[0]), what));
   metrics_->OnJobState(job.id(), state);
   if (was != state) {
     if (--job_counts_[was] <= 0) job_counts_.erase(was);
@@ -1019,20 +1020,35 @@ void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) 
   Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s failure"));
 }
 
+void Coordinator::Delivered(LiveJob& a, v1::Placement& p) {
+  if (p.delivered()) return;
+  p.set_delivered(true);
+  Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s delivered assignment"));
+}
+
 void Coordinator::StopRanks(LiveJob& a) {
   for (const v1::Placement& p : a.job.placement()) {
     Worker* w = registry_.Find(p.worker_id());
     if (w == nullptr) continue;
     if (!p.delivered()) {
-      // An assignment not yet delivered is withdrawn: its ranks never start.
-      auto& as = w->assignments;
-      as.erase(std::remove_if(as.begin(), as.end(),
-                              [&](const v1::Assignment& x) {
-                                return x.job_id() == a.job.id() && x.attempt() == a.job.attempt();
-                              }),
-               as.end());
-      for (int r : p.ranks()) a.ranks[r].gone = true;
-      continue;
+      const auto same = [&](const auto& x) { return x.job_id == a.job.id() && x.attempt == a.job.attempt(); };
+      auto sent = std::find_if(w->unacknowledged.begin(), w->unacknowledged.end(), same);
+      if (sent == w->unacknowledged.end()) {
+        // Not sent (or, after a restart, not known to have arrived: the
+        // worker's registration says, Reattach): withdrawn, its ranks
+        // never start.
+        auto& as = w->assignments;
+        as.erase(std::remove_if(as.begin(), as.end(),
+                                [&](const v1::Assignment& x) {
+                                  return x.job_id() == a.job.id() && x.attempt() == a.job.attempt();
+                                }),
+                 as.end());
+        for (int r : p.ranks()) a.ranks[r].gone = true;
+        continue;
+      }
+      // Sent, and whether it arrived is not yet known: not sent again, and
+      // stopped if it did arrive. The worker's next heartbeat settles it.
+      sent->withdrawn = true;
     }
     v1::Cancellation c;
     c.set_job_id(a.job.id());
@@ -1259,20 +1275,70 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   if (request.leaving() && !w.leaving) Leaving(w);
   v1::HeartbeatResponse out;
-  for (v1::Assignment& as : w.assignments) {
-    // Recorded as delivered before it leaves, so that a restarted
-    // coordinator does not send it twice; the ranks' clocks start now.
-    LiveJob* a = FindActive(as.job_id(), as.attempt());
-    if (a != nullptr) {
-      if (v1::Placement* p = PlacementOn(*a, w.id)) p->set_delivered(true);
-      for (int r : as.ranks()) a->ranks[r].last_progress = w.last_heartbeat;
-      Write(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s delivered assignment"));
+  // What the agent runs, by attempt.
+  std::set<std::pair<std::string, int>> running;
+  for (const v1::RunningJob& j : request.running()) running.insert({j.job_id(), j.attempt()});
+  // Assignments sent before: arrived, lost, or not yet known.
+  std::vector<int64_t> touched;
+  for (auto it = w.unacknowledged.begin(); it != w.unacknowledged.end();) {
+    LiveJob* a = FindActive(it->job_id, it->attempt);
+    v1::Placement* p = a != nullptr ? PlacementOn(*a, w.id) : nullptr;
+    if (p == nullptr) {  // the attempt is over
+      it = w.unacknowledged.erase(it);
+      continue;
     }
+    if (running.count({it->job_id, it->attempt})) {
+      Delivered(*a, *p);
+      it = w.unacknowledged.erase(it);
+      continue;
+    }
+    // Sent before the answer carrying it went out: says nothing about it.
+    if (request.beat() != 0 && request.beat() <= it->beat) {
+      ++it;
+      continue;
+    }
+    // Not listed by a heartbeat the agent sent after that answer came or
+    // was lost, and no rank of it reported: it never arrived.
+    if (it->withdrawn) {
+      for (int r : p->ranks()) a->ranks[r].gone = true;
+      touched.push_back(*ParseJobId(it->job_id));
+      it = w.unacknowledged.erase(it);
+      continue;
+    }
+    Say(absl::StrCat(it->job_id, " attempt ", it->attempt, ": the assignment sent to ", w.id,
+                     " did not arrive (heartbeat ", request.beat(), " does not list it); sending it again"));
+    *out.add_assignments() = AssignmentFor(*a, *p);
+    it->beat = request.beat();
+    ++it;
+  }
+  for (v1::Assignment& as : w.assignments) {
+    // The ranks' clocks start now; the assignment counts as delivered once
+    // the agent says it arrived.
+    if (LiveJob* a = FindActive(as.job_id(), as.attempt()); a != nullptr) {
+      for (int r : as.ranks()) a->ranks[r].last_progress = w.last_heartbeat;
+    }
+    w.unacknowledged.push_back({as.job_id(), as.attempt(), request.beat(), false});
     *out.add_assignments() = std::move(as);
   }
-  for (v1::Cancellation& c : w.cancellations) *out.add_cancellations() = std::move(c);
   w.assignments.clear();
+  // Stops: those queued, and again for every attempt the agent still runs
+  // that is to stop (an earlier answer with its cancellation may have been
+  // lost; the agent's stop is idempotent).
+  std::set<std::pair<std::string, int>> cancelled;
+  for (v1::Cancellation& c : w.cancellations) {
+    cancelled.insert({c.job_id(), c.attempt()});
+    *out.add_cancellations() = std::move(c);
+  }
   w.cancellations.clear();
+  for (const auto& key : running) {
+    LiveJob* a = FindActive(key.first, key.second);
+    if (a == nullptr || !(a->cancel_requested || a->has_failure) || cancelled.count(key)) continue;
+    v1::Cancellation* c = out.add_cancellations();
+    c->set_job_id(key.first);
+    c->set_attempt(key.second);
+  }
+  for (int64_t seq : touched) MaybeFinish(seq);
+  if (!touched.empty()) Changed();
   // Renewed by this answer; the agent freezes its ranks when it lapses
   // (WorkerRegistry::lease says why it ends before the worker timeout).
   out.set_lease_ms(absl::ToInt64Milliseconds(registry_.lease()));
@@ -1290,7 +1356,8 @@ LiveJob* Coordinator::FindActive(const std::string& job_id, int attempt) {
 absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  if (registry_.FindAttached(request.worker_id()) == nullptr) {
+  Worker* worker = registry_.FindAttached(request.worker_id());
+  if (worker == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
@@ -1300,6 +1367,16 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
       a->ranks[request.rank()].worker_id != request.worker_id()) {
     return absl::InvalidArgumentError(absl::StrCat("rank: ", request.rank(), " of ", request.job_id(),
                                                    " is not placed on ", request.worker_id()));
+  }
+  // A rank's status is the surest sign that its assignment arrived.
+  if (v1::Placement* p = PlacementOn(*a, request.worker_id()); p != nullptr && !p->delivered()) {
+    Delivered(*a, *p);
+    auto& sent = worker->unacknowledged;
+    sent.erase(std::remove_if(sent.begin(), sent.end(),
+                              [&](const Worker::Sent& x) {
+                                return x.job_id == request.job_id() && x.attempt == request.attempt();
+                              }),
+               sent.end());
   }
   RankState& r = a->ranks[request.rank()];
   const int64_t seq = *ParseJobId(request.job_id());

@@ -236,7 +236,14 @@ class Coordinator {
   // Every rank of the attempt is gone: decide the outcome.
   void Finish(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFinish(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops the attempt's ranks: a cancellation to each worker whose
+  // assignment arrived or may have; one not sent is withdrawn and its ranks
+  // count as gone.
   void StopRanks(LiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker of `p` has the assignment (it listed the attempt, or a rank
+  // reported): recorded, so that a restarted coordinator re-attaches the
+  // ranks rather than sending it again.
+  void Delivered(LiveJob& a, v1::Placement& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordFailure(LiveJob& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LiveJob* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }

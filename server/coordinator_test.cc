@@ -348,6 +348,149 @@ TEST_F(CoordinatorTest, AnAssignmentNotYetCollectedByALeavingWorkerFailsItsAttem
   EXPECT_EQ(Get(job).state(), v1::SCHEDULED);
 }
 
+// A heartbeat as the agent sends it: its count and what it runs.
+static v1::HeartbeatRequest Beat(const std::string& worker, int64_t beat,
+                                 const std::vector<std::string>& running_jobs = {}) {
+  v1::HeartbeatRequest req;
+  req.set_worker_id(worker);
+  req.set_beat(beat);
+  for (const std::string& job : running_jobs) {
+    v1::RunningJob* r = req.add_running();
+    r->set_job_id(job);
+    r->set_attempt(0);
+    r->add_ranks(0);
+    r->add_ranks(1);
+  }
+  return req;
+}
+
+// An answer carrying an assignment can be lost (the agent stopped waiting
+// for a coordinator slow on its store, a connection dropped). The next
+// heartbeat does not list the attempt and no rank reported: the assignment
+// is sent again, and again, until a heartbeat lists it; then never more.
+// Before, it was dropped with the answer and the job stayed SCHEDULED for
+// good.
+TEST_F(CoordinatorTest, AnAssignmentWhoseAnswerWasLostIsSentAgain) {
+  const std::string w = Register();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  auto hb = c().Heartbeat(Beat(w, 1));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);  // lost on its way
+  EXPECT_FALSE(Get(job).placement(0).delivered()) << "not known to have arrived";
+  for (int64_t beat : {2, 3}) {
+    hb = c().Heartbeat(Beat(w, beat));
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    ASSERT_EQ(hb->assignments_size(), 1) << "heartbeat " << beat;
+    EXPECT_EQ(hb->assignments(0).job_id(), job);
+    EXPECT_EQ(hb->assignments(0).ranks_size(), 2);
+  }
+  EXPECT_THAT(Said(), HasSubstr(job + " attempt 0: the assignment sent to " + w + " did not arrive"));
+  // Arrived with the third answer: listed from then on.
+  for (int64_t beat : {4, 5}) {
+    hb = c().Heartbeat(Beat(w, beat, {job}));
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    EXPECT_EQ(hb->assignments_size(), 0) << "heartbeat " << beat;
+  }
+  EXPECT_TRUE(Get(job).placement(0).delivered());
+  ASSERT_TRUE(Started(w, job, 0).ok());
+  ASSERT_TRUE(Started(w, job, 1).ok());
+  EXPECT_EQ(Get(job).state(), v1::RUNNING);
+  // Acknowledged: a heartbeat that no longer lists it (its ranks exited
+  // and were acknowledged) gets nothing again.
+  hb = c().Heartbeat(Beat(w, 6));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->assignments_size(), 0);
+}
+
+// A rank's status acknowledges its assignment as well as a heartbeat does:
+// an attempt whose ranks all exited before the agent's next heartbeat
+// (which then does not list it) is not sent again.
+TEST_F(CoordinatorTest, ARanksStatusAcknowledgesItsAssignment) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_max_restarts(1);
+  const std::string w = Register();
+  const std::string job = Submit(spec);
+  auto hb = c().Heartbeat(Beat(w, 1));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);
+  ASSERT_TRUE(Exited(w, job, 0, 127).ok());  // could not start
+  EXPECT_TRUE(Get(job).placement(0).delivered());
+  ASSERT_TRUE(Exited(w, job, 1, 0, SIGTERM, /*stopped=*/true).ok());
+  hb = c().Heartbeat(Beat(w, 2));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  // The restart (attempt 1) goes out; attempt 0 is not sent again.
+  for (const v1::Assignment& a : hb->assignments()) EXPECT_EQ(a.attempt(), 1) << a.ShortDebugString();
+}
+
+// A heartbeat the agent sent before the answer that carried the
+// assignment (held up in the coordinator, and answered after a later one)
+// says nothing about whether it arrived: the attempt is neither sent again
+// nor, once cancelled, taken for never started while its ranks may run.
+TEST_F(CoordinatorTest, AHeartbeatOlderThanTheAssignmentSaysNothingAboutIt) {
+  const std::string w = Register();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  auto hb = c().Heartbeat(Beat(w, 7));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);
+  ASSERT_TRUE(c().CancelJob(job).ok());
+  EXPECT_EQ(Get(job).state(), v1::CANCELLING);
+  hb = c().Heartbeat(Beat(w, 6));  // the agent's previous heartbeat, late
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->assignments_size(), 0);
+  EXPECT_EQ(Get(job).state(), v1::CANCELLING) << "its ranks may be running";
+  // The agent's next heartbeat lists it: the cancellation goes out again
+  // (the first may have been lost too) until its ranks have exited.
+  for (int64_t beat : {8, 9}) {
+    hb = c().Heartbeat(Beat(w, beat, {job}));
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    EXPECT_EQ(hb->assignments_size(), 0);
+    ASSERT_EQ(hb->cancellations_size(), 1) << "heartbeat " << beat;
+    EXPECT_EQ(hb->cancellations(0).job_id(), job);
+  }
+  EXPECT_EQ(Get(job).state(), v1::CANCELLING);
+  ASSERT_TRUE(Exited(w, job, 0, 0, SIGTERM, /*stopped=*/true).ok());
+  ASSERT_TRUE(Exited(w, job, 1, 0, SIGTERM, /*stopped=*/true).ok());
+  EXPECT_EQ(Get(job).state(), v1::CANCELLED);
+}
+
+// An assignment lost on its way and then cancelled: the agent's next
+// heartbeat does not list it, so its ranks never started, and the job is
+// CANCELLED then, not left CANCELLING waiting for exits that never come.
+TEST_F(CoordinatorTest, ALostAssignmentThenCancelledEndsAtTheNextHeartbeat) {
+  const std::string w = Register();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  auto hb = c().Heartbeat(Beat(w, 1));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);  // lost
+  ASSERT_TRUE(c().CancelJob(job).ok());
+  EXPECT_EQ(Get(job).state(), v1::CANCELLING);
+  hb = c().Heartbeat(Beat(w, 2));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->assignments_size(), 0) << "withdrawn, not sent again";
+  EXPECT_EQ(Get(job).state(), v1::CANCELLED);
+}
+
+// The coordinator killed after sending an assignment and before anything
+// acknowledged it: the restarted one sends it again to the worker that
+// registers without it, rather than failing the attempt as RANK_CRASHED
+// (with no restarts left, the job would have FAILED without ever running).
+TEST_F(CoordinatorTest, AnAssignmentUnacknowledgedAtARestartIsSentAgain) {
+  const std::string w = Register();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  auto hb = c().Heartbeat(Beat(w, 1));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);  // lost with the coordinator
+  Open();
+  EXPECT_EQ(Register(w), w);
+  hb = c().Heartbeat(Beat(w, 2));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);
+  EXPECT_EQ(hb->assignments(0).job_id(), job);
+  v1::Job j = Get(job);
+  EXPECT_EQ(j.state(), v1::SCHEDULED) << j.DebugString();
+  EXPECT_FALSE(j.has_failure()) << j.DebugString();
+}
+
 // GetMemoryTimeline: NOT_FOUND for an unknown job; FAILED_PRECONDITION
 // saying why for a job without one (none yet; off by its spec); once a rank
 // reports one, the latest per rank with the job's plan, also after a restart.

@@ -43,6 +43,7 @@ Worker& WorkerRegistry::Attach(const std::string& asked, const v1::WorkerCapabil
     w.used_devices = 0;
     w.leaving = false;
     w.assignments.clear();
+    w.unacknowledged.clear();
     w.cancellations.clear();
     w.caps = caps;
     w.registered = now;

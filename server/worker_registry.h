@@ -37,7 +37,22 @@ struct Worker {
   // registers again.
   bool leaving = false;
   int used_devices = 0;
-  std::vector<v1::Assignment> assignments;  // not yet delivered
+  std::vector<v1::Assignment> assignments;  // not yet sent
+  // Sent in the answer to heartbeat `beat` and not yet known to have
+  // arrived: the answer may have been lost (the agent gave up waiting, the
+  // connection dropped). Acknowledged by a rank's status or by a later
+  // heartbeat that lists the attempt; a later heartbeat that does not list
+  // it, with no status from its ranks, means it never arrived, and it is
+  // sent again (Coordinator::Heartbeat). `withdrawn`: its attempt ended
+  // meanwhile; it is not sent again, and if it never arrived its ranks
+  // count as gone.
+  struct Sent {
+    std::string job_id;
+    int attempt = 0;
+    int64_t beat = 0;
+    bool withdrawn = false;
+  };
+  std::vector<Sent> unacknowledged;
   std::vector<v1::Cancellation> cancellations;
 };
 

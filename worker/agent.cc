@@ -370,6 +370,7 @@ void Agent::HeartbeatOnce(bool leaving) {
   v1::HeartbeatRequest req;
   req.set_worker_id(worker_id());
   req.set_leaving(leaving);
+  req.set_beat(++beats_);
   RunningJobs(req.mutable_running());
   v1::HeartbeatResponse resp;
   auto ctx = Context(absl::Seconds(5));
@@ -527,10 +528,17 @@ void Agent::Flush() {
 }
 
 void Agent::Start(const v1::Assignment& a) {
+  const std::string key = absl::StrCat(a.job_id(), "/", a.attempt());
+  {
+    // The coordinator sends an assignment again when it cannot tell that
+    // it arrived (the answer that carried it may have been lost); one that
+    // did arrive is running here and is not started twice.
+    absl::MutexLock lock(&mu_);
+    if (jobs_.count(key)) return;
+  }
   auto job = std::make_unique<JobRun>();
   job->job_id = a.job_id();
   job->attempt = a.attempt();
-  const std::string key = absl::StrCat(a.job_id(), "/", a.attempt());
   const std::string spec_file = absl::StrCat(options_.work_dir, "/", a.job_id(), ".attempt-", a.attempt(), ".spec");
   {
     std::ofstream out(spec_file, std::ios::binary | std::ios::trunc);
@@ -684,9 +692,18 @@ void Agent::Start(const v1::Assignment& a) {
       // A renewal since the page was made did not reach this rank yet.
       if (rp->lease != nullptr) rp->lease->SetEnd(lease_until_);
       j->ranks.push_back(std::move(rank));
+      if (j->stopping) {
+        // StopJob ran while this rank was being spawned (an earlier rank
+        // could not start): stopped as it would have stopped it.
+        rp->stop_sent = true;
+        if (rp->lease != nullptr) rp->lease->SetEnd(RankLease::kNever);
+        kill(-pid, SIGTERM);
+      }
       rp->waiter = std::thread([this, j, rp] { Wait(j, rp); });
     }
   }
+  absl::MutexLock lock(&mu_);
+  j->starting = false;
 }
 
 std::vector<int> Agent::SlotsInUse() {
@@ -894,7 +911,7 @@ void Agent::Reap() {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = jobs_.begin(); it != jobs_.end();) {
-      bool all = !it->second->ranks.empty();
+      bool all = !it->second->starting && !it->second->ranks.empty();
       for (auto& r : it->second->ranks) all = all && r->exited && r->exit_acked;
       if (all) {
         done.push_back(std::move(it->second));

@@ -139,6 +139,9 @@ class Agent {
     bool stopping = false;
     std::string stop_reason;  // StopJob's: reported with each rank it stopped
     bool frozen = false;  // SIGSTOPped: the lease lapsed
+    // Start is still spawning its ranks (on the heartbeat thread): Reap
+    // must not free the job when the ranks so far have all exited.
+    bool starting = true;
     absl::Time kill_at = absl::InfiniteFuture();
   };
 
@@ -210,6 +213,8 @@ class Agent {
   // when they fail, and when that was last said.
   bool reachable_ = true;
   absl::Time failing_since_, failing_said_;
+  // Heartbeat thread only: HeartbeatRequest.beat of the last one sent.
+  int64_t beats_ = 0;
 
   absl::Mutex id_mu_;
   std::string worker_id_ ABSL_GUARDED_BY(id_mu_);
