@@ -149,6 +149,15 @@ absl::Status JobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::Commit() {
+  // A COMMIT that fails (SQLITE_BUSY, a full disk) leaves the transaction
+  // open: ended here, or the next BEGIN would fail and readers on this
+  // connection would see the uncommitted rows.
+  absl::Status s = Exec("COMMIT");
+  if (!s.ok()) Exec("ROLLBACK").IgnoreError();
+  return s;
+}
+
 absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
@@ -184,7 +193,7 @@ absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
     Exec("ROLLBACK").IgnoreError();
     return s;
   }
-  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  PLATEAU_RETURN_IF_ERROR(Commit());
   return job;
 }
 
@@ -208,6 +217,39 @@ absl::Status JobStore::PutJob(const v1::Job& job) {
   upd.Bind(3, seq);
   if (!upd.ok() || upd.Step() != SQLITE_DONE) return Error("update job");
   if (sqlite3_changes(db_) != 1) return absl::NotFoundError(absl::StrCat("job '", job.id(), "' not found"));
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutJobWithEvent(v1::Job& job, v1::JobEvent& event) {
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
+  if (event.job_id() != job.id()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event of job '", event.job_id(), "' stored with job '", job.id(), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  const auto failed = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  };
+  std::map<std::string, int64_t> next = next_event_;
+  absl::StatusOr<int64_t> idx = NextIndex("events", job.id(), next);
+  if (!idx.ok()) return failed(idx.status());
+  event.set_index(*idx);
+  Stmt ins(db_, "INSERT INTO events (job, idx, event) VALUES (?, ?, ?)");
+  ins.BindText(1, job.id());
+  ins.Bind(2, *idx);
+  ins.Bind(3, event.SerializeAsString());
+  if (!ins.ok() || ins.Step() != SQLITE_DONE) return failed(Error("append event"));
+  job.set_event_count(*idx + 1);
+  Stmt upd(db_, "UPDATE jobs SET state = ?, job = ? WHERE seq = ?");
+  upd.Bind(1, job.state());
+  upd.Bind(2, job.SerializeAsString());
+  upd.Bind(3, seq);
+  if (!upd.ok() || upd.Step() != SQLITE_DONE) return failed(Error("update job"));
+  if (sqlite3_changes(db_) != 1) return failed(absl::NotFoundError(absl::StrCat("job '", job.id(), "' not found")));
+  PLATEAU_RETURN_IF_ERROR(Commit());
+  next_event_[job.id()] = *idx + 1;
   return absl::OkStatus();
 }
 
@@ -314,7 +356,7 @@ absl::Status JobStore::AppendEvents(std::vector<v1::JobEvent>& events) {
     }
     next[e.job_id()] = *idx + 1;
   }
-  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  PLATEAU_RETURN_IF_ERROR(Commit());
   next_event_ = std::move(next);
   return absl::OkStatus();
 }
@@ -342,7 +384,7 @@ absl::Status JobStore::AppendLogs(std::vector<v1::LogEntry>& logs) {
     }
     next[e.job_id()] = *idx + 1;
   }
-  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  PLATEAU_RETURN_IF_ERROR(Commit());
   next_log_ = std::move(next);
   return absl::OkStatus();
 }
@@ -573,7 +615,7 @@ absl::Status JobStore::DeleteJob(const std::string& id) {
     Exec("ROLLBACK").IgnoreError();
     return s;
   }
-  PLATEAU_RETURN_IF_ERROR(Exec("COMMIT"));
+  PLATEAU_RETURN_IF_ERROR(Commit());
   next_event_.erase(id);
   next_log_.erase(id);
   return absl::OkStatus();

@@ -75,6 +75,10 @@ class JobStore {
   absl::StatusOr<std::optional<std::string>> FindRequest(const std::string& request_id);
   // Replaces the stored job of the same id.
   absl::Status PutJob(const v1::Job& job);
+  // Appends `event` (its index set) and replaces the stored job, with its
+  // event_count one past that index, in one transaction: a reader, and a
+  // restarted coordinator, see the state change in both or in neither.
+  absl::Status PutJobWithEvent(v1::Job& job, v1::JobEvent& event);
   // NOT_FOUND names the id.
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
 
@@ -135,6 +139,8 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // COMMIT, or ROLLBACK when it fails.
+  absl::Status Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The DELETEs of DeleteJobData, inside the caller's transaction.
   absl::Status DeleteDataLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> NextIndex(const char* table, const std::string& id,

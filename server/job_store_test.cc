@@ -65,6 +65,60 @@ TEST(JobStoreTest, JobsSurviveReopeningWithEventsAndLogs) {
   EXPECT_EQ(second->id(), "job-2");
 }
 
+// Runs `sql` on the database at `path` from a second connection, as
+// another process could.
+void ExecOn(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+// A state change's event and its job row are one transaction: when the
+// row's update fails, the event is not kept either (before, the event was
+// committed alone, and a restarted coordinator wrote it a second time, or
+// ran a job whose events already said CANCELLED).
+TEST(JobStoreTest, AStateChangeIsStoredWithItsEventOrNotAtAll) {
+  const std::string path = TempDb("state_change");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto job = (*store)->CreateJob(NewJob(v1::RUNNING));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ExecOn(path, absl::StrCat("CREATE TRIGGER refuse BEFORE UPDATE ON jobs WHEN NEW.state = ", v1::SUCCEEDED,
+                            " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"));
+  v1::JobEvent ev;
+  ev.set_job_id(job->id());
+  ev.mutable_state_change()->set_state(v1::SUCCEEDED);
+  job->set_state(v1::SUCCEEDED);
+  const absl::Status refused = (*store)->PutJobWithEvent(*job, ev);
+  EXPECT_THAT(refused.message(), HasSubstr("refused by the test"));
+  auto events = (*store)->ReadEvents(job->id(), 0, 10);
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_TRUE(events->empty()) << "the event outlived its failed state change";
+  EXPECT_EQ((*store)->GetJob(job->id())->state(), v1::RUNNING);
+
+  // The store works on (no transaction left open), and the index the
+  // failed change took is given again.
+  ExecOn(path, "DROP TRIGGER refuse");
+  ASSERT_TRUE((*store)->PutJobWithEvent(*job, ev).ok());
+  EXPECT_EQ(ev.index(), 0);
+  auto stored = (*store)->GetJob(job->id());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->state(), v1::SUCCEEDED);
+  EXPECT_EQ(stored->event_count(), 1);
+  events = (*store)->ReadEvents(job->id(), 0, 10);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].state_change().state(), v1::SUCCEEDED);
+
+  v1::JobEvent other;
+  other.set_job_id("job-7");
+  EXPECT_EQ((*store)->PutJobWithEvent(*job, other).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(JobStoreTest, ListPagesAndFilters) {
   auto store = JobStore::Open(TempDb("list"));
   ASSERT_TRUE(store.ok());
