@@ -331,7 +331,11 @@ absl::Status CheckSize(const ModelConfig& m, const LayoutConfig& l) {
   const double N = static_cast<double>(l.batch) * m.seq_len / l.ranks;  // tokens per rank
   const double T = static_cast<double>(m.seq_len) / l.ranks;            // of one sequence
   const double H = m.hidden, L = m.layers, E = m.experts, K = m.top_k, F = m.expert_ffn;
-  const double V = m.vocab_size;
+  const double V = m.vocab_size, P = l.ranks;
+  // Routes sent per rank, and the rows one rank may receive at the worst
+  // routing (standard EP's and LLEP's bound: P x N x min(k, E/P), which is
+  // P times the routes sent when every rank routes to one rank's experts).
+  const double sent = N * K, received = N * std::min(K * P, E);
   const double params = 2 * V * H + L * H * (4 * H + E + 3 * E * F + 2) + H;
   // Activations: the L+1 boundaries and ~40 [N, hidden]-sized buffers
   // (q, kv, travellers, ... heads and kv_heads <= hidden), the router's
@@ -342,8 +346,12 @@ absl::Status CheckSize(const ModelConfig& m, const LayoutConfig& l) {
                "the vocabulary projection (tokens per rank x model.vocab_size)",
                4 * (N * V + 3 * H * (N + V) + 12 * N)},
            {"the activations (tokens per rank x (model.hidden x model.layers + model.experts))", activations},
-           {"the routed tokens (tokens per rank x model.top_k x (model.hidden + model.expert_ffn))",
-            4 * N * K * (5 * H + 6 * F)},
+           // The rows x (hidden, expert_ffn) buffers of dispatch, their
+           // index words, and PipelinedLLEP's count words ((1 + P) x chunks
+           // x E, at most one chunk per token).
+           {"the routed tokens (tokens per rank x model.top_k, received from layout.ranks ranks, x "
+            "(model.hidden + model.expert_ffn))",
+            4 * (sent + received) * (5 * H + 6 * F) + 16 * (sent + received) + 8 * (1 + P) * N * E},
            {"the parameters and their optimizer state", 32 * params}}) {
     if (!(bytes <= kMaxPlannedBytes)) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -1028,6 +1028,19 @@ std::vector<Case> OverflowProneCases() {
          s.mutable_model()->set_hidden(int64_t{1} << 16);
          s.mutable_model()->set_expert_ffn(int64_t{1} << 16);
        }},
+      {"model", [](S& s) {  // the rows an expert rank may receive: P x N x min(k, E/P), x expert_ffn
+         s.mutable_layout()->set_ranks(16);
+         s.mutable_layout()->set_batch(int64_t{1} << 17);
+         s.mutable_model()->set_seq_len(int64_t{1} << 19);
+         s.mutable_model()->set_hidden(16);
+         s.mutable_model()->set_heads(1);
+         s.mutable_model()->set_kv_heads(1);
+         s.mutable_model()->set_layers(1);
+         s.mutable_model()->set_experts(128);
+         s.mutable_model()->set_top_k(8);
+         s.mutable_model()->set_expert_ffn(int64_t{1} << 20);
+         s.mutable_model()->set_vocab_size(32);
+       }},
       {"model.layers", [](S& s) {  // a layer count that only a typo makes
          s.mutable_model()->set_layers(int64_t{1} << 20);
        }},

@@ -108,7 +108,11 @@ LlepAssignment AssignLlep(absl::Span<const int64_t> loads, int64_t P, const Llep
     native[e / Ep] += loads[e];
   }
   const double mean = static_cast<double>(T) / static_cast<double>(P);
-  a.capacity = std::max<int64_t>(1, static_cast<int64_t>(std::floor(o.alpha * mean)));
+  // Capped at 2^62 before the conversion: a finite but huge alpha (1e300)
+  // would not fit in int64, and converting it is undefined (x86 gave
+  // INT64_MIN, so capacity 1: "never spill" spilled everything).
+  a.capacity =
+      std::max<int64_t>(1, static_cast<int64_t>(std::min(std::floor(o.alpha * mean), 0x1p62)));
   const int64_t max_native = *std::max_element(native.begin(), native.end());
   // max / mean < lambda  <=>  max * P < lambda * T, for T > 0.
   a.balanced = P > 1 && T > 0 &&
@@ -354,7 +358,10 @@ absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& a, absl::Span<co
 // Chunks.
 
 int64_t PipelinedLlepChunks(int64_t max_tokens, int64_t chunk_tokens) {
-  return max_tokens <= 0 ? 0 : (max_tokens + chunk_tokens - 1) / chunk_tokens;
+  // Not (max_tokens + chunk_tokens - 1) / chunk_tokens: that overflows for
+  // a chunk_tokens near INT64_MAX (a spec may ask for one) and gave 0
+  // chunks, so the layer ran no chunk at all.
+  return max_tokens <= 0 ? 0 : 1 + (max_tokens - 1) / chunk_tokens;
 }
 
 std::vector<int32_t> ChunkTokenRows(int64_t N, int64_t K, int64_t j, ChunkMembership membership) {

@@ -144,6 +144,17 @@ TEST(LlepPlanTest, TheHomeKeepsItsCapacityAndTheOverflowGoesToTheLeastLoaded) {
   EXPECT_EQ(Pieces(fits, 0), (std::vector<std::vector<int64_t>>{{0, 0, 60}, {1, 60, 100}}));
 }
 
+// A finite alpha too large for int64 capacity means "never spill": every
+// expert stays home (its conversion used to be undefined, and gave 1).
+TEST(LlepPlanTest, AHugeAlphaKeepsEveryExpertHome) {
+  const std::vector<int64_t> loads = {100, 0, 10, 10};
+  const LlepAssignment a = AssignLlep(loads, 2, Opts(1e300, 1));
+  ExpectWellFormed(a, loads, 2, 1);
+  EXPECT_EQ(a.capacity, int64_t{1} << 62);
+  EXPECT_EQ(Pieces(a, 0), (std::vector<std::vector<int64_t>>{{0, 0, 100}}));
+  EXPECT_EQ(a.rank_rows, (std::vector<int64_t>{100, 20}));
+}
+
 // A piece that would leave a remainder below min_piece takes it along.
 TEST(LlepPlanTest, NoRemainderSmallerThanAPieceIsLeft) {
   const std::vector<int64_t> loads = {90, 0, 0};  // P = 3, one expert each
@@ -482,6 +493,10 @@ TEST(LlepPlanTest, ChunksPartitionTheTokensWithinTheCap) {
   EXPECT_EQ(PipelinedLlepChunks(1, 4), 1);
   EXPECT_EQ(PipelinedLlepChunks(4, 4), 1);
   EXPECT_EQ(PipelinedLlepChunks(5, 4), 2);
+  // A spec may ask for any positive chunk_tokens: no overflow to 0 chunks.
+  EXPECT_EQ(PipelinedLlepChunks(64, INT64_MAX), 1);
+  EXPECT_EQ(PipelinedLlepChunks(INT64_MAX, INT64_MAX), 1);
+  EXPECT_EQ(PipelinedLlepChunks(INT64_MAX, 1), INT64_MAX);
   for (int64_t c : {1, 3, 7}) {
     for (int64_t max_n : {1, 10, 23}) {
       const int64_t K = PipelinedLlepChunks(max_n, c);
