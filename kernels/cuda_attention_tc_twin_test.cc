@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -257,6 +258,14 @@ TEST(CudaAttentionTcDeviceTest, AHopperDeviceRunsTheWgmmaKernels) {
   auto mma = ModelKernels::Create(gpu.b(), tc);
   ASSERT_TRUE(mma.ok()) << mma.status();
   EXPECT_THAT((*mma)->Describe(), HasSubstr("on wgmma: no (turned off)"));
+  // The process-wide switch (tools/device-check sets it once the probe's
+  // test failed on the device), whatever the options ask.
+  tc.tc_wgmma = true;
+  setenv("PLATEAU_TC_WGMMA", "0", 1);
+  auto off = ModelKernels::Create(gpu.b(), tc);
+  unsetenv("PLATEAU_TC_WGMMA");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_THAT((*off)->Describe(), HasSubstr("on wgmma: no (turned off by PLATEAU_TC_WGMMA=0)"));
   // Tiled attention launches no tensor-core kernel: no decision at all.
   tc.tc_wgmma = true;
   tc.bf16_attention = Bf16Attention::kTiles;

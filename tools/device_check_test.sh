@@ -116,15 +116,22 @@ cat >"$fake/bin/gtest" <<'SH'
 for a in "$@"; do case "$a" in --gtest_output=json:*) out="${a#--gtest_output=json:}" ;; esac; done
 skip=""
 [ -n "${FAKE_SKIP:-}" ] && skip=',{"name":"B","status":"RUN","result":"SKIPPED"}'
-echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[{\"name\":\"A\",\"status\":\"RUN\",\"result\":\"COMPLETED\"}$skip]}]}" >"$out"
+# FAKE_ENV: where each test says the wgmma switch it saw; FAKE_SLOW: seconds
+# each takes; FAKE_PROBE_FAILS: the wgmma probe's test fails.
+[ -n "${FAKE_ENV:-}" ] && echo "$(basename "$0") PLATEAU_TC_WGMMA=${PLATEAU_TC_WGMMA:-unset}" >>"$FAKE_ENV"
+[ -n "${FAKE_SLOW:-}" ] && sleep "$FAKE_SLOW"
+failures=""
+[ -n "${FAKE_PROBE_FAILS:-}" ] && [ "$(basename "$0")" = wgmma_probe_test ] && failures=',"failures":[{"failure":"x"}]'
+echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[{\"name\":\"A\",\"status\":\"RUN\",\"result\":\"COMPLETED\"$failures}$skip]}]}" >"$out"
 SH
-printf '#!/bin/sh\necho table\necho %s\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
+printf '#!/bin/sh\necho table\nif [ -n "$FAKE_BAD_JSON" ]; then echo "{\\"cuda\\": "; else echo %s; fi\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
 # compute-sanitizer's stand-in finds nothing; FAKE_SANITIZER=refuses
 # answers as on an H200 under gVisor, FAKE_SANITIZER=finds as a run that
 # found an error.
 cat >"$tmp/path/compute-sanitizer" <<'SH'
 #!/usr/bin/env bash
+[ -n "${FAKE_ENV:-}" ] && echo "compute-sanitizer CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-unset}" >>"$FAKE_ENV"
 case "${FAKE_SANITIZER:-}" in
   refuses) echo "========= Error: Device not supported. Please refer to the Supported Devices section."; exit 1 ;;
   finds) echo "========= Invalid __global__ write of size 4 bytes"; echo "========= ERROR SUMMARY: 1 error"; exit 1 ;;
@@ -291,7 +298,73 @@ if FAKE_SANITIZER=finds PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out
 fi
 grep -q 'sanitizer:memcheck  *fail' "$tmp/finds/table.txt" || { cat "$tmp/finds/table.txt"; fail "the sanitizer's finding is not a fail"; }
 
-# 4b. A pack with its libraries and binaries as lib.tar.gz and bin.tar.gz
+# 4b. Kept within its budget: once it is spent no stage starts; each is
+# not_run, saying how to run it alone, and the run is "incomplete" (exit
+# 1), not a pass. stages.tsv beside the summary has every stage's line.
+if FAKE_SLOW=3 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --budget=2 --out="$tmp/spent" >/dev/null 2>&1; then
+  fail "a run that spent its budget before most stages passed"
+fi
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+by = {s["stage"]: s for s in d["stages"]}
+assert d["verdict"] == "incomplete" and d["failed"] == [], (d["verdict"], d["failed"])
+assert by["test:wgmma_probe_test"]["status"] == "pass", by["test:wgmma_probe_test"]
+st = by["test:cuda_twin_test"]
+assert st["status"] == "not_run" and st["detail"].startswith("not run: the budget (2 s) was spent (run it alone: "
+    "tools/device-check --prebuilt=%s --only=test:cuda_twin_test)" % sys.argv[2]), st
+assert "bench:composed_bench" in d["not_run"] and d["seconds"] < 15, (d["not_run"], d["seconds"])' \
+  "$tmp/spent/device-check.json" "$fake" || { cat "$tmp/spent/table.txt"; fail "the spent budget is not recorded as such"; }
+grep -q '^verdict: incomplete .*not run, the budget spent' "$tmp/spent/table.txt" || fail "the table's verdict"
+[ "$(wc -l <"$tmp/spent/stages.tsv")" -eq "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["stages"]))' "$tmp/spent/device-check.json")" ] \
+  || fail "stages.tsv does not hold every stage"
+
+# 4c. Stopped by a signal mid-run: the stages that ended are summarised.
+FAKE_SLOW=2 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/stopped" >"$tmp/stopped.out" 2>&1 &
+pid=$!
+sleep 3
+kill -TERM "$pid"
+if wait "$pid"; then fail "a run stopped by SIGTERM exited 0"; fi
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["verdict"] == "fail" and "interrupted" in d["failed"], d["failed"]
+assert d["stages"][0]["stage"] == "preflight", d["stages"][0]' "$tmp/stopped/device-check.json" \
+  || { cat "$tmp/stopped.out"; fail "a stopped run wrote no summary"; }
+
+# 4d. The wgmma probe's test failing on the device turns the wgmma kernels
+# off (PLATEAU_TC_WGMMA=0) for every later stage; compute-sanitizer runs
+# with lazy module loading.
+: >"$tmp/env.log"
+if FAKE_ENV="$tmp/env.log" FAKE_PROBE_FAILS=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/probe" >/dev/null 2>&1; then
+  fail "a failing wgmma probe test passed the run"
+fi
+grep -q '^wgmma_probe_test PLATEAU_TC_WGMMA=unset' "$tmp/env.log" || { cat "$tmp/env.log"; fail "the probe ran with the switch set"; }
+grep -q '^cuda_twin_test PLATEAU_TC_WGMMA=0' "$tmp/env.log" || { cat "$tmp/env.log"; fail "later stages kept wgmma on"; }
+python3 -c '
+import json, sys
+st = [s for s in json.load(open(sys.argv[1]))["stages"] if s["stage"] == "test:wgmma_probe_test"][0]
+assert st["status"] == "fail" and "later stages run with PLATEAU_TC_WGMMA=0" in st["detail"], st' \
+  "$tmp/probe/device-check.json" || fail "the probe stage does not say so"
+grep -q '^compute-sanitizer CUDA_MODULE_LOADING=LAZY' "$tmp/env.log" || { cat "$tmp/env.log"; fail "the sanitizer loads eagerly"; }
+
+# 4e. A bench whose JSON line does not parse fails, not passes.
+if FAKE_BAD_JSON=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/badjson" >/dev/null 2>&1; then
+  fail "a malformed JSON line passed"
+fi
+grep -q 'bench:sgemm_bench *fail .*does not parse' "$tmp/badjson/table.txt" || { cat "$tmp/badjson/table.txt"; fail "the malformed line is not named"; }
+
+# 4f. --prebuilt is the GPU machine's run: no GPU there fails the run (it
+# is not a dry run that passes).
+mkdir -p "$tmp/nogpu_path"
+printf '#!/bin/sh\nexit 0\n' >"$tmp/nogpu_path/nvidia-smi"
+chmod +x "$tmp/nogpu_path/nvidia-smi"
+if PATH="$tmp/nogpu_path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/nogpu" >/dev/null 2>&1; then
+  fail "--prebuilt without a GPU passed"
+fi
+grep -q 'preflight *fail .*--prebuilt expects a GPU' "$tmp/nogpu/table.txt" || { cat "$tmp/nogpu/table.txt"; fail "the missing GPU is not named"; }
+
+# 4g. A pack with its libraries and binaries as lib.tar.gz and bin.tar.gz
 # (what --pack writes): they are unpacked, the libraries first on the
 # binaries' library path, and the binaries run from there.
 packed="$tmp/packed"

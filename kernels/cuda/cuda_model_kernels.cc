@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -461,17 +462,40 @@ absl::StatusOr<WgmmaChoice> ChooseWgmma(int device, int smem_optin, bool double_
   const std::tuple<int, int, bool> key{device, smem_optin, double_buffer};
   if (auto it = decided->find(key); it != decided->end()) return it->second;
   WgmmaChoice c{false, "", mma64, mma128};
-  PLATEAU_CUDA_RETURN_IF_ERROR(cuda_wgmma::WgmmaProbeCheck(&c.agrees, &c.why));
-  if (!c.agrees) c.why = absl::StrCat("the probe disagrees: ", c.why);
-  if (c.agrees) PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::LoadAttentionWgKernels(smem_optin));
-  for (auto [head_dim, stages] : {std::pair{64, &c.stages64}, {128, &c.stages128}}) {
-    if (!c.agrees || cuda_model_ops::AttentionTcSmemBytes(head_dim) > smem_optin) continue;
-    stages->wgmma = true;
-    PLATEAU_CUDA_RETURN_IF_ERROR(
-        cuda_model_ops::ChooseAttentionWgStages(head_dim, smem_optin, double_buffer, stages));
-    PLATEAU_CUDA_RETURN_IF_ERROR(cuda_model_ops::CheckAttentionWgAgainstTc(
-        head_dim, head_dim == 64 ? mma64 : mma128, *stages, &c.agrees, &c.why));
-    if (!c.agrees) c.why = absl::StrCat("the kernels disagree with mma.sync: ", c.why);
+  // A CUDA error on the way that is not a device fault (a launch or load
+  // refused) keeps mma.sync, as a disagreement does: the wgmma kernels are
+  // a speed-up, and a refusal of theirs must not fail every bf16 step. A
+  // device fault has poisoned the context and is returned.
+  cudaError_t error = cudaSuccess;
+  const char* failed = "";
+  const auto ok = [&](cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return true;
+    error = e;
+    failed = what;
+    return false;
+  };
+  if (ok(cuda_wgmma::WgmmaProbeCheck(&c.agrees, &c.why), "the wgmma probe")) {
+    if (!c.agrees) c.why = absl::StrCat("the probe disagrees: ", c.why);
+    if (c.agrees && ok(cuda_model_ops::LoadAttentionWgKernels(smem_optin), "loading the wgmma kernels")) {
+      for (auto [head_dim, stages] : {std::pair{64, &c.stages64}, {128, &c.stages128}}) {
+        if (!c.agrees || cuda_model_ops::AttentionTcSmemBytes(head_dim) > smem_optin) continue;
+        stages->wgmma = true;
+        if (!ok(cuda_model_ops::ChooseAttentionWgStages(head_dim, smem_optin, double_buffer, stages),
+                "choosing the wgmma kernels' buffering") ||
+            !ok(cuda_model_ops::CheckAttentionWgAgainstTc(head_dim, head_dim == 64 ? mma64 : mma128, *stages, &c.agrees,
+                                                          &c.why),
+                "checking the wgmma kernels against mma.sync")) {
+          break;
+        }
+        if (!c.agrees) c.why = absl::StrCat("the kernels disagree with mma.sync: ", c.why);
+      }
+    }
+  }
+  if (error != cudaSuccess) {
+    if (IsCudaDeviceFault(error)) return CudaStatus(error, failed, __FILE__, __LINE__);
+    (void)cudaGetLastError();
+    c.agrees = false;
+    c.why = absl::StrCat(failed, " failed: ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
   }
   if (!c.agrees) {
     c.stages64 = mma64;
@@ -519,8 +543,14 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaModelKernels(
   PLATEAU_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   std::string wgmma_note;
+  // PLATEAU_TC_WGMMA=0 turns them off for the whole process, whatever the
+  // options say: tools/device-check sets it for its later stages when the
+  // wgmma probe's own test failed on the device.
+  const char* env = std::getenv("PLATEAU_TC_WGMMA");
   if (!options.tc_wgmma) {
     wgmma_note = "no (turned off)";
+  } else if (env != nullptr && std::string(env) == "0") {
+    wgmma_note = "no (turned off by PLATEAU_TC_WGMMA=0)";
   } else if (options.bf16_attention == Bf16Attention::kTiles) {
     // Nothing would launch them: no probe, no check (model_kernels.h).
     wgmma_note = "no (not needed: bf16 attention on the tiled kernels, or an fp32 step)";
