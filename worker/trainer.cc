@@ -44,18 +44,29 @@ absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, in
   return src;
 }
 
-// The newest "step-N.safetensors" in dir, or -1.
-int64_t NewestCheckpoint(const std::string& dir) {
+// The newest "step-N.safetensors" in dir, or -1 when there is none (a
+// directory not made yet counts as empty). A directory that cannot be read
+// is an error, never "none": a rank that started afresh beside ranks that
+// resumed would train on a mixed state.
+absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
   int64_t best = -1;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  std::filesystem::directory_iterator it(dir, ec);
+  // Missing, or a path through a file: nothing to resume (rank 0 says
+  // why when it cannot create it at the first checkpoint).
+  if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) return best;
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     int64_t step = 0;
     if (name.size() > 17 && name.rfind("step-", 0) == 0 &&
         name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
         absl::SimpleAtoi(name.substr(5, name.size() - 17), &step)) {
       best = std::max(best, step);
     }
+  }
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint.directory=", dir, ": cannot list it to resume: ", ec.message()));
   }
   return best;
 }
@@ -226,7 +237,26 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
     PLATEAU_RETURN_IF_ERROR(ClaimCheckpointDir(o.checkpoint_dir, o.fence_job, o.fence_attempt));
   }
   if (!o.checkpoint_dir.empty() && o.resume) {
-    const int64_t newest = NewestCheckpoint(o.checkpoint_dir);
+    const absl::StatusOr<int64_t> listed = NewestCheckpoint(o.checkpoint_dir);
+    // Each rank lists the directory itself; they must agree, or the model
+    // would resume as a mix of two states with nothing failing (a file
+    // system that shows one host an older listing: NFS caches directory
+    // attributes). One collective; a rank that could not list takes part
+    // with -2, so that no rank waits on it.
+    PLATEAU_ASSIGN_OR_RETURN(const auto range, step->RangeAcrossRanks(listed.ok() ? *listed : -2));
+    PLATEAU_RETURN_IF_ERROR(listed.status());
+    if (range.first != range.second) {
+      const auto seen = [&](int64_t n) {
+        return n == -2 ? std::string("could not list it")
+               : n < 0 ? std::string("found none")
+                       : absl::StrCat("found step ", n);
+      };
+      return absl::UnavailableError(absl::StrCat(
+          "checkpoint.directory=", o.checkpoint_dir, ": the ranks see different newest checkpoints (this rank ",
+          seen(*listed), "; another ", seen(range.first == *listed ? range.second : range.first),
+          "): a file system that shows the ranks' hosts the directory differently; not resumed"));
+    }
+    const int64_t newest = *listed;
     // Past the job's end it is another, longer job's: resuming would end
     // this one at once, "finished" having trained nothing.
     if (newest > o.steps) {

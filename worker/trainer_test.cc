@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -438,6 +439,50 @@ TEST(TrainerTest, ACheckpointPastTheJobsStepsIsRefusedAndAResumeIsSaid) {
   ASSERT_TRUE(longer.status.ok()) << longer.status;
   EXPECT_EQ(longer.losses.size(), 2u);
   EXPECT_EQ(said, std::vector<std::string>{"resumed from " + third + " (step 3 of 5)"});
+}
+
+// The ranks list the checkpoint directory each for itself. Where their
+// hosts see it differently (an NFS client's cached listing), or one cannot
+// list it, no rank resumes: every rank fails, naming what each saw, rather
+// than train on a mix of two steps' states with nothing failing. Retryable
+// (UNAVAILABLE), since a later attempt may see one directory.
+TEST(TrainerTest, RanksThatSeeDifferentNewestCheckpointsDoNotResume) {
+  TrainerOptions o = RecallOptions(2);
+  o.step.layout.batch = 4;
+  o.steps = 2;
+  o.checkpoint_every = 1;
+  o.checkpoint_dir = TmpDir("ckpt_views_full");
+  ASSERT_TRUE(Train(o, 2).status.ok());
+  const std::string stale = TmpDir("ckpt_views_stale");
+  std::filesystem::create_directories(stale);
+  std::filesystem::copy_file(CheckpointPath(o.checkpoint_dir, 1), CheckpointPath(stale, 1));
+  // A directory this rank cannot list (as root, no permission stops it: a
+  // name longer than the file system takes).
+  const std::string unlistable = TmpDir(std::string(300, 'x'));
+  o.steps = 4;
+  for (const auto& [rank1_dir, rank0_saw, rank1_saw] :
+       {std::tuple<std::string, std::string, std::string>{stale, "this rank found step 2; another found step 1",
+                                                          "this rank found step 1; another found step 2"},
+        {unlistable, "this rank found step 2; another could not list it", "cannot list it to resume: "}}) {
+    SCOPED_TRACE(rank1_dir);
+    std::vector<absl::Status> ranks(2);
+    std::vector<int> steps(2, 0);
+    const absl::Status world =
+        RunLocalWorld(2, 256 << 20, FreshStoreDir("views"), [&](int r, Backend& be, Communicator& comm) {
+          TrainerOptions mine = o;
+          if (r == 1) mine.checkpoint_dir = rank1_dir;
+          ranks[r] = RunTraining(mine, be, comm, [&](const StepReport&) { ++steps[r]; });
+          return ranks[r];
+        });
+    EXPECT_FALSE(world.ok());
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r].code(), absl::StatusCode::kUnavailable) << r << ": " << ranks[r];
+      EXPECT_EQ(steps[r], 0) << "rank " << r << " trained";
+    }
+    EXPECT_THAT(ranks[0].message(), AllOf(HasSubstr("the ranks see different newest checkpoints"), HasSubstr(rank0_saw),
+                                          HasSubstr("not resumed")));
+    EXPECT_THAT(ranks[1].message(), HasSubstr(rank1_saw));
+  }
 }
 
 // Rank 0 that cannot make the checkpoint directory (a file is in the way)

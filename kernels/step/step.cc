@@ -832,6 +832,19 @@ absl::StatusOr<std::vector<std::vector<float>>> TrainingStep::GatherGrads() {
   return layout_.Assemble(dense, owned);
 }
 
+absl::StatusOr<std::pair<int64_t, int64_t>> TrainingStep::RangeAcrossRanks(int64_t value) {
+  Impl& I = *impl_;
+  // The maximum of value and of -value: one all-reduce for both ends. The
+  // stats buffer is free between steps (each Pass zeroes it first).
+  double* d = I.stats.as<double>();
+  double host[2] = {static_cast<double>(value), -static_cast<double>(value)};
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, d, host, sizeof(host)));
+  PLATEAU_RETURN_IF_ERROR(world_.AllReduce(*I.comm, d, d, 2, DataType::kFloat64, ReduceOp::kMax));
+  PLATEAU_RETURN_IF_ERROR(backend_.Copy(*I.comm, host, d, sizeof(host)));
+  PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
+  return std::pair<int64_t, int64_t>{-static_cast<int64_t>(host[1]), static_cast<int64_t>(host[0])};
+}
+
 absl::StatusOr<ModelState> TrainingStep::GatherState() {
   Impl& I = *impl_;
   const bool bf16 = options_.precision == Precision::kBf16Mixed;

@@ -39,6 +39,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -154,6 +155,12 @@ class TrainingStep {
   // memory, at most LoadStreamedStateHostBytes(): this rank's shard.
   absl::Status LoadStreamedState(int64_t step, const StateSource& source);
   int64_t LoadStreamedStateHostBytes() const;
+
+  // Collective: the least and the greatest of `value` over the world's
+  // ranks (exact below 2^53), through the step's own two-double stats
+  // buffer (no memory of its own). How the ranks check that they agree on
+  // a choice each made alone (the trainer: which checkpoint to resume).
+  absl::StatusOr<std::pair<int64_t, int64_t>> RangeAcrossRanks(int64_t value);
 
   int64_t step() const { return step_; }
   const ParamLayout& layout() const { return layout_; }
