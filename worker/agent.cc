@@ -540,9 +540,17 @@ void Agent::Start(const v1::Assignment& a) {
   job->job_id = a.job_id();
   job->attempt = a.attempt();
   const std::string spec_file = absl::StrCat(options_.work_dir, "/", a.job_id(), ".attempt-", a.attempt(), ".spec");
+  // A spec that could not be written whole (a full work disk) starts no
+  // rank: a truncated one could parse with its last fields missing.
+  absl::Status spec_written;
   {
     std::ofstream out(spec_file, std::ios::binary | std::ios::trunc);
     out << a.spec().SerializeAsString();
+    out.close();
+    if (!out) {
+      spec_written =
+          absl::UnavailableError(absl::StrCat("cannot write the job's spec to ", spec_file, ": ", strerror(errno)));
+    }
   }
   JobRun* j = job.get();
   absl::StatusOr<std::vector<int>> slots;
@@ -564,7 +572,7 @@ void Agent::Start(const v1::Assignment& a) {
     rank->rank = r;
     // The rank's device: its slot's GPU as the only one it sees (CUDA), or
     // the slot number (CPU, where the backend ignores it).
-    absl::Status device_ok = slots.status();
+    absl::Status device_ok = spec_written.ok() ? slots.status() : spec_written;
     int device_index = 0;
     std::string visible_devices;
     std::vector<std::string> env = base_env;

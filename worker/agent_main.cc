@@ -283,6 +283,15 @@ int Main(int argc, char** argv) {
   // Held until exit, from before the calibration (whose cache is here):
   // two agents on one work dir would register as one worker, the second's
   // calibration replacing the first's, and share their spec files.
+  if (f["work_dir"] == defaults.at("work_dir")) {
+    // The default: a new directory of its own (mkdtemp), never one a
+    // killed agent of a reused pid left behind with its worker id.
+    std::string pattern = (std::filesystem::temp_directory_path() / "plateau-worker-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return Fail(absl::StrCat("cannot make a temporary work dir (", pattern, "): ", strerror(errno)));
+    }
+    o.work_dir = pattern;
+  }
   std::filesystem::create_directories(o.work_dir, ec);
   if (ec) return Fail(absl::StrCat("--work_dir=", o.work_dir, ": ", ec.message()));
   absl::StatusOr<std::unique_ptr<DirLock>> work_lock = DirLock::Acquire(

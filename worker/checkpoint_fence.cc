@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 
 namespace plateau {
 namespace {
@@ -46,7 +47,7 @@ namespace {
 // The fence file, open and locked (exclusive, whole file) while this lives.
 class LockedFence {
  public:
-  static absl::StatusOr<LockedFence> Open(const std::string& dir) {
+  static absl::StatusOr<LockedFence> Open(const std::string& dir, absl::Duration wait) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) return CheckpointDirectoryError(dir, "create it", ec.value());
@@ -59,8 +60,19 @@ class LockedFence {
     struct flock lk = {};
     lk.l_type = F_WRLCK;
     lk.l_whence = SEEK_SET;
-    while (fcntl(f.fd_, F_OFD_SETLKW, &lk) != 0) {
-      if (errno != EINTR) return absl::InternalError(absl::StrCat(path, ": cannot lock: ", std::strerror(errno)));
+    // Polled rather than F_OFD_SETLKW, which waits for ever.
+    const absl::Time deadline = absl::Now() + wait;
+    while (fcntl(f.fd_, F_OFD_SETLK, &lk) != 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EACCES) {
+        return absl::InternalError(absl::StrCat(path, ": cannot lock: ", std::strerror(errno)));
+      }
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "checkpoint.directory=", dir, ": its fence (", kFenceName, ") has been locked by another process for ",
+            absl::FormatDuration(wait), ": a stopped or hung rank of an earlier attempt holds it; not waiting longer"));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
     }
     return f;
   }
@@ -113,16 +125,16 @@ std::string PartialCheckpointPath(const std::string& dir, int64_t attempt, int64
 }
 
 absl::StatusOr<CheckpointFence> ReadCheckpointFence(const std::string& dir) {
-  auto f = LockedFence::Open(dir);
+  auto f = LockedFence::Open(dir, kCheckpointFenceWait);
   if (!f.ok()) return f.status();
   return f->Read();
 }
 
-absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, int64_t attempt) {
+absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, int64_t attempt, absl::Duration wait) {
   if (job.empty() || job.find_first_of(" \n") != std::string::npos || attempt < 0) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint fence: bad job '", job, "' or attempt ", attempt));
   }
-  auto f = LockedFence::Open(dir);
+  auto f = LockedFence::Open(dir, wait);
   if (!f.ok()) return f.status();
   auto held = f->Read();
   if (!held.ok()) return held.status();
@@ -148,8 +160,8 @@ absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, 
 }
 
 absl::Status CommitCheckpoint(const std::string& dir, const std::string& job, int64_t attempt,
-                              const std::string& partial, const std::string& final_path) {
-  auto f = LockedFence::Open(dir);
+                              const std::string& partial, const std::string& final_path, absl::Duration wait) {
+  auto f = LockedFence::Open(dir, wait);
   if (!f.ok()) return f.status();
   auto held = f->Read();
   if (!held.ok()) return held.status();

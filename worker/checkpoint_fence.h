@@ -17,7 +17,7 @@
 //     names the writer's job and attempt.
 //
 // The check and the rename happen under one lock on the fence file (an
-// open-file-description lock, F_OFD_SETLKW: it excludes other processes
+// open-file-description lock, F_OFD_SETLK, polled with a deadline: it excludes other processes
 // and other threads alike, and works on NFS), so once a newer attempt has
 // claimed the directory no older attempt's write can land, and whatever
 // landed before the claim was a complete checkpoint of the same job.
@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace plateau {
 
@@ -39,10 +40,19 @@ struct CheckpointFence {
   int64_t attempt = -1;
 };
 
+// How long a claim or a commit waits for the fence's lock. Another process
+// holds it only for a check and a rename; one that holds it longer is
+// stopped (a frozen rank of an older attempt, SIGSTOPped by its agent while
+// committing) and may hold it for as long as its partition lasts. Past the
+// wait the call fails UNAVAILABLE, which restarts the attempt, rather than
+// hanging where no collective timeout reaches.
+inline constexpr absl::Duration kCheckpointFenceWait = absl::Seconds(60);
+
 // Claims `dir` (created if missing) for `job`'s `attempt`. ABORTED when a
 // later attempt of the same job holds it (this attempt is stale). Partial
 // files of the job's older attempts are removed.
-absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, int64_t attempt);
+absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, int64_t attempt,
+                                absl::Duration wait = kCheckpointFenceWait);
 
 // Where `attempt` writes step `step` before committing it.
 std::string PartialCheckpointPath(const std::string& dir, int64_t attempt, int64_t step);
@@ -51,7 +61,8 @@ std::string PartialCheckpointPath(const std::string& dir, int64_t attempt, int64
 // and `attempt`; otherwise removes `partial` and returns ABORTED naming the
 // holder.
 absl::Status CommitCheckpoint(const std::string& dir, const std::string& job, int64_t attempt,
-                              const std::string& partial, const std::string& final_path);
+                              const std::string& partial, const std::string& final_path,
+                              absl::Duration wait = kCheckpointFenceWait);
 
 // What a checkpoint directory that cannot be created or opened is: the
 // job's own setting when the reason is one (no permission, a read-only file

@@ -1,5 +1,7 @@
 #include "worker/checkpoint_fence.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +12,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -126,6 +130,48 @@ TEST(CheckpointFenceTest, NoCommitOfAnotherProcessLandsAfterTheClaimReturns) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the other process never committed before the claim";
   EXPECT_EQ(Read(dir + "/step-1.safetensors"), at_claim);
   EXPECT_THAT(at_claim, HasSubstr("attempt 0 write "));
+}
+
+// A process that holds the fence's lock and never lets go (a rank frozen by
+// its agent in the middle of a commit) makes a claim fail UNAVAILABLE after
+// its wait, naming the directory, instead of hanging the new attempt.
+TEST(CheckpointFenceTest, AFenceHeldByAStoppedProcessFailsTheClaimAfterItsWait) {
+  const std::string dir = Dir("held");
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-7", 0).ok());
+  int locked[2];
+  ASSERT_EQ(pipe(locked), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(locked[0]);
+    const int fd = open((dir + "/.plateau-fence").c_str(), O_RDWR | O_CLOEXEC);
+    struct flock lk = {};
+    lk.l_type = F_WRLCK;
+    lk.l_whence = SEEK_SET;
+    if (fd < 0 || fcntl(fd, F_OFD_SETLK, &lk) != 0) _exit(2);
+    if (write(locked[1], "l", 1) != 1) _exit(3);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  close(locked[1]);
+  char byte = 0;
+  ASSERT_EQ(read(locked[0], &byte, 1), 1) << "the other process never took the lock";
+  close(locked[0]);
+  const absl::Time t0 = absl::Now();
+  const absl::Status claim = ClaimCheckpointDir(dir, "job-7", 1, absl::Milliseconds(300));
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(claim.code(), absl::StatusCode::kUnavailable) << claim;
+  EXPECT_THAT(claim.message(), HasSubstr("checkpoint.directory=" + dir +
+                                         ": its fence (.plateau-fence) has been "
+                                         "locked by another process for 300ms"));
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(5));
+  // Once it is gone, the claim goes through.
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(ClaimCheckpointDir(dir, "job-7", 1, absl::Milliseconds(300)).ok());
+  EXPECT_EQ(ReadCheckpointFence(dir)->attempt, 1);
 }
 
 }  // namespace

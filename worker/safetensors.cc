@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <set>
 
@@ -41,17 +43,21 @@ absl::Status WriteAll(int fd, const void* data, size_t bytes, uint64_t at, const
 }
 
 // Reads all `bytes` at file offset `at`; false on an error or end of file.
-bool ReadAll(int fd, void* data, size_t bytes, uint64_t at) {
+// OK; DATA_LOSS (`what`) where the file ends first; UNAVAILABLE naming the
+// error where the read fails (EIO, ESTALE: the file may be whole, and a
+// later attempt may read it), so that a resume is retried, not refused.
+absl::Status ReadAll(int fd, void* data, size_t bytes, uint64_t at, const std::string& path, const std::string& what) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
     ssize_t n = pread(fd, p, bytes, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
+    if (n < 0) return absl::UnavailableError(absl::StrCat(path, ": read failed: ", std::strerror(errno)));
+    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": ", what));
     p += n;
     at += n;
     bytes -= n;
   }
-  return true;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -149,7 +155,19 @@ absl::Status SafetensorsWriter::Commit() {
   if (s.ok() && std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     s = absl::InternalError(absl::StrCat(path_, ": rename failed: ", std::strerror(errno)));
   }
-  if (!s.ok()) std::remove(tmp_.c_str());
+  if (!s.ok()) {
+    std::remove(tmp_.c_str());
+    return s;
+  }
+  // The rename is durable only once the directory is: without this a
+  // power loss could take back a checkpoint reported saved.
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  const int dfd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || fsync(dfd) != 0) {
+    s = absl::InternalError(
+        absl::StrCat(dir, ": fsync of the directory after writing ", path_, " failed: ", std::strerror(errno)));
+  }
+  if (dfd >= 0) close(dfd);
   return s;
 }
 
@@ -174,7 +192,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
   r->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->fd_ < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  if (r->fd_ < 0) {
+    // Missing: NOT_FOUND (the job's setting). Any other failure (EMFILE,
+    // EIO, ESTALE) may pass: UNAVAILABLE, so that the attempt is retried.
+    const int e = errno;
+    const std::string why = absl::StrCat(path, ": cannot open: ", std::strerror(e));
+    return e == ENOENT || e == ENOTDIR ? absl::NotFoundError(why) : absl::UnavailableError(why);
+  }
   struct stat st;
   if (fstat(r->fd_, &st) != 0) return absl::InternalError(absl::StrCat(path, ": stat failed: ", std::strerror(errno)));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -183,14 +207,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
   };
   if (size < 8) return corrupt("shorter than its 8-byte header length");
   unsigned char len_le[8];
-  if (!ReadAll(r->fd_, len_le, 8, 0)) return corrupt("short read in the header length");
+  PLATEAU_RETURN_IF_ERROR(
+      ReadAll(r->fd_, len_le, 8, 0, path, "not a valid safetensors file: short read in the header length"));
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= uint64_t{len_le[i]} << (8 * i);
   if (header_len > kMaxHeaderBytes || header_len > size - 8) {
     return corrupt(absl::StrCat("header length ", header_len, " does not fit the file of ", size, " bytes"));
   }
   std::string text(header_len, '\0');
-  if (!ReadAll(r->fd_, text.data(), header_len, 8)) return corrupt("short read in the header");
+  PLATEAU_RETURN_IF_ERROR(
+      ReadAll(r->fd_, text.data(), header_len, 8, path, "not a valid safetensors file: short read in the header"));
   const uint64_t data_bytes = size - 8 - header_len;
   nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) return corrupt("the header is not a JSON object");
@@ -223,10 +249,17 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
     Entry t;
     uint64_t numel = 1;
     for (const auto& d : sh) {
-      if (!d.is_number_unsigned()) return corrupt(absl::StrCat("tensor '", name, "' has a bad dimension"));
-      t.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
-      if (numel > data_bytes) return corrupt(absl::StrCat("tensor '", name, "' is larger than the file"));
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return corrupt(absl::StrCat("tensor '", name, "' has a bad dimension"));
+      }
+      const uint64_t dim = d.get<uint64_t>();
+      t.shape.push_back(static_cast<int64_t>(dim));
+      // Checked before multiplying: the product must not wrap (a shape of
+      // [4, 2^62] is not one of 0 values).
+      if (dim != 0 && numel > data_bytes / dim) {
+        return corrupt(absl::StrCat("tensor '", name, "' is larger than the file"));
+      }
+      numel *= dim;
     }
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (begin > end || end > data_bytes || end - begin != numel * sizeof(float)) {
@@ -257,10 +290,8 @@ absl::Status SafetensorsReader::Read(const std::string& name, int64_t offset, fl
     return absl::InvalidArgumentError(absl::StrCat(path_, ": values [", offset, ", ", offset + n,
                                                    ") of tensor '", name, "' are out of range"));
   }
-  if (!ReadAll(fd_, values, n * sizeof(float), it->second.begin + offset * sizeof(float))) {
-    return absl::DataLossError(absl::StrCat(path_, ": short read in tensor '", name, "'"));
-  }
-  return absl::OkStatus();
+  return ReadAll(fd_, values, n * sizeof(float), it->second.begin + offset * sizeof(float), path_,
+                 absl::StrCat("short read in tensor '", name, "'"));
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {

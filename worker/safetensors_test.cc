@@ -85,6 +85,30 @@ TEST(SafetensorsTest, CorruptFilesAreDataLossNamingTheFile) {
   EXPECT_EQ(ReadSafetensors(TmpPath("none")).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A header whose shape's element count would wrap around 2^64 (or whose
+// dimension does not fit int64) is refused, not read as a tensor of a few
+// values or with a negative dimension.
+TEST(SafetensorsTest, ShapesPastInt64AreDataLoss) {
+  const auto write = [](const std::string& path, const std::string& shape) {
+    std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[0,0]}}";
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    const uint64_t len = header.size();
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << header;
+  };
+  const std::string wraps = TmpPath("wraps.safetensors");
+  write(wraps, "[4,4611686018427387904]");  // 4 x 2^62 = 2^64: 0 mod 2^64
+  auto f = ReadSafetensors(wraps);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
+  EXPECT_THAT(f.status().message(), HasSubstr("tensor 'w' is larger than the file"));
+  const std::string negative = TmpPath("negative.safetensors");
+  write(negative, "[0,12297829382473034411]");  // over INT64_MAX
+  f = ReadSafetensors(negative);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
+  EXPECT_THAT(f.status().message(), HasSubstr("tensor 'w' has a bad dimension"));
+}
+
 TEST(SafetensorsTest, RefusesDuplicateNames) {
   float x = 0;
   auto s = WriteSafetensors(TmpPath("d.safetensors"), {{"a", {1}, &x}, {"a", {1}, &x}}, {});

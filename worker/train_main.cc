@@ -16,8 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -29,8 +31,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "kernels/budget/budget.h"
 #include "kernels/backend.h"
+#include "kernels/budget/budget.h"
 #include "kernels/communicator.h"
 #include "kernels/kv_store.h"
 #include "kernels/status_macros.h"
@@ -347,9 +349,14 @@ int Launch(const Flags& f, int argc, char** argv) {
     std::fprintf(stderr, "plateau_train: cannot find own binary: %s\n", ec.message().c_str());
     return 1;
   }
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           absl::StrCat("plateau-train-", getpid())).string();
-  std::filesystem::create_directories(dir);
+  // The ranks' rendezvous directory: a new one (mkdtemp), never one a
+  // killed launcher of a reused pid left behind with stale addresses.
+  std::string dir = (std::filesystem::temp_directory_path() / "plateau-train-XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) {
+    std::fprintf(stderr, "plateau_train: cannot make a temporary directory (%s): %s\n", dir.c_str(),
+                 std::strerror(errno));
+    return 1;
+  }
   signal(SIGINT, Forward);
   signal(SIGTERM, Forward);
   for (int64_t r = 0; r < f.ranks; ++r) {
