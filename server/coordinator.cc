@@ -39,6 +39,9 @@ constexpr int kPriorityStopped = 0, kPriorityExit = 1, kPriorityInvalid = 2, kPr
 constexpr int kPriorityMaxDuration = 5;
 
 constexpr int kMaxRequestIdChars = 128;
+// At most one event a minute for a PENDING job whose waiting reason changed
+// (Schedule).
+constexpr absl::Duration kPendingReasonEventEvery = absl::Minutes(1);
 
 // The priority of a failure read back from the store after a restart (the
 // "stopped by its agent" distinction is not kept: it ranks as an exit).
@@ -777,9 +780,23 @@ void Coordinator::Schedule() {
     }
     if (d.kind != PlacementDecision::Kind::kPlaced) {
       if (d.waiting_reason != a.job.state_reason() || a.job.unschedulable()) {
+        const bool was_unschedulable = a.job.unschedulable();
         a.job.clear_unschedulable();  // a worker that can host it registered
         a.job.clear_unschedulable_since();
-        Transition(a, v1::PENDING, d.waiting_reason);
+        // Every placement or finish anywhere changes the reason's free-slot
+        // counts: an event for each would grow a long-pending job's events
+        // without bound. The job (get, list) always has the latest reason;
+        // its events at most one a minute, and at once on leaving
+        // unschedulable.
+        const absl::Time now = absl::Now();
+        if (was_unschedulable || now - a.reason_event_at >= kPendingReasonEventEvery) {
+          a.reason_event_at = now;
+          Transition(a, v1::PENDING, d.waiting_reason);
+        } else {
+          a.job.set_state_reason(d.waiting_reason);
+          Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s waiting reason"));
+          Changed();
+        }
       }
       continue;
     }

@@ -1099,6 +1099,40 @@ TEST_F(SchedulingTest, AJobWaitingForBusyDevicesIsNotUnschedulable) {
   EXPECT_THAT(j.state_reason(), StartsWith("waiting for 1 worker(s) with backend cpu, 2 free device(s)"));
 }
 
+// The waiting reason names every worker's free slots, so every placement
+// and finish anywhere changes it. The job always shows the latest reason,
+// but its events do not grow with each change: at most one a minute (before,
+// 20 changes made 20 events).
+TEST_F(SchedulingTest, AWaitingReasonThatKeepsChangingDoesNotFloodTheJobsEvents) {
+  const std::string w = RegisterWorker(4);
+  const std::string first = Submit(DemoJobSpec(1, 5));
+  ASSERT_EQ(Get(first).state(), v1::SCHEDULED);
+  v1::JobSpec big = DemoJobSpec(4, 5);
+  big.set_priority(-10);  // the small jobs go first
+  const std::string waiting = Submit(big);
+  ASSERT_EQ(Get(waiting).state(), v1::PENDING);
+  const auto reason_says = [&](const std::string& free) {
+    return testing_cluster::WaitFor([&] { return absl::StrContains(Get(waiting).state_reason(), free); },
+                                    absl::Seconds(10));
+  };
+  ASSERT_TRUE(reason_says("3/4 free")) << Get(waiting).state_reason();
+  for (int i = 0; i < 10; ++i) {
+    const std::string small = Submit(DemoJobSpec(1, 5));
+    ASSERT_EQ(Get(small).state(), v1::SCHEDULED);
+    ASSERT_TRUE(reason_says("2/4 free")) << Get(waiting).state_reason();
+    auto hb = Heartbeat(w);
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    ASSERT_TRUE(Exited(w, small, 0, 0).ok());
+    ASSERT_EQ(Get(small).state(), v1::SUCCEEDED);
+    ASSERT_TRUE(reason_says("3/4 free")) << Get(waiting).state_reason();
+  }
+  auto events = store_->ReadEvents(waiting, 0, 1000);
+  ASSERT_TRUE(events.ok()) << events.status();
+  int pending = 0;
+  for (const v1::JobEvent& e : *events) pending += e.state_change().state() == v1::PENDING;
+  EXPECT_LE(pending, 2) << "one at submission, one for its first waiting reason";
+}
+
 // The mark and its clock are in the store: a restarted coordinator keeps
 // both while its workers register again, and fails the job when the time
 // counted from the first mark is up; a refused job is not restarted.

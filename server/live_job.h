@@ -48,6 +48,10 @@ struct LiveJob {
   std::map<int64_t, PendingStep> pending_steps;
   // The latest step of the current attempt that is an event.
   int64_t emitted_step = 0;
+  // When a PENDING job's waiting reason last became an event: the reason
+  // names every worker's free slots, so it changes with every placement
+  // anywhere; the events are kept to one a minute (Coordinator::Schedule).
+  absl::Time reason_event_at = absl::InfinitePast();
 };
 
 }  // namespace plateau
