@@ -576,10 +576,10 @@ absl::StatusOr<StepStats> TrainingStep::PassT(const std::vector<int32_t>& tokens
                                               x.weight(I.off_final_norm), N, H, m.norm_eps));
   double* stats = I.stats.as<double>();
   PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), I.scalars.as<float>(), 2, 0.0f));
-  {
-    static constexpr double kZero[2] = {0.0, 0.0};
-    PLATEAU_RETURN_IF_ERROR(backend_.Copy(x.c(), stats, kZero, sizeof(kZero)));
-  }
+  // Zeroed by a fill of its bytes (the double +0.0 is all zero bits), not a
+  // copy from a host constant: on CUDA a copy from pageable memory may
+  // wait for the stream, a stall in the middle of every step.
+  PLATEAU_RETURN_IF_ERROR(backend_.Fill(x.c(), reinterpret_cast<float*>(stats), 4, 0.0f));
   // The projection reads and writes its rows of lm_head: all of them in the
   // all-gathered dense weights (dense projection; the reduce-scatter sums
   // their gradient), or this rank's vocabulary shard in its owned weights

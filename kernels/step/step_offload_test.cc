@@ -211,6 +211,24 @@ TEST_P(StepWithOffloadedOptimizer, BitwiseTheBaselineWithinItsPlan) {
   }
 }
 
+// OffloadStreamAdamW's buckets pass through staging slots on the copy
+// stream while the compute stream updates earlier ones; events order each
+// slot's load, update and write-back. Every device<->host copy slowed by
+// 2 ms, so that a missing wait would read a slot not yet loaded or refill
+// one not yet written back: no bit changes, with one slot and with two.
+TEST_P(StepWithOffloadedOptimizer, SlowCopiesChangeNoBit) {
+  const int P = GetParam();
+  const Outcome base = RunStep(P, CheckpointOptions{}, 0, {}, /*steps=*/2);
+  using Kind = OptimizerPlacementOptions::Kind;
+  for (int64_t slots : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("P = ", P, ", slots ", slots));
+    const Outcome slow = RunStep(P, CheckpointOptions{}, /*copy_delay_us=*/2000, {Kind::kOffloadStream, 4001, slots},
+                                 /*steps=*/2);
+    EXPECT_EQ(slow.loss, base.loss);
+    EXPECT_EQ(slow.weights, base.weights);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, StepWithOffloadedOptimizer, ::testing::Values(1, 2));
 
 TEST(StepWithScoTest, AHostCapBelowThePoolIsRefusedNamingIt) {
