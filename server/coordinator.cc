@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/timestamps.h"
@@ -1513,6 +1514,18 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
   PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckValue(value));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
+  // Only a live attempt's ranks write, under its prefix: anything else
+  // would be kept (and reloaded at every start) for good, since keys leave
+  // only with their attempt.
+  const std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 2));
+  int attempt = -1;
+  if (parts.size() != 3 || parts[2].empty() || !absl::StartsWith(parts[1], "attempt-") ||
+      !absl::SimpleAtoi(absl::StripPrefix(parts[1], "attempt-"), &attempt) ||
+      FindActive(parts[0], attempt) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("key: expected one under a live attempt's prefix (",
+                                                      AttemptPrefix("job-N", 0), "/...), got '",
+                                                      key.substr(0, 256), "'"));
+  }
   PLATEAU_RETURN_IF_ERROR(Written(rendezvous_.Set(key, value), absl::StrCat("store the key ", key)));
   Changed();
   return absl::OkStatus();

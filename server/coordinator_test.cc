@@ -691,7 +691,17 @@ TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
   ASSERT_TRUE(c().KvSet(job + "/attempt-0/rank-0", "addr0").ok());
-  ASSERT_TRUE(c().KvSet("other/key", "x").ok());
+  // Another live attempt's keys are its own; a key under no live attempt
+  // is refused (it would stay for good).
+  const std::string other = Submit(DemoJobSpec(2, 5));  // waits: the worker is busy
+  ASSERT_TRUE(c().KvSet(other + "/attempt-0/rank-0", "x").ok());
+  for (const std::string& key :
+       std::vector<std::string>{"other/key", other + "/attempt-1/rank-0", "job-99/attempt-0/rank-0", job + "/attempt-0/",
+        job + "/attempt-x/rank-0"}) {
+    const absl::Status refused = c().KvSet(key, "x");
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << key;
+    EXPECT_THAT(refused.message(), HasSubstr("key: expected one under a live attempt's prefix")) << key;
+  }
   Open();
   auto v = c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration());
   ASSERT_TRUE(v.ok()) << v.status();
@@ -702,7 +712,7 @@ TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
   EXPECT_EQ(c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration()).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_TRUE(c().KvGet("other/key", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(c().KvGet(other + "/attempt-0/rank-0", absl::ZeroDuration()).ok());
   Open();
   EXPECT_EQ(c().KvGet(job + "/attempt-0/rank-0", absl::ZeroDuration()).status().code(),
             absl::StatusCode::kNotFound);

@@ -269,19 +269,21 @@ TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
     ASSERT_TRUE(workers->KvCheck(&ctx, q, &r).ok());
     EXPECT_FALSE(r.all_set()) << "an unauthenticated KvSet went through";
   }
-  {
-    // The right token is let in by the same services.
-    grpc::ClientContext ctx;
-    Deadline(ctx);
-    v1::KvSetRequest q;
-    q.set_key("security-test/probe");
-    q.set_value("v");
-    v1::KvSetResponse r;
-    EXPECT_TRUE(workers->KvSet(&ctx, q, &r).ok());
-  }
   auto job = c.client().SubmitJob(TinyJob(3), false);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->job().id(), "job-1");
+  {
+    // The right token is let in by the same services (a key of the live
+    // attempt: the only keys a rank may set).
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::KvSetRequest q;
+    q.set_key("job-1/attempt-0/security-test-probe");
+    q.set_value("v");
+    v1::KvSetResponse r;
+    grpc::Status set = workers->KvSet(&ctx, q, &r);
+    EXPECT_TRUE(set.ok()) << set.error_message();
+  }
 
   // The Client with no token file says what is missing.
   ClientOptions bare;
