@@ -1479,11 +1479,17 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
 absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  const Worker* w = registry_.FindAttached(request.worker_id());
+  Worker* w = registry_.FindAttached(request.worker_id());
   if (w == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
+  // A batch stored before, sent again because its answer was lost: its log
+  // lines would be appended twice. (Across a coordinator restart this is
+  // not known: docs/SERVICE.md.)
+  const uint64_t sender = request.sender();
+  const int64_t batch = request.batch();
+  if (batch > 0 && sender == w->batch_sender && batch <= w->batch_stored) return absl::OkStatus();
   // Events, progress and metrics are worked out by server/telemetry.h; the
   // writes go through Written here.
   TelemetryBatch b = IngestTelemetry(
@@ -1503,6 +1509,10 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
     PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s progress")));
   }
   if (!b.events.empty() || !b.logs.empty()) Changed();
+  if (batch > 0) {
+    w->batch_sender = sender;
+    w->batch_stored = batch;
+  }
   return absl::OkStatus();
 }
 

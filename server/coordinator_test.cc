@@ -687,6 +687,42 @@ TEST_F(CoordinatorTest, RetriedTelemetryIsCountedOnce) {
   EXPECT_EQ(Get(job).progress().step(), 2);
 }
 
+// Log lines carry no step to de-duplicate by: a numbered batch that arrives
+// again (its answer lost, or held up past the agent's deadline and then
+// stored) is dropped whole, in either order with the agent's next batch.
+// Another agent process (another sender) starts its own count.
+TEST_F(CoordinatorTest, ARetriedBatchOfLogLinesIsStoredOnce) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  const auto logs = [&] { return store_->ReadLogs(job, 0, 1000)->size(); };
+  const size_t before = logs();
+  const auto batch = [&](uint64_t sender, int64_t n, const std::string& line) {
+    v1::TelemetryRequest t;
+    t.set_worker_id(w);
+    t.set_sender(sender);
+    t.set_batch(n);
+    v1::LogEntry* e = t.add_logs();
+    e->set_job_id(job);
+    e->set_rank(0);
+    e->set_stream("stdout");
+    e->set_line(line);
+    return t;
+  };
+  ASSERT_TRUE(c().ReportTelemetry(batch(77, 1, "one")).ok());
+  ASSERT_TRUE(c().ReportTelemetry(batch(77, 1, "one")).ok());  // the answer was lost
+  ASSERT_TRUE(c().ReportTelemetry(batch(77, 2, "two")).ok());
+  ASSERT_TRUE(c().ReportTelemetry(batch(77, 1, "one")).ok());  // a late copy of the first
+  EXPECT_EQ(logs(), before + 2);
+  ASSERT_TRUE(c().ReportTelemetry(batch(78, 1, "restarted agent")).ok());
+  EXPECT_EQ(logs(), before + 3);
+  auto read = store_->ReadLogs(job, before, 10);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 3u);
+  EXPECT_EQ((*read)[0].line(), "one");
+  EXPECT_EQ((*read)[1].line(), "two");
+  EXPECT_EQ((*read)[2].line(), "restarted agent");
+}
+
 TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);

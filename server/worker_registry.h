@@ -54,6 +54,10 @@ struct Worker {
   };
   std::vector<Sent> unacknowledged;
   std::vector<v1::Cancellation> cancellations;
+  // The last telemetry batch stored from this worker's agent
+  // (TelemetryRequest.sender, .batch).
+  uint64_t batch_sender = 0;
+  int64_t batch_stored = 0;
 };
 
 class WorkerRegistry {

@@ -437,6 +437,8 @@ constexpr size_t kMaxQueued = 256 << 20;
 
 void Agent::CloseBatch() {
   if (batch_.telemetry.steps_size() == 0 && batch_.telemetry.logs_size() == 0) return;
+  batch_.telemetry.set_sender(sender_);
+  batch_.telemetry.set_batch(++batches_);
   queued_bytes_ += batch_.bytes;
   queue_.push_back(std::move(batch_));
   batch_ = Report();

@@ -59,10 +59,12 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -229,6 +231,10 @@ class Agent {
 
   absl::Mutex out_mu_;
   Report batch_ ABSL_GUARDED_BY(out_mu_);  // telemetry and logs being gathered
+  // TelemetryRequest.sender and the last .batch numbered: the coordinator
+  // stores a batch sent again after a lost answer once.
+  const uint64_t sender_ = std::random_device()() | (uint64_t{std::random_device()()} << 32);
+  int64_t batches_ ABSL_GUARDED_BY(out_mu_) = 0;
   std::deque<Report> queue_ ABSL_GUARDED_BY(out_mu_);
   size_t queued_bytes_ ABSL_GUARDED_BY(out_mu_) = 0;
   int64_t dropped_lines_ ABSL_GUARDED_BY(out_mu_) = 0;
