@@ -156,6 +156,23 @@ class AutoPlacementTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coordinator_;
 };
 
+// A worker whose calibration cannot be modelled (here: no GEMM point)
+// registers without it: an `auto` job is admitted and placed there on the
+// default curve, rather than every such submit being refused.
+TEST_F(AutoPlacementTest, AnUnusableCalibrationIsSetAsideNotFatalToAutoJobs) {
+  v1::Calibration broken = LatencyBound();
+  broken.clear_gemm();
+  const std::string w = RegisterWorker("broken", v1::BACKEND_CPU, 0, &broken);
+  const std::string job = Submit(AllAuto(v1::BACKEND_CPU));
+  ASSERT_FALSE(job.empty());
+  const v1::Job j = Get(job);
+  EXPECT_EQ(j.state(), v1::SCHEDULED) << j.DebugString();
+  EXPECT_THAT(j.plan().calibration(), HasSubstr("the default cpu curve"));
+  auto workers = c().ListWorkers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).id(), w);
+}
+
 // Chosen at submit on the default curve (no worker yet); chosen again on
 // worker a's curves when placed there; a is lost, and the restarted attempt
 // is placed on b and chosen again on b's curves: the plan (`get`) and the

@@ -21,6 +21,7 @@
 #include "server/labels.h"
 #include "server/placement.h"
 #include "server/telemetry.h"
+#include "worker/calibration.h"
 #include "worker/job_spec.h"
 #include "worker/rank_protocol.h"
 
@@ -1156,7 +1157,22 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   // this coordinator was expecting it (a restart: it had ranks of a live
   // job when the previous coordinator stopped), its ranks re-attach.
   bool expected = false, restarted = false;
-  Worker& w = registry_.Attach(request.worker_id(), request.capabilities(), absl::Now(), &expected, &restarted);
+  // A calibration the planner cannot model would make every `auto` submit
+  // of its backend fail (AutoContextFor picks one worker's): it is set
+  // aside, saying why, and the worker takes jobs as one without.
+  v1::WorkerCapabilities caps_kept = request.capabilities();
+  std::string calibration_dropped;
+  if (caps_kept.has_calibration()) {
+    if (absl::StatusOr<Calibration> c = CalibrationFromProto(caps_kept.calibration()); !c.ok()) {
+      calibration_dropped = std::string(c.status().message());
+      caps_kept.clear_calibration();
+    }
+  }
+  Worker& w = registry_.Attach(request.worker_id(), caps_kept, absl::Now(), &expected, &restarted);
+  if (!calibration_dropped.empty()) {
+    Say(absl::StrCat(w.id, "'s calibration is not used (", calibration_dropped,
+                     "): its jobs' `auto` settings are chosen on the default curve"));
+  }
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
   out.set_worker_id(w.id);
   const v1::WorkerCapabilities& caps = request.capabilities();
