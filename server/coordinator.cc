@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstdio>
 
 #include "absl/strings/ascii.h"
@@ -283,7 +284,11 @@ void Coordinator::SweepRetention() {
   // of it, at most every 10 minutes (a sweep reads every finished job).
   next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
   const absl::Time cutoff = now - options_.retention;
-  int64_t after = 0;
+  // Every job below sweep_from_ was swept (or deleted) already: a sweep
+  // reads only the jobs from the oldest one still live or not yet due, not
+  // all of history every time.
+  int64_t after = sweep_from_ - 1;
+  int64_t first_unswept = std::numeric_limits<int64_t>::max();
   bool more = true;
   int swept = 0;
   while (more) {
@@ -295,7 +300,11 @@ void Coordinator::SweepRetention() {
     }
     for (v1::Job& job : *jobs) {
       after = *ParseJobId(job.id());
-      if (job.has_events_deleted_time() || !job.has_end_time() || TimeOf(job.end_time()) > cutoff) continue;
+      if (job.has_events_deleted_time()) continue;
+      if (!job.has_end_time() || TimeOf(job.end_time()) > cutoff) {
+        first_unswept = std::min(first_unswept, after);
+        continue;
+      }
       Write(store_->DeleteJobData(job.id()), absl::StrCat("delete ", job.id(), "'s events and logs (retention)"));
       Now(job.mutable_events_deleted_time());
       Write(store_->PutJob(job), absl::StrCat("record ", job.id(), "'s deleted events"));
@@ -307,6 +316,8 @@ void Coordinator::SweepRetention() {
                        ", --retention ", absl::FormatDuration(options_.retention), ")"));
     }
   }
+  // Live jobs finish later, whatever their seq; jobs made later have larger ones.
+  sweep_from_ = std::min({first_unswept, active_.empty() ? after + 1 : active_.begin()->first, after + 1});
   if (swept > 0) Changed();
 }
 

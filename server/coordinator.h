@@ -270,6 +270,8 @@ class Coordinator {
   // SetState from a count at Start.
   std::map<v1::JobState, int64_t> job_counts_ ABSL_GUARDED_BY(mu_);
   absl::Time next_sweep_ ABSL_GUARDED_BY(mu_);
+  // Every job with a smaller seq has been swept or deleted (SweepRetention).
+  int64_t sweep_from_ ABSL_GUARDED_BY(mu_) = 1;
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   // Heartbeats that have arrived and wait for mu_, by worker id (a count:

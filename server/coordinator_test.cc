@@ -964,6 +964,15 @@ TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
   EXPECT_TRUE(store_->ReadLogs(done, 0, 100)->empty());
   EXPECT_FALSE(store_->ReadEvents(live, 0, 100)->empty()) << "a live job's events are never swept";
   EXPECT_THAT(Said(), HasSubstr(done + ": removed its " + std::to_string(count) + " event(s)"));
+  // A sweep starts from the oldest job not yet swept: one that was live at
+  // the last sweep is swept once it has finished and its retention passed.
+  StartOn(w, live);
+  ASSERT_TRUE(Exited(w, live, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, live, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(live).state(), v1::SUCCEEDED);
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(live).has_events_deleted_time(); }, absl::Seconds(10)))
+      << Get(live).DebugString();
+  EXPECT_TRUE(store_->ReadEvents(live, 0, 100)->empty());
 }
 
 // An agent that restarts before it is declared lost registers with the id it
