@@ -238,6 +238,7 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
     max_sizes_.borrowed = std::max(max_sizes_.borrowed, s.borrowed);
     max_sizes_.lent = std::max(max_sizes_.lent, s.lent);
     max_sizes_.token_view = max_sizes_.token_view || s.token_view;
+    plan.ReleaseIndexVectors();  // staged above; kept until Backward otherwise
     plans_.push_back(std::move(plan));
   }
   if (layer >= 0 && !for_backward) {
