@@ -231,7 +231,9 @@ TEST_F(AutoPlacementTest, EachPlacementChoosesOnItsWorkersCalibration) {
   // The plan's bytes are at b's values: the job keeps one consistent plan.
   for (const v1::LiveSetBytes& ls : j.plan().live_sets()) {
     for (const v1::LiveSetBytes& w : want_b->live_sets()) {
-      if (w.live_set() == ls.live_set()) EXPECT_EQ(ls.bytes(), w.bytes()) << ls.live_set();
+      if (w.live_set() == ls.live_set()) {
+        EXPECT_EQ(ls.bytes(), w.bytes()) << ls.live_set();
+      }
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "kernels/dispatch/llep_plan.h"
 #include "kernels/memory.h"
 #include "kernels/model/params.h"
+#include "kernels/model/precision.h"
 #include "kernels/optimizer/optimizer_plan.h"
 #include "kernels/status_macros.h"
 
@@ -107,7 +108,7 @@ std::string Trade(const StepOptions& o, const ParamLayout& p, AutoSetting s, int
                           "; projection ", MiB(plan.bytes[LiveSetOf(s)]));
     }
     case AutoSetting::kHostBudget: {
-      const ScoLayout sco = PlanSco(o.model.layers, N, o.model.hidden, v);
+      const ScoLayout sco = PlanSco(o.model.layers, N, o.model.hidden, v, ElementBytesOf(o.precision));
       return absl::StrCat(sco.host_boundaries, " of ", sco.boundaries, " boundaries in the host pool (",
                           MiB(sco.host_bytes()), "); device checkpoints ", MiB(sco.device_bytes()));
     }
@@ -210,7 +211,8 @@ double LayerForwardSeconds(const StepOptions& o, const Calibration& c) {
 double CheckpointSeconds(const StepOptions& o, int64_t host_budget_bytes, const Calibration& c) {
   const ModelConfig& m = o.model;
   const int64_t N = TokensPerRank(m, o.layout);
-  const ScoLayout sco = PlanSco(m.layers, N, m.hidden, host_budget_bytes);
+  // The boundaries in the working type: bf16 pools twice as many per byte.
+  const ScoLayout sco = PlanSco(m.layers, N, m.hidden, host_budget_bytes, ElementBytesOf(o.precision));
   const double bytes = static_cast<double>(sco.boundary_bytes);
   const double forward = LayerForwardSeconds(o, c);
   const double down = c.launch_seconds + bytes / c.d2h_bytes_per_second;
@@ -297,7 +299,9 @@ std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s, const P
     case AutoSetting::kStrip:
       return Doubling(16, CeilDiv(m.vocab_size, o.layout.ranks));
     case AutoSetting::kHostBudget: {
-      const int64_t max_j = std::max<int64_t>(0, m.layers - 1), boundary = N * m.hidden * int64_t{sizeof(float)};
+      // Whole boundaries in the working type (bf16: 2 bytes an element).
+      const int64_t max_j = std::max<int64_t>(0, m.layers - 1),
+                    boundary = N * m.hidden * ElementBytesOf(o.precision).working;
       constexpr int64_t kMaxSteps = 32;
       std::vector<int64_t> out;
       for (int64_t i = 0; i <= std::min(max_j, kMaxSteps); ++i) {

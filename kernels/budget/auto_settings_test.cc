@@ -140,6 +140,14 @@ TEST(AutoSettingsTest, CandidatesSpanEachSettingsRange) {
   EXPECT_EQ(betas.size(), 33u);
   EXPECT_EQ(betas.front(), 0);
   EXPECT_EQ(betas.back(), 99 * boundary);
+  // In bf16 a boundary is 2 bytes an element: each candidate pools a whole
+  // number of bf16 boundaries (not fp32's, which would be 2j of them), and
+  // the trade's words count what the plan pools.
+  StepOptions half = o;
+  half.precision = Precision::kBf16Mixed;
+  const int64_t bf16_boundary = 128 * 16 * 2;
+  EXPECT_EQ(AutoCandidates(half, AutoSetting::kHostBudget),
+            (std::vector<int64_t>{0, bf16_boundary, 2 * bf16_boundary, 3 * bf16_boundary}));
 }
 
 TEST(AutoSettingsTest, GemmRateIsInterpolatedInLogRowsWithTheLaunchApart) {

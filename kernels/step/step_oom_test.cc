@@ -152,8 +152,10 @@ TEST_P(StepOomSweep, EveryCapEndsInSuccessOrANamedOutOfMemory) {
   std::printf("projection %d: %zu caps, %d ended out of memory; live sets refused: %s\n", GetParam(),
               caps.size(), oom_runs, seen.c_str());
   // The sweep reached out-of-memory in the middle of a step, not only at
-  // launch: some refusal named a live set the step allocates per call.
-  EXPECT_TRUE(sets_seen.count("dispatch") > 0 || sets_seen.count("projection") > 0) << seen;
+  // launch: some refusal named the one live set the step allocates per
+  // call, dispatch (the projection's buffers are launch-sized: a cap below
+  // them is refused at launch).
+  EXPECT_GT(sets_seen.count("dispatch"), 0u) << seen;
 }
 
 INSTANTIATE_TEST_SUITE_P(Projections, StepOomSweep, ::testing::Values(0, 1, 2),
