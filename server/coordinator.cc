@@ -42,9 +42,6 @@ constexpr int kPriorityStopped = 0, kPriorityExit = 1, kPriorityInvalid = 2, kPr
 constexpr int kPriorityMaxDuration = 5;
 
 constexpr int kMaxRequestIdChars = 128;
-// At most one event a minute for a PENDING job whose waiting reason changed
-// (Schedule).
-constexpr absl::Duration kPendingReasonEventEvery = absl::Minutes(1);
 
 // The priority of a failure read back from the store after a restart (the
 // "stopped by its agent" distinction is not kept: it ranks as an exit).
@@ -792,18 +789,22 @@ void Coordinator::Schedule() {
       }
     }
     if (d.kind != PlacementDecision::Kind::kPlaced) {
-      if (d.waiting_reason != a.job.state_reason() || a.job.unschedulable()) {
+      // Every placement or finish anywhere changes the reason's free-slot
+      // counts: an event for each would grow a long-pending job's events
+      // without bound. The job (get, list) always has the latest reason;
+      // its events at most one a minute (pending_reason_event_every; the
+      // latest reason once that is up, Schedule running every tick), and at
+      // once on leaving unschedulable.
+      const absl::Time now = absl::Now();
+      const bool event_due =
+          d.waiting_reason != a.reason_in_events && now - a.reason_event_at >= options_.pending_reason_event_every;
+      if (d.waiting_reason != a.job.state_reason() || a.job.unschedulable() || event_due) {
         const bool was_unschedulable = a.job.unschedulable();
         a.job.clear_unschedulable();  // a worker that can host it registered
         a.job.clear_unschedulable_since();
-        // Every placement or finish anywhere changes the reason's free-slot
-        // counts: an event for each would grow a long-pending job's events
-        // without bound. The job (get, list) always has the latest reason;
-        // its events at most one a minute, and at once on leaving
-        // unschedulable.
-        const absl::Time now = absl::Now();
-        if (was_unschedulable || now - a.reason_event_at >= kPendingReasonEventEvery) {
+        if (was_unschedulable || event_due) {
           a.reason_event_at = now;
+          a.reason_in_events = d.waiting_reason;
           Transition(a, v1::PENDING, d.waiting_reason);
         } else {
           a.job.set_state_reason(d.waiting_reason);
@@ -1060,6 +1061,14 @@ void Coordinator::StopRanks(LiveJob& a) {
   for (const v1::Placement& p : a.job.placement()) {
     Worker* w = registry_.Find(p.worker_id());
     if (w == nullptr) continue;
+    if (!p.delivered() && !w->attached) {
+      // After a restart: the assignment may have been sent, and arrived,
+      // without an acknowledgement the killed coordinator recorded. The
+      // worker's registration settles it (Reattach: listed, the ranks are
+      // stopped; not listed, they never started and count as gone; never
+      // back, lost).
+      continue;
+    }
     if (!p.delivered()) {
       const auto same = [&](const auto& x) { return x.job_id == a.job.id() && x.attempt == a.job.attempt(); };
       auto sent = std::find_if(w->unacknowledged.begin(), w->unacknowledged.end(), same);
@@ -1375,9 +1384,12 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     *out.add_cancellations() = std::move(c);
   }
   w.cancellations.clear();
+  // Also an attempt that is over here (lost with its worker, voided at a
+  // restart, finished): its stop may have gone out once, in an answer that
+  // was lost. The agent stops nothing that has already exited.
   for (const auto& key : running) {
     LiveJob* a = FindActive(key.first, key.second);
-    if (a == nullptr || !(a->cancel_requested || a->has_failure) || cancelled.count(key)) continue;
+    if ((a != nullptr && !(a->cancel_requested || a->has_failure)) || cancelled.count(key)) continue;
     v1::Cancellation* c = out.add_cancellations();
     c->set_job_id(key.first);
     c->set_attempt(key.second);
@@ -1554,11 +1566,16 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
   // Only a live attempt's ranks write, under its prefix: anything else
   // would be kept (and reloaded at every start) for good, since keys leave
   // only with their attempt.
+  // Exactly the attempt's own prefix (DeleteAttempt removes that one):
+  // not "attempt-01" or "job-01", which name the same attempt in numbers.
   const std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 2));
   int attempt = -1;
-  if (parts.size() != 3 || parts[2].empty() || !absl::StartsWith(parts[1], "attempt-") ||
-      !absl::SimpleAtoi(absl::StripPrefix(parts[1], "attempt-"), &attempt) ||
-      FindActive(parts[0], attempt) == nullptr) {
+  const LiveJob* a = nullptr;
+  if (parts.size() == 3 && !parts[2].empty() && absl::StartsWith(parts[1], "attempt-") &&
+      absl::SimpleAtoi(absl::StripPrefix(parts[1], "attempt-"), &attempt)) {
+    a = FindActive(parts[0], attempt);
+  }
+  if (a == nullptr || !absl::StartsWith(key, AttemptPrefix(a->job.id(), a->job.attempt()) + "/")) {
     return absl::FailedPreconditionError(absl::StrCat("key: expected one under a live attempt's prefix (",
                                                       AttemptPrefix("job-N", 0), "/...), got '",
                                                       key.substr(0, 256), "'"));

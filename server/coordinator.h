@@ -104,6 +104,10 @@ struct CoordinatorOptions {
   // A finished job's events, logs, memory timelines and per-rank step
   // reports are removed this long after its final state; 0: kept forever.
   absl::Duration retention = absl::Hours(24 * 30);
+  // A PENDING job whose waiting reason changes (it names every worker's
+  // free slots) gets an event for it at most this often; the job itself
+  // always has the latest reason.
+  absl::Duration pending_reason_event_every = absl::Minutes(1);
   // The coordinator's own log, one line per call (no newline); unset: the
   // line goes to stdout with the time and "plateau_coordinator: ".
   std::function<void(const std::string&)> log;

@@ -491,6 +491,55 @@ TEST_F(CoordinatorTest, AnAssignmentUnacknowledgedAtARestartIsSentAgain) {
   EXPECT_FALSE(j.has_failure()) << j.DebugString();
 }
 
+// The coordinator killed after sending an assignment, with the job then
+// cancelling: whether its ranks run is unknown until the worker registers.
+// Listed there, they are stopped and the job waits for their exits; not
+// listed, they never started and the job is CANCELLED then. (Counting them
+// gone at the restart would end the job while they ran.)
+TEST_F(CoordinatorTest, ACancelledUnacknowledgedAssignmentWaitsForItsWorkerAfterARestart) {
+  const std::string w = Register();
+  for (const bool listed : {true, false}) {
+    SCOPED_TRACE(listed ? "listed" : "not listed");
+    const std::string job = Submit(DemoJobSpec(2, 5));
+    auto hb = c().Heartbeat(Beat(w, 1));
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    ASSERT_EQ(hb->assignments_size(), 1);
+    ASSERT_TRUE(c().CancelJob(job).ok());
+    Open();
+    EXPECT_EQ(Get(job).state(), v1::CANCELLING) << "its ranks may be running";
+    v1::RegisterResponse registered;
+    ASSERT_EQ(Register(w, listed ? std::vector<v1::RunningJob>{Runs(job, 0, {0, 1})} : std::vector<v1::RunningJob>{},
+                       &registered),
+              w);
+    if (!listed) {
+      EXPECT_EQ(Get(job).state(), v1::CANCELLED);
+      continue;
+    }
+    EXPECT_EQ(Get(job).state(), v1::CANCELLING);
+    hb = c().Heartbeat(Beat(w, 2, {job}));
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    ASSERT_EQ(hb->cancellations_size(), 1);
+    EXPECT_EQ(hb->cancellations(0).job_id(), job);
+    ASSERT_TRUE(Exited(w, job, 0, 0, SIGTERM, /*stopped=*/true).ok());
+    ASSERT_TRUE(Exited(w, job, 1, 0, SIGTERM, /*stopped=*/true).ok());
+    EXPECT_EQ(Get(job).state(), v1::CANCELLED);
+  }
+}
+
+// An attempt the coordinator no longer has (its worker was lost, a
+// restart voided it) that the agent still lists is told to stop at every
+// heartbeat, not only in a registration's answer that may have been lost.
+TEST_F(CoordinatorTest, AnAttemptTheCoordinatorDoesNotHaveIsStoppedAtEveryHeartbeat) {
+  const std::string w = Register();
+  for (int64_t beat : {1, 2}) {
+    auto hb = c().Heartbeat(Beat(w, beat, {"job-42"}));
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    ASSERT_EQ(hb->cancellations_size(), 1) << "heartbeat " << beat;
+    EXPECT_EQ(hb->cancellations(0).job_id(), "job-42");
+    EXPECT_EQ(hb->cancellations(0).attempt(), 0);
+  }
+}
+
 // GetMemoryTimeline: NOT_FOUND for an unknown job; FAILED_PRECONDITION
 // saying why for a job without one (none yet; off by its spec); once a rank
 // reports one, the latest per rank with the job's plan, also after a restart.
@@ -731,9 +780,9 @@ TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {
   // is refused (it would stay for good).
   const std::string other = Submit(DemoJobSpec(2, 5));  // waits: the worker is busy
   ASSERT_TRUE(c().KvSet(other + "/attempt-0/rank-0", "x").ok());
-  for (const std::string& key :
-       std::vector<std::string>{"other/key", other + "/attempt-1/rank-0", "job-99/attempt-0/rank-0", job + "/attempt-0/",
-        job + "/attempt-x/rank-0"}) {
+  for (const std::string& key : std::vector<std::string>{
+           "other/key", other + "/attempt-1/rank-0", "job-99/attempt-0/rank-0", job + "/attempt-0/",
+           job + "/attempt-x/rank-0", job + "/attempt-00/rank-0", job + "/attempt-+0/rank-0"}) {
     const absl::Status refused = c().KvSet(key, "x");
     EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << key;
     EXPECT_THAT(refused.message(), HasSubstr("key: expected one under a live attempt's prefix")) << key;
@@ -1186,6 +1235,35 @@ TEST_F(SchedulingTest, AWaitingReasonThatKeepsChangingDoesNotFloodTheJobsEvents)
   int pending = 0;
   for (const v1::JobEvent& e : *events) pending += e.state_change().state() == v1::PENDING;
   EXPECT_LE(pending, 2) << "one at submission, one for its first waiting reason";
+}
+
+// Once the interval is up, the latest reason becomes an event even when
+// nothing changes after it: the events end on what the job says.
+TEST_F(SchedulingTest, TheLatestWaitingReasonBecomesAnEventOnceTheIntervalIsUp) {
+  options_.pending_reason_event_every = absl::Milliseconds(500);
+  Open();
+  const std::string w = RegisterWorker(4);
+  const std::string first = Submit(DemoJobSpec(1, 5));
+  v1::JobSpec big = DemoJobSpec(4, 5);
+  big.set_priority(-10);
+  const std::string waiting = Submit(big);
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return absl::StrContains(Get(waiting).state_reason(), "3/4 free"); },
+                                       absl::Seconds(10)));
+  const std::string small = Submit(DemoJobSpec(1, 5));  // 2/4 free: a change within the interval
+  ASSERT_THAT(Get(waiting).state_reason(), ::testing::HasSubstr("2/4 free"));
+  const auto last_pending_event = [&] {
+    std::string reason;
+    const absl::StatusOr<std::vector<v1::JobEvent>> events = store_->ReadEvents(waiting, 0, 1000);
+    EXPECT_TRUE(events.ok()) << events.status();
+    for (const v1::JobEvent& e : events.ok() ? *events : std::vector<v1::JobEvent>{}) {
+      if (e.state_change().state() == v1::PENDING) reason = e.state_change().reason();
+    }
+    return reason;
+  };
+  EXPECT_TRUE(
+      testing_cluster::WaitFor([&] { return absl::StrContains(last_pending_event(), "2/4 free"); }, absl::Seconds(10)))
+      << last_pending_event();
+  EXPECT_EQ(last_pending_event(), Get(waiting).state_reason());
 }
 
 // The mark and its clock are in the store: a restarted coordinator keeps

@@ -52,6 +52,7 @@ struct LiveJob {
   // names every worker's free slots, so it changes with every placement
   // anywhere; the events are kept to one a minute (Coordinator::Schedule).
   absl::Time reason_event_at = absl::InfinitePast();
+  std::string reason_in_events;  // that event's reason
 };
 
 }  // namespace plateau

@@ -855,6 +855,12 @@ void Agent::Wait(JobRun* job, Rank* rank) {
 
 void Agent::StopJob(JobRun& job, const std::string& why) {
   if (job.stopping) return;
+  // Every rank has exited (a stop that crossed the last exit report):
+  // nothing to stop, nothing to log.
+  if (!job.ranks.empty() && !job.starting &&
+      std::all_of(job.ranks.begin(), job.ranks.end(), [](const auto& r) { return r->exited; })) {
+    return;
+  }
   job.stopping = true;
   job.stop_reason = why;
   // Off the lease before any signal: a rank continued to see its SIGTERM
