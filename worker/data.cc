@@ -13,6 +13,7 @@
 #include "kernels/model/config.h"
 #include "kernels/model/init.h"
 #include "kernels/status_macros.h"
+#include "worker/file_errors.h"
 
 namespace plateau {
 namespace {
@@ -53,10 +54,9 @@ absl::Status ReadAt(int fd, const std::string& path, void* buf, size_t bytes, in
   while (bytes > 0) {
     ssize_t n = pread(fd, p, bytes, offset);
     if (n < 0 && errno == EINTR) continue;
-    // The file ends first: DATA_LOSS. A failed read (EIO, ESTALE) may pass:
-    // UNAVAILABLE, so that the attempt is retried rather than refused.
-    if (n < 0)
-      return absl::UnavailableError(absl::StrCat(path, ": read failed at byte ", offset, ": ", std::strerror(errno)));
+    // The file ends first: DATA_LOSS. A failed read: FileError (EIO, ESTALE
+    // may pass and are retried).
+    if (n < 0) return FileError(absl::StrCat(path, ": read failed at byte ", offset), errno);
     if (n == 0) return absl::DataLossError(absl::StrCat(path, ": short read at byte ", offset));
     p += n;
     bytes -= n;
@@ -159,13 +159,7 @@ class TokenStream final : public DataSource {
 
 absl::StatusOr<File> OpenFile(const std::string& path, int64_t* size) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    // Missing: NOT_FOUND (the job's setting); any other failure (EMFILE,
-    // EIO) may pass: UNAVAILABLE.
-    const int e = errno;
-    const std::string why = absl::StrCat(path, ": cannot open: ", std::strerror(e));
-    return e == ENOENT || e == ENOTDIR ? absl::NotFoundError(why) : absl::UnavailableError(why);
-  }
+  if (fd < 0) return FileError(absl::StrCat(path, ": cannot open"), errno);
   File f(fd);
   off_t end = lseek(fd, 0, SEEK_END);
   if (end < 0) return absl::InternalError(absl::StrCat(path, ": cannot seek"));

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/file_errors.h"
 
 namespace plateau {
 namespace {
@@ -43,15 +44,15 @@ absl::Status WriteAll(int fd, const void* data, size_t bytes, uint64_t at, const
 }
 
 // Reads all `bytes` at file offset `at`; false on an error or end of file.
-// OK; DATA_LOSS (`what`) where the file ends first; UNAVAILABLE naming the
-// error where the read fails (EIO, ESTALE: the file may be whole, and a
-// later attempt may read it), so that a resume is retried, not refused.
+// OK; DATA_LOSS (`what`) where the file ends first; FileError where the
+// read fails (EIO, ESTALE: the file may be whole, a later attempt may read
+// it, so the resume is retried, not refused).
 absl::Status ReadAll(int fd, void* data, size_t bytes, uint64_t at, const std::string& path, const std::string& what) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
     ssize_t n = pread(fd, p, bytes, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::UnavailableError(absl::StrCat(path, ": read failed: ", std::strerror(errno)));
+    if (n < 0) return FileError(absl::StrCat(path, ": read failed"), errno);
     if (n == 0) return absl::DataLossError(absl::StrCat(path, ": ", what));
     p += n;
     at += n;
@@ -192,13 +193,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
   r->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->fd_ < 0) {
-    // Missing: NOT_FOUND (the job's setting). Any other failure (EMFILE,
-    // EIO, ESTALE) may pass: UNAVAILABLE, so that the attempt is retried.
-    const int e = errno;
-    const std::string why = absl::StrCat(path, ": cannot open: ", std::strerror(e));
-    return e == ENOENT || e == ENOTDIR ? absl::NotFoundError(why) : absl::UnavailableError(why);
-  }
+  if (r->fd_ < 0) return FileError(absl::StrCat(path, ": cannot open"), errno);
   struct stat st;
   if (fstat(r->fd_, &st) != 0) return absl::InternalError(absl::StrCat(path, ": stat failed: ", std::strerror(errno)));
   const uint64_t size = static_cast<uint64_t>(st.st_size);

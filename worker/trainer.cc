@@ -10,6 +10,7 @@
 #include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 #include "worker/checkpoint_fence.h"
+#include "worker/file_errors.h"
 #include "worker/safetensors.h"
 
 namespace plateau {
@@ -64,10 +65,7 @@ absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
       best = std::max(best, step);
     }
   }
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat("checkpoint.directory=", dir, ": cannot list it to resume: ", ec.message()));
-  }
+  if (ec) return FileError(absl::StrCat("checkpoint.directory=", dir, ": cannot list it to resume"), ec.value());
   return best;
 }
 
