@@ -266,7 +266,7 @@ std::string SettingsText(const StepOptions& o) {
   if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) parts.push_back(absl::StrCat("S=", o.projection.strip));
   if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
     const ScoLayout sco = PlanSco(o.model.layers, TokensPerRank(o.model, o.layout), o.model.hidden,
-                                  o.checkpoints.host_budget_bytes);
+                                  o.checkpoints.host_budget_bytes, ElementBytesOf(o.precision));
     parts.push_back(absl::StrCat("beta=", sco.host_boundaries, "/", sco.boundaries, " boundaries"));
   }
   if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
@@ -309,9 +309,13 @@ std::array<double, kNumLiveSets> GrowthPerToken(const StepOptions& at) {
   further.model.seq_len += step;
   if (at.checkpoints.kind == CheckpointOptions::Kind::kSco) {
     const ModelConfig& m = at.model;
-    const int64_t j = PlanSco(m.layers, TokensPerRank(m, at.layout), m.hidden, at.checkpoints.host_budget_bytes)
+    // Boundaries in the working type (bf16: 2 bytes an element), as PlanSco
+    // pools them.
+    const int64_t width = ElementBytesOf(at.precision).working;
+    const int64_t j = PlanSco(m.layers, TokensPerRank(m, at.layout), m.hidden, at.checkpoints.host_budget_bytes,
+                              ElementBytesOf(at.precision))
                           .host_boundaries;
-    further.checkpoints.host_budget_bytes = j * TokensPerRank(further.model, further.layout) * m.hidden * 4;
+    further.checkpoints.host_budget_bytes = j * TokensPerRank(further.model, further.layout) * m.hidden * width;
   }
   const MemoryPlan a = PlanMemory(at).value();
   const MemoryPlan b = PlanMemory(further).value();
