@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "worker/file_errors.h"
 
 namespace plateau {
 namespace {
@@ -25,21 +26,14 @@ constexpr char kPartialPrefix[] = ".partial-attempt-";
 
 absl::Status CheckpointDirectoryError(const std::string& dir, const std::string& action,
                                       int error) {
-  const std::string message =
-      absl::StrCat("checkpoint.directory=", dir, ": cannot ", action, ": ", std::strerror(error));
-  switch (error) {
-    case EACCES:
-    case EPERM:
-    case EROFS:
-    case ENOTDIR:
-    case ENOENT:
-    case EEXIST:
-    case ENAMETOOLONG:
-    case ELOOP:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
+  // FileError's rule, where a missing parent is the setting too (the
+  // directory is being created) and so are a read-only file system and a
+  // file in the way.
+  absl::Status s = FileError(absl::StrCat("checkpoint.directory=", dir, ": cannot ", action), error);
+  if (absl::IsNotFound(s) || error == EROFS || error == EEXIST) {
+    return absl::FailedPreconditionError(s.message());
   }
+  return s;
 }
 
 namespace {

@@ -69,8 +69,8 @@ absl::Status CommitCheckpoint(const std::string& dir, const std::string& job, in
 // system, a path through a file or where nothing can be created, as under
 // /proc): FAILED_PRECONDITION, which the rank reports as an invalid job
 // rather than a crash to be restarted. Other reasons (a full disk, I/O
-// errors) may pass: INTERNAL. "checkpoint.directory=DIR: cannot ACTION:
-// REASON".
+// errors) may pass: UNAVAILABLE (worker/file_errors.h).
+// "checkpoint.directory=DIR: cannot ACTION: REASON".
 absl::Status CheckpointDirectoryError(const std::string& dir, const std::string& action, int error);
 
 // The fence as it stands (for tests and diagnostics).
