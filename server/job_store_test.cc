@@ -265,15 +265,6 @@ TEST(JobStoreTest, RequestIdsAreUniqueAndSurviveReopening) {
 
 // Overwrites rows with bytes that do not parse, behind the store's back
 // (a damaged disk, a hand edit).
-void Corrupt(const std::string& path, const char* sql) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* error = nullptr;
-  EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, &error), SQLITE_OK) << (error ? error : "");
-  sqlite3_free(error);
-  sqlite3_close(db);
-}
-
 // A corrupt record is DATA_LOSS naming its row, so that an operator can find
 // it; a corrupt job's row can still be deleted, and the rest read again.
 TEST(JobStoreTest, CorruptRecordsAreNamedAndACorruptJobCanBeDeleted) {
@@ -289,10 +280,10 @@ TEST(JobStoreTest, CorruptRecordsAreNamedAndACorruptJobCanBeDeleted) {
     for (auto& l : logs) l.set_job_id("job-1"), l.set_line("hello");
     ASSERT_TRUE((*store)->AppendLogs(logs).ok());
   }
-  Corrupt(path,
-          "UPDATE jobs SET job = x'ffffffff' WHERE seq = 2;"
-          "UPDATE events SET event = x'ffffffff' WHERE job = 'job-1' AND idx = 1;"
-          "UPDATE logs SET entry = x'ffffffff' WHERE job = 'job-1' AND idx = 1;");
+  ExecOn(path,
+         "UPDATE jobs SET job = x'ffffffff' WHERE seq = 2;"
+         "UPDATE events SET event = x'ffffffff' WHERE job = 'job-1' AND idx = 1;"
+         "UPDATE logs SET entry = x'ffffffff' WHERE job = 'job-1' AND idx = 1;");
   auto store = JobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   bool more = false;
