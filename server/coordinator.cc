@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include <algorithm>
-#include <limits>
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -14,8 +14,8 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "proto/timestamps.h"
 #include "kernels/status_macros.h"
@@ -1563,11 +1563,10 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
   PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckValue(value));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  // Only a live attempt's ranks write, under its prefix: anything else
-  // would be kept (and reloaded at every start) for good, since keys leave
-  // only with their attempt.
-  // Exactly the attempt's own prefix (DeleteAttempt removes that one):
-  // not "attempt-01" or "job-01", which name the same attempt in numbers.
+  // Only a live attempt's ranks write, under exactly its prefix (not
+  // "attempt-01", which names it in numbers): keys leave only with their
+  // attempt (DeleteAttempt), so any other would be kept, and reloaded at
+  // every start, for good.
   const std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 2));
   int attempt = -1;
   const LiveJob* a = nullptr;
@@ -1576,9 +1575,8 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
     a = FindActive(parts[0], attempt);
   }
   if (a == nullptr || !absl::StartsWith(key, AttemptPrefix(a->job.id(), a->job.attempt()) + "/")) {
-    return absl::FailedPreconditionError(absl::StrCat("key: expected one under a live attempt's prefix (",
-                                                      AttemptPrefix("job-N", 0), "/...), got '",
-                                                      key.substr(0, 256), "'"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key: expected one under a live attempt's prefix (job-N/attempt-A/...), got '", key.substr(0, 256), "'"));
   }
   PLATEAU_RETURN_IF_ERROR(Written(rendezvous_.Set(key, value), absl::StrCat("store the key ", key)));
   Changed();

@@ -36,6 +36,22 @@ using ::testing::HasSubstr;
 // heartbeats (interval 100 ms).
 constexpr absl::Duration kShortWorkerTimeout = absl::Milliseconds(300);
 
+// A heartbeat as the agent sends it: its count and what it runs.
+static v1::HeartbeatRequest Beat(const std::string& worker, int64_t beat,
+                                 const std::vector<std::string>& running_jobs = {}) {
+  v1::HeartbeatRequest req;
+  req.set_worker_id(worker);
+  req.set_beat(beat);
+  for (const std::string& job : running_jobs) {
+    v1::RunningJob* r = req.add_running();
+    r->set_job_id(job);
+    r->set_attempt(0);
+    r->add_ranks(0);
+    r->add_ranks(1);
+  }
+  return req;
+}
+
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -103,6 +119,17 @@ class CoordinatorTest : public ::testing::Test {
     v1::HeartbeatRequest req;
     req.set_worker_id(worker);
     return c().Heartbeat(req);
+  }
+
+  // Submits `spec` and has the coordinator send its assignment to `worker`
+  // in the answer to heartbeat `beat` (each test then has that answer
+  // arrive or be lost): the job's id.
+  std::string SendAssignment(const std::string& worker, int64_t beat, v1::JobSpec spec = DemoJobSpec(2, 5)) {
+    const std::string job = Submit(std::move(spec));
+    auto hb = c().Heartbeat(Beat(worker, beat));
+    EXPECT_TRUE(hb.ok()) << hb.status();
+    EXPECT_EQ(hb.ok() ? hb->assignments_size() : 0, 1);
+    return job;
   }
 
   absl::Status Started(const std::string& worker, const std::string& job, int rank) {
@@ -348,22 +375,6 @@ TEST_F(CoordinatorTest, AnAssignmentNotYetCollectedByALeavingWorkerFailsItsAttem
   EXPECT_EQ(Get(job).state(), v1::SCHEDULED);
 }
 
-// A heartbeat as the agent sends it: its count and what it runs.
-static v1::HeartbeatRequest Beat(const std::string& worker, int64_t beat,
-                                 const std::vector<std::string>& running_jobs = {}) {
-  v1::HeartbeatRequest req;
-  req.set_worker_id(worker);
-  req.set_beat(beat);
-  for (const std::string& job : running_jobs) {
-    v1::RunningJob* r = req.add_running();
-    r->set_job_id(job);
-    r->set_attempt(0);
-    r->add_ranks(0);
-    r->add_ranks(1);
-  }
-  return req;
-}
-
 // An answer carrying an assignment can be lost (the agent stopped waiting
 // for a coordinator slow on its store, a connection dropped). The next
 // heartbeat does not list the attempt and no rank reported: the assignment
@@ -372,13 +383,10 @@ static v1::HeartbeatRequest Beat(const std::string& worker, int64_t beat,
 // good.
 TEST_F(CoordinatorTest, AnAssignmentWhoseAnswerWasLostIsSentAgain) {
   const std::string w = Register();
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  auto hb = c().Heartbeat(Beat(w, 1));
-  ASSERT_TRUE(hb.ok()) << hb.status();
-  ASSERT_EQ(hb->assignments_size(), 1);  // lost on its way
+  const std::string job = SendAssignment(w, 1);  // lost on its way
   EXPECT_FALSE(Get(job).placement(0).delivered()) << "not known to have arrived";
   for (int64_t beat : {2, 3}) {
-    hb = c().Heartbeat(Beat(w, beat));
+    auto hb = c().Heartbeat(Beat(w, beat));
     ASSERT_TRUE(hb.ok()) << hb.status();
     ASSERT_EQ(hb->assignments_size(), 1) << "heartbeat " << beat;
     EXPECT_EQ(hb->assignments(0).job_id(), job);
@@ -387,7 +395,7 @@ TEST_F(CoordinatorTest, AnAssignmentWhoseAnswerWasLostIsSentAgain) {
   EXPECT_THAT(Said(), HasSubstr(job + " attempt 0: the assignment sent to " + w + " did not arrive"));
   // Arrived with the third answer: listed from then on.
   for (int64_t beat : {4, 5}) {
-    hb = c().Heartbeat(Beat(w, beat, {job}));
+    auto hb = c().Heartbeat(Beat(w, beat, {job}));
     ASSERT_TRUE(hb.ok()) << hb.status();
     EXPECT_EQ(hb->assignments_size(), 0) << "heartbeat " << beat;
   }
@@ -397,7 +405,7 @@ TEST_F(CoordinatorTest, AnAssignmentWhoseAnswerWasLostIsSentAgain) {
   EXPECT_EQ(Get(job).state(), v1::RUNNING);
   // Acknowledged: a heartbeat that no longer lists it (its ranks exited
   // and were acknowledged) gets nothing again.
-  hb = c().Heartbeat(Beat(w, 6));
+  auto hb = c().Heartbeat(Beat(w, 6));
   ASSERT_TRUE(hb.ok()) << hb.status();
   EXPECT_EQ(hb->assignments_size(), 0);
 }
@@ -409,14 +417,11 @@ TEST_F(CoordinatorTest, ARanksStatusAcknowledgesItsAssignment) {
   v1::JobSpec spec = DemoJobSpec(2, 5);
   spec.set_max_restarts(1);
   const std::string w = Register();
-  const std::string job = Submit(spec);
-  auto hb = c().Heartbeat(Beat(w, 1));
-  ASSERT_TRUE(hb.ok()) << hb.status();
-  ASSERT_EQ(hb->assignments_size(), 1);
+  const std::string job = SendAssignment(w, 1, spec);
   ASSERT_TRUE(Exited(w, job, 0, 127).ok());  // could not start
   EXPECT_TRUE(Get(job).placement(0).delivered());
   ASSERT_TRUE(Exited(w, job, 1, 0, SIGTERM, /*stopped=*/true).ok());
-  hb = c().Heartbeat(Beat(w, 2));
+  auto hb = c().Heartbeat(Beat(w, 2));
   ASSERT_TRUE(hb.ok()) << hb.status();
   // The restart (attempt 1) goes out; attempt 0 is not sent again.
   for (const v1::Assignment& a : hb->assignments()) EXPECT_EQ(a.attempt(), 1) << a.ShortDebugString();
@@ -428,13 +433,10 @@ TEST_F(CoordinatorTest, ARanksStatusAcknowledgesItsAssignment) {
 // nor, once cancelled, taken for never started while its ranks may run.
 TEST_F(CoordinatorTest, AHeartbeatOlderThanTheAssignmentSaysNothingAboutIt) {
   const std::string w = Register();
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  auto hb = c().Heartbeat(Beat(w, 7));
-  ASSERT_TRUE(hb.ok()) << hb.status();
-  ASSERT_EQ(hb->assignments_size(), 1);
+  const std::string job = SendAssignment(w, 7);
   ASSERT_TRUE(c().CancelJob(job).ok());
   EXPECT_EQ(Get(job).state(), v1::CANCELLING);
-  hb = c().Heartbeat(Beat(w, 6));  // the agent's previous heartbeat, late
+  auto hb = c().Heartbeat(Beat(w, 6));  // the agent's previous heartbeat, late
   ASSERT_TRUE(hb.ok()) << hb.status();
   EXPECT_EQ(hb->assignments_size(), 0);
   EXPECT_EQ(Get(job).state(), v1::CANCELLING) << "its ranks may be running";
@@ -458,13 +460,10 @@ TEST_F(CoordinatorTest, AHeartbeatOlderThanTheAssignmentSaysNothingAboutIt) {
 // CANCELLED then, not left CANCELLING waiting for exits that never come.
 TEST_F(CoordinatorTest, ALostAssignmentThenCancelledEndsAtTheNextHeartbeat) {
   const std::string w = Register();
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  auto hb = c().Heartbeat(Beat(w, 1));
-  ASSERT_TRUE(hb.ok()) << hb.status();
-  ASSERT_EQ(hb->assignments_size(), 1);  // lost
+  const std::string job = SendAssignment(w, 1);  // lost
   ASSERT_TRUE(c().CancelJob(job).ok());
   EXPECT_EQ(Get(job).state(), v1::CANCELLING);
-  hb = c().Heartbeat(Beat(w, 2));
+  auto hb = c().Heartbeat(Beat(w, 2));
   ASSERT_TRUE(hb.ok()) << hb.status();
   EXPECT_EQ(hb->assignments_size(), 0) << "withdrawn, not sent again";
   EXPECT_EQ(Get(job).state(), v1::CANCELLED);
@@ -476,13 +475,10 @@ TEST_F(CoordinatorTest, ALostAssignmentThenCancelledEndsAtTheNextHeartbeat) {
 // (with no restarts left, the job would have FAILED without ever running).
 TEST_F(CoordinatorTest, AnAssignmentUnacknowledgedAtARestartIsSentAgain) {
   const std::string w = Register();
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  auto hb = c().Heartbeat(Beat(w, 1));
-  ASSERT_TRUE(hb.ok()) << hb.status();
-  ASSERT_EQ(hb->assignments_size(), 1);  // lost with the coordinator
+  const std::string job = SendAssignment(w, 1);  // lost with the coordinator
   Open();
   EXPECT_EQ(Register(w), w);
-  hb = c().Heartbeat(Beat(w, 2));
+  auto hb = c().Heartbeat(Beat(w, 2));
   ASSERT_TRUE(hb.ok()) << hb.status();
   ASSERT_EQ(hb->assignments_size(), 1);
   EXPECT_EQ(hb->assignments(0).job_id(), job);
@@ -500,23 +496,18 @@ TEST_F(CoordinatorTest, ACancelledUnacknowledgedAssignmentWaitsForItsWorkerAfter
   const std::string w = Register();
   for (const bool listed : {true, false}) {
     SCOPED_TRACE(listed ? "listed" : "not listed");
-    const std::string job = Submit(DemoJobSpec(2, 5));
-    auto hb = c().Heartbeat(Beat(w, 1));
-    ASSERT_TRUE(hb.ok()) << hb.status();
-    ASSERT_EQ(hb->assignments_size(), 1);
+    const std::string job = SendAssignment(w, 1);
     ASSERT_TRUE(c().CancelJob(job).ok());
     Open();
     EXPECT_EQ(Get(job).state(), v1::CANCELLING) << "its ranks may be running";
-    v1::RegisterResponse registered;
-    ASSERT_EQ(Register(w, listed ? std::vector<v1::RunningJob>{Runs(job, 0, {0, 1})} : std::vector<v1::RunningJob>{},
-                       &registered),
+    ASSERT_EQ(Register(w, listed ? std::vector<v1::RunningJob>{Runs(job, 0, {0, 1})} : std::vector<v1::RunningJob>{}),
               w);
     if (!listed) {
       EXPECT_EQ(Get(job).state(), v1::CANCELLED);
       continue;
     }
     EXPECT_EQ(Get(job).state(), v1::CANCELLING);
-    hb = c().Heartbeat(Beat(w, 2, {job}));
+    auto hb = c().Heartbeat(Beat(w, 2, {job}));
     ASSERT_TRUE(hb.ok()) << hb.status();
     ASSERT_EQ(hb->cancellations_size(), 1);
     EXPECT_EQ(hb->cancellations(0).job_id(), job);
