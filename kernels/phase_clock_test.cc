@@ -89,7 +89,10 @@ TEST(PhaseClockTest, APhaseLastsUntilItsLastStreamPassesTheBoundary) {
   const PhaseTimes sum = SumByKind(*phases);
   EXPECT_DOUBLE_EQ(sum.forward, (*phases)[1].seconds + (*phases)[2].seconds);
   EXPECT_DOUBLE_EQ(sum.projection, (*phases)[3].seconds);
-  EXPECT_GE(sum.total(), 0.6);
+  // 600 ms from the release, less the streams' start skew: the start passes
+  // when the later of the two stream threads wakes, while the comm stream's
+  // 500 ms may have begun on the earlier one (CI once measured 0.598).
+  EXPECT_GE(sum.total(), 0.55);
 
   // A new reading starts from nothing.
   ASSERT_TRUE(c.Start().ok());
