@@ -26,13 +26,20 @@ int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks) {
                                              : MaxVocabShardRows(c.vocab, ranks) * c.hidden;
 }
 
+// A strip never spans two shards, so it is at most the largest shard wide:
+// a strip setting wider than V / P would only allocate columns never used.
+int64_t RingDtpStripTileElements(const RingDtpConfig& c, int64_t ranks) {
+  return std::min(RingDtpPassRows(c), c.row_tile) * std::min(c.strip, MaxVocabShardRows(c.vocab, ranks));
+}
+
 RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
   return rows <= MaxVocabShardRows(vocab, ranks) ? RingDtpMode::kActivations
                                                    : RingDtpMode::kWeights;
 }
 
 // The live set, buffer by buffer (RingDtp::Allocate() allocates exactly these):
-//   strip            min(R, row_tile) x S       logits of one strip tile, then its delta
+//   strip            min(R, row_tile) x         logits of one strip tile, then its delta
+//                      min(S, ceil(V/P))
 //   slots            3 x SlotFloats             rotating travellers; in activation mode
 //                                               each R x H plus R int32 targets and R
 //                                               floats of log-sum-exp (one message)
@@ -45,7 +52,7 @@ int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks, const ElementBy
   // The travellers' X or W in the working precision; a slot's targets and
   // log-sum-exp are int32 and fp32 whatever it is.
   const int64_t slot_working = act ? R * c.hidden : RingDtpSlotFloats(c, ranks);
-  const int64_t working = std::min(R, c.row_tile) * std::min(c.strip, c.vocab) + 3 * slot_working;
+  const int64_t working = RingDtpStripTileElements(c, ranks) + 3 * slot_working;
   int64_t accum = 6 * R + N;
   int64_t ints = 0;
   if (act) {

@@ -48,9 +48,10 @@ int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks, const ElementBy
 
 // The pieces of that bound, shared with the allocation (with
 // MaxVocabShardRows, kernels/model/params.h): the tokens of one ring pass,
-// the floats of one traveller slot.
+// the floats of one traveller slot, the elements of the strip tile.
 int64_t RingDtpPassRows(const RingDtpConfig& c);
 int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks);
+int64_t RingDtpStripTileElements(const RingDtpConfig& c, int64_t ranks);
 
 // Bytes of the dense projection's kProjection live set for `rows` tokens:
 // the N x V logits (working precision) and the log-sum-exp (fp32).

@@ -82,8 +82,7 @@ absl::Status RingDtp::Allocate() {
   // The strip tile and the travellers in the working precision.
   auto working = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * working_bytes_); };
   Buffers& b = *buf_;
-  PLATEAU_ASSIGN_OR_RETURN(
-      b.strip, working(std::min(R, config_.row_tile) * std::min(config_.strip, config_.vocab)));
+  PLATEAU_ASSIGN_OR_RETURN(b.strip, working(RingDtpStripTileElements(config_, P)));
   // A slot: W or dW (working), or activation mode's packed batch, X
   // (working) with R int32 targets and R fp32 lse (RingDtpBoundBytes).
   const int64_t slot_bytes = config_.mode == RingDtpMode::kActivations

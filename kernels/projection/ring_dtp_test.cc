@@ -277,6 +277,20 @@ TEST(RingDtpTest, BoundStaysFlatInNWhileDenseGrowsWithNTimesV) {
   EXPECT_EQ(RingDtp::ChooseMode(32768, V, P), RingDtpMode::kWeights);
 }
 
+// A strip never spans two shards: a strip setting past the largest shard
+// (ceil(V / P) rows) sizes the tile as that shard, not as V. The
+// parameterised test holds the allocation to this bound with S = 64 > 14.
+TEST(RingDtpTest, AStripWiderThanAShardCostsOnlyTheShard) {
+  for (RingDtpMode mode : {RingDtpMode::kActivations, RingDtpMode::kWeights}) {
+    const int64_t N = 4096, H = 64, V = 32000, P = 4, shard = 8000;
+    const int64_t at_shard = RingDtp::BoundBytes({N, H, V, shard, mode}, P);
+    EXPECT_EQ(RingDtp::BoundBytes({N, H, V, V, mode}, P), at_shard);
+    EXPECT_EQ(RingDtp::BoundBytes({N, H, V, 2 * V, mode}, P), at_shard);
+    // One column narrower is one column of the 2048-row tile less.
+    EXPECT_EQ(at_shard - RingDtp::BoundBytes({N, H, V, shard - 1, mode}, P), 2048 * 4);
+  }
+}
+
 TEST(RingDtpTest, BadConfigurationsAreRefusedByField) {
   absl::Status st = RunLocalWorld(1, 1 << 20, FreshStoreDir("ringbad"),
                                   [&](int, Backend& be, Communicator& world) -> absl::Status {
