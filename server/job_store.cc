@@ -2,6 +2,10 @@
 
 #include <sqlite3.h>
 
+#include <cstdint>
+#include <limits>
+#include <utility>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
@@ -279,11 +283,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(int64_t after_seq, int l
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, bool* more) {
   std::string sql = "SELECT job, seq FROM jobs WHERE ";
-  if (query.cursor > 0) {
-    sql += query.newest_first ? "seq < ?" : "seq > ?";
-  } else {
-    sql += "? = ?";  // keeps the parameter numbering of the cursor's case
-  }
+  sql += query.newest_first ? "seq < ?" : "seq > ?";
   if (!query.states.empty()) {
     sql += " AND state IN (";
     for (size_t i = 0; i < query.states.size(); ++i) {
@@ -291,30 +291,35 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, b
     }
     sql += ")";
   }
-  sql += query.newest_first ? " ORDER BY seq DESC" : " ORDER BY seq";
-  // Without a predicate SQLite stops at the page; with one, rows are read
-  // until a page (and one more, for *more) has matched.
-  if (!query.match) sql += " LIMIT ?";
-  absl::MutexLock lock(&mu_);
-  Stmt q(db_, sql.c_str());
-  if (!q.ok()) return Error("list jobs");
-  if (query.cursor > 0) {
-    q.Bind(1, query.cursor);
-  } else {
-    q.Bind(1, int64_t{0});
-    q.Bind(2, int64_t{0});
-  }
-  if (!query.match) q.Bind(query.cursor > 0 ? 2 : 3, static_cast<int64_t>(query.limit) + 1);
+  sql += query.newest_first ? " ORDER BY seq DESC LIMIT ?" : " ORDER BY seq LIMIT ?";
+  // Without a predicate one read of the page and one more row (for *more)
+  // does. With one, rows are read in batches until a page and one more
+  // have matched; each batch is parsed and matched outside the lock.
+  const int64_t batch = query.match ? kListScanRows : int64_t{query.limit} + 1;
+  int64_t from = query.cursor > 0 ? query.cursor : (query.newest_first ? std::numeric_limits<int64_t>::max() : 0);
   std::vector<v1::Job> jobs;
-  int rc;
-  while ((rc = q.Step()) == SQLITE_ROW) {
-    v1::Job job;
-    if (!job.ParseFromString(q.Blob(0))) return CorruptJob(q.Int(1));
-    if (query.match && !query.match(job)) continue;
-    jobs.push_back(std::move(job));
-    if (static_cast<int>(jobs.size()) > query.limit) break;
+  for (;;) {
+    std::vector<std::pair<int64_t, std::string>> rows;
+    {
+      absl::MutexLock lock(&mu_);
+      Stmt q(db_, sql.c_str());
+      if (!q.ok()) return Error("list jobs");
+      q.Bind(1, from);
+      q.Bind(2, batch);
+      int rc;
+      while ((rc = q.Step()) == SQLITE_ROW) rows.emplace_back(q.Int(1), q.Blob(0));
+      if (rc != SQLITE_DONE) return Error("list jobs");
+    }
+    for (auto& [seq, blob] : rows) {
+      v1::Job job;
+      if (!job.ParseFromString(blob)) return CorruptJob(seq);
+      if (query.match && !query.match(job)) continue;
+      jobs.push_back(std::move(job));
+      if (static_cast<int>(jobs.size()) > query.limit) break;
+    }
+    if (static_cast<int>(jobs.size()) > query.limit || static_cast<int64_t>(rows.size()) < batch) break;
+    from = rows.back().first;
   }
-  if (rc != SQLITE_DONE && rc != SQLITE_ROW) return Error("list jobs");
   *more = static_cast<int>(jobs.size()) > query.limit;
   if (*more) jobs.pop_back();
   return jobs;

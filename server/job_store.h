@@ -37,7 +37,11 @@ std::string JobIdOf(int64_t seq);
 // A page of ListJobs: jobs after a cursor in submission order (or before
 // it, newest first), those whose state is in `states` (all when empty) and
 // that `match` accepts (all when unset). `match` runs on each stored job
-// the state filter lets through, so a selective predicate scans more rows.
+// the state filter lets through, so a selective predicate scans more rows:
+// they are read kListScanRows at a time, and `match` runs with the store's
+// lock released, so a rare label over a long history never stalls the
+// coordinator's writes for the whole scan.
+constexpr int64_t kListScanRows = 256;
 struct JobQuery {
   int64_t cursor = 0;  // a seq; 0: from the first (the last, newest first)
   bool newest_first = false;

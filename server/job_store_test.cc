@@ -2,12 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/test_db.h"
@@ -144,6 +149,56 @@ TEST(JobStoreTest, ListPagesAndFilters) {
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->size(), 3u);  // jobs 1, 4, 7
   EXPECT_FALSE(more);
+}
+
+// A selective predicate (a label selector) pages through a history several
+// scan batches long, both ways, and the store serves other calls while the
+// predicate runs: the predicate's first call waits for a GetJob on another
+// thread, which would wait for the store's lock if the scan held it.
+TEST(JobStoreTest, ASelectiveListScansInBatchesWithoutHoldingTheStore) {
+  auto store = JobStore::Open(TempDb("scan"));
+  ASSERT_TRUE(store.ok());
+  const int64_t n = 3 * kListScanRows + 7;
+  std::vector<int64_t> every_100th;
+  for (int64_t i = 1; i <= n; ++i) {
+    auto job = (*store)->CreateJob(NewJob(v1::PENDING));
+    ASSERT_TRUE(job.ok()) << job.status();
+    const int64_t seq = *ParseJobId(job->id());
+    if (seq % 100 == 0) every_100th.push_back(seq);
+  }
+  ASSERT_EQ(every_100th.size(), static_cast<size_t>(n / 100));
+  for (bool newest_first : {false, true}) {
+    JobQuery q;
+    q.newest_first = newest_first;
+    q.limit = 2;
+    bool other_call_done = false, first = true;
+    q.match = [&](const v1::Job& j) {
+      if (first) {
+        first = false;
+        absl::Notification done;
+        std::thread other([&] {
+          EXPECT_TRUE((*store)->GetJob(j.id()).ok());
+          done.Notify();
+        });
+        other_call_done = done.WaitForNotificationWithTimeout(absl::Seconds(5));
+        other.join();
+      }
+      return *ParseJobId(j.id()) % 100 == 0;
+    };
+    std::vector<int64_t> got;
+    bool more = true;
+    while (more) {
+      auto page = (*store)->ListJobs(q, &more);
+      ASSERT_TRUE(page.ok()) << page.status();
+      ASSERT_LE(page->size(), 2u);
+      for (const v1::Job& j : *page) got.push_back(*ParseJobId(j.id()));
+      if (!page->empty()) q.cursor = got.back();
+    }
+    std::vector<int64_t> want = every_100th;
+    if (newest_first) std::reverse(want.begin(), want.end());
+    EXPECT_EQ(got, want) << (newest_first ? "newest first" : "oldest first");
+    EXPECT_TRUE(other_call_done) << "GetJob waited for the scan to finish";
+  }
 }
 
 TEST(JobStoreTest, UnknownAndMalformedIds) {
