@@ -667,6 +667,11 @@ absl::Status Coordinator::DeleteJob(const std::string& id) {
 
 absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::ReadEvents(const std::string& id, int64_t from, int limit,
                                                                   bool per_rank) {
+  if (per_rank) {
+    PLATEAU_ASSIGN_OR_RETURN(v1::Job job, GetJob(id));
+    const int64_t ranks = std::max<int64_t>(1, job.spec().layout().ranks());
+    limit = static_cast<int>(std::clamp<int64_t>(options_.per_rank_reports_per_read / ranks, 1, std::max(1, limit)));
+  }
   PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, store_->ReadEvents(id, from, limit));
   if (!per_rank) return events;
   // One read per run of step events of one attempt.

@@ -108,6 +108,11 @@ struct CoordinatorOptions {
   // free slots) gets an event for it at most this often; the job itself
   // always has the latest reason.
   absl::Duration pending_reason_event_every = absl::Minutes(1);
+  // A per-rank read of a job's events (WatchJob's per_rank) carries every
+  // rank's report of each step event: it reads at most this many reports'
+  // worth of events at once (at least one), so a watch of a thousand-rank
+  // job does not build 256 events x 1,000 reports in one read.
+  int64_t per_rank_reports_per_read = 4096;
   // The coordinator's own log, one line per call (no newline); unset: the
   // line goes to stdout with the time and "plateau_coordinator: ".
   std::function<void(const std::string&)> log;
@@ -146,7 +151,8 @@ class Coordinator {
   // finished; NOT_FOUND when there is no such job.
   absl::Status DeleteJob(const std::string& id);
   // The events of a job from `from` (at most `limit`), as WatchJob sends
-  // them: with every rank's report in each step event when `per_rank`.
+  // them: with every rank's report in each step event when `per_rank`, and
+  // then at most per_rank_reports_per_read / ranks events (at least one).
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& id, int64_t from, int limit,
                                                        bool per_rank);
   // A counter that grows whenever events, logs or states change; WaitForChange

@@ -934,6 +934,44 @@ TEST_F(CoordinatorTest, PerRankDetailIsThereOnRequest) {
   EXPECT_EQ(steps, 3);
 }
 
+// A per-rank read holds at most per_rank_reports_per_read reports' worth of
+// events: 5 reports over 2 ranks is 2 events a read, read on to the end
+// without a gap; a plain read is not limited.
+TEST_F(CoordinatorTest, APerRankReadIsBoundedByItsReports) {
+  options_.per_rank_reports_per_read = 5;
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 10));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1, 2, 3, 4, 5})).ok());
+  auto plain = c().ReadEvents(job, 0, 100, /*per_rank=*/false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_GT(plain->size(), 5u);
+  std::vector<int64_t> indices, steps;
+  for (int64_t from = 0;;) {
+    auto read = c().ReadEvents(job, from, 100, /*per_rank=*/true);
+    ASSERT_TRUE(read.ok()) << read.status();
+    if (read->empty()) break;
+    EXPECT_LE(read->size(), 2u);
+    for (const v1::JobEvent& e : *read) {
+      indices.push_back(e.index());
+      if (e.has_job_step()) {
+        steps.push_back(e.job_step().step());
+        EXPECT_EQ(e.job_step().per_rank_size(), 2) << "step " << e.job_step().step();
+      }
+    }
+    from = read->back().index() + 1;
+  }
+  ASSERT_EQ(indices.size(), plain->size());
+  for (size_t i = 0; i < indices.size(); ++i) EXPECT_EQ(indices[i], (*plain)[i].index());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  // A rank count past the cap still reads one event at a time.
+  options_.per_rank_reports_per_read = 1;
+  Open();
+  auto one = c().ReadEvents(job, 0, 100, /*per_rank=*/true);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->size(), 1u);
+}
+
 TEST_F(CoordinatorTest, OnlyAFinishedJobCanBeDeletedAndThenItIsGone) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
