@@ -6,6 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "proto/timestamps.h"
+#include "proto/utf8.h"
 #include "server/job_store.h"
 
 namespace plateau {
@@ -163,7 +164,9 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_
   }
   for (v1::LogEntry& l : *request.mutable_logs()) {
     if (!ParseJobId(l.job_id()).ok()) continue;
-    if (l.line().size() > kMaxLogLineBytes) l.mutable_line()->resize(kMaxLogLineBytes);
+    // Cut on a character boundary: a split character would be stored as a
+    // row no later read can parse (proto/utf8.h).
+    if (l.line().size() > kMaxLogLineBytes) l.mutable_line()->resize(Utf8Prefix(l.line(), kMaxLogLineBytes).size());
     if (!l.has_time()) Now(l.mutable_time());
     out.logs.push_back(std::move(l));
   }

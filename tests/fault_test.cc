@@ -366,6 +366,40 @@ TEST(FaultTest, ARankWhoseTeardownHangsIsKilledAndItsErrorStands) {
   EXPECT_THAT(AllLogs(c, id), HasSubstr("is still tearing down (--teardown_s=1): SIGKILL"));
 }
 
+// A rank's output may be any bytes, but the API's strings are UTF-8:
+// protobuf refuses a whole message with one string that is not. A line
+// that is not UTF-8 arrives with U+FFFD for its bad bytes (the agent's whole
+// report batch was refused, step reports and all), and a line longer than
+// the coordinator keeps is cut between characters (a split character was
+// stored, and every later read of the job's logs failed on that row).
+TEST(FaultTest, ARanksOutputThatIsNotUtf8IsKeptReadable) {
+  Cluster c("bad-utf8", StandInRanks(1));
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(100);
+  spec.set_name("bad-utf8");  // the stand-in's script
+  auto sub = c.client().SubmitJob(spec, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::FAILED) << job.DebugString() << c.Logs();
+  EXPECT_THAT(job.failure().message(), HasSubstr("data.path: the stand-in refuses every job"));
+  const std::string fffd = "\xEF\xBF\xBD";
+  int latin1 = 0, bars = 0;
+  absl::Status read = c.client().GetJobLogs(id, false, 0, [&](const v1::LogEntry& l) {
+    if (l.line() == "caf" + fffd + " " + fffd + fffd + " on stdout") ++latin1;
+    if (absl::StartsWith(l.line(), "bars ")) {
+      ++bars;
+      // 16,384 bytes would split the 5,460th character: it is left out.
+      EXPECT_EQ(l.line().size(), 5u + 3 * 5459) << "rank " << l.rank();
+      EXPECT_EQ(l.line().substr(l.line().size() - 3), "\xE2\x96\x88");
+    }
+    return true;
+  });
+  ASSERT_TRUE(read.ok()) << read;
+  EXPECT_EQ(latin1, 2) << "one per rank; the agent's log:\n" << c.Logs();
+  EXPECT_EQ(bars, 2);
+}
+
 // A rank that reported an out-of-memory and said its exit code, then hung
 // in its teardown, is stopped by its agent when a sibling fails (here
 // before --teardown_s runs out): its error still decides the attempt's

@@ -19,6 +19,7 @@
 #include "client/connection.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/timestamps.h"
+#include "proto/utf8.h"
 #include "worker/device_slots.h"
 #include "worker/rank_protocol.h"
 
@@ -496,6 +497,14 @@ void Agent::Flush() {
       if (queue_.empty()) return;
       r = queue_.front();  // a copy: it stays queued until delivered
     }
+    // The ranks' output (and errors naming paths) may be any bytes; one
+    // string that is not UTF-8 would make the coordinator refuse the whole
+    // report (proto/utf8.h).
+    if (r.is_status) {
+      MakeStringsValidUtf8(r.status);
+    } else {
+      MakeStringsValidUtf8(r.telemetry);
+    }
     grpc::Status s;
     auto ctx = Context(absl::Seconds(5));
     if (r.is_status) {
@@ -514,7 +523,8 @@ void Agent::Flush() {
       return;
     }
     if (!s.ok()) {
-      std::fprintf(stderr, "plateau_worker: the coordinator refused a report: %s\n", s.error_message().c_str());
+      std::fprintf(stderr, "plateau_worker: the coordinator refused a report (gRPC code %d, dropped): %s\n",
+                   static_cast<int>(s.error_code()), s.error_message().c_str());
     }
     {
       absl::MutexLock lock(&out_mu_);
