@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
 #include "proto/does_not_fit.h"
+#include "proto/streams.h"
 
 namespace plateau {
 
@@ -17,7 +18,7 @@ Client::Client(ClientOptions options)
     : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for),
       on_reconnecting_(std::move(options.on_reconnecting)) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      OpenChannel(ConnectionOptions{address_, options.token_file, options.tls_ca_file});
+      OpenChannel(ConnectionOptions{address_, options.token_file, options.tls_ca_file, options.keepalive});
   if (!channel.ok()) {
     status_ = channel.status();
     return;  // stub_ stays null: every call returns status_
@@ -163,6 +164,14 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
   while (true) {
     grpc::ClientContext ctx;
     auto reader = open(&ctx, from);
+    // Open once the coordinator says so (proto/streams.h), rows or not: a
+    // stream that stays quiet (a pending job, an idle job's logs) resumes
+    // after a restart as patiently as a busy one.
+    reader->WaitForInitialMetadata();
+    if (ctx.GetServerInitialMetadata().count(kStreamOpenMetadata)) {
+      broke = absl::InfiniteFuture();
+      connected = true;
+    }
     Row row;
     while (reader->Read(&row)) {
       broke = absl::InfiniteFuture();

@@ -28,6 +28,7 @@ struct ClientOptions {
   // A watch or log stream broken by the coordinator going away (a restart)
   // is opened again from the next index for this long.
   absl::Duration reconnect_for = absl::Seconds(60);
+  absl::Duration keepalive = absl::Seconds(20);  // ConnectionOptions::keepalive
   std::string token_file;   // bearer token sent on every call; empty: none
   std::string tls_ca_file;  // PEM CA of the coordinator's certificate; empty: plaintext
   // Called once each time a watch or log stream breaks and is being opened

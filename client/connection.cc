@@ -1,6 +1,8 @@
 #include "client/connection.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -153,6 +155,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
     "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})json");
   args.SetMaxReceiveMessageSize(-1);
+  // Pinged while calls are open, quiet streams included (gRPC stops after
+  // two pings without data by default); the coordinator accepts pings this
+  // often (coordinator_main.cc).
+  const int keepalive_ms =
+      static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(options.keepalive), 1, INT32_MAX));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!options.token_file.empty()) {
     absl::StatusOr<std::string> token = ReadTokenFile("--token_file", options.token_file);

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
 namespace plateau {
@@ -24,6 +25,11 @@ struct ConnectionOptions {
   std::string address;      // HOST:PORT of the coordinator
   std::string token_file;   // the bearer token; empty: send none
   std::string tls_ca_file;  // PEM CA that signed the coordinator's certificate; empty: plaintext
+  // A connection with calls open is pinged this often and is dead (its calls
+  // UNAVAILABLE) when a ping goes unanswered this long: a coordinator that
+  // froze, or whose host vanished without closing the connection, would
+  // otherwise hold a watch or a rank's long poll forever.
+  absl::Duration keepalive = absl::Seconds(20);
 };
 
 // Reads a secret (a bearer token) from `path` once: trailing whitespace

@@ -13,7 +13,7 @@
 //       [--retention=30d]
 //       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH]
 //       [--insecure_listen_any] [--max_request_bytes=4194304]
-//       [--max_watches_per_client=64]
+//       [--max_watches_per_client=64] [--watch_reports_per_read=4096]
 //
 // Port 0 picks a free port; the bound addresses are printed and, with
 // --ready_file, written there ("api=HOST:PORT" and "metrics=HOST:PORT"
@@ -81,6 +81,8 @@ security (docs/SERVICE.md "Security")
                                    at least 1048576 (a worker's telemetry batch is <= 512 KiB)
   --max_watches_per_client=64      open WatchJob / GetJobLogs --follow streams per client host
                                    (0: no limit)
+  --watch_reports_per_read=4096    a per-rank WatchJob reads at most this many ranks' reports
+                                   into memory at once (at least one step's)
 Health checking (grpc.health.v1.Health) stays open for liveness probes; server
 reflection is off when --token_file is set.
 )";
@@ -147,7 +149,8 @@ int Main(int argc, char** argv) {
                                               {"tls_key_file", ""},
                                               {"insecure_listen_any", "false"},
                                               {"max_request_bytes", "4194304"},
-                                              {"max_watches_per_client", "64"}};
+                                              {"max_watches_per_client", "64"},
+                                              {"watch_reports_per_read", "4096"}};
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &flags);
   if (!help.ok()) return Fail(std::string(help.status().message()));
   if (*help) {
@@ -212,6 +215,11 @@ int Main(int argc, char** argv) {
       max_watches > INT32_MAX) {
     return Fail(absl::StrCat("--max_watches_per_client: expected an integer >= 0 (0: no limit), got '",
                              flags["max_watches_per_client"], "'"));
+  }
+  if (!absl::SimpleAtoi(flags["watch_reports_per_read"], &options.per_rank_reports_per_read) ||
+      options.per_rank_reports_per_read < 1) {
+    return Fail(absl::StrCat("--watch_reports_per_read: expected an integer >= 1, got '",
+                             flags["watch_reports_per_read"], "'"));
   }
   if (flags["insecure_listen_any"] != "true" && flags["insecure_listen_any"] != "false") {
     return Fail(absl::StrCat("--insecure_listen_any: expected true or false, got '", flags["insecure_listen_any"],
@@ -317,6 +325,15 @@ int Main(int argc, char** argv) {
   // gRPC refuses a larger request with RESOURCE_EXHAUSTED before it is
   // parsed, so a huge SubmitJob costs no more than this much memory.
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_request_bytes));
+  // Clients ping connections with calls open (client/connection.h
+  // keepalive; 20 s, tests 1 s) so that a watch of a frozen coordinator
+  // breaks: never answer pings with GOAWAY "too_many_pings" (gRPC's default
+  // for pings closer than 5 minutes). And ping the clients, so that a watch
+  // whose client vanished ends and frees its --max_watches_per_client slot.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
   // Every call counted and timed (plateau_rpcs_total, plateau_rpc_duration_seconds).
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<RpcMetricsFactory>(metrics->get()));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/does_not_fit.h"
+#include "proto/streams.h"
 
 namespace plateau {
 
@@ -34,6 +35,10 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
   if (from < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_index: expected >= 0");
   auto job = c->GetJob(job_id);
   if (!job.ok()) return ToGrpc(job.status());
+  // Open before any row (proto/streams.h): a client resumes a quiet stream
+  // that breaks as it does a busy one.
+  ctx->AddInitialMetadata(kStreamOpenMetadata, "1");
+  writer->SendInitialMetadata();
   while (!ctx->IsCancelled()) {
     const uint64_t version = c->version();
     // The state before the rows: a final state's rows are already stored.
@@ -46,7 +51,9 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
       if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       from = r.index() + 1;
     }
-    if (rows->size() == 256) continue;  // more are stored
+    // Until a read finds nothing more: a read may hold fewer rows than its
+    // limit with more stored (a per-rank read is bounded by its reports).
+    if (!rows->empty()) continue;
     if (final || !follow) return grpc::Status::OK;
     c->WaitForChange(version, absl::Seconds(1));
   }

@@ -6,24 +6,28 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/text_format.h"
 #include "google/protobuf/struct.pb.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
@@ -1182,6 +1186,127 @@ TEST(ServiceTest, PlateauctlWatchSaysReconnectingAcrossACoordinatorRestart) {
     if (s % 7 == 0 || s == 1 || s == kSteps) want.push_back(s);
   }
   EXPECT_EQ(printed, want) << out;
+}
+
+// A per-rank watch reads --watch_reports_per_read reports' worth of events
+// at a time (here 3: one step of 2 ranks): a finished job's stream still
+// sends every event, and each step with both ranks' reports, before it ends.
+TEST(ServiceTest, APerRankWatchBoundedByItsReportsSendsEveryEvent) {
+  ClusterOptions o;
+  o.coordinator_flags = {"--watch_reports_per_read=3"};
+  Cluster c("per-rank-bounded", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(12), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const v1::Job job = c.WaitDone(id);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << c.Logs();
+  std::vector<int64_t> indices;
+  int steps = 0;
+  absl::Status watched = c.client().WatchJob(
+      id, 0,
+      [&](const v1::JobEvent& e) {
+        indices.push_back(e.index());
+        if (e.has_job_step()) {
+          ++steps;
+          EXPECT_EQ(e.job_step().per_rank_size(), 2) << "step " << e.job_step().step();
+        }
+        return true;
+      },
+      /*per_rank=*/true);
+  ASSERT_TRUE(watched.ok()) << watched;
+  EXPECT_EQ(steps, 12);
+  ASSERT_EQ(static_cast<int64_t>(indices.size()), job.event_count());
+  for (size_t i = 0; i < indices.size(); ++i) EXPECT_EQ(indices[i], static_cast<int64_t>(i));
+}
+
+// A coordinator that stops answering without closing its connections (a
+// frozen process, a host gone from the network) no longer holds a watch
+// forever: the client's keepalive pings go unanswered, the stream breaks,
+// the watch says it is reconnecting and gives up after reconnect_for.
+TEST(ServiceTest, AWatchOfAFrozenCoordinatorBreaksAndSaysSo) {
+  auto reconnecting = std::make_shared<std::atomic<int>>(0);
+  ClusterOptions o;
+  o.client.keepalive = absl::Seconds(1);
+  o.client.reconnect_for = absl::Seconds(3);
+  o.client.on_reconnecting = [reconnecting](const absl::Status&) { ++*reconnecting; };
+  Cluster c("frozen-coordinator", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(1000000), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  ASSERT_TRUE(c.WaitStep(id, 2)) << c.Logs();
+  absl::Status watched;
+  absl::Notification done;
+  std::atomic<int> events{0};
+  std::thread watch([&] {
+    watched = c.client().WatchJob(id, 0, [&](const v1::JobEvent&) {
+      ++events;
+      return true;
+    });
+    done.Notify();
+  });
+  ASSERT_TRUE(WaitFor([&] { return events.load() > 0; }));  // the stream is open
+  const pid_t coordinator = c.coordinator()->pid();
+  ASSERT_EQ(kill(coordinator, SIGSTOP), 0);
+  const absl::Time frozen = absl::Now();
+  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(60));
+  const absl::Duration took = absl::Now() - frozen;
+  ASSERT_EQ(kill(coordinator, SIGCONT), 0);
+  if (!ended) c.client().CancelJob(id).IgnoreError();  // ends the watch once it answers again
+  watch.join();
+  ASSERT_TRUE(ended) << "the watch still waits on the frozen coordinator after 60 s";
+  EXPECT_EQ(watched.code(), absl::StatusCode::kUnavailable) << watched;
+  EXPECT_EQ(reconnecting->load(), 1) << watched;
+  std::printf("the watch broke %s after the coordinator froze (keepalive 1 s, reconnect_for 3 s)\n",
+              absl::FormatDuration(took).c_str());
+  // The client's channel reconnects to the thawed coordinator.
+  EXPECT_TRUE(WaitFor([&] { return c.client().CancelJob(id).ok(); })) << c.Logs();
+}
+
+// A watch on which no event comes (a job waiting for a worker) resumes
+// after a coordinator restart longer than the few seconds a coordinator
+// never reached gets: the coordinator says a stream is open when it opens
+// it (proto/streams.h), rows or not. Before, such a watch gave up 3 s into
+// the restart.
+TEST(ServiceTest, AQuietWatchResumesAcrossALongRestart) {
+  ClusterOptions o;
+  o.with_worker = false;
+  o.client.reconnect_for = absl::Seconds(30);
+  Cluster c("quiet-watch", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(10), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  // The job's first waiting reason is an event; the next comes after a
+  // minute at the soonest, so the watch from here is quiet.
+  ASSERT_TRUE(WaitFor([&] {
+    auto j = c.client().GetJob(id);
+    return j.ok() && !j->state_reason().empty();
+  }));
+  absl::SleepFor(absl::Milliseconds(500));
+  auto job = c.client().GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const int64_t from = job->event_count();
+  absl::Status watched;
+  std::vector<v1::JobEvent> events;
+  std::thread watch([&] {
+    watched = c.client().WatchJob(id, from, [&](const v1::JobEvent& e) {
+      events.push_back(e);
+      return true;
+    });
+  });
+  absl::SleepFor(absl::Seconds(1));  // the stream is open
+  c.KillCoordinator(SIGKILL);
+  absl::SleepFor(absl::Seconds(5));
+  ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+  ASSERT_TRUE(WaitFor([&] { return c.client().CancelJob(id).ok(); })) << c.Logs();
+  watch.join();
+  EXPECT_TRUE(watched.ok()) << watched;
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().index(), from) << "an event skipped or repeated";
+  EXPECT_TRUE(events.back().has_state_change() && events.back().state_change().state() == v1::CANCELLED)
+      << events.back().DebugString();
 }
 
 }  // namespace
