@@ -28,7 +28,7 @@
 namespace plateau {
 namespace {
 
-// z [N, H], targets [N] (every 7th ignored, and all of them when asked),
+// z [N, H], targets [N] (every 7th ignored),
 // W [V, H], and the dW the backward accumulates into.
 struct Problem {
   int64_t N, H, V;
@@ -200,6 +200,23 @@ TEST(DenseProjectionTest, ExtremeLogitsReallyAreInTheThousands) {
     }
   }
   EXPECT_GT(mx, 1000.0);
+}
+
+// A batch whose every target is ignored (all padding): nothing is counted
+// or summed, and with the scale 0 the step passes then (no valid token to
+// average over) dz is all zeros (the NaN pre-fill shows a row left
+// unwritten) and dW is exactly what it was.
+TEST(DenseProjectionTest, AllTargetsIgnoredCountNothingAndChangeNoGradient) {
+  Problem pr = Make(12, 8, 20, 1.0f, 5);
+  std::fill(pr.y.begin(), pr.y.end(), kIgnoreIndex);
+  ASSERT_EQ(Reference(pr).valid, 0);
+  const Got got = RunDense(pr, 0.0f);
+  EXPECT_EQ(got.stats[0], kStats0[0]);
+  EXPECT_EQ(got.stats[1], kStats0[1]);
+  ASSERT_EQ(got.dz.size(), static_cast<size_t>(pr.N * pr.H));
+  for (size_t i = 0; i < got.dz.size(); ++i) ASSERT_EQ(got.dz[i], 0.0f) << "dz[" << i << "]";
+  ASSERT_EQ(got.dw.size(), pr.dw0.size());
+  EXPECT_EQ(std::memcmp(got.dw.data(), pr.dw0.data(), pr.dw0.size() * sizeof(float)), 0);
 }
 
 TEST(DenseProjectionTest, SameBitsRunToRun) {

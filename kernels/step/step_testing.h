@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/budget/budget.h"
 #include "kernels/memory.h"
@@ -23,13 +24,21 @@ namespace plateau {
 // token's router logits tie and the documented tie-break picks experts
 // 0..k-1, all homed on rank 0 (standard EP's and LLEP's worst case).
 // Collective: every rank of the step calls it, before the step's first pass.
+// Fails unless it zeroed one router per layer: a renamed weight would
+// otherwise leave every "skewed" case testing the learned routing.
 inline absl::Status SkewRouting(TrainingStep& step, const ModelConfig& m) {
   PLATEAU_ASSIGN_OR_RETURN(ModelState state, step.GatherState());
   const std::vector<WeightSpec> specs = ModelWeights(m);
+  int64_t zeroed = 0;
   for (size_t t = 0; t < specs.size(); ++t) {
     if (absl::StrContains(specs[t].name, "router.weight")) {
       std::fill(state.weights[t].begin(), state.weights[t].end(), 0.0f);
+      ++zeroed;
     }
+  }
+  if (zeroed != m.layers) {
+    return absl::InternalError(
+        absl::StrCat("SkewRouting: zeroed ", zeroed, " router weights, expected one per layer (", m.layers, ")"));
   }
   return step.LoadState(state);
 }
