@@ -53,9 +53,9 @@ namespace plateau {
 namespace {
 
 // Exit codes. 0-5 kept their meaning when 6 and 7 were split off 2
-// (issue 16); scripts may rely on every one of them.
+// (issue 16), and 8 after them; scripts may rely on every one of them.
 constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, kExitUnreachable = 4,
-              kExitDoesNotFit = 5, kExitNotFound = 6, kExitAlreadyFinished = 7;
+              kExitDoesNotFit = 5, kExitNotFound = 6, kExitAlreadyFinished = 7, kExitServer = 8;
 
 constexpr char kExitCodes[] = R"(exit codes
   0  ok; watch, submit --wait: the job SUCCEEDED
@@ -70,6 +70,10 @@ constexpr char kExitCodes[] = R"(exit codes
   6  no such job (NOT_FOUND)
   7  the job had already finished (cancel of a SUCCEEDED, FAILED or
      CANCELLED job)
+  8  the coordinator could not serve the request: a fault on its side
+     (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, DEADLINE_EXCEEDED) or one of
+     its limits (RESOURCE_EXHAUSTED: too many open watches); the same
+     command may succeed later
 )";
 
 constexpr char kGlobalFlags[] = R"(global flags (before or after the command)
@@ -262,13 +266,25 @@ int Fail(const absl::Status& s, int code) {
   return code;
 }
 
-// An error from the coordinator (or the channel) with its exit code.
+// An error from the coordinator (or the channel) with its exit code: the
+// command's fault (2) apart from the coordinator's (8), so that a script
+// knows whether running it again can help.
 int Report(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
       return Fail(s, kExitUnreachable);
     case absl::StatusCode::kNotFound:
       return Fail(s, kExitNotFound);
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kDeadlineExceeded:
+      return Fail(s, kExitServer);
+    case absl::StatusCode::kResourceExhausted:
+      // A request over the coordinator's --max_request_bytes is the
+      // command's to shrink (Client::Convert names the flag).
+      return Fail(s, absl::StrContains(s.message(), "--max_request_bytes") ? kExitUsage : kExitServer);
     default:
       return Fail(s, kExitUsage);
   }
@@ -562,9 +578,25 @@ int ExitFor(v1::JobState s) {
 }
 
 // The live progress view of `watch` and `submit --wait`.
+// A job past the coordinator's --retention has its events and logs
+// removed: `watch` and `logs` then receive none, which would read as a job
+// that said nothing. Said on stderr (an object under --output json).
+void SayRemoved(const v1::Job& j, bool json, const char* what) {
+  if (!j.has_events_deleted_time()) return;
+  const std::string message = absl::StrCat(j.id(), "'s ", what, " were removed at ", DateTime(j.events_deleted_time()),
+                                           " by the coordinator's retention pass (--retention): nothing to show");
+  if (json) {
+    std::fprintf(stderr, "{\"notice\":{\"kind\":\"removed\",\"message\":%s}}\n", JsonString(message).c_str());
+  } else {
+    std::fprintf(stderr, "plateauctl: %s\n", message.c_str());
+  }
+  std::fflush(stderr);
+}
+
 int Watch(Client& client, const Options& o, const std::string& id, int64_t from) {
   auto job = client.GetJob(id);
   if (!job.ok()) return Report(job.status());
+  SayRemoved(*job, o.json, "events");
   const v1::MemoryPlan plan = job->plan();
   std::map<std::string, int64_t> planned;
   for (const auto& ls : plan.live_sets()) planned[ls.live_set()] = ls.bytes();
@@ -1019,10 +1051,12 @@ int Run(const Options& given) {
   }
   if (o.command == "logs") {
     // A rank the job does not have would print nothing, as a quiet job
-    // does: said instead, as `memory --rank` says it.
+    // does: said instead, as `memory --rank` says it; so are logs the
+    // retention pass removed.
+    auto job = client.GetJob(o.args[0]);
+    if (!job.ok()) return Report(job.status());
+    SayRemoved(*job, o.json, "logs");
     if (flag("rank") && log_rank >= 0) {
-      auto job = client.GetJob(o.args[0]);
-      if (!job.ok()) return Report(job.status());
       const int64_t ranks = job->spec().layout().ranks();
       if (log_rank >= ranks) {
         return UsageError(

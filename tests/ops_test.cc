@@ -167,6 +167,15 @@ TEST(OpsTest, WorkersMetricsLogsDeleteAndRetention) {
   EXPECT_THAT(got.out, HasSubstr("SUCCEEDED"));
   // ...and says when its events went, and how many there were.
   EXPECT_THAT(got.out, HasSubstr("  events:   " + std::to_string(job.event_count()) + " deleted at ")) << got.out;
+  // `logs` and `watch` print nothing of it, and say why on stderr.
+  for (const char* command : {"logs", "watch"}) {
+    Ran r = Ctl(c, {command, id}, absl::StrCat(command, "-swept"));
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(
+        r.err, AllOf(HasSubstr(id + "'s " + (command == std::string("logs") ? "logs" : "events") + " were removed at "),
+                     HasSubstr("--retention")))
+        << command;
+  }
   EXPECT_THAT(c.coordinator()->out(), HasSubstr(id + ": removed its " + std::to_string(job.event_count()) + " event(s)"));
 
   // --- A departed worker: listed no more, its heartbeat series gone.

@@ -573,6 +573,10 @@ TEST(SecurityTest, WatchLimitPerClientRefusesTheThirdAndReleasesWhenOneEnds) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
     EXPECT_THAT(s.error_message(), AllOf(HasSubstr("127.0.0.1"), HasSubstr("at most 2"),
                                          HasSubstr("--max_watches_per_client")));
+    // plateauctl's third watch: the coordinator's limit, not a usage error.
+    const Ran r = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "watch", id}, c.dir() + "/ctl-watch");
+    EXPECT_EQ(r.code, 8) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--max_watches_per_client"));
   }
   {
     // GetJobLogs with follow counts too; a one-off read does not.
