@@ -41,6 +41,7 @@
 #include "kernels/status_macros.h"
 #include "kernels/step/step.h"
 #include "kernels/step/step_testing.h"
+#include "kernels/testing/compare.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
 #include "kernels/testing/tiny_model.h"
@@ -246,10 +247,12 @@ Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g) 
 
 void ExpectSameBits(const Outcome& got, const Outcome& want, const std::string& what) {
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  for (size_t i = 0; i < want.losses.size(); ++i)
-    EXPECT_EQ(got.losses[i], want.losses[i]) << what << " call " << i;
-  EXPECT_TRUE(got.grads == want.grads) << what << ": the gradients differ";
-  EXPECT_TRUE(got.weights == want.weights) << what << ": the weights after two steps differ";
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_TRUE(SameBits(got.losses[i], want.losses[i]))
+        << what << " call " << i << ": " << got.losses[i] << " vs " << want.losses[i];
+  }
+  EXPECT_TRUE(SameBits(got.grads, want.grads)) << what << ": the gradients differ";
+  EXPECT_TRUE(SameBits(got.weights, want.weights)) << what << ": the weights after two steps differ";
 }
 
 // fp32 rounding: the tolerances the step holds against its double

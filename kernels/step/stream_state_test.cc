@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/step/step.h"
+#include "kernels/testing/compare.h"
 #include "kernels/testing/heap_counter.h"
 #include "kernels/testing/local_world.h"
 #include "kernels/testing/rank_slice.h"
@@ -131,7 +132,7 @@ TEST_P(StreamStateTest, StreamedIsTheGatheredStateBitForBitAndResumes) {
     }
   }
   EXPECT_EQ(streamed.step, 2);
-  EXPECT_TRUE(streamed.weights == gathered.weights) << "weights differ";
+  EXPECT_TRUE(SameBits(streamed.weights, gathered.weights)) << "weights differ";
   EXPECT_TRUE(streamed.m == gathered.m) << "m differs";
   EXPECT_TRUE(streamed.v == gathered.v) << "v differs";
 
@@ -168,7 +169,7 @@ TEST_P(StreamStateTest, StreamedIsTheGatheredStateBitForBitAndResumes) {
     }
   });
   EXPECT_EQ(resumed.step, 3);
-  EXPECT_TRUE(resumed.weights == straight.weights) << "weights differ after the resume";
+  EXPECT_TRUE(SameBits(resumed.weights, straight.weights)) << "weights differ after the resume";
   EXPECT_TRUE(resumed.m == straight.m) << "m differs after the resume";
   EXPECT_TRUE(resumed.v == straight.v) << "v differs after the resume";
 }
@@ -207,7 +208,7 @@ TEST(StreamStateErrorTest, AFailingSinkFailsItsRankAndTheWorldStaysInStep) {
     EXPECT_EQ(streamed[r].code(), absl::StatusCode::kResourceExhausted) << "rank " << r;
     EXPECT_THAT(streamed[r].message(), HasSubstr("disk full"));
     EXPECT_EQ(calls[r], 3) << "rank " << r << ": the sink was called after it failed";
-    EXPECT_TRUE(after[r].weights == after[0].weights) << "rank " << r;
+    EXPECT_TRUE(SameBits(after[r].weights, after[0].weights)) << "rank " << r;
   }
 }
 

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -30,6 +32,27 @@ void ExpectNearRelMax(const G& got, const std::vector<double>& want, double rel,
     ASSERT_NEAR(got[i], want[i], tol) << what << "[" << i << "]"
                                       << (row > 0 ? " (row " + std::to_string(i / row) + ")" : "");
   }
+}
+
+// Bit-for-bit equality, for what the design holds bitwise: == would take
+// -0 for +0 (and fail on two identical NaNs).
+template <typename T>
+bool SameBits(const T& a, const T& b) {
+  static_assert(std::is_arithmetic_v<T>);
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+template <typename T>
+bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
+  static_assert(std::is_arithmetic_v<T>);
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+template <typename T>
+bool SameBits(const std::vector<std::vector<T>>& a, const std::vector<std::vector<T>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!SameBits(a[i], b[i])) return false;
+  }
+  return true;
 }
 
 }  // namespace plateau
