@@ -1,7 +1,11 @@
 #include "client/json_output.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -107,18 +111,24 @@ void AppendMessage(const Message& m, std::string* out) {
     first = false;
     absl::StrAppend(out, JsonString(f->name()), ":");
     if (f->is_map()) {
-      // A map is repeated entries of {key, value}: a JSON object, keys as strings.
+      // A map is repeated entries of {key, value}: a JSON object, keys as
+      // strings, in key order (protobuf's own order changes run to run, and
+      // a script diffing two outputs would see it).
       const auto* key = f->message_type()->map_key();
       const auto* value = f->message_type()->map_value();
-      out->push_back('{');
+      std::vector<std::pair<std::string, std::string>> entries;
       for (int k = 0; k < r->FieldSize(m, f); ++k) {
         const Message& entry = r->GetRepeatedMessage(m, f, k);
-        if (k > 0) out->push_back(',');
-        std::string key_text;
+        std::string key_text, value_text;
         AppendValue(entry, key, -1, &key_text);
         if (key->cpp_type() != FieldDescriptor::CPPTYPE_STRING) key_text = JsonString(key_text);
-        absl::StrAppend(out, key_text, ":");
-        AppendValue(entry, value, -1, out);
+        AppendValue(entry, value, -1, &value_text);
+        entries.emplace_back(std::move(key_text), std::move(value_text));
+      }
+      std::sort(entries.begin(), entries.end());
+      out->push_back('{');
+      for (size_t k = 0; k < entries.size(); ++k) {
+        absl::StrAppend(out, k > 0 ? "," : "", entries[k].first, ":", entries[k].second);
       }
       out->push_back('}');
     } else if (f->is_repeated()) {

@@ -97,5 +97,18 @@ TEST(JsonOutputTest, DoublesStringsAndErrors) {
             "{\"error\":{\"code\":\"NOT_FOUND\",\"message\":\"job 'job-9' not found\",\"exit_code\":6}}");
 }
 
+// A map's keys in order, whatever order protobuf keeps them in: the same
+// labels print the same bytes.
+TEST(JsonOutputTest, MapKeysAreSorted) {
+  v1::JobSpec a, b;
+  for (const char* k : {"zeta", "alpha", "mid", "beta"}) (*a.mutable_labels())[k] = std::string("v-") + k;
+  for (const char* k : {"beta", "mid", "alpha", "zeta"}) (*b.mutable_labels())[k] = std::string("v-") + k;
+  const std::string json = ToJson(a);
+  EXPECT_EQ(json, ToJson(b));
+  EXPECT_THAT(
+      json, HasSubstr("\"labels\":{\"alpha\":\"v-alpha\",\"beta\":\"v-beta\",\"mid\":\"v-mid\",\"zeta\":\"v-zeta\"}"));
+  EXPECT_EQ(Parsed<v1::JobSpec>(json).labels().at("mid"), "v-mid");
+}
+
 }  // namespace
 }  // namespace plateau

@@ -451,7 +451,8 @@ absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
 // `cap` (0: uncapped, checked when scheduled).
 std::string Fit(int64_t total, int64_t cap) {
   if (cap == 0 || total <= cap) return "fits";
-  return absl::StrCat("DOES NOT FIT (short by ", MiB(total - cap), " MiB)");
+  // The bytes too: a few KiB short reads "0.00 MiB" in MiB alone.
+  return absl::StrCat("DOES NOT FIT (short by ", total - cap, " bytes, ", MiB(total - cap), " MiB)");
 }
 
 void PrintPlan(const v1::MemoryPlan& p) {
@@ -460,9 +461,10 @@ void PrintPlan(const v1::MemoryPlan& p) {
     std::printf("  %-12s %12lld  (%s MiB)\n", ls.live_set().c_str(), static_cast<long long>(ls.bytes()),
                 MiB(ls.bytes()).c_str());
   }
-  std::printf("  %-12s %12lld  (%s MiB) of a %s MiB device: %s\n", "total",
-              static_cast<long long>(p.total_bytes()), MiB(p.total_bytes()).c_str(),
-              p.device_memory_bytes() ? MiB(p.device_memory_bytes()).c_str() : "whole",
+  std::printf("  %-12s %12lld  (%s MiB) of %s: %s\n", "total", static_cast<long long>(p.total_bytes()),
+              MiB(p.total_bytes()).c_str(),
+              p.device_memory_bytes() ? absl::StrCat("a ", MiB(p.device_memory_bytes()), " MiB device").c_str()
+                                      : "the whole device (no cap)",
               Fit(p.total_bytes(), p.device_memory_bytes()).c_str());
   // Host lines only when there is something to say: a host term, or a cap.
   const int64_t host_cap = p.host_memory_bytes();
@@ -488,9 +490,14 @@ void PrintPlan(const v1::MemoryPlan& p) {
   std::printf("%s", FormatWhatIf(p).c_str());
 }
 
+// The time of day for a time of today; with the date otherwise (a week-old
+// job's "created 14:02:11" read as today's).
 std::string Time(const google::protobuf::Timestamp& t) {
   if (t.seconds() == 0) return "-";
-  return absl::FormatTime("%H:%M:%S", absl::FromUnixSeconds(t.seconds()), absl::LocalTimeZone());
+  const absl::TimeZone zone = absl::LocalTimeZone();
+  const absl::Time at = absl::FromUnixSeconds(t.seconds());
+  const bool today = absl::FormatTime("%Y-%m-%d", at, zone) == absl::FormatTime("%Y-%m-%d", absl::Now(), zone);
+  return absl::FormatTime(today ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", at, zone);
 }
 
 // With the date: a retention pass acts days after the job ended.
@@ -788,8 +795,9 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
             : ls.live_set() == "dispatch" ? "  above the balanced estimate (standard_ep has no bound)"
                                           : "  OVER THE PLAN");
       }
-      say("    %-12s %9s / %9s of a %s MiB device\n", "total", MiB(peak_total).c_str(),
-          MiB(plan.total_bytes()).c_str(), MiB(plan.device_memory_bytes()).c_str());
+      say("    %-12s %9s / %9s of %s\n", "total", MiB(peak_total).c_str(), MiB(plan.total_bytes()).c_str(),
+          plan.device_memory_bytes() ? absl::StrCat("a ", MiB(plan.device_memory_bytes()), " MiB device").c_str()
+                                     : "the whole device (no cap)");
       if (show_host()) {
         say("  host peak per live set (largest over ranks) against the plan, MiB:\n");
         for (const auto& ls : plan.host_live_sets()) {
@@ -1159,21 +1167,21 @@ int Run(const Options& given) {
       std::printf("%s\n", Json(*workers).c_str());
       return kExitOk;
     }
-    std::printf("%-10s %-16s %-15s %-7s %-10s %-12s %-12s %-10s %s\n", "WORKER", "NAME", "ADDRESS", "BACKEND",
-                "SLOTS", "DEVICE MiB", "HOST MiB", "HEARTBEAT", "JOBS");
+    // ADDRESS holds an IPv4 address with its port (21 characters) whole.
+    std::printf("%-10s %-16s %-21s %-7s %-10s %-12s %-12s %-10s %s\n", "WORKER", "NAME", "ADDRESS", "BACKEND", "SLOTS",
+                "DEVICE MiB", "HOST MiB", "HEARTBEAT", "JOBS");
     const absl::Time now = absl::Now();
     for (const v1::WorkerInfo& w : workers->workers()) {
       const absl::Time beat = absl::FromUnixSeconds(w.last_heartbeat().seconds()) +
                               absl::Nanoseconds(w.last_heartbeat().nanos());
       std::string jobs = absl::StrJoin(w.running_jobs(), ",");
       if (w.state() != "attached") jobs = absl::StrCat("(", w.state(), ") ", jobs);
-      std::printf("%-10s %s %s %-7s %-10s %-12s %-12s %-10s %s\n", w.id().c_str(), Cell(w.name(), 16).c_str(),
-                  Cell(w.address(), 15).c_str(), w.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
-                  absl::StrCat(w.slots_free(), "/", w.slots_total(), " free").c_str(),
-                  MiB(w.device_memory_bytes()).c_str(),
-                  w.host_memory_bytes() > 0 ? MiB(w.host_memory_bytes()).c_str() : "-",
-                  absl::StrFormat("%.1fs ago", absl::ToDoubleSeconds(now - beat)).c_str(),
-                  jobs.empty() ? "-" : jobs.c_str());
+      std::printf(
+          "%-10s %s %s %-7s %-10s %-12s %-12s %-10s %s\n", w.id().c_str(), Cell(w.name(), 16).c_str(),
+          Cell(w.address(), 21).c_str(), w.backend() == v1::BACKEND_CUDA ? "cuda" : "cpu",
+          absl::StrCat(w.slots_free(), "/", w.slots_total(), " free").c_str(), MiB(w.device_memory_bytes()).c_str(),
+          w.host_memory_bytes() > 0 ? MiB(w.host_memory_bytes()).c_str() : "-",
+          absl::StrFormat("%.1fs ago", absl::ToDoubleSeconds(now - beat)).c_str(), jobs.empty() ? "-" : jobs.c_str());
     }
     return kExitOk;
   }

@@ -175,7 +175,7 @@ TEST(BadInputTest, PlateauctlExitsNonZeroWhenThePlanDoesNotFit) {
   const std::string ctl = "client/plateauctl", at = "--coordinator=" + c.api();
   Ran p = RunCommand({ctl, at, "plan", path}, c.dir() + "/plan");
   EXPECT_EQ(p.code, 5) << p.out << p.err;
-  EXPECT_THAT(p.out, HasSubstr("DOES NOT FIT (short by 0.00 MiB)"));
+  EXPECT_THAT(p.out, HasSubstr("DOES NOT FIT (short by 1 bytes, 0.00 MiB)"));
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{ctl, at, "submit", path, "--validate-only"},
         std::vector<std::string>{ctl, at, "submit", path}}) {
