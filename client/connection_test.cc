@@ -206,8 +206,8 @@ TEST(PauseBeforeRetryTest, ReturnsOnceARestartedServerAnswers) {
 // so every address a flag gives is checked first.
 TEST(CheckAddressTest, PortsOutsideTheirRangeAndMalformedAddressesAreRefused) {
   for (const std::string& bad :
-       {"127.0.0.1:99553", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:", "127.0.0.1", ":7070",
-        "localhost:7070x", "localhost:+7070", "[::1]7070", "[::1]:", "", "host:0"}) {
+       {"127.0.0.1:99553", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:", "127.0.0.1", ":7070", "localhost:7070x",
+        "localhost:+7070", "[::1]7070", "[::1]:", "", "host:0", "::1:7070"}) {
     const absl::Status s = CheckAddress("--coordinator", bad, /*listen=*/false);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
     EXPECT_THAT(s.message(), HasSubstr("--coordinator=" + bad +

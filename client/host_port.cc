@@ -22,6 +22,9 @@ bool SplitHostPort(absl::string_view address, std::string* host, int* port) {
     if (colon == absl::string_view::npos) return false;
     h = address.substr(0, colon);
     p = address.substr(colon + 1);
+    // An IPv6 address needs its brackets: "::1:7070" could be ::1 port 7070
+    // or ::1:7070 with no port (gRPC reads it the second way).
+    if (absl::StrContains(h, ':')) return false;
   }
   int n = -1;
   if (p.empty() || p.size() > 5 ||

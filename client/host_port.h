@@ -14,7 +14,8 @@ namespace plateau {
 // Splits HOST:PORT or [IPV6]:PORT into the host (without the brackets; empty
 // for ":9464") and the port: decimal digits only (no sign or spaces, which
 // absl::SimpleAtoi would take) and at most 65535 (gRPC would take a larger
-// one modulo 65536). False when `address` is not of that form.
+// one modulo 65536). False when `address` is not of that form, an IPv6
+// host without its brackets ("::1:7070") included.
 bool SplitHostPort(absl::string_view address, std::string* host, int* port);
 
 }  // namespace plateau

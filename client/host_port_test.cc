@@ -21,8 +21,8 @@ TEST(SplitHostPortTest, HostsAndPortsAsFlagsGiveThem) {
   EXPECT_EQ(port, 9464);
   // A port past 65535 (gRPC would wrap it), signs and spaces SimpleAtoi
   // would take, and shapes that are not HOST:PORT.
-  for (const char* bad : {"h:65536", "h:99553", "h:+80", "h: 80", "h:-1", "h:", "h", "[::1]80",
-                          "[::1]:", "h:080800"}) {
+  for (const char* bad : {"h:65536", "h:99553", "h:+80", "h: 80", "h:-1", "h:", "h", "[::1]80", "[::1]:", "h:080800",
+                          "::1:7070", "fe80::1:80"}) {
     EXPECT_FALSE(SplitHostPort(bad, &host, &port)) << bad;
   }
 }

@@ -856,6 +856,9 @@ TEST_F(CoordinatorTest, AHeartbeatWaitingOnASlowStoreWriteKeepsItsWorker) {
   const std::string w = RunningJob(job);
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &other), SQLITE_OK);
+  // The worker's last contact just before the writer takes mu_: the
+  // timeout then starts no earlier than the stall it is about.
+  ASSERT_TRUE(Heartbeat(w).ok());
   ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
   std::string second;
   std::thread writer([&] { second = Submit(DemoJobSpec(2, 5)); });  // waits on the database, holding mu_
