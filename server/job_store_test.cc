@@ -171,17 +171,16 @@ TEST(JobStoreTest, ASelectiveListScansInBatchesWithoutHoldingTheStore) {
     JobQuery q;
     q.newest_first = newest_first;
     q.limit = 2;
-    bool other_call_done = false, first = true;
+    bool other_call_done = false;
+    absl::Notification done;
+    std::thread other;  // joined once the listing is over: it may wait for the scan's lock
     q.match = [&](const v1::Job& j) {
-      if (first) {
-        first = false;
-        absl::Notification done;
-        std::thread other([&] {
-          EXPECT_TRUE((*store)->GetJob(j.id()).ok());
+      if (!other.joinable()) {
+        other = std::thread([&store, &done, id = j.id()] {
+          EXPECT_TRUE((*store)->GetJob(id).ok());
           done.Notify();
         });
         other_call_done = done.WaitForNotificationWithTimeout(absl::Seconds(5));
-        other.join();
       }
       return *ParseJobId(j.id()) % 100 == 0;
     };
@@ -194,6 +193,7 @@ TEST(JobStoreTest, ASelectiveListScansInBatchesWithoutHoldingTheStore) {
       for (const v1::Job& j : *page) got.push_back(*ParseJobId(j.id()));
       if (!page->empty()) q.cursor = got.back();
     }
+    other.join();
     std::vector<int64_t> want = every_100th;
     if (newest_first) std::reverse(want.begin(), want.end());
     EXPECT_EQ(got, want) << (newest_first ? "newest first" : "oldest first");
