@@ -188,8 +188,9 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
     const absl::Time now = absl::Now();
     if (broke == absl::InfiniteFuture()) {
       broke = now;
-      // Once per outage, and only after rows came: a coordinator never
-      // reached is an error, not a reconnect.
+      // Once per outage, and only once the stream was open (its metadata
+      // or rows came): a coordinator never reached is an error, not a
+      // reconnect.
       if (connected && on_reconnecting) on_reconnecting(convert(s));
     }
     const absl::Duration patience = connected ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));

@@ -96,7 +96,8 @@ absl::Status SplitAddress(const std::string& address, std::string* host, std::st
   int n = -1;
   const bool bare = address.find_first_of(":[") == std::string::npos;
   if (!SplitHostPort(bare ? ":" + address : address, host, &n)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", address, "': expected HOST:PORT with a port 0-65535"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "': expected HOST:PORT (or [IPV6]:PORT) with a port 0-65535"));
   }
   *port = std::to_string(n);
   return absl::OkStatus();

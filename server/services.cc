@@ -27,6 +27,9 @@ grpc::Status Reply(absl::StatusOr<T> result, T* out) {
   return grpc::Status::OK;
 }
 
+// Rows read from the store at a time.
+constexpr int kRowsPerRead = 256;
+
 // Streams rows of a job from `from` until the job is final and every row is
 // sent (or, without follow, until the rows now stored are sent).
 template <typename Row, typename ReadFn>
@@ -51,9 +54,12 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
       if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       from = r.index() + 1;
     }
-    // Until a read finds nothing more: a read may hold fewer rows than its
-    // limit with more stored (a per-rank read is bounded by its reports).
-    if (!rows->empty()) continue;
+    // Following, until a read finds nothing more: a read may hold fewer
+    // rows than its limit with more stored (a per-rank watch read is bounded
+    // by its reports). A one-off read (logs without follow) ends at a short
+    // read, so that a job writing faster than the client reads cannot keep
+    // it going.
+    if (follow ? !rows->empty() : rows->size() == kRowsPerRead) continue;
     if (final || !follow) return grpc::Status::OK;
     c->WaitForChange(version, absl::Seconds(1));
   }
@@ -126,7 +132,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   const std::string id = req->job_id();
   const bool per_rank = req->per_rank();
   return StreamRows<v1::JobEvent>(c_, ctx, id, req->from_index(), /*follow=*/true, writer,
-                                  [&](int64_t from) { return c_->ReadEvents(id, from, 256, per_rank); });
+                                  [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); });
 }
 
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
@@ -139,7 +145,7 @@ grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJ
   }
   const std::string id = req->job_id();
   return StreamRows<v1::LogEntry>(c_, ctx, id, req->from_index(), req->follow(), writer,
-                                  [&](int64_t from) { return c_->store().ReadLogs(id, from, 256); });
+                                  [&](int64_t from) { return c_->store().ReadLogs(id, from, kRowsPerRead); });
 }
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,

@@ -1257,7 +1257,9 @@ TEST(ServiceTest, AWatchOfAFrozenCoordinatorBreaksAndSaysSo) {
   watch.join();
   ASSERT_TRUE(ended) << "the watch still waits on the frozen coordinator after 60 s";
   EXPECT_EQ(watched.code(), absl::StatusCode::kUnavailable) << watched;
-  EXPECT_EQ(reconnecting->load(), 1) << watched;
+  // Once, unless a ping of the busy coordinator went unanswered for 1 s
+  // before the freeze too.
+  EXPECT_GE(reconnecting->load(), 1) << watched;
   std::printf("the watch broke %s after the coordinator froze (keepalive 1 s, reconnect_for 3 s)\n",
               absl::FormatDuration(took).c_str());
   // The client's channel reconnects to the thawed coordinator.
@@ -1296,7 +1298,9 @@ TEST(ServiceTest, AQuietWatchResumesAcrossALongRestart) {
       return true;
     });
   });
-  absl::SleepFor(absl::Seconds(1));  // the stream is open
+  // The stream opened: nothing says so to the test (no row comes), but a
+  // local open takes milliseconds, even on a loaded machine.
+  absl::SleepFor(absl::Seconds(3));
   c.KillCoordinator(SIGKILL);
   absl::SleepFor(absl::Seconds(5));
   ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();

@@ -467,9 +467,17 @@ void Agent::Log(const std::string& job_id, int attempt, int rank, const std::str
   l->set_attempt(attempt);
   l->set_rank(rank);
   l->set_stream(stream);
-  l->set_line(line);
+  // Repaired here, where the batch is sized: U+FFFD is 3 bytes for each bad
+  // one, and a line grown past the cut would make a batch larger than the
+  // coordinator's --max_request_bytes allows (proto/utf8.h).
+  if (IsValidUtf8(line)) {
+    l->set_line(line);
+  } else {
+    const std::string fixed = ToValidUtf8(line);
+    l->set_line(std::string(Utf8Prefix(fixed, kMaxRankOutputLineBytes)));
+  }
   Now(l->mutable_time());
-  batch_.bytes += line.size() + 64;
+  batch_.bytes += l->line().size() + 64;
   if (batch_.bytes > kBatchBytes) CloseBatch();
 }
 
@@ -497,9 +505,9 @@ void Agent::Flush() {
       if (queue_.empty()) return;
       r = queue_.front();  // a copy: it stays queued until delivered
     }
-    // The ranks' output (and errors naming paths) may be any bytes; one
-    // string that is not UTF-8 would make the coordinator refuse the whole
-    // report (proto/utf8.h).
+    // Log lines are repaired as they are queued (Log); this is for any
+    // other string a rank's output reached (an error naming a path): one
+    // that is not UTF-8 would make the coordinator refuse the whole report.
     if (r.is_status) {
       MakeStringsValidUtf8(r.status);
     } else {

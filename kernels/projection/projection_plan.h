@@ -23,7 +23,8 @@ struct RingDtpConfig {
   int64_t vocab = 0;   // V, the whole vocabulary
   int64_t strip = 0;   // S, vocabulary columns per strip
   RingDtpMode mode = RingDtpMode::kActivations;
-  // Token rows per strip tile: the strip buffer is min(N, row_tile) x S, so
+  // Token rows per strip tile: the strip buffer is min(N, row_tile) x
+  // min(S, ceil(V / P)) (RingDtpStripTileElements), so
   // it does not grow with N. Large enough to keep the strip GEMMs efficient.
   int64_t row_tile = 2048;
   // Activation mode only: the batch circulates in passes of at most

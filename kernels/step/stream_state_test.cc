@@ -133,8 +133,8 @@ TEST_P(StreamStateTest, StreamedIsTheGatheredStateBitForBitAndResumes) {
   }
   EXPECT_EQ(streamed.step, 2);
   EXPECT_TRUE(SameBits(streamed.weights, gathered.weights)) << "weights differ";
-  EXPECT_TRUE(streamed.m == gathered.m) << "m differs";
-  EXPECT_TRUE(streamed.v == gathered.v) << "v differs";
+  EXPECT_TRUE(SameBits(streamed.m, gathered.m)) << "m differs";
+  EXPECT_TRUE(SameBits(streamed.v, gathered.v)) << "v differs";
 
   // Resume from the streamed state (every rank reads its runs from rank
   // 0's copy), against three steps straight.
@@ -170,8 +170,8 @@ TEST_P(StreamStateTest, StreamedIsTheGatheredStateBitForBitAndResumes) {
   });
   EXPECT_EQ(resumed.step, 3);
   EXPECT_TRUE(SameBits(resumed.weights, straight.weights)) << "weights differ after the resume";
-  EXPECT_TRUE(resumed.m == straight.m) << "m differs after the resume";
-  EXPECT_TRUE(resumed.v == straight.v) << "v differs after the resume";
+  EXPECT_TRUE(SameBits(resumed.m, straight.m)) << "m differs after the resume";
+  EXPECT_TRUE(SameBits(resumed.v, straight.v)) << "v differs after the resume";
 }
 
 INSTANTIATE_TEST_SUITE_P(
