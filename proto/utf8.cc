@@ -82,13 +82,15 @@ int MakeStringsValidUtf8(google::protobuf::Message& m) {
     if (f->type() == FieldDescriptor::TYPE_STRING) {
       if (f->is_repeated()) {
         for (int i = 0; i < r->FieldSize(m, f); ++i) {
-          const std::string v = r->GetRepeatedString(m, f, i);
+          std::string scratch;
+          const std::string& v = r->GetRepeatedStringReference(m, f, i, &scratch);
           if (IsValidUtf8(v)) continue;
           r->SetRepeatedString(&m, f, i, ToValidUtf8(v));
           ++changed;
         }
       } else {
-        const std::string v = r->GetString(m, f);
+        std::string scratch;
+        const std::string& v = r->GetStringReference(m, f, &scratch);
         if (IsValidUtf8(v)) continue;
         r->SetString(&m, f, ToValidUtf8(v));
         ++changed;

@@ -505,14 +505,6 @@ void Agent::Flush() {
       if (queue_.empty()) return;
       r = queue_.front();  // a copy: it stays queued until delivered
     }
-    // Log lines are repaired as they are queued (Log); this is for any
-    // other string a rank's output reached (an error naming a path): one
-    // that is not UTF-8 would make the coordinator refuse the whole report.
-    if (r.is_status) {
-      MakeStringsValidUtf8(r.status);
-    } else {
-      MakeStringsValidUtf8(r.telemetry);
-    }
     grpc::Status s;
     auto ctx = Context(absl::Seconds(5));
     if (r.is_status) {
@@ -751,6 +743,10 @@ void Agent::ReadPipe(JobRun* job, Rank* rank, int fd, bool is_stdout) {
     if (is_stdout && !l.empty() && l[0] == '{') {
       v1::RankOutput out;
       if (google::protobuf::util::JsonStringToMessage(l, &out).ok()) {
+        // Once, as it arrives (log lines are repaired in Log): a string
+        // here that is not UTF-8 (an error naming a Latin-1 path) would
+        // make the coordinator refuse the whole report it ends up in.
+        MakeStringsValidUtf8(out);
         if (out.has_step()) {
           absl::MutexLock lock(&out_mu_);
           v1::TelemetryRequest::Step* s = batch_.telemetry.add_steps();
