@@ -86,7 +86,8 @@ constexpr char kGlobalFlags[] = R"(global flags (before or after the command)
                            (default $PLATEAU_TOKEN_FILE)
   --tls_ca_file=PATH       PEM CA of the coordinator's certificate; turns TLS
                            on (default $PLATEAU_TLS_CA_FILE)
-Flags are given as --name=value or --name value.
+Flags are given as --name=value or --name value, before or after the command;
+after -- every argument is positional.
 )";
 
 struct FlagHelp {
@@ -207,6 +208,28 @@ const FlagHelp* FindFlag(const CommandHelp& c, const std::string& name) {
 
 bool IsGlobalFlag(const std::string& name) {
   return name == "coordinator" || name == "output" || name == "token_file" || name == "tls_ca_file";
+}
+
+// Where the command is in argv: the first argument that names a command
+// ("help" too) and is not a global flag's value, or after "--" the next
+// argument. A word before it is a flag's value or a positional argument
+// (`--tail 5 logs`: 5), told apart once the command's flags are known.
+// Without one, the first word that is no global flag's value (an unknown
+// command, named as such); -1 when there is no word at all.
+int CommandIndex(int argc, char** argv) {
+  int first_word = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") return i + 1 < argc ? i + 1 : first_word;
+    if (arg.rfind("--", 0) == 0) {
+      if (arg.find('=') == std::string::npos && IsGlobalFlag(arg.substr(2))) ++i;  // its value
+      continue;
+    }
+    if (arg == "-f" || arg == "-h") continue;
+    if (arg == "help" || FindCommand(arg) != nullptr) return i;
+    if (first_word < 0) first_word = i;
+  }
+  return first_word;
 }
 
 std::string Usage() {
@@ -1241,19 +1264,25 @@ int main(int argc, char** argv) {
   bool help = false;
   std::string usage_error;
   std::set<std::string> globals_seen;
+  // The command is found first, so that a flag before it is parsed as the
+  // command's own (`plateauctl --tail 5 logs job-1`: --tail takes 5).
+  const int command_at = plateau::CommandIndex(argc, argv);
+  if (command_at > 0) o.command = argv[command_at];
+  bool flags_ended = false;  // after "--" every argument is positional
   for (int i = 1; i < argc; ++i) {
+    if (i == command_at) continue;
     std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
+    if (!flags_ended && arg == "--") {
+      flags_ended = true;
+      continue;
+    }
+    if (!flags_ended && (arg == "--help" || arg == "-h")) {
       help = true;
       continue;
     }
-    if (arg == "-f") arg = "--follow";
-    if (arg.rfind("--", 0) != 0 || arg == "--") {
-      if (o.command.empty()) {
-        o.command = arg;
-      } else {
-        o.args.push_back(arg);
-      }
+    if (!flags_ended && arg == "-f") arg = "--follow";
+    if (flags_ended || arg.rfind("--", 0) != 0) {
+      o.args.push_back(arg);
       continue;
     }
     const size_t eq = arg.find('=');
@@ -1267,7 +1296,7 @@ int main(int argc, char** argv) {
     const plateau::FlagHelp* f = command != nullptr ? plateau::FindFlag(*command, name) : nullptr;
     const bool takes_value = plateau::IsGlobalFlag(name) || (f != nullptr && !f->value.empty());
     if (eq == std::string::npos && takes_value) {
-      if (i + 1 >= argc) {
+      if (i + 1 >= argc || i + 1 == command_at) {  // `--tail logs JOB`: the command is no value
         if (usage_error.empty()) usage_error = absl::StrCat("plateauctl: --", name, ": expected a value");
         continue;
       }

@@ -743,6 +743,19 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   ASSERT_FALSE(Lines(r.out).empty());
   EXPECT_THAT(Lines(r.out)[0], HasSubstr("\"index\":0"));
   for (const std::string& line : Lines(r.out)) FromJson<v1::LogEntry>(line);
+  // A command's flag before the command takes its value the same way
+  // (--tail 1 logs: one line, not a command '1'), and "--" ends the flags.
+  r = ctl_run({"--output=json", "--tail", "1", "logs", "job-1"}, "logs-flag-first");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(Lines(r.out).size(), 1u) << r.out;
+  r = ctl_run({"--output=json", "--label", "team=vision", "--state", "SUCCEEDED", "list"}, "list-flags-first");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(FromJson<v1::ListJobsResponse>(r.out).jobs_size(), 2) << r.out;
+  r = ctl_run({"get", "--", "job-1"}, "get-after-dashes");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1"));
+  usage_error({"get", "--", "job-1", "--rank"}, "get-dashes-flag", "expected 1 argument(s) (JOB), got 2");
+  usage_error({"--tail", "logs", "job-1"}, "tail-no-value", "plateauctl: --tail: expected a value");
   r = ctl_run({"--output=json", "plan", spec}, "plan-json");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(FromJson<v1::PlanJobResponse>(r.out).plan().fits());
