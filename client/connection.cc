@@ -1,5 +1,7 @@
 #include "client/connection.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -13,6 +15,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/host_port.h"
 #include "grpcpp/support/client_interceptor.h"
 
@@ -39,7 +43,8 @@ absl::StatusOr<std::string> ReadWhole(const std::string& flag, const std::string
   return text.str();
 }
 
-// Adds the bearer token to the initial metadata of every call on the channel.
+// Adds the bearer token (the token file's first, as it is when the call
+// starts) to the initial metadata of every call on the channel.
 class BearerInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit BearerInterceptor(std::string header) : header_(std::move(header)) {}
@@ -56,35 +61,86 @@ class BearerInterceptor final : public grpc::experimental::Interceptor {
 
 class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit BearerInterceptorFactory(const std::string& token) : header_(absl::StrCat("Bearer ", token)) {}
+  explicit BearerInterceptorFactory(std::shared_ptr<TokenFile> file) : file_(std::move(file)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
-    return new BearerInterceptor(header_);
+    return new BearerInterceptor(absl::StrCat("Bearer ", file_->Tokens()->front()));
   }
 
  private:
-  const std::string header_;
+  const std::shared_ptr<TokenFile> file_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
+absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, const std::string& path) {
   absl::StatusOr<std::string> text = ReadWhole(flag, path);
   if (!text.ok()) return text.status();
-  std::string token(absl::StripTrailingAsciiWhitespace(*text));
-  if (token.empty()) {
+  std::vector<std::string> tokens;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_number;
+    const absl::string_view token = absl::StripTrailingAsciiWhitespace(line);
+    if (absl::StripLeadingAsciiWhitespace(token).empty()) continue;
+    // Visible ASCII only: what an HTTP/2 header value carries unchanged,
+    // and what "Bearer <token>" (RFC 6750) allows. A stray byte would
+    // otherwise surface as a confusing per-call failure.
+    for (unsigned char ch : token) {
+      if (ch < 0x21 || ch > 0x7e) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, "=", path, ": line ", line_number,
+                         ": expected a token of visible ASCII characters (no spaces), one per line; found byte ",
+                         static_cast<int>(ch)));
+      }
+    }
+    tokens.emplace_back(token);
+  }
+  if (tokens.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": the file is empty; expected the bearer token"));
   }
-  // Visible ASCII only: what an HTTP/2 header value carries unchanged, and
-  // what "Bearer <token>" (RFC 6750) allows. A stray byte would otherwise
-  // surface as a confusing per-call failure.
-  for (unsigned char ch : token) {
-    if (ch < 0x21 || ch > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, "=", path, ": expected one line of visible ASCII characters (no spaces), found byte ",
-          static_cast<int>(ch)));
-    }
-  }
-  return token;
+  return tokens;
+}
+
+absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(const std::string& flag, const std::string& path,
+                                                           absl::Duration recheck, Listener on_reload) {
+  std::shared_ptr<TokenFile> file(new TokenFile(flag, path, recheck, std::move(on_reload)));
+  // The identity before the read: a change during it is seen next time.
+  const Identity identity = file->Look();
+  absl::StatusOr<std::vector<std::string>> tokens = ReadTokenFile(flag, path);
+  if (!tokens.ok()) return tokens.status();
+  absl::MutexLock lock(&file->mu_);
+  file->tokens_ = std::make_shared<const std::vector<std::string>>(*std::move(tokens));
+  file->seen_ = identity;
+  file->looked_ = absl::Now();
+  return file;
+}
+
+TokenFile::Identity TokenFile::Look() const {
+  struct stat st {};
+  Identity id;
+  if (stat(path_.c_str(), &st) != 0) return id;
+  id.device = st.st_dev;
+  id.inode = st.st_ino;
+  id.size = st.st_size;
+  id.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  return id;
+}
+
+std::shared_ptr<const std::vector<std::string>> TokenFile::Tokens() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now - looked_ < recheck_) return tokens_;
+  looked_ = now;
+  const Identity identity = Look();
+  const int look_error = errno;
+  if (identity == seen_) return tokens_;
+  seen_ = identity;
+  absl::StatusOr<std::vector<std::string>> read =
+      identity.size < 0 ? absl::InvalidArgumentError(absl::StrCat(flag_, "=", path_, ": cannot look at the file (",
+                                                                  std::strerror(look_error), ")"))
+                        : ReadTokenFile(flag_, path_);
+  if (read.ok()) tokens_ = std::make_shared<const std::vector<std::string>>(*std::move(read));
+  if (on_reload_) on_reload_(read.status(), tokens_->size());
+  return tokens_;
 }
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path) {
@@ -165,9 +221,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile("--token_file", options.token_file);
-    if (!token.ok()) return token.status();
-    interceptors.push_back(std::make_unique<BearerInterceptorFactory>(*token));
+    absl::StatusOr<std::shared_ptr<TokenFile>> file =
+        TokenFile::Open("--token_file", options.token_file, absl::Seconds(1), options.on_token_reload);
+    if (!file.ok()) return file.status();
+    interceptors.push_back(std::make_unique<BearerInterceptorFactory>(*std::move(file)));
   }
   return grpc::experimental::CreateCustomChannelWithInterceptors(options.address, credentials, args,
                                                                   std::move(interceptors));

@@ -12,31 +12,88 @@
 #ifndef PLATEAU_CLIENT_CONNECTION_H_
 #define PLATEAU_CLIENT_CONNECTION_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
 namespace plateau {
 
+// Reads the bearer tokens of a token file: each line that is not blank is
+// one, with its trailing whitespace (and the newline an editor leaves)
+// stripped. A coordinator accepts every one of them, a client sends the
+// first: two lines let a token be rotated without refusing anyone
+// (docs/SERVICE.md "Rotating the token"). An unreadable file, one without
+// a token, or a line with characters an HTTP/2 header cannot carry is
+// INVALID_ARGUMENT naming `flag` ("--token_file"), the path and the line.
+absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, const std::string& path);
+
+// A token file that is read again when it changes, so that a long-lived
+// process (the coordinator, a worker agent, a rank) follows a rotation
+// without a restart. A change is noticed by the file's identity (device,
+// inode, size, modification time), looked at no more than once per
+// `recheck` when the tokens are asked for; a read that fails or finds no
+// token keeps the tokens of the last good one (and is reported once per
+// change of the file), so a half-written file never locks anyone out for
+// longer than it stays half-written. Write the new file beside the old and
+// rename it over: then no reader sees it half-written.
+//
+// Thread safety: thread-safe.
+class TokenFile {
+ public:
+  // Told of each read after the first: its status, and how many tokens are
+  // in force after it (the new ones, or on an error those kept).
+  using Listener = std::function<void(const absl::Status& read, size_t tokens)>;
+
+  // Reads the file (ReadTokenFile's errors).
+  static absl::StatusOr<std::shared_ptr<TokenFile>> Open(const std::string& flag, const std::string& path,
+                                                         absl::Duration recheck = absl::Seconds(1),
+                                                         Listener on_reload = nullptr);
+
+  // The tokens in force; never empty.
+  std::shared_ptr<const std::vector<std::string>> Tokens() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Identity {
+    uint64_t device = 0, inode = 0;
+    int64_t size = -1, mtime_ns = 0;
+    bool operator==(const Identity& o) const {
+      return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns;
+    }
+  };
+  TokenFile(std::string flag, std::string path, absl::Duration recheck, Listener on_reload)
+      : flag_(std::move(flag)), path_(std::move(path)), recheck_(recheck), on_reload_(std::move(on_reload)) {}
+  // The file's identity; size -1 when it cannot be looked at.
+  Identity Look() const;
+
+  const std::string flag_, path_;
+  const absl::Duration recheck_;
+  const Listener on_reload_;
+  absl::Mutex mu_;
+  std::shared_ptr<const std::vector<std::string>> tokens_ ABSL_GUARDED_BY(mu_);
+  Identity seen_ ABSL_GUARDED_BY(mu_);
+  absl::Time looked_ ABSL_GUARDED_BY(mu_);
+};
+
 struct ConnectionOptions {
   std::string address;      // HOST:PORT of the coordinator
-  std::string token_file;   // the bearer token; empty: send none
+  std::string token_file;   // the bearer token (TokenFile: its first, as it is now); empty: send none
   std::string tls_ca_file;  // PEM CA that signed the coordinator's certificate; empty: plaintext
   // A connection with calls open is pinged this often and is dead (its calls
   // UNAVAILABLE) when a ping goes unanswered this long: a coordinator that
   // froze, or whose host vanished without closing the connection, would
   // otherwise hold a watch or a rank's long poll forever.
   absl::Duration keepalive = absl::Seconds(20);
+  // Told when token_file is read again (TokenFile::Listener); may be null.
+  TokenFile::Listener on_token_reload;
 };
-
-// Reads a secret (a bearer token) from `path` once: trailing whitespace
-// and the newline an editor leaves are stripped. An unreadable or empty
-// file, or one with characters an HTTP/2 header cannot carry, is
-// INVALID_ARGUMENT naming `flag` ("--token_file") and the path.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path);
 
 // Reads a PEM file (certificate, key, CA): INVALID_ARGUMENT naming `flag`
 // and the path when it cannot be read or holds no PEM block.
@@ -51,8 +108,8 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::stri
 absl::Status CheckAddress(const std::string& flag, const std::string& address, bool listen);
 
 // A channel to options.address (CheckAddress'd as --coordinator): TLS verified against tls_ca_file
-// when set, else plaintext; the token of token_file on every call when set. Files are read here,
-// once; their errors are INVALID_ARGUMENT naming the flag
+// when set, else plaintext; the token of token_file on every call when set (read again when the
+// file changes: TokenFile). Files are read here; their errors are INVALID_ARGUMENT naming the flag
 // (--token_file, --tls_ca_file) and the path. The channel connects lazily:
 // an unreachable coordinator shows as UNAVAILABLE on the first call.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptions& options);

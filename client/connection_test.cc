@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -23,6 +25,8 @@ namespace plateau {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 
 // $TEST_TMPDIR; run by hand, a directory of this process's own.
@@ -43,7 +47,14 @@ std::string Write(const std::string& name, const std::string& text) {
 TEST(ReadTokenFileTest, StripsTheTrailingNewlineAndSpaces) {
   auto t = ReadTokenFile("--token_file", Write("t1", "s3cr3t-Token_42 \n\n"));
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(*t, "s3cr3t-Token_42");
+  EXPECT_THAT(*t, ElementsAre("s3cr3t-Token_42"));
+}
+
+// Each line that is not blank is a token (a rotation's old and new), in order.
+TEST(ReadTokenFileTest, ReadsOneTokenPerLine) {
+  auto t = ReadTokenFile("--token_file", Write("t2", "tok-new\r\n\n  \ntok-old\n"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(*t, ElementsAre("tok-new", "tok-old"));
 }
 
 TEST(ReadTokenFileTest, EmptyOrBlankFileNamesTheFlagAndPath) {
@@ -77,8 +88,52 @@ TEST(ReadTokenFileTest, RefusesBytesAHeaderCannotCarry) {
   for (const std::string& text : {std::string("two words\n"), std::string("tab\there"), std::string("caf\xc3\xa9")}) {
     auto t = ReadTokenFile("--token_file", Write("odd", text));
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << text;
-    EXPECT_THAT(t.status().message(), HasSubstr("visible ASCII")) << text;
+    EXPECT_THAT(t.status().message(), AllOf(HasSubstr("line 1: "), HasSubstr("visible ASCII"))) << text;
   }
+  auto t = ReadTokenFile("--token_file", Write("odd", "tok-ok\n\ntok bad\n"));
+  EXPECT_THAT(t.status().message(), HasSubstr("line 3: expected a token of visible ASCII"));
+}
+
+// Replaces `name` the way docs/SERVICE.md says to: a new file renamed over it.
+void Replace(const std::string& name, const std::string& text) {
+  const std::string path = Write(name + ".next", text);
+  std::filesystem::rename(path, TmpDir() + "/" + name);
+}
+
+TEST(TokenFileTest, ReadsTheFileAgainWhenItChangesAndKeepsTheLastGoodTokens) {
+  const std::string path = Write("rotating", "tok-a\n");
+  std::vector<std::string> heard;
+  auto file = TokenFile::Open("--token_file", path, absl::ZeroDuration(), [&](const absl::Status& s, size_t n) {
+    heard.push_back(absl::StrCat(s.ok() ? "ok" : std::string(s.message()), " ", n));
+  });
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-a"));
+  EXPECT_THAT(heard, ElementsAre()) << "an unchanged file is not read again";
+  Replace("rotating", "tok-b\ntok-a\n");
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b", "tok-a"));
+  Replace("rotating", "");  // half-written: the tokens in force stay
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b", "tok-a"));
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b", "tok-a"));
+  std::filesystem::remove(path);  // gone: the same
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b", "tok-a"));
+  Replace("rotating", "tok-b\n");
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));
+  // Each change is told once, failures with what was kept.
+  ASSERT_EQ(heard.size(), 4u);
+  EXPECT_EQ(heard[0], "ok 2");
+  EXPECT_THAT(heard[1], AllOf(HasSubstr("the file is empty"), EndsWith(" 2")));
+  EXPECT_THAT(heard[2], AllOf(HasSubstr("cannot look at the file (No such file or directory)"), EndsWith(" 2")));
+  EXPECT_EQ(heard[3], "ok 1");
+}
+
+// The file is looked at no more than once per recheck: a call's cost is a
+// lock, not a stat.
+TEST(TokenFileTest, LooksAtTheFileAtMostOncePerRecheck) {
+  const std::string path = Write("slow", "tok-a\n");
+  auto file = TokenFile::Open("--token_file", path, absl::Hours(1));
+  ASSERT_TRUE(file.ok()) << file.status();
+  Replace("slow", "tok-b\n");
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-a"));
 }
 
 TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
@@ -205,7 +260,7 @@ TEST(PauseBeforeRetryTest, ReturnsOnceARestartedServerAnswers) {
 // gRPC takes a port past 65535 modulo 65536 (127.0.0.1:99553 dials 34017),
 // so every address a flag gives is checked first.
 TEST(CheckAddressTest, PortsOutsideTheirRangeAndMalformedAddressesAreRefused) {
-  for (const std::string& bad :
+  for (const std::string bad :
        {"127.0.0.1:99553", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:", "127.0.0.1", ":7070", "localhost:7070x",
         "localhost:+7070", "[::1]7070", "[::1]:", "", "host:0", "::1:7070"}) {
     const absl::Status s = CheckAddress("--coordinator", bad, /*listen=*/false);

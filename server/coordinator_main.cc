@@ -72,7 +72,8 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
 
 security (docs/SERVICE.md "Security")
   --token_file=PATH                bearer token every JobService and WorkerService call must carry
-                                   ("authorization: Bearer <token>"); read once at start
+                                   ("authorization: Bearer <token>"); one per line, each accepted;
+                                   read again within a second of a change (rotation, no restart)
   --tls_cert_file=PATH             PEM certificate chain: serve TLS (with --tls_key_file)
   --tls_key_file=PATH              PEM private key of that certificate
   --insecure_listen_any            allow a non-loopback --listen without --token_file
@@ -225,11 +226,23 @@ int Main(int argc, char** argv) {
     return Fail(absl::StrCat("--insecure_listen_any: expected true or false, got '", flags["insecure_listen_any"],
                              "'"));
   }
-  std::string token;
+  // Read again when it changes (a rotation needs no restart); each later
+  // read is logged, and a failed one keeps the tokens in force.
+  std::shared_ptr<TokenFile> token_file;
   if (!flags["token_file"].empty()) {
-    absl::StatusOr<std::string> t = ReadTokenFile("--token_file", flags["token_file"]);
+    const std::string path = flags["token_file"];
+    absl::StatusOr<std::shared_ptr<TokenFile>> t =
+        TokenFile::Open("--token_file", path, absl::Seconds(1), [path](const absl::Status& read, size_t tokens) {
+          if (read.ok()) {
+            std::fprintf(stderr, "plateau_coordinator: --token_file=%s changed: %zu token(s) accepted\n", path.c_str(),
+                         tokens);
+          } else {
+            std::fprintf(stderr, "plateau_coordinator: WARNING: %s; still accepting the %zu token(s) read before\n",
+                         std::string(read.message()).c_str(), tokens);
+          }
+        });
     if (!t.ok()) return Fail(std::string(t.status().message()));
-    token = *t;
+    token_file = *std::move(t);
   }
   const bool tls = !flags["tls_cert_file"].empty() || !flags["tls_key_file"].empty();
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
@@ -251,7 +264,7 @@ int Main(int argc, char** argv) {
     return Fail(std::string(s.message()));
   }
   const bool loopback = IsLoopbackListen(flags["listen"]);
-  if (!loopback && token.empty()) {
+  if (!loopback && token_file == nullptr) {
     if (flags["insecure_listen_any"] != "true") {
       return Fail(absl::StrCat("--listen=", flags["listen"],
                                " is not a loopback address and --token_file is not set: anyone who can reach it "
@@ -302,7 +315,7 @@ int Main(int argc, char** argv) {
   });
   (*metrics)->SetReadiness(absl::UnavailableError("gRPC API not serving yet"));
 
-  BearerAuth auth(token);
+  BearerAuth auth(token_file);
   WatchLimiter watches(static_cast<int>(max_watches));
   const ServiceGuards guards{&auth, &watches};
   JobServiceImpl jobs(&coordinator, guards);

@@ -8,16 +8,18 @@
 // every handler (server/services.cc); tests/security_test.cc calls each RPC
 // without and with a wrong token.
 //
-// Thread safety: BearerAuth is immutable; WatchLimiter is thread-safe.
+// Thread safety: BearerAuth and WatchLimiter are thread-safe.
 #ifndef PLATEAU_SERVER_SECURITY_H_
 #define PLATEAU_SERVER_SECURITY_H_
 
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "client/connection.h"
 #include "grpcpp/grpcpp.h"
 
 namespace plateau {
@@ -28,19 +30,21 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 class BearerAuth {
  public:
-  // An empty token turns the check off (every call is let in).
-  explicit BearerAuth(std::string token) : token_(std::move(token)) {}
-  bool enabled() const { return !token_.empty(); }
+  // No file turns the check off (every call is let in). The file's tokens
+  // are those in force at each call (TokenFile: a rotation needs no
+  // restart).
+  explicit BearerAuth(std::shared_ptr<TokenFile> file) : file_(std::move(file)) {}
+  bool enabled() const { return file_ != nullptr; }
 
-  // OK when the call carries "authorization: Bearer <the token>";
-  // UNAUTHENTICATED "missing bearer token ..." when it carries none (or
-  // another scheme), "wrong bearer token" when the token differs.
+  // OK when the call carries "authorization: Bearer <a token of the
+  // file>"; UNAUTHENTICATED "missing bearer token ..." when it carries none
+  // (or another scheme), "wrong bearer token" when it is none of them.
   grpc::Status Check(const grpc::ServerContext& ctx) const;
   // The same on the header's value; nullptr: no header.
   grpc::Status CheckHeader(const absl::string_view* authorization) const;
 
  private:
-  const std::string token_;
+  const std::shared_ptr<TokenFile> file_;
 };
 
 // The host part of ServerContext::peer(): "ipv4:127.0.0.1:5000" ->

@@ -1,6 +1,11 @@
 #include "server/security.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -23,27 +28,63 @@ TEST(ConstantTimeEqualsTest, EqualOnlyWhenEveryByteAndTheLengthAgree) {
   EXPECT_FALSE(ConstantTimeEquals(absl::string_view("s3cret\0", 7), "s3cret"));
 }
 
+std::string WriteTokens(const std::string& name, const std::string& text) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  const std::string next = path + ".next";
+  std::ofstream(next, std::ios::binary) << text;
+  std::filesystem::rename(next, path);  // as docs/SERVICE.md says to rotate
+  return path;
+}
+
+std::shared_ptr<TokenFile> OpenTokens(const std::string& path) {
+  // recheck 0: every call looks at the file, so a test sees a change at once.
+  absl::StatusOr<std::shared_ptr<TokenFile>> file = TokenFile::Open("--token_file", path, absl::ZeroDuration());
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? *file : nullptr;
+}
+
+grpc::Status Check(const BearerAuth& auth, std::optional<std::string> header) {
+  if (!header) return auth.CheckHeader(nullptr);
+  absl::string_view v = *header;
+  return auth.CheckHeader(&v);
+}
+
 TEST(BearerAuthTest, MissingWrongAndRight) {
-  BearerAuth auth("tok-123");
+  BearerAuth auth(OpenTokens(WriteTokens("one", "tok-123\n")));
   ASSERT_TRUE(auth.enabled());
-  auto check = [&](std::optional<std::string> header) {
-    if (!header) return auth.CheckHeader(nullptr);
-    absl::string_view v = *header;
-    return auth.CheckHeader(&v);
-  };
   for (auto h : std::vector<std::optional<std::string>>{std::nullopt, "", "tok-123", "Basic tok-123", "Bearer"}) {
-    grpc::Status s = check(h);
+    grpc::Status s = Check(auth, h);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << h.value_or("(none)");
     EXPECT_THAT(s.error_message(), HasSubstr("missing bearer token")) << h.value_or("(none)");
   }
   for (std::string h : {"Bearer tok-12", "Bearer tok-1234", "Bearer TOK-123", "Bearer "}) {
-    grpc::Status s = check(h);
+    grpc::Status s = Check(auth, h);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << h;
     EXPECT_THAT(s.error_message(), HasSubstr("wrong bearer token")) << h;
   }
-  EXPECT_TRUE(check("Bearer tok-123").ok());
-  EXPECT_TRUE(check("bearer tok-123").ok());  // the scheme is case-insensitive (RFC 7235)
-  EXPECT_TRUE(BearerAuth("").CheckHeader(nullptr).ok()) << "no token: the check is off";
+  EXPECT_TRUE(Check(auth, "Bearer tok-123").ok());
+  EXPECT_TRUE(Check(auth, "bearer tok-123").ok());  // the scheme is case-insensitive (RFC 7235)
+  EXPECT_TRUE(BearerAuth(nullptr).CheckHeader(nullptr).ok()) << "no token: the check is off";
+}
+
+// A rotation as docs/SERVICE.md gives it: the new token beside the old,
+// clients moved over, then the old one removed; no restart anywhere.
+TEST(BearerAuthTest, FollowsTheFileThroughARotation) {
+  const std::string path = WriteTokens("rotated", "tok-old\n");
+  BearerAuth auth(OpenTokens(path));
+  EXPECT_TRUE(Check(auth, "Bearer tok-old").ok());
+  EXPECT_FALSE(Check(auth, "Bearer tok-new").ok());
+  WriteTokens("rotated", "tok-old\ntok-new\n");
+  EXPECT_TRUE(Check(auth, "Bearer tok-old").ok());
+  EXPECT_TRUE(Check(auth, "Bearer tok-new").ok());
+  WriteTokens("rotated", "tok-new\n");
+  EXPECT_THAT(Check(auth, "Bearer tok-old").error_message(), HasSubstr("wrong bearer token"));
+  EXPECT_TRUE(Check(auth, "Bearer tok-new").ok());
+  // A file emptied (or half-written) keeps the tokens in force: nobody is
+  // locked out, and the old one stays refused.
+  WriteTokens("rotated", "\n");
+  EXPECT_TRUE(Check(auth, "Bearer tok-new").ok());
+  EXPECT_FALSE(Check(auth, "Bearer tok-old").ok());
 }
 
 TEST(PeerHostTest, StripsThePort) {

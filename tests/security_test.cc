@@ -338,6 +338,83 @@ TEST(SecurityTest, WorkerWithoutTheTokenCannotRegisterAndWithItRunsAJob) {
   EXPECT_EQ(done.progress().step(), 3);
 }
 
+// Writes `path` as docs/SERVICE.md "Rotating the token" says to: a new
+// file renamed over the old, so no reader sees it half-written.
+void Replace(const std::string& path, const std::string& text) {
+  WriteFile(path + ".next", text);
+  std::filesystem::rename(path + ".next", path);
+}
+
+// A rotation with nothing restarted: the coordinator accepts the new token
+// beside the old, the worker and the client move to it, the old one is
+// removed; a running worker keeps its registration and runs the next job
+// (heartbeats, telemetry, its ranks' rendezvous) with the new token.
+TEST(SecurityTest, TheTokenRotatesWithoutARestart) {
+  const std::string dir = TempDir("rotation_tokens");
+  // One file per process, as on separate hosts.
+  const std::string coordinator_file = WriteFile(dir + "/coordinator-token", "tok-old-7c1e\n");
+  const std::string worker_file = WriteFile(dir + "/worker-token", "tok-old-7c1e\n");
+  const std::string client_file = WriteFile(dir + "/client-token", "tok-old-7c1e\n");
+  const std::string old_file = WriteFile(dir + "/old-token", "tok-old-7c1e\n");
+  const std::string new_file = WriteFile(dir + "/new-token", "tok-new-52ab\n");
+  ClusterOptions o;
+  o.coordinator_flags = {"--token_file=" + coordinator_file};
+  o.worker_flags = {"--token_file=" + worker_file};
+  o.client.token_file = client_file;
+  Cluster c("rotation", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto list = [&](const std::string& token_file) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::ListJobsRequest req;
+    v1::ListJobsResponse resp;
+    return v1::JobService::NewStub(Channel(c.api(), token_file))->ListJobs(&ctx, req, &resp);
+  };
+  // The file is looked at again within a second of a call (TokenFile).
+  const absl::Duration noticed = absl::Seconds(10);
+  auto run_job = [&](const std::string& what) {
+    auto sub = c.client().SubmitJob(TinyJob(3), false);
+    ASSERT_TRUE(sub.ok()) << what << ": " << sub.status();
+    const v1::Job done = c.WaitDone(sub->job().id());
+    EXPECT_EQ(done.state(), v1::SUCCEEDED) << what << ": " << done.DebugString() << c.Logs();
+  };
+  run_job("before the rotation");
+  ASSERT_TRUE(list(old_file).ok());
+  EXPECT_EQ(list(new_file).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // 1. The coordinator accepts both.
+  Replace(coordinator_file, "tok-old-7c1e\ntok-new-52ab\n");
+  ASSERT_TRUE(WaitFor([&] { return list(new_file).ok(); }, noticed)) << c.Logs();
+  EXPECT_TRUE(list(old_file).ok());
+  EXPECT_THAT(c.coordinator()->err(), HasSubstr("changed: 2 token(s) accepted"));
+  // 2. The worker and the client send the new one.
+  Replace(worker_file, "tok-new-52ab\n");
+  Replace(client_file, "tok-new-52ab\n");
+  ASSERT_TRUE(
+      WaitFor([&] { return absl::StrContains(c.worker()->out(), "changed: sending its first token"); }, noticed))
+      << c.Logs();
+  // 3. The old one is refused; the worker, never restarted, runs a job.
+  Replace(coordinator_file, "tok-new-52ab\n");
+  ASSERT_TRUE(WaitFor([&] { return !list(old_file).ok(); }, noticed)) << c.Logs();
+  EXPECT_THAT(list(old_file).error_message(), HasSubstr("wrong bearer token"));
+  EXPECT_THAT(c.coordinator()->err(), HasSubstr("changed: 1 token(s) accepted"));
+  run_job("after the rotation");
+  EXPECT_TRUE(c.worker()->Running());
+  EXPECT_THAT(c.worker()->out(), ::testing::Not(HasSubstr("registered again")));
+  // A file left empty keeps the token in force, and says so.
+  Replace(coordinator_file, "\n");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        list(new_file);  // the coordinator looks at the file when a call comes
+        return absl::StrContains(c.coordinator()->err(), "still accepting the 1 token(s)");
+      },
+      noticed))
+      << c.Logs();
+  EXPECT_THAT(c.coordinator()->err(), HasSubstr("--token_file=" + coordinator_file + ": the file is empty"));
+  EXPECT_TRUE(list(new_file).ok());
+  EXPECT_FALSE(list(old_file).ok());
+}
+
 // A self-signed certificate for 127.0.0.1 and localhost, its own CA.
 bool MakeCertificate(const std::string& dir, const std::string& name, std::string* cert, std::string* key) {
   *cert = absl::StrCat(dir, "/", name, ".crt");

@@ -65,8 +65,9 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --teardown_s=60                  a rank that said it is exiting (its work over, its error reported) and
                                    is still tearing down this long after is killed; its exit is reported
                                    with the code it said
-  --token_file=PATH                the coordinator's bearer token (its --token_file), sent on every
-                                   call; passed on to the ranks for their rendezvous calls
+  --token_file=PATH                the coordinator's bearer token (its --token_file; the first line),
+                                   sent on every call, read again within a second of a change;
+                                   passed on to the ranks for their rendezvous calls
   --tls_ca_file=PATH               PEM CA of the coordinator's certificate: TLS on (ranks too)
   --calibrate=true                 measure the backend for the `auto` settings' time model (cached in
                                    --work_dir); false: register without, the coordinator's default curve
@@ -310,8 +311,19 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      OpenChannel(ConnectionOptions{o.coordinator, o.token_file, o.tls_ca_file});
+  ConnectionOptions connection{o.coordinator, o.token_file, o.tls_ca_file};
+  // A rotated token is sent from the next call on (client/connection.h
+  // TokenFile); each later read is logged, a failed one keeps the token.
+  connection.on_token_reload = [path = o.token_file](const absl::Status& read, size_t) {
+    if (read.ok()) {
+      std::printf("plateau_worker: --token_file=%s changed: sending its first token from now on\n", path.c_str());
+    } else {
+      std::printf("plateau_worker: WARNING: %s; still sending the token read before\n",
+                  std::string(read.message()).c_str());
+    }
+    std::fflush(stdout);
+  };
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(connection);
   if (!channel.ok()) return Fail(std::string(channel.status().message()));
   o.channel = *channel;
 
