@@ -199,8 +199,12 @@ TEST_F(PythonClientTest, TokenAndTlsReachADeployedCoordinatorAndARetriedSubmitIs
   ASSERT_TRUE(MakeCertificate(files, "stranger", "IP:127.0.0.1", &stranger, &stranger_key));
   const std::string token = files + "/token";
   std::ofstream(token) << "tok-py-5e21\n";
+  // The coordinator's file mid-rotation (docs/SERVICE.md): the example,
+  // given it, sends the first line.
+  const std::string rotating = files + "/rotating-token";
+  std::ofstream(rotating) << "tok-py-5e21\ntok-py-older\n";
   ClusterOptions o;
-  o.coordinator_flags = {"--token_file=" + token, "--tls_cert_file=" + cert, "--tls_key_file=" + key};
+  o.coordinator_flags = {"--token_file=" + rotating, "--tls_cert_file=" + cert, "--tls_key_file=" + key};
   o.worker_flags = {"--token_file=" + token, "--tls_ca_file=" + cert};
   o.client.token_file = token;
   o.client.tls_ca_file = cert;
@@ -208,8 +212,9 @@ TEST_F(PythonClientTest, TokenAndTlsReachADeployedCoordinatorAndARetriedSubmitIs
   ASSERT_TRUE(c.ready()) << c.Logs();
   const std::string spec = WriteSpec(c, "tiny", TinyJob(3));
 
-  Ran r = Example(c, "tls", {"--spec=" + spec, "--token-file=" + token, "--ca=" + cert, "--label=team=nlp",
-                             "--request-id=py-retry-1"});
+  Ran r = Example(
+      c, "tls",
+      {"--spec=" + spec, "--token-file=" + rotating, "--ca=" + cert, "--label=team=nlp", "--request-id=py-retry-1"});
   ASSERT_EQ(r.code, 0) << r.out << r.err << c.Logs();
   EXPECT_THAT(r.out, HasSubstr("submitted job-1: "));
   EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));

@@ -100,18 +100,20 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
 
 
 def read_token(args):
-    """The bearer token from --token or --token-file, or None."""
+    """The bearer token from --token or --token-file (its first line), or None."""
     if args.token and args.token_file:
         die(EXIT_USAGE, "--token and --token-file: give one of them")
     if args.token_file:
         try:
             with open(args.token_file) as f:
-                token = f.read().strip()
+                # One token per line, as the coordinator's file (a rotation
+                # holds two, docs/SERVICE.md): a client sends the first.
+                tokens = [line.strip() for line in f if line.strip()]
         except OSError as e:
             die(EXIT_USAGE, f"--token-file={args.token_file}: {e.strerror}")
-        if not token:
+        if not tokens:
             die(EXIT_USAGE, f"--token-file={args.token_file}: the file is empty")
-        return token
+        return tokens[0]
     if args.token is not None:
         token = args.token.strip()
         if not token:
