@@ -1,26 +1,28 @@
-// The `auto` settings chosen again when the coordinator places a job (and
-// re-places an attempt after a failure), on the calibration and memory of
-// the workers it was placed on: the real coordinator in process with a
+// The `auto` settings chosen again when the coordinator places a job, on
+// the calibration and memory of the workers it was placed on, and kept by a
+// restart where they still fit (else chosen again): the real coordinator in process with a
 // real SQLite store, the agents' side played by direct calls (as
 // coordinator_test), so that each worker can register with curves and
 // memory of the test's choosing.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
-#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
 #include "tests/cluster.h"
+#include "worker/auto_spec_testing.h"
 #include "worker/calibration.h"
 #include "worker/job_spec.h"
-#include "worker/auto_spec_testing.h"
 
 namespace plateau {
 namespace {
@@ -137,6 +139,25 @@ class AutoPlacementTest : public ::testing::Test {
     return j.ok() ? *j : v1::Job();
   }
 
+  // Heartbeats `worker` alone until it receives attempt 1 of `job` (the
+  // worker it ran on, silent, is lost); that assignment.
+  v1::Assignment RestartedOn(const std::string& worker, const std::string& job) {
+    v1::Assignment out;
+    const bool arrived = testing_cluster::WaitFor(
+        [&] {
+          auto hb = Heartbeat(worker);
+          if (hb.ok()) {
+            for (const v1::Assignment& as : hb->assignments()) {
+              if (as.job_id() == job) out = as;
+            }
+          }
+          return out.attempt() == 1;
+        },
+        absl::Seconds(10));
+    EXPECT_TRUE(arrived) << Get(job).DebugString();
+    return out;
+  }
+
   // The assignment `worker` receives for `job` on its next heartbeat.
   v1::Assignment AssignmentOn(const std::string& worker, const std::string& job) {
     auto hb = Heartbeat(worker);
@@ -175,9 +196,9 @@ TEST_F(AutoPlacementTest, AnUnusableCalibrationIsSetAsideNotFatalToAutoJobs) {
 
 // Chosen at submit on the default curve (no worker yet); chosen again on
 // worker a's curves when placed there; a is lost, and the restarted attempt
-// is placed on b and chosen again on b's curves: the plan (`get`) and the
-// ranks' spec follow each placement.
-TEST_F(AutoPlacementTest, EachPlacementChoosesOnItsWorkersCalibration) {
+// is placed on b, where a's values fit: kept, though b's curves would
+// choose others. The plan (`get`) and the ranks' spec say the same.
+TEST_F(AutoPlacementTest, TheFirstPlacementChoosesOnItsWorkersCalibrationARestartKeepsIt) {
   const v1::JobSpec spec = AllAuto(v1::BACKEND_CPU);
   const std::string job = Submit(spec);
   ASSERT_FALSE(job.empty());
@@ -208,34 +229,64 @@ TEST_F(AutoPlacementTest, EachPlacementChoosesOnItsWorkersCalibration) {
   // b registers; a goes silent: its attempt is lost and restarts on b (b's
   // heartbeats keep it alive and deliver the new attempt's assignment).
   const std::string b = RegisterWorker("b", v1::BACKEND_CPU, 0, &copies);
-  v1::Assignment on_b;
-  ASSERT_TRUE(testing_cluster::WaitFor(
-      [&] {
-        auto hb = Heartbeat(b);
-        if (hb.ok()) {
-          for (const v1::Assignment& as : hb->assignments()) {
-            if (as.job_id() == job) on_b = as;
-          }
-        }
-        return on_b.attempt() == 1;
-      },
-      absl::Seconds(10)))
-      << Get(job).DebugString();
+  const v1::Assignment on_b = RestartedOn(b, job);
   j = Get(job);
   EXPECT_EQ(j.attempt(), 1);
   ASSERT_EQ(j.placement(0).worker_id(), b);
-  EXPECT_THAT(j.plan().calibration(), HasSubstr("measured on " + b + " (b)"));
-  EXPECT_EQ(Values(j.plan()), Values(*want_b));
-  EXPECT_NE(Values(j.plan()), on_a);
-  EXPECT_EQ(Values(on_b.spec()), Values(*want_b));
-  // The plan's bytes are at b's values: the job keeps one consistent plan.
+  // a's values fit b (the spec's own 256 MiB cap): kept, so that the
+  // resumed run is bitwise the uninterrupted one, though b's curve would
+  // choose others.
+  EXPECT_EQ(Values(j.plan()), on_a);
+  EXPECT_EQ(Values(on_b.spec()), on_a);
+  EXPECT_THAT(j.plan().calibration(), HasSubstr("measured on " + a + " (a)"));
+  EXPECT_THAT(absl::StrJoin(j.plan().notes(), "\n"), HasSubstr("kept from the earlier attempt"));
+  // The plan's bytes are at those values: the job keeps one consistent plan.
   for (const v1::LiveSetBytes& ls : j.plan().live_sets()) {
-    for (const v1::LiveSetBytes& w : want_b->live_sets()) {
+    for (const v1::LiveSetBytes& w : want_a->live_sets()) {
       if (w.live_set() == ls.live_set()) {
         EXPECT_EQ(ls.bytes(), w.bytes()) << ls.live_set();
       }
     }
   }
+}
+
+// A restart onto workers where the values the job ran with do not fit
+// chooses again for them, and the job's log says the resume is not bitwise.
+TEST_F(AutoPlacementTest, ARestartWhereTheEarlierValuesDoNotFitChoosesAgain) {
+  v1::JobSpec spec = AllAuto(v1::BACKEND_CUDA);
+  spec.set_device_memory_bytes(0);  // the workers' memory is the cap
+  auto roomy = plateau::PlanJob(spec);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  AutoContext none;
+  none.device_memory_bytes = 1;
+  auto smallest = plateau::PlanJob(spec, none);
+  ASSERT_TRUE(smallest.ok()) << smallest.status();
+  const int64_t lo = smallest->total_bytes(), hi = roomy->total_bytes();
+  ASSERT_LT(lo, hi);
+
+  const std::string big = RegisterWorker("big", v1::BACKEND_CUDA, 0, nullptr);  // 0: no cap
+  const std::string job = Submit(spec);
+  v1::Job j = Get(job);
+  ASSERT_EQ(j.state(), v1::SCHEDULED) << j.DebugString();
+  const std::map<std::string, int64_t> first = Values(j.plan());
+  ASSERT_EQ(first, Values(*roomy));
+
+  const int64_t middle = lo + (hi - lo) / 2;
+  const std::string mid = RegisterWorker("mid", v1::BACKEND_CUDA, middle, nullptr);
+  const v1::Assignment on_mid = RestartedOn(mid, job);
+  j = Get(job);
+  ASSERT_EQ(j.placement(0).worker_id(), mid);
+  EXPECT_NE(Values(j.plan()), first);
+  EXPECT_EQ(Values(on_mid.spec()), Values(j.plan()));
+  EXPECT_LE(j.plan().total_bytes(), middle);
+  EXPECT_THAT(absl::StrJoin(j.plan().notes(), "\n"), Not(HasSubstr("kept from the earlier attempt")));
+  auto logs = store_->ReadLogs(job, 0, 1000);
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  std::string said;
+  for (const v1::LogEntry& e : *logs) absl::StrAppend(&said, e.line(), "\n");
+  EXPECT_THAT(said, HasSubstr("the `auto` settings of the earlier attempt do not fit on " + mid +
+                              ", so they are chosen again and this attempt's steps are not bitwise"));
+  EXPECT_THAT(said, HasSubstr("device_memory_bytes"));
 }
 
 // Two nodes: the job's settings are chosen on the slower node's curves and

@@ -821,17 +821,40 @@ void Coordinator::Schedule() {
     }
     const v1::JobSpec& spec = a.job.spec();
     const int64_t per_node = spec.layout().ranks() / static_cast<int64_t>(d.nodes.size());
-    // The `auto` settings are chosen again for the workers this attempt got
+    // The `auto` settings are chosen for the workers the first attempt got
     // (their calibration and memory; PlacementAutoContext takes the slowest
-    // and the most constrained of them), so that each attempt runs what
-    // suits where it runs: the plan, and what the ranks receive
-    // (AssignmentFor), are this choice.
+    // and the most constrained of them), so that it runs what suits where
+    // it runs: the plan, and what the ranks receive (AssignmentFor), are
+    // this choice. A restart keeps the values the job ran with when they
+    // fit its new workers, so that its resumed run is bitwise the
+    // uninterrupted one (PlanAtEarlierAutoSettings); else it chooses again
+    // and the job's log says why.
     if (HasAutoSettings(spec)) {
       std::vector<std::pair<std::string, v1::WorkerCapabilities>> placed;
       for (const std::string& id : d.nodes) placed.push_back({id, registry_.at(id).caps});
       absl::StatusOr<AutoContext> context = PlacementAutoContext(spec, placed);
-      absl::StatusOr<v1::MemoryPlan> plan =
-          context.ok() ? AdmitJob(spec, *context) : absl::StatusOr<v1::MemoryPlan>(context.status());
+      const bool ran_before =
+          a.job.attempt() > 0 && a.job.plan().auto_settings_size() > 0 && !a.job.plan().has_auto_nothing_fits();
+      std::string earlier_misfit;
+      absl::StatusOr<v1::MemoryPlan> plan = absl::InternalError("not planned");
+      if (!context.ok()) {
+        plan = context.status();
+      } else if (ran_before) {
+        plan = PlanAtEarlierAutoSettings(spec, a.job.plan(), *context);
+        if (!plan.ok()) {
+          earlier_misfit = std::string(plan.status().message());
+          plan = AdmitJob(spec, *context);
+        }
+      } else {
+        plan = AdmitJob(spec, *context);
+      }
+      if (plan.ok() && !earlier_misfit.empty()) {
+        Log(a.job.id(), a.job.attempt(),
+            absl::StrCat("the `auto` settings of the earlier attempt do not fit on ", absl::StrJoin(d.nodes, ", "),
+                         ", so they are chosen again and this attempt's steps are not bitwise those of an "
+                         "uninterrupted run: ",
+                         earlier_misfit));
+      }
       if (plan.ok() && plan->has_auto_nothing_fits()) {
         plan = absl::ResourceExhaustedError(plan->auto_nothing_fits().reason());
       }

@@ -8,8 +8,9 @@
 //   sco { host_budget_auto: true }
 //   offload_stream_adamw { bucket_params_auto: true }
 // The coordinator chooses the values when it plans the job (PlanJob,
-// SubmitJob), and again each time it places an attempt, on the workers it
-// placed it on (job_spec.h PlacementAutoContext); it keeps the latest
+// SubmitJob), and again when it places the first attempt, on the workers it
+// placed it on (job_spec.h PlacementAutoContext); a restart keeps them where
+// they fit (PlanAtEarlierAutoSettings), else chooses again; it keeps the latest
 // choice in the job's plan (MemoryPlan.auto_settings); each assignment
 // carries ResolvedSpec, so every rank runs the same values and a rank never
 // chooses (plateau_rank refuses a spec with `auto` left).

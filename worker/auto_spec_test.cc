@@ -141,6 +141,39 @@ TEST(AutoSpecTest, AWorkersCalibrationAndMemoryAreUsed) {
   EXPECT_THAT(PlanJob(spec, context).status().message(), HasSubstr("calibration.gemm: expected at least one point"));
 }
 
+// A restart's plan at the earlier values: AdmitJob's at those values, the
+// earlier rows kept; refused naming the cap where they do not fit the new
+// workers' memory (the spec's cap 0), and where the earlier plan has none.
+TEST(AutoSpecTest, TheEarlierValuesAreKeptWhereTheyFit) {
+  v1::JobSpec spec = AllAuto();
+  spec.set_backend(v1::BACKEND_CUDA);
+  spec.set_device_memory_bytes(0);
+  auto earlier = PlanJob(spec);  // no cap: the roomiest values
+  ASSERT_TRUE(earlier.ok()) << earlier.status();
+  AutoContext same;
+  same.device_memory_bytes = earlier->total_bytes();  // exactly enough
+  auto kept = PlanAtEarlierAutoSettings(spec, *earlier, same);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->total_bytes(), earlier->total_bytes());
+  ASSERT_EQ(kept->auto_settings_size(), earlier->auto_settings_size());
+  for (int i = 0; i < kept->auto_settings_size(); ++i) {
+    EXPECT_EQ(kept->auto_settings(i).value(), earlier->auto_settings(i).value());
+  }
+  EXPECT_THAT(kept->notes(), testing::Contains(HasSubstr("kept from the earlier attempt")));
+  AutoContext smaller;
+  smaller.device_memory_bytes = earlier->total_bytes() - 1;
+  auto refused = PlanAtEarlierAutoSettings(spec, *earlier, smaller);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("device_memory_bytes"));
+  // Chosen again there, something smaller fits.
+  auto chosen = AdmitJob(spec, smaller);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_LE(chosen->total_bytes(), smaller.device_memory_bytes);
+  v1::MemoryPlan none = *earlier;
+  none.clear_auto_settings();
+  EXPECT_EQ(PlanAtEarlierAutoSettings(spec, none, same).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // Nothing fits: the plan is shown at the smallest settings, not fitting,
 // with the reason; admission refuses it with that reason.
 TEST(AutoSpecTest, NothingFitsIsPlannedAtTheSmallestAndRefusedAtAdmission) {

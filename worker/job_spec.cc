@@ -917,6 +917,28 @@ absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoConte
   return AdmitPlan(spec, std::move(plan));
 }
 
+absl::StatusOr<v1::MemoryPlan> PlanAtEarlierAutoSettings(const v1::JobSpec& spec, const v1::MemoryPlan& earlier,
+                                                         const AutoContext& context) {
+  PLATEAU_ASSIGN_OR_RETURN(const v1::JobSpec resolved, ResolvedSpec(spec, earlier));
+  // The fit against the workers' memory where the spec leaves a cap to
+  // them; the plan shown is against the spec's own caps, as a choice's is.
+  if ((spec.device_memory_bytes() == 0 && context.device_memory_bytes > 0) ||
+      (spec.host_memory_bytes() == 0 && context.host_memory_bytes > 0)) {
+    v1::JobSpec capped = resolved;
+    if (spec.device_memory_bytes() == 0) capped.set_device_memory_bytes(context.device_memory_bytes);
+    if (spec.host_memory_bytes() == 0) capped.set_host_memory_bytes(context.host_memory_bytes);
+    PLATEAU_RETURN_IF_ERROR(AdmitJob(capped).status());
+  }
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(resolved));
+  *plan.mutable_auto_settings() = earlier.auto_settings();
+  plan.set_calibration(earlier.calibration());
+  plan.add_notes(absl::StrCat("auto: ", earlier.auto_settings_size(),
+                              " setting(s) kept from the earlier attempt (they fit here), so that the resumed run is "
+                              "bitwise the uninterrupted one; chosen on ",
+                              earlier.calibration()));
+  return plan;
+}
+
 absl::Status AutoFitsOnWorker(const v1::JobSpec& spec, const v1::WorkerCapabilities& worker, int64_t per_node) {
   const AutoRequest request = AutoRequestOf(spec);
   if (!request.any()) return absl::OkStatus();

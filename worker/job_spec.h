@@ -91,6 +91,18 @@ absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoConte
 // RESOURCE_EXHAUSTED with the chooser's reason otherwise.
 absl::Status AutoFitsOnWorker(const v1::JobSpec& spec, const v1::WorkerCapabilities& worker, int64_t per_node);
 
+// A restarted attempt's plan at the `auto` values its job ran with before
+// (`earlier`.auto_settings): a resumed run is then bitwise the
+// uninterrupted one, since two of the settings (chunk_tokens, strip) change
+// the order of sums. Checked against the spec's caps or, where one is 0,
+// the context's worker memory (as the chooser would be); the plan is
+// AdmitJob's at those values, with the earlier AutoSetting rows, its
+// calibration and a note saying they were kept. RESOURCE_EXHAUSTED naming
+// the cap when they do not fit there (the coordinator then chooses again),
+// FAILED_PRECONDITION when `earlier` lacks a value.
+absl::StatusOr<v1::MemoryPlan> PlanAtEarlierAutoSettings(const v1::JobSpec& spec, const v1::MemoryPlan& earlier,
+                                                         const AutoContext& context);
+
 // What the coordinator chooses a placed job's `auto` settings with, from the
 // workers it was placed on ({id as shown, capabilities}, one per node): the
 // most constrained memory (the least device memory, the least host memory
