@@ -1259,9 +1259,33 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
       w.used_devices += p->ranks_size();
       touched.push_back(seq);
       if (!p->delivered() && run == running.end()) {
+        if (a.cancel_requested || a.has_failure) {
+          for (int r : p->ranks()) a.ranks[r].gone = true;
+          continue;
+        }
+        // A fresh agent process whose predecessor may have received it: if
+        // the attempt's ranks have begun to meet, some of those keys may be
+        // from ranks that died with that process, and ranks sent again
+        // would read them and dial the dead. The attempt restarts under
+        // fresh keys instead (a restart, counted as one).
+        if (request.agent_started() && rendezvous_.AnyKeyOf(a.job.id(), a.job.attempt())) {
+          for (int r : p->ranks()) a.ranks[r].gone = true;
+          v1::Failure f;
+          f.set_kind(v1::Failure::RANK_CRASHED);
+          f.set_rank(p->ranks(0));
+          f.set_worker_id(w.id);
+          f.set_message(absl::StrCat(
+              "attempt ", a.job.attempt(), "'s assignment to ", w.id, " was never acknowledged, and ", w.id,
+              " registered again after ", after, " as a new agent process while the attempt's ranks were meeting: ",
+              "its ranks there may have started and died with the old process, leaving rendezvous keys that ranks "
+              "sent again would read; the attempt restarts under fresh keys"));
+          const bool first = !a.has_failure;
+          RecordFailure(a, f, kPriorityExit);
+          if (first) StopRanks(a);  // the others would wait on ranks that never come
+          continue;
+        }
         // The assignment never reached the worker: send it (again).
-        if (!a.cancel_requested && !a.has_failure) w.assignments.push_back(AssignmentFor(a, *p));
-        else for (int r : p->ranks()) a.ranks[r].gone = true;
+        w.assignments.push_back(AssignmentFor(a, *p));
         continue;
       }
       attached.insert(key);

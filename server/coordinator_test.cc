@@ -101,9 +101,12 @@ class CoordinatorTest : public ::testing::Test {
 
   Coordinator& c() { return *coordinator_; }
 
+  // agent_started: as a fresh agent process registers
+  // (RegisterRequest.agent_started).
   std::string Register(const std::string& old_id = "", const std::vector<v1::RunningJob>& running = {},
-                       v1::RegisterResponse* out = nullptr) {
+                       v1::RegisterResponse* out = nullptr, bool agent_started = false) {
     v1::RegisterRequest req;
+    req.set_agent_started(agent_started);
     req.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
     req.mutable_capabilities()->set_devices(2);
     req.mutable_capabilities()->set_rank_address("127.0.0.1");
@@ -584,6 +587,55 @@ TEST_F(CoordinatorTest, MemoryTimelineOfAJob) {
     EXPECT_GT(got->plan().live_sets_size(), 0);
     Open();  // the timeline is in the store, not only in memory
   }
+}
+
+// An assignment never acknowledged, to an agent that then registers as a
+// new process (it restarted; with the coordinator restarting too, or not):
+// where the attempt's ranks had begun to meet, keys of ranks that died with
+// the old process may be there, and ranks sent again would read them and
+// dial the dead. The attempt restarts under fresh keys instead. Without
+// keys, or from the same process, the assignment is sent again as before.
+TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadBegunToMeetRestartsItUnderFreshKeys) {
+  for (const bool coordinator_restarts : {true, false}) {
+    SCOPED_TRACE(coordinator_restarts ? "the coordinator restarted too" : "only the agent restarted");
+    std::filesystem::remove(dir_ + "/state.db");
+    Open();
+    const std::string w = Register("", {}, nullptr, /*agent_started=*/true);
+    v1::JobSpec spec = DemoJobSpec(2, 5);
+    spec.set_max_restarts(1);
+    const std::string job = SendAssignment(w, 1, spec);  // its answer arrived; no acknowledgement yet
+    const std::string key = job + "/attempt-0/rank-0";
+    ASSERT_TRUE(c().KvSet(key, "127.0.0.1:40001").ok());  // a rank of it began to meet
+    if (coordinator_restarts) Open();
+    EXPECT_EQ(Register(w, {}, nullptr, /*agent_started=*/true), w);
+    ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(job).attempt() == 1; }, absl::Seconds(10)))
+        << Get(job).DebugString();
+    EXPECT_EQ(c().KvGet(key, absl::ZeroDuration()).status().code(), absl::StatusCode::kNotFound)
+        << "the old attempt's keys are gone with it";
+    auto hb = c().Heartbeat(Beat(w, 1));
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    ASSERT_EQ(hb->assignments_size(), 1);
+    EXPECT_EQ(hb->assignments(0).attempt(), 1);
+    EXPECT_EQ(hb->assignments(0).kv_prefix(), job + "/attempt-1");
+    auto events = store_->ReadEvents(job, 0, 100);
+    ASSERT_TRUE(events.ok()) << events.status();
+    std::string said;
+    for (const v1::JobEvent& e : *events) absl::StrAppend(&said, e.state_change().reason(), "\n");
+    EXPECT_THAT(said, HasSubstr("as a new agent process while the attempt's ranks were meeting"));
+  }
+}
+
+TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadNotBegunToMeetGetsItAgain) {
+  const std::string w = Register("", {}, nullptr, /*agent_started=*/true);
+  const std::string job = SendAssignment(w, 1);
+  Open();
+  EXPECT_EQ(Register(w, {}, nullptr, /*agent_started=*/true), w);
+  auto hb = c().Heartbeat(Beat(w, 1));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);
+  EXPECT_EQ(hb->assignments(0).job_id(), job);
+  EXPECT_EQ(hb->assignments(0).attempt(), 0);
+  EXPECT_FALSE(Get(job).has_failure()) << Get(job).DebugString();
 }
 
 TEST_F(CoordinatorTest, RestartResendsAnAssignmentThatWasNeverDelivered) {

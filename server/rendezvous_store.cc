@@ -53,6 +53,12 @@ bool RendezvousStore::Contains(const std::vector<std::string>& keys) const {
   return true;
 }
 
+bool RendezvousStore::AnyKeyOf(const std::string& job_id, int attempt) const {
+  const std::string prefix = AttemptPrefix(job_id, attempt) + "/";
+  auto it = kv_.lower_bound(prefix);
+  return it != kv_.end() && absl::StartsWith(it->first, prefix);
+}
+
 absl::Status RendezvousStore::DeleteAttempt(const std::string& job_id, int attempt) {
   // The trailing slash keeps job-1/attempt-1 from matching job-1/attempt-10.
   const std::string prefix = AttemptPrefix(job_id, attempt) + "/";

@@ -55,6 +55,9 @@ class RendezvousStore {
                                   const bool* stop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Whether every key is set.
   bool Contains(const std::vector<std::string>& keys) const;
+  // Whether any key is set under AttemptPrefix(job_id, attempt) + "/": some
+  // rank of the attempt has begun to meet the others.
+  bool AnyKeyOf(const std::string& job_id, int attempt) const;
   // Forgets every key under AttemptPrefix(job_id, attempt) + "/" (the
   // attempt has ended; its keys are of no further use). Memory forgets them
   // even when the store's delete fails; that failure is returned.

@@ -166,8 +166,10 @@ absl::Status Agent::RegisterNow(bool again) {
     req.set_worker_id(worker_id());
     RunningJobs(req.mutable_running());
   } else {
-    // A fresh start asks for the id of its previous run, if any.
+    // A fresh start asks for the id of its previous run, if any, and says
+    // it is one (RegisterRequest.agent_started).
     req.set_worker_id(ReadId(options_.work_dir));
+    req.set_agent_started(true);
   }
   v1::RegisterResponse resp;
   auto ctx = Context(absl::Seconds(5));
