@@ -60,6 +60,26 @@ v1::Calibration LatencyBound() { return Flat(1e9, 1e-3, 1e9, 1e8, 5e-3); }
 // Fast launches against slow copies: many small buckets overlap them.
 v1::Calibration CopyBound() { return Flat(1e12, 1e-7, 1e6, 1e10, 1e-7); }
 
+// AllAuto on cuda without a device cap: each worker's memory is the cap.
+v1::JobSpec UncappedAllAuto() {
+  v1::JobSpec s = AllAuto(v1::BACKEND_CUDA);
+  s.set_device_memory_bytes(0);
+  return s;
+}
+
+// The job's roomiest plan (no cap) and its smallest (nothing fits a 1-byte
+// worker: planned at the smallest values).
+void Extremes(const v1::JobSpec& spec, v1::MemoryPlan* roomy, v1::MemoryPlan* smallest) {
+  auto r = plateau::PlanJob(spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  *roomy = *r;
+  AutoContext none;
+  none.device_memory_bytes = 1;
+  auto s = plateau::PlanJob(spec, none);
+  ASSERT_TRUE(s.ok()) << s.status();
+  *smallest = *s;
+}
+
 std::map<std::string, int64_t> Values(const v1::MemoryPlan& plan) {
   std::map<std::string, int64_t> out;
   for (const v1::AutoSetting& a : plan.auto_settings()) out[a.field()] = a.value();
@@ -253,15 +273,10 @@ TEST_F(AutoPlacementTest, TheFirstPlacementChoosesOnItsWorkersCalibrationARestar
 // A restart onto workers where the values the job ran with do not fit
 // chooses again for them, and the job's log says the resume is not bitwise.
 TEST_F(AutoPlacementTest, ARestartWhereTheEarlierValuesDoNotFitChoosesAgain) {
-  v1::JobSpec spec = AllAuto(v1::BACKEND_CUDA);
-  spec.set_device_memory_bytes(0);  // the workers' memory is the cap
-  auto roomy = plateau::PlanJob(spec);
-  ASSERT_TRUE(roomy.ok()) << roomy.status();
-  AutoContext none;
-  none.device_memory_bytes = 1;
-  auto smallest = plateau::PlanJob(spec, none);
-  ASSERT_TRUE(smallest.ok()) << smallest.status();
-  const int64_t lo = smallest->total_bytes(), hi = roomy->total_bytes();
+  const v1::JobSpec spec = UncappedAllAuto();
+  v1::MemoryPlan roomy, smallest;
+  ASSERT_NO_FATAL_FAILURE(Extremes(spec, &roomy, &smallest));
+  const int64_t lo = smallest.total_bytes(), hi = roomy.total_bytes();
   ASSERT_LT(lo, hi);
 
   const std::string big = RegisterWorker("big", v1::BACKEND_CUDA, 0, nullptr);  // 0: no cap
@@ -269,7 +284,7 @@ TEST_F(AutoPlacementTest, ARestartWhereTheEarlierValuesDoNotFitChoosesAgain) {
   v1::Job j = Get(job);
   ASSERT_EQ(j.state(), v1::SCHEDULED) << j.DebugString();
   const std::map<std::string, int64_t> first = Values(j.plan());
-  ASSERT_EQ(first, Values(*roomy));
+  ASSERT_EQ(first, Values(roomy));
 
   const int64_t middle = lo + (hi - lo) / 2;
   const std::string mid = RegisterWorker("mid", v1::BACKEND_CUDA, middle, nullptr);
@@ -331,18 +346,12 @@ TEST_F(AutoPlacementTest, TwoNodesChooseOnTheSlowerCalibration) {
 // used (the job waits, saying why), one with room takes it with the values
 // that fit its memory.
 TEST_F(AutoPlacementTest, AWorkerWhereNothingFitsIsNotUsedAndTheChoiceFitsTheOneThatIs) {
-  v1::JobSpec spec = AllAuto(v1::BACKEND_CUDA);
-  spec.set_device_memory_bytes(0);
-  // The smallest and the roomiest plans of the job's settings.
-  auto roomy = plateau::PlanJob(spec);
-  ASSERT_TRUE(roomy.ok()) << roomy.status();
-  AutoContext none;
-  none.device_memory_bytes = 1;
-  auto smallest = plateau::PlanJob(spec, none);
-  ASSERT_TRUE(smallest.ok()) << smallest.status();
-  ASSERT_TRUE(smallest->has_auto_nothing_fits());
-  EXPECT_TRUE(smallest->auto_nothing_fits().cap_of_the_worker());
-  const int64_t lo = smallest->total_bytes(), hi = roomy->total_bytes();
+  const v1::JobSpec spec = UncappedAllAuto();
+  v1::MemoryPlan roomy, smallest;
+  ASSERT_NO_FATAL_FAILURE(Extremes(spec, &roomy, &smallest));
+  ASSERT_TRUE(smallest.has_auto_nothing_fits());
+  EXPECT_TRUE(smallest.auto_nothing_fits().cap_of_the_worker());
+  const int64_t lo = smallest.total_bytes(), hi = roomy.total_bytes();
   ASSERT_LT(lo, hi);
 
   const std::string tiny = RegisterWorker("tiny", v1::BACKEND_CUDA, lo - 1, nullptr);
@@ -362,7 +371,7 @@ TEST_F(AutoPlacementTest, AWorkerWhereNothingFitsIsNotUsedAndTheChoiceFitsTheOne
   EXPECT_FALSE(j.plan().has_auto_nothing_fits());
   EXPECT_LE(j.plan().total_bytes(), middle);
   EXPECT_GT(j.plan().total_bytes(), lo);  // not simply the smallest: the fastest that fits
-  EXPECT_NE(Values(j.plan()), Values(*roomy));
+  EXPECT_NE(Values(j.plan()), Values(roomy));
   EXPECT_EQ(Values(AssignmentOn(mid, job).spec()), Values(j.plan()));
 }
 
