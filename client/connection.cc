@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -126,21 +127,36 @@ TokenFile::Identity TokenFile::Look() const {
 }
 
 std::shared_ptr<const std::vector<std::string>> TokenFile::Tokens() {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (now - looked_ < recheck_) return tokens_;
-  looked_ = now;
+  Identity seen;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (looking_ || now - looked_ < recheck_) return tokens_;
+    looked_ = now;
+    looking_ = true;
+    seen = seen_;
+  }
+  // One caller looks, without the lock: a slow or hung file system holds
+  // up that call alone, while every other call checks against the tokens
+  // in force.
   const Identity identity = Look();
   const int look_error = errno;
-  if (identity == seen_) return tokens_;
-  seen_ = identity;
-  absl::StatusOr<std::vector<std::string>> read =
-      identity.size < 0 ? absl::InvalidArgumentError(absl::StrCat(flag_, "=", path_, ": cannot look at the file (",
-                                                                  std::strerror(look_error), ")"))
-                        : ReadTokenFile(flag_, path_);
-  if (read.ok()) tokens_ = std::make_shared<const std::vector<std::string>>(*std::move(read));
-  if (on_reload_) on_reload_(read.status(), tokens_->size());
-  return tokens_;
+  std::optional<absl::StatusOr<std::vector<std::string>>> read;
+  if (!(identity == seen)) {
+    read = identity.size < 0 ? absl::InvalidArgumentError(absl::StrCat(flag_, "=", path_, ": cannot look at the file (",
+                                                                       std::strerror(look_error), ")"))
+                             : ReadTokenFile(flag_, path_);
+  }
+  std::shared_ptr<const std::vector<std::string>> tokens;
+  {
+    absl::MutexLock lock(&mu_);
+    looking_ = false;
+    seen_ = identity;
+    if (read.has_value() && read->ok()) tokens_ = std::make_shared<const std::vector<std::string>>(**std::move(read));
+    tokens = tokens_;
+  }
+  if (read.has_value() && on_reload_) on_reload_(read->status(), tokens->size());
+  return tokens;
 }
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path) {

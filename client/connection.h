@@ -43,7 +43,9 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, 
 // token keeps the tokens of the last good one (and is reported once per
 // change of the file), so a half-written file never locks anyone out for
 // longer than it stays half-written. Write the new file beside the old and
-// rename it over: then no reader sees it half-written.
+// rename it over: then no reader sees it half-written. One caller at a time
+// looks at the file, outside the lock: the others meanwhile get the tokens
+// in force, so a slow file system delays no check but that caller's.
 //
 // Thread safety: thread-safe.
 class TokenFile {
@@ -80,6 +82,7 @@ class TokenFile {
   std::shared_ptr<const std::vector<std::string>> tokens_ ABSL_GUARDED_BY(mu_);
   Identity seen_ ABSL_GUARDED_BY(mu_);
   absl::Time looked_ ABSL_GUARDED_BY(mu_);
+  bool looking_ ABSL_GUARDED_BY(mu_) = false;  // a caller is looking at the file (Tokens)
 };
 
 struct ConnectionOptions {

@@ -5,12 +5,18 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -124,6 +130,38 @@ TEST(TokenFileTest, ReadsTheFileAgainWhenItChangesAndKeepsTheLastGoodTokens) {
   EXPECT_THAT(heard[1], AllOf(HasSubstr("the file is empty"), EndsWith(" 2")));
   EXPECT_THAT(heard[2], AllOf(HasSubstr("cannot look at the file (No such file or directory)"), EndsWith(" 2")));
   EXPECT_EQ(heard[3], "ok 1");
+}
+
+// One caller at a time looks at the file, and the others are not held up by
+// it: a FIFO renamed into the file's place blocks the looker's open until
+// something writes it, while the other call returns the tokens in force.
+TEST(TokenFileTest, ACallerLookingAtASlowFileHoldsUpNoOtherCall) {
+  const std::string path = Write("slow-fs", "tok-a\n");
+  auto file = TokenFile::Open("--token_file", path, absl::ZeroDuration());
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::string fifo = TmpDir() + "/slow-fs.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::filesystem::rename(fifo, path);
+  std::vector<std::string> got[2];
+  std::atomic<int> done{0};
+  auto call = [&](int i) {
+    got[i] = *(*file)->Tokens();
+    ++done;
+  };
+  std::thread first(call, 0);
+  absl::SleepFor(absl::Milliseconds(300));  // one of the two is the looker, blocked in open
+  std::thread second(call, 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (done.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(done.load(), 1) << "the call that did not look waited for the one that did";
+  {
+    std::ofstream(path) << "tok-b\n";  // opens the FIFO: the looker's open returns
+  }
+  first.join();
+  second.join();
+  std::vector<std::vector<std::string>> both = {got[0], got[1]};
+  std::sort(both.begin(), both.end());
+  EXPECT_THAT(both, ElementsAre(ElementsAre("tok-a"), ElementsAre("tok-b")));
 }
 
 // The file is looked at no more than once per recheck: a call's cost is a
