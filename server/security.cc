@@ -43,8 +43,11 @@ grpc::Status BearerAuth::CheckHeader(const absl::string_view* authorization) con
   const absl::string_view given = absl::StripAsciiWhitespace(authorization->substr(kScheme.size()));
   // Compared with every token (no early exit), so the time does not say
   // which one it was close to.
+  // `tokens` holds them for the loop: a reload on another thread may
+  // replace the file's own reference meanwhile.
+  const std::shared_ptr<const std::vector<std::string>> tokens = file_->Tokens();
   bool match = false;
-  for (const std::string& token : *file_->Tokens()) match = ConstantTimeEquals(given, token) || match;
+  for (const std::string& token : *tokens) match = ConstantTimeEquals(given, token) || match;
   if (!match) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "wrong bearer token: it is not the coordinator's --token_file");

@@ -1,11 +1,13 @@
 #include "server/security.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -85,6 +87,30 @@ TEST(BearerAuthTest, FollowsTheFileThroughARotation) {
   WriteTokens("rotated", "\n");
   EXPECT_TRUE(Check(auth, "Bearer tok-new").ok());
   EXPECT_FALSE(Check(auth, "Bearer tok-old").ok());
+}
+
+// Checks on many threads while the file keeps changing (the coordinator's
+// handler threads during a rotation): each check sees one whole set of
+// tokens. Under ASan (--config=asan) this also catches a check that reads
+// a set another thread's reload has freed.
+TEST(BearerAuthTest, ChecksDuringReloadsOnOtherThreads) {
+  const std::string path = WriteTokens("busy", "tok-kept\ntok-0\n");
+  BearerAuth auth(OpenTokens(path));
+  std::atomic<bool> stop{false};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> checkers;
+  for (int t = 0; t < 4; ++t) {
+    checkers.emplace_back([&] {
+      while (!stop.load()) {
+        if (!Check(auth, "Bearer tok-kept").ok()) ++refused;
+      }
+    });
+  }
+  for (int i = 1; i <= 300; ++i) WriteTokens("busy", absl::StrCat("tok-kept\ntok-", i, "\n"));
+  stop = true;
+  for (std::thread& t : checkers) t.join();
+  EXPECT_EQ(refused.load(), 0) << "the token in every version of the file was refused";
+  EXPECT_TRUE(Check(auth, "Bearer tok-300").ok());
 }
 
 TEST(PeerHostTest, StripsThePort) {
