@@ -111,7 +111,7 @@ absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(const std::string& fl
   absl::MutexLock lock(&file->mu_);
   file->tokens_ = std::make_shared<const std::vector<std::string>>(*std::move(tokens));
   file->seen_ = identity;
-  file->looked_ = absl::Now();
+  file->looked_ = std::chrono::steady_clock::now();
   return file;
 }
 
@@ -123,6 +123,7 @@ TokenFile::Identity TokenFile::Look() const {
   id.inode = st.st_ino;
   id.size = st.st_size;
   id.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  id.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
   return id;
 }
 
@@ -130,8 +131,8 @@ std::shared_ptr<const std::vector<std::string>> TokenFile::Tokens() {
   Identity seen;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    if (looking_ || now - looked_ < recheck_) return tokens_;
+    const auto now = std::chrono::steady_clock::now();
+    if (looking_ || now - looked_ < absl::ToChronoNanoseconds(recheck_)) return tokens_;
     looked_ = now;
     looking_ = true;
     seen = seen_;

@@ -12,6 +12,7 @@
 #ifndef PLATEAU_CLIENT_CONNECTION_H_
 #define PLATEAU_CLIENT_CONNECTION_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,7 +39,7 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, 
 // A token file that is read again when it changes, so that a long-lived
 // process (the coordinator, a worker agent, a rank) follows a rotation
 // without a restart. A change is noticed by the file's identity (device,
-// inode, size, modification time), looked at no more than once per
+// inode, size, modification and status-change times), looked at no more than once per
 // `recheck` when the tokens are asked for; a read that fails or finds no
 // token keeps the tokens of the last good one (and is reported once per
 // change of the file), so a half-written file never locks anyone out for
@@ -65,9 +66,12 @@ class TokenFile {
  private:
   struct Identity {
     uint64_t device = 0, inode = 0;
-    int64_t size = -1, mtime_ns = 0;
+    // ctime too: a chmod or chown (which a failed read may have waited
+    // for) changes only it.
+    int64_t size = -1, mtime_ns = 0, ctime_ns = 0;
     bool operator==(const Identity& o) const {
-      return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns;
+      return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns &&
+             ctime_ns == o.ctime_ns;
     }
   };
   TokenFile(std::string flag, std::string path, absl::Duration recheck, Listener on_reload)
@@ -81,7 +85,9 @@ class TokenFile {
   absl::Mutex mu_;
   std::shared_ptr<const std::vector<std::string>> tokens_ ABSL_GUARDED_BY(mu_);
   Identity seen_ ABSL_GUARDED_BY(mu_);
-  absl::Time looked_ ABSL_GUARDED_BY(mu_);
+  // When the file was last looked at: the steady clock's, which a step of
+  // the wall clock cannot hold back.
+  std::chrono::steady_clock::time_point looked_ ABSL_GUARDED_BY(mu_);
   bool looking_ ABSL_GUARDED_BY(mu_) = false;  // a caller is looking at the file (Tokens)
 };
 

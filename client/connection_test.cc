@@ -3,6 +3,7 @@
 #include "client/connection.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -124,12 +125,22 @@ TEST(TokenFileTest, ReadsTheFileAgainWhenItChangesAndKeepsTheLastGoodTokens) {
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b", "tok-a"));
   Replace("rotating", "tok-b\n");
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));
+  // Rewritten in place at the same size with its modification time put
+  // back: only the status-change time says so (as only it says that a
+  // chmod made an unreadable file readable).
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  std::ofstream(path, std::ios::binary | std::ios::in) << "tok-c\n";
+  const timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << std::strerror(errno);
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-c"));
   // Each change is told once, failures with what was kept.
-  ASSERT_EQ(heard.size(), 4u);
+  ASSERT_EQ(heard.size(), 5u);
   EXPECT_EQ(heard[0], "ok 2");
   EXPECT_THAT(heard[1], AllOf(HasSubstr("the file is empty"), EndsWith(" 2")));
   EXPECT_THAT(heard[2], AllOf(HasSubstr("cannot look at the file (No such file or directory)"), EndsWith(" 2")));
   EXPECT_EQ(heard[3], "ok 1");
+  EXPECT_EQ(heard[4], "ok 1");
 }
 
 // One caller at a time looks at the file, and the others are not held up by

@@ -108,7 +108,9 @@ def read_token(args):
             with open(args.token_file) as f:
                 # One token per line, as the coordinator's file (a rotation
                 # holds two, docs/SERVICE.md): a client sends the first.
-                tokens = [line.strip() for line in f if line.strip()]
+                # Trailing whitespace stripped, blank lines skipped (the
+                # coordinator's rules; a space inside a token it refuses).
+                tokens = [line.rstrip() for line in f if line.strip()]
         except OSError as e:
             die(EXIT_USAGE, f"--token-file={args.token_file}: {e.strerror}")
         if not tokens:
