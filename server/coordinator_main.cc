@@ -73,7 +73,7 @@ constexpr char kUsage[] = R"(usage: plateau_coordinator --state_dir=DIR [--name=
 security (docs/SERVICE.md "Security")
   --token_file=PATH                bearer token every JobService and WorkerService call must carry
                                    ("authorization: Bearer <token>"); one per line, each accepted;
-                                   read again within a second of a change (rotation, no restart)
+                                   read again when it changes (rotation, no restart)
   --tls_cert_file=PATH             PEM certificate chain: serve TLS (with --tls_key_file)
   --tls_key_file=PATH              PEM private key of that certificate
   --insecure_listen_any            allow a non-loopback --listen without --token_file

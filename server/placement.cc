@@ -32,9 +32,11 @@ std::string WhyCannotHost(const v1::WorkerCapabilities& caps, int devices, const
   if (caps.backend() != spec.backend()) return absl::StrCat("backend ", BackendName(caps.backend()));
   if (devices < per_node) return absl::StrCat(devices, " device(s)");
   // A job whose `auto` settings are chosen against this worker's memory
-  // (the spec leaves that cap 0) is chosen again when placed: its plan's
-  // bytes are from another worker's choice, so the question is whether
-  // some value fits here (AutoFitsOnWorker), not whether that plan does.
+  // (the spec leaves that cap 0) is chosen again when placed (a restart
+  // keeps the values it ran with where they fit, else chooses again): its
+  // plan's bytes may be from another worker's choice, so the question is
+  // whether some value fits here (AutoFitsOnWorker), not whether that plan
+  // does.
   const bool rechosen = HasAutoSettings(spec);
   const bool device_rechosen = rechosen && spec.device_memory_bytes() == 0;
   const bool host_rechosen = rechosen && spec.host_memory_bytes() == 0;

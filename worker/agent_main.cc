@@ -66,7 +66,7 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
                                    is still tearing down this long after is killed; its exit is reported
                                    with the code it said
   --token_file=PATH                the coordinator's bearer token (its --token_file; the first line),
-                                   sent on every call, read again within a second of a change;
+                                   sent on every call, read again when it changes;
                                    passed on to the ranks for their rendezvous calls
   --tls_ca_file=PATH               PEM CA of the coordinator's certificate: TLS on (ranks too)
   --calibrate=true                 measure the backend for the `auto` settings' time model (cached in
