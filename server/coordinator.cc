@@ -1264,11 +1264,12 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
           continue;
         }
         // A fresh agent process whose predecessor may have received it: if
-        // the attempt's ranks have begun to meet, some of those keys may be
-        // from ranks that died with that process, and ranks sent again
-        // would read them and dial the dead. The attempt restarts under
-        // fresh keys instead (a restart, counted as one).
-        if (request.agent_started() && rendezvous_.AnyKeyOf(a.job.id(), a.job.attempt())) {
+        // its ranks here have written rendezvous keys, they died with that
+        // process, and ranks sent again would read those keys and dial the
+        // dead. The attempt restarts under fresh keys instead (a restart,
+        // counted as one). Keys of ranks on other nodes say nothing here.
+        if (request.agent_started() &&
+            rendezvous_.AnyWrote(a.job.id(), a.job.attempt(), {p->ranks().begin(), p->ranks().end()})) {
           for (int r : p->ranks()) a.ranks[r].gone = true;
           v1::Failure f;
           f.set_kind(v1::Failure::RANK_CRASHED);
@@ -1276,12 +1277,11 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
           f.set_worker_id(w.id);
           f.set_message(absl::StrCat(
               "attempt ", a.job.attempt(), "'s assignment to ", w.id, " was never acknowledged, and ", w.id,
-              " registered again after ", after, " as a new agent process while the attempt's ranks were meeting: ",
-              "its ranks there may have started and died with the old process, leaving rendezvous keys that ranks "
-              "sent again would read; the attempt restarts under fresh keys"));
-          const bool first = !a.has_failure;
-          RecordFailure(a, f, kPriorityExit);
-          if (first) StopRanks(a);  // the others would wait on ranks that never come
+              " registered again after ", after, " as a new agent process, and its ranks there had written ",
+              "rendezvous keys: they died with the old process, and ranks sent again would read those keys; the ",
+              "attempt restarts under fresh keys"));
+          RecordFailure(a, f, kPriorityExit);  // the first: a failing attempt is not here
+          StopRanks(a);                        // the others would wait on ranks that never come
           continue;
         }
         // The assignment never reached the worker: send it (again).
@@ -1610,7 +1610,7 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
 // The rendezvous store (server/rendezvous_store.h) under mu_: a Set is
 // written through Written like every store write, and wakes KvGet waiters.
 
-absl::Status Coordinator::KvSet(const std::string& key, const std::string& value) {
+absl::Status Coordinator::KvSet(const std::string& key, const std::string& value, std::optional<int> rank) {
   PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
   PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckValue(value));
   absl::MutexLock lock(&mu_);
@@ -1630,6 +1630,15 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
     return absl::FailedPreconditionError(absl::StrCat(
         "key: expected one under a live attempt's prefix (job-N/attempt-A/...), got '", key.substr(0, 256), "'"));
   }
+  const int64_t ranks = a->job.spec().layout().ranks();
+  if (rank.has_value() && (*rank < 0 || *rank >= ranks)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", *rank, " is not a rank of ", a->job.id(), " (0 to ", ranks - 1, ")"));
+  }
+  // Who wrote first, then the key: a key is never there without its
+  // writer marked (Reattach reads the marks).
+  PLATEAU_RETURN_IF_ERROR(
+      Written(rendezvous_.MarkWriter(a->job.id(), attempt, rank), absl::StrCat("mark the writer of the key ", key)));
   PLATEAU_RETURN_IF_ERROR(Written(rendezvous_.Set(key, value), absl::StrCat("store the key ", key)));
   Changed();
   return absl::OkStatus();

@@ -172,7 +172,10 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status ReportRankStatus(const v1::RankStatusRequest& request);
   absl::Status ReportTelemetry(v1::TelemetryRequest request);
-  absl::Status KvSet(const std::string& key, const std::string& value);
+  // `rank`: the attempt's rank writing it (KvSetRequest.rank), recorded
+  // (RendezvousStore::MarkWriter); INVALID_ARGUMENT out of the attempt's
+  // ranks. Unset: counted as any rank.
+  absl::Status KvSet(const std::string& key, const std::string& value, std::optional<int> rank = std::nullopt);
   // NOT_FOUND when the key is still unset after `wait`.
   absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait);
   bool KvCheck(const std::vector<std::string>& keys);

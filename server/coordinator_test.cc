@@ -591,10 +591,10 @@ TEST_F(CoordinatorTest, MemoryTimelineOfAJob) {
 
 // An assignment never acknowledged, to an agent that then registers as a
 // new process (it restarted; with the coordinator restarting too, or not):
-// where the attempt's ranks had begun to meet, keys of ranks that died with
-// the old process may be there, and ranks sent again would read them and
-// dial the dead. The attempt restarts under fresh keys instead. Without
-// keys, or from the same process, the assignment is sent again as before.
+// where its ranks there had written rendezvous keys, they died with the old
+// process, and ranks sent again would read those keys and dial the dead.
+// The attempt restarts under fresh keys instead. Without such keys the
+// assignment is sent again as before.
 TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadBegunToMeetRestartsItUnderFreshKeys) {
   for (const bool coordinator_restarts : {true, false}) {
     SCOPED_TRACE(coordinator_restarts ? "the coordinator restarted too" : "only the agent restarted");
@@ -605,7 +605,7 @@ TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadBegunToMeetRestartsItUnderFres
     spec.set_max_restarts(1);
     const std::string job = SendAssignment(w, 1, spec);  // its answer arrived; no acknowledgement yet
     const std::string key = job + "/attempt-0/rank-0";
-    ASSERT_TRUE(c().KvSet(key, "127.0.0.1:40001").ok());  // a rank of it began to meet
+    ASSERT_TRUE(c().KvSet(key, "127.0.0.1:40001", /*rank=*/0).ok());  // a rank of it began to meet
     if (coordinator_restarts) Open();
     EXPECT_EQ(Register(w, {}, nullptr, /*agent_started=*/true), w);
     ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(job).attempt() == 1; }, absl::Seconds(10)))
@@ -621,8 +621,36 @@ TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadBegunToMeetRestartsItUnderFres
     ASSERT_TRUE(events.ok()) << events.status();
     std::string said;
     for (const v1::JobEvent& e : *events) absl::StrAppend(&said, e.state_change().reason(), "\n");
-    EXPECT_THAT(said, HasSubstr("as a new agent process while the attempt's ranks were meeting"));
+    EXPECT_THAT(said, HasSubstr("as a new agent process, and its ranks there had written rendezvous keys"));
   }
+}
+
+// Two nodes: the keys are the other node's rank's, which runs. The fresh
+// agent's own ranks wrote none, so it is sent the attempt again.
+TEST_F(CoordinatorTest, KeysOfAnotherNodesRanksDoNotStopAFreshAgentGettingItsAttemptAgain) {
+  const std::string x = Register("", {}, nullptr, /*agent_started=*/true);
+  const std::string y = Register("", {}, nullptr, /*agent_started=*/true);
+  ASSERT_NE(x, y);
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  const std::string job = Submit(spec);
+  v1::Job j = Get(job);
+  ASSERT_EQ(j.placement_size(), 2) << j.DebugString();
+  // The node whose rank runs and meets, and the one whose agent restarts.
+  const std::string runs = j.placement(0).worker_id(), fresh = j.placement(1).worker_id();
+  const int running_rank = j.placement(0).ranks(0);
+  ASSERT_TRUE(c().Heartbeat(Beat(runs, 1)).ok());
+  ASSERT_TRUE(c().Heartbeat(Beat(fresh, 1)).ok());
+  ASSERT_TRUE(Started(runs, job, running_rank).ok());
+  ASSERT_TRUE(c().KvSet(job + "/attempt-0/world/rank_" + std::to_string(running_rank), "addr", running_rank).ok());
+  EXPECT_EQ(Register(fresh, {}, nullptr, /*agent_started=*/true), fresh);
+  auto hb = c().Heartbeat(Beat(fresh, 1));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->assignments_size(), 1);
+  EXPECT_EQ(hb->assignments(0).attempt(), 0);
+  EXPECT_FALSE(Get(job).has_failure()) << Get(job).DebugString();
+  // A rank outside the attempt is refused by name.
+  EXPECT_THAT(c().KvSet(job + "/attempt-0/k", "v", 2).message(), HasSubstr("rank: 2 is not a rank of " + job));
 }
 
 TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadNotBegunToMeetGetsItAgain) {

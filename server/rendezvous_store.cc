@@ -53,10 +53,24 @@ bool RendezvousStore::Contains(const std::vector<std::string>& keys) const {
   return true;
 }
 
-bool RendezvousStore::AnyKeyOf(const std::string& job_id, int attempt) const {
-  const std::string prefix = AttemptPrefix(job_id, attempt) + "/";
-  auto it = kv_.lower_bound(prefix);
-  return it != kv_.end() && absl::StartsWith(it->first, prefix);
+namespace {
+std::string WriterKey(const std::string& job_id, int attempt, std::optional<int> rank) {
+  return absl::StrCat(AttemptPrefix(job_id, attempt), "/.writers/", rank.has_value() ? absl::StrCat(*rank) : "any");
+}
+}  // namespace
+
+absl::Status RendezvousStore::MarkWriter(const std::string& job_id, int attempt, std::optional<int> rank) {
+  const std::string key = WriterKey(job_id, attempt, rank);
+  if (kv_.count(key) > 0) return absl::OkStatus();
+  return Set(key, "");
+}
+
+bool RendezvousStore::AnyWrote(const std::string& job_id, int attempt, const std::vector<int>& ranks) const {
+  if (kv_.count(WriterKey(job_id, attempt, std::nullopt)) > 0) return true;
+  for (int r : ranks) {
+    if (kv_.count(WriterKey(job_id, attempt, r)) > 0) return true;
+  }
+  return false;
 }
 
 absl::Status RendezvousStore::DeleteAttempt(const std::string& job_id, int attempt) {

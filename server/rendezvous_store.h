@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,14 @@ class RendezvousStore {
                                   const bool* stop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Whether every key is set.
   bool Contains(const std::vector<std::string>& keys) const;
-  // Whether any key is set under AttemptPrefix(job_id, attempt) + "/": some
-  // rank of the attempt has begun to meet the others.
-  bool AnyKeyOf(const std::string& job_id, int attempt) const;
+  // Records that `rank` of the attempt (nullopt: a rank not named) has
+  // written a key, as a key of the store's own under the attempt's prefix
+  // (".writers/RANK", ".writers/any"): it survives a restart and leaves with
+  // the attempt. Written once per writer.
+  absl::Status MarkWriter(const std::string& job_id, int attempt, std::optional<int> rank);
+  // Whether one of `ranks` of the attempt, or a rank not named, has
+  // written a key.
+  bool AnyWrote(const std::string& job_id, int attempt, const std::vector<int>& ranks) const;
   // Forgets every key under AttemptPrefix(job_id, attempt) + "/" (the
   // attempt has ended; its keys are of no further use). Memory forgets them
   // even when the store's delete fails; that failure is returned.

@@ -175,7 +175,7 @@ grpc::Status WorkerServiceImpl::ReportTelemetry(grpc::ServerContext* ctx, const 
 grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
                                       v1::KvSetResponse*) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return ToGrpc(c_->KvSet(req->key(), req->value()));
+  return ToGrpc(c_->KvSet(req->key(), req->value(), req->has_rank() ? std::optional<int>(req->rank()) : std::nullopt));
 }
 
 grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,

@@ -29,17 +29,18 @@ grpc::Status Retry(grpc::Channel& channel, absl::Duration budget, Fn call) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GrpcStore>> GrpcStore::Create(const ConnectionOptions& coordinator) {
+absl::StatusOr<std::unique_ptr<GrpcStore>> GrpcStore::Create(const ConnectionOptions& coordinator, int rank) {
   if (coordinator.address.empty()) return absl::InvalidArgumentError("coordinator: expected host:port");
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(coordinator);
   if (!channel.ok()) return channel.status();
-  return std::unique_ptr<GrpcStore>(new GrpcStore(coordinator.address, *std::move(channel)));
+  return std::unique_ptr<GrpcStore>(new GrpcStore(coordinator.address, *std::move(channel), rank));
 }
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
   v1::KvSetRequest req;
   req.set_key(key);
   req.set_value(value);
+  if (rank_ >= 0) req.set_rank(rank_);
   grpc::Status s = Retry(*channel_, absl::Seconds(30), [&] {
     grpc::ClientContext ctx;
     SetDeadline(ctx, absl::Seconds(10));

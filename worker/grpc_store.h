@@ -25,21 +25,25 @@ namespace plateau {
 class GrpcStore final : public KeyValueStore {
  public:
   // `coordinator.address` is the coordinator's "host:port"; an unreadable
-  // token or CA file is INVALID_ARGUMENT naming the flag.
-  static absl::StatusOr<std::unique_ptr<GrpcStore>> Create(const ConnectionOptions& coordinator);
+  // token or CA file is INVALID_ARGUMENT naming the flag. `rank` (>= 0):
+  // the rank whose keys these are, sent with each Set
+  // (KvSetRequest.rank); -1: none.
+  static absl::StatusOr<std::unique_ptr<GrpcStore>> Create(const ConnectionOptions& coordinator, int rank = -1);
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
 
  private:
-  GrpcStore(std::string address, std::shared_ptr<grpc::Channel> channel)
+  GrpcStore(std::string address, std::shared_ptr<grpc::Channel> channel, int rank)
       : address_(std::move(address)),
         channel_(std::move(channel)),
-        stub_(v1::WorkerService::NewStub(channel_)) {}
+        stub_(v1::WorkerService::NewStub(channel_)),
+        rank_(rank) {}
   const std::string address_;
   const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
+  const int rank_;
 };
 
 }  // namespace plateau

@@ -256,7 +256,8 @@ int Main(int argc, char** argv) {
   bo->device_index = static_cast<int>(device_index);
   auto backend = Backend::Create(*bo);
   if (!backend.ok()) return Fail(rank, backend.status());
-  auto store = GrpcStore::Create(ConnectionOptions{f["coordinator"], f["token_file"], f["tls_ca_file"]});
+  auto store =
+      GrpcStore::Create(ConnectionOptions{f["coordinator"], f["token_file"], f["tls_ca_file"]}, static_cast<int>(rank));
   if (!store.ok()) return Fail(rank, store.status());
   // Gloo or NCCL by the spec's backend; either way the rendezvous (Gloo's
   // addresses, NCCL's unique id under "<kv_prefix>/world/nccl_unique_id")
