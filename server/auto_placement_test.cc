@@ -299,9 +299,9 @@ TEST_F(AutoPlacementTest, ARestartWhereTheEarlierValuesDoNotFitChoosesAgain) {
   ASSERT_TRUE(logs.ok()) << logs.status();
   std::string said;
   for (const v1::LogEntry& e : *logs) absl::StrAppend(&said, e.line(), "\n");
-  EXPECT_THAT(said, HasSubstr("the `auto` settings of the earlier attempt do not fit on " + mid +
-                              ", so they are chosen again and this attempt's steps are not bitwise"));
-  EXPECT_THAT(said, HasSubstr("device_memory_bytes"));
+  EXPECT_THAT(said, HasSubstr("the `auto` settings of the earlier attempt are not kept on " + mid +
+                              " (device_memory_bytes: at those values the plan is "));
+  EXPECT_THAT(said, HasSubstr("): chosen again there, so this attempt's steps are not bitwise"));
 }
 
 // Two nodes: the job's settings are chosen on the slower node's curves and

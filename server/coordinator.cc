@@ -850,10 +850,10 @@ void Coordinator::Schedule() {
       }
       if (plan.ok() && !earlier_misfit.empty()) {
         Log(a.job.id(), a.job.attempt(),
-            absl::StrCat("the `auto` settings of the earlier attempt do not fit on ", absl::StrJoin(d.nodes, ", "),
-                         ", so they are chosen again and this attempt's steps are not bitwise those of an "
-                         "uninterrupted run: ",
-                         earlier_misfit));
+            absl::StrCat("the `auto` settings of the earlier attempt are not kept on ", absl::StrJoin(d.nodes, ", "),
+                         " (", earlier_misfit,
+                         "): chosen again there, so this attempt's steps are not bitwise those of an uninterrupted "
+                         "run"));
       }
       if (plan.ok() && plan->has_auto_nothing_fits()) {
         plan = absl::ResourceExhaustedError(plan->auto_nothing_fits().reason());

@@ -920,16 +920,24 @@ absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoConte
 absl::StatusOr<v1::MemoryPlan> PlanAtEarlierAutoSettings(const v1::JobSpec& spec, const v1::MemoryPlan& earlier,
                                                          const AutoContext& context) {
   PLATEAU_ASSIGN_OR_RETURN(const v1::JobSpec resolved, ResolvedSpec(spec, earlier));
-  // The fit against the workers' memory where the spec leaves a cap to
-  // them; the plan shown is against the spec's own caps, as a choice's is.
-  if ((spec.device_memory_bytes() == 0 && context.device_memory_bytes > 0) ||
-      (spec.host_memory_bytes() == 0 && context.host_memory_bytes > 0)) {
-    v1::JobSpec capped = resolved;
-    if (spec.device_memory_bytes() == 0) capped.set_device_memory_bytes(context.device_memory_bytes);
-    if (spec.host_memory_bytes() == 0) capped.set_host_memory_bytes(context.host_memory_bytes);
-    PLATEAU_RETURN_IF_ERROR(AdmitJob(capped).status());
-  }
+  // Against the spec's own caps, as a choice's plan is (the values were
+  // chosen to fit those, which have not changed).
   PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(resolved));
+  // Against the workers' memory where the spec leaves a cap to them, by the
+  // chooser's rule (kernels/budget/n_max.h Fits: each whole plan within its
+  // cap), which force_launch does not relax.
+  if (spec.device_memory_bytes() == 0 && context.device_memory_bytes > 0 &&
+      plan.total_bytes() > context.device_memory_bytes) {
+    return DoesNotFitError("device_memory_bytes",
+                           absl::StrCat("device_memory_bytes: at those values the plan is ", Bytes(plan.total_bytes()),
+                                        " per rank, over the workers' ", Bytes(context.device_memory_bytes)));
+  }
+  if (spec.host_memory_bytes() == 0 && context.host_memory_bytes > 0 &&
+      plan.host_total_bytes() > context.host_memory_bytes) {
+    return DoesNotFitError("host_memory_bytes", absl::StrCat("host_memory_bytes: at those values the host plan is ",
+                                                             Bytes(plan.host_total_bytes()), " per rank, over the ",
+                                                             Bytes(context.host_memory_bytes), " of the workers"));
+  }
   *plan.mutable_auto_settings() = earlier.auto_settings();
   plan.set_calibration(earlier.calibration());
   plan.add_notes(absl::StrCat("auto: ", earlier.auto_settings_size(),

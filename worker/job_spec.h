@@ -95,9 +95,11 @@ absl::Status AutoFitsOnWorker(const v1::JobSpec& spec, const v1::WorkerCapabilit
 // (`earlier`.auto_settings): a resumed run is then bitwise the
 // uninterrupted one, since two of the settings (chunk_tokens, strip) change
 // the order of sums. Checked against the spec's caps or, where one is 0,
-// the context's worker memory (as the chooser would be); the plan is
-// AdmitJob's at those values, with the earlier AutoSetting rows, its
-// calibration and a note saying they were kept. RESOURCE_EXHAUSTED naming
+// the context's worker memory (the chooser's rule: each whole plan within
+// its cap, force_launch or not); the plan is AdmitJob's at those values
+// (so its N_max and what-if rows keep them, where a choice's choose again
+// at each N), with the earlier AutoSetting rows, its calibration and a note
+// saying they were kept. RESOURCE_EXHAUSTED naming
 // the cap when they do not fit there (the coordinator then chooses again),
 // FAILED_PRECONDITION when `earlier` lacks a value.
 absl::StatusOr<v1::MemoryPlan> PlanAtEarlierAutoSettings(const v1::JobSpec& spec, const v1::MemoryPlan& earlier,
