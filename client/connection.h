@@ -46,7 +46,8 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, 
 // longer than it stays half-written. Write the new file beside the old and
 // rename it over: then no reader sees it half-written. One caller at a time
 // looks at the file, outside the lock: the others meanwhile get the tokens
-// in force, so a slow file system delays no check but that caller's.
+// in force, so a slow file system delays no check but that caller's (a look
+// that never returns leaves the tokens in force as they are for good).
 //
 // Thread safety: thread-safe.
 class TokenFile {

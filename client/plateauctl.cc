@@ -1282,6 +1282,11 @@ int main(int argc, char** argv) {
     }
     if (!flags_ended && arg == "-f") arg = "--follow";
     if (flags_ended || arg.rfind("--", 0) != 0) {
+      // A word before the command that no flag took as its value is a
+      // mistyped command (`plateauctl lgos get job-1`), not an argument.
+      if (!flags_ended && i < command_at && usage_error.empty()) {
+        usage_error = absl::StrCat("plateauctl: unknown command '", arg, "' (the commands: plateauctl --help)");
+      }
       o.args.push_back(arg);
       continue;
     }
@@ -1296,7 +1301,8 @@ int main(int argc, char** argv) {
     const plateau::FlagHelp* f = command != nullptr ? plateau::FindFlag(*command, name) : nullptr;
     const bool takes_value = plateau::IsGlobalFlag(name) || (f != nullptr && !f->value.empty());
     if (eq == std::string::npos && takes_value) {
-      if (i + 1 >= argc || i + 1 == command_at) {  // `--tail logs JOB`: the command is no value
+      // `--tail logs JOB`: the command is no value; nor is "--".
+      if (i + 1 >= argc || i + 1 == command_at || std::string(argv[i + 1]) == "--") {
         if (usage_error.empty()) usage_error = absl::StrCat("plateauctl: --", name, ": expected a value");
         continue;
       }

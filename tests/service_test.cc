@@ -756,6 +756,9 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   EXPECT_THAT(r.out, HasSubstr("job-1"));
   usage_error({"get", "--", "job-1", "--rank"}, "get-dashes-flag", "expected 1 argument(s) (JOB), got 2");
   usage_error({"--tail", "logs", "job-1"}, "tail-no-value", "plateauctl: --tail: expected a value");
+  usage_error({"logs", "job-1", "--tail", "--", "5"}, "tail-dashes", "plateauctl: --tail: expected a value");
+  usage_error({"lgos", "get", "job-1"}, "typo-before-command", "plateauctl: unknown command 'lgos'");
+  usage_error({"--follow", "5", "logs", "job-1"}, "word-before-command", "plateauctl: unknown command '5'");
   r = ctl_run({"--output=json", "plan", spec}, "plan-json");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(FromJson<v1::PlanJobResponse>(r.out).plan().fits());
