@@ -1264,12 +1264,13 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
           continue;
         }
         // A fresh agent process whose predecessor may have received it: if
-        // its ranks here have written rendezvous keys, they died with that
-        // process, and ranks sent again would read those keys and dial the
-        // dead. The attempt restarts under fresh keys instead (a restart,
-        // counted as one). Keys of ranks on other nodes say nothing here.
+        // its ranks here had begun to meet (written or read a rendezvous
+        // key), they died with that process, and ranks sent again would read
+        // their keys, or join a meeting that counts them already. The
+        // attempt restarts under fresh keys instead (a restart, counted as
+        // one). Ranks of other nodes that met say nothing here.
         if (request.agent_started() &&
-            rendezvous_.AnyWrote(a.job.id(), a.job.attempt(), {p->ranks().begin(), p->ranks().end()})) {
+            rendezvous_.AnyMet(a.job.id(), a.job.attempt(), {p->ranks().begin(), p->ranks().end()})) {
           for (int r : p->ranks()) a.ranks[r].gone = true;
           v1::Failure f;
           f.set_kind(v1::Failure::RANK_CRASHED);
@@ -1277,9 +1278,9 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
           f.set_worker_id(w.id);
           f.set_message(absl::StrCat(
               "attempt ", a.job.attempt(), "'s assignment to ", w.id, " was never acknowledged, and ", w.id,
-              " registered again after ", after, " as a new agent process, and its ranks there had written ",
-              "rendezvous keys: they died with the old process, and ranks sent again would read those keys; the ",
-              "attempt restarts under fresh keys"));
+              " registered again after ", after, " as a new agent process, and its ranks there had begun to meet ",
+              "(rendezvous keys written or read): they died with the old process, and ranks sent again would meet ",
+              "their leftovers; the attempt restarts under fresh keys"));
           RecordFailure(a, f, kPriorityExit);  // the first: a failing attempt is not here
           StopRanks(a);                        // the others would wait on ranks that never come
           continue;
@@ -1610,48 +1611,73 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
 // The rendezvous store (server/rendezvous_store.h) under mu_: a Set is
 // written through Written like every store write, and wakes KvGet waiters.
 
-absl::Status Coordinator::KvSet(const std::string& key, const std::string& value, std::optional<int> rank) {
-  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
-  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckValue(value));
-  absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  // Only a live attempt's ranks write, under exactly its prefix (not
-  // "attempt-01", which names it in numbers): keys leave only with their
-  // attempt (DeleteAttempt), so any other would be kept, and reloaded at
-  // every start, for good.
+const LiveJob* Coordinator::AttemptOfKey(const std::string& key, int* attempt) {
   const std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 2));
-  int attempt = -1;
   const LiveJob* a = nullptr;
   if (parts.size() == 3 && !parts[2].empty() && absl::StartsWith(parts[1], "attempt-") &&
-      absl::SimpleAtoi(absl::StripPrefix(parts[1], "attempt-"), &attempt)) {
-    a = FindActive(parts[0], attempt);
+      absl::SimpleAtoi(absl::StripPrefix(parts[1], "attempt-"), attempt)) {
+    a = FindActive(parts[0], *attempt);
   }
-  if (a == nullptr || !absl::StartsWith(key, AttemptPrefix(a->job.id(), a->job.attempt()) + "/")) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "key: expected one under a live attempt's prefix (job-N/attempt-A/...), got '", key.substr(0, 256), "'"));
-  }
+  // Exactly its prefix: not "attempt-01", which names it in numbers.
+  if (a == nullptr || !absl::StartsWith(key, AttemptPrefix(a->job.id(), a->job.attempt()) + "/")) return nullptr;
+  return a;
+}
+
+absl::Status Coordinator::MarkMet(const std::string& key, std::optional<int> rank) {
+  int attempt = -1;
+  const LiveJob* a = AttemptOfKey(key, &attempt);
+  if (a == nullptr) return absl::OkStatus();
   const int64_t ranks = a->job.spec().layout().ranks();
   if (rank.has_value() && (*rank < 0 || *rank >= ranks)) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", *rank, " is not a rank of ", a->job.id(), " (0 to ", ranks - 1, ")"));
   }
-  // Who wrote first, then the key: a key is never there without its
-  // writer marked (Reattach reads the marks).
-  PLATEAU_RETURN_IF_ERROR(
-      Written(rendezvous_.MarkWriter(a->job.id(), attempt, rank), absl::StrCat("mark the writer of the key ", key)));
+  return Written(rendezvous_.MarkMet(a->job.id(), attempt, rank),
+                 absl::StrCat("record that a rank of ", AttemptPrefix(a->job.id(), attempt), " began to meet"));
+}
+
+absl::Status Coordinator::KvSet(const std::string& key, const std::string& value, std::optional<int> rank) {
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
+  PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckValue(value));
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
+  // Only a live attempt's ranks write, under exactly its prefix: keys leave
+  // only with their attempt (DeleteAttempt), so any other would be kept,
+  // and reloaded at every start, for good.
+  int attempt = -1;
+  const LiveJob* a = AttemptOfKey(key, &attempt);
+  if (a == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key: expected one under a live attempt's prefix (job-N/attempt-A/...), got '", key.substr(0, 256), "'"));
+  }
+  if (RendezvousStore::IsOwnKey(key)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key: '", key.substr(0, 256), "' is under the attempt's .met/, which is the coordinator's"));
+  }
+  // Who met first, then the key: a key is never there without its writer
+  // marked (Reattach reads the marks).
+  PLATEAU_RETURN_IF_ERROR(MarkMet(key, rank));
   PLATEAU_RETURN_IF_ERROR(Written(rendezvous_.Set(key, value), absl::StrCat("store the key ", key)));
   Changed();
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Coordinator::KvGet(const std::string& key, absl::Duration wait) {
+absl::StatusOr<std::string> Coordinator::KvGet(const std::string& key, absl::Duration wait, std::optional<int> rank) {
   PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
   absl::MutexLock lock(&mu_);
+  if (rank.has_value()) {
+    PLATEAU_RETURN_IF_ERROR(store_error_);
+    PLATEAU_RETURN_IF_ERROR(MarkMet(key, rank));
+  }
   return rendezvous_.Get(mu_, key, wait, &stop_);
 }
 
-bool Coordinator::KvCheck(const std::vector<std::string>& keys) {
+absl::StatusOr<bool> Coordinator::KvCheck(const std::vector<std::string>& keys, std::optional<int> rank) {
   absl::MutexLock lock(&mu_);
+  if (rank.has_value() && !keys.empty()) {
+    PLATEAU_RETURN_IF_ERROR(store_error_);
+    PLATEAU_RETURN_IF_ERROR(MarkMet(keys[0], rank));
+  }
   return rendezvous_.Contains(keys);
 }
 

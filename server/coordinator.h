@@ -172,13 +172,16 @@ class Coordinator {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status ReportRankStatus(const v1::RankStatusRequest& request);
   absl::Status ReportTelemetry(v1::TelemetryRequest request);
-  // `rank`: the attempt's rank writing it (KvSetRequest.rank), recorded
-  // (RendezvousStore::MarkWriter); INVALID_ARGUMENT out of the attempt's
-  // ranks. Unset: counted as any rank.
+  // `rank`: the attempt's rank calling (KvSetRequest.rank), recorded as
+  // having begun to meet (RendezvousStore::MarkMet); INVALID_ARGUMENT
+  // outside the attempt's ranks. A Set without one counts as any rank's; a
+  // Get or Check without one is not counted. Keys under an attempt's
+  // ".met/" are the coordinator's own: a Set there is refused.
   absl::Status KvSet(const std::string& key, const std::string& value, std::optional<int> rank = std::nullopt);
   // NOT_FOUND when the key is still unset after `wait`.
-  absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait);
-  bool KvCheck(const std::vector<std::string>& keys);
+  absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait,
+                                    std::optional<int> rank = std::nullopt);
+  absl::StatusOr<bool> KvCheck(const std::vector<std::string>& keys, std::optional<int> rank = std::nullopt);
 
  private:
   void Loop();
@@ -262,6 +265,13 @@ class Coordinator {
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
   // A line of the job's log from the coordinator itself (rank -1).
   void Log(const std::string& job_id, int attempt, const std::string& line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live attempt whose prefix (AttemptPrefix + "/") `key` is exactly
+  // under, with its number; nullptr when none.
+  const LiveJob* AttemptOfKey(const std::string& key, int* attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `rank` (nullopt: any) of `key`'s live attempt has begun to
+  // meet; INVALID_ARGUMENT for a rank outside it. Nothing for a key of no
+  // live attempt.
+  absl::Status MarkMet(const std::string& key, std::optional<int> rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* const store_;
   Metrics* const metrics_;

@@ -621,7 +621,7 @@ TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadBegunToMeetRestartsItUnderFres
     ASSERT_TRUE(events.ok()) << events.status();
     std::string said;
     for (const v1::JobEvent& e : *events) absl::StrAppend(&said, e.state_change().reason(), "\n");
-    EXPECT_THAT(said, HasSubstr("as a new agent process, and its ranks there had written rendezvous keys"));
+    EXPECT_THAT(said, HasSubstr("as a new agent process, and its ranks there had begun to meet"));
   }
 }
 
@@ -649,8 +649,44 @@ TEST_F(CoordinatorTest, KeysOfAnotherNodesRanksDoNotStopAFreshAgentGettingItsAtt
   ASSERT_EQ(hb->assignments_size(), 1);
   EXPECT_EQ(hb->assignments(0).attempt(), 0);
   EXPECT_FALSE(Get(job).has_failure()) << Get(job).DebugString();
-  // A rank outside the attempt is refused by name.
+  // A rank outside the attempt is refused by name, and the coordinator's
+  // own keys are not anyone's to write.
   EXPECT_THAT(c().KvSet(job + "/attempt-0/k", "v", 2).message(), HasSubstr("rank: 2 is not a rank of " + job));
+  EXPECT_EQ(c().KvSet(job + "/attempt-0/.met/1", "").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A rank that only reads (NCCL's non-root ranks read the unique id) has
+// begun to meet too: its fresh agent restarts the attempt.
+TEST_F(CoordinatorTest, AFreshAgentWhoseRankOnlyReadAKeyRestartsTheAttempt) {
+  const std::string x = Register("", {}, nullptr, /*agent_started=*/true);
+  const std::string y = Register("", {}, nullptr, /*agent_started=*/true);
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  spec.set_max_restarts(1);
+  const std::string job = Submit(spec);
+  v1::Job j = Get(job);
+  ASSERT_EQ(j.placement_size(), 2) << j.DebugString();
+  const std::string runs = j.placement(0).worker_id(), fresh = j.placement(1).worker_id();
+  const int root = j.placement(0).ranks(0), reader = j.placement(1).ranks(0);
+  ASSERT_TRUE(c().Heartbeat(Beat(runs, 1)).ok());
+  ASSERT_TRUE(c().Heartbeat(Beat(fresh, 1)).ok());
+  const std::string id = job + "/attempt-0/world/nccl_unique_id";
+  ASSERT_TRUE(c().KvSet(id, "id", root).ok());
+  auto read = c().KvGet(id, absl::ZeroDuration(), reader);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(Register(fresh, {}, nullptr, /*agent_started=*/true), fresh);
+  j = Get(job);
+  ASSERT_TRUE(j.has_failure()) << j.DebugString();
+  EXPECT_THAT(j.failure().message(), HasSubstr("had begun to meet"));
+  // The running node is told to stop its rank; once it has, the attempt restarts.
+  auto hb = c().Heartbeat(Beat(runs, 2));
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->cancellations_size(), 1);
+  ASSERT_TRUE(Exited(runs, job, root, 143, 0, /*stopped=*/true).ok());
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(job).attempt() == 1; }, absl::Seconds(10)))
+      << Get(job).DebugString();
+  // A read without a rank, or of no live attempt, counts nobody.
+  EXPECT_TRUE(c().KvGet("job-99/attempt-0/x", absl::ZeroDuration(), 0).status().code() == absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadNotBegunToMeetGetsItAgain) {

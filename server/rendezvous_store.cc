@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -54,23 +55,38 @@ bool RendezvousStore::Contains(const std::vector<std::string>& keys) const {
 }
 
 namespace {
-std::string WriterKey(const std::string& job_id, int attempt, std::optional<int> rank) {
-  return absl::StrCat(AttemptPrefix(job_id, attempt), "/.writers/", rank.has_value() ? absl::StrCat(*rank) : "any");
+constexpr absl::string_view kMet = "/.met/";
+std::string MetKey(const std::string& job_id, int attempt, std::optional<int> rank) {
+  return absl::StrCat(AttemptPrefix(job_id, attempt), kMet, rank.has_value() ? absl::StrCat(*rank) : "any");
 }
 }  // namespace
 
-absl::Status RendezvousStore::MarkWriter(const std::string& job_id, int attempt, std::optional<int> rank) {
-  const std::string key = WriterKey(job_id, attempt, rank);
+bool RendezvousStore::IsOwnKey(const std::string& key) {
+  // job-N/attempt-A/.met/...: the third part starts with ".met/".
+  const size_t first = key.find('/');
+  const size_t second = first == std::string::npos ? first : key.find('/', first + 1);
+  return second != std::string::npos && absl::string_view(key).substr(second, kMet.size()) == kMet;
+}
+
+absl::Status RendezvousStore::MarkMet(const std::string& job_id, int attempt, std::optional<int> rank) {
+  const std::string key = MetKey(job_id, attempt, rank);
   if (kv_.count(key) > 0) return absl::OkStatus();
   return Set(key, "");
 }
 
-bool RendezvousStore::AnyWrote(const std::string& job_id, int attempt, const std::vector<int>& ranks) const {
-  if (kv_.count(WriterKey(job_id, attempt, std::nullopt)) > 0) return true;
+bool RendezvousStore::AnyMet(const std::string& job_id, int attempt, const std::vector<int>& ranks) const {
+  if (kv_.count(MetKey(job_id, attempt, std::nullopt)) > 0) return true;
   for (int r : ranks) {
-    if (kv_.count(WriterKey(job_id, attempt, r)) > 0) return true;
+    if (kv_.count(MetKey(job_id, attempt, r)) > 0) return true;
   }
-  return false;
+  // Keys without any mark: written before the coordinator kept them.
+  const std::string prefix = AttemptPrefix(job_id, attempt) + "/";
+  const std::string marks = AttemptPrefix(job_id, attempt) + std::string(kMet);
+  auto it = kv_.lower_bound(prefix);
+  const bool any_key = it != kv_.end() && absl::StartsWith(it->first, prefix);
+  auto mark = kv_.lower_bound(marks);
+  const bool any_mark = mark != kv_.end() && absl::StartsWith(mark->first, marks);
+  return any_key && !any_mark;
 }
 
 absl::Status RendezvousStore::DeleteAttempt(const std::string& job_id, int attempt) {

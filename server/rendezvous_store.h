@@ -57,13 +57,16 @@ class RendezvousStore {
   // Whether every key is set.
   bool Contains(const std::vector<std::string>& keys) const;
   // Records that `rank` of the attempt (nullopt: a rank not named) has
-  // written a key, as a key of the store's own under the attempt's prefix
-  // (".writers/RANK", ".writers/any"): it survives a restart and leaves with
-  // the attempt. Written once per writer.
-  absl::Status MarkWriter(const std::string& job_id, int attempt, std::optional<int> rank);
-  // Whether one of `ranks` of the attempt, or a rank not named, has
-  // written a key.
-  bool AnyWrote(const std::string& job_id, int attempt, const std::vector<int>& ranks) const;
+  // begun to meet (written or read a key), as a key of the store's own under
+  // the attempt's prefix (".met/RANK", ".met/any"): it survives a restart
+  // and leaves with the attempt. Written once per rank.
+  absl::Status MarkMet(const std::string& job_id, int attempt, std::optional<int> rank);
+  // Whether one of `ranks` of the attempt, or a rank not named, has begun to
+  // meet. An attempt with keys and no mark at all (written by a coordinator
+  // before the marks) counts as met by every rank.
+  bool AnyMet(const std::string& job_id, int attempt, const std::vector<int>& ranks) const;
+  // Whether `key` is under an attempt's ".met/" (the store's own).
+  static bool IsOwnKey(const std::string& key);
   // Forgets every key under AttemptPrefix(job_id, attempt) + "/" (the
   // attempt has ended; its keys are of no further use). Memory forgets them
   // even when the store's delete fails; that failure is returned.

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -132,6 +133,38 @@ TEST(RendezvousStoreTest, DeleteAttemptRemovesOnlyThatAttemptsKeys) {
   auto v = kv.Get(mu, "job-1/attempt-10/rank-0", absl::ZeroDuration(), &stop);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, "v");
+}
+
+// Which ranks of an attempt have begun to meet: kept across a restart,
+// gone with the attempt; an unnamed rank counts as any; an attempt whose
+// keys carry no mark at all (an older coordinator's) counts as met by all.
+TEST(RendezvousStoreTest, TheRanksThatMetAreKeptUntilTheAttemptEnds) {
+  const std::string path = TempDb("met");
+  {
+    auto db = OpenStore(path);
+    RendezvousStore kv(db.get());
+    EXPECT_FALSE(kv.AnyMet("job-1", 0, {0, 1}));
+    ASSERT_TRUE(kv.MarkMet("job-1", 0, 3).ok());
+    ASSERT_TRUE(kv.MarkMet("job-1", 0, 3).ok());  // once
+    EXPECT_EQ(kv.size(), 1u);
+    EXPECT_FALSE(kv.AnyMet("job-1", 0, {0, 1}));
+    EXPECT_TRUE(kv.AnyMet("job-1", 0, {2, 3}));
+    EXPECT_FALSE(kv.AnyMet("job-1", 1, {3})) << "another attempt's";
+    EXPECT_TRUE(RendezvousStore::IsOwnKey("job-1/attempt-0/.met/3"));
+    EXPECT_FALSE(RendezvousStore::IsOwnKey("job-1/attempt-0/world/.met/3"));
+    EXPECT_FALSE(RendezvousStore::IsOwnKey("job-1/attempt-0/.metric"));
+  }
+  auto db = OpenStore(path);
+  RendezvousStore kv(db.get());
+  ASSERT_TRUE(kv.Load().ok());
+  EXPECT_TRUE(kv.AnyMet("job-1", 0, {3})) << "lost at a restart";
+  ASSERT_TRUE(kv.MarkMet("job-2", 0, std::nullopt).ok());
+  EXPECT_TRUE(kv.AnyMet("job-2", 0, {5}));
+  // Keys with no mark at all: every rank counts as met.
+  ASSERT_TRUE(kv.Set("job-3/attempt-0/world/0", "addr").ok());
+  EXPECT_TRUE(kv.AnyMet("job-3", 0, {1}));
+  ASSERT_TRUE(kv.DeleteAttempt("job-1", 0).ok());
+  EXPECT_FALSE(kv.AnyMet("job-1", 0, {3}));
 }
 
 }  // namespace

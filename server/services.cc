@@ -186,7 +186,8 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetR
   // Never hold the call past the client's own deadline.
   const auto left = ctx->deadline() - std::chrono::system_clock::now();
   wait = std::min(wait, absl::FromChrono(left) - absl::Milliseconds(50));
-  auto v = c_->KvGet(req->key(), std::max(wait, absl::ZeroDuration()));
+  auto v = c_->KvGet(req->key(), std::max(wait, absl::ZeroDuration()),
+                     req->has_rank() ? std::optional<int>(req->rank()) : std::nullopt);
   if (!v.ok()) return ToGrpc(v.status());
   out->set_value(*v);
   return grpc::Status::OK;
@@ -195,7 +196,10 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetR
 grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext* ctx, const v1::KvCheckRequest* req,
                                         v1::KvCheckResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  out->set_all_set(c_->KvCheck({req->keys().begin(), req->keys().end()}));
+  absl::StatusOr<bool> all = c_->KvCheck({req->keys().begin(), req->keys().end()},
+                                         req->has_rank() ? std::optional<int>(req->rank()) : std::nullopt);
+  if (!all.ok()) return ToGrpc(all.status());
+  out->set_all_set(*all);
   return grpc::Status::OK;
 }
 

@@ -57,6 +57,7 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duratio
     const absl::Duration left = end - absl::Now();
     v1::KvGetRequest req;
     req.set_key(key);
+    if (rank_ >= 0) req.set_rank(rank_);
     req.set_wait_ms(std::max<int64_t>(0, std::min(absl::ToInt64Milliseconds(left), int64_t{5000})));
     grpc::ClientContext ctx;
     SetDeadline(ctx, absl::Milliseconds(req.wait_ms()) + absl::Seconds(5));
@@ -79,6 +80,7 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duratio
 absl::StatusOr<bool> GrpcStore::Check(const std::vector<std::string>& keys) {
   v1::KvCheckRequest req;
   for (const std::string& k : keys) req.add_keys(k);
+  if (rank_ >= 0) req.set_rank(rank_);
   v1::KvCheckResponse resp;
   grpc::Status s = Retry(*channel_, absl::Seconds(30), [&] {
     grpc::ClientContext ctx;

@@ -26,8 +26,8 @@ class GrpcStore final : public KeyValueStore {
  public:
   // `coordinator.address` is the coordinator's "host:port"; an unreadable
   // token or CA file is INVALID_ARGUMENT naming the flag. `rank` (>= 0):
-  // the rank whose keys these are, sent with each Set
-  // (KvSetRequest.rank); -1: none.
+  // the attempt's rank using it, sent with each call (KvSetRequest.rank);
+  // -1: none.
   static absl::StatusOr<std::unique_ptr<GrpcStore>> Create(const ConnectionOptions& coordinator, int rank = -1);
 
   absl::Status Set(const std::string& key, const std::string& value) override;
