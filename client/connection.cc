@@ -129,6 +129,7 @@ TokenFile::Identity TokenFile::Look() const {
 
 std::shared_ptr<const std::vector<std::string>> TokenFile::Tokens() {
   Identity seen;
+  std::string failed;
   {
     absl::MutexLock lock(&mu_);
     const auto now = std::chrono::steady_clock::now();
@@ -136,6 +137,7 @@ std::shared_ptr<const std::vector<std::string>> TokenFile::Tokens() {
     looked_ = now;
     looking_ = true;
     seen = seen_;
+    failed = failed_;
   }
   // One caller looks, without the lock: a slow or hung file system holds
   // up that call alone, while every other call checks against the tokens
@@ -143,20 +145,31 @@ std::shared_ptr<const std::vector<std::string>> TokenFile::Tokens() {
   const Identity identity = Look();
   const int look_error = errno;
   std::optional<absl::StatusOr<std::vector<std::string>>> read;
-  if (!(identity == seen)) {
+  // Read when the file changed, and after a failed read at every look: what
+  // failed may be mended by something the identity may not show (a chmod
+  // within one tick of a coarse clock).
+  if (!(identity == seen) || !failed.empty()) {
     read = identity.size < 0 ? absl::InvalidArgumentError(absl::StrCat(flag_, "=", path_, ": cannot look at the file (",
                                                                        std::strerror(look_error), ")"))
                              : ReadTokenFile(flag_, path_);
   }
   std::shared_ptr<const std::vector<std::string>> tokens;
+  bool tell = false;
   {
     absl::MutexLock lock(&mu_);
     looking_ = false;
     seen_ = identity;
-    if (read.has_value() && read->ok()) tokens_ = std::make_shared<const std::vector<std::string>>(**std::move(read));
+    if (read.has_value()) {
+      const std::string now_failed = read->ok() ? "" : std::string(read->status().message());
+      // Each change is told once: a read of a changed file, or a failure
+      // that ended or became another.
+      tell = !(identity == seen) || now_failed != failed_;
+      failed_ = now_failed;
+      if (read->ok()) tokens_ = std::make_shared<const std::vector<std::string>>(**std::move(read));
+    }
     tokens = tokens_;
   }
-  if (read.has_value() && on_reload_) on_reload_(read->status(), tokens->size());
+  if (tell && on_reload_) on_reload_(read->status(), tokens->size());
   return tokens;
 }
 

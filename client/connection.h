@@ -41,9 +41,9 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, 
 // without a restart. A change is noticed by the file's identity (device,
 // inode, size, modification and status-change times), looked at no more than once per
 // `recheck` when the tokens are asked for; a read that fails or finds no
-// token keeps the tokens of the last good one (and is reported once per
-// change of the file), so a half-written file never locks anyone out for
-// longer than it stays half-written. Write the new file beside the old and
+// token keeps the tokens of the last good one (reported once) and is tried
+// again at every look until one succeeds, so a half-written file never
+// locks anyone out for longer than it stays half-written. Write the new file beside the old and
 // rename it over: then no reader sees it half-written. One caller at a time
 // looks at the file, outside the lock: the others meanwhile get the tokens
 // in force, so a slow file system delays no check but that caller's (a look
@@ -90,6 +90,7 @@ class TokenFile {
   // the wall clock cannot hold back.
   std::chrono::steady_clock::time_point looked_ ABSL_GUARDED_BY(mu_);
   bool looking_ ABSL_GUARDED_BY(mu_) = false;  // a caller is looking at the file (Tokens)
+  std::string failed_ ABSL_GUARDED_BY(mu_);    // why the last read failed; "" when it did not
 };
 
 struct ConnectionOptions {

@@ -125,22 +125,28 @@ TEST(TokenFileTest, ReadsTheFileAgainWhenItChangesAndKeepsTheLastGoodTokens) {
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b", "tok-a"));
   Replace("rotating", "tok-b\n");
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));
-  // Rewritten in place at the same size with its modification time put
-  // back: only the status-change time says so (as only it says that a
-  // chmod made an unreadable file readable).
+  // A failed read is tried again at every look, whatever the file's
+  // identity says: here blank (no token), then mended in place at the same
+  // size with its modification time put back, which (as a chmod that makes
+  // an unreadable file readable) at most the status-change time shows, and
+  // on a coarse clock not even that.
+  Replace("rotating", "    \n");
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));  // failed again: not told twice
   struct stat before {};
   ASSERT_EQ(stat(path.c_str(), &before), 0);
-  std::ofstream(path, std::ios::binary | std::ios::in) << "tok-c\n";
+  std::ofstream(path, std::ios::binary | std::ios::in) << "tok\n";
   const timespec times[2] = {before.st_atim, before.st_mtim};
   ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << std::strerror(errno);
-  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-c"));
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok"));
   // Each change is told once, failures with what was kept.
-  ASSERT_EQ(heard.size(), 5u);
+  ASSERT_EQ(heard.size(), 6u);
   EXPECT_EQ(heard[0], "ok 2");
   EXPECT_THAT(heard[1], AllOf(HasSubstr("the file is empty"), EndsWith(" 2")));
   EXPECT_THAT(heard[2], AllOf(HasSubstr("cannot look at the file (No such file or directory)"), EndsWith(" 2")));
   EXPECT_EQ(heard[3], "ok 1");
-  EXPECT_EQ(heard[4], "ok 1");
+  EXPECT_THAT(heard[4], AllOf(HasSubstr("the file is empty"), EndsWith(" 1")));
+  EXPECT_EQ(heard[5], "ok 1");
 }
 
 // One caller at a time looks at the file, and the others are not held up by
