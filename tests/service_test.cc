@@ -759,6 +759,8 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   usage_error({"logs", "job-1", "--tail", "--", "5"}, "tail-dashes", "plateauctl: --tail: expected a value");
   usage_error({"lgos", "get", "job-1"}, "typo-before-command", "plateauctl: unknown command 'lgos'");
   usage_error({"--follow", "5", "logs", "job-1"}, "word-before-command", "plateauctl: unknown command '5'");
+  usage_error({"--tial", "5", "logs", "job-1"}, "flag-typo-before-command", "plateauctl logs: unknown flag --tial");
+  usage_error({"--tail", "5", "get", "job-1"}, "other-commands-flag", "plateauctl get: unknown flag --tail");
   r = ctl_run({"--output=json", "plan", spec}, "plan-json");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(FromJson<v1::PlanJobResponse>(r.out).plan().fits());
