@@ -174,6 +174,25 @@ TEST(AutoSpecTest, TheEarlierValuesAreKeptWhereTheyFit) {
   EXPECT_EQ(PlanAtEarlierAutoSettings(spec, none, same).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// force_launch admits a plan whose routing-dependent dispatch (standard
+// EP's worst case) is over the cap; it does not make kept values fit new
+// workers: the whole plan must, as the chooser would have it.
+TEST(AutoSpecTest, ForceLaunchDoesNotKeepValuesWhosePlanIsOverTheWorkers) {
+  v1::JobSpec spec = AllAuto();
+  spec.set_backend(v1::BACKEND_CUDA);
+  spec.set_device_memory_bytes(0);
+  spec.set_force_launch(true);
+  spec.mutable_schedule()->mutable_standard_ep();  // the dispatch follows the routing
+  auto earlier = PlanJob(spec);
+  ASSERT_TRUE(earlier.ok()) << earlier.status();
+  ASSERT_LT(earlier->launch_bytes(), earlier->total_bytes()) << "the dispatch must follow the routing";
+  AutoContext between;  // room for the launch-sized state, not the whole plan
+  between.device_memory_bytes = (earlier->launch_bytes() + earlier->total_bytes()) / 2;
+  auto kept = PlanAtEarlierAutoSettings(spec, *earlier, between);
+  EXPECT_EQ(kept.status().code(), absl::StatusCode::kResourceExhausted) << kept.status();
+  EXPECT_THAT(kept.status().message(), HasSubstr("device_memory_bytes: at those values the plan is "));
+}
+
 // Nothing fits: the plan is shown at the smallest settings, not fitting,
 // with the reason; admission refuses it with that reason.
 TEST(AutoSpecTest, NothingFitsIsPlannedAtTheSmallestAndRefusedAtAdmission) {
