@@ -102,11 +102,11 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, 
 }
 
 absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(const std::string& flag, const std::string& path,
-                                                           absl::Duration recheck, Listener on_reload) {
-  std::shared_ptr<TokenFile> file(new TokenFile(flag, path, recheck, std::move(on_reload)));
+                                                           absl::Duration recheck, Listener on_reload, Reader read) {
+  std::shared_ptr<TokenFile> file(new TokenFile(flag, path, recheck, std::move(on_reload), std::move(read)));
   // The identity before the read: a change during it is seen next time.
   const Identity identity = file->Look();
-  absl::StatusOr<std::vector<std::string>> tokens = ReadTokenFile(flag, path);
+  absl::StatusOr<std::vector<std::string>> tokens = file->read_(flag, path);
   if (!tokens.ok()) return tokens.status();
   absl::MutexLock lock(&file->mu_);
   file->tokens_ = std::make_shared<const std::vector<std::string>>(*std::move(tokens));
@@ -151,7 +151,7 @@ std::shared_ptr<const std::vector<std::string>> TokenFile::Tokens() {
   if (!(identity == seen) || !failed.empty()) {
     read = identity.size < 0 ? absl::InvalidArgumentError(absl::StrCat(flag_, "=", path_, ": cannot look at the file (",
                                                                        std::strerror(look_error), ")"))
-                             : ReadTokenFile(flag_, path_);
+                             : read_(flag_, path_);
   }
   std::shared_ptr<const std::vector<std::string>> tokens;
   bool tell = false;

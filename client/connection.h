@@ -52,14 +52,20 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, 
 // Thread safety: thread-safe.
 class TokenFile {
  public:
-  // Told of each read after the first: its status, and how many tokens are
-  // in force after it (the new ones, or on an error those kept).
+  // Told of each change after the first read: a read of a changed file, or
+  // a failure that began, ended or became another; with the read's status
+  // and how many tokens are in force after it (the new ones, or on an error
+  // those kept).
   using Listener = std::function<void(const absl::Status& read, size_t tokens)>;
+  // How the file is read: ReadTokenFile, unless a test gives one that fails
+  // on demand (a failure the file's identity does not show).
+  using Reader =
+      std::function<absl::StatusOr<std::vector<std::string>>(const std::string& flag, const std::string& path)>;
 
   // Reads the file (ReadTokenFile's errors).
   static absl::StatusOr<std::shared_ptr<TokenFile>> Open(const std::string& flag, const std::string& path,
                                                          absl::Duration recheck = absl::Seconds(1),
-                                                         Listener on_reload = nullptr);
+                                                         Listener on_reload = nullptr, Reader read = nullptr);
 
   // The tokens in force; never empty.
   std::shared_ptr<const std::vector<std::string>> Tokens() ABSL_LOCKS_EXCLUDED(mu_);
@@ -75,14 +81,19 @@ class TokenFile {
              ctime_ns == o.ctime_ns;
     }
   };
-  TokenFile(std::string flag, std::string path, absl::Duration recheck, Listener on_reload)
-      : flag_(std::move(flag)), path_(std::move(path)), recheck_(recheck), on_reload_(std::move(on_reload)) {}
+  TokenFile(std::string flag, std::string path, absl::Duration recheck, Listener on_reload, Reader read)
+      : flag_(std::move(flag)),
+        path_(std::move(path)),
+        recheck_(recheck),
+        on_reload_(std::move(on_reload)),
+        read_(read ? std::move(read) : Reader(ReadTokenFile)) {}
   // The file's identity; size -1 when it cannot be looked at.
   Identity Look() const;
 
   const std::string flag_, path_;
   const absl::Duration recheck_;
   const Listener on_reload_;
+  const Reader read_;
   absl::Mutex mu_;
   std::shared_ptr<const std::vector<std::string>> tokens_ ABSL_GUARDED_BY(mu_);
   Identity seen_ ABSL_GUARDED_BY(mu_);

@@ -125,11 +125,10 @@ TEST(TokenFileTest, ReadsTheFileAgainWhenItChangesAndKeepsTheLastGoodTokens) {
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b", "tok-a"));
   Replace("rotating", "tok-b\n");
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));
-  // A failed read is tried again at every look, whatever the file's
-  // identity says: here blank (no token), then mended in place at the same
-  // size with its modification time put back, which (as a chmod that makes
-  // an unreadable file readable) at most the status-change time shows, and
-  // on a coarse clock not even that.
+  // Blank (no token), then mended in place at the same size with its
+  // modification time put back: at most the status-change time shows it (on
+  // a coarse clock not even that, where the retry after a failed read finds
+  // it: AFailedReadIsTriedAgainAtEveryLook).
   Replace("rotating", "    \n");
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));
   EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));  // failed again: not told twice
@@ -147,6 +146,35 @@ TEST(TokenFileTest, ReadsTheFileAgainWhenItChangesAndKeepsTheLastGoodTokens) {
   EXPECT_EQ(heard[3], "ok 1");
   EXPECT_THAT(heard[4], AllOf(HasSubstr("the file is empty"), EndsWith(" 1")));
   EXPECT_EQ(heard[5], "ok 1");
+}
+
+// A failed read is tried again at every look, even where nothing the file's
+// identity holds has changed (a chmod within one tick of a coarse clock):
+// here the reader fails on demand while the file stays as it is.
+TEST(TokenFileTest, AFailedReadIsTriedAgainAtEveryLook) {
+  const std::string path = Write("mended", "tok-a\n");
+  bool failing = false;
+  int reads = 0;
+  std::vector<std::string> heard;
+  auto file = TokenFile::Open(
+      "--token_file", path, absl::ZeroDuration(),
+      [&](const absl::Status& s, size_t n) { heard.push_back(absl::StrCat(s.ok() ? "ok" : s.message(), " ", n)); },
+      [&](const std::string& flag, const std::string& p) -> absl::StatusOr<std::vector<std::string>> {
+        ++reads;
+        if (failing) return absl::InvalidArgumentError("unreadable");
+        return ReadTokenFile(flag, p);
+      });
+  ASSERT_TRUE(file.ok()) << file.status();
+  failing = true;
+  Replace("mended", "tok-b\n");  // changed, but unreadable
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-a"));
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-a"));  // unchanged: read again, failing the same
+  EXPECT_EQ(reads, 3);
+  failing = false;  // mended: nothing about the file changes
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));
+  EXPECT_THAT(*(*file)->Tokens(), ElementsAre("tok-b"));  // read, good: not read again
+  EXPECT_EQ(reads, 4);
+  EXPECT_THAT(heard, ElementsAre("unreadable 1", "ok 1"));
 }
 
 // One caller at a time looks at the file, and the others are not held up by

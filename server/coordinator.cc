@@ -1632,6 +1632,10 @@ absl::Status Coordinator::MarkMet(const std::string& key, std::optional<int> ran
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", *rank, " is not a rank of ", a->job.id(), " (0 to ", ranks - 1, ")"));
   }
+  if (rendezvous_.Met(a->job.id(), attempt, rank)) return absl::OkStatus();
+  // A mark to write: not while frozen (a read served without its mark would
+  // leave the rank uncounted after the restart that recovers).
+  PLATEAU_RETURN_IF_ERROR(store_error_);
   return Written(rendezvous_.MarkMet(a->job.id(), attempt, rank),
                  absl::StrCat("record that a rank of ", AttemptPrefix(a->job.id(), attempt), " began to meet"));
 }
@@ -1665,19 +1669,13 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
 absl::StatusOr<std::string> Coordinator::KvGet(const std::string& key, absl::Duration wait, std::optional<int> rank) {
   PLATEAU_RETURN_IF_ERROR(RendezvousStore::CheckKey(key));
   absl::MutexLock lock(&mu_);
-  if (rank.has_value()) {
-    PLATEAU_RETURN_IF_ERROR(store_error_);
-    PLATEAU_RETURN_IF_ERROR(MarkMet(key, rank));
-  }
+  if (rank.has_value()) PLATEAU_RETURN_IF_ERROR(MarkMet(key, rank));
   return rendezvous_.Get(mu_, key, wait, &stop_);
 }
 
 absl::StatusOr<bool> Coordinator::KvCheck(const std::vector<std::string>& keys, std::optional<int> rank) {
   absl::MutexLock lock(&mu_);
-  if (rank.has_value() && !keys.empty()) {
-    PLATEAU_RETURN_IF_ERROR(store_error_);
-    PLATEAU_RETURN_IF_ERROR(MarkMet(keys[0], rank));
-  }
+  if (rank.has_value() && !keys.empty()) PLATEAU_RETURN_IF_ERROR(MarkMet(keys[0], rank));
   return rendezvous_.Contains(keys);
 }
 

@@ -269,8 +269,9 @@ class Coordinator {
   // under, with its number; nullptr when none.
   const LiveJob* AttemptOfKey(const std::string& key, int* attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records that `rank` (nullopt: any) of `key`'s live attempt has begun to
-  // meet; INVALID_ARGUMENT for a rank outside it. Nothing for a key of no
-  // live attempt.
+  // meet; INVALID_ARGUMENT for a rank outside it, the store's error when
+  // frozen and the mark is not there yet. Nothing for a key of no live
+  // attempt, or a rank already marked.
   absl::Status MarkMet(const std::string& key, std::optional<int> rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* const store_;

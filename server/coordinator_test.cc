@@ -685,13 +685,15 @@ TEST_F(CoordinatorTest, AFreshAgentWhoseRankOnlyReadAKeyRestartsTheAttempt) {
   ASSERT_TRUE(Exited(runs, job, root, 143, 0, /*stopped=*/true).ok());
   ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(job).attempt() == 1; }, absl::Seconds(10)))
       << Get(job).DebugString();
-  // A read without a rank, or of no live attempt, counts nobody.
-  EXPECT_TRUE(c().KvGet("job-99/attempt-0/x", absl::ZeroDuration(), 0).status().code() == absl::StatusCode::kNotFound);
+  // A rank named on a key of no live attempt marks nothing and is no error.
+  EXPECT_EQ(c().KvGet("job-99/attempt-0/x", absl::ZeroDuration(), 0).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorTest, AFreshAgentWhoseAttemptHadNotBegunToMeetGetsItAgain) {
   const std::string w = Register("", {}, nullptr, /*agent_started=*/true);
   const std::string job = SendAssignment(w, 1);
+  // A read that names no rank (not a rank's) counts no rank as met.
+  EXPECT_EQ(c().KvGet(job + "/attempt-0/world/0", absl::ZeroDuration()).status().code(), absl::StatusCode::kNotFound);
   Open();
   EXPECT_EQ(Register(w, {}, nullptr, /*agent_started=*/true), w);
   auto hb = c().Heartbeat(Beat(w, 1));
@@ -918,6 +920,8 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
   ASSERT_TRUE(c().Health().ok());
+  const std::string key = job + "/attempt-0/world/0";
+  ASSERT_TRUE(c().KvSet(key, "addr0", 0).ok());  // rank 0 has met
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &other), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
@@ -941,6 +945,12 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
   EXPECT_EQ(Heartbeat(w).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(c().CancelJob(job).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(c().KvSet("k", "v").code(), absl::StatusCode::kUnavailable);
+  // Reads go on where they write nothing: rank 0 is marked already; rank
+  // 1's first read would need its mark written.
+  auto read = c().KvGet(key, absl::ZeroDuration(), 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "addr0");
+  EXPECT_EQ(c().KvGet(key, absl::ZeroDuration(), 1).status().code(), absl::StatusCode::kUnavailable);
   absl::SleepFor(absl::Milliseconds(500));  // ticks: no worker expiry, nothing changes
   EXPECT_EQ(Get(job).state(), v1::RUNNING);
   // A restart recovers from the database: the worker re-attaches with both

@@ -68,16 +68,19 @@ bool RendezvousStore::IsOwnKey(const std::string& key) {
   return second != std::string::npos && absl::string_view(key).substr(second, kMet.size()) == kMet;
 }
 
+bool RendezvousStore::Met(const std::string& job_id, int attempt, std::optional<int> rank) const {
+  return kv_.count(MetKey(job_id, attempt, rank)) > 0;
+}
+
 absl::Status RendezvousStore::MarkMet(const std::string& job_id, int attempt, std::optional<int> rank) {
-  const std::string key = MetKey(job_id, attempt, rank);
-  if (kv_.count(key) > 0) return absl::OkStatus();
-  return Set(key, "");
+  if (Met(job_id, attempt, rank)) return absl::OkStatus();
+  return Set(MetKey(job_id, attempt, rank), "");
 }
 
 bool RendezvousStore::AnyMet(const std::string& job_id, int attempt, const std::vector<int>& ranks) const {
-  if (kv_.count(MetKey(job_id, attempt, std::nullopt)) > 0) return true;
+  if (Met(job_id, attempt, std::nullopt)) return true;
   for (int r : ranks) {
-    if (kv_.count(MetKey(job_id, attempt, r)) > 0) return true;
+    if (Met(job_id, attempt, r)) return true;
   }
   // Keys without any mark: written before the coordinator kept them.
   const std::string prefix = AttemptPrefix(job_id, attempt) + "/";

@@ -61,6 +61,8 @@ class RendezvousStore {
   // the attempt's prefix (".met/RANK", ".met/any"): it survives a restart
   // and leaves with the attempt. Written once per rank.
   absl::Status MarkMet(const std::string& job_id, int attempt, std::optional<int> rank);
+  // Whether `rank` (nullopt: a rank not named) is marked as having met.
+  bool Met(const std::string& job_id, int attempt, std::optional<int> rank) const;
   // Whether one of `ranks` of the attempt, or a rank not named, has begun to
   // meet. An attempt with keys and no mark at all (written by a coordinator
   // before the marks) counts as met by every rank.

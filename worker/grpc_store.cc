@@ -53,6 +53,7 @@ absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
 
 absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
+  std::string unreachable;  // the last UNAVAILABLE: why the key may not have been seen
   while (true) {
     const absl::Duration left = end - absl::Now();
     v1::KvGetRequest req;
@@ -65,12 +66,18 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duratio
     grpc::Status s = stub_->KvGet(&ctx, req, &resp);
     if (s.ok()) return resp.value();
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      unreachable = s.error_message();
       PauseBeforeRetry(*channel_, absl::Milliseconds(200));
     } else if (s.error_code() != grpc::StatusCode::NOT_FOUND &&
                s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       return FromGrpc(s, absl::StrCat("rendezvous store at ", address_, ": get '", key, "'"));
     }
     if (absl::Now() >= end) {
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        return absl::DeadlineExceededError(absl::StrCat("rendezvous store at ", address_, ": key '", key,
+                                                        "' could not be read within ", absl::FormatDuration(timeout),
+                                                        ": the store was unavailable (", unreachable, ")"));
+      }
       return absl::DeadlineExceededError(absl::StrCat("rendezvous store at ", address_, ": key '", key,
                                                       "' was not set within ", absl::FormatDuration(timeout)));
     }
