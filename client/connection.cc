@@ -17,7 +17,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "client/host_port.h"
 #include "grpcpp/support/client_interceptor.h"
 
@@ -81,7 +80,7 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& flag, 
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     ++line_number;
     const absl::string_view token = absl::StripTrailingAsciiWhitespace(line);
-    if (absl::StripLeadingAsciiWhitespace(token).empty()) continue;
+    if (token.empty()) continue;  // a blank line
     // Visible ASCII only: what an HTTP/2 header value carries unchanged,
     // and what "Bearer <token>" (RFC 6750) allows. A stray byte would
     // otherwise surface as a confusing per-call failure.

@@ -1269,11 +1269,9 @@ int main(int argc, char** argv) {
   const int command_at = plateau::CommandIndex(argc, argv);
   if (command_at > 0) o.command = argv[command_at];
   bool flags_ended = false;  // after "--" every argument is positional
-  // The last flag given bare that took no value, and whether the command
-  // knows it: a word after it before the command is then its stray value.
-  int bare_flag_at = -1;
-  std::string bare_flag;
-  bool bare_flag_known = false;
+  // Where the last flag given bare was, when the command does not know it
+  // (else -1): a word after it before the command is its stray value.
+  int unknown_flag_at = -1;
   for (int i = 1; i < argc; ++i) {
     if (i == command_at) continue;
     std::string arg = argv[i];
@@ -1292,8 +1290,8 @@ int main(int argc, char** argv) {
       if (!flags_ended && i < command_at && usage_error.empty()) {
         // ... unless it follows a flag the command does not have (a typo,
         // or another command's flag: `--tial 5 logs`), which is the error.
-        usage_error = i == bare_flag_at + 1 && !bare_flag_known
-                          ? absl::StrCat("plateauctl ", o.command, ": unknown flag --", bare_flag)
+        usage_error = unknown_flag_at >= 0 && i == unknown_flag_at + 1
+                          ? absl::StrCat("plateauctl ", o.command, ": unknown flag ", argv[unknown_flag_at])
                           : absl::StrCat("plateauctl: unknown command '", arg, "' (the commands: plateauctl --help)");
       }
       o.args.push_back(arg);
@@ -1309,11 +1307,7 @@ int main(int argc, char** argv) {
     const plateau::CommandHelp* command = plateau::FindCommand(o.command);
     const plateau::FlagHelp* f = command != nullptr ? plateau::FindFlag(*command, name) : nullptr;
     const bool takes_value = plateau::IsGlobalFlag(name) || (f != nullptr && !f->value.empty());
-    if (eq == std::string::npos && !takes_value) {
-      bare_flag_at = i;
-      bare_flag = name;
-      bare_flag_known = f != nullptr;
-    }
+    if (eq == std::string::npos && !takes_value) unknown_flag_at = f == nullptr ? i : -1;
     if (eq == std::string::npos && takes_value) {
       // `--tail logs JOB`: the command is no value; nor is "--".
       if (i + 1 >= argc || i + 1 == command_at || std::string(argv[i + 1]) == "--") {

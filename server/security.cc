@@ -42,9 +42,8 @@ grpc::Status BearerAuth::CheckHeader(const absl::string_view* authorization) con
   }
   const absl::string_view given = absl::StripAsciiWhitespace(authorization->substr(kScheme.size()));
   // Compared with every token (no early exit), so the time does not say
-  // which one it was close to.
-  // `tokens` holds them for the loop: a reload on another thread may
-  // replace the file's own reference meanwhile.
+  // which one it was close to; `tokens` holds them for the loop, as a
+  // reload on another thread may replace the file's own reference.
   const std::shared_ptr<const std::vector<std::string>> tokens = file_->Tokens();
   bool match = false;
   for (const std::string& token : *tokens) match = ConstantTimeEquals(given, token) || match;

@@ -1,6 +1,7 @@
 #include "server/services.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "proto/does_not_fit.h"
@@ -64,6 +65,12 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
     c->WaitForChange(version, absl::Seconds(1));
   }
   return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+}
+
+// The rank a rendezvous request names (KvSetRequest.rank), if any.
+template <typename Request>
+std::optional<int> RankOf(const Request& req) {
+  return req.has_rank() ? std::optional<int>(req.rank()) : std::nullopt;
 }
 
 // The first line of every handler: the bearer token, before the request
@@ -175,7 +182,7 @@ grpc::Status WorkerServiceImpl::ReportTelemetry(grpc::ServerContext* ctx, const 
 grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
                                       v1::KvSetResponse*) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return ToGrpc(c_->KvSet(req->key(), req->value(), req->has_rank() ? std::optional<int>(req->rank()) : std::nullopt));
+  return ToGrpc(c_->KvSet(req->key(), req->value(), RankOf(*req)));
 }
 
 grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
@@ -186,8 +193,7 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetR
   // Never hold the call past the client's own deadline.
   const auto left = ctx->deadline() - std::chrono::system_clock::now();
   wait = std::min(wait, absl::FromChrono(left) - absl::Milliseconds(50));
-  auto v = c_->KvGet(req->key(), std::max(wait, absl::ZeroDuration()),
-                     req->has_rank() ? std::optional<int>(req->rank()) : std::nullopt);
+  auto v = c_->KvGet(req->key(), std::max(wait, absl::ZeroDuration()), RankOf(*req));
   if (!v.ok()) return ToGrpc(v.status());
   out->set_value(*v);
   return grpc::Status::OK;
@@ -196,8 +202,7 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetR
 grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext* ctx, const v1::KvCheckRequest* req,
                                         v1::KvCheckResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  absl::StatusOr<bool> all = c_->KvCheck({req->keys().begin(), req->keys().end()},
-                                         req->has_rank() ? std::optional<int>(req->rank()) : std::nullopt);
+  absl::StatusOr<bool> all = c_->KvCheck({req->keys().begin(), req->keys().end()}, RankOf(*req));
   if (!all.ok()) return ToGrpc(all.status());
   out->set_all_set(*all);
   return grpc::Status::OK;
