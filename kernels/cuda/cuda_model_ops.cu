@@ -187,20 +187,11 @@ __global__ void EmbeddingKernel(const T* table, const int32_t* tokens,
   }
 }
 
-__global__ void EmbeddingBackwardKernel(const float* dout,
-                                        const int32_t* tokens, int64_t rows,
-                                        int64_t hidden, float* dtable) {
-  for (int64_t c = GlobalThread(); c < hidden; c += GridThreads()) {
-    for (int64_t r = 0; r < rows; ++r) {
-      float* d = dtable + static_cast<int64_t>(tokens[r]) * hidden + c;
-      *d = __fadd_rn(*d, dout[r * hidden + c]);
-    }
-  }
-}
-
-// bf16 gradient table: each touched table row must be its loaded value
-// plus the fp32 sum of its rows' gradients in row order, rounded once (the
-// CPU twin's result, bit for bit). With no scratch to hold an fp32 row per
+// The gradient table, fp32 or bf16: each touched table row must be its
+// loaded value plus the fp32 sum of its rows' gradients in row order, rounded
+// once to T (the CPU twin's result, bit for bit: in fp32 the rounding is the
+// identity, so this is the CPU's `dtable[tok] += dout[r]` row after row).
+// With no scratch to hold an fp32 row per
 // token, the row is owned by the block of its token's FIRST occurrence:
 // block r (grid-stride over rows) first asks whether an earlier row has the
 // same token (a block-wide scan of tokens[0, r), kThreads at a time,
@@ -210,9 +201,10 @@ __global__ void EmbeddingBackwardKernel(const float* dout,
 // row order (a ballot per warp, then the warps' counts in order) and adds
 // them in that order, then rounds each column once. Every table row has one
 // writer (no atomics) and every sum runs in row order: deterministic, and
-// the CPU's order.
+// the CPU's order. (fp32 used to walk every row per column with one thread
+// per column: `hidden` threads in all, about 1 s a step at 1M tokens.)
 //
-// Cost beyond the fp32 kernel's rows x hidden adds: token reads, kThreads
+// Cost beyond the rows x hidden adds: token reads, kThreads
 // per step of a block, up to r for each row's first-occurrence check and
 // (rows - r) / kThreads x ceil(hidden / (kThreads x kEmbCols)) for each
 // first occurrence's scan: O(rows x (rows + distinct tokens) / kThreads) steps
@@ -222,9 +214,9 @@ __global__ void EmbeddingBackwardKernel(const float* dout,
 constexpr int kEmbCols = 8;
 constexpr int kWarps = kThreads / 32;
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    EmbeddingBackwardBf16Kernel(const Bf16* dout, const int32_t* tokens, int64_t rows,
-                                int64_t hidden, Bf16* dtable) {
+    EmbeddingBackwardKernel(const T* dout, const int32_t* tokens, int64_t rows, int64_t hidden, T* dtable) {
   PLATEAU_SHARED_ARRAY(int64_t, match, kThreads);  // this step's rows with the token, in order
   PLATEAU_SHARED_ARRAY(int, warp_first, kWarps + 1);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -236,7 +228,7 @@ __global__ void __launch_bounds__(kThreads)
       seen = __syncthreads_or(e < r && tokens[e] == tok) != 0;
     }
     if (seen) continue;  // the same for the whole block
-    Bf16* trow = dtable + static_cast<int64_t>(tok) * hidden;
+    T* trow = dtable + static_cast<int64_t>(tok) * hidden;
     for (int64_t c0 = 0; c0 < hidden; c0 += int64_t{kThreads} * kEmbCols) {
       float acc[kEmbCols];
 #pragma unroll
@@ -259,7 +251,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         const int count = warp_first[kWarps];
         for (int m = 0; m < count; ++m) {
-          const Bf16* drow = dout + match[m] * hidden;
+          const T* drow = dout + match[m] * hidden;
 #pragma unroll
           for (int j = 0; j < kEmbCols; ++j) {
             const int64_t c = c0 + j * kThreads + threadIdx.x;
@@ -271,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kEmbCols; ++j) {
         const int64_t c = c0 + j * kThreads + threadIdx.x;
-        if (c < hidden) trow[c] = StoreAs<Bf16>(acc[j]);
+        if (c < hidden) trow[c] = StoreAs<T>(acc[j]);
       }
     }
   }
@@ -870,8 +862,8 @@ cudaError_t Embedding(cudaStream_t stream, const float* table,
 cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
                               const int32_t* tokens, int64_t rows,
                               int64_t hidden, float* dtable) {
-  PLATEAU_KERNEL_LAUNCH(ElementwiseGrid(hidden), kThreads, 0, stream, EmbeddingBackwardKernel)(
-      dout, tokens, rows, hidden, dtable);
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, EmbeddingBackwardKernel<float>)
+  (dout, tokens, rows, hidden, dtable);
   return cudaGetLastError();
 }
 
@@ -926,8 +918,8 @@ cudaError_t EmbeddingBf16(cudaStream_t stream, const uint16_t* table, const int3
 cudaError_t EmbeddingBackwardBf16(cudaStream_t stream, const uint16_t* dout,
                                   const int32_t* tokens, int64_t rows, int64_t hidden,
                                   uint16_t* dtable) {
-  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, EmbeddingBackwardBf16Kernel)(
-      AsBf16(dout), tokens, rows, hidden, AsBf16(dtable));
+  PLATEAU_KERNEL_LAUNCH(RowGrid(rows), kThreads, 0, stream, EmbeddingBackwardKernel<Bf16>)
+  (AsBf16(dout), tokens, rows, hidden, AsBf16(dtable));
   return cudaGetLastError();
 }
 
@@ -1158,8 +1150,8 @@ cudaError_t LoadKernels() {
       reinterpret_cast<const void*>(CrossEntropyLossKernel<float>),
       reinterpret_cast<const void*>(CrossEntropyLossKernel<Bf16>),
       reinterpret_cast<const void*>(EmbeddingKernel<float>),
-      reinterpret_cast<const void*>(EmbeddingBackwardKernel),
-      reinterpret_cast<const void*>(EmbeddingBackwardBf16Kernel),
+      reinterpret_cast<const void*>(EmbeddingBackwardKernel<float>),
+      reinterpret_cast<const void*>(EmbeddingBackwardKernel<Bf16>),
       reinterpret_cast<const void*>(GatherRowsKernel<float>),
       reinterpret_cast<const void*>(ScatterRowsKernel<float>),
       reinterpret_cast<const void*>(CombineRowsKernel<float>),

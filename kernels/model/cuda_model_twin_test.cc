@@ -389,13 +389,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaCrossEntropyTest,
 // adds, so the same bits (RowDots: both sum exact products in double, and
 // may round the double sum to a neighbouring float: 2u of sum |a b|).
 
+// The gradient's kernel gives each table row to the block of its token's
+// first row (kernels/cuda/cuda_model_ops.cu): hidden = 2100 takes two of its
+// 2048-column chunks, the second partial; the tokens repeat; token 48's two
+// rows lie past the first 256-row scan window, so the first-occurrence checks
+// scan several windows (row 700's without a hit, row 800's to its hit at
+// 700); token 49's rows span the whole input;
+// rows 7..47 of the table are untouched.
 TEST_F(CudaModelTwinTest, EmbeddingMatchesCpuBitwise) {
-  const int64_t vocab = 50, hidden = 333, rows = 200;
+  const int64_t vocab = 50, hidden = 2100, rows = 1000;
   const std::vector<float> table = Uniform(vocab * hidden, 41, 1.0f);
   const std::vector<float> dout = Uniform(rows * hidden, 42, 1.0f);
   std::vector<int32_t> tokens(rows);
   std::mt19937 rng(43);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % 7);  // many repeats
+  tokens[700] = tokens[800] = 48;
+  tokens[3] = tokens[400] = tokens[999] = 49;
   std::vector<std::vector<float>> out, dtable;
   for (Side* side : {&cpu_, &cuda_}) {
     const float* tb = side->Up(table);
@@ -411,6 +420,17 @@ TEST_F(CudaModelTwinTest, EmbeddingMatchesCpuBitwise) {
   }
   EXPECT_TRUE(SameBits(out[1], out[0], "embedding"));
   EXPECT_TRUE(SameBits(dtable[1], dtable[0], "embedding_backward"));
+  // Not vacuous: every token's row changed, the untouched rows did not.
+  for (int64_t v = 0; v < vocab; ++v) {
+    const bool touched = std::find(tokens.begin(), tokens.end(), v) != tokens.end();
+    int64_t changed = 0;
+    for (int64_t c = 0; c < hidden; ++c) changed += dtable[0][v * hidden + c] != table[v * hidden + c];
+    if (touched) {
+      EXPECT_GT(changed, hidden / 2) << "table row " << v;
+    } else {
+      EXPECT_EQ(changed, 0) << "table row " << v;
+    }
+  }
 }
 
 TEST_F(CudaModelTwinTest, RowMovementMatchesCpu) {
