@@ -17,8 +17,21 @@ Client::Client(std::string address, absl::Duration timeout)
 Client::Client(ClientOptions options)
     : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for),
       on_reconnecting_(std::move(options.on_reconnecting)) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      OpenChannel(ConnectionOptions{address_, options.token_file, options.tls_ca_file, options.keepalive});
+  if (!options.tls_ca_file.empty()) {
+    tls_hint_ = options.tls_client_cert_file.empty()
+                    ? " (over TLS: is --tls_ca_file the CA of its certificate? If it requires client certificates "
+                      "(its --tls_client_ca_file), give --tls_client_cert_file and --tls_client_key_file)"
+                    : " (over TLS: is --tls_ca_file the CA of its certificate, and did a CA of its "
+                      "--tls_client_ca_file sign --tls_client_cert_file?)";
+  }
+  ConnectionOptions connection;
+  connection.address = address_;
+  connection.token_file = options.token_file;
+  connection.tls_ca_file = options.tls_ca_file;
+  connection.tls_client_cert_file = options.tls_client_cert_file;
+  connection.tls_client_key_file = options.tls_client_key_file;
+  connection.keepalive = options.keepalive;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(connection);
   if (!channel.ok()) {
     status_ = channel.status();
     return;  // stub_ stays null: every call returns status_
@@ -39,8 +52,11 @@ absl::Status Client::Convert(const grpc::Status& s) const {
   }
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && s.error_message() == "Deadline Exceeded")) {
+    // A TLS handshake the coordinator refused reads as a closed socket: say
+    // which files to check (not when nothing listens there at all).
+    const bool refused = absl::StrContains(s.error_message(), "Connection refused");
     return absl::UnavailableError(
-        absl::StrCat("cannot reach the coordinator at ", address_, ": ", s.error_message()));
+        absl::StrCat("cannot reach the coordinator at ", address_, ": ", s.error_message(), refused ? "" : tls_hint_));
   }
   absl::Status out(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   // An admission refusal for memory: its type back as the payload

@@ -31,6 +31,8 @@ struct ClientOptions {
   absl::Duration keepalive = absl::Seconds(20);  // ConnectionOptions::keepalive
   std::string token_file;   // bearer token sent on every call; empty: none
   std::string tls_ca_file;  // PEM CA of the coordinator's certificate; empty: plaintext
+  std::string tls_client_cert_file;  // this client's certificate (ConnectionOptions); empty: none
+  std::string tls_client_key_file;   // its private key
   // Called once each time a watch or log stream breaks and is being opened
   // again (a UI says "reconnecting..."); not for a coordinator never reached.
   std::function<void(const absl::Status&)> on_reconnecting;
@@ -75,6 +77,7 @@ class Client {
   const absl::Duration timeout_;
   const absl::Duration reconnect_for_;
   const std::function<void(const absl::Status&)> on_reconnecting_;
+  std::string tls_hint_;  // appended to "cannot reach" over TLS: which files to check
   absl::Status status_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;

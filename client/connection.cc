@@ -201,11 +201,30 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
   if (absl::Status s = CheckAddress("--coordinator", options.address, /*listen=*/false); !s.ok())
     return s;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  const bool has_cert = !options.tls_client_cert_file.empty(), has_key = !options.tls_client_key_file.empty();
+  if (has_cert != has_key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a client certificate needs both --tls_client_cert_file and --tls_client_key_file; ",
+                     has_cert ? "--tls_client_key_file" : "--tls_client_cert_file", " is missing"));
+  }
+  if (has_cert && options.tls_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_cert_file is sent only over TLS: give --tls_ca_file too (the CA of the coordinator's "
+        "certificate)");
+  }
   if (!options.tls_ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca_file", options.tls_ca_file);
     if (!ca.ok()) return ca.status();
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = *ca;
+    if (has_cert) {
+      absl::StatusOr<std::string> cert = ReadPemFile("--tls_client_cert_file", options.tls_client_cert_file);
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadPemFile("--tls_client_key_file", options.tls_client_key_file);
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
     credentials = grpc::SslCredentials(ssl);
   }
   grpc::ChannelArguments args;

@@ -108,6 +108,11 @@ struct ConnectionOptions {
   std::string address;      // HOST:PORT of the coordinator
   std::string token_file;   // the bearer token (TokenFile: its first, as it is now); empty: send none
   std::string tls_ca_file;  // PEM CA that signed the coordinator's certificate; empty: plaintext
+  // This client's own certificate chain and key (PEM), sent in the TLS
+  // handshake, for a coordinator that requires one (--tls_client_ca_file):
+  // both or neither, and only with tls_ca_file. Empty: none sent.
+  std::string tls_client_cert_file;
+  std::string tls_client_key_file;
   // A connection with calls open is pinged this often and is dead (its calls
   // UNAVAILABLE) when a ping goes unanswered this long: a coordinator that
   // froze, or whose host vanished without closing the connection, would
@@ -130,10 +135,11 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::stri
 absl::Status CheckAddress(const std::string& flag, const std::string& address, bool listen);
 
 // A channel to options.address (CheckAddress'd as --coordinator): TLS verified against tls_ca_file
-// when set, else plaintext; the token of token_file on every call when set (read again when the
+// when set, else plaintext; this client's certificate (tls_client_cert_file, tls_client_key_file) in the
+// handshake when set; the token of token_file on every call when set (read again when the
 // file changes: TokenFile). Files are read here; their errors are INVALID_ARGUMENT naming the flag
-// (--token_file, --tls_ca_file) and the path. The channel connects lazily:
-// an unreachable coordinator shows as UNAVAILABLE on the first call.
+// (--token_file, --tls_ca_file, --tls_client_cert_file, --tls_client_key_file) and the path. The channel connects
+// lazily: an unreachable coordinator shows as UNAVAILABLE on the first call.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptions& options);
 
 // The pause before retrying a call that found the coordinator unreachable:

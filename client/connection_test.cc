@@ -230,6 +230,31 @@ TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
   EXPECT_TRUE(OpenChannel({"127.0.0.1:1", Write("ok", "tok\n"), ""}).ok());
 }
 
+// A client certificate is a pair, sent only over TLS, and each of its files
+// is named when it is not PEM. (The handshake itself, with certificates a CA
+// signed: tests/security_test ClientCertificatesSignedByTheClientCa...)
+TEST(OpenChannelTest, AClientCertificateNeedsItsKeyAndTls) {
+  const std::string pem = Write("pem", "-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n");
+  const std::string junk = Write("junk", "hello\n");
+  auto open = [](const std::string& ca, const std::string& cert, const std::string& key) {
+    ConnectionOptions o;
+    o.address = "127.0.0.1:1";
+    o.tls_ca_file = ca;
+    o.tls_client_cert_file = cert;
+    o.tls_client_key_file = key;
+    return OpenChannel(o).status();
+  };
+  EXPECT_THAT(open(pem, pem, "").message(), HasSubstr("a client certificate needs both --tls_client_cert_file and "
+                                                      "--tls_client_key_file; --tls_client_key_file is missing"));
+  EXPECT_THAT(open(pem, "", pem).message(), HasSubstr("--tls_client_cert_file is missing"));
+  EXPECT_THAT(open("", pem, pem).message(), HasSubstr("give --tls_ca_file too"));
+  EXPECT_THAT(open(pem, junk, pem).message(), HasSubstr("--tls_client_cert_file=" + junk + ": expected a PEM file"));
+  EXPECT_THAT(open(pem, pem, junk).message(), HasSubstr("--tls_client_key_file=" + junk + ": expected a PEM file"));
+  for (const absl::Status& s : {open(pem, pem, ""), open(pem, "", pem), open("", pem, pem), open(pem, junk, pem)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+}
+
 // A TCP socket bound to 127.0.0.1 (SO_REUSEADDR) on a port the kernel
 // picks, and that address; -1 on failure.
 int BindLoopback(std::string* address) {

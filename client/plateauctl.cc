@@ -1,7 +1,8 @@
 // plateauctl: the command line of the Plateau service.
 //
 //   plateauctl [--coordinator=HOST:PORT] [--output=text|json]
-//       [--token_file=PATH] [--tls_ca_file=PATH] COMMAND ...
+//       [--token_file=PATH] [--tls_ca_file=PATH [--tls_client_cert_file=PATH --tls_client_key_file=PATH]]
+//       COMMAND ...
 //   plateauctl COMMAND --help
 //
 // The commands, their flags and the exit codes are one table below
@@ -86,6 +87,14 @@ constexpr char kGlobalFlags[] = R"(global flags (before or after the command)
                            (default $PLATEAU_TOKEN_FILE)
   --tls_ca_file=PATH       PEM CA of the coordinator's certificate; turns TLS
                            on (default $PLATEAU_TLS_CA_FILE)
+  --tls_client_cert_file=PATH
+                           PEM certificate chain of this client, for a
+                           coordinator that requires one (its
+                           --tls_client_ca_file); with --tls_client_key_file
+                           (default $PLATEAU_TLS_CLIENT_CERT_FILE)
+  --tls_client_key_file=PATH
+                           its private key (default
+                           $PLATEAU_TLS_CLIENT_KEY_FILE)
 Flags are given as --name=value or --name value, before or after the command;
 after -- every argument is positional.
 )";
@@ -207,7 +216,8 @@ const FlagHelp* FindFlag(const CommandHelp& c, const std::string& name) {
 }
 
 bool IsGlobalFlag(const std::string& name) {
-  return name == "coordinator" || name == "output" || name == "token_file" || name == "tls_ca_file";
+  return name == "coordinator" || name == "output" || name == "token_file" || name == "tls_ca_file" ||
+         name == "tls_client_cert_file" || name == "tls_client_key_file";
 }
 
 // Where the command is in argv: the first argument that names a command
@@ -235,7 +245,9 @@ int CommandIndex(int argc, char** argv) {
 std::string Usage() {
   std::string out =
       "usage: plateauctl [--coordinator=HOST:PORT] [--output=text|json]\n"
-      "                  [--token_file=PATH] [--tls_ca_file=PATH] COMMAND [ARGS] [FLAGS]\n"
+      "                  [--token_file=PATH] [--tls_ca_file=PATH [--tls_client_cert_file=PATH "
+      "--tls_client_key_file=PATH]]\n"
+      "                  COMMAND [ARGS] [FLAGS]\n"
       "       plateauctl COMMAND --help     a command's arguments and flags\n\ncommands\n";
   for (const CommandHelp& c : Commands()) {
     absl::StrAppendFormat(&out, "  %-16s %s\n", absl::StrCat(c.name, c.args.empty() ? "" : " ", c.args), c.summary);
@@ -257,14 +269,16 @@ std::string CommandUsage(const CommandHelp& c) {
       for (size_t i = 1; i < lines.size(); ++i) absl::StrAppendFormat(&out, "  %-24s %s\n", "", lines[i]);
     }
   }
-  absl::StrAppend(&out, "\nGlobal flags (--coordinator, --output, --token_file, --tls_ca_file): plateauctl --help.\n\n",
+  absl::StrAppend(&out,
+                  "\nGlobal flags (--coordinator, --output, --token_file, --tls_ca_file, --tls_client_cert_file, "
+                  "--tls_client_key_file): plateauctl --help.\n\n",
                   kExitCodes);
   return out;
 }
 
 struct Options {
   std::string coordinator;
-  std::string token_file, tls_ca_file;  // client/connection.h
+  std::string token_file, tls_ca_file, tls_client_cert_file, tls_client_key_file;  // client/connection.h
   bool json = false;
   std::string command;
   std::vector<std::string> args;  // positional
@@ -848,6 +862,8 @@ int Run(const Options& given) {
   co.address = given.coordinator;
   co.token_file = given.token_file;
   co.tls_ca_file = given.tls_ca_file;
+  co.tls_client_cert_file = given.tls_client_cert_file;
+  co.tls_client_key_file = given.tls_client_key_file;
   const CommandHelp* command = FindCommand(given.command);
   if (command == nullptr) {
     return UsageError(absl::StrCat("plateauctl: unknown command '", given.command, "' (see plateauctl --help)"));
@@ -1249,6 +1265,10 @@ int main(int argc, char** argv) {
   o.token_file = token ? token : "";
   const char* ca = std::getenv("PLATEAU_TLS_CA_FILE");
   o.tls_ca_file = ca ? ca : "";
+  const char* cert = std::getenv("PLATEAU_TLS_CLIENT_CERT_FILE");
+  o.tls_client_cert_file = cert ? cert : "";
+  const char* key = std::getenv("PLATEAU_TLS_CLIENT_KEY_FILE");
+  o.tls_client_key_file = key ? key : "";
   // --output first: the errors of the rest of the command line follow it.
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--output=json" ||
@@ -1325,6 +1345,10 @@ int main(int argc, char** argv) {
       o.token_file = value;
     } else if (name == "tls_ca_file") {
       o.tls_ca_file = value;
+    } else if (name == "tls_client_cert_file") {
+      o.tls_client_cert_file = value;
+    } else if (name == "tls_client_key_file") {
+      o.tls_client_key_file = value;
     } else if (name == "output") {
       if (value != "json" && value != "text" && usage_error.empty()) {
         usage_error = absl::StrCat("plateauctl: --output: expected text or json, got '", value, "'");

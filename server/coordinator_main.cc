@@ -3,15 +3,16 @@
 // when no token is set), keeps jobs, events and logs in SQLite under
 // --state_dir, and serves Prometheus metrics on --metrics_address (with
 // /healthz and /readyz for probes: server/metrics.h). Listens
-// on loopback by default; beyond loopback only with --token_file (or
-// --insecure_listen_any). docs/SERVICE.md "Security".
+// on loopback by default; beyond loopback only with --token_file or
+// client certificates (--tls_client_ca_file), or --insecure_listen_any.
+// docs/SERVICE.md "Security".
 //
 //   plateau_coordinator --state_dir=/var/lib/plateau
 //       [--listen=127.0.0.1:7070] [--metrics_address=127.0.0.1:9464]
 //       [--ready_file=PATH] [--heartbeat_ms=1000] [--worker_timeout_s=2 x heartbeat]
 //       [--reattach_timeout_s=10] [--metrics_retention_s=900] [--max_pending_s=600]
 //       [--retention=30d]
-//       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH]
+//       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH [--tls_client_ca_file=PATH]]
 //       [--insecure_listen_any] [--max_request_bytes=4194304]
 //       [--max_watches_per_client=64] [--watch_reports_per_read=4096]
 //
@@ -76,8 +77,12 @@ security (docs/SERVICE.md "Security")
                                    read again when it changes (rotation, no restart)
   --tls_cert_file=PATH             PEM certificate chain: serve TLS (with --tls_key_file)
   --tls_key_file=PATH              PEM private key of that certificate
-  --insecure_listen_any            allow a non-loopback --listen without --token_file
-                                   (anyone who reaches the port can run jobs; refused otherwise)
+  --tls_client_ca_file=PATH        PEM CA(s) of the clients' certificates: every client (plateauctl,
+                                   workers, ranks) must present a certificate one of them signed
+                                   (mutual TLS; with --tls_cert_file). Beside --token_file or alone
+  --insecure_listen_any            allow a non-loopback --listen without --token_file or
+                                   --tls_client_ca_file (anyone who reaches the port can run jobs;
+                                   refused otherwise)
   --max_request_bytes=4194304      largest request accepted (larger: RESOURCE_EXHAUSTED);
                                    at least 1048576 (a worker's telemetry batch is <= 512 KiB)
   --max_watches_per_client=64      open WatchJob / GetJobLogs --follow streams per client host
@@ -148,6 +153,7 @@ int Main(int argc, char** argv) {
                                               {"token_file", ""},
                                               {"tls_cert_file", ""},
                                               {"tls_key_file", ""},
+                                              {"tls_client_ca_file", ""},
                                               {"insecure_listen_any", "false"},
                                               {"max_request_bytes", "4194304"},
                                               {"max_watches_per_client", "64"},
@@ -245,6 +251,12 @@ int Main(int argc, char** argv) {
     token_file = *std::move(t);
   }
   const bool tls = !flags["tls_cert_file"].empty() || !flags["tls_key_file"].empty();
+  const bool client_certs = !flags["tls_client_ca_file"].empty();
+  if (client_certs && !tls) {
+    return Fail(
+        "--tls_client_ca_file needs TLS: give --tls_cert_file and --tls_key_file too (the clients check the "
+        "coordinator's certificate as it checks theirs)");
+  }
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (tls) {
     if (flags["tls_cert_file"].empty() || flags["tls_key_file"].empty()) {
@@ -258,22 +270,31 @@ int Main(int argc, char** argv) {
     if (!key.ok()) return Fail(std::string(key.status().message()));
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (client_certs) {
+      absl::StatusOr<std::string> client_ca = ReadPemFile("--tls_client_ca_file", flags["tls_client_ca_file"]);
+      if (!client_ca.ok()) return Fail(std::string(client_ca.status().message()));
+      // A handshake without a certificate that chains to these CAs fails:
+      // such a client never reaches a service, health checking included.
+      ssl.pem_root_certs = *client_ca;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
     credentials = grpc::SslServerCredentials(ssl);
   }
   if (absl::Status s = CheckAddress("--listen", flags["listen"], /*listen=*/true); !s.ok()) {
     return Fail(std::string(s.message()));
   }
   const bool loopback = IsLoopbackListen(flags["listen"]);
-  if (!loopback && token_file == nullptr) {
+  if (!loopback && token_file == nullptr && !client_certs) {
     if (flags["insecure_listen_any"] != "true") {
       return Fail(absl::StrCat("--listen=", flags["listen"],
-                               " is not a loopback address and --token_file is not set: anyone who can reach it "
-                               "could run jobs and register workers. Give --token_file (and --tls_cert_file/"
-                               "--tls_key_file), or --insecure_listen_any to accept that"));
+                               " is not a loopback address and neither --token_file nor --tls_client_ca_file is "
+                               "set: anyone who can reach it could run jobs and register workers. Give --token_file "
+                               "(and --tls_cert_file/--tls_key_file), or client certificates (--tls_client_ca_file), "
+                               "or --insecure_listen_any to accept that"));
     }
     std::fprintf(stderr,
-                 "plateau_coordinator: WARNING: --insecure_listen_any: serving %s without a token; anyone who "
-                 "can reach it can run jobs and register workers\n",
+                 "plateau_coordinator: WARNING: --insecure_listen_any: serving %s without a token or client "
+                 "certificates; anyone who can reach it can run jobs and register workers\n",
                  flags["listen"].c_str());
   } else if (!loopback && !tls) {
     std::fprintf(stderr,
@@ -369,10 +390,14 @@ int Main(int argc, char** argv) {
 
   const std::string api = absl::StrCat(HostOf(flags["listen"]), ":", port);
   const std::string mx = absl::StrCat(HostOf(flags["metrics_address"]), ":", (*metrics)->port());
-  std::printf("plateau_coordinator: API on %s (%s, %s), metrics on http://%s/metrics (probes /healthz, /readyz), "
-              "state in %s\n",
-              api.c_str(), tls ? "TLS" : "plaintext", auth.enabled() ? "bearer token required" : "no token",
-              mx.c_str(), flags["state_dir"].c_str());
+  std::printf(
+      "plateau_coordinator: API on %s (%s, %s), metrics on http://%s/metrics (probes /healthz, /readyz), "
+      "state in %s\n",
+      api.c_str(),
+      !tls           ? "plaintext"
+      : client_certs ? "TLS, client certificate required"
+                     : "TLS",
+      auth.enabled() ? "bearer token required" : "no token", mx.c_str(), flags["state_dir"].c_str());
   std::fflush(stdout);
   if (!flags["ready_file"].empty()) {
     const std::string tmp = flags["ready_file"] + ".tmp";

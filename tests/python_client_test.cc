@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "tests/certificates.h"
 #include "tests/cluster.h"
 
 namespace plateau {
@@ -175,18 +176,14 @@ TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
   EXPECT_EQ(list->jobs_size(), 0);
 }
 
-// A self-signed certificate, its own CA, for `san` (as tests/security_test
-// makes them).
+// A self-signed certificate, its own CA, for `san`.
 bool MakeCertificate(const std::string& dir, const std::string& name, const std::string& san, std::string* cert,
                      std::string* key) {
-  *cert = absl::StrCat(dir, "/", name, ".crt");
-  *key = absl::StrCat(dir, "/", name, ".key");
-  Ran r = RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                      "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", *key, "-out", *cert, "-days", "2",
-                      "-subj", "/CN=plateau-test", "-addext", "subjectAltName=" + san},
-                     absl::StrCat(dir, "/openssl-", name));
-  EXPECT_EQ(r.code, 0) << "openssl (deploy/install-deps.sh installs it): " << r.err;
-  return r.code == 0;
+  testing_certificates::Pem pem;
+  const bool made = testing_certificates::MakeSelfSigned(dir, name, san, &pem);
+  *cert = pem.cert;
+  *key = pem.key;
+  return made;
 }
 
 // The deployed setup: a coordinator that requires its token and serves TLS.
@@ -263,6 +260,46 @@ TEST_F(PythonClientTest, TokenAndTlsReachADeployedCoordinatorAndARetriedSubmitIs
   EXPECT_THAT(r.err, HasSubstr("submit refused: INVALID_ARGUMENT labels.value: of the key 'team'"));
   list = c.client().ListJobs(v1::ListJobsRequest());
   ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 1);
+}
+
+// A coordinator that requires client certificates (--tls_client_ca_file):
+// the example's --cert and --key reach it, no certificate does not.
+TEST_F(PythonClientTest, ClientCertificateReachesACoordinatorThatRequiresOne) {
+  const std::string files = TempDir("py_mtls_files");
+  testing_certificates::Pem server, client_ca, client;
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(files, "coordinator", "IP:127.0.0.1", &server));
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(files, "clients-ca", "DNS:clients-ca.plateau.test", &client_ca));
+  ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, files, "py-client", &client));
+  ClusterOptions o;
+  o.coordinator_flags = {"--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key,
+                         "--tls_client_ca_file=" + client_ca.cert};
+  o.worker_flags = {"--tls_ca_file=" + server.cert, "--tls_client_cert_file=" + client.cert,
+                    "--tls_client_key_file=" + client.key};
+  o.client.tls_ca_file = server.cert;
+  o.client.tls_client_cert_file = client.cert;
+  o.client.tls_client_key_file = client.key;
+  Cluster c("py-mtls", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string spec = WriteSpec(c, "tiny", TinyJob(2));
+
+  // The key from the environment.
+  setenv("PLATEAU_TLS_CLIENT_KEY_FILE", client.key.c_str(), 1);
+  Ran r = Example(c, "mtls", {"--spec=" + spec, "--ca=" + server.cert, "--cert=" + client.cert});
+  unsetenv("PLATEAU_TLS_CLIENT_KEY_FILE");
+  ASSERT_EQ(r.code, 0) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
+  r = Example(c, "nocert", {"--spec=" + spec, "--ca=" + server.cert, "--connect-timeout=2"});
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at " + c.api()));
+  r = Example(c, "nokey", {"--spec=" + spec, "--ca=" + server.cert, "--cert=" + client.cert});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("a client certificate needs both --cert and --key; --key is missing"));
+  r = Example(c, "badkey", {"--spec=" + spec, "--ca=" + server.cert, "--cert=" + client.cert, "--key=" + spec});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--key=" + spec + ": expected a PEM file"));
+  auto list = c.client().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(list->jobs_size(), 1);
 }
 

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "plateau/v1/job.grpc.pb.h"
 #include "plateau/v1/worker.grpc.pb.h"
+#include "tests/certificates.h"
 #include "tests/cluster.h"
 
 namespace plateau {
@@ -417,14 +418,11 @@ TEST(SecurityTest, TheTokenRotatesWithoutARestart) {
 
 // A self-signed certificate for 127.0.0.1 and localhost, its own CA.
 bool MakeCertificate(const std::string& dir, const std::string& name, std::string* cert, std::string* key) {
-  *cert = absl::StrCat(dir, "/", name, ".crt");
-  *key = absl::StrCat(dir, "/", name, ".key");
-  Ran r = RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                      "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", *key, "-out", *cert, "-days", "2",
-                      "-subj", "/CN=plateau-test", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"},
-                     absl::StrCat(dir, "/openssl-", name));
-  EXPECT_EQ(r.code, 0) << "openssl (deploy/install-deps.sh installs it): " << r.err;
-  return r.code == 0;
+  testing_certificates::Pem pem;
+  const bool made = testing_certificates::MakeSelfSigned(dir, name, "IP:127.0.0.1,DNS:localhost", &pem);
+  *cert = pem.cert;
+  *key = pem.key;
+  return made;
 }
 
 TEST(SecurityTest, TlsWithTokenRunsPlateauctlAndRefusesPlaintextAndAStrangerCa) {
@@ -510,6 +508,129 @@ std::string StartCoordinator(const std::string& dir, const std::string& name, st
     if (absl::ConsumePrefix(&line, "api=")) return absl::StrCat("127.0.0.1:", line.substr(line.rfind(':') + 1));
   }
   return "";
+}
+
+// Mutual TLS: a coordinator given --tls_client_ca_file serves only clients
+// whose certificate that CA signed: the worker, its ranks (the job's
+// rendezvous runs through the coordinator) and plateauctl, without a token
+// (the certificate is the credential). A client without a certificate, or
+// with one another CA signed, fails its handshake before any service
+// answers, health checking included.
+TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
+  const std::string dir = TempDir("mtls_files");
+  testing_certificates::Pem server, client_ca, client, stranger;
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "coordinator", "IP:127.0.0.1,DNS:localhost", &server));
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "clients-ca", "DNS:clients-ca.plateau.test", &client_ca));
+  ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, dir, "worker-1", &client));
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "stranger", "DNS:stranger.plateau.test", &stranger));
+  ClusterOptions o;
+  o.coordinator_flags = {"--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key,
+                         "--tls_client_ca_file=" + client_ca.cert};
+  o.worker_flags = {"--tls_ca_file=" + server.cert, "--tls_client_cert_file=" + client.cert,
+                    "--tls_client_key_file=" + client.key};
+  o.client.tls_ca_file = server.cert;
+  o.client.tls_client_cert_file = client.cert;
+  o.client.tls_client_key_file = client.key;
+  Cluster c("mtls", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  EXPECT_THAT(c.coordinator()->out(), HasSubstr("(TLS, client certificate required, no token)"));
+
+  const std::string spec_path = c.dir() + "/job.txtpb";
+  {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(TinyJob(3), &text);
+    WriteFile(spec_path, text);
+  }
+  const std::string ctl = "client/plateauctl";
+  const std::string coord = "--coordinator=" + c.api();
+  const std::string ca = "--tls_ca_file=" + server.cert;
+  // The two ranks meet through the coordinator's store with the worker's
+  // certificate: the job runs to the end.
+  Ran r = RunCommand({ctl, coord, ca, "--tls_client_cert_file=" + client.cert, "--tls_client_key_file=" + client.key,
+                      "submit", spec_path, "--wait"},
+                     c.dir() + "/submit");
+  EXPECT_EQ(r.code, 0) << r.out << r.err << c.Logs();
+  EXPECT_THAT(r.out, HasSubstr("summary: job-1 SUCCEEDED"));
+  // The certificate from the environment.
+  setenv("PLATEAU_TLS_CLIENT_CERT_FILE", client.cert.c_str(), 1);
+  setenv("PLATEAU_TLS_CLIENT_KEY_FILE", client.key.c_str(), 1);
+  r = RunCommand({ctl, coord, ca, "get", "job-1"}, c.dir() + "/get");
+  unsetenv("PLATEAU_TLS_CLIENT_CERT_FILE");
+  unsetenv("PLATEAU_TLS_CLIENT_KEY_FILE");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  // No certificate: not served (exit 4), and the message says what to give.
+  r = RunCommand({ctl, coord, ca, "list"}, c.dir() + "/nocert");
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("give --tls_client_cert_file and --tls_client_key_file"));
+  // Half a certificate: a usage error naming the missing flag.
+  r = RunCommand({ctl, coord, ca, "--tls_client_cert_file=" + client.cert, "list"}, c.dir() + "/nokey");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--tls_client_key_file is missing"));
+  r = RunCommand({ctl, coord, "--tls_client_cert_file=" + client.cert, "--tls_client_key_file=" + client.key, "list"},
+                 c.dir() + "/noca");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("give --tls_ca_file too"));
+
+  // Raw channels: none, a stranger's and the right certificate, on the job
+  // service and on health checking.
+  auto channel = [&](const testing_certificates::Pem* pem) {
+    ConnectionOptions co;
+    co.address = c.api();
+    co.tls_ca_file = server.cert;
+    if (pem != nullptr) {
+      co.tls_client_cert_file = pem->cert;
+      co.tls_client_key_file = pem->key;
+    }
+    auto ch = OpenChannel(co);
+    EXPECT_TRUE(ch.ok()) << ch.status();
+    return ch.ok() ? *ch : nullptr;
+  };
+  for (const auto& [label, pem] : std::vector<std::pair<std::string, const testing_certificates::Pem*>>{
+           {"no certificate", nullptr}, {"stranger", &stranger}, {"client", &client}}) {
+    std::shared_ptr<grpc::Channel> ch = channel(pem);
+    ASSERT_NE(ch, nullptr);
+    const grpc::StatusCode want = pem == &client ? grpc::StatusCode::OK : grpc::StatusCode::UNAVAILABLE;
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::ListJobsResponse resp;
+    grpc::Status s = v1::JobService::NewStub(ch)->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
+    EXPECT_EQ(s.error_code(), want) << label << ": " << s.error_message();
+    int serving = 0;
+    s = HealthCheck(ch, "plateau.v1.JobService", &serving);
+    EXPECT_EQ(s.error_code(), want) << label << " (health): " << s.error_message();
+  }
+
+  // The coordinator's flags: a client CA needs TLS and must be PEM; beyond
+  // loopback, client certificates stand in for the token.
+  const std::string coordinator = "server/plateau_coordinator";
+  r = RunCommand({coordinator, "--state_dir=" + dir + "/refused", "--listen=127.0.0.1:0",
+                  "--metrics_address=127.0.0.1:0", "--tls_client_ca_file=" + client_ca.cert},
+                 dir + "/refused");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--tls_client_ca_file needs TLS"));
+  const std::string not_pem = WriteFile(dir + "/not-pem", "token\n");
+  r = RunCommand(
+      {coordinator, "--state_dir=" + dir + "/badpem", "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+       "--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key, "--tls_client_ca_file=" + not_pem},
+      dir + "/badpem");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--tls_client_ca_file=" + not_pem + ": expected a PEM file"));
+  std::unique_ptr<Process> any;
+  const std::string any_api =
+      StartCoordinator(dir, "any",
+                       {"--listen=0.0.0.0:0", "--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key,
+                        "--tls_client_ca_file=" + client_ca.cert},
+                       &any);
+  ASSERT_FALSE(any_api.empty()) << any->err();
+  EXPECT_THAT(any->err(), ::testing::Not(HasSubstr("WARNING")));
+  ClientOptions co;
+  co.address = any_api;
+  co.tls_ca_file = server.cert;
+  co.tls_client_cert_file = client.cert;
+  co.tls_client_key_file = client.key;
+  auto list = Client(co).ListJobs(v1::ListJobsRequest());
+  EXPECT_TRUE(list.ok()) << list.status();
 }
 
 TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {

@@ -610,20 +610,22 @@ void Agent::Start(const v1::Assignment& a) {
         device_index = rank->slot;
       }
     }
-    std::vector<std::string> args = {options_.rank_binary,
-                                     absl::StrCat("--coordinator=", options_.coordinator),
-                                     absl::StrCat("--job_id=", a.job_id()),
-                                     absl::StrCat("--attempt=", a.attempt()),
-                                     absl::StrCat("--rank=", r),
-                                     absl::StrCat("--spec_file=", spec_file),
-                                     absl::StrCat("--kv_prefix=", a.kv_prefix()),
-                                     absl::StrCat("--hostname=", options_.capabilities.rank_address()),
-                                     absl::StrCat("--device_index=", device_index),
-                                     absl::StrCat("--token_file=", options_.token_file),
-                                     absl::StrCat("--tls_ca_file=", options_.tls_ca_file),
-                                     absl::StrCat("--device_peak_flops=", options_.capabilities.device_peak_flops()),
-                                     absl::StrCat("--device_peak_bf16_flops=",
-                                                  options_.capabilities.device_peak_bf16_flops())};
+    std::vector<std::string> args = {
+        options_.rank_binary,
+        absl::StrCat("--coordinator=", options_.coordinator),
+        absl::StrCat("--job_id=", a.job_id()),
+        absl::StrCat("--attempt=", a.attempt()),
+        absl::StrCat("--rank=", r),
+        absl::StrCat("--spec_file=", spec_file),
+        absl::StrCat("--kv_prefix=", a.kv_prefix()),
+        absl::StrCat("--hostname=", options_.capabilities.rank_address()),
+        absl::StrCat("--device_index=", device_index),
+        absl::StrCat("--token_file=", options_.token_file),
+        absl::StrCat("--tls_ca_file=", options_.tls_ca_file),
+        absl::StrCat("--tls_client_cert_file=", options_.tls_client_cert_file),
+        absl::StrCat("--tls_client_key_file=", options_.tls_client_key_file),
+        absl::StrCat("--device_peak_flops=", options_.capabilities.device_peak_flops()),
+        absl::StrCat("--device_peak_bf16_flops=", options_.capabilities.device_peak_bf16_flops())};
     // The lease's page, as descriptor kRankLeaseFd in the rank.
     if (absl::StatusOr<std::unique_ptr<RankLease>> lease = RankLease::Create(); lease.ok()) {
       rank->lease = std::move(*lease);

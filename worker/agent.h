@@ -82,11 +82,13 @@ struct AgentOptions {
   std::string coordinator;  // host:port
   // Opened by client/connection.h's OpenChannel (TLS, bearer token, the
   // reconnect settings a coordinator restart needs), as agent_main does;
-  // nullptr: plaintext, no token, gRPC's defaults. The two files are passed
-  // on to the ranks, whose rendezvous calls need them too.
+  // nullptr: plaintext, no token, gRPC's defaults. The files are passed on
+  // to the ranks, whose rendezvous calls need them too.
   std::shared_ptr<grpc::Channel> channel;
   std::string token_file;
   std::string tls_ca_file;
+  std::string tls_client_cert_file;  // the client certificate, where the coordinator requires one
+  std::string tls_client_key_file;
   v1::WorkerCapabilities capabilities;
   std::string rank_binary;  // plateau_rank
   std::string work_dir;     // spec files of running jobs; the worker id

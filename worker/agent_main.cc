@@ -4,7 +4,8 @@
 //       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
 //       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--device_peak_bf16_flops=0] [--name=HOST]
 //       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
-//       [--grace_s=5] [--teardown_s=60] [--token_file=PATH] [--tls_ca_file=PATH] [--calibrate=true]
+//       [--grace_s=5] [--teardown_s=60] [--token_file=PATH]
+//       [--tls_ca_file=PATH [--tls_client_cert_file=PATH --tls_client_key_file=PATH]] [--calibrate=true]
 //
 // Before registering it measures its backend for the time model of the
 // `auto` settings (worker/calibration.h; well under a second), or reads the
@@ -69,6 +70,9 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
                                    sent on every call, read again when it changes;
                                    passed on to the ranks for their rendezvous calls
   --tls_ca_file=PATH               PEM CA of the coordinator's certificate: TLS on (ranks too)
+  --tls_client_cert_file=PATH      PEM certificate chain of this worker, for a coordinator that
+                                   requires client certificates (its --tls_client_ca_file); ranks too
+  --tls_client_key_file=PATH       PEM private key of that certificate
   --calibrate=true                 measure the backend for the `auto` settings' time model (cached in
                                    --work_dir); false: register without, the coordinator's default curve
 )";
@@ -193,6 +197,8 @@ int Main(int argc, char** argv) {
       {"teardown_s", "60"},
       {"token_file", ""},
       {"tls_ca_file", ""},
+      {"tls_client_cert_file", ""},
+      {"tls_client_key_file", ""},
       {"calibrate", "true"}};
   const std::map<std::string, std::string> defaults = f;
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &f);
@@ -273,11 +279,13 @@ int Main(int argc, char** argv) {
   o.grace = absl::Seconds(grace);
   o.teardown = absl::Seconds(teardown);
   // Absolute: the ranks read the same files.
-  for (const char* name : {"token_file", "tls_ca_file"}) {
+  for (const char* name : {"token_file", "tls_ca_file", "tls_client_cert_file", "tls_client_key_file"}) {
     if (!f[name].empty()) f[name] = std::filesystem::absolute(f[name]).lexically_normal().string();
   }
   o.token_file = f["token_file"];
   o.tls_ca_file = f["tls_ca_file"];
+  o.tls_client_cert_file = f["tls_client_cert_file"];
+  o.tls_client_key_file = f["tls_client_key_file"];
   if (f["calibrate"] != "true" && f["calibrate"] != "false") {
     return Fail(absl::StrCat("--calibrate: expected true or false, got '", f["calibrate"], "'"));
   }
@@ -311,7 +319,12 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ConnectionOptions connection{o.coordinator, o.token_file, o.tls_ca_file};
+  ConnectionOptions connection;
+  connection.address = o.coordinator;
+  connection.token_file = o.token_file;
+  connection.tls_ca_file = o.tls_ca_file;
+  connection.tls_client_cert_file = o.tls_client_cert_file;
+  connection.tls_client_key_file = o.tls_client_key_file;
   // A rotated token is sent from the next call on (client/connection.h
   // TokenFile); each later read is logged, a failed one keeps the token.
   connection.on_token_reload = [path = o.token_file](const absl::Status& read, size_t) {

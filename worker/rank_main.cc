@@ -10,7 +10,8 @@
 //   plateau_rank --coordinator=HOST:PORT --job_id=job-3 --attempt=0 --rank=1
 //       --spec_file=PATH (binary plateau.v1.JobSpec) --kv_prefix=job-3/attempt-0
 //       [--hostname=127.0.0.1] [--device_index=0]
-//       [--token_file=PATH] [--tls_ca_file=PATH]  (the agent's: how to reach the coordinator)
+//       [--token_file=PATH] [--tls_ca_file=PATH] [--tls_client_cert_file=PATH --tls_client_key_file=PATH]
+//       (the agent's: how to reach the coordinator)
 //       [--device_peak_flops=0] [--device_peak_bf16_flops=0]  (the agent's MFU peaks; 0: the table's)
 //
 // Devices: a CUDA rank is started with CUDA_VISIBLE_DEVICES naming its GPU
@@ -167,12 +168,22 @@ int Main(int argc, char** argv) {
   // The agent's death takes its ranks with it: nothing is left orphaned.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return kRankExitError;
-  std::map<std::string, std::string> f = {{"coordinator", ""}, {"job_id", ""},       {"attempt", "0"},
-                                          {"rank", ""},        {"spec_file", ""},    {"kv_prefix", ""},
-                                          {"hostname", "127.0.0.1"}, {"device_index", "0"},
-                                          {"token_file", ""},  {"tls_ca_file", ""},
-                                          {"calibrate_dir", ""}, {"backend", "cpu"},
-                                          {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
+  std::map<std::string, std::string> f = {{"coordinator", ""},
+                                          {"job_id", ""},
+                                          {"attempt", "0"},
+                                          {"rank", ""},
+                                          {"spec_file", ""},
+                                          {"kv_prefix", ""},
+                                          {"hostname", "127.0.0.1"},
+                                          {"device_index", "0"},
+                                          {"token_file", ""},
+                                          {"tls_ca_file", ""},
+                                          {"tls_client_cert_file", ""},
+                                          {"tls_client_key_file", ""},
+                                          {"calibrate_dir", ""},
+                                          {"backend", "cpu"},
+                                          {"device_peak_flops", "0"},
+                                          {"device_peak_bf16_flops", "0"},
                                           {"lease_fd", "-1"}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -256,8 +267,13 @@ int Main(int argc, char** argv) {
   bo->device_index = static_cast<int>(device_index);
   auto backend = Backend::Create(*bo);
   if (!backend.ok()) return Fail(rank, backend.status());
-  auto store =
-      GrpcStore::Create(ConnectionOptions{f["coordinator"], f["token_file"], f["tls_ca_file"]}, static_cast<int>(rank));
+  ConnectionOptions coordinator;
+  coordinator.address = f["coordinator"];
+  coordinator.token_file = f["token_file"];
+  coordinator.tls_ca_file = f["tls_ca_file"];
+  coordinator.tls_client_cert_file = f["tls_client_cert_file"];
+  coordinator.tls_client_key_file = f["tls_client_key_file"];
+  auto store = GrpcStore::Create(coordinator, static_cast<int>(rank));
   if (!store.ok()) return Fail(rank, store.status());
   // Gloo or NCCL by the spec's backend; either way the rendezvous (Gloo's
   // addresses, NCCL's unique id under "<kv_prefix>/world/nccl_unique_id")

@@ -8,6 +8,7 @@ through the stubs Bazel generates from the proto files.
       client/python/plateau_client_example.py --coordinator=127.0.0.1:7070 \\
       --spec=tools/demo_job.txtpb [--steps=N] [--cancel-after-step=N] \\
       [--token-file=PATH | --token=TOKEN] [--ca=PEM [--server-name=NAME]] \\
+      [--cert=PEM --key=PEM] \\
       [--label=KEY=VALUE ...] [--request-id=ID]
 
 The stubs are the package `plateau.v1` (job_pb2, job_pb2_grpc, worker_pb2,
@@ -21,7 +22,10 @@ the token itself with --token (or $PLATEAU_TOKEN; a command line shows in
 signed the coordinator's certificate and turns TLS on; --server-name (or
 $PLATEAU_TLS_SERVER_NAME) is the name to check the certificate against when
 it is not the host of --coordinator (a certificate for "localhost" reached
-at 127.0.0.1, say). The token goes in an "authorization: Bearer" header on
+at 127.0.0.1, say). --cert and --key (or $PLATEAU_TLS_CLIENT_CERT_FILE and
+$PLATEAU_TLS_CLIENT_KEY_FILE) are this client's certificate chain and private
+key, for a coordinator that requires client certificates (its
+--tls_client_ca_file). The token goes in an "authorization: Bearer" header on
 every call, over TLS or, on loopback, over plaintext.
 
 The submit carries a request id (a new UUID unless --request-id gives one):
@@ -124,6 +128,17 @@ def read_token(args):
     return None
 
 
+def read_pem(flag, path, marker):
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        die(EXIT_USAGE, f"{flag}={path}: {e.strerror}")
+    if marker not in text:
+        die(EXIT_USAGE, f"{flag}={path}: expected a PEM file ({marker.decode()}...)")
+    return text
+
+
 def open_channel(args):
     """(channel to make calls on, raw channel to wait on and close)."""
     options = []
@@ -131,15 +146,17 @@ def open_channel(args):
         if not args.ca:
             die(EXIT_USAGE, "--server-name: only with TLS (--ca)")
         options.append(("grpc.ssl_target_name_override", args.server_name))
+    if bool(args.cert) != bool(args.key):
+        die(EXIT_USAGE, f"a client certificate needs both --cert and --key; {'--key' if args.cert else '--cert'} "
+                        "is missing")
+    if args.cert and not args.ca:
+        die(EXIT_USAGE, "--cert: only with TLS (--ca)")
     if args.ca:
-        try:
-            with open(args.ca, "rb") as f:
-                root = f.read()
-        except OSError as e:
-            die(EXIT_USAGE, f"--ca={args.ca}: {e.strerror}")
-        if b"-----BEGIN CERTIFICATE-----" not in root:
-            die(EXIT_USAGE, f"--ca={args.ca}: expected a PEM certificate")
-        raw = grpc.secure_channel(args.coordinator, grpc.ssl_channel_credentials(root_certificates=root), options)
+        root = read_pem("--ca", args.ca, b"-----BEGIN CERTIFICATE-----")
+        chain = read_pem("--cert", args.cert, b"-----BEGIN CERTIFICATE-----") if args.cert else None
+        key = read_pem("--key", args.key, b"-----BEGIN ") if args.key else None
+        credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+        raw = grpc.secure_channel(args.coordinator, credentials, options)
     else:
         raw = grpc.insecure_channel(args.coordinator)
     token = read_token(args)
@@ -225,6 +242,11 @@ def main():
     parser.add_argument("--server-name", default=env("PLATEAU_TLS_SERVER_NAME") or None, metavar="NAME",
                         help="the name the certificate must carry, when not --coordinator's host "
                              "($PLATEAU_TLS_SERVER_NAME)")
+    parser.add_argument("--cert", default=env("PLATEAU_TLS_CLIENT_CERT_FILE") or None, metavar="PEM",
+                        help="this client's certificate chain, for a coordinator that requires one "
+                             "($PLATEAU_TLS_CLIENT_CERT_FILE); with --key")
+    parser.add_argument("--key", default=env("PLATEAU_TLS_CLIENT_KEY_FILE") or None, metavar="PEM",
+                        help="the private key of --cert ($PLATEAU_TLS_CLIENT_KEY_FILE)")
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                         help="a label on the job (repeatable)")
     parser.add_argument("--request-id", default=None, metavar="ID",

@@ -1,0 +1,51 @@
+#include "tests/certificates.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+
+namespace plateau {
+namespace testing_certificates {
+namespace {
+
+constexpr char kOpenssl[] = "/usr/bin/openssl";
+
+bool Ok(const testing_cluster::Ran& r, const std::string& what) {
+  EXPECT_EQ(r.code, 0) << "openssl " << what << " (deploy/install-deps.sh installs it): " << r.err;
+  return r.code == 0;
+}
+
+}  // namespace
+
+bool MakeSelfSigned(const std::string& dir, const std::string& name, const std::string& san, Pem* out) {
+  out->cert = absl::StrCat(dir, "/", name, ".crt");
+  out->key = absl::StrCat(dir, "/", name, ".key");
+  return Ok(testing_cluster::RunCommand(
+                {kOpenssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", out->key, "-out", out->cert, "-days", "2", "-subj", "/CN=plateau-test-" + name, "-addext",
+                 "subjectAltName=" + san},
+                absl::StrCat(dir, "/openssl-", name)),
+            "req -x509 " + name);
+}
+
+bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out) {
+  out->cert = absl::StrCat(dir, "/", name, ".crt");
+  out->key = absl::StrCat(dir, "/", name, ".key");
+  const std::string csr = absl::StrCat(dir, "/", name, ".csr");
+  const std::string ext = absl::StrCat(dir, "/", name, ".ext");
+  std::ofstream(ext) << "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n";
+  return Ok(testing_cluster::RunCommand(
+                {kOpenssl, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", out->key, "-out", csr, "-subj", "/CN=" + name},
+                absl::StrCat(dir, "/openssl-req-", name)),
+            "req -new " + name) &&
+         Ok(testing_cluster::RunCommand({kOpenssl, "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key,
+                                         "-set_serial", "2", "-days", "2", "-extfile", ext, "-out", out->cert},
+                                        absl::StrCat(dir, "/openssl-x509-", name)),
+            "x509 -req " + name);
+}
+
+}  // namespace testing_certificates
+}  // namespace plateau

@@ -1,0 +1,29 @@
+// Test certificates, made by openssl (deploy/install-deps.sh installs it)
+// as PEM files under a test's directory: the coordinator's own (self-signed,
+// its own CA), and clients' certificates that a CA signed, for mutual TLS.
+#ifndef PLATEAU_TESTS_CERTIFICATES_H_
+#define PLATEAU_TESTS_CERTIFICATES_H_
+
+#include <string>
+
+namespace plateau {
+namespace testing_certificates {
+
+struct Pem {
+  std::string cert;  // dir/name.crt
+  std::string key;   // dir/name.key
+};
+
+// A self-signed certificate (CA:TRUE, so it can sign others) for the
+// subjectAltName `san` ("IP:127.0.0.1,DNS:localhost"). False, with the
+// failure reported to GoogleTest, when openssl fails.
+bool MakeSelfSigned(const std::string& dir, const std::string& name, const std::string& san, Pem* out);
+
+// A client certificate (extendedKeyUsage clientAuth, CN=`name`) that `ca`
+// signed.
+bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out);
+
+}  // namespace testing_certificates
+}  // namespace plateau
+
+#endif  // PLATEAU_TESTS_CERTIFICATES_H_
