@@ -593,6 +593,11 @@ void PrintJob(const v1::Job& j) {
               j.spec().backend() == v1::BACKEND_CUDA ? "cuda" : "cpu", j.attempt());
   std::printf("  times:    created %s, started %s, ended %s\n", Time(j.create_time()).c_str(),
               Time(j.start_time()).c_str(), Time(j.end_time()).c_str());
+  if (!j.submitted_by().empty() || !j.cancelled_by().empty()) {
+    std::printf("  by:       submitted by %s%s\n",
+                j.submitted_by().empty() ? "(not recorded)" : j.submitted_by().c_str(),
+                j.cancelled_by().empty() ? "" : absl::StrCat(", cancel requested by ", j.cancelled_by()).c_str());
+  }
   if (j.has_events_deleted_time()) {
     std::printf("  events:   %lld deleted at %s by the retention pass (watch and logs send none)\n",
                 static_cast<long long>(j.event_count()), DateTime(j.events_deleted_time()).c_str());
@@ -1284,6 +1289,7 @@ int main(int argc, char** argv) {
   bool help = false;
   std::string usage_error;
   std::set<std::string> globals_seen;
+  bool cert_flag = false, key_flag = false;  // given on the command line, not by the environment
   // The command is found first, so that a flag before it is parsed as the
   // command's own (`plateauctl --tail 5 logs job-1`: --tail takes 5).
   const int command_at = plateau::CommandIndex(argc, argv);
@@ -1347,8 +1353,10 @@ int main(int argc, char** argv) {
       o.tls_ca_file = value;
     } else if (name == "tls_client_cert_file") {
       o.tls_client_cert_file = value;
+      cert_flag = true;
     } else if (name == "tls_client_key_file") {
       o.tls_client_key_file = value;
+      key_flag = true;
     } else if (name == "output") {
       if (value != "json" && value != "text" && usage_error.empty()) {
         usage_error = absl::StrCat("plateauctl: --output: expected text or json, got '", value, "'");
@@ -1377,6 +1385,22 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!usage_error.empty()) return plateau::UsageError(usage_error);
+  // The environment's client certificate is a standing default: with TLS
+  // off it is left unused (a plaintext coordinator asks for none), where
+  // the flags would be an error (client/connection.h: only over TLS).
+  if (o.tls_ca_file.empty()) {
+    if (!cert_flag) o.tls_client_cert_file.clear();
+    if (!key_flag) o.tls_client_key_file.clear();
+  }
+  if (o.tls_client_cert_file.empty() != o.tls_client_key_file.empty()) {
+    const bool no_key = o.tls_client_key_file.empty();
+    return plateau::UsageError(
+        absl::StrCat("plateauctl: a client certificate needs both --tls_client_cert_file and --tls_client_key_file; ",
+                     no_key ? "--tls_client_key_file (or $PLATEAU_TLS_CLIENT_KEY_FILE)"
+                            : "--tls_client_cert_file (or $PLATEAU_TLS_CLIENT_CERT_FILE)",
+                     " is missing, and ", no_key ? "the certificate" : "the key", " came from ",
+                     (no_key ? cert_flag : key_flag) ? "its flag" : "the environment"));
+  }
   if (o.command.empty() && !o.flags.empty()) {
     return plateau::UsageError(absl::StrCat("plateauctl: --", o.flags.begin()->first,
                                             ": not a global flag, and no command given (see plateauctl --help)"));

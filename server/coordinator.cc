@@ -109,6 +109,9 @@ namespace {
 // listing, so that a token is never read in the other order.
 std::string PageToken(int64_t seq, bool newest_first) { return absl::StrCat(newest_first ? "n" : "", seq); }
 
+// " by CALLER" for the coordinator's log; "" when the call came from inside.
+std::string By(const std::string& caller) { return caller.empty() ? "" : absl::StrCat(" by ", caller); }
+
 }  // namespace
 
 bool IsTerminal(v1::JobState s) {
@@ -476,7 +479,8 @@ absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobReques
   return out;
 }
 
-absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
+                                                             const std::string& caller) {
   // The spec's own fields, labels and limits included, are AdmitJob's
   // (worker/job_spec.h); the request id is the coordinator's.
   PLATEAU_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
@@ -504,6 +508,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   *job.mutable_spec() = request.spec();
   *job.mutable_plan() = plan;
   job.set_request_id(request.request_id());
+  job.set_submitted_by(caller);
   job.set_state(v1::PENDING);
   job.set_state_reason("waiting to be scheduled");
   job.mutable_progress()->set_total_steps(request.spec().steps());
@@ -524,8 +529,9 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   a.job = job;
   ++job_counts_[v1::PENDING];  // created PENDING: SetState sees no change of state
   metrics_->OnSubmission();
-  Say(absl::StrCat(job.id(), " submitted: ", job.spec().layout().ranks(), " rank(s), ", job.spec().steps(),
-                   " step(s)", job.spec().name().empty() ? "" : absl::StrCat(", name '", job.spec().name(), "'")));
+  Say(absl::StrCat(job.id(), " submitted", By(caller), ": ", job.spec().layout().ranks(), " rank(s), ",
+                   job.spec().steps(), " step(s)",
+                   job.spec().name().empty() ? "" : absl::StrCat(", name '", job.spec().name(), "'")));
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::PENDING, "waiting to be scheduled"));
   Schedule();
   // Schedule may have ended it (and dropped `a`): the store has it then.
@@ -627,7 +633,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
   return out;
 }
 
-absl::Status Coordinator::DeleteJob(const std::string& id) {
+absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& caller) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
@@ -657,10 +663,8 @@ absl::Status Coordinator::DeleteJob(const std::string& id) {
   PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
   if (--job_counts_[state] <= 0) job_counts_.erase(state);
   metrics_->ForgetJob(id);
-  Say(job.ok()
-          ? absl::StrCat(id, " deleted (", v1::JobState_Name(state), ", ", job->event_count(),
-                         " event(s))")
-          : absl::StrCat(id, " deleted (", v1::JobState_Name(state), "; its record was corrupt)"));
+  Say(absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),
+                   job.ok() ? absl::StrCat(", ", job->event_count(), " event(s))") : "; its record was corrupt)"));
   Changed();  // its watchers end (NOT_FOUND)
   return absl::OkStatus();
 }
@@ -739,7 +743,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   return out;
 }
 
-absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id) {
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std::string& caller) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
@@ -752,14 +756,18 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id) {
   LiveJob& a = it->second;
   if (a.cancel_requested) return a.job;
   a.cancel_requested = true;
+  a.job.set_cancelled_by(caller);  // written with the state change below
   metrics_->OnCancel();
+  Say(absl::StrCat(id, " cancel requested", By(caller)));
   if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
-    PLATEAU_RETURN_IF_ERROR(SetState(a, v1::CANCELLED, "cancelled before it was scheduled"));
+    PLATEAU_RETURN_IF_ERROR(
+        SetState(a, v1::CANCELLED, absl::StrCat("cancelled", By(caller), " before it was scheduled")));
     v1::Job job = a.job;
     active_.erase(it);
     return job;
   }
-  PLATEAU_RETURN_IF_ERROR(SetState(a, v1::CANCELLING, "cancel requested; stopping the ranks"));
+  PLATEAU_RETURN_IF_ERROR(
+      SetState(a, v1::CANCELLING, absl::StrCat("cancel requested", By(caller), "; stopping the ranks")));
   StopRanks(a);
   v1::Job job = a.job;
   MaybeFinish(seq);

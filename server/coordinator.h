@@ -135,10 +135,13 @@ class Coordinator {
   void Stop();
 
   // --- JobService
-  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
+  // `caller` (server/security.h CallerOf) is recorded as the job's
+  // submitted_by or cancelled_by and in the coordinator's log; "" from
+  // callers inside the process (tests).
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
-  absl::StatusOr<v1::Job> CancelJob(const std::string& id);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& caller = "");
   absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request);
   // The latest memory timeline of each rank and the job's plan. NOT_FOUND:
   // no such job; FAILED_PRECONDITION: none recorded yet (or never: the spec
@@ -149,7 +152,7 @@ class Coordinator {
   // Deletes a finished job and everything of it (events, logs, timelines,
   // rank reports, metric series). FAILED_PRECONDITION when it is not
   // finished; NOT_FOUND when there is no such job.
-  absl::Status DeleteJob(const std::string& id);
+  absl::Status DeleteJob(const std::string& id, const std::string& caller = "");
   // The events of a job from `from` (at most `limit`), as WatchJob sends
   // them: with every rank's report in each step event when `per_rank`, and
   // then at most per_rank_reports_per_read / ranks events (at least one).

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
@@ -273,6 +274,12 @@ int Main(int argc, char** argv) {
     if (client_certs) {
       absl::StatusOr<std::string> client_ca = ReadPemFile("--tls_client_ca_file", flags["tls_client_ca_file"]);
       if (!client_ca.ok()) return Fail(std::string(client_ca.status().message()));
+      // A key or a request here would pass ReadPemFile and fail only in
+      // gRPC, as a listen failure that names other flags.
+      if (!absl::StrContains(*client_ca, "-----BEGIN CERTIFICATE-----")) {
+        return Fail(absl::StrCat("--tls_client_ca_file=", flags["tls_client_ca_file"],
+                                 ": expected PEM CA certificate(s) (-----BEGIN CERTIFICATE-----)"));
+      }
       // A handshake without a certificate that chains to these CAs fails:
       // such a client never reaches a service, health checking included.
       ssl.pem_root_certs = *client_ca;
@@ -377,10 +384,11 @@ int Main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     return Fail(absl::StrCat(
-        "--listen=", flags["listen"],
-        ": cannot listen there (in use, or not an address of this host)",
-        tls ? " (or --tls_cert_file and --tls_key_file are not a matching certificate and key)"
-            : ""));
+        "--listen=", flags["listen"], ": cannot listen there (in use, or not an address of this host)",
+        !tls           ? ""
+        : client_certs ? " (or --tls_cert_file and --tls_key_file are not a matching certificate and key, or "
+                         "--tls_client_ca_file holds no usable CA certificate)"
+                       : " (or --tls_cert_file and --tls_key_file are not a matching certificate and key)"));
   }
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.JobService", true);
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.WorkerService", true);

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "proto/utf8.h"
 
 namespace plateau {
 
@@ -63,6 +64,20 @@ std::string PeerHost(const std::string& peer) {
   }
   const size_t colon = p.rfind(':');
   return std::string(colon == absl::string_view::npos ? p : p.substr(0, colon));
+}
+
+std::string CallerOf(const grpc::ServerContext& ctx) {
+  const std::string host = PeerHost(ctx.peer());
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth != nullptr) {
+    for (const grpc::string_ref& cn : auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
+      // A certificate's name is whatever its CA wrote: made valid UTF-8 (a
+      // proto string) and cut to 128 bytes before it is stored.
+      const std::string name = ToValidUtf8(absl::string_view(cn.data(), cn.size()));
+      return absl::StrCat("CN=", Utf8Prefix(name, 128), " at ", host);
+    }
+  }
+  return host;
 }
 
 WatchLimiter::Lease::~Lease() {

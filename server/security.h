@@ -51,6 +51,13 @@ class BearerAuth {
 // "127.0.0.1", "ipv6:[::1]:5000" -> "::1"; anything else as it is.
 std::string PeerHost(const std::string& peer);
 
+// Who made a call, for the record of who submitted, cancelled or deleted a
+// job: "CN=<name> at <host>" when the caller presented a client certificate
+// (--tls_client_ca_file; its subject's common name), else "<host>"
+// (PeerHost). Not an authorization: any authenticated caller may act on any
+// job.
+std::string CallerOf(const grpc::ServerContext& ctx);
+
 // Counts the open streaming watches (WatchJob, GetJobLogs with follow) of
 // each client host. A watch holds a server thread and a wakeup on every
 // change for as long as its job lives, so one client must not be able to

@@ -84,7 +84,7 @@ grpc::Status Admit(const ServiceGuards& guards, const grpc::ServerContext& ctx) 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->SubmitJob(*req), out);
+  return Reply(c_->SubmitJob(*req, CallerOf(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* out) {
@@ -100,7 +100,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJo
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->CancelJob(req->job_id()), out);
+  return Reply(c_->CancelJob(req->job_id(), CallerOf(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::PlanJobRequest* req,
@@ -125,7 +125,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::Lis
 grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                                        v1::DeleteJobResponse*) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return ToGrpc(c_->DeleteJob(req->job_id()));
+  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx)));
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,

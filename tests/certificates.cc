@@ -41,9 +41,10 @@ bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name
                  "-keyout", out->key, "-out", csr, "-subj", "/CN=" + name},
                 absl::StrCat(dir, "/openssl-req-", name)),
             "req -new " + name) &&
-         Ok(testing_cluster::RunCommand({kOpenssl, "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key,
-                                         "-set_serial", "2", "-days", "2", "-extfile", ext, "-out", out->cert},
-                                        absl::StrCat(dir, "/openssl-x509-", name)),
+         Ok(testing_cluster::RunCommand(
+                {kOpenssl, "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key, "-CAserial", ca.cert + ".srl",
+                 "-CAcreateserial", "-days", "2", "-extfile", ext, "-out", out->cert},
+                absl::StrCat(dir, "/openssl-x509-", name)),
             "x509 -req " + name);
 }
 

@@ -20,7 +20,7 @@ struct Pem {
 bool MakeSelfSigned(const std::string& dir, const std::string& name, const std::string& san, Pem* out);
 
 // A client certificate (extendedKeyUsage clientAuth, CN=`name`) that `ca`
-// signed.
+// signed, each with a serial of its own (ca.cert + ".srl" counts them).
 bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out);
 
 }  // namespace testing_certificates

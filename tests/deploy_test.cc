@@ -31,6 +31,7 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/certificates.h"
 #include "tests/cluster.h"
 
 namespace plateau {
@@ -382,6 +383,49 @@ TEST(DeployTest, SlurmScriptUsesTheGivenTokenAndTls) {
   EXPECT_THAT(run.ran.err, HasSubstr("PLATEAU_TOKEN_FILE=" + token_file + " has mode 640; chmod 600 it"));
   EXPECT_THAT(ReadFile(dir + "/run/coordinator.log"), HasSubstr("(TLS, bearer token required)"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/token")) << "a token was generated although one was given";
+}
+
+// The script's nodes lent to an existing coordinator (PLATEAU_COORDINATOR)
+// that requires client certificates: the worker and its ranks present
+// PLATEAU_TLS_CLIENT_CERT_FILE, and so does plateauctl, so the job runs to
+// the end; half a certificate, or one without the CA, stops the script
+// before anything starts.
+TEST(DeployTest, SlurmScriptPresentsTheClientCertificateToAnExistingCoordinator) {
+  const std::string dir = TempDir("slurm_mtls");
+  testing_certificates::Pem server, client_ca, client;
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "coordinator", "IP:127.0.0.1", &server));
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "clients-ca", "DNS:clients-ca.plateau.test", &client_ca));
+  ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, dir, "slurm-node", &client));
+  const std::string ready = dir + "/coordinator.ready";
+  Process coordinator({"server/plateau_coordinator", "--state_dir=" + dir + "/state", "--listen=127.0.0.1:0",
+                       "--metrics_address=127.0.0.1:0", "--ready_file=" + ready, "--tls_cert_file=" + server.cert,
+                       "--tls_key_file=" + server.key, "--tls_client_ca_file=" + client_ca.cert},
+                      dir + "/coordinator");
+  ASSERT_TRUE(WaitFor([&] { return std::filesystem::exists(ready) || !coordinator.Running(); })) << coordinator.err();
+  std::string api;
+  for (absl::string_view line : absl::StrSplit(ReadFile(ready), '\n')) {
+    if (absl::ConsumePrefix(&line, "api=")) api = std::string(line);
+  }
+  ASSERT_FALSE(api.empty()) << coordinator.err();
+
+  const std::vector<std::string> tls = {"PLATEAU_COORDINATOR=" + api, "PLATEAU_TLS_CA_FILE=" + server.cert,
+                                        "PLATEAU_TLS_CLIENT_CERT_FILE=" + client.cert,
+                                        "PLATEAU_TLS_CLIENT_KEY_FILE=" + client.key};
+  const SbatchRun run = RunSbatch(dir + "/run-ok", tls);
+  EXPECT_EQ(run.ran.code, 0) << run.ran.out << run.ran.err << coordinator.err();
+  EXPECT_THAT(run.ran.out, HasSubstr("summary: job-1 SUCCEEDED"));
+  EXPECT_THAT(coordinator.out(), HasSubstr("job-1 submitted by CN=slurm-node at 127.0.0.1"));
+
+  const SbatchRun half = RunSbatch(dir + "/run-half", {tls[0], tls[1], tls[2]});
+  EXPECT_NE(half.ran.code, 0);
+  EXPECT_THAT(half.ran.err, HasSubstr("a client certificate needs both PLATEAU_TLS_CLIENT_CERT_FILE and "
+                                      "PLATEAU_TLS_CLIENT_KEY_FILE"));
+  const SbatchRun no_ca = RunSbatch(dir + "/run-noca", {tls[0], tls[2], tls[3]});
+  EXPECT_NE(no_ca.ran.code, 0);
+  EXPECT_THAT(no_ca.ran.err, HasSubstr("PLATEAU_TLS_CLIENT_CERT_FILE is sent only over TLS"));
+  for (const SbatchRun* r : {&half, &no_ca}) {
+    EXPECT_FALSE(std::filesystem::exists(r->dir + "/untokened")) << "srun ran";
+  }
 }
 
 // The default of `--NAME` as the binary's --help prints it ("  --NAME=VALUE

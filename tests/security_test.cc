@@ -460,6 +460,8 @@ TEST(SecurityTest, TlsWithTokenRunsPlateauctlAndRefusesPlaintextAndAStrangerCa) 
   r = RunCommand({ctl, coord, "--tls_ca_file=" + cert, "get", "job-1"}, c.dir() + "/get");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  // Without a client certificate the record of who submitted is the host.
+  EXPECT_THAT(r.out, HasSubstr("by:       submitted by 127.0.0.1\n"));
   // Plaintext to a TLS port: no connection (exit 4), with the right token.
   r = RunCommand({ctl, coord, "list"}, c.dir() + "/plaintext");
   unsetenv("PLATEAU_TOKEN_FILE");
@@ -555,10 +557,27 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   setenv("PLATEAU_TLS_CLIENT_CERT_FILE", client.cert.c_str(), 1);
   setenv("PLATEAU_TLS_CLIENT_KEY_FILE", client.key.c_str(), 1);
   r = RunCommand({ctl, coord, ca, "get", "job-1"}, c.dir() + "/get");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  // Who submitted it: the certificate's name and the caller's host.
+  EXPECT_THAT(r.out, HasSubstr("by:       submitted by CN=worker-1 at 127.0.0.1\n"));
+  // And who cancelled one: a job that waits for a second node, cancelled.
+  {
+    v1::JobSpec s = TinyJob(3);
+    s.mutable_layout()->set_nodes(2);
+    auto pending = c.client().SubmitJob(s, false);
+    ASSERT_TRUE(pending.ok()) << pending.status();
+  }
+  r = RunCommand({ctl, coord, ca, "cancel", "job-2"}, c.dir() + "/cancel");
   unsetenv("PLATEAU_TLS_CLIENT_CERT_FILE");
   unsetenv("PLATEAU_TLS_CLIENT_KEY_FILE");
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  auto cancelled = c.client().GetJob("job-2");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->cancelled_by(), "CN=worker-1 at 127.0.0.1");
+  EXPECT_EQ(cancelled->state_reason(), "cancelled by CN=worker-1 at 127.0.0.1 before it was scheduled");
+  EXPECT_THAT(c.coordinator()->out(), HasSubstr("job-2 cancel requested by CN=worker-1 at 127.0.0.1"));
   // No certificate: not served (exit 4), and the message says what to give.
   r = RunCommand({ctl, coord, ca, "list"}, c.dir() + "/nocert");
   EXPECT_EQ(r.code, 4) << r.out << r.err;
@@ -566,7 +585,17 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   // Half a certificate: a usage error naming the missing flag.
   r = RunCommand({ctl, coord, ca, "--tls_client_cert_file=" + client.cert, "list"}, c.dir() + "/nokey");
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("--tls_client_key_file is missing"));
+  EXPECT_THAT(r.err, HasSubstr("--tls_client_key_file (or $PLATEAU_TLS_CLIENT_KEY_FILE) is missing, and the "
+                               "certificate came from its flag"));
+  // The environment's certificate is not used without TLS (a plaintext
+  // coordinator asks for none); half of it is named as the environment's.
+  setenv("PLATEAU_TLS_CLIENT_CERT_FILE", client.cert.c_str(), 1);
+  r = RunCommand({ctl, coord, "list"}, c.dir() + "/envplain");
+  EXPECT_EQ(r.code, 4) << r.err;  // a TLS port: plaintext cannot reach it, and is not a usage error
+  r = RunCommand({ctl, coord, ca, "list"}, c.dir() + "/envhalf");
+  unsetenv("PLATEAU_TLS_CLIENT_CERT_FILE");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("is missing, and the certificate came from the environment"));
   r = RunCommand({ctl, coord, "--tls_client_cert_file=" + client.cert, "--tls_client_key_file=" + client.key, "list"},
                  c.dir() + "/noca");
   EXPECT_EQ(r.code, 2) << r.err;
@@ -599,6 +628,7 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
     int serving = 0;
     s = HealthCheck(ch, "plateau.v1.JobService", &serving);
     EXPECT_EQ(s.error_code(), want) << label << " (health): " << s.error_message();
+    if (pem == &client) EXPECT_EQ(serving, 1) << "SERVING";
   }
 
   // The coordinator's flags: a client CA needs TLS and must be PEM; beyond
@@ -616,6 +646,13 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
       dir + "/badpem");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--tls_client_ca_file=" + not_pem + ": expected a PEM file"));
+  // A key is PEM but no CA.
+  r = RunCommand(
+      {coordinator, "--state_dir=" + dir + "/keyca", "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+       "--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key, "--tls_client_ca_file=" + client_ca.key},
+      dir + "/keyca");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--tls_client_ca_file=" + client_ca.key + ": expected PEM CA certificate(s)"));
   std::unique_ptr<Process> any;
   const std::string any_api =
       StartCoordinator(dir, "any",
@@ -631,6 +668,25 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   co.tls_client_key_file = client.key;
   auto list = Client(co).ListJobs(v1::ListJobsRequest());
   EXPECT_TRUE(list.ok()) << list.status();
+
+  // Token and client certificates together: each is required, the
+  // certificate does not stand in for the token.
+  const std::string token = WriteFile(dir + "/token", "tok-mtls-both\n");
+  std::unique_ptr<Process> both;
+  co.address = StartCoordinator(dir, "both",
+                                {"--listen=127.0.0.1:0", "--token_file=" + token, "--tls_cert_file=" + server.cert,
+                                 "--tls_key_file=" + server.key, "--tls_client_ca_file=" + client_ca.cert},
+                                &both);
+  ASSERT_FALSE(co.address.empty()) << both->err();
+  EXPECT_THAT(both->out(), HasSubstr("(TLS, client certificate required, bearer token required)"));
+  list = Client(co).ListJobs(v1::ListJobsRequest());
+  EXPECT_EQ(list.status().code(), absl::StatusCode::kUnauthenticated) << list.status();
+  co.token_file = token;
+  list = Client(co).ListJobs(v1::ListJobsRequest());
+  EXPECT_TRUE(list.ok()) << list.status();
+  co.tls_client_cert_file = co.tls_client_key_file = "";
+  list = Client(co).ListJobs(v1::ListJobsRequest());
+  EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
 }
 
 TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
