@@ -758,7 +758,6 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   a.cancel_requested = true;
   a.job.set_cancelled_by(caller);  // written with the state change below
   metrics_->OnCancel();
-  Say(absl::StrCat(id, " cancel requested", By(caller)));
   if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
     PLATEAU_RETURN_IF_ERROR(
         SetState(a, v1::CANCELLED, absl::StrCat("cancelled", By(caller), " before it was scheduled")));

@@ -66,15 +66,26 @@ std::string PeerHost(const std::string& peer) {
   return std::string(colon == absl::string_view::npos ? p : p.substr(0, colon));
 }
 
+std::string CertificateName(absl::string_view name) {
+  std::string out = ToValidUtf8(name);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return std::string(Utf8Prefix(out, 128));
+}
+
 std::string CallerOf(const grpc::ServerContext& ctx) {
-  const std::string host = PeerHost(ctx.peer());
+  std::string host = PeerHost(ctx.peer());
+  if (host.empty()) host = "an unknown peer";
   const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth != nullptr) {
-    for (const grpc::string_ref& cn : auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
-      // A certificate's name is whatever its CA wrote: made valid UTF-8 (a
-      // proto string) and cut to 128 bytes before it is stored.
-      const std::string name = ToValidUtf8(absl::string_view(cn.data(), cn.size()));
-      return absl::StrCat("CN=", Utf8Prefix(name, 128), " at ", host);
+  if (auth == nullptr) return host;
+  // The subject's common name, else (a certificate named by its subject
+  // alternative names alone, as SPIFFE's are) the first of those.
+  for (const auto& [property, label] : {std::pair<const char*, const char*>{GRPC_X509_CN_PROPERTY_NAME, "CN="},
+                                        {GRPC_X509_SAN_PROPERTY_NAME, "SAN="}}) {
+    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
+      if (value.empty()) continue;
+      return absl::StrCat(label, CertificateName(absl::string_view(value.data(), value.size())), " at ", host);
     }
   }
   return host;

@@ -53,10 +53,16 @@ std::string PeerHost(const std::string& peer);
 
 // Who made a call, for the record of who submitted, cancelled or deleted a
 // job: "CN=<name> at <host>" when the caller presented a client certificate
-// (--tls_client_ca_file; its subject's common name), else "<host>"
-// (PeerHost). Not an authorization: any authenticated caller may act on any
-// job.
+// (--tls_client_ca_file; its subject's common name, or "SAN=<first subject
+// alternative name>" for one without), else "<host>" (PeerHost; "an unknown
+// peer" when gRPC gives none). Not an authorization: any authenticated
+// caller may act on any job.
 std::string CallerOf(const grpc::ServerContext& ctx);
+
+// A certificate's name as it is recorded: whatever its CA wrote, made valid
+// UTF-8 (a proto string), control characters as '?' (it reaches logs and
+// terminals), at most 128 bytes.
+std::string CertificateName(absl::string_view name);
 
 // Counts the open streaming watches (WatchJob, GetJobLogs with follow) of
 // each client host. A watch holds a server thread and a wakeup on every

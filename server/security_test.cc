@@ -124,6 +124,17 @@ TEST(PeerHostTest, StripsThePort) {
   EXPECT_EQ(PeerHost("unix:/tmp/s"), "unix:/tmp/s");
 }
 
+// A certificate's name reaches logs and terminals: no control characters,
+// valid UTF-8, bounded.
+TEST(CertificateNameTest, IsPrintableValidUtf8AndBounded) {
+  EXPECT_EQ(CertificateName("worker-1"), "worker-1");
+  EXPECT_EQ(CertificateName("alice\njob-9 SUCCEEDED\x1b[2J"), "alice?job-9 SUCCEEDED?[2J");
+  EXPECT_EQ(CertificateName("caf\xc3\xa9 \xff"), "caf\xc3\xa9 \xef\xbf\xbd");
+  const std::string longest = CertificateName(std::string(100, 'a') + std::string(20, '\xe2') + "\x82\xac");
+  EXPECT_LE(longest.size(), 128u);
+  EXPECT_EQ(longest.substr(0, 100), std::string(100, 'a'));
+}
+
 TEST(WatchLimiterTest, LimitsEachHostAndReleasesWhenTheLeaseEnds) {
   WatchLimiter limiter(2);
   {

@@ -30,15 +30,16 @@ bool MakeSelfSigned(const std::string& dir, const std::string& name, const std::
             "req -x509 " + name);
 }
 
-bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out) {
+bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out, const std::string& san) {
   out->cert = absl::StrCat(dir, "/", name, ".crt");
   out->key = absl::StrCat(dir, "/", name, ".key");
   const std::string csr = absl::StrCat(dir, "/", name, ".csr");
   const std::string ext = absl::StrCat(dir, "/", name, ".ext");
-  std::ofstream(ext) << "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n";
+  std::ofstream(ext) << "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n"
+                     << (san.empty() ? "" : "subjectAltName=" + san + "\n");
   return Ok(testing_cluster::RunCommand(
                 {kOpenssl, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", out->key, "-out", csr, "-subj", "/CN=" + name},
+                 "-keyout", out->key, "-out", csr, "-subj", san.empty() ? "/CN=" + name : "/O=plateau-test"},
                 absl::StrCat(dir, "/openssl-req-", name)),
             "req -new " + name) &&
          Ok(testing_cluster::RunCommand(

@@ -21,7 +21,10 @@ bool MakeSelfSigned(const std::string& dir, const std::string& name, const std::
 
 // A client certificate (extendedKeyUsage clientAuth, CN=`name`) that `ca`
 // signed, each with a serial of its own (ca.cert + ".srl" counts them).
-bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out);
+// With `san` ("DNS:robot.example"), the certificate has no common name,
+// only that subject alternative name.
+bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out,
+                  const std::string& san = "");
 
 }  // namespace testing_certificates
 }  // namespace plateau

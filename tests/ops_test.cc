@@ -122,7 +122,7 @@ TEST(OpsTest, WorkersMetricsLogsDeleteAndRetention) {
   // --- Its log: what happened, one line per event, with the ids.
   const std::string log = c.coordinator()->out();
   EXPECT_THAT(log, AllOf(HasSubstr(w1 + " registered: name 'alpha', cpu, 2 slot(s)"),
-                         HasSubstr(id + " submitted: 2 rank(s), 20 step(s)"),
+                         HasSubstr(id + " submitted by 127.0.0.1: 2 rank(s), 20 step(s)"),
                          HasSubstr(id + " PENDING -> SCHEDULED (attempt 0): placed on " + w1),
                          HasSubstr(id + " SCHEDULED -> RUNNING"), HasSubstr(id + " RUNNING -> SUCCEEDED")))
       << log;
@@ -143,6 +143,8 @@ TEST(OpsTest, WorkersMetricsLogsDeleteAndRetention) {
   Ran deleted = Ctl(c, {"delete", live_id}, "delete");
   EXPECT_EQ(deleted.code, 0) << deleted.out << deleted.err;
   EXPECT_THAT(deleted.out, HasSubstr(live_id + " deleted"));
+  // The coordinator's log says who: the caller's host (no client certificate here).
+  EXPECT_THAT(c.coordinator()->out(), HasSubstr(live_id + " deleted by 127.0.0.1 (CANCELLED, "));
   EXPECT_EQ(c.client().GetJob(live_id).status().code(), absl::StatusCode::kNotFound);
   std::string after_delete;
   EXPECT_TRUE(WaitFor([&] {

@@ -524,6 +524,8 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "coordinator", "IP:127.0.0.1,DNS:localhost", &server));
   ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "clients-ca", "DNS:clients-ca.plateau.test", &client_ca));
   ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, dir, "worker-1", &client));
+  testing_certificates::Pem robot;  // named by a subject alternative name alone
+  ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, dir, "robot", &robot, "DNS:robot.plateau.test"));
   ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "stranger", "DNS:stranger.plateau.test", &stranger));
   ClusterOptions o;
   o.coordinator_flags = {"--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key,
@@ -577,7 +579,23 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   EXPECT_EQ(cancelled->state(), v1::CANCELLED);
   EXPECT_EQ(cancelled->cancelled_by(), "CN=worker-1 at 127.0.0.1");
   EXPECT_EQ(cancelled->state_reason(), "cancelled by CN=worker-1 at 127.0.0.1 before it was scheduled");
-  EXPECT_THAT(c.coordinator()->out(), HasSubstr("job-2 cancel requested by CN=worker-1 at 127.0.0.1"));
+  EXPECT_THAT(c.coordinator()->out(),
+              HasSubstr("job-2 PENDING -> CANCELLED (attempt 0): cancelled by CN=worker-1 at 127.0.0.1 before"));
+  // A certificate without a common name is recorded by its first subject
+  // alternative name.
+  {
+    ClientOptions ro = o.client;
+    ro.address = c.api();
+    ro.tls_client_cert_file = robot.cert;
+    ro.tls_client_key_file = robot.key;
+    v1::JobSpec s = TinyJob(3);
+    s.mutable_layout()->set_nodes(2);
+    auto sub = Client(ro).SubmitJob(s, false);
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    EXPECT_EQ(sub->job().submitted_by(), "SAN=robot.plateau.test at 127.0.0.1");
+    auto gone = Client(ro).CancelJob(sub->job().id());
+    EXPECT_TRUE(gone.ok()) << gone.status();
+  }
   // No certificate: not served (exit 4), and the message says what to give.
   r = RunCommand({ctl, coord, ca, "list"}, c.dir() + "/nocert");
   EXPECT_EQ(r.code, 4) << r.out << r.err;
