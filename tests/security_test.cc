@@ -512,6 +512,29 @@ std::string StartCoordinator(const std::string& dir, const std::string& name, st
   return "";
 }
 
+// A client checks that the coordinator's certificate names the address it
+// dialled: a certificate for localhost alone is refused at 127.0.0.1 although
+// its CA is trusted, and accepted at localhost.
+TEST(SecurityTest, TheCoordinatorsCertificateMustNameTheAddressDialled) {
+  const std::string dir = TempDir("tls_name");
+  testing_certificates::Pem server;
+  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "coordinator", "DNS:localhost", &server));
+  std::unique_ptr<Process> p;
+  const std::string api = StartCoordinator(
+      dir, "named", {"--listen=127.0.0.1:0", "--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key}, &p);
+  ASSERT_FALSE(api.empty()) << p->err();
+  const std::string port = api.substr(api.rfind(':') + 1);
+  for (const auto& [address, ok] :
+       std::vector<std::pair<std::string, bool>>{{"127.0.0.1:" + port, false}, {"localhost:" + port, true}}) {
+    ClientOptions co;
+    co.address = address;
+    co.tls_ca_file = server.cert;
+    auto list = Client(co).ListJobs(v1::ListJobsRequest());
+    EXPECT_EQ(list.ok(), ok) << address << ": " << list.status();
+    if (!ok) EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
+  }
+}
+
 // Mutual TLS: a coordinator given --tls_client_ca_file serves only clients
 // whose certificate that CA signed: the worker, its ranks (the job's
 // rendezvous runs through the coordinator) and plateauctl, without a token
