@@ -49,5 +49,24 @@ bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name
             "x509 -req " + name);
 }
 
+bool MakeMutualTls(const std::string& dir, const std::string& server_san, const std::string& client_name,
+                   MutualTls* out) {
+  return MakeSelfSigned(dir, "coordinator", server_san, &out->server) &&
+         MakeSelfSigned(dir, "clients-ca", "DNS:clients-ca.plateau.test", &out->client_ca) &&
+         MakeSignedBy(out->client_ca, dir, client_name, &out->client);
+}
+
+void UseMutualTls(const MutualTls& m, testing_cluster::ClusterOptions* o) {
+  o->coordinator_flags.insert(o->coordinator_flags.end(),
+                              {"--tls_cert_file=" + m.server.cert, "--tls_key_file=" + m.server.key,
+                               "--tls_client_ca_file=" + m.client_ca.cert});
+  o->worker_flags.insert(o->worker_flags.end(),
+                         {"--tls_ca_file=" + m.server.cert, "--tls_client_cert_file=" + m.client.cert,
+                          "--tls_client_key_file=" + m.client.key});
+  o->client.tls_ca_file = m.server.cert;
+  o->client.tls_client_cert_file = m.client.cert;
+  o->client.tls_client_key_file = m.client.key;
+}
+
 }  // namespace testing_certificates
 }  // namespace plateau

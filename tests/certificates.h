@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "tests/cluster.h"
+
 namespace plateau {
 namespace testing_certificates {
 
@@ -25,6 +27,20 @@ bool MakeSelfSigned(const std::string& dir, const std::string& name, const std::
 // only that subject alternative name.
 bool MakeSignedBy(const Pem& ca, const std::string& dir, const std::string& name, Pem* out,
                   const std::string& san = "");
+
+// The files of mutual TLS: the coordinator's certificate (self-signed for
+// `server_san`), a CA of clients, and one client's certificate it signed
+// (CN=`client_name`).
+struct MutualTls {
+  Pem server, client_ca, client;
+};
+bool MakeMutualTls(const std::string& dir, const std::string& server_san, const std::string& client_name,
+                   MutualTls* out);
+
+// A test cluster on them: the coordinator serves `m.server` and requires
+// certificates of `m.client_ca`; the worker (and its ranks) and the test's
+// client present `m.client`.
+void UseMutualTls(const MutualTls& m, testing_cluster::ClusterOptions* o);
 
 }  // namespace testing_certificates
 }  // namespace plateau

@@ -392,10 +392,9 @@ TEST(DeployTest, SlurmScriptUsesTheGivenTokenAndTls) {
 // before anything starts.
 TEST(DeployTest, SlurmScriptPresentsTheClientCertificateToAnExistingCoordinator) {
   const std::string dir = TempDir("slurm_mtls");
-  testing_certificates::Pem server, client_ca, client;
-  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "coordinator", "IP:127.0.0.1", &server));
-  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "clients-ca", "DNS:clients-ca.plateau.test", &client_ca));
-  ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, dir, "slurm-node", &client));
+  testing_certificates::MutualTls m;
+  ASSERT_TRUE(testing_certificates::MakeMutualTls(dir, "IP:127.0.0.1", "slurm-node", &m));
+  const testing_certificates::Pem &server = m.server, &client_ca = m.client_ca, &client = m.client;
   const std::string ready = dir + "/coordinator.ready";
   Process coordinator({"server/plateau_coordinator", "--state_dir=" + dir + "/state", "--listen=127.0.0.1:0",
                        "--metrics_address=127.0.0.1:0", "--ready_file=" + ready, "--tls_cert_file=" + server.cert,

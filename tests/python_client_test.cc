@@ -267,18 +267,11 @@ TEST_F(PythonClientTest, TokenAndTlsReachADeployedCoordinatorAndARetriedSubmitIs
 // the example's --cert and --key reach it, no certificate does not.
 TEST_F(PythonClientTest, ClientCertificateReachesACoordinatorThatRequiresOne) {
   const std::string files = TempDir("py_mtls_files");
-  testing_certificates::Pem server, client_ca, client;
-  ASSERT_TRUE(testing_certificates::MakeSelfSigned(files, "coordinator", "IP:127.0.0.1", &server));
-  ASSERT_TRUE(testing_certificates::MakeSelfSigned(files, "clients-ca", "DNS:clients-ca.plateau.test", &client_ca));
-  ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, files, "py-client", &client));
+  testing_certificates::MutualTls m;
+  ASSERT_TRUE(testing_certificates::MakeMutualTls(files, "IP:127.0.0.1", "py-client", &m));
+  const testing_certificates::Pem &server = m.server, &client = m.client;
   ClusterOptions o;
-  o.coordinator_flags = {"--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key,
-                         "--tls_client_ca_file=" + client_ca.cert};
-  o.worker_flags = {"--tls_ca_file=" + server.cert, "--tls_client_cert_file=" + client.cert,
-                    "--tls_client_key_file=" + client.key};
-  o.client.tls_ca_file = server.cert;
-  o.client.tls_client_cert_file = client.cert;
-  o.client.tls_client_key_file = client.key;
+  testing_certificates::UseMutualTls(m, &o);
   Cluster c("py-mtls", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   const std::string spec = WriteSpec(c, "tiny", TinyJob(2));

@@ -44,6 +44,13 @@ std::string WriteFile(const std::string& path, const std::string& text) {
   return path;
 }
 
+// A spec as a text-format file for plateauctl; its path.
+std::string WriteSpec(const std::string& path, const v1::JobSpec& spec) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(spec, &text);
+  return WriteFile(path, text);
+}
+
 std::shared_ptr<grpc::Channel> Channel(const std::string& address, const std::string& token_file = "",
                                        const std::string& ca_file = "") {
   auto c = OpenChannel(ConnectionOptions{address, token_file, ca_file});
@@ -440,12 +447,7 @@ TEST(SecurityTest, TlsWithTokenRunsPlateauctlAndRefusesPlaintextAndAStrangerCa) 
   ASSERT_TRUE(c.ready()) << c.Logs();
   EXPECT_THAT(c.coordinator()->out(), HasSubstr("(TLS, bearer token required)"));
 
-  const std::string spec_path = c.dir() + "/job.txtpb";
-  {
-    std::string text;
-    google::protobuf::TextFormat::PrintToString(TinyJob(3), &text);
-    WriteFile(spec_path, text);
-  }
+  const std::string spec_path = WriteSpec(c.dir() + "/job.txtpb", TinyJob(3));
   const std::string ctl = "client/plateauctl";
   const std::string coord = "--coordinator=" + c.api();
   // The CA from the environment, the token from the flag.
@@ -543,31 +545,19 @@ TEST(SecurityTest, TheCoordinatorsCertificateMustNameTheAddressDialled) {
 // answers, health checking included.
 TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   const std::string dir = TempDir("mtls_files");
-  testing_certificates::Pem server, client_ca, client, stranger;
-  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "coordinator", "IP:127.0.0.1,DNS:localhost", &server));
-  ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "clients-ca", "DNS:clients-ca.plateau.test", &client_ca));
-  ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, dir, "worker-1", &client));
-  testing_certificates::Pem robot;  // named by a subject alternative name alone
+  testing_certificates::MutualTls m;
+  ASSERT_TRUE(testing_certificates::MakeMutualTls(dir, "IP:127.0.0.1,DNS:localhost", "worker-1", &m));
+  const testing_certificates::Pem &server = m.server, &client_ca = m.client_ca, &client = m.client;
+  testing_certificates::Pem stranger, robot;  // robot: named by a subject alternative name alone
   ASSERT_TRUE(testing_certificates::MakeSignedBy(client_ca, dir, "robot", &robot, "DNS:robot.plateau.test"));
   ASSERT_TRUE(testing_certificates::MakeSelfSigned(dir, "stranger", "DNS:stranger.plateau.test", &stranger));
   ClusterOptions o;
-  o.coordinator_flags = {"--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key,
-                         "--tls_client_ca_file=" + client_ca.cert};
-  o.worker_flags = {"--tls_ca_file=" + server.cert, "--tls_client_cert_file=" + client.cert,
-                    "--tls_client_key_file=" + client.key};
-  o.client.tls_ca_file = server.cert;
-  o.client.tls_client_cert_file = client.cert;
-  o.client.tls_client_key_file = client.key;
+  testing_certificates::UseMutualTls(m, &o);
   Cluster c("mtls", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   EXPECT_THAT(c.coordinator()->out(), HasSubstr("(TLS, client certificate required, no token)"));
 
-  const std::string spec_path = c.dir() + "/job.txtpb";
-  {
-    std::string text;
-    google::protobuf::TextFormat::PrintToString(TinyJob(3), &text);
-    WriteFile(spec_path, text);
-  }
+  const std::string spec_path = WriteSpec(c.dir() + "/job.txtpb", TinyJob(3));
   const std::string ctl = "client/plateauctl";
   const std::string coord = "--coordinator=" + c.api();
   const std::string ca = "--tls_ca_file=" + server.cert;
