@@ -287,7 +287,19 @@ TEST_F(PythonClientTest, ClientCertificateReachesACoordinatorThatRequiresOne) {
   EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator at " + c.api()));
   r = Example(c, "nokey", {"--spec=" + spec, "--ca=" + server.cert, "--cert=" + client.cert});
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("a client certificate needs both --cert and --key; --key is missing"));
+  EXPECT_THAT(r.err, HasSubstr("a client certificate needs both --cert and --key; --key "
+                               "($PLATEAU_TLS_CLIENT_KEY_FILE) is missing"));
+  // The environment's certificate without --ca is left unused (plaintext,
+  // which this TLS port cannot answer), not a usage error; --cert is one.
+  setenv("PLATEAU_TLS_CLIENT_CERT_FILE", client.cert.c_str(), 1);
+  setenv("PLATEAU_TLS_CLIENT_KEY_FILE", client.key.c_str(), 1);
+  r = Example(c, "envplain", {"--spec=" + spec, "--connect-timeout=2"});
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  r = Example(c, "flagplain", {"--spec=" + spec, "--cert=" + client.cert, "--key=" + client.key});
+  unsetenv("PLATEAU_TLS_CLIENT_CERT_FILE");
+  unsetenv("PLATEAU_TLS_CLIENT_KEY_FILE");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--cert: only with TLS (--ca)"));
   r = Example(c, "badkey", {"--spec=" + spec, "--ca=" + server.cert, "--cert=" + client.cert, "--key=" + spec});
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--key=" + spec + ": expected a PEM file"));

@@ -147,8 +147,8 @@ def open_channel(args):
             die(EXIT_USAGE, "--server-name: only with TLS (--ca)")
         options.append(("grpc.ssl_target_name_override", args.server_name))
     if bool(args.cert) != bool(args.key):
-        die(EXIT_USAGE, f"a client certificate needs both --cert and --key; {'--key' if args.cert else '--cert'} "
-                        "is missing")
+        missing = "--key ($PLATEAU_TLS_CLIENT_KEY_FILE)" if args.cert else "--cert ($PLATEAU_TLS_CLIENT_CERT_FILE)"
+        die(EXIT_USAGE, f"a client certificate needs both --cert and --key; {missing} is missing")
     if args.cert and not args.ca:
         die(EXIT_USAGE, "--cert: only with TLS (--ca)")
     if args.ca:
@@ -242,16 +242,22 @@ def main():
     parser.add_argument("--server-name", default=env("PLATEAU_TLS_SERVER_NAME") or None, metavar="NAME",
                         help="the name the certificate must carry, when not --coordinator's host "
                              "($PLATEAU_TLS_SERVER_NAME)")
-    parser.add_argument("--cert", default=env("PLATEAU_TLS_CLIENT_CERT_FILE") or None, metavar="PEM",
+    parser.add_argument("--cert", metavar="PEM",
                         help="this client's certificate chain, for a coordinator that requires one "
-                             "($PLATEAU_TLS_CLIENT_CERT_FILE); with --key")
-    parser.add_argument("--key", default=env("PLATEAU_TLS_CLIENT_KEY_FILE") or None, metavar="PEM",
-                        help="the private key of --cert ($PLATEAU_TLS_CLIENT_KEY_FILE)")
+                             "($PLATEAU_TLS_CLIENT_CERT_FILE, used over TLS only); with --key")
+    parser.add_argument("--key", metavar="PEM",
+                        help="the private key of --cert ($PLATEAU_TLS_CLIENT_KEY_FILE, used over TLS only)")
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                         help="a label on the job (repeatable)")
     parser.add_argument("--request-id", default=None, metavar="ID",
                         help="makes the submit idempotent (default: a new UUID)")
     args = parser.parse_args()  # exits 2 on bad usage, as the codes above say
+    # The environment's client certificate is a standing default, left unused
+    # without TLS (a plaintext coordinator asks for none), as plateauctl does;
+    # the flags without --ca are an error (open_channel).
+    if args.ca:
+        args.cert = args.cert or env("PLATEAU_TLS_CLIENT_CERT_FILE") or None
+        args.key = args.key or env("PLATEAU_TLS_CLIENT_KEY_FILE") or None
     spec = load_spec(args.spec, args.steps)
     given = set()
     for kv in args.label:

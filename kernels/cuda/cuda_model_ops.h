@@ -14,8 +14,9 @@
 // Determinism: no atomics. Per-row reductions run one block per row and
 // combine per-thread partials in a fixed tree; the loss sums of StripFinish
 // and CrossEntropy run in one block over the rows in a fixed assignment and a
-// fixed tree; EmbeddingBackward gives each column to one thread, which adds
-// the rows in row order (the CPU order, so it agrees with the CPU bitwise).
+// fixed tree; EmbeddingBackward gives each table row to the block of its
+// token's first row, which adds the token's rows in row order (the CPU order,
+// so it agrees with the CPU bitwise).
 // The same inputs give the same bits run to run on the same GPU model.
 //
 // Plain C++ header (no CUDA extensions): the host compiler includes it.
@@ -61,9 +62,10 @@ cudaError_t CrossEntropyBackward(cudaStream_t stream, float* logits_to_grad,
 cudaError_t Embedding(cudaStream_t stream, const float* table,
                       const int32_t* tokens, int64_t rows, int64_t hidden,
                       float* out);
-// One thread per column walks the rows in order: deterministic and in the
-// CPU's order, but parallel only over `hidden` (fine for the embedding's
-// once-per-step use; a sort-by-token kernel would be the faster version).
+// dtable[token] += the rows with that token, in row order (the CPU's adds,
+// bit for bit); untouched table rows are not written. The bf16 version's
+// kernel (below; cuda_model_ops.cu gives the cost) with T = float: one block
+// per row, the block of a token's first occurrence owning its table row.
 cudaError_t EmbeddingBackward(cudaStream_t stream, const float* dout,
                               const int32_t* tokens, int64_t rows,
                               int64_t hidden, float* dtable);
