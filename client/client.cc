@@ -31,6 +31,7 @@ Client::Client(ClientOptions options)
   connection.tls_client_cert_file = options.tls_client_cert_file;
   connection.tls_client_key_file = options.tls_client_key_file;
   connection.keepalive = options.keepalive;
+  connection.tls_reload = options.tls_reload;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(connection);
   if (!channel.ok()) {
     status_ = channel.status();

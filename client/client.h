@@ -33,6 +33,7 @@ struct ClientOptions {
   std::string tls_ca_file;  // PEM CA of the coordinator's certificate; empty: plaintext
   std::string tls_client_cert_file;  // this client's certificate (ConnectionOptions); empty: none
   std::string tls_client_key_file;   // its private key
+  absl::Duration tls_reload = absl::Seconds(30);  // ConnectionOptions::tls_reload
   // Called once each time a watch or log stream breaks and is being opened
   // again (a UI says "reconnecting..."); not for a coordinator never reached.
   std::function<void(const absl::Status&)> on_reconnecting;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -18,7 +19,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/host_port.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "openssl/bio.h"
+#include "openssl/err.h"
+#include "openssl/pem.h"
+#include "openssl/x509.h"
 
 namespace plateau {
 namespace {
@@ -181,6 +190,36 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::stri
   return text;
 }
 
+absl::Status CheckKeyOfCertificate(const std::string& cert_flag, const std::string& cert_path,
+                                   const std::string& cert_pem, const std::string& key_flag,
+                                   const std::string& key_path, const std::string& key_pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> cert_bio(
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), &BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> key_bio(BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())),
+                                                    &BIO_free);
+  if (cert_bio == nullptr || key_bio == nullptr) return absl::ResourceExhaustedError("TLS check: out of memory");
+  std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr),
+                                                   &X509_free);
+  if (cert == nullptr) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(cert_flag, "=", cert_path, ": expected a PEM certificate (-----BEGIN CERTIFICATE-----)"));
+  }
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
+  if (key == nullptr) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(key_flag, "=", key_path, ": expected a PEM private key without a passphrase"));
+  }
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(key_flag, "=", key_path, " is not the private key of ", cert_flag, "=", cert_path));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAddress(const std::string& flag, const std::string& address, bool listen) {
   const int lowest = listen ? 0 : 1;
   const std::string expected = absl::StrCat(
@@ -213,19 +252,43 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
         "certificate)");
   }
   if (!options.tls_ca_file.empty()) {
+    // Read here for clear errors at start; gRPC then reads the files again
+    // every tls_reload, so a replaced CA, certificate or key is used for
+    // the next connection without a restart.
     absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca_file", options.tls_ca_file);
     if (!ca.ok()) return ca.status();
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = *ca;
     if (has_cert) {
       absl::StatusOr<std::string> cert = ReadPemFile("--tls_client_cert_file", options.tls_client_cert_file);
       if (!cert.ok()) return cert.status();
       absl::StatusOr<std::string> key = ReadPemFile("--tls_client_key_file", options.tls_client_key_file);
       if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
+      if (absl::Status s = CheckKeyOfCertificate("--tls_client_cert_file", options.tls_client_cert_file, *cert,
+                                                 "--tls_client_key_file", options.tls_client_key_file, *key);
+          !s.ok()) {
+        return s;
+      }
     }
-    credentials = grpc::SslCredentials(ssl);
+    auto absolute = [](const std::string& path) { return std::filesystem::absolute(path).lexically_normal().string(); };
+    const unsigned int reload_s =
+        static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(options.tls_reload)));
+    std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+    if (has_cert) {
+      provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+          absolute(options.tls_client_key_file), absolute(options.tls_client_cert_file), absolute(options.tls_ca_file),
+          reload_s);
+    } else {
+      provider =
+          std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(absolute(options.tls_ca_file), reload_s);
+    }
+    grpc::experimental::TlsChannelCredentialsOptions tls;
+    tls.set_certificate_provider(provider);
+    tls.watch_root_certs();
+    if (has_cert) tls.watch_identity_key_cert_pairs();
+    // The coordinator's certificate must name the address dialled (what
+    // SslCredentials checked by default; these options check it only when
+    // told).
+    tls.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+    credentials = grpc::experimental::TlsCredentials(tls);
   }
   grpc::ChannelArguments args;
   // Replies come from the coordinator, which bounds what it accepts with

@@ -113,6 +113,9 @@ struct ConnectionOptions {
   // both or neither, and only with tls_ca_file. Empty: none sent.
   std::string tls_client_cert_file;
   std::string tls_client_key_file;
+  // How often the TLS files above are read again: a CA, certificate or key
+  // replaced on disk is used from the next connection on, no restart.
+  absl::Duration tls_reload = absl::Seconds(30);
   // A connection with calls open is pinged this often and is dead (its calls
   // UNAVAILABLE) when a ping goes unanswered this long: a coordinator that
   // froze, or whose host vanished without closing the connection, would
@@ -125,6 +128,15 @@ struct ConnectionOptions {
 // Reads a PEM file (certificate, key, CA): INVALID_ARGUMENT naming `flag`
 // and the path when it cannot be read or holds no PEM block.
 absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path);
+
+// Checks at start that `key_pem` is the private key of the first
+// certificate of `cert_pem` (and both parse): INVALID_ARGUMENT naming both
+// flags and paths otherwise. gRPC reads TLS files again as they change
+// (TlsFiles), so a mismatched pair would otherwise start and then fail every
+// handshake.
+absl::Status CheckKeyOfCertificate(const std::string& cert_flag, const std::string& cert_path,
+                                   const std::string& cert_pem, const std::string& key_flag,
+                                   const std::string& key_path, const std::string& key_pem);
 
 // Checks an address a flag gives (`flag`: "--coordinator", "--listen"):
 // HOST:PORT or [IPV6]:PORT with a port 1-65535, 0-65535 when `listen` (0:

@@ -255,6 +255,47 @@ TEST(OpenChannelTest, AClientCertificateNeedsItsKeyAndTls) {
   }
 }
 
+// A throwaway self-signed test certificate (P-256, valid until 2126), its
+// key, and another key: made once with openssl for this test, never used
+// anywhere else.
+constexpr char kTestCert[] = R"(-----BEGIN CERTIFICATE-----
+MIIBnDCCAUGgAwIBAgIUAd95a2gozz5Oyyel53qw+OJ74B4wCgYIKoZIzj0EAwIw
+IjEgMB4GA1UEAwwXcGxhdGVhdS1jb25uZWN0aW9uLXRlc3QwIBcNMjYxMjA2MTkx
+ODMzWhgPMjEyNjExMTIxOTE4MzNaMCIxIDAeBgNVBAMMF3BsYXRlYXUtY29ubmVj
+dGlvbi10ZXN0MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE0Ltew9lWe5mHtcwq
+KFPuJgxuFbJ5MmiSKmiOGKxbW2I7xQlZeHr+TV+pg6xkCQsWW7MxpRDwX9BFn0c3
+xz9smaNTMFEwHQYDVR0OBBYEFDB7JmKWiUzLV+vKuDbNwVXJpKNEMB8GA1UdIwQY
+MBaAFDB7JmKWiUzLV+vKuDbNwVXJpKNEMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZI
+zj0EAwIDSQAwRgIhAOUHT05LCsfOCuAznGF6scAANl3CplXC3SiJEEzX7OWDAiEA
+4kd+mcbd0BOH+TEsBxTboMMYDOg52mVujhGBHYCwzQ8=
+-----END CERTIFICATE-----
+)";
+constexpr char kTestKey[] = R"(-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgoKb/hgdiZFNpFktq
+WJlg/1Cnx1WJqa3Tq31WIgUMqEChRANCAATQu17D2VZ7mYe1zCooU+4mDG4Vsnky
+aJIqaI4YrFtbYjvFCVl4ev5NX6mDrGQJCxZbszGlEPBf0EWfRzfHP2yZ
+-----END PRIVATE KEY-----
+)";
+constexpr char kOtherKey[] = R"(-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgbpvZ6q6I2N1jqEpT
+maYh02QKS3KpTLnjiLi8P1/HndahRANCAARG1+vRS+IUf5Myi81Wnxfnq8w4EbN7
+/2ba7r73Kngjn2LzpIbM1HVp7H98+8gQH9O7mpDOSF7nOr0gH+UAODAy
+-----END PRIVATE KEY-----
+)";
+
+// The check at start that a key belongs to its certificate (gRPC, reading
+// the files as they change, would otherwise fail every handshake instead).
+TEST(CheckKeyOfCertificateTest, NamesBothFilesWhenTheKeyIsNotTheCertificates) {
+  EXPECT_TRUE(CheckKeyOfCertificate("--cert", "c.pem", kTestCert, "--key", "k.pem", kTestKey).ok());
+  absl::Status s = CheckKeyOfCertificate("--cert", "c.pem", kTestCert, "--key", "o.pem", kOtherKey);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--key=o.pem is not the private key of --cert=c.pem");
+  s = CheckKeyOfCertificate("--cert", "c.pem", kTestKey, "--key", "k.pem", kTestKey);
+  EXPECT_EQ(s.message(), "--cert=c.pem: expected a PEM certificate (-----BEGIN CERTIFICATE-----)");
+  s = CheckKeyOfCertificate("--cert", "c.pem", kTestCert, "--key", "k.pem", kTestCert);
+  EXPECT_EQ(s.message(), "--key=k.pem: expected a PEM private key without a passphrase");
+}
+
 // A TCP socket bound to 127.0.0.1 (SO_REUSEADDR) on a port the kernel
 // picks, and that address; -1 on failure.
 int BindLoopback(std::string* address) {

@@ -13,6 +13,7 @@
 //       [--reattach_timeout_s=10] [--metrics_retention_s=900] [--max_pending_s=600]
 //       [--retention=30d]
 //       [--token_file=PATH] [--tls_cert_file=PATH --tls_key_file=PATH [--tls_client_ca_file=PATH]]
+//       [--tls_reload_s=30]
 //       [--insecure_listen_any] [--max_request_bytes=4194304]
 //       [--max_watches_per_client=64] [--watch_reports_per_read=4096]
 //
@@ -38,6 +39,9 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "kernels/named_flags.h"
 #include "server/coordinator.h"
 #include "server/job_store.h"
@@ -81,6 +85,8 @@ security (docs/SERVICE.md "Security")
   --tls_client_ca_file=PATH        PEM CA(s) of the clients' certificates: every client (plateauctl,
                                    workers, ranks) must present a certificate one of them signed
                                    (mutual TLS; with --tls_cert_file). Beside --token_file or alone
+  --tls_reload_s=30                the three TLS files are read again this often: a replaced
+                                   certificate, key or client CA serves new connections, no restart
   --insecure_listen_any            allow a non-loopback --listen without --token_file or
                                    --tls_client_ca_file (anyone who reaches the port can run jobs;
                                    refused otherwise)
@@ -155,6 +161,7 @@ int Main(int argc, char** argv) {
                                               {"tls_cert_file", ""},
                                               {"tls_key_file", ""},
                                               {"tls_client_ca_file", ""},
+                                              {"tls_reload_s", "30"},
                                               {"insecure_listen_any", "false"},
                                               {"max_request_bytes", "4194304"},
                                               {"max_watches_per_client", "64"},
@@ -253,6 +260,10 @@ int Main(int argc, char** argv) {
   }
   const bool tls = !flags["tls_cert_file"].empty() || !flags["tls_key_file"].empty();
   const bool client_certs = !flags["tls_client_ca_file"].empty();
+  int64_t tls_reload_s = 0;
+  if (!absl::SimpleAtoi(flags["tls_reload_s"], &tls_reload_s) || tls_reload_s < 1 || tls_reload_s > 86400) {
+    return Fail(absl::StrCat("--tls_reload_s: expected seconds from 1 to 86400, got '", flags["tls_reload_s"], "'"));
+  }
   if (client_certs && !tls) {
     return Fail(
         "--tls_client_ca_file needs TLS: give --tls_cert_file and --tls_key_file too (the clients check the "
@@ -269,8 +280,11 @@ int Main(int argc, char** argv) {
     if (!cert.ok()) return Fail(std::string(cert.status().message()));
     absl::StatusOr<std::string> key = ReadPemFile("--tls_key_file", flags["tls_key_file"]);
     if (!key.ok()) return Fail(std::string(key.status().message()));
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (absl::Status s = CheckKeyOfCertificate("--tls_cert_file", flags["tls_cert_file"], *cert, "--tls_key_file",
+                                               flags["tls_key_file"], *key);
+        !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
     if (client_certs) {
       absl::StatusOr<std::string> client_ca = ReadPemFile("--tls_client_ca_file", flags["tls_client_ca_file"]);
       if (!client_ca.ok()) return Fail(std::string(client_ca.status().message()));
@@ -280,12 +294,24 @@ int Main(int argc, char** argv) {
         return Fail(absl::StrCat("--tls_client_ca_file=", flags["tls_client_ca_file"],
                                  ": expected PEM CA certificate(s) (-----BEGIN CERTIFICATE-----)"));
       }
+    }
+    // Served from the files, read again every --tls_reload_s: a replaced
+    // certificate, key or client CA takes effect without a restart.
+    auto absolute = [](const std::string& path) {
+      return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
+    };
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        absolute(flags["tls_key_file"]), absolute(flags["tls_cert_file"]), absolute(flags["tls_client_ca_file"]),
+        static_cast<unsigned int>(tls_reload_s));
+    grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
+    tls_options.watch_identity_key_cert_pairs();
+    if (client_certs) {
       // A handshake without a certificate that chains to these CAs fails:
       // such a client never reaches a service, health checking included.
-      ssl.pem_root_certs = *client_ca;
-      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      tls_options.watch_root_certs();
+      tls_options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     }
-    credentials = grpc::SslServerCredentials(ssl);
+    credentials = grpc::experimental::TlsServerCredentials(tls_options);
   }
   if (absl::Status s = CheckAddress("--listen", flags["listen"], /*listen=*/true); !s.ok()) {
     return Fail(std::string(s.message()));
@@ -383,12 +409,8 @@ int Main(int argc, char** argv) {
   builder.RegisterService(&workers);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    return Fail(absl::StrCat(
-        "--listen=", flags["listen"], ": cannot listen there (in use, or not an address of this host)",
-        !tls           ? ""
-        : client_certs ? " (or --tls_cert_file and --tls_key_file are not a matching certificate and key, or "
-                         "--tls_client_ca_file holds no usable CA certificate)"
-                       : " (or --tls_cert_file and --tls_key_file are not a matching certificate and key)"));
+    return Fail(
+        absl::StrCat("--listen=", flags["listen"], ": cannot listen there (in use, or not an address of this host)"));
   }
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.JobService", true);
   server->GetHealthCheckService()->SetServingStatus("plateau.v1.WorkerService", true);

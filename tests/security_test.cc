@@ -4,6 +4,7 @@
 // rule of --listen, the request size limit and the per-client watch limit.
 #include <sys/wait.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -514,6 +515,79 @@ std::string StartCoordinator(const std::string& dir, const std::string& name, st
   return "";
 }
 
+// The TLS files are read again while the processes run (--tls_reload_s on
+// the coordinator, ConnectionOptions::tls_reload in a client): a client CA
+// added, the coordinator's certificate and key replaced (the key first, so
+// that a read may find the pair mismatched for a moment), and a client's CA
+// file replaced, each take effect for the next connection without a
+// restart of the process that reads them.
+TEST(SecurityTest, TlsFilesAreReadAgainWithoutARestart) {
+  const std::string dir = TempDir("tls_reload");
+  std::filesystem::create_directories(dir + "/a");
+  std::filesystem::create_directories(dir + "/b");
+  testing_certificates::MutualTls a;
+  ASSERT_TRUE(testing_certificates::MakeMutualTls(dir + "/a", "IP:127.0.0.1", "client-a", &a));
+  testing_certificates::MutualTls b;
+  ASSERT_TRUE(testing_certificates::MakeMutualTls(dir + "/b", "IP:127.0.0.1", "client-b", &b));
+  // What the processes read, replaced by a rename as an operator (or a
+  // Kubernetes Secret volume) does.
+  auto install = [](const std::string& to, const std::vector<std::string>& from) {
+    std::string text;
+    for (const std::string& f : from) text += ReadFile(f);
+    WriteFile(to + ".tmp", text);
+    std::filesystem::rename(to + ".tmp", to);
+  };
+  const std::string cert = dir + "/coordinator.crt", key = dir + "/coordinator.key", clients = dir + "/clients.pem",
+                    trust = dir + "/trust.pem";
+  install(cert, {a.server.cert});
+  install(key, {a.server.key});
+  install(clients, {a.client_ca.cert});
+  install(trust, {a.server.cert});
+  ClusterOptions o;
+  o.with_worker = false;
+  o.coordinator_flags = {"--tls_cert_file=" + cert, "--tls_key_file=" + key, "--tls_client_ca_file=" + clients,
+                         "--tls_reload_s=1"};
+  o.client.tls_ca_file = trust;
+  o.client.tls_client_cert_file = a.client.cert;
+  o.client.tls_client_key_file = a.client.key;
+  o.client.tls_reload = absl::Seconds(1);
+  Cluster c("tls-reload", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  ASSERT_TRUE(c.client().ListJobs(v1::ListJobsRequest()).ok());
+  // A new client each time: a new connection, so a new handshake.
+  auto reaches = [&](const std::string& ca, const testing_certificates::Pem& mine) {
+    ClientOptions co;
+    co.address = c.api();
+    co.tls_ca_file = ca;
+    co.tls_client_cert_file = mine.cert;
+    co.tls_client_key_file = mine.key;
+    co.timeout = absl::Seconds(2);
+    return Client(co).ListJobs(v1::ListJobsRequest()).ok();
+  };
+  const absl::Duration noticed = absl::Seconds(15);
+
+  // A second clients' CA.
+  EXPECT_FALSE(reaches(trust, b.client));
+  install(clients, {a.client_ca.cert, b.client_ca.cert});
+  EXPECT_TRUE(WaitFor([&] { return reaches(trust, b.client); }, noticed)) << c.Logs();
+  EXPECT_TRUE(reaches(trust, a.client));
+
+  // The coordinator's own certificate and key.
+  EXPECT_FALSE(reaches(b.server.cert, a.client));
+  install(key, {b.server.key});
+  install(cert, {b.server.cert});
+  EXPECT_TRUE(WaitFor([&] { return reaches(b.server.cert, a.client); }, noticed)) << c.Logs();
+  EXPECT_FALSE(reaches(a.server.cert, a.client));
+
+  // The long-lived client's CA file: its connection ends with the
+  // coordinator, and its next handshake, with the new certificate, needs
+  // the new CA, read while it ran.
+  install(trust, {b.server.cert});
+  c.KillCoordinator(SIGKILL);
+  ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+  EXPECT_TRUE(WaitFor([&] { return c.client().ListJobs(v1::ListJobsRequest()).ok(); }, noticed)) << c.Logs();
+}
+
 // A client checks that the coordinator's certificate names the address it
 // dialled: a certificate for localhost alone is refused at 127.0.0.1 although
 // its CA is trusted, and accepted at localhost.
@@ -684,6 +758,27 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
       dir + "/keyca");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--tls_client_ca_file=" + client_ca.key + ": expected PEM CA certificate(s)"));
+  // A key that is not the certificate's stops the start (served from the
+  // files, it would otherwise fail every handshake); so does a reload
+  // interval out of range.
+  r = RunCommand({coordinator, "--state_dir=" + dir + "/mismatch", "--listen=127.0.0.1:0",
+                  "--metrics_address=127.0.0.1:0", "--tls_cert_file=" + server.cert, "--tls_key_file=" + client.key},
+                 dir + "/mismatch");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("--tls_key_file=" + client.key + " is not the private key of --tls_cert_file=" + server.cert));
+  r = RunCommand(
+      {coordinator, "--state_dir=" + dir + "/reload", "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+       "--tls_cert_file=" + server.cert, "--tls_key_file=" + server.key, "--tls_reload_s=0"},
+      dir + "/reload");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--tls_reload_s: expected seconds from 1 to 86400, got '0'"));
+  // A client's mismatched pair: exit 2 naming both.
+  r = RunCommand({"client/plateauctl", "--coordinator=127.0.0.1:1", "--tls_ca_file=" + server.cert,
+                  "--tls_client_cert_file=" + client.cert, "--tls_client_key_file=" + server.key, "list"},
+                 dir + "/client-mismatch");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--tls_client_key_file=" + server.key + " is not the private key of"));
   std::unique_ptr<Process> any;
   const std::string any_api =
       StartCoordinator(dir, "any",
