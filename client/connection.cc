@@ -206,18 +206,30 @@ absl::Status CheckKeyOfCertificate(const std::string& cert_flag, const std::stri
         absl::StrCat(cert_flag, "=", cert_path, ": expected a PEM certificate (-----BEGIN CERTIFICATE-----)"));
   }
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
-      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
+      // A callback that gives no passphrase: OpenSSL's default would prompt
+      // on the terminal and wait (gRPC itself gives none either).
+      PEM_read_bio_PrivateKey(
+          key_bio.get(), nullptr, [](char*, int, int, void*) { return 0; }, nullptr),
+      &EVP_PKEY_free);
   if (key == nullptr) {
     ERR_clear_error();
     return absl::InvalidArgumentError(
         absl::StrCat(key_flag, "=", key_path, ": expected a PEM private key without a passphrase"));
   }
-  if (X509_check_private_key(cert.get(), key.get()) != 1) {
-    ERR_clear_error();
+  const bool match = X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();  // OpenSSL 3's decoders may queue errors on success too
+  if (!match) {
     return absl::InvalidArgumentError(
         absl::StrCat(key_flag, "=", key_path, " is not the private key of ", cert_flag, "=", cert_path));
   }
   return absl::OkStatus();
+}
+
+std::string TlsFilePath(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  return ec ? path : absolute.string();
 }
 
 absl::Status CheckAddress(const std::string& flag, const std::string& address, bool listen) {
@@ -268,25 +280,24 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
         return s;
       }
     }
-    auto absolute = [](const std::string& path) { return std::filesystem::absolute(path).lexically_normal().string(); };
     const unsigned int reload_s =
         static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(options.tls_reload)));
     std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
     if (has_cert) {
       provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-          absolute(options.tls_client_key_file), absolute(options.tls_client_cert_file), absolute(options.tls_ca_file),
-          reload_s);
+          TlsFilePath(options.tls_client_key_file), TlsFilePath(options.tls_client_cert_file),
+          TlsFilePath(options.tls_ca_file), reload_s);
     } else {
-      provider =
-          std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(absolute(options.tls_ca_file), reload_s);
+      provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(TlsFilePath(options.tls_ca_file),
+                                                                                      reload_s);
     }
     grpc::experimental::TlsChannelCredentialsOptions tls;
     tls.set_certificate_provider(provider);
     tls.watch_root_certs();
     if (has_cert) tls.watch_identity_key_cert_pairs();
-    // The coordinator's certificate must name the address dialled (what
-    // SslCredentials checked by default; these options check it only when
-    // told).
+    // The coordinator's certificate must name the address dialled.
+    // gRPC 1.51 installs this verifier when none is set; set here so that
+    // the check does not hang on that default.
     tls.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
     credentials = grpc::experimental::TlsCredentials(tls);
   }

@@ -138,6 +138,10 @@ absl::Status CheckKeyOfCertificate(const std::string& cert_flag, const std::stri
                                    const std::string& cert_pem, const std::string& key_flag,
                                    const std::string& key_path, const std::string& key_pem);
 
+// `path` made absolute (as given when that fails), for gRPC's file-watching
+// TLS credentials, which read it from a thread of their own.
+std::string TlsFilePath(const std::string& path);
+
 // Checks an address a flag gives (`flag`: "--coordinator", "--listen"):
 // HOST:PORT or [IPV6]:PORT with a port 1-65535, 0-65535 when `listen` (0:
 // the system picks). Addresses in gRPC's own schemes (unix:PATH,

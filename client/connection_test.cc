@@ -283,6 +283,16 @@ maYh02QKS3KpTLnjiLi8P1/HndahRANCAARG1+vRS+IUf5Myi81Wnxfnq8w4EbN7
 -----END PRIVATE KEY-----
 )";
 
+// kTestKey under the passphrase "plateau".
+constexpr char kEncryptedKey[] = R"(-----BEGIN ENCRYPTED PRIVATE KEY-----
+MIHsMFcGCSqGSIb3DQEFDTBKMCkGCSqGSIb3DQEFDDAcBAh43p8JQ1NKXAICCAAw
+DAYIKoZIhvcNAgkFADAdBglghkgBZQMEASoEEMihr4kPd+qf9QOBMTHthSMEgZA1
+0FqqRLeTw+OdW+O1UD1yYgHd0SfzsXq9geJKWtLeqGi0zTNxXl4GgYnW2h+8lqnv
+p/ctj/b6dEIQzKE5pxkN3z5UUztfCKI3R/LD/Z7ziA2x0LYph+hhnnz6dmpCZgml
+rbLMWAvXCHcwMTrDeKaAfmErISPtTxuRh0nhxj6rmHPU/TQ3TifED+UyCvXH2zs=
+-----END ENCRYPTED PRIVATE KEY-----
+)";
+
 // The check at start that a key belongs to its certificate (gRPC, reading
 // the files as they change, would otherwise fail every handshake instead).
 TEST(CheckKeyOfCertificateTest, NamesBothFilesWhenTheKeyIsNotTheCertificates) {
@@ -294,6 +304,10 @@ TEST(CheckKeyOfCertificateTest, NamesBothFilesWhenTheKeyIsNotTheCertificates) {
   EXPECT_EQ(s.message(), "--cert=c.pem: expected a PEM certificate (-----BEGIN CERTIFICATE-----)");
   s = CheckKeyOfCertificate("--cert", "c.pem", kTestCert, "--key", "k.pem", kTestCert);
   EXPECT_EQ(s.message(), "--key=k.pem: expected a PEM private key without a passphrase");
+  // Refused at once: OpenSSL's default would ask for the passphrase on the
+  // terminal and wait.
+  s = CheckKeyOfCertificate("--cert", "c.pem", kTestCert, "--key", "e.pem", kEncryptedKey);
+  EXPECT_EQ(s.message(), "--key=e.pem: expected a PEM private key without a passphrase");
 }
 
 // A TCP socket bound to 127.0.0.1 (SO_REUSEADDR) on a port the kernel

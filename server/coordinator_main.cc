@@ -297,12 +297,9 @@ int Main(int argc, char** argv) {
     }
     // Served from the files, read again every --tls_reload_s: a replaced
     // certificate, key or client CA takes effect without a restart.
-    auto absolute = [](const std::string& path) {
-      return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
-    };
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        absolute(flags["tls_key_file"]), absolute(flags["tls_cert_file"]), absolute(flags["tls_client_ca_file"]),
-        static_cast<unsigned int>(tls_reload_s));
+        TlsFilePath(flags["tls_key_file"]), TlsFilePath(flags["tls_cert_file"]),
+        TlsFilePath(flags["tls_client_ca_file"]), static_cast<unsigned int>(tls_reload_s));
     grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
     tls_options.watch_identity_key_cert_pairs();
     if (client_certs) {

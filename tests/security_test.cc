@@ -574,7 +574,11 @@ TEST(SecurityTest, TlsFilesAreReadAgainWithoutARestart) {
 
   // The coordinator's own certificate and key.
   EXPECT_FALSE(reaches(b.server.cert, a.client));
+  // The key first and, two reads later, its certificate: the reads between
+  // find a mismatched pair, which refuses new connections until the pair
+  // matches again.
   install(key, {b.server.key});
+  absl::SleepFor(absl::Milliseconds(2500));
   install(cert, {b.server.cert});
   EXPECT_TRUE(WaitFor([&] { return reaches(b.server.cert, a.client); }, noticed)) << c.Logs();
   EXPECT_FALSE(reaches(a.server.cert, a.client));
