@@ -225,6 +225,15 @@ absl::Status CheckKeyOfCertificate(const std::string& cert_flag, const std::stri
   return absl::OkStatus();
 }
 
+absl::Status CheckCertificateAndKeyFiles(const std::string& cert_flag, const std::string& cert_path,
+                                         const std::string& key_flag, const std::string& key_path) {
+  absl::StatusOr<std::string> cert = ReadPemFile(cert_flag, cert_path);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPemFile(key_flag, key_path);
+  if (!key.ok()) return key.status();
+  return CheckKeyOfCertificate(cert_flag, cert_path, *cert, key_flag, key_path, *key);
+}
+
 std::string TlsFilePath(const std::string& path) {
   if (path.empty()) return path;
   std::error_code ec;
@@ -270,27 +279,19 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
     absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca_file", options.tls_ca_file);
     if (!ca.ok()) return ca.status();
     if (has_cert) {
-      absl::StatusOr<std::string> cert = ReadPemFile("--tls_client_cert_file", options.tls_client_cert_file);
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPemFile("--tls_client_key_file", options.tls_client_key_file);
-      if (!key.ok()) return key.status();
-      if (absl::Status s = CheckKeyOfCertificate("--tls_client_cert_file", options.tls_client_cert_file, *cert,
-                                                 "--tls_client_key_file", options.tls_client_key_file, *key);
+      if (absl::Status s = CheckCertificateAndKeyFiles("--tls_client_cert_file", options.tls_client_cert_file,
+                                                       "--tls_client_key_file", options.tls_client_key_file);
           !s.ok()) {
         return s;
       }
     }
     const unsigned int reload_s =
         static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(options.tls_reload)));
-    std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
-    if (has_cert) {
-      provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-          TlsFilePath(options.tls_client_key_file), TlsFilePath(options.tls_client_cert_file),
-          TlsFilePath(options.tls_ca_file), reload_s);
-    } else {
-      provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(TlsFilePath(options.tls_ca_file),
-                                                                                      reload_s);
-    }
+    // Empty key and certificate paths: no identity is watched (gRPC's own
+    // CA-only constructor passes the same).
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        TlsFilePath(options.tls_client_key_file), TlsFilePath(options.tls_client_cert_file),
+        TlsFilePath(options.tls_ca_file), reload_s);
     grpc::experimental::TlsChannelCredentialsOptions tls;
     tls.set_certificate_provider(provider);
     tls.watch_root_certs();

@@ -138,6 +138,12 @@ absl::Status CheckKeyOfCertificate(const std::string& cert_flag, const std::stri
                                    const std::string& cert_pem, const std::string& key_flag,
                                    const std::string& key_path, const std::string& key_pem);
 
+// Reads a certificate and its key (ReadPemFile) and checks that they are a
+// pair (CheckKeyOfCertificate): what every TLS identity is checked with at
+// start, the coordinator's and a client's.
+absl::Status CheckCertificateAndKeyFiles(const std::string& cert_flag, const std::string& cert_path,
+                                         const std::string& key_flag, const std::string& key_path);
+
 // `path` made absolute (as given when that fails), for gRPC's file-watching
 // TLS credentials, which read it from a thread of their own.
 std::string TlsFilePath(const std::string& path);

@@ -276,12 +276,8 @@ int Main(int argc, char** argv) {
                                flags["tls_cert_file"].empty() ? "--tls_cert_file" : "--tls_key_file",
                                " is missing"));
     }
-    absl::StatusOr<std::string> cert = ReadPemFile("--tls_cert_file", flags["tls_cert_file"]);
-    if (!cert.ok()) return Fail(std::string(cert.status().message()));
-    absl::StatusOr<std::string> key = ReadPemFile("--tls_key_file", flags["tls_key_file"]);
-    if (!key.ok()) return Fail(std::string(key.status().message()));
-    if (absl::Status s = CheckKeyOfCertificate("--tls_cert_file", flags["tls_cert_file"], *cert, "--tls_key_file",
-                                               flags["tls_key_file"], *key);
+    if (absl::Status s = CheckCertificateAndKeyFiles("--tls_cert_file", flags["tls_cert_file"], "--tls_key_file",
+                                                     flags["tls_key_file"]);
         !s.ok()) {
       return Fail(std::string(s.message()));
     }
