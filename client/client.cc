@@ -11,28 +11,33 @@
 
 namespace plateau {
 
-Client::Client(std::string address, absl::Duration timeout)
-    : Client(ClientOptions{std::move(address), timeout}) {}
+namespace {
+
+ClientOptions At(std::string address, absl::Duration timeout) {
+  ClientOptions options;
+  options.connection.address = std::move(address);
+  options.timeout = timeout;
+  return options;
+}
+
+}  // namespace
+
+Client::Client(std::string address, absl::Duration timeout) : Client(At(std::move(address), timeout)) {}
 
 Client::Client(ClientOptions options)
-    : address_(std::move(options.address)), timeout_(options.timeout), reconnect_for_(options.reconnect_for),
+    : address_(options.connection.address),
+      timeout_(options.timeout),
+      reconnect_for_(options.reconnect_for),
       on_reconnecting_(std::move(options.on_reconnecting)) {
-  if (!options.tls_ca_file.empty()) {
-    tls_hint_ = options.tls_client_cert_file.empty()
+  const ConnectionFiles& files = options.connection.files;
+  if (!files.tls_ca_file.empty()) {
+    tls_hint_ = files.tls_client_cert_file.empty()
                     ? " (over TLS: is --tls_ca_file the CA of its certificate? If it requires client certificates "
                       "(its --tls_client_ca_file), give --tls_client_cert_file and --tls_client_key_file)"
                     : " (over TLS: is --tls_ca_file the CA of its certificate, and did a CA of its "
                       "--tls_client_ca_file sign --tls_client_cert_file?)";
   }
-  ConnectionOptions connection;
-  connection.address = address_;
-  connection.token_file = options.token_file;
-  connection.tls_ca_file = options.tls_ca_file;
-  connection.tls_client_cert_file = options.tls_client_cert_file;
-  connection.tls_client_key_file = options.tls_client_key_file;
-  connection.keepalive = options.keepalive;
-  connection.tls_reload = options.tls_reload;
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(connection);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(options.connection);
   if (!channel.ok()) {
     status_ = channel.status();
     return;  // stub_ stays null: every call returns status_

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/connection.h"
 #include "grpcpp/grpcpp.h"
 #include "plateau/v1/job.grpc.pb.h"
 
@@ -23,17 +24,12 @@ namespace plateau {
 
 // Where and how to reach the coordinator.
 struct ClientOptions {
-  std::string address;  // HOST:PORT
+  // The address, the files (token, TLS), their reload and the keepalive.
+  ConnectionOptions connection;
   absl::Duration timeout = absl::Seconds(10);  // per unary call
   // A watch or log stream broken by the coordinator going away (a restart)
   // is opened again from the next index for this long.
   absl::Duration reconnect_for = absl::Seconds(60);
-  absl::Duration keepalive = absl::Seconds(20);  // ConnectionOptions::keepalive
-  std::string token_file;   // bearer token sent on every call; empty: none
-  std::string tls_ca_file;  // PEM CA of the coordinator's certificate; empty: plaintext
-  std::string tls_client_cert_file;  // this client's certificate (ConnectionOptions); empty: none
-  std::string tls_client_key_file;   // its private key
-  absl::Duration tls_reload = absl::Seconds(30);  // ConnectionOptions::tls_reload
   // Called once each time a watch or log stream breaks and is being opened
   // again (a UI says "reconnecting..."); not for a coordinator never reached.
   std::function<void(const absl::Status&)> on_reconnecting;

@@ -234,6 +234,33 @@ absl::Status CheckCertificateAndKeyFiles(const std::string& cert_flag, const std
   return CheckKeyOfCertificate(cert_flag, cert_path, *cert, key_flag, key_path, *key);
 }
 
+ConnectionFiles ConnectionFilesFromFlags(const std::map<std::string, std::string>& flags) {
+  auto get = [&](const char* name) {
+    auto it = flags.find(name);
+    return it == flags.end() ? std::string() : it->second;
+  };
+  return ConnectionFiles{get(kConnectionFileFlags[0]), get(kConnectionFileFlags[1]), get(kConnectionFileFlags[2]),
+                         get(kConnectionFileFlags[3])};
+}
+
+std::vector<std::string> ConnectionFileArgs(const ConnectionFiles& files) {
+  return {absl::StrCat("--", kConnectionFileFlags[0], "=", files.token_file),
+          absl::StrCat("--", kConnectionFileFlags[1], "=", files.tls_ca_file),
+          absl::StrCat("--", kConnectionFileFlags[2], "=", files.tls_client_cert_file),
+          absl::StrCat("--", kConnectionFileFlags[3], "=", files.tls_client_key_file)};
+}
+
+ConnectionFiles AbsoluteConnectionFiles(ConnectionFiles files) {
+  for (std::string* path :
+       {&files.token_file, &files.tls_ca_file, &files.tls_client_cert_file, &files.tls_client_key_file}) {
+    if (path->empty()) continue;
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(*path, ec);
+    if (!ec) *path = absolute.lexically_normal().string();
+  }
+  return files;
+}
+
 std::string TlsFilePath(const std::string& path) {
   if (path.empty()) return path;
   std::error_code ec;
@@ -261,26 +288,27 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
   if (absl::Status s = CheckAddress("--coordinator", options.address, /*listen=*/false); !s.ok())
     return s;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  const bool has_cert = !options.tls_client_cert_file.empty(), has_key = !options.tls_client_key_file.empty();
+  const bool has_cert = !options.files.tls_client_cert_file.empty(),
+             has_key = !options.files.tls_client_key_file.empty();
   if (has_cert != has_key) {
     return absl::InvalidArgumentError(
         absl::StrCat("a client certificate needs both --tls_client_cert_file and --tls_client_key_file; ",
                      has_cert ? "--tls_client_key_file" : "--tls_client_cert_file", " is missing"));
   }
-  if (has_cert && options.tls_ca_file.empty()) {
+  if (has_cert && options.files.tls_ca_file.empty()) {
     return absl::InvalidArgumentError(
         "--tls_client_cert_file is sent only over TLS: give --tls_ca_file too (the CA of the coordinator's "
         "certificate)");
   }
-  if (!options.tls_ca_file.empty()) {
+  if (!options.files.tls_ca_file.empty()) {
     // Read here for clear errors at start; gRPC then reads the files again
     // every tls_reload, so a replaced CA, certificate or key is used for
     // the next connection without a restart.
-    absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca_file", options.tls_ca_file);
+    absl::StatusOr<std::string> ca = ReadPemFile("--tls_ca_file", options.files.tls_ca_file);
     if (!ca.ok()) return ca.status();
     if (has_cert) {
-      if (absl::Status s = CheckCertificateAndKeyFiles("--tls_client_cert_file", options.tls_client_cert_file,
-                                                       "--tls_client_key_file", options.tls_client_key_file);
+      if (absl::Status s = CheckCertificateAndKeyFiles("--tls_client_cert_file", options.files.tls_client_cert_file,
+                                                       "--tls_client_key_file", options.files.tls_client_key_file);
           !s.ok()) {
         return s;
       }
@@ -290,8 +318,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
     // Empty key and certificate paths: no identity is watched (gRPC's own
     // CA-only constructor passes the same).
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        TlsFilePath(options.tls_client_key_file), TlsFilePath(options.tls_client_cert_file),
-        TlsFilePath(options.tls_ca_file), reload_s);
+        TlsFilePath(options.files.tls_client_key_file), TlsFilePath(options.files.tls_client_cert_file),
+        TlsFilePath(options.files.tls_ca_file), reload_s);
     grpc::experimental::TlsChannelCredentialsOptions tls;
     tls.set_certificate_provider(provider);
     tls.watch_root_certs();
@@ -343,9 +371,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (!options.token_file.empty()) {
+  if (!options.files.token_file.empty()) {
     absl::StatusOr<std::shared_ptr<TokenFile>> file =
-        TokenFile::Open("--token_file", options.token_file, absl::Seconds(1), options.on_token_reload);
+        TokenFile::Open("--token_file", options.files.token_file, absl::Seconds(1), options.on_token_reload);
     if (!file.ok()) return file.status();
     interceptors.push_back(std::make_unique<BearerInterceptorFactory>(*std::move(file)));
   }

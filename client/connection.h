@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,8 +105,10 @@ class TokenFile {
   std::string failed_ ABSL_GUARDED_BY(mu_);    // why the last read failed; "" when it did not
 };
 
-struct ConnectionOptions {
-  std::string address;      // HOST:PORT of the coordinator
+// The files a process shows the coordinator: the same four flags in every
+// binary that calls it (plateauctl, plateau_worker, plateau_rank), which a
+// worker passes on to its ranks. Empty: not used.
+struct ConnectionFiles {
   std::string token_file;   // the bearer token (TokenFile: its first, as it is now); empty: send none
   std::string tls_ca_file;  // PEM CA that signed the coordinator's certificate; empty: plaintext
   // This client's own certificate chain and key (PEM), sent in the TLS
@@ -113,7 +116,24 @@ struct ConnectionOptions {
   // both or neither, and only with tls_ca_file. Empty: none sent.
   std::string tls_client_cert_file;
   std::string tls_client_key_file;
-  // How often the TLS files above are read again: a CA, certificate or key
+};
+
+// The four flags' names, without "--", in ConnectionFiles' order.
+inline constexpr const char* kConnectionFileFlags[] = {"token_file", "tls_ca_file", "tls_client_cert_file",
+                                                       "tls_client_key_file"};
+// The files that parsed flags name (a name `flags` lacks: empty).
+ConnectionFiles ConnectionFilesFromFlags(const std::map<std::string, std::string>& flags);
+// "--token_file=PATH", ... for each of the four, in kConnectionFileFlags'
+// order (an empty one too, so that a child's command line always says).
+std::vector<std::string> ConnectionFileArgs(const ConnectionFiles& files);
+// Each path given made absolute (lexically normal): for a process whose
+// children read the same files from another working directory.
+ConnectionFiles AbsoluteConnectionFiles(ConnectionFiles files);
+
+struct ConnectionOptions {
+  std::string address;  // HOST:PORT of the coordinator
+  ConnectionFiles files;
+  // How often the TLS files are read again: a CA, certificate or key
   // replaced on disk is used from the next connection on, no restart.
   absl::Duration tls_reload = absl::Seconds(30);
   // A connection with calls open is pinged this often and is dead (its calls
@@ -121,7 +141,7 @@ struct ConnectionOptions {
   // froze, or whose host vanished without closing the connection, would
   // otherwise hold a watch or a rank's long poll forever.
   absl::Duration keepalive = absl::Seconds(20);
-  // Told when token_file is read again (TokenFile::Listener); may be null.
+  // Told when files.token_file is read again (TokenFile::Listener); may be null.
   TokenFile::Listener on_token_reload;
 };
 

@@ -220,14 +220,14 @@ TEST(TokenFileTest, LooksAtTheFileAtMostOncePerRecheck) {
 }
 
 TEST(OpenChannelTest, NamesTheFileThatCannotBeRead) {
-  auto c = OpenChannel({"127.0.0.1:1", "/nonexistent/token", ""});
+  auto c = OpenChannel({"127.0.0.1:1", {"/nonexistent/token", ""}});
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("--token_file=/nonexistent/token"));
-  c = OpenChannel({"127.0.0.1:1", "", Write("notpem", "hello\n")});
+  c = OpenChannel({"127.0.0.1:1", {"", Write("notpem", "hello\n")}});
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), AllOf(HasSubstr("--tls_ca_file="), HasSubstr("PEM")));
-  EXPECT_EQ(OpenChannel({"", "", ""}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(OpenChannel({"127.0.0.1:1", Write("ok", "tok\n"), ""}).ok());
+  EXPECT_EQ(OpenChannel({"", {"", ""}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(OpenChannel({"127.0.0.1:1", {Write("ok", "tok\n"), ""}}).ok());
 }
 
 // A client certificate is a pair, sent only over TLS, and each of its files
@@ -239,9 +239,9 @@ TEST(OpenChannelTest, AClientCertificateNeedsItsKeyAndTls) {
   auto open = [](const std::string& ca, const std::string& cert, const std::string& key) {
     ConnectionOptions o;
     o.address = "127.0.0.1:1";
-    o.tls_ca_file = ca;
-    o.tls_client_cert_file = cert;
-    o.tls_client_key_file = key;
+    o.files.tls_ca_file = ca;
+    o.files.tls_client_cert_file = cert;
+    o.files.tls_client_key_file = key;
     return OpenChannel(o).status();
   };
   EXPECT_THAT(open(pem, pem, "").message(), HasSubstr("a client certificate needs both --tls_client_cert_file and "
@@ -352,7 +352,7 @@ TEST(OpenChannelTest, AnAttemptStuckInItsHandshakeIsAbandonedWithinSeconds) {
   ASSERT_GE(listener, 0);
   ASSERT_EQ(listen(listener, 4), 0);
 
-  auto channel = OpenChannel({address, "", ""});
+  auto channel = OpenChannel({address, {"", ""}});
   ASSERT_TRUE(channel.ok()) << channel.status();
   (*channel)->GetState(/*try_to_connect=*/true);
   // Accept the attempt and keep it open, silent; then stop listening, so a
@@ -394,7 +394,7 @@ TEST(PauseBeforeRetryTest, ReturnsOnceARestartedServerAnswers) {
   ASSERT_GE(probe, 0);
   close(probe);
 
-  auto channel = OpenChannel({address, "", ""});
+  auto channel = OpenChannel({address, {"", ""}});
   ASSERT_TRUE(channel.ok()) << channel.status();
   auto stub = v1::WorkerService::NewStub(*channel);
   {
@@ -443,7 +443,7 @@ TEST(CheckAddressTest, PortsOutsideTheirRangeAndMalformedAddressesAreRefused) {
       CheckAddress("--listen", "127.0.0.1:99999", /*listen=*/true).message(),
       HasSubstr(
           "--listen=127.0.0.1:99999: expected HOST:PORT (or [IPV6]:PORT) with a port 0-65535"));
-  auto c = OpenChannel({"127.0.0.1:99553", "", ""});
+  auto c = OpenChannel({"127.0.0.1:99553", {"", ""}});
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("--coordinator=127.0.0.1:99553"));
 }

@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "client/chart/png.h"
 #include "client/client.h"
+#include "client/connection.h"
 #include "client/json_output.h"
 #include "client/plan_table.h"
 #include "client/spec_file.h"
@@ -278,7 +279,7 @@ std::string CommandUsage(const CommandHelp& c) {
 
 struct Options {
   std::string coordinator;
-  std::string token_file, tls_ca_file, tls_client_cert_file, tls_client_key_file;  // client/connection.h
+  ConnectionFiles files;  // --token_file, --tls_*_file
   bool json = false;
   std::string command;
   std::vector<std::string> args;  // positional
@@ -864,11 +865,8 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
 
 int Run(const Options& given) {
   ClientOptions co;
-  co.address = given.coordinator;
-  co.token_file = given.token_file;
-  co.tls_ca_file = given.tls_ca_file;
-  co.tls_client_cert_file = given.tls_client_cert_file;
-  co.tls_client_key_file = given.tls_client_key_file;
+  co.connection.address = given.coordinator;
+  co.connection.files = given.files;
   const CommandHelp* command = FindCommand(given.command);
   if (command == nullptr) {
     return UsageError(absl::StrCat("plateauctl: unknown command '", given.command, "' (see plateauctl --help)"));
@@ -1267,13 +1265,13 @@ int main(int argc, char** argv) {
   const char* env = std::getenv("PLATEAU_COORDINATOR");
   o.coordinator = env && *env ? env : "127.0.0.1:7070";
   const char* token = std::getenv("PLATEAU_TOKEN_FILE");
-  o.token_file = token ? token : "";
+  o.files.token_file = token ? token : "";
   const char* ca = std::getenv("PLATEAU_TLS_CA_FILE");
-  o.tls_ca_file = ca ? ca : "";
+  o.files.tls_ca_file = ca ? ca : "";
   const char* cert = std::getenv("PLATEAU_TLS_CLIENT_CERT_FILE");
-  o.tls_client_cert_file = cert ? cert : "";
+  o.files.tls_client_cert_file = cert ? cert : "";
   const char* key = std::getenv("PLATEAU_TLS_CLIENT_KEY_FILE");
-  o.tls_client_key_file = key ? key : "";
+  o.files.tls_client_key_file = key ? key : "";
   // --output first: the errors of the rest of the command line follow it.
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--output=json" ||
@@ -1348,14 +1346,14 @@ int main(int argc, char** argv) {
     if (name == "coordinator") {
       o.coordinator = value;
     } else if (name == "token_file") {
-      o.token_file = value;
+      o.files.token_file = value;
     } else if (name == "tls_ca_file") {
-      o.tls_ca_file = value;
+      o.files.tls_ca_file = value;
     } else if (name == "tls_client_cert_file") {
-      o.tls_client_cert_file = value;
+      o.files.tls_client_cert_file = value;
       cert_flag = true;
     } else if (name == "tls_client_key_file") {
-      o.tls_client_key_file = value;
+      o.files.tls_client_key_file = value;
       key_flag = true;
     } else if (name == "output") {
       if (value != "json" && value != "text" && usage_error.empty()) {
@@ -1388,12 +1386,12 @@ int main(int argc, char** argv) {
   // The environment's client certificate is a standing default: with TLS
   // off it is left unused (a plaintext coordinator asks for none), where
   // the flags would be an error (client/connection.h: only over TLS).
-  if (o.tls_ca_file.empty()) {
-    if (!cert_flag) o.tls_client_cert_file.clear();
-    if (!key_flag) o.tls_client_key_file.clear();
+  if (o.files.tls_ca_file.empty()) {
+    if (!cert_flag) o.files.tls_client_cert_file.clear();
+    if (!key_flag) o.files.tls_client_key_file.clear();
   }
-  if (o.tls_client_cert_file.empty() != o.tls_client_key_file.empty()) {
-    const bool no_key = o.tls_client_key_file.empty();
+  if (o.files.tls_client_cert_file.empty() != o.files.tls_client_key_file.empty()) {
+    const bool no_key = o.files.tls_client_key_file.empty();
     return plateau::UsageError(
         absl::StrCat("plateauctl: a client certificate needs both --tls_client_cert_file and --tls_client_key_file; ",
                      no_key ? "--tls_client_key_file (or $PLATEAU_TLS_CLIENT_KEY_FILE)"

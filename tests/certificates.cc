@@ -63,9 +63,9 @@ void UseMutualTls(const MutualTls& m, testing_cluster::ClusterOptions* o) {
   o->worker_flags.insert(o->worker_flags.end(),
                          {"--tls_ca_file=" + m.server.cert, "--tls_client_cert_file=" + m.client.cert,
                           "--tls_client_key_file=" + m.client.key});
-  o->client.tls_ca_file = m.server.cert;
-  o->client.tls_client_cert_file = m.client.cert;
-  o->client.tls_client_key_file = m.client.key;
+  o->client.connection.files.tls_ca_file = m.server.cert;
+  o->client.connection.files.tls_client_cert_file = m.client.cert;
+  o->client.connection.files.tls_client_key_file = m.client.key;
 }
 
 }  // namespace testing_certificates

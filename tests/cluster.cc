@@ -344,7 +344,7 @@ Cluster::Cluster(const std::string& name, ClusterOptions options)
   ready_ = StartCoordinator(options_.listen);
   if (!ready_) return;
   ClientOptions co = options_.client;
-  co.address = api_;
+  co.connection.address = api_;
   client_ = std::make_unique<Client>(co);
   if (options_.with_worker) StartWorker();
 }

@@ -203,8 +203,8 @@ TEST_F(PythonClientTest, TokenAndTlsReachADeployedCoordinatorAndARetriedSubmitIs
   ClusterOptions o;
   o.coordinator_flags = {"--token_file=" + rotating, "--tls_cert_file=" + cert, "--tls_key_file=" + key};
   o.worker_flags = {"--token_file=" + token, "--tls_ca_file=" + cert};
-  o.client.token_file = token;
-  o.client.tls_ca_file = cert;
+  o.client.connection.files.token_file = token;
+  o.client.connection.files.tls_ca_file = cert;
   Cluster c("py-tls", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   const std::string spec = WriteSpec(c, "tiny", TinyJob(3));

@@ -54,7 +54,7 @@ std::string WriteSpec(const std::string& path, const v1::JobSpec& spec) {
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address, const std::string& token_file = "",
                                        const std::string& ca_file = "") {
-  auto c = OpenChannel(ConnectionOptions{address, token_file, ca_file});
+  auto c = OpenChannel(ConnectionOptions{address, {token_file, ca_file}});
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *c : nullptr;
 }
@@ -246,7 +246,7 @@ TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
   ClusterOptions o;
   o.with_worker = false;
   o.coordinator_flags = {"--token_file=" + t.right};
-  o.client.token_file = t.right;
+  o.client.connection.files.token_file = t.right;
   Cluster c("auth_rpcs", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
 
@@ -296,7 +296,7 @@ TEST(SecurityTest, EveryRpcRefusesAMissingOrWrongTokenBeforeDoingAnything) {
 
   // The Client with no token file says what is missing.
   ClientOptions bare;
-  bare.address = c.api();
+  bare.connection.address = c.api();
   Client anonymous(bare);
   EXPECT_EQ(anonymous.GetJob("job-1").status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(anonymous.GetJob("job-1").status().message(), HasSubstr("--token_file"));
@@ -316,7 +316,7 @@ TEST(SecurityTest, WorkerWithoutTheTokenCannotRegisterAndWithItRunsAJob) {
   ClusterOptions o;
   o.with_worker = false;
   o.coordinator_flags = {"--token_file=" + t.right};
-  o.client.token_file = t.right;
+  o.client.connection.files.token_file = t.right;
   Cluster c("auth_worker", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
 
@@ -369,7 +369,7 @@ TEST(SecurityTest, TheTokenRotatesWithoutARestart) {
   ClusterOptions o;
   o.coordinator_flags = {"--token_file=" + coordinator_file};
   o.worker_flags = {"--token_file=" + worker_file};
-  o.client.token_file = client_file;
+  o.client.connection.files.token_file = client_file;
   Cluster c("rotation", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   auto list = [&](const std::string& token_file) {
@@ -442,8 +442,8 @@ TEST(SecurityTest, TlsWithTokenRunsPlateauctlAndRefusesPlaintextAndAStrangerCa) 
   ClusterOptions o;
   o.coordinator_flags = {"--token_file=" + t.right, "--tls_cert_file=" + cert, "--tls_key_file=" + key};
   o.worker_flags = {"--token_file=" + t.right, "--tls_ca_file=" + cert};
-  o.client.token_file = t.right;
-  o.client.tls_ca_file = cert;
+  o.client.connection.files.token_file = t.right;
+  o.client.connection.files.tls_ca_file = cert;
   Cluster c("tls", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   EXPECT_THAT(c.coordinator()->out(), HasSubstr("(TLS, bearer token required)"));
@@ -547,20 +547,20 @@ TEST(SecurityTest, TlsFilesAreReadAgainWithoutARestart) {
   o.with_worker = false;
   o.coordinator_flags = {"--tls_cert_file=" + cert, "--tls_key_file=" + key, "--tls_client_ca_file=" + clients,
                          "--tls_reload_s=1"};
-  o.client.tls_ca_file = trust;
-  o.client.tls_client_cert_file = a.client.cert;
-  o.client.tls_client_key_file = a.client.key;
-  o.client.tls_reload = absl::Seconds(1);
+  o.client.connection.files.tls_ca_file = trust;
+  o.client.connection.files.tls_client_cert_file = a.client.cert;
+  o.client.connection.files.tls_client_key_file = a.client.key;
+  o.client.connection.tls_reload = absl::Seconds(1);
   Cluster c("tls-reload", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
   ASSERT_TRUE(c.client().ListJobs(v1::ListJobsRequest()).ok());
   // A new client each time: a new connection, so a new handshake.
   auto reaches = [&](const std::string& ca, const testing_certificates::Pem& mine) {
     ClientOptions co;
-    co.address = c.api();
-    co.tls_ca_file = ca;
-    co.tls_client_cert_file = mine.cert;
-    co.tls_client_key_file = mine.key;
+    co.connection.address = c.api();
+    co.connection.files.tls_ca_file = ca;
+    co.connection.files.tls_client_cert_file = mine.cert;
+    co.connection.files.tls_client_key_file = mine.key;
     co.timeout = absl::Seconds(2);
     return Client(co).ListJobs(v1::ListJobsRequest()).ok();
   };
@@ -607,8 +607,8 @@ TEST(SecurityTest, TheCoordinatorsCertificateMustNameTheAddressDialled) {
   for (const auto& [address, ok] :
        std::vector<std::pair<std::string, bool>>{{"127.0.0.1:" + port, false}, {"localhost:" + port, true}}) {
     ClientOptions co;
-    co.address = address;
-    co.tls_ca_file = server.cert;
+    co.connection.address = address;
+    co.connection.files.tls_ca_file = server.cert;
     auto list = Client(co).ListJobs(v1::ListJobsRequest());
     EXPECT_EQ(list.ok(), ok) << address << ": " << list.status();
     if (!ok) EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
@@ -676,9 +676,9 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   // alternative name.
   {
     ClientOptions ro = o.client;
-    ro.address = c.api();
-    ro.tls_client_cert_file = robot.cert;
-    ro.tls_client_key_file = robot.key;
+    ro.connection.address = c.api();
+    ro.connection.files.tls_client_cert_file = robot.cert;
+    ro.connection.files.tls_client_key_file = robot.key;
     v1::JobSpec s = TinyJob(3);
     s.mutable_layout()->set_nodes(2);
     auto sub = Client(ro).SubmitJob(s, false);
@@ -715,10 +715,10 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   auto channel = [&](const testing_certificates::Pem* pem) {
     ConnectionOptions co;
     co.address = c.api();
-    co.tls_ca_file = server.cert;
+    co.files.tls_ca_file = server.cert;
     if (pem != nullptr) {
-      co.tls_client_cert_file = pem->cert;
-      co.tls_client_key_file = pem->key;
+      co.files.tls_client_cert_file = pem->cert;
+      co.files.tls_client_key_file = pem->key;
     }
     auto ch = OpenChannel(co);
     EXPECT_TRUE(ch.ok()) << ch.status();
@@ -792,10 +792,10 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   ASSERT_FALSE(any_api.empty()) << any->err();
   EXPECT_THAT(any->err(), ::testing::Not(HasSubstr("WARNING")));
   ClientOptions co;
-  co.address = any_api;
-  co.tls_ca_file = server.cert;
-  co.tls_client_cert_file = client.cert;
-  co.tls_client_key_file = client.key;
+  co.connection.address = any_api;
+  co.connection.files.tls_ca_file = server.cert;
+  co.connection.files.tls_client_cert_file = client.cert;
+  co.connection.files.tls_client_key_file = client.key;
   auto list = Client(co).ListJobs(v1::ListJobsRequest());
   EXPECT_TRUE(list.ok()) << list.status();
 
@@ -803,18 +803,19 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
   // certificate does not stand in for the token.
   const std::string token = WriteFile(dir + "/token", "tok-mtls-both\n");
   std::unique_ptr<Process> both;
-  co.address = StartCoordinator(dir, "both",
-                                {"--listen=127.0.0.1:0", "--token_file=" + token, "--tls_cert_file=" + server.cert,
-                                 "--tls_key_file=" + server.key, "--tls_client_ca_file=" + client_ca.cert},
-                                &both);
-  ASSERT_FALSE(co.address.empty()) << both->err();
+  co.connection.address =
+      StartCoordinator(dir, "both",
+                       {"--listen=127.0.0.1:0", "--token_file=" + token, "--tls_cert_file=" + server.cert,
+                        "--tls_key_file=" + server.key, "--tls_client_ca_file=" + client_ca.cert},
+                       &both);
+  ASSERT_FALSE(co.connection.address.empty()) << both->err();
   EXPECT_THAT(both->out(), HasSubstr("(TLS, client certificate required, bearer token required)"));
   list = Client(co).ListJobs(v1::ListJobsRequest());
   EXPECT_EQ(list.status().code(), absl::StatusCode::kUnauthenticated) << list.status();
-  co.token_file = token;
+  co.connection.files.token_file = token;
   list = Client(co).ListJobs(v1::ListJobsRequest());
   EXPECT_TRUE(list.ok()) << list.status();
-  co.tls_client_cert_file = co.tls_client_key_file = "";
+  co.connection.files.tls_client_cert_file = co.connection.files.tls_client_key_file = "";
   list = Client(co).ListJobs(v1::ListJobsRequest());
   EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
 }
@@ -875,8 +876,8 @@ TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
   ASSERT_FALSE(api.empty()) << tokened->err();
   EXPECT_THAT(tokened->err(), HasSubstr("TLS is off"));
   ClientOptions co;
-  co.address = api;
-  co.token_file = t.right;
+  co.connection.address = api;
+  co.connection.files.token_file = t.right;
   EXPECT_TRUE(Client(co).ListJobs(v1::ListJobsRequest()).ok());
   EXPECT_EQ(Client(api).ListJobs(v1::ListJobsRequest()).status().code(), absl::StatusCode::kUnauthenticated);
 }

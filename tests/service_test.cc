@@ -1245,7 +1245,7 @@ TEST(ServiceTest, APerRankWatchBoundedByItsReportsSendsEveryEvent) {
 TEST(ServiceTest, AWatchOfAFrozenCoordinatorBreaksAndSaysSo) {
   auto reconnecting = std::make_shared<std::atomic<int>>(0);
   ClusterOptions o;
-  o.client.keepalive = absl::Seconds(1);
+  o.client.connection.keepalive = absl::Seconds(1);
   o.client.reconnect_for = absl::Seconds(3);
   o.client.on_reconnecting = [reconnecting](const absl::Status&) { ++*reconnecting; };
   Cluster c("frozen-coordinator", o);

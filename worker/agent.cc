@@ -620,12 +620,9 @@ void Agent::Start(const v1::Assignment& a) {
         absl::StrCat("--kv_prefix=", a.kv_prefix()),
         absl::StrCat("--hostname=", options_.capabilities.rank_address()),
         absl::StrCat("--device_index=", device_index),
-        absl::StrCat("--token_file=", options_.token_file),
-        absl::StrCat("--tls_ca_file=", options_.tls_ca_file),
-        absl::StrCat("--tls_client_cert_file=", options_.tls_client_cert_file),
-        absl::StrCat("--tls_client_key_file=", options_.tls_client_key_file),
         absl::StrCat("--device_peak_flops=", options_.capabilities.device_peak_flops()),
         absl::StrCat("--device_peak_bf16_flops=", options_.capabilities.device_peak_bf16_flops())};
+    for (std::string& arg : ConnectionFileArgs(options_.files)) args.push_back(std::move(arg));
     // The lease's page, as descriptor kRankLeaseFd in the rank.
     if (absl::StatusOr<std::unique_ptr<RankLease>> lease = RankLease::Create(); lease.ok()) {
       rank->lease = std::move(*lease);

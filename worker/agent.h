@@ -72,6 +72,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/connection.h"
 #include "grpcpp/grpcpp.h"
 #include "plateau/v1/worker.grpc.pb.h"
 #include "worker/rank_lease.h"
@@ -85,10 +86,7 @@ struct AgentOptions {
   // nullptr: plaintext, no token, gRPC's defaults. The files are passed on
   // to the ranks, whose rendezvous calls need them too.
   std::shared_ptr<grpc::Channel> channel;
-  std::string token_file;
-  std::string tls_ca_file;
-  std::string tls_client_cert_file;  // the client certificate, where the coordinator requires one
-  std::string tls_client_key_file;
+  ConnectionFiles files;  // absolute paths: the ranks start in their own directories
   v1::WorkerCapabilities capabilities;
   std::string rank_binary;  // plateau_rank
   std::string work_dir;     // spec files of running jobs; the worker id

@@ -195,11 +195,8 @@ int Main(int argc, char** argv) {
       {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
       {"grace_s", "5"},
       {"teardown_s", "60"},
-      {"token_file", ""},
-      {"tls_ca_file", ""},
-      {"tls_client_cert_file", ""},
-      {"tls_client_key_file", ""},
       {"calibrate", "true"}};
+  for (const char* name : kConnectionFileFlags) f[name] = "";
   const std::map<std::string, std::string> defaults = f;
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &f);
   if (!help.ok()) return Fail(std::string(help.status().message()));
@@ -279,13 +276,7 @@ int Main(int argc, char** argv) {
   o.grace = absl::Seconds(grace);
   o.teardown = absl::Seconds(teardown);
   // Absolute: the ranks read the same files.
-  for (const char* name : {"token_file", "tls_ca_file", "tls_client_cert_file", "tls_client_key_file"}) {
-    if (!f[name].empty()) f[name] = std::filesystem::absolute(f[name]).lexically_normal().string();
-  }
-  o.token_file = f["token_file"];
-  o.tls_ca_file = f["tls_ca_file"];
-  o.tls_client_cert_file = f["tls_client_cert_file"];
-  o.tls_client_key_file = f["tls_client_key_file"];
+  o.files = AbsoluteConnectionFiles(ConnectionFilesFromFlags(f));
   if (f["calibrate"] != "true" && f["calibrate"] != "false") {
     return Fail(absl::StrCat("--calibrate: expected true or false, got '", f["calibrate"], "'"));
   }
@@ -321,13 +312,10 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ConnectionOptions connection;
   connection.address = o.coordinator;
-  connection.token_file = o.token_file;
-  connection.tls_ca_file = o.tls_ca_file;
-  connection.tls_client_cert_file = o.tls_client_cert_file;
-  connection.tls_client_key_file = o.tls_client_key_file;
+  connection.files = o.files;
   // A rotated token is sent from the next call on (client/connection.h
   // TokenFile); each later read is logged, a failed one keeps the token.
-  connection.on_token_reload = [path = o.token_file](const absl::Status& read, size_t) {
+  connection.on_token_reload = [path = o.files.token_file](const absl::Status& read, size_t) {
     if (read.ok()) {
       std::printf("plateau_worker: --token_file=%s changed: sending its first token from now on\n", path.c_str());
     } else {

@@ -25,17 +25,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/connection.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
@@ -46,9 +47,9 @@
 #include "worker/device_telemetry.h"
 #include "worker/grpc_store.h"
 #include "worker/job_spec.h"
-#include "worker/rank_communicator.h"
 #include "worker/live_set_proto.h"
 #include "worker/memory_timeline_proto.h"
+#include "worker/rank_communicator.h"
 #include "worker/rank_lease.h"
 #include "worker/rank_protocol.h"
 #include "worker/trainer.h"
@@ -168,23 +169,12 @@ int Main(int argc, char** argv) {
   // The agent's death takes its ranks with it: nothing is left orphaned.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return kRankExitError;
-  std::map<std::string, std::string> f = {{"coordinator", ""},
-                                          {"job_id", ""},
-                                          {"attempt", "0"},
-                                          {"rank", ""},
-                                          {"spec_file", ""},
-                                          {"kv_prefix", ""},
-                                          {"hostname", "127.0.0.1"},
-                                          {"device_index", "0"},
-                                          {"token_file", ""},
-                                          {"tls_ca_file", ""},
-                                          {"tls_client_cert_file", ""},
-                                          {"tls_client_key_file", ""},
-                                          {"calibrate_dir", ""},
-                                          {"backend", "cpu"},
-                                          {"device_peak_flops", "0"},
-                                          {"device_peak_bf16_flops", "0"},
-                                          {"lease_fd", "-1"}};
+  std::map<std::string, std::string> f = {
+      {"coordinator", ""},   {"job_id", ""},     {"attempt", "0"},           {"rank", ""},
+      {"spec_file", ""},     {"kv_prefix", ""},  {"hostname", "127.0.0.1"},  {"device_index", "0"},
+      {"calibrate_dir", ""}, {"backend", "cpu"}, {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
+      {"lease_fd", "-1"}};
+  for (const char* name : kConnectionFileFlags) f[name] = "";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     size_t eq = arg.find('=');
@@ -269,10 +259,7 @@ int Main(int argc, char** argv) {
   if (!backend.ok()) return Fail(rank, backend.status());
   ConnectionOptions coordinator;
   coordinator.address = f["coordinator"];
-  coordinator.token_file = f["token_file"];
-  coordinator.tls_ca_file = f["tls_ca_file"];
-  coordinator.tls_client_cert_file = f["tls_client_cert_file"];
-  coordinator.tls_client_key_file = f["tls_client_key_file"];
+  coordinator.files = ConnectionFilesFromFlags(f);
   auto store = GrpcStore::Create(coordinator, static_cast<int>(rank));
   if (!store.ok()) return Fail(rank, store.status());
   // Gloo or NCCL by the spec's backend; either way the rendezvous (Gloo's
