@@ -333,9 +333,11 @@ absl::Status CheckSize(const ModelConfig& m, const LayoutConfig& l) {
   const double H = m.hidden, L = m.layers, E = m.experts, K = m.top_k, F = m.expert_ffn;
   const double V = m.vocab_size, P = l.ranks;
   // Routes sent per rank, and the rows one rank may receive at the worst
-  // routing (standard EP's and LLEP's bound: P x N x min(k, E/P), which is
-  // P times the routes sent when every rank routes to one rank's experts).
-  const double sent = N * K, received = N * std::min(K * P, E);
+  // routing: LLEP's and PipelinedLLEP's plans size their buffers for every
+  // rank's routes, P x N x k (kernels/dispatch/llep_plan.cc
+  // LlepWorstCaseSizes), which bounds standard EP's P x N x min(k, E/P) too.
+  // (Standard EP's alone let an LLEP plan with k >= E/P overflow.)
+  const double sent = N * K, received = N * K * P;
   const double params = 2 * V * H + L * H * (4 * H + E + 3 * E * F + 2) + H;
   // Activations: the L+1 boundaries and ~40 [N, hidden]-sized buffers
   // (q, kv, travellers, ... heads and kv_heads <= hidden), the router's

@@ -997,11 +997,13 @@ std::vector<Case> OverflowProneCases() {
     s.mutable_model()->set_seq_len(int64_t{1} << 20);
   };
   return {
-      {"model", [&](S& s) {  // the logits, N x V
+      {"model",
+       [&](S& s) {  // the logits, N x V
          big_batch(s);
          s.mutable_model()->set_vocab_size(int64_t{1} << 31);
        }},
-      {"model", [&](S& s) {  // the router's N x E, three times
+      {"model",
+       [&](S& s) {  // the router's N x E, three times
          big_batch(s);
          s.mutable_model()->set_experts(int64_t{1} << 20);
          s.mutable_model()->set_hidden(2);
@@ -1009,7 +1011,8 @@ std::vector<Case> OverflowProneCases() {
          s.mutable_model()->set_kv_heads(1);
          s.mutable_model()->set_expert_ffn(1);
        }},
-      {"model", [](S& s) {  // the routed rows N*k x hidden in dispatch
+      {"model",
+       [](S& s) {  // the routed rows N*k x hidden in dispatch
          s.mutable_layout()->set_batch(int64_t{1} << 10);
          s.mutable_model()->set_seq_len(int64_t{1} << 11);
          s.mutable_model()->set_hidden(int64_t{1} << 20);
@@ -1017,18 +1020,21 @@ std::vector<Case> OverflowProneCases() {
          s.mutable_model()->set_top_k(int64_t{1} << 20);
          s.mutable_model()->set_expert_ffn(1);
        }},
-      {"model", [&](S& s) {  // the activations: N x hidden x layers
+      {"model",
+       [&](S& s) {  // the activations: N x hidden x layers
          big_batch(s);
          s.mutable_model()->set_hidden(int64_t{1} << 18);
          s.mutable_model()->set_layers(64);
        }},
-      {"model", [](S& s) {  // the parameters: L x E x H x F
+      {"model",
+       [](S& s) {  // the parameters: L x E x H x F
          s.mutable_model()->set_layers(int64_t{1} << 10);
          s.mutable_model()->set_experts(int64_t{1} << 20);
          s.mutable_model()->set_hidden(int64_t{1} << 16);
          s.mutable_model()->set_expert_ffn(int64_t{1} << 16);
        }},
-      {"model", [](S& s) {  // the rows an expert rank may receive: P x N x min(k, E/P), x expert_ffn
+      {"model",
+       [](S& s) {  // the rows an expert rank may receive: P x N x min(k, E/P), x expert_ffn
          s.mutable_layout()->set_ranks(16);
          s.mutable_layout()->set_batch(int64_t{1} << 17);
          s.mutable_model()->set_seq_len(int64_t{1} << 19);
@@ -1041,7 +1047,21 @@ std::vector<Case> OverflowProneCases() {
          s.mutable_model()->set_expert_ffn(int64_t{1} << 20);
          s.mutable_model()->set_vocab_size(32);
        }},
-      {"model.layers", [](S& s) {  // a layer count that only a typo makes
+      {"model",
+       [](S& s) {  // LLEP's rows: P x N x k when k >= E/P, past standard EP's bound
+         s.mutable_schedule()->mutable_llep();
+         s.mutable_layout()->set_ranks(64);
+         s.mutable_layout()->set_batch(int64_t{1} << 13);
+         s.mutable_model()->set_seq_len(int64_t{1} << 20);
+         s.mutable_model()->set_hidden(int64_t{1} << 20);
+         s.mutable_model()->set_layers(1);
+         s.mutable_model()->set_experts(64);
+         s.mutable_model()->set_top_k(64);
+         s.mutable_model()->set_expert_ffn(int64_t{1} << 20);
+         s.mutable_model()->set_vocab_size(32);
+       }},
+      {"model.layers",
+       [](S& s) {  // a layer count that only a typo makes
          s.mutable_model()->set_layers(int64_t{1} << 20);
        }},
   };

@@ -506,7 +506,11 @@ LlepChunkSizes PipelinedLlepSlotSizes(const ModelConfig& m, int64_t ranks, int64
   s.rows = ranks * s.routes;
   s.borrowed = LlepMaxBorrowed(m, ranks, s.rows, o.balance);
   s.lent = LlepMaxLent(m, ranks, s.rows, o.balance);
-  s.token_view = o.membership == ChunkMembership::kStrided;
+  // Strided chunks are scattered token rows, gathered through the token
+  // view, except a layer's only chunk: every token in order, which
+  // PlanLlepRank sees as contiguous (first_token 0) and runs in place. A
+  // layer of fewer tokens than planned has no more chunks than planned.
+  s.token_view = o.membership == ChunkMembership::kStrided && PipelinedLlepChunks(max_tokens, o.chunk_tokens) > 1;
   return s;
 }
 

@@ -220,8 +220,24 @@ TEST(PipelinedLlepTest, OneChunkIsLlepBitForBit) {
         EXPECT_EQ(run.chunks[0], 1);
         ExpectSameBits(run.got, RunDispatch(pr, LlepFactory(o.balance)),
                        absl::StrCat("P = ", P, ", ", profile.Name()));
+        // The only chunk is every token in order, strided or not: no token
+        // view is planned (it was, one [N, hidden] buffer too many), and
+        // the run fits the smaller bound exactly.
+        const int64_t bound = PipelinedLlepBoundBytes(m, P, MaxTokens(pr), o);
+        EXPECT_EQ(bound, PipelinedLlepBoundBytes(m, P, MaxTokens(pr),
+                                                 TestOptions(MaxTokens(pr), ChunkMembership::kContiguous)));
+        for (int p = 0; p < P; ++p) {
+          EXPECT_FALSE(run.slots[p].token_view);
+          EXPECT_EQ(run.got.peak(p), bound);
+        }
       }
     }
+    // Two chunks: strided ones are scattered rows, gathered through the view.
+    const DispatchProblem pr = MakeProfileProblem(m, Tokens(P), HotRouting(50, 4), 61 + P);
+    const int64_t c = (MaxTokens(pr) + 1) / 2;
+    EXPECT_GT(PipelinedLlepBoundBytes(m, P, MaxTokens(pr), TestOptions(c, ChunkMembership::kStrided)),
+              PipelinedLlepBoundBytes(m, P, MaxTokens(pr), TestOptions(c, ChunkMembership::kContiguous)));
+    EXPECT_TRUE(RunPipelined(pr, TestOptions(c, ChunkMembership::kStrided), MaxTokens(pr)).slots[0].token_view);
   }
 }
 
