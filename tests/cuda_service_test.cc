@@ -25,15 +25,20 @@
 //     no hang) and the job restarts and finishes.
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
@@ -174,6 +179,68 @@ TEST(CudaServiceTest, AKilledRankRestartsTheCudaJobOnAFreshNcclWorld) {
     restarted |= e.state_change().state() == v1::RESTARTING;
   }
   EXPECT_TRUE(restarted);
+}
+
+// A CUDA worker without --device_memory_bytes offers what its GPUs have:
+// the smallest card's memory less a sixteenth, at least 2 GiB, as
+// plateau_rank --probe_devices read each slot's GPU (probe-SLOT.log in the
+// work dir). On the emulation each of the two GPUs has
+// PLATEAU_EMULATED_GPU_MIB (4096 MiB unless set). It used to offer a fixed
+// 1 GiB, so that the coordinator refused every larger job on it.
+TEST(CudaServiceTest, AWorkerOffersItsGpusMemoryLessAReserve) {
+  ClusterOptions options;
+  options.worker_flags = {"--backend=cuda", "--calibrate=false"};
+  Cluster c("cuda_auto_memory", options);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  absl::StatusOr<v1::ListWorkersResponse> workers;
+  ASSERT_TRUE(WaitFor([&] {
+    workers = c.client().ListWorkers();
+    return workers.ok() && workers->workers_size() == 1;
+  })) << c.Logs();
+  std::vector<int64_t> totals;
+  for (int slot : {0, 1}) {  // --devices=2
+    const std::string probe = ReadFile(absl::StrCat(c.dir(), "/work-0/probe-", slot, ".log"));
+    const size_t comma = probe.rfind(", ");
+    int64_t total = 0;
+    ASSERT_TRUE(
+        absl::StartsWith(probe, "device 0: ") && comma != std::string::npos &&
+        absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(probe.substr(comma + 2)), " bytes"), &total))
+        << "slot " << slot << ": " << probe;
+    totals.push_back(total);
+  }
+  if (std::getenv("PLATEAU_EMULATED_GPUS") != nullptr) {
+    const char* mib = std::getenv("PLATEAU_EMULATED_GPU_MIB");
+    const int64_t emulated = int64_t{mib != nullptr && *mib != '\0' ? std::atoi(mib) : 4096} << 20;
+    for (int64_t t : totals) EXPECT_EQ(t, emulated);
+  }
+  const int64_t smallest = *std::min_element(totals.begin(), totals.end());
+  const int64_t offered = smallest - std::max(smallest / 16, int64_t{2} << 30);
+  EXPECT_EQ(workers->workers(0).device_memory_bytes(), offered);
+  EXPECT_THAT(c.Logs(),
+              ::testing::HasSubstr("--device_memory_bytes=auto: " + std::to_string(offered) + " bytes per GPU"));
+}
+
+// More slots than GPUs is said at start, naming the slot without one, where
+// the worker used to register and fail each job's rank there.
+TEST(CudaServiceTest, MoreSlotsThanGpusIsRefusedAtStart) {
+  const std::string dir = TempDir("cuda_slots");
+  Ran r = RunCommand({"worker/plateau_worker", "--coordinator=127.0.0.1:1", "--backend=cuda", "--devices=4096",
+                      "--work_dir=" + dir + "/work", "--rank_binary=worker/plateau_rank", "--calibrate=false"},
+                     dir + "/agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("--device_memory_bytes=auto: cannot read the (memory of slot [0-9]+'s "
+                                              "GPU|GPUs' memory: devices: slot [0-9]+ has no GPU)"));
+  if (std::getenv("PLATEAU_EMULATED_GPUS") != nullptr && std::getenv("CUDA_VISIBLE_DEVICES") == nullptr) {
+    EXPECT_THAT(r.err, ::testing::HasSubstr("slot 2's GPU (CUDA_VISIBLE_DEVICES=2; it exited with code 1)"));
+  }
+  EXPECT_THAT(r.err, ::testing::HasSubstr("give --devices at most the GPUs this worker may use"));
+  // A value that is neither `auto` nor a byte count is refused naming it.
+  r = RunCommand({"worker/plateau_worker", "--coordinator=127.0.0.1:1", "--backend=cuda", "--devices=2",
+                  "--device_memory_bytes=banana", "--work_dir=" + dir + "/work2", "--rank_binary=worker/plateau_rank",
+                  "--calibrate=false"},
+                 dir + "/agent2");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr("--device_memory_bytes: expected auto or an integer >= 0, got 'banana'"));
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 // (exit 2, naming the flag, the directory or address, and the holder), as
 // are addresses that gRPC would take modulo 65536 and a --rank_address the
 // ranks could not listen on. Real processes: a running cluster, and the
-// binaries started beside it.
+// binaries started beside it. Also what a worker checks at start beside
+// them: its GPUs' memory, and its ranks' parent.
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
@@ -107,6 +110,64 @@ TEST(OneInstanceTest, ASlotCountPastTheCoordinatorsLimitNamesTheFlag) {
       dir + "/agent");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("--devices: expected an integer from 1 to 4096, got '100000000'"));
+}
+
+// A CUDA worker's `auto` device memory is read from its GPUs at start; one
+// that cannot read them (here: no CUDA in this build, or fewer GPUs than
+// slots) says so and how to go on, rather than offering a made-up size.
+TEST(OneInstanceTest, ACudaWorkerThatCannotReadItsGpusSaysSoAtStart) {
+  const std::string dir = TempDir("cuda_auto");
+  Ran r = RunCommand({"worker/plateau_worker", "--coordinator=127.0.0.1:1", "--backend=cuda", "--devices=4096",
+                      "--work_dir=" + dir + "/work", "--rank_binary=worker/plateau_rank", "--calibrate=false"},
+                     dir + "/agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--device_memory_bytes=auto: cannot read the"));
+  EXPECT_THAT(r.err, HasSubstr("give --devices at most the GPUs this worker may use, or --device_memory_bytes as "
+                               "a number"));
+}
+
+// A rank trusts the pid its agent said (PLATEAU_AGENT_PID), not pid 1: in a
+// container the agent is often pid 1 itself, and every rank and
+// calibration of it exited at once, as if orphaned. Here this test is the
+// rank's parent (env execs in place).
+TEST(OneInstanceTest, ARankChecksItsParentByTheAgentsPid) {
+  const std::string dir = TempDir("agent_pid");
+  // Its parent is the agent: on to the command line, which lacks --rank.
+  Ran r =
+      RunCommand({"/usr/bin/env", absl::StrCat("PLATEAU_AGENT_PID=", getpid()), "worker/plateau_rank"}, dir + "/mine");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--rank, --coordinator, --spec_file and --kv_prefix are required"));
+  // Its parent is not the agent that started it: that agent died and this
+  // process took the orphan; it stops before doing anything.
+  r = RunCommand({"/usr/bin/env", absl::StrCat("PLATEAU_AGENT_PID=", getpid() + 1), "worker/plateau_rank"},
+                 dir + "/other");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
+// The agent as pid 1 of its own pid namespace, as in a container whose
+// first process it is: it calibrates and runs a job to the end. (Before,
+// each plateau_rank it started saw parent pid 1 and exited: no
+// calibration, and every job's ranks failed at once.)
+TEST(OneInstanceTest, AnAgentThatIsPidOneRunsItsRanks) {
+  const std::string probe_dir = TempDir("unshare");
+  const Ran can = RunCommand({"/usr/bin/unshare", "--pid", "--fork", "/bin/true"}, probe_dir + "/unshare");
+  if (can.code != 0) GTEST_SKIP() << "no pid namespace here (unshare --pid: " << can.err << ")";
+  ClusterOptions options;
+  options.with_worker = false;
+  Cluster c("pid_one", options);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  Process* w = c.StartWorker({"--calibrate=true"}, [](const std::vector<std::string>& args) {
+    std::vector<std::string> wrapped = {"/usr/bin/unshare", "--pid", "--fork"};
+    wrapped.insert(wrapped.end(), args.begin(), args.end());
+    return wrapped;
+  });
+  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const v1::Job job = c.WaitDone(sub->job().id());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.DebugString() << c.Logs();
+  EXPECT_THAT(w->out(), HasSubstr("plateau_worker: calibration ")) << w->out() << w->err();
+  EXPECT_THAT(w->err(), ::testing::Not(HasSubstr("no calibration"))) << w->err();
 }
 
 }  // namespace

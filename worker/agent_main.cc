@@ -1,7 +1,7 @@
 // plateau_worker: the node agent (worker/agent.h). One per node.
 //
 //   plateau_worker --coordinator=127.0.0.1:7070 [--backend=cpu] [--devices=2]
-//       [--device_memory_bytes=1073741824] [--host_memory_bytes=0]
+//       [--device_memory_bytes=auto] [--host_memory_bytes=0]
 //       [--rank_address=127.0.0.1] [--device_peak_flops=0] [--device_peak_bf16_flops=0] [--name=HOST]
 //       [--rank_binary=<plateau_rank beside this binary>] [--work_dir=DIR]
 //       [--grace_s=5] [--teardown_s=60] [--token_file=PATH]
@@ -23,19 +23,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/connection.h"
 #include "google/protobuf/text_format.h"
@@ -43,17 +49,24 @@
 #include "kernels/named_flags.h"
 #include "worker/agent.h"
 #include "worker/calibration.h"
+#include "worker/device_slots.h"
 #include "worker/dir_lock.h"
 
 namespace plateau {
 namespace {
+
+// What a CPU worker's `auto` offers: the largest arena one of its ranks
+// may ask for.
+constexpr int64_t kCpuDeviceMemoryBytes = int64_t{1} << 30;
 
 constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--name=value ...]
 
   --coordinator=127.0.0.1:7070     the coordinator's API address
   --backend=cpu                    cpu or cuda
   --devices=2                      rank slots (GPUs; on the CPU, ranks it runs at once)
-  --device_memory_bytes=1073741824 per device (CPU: the largest arena a rank may ask for)
+  --device_memory_bytes=auto       per device; auto: CUDA, the smallest GPU's memory less a sixteenth
+                                   (at least 2 GiB; read at start); CPU, 1 GiB (the largest arena a
+                                   rank may ask for)
   --host_memory_bytes=0            0: not reported
   --device_peak_flops=0            fp32 peak FLOP/s per device, MFU of fp32 steps; 0: by device name (cuda)
   --device_peak_bf16_flops=0       bf16 dense peak FLOP/s per device, MFU of bf16 steps; 0: by device name
@@ -82,6 +95,55 @@ int Fail(const std::string& msg) {
   return 2;
 }
 
+// Runs plateau_rank with `args` (argv[0] first) in `env` ("NAME=value"
+// entries; empty: this process's environment), its stdout and stderr into
+// `log`, for at most `limit`: "" when it exits 0, else why not. What it
+// said is left in *said, its last newline dropped.
+std::string RunRankBinary(std::vector<std::string> args, std::vector<std::string> env, const std::string& log,
+                          absl::Duration limit, std::string* said) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), env.empty() ? environ : envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  std::string why;
+  if (spawned != 0) {
+    why = absl::StrCat("cannot start ", args[0], ": ", strerror(spawned));
+  } else {
+    int status = 0;
+    const absl::Time deadline = absl::Now() + limit;
+    bool killed = false;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        killed = true;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (killed) {
+      why = absl::StrCat("it did not finish in ", absl::FormatDuration(limit));
+    } else if (WIFSIGNALED(status)) {
+      why = absl::StrCat("it was killed by signal ", WTERMSIG(status));
+    } else if (WEXITSTATUS(status) != 0) {
+      why = absl::StrCat("it exited with code ", WEXITSTATUS(status));
+    }
+  }
+  std::ifstream in(log);
+  said->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!said->empty() && said->back() == '\n') said->pop_back();
+  return why;
+}
+
 // Sets o->capabilities.calibration: plateau_rank --calibrate_dir measures
 // the backend (or finds its cache in the work dir still valid) and leaves
 // the result in the cache file, which this reads. The rank binary measures
@@ -92,39 +154,12 @@ void Calibrate(AgentOptions* o) {
   std::error_code ec;
   std::filesystem::create_directories(o->work_dir, ec);
   const bool cuda = o->capabilities.backend() == v1::BACKEND_CUDA;
-  const std::string log = absl::StrCat(o->work_dir, "/calibration.log");
-  std::vector<std::string> args = {o->rank_binary, absl::StrCat("--calibrate_dir=", o->work_dir),
-                                   absl::StrCat("--backend=", cuda ? "cuda" : "cpu")};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  std::string why;
-  if (spawned != 0) {
-    why = absl::StrCat("cannot start ", o->rank_binary, ": ", strerror(spawned));
-  } else {
-    // Well under a second when it measures; a minute means it is stuck.
-    int status = 0;
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) why = "the measurement failed";
-  }
-  std::ifstream in(log);
-  std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!said.empty() && said.back() == '\n') said.pop_back();
+  std::string said;
+  // Well under a second when it measures; a minute means it is stuck.
+  std::string why = RunRankBinary({o->rank_binary, absl::StrCat("--calibrate_dir=", o->work_dir),
+                                   absl::StrCat("--backend=", cuda ? "cuda" : "cpu")},
+                                  {}, absl::StrCat(o->work_dir, "/calibration.log"), absl::Seconds(60), &said);
+  if (!why.empty()) why = absl::StrCat("the measurement failed (", why, ")");
   v1::Calibration c;
   if (why.empty()) {
     const std::string path = CalibrationCachePath(o->work_dir, cuda ? BackendKind::kCuda : BackendKind::kCpu);
@@ -141,6 +176,60 @@ void Calibrate(AgentOptions* o) {
   }
   std::fprintf(stderr, "plateau_worker: no calibration (%s: %s): `auto` settings use the coordinator's default curve\n",
                why.c_str(), said.c_str());
+}
+
+// The device memory a CUDA worker offers per GPU when --device_memory_bytes
+// is `auto`: the smallest of its GPUs' memory less a reserve. Each slot's
+// GPU is read as its ranks will see it, by plateau_rank --probe_devices=1
+// in the environment a rank of that slot gets (CUDA_VISIBLE_DEVICES naming
+// that one GPU: worker/device_slots.h), which prints "device 0: NAME,
+// TOTAL bytes"; its log is probe-SLOT.log in the work dir. One process per
+// slot, as the ranks are: a process may see only one MIG instance.
+//
+// The reserve is what the plan leaves beside the step's buffers: the CUDA
+// context, NCCL's and cuBLAS's buffers, the pool's fragmentation
+// (kernels/cuda/cuda_backend.h). A sixteenth of the card, at least 2 GiB: an
+// H200's 140.4 GiB offers 131.6, above the 128 GiB docs/FRONTIER.md plans
+// with. A setting, not a measurement (issue 17's device check will
+// measure the libraries' share); --device_memory_bytes=N overrides it.
+constexpr int64_t kAutoReserveDivisor = 16;
+constexpr int64_t kAutoReserveMinBytes = int64_t{2} << 30;
+int64_t OfferedDeviceMemory(int64_t total) {
+  return std::max<int64_t>(0, total - std::max(total / kAutoReserveDivisor, kAutoReserveMinBytes));
+}
+
+absl::StatusOr<int64_t> ProbeDeviceMemory(const AgentOptions& o) {
+  std::error_code ec;
+  std::filesystem::create_directories(o.work_dir, ec);
+  std::optional<std::string> agent_visible;
+  if (const char* v = getenv("CUDA_VISIBLE_DEVICES"); v != nullptr) agent_visible = v;
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
+  const std::string fix = "; give --devices at most the GPUs this worker may use, or --device_memory_bytes as a number";
+  int64_t smallest = -1;
+  for (int slot = 0; slot < o.capabilities.devices(); ++slot) {
+    absl::StatusOr<std::string> visible = RankVisibleDevices(agent_visible, slot);
+    if (!visible.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device_memory_bytes=auto: cannot read the GPUs' memory: ", visible.status().message(), fix));
+    }
+    std::string said;
+    const std::string why =
+        RunRankBinary({o.rank_binary, "--backend=cuda", "--probe_devices=1"}, WithVisibleDevices(base_env, *visible),
+                      absl::StrCat(o.work_dir, "/probe-", slot, ".log"), absl::Seconds(60), &said);
+    int64_t total = 0;
+    const size_t comma = said.rfind(", ");
+    const bool read =
+        why.empty() && absl::StartsWith(said, "device 0: ") && comma != std::string::npos &&
+        absl::SimpleAtoi(absl::StripSuffix(absl::string_view(said).substr(comma + 2), " bytes"), &total) && total > 0;
+    if (!read) {
+      return absl::FailedPreconditionError(absl::StrCat("--device_memory_bytes=auto: cannot read the memory of slot ",
+                                                        slot, "'s GPU (CUDA_VISIBLE_DEVICES=", *visible, "; ",
+                                                        why.empty() ? "it said no size" : why, "): ", said, fix));
+    }
+    smallest = smallest < 0 ? total : std::min(smallest, total);
+  }
+  return OfferedDeviceMemory(smallest);
 }
 
 // Ranks bind their collectives to --rank_address: one that does not
@@ -177,6 +266,11 @@ absl::Status CheckRankAddress(const std::string& address) {
 }
 
 int Main(int argc, char** argv) {
+  // Every plateau_rank this agent starts checks that its parent is this
+  // process (worker/rank_main.cc): by pid, since in a container the agent
+  // may itself be pid 1, the pid an orphan's parent becomes. Set before
+  // any thread starts (setenv is not thread-safe).
+  setenv("PLATEAU_AGENT_PID", absl::StrCat(getpid()).c_str(), /*overwrite=*/1);
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
   std::error_code ec;
@@ -185,7 +279,7 @@ int Main(int argc, char** argv) {
       {"coordinator", "127.0.0.1:7070"},
       {"backend", "cpu"},
       {"devices", "2"},
-      {"device_memory_bytes", "1073741824"},
+      {"device_memory_bytes", "auto"},
       {"host_memory_bytes", "0"},
       {"device_peak_flops", "0"},
       {"device_peak_bf16_flops", "0"},
@@ -223,8 +317,12 @@ int Main(int argc, char** argv) {
     return Fail(
         absl::StrCat("--devices: expected an integer from 1 to 4096, got '", f["devices"], "'"));
   }
-  if (!absl::SimpleAtoi(f["device_memory_bytes"], &dev_mem) || dev_mem < 0) {
-    return Fail("--device_memory_bytes: expected an integer >= 0");
+  // -1 until the probe (after the work dir, which its log goes to).
+  if (f["device_memory_bytes"] == "auto") {
+    dev_mem = c.backend() == v1::BACKEND_CUDA ? -1 : kCpuDeviceMemoryBytes;
+  } else if (!absl::SimpleAtoi(f["device_memory_bytes"], &dev_mem) || dev_mem < 0) {
+    return Fail(
+        absl::StrCat("--device_memory_bytes: expected auto or an integer >= 0, got '", f["device_memory_bytes"], "'"));
   }
   if (!absl::SimpleAtoi(f["host_memory_bytes"], &host_mem) || host_mem < 0) {
     return Fail("--host_memory_bytes: expected an integer >= 0");
@@ -301,6 +399,23 @@ int Main(int argc, char** argv) {
 
   // Before the signal mask, which a child would inherit.
   if (f["calibrate"] == "true") Calibrate(&o);
+  if (c.device_memory_bytes() < 0) {
+    absl::StatusOr<int64_t> probed = ProbeDeviceMemory(o);
+    if (!probed.ok()) {
+      // A default work dir is this process's own (mkdtemp): not left behind.
+      if (f["work_dir"] == defaults.at("work_dir")) {
+        work_lock->reset();
+        std::filesystem::remove_all(o.work_dir, ec);
+      }
+      return Fail(std::string(probed.status().message()));
+    }
+    c.set_device_memory_bytes(*probed);
+    std::printf(
+        "plateau_worker: --device_memory_bytes=auto: %lld bytes per GPU (%.1f GiB: the smallest card's "
+        "memory less a sixteenth, at least 2 GiB, for the CUDA context and the libraries' buffers)\n",
+        static_cast<long long>(*probed), static_cast<double>(*probed) / (1 << 30));
+    std::fflush(stdout);
+  }
   // SIGINT/SIGTERM are taken by sigwait below. Blocked before the channel
   // is opened: gRPC starts its threads there, every thread inherits the
   // mask, and one without it would take the signal's default action (the

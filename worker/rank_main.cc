@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -165,15 +166,50 @@ int Calibrate(const std::string& dir, const std::string& backend_name, const std
   return 0;
 }
 
+// plateau_rank --probe_devices=N --backend=cuda: the agent's question
+// when its --device_memory_bytes is `auto` (worker/agent_main.cc). Prints
+// "device I: NAME, TOTAL bytes" for each of the first N GPUs this process
+// sees, and fails (naming the device) if one cannot be opened: --devices
+// larger than the GPUs the worker may use is said at start, not at a job's.
+int ProbeDevices(const std::string& backend_name, const std::string& count) {
+  absl::StatusOr<BackendKind> kind = ParseBackendKind(backend_name);
+  int n = 0;
+  if (!kind.ok() || *kind != BackendKind::kCuda || !absl::SimpleAtoi(count, &n) || n < 1) {
+    std::fprintf(stderr, "plateau_rank: --probe_devices needs a count >= 1 and --backend=cuda\n");
+    return kRankExitUsage;
+  }
+  for (int i = 0; i < n; ++i) {
+    BackendOptions bo;
+    bo.kind = *kind;
+    bo.device_index = i;
+    absl::StatusOr<std::unique_ptr<Backend>> backend = Backend::Create(bo);
+    absl::StatusOr<DeviceView> view = backend.ok() ? (*backend)->QueryDevice() : backend.status();
+    if (!view.ok()) {
+      std::fprintf(stderr, "device %d: %s\n", i, view.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("device %d: %s, %lld bytes\n", i, view->name.c_str(), static_cast<long long>(view->total_bytes));
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   // The agent's death takes its ranks with it: nothing is left orphaned.
+  // An agent that died before the request is seen after it: the parent is
+  // no longer the agent, whose pid it said (PLATEAU_AGENT_PID; without it,
+  // run by hand, an orphan's parent is pid 1). Not pid 1 alone: an agent
+  // that is a container's first process is pid 1 itself, and every rank
+  // and calibration of it exited here at once.
+  const char* agent = std::getenv("PLATEAU_AGENT_PID");
+  int64_t agent_pid = 0;
+  const bool agent_said = agent != nullptr && absl::SimpleAtoi(agent, &agent_pid);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() == 1) return kRankExitError;
+  if (agent_said ? getppid() != agent_pid : getppid() == 1) return kRankExitError;
   std::map<std::string, std::string> f = {
-      {"coordinator", ""},   {"job_id", ""},     {"attempt", "0"},           {"rank", ""},
-      {"spec_file", ""},     {"kv_prefix", ""},  {"hostname", "127.0.0.1"},  {"device_index", "0"},
-      {"calibrate_dir", ""}, {"backend", "cpu"}, {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
-      {"lease_fd", "-1"}};
+      {"coordinator", ""},   {"job_id", ""},       {"attempt", "0"},           {"rank", ""},
+      {"spec_file", ""},     {"kv_prefix", ""},    {"hostname", "127.0.0.1"},  {"device_index", "0"},
+      {"calibrate_dir", ""}, {"backend", "cpu"},   {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
+      {"lease_fd", "-1"},    {"probe_devices", ""}};
   for (const char* name : kConnectionFileFlags) f[name] = "";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -185,6 +221,7 @@ int Main(int argc, char** argv) {
     f[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
   }
   if (!f["calibrate_dir"].empty()) return Calibrate(f["calibrate_dir"], f["backend"], f["device_index"]);
+  if (!f["probe_devices"].empty()) return ProbeDevices(f["backend"], f["probe_devices"]);
   int64_t rank = -1, attempt = 0, device_index = 0;
   if (!absl::SimpleAtoi(f["rank"], &rank) || rank < 0 || !absl::SimpleAtoi(f["attempt"], &attempt) ||
       !absl::SimpleAtoi(f["device_index"], &device_index) || f["coordinator"].empty() ||
