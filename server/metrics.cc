@@ -187,6 +187,15 @@ void Metrics::OnJobState(const std::string& job, v1::JobState state) {
 }
 
 void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan) {
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string prefix = job + "/";
+    for (auto p = peaks_.lower_bound(prefix); p != peaks_.end() && p->first.compare(0, prefix.size(), prefix) == 0;
+         ++p) {
+      p->second.bytes = 0;
+      p->second.gauge->Set(0);
+    }
+  }
   for (int r = 0; r < ranks; ++r) {
     for (const v1::LiveSetBytes& ls : plan.live_sets()) {
       Add(planned_, job, {{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
@@ -219,16 +228,18 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   } else if (device_peak_flops > 0 && t.seconds() > 0) {
     Add(mfu_, job, labels).Set(t.model_flops() * share / t.seconds() / device_peak_flops);
   }
-  auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space,
-                   const std::string& set, int64_t bytes) {
-    double best;
-    {
-      absl::MutexLock lock(&mu_);
-      double& b = peaks_[absl::StrCat(job, "/", rank, "/", space, "/", set)];
-      if (bytes > b) b = static_cast<double>(bytes);
-      best = b;
-    }
-    Add(family, job, {{"job_id", job}, {"rank", rank}, {"live_set", set}}).Set(best);
+  auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space, const std::string& set,
+                   int64_t bytes) {
+    // The coordinator calls OnStep, OnPlan and ForgetJob under its own lock,
+    // so the gauge is not removed between Add and the Set below.
+    prometheus::Gauge& gauge = Add(family, job, {{"job_id", job}, {"rank", rank}, {"live_set", set}});
+    // Set under the lock, so that OnPlan's reset and this raise are in one
+    // order for the map and the gauge alike.
+    absl::MutexLock lock(&mu_);
+    Peak& peak = peaks_[absl::StrCat(job, "/", rank, "/", space, "/", set)];
+    peak.gauge = &gauge;
+    if (bytes > peak.bytes) peak.bytes = static_cast<double>(bytes);
+    gauge.Set(peak.bytes);
   };
   for (const v1::LiveSetBytes& ls : t.peak()) raise(peak_, "device", ls.live_set(), ls.bytes());
   raise(peak_, "device", "total", t.peak_total_bytes());

@@ -34,7 +34,10 @@
 // other path is 404, except the pages below /jobs/ the coordinator serves
 // (SetJobPages: /jobs/ID/memory, server/memory_page.h).
 //
-// Thread safety: every method may be called from any thread.
+// Thread safety: every method may be called from any thread; a job's OnStep,
+// OnPlan and ForgetJob in one order at a time (the coordinator calls them
+// under its lock): a ForgetJob amid an OnStep of the same job would remove a
+// gauge that OnStep still sets.
 #ifndef PLATEAU_SERVER_METRICS_H_
 #define PLATEAU_SERVER_METRICS_H_
 
@@ -76,7 +79,10 @@ class Metrics {
   std::string Text() const;
 
   void OnJobState(const std::string& job, v1::JobState state);
-  // The planned bytes per live set, for each of the job's ranks.
+  // The planned bytes per live set, for each of the job's ranks, at each
+  // placement. The job's peaks start again from 0: a restart may plan
+  // smaller (its `auto` settings chosen again), and an earlier attempt's
+  // peak against the new plan would read as a live set above its plan.
   void OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan);
   // One rank's step; device_peak_flops 0 when unknown (no MFU then).
   void OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
@@ -141,8 +147,13 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* rpc_duration_ = nullptr;
 
   absl::Mutex mu_;
-  // The largest peak each (job, rank, space, live set) has reached.
-  std::map<std::string, double> peaks_ ABSL_GUARDED_BY(mu_);
+  // The largest peak each (job, rank, space, live set) has reached since
+  // the job's plan was last set, and the gauge that shows it.
+  struct Peak {
+    double bytes = 0;
+    prometheus::Gauge* gauge = nullptr;
+  };
+  std::map<std::string, Peak> peaks_ ABSL_GUARDED_BY(mu_);
   // Every series of a job, as the closure that removes it.
   std::map<std::string, std::map<const void*, std::function<void()>>> series_ ABSL_GUARDED_BY(mu_);
 

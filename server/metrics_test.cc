@@ -106,6 +106,44 @@ TEST(MetricsTest, HostPeaksAreTheirOwnGaugeBesideTheDevicesInAScrape) {
   EXPECT_EQ(Sample(scrape, "plateau_job_host_peak_bytes{job_id=\"job-7\",live_set=\"total\",rank=\"1\"}"), 20);
 }
 
+// A job placed again (a restart, whose `auto` settings may plan smaller)
+// starts its peaks again: the earlier attempt's peak is not held against
+// the new plan, which read as a live set above its plan (the
+// PlateauLiveSetAbovePlan alert, the dashboard's red cell).
+TEST(MetricsTest, ANewPlanStartsTheJobsPeaksAgain) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*m)->port());
+  v1::MemoryPlan plan;
+  v1::LiveSetBytes* ls = plan.add_live_sets();
+  ls->set_live_set("checkpoints");
+  ls->set_bytes(1000);
+  plan.set_total_bytes(1100);
+  (*m)->OnPlan("job-3", 2, plan);
+  (*m)->OnStep("job-3", 2, Step(1, 1, 1000, 4096), 0);
+  const std::string peak = "plateau_job_peak_bytes{job_id=\"job-3\",live_set=\"checkpoints\",rank=\"1\"}";
+  const std::string host = "plateau_job_host_peak_bytes{job_id=\"job-3\",live_set=\"total\",rank=\"1\"}";
+  std::string scrape = HttpGet(address, "/metrics");
+  EXPECT_EQ(Sample(scrape, peak), 1000);
+  EXPECT_EQ(Sample(scrape, host), 4096);
+  ls->set_bytes(600);
+  plan.set_total_bytes(700);
+  (*m)->OnPlan("job-3", 2, plan);
+  scrape = HttpGet(address, "/metrics");
+  EXPECT_EQ(Sample(scrape, peak), 0);
+  EXPECT_EQ(Sample(scrape, host), 0);
+  EXPECT_EQ(Sample(scrape, "plateau_job_planned_bytes{job_id=\"job-3\",live_set=\"checkpoints\",rank=\"1\"}"), 600);
+  (*m)->OnStep("job-3", 2, Step(1, 1, 500, 30), 0);
+  scrape = HttpGet(address, "/metrics");
+  EXPECT_EQ(Sample(scrape, peak), 500);
+  EXPECT_EQ(Sample(scrape, host), 30);
+  // Another job's peaks are not touched.
+  (*m)->OnStep("job-30", 1, Step(0, 1, 9, 9), 0);
+  (*m)->OnPlan("job-3", 2, plan);
+  scrape = HttpGet(address, "/metrics");
+  EXPECT_EQ(Sample(scrape, "plateau_job_peak_bytes{job_id=\"job-30\",live_set=\"checkpoints\",rank=\"0\"}"), 9);
+}
+
 TEST(MetricsTest, AnAddressItCannotListenOnIsAnError) {
   auto m = Metrics::Create("127.0.0.1:99999");
   ASSERT_FALSE(m.ok());

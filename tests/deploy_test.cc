@@ -204,7 +204,12 @@ TEST(DeployTest, PromtoolAcceptsTheScrapeConfigAndItsRules) {
   // it by itself too so that a failure says which file.
   r = RunCommand({kPromtool, "check", "rules", kRulesYml}, dir + "/rules");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 4 rules found")) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 5 rules found")) << r.out << r.err;
+  // Each alert firing, and staying silent, where its comment says
+  // (plateau.rules.test.yml; promtool resolves rule_files beside it).
+  r = RunCommand({kPromtool, "test", "rules", "deploy/prometheus/plateau.rules.test.yml"}, dir + "/unit");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCESS")) << r.out << r.err;
 }
 
 TEST(DeployTest, SystemdAcceptsTheUnitsAndTheSysusersFile) {
@@ -479,7 +484,7 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   ASSERT_GE(exprs.size(), 10u) << "the dashboard's queries were not found";
   ASSERT_FALSE(variables.empty()) << "the $job_id variable's query was not found";
   const std::vector<std::string> rules = RuleExprs();
-  ASSERT_EQ(rules.size(), 4u) << "the alert rules' expressions were not found";
+  ASSERT_EQ(rules.size(), 5u) << "the alert rules' expressions were not found";
 
   Cluster c("names");
   ASSERT_TRUE(c.ready()) << c.Logs();
@@ -685,7 +690,7 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
     for (const json& rule : j["data"]["groups"][0]["rules"]) {
       if (rule.value("health", "") != "ok") return false;
     }
-    return j["data"]["groups"][0]["rules"].size() == 4;
+    return j["data"]["groups"][0]["rules"].size() == 5;
   })) << ApiGet(prom, "/api/v1/rules", &error).dump() << error;
   json alerts = ApiGet(prom, "/api/v1/alerts", &error);
   ASSERT_FALSE(alerts.is_null()) << error;
@@ -885,8 +890,11 @@ TEST(DeployTest, KubernetesManifestsParseAndMatchWhatTheBinariesAccept) {
     if (absl::StartsWith(arg, "--work_dir=")) arg = "--work_dir=" + dir + "/work";
     wargs.push_back(arg);
   }
-  // No GPU here: calibration of the cuda backend is skipped, not the flags.
+  // No GPU here: calibration of the cuda backend is skipped, and the memory
+  // its GPUs have, which the agent reads at start (--device_memory_bytes=
+  // auto, the manifest's default), is given; not the other flags.
   wargs.push_back("--calibrate=false");
+  wargs.push_back("--device_memory_bytes=85899345920");
   Process w(wargs, dir + "/worker");
   EXPECT_TRUE(WaitFor([&] { return absl::StrContains(w.out(), "registered as worker-1") || !w.Running(); },
                       absl::Seconds(60)))
