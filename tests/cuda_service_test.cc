@@ -234,6 +234,17 @@ TEST(CudaServiceTest, MoreSlotsThanGpusIsRefusedAtStart) {
     EXPECT_THAT(r.err, ::testing::HasSubstr("slot 2's GPU (CUDA_VISIBLE_DEVICES=2; it exited with code 1)"));
   }
   EXPECT_THAT(r.err, ::testing::HasSubstr("give --devices at most the GPUs this worker may use"));
+  // A GPU no larger than the reserve is refused rather than offered as 0,
+  // which the coordinator reads as "not said" and places anything on.
+  if (std::getenv("PLATEAU_EMULATED_GPUS") != nullptr) {
+    r = RunCommand({"/usr/bin/env", "PLATEAU_EMULATED_GPU_MIB=2048", "worker/plateau_worker",
+                    "--coordinator=127.0.0.1:1", "--backend=cuda", "--devices=1", "--work_dir=" + dir + "/work3",
+                    "--rank_binary=worker/plateau_rank", "--calibrate=false"},
+                   dir + "/agent3");
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("--device_memory_bytes=auto: the smallest GPU has 2147483648 bytes, "
+                                            "not more than the 2147483648 bytes kept"));
+  }
   // A value that is neither `auto` nor a byte count is refused naming it.
   r = RunCommand({"worker/plateau_worker", "--coordinator=127.0.0.1:1", "--backend=cuda", "--devices=2",
                   "--device_memory_bytes=banana", "--work_dir=" + dir + "/work2", "--rank_binary=worker/plateau_rank",

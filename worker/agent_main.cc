@@ -64,9 +64,9 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --coordinator=127.0.0.1:7070     the coordinator's API address
   --backend=cpu                    cpu or cuda
   --devices=2                      rank slots (GPUs; on the CPU, ranks it runs at once)
-  --device_memory_bytes=auto       per device; auto: CUDA, the smallest GPU's memory less a sixteenth
-                                   (at least 2 GiB; read at start); CPU, 1 GiB (the largest arena a
-                                   rank may ask for)
+  --device_memory_bytes=auto       per device; auto: CUDA, the smallest GPU's memory less a reserve
+                                   of a sixteenth of it, at least 2 GiB (read at start); CPU, 1 GiB
+                                   (the largest arena a rank may ask for)
   --host_memory_bytes=0            0: not reported
   --device_peak_flops=0            fp32 peak FLOP/s per device, MFU of fp32 steps; 0: by device name (cuda)
   --device_peak_bf16_flops=0       bf16 dense peak FLOP/s per device, MFU of bf16 steps; 0: by device name
@@ -217,11 +217,16 @@ absl::StatusOr<int64_t> ProbeDeviceMemory(const AgentOptions& o) {
     const std::string why =
         RunRankBinary({o.rank_binary, "--backend=cuda", "--probe_devices=1"}, WithVisibleDevices(base_env, *visible),
                       absl::StrCat(o.work_dir, "/probe-", slot, ".log"), absl::Seconds(60), &said);
+    // Its line among anything else the runtime or the backend printed.
     int64_t total = 0;
-    const size_t comma = said.rfind(", ");
-    const bool read =
-        why.empty() && absl::StartsWith(said, "device 0: ") && comma != std::string::npos &&
-        absl::SimpleAtoi(absl::StripSuffix(absl::string_view(said).substr(comma + 2), " bytes"), &total) && total > 0;
+    bool read = false;
+    for (absl::string_view line : absl::StrSplit(said, '\n')) {
+      const size_t comma = line.rfind(", ");
+      if (absl::StartsWith(line, "device 0: ") && comma != absl::string_view::npos) {
+        read = absl::SimpleAtoi(absl::StripSuffix(line.substr(comma + 2), " bytes"), &total) && total > 0;
+      }
+    }
+    read = read && why.empty();
     if (!read) {
       return absl::FailedPreconditionError(absl::StrCat("--device_memory_bytes=auto: cannot read the memory of slot ",
                                                         slot, "'s GPU (CUDA_VISIBLE_DEVICES=", *visible, "; ",
@@ -229,7 +234,16 @@ absl::StatusOr<int64_t> ProbeDeviceMemory(const AgentOptions& o) {
     }
     smallest = smallest < 0 ? total : std::min(smallest, total);
   }
-  return OfferedDeviceMemory(smallest);
+  const int64_t offered = OfferedDeviceMemory(smallest);
+  // 0 would tell the coordinator "not said", which it places anything on.
+  if (offered <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device_memory_bytes=auto: the smallest GPU has ", smallest, " bytes, not more than the ",
+                     kAutoReserveMinBytes,
+                     " bytes kept for the CUDA context and the libraries; give --device_memory_bytes "
+                     "as a number to offer some of it"));
+  }
+  return offered;
 }
 
 // Ranks bind their collectives to --rank_address: one that does not
@@ -412,7 +426,8 @@ int Main(int argc, char** argv) {
     c.set_device_memory_bytes(*probed);
     std::printf(
         "plateau_worker: --device_memory_bytes=auto: %lld bytes per GPU (%.1f GiB: the smallest card's "
-        "memory less a sixteenth, at least 2 GiB, for the CUDA context and the libraries' buffers)\n",
+        "memory less a reserve of a sixteenth, at least 2 GiB, for the CUDA context and the libraries' "
+        "buffers)\n",
         static_cast<long long>(*probed), static_cast<double>(*probed) / (1 << 30));
     std::fflush(stdout);
   }

@@ -189,6 +189,7 @@ int ProbeDevices(const std::string& backend_name, const std::string& count) {
       return 1;
     }
     std::printf("device %d: %s, %lld bytes\n", i, view->name.c_str(), static_cast<long long>(view->total_bytes));
+    std::fflush(stdout);  // in order with anything on stderr, which shares the agent's log
   }
   return 0;
 }
@@ -204,7 +205,15 @@ int Main(int argc, char** argv) {
   int64_t agent_pid = 0;
   const bool agent_said = agent != nullptr && absl::SimpleAtoi(agent, &agent_pid);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (agent_said ? getppid() != agent_pid : getppid() == 1) return kRankExitError;
+  if (const pid_t parent = getppid(); agent_said ? parent != agent_pid : parent == 1) {
+    // Said, for a --rank_binary wrapper that does not exec (a profiler, a
+    // script): its ranks would otherwise fail without a word.
+    std::fprintf(stderr,
+                 "plateau_rank: my parent is pid %d, not the agent that started me (%s): it is gone, or "
+                 "something between us did not exec; exiting\n",
+                 static_cast<int>(parent), agent_said ? absl::StrCat("pid ", agent_pid).c_str() : "pid unknown");
+    return kRankExitError;
+  }
   std::map<std::string, std::string> f = {
       {"coordinator", ""},   {"job_id", ""},       {"attempt", "0"},           {"rank", ""},
       {"spec_file", ""},     {"kv_prefix", ""},    {"hostname", "127.0.0.1"},  {"device_index", "0"},
