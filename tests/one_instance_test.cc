@@ -8,6 +8,7 @@
 // them: its GPUs' memory, and its ranks' parent.
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,30 @@ TEST(OneInstanceTest, ACudaWorkerThatCannotReadItsGpusSaysSoAtStart) {
   EXPECT_THAT(r.err, HasSubstr("--device_memory_bytes=auto: cannot read the"));
   EXPECT_THAT(r.err, HasSubstr("give --devices at most the GPUs this worker may use, or --device_memory_bytes as "
                                "a number"));
+}
+
+// An agent that fails to start leaves no temporary work dir behind (the
+// default --work_dir, made with mkdtemp under $TMPDIR): not after the GPUs'
+// memory could not be read, nor after the coordinator's CA could not.
+TEST(OneInstanceTest, AFailedStartLeavesNoTemporaryWorkDir) {
+  const std::string dir = TempDir("failed_start");
+  const std::string tmp = dir + "/tmp";
+  std::filesystem::create_directories(tmp);
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--backend=cuda", "--devices=4096"},
+        std::vector<std::string>{"--backend=cpu", "--tls_ca_file=" + dir + "/no-such-ca.pem"}}) {
+    std::vector<std::string> args = {"/usr/bin/env",
+                                     "TMPDIR=" + tmp,
+                                     "worker/plateau_worker",
+                                     "--coordinator=127.0.0.1:1",
+                                     "--rank_binary=worker/plateau_rank",
+                                     "--calibrate=false"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    Ran r = RunCommand(args, dir + "/agent");
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_TRUE(std::filesystem::is_empty(tmp))
+        << flags[0] << " " << flags[1] << ": left " << std::filesystem::directory_iterator(tmp)->path();
+  }
 }
 
 // A rank trusts the pid its agent said (PLATEAU_AGENT_PID), not pid 1: in a

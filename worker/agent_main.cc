@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -395,6 +396,14 @@ int Main(int argc, char** argv) {
   // Held until exit, from before the calibration (whose cache is here):
   // two agents on one work dir would register as one worker, the second's
   // calibration replacing the first's, and share their spec files.
+  // A default work dir is this process's own: removed at every exit from
+  // here on, a failed start's too. A work dir of the user's keeps the
+  // calibration cache for the next start.
+  bool temporary_work_dir = false;
+  absl::Cleanup remove_temporary_work_dir = [&] {
+    std::error_code removing;
+    if (temporary_work_dir) std::filesystem::remove_all(o.work_dir, removing);
+  };
   if (f["work_dir"] == defaults.at("work_dir")) {
     // The default: a new directory of its own (mkdtemp), never one a
     // killed agent of a reused pid left behind with its worker id.
@@ -403,6 +412,7 @@ int Main(int argc, char** argv) {
       return Fail(absl::StrCat("cannot make a temporary work dir (", pattern, "): ", strerror(errno)));
     }
     o.work_dir = pattern;
+    temporary_work_dir = true;
   }
   std::filesystem::create_directories(o.work_dir, ec);
   if (ec) return Fail(absl::StrCat("--work_dir=", o.work_dir, ": ", ec.message()));
@@ -415,14 +425,7 @@ int Main(int argc, char** argv) {
   if (f["calibrate"] == "true") Calibrate(&o);
   if (c.device_memory_bytes() < 0) {
     absl::StatusOr<int64_t> probed = ProbeDeviceMemory(o);
-    if (!probed.ok()) {
-      // A default work dir is this process's own (mkdtemp): not left behind.
-      if (f["work_dir"] == defaults.at("work_dir")) {
-        work_lock->reset();
-        std::filesystem::remove_all(o.work_dir, ec);
-      }
-      return Fail(std::string(probed.status().message()));
-    }
+    if (!probed.ok()) return Fail(std::string(probed.status().message()));
     c.set_device_memory_bytes(*probed);
     std::printf(
         "plateau_worker: --device_memory_bytes=auto: %lld bytes per GPU (%.1f GiB: the smallest card's "
@@ -468,8 +471,6 @@ int Main(int argc, char** argv) {
   });
   waiter.detach();
   absl::Status s = agent.Run();
-  // A work dir of the user's keeps the calibration cache for the next start.
-  if (f["work_dir"] == defaults.at("work_dir")) std::filesystem::remove_all(o.work_dir, ec);
   if (!s.ok()) return Fail(std::string(s.message()));
   return 0;
 }
