@@ -253,19 +253,16 @@ std::vector<std::string> ConnectionFileArgs(const ConnectionFiles& files) {
 ConnectionFiles AbsoluteConnectionFiles(ConnectionFiles files) {
   for (std::string* path :
        {&files.token_file, &files.tls_ca_file, &files.tls_client_cert_file, &files.tls_client_key_file}) {
-    if (path->empty()) continue;
-    std::error_code ec;
-    const std::filesystem::path absolute = std::filesystem::absolute(*path, ec);
-    if (!ec) *path = absolute.lexically_normal().string();
+    *path = AbsoluteFilePath(*path);
   }
   return files;
 }
 
-std::string TlsFilePath(const std::string& path) {
+std::string AbsoluteFilePath(const std::string& path) {
   if (path.empty()) return path;
   std::error_code ec;
   const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
-  return ec ? path : absolute.string();
+  return ec ? path : absolute.lexically_normal().string();
 }
 
 absl::Status CheckAddress(const std::string& flag, const std::string& address, bool listen) {
@@ -318,8 +315,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
     // Empty key and certificate paths: no identity is watched (gRPC's own
     // CA-only constructor passes the same).
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        TlsFilePath(options.files.tls_client_key_file), TlsFilePath(options.files.tls_client_cert_file),
-        TlsFilePath(options.files.tls_ca_file), reload_s);
+        AbsoluteFilePath(options.files.tls_client_key_file), AbsoluteFilePath(options.files.tls_client_cert_file),
+        AbsoluteFilePath(options.files.tls_ca_file), reload_s);
     grpc::experimental::TlsChannelCredentialsOptions tls;
     tls.set_certificate_provider(provider);
     tls.watch_root_certs();

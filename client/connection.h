@@ -126,7 +126,7 @@ ConnectionFiles ConnectionFilesFromFlags(const std::map<std::string, std::string
 // "--token_file=PATH", ... for each of the four, in kConnectionFileFlags'
 // order (an empty one too, so that a child's command line always says).
 std::vector<std::string> ConnectionFileArgs(const ConnectionFiles& files);
-// Each path given made absolute (lexically normal): for a process whose
+// Each path given made absolute (AbsoluteFilePath): for a process whose
 // children read the same files from another working directory.
 ConnectionFiles AbsoluteConnectionFiles(ConnectionFiles files);
 
@@ -164,9 +164,10 @@ absl::Status CheckKeyOfCertificate(const std::string& cert_flag, const std::stri
 absl::Status CheckCertificateAndKeyFiles(const std::string& cert_flag, const std::string& cert_path,
                                          const std::string& key_flag, const std::string& key_path);
 
-// `path` made absolute (as given when that fails), for gRPC's file-watching
-// TLS credentials, which read it from a thread of their own.
-std::string TlsFilePath(const std::string& path);
+// `path` made absolute and lexically normal (as given when that fails, ""
+// as ""): for gRPC's file-watching TLS credentials, which read it from a
+// thread of their own, and for a worker's ranks (AbsoluteConnectionFiles).
+std::string AbsoluteFilePath(const std::string& path);
 
 // Checks an address a flag gives (`flag`: "--coordinator", "--listen"):
 // HOST:PORT or [IPV6]:PORT with a port 1-65535, 0-65535 when `listen` (0:

@@ -294,8 +294,8 @@ int Main(int argc, char** argv) {
     // Served from the files, read again every --tls_reload_s: a replaced
     // certificate, key or client CA takes effect without a restart.
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        TlsFilePath(flags["tls_key_file"]), TlsFilePath(flags["tls_cert_file"]),
-        TlsFilePath(flags["tls_client_ca_file"]), static_cast<unsigned int>(tls_reload_s));
+        AbsoluteFilePath(flags["tls_key_file"]), AbsoluteFilePath(flags["tls_cert_file"]),
+        AbsoluteFilePath(flags["tls_client_ca_file"]), static_cast<unsigned int>(tls_reload_s));
     grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
     tls_options.watch_identity_key_cert_pairs();
     if (client_certs) {

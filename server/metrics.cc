@@ -167,16 +167,20 @@ T& Metrics::Add(prometheus::Family<T>* family, const std::string& job,
   return metric;
 }
 
+std::pair<Metrics::PeakMap::iterator, Metrics::PeakMap::iterator> Metrics::PeaksOf(const std::string& job) {
+  // Keys are "job/rank/space/set": the job's run from "job/" up to "job0"
+  // ('0' follows '/'), so "job-3" does not take "job-30"'s.
+  return {peaks_.lower_bound(job + "/"), peaks_.lower_bound(job + "0")};
+}
+
 void Metrics::ForgetJob(const std::string& job) {
   absl::MutexLock lock(&mu_);
   auto it = series_.find(job);
   if (it == series_.end()) return;
   for (auto& [metric, remove] : it->second) remove();
   series_.erase(it);
-  const std::string prefix = job + "/";
-  for (auto p = peaks_.lower_bound(prefix); p != peaks_.end() && p->first.compare(0, prefix.size(), prefix) == 0;) {
-    p = peaks_.erase(p);
-  }
+  const auto [first, last] = PeaksOf(job);
+  peaks_.erase(first, last);
 }
 
 void Metrics::OnJobState(const std::string& job, v1::JobState state) {
@@ -189,9 +193,7 @@ void Metrics::OnJobState(const std::string& job, v1::JobState state) {
 void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan) {
   {
     absl::MutexLock lock(&mu_);
-    const std::string prefix = job + "/";
-    for (auto p = peaks_.lower_bound(prefix); p != peaks_.end() && p->first.compare(0, prefix.size(), prefix) == 0;
-         ++p) {
+    for (auto [p, last] = PeaksOf(job); p != last; ++p) {
       p->second.bytes = 0;
       p->second.gauge->Set(0);
     }

@@ -45,12 +45,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "plateau/v1/job.pb.h"
-#include "absl/status/status.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -153,7 +154,10 @@ class Metrics {
     double bytes = 0;
     prometheus::Gauge* gauge = nullptr;
   };
-  std::map<std::string, Peak> peaks_ ABSL_GUARDED_BY(mu_);
+  using PeakMap = std::map<std::string, Peak>;
+  PeakMap peaks_ ABSL_GUARDED_BY(mu_);
+  // The entries of peaks_ that are `job`'s, [first, last).
+  std::pair<PeakMap::iterator, PeakMap::iterator> PeaksOf(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every series of a job, as the closure that removes it.
   std::map<std::string, std::map<const void*, std::function<void()>>> series_ ABSL_GUARDED_BY(mu_);
 

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -576,8 +575,6 @@ void Agent::Start(const v1::Assignment& a) {
     jobs_[key] = std::move(job);
   }
   const bool cuda = options_.capabilities.backend() == v1::BACKEND_CUDA;
-  std::optional<std::string> agent_visible;
-  if (const char* v = getenv("CUDA_VISIBLE_DEVICES"); v != nullptr) agent_visible = v;
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
   for (int i = 0; i < a.ranks_size(); ++i) {
@@ -593,19 +590,9 @@ void Agent::Start(const v1::Assignment& a) {
     if (device_ok.ok()) {
       rank->slot = (*slots)[i];
       if (cuda) {
-        absl::StatusOr<std::string> visible = RankVisibleDevices(agent_visible, rank->slot);
-        device_ok = visible.status();
-        if (visible.ok()) {
-          visible_devices = *visible;
-          env = WithVisibleDevices(base_env, visible_devices);
-          // Every kernel loaded with the context (kernels/cuda/cuda_backend.cc
-          // says why), from the rank's first CUDA call on, unless the
-          // operator chose otherwise.
-          if (std::none_of(env.begin(), env.end(),
-                           [](const std::string& e) { return absl::StartsWith(e, "CUDA_MODULE_LOADING="); })) {
-            env.push_back("CUDA_MODULE_LOADING=EAGER");
-          }
-        }
+        absl::StatusOr<std::vector<std::string>> cuda_env = CudaRankEnvironment(base_env, rank->slot, &visible_devices);
+        device_ok = cuda_env.status();
+        if (cuda_env.ok()) env = *std::move(cuda_env);
       } else {
         device_index = rank->slot;
       }

@@ -30,7 +30,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,24 +199,20 @@ int64_t OfferedDeviceMemory(int64_t total) {
 }
 
 absl::StatusOr<int64_t> ProbeDeviceMemory(const AgentOptions& o) {
-  std::error_code ec;
-  std::filesystem::create_directories(o.work_dir, ec);
-  std::optional<std::string> agent_visible;
-  if (const char* v = getenv("CUDA_VISIBLE_DEVICES"); v != nullptr) agent_visible = v;
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
   const std::string fix = "; give --devices at most the GPUs this worker may use, or --device_memory_bytes as a number";
   int64_t smallest = -1;
   for (int slot = 0; slot < o.capabilities.devices(); ++slot) {
-    absl::StatusOr<std::string> visible = RankVisibleDevices(agent_visible, slot);
-    if (!visible.ok()) {
+    std::string visible;
+    absl::StatusOr<std::vector<std::string>> env = CudaRankEnvironment(base_env, slot, &visible);
+    if (!env.ok()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("--device_memory_bytes=auto: cannot read the GPUs' memory: ", visible.status().message(), fix));
+          absl::StrCat("--device_memory_bytes=auto: cannot read the GPUs' memory: ", env.status().message(), fix));
     }
     std::string said;
-    const std::string why =
-        RunRankBinary({o.rank_binary, "--backend=cuda", "--probe_devices=1"}, WithVisibleDevices(base_env, *visible),
-                      absl::StrCat(o.work_dir, "/probe-", slot, ".log"), absl::Seconds(60), &said);
+    const std::string why = RunRankBinary({o.rank_binary, "--backend=cuda", "--probe_devices=1"}, *std::move(env),
+                                          absl::StrCat(o.work_dir, "/probe-", slot, ".log"), absl::Seconds(60), &said);
     // Its line among anything else the runtime or the backend printed.
     int64_t total = 0;
     bool read = false;
@@ -230,7 +225,7 @@ absl::StatusOr<int64_t> ProbeDeviceMemory(const AgentOptions& o) {
     read = read && why.empty();
     if (!read) {
       return absl::FailedPreconditionError(absl::StrCat("--device_memory_bytes=auto: cannot read the memory of slot ",
-                                                        slot, "'s GPU (CUDA_VISIBLE_DEVICES=", *visible, "; ",
+                                                        slot, "'s GPU (CUDA_VISIBLE_DEVICES=", visible, "; ",
                                                         why.empty() ? "it said no size" : why, "): ", said, fix));
     }
     smallest = smallest < 0 ? total : std::min(smallest, total);

@@ -54,4 +54,21 @@ std::vector<std::string> WithVisibleDevices(const std::vector<std::string>& env,
   return out;
 }
 
+absl::StatusOr<std::vector<std::string>> CudaRankEnvironment(const std::vector<std::string>& env, int slot,
+                                                             std::string* visible) {
+  std::optional<std::string> agent_visible;
+  bool module_loading = false;
+  for (const std::string& e : env) {
+    absl::string_view value = e;
+    if (absl::ConsumePrefix(&value, "CUDA_VISIBLE_DEVICES=")) agent_visible = std::string(value);
+    module_loading = module_loading || absl::StartsWith(e, "CUDA_MODULE_LOADING=");
+  }
+  absl::StatusOr<std::string> ids = RankVisibleDevices(agent_visible, slot);
+  if (!ids.ok()) return ids.status();
+  *visible = *ids;
+  std::vector<std::string> out = WithVisibleDevices(env, *ids);
+  if (!module_loading) out.push_back("CUDA_MODULE_LOADING=EAGER");
+  return out;
+}
+
 }  // namespace plateau

@@ -44,6 +44,15 @@ absl::StatusOr<std::string> RankVisibleDevices(const std::optional<std::string>&
 // (replaced where present, appended otherwise).
 std::vector<std::string> WithVisibleDevices(const std::vector<std::string>& env, const std::string& visible);
 
+// The environment a CUDA rank on `slot` starts with, made from the agent's
+// `env` ("NAME=value" entries): CUDA_VISIBLE_DEVICES naming the slot's GPU
+// alone (RankVisibleDevices of env's own CUDA_VISIBLE_DEVICES; *visible
+// gets it), and CUDA_MODULE_LOADING=EAGER unless env sets it: every kernel
+// loaded with the context, from the rank's first CUDA call on
+// (kernels/cuda/cuda_backend.cc says why). RankVisibleDevices' error.
+absl::StatusOr<std::vector<std::string>> CudaRankEnvironment(const std::vector<std::string>& env, int slot,
+                                                             std::string* visible);
+
 }  // namespace plateau
 
 #endif  // PLATEAU_WORKER_DEVICE_SLOTS_H_

@@ -55,6 +55,27 @@ TEST(DeviceSlotsTest, EnvironmentEntryReplacedOrAppended) {
               ElementsAre("CUDA_VISIBLE_DEVICES_X=3", "CUDA_VISIBLE_DEVICES=2"));
 }
 
+// A CUDA rank's (and the agent's memory probe's) environment: the slot's GPU
+// from the agent's own list, and eager module loading unless the operator
+// chose otherwise.
+TEST(DeviceSlotsTest, ACudaRanksEnvironmentNamesItsGpuAndLoadsEagerly) {
+  std::string visible;
+  auto env = CudaRankEnvironment({"A=1", "CUDA_VISIBLE_DEVICES=4,5"}, 1, &visible);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(visible, "5");
+  EXPECT_THAT(*env, ElementsAre("A=1", "CUDA_VISIBLE_DEVICES=5", "CUDA_MODULE_LOADING=EAGER"));
+  env = CudaRankEnvironment({"CUDA_MODULE_LOADING=LAZY"}, 2, &visible);  // no list: the slot itself
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(visible, "2");
+  EXPECT_THAT(*env, ElementsAre("CUDA_MODULE_LOADING=LAZY", "CUDA_VISIBLE_DEVICES=2"));
+  env = CudaRankEnvironment({"CUDA_VISIBLE_DEVICES="}, 0, &visible);  // set but empty: every GPU
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(visible, "0");
+  env = CudaRankEnvironment({"CUDA_VISIBLE_DEVICES=4,5"}, 2, &visible);
+  EXPECT_EQ(env.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(env.status().message(), HasSubstr("slot 2 has no GPU"));
+}
+
 // The environment as the agent hands it to posix_spawn reaches a real child
 // process: what the rank's CUDA runtime will read.
 TEST(DeviceSlotsTest, ASpawnedProcessSeesOnlyItsSlot) {
