@@ -312,6 +312,32 @@ class Suite {
         Expect(got.Read(), Input<T>(seed, src, count_of(src)), what);
       }
     }
+    // With P > 2, ranks 0 and 1 send nothing to the right, so rank 1 sends
+    // and receives nothing while its neighbours exchange. It still takes its
+    // turn in the call order: the exchange after it, where every rank sends,
+    // must meet (a rank that skipped the empty call would wait on a later
+    // collective than its peers until the timeout).
+    if (size() > 2) {
+      auto idle_count = [&](int r) -> size_t { return r <= 1 ? 0 : 5 + r; };
+      const int idle_seed = ++seed_;
+      Buffer<T> out(mem_, Input<T>(idle_seed, me(), idle_count(me())));
+      Buffer<T> in(mem_, idle_count(left));
+      const std::string what = absl::StrCat("send_recv ", type, " with rank 1 idle both ways");
+      if (Ok(comm_.SendRecv(stream_, out.get(), idle_count(me()), right, in.get(), idle_count(left), left,
+                            DataTypeOf<T>()),
+             what) &&
+          Sync(what)) {
+        Expect(in.Read(), Input<T>(idle_seed, left, idle_count(left)), what);
+      }
+      const int after_seed = ++seed_;
+      Buffer<T> every(mem_, Input<T>(after_seed, me(), 8));
+      Buffer<T> got(mem_, 8);
+      const std::string after = absl::StrCat("send_recv ", type, " after rank 1's idle one");
+      if (Ok(comm_.SendRecv(stream_, every.get(), 8, right, got.get(), 8, left, DataTypeOf<T>()), after) &&
+          Sync(after)) {
+        Expect(got.Read(), Input<T>(after_seed, left, 8), after);
+      }
+    }
     // A full circulation, as Ring-DTP moves its travellers.
     const int ring_seed = ++seed_;
     Buffer<T> a(mem_, Input<T>(ring_seed, me(), 64));

@@ -330,7 +330,10 @@ absl::Status Communicator::SendRecv(Stream& stream, const void* send,
   if (Overlap(send, send_bytes, recv, recv_bytes)) {
     return Bad(kOp, "send and recv overlap");
   }
-  if (send_count == 0 && recv_count == 0) return absl::OkStatus();
+  // No shortcut when both counts are 0: a rank idle in a ring step while
+  // its neighbours exchange must still take its place in the call order
+  // (Gloo numbers each collective; one that skipped it would wait on
+  // another collective than its peers from then on).
   return DoSendRecv(stream, send, send_count, dst, recv, recv_count, src,
                     type);
 }

@@ -83,7 +83,10 @@ struct CommunicatorOptions {
   // Address the CPU transport listens on (Gloo over TCP, ephemeral port).
   std::string hostname = "127.0.0.1";
   // Bounds the rendezvous and every collective: a peer that does not answer
-  // within it turns into DEADLINE_EXCEEDED, never a hang.
+  // within it turns into DEADLINE_EXCEEDED, never a hang. On Gloo it bounds
+  // each wait of a collective (each message, each ring step), not the
+  // collective as a whole: a peer that answers slowly but steadily is not
+  // cut off, and a collective of S steps may take up to S timeouts.
   absl::Duration timeout = absl::Seconds(60);
   // CUDA device ordinal (NCCL); ignored on the CPU.
   int device_index = 0;
@@ -120,7 +123,12 @@ class Communicator {
   // r, both packed in rank order; zero counts are allowed. Each rank's
   // send_counts[r] must equal rank r's recv_counts[rank()] (the caller
   // exchanges counts first, e.g. with an AllToAllV of counts or an
-  // AllGather); locally, send_counts[rank()] == recv_counts[rank()].
+  // AllGather); locally, send_counts[rank()] == recv_counts[rank()]. Counts
+  // that disagree across ranks are a caller's bug that no backend turns into
+  // a status (that would cost an exchange of counts per call): on Gloo a
+  // rank sent more than it posted aborts the process (Gloo's event loop
+  // enforces the length), one sent less leaves the rest of its block as it
+  // was; NCCL's behaviour is undefined. The same holds for SendRecv.
   absl::Status AllToAllV(Stream& stream, const void* send,
                          absl::Span<const int64_t> send_counts, void* recv,
                          absl::Span<const int64_t> recv_counts,
@@ -162,7 +170,10 @@ class Communicator {
 
   // Implementations: called only with validated arguments, non-empty work
   // (zero-count AllReduce, ReduceScatter, AllGather and Broadcast never get
-  // here) and a stream of this backend.
+  // here: their counts are the same on every rank) and a stream of this
+  // backend. AllToAllV and SendRecv do get here with zero counts, which may
+  // differ across ranks: such a call is still a collective in the call
+  // order.
   virtual absl::Status DoAllReduce(Stream& stream, const void* send,
                                    void* recv, size_t count, DataType type,
                                    ReduceOp op) = 0;

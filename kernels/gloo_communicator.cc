@@ -559,7 +559,7 @@ class GlooCommunicator final : public Communicator {
     const size_t recv_bytes = recv_count * DataTypeSize(type);
     return Enqueue(stream, "send_recv", [=](uint32_t tag) {
       if (dst == rank()) {  // a ring of one (validated: src == dst, same size)
-        std::memcpy(recv, send, send_bytes);
+        if (send_bytes > 0) std::memcpy(recv, send, send_bytes);
         return;
       }
       const uint64_t slot = gloo::Slot::build(kSendRecvSlotPrefix, tag);
