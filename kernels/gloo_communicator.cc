@@ -53,6 +53,10 @@ namespace {
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kSendRecvSlotPrefix = 0x41;
 constexpr uint8_t kAllGatherSlotPrefix = 0x42;
+// The most of a block the ring reduce-scatter moves at once (its scratch is
+// two of these): large enough that a message's latency is small beside its
+// transfer, small enough that the scratch is no concern at any model size.
+constexpr size_t kReduceScatterSegmentBytes = size_t{4} << 20;
 // All-gathers of blocks up to this size go direct (DirectAllGather): one
 // message delay instead of the ring's P - 1 in sequence. They are the small,
 // latency-bound ones (PipelinedLLEP gathers every rank's routing counts per
@@ -694,12 +698,17 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // Ring reduce-scatter over unbound buffers: P - 1 steps; at step s this
-  // rank sends its running partial of block (rank - s - 1) to the right and
-  // receives the left neighbour's partial of block (rank - s - 2), adding its
-  // own contribution. The last block received is this rank's: each block is
-  // summed in the fixed ring order starting after its owner, so results are
-  // the same bits run to run. Scratch: two blocks.
+  // Ring reduce-scatter over unbound buffers, a segment of each block at a
+  // time (kReduceScatterSegmentBytes): P - 1 steps per segment; at step s
+  // this rank sends its running partial of the segment of block
+  // (rank - s - 1) to the right and receives the left neighbour's partial of
+  // block (rank - s - 2), adding its own contribution. The last segment
+  // received is this rank's: each element is summed in the fixed ring order
+  // starting after its block's owner, so results are the same bits run to
+  // run and whatever the segment size. Scratch: two segments (8 MiB at
+  // most). A pass over whole blocks held two blocks: for the dense
+  // gradient's reduce-scatter, 2 D / P elements, gigabytes at a large model,
+  // on the plain heap outside every live set.
   void RingReduceScatter(uint32_t tag, const void* send, void* recv,
                          size_t block_bytes, size_t block_count,
                          ReduceFn reduce) {
@@ -714,29 +723,35 @@ class GlooCommunicator final : public Communicator {
     const int left = (r - 1 + p) % p;
     const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
     auto block = [&](int b) { return in + ((b % p + p) % p) * block_bytes; };
+    const size_t elem = block_bytes / block_count;  // counts are never 0 here
+    const size_t segment = std::max<size_t>(1, kReduceScatterSegmentBytes / elem);
+    const size_t scratch = std::min(block_count, segment) * elem;
 
-    std::vector<char> partial(block_bytes), incoming(block_bytes);
+    std::vector<char> partial(scratch), incoming(scratch);
     auto tx_input = context_->createUnboundBuffer(
         const_cast<char*>(in), block_bytes * p);
-    auto tx = context_->createUnboundBuffer(partial.data(), block_bytes);
-    auto rx = context_->createUnboundBuffer(incoming.data(), block_bytes);
-    for (int s = 0; s < p - 1; ++s) {
-      rx->recv(left, slot);
-      if (s == 0) {
-        // The first partial of a block is the sender's own contribution.
-        const size_t offset = block(r - 1) - in;
-        tx_input->send(right, slot, offset, block_bytes);
-        Wait(*rx, /*recv=*/true, left);
-        Wait(*tx_input, /*recv=*/false, right);
-      } else {
-        tx->send(right, slot);
-        Wait(*rx, /*recv=*/true, left);
-        Wait(*tx, /*recv=*/false, right);
+    auto tx = context_->createUnboundBuffer(partial.data(), scratch);
+    auto rx = context_->createUnboundBuffer(incoming.data(), scratch);
+    for (size_t first = 0; first < block_count; first += segment) {
+      const size_t count = std::min(segment, block_count - first);
+      const size_t offset = first * elem, bytes = count * elem;
+      for (int s = 0; s < p - 1; ++s) {
+        rx->recv(left, slot, 0, bytes);
+        if (s == 0) {
+          // The first partial of a segment is the sender's own contribution.
+          tx_input->send(right, slot, (block(r - 1) - in) + offset, bytes);
+          Wait(*rx, /*recv=*/true, left);
+          Wait(*tx_input, /*recv=*/false, right);
+        } else {
+          tx->send(right, slot, 0, bytes);
+          Wait(*rx, /*recv=*/true, left);
+          Wait(*tx, /*recv=*/false, right);
+        }
+        const char* mine = block(r - s - 2) + offset;
+        // Received partial first, then this rank's contribution.
+        void* out = (s == p - 2) ? static_cast<char*>(recv) + offset : partial.data();
+        reduce(out, incoming.data(), mine, count);
       }
-      const char* mine = block(r - s - 2);
-      // Received partial first, then this rank's contribution.
-      void* out = (s == p - 2) ? recv : partial.data();
-      reduce(out, incoming.data(), mine, block_count);
     }
   }
 

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -197,6 +198,36 @@ TYPED_TEST(TypedCommTest, ReduceScatterMatchesLocalReduction) {
       }
     });
   }
+}
+
+// Blocks larger than one segment of the ring (4 MiB: the reduce-scatter
+// moves a block a segment at a time, so that its scratch is two segments
+// whatever the block) give the same bits as the ring order summed whole:
+// element i of block b is x_{b+1} + x_{b+2} + ... + x_b, left to right, in
+// fp32, in place or not. 1,200,007 floats are two segments and a partial
+// third at P = 3; an offset off by one element anywhere changes the sums.
+TEST(CommTest, ReduceScatterInSegmentsSumsInTheRingOrder) {
+  const int size = 3;
+  const size_t block = 1200007;
+  std::vector<std::vector<float>> in(size);
+  for (int r = 0; r < size; ++r) in[r] = Input<float>(901, r, block * size);
+  RunRanks(size, [&](Communicator& comm, CpuStream& stream) {
+    const int b = comm.rank();
+    for (bool in_place : {false, true}) {
+      std::vector<float> send = in[b];
+      std::vector<float> recv(block, std::nanf(""));
+      float* out = in_place ? send.data() + b * block : recv.data();
+      ASSERT_TRUE(comm.ReduceScatter(stream, send.data(), out, block, DataType::kFloat32, ReduceOp::kSum).ok());
+      ASSERT_TRUE(stream.Synchronize().ok());
+      for (size_t i = 0; i < block; ++i) {
+        const size_t at = b * block + i;
+        float want = in[(b + 1) % size][at];
+        for (int k = 2; k <= size; ++k) want += in[(b + k) % size][at];
+        ASSERT_EQ(absl::bit_cast<uint32_t>(out[i]), absl::bit_cast<uint32_t>(want))
+            << "rank " << b << (in_place ? " in place" : "") << " element " << i;
+      }
+    }
+  });
 }
 
 // --- bf16 (communicator.h: fp32 combine, one rounding per step) ---------
