@@ -32,7 +32,11 @@ namespace plateau {
 //
 // Host bytes: what the schedules keep in host memory (SCO's boundary pool,
 // the offloaded optimizers' master and moments, PipelinedLLEP's index
-// staging). The baseline schedules keep nothing there.
+// staging, kept counts and planner's arrays). The baseline schedules keep
+// nothing in the host live sets; standard EP's and LLEP's plans are plain
+// heap vectors of the layer's routes (O(N k) int32 words, their index
+// vectors' host copies), outside this plan like their growth on the device
+// is outside any bound of their own.
 struct MemoryPlan {
   std::array<int64_t, kNumLiveSets> bytes{};       // device
   std::array<int64_t, kNumLiveSets> host_bytes{};  // host

@@ -231,10 +231,12 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOn) {
   // fp32 gates 3S; bf16 send [S, H], recv, x, t [R, H], five [R, F], the
   // token rows [n, H]. The host stages both chunks' indices (int32) and
   // keeps each of the 2 layers' K and gathered counts [P][K][E] for its
-  // recompute (int32, 1 + 2 x 2 x 4 = 17 words a layer).
+  // recompute (int32, 1 + 2 x 2 x 4 = 17 words a layer); the planner holds
+  // the layer's routes [N k] int32, the counts [P + 1][K][E] (everyone's and
+  // its own) and one chunk's [P + 1][E] int64.
   EXPECT_EQ(at(LiveSet::kDispatch), 25 * 8 + 136 * 4 + 3 * 16 * 4 +
                                         (16 * 16 + 3 * 32 * 16 + 5 * 32 * 24 + 8 * 16) * 2);
-  EXPECT_EQ(host(LiveSet::kDispatch), 2 * 136 * 4 + 2 * 17 * 4);
+  EXPECT_EQ(host(LiveSet::kDispatch), 2 * 136 * 4 + 2 * 17 * 4 + 16 * 2 * 4 + (3 * 2 * 4 + 3 * 4) * 8);
 }
 
 // Halving the working bytes lengthens the context that fits: at a cap the

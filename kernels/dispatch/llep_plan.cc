@@ -552,11 +552,18 @@ int64_t PipelinedLlepKeptCountWords(const ModelConfig& m, int64_t ranks, int64_t
   return std::max<int64_t>(0, m.layers) * (1 + ranks * chunks * m.experts);
 }
 
+int64_t PipelinedLlepPlanningBytes(const ModelConfig& m, int64_t ranks, int64_t max_tokens,
+                                   const PipelinedLlepOptions& o) {
+  const int64_t chunks = PipelinedLlepChunks(max_tokens, o.chunk_tokens), E = m.experts;
+  const int64_t counts = (ranks + 1) * chunks * E + ranks * E + E;  // all, mine, a chunk's, loads
+  return counts * kI64 + std::max<int64_t>(0, max_tokens) * m.top_k * kI32;
+}
+
 int64_t PipelinedLlepHostBytes(const ModelConfig& m, int64_t ranks, int64_t max_tokens,
                                const PipelinedLlepOptions& o) {
-  return (PipelinedLlepHostIndexWords(m, ranks, max_tokens, o) +
-          PipelinedLlepKeptCountWords(m, ranks, max_tokens, o)) *
-         static_cast<int64_t>(sizeof(int32_t));
+  return (PipelinedLlepHostIndexWords(m, ranks, max_tokens, o) + PipelinedLlepKeptCountWords(m, ranks, max_tokens, o)) *
+             kI32 +
+         PipelinedLlepPlanningBytes(m, ranks, max_tokens, o);
 }
 
 }  // namespace plateau

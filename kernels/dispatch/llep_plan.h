@@ -296,8 +296,20 @@ int64_t PipelinedLlepHostIndexWords(const ModelConfig& model, int64_t ranks, int
 // beside the staging's 398 KB).
 int64_t PipelinedLlepKeptCountWords(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
                                     const PipelinedLlepOptions& options);
+// Host bytes of the planner's arrays (PipelinedLlep::Plan), allocated at
+// Create beside the staging: this rank's routes of the layer [N_max k]
+// int32 (host_chosen: kept until Backward, which replans each chunk from
+// them), its per-chunk counts [K_max E] and everyone's [P K_max E] int64,
+// one chunk's counts [P E] and loads [E] int64. A chunk's plan is made from
+// these when it is needed (Plan stages its index words; Forward and
+// Backward make it again as they run it) and freed after, so the only
+// other host memory of a layer is one chunk's planning at a time: plain
+// heap of O(P E + P c k) words, independent of N.
+int64_t PipelinedLlepPlanningBytes(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
+                                   const PipelinedLlepOptions& options);
 // Everything PipelinedLLEP holds in host memory (LiveSet::kDispatch, host),
-// in bytes: the index staging and the kept counts. The budget's host plan.
+// in bytes: the index staging, the kept counts and the planner's arrays.
+// The budget's host plan.
 int64_t PipelinedLlepHostBytes(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
                                const PipelinedLlepOptions& options);
 

@@ -610,8 +610,13 @@ TEST(LlepPlanTest, ThePipelinedBoundIsFlatInN) {
   // The counts kept per layer for the recompute: K and [P][K_max][E].
   EXPECT_EQ(PipelinedLlepKeptCountWords(m, P, 4096, o), m.layers * (1 + P * 64 * m.experts));
   EXPECT_EQ(PipelinedLlepKeptCountWords(m, P, 64, o), m.layers * (1 + P * m.experts));
+  // The planner's arrays: the routes [N k] int32; the counts [P + 1][K][E]
+  // and one chunk's [P + 1][E] int64. Linear in N, like the staging.
+  EXPECT_EQ(PipelinedLlepPlanningBytes(m, P, 4096, o),
+            4096 * m.top_k * 4 + ((P + 1) * 64 * m.experts + (P + 1) * m.experts) * 8);
   EXPECT_EQ(PipelinedLlepHostBytes(m, P, 4096, o),
-            4 * (PipelinedLlepHostIndexWords(m, P, 4096, o) + PipelinedLlepKeptCountWords(m, P, 4096, o)));
+            4 * (PipelinedLlepHostIndexWords(m, P, 4096, o) + PipelinedLlepKeptCountWords(m, P, 4096, o)) +
+                PipelinedLlepPlanningBytes(m, P, 4096, o));
   EXPECT_EQ(PipelinedLlepBoundBytes(m, P, 0, o), 8);  // nothing but the N exchange
 }
 

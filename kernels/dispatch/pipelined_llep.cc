@@ -62,6 +62,9 @@ absl::Status PipelinedLlep::Allocate() {
       kept_, backend_.host().Allocate(
                  LiveSet::kDispatch,
                  PipelinedLlepKeptCountWords(model_, P, max_tokens_, options_) * sizeof(int32_t)));
+  PLATEAU_ASSIGN_OR_RETURN(
+      planning_,
+      backend_.host().Allocate(LiveSet::kDispatch, PipelinedLlepPlanningBytes(model_, P, max_tokens_, options_)));
   kept_valid_.assign(std::max<int64_t>(0, model_.layers), false);
   return absl::OkStatus();
 }
@@ -74,6 +77,35 @@ void PipelinedLlep::Release() {
   forward_done_ = false;
   u_ = nullptr;
   gates_ = nullptr;
+}
+
+PipelinedLlep::PlanningArrays PipelinedLlep::Planning() const {
+  // The int64 arrays first, then the int32 routes (the layout
+  // PipelinedLlepPlanningBytes counts), each sized for the launch.
+  const int64_t P = comm_.size(), E = model_.experts;
+  PlanningArrays a;
+  a.all = planning_.as<int64_t>();
+  a.mine = a.all + P * max_chunks_ * E;
+  a.chunk_counts = a.mine + max_chunks_ * E;
+  a.loads = a.chunk_counts + P * E;
+  a.chosen = reinterpret_cast<int32_t*>(a.loads + E);
+  return a;
+}
+
+absl::StatusOr<LlepRankPlan> PipelinedLlep::PlanChunk(int64_t j) {
+  const int64_t P = comm_.size(), E = model_.experts, K = model_.top_k;
+  const PlanningArrays a = Planning();
+  std::fill(a.loads, a.loads + E, 0);
+  for (int64_t s = 0; s < P; ++s) {
+    for (int64_t e = 0; e < E; ++e) {
+      a.chunk_counts[s * E + e] = a.all[(s * chunks_ + j) * E + e];
+      a.loads[e] += a.chunk_counts[s * E + e];
+    }
+  }
+  const LlepAssignment assignment = AssignLlep(absl::MakeConstSpan(a.loads, E), P, options_.balance);
+  return PlanLlepRank(assignment, absl::MakeConstSpan(a.chunk_counts, P * E), comm_.rank(), P, model_,
+                      absl::MakeConstSpan(a.chosen, tokens_ * K), tokens_,
+                      ChunkTokenRows(tokens_, chunks_, j, options_.membership));
 }
 
 const int32_t* PipelinedLlep::StagedIndex(int64_t chunk) const {
@@ -138,7 +170,6 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
     // keeps nothing; its refusal of a rank over the launch was collective
     // there).
     chunks_ = Kept(layer)[0];
-    plans_.clear();
     max_sizes_ = LlepChunkSizes{};
   } else if (!one_chunk) {
     // K from the largest N of the group: every rank runs the same chunks.
@@ -150,7 +181,6 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
     PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, &n, counts, sizeof(n)));
     PLATEAU_RETURN_IF_ERROR(CheckGroupTokens(n));
     chunks_ = PipelinedLlepChunks(n, options_.chunk_tokens);
-    plans_.clear();
     max_sizes_ = LlepChunkSizes{};
     if (chunks_ == 0) return absl::OkStatus();
   }
@@ -158,17 +188,33 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
   // every row, whatever the group's K turns out to be: 0 or 1).
   const int64_t local_chunks = one_chunk ? 1 : chunks_;
 
-  // This rank's routes and its counts per chunk. The host copy of `chosen`
-  // also waits for the compute stream, so the staged index words of the
-  // previous layer have been uploaded before they are overwritten below.
-  std::vector<int32_t> host_chosen(N * K);
-  PLATEAU_RETURN_IF_ERROR(
-      backend_.Copy(compute_, host_chosen.data(), chosen, host_chosen.size() * sizeof(int32_t)));
-  std::vector<std::vector<int32_t>> rows(local_chunks);
-  std::vector<int64_t> mine(local_chunks * E, 0);
-  for (int64_t j = 0; j < local_chunks; ++j) {
-    rows[j] = ChunkTokenRows(N, local_chunks, j, options_.membership);
-    for (int32_t t : rows[j]) {
+  // This rank's routes and its counts per chunk. The routes are copied into
+  // the planning arrays (host memory of the backend, so the copy is
+  // asynchronous: the compute stream is synchronised after it), which also
+  // waits for the compute stream's earlier work: the staged index words of
+  // the previous layer have been uploaded before they are overwritten
+  // below. The routes stay there until the layer's Backward, which plans
+  // each chunk again from them.
+  //
+  // More tokens than the launch's do not fit those arrays. With K > 1 the
+  // all-reduced N refused them above; a recompute refuses them here (it
+  // exchanges nothing); with one chunk at most this rank counts them as
+  // N k routes to expert 0, so that the all-gather shows every rank this N
+  // and the refusal below stays collective (no plan is made from them).
+  const PlanningArrays arrays = Planning();
+  int64_t* mine = arrays.mine;
+  std::fill(mine, mine + local_chunks * E, 0);
+  const bool over = N > max_tokens_;
+  if (over && reuse) return CheckGroupTokens(N);
+  if (over) mine[0] = N * K;
+  tokens_ = over ? 0 : N;
+  int32_t* host_chosen = arrays.chosen;
+  if (!over) {
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(compute_, host_chosen, chosen, N * K * sizeof(int32_t)));
+    PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
+  }
+  for (int64_t j = 0; j < (over ? 0 : local_chunks); ++j) {
+    for (int32_t t : ChunkTokenRows(N, local_chunks, j, options_.membership)) {
       for (int64_t i = 0; i < K; ++i) {
         const int32_t e = host_chosen[static_cast<int64_t>(t) * K + i];
         if (e < 0 || e >= E) {
@@ -180,27 +226,30 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
   }
   int64_t* local = counts + 1;
   int64_t* gathered = counts + 1 + max_chunks_ * E;
-  std::vector<int64_t> all(P * local_chunks * E);  // [source][chunk][expert]
+  int64_t* all = arrays.all;  // [source][chunk][expert]
+  const int64_t all_size = P * local_chunks * E;
   if (reuse) {
     // Everyone's counts as the forward gathered them. Each rank checks its
     // own block against its recomputed counts, so together the ranks check
     // every block: the plans below are the all-gather's.
     const int32_t* kept = Kept(layer) + 1;
-    std::copy(kept, kept + all.size(), all.begin());
-    const int64_t* own = all.data() + comm_.rank() * local_chunks * E;
-    if (!std::equal(mine.begin(), mine.end(), own)) {
+    std::copy(kept, kept + all_size, all);
+    const int64_t* own = all + comm_.rank() * local_chunks * E;
+    if (!std::equal(mine, mine + local_chunks * E, own)) {
       return absl::InternalError(absl::StrCat(
           "PipelinedLlep: the recompute of layer ", layer,
           " routes differently from its forward (its per-expert counts on rank ", comm_.rank(),
           " differ from the kept ones); a recompute must be bitwise its forward"));
     }
   } else {
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Copy(compute_, local, mine.data(), mine.size() * sizeof(int64_t)));
+    // On the comm stream, so that the all-gather reads the counts after they
+    // land (both ends are the backend's memory: the copies are
+    // asynchronous, and the host waits for the gathered counts).
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, local, mine, local_chunks * E * sizeof(int64_t)));
     PLATEAU_RETURN_IF_ERROR(
         comm_.AllGather(comm_stream_, local, gathered, local_chunks * E, DataType::kInt64));
-    PLATEAU_RETURN_IF_ERROR(
-        backend_.Copy(comm_stream_, all.data(), gathered, all.size() * sizeof(int64_t)));
+    PLATEAU_RETURN_IF_ERROR(backend_.Copy(comm_stream_, all, gathered, all_size * sizeof(int64_t)));
+    PLATEAU_RETURN_IF_ERROR(comm_stream_.Synchronize());
   }
   if (one_chunk && !reuse) {
     int64_t n = 0;  // the group's largest N: a rank's routes over top_k
@@ -211,23 +260,14 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
     }
     PLATEAU_RETURN_IF_ERROR(CheckGroupTokens(n));
     chunks_ = PipelinedLlepChunks(n, options_.chunk_tokens);
-    plans_.clear();
     max_sizes_ = LlepChunkSizes{};
     if (chunks_ == 0) return absl::OkStatus();
   }
 
-  std::vector<int64_t> chunk_counts(P * E), loads(E);
+  // Every chunk's plan: its index words staged, its sizes checked against
+  // the slots, then freed (Forward and Backward make it again).
   for (int64_t j = 0; j < chunks_; ++j) {
-    std::fill(loads.begin(), loads.end(), 0);
-    for (int64_t s = 0; s < P; ++s) {
-      for (int64_t e = 0; e < E; ++e) {
-        chunk_counts[s * E + e] = all[(s * chunks_ + j) * E + e];
-        loads[e] += chunk_counts[s * E + e];
-      }
-    }
-    const LlepAssignment a = AssignLlep(loads, P, options_.balance);
-    PLATEAU_ASSIGN_OR_RETURN(LlepRankPlan plan, PlanLlepRank(a, chunk_counts, comm_.rank(), P,
-                                                             model_, host_chosen, N, rows[j]));
+    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan plan, PlanChunk(j));
     const LlepIndexLayout& layout = bf16_ ? mem_bf16_.layout : mem_.layout;
     PLATEAU_RETURN_IF_ERROR(bf16_ ? runner_bf16_.Fits(plan, mem_bf16_) : runner_.Fits(plan, mem_));
     WriteChunkIndex(plan, layout, host_index_.as<int32_t>() + j * layout.total);
@@ -238,15 +278,13 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
     max_sizes_.borrowed = std::max(max_sizes_.borrowed, s.borrowed);
     max_sizes_.lent = std::max(max_sizes_.lent, s.lent);
     max_sizes_.token_view = max_sizes_.token_view || s.token_view;
-    plan.ReleaseIndexVectors();  // staged above; kept until Backward otherwise
-    plans_.push_back(std::move(plan));
   }
   if (layer >= 0 && !for_backward) {
     // Kept for the layer's recompute. int32: a count is at most a chunk's
     // routes from one source, c_eff k (the index words are int32 too).
     int32_t* kept = Kept(layer);
     kept[0] = static_cast<int32_t>(chunks_);
-    std::copy(all.begin(), all.end(), kept + 1);
+    std::copy(all, all + all_size, kept + 1);
     kept_valid_[layer] = true;
   }
   return absl::OkStatus();
@@ -286,7 +324,7 @@ absl::Status PipelinedLlep::ForwardT(const W* u, const int32_t* chosen, const fl
   LlepChunkRunnerT<W>& runner = Runner<W>();
   const LlepChunkMemoryT<W>& mem = Mem<W>();
   for (int64_t j = 0; j < chunks_; ++j) {
-    const LlepRankPlan& p = plans_[j];
+    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan p, PlanChunk(j));
     PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(StagedIndex(j), mem));
     PLATEAU_RETURN_IF_ERROR(runner.ShipWeights(p, mem, w));
     PLATEAU_RETURN_IF_ERROR(runner.DispatchRows(p, mem, u));
@@ -320,7 +358,7 @@ absl::Status PipelinedLlep::BackwardT(const W* dout, const ExpertWeightsT<W>& w,
   const LlepChunkMemoryT<W>& mem = Mem<W>();
   const W* u = static_cast<const W*>(u_);
   for (int64_t j = 0; j < chunks_; ++j) {
-    const LlepRankPlan& p = plans_[j];
+    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan p, PlanChunk(j));
     PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(StagedIndex(j), mem));
     PLATEAU_RETURN_IF_ERROR(runner.ShipWeights(p, mem, w));
     PLATEAU_RETURN_IF_ERROR(runner.DispatchRows(p, mem, u));

@@ -24,12 +24,22 @@
 // allocated once by Create, sized from the launch (c, P, k, H, F, E and the
 // launch's tokens per rank N_max), and reused chunk to chunk in stream order
 // (llep_chunk.h), so the measured kDispatch peak is the bound in Forward and
-// in Backward, and no chunk allocates or waits on the host. The host does
-// wait twice per Forward (once with one chunk at most), before the first
-// chunk: for the all-reduced N and for the all-gathered per-chunk counts from which it plans every chunk and
-// stages their index vectors in pinned host memory (one asynchronous copy
-// per chunk); in the step's recompute of a layer it waits only for the
-// routes (below).
+// in Backward, and no chunk allocates device memory or waits on the host.
+// The host does wait twice per Forward (once with one chunk at most),
+// before the first chunk: for the all-reduced N and for the all-gathered
+// per-chunk counts from which it plans every chunk and stages their index
+// vectors in pinned host memory (one asynchronous copy per chunk); in the
+// step's recompute of a layer it waits only for the routes (below).
+//
+// Host memory is launch-sized too (PipelinedLlepHostBytes, the budget's
+// host plan): the index staging, the kept counts, and the planner's arrays
+// (the layer's routes and the gathered counts). No plan outlives its
+// chunk: Plan makes each chunk's plan to stage its index words and check it
+// fits, then frees it; Forward and Backward make it again from the same
+// arrays as they run the chunk (the same pure function of the same counts
+// and routes: the same plan). So a layer's other host memory is one
+// chunk's planning at a time, O(P E + P c k) words whatever N is; keeping
+// K plans from Forward to Backward grew with N (K = N / c).
 //
 // The recompute plans without collectives. A Forward of a layer the step
 // named (SetLayer) keeps that layer's K and gathered counts in host memory
@@ -160,6 +170,21 @@ class PipelinedLlep final : public ExpertDispatch {
   // in a region sized for K_max.
   int32_t* Kept(int64_t l);
   const int32_t* StagedIndex(int64_t chunk) const;
+  // The planner's arrays in planning_ (PipelinedLlepPlanningBytes), for the
+  // layer Plan last saw: `all` [P][K][E] counts as gathered (K = chunks_),
+  // `mine` [K][E] this rank's, `chunk_counts` [P][E] and `loads` [E] one
+  // chunk's, `chosen` [tokens_ k] this rank's routes.
+  struct PlanningArrays {
+    int64_t* all;
+    int64_t* mine;
+    int64_t* chunk_counts;
+    int64_t* loads;
+    int32_t* chosen;
+  };
+  PlanningArrays Planning() const;
+  // Chunk j's plan from the planning arrays (AssignLlep over its loads,
+  // then this rank's part): Plan's, and Forward's and Backward's again.
+  absl::StatusOr<LlepRankPlan> PlanChunk(int64_t chunk);
 
   const ModelConfig model_;
   const PipelinedLlepOptions options_;
@@ -178,6 +203,7 @@ class PipelinedLlep final : public ExpertDispatch {
   LlepChunkMemoryT<Bf16> mem_bf16_;  // the chunk slots (bf16)
   Buffer host_index_;            // K_max slot layouts of index words
   Buffer kept_;                  // per layer: its K and gathered counts
+  Buffer planning_;              // the planner's arrays (Planning())
   std::vector<bool> kept_valid_;  // [layers]: kept_ holds the layer's last Forward's
   int64_t layer_ = -1;           // SetLayer's, for the next call
 
@@ -185,8 +211,8 @@ class PipelinedLlep final : public ExpertDispatch {
   bool forward_done_ = false;
   const void* u_ = nullptr;  // the working type's u
   const float* gates_ = nullptr;
+  int64_t tokens_ = 0;  // N: the layer's tokens on this rank
   int64_t chunks_ = 0;
-  std::vector<LlepRankPlan> plans_;
   LlepChunkSizes max_sizes_;
 };
 

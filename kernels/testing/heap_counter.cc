@@ -75,6 +75,16 @@ void HeapWindow::Begin() {
   Meet([this] { base_ = ResetHeapPeak(); });
 }
 
+int64_t HeapWindow::Held() {
+  Meet([this] { held_ = HeapInUse() - base_; });
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_;
+}
+
+void HeapWindow::RestartPeak() {
+  Meet([] { ResetHeapPeak(); });
+}
+
 int64_t HeapWindow::End() {
   Meet([this] { above_ = HeapPeak() - base_; });
   std::lock_guard<std::mutex> lock(mu_);

@@ -30,10 +30,18 @@ int64_t ResetHeapPeak();
 // comes (it failed) makes the others give up after `timeout_s` (a rank's
 // work between Begin and End must take less), and broken() is true from
 // then on (every later meeting returns at once).
+//
+// Between the two, Held() (a meeting too) returns what the heap holds now
+// above Begin's, and RestartPeak() (a meeting) starts the peak again from
+// what is in use now, so that End() gives the most above Begin's during the
+// work after it only: e.g. what a layer keeps from its forward to its
+// backward (Held) and the most its recompute takes on top (End).
 class HeapWindow {
  public:
   explicit HeapWindow(int ranks, int timeout_s = 60) : ranks_(ranks), timeout_s_(timeout_s) {}
   void Begin();
+  int64_t Held();
+  void RestartPeak();
   int64_t End();
   bool broken();
 
@@ -48,7 +56,7 @@ class HeapWindow {
   int arrived_ = 0;
   int64_t round_ = 0;
   bool broken_ = false;
-  int64_t base_ = 0, above_ = 0;
+  int64_t base_ = 0, above_ = 0, held_ = 0;
 };
 
 }  // namespace plateau
