@@ -204,8 +204,9 @@ TYPED_TEST(TypedCommTest, ReduceScatterMatchesLocalReduction) {
 // moves a block a segment at a time, so that its scratch is two segments
 // whatever the block) give the same bits as the ring order summed whole:
 // element i of block b is x_{b+1} + x_{b+2} + ... + x_b, left to right, in
-// fp32, in place or not. 1,200,007 floats are two segments and a partial
-// third at P = 3; an offset off by one element anywhere changes the sums.
+// fp32, in place or not, at P = 3. 1,200,007 floats are a whole segment
+// (1,048,576) and part of a second; an offset off by one element anywhere
+// changes the sums.
 TEST(CommTest, ReduceScatterInSegmentsSumsInTheRingOrder) {
   const int size = 3;
   const size_t block = 1200007;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -377,16 +376,6 @@ std::vector<int32_t> ChunkTokenRows(int64_t N, int64_t K, int64_t j, ChunkMember
 
 // ---------------------------------------------------------------------------
 // The live set.
-
-void LlepRankPlan::ReleaseIndexVectors() {
-  routes_ = routes();
-  rows_ = rows();
-  released_ = true;
-  for (std::vector<int32_t>* v :
-       {&send_index, &route_at_pos, &route_pos, &perm, &inv_perm, &token_rows, &chunk_routes}) {
-    std::vector<int32_t>().swap(*v);
-  }
-}
 
 LlepChunkSizes LlepChunkSizesOf(const LlepRankPlan& p) {
   LlepChunkSizes s;

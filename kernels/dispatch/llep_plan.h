@@ -135,19 +135,8 @@ struct LlepRankPlan {
   // so all of them skip the weight exchanges together or none does).
   bool transfers = false;
 
-  int64_t routes() const { return released_ ? routes_ : static_cast<int64_t>(send_index.size()); }
-  int64_t rows() const { return released_ ? rows_ : static_cast<int64_t>(perm.size()); }
-
-  // Frees the index vectors once WriteChunkIndex has staged them (the
-  // runner reads the staged words on the device): PipelinedLLEP keeps a
-  // plan per chunk from Forward to Backward, and the vectors would be a
-  // second, uncounted copy of its host staging. routes() and rows() keep
-  // their values.
-  void ReleaseIndexVectors();
-
- private:
-  bool released_ = false;
-  int64_t routes_ = 0, rows_ = 0;
+  int64_t routes() const { return static_cast<int64_t>(send_index.size()); }
+  int64_t rows() const { return static_cast<int64_t>(perm.size()); }
 };
 
 // This rank's plan for one chunk. `counts[s * E + e]` are the routes source

@@ -485,29 +485,6 @@ TEST(LlepPlanTest, OwnCountsThatDisagreeWithTheRoutesAreInternal) {
   EXPECT_THAT(plan.status().message(), HasSubstr("expert 4"));
 }
 
-// Once staged, a plan's index vectors go (PipelinedLLEP keeps a plan per
-// chunk until Backward); its sizes, counts and groups stay, and the sizes
-// the bound uses do not change.
-TEST(LlepPlanTest, ReleasingTheIndexVectorsKeepsTheSizes) {
-  const ModelConfig m = Model(4, 2);
-  World w = Plan(m, {5, 5}, BalancedRouting(), Opts(1.0, 1));
-  LlepRankPlan p = w.plans[0];
-  const LlepChunkSizes before = LlepChunkSizesOf(p);
-  ASSERT_GT(p.routes(), 0);
-  ASSERT_GT(p.rows(), 0);
-  p.ReleaseIndexVectors();
-  for (const std::vector<int32_t>* v : {&p.send_index, &p.route_at_pos, &p.route_pos, &p.perm,
-                                        &p.inv_perm, &p.token_rows, &p.chunk_routes}) {
-    EXPECT_EQ(v->capacity(), 0u);
-  }
-  const LlepChunkSizes after = LlepChunkSizesOf(p);
-  EXPECT_EQ(after.routes, before.routes);
-  EXPECT_EQ(after.rows, before.rows);
-  EXPECT_EQ(after.tokens, before.tokens);
-  EXPECT_EQ(p.send_rows, w.plans[0].send_rows);
-  EXPECT_EQ(p.groups.size(), w.plans[0].groups.size());
-}
-
 // ---------------------------------------------------------------------------
 // Chunks.
 

@@ -196,8 +196,8 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
   // below. The routes stay there until the layer's Backward, which plans
   // each chunk again from them.
   //
-  // More tokens than the launch's do not fit those arrays. With K > 1 the
-  // all-reduced N refused them above; a recompute refuses them here (it
+  // More tokens than the launch's do not fit those arrays. With K_max > 1
+  // the all-reduced N refused them above; a recompute refuses them here (it
   // exchanges nothing); with one chunk at most this rank counts them as
   // N k routes to expert 0, so that the all-gather shows every rank this N
   // and the refusal below stays collective (no plan is made from them).

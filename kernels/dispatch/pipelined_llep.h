@@ -39,7 +39,10 @@
 // arrays as they run the chunk (the same pure function of the same counts
 // and routes: the same plan). So a layer's other host memory is one
 // chunk's planning at a time, O(P E + P c k) words whatever N is; keeping
-// K plans from Forward to Backward grew with N (K = N / c).
+// K plans from Forward to Backward grew with N (K = N / c). Re-planning is
+// host work of the same order between a chunk's enqueues (no wait: on a
+// GPU it overlaps the previous chunk's kernels); on the CPU it did not
+// show in dispatch_bench at K = 256 (BENCHMARKS.md, session 30).
 //
 // The recompute plans without collectives. A Forward of a layer the step
 // named (SetLayer) keeps that layer's K and gathered counts in host memory
@@ -55,7 +58,8 @@
 // from its recomputed routes as before. The kept counts are used once.
 //
 // Forward keeps only pointers to the caller's u and gates (expert_dispatch.h,
-// Lifetimes) and the host-side plans. Backward replays chunk by chunk:
+// Lifetimes), and the layer's routes and counts in the planning arrays.
+// Backward replays chunk by chunk:
 // re-dispatch, recompute the expert forward, backward, return the input
 // gradients and the helpers' weight gradients. Hidden-state and gate
 // gradients are not split; only the order in which expert-weight gradients

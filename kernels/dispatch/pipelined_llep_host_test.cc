@@ -66,7 +66,8 @@ class MeasuredLayer final : public ExpertDispatch {
     PLATEAU_RETURN_IF_ERROR(d_->Forward(u, chosen, gates, tokens, w, out));
     PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
     PLATEAU_RETURN_IF_ERROR(comm_.Synchronize());
-    heap_->held = window_->Held();
+    const int64_t held = window_->Held();
+    if (rank_ == 0) heap_->held = held;
     absl::Status s;
     int64_t most = 0;
     for (int turn = 0; turn < ranks_; ++turn) {
