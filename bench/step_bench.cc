@@ -27,7 +27,10 @@
 // (StepOptions::precision); the header and the JSON line name it. In bf16
 // the ceiling is the backend's bf16 GEMM (GemmBf16: bf16 A and B, fp32
 // accumulation) at the same shapes, and "fraction_of_ceiling" is against
-// it. A step that refuses the precision (TrainingStep::Create: a backend
+// it. The ceiling is one device's (on CUDA, one GPU) and model_gflops the
+// whole job's, so on CUDA the fractions divide the job's rate by the ranks
+// (one GPU each); on the CPU the ranks share the machine whose GEMM rate is
+// the ceiling. A step that refuses the precision (TrainingStep::Create: a backend
 // that does not compute it) ends the run with exit status 1 and says so.
 #include <algorithm>
 #include <chrono>
@@ -241,6 +244,9 @@ int main(int argc, char** argv) {
   const double bf16_square = bf16 ? GemmBf16Rate(**probe, 2048, 2048, 2048, 5) : 0;
   const double bf16_shape = bf16 ? GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden, 5) : 0;
   const double ceiling = bf16 ? std::max(bf16_square, bf16_shape) : sgemm;
+  // What the ceiling is one of: a GPU per rank on CUDA; the one machine the
+  // rank threads share on the CPU.
+  const double devices = cpu ? 1.0 : static_cast<double>(P);
   probe->reset();
 
   std::printf("step_bench: %s\n", (*Backend::Create(bo))->Describe().c_str());
@@ -341,9 +347,9 @@ int main(int argc, char** argv) {
       absl::StrAppendFormat(&peaks, "%s=%.1f ", LiveSetName(static_cast<LiveSet>(i)),
                             res.peaks.peak[i] / 1048576.0);
     }
-    std::printf("%8lld %10.3f %10.0f %12.1f %7.1f%% %8.2f %8lld  %s\n", (long long)T, res.step_s,
-                res.tokens_per_s, res.gflops, ceiling > 0 ? 100.0 * res.gflops / ceiling : 0.0,
-                res.cpu_s_per_step, (long long)res.faults_per_step, peaks.c_str());
+    std::printf("%8lld %10.3f %10.0f %12.1f %7.1f%% %8.2f %8lld  %s\n", (long long)T, res.step_s, res.tokens_per_s,
+                res.gflops, ceiling > 0 ? 100.0 * res.gflops / devices / ceiling : 0.0, res.cpu_s_per_step,
+                (long long)res.faults_per_step, peaks.c_str());
     if (res.recorded_step_s > 0) {
       std::printf("%8s memory timeline recorded (%lld phases): median step %.4f s vs %.4f s unrecorded: %.4fx\n",
                   "", (long long)res.phases, res.recorded_step_s, res.step_s, res.recorded_step_s / res.step_s);
@@ -359,9 +365,12 @@ int main(int argc, char** argv) {
     const Result& r = results[i];
     // No ceiling measured (a bf16 GEMM that could not be timed): null, not inf.
     const std::string of_ceiling =
-        ceiling > 0 ? absl::StrFormat("%.4f", r.gflops / ceiling) : std::string("null");
-    absl::StrAppendFormat(&json, "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_sgemm\":%.4f,\"fraction_of_ceiling\":%s,\"cpu_s_per_step\":%.3f,\"minor_faults_per_step\":%d,\"device_reserved_peak_bytes\":%d,\"peak_bytes\":{",
-                          i ? "," : "", r.seq_len, r.step_s, r.tokens_per_s, r.gflops, r.gflops / sgemm,
+        ceiling > 0 ? absl::StrFormat("%.4f", r.gflops / devices / ceiling) : std::string("null");
+    absl::StrAppendFormat(&json,
+                          "%s{\"seq_len\":%d,\"step_s\":%.4f,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,\"fraction_of_"
+                          "sgemm\":%.4f,\"fraction_of_ceiling\":%s,\"cpu_s_per_step\":%.3f,\"minor_faults_per_step\":%"
+                          "d,\"device_reserved_peak_bytes\":%d,\"peak_bytes\":{",
+                          i ? "," : "", r.seq_len, r.step_s, r.tokens_per_s, r.gflops, r.gflops / devices / sgemm,
                           of_ceiling, r.cpu_s_per_step, r.faults_per_step, r.reserved_peak);
     bool first = true;
     for (int s = 0; s < kNumLiveSets; ++s) {

@@ -567,9 +567,10 @@ void PrintJob(const v1::Job& j) {
   // Before the first step is reported the progress is all zeros: a "loss
   // 0.0000" would read as a measured loss, so say there is none yet.
   if (p.step() > 0) {
-    std::printf("  progress: step %lld/%lld, loss %.4f (first %.4f), lr %.4g, %.0f tokens/s, %.4f TFLOP/s\n",
-                static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()), p.loss(),
-                p.first_loss(), j.lr(), p.tokens_per_second(), p.model_flops_per_second() / 1e12);
+    std::printf(
+        "  progress: step %lld/%lld, loss %.4f (first %.4f), lr %.4g, %.0f tokens/s, %.4f TFLOP/s (job: all ranks)\n",
+        static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()), p.loss(), p.first_loss(), j.lr(),
+        p.tokens_per_second(), p.model_flops_per_second() / 1e12);
     if (j.has_validation_loss()) {
       std::printf("  validation: loss %.4f after step %lld (held-out sequences, every %lld steps)\n",
                   j.validation_loss(), static_cast<long long>(j.validation_step()),
@@ -764,16 +765,16 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     const int64_t left = std::max<int64_t>(0, total - t.step());
     const std::string eta = steps_seen > 0 && seconds > 0 ? Clock(absl::Seconds(seconds / steps_seen * left)) : "-";
     // Elapsed and ETA come before the long peaks, so a cut keeps them.
-    const std::string line = FitLine(
-        absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  lr %.3g%s  %6.0f tokens/s  %.4f TFLOP/s  peak/plan MiB: %s%s",
-                        t.step(), total, t.loss(), elapsed, eta, t.lr(),
-                        t.has_validation_loss() ? absl::StrFormat("  val %.4f", t.validation_loss()) : "",
-                        t.tokens() / t.seconds(),
-                        t.model_flops() / t.seconds() / 1e12, peaks_line(),
-                        show_host() ? absl::StrCat("  host: ", host_peaks_line()) : ""),
-        // A tty line is redrawn in place: one column short, so that the
-        // cursor never wraps to a new line.
-        tty ? std::max(1, width - 1) : width);
+    const std::string line =
+        FitLine(absl::StrFormat("step %5d/%d  loss %.4f  elapsed %s  eta %s  lr %.3g%s  %6.0f tokens/s  %.4f TFLOP/s "
+                                "(job)  peak/plan MiB: %s%s",
+                                t.step(), total, t.loss(), elapsed, eta, t.lr(),
+                                t.has_validation_loss() ? absl::StrFormat("  val %.4f", t.validation_loss()) : "",
+                                t.tokens() / t.seconds(), t.model_flops() / t.seconds() / 1e12, peaks_line(),
+                                show_host() ? absl::StrCat("  host: ", host_peaks_line()) : ""),
+                // A tty line is redrawn in place: one column short, so that the
+                // cursor never wraps to a new line.
+                tty ? std::max(1, width - 1) : width);
     if (tty) {
       std::printf("\r\033[K%s", line.c_str());
       line_open = true;
@@ -816,18 +817,19 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     say("\n");
     if (first_loss >= 0 && seconds > 0) {
       if (first_step <= 1) {
-        say("  loss %.17g -> %.17g over steps 1-%lld; %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
-            first_loss, last_loss, static_cast<long long>(last_step), tokens / seconds,
-            flops / seconds / 1e12);
+        say("  loss %.17g -> %.17g over steps 1-%lld; %.0f tokens/s, %.4f TFLOP/s (model FLOPs, the job's: all "
+            "ranks)\n",
+            first_loss, last_loss, static_cast<long long>(last_step), tokens / seconds, flops / seconds / 1e12);
       } else {
         // Resumed: the loss starts at the job's first step (from the job, as
         // this watch never saw it); the rates are of the steps it covers.
         const bool known = now->progress().step() > 0;
         say("  loss %s -> %.17g (step 1 from the job)\n",
         known ? absl::StrFormat("%.17g", now->progress().first_loss()) : std::string("unknown"), last_loss);
-        say("  this watch covers steps %lld-%lld of %lld: %.0f tokens/s, %.4f TFLOP/s (model FLOPs)\n",
-        static_cast<long long>(first_step), static_cast<long long>(last_step), static_cast<long long>(total),
-        tokens / seconds, flops / seconds / 1e12);
+        say("  this watch covers steps %lld-%lld of %lld: %.0f tokens/s, %.4f TFLOP/s (model FLOPs, the job's: all "
+            "ranks)\n",
+            static_cast<long long>(first_step), static_cast<long long>(last_step), static_cast<long long>(total),
+            tokens / seconds, flops / seconds / 1e12);
       }
       if (last_validation >= 0) say("  validation loss %.17g (the latest this watch saw)\n", last_validation);
       say("  device peak per live set (largest over ranks) against the plan, MiB:\n");

@@ -1592,7 +1592,7 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   // Events, progress and metrics are worked out by server/telemetry.h; the
   // writes go through Written here.
   TelemetryBatch b = IngestTelemetry(
-      std::move(request), w->caps.device_peak_flops(),
+      std::move(request),
       [this](const std::string& job_id, int attempt) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return FindActive(job_id, attempt);  // under mu_, held by this call
       },

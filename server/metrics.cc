@@ -208,8 +208,7 @@ void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& pl
   }
 }
 
-void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
-                     double device_peak_flops) {
+void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t) {
   const std::string rank = absl::StrCat(t.rank());
   const std::map<std::string, std::string> labels = {{"job_id", job}, {"rank", rank}};
   Add(step_, job, labels).Set(static_cast<double>(t.step()));
@@ -222,14 +221,11 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
       0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
   Add(duration_, job, labels, kBuckets).Observe(t.seconds());
-  // The rank's own MFU where it knows its peak (the step's precision and
-  // the device's name: worker/device_telemetry.h), else the worker's fp32
-  // figure.
-  if (t.mfu() > 0) {
-    Add(mfu_, job, labels).Set(t.mfu());
-  } else if (device_peak_flops > 0 && t.seconds() > 0) {
-    Add(mfu_, job, labels).Set(t.model_flops() * share / t.seconds() / device_peak_flops);
-  }
+  // The rank's own MFU, where it knows the peak of the step's precision
+  // (the worker's flags, else the device's name: worker/device_telemetry.h);
+  // absent otherwise. (The worker's fp32 flag is no stand-in: a bf16 step
+  // measured against it read ~15 times its MFU.)
+  if (t.mfu() > 0) Add(mfu_, job, labels).Set(t.mfu());
   auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space, const std::string& set,
                    int64_t bytes) {
     // The coordinator calls OnStep, OnPlan and ForgetJob under its own lock,

@@ -85,9 +85,10 @@ class Metrics {
   // smaller (its `auto` settings chosen again), and an earlier attempt's
   // peak against the new plan would read as a live set above its plan.
   void OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan);
-  // One rank's step; device_peak_flops 0 when unknown (no MFU then).
-  void OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t,
-              double device_peak_flops);
+  // One rank's step. Its MFU is the rank's own (t.mfu(): against the peak
+  // of the step's precision on its device); none where the rank knows no
+  // such peak (0).
+  void OnStep(const std::string& job, int ranks, const v1::StepTelemetry& t);
   void OnHeartbeat(const std::string& worker, absl::Time when);
   // Removes the worker's series (it was lost).
   void ForgetWorker(const std::string& worker);

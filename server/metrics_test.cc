@@ -79,8 +79,8 @@ TEST(MetricsTest, HostPeaksAreTheirOwnGaugeBesideTheDevicesInAScrape) {
   auto m = Metrics::Create("127.0.0.1:0");
   ASSERT_TRUE(m.ok()) << m.status();
   const std::string address = absl::StrCat("127.0.0.1:", (*m)->port());
-  (*m)->OnStep("job-7", 2, Step(1, 1, 1000, 4096), 0);
-  (*m)->OnStep("job-7", 2, Step(1, 2, 900, 2048), 0);  // lower peaks: the gauges keep the largest
+  (*m)->OnStep("job-7", 2, Step(1, 1, 1000, 4096));
+  (*m)->OnStep("job-7", 2, Step(1, 2, 900, 2048));  // lower peaks: the gauges keep the largest
   std::string scrape = HttpGet(address, "/metrics");
   ASSERT_EQ(HttpStatus(scrape), 200);
   EXPECT_EQ(Sample(scrape, "plateau_job_host_peak_bytes{job_id=\"job-7\",live_set=\"checkpoints\",rank=\"1\"}"), 4096);
@@ -101,9 +101,31 @@ TEST(MetricsTest, HostPeaksAreTheirOwnGaugeBesideTheDevicesInAScrape) {
   scrape = HttpGet(address, "/metrics");
   EXPECT_THAT(scrape, ::testing::Not(HasSubstr("plateau_job_host_peak_bytes{")));
   // Its peaks went with it: the same id seen again starts afresh.
-  (*m)->OnStep("job-7", 2, Step(1, 1, 10, 20), 0);
+  (*m)->OnStep("job-7", 2, Step(1, 1, 10, 20));
   scrape = HttpGet(address, "/metrics");
   EXPECT_EQ(Sample(scrape, "plateau_job_host_peak_bytes{job_id=\"job-7\",live_set=\"total\",rank=\"1\"}"), 20);
+}
+
+// A rank's MFU is its own, against the peak of its step's precision; a rank
+// that knows no such peak (a bf16 step on a card the table does not list,
+// with only the fp32 flag set) reports 0 and the job has no MFU series,
+// never one against a peak of another precision.
+TEST(MetricsTest, TheMfuGaugeIsTheRanksOwnAndAbsentWithoutItsPeak) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*m)->port());
+  v1::StepTelemetry unknown = Step(0, 1, 10, 20);
+  unknown.set_model_flops(4e12);  // 8e12 FLOP/s over the rank's 0.5 s
+  (*m)->OnStep("job-5", 1, unknown);
+  std::string scrape = HttpGet(address, "/metrics");
+  ASSERT_EQ(HttpStatus(scrape), 200);
+  EXPECT_THAT(scrape, ::testing::Not(HasSubstr("plateau_job_mfu_ratio{job_id=\"job-5\"")));
+  v1::StepTelemetry known = Step(0, 2, 10, 20);
+  known.set_model_flops(4e12);
+  known.set_mfu(0.41);
+  (*m)->OnStep("job-5", 1, known);
+  scrape = HttpGet(address, "/metrics");
+  EXPECT_DOUBLE_EQ(Sample(scrape, "plateau_job_mfu_ratio{job_id=\"job-5\",rank=\"0\"}"), 0.41);
 }
 
 // A job placed again (a restart, whose `auto` settings may plan smaller)
@@ -120,7 +142,7 @@ TEST(MetricsTest, ANewPlanStartsTheJobsPeaksAgain) {
   ls->set_bytes(1000);
   plan.set_total_bytes(1100);
   (*m)->OnPlan("job-3", 2, plan);
-  (*m)->OnStep("job-3", 2, Step(1, 1, 1000, 4096), 0);
+  (*m)->OnStep("job-3", 2, Step(1, 1, 1000, 4096));
   const std::string peak = "plateau_job_peak_bytes{job_id=\"job-3\",live_set=\"checkpoints\",rank=\"1\"}";
   const std::string host = "plateau_job_host_peak_bytes{job_id=\"job-3\",live_set=\"total\",rank=\"1\"}";
   std::string scrape = HttpGet(address, "/metrics");
@@ -133,12 +155,12 @@ TEST(MetricsTest, ANewPlanStartsTheJobsPeaksAgain) {
   EXPECT_EQ(Sample(scrape, peak), 0);
   EXPECT_EQ(Sample(scrape, host), 0);
   EXPECT_EQ(Sample(scrape, "plateau_job_planned_bytes{job_id=\"job-3\",live_set=\"checkpoints\",rank=\"1\"}"), 600);
-  (*m)->OnStep("job-3", 2, Step(1, 1, 500, 30), 0);
+  (*m)->OnStep("job-3", 2, Step(1, 1, 500, 30));
   scrape = HttpGet(address, "/metrics");
   EXPECT_EQ(Sample(scrape, peak), 500);
   EXPECT_EQ(Sample(scrape, host), 30);
   // Another job's peaks are not touched.
-  (*m)->OnStep("job-30", 1, Step(0, 1, 9, 9), 0);
+  (*m)->OnStep("job-30", 1, Step(0, 1, 9, 9));
   (*m)->OnPlan("job-3", 2, plan);
   scrape = HttpGet(address, "/metrics");
   EXPECT_EQ(Sample(scrape, "plateau_job_peak_bytes{job_id=\"job-30\",live_set=\"checkpoints\",rank=\"0\"}"), 9);

@@ -121,7 +121,7 @@ v1::JobStepSummary SummarizeStep(const PendingStep& p) {
   return s;
 }
 
-TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_flops,
+TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
                                absl::FunctionRef<LiveJob*(const std::string& job_id, int attempt)> find,
                                Metrics* metrics) {
   TelemetryBatch out;
@@ -137,7 +137,7 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_
     rs.last_step = t->step();
     rs.last_progress = absl::Now();
     if (metrics != nullptr) {
-      metrics->OnStep(a->job.id(), static_cast<int>(a->ranks.size()), *t, device_peak_flops);
+      metrics->OnStep(a->job.id(), static_cast<int>(a->ranks.size()), *t);
     }
     if (t->has_memory_timeline()) {
       JobMemoryTimeline m{s.job_id(), std::move(*t->mutable_memory_timeline())};

@@ -54,15 +54,14 @@ struct TelemetryBatch {
   std::vector<JobMemoryTimeline> timelines;
 };
 
-// Applies `request`, sent by a worker whose device peaks at
-// `device_peak_flops` (0: unknown), to the live jobs `find` returns
+// Applies `request`, sent by a worker, to the live jobs `find` returns
 // (nullptr: a finished job or an old attempt, whose steps are dropped).
 // A step's memory timeline goes to `timelines`, stamped with the time it
 // arrived and the step's rank, step and attempt. A step at or below a
 // rank's last one is a batch re-sent after a lost reply and is not counted
 // twice; a rank out of range is dropped, as is a log line whose job id is
 // malformed. `metrics` may be null (no series).
-TelemetryBatch IngestTelemetry(v1::TelemetryRequest request, double device_peak_flops,
+TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
                                absl::FunctionRef<LiveJob*(const std::string& job_id, int attempt)> find,
                                Metrics* metrics);
 

@@ -46,7 +46,7 @@ TEST(TelemetryTest, AStepIsOneEventOnceEveryRankHasReportedIt) {
   AddStep(r, "job-3", 1, 0, 1, 2.5);
   AddStep(r, "job-3", 1, 1, 1, 2.5);
   AddStep(r, "job-3", 1, 0, 2, 2.25);  // rank 1 has not reported step 2 yet
-  TelemetryBatch b = IngestTelemetry(r, 0, jobs, nullptr);
+  TelemetryBatch b = IngestTelemetry(r, jobs, nullptr);
   EXPECT_EQ(b.rank_steps.size(), 3u);  // every report is kept per rank
   ASSERT_EQ(b.events.size(), 1u);
   EXPECT_EQ(b.events[0].job_id(), "job-3");
@@ -64,7 +64,7 @@ TEST(TelemetryTest, AStepIsOneEventOnceEveryRankHasReportedIt) {
 
   v1::TelemetryRequest r2;
   AddStep(r2, "job-3", 1, 1, 2, 2.25);
-  b = IngestTelemetry(r2, 0, jobs, nullptr);
+  b = IngestTelemetry(r2, jobs, nullptr);
   ASSERT_EQ(b.events.size(), 1u);
   EXPECT_EQ(b.events[0].job_step().step(), 2);
   const v1::Progress& p = jobs.job.job.progress();
@@ -141,7 +141,7 @@ TEST(TelemetryTest, TheAttemptsEndFlushesStepsARankNeverReported) {
   AddStep(r, "job-3", 1, 0, 1, 2.5);
   AddStep(r, "job-3", 1, 0, 2, 2.4);
   AddStep(r, "job-3", 1, 1, 1, 2.5);
-  ASSERT_EQ(IngestTelemetry(r, 0, jobs, nullptr).events.size(), 1u);
+  ASSERT_EQ(IngestTelemetry(r, jobs, nullptr).events.size(), 1u);
   const std::vector<v1::JobEvent> flushed = FlushSteps(jobs.job);
   ASSERT_EQ(flushed.size(), 1u);
   EXPECT_EQ(flushed[0].job_step().step(), 2);
@@ -179,7 +179,7 @@ TEST(TelemetryTest, RestoreResumesAfterTheLastStepEvent) {
   v1::TelemetryRequest r;
   AddStep(r, "job-3", 1, 1, 6, 2.0);
   AddStep(r, "job-3", 1, 1, 5, 2.0);  // a re-sent report: not counted again
-  TelemetryBatch b = IngestTelemetry(r, 0, jobs, nullptr);
+  TelemetryBatch b = IngestTelemetry(r, jobs, nullptr);
   ASSERT_EQ(b.events.size(), 1u);
   EXPECT_EQ(b.events[0].job_step().step(), 6);
   EXPECT_EQ(b.events[0].job_step().ranks_reported(), 2);
@@ -192,8 +192,8 @@ TEST(TelemetryTest, ResentStepsAndStrangersAreDropped) {
   v1::TelemetryRequest r;
   AddStep(r, "job-3", 1, 0, 1, 2.5);
   AddStep(r, "job-3", 1, 1, 1, 2.5);
-  ASSERT_EQ(IngestTelemetry(r, 0, jobs, nullptr).events.size(), 1u);
-  TelemetryBatch again = IngestTelemetry(r, 0, jobs, nullptr);
+  ASSERT_EQ(IngestTelemetry(r, jobs, nullptr).events.size(), 1u);
+  TelemetryBatch again = IngestTelemetry(r, jobs, nullptr);
   EXPECT_TRUE(again.events.empty());
   EXPECT_TRUE(again.rank_steps.empty());
   EXPECT_TRUE(again.progressed.empty());
@@ -204,7 +204,7 @@ TEST(TelemetryTest, ResentStepsAndStrangersAreDropped) {
   AddStep(strangers, "job-4", 1, 0, 5, 1);  // not live
   AddStep(strangers, "job-3", 1, 2, 5, 1);  // rank 2 of 2
   AddStep(strangers, "job-3", 1, -1, 5, 1);
-  TelemetryBatch b = IngestTelemetry(strangers, 0, jobs, nullptr);
+  TelemetryBatch b = IngestTelemetry(strangers, jobs, nullptr);
   EXPECT_TRUE(b.events.empty());
   EXPECT_TRUE(b.rank_steps.empty());
   EXPECT_EQ(jobs.job.job.progress().step(), 1);
@@ -221,7 +221,7 @@ TEST(TelemetryTest, MemoryTimelinesLeaveTheirEvents) {
   t->set_rank(0);  // wrong: the step's rank wins
   t->add_phases()->set_name("forward 0");
   AddStep(r, "job-3", 1, 0, 1, 2.5);  // no timeline
-  TelemetryBatch b = IngestTelemetry(r, 0, jobs, nullptr);
+  TelemetryBatch b = IngestTelemetry(r, jobs, nullptr);
   ASSERT_EQ(b.events.size(), 1u);
   ASSERT_EQ(b.rank_steps.size(), 2u);
   EXPECT_FALSE(b.rank_steps[0].telemetry.has_memory_timeline());
@@ -232,7 +232,7 @@ TEST(TelemetryTest, MemoryTimelinesLeaveTheirEvents) {
   EXPECT_EQ(b.timelines[0].timeline.attempt(), 1);
   EXPECT_TRUE(b.timelines[0].timeline.has_time());
   EXPECT_EQ(b.timelines[0].timeline.phases(0).name(), "forward 0");
-  EXPECT_TRUE(IngestTelemetry(r, 0, jobs, nullptr).timelines.empty());
+  EXPECT_TRUE(IngestTelemetry(r, jobs, nullptr).timelines.empty());
 }
 
 TEST(TelemetryTest, LogLinesAreCutStampedAndNeedAJobId) {
@@ -246,7 +246,7 @@ TEST(TelemetryTest, LogLinesAreCutStampedAndNeedAJobId) {
   stamped->set_line("kept time");
   stamped->mutable_time()->set_seconds(42);
   r.add_logs()->set_job_id("not-a-job");
-  TelemetryBatch b = IngestTelemetry(r, 0, jobs, nullptr);
+  TelemetryBatch b = IngestTelemetry(r, jobs, nullptr);
   ASSERT_EQ(b.logs.size(), 2u);
   EXPECT_EQ(b.logs[0].line().size(), kMaxLogLineBytes);
   EXPECT_TRUE(b.logs[0].has_time());

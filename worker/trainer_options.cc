@@ -55,8 +55,10 @@ double ProjectionFlopsPerStep(const ModelConfig& m, int64_t batch) {
 
 double ModelFlopsPerStep(const ModelConfig& m, int64_t batch) {
   const double tokens = static_cast<double>(batch) * m.seq_len;
-  // The embedding is a table lookup, not a matmul: its parameters do no FLOPs.
-  const double matmul_params = static_cast<double>(ActiveParameterCount(m) - m.vocab_size * m.hidden);
+  // The embedding is a table lookup and the norms' weights scale elementwise
+  // (2 H a layer and the final H): no matrix products.
+  const double matmul_params =
+      static_cast<double>(ActiveParameterCount(m) - m.vocab_size * m.hidden - (2 * m.layers + 1) * m.hidden);
   return 6.0 * matmul_params * tokens + AttentionFlopsPerStep(m, batch);
 }
 

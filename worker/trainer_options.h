@@ -69,8 +69,9 @@ struct TrainerOptions {
 TrainerOptions RecallDemoJob(int64_t ranks);
 
 // Model FLOPs of one training step on the global batch (forward + backward,
-// without recomputation): 6 * active parameters * tokens, plus causal
-// attention 6 * L * B * T^2 * n_h * d (AttentionFlopsPerStep).
+// without recomputation): 6 * the active parameters of matrix products (not
+// the embedding's, not the norms') * tokens, plus causal attention
+// 6 * L * B * T^2 * n_h * d (AttentionFlopsPerStep).
 double ModelFlopsPerStep(const ModelConfig& m, int64_t batch);
 double AttentionFlopsPerStep(const ModelConfig& m, int64_t batch);
 // The vocabulary projection's part of ModelFlopsPerStep: lm_head [V x H] on
