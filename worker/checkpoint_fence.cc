@@ -170,12 +170,14 @@ absl::Status CommitCheckpoint(const std::string& dir, const std::string& job, in
     std::remove(partial.c_str());
     return absl::InternalError(absl::StrCat(final_path, ": rename failed: ", std::strerror(err)));
   }
-  // The rename is durable before the lock is released.
-  int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d >= 0) {
-    fsync(d);
-    close(d);
-  }
+  // The rename is durable before the lock is released, or the commit
+  // fails: a checkpoint said saved must survive a crash of the node.
+  const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0) return FileError(absl::StrCat(dir, ": cannot open to make ", final_path, " durable"), errno);
+  const int synced = fsync(d);
+  const int err = errno;
+  close(d);
+  if (synced != 0) return FileError(absl::StrCat(dir, ": fsync after renaming ", final_path, " failed"), err);
   return absl::OkStatus();
 }
 

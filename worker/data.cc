@@ -158,11 +158,10 @@ class TokenStream final : public DataSource {
 };
 
 absl::StatusOr<File> OpenFile(const std::string& path, int64_t* size) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return FileError(absl::StrCat(path, ": cannot open"), errno);
+  PLATEAU_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   File f(fd);
   off_t end = lseek(fd, 0, SEEK_END);
-  if (end < 0) return absl::InternalError(absl::StrCat(path, ": cannot seek"));
+  if (end < 0) return FileError(absl::StrCat(path, ": cannot seek"), errno);
   *size = end;
   return f;
 }

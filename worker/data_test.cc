@@ -1,5 +1,6 @@
 #include "worker/data.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -108,6 +109,27 @@ TEST(TokenShardsTest, BadFilesAreRefusedByName) {
   EXPECT_THAT(s.status().message(), HasSubstr("fewer than one sequence"));
   s = OpenTokenShards({big}, 256, DataSlice{1, 3, 0, 2});
   EXPECT_THAT(s.status().message(), HasSubstr("data.seq_len"));
+}
+
+// A data path that is not a regular file is the spec's to fix
+// (FAILED_PRECONDITION, an invalid job, never restarted), naming what it
+// is: a directory opened and read as an error, or as 2^63 bytes of text
+// on ext4; a FIFO's open waited for a writer for ever.
+TEST(DataFilesTest, APathThatIsNoRegularFileIsRefusedNamingWhatItIs) {
+  const std::string dir = TmpPath("a_directory");
+  std::filesystem::create_directories(dir);
+  auto text = OpenByteText(dir, DataSlice{1, 4, 0, 1});
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kFailedPrecondition) << text.status();
+  EXPECT_THAT(text.status().message(), HasSubstr("a_directory: expected a regular file, found a directory"));
+  auto shards = OpenTokenShards({dir}, 100, DataSlice{1, 4, 0, 1});
+  EXPECT_EQ(shards.status().code(), absl::StatusCode::kFailedPrecondition) << shards.status();
+
+  const std::string fifo = TmpPath("a_fifo");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  text = OpenByteText(fifo, DataSlice{1, 4, 0, 1});  // returns: no writer is needed
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kFailedPrecondition) << text.status();
+  EXPECT_THAT(text.status().message(), HasSubstr("a_fifo: expected a regular file, found a FIFO"));
 }
 
 TEST(ByteTextTest, EveryByteIsAToken) {

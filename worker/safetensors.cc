@@ -61,6 +61,23 @@ absl::Status ReadAll(int fd, void* data, size_t bytes, uint64_t at, const std::s
   return absl::OkStatus();
 }
 
+// A name from the file as an error shows it: at most 200 bytes. A hostile
+// header's names may be megabytes, and the rank's error line would then be
+// cut by the agent (worker/agent.cc) and lose its message.
+std::string Shown(const std::string& name) {
+  constexpr size_t kMax = 200;
+  if (name.size() <= kMax) return name;
+  return absl::StrCat(name.substr(0, kMax), "... (", name.size(), " bytes)");
+}
+
+// A dtype that is not "F32": a string as such, anything else by its JSON
+// type. Never dump() it: serialising recurses once per level of nesting,
+// and a header of a million '[' overflowed the stack.
+std::string ShownDtype(const nlohmann::json& dtype) {
+  if (dtype.is_string()) return absl::StrCat("\"", Shown(dtype.get<std::string>()), "\"");
+  return absl::StrCat("a JSON ", dtype.type_name());
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
@@ -192,8 +209,7 @@ absl::Status WriteSafetensors(const std::string& path,
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
-  r->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->fd_ < 0) return FileError(absl::StrCat(path, ": cannot open"), errno);
+  PLATEAU_ASSIGN_OR_RETURN(r->fd_, OpenRegularFile(path));
   struct stat st;
   if (fstat(r->fd_, &st) != 0) return absl::InternalError(absl::StrCat(path, ": stat failed: ", std::strerror(errno)));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -222,7 +238,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
     if (it.key() == "__metadata__") {
       if (!it->is_object()) return corrupt("__metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) return corrupt(absl::StrCat("metadata '", m.key(), "' is not a string"));
+        if (!m->is_string()) return corrupt(absl::StrCat("metadata '", Shown(m.key()), "' is not a string"));
         r->metadata_[m.key()] = m->get<std::string>();
       }
       continue;
@@ -230,35 +246,36 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
     const nlohmann::json& e = *it;
     const std::string& name = it.key();
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets")) {
-      return corrupt(absl::StrCat("tensor '", name, "' lacks dtype, shape or data_offsets"));
+      return corrupt(absl::StrCat("tensor '", Shown(name), "' lacks dtype, shape or data_offsets"));
     }
     if (e["dtype"] != "F32") {
-      return corrupt(absl::StrCat("tensor '", name, "' has dtype ", e["dtype"].dump(), ", expected \"F32\""));
+      return corrupt(
+          absl::StrCat("tensor '", Shown(name), "' has dtype ", ShownDtype(e["dtype"]), ", expected \"F32\""));
     }
     const nlohmann::json& sh = e["shape"];
     const nlohmann::json& off = e["data_offsets"];
     if (!sh.is_array() || !off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
         !off[1].is_number_unsigned()) {
-      return corrupt(absl::StrCat("tensor '", name, "' has a malformed shape or data_offsets"));
+      return corrupt(absl::StrCat("tensor '", Shown(name), "' has a malformed shape or data_offsets"));
     }
     Entry t;
     uint64_t numel = 1;
     for (const auto& d : sh) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-        return corrupt(absl::StrCat("tensor '", name, "' has a bad dimension"));
+        return corrupt(absl::StrCat("tensor '", Shown(name), "' has a bad dimension"));
       }
       const uint64_t dim = d.get<uint64_t>();
       t.shape.push_back(static_cast<int64_t>(dim));
       // Checked before multiplying: the product must not wrap (a shape of
       // [4, 2^62] is not one of 0 values).
       if (dim != 0 && numel > data_bytes / dim) {
-        return corrupt(absl::StrCat("tensor '", name, "' is larger than the file"));
+        return corrupt(absl::StrCat("tensor '", Shown(name), "' is larger than the file"));
       }
       numel *= dim;
     }
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (begin > end || end > data_bytes || end - begin != numel * sizeof(float)) {
-      return corrupt(absl::StrCat("tensor '", name, "' data_offsets [", begin, ", ", end,
+      return corrupt(absl::StrCat("tensor '", Shown(name), "' data_offsets [", begin, ", ", end,
                                   ") do not match its shape or the ", data_bytes, " data bytes"));
     }
     t.begin = 8 + header_len + begin;
@@ -268,7 +285,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i) {
     if (spans[i].begin < spans[i - 1].end) {
-      return corrupt(absl::StrCat("tensors '", spans[i - 1].name, "' and '", spans[i].name, "' overlap"));
+      return corrupt(absl::StrCat("tensors '", Shown(spans[i - 1].name), "' and '", Shown(spans[i].name), "' overlap"));
     }
   }
   return r;

@@ -1,5 +1,6 @@
 #include "worker/safetensors.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -107,6 +108,47 @@ TEST(SafetensorsTest, ShapesPastInt64AreDataLoss) {
   f = ReadSafetensors(negative);
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
   EXPECT_THAT(f.status().message(), HasSubstr("tensor 'w' has a bad dimension"));
+}
+
+// A hostile header: a dtype nested a million arrays deep is DATA_LOSS
+// naming its JSON type (its dump() recursed once per level: the rank died of
+// a stack overflow), and a megabyte name is cut to 200 bytes in the message
+// (the agent cuts a rank's error line at 256 KiB, which lost the message).
+// A directory or a FIFO where the checkpoint should be is named as such.
+TEST(SafetensorsTest, HostileHeadersAndPathsGiveShortClearErrors) {
+  const auto write = [](const std::string& path, const std::string& header_text) {
+    std::string header = header_text;
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    const uint64_t len = header.size();
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << header;
+  };
+  const std::string nested = TmpPath("nested.safetensors");
+  write(nested, "{\"w\":{\"dtype\":" + std::string(1000000, '[') + std::string(1000000, ']') +
+                    ",\"shape\":[],\"data_offsets\":[0,0]}}");
+  auto f = ReadSafetensors(nested);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status().message().substr(0, 300);
+  EXPECT_THAT(f.status().message(), HasSubstr("tensor 'w' has dtype a JSON array, expected \"F32\""));
+
+  const std::string named = TmpPath("named.safetensors");
+  write(named, "{\"" + std::string(1 << 20, 'n') + "\":{\"dtype\":\"F16\",\"shape\":[],\"data_offsets\":[0,0]}}");
+  f = ReadSafetensors(named);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(f.status().message(), HasSubstr("... (1048576 bytes)' has dtype \"F16\""));
+  EXPECT_LT(f.status().message().size(), 1000u);
+
+  const std::string dir = TmpPath("dir.safetensors");
+  std::filesystem::create_directories(dir);
+  f = ReadSafetensors(dir);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition) << f.status();
+  EXPECT_THAT(f.status().message(), HasSubstr("expected a regular file, found a directory"));
+  const std::string fifo = TmpPath("fifo.safetensors");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  f = ReadSafetensors(fifo);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition) << f.status();
+  EXPECT_THAT(f.status().message(), HasSubstr("found a FIFO"));
 }
 
 TEST(SafetensorsTest, RefusesDuplicateNames) {

@@ -45,30 +45,6 @@ absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, in
   return src;
 }
 
-// The newest "step-N.safetensors" in dir, or -1 when there is none (a
-// directory not made yet counts as empty). A directory that cannot be read
-// is an error, never "none": a rank that started afresh beside ranks that
-// resumed would train on a mixed state.
-absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
-  int64_t best = -1;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec);
-  // Missing, or a path through a file: nothing to resume (rank 0 says
-  // why when it cannot create it at the first checkpoint).
-  if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) return best;
-  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    int64_t step = 0;
-    if (name.size() > 17 && name.rfind("step-", 0) == 0 &&
-        name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
-        absl::SimpleAtoi(name.substr(5, name.size() - 17), &step)) {
-      best = std::max(best, step);
-    }
-  }
-  if (ec) return FileError(absl::StrCat("checkpoint.directory=", dir, ": cannot list it to resume"), ec.value());
-  return best;
-}
-
 // The file's tensors, in the documented order: each weight's master, m, v
 // (docs/MODEL.md, "Checkpoints"); weight w's family f is tensor 3w + f.
 std::vector<TensorSpec> CheckpointTensors(const ParamLayout& layout) {
@@ -210,6 +186,33 @@ absl::Status ReadCheckpointFile(
 
 std::string CheckpointPath(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%08d.safetensors", dir, step);
+}
+
+// The newest "step-N.safetensors" in dir, or -1 when there is none (a
+// directory not made yet counts as empty). A directory that cannot be read
+// is an error, never "none": a rank that started afresh beside ranks that
+// resumed would train on a mixed state.
+absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
+  int64_t best = -1;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  // Missing, or a path through a file: nothing to resume (rank 0 says
+  // why when it cannot create it at the first checkpoint).
+  if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) return best;
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t step = 0;
+    // Only the names CheckpointPath writes: SimpleAtoi also takes
+    // "step-42" or "step-+42", whose step would then be loaded from
+    // "step-00000042", a file that may not exist.
+    if (name.size() > 17 && name.rfind("step-", 0) == 0 && name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
+        absl::SimpleAtoi(name.substr(5, name.size() - 17), &step) && step >= 0 &&
+        name == std::filesystem::path(CheckpointPath(dir, step)).filename().string()) {
+      best = std::max(best, step);
+    }
+  }
+  if (ec) return FileError(absl::StrCat("checkpoint.directory=", dir, ": cannot list it to resume"), ec.value());
+  return best;
 }
 
 absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator& world,

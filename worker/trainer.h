@@ -52,6 +52,13 @@ absl::Status RunTraining(const TrainerOptions& options, Backend& backend,
 // Checkpoint file name for `step`: "<dir>/step-00000042.safetensors".
 std::string CheckpointPath(const std::string& dir, int64_t step);
 
+// The newest checkpoint's step in `dir` (names as CheckpointPath writes
+// them; others are not checkpoints), or -1 when there is none (a directory
+// not made yet counts as empty). A directory that cannot be read is an
+// error, never "none": a rank that started afresh beside ranks that resumed
+// would train on a mixed state.
+absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir);
+
 // The checkpoint file of docs/MODEL.md ("Checkpoints"), streamed: no host
 // holds the full state. Collective: every rank calls it; the `writer` (the
 // trainer's rank 0) writes `path` atomically with `metadata`, the others

@@ -77,6 +77,22 @@ void ExpectLearnsRecallIn200Steps(const TrainerOptions& o, const char* what) {
   std::printf("%s: first %.4f, last-20 mean %.4f\n", what, run.losses[0], tail);
 }
 
+// Only names CheckpointPath writes are checkpoints: "step-42" or
+// "step-+50" were taken for steps 42 and 50, whose files would then be
+// read as "step-00000042" and "step-00000050", which do not exist.
+TEST(TrainerTest, TheNewestCheckpointIsAmongTheNamesTheTrainerWrites) {
+  const std::string dir = TmpDir("newest");
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"step-42.safetensors", "step-+50.safetensors", "step-00000007.safetensors",
+                           "step-00000009.safetensors.partial", "step--0000001.safetensors"}) {
+    std::ofstream(dir + "/" + name) << "x";
+  }
+  absl::StatusOr<int64_t> newest = NewestCheckpoint(dir);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(*newest, 7);
+  EXPECT_EQ(*NewestCheckpoint(dir + "/not_made_yet"), -1);
+}
+
 TEST(TrainerTest, LearnsAssociativeRecallIn200Steps) {
   ExpectLearnsRecallIn200Steps(RecallOptions(2), "fp32");
 }
