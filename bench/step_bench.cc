@@ -3,7 +3,8 @@
 // Measures, in one run: this machine's sgemm rate through the backend (the
 // ceiling), then the full step (forward, backward with recomputation,
 // AdamW) at several sequence lengths: step time, tokens/s, model FLOP/s
-// (6 x active params x tokens + causal attention, embedding excluded) as a
+// (6 x active params x tokens + causal attention; the embedding and the
+// norms' weights excluded: no matrix products) as a
 // fraction of the sgemm rate, and the peak bytes of every live set, so that
 // it shows how each peak grows with the sequence. Also per step (medians):
 // the process's minor page faults and CPU seconds (getrusage around each

@@ -28,11 +28,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                     .Name("plateau_job_tokens_total")
                     .Help("Tokens trained; each rank counts its 1/P share of the global batch.")
                     .Register(r);
-  m->flops_ = &BuildCounter()
-                   .Name("plateau_job_model_flops_total")
-                   .Help("Model FLOPs (6 x active params x tokens + attention); each rank counts its "
-                         "1/P share. Its rate is the job's FLOP/s.")
-                   .Register(r);
+  m->flops_ =
+      &BuildCounter()
+           .Name("plateau_job_model_flops_total")
+           .Help(
+               "Model FLOPs (6 x active matrix-product params x tokens + causal attention); each rank counts its "
+               "1/P share. Its rate is the job's FLOP/s.")
+           .Register(r);
   m->duration_ = &BuildHistogram()
                       .Name("plateau_job_step_duration_seconds")
                       .Help("Wall time of one training step.")

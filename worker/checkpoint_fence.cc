@@ -172,12 +172,20 @@ absl::Status CommitCheckpoint(const std::string& dir, const std::string& job, in
   }
   // The rename is durable before the lock is released, or the commit
   // fails: a checkpoint said saved must survive a crash of the node.
+  // UNAVAILABLE whatever the errno: the file is in place, and the restart
+  // this allows resumes from it (a spec error it is not).
   const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d < 0) return FileError(absl::StrCat(dir, ": cannot open to make ", final_path, " durable"), errno);
+  if (d < 0) {
+    return absl::UnavailableError(
+        absl::StrCat(dir, ": cannot open to make ", final_path, " durable: ", std::strerror(errno)));
+  }
   const int synced = fsync(d);
   const int err = errno;
   close(d);
-  if (synced != 0) return FileError(absl::StrCat(dir, ": fsync after renaming ", final_path, " failed"), err);
+  if (synced != 0) {
+    return absl::UnavailableError(
+        absl::StrCat(dir, ": fsync after renaming ", final_path, " failed: ", std::strerror(err)));
+  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,8 @@
 #include "worker/data.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -130,6 +132,23 @@ TEST(DataFilesTest, APathThatIsNoRegularFileIsRefusedNamingWhatItIs) {
   text = OpenByteText(fifo, DataSlice{1, 4, 0, 1});  // returns: no writer is needed
   EXPECT_EQ(text.status().code(), absl::StatusCode::kFailedPrecondition) << text.status();
   EXPECT_THAT(text.status().message(), HasSubstr("a_fifo: expected a regular file, found a FIFO"));
+
+  // A Unix socket (Linux refuses its open with ENXIO). Under a short
+  // directory of its own: a socket's path has at most 107 bytes.
+  char dir_template[] = "/tmp/plateau_sock_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string socket_path = std::string(dir_template) + "/s";
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", socket_path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  text = OpenByteText(socket_path, DataSlice{1, 4, 0, 1});
+  close(fd);
+  std::filesystem::remove_all(dir_template);
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kFailedPrecondition) << text.status();
+  EXPECT_THAT(text.status().message(), HasSubstr("expected a regular file, found a socket or a device"));
 }
 
 TEST(ByteTextTest, EveryByteIsAToken) {

@@ -50,7 +50,16 @@ inline absl::Status FileError(const std::string& what, int error) {
 // The caller owns the descriptor.
 inline absl::StatusOr<int> OpenRegularFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return FileError(absl::StrCat(path, ": cannot open"), errno);
+  if (fd < 0) {
+    const int error = errno;
+    // Linux refuses to open a Unix socket, and a device without a driver,
+    // with ENXIO (ENODEV): the path names no file, the spec's to fix.
+    if (error == ENXIO || error == ENODEV) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": expected a regular file, found a socket or a device (", std::strerror(error), ")"));
+    }
+    return FileError(absl::StrCat(path, ": cannot open"), error);
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int error = errno;

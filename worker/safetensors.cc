@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "proto/utf8.h"
 #include "worker/file_errors.h"
 
 namespace plateau {
@@ -67,7 +68,8 @@ absl::Status ReadAll(int fd, void* data, size_t bytes, uint64_t at, const std::s
 std::string Shown(const std::string& name) {
   constexpr size_t kMax = 200;
   if (name.size() <= kMax) return name;
-  return absl::StrCat(name.substr(0, kMax), "... (", name.size(), " bytes)");
+  // On a character boundary: the message travels in a proto3 string.
+  return absl::StrCat(Utf8Prefix(name, kMax), "... (", name.size(), " bytes)");
 }
 
 // A dtype that is not "F32": a string as such, anything else by its JSON

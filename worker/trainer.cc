@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
+#include "proto/utf8.h"
 #include "worker/checkpoint_fence.h"
 #include "worker/file_errors.h"
 #include "worker/safetensors.h"
@@ -103,10 +104,10 @@ absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, Tr
         // resumed run would silently be neither the old run nor a new one.
         if (o.data.kind == DataOptions::Kind::kRecall && metadata.count("data_seed") > 0 &&
             metadata["data_seed"] != absl::StrCat(o.data.recall.seed)) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "data.recall.seed: the job says ", o.data.recall.seed, ", but its checkpoint ", path,
-              " was trained on data seed ", metadata["data_seed"],
-              "; resume with the checkpoint's seed, or start the new seed in another checkpoint_dir"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("data.recall.seed: the job says ", o.data.recall.seed, ", but its checkpoint ", path,
+                           " was trained on data seed ", Utf8Prefix(metadata["data_seed"], 40),
+                           "; resume with the checkpoint's seed, or start the new seed in another checkpoint_dir"));
         }
         return step_count;
       }));

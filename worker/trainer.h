@@ -23,7 +23,7 @@ struct StepReport {
   StepStats stats;
   double seconds = 0.0;          // wall time of the step
   int64_t tokens = 0;            // tokens of the global batch
-  double model_flops = 0.0;      // 6 * active params * tokens + attention
+  double model_flops = 0.0;      // ModelFlopsPerStep (trainer_options.h)
   // The learning rate the step's AdamW ran with (kernels/optimizer/
   // lr_schedule.h; the fp32 value the kernel took).
   double lr = 0.0;
