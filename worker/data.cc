@@ -98,6 +98,7 @@ class TokenStream final : public DataSource {
   }
 
   int64_t total() const { return total_; }
+  int64_t stream_tokens() const override { return total_; }
   int64_t sequences() const { return sequences_; }
   int64_t vocab_size() const override { return vocab_; }
   uint64_t position() const override { return position_; }

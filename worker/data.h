@@ -61,6 +61,11 @@ class DataSource {
   // Sequences consumed so far; Seek restores it (from a checkpoint).
   virtual uint64_t position() const = 0;
   virtual void Seek(uint64_t position) = 0;
+  // The tokens of the files it reads (the whole stream, before the
+  // held-out split), or 0 for a generated source (the same on every rank
+  // by its seed). Every rank of a job, and every attempt that resumes it,
+  // must read the same stream: the trainer checks this number.
+  virtual int64_t stream_tokens() const { return 0; }
 };
 
 // Opens llm.c shard files. Refuses a bad header, a token id >= vocab_size,

@@ -17,6 +17,19 @@
 namespace plateau {
 namespace {
 
+// The spec's field that names the job's data files, for errors about them.
+std::string DataField(const TrainerOptions& o) {
+  switch (o.data.kind) {
+    case DataOptions::Kind::kText:
+      return "data.text.path";
+    case DataOptions::Kind::kShards:
+      return "data.shards.paths";
+    case DataOptions::Kind::kRecall:
+      break;
+  }
+  return "data.recall";
+}
+
 absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, int rank, bool validation = false) {
   const ModelConfig& m = o.step.model;
   DataSlice slice{o.step.layout.batch, m.seq_len, rank, o.step.layout.ranks, o.data.held_out, validation};
@@ -71,6 +84,7 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
   // recall task's generator has a seed of its own (text and shards have none).
   std::map<std::string, std::string> metadata = {{"step", absl::StrCat(step.step())},
                                                  {"data_position", absl::StrCat(data.position())},
+                                                 {"data_tokens", absl::StrCat(data.stream_tokens())},
                                                  {"seed", absl::StrCat(o.step.seed)},
                                                  {"format", "plateau-checkpoint-v1"}};
   if (o.data.kind == DataOptions::Kind::kRecall) {
@@ -108,6 +122,14 @@ absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, Tr
               absl::StrCat("data.recall.seed: the job says ", o.data.recall.seed, ", but its checkpoint ", path,
                            " was trained on data seed ", Utf8Prefix(metadata["data_seed"], 40),
                            "; resume with the checkpoint's seed, or start the new seed in another checkpoint_dir"));
+        }
+        // The same for files: a position in a stream of another length
+        // points elsewhere (a checkpoint without the key predates it).
+        if (metadata.count("data_tokens") > 0 && metadata["data_tokens"] != absl::StrCat(data.stream_tokens())) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              DataField(o), ": this job's files hold ", data.stream_tokens(), " tokens, but its checkpoint ", path,
+              " was trained on a stream of ", Utf8Prefix(metadata["data_tokens"], 40),
+              "; resume on the same data, or start the new data in another checkpoint_dir"));
         }
         return step_count;
       }));
@@ -233,6 +255,18 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
   }
   PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<TrainingStep> step,
                            TrainingStep::Create(o.step, backend, world));
+  // Each rank reads its own copy of the files (on its own node). A copy of
+  // another length splices the sequences at other places than the others'
+  // (and moves the held-out split), and training goes on with nothing
+  // failing. One collective: the ranks' streams are of one length, or every
+  // rank refuses (an invalid job: the copies are the operator's to fix).
+  PLATEAU_ASSIGN_OR_RETURN(const auto stream, step->RangeAcrossRanks(data->stream_tokens()));
+  if (stream.first != stream.second) {
+    const int64_t mine = data->stream_tokens();
+    return absl::FailedPreconditionError(absl::StrCat(
+        DataField(o), ": the ranks read different data: this rank's files hold ", mine, " tokens, another rank's ",
+        stream.first == mine ? stream.second : stream.first, "; every node needs the same copy"));
+  }
   // Claimed by every rank before any reads: from then on no older attempt
   // can commit, so all ranks read the same newest checkpoint.
   if (!o.checkpoint_dir.empty() && o.fence_attempt >= 0) {

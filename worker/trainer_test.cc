@@ -226,6 +226,46 @@ TEST(TrainerTest, TrainsOnByteLevelText) {
   EXPECT_LT(run.losses.back(), run.losses.front() - 1.0);  // a repetitive text is easy
 }
 
+// Every rank reads its own copy of the text: a node whose copy is of another
+// length would splice sequences elsewhere, silently. Refused on every rank
+// before the first step, naming the field; and a resume on files of
+// another length than its checkpoint's stream is refused the same way.
+TEST(TrainerTest, RanksOrAResumeOnDataOfAnotherLengthAreRefused) {
+  const auto write = [](const std::string& path, int reps) {
+    std::ofstream f(path);
+    for (int i = 0; i < reps; ++i) f << "the quick brown fox jumps over the lazy dog. ";
+  };
+  const std::string a = TmpDir("copy_a.txt"), b = TmpDir("copy_b.txt");
+  write(a, 200);
+  write(b, 201);
+  TrainerOptions o = RecallOptions(2);
+  o.data.kind = DataOptions::Kind::kText;
+  o.step.model.vocab_size = 256;
+  o.step.layout.batch = 4;
+  o.steps = 2;
+  std::vector<absl::Status> ranks(2);
+  absl::Status s = RunLocalWorld(2, 256 << 20, FreshStoreDir("copies"), [&](int r, Backend& be, Communicator& world) {
+    TrainerOptions mine = o;
+    mine.data.paths = {r == 0 ? a : b};
+    ranks[r] = RunTraining(mine, be, world, [](const StepReport&) {});
+    return ranks[r];
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << ranks[r];
+    EXPECT_THAT(ranks[r].message(), HasSubstr("data.text.path: the ranks read different data"));
+  }
+
+  o.data.paths = {a};
+  o.checkpoint_dir = TmpDir("copies_ckpt");
+  TrainRun first = Train(o, 2);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  o.data.paths = {b};
+  o.steps = 4;
+  TrainRun resumed = Train(o, 2);
+  EXPECT_EQ(resumed.status.code(), absl::StatusCode::kFailedPrecondition) << resumed.status;
+  EXPECT_THAT(resumed.status.message(), HasSubstr("was trained on a stream of 9000"));
+}
+
 TEST(TrainerTest, DataLargerThanTheVocabularyIsRefused) {
   TrainerOptions o = RecallOptions(1);
   o.step.model.vocab_size = 10;  // the task needs 18
@@ -391,10 +431,11 @@ TEST(TrainerTest, CheckpointMetadataAsDocumented) {
   ASSERT_TRUE(run.status.ok()) << run.status;
   const SafetensorsFile f = ReadCheckpoint(o.checkpoint_dir, 1);
   EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"step", "1"},
-                                                             {"data_position", "4"},
-                                                             {"seed", "5"},
-                                                             {"data_seed", "9"},
-                                                             {"format", "plateau-checkpoint-v1"}}));
+                                                            {"data_position", "4"},
+                                                            {"seed", "5"},
+                                                            {"data_seed", "9"},
+                                                            {"data_tokens", "0"},
+                                                            {"format", "plateau-checkpoint-v1"}}));
   EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
 }
 
