@@ -86,17 +86,21 @@ TEST(SafetensorsTest, CorruptFilesAreDataLossNamingTheFile) {
   EXPECT_EQ(ReadSafetensors(TmpPath("none")).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A file of only a header (its JSON padded to 8 bytes), no data bytes.
+void WriteHeaderOnly(const std::string& path, std::string header) {
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  const uint64_t len = header.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << header;
+}
+
 // A header whose shape's element count would wrap around 2^64 (or whose
 // dimension does not fit int64) is refused, not read as a tensor of a few
 // values or with a negative dimension.
 TEST(SafetensorsTest, ShapesPastInt64AreDataLoss) {
   const auto write = [](const std::string& path, const std::string& shape) {
-    std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[0,0]}}";
-    header.resize((header.size() + 7) / 8 * 8, ' ');
-    const uint64_t len = header.size();
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(&len), 8);
-    out << header;
+    WriteHeaderOnly(path, "{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[0,0]}}");
   };
   const std::string wraps = TmpPath("wraps.safetensors");
   write(wraps, "[4,4611686018427387904]");  // 4 x 2^62 = 2^64: 0 mod 2^64
@@ -116,23 +120,16 @@ TEST(SafetensorsTest, ShapesPastInt64AreDataLoss) {
 // (the agent cuts a rank's error line at 256 KiB, which lost the message).
 // A directory or a FIFO where the checkpoint should be is named as such.
 TEST(SafetensorsTest, HostileHeadersAndPathsGiveShortClearErrors) {
-  const auto write = [](const std::string& path, const std::string& header_text) {
-    std::string header = header_text;
-    header.resize((header.size() + 7) / 8 * 8, ' ');
-    const uint64_t len = header.size();
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(&len), 8);
-    out << header;
-  };
   const std::string nested = TmpPath("nested.safetensors");
-  write(nested, "{\"w\":{\"dtype\":" + std::string(1000000, '[') + std::string(1000000, ']') +
-                    ",\"shape\":[],\"data_offsets\":[0,0]}}");
+  WriteHeaderOnly(nested, "{\"w\":{\"dtype\":" + std::string(1000000, '[') + std::string(1000000, ']') +
+                              ",\"shape\":[],\"data_offsets\":[0,0]}}");
   auto f = ReadSafetensors(nested);
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status().message().substr(0, 300);
   EXPECT_THAT(f.status().message(), HasSubstr("tensor 'w' has dtype a JSON array, expected \"F32\""));
 
   const std::string named = TmpPath("named.safetensors");
-  write(named, "{\"" + std::string(1 << 20, 'n') + "\":{\"dtype\":\"F16\",\"shape\":[],\"data_offsets\":[0,0]}}");
+  WriteHeaderOnly(named,
+                  "{\"" + std::string(1 << 20, 'n') + "\":{\"dtype\":\"F16\",\"shape\":[],\"data_offsets\":[0,0]}}");
   f = ReadSafetensors(named);
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(f.status().message(), HasSubstr("... (1048576 bytes)' has dtype \"F16\""));

@@ -87,6 +87,25 @@ using DispatchFactory = std::function<absl::StatusOr<std::unique_ptr<ExpertDispa
 // Called on each rank after Forward (and after Backward), for schedule stats.
 using DispatchObserver = std::function<void(int rank, ExpertDispatch& dispatch)>;
 
+// A test's wrapper around a schedule: Backward and Release go to the
+// wrapped one (inner()); a subclass says what its Forward does instead
+// (the step's recompute order, a measurement around it, ...).
+class WrappedDispatch : public ExpertDispatch {
+ public:
+  explicit WrappedDispatch(std::unique_ptr<ExpertDispatch> d) : d_(std::move(d)) {}
+  absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
+                        const ExpertGrads& g) override {
+    return d_->Backward(dout, w, du, dgates, g);
+  }
+  void Release() override { d_->Release(); }
+
+ protected:
+  ExpertDispatch& inner() { return *d_; }
+
+ private:
+  std::unique_ptr<ExpertDispatch> d_;
+};
+
 // Forward then Backward on P rank threads. Fails the current test (and
 // returns what it has) on an error.
 DispatchGot RunDispatch(const DispatchProblem& pr, const DispatchFactory& make,

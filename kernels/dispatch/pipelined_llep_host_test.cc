@@ -40,13 +40,13 @@ struct LayerHeap {
   int64_t planning = -1;  // the most one rank's recompute planning takes
 };
 
-class MeasuredLayer final : public ExpertDispatch {
+class MeasuredLayer final : public WrappedDispatch {
  public:
   // `scratch`: rows for the first Forward's output (the caller's out
   // accumulates, and is checked against the reference after one Forward).
   MeasuredLayer(std::unique_ptr<ExpertDispatch> d, int rank, int ranks, Stream& compute, Stream& comm, Buffer scratch,
                 HeapWindow* window, LayerHeap* heap)
-      : d_(std::move(d)),
+      : WrappedDispatch(std::move(d)),
         rank_(rank),
         ranks_(ranks),
         compute_(compute),
@@ -57,13 +57,13 @@ class MeasuredLayer final : public ExpertDispatch {
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
                        const ExpertWeights& w, float* out) override {
     // A first Forward, not measured, so that most of that growth is done.
-    PLATEAU_RETURN_IF_ERROR(d_->Forward(u, chosen, gates, tokens, w, scratch_.as<float>()));
+    PLATEAU_RETURN_IF_ERROR(inner().Forward(u, chosen, gates, tokens, w, scratch_.as<float>()));
     PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
     PLATEAU_RETURN_IF_ERROR(comm_.Synchronize());
-    d_->Release();
+    inner().Release();
     window_->Begin();
-    d_->SetLayer(0);
-    PLATEAU_RETURN_IF_ERROR(d_->Forward(u, chosen, gates, tokens, w, out));
+    inner().SetLayer(0);
+    PLATEAU_RETURN_IF_ERROR(inner().Forward(u, chosen, gates, tokens, w, out));
     PLATEAU_RETURN_IF_ERROR(compute_.Synchronize());
     PLATEAU_RETURN_IF_ERROR(comm_.Synchronize());
     const int64_t held = window_->Held();
@@ -74,22 +74,16 @@ class MeasuredLayer final : public ExpertDispatch {
       const int64_t before = window_->Held();
       window_->RestartPeak();
       if (turn == rank_) {
-        d_->SetLayer(0);
-        s = d_->ForwardForBackward(u, chosen, gates, tokens, w, nullptr);
+        inner().SetLayer(0);
+        s = inner().ForwardForBackward(u, chosen, gates, tokens, w, nullptr);
       }
       most = std::max(most, window_->End() - before);
     }
     if (rank_ == 0) heap_->planning = most;
     return s;
   }
-  absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
-                        const ExpertGrads& g) override {
-    return d_->Backward(dout, w, du, dgates, g);
-  }
-  void Release() override { d_->Release(); }
 
  private:
-  std::unique_ptr<ExpertDispatch> d_;
   const int rank_, ranks_;
   Stream& compute_;
   Stream& comm_;

@@ -268,21 +268,13 @@ TEST(PipelinedLlepTest, StridedAndContiguousAgree) {
 // Backward-after-Forward's bits (the replay recomputes each chunk's expert
 // forward either way), within the same bound. A caller's `out` is not
 // touched.
-class ForwardForBackwardOnly final : public ExpertDispatch {
+class ForwardForBackwardOnly final : public WrappedDispatch {
  public:
-  explicit ForwardForBackwardOnly(std::unique_ptr<ExpertDispatch> d) : d_(std::move(d)) {}
+  using WrappedDispatch::WrappedDispatch;
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
                        const ExpertWeights& w, float* out) override {
-    return d_->ForwardForBackward(u, chosen, gates, tokens, w, out);
+    return inner().ForwardForBackward(u, chosen, gates, tokens, w, out);
   }
-  absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
-                        const ExpertGrads& g) override {
-    return d_->Backward(dout, w, du, dgates, g);
-  }
-  void Release() override { d_->Release(); }
-
- private:
-  std::unique_ptr<ExpertDispatch> d_;
 };
 
 TEST(PipelinedLlepTest, ForwardForBackwardGivesTheSameBackward) {
@@ -484,32 +476,26 @@ TEST(PipelinedLlepTest, OneChunkPlansWithoutTheAllReduce) {
 // once), so it plans from collectives again; the Backward replays the last
 // plan: the bits are checked with one recompute, so that the Backward
 // replays the plan made from the kept counts.
-class ForwardThenRecompute final : public ExpertDispatch {
+class ForwardThenRecompute final : public WrappedDispatch {
  public:
   ForwardThenRecompute(std::unique_ptr<ExpertDispatch> d, bool named, int recomputes)
-      : d_(std::move(d)), named_(named), recomputes_(recomputes) {}
+      : WrappedDispatch(std::move(d)), named_(named), recomputes_(recomputes) {}
   absl::Status Forward(const float* u, const int32_t* chosen, const float* gates, int64_t tokens,
                        const ExpertWeights& w, float* out) override {
     Name();
-    PLATEAU_RETURN_IF_ERROR(d_->Forward(u, chosen, gates, tokens, w, out));
-    d_->Release();
+    PLATEAU_RETURN_IF_ERROR(inner().Forward(u, chosen, gates, tokens, w, out));
+    inner().Release();
     for (int i = 0; i < recomputes_; ++i) {
       Name();
-      PLATEAU_RETURN_IF_ERROR(d_->ForwardForBackward(u, chosen, gates, tokens, w, nullptr));
+      PLATEAU_RETURN_IF_ERROR(inner().ForwardForBackward(u, chosen, gates, tokens, w, nullptr));
     }
     return absl::OkStatus();
   }
-  absl::Status Backward(const float* dout, const ExpertWeights& w, float* du, float* dgates,
-                        const ExpertGrads& g) override {
-    return d_->Backward(dout, w, du, dgates, g);
-  }
-  void Release() override { d_->Release(); }
 
  private:
   void Name() {
-    if (named_) d_->SetLayer(1);
+    if (named_) inner().SetLayer(1);
   }
-  std::unique_ptr<ExpertDispatch> d_;
   const bool named_;
   const int recomputes_;
 };
