@@ -28,6 +28,14 @@ by = {s["stage"]: s for s in d["stages"]}
 assert d["mode"] == "dry_run" and d["verdict"] == "dry_run" and d["failed"] == [], d["verdict"]
 assert d["preflight"]["gpus"] == 0 and d["preflight"]["no_gpu_reason"], d["preflight"]
 assert by["build"]["status"] == "skipped", by["build"]
+# What the one GPU call is for comes first: the twin tests, the step, the
+# MFU ladder and attention_bench, then the sanitizers and the rest.
+order = [s["stage"] for s in d["stages"]]
+at = order.index
+assert max(at(n) for n in order if n.startswith("test:")) < at("step") < at("bench:composed_bench:mfu") \
+    < at("bench:attention_bench") < min(at(n) for n in order if n.startswith("sanitizer:")), order
+assert at("sanitizer:initcheck:tc") < at("bench:sgemm_bench") < at("bench:ring_dtp_bench") \
+    < at("bench:composed_bench:bf16"), order
 for t in ("wgmma_probe_test", "cuda_twin_test", "cuda_bf16_twin_test", "cuda_attention_tc_twin_test",
           "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
@@ -126,9 +134,9 @@ echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[{\"name\":\"A\",\"status\"
 SH
 printf '#!/bin/sh\necho table\nif [ -n "$FAKE_BAD_JSON" ]; then echo "{\\"cuda\\": "; else echo %s; fi\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
-# compute-sanitizer's stand-in finds nothing; FAKE_SANITIZER=refuses
-# answers as on an H200 under gVisor, FAKE_SANITIZER=finds as a run that
-# found an error.
+# compute-sanitizer's stand-in runs the test it is given and finds nothing;
+# FAKE_SANITIZER=refuses answers as on an H200 under gVisor,
+# FAKE_SANITIZER=finds as a run that found an error.
 cat >"$tmp/path/compute-sanitizer" <<'SH'
 #!/usr/bin/env bash
 [ -n "${FAKE_ENV:-}" ] && echo "compute-sanitizer CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-unset}" >>"$FAKE_ENV"
@@ -136,6 +144,8 @@ case "${FAKE_SANITIZER:-}" in
   refuses) echo "========= Error: Device not supported. Please refer to the Supported Devices section."; exit 1 ;;
   finds) echo "========= Invalid __global__ write of size 4 bytes"; echo "========= ERROR SUMMARY: 1 error"; exit 1 ;;
 esac
+while [ $# -gt 0 ]; do case "$1" in --tool|--error-exitcode) shift 2 ;; *) break ;; esac; done
+"$@" >/dev/null || exit 1  # the test, which writes its JSON
 echo "========= ERROR SUMMARY: 0 errors"
 SH
 chmod +x "$fake/bin/gtest" "$fake/bin/bench" "$tmp/path/nvidia-smi" "$tmp/path/compute-sanitizer"
@@ -297,6 +307,15 @@ if FAKE_SANITIZER=finds PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out
   fail "a sanitizer that found an error did not fail the run"
 fi
 grep -q 'sanitizer:memcheck  *fail' "$tmp/finds/table.txt" || { cat "$tmp/finds/table.txt"; fail "the sanitizer's finding is not a fail"; }
+# A sanitizer run whose cases were skipped (a backend that cannot start
+# under the tool skips them and exits 0) ran nothing: a fail, as a skipped
+# twin test is.
+if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --only='sanitizer:*' --out="$tmp/sanskip" \
+     >/dev/null 2>&1; then
+  fail "sanitizer runs whose cases skipped passed"
+fi
+grep -q 'sanitizer:memcheck  *fail .*1 skipped' "$tmp/sanskip/table.txt" \
+  || { cat "$tmp/sanskip/table.txt"; fail "the skipped sanitizer run is not a fail naming the skip"; }
 
 # 4b. Kept within its budget: once it is spent no stage starts; each is
 # not_run, saying how to run it alone, and the run is "incomplete" (exit
