@@ -126,9 +126,9 @@ class Communicator {
   // AllGather); locally, send_counts[rank()] == recv_counts[rank()]. Counts
   // that disagree across ranks are a caller's bug that no backend turns into
   // a status (that would cost an exchange of counts per call): on Gloo a
-  // rank sent more than it posted aborts the process (Gloo's event loop
-  // enforces the length), one sent less leaves the rest of its block as it
-  // was; NCCL's behaviour is undefined. The same holds for SendRecv.
+  // rank that is sent more than it posted aborts (Gloo's event loop enforces
+  // the length), one sent less keeps the rest of its block as it was;
+  // NCCL's behaviour is undefined. The same holds for SendRecv.
   absl::Status AllToAllV(Stream& stream, const void* send,
                          absl::Span<const int64_t> send_counts, void* recv,
                          absl::Span<const int64_t> recv_counts,
