@@ -192,10 +192,9 @@ LlepAssignment AssignLlep(absl::Span<const int64_t> loads, int64_t P, const Llep
 // ---------------------------------------------------------------------------
 // One rank's plan.
 
-absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& a, absl::Span<const int64_t> counts,
-                                          int me, int64_t P, const ModelConfig& model,
-                                          absl::Span<const int32_t> chosen, int64_t N,
-                                          absl::Span<const int32_t> tokens) {
+absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& a, absl::Span<const int64_t> counts, int me, int64_t P,
+                                          const ModelConfig& model, absl::Span<const int32_t> chosen, int64_t N,
+                                          absl::Span<const int32_t> tokens, bool index_vectors) {
   const int64_t E = model.experts, K = model.top_k, Ep = E / P;
   const int64_t n = static_cast<int64_t>(tokens.size()), S = n * K;
   LlepRankPlan p;
@@ -263,10 +262,13 @@ absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& a, absl::Span<co
   for (int64_t b = 0; b < P * E; ++b) fill[b + 1] = fill[b] + bucket[b];
   p.send_rows.assign(P, 0);
   for (int64_t d = 0; d < P; ++d) p.send_rows[d] = fill[(d + 1) * E] - fill[d * E];
-  p.send_index.resize(S);
-  p.route_at_pos.resize(S);
-  p.route_pos.resize(S);
-  for (int64_t i = 0; i < n; ++i) {
+  p.routes_sent = S;
+  if (index_vectors) {
+    p.send_index.resize(S);
+    p.route_at_pos.resize(S);
+    p.route_pos.resize(S);
+  }
+  for (int64_t i = 0; i < (index_vectors ? n : 0); ++i) {
     for (int64_t j = 0; j < K; ++j) {
       const int64_t r = i * K + j;
       const int32_t e = chosen[static_cast<int64_t>(tokens[i]) * K + j];
@@ -324,12 +326,15 @@ absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& a, absl::Span<co
     }
   }
   const int64_t R = std::accumulate(p.recv_rows.begin(), p.recv_rows.end(), int64_t{0});
-  p.perm.reserve(R);
-  p.inv_perm.resize(R);
+  p.rows_received = R;
+  if (index_vectors) {
+    p.perm.reserve(R);
+    p.inv_perm.resize(R);
+  }
   for (int64_t e = 0; e < E; ++e) {
     int64_t rows = 0;
     for (int64_t s = 0; s < P; ++s) {
-      for (int64_t i = 0; i < from[s * E + e]; ++i) {
+      for (int64_t i = 0; i < (index_vectors ? from[s * E + e] : 0); ++i) {
         const int64_t r = block_start[s * E + e] + i;
         p.inv_perm[r] = static_cast<int32_t>(p.perm.size());
         p.perm.push_back(static_cast<int32_t>(r));
@@ -342,7 +347,7 @@ absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& a, absl::Span<co
                         own ? -1 : slot_of[e]});
   }
 
-  if (p.first_token < 0) {
+  if (p.first_token < 0 && index_vectors) {
     p.token_rows.assign(tokens.begin(), tokens.end());
     p.chunk_routes.resize(S);
     for (int64_t i = 0; i < n; ++i) {

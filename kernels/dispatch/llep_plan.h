@@ -135,8 +135,13 @@ struct LlepRankPlan {
   // so all of them skip the weight exchanges together or none does).
   bool transfers = false;
 
-  int64_t routes() const { return static_cast<int64_t>(send_index.size()); }
-  int64_t rows() const { return static_cast<int64_t>(perm.size()); }
+  // S = n k routes this rank sends and R rows it receives in the chunk,
+  // also when the index vectors were not made.
+  int64_t routes_sent = 0;
+  int64_t rows_received = 0;
+
+  int64_t routes() const { return routes_sent; }
+  int64_t rows() const { return rows_received; }
 };
 
 // This rank's plan for one chunk. `counts[s * E + e]` are the routes source
@@ -145,12 +150,13 @@ struct LlepRankPlan {
 // routes of the whole layer ([N*k], host); `tokens` are the chunk's token
 // rows in chunk order (the token-view vectors are made when they are not a
 // contiguous block). INTERNAL if an expert id is out of range or this
-// rank's own counts disagree with `chosen`.
-absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& assignment,
-                                          absl::Span<const int64_t> counts, int rank,
-                                          int64_t ranks, const ModelConfig& model,
-                                          absl::Span<const int32_t> chosen, int64_t layer_tokens,
-                                          absl::Span<const int32_t> tokens);
+// rank's own counts disagree with `chosen`. Without `index_vectors` the
+// index vectors stay empty and everything else is the same: PipelinedLLEP
+// stages them once and plans each chunk again as it runs it.
+absl::StatusOr<LlepRankPlan> PlanLlepRank(const LlepAssignment& assignment, absl::Span<const int64_t> counts, int rank,
+                                          int64_t ranks, const ModelConfig& model, absl::Span<const int32_t> chosen,
+                                          int64_t layer_tokens, absl::Span<const int32_t> tokens,
+                                          bool index_vectors = true);
 
 // ---------------------------------------------------------------------------
 // PipelinedLLEP's chunks.

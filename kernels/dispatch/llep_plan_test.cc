@@ -465,6 +465,48 @@ TEST(LlepPlanTest, EveryRouteReachesAGroupOfItsExpert) {
   EXPECT_EQ(w.plans[1].rows(), 0);
 }
 
+// A plan made without its index vectors (PipelinedLLEP's Forward and
+// Backward, which run from the staged words) is the full plan less those
+// vectors: the same sizes, exchanges, groups and transfers, in strided
+// chunks (the token view) and whole layers alike.
+TEST(LlepPlanTest, APlanWithoutIndexVectorsIsTheRestOfTheFullPlan) {
+  const ModelConfig m = Model(8);
+  for (int64_t chunks : {1, 3}) {
+    const World w = Plan(m, {20, 27, 34, 41}, HotRouting(80, 2), Opts(1.0, 3), chunks, chunks - 1);
+    for (int p = 0; p < 4; ++p) {
+      SCOPED_TRACE(absl::StrCat("K = ", chunks, ", rank ", p));
+      absl::StatusOr<LlepRankPlan> bare =
+          PlanLlepRank(w.a, w.counts, p, 4, m, w.chosen[p], 20 + 7 * p, w.tokens[p], /*index_vectors=*/false);
+      ASSERT_TRUE(bare.ok()) << bare.status();
+      const LlepRankPlan& full = w.plans[p];
+      ASSERT_GT(full.routes(), 0);
+      EXPECT_EQ(bare->routes(), full.routes());
+      EXPECT_EQ(bare->rows(), full.rows());
+      EXPECT_EQ(bare->tokens, full.tokens);
+      EXPECT_EQ(bare->first_token, full.first_token);
+      EXPECT_EQ(bare->send_rows, full.send_rows);
+      EXPECT_EQ(bare->recv_rows, full.recv_rows);
+      ASSERT_EQ(bare->groups.size(), full.groups.size());
+      for (size_t g = 0; g < full.groups.size(); ++g) {
+        EXPECT_EQ(bare->groups[g].expert, full.groups[g].expert);
+        EXPECT_EQ(bare->groups[g].rows, full.groups[g].rows);
+        EXPECT_EQ(bare->groups[g].local, full.groups[g].local);
+        EXPECT_EQ(bare->groups[g].borrowed, full.groups[g].borrowed);
+      }
+      EXPECT_EQ(bare->borrowed, full.borrowed);
+      EXPECT_EQ(bare->borrowed_from, full.borrowed_from);
+      EXPECT_EQ(bare->lent, full.lent);
+      EXPECT_EQ(bare->lent_to, full.lent_to);
+      EXPECT_EQ(bare->transfers, full.transfers);
+      EXPECT_EQ(LlepChunkSizesOf(*bare).token_view, LlepChunkSizesOf(full).token_view);
+      for (const std::vector<int32_t>* v : {&bare->send_index, &bare->route_at_pos, &bare->route_pos, &bare->perm,
+                                            &bare->inv_perm, &bare->token_rows, &bare->chunk_routes}) {
+        EXPECT_TRUE(v->empty());
+      }
+    }
+  }
+}
+
 TEST(LlepPlanTest, OwnCountsThatDisagreeWithTheRoutesAreInternal) {
   const ModelConfig m = Model(4);
   World w = Plan(m, {5, 5}, BalancedRouting(), Opts(1.0, 1));

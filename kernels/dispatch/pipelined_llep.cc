@@ -92,7 +92,7 @@ PipelinedLlep::PlanningArrays PipelinedLlep::Planning() const {
   return a;
 }
 
-absl::StatusOr<LlepRankPlan> PipelinedLlep::PlanChunk(int64_t j) {
+absl::StatusOr<LlepRankPlan> PipelinedLlep::PlanChunk(int64_t j, bool index_vectors) {
   const int64_t P = comm_.size(), E = model_.experts, K = model_.top_k;
   const PlanningArrays a = Planning();
   std::fill(a.loads, a.loads + E, 0);
@@ -105,7 +105,7 @@ absl::StatusOr<LlepRankPlan> PipelinedLlep::PlanChunk(int64_t j) {
   const LlepAssignment assignment = AssignLlep(absl::MakeConstSpan(a.loads, E), P, options_.balance);
   return PlanLlepRank(assignment, absl::MakeConstSpan(a.chunk_counts, P * E), comm_.rank(), P, model_,
                       absl::MakeConstSpan(a.chosen, tokens_ * K), tokens_,
-                      ChunkTokenRows(tokens_, chunks_, j, options_.membership));
+                      ChunkTokenRows(tokens_, chunks_, j, options_.membership), index_vectors);
 }
 
 const int32_t* PipelinedLlep::StagedIndex(int64_t chunk) const {
@@ -267,7 +267,7 @@ absl::Status PipelinedLlep::Plan(const int32_t* chosen, int64_t N, int64_t layer
   // Every chunk's plan: its index words staged, its sizes checked against
   // the slots, then freed (Forward and Backward make it again).
   for (int64_t j = 0; j < chunks_; ++j) {
-    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan plan, PlanChunk(j));
+    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan plan, PlanChunk(j, /*index_vectors=*/true));
     const LlepIndexLayout& layout = bf16_ ? mem_bf16_.layout : mem_.layout;
     PLATEAU_RETURN_IF_ERROR(bf16_ ? runner_bf16_.Fits(plan, mem_bf16_) : runner_.Fits(plan, mem_));
     WriteChunkIndex(plan, layout, host_index_.as<int32_t>() + j * layout.total);
@@ -324,7 +324,7 @@ absl::Status PipelinedLlep::ForwardT(const W* u, const int32_t* chosen, const fl
   LlepChunkRunnerT<W>& runner = Runner<W>();
   const LlepChunkMemoryT<W>& mem = Mem<W>();
   for (int64_t j = 0; j < chunks_; ++j) {
-    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan p, PlanChunk(j));
+    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan p, PlanChunk(j, /*index_vectors=*/false));
     PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(StagedIndex(j), mem));
     PLATEAU_RETURN_IF_ERROR(runner.ShipWeights(p, mem, w));
     PLATEAU_RETURN_IF_ERROR(runner.DispatchRows(p, mem, u));
@@ -358,7 +358,7 @@ absl::Status PipelinedLlep::BackwardT(const W* dout, const ExpertWeightsT<W>& w,
   const LlepChunkMemoryT<W>& mem = Mem<W>();
   const W* u = static_cast<const W*>(u_);
   for (int64_t j = 0; j < chunks_; ++j) {
-    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan p, PlanChunk(j));
+    PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan p, PlanChunk(j, /*index_vectors=*/false));
     PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(StagedIndex(j), mem));
     PLATEAU_RETURN_IF_ERROR(runner.ShipWeights(p, mem, w));
     PLATEAU_RETURN_IF_ERROR(runner.DispatchRows(p, mem, u));

@@ -187,8 +187,9 @@ class PipelinedLlep final : public ExpertDispatch {
   };
   PlanningArrays Planning() const;
   // Chunk j's plan from the planning arrays (AssignLlep over its loads,
-  // then this rank's part): Plan's, and Forward's and Backward's again.
-  absl::StatusOr<LlepRankPlan> PlanChunk(int64_t chunk);
+  // then this rank's part): Plan's, with the index vectors it stages, and
+  // Forward's and Backward's again, without them (the device has them).
+  absl::StatusOr<LlepRankPlan> PlanChunk(int64_t chunk, bool index_vectors);
 
   const ModelConfig model_;
   const PipelinedLlepOptions options_;
