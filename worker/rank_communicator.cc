@@ -20,12 +20,10 @@ absl::StatusOr<CommunicatorOptions> ToCommunicatorOptions(const v1::JobSpec& spe
   CommunicatorOptions o;
   o.backend = backend.kind;
   o.size = static_cast<int>(spec.layout().ranks());
-  if (backend.kind == BackendKind::kCuda) {
-    // 600 s: the coordinator's --default_progress_timeout default, which a
-    // rank cannot see.
-    const int64_t progress_s = spec.progress_timeout_s() > 0 ? spec.progress_timeout_s() : 600;
-    o.timeout = absl::Seconds(std::max<int64_t>(progress_s, 60));
-  }
+  // 600 s: the coordinator's --default_progress_timeout default, which a
+  // rank cannot see.
+  const int64_t progress_s = spec.progress_timeout_s() > 0 ? spec.progress_timeout_s() : 600;
+  o.timeout = absl::Seconds(std::max<int64_t>(progress_s, 60));
   return o;
 }
 
