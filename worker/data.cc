@@ -99,6 +99,7 @@ class TokenStream final : public DataSource {
 
   int64_t total() const { return total_; }
   int64_t stream_tokens() const override { return total_; }
+  uint64_t stream_fingerprint() const override { return fingerprint_; }
   int64_t sequences() const { return sequences_; }
   int64_t vocab_size() const override { return vocab_; }
   uint64_t position() const override { return position_; }
@@ -119,9 +120,28 @@ class TokenStream final : public DataSource {
     return absl::OkStatus();
   }
 
+  // Reads the sample and hashes it (FNV-1a over each token's four bytes,
+  // little-endian, after the stream's length). The vocabulary is not
+  // checked here: a token outside it fails the batch that reads it.
+  absl::Status Fingerprint() {
+    uint64_t h = 14695981039346656037ull;
+    const auto mix = [&h](uint64_t v) {
+      for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+    };
+    mix(static_cast<uint64_t>(total_));
+    std::vector<int32_t> window;
+    for (const auto& [offset, count] : FingerprintSample(total_)) {
+      window.resize(count);
+      PLATEAU_RETURN_IF_ERROR(Read(offset, count, window.data(), /*check_vocab=*/false));
+      for (int32_t v : window) mix(static_cast<uint32_t>(v));
+    }
+    fingerprint_ = h;
+    return absl::OkStatus();
+  }
+
  private:
   // Tokens [start, start + count) of the concatenated stream.
-  absl::Status Read(int64_t start, int64_t count, int32_t* out) {
+  absl::Status Read(int64_t start, int64_t count, int32_t* out, bool check_vocab = true) {
     size_t i = 0;
     while (i < parts_.size() && start >= parts_[i].count) start -= parts_[i++].count;
     std::vector<unsigned char> raw;
@@ -135,7 +155,7 @@ class TokenStream final : public DataSource {
       for (int64_t j = 0; j < take; ++j) {
         uint32_t v = 0;
         std::memcpy(&v, &raw[j * p.token_bytes], p.token_bytes);  // little-endian
-        if (v >= static_cast<uint64_t>(vocab_)) {
+        if (check_vocab && v >= static_cast<uint64_t>(vocab_)) {
           return absl::DataLossError(absl::StrCat(p.path, ": token ", v, " at index ", start + j,
                                                   " is outside the vocabulary of ", vocab_));
         }
@@ -156,7 +176,25 @@ class TokenStream final : public DataSource {
   int64_t base_ = 0;       // the first token of this split
   int64_t sequences_ = 0;  // sequences of this split (a stream wraps after them)
   uint64_t position_ = 0;
+  uint64_t fingerprint_ = 0;
 };
+
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> FingerprintSample(int64_t tokens) {
+  constexpr int64_t kEnds = 4096, kWindows = 64, kWindow = 64;
+  if (tokens <= 2 * kEnds + kWindows * kWindow) return {{0, tokens}};
+  std::vector<std::pair<int64_t, int64_t>> sample = {{0, kEnds}};
+  // Window i starts at kEnds + i * gap: evenly over the middle, which is
+  // longer than the windows together, so they neither touch nor overlap
+  // the ends.
+  const int64_t middle = tokens - 2 * kEnds, gap = middle / kWindows;
+  for (int64_t i = 0; i < kWindows; ++i) sample.push_back({kEnds + i * gap, kWindow});
+  sample.push_back({tokens - kEnds, kEnds});
+  return sample;
+}
+
+namespace {
 
 absl::StatusOr<File> OpenFile(const std::string& path, int64_t* size) {
   PLATEAU_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
@@ -182,6 +220,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> Finish(std::vector<TokenStream::Part
         " of the ", s->total(), " tokens of ", what, ", leaving fewer than one training sequence of seq_len + 1 = ",
         slice.seq_len + 1));
   }
+  PLATEAU_RETURN_IF_ERROR(s->Fingerprint());
   return std::unique_ptr<DataSource>(std::move(s));
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,7 +67,18 @@ class DataSource {
   // by its seed). Every rank of a job, and every attempt that resumes it,
   // must read the same stream: the trainer checks this number.
   virtual int64_t stream_tokens() const { return 0; }
+  // A hash of a sample of that stream, or 0 for a generated source: its
+  // first and last 4,096 tokens and 64 windows of 64 tokens evenly spaced
+  // between (the whole stream when it is that short), by value (a uint16
+  // and a uint32 shard of the same tokens agree), read once at open.
+  // Copies of one length with other contents, or shards given in another
+  // order, differ here; a difference outside the sample does not.
+  virtual uint64_t stream_fingerprint() const { return 0; }
 };
+
+// The sample stream_fingerprint() hashes: [offset, offset + count) ranges of
+// a stream of `tokens` tokens, in order, disjoint. Exposed for tests.
+std::vector<std::pair<int64_t, int64_t>> FingerprintSample(int64_t tokens);
 
 // Opens llm.c shard files. Refuses a bad header, a token id >= vocab_size,
 // or a stream shorter than one sequence, naming the file.

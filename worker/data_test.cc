@@ -163,6 +163,76 @@ TEST(ByteTextTest, EveryByteIsAToken) {
   EXPECT_EQ(b.targets, (std::vector<int32_t>{'l', 'o'}));
 }
 
+// The fingerprint's sample: the ends and 64 windows between, in order,
+// disjoint, inside the stream; a short stream whole.
+TEST(StreamFingerprintTest, TheSampleIsTheEndsAndWindowsBetween) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(FingerprintSample(10), (Ranges{{0, 10}}));
+  EXPECT_EQ(FingerprintSample(2 * 4096 + 64 * 64), (Ranges{{0, 2 * 4096 + 64 * 64}}));
+  for (int64_t tokens : {int64_t{2 * 4096 + 64 * 64 + 1}, int64_t{100000}, int64_t{1} << 40}) {
+    const Ranges sample = FingerprintSample(tokens);
+    ASSERT_EQ(sample.size(), 66u) << tokens;
+    EXPECT_EQ(sample.front(), (std::pair<int64_t, int64_t>{0, 4096}));
+    EXPECT_EQ(sample.back(), (std::pair<int64_t, int64_t>{tokens - 4096, 4096}));
+    for (size_t i = 1; i < sample.size(); ++i) {
+      EXPECT_GE(sample[i].first, sample[i - 1].first + sample[i - 1].second) << tokens << " range " << i;
+    }
+    // The windows spread over the middle: the last starts in its last 64th.
+    EXPECT_GT(sample[64].first, tokens - 4096 - (tokens - 2 * 4096) / 64 - 64) << tokens;
+  }
+}
+
+// What the trainer compares across ranks and against a checkpoint: equal
+// for the same tokens however stored, different for other tokens of the
+// same length in the sample or for shards in another order.
+TEST(StreamFingerprintTest, SameTokensAgreeOtherContentsDiffer) {
+  std::vector<int32_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % 251);
+  const std::string shard = TmpPath("fp.bin"), text = TmpPath("fp.txt");
+  ASSERT_TRUE(WriteTokenShard(shard, tokens).ok());
+  {
+    std::ofstream f(text, std::ios::binary);
+    for (int32_t t : tokens) f.put(static_cast<char>(t));
+  }
+  const auto fingerprint = [](absl::StatusOr<std::unique_ptr<DataSource>> src) -> uint64_t {
+    EXPECT_TRUE(src.ok()) << src.status();
+    return src.ok() ? (*src)->stream_fingerprint() : 0;
+  };
+  const uint64_t base = fingerprint(OpenTokenShards({shard}, 256, DataSlice{1, 8, 0, 1}));
+  EXPECT_NE(base, 0u);
+  // The same stream: as bytes of text (uint8 against the shard's uint16),
+  // on another rank, with a held-out split (the whole stream is hashed).
+  EXPECT_EQ(fingerprint(OpenByteText(text, DataSlice{1, 8, 0, 1})), base);
+  EXPECT_EQ(fingerprint(OpenTokenShards({shard}, 256, DataSlice{2, 8, 1, 2, 3})), base);
+
+  // One token changed in the first 4,096, in the last, in the first
+  // window (which starts at 4,096): each another fingerprint.
+  for (size_t at : {size_t{17}, tokens.size() - 1, size_t{4096 + 5}}) {
+    std::vector<int32_t> other = tokens;
+    other[at] = (other[at] + 1) % 251;
+    const std::string path = TmpPath("fp_other.bin");
+    ASSERT_TRUE(WriteTokenShard(path, other).ok());
+    EXPECT_NE(fingerprint(OpenTokenShards({path}, 256, DataSlice{1, 8, 0, 1})), base) << "token " << at;
+  }
+  // Between two windows (4,160 .. 4,280 here) no change is seen: the
+  // sample's documented limit.
+  {
+    std::vector<int32_t> other = tokens;
+    other[4200] = (other[4200] + 1) % 251;
+    const std::string path = TmpPath("fp_unsampled.bin");
+    ASSERT_TRUE(WriteTokenShard(path, other).ok());
+    EXPECT_EQ(fingerprint(OpenTokenShards({path}, 256, DataSlice{1, 8, 0, 1})), base);
+  }
+  // Two shards in either order: one length, two streams.
+  const std::string a = TmpPath("fp_a.bin"), b = TmpPath("fp_b.bin");
+  ASSERT_TRUE(WriteTokenShard(a, {tokens.begin(), tokens.begin() + 9000}).ok());
+  ASSERT_TRUE(WriteTokenShard(b, {tokens.begin() + 9000, tokens.end()}).ok());
+  EXPECT_EQ(fingerprint(OpenTokenShards({a, b}, 256, DataSlice{1, 8, 0, 1})), base);
+  EXPECT_NE(fingerprint(OpenTokenShards({b, a}, 256, DataSlice{1, 8, 0, 1})), base);
+  // A generated source has none.
+  EXPECT_EQ(fingerprint(OpenAssociativeRecall(RecallTask{}, DataSlice{1, 64, 0, 1})), 0u);
+}
+
 // Every sequence a source yields from `batches` global batches (P = 1):
 // each as its T tokens followed by its T targets.
 std::vector<std::vector<int32_t>> Sequences(DataSource& src, int64_t batches, int64_t B, int64_t T) {

@@ -10,15 +10,22 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The rank's world communicator by the spec's backend: Gloo's options
-// unchanged on cpu; NCCL's on cuda with the job's progress timeout (never
-// under 60 s) bounding the rendezvous and the watchdog.
+// The rank's world communicator by the spec's backend (Gloo on cpu, NCCL on
+// cuda), on both with the job's progress timeout (never under 60 s)
+// bounding the rendezvous and each collective.
 TEST(RankCommunicatorTest, ByBackendWithTheTimeoutFromTheSpec) {
-  auto cpu = ToCommunicatorOptions(DemoJobSpec(2, 10));
+  v1::JobSpec gloo = DemoJobSpec(2, 10);
+  auto cpu = ToCommunicatorOptions(gloo);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->backend, BackendKind::kCpu);
   EXPECT_EQ(cpu->size, 2);
-  EXPECT_EQ(cpu->timeout, CommunicatorOptions{}.timeout);
+  // Not Gloo's own 60 s: rank 0 committing a checkpoint for more than a
+  // minute would fail every other rank waiting in its next collective.
+  EXPECT_EQ(cpu->timeout, absl::Seconds(600));
+  gloo.set_progress_timeout_s(1800);
+  EXPECT_EQ(ToCommunicatorOptions(gloo)->timeout, absl::Seconds(1800));
+  gloo.set_progress_timeout_s(5);
+  EXPECT_EQ(ToCommunicatorOptions(gloo)->timeout, absl::Seconds(60));
 
   v1::JobSpec cuda = DemoJobSpec(2, 10);
   cuda.set_backend(v1::BACKEND_CUDA);

@@ -30,6 +30,12 @@ std::string DataField(const TrainerOptions& o) {
   return "data.recall";
 }
 
+// DataSource::stream_fingerprint as the checkpoint metadata stores it: 16
+// hex digits.
+std::string FingerprintText(const DataSource& data) {
+  return absl::StrCat(absl::Hex(data.stream_fingerprint(), absl::kZeroPad16));
+}
+
 absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, int rank, bool validation = false) {
   const ModelConfig& m = o.step.model;
   DataSlice slice{o.step.layout.batch, m.seq_len, rank, o.step.layout.ranks, o.data.held_out, validation};
@@ -85,6 +91,7 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
   std::map<std::string, std::string> metadata = {{"step", absl::StrCat(step.step())},
                                                  {"data_position", absl::StrCat(data.position())},
                                                  {"data_tokens", absl::StrCat(data.stream_tokens())},
+                                                 {"data_fingerprint", FingerprintText(data)},
                                                  {"seed", absl::StrCat(o.step.seed)},
                                                  {"format", "plateau-checkpoint-v1"}};
   if (o.data.kind == DataOptions::Kind::kRecall) {
@@ -130,6 +137,15 @@ absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, Tr
               DataField(o), ": this job's files hold ", data.stream_tokens(), " tokens, but its checkpoint ", path,
               " was trained on a stream of ", Utf8Prefix(metadata["data_tokens"], 40),
               "; resume on the same data, or start the new data in another checkpoint_dir"));
+        }
+        // Of the same length but other contents (another file of the same
+        // size, shards in another order): its sample hashes otherwise.
+        if (metadata.count("data_fingerprint") > 0 && metadata["data_fingerprint"] != FingerprintText(data)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(DataField(o), ": this job's files (", data.stream_tokens(), " tokens, fingerprint ",
+                           FingerprintText(data), ") are not the stream its checkpoint ", path,
+                           " was trained on (fingerprint ", Utf8Prefix(metadata["data_fingerprint"], 40),
+                           "); resume on the same data, or start the new data in another checkpoint_dir"));
         }
         return step_count;
       }));
@@ -266,6 +282,18 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
     return absl::FailedPreconditionError(absl::StrCat(
         DataField(o), ": the ranks read different data: this rank's files hold ", mine, " tokens, another rank's ",
         stream.first == mine ? stream.second : stream.first, "; every node needs the same copy"));
+  }
+  // Copies of one length may still differ (another file of the same size,
+  // shards listed in another order): their samples' hashes, compared the
+  // same way (as int64: equal bits, equal values).
+  const int64_t fingerprint = static_cast<int64_t>(data->stream_fingerprint());
+  PLATEAU_ASSIGN_OR_RETURN(const auto sampled, step->RangeAcrossRanks(fingerprint));
+  if (sampled.first != sampled.second) {
+    const int64_t other = sampled.first == fingerprint ? sampled.second : sampled.first;
+    return absl::FailedPreconditionError(
+        absl::StrCat(DataField(o), ": the ranks read different data: this rank's files and another rank's hold ",
+                     data->stream_tokens(), " tokens each but differ (fingerprints ", FingerprintText(*data), " and ",
+                     absl::Hex(static_cast<uint64_t>(other), absl::kZeroPad16), "); every node needs the same copy"));
   }
   // Claimed by every rank before any reads: from then on no older attempt
   // can commit, so all ranks read the same newest checkpoint.

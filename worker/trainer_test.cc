@@ -266,6 +266,52 @@ TEST(TrainerTest, RanksOrAResumeOnDataOfAnotherLengthAreRefused) {
   EXPECT_THAT(resumed.status.message(), HasSubstr("was trained on a stream of 9000"));
 }
 
+// The same of copies of one length with other contents (here one letter
+// changed near the start, in the fingerprint's sample): the ranks refuse
+// before the first step, and so does a resume on the changed copy.
+TEST(TrainerTest, RanksOrAResumeOnDataOfOtherContentsAreRefused) {
+  const auto write = [](const std::string& path, char first) {
+    std::ofstream f(path);
+    f << first;
+    for (int i = 0; i < 200; ++i) f << "the quick brown fox jumps over the lazy dog. ";
+  };
+  const std::string a = TmpDir("same_a.txt"), b = TmpDir("same_b.txt");
+  write(a, 'T');
+  write(b, 't');
+  TrainerOptions o = RecallOptions(2);
+  o.data.kind = DataOptions::Kind::kText;
+  o.step.model.vocab_size = 256;
+  o.step.layout.batch = 4;
+  o.steps = 2;
+  std::vector<absl::Status> ranks(2);
+  absl::Status s =
+      RunLocalWorld(2, 256 << 20, FreshStoreDir("same_length"), [&](int r, Backend& be, Communicator& world) {
+        TrainerOptions mine = o;
+        mine.data.paths = {r == 0 ? a : b};
+        ranks[r] = RunTraining(mine, be, world, [](const StepReport&) {});
+        return ranks[r];
+      });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << ranks[r];
+    EXPECT_THAT(ranks[r].message(), HasSubstr("data.text.path: the ranks read different data"));
+    EXPECT_THAT(ranks[r].message(), HasSubstr("hold 9001 tokens each but differ"));
+  }
+
+  o.data.paths = {a};
+  o.checkpoint_dir = TmpDir("same_length_ckpt");
+  TrainRun first = Train(o, 2);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  o.data.paths = {b};
+  o.steps = 4;
+  TrainRun resumed = Train(o, 2);
+  EXPECT_EQ(resumed.status.code(), absl::StatusCode::kFailedPrecondition) << resumed.status;
+  EXPECT_THAT(resumed.status.message(), HasSubstr("are not the stream its checkpoint"));
+  // The same file again resumes.
+  o.data.paths = {a};
+  TrainRun again = Train(o, 2);
+  EXPECT_TRUE(again.status.ok()) << again.status;
+}
+
 TEST(TrainerTest, DataLargerThanTheVocabularyIsRefused) {
   TrainerOptions o = RecallOptions(1);
   o.step.model.vocab_size = 10;  // the task needs 18
@@ -435,6 +481,7 @@ TEST(TrainerTest, CheckpointMetadataAsDocumented) {
                                                             {"seed", "5"},
                                                             {"data_seed", "9"},
                                                             {"data_tokens", "0"},
+                                                            {"data_fingerprint", "0000000000000000"},
                                                             {"format", "plateau-checkpoint-v1"}}));
   EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
 }
