@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -20,7 +21,23 @@ namespace plateau {
 namespace {
 
 constexpr char kFenceName[] = ".plateau-fence";
-constexpr char kPartialPrefix[] = ".partial-attempt-";
+// Partial files: ".partial-JOB-attempt-A-step-N.safetensors" (and the
+// writer's ".tmp.PID" beside it). Before 2026-12-07 without JOB, so two
+// jobs sharing a directory, both attempt 0, wrote and removed one name.
+constexpr char kPartialPrefix[] = ".partial-";
+
+std::string PartialPrefix(const std::string& job, int64_t attempt) {
+  return absl::StrCat(kPartialPrefix, job, "-attempt-", attempt, "-");
+}
+
+// A job id goes into file names: letters, digits, '.', '_' and '-' only.
+bool IsFileNamePart(const std::string& job) {
+  if (job.empty() || job == "." || job == "..") return false;
+  for (char c : job) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -114,8 +131,8 @@ std::string Holder(const CheckpointFence& f) {
 
 }  // namespace
 
-std::string PartialCheckpointPath(const std::string& dir, int64_t attempt, int64_t step) {
-  return absl::StrCat(dir, "/", kPartialPrefix, attempt, "-step-", step, ".safetensors");
+std::string PartialCheckpointPath(const std::string& dir, const std::string& job, int64_t attempt, int64_t step) {
+  return absl::StrCat(dir, "/", PartialPrefix(job, attempt), "step-", step, ".safetensors");
 }
 
 absl::StatusOr<CheckpointFence> ReadCheckpointFence(const std::string& dir) {
@@ -125,8 +142,9 @@ absl::StatusOr<CheckpointFence> ReadCheckpointFence(const std::string& dir) {
 }
 
 absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, int64_t attempt, absl::Duration wait) {
-  if (job.empty() || job.find_first_of(" \n") != std::string::npos || attempt < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint fence: bad job '", job, "' or attempt ", attempt));
+  if (!IsFileNamePart(job) || attempt < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint fence: bad job '", job, "' or attempt ", attempt,
+                                                   " (expected letters, digits, '.', '_', '-'; attempt >= 0)"));
   }
   auto f = LockedFence::Open(dir, wait);
   if (!f.ok()) return f.status();
@@ -139,16 +157,15 @@ absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, 
   if (held->job != job || held->attempt != attempt) {
     if (absl::Status s = f->Write({job, attempt}); !s.ok()) return s;
   }
-  // Partial files of older attempts: never read, and never committed now.
+  // Every other partial file (older attempts', other jobs', the old
+  // names'): never read, and never committed now that the fence names this
+  // attempt. Its own are written only after every rank has claimed.
+  const std::string mine = PartialPrefix(job, attempt);
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(kPartialPrefix, 0) != 0) continue;
-    int64_t a = 0;
-    const std::string rest = name.substr(sizeof(kPartialPrefix) - 1);
-    if (absl::SimpleAtoi(rest.substr(0, rest.find('-')), &a) && a < attempt) {
-      std::filesystem::remove(e.path(), ec);
-    }
+    if (name.rfind(kPartialPrefix, 0) != 0 || name.rfind(mine, 0) == 0) continue;
+    std::filesystem::remove(e.path(), ec);
   }
   return absl::OkStatus();
 }

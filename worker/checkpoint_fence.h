@@ -50,12 +50,15 @@ inline constexpr absl::Duration kCheckpointFenceWait = absl::Seconds(60);
 
 // Claims `dir` (created if missing) for `job`'s `attempt`. ABORTED when a
 // later attempt of the same job holds it (this attempt is stale). Partial
-// files of the job's older attempts are removed.
+// files of the job's older attempts and of other jobs are removed (none of
+// them can commit any more). `job` becomes part of file names: letters,
+// digits, '.', '_' and '-' (INVALID_ARGUMENT otherwise).
 absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job, int64_t attempt,
                                 absl::Duration wait = kCheckpointFenceWait);
 
-// Where `attempt` writes step `step` before committing it.
-std::string PartialCheckpointPath(const std::string& dir, int64_t attempt, int64_t step);
+// Where `job`'s `attempt` writes step `step` before committing it: a name
+// of its own, so that no other job or attempt writes or removes it.
+std::string PartialCheckpointPath(const std::string& dir, const std::string& job, int64_t attempt, int64_t step);
 
 // Renames `partial` to `final_path` if the fence of `dir` still names `job`
 // and `attempt`; otherwise removes `partial` and returns ABORTED naming the

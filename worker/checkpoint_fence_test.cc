@@ -41,7 +41,7 @@ void Put(const std::string& path, const std::string& text) { std::ofstream(path)
 
 // What the trainer does: write aside, commit.
 absl::Status Save(const std::string& dir, const std::string& job, int attempt, int step, const std::string& text) {
-  const std::string partial = PartialCheckpointPath(dir, attempt, step);
+  const std::string partial = PartialCheckpointPath(dir, job, attempt, step);
   Put(partial, text);
   return CommitCheckpoint(dir, job, attempt, partial, absl::StrCat(dir, "/step-", step, ".safetensors"));
 }
@@ -61,7 +61,7 @@ TEST(CheckpointFenceTest, AStaleAttemptCanNeverReplaceTheNewAttemptsCheckpoint) 
   EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
   EXPECT_THAT(late.message(), HasSubstr("job-3 attempt 1"));
   EXPECT_EQ(Read(step10), "attempt 1");
-  EXPECT_FALSE(std::filesystem::exists(PartialCheckpointPath(dir, 0, 10)));
+  EXPECT_FALSE(std::filesystem::exists(PartialCheckpointPath(dir, "job-3", 0, 10)));
   // Nor can it write a step the new attempt has not reached.
   EXPECT_EQ(Save(dir, "job-3", 0, 20, "attempt 0").code(), absl::StatusCode::kAborted);
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-20.safetensors"));
@@ -79,9 +79,38 @@ TEST(CheckpointFenceTest, AStaleAttemptCanNeverReplaceTheNewAttemptsCheckpoint) 
 TEST(CheckpointFenceTest, AClaimRemovesOlderAttemptsPartialFiles) {
   const std::string dir = Dir("partials");
   ASSERT_TRUE(ClaimCheckpointDir(dir, "job-1", 0).ok());
-  Put(PartialCheckpointPath(dir, 0, 30), "torn");  // attempt 0 was cut off mid-write
+  Put(PartialCheckpointPath(dir, "job-1", 0, 30), "torn");  // attempt 0 was cut off mid-write
   ASSERT_TRUE(ClaimCheckpointDir(dir, "job-1", 1).ok());
-  EXPECT_FALSE(std::filesystem::exists(PartialCheckpointPath(dir, 0, 30)));
+  EXPECT_FALSE(std::filesystem::exists(PartialCheckpointPath(dir, "job-1", 0, 30)));
+}
+
+// Two jobs on one directory, both at attempt 0: the refused job's commit
+// removed the other's partial file of the same name (then the other's
+// commit failed), or renamed it under the other's step. Each writes a name
+// of its own, and the new holder's claim removes the old one's partials.
+TEST(CheckpointFenceTest, TwoJobsAtTheSameAttemptNeverTouchEachOthersPartialFile) {
+  const std::string dir = Dir("two_jobs");
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-1", 0).ok());
+  Put(PartialCheckpointPath(dir, "job-1", 0, 7), "job-1, cut off");
+  ASSERT_TRUE(ClaimCheckpointDir(dir, "job-2", 0).ok());
+  EXPECT_FALSE(std::filesystem::exists(PartialCheckpointPath(dir, "job-1", 0, 7)));
+  const std::string partial = PartialCheckpointPath(dir, "job-2", 0, 5);
+  EXPECT_NE(partial, PartialCheckpointPath(dir, "job-1", 0, 5));
+  Put(partial, "job-2's");
+  // job-1 still runs and commits the same step: refused, and only its own
+  // file goes.
+  EXPECT_EQ(Save(dir, "job-1", 0, 5, "job-1's").code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Read(partial), "job-2's");
+  EXPECT_TRUE(CommitCheckpoint(dir, "job-2", 0, partial, dir + "/step-5.safetensors").ok());
+  EXPECT_EQ(Read(dir + "/step-5.safetensors"), "job-2's");
+}
+
+TEST(CheckpointFenceTest, AJobThatIsNoFileNamePartIsRefused) {
+  const std::string dir = Dir("bad_job");
+  for (const std::string job : {"", "a/b", "..", "job 1", "job\n"}) {
+    EXPECT_EQ(ClaimCheckpointDir(dir, job, 0).code(), absl::StatusCode::kInvalidArgument) << job;
+  }
+  EXPECT_TRUE(ClaimCheckpointDir(dir, "job-12_a.b", 0).ok());
 }
 
 TEST(CheckpointFenceTest, AnotherJobTakesTheDirectoryOver) {

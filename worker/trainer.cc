@@ -1,8 +1,12 @@
 #include "worker/trainer.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +39,34 @@ std::string DataField(const TrainerOptions& o) {
 std::string FingerprintText(const DataSource& data) {
   return absl::StrCat(absl::Hex(data.stream_fingerprint(), absl::kZeroPad16));
 }
+
+// The shortest text that reads back as `x`'s bits ("1e-05", not
+// "9.99999975e-06"; %.9g always does).
+std::string FloatText(float x) {
+  for (int digits = 6;; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, x);
+    if (std::strtof(text.c_str(), nullptr) == x || digits == 9) return text;
+  }
+}
+
+// What a checkpoint's state means, beyond its tensors' shapes: the model
+// fields that change the function with the same shapes (heads and kv_heads
+// scaled together, top_k, rope_theta, norm_eps) or the tensors' count
+// (layers), and what its data position counts (sequences of seq_len tokens
+// of the training stream, which the held-out split shortens). Stored in
+// the metadata under the job spec's own field names, and compared on
+// resume, so a mismatch is refused naming the field.
+std::vector<std::pair<std::string, std::string>> CheckpointIdentity(const TrainerOptions& o) {
+  const ModelConfig& m = o.step.model;
+  return {{"model.vocab_size", absl::StrCat(m.vocab_size)}, {"model.hidden", absl::StrCat(m.hidden)},
+          {"model.layers", absl::StrCat(m.layers)},         {"model.heads", absl::StrCat(m.heads)},
+          {"model.kv_heads", absl::StrCat(m.kv_heads)},     {"model.experts", absl::StrCat(m.experts)},
+          {"model.top_k", absl::StrCat(m.top_k)},           {"model.expert_ffn", absl::StrCat(m.expert_ffn)},
+          {"model.seq_len", absl::StrCat(m.seq_len)},       {"model.rope_theta", FloatText(m.rope_theta)},
+          {"model.norm_eps", FloatText(m.norm_eps)},        {"data.held_out_sequences", absl::StrCat(o.data.held_out)}};
+}
+
+constexpr char kCheckpointFormat[] = "plateau-checkpoint-v1";
 
 absl::StatusOr<std::unique_ptr<DataSource>> OpenData(const TrainerOptions& o, int rank, bool validation = false) {
   const ModelConfig& m = o.step.model;
@@ -84,8 +116,9 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
   // Written aside, then renamed into place only if no newer attempt has
   // claimed the directory meanwhile (worker/checkpoint_fence.h).
   const std::string final_path = CheckpointPath(o.checkpoint_dir, step.step());
-  const std::string path =
-      o.fence_attempt < 0 ? final_path : PartialCheckpointPath(o.checkpoint_dir, o.fence_attempt, step.step());
+  const std::string path = o.fence_attempt < 0
+                               ? final_path
+                               : PartialCheckpointPath(o.checkpoint_dir, o.fence_job, o.fence_attempt, step.step());
   // docs/MODEL.md, "Checkpoints": "seed" is the initialisation's; the
   // recall task's generator has a seed of its own (text and shards have none).
   std::map<std::string, std::string> metadata = {{"step", absl::StrCat(step.step())},
@@ -93,7 +126,8 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
                                                  {"data_tokens", absl::StrCat(data.stream_tokens())},
                                                  {"data_fingerprint", FingerprintText(data)},
                                                  {"seed", absl::StrCat(o.step.seed)},
-                                                 {"format", "plateau-checkpoint-v1"}};
+                                                 {"format", kCheckpointFormat}};
+  for (auto& [key, value] : CheckpointIdentity(o)) metadata[key] = std::move(value);
   if (o.data.kind == DataOptions::Kind::kRecall) {
     metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
   }
@@ -110,15 +144,38 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
   return CommitCheckpoint(o.checkpoint_dir, o.fence_job, o.fence_attempt, path, final_path);
 }
 
-absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, TrainingStep& step,
+// Loads step `step_in_name`'s checkpoint (its file name's number).
+absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, int64_t step_in_name, TrainingStep& step,
                             DataSource& data) {
   uint64_t position = 0;
-  PLATEAU_RETURN_IF_ERROR(ReadCheckpointFile(
-      path, step, [&](std::map<std::string, std::string> metadata) -> absl::StatusOr<int64_t> {
+  PLATEAU_RETURN_IF_ERROR(
+      ReadCheckpointFile(path, step, [&](std::map<std::string, std::string> metadata) -> absl::StatusOr<int64_t> {
+        // A later format is another reader's (a file without the key is
+        // not ours either).
+        if (metadata["format"] != kCheckpointFormat) {
+          return absl::FailedPreconditionError(absl::StrCat(path, ": metadata format is '",
+                                                            Utf8Prefix(metadata["format"], 40), "', expected '",
+                                                            kCheckpointFormat, "'"));
+        }
         int64_t step_count = 0;
         if (!absl::SimpleAtoi(metadata["step"], &step_count) ||
             !absl::SimpleAtoi(metadata["data_position"], &position)) {
           return absl::DataLossError(absl::StrCat(path, ": metadata lacks step or data_position"));
+        }
+        // The file's name chose it (the newest, and not past the job's
+        // end); a step that disagrees would resume at another point.
+        if (step_count != step_in_name) {
+          return absl::DataLossError(
+              absl::StrCat(path, ": metadata step is ", step_count, ", but the file's name says step ", step_in_name));
+        }
+        for (const auto& [key, mine] : CheckpointIdentity(o)) {
+          // A checkpoint without the keys predates them and is not checked.
+          auto it = metadata.find(key);
+          if (it == metadata.end() || it->second == mine) continue;
+          return absl::FailedPreconditionError(
+              absl::StrCat(key, ": the job says ", mine, ", but its checkpoint ", path, " was trained with ",
+                           Utf8Prefix(it->second, 40),
+                           "; resume with the checkpoint's value, or start the new job in another checkpoint_dir"));
         }
         // The data position counts sequences of the stream the checkpoint
         // was trained on; another recall seed is another stream, and the
@@ -208,15 +265,28 @@ absl::Status ReadCheckpointFile(
     const std::string& path, TrainingStep& step,
     const std::function<absl::StatusOr<int64_t>(std::map<std::string, std::string>)>& accept) {
   PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> f, SafetensorsReader::Open(path));
+  // The metadata first: it names the field a checkpoint of another model
+  // differs in, where the tensors below can only say which tensor.
+  PLATEAU_ASSIGN_OR_RETURN(const int64_t step_count, accept(f->metadata()));
   const std::vector<TensorSpec> specs = CheckpointTensors(step.layout());
+  std::set<std::string> names;
   for (const TensorSpec& t : specs) {
+    names.insert(t.name);
     auto it = f->tensors().find(t.name);
     if (it == f->tensors().end() || it->second.shape != t.shape) {
       return absl::DataLossError(absl::StrCat(path, ": tensor '", t.name,
                                               "' is missing or has the wrong shape for this model"));
     }
   }
-  PLATEAU_ASSIGN_OR_RETURN(const int64_t step_count, accept(f->metadata()));
+  // More tensors than this model has: another model's (a deeper one),
+  // whose first layers would otherwise load as this one.
+  for (const auto& [name, tensor] : f->tensors()) {
+    if (names.count(name) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": holds tensor '", Utf8Prefix(name, 200), "', which this model (model.layers = ",
+                       step.layout().model().layers, ") lacks: a checkpoint of another model"));
+    }
+  }
   return step.LoadStreamedState(step_count,
                                 [&](StateFamily family, int weight, int64_t offset, float* values, int64_t n) {
                                   return f->Read(specs[CheckpointTensor(weight, family)].name, offset, values, n);
@@ -284,16 +354,16 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
         stream.first == mine ? stream.second : stream.first, "; every node needs the same copy"));
   }
   // Copies of one length may still differ (another file of the same size,
-  // shards listed in another order): their samples' hashes, compared the
-  // same way (as int64: equal bits, equal values).
-  const int64_t fingerprint = static_cast<int64_t>(data->stream_fingerprint());
-  PLATEAU_ASSIGN_OR_RETURN(const auto sampled, step->RangeAcrossRanks(fingerprint));
-  if (sampled.first != sampled.second) {
-    const int64_t other = sampled.first == fingerprint ? sampled.second : sampled.first;
+  // shards listed in another order): their samples' hashes, compared as
+  // two 32-bit halves (RangeAcrossRanks is exact below 2^53).
+  const uint64_t fingerprint = data->stream_fingerprint();
+  PLATEAU_ASSIGN_OR_RETURN(const auto high, step->RangeAcrossRanks(static_cast<int64_t>(fingerprint >> 32)));
+  PLATEAU_ASSIGN_OR_RETURN(const auto low, step->RangeAcrossRanks(static_cast<int64_t>(fingerprint & 0xffffffffu)));
+  if (high.first != high.second || low.first != low.second) {
     return absl::FailedPreconditionError(
         absl::StrCat(DataField(o), ": the ranks read different data: this rank's files and another rank's hold ",
-                     data->stream_tokens(), " tokens each but differ (fingerprints ", FingerprintText(*data), " and ",
-                     absl::Hex(static_cast<uint64_t>(other), absl::kZeroPad16), "); every node needs the same copy"));
+                     data->stream_tokens(), " tokens each but differ (this rank's fingerprint ", FingerprintText(*data),
+                     "); every node needs the same copy"));
   }
   // Claimed by every rank before any reads: from then on no older attempt
   // can commit, so all ranks read the same newest checkpoint.
@@ -333,7 +403,7 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
     }
     if (newest >= 0) {
       const std::string path = CheckpointPath(o.checkpoint_dir, newest);
-      PLATEAU_RETURN_IF_ERROR(LoadCheckpoint(o, path, *step, *data));
+      PLATEAU_RETURN_IF_ERROR(LoadCheckpoint(o, path, newest, *step, *data));
       if (o.say)
         o.say(absl::StrCat("resumed from ", path, " (step ", newest, " of ", o.steps, ")"));
     }

@@ -67,10 +67,12 @@ absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir);
 // writer once the gathers end.
 absl::Status WriteCheckpointFile(TrainingStep& step, const std::string& path,
                                  const std::map<std::string, std::string>& metadata, bool writer);
-// Collective: every rank checks that `path` holds every tensor of this
-// model with its shape, passes the metadata to `accept` (which returns the
-// step count to resume at, or an error that ends the read before anything
-// is loaded) and reads its own shard (LoadStreamedStateHostBytes).
+// Collective: every rank passes the metadata of `path` to `accept` (which
+// returns the step count to resume at, or an error that ends the read
+// before anything is loaded), checks that the file holds every tensor of
+// this model with its shape and no other (DATA_LOSS naming a missing one,
+// FAILED_PRECONDITION naming an extra one: another model's file) and reads
+// its own shard (LoadStreamedStateHostBytes).
 absl::Status ReadCheckpointFile(
     const std::string& path, TrainingStep& step,
     const std::function<absl::StatusOr<int64_t>(std::map<std::string, std::string>)>& accept);

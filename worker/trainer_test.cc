@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -312,6 +313,83 @@ TEST(TrainerTest, RanksOrAResumeOnDataOfOtherContentsAreRefused) {
   EXPECT_TRUE(again.status.ok()) << again.status;
 }
 
+SafetensorsFile ReadCheckpoint(const std::string& dir, int64_t step) {
+  absl::StatusOr<SafetensorsFile> f = ReadSafetensors(CheckpointPath(dir, step));
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? *std::move(f) : SafetensorsFile{};
+}
+
+// Reads checkpoint `step` of `dir`, lets `edit` change it, writes it back.
+void RewriteCheckpoint(const std::string& dir, int64_t step, const std::function<void(SafetensorsFile&)>& edit) {
+  SafetensorsFile f = ReadCheckpoint(dir, step);
+  edit(f);
+  std::vector<TensorView> views;
+  for (const auto& [name, t] : f.tensors) views.push_back({name, t.shape, t.data.data()});
+  ASSERT_TRUE(WriteSafetensors(CheckpointPath(dir, step), views, f.metadata).ok());
+}
+
+// A checkpoint is resumed only by the model and stream it was trained
+// with. Another model whose tensors have the same shapes (heads and
+// kv_heads scaled together), a shallower one (the deeper file's first
+// layers), another seq_len or held-out split (the data position counts
+// other sequences) all loaded and trained on. Each is refused naming the
+// field; a file from before the keys, by its extra tensors; a file whose
+// metadata step disagrees with its name, or of another format, too.
+TEST(TrainerTest, ACheckpointOfAnotherModelOrStreamIsRefusedNamingTheField) {
+  TrainerOptions o = RecallOptions(1);
+  o.step.layout.batch = 4;
+  o.step.model.layers = 3;
+  o.steps = 1;
+  o.checkpoint_dir = TmpDir("identity_ckpt");
+  ASSERT_TRUE(Train(o, 1).status.ok());
+  o.steps = 2;
+  const auto refused = [&](const std::function<void(TrainerOptions&)>& change, const std::string& says) {
+    TrainerOptions other = o;
+    change(other);
+    TrainRun run = Train(other, 1);
+    EXPECT_EQ(run.status.code(), absl::StatusCode::kFailedPrecondition) << says << ": " << run.status;
+    EXPECT_THAT(run.status.message(), HasSubstr(says));
+    EXPECT_TRUE(run.losses.empty()) << says;
+  };
+  refused([](TrainerOptions& t) { t.step.model.layers = 2; }, "model.layers: the job says 2, but its checkpoint");
+  refused(
+      [](TrainerOptions& t) {
+        t.step.model.heads = 8;
+        t.step.model.kv_heads = 4;
+      },
+      "model.heads: the job says 8");
+  refused([](TrainerOptions& t) { t.step.model.top_k = 1; }, "model.top_k: the job says 1");
+  refused([](TrainerOptions& t) { t.step.model.rope_theta = 500000.0f; }, "model.rope_theta: the job says 500000");
+  refused([](TrainerOptions& t) { t.step.model.seq_len = 64; }, "model.seq_len: the job says 64");
+  refused([](TrainerOptions& t) { t.data.held_out = 2; }, "data.held_out_sequences: the job says 2");
+
+  // A checkpoint without the keys (written before them): a shallower model
+  // is refused by the deeper file's extra tensors.
+  RewriteCheckpoint(o.checkpoint_dir, 1, [](SafetensorsFile& f) {
+    for (auto it = f.metadata.begin(); it != f.metadata.end();) {
+      it = it->first.rfind("model.", 0) == 0 ? f.metadata.erase(it) : std::next(it);
+    }
+  });
+  refused([](TrainerOptions& t) { t.step.model.layers = 2; }, "holds tensor 'layers.2.");
+
+  // The metadata's step against the file's name; the format.
+  RewriteCheckpoint(o.checkpoint_dir, 1, [](SafetensorsFile& f) { f.metadata["step"] = "50"; });
+  TrainRun stepped = Train(o, 1);
+  EXPECT_EQ(stepped.status.code(), absl::StatusCode::kDataLoss) << stepped.status;
+  EXPECT_THAT(stepped.status.message(), HasSubstr("metadata step is 50, but the file's name says step 1"));
+  RewriteCheckpoint(o.checkpoint_dir, 1, [](SafetensorsFile& f) {
+    f.metadata["step"] = "1";
+    f.metadata["format"] = "plateau-checkpoint-v2";
+  });
+  refused([](TrainerOptions&) {}, "metadata format is 'plateau-checkpoint-v2', expected 'plateau-checkpoint-v1'");
+
+  // The same model and stream resume.
+  RewriteCheckpoint(o.checkpoint_dir, 1, [](SafetensorsFile& f) { f.metadata["format"] = "plateau-checkpoint-v1"; });
+  TrainRun resumed = Train(o, 1);
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  EXPECT_EQ(resumed.losses.size(), 1u);
+}
+
 TEST(TrainerTest, DataLargerThanTheVocabularyIsRefused) {
   TrainerOptions o = RecallOptions(1);
   o.step.model.vocab_size = 10;  // the task needs 18
@@ -355,12 +433,6 @@ float Updated(float p, float m, float v, const AdamWScalars& s) {
 }
 float Tolerance(float p, float m, float v, const AdamWScalars& s) {
   return 4 * FLT_EPSILON * (std::abs(p) + std::abs(s.step_size * m / (std::sqrt(v) / s.bc2 + s.eps)));
-}
-
-SafetensorsFile ReadCheckpoint(const std::string& dir, int64_t step) {
-  absl::StatusOr<SafetensorsFile> f = ReadSafetensors(CheckpointPath(dir, step));
-  EXPECT_TRUE(f.ok()) << f.status();
-  return f.ok() ? *std::move(f) : SafetensorsFile{};
 }
 
 // Counts the elements that fail a check and keeps the first failure.
@@ -482,7 +554,19 @@ TEST(TrainerTest, CheckpointMetadataAsDocumented) {
                                                             {"data_seed", "9"},
                                                             {"data_tokens", "0"},
                                                             {"data_fingerprint", "0000000000000000"},
-                                                            {"format", "plateau-checkpoint-v1"}}));
+                                                            {"format", "plateau-checkpoint-v1"},
+                                                            {"model.vocab_size", "18"},
+                                                            {"model.hidden", "64"},
+                                                            {"model.layers", "2"},
+                                                            {"model.heads", "4"},
+                                                            {"model.kv_heads", "2"},
+                                                            {"model.experts", "4"},
+                                                            {"model.top_k", "2"},
+                                                            {"model.expert_ffn", "128"},
+                                                            {"model.seq_len", "32"},
+                                                            {"model.rope_theta", "10000"},
+                                                            {"model.norm_eps", "1e-05"},
+                                                            {"data.held_out_sequences", "0"}}));
   EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
 }
 
