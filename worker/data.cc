@@ -268,11 +268,11 @@ class AssociativeRecall final : public DataSource {
       Generate(index, attempt, tok, tgt);
       if (ClassOf(tok, slice_.seq_len) == want) return absl::OkStatus();
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.held_out_sequences: the recall task (num_keys ", task_.num_keys, ", num_values ", task_.num_values,
-        ", pairs ", task_.pairs, ") has too few distinct sequences to split: no ",
-        slice_.validation ? "held-out" : "training", " sequence in ", kMaxDraws,
-        " draws; use more keys or values, or held_out_sequences 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.held_out_sequences: the recall task (num_keys ", task_.num_keys, ", num_values ",
+                     task_.num_values, ", pairs ", task_.pairs, ") has too few distinct sequences to split: no ",
+                     slice_.validation ? "held-out" : "training", " sequence in ", kMaxDraws,
+                     " draws; expected more keys or values, or held_out_sequences 0"));
   }
 
   // The split a sequence belongs to when there is one: a bit of a hash of

@@ -28,6 +28,11 @@
 
 namespace plateau {
 
+// A spec's serialized size at most (plateauctl's spec file limit too): the
+// coordinator keeps every pending job's spec in memory, lists them in pages
+// and rewrites their rows, so their size is bounded like any other field.
+inline constexpr size_t kMaxJobSpecBytes = size_t{1} << 20;
+
 // The step's options for this spec (validated).
 absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec);
 // The backend every rank of the job creates.

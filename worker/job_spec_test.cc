@@ -813,6 +813,19 @@ std::vector<Case> MalformedFieldCases() {
       {"validation_every", [](S& s) { s.set_validation_every(-1); }},
       {"validation_every", [](S& s) { s.set_validation_every(kI64Max); }},
       {"data.held_out_sequences", [](S& s) { s.mutable_data()->set_held_out_sequences(-1); }},
+      {"data.held_out_sequences", [](S& s) {  // too few distinct sequences to split: was refused by every rank
+         v1::RecallData* r = s.mutable_data()->mutable_recall();
+         r->set_num_keys(1);
+         r->set_num_values(1);
+         r->set_pairs(1);
+         r->set_queries(1);
+         s.mutable_model()->set_vocab_size(4);
+         s.mutable_data()->set_held_out_sequences(s.layout().batch());
+         s.set_validation_every(10);
+       }},
+      {"data.shards.paths", [](S& s) {  // each path within its limit, 4 MB in all
+         for (int i = 0; i < 1040; ++i) s.mutable_data()->mutable_shards()->add_paths("/" + std::string(3999, 'p'));
+       }},
       {"data.held_out_sequences", [](S& s) { s.set_validation_every(5); }},  // none held out
       {"data.held_out_sequences", [](S& s) {
          s.set_validation_every(5);
