@@ -31,6 +31,10 @@ namespace {
 
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
+// A ListJobs page's stored bytes at most: 1,000 jobs of 1 MiB specs
+// (kMaxJobSpecBytes) made a 1 GB page; fewer jobs come, and the page token
+// continues after them.
+constexpr int64_t kMaxPageBytes = int64_t{8} << 20;
 
 // How much a failure explains an attempt's end: an out-of-memory or a
 // crash is the cause; a peer's collective error or an agent's stop is a
@@ -733,6 +737,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
     query.match = [selector](const v1::Job& j) { return selector.Matches(j.spec().labels()); };
   }
   query.limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  query.max_bytes = kMaxPageBytes;
   bool more = false;
   PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->ListJobs(query, &more));
   v1::ListJobsResponse out;

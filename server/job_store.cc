@@ -298,8 +298,11 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, b
   const int64_t batch = query.match ? kListScanRows : int64_t{query.limit} + 1;
   int64_t from = query.cursor > 0 ? query.cursor : (query.newest_first ? std::numeric_limits<int64_t>::max() : 0);
   std::vector<v1::Job> jobs;
+  int64_t page_bytes = 0;
+  bool full = false;  // the byte bound ended the page
   for (;;) {
     std::vector<std::pair<int64_t, std::string>> rows;
+    bool cut = false;  // rows stopped at the byte bound, not at the table's end
     {
       absl::MutexLock lock(&mu_);
       Stmt q(db_, sql.c_str());
@@ -307,18 +310,38 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, b
       q.Bind(1, from);
       q.Bind(2, batch);
       int rc;
-      while ((rc = q.Step()) == SQLITE_ROW) rows.emplace_back(q.Int(1), q.Blob(0));
-      if (rc != SQLITE_DONE) return Error("list jobs");
+      int64_t read = 0;
+      while ((rc = q.Step()) == SQLITE_ROW) {
+        rows.emplace_back(q.Int(1), q.Blob(0));
+        read += static_cast<int64_t>(rows.back().second.size());
+        if (query.max_bytes > 0 && page_bytes + read > query.max_bytes) {
+          cut = true;
+          break;
+        }
+      }
+      if (!cut && rc != SQLITE_DONE) return Error("list jobs");
     }
     for (auto& [seq, blob] : rows) {
       v1::Job job;
       if (!job.ParseFromString(blob)) return CorruptJob(seq);
       if (query.match && !query.match(job)) continue;
+      const int64_t bytes = static_cast<int64_t>(blob.size());
+      if (query.max_bytes > 0 && !jobs.empty() && page_bytes + bytes > query.max_bytes) {
+        full = true;
+        break;
+      }
+      page_bytes += bytes;
       jobs.push_back(std::move(job));
       if (static_cast<int>(jobs.size()) > query.limit) break;
     }
-    if (static_cast<int>(jobs.size()) > query.limit || static_cast<int64_t>(rows.size()) < batch) break;
+    if (full || static_cast<int>(jobs.size()) > query.limit || (!cut && static_cast<int64_t>(rows.size()) < batch)) {
+      break;
+    }
     from = rows.back().first;
+  }
+  if (full) {
+    *more = true;
+    return jobs;
   }
   *more = static_cast<int>(jobs.size()) > query.limit;
   if (*more) jobs.pop_back();

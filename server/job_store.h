@@ -48,6 +48,11 @@ struct JobQuery {
   int limit = 50;
   std::vector<v1::JobState> states;
   std::function<bool(const v1::Job&)> match;
+  // The page's stored bytes at most (0: no bound): a page ends early, with
+  // *more set, before a job that would take it over (never before its
+  // first job). Rows are read only as far as the bound: a page of 1,000
+  // jobs of 1 MiB specs was read whole into memory, then sent.
+  int64_t max_bytes = 0;
 };
 
 // A rank's memory timeline (its rank inside) and the job it belongs to.

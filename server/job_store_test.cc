@@ -151,6 +151,48 @@ TEST(JobStoreTest, ListPagesAndFilters) {
   EXPECT_FALSE(more);
 }
 
+// Jobs of large specs: a page ends at the byte bound (never before its
+// first job, whatever its size), the next continues, every job once; with
+// a predicate too.
+TEST(JobStoreTest, APageEndsAtItsByteBound) {
+  auto store = JobStore::Open(TempDb("page_bytes"));
+  ASSERT_TRUE(store.ok());
+  for (int i = 0; i < 9; ++i) {
+    v1::Job j = NewJob(v1::PENDING);
+    j.mutable_spec()->set_name(std::string(i == 4 ? 5000 : 250, 'n'));  // job 5 alone passes the bound
+    ASSERT_TRUE((*store)->CreateJob(j).ok());
+  }
+  for (bool selective : {false, true}) {
+    JobQuery q;
+    q.limit = 50;
+    q.max_bytes = 1000;
+    if (selective) q.match = [](const v1::Job& j) { return *ParseJobId(j.id()) != 2; };
+    std::vector<size_t> sizes;
+    std::vector<int64_t> got;
+    bool more = true;
+    while (more) {
+      auto page = (*store)->ListJobs(q, &more);
+      ASSERT_TRUE(page.ok()) << page.status();
+      ASSERT_FALSE(page->empty());
+      int64_t bytes = 0;
+      for (const v1::Job& j : *page) {
+        got.push_back(*ParseJobId(j.id()));
+        bytes += static_cast<int64_t>(j.ByteSizeLong());
+      }
+      if (page->size() > 1) EXPECT_LE(bytes, q.max_bytes);
+      sizes.push_back(page->size());
+      q.cursor = got.back();
+    }
+    std::vector<int64_t> want;
+    for (int64_t s = 1; s <= 9; ++s) {
+      if (!selective || s != 2) want.push_back(s);
+    }
+    EXPECT_EQ(got, want);
+    // Three of ~280 bytes a page; job 5 a page of its own.
+    EXPECT_EQ(sizes, selective ? (std::vector<size_t>{3, 1, 3, 1}) : (std::vector<size_t>{3, 1, 1, 3, 1}));
+  }
+}
+
 // A selective predicate (a label selector) pages through a history several
 // scan batches long, both ways, and the store serves other calls while the
 // predicate runs: the predicate's first call waits for a GetJob on another
