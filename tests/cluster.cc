@@ -5,7 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -113,20 +113,55 @@ Process::Process(const std::vector<std::string>& args, const std::string& log_pr
   std::vector<char*> argv;
   for (std::string& s : a) argv.push_back(s.data());
   argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, (log_ + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, (log_ + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
+  const std::string out = log_ + ".out", err = log_ + ".err";
+  // Why exec failed, from the child: its errno through a pipe that exec
+  // closes (nothing read: it started).
+  int report[2];
+  if (argv[0] == nullptr || pipe2(report, O_CLOEXEC) != 0) {
+    spawn_error_ = absl::StrCat("cannot start ", args.empty() ? "(no command)" : args[0]);
+    return;
+  }
+  const pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ == 0) {
+    // Between fork and exec only async-signal-safe calls. Its own group
+    // (Stop kills the group), and SIGKILL when the test process dies: a
+    // test killed at its timeout, or crashed, runs no destructor, and its
+    // coordinator and agents (in groups of their own, out of reach of the
+    // test runner's kill) would train on and redial freed ports for ever.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // it died before the prctl
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) {
+      const int why = errno;
+      (void)!write(report[1], &why, sizeof(why));
+      _exit(127);
+    }
+    close(o);
+    close(e);
+    execve(argv[0], argv.data(), environ);
+    const int why = errno;
+    (void)!write(report[1], &why, sizeof(why));
+    _exit(127);
+  }
+  close(report[1]);
+  if (pid_ < 0) {
     pid_ = 0;
-    spawn_error_ = absl::StrCat("cannot start ", args.empty() ? "(no command)" : args[0], ": ", std::strerror(rc));
+    spawn_error_ = absl::StrCat("cannot start ", args[0], ": fork: ", std::strerror(errno));
+    close(report[0]);
+    return;
+  }
+  int why = 0;
+  ssize_t n;
+  do n = read(report[0], &why, sizeof(why));
+  while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n == sizeof(why)) {
+    waitpid(pid_, &status_, 0);
+    pid_ = 0;
+    spawn_error_ = absl::StrCat("cannot start ", args[0], ": ", std::strerror(why));
   }
 }
 

@@ -42,9 +42,10 @@ char ProcState(pid_t pid);
 int64_t NewestCheckpointIn(const std::string& dir);
 
 // A child process in its own process group, stdout and stderr to
-// log_prefix.out / .err; the whole group is stopped when destroyed. When it
-// cannot be started (a missing binary), pid() is 0, Running() is false and
-// spawn_error() says why.
+// log_prefix.out / .err; the whole group is stopped when destroyed, and the
+// process is killed (PR_SET_PDEATHSIG) when the thread that made it exits:
+// make it on the test's main thread. When it cannot be started (a missing
+// binary), pid() is 0, Running() is false and spawn_error() says why.
 class Process {
  public:
   Process(const std::vector<std::string>& args, const std::string& log_prefix);
