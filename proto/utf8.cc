@@ -72,6 +72,15 @@ absl::string_view Utf8Prefix(absl::string_view s, size_t max_bytes) {
   return s.substr(0, end);
 }
 
+size_t FirstControlCharacter(absl::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9F;
+    if (c < 0x20 || c == 0x7F || c1) return i;
+  }
+  return s.size();
+}
+
 int MakeStringsValidUtf8(google::protobuf::Message& m) {
   using google::protobuf::FieldDescriptor;
   const google::protobuf::Reflection* r = m.GetReflection();

@@ -29,6 +29,12 @@ std::string ToValidUtf8(absl::string_view s);
 // on a character boundary: a cut that does not split a character.
 absl::string_view Utf8Prefix(absl::string_view s, size_t max_bytes);
 
+// The byte offset of the first control character in `s` (UTF-8): C0 (tab
+// and newline included), DEL, or C1 (the two bytes C2 80..C2 9F), which a
+// terminal acts on (escape sequences can rewrite what an operator sees);
+// s.size() when there is none.
+size_t FirstControlCharacter(absl::string_view s);
+
 // Makes every string field set in `m`, in its nested messages too, valid
 // UTF-8 (ToValidUtf8). Returns how many strings it changed.
 int MakeStringsValidUtf8(google::protobuf::Message& m);

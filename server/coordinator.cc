@@ -6,19 +6,20 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "proto/timestamps.h"
 #include "kernels/status_macros.h"
+#include "proto/timestamps.h"
 #include "server/labels.h"
 #include "server/placement.h"
 #include "server/telemetry.h"
@@ -1602,6 +1603,21 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
         return FindActive(job_id, attempt);  // under mu_, held by this call
       },
       metrics_);
+  // Log lines of jobs that exist: a line for a job id not yet given out
+  // was stored and shown as the log of the job that later got the id, and
+  // one for a deleted job was a row no delete would sweep. A finished
+  // job's last lines still count (they arrive after its end).
+  std::map<std::string, bool> exists;
+  b.logs.erase(std::remove_if(b.logs.begin(), b.logs.end(),
+                              [&](const v1::LogEntry& l) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                auto [it, added] = exists.emplace(l.job_id(), false);
+                                if (added) {
+                                  auto seq = ParseJobId(l.job_id());
+                                  it->second = seq.ok() && (active_.count(*seq) > 0 || store_->GetJob(l.job_id()).ok());
+                                }
+                                return !it->second;
+                              }),
+               b.logs.end());
   // The reports first: a restarted coordinator rebuilds the steps not yet
   // events from them (RestoreSteps).
   PLATEAU_RETURN_IF_ERROR(Written(store_->PutRankSteps(b.rank_steps), "store the ranks' step reports"));
@@ -1669,6 +1685,19 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
   if (RendezvousStore::IsOwnKey(key)) {
     return absl::FailedPreconditionError(
         absl::StrCat("key: '", key.substr(0, 256), "' is under the attempt's .met/, which is the coordinator's"));
+  }
+  // Bounded per attempt: every key stays in memory and in the store, and
+  // is reloaded at every start, until the attempt ends. A job's ranks write
+  // a few keys each (Gloo's addresses per group, NCCL's id); a new key
+  // past the bound is refused. (A key set again replaces its value.)
+  const int64_t ranks = a->job.spec().layout().ranks();
+  const int64_t max_keys = 1024 + 64 * ranks, max_bytes = (int64_t{64} << 20) + 4096 * max_keys;
+  const RendezvousStore::Usage used = rendezvous_.AttemptUsage(a->job.id(), attempt);
+  if (!rendezvous_.Contains({key}) &&
+      (used.keys + 1 > max_keys || used.bytes + static_cast<int64_t>(key.size() + value.size()) > max_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("key: ", AttemptPrefix(a->job.id(), attempt), " holds ", used.keys,
+                                                     " keys of ", used.bytes, " bytes; an attempt of ", ranks,
+                                                     " ranks may hold ", max_keys, " keys of ", max_bytes, " bytes"));
   }
   // Who met first, then the key: a key is never there without its writer
   // marked (Reattach reads the marks).

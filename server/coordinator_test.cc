@@ -845,6 +845,58 @@ TEST_F(CoordinatorTest, RetriedTelemetryIsCountedOnce) {
   EXPECT_EQ(Get(job).progress().step(), 2);
 }
 
+// A rank's steps come from its own worker, within the job's steps: a
+// report of step 2^62 from another worker was taken as the ranks' last, the
+// real reports after it were dropped as old, and the job would have failed
+// RANK_HUNG. A peak of no live set is dropped (it was a new series).
+TEST_F(CoordinatorTest, TelemetryCountsOnlyTheRanksWorkerAndTheJobsSteps) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  const std::string stranger = Register();
+  ASSERT_TRUE(c().ReportTelemetry(Steps(stranger, job, {int64_t{1} << 62})).ok());
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {6})).ok());  // past steps = 5
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {0})).ok());
+  EXPECT_EQ(Get(job).progress().step(), 0);
+  EXPECT_TRUE(StepEvents(job).empty());
+  v1::TelemetryRequest real = Steps(w, job, {1});
+  v1::LiveSetBytes* bogus = real.mutable_steps(0)->mutable_telemetry()->add_peak();
+  bogus->set_live_set("made-up");
+  bogus->set_bytes(1);
+  ASSERT_TRUE(c().ReportTelemetry(real).ok());
+  EXPECT_EQ(Get(job).progress().step(), 1);
+  EXPECT_EQ(StepEvents(job), std::vector<int64_t>{1});
+  auto steps = store_->ReadRankSteps(job, 0, 0, INT64_MAX);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  for (const auto& r : *steps) {
+    for (const v1::LiveSetBytes& ls : r.peak()) EXPECT_NE(ls.live_set(), "made-up");
+  }
+}
+
+// Log lines of a job that does not exist are dropped: one for an id not
+// given out yet became the log of the job that later got it.
+TEST_F(CoordinatorTest, LogLinesOfNoJobAreDropped) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  v1::TelemetryRequest t;
+  t.set_worker_id(w);
+  for (const std::string& id : {job, std::string("job-999")}) {
+    v1::LogEntry* e = t.add_logs();
+    e->set_job_id(id);
+    e->set_rank(0);
+    e->set_stream("stdout");
+    e->set_line("from " + id);
+  }
+  const size_t before = store_->ReadLogs(job, 0, 1000)->size();
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  auto mine = store_->ReadLogs(job, before, 10);
+  ASSERT_TRUE(mine.ok());
+  ASSERT_EQ(mine->size(), 1u);
+  EXPECT_EQ((*mine)[0].line(), "from " + job);
+  auto none = store_->ReadLogs("job-999", 0, 10);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+}
+
 // Log lines carry no step to de-duplicate by: a numbered batch that arrives
 // again (its answer lost, or held up past the agent's deadline and then
 // stored) is dropped whole, in either order with the agent's next batch.
@@ -879,6 +931,42 @@ TEST_F(CoordinatorTest, ARetriedBatchOfLogLinesIsStoredOnce) {
   EXPECT_EQ((*read)[0].line(), "one");
   EXPECT_EQ((*read)[1].line(), "two");
   EXPECT_EQ((*read)[2].line(), "restarted agent");
+}
+
+// An attempt's keys are bounded: every key stays in memory and in the
+// store until the attempt ends, and any token holder may write under a
+// live attempt's prefix. A new key past the bound is refused; a key set
+// again still is replaced.
+TEST_F(CoordinatorTest, AnAttemptsRendezvousKeysAreBounded) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  RunningJob(job);
+  const int64_t max_keys = 1024 + 64 * 2;
+  int64_t set = 0;
+  absl::Status refused;
+  while (refused.ok() && set < 2 * max_keys) {
+    refused = c().KvSet(absl::StrCat(job, "/attempt-0/k", set), "v", 0);
+    if (refused.ok()) ++set;
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("an attempt of 2 ranks may hold 1152 keys"));
+  EXPECT_EQ(set, max_keys - 1);  // and rank 0's mark, .met/0
+  EXPECT_TRUE(c().KvSet(job + "/attempt-0/k0", "replaced", 0).ok());
+  auto v = c().KvGet(job + "/attempt-0/k0", absl::ZeroDuration());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "replaced");
+  // One big value counts by its bytes.
+  const std::string other = Submit(DemoJobSpec(2, 5));
+  RunningJob(other);
+  const std::string mib(RendezvousStore::kMaxValue, 'x');
+  int64_t big = 0;
+  absl::Status full;
+  while (full.ok() && big < 200) {
+    full = c().KvSet(absl::StrCat(other, "/attempt-0/big", big), mib, 0);
+    if (full.ok()) ++big;
+  }
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_GE(big, 64);
+  EXPECT_LT(big, 70);
 }
 
 TEST_F(CoordinatorTest, RendezvousKeysSurviveARestartAndLeaveWithTheirAttempt) {

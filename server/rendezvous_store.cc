@@ -38,6 +38,16 @@ absl::Status RendezvousStore::Set(const std::string& key, const std::string& val
   return absl::OkStatus();
 }
 
+RendezvousStore::Usage RendezvousStore::AttemptUsage(const std::string& job_id, int attempt) const {
+  const std::string prefix = AttemptPrefix(job_id, attempt) + "/";
+  Usage u;
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    ++u.keys;
+    u.bytes += static_cast<int64_t>(it->first.size() + it->second.size());
+  }
+  return u;
+}
+
 absl::StatusOr<std::string> RendezvousStore::Get(absl::Mutex& mu, const std::string& key, absl::Duration wait,
                                                  const bool* stop) {
   auto present = [this, &key, stop]() { return kv_.count(key) > 0 || *stop; };

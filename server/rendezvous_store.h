@@ -69,6 +69,13 @@ class RendezvousStore {
   bool AnyMet(const std::string& job_id, int attempt, const std::vector<int>& ranks) const;
   // Whether `key` is under an attempt's ".met/" (the store's own).
   static bool IsOwnKey(const std::string& key);
+  // What the attempt's keys hold now, AttemptPrefix(job_id, attempt) + "/"
+  // and below, the store's own marks included.
+  struct Usage {
+    int64_t keys = 0;
+    int64_t bytes = 0;  // keys and values
+  };
+  Usage AttemptUsage(const std::string& job_id, int attempt) const;
   // Forgets every key under AttemptPrefix(job_id, attempt) + "/" (the
   // attempt has ended; its keys are of no further use). Memory forgets them
   // even when the store's delete fails; that failure is returned.

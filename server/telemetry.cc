@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "kernels/memory.h"
 #include "proto/timestamps.h"
 #include "proto/utf8.h"
 #include "server/job_store.h"
@@ -121,6 +122,17 @@ v1::JobStepSummary SummarizeStep(const PendingStep& p) {
   return s;
 }
 
+namespace {
+
+bool IsLiveSetName(const std::string& name) {
+  for (int i = 0; i < kNumLiveSets; ++i) {
+    if (name == LiveSetName(static_cast<LiveSet>(i))) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
                                absl::FunctionRef<LiveJob*(const std::string& job_id, int attempt)> find,
                                Metrics* metrics) {
@@ -132,8 +144,20 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
     v1::StepTelemetry* t = s.mutable_telemetry();
     if (t->rank() < 0 || t->rank() >= static_cast<int>(a->ranks.size())) continue;
     RankState& rs = a->ranks[t->rank()];
+    // Only the rank's own worker reports it, and only steps of the job: a
+    // step past the end (2^62, from another worker) was taken as the
+    // rank's last, after which every real report was dropped as old and
+    // the healthy job was failed RANK_HUNG.
+    if (rs.worker_id != request.worker_id() || t->step() < 1 || t->step() > a->job.spec().steps()) continue;
     // A batch re-sent after a lost reply is not counted twice.
     if (t->step() <= rs.last_step) continue;
+    // Peaks of the live sets there are: any other name became a new
+    // Prometheus series for ever.
+    for (auto* peaks : {t->mutable_peak(), t->mutable_host_peak()}) {
+      peaks->erase(std::remove_if(peaks->begin(), peaks->end(),
+                                  [](const v1::LiveSetBytes& ls) { return !IsLiveSetName(ls.live_set()); }),
+                   peaks->end());
+    }
     rs.last_step = t->step();
     rs.last_progress = absl::Now();
     if (metrics != nullptr) {

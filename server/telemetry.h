@@ -59,8 +59,11 @@ struct TelemetryBatch {
 // A step's memory timeline goes to `timelines`, stamped with the time it
 // arrived and the step's rank, step and attempt. A step at or below a
 // rank's last one is a batch re-sent after a lost reply and is not counted
-// twice; a rank out of range is dropped, as is a log line whose job id is
-// malformed. `metrics` may be null (no series).
+// twice; a rank out of range is dropped, as is a report of a rank another
+// worker than `request.worker_id` hosts, a step outside 1 .. the spec's
+// steps, a peak of a live set that does not exist, and a log line whose
+// job id is malformed (the caller drops lines of jobs that do not exist).
+// `metrics` may be null (no series).
 TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
                                absl::FunctionRef<LiveJob*(const std::string& job_id, int attempt)> find,
                                Metrics* metrics);

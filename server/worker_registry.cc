@@ -7,8 +7,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "proto/utf8.h"
 
 namespace plateau {
+namespace {
+
+// A worker's name and rank address at most.
+constexpr size_t kMaxWorkerText = 1024;
+// An id asked for is kept only below this number: "worker-9223372036854775806"
+// made the next id's increment overflow.
+constexpr int64_t kMaxWorkerNumber = int64_t{1} << 53;
+
+}  // namespace
 
 absl::Status WorkerRegistry::CheckCapabilities(const v1::WorkerCapabilities& c) {
   if (c.backend() != v1::BACKEND_CPU && c.backend() != v1::BACKEND_CUDA) {
@@ -17,11 +27,29 @@ absl::Status WorkerRegistry::CheckCapabilities(const v1::WorkerCapabilities& c) 
   if (c.devices() < 1 || c.devices() > 4096) {
     return absl::InvalidArgumentError(absl::StrCat("capabilities.devices: expected 1 to 4096, got ", c.devices()));
   }
-  if (c.device_memory_bytes() < 0 || c.host_memory_bytes() < 0) {
-    return absl::InvalidArgumentError("capabilities.device_memory_bytes: expected >= 0");
+  if (c.device_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("capabilities.device_memory_bytes: expected >= 0, got ", c.device_memory_bytes()));
+  }
+  if (c.host_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("capabilities.host_memory_bytes: expected >= 0, got ", c.host_memory_bytes()));
   }
   if (c.rank_address().empty()) {
     return absl::InvalidArgumentError("capabilities.rank_address: expected the address ranks listen on");
+  }
+  // Both are printed in the coordinator's log and by `plateauctl workers`:
+  // a newline forged log lines, an escape sequence rewrote the terminal.
+  for (const auto& [field, text] : {std::pair<const char*, const std::string&>{"capabilities.name", c.name()},
+                                    {"capabilities.rank_address", c.rank_address()}}) {
+    if (text.size() > kMaxWorkerText) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": expected at most ", kMaxWorkerText, " bytes, got ", text.size()));
+    }
+    if (const size_t at = FirstControlCharacter(text); at < text.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": expected printable text, got a control character at byte ", at));
+    }
   }
   return absl::OkStatus();
 }
@@ -53,7 +81,7 @@ Worker& WorkerRegistry::Attach(const std::string& asked, const v1::WorkerCapabil
   if (it != workers_.end() && !it->second.attached) {
     id = asked;
   } else if (it == workers_.end() && absl::StartsWith(asked, "worker-") &&
-             absl::SimpleAtoi(absl::StripPrefix(asked, "worker-"), &n) && n > 0) {
+             absl::SimpleAtoi(absl::StripPrefix(asked, "worker-"), &n) && n > 0 && n < kMaxWorkerNumber) {
     id = asked;
     next_worker_ = std::max(next_worker_, n + 1);
   } else {
@@ -79,7 +107,9 @@ Worker& WorkerRegistry::Expect(const std::string& id, absl::Time now) {
     w.expires = now + reattach_timeout_;
     // Ids are never handed out twice: a new worker gets a higher number.
     int64_t n = 0;
-    if (absl::SimpleAtoi(absl::StripPrefix(w.id, "worker-"), &n)) next_worker_ = std::max(next_worker_, n + 1);
+    if (absl::SimpleAtoi(absl::StripPrefix(w.id, "worker-"), &n) && n > 0 && n < kMaxWorkerNumber) {
+      next_worker_ = std::max(next_worker_, n + 1);
+    }
   }
   return w;
 }

@@ -118,6 +118,42 @@ TEST(WorkerRegistryTest, CapabilitiesNameTheField) {
   c = Cpu(1);
   c.set_backend(v1::BACKEND_UNSPECIFIED);
   EXPECT_THAT(std::string(WorkerRegistry::CheckCapabilities(c).message()), HasSubstr("capabilities.backend"));
+  // Each memory field by its own name (a negative host memory was named
+  // device_memory_bytes).
+  c = Cpu(1);
+  c.set_host_memory_bytes(-1);
+  EXPECT_THAT(std::string(WorkerRegistry::CheckCapabilities(c).message()),
+              HasSubstr("capabilities.host_memory_bytes: expected >= 0, got -1"));
+  c = Cpu(1);
+  c.set_device_memory_bytes(-1);
+  EXPECT_THAT(std::string(WorkerRegistry::CheckCapabilities(c).message()),
+              HasSubstr("capabilities.device_memory_bytes: expected >= 0, got -1"));
+  // The name and address are printed in the log and by plateauctl: no
+  // control characters (a newline forged a log line), bounded.
+  for (const std::string& bad : {std::string("evil\n[coordinator] job-9 FAILED"), std::string("esc\x1b[2J"),
+                                 std::string("c1 \xc2\x9b"), std::string(2000, 'n')}) {
+    c = Cpu(1);
+    c.set_name(bad);
+    EXPECT_THAT(std::string(WorkerRegistry::CheckCapabilities(c).message()), HasSubstr("capabilities.name: expected"));
+    c = Cpu(1);
+    c.set_rank_address(bad);
+    EXPECT_THAT(std::string(WorkerRegistry::CheckCapabilities(c).message()),
+                HasSubstr("capabilities.rank_address: expected"));
+  }
+  c = Cpu(1);
+  c.set_name("node-7.example.org (rack 3, GPU 0-7)");
+  EXPECT_TRUE(WorkerRegistry::CheckCapabilities(c).ok());
+}
+
+// An id asked for near INT64_MAX was kept, and the next fresh id's
+// increment overflowed: such an id gets a fresh number instead.
+TEST(WorkerRegistryTest, AHugeAskedIdIsNotKept) {
+  WorkerRegistry reg(absl::Seconds(2), absl::Seconds(10));
+  bool expected = true;
+  EXPECT_EQ(reg.Attach("worker-9223372036854775806", Cpu(1), kT0, &expected).id, "worker-1");
+  EXPECT_EQ(reg.Attach("", Cpu(1), kT0, &expected).id, "worker-2");
+  reg.Expect("worker-9223372036854775807", kT0);
+  EXPECT_EQ(reg.Attach("", Cpu(1), kT0, &expected).id, "worker-3");
 }
 
 TEST(WorkerRegistryTest, TheLeaseEndsBeforeEitherTimeoutCanReplaceAJob) {

@@ -17,6 +17,7 @@
 #include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 #include "proto/does_not_fit.h"
+#include "proto/utf8.h"
 #include "server/labels.h"
 #include "worker/calibration.h"
 
@@ -77,17 +78,12 @@ absl::Status CheckText(absl::string_view field, const std::string& s) {
 // would act on (escape sequences can rewrite what the operator sees).
 // After CheckText: `s` is UTF-8, so C1 is the two bytes C2 80..C2 9F.
 absl::Status CheckPrintable(absl::string_view field, const std::string& s) {
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9F;
-    if (c < 0x20 || c == 0x7F || c1) {
-      return Bad(
-          field, "printable text (no control characters)",
-          absl::StrCat("a control character at byte ", i, " (0x",
-                       absl::Hex(c1 ? 0xC200 + static_cast<unsigned char>(s[i + 1]) : c), ")"));
-    }
-  }
-  return absl::OkStatus();
+  const size_t i = FirstControlCharacter(s);
+  if (i == s.size()) return absl::OkStatus();
+  const auto c = static_cast<unsigned char>(s[i]);
+  const int code = c == 0xC2 ? 0xC200 + static_cast<unsigned char>(s[i + 1]) : c;
+  return Bad(field, "printable text (no control characters)",
+             absl::StrCat("a control character at byte ", i, " (0x", absl::Hex(code), ")"));
 }
 
 absl::Status CheckPath(absl::string_view field, const std::string& path) {
