@@ -47,6 +47,7 @@
 #include "client/spec_file.h"
 #include "grpc/support/log.h"
 #include "proto/does_not_fit.h"
+#include "proto/utf8.h"
 #include "timeline/memory_chart.h"
 #include "timeline/png_chart.h"
 #include "timeline/text_chart.h"
@@ -474,14 +475,34 @@ absl::StatusOr<v1::JobSpec> ReadSpec(const std::string& path) {
   if (!parsed.ok()) return parsed.status();
   v1::JobSpec spec = *std::move(parsed);
   // Paths are read on the worker's node: make relative ones absolute here.
-  auto absolute = [](std::string* p) {
-    if (!p->empty() && (*p)[0] != '/') *p = std::filesystem::absolute(*p).lexically_normal().string();
+  // Against a current directory that was removed this threw (the CLI
+  // aborted): an error naming the field.
+  auto absolute = [](const std::string& field, std::string* p) -> absl::Status {
+    if (p->empty() || (*p)[0] == '/') return absl::OkStatus();
+    std::error_code ec;
+    const std::filesystem::path made = std::filesystem::absolute(*p, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": cannot make '", *p,
+                                                     "' absolute (the current directory: ", ec.message(),
+                                                     "); give an absolute path"));
+    }
+    *p = made.lexically_normal().string();
+    return absl::OkStatus();
   };
-  if (spec.data().has_text()) absolute(spec.mutable_data()->mutable_text()->mutable_path());
-  if (spec.data().has_shards()) {
-    for (std::string& p : *spec.mutable_data()->mutable_shards()->mutable_paths()) absolute(&p);
+  if (spec.data().has_text()) {
+    if (absl::Status s = absolute("data.text.path", spec.mutable_data()->mutable_text()->mutable_path()); !s.ok())
+      return s;
   }
-  if (!spec.checkpoint().directory().empty()) absolute(spec.mutable_checkpoint()->mutable_directory());
+  if (spec.data().has_shards()) {
+    auto* paths = spec.mutable_data()->mutable_shards()->mutable_paths();
+    for (int i = 0; i < paths->size(); ++i) {
+      if (absl::Status s = absolute(absl::StrCat("data.shards.paths[", i, "]"), paths->Mutable(i)); !s.ok()) return s;
+    }
+  }
+  if (!spec.checkpoint().directory().empty()) {
+    if (absl::Status s = absolute("checkpoint.directory", spec.mutable_checkpoint()->mutable_directory()); !s.ok())
+      return s;
+  }
   return spec;
 }
 
@@ -894,6 +915,25 @@ int Run(const Options& given) {
                                        ": a switch; expected it bare, =true or =false, got '", v, "'"));
       }
       if (v == "false") off.insert(name);
+    }
+  }
+  // What goes to the coordinator (labels, ids, selectors) is a proto3
+  // string, which must be UTF-8: other bytes failed the call with an empty
+  // INTERNAL after a libprotobuf line. Local paths (SPEC, FILE) may be any
+  // bytes.
+  for (const auto& [name, values] : given.flags) {
+    if (FindFlag(*command, name)->value == "FILE") continue;
+    for (const std::string& v : values) {
+      if (!IsValidUtf8(v)) {
+        return UsageError(absl::StrCat("plateauctl ", given.command, ": --", name, ": expected UTF-8 text, got '",
+                                       ToValidUtf8(v), "' (bytes that are not UTF-8 shown as U+FFFD)"));
+      }
+    }
+  }
+  for (const std::string& arg : given.args) {
+    if (command->args != "SPEC" && !IsValidUtf8(arg)) {
+      return UsageError(absl::StrCat("plateauctl ", given.command, ": ", command->args, ": expected UTF-8 text, got '",
+                                     ToValidUtf8(arg), "' (bytes that are not UTF-8 shown as U+FFFD)"));
     }
   }
   // From here on a switch given =false is not given.

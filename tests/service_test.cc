@@ -685,6 +685,23 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   r = ctl_run({"submit", spec, "--label=team=nlp", "--label=team=vision"}, "submit-label-twice");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--label: the key 'team' is given twice; a label has one value"));
+  // What goes to the coordinator must be UTF-8 (it failed with an empty
+  // INTERNAL); a relative path against a removed current directory is
+  // named (the CLI aborted on an exception).
+  usage_error({"submit", spec, "--label=team=v\xff"}, "submit-label-not-utf8", "--label: expected UTF-8 text");
+  usage_error({"get", "job-\xff"}, "get-not-utf8", "plateauctl get: JOB: expected UTF-8 text");
+  {
+    v1::JobSpec relative = TinyJob(3);
+    relative.mutable_data()->mutable_text()->set_path("relative.txt");
+    relative.mutable_model()->set_vocab_size(256);
+    const std::string relative_spec = WriteSpecFile(c, "relative", relative);
+    const std::string gone = c.dir() + "/gone";
+    r = RunCommand({"/bin/sh", "-c", "mkdir \"$1\" && cd \"$1\" && rmdir \"$1\" && exec \"$2\" \"$3\" submit \"$4\"",
+                    "sh", gone, std::filesystem::absolute(ctl).string(), coord, relative_spec},
+                   c.dir() + "/submit-cwd-gone");
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("data.text.path: cannot make 'relative.txt' absolute"));
+  }
   ASSERT_EQ(c.WaitDone("job-2").state(), v1::SUCCEEDED) << c.Logs();
   ASSERT_EQ(c.WaitDone("job-3").state(), v1::SUCCEEDED) << c.Logs();
 
