@@ -10,6 +10,9 @@
 set -euo pipefail
 check=tools/device-check
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+# device-check's own scratch directories go here too, not to a shared /tmp
+# (a run killed at its timeout leaves them).
+export TMPDIR="$tmp"
 fail() { echo "device_check_test: FAILED: $*"; exit 1; }
 
 # 1. A dry run with a passing fake step.

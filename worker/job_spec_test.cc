@@ -1092,8 +1092,10 @@ void ExpectRefused(const Case& c, const v1::JobSpec& s) {
   // The plan and admission refuse it the same way, and never crash.
   EXPECT_EQ(PlanJob(s).status(), st);
   EXPECT_EQ(AdmitJob(s).status(), st);
-  // Refusing is cheap: the coordinator does it on the RPC thread.
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(1)) << st;
+  // Refusing is cheap: the coordinator does it on the RPC thread (a spec
+  // of 2^20 layers once took 15 s; 3 s leaves room for ASan on 2 loaded
+  // cores).
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3)) << st;
 }
 
 TEST(JobSpecTest, EveryMalformedFieldIsRefusedNamingIt) {
