@@ -243,7 +243,7 @@ void Coordinator::WriteSteps(LiveJob& a, std::vector<v1::JobEvent> events) {
   Write(store_->AppendEvents(events), absl::StrCat("append ", a.job.id(), "'s step events"));
   a.job.set_event_count(events.back().index() + 1);
   Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s progress"));
-  Changed();
+  Changed(a.job.id());
 }
 
 void Coordinator::Say(const std::string& line) {
@@ -360,16 +360,27 @@ void Coordinator::Tick() {
   }
 }
 
-uint64_t Coordinator::version() {
-  absl::MutexLock lock(&mu_);
-  return version_;
+void Coordinator::Changed(const std::string& job_id) {
+  const absl::StatusOr<int64_t> seq = ParseJobId(job_id);
+  if (seq.ok() && active_.count(*seq) > 0) ++job_versions_[job_id];
 }
 
-uint64_t Coordinator::WaitForChange(uint64_t seen, absl::Duration timeout) {
+Coordinator::ChangeStamp Coordinator::JobVersion(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ != seen || stop_; };
+  auto it = job_versions_.find(job_id);
+  return {it == job_versions_.end() ? 0 : it->second, version_};
+}
+
+Coordinator::ChangeStamp Coordinator::WaitForJobChange(const std::string& job_id, ChangeStamp seen,
+                                                       absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto stamp = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = job_versions_.find(job_id);
+    return ChangeStamp{it == job_versions_.end() ? 0 : it->second, version_};
+  };
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !(stamp() == seen) || stop_; };
   mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
-  return version_;
+  return stamp();
 }
 
 absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::string& reason,
@@ -420,7 +431,14 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
   if (IsTerminal(state) && options_.metrics_retention > absl::ZeroDuration()) {
     forget_.emplace_back(absl::Now() + options_.metrics_retention, job.id());
   }
-  Changed();
+  if (IsTerminal(state)) {
+    // Its counter leaves with it (the map holds the live jobs'), so every
+    // stream wakes once: rare, one per job's end.
+    job_versions_.erase(job.id());
+    Changed();
+  } else {
+    Changed(job.id());
+  }
   return absl::OkStatus();
 }
 
@@ -433,7 +451,7 @@ void Coordinator::Log(const std::string& job_id, int attempt, const std::string&
   l[0].set_line(line);
   Now(l[0].mutable_time());
   Write(store_->AppendLogs(l), absl::StrCat("append a log line of ", job_id));
-  Changed();
+  Changed(job_id);
 }
 
 absl::Status Coordinator::Written(absl::Status s, absl::string_view what) {
@@ -670,6 +688,7 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
   metrics_->ForgetJob(id);
   Say(absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),
                    job.ok() ? absl::StrCat(", ", job->event_count(), " event(s))") : "; its record was corrupt)"));
+  job_versions_.erase(id);
   Changed();  // its watchers end (NOT_FOUND)
   return absl::OkStatus();
 }
@@ -827,7 +846,7 @@ void Coordinator::Schedule() {
         } else {
           a.job.set_state_reason(d.waiting_reason);
           Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s waiting reason"));
-          Changed();
+          Changed(a.job.id());
         }
       }
       continue;
@@ -980,8 +999,10 @@ int Coordinator::FailAttemptsOn(const std::string& worker_id, const std::string&
     StopRanks(a);
     touched.push_back(seq);
   }
-  for (int64_t seq : touched) MaybeFinish(seq);
-  Changed();
+  for (int64_t seq : touched) {
+    MaybeFinish(seq);
+    Changed(JobIdOf(seq));
+  }
   return static_cast<int>(touched.size());
 }
 
@@ -1040,7 +1061,7 @@ void Coordinator::CheckProgress() {
     a.job.set_state_reason(f.message());
     Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s hang"));
     StopRanks(a);
-    Changed();
+    Changed(a.job.id());
   }
 }
 
@@ -1071,7 +1092,7 @@ void Coordinator::CheckMaxDuration() {
     Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s max_duration_s"));
     StopRanks(a);
     stopped.push_back(seq);
-    Changed();
+    Changed(a.job.id());
   }
   for (int64_t seq : ended) active_.erase(seq);
   // Ranks withdrawn before delivery are gone already (after the loop:
@@ -1460,8 +1481,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     c->set_job_id(key.first);
     c->set_attempt(key.second);
   }
-  for (int64_t seq : touched) MaybeFinish(seq);
-  if (!touched.empty()) Changed();
+  for (int64_t seq : touched) {
+    MaybeFinish(seq);
+    Changed(JobIdOf(seq));
+  }
   // Renewed by this answer; the agent freezes its ranks when it lapses
   // (WorkerRegistry::lease says why it ends before the worker timeout).
   out.set_lease_ms(absl::ToInt64Milliseconds(registry_.lease()));
@@ -1577,7 +1600,7 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
     if (first) StopRanks(*a);  // the other ranks would wait on a dead peer
   }
   MaybeFinish(seq);
-  Changed();
+  Changed(request.job_id());
   return absl::OkStatus();
 }
 
@@ -1628,7 +1651,8 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
     a->job.set_event_count(store_->EventCount(a->job.id()));
     PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s progress")));
   }
-  if (!b.events.empty() || !b.logs.empty()) Changed();
+  for (const v1::JobEvent& e : b.events) Changed(e.job_id());
+  for (const v1::LogEntry& l : b.logs) Changed(l.job_id());
   if (batch > 0) {
     w->batch_sender = sender;
     w->batch_stored = batch;
@@ -1702,8 +1726,8 @@ absl::Status Coordinator::KvSet(const std::string& key, const std::string& value
   // Who met first, then the key: a key is never there without its writer
   // marked (Reattach reads the marks).
   PLATEAU_RETURN_IF_ERROR(MarkMet(key, rank));
+  // No stream waits on keys (a KvGet waits on the key itself).
   PLATEAU_RETURN_IF_ERROR(Written(rendezvous_.Set(key, value), absl::StrCat("store the key ", key)));
-  Changed();
   return absl::OkStatus();
 }
 

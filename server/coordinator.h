@@ -158,10 +158,22 @@ class Coordinator {
   // then at most per_rank_reports_per_read / ranks events (at least one).
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& id, int64_t from, int limit,
                                                        bool per_rank);
-  // A counter that grows whenever events, logs or states change; WaitForChange
-  // returns when it differs from `seen` or after `timeout`.
-  uint64_t version();
-  uint64_t WaitForChange(uint64_t seen, absl::Duration timeout);
+  // What a stream of one job waits on: that job's counter, which grows
+  // whenever its events, logs or state change, and the coordinator's, which
+  // grows on changes to no one job (a sweep, a registration, a failed
+  // store write). A counter of the whole coordinator woke every open stream
+  // of every job on each worker's telemetry batch (each wake copying its job
+  // under mu_ and reading SQLite): the cost grew with watchers times the
+  // cluster's change rate, not the watched job's.
+  struct ChangeStamp {
+    uint64_t job = 0;
+    uint64_t all = 0;
+    bool operator==(const ChangeStamp& o) const { return job == o.job && all == o.all; }
+  };
+  ChangeStamp JobVersion(const std::string& job_id);
+  // Returns when the stamp of `job_id` differs from `seen`, the coordinator
+  // stops, or after `timeout`; the stamp then.
+  ChangeStamp WaitForJobChange(const std::string& job_id, ChangeStamp seen, absl::Duration timeout);
   JobStore& store() { return *store_; }
 
   // OK while every write to the state database has succeeded; after a failed
@@ -265,7 +277,12 @@ class Coordinator {
   void Delivered(LiveJob& a, v1::Placement& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordFailure(LiveJob& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LiveJob* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A change to no one job (ChangeStamp::all), and one to `job_id`'s rows or
+  // state (ChangeStamp::job).
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
+  // Only a live job's (a finished job's streams have ended; a late log line
+  // of one would leave an entry behind for good).
+  void Changed(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A line of the job's log from the coordinator itself (rank -1).
   void Log(const std::string& job_id, int attempt, const std::string& line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live attempt whose prefix (AttemptPrefix + "/") `key` is exactly
@@ -283,6 +300,9 @@ class Coordinator {
 
   absl::Mutex mu_;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per job id; a job's entry leaves with it (deleted or swept), which its
+  // watchers see as a change.
+  std::map<std::string, uint64_t> job_versions_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // When Start ran: for reattach_timeout after it, workers that were
   // registered before a restart may still be registering again, so no job

@@ -872,6 +872,48 @@ TEST_F(CoordinatorTest, TelemetryCountsOnlyTheRanksWorkerAndTheJobsSteps) {
   }
 }
 
+// A stream of one job waits on that job's changes: with one counter for the
+// whole coordinator, every open stream of every job woke (copying its job
+// under the lock and reading SQLite) on each worker's telemetry batch.
+TEST_F(CoordinatorTest, AJobsStreamSleepsThroughAnotherJobsChanges) {
+  const std::string busy = Submit(DemoJobSpec(2, 50));
+  const std::string w = RunningJob(busy);
+  const std::string quiet = Submit(DemoJobSpec(2, 5));  // pending: the one worker is busy
+  const Coordinator::ChangeStamp seen = c().JobVersion(quiet);
+  absl::Duration slept;
+  std::thread waiter([&] {
+    const absl::Time start = absl::Now();
+    c().WaitForJobChange(quiet, seen, absl::Seconds(2));
+    slept = absl::Now() - start;
+  });
+  for (int64_t step = 1; step <= 20; ++step) {  // a step event of the busy job every 50 ms
+    ASSERT_TRUE(c().ReportTelemetry(Steps(w, busy, {step})).ok());
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  waiter.join();
+  EXPECT_GE(slept, absl::Milliseconds(1900)) << "woken by another job's steps";
+  EXPECT_EQ(c().JobVersion(quiet), seen);
+  // Its own change wakes it (cancelled: its end), and the busy job's
+  // stream wakes on its next step.
+  std::thread cancel([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(c().CancelJob(quiet).ok());
+  });
+  absl::Time start = absl::Now();
+  EXPECT_FALSE(c().WaitForJobChange(quiet, seen, absl::Seconds(10)) == seen);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  cancel.join();
+  const Coordinator::ChangeStamp busy_seen = c().JobVersion(busy);
+  std::thread step([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(c().ReportTelemetry(Steps(w, busy, {21})).ok());
+  });
+  start = absl::Now();
+  EXPECT_FALSE(c().WaitForJobChange(busy, busy_seen, absl::Seconds(10)) == busy_seen);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  step.join();
+}
+
 // Log lines of a job that does not exist are dropped: one for an id not
 // given out yet became the log of the job that later got it.
 TEST_F(CoordinatorTest, LogLinesOfNoJobAreDropped) {

@@ -44,7 +44,7 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
   ctx->AddInitialMetadata(kStreamOpenMetadata, "1");
   writer->SendInitialMetadata();
   while (!ctx->IsCancelled()) {
-    const uint64_t version = c->version();
+    const Coordinator::ChangeStamp version = c->JobVersion(job_id);
     // The state before the rows: a final state's rows are already stored.
     auto now = c->GetJob(job_id);
     if (!now.ok()) return ToGrpc(now.status());
@@ -62,7 +62,7 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
     // it going.
     if (follow ? !rows->empty() : rows->size() == kRowsPerRead) continue;
     if (final || !follow) return grpc::Status::OK;
-    c->WaitForChange(version, absl::Seconds(1));
+    c->WaitForJobChange(job_id, version, absl::Seconds(1));
   }
   return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
 }
