@@ -2,6 +2,10 @@
 
 #include <sys/resource.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -100,6 +104,23 @@ TEST(HeapSpaceTest, BuffersAreTrackedAndAligned) {
   EXPECT_EQ(space.tracker().total_current(), 0);
   EXPECT_EQ(space.tracker().total_peak(), 1000);
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+// Under ASan the tail a block is rounded up to is poisoned, fresh or
+// reused from the cache: a write of a few bytes past a small buffer was
+// inside the heap's (rounded) block and passed unseen.
+TEST(HeapSpaceTest, TheRoundedTailIsPoisonedUnderAsan) {
+  HeapSpace space(SpaceKind::kHost, "host", MemorySpace::kUncapped);
+  for (int round = 0; round < 2; ++round) {  // the second reuses the cached block
+    auto a = space.Allocate(LiveSet::kDispatch, 10);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const char* p = static_cast<const char*>(a->data());
+    EXPECT_FALSE(__asan_address_is_poisoned(p + 9)) << "round " << round;
+    EXPECT_TRUE(__asan_address_is_poisoned(p + 10)) << "round " << round;
+    EXPECT_TRUE(__asan_address_is_poisoned(p + MemorySpace::kAlignment - 1)) << "round " << round;
+  }
+}
+#endif
 
 TEST(HeapSpaceTest, ZeroBytesIsAnEmptyBuffer) {
   HeapSpace space(SpaceKind::kHost, "host", MemorySpace::kUncapped);

@@ -101,10 +101,10 @@ absl::Status OffloadStreamAdamWT<W>::Update(float clip, int64_t step) {
   const AdamWArgs a{LearningRateF(o, step), o.beta1, o.beta2, o.eps, o.weight_decay, step, clip};
   const int64_t S = params_.shard_numel, f = sizeof(float);
   W* own_region = params_.dense_working + world_.rank() * S;
-  const std::vector<OptimizerBucket> buckets = OffloadStreamBuckets(S, params_.owned_numel, bucket_);
-  for (size_t i = 0; i < buckets.size(); ++i) {
-    const OptimizerBucket& b = buckets[i];
-    const int64_t s = static_cast<int64_t>(i) % slots_count_, n = b.numel;
+  const OffloadStreamBuckets buckets(S, params_.owned_numel, bucket_);
+  for (int64_t i = 0; i < buckets.size(); ++i) {
+    const OptimizerBucket b = buckets[i];
+    const int64_t s = i % slots_count_, n = b.numel;
     const int64_t moment = (b.owned ? S : 0) + b.offset;  // into m and v (and the bf16 masters)
     // fp32: only the dense shard has a host master (the owned weights are
     // their own, on the device); bf16: both do.
@@ -157,9 +157,10 @@ absl::Status OffloadStreamAdamWT<W>::Refresh() {
     // The working copies rn(master), bucket by bucket through slot 0 (a
     // device kernel reads device memory): the dense shard's into this
     // rank's region, the owned weights'.
-    const std::vector<OptimizerBucket> buckets = OffloadStreamBuckets(S, params_.owned_numel, bucket_);
+    const OffloadStreamBuckets buckets(S, params_.owned_numel, bucket_);
     float* slot = SlotPart(0, 0);
-    for (const OptimizerBucket& b : buckets) {
+    for (int64_t i = 0; i < buckets.size(); ++i) {
+      const OptimizerBucket b = buckets[i];
       const int64_t at = (b.owned ? S : 0) + b.offset;
       PLATEAU_RETURN_IF_ERROR(backend_.Copy(stream_, slot, master_.as<float>() + at, b.numel * sizeof(float)));
       W* working = (b.owned ? params_.owned : own_region) + b.offset;

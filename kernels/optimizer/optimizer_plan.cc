@@ -23,15 +23,6 @@ OptimizerBytes OffloadStreamAdamWBytes(int64_t shard_numel, int64_t owned_numel,
   return {slots * 3 * bucket * e.master, DeviceAdamWBytes(shard_numel, owned_numel, e)};
 }
 
-std::vector<OptimizerBucket> OffloadStreamBuckets(int64_t shard_numel, int64_t owned_numel, int64_t bucket) {
-  std::vector<OptimizerBucket> out;
-  for (bool owned : {false, true}) {
-    const int64_t n = owned ? owned_numel : shard_numel;
-    for (int64_t off = 0; off < n; off += bucket) out.push_back({owned, off, std::min(bucket, n - off)});
-  }
-  return out;
-}
-
 absl::Status ValidateOffloadStream(int64_t bucket_params, int64_t staging_slots) {
   if (bucket_params < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -9,6 +9,7 @@
 #ifndef PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_PLAN_H_
 #define PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_PLAN_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -58,7 +59,28 @@ struct OptimizerBucket {
   int64_t offset = 0;  // into the group
   int64_t numel = 0;
 };
-std::vector<OptimizerBucket> OffloadStreamBuckets(int64_t shard_numel, int64_t owned_numel, int64_t bucket);
+// Worked out per index, not listed: a list was a host vector of
+// ceil(S / bucket) + ceil(X / bucket) entries made at every update, in no
+// host plan (a hand-set bucket of 1 made it S + X entries).
+class OffloadStreamBuckets {
+ public:
+  OffloadStreamBuckets(int64_t shard_numel, int64_t owned_numel, int64_t bucket)
+      : shard_numel_(shard_numel),
+        owned_numel_(owned_numel),
+        bucket_(bucket),
+        dense_(Ceil(shard_numel, bucket)),
+        owned_(Ceil(owned_numel, bucket)) {}
+  int64_t size() const { return dense_ + owned_; }
+  OptimizerBucket operator[](int64_t i) const {
+    const bool owned = i >= dense_;
+    const int64_t offset = (owned ? i - dense_ : i) * bucket_, n = owned ? owned_numel_ : shard_numel_;
+    return {owned, offset, std::min(bucket_, n - offset)};
+  }
+
+ private:
+  static int64_t Ceil(int64_t n, int64_t d) { return (n + d - 1) / d; }
+  int64_t shard_numel_, owned_numel_, bucket_, dense_, owned_;
+};
 
 // INVALID_ARGUMENT naming schedule.offload_stream_adamw.bucket_params
 // (>= 1) or .staging_slots (1 to 3).

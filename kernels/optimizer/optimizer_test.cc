@@ -478,12 +478,20 @@ TEST(OptimizerTest, BadOptionsNameTheSpecField) {
   EXPECT_THAT(std::string(ValidateOffloadStream(10, 0).message()), HasSubstr("staging_slots"));
   EXPECT_TRUE(ValidateOffloadStream(1, 1).ok());
   // Buckets: never across the two groups, the last one short.
-  const std::vector<OptimizerBucket> b = OffloadStreamBuckets(10, 4, 4);
-  ASSERT_EQ(b.size(), 4u);
+  const OffloadStreamBuckets b(10, 4, 4);
+  ASSERT_EQ(b.size(), 4);
+  EXPECT_FALSE(b[1].owned);
+  EXPECT_EQ(b[1].offset, 4);
+  EXPECT_EQ(b[1].numel, 4);
   EXPECT_FALSE(b[2].owned);
+  EXPECT_EQ(b[2].offset, 8);
   EXPECT_EQ(b[2].numel, 2);
   EXPECT_TRUE(b[3].owned);
+  EXPECT_EQ(b[3].offset, 0);
   EXPECT_EQ(b[3].numel, 4);
+  const OffloadStreamBuckets no_owned(5, 0, 2);  // no owned experts: the dense group only
+  ASSERT_EQ(no_owned.size(), 3);
+  EXPECT_EQ(no_owned[2].numel, 1);
   EXPECT_EQ(OffloadStreamBucket(10, 4, 100'000'000), 10) << "no slot larger than the larger group";
 }
 
