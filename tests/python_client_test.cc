@@ -3,12 +3,15 @@
 // stubs //client/python:plateau_v1_py generated from proto/, through the
 // public API only. What it prints is checked against the job's own events
 // read through the C++ client.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -119,6 +122,73 @@ TEST_F(PythonClientTest, SubmitsAndWatchesToSucceededPrintingEveryStepsLoss) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::SUCCEEDED);
   EXPECT_EQ(job->spec().steps(), 5);
+}
+
+// The script in the background, its output read as it runs.
+struct Running {
+  std::unique_ptr<Process> process;
+  // Waits for it to exit (at most `limit`); its exit code, -1 if killed.
+  int Wait(absl::Duration limit) {
+    const absl::Time end = absl::Now() + limit;
+    while (process->Running() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(50));
+    const int status = process->Stop(SIGKILL);  // reaps it; kills it only if still running
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+};
+
+// A coordinator away for 8 s (killed, restarted on its port): the watch
+// resumes and prints every step once (it gave up after five tries, about
+// 5 s, exiting 4 while the job ran on). A frozen coordinator (no reset,
+// no answer) breaks the watch by keepalive, and after --reconnect-for the
+// script exits 4 (it waited for ever).
+TEST_F(PythonClientTest, AWatchOutlastsACoordinatorRestartAndEndsOnAFrozenOne) {
+  Cluster c("py-restart");
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::string spec = WriteSpec(c, "tiny", TinyJob(40));
+  Running run{std::make_unique<Process>(
+      std::vector<std::string>{kPython, kExample, "--coordinator=" + c.api(), "--spec=" + spec}, c.dir() + "/restart")};
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(run.process->out(), "job-1 step 2/40"); }, absl::Seconds(60)))
+      << run.process->out() << run.process->err() << c.Logs();
+  c.KillCoordinator(SIGKILL);
+  absl::SleepFor(absl::Seconds(8));
+  ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+  const int code = run.Wait(absl::Seconds(120));
+  const std::string out = run.process->out();
+  EXPECT_EQ(code, 0) << out << run.process->err() << c.Logs();
+  EXPECT_THAT(out, HasSubstr("watch interrupted"));
+  EXPECT_THAT(out, HasSubstr("job-1 ended SUCCEEDED"));
+  const std::map<int64_t, double> steps = PrintedSteps(out, "job-1");
+  EXPECT_EQ(steps.size(), 40u) << out;
+  for (int64_t s = 1; s <= 40; ++s) {
+    EXPECT_TRUE(absl::StrContains(out, absl::StrCat("job-1 step ", s, "/40 loss "))) << "step " << s;
+  }
+  int printed = 0;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) printed += absl::StartsWith(line, "job-1 step ");
+  EXPECT_EQ(printed, 40) << "a step printed twice or missed:\n" << out;
+
+  // Frozen: keepalive 1 s, reconnect for 3 s.
+  const std::string long_spec = WriteSpec(c, "long", TinyJob(1000000));
+  Running frozen{
+      std::make_unique<Process>(std::vector<std::string>{kPython, kExample, "--coordinator=" + c.api(),
+                                                         "--spec=" + long_spec, "--keepalive=1", "--reconnect-for=3"},
+                                c.dir() + "/frozen")};
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(frozen.process->out(), "job-2 step 2/"); }, absl::Seconds(60)))
+      << frozen.process->out() << frozen.process->err() << c.Logs();
+  const pid_t coordinator = c.coordinator()->pid();
+  ASSERT_EQ(kill(coordinator, SIGSTOP), 0);
+  const absl::Time stopped = absl::Now();
+  const int frozen_code = frozen.Wait(absl::Seconds(60));
+  const absl::Duration took = absl::Now() - stopped;
+  ASSERT_EQ(kill(coordinator, SIGCONT), 0);
+  EXPECT_EQ(frozen_code, 4) << frozen.process->out() << frozen.process->err();
+  EXPECT_LT(took, absl::Seconds(45)) << "the script waited on the frozen coordinator";
+  EXPECT_THAT(frozen.process->err(), HasSubstr("watching job-2"));
+  std::printf("the Python watch ended %s after the coordinator froze (keepalive 1 s, reconnect-for 3 s)\n",
+              absl::FormatDuration(took).c_str());
+  // The thawed coordinator answers again (the job may have failed meanwhile:
+  // its worker's heartbeats went unanswered while it was frozen).
+  EXPECT_TRUE(WaitFor([&] { return c.client().GetJob("job-2").ok(); })) << c.Logs();
+  c.client().CancelJob("job-2").IgnoreError();
 }
 
 TEST_F(PythonClientTest, CancelsAfterAStepAndTheJobEndsCancelled) {

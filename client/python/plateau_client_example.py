@@ -9,7 +9,8 @@ through the stubs Bazel generates from the proto files.
       --spec=tools/demo_job.txtpb [--steps=N] [--cancel-after-step=N] \\
       [--token-file=PATH | --token=TOKEN] [--ca=PEM [--server-name=NAME]] \\
       [--cert=PEM --key=PEM] \\
-      [--label=KEY=VALUE ...] [--request-id=ID]
+      [--label=KEY=VALUE ...] [--request-id=ID] \\
+      [--reconnect-for=SECONDS] [--keepalive=SECONDS]
 
 The stubs are the package `plateau.v1` (job_pb2, job_pb2_grpc, worker_pb2,
 worker_pb2_grpc): on PYTHONPATH as above, or through Bazel's py_library
@@ -30,7 +31,11 @@ every call, over TLS or, on loopback, over plaintext.
 
 The submit carries a request id (a new UUID unless --request-id gives one):
 the coordinator answers a retry with the same id and spec with the job the
-first one created, so a submit whose answer was lost can be sent again.
+first one created, so a submit whose answer was lost is sent again (twice,
+1 s apart). Every call has a 10 s deadline; open calls ping the coordinator
+every --keepalive seconds (20), so a frozen one breaks the watch; a broken
+watch resumes from its next event for as long as --reconnect-for seconds (60)
+pass without the coordinator answering, as plateauctl's does.
 
 Debian's interpreter, /usr/bin/python3, on purpose (the shebang and the
 docs name it): grpc and google.protobuf come from Debian's python3-grpcio and
@@ -72,9 +77,12 @@ except ImportError as e:
                     "`bazel build //client/python:plateau_v1_py` and set PYTHONPATH=bazel-bin/client/python")
 
 FINAL = {job_pb2.SUCCEEDED: EXIT_SUCCEEDED, job_pb2.FAILED: EXIT_FAILED, job_pb2.CANCELLED: EXIT_CANCELLED}
-# WatchJob resumes from the next event index after a dropped stream; a
-# coordinator that stays away this many times in a row ends the watch.
-MAX_RECONNECTS = 5
+# Every unary call's deadline, as plateauctl's (a frozen coordinator must
+# not hang a submit or a cancel for ever).
+CALL_TIMEOUT_S = 10
+# The initial metadata a stream of the coordinator starts with once it has
+# admitted the stream and found the job (proto/streams.h kStreamOpenMetadata).
+STREAM_OPEN = "plateau-stream-open"
 
 
 class _CallDetails(collections.namedtuple(
@@ -141,7 +149,13 @@ def read_pem(flag, path, marker):
 
 def open_channel(args):
     """(channel to make calls on, raw channel to wait on and close)."""
-    options = []
+    # Pinged while calls are open, quiet streams included (gRPC stops after
+    # two pings without data unless told not to), as plateauctl does: a watch
+    # of a frozen or partitioned coordinator (no TCP reset) breaks instead of
+    # waiting for ever. The coordinator accepts pings every 500 ms or more.
+    keepalive_ms = max(500, int(args.keepalive * 1000))
+    options = [("grpc.keepalive_time_ms", keepalive_ms), ("grpc.keepalive_timeout_ms", keepalive_ms),
+               ("grpc.http2.max_pings_without_data", 0)]
     if args.server_name:
         if not args.ca:
             die(EXIT_USAGE, "--server-name: only with TLS (--ca)")
@@ -158,7 +172,7 @@ def open_channel(args):
         credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
         raw = grpc.secure_channel(args.coordinator, credentials, options)
     else:
-        raw = grpc.insecure_channel(args.coordinator)
+        raw = grpc.insecure_channel(args.coordinator, options)
     token = read_token(args)
     return (grpc.intercept_channel(raw, BearerToken(token)) if token else raw), raw
 
@@ -194,13 +208,25 @@ def print_event(job_id, event):
               flush=True)
 
 
-def watch(stub, job_id, cancel_after_step):
-    """Prints the job's events until its final state; returns that state."""
-    next_index, reconnects, cancel_sent = 0, 0, False
+def watch(stub, job_id, cancel_after_step, reconnect_for):
+    """Prints the job's events until its final state; returns that state.
+
+    A dropped stream (UNAVAILABLE: the coordinator restarting, a lost
+    connection) resumes from the next event index for `reconnect_for`
+    seconds from the first failure; the clock stops at each stream the
+    coordinator opens (its initial metadata) or event it sends, so a quiet
+    watch of a pending job survives restarts as a busy one does."""
+    next_index, cancel_sent = 0, False
+    broken_since = None  # when the coordinator stopped answering
     while True:
         try:
-            for event in stub.WatchJob(job_pb2.WatchJobRequest(job_id=job_id, from_index=next_index)):
-                next_index, reconnects = event.index + 1, 0
+            call = stub.WatchJob(job_pb2.WatchJobRequest(job_id=job_id, from_index=next_index))
+            # The coordinator opened the stream (proto/streams.h): it answers.
+            # A call that failed returns no metadata here, and raises below.
+            if any(key == STREAM_OPEN for key, _ in (call.initial_metadata() or ())):
+                broken_since = None
+            for event in call:
+                next_index = event.index + 1
                 print_event(job_id, event)
                 if event.HasField("state_change") and event.state_change.state in FINAL:
                     return event.state_change.state
@@ -209,16 +235,17 @@ def watch(stub, job_id, cancel_after_step):
                     print(f"{job_id} cancelling after step {event.job_step.step}", flush=True)
                     cancel_sent = True
                     try:
-                        stub.CancelJob(job_pb2.CancelJobRequest(job_id=job_id))
+                        stub.CancelJob(job_pb2.CancelJobRequest(job_id=job_id), timeout=CALL_TIMEOUT_S)
                     except grpc.RpcError as e:
                         # The job may have ended on its own meanwhile; its final
                         # state still arrives on the stream.
                         print(f"{job_id} cancel refused: {e.code().name} {e.details()}", flush=True)
             raise RuntimeError("the event stream ended before the job's final state")
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE or reconnects >= MAX_RECONNECTS:
+            now = time.monotonic()
+            broken_since = now if broken_since is None else broken_since
+            if e.code() != grpc.StatusCode.UNAVAILABLE or now - broken_since > reconnect_for:
                 raise
-            reconnects += 1
             print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}", flush=True)
             time.sleep(1)
 
@@ -232,6 +259,11 @@ def main():
     parser.add_argument("--cancel-after-step", type=int, metavar="N",
                         help="cancel the job once step N is an event")
     parser.add_argument("--connect-timeout", type=float, default=10, metavar="SECONDS")
+    parser.add_argument("--reconnect-for", type=float, default=60, metavar="SECONDS",
+                        help="how long a watch tries to resume while the coordinator is away (default 60, "
+                             "as plateauctl)")
+    parser.add_argument("--keepalive", type=float, default=20, metavar="SECONDS",
+                        help="ping the coordinator this often while a call is open (default 20, at least 0.5)")
     env = os.environ.get
     parser.add_argument("--token-file", default=env("PLATEAU_TOKEN_FILE") or None, metavar="PATH",
                         help="a file holding the coordinator's bearer token ($PLATEAU_TOKEN_FILE)")
@@ -279,16 +311,26 @@ def main():
                                   f"within {args.connect_timeout:g} s"
                                   + (" (TLS: is --ca the CA of its certificate?)" if args.ca else ""))
         stub = job_pb2_grpc.JobServiceStub(channel)
-        try:
-            submitted = stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec, request_id=request_id))
-        except grpc.RpcError as e:
-            # INVALID_ARGUMENT names the field, RESOURCE_EXHAUSTED the live sets.
-            die(EXIT_USAGE, f"submit refused: {e.code().name} {e.details()}")
+        request = job_pb2.SubmitJobRequest(spec=spec, request_id=request_id)
+        for attempt in range(3):
+            try:
+                submitted = stub.SubmitJob(request, timeout=CALL_TIMEOUT_S)
+                break
+            except grpc.RpcError as e:
+                # A lost answer may have created the job: the same request id
+                # makes a retry return it, never a second job (as plateauctl).
+                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    if attempt < 2:
+                        time.sleep(1)
+                        continue
+                    die(EXIT_UNREACHABLE, f"submit: the coordinator did not answer: {e.code().name} {e.details()}")
+                # INVALID_ARGUMENT names the field, RESOURCE_EXHAUSTED the live sets.
+                die(EXIT_USAGE, f"submit refused: {e.code().name} {e.details()}")
         job_id = submitted.job.id
         print(f"submitted {job_id}: {submitted.plan.total_bytes} device bytes per rank planned, "
               f"{spec.steps} steps", flush=True)
         try:
-            state = watch(stub, job_id, args.cancel_after_step)
+            state = watch(stub, job_id, args.cancel_after_step, args.reconnect_for)
         except (grpc.RpcError, RuntimeError) as e:
             detail = f"{e.code().name} {e.details()}" if isinstance(e, grpc.RpcError) else str(e)
             die(EXIT_UNREACHABLE, f"watching {job_id}: {detail}")
