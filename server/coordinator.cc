@@ -360,6 +360,11 @@ void Coordinator::Tick() {
   }
 }
 
+bool Coordinator::stopping() {
+  absl::MutexLock lock(&mu_);
+  return stop_;
+}
+
 void Coordinator::Changed(const std::string& job_id) {
   const absl::StatusOr<int64_t> seq = ParseJobId(job_id);
   if (seq.ok() && active_.count(*seq) > 0) ++job_versions_[job_id];

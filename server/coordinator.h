@@ -174,6 +174,8 @@ class Coordinator {
   // Returns when the stamp of `job_id` differs from `seen`, the coordinator
   // stops, or after `timeout`; the stamp then.
   ChangeStamp WaitForJobChange(const std::string& job_id, ChangeStamp seen, absl::Duration timeout);
+  // Whether Stop has been called (streams end, UNAVAILABLE).
+  bool stopping();
   JobStore& store() { return *store_; }
 
   // OK while every write to the state database has succeeded; after a failed

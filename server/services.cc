@@ -62,6 +62,14 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
     // it going.
     if (follow ? !rows->empty() : rows->size() == kRowsPerRead) continue;
     if (final || !follow) return grpc::Status::OK;
+    // Shutting down (SIGTERM): the wait returns at once from here on, and
+    // the loop spun until the server's 2 s grace cancelled the call, which
+    // then read "cancelled by the client". Said now, so that the client
+    // resumes elsewhere or after the restart.
+    if (c->stopping()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("the coordinator is shutting down; resume from index ", from));
+    }
     c->WaitForJobChange(job_id, version, absl::Seconds(1));
   }
   return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");

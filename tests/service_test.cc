@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -29,7 +30,9 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "plateau/v1/job.grpc.pb.h"
 #include "tests/cluster.h"
 
 namespace plateau {
@@ -1299,6 +1302,40 @@ TEST(ServiceTest, AWatchOfAFrozenCoordinatorBreaksAndSaysSo) {
               absl::FormatDuration(took).c_str());
   // The client's channel reconnects to the thawed coordinator.
   EXPECT_TRUE(WaitFor([&] { return c.client().CancelJob(id).ok(); })) << c.Logs();
+}
+
+// SIGTERM with a stream open: the stream ends UNAVAILABLE saying so (the
+// client resumes after the restart) and the coordinator exits at once.
+// Before, every open stream spun through its wait (which returns at once
+// once stopping) until the server's 2 s grace cancelled it, and the call
+// ended CANCELLED "cancelled by the client".
+TEST(ServiceTest, ASigtermEndsOpenStreamsUnavailableAtOnce) {
+  ClusterOptions o;
+  o.with_worker = false;  // the job waits: a quiet stream
+  Cluster c("sigterm-streams", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(10), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  auto stub = v1::JobService::NewStub(grpc::CreateChannel(c.api(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::WatchJobRequest q;
+  q.set_job_id(sub->job().id());
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub->WatchJob(&ctx, q);
+  v1::JobEvent e;
+  ASSERT_TRUE(reader->Read(&e));  // open, its first event read
+  const absl::Time term = absl::Now();
+  ASSERT_EQ(kill(c.coordinator()->pid(), SIGTERM), 0);
+  while (reader->Read(&e)) {
+  }
+  const grpc::Status s = reader->Finish();
+  const absl::Duration ended = absl::Now() - term;
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("the coordinator is shutting down; resume from index"));
+  EXPECT_LT(ended, absl::Milliseconds(1500)) << "the stream waited out the server's 2 s grace";
+  ASSERT_TRUE(WaitFor([&] { return !c.coordinator()->Running(); }, absl::Seconds(30)));
+  std::printf("SIGTERM with a stream open: the stream ended after %s, the coordinator exited after %s\n",
+              absl::FormatDuration(ended).c_str(), absl::FormatDuration(absl::Now() - term).c_str());
 }
 
 // A watch on which no event comes (a job waiting for a worker) resumes
