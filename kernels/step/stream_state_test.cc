@@ -221,6 +221,7 @@ TEST(StreamStateErrorTest, AFailingSinkFailsItsRankAndTheWorldStaysInStep) {
 // for a streamed load against LoadStreamedStateHostBytes. The model is
 // large enough (0.4 M parameters) that the state dwarfs the bookkeeping.
 TEST(StreamStateMemoryTest, StreamedSaveAndLoadHoldTheHostAtTheirBound) {
+  if (!HeapIsCounted()) GTEST_SKIP() << "the heap is not counted in this build (AddressSanitizer's allocator)";
   const int P = 4;
   ModelConfig m = StreamModel();
   m.hidden = 64;

@@ -47,6 +47,16 @@ void operator delete(void* p, size_t, std::align_val_t) noexcept { Uncounted(p);
 
 namespace plateau {
 
+bool HeapIsCounted() {
+  const int64_t before = g_heap_now.load();
+  // A call of the allocation function, not a new-expression, which the
+  // compiler may elide.
+  void* p = ::operator new(4096);
+  const bool counted = g_heap_now.load() >= before + 4096;
+  ::operator delete(p);
+  return counted;
+}
+
 int64_t HeapInUse() { return g_heap_now.load(); }
 int64_t HeapPeak() { return g_heap_peak.load(); }
 int64_t ResetHeapPeak() {
