@@ -134,6 +134,9 @@ struct GemmBf16Args {
 // exactly one of c and c_fp32 set.
 absl::Status ValidateGemmBf16(const GemmBf16Args& g);
 
+// What a stream is for (Backend::CreateStream).
+enum class StreamUse { kCompute, kCopy };
+
 class Backend {
  public:
   // Creates the backend named by options.kind. CUDA needs a build with
@@ -163,8 +166,13 @@ class Backend {
   virtual MemorySpace& device() = 0;
   virtual MemorySpace& host() = 0;
 
-  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
-      absl::string_view name) = 0;
+  // A stream for `use`: kCompute runs anything; kCopy runs copies, events
+  // and waits only (a GEMM or a reduction on it is FAILED_PRECONDITION), and
+  // on CUDA has no cuBLAS handle or workspace, which no plan counts (32 MiB
+  // a stream on Hopper). The CPU backend's streams are all alike.
+  // (Every override declares the same default.)
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(absl::string_view name,
+                                                               StreamUse use = StreamUse::kCompute) = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
   // An event that also keeps when its point ran, for Event::SecondsSince
   // (the step's phase clock, kernels/phase_clock.h). CreateEvent's events do

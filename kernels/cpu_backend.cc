@@ -56,8 +56,9 @@ class CpuBackend final : public Backend {
   MemorySpace& device() override { return device_; }
   MemorySpace& host() override { return host_; }
 
-  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
-      absl::string_view name) override {
+  // Every CPU stream runs anything: `use` changes nothing here.
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(absl::string_view name,
+                                                       StreamUse /*use*/ = StreamUse::kCompute) override {
     return std::make_unique<CpuStream>(std::string(name), streams_);
   }
 

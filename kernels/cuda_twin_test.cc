@@ -981,6 +981,53 @@ TEST_F(CudaTwinTest, DeviceCapIsEnforcedAndTheWorkspacesAreOutsideIt) {
   stream->reset();
 }
 
+// A copy stream (SCO's, OffloadStreamAdamW's two) copies and orders by
+// events, and takes no cuBLAS workspace (32 MiB on Hopper, in no plan) as
+// a compute stream does; a GEMM or a reduction on it is refused, naming it.
+TEST_F(CudaTwinTest, ACopyStreamTakesNoWorkspaceAndRefusesCompute) {
+  Backend& b = cuda_.b();
+  const auto reserved = [&]() -> int64_t {
+    absl::StatusOr<DeviceView> v = b.QueryDevice();
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? v->pool_reserved_bytes : -1;
+  };
+  const int64_t before = reserved();
+  auto copy = b.CreateStream("copy", StreamUse::kCopy);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(reserved(), before) << "a copy stream took device memory";
+  auto compute = b.CreateStream("compute");
+  ASSERT_TRUE(compute.ok()) << compute.status();
+  EXPECT_GE(reserved(), before + (int64_t{4} << 20)) << "a compute stream's workspace";
+
+  const int64_t n = 16;
+  auto x = b.device().Allocate(LiveSet::kWorkspace, 3 * n * n * sizeof(float));
+  ASSERT_TRUE(x.ok()) << x.status();
+  float* d = x->as<float>();
+  std::vector<float> ones(2 * n * n, 1.0f), back(2 * n * n, 0.0f);
+  ASSERT_TRUE(b.Copy(**copy, d, ones.data(), ones.size() * sizeof(float)).ok());
+  ASSERT_TRUE(b.Copy(**copy, back.data(), d, back.size() * sizeof(float)).ok());
+  ASSERT_TRUE((*copy)->Synchronize().ok());
+  EXPECT_EQ(back, ones);
+  GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = g.b = d;
+  g.c = d + 2 * n * n;
+  g.lda = g.ldb = g.ldc = n;
+  const absl::Status gemm = b.Gemm(**copy, g);
+  EXPECT_EQ(gemm.code(), absl::StatusCode::kFailedPrecondition) << gemm;
+  EXPECT_THAT(std::string(gemm.message()), HasSubstr("stream 'copy': a copy stream (StreamUse::kCopy)"));
+  // The refusal is the copy stream's error from then on (stream.h).
+  EXPECT_EQ((*copy)->Synchronize().code(), absl::StatusCode::kFailedPrecondition);
+  // The compute stream runs the same GEMM.
+  ASSERT_TRUE(b.Gemm(**compute, g).ok());
+  std::vector<float> c(n * n, 0.0f);
+  ASSERT_TRUE(b.Copy(**compute, c.data(), g.c, c.size() * sizeof(float)).ok());
+  EXPECT_EQ(c.front(), static_cast<float>(n));
+  x->Release();
+  copy->reset();
+  compute->reset();
+}
+
 // Without a cap, the device pool itself refuses an impossible size: the
 // error is RESOURCE_EXHAUSTED with the GPU's free bytes, and the backend
 // still works afterwards (the failed call's error does not leak into later

@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<Sco>> Sco::Create(Backend& backend, Stream& compu
   }
   std::unique_ptr<Sco> s(new Sco(backend, compute, PlanSco(layers, rows, hidden, host_budget_bytes, e), e.working));
   const ScoLayout& p = s->layout_;
-  PLATEAU_ASSIGN_OR_RETURN(s->copy_, backend.CreateStream("sco-copy"));
+  PLATEAU_ASSIGN_OR_RETURN(s->copy_, backend.CreateStream("sco-copy", StreamUse::kCopy));
   PLATEAU_ASSIGN_OR_RETURN(s->compute_done_, backend.CreateEvent());
   for (int64_t i = 0; i < p.slots(); ++i) {
     PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<Event> e, backend.CreateEvent());

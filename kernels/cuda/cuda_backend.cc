@@ -462,12 +462,12 @@ class CudaStream final : public Stream {
     PLATEAU_CUDA_REPORT(cudaSetDevice(device_));
     PLATEAU_CUDA_REPORT(cudaStreamSynchronize(stream_));
     order_->Remove(stream_);
-    if (cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS) {
+    if (blas_ != nullptr && cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "plateau cuda backend: cublasDestroy failed\n");
     }
     PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream_));
     ForgetCudaStream(stream_);
-    space_->FreeUnplanned(workspace_);
+    if (workspace_ != nullptr) space_->FreeUnplanned(workspace_);
   }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
@@ -534,6 +534,13 @@ class CudaStream final : public Stream {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  // A copy stream (StreamUse::kCopy) has neither: FAILED_PRECONDITION for
+  // the operations that need them, before blas() or scratch() is used.
+  absl::Status RequireCompute() const {
+    if (workspace_ != nullptr) return absl::OkStatus();
+    // Enqueue names the stream (Fail).
+    return absl::FailedPreconditionError("a copy stream (StreamUse::kCopy): no GEMM or reduction runs on it");
+  }
   cublasHandle_t blas() const { return blas_; }
   void* scratch() const { return workspace_; }
   // kGroupedGemmsPerCall entries each, device memory; read by the grouped
@@ -623,17 +630,21 @@ class CudaBackend final : public Backend {
     return v;
   }
 
-  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(
-      absl::string_view name) override {
+  // A copy stream gets no cuBLAS handle and no workspace (32 MiB on Hopper,
+  // outside every plan): SCO's and OffloadStreamAdamW's streams only copy.
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(absl::string_view name,
+                                                       StreamUse use = StreamUse::kCompute) override {
     PLATEAU_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_index_));
-    PLATEAU_ASSIGN_OR_RETURN(
-        void* workspace,
-        device_.AllocateUnplanned(workspace_bytes_ + kGemmPointerBytes));
+    const bool compute = use == StreamUse::kCompute;
+    void* workspace = nullptr;
+    if (compute) {
+      PLATEAU_ASSIGN_OR_RETURN(workspace, device_.AllocateUnplanned(workspace_bytes_ + kGemmPointerBytes));
+    }
     cudaStream_t stream = nullptr;
     absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                 "cudaStreamCreateWithFlags", __FILE__, __LINE__);
     cublasHandle_t blas = nullptr;
-    if (s.ok()) s = ConfigureBlas(stream, workspace, &blas);
+    if (s.ok() && compute) s = ConfigureBlas(stream, workspace, &blas);
     // The stream waits for the release stream's work so far: its workspace
     // (and any earlier allocation) may reuse memory whose last user is
     // still queued.
@@ -641,7 +652,7 @@ class CudaBackend final : public Backend {
     if (!s.ok()) {
       if (blas != nullptr) cublasDestroy(blas);
       if (stream != nullptr) PLATEAU_CUDA_REPORT(cudaStreamDestroy(stream));
-      device_.FreeUnplanned(workspace);
+      if (workspace != nullptr) device_.FreeUnplanned(workspace);
       return s;
     }
     return std::make_unique<CudaStream>(std::string(name), device_index_,
@@ -701,6 +712,7 @@ class CudaBackend final : public Backend {
     // and keep their own transpose flags and leading dimensions.
     const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
     PLATEAU_CUBLAS_RETURN_IF_ERROR(
         cublasGemmEx(s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
                      static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_32F, static_cast<int>(g.ldb), g.a,
@@ -855,6 +867,7 @@ class CudaBackend final : public Backend {
                                  const float* weight, const float* rstd,
                                  int64_t rows, int64_t cols) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cuda_ops::RmsNormBackward(s->stream(), dx, dweight, dout, x, weight,
                                     rstd, rows, cols, s->scratch()));
@@ -883,6 +896,7 @@ class CudaBackend final : public Backend {
   absl::Status DoSum(Stream& st, float* out, const float* x,
                      int64_t n) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cuda_ops::Sum(s->stream(), out, x, n, s->scratch()));
       return absl::OkStatus();
@@ -892,6 +906,7 @@ class CudaBackend final : public Backend {
   absl::Status DoSumSquares(Stream& st, float* out, const float* x,
                             int64_t n) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cuda_ops::SumSquares(s->stream(), out, x, n, s->scratch()));
       return absl::OkStatus();
@@ -972,6 +987,7 @@ class CudaBackend final : public Backend {
                                      const Bf16* x, const Bf16* weight, const float* rstd,
                                      int64_t rows, int64_t cols) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
       PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::RmsNormBackwardBf16(
           s->stream(), Bits(dx), Bits(dweight), Bits(dout), Bits(x), Bits(weight), rstd, rows,
           cols, s->scratch()));
@@ -993,6 +1009,7 @@ class CudaBackend final : public Backend {
   }
   absl::Status DoSumSquaresBf16(Stream& st, float* out, const Bf16* x, int64_t n) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
       PLATEAU_CUDA_RETURN_IF_ERROR(
           cuda_ops::SumSquaresBf16(s->stream(), out, Bits(x), n, s->scratch()));
       return absl::OkStatus();
@@ -1102,6 +1119,7 @@ class CudaBackend final : public Backend {
           s->gemm_a(), s->gemm_b(), s->gemm_c()));
       // The per-group arrays (and alpha, beta: host pointer mode) are read
       // during the call; the pointer arrays on the device, in stream order.
+      PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
       const cublasStatus_t st = cublasGemmGroupedBatchedEx(
           s->blas(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alpha.data(),
           s->gemm_a(), ab, lda.data(), s->gemm_b(), ab, ldb.data(), beta.data(), s->gemm_c(),
@@ -1136,6 +1154,7 @@ class CudaBackend final : public Backend {
     }
     const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    PLATEAU_RETURN_IF_ERROR(s->RequireCompute());
     PLATEAU_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
         s->blas(), op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
         static_cast<int>(g.k), &g.alpha, g.b, CUDA_R_16BF, static_cast<int>(g.ldb), g.a,

@@ -17,8 +17,8 @@ absl::StatusOr<std::unique_ptr<OffloadStreamAdamWT<W>>> OffloadStreamAdamWT<W>::
   const int64_t bucket = OffloadStreamBucket(S, X, placement.bucket_params);
   std::unique_ptr<OffloadStreamAdamWT> o(
       new OffloadStreamAdamWT(config, params, bucket, placement.staging_slots, backend, world, stream));
-  PLATEAU_ASSIGN_OR_RETURN(o->up_, backend.CreateStream("optimizer-up"));
-  PLATEAU_ASSIGN_OR_RETURN(o->down_, backend.CreateStream("optimizer-down"));
+  PLATEAU_ASSIGN_OR_RETURN(o->up_, backend.CreateStream("optimizer-up", StreamUse::kCopy));
+  PLATEAU_ASSIGN_OR_RETURN(o->down_, backend.CreateStream("optimizer-down", StreamUse::kCopy));
   for (auto* events : {&o->loaded_, &o->updated_, &o->written_}) {
     for (int64_t s = 0; s < o->slots_count_; ++s) {
       PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<Event> e, backend.CreateEvent());

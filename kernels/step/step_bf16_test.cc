@@ -688,8 +688,9 @@ class NoBf16Backend final : public Backend {
   bool computes_bf16() const override { return false; }
   MemorySpace& device() override { return cpu_.device(); }
   MemorySpace& host() override { return cpu_.host(); }
-  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(absl::string_view name) override {
-    return cpu_.CreateStream(name);
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(absl::string_view name,
+                                                       StreamUse use = StreamUse::kCompute) override {
+    return cpu_.CreateStream(name, use);
   }
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override { return cpu_.CreateEvent(); }
 
