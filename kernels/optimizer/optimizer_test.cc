@@ -420,8 +420,22 @@ TEST_P(PlacementsBf16, EachMatchesTheReferenceAndIsBitwiseTheDevice) {
   const std::vector<Bf16Result> cpu = RunUpdatesBf16(P, c, clips, {Kind::kCpuOffload});
   ExpectBf16MatchesReference(cpu, P, c, clips, "cpu-offload");
   ExpectSameBits(cpu, device, "bf16 cpu-offload vs device");
-  const Placement stream{Kind::kOffloadStream, 333, 2};
-  ExpectSameBits(RunUpdatesBf16(P, c, clips, stream), device, "bf16 " + stream.Name());
+  // The streamed placement over the fp32 test's buckets and slots: bitwise
+  // the device one, its optimizer peaks the bf16 plan's on both sides (one
+  // setting, bits only, was checked before).
+  for (int64_t bucket : {int64_t{1}, int64_t{64}, int64_t{333}, int64_t{1000}, int64_t{100'000'000}}) {
+    for (int64_t slots : {1, 2, 3}) {
+      if (bucket == 1 && slots != 2) continue;  // 1,518 buckets: once is enough
+      const Placement stream{Kind::kOffloadStream, bucket, slots};
+      const std::vector<Bf16Result> got = RunUpdatesBf16(P, c, clips, stream);
+      ExpectSameBits(got, device, "bf16 " + stream.Name());
+      const OptimizerBytes plan = OffloadStreamAdamWBytes(kS, kX, bucket, slots, kBf16MixedElements);
+      for (int r = 0; r < P; ++r) {
+        EXPECT_EQ(got[r].device.peak_of(LiveSet::kOptimizer), plan.device) << "bf16 " << stream.Name();
+        EXPECT_EQ(got[r].host.peak_of(LiveSet::kOptimizer), plan.host) << "bf16 " << stream.Name();
+      }
+    }
+  }
   for (int r = 0; r < P; ++r) {
     EXPECT_EQ(device[r].device.peak_of(LiveSet::kOptimizer), DeviceAdamWBytes(kS, kX, kBf16MixedElements));
     EXPECT_EQ(device[r].host.peak_of(LiveSet::kOptimizer), 0);
