@@ -206,6 +206,34 @@ INSTANTIATE_TEST_SUITE_P(
                           RingDtpModeName(std::get<1>(i.param)), "_S", std::get<2>(i.param));
     });
 
+// Skewed targets: every target in one rank's vocabulary shard (the others'
+// shards give only the log-sum-exp's terms), and one rank whose tokens are
+// all ignored (it sends and receives its share of the ring with nothing to
+// count). Both modes, whole and chunked: the same values as the dense
+// definition, the peak the bound.
+TEST(RingDtpTest, SkewedTargetsAndAnAllIgnoredRankMatch) {
+  const int64_t P = 4, V = 53;
+  Problem pr = Make(P, 24, 16, V, 0.5f, 90);
+  const int64_t begin = VocabShardBegin(V, P, 2), end = VocabShardBegin(V, P, 3);
+  std::mt19937_64 rng(91);
+  for (int64_t p = 0; p < P; ++p) {
+    for (int32_t& t : pr.y[p]) {
+      t = p == 1 ? kIgnoreIndex : static_cast<int32_t>(begin + rng() % (end - begin));
+    }
+  }
+  const Want want = Dense(pr);
+  for (RingDtpMode mode : {RingDtpMode::kActivations, RingDtpMode::kWeights}) {
+    for (int64_t chunk_rows : {int64_t{0}, int64_t{9}}) {
+      if (mode == RingDtpMode::kWeights && chunk_rows != 0) continue;  // chunking is activation mode's
+      SCOPED_TRACE(absl::StrCat(RingDtpModeName(mode), " chunk_rows ", chunk_rows));
+      const Got got = RunRing(pr, 5, mode, chunk_rows);
+      ExpectMatches(got, want, pr);
+      EXPECT_EQ(got.peak, got.bound);
+      for (float v : got.dx[1]) ASSERT_EQ(v, 0.0f) << "the all-ignored rank's dX";
+    }
+  }
+}
+
 // The batch circulating in chunks (activation mode): 24 rows as 9 + 9 + 6,
 // each a full ring; same values, smaller bound.
 TEST(RingDtpTest, ChunkedPassesMatchAndShrinkTheBound) {
