@@ -158,6 +158,31 @@ TEST_P(PipelinedLlepSweepTest, MatchesTheReferenceWithinTheBound) {
             << LlepMaxBorrowed(m, P, P * c * k, o.balance) << "\n";
 }
 
+// Eq. 1 is reached, not only respected: with balancing off and every
+// token's k routes to rank 0's experts, rank 0 receives exactly P c k rows
+// in a full chunk (every rank sends its c tokens' k routes), in the slots
+// sized for it, and the results are still the reference's.
+TEST(PipelinedLlepTest, EqOneIsReachedWhenEveryRouteGoesToOneRank) {
+  for (int P : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat("P = ", P));
+    const ModelConfig m = SweepModel();
+    // N = 6 tokens on every rank: chunks of c = 3 are full (K chunks take
+    // N / K tokens each, whatever the membership).
+    PipelinedLlepOptions o = TestOptions(/*chunk_tokens=*/3);
+    o.balance.lambda = 1e9;  // never spill: rank 0 keeps every route
+    const DispatchProblem pr = MakeDispatchProblem(m, P, Routing::kSkewed, 700 + P);
+    ASSERT_GE(m.experts / P, m.top_k) << "rank 0 must own k experts";
+    for (int64_t n : pr.n) ASSERT_EQ(n % o.chunk_tokens, 0) << "full chunks";
+    const PipelinedRun run = RunPipelined(pr, o, MaxTokens(pr));
+    if (HasFatalFailure()) return;
+    ExpectMatchesReference(run.got, DispatchReference(pr));
+    const int64_t c = o.chunk_tokens, k = m.top_k;
+    EXPECT_EQ(run.max_sizes[0].rows, P * c * k);
+    EXPECT_EQ(run.slots[0].rows, P * c * k);
+    for (int p = 1; p < P; ++p) EXPECT_EQ(run.max_sizes[p].rows, 0) << "rank " << p;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, PipelinedLlepSweepTest,
                          ::testing::Combine(::testing::Values(1, 2, 4),
                                             ::testing::Values(0, 1, 2, 3)),
