@@ -206,7 +206,14 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
       }
     }
     grpc::Status s = reader->Finish();
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return convert(s);
+    // UNAVAILABLE: the coordinator went away (or says it is shutting down).
+    // CANCELLED too, though this client cancels nothing here (its own
+    // cancel returned above): a stream opened while the coordinator shuts
+    // down is cancelled by the server (gRPC's "CANCELLED"), and the stream
+    // it replaced had just ended UNAVAILABLE.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::CANCELLED) {
+      return convert(s);
+    }
     const absl::Time now = absl::Now();
     if (broke == absl::InfiniteFuture()) {
       broke = now;

@@ -1338,6 +1338,42 @@ TEST(ServiceTest, ASigtermEndsOpenStreamsUnavailableAtOnce) {
               absl::FormatDuration(ended).c_str(), absl::FormatDuration(absl::Now() - term).c_str());
 }
 
+// The client library's watch across a SIGTERM and a restart: the stream
+// ends UNAVAILABLE, the client's retry may land while the coordinator
+// shuts down (the server cancels it: CANCELLED), and the watch resumes
+// after the restart to the job's end (it ended "CANCELLED: CANCELLED").
+TEST(ServiceTest, AWatchResumesAcrossASigtermAndARestart) {
+  ClusterOptions o;
+  o.with_worker = false;
+  o.client.reconnect_for = absl::Seconds(30);
+  Cluster c("sigterm-resume", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(10), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  absl::Status watched;
+  std::vector<v1::JobState> states;
+  std::atomic<int> seen{0};
+  std::thread watch([&] {
+    watched = c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+      ++seen;
+      if (e.has_state_change()) states.push_back(e.state_change().state());
+      return !(e.has_state_change() && e.state_change().state() == v1::CANCELLED);
+    });
+  });
+  ASSERT_TRUE(WaitFor([&] { return seen.load() > 0; }));
+  for (int round = 0; round < 3; ++round) {  // the retry's timing varies: several restarts
+    ASSERT_EQ(kill(c.coordinator()->pid(), SIGTERM), 0);
+    ASSERT_TRUE(WaitFor([&] { return !c.coordinator()->Running(); }, absl::Seconds(30)));
+    ASSERT_TRUE(c.RestartCoordinator()) << c.Logs();
+  }
+  EXPECT_TRUE(WaitFor([&] { return c.client().CancelJob(id).ok(); })) << c.Logs();
+  watch.join();
+  EXPECT_TRUE(watched.ok()) << watched;
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.back(), v1::CANCELLED);
+}
+
 // A watch on which no event comes (a job waiting for a worker) resumes
 // after a coordinator restart longer than the few seconds a coordinator
 // never reached gets: the coordinator says a stream is open when it opens

@@ -244,7 +244,11 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
         except grpc.RpcError as e:
             now = time.monotonic()
             broken_since = now if broken_since is None else broken_since
-            if e.code() != grpc.StatusCode.UNAVAILABLE or now - broken_since > reconnect_for:
+            # CANCELLED too: this script cancels no call of its own, and a
+            # stream opened while the coordinator shuts down is cancelled by
+            # the server (after the one it replaced ended UNAVAILABLE).
+            retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            if e.code() not in retryable or now - broken_since > reconnect_for:
                 raise
             print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}", flush=True)
             time.sleep(1)
