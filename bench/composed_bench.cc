@@ -589,14 +589,27 @@ double SgemmCeiling() {
   if (!(*be)->Fill(**s, a->as<float>(), n * n, 0.5f).ok() || !(*be)->Fill(**s, b->as<float>(), n * n, 0.25f).ok()) {
     return 0;
   }
+  // The step's precision's GEMM: a bf16 step's ceiling is the bf16 GEMM
+  // (bf16 A, B, C, fp32 accumulation), as step_bench's; an fp32 sgemm
+  // ceiling made a bf16 step's percentage many times too high.
+  const bool bf16 = precision_flag == Precision::kBf16Mixed;
+  if (bf16 && (!(*be)->FillBf16(**s, a->as<Bf16>(), n * n, 0.5f).ok() ||
+               !(*be)->FillBf16(**s, b->as<Bf16>(), n * n, 0.25f).ok())) {
+    return 0;
+  }
+  GemmBf16Args g16;
+  g16.m = g16.n = g16.k = n;
+  g16.a = a->as<Bf16>();
+  g16.b = b->as<Bf16>();
+  g16.c = c->as<Bf16>();
+  g16.lda = g16.ldb = g16.ldc = n;
   double best = 0;
   for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
     const double t0 = NowSeconds();
-    if (!(*be)->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(), n, 0.0f,
-                            c->as<float>(), n}).ok() ||
-        !(*s)->Synchronize().ok()) {
-      return 0;
-    }
+    const absl::Status gemm = bf16 ? (*be)->GemmBf16(**s, g16)
+                                   : (*be)->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(),
+                                                       n, 0.0f, c->as<float>(), n});
+    if (!gemm.ok() || !(*s)->Synchronize().ok()) return 0;
     if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
   }
   // One GPU per rank: its own rate is the ceiling; on the CPU the ranks
@@ -1453,8 +1466,14 @@ int main(int argc, char** argv) {
   }
   const double ceiling = run ? SgemmCeiling() : 0;
   if (run) {
-    std::printf("sgemm ceiling: %.1f GFLOP/s (1024^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
-                ceiling, bench::EnvOr("OPENBLAS_NUM_THREADS").c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+    if (backend_kind == BackendKind::kCuda) {
+      std::printf("%s ceiling: %.1f GFLOP/s (1024^3 on one GPU; the ranks' figures are per GPU below)\n",
+                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling);
+    } else {
+      std::printf("%s ceiling: %.1f GFLOP/s (1024^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
+                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling,
+                  bench::EnvOr("OPENBLAS_NUM_THREADS").c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+    }
   }
   std::printf("device cap %lld MiB per rank, P = %d rank threads; H=%lld heads=%lld/%lld E=%lld k=%lld F=%lld "
               "V=%lld; depths %s\n",
@@ -1613,6 +1632,9 @@ int main(int argc, char** argv) {
                 ratio(d.batch[1].axis.batch, d.batch[0].axis.batch), (long long)d.balanced_off_seq_len,
                 ratio(d.context[1].axis.seq_len, d.balanced_off_seq_len));
   }
+  // The throughputs are the job's; the ceiling is one GPU's on CUDA (a GPU
+  // per rank) and the machine's on the CPU (the rank threads share it).
+  const double devices = backend_kind == BackendKind::kCuda ? static_cast<double>(P) : 1.0;
   if (run) {
     std::printf("\nmodel GFLOP/s where both run (median step, slowest rank; %lld rounds, each off then on back to back, "
                 "%lld / %lld timed steps after a warm-up; rounds' x: the ratio within each round, smallest-largest): "
@@ -1622,13 +1644,13 @@ int main(int argc, char** argv) {
                 "GF/s on", "x", "rounds' x", "B on", "GF/s on", "x", "rounds' x", "of ceiling off/on");
     for (const DepthResult& d : results) {
       for (const Throughput& t : d.throughput) {
-        std::printf("%4lld %7lld %6lld %9.2f %6lld %9.2f %6.2fx %5.2f-%5.2fx %6lld %9.2f %6.2fx %5.2f-%5.2fx %7.1f%% / "
-                    "%4.1f%%\n",
-                    (long long)d.layers, (long long)t.seq_len, (long long)t.off_batch, t.off_gflops,
-                    (long long)t.off_batch, t.same_gflops, t.same_gflops / t.off_gflops, t.same_ratio_range.first,
-                    t.same_ratio_range.second, (long long)t.on_batch, t.own_gflops, t.own_gflops / t.off_gflops,
-                    t.own_ratio_range.first, t.own_ratio_range.second, 100 * t.off_gflops / ceiling,
-                    100 * t.own_gflops / ceiling);
+        std::printf(
+            "%4lld %7lld %6lld %9.2f %6lld %9.2f %6.2fx %5.2f-%5.2fx %6lld %9.2f %6.2fx %5.2f-%5.2fx %7.1f%% / "
+            "%4.1f%%\n",
+            (long long)d.layers, (long long)t.seq_len, (long long)t.off_batch, t.off_gflops, (long long)t.off_batch,
+            t.same_gflops, t.same_gflops / t.off_gflops, t.same_ratio_range.first, t.same_ratio_range.second,
+            (long long)t.on_batch, t.own_gflops, t.own_gflops / t.off_gflops, t.own_ratio_range.first,
+            t.own_ratio_range.second, 100 * t.off_gflops / devices / ceiling, 100 * t.own_gflops / devices / ceiling);
       }
     }
   }
@@ -1643,19 +1665,18 @@ int main(int argc, char** argv) {
   // The JSON line.
   std::string json = absl::StrFormat(
       "{\"bench\":\"composed\",\"precision\":\"%s\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
-      "\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
+      "\"ceiling_gemm\":\"%s\",\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
-      "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"auto\":%s,\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":%d,\"strip\":%d,"
+      "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"auto\":%s,\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":"
+      "%d,\"strip\":%d,"
       "\"row_tile\":%d,\"sco_beta\":%s,\"bucket_params\":%d,\"staging_slots\":%d},"
       "\"rounds\":%d,\"steps\":%d,\"own_steps\":%d,\"verified\":%s,\"depths\":[",
       PrecisionName(precision_flag), bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false",
-      bench::LoadAverage1m(), others, ceiling, P,
-      cap,
+      bench::LoadAverage1m(), others, precision_flag == Precision::kBf16Mixed ? "gemm_bf16" : "sgemm", ceiling, P, cap,
       m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
-      AutoOf().any() ? "true" : "false", flags["chunk_tokens"],
-      flags["min_piece"], flags["max_borrowed"], flags["strip"], flags["row_tile"],
-      bench::JsonString(AutoOf().any() ? "auto" : "all L-1 boundaries"), flags["bucket_params"],
-      flags["staging_slots"], flags["rounds"], flags["steps"], flags["own_steps"],
+      AutoOf().any() ? "true" : "false", flags["chunk_tokens"], flags["min_piece"], flags["max_borrowed"],
+      flags["strip"], flags["row_tile"], bench::JsonString(AutoOf().any() ? "auto" : "all L-1 boundaries"),
+      flags["bucket_params"], flags["staging_slots"], flags["rounds"], flags["steps"], flags["own_steps"],
       run && flags["verify"] ? (all_verified ? "true" : "false") : "null");
   for (size_t i = 0; i < results.size(); ++i) {
     const DepthResult& d = results[i];

@@ -53,6 +53,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
@@ -1038,17 +1039,28 @@ int main(int argc, char** argv) {
   std::printf("\nagreement with LLEP on the same inputs (one Forward + Backward from zero):\n");
   std::printf("%-9s | %-24s | %12s %12s | %10s %10s %10s\n", "profile", "schedule", "max|dout|",
               "max|out|", "du rel", "dgates rel", "dW rel");
-  double worst_out = 0;
+  // A schedule that disagrees with LLEP beyond fp32 rounding (the tests
+  // hold 1e-5 on values, 1e-4 on gradients; a broken one is off by O(1))
+  // fails the run, rather than reporting the speed and peak of a wrong
+  // result.
+  constexpr double kOutTol = 1e-4, kGradTol = 1e-3;
+  std::vector<std::string> disagree;
   for (const ProfileResult& r : results) {
     for (int k : {kStd, kPipe, kPipeContig}) {
       const Diff& d = r.diff[k];
-      worst_out = std::max(worst_out, d.out);
       std::printf("%-9s | %-24s | %12.3e %12.3e | %10.2e %10.2e %10.2e\n", r.name.c_str(),
                   kSchedName[k], d.out, d.out_scale, d.du, d.dgates, d.dw);
+      const double out_rel = d.out_scale > 0 ? d.out / d.out_scale : d.out;
+      if (!(out_rel <= kOutTol && d.du <= kGradTol && d.dgates <= kGradTol && d.dw <= kGradTol)) {
+        disagree.push_back(absl::StrCat(r.name, " ", kSchedName[k]));
+      }
     }
   }
-  std::printf("  max|dout| = max over ranks and elements of |out - out_LLEP|; rel = max abs "
-              "difference / max |LLEP's value|\n");
+  std::printf(
+      "  max|dout| = max over ranks and elements of |out - out_LLEP|; rel = max abs "
+      "difference / max |LLEP's value|; the run fails past %.0e (out, relative) or %.0e "
+      "(du, dgates, dW)\n",
+      kOutTol, kGradTol);
 
   // Table: the cap.
   std::printf("\none Forward + Backward under a device cap of %s MiB per rank (%s)\n",
@@ -1064,6 +1076,9 @@ int main(int argc, char** argv) {
         std::printf(" %s ok (dispatch %s MiB, device %s MiB) |", kSchedName[k], MiB(o.peak).c_str(),
                     MiB(o.total_peak).c_str());
       } else {
+        // Out of memory is the cap's verdict; any other error is a failure.
+        if (o.text == "error")
+          disagree.push_back(absl::StrCat(results[i].name, " ", kSchedName[k], " under the cap: ", o.detail));
         std::printf(" %s %s (%s) |", kSchedName[k], o.text.c_str(), o.detail.c_str());
       }
     }
@@ -1204,5 +1219,9 @@ int main(int argc, char** argv) {
   }
   js += "]}";
   std::printf("\n%s\n", js.c_str());
+  if (!disagree.empty()) {
+    std::fprintf(stderr, "dispatch_bench: FAILED: %s\n", absl::StrJoin(disagree, "; ").c_str());
+    return 1;
+  }
   return 0;
 }

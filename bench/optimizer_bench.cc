@@ -30,6 +30,7 @@
 //
 //   bazel run -c opt //bench:optimizer_bench -- --dense=8000000 --owned=8000000 [--precision=bf16]
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -39,6 +40,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bench/bench_util.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
@@ -62,7 +64,31 @@ struct Run {
   double median_s = 0, best_s = 0;
   int64_t moved_bytes = 0;  // device<->host per update
   OptimizerBytes plan, peak;
+  // After two updates from the initial state (steps 1 and 2): what every
+  // placement must reproduce bit for bit (device AdamW's is the reference).
+  OptimizerShardState after_two;
 };
+
+bool SameBits(const OptimizerShardState& a, const OptimizerShardState& b) {
+  return a.dense_master == b.dense_master && a.dense_m == b.dense_m && a.dense_v == b.dense_v &&
+         a.owned_m == b.owned_m && a.owned_v == b.owned_v && a.owned_master == b.owned_master;
+}
+
+// Within `rel` of the largest magnitude of each vector (the CUDA AdamW
+// kernel and the CPU's agree to rounding, not bit for bit: cuda_twin_test).
+bool Near(const OptimizerShardState& a, const OptimizerShardState& b, double rel) {
+  const auto near = [rel](const std::vector<float>& x, const std::vector<float>& y) {
+    if (x.size() != y.size()) return false;
+    double scale = 0;
+    for (float v : y) scale = std::max(scale, std::abs(double(v)));
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!(std::abs(double(x[i]) - y[i]) <= rel * scale)) return false;
+    }
+    return true;
+  };
+  return near(a.dense_master, b.dense_master) && near(a.dense_m, b.dense_m) && near(a.dense_v, b.dense_v) &&
+         near(a.owned_m, b.owned_m) && near(a.owned_v, b.owned_v) && near(a.owned_master, b.owned_master);
+}
 
 // W: the working weights' and gradients' type (float; Bf16 in bf16 mixed).
 template <typename W>
@@ -128,6 +154,10 @@ absl::Status MeasureRuns(Backend& be, Communicator& world, Stream& stream, int64
     if (!t.ok()) return t.status();
     r.median_s = t->median_s;
     r.best_s = t->best_s;
+    // The result, checked: the same two updates from the same state.
+    PLATEAU_RETURN_IF_ERROR(opt->Load(initial));
+    for (int64_t k = 1; k <= 2; ++k) PLATEAU_RETURN_IF_ERROR(opt->Update(0.9f, k));
+    PLATEAU_ASSIGN_OR_RETURN(r.after_two, opt->Save());
     r.peak = {be.device().tracker().Snapshot().peak_of(LiveSet::kOptimizer),
               be.host().tracker().Snapshot().peak_of(LiveSet::kOptimizer)};
     switch (r.placement.kind) {
@@ -215,6 +245,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "optimizer_bench: %s\n", st.ToString().c_str());
     return 1;
   }
+  // A placement whose result differs from device AdamW's fails the run:
+  // its speed would be a wrong result's. Bit for bit where the same kernel
+  // runs (the streamed placement everywhere; every placement on the CPU
+  // backend, as the tests hold); the CPU offload on CUDA runs the CPU's
+  // AdamW against the GPU's: within 1e-5.
+  std::vector<std::string> differ;
+  for (const Run& r : runs) {
+    const bool cpu_vs_gpu = backend == BackendKind::kCuda && r.placement.kind == Kind::kCpuOffload;
+    if (cpu_vs_gpu ? !Near(r.after_two, runs[0].after_two, 1e-5) : !SameBits(r.after_two, runs[0].after_two)) {
+      differ.push_back(r.name);
+    }
+  }
   const double others = meter.OthersPercent();
   std::printf("optimizer_bench %s; precision %s; %lld dense + %lld owned parameters on one rank; load %.2f, "
               "other processes %.0f%% of the CPU\n",
@@ -243,6 +285,16 @@ int main(int argc, char** argv) {
                           r.plan.device, r.peak.host, r.plan.host);
   }
   json += "]}";
-  std::printf("(device/host opt MB: measured peak / plan)\n\n%s\n", json.c_str());
+  std::printf("(device/host opt MB: measured peak / plan)\nresults after two updates: %s\n\n%s\n",
+              differ.empty() ? (backend == BackendKind::kCuda
+                                    ? "bitwise device AdamW's (CPU offload: within 1e-5, the CPU's AdamW)"
+                                    : "every placement bitwise device AdamW's")
+                             : "SOME DIFFER",
+              json.c_str());
+  if (!differ.empty()) {
+    std::fprintf(stderr, "optimizer_bench: FAILED: not bitwise device AdamW's: %s\n",
+                 absl::StrJoin(differ, ", ").c_str());
+    return 1;
+  }
   return 0;
 }

@@ -11,7 +11,9 @@
 //   bazel run -c opt --config=cuda //bench:ring_dtp_bench -- --backend=cuda --ranks=1 --flat_ranks=1  # one GPU
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -98,6 +100,21 @@ absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps
           return (*comm).Synchronize();
         };
         const float scale = 1.0f / static_cast<float>(N * P);
+        // The mean loss over every rank's tokens after one Forward from zero
+        // stats: both arms must give the same one (fp32 rounding), or the
+        // run fails rather than report a wrong result's speed.
+        auto global_loss = [&](const std::function<absl::Status()>& forward) -> absl::StatusOr<double> {
+          const double zero[2] = {0, 0};
+          PLATEAU_RETURN_IF_ERROR(be.Copy(*compute, s, zero, sizeof(zero)));
+          PLATEAU_RETURN_IF_ERROR(forward());
+          PLATEAU_RETURN_IF_ERROR(sync());
+          PLATEAU_RETURN_IF_ERROR(world.AllReduce(*comm, s, s, 2, DataType::kFloat64, ReduceOp::kSum));
+          double h[2] = {0, 0};
+          PLATEAU_RETURN_IF_ERROR(be.Copy(*comm, h, s, sizeof(h)));
+          PLATEAU_RETURN_IF_ERROR(sync());
+          return h[1] > 0 ? h[0] / h[1] : 0.0;
+        };
+        double dense_loss = 0;
         // Dense baseline.
         {
           be.device().tracker().ResetPeaks();
@@ -121,6 +138,12 @@ absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps
           std::lock_guard<std::mutex> l(mu);
           dense.peak = std::max(dense.peak, be.device().tracker().peak(LiveSet::kProjection));
         }
+        {
+          PLATEAU_ASSIGN_OR_RETURN(auto dense_p, DenseProjection::Create(be, *kernels, *compute, N, H, V));
+          PLATEAU_ASSIGN_OR_RETURN(dense_loss, global_loss([&] {
+                                     return dense_p->Forward(x.as<float>(), w.as<float>(), y.as<int32_t>(), s);
+                                   }));
+        }
         // Ring-DTP.
         {
           be.device().tracker().ResetPeaks();
@@ -142,6 +165,17 @@ absl::StatusOr<std::pair<Measure, Measure>> Run(const Shape& sh, int P, int reps
           }
           std::lock_guard<std::mutex> l(mu);
           ring.peak = std::max(ring.peak, be.device().tracker().peak(LiveSet::kProjection));
+        }
+        {
+          RingDtpConfig c{N, H, V, sh.S, RingDtp::ChooseMode(N, V, P), sh.row_tile, sh.chunk_rows};
+          PLATEAU_ASSIGN_OR_RETURN(auto ring_p, RingDtp::Create(c, be, *kernels, world, *compute, *comm));
+          PLATEAU_ASSIGN_OR_RETURN(const double ring_loss, global_loss([&] {
+                                     return ring_p->Forward(x.as<float>(), wshard, y.as<int32_t>(), s);
+                                   }));
+          if (!(std::abs(ring_loss - dense_loss) <= 1e-5 * std::abs(dense_loss))) {
+            return absl::InternalError(absl::StrFormat(
+                "Ring-DTP's loss %.9g is not the dense projection's %.9g (P = %d)", ring_loss, dense_loss, P));
+          }
         }
         return absl::OkStatus();
       });

@@ -19,6 +19,7 @@
 //   bazel run -c opt --config=cuda //bench:sco_bench -- --backend=cuda ...
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -93,6 +94,14 @@ absl::Status Interleaved(const std::vector<StepOptions>& opts, int64_t steps, in
         if (!st.ok()) return st.status();
         if (s > 0) times[i].push_back(NowSeconds() - t0);
         (*stats)[i] = *st;
+        // Every step the same batch from the same weights: SCO only copies,
+        // so its loss is the on-device step's, bit for bit (step_offload_test);
+        // one that differs is a wrong result, not a time to report.
+        if (i > 0 && st->loss != (*stats)[0].loss) {
+          return absl::InternalError(
+              absl::StrFormat("step %d: the loss with SCO is %.17g, on-device checkpointing's %.17g: not the same step",
+                              s + 1, st->loss, (*stats)[0].loss));
+        }
       }
     }
     median->clear();
@@ -127,9 +136,10 @@ double CopySeconds(int64_t boundary_bytes, int64_t count) {
 
 // Whether a step at `batch` sequences completes under a device cap.
 bool Completes(int64_t batch, const CheckpointOptions& c, int64_t cap) {
-  const StepOptions o = Options(batch, c.kind == CheckpointOptions::Kind::kSco
-                                           ? Sco(1 << 30, TokensPerRank(Model(), {1, batch}))
-                                           : c);
+  // Every boundary pooled: L of them is more than the L - 1 that can be
+  // (2^30 boundaries overflowed int64 once N H >= 2^31).
+  const StepOptions o = Options(
+      batch, c.kind == CheckpointOptions::Kind::kSco ? Sco(Model().layers, TokensPerRank(Model(), {1, batch})) : c);
   absl::Status s = RunLocalWorld(1, LocalWorldBackend(backend_kind, cap), FreshStoreDir("sco-cap"), [&](int, Backend& be, Communicator& world) {
     auto step = TrainingStep::Create(o, be, world);
     if (!step.ok()) return step.status();
@@ -137,9 +147,12 @@ bool Completes(int64_t batch, const CheckpointOptions& c, int64_t cap) {
     auto st = (*step)->Step(Tokens(N, 1, o.model.vocab_size), Tokens(N, 2, o.model.vocab_size));
     return st.status();
   });
+  // Out of memory is the cap's answer; any other failure is the bench's,
+  // and a capacity ratio computed past it would be wrong.
   if (!s.ok() && s.code() != absl::StatusCode::kResourceExhausted) {
-    std::fprintf(stderr, "sco_bench: unexpected failure at batch %lld: %s\n", (long long)batch,
+    std::fprintf(stderr, "sco_bench: FAILED: unexpected failure at batch %lld: %s\n", (long long)batch,
                  s.ToString().c_str());
+    std::exit(1);
   }
   return s.ok();
 }
