@@ -519,8 +519,12 @@ ProcessUsage ReadUsage() {
 // and sets `*cpu_s` to the process's CPU seconds per timed step (all
 // ranks' threads: compute, streams, Gloo): the work a step costs, which
 // other processes' load moves far less than its wall time.
+// `first_loss`, when given, gets rank 0's loss of the first (untimed)
+// step; a step whose loss is not finite fails the run (a wrong result's
+// time is not a throughput).
 absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::vector<double>* times,
-                       ProcessUsage* usage = nullptr, std::string* counts_text = nullptr) {
+                       ProcessUsage* usage = nullptr, std::string* counts_text = nullptr,
+                       double* first_loss = nullptr) {
   std::vector<std::vector<double>> per_rank(Ranks());
   Meeting meeting(Ranks());
   ProcessUsage u0, u1;
@@ -548,7 +552,13 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
       }
       const double t0 = NowSeconds();
       auto st = (*step)->Step(tok, tgt);
-      if (!st.ok()) failed = st.status();
+      if (!st.ok()) {
+        failed = st.status();
+      } else if (!std::isfinite(st->loss)) {
+        failed = absl::InternalError(absl::StrCat("step ", i + 1, ": the loss is ", st->loss));
+      } else if (i == 0 && r == 0 && first_loss != nullptr) {
+        *first_loss = st->loss;
+      }
       if (i > 0) per_rank[r].push_back(NowSeconds() - t0);
     }
     for (; met < 2; ++met) meeting.Arrive();
@@ -665,6 +675,7 @@ struct Times {
   std::vector<double> waits;  // process voluntary context switches per step, one per round
   double waits_median() const { return Median(waits); }
   std::string collectives;  // rank 0's collectives per timed step (CountsText)
+  std::vector<double> first_losses;  // rank 0's first-step loss, one per round
   double cpu_median() const { return Median(cpu); }
   double median() const { return Median(all); }
   double min() const { return all.empty() ? 0 : *std::min_element(all.begin(), all.end()); }
@@ -675,8 +686,10 @@ struct Times {
 absl::Status TimeRound(const StepOptions& o, int64_t cap, int64_t steps, Times* t) {
   std::vector<double> round;
   ProcessUsage u;
-  absl::Status s = TimeSteps(o, cap, steps, &round, &u, &t->collectives);
+  double first_loss = 0;
+  absl::Status s = TimeSteps(o, cap, steps, &round, &u, &t->collectives, &first_loss);
   if (!s.ok()) return s;
+  t->first_losses.push_back(first_loss);
   t->cpu.push_back(u.cpu_s);
   t->waits.push_back(static_cast<double>(u.waits));
   t->all.insert(t->all.end(), round.begin(), round.end());
@@ -731,6 +744,19 @@ absl::StatusOr<Throughput> MeasureThroughput(int64_t layers, int64_t seq_len, in
     if (!s.ok()) return s;
   }
   if (on_batch == off_batch) t.own = t.same;
+  // The all-on stack at the baseline's batch is the same step (the same
+  // tokens, weights and seed): its first loss must be the baseline's to
+  // rounding (fp32 1e-4, bf16 1e-2 relative: the schedules reorder sums),
+  // or its time is a wrong result's.
+  const double tol = precision_flag == Precision::kBf16Mixed ? 1e-2 : 1e-4;
+  for (size_t i = 0; i < t.off.first_losses.size() && i < t.same.first_losses.size(); ++i) {
+    const double a = t.off.first_losses[i], b = t.same.first_losses[i];
+    if (!(std::abs(a - b) <= tol * std::abs(a))) {
+      return absl::InternalError(absl::StrFormat(
+          "L = %d, T = %d, batch %d: the all-on stack's first loss %.9g is not the baseline's %.9g (round %d)", layers,
+          seq_len, off_batch, b, a, i + 1));
+    }
+  }
   const ModelConfig m = Model(layers, seq_len);
   t.off_s = t.off.median();
   t.same_s = t.same.median();
