@@ -125,7 +125,14 @@ int Main() {
       rows.push_back(absl::StrFormat("{\"value\":%d,\"modelled_ms\":%.4f,\"step_ms\":%.3f}", v, modelled * 1e3,
                                      *t * 1e3));
     }
-    const double ratio = best > 0 ? at_choice / best : 0;
+    // The model's pick must have run: a failed one printed a 0.000x ratio,
+    // "within" its target.
+    if (at_choice <= 0) {
+      std::fprintf(stderr, "auto_settings_bench: FAILED: %s's chosen value %lld did not run\n", AutoSettingField(s),
+                   static_cast<long long>(chosen.value));
+      return 1;
+    }
+    const double ratio = at_choice / best;
     std::printf("  measured fastest %lld; the model's pick is %.3fx its step time (target <= 1.05)\n",
                 static_cast<long long>(best_value), ratio);
     json.push_back(absl::StrFormat("{\"field\":\"%s\",\"chosen\":%d,\"fastest\":%d,\"ratio\":%.4f,\"runs\":[%s]}",
