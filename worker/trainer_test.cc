@@ -17,6 +17,7 @@
 #include "kernels/model/reference.h"
 #include "kernels/optimizer/lr_schedule.h"
 #include "kernels/testing/local_world.h"
+#include "worker/checkpoint_fence.h"
 #include "worker/safetensors.h"
 
 namespace plateau {
@@ -112,7 +113,10 @@ TEST(TrainerTest, LearnsAssociativeRecallIn200StepsInBf16) {
 // Stopping at a checkpoint and resuming in fresh objects continues the
 // uninterrupted loss curve bit for bit (weights, AdamW state, step and data
 // position all come back from the safetensors file).
-void ExpectResumeReproducesTheUninterruptedRun(Precision precision, const std::string& name) {
+// `fenced`: the resumed run's two parts write as the service's attempts 0
+// and 1 of one job do (worker/checkpoint_fence.h: a partial file, then the
+// commit under the fence), not straight to the final names.
+void ExpectResumeReproducesTheUninterruptedRun(Precision precision, const std::string& name, bool fenced = false) {
   TrainerOptions o = RecallOptions(2);
   o.step.precision = precision;
   o.steps = 6;
@@ -123,9 +127,14 @@ void ExpectResumeReproducesTheUninterruptedRun(Precision precision, const std::s
 
   o.checkpoint_dir = TmpDir(name + "_resumed");
   o.steps = 3;
+  if (fenced) {
+    o.fence_job = "job-7";
+    o.fence_attempt = 0;
+  }
   TrainRun first = Train(o, 2);
   ASSERT_TRUE(first.status.ok()) << first.status;
   o.steps = 6;
+  if (fenced) o.fence_attempt = 1;
   TrainRun second = Train(o, 2);  // resumes from step-00000003
   ASSERT_TRUE(second.status.ok()) << second.status;
   ASSERT_EQ(first.losses.size(), 3u);
@@ -140,6 +149,23 @@ void ExpectResumeReproducesTheUninterruptedRun(Precision precision, const std::s
   std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
   EXPECT_FALSE(sa.empty());
   EXPECT_EQ(sa, sb);
+  if (fenced) {
+    // Every partial file was committed or removed; the fence names attempt 1.
+    for (const auto& e : std::filesystem::directory_iterator(TmpDir(name + "_resumed"))) {
+      EXPECT_NE(e.path().filename().string().rfind(".partial-", 0), 0u) << e.path();
+    }
+    auto fence = ReadCheckpointFence(TmpDir(name + "_resumed"));
+    ASSERT_TRUE(fence.ok()) << fence.status();
+    EXPECT_EQ(fence->job, "job-7");
+    EXPECT_EQ(fence->attempt, 1);
+  }
+}
+
+// The same through the service's fenced commits (attempt 0 writes steps
+// 1-3, attempt 1 resumes): every resume test above writes unfenced, and
+// only multinode_test ran the fenced path.
+TEST(TrainerTest, ResumeThroughFencedCommitsIsBitForBit) {
+  ExpectResumeReproducesTheUninterruptedRun(Precision::kFp32, "ckpt_fenced", /*fenced=*/true);
 }
 
 TEST(TrainerTest, ResumeReproducesTheUninterruptedRunBitForBit) {
