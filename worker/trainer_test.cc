@@ -253,6 +253,43 @@ TEST(TrainerTest, TrainsOnByteLevelText) {
   EXPECT_LT(run.losses.back(), run.losses.front() - 1.0);  // a repetitive text is easy
 }
 
+// Rank 0 reads text file `a`, rank 1 `b`: every rank refuses before the
+// first step, FAILED_PRECONDITION saying each of `ranks_say`; then a job
+// trained on `a` and resumed on `b` is refused saying `resume_says`, and
+// resumed on `a` trains on.
+void ExpectOtherDataRefused(const std::string& a, const std::string& b, const std::string& name,
+                            const std::vector<std::string>& ranks_say, const std::string& resume_says) {
+  TrainerOptions o = RecallOptions(2);
+  o.data.kind = DataOptions::Kind::kText;
+  o.step.model.vocab_size = 256;
+  o.step.layout.batch = 4;
+  o.steps = 2;
+  std::vector<absl::Status> ranks(2);
+  absl::Status s = RunLocalWorld(2, 256 << 20, FreshStoreDir(name), [&](int r, Backend& be, Communicator& world) {
+    TrainerOptions mine = o;
+    mine.data.paths = {r == 0 ? a : b};
+    ranks[r] = RunTraining(mine, be, world, [](const StepReport&) {});
+    return ranks[r];
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << ranks[r];
+    for (const std::string& says : ranks_say) EXPECT_THAT(ranks[r].message(), HasSubstr(says)) << "rank " << r;
+  }
+
+  o.data.paths = {a};
+  o.checkpoint_dir = TmpDir(name + "_ckpt");
+  TrainRun first = Train(o, 2);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  o.data.paths = {b};
+  o.steps = 4;
+  TrainRun resumed = Train(o, 2);
+  EXPECT_EQ(resumed.status.code(), absl::StatusCode::kFailedPrecondition) << resumed.status;
+  EXPECT_THAT(resumed.status.message(), HasSubstr(resume_says));
+  o.data.paths = {a};
+  TrainRun again = Train(o, 2);
+  EXPECT_TRUE(again.status.ok()) << again.status;
+}
+
 // Every rank reads its own copy of the text: a node whose copy is of another
 // length would splice sequences elsewhere, silently. Refused on every rank
 // before the first step, naming the field; and a resume on files of
@@ -265,37 +302,12 @@ TEST(TrainerTest, RanksOrAResumeOnDataOfAnotherLengthAreRefused) {
   const std::string a = TmpDir("copy_a.txt"), b = TmpDir("copy_b.txt");
   write(a, 200);
   write(b, 201);
-  TrainerOptions o = RecallOptions(2);
-  o.data.kind = DataOptions::Kind::kText;
-  o.step.model.vocab_size = 256;
-  o.step.layout.batch = 4;
-  o.steps = 2;
-  std::vector<absl::Status> ranks(2);
-  absl::Status s = RunLocalWorld(2, 256 << 20, FreshStoreDir("copies"), [&](int r, Backend& be, Communicator& world) {
-    TrainerOptions mine = o;
-    mine.data.paths = {r == 0 ? a : b};
-    ranks[r] = RunTraining(mine, be, world, [](const StepReport&) {});
-    return ranks[r];
-  });
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(ranks[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << ranks[r];
-    EXPECT_THAT(ranks[r].message(), HasSubstr("data.text.path: the ranks read different data"));
-  }
-
-  o.data.paths = {a};
-  o.checkpoint_dir = TmpDir("copies_ckpt");
-  TrainRun first = Train(o, 2);
-  ASSERT_TRUE(first.status.ok()) << first.status;
-  o.data.paths = {b};
-  o.steps = 4;
-  TrainRun resumed = Train(o, 2);
-  EXPECT_EQ(resumed.status.code(), absl::StatusCode::kFailedPrecondition) << resumed.status;
-  EXPECT_THAT(resumed.status.message(), HasSubstr("was trained on a stream of 9000"));
+  ExpectOtherDataRefused(a, b, "copies", {"data.text.path: the ranks read different data"},
+                         "was trained on a stream of 9000");
 }
 
 // The same of copies of one length with other contents (here one letter
-// changed near the start, in the fingerprint's sample): the ranks refuse
-// before the first step, and so does a resume on the changed copy.
+// changed near the start, in the fingerprint's sample).
 TEST(TrainerTest, RanksOrAResumeOnDataOfOtherContentsAreRefused) {
   const auto write = [](const std::string& path, char first) {
     std::ofstream f(path);
@@ -305,38 +317,9 @@ TEST(TrainerTest, RanksOrAResumeOnDataOfOtherContentsAreRefused) {
   const std::string a = TmpDir("same_a.txt"), b = TmpDir("same_b.txt");
   write(a, 'T');
   write(b, 't');
-  TrainerOptions o = RecallOptions(2);
-  o.data.kind = DataOptions::Kind::kText;
-  o.step.model.vocab_size = 256;
-  o.step.layout.batch = 4;
-  o.steps = 2;
-  std::vector<absl::Status> ranks(2);
-  absl::Status s =
-      RunLocalWorld(2, 256 << 20, FreshStoreDir("same_length"), [&](int r, Backend& be, Communicator& world) {
-        TrainerOptions mine = o;
-        mine.data.paths = {r == 0 ? a : b};
-        ranks[r] = RunTraining(mine, be, world, [](const StepReport&) {});
-        return ranks[r];
-      });
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(ranks[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << ranks[r];
-    EXPECT_THAT(ranks[r].message(), HasSubstr("data.text.path: the ranks read different data"));
-    EXPECT_THAT(ranks[r].message(), HasSubstr("hold 9001 tokens each but differ"));
-  }
-
-  o.data.paths = {a};
-  o.checkpoint_dir = TmpDir("same_length_ckpt");
-  TrainRun first = Train(o, 2);
-  ASSERT_TRUE(first.status.ok()) << first.status;
-  o.data.paths = {b};
-  o.steps = 4;
-  TrainRun resumed = Train(o, 2);
-  EXPECT_EQ(resumed.status.code(), absl::StatusCode::kFailedPrecondition) << resumed.status;
-  EXPECT_THAT(resumed.status.message(), HasSubstr("are not the stream its checkpoint"));
-  // The same file again resumes.
-  o.data.paths = {a};
-  TrainRun again = Train(o, 2);
-  EXPECT_TRUE(again.status.ok()) << again.status;
+  ExpectOtherDataRefused(a, b, "same_length",
+                         {"data.text.path: the ranks read different data", "hold 9001 tokens each but differ"},
+                         "are not the stream its checkpoint");
 }
 
 SafetensorsFile ReadCheckpoint(const std::string& dir, int64_t step) {
