@@ -200,11 +200,21 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetR
   absl::Duration wait = absl::Milliseconds(req->wait_ms());
   // Never hold the call past the client's own deadline.
   const auto left = ctx->deadline() - std::chrono::system_clock::now();
-  wait = std::min(wait, absl::FromChrono(left) - absl::Milliseconds(50));
-  auto v = c_->KvGet(req->key(), std::max(wait, absl::ZeroDuration()), RankOf(*req));
-  if (!v.ok()) return ToGrpc(v.status());
-  out->set_value(*v);
-  return grpc::Status::OK;
+  wait = std::max(std::min(wait, absl::FromChrono(left) - absl::Milliseconds(50)), absl::ZeroDuration());
+  // In slices, so that a caller that went away (a rank killed during its
+  // rendezvous) frees this thread within one, not after the whole wait:
+  // a thousand-rank rendezvous cancelled held a thousand threads waiting.
+  const absl::Time end = absl::Now() + wait;
+  for (;;) {
+    const absl::Duration slice = std::min(end - absl::Now(), absl::Milliseconds(250));
+    auto v = c_->KvGet(req->key(), std::max(slice, absl::ZeroDuration()), RankOf(*req));
+    if (v.ok()) {
+      out->set_value(*v);
+      return grpc::Status::OK;
+    }
+    if (!absl::IsNotFound(v.status()) || absl::Now() >= end || c_->stopping()) return ToGrpc(v.status());
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+  }
 }
 
 grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext* ctx, const v1::KvCheckRequest* req,

@@ -33,6 +33,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "plateau/v1/job.grpc.pb.h"
+#include "plateau/v1/worker.grpc.pb.h"
 #include "tests/cluster.h"
 
 namespace plateau {
@@ -1336,6 +1337,41 @@ TEST(ServiceTest, ASigtermEndsOpenStreamsUnavailableAtOnce) {
   ASSERT_TRUE(WaitFor([&] { return !c.coordinator()->Running(); }, absl::Seconds(30)));
   std::printf("SIGTERM with a stream open: the stream ended after %s, the coordinator exited after %s\n",
               absl::FormatDuration(ended).c_str(), absl::FormatDuration(absl::Now() - term).c_str());
+}
+
+// A KvGet long poll whose caller went away (a rank killed during its
+// rendezvous) ends with it, not after its whole wait: the call's duration,
+// as the coordinator's metrics record it when the handler returns, is far
+// under the 8 s asked for.
+TEST(ServiceTest, AKvGetWhoseCallerWentAwayEndsWithIt) {
+  ClusterOptions o;
+  o.with_worker = false;
+  Cluster c("kvget-cancel", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto stub = v1::WorkerService::NewStub(grpc::CreateChannel(c.api(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::KvGetRequest q;
+  q.set_key("job-1/attempt-0/never-set");
+  q.set_wait_ms(8000);
+  v1::KvGetResponse r;
+  std::thread cancel([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    ctx.TryCancel();
+  });
+  const grpc::Status s = stub->KvGet(&ctx, q, &r);
+  cancel.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  const std::string count = "plateau_rpc_duration_seconds_count{method=\"KvGet\",service=\"plateau.v1.WorkerService\"}";
+  const std::string sum = "plateau_rpc_duration_seconds_sum{method=\"KvGet\",service=\"plateau.v1.WorkerService\"}";
+  std::string m;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        m = Scrape(c.metrics());
+        return Sample(m, count) == 1;
+      },
+      absl::Seconds(4)))
+      << "the handler still waits after its caller left";
+  EXPECT_LT(Sample(m, sum), 2.0) << m;
 }
 
 // The client library's watch across a SIGTERM and a restart: the stream
