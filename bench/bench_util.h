@@ -132,6 +132,39 @@ inline absl::StatusOr<Timing> TimeRuns(const std::function<absl::Status()>& run,
   return t;
 }
 
+// Best GFLOP/s of the bf16 GEMM (bf16 A, B and C, fp32 accumulation) at
+// m x n x k over `reps` runs after an untimed one: the ceiling of a bf16
+// step (step_bench, composed_bench). 0 when the backend has no bf16 GEMM.
+inline double GemmBf16Rate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
+  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 2);
+  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 2);
+  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 2);
+  auto s = be.CreateStream("bench");
+  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+  if (!be.FillBf16(**s, a->as<Bf16>(), m * k, 0.5f).ok() || !be.FillBf16(**s, b->as<Bf16>(), k * n, 0.25f).ok()) {
+    return 0;
+  }
+  GemmBf16Args g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a->as<Bf16>();
+  g.lda = k;
+  g.b = b->as<Bf16>();
+  g.ldb = n;
+  g.c = c->as<Bf16>();
+  g.ldc = n;
+  if (!be.GemmBf16(**s, g).ok() || !(*s)->Synchronize().ok()) return 0;  // untimed first run
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = NowSeconds();
+    be.GemmBf16(**s, g).IgnoreError();
+    if (!(*s)->Synchronize().ok()) return 0;
+    best = std::max(best, 2.0 * m * n * k / (NowSeconds() - t0) / 1e9);
+  }
+  return best;
+}
+
 // Each value rounded to bf16 (round to nearest even, as the kernels store).
 inline std::vector<Bf16> ToBf16(const std::vector<float>& v) {
   std::vector<Bf16> out(v.size());

@@ -590,37 +590,32 @@ double SgemmCeiling() {
   auto be = Backend::Create(bo);
   if (!be.ok()) return 0;
   const int64_t n = 1024;
-  auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-  auto b = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-  auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-  auto s = (*be)->CreateStream("sgemm");
-  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
-  // Filled by the backend: on CUDA the buffers are not host memory.
-  if (!(*be)->Fill(**s, a->as<float>(), n * n, 0.5f).ok() || !(*be)->Fill(**s, b->as<float>(), n * n, 0.25f).ok()) {
-    return 0;
-  }
-  // The step's precision's GEMM: a bf16 step's ceiling is the bf16 GEMM
-  // (bf16 A, B, C, fp32 accumulation), as step_bench's; an fp32 sgemm
-  // ceiling made a bf16 step's percentage many times too high.
-  const bool bf16 = precision_flag == Precision::kBf16Mixed;
-  if (bf16 && (!(*be)->FillBf16(**s, a->as<Bf16>(), n * n, 0.5f).ok() ||
-               !(*be)->FillBf16(**s, b->as<Bf16>(), n * n, 0.25f).ok())) {
-    return 0;
-  }
-  GemmBf16Args g16;
-  g16.m = g16.n = g16.k = n;
-  g16.a = a->as<Bf16>();
-  g16.b = b->as<Bf16>();
-  g16.c = c->as<Bf16>();
-  g16.lda = g16.ldb = g16.ldc = n;
+  // The step's precision's GEMM: a bf16 step's ceiling is the bf16 GEMM, as
+  // step_bench's; an fp32 sgemm ceiling made a bf16 step's percentage many
+  // times too high.
   double best = 0;
-  for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
-    const double t0 = NowSeconds();
-    const absl::Status gemm = bf16 ? (*be)->GemmBf16(**s, g16)
-                                   : (*be)->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(),
-                                                       n, 0.0f, c->as<float>(), n});
-    if (!gemm.ok() || !(*s)->Synchronize().ok()) return 0;
-    if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
+  if (precision_flag == Precision::kBf16Mixed) {
+    best = bench::GemmBf16Rate(**be, n, n, n, 5);
+  } else {
+    auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+    auto b = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+    auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
+    auto s = (*be)->CreateStream("sgemm");
+    if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+    // Filled by the backend: on CUDA the buffers are not host memory.
+    if (!(*be)->Fill(**s, a->as<float>(), n * n, 0.5f).ok() || !(*be)->Fill(**s, b->as<float>(), n * n, 0.25f).ok()) {
+      return 0;
+    }
+    for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
+      const double t0 = NowSeconds();
+      if (!(*be)
+               ->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(), n, 0.0f, c->as<float>(), n})
+               .ok() ||
+          !(*s)->Synchronize().ok()) {
+        return 0;
+      }
+      if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
+    }
   }
   // One GPU per rank: its own rate is the ceiling; on the CPU the ranks
   // share the cores.

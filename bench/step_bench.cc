@@ -92,39 +92,6 @@ double SgemmRate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
   return best;
 }
 
-// The same for the bf16 GEMM (bf16 A, B and C, fp32 accumulation): the
-// ceiling of a bf16 step. 0 when the backend has no bf16 GEMM.
-double GemmBf16Rate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
-  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 2);
-  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 2);
-  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 2);
-  auto s = be.CreateStream("bench");
-  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
-  if (!be.FillBf16(**s, a->as<Bf16>(), m * k, 0.5f).ok() ||
-      !be.FillBf16(**s, b->as<Bf16>(), k * n, 0.25f).ok()) {
-    return 0;
-  }
-  GemmBf16Args g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a->as<Bf16>();
-  g.lda = k;
-  g.b = b->as<Bf16>();
-  g.ldb = n;
-  g.c = c->as<Bf16>();
-  g.ldc = n;
-  if (!be.GemmBf16(**s, g).ok() || !(*s)->Synchronize().ok()) return 0;  // untimed first run
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    double t0 = Now();
-    be.GemmBf16(**s, g).IgnoreError();
-    if (!(*s)->Synchronize().ok()) return 0;
-    best = std::max(best, 2.0 * m * n * k / (Now() - t0) / 1e9);
-  }
-  return best;
-}
-
 // The same rate from OpenBLAS's own threads (one per core) on one whole
 // cblas_sgemm call, outside the backend, which runs OpenBLAS single-threaded
 // and splits GEMMs over its pool (kernels/cpu_ops.h). The ceiling is the
@@ -242,8 +209,8 @@ int main(int argc, char** argv) {
   const double sgemm_shape = std::max(shape_backend, shape_blas);
   const double sgemm = std::max(sgemm_square, sgemm_shape);
   const bool bf16 = precision == Precision::kBf16Mixed;
-  const double bf16_square = bf16 ? GemmBf16Rate(**probe, 2048, 2048, 2048, 5) : 0;
-  const double bf16_shape = bf16 ? GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden, 5) : 0;
+  const double bf16_square = bf16 ? bench::GemmBf16Rate(**probe, 2048, 2048, 2048, 5) : 0;
+  const double bf16_shape = bf16 ? bench::GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden, 5) : 0;
   const double ceiling = bf16 ? std::max(bf16_square, bf16_shape) : sgemm;
   // What the ceiling is one of: a GPU per rank on CUDA; the one machine the
   // rank threads share on the CPU.

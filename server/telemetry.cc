@@ -122,17 +122,6 @@ v1::JobStepSummary SummarizeStep(const PendingStep& p) {
   return s;
 }
 
-namespace {
-
-bool IsLiveSetName(const std::string& name) {
-  for (int i = 0; i < kNumLiveSets; ++i) {
-    if (name == LiveSetName(static_cast<LiveSet>(i))) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
                                absl::FunctionRef<LiveJob*(const std::string& job_id, int attempt)> find,
                                Metrics* metrics) {
@@ -155,7 +144,7 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
     // Prometheus series for ever.
     for (auto* peaks : {t->mutable_peak(), t->mutable_host_peak()}) {
       peaks->erase(std::remove_if(peaks->begin(), peaks->end(),
-                                  [](const v1::LiveSetBytes& ls) { return !IsLiveSetName(ls.live_set()); }),
+                                  [](const v1::LiveSetBytes& ls) { return !ParseLiveSet(ls.live_set()).ok(); }),
                    peaks->end());
     }
     rs.last_step = t->step();

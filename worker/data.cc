@@ -21,6 +21,13 @@ namespace {
 constexpr int32_t kShardMagic = 20240520;
 constexpr int64_t kShardHeaderInts = 256;
 
+// `h` carried over n tokens by value, each mixed in (Mix64): the recall
+// task's split of its sequences, and the fingerprint of a token stream.
+uint64_t HashTokens(uint64_t h, const int32_t* tok, int64_t n) {
+  for (int64_t t = 0; t < n; ++t) h = Mix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(tok[t])));
+  return h;
+}
+
 absl::Status CheckSlice(const DataSlice& s) {
   if (s.batch < 1) return absl::InvalidArgumentError(absl::StrCat("data.batch: expected >= 1, got ", s.batch));
   if (s.seq_len < 1) return absl::InvalidArgumentError(absl::StrCat("data.seq_len: expected >= 1, got ", s.seq_len));
@@ -120,20 +127,16 @@ class TokenStream final : public DataSource {
     return absl::OkStatus();
   }
 
-  // Reads the sample and hashes it (FNV-1a over each token's four bytes,
-  // little-endian, after the stream's length). The vocabulary is not
-  // checked here: a token outside it fails the batch that reads it.
+  // Reads the sample and hashes it (HashTokens, from the stream's length
+  // on). The vocabulary is not checked here: a token outside it fails the
+  // batch that reads it.
   absl::Status Fingerprint() {
-    uint64_t h = 14695981039346656037ull;
-    const auto mix = [&h](uint64_t v) {
-      for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
-    };
-    mix(static_cast<uint64_t>(total_));
+    uint64_t h = Mix64(static_cast<uint64_t>(total_));
     std::vector<int32_t> window;
     for (const auto& [offset, count] : FingerprintSample(total_)) {
       window.resize(count);
       PLATEAU_RETURN_IF_ERROR(Read(offset, count, window.data(), /*check_vocab=*/false));
-      for (int32_t v : window) mix(static_cast<uint32_t>(v));
+      h = HashTokens(h, window.data(), count);
     }
     fingerprint_ = h;
     return absl::OkStatus();
@@ -277,11 +280,7 @@ class AssociativeRecall final : public DataSource {
 
   // The split a sequence belongs to when there is one: a bit of a hash of
   // its tokens (the targets follow from them).
-  static uint64_t ClassOf(const int32_t* tok, int64_t T) {
-    uint64_t h = 0x243f6a8885a308d3ULL;
-    for (int64_t t = 0; t < T; ++t) h = Mix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(tok[t])));
-    return h & 1;
-  }
+  static uint64_t ClassOf(const int32_t* tok, int64_t T) { return HashTokens(0x243f6a8885a308d3ULL, tok, T) & 1; }
 
   // Sequence `index` (draw `attempt`), a pure function of (seed, index,
   // attempt); attempt 0 is the sequence the task had before splits existed.

@@ -1,7 +1,7 @@
 #include "worker/trainer.h"
 
+#include <charconv>
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -41,12 +41,11 @@ std::string FingerprintText(const DataSource& data) {
 }
 
 // The shortest text that reads back as `x`'s bits ("1e-05", not
-// "9.99999975e-06"; %.9g always does).
+// "9.99999975e-06"; "500000", not "5e+05"): std::to_chars, %g's style.
 std::string FloatText(float x) {
-  for (int digits = 6;; ++digits) {
-    std::string text = absl::StrFormat("%.*g", digits, x);
-    if (std::strtof(text.c_str(), nullptr) == x || digits == 9) return text;
-  }
+  char buf[32];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), x, std::chars_format::general);
+  return std::string(buf, r.ptr);
 }
 
 // What a checkpoint's state means, beyond its tensors' shapes: the model
