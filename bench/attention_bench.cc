@@ -9,7 +9,9 @@
 // where kernels/device_peaks.h knows the card, the tensor-core/tiles time
 // ratio, and how far the two outputs lie apart (relative to o's largest
 // magnitude: the rounding of P to bf16, ~2^-8, never O(1); past 2^-6 the
-// run fails). On CUDA also the tensor-core kernels single-buffered
+// run fails), and so the gradients dq, dk, dv of one backward from zero
+// (each relative to its own largest magnitude; the backward's TFLOP/s
+// rest on them). On CUDA also the tensor-core kernels single-buffered
 // (ModelKernelsOptions::tc_double_buffer = false: the baseline of their
 // cp.async pipeline), with the double/single time ratio; their o must be
 // the double-buffered o bit for bit; and everything on mma.sync
@@ -56,7 +58,21 @@ struct Point {
   Timing fwd, bwd;
   double fwd_flops = 0;
   std::vector<float> o;  // the last forward's output, on the host
+  // One backward's gradients from zero, on the host (dq widened from bf16).
+  std::vector<float> dq, dk, dv;
 };
+
+// max |a - base| over max |base|: how far a lies from the baseline's
+// values at the baseline's scale.
+double RelDiff(const std::vector<float>& a, const std::vector<float>& base) {
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < a.size() && i < base.size(); ++i) {
+    diff = std::max(diff, std::abs(double{a[i]} - base[i]));
+    mag = std::max(mag, std::abs(double{base[i]}));
+  }
+  if (a.size() != base.size()) return INFINITY;
+  return mag > 0 ? diff / mag : diff;
+}
 
 // Random bf16 in [-2, 2): scores of a few units at head_dim 128 after the
 // 1/sqrt(D) scale, so the softmax is neither flat nor one-hot.
@@ -113,12 +129,15 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
     const std::vector<Bf16> host = RandomBf16(n, seed);
     PLATEAU_RETURN_IF_ERROR(be.Copy(stream, buf->data(), host.data(), n * 2));
   }
-  for (auto [buf, bytes] :
-       {std::pair{&dq, q_elems * 2}, {&dk, kv_elems * 4}, {&dv, kv_elems * 4}}) {
-    const std::vector<char> zeros(bytes, 0);
-    PLATEAU_RETURN_IF_ERROR(be.Copy(stream, buf->data(), zeros.data(), bytes));
-  }
-  PLATEAU_RETURN_IF_ERROR(stream.Synchronize());
+  auto zero_gradients = [&]() -> absl::Status {
+    for (auto [buf, bytes] : {std::pair{&dq, q_elems * 2}, {&dk, kv_elems * 4}, {&dv, kv_elems * 4}}) {
+      const std::vector<char> zeros(bytes, 0);
+      PLATEAU_RETURN_IF_ERROR(be.Copy(stream, buf->data(), zeros.data(), bytes));
+      PLATEAU_RETURN_IF_ERROR(stream.Synchronize());  // zeros is freed here
+    }
+    return absl::OkStatus();
+  };
+  PLATEAU_RETURN_IF_ERROR(zero_gradients());
 
   const Bf16* qb = q.as<Bf16>();
   const Bf16* kb = k.as<Bf16>();
@@ -156,6 +175,19 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   p.o.resize(q_elems);
   PLATEAU_RETURN_IF_ERROR(be.Copy(stream, p.o.data(), acc.data(), q_elems * 4));
   PLATEAU_RETURN_IF_ERROR(stream.Synchronize());
+  // The timed backward runs accumulated into the gradients a number of
+  // times that differs by variant: one more from zero, to compare.
+  PLATEAU_RETURN_IF_ERROR(zero_gradients());
+  PLATEAU_RETURN_IF_ERROR(backward());
+  std::vector<Bf16> dq_bf16(q_elems);
+  p.dk.resize(kv_elems);
+  p.dv.resize(kv_elems);
+  PLATEAU_RETURN_IF_ERROR(be.Copy(stream, dq_bf16.data(), dq.data(), q_elems * 2));
+  PLATEAU_RETURN_IF_ERROR(be.Copy(stream, p.dk.data(), dk.data(), kv_elems * 4));
+  PLATEAU_RETURN_IF_ERROR(be.Copy(stream, p.dv.data(), dv.data(), kv_elems * 4));
+  PLATEAU_RETURN_IF_ERROR(stream.Synchronize());
+  p.dq.resize(q_elems);
+  for (int64_t i = 0; i < q_elems; ++i) p.dq[i] = Bf16ToFloat(dq_bf16[i]);
   return p;
 }
 
@@ -238,8 +270,8 @@ int Main(int argc, char** argv) {
   std::string chosen;
   if (auto k = ModelKernels::Create(be); k.ok()) chosen = (*k)->Describe();
   if (!chosen.empty()) std::printf("%s\n", chosen.c_str());
-  std::printf("\n%8s %-12s %10s %10s %10s %10s %8s %9s %12s\n", "T", "arithmetic", "fwd ms",
-              "bwd ms", "fwd TF/s", "bwd TF/s", "MFU", "time x", "|o diff|");
+  std::printf("\n%8s %-12s %10s %10s %10s %10s %8s %9s %12s %12s\n", "T", "arithmetic", "fwd ms", "bwd ms", "fwd TF/s",
+              "bwd TF/s", "MFU", "time x", "|o diff|", "|grad diff|");
   std::string json = absl::StrCat("{\"bench\":\"attention\",\"when\":", JsonString(NowText()),
                                   ",\"device\":", JsonString(device), ",\"peak_bf16_flops\":", peak,
                                   ",\"batch\":", batch, ",\"heads\":", heads,
@@ -290,21 +322,20 @@ int Main(int argc, char** argv) {
       const double mfu = peak > 0 ? 3.5 * p.fwd_flops / total_s / peak : 0;
       const Point& base = points.front();
       const double ratio = total_s / (base.fwd.best_s + base.bwd.best_s);
-      double diff = 0, mag = 0;
-      for (size_t i = 0; i < p.o.size(); ++i) {
-        diff = std::max(diff, std::abs(double{p.o[i]} - base.o[i]));
-        mag = std::max(mag, std::abs(double{base.o[i]}));
-      }
-      const double rel = mag > 0 ? diff / mag : diff;
-      // Wrong is not slow: the two must agree within the rounding of P,
-      // and single buffering must not change a bit.
+      const double rel = RelDiff(p.o, base.o);
+      const double grad_rel = std::max({RelDiff(p.dq, base.dq), RelDiff(p.dk, base.dk), RelDiff(p.dv, base.dv)});
+      // Wrong is not slow: the two must agree within the rounding of P
+      // (and of dS, for the gradients), and single buffering must not
+      // change a bit of o.
       const bool agree = rel <= 1.0 / 64;
+      const bool grads_agree = grad_rel <= 1.0 / 64;
       const bool same_bits = &p != tc_single || tc_double == nullptr || p.o == tc_double->o;
-      if (!agree || !same_bits) ++failures;
-      std::printf("%8lld %-12s %10.2f %10.2f %10.2f %10.2f %7.1f%% %9.3f %12.3g%s%s\n",
-                  static_cast<long long>(T), Label(p.arith, p.double_buffer, p.wgmma),
-                  p.fwd.best_s * 1e3, p.bwd.best_s * 1e3, fwd_tf, bwd_tf, 100 * mfu, ratio, rel,
+      if (!agree || !grads_agree || !same_bits) ++failures;
+      std::printf("%8lld %-12s %10.2f %10.2f %10.2f %10.2f %7.1f%% %9.3f %12.3g %12.3g%s%s%s\n",
+                  static_cast<long long>(T), Label(p.arith, p.double_buffer, p.wgmma), p.fwd.best_s * 1e3,
+                  p.bwd.best_s * 1e3, fwd_tf, bwd_tf, 100 * mfu, ratio, rel, grad_rel,
                   agree ? "" : "  WRONG: beyond 2^-6 of max |o|",
+                  grads_agree ? "" : "  WRONG: a gradient beyond 2^-6 of its max",
                   same_bits ? "" : "  WRONG: single-buffered o differs from double-buffered");
       // double_buffer only where it means something: CUDA's tensor cores.
       const bool buffered = kind == BackendKind::kCuda && p.arith == Bf16Attention::kTensorCore;
@@ -312,7 +343,7 @@ int Main(int argc, char** argv) {
                             "%s{\"seq_len\":%d,\"arithmetic\":\"%s\"%s%s,\"fwd_s\":%.6g,"
                             "\"bwd_s\":%.6g,\"fwd_tflops\":%.4g,\"bwd_tflops\":%.4g,"
                             "\"mfu\":%.4g,\"time_ratio_vs_tiles\":%.4g,"
-                            "\"o_rel_diff_vs_tiles\":%.3g}",
+                            "\"o_rel_diff_vs_tiles\":%.3g,\"grad_rel_diff_vs_tiles\":%.3g}",
                             first ? "" : ",", T, Bf16AttentionName(p.arith),
                             !buffered         ? ""
                             : p.double_buffer ? ",\"double_buffer\":true"
@@ -320,7 +351,7 @@ int Main(int argc, char** argv) {
                             !buffered ? ""
                             : p.wgmma ? ",\"wgmma\":true"
                                       : ",\"wgmma\":false",
-                            p.fwd.best_s, p.bwd.best_s, fwd_tf, bwd_tf, mfu, ratio, rel);
+                            p.fwd.best_s, p.bwd.best_s, fwd_tf, bwd_tf, mfu, ratio, rel, grad_rel);
       first = false;
     }
     if (tc_double != nullptr && tc_single != nullptr) {
