@@ -1,7 +1,11 @@
 #include "worker/trainer.h"
 
+#include <errno.h>
+#include <signal.h>
+
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -323,6 +327,31 @@ absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
   return best;
 }
 
+absl::StatusOr<std::vector<std::string>> RemoveAbandonedCheckpointFiles(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) return removed;
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    // SafetensorsWriter's temporary: the checkpoint's name, ".tmp.", the
+    // writer's pid (worker/safetensors.cc).
+    const size_t tmp = name.rfind(".safetensors.tmp.");
+    int pid = 0;
+    if (tmp == std::string::npos || name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(tmp + 17), &pid) ||
+        pid <= 0) {
+      continue;
+    }
+    // kill(pid, 0) fails with ESRCH only where no such process exists; a
+    // live writer (EPERM: another user's) keeps its file.
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    if (std::filesystem::remove(it->path(), rm)) removed.push_back(name);
+  }
+  if (ec) return FileError(absl::StrCat("checkpoint.directory=", dir, ": cannot list it"), ec.value());
+  return removed;
+}
+
 absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator& world,
                          const std::function<void(const StepReport&)>& on_step) {
   if (o.steps < 0) return absl::InvalidArgumentError("steps: expected >= 0");
@@ -368,6 +397,15 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
   // can commit, so all ranks read the same newest checkpoint.
   if (!o.checkpoint_dir.empty() && o.fence_attempt >= 0) {
     PLATEAU_RETURN_IF_ERROR(ClaimCheckpointDir(o.checkpoint_dir, o.fence_job, o.fence_attempt));
+  }
+  // Without the fence, rank 0 (the writer) clears what a killed run's
+  // writer left: a whole checkpoint's bytes each, never read again.
+  if (!o.checkpoint_dir.empty() && o.fence_attempt < 0 && world.rank() == 0) {
+    PLATEAU_ASSIGN_OR_RETURN(const std::vector<std::string> removed, RemoveAbandonedCheckpointFiles(o.checkpoint_dir));
+    for (const std::string& name : removed) {
+      std::fprintf(stderr, "checkpoint.directory=%s: removed %s, left by a writer that is gone\n",
+                   o.checkpoint_dir.c_str(), name.c_str());
+    }
   }
   if (!o.checkpoint_dir.empty() && o.resume) {
     const absl::StatusOr<int64_t> listed = NewestCheckpoint(o.checkpoint_dir);

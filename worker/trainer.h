@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,6 +59,12 @@ std::string CheckpointPath(const std::string& dir, int64_t step);
 // error, never "none": a rank that started afresh beside ranks that resumed
 // would train on a mixed state.
 absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir);
+
+// Removes what killed writers left in `dir`: "step-N.safetensors.tmp.PID"
+// files whose PID is no process on this host (a live writer's file stays).
+// Returns the names removed. For runs without the fence (plateau_train):
+// a fenced job's claim removes other attempts' partial files instead.
+absl::StatusOr<std::vector<std::string>> RemoveAbandonedCheckpointFiles(const std::string& dir);
 
 // The checkpoint file of docs/MODEL.md ("Checkpoints"), streamed: no host
 // holds the full state. Collective: every rank calls it; the `writer` (the

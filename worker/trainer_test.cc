@@ -1,5 +1,8 @@
 #include "worker/trainer.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -93,6 +96,36 @@ TEST(TrainerTest, TheNewestCheckpointIsAmongTheNamesTheTrainerWrites) {
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_EQ(*newest, 7);
   EXPECT_EQ(*NewestCheckpoint(dir + "/not_made_yet"), -1);
+}
+
+// A killed writer's "step-N.safetensors.tmp.PID" (a whole checkpoint's
+// bytes) is removed when a run without the fence starts; a live writer's
+// file and other names stay.
+TEST(TrainerTest, AKilledWritersTemporaryIsRemovedAtTheNextStart) {
+  TrainerOptions o = RecallOptions(1);
+  o.step.layout.batch = 4;
+  o.steps = 1;
+  o.checkpoint_dir = TmpDir("abandoned");
+  std::filesystem::create_directories(o.checkpoint_dir);
+  // A pid that was a process and is no more: a child that exited, reaped.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string dead = "step-00000003.safetensors.tmp." + std::to_string(child);
+  const std::string live = "step-00000003.safetensors.tmp." + std::to_string(getpid());
+  const std::string other = "notes.safetensors.tmp." + std::to_string(child);
+  for (const std::string& name : {dead, live, other}) std::ofstream(o.checkpoint_dir + "/" + name) << "x";
+  TrainRun run = Train(o, 1);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_FALSE(std::filesystem::exists(o.checkpoint_dir + "/" + dead));
+  EXPECT_TRUE(std::filesystem::exists(o.checkpoint_dir + "/" + live));
+  EXPECT_TRUE(std::filesystem::exists(o.checkpoint_dir + "/" + other));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointPath(o.checkpoint_dir, 1)));
+  absl::StatusOr<std::vector<std::string>> again = RemoveAbandonedCheckpointFiles(o.checkpoint_dir);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->empty());
+  EXPECT_TRUE(RemoveAbandonedCheckpointFiles(o.checkpoint_dir + "/not_made_yet")->empty());
 }
 
 TEST(TrainerTest, LearnsAssociativeRecallIn200Steps) {
