@@ -92,7 +92,7 @@ security (docs/SERVICE.md "Security")
                                    refused otherwise)
   --max_request_bytes=4194304      largest request accepted (larger: RESOURCE_EXHAUSTED);
                                    at least 1048576 (a worker's telemetry batch is <= 512 KiB)
-  --max_watches_per_client=64      open WatchJob / GetJobLogs --follow streams per client host
+  --max_watches_per_client=64      open WatchJob / GetJobLogs streams per client host
                                    (0: no limit)
   --watch_reports_per_read=4096    a per-rank WatchJob reads at most this many ranks' reports
                                    into memory at once (at least one step's)

@@ -153,9 +153,11 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
                                         grpc::ServerWriter<v1::LogEntry>* writer) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  // Only a follow lasts; a plain read ends once the stored lines are sent.
+  // A plain read ends once the stored lines are sent, but a client that
+  // stops reading a long log holds this thread as long as a follow: both
+  // count.
   WatchLimiter::Lease lease;
-  if (guards_.watches != nullptr && req->follow()) {
+  if (guards_.watches != nullptr) {
     if (grpc::Status s = guards_.watches->Acquire(PeerHost(ctx->peer()), &lease); !s.ok()) return s;
   }
   const std::string id = req->job_id();
