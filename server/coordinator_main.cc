@@ -35,6 +35,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/connection.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -396,7 +398,9 @@ int Main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
   // Every call counted and timed (plateau_rpcs_total, plateau_rpc_duration_seconds).
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<RpcMetricsFactory>(metrics->get()));
+  auto rpc_metrics = std::make_unique<RpcMetricsFactory>(metrics->get());
+  const RpcMetricsFactory* const calls = rpc_metrics.get();  // the server owns it, and outlives its use
+  interceptors.push_back(std::move(rpc_metrics));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(&jobs);
   builder.RegisterService(&workers);
@@ -437,7 +441,15 @@ int Main(int argc, char** argv) {
   std::fflush(stdout);
   (*metrics)->SetReadiness(absl::UnavailableError("shutting down"));
   coordinator.Stop();  // wakes streaming calls
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Shutdown(deadline) waits out the whole deadline while any client keeps
+  // an idle connection open (agents and long-lived clients always do: 2 s
+  // for every stop), even with no call left. So wait for the calls
+  // in flight (a stream ends within milliseconds of Stop), at most the
+  // grace, then shut down at once; a call that arrives meanwhile is
+  // cancelled, and the clients retry it.
+  const absl::Time grace_end = absl::Now() + absl::Seconds(2);
+  while (calls->in_flight() > 0 && absl::Now() < grace_end) absl::SleepFor(absl::Milliseconds(5));
+  server->Shutdown(std::chrono::system_clock::now());  // cancels what outlived the grace
   (*metrics)->SetJobPages(nullptr);  // waits for a page being served
   return 0;
 }

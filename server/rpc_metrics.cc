@@ -31,8 +31,11 @@ const char* CodeName(grpc::StatusCode code) {
 
 class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
-  RpcMetricsInterceptor(Metrics* metrics, std::string method)
-      : metrics_(metrics), method_(std::move(method)), start_(absl::Now()) {}
+  RpcMetricsInterceptor(Metrics* metrics, std::atomic<int64_t>* in_flight, std::string method)
+      : metrics_(metrics), in_flight_(in_flight), method_(std::move(method)), start_(absl::Now()) {
+    in_flight_->fetch_add(1);
+  }
+  ~RpcMetricsInterceptor() override { in_flight_->fetch_sub(1); }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
@@ -45,6 +48,7 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
 
  private:
   Metrics* const metrics_;
+  std::atomic<int64_t>* const in_flight_;
   const std::string method_;
   const absl::Time start_;
 };
@@ -61,7 +65,7 @@ std::pair<std::string, std::string> SplitRpcMethod(const std::string& full) {
 
 grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  return new RpcMetricsInterceptor(metrics_, info->method() != nullptr ? info->method() : "");
+  return new RpcMetricsInterceptor(metrics_, &in_flight_, info->method() != nullptr ? info->method() : "");
 }
 
 }  // namespace plateau
