@@ -117,6 +117,21 @@ std::string PageToken(int64_t seq, bool newest_first) { return absl::StrCat(newe
 // " by CALLER" for the coordinator's log; "" when the call came from inside.
 std::string By(const std::string& caller) { return caller.empty() ? "" : absl::StrCat(" by ", caller); }
 
+// The event of `job`'s state as it now is (state, reason, attempt, the
+// unschedulable mark), with `failure` when given; timed now.
+v1::JobEvent StateChangeEvent(const v1::Job& job, const v1::Failure* failure) {
+  v1::JobEvent ev;
+  ev.set_job_id(job.id());
+  Now(ev.mutable_time());
+  v1::StateChange* sc = ev.mutable_state_change();
+  sc->set_state(job.state());
+  sc->set_reason(job.state_reason());
+  sc->set_attempt(job.attempt());
+  sc->set_unschedulable(job.unschedulable());
+  if (failure != nullptr) *sc->mutable_failure() = *failure;
+  return ev;
+}
+
 }  // namespace
 
 bool IsTerminal(v1::JobState s) {
@@ -408,17 +423,9 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
   // state also sees its event, and a coordinator killed mid-change restarts
   // with both or neither (an event without its state would be written
   // again: a second final event, or a cancelled job run after all).
-  std::vector<v1::JobEvent> ev(1);
-  ev[0].set_job_id(job.id());
-  Now(ev[0].mutable_time());
-  v1::StateChange* sc = ev[0].mutable_state_change();
-  sc->set_state(state);
-  sc->set_reason(reason);
-  sc->set_attempt(job.attempt());
-  sc->set_unschedulable(job.unschedulable());
-  if (failure != nullptr) *sc->mutable_failure() = *failure;
+  v1::JobEvent ev = StateChangeEvent(job, failure);
   const std::string what = absl::StrCat("record ", job.id(), " as ", v1::JobState_Name(state));
-  PLATEAU_RETURN_IF_ERROR(Written(store_->PutJobWithEvent(job, ev[0]), what));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->PutJobWithEvent(job, ev), what));
   metrics_->OnJobState(job.id(), state);
   if (was != state) {
     if (--job_counts_[was] <= 0) job_counts_.erase(was);
@@ -549,18 +556,23 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     PLATEAU_ASSIGN_OR_RETURN(std::optional<v1::SubmitJobResponse> again, Resubmitted(request));
     if (again.has_value()) return *std::move(again);
   }
-  auto created = store_->CreateJob(std::move(job));
+  // The job and its first event (PENDING) in one transaction: two were
+  // one write the client saw fail (UNAVAILABLE) that left the job stored,
+  // run after a restart, and a retry without a request id a second job.
+  v1::JobEvent submitted = StateChangeEvent(job, nullptr);
+  auto created = store_->CreateJob(std::move(job), &submitted);
   PLATEAU_RETURN_IF_ERROR(Written(created.status(), "create a job"));
   job = *std::move(created);
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
   LiveJob& a = active_[seq];
   a.job = job;
-  ++job_counts_[v1::PENDING];  // created PENDING: SetState sees no change of state
+  ++job_counts_[v1::PENDING];
   metrics_->OnSubmission();
+  metrics_->OnJobState(job.id(), v1::PENDING);
   Say(absl::StrCat(job.id(), " submitted", By(caller), ": ", job.spec().layout().ranks(), " rank(s), ",
                    job.spec().steps(), " step(s)",
                    job.spec().name().empty() ? "" : absl::StrCat(", name '", job.spec().name(), "'")));
-  PLATEAU_RETURN_IF_ERROR(SetState(a, v1::PENDING, "waiting to be scheduled"));
+  Changed(job.id());
   Schedule();
   // Schedule may have ended it (and dropped `a`): the store has it then.
   auto it = active_.find(seq);

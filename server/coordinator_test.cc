@@ -1098,6 +1098,31 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
   EXPECT_TRUE(WaitState(job, v1::SUCCEEDED)) << Get(job).DebugString();
 }
 
+// A submit whose write fails stores nothing: the client is told
+// UNAVAILABLE, and a restarted coordinator has no job to run. (The job
+// and its first event were two writes: the job stayed stored, PENDING, and
+// ran after the restart; a retry without a request id made a second.)
+TEST_F(CoordinatorTest, ASubmitThatFailsToBeStoredLeavesNoJob) {
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other,
+                         "CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'refused by the "
+                         "test'); END",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  auto refused = c().SubmitJob(req);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  ASSERT_EQ(sqlite3_exec(other, "DROP TRIGGER refuse", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  Open();  // the restart a frozen coordinator asks for
+  v1::ListJobsRequest list;
+  auto listed = c().ListJobs(list);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->jobs_size(), 0) << listed->DebugString();
+}
+
 // One event per step of the whole job; a restarted coordinator neither
 // loses the steps some ranks had reported nor writes a step event twice.
 // mu_ is held across store writes, and a write waiting on a busy database

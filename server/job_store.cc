@@ -129,8 +129,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   std::unique_ptr<JobStore> store(new JobStore(db));
   absl::MutexLock lock(&store->mu_);
   sqlite3_busy_timeout(db, 5000);
-  // WAL: readers never block the writer; NORMAL sync is durable across a
-  // process crash (the WAL is synced at checkpoints).
+  // WAL: readers never block the writer. NORMAL sync is durable across a
+  // process crash (the WAL is synced at checkpoints); the transactions a
+  // reply acknowledges are synced on commit too (Begin).
   PLATEAU_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
   PLATEAU_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
   PLATEAU_RETURN_IF_ERROR(store->Exec(kSchema));
@@ -153,6 +154,15 @@ absl::Status JobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::Begin(Durability durability) {
+  if (durability != synced_) {
+    PLATEAU_RETURN_IF_ERROR(
+        Exec(durability == Durability::kPowerLoss ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
+    synced_ = durability;
+  }
+  return Exec("BEGIN IMMEDIATE");
+}
+
 absl::Status JobStore::Commit() {
   // A COMMIT that fails (SQLITE_BUSY, a full disk) leaves the transaction
   // open: ended here, or the next BEGIN would fail and readers on this
@@ -162,9 +172,9 @@ absl::Status JobStore::Commit() {
   return s;
 }
 
-absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
+absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job, v1::JobEvent* first_event) {
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kPowerLoss));
   Stmt ins(db_, "INSERT INTO jobs (state, job) VALUES (?, ?)");
   ins.Bind(1, job.state());
   ins.Bind(2, std::string());
@@ -189,6 +199,19 @@ absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
       return s;
     }
   }
+  if (first_event != nullptr) {
+    first_event->set_job_id(job.id());
+    first_event->set_index(0);  // a new id: no event can exist yet
+    Stmt ins(db_, "INSERT INTO events (job, idx, event) VALUES (?, 0, ?)");
+    ins.BindText(1, job.id());
+    ins.Bind(2, first_event->SerializeAsString());
+    if (!ins.ok() || ins.Step() != SQLITE_DONE) {
+      absl::Status s = Error("append the job's first event");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    job.set_event_count(1);
+  }
   Stmt upd(db_, "UPDATE jobs SET job = ? WHERE seq = ?");
   upd.Bind(1, job.SerializeAsString());
   upd.Bind(2, seq);
@@ -198,6 +221,7 @@ absl::StatusOr<v1::Job> JobStore::CreateJob(v1::Job job) {
     return s;
   }
   PLATEAU_RETURN_IF_ERROR(Commit());
+  if (first_event != nullptr) next_event_[job.id()] = 1;
   return job;
 }
 
@@ -231,7 +255,7 @@ absl::Status JobStore::PutJobWithEvent(v1::Job& job, v1::JobEvent& event) {
         absl::StrCat("event of job '", event.job_id(), "' stored with job '", job.id(), "'"));
   }
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kPowerLoss));
   const auto failed = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Exec("ROLLBACK").IgnoreError();
     return s;
@@ -364,7 +388,7 @@ absl::StatusOr<int64_t> JobStore::NextIndex(const char* table, const std::string
 absl::Status JobStore::AppendEvents(std::vector<v1::JobEvent>& events) {
   if (events.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
   std::map<std::string, int64_t> next = next_event_;
   for (v1::JobEvent& e : events) {
     auto idx = NextIndex("events", e.job_id(), next);
@@ -392,7 +416,7 @@ absl::Status JobStore::AppendEvents(std::vector<v1::JobEvent>& events) {
 absl::Status JobStore::AppendLogs(std::vector<v1::LogEntry>& logs) {
   if (logs.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
   std::map<std::string, int64_t> next = next_log_;
   for (v1::LogEntry& e : logs) {
     auto idx = NextIndex("logs", e.job_id(), next);
@@ -420,7 +444,7 @@ absl::Status JobStore::AppendLogs(std::vector<v1::LogEntry>& logs) {
 absl::Status JobStore::PutMemoryTimelines(const std::vector<JobMemoryTimeline>& timelines) {
   if (timelines.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
   for (const JobMemoryTimeline& t : timelines) {
     Stmt put(db_, "INSERT OR REPLACE INTO memory_timelines (job, rank, timeline) VALUES (?, ?, ?)");
     put.BindText(1, t.job_id);
@@ -500,7 +524,7 @@ int64_t JobStore::EventCount(const std::string& id) {
 absl::Status JobStore::PutRankSteps(const std::vector<JobRankStep>& steps) {
   if (steps.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
   for (const JobRankStep& r : steps) {
     Stmt put(db_, "INSERT OR IGNORE INTO rank_steps (job, attempt, step, rank, telemetry) VALUES (?, ?, ?, ?, ?)");
     put.BindText(1, r.job_id);
@@ -587,7 +611,7 @@ absl::Status JobStore::DeleteJobData(const std::string& id) {
   // reused (a watcher resuming from an old index must not get other rows).
   PLATEAU_RETURN_IF_ERROR(NextIndex("events", id, next_event_).status());
   PLATEAU_RETURN_IF_ERROR(NextIndex("logs", id, next_log_).status());
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
   absl::Status s = DeleteDataLocked(id);
   if (!s.ok()) {
     Exec("ROLLBACK").IgnoreError();
@@ -617,7 +641,7 @@ absl::StatusOr<v1::JobState> JobStore::RecordedState(const std::string& id) {
 absl::Status JobStore::DeleteJob(const std::string& id) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kPowerLoss));
   Stmt del(db_, "DELETE FROM jobs WHERE seq = ?");
   del.Bind(1, seq);
   if (!del.ok() || del.Step() != SQLITE_DONE) {

@@ -79,7 +79,10 @@ class JobStore {
   // Stores a new job and returns it with its id set. A non-empty
   // job.request_id() is recorded with it in the same transaction (one job
   // per request id: a second one is ALREADY_EXISTS naming the first).
-  absl::StatusOr<v1::Job> CreateJob(v1::Job job);
+  // `first_event`, when given, is stored as the job's event 0 (its job id
+  // and index set here) in that transaction too: a submitted job never
+  // exists without its submission, whatever fails or is killed between.
+  absl::StatusOr<v1::Job> CreateJob(v1::Job job, v1::JobEvent* first_event = nullptr);
   // The id of the job created with `request_id`, if any.
   absl::StatusOr<std::optional<std::string>> FindRequest(const std::string& request_id);
   // Replaces the stored job of the same id.
@@ -150,6 +153,15 @@ class JobStore {
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // COMMIT, or ROLLBACK when it fails.
   absl::Status Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BEGIN IMMEDIATE, its COMMIT synced to disk or not (PRAGMA synchronous,
+  // which only takes effect set outside a transaction). kPowerLoss: what a
+  // reply acknowledges (a submit and its id, a state change, a delete)
+  // survives a power loss or an OS crash: one fsync of the WAL per commit.
+  // kProcessCrash: telemetry, logs and sweeps, many a second, survive a
+  // crash of the coordinator (the OS has the WAL) but a power loss may
+  // lose their last seconds.
+  enum class Durability { kProcessCrash, kPowerLoss };
+  absl::Status Begin(Durability durability) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The DELETEs of DeleteJobData, inside the caller's transaction.
   absl::Status DeleteDataLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> NextIndex(const char* table, const std::string& id,
@@ -160,6 +172,7 @@ class JobStore {
   absl::Mutex mu_;
   sqlite3* const db_;
   std::map<std::string, int64_t> next_event_ ABSL_GUARDED_BY(mu_);
+  Durability synced_ ABSL_GUARDED_BY(mu_) = Durability::kProcessCrash;  // the PRAGMA set now
   std::map<std::string, int64_t> next_log_ ABSL_GUARDED_BY(mu_);
 };
 

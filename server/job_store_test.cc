@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -122,6 +123,133 @@ TEST(JobStoreTest, AStateChangeIsStoredWithItsEventOrNotAtAll) {
   v1::JobEvent other;
   other.set_job_id("job-7");
   EXPECT_EQ((*store)->PutJobWithEvent(*job, other).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A submitted job and its first event are one transaction: when the event
+// cannot be stored, neither is the job (two writes left a job the client
+// was told had failed, run after a restart).
+TEST(JobStoreTest, AJobIsCreatedWithItsFirstEventOrNotAtAll) {
+  const std::string path = TempDb("create_with_event");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ExecOn(path, "CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'refused by the test'); END");
+  v1::JobEvent submitted;
+  submitted.mutable_state_change()->set_state(v1::PENDING);
+  auto refused = (*store)->CreateJob(NewJob(v1::PENDING), &submitted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("refused by the test"));
+  bool more = false;
+  auto listed = (*store)->ListJobs(0, 10, {}, &more);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty()) << "the job outlived its failed first event";
+
+  ExecOn(path, "DROP TRIGGER refuse");
+  auto job = (*store)->CreateJob(NewJob(v1::PENDING), &submitted);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->event_count(), 1);
+  EXPECT_EQ(submitted.job_id(), job->id());
+  EXPECT_EQ(submitted.index(), 0);
+  EXPECT_EQ((*store)->GetJob(job->id())->event_count(), 1);
+  // The next event follows it.
+  std::vector<v1::JobEvent> next(1);
+  next[0].set_job_id(job->id());
+  ASSERT_TRUE((*store)->AppendEvents(next).ok());
+  EXPECT_EQ(next[0].index(), 1);
+  auto events = (*store)->ReadEvents(job->id(), 0, 10);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].state_change().state(), v1::PENDING);
+}
+
+// A VFS over the default one that counts the syncs of WAL files: what a
+// commit made durable against a power loss (a process crash needs none).
+std::atomic<int> wal_syncs{0};
+sqlite3_vfs* real_vfs = nullptr;
+struct CountingFile {
+  sqlite3_file base;
+  bool wal;
+  sqlite3_file* real() { return reinterpret_cast<sqlite3_file*>(this + 1); }
+};
+sqlite3_file* Real(sqlite3_file* f) { return reinterpret_cast<CountingFile*>(f)->real(); }
+const sqlite3_io_methods counting_methods = {
+    3,
+    [](sqlite3_file* f) { return Real(f)->pMethods->xClose(Real(f)); },
+    [](sqlite3_file* f, void* p, int n, sqlite3_int64 o) { return Real(f)->pMethods->xRead(Real(f), p, n, o); },
+    [](sqlite3_file* f, const void* p, int n, sqlite3_int64 o) { return Real(f)->pMethods->xWrite(Real(f), p, n, o); },
+    [](sqlite3_file* f, sqlite3_int64 n) { return Real(f)->pMethods->xTruncate(Real(f), n); },
+    [](sqlite3_file* f, int flags) {
+      if (reinterpret_cast<CountingFile*>(f)->wal) ++wal_syncs;
+      return Real(f)->pMethods->xSync(Real(f), flags);
+    },
+    [](sqlite3_file* f, sqlite3_int64* n) { return Real(f)->pMethods->xFileSize(Real(f), n); },
+    [](sqlite3_file* f, int l) { return Real(f)->pMethods->xLock(Real(f), l); },
+    [](sqlite3_file* f, int l) { return Real(f)->pMethods->xUnlock(Real(f), l); },
+    [](sqlite3_file* f, int* r) { return Real(f)->pMethods->xCheckReservedLock(Real(f), r); },
+    [](sqlite3_file* f, int op, void* a) { return Real(f)->pMethods->xFileControl(Real(f), op, a); },
+    [](sqlite3_file* f) { return Real(f)->pMethods->xSectorSize(Real(f)); },
+    [](sqlite3_file* f) { return Real(f)->pMethods->xDeviceCharacteristics(Real(f)); },
+    [](sqlite3_file* f, int i, int sz, int e, void volatile** p) {
+      return Real(f)->pMethods->xShmMap(Real(f), i, sz, e, p);
+    },
+    [](sqlite3_file* f, int o, int n, int fl) { return Real(f)->pMethods->xShmLock(Real(f), o, n, fl); },
+    [](sqlite3_file* f) { Real(f)->pMethods->xShmBarrier(Real(f)); },
+    [](sqlite3_file* f, int d) { return Real(f)->pMethods->xShmUnmap(Real(f), d); },
+    [](sqlite3_file* f, sqlite3_int64 o, int n, void** p) { return Real(f)->pMethods->xFetch(Real(f), o, n, p); },
+    [](sqlite3_file* f, sqlite3_int64 o, void* p) { return Real(f)->pMethods->xUnfetch(Real(f), o, p); },
+};
+
+// What a reply acknowledges (a submit, a state change, a delete) is synced
+// to disk before the reply; telemetry's many small commits are not. Before,
+// no commit synced (synchronous=NORMAL): a power loss could lose an
+// acknowledged job and hand its id out again.
+TEST(JobStoreTest, AcknowledgedChangesAreSyncedAndTelemetryIsNot) {
+  real_vfs = sqlite3_vfs_find(nullptr);
+  ASSERT_NE(real_vfs, nullptr);
+  static sqlite3_vfs counting = *real_vfs;
+  counting.zName = "plateau-counting";
+  counting.szOsFile = static_cast<int>(sizeof(CountingFile)) + real_vfs->szOsFile;
+  counting.xOpen = [](sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out) {
+    auto* c = reinterpret_cast<CountingFile*>(f);
+    const int rc = real_vfs->xOpen(real_vfs, name, c->real(), flags, out);
+    if (rc != SQLITE_OK) {
+      f->pMethods = nullptr;
+      return rc;
+    }
+    c->wal = (flags & SQLITE_OPEN_WAL) != 0;
+    f->pMethods = &counting_methods;
+    return SQLITE_OK;
+  };
+  ASSERT_EQ(sqlite3_vfs_register(&counting, /*makeDflt=*/1), SQLITE_OK);
+  struct Unregister {
+    ~Unregister() { sqlite3_vfs_unregister(&counting); }
+  } unregister;
+
+  auto store = JobStore::Open(TempDb("synced"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  int before = wal_syncs.load();
+  v1::JobEvent submitted;
+  auto job = (*store)->CreateJob(NewJob(v1::PENDING), &submitted);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_GT(wal_syncs.load(), before) << "a submit was acknowledged before its commit reached the disk";
+
+  before = wal_syncs.load();
+  std::vector<v1::LogEntry> lines(3);
+  for (auto& l : lines) l.set_job_id(job->id());
+  ASSERT_TRUE((*store)->AppendLogs(lines).ok());
+  std::vector<v1::JobEvent> steps(2);
+  for (auto& e : steps) e.set_job_id(job->id());
+  ASSERT_TRUE((*store)->AppendEvents(steps).ok());
+  EXPECT_EQ(wal_syncs.load(), before) << "telemetry's commits synced (one fsync each, under the coordinator's lock)";
+
+  before = wal_syncs.load();
+  v1::JobEvent ran;
+  ran.set_job_id(job->id());
+  job->set_state(v1::CANCELLED);
+  ASSERT_TRUE((*store)->PutJobWithEvent(*job, ran).ok());
+  EXPECT_GT(wal_syncs.load(), before) << "a state change was acknowledged before its commit reached the disk";
+
+  before = wal_syncs.load();
+  ASSERT_TRUE((*store)->DeleteJob(job->id()).ok());
+  EXPECT_GT(wal_syncs.load(), before) << "a delete was acknowledged before its commit reached the disk";
 }
 
 TEST(JobStoreTest, ListPagesAndFilters) {
