@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -58,6 +59,13 @@ CREATE TABLE IF NOT EXISTS kv (
   value BLOB NOT NULL
 ) WITHOUT ROWID;
 )sql";
+
+// PRAGMA application_id of a Plateau state database ("PLTU"), and the
+// schema's version (PRAGMA user_version). Version 1: the tables above.
+// A later version that changes a table bumps it and migrates from each
+// earlier one in Open; an older binary refuses a newer database.
+constexpr int64_t kApplicationId = 0x504C5455;
+constexpr int64_t kSchemaVersion = 1;
 
 // A prepared statement, finalized on scope exit.
 class Stmt {
@@ -129,12 +137,60 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   std::unique_ptr<JobStore> store(new JobStore(db));
   absl::MutexLock lock(&store->mu_);
   sqlite3_busy_timeout(db, 5000);
+  // Whose file this is, before anything is written to it (WAL mode below
+  // changes the file): another program's database, or a newer Plateau's,
+  // is refused naming the path.
+  const auto refuse = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state database ", path, ": ", why, "; give the coordinator its own --state_dir"));
+  };
+  const auto pragma = [&](const char* sql) -> absl::StatusOr<int64_t> {
+    Stmt q(db, sql);
+    if (!q.ok() || q.Step() != SQLITE_ROW) {
+      const int rc = sqlite3_errcode(db);
+      const std::string msg = sqlite3_errmsg(db);
+      if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT)
+        return refuse(absl::StrCat("not an SQLite database (", msg, ")"));
+      return absl::UnavailableError(absl::StrCat("state database ", path, ": ", msg));
+    }
+    return q.Int(0);
+  };
+  PLATEAU_ASSIGN_OR_RETURN(const int64_t application_id, pragma("PRAGMA application_id"));
+  PLATEAU_ASSIGN_OR_RETURN(const int64_t version, pragma("PRAGMA user_version"));
+  PLATEAU_ASSIGN_OR_RETURN(const int64_t tables, pragma("SELECT count(*) FROM sqlite_master WHERE type = 'table'"));
+  if (application_id != kApplicationId && application_id != 0) {
+    return refuse(absl::StrFormat("not a Plateau state database (application_id 0x%08x)", application_id));
+  }
+  if (application_id == 0 && tables > 0) {
+    // Unstamped with tables: a database of a Plateau from before the stamp
+    // (its jobs table is ours), or another program's.
+    PLATEAU_ASSIGN_OR_RETURN(
+        const int64_t ours,
+        pragma("SELECT count(*) FROM pragma_table_info('jobs') WHERE name IN ('seq', 'state', 'job')"));
+    if (ours != 3) return refuse("not a Plateau state database (it holds other tables)");
+  }
+  if (version > kSchemaVersion) {
+    return refuse(absl::StrCat("written by a newer Plateau (schema version ", version, "; this one knows ",
+                               kSchemaVersion, " and earlier)"));
+  }
   // WAL: readers never block the writer. NORMAL sync is durable across a
   // process crash (the WAL is synced at checkpoints); the transactions a
   // reply acknowledges are synced on commit too (Begin).
-  PLATEAU_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
+  {
+    // A file system without shared memory (some network ones) refuses WAL
+    // and SQLite quietly keeps the rollback journal: say so.
+    Stmt wal(db, "PRAGMA journal_mode=WAL");
+    const std::string mode = wal.ok() && wal.Step() == SQLITE_ROW ? wal.Blob(0) : "";
+    if (mode != "wal") {
+      return absl::UnavailableError(absl::StrCat("state database ", path, ": cannot use WAL mode (journal mode '", mode,
+                                                 "': ", sqlite3_errmsg(db),
+                                                 "); put --state_dir on a local file system"));
+    }
+  }
   PLATEAU_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
   PLATEAU_RETURN_IF_ERROR(store->Exec(kSchema));
+  PLATEAU_RETURN_IF_ERROR(store->Exec(absl::StrCat("PRAGMA application_id = ", kApplicationId).c_str()));
+  PLATEAU_RETURN_IF_ERROR(store->Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str()));
   return store;
 }
 

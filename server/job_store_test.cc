@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -22,6 +24,7 @@
 namespace plateau {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 v1::Job NewJob(v1::JobState state) {
@@ -446,6 +449,53 @@ TEST(JobStoreTest, UnwritableDirectoryIsAnError) {
   auto store = JobStore::Open("/nonexistent-dir/x/state.db");
   EXPECT_FALSE(store.ok());
   EXPECT_THAT(store.status().message(), HasSubstr("/nonexistent-dir/x/state.db"));
+}
+
+// Another program's database, a file that is not one, and a newer
+// Plateau's are refused naming the path, and left as they were (opening
+// one switched it to WAL mode, then failed "no such column: state"). A
+// database of a Plateau from before the stamp opens and is stamped.
+TEST(JobStoreTest, AForeignOrNewerDatabaseIsRefusedUnchanged) {
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string foreign = TempDb("foreign");
+  ExecOn(foreign, "CREATE TABLE jobs (id INTEGER PRIMARY KEY, spec TEXT); INSERT INTO jobs VALUES (1, 'x')");
+  const std::string before = bytes(foreign);
+  auto store = JobStore::Open(foreign);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_THAT(store.status().message(), AllOf(HasSubstr(foreign), HasSubstr("not a Plateau state database")));
+  EXPECT_EQ(bytes(foreign), before) << "the refused database was changed";
+
+  const std::string stamped = TempDb("stamped");
+  ExecOn(stamped, "PRAGMA application_id = 42; CREATE TABLE t (x)");
+  EXPECT_THAT(JobStore::Open(stamped).status().message(), HasSubstr("application_id 0x0000002a"));
+
+  const std::string garbage = TempDb("garbage");
+  { std::ofstream(garbage) << std::string(4096, 'x'); }
+  store = JobStore::Open(garbage);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_THAT(store.status().message(), AllOf(HasSubstr(garbage), HasSubstr("not an SQLite database")));
+
+  const std::string newer = TempDb("newer");
+  ASSERT_TRUE(JobStore::Open(newer).ok());
+  ExecOn(newer, "PRAGMA user_version = 2");
+  store = JobStore::Open(newer);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_THAT(store.status().message(), AllOf(HasSubstr(newer), HasSubstr("schema version 2")));
+
+  // Before the stamp: our tables, application_id 0. Opens, keeps its job.
+  const std::string older = TempDb("older");
+  {
+    auto s = JobStore::Open(older);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE((*s)->CreateJob(NewJob(v1::PENDING)).ok());
+  }
+  ExecOn(older, "PRAGMA application_id = 0; PRAGMA user_version = 0");
+  store = JobStore::Open(older);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->GetJob("job-1").ok());
 }
 
 // The request id is recorded with its job in one transaction: one job per
