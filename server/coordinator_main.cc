@@ -82,6 +82,11 @@ security (docs/SERVICE.md "Security")
   --token_file=PATH                bearer token every JobService and WorkerService call must carry
                                    ("authorization: Bearer <token>"); one per line, each accepted;
                                    read again when it changes (rotation, no restart)
+  --worker_token_file=PATH         the workers' own tokens (same format): WorkerService calls (agents,
+                                   ranks) must carry one of these, JobService calls one of
+                                   --token_file's, so that a user's token cannot act as a worker
+                                   (take a worker's assignments, read or set a job's rendezvous
+                                   keys). Without it --token_file admits both. No token in both files
   --tls_cert_file=PATH             PEM certificate chain: serve TLS (with --tls_key_file)
   --tls_key_file=PATH              PEM private key of that certificate
   --tls_client_ca_file=PATH        PEM CA(s) of the clients' certificates: every client (plateauctl,
@@ -99,7 +104,7 @@ security (docs/SERVICE.md "Security")
   --watch_reports_per_read=4096    a per-rank WatchJob reads at most this many ranks' reports
                                    into memory at once (at least one step's)
 Health checking (grpc.health.v1.Health) stays open for liveness probes; server
-reflection is off when --token_file is set.
+reflection is off when --token_file or --worker_token_file is set.
 )";
 
 // Below this a worker agent's telemetry batch (under 512 KiB: worker/
@@ -160,6 +165,7 @@ int Main(int argc, char** argv) {
                                               {"retention", "30d"},
                                               {"heartbeat_ms", "1000"},
                                               {"token_file", ""},
+                                              {"worker_token_file", ""},
                                               {"tls_cert_file", ""},
                                               {"tls_key_file", ""},
                                               {"tls_client_ca_file", ""},
@@ -244,21 +250,37 @@ int Main(int argc, char** argv) {
   }
   // Read again when it changes (a rotation needs no restart); each later
   // read is logged, and a failed one keeps the tokens in force.
-  std::shared_ptr<TokenFile> token_file;
-  if (!flags["token_file"].empty()) {
-    const std::string path = flags["token_file"];
-    absl::StatusOr<std::shared_ptr<TokenFile>> t =
-        TokenFile::Open("--token_file", path, absl::Seconds(1), [path](const absl::Status& read, size_t tokens) {
-          if (read.ok()) {
-            std::fprintf(stderr, "plateau_coordinator: --token_file=%s changed: %zu token(s) accepted\n", path.c_str(),
-                         tokens);
-          } else {
-            std::fprintf(stderr, "plateau_coordinator: WARNING: %s; still accepting the %zu token(s) read before\n",
-                         std::string(read.message()).c_str(), tokens);
-          }
-        });
-    if (!t.ok()) return Fail(std::string(t.status().message()));
-    token_file = *std::move(t);
+  const auto open_tokens = [&](const std::string& flag) -> absl::StatusOr<std::shared_ptr<TokenFile>> {
+    const std::string path = flags[flag];
+    if (path.empty()) return nullptr;
+    const std::string name = "--" + flag;
+    return TokenFile::Open(name, path, absl::Seconds(1), [name, path](const absl::Status& read, size_t tokens) {
+      if (read.ok()) {
+        std::fprintf(stderr, "plateau_coordinator: %s=%s changed: %zu token(s) accepted\n", name.c_str(), path.c_str(),
+                     tokens);
+      } else {
+        std::fprintf(stderr, "plateau_coordinator: WARNING: %s; still accepting the %zu token(s) read before\n",
+                     std::string(read.message()).c_str(), tokens);
+      }
+    });
+  };
+  absl::StatusOr<std::shared_ptr<TokenFile>> token_file = open_tokens("token_file");
+  if (!token_file.ok()) return Fail(std::string(token_file.status().message()));
+  absl::StatusOr<std::shared_ptr<TokenFile>> worker_token_file = open_tokens("worker_token_file");
+  if (!worker_token_file.ok()) return Fail(std::string(worker_token_file.status().message()));
+  if (*token_file != nullptr && *worker_token_file != nullptr) {
+    // One token in both would let its holder act as either: the split
+    // would only look made. (Checked at start; a later edit is the
+    // operator's.)
+    for (const std::string& t : *(*worker_token_file)->Tokens()) {
+      for (const std::string& u : *(*token_file)->Tokens()) {
+        if (t == u) {
+          return Fail(
+              "--worker_token_file: a token of it is also in --token_file; the workers' tokens must be their "
+              "own (a user holding one could act as a worker)");
+        }
+      }
+    }
   }
   const bool tls = !flags["tls_cert_file"].empty() || !flags["tls_key_file"].empty();
   const bool client_certs = !flags["tls_client_ca_file"].empty();
@@ -312,7 +334,7 @@ int Main(int argc, char** argv) {
     return Fail(std::string(s.message()));
   }
   const bool loopback = IsLoopbackListen(flags["listen"]);
-  if (!loopback && token_file == nullptr && !client_certs) {
+  if (!loopback && *token_file == nullptr && !client_certs) {
     if (flags["insecure_listen_any"] != "true") {
       return Fail(absl::StrCat("--listen=", flags["listen"],
                                " is not a loopback address and neither --token_file nor --tls_client_ca_file is "
@@ -364,9 +386,10 @@ int Main(int argc, char** argv) {
   });
   (*metrics)->SetReadiness(absl::UnavailableError("gRPC API not serving yet"));
 
-  BearerAuth auth(token_file);
+  BearerAuth auth(*token_file);
+  BearerAuth worker_auth(*worker_token_file, "--worker_token_file");
   WatchLimiter watches(static_cast<int>(max_watches));
-  const ServiceGuards guards{&auth, &watches};
+  const ServiceGuards guards{&auth, &worker_auth, &watches};
   JobServiceImpl jobs(&coordinator, guards);
   WorkerServiceImpl workers(&coordinator, guards);
   // Health stays open: liveness probes (kubelet, systemd, load balancers)
@@ -377,7 +400,7 @@ int Main(int argc, char** argv) {
   // token, tools read proto/plateau/v1/*.proto instead.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  if (auth.enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
+  if (auth.enabled() || worker_auth.enabled()) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
   builder.AddListeningPort(flags["listen"], credentials, &port);
   // gRPC sets SO_REUSEPORT by default: a second coordinator on this port
@@ -424,7 +447,11 @@ int Main(int argc, char** argv) {
       !tls           ? "plaintext"
       : client_certs ? "TLS, client certificate required"
                      : "TLS",
-      auth.enabled() ? "bearer token required" : "no token", mx.c_str(), flags["state_dir"].c_str());
+      !auth.enabled() && !worker_auth.enabled() ? "no token"
+      : !worker_auth.enabled()                  ? "bearer token required"
+      : !auth.enabled()                         ? "workers' bearer token required"
+                                                : "bearer token required, workers' their own",
+      mx.c_str(), flags["state_dir"].c_str());
   std::fflush(stdout);
   if (!flags["ready_file"].empty()) {
     const std::string tmp = flags["ready_file"] + ".tmp";

@@ -50,7 +50,7 @@ grpc::Status BearerAuth::CheckHeader(const absl::string_view* authorization) con
   for (const std::string& token : *tokens) match = ConstantTimeEquals(given, token) || match;
   if (!match) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "wrong bearer token: it is not the coordinator's --token_file");
+                        absl::StrCat("wrong bearer token: it is not in the coordinator's ", flag_));
   }
   return grpc::Status::OK;
 }

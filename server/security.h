@@ -32,8 +32,10 @@ class BearerAuth {
  public:
   // No file turns the check off (every call is let in). The file's tokens
   // are those in force at each call (TokenFile: a rotation needs no
-  // restart).
-  explicit BearerAuth(std::shared_ptr<TokenFile> file) : file_(std::move(file)) {}
+  // restart). `flag`: the coordinator's flag that named the file, for the
+  // refusal's message.
+  explicit BearerAuth(std::shared_ptr<TokenFile> file, std::string flag = "--token_file")
+      : file_(std::move(file)), flag_(std::move(flag)) {}
   bool enabled() const { return file_ != nullptr; }
 
   // OK when the call carries "authorization: Bearer <a token of the
@@ -45,6 +47,7 @@ class BearerAuth {
 
  private:
   const std::shared_ptr<TokenFile> file_;
+  const std::string flag_;
 };
 
 // The host part of ServerContext::peer(): "ipv4:127.0.0.1:5000" ->

@@ -1,6 +1,7 @@
 #include "server/services.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -33,9 +34,11 @@ constexpr int kRowsPerRead = 256;
 
 // Streams rows of a job from `from` until the job is final and every row is
 // sent (or, without follow, until the rows now stored are sent).
+// `admitted` is asked again before every read: a token rotated out of the
+// file ends the streams it opened (within a second), not only new calls.
 template <typename Row, typename ReadFn>
-grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::string& job_id, int64_t from,
-                        bool follow, grpc::ServerWriter<Row>* writer, ReadFn read) {
+grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::string& job_id, int64_t from, bool follow,
+                        grpc::ServerWriter<Row>* writer, ReadFn read, const std::function<grpc::Status()>& admitted) {
   if (from < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_index: expected >= 0");
   auto job = c->GetJob(job_id);
   if (!job.ok()) return ToGrpc(job.status());
@@ -44,6 +47,10 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
   ctx->AddInitialMetadata(kStreamOpenMetadata, "1");
   writer->SendInitialMetadata();
   while (!ctx->IsCancelled()) {
+    if (grpc::Status s = admitted(); !s.ok()) {
+      return grpc::Status(s.error_code(), absl::StrCat("this stream's token is no longer accepted (", s.error_message(),
+                                                       "); resume from index ", from, " with a token in force"));
+    }
     const Coordinator::ChangeStamp version = c->JobVersion(job_id);
     // The state before the rows: a final state's rows are already stored.
     auto now = c->GetJob(job_id);
@@ -81,10 +88,32 @@ std::optional<int> RankOf(const Request& req) {
   return req.has_rank() ? std::optional<int>(req.rank()) : std::nullopt;
 }
 
-// The first line of every handler: the bearer token, before the request
-// is looked at.
+bool On(const BearerAuth* auth) { return auth != nullptr && auth->enabled(); }
+
+// The first line of every JobService handler: the bearer token, before the
+// request is looked at. A worker's token is refused by name.
 grpc::Status Admit(const ServiceGuards& guards, const grpc::ServerContext& ctx) {
-  return guards.auth == nullptr ? grpc::Status::OK : guards.auth->Check(ctx);
+  if (!On(guards.auth)) return grpc::Status::OK;
+  grpc::Status s = guards.auth->Check(ctx);
+  if (!s.ok() && On(guards.worker_auth) && guards.worker_auth->Check(ctx).ok()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "a worker's token (the coordinator's --worker_token_file) cannot make JobService calls; "
+                        "plateauctl and other clients take a token of its --token_file");
+  }
+  return s;
+}
+
+// The same for every WorkerService handler: the workers' tokens when the
+// coordinator has them apart, a user's token refused by name.
+grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext& ctx) {
+  if (!On(guards.worker_auth)) return Admit(guards, ctx);
+  grpc::Status s = guards.worker_auth->Check(ctx);
+  if (!s.ok() && On(guards.auth) && guards.auth->Check(ctx).ok()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "a user's token (the coordinator's --token_file) cannot make WorkerService calls: agents "
+                        "and ranks take a token of its --worker_token_file");
+  }
+  return s;
 }
 
 }  // namespace
@@ -146,8 +175,10 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   }
   const std::string id = req->job_id();
   const bool per_rank = req->per_rank();
-  return StreamRows<v1::JobEvent>(c_, ctx, id, req->from_index(), /*follow=*/true, writer,
-                                  [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); });
+  return StreamRows<v1::JobEvent>(
+      c_, ctx, id, req->from_index(), /*follow=*/true, writer,
+      [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); },
+      [&] { return Admit(guards_, *ctx); });
 }
 
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
@@ -161,43 +192,44 @@ grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJ
     if (grpc::Status s = guards_.watches->Acquire(PeerHost(ctx->peer()), &lease); !s.ok()) return s;
   }
   const std::string id = req->job_id();
-  return StreamRows<v1::LogEntry>(c_, ctx, id, req->from_index(), req->follow(), writer,
-                                  [&](int64_t from) { return c_->store().ReadLogs(id, from, kRowsPerRead); });
+  return StreamRows<v1::LogEntry>(
+      c_, ctx, id, req->from_index(), req->follow(), writer,
+      [&](int64_t from) { return c_->store().ReadLogs(id, from, kRowsPerRead); }, [&] { return Admit(guards_, *ctx); });
 }
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                          v1::RegisterResponse* out) {
-  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  if (grpc::Status admit = AdmitWorker(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->Register(*req), out);
 }
 
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                           v1::HeartbeatResponse* out) {
-  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  if (grpc::Status admit = AdmitWorker(guards_, *ctx); !admit.ok()) return admit;
   return Reply(c_->Heartbeat(*req), out);
 }
 
 grpc::Status WorkerServiceImpl::ReportRankStatus(grpc::ServerContext* ctx, const v1::RankStatusRequest* req,
                                                  v1::RankStatusResponse*) {
-  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  if (grpc::Status admit = AdmitWorker(guards_, *ctx); !admit.ok()) return admit;
   return ToGrpc(c_->ReportRankStatus(*req));
 }
 
 grpc::Status WorkerServiceImpl::ReportTelemetry(grpc::ServerContext* ctx, const v1::TelemetryRequest* req,
                                                 v1::TelemetryResponse*) {
-  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  if (grpc::Status admit = AdmitWorker(guards_, *ctx); !admit.ok()) return admit;
   return ToGrpc(c_->ReportTelemetry(*req));
 }
 
 grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
                                       v1::KvSetResponse*) {
-  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  if (grpc::Status admit = AdmitWorker(guards_, *ctx); !admit.ok()) return admit;
   return ToGrpc(c_->KvSet(req->key(), req->value(), RankOf(*req)));
 }
 
 grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                                       v1::KvGetResponse* out) {
-  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  if (grpc::Status admit = AdmitWorker(guards_, *ctx); !admit.ok()) return admit;
   if (req->wait_ms() < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "wait_ms: expected >= 0");
   absl::Duration wait = absl::Milliseconds(req->wait_ms());
   // Never hold the call past the client's own deadline.
@@ -221,7 +253,7 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* ctx, const v1::KvGetR
 
 grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext* ctx, const v1::KvCheckRequest* req,
                                         v1::KvCheckResponse* out) {
-  if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
+  if (grpc::Status admit = AdmitWorker(guards_, *ctx); !admit.ok()) return admit;
   absl::StatusOr<bool> all = c_->KvCheck({req->keys().begin(), req->keys().end()}, RankOf(*req));
   if (!all.ok()) return ToGrpc(all.status());
   out->set_all_set(*all);

@@ -22,8 +22,14 @@ grpc::Status ToGrpc(const absl::Status& s);
 // What the handlers check before anything else; owned by the caller and
 // outliving the services. nullptr: no check.
 struct ServiceGuards {
+  // JobService's tokens, and WorkerService's too unless worker_auth is on.
   const BearerAuth* auth = nullptr;
-  WatchLimiter* watches = nullptr;  // JobService's WatchJob and GetJobLogs with follow
+  // WorkerService's tokens (the coordinator's --worker_token_file): when
+  // on, a user's token cannot act as a worker (register as one, take its
+  // assignments, read or set a job's rendezvous keys) nor a worker's token
+  // as a user.
+  const BearerAuth* worker_auth = nullptr;
+  WatchLimiter* watches = nullptr;  // JobService's WatchJob and GetJobLogs
 };
 
 class JobServiceImpl final : public v1::JobService::Service {

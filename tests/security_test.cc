@@ -347,11 +347,116 @@ TEST(SecurityTest, WorkerWithoutTheTokenCannotRegisterAndWithItRunsAJob) {
   EXPECT_EQ(done.progress().step(), 3);
 }
 
+// --worker_token_file: the workers' tokens apart from the users'. A user's
+// token cannot act as a worker (before, any holder of the one token could
+// register under a worker's name, take its assignments, read a job's
+// rendezvous keys or set them), nor a worker's as a user; a worker with its
+// own token runs a job, its ranks authenticating with the file passed on.
+TEST(SecurityTest, WorkersTokensApartFromUsersAreEachRefusedTheOthersService) {
+  const std::string dir = TempDir("worker_token_file");
+  const Tokens t = WriteTokens(dir);
+  const std::string workers_token = WriteFile(dir + "/workers-token", "tok-3f9a1c-workers\n");
+  ClusterOptions o;
+  o.with_worker = false;
+  o.coordinator_flags = {"--token_file=" + t.right, "--worker_token_file=" + workers_token};
+  o.client.connection.files.token_file = t.right;
+  Cluster c("auth_worker_tokens", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::KvCheckRequest q;
+    q.add_keys("security-test/probe");
+    v1::KvCheckResponse r;
+    const grpc::Status s = v1::WorkerService::NewStub(Channel(c.api(), t.right))->KvCheck(&ctx, q, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("cannot make WorkerService calls"));
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::ListJobsResponse r;
+    const grpc::Status s =
+        v1::JobService::NewStub(Channel(c.api(), workers_token))->ListJobs(&ctx, v1::ListJobsRequest(), &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("cannot make JobService calls"));
+  }
+  // Neither file's token: as before, a wrong one, naming the file.
+  const auto every = CallEveryRpc(Channel(c.api(), t.wrong));
+  for (const auto& [rpc, status] : every) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << rpc << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("wrong bearer token")) << rpc;
+  }
+
+  Process* as_user = c.StartWorker({"--token_file=" + t.right});
+  ASSERT_TRUE(WaitFor([&] { return !as_user->Running(); }, absl::Seconds(60))) << c.Logs();
+  const int status = as_user->Stop();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  EXPECT_THAT(as_user->err(), HasSubstr("--worker_token_file"));
+
+  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  c.StartWorker({"--token_file=" + workers_token});
+  const v1::Job done = c.WaitDone(sub->job().id());
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString() << c.Logs();
+}
+
 // Writes `path` as docs/SERVICE.md "Rotating the token" says to: a new
 // file renamed over the old, so no reader sees it half-written.
 void Replace(const std::string& path, const std::string& text) {
   WriteFile(path + ".next", text);
   std::filesystem::rename(path + ".next", path);
+}
+
+// One watch held open by the test.
+struct Watch {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+  std::unique_ptr<grpc::ClientReader<v1::LogEntry>> logs;
+};
+
+// A stream opened with a token that is then rotated out of the file ends
+// UNAUTHENTICATED (within the file's recheck and the stream's wakeup), as
+// new calls with it are refused. Before, it streamed for the job's life.
+TEST(SecurityTest, OpenStreamsEndWhenTheirTokenIsRotatedOut) {
+  const std::string dir = TempDir("rotated_streams_tokens");
+  const std::string coordinator_file = WriteFile(dir + "/coordinator-token", "tok-old-91d0\n");
+  const std::string old_file = WriteFile(dir + "/old-token", "tok-old-91d0\n");
+  ClusterOptions o;
+  o.with_worker = false;  // the job waits: quiet streams
+  o.coordinator_flags = {"--token_file=" + coordinator_file};
+  o.client.connection.files.token_file = old_file;
+  Cluster c("rotated_streams", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  auto stub = v1::JobService::NewStub(Channel(c.api(), old_file));
+  Watch watch, logs;
+  Deadline(watch.ctx, absl::Seconds(60));
+  Deadline(logs.ctx, absl::Seconds(60));
+  v1::WatchJobRequest wq;
+  wq.set_job_id(sub->job().id());
+  watch.reader = stub->WatchJob(&watch.ctx, wq);
+  v1::JobEvent e;
+  ASSERT_TRUE(watch.reader->Read(&e));
+  v1::GetJobLogsRequest lq;
+  lq.set_job_id(sub->job().id());
+  lq.set_follow(true);
+  logs.logs = stub->GetJobLogs(&logs.ctx, lq);
+
+  const absl::Time rotated = absl::Now();
+  Replace(coordinator_file, "tok-new-0b77\n");
+  while (watch.reader->Read(&e)) {
+  }
+  const grpc::Status ended = watch.reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
+  EXPECT_THAT(ended.error_message(), AllOf(HasSubstr("no longer accepted"), HasSubstr("wrong bearer token")));
+  v1::LogEntry line;
+  while (logs.logs->Read(&line)) {
+  }
+  EXPECT_EQ(logs.logs->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  std::printf("streams ended %s after the rotation\n", absl::FormatDuration(absl::Now() - rotated).c_str());
 }
 
 // A rotation with nothing restarted: the coordinator accepts the new token
@@ -845,10 +950,13 @@ TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
            {"--tls_cert_file=" + t.right, "--tls_key_file is missing"},
            {"--max_request_bytes=1000", "--max_request_bytes: expected an integer from 1048576"},
            {"--max_watches_per_client=-1", "--max_watches_per_client: expected an integer >= 0"},
-           {"--insecure_listen_any=maybe", "--insecure_listen_any: expected true or false"}}) {
-    r = RunCommand({coordinator, "--state_dir=" + dir + "/bad", "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
-                    flag},
-                   dir + "/bad");
+           {"--insecure_listen_any=maybe", "--insecure_listen_any: expected true or false"},
+           {"--token_file=" + t.right + " --worker_token_file=" + t.right,
+            "--worker_token_file: a token of it is also in --token_file"}}) {
+    std::vector<std::string> argv = {coordinator, "--state_dir=" + dir + "/bad", "--listen=127.0.0.1:0",
+                                     "--metrics_address=127.0.0.1:0"};
+    for (absl::string_view f : absl::StrSplit(flag, ' ')) argv.emplace_back(f);
+    r = RunCommand(argv, dir + "/bad");
     EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
     EXPECT_THAT(r.err, HasSubstr(expected)) << flag;
   }
@@ -922,13 +1030,6 @@ TEST(SecurityTest, OversizedRequestIsResourceExhaustedAndAbsurdFieldsAreInvalid)
   ASSERT_TRUE(sub.ok()) << sub.status();
   EXPECT_EQ(sub->job().id(), "job-1");
 }
-
-// One watch held open by the test.
-struct Watch {
-  grpc::ClientContext ctx;
-  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
-  std::unique_ptr<grpc::ClientReader<v1::LogEntry>> logs;
-};
 
 TEST(SecurityTest, WatchLimitPerClientRefusesTheThirdAndReleasesWhenOneEnds) {
   ClusterOptions o;
