@@ -55,6 +55,34 @@
 namespace plateau {
 namespace {
 
+// `s` with each control character a terminal would act on (C0 but tab,
+// DEL, C1: proto/utf8.h FirstControlCharacter) written as \xNN (C1 as
+// \u0080..\u009f): a job's log line or a failure naming a rank's output
+// cannot move the cursor, retitle the window or write the clipboard of the
+// operator who reads it. `logs --raw` prints lines as they are.
+std::string Visible(absl::string_view s) {
+  std::string out;
+  for (;;) {
+    size_t i = FirstControlCharacter(s);
+    while (i < s.size() && s[i] == '\t') {
+      const size_t next = FirstControlCharacter(s.substr(i + 1));
+      i = i + 1 + next;
+    }
+    if (i >= s.size()) break;
+    out.append(s.data(), i);
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0xC2) {  // C1: two bytes
+      absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(s[i + 1]), absl::kZeroPad2));
+      s.remove_prefix(i + 2);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+      s.remove_prefix(i + 1);
+    }
+  }
+  out.append(s.data(), s.size());
+  return out;
+}
+
 // Exit codes. 0-5 kept their meaning when 6 and 7 were split off 2
 // (issue 16), and 8 after them; scripts may rely on every one of them.
 constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitCancelled = 3, kExitUnreachable = 4,
@@ -118,7 +146,9 @@ struct CommandHelp {
 
 const std::vector<CommandHelp>& Commands() {
   static const auto* commands = new std::vector<CommandHelp>{
-      {"submit", "SPEC", "submit a job (a text-format plateau.v1.JobSpec); prints its plan",
+      {"submit",
+       "SPEC",
+       "submit a job (a text-format plateau.v1.JobSpec); prints its plan",
        "Submits the job in SPEC (text-format plateau.v1.JobSpec; docs/SERVICE.md \"The job\n"
        "spec\") and prints its memory plan. Every submit carries a request id (a random one\n"
        "unless --request-id gives one): a submit whose answer was lost (UNAVAILABLE) is\n"
@@ -127,28 +157,38 @@ const std::vector<CommandHelp>& Commands() {
        "host cap. SPEC - reads the spec from standard input.\n",
        {{"validate-only", "", "validate and plan; create nothing"},
         {"wait", "", "then watch the job to its end and exit with its outcome (0, 1, 3)"},
-        {"label", "KEY=VALUE", "a label on the job (repeatable, one per key; added to the spec's\n"
-                               "labels, replacing the spec's value of that key)", true},
+        {"label", "KEY=VALUE",
+         "a label on the job (repeatable, one per key; added to the spec's\n"
+         "labels, replacing the spec's value of that key)",
+         true},
         {"request-id", "ID",
          "makes the submit idempotent across invocations: 1 to 128 of\n"
          "[A-Za-z0-9._:-]; the same ID with the same spec returns the same job,\n"
          "with another spec it is refused (exit 2, ALREADY_EXISTS naming the\n"
          "job); default: a new random one per invocation; --request-id= (empty)\n"
          "sends none"},
-        {"priority", "N", "the job's place in the pending queue: -1000 to 1000, higher first\n"
-                          "(a running job is never preempted)"},
-        {"max-duration", "SECONDS", "a wall-clock limit from the job's first start, across restarts\n"
-                                    "(JobSpec.max_duration_s); then FAILED, MAX_DURATION_EXCEEDED"}}},
-      {"plan", "SPEC", "the memory plan per live set; nothing is created",
+        {"priority", "N",
+         "the job's place in the pending queue: -1000 to 1000, higher first\n"
+         "(a running job is never preempted)"},
+        {"max-duration", "SECONDS",
+         "a wall-clock limit from the job's first start, across restarts\n"
+         "(JobSpec.max_duration_s); then FAILED, MAX_DURATION_EXCEEDED"}}},
+      {"plan",
+       "SPEC",
+       "the memory plan per live set; nothing is created",
        "Plans the job in SPEC without creating it: per-rank device and host bytes of every live\n"
        "set, N_max and the what-if table. Exit 5 when it does not fit its caps. SPEC - reads\n"
        "the spec from standard input.\n",
        {}},
-      {"get", "JOB", "one job",
+      {"get",
+       "JOB",
+       "one job",
        "Prints one job: state, reason, failure, progress (once a step has been reported),\n"
        "placement (each worker and its ranks), layout, labels, times.\n",
        {}},
-      {"list", "", "jobs, oldest first (or newest first); filters by state and labels",
+      {"list",
+       "",
+       "jobs, oldest first (or newest first); filters by state and labels",
        "Lists jobs one page at a time (--all: every page). Reasons are cut to the terminal\n"
        "width ($COLUMNS, else the terminal's, else 100 columns) with \"...\".\n",
        {{"state", "S[,S...]", "only jobs in these states (PENDING, RUNNING, ...)"},
@@ -161,7 +201,9 @@ const std::vector<CommandHelp>& Commands() {
         {"page_size", "N", "jobs per page (default 50, at most 1000)"},
         {"page_token", "T", "continue from a previous page (same filters and order)"},
         {"all", "", "every page"}}},
-      {"watch", "JOB", "live progress to the end; exits with the job's outcome",
+      {"watch",
+       "JOB",
+       "live progress to the end; exits with the job's outcome",
        "Streams the job's state changes and steps until its final state; exits 0, 1 or 3 with it.\n"
        "Each step line shows the elapsed time since the job started and an ETA (the steps left\n"
        "times the mean step time so far), and is cut to the terminal width ($COLUMNS, else the\n"
@@ -171,30 +213,45 @@ const std::vector<CommandHelp>& Commands() {
        "coordinator is away it says \"reconnecting...\" on stderr and resumes from the next\n"
        "event (under --output json: a {\"notice\":...} object).\n",
        {{"from", "INDEX", "the first event to show (resume with the last index + 1)"},
-        {"per-rank", "", "under each step's line, each rank's: loss, time, device peak\n"
-                         "(every step, one line each); in JSON each step event carries them\n"
-                         "(job_step.per_rank)"}}},
-      {"logs", "JOB", "log lines of every rank",
+        {"per-rank", "",
+         "under each step's line, each rank's: loss, time, device peak\n"
+         "(every step, one line each); in JSON each step event carries them\n"
+         "(job_step.per_rank)"}}},
+      {"logs",
+       "JOB",
+       "log lines of every rank",
        "Prints the job's log lines: every rank's stdout and stderr, the agent's and the\n"
        "coordinator's.\n",
        {{"follow", "", "keep streaming until the job ends (also -f)"},
         {"from", "INDEX", "the first line to show"},
         {"rank", "N", "only rank N's lines (-1: the agent's and the coordinator's)"},
-        {"tail", "N", "only the last N lines (with --follow: the last N, then new ones)"}}},
-      {"cancel", "JOB", "stop a job", "Cancels a job: its ranks are stopped, it ends CANCELLED. Exit 7 when it had\n"
-                                      "already finished.\n",
+        {"tail", "N", "only the last N lines (with --follow: the last N, then new ones)"},
+        {"raw", "",
+         "print the lines' control characters as they are (by default each is\n"
+         "shown as \\xNN, so a line cannot drive the terminal)"}}},
+      {"cancel",
+       "JOB",
+       "stop a job",
+       "Cancels a job: its ranks are stopped, it ends CANCELLED. Exit 7 when it had\n"
+       "already finished.\n",
        {}},
-      {"memory", "JOB", "the job's latest memory timeline as a chart",
+      {"memory",
+       "JOB",
+       "the job's latest memory timeline as a chart",
        "Draws the job's latest memory timeline (one step of one rank) as a terminal chart per\n"
        "memory space, or a PNG; the page http://METRICS/jobs/JOB/memory draws it too.\n",
        {{"rank", "R", "the rank (default 0)"},
         {"width", "N", "chart columns, 10 to 1000 (default 64)"},
         {"png", "FILE", "write a PNG instead"}}},
-      {"workers", "", "the registered workers",
+      {"workers",
+       "",
+       "the registered workers",
        "Lists the registered workers: id, name, address, backend, slots free and total, device\n"
        "and host memory, last heartbeat, running jobs.\n",
        {}},
-      {"delete", "JOB", "remove a finished job entirely",
+      {"delete",
+       "JOB",
+       "remove a finished job entirely",
        "Deletes a finished job with its events, logs, memory timelines and metric series. A\n"
        "job that has not finished is refused (exit 2, FAILED_PRECONDITION): cancel it first.\n",
        {}},
@@ -298,9 +355,10 @@ int Fail(const absl::Status& s, int code) {
     std::fprintf(stderr, "%s\n", ErrorJson(s, code).c_str());
   } else {
     std::fprintf(stderr, "plateauctl: %s%s\n",
-                 s.code() == absl::StatusCode::kUnavailable ? ""
-                                                            : absl::StrCat(absl::StatusCodeToString(s.code()), ": ").c_str(),
-                 std::string(s.message()).c_str());
+                 s.code() == absl::StatusCode::kUnavailable
+                     ? ""
+                     : absl::StrCat(absl::StatusCodeToString(s.code()), ": ").c_str(),
+                 Visible(s.message()).c_str());
   }
   return code;
 }
@@ -568,7 +626,7 @@ std::string DateTime(const google::protobuf::Timestamp& t) {
 void PrintJob(const v1::Job& j) {
   std::printf("%s  %s%s\n", j.id().c_str(), v1::JobState_Name(j.state()).c_str(),
               j.spec().name().empty() ? "" : absl::StrCat("  (", j.spec().name(), ")").c_str());
-  if (!j.state_reason().empty()) std::printf("  reason:   %s\n", j.state_reason().c_str());
+  if (!j.state_reason().empty()) std::printf("  reason:   %s\n", Visible(j.state_reason()).c_str());
   if (j.unschedulable()) {
     std::printf("  pending:  unschedulable since %s\n", Time(j.unschedulable_since()).c_str());
   }
@@ -726,10 +784,10 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
       if (!o.json) {
         if (line_open) std::printf("\n");
         line_open = false;
-        std::printf("%s\n", FitLine(absl::StrFormat("[%s] %s %s: %s", Time(e.time()), id,
-                                                     v1::JobState_Name(c.state()), c.reason()),
-                                     width)
-                                 .c_str());
+        std::printf("%s\n", FitLine(absl::StrFormat("[%s] %s %s: %s", Time(e.time()), id, v1::JobState_Name(c.state()),
+                                                    Visible(c.reason())),
+                                    width)
+                                .c_str());
         std::fflush(stdout);
       }
       return true;
@@ -973,9 +1031,10 @@ int Run(const Options& given) {
                    JsonString(absl::StatusCodeToString(s.code())).c_str(),
                    JsonString(std::string(s.message())).c_str());
     } else {
-      std::fprintf(stderr, "\nplateauctl: the coordinator went away (%s); reconnecting... (resuming from the next "
-                           "event)\n",
-                   std::string(s.message()).c_str());
+      std::fprintf(stderr,
+                   "\nplateauctl: the coordinator went away (%s); reconnecting... (resuming from the next "
+                   "event)\n",
+                   Visible(s.message()).c_str());
     }
     std::fflush(stderr);
   };
@@ -1055,8 +1114,8 @@ int Run(const Options& given) {
       if (flag("validate-only")) {
         std::printf("valid: nothing was created (--validate-only)\n");
       } else {
-        std::printf("submitted %s: %s (%s)\n", resp->job().id().c_str(),
-                    v1::JobState_Name(resp->job().state()).c_str(), resp->job().state_reason().c_str());
+        std::printf("submitted %s: %s (%s)\n", resp->job().id().c_str(), v1::JobState_Name(resp->job().state()).c_str(),
+                    Visible(resp->job().state_reason()).c_str());
       }
     }
     std::fflush(stdout);
@@ -1126,12 +1185,12 @@ int Run(const Options& given) {
                                  width)
                              .c_str());
     for (const v1::Job& j : all.jobs()) {
-      std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %s %-12s %s %s", j.id(),
-                                                   v1::JobState_Name(j.state()), Cell(j.spec().name(), 16),
-                                                   absl::StrCat(j.progress().step(), "/", j.spec().steps()),
-                                                   Cell(labels_of(j), 24), j.state_reason()),
-                                   width)
-                               .c_str());
+      std::printf("%s\n", FitLine(absl::StrFormat("%-10s %-11s %s %-12s %s %s", j.id(), v1::JobState_Name(j.state()),
+                                                  Cell(j.spec().name(), 16),
+                                                  absl::StrCat(j.progress().step(), "/", j.spec().steps()),
+                                                  Cell(labels_of(j), 24), Visible(j.state_reason())),
+                                  width)
+                              .c_str());
     }
     if (!all.next_page_token().empty()) {
       std::printf("more: --page_token=%s (or --all)\n", all.next_page_token().c_str());
@@ -1160,9 +1219,10 @@ int Run(const Options& given) {
       if (o.json) {
         std::printf("%s\n", Json(l).c_str());
       } else if (l.rank() < 0) {  // the agent's or the coordinator's own line: say whose
-        std::printf("[%s] %s\n", l.stream().empty() ? "agent" : l.stream().c_str(), l.line().c_str());
+        std::printf("[%s] %s\n", l.stream().empty() ? "agent" : l.stream().c_str(),
+                    flag("raw") ? l.line().c_str() : Visible(l.line()).c_str());
       } else {
-        std::printf("[rank %d] %s\n", l.rank(), l.line().c_str());
+        std::printf("[rank %d] %s\n", l.rank(), flag("raw") ? l.line().c_str() : Visible(l.line()).c_str());
       }
       std::fflush(stdout);
     };
@@ -1291,7 +1351,7 @@ int Run(const Options& given) {
       std::printf("%s\n", Json(*job).c_str());
     } else {
       std::printf("%s %s: %s\n", job->id().c_str(), v1::JobState_Name(job->state()).c_str(),
-                  job->state_reason().c_str());
+                  Visible(job->state_reason()).c_str());
     }
     return kExitOk;
   }

@@ -402,6 +402,62 @@ TEST(SecurityTest, WorkersTokensApartFromUsersAreEachRefusedTheOthersService) {
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString() << c.Logs();
 }
 
+// A log line that would drive the operator's terminal (an OSC 52 write to
+// the clipboard, a cursor move, a C1 CSI) is shown by plateauctl logs with
+// its control characters as \xNN (tabs kept); --raw prints it as it is.
+// And a spec path with a control character is refused at submit.
+TEST(SecurityTest, PlateauctlShowsControlCharactersOfLogLinesAsText) {
+  ClusterOptions o;
+  o.with_worker = false;
+  Cluster c("visible_logs", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(3), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  // A worker (played here) reports a rank's line.
+  auto workers = v1::WorkerService::NewStub(Channel(c.api()));
+  v1::RegisterResponse registered;
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::RegisterRequest q;
+    q.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
+    q.mutable_capabilities()->set_devices(1);
+    q.mutable_capabilities()->set_rank_address("127.0.0.1");
+    ASSERT_TRUE(workers->Register(&ctx, q, &registered).ok());
+  }
+  const std::string evil =
+      "before\x1b]52;c;ZXZpbA==\x07\tafter\x1b[2J\xc2\x9b"
+      "1m end";
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::TelemetryRequest q;
+    q.set_worker_id(registered.worker_id());
+    v1::LogEntry* l = q.add_logs();
+    l->set_job_id(id);
+    l->set_rank(0);
+    l->set_stream("stdout");
+    l->set_line(evil);
+    v1::TelemetryResponse r;
+    const grpc::Status s = workers->ReportTelemetry(&ctx, q, &r);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  Ran r = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "logs", id}, c.dir() + "/logs");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank 0] before\\x1b]52;c;ZXZpbA==\\x07\tafter\\x1b[2J\\u009b1m end")) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << "a raw escape reached the terminal";
+  r = RunCommand({"client/plateauctl", "--coordinator=" + c.api(), "logs", "--raw", id}, c.dir() + "/logs-raw");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank 0] " + evil));
+
+  v1::JobSpec bad = TinyJob(3);
+  bad.mutable_checkpoint()->set_directory("/tmp/ckpt\x1b[2Jx");
+  auto refused = c.client().SubmitJob(bad, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("checkpoint.directory"));
+}
+
 // Writes `path` as docs/SERVICE.md "Rotating the token" says to: a new
 // file renamed over the old, so no reader sees it half-written.
 void Replace(const std::string& path, const std::string& text) {

@@ -89,6 +89,8 @@ absl::Status CheckPrintable(absl::string_view field, const std::string& s) {
 absl::Status CheckPath(absl::string_view field, const std::string& path) {
   if (path.empty()) return Bad(field, "a path", "an empty string");
   PLATEAU_RETURN_IF_ERROR(CheckText(field, path));
+  // Paths reach failure reasons and logs that operators read on terminals.
+  PLATEAU_RETURN_IF_ERROR(CheckPrintable(field, path));
   if (path.size() > 4096 || path.find('\0') != std::string::npos) {
     return Bad(field, "a path of at most 4096 bytes without NUL", absl::StrCat(path.size(), " bytes"));
   }
