@@ -19,6 +19,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "proto/timestamps.h"
 #include "proto/utf8.h"
+#include "worker/assignment.h"
 #include "worker/device_slots.h"
 #include "worker/rank_protocol.h"
 
@@ -552,11 +553,13 @@ void Agent::Start(const v1::Assignment& a) {
   auto job = std::make_unique<JobRun>();
   job->job_id = a.job_id();
   job->attempt = a.attempt();
+  // The job id names a file here: checked before anything is written (an
+  // assignment this agent cannot trust starts no rank, each reported).
+  absl::Status spec_written = CheckAssignment(a);
   const std::string spec_file = absl::StrCat(options_.work_dir, "/", a.job_id(), ".attempt-", a.attempt(), ".spec");
   // A spec that could not be written whole (a full work disk) starts no
   // rank: a truncated one could parse with its last fields missing.
-  absl::Status spec_written;
-  {
+  if (spec_written.ok()) {
     std::ofstream out(spec_file, std::ios::binary | std::ios::trunc);
     out << a.spec().SerializeAsString();
     out.close();
