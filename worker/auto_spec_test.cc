@@ -193,6 +193,44 @@ TEST(AutoSpecTest, ForceLaunchDoesNotKeepValuesWhosePlanIsOverTheWorkers) {
   EXPECT_THAT(kept.status().message(), HasSubstr("device_memory_bytes: at those values the plan is "));
 }
 
+// force_launch with standard EP and a cap of the spec's own: the choice
+// counts the dispatch at its balanced case, as admission counts only the
+// launch-sized state. Counted at its worst case nothing fit, and the
+// slowest settings (the smallest) ran though the fastest fit.
+TEST(AutoSpecTest, ForceLaunchChoosesAgainstTheBalancedDispatch) {
+  v1::JobSpec spec = AllAuto();
+  spec.mutable_schedule()->mutable_standard_ep();  // the dispatch follows the routing
+  spec.set_force_launch(true);
+  auto free = PlanJob(spec);  // no cap: the fastest
+  ASSERT_TRUE(free.ok()) << free.status();
+  const int64_t dispatch = [&] {
+    for (const v1::LiveSetBytes& ls : free->live_sets()) {
+      if (ls.live_set() == "dispatch") return ls.bytes();
+    }
+    return int64_t{-1};
+  }();
+  ASSERT_GT(dispatch, free->dispatch_balanced_bytes()) << "the worst case must exceed the balanced one";
+  // Room for the fastest with a balanced dispatch, not for its worst case.
+  spec.set_device_memory_bytes(free->total_bytes() - dispatch + free->dispatch_balanced_bytes());
+  auto capped = PlanJob(spec);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  ASSERT_EQ(capped->auto_settings_size(), free->auto_settings_size());
+  for (int i = 0; i < free->auto_settings_size(); ++i) {
+    EXPECT_EQ(capped->auto_settings(i).value(), free->auto_settings(i).value()) << free->auto_settings(i).field();
+  }
+  auto admitted = AdmitJob(spec);
+  EXPECT_TRUE(admitted.ok()) << admitted.status();
+  // Without force_launch the whole plan counts: the fastest does not fit.
+  spec.set_force_launch(false);
+  auto whole = PlanJob(spec);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  bool differs = false;
+  for (int i = 0; i < free->auto_settings_size(); ++i) {
+    differs |= whole->auto_settings(i).value() != free->auto_settings(i).value();
+  }
+  EXPECT_TRUE(differs || !whole->fits()) << whole->DebugString();
+}
+
 // Nothing fits: the plan is shown at the smallest settings, not fitting,
 // with the reason; admission refuses it with that reason.
 TEST(AutoSpecTest, NothingFitsIsPlannedAtTheSmallestAndRefusedAtAdmission) {

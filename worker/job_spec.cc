@@ -415,6 +415,12 @@ absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& 
   PLATEAU_ASSIGN_OR_RETURN(const Calibration calibration, CalibrationFor(spec, context, &source));
   *calibration_used = calibration;
   FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
+  // force_launch against the spec's own cap: admission asks only that the
+  // launch-sized state fit (AdmitPlan), so the choice counts standard EP's
+  // and LLEP's dispatch at its balanced case, not its worst; counted whole,
+  // nothing fit and the slowest settings ran. Against a worker's memory
+  // the whole plan must fit (placement's rule), as without force_launch.
+  caps.balanced_dispatch = spec.force_launch() && spec.device_memory_bytes() > 0;
   std::string caps_note;
   if (caps.device_bytes == 0 && context.device_memory_bytes > 0) {
     caps.device_bytes = context.device_memory_bytes;
@@ -433,7 +439,7 @@ absl::Status ChooseSpecAutoSettings(const v1::JobSpec& spec, const AutoContext& 
     // The cap the chooser names: the device's when the smallest plan is over
     // it (ChooseAutoSettings' rule), else the host's.
     PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan smallest, PlanMemory(*step));
-    const bool device_over = caps.device_bytes != 0 && smallest.total() > caps.device_bytes;
+    const bool device_over = caps.device_bytes != 0 && DeviceBytesAgainstCap(smallest, caps) > caps.device_bytes;
     v1::AutoNothingFits* none = out->mutable_auto_nothing_fits();
     none->set_cap(device_over ? "device_memory_bytes" : "host_memory_bytes");
     none->set_cap_bytes(device_over ? caps.device_bytes : caps.host_bytes);

@@ -437,7 +437,9 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
       StepOptions o = base;
       SetAutoSetting(&o, a.setting, v);
       PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(o, layout));
-      a.device.push_back(p.total() - base_plan.total());
+      // Against the cap as admission counts it (the dispatch at its
+      // balanced case under caps.balanced_dispatch).
+      a.device.push_back(DeviceBytesAgainstCap(p, caps) - DeviceBytesAgainstCap(base_plan, caps));
       a.host.push_back(p.host_total() - base_plan.host_total());
       a.seconds.push_back(a.setting == AutoSetting::kBucketParams
                               ? PipelineSeconds(layout.shard_numel(), layout.owned_numel_per_rank(),
@@ -455,7 +457,7 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
   int64_t best_device = 0, best_host = 0;
   while (true) {
     double seconds = 0;
-    int64_t device = base_plan.total(), host = base_plan.host_total();
+    int64_t device = DeviceBytesAgainstCap(base_plan, caps), host = base_plan.host_total();
     for (size_t i = 0; i < axes.size(); ++i) {
       seconds += axes[i].seconds[at[i]];
       device += axes[i].device[at[i]];
@@ -482,9 +484,10 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
       values.push_back(absl::StrCat(AutoSettingField(a.setting), "=", GetAutoSetting(smallest, a.setting)));
     }
     PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(smallest, layout));
-    const bool device_over = caps.device_bytes != 0 && p.total() > caps.device_bytes;
+    const bool device_over = caps.device_bytes != 0 && DeviceBytesAgainstCap(p, caps) > caps.device_bytes;
     const auto& bytes = device_over ? p.bytes : p.host_bytes;
-    const int64_t total = device_over ? p.total() : p.host_total(), cap = device_over ? caps.device_bytes : caps.host_bytes;
+    const int64_t total = device_over ? DeviceBytesAgainstCap(p, caps) : p.host_total(),
+                  cap = device_over ? caps.device_bytes : caps.host_bytes;
     std::vector<std::string> sets;
     int largest = 0;
     for (int i = 0; i < kNumLiveSets; ++i) {
@@ -504,7 +507,8 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
   for (size_t i = 0; i < axes.size(); ++i) SetAutoSetting(&out.options, axes[i].setting, axes[i].values[best[i]]);
   // The same budget as every plan: the sums above must be PlanMemory's.
   PLATEAU_ASSIGN_OR_RETURN(out.plan, PlanMemory(out.options, layout));
-  if (!Fits(out.plan, caps) || out.plan.total() != best_device || out.plan.host_total() != best_host) {
+  if (!Fits(out.plan, caps) || DeviceBytesAgainstCap(out.plan, caps) != best_device ||
+      out.plan.host_total() != best_host) {
     return absl::InternalError(absl::StrCat("auto settings: the chosen combination plans ", out.plan.total(), "/",
                                             out.plan.host_total(), " bytes (device/host), the search summed ",
                                             best_device, "/", best_host));

@@ -58,8 +58,9 @@ struct FitCaps {
   // (MemoryPlan::dispatch_balanced_bytes: every rank receives its N k rows)
   // instead of their worst case. Not a guarantee (routing may exceed it):
   // what a baseline run whose routing stays near balance holds, for
-  // comparisons with tuned baselines (tools/frontier). No effect on
-  // PipelinedLLEP, whose bound is its allocation.
+  // comparisons with tuned baselines (tools/frontier), and what the `auto`
+  // settings are chosen against under force_launch (worker/job_spec.cc).
+  // No effect on PipelinedLLEP, whose bound is its allocation.
   bool balanced_dispatch = false;
 };
 // The device bytes compared with the cap: the plan's total, with the
