@@ -181,8 +181,17 @@ double DispatchSeconds(const StepOptions& o, int64_t chunk_tokens, const Calibra
   const int64_t per_chunk = CeilDiv(N, K);  // the tokens a chunk takes
   const int64_t local_experts = std::max<int64_t>(1, m.experts / P);
   const int64_t rows = std::max<int64_t>(1, CeilDiv(per_chunk * m.top_k * P, m.experts));
-  const double chunk = 3 * (2 * c.collective_seconds + 2 * c.launch_seconds) +
-                       local_experts * 15 * GemmSeconds(c, rows, m.hidden, m.expert_ffn);
+  // What a chunk runs (kernels/dispatch/llep_chunk.cc, balanced: no weights
+  // shipped; strided membership): the forward's 2 all-to-alls and the
+  // backward replay's 4; 22 kernels besides the GEMMs (the index upload,
+  // row gathers, combines, scatters: 8 in the forward, 14 in the replay);
+  // per local expert 12 GEMMs (3 forward, 3 + 6 in the replay: the step's
+  // checkpointed recompute runs no expert work, ForwardForBackward) and 3
+  // SwiGLU kernels (forward, replay, backward).
+  constexpr int kCollectivesPerChunk = 6, kLaunchesPerChunk = 22, kGemmsPerExpert = 12, kLaunchesPerExpert = 3;
+  const double chunk = kCollectivesPerChunk * c.collective_seconds + kLaunchesPerChunk * c.launch_seconds +
+                       local_experts * (kGemmsPerExpert * GemmSeconds(c, rows, m.hidden, m.expert_ffn) +
+                                        kLaunchesPerExpert * c.launch_seconds);
   return static_cast<double>(m.layers) * K * chunk;
 }
 
@@ -224,9 +233,15 @@ double CheckpointSeconds(const StepOptions& o, int64_t host_budget_bytes, const 
 
 namespace {
 
+// The owned group's states that travel: m and v, and the fp32 master where
+// the working copy is bf16 (OffloadStreamAdamW keeps it on the host then).
+double OwnedFloats(const StepOptions& o) { return ElementBytesOf(o.precision).working_is_master() ? 2.0 : 3.0; }
+
 // OptimizerSeconds on the parameter groups' sizes (LayoutOf lists every
 // weight: the chooser builds it once, not once per candidate).
-double PipelineSeconds(int64_t shard, int64_t owned, int64_t staging_slots, int64_t bucket_params,
+// owned_floats: what an owned bucket moves each way per parameter (m and
+// v; the master too where it is not the working copy: bf16).
+double PipelineSeconds(int64_t shard, int64_t owned, int64_t staging_slots, int64_t bucket_params, double owned_floats,
                        const Calibration& c) {
   const int64_t bucket = OffloadStreamBucket(shard, owned, bucket_params);
   const size_t slots = static_cast<size_t>(std::max<int64_t>(1, staging_slots));
@@ -239,9 +254,9 @@ double PipelineSeconds(int64_t shard, int64_t owned, int64_t staging_slots, int6
   size_t i = 0;
   for (const bool owned_group : {false, true}) {
     const int64_t n = owned_group ? owned : shard;
-    // The dense group moves master, m and v; the owned group is its own
-    // master on the device and moves m and v.
-    const double floats = owned_group ? 2.0 : 3.0;
+    // The dense group moves master, m and v; the owned group m and v, and
+    // its master where the working copy is not it (bf16).
+    const double floats = owned_group ? owned_floats : 3.0;
     for (int64_t off = 0; off < n; off += bucket, ++i) {
       const int64_t numel = std::min(bucket, n - off);
       const double bytes = floats * numel * sizeof(float);
@@ -258,8 +273,8 @@ double PipelineSeconds(int64_t shard, int64_t owned, int64_t staging_slots, int6
 
 double OptimizerSeconds(const StepOptions& o, int64_t bucket_params, const Calibration& c) {
   const ParamLayout p = LayoutOf(o);
-  return PipelineSeconds(p.shard_numel(), p.owned_numel_per_rank(), o.optimizer_placement.staging_slots,
-                         bucket_params, c);
+  return PipelineSeconds(p.shard_numel(), p.owned_numel_per_rank(), o.optimizer_placement.staging_slots, bucket_params,
+                         OwnedFloats(o), c);
 }
 
 const char* AutoSettingField(AutoSetting s) {
@@ -443,7 +458,8 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
       a.host.push_back(p.host_total() - base_plan.host_total());
       a.seconds.push_back(a.setting == AutoSetting::kBucketParams
                               ? PipelineSeconds(layout.shard_numel(), layout.owned_numel_per_rank(),
-                                                base.optimizer_placement.staging_slots, v, calibration)
+                                                base.optimizer_placement.staging_slots, v, OwnedFloats(base),
+                                                calibration)
                               : AutoSettingSeconds(base, a.setting, v, calibration));
     }
   }

@@ -170,8 +170,9 @@ TEST(AutoSettingsTest, ModelPiecesMatchHandComputations) {
   const StepOptions o = AllOn();  // N = 128, P = 2, E = 4, k = 2, H = 16, F = 24, L = 4
   const Calibration c = Flat(1e9, 1e-6, 1e8, 1e7, 1e-4);
   // c = 32: K = 4 chunks of 32 tokens, 32 rows per expert (32 k P / E), 2
-  // local experts.
-  const double chunk = 3 * (2 * 1e-4 + 2 * 1e-6) + 2 * 15 * (1e-6 + 2.0 * 32 * 16 * 24 / 1e9);
+  // local experts; per chunk 6 all-to-alls, 22 other kernels, and per
+  // expert 12 GEMMs and 3 SwiGLU kernels (kernels/dispatch/llep_chunk.cc).
+  const double chunk = 6 * 1e-4 + 22 * 1e-6 + 2 * (12 * (1e-6 + 2.0 * 32 * 16 * 24 / 1e9) + 3 * 1e-6);
   EXPECT_NEAR(DispatchSeconds(o, 32, c), 4 * 4 * chunk, 1e-12);
   // c above N plans as K = 1.
   EXPECT_DOUBLE_EQ(DispatchSeconds(o, 1000, c), DispatchSeconds(o, 128, c));
@@ -208,6 +209,12 @@ TEST(AutoSettingsTest, ModelPiecesMatchHandComputations) {
     return 3 * 1e-6 + 2 * floats * n * 4 / 1e8 + n / 1e7;
   };
   EXPECT_NEAR(OptimizerSeconds(one, std::max(S, X), c), serial(S, 3) + serial(X, 2), 1e-12);
+  // bf16: the owned group's fp32 master lives on the host too and travels
+  // with m and v (offload_stream_adamw.cc); the layout is the same.
+  StepOptions one_bf16 = one;
+  one_bf16.precision = Precision::kBf16Mixed;
+  ASSERT_EQ(LayoutOf(one_bf16).owned_numel_per_rank(), X);
+  EXPECT_NEAR(OptimizerSeconds(one_bf16, std::max(S, X), c), serial(S, 3) + serial(X, 3), 1e-12);
   // Two slots overlap the second bucket's upload with the first's update.
   EXPECT_LT(OptimizerSeconds(o, std::max(S, X), c), OptimizerSeconds(one, std::max(S, X), c));
 }
