@@ -154,7 +154,8 @@ TEST(CalibrationTest, ProtoRoundTripAndValidation) {
   EXPECT_EQ(back->collective_seconds, c.collective_seconds);
   v1::Calibration bad = CalibrationToProto(c);
   bad.mutable_gemm(2)->set_seconds(-1);
-  EXPECT_THAT(CalibrationFromProto(bad).status().message(), HasSubstr("calibration.gemm[2].seconds: expected > 0"));
+  EXPECT_THAT(CalibrationFromProto(bad).status().message(),
+              HasSubstr("calibration.gemm[2].seconds: expected > 0 and <= 60"));
 }
 
 }  // namespace

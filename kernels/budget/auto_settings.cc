@@ -146,24 +146,30 @@ absl::Status ValidateCalibration(const Calibration& c) {
   auto bad = [](absl::string_view field, absl::string_view expected, double got) {
     return absl::InvalidArgumentError(absl::StrCat("calibration.", field, ": expected ", expected, ", got ", got));
   };
+  // Bounds far past any machine, so that the model's sums stay finite (a
+  // calibration arrives from a worker or a hand-edited cache file): a
+  // measured operation takes under a minute, a rate under 1e15 a second.
+  constexpr double kMaxSeconds = 60, kMaxRate = 1e15;
   auto positive = [](double v) { return std::isfinite(v) && v > 0; };
   if (c.gemm.empty()) return bad("gemm", "at least one point", 0);
   for (size_t i = 0; i < c.gemm.size(); ++i) {
-    if (c.gemm[i].rows < 1 || (i > 0 && c.gemm[i].rows <= c.gemm[i - 1].rows)) {
-      return bad(absl::StrCat("gemm[", i, "].rows"), ">= 1 and ascending", static_cast<double>(c.gemm[i].rows));
+    if (c.gemm[i].rows < 1 || c.gemm[i].rows > (int64_t{1} << 30) || (i > 0 && c.gemm[i].rows <= c.gemm[i - 1].rows)) {
+      return bad(absl::StrCat("gemm[", i, "].rows"), "1 to 2^30, ascending", static_cast<double>(c.gemm[i].rows));
     }
-    if (!positive(c.gemm[i].seconds)) return bad(absl::StrCat("gemm[", i, "].seconds"), "> 0", c.gemm[i].seconds);
+    if (!positive(c.gemm[i].seconds) || c.gemm[i].seconds > kMaxSeconds) {
+      return bad(absl::StrCat("gemm[", i, "].seconds"), "> 0 and <= 60", c.gemm[i].seconds);
+    }
   }
-  if (!(std::isfinite(c.launch_seconds) && c.launch_seconds >= 0)) {
-    return bad("launch_seconds", ">= 0", c.launch_seconds);
+  if (!(std::isfinite(c.launch_seconds) && c.launch_seconds >= 0 && c.launch_seconds <= kMaxSeconds)) {
+    return bad("launch_seconds", ">= 0 and <= 60", c.launch_seconds);
   }
-  if (!positive(c.h2d_bytes_per_second)) return bad("h2d_bytes_per_second", "> 0", c.h2d_bytes_per_second);
-  if (!positive(c.d2h_bytes_per_second)) return bad("d2h_bytes_per_second", "> 0", c.d2h_bytes_per_second);
-  if (!positive(c.adamw_params_per_second)) {
-    return bad("adamw_params_per_second", "> 0", c.adamw_params_per_second);
+  for (auto [field, rate] : {std::pair<const char*, double>{"h2d_bytes_per_second", c.h2d_bytes_per_second},
+                             {"d2h_bytes_per_second", c.d2h_bytes_per_second},
+                             {"adamw_params_per_second", c.adamw_params_per_second}}) {
+    if (!positive(rate) || rate > kMaxRate) return bad(field, "> 0 and <= 1e15", rate);
   }
-  if (!(std::isfinite(c.collective_seconds) && c.collective_seconds >= 0)) {
-    return bad("collective_seconds", ">= 0", c.collective_seconds);
+  if (!(std::isfinite(c.collective_seconds) && c.collective_seconds >= 0 && c.collective_seconds <= kMaxSeconds)) {
+    return bad("collective_seconds", ">= 0 and <= 60", c.collective_seconds);
   }
   return absl::OkStatus();
 }

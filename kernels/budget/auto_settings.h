@@ -59,7 +59,9 @@ enum class CalibrationBackend { kCpu, kCuda };
 Calibration DefaultCalibration(CalibrationBackend backend);
 
 // INVALID_ARGUMENT naming the field when a calibration cannot be modelled
-// (no GEMM point, rows not ascending, a time or rate <= 0 or not finite).
+// (no GEMM point, rows not ascending or past 2^30, a time or rate <= 0 or
+// not finite, a time over 60 s or a rate over 1e15 a second: bounds that
+// keep the model's sums finite).
 absl::Status ValidateCalibration(const Calibration& c);
 
 // --- The time model (seconds per training step, per rank) -----------------

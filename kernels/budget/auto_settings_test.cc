@@ -431,10 +431,21 @@ TEST(AutoSettingsTest, RefusesAutoForAScheduleThatIsOffAndABadCalibration) {
   std::swap(bad.gemm[0], bad.gemm[1]);
   got = ChooseAutoSettings(AllOn(), Everything(), bad, {});
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(got.status().message(), HasSubstr("calibration.gemm[1].rows: expected >= 1 and ascending"));
+  EXPECT_THAT(got.status().message(), HasSubstr("calibration.gemm[1].rows: expected 1 to 2^30, ascending"));
   bad = DefaultCalibration(CalibrationBackend::kCpu);
   bad.h2d_bytes_per_second = std::nan("");
   EXPECT_THAT(ValidateCalibration(bad).message(), HasSubstr("calibration.h2d_bytes_per_second: expected > 0"));
+  // Absurd but finite values made the modelled step time inf - inf = NaN,
+  // and the chooser then returned its first (slowest) combination as OK.
+  bad = DefaultCalibration(CalibrationBackend::kCpu);
+  bad.launch_seconds = 1e308;
+  for (auto& p : bad.gemm) p.seconds = 1e308;
+  EXPECT_THAT(ChooseAutoSettings(AllOn(), Everything(), bad, {}).status().message(),
+              HasSubstr("calibration.gemm[0].seconds: expected > 0 and <= 60"));
+  bad = DefaultCalibration(CalibrationBackend::kCpu);
+  bad.adamw_params_per_second = 1e300;
+  EXPECT_THAT(ValidateCalibration(bad).message(),
+              HasSubstr("calibration.adamw_params_per_second: expected > 0 and <= 1e15"));
   // No request: the options as given.
   auto none = ChooseAutoSettings(AllOn(), AutoRequest{}, DefaultCalibration(CalibrationBackend::kCpu), {});
   ASSERT_TRUE(none.ok());
