@@ -117,10 +117,16 @@ cudaError_t LoadAttentionTcKernels(int smem_optin);
 // The stages for `head_dim` (64 or 128) on the current device, after
 // LoadAttentionTcKernels(smem_optin): each kernel double-buffers where that
 // fits `smem_optin` and keeps as many blocks resident per multiprocessor as
-// single buffering (cudaOccupancyMaxActiveBlocksPerMultiprocessor: an sm_90
-// keeps 2 blocks of these 128-thread, ~255-register kernels either way; an
-// A100's 164 KiB would hold one double-buffered block at head_dim 128
-// against two single-buffered). `double_buffer` false: single everywhere.
+// single buffering (cudaOccupancyMaxActiveBlocksPerMultiprocessor). By
+// ptxas's counts for sm_90 (126 to 240 registers a thread, 2026-12-07) a
+// single-buffered kernel keeps 3 or 4 blocks of 128 threads where double
+// buffering's shared memory leaves 2 or 3, so on an H100/H200 many choose
+// single; the CPU emulation counts 255 registers (2 blocks either way) and
+// chooses double, so the emulated tests' default path is not the H200's
+// (both are tested: cuda_attention_tc_twin_test runs single buffering, and
+// the two are bit for bit the same). An A100's 164 KiB would hold one
+// double-buffered block at head_dim 128 against two single-buffered.
+// `double_buffer` false: single everywhere.
 cudaError_t ChooseAttentionTcStages(int64_t head_dim, int smem_optin, bool double_buffer,
                                     AttentionTcStages* stages);
 

@@ -765,15 +765,20 @@ class CudaBackend final : public Backend {
         }
       }
       // Entries the grouped call cannot take (EnqueueGrouped says which) go
-      // one by one through GemmBf16's path: the same values (each C is
-      // GemmBf16's), said once on stderr since it is slower.
+      // one by one through GemmBf16's path, said once on stderr since it is
+      // slower. Each C is then GemmBf16's, which cuBLAS may compute with
+      // another kernel than the grouped call's (another order of the sums):
+      // the same to fp32 rounding, not bit for bit. Which entries go here
+      // depends on their pointers' alignment, a function of the shapes only
+      // (buffers are laid out from them), so a run and its recompute or
+      // resume take the same path.
       return EnqueueGrouped(s, todo, CUDA_R_16BF, CUDA_R_16BF, [&](const GroupedEntry& e) {
         static std::atomic<bool> said{false};
         if (!said.exchange(true)) {
           std::fprintf(stderr,
                        "plateau cuda backend: GroupedGemmBf16 runs some entries one cublasGemmEx "
                        "each (a matrix not 16-byte aligned, or no grouped bf16 call here): "
-                       "slower, the same values\n");
+                       "slower, the same values to rounding\n");
         }
         GemmBf16Args g;
         g.trans_a = e.trans_a;

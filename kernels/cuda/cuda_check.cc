@@ -17,6 +17,10 @@ bool IsCudaDeviceFault(cudaError_t error) {
     case cudaErrorInvalidAddressSpace:
     case cudaErrorInvalidPc:
     case cudaErrorLaunchFailure:
+    case cudaErrorNvlinkUncorrectable:
+    // What a broken context reports where the driver cannot say more (the
+    // gVisor machines returned it for every call after a fault).
+    case cudaErrorUnknown:
       return true;
     default:
       return false;

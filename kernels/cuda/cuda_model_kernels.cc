@@ -494,6 +494,13 @@ absl::StatusOr<WgmmaChoice> ChooseWgmma(int device, int smem_optin, bool double_
   if (error != cudaSuccess) {
     if (IsCudaDeviceFault(error)) return CudaStatus(error, failed, __FILE__, __LINE__);
     (void)cudaGetLastError();
+    // An error the list above does not name may still have broken the
+    // context (cudaErrorUnknown on some drivers): if the device no longer
+    // synchronises once it is cleared, that is the result, not a fallback
+    // to mma.sync whose first kernel of the step would take the blame.
+    if (const cudaError_t sticky = cudaDeviceSynchronize(); sticky != cudaSuccess) {
+      return CudaStatus(sticky, failed, __FILE__, __LINE__);
+    }
     c.agrees = false;
     c.why = absl::StrCat(failed, " failed: ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
   }

@@ -70,6 +70,7 @@
   X(cudaErrorNoKernelImageForDevice, 209,                                                   \
     "no kernel image is available for execution on the device")                            \
   X(cudaErrorECCUncorrectable, 214, "uncorrectable ECC error") \
+  X(cudaErrorNvlinkUncorrectable, 220, "uncorrectable NVLink error detected during the execution") \
   X(cudaErrorInvalidResourceHandle, 400, "invalid resource handle") \
   X(cudaErrorNotReady, 600, "device not ready") \
   X(cudaErrorIllegalAddress, 700, "an illegal memory access") \

@@ -402,7 +402,11 @@ class NcclCommunicator final : public Communicator {
           absl::StrCat(context, ": barrier scratch"));
       // Barrier all-reduces it; zeroed so that no rank ever reads
       // uninitialised memory (compute-sanitizer's initcheck).
-      const cudaError_t zeroed = cudaMemset(scratch, 0, sizeof(int));
+      // cudaMemset runs on the legacy stream, which the barrier's
+      // non-blocking stream does not wait for: synchronised here (once, at
+      // creation) so that its first all-reduce reads the zero.
+      cudaError_t zeroed = cudaMemset(scratch, 0, sizeof(int));
+      if (zeroed == cudaSuccess) zeroed = cudaDeviceSynchronize();
       if (zeroed != cudaSuccess) {
         cudaFree(scratch);
         return CudaError(zeroed, absl::StrCat(context, ": barrier scratch"));
