@@ -8,6 +8,9 @@
 // them: its GPUs' memory, and its ranks' parent.
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -75,6 +78,33 @@ TEST(OneInstanceTest, ASecondAgentOnTheSameWorkDirAndBadAddressesAreRefused) {
   EXPECT_THAT(r.err,
               HasSubstr(absl::StrCat("--work_dir=", work, ": in use by another worker agent (pid ",
                                      c.worker()->pid(), ", ", work, "/.lock)")));
+  // A work dir others can write (a predictable /tmp name made by someone
+  // else first), a link, or another user's: refused before anything is
+  // written there (the agent's job specs are what its ranks run).
+  const std::string open_dir = c.dir() + "/world-writable";
+  std::filesystem::create_directories(open_dir);
+  std::filesystem::permissions(open_dir, std::filesystem::perms::all);
+  r = RunCommand(with({"--work_dir=" + open_dir}), c.dir() + "/world-writable-agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--work_dir=" + open_dir + ": writable by others (mode 0777)"));
+  EXPECT_FALSE(std::filesystem::exists(open_dir + "/.lock")) << "the agent wrote there before refusing it";
+  const std::string link = c.dir() + "/linked-work";
+  std::filesystem::create_directories(c.dir() + "/link-target");
+  std::filesystem::create_directory_symlink(c.dir() + "/link-target", link);
+  r = RunCommand(with({"--work_dir=" + link}), c.dir() + "/linked-agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--work_dir=" + link + ": is a symbolic link"));
+  // Only root can give a directory away, and not inside a user namespace
+  // (bazel's sandbox maps no other uid): said where it cannot run.
+  const std::string theirs = c.dir() + "/someone-elses";
+  std::filesystem::create_directories(theirs);
+  if (chown(theirs.c_str(), 65534, 65534) != 0) {
+    std::printf("not run here: another user's work dir (chown to 65534: %s)\n", strerror(errno));
+  } else {
+    r = RunCommand(with({"--work_dir=" + theirs}), c.dir() + "/someone-elses-agent");
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--work_dir=" + theirs + ": owned by uid 65534, not this agent's (0)"));
+  }
   r = RunCommand(
       with({"--work_dir=" + c.dir() + "/unresolvable", "--rank_address=no-such-host.invalid"}),
       c.dir() + "/unresolvable");

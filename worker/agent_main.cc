@@ -20,6 +20,7 @@
 #include <spawn.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -411,6 +412,28 @@ int Main(int argc, char** argv) {
   }
   std::filesystem::create_directories(o.work_dir, ec);
   if (ec) return Fail(absl::StrCat("--work_dir=", o.work_dir, ": ", ec.message()));
+  // The agent writes its worker id, calibration and every job's spec there
+  // (which its ranks then run): a directory another user can write (one
+  // they made in /tmp before this agent, a predictable name) would let them
+  // swap a spec or plant a link. Its own, not a link, not writable by others.
+  {
+    struct stat st;
+    if (lstat(o.work_dir.c_str(), &st) != 0) {
+      return Fail(absl::StrCat("--work_dir=", o.work_dir, ": ", strerror(errno)));
+    }
+    if (S_ISLNK(st.st_mode)) {
+      return Fail(absl::StrCat("--work_dir=", o.work_dir, ": is a symbolic link; give the directory itself"));
+    }
+    if (st.st_uid != geteuid()) {
+      return Fail(absl::StrCat("--work_dir=", o.work_dir, ": owned by uid ", st.st_uid, ", not this agent's (",
+                               geteuid(), "); give the agent a directory of its own"));
+    }
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+      return Fail(absl::StrCat(
+          "--work_dir=", o.work_dir, ": writable by ", (st.st_mode & S_IWOTH) != 0 ? "others" : "its group",
+          absl::StrFormat(" (mode %04o); the agent's job specs must be its own: chmod go-w", st.st_mode & 07777)));
+    }
+  }
   absl::StatusOr<std::unique_ptr<DirLock>> work_lock = DirLock::Acquire(
       o.work_dir, "--work_dir", "worker agent",
       "a work dir holds one agent's worker id, calibration and job specs; give each agent its own");
