@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -326,6 +327,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const ConnectionOptio
     // the check does not hang on that default.
     tls.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
     credentials = grpc::experimental::TlsCredentials(tls);
+  }
+  if (!options.warn_plaintext_as.empty() && !options.files.token_file.empty() && options.files.tls_ca_file.empty() &&
+      !IsLoopbackAddress(options.address)) {
+    std::fprintf(stderr,
+                 "%s: WARNING: --coordinator=%s is not loopback and TLS is off (no --tls_ca_file): the bearer "
+                 "token and every request cross the network in plaintext\n",
+                 options.warn_plaintext_as.c_str(), options.address.c_str());
   }
   grpc::ChannelArguments args;
   // Replies come from the coordinator, which bounds what it accepts with

@@ -143,6 +143,11 @@ struct ConnectionOptions {
   absl::Duration keepalive = absl::Seconds(20);
   // Told when files.token_file is read again (TokenFile::Listener); may be null.
   TokenFile::Listener on_token_reload;
+  // Who says "WARNING: ... the bearer token crosses the network in
+  // plaintext" on stderr when a token goes to a coordinator that is not on
+  // loopback without TLS ("plateauctl", "plateau_worker"); empty: nobody
+  // (the ranks, whose agent has said it).
+  std::string warn_plaintext_as;
 };
 
 // Reads a PEM file (certificate, key, CA): INVALID_ARGUMENT naming `flag`

@@ -18,6 +18,11 @@ namespace plateau {
 // host without its brackets ("::1:7070") included.
 bool SplitHostPort(absl::string_view address, std::string* host, int* port);
 
+// Whether an address (a --listen or --coordinator) is this machine's only:
+// 127.0.0.0/8, ::1 (and ::ffff:127.x), "localhost", or a unix: socket. Any
+// other host name counts as not loopback (it may resolve to anything).
+bool IsLoopbackAddress(const std::string& address);
+
 }  // namespace plateau
 
 #endif  // PLATEAU_CLIENT_HOST_PORT_H_

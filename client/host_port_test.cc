@@ -27,5 +27,16 @@ TEST(SplitHostPortTest, HostsAndPortsAsFlagsGiveThem) {
   }
 }
 
+TEST(IsLoopbackAddressTest, OnlyThisMachine) {
+  for (const char* a : {"127.0.0.1:7070", "127.1.2.3:0", "localhost:7070", "LOCALHOST:1", "[::1]:7070",
+                        "[::ffff:127.0.0.1]:7070", "unix:/run/plateau.sock", "unix-abstract:plateau"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a : {"0.0.0.0:7070", "[::]:7070", ":7070", "10.1.2.3:7070", "example.com:7070", "128.0.0.1:1",
+                        "[::1:7070", "[::ffff:10.0.0.1]:1"}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
 }  // namespace
 }  // namespace plateau

@@ -948,6 +948,7 @@ int Run(const Options& given) {
   ClientOptions co;
   co.connection.address = given.coordinator;
   co.connection.files = given.files;
+  co.connection.warn_plaintext_as = "plateauctl";
   const CommandHelp* command = FindCommand(given.command);
   if (command == nullptr) {
     return UsageError(absl::StrCat("plateauctl: unknown command '", given.command, "' (see plateauctl --help)"));

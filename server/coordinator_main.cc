@@ -38,6 +38,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
+#include "client/host_port.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -333,7 +334,7 @@ int Main(int argc, char** argv) {
   if (absl::Status s = CheckAddress("--listen", flags["listen"], /*listen=*/true); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  const bool loopback = IsLoopbackListen(flags["listen"]);
+  const bool loopback = IsLoopbackAddress(flags["listen"]);
   if (!loopback && *token_file == nullptr && !client_certs) {
     if (flags["insecure_listen_any"] != "true") {
       return Fail(absl::StrCat("--listen=", flags["listen"],

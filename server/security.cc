@@ -123,30 +123,4 @@ void WatchLimiter::Release(const std::string& host) {
   if (--it->second <= 0) open_.erase(it);
 }
 
-bool IsLoopbackListen(const std::string& address) {
-  absl::string_view a = address;
-  // A unix socket is reachable only through this machine's file system.
-  if (absl::StartsWith(a, "unix:") || absl::StartsWith(a, "unix-abstract:")) return true;
-  absl::string_view host = a;
-  if (absl::StartsWith(a, "[")) {
-    const size_t close = a.find(']');
-    if (close == absl::string_view::npos) return false;
-    host = a.substr(1, close - 1);
-  } else {
-    const size_t colon = a.rfind(':');
-    if (colon != absl::string_view::npos) host = a.substr(0, colon);
-  }
-  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
-  const std::string h(host);
-  in_addr v4{};
-  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
-    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
-    // ::ffff:127.x.x.x, an IPv4 loopback address in IPv6 form.
-    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
-  }
-  return false;
-}
-
 }  // namespace plateau

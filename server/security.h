@@ -105,11 +105,6 @@ class WatchLimiter {
   std::map<std::string, int> open_ ABSL_GUARDED_BY(mu_);
 };
 
-// Whether a --listen address only accepts connections from this machine:
-// 127.0.0.0/8, ::1, "localhost", or a unix: socket. Any other host name
-// counts as not loopback (it may resolve to anything).
-bool IsLoopbackListen(const std::string& address);
-
 }  // namespace plateau
 
 #endif  // PLATEAU_SERVER_SECURITY_H_

@@ -1044,6 +1044,19 @@ TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
   co.connection.files.token_file = t.right;
   EXPECT_TRUE(Client(co).ListJobs(v1::ListJobsRequest()).ok());
   EXPECT_EQ(Client(api).ListJobs(v1::ListJobsRequest()).status().code(), absl::StatusCode::kUnauthenticated);
+  // plateauctl sending the token there in plaintext says so (so does the
+  // agent); to a loopback address it does not.
+  const std::string port = api.substr(api.rfind(':') + 1);
+  // (0.0.0.0 reaches this host's listener, and is no loopback address.)
+  const std::string any = "0.0.0.0:" + port;
+  r = RunCommand({"client/plateauctl", "--coordinator=" + any, "--token_file=" + t.right, "list"}, dir + "/ctl-plain");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("plateauctl: WARNING: --coordinator=" + any +
+                               " is not loopback and TLS is off (no --tls_ca_file): the bearer token"));
+  r = RunCommand({"client/plateauctl", "--coordinator=127.0.0.1:" + port, "--token_file=" + t.right, "list"},
+                 dir + "/ctl-loopback");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("WARNING")));
 }
 
 TEST(SecurityTest, OversizedRequestIsResourceExhaustedAndAbsurdFieldsAreInvalid) {

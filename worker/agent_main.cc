@@ -464,6 +464,7 @@ int Main(int argc, char** argv) {
   ConnectionOptions connection;
   connection.address = o.coordinator;
   connection.files = o.files;
+  connection.warn_plaintext_as = "plateau_worker";
   // A rotated token is sent from the next call on (client/connection.h
   // TokenFile); each later read is logged, a failed one keeps the token.
   connection.on_token_reload = [path = o.files.token_file](const absl::Status& read, size_t) {
