@@ -316,8 +316,7 @@ absl::Status JobStore::PutJobWithEvent(v1::Job& job, v1::JobEvent& event) {
     Exec("ROLLBACK").IgnoreError();
     return s;
   };
-  std::map<std::string, int64_t> next = next_event_;
-  absl::StatusOr<int64_t> idx = NextIndex("events", job.id(), next);
+  absl::StatusOr<int64_t> idx = NextIndex("events", job.id(), next_event_);
   if (!idx.ok()) return failed(idx.status());
   event.set_index(*idx);
   Stmt ins(db_, "INSERT INTO events (job, idx, event) VALUES (?, ?, ?)");
@@ -441,13 +440,28 @@ absl::StatusOr<int64_t> JobStore::NextIndex(const char* table, const std::string
   return next;
 }
 
+absl::StatusOr<int64_t> JobStore::PendingIndex(const char* table, const std::string& id,
+                                               const std::map<std::string, int64_t>& pending,
+                                               std::map<std::string, int64_t>& cache) {
+  if (auto it = pending.find(id); it != pending.end()) return it->second;
+  return NextIndex(table, id, cache);  // caches only what is committed
+}
+
+void JobStore::Remember(const std::map<std::string, int64_t>& committed, std::map<std::string, int64_t>& cache) {
+  // Bounded: every job ever written would otherwise stay (a finished job's
+  // entry is never used again); a dropped entry costs one indexed MAX query.
+  constexpr size_t kMaxCached = 4096;
+  if (cache.size() + committed.size() > kMaxCached) cache.clear();
+  for (const auto& [id, next] : committed) cache[id] = next;
+}
+
 absl::Status JobStore::AppendEvents(std::vector<v1::JobEvent>& events) {
   if (events.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
-  std::map<std::string, int64_t> next = next_event_;
+  std::map<std::string, int64_t> next;  // this transaction's jobs only
   for (v1::JobEvent& e : events) {
-    auto idx = NextIndex("events", e.job_id(), next);
+    auto idx = PendingIndex("events", e.job_id(), next, next_event_);
     if (!idx.ok()) {
       Exec("ROLLBACK").IgnoreError();
       return idx.status();
@@ -465,7 +479,7 @@ absl::Status JobStore::AppendEvents(std::vector<v1::JobEvent>& events) {
     next[e.job_id()] = *idx + 1;
   }
   PLATEAU_RETURN_IF_ERROR(Commit());
-  next_event_ = std::move(next);
+  Remember(next, next_event_);
   return absl::OkStatus();
 }
 
@@ -473,9 +487,9 @@ absl::Status JobStore::AppendLogs(std::vector<v1::LogEntry>& logs) {
   if (logs.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
-  std::map<std::string, int64_t> next = next_log_;
+  std::map<std::string, int64_t> next;  // this transaction's jobs only
   for (v1::LogEntry& e : logs) {
-    auto idx = NextIndex("logs", e.job_id(), next);
+    auto idx = PendingIndex("logs", e.job_id(), next, next_log_);
     if (!idx.ok()) {
       Exec("ROLLBACK").IgnoreError();
       return idx.status();
@@ -493,7 +507,7 @@ absl::Status JobStore::AppendLogs(std::vector<v1::LogEntry>& logs) {
     next[e.job_id()] = *idx + 1;
   }
   PLATEAU_RETURN_IF_ERROR(Commit());
-  next_log_ = std::move(next);
+  Remember(next, next_log_);
   return absl::OkStatus();
 }
 

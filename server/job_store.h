@@ -167,6 +167,14 @@ class JobStore {
   absl::StatusOr<int64_t> NextIndex(const char* table, const std::string& id,
                                     std::map<std::string, int64_t>& cache)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Inside a transaction: `pending` (its own appends so far), else as
+  // NextIndex. The cache takes `pending` only once it commits (Remember),
+  // so a failed transaction leaves it as it was without a copy of it.
+  absl::StatusOr<int64_t> PendingIndex(const char* table, const std::string& id,
+                                       const std::map<std::string, int64_t>& pending,
+                                       std::map<std::string, int64_t>& cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Remember(const std::map<std::string, int64_t>& committed, std::map<std::string, int64_t>& cache)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;

@@ -255,6 +255,37 @@ TEST(JobStoreTest, AcknowledgedChangesAreSyncedAndTelemetryIsNot) {
   EXPECT_GT(wal_syncs.load(), before) << "a delete was acknowledged before its commit reached the disk";
 }
 
+// A batch that fails takes no index (the next batch reuses them), and the
+// index cache stays right past its bound (it keeps the jobs it was last
+// written for, not every job ever: each batch copied the whole of it).
+TEST(JobStoreTest, EventIndicesSurviveAFailedBatchAndTheCachesBound) {
+  const std::string path = TempDb("event_indices");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto append = [&](const std::vector<std::string>& ids) {
+    std::vector<v1::JobEvent> events(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) events[i].set_job_id(ids[i]);
+    absl::Status s = (*store)->AppendEvents(events);
+    std::vector<int64_t> idx;
+    for (const auto& e : events) idx.push_back(e.index());
+    return std::make_pair(s, idx);
+  };
+  EXPECT_EQ(append({"job-1", "job-1"}).second, (std::vector<int64_t>{0, 1}));
+  ExecOn(path,
+         "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.job = 'job-2' "
+         "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END");
+  EXPECT_THAT(append({"job-1", "job-2"}).first.message(), HasSubstr("refused by the test"));
+  ExecOn(path, "DROP TRIGGER refuse");
+  EXPECT_EQ(append({"job-1", "job-2"}).second, (std::vector<int64_t>{2, 0}));
+  // Past the cache's bound (4096 jobs): each job's next index still follows
+  // what is stored.
+  std::vector<std::string> many;
+  for (int j = 10; j < 4200; ++j) many.push_back(absl::StrCat("job-", j));
+  ASSERT_TRUE(append(many).first.ok());
+  EXPECT_EQ(append({"job-1", "job-2", "job-10", "job-4199"}).second, (std::vector<int64_t>{3, 1, 1, 1}));
+  EXPECT_EQ((*store)->EventCount("job-1"), 4);
+}
+
 TEST(JobStoreTest, ListPagesAndFilters) {
   auto store = JobStore::Open(TempDb("list"));
   ASSERT_TRUE(store.ok());
