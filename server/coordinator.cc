@@ -166,7 +166,15 @@ absl::Status Coordinator::Start() {
       for (v1::Job& job : jobs) {
         PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
         after = seq;
-        PLATEAU_RETURN_IF_ERROR(Restore(seq, std::move(job)));
+        // A corrupt record of one job fails that job, not the start: the
+        // coordinator would otherwise never start again (and a live job
+        // cannot be deleted), with every other job stuck behind it.
+        const absl::Status r = Restore(seq, std::move(job));
+        if (absl::IsDataLoss(r)) {
+          PLATEAU_RETURN_IF_ERROR(FailCorruptJob(seq, r));
+          continue;
+        }
+        PLATEAU_RETURN_IF_ERROR(r);
         ++restored;
       }
     }
@@ -232,6 +240,19 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
     StopRanks(a);  // the attempt was already ending
   }
   MaybeFinish(seq);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::FailCorruptJob(int64_t seq, const absl::Status& why) {
+  LiveJob& a = active_.at(seq);
+  v1::Failure f;
+  f.set_kind(v1::Failure::STATE_CORRUPT);
+  f.set_message(absl::StrCat("the coordinator could not recover this job at its restart: ", why.message(),
+                             "; its ranks, if any still run, are stopped when their workers register"));
+  a.ranks.clear();
+  PLATEAU_RETURN_IF_ERROR(SetState(a, v1::FAILED, f.message(), &f));
+  std::fprintf(stderr, "plateau_coordinator: %s: %s\n", a.job.id().c_str(), f.message().c_str());
+  active_.erase(seq);
   return absl::OkStatus();
 }
 

@@ -245,6 +245,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuilds a live attempt read from the store after a restart.
   absl::Status Restore(int64_t seq, v1::Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restore found a corrupt record of job `seq` (`why`, DATA_LOSS): the job
+  // fails (STATE_CORRUPT, not restarted) and leaves the live jobs.
+  absl::Status FailCorruptJob(int64_t seq, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.
   // `expected`: the restart left ranks of live jobs placed on it.
   // `after`: what happened, for logs and failures ("the coordinator's

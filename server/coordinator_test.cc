@@ -1098,6 +1098,42 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
   EXPECT_TRUE(WaitState(job, v1::SUCCEEDED)) << Get(job).DebugString();
 }
 
+// A corrupt record of one live job (here a rank's step report, read back
+// to resume its steps) fails that job at the restart, STATE_CORRUPT, and
+// the coordinator starts with the others: before, Start failed DATA_LOSS
+// and the coordinator could not start at all (and a live job cannot be
+// deleted to clear it).
+TEST_F(CoordinatorTest, ACorruptRecordOfALiveJobFailsItAndTheRestartGoesOn) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1}, 2.0, {0})).ok());  // rank 0 only: kept, not yet an event
+  const std::string other = Submit(DemoJobSpec(2, 5));                  // waits: the worker is busy
+  ASSERT_EQ(Get(other).state(), v1::PENDING);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, ("UPDATE rank_steps SET telemetry = x'ffffffff' WHERE job = '" + job + "'").c_str(),
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+  Open();  // ASSERTs that Start succeeds
+  const v1::Job failed = Get(job);
+  EXPECT_EQ(failed.state(), v1::FAILED) << failed.DebugString();
+  EXPECT_EQ(failed.failure().kind(), v1::Failure::STATE_CORRUPT);
+  EXPECT_THAT(failed.failure().message(),
+              AllOf(HasSubstr("could not recover this job at its restart"), HasSubstr("corrupt")));
+  EXPECT_EQ(Get(other).state(), v1::PENDING);
+  // Its worker, registering again with the ranks running, is told to stop them.
+  v1::RunningJob running;
+  running.set_job_id(job);
+  running.set_attempt(0);
+  running.add_ranks(0);
+  running.add_ranks(1);
+  v1::RegisterResponse r;
+  Register(w, {running}, &r);
+  EXPECT_EQ(r.cancellations_size(), 1) << r.DebugString();
+}
+
 // A submit whose write fails stores nothing: the client is told
 // UNAVAILABLE, and a restarted coordinator has no job to run. (The job
 // and its first event were two writes: the job stayed stored, PENDING, and
