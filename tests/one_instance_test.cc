@@ -75,36 +75,8 @@ TEST(OneInstanceTest, ASecondAgentOnTheSameWorkDirAndBadAddressesAreRefused) {
   };
   Ran r = RunCommand(with({"--work_dir=" + work}), c.dir() + "/second-agent");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_THAT(r.err,
-              HasSubstr(absl::StrCat("--work_dir=", work, ": in use by another worker agent (pid ",
-                                     c.worker()->pid(), ", ", work, "/.lock)")));
-  // A work dir others can write (a predictable /tmp name made by someone
-  // else first), a link, or another user's: refused before anything is
-  // written there (the agent's job specs are what its ranks run).
-  const std::string open_dir = c.dir() + "/world-writable";
-  std::filesystem::create_directories(open_dir);
-  std::filesystem::permissions(open_dir, std::filesystem::perms::all);
-  r = RunCommand(with({"--work_dir=" + open_dir}), c.dir() + "/world-writable-agent");
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("--work_dir=" + open_dir + ": writable by others (mode 0777)"));
-  EXPECT_FALSE(std::filesystem::exists(open_dir + "/.lock")) << "the agent wrote there before refusing it";
-  const std::string link = c.dir() + "/linked-work";
-  std::filesystem::create_directories(c.dir() + "/link-target");
-  std::filesystem::create_directory_symlink(c.dir() + "/link-target", link);
-  r = RunCommand(with({"--work_dir=" + link}), c.dir() + "/linked-agent");
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("--work_dir=" + link + ": is a symbolic link"));
-  // Only root can give a directory away, and not inside a user namespace
-  // (bazel's sandbox maps no other uid): said where it cannot run.
-  const std::string theirs = c.dir() + "/someone-elses";
-  std::filesystem::create_directories(theirs);
-  if (chown(theirs.c_str(), 65534, 65534) != 0) {
-    std::printf("not run here: another user's work dir (chown to 65534: %s)\n", strerror(errno));
-  } else {
-    r = RunCommand(with({"--work_dir=" + theirs}), c.dir() + "/someone-elses-agent");
-    EXPECT_EQ(r.code, 2) << r.out << r.err;
-    EXPECT_THAT(r.err, HasSubstr("--work_dir=" + theirs + ": owned by uid 65534, not this agent's (0)"));
-  }
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--work_dir=", work, ": in use by another worker agent (pid ",
+                                            c.worker()->pid(), ", ", work, "/.lock)")));
   r = RunCommand(
       with({"--work_dir=" + c.dir() + "/unresolvable", "--rank_address=no-such-host.invalid"}),
       c.dir() + "/unresolvable");
@@ -129,6 +101,55 @@ TEST(OneInstanceTest, ASecondAgentOnTheSameWorkDirAndBadAddressesAreRefused) {
   auto workers = c.client().ListWorkers();
   ASSERT_TRUE(workers.ok()) << workers.status();
   EXPECT_EQ(workers->workers_size(), 1);
+}
+
+TEST(OneInstanceTest, AnAgentsWorkDirIsItsOwn) {
+  ClusterOptions o;
+  o.with_worker = false;
+  Cluster c("own-work-dir", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  const std::vector<std::string> agent = {"worker/plateau_worker", "--coordinator=" + c.api(),
+                                          "--rank_binary=worker/plateau_rank", "--calibrate=false"};
+  auto with = [&](std::vector<std::string> flags) {
+    std::vector<std::string> args = agent;
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
+  };
+  Ran r;
+  // A link, or another user's directory (a predictable /tmp name made by
+  // someone else first): refused before anything is written there (the
+  // agent's job specs are what its ranks run). One of the agent's own that
+  // others can write (umask 002, an emptyDir's 0777) is closed, said once.
+  const std::string open_dir = c.dir() + "/world-writable";
+  std::filesystem::create_directories(open_dir);
+  std::filesystem::permissions(open_dir, std::filesystem::perms::all);
+  Process* opened = c.StartWorker({"--work_dir=" + open_dir});
+  EXPECT_TRUE(WaitFor([&] { return absl::StrContains(opened->out(), "registered as worker-") || !opened->Running(); }))
+      << c.Logs();
+  EXPECT_THAT(opened->out(),
+              HasSubstr("--work_dir=" + open_dir + " was writable by group or others (mode 0777): now 0755"));
+  EXPECT_EQ(std::filesystem::status(open_dir).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                std::filesystem::perms::group_exec | std::filesystem::perms::others_read |
+                std::filesystem::perms::others_exec);
+  opened->Stop();
+  const std::string link = c.dir() + "/linked-work";
+  std::filesystem::create_directories(c.dir() + "/link-target");
+  std::filesystem::create_directory_symlink(c.dir() + "/link-target", link);
+  r = RunCommand(with({"--work_dir=" + link}), c.dir() + "/linked-agent");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--work_dir=" + link + ": is a symbolic link"));
+  // Only root can give a directory away, and not inside a user namespace
+  // (bazel's sandbox maps no other uid): said where it cannot run.
+  const std::string theirs = c.dir() + "/someone-elses";
+  std::filesystem::create_directories(theirs);
+  if (chown(theirs.c_str(), 65534, 65534) != 0) {
+    std::printf("not run here: another user's work dir (chown to 65534: %s)\n", strerror(errno));
+  } else {
+    r = RunCommand(with({"--work_dir=" + theirs}), c.dir() + "/someone-elses-agent");
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--work_dir=" + theirs + ": owned by uid 65534, not this agent's (0)"));
+  }
 }
 
 // A slot count the coordinator would refuse at registration (as

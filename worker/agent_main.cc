@@ -413,9 +413,11 @@ int Main(int argc, char** argv) {
   std::filesystem::create_directories(o.work_dir, ec);
   if (ec) return Fail(absl::StrCat("--work_dir=", o.work_dir, ": ", ec.message()));
   // The agent writes its worker id, calibration and every job's spec there
-  // (which its ranks then run): a directory another user can write (one
-  // they made in /tmp before this agent, a predictable name) would let them
-  // swap a spec or plant a link. Its own, not a link, not writable by others.
+  // (which its ranks then run): a directory another user made (in /tmp
+  // before this agent, a predictable name) would let them swap a spec or
+  // plant a link. Not a link, and this user's; one of ours that others can
+  // write (a umask of 002, a Kubernetes emptyDir's 0777) is closed to them
+  // here, said once.
   {
     struct stat st;
     if (lstat(o.work_dir.c_str(), &st) != 0) {
@@ -429,9 +431,15 @@ int Main(int argc, char** argv) {
                                geteuid(), "); give the agent a directory of its own"));
     }
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-      return Fail(absl::StrCat(
-          "--work_dir=", o.work_dir, ": writable by ", (st.st_mode & S_IWOTH) != 0 ? "others" : "its group",
-          absl::StrFormat(" (mode %04o); the agent's job specs must be its own: chmod go-w", st.st_mode & 07777)));
+      const mode_t closed = st.st_mode & 07777 & ~(S_IWGRP | S_IWOTH);
+      if (chmod(o.work_dir.c_str(), closed) != 0) {
+        return Fail(absl::StrCat(
+            "--work_dir=", o.work_dir,
+            absl::StrFormat(": writable by group or others (mode %04o) and cannot be closed: ", st.st_mode & 07777),
+            strerror(errno)));
+      }
+      std::printf("plateau_worker: --work_dir=%s was writable by group or others (mode %04o): now %04o\n",
+                  o.work_dir.c_str(), static_cast<unsigned>(st.st_mode & 07777), static_cast<unsigned>(closed));
     }
   }
   absl::StatusOr<std::unique_ptr<DirLock>> work_lock = DirLock::Acquire(

@@ -18,7 +18,9 @@ absl::StatusOr<std::unique_ptr<DirLock>> DirLock::Acquire(const std::string& dir
                                                           const std::string& what,
                                                           const std::string& why) {
   const std::string path = dir + "/.lock";
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Never through a link (one planted in a shared directory would have
+  // this process truncate and write whatever it points at).
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0)
     return absl::FailedPreconditionError(
         absl::StrCat(flag, "=", dir, ": cannot open ", path, ": ", strerror(errno)));
