@@ -47,9 +47,14 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
   ctx->AddInitialMetadata(kStreamOpenMetadata, "1");
   writer->SendInitialMetadata();
   while (!ctx->IsCancelled()) {
+    // UNAVAILABLE, not the refusal's UNAUTHENTICATED: a client whose file
+    // already holds the new token (a rotation's step 2 before its step 3)
+    // resumes as after a restart and sends it; one whose token is gone is
+    // then refused at the reopen.
     if (grpc::Status s = admitted(); !s.ok()) {
-      return grpc::Status(s.error_code(), absl::StrCat("this stream's token is no longer accepted (", s.error_message(),
-                                                       "); resume from index ", from, " with a token in force"));
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("this stream's token is no longer accepted (", s.error_message(),
+                                       "); resume from index ", from, " with a token in force"));
     }
     const Coordinator::ChangeStamp version = c->JobVersion(job_id);
     // The state before the rows: a final state's rows are already stored.

@@ -4,6 +4,7 @@
 // rule of --listen, the request size limit and the per-client watch limit.
 #include <sys/wait.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -473,12 +475,16 @@ struct Watch {
 };
 
 // A stream opened with a token that is then rotated out of the file ends
-// UNAUTHENTICATED (within the file's recheck and the stream's wakeup), as
-// new calls with it are refused. Before, it streamed for the job's life.
+// (within the file's recheck and the stream's wakeup), as new calls with
+// it are refused: UNAVAILABLE, so that a client that has the new token
+// resumes with it (the client library's watch runs through the rotation)
+// and one that has not is refused at its reopen. Before, a stream streamed
+// on for the job's life with a revoked token.
 TEST(SecurityTest, OpenStreamsEndWhenTheirTokenIsRotatedOut) {
   const std::string dir = TempDir("rotated_streams_tokens");
   const std::string coordinator_file = WriteFile(dir + "/coordinator-token", "tok-old-91d0\n");
   const std::string old_file = WriteFile(dir + "/old-token", "tok-old-91d0\n");
+  const std::string client_file = WriteFile(dir + "/client-token", "tok-old-91d0\n");
   ClusterOptions o;
   o.with_worker = false;  // the job waits: quiet streams
   o.coordinator_flags = {"--token_file=" + coordinator_file};
@@ -500,19 +506,53 @@ TEST(SecurityTest, OpenStreamsEndWhenTheirTokenIsRotatedOut) {
   lq.set_job_id(sub->job().id());
   lq.set_follow(true);
   logs.logs = stub->GetJobLogs(&logs.ctx, lq);
+  // The client library's watch, from a file that will hold the new token.
+  ClientOptions co;
+  co.connection.address = c.api();
+  co.connection.files.token_file = client_file;
+  Client watcher(co);
+  std::atomic<int> reconnecting{0};
+  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  absl::Status watched;
+  std::thread through([&] {
+    ClientOptions wo = co;
+    wo.on_reconnecting = [&](const absl::Status&) { ++reconnecting; };
+    Client w(wo);
+    watched = w.WatchJob(sub->job().id(), 0, [&](const v1::JobEvent& ev) {
+      if (ev.has_state_change()) last = ev.state_change().state();
+      return true;
+    });
+  });
 
+  // The rotation's three steps, the clients' file changed in the middle.
+  Replace(coordinator_file, "tok-old-91d0\ntok-new-0b77\n");
+  Replace(client_file, "tok-new-0b77\n");
+  absl::SleepFor(absl::Seconds(1.5));  // the coordinator and the client look again
   const absl::Time rotated = absl::Now();
   Replace(coordinator_file, "tok-new-0b77\n");
   while (watch.reader->Read(&e)) {
   }
   const grpc::Status ended = watch.reader->Finish();
-  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
   EXPECT_THAT(ended.error_message(), AllOf(HasSubstr("no longer accepted"), HasSubstr("wrong bearer token")));
   v1::LogEntry line;
   while (logs.logs->Read(&line)) {
   }
-  EXPECT_EQ(logs.logs->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(logs.logs->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
   std::printf("streams ended %s after the rotation\n", absl::FormatDuration(absl::Now() - rotated).c_str());
+  // Reopened with the old token, the stream is refused for good.
+  grpc::ClientContext again;
+  Deadline(again, absl::Seconds(10));
+  auto reopened = stub->WatchJob(&again, wq);
+  while (reopened->Read(&e)) {
+  }
+  EXPECT_EQ(reopened->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The library's watch went on with the new token: it sees the cancel.
+  EXPECT_TRUE(WaitFor([&] { return reconnecting.load() > 0; }, absl::Seconds(10)));
+  EXPECT_TRUE(watcher.CancelJob(sub->job().id()).ok());
+  through.join();
+  EXPECT_TRUE(watched.ok()) << watched;
+  EXPECT_EQ(last, v1::CANCELLED);
 }
 
 // A rotation with nothing restarted: the coordinator accepts the new token
