@@ -250,6 +250,11 @@ absl::Status Coordinator::FailCorruptJob(int64_t seq, const absl::Status& why) {
   f.set_message(absl::StrCat("the coordinator could not recover this job at its restart: ", why.message(),
                              "; its ranks, if any still run, are stopped when their workers register"));
   a.ranks.clear();
+  // As Finish ends an attempt: its placement and its rendezvous keys go
+  // (its workers, expected back by Restore, are not counted busy with it).
+  a.job.clear_placement();
+  Write(rendezvous_.DeleteAttempt(a.job.id(), a.job.attempt()),
+        absl::StrCat("delete the rendezvous keys ", AttemptPrefix(a.job.id(), a.job.attempt()), "/"));
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::FAILED, f.message(), &f));
   std::fprintf(stderr, "plateau_coordinator: %s: %s\n", a.job.id().c_str(), f.message().c_str());
   active_.erase(seq);

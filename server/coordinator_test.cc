@@ -1106,6 +1106,7 @@ TEST_F(CoordinatorTest, AFailedStoreWriteFreezesTheCoordinatorUntilARestart) {
 TEST_F(CoordinatorTest, ACorruptRecordOfALiveJobFailsItAndTheRestartGoesOn) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().KvSet(job + "/attempt-0/world/0", "addr0", 0).ok());  // rank 0 has met
   ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1}, 2.0, {0})).ok());  // rank 0 only: kept, not yet an event
   const std::string other = Submit(DemoJobSpec(2, 5));                  // waits: the worker is busy
   ASSERT_EQ(Get(other).state(), v1::PENDING);
@@ -1122,6 +1123,9 @@ TEST_F(CoordinatorTest, ACorruptRecordOfALiveJobFailsItAndTheRestartGoesOn) {
   EXPECT_EQ(failed.failure().kind(), v1::Failure::STATE_CORRUPT);
   EXPECT_THAT(failed.failure().message(),
               AllOf(HasSubstr("could not recover this job at its restart"), HasSubstr("corrupt")));
+  EXPECT_EQ(failed.placement_size(), 0);
+  EXPECT_EQ(c().KvGet(job + "/attempt-0/world/0", absl::ZeroDuration()).status().code(), absl::StatusCode::kNotFound)
+      << "the failed attempt's rendezvous keys were kept";
   EXPECT_EQ(Get(other).state(), v1::PENDING);
   // Its worker, registering again with the ranks running, is told to stop them.
   v1::RunningJob running;
