@@ -560,6 +560,7 @@ void Agent::Start(const v1::Assignment& a) {
   // A spec that could not be written whole (a full work disk) starts no
   // rank: a truncated one could parse with its last fields missing.
   if (spec_written.ok()) {
+    job->spec_file = spec_file;  // a path of ours: removed when the attempt ends
     std::ofstream out(spec_file, std::ios::binary | std::ios::trunc);
     out << a.spec().SerializeAsString();
     out.close();
@@ -947,7 +948,7 @@ void Agent::Reap() {
       if (r->waiter.joinable()) r->waiter.join();
     }
     std::error_code ec;
-    std::filesystem::remove(absl::StrCat(options_.work_dir, "/", job->job_id, ".attempt-", job->attempt, ".spec"), ec);
+    if (!job->spec_file.empty()) std::filesystem::remove(job->spec_file, ec);
   }
 }
 

@@ -137,6 +137,10 @@ class Agent {
   struct JobRun {
     std::string job_id;
     int attempt = 0;
+    // The spec file this agent wrote for the attempt, removed when it ends;
+    // empty when none was written (an assignment CheckAssignment refused
+    // names no path of ours).
+    std::string spec_file;
     std::vector<std::unique_ptr<Rank>> ranks;
     bool stopping = false;
     std::string stop_reason;  // StopJob's: reported with each rank it stopped
