@@ -59,8 +59,12 @@ namespace {
 // DEL, C1: proto/utf8.h FirstControlCharacter) written as \xNN (C1 as
 // \u0080..\u009f): a job's log line or a failure naming a rank's output
 // cannot move the cursor, retitle the window or write the clipboard of the
-// operator who reads it. `logs --raw` prints lines as they are.
-std::string Visible(absl::string_view s) {
+// operator who reads it. Bytes that are not UTF-8 (a stray 0x9B, which an
+// 8-bit terminal reads as CSI) become U+FFFD first. `logs --raw` prints
+// lines as they are.
+std::string Visible(absl::string_view text) {
+  const std::string valid = ToValidUtf8(text);
+  absl::string_view s = valid;
   std::string out;
   for (;;) {
     size_t i = FirstControlCharacter(s);

@@ -75,7 +75,9 @@ absl::string_view Utf8Prefix(absl::string_view s, size_t max_bytes) {
 size_t FirstControlCharacter(absl::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9F;
+    // C2 80..C2 9F only: C2 before an ASCII byte is no character at all.
+    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(s[i + 1]) <= 0x9F;
     if (c < 0x20 || c == 0x7F || c1) return i;
   }
   return s.size();

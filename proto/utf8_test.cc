@@ -88,5 +88,24 @@ TEST(Utf8Test, EveryStringOfAMessageIsMadeValidAndTheMessageParses) {
   EXPECT_TRUE(v1::RankStatusRequest().ParseFromString(exited.SerializeAsString()));
 }
 
+// C0 (tab and newline too), DEL, and C1 as UTF-8 (C2 80..C2 9F); 0xC2
+// before an ASCII byte is invalid UTF-8, not a control character (it was
+// taken for one, which printed "\xC2A" as \u0041 and lost the A).
+TEST(Utf8Test, FirstControlCharacterFindsC0DelAndC1Only) {
+  EXPECT_EQ(FirstControlCharacter("plain text"), 10u);
+  EXPECT_EQ(FirstControlCharacter("a\tb"), 1u);
+  EXPECT_EQ(FirstControlCharacter("ab\x7f"), 2u);
+  EXPECT_EQ(FirstControlCharacter("x\xc2\x9b"
+                                  "1m"),
+            1u);
+  EXPECT_EQ(FirstControlCharacter("x\xc2\x80"), 1u);
+  EXPECT_EQ(FirstControlCharacter("caf\xc3\xa9 \xc2\xa0"), 8u);  // e-acute, no-break space: printable
+  EXPECT_EQ(FirstControlCharacter("\xc2"
+                                  "A"),
+            2u);
+  EXPECT_EQ(FirstControlCharacter("\xc2\t"), 1u);  // the tab, not the C2
+  EXPECT_EQ(FirstControlCharacter("end\xc2"), 4u);
+}
+
 }  // namespace
 }  // namespace plateau
