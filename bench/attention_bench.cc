@@ -63,10 +63,13 @@ struct Point {
 };
 
 // max |a - base| over max |base|: how far a lies from the baseline's
-// values at the baseline's scale.
+// values at the baseline's scale; infinite when either holds a value that
+// is not finite.
 double RelDiff(const std::vector<float>& a, const std::vector<float>& base) {
   double diff = 0, mag = 0;
   for (size_t i = 0; i < a.size() && i < base.size(); ++i) {
+    // std::max drops a NaN: a value that is not finite is no agreement.
+    if (!std::isfinite(a[i]) || !std::isfinite(base[i])) return INFINITY;
     diff = std::max(diff, std::abs(double{a[i]} - base[i]));
     mag = std::max(mag, std::abs(double{base[i]}));
   }
