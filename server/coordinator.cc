@@ -1588,7 +1588,9 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
   r.started = true;
   if (v1::Placement* p = PlacementOn(*a, request.worker_id())) {
     p->add_exited_ranks(request.rank());
-    PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s exited rank")));
+    // Acknowledged to the agent, which then forgets the exit: synced.
+    PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job, JobStore::Durability::kPowerLoss),
+                                    absl::StrCat("record ", a->job.id(), "'s exited rank")));
   }
   // A rank its agent killed in a hung teardown (worker/agent.h) counts as
   // having exited with the code it said: its work was over.

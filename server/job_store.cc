@@ -210,12 +210,17 @@ absl::Status JobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
-absl::Status JobStore::Begin(Durability durability) {
+absl::Status JobStore::Sync(Durability durability) {
   if (durability != synced_) {
     PLATEAU_RETURN_IF_ERROR(
         Exec(durability == Durability::kPowerLoss ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
     synced_ = durability;
   }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Begin(Durability durability) {
+  PLATEAU_RETURN_IF_ERROR(Sync(durability));
   return Exec("BEGIN IMMEDIATE");
 }
 
@@ -292,9 +297,10 @@ absl::StatusOr<std::optional<std::string>> JobStore::FindRequest(const std::stri
   return std::optional<std::string>(JobIdOf(q.Int(0)));
 }
 
-absl::Status JobStore::PutJob(const v1::Job& job) {
+absl::Status JobStore::PutJob(const v1::Job& job, Durability durability) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Sync(durability));  // one statement: its own transaction
   Stmt upd(db_, "UPDATE jobs SET state = ?, job = ? WHERE seq = ?");
   upd.Bind(1, job.state());
   upd.Bind(2, job.SerializeAsString());
@@ -526,7 +532,7 @@ absl::Status JobStore::PutMemoryTimelines(const std::vector<JobMemoryTimeline>& 
       return s;
     }
   }
-  return Exec("COMMIT");
+  return Commit();
 }
 
 absl::StatusOr<std::vector<v1::MemoryTimeline>> JobStore::ReadMemoryTimelines(const std::string& id) {
@@ -608,7 +614,7 @@ absl::Status JobStore::PutRankSteps(const std::vector<JobRankStep>& steps) {
       return s;
     }
   }
-  return Exec("COMMIT");
+  return Commit();
 }
 
 absl::StatusOr<std::vector<v1::StepTelemetry>> JobStore::ReadRankSteps(const std::string& id, int attempt,
@@ -687,7 +693,7 @@ absl::Status JobStore::DeleteJobData(const std::string& id) {
     Exec("ROLLBACK").IgnoreError();
     return s;
   }
-  return Exec("COMMIT");
+  return Commit();
 }
 
 absl::StatusOr<v1::JobState> JobStore::RecordedState(const std::string& id) {
@@ -745,6 +751,7 @@ absl::Status JobStore::DeleteJob(const std::string& id) {
 
 absl::Status JobStore::KvPut(const std::string& key, const std::string& value) {
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Sync(Durability::kProcessCrash));  // rendezvous keys: many, short-lived
   Stmt put(db_, "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)");
   put.BindText(1, key);
   put.Bind(2, value);
@@ -767,6 +774,7 @@ absl::StatusOr<std::map<std::string, std::string>> JobStore::KvAll() {
 
 absl::Status JobStore::KvDeletePrefix(const std::string& prefix) {
   absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Sync(Durability::kProcessCrash));
   // A range, not LIKE: keys may contain '%' and '_'.
   Stmt del(db_, "DELETE FROM kv WHERE key >= ? AND key < ?");
   std::string end = prefix;

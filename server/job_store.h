@@ -70,6 +70,14 @@ struct JobRankStep {
 
 class JobStore {
  public:
+  // How far a write survives. kPowerLoss: what a reply acknowledges (a
+  // submit and its id, a state change, a rank's recorded exit, a delete)
+  // survives a power loss or an OS crash: one fsync of the WAL per commit.
+  // kProcessCrash: telemetry, logs, progress, rendezvous keys and sweeps,
+  // many a second, survive a crash of the coordinator (the OS has the WAL)
+  // but a power loss may lose their last seconds.
+  enum class Durability { kProcessCrash, kPowerLoss };
+
   // Opens (creating when missing) the database at `path`.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
   ~JobStore();
@@ -86,7 +94,7 @@ class JobStore {
   // The id of the job created with `request_id`, if any.
   absl::StatusOr<std::optional<std::string>> FindRequest(const std::string& request_id);
   // Replaces the stored job of the same id.
-  absl::Status PutJob(const v1::Job& job);
+  absl::Status PutJob(const v1::Job& job, Durability durability = Durability::kProcessCrash);
   // Appends `event` (its index set) and replaces the stored job, with its
   // event_count one past that index, in one transaction: a reader, and a
   // restarted coordinator, see the state change in both or in neither.
@@ -153,14 +161,10 @@ class JobStore {
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // COMMIT, or ROLLBACK when it fails.
   absl::Status Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // BEGIN IMMEDIATE, its COMMIT synced to disk or not (PRAGMA synchronous,
-  // which only takes effect set outside a transaction). kPowerLoss: what a
-  // reply acknowledges (a submit and its id, a state change, a delete)
-  // survives a power loss or an OS crash: one fsync of the WAL per commit.
-  // kProcessCrash: telemetry, logs and sweeps, many a second, survive a
-  // crash of the coordinator (the OS has the WAL) but a power loss may
-  // lose their last seconds.
-  enum class Durability { kProcessCrash, kPowerLoss };
+  // PRAGMA synchronous for what follows (it only takes effect set outside
+  // a transaction); every write says which it needs.
+  absl::Status Sync(Durability durability) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BEGIN IMMEDIATE, its COMMIT synced to disk or not (Sync).
   absl::Status Begin(Durability durability) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The DELETEs of DeleteJobData, inside the caller's transaction.
   absl::Status DeleteDataLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -250,6 +250,15 @@ TEST(JobStoreTest, AcknowledgedChangesAreSyncedAndTelemetryIsNot) {
   ASSERT_TRUE((*store)->PutJobWithEvent(*job, ran).ok());
   EXPECT_GT(wal_syncs.load(), before) << "a state change was acknowledged before its commit reached the disk";
 
+  // A write outside a transaction says its own durability: progress is
+  // not synced even right after a synced state change (it took the mode
+  // the last transaction left), a recorded rank exit is.
+  before = wal_syncs.load();
+  ASSERT_TRUE((*store)->PutJob(*job).ok());
+  EXPECT_EQ(wal_syncs.load(), before) << "a progress write synced";
+  ASSERT_TRUE((*store)->PutJob(*job, JobStore::Durability::kPowerLoss).ok());
+  EXPECT_GT(wal_syncs.load(), before) << "a rank's recorded exit was not synced";
+
   before = wal_syncs.load();
   ASSERT_TRUE((*store)->DeleteJob(job->id()).ok());
   EXPECT_GT(wal_syncs.load(), before) << "a delete was acknowledged before its commit reached the disk";
