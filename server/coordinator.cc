@@ -1674,14 +1674,21 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   // Log lines of jobs that exist: a line for a job id not yet given out
   // was stored and shown as the log of the job that later got the id, and
   // one for a deleted job was a row no delete would sweep. A finished
-  // job's last lines still count (they arrive after its end).
+  // job's last lines still count (they arrive after its end), until the
+  // retention pass has removed its logs (a line then would start them
+  // again at index 0, which a client resuming "from N" would never read).
   std::map<std::string, bool> exists;
   b.logs.erase(std::remove_if(b.logs.begin(), b.logs.end(),
                               [&](const v1::LogEntry& l) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                                 auto [it, added] = exists.emplace(l.job_id(), false);
                                 if (added) {
                                   auto seq = ParseJobId(l.job_id());
-                                  it->second = seq.ok() && (active_.count(*seq) > 0 || store_->GetJob(l.job_id()).ok());
+                                  if (seq.ok() && active_.count(*seq) > 0) {
+                                    it->second = true;
+                                  } else if (seq.ok()) {
+                                    const absl::StatusOr<v1::Job> stored = store_->GetJob(l.job_id());
+                                    it->second = stored.ok() && !stored->has_events_deleted_time();
+                                  }
                                 }
                                 return !it->second;
                               }),

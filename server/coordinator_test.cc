@@ -1366,6 +1366,16 @@ TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
   EXPECT_TRUE(store_->ReadLogs(done, 0, 100)->empty());
   EXPECT_FALSE(store_->ReadEvents(live, 0, 100)->empty()) << "a live job's events are never swept";
   EXPECT_THAT(Said(), HasSubstr(done + ": removed its " + std::to_string(count) + " event(s)"));
+  // A late line of the swept job is dropped, not stored as its log's line
+  // 0 (a client resuming its log from where it was would never read it).
+  v1::TelemetryRequest late;
+  late.set_worker_id(w);
+  v1::LogEntry* line = late.add_logs();
+  line->set_job_id(done);
+  line->set_rank(0);
+  line->set_line("after the sweep");
+  ASSERT_TRUE(c().ReportTelemetry(late).ok());
+  EXPECT_TRUE(store_->ReadLogs(done, 0, 100)->empty()) << "a swept job's log began again";
   // A sweep starts from the oldest job not yet swept: one that was live at
   // the last sweep is swept once it has finished and its retention passed.
   StartOn(w, live);

@@ -457,7 +457,9 @@ void JobStore::Remember(const std::map<std::string, int64_t>& committed, std::ma
   // Bounded: every job ever written would otherwise stay (a finished job's
   // entry is never used again); a dropped entry costs one indexed MAX query.
   constexpr size_t kMaxCached = 4096;
-  if (cache.size() + committed.size() > kMaxCached) cache.clear();
+  size_t added = 0;
+  for (const auto& entry : committed) added += cache.count(entry.first) == 0 ? 1 : 0;
+  if (cache.size() + added > kMaxCached) cache.clear();
   for (const auto& [id, next] : committed) cache[id] = next;
 }
 
