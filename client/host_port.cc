@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 
 namespace plateau {
 
@@ -44,6 +45,12 @@ bool IsLoopbackAddress(const std::string& address) {
   absl::string_view a = address;
   // A unix socket is reachable only through this machine's file system.
   if (absl::StartsWith(a, "unix:") || absl::StartsWith(a, "unix-abstract:")) return true;
+  // gRPC's own target schemes around a HOST:PORT (dns:///h:p, dns:h:p,
+  // ipv4:h:p, ipv6:[h]:p); a comma list of several is not looked into.
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&a, scheme)) break;
+  }
+  if (absl::StrContains(a, ',')) return false;
   absl::string_view host = a;
   if (absl::StartsWith(a, "[")) {
     const size_t close = a.find(']');

@@ -29,11 +29,12 @@ TEST(SplitHostPortTest, HostsAndPortsAsFlagsGiveThem) {
 
 TEST(IsLoopbackAddressTest, OnlyThisMachine) {
   for (const char* a : {"127.0.0.1:7070", "127.1.2.3:0", "localhost:7070", "LOCALHOST:1", "[::1]:7070",
-                        "[::ffff:127.0.0.1]:7070", "unix:/run/plateau.sock", "unix-abstract:plateau"}) {
+                        "[::ffff:127.0.0.1]:7070", "unix:/run/plateau.sock", "unix-abstract:plateau",
+                        "dns:///localhost:7070", "ipv4:127.0.0.1:7070", "ipv6:[::1]:7070"}) {
     EXPECT_TRUE(IsLoopbackAddress(a)) << a;
   }
   for (const char* a : {"0.0.0.0:7070", "[::]:7070", ":7070", "10.1.2.3:7070", "example.com:7070", "128.0.0.1:1",
-                        "[::1:7070", "[::ffff:10.0.0.1]:1"}) {
+                        "[::1:7070", "[::ffff:10.0.0.1]:1", "dns:///example.com:7070", "ipv4:127.0.0.1:1,10.0.0.1:1"}) {
     EXPECT_FALSE(IsLoopbackAddress(a)) << a;
   }
 }

@@ -494,8 +494,8 @@ absl::StatusOr<WgmmaChoice> ChooseWgmma(int device, int smem_optin, bool double_
   if (error != cudaSuccess) {
     if (IsCudaDeviceFault(error)) return CudaStatus(error, failed, __FILE__, __LINE__);
     (void)cudaGetLastError();
-    // An error the list above does not name may still have broken the
-    // context (cudaErrorUnknown on some drivers): if the device no longer
+    // An error IsCudaDeviceFault does not name may still have broken the
+    // context (drivers differ in what they report): if the device no longer
     // synchronises once it is cleared, that is the result, not a fallback
     // to mma.sync whose first kernel of the step would take the blame.
     if (const cudaError_t sticky = cudaDeviceSynchronize(); sticky != cudaSuccess) {
