@@ -460,6 +460,38 @@ TEST(SecurityTest, PlateauctlShowsControlCharactersOfLogLinesAsText) {
   EXPECT_THAT(refused.status().message(), HasSubstr("checkpoint.directory"));
 }
 
+// --allowed_paths: a job whose checkpoint directory (or data) lies outside
+// the worker's directories fails INVALID at the start of its ranks, naming
+// the field (not restarted); one inside runs. Without it any submitter
+// could have the ranks read or write any path the agent's user can.
+TEST(SecurityTest, AJobsPathsMustLieInTheWorkersAllowedPaths) {
+  const std::string dir = TempDir("allowed_paths");
+  const std::string allowed = dir + "/allowed";
+  std::filesystem::create_directories(allowed);
+  ClusterOptions o;
+  o.worker_flags = {"--allowed_paths=" + allowed};
+  Cluster c("allowed_paths_cluster", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec outside = TinyJob(2);
+  outside.mutable_checkpoint()->set_directory(dir + "/elsewhere");
+  auto sub = c.client().SubmitJob(outside, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  v1::Job done = c.WaitDone(sub->job().id());
+  EXPECT_EQ(done.state(), v1::FAILED) << done.DebugString();
+  EXPECT_EQ(done.failure().kind(), v1::Failure::INVALID) << done.DebugString();
+  EXPECT_EQ(done.attempt(), 0) << "a refused job was restarted";
+  EXPECT_THAT(done.failure().message(), HasSubstr("checkpoint.directory=" + dir +
+                                                  "/elsewhere: outside this worker's --allowed_paths (" + allowed));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/elsewhere")) << "a rank wrote there";
+  v1::JobSpec inside = TinyJob(2);
+  inside.mutable_checkpoint()->set_directory(allowed + "/ckpt");
+  sub = c.client().SubmitJob(inside, false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  done = c.WaitDone(sub->job().id());
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString() << c.Logs();
+  EXPECT_TRUE(std::filesystem::exists(allowed + "/ckpt/step-00000002.safetensors"));
+}
+
 // Writes `path` as docs/SERVICE.md "Rotating the token" says to: a new
 // file renamed over the old, so no reader sees it half-written.
 void Replace(const std::string& path, const std::string& text) {

@@ -556,6 +556,7 @@ void Agent::Start(const v1::Assignment& a) {
   // The job id names a file here: checked before anything is written (an
   // assignment this agent cannot trust starts no rank, each reported).
   absl::Status spec_written = CheckAssignment(a);
+  if (spec_written.ok()) spec_written = CheckSpecPaths(a.spec(), options_.allowed_paths);
   const std::string spec_file = absl::StrCat(options_.work_dir, "/", a.job_id(), ".attempt-", a.attempt(), ".spec");
   // A spec that could not be written whole (a full work disk) starts no
   // rank: a truncated one could parse with its last fields missing.
@@ -683,7 +684,10 @@ void Agent::Start(const v1::Assignment& a) {
       Log(a.job_id(), a.attempt(), r, "agent", msg);
       rp->exited = true;
       v1::RankExited* e = report.mutable_exited();
-      e->set_exit_code(127);
+      // A job this agent refuses (its assignment, its paths) is the job's
+      // fault: INVALID, not a crash to restart. Anything else may pass.
+      const bool refused = absl::IsInvalidArgument(device_ok) || absl::IsFailedPrecondition(device_ok);
+      e->set_exit_code(refused ? kRankExitInvalidJob : 127);
       e->set_message(msg);
       e->set_process_group_empty(true);
       QueueStatus(report, rp);

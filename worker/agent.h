@@ -90,6 +90,9 @@ struct AgentOptions {
   v1::WorkerCapabilities capabilities;
   std::string rank_binary;  // plateau_rank
   std::string work_dir;     // spec files of running jobs; the worker id
+  // The directories a job's paths must lie in (AllowedPaths,
+  // worker/assignment.h); empty: any path the agent's user can reach.
+  std::vector<std::string> allowed_paths;
   absl::Duration grace = absl::Seconds(5);
   // How long a rank that said it is exiting (RankOutput.exiting: its work
   // over, its error if any already reported) may take to tear down before

@@ -49,6 +49,7 @@
 #include "kernels/backend.h"  // BackendKind
 #include "kernels/named_flags.h"
 #include "worker/agent.h"
+#include "worker/assignment.h"
 #include "worker/calibration.h"
 #include "worker/device_slots.h"
 #include "worker/dir_lock.h"
@@ -87,6 +88,9 @@ constexpr char kUsage[] = R"(usage: plateau_worker --coordinator=HOST:PORT [--na
   --tls_client_cert_file=PATH      PEM certificate chain of this worker, for a coordinator that
                                    requires client certificates (its --tls_client_ca_file); ranks too
   --tls_client_key_file=PATH       PEM private key of that certificate
+  --allowed_paths=DIR,DIR          the directories a job's data and checkpoint paths must lie in
+                                   (links resolved); a job naming another fails INVALID. Empty (the
+                                   default): any path this agent's user can reach
   --calibrate=true                 measure the backend for the `auto` settings' time model (cached in
                                    --work_dir); false: register without, the coordinator's default curve
 )";
@@ -300,7 +304,8 @@ int Main(int argc, char** argv) {
       {"work_dir", (std::filesystem::temp_directory_path() / absl::StrCat("plateau-worker-", getpid())).string()},
       {"grace_s", "5"},
       {"teardown_s", "60"},
-      {"calibrate", "true"}};
+      {"calibrate", "true"},
+      {"allowed_paths", ""}};
   for (const char* name : kConnectionFileFlags) f[name] = "";
   const std::map<std::string, std::string> defaults = f;
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &f);
@@ -381,6 +386,9 @@ int Main(int argc, char** argv) {
   }
   c.set_name(f["name"]);
   o.rank_binary = f["rank_binary"];
+  absl::StatusOr<std::vector<std::string>> allowed = AllowedPaths(f["allowed_paths"]);
+  if (!allowed.ok()) return Fail(std::string(allowed.status().message()));
+  o.allowed_paths = *std::move(allowed);
   o.work_dir = f["work_dir"];
   o.grace = absl::Seconds(grace);
   o.teardown = absl::Seconds(teardown);

@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace plateau {
 
@@ -40,6 +44,61 @@ absl::Status CheckAssignment(const v1::Assignment& a) {
           "assignment: ranks: expected distinct ranks of 0 to layout.ranks - 1 = ", ranks - 1, ", got ", r));
     }
     seen[r] = true;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// `path` with its links resolved as far as it exists and the rest made
+// lexically normal ("..", ".", doubled slashes): what an open would reach.
+std::string Resolved(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? std::filesystem::path(path).lexically_normal().string() : p.string();
+}
+
+// Whether `path` is `root` or below it, component by component.
+bool Under(const std::string& path, const std::string& root) {
+  if (root == "/") return true;
+  return path == root ||
+         (path.size() > root.size() && path.compare(0, root.size(), root) == 0 && path[root.size()] == '/');
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> AllowedPaths(const std::string& flag_value) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(flag_value, ',', absl::SkipEmpty())) {
+    const std::string dir(part);
+    if (dir.empty() || dir[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--allowed_paths: expected absolute directories separated by commas, got '", dir, "'"));
+    }
+    std::string r = Resolved(dir);
+    while (r.size() > 1 && r.back() == '/') r.pop_back();
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& allowed) {
+  if (allowed.empty()) return absl::OkStatus();
+  std::vector<std::pair<std::string, std::string>> named;
+  if (spec.data().has_text()) named.emplace_back("data.text.path", spec.data().text().path());
+  for (int i = 0; i < spec.data().shards().paths_size(); ++i) {
+    named.emplace_back(absl::StrCat("data.shards.paths[", i, "]"), spec.data().shards().paths(i));
+  }
+  if (!spec.checkpoint().directory().empty()) named.emplace_back("checkpoint.directory", spec.checkpoint().directory());
+  for (const auto& [field, path] : named) {
+    const std::string r = Resolved(path);
+    bool ok = false;
+    for (const std::string& root : allowed) ok = ok || Under(r, root);
+    if (!ok) {
+      return absl::FailedPreconditionError(absl::StrCat(field, "=", path, r == path ? "" : absl::StrCat(" (", r, ")"),
+                                                        ": outside this worker's --allowed_paths (",
+                                                        absl::StrJoin(allowed, ", "), ")"));
+    }
   }
   return absl::OkStatus();
 }

@@ -7,7 +7,11 @@
 #ifndef PLATEAU_WORKER_ASSIGNMENT_H_
 #define PLATEAU_WORKER_ASSIGNMENT_H_
 
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "plateau/v1/worker.pb.h"
 
 namespace plateau {
@@ -17,6 +21,22 @@ namespace plateau {
 // spaces, and each rank one of the spec's layout.ranks, once. Otherwise
 // INVALID_ARGUMENT "assignment: FIELD: expected ..., got ...".
 absl::Status CheckAssignment(const v1::Assignment& a);
+
+// The agent's --allowed_paths: each an absolute directory, made canonical
+// (links resolved; it need not exist yet). INVALID_ARGUMENT naming the
+// flag otherwise. An empty list: no limit.
+absl::StatusOr<std::vector<std::string>> AllowedPaths(const std::string& flag_value);
+
+// Whether every path the spec names (data.text.path, data.shards.paths[i],
+// checkpoint.directory) lies under one of `allowed` (AllowedPaths), once
+// links are resolved (as far as the path exists): the ranks open them as
+// the agent's user, so without a limit any submitter could have them read
+// any file that user can (another job's checkpoints, the node's secrets)
+// or write checkpoints into another job's directory. FAILED_PRECONDITION
+// "FIELD=PATH: outside this worker's --allowed_paths (...)"; OK when
+// `allowed` is empty. (A link swapped in between this check and the
+// rank's open is not caught: give each submitter a directory of their own.)
+absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::string>& allowed);
 
 }  // namespace plateau
 

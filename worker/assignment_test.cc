@@ -1,5 +1,8 @@
 #include "worker/assignment.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -50,6 +53,51 @@ TEST(AssignmentTest, AnythingElseIsRefusedNamingTheField) {
                 HasSubstr("assignment: ranks: expected distinct ranks of 0 to layout.ranks - 1 = 3, got " +
                           std::to_string(bad)));
   }
+}
+
+// Paths under an allowed directory pass, links resolved: a link inside
+// that points outside, a "..", a sibling that shares the prefix are out.
+TEST(AssignmentTest, SpecPathsMustLieUnderTheAllowedDirectories) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path base = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / "allowed";
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base / "data");
+  std::filesystem::create_directories(base / "data2");
+  std::filesystem::create_directories(base / "secret");
+  std::ofstream(base / "data" / "a.txt") << "x";
+  std::ofstream(base / "secret" / "key") << "x";
+  std::filesystem::create_symlink(base / "secret" / "key", base / "data" / "innocent.txt");
+  auto allowed = AllowedPaths((base / "data").string() + "/,/nonexistent/ckpt");
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  ASSERT_EQ(allowed->size(), 2u);
+  EXPECT_EQ((*allowed)[0], (base / "data").string());
+
+  auto with = [](const std::string& text, const std::string& checkpoint) {
+    v1::JobSpec s;
+    s.mutable_data()->mutable_text()->set_path(text);
+    if (!checkpoint.empty()) s.mutable_checkpoint()->set_directory(checkpoint);
+    return s;
+  };
+  EXPECT_TRUE(CheckSpecPaths(with((base / "data" / "a.txt").string(), "/nonexistent/ckpt/job-1"), *allowed).ok());
+  for (const std::string& bad :
+       {(base / "data" / "innocent.txt").string(), (base / "data" / ".." / "secret" / "key").string(),
+        (base / "data2" / "b.txt").string(), std::string("/etc/passwd")}) {
+    const absl::Status s = CheckSpecPaths(with(bad, ""), *allowed);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("data.text.path=" + bad)) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("outside this worker's --allowed_paths")) << bad;
+  }
+  const absl::Status ckpt =
+      CheckSpecPaths(with((base / "data" / "a.txt").string(), "/nonexistent/ckpt-other"), *allowed);
+  EXPECT_THAT(ckpt.message(), HasSubstr("checkpoint.directory=/nonexistent/ckpt-other: outside"));
+  v1::JobSpec shards;
+  shards.mutable_data()->mutable_shards()->add_paths((base / "data" / "a.txt").string());
+  shards.mutable_data()->mutable_shards()->add_paths((base / "secret" / "key").string());
+  EXPECT_THAT(CheckSpecPaths(shards, *allowed).message(), HasSubstr("data.shards.paths[1]="));
+  // No list: no limit.
+  EXPECT_TRUE(CheckSpecPaths(with("/etc/passwd", ""), {}).ok());
+  EXPECT_THAT(AllowedPaths("relative/dir").status().message(),
+              HasSubstr("--allowed_paths: expected absolute directories separated by commas, got 'relative/dir'"));
 }
 
 }  // namespace
