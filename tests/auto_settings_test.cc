@@ -6,9 +6,11 @@
 // at the plan made with those values); `plateauctl get` shows them; and a
 // worker started again on the same work dir reads its calibration from the
 // cache instead of measuring.
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -61,6 +63,13 @@ TEST(AutoSettingsServiceTest, AJobWithAutoRunsTheChosenValuesAndGetShowsThem) {
   })) << plan.DebugString() << c.Logs();
   EXPECT_THAT(c.worker()->out(), HasSubstr("plateau_worker: calibration measured in"));
   ASSERT_EQ(plan.auto_settings_size(), 4);
+  // Measured with one rank's share of the cores (its slots' ranks run at
+  // once): cores / slots threads, not every core.
+  auto workers = c.client().ListWorkers();
+  ASSERT_TRUE(workers.ok() && workers->workers_size() == 1) << workers.status();
+  const int share = std::max(
+      1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / workers->workers(0).slots_total());
+  EXPECT_THAT(plan.calibration(), HasSubstr(absl::StrCat("a pool of ", share, " threads"))) << plan.calibration();
 
   auto sub = c.client().SubmitJob(spec, false);
   ASSERT_TRUE(sub.ok()) << sub.status();

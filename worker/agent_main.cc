@@ -160,10 +160,27 @@ void Calibrate(AgentOptions* o) {
   std::filesystem::create_directories(o->work_dir, ec);
   const bool cuda = o->capabilities.backend() == v1::BACKEND_CUDA;
   std::string said;
+  std::vector<std::string> args = {o->rank_binary, absl::StrCat("--calibrate_dir=", o->work_dir),
+                                   absl::StrCat("--backend=", cuda ? "cuda" : "cpu")};
+  // What one rank has when the slots are all busy: on the CPU its share of
+  // the cores (measured with all of them, a rank's GEMM rate was the node's,
+  // its slots' ranks' times too fast by their count); on CUDA the GPU of
+  // slot 0 as its ranks see it (CUDA_VISIBLE_DEVICES naming it), not
+  // whatever device 0 of the agent's environment is.
+  std::vector<std::string> env;
+  if (!cuda) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    args.push_back(absl::StrCat("--calibrate_threads=", std::max(1, cores / o->capabilities.devices())));
+  } else {
+    std::vector<std::string> base_env;
+    for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
+    std::string visible;
+    absl::StatusOr<std::vector<std::string>> slot0 = CudaRankEnvironment(base_env, 0, &visible);
+    if (slot0.ok()) env = *std::move(slot0);
+  }
   // Well under a second when it measures; a minute means it is stuck.
-  std::string why = RunRankBinary({o->rank_binary, absl::StrCat("--calibrate_dir=", o->work_dir),
-                                   absl::StrCat("--backend=", cuda ? "cuda" : "cpu")},
-                                  {}, absl::StrCat(o->work_dir, "/calibration.log"), absl::Seconds(60), &said);
+  std::string why = RunRankBinary(std::move(args), std::move(env), absl::StrCat(o->work_dir, "/calibration.log"),
+                                  absl::Seconds(60), &said);
   if (!why.empty()) why = absl::StrCat("the measurement failed (", why, ")");
   v1::Calibration c;
   if (why.empty()) {

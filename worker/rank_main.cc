@@ -134,16 +134,22 @@ int Fail(int64_t rank, const absl::Status& s) {
 // the worker agent's calibration (worker/calibration.h), measured by the
 // binary that trains, cached in DIR. Prints one line, "measured in X s" or
 // "read from the cache"; exits 0, or 1 with the error on stderr.
-int Calibrate(const std::string& dir, const std::string& backend_name, const std::string& device) {
+int Calibrate(const std::string& dir, const std::string& backend_name, const std::string& device,
+              const std::string& threads) {
   absl::StatusOr<BackendKind> kind = ParseBackendKind(backend_name);
-  int index = 0;
-  if (!kind.ok() || !absl::SimpleAtoi(device, &index)) {
-    std::fprintf(stderr, "plateau_rank: --calibrate_dir needs --backend=cpu|cuda and an integer --device_index\n");
+  int index = 0, cpu_threads = 0;
+  if (!kind.ok() || !absl::SimpleAtoi(device, &index) || !absl::SimpleAtoi(threads, &cpu_threads) || cpu_threads < 0) {
+    std::fprintf(stderr,
+                 "plateau_rank: --calibrate_dir needs --backend=cpu|cuda, an integer --device_index and "
+                 "--calibrate_threads >= 0\n");
     return kRankExitUsage;
   }
   BackendOptions bo;
   bo.kind = *kind;
   bo.device_index = index;
+  // CPU: the threads one rank's share of the node is (the agent passes
+  // cores / slots: its ranks run at once, each with a pool of every core).
+  bo.cpu_threads = cpu_threads;
   // Fixed, so that the backend's description (part of the cache's key)
   // does not change with a job's cap; the measurement needs under 48 MiB.
   if (bo.kind == BackendKind::kCpu) bo.device_memory_bytes = int64_t{64} << 20;
@@ -215,10 +221,10 @@ int Main(int argc, char** argv) {
     return kRankExitError;
   }
   std::map<std::string, std::string> f = {
-      {"coordinator", ""},   {"job_id", ""},       {"attempt", "0"},           {"rank", ""},
-      {"spec_file", ""},     {"kv_prefix", ""},    {"hostname", "127.0.0.1"},  {"device_index", "0"},
-      {"calibrate_dir", ""}, {"backend", "cpu"},   {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
-      {"lease_fd", "-1"},    {"probe_devices", ""}};
+      {"coordinator", ""},   {"job_id", ""},        {"attempt", "0"},           {"rank", ""},
+      {"spec_file", ""},     {"kv_prefix", ""},     {"hostname", "127.0.0.1"},  {"device_index", "0"},
+      {"calibrate_dir", ""}, {"backend", "cpu"},    {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
+      {"lease_fd", "-1"},    {"probe_devices", ""}, {"calibrate_threads", "0"}};
   for (const char* name : kConnectionFileFlags) f[name] = "";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -229,7 +235,9 @@ int Main(int argc, char** argv) {
     }
     f[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
   }
-  if (!f["calibrate_dir"].empty()) return Calibrate(f["calibrate_dir"], f["backend"], f["device_index"]);
+  if (!f["calibrate_dir"].empty()) {
+    return Calibrate(f["calibrate_dir"], f["backend"], f["device_index"], f["calibrate_threads"]);
+  }
   if (!f["probe_devices"].empty()) return ProbeDevices(f["backend"], f["probe_devices"]);
   int64_t rank = -1, attempt = 0, device_index = 0;
   if (!absl::SimpleAtoi(f["rank"], &rank) || rank < 0 || !absl::SimpleAtoi(f["attempt"], &attempt) ||
