@@ -477,6 +477,12 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
   std::vector<size_t> at(axes.size(), 0), best;
   double best_seconds = std::numeric_limits<double>::infinity();
   int64_t best_device = 0, best_host = 0;
+  // For the error when nothing fits both caps: the least host bytes among
+  // the combinations that fit the device cap, and the least device bytes
+  // among those that fit the host cap (-1: none fits that cap).
+  constexpr int64_t kNone = -1;
+  int64_t least_host = kNone, least_device = kNone;
+  std::vector<size_t> at_least_host;
   while (true) {
     double seconds = 0;
     int64_t device = DeviceBytesAgainstCap(base_plan, caps), host = base_plan.host_total();
@@ -484,6 +490,13 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
       seconds += axes[i].seconds[at[i]];
       device += axes[i].device[at[i]];
       host += axes[i].host[at[i]];
+    }
+    if ((caps.device_bytes == 0 || device <= caps.device_bytes) && (least_host == kNone || host < least_host)) {
+      least_host = host;
+      at_least_host = at;
+    }
+    if ((caps.host_bytes == 0 || host <= caps.host_bytes) && (least_device == kNone || device < least_device)) {
+      least_device = device;
     }
     if (fits(device, host) &&
         (best.empty() || seconds < best_seconds ||
@@ -497,9 +510,47 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
     while (i < axes.size() && ++at[i] == axes[i].values.size()) at[i++] = 0;
     if (i == axes.size()) break;
   }
+  if (best.empty() && least_host != kNone && least_device != kNone) {
+    // Each cap alone can be met, not both: the host's room the device
+    // needs. (Said at the smallest device plan, the host's shortfall was
+    // overstated and the setting called "already at its smallest".)
+    std::vector<std::string> values;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      values.push_back(absl::StrCat(AutoSettingField(axes[i].setting), "=", axes[i].values[at_least_host[i]]));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host_memory_bytes: no value of the `auto` settings fits both caps: those that fit device_memory_bytes = ",
+        caps.device_bytes, " need at least ", least_host, " host bytes (at ", absl::StrJoin(values, ", "),
+        ") against a cap of ", caps.host_bytes, ", short by ", least_host - caps.host_bytes,
+        "; those that fit the host need at least ", least_device, " device bytes, short by ",
+        least_device - caps.device_bytes, "; raise either cap"));
+  }
+  if (best.empty() && least_host != kNone) {
+    // Every combination that fits the device is over the host cap (and
+    // none fits the host at all): said at the least host plan among them.
+    StepOptions least = options;
+    for (size_t i = 0; i < axes.size(); ++i) SetAutoSetting(&least, axes[i].setting, axes[i].values[at_least_host[i]]);
+    PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(least, layout));
+    std::vector<std::string> values, sets;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      values.push_back(absl::StrCat(AutoSettingField(axes[i].setting), "=", axes[i].values[at_least_host[i]]));
+    }
+    int largest = 0;
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      if (p.host_bytes[i] > p.host_bytes[largest]) largest = i;
+      if (p.host_bytes[i] != 0)
+        sets.push_back(absl::StrCat(LiveSetName(static_cast<LiveSet>(i)), "=", p.host_bytes[i]));
+    }
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host_memory_bytes: no value of the `auto` settings fits: at the least host plan (",
+                     absl::StrJoin(values, ", "), ") the host plan is ", p.host_total(), " bytes (",
+                     absl::StrJoin(sets, ", "), ") against a cap of ", caps.host_bytes, ", short by ",
+                     p.host_total() - caps.host_bytes, "; the largest live set is ",
+                     LiveSetName(static_cast<LiveSet>(largest)), " (", p.host_bytes[largest], " bytes)"));
+  }
   if (best.empty()) {
-    // Nothing fits: the plan at each setting's smallest device bytes (then
-    // host bytes), and the live set that dominates it.
+    // Nothing fits the device: the plan at each setting's smallest device
+    // bytes (then host bytes), and the live set that dominates it.
     PLATEAU_ASSIGN_OR_RETURN(const StepOptions smallest, SmallestAutoSettings(options, request, &layout));
     std::vector<std::string> values;
     for (const Axis& a : axes) {

@@ -20,6 +20,7 @@
 namespace plateau {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // All four schedules on, every setting with several candidates: N = 128
@@ -164,6 +165,35 @@ TEST(AutoSettingsTest, GemmRateIsInterpolatedInLogRowsWithTheLaunchApart) {
   EXPECT_NEAR(GemmSeconds(c, 4, 4, 4), launch + 2.0 * 64 / 1e9, 1e-12);
   EXPECT_NEAR(GemmSeconds(c, 4096, 4096, 4096), launch + 2.0 * 4096.0 * 4096 * 4096 / 3e9, 1e-9);
   EXPECT_EQ(GemmSeconds(c, 0, 5, 5), 0);
+}
+
+// A device cap that needs two pooled boundaries and a host cap that holds
+// one: each alone can be met, not both, and the error says so with the
+// real shortfalls. It named the plan at the smallest device bytes (three
+// boundaries): the host short by two, beta "already at its smallest".
+TEST(AutoSettingsTest, CapsThatEachFitButNotTogetherAreSaidAsSuch) {
+  const StepOptions o = AllOn();  // N = 128, H = 16: a boundary is 8 KiB
+  const int64_t boundary = 128 * 16 * 4;
+  auto plan_at = [&](int64_t beta) {
+    StepOptions at = o;
+    SetAutoSetting(&at, AutoSetting::kHostBudget, beta);
+    return *PlanMemory(at);
+  };
+  const MemoryPlan one = plan_at(boundary), two = plan_at(2 * boundary);
+  ASSERT_EQ(two.host_total() - one.host_total(), boundary);
+  ASSERT_EQ(one.total() - two.total(), boundary);
+  const FitCaps caps{two.total(), one.host_total()};
+  auto got =
+      ChooseAutoSettings(o, AutoRequest{false, false, true, false}, DefaultCalibration(CalibrationBackend::kCpu), caps);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(got.status().message(),
+              AllOf(HasSubstr("host_memory_bytes: no value of the `auto` settings fits both caps"),
+                    HasSubstr(absl::StrCat("need at least ", two.host_total(),
+                                           " host bytes (at "
+                                           "schedule.sco.host_budget_bytes=",
+                                           2 * boundary, ")")),
+                    HasSubstr(absl::StrCat("short by ", boundary, "; those that fit the host need at least ",
+                                           one.total(), " device bytes, short by ", boundary))));
 }
 
 TEST(AutoSettingsTest, ModelPiecesMatchHandComputations) {
