@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,22 @@ std::string BinaryFingerprint(const std::vector<std::string>& paths) {
                                  static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec));
   }
   return absl::StrJoin(parts, "+");
+}
+
+std::vector<std::string> LoadedComputeLibraries() {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> libs;
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    for (const char* lib : {"libopenblas", "libblas", "libcublas", "libnccl", "libcudart", "libcuda.", "libgloo"}) {
+      if (name.rfind(lib, 0) == 0) libs.insert(path);
+    }
+  }
+  return {libs.begin(), libs.end()};
 }
 
 std::string CalibrationCachePath(const std::string& work_dir, BackendKind kind) {

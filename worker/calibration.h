@@ -43,6 +43,13 @@ v1::Calibration CalibrationToProto(const Calibration& c);
 // is rebuilt or replaced. A file that cannot be read gives "<path>:missing".
 std::string BinaryFingerprint(const std::vector<std::string>& paths);
 
+// The shared libraries this process has mapped that do its arithmetic or
+// talk to the device (BLAS, cuBLAS/cuBLASLt, NCCL, the CUDA runtime and
+// driver, Gloo), from /proc/self/maps, sorted: a calibration measured
+// before one of them was upgraded (a new driver, another OpenBLAS) is then
+// measured again, as when the rank binary changes.
+std::vector<std::string> LoadedComputeLibraries();
+
 // The cache file's path for a backend kind ("cpu", "cuda").
 std::string CalibrationCachePath(const std::string& work_dir, BackendKind kind);
 

@@ -3,16 +3,18 @@
 // stored, and measures again when the backend, the binaries or the file
 // change.
 #include "worker/calibration.h"
-#include "worker/calibration_measure.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/memory.h"
+#include "worker/calibration_measure.h"
 
 namespace plateau {
 namespace {
@@ -136,6 +138,19 @@ TEST(CalibrationTest, FingerprintFollowsTheFiles) {
   { std::ofstream(b) << "three!"; }  // another size
   EXPECT_NE(BinaryFingerprint({a, b}), before);
   EXPECT_THAT(BinaryFingerprint({dir + "/none"}), HasSubstr("/none:missing"));
+}
+
+// This test links the CPU backend, whose OpenBLAS (and Gloo) are shared
+// libraries: they are among the files the cache's fingerprint follows.
+TEST(CalibrationTest, TheComputeLibrariesLoadedAreFound) {
+  const std::vector<std::string> libs = LoadedComputeLibraries();
+  bool blas = false;
+  for (const std::string& l : libs) {
+    EXPECT_EQ(l[0], '/') << l;
+    blas |= l.find("libopenblas") != std::string::npos;
+  }
+  EXPECT_TRUE(blas) << absl::StrJoin(libs, ", ");
+  EXPECT_TRUE(std::is_sorted(libs.begin(), libs.end()));
 }
 
 TEST(CalibrationTest, ProtoRoundTripAndValidation) {

@@ -161,8 +161,13 @@ int Calibrate(const std::string& dir, const std::string& backend_name, const std
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   bool measured = false;
-  auto c = LoadOrMeasureCalibration(dir, bo.kind, (*backend)->Describe(), BinaryFingerprint({self}),
-                                    [&] { return MeasureCalibration(**backend); }, &measured);
+  // The binary and the libraries it computes with (a driver or BLAS
+  // upgrade changes the rates as a rebuild does).
+  std::vector<std::string> files = {self};
+  for (std::string& lib : LoadedComputeLibraries()) files.push_back(std::move(lib));
+  auto c = LoadOrMeasureCalibration(
+      dir, bo.kind, (*backend)->Describe(), BinaryFingerprint(files), [&] { return MeasureCalibration(**backend); },
+      &measured);
   if (!c.ok()) {
     std::fprintf(stderr, "plateau_rank: calibration: %s\n", c.status().ToString().c_str());
     return 1;
