@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -157,12 +158,16 @@ absl::Status Coordinator::Start() {
     // others are re-attached (Restore).
     int64_t after = 0;
     bool more = true;
+    std::set<int64_t> unreadable;  // live rows that do not parse
     while (more) {
-      PLATEAU_ASSIGN_OR_RETURN(
-          std::vector<v1::Job> jobs,
-          store_->ListJobs(after, 500,
-                           {v1::PENDING, v1::SCHEDULED, v1::RUNNING, v1::CANCELLING, v1::RESTARTING},
-                           &more));
+      std::vector<int64_t> corrupt;
+      JobQuery live;
+      live.cursor = after;
+      live.limit = 500;
+      live.states = {v1::PENDING, v1::SCHEDULED, v1::RUNNING, v1::CANCELLING, v1::RESTARTING};
+      live.corrupt = &corrupt;
+      PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->ListJobs(live, &more));
+      unreadable.insert(corrupt.begin(), corrupt.end());
       for (v1::Job& job : jobs) {
         PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(job.id()));
         after = seq;
@@ -177,6 +182,11 @@ absl::Status Coordinator::Start() {
         PLATEAU_RETURN_IF_ERROR(r);
         ++restored;
       }
+    }
+    for (int64_t seq : unreadable) PLATEAU_RETURN_IF_ERROR(FailUnreadableJob(seq));
+    // The states as stored now (a replaced row's state was counted live).
+    if (!unreadable.empty()) {
+      PLATEAU_ASSIGN_OR_RETURN(job_counts_, store_->CountJobsByState());
     }
     if (restored > 0) {
       Say(absl::StrCat("recovered ", restored, " live job(s) from the state database; their workers have ",
@@ -258,6 +268,26 @@ absl::Status Coordinator::FailCorruptJob(int64_t seq, const absl::Status& why) {
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::FAILED, f.message(), &f));
   std::fprintf(stderr, "plateau_coordinator: %s: %s\n", a.job.id().c_str(), f.message().c_str());
   active_.erase(seq);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::FailUnreadableJob(int64_t seq) {
+  v1::Job job;
+  job.set_id(JobIdOf(seq));
+  v1::Failure* f = job.mutable_failure();
+  f->set_kind(v1::Failure::STATE_CORRUPT);
+  f->set_message(absl::StrCat(
+      "the coordinator could not read this job's record at its restart (its row in table jobs does not parse): "
+      "this record, FAILED, replaces it; its spec and history are lost; its ranks, if any still run, are stopped "
+      "when their workers register"));
+  job.set_state(v1::FAILED);
+  job.set_state_reason(f->message());
+  Now(job.mutable_update_time());
+  *job.mutable_end_time() = job.update_time();
+  v1::JobEvent ev = StateChangeEvent(job, f);
+  PLATEAU_RETURN_IF_ERROR(Written(store_->PutJobWithEvent(job, ev), absl::StrCat("record ", job.id(), " as FAILED")));
+  metrics_->OnJobState(job.id(), v1::FAILED);
+  std::fprintf(stderr, "plateau_coordinator: %s: %s\n", job.id().c_str(), f->message().c_str());
   return absl::OkStatus();
 }
 

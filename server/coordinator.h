@@ -248,6 +248,9 @@ class Coordinator {
   // Restore found a corrupt record of job `seq` (`why`, DATA_LOSS): the job
   // fails (STATE_CORRUPT, not restarted) and leaves the live jobs.
   absl::Status FailCorruptJob(int64_t seq, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A live job whose row does not parse: replaced by a FAILED record
+  // (STATE_CORRUPT) saying so, its spec and history lost.
+  absl::Status FailUnreadableJob(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.
   // `expected`: the restart left ranks of live jobs placed on it.
   // `after`: what happened, for logs and failures ("the coordinator's

@@ -1138,6 +1138,32 @@ TEST_F(CoordinatorTest, ACorruptRecordOfALiveJobFailsItAndTheRestartGoesOn) {
   EXPECT_EQ(r.cancellations_size(), 1) << r.DebugString();
 }
 
+// A live job whose own row does not parse: replaced at the restart by a
+// FAILED record saying so (its spec is lost), and the others recovered.
+// Before, ListJobs failed its whole page DATA_LOSS and Start with it.
+TEST_F(CoordinatorTest, ALiveJobWhoseRowDoesNotParseFailsAndTheRestartGoesOn) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  const std::string other = Submit(DemoJobSpec(2, 5));
+  ASSERT_EQ(Get(other).state(), v1::PENDING);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET job = x'ffffffff' WHERE seq = 1", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  Open();  // ASSERTs that Start succeeds
+  const v1::Job failed = Get(job);
+  EXPECT_EQ(failed.state(), v1::FAILED) << failed.DebugString();
+  EXPECT_EQ(failed.failure().kind(), v1::Failure::STATE_CORRUPT);
+  EXPECT_THAT(failed.failure().message(), HasSubstr("does not parse"));
+  EXPECT_EQ(Get(other).state(), v1::PENDING);
+  v1::ListJobsRequest list;
+  auto listed = c().ListJobs(list);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->jobs_size(), 2);
+  // A finished job's row may be deleted as usual.
+  EXPECT_TRUE(c().DeleteJob(job, "").ok());
+}
+
 // A submit whose write fails stores nothing: the client is told
 // UNAVAILABLE, and a restarted coordinator has no job to run. (The job
 // and its first event were two writes: the job stayed stored, PENDING, and

@@ -408,7 +408,11 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, b
     }
     for (auto& [seq, blob] : rows) {
       v1::Job job;
-      if (!job.ParseFromString(blob)) return CorruptJob(seq);
+      if (!job.ParseFromString(blob)) {
+        if (query.corrupt == nullptr) return CorruptJob(seq);
+        query.corrupt->push_back(seq);
+        continue;
+      }
       if (query.match && !query.match(job)) continue;
       const int64_t bytes = static_cast<int64_t>(blob.size());
       if (query.max_bytes > 0 && !jobs.empty() && page_bytes + bytes > query.max_bytes) {

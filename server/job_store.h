@@ -53,6 +53,10 @@ struct JobQuery {
   // first job). Rows are read only as far as the bound: a page of 1,000
   // jobs of 1 MiB specs was read whole into memory, then sent.
   int64_t max_bytes = 0;
+  // When set, a row that does not parse is listed here and skipped, not
+  // the page's failure (a restart recovering its live jobs fails that one
+  // job and goes on).
+  std::vector<int64_t>* corrupt = nullptr;
 };
 
 // A rank's memory timeline (its rank inside) and the job it belongs to.
