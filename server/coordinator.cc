@@ -353,6 +353,10 @@ void Coordinator::UpdateGauges() {
   metrics_->SetJobCounts(job_counts_);
 }
 
+// The rows the retention sweep deletes per tick (one transaction, under the
+// lock: ~20 ms at the 2.1 s per 2 M rows measured).
+constexpr int64_t kSweepRowsPerTick = 20000;
+
 void Coordinator::SweepRetention() {
   const absl::Time now = absl::Now();
   if (options_.retention <= absl::ZeroDuration() || now < next_sweep_) return;
@@ -381,7 +385,19 @@ void Coordinator::SweepRetention() {
         first_unswept = std::min(first_unswept, after);
         continue;
       }
-      Write(store_->DeleteJobData(job.id()), absl::StrCat("delete ", job.id(), "'s events and logs (retention)"));
+      // In parts of kSweepRowsPerTick: a job of millions of rank reports
+      // deleted at once held this lock for seconds (2 M rows: 2.1 s), past
+      // the agents' lease, which then froze every running rank. The rest
+      // is deleted at the next ticks.
+      absl::StatusOr<bool> done = store_->DeleteJobDataPart(job.id(), kSweepRowsPerTick);
+      Write(done.status(), absl::StrCat("delete ", job.id(), "'s events and logs (retention)"));
+      if (!store_error_.ok()) return;
+      if (!*done) {
+        next_sweep_ = now;  // on at the next tick
+        sweep_from_ = std::min(sweep_from_, after);
+        if (swept > 0) Changed();
+        return;
+      }
       Now(job.mutable_events_deleted_time());
       Write(store_->PutJob(job), absl::StrCat("record ", job.id(), "'s deleted events"));
       if (!store_error_.ok()) return;

@@ -1383,6 +1383,15 @@ TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
   ASSERT_TRUE(Exited(w, done, 1, kRankExitOk).ok());
   ASSERT_EQ(Get(done).state(), v1::SUCCEEDED);
   const int64_t count = Get(done).event_count();
+  // More rank reports than a tick deletes (kSweepRowsPerTick, 20,000): the
+  // sweep goes on over the next ticks until none is left.
+  std::vector<JobRankStep> many(25000);
+  for (int i = 0; i < 25000; ++i) {
+    many[i].job_id = done;
+    many[i].telemetry.set_attempt(7);
+    many[i].telemetry.set_step(i + 1);
+  }
+  ASSERT_TRUE(store_->PutRankSteps(many).ok());
   const std::string live = Submit(DemoJobSpec(2, 5));  // placed on the freed worker: live
   ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(done).has_events_deleted_time(); }, absl::Seconds(10)))
       << Get(done).DebugString();
@@ -1390,6 +1399,7 @@ TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
   EXPECT_EQ(Get(done).event_count(), count);  // how many there were
   EXPECT_TRUE(store_->ReadEvents(done, 0, 100)->empty());
   EXPECT_TRUE(store_->ReadLogs(done, 0, 100)->empty());
+  EXPECT_TRUE(store_->ReadRankSteps(done, 7, 0, INT64_MAX)->empty());
   EXPECT_FALSE(store_->ReadEvents(live, 0, 100)->empty()) << "a live job's events are never swept";
   EXPECT_THAT(Said(), HasSubstr(done + ": removed its " + std::to_string(count) + " event(s)"));
   // A late line of the swept job is dropped, not stored as its log's line

@@ -702,6 +702,38 @@ absl::Status JobStore::DeleteJobData(const std::string& id) {
   return Commit();
 }
 
+absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t max_rows) {
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(NextIndex("events", id, next_event_).status());
+  PLATEAU_RETURN_IF_ERROR(NextIndex("logs", id, next_log_).status());
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
+  // By primary key (the tables have no rowid), the largest table first.
+  int64_t left = std::max<int64_t>(1, max_rows);
+  bool done = true;
+  for (const char* sql : {"DELETE FROM rank_steps WHERE (job, attempt, step, rank) IN "
+                          "(SELECT job, attempt, step, rank FROM rank_steps WHERE job = ? LIMIT ?)",
+                          "DELETE FROM events WHERE (job, idx) IN (SELECT job, idx FROM events WHERE job = ? LIMIT ?)",
+                          "DELETE FROM logs WHERE (job, idx) IN (SELECT job, idx FROM logs WHERE job = ? LIMIT ?)",
+                          "DELETE FROM memory_timelines WHERE (job, rank) IN (SELECT job, rank FROM memory_timelines "
+                          "WHERE job = ? LIMIT ?)"}) {
+    Stmt del(db_, sql);
+    del.BindText(1, id);
+    del.Bind(2, left);
+    if (!del.ok() || del.Step() != SQLITE_DONE) {
+      absl::Status s = Error("delete a job's data");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    left -= sqlite3_changes(db_);
+    if (left <= 0) {  // this table may hold more
+      done = false;
+      break;
+    }
+  }
+  PLATEAU_RETURN_IF_ERROR(Commit());
+  return done;
+}
+
 absl::StatusOr<v1::JobState> JobStore::RecordedState(const std::string& id) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::MutexLock lock(&mu_);

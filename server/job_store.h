@@ -148,6 +148,10 @@ class JobStore {
   // events (within this store's life a later append would still continue
   // after the last index; after a reopen it would start again at 0).
   absl::Status DeleteJobData(const std::string& id);
+  // The same in parts: at most `max_rows` rows (one transaction), so that a
+  // job of millions of rank reports does not hold the store, and the
+  // coordinator's lock, for seconds. True once nothing of its data is left.
+  absl::StatusOr<bool> DeleteJobDataPart(const std::string& id, int64_t max_rows);
   // Removes the job itself as well (one transaction). NOT_FOUND names the id.
   absl::Status DeleteJob(const std::string& id);
   // The state column of the job's row, which stays readable when the record

@@ -295,6 +295,46 @@ TEST(JobStoreTest, EventIndicesSurviveAFailedBatchAndTheCachesBound) {
   EXPECT_EQ((*store)->EventCount("job-1"), 4);
 }
 
+// A job's data deleted in parts of at most N rows (each a transaction of
+// its own): done only once every table is empty, and the indices still
+// never reused.
+TEST(JobStoreTest, AJobsDataIsDeletedInPartsOfBoundedRows) {
+  auto store = JobStore::Open(TempDb("delete_parts"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string id = "job-1";
+  std::vector<v1::JobEvent> events(5);
+  std::vector<v1::LogEntry> logs(5);
+  std::vector<JobRankStep> steps(7);
+  for (auto& e : events) e.set_job_id(id);
+  for (auto& l : logs) l.set_job_id(id);
+  for (int i = 0; i < 7; ++i) {
+    steps[i].job_id = id;
+    steps[i].telemetry.set_step(i + 1);
+  }
+  ASSERT_TRUE((*store)->AppendEvents(events).ok());
+  ASSERT_TRUE((*store)->AppendLogs(logs).ok());
+  ASSERT_TRUE((*store)->PutRankSteps(steps).ok());
+  std::vector<v1::JobEvent> other(1);
+  other[0].set_job_id("job-2");
+  ASSERT_TRUE((*store)->AppendEvents(other).ok());
+  int parts = 0;
+  for (bool done = false; !done; ++parts) {
+    absl::StatusOr<bool> d = (*store)->DeleteJobDataPart(id, 4);
+    ASSERT_TRUE(d.ok()) << d.status();
+    done = *d;
+    ASSERT_LT(parts, 10);
+  }
+  EXPECT_EQ(parts, 5);  // 17 rows, 4 a part: the fifth finds the rest
+  EXPECT_TRUE((*store)->ReadEvents(id, 0, 100)->empty());
+  EXPECT_TRUE((*store)->ReadLogs(id, 0, 100)->empty());
+  EXPECT_TRUE((*store)->ReadRankSteps(id, 0, 0, INT64_MAX)->empty());
+  EXPECT_EQ((*store)->ReadEvents("job-2", 0, 100)->size(), 1u) << "another job's rows went too";
+  std::vector<v1::JobEvent> after(1);
+  after[0].set_job_id(id);
+  ASSERT_TRUE((*store)->AppendEvents(after).ok());
+  EXPECT_EQ(after[0].index(), 5);
+}
+
 TEST(JobStoreTest, ListPagesAndFilters) {
   auto store = JobStore::Open(TempDb("list"));
   ASSERT_TRUE(store.ok());
