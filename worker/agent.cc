@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/connection.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/timestamps.h"
@@ -556,7 +557,10 @@ void Agent::Start(const v1::Assignment& a) {
   // The job id names a file here: checked before anything is written (an
   // assignment this agent cannot trust starts no rank, each reported).
   absl::Status spec_written = CheckAssignment(a);
-  if (spec_written.ok()) spec_written = CheckSpecPaths(a.spec(), options_.allowed_paths);
+  // The coordinator's (or whoever poses as it) fault: the job fails
+  // INVALID, not restarted. (Its paths are checked by the rank itself,
+  // against the --allowed_paths passed on.)
+  const bool refused = !spec_written.ok();
   const std::string spec_file = absl::StrCat(options_.work_dir, "/", a.job_id(), ".attempt-", a.attempt(), ".spec");
   // A spec that could not be written whole (a full work disk) starts no
   // rank: a truncated one could parse with its last fields missing.
@@ -615,6 +619,9 @@ void Agent::Start(const v1::Assignment& a) {
         absl::StrCat("--device_peak_flops=", options_.capabilities.device_peak_flops()),
         absl::StrCat("--device_peak_bf16_flops=", options_.capabilities.device_peak_bf16_flops())};
     for (std::string& arg : ConnectionFileArgs(options_.files)) args.push_back(std::move(arg));
+    if (!options_.allowed_paths.empty()) {
+      args.push_back(absl::StrCat("--allowed_paths=", absl::StrJoin(options_.allowed_paths, ",")));
+    }
     // The lease's page, as descriptor kRankLeaseFd in the rank.
     if (absl::StatusOr<std::unique_ptr<RankLease>> lease = RankLease::Create(); lease.ok()) {
       rank->lease = std::move(*lease);
@@ -684,9 +691,9 @@ void Agent::Start(const v1::Assignment& a) {
       Log(a.job_id(), a.attempt(), r, "agent", msg);
       rp->exited = true;
       v1::RankExited* e = report.mutable_exited();
-      // A job this agent refuses (its assignment, its paths) is the job's
-      // fault: INVALID, not a crash to restart. Anything else may pass.
-      const bool refused = absl::IsInvalidArgument(device_ok) || absl::IsFailedPrecondition(device_ok);
+      // An assignment this agent refused is the job's fault: INVALID, not
+      // a crash to restart. Anything else (a full disk, its own devices)
+      // may pass.
       e->set_exit_code(refused ? kRankExitInvalidJob : 127);
       e->set_message(msg);
       e->set_process_group_empty(true);

@@ -50,12 +50,26 @@ absl::Status CheckAssignment(const v1::Assignment& a) {
 
 namespace {
 
-// `path` with its links resolved as far as it exists and the rest made
-// lexically normal ("..", ".", doubled slashes): what an open would reach.
+// `path` with its links resolved as far as it exists (the rest as
+// written): what an open would reach, given `path` has no "." or ".."
+// (a ".." after a part that does not exist yet is only resolved
+// lexically, past a link it would cross: refused before this). Empty when
+// it cannot be resolved (a loop of links, no permission to look).
 std::string Resolved(const std::string& path) {
   std::error_code ec;
   const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
-  return ec ? std::filesystem::path(path).lexically_normal().string() : p.string();
+  return ec ? std::string() : p.string();
+}
+
+// No ".", ".." or empty components ("//"): the path as it will be opened.
+// Trailing slashes are allowed.
+bool Plain(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (path == "/") return true;
+  for (absl::string_view part : absl::StrSplit(absl::string_view(path).substr(1), '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
 }
 
 // Whether `path` is `root` or below it, component by component.
@@ -76,6 +90,7 @@ absl::StatusOr<std::vector<std::string>> AllowedPaths(const std::string& flag_va
           absl::StrCat("--allowed_paths: expected absolute directories separated by commas, got '", dir, "'"));
     }
     std::string r = Resolved(dir);
+    if (r.empty()) return absl::InvalidArgumentError(absl::StrCat("--allowed_paths: cannot resolve '", dir, "'"));
     while (r.size() > 1 && r.back() == '/') r.pop_back();
     out.push_back(std::move(r));
   }
@@ -91,7 +106,17 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const std::vector<std::stri
   }
   if (!spec.checkpoint().directory().empty()) named.emplace_back("checkpoint.directory", spec.checkpoint().directory());
   for (const auto& [field, path] : named) {
+    if (path.empty() || path[0] != '/' || !Plain(path)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, "=", path,
+                       ": expected an absolute path without '.', '..' or '//' components (this worker checks "
+                       "paths against its --allowed_paths)"));
+    }
     const std::string r = Resolved(path);
+    if (r.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, "=", path, ": cannot be resolved (a loop of links, or no permission to look)"));
+    }
     bool ok = false;
     for (const std::string& root : allowed) ok = ok || Under(r, root);
     if (!ok) {

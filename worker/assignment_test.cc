@@ -70,7 +70,7 @@ TEST(AssignmentTest, SpecPathsMustLieUnderTheAllowedDirectories) {
   auto allowed = AllowedPaths((base / "data").string() + "/,/nonexistent/ckpt");
   ASSERT_TRUE(allowed.ok()) << allowed.status();
   ASSERT_EQ(allowed->size(), 2u);
-  EXPECT_EQ((*allowed)[0], (base / "data").string());
+  EXPECT_EQ((*allowed)[0], std::filesystem::weakly_canonical(base / "data").string());
 
   auto with = [](const std::string& text, const std::string& checkpoint) {
     v1::JobSpec s;
@@ -80,8 +80,7 @@ TEST(AssignmentTest, SpecPathsMustLieUnderTheAllowedDirectories) {
   };
   EXPECT_TRUE(CheckSpecPaths(with((base / "data" / "a.txt").string(), "/nonexistent/ckpt/job-1"), *allowed).ok());
   for (const std::string& bad :
-       {(base / "data" / "innocent.txt").string(), (base / "data" / ".." / "secret" / "key").string(),
-        (base / "data2" / "b.txt").string(), std::string("/etc/passwd")}) {
+       {(base / "data" / "innocent.txt").string(), (base / "data2" / "b.txt").string(), std::string("/etc/passwd")}) {
     const absl::Status s = CheckSpecPaths(with(bad, ""), *allowed);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << bad;
     EXPECT_THAT(s.message(), HasSubstr("data.text.path=" + bad)) << bad;
@@ -94,6 +93,19 @@ TEST(AssignmentTest, SpecPathsMustLieUnderTheAllowedDirectories) {
   shards.mutable_data()->mutable_shards()->add_paths((base / "data" / "a.txt").string());
   shards.mutable_data()->mutable_shards()->add_paths((base / "secret" / "key").string());
   EXPECT_THAT(CheckSpecPaths(shards, *allowed).message(), HasSubstr("data.shards.paths[1]="));
+  // A '..' (here after a part that does not exist yet, which resolution
+  // would take lexically, past the link it crosses), '.' or '//' is
+  // refused whatever it resolves to.
+  std::filesystem::create_directory_symlink(base / "secret", base / "data" / "evil");
+  for (const std::string& odd :
+       {(base / "data" / "new" / ".." / "evil" / "ckpt").string(), (base / "data" / ".." / "secret" / "key").string(),
+        (base / "data" / "." / "a.txt").string(), (base / "data").string() + "//a.txt"}) {
+    const absl::Status s = CheckSpecPaths(with(odd, ""), *allowed);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << odd;
+    EXPECT_THAT(s.message(), HasSubstr("expected an absolute path without '.', '..' or '//' components")) << odd;
+  }
+  EXPECT_TRUE(
+      CheckSpecPaths(with((base / "data" / "a.txt").string(), (base / "data").string() + "/ckpt/"), *allowed).ok());
   // No list: no limit.
   EXPECT_TRUE(CheckSpecPaths(with("/etc/passwd", ""), {}).ok());
   EXPECT_THAT(AllowedPaths("relative/dir").status().message(),

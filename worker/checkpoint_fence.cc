@@ -65,7 +65,9 @@ class LockedFence {
     const std::string path = absl::StrCat(dir, "/", kFenceName);
     LockedFence f;
     f.path_ = path;
-    f.fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // Never through a link: one planted in the job's directory would have
+    // this rank empty and rewrite whatever it points at.
+    f.fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (f.fd_ < 0)
       return CheckpointDirectoryError(dir, absl::StrCat("open ", kFenceName, " there"), errno);
     struct flock lk = {};

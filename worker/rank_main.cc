@@ -43,6 +43,7 @@
 #include "kernels/communicator.h"
 #include "kernels/model/precision.h"
 #include "plateau/v1/worker.pb.h"
+#include "worker/assignment.h"
 #include "worker/calibration.h"
 #include "worker/calibration_measure.h"
 #include "worker/device_telemetry.h"
@@ -229,7 +230,7 @@ int Main(int argc, char** argv) {
       {"coordinator", ""},   {"job_id", ""},        {"attempt", "0"},           {"rank", ""},
       {"spec_file", ""},     {"kv_prefix", ""},     {"hostname", "127.0.0.1"},  {"device_index", "0"},
       {"calibrate_dir", ""}, {"backend", "cpu"},    {"device_peak_flops", "0"}, {"device_peak_bf16_flops", "0"},
-      {"lease_fd", "-1"},    {"probe_devices", ""}, {"calibrate_threads", "0"}};
+      {"lease_fd", "-1"},    {"probe_devices", ""}, {"calibrate_threads", "0"}, {"allowed_paths", ""}};
   for (const char* name : kConnectionFileFlags) f[name] = "";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -295,6 +296,12 @@ int Main(int argc, char** argv) {
                           "schedule: the spec still leaves settings `auto`; the coordinator sends their chosen "
                           "values (MemoryPlan.auto_settings), a rank never chooses them"));
   }
+  // The agent's --allowed_paths, checked here, before anything is opened
+  // (the nearest the check can be to the opens; and not on the agent's
+  // heartbeat thread, where a hung mount's stat would lapse its lease).
+  absl::StatusOr<std::vector<std::string>> allowed = AllowedPaths(f["allowed_paths"]);
+  if (!allowed.ok()) return Fail(rank, allowed.status());
+  if (absl::Status s = CheckSpecPaths(spec, *allowed); !s.ok()) return Fail(rank, s);
   PeakOverrides peaks;
   if (!absl::SimpleAtod(f["device_peak_flops"], &peaks.fp32_flops) || peaks.fp32_flops < 0 ||
       !absl::SimpleAtod(f["device_peak_bf16_flops"], &peaks.bf16_flops) || peaks.bf16_flops < 0) {

@@ -52,6 +52,25 @@ TEST(SafetensorsTest, RoundTripsBitsShapesAndMetadata) {
   EXPECT_EQ(f->metadata.at("data_position"), "1234");
 }
 
+// A link planted under the writer's temporary name (a user who can write
+// the checkpoint directory) is not followed: the write fails and the file
+// it points at keeps its bytes.
+TEST(SafetensorsTest, TheTemporaryIsNeverWrittenThroughALink) {
+  const std::string victim = TmpPath("victim.txt");
+  { std::ofstream(victim) << "precious"; }
+  const std::string path = TmpPath("linked.safetensors");
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  std::filesystem::remove(tmp);
+  std::filesystem::create_symlink(victim, tmp);
+  std::vector<float> a = {1, 2};
+  const absl::Status s = WriteSafetensors(path, {{"w", {2}, a.data()}}, {});
+  EXPECT_FALSE(s.ok());
+  std::ifstream in(victim);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "precious");
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 TEST(SafetensorsTest, HeaderIsStandardJsonAligned) {
   std::vector<float> a = {1, 2};
   const std::string path = TmpPath("h.safetensors");
