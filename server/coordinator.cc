@@ -278,14 +278,16 @@ absl::Status Coordinator::FailUnreadableJob(int64_t seq) {
   f->set_kind(v1::Failure::STATE_CORRUPT);
   f->set_message(absl::StrCat(
       "the coordinator could not read this job's record at its restart (its row in table jobs does not parse): "
-      "this record, FAILED, replaces it; its spec and history are lost; its ranks, if any still run, are stopped "
-      "when their workers register"));
+      "this record, FAILED, replaces it; its spec is lost (its events and logs stay); its ranks, if any still "
+      "run, are stopped when their workers register"));
   job.set_state(v1::FAILED);
   job.set_state_reason(f->message());
   Now(job.mutable_update_time());
   *job.mutable_end_time() = job.update_time();
   v1::JobEvent ev = StateChangeEvent(job, f);
   PLATEAU_RETURN_IF_ERROR(Written(store_->PutJobWithEvent(job, ev), absl::StrCat("record ", job.id(), " as FAILED")));
+  // Its attempt is not known: every attempt's rendezvous keys go.
+  Write(rendezvous_.DeleteJob(job.id()), absl::StrCat("delete the rendezvous keys ", job.id(), "/"));
   metrics_->OnJobState(job.id(), v1::FAILED);
   std::fprintf(stderr, "plateau_coordinator: %s: %s\n", job.id().c_str(), f->message().c_str());
   return absl::OkStatus();
@@ -357,9 +359,40 @@ void Coordinator::UpdateGauges() {
 // lock: ~20 ms at the 2.1 s per 2 M rows measured).
 constexpr int64_t kSweepRowsPerTick = 20000;
 
+bool Coordinator::SweepJob(v1::Job& job) {
+  // In parts of kSweepRowsPerTick: a job of millions of rank reports
+  // deleted at once held this lock for seconds (2 M rows: 2.1 s), past the
+  // agents' lease, which then froze every running rank.
+  absl::StatusOr<bool> done = store_->DeleteJobDataPart(job.id(), kSweepRowsPerTick);
+  Write(done.status(), absl::StrCat("delete ", job.id(), "'s events and logs (retention)"));
+  if (!store_error_.ok() || !*done) return false;
+  Now(job.mutable_events_deleted_time());
+  Write(store_->PutJob(job), absl::StrCat("record ", job.id(), "'s deleted events"));
+  if (!store_error_.ok()) return false;
+  Say(absl::StrCat(job.id(), ": removed its ", job.event_count(), " event(s), logs and memory timelines (",
+                   v1::JobState_Name(job.state()), " since ",
+                   absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", TimeOf(job.end_time()), absl::UTCTimeZone()),
+                   ", --retention ", absl::FormatDuration(options_.retention), ")"));
+  Changed();
+  return true;
+}
+
 void Coordinator::SweepRetention() {
   const absl::Time now = absl::Now();
   if (options_.retention <= absl::ZeroDuration() || now < next_sweep_) return;
+  if (!sweeping_.empty()) {
+    // A job being deleted in parts goes on alone, a part a tick; the
+    // finished jobs are listed again only once it is done (listing them
+    // every tick held the lock as long as the delete it replaced).
+    absl::StatusOr<v1::Job> job = store_->GetJob(sweeping_);
+    if (job.ok() && !job->has_events_deleted_time() && !SweepJob(*job)) {
+      next_sweep_ = now;
+      return;
+    }
+    sweeping_.clear();  // done, or the job was deleted meanwhile
+    next_sweep_ = now;  // the list goes on at the next tick
+    return;
+  }
   // Often enough that nothing outlives its retention by more than a tenth
   // of it, at most every 10 minutes (a sweep reads every finished job).
   next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
@@ -370,7 +403,6 @@ void Coordinator::SweepRetention() {
   int64_t after = sweep_from_ - 1;
   int64_t first_unswept = std::numeric_limits<int64_t>::max();
   bool more = true;
-  int swept = 0;
   while (more) {
     absl::StatusOr<std::vector<v1::Job>> jobs =
         store_->ListJobs(after, 500, {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}, &more);
@@ -385,32 +417,18 @@ void Coordinator::SweepRetention() {
         first_unswept = std::min(first_unswept, after);
         continue;
       }
-      // In parts of kSweepRowsPerTick: a job of millions of rank reports
-      // deleted at once held this lock for seconds (2 M rows: 2.1 s), past
-      // the agents' lease, which then froze every running rank. The rest
-      // is deleted at the next ticks.
-      absl::StatusOr<bool> done = store_->DeleteJobDataPart(job.id(), kSweepRowsPerTick);
-      Write(done.status(), absl::StrCat("delete ", job.id(), "'s events and logs (retention)"));
-      if (!store_error_.ok()) return;
-      if (!*done) {
-        next_sweep_ = now;  // on at the next tick
-        sweep_from_ = std::min(sweep_from_, after);
-        if (swept > 0) Changed();
+      if (!SweepJob(job)) {
+        if (!store_error_.ok()) return;
+        // More parts: this job alone at the next ticks, then the list from
+        // sweep_from_ again (unchanged: the jobs after this one are unread).
+        sweeping_ = job.id();
+        next_sweep_ = now;
         return;
       }
-      Now(job.mutable_events_deleted_time());
-      Write(store_->PutJob(job), absl::StrCat("record ", job.id(), "'s deleted events"));
-      if (!store_error_.ok()) return;
-      ++swept;
-      Say(absl::StrCat(job.id(), ": removed its ", job.event_count(), " event(s), logs and memory timelines (",
-                       v1::JobState_Name(job.state()), " since ",
-                       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", TimeOf(job.end_time()), absl::UTCTimeZone()),
-                       ", --retention ", absl::FormatDuration(options_.retention), ")"));
     }
   }
   // Live jobs finish later, whatever their seq; jobs made later have larger ones.
   sweep_from_ = std::min({first_unswept, active_.empty() ? after + 1 : active_.begin()->first, after + 1});
-  if (swept > 0) Changed();
 }
 
 void Coordinator::Stop() {
@@ -773,6 +791,9 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     }
   }
   PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
+  // Any rendezvous key left (an attempt ended at a restart may have kept
+  // its) goes with the job.
+  Write(rendezvous_.DeleteJob(id), absl::StrCat("delete the rendezvous keys ", id, "/"));
   if (--job_counts_[state] <= 0) job_counts_.erase(state);
   metrics_->ForgetJob(id);
   Say(absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),

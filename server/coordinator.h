@@ -249,8 +249,12 @@ class Coordinator {
   // fails (STATE_CORRUPT, not restarted) and leaves the live jobs.
   absl::Status FailCorruptJob(int64_t seq, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A live job whose row does not parse: replaced by a FAILED record
-  // (STATE_CORRUPT) saying so, its spec and history lost.
+  // (STATE_CORRUPT) saying so, its spec lost (events and logs stay), its
+  // rendezvous keys deleted.
   absl::Status FailUnreadableJob(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One part of a due job's data (SweepRetention); true once all of it is
+  // gone and the job records so.
+  bool SweepJob(v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.
   // `expected`: the restart left ranks of live jobs placed on it.
   // `after`: what happened, for logs and failures ("the coordinator's
@@ -327,6 +331,8 @@ class Coordinator {
   absl::Time next_sweep_ ABSL_GUARDED_BY(mu_);
   // Every job with a smaller seq has been swept or deleted (SweepRetention).
   int64_t sweep_from_ ABSL_GUARDED_BY(mu_) = 1;
+  // The job whose data the retention sweep is deleting in parts ("": none).
+  std::string sweeping_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   // Heartbeats that have arrived and wait for mu_, by worker id (a count:

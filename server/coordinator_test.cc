@@ -1144,6 +1144,7 @@ TEST_F(CoordinatorTest, ACorruptRecordOfALiveJobFailsItAndTheRestartGoesOn) {
 TEST_F(CoordinatorTest, ALiveJobWhoseRowDoesNotParseFailsAndTheRestartGoesOn) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().KvSet(job + "/attempt-0/world/0", "addr0", 0).ok());  // rank 0 has met
   const std::string other = Submit(DemoJobSpec(2, 5));
   ASSERT_EQ(Get(other).state(), v1::PENDING);
   sqlite3* db = nullptr;
@@ -1155,7 +1156,18 @@ TEST_F(CoordinatorTest, ALiveJobWhoseRowDoesNotParseFailsAndTheRestartGoesOn) {
   EXPECT_EQ(failed.state(), v1::FAILED) << failed.DebugString();
   EXPECT_EQ(failed.failure().kind(), v1::Failure::STATE_CORRUPT);
   EXPECT_THAT(failed.failure().message(), HasSubstr("does not parse"));
+  EXPECT_EQ(c().KvGet(job + "/attempt-0/world/0", absl::ZeroDuration()).status().code(), absl::StatusCode::kNotFound)
+      << "the replaced job's rendezvous keys were kept";
   EXPECT_EQ(Get(other).state(), v1::PENDING);
+  // Its worker, registering again with the ranks running, is told to stop them.
+  v1::RunningJob running;
+  running.set_job_id(job);
+  running.set_attempt(0);
+  running.add_ranks(0);
+  running.add_ranks(1);
+  v1::RegisterResponse r;
+  Register(w, {running}, &r);
+  EXPECT_EQ(r.cancellations_size(), 1) << r.DebugString();
   v1::ListJobsRequest list;
   auto listed = c().ListJobs(list);
   ASSERT_TRUE(listed.ok()) << listed.status();

@@ -707,15 +707,19 @@ absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t 
   PLATEAU_RETURN_IF_ERROR(NextIndex("events", id, next_event_).status());
   PLATEAU_RETURN_IF_ERROR(NextIndex("logs", id, next_log_).status());
   PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
-  // By primary key (the tables have no rowid), the largest table first.
+  // By primary key (the tables have no rowid), the largest table first,
+  // lowest keys first: events and logs keep their highest index until the
+  // last part, so a restart mid-sweep still reads where their indices went
+  // (NextIndex) and never reuses one.
   int64_t left = std::max<int64_t>(1, max_rows);
   bool done = true;
-  for (const char* sql : {"DELETE FROM rank_steps WHERE (job, attempt, step, rank) IN "
-                          "(SELECT job, attempt, step, rank FROM rank_steps WHERE job = ? LIMIT ?)",
-                          "DELETE FROM events WHERE (job, idx) IN (SELECT job, idx FROM events WHERE job = ? LIMIT ?)",
-                          "DELETE FROM logs WHERE (job, idx) IN (SELECT job, idx FROM logs WHERE job = ? LIMIT ?)",
-                          "DELETE FROM memory_timelines WHERE (job, rank) IN (SELECT job, rank FROM memory_timelines "
-                          "WHERE job = ? LIMIT ?)"}) {
+  for (const char* sql :
+       {"DELETE FROM rank_steps WHERE (job, attempt, step, rank) IN "
+        "(SELECT job, attempt, step, rank FROM rank_steps WHERE job = ? ORDER BY attempt, step, rank LIMIT ?)",
+        "DELETE FROM events WHERE (job, idx) IN (SELECT job, idx FROM events WHERE job = ? ORDER BY idx LIMIT ?)",
+        "DELETE FROM logs WHERE (job, idx) IN (SELECT job, idx FROM logs WHERE job = ? ORDER BY idx LIMIT ?)",
+        "DELETE FROM memory_timelines WHERE (job, rank) IN "
+        "(SELECT job, rank FROM memory_timelines WHERE job = ? ORDER BY rank LIMIT ?)"}) {
     Stmt del(db_, sql);
     del.BindText(1, id);
     del.Bind(2, left);

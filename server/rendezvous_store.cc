@@ -104,7 +104,14 @@ bool RendezvousStore::AnyMet(const std::string& job_id, int attempt, const std::
 
 absl::Status RendezvousStore::DeleteAttempt(const std::string& job_id, int attempt) {
   // The trailing slash keeps job-1/attempt-1 from matching job-1/attempt-10.
-  const std::string prefix = AttemptPrefix(job_id, attempt) + "/";
+  return DeletePrefix(AttemptPrefix(job_id, attempt) + "/");
+}
+
+absl::Status RendezvousStore::DeleteJob(const std::string& job_id) {
+  return DeletePrefix(job_id + "/");  // job-1/ never matches job-10/
+}
+
+absl::Status RendezvousStore::DeletePrefix(const std::string& prefix) {
   absl::Status s = store_->KvDeletePrefix(prefix);
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && absl::StartsWith(it->first, prefix);) {
     it = kv_.erase(it);

@@ -80,10 +80,15 @@ class RendezvousStore {
   // attempt has ended; its keys are of no further use). Memory forgets them
   // even when the store's delete fails; that failure is returned.
   absl::Status DeleteAttempt(const std::string& job_id, int attempt);
+  // The same for every attempt of the job (job_id + "/"): a job whose
+  // attempt is not known (a record replaced at a restart) or deleted.
+  absl::Status DeleteJob(const std::string& job_id);
 
   size_t size() const { return kv_.size(); }
 
  private:
+  absl::Status DeletePrefix(const std::string& prefix);
+
   JobStore* const store_;
   std::map<std::string, std::string> kv_;
 };
