@@ -544,7 +544,7 @@ TEST(SecurityTest, OpenStreamsEndWhenTheirTokenIsRotatedOut) {
   co.connection.files.token_file = client_file;
   Client watcher(co);
   std::atomic<int> reconnecting{0};
-  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  std::atomic<int> last{v1::JOB_STATE_UNSPECIFIED};
   absl::Status watched;
   std::thread through([&] {
     ClientOptions wo = co;
@@ -555,6 +555,8 @@ TEST(SecurityTest, OpenStreamsEndWhenTheirTokenIsRotatedOut) {
       return true;
     });
   });
+  // Its stream open (with the old token) before the rotation begins.
+  EXPECT_TRUE(WaitFor([&] { return last.load() != v1::JOB_STATE_UNSPECIFIED; }, absl::Seconds(20)));
 
   // The rotation's three steps, the clients' file changed in the middle.
   Replace(coordinator_file, "tok-old-91d0\ntok-new-0b77\n");
@@ -584,7 +586,7 @@ TEST(SecurityTest, OpenStreamsEndWhenTheirTokenIsRotatedOut) {
   EXPECT_TRUE(watcher.CancelJob(sub->job().id()).ok());
   through.join();
   EXPECT_TRUE(watched.ok()) << watched;
-  EXPECT_EQ(last, v1::CANCELLED);
+  EXPECT_EQ(last.load(), v1::CANCELLED);
 }
 
 // A rotation with nothing restarted: the coordinator accepts the new token
