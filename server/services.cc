@@ -95,30 +95,33 @@ std::optional<int> RankOf(const Request& req) {
 
 bool On(const BearerAuth* auth) { return auth != nullptr && auth->enabled(); }
 
+// The call's token checked against `mine`; one of `theirs` (the other
+// service's tokens) is refused by name, PERMISSION_DENIED `misplaced`.
+grpc::Status AdmitBy(const BearerAuth* mine, const BearerAuth* theirs, const grpc::ServerContext& ctx,
+                     const char* misplaced) {
+  if (!On(mine)) return grpc::Status::OK;
+  grpc::Status s = mine->Check(ctx);
+  if (!s.ok() && On(theirs) && theirs->Check(ctx).ok()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, misplaced);
+  }
+  return s;
+}
+
 // The first line of every JobService handler: the bearer token, before the
 // request is looked at. A worker's token is refused by name.
 grpc::Status Admit(const ServiceGuards& guards, const grpc::ServerContext& ctx) {
-  if (!On(guards.auth)) return grpc::Status::OK;
-  grpc::Status s = guards.auth->Check(ctx);
-  if (!s.ok() && On(guards.worker_auth) && guards.worker_auth->Check(ctx).ok()) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "a worker's token (the coordinator's --worker_token_file) cannot make JobService calls; "
-                        "plateauctl and other clients take a token of its --token_file");
-  }
-  return s;
+  return AdmitBy(guards.auth, guards.worker_auth, ctx,
+                 "a worker's token (the coordinator's --worker_token_file) cannot make JobService calls; "
+                 "plateauctl and other clients take a token of its --token_file");
 }
 
 // The same for every WorkerService handler: the workers' tokens when the
 // coordinator has them apart, a user's token refused by name.
 grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext& ctx) {
   if (!On(guards.worker_auth)) return Admit(guards, ctx);
-  grpc::Status s = guards.worker_auth->Check(ctx);
-  if (!s.ok() && On(guards.auth) && guards.auth->Check(ctx).ok()) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "a user's token (the coordinator's --token_file) cannot make WorkerService calls: agents "
-                        "and ranks take a token of its --worker_token_file");
-  }
-  return s;
+  return AdmitBy(guards.worker_auth, guards.auth, ctx,
+                 "a user's token (the coordinator's --token_file) cannot make WorkerService calls: agents and "
+                 "ranks take a token of its --worker_token_file");
 }
 
 }  // namespace

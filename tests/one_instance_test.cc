@@ -59,6 +59,14 @@ TEST(OneInstanceTest, ASecondCoordinatorOnTheSameStateOrPortIsRefused) {
   EXPECT_TRUE(c.coordinator()->Running());
 }
 
+// An agent of cluster `c` with `flags` besides (no calibration: quick).
+std::vector<std::string> AgentArgs(Cluster& c, std::vector<std::string> flags) {
+  std::vector<std::string> args = {"worker/plateau_worker", "--coordinator=" + c.api(),
+                                   "--rank_binary=worker/plateau_rank", "--calibrate=false"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return args;
+}
+
 TEST(OneInstanceTest, ASecondAgentOnTheSameWorkDirAndBadAddressesAreRefused) {
   Cluster c("one-agent");
   ASSERT_TRUE(c.ready()) << c.Logs();
@@ -66,13 +74,7 @@ TEST(OneInstanceTest, ASecondAgentOnTheSameWorkDirAndBadAddressesAreRefused) {
     return absl::StrContains(c.worker()->out(), "registered as worker-1");
   })) << c.Logs();
   const std::string work = c.dir() + "/work-0";
-  const std::vector<std::string> agent = {"worker/plateau_worker", "--coordinator=" + c.api(),
-                                          "--rank_binary=worker/plateau_rank", "--calibrate=false"};
-  auto with = [&](std::vector<std::string> flags) {
-    std::vector<std::string> args = agent;
-    args.insert(args.end(), flags.begin(), flags.end());
-    return args;
-  };
+  auto with = [&](std::vector<std::string> flags) { return AgentArgs(c, std::move(flags)); };
   Ran r = RunCommand(with({"--work_dir=" + work}), c.dir() + "/second-agent");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--work_dir=", work, ": in use by another worker agent (pid ",
@@ -108,13 +110,7 @@ TEST(OneInstanceTest, AnAgentsWorkDirIsItsOwn) {
   o.with_worker = false;
   Cluster c("own-work-dir", o);
   ASSERT_TRUE(c.ready()) << c.Logs();
-  const std::vector<std::string> agent = {"worker/plateau_worker", "--coordinator=" + c.api(),
-                                          "--rank_binary=worker/plateau_rank", "--calibrate=false"};
-  auto with = [&](std::vector<std::string> flags) {
-    std::vector<std::string> args = agent;
-    args.insert(args.end(), flags.begin(), flags.end());
-    return args;
-  };
+  auto with = [&](std::vector<std::string> flags) { return AgentArgs(c, std::move(flags)); };
   Ran r;
   // A link, or another user's directory (a predictable /tmp name made by
   // someone else first): refused before anything is written there (the
