@@ -101,6 +101,19 @@ class CoordinatorTest : public ::testing::Test {
 
   Coordinator& c() { return *coordinator_; }
 
+  // How many cancellations worker `w` gets when it registers again running
+  // ranks 0 and 1 of `job`'s attempt 0.
+  int CancellationsAtRegister(const std::string& w, const std::string& job) {
+    v1::RunningJob running;
+    running.set_job_id(job);
+    running.set_attempt(0);
+    running.add_ranks(0);
+    running.add_ranks(1);
+    v1::RegisterResponse r;
+    Register(w, {running}, &r);
+    return r.cancellations_size();
+  }
+
   // agent_started: as a fresh agent process registers
   // (RegisterRequest.agent_started).
   std::string Register(const std::string& old_id = "", const std::vector<v1::RunningJob>& running = {},
@@ -1128,14 +1141,7 @@ TEST_F(CoordinatorTest, ACorruptRecordOfALiveJobFailsItAndTheRestartGoesOn) {
       << "the failed attempt's rendezvous keys were kept";
   EXPECT_EQ(Get(other).state(), v1::PENDING);
   // Its worker, registering again with the ranks running, is told to stop them.
-  v1::RunningJob running;
-  running.set_job_id(job);
-  running.set_attempt(0);
-  running.add_ranks(0);
-  running.add_ranks(1);
-  v1::RegisterResponse r;
-  Register(w, {running}, &r);
-  EXPECT_EQ(r.cancellations_size(), 1) << r.DebugString();
+  EXPECT_EQ(CancellationsAtRegister(w, job), 1);
 }
 
 // A live job whose own row does not parse: replaced at the restart by a
@@ -1160,14 +1166,7 @@ TEST_F(CoordinatorTest, ALiveJobWhoseRowDoesNotParseFailsAndTheRestartGoesOn) {
       << "the replaced job's rendezvous keys were kept";
   EXPECT_EQ(Get(other).state(), v1::PENDING);
   // Its worker, registering again with the ranks running, is told to stop them.
-  v1::RunningJob running;
-  running.set_job_id(job);
-  running.set_attempt(0);
-  running.add_ranks(0);
-  running.add_ranks(1);
-  v1::RegisterResponse r;
-  Register(w, {running}, &r);
-  EXPECT_EQ(r.cancellations_size(), 1) << r.DebugString();
+  EXPECT_EQ(CancellationsAtRegister(w, job), 1);
   v1::ListJobsRequest list;
   auto listed = c().ListJobs(list);
   ASSERT_TRUE(listed.ok()) << listed.status();
