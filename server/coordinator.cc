@@ -359,13 +359,16 @@ void Coordinator::UpdateGauges() {
 // lock: ~20 ms at the 2.1 s per 2 M rows measured).
 constexpr int64_t kSweepRowsPerTick = 20000;
 
-bool Coordinator::SweepJob(v1::Job& job) {
-  // In parts of kSweepRowsPerTick: a job of millions of rank reports
-  // deleted at once held this lock for seconds (2 M rows: 2.1 s), past the
-  // agents' lease, which then froze every running rank.
-  absl::StatusOr<bool> done = store_->DeleteJobDataPart(job.id(), kSweepRowsPerTick);
+bool Coordinator::SweepJob(v1::Job& job, int64_t* budget) {
+  // In parts of at most the tick's budget: a job of millions of rank
+  // reports deleted at once held this lock for seconds (2 M rows: 2.1 s),
+  // past the agents' lease, which then froze every running rank.
+  int64_t deleted = 0;
+  absl::StatusOr<bool> done = store_->DeleteJobDataPart(job.id(), std::max<int64_t>(1, *budget), &deleted);
   Write(done.status(), absl::StrCat("delete ", job.id(), "'s events and logs (retention)"));
-  if (!store_error_.ok() || !*done) return false;
+  if (!store_error_.ok()) return false;
+  *budget -= std::max<int64_t>(1, deleted);  // the job's own record below counts as one
+  if (!*done) return false;
   Now(job.mutable_events_deleted_time());
   Write(store_->PutJob(job), absl::StrCat("record ", job.id(), "'s deleted events"));
   if (!store_error_.ok()) return false;
@@ -380,55 +383,72 @@ bool Coordinator::SweepJob(v1::Job& job) {
 void Coordinator::SweepRetention() {
   const absl::Time now = absl::Now();
   if (options_.retention <= absl::ZeroDuration() || now < next_sweep_) return;
+  // One budget of rows a tick, whatever the jobs: many due at once (the
+  // first start with --retention on an old database) would otherwise be
+  // deleted in one tick. A pass that runs out goes on at the next tick
+  // from where it stopped (sweep_after_), not from the start.
+  int64_t budget = kSweepRowsPerTick;
   if (!sweeping_.empty()) {
-    // A job being deleted in parts goes on alone, a part a tick; the
-    // finished jobs are listed again only once it is done (listing them
-    // every tick held the lock as long as the delete it replaced).
+    // The job being deleted in parts goes on first.
     absl::StatusOr<v1::Job> job = store_->GetJob(sweeping_);
-    if (job.ok() && !job->has_events_deleted_time() && !SweepJob(*job)) {
+    if (job.ok() && !job->has_events_deleted_time() && !SweepJob(*job, &budget)) {
       next_sweep_ = now;
       return;
     }
     sweeping_.clear();  // done, or the job was deleted meanwhile
-    next_sweep_ = now;  // the list goes on at the next tick
-    return;
   }
-  // Often enough that nothing outlives its retention by more than a tenth
-  // of it, at most every 10 minutes (a sweep reads every finished job).
-  next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
   const absl::Time cutoff = now - options_.retention;
-  // Every job below sweep_from_ was swept (or deleted) already: a sweep
-  // reads only the jobs from the oldest one still live or not yet due, not
-  // all of history every time.
-  int64_t after = sweep_from_ - 1;
-  int64_t first_unswept = std::numeric_limits<int64_t>::max();
+  if (sweep_after_ == 0) {
+    // A new pass. Every job below sweep_from_ was swept (or deleted)
+    // already: it reads only the jobs from the oldest one still live or
+    // not yet due, not all of history every time.
+    sweep_after_ = sweep_from_ - 1;
+    sweep_first_unswept_ = std::numeric_limits<int64_t>::max();
+  }
   bool more = true;
   while (more) {
+    if (budget <= 0) {
+      next_sweep_ = now;  // the pass goes on at the next tick
+      return;
+    }
     absl::StatusOr<std::vector<v1::Job>> jobs =
-        store_->ListJobs(after, 500, {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}, &more);
+        store_->ListJobs(sweep_after_, 500, {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}, &more);
     if (!jobs.ok()) {
       Say(absl::StrCat("retention sweep: cannot list finished jobs: ", jobs.status().message()));
+      next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
       return;
     }
     for (v1::Job& job : *jobs) {
-      after = *ParseJobId(job.id());
-      if (job.has_events_deleted_time()) continue;
-      if (!job.has_end_time() || TimeOf(job.end_time()) > cutoff) {
-        first_unswept = std::min(first_unswept, after);
+      const int64_t seq = *ParseJobId(job.id());
+      if (job.has_events_deleted_time()) {
+        sweep_after_ = seq;
         continue;
       }
-      if (!SweepJob(job)) {
+      if (!job.has_end_time() || TimeOf(job.end_time()) > cutoff) {
+        sweep_first_unswept_ = std::min(sweep_first_unswept_, seq);
+        sweep_after_ = seq;
+        continue;
+      }
+      if (budget <= 0) {  // this job at the next tick
+        next_sweep_ = now;
+        return;
+      }
+      sweep_after_ = seq;
+      if (!SweepJob(job, &budget)) {
         if (!store_error_.ok()) return;
-        // More parts: this job alone at the next ticks, then the list from
-        // sweep_from_ again (unchanged: the jobs after this one are unread).
-        sweeping_ = job.id();
+        sweeping_ = job.id();  // more parts: it goes on alone first
         next_sweep_ = now;
         return;
       }
     }
   }
-  // Live jobs finish later, whatever their seq; jobs made later have larger ones.
-  sweep_from_ = std::min({first_unswept, active_.empty() ? after + 1 : active_.begin()->first, after + 1});
+  // The pass is done. Live jobs finish later, whatever their seq; jobs
+  // made later have larger ones. Often enough that nothing outlives its
+  // retention by more than a tenth of it, at most every 10 minutes.
+  const int64_t after = sweep_after_;
+  sweep_from_ = std::min({sweep_first_unswept_, active_.empty() ? after + 1 : active_.begin()->first, after + 1});
+  sweep_after_ = 0;
+  next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
 }
 
 void Coordinator::Stop() {

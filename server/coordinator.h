@@ -254,7 +254,8 @@ class Coordinator {
   absl::Status FailUnreadableJob(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One part of a due job's data (SweepRetention); true once all of it is
   // gone and the job records so.
-  bool SweepJob(v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes what it deletes from *budget (rows).
+  bool SweepJob(v1::Job& job, int64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the ranks it runs: attach them.
   // `expected`: the restart left ranks of live jobs placed on it.
   // `after`: what happened, for logs and failures ("the coordinator's
@@ -333,6 +334,11 @@ class Coordinator {
   int64_t sweep_from_ ABSL_GUARDED_BY(mu_) = 1;
   // The job whose data the retention sweep is deleting in parts ("": none).
   std::string sweeping_ ABSL_GUARDED_BY(mu_);
+  // A sweep pass in progress across ticks (its row budget ran out): the
+  // last job it read (0: no pass in progress) and the oldest finished job
+  // not yet due it has seen.
+  int64_t sweep_after_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t sweep_first_unswept_ ABSL_GUARDED_BY(mu_) = 0;
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   // Heartbeats that have arrived and wait for mu_, by worker id (a count:

@@ -1434,6 +1434,40 @@ TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
   EXPECT_TRUE(store_->ReadEvents(live, 0, 100)->empty());
 }
 
+// Two due jobs of 15,000 rank reports each against a budget of 20,000 rows
+// a tick: the first is swept whole and the second begun in the same tick,
+// then finished alone at the next (sweeping_), and the pass goes on from
+// where it stopped. Both end swept; a job deleted while it was being swept
+// does not stop the sweep.
+TEST_F(CoordinatorTest, TheSweepSharesOneRowBudgetATickAcrossJobs) {
+  options_.retention = absl::Milliseconds(300);
+  Open();
+  std::vector<std::string> done;
+  const std::string w = Register();
+  for (int j = 0; j < 3; ++j) {
+    const std::string id = Submit(DemoJobSpec(2, 5));
+    StartOn(w, id);  // the worker is free again after each
+    ASSERT_TRUE(Exited(w, id, 0, kRankExitOk).ok());
+    ASSERT_TRUE(Exited(w, id, 1, kRankExitOk).ok());
+    ASSERT_EQ(Get(id).state(), v1::SUCCEEDED);
+    std::vector<JobRankStep> many(15000);
+    for (int i = 0; i < 15000; ++i) {
+      many[i].job_id = id;
+      many[i].telemetry.set_attempt(3);
+      many[i].telemetry.set_step(i + 1);
+    }
+    ASSERT_TRUE(store_->PutRankSteps(many).ok());
+    done.push_back(id);
+  }
+  ASSERT_TRUE(c().DeleteJob(done[2], "").ok());  // gone before its turn
+  for (int j = 0; j < 2; ++j) {
+    ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(done[j]).has_events_deleted_time(); }, absl::Seconds(20)))
+        << done[j] << "\n"
+        << Said();
+    EXPECT_TRUE(store_->ReadRankSteps(done[j], 3, 0, INT64_MAX)->empty()) << done[j];
+  }
+}
+
 // An agent that restarts before it is declared lost registers with the id it
 // kept in its work dir: the same worker, once; its ranks are gone.
 TEST_F(CoordinatorTest, ARestartedAgentKeepsItsIdAndItsRanksCountAsGone) {

@@ -702,7 +702,7 @@ absl::Status JobStore::DeleteJobData(const std::string& id) {
   return Commit();
 }
 
-absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t max_rows) {
+absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t max_rows, int64_t* deleted) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(NextIndex("events", id, next_event_).status());
   PLATEAU_RETURN_IF_ERROR(NextIndex("logs", id, next_log_).status());
@@ -735,6 +735,7 @@ absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t 
     }
   }
   PLATEAU_RETURN_IF_ERROR(Commit());
+  if (deleted != nullptr) *deleted = std::max<int64_t>(1, max_rows) - std::max<int64_t>(0, left);
   return done;
 }
 

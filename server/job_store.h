@@ -151,7 +151,8 @@ class JobStore {
   // The same in parts: at most `max_rows` rows (one transaction), so that a
   // job of millions of rank reports does not hold the store, and the
   // coordinator's lock, for seconds. True once nothing of its data is left.
-  absl::StatusOr<bool> DeleteJobDataPart(const std::string& id, int64_t max_rows);
+  // *deleted (when given): the rows this call removed.
+  absl::StatusOr<bool> DeleteJobDataPart(const std::string& id, int64_t max_rows, int64_t* deleted = nullptr);
   // Removes the job itself as well (one transaction). NOT_FOUND names the id.
   absl::Status DeleteJob(const std::string& id);
   // The state column of the job's row, which stays readable when the record

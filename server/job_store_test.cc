@@ -335,6 +335,33 @@ TEST(JobStoreTest, AJobsDataIsDeletedInPartsOfBoundedRows) {
   EXPECT_EQ(after[0].index(), 5);
 }
 
+// A part leaves the highest event index for last (lowest keys first): a
+// store reopened mid-delete (a restarted coordinator, whose cache is
+// empty) still appends after it, never reusing an index a watcher saw.
+TEST(JobStoreTest, AStoreReopenedMidDeleteNeverReusesAnIndex) {
+  const std::string path = TempDb("delete_reopen");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::vector<v1::JobEvent> events(6);
+    for (auto& e : events) e.set_job_id("job-1");
+    ASSERT_TRUE((*store)->AppendEvents(events).ok());
+    absl::StatusOr<bool> done = (*store)->DeleteJobDataPart("job-1", 4);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_FALSE(*done);
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto left = (*store)->ReadEvents("job-1", 0, 100);
+  ASSERT_TRUE(left.ok());
+  ASSERT_EQ(left->size(), 2u);
+  EXPECT_EQ((*left)[1].index(), 5) << "a part deleted the highest index first";
+  std::vector<v1::JobEvent> next(1);
+  next[0].set_job_id("job-1");
+  ASSERT_TRUE((*store)->AppendEvents(next).ok());
+  EXPECT_EQ(next[0].index(), 6);
+}
+
 TEST(JobStoreTest, ListPagesAndFilters) {
   auto store = JobStore::Open(TempDb("list"));
   ASSERT_TRUE(store.ok());

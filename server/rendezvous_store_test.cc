@@ -135,6 +135,26 @@ TEST(RendezvousStoreTest, DeleteAttemptRemovesOnlyThatAttemptsKeys) {
   EXPECT_EQ(*v, "v");
 }
 
+// A job's keys of every attempt go together (a job whose attempt is not
+// known, a deleted one); job-1/ never takes job-10's.
+TEST(RendezvousStoreTest, DeleteJobRemovesEveryAttemptOfThatJobOnly) {
+  auto db = OpenStore(TempDb("job_prefix"));
+  RendezvousStore kv(db.get());
+  absl::Mutex mu;
+  absl::MutexLock lock(&mu);
+  for (const char* k :
+       {"job-1/attempt-0/rank-0", "job-1/attempt-3/rank-1", "job-10/attempt-0/rank-0", "job-12/attempt-1/rank-0"}) {
+    ASSERT_TRUE(kv.Set(k, "v").ok());
+  }
+  ASSERT_TRUE(kv.DeleteJob("job-1").ok());
+  EXPECT_FALSE(kv.Contains({"job-1/attempt-0/rank-0"}));
+  EXPECT_FALSE(kv.Contains({"job-1/attempt-3/rank-1"}));
+  EXPECT_TRUE(kv.Contains({"job-10/attempt-0/rank-0", "job-12/attempt-1/rank-0"}));
+  EXPECT_EQ(kv.size(), 2u);
+  EXPECT_TRUE(db->KvAll()->count("job-10/attempt-0/rank-0"));
+  EXPECT_FALSE(db->KvAll()->count("job-1/attempt-3/rank-1"));
+}
+
 // Which ranks of an attempt have begun to meet: kept across a restart,
 // gone with the attempt; an unnamed rank counts as any; an attempt whose
 // keys carry no mark at all (an older coordinator's) counts as met by all.
