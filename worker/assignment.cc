@@ -91,6 +91,11 @@ absl::StatusOr<std::vector<std::string>> AllowedPaths(const std::string& flag_va
     }
     std::string r = Resolved(dir);
     if (r.empty()) return absl::InvalidArgumentError(absl::StrCat("--allowed_paths: cannot resolve '", dir, "'"));
+    // The list travels to the ranks comma-separated.
+    if (r.find(',') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--allowed_paths: '", dir, "' resolves to '", r, "', which holds a comma"));
+    }
     while (r.size() > 1 && r.back() == '/') r.pop_back();
     out.push_back(std::move(r));
   }

@@ -28,8 +28,9 @@ absl::Status CheckAssignment(const v1::Assignment& a);
 absl::StatusOr<std::vector<std::string>> AllowedPaths(const std::string& flag_value);
 
 // Whether every path the spec names (data.text.path, data.shards.paths[i],
-// checkpoint.directory) lies under one of `allowed` (AllowedPaths), once
-// links are resolved (as far as the path exists): the ranks open them as
+// checkpoint.directory) is plain (absolute, no '.', '..' or '//' parts)
+// and lies under one of `allowed` (AllowedPaths), once links are resolved
+// (as far as the path exists; one that cannot be resolved is refused): the ranks open them as
 // the agent's user, so without a limit any submitter could have them read
 // any file that user can (another job's checkpoints, the node's secrets)
 // or write checkpoints into another job's directory. FAILED_PRECONDITION

@@ -300,7 +300,8 @@ int Main(int argc, char** argv) {
   // (the nearest the check can be to the opens; and not on the agent's
   // heartbeat thread, where a hung mount's stat would lapse its lease).
   absl::StatusOr<std::vector<std::string>> allowed = AllowedPaths(f["allowed_paths"]);
-  if (!allowed.ok()) return Fail(rank, allowed.status());
+  // The worker's list, not the job's fault: an error, not INVALID.
+  if (!allowed.ok()) return Fail(rank, absl::InternalError(allowed.status().message()));
   if (absl::Status s = CheckSpecPaths(spec, *allowed); !s.ok()) return Fail(rank, s);
   PeakOverrides peaks;
   if (!absl::SimpleAtod(f["device_peak_flops"], &peaks.fp32_flops) || peaks.fp32_flops < 0 ||

@@ -113,9 +113,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   w->written_.assign(tensors.size(), 0);
   w->ranges_.resize(tensors.size());
   w->data_start_ = 8 + header_len;
-  // O_NOFOLLOW: a link planted under the temporary's name would have the
-  // writer truncate whatever it points at.
-  w->fd_ = open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // Whatever is under the temporary's name goes first (a killed writer's
+  // file of a reused pid, or a link someone planted: truncating through a
+  // symbolic or hard link would empty whatever it points at), then a new
+  // file, never through a link.
+  unlink(w->tmp_.c_str());
+  w->fd_ = open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (w->fd_ < 0) return absl::InternalError(absl::StrCat(w->tmp_, ": cannot create: ", std::strerror(errno)));
   unsigned char len_le[8];
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(header_len >> (8 * i));

@@ -53,22 +53,32 @@ TEST(SafetensorsTest, RoundTripsBitsShapesAndMetadata) {
 }
 
 // A link planted under the writer's temporary name (a user who can write
-// the checkpoint directory) is not followed: the write fails and the file
-// it points at keeps its bytes.
+// the checkpoint directory), symbolic or hard, is not written through: the
+// file it points at keeps its bytes, and the checkpoint is written.
 TEST(SafetensorsTest, TheTemporaryIsNeverWrittenThroughALink) {
-  const std::string victim = TmpPath("victim.txt");
-  { std::ofstream(victim) << "precious"; }
-  const std::string path = TmpPath("linked.safetensors");
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  std::filesystem::remove(tmp);
-  std::filesystem::create_symlink(victim, tmp);
-  std::vector<float> a = {1, 2};
-  const absl::Status s = WriteSafetensors(path, {{"w", {2}, a.data()}}, {});
-  EXPECT_FALSE(s.ok());
-  std::ifstream in(victim);
-  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(kept, "precious");
-  EXPECT_FALSE(std::filesystem::exists(path));
+  for (const bool hard : {false, true}) {
+    SCOPED_TRACE(hard ? "hard link" : "symbolic link");
+    const std::string victim = TmpPath("victim.txt");
+    { std::ofstream(victim) << "precious"; }
+    const std::string path = TmpPath("linked.safetensors");
+    const std::string tmp = path + ".tmp." + std::to_string(getpid());
+    std::filesystem::remove(tmp);
+    std::filesystem::remove(path);
+    if (hard) {
+      std::filesystem::create_hard_link(victim, tmp);
+    } else {
+      std::filesystem::create_symlink(victim, tmp);
+    }
+    std::vector<float> a = {1, 2};
+    const absl::Status s = WriteSafetensors(path, {{"w", {2}, a.data()}}, {});
+    EXPECT_TRUE(s.ok()) << s;
+    std::ifstream in(victim);
+    std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(kept, "precious");
+    auto read = ReadSafetensors(path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->tensors.at("w").data, a);
+  }
 }
 
 TEST(SafetensorsTest, HeaderIsStandardJsonAligned) {
