@@ -184,6 +184,27 @@ absl::Status Coordinator::Start() {
       }
     }
     for (int64_t seq : unreadable) PLATEAU_RETURN_IF_ERROR(FailUnreadableJob(seq));
+    // What the retention sweep will clear: the finished jobs whose data is
+    // still stored (one read of them, here; a row that does not parse is
+    // left to the listings that name it).
+    if (options_.retention > absl::ZeroDuration()) {
+      after = 0;
+      more = true;
+      while (more) {
+        std::vector<int64_t> corrupt;
+        JobQuery finished;
+        finished.cursor = after;
+        finished.limit = 500;
+        finished.states = {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED};
+        finished.corrupt = &corrupt;
+        PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->ListJobs(finished, &more));
+        for (const v1::Job& job : jobs) {
+          PLATEAU_ASSIGN_OR_RETURN(after, ParseJobId(job.id()));
+          if (!job.has_events_deleted_time() && job.has_end_time()) unswept_.emplace(TimeOf(job.end_time()), after);
+        }
+        if (!corrupt.empty()) after = std::max(after, corrupt.back());
+      }
+    }
     // The states as stored now (a replaced row's state was counted live).
     if (!unreadable.empty()) {
       PLATEAU_ASSIGN_OR_RETURN(job_counts_, store_->CountJobsByState());
@@ -384,70 +405,34 @@ void Coordinator::SweepRetention() {
   const absl::Time now = absl::Now();
   if (options_.retention <= absl::ZeroDuration() || now < next_sweep_) return;
   // One budget of rows a tick, whatever the jobs: many due at once (the
-  // first start with --retention on an old database) would otherwise be
-  // deleted in one tick. A pass that runs out goes on at the next tick
-  // from where it stopped (sweep_after_), not from the start.
+  // first start with --retention on an old database) go over several
+  // ticks, the first due first, a job of many rows in parts.
   int64_t budget = kSweepRowsPerTick;
-  if (!sweeping_.empty()) {
-    // The job being deleted in parts goes on first.
-    absl::StatusOr<v1::Job> job = store_->GetJob(sweeping_);
-    if (job.ok() && !job->has_events_deleted_time() && !SweepJob(*job, &budget)) {
-      next_sweep_ = now;
-      return;
-    }
-    sweeping_.clear();  // done, or the job was deleted meanwhile
-  }
   const absl::Time cutoff = now - options_.retention;
-  if (sweep_after_ == 0) {
-    // A new pass. Every job below sweep_from_ was swept (or deleted)
-    // already: it reads only the jobs from the oldest one still live or
-    // not yet due, not all of history every time.
-    sweep_after_ = sweep_from_ - 1;
-    sweep_first_unswept_ = std::numeric_limits<int64_t>::max();
-  }
-  bool more = true;
-  while (more) {
+  while (!unswept_.empty() && unswept_.begin()->first <= cutoff) {
     if (budget <= 0) {
-      next_sweep_ = now;  // the pass goes on at the next tick
+      next_sweep_ = now;  // on at the next tick
       return;
     }
-    absl::StatusOr<std::vector<v1::Job>> jobs =
-        store_->ListJobs(sweep_after_, 500, {v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}, &more);
-    if (!jobs.ok()) {
-      Say(absl::StrCat("retention sweep: cannot list finished jobs: ", jobs.status().message()));
-      next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
+    const int64_t seq = unswept_.begin()->second;
+    absl::StatusOr<v1::Job> job = store_->GetJob(JobIdOf(seq));
+    if (!job.ok() || job->has_events_deleted_time()) {
+      // Deleted meanwhile (NOT_FOUND), or a record that does not parse
+      // (said; `plateauctl delete` removes it).
+      if (!job.ok() && !absl::IsNotFound(job.status())) {
+        Say(absl::StrCat("retention sweep: ", job.status().message()));
+      }
+      unswept_.erase(unswept_.begin());
+      continue;
+    }
+    if (!SweepJob(*job, &budget)) {
+      if (store_error_.ok()) next_sweep_ = now;  // more parts at the next tick
       return;
     }
-    for (v1::Job& job : *jobs) {
-      const int64_t seq = *ParseJobId(job.id());
-      if (job.has_events_deleted_time()) {
-        sweep_after_ = seq;
-        continue;
-      }
-      if (!job.has_end_time() || TimeOf(job.end_time()) > cutoff) {
-        sweep_first_unswept_ = std::min(sweep_first_unswept_, seq);
-        sweep_after_ = seq;
-        continue;
-      }
-      if (budget <= 0) {  // this job at the next tick
-        next_sweep_ = now;
-        return;
-      }
-      sweep_after_ = seq;
-      if (!SweepJob(job, &budget)) {
-        if (!store_error_.ok()) return;
-        sweeping_ = job.id();  // more parts: it goes on alone first
-        next_sweep_ = now;
-        return;
-      }
-    }
+    unswept_.erase(unswept_.begin());
   }
-  // The pass is done. Live jobs finish later, whatever their seq; jobs
-  // made later have larger ones. Often enough that nothing outlives its
-  // retention by more than a tenth of it, at most every 10 minutes.
-  const int64_t after = sweep_after_;
-  sweep_from_ = std::min({sweep_first_unswept_, active_.empty() ? after + 1 : active_.begin()->first, after + 1});
-  sweep_after_ = 0;
+  // Often enough that nothing outlives its retention by more than a tenth
+  // of it, at most every 10 minutes.
   next_sweep_ = now + std::clamp(options_.retention / 10, options_.tick, absl::Minutes(10));
 }
 
@@ -549,6 +534,9 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
     metrics_->OnFailure(v1::Failure::Kind_Name(failure != nullptr ? failure->kind() : job.failure().kind()));
   } else if (state == v1::RESTARTING) {
     metrics_->OnRestart(v1::Failure::Kind_Name(failure != nullptr ? failure->kind() : job.failure().kind()));
+  }
+  if (IsTerminal(state) && options_.retention > absl::ZeroDuration()) {
+    if (auto seq = ParseJobId(job.id()); seq.ok()) unswept_.emplace(TimeOf(job.end_time()), *seq);
   }
   if (IsTerminal(state) && options_.metrics_retention > absl::ZeroDuration()) {
     forget_.emplace_back(absl::Now() + options_.metrics_retention, job.id());

@@ -330,15 +330,13 @@ class Coordinator {
   // SetState from a count at Start.
   std::map<v1::JobState, int64_t> job_counts_ ABSL_GUARDED_BY(mu_);
   absl::Time next_sweep_ ABSL_GUARDED_BY(mu_);
-  // Every job with a smaller seq has been swept or deleted (SweepRetention).
-  int64_t sweep_from_ ABSL_GUARDED_BY(mu_) = 1;
-  // The job whose data the retention sweep is deleting in parts ("": none).
-  std::string sweeping_ ABSL_GUARDED_BY(mu_);
-  // A sweep pass in progress across ticks (its row budget ran out): the
-  // last job it read (0: no pass in progress) and the oldest finished job
-  // not yet due it has seen.
-  int64_t sweep_after_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t sweep_first_unswept_ ABSL_GUARDED_BY(mu_) = 0;
+  // The finished jobs whose data is still stored, by end time then seq:
+  // what the retention sweep will clear, in the order it comes due. Read
+  // from the store once at Start, kept by SetState (a job's end) and the
+  // sweep; a job deleted meanwhile is dropped when its turn comes. (The
+  // sweep listed and parsed every finished job from the oldest not yet
+  // due at each pass: a month of jobs under the lock every 10 minutes.)
+  std::set<std::pair<absl::Time, int64_t>> unswept_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   // Heartbeats that have arrived and wait for mu_, by worker id (a count:

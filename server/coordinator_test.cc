@@ -1468,6 +1468,30 @@ TEST_F(CoordinatorTest, TheSweepSharesOneRowBudgetATickAcrossJobs) {
   }
 }
 
+// A job that finished before a restart is swept by the restarted
+// coordinator (which reads the finished jobs still holding data once, at
+// its start), and one finished after it by its end (SetState).
+TEST_F(CoordinatorTest, TheSweepFindsJobsFinishedBeforeARestart) {
+  options_.retention = absl::Milliseconds(500);
+  Open();
+  const std::string before = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(before);
+  ASSERT_TRUE(Exited(w, before, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, before, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(before).state(), v1::SUCCEEDED);
+  Open();  // a restart before it is due
+  const std::string w2 = Register();
+  const std::string after = Submit(DemoJobSpec(2, 5));
+  StartOn(w2, after);
+  ASSERT_TRUE(Exited(w2, after, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w2, after, 1, kRankExitOk).ok());
+  for (const std::string& id : {before, after}) {
+    EXPECT_TRUE(testing_cluster::WaitFor([&] { return Get(id).has_events_deleted_time(); }, absl::Seconds(10)))
+        << id << "\n"
+        << Said();
+  }
+}
+
 // An agent that restarts before it is declared lost registers with the id it
 // kept in its work dir: the same worker, once; its ranks are gone.
 TEST_F(CoordinatorTest, ARestartedAgentKeepsItsIdAndItsRanksCountAsGone) {
