@@ -66,16 +66,15 @@ std::string Visible(absl::string_view text) {
   const std::string valid = ToValidUtf8(text);
   absl::string_view s = valid;
   std::string out;
-  for (;;) {
-    size_t i = FirstControlCharacter(s);
-    while (i < s.size() && s[i] == '\t') {
-      const size_t next = FirstControlCharacter(s.substr(i + 1));
-      i = i + 1 + next;
-    }
-    if (i >= s.size()) break;
+  while (!s.empty()) {
+    const size_t i = FirstControlCharacter(s);
     out.append(s.data(), i);
+    if (i == s.size()) break;
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c == 0xC2) {  // C1: two bytes
+    if (c == '\t') {  // kept: it moves the cursor only as text does
+      out += '\t';
+      s.remove_prefix(i + 1);
+    } else if (c == 0xC2) {  // C1: two bytes
       absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(s[i + 1]), absl::kZeroPad2));
       s.remove_prefix(i + 2);
     } else {
@@ -83,7 +82,6 @@ std::string Visible(absl::string_view text) {
       s.remove_prefix(i + 1);
     }
   }
-  out.append(s.data(), s.size());
   return out;
 }
 

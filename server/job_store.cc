@@ -687,21 +687,6 @@ absl::Status JobStore::DeleteDataLocked(const std::string& id) {
   return absl::OkStatus();
 }
 
-absl::Status JobStore::DeleteJobData(const std::string& id) {
-  absl::MutexLock lock(&mu_);
-  // The next index is read before the rows go, so that indices are never
-  // reused (a watcher resuming from an old index must not get other rows).
-  PLATEAU_RETURN_IF_ERROR(NextIndex("events", id, next_event_).status());
-  PLATEAU_RETURN_IF_ERROR(NextIndex("logs", id, next_log_).status());
-  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
-  absl::Status s = DeleteDataLocked(id);
-  if (!s.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return s;
-  }
-  return Commit();
-}
-
 absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t max_rows, int64_t* deleted) {
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(NextIndex("events", id, next_event_).status());
@@ -711,7 +696,8 @@ absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t 
   // lowest keys first: events and logs keep their highest index until the
   // last part, so a restart mid-sweep still reads where their indices went
   // (NextIndex) and never reuses one.
-  int64_t left = std::max<int64_t>(1, max_rows);
+  const int64_t budget = std::max<int64_t>(1, max_rows);
+  int64_t removed = 0;
   bool done = true;
   for (const char* sql :
        {"DELETE FROM rank_steps WHERE (job, attempt, step, rank) IN "
@@ -722,20 +708,20 @@ absl::StatusOr<bool> JobStore::DeleteJobDataPart(const std::string& id, int64_t 
         "(SELECT job, rank FROM memory_timelines WHERE job = ? ORDER BY rank LIMIT ?)"}) {
     Stmt del(db_, sql);
     del.BindText(1, id);
-    del.Bind(2, left);
+    del.Bind(2, budget - removed);
     if (!del.ok() || del.Step() != SQLITE_DONE) {
       absl::Status s = Error("delete a job's data");
       Exec("ROLLBACK").IgnoreError();
       return s;
     }
-    left -= sqlite3_changes(db_);
-    if (left <= 0) {  // this table may hold more
+    removed += sqlite3_changes(db_);
+    if (removed >= budget) {  // this table may hold more
       done = false;
       break;
     }
   }
   PLATEAU_RETURN_IF_ERROR(Commit());
-  if (deleted != nullptr) *deleted = std::max<int64_t>(1, max_rows) - std::max<int64_t>(0, left);
+  if (deleted != nullptr) *deleted = removed;
   return done;
 }
 

@@ -143,15 +143,13 @@ class JobStore {
   // How many jobs are in each state (the coordinator's jobs-by-state gauge
   // at start-up).
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountJobsByState();
-  // Removes the job's events, logs, memory timelines and rank reports (one
-  // transaction): the retention of a finished job, which gets no further
-  // events (within this store's life a later append would still continue
-  // after the last index; after a reopen it would start again at 0).
-  absl::Status DeleteJobData(const std::string& id);
-  // The same in parts: at most `max_rows` rows (one transaction), so that a
-  // job of millions of rank reports does not hold the store, and the
-  // coordinator's lock, for seconds. True once nothing of its data is left.
-  // *deleted (when given): the rows this call removed.
+  // Removes the job's events, logs, memory timelines and rank reports, at
+  // most `max_rows` rows a call (one transaction), so that a job of
+  // millions of rank reports does not hold the store, and the coordinator's
+  // lock, for seconds: the retention of a finished job, which gets no
+  // further events. True once nothing of its data is left; *deleted (when
+  // given): the rows this call removed. Indices are never reused (the
+  // highest goes last; NextIndex reads where they went).
   absl::StatusOr<bool> DeleteJobDataPart(const std::string& id, int64_t max_rows, int64_t* deleted = nullptr);
   // Removes the job itself as well (one transaction). NOT_FOUND names the id.
   absl::Status DeleteJob(const std::string& id);
@@ -175,7 +173,7 @@ class JobStore {
   absl::Status Sync(Durability durability) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BEGIN IMMEDIATE, its COMMIT synced to disk or not (Sync).
   absl::Status Begin(Durability durability) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The DELETEs of DeleteJobData, inside the caller's transaction.
+  // DeleteJob's DELETEs of the job's data, inside its transaction.
   absl::Status DeleteDataLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> NextIndex(const char* table, const std::string& id,
                                     std::map<std::string, int64_t>& cache)

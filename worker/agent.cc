@@ -584,8 +584,7 @@ void Agent::Start(const v1::Assignment& a) {
     jobs_[key] = std::move(job);
   }
   const bool cuda = options_.capabilities.backend() == v1::BACKEND_CUDA;
-  std::vector<std::string> base_env;
-  for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
+  const std::vector<std::string> base_env = ProcessEnvironment();
   for (int i = 0; i < a.ranks_size(); ++i) {
     const int r = a.ranks(i);
     auto rank = std::make_unique<Rank>();

@@ -172,8 +172,7 @@ void Calibrate(AgentOptions* o) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     args.push_back(absl::StrCat("--calibrate_threads=", std::max(1, cores / o->capabilities.devices())));
   } else {
-    std::vector<std::string> base_env;
-    for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
+    const std::vector<std::string> base_env = ProcessEnvironment();
     std::string visible;
     absl::StatusOr<std::vector<std::string>> slot0 = CudaRankEnvironment(base_env, 0, &visible);
     if (slot0.ok()) env = *std::move(slot0);
@@ -221,8 +220,7 @@ int64_t OfferedDeviceMemory(int64_t total) {
 }
 
 absl::StatusOr<int64_t> ProbeDeviceMemory(const AgentOptions& o) {
-  std::vector<std::string> base_env;
-  for (char** e = environ; *e != nullptr; ++e) base_env.emplace_back(*e);
+  const std::vector<std::string> base_env = ProcessEnvironment();
   const std::string fix = "; give --devices at most the GPUs this worker may use, or --device_memory_bytes as a number";
   int64_t smallest = -1;
   for (int slot = 0; slot < o.capabilities.devices(); ++slot) {

@@ -1,10 +1,12 @@
 #include "worker/device_slots.h"
 
+#include <unistd.h>  // environ
+
 #include <algorithm>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -69,6 +71,12 @@ absl::StatusOr<std::vector<std::string>> CudaRankEnvironment(const std::vector<s
   std::vector<std::string> out = WithVisibleDevices(env, *ids);
   if (!module_loading) out.push_back("CUDA_MODULE_LOADING=EAGER");
   return out;
+}
+
+std::vector<std::string> ProcessEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
 }
 
 }  // namespace plateau

@@ -53,6 +53,10 @@ std::vector<std::string> WithVisibleDevices(const std::vector<std::string>& env,
 absl::StatusOr<std::vector<std::string>> CudaRankEnvironment(const std::vector<std::string>& env, int slot,
                                                              std::string* visible);
 
+// This process's environment ("NAME=value" entries), what the agent's
+// children start from.
+std::vector<std::string> ProcessEnvironment();
+
 }  // namespace plateau
 
 #endif  // PLATEAU_WORKER_DEVICE_SLOTS_H_

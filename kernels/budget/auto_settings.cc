@@ -510,17 +510,36 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
     while (i < axes.size() && ++at[i] == axes[i].values.size()) at[i++] = 0;
     if (i == axes.size()) break;
   }
+  // The options at a combination of the axes' values.
+  const auto options_at = [&](const std::vector<size_t>& combination) {
+    StepOptions o = options;
+    for (size_t i = 0; i < axes.size(); ++i) SetAutoSetting(&o, axes[i].setting, axes[i].values[combination[i]]);
+    return o;
+  };
+  // For the errors: "field=value, ..." of the `auto` settings of `o`, and
+  // the nonzero live sets of `bytes` ("name=bytes, ...") with the largest.
+  const auto values_of = [&](const StepOptions& o) {
+    std::vector<std::string> values;
+    for (const Axis& a : axes)
+      values.push_back(absl::StrCat(AutoSettingField(a.setting), "=", GetAutoSetting(o, a.setting)));
+    return absl::StrJoin(values, ", ");
+  };
+  const auto sets_of = [](const std::array<int64_t, kNumLiveSets>& bytes, int* largest) {
+    std::vector<std::string> sets;
+    *largest = 0;
+    for (int i = 0; i < kNumLiveSets; ++i) {
+      if (bytes[i] > bytes[*largest]) *largest = i;
+      if (bytes[i] != 0) sets.push_back(absl::StrCat(LiveSetName(static_cast<LiveSet>(i)), "=", bytes[i]));
+    }
+    return absl::StrJoin(sets, ", ");
+  };
   if (best.empty() && least_host != kNone && least_device != kNone) {
     // Each cap alone can be met, not both: the host's room the device
     // needs. (Said at the smallest device plan, the host's shortfall was
     // overstated and the setting called "already at its smallest".)
-    std::vector<std::string> values;
-    for (size_t i = 0; i < axes.size(); ++i) {
-      values.push_back(absl::StrCat(AutoSettingField(axes[i].setting), "=", axes[i].values[at_least_host[i]]));
-    }
     return absl::ResourceExhaustedError(absl::StrCat(
         "host_memory_bytes: no value of the `auto` settings fits both caps: those that fit device_memory_bytes = ",
-        caps.device_bytes, " need at least ", least_host, " host bytes (at ", absl::StrJoin(values, ", "),
+        caps.device_bytes, " need at least ", least_host, " host bytes (at ", values_of(options_at(at_least_host)),
         ") against a cap of ", caps.host_bytes, ", short by ", least_host - caps.host_bytes,
         "; those that fit the host need at least ", least_device, " device bytes, short by ",
         least_device - caps.device_bytes, "; raise either cap"));
@@ -528,56 +547,39 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
   if (best.empty() && least_host != kNone) {
     // Every combination that fits the device is over the host cap (and
     // none fits the host at all): said at the least host plan among them.
-    StepOptions least = options;
-    for (size_t i = 0; i < axes.size(); ++i) SetAutoSetting(&least, axes[i].setting, axes[i].values[at_least_host[i]]);
+    const StepOptions least = options_at(at_least_host);
     PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(least, layout));
-    std::vector<std::string> values, sets;
-    for (size_t i = 0; i < axes.size(); ++i) {
-      values.push_back(absl::StrCat(AutoSettingField(axes[i].setting), "=", axes[i].values[at_least_host[i]]));
-    }
     int largest = 0;
-    for (int i = 0; i < kNumLiveSets; ++i) {
-      if (p.host_bytes[i] > p.host_bytes[largest]) largest = i;
-      if (p.host_bytes[i] != 0)
-        sets.push_back(absl::StrCat(LiveSetName(static_cast<LiveSet>(i)), "=", p.host_bytes[i]));
-    }
+    const std::string sets = sets_of(p.host_bytes, &largest);
     return absl::ResourceExhaustedError(
         absl::StrCat("host_memory_bytes: no value of the `auto` settings fits: at the least host plan (",
-                     absl::StrJoin(values, ", "), ") the host plan is ", p.host_total(), " bytes (",
-                     absl::StrJoin(sets, ", "), ") against a cap of ", caps.host_bytes, ", short by ",
-                     p.host_total() - caps.host_bytes, "; the largest live set is ",
+                     values_of(least), ") the host plan is ", p.host_total(), " bytes (", sets, ") against a cap of ",
+                     caps.host_bytes, ", short by ", p.host_total() - caps.host_bytes, "; the largest live set is ",
                      LiveSetName(static_cast<LiveSet>(largest)), " (", p.host_bytes[largest], " bytes)"));
   }
   if (best.empty()) {
     // Nothing fits the device: the plan at each setting's smallest device
     // bytes (then host bytes), and the live set that dominates it.
     PLATEAU_ASSIGN_OR_RETURN(const StepOptions smallest, SmallestAutoSettings(options, request, &layout));
-    std::vector<std::string> values;
-    for (const Axis& a : axes) {
-      values.push_back(absl::StrCat(AutoSettingField(a.setting), "=", GetAutoSetting(smallest, a.setting)));
-    }
     PLATEAU_ASSIGN_OR_RETURN(const MemoryPlan p, PlanMemory(smallest, layout));
     const bool device_over = caps.device_bytes != 0 && DeviceBytesAgainstCap(p, caps) > caps.device_bytes;
     const auto& bytes = device_over ? p.bytes : p.host_bytes;
     const int64_t total = device_over ? DeviceBytesAgainstCap(p, caps) : p.host_total(),
                   cap = device_over ? caps.device_bytes : caps.host_bytes;
-    std::vector<std::string> sets;
     int largest = 0;
-    for (int i = 0; i < kNumLiveSets; ++i) {
-      if (bytes[i] > bytes[largest]) largest = i;
-      if (bytes[i] != 0) sets.push_back(absl::StrCat(LiveSetName(static_cast<LiveSet>(i)), "=", bytes[i]));
-    }
+    const std::string sets = sets_of(bytes, &largest);
     std::string changes = "which no `auto` setting changes";
     for (const Axis& a : axes) {
       if (LiveSetOf(a.setting) == largest) changes = absl::StrCat("already at its smallest by ", AutoSettingField(a.setting));
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        device_over ? "device_memory_bytes" : "host_memory_bytes", ": no value of the `auto` settings fits: at the smallest (",
-        absl::StrJoin(values, ", "), ") the ", device_over ? "device" : "host", " plan is ", total, " bytes (",
-        absl::StrJoin(sets, ", "), ") against a cap of ", cap, ", short by ", total - cap, "; the largest live set is ",
-        LiveSetName(static_cast<LiveSet>(largest)), " (", bytes[largest], " bytes), ", changes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(device_over ? "device_memory_bytes" : "host_memory_bytes",
+                     ": no value of the `auto` settings fits: at the smallest (", values_of(smallest), ") the ",
+                     device_over ? "device" : "host", " plan is ", total, " bytes (", sets, ") against a cap of ", cap,
+                     ", short by ", total - cap, "; the largest live set is ",
+                     LiveSetName(static_cast<LiveSet>(largest)), " (", bytes[largest], " bytes), ", changes));
   }
-  for (size_t i = 0; i < axes.size(); ++i) SetAutoSetting(&out.options, axes[i].setting, axes[i].values[best[i]]);
+  out.options = options_at(best);
   // The same budget as every plan: the sums above must be PlanMemory's.
   PLATEAU_ASSIGN_OR_RETURN(out.plan, PlanMemory(out.options, layout));
   if (!Fits(out.plan, caps) || DeviceBytesAgainstCap(out.plan, caps) != best_device ||
