@@ -415,6 +415,10 @@ void Coordinator::SweepRetention() {
       return;
     }
     const int64_t seq = unswept_.begin()->second;
+    if (deleting_.count(seq) > 0) {  // DeleteJob is removing it in parts
+      next_sweep_ = now;
+      return;
+    }
     absl::StatusOr<v1::Job> job = store_->GetJob(JobIdOf(seq));
     if (!job.ok() || job->has_events_deleted_time()) {
       // Deleted meanwhile (NOT_FOUND), or a record that does not parse
@@ -773,31 +777,63 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
 
 absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& caller) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
-  absl::MutexLock lock(&mu_);
-  PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
-  auto it = active_.find(seq);
-  if (it != active_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", id, " is ", v1::JobState_Name(it->second.job.state()),
-        ": only a finished job (SUCCEEDED, FAILED or CANCELLED) can be deleted; cancel it first"));
-  }
-  // A record that does not parse (DATA_LOSS, which ListJobs names) can be
-  // deleted too: that is how an operator clears it. Its state column counts.
-  absl::StatusOr<v1::Job> job = store_->GetJob(id);
-  if (!job.ok() && job.status().code() != absl::StatusCode::kDataLoss) return job.status();
+  absl::StatusOr<v1::Job> job;
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
-  if (job.ok()) {
-    state = job->state();
-  } else {
-    PLATEAU_ASSIGN_OR_RETURN(state, store_->RecordedState(id));
-    // A live job's record was parsed at start-up, so this one finished; its
-    // state column is checked all the same.
-    if (!IsTerminal(state)) {
+  {
+    absl::MutexLock lock(&mu_);
+    PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
+    auto it = active_.find(seq);
+    if (it != active_.end()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
-                       " by its row's state column: only a finished job can be deleted"));
+          absl::StrCat("job ", id, " is ", v1::JobState_Name(it->second.job.state()),
+                       ": only a finished job (SUCCEEDED, FAILED or CANCELLED) can be deleted; cancel it first"));
     }
+    if (deleting_.count(seq) > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is being deleted by another request: wait for it to end"));
+    }
+    // A record that does not parse (DATA_LOSS, which ListJobs names) can be
+    // deleted too: that is how an operator clears it. Its state column counts.
+    job = store_->GetJob(id);
+    if (!job.ok() && job.status().code() != absl::StatusCode::kDataLoss) return job.status();
+    if (job.ok()) {
+      state = job->state();
+    } else {
+      PLATEAU_ASSIGN_OR_RETURN(state, store_->RecordedState(id));
+      // A live job's record was parsed at start-up, so this one finished; its
+      // state column is checked all the same.
+      if (!IsTerminal(state)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", id, " is ", v1::JobState_Name(state),
+                         " by its row's state column: only a finished job can be deleted"));
+      }
+    }
+    deleting_.insert(seq);
   }
+  // Its data in parts, each one transaction under the lock, the lock free
+  // between them. A finished job gains no data meanwhile (its late log
+  // lines are dropped while it is in deleting_).
+  int parts = 0;
+  for (bool done = false; !done;) {
+    int64_t rows = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::Status s = store_error_;
+      if (s.ok()) {
+        absl::StatusOr<bool> part = store_->DeleteJobDataPart(id, kSweepRowsPerTick, &rows);
+        s = Written(part.status(), absl::StrCat("delete ", id, "'s events, logs and reports"));
+        done = s.ok() && *part;
+      }
+      if (!s.ok()) {
+        deleting_.erase(seq);
+        return s;
+      }
+    }
+    ++parts;
+    if (options_.after_delete_part) options_.after_delete_part(rows);
+  }
+  absl::MutexLock lock(&mu_);
+  deleting_.erase(seq);
   PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
   // Any rendezvous key left (an attempt ended at a restart may have kept
   // its) goes with the job.
@@ -805,7 +841,8 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
   if (--job_counts_[state] <= 0) job_counts_.erase(state);
   metrics_->ForgetJob(id);
   Say(absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),
-                   job.ok() ? absl::StrCat(", ", job->event_count(), " event(s))") : "; its record was corrupt)"));
+                   job.ok() ? absl::StrCat(", ", job->event_count(), " event(s)") : "; its record was corrupt",
+                   parts > 1 ? absl::StrCat("; its data in ", parts, " parts") : "", ")"));
   job_versions_.erase(id);
   Changed();  // its watchers end (NOT_FOUND)
   return absl::OkStatus();
@@ -1760,7 +1797,7 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
                                   auto seq = ParseJobId(l.job_id());
                                   if (seq.ok() && active_.count(*seq) > 0) {
                                     it->second = true;
-                                  } else if (seq.ok()) {
+                                  } else if (seq.ok() && deleting_.count(*seq) == 0) {
                                     const absl::StatusOr<v1::Job> stored = store_->GetJob(l.job_id());
                                     it->second = stored.ok() && !stored->has_events_deleted_time();
                                   }
@@ -1775,7 +1812,9 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   PLATEAU_RETURN_IF_ERROR(Written(store_->AppendLogs(b.logs), "append log lines"));
   PLATEAU_RETURN_IF_ERROR(Written(store_->PutMemoryTimelines(b.timelines), "store memory timelines"));
   for (LiveJob* a : b.progressed) {
-    a->job.set_event_count(store_->EventCount(a->job.id()));
+    absl::StatusOr<int64_t> events = store_->EventCount(a->job.id());
+    PLATEAU_RETURN_IF_ERROR(Written(events.status(), absl::StrCat("count ", a->job.id(), "'s events")));
+    a->job.set_event_count(*events);
     PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(a->job), absl::StrCat("record ", a->job.id(), "'s progress")));
   }
   for (const v1::JobEvent& e : b.events) Changed(e.job_id());

@@ -116,6 +116,9 @@ struct CoordinatorOptions {
   // The coordinator's own log, one line per call (no newline); unset: the
   // line goes to stdout with the time and "plateau_coordinator: ".
   std::function<void(const std::string&)> log;
+  // For tests: called by DeleteJob after each part of a job's data it
+  // deleted, with the lock released (the number of rows of that part).
+  std::function<void(int64_t rows)> after_delete_part;
 };
 
 bool IsTerminal(v1::JobState state);
@@ -151,7 +154,11 @@ class Coordinator {
   v1::ListWorkersResponse ListWorkers();
   // Deletes a finished job and everything of it (events, logs, timelines,
   // rank reports, metric series). FAILED_PRECONDITION when it is not
-  // finished; NOT_FOUND when there is no such job.
+  // finished or another DeleteJob of it is under way; NOT_FOUND when there
+  // is no such job. The data goes in parts of at most kSweepRowsPerTick
+  // rows, the lock released between them (a job of millions of rows held
+  // it for seconds: every heartbeat waited, past the agents' lease); the
+  // job reads as it was until its record goes, last.
   absl::Status DeleteJob(const std::string& id, const std::string& caller = "");
   // The events of a job from `from` (at most `limit`), as WatchJob sends
   // them: with every rank's report in each step event when `per_rank`, and
@@ -337,6 +344,10 @@ class Coordinator {
   // sweep listed and parsed every finished job from the oldest not yet
   // due at each pass: a month of jobs under the lock every 10 minutes.)
   std::set<std::pair<absl::Time, int64_t>> unswept_ ABSL_GUARDED_BY(mu_);
+  // Jobs (by seq) whose DeleteJob is deleting their data in parts: the
+  // sweep waits for them, their late log lines are dropped, and a second
+  // DeleteJob is refused.
+  std::set<int64_t> deleting_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   // Heartbeats that have arrived and wait for mu_, by worker id (a count:

@@ -850,11 +850,11 @@ TEST_F(CoordinatorTest, RankWithoutProgressIsReportedHungAndStopped) {
 TEST_F(CoordinatorTest, RetriedTelemetryIsCountedOnce) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
-  const int64_t before = store_->EventCount(job);
+  const int64_t before = *store_->EventCount(job);
   const v1::TelemetryRequest t = Steps(w, job, {1, 2});
   ASSERT_TRUE(c().ReportTelemetry(t).ok());
   ASSERT_TRUE(c().ReportTelemetry(t).ok());  // the reply was lost; sent again
-  EXPECT_EQ(store_->EventCount(job), before + 2);
+  EXPECT_EQ(*store_->EventCount(job), before + 2);
   EXPECT_EQ(Get(job).progress().step(), 2);
 }
 
@@ -1266,7 +1266,7 @@ TEST_F(CoordinatorTest, StepEventsSurviveARestartWithoutLossOrRepeat) {
   Register(w, {Runs(job, 0, {0, 1})});
   ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {6})).ok());
   EXPECT_EQ(StepEvents(job), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  EXPECT_EQ(Get(job).event_count(), store_->EventCount(job));
+  EXPECT_EQ(Get(job).event_count(), *store_->EventCount(job));
   EXPECT_THAT(Said(), HasSubstr(job + " attempt 0 re-attached to " + w + " after the coordinator's restart"));
 }
 
@@ -1352,6 +1352,60 @@ TEST_F(CoordinatorTest, OnlyAFinishedJobCanBeDeletedAndThenItIsGone) {
   EXPECT_EQ(c().DeleteJob(job).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c().DeleteJob("job-x").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Said(), HasSubstr(job + " deleted (SUCCEEDED"));
+}
+
+// A job of more rows than one part (kSweepRowsPerTick, 20,000) is deleted in
+// parts with the lock released between them: a job of millions of rows
+// held it for seconds, and every heartbeat waited. Meanwhile the job reads
+// as it was, a second delete is refused, and a late log line is dropped.
+TEST_F(CoordinatorTest, AJobOfManyRowsIsDeletedInPartsWithTheLockFreeBetween) {
+  std::string job;
+  std::string w;
+  std::vector<int64_t> parts;
+  options_.after_delete_part = [&](int64_t rows) {
+    parts.push_back(rows);
+    if (parts.size() != 1) return;
+    // Each of these takes the coordinator's lock: with it held, they would
+    // deadlock.
+    absl::StatusOr<v1::Job> read = c().GetJob(job);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->state(), v1::SUCCEEDED);
+    absl::Status again = c().DeleteJob(job);
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+    EXPECT_THAT(again.message(), HasSubstr("is being deleted by another request"));
+    v1::TelemetryRequest late;
+    late.set_worker_id(w);
+    v1::LogEntry* line = late.add_logs();
+    line->set_job_id(job);
+    line->set_rank(0);
+    line->set_line("while it is deleted");
+    EXPECT_TRUE(c().ReportTelemetry(late).ok());
+  };
+  Open();
+  job = Submit(DemoJobSpec(2, 5));
+  w = RunningJob(job);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  std::vector<JobRankStep> many(45000);
+  for (int i = 0; i < 45000; ++i) {
+    many[i].job_id = job;
+    many[i].telemetry.set_attempt(5);
+    many[i].telemetry.set_step(i + 1);
+  }
+  ASSERT_TRUE(store_->PutRankSteps(many).ok());
+  ASSERT_TRUE(c().DeleteJob(job).ok());
+  ASSERT_EQ(parts.size(), 3u);  // 20,000 + 20,000 + the rest
+  EXPECT_EQ(parts[0], 20000);
+  EXPECT_EQ(parts[1], 20000);
+  EXPECT_EQ(c().GetJob(job).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->ReadRankSteps(job, 5, 0, INT64_MAX)->empty());
+  EXPECT_TRUE(store_->ReadLogs(job, 0, 100)->empty()) << "the late line was stored";
+  EXPECT_TRUE(store_->ReadEvents(job, 0, 100)->empty());
+  EXPECT_THAT(Said(), HasSubstr(job + " deleted (SUCCEEDED"));
+  EXPECT_THAT(Said(), HasSubstr("its data in 3 parts"));
+  // A second delete after the first ended finds nothing.
+  EXPECT_EQ(c().DeleteJob(job).code(), absl::StatusCode::kNotFound);
 }
 
 // A finished job whose record no longer parses fails every listing, naming

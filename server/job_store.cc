@@ -188,6 +188,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     }
   }
   PLATEAU_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL"));
+  // The WAL grows to hold a whole transaction (a large delete: 490 MiB) and
+  // SQLite keeps the file at that size for good unless told to cut it back
+  // when it is next reused after a checkpoint.
+  PLATEAU_RETURN_IF_ERROR(store->Exec(absl::StrCat("PRAGMA journal_size_limit = ", kWalSizeLimitBytes).c_str()));
   PLATEAU_RETURN_IF_ERROR(store->Exec(kSchema));
   PLATEAU_RETURN_IF_ERROR(store->Exec(absl::StrCat("PRAGMA application_id = ", kApplicationId).c_str()));
   PLATEAU_RETURN_IF_ERROR(store->Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str()));
@@ -597,10 +601,9 @@ absl::StatusOr<std::vector<v1::LogEntry>> JobStore::ReadLogs(const std::string& 
   return out;
 }
 
-int64_t JobStore::EventCount(const std::string& id) {
+absl::StatusOr<int64_t> JobStore::EventCount(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  auto n = NextIndex("events", id, next_event_);
-  return n.ok() ? *n : 0;
+  return NextIndex("events", id, next_event_);
 }
 
 absl::Status JobStore::PutRankSteps(const std::vector<JobRankStep>& steps) {

@@ -82,6 +82,12 @@ class JobStore {
   // but a power loss may lose their last seconds.
   enum class Durability { kProcessCrash, kPowerLoss };
 
+  // The size the write-ahead log is cut back to once a checkpoint has
+  // emptied it (PRAGMA journal_size_limit): normal traffic keeps it near
+  // SQLite's 1,000-page autocheckpoint (4 MiB); one large transaction
+  // would otherwise leave it at its own size on disk for good.
+  static constexpr int64_t kWalSizeLimitBytes = 16 << 20;
+
   // Opens (creating when missing) the database at `path`.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
   ~JobStore();
@@ -120,7 +126,8 @@ class JobStore {
   // Up to `limit` events / lines of a job with index >= from, in order.
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& id, int64_t from, int limit);
   absl::StatusOr<std::vector<v1::LogEntry>> ReadLogs(const std::string& id, int64_t from, int limit);
-  int64_t EventCount(const std::string& id);
+  // How many events the job has had (its next event index).
+  absl::StatusOr<int64_t> EventCount(const std::string& id);
 
   // The latest memory timeline of each (job, rank): each one given replaces
   // that rank's (one transaction). Read back in rank order; none: empty.

@@ -292,7 +292,32 @@ TEST(JobStoreTest, EventIndicesSurviveAFailedBatchAndTheCachesBound) {
   for (int j = 10; j < 4200; ++j) many.push_back(absl::StrCat("job-", j));
   ASSERT_TRUE(append(many).first.ok());
   EXPECT_EQ(append({"job-1", "job-2", "job-10", "job-4199"}).second, (std::vector<int64_t>{3, 1, 1, 1}));
-  EXPECT_EQ((*store)->EventCount("job-1"), 4);
+  EXPECT_EQ(*(*store)->EventCount("job-1"), 4);
+}
+
+// One transaction larger than the WAL limit (a large delete) grows the
+// write-ahead log past it; once a checkpoint has emptied the log, the next
+// write cuts the file back to the limit instead of keeping it for good.
+TEST(JobStoreTest, TheWriteAheadLogIsCutBackAfterALargeTransaction) {
+  const std::string path = TempDb("wal_limit");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const int64_t limit = JobStore::kWalSizeLimitBytes;
+  std::vector<JobRankStep> big(limit / 2000);  // ~4 KiB of log a row: ~2x the limit
+  for (size_t i = 0; i < big.size(); ++i) {
+    big[i].job_id = "job-1";
+    big[i].telemetry.set_step(static_cast<int64_t>(i) + 1);
+    big[i].telemetry.add_peak()->set_live_set(std::string(1000, 'x'));
+  }
+  ASSERT_TRUE((*store)->PutRankSteps(big).ok());
+  const std::string wal = path + "-wal";
+  ASSERT_GT(static_cast<int64_t>(std::filesystem::file_size(wal)), limit) << "the test's transaction is too small";
+  ExecOn(path, "PRAGMA wal_checkpoint(PASSIVE)");  // as SQLite's autocheckpoint does
+  std::vector<JobRankStep> one(1);
+  one[0].job_id = "job-2";
+  one[0].telemetry.set_step(1);
+  ASSERT_TRUE((*store)->PutRankSteps(one).ok());  // reuses the emptied log
+  EXPECT_LE(static_cast<int64_t>(std::filesystem::file_size(wal)), limit);
 }
 
 // A job's data deleted in parts of at most N rows (each a transaction of
