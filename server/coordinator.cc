@@ -1071,6 +1071,9 @@ void Coordinator::Schedule() {
       Worker& w = registry_.at(d.nodes[n]);
       v1::Placement* p = a.job.add_placement();
       p->set_worker_id(w.id);
+      if (std::find(a.job.hosted_by().begin(), a.job.hosted_by().end(), w.id) == a.job.hosted_by().end()) {
+        a.job.add_hosted_by(w.id);
+      }
       for (int64_t r = n * per_node; r < static_cast<int64_t>(n + 1) * per_node; ++r) {
         p->add_ranks(static_cast<int>(r));
         a.ranks[r].worker_id = w.id;
@@ -1783,23 +1786,28 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
         return FindActive(job_id, attempt);  // under mu_, held by this call
       },
       metrics_);
-  // Log lines of jobs that exist: a line for a job id not yet given out
-  // was stored and shown as the log of the job that later got the id, and
-  // one for a deleted job was a row no delete would sweep. A finished
+  // Log lines of jobs that exist, from a worker that hosted them: a line
+  // for a job id not yet given out was stored and shown as the log of the
+  // job that later got the id, one for a deleted job was a row no delete
+  // would sweep, and any worker could write into any job's log. A finished
   // job's last lines still count (they arrive after its end), until the
   // retention pass has removed its logs (a line then would start them
   // again at index 0, which a client resuming "from N" would never read).
-  std::map<std::string, bool> exists;
+  const auto hosted = [&](const v1::Job& job) {  // (request was moved from)
+    return std::find(job.hosted_by().begin(), job.hosted_by().end(), w->id) != job.hosted_by().end();
+  };
+  std::map<std::string, bool> accepted;
   b.logs.erase(std::remove_if(b.logs.begin(), b.logs.end(),
                               [&](const v1::LogEntry& l) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                auto [it, added] = exists.emplace(l.job_id(), false);
+                                auto [it, added] = accepted.emplace(l.job_id(), false);
                                 if (added) {
                                   auto seq = ParseJobId(l.job_id());
-                                  if (seq.ok() && active_.count(*seq) > 0) {
-                                    it->second = true;
+                                  auto live = seq.ok() ? active_.find(*seq) : active_.end();
+                                  if (live != active_.end()) {
+                                    it->second = hosted(live->second.job);
                                   } else if (seq.ok() && deleting_.count(*seq) == 0) {
                                     const absl::StatusOr<v1::Job> stored = store_->GetJob(l.job_id());
-                                    it->second = stored.ok() && !stored->has_events_deleted_time();
+                                    it->second = stored.ok() && !stored->has_events_deleted_time() && hosted(*stored);
                                   }
                                 }
                                 return !it->second;

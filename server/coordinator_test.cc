@@ -30,6 +30,7 @@
 namespace plateau {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // For the tests about a worker's expiry: lost after three missed
@@ -950,6 +951,43 @@ TEST_F(CoordinatorTest, LogLinesOfNoJobAreDropped) {
   auto none = store_->ReadLogs("job-999", 0, 10);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty());
+}
+
+// A job's log lines are taken from the workers that hosted it only, while
+// it runs and after its end: before, any worker-token holder could write
+// into any job's log.
+TEST_F(CoordinatorTest, LogLinesAreTakenOnlyFromTheWorkersThatHostedTheJob) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  const std::string other = Register();
+  const auto line = [&](const std::string& worker, const std::string& text) {
+    v1::TelemetryRequest t;
+    t.set_worker_id(worker);
+    v1::LogEntry* e = t.add_logs();
+    e->set_job_id(job);
+    e->set_rank(0);
+    e->set_stream("stdout");
+    e->set_line(text);
+    return c().ReportTelemetry(t);
+  };
+  const auto lines = [&] {
+    std::vector<std::string> out;
+    const absl::StatusOr<std::vector<v1::LogEntry>> read = store_->ReadLogs(job, 0, 1000);
+    EXPECT_TRUE(read.ok()) << read.status();
+    for (const v1::LogEntry& e : read.value_or(std::vector<v1::LogEntry>())) {
+      if (e.stream() == "stdout") out.push_back(e.line());
+    }
+    return out;
+  };
+  ASSERT_TRUE(line(w, "from its worker").ok());
+  ASSERT_TRUE(line(other, "forged while it runs").ok());
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  EXPECT_THAT(Get(job).hosted_by(), ElementsAre(w));
+  ASSERT_TRUE(line(w, "late, from its worker").ok());
+  ASSERT_TRUE(line(other, "forged after its end").ok());
+  EXPECT_THAT(lines(), ElementsAre("from its worker", "late, from its worker"));
 }
 
 // Log lines carry no step to de-duplicate by: a numbered batch that arrives
