@@ -39,19 +39,30 @@ absl::Status Backward(Backend& backend, Stream& stream, int64_t H, int64_t F,
   // between them is what the data needs (SwiGLU's backward overwrites act
   // only after dWd read it; dx's second term adds to its first).
   std::vector<WorkingGemm<W>> first, second, third;
+  // The weight gradients of groups with fp32 accumulators (bf16 only):
+  // after `first` and `second` respectively, from the same inputs.
+  std::vector<WorkingGemm<W, float>> first_fp32, second_fp32;
   int64_t row = 0;
   for (const ExpertGroupT<W>& g : groups) {
     const int64_t n = g.rows;
     const W* xe = x + row * H;
     const W* dye = dy + row * H;
+    const bool fp32 = g.dw_gate_fp32 != nullptr;
     // dA = dY Wd^T; dWd (+)= A^T dY.
     first.push_back({false, true, n, F, H, 1.0f, dye, H, g.w_down, H, 0.0f, dact + row * F, F});
-    first.push_back(
-        {true, false, F, H, n, 1.0f, act + row * F, F, dye, H, g.dw_beta, g.dw_down, H});
+    if (fp32) {
+      first_fp32.push_back({true, false, F, H, n, 1.0f, act + row * F, F, dye, H, g.dw_beta, g.dw_down_fp32, H});
+    } else {
+      first.push_back({true, false, F, H, n, 1.0f, act + row * F, F, dye, H, g.dw_beta, g.dw_down, H});
+    }
     // dWg (+)= X^T dG; dWu (+)= X^T dU; dX = dG Wg^T + dU Wu^T.
-    second.push_back(
-        {true, false, H, F, n, 1.0f, xe, H, dgate + row * F, F, g.dw_beta, g.dw_gate, F});
-    second.push_back({true, false, H, F, n, 1.0f, xe, H, dup + row * F, F, g.dw_beta, g.dw_up, F});
+    if (fp32) {
+      second_fp32.push_back({true, false, H, F, n, 1.0f, xe, H, dgate + row * F, F, g.dw_beta, g.dw_gate_fp32, F});
+      second_fp32.push_back({true, false, H, F, n, 1.0f, xe, H, dup + row * F, F, g.dw_beta, g.dw_up_fp32, F});
+    } else {
+      second.push_back({true, false, H, F, n, 1.0f, xe, H, dgate + row * F, F, g.dw_beta, g.dw_gate, F});
+      second.push_back({true, false, H, F, n, 1.0f, xe, H, dup + row * F, F, g.dw_beta, g.dw_up, F});
+    }
     second.push_back(
         {false, true, n, H, F, 1.0f, dgate + row * F, F, g.w_gate, F, 0.0f, dx + row * H, H});
     third.push_back(
@@ -59,8 +70,10 @@ absl::Status Backward(Backend& backend, Stream& stream, int64_t H, int64_t F,
     row += n;
   }
   PLATEAU_RETURN_IF_ERROR(Ops::GroupedGemm(backend, stream, first));
+  if (!first_fp32.empty()) PLATEAU_RETURN_IF_ERROR(Ops::GroupedGemmAccum(backend, stream, first_fp32));
   PLATEAU_RETURN_IF_ERROR(Ops::SwiGluBackward(backend, stream, dgate, dup, dact, gate, up, row * F));
   PLATEAU_RETURN_IF_ERROR(Ops::GroupedGemm(backend, stream, second));
+  if (!second_fp32.empty()) PLATEAU_RETURN_IF_ERROR(Ops::GroupedGemmAccum(backend, stream, second_fp32));
   return Ops::GroupedGemm(backend, stream, third);
 }
 

@@ -44,6 +44,13 @@ struct ExpertGroupT {
   W* dw_up = nullptr;
   W* dw_down = nullptr;
   float dw_beta = 1.0f;
+  // Under bf16, fp32 weight gradients instead of dw_* when set (all three):
+  // an accumulator summing the expert's gradient over PipelinedLLEP's K > 1
+  // chunks in fp32, rounded to bf16 once at the layer's end (a bf16 sum
+  // rounded at every chunk stalls: adding 1.0 1,024 times gave 256).
+  float* dw_gate_fp32 = nullptr;
+  float* dw_up_fp32 = nullptr;
+  float* dw_down_fp32 = nullptr;
 };
 using ExpertGroup = ExpertGroupT<float>;
 

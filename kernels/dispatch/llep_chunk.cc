@@ -180,8 +180,8 @@ typename LlepChunkRunnerT<W>::GroupWeights LlepChunkRunnerT<W>::WeightsOf(const 
 
 template <typename W>
 std::vector<ExpertGroupT<W>> LlepChunkRunnerT<W>::Groups(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
-                                                 const ExpertWeightsT<W>& w,
-                                                 const ExpertGradsT<W>* grads) const {
+                                                         const ExpertWeightsT<W>& w, const ExpertGradsT<W>* grads,
+                                                         const ExpertGradAccum* acc) const {
   const int64_t HF = model_.hidden * model_.expert_ffn;
   std::vector<ExpertGroupT<W>> out;
   out.reserve(p.groups.size());
@@ -200,6 +200,11 @@ std::vector<ExpertGroupT<W>> LlepChunkRunnerT<W>::Groups(const LlepRankPlan& p, 
         e.dw_up = grads->w_up + g.local * HF;
         e.dw_down = grads->w_down + g.local * HF;
         e.dw_beta = 1.0f;
+        if (acc != nullptr) {
+          e.dw_gate_fp32 = acc->w_gate + g.local * HF;
+          e.dw_up_fp32 = acc->w_up + g.local * HF;
+          e.dw_down_fp32 = acc->w_down + g.local * HF;
+        }
       } else {
         e.dw_gate = m.borrowed_grads + g.borrowed * 3 * HF;
         e.dw_up = e.dw_gate + HF;
@@ -299,12 +304,12 @@ absl::Status LlepChunkRunnerT<W>::DispatchOutputGrads(const LlepRankPlan& p, con
 
 template <typename W>
 absl::Status LlepChunkRunnerT<W>::ExpertBackward(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
-                                             const ExpertWeightsT<W>& w, const ExpertGradsT<W>& grads) {
+                                                 const ExpertWeightsT<W>& w, const ExpertGradsT<W>& grads,
+                                                 const ExpertGradAccum* acc) {
   // act is consumed: it carries d gate from SwiGLU's backward on; dx goes
   // to recv.
-  return ExpertMlpBackward(backend_, compute_, model_.hidden, model_.expert_ffn,
-                           Groups(p, m, w, &grads), m.x, m.t, m.gate, m.up, m.act, m.dact,
-                           m.act, m.dup, m.recv);
+  return ExpertMlpBackward(backend_, compute_, model_.hidden, model_.expert_ffn, Groups(p, m, w, &grads, acc), m.x, m.t,
+                           m.gate, m.up, m.act, m.dact, m.act, m.dup, m.recv);
 }
 
 template <typename W>
@@ -320,7 +325,7 @@ absl::Status LlepChunkRunnerT<W>::ReturnInputGrads(const LlepRankPlan& p, const 
 
 template <typename W>
 absl::Status LlepChunkRunnerT<W>::ReturnWeightGrads(const LlepRankPlan& p, const LlepChunkMemoryT<W>& m,
-                                                const ExpertGradsT<W>& g) {
+                                                    const ExpertGradsT<W>& g, const ExpertGradAccum* acc) {
   if (!p.transfers) return absl::OkStatus();
   const int64_t HF = model_.hidden * model_.expert_ffn, X = 3 * HF;
   PLATEAU_RETURN_IF_ERROR(Exchange(m.borrowed_grads, p.borrowed_from, m.lent, p.lent_to, X));
@@ -329,6 +334,15 @@ absl::Status LlepChunkRunnerT<W>::ReturnWeightGrads(const LlepRankPlan& p, const
   for (size_t i = 0; i < p.lent.size(); ++i) {
     const int64_t le = p.lent[i].second - first;
     const W* src = m.lent + i * X;
+    if (acc != nullptr) {  // loaded exactly, added in fp32
+      PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc->scratch, src, X));
+      float* const parts[3] = {acc->w_gate, acc->w_up, acc->w_down};  // [gate | up | down], as sent
+      for (int j = 0; j < 3; ++j) {
+        float* dst = parts[j] + le * HF;
+        PLATEAU_RETURN_IF_ERROR(backend_.Add(compute_, dst, dst, acc->scratch + j * HF, HF));
+      }
+      continue;
+    }
     using Ops = WorkingOps<W>;
     PLATEAU_RETURN_IF_ERROR(Ops::Add(backend_, compute_, g.w_gate + le * HF, g.w_gate + le * HF, src, HF));
     PLATEAU_RETURN_IF_ERROR(Ops::Add(backend_, compute_, g.w_up + le * HF, g.w_up + le * HF, src + HF, HF));

@@ -27,7 +27,9 @@
 // gradients bf16 through WorkingOps<W>, exchanged as kBfloat16; the gates
 // and dgates fp32): LlepChunkRunner / LlepChunkMemory are the float
 // instantiations. Under bf16 each helper's gradient adds into its owner's
-// with one rounding (AddBf16).
+// with one rounding (AddBf16), unless the caller passes fp32 accumulators
+// (ExpertGradAccum: PipelinedLLEP over K > 1 chunks), which sum the owner's
+// GEMMs and the helpers' gradients (loaded exactly) in fp32.
 //
 // Thread safety: one per rank, not thread-safe.
 #ifndef PLATEAU_KERNELS_DISPATCH_LLEP_CHUNK_H_
@@ -66,6 +68,17 @@ struct LlepChunkMemoryT {
   W *borrowed_weights = nullptr, *borrowed_grads = nullptr, *lent = nullptr;
 };
 using LlepChunkMemory = LlepChunkMemoryT<float>;
+
+// fp32 accumulators of this rank's own experts' weight gradients, each
+// [E_p, H F] in the layout of ExpertGradsT, and `scratch` [3 H F] into which
+// a helper's bf16 gradient is loaded before it is added (bf16 only: in fp32
+// the gradients themselves are fp32).
+struct ExpertGradAccum {
+  float* w_gate = nullptr;
+  float* w_up = nullptr;
+  float* w_down = nullptr;
+  float* scratch = nullptr;
+};
 
 // Allocates `specs` in order in the kDispatch live set, appending to `out`.
 absl::Status AllocateDispatchBuffers(Backend& backend, const std::vector<DispatchBufferSpec>& specs,
@@ -111,15 +124,16 @@ class LlepChunkRunnerT {
   // t = dy = gates * dout rows, received and expert-major.
   absl::Status DispatchOutputGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
                                    const W* dout, const float* gates);
-  // dx into recv (expert-major); own experts' gradients accumulate into g,
-  // borrowed experts' go to borrowed_grads.
-  absl::Status ExpertBackward(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
-                              const ExpertWeightsT<W>& w, const ExpertGradsT<W>& g);
+  // dx into recv (expert-major); own experts' gradients accumulate into g
+  // (into `acc` when given), borrowed experts' go to borrowed_grads.
+  absl::Status ExpertBackward(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, const ExpertWeightsT<W>& w,
+                              const ExpertGradsT<W>& g, const ExpertGradAccum* acc = nullptr);
   // du[t] += sum_j dx_{t,j} over the chunk's tokens.
   absl::Status ReturnInputGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, W* du);
-  // Helpers send borrowed_grads to the owners, which add them into g.
-  absl::Status ReturnWeightGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
-                                 const ExpertGradsT<W>& g);
+  // Helpers send borrowed_grads to the owners, which add them into g (into
+  // `acc` when given).
+  absl::Status ReturnWeightGrads(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem, const ExpertGradsT<W>& g,
+                                 const ExpertGradAccum* acc = nullptr);
 
  private:
   // Rows of `width` floats; send_counts/recv_counts in rows.
@@ -137,7 +151,8 @@ class LlepChunkRunnerT {
   // The plan's groups for expert_mlp.h; with `grads`, where each group's
   // weight gradients go.
   std::vector<ExpertGroupT<W>> Groups(const LlepRankPlan& plan, const LlepChunkMemoryT<W>& mem,
-                                  const ExpertWeightsT<W>& w, const ExpertGradsT<W>* grads) const;
+                                      const ExpertWeightsT<W>& w, const ExpertGradsT<W>* grads,
+                                      const ExpertGradAccum* acc = nullptr) const;
 
   const ModelConfig model_;
   Backend& backend_;

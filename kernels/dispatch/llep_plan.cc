@@ -524,7 +524,15 @@ std::vector<DispatchBufferSpec> PipelinedLlepBuffers(const ModelConfig& m, int64
        LlepChunkBuffers(m, PipelinedLlepSlotSizes(m, ranks, max_tokens, o), e)) {
     b.push_back(c);
   }
+  if (PipelinedLlepAccumulatesInFp32(max_tokens, o, e)) {
+    const int64_t X = 3 * m.hidden * m.expert_ffn;
+    b.push_back({"grad_accum", (m.experts / std::max<int64_t>(1, ranks) + 1) * X * e.accum});
+  }
   return b;
+}
+
+bool PipelinedLlepAccumulatesInFp32(int64_t max_tokens, const PipelinedLlepOptions& o, const ElementBytes& e) {
+  return e.working != e.accum && PipelinedLlepChunks(max_tokens, o.chunk_tokens) > 1;
 }
 
 int64_t PipelinedLlepBoundBytes(const ModelConfig& m, int64_t ranks, int64_t max_tokens,

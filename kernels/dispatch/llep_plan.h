@@ -267,12 +267,19 @@ LlepChunkSizes PipelinedLlepSlotSizes(const ModelConfig& model, int64_t ranks,
 int64_t PipelinedLlepCountWords(const ModelConfig& model, int64_t ranks, int64_t max_tokens,
                                 const PipelinedLlepOptions& options);
 // Everything PipelinedLLEP allocates (in PipelinedLlep::Create, held for
-// its lifetime): the counts, then the chunk slots. `max_tokens` is the
-// launch's tokens per rank (the most any Forward may be given).
+// its lifetime): the counts, then the chunk slots, then (bf16 mixed with
+// K_max > 1) "grad_accum": fp32 accumulators of the own experts' weight
+// gradients, (E_p + 1) 3 H F floats (E_p experts and one helper's gradient
+// loaded), so that a gradient summed over K chunks rounds to bf16 once,
+// not K times. `max_tokens` is the launch's tokens per rank (the most any
+// Forward may be given).
 std::vector<DispatchBufferSpec> PipelinedLlepBuffers(const ModelConfig& model, int64_t ranks,
                                                      int64_t max_tokens,
                                                      const PipelinedLlepOptions& options,
                                                      const ElementBytes& e = kFp32Elements);
+// Whether PipelinedLlepBuffers lists "grad_accum": bf16 working rows (e)
+// and more than one chunk at the launch's N.
+bool PipelinedLlepAccumulatesInFp32(int64_t max_tokens, const PipelinedLlepOptions& options, const ElementBytes& e);
 // The bound: the sum of PipelinedLlepBuffers. Holds in Forward and in
 // Backward (which replays chunk by chunk in the same slots).
 int64_t PipelinedLlepBoundBytes(const ModelConfig& model, int64_t ranks, int64_t max_tokens,

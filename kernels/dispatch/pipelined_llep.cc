@@ -1,9 +1,11 @@
 #include "kernels/dispatch/pipelined_llep.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/model/working_ops.h"
 #include "kernels/status_macros.h"
 
 namespace plateau {
@@ -50,6 +52,7 @@ absl::Status PipelinedLlep::Allocate() {
   const LlepChunkSizes slots = PipelinedLlepSlotSizes(model_, P, max_tokens_, options_);
   if (bf16_) {
     PLATEAU_ASSIGN_OR_RETURN(mem_bf16_, CarveChunk<Bf16>(model_, slots, buffers_, 1));
+    if (PipelinedLlepAccumulatesInFp32(max_tokens_, options_, e)) grad_accum_ = buffers_.back().as<float>();
   } else {
     PLATEAU_ASSIGN_OR_RETURN(mem_, CarveChunk(model_, slots, buffers_, 1));
   }
@@ -357,6 +360,19 @@ absl::Status PipelinedLlep::BackwardT(const W* dout, const ExpertWeightsT<W>& w,
   LlepChunkRunnerT<W>& runner = Runner<W>();
   const LlepChunkMemoryT<W>& mem = Mem<W>();
   const W* u = static_cast<const W*>(u_);
+  // bf16 over K > 1 chunks: the own experts' gradients sum in fp32 from
+  // what g holds (loaded exactly) and round to bf16 once, after the last
+  // chunk (at K = 1 the chunk is LLEP's, bit for bit).
+  const int64_t EpHF = model_.experts / comm_.size() * model_.hidden * model_.expert_ffn;
+  ExpertGradAccum acc;
+  const ExpertGradAccum* accum = nullptr;
+  if (std::is_same_v<W, Bf16> && grad_accum_ != nullptr && chunks_ > 1) {
+    acc = {grad_accum_, grad_accum_ + EpHF, grad_accum_ + 2 * EpHF, grad_accum_ + 3 * EpHF};
+    accum = &acc;
+    PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc.w_gate, g.w_gate, EpHF));
+    PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc.w_up, g.w_up, EpHF));
+    PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc.w_down, g.w_down, EpHF));
+  }
   for (int64_t j = 0; j < chunks_; ++j) {
     PLATEAU_ASSIGN_OR_RETURN(const LlepRankPlan p, PlanChunk(j, /*index_vectors=*/false));
     PLATEAU_RETURN_IF_ERROR(runner.UploadIndex(StagedIndex(j), mem));
@@ -366,9 +382,14 @@ absl::Status PipelinedLlep::BackwardT(const W* dout, const ExpertWeightsT<W>& w,
     PLATEAU_RETURN_IF_ERROR(runner.ReturnOutputs(p, mem));
     PLATEAU_RETURN_IF_ERROR(runner.GateGrads(p, mem, dout, dgates));
     PLATEAU_RETURN_IF_ERROR(runner.DispatchOutputGrads(p, mem, dout, gates_));
-    PLATEAU_RETURN_IF_ERROR(runner.ExpertBackward(p, mem, w, g));
+    PLATEAU_RETURN_IF_ERROR(runner.ExpertBackward(p, mem, w, g, accum));
     PLATEAU_RETURN_IF_ERROR(runner.ReturnInputGrads(p, mem, du));
-    PLATEAU_RETURN_IF_ERROR(runner.ReturnWeightGrads(p, mem, g));
+    PLATEAU_RETURN_IF_ERROR(runner.ReturnWeightGrads(p, mem, g, accum));
+  }
+  if (accum != nullptr) {
+    PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::FromFloat(backend_, compute_, g.w_gate, acc.w_gate, EpHF));
+    PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::FromFloat(backend_, compute_, g.w_up, acc.w_up, EpHF));
+    PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::FromFloat(backend_, compute_, g.w_down, acc.w_down, EpHF));
   }
   Release();
   return absl::OkStatus();

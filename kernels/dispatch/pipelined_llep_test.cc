@@ -9,20 +9,23 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstring>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/model/step_options.h"
 #include "kernels/dispatch/dispatch_testing.h"
 #include "kernels/dispatch/llep.h"
 #include "kernels/dispatch/llep_plan.h"
 #include "kernels/dispatch/routing_profiles.h"
 #include "kernels/dispatch/standard_ep.h"
 #include "kernels/model/config.h"
+#include "kernels/model/step_options.h"
 #include "kernels/status_macros.h"
 #include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
@@ -633,6 +636,128 @@ TEST(PipelinedLlepTest, ARecomputeRoutedOtherwiseThanItsForwardIsInternal) {
       EXPECT_TRUE(st.ok()) << st;
     }
   }
+}
+
+// bf16 mixed: one rank's run of PipelinedLLEP on bf16 rows and weights,
+// every token the same row routed to experts 0..k-1 with the same gates and
+// output gradient, gradients starting at 0. Returns the global expert
+// gradients [gate | up | down] as floats, and each rank's backward peak.
+struct Bf16Run {
+  std::vector<float> grads;
+  std::vector<int64_t> peak_backward;
+};
+Bf16Run RunSameTokensBf16(const ModelConfig& m, int P, int64_t n, const PipelinedLlepOptions& o) {
+  const int64_t H = m.hidden, F = m.expert_ffn, K = m.top_k, Ep = m.experts / P, HF = H * F;
+  Bf16Run r;
+  r.grads.assign(3 * m.experts * HF, 0.0f);
+  r.peak_backward.assign(P, -1);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const auto random_bf16 = [&](int64_t count, float scale) {
+    std::vector<Bf16> v(count);
+    for (Bf16& x : v) x = FloatToBf16(scale * uni(rng));
+    return v;
+  };
+  const std::vector<Bf16> row = random_bf16(H, 1.0f), drow = random_bf16(H, 1.0f);
+  const std::vector<Bf16> wg = random_bf16(m.experts * HF, 0.3f), wu = random_bf16(m.experts * HF, 0.3f),
+                          wd = random_bf16(m.experts * HF, 0.3f);
+  const absl::Status st = RunLocalWorld(
+      P, 256 << 20, FreshStoreDir("pipelined_bf16"), [&](int p, Backend& be, Communicator& world) -> absl::Status {
+        PLATEAU_ASSIGN_OR_RETURN(auto compute, be.CreateStream("compute"));
+        PLATEAU_ASSIGN_OR_RETURN(auto comm, be.CreateStream("comm"));
+        PLATEAU_ASSIGN_OR_RETURN(auto kernels, ModelKernels::Create(be));
+        const auto upload = [&](LiveSet set, const auto* host, int64_t count) -> absl::StatusOr<Buffer> {
+          PLATEAU_ASSIGN_OR_RETURN(Buffer b, be.device().Allocate(set, count * sizeof(*host)));
+          std::memcpy(b.data(), host, count * sizeof(*host));  // the CPU backend's device is host memory
+          return b;
+        };
+        std::vector<Bf16> u(n * H), dout(n * H);
+        for (int64_t t = 0; t < n; ++t) {
+          std::copy(row.begin(), row.end(), u.begin() + t * H);
+          std::copy(drow.begin(), drow.end(), dout.begin() + t * H);
+        }
+        std::vector<int32_t> chosen(n * K);
+        std::vector<float> gates(n * K);
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t j = 0; j < K; ++j) {
+            chosen[t * K + j] = static_cast<int32_t>(j);
+            gates[t * K + j] = 1.0f / static_cast<float>(j + 2);
+          }
+        }
+        const std::vector<Bf16> zeros(std::max(n * H, Ep * HF), Bf16{});
+        PLATEAU_ASSIGN_OR_RETURN(Buffer bu, upload(LiveSet::kActivations, u.data(), n * H));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer bdout, upload(LiveSet::kActivations, dout.data(), n * H));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer bchosen, upload(LiveSet::kActivations, chosen.data(), n * K));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer bgates, upload(LiveSet::kActivations, gates.data(), n * K));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer bout, upload(LiveSet::kActivations, zeros.data(), n * H));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer bdu, upload(LiveSet::kActivations, zeros.data(), n * H));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer bdg, upload(LiveSet::kActivations, gates.data(), n * K));
+        std::vector<Buffer> w, g;
+        for (const std::vector<Bf16>* all : {&wg, &wu, &wd}) {
+          PLATEAU_ASSIGN_OR_RETURN(Buffer b, upload(LiveSet::kWeights, all->data() + p * Ep * HF, Ep * HF));
+          w.push_back(std::move(b));
+          PLATEAU_ASSIGN_OR_RETURN(Buffer z, upload(LiveSet::kGrads, zeros.data(), Ep * HF));
+          g.push_back(std::move(z));
+        }
+        const ExpertWeightsT<Bf16> ew{w[0].as<Bf16>(), w[1].as<Bf16>(), w[2].as<Bf16>()};
+        const ExpertGradsT<Bf16> eg{g[0].as<Bf16>(), g[1].as<Bf16>(), g[2].as<Bf16>()};
+        PLATEAU_ASSIGN_OR_RETURN(
+            std::unique_ptr<PipelinedLlep> d,
+            PipelinedLlep::Create(m, o, n, be, *kernels, world, *compute, *comm, kBf16MixedElements));
+        PLATEAU_RETURN_IF_ERROR(
+            d->Forward(bu.as<Bf16>(), bchosen.as<int32_t>(), bgates.as<float>(), n, ew, bout.as<Bf16>()));
+        PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
+        be.device().tracker().ResetPeaks();
+        PLATEAU_RETURN_IF_ERROR(d->Backward(bdout.as<Bf16>(), ew, bdu.as<Bf16>(), bdg.as<float>(), eg));
+        PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
+        PLATEAU_RETURN_IF_ERROR(comm->Synchronize());
+        r.peak_backward[p] = be.device().tracker().peak(LiveSet::kDispatch);
+        for (int part = 0; part < 3; ++part) {
+          const Bf16* got = g[part].as<Bf16>();
+          for (int64_t i = 0; i < Ep * HF; ++i) r.grads[part * m.experts * HF + p * Ep * HF + i] = Bf16ToFloat(got[i]);
+        }
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(st.ok()) << st;
+  return r;
+}
+
+// Under bf16 an own expert's weight gradient sums over K > 1 chunks in fp32
+// and rounds once. Here every chunk adds the same terms (the same token
+// everywhere), where a bf16 sum rounded at each chunk drifts furthest: at
+// K = 64 it must still give the one-chunk gradient (K = 1: one GEMM over
+// every token, LLEP's bits) to within two bf16 units, helpers included
+// (P = 2: rank 1 helps with rank 0's hot experts). Rounded per chunk, the
+// sums were off by up to 1/16 relative. The fp32 accumulators are part of
+// the bound, which the measured backward peak meets.
+TEST(PipelinedLlepTest, Bf16ExpertGradientsSumInFp32AcrossChunks) {
+  const ModelConfig m = DispatchTestModel();
+  const int P = 2;
+  const int64_t n = 512;
+  const Bf16Run one = RunSameTokensBf16(m, P, n, TestOptions(n));
+  const PipelinedLlepOptions chunked = TestOptions(8);
+  ASSERT_EQ(PipelinedLlepChunks(n, chunked.chunk_tokens), 64);
+  const Bf16Run many = RunSameTokensBf16(m, P, n, chunked);
+  ASSERT_EQ(one.grads.size(), many.grads.size());
+  double worst = 0;
+  int64_t nonzero = 0;
+  for (size_t i = 0; i < one.grads.size(); ++i) {
+    const double want = one.grads[i], got = many.grads[i];
+    if (want == 0) {
+      EXPECT_EQ(got, 0) << "element " << i;
+      continue;
+    }
+    ++nonzero;
+    worst = std::max(worst, std::abs(got - want) / std::abs(want));
+  }
+  EXPECT_GT(nonzero, 0);
+  EXPECT_LE(worst, std::ldexp(1.0, -7)) << "K = 64 against K = 1, relative";
+  std::cout << "bf16 expert gradients, K = 64 against K = 1: worst relative difference " << worst << "\n";
+  EXPECT_TRUE(PipelinedLlepAccumulatesInFp32(n, chunked, kBf16MixedElements));
+  EXPECT_FALSE(PipelinedLlepAccumulatesInFp32(n, TestOptions(n), kBf16MixedElements));
+  EXPECT_FALSE(PipelinedLlepAccumulatesInFp32(n, chunked, kFp32Elements));
+  const int64_t bound = PipelinedLlepBoundBytes(m, P, n, chunked, kBf16MixedElements);
+  for (int p = 0; p < P; ++p) EXPECT_EQ(many.peak_backward[p], bound) << "rank " << p;
 }
 
 TEST(PipelinedLlepTest, CreateRefusesBadOptionsNamingTheField) {

@@ -71,6 +71,11 @@ struct WorkingOps<float> {
     }
     return be.GroupedGemm(s, args);
   }
+  // Grouped GEMMs into fp32 C (accumulators the plan keeps fp32): in fp32,
+  // GroupedGemm itself.
+  static absl::Status GroupedGemmAccum(Backend& be, Stream& s, absl::Span<const WorkingGemm<float, float>> gs) {
+    return GroupedGemm(be, s, gs);
+  }
   static absl::Status Fill(Backend& be, Stream& s, float* x, int64_t n, float value) {
     return be.Fill(s, x, n, value);
   }
@@ -209,6 +214,15 @@ struct WorkingOps<Bf16> {
     for (const WorkingGemm<Bf16>& g : gs) {
       args.push_back({g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c,
                       nullptr, g.ldc});
+    }
+    return be.GroupedGemmBf16(s, args);
+  }
+  static absl::Status GroupedGemmAccum(Backend& be, Stream& s, absl::Span<const WorkingGemm<Bf16, float>> gs) {
+    std::vector<GemmBf16Args> args;
+    args.reserve(gs.size());
+    for (const WorkingGemm<Bf16, float>& g : gs) {
+      args.push_back(
+          {g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, nullptr, g.c, g.ldc});
     }
     return be.GroupedGemmBf16(s, args);
   }
