@@ -221,10 +221,12 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOn) {
   EXPECT_EQ(host(LiveSet::kCheckpoints), 16 * 16 * 2);
   // Ring-DTP in activation mode (N = 16 <= V / P): the strip tile
   // min(N, 2048) x min(1024, ceil(V / P)) = 16 x 16 (a strip never spans
-  // two shards) and three travellers' X [N, H] in bf16; the running state
-  // 2 x 3N, lse [N] and each traveller's lse [N] (3N) in fp32; each
-  // traveller's targets [N] (3N) int32.
-  EXPECT_EQ(at(LiveSet::kProjection), (16 * 16 + 3 * 16 * 16) * 2 + (6 * 16 + 16 + 3 * 16) * 4 + 3 * 16 * 4);
+  // two shards) in bf16; three slots, each the larger of a traveller (X
+  // [N, H] bf16 with its targets int32 and lse fp32: 640 bytes) and the
+  // travelling dX accumulator ([N, H] fp32: 1,024 bytes); the running state
+  // 2 x 3N and lse [N] in fp32; the home dW accumulator [ceil(V / P), H]
+  // fp32.
+  EXPECT_EQ(at(LiveSet::kProjection), 16 * 16 * 2 + 3 * 16 * 16 * 4 + (6 * 16 + 16) * 4 + 16 * 16 * 4);
   // PipelinedLLEP with c = 8: K = 2 chunks; counts int64 1 + (1 + P) K E =
   // 25; per slot n = 8 tokens, S = 16 routes, R = P S = 32 rows, nothing
   // borrowed (min_piece 1024 > 32); int32 indices 3S + 2R + n + S = 136;

@@ -9,10 +9,10 @@
 // reduces (loss, log-sum-exp, online-softmax state: m, l and the running
 // output o across the ring's hops, RMSNorm's rstd, the
 // router's softmax and gates, attention's score panel, the dK/dV
-// accumulators that travel the ring). Ring-DTP's three traveller slots are
-// the working precision: they rotate between the read-only traveller and
-// the dX / dW accumulator, so they share one element size, and dX / dW are
-// gradients (each meeting's GEMM accumulates in fp32; the hop stores bf16).
+// accumulators that travel the ring, Ring-DTP's dX / dW accumulators and
+// PipelinedLLEP's expert-gradient sums over its chunks). Ring-DTP's three
+// slots rotate between a read-only traveller (working) and a dX / dW
+// accumulator (fp32), so each is sized for the larger.
 //
 // Thread safety: constants and pure functions.
 #ifndef PLATEAU_KERNELS_MODEL_PRECISION_H_

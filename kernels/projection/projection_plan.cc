@@ -17,13 +17,19 @@ int64_t RingDtpPassRows(const RingDtpConfig& c) {
   return c.rows;
 }
 
-// Activation mode: a pass's travelling batch, X with its targets and
-// log-sum-exp (one message per hop), or its dX. Weight mode: W or dW of the
-// largest shard.
-int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks) {
-  const int64_t R = RingDtpPassRows(c);
-  return c.mode == RingDtpMode::kActivations ? R * c.hidden + 2 * R
-                                             : MaxVocabShardRows(c.vocab, ranks) * c.hidden;
+// Activation mode: a pass's travelling batch, X (working) with its int32
+// targets and fp32 log-sum-exp (one message per hop), or its dX (fp32).
+// Weight mode: W (working) or dW (fp32) of the largest shard.
+int64_t RingDtpSlotBytes(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e) {
+  const int64_t R = RingDtpPassRows(c), H = c.hidden;
+  const int64_t rows = c.mode == RingDtpMode::kActivations ? R : MaxVocabShardRows(c.vocab, ranks);
+  const int64_t traveller = rows * H * e.working + (c.mode == RingDtpMode::kActivations ? R * (4 + e.accum) : 0);
+  return std::max(traveller, rows * H * e.accum);
+}
+
+int64_t RingDtpHomeElements(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e) {
+  if (e.working == e.accum) return 0;
+  return (c.mode == RingDtpMode::kActivations ? MaxVocabShardRows(c.vocab, ranks) : RingDtpPassRows(c)) * c.hidden;
 }
 
 // A strip never spans two shards, so it is at most the largest shard wide:
@@ -39,27 +45,19 @@ RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks) {
 
 // The live set, buffer by buffer (RingDtp::Allocate() allocates exactly these):
 //   strip            min(R, row_tile) x         logits of one strip tile, then its delta
-//                      min(S, ceil(V/P))
-//   slots            3 x SlotFloats             rotating travellers; in activation mode
+//                      min(S, ceil(V/P))        (working)
+//   slots            3 x SlotBytes              rotating travellers; in activation mode
 //                                               each R x H plus R int32 targets and R
-//                                               floats of log-sum-exp (one message)
-//   state            2 x 3R                     running (m, s, t), double-buffered
+//                                               floats of log-sum-exp (one message), or
+//                                               the travelling dX or dW (fp32)
+//   state            2 x 3R                     running (m, s, t), double-buffered (fp32)
 //   lse_own          N                          this rank's log-sum-exp, forward -> backward
+//   home             HomeElements               bf16 only: the home dW or dX (fp32)
 // with R the rows of one pass.
 int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e) {
   const int64_t N = c.rows, R = RingDtpPassRows(c);
-  const bool act = c.mode == RingDtpMode::kActivations;
-  // The travellers' X or W in the working precision; a slot's targets and
-  // log-sum-exp are int32 and fp32 whatever it is.
-  const int64_t slot_working = act ? R * c.hidden : RingDtpSlotFloats(c, ranks);
-  const int64_t working = RingDtpStripTileElements(c, ranks) + 3 * slot_working;
-  int64_t accum = 6 * R + N;
-  int64_t ints = 0;
-  if (act) {
-    accum += 3 * R;
-    ints += 3 * R;
-  }
-  return working * e.working + accum * e.accum + ints * static_cast<int64_t>(sizeof(int32_t));
+  return RingDtpStripTileElements(c, ranks) * e.working + 3 * RingDtpSlotBytes(c, ranks, e) +
+         (6 * R + N + RingDtpHomeElements(c, ranks, e)) * e.accum;
 }
 
 int64_t DenseProjectionBoundBytes(int64_t rows, int64_t vocab, const ElementBytes& e) {

@@ -39,20 +39,27 @@ struct RingDtpConfig {
 RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks);
 
 // Bytes of Ring-DTP's kProjection live set on P ranks: the strip tile, the
-// three rotating traveller buffers, the per-token state and log-sum-exp
-// (ring_dtp.cc allocates exactly these). Independent of V in activation
-// mode; in weight mode it grows with N only through the per-token state.
-// The strip tile and the travellers are in the working precision, the
-// per-token state and log-sum-exp in fp32 (e.accum): they accumulate. The
-// schedule allocates with the default (its kernels compute fp32).
+// three rotating traveller buffers, the per-token state and log-sum-exp,
+// and under bf16 the home accumulator (ring_dtp.cc allocates exactly
+// these). Independent of V in activation mode; in weight mode it grows
+// with N only through the per-token state (and under bf16 the home dX).
+// The strip tile and the read-only travellers (X or W) are in the working
+// precision; the per-token state, log-sum-exp and every gradient
+// accumulator (the travelling dX or dW, the home dW or dX) in fp32
+// (e.accum): a slot is the larger of a traveller and an accumulator.
 int64_t RingDtpBoundBytes(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e = kFp32Elements);
 
 // The pieces of that bound, shared with the allocation (with
 // MaxVocabShardRows, kernels/model/params.h): the tokens of one ring pass,
-// the floats of one traveller slot, the elements of the strip tile.
+// the bytes of one traveller slot, the elements of the strip tile, and the
+// fp32 elements of the home accumulator (0 in fp32, where dx and dw_shard
+// themselves accumulate): under bf16 the shard's dW [ceil(V / P), H] in
+// activation mode (summed over every meeting and pass), the batch's dX
+// [N, H] in weight mode (summed over every meeting).
 int64_t RingDtpPassRows(const RingDtpConfig& c);
-int64_t RingDtpSlotFloats(const RingDtpConfig& c, int64_t ranks);
+int64_t RingDtpSlotBytes(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e);
 int64_t RingDtpStripTileElements(const RingDtpConfig& c, int64_t ranks);
+int64_t RingDtpHomeElements(const RingDtpConfig& c, int64_t ranks, const ElementBytes& e);
 
 // Bytes of the dense projection's kProjection live set for `rows` tokens:
 // the N x V logits (working precision) and the log-sum-exp (fp32).

@@ -23,6 +23,7 @@ struct RingDtp::Buffers {
   Buffer slots[3];
   Buffer state[2];
   Buffer lse_own;
+  Buffer home;  // bf16: the home dW (activation mode) or dX (weight mode), fp32
   std::unique_ptr<Event> ev_compute, ev_comm;
 };
 
@@ -83,11 +84,10 @@ absl::Status RingDtp::Allocate() {
   auto working = [&](int64_t n) { return dev.Allocate(LiveSet::kProjection, n * working_bytes_); };
   Buffers& b = *buf_;
   PLATEAU_ASSIGN_OR_RETURN(b.strip, working(RingDtpStripTileElements(config_, P)));
-  // A slot: W or dW (working), or activation mode's packed batch, X
-  // (working) with R int32 targets and R fp32 lse (RingDtpBoundBytes).
-  const int64_t slot_bytes = config_.mode == RingDtpMode::kActivations
-                                 ? R * config_.hidden * working_bytes_ + 2 * R * 4
-                                 : RingDtpSlotFloats(config_, P) * working_bytes_;
+  // A slot: W (working) or dW (fp32), or activation mode's packed batch, X
+  // (working) with R int32 targets and R fp32 lse, or its dX (fp32).
+  const ElementBytes e = working_bytes_ == 4 ? kFp32Elements : kBf16MixedElements;
+  const int64_t slot_bytes = RingDtpSlotBytes(config_, P, e);
   for (Buffer& s : b.slots) {
     PLATEAU_ASSIGN_OR_RETURN(s, dev.Allocate(LiveSet::kProjection, slot_bytes));
   }
@@ -95,6 +95,9 @@ absl::Status RingDtp::Allocate() {
     PLATEAU_ASSIGN_OR_RETURN(s, floats(3 * R));
   }
   PLATEAU_ASSIGN_OR_RETURN(b.lse_own, floats(N));
+  if (const int64_t home = RingDtpHomeElements(config_, P, e); home > 0) {
+    PLATEAU_ASSIGN_OR_RETURN(b.home, floats(home));
+  }
   PLATEAU_ASSIGN_OR_RETURN(b.ev_compute, backend_.CreateEvent());
   PLATEAU_ASSIGN_OR_RETURN(b.ev_comm, backend_.CreateEvent());
   return absl::OkStatus();
@@ -179,9 +182,8 @@ absl::Status RingDtp::FoldMeeting(const W* x, int64_t N, const W* w, int64_t wid
 }
 
 template <typename W>
-absl::Status RingDtp::DeltaMeeting(const W* x, int64_t N, const W* w, int64_t width,
-                                   int64_t col0, const int32_t* targets, const float* lse,
-                                   float scale, W* dx, W* dw) {
+absl::Status RingDtp::DeltaMeeting(const W* x, int64_t N, const W* w, int64_t width, int64_t col0,
+                                   const int32_t* targets, const float* lse, float scale, float* dx, float* dw) {
   using Ops = WorkingOps<W>;
   const int64_t H = config_.hidden;
   W* L = buf_->strip.as<W>();
@@ -195,12 +197,12 @@ absl::Status RingDtp::DeltaMeeting(const W* x, int64_t N, const W* w, int64_t wi
           Ops::Gemm(backend_, compute_, {false, true, rows, sw, H, 1.0f, xt, H, ws, H, 0.0f, L, sw}));
       PLATEAU_RETURN_IF_ERROR(Ops::StripDelta(kernels_, compute_, L, rows, sw, col0 + j0, targets + i0,
                                               lse + i0, scale));
-      // dX += delta W_strip; dW_strip += delta^T X (bf16: one rounding per
-      // strip tile's GEMM).
-      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
-          backend_, compute_, {false, false, rows, H, sw, 1.0f, L, sw, ws, H, 1.0f, dx + i0 * H, H}));
-      PLATEAU_RETURN_IF_ERROR(Ops::Gemm(
-          backend_, compute_, {true, false, sw, H, rows, 1.0f, L, sw, xt, H, 1.0f, dw + j0 * H, H}));
+      // dX += delta W_strip; dW_strip += delta^T X, both into fp32
+      // accumulators (bf16: the tile's products in fp32, added in fp32).
+      PLATEAU_RETURN_IF_ERROR(
+          Ops::GemmAccum(backend_, compute_, {false, false, rows, H, sw, 1.0f, L, sw, ws, H, 1.0f, dx + i0 * H, H}));
+      PLATEAU_RETURN_IF_ERROR(
+          Ops::GemmAccum(backend_, compute_, {true, false, sw, H, rows, 1.0f, L, sw, xt, H, 1.0f, dw + j0 * H, H}));
     }
   }
   return absl::OkStatus();
@@ -222,10 +224,24 @@ absl::Status RingDtp::BackwardT(const W* x, const W* w_shard, const int32_t* tar
                                 W* dw_shard) {
   PLATEAU_RETURN_IF_ERROR(CheckElement(sizeof(W)));
   const int64_t N = config_.rows, R = PassRows(), H = config_.hidden;
+  // Activation mode sums the shard's dW over every meeting of every pass at
+  // home: in fp32 in dw_shard itself, under bf16 in the fp32 home buffer
+  // (loaded from dw_shard exactly, rounded back once at the end).
+  const bool act = config_.mode == RingDtpMode::kActivations;
+  const int64_t shard = ShardRows(group_.rank()) * H;
+  float* dw_home = nullptr;
+  if constexpr (std::is_same_v<W, float>) {
+    dw_home = dw_shard;
+  } else if (act) {
+    dw_home = buf_->home.as<float>();
+    PLATEAU_RETURN_IF_ERROR(backend_.ConvertToFloat(compute_, dw_home, dw_shard, shard));
+  }
   for (int64_t i0 = 0; i0 < N; i0 += R) {
-    PLATEAU_RETURN_IF_ERROR(BackwardPass(x + i0 * H, w_shard, targets + i0,
-                                         buf_->lse_own.as<float>() + i0, std::min(R, N - i0),
-                                         scale, dx + i0 * H, dw_shard));
+    PLATEAU_RETURN_IF_ERROR(BackwardPass(x + i0 * H, w_shard, targets + i0, buf_->lse_own.as<float>() + i0,
+                                         std::min(R, N - i0), scale, dx + i0 * H, dw_shard, dw_home));
+  }
+  if constexpr (!std::is_same_v<W, float>) {
+    if (act) PLATEAU_RETURN_IF_ERROR(backend_.ConvertToBf16(compute_, dw_shard, dw_home, shard));
   }
   return compute_.Synchronize();
 }
@@ -297,22 +313,65 @@ absl::Status RingDtp::ForwardPass(const W* x, const W* w_shard, const int32_t* t
   return kernels_.StripFinish(compute_, own_state, targets, N, lse, stats);
 }
 
+// The gradients accumulate in fp32 whatever the working type: the
+// travelling dX or dW in a slot (hopping as kFloat32), the home dW
+// (activation mode: dw_home) or dX (weight mode: dx itself in fp32, the
+// home buffer under bf16). Under bf16 each is rounded once, when final:
+// rounded at every strip tile's GEMM and every hop, a sum of hundreds of
+// similar terms stalls in bf16 (its 8 bits: adding 1.0 1,024 times gives
+// 256).
 template <typename W>
-absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* targets,
-                                   const float* lse_own, int64_t N, float scale, W* dx,
-                                   W* dw_shard) {
-  using Ops = WorkingOps<W>;
+absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* targets, const float* lse_own,
+                                   int64_t N, float scale, W* dx, W* dw_shard, float* dw_home) {
+  constexpr bool kFp32 = std::is_same_v<W, float>;
   const int64_t H = config_.hidden, V = config_.vocab;
   const int P = group_.size(), p = group_.rank();
   const int dst = (p + 1) % P, src = (p - 1 + P) % P;
   Buffers& b = *buf_;
   const bool weights = config_.mode == RingDtpMode::kWeights;
+  // Weight mode's home dX.
+  float* dx_home = nullptr;
+  if (weights) {
+    if constexpr (kFp32) {
+      dx_home = dx;
+    } else {
+      dx_home = b.home.as<float>();
+    }
+    PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dx_home, N * H, 0.0f));
+  }
+  // `acc` (fp32, `count` elements) final: into dx (activation mode's dX)
+  // or added into dw_shard (weight mode's dW); `scratch` a free slot.
+  const auto dx_from = [&](const float* acc) -> absl::Status {
+    if constexpr (kFp32) {
+      return acc == dx ? absl::OkStatus() : backend_.Copy(compute_, dx, acc, N * H * sizeof(float));
+    } else {
+      return backend_.ConvertToBf16(compute_, dx, acc, N * H);
+    }
+  };
+  const auto dw_add = [&](const float* acc, float* scratch) -> absl::Status {
+    const int64_t count = ShardRows(p) * H;
+    if constexpr (kFp32) {
+      return backend_.Axpy(compute_, dw_shard, acc, count, 1.0f);
+    } else {
+      PLATEAU_RETURN_IF_ERROR(backend_.ConvertToFloat(compute_, scratch, dw_shard, count));
+      PLATEAU_RETURN_IF_ERROR(backend_.Add(compute_, scratch, scratch, acc, count));
+      return backend_.ConvertToBf16(compute_, dw_shard, scratch, count);
+    }
+  };
 
   if (P == 1) {  // one meeting, no ring
-    PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, dx, N * H, 0.0f));
-    return DeltaMeeting(x, N, w_shard, V, 0, targets, lse_own, scale, dx, dw_shard);
+    if (weights) {  // fp32: into dw_shard itself; bf16: a slot, added once
+      float* dw = kFp32 ? reinterpret_cast<float*>(dw_shard) : b.slots[0].as<float>();
+      if (!kFp32) PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dw, V * H, 0.0f));
+      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(x, N, w_shard, V, 0, targets, lse_own, scale, dx_home, dw));
+      PLATEAU_RETURN_IF_ERROR(dx_from(dx_home));
+      return kFp32 ? absl::OkStatus() : dw_add(dw, b.slots[1].as<float>());
+    }
+    float* dxa = kFp32 ? reinterpret_cast<float*>(dx) : b.slots[0].as<float>();
+    PLATEAU_RETURN_IF_ERROR(backend_.Fill(compute_, dxa, N * H, 0.0f));
+    PLATEAU_RETURN_IF_ERROR(DeltaMeeting(x, N, w_shard, V, 0, targets, lse_own, scale, dxa, dw_home));
+    return dx_from(dxa);
   }
-  if (weights) PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, dx, N * H, 0.0f));
 
   // Three slots rotate: the read-only traveller (X or W) of the next step
   // arrives in `free_slot` during the strips; the accumulator (dX or dW)
@@ -322,8 +381,8 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
   const W* trav = weights ? w_shard : x;
   const float* lse_q = lse_own;
   const int32_t* tq = targets;
-  PLATEAU_RETURN_IF_ERROR(Ops::Fill(backend_, compute_, b.slots[acc_slot].as<W>(),
-                                    weights ? ShardRows(p) * H : N * H, 0.0f));
+  PLATEAU_RETURN_IF_ERROR(
+      backend_.Fill(compute_, b.slots[acc_slot].as<float>(), weights ? ShardRows(p) * H : N * H, 0.0f));
   // Activation mode: the batch hops as one message [X | targets | lse]. This
   // rank's own leaves from `spare`; step 0's accumulator arrives there only
   // after that send (the communication stream runs in order).
@@ -331,7 +390,7 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
   const W* packed = b.slots[spare].as<W>();
   for (int r = 0; r < P; ++r) {
     const int64_t s = weights ? (p - r + P) % P : p;  // the shard met at this step
-    W* acc = b.slots[acc_slot].as<W>();
+    float* acc = b.slots[acc_slot].as<float>();
     W* next = b.slots[free_slot].as<W>();
     if (r + 1 < P) {
       PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
@@ -347,12 +406,11 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
       }
     }
     if (weights) {
-      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(x, N, trav, ShardRows(s), VocabShardBegin(V, P, s),
-                                           targets, lse_own, scale, dx, acc));
+      PLATEAU_RETURN_IF_ERROR(
+          DeltaMeeting(x, N, trav, ShardRows(s), VocabShardBegin(V, P, s), targets, lse_own, scale, dx_home, acc));
     } else {
-      PLATEAU_RETURN_IF_ERROR(DeltaMeeting(trav, N, w_shard, ShardRows(p),
-                                           VocabShardBegin(V, P, p), tq, lse_q, scale, acc,
-                                           dw_shard));
+      PLATEAU_RETURN_IF_ERROR(
+          DeltaMeeting(trav, N, w_shard, ShardRows(p), VocabShardBegin(V, P, p), tq, lse_q, scale, acc, dw_home));
     }
     // The accumulator holds this step's meeting: it hops on (an accumulator
     // arrives with the sum of the meetings before; only step 0's starts at 0).
@@ -361,8 +419,8 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
     if (r + 1 < P) {
       const int recv_slot = x_slot >= 0 ? x_slot : spare;
       const int64_t next_count = weights ? ShardRows((s - 1 + P) % P) * H : N * H;
-      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, b.slots[recv_slot].as<W>(),
-                                              next_count, src, kWorkingDataType<W>));
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, b.slots[recv_slot].as<float>(), next_count,
+                                              src, DataType::kFloat32));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
       const int old_acc = acc_slot;
       x_slot = free_slot;
@@ -374,23 +432,21 @@ absl::Status RingDtp::BackwardPass(const W* x, const W* w_shard, const int32_t* 
         tq = PackedTargets(b.slots[x_slot].as<W>(), N);
         lse_q = PackedLse(b.slots[x_slot].as<W>(), N);
       }
-    } else if (weights) {
-      // Home: this rank's shard's dW, summed over every batch.
-      W* home = b.slots[x_slot >= 0 ? x_slot : spare].as<W>();
-      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, home,
-                                              ShardRows(p) * H, src, kWorkingDataType<W>));
-      PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
-      if constexpr (std::is_same_v<W, float>) {
-        PLATEAU_RETURN_IF_ERROR(backend_.Axpy(compute_, dw_shard, home, ShardRows(p) * H, 1.0f));
-      } else {
-        PLATEAU_RETURN_IF_ERROR(backend_.AddBf16(compute_, dw_shard, dw_shard, home, ShardRows(p) * H));
-      }
     } else {
-      // Home: this batch's dX, summed over every shard.
-      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, dx, N * H, src, kWorkingDataType<W>));
+      // Home: in weight mode this rank's shard's dW, summed over every
+      // batch; in activation mode this batch's dX, summed over every shard.
+      // It lands in the slot whose traveller the last meeting read (in
+      // fp32 activation mode in dx itself); `free_slot`'s accumulator left
+      // a step ago.
+      float* home =
+          !weights && kFp32 ? reinterpret_cast<float*>(dx) : b.slots[x_slot >= 0 ? x_slot : spare].as<float>();
+      const int64_t home_count = weights ? ShardRows(p) * H : N * H;
+      PLATEAU_RETURN_IF_ERROR(group_.SendRecv(comm_, acc, acc_count, dst, home, home_count, src, DataType::kFloat32));
       PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+      PLATEAU_RETURN_IF_ERROR(weights ? dw_add(home, b.slots[free_slot].as<float>()) : dx_from(home));
     }
   }
+  if (weights) PLATEAU_RETURN_IF_ERROR(dx_from(dx_home));
   return absl::OkStatus();
 }
 

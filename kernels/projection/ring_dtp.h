@@ -57,9 +57,10 @@ class RingDtp final : public VocabProjection {
   }
 
   // Validates the configuration (errors name the field: ring_dtp.strip, ...).
-  // The strip tile and the travellers hold e.working bytes per element
-  // (bf16 mixed: bf16 logits, X / W and dX / dW; the strip state and lse
-  // fp32, the loss sums double): RingDtpBoundBytes(config, P, e).
+  // The strip tile and the read-only travellers hold e.working bytes per
+  // element (bf16 mixed: bf16 logits and X / W); the strip state, lse and
+  // every gradient accumulator (travelling dX / dW, the home dW or dX) fp32,
+  // the loss sums double: RingDtpBoundBytes(config, P, e).
   static absl::StatusOr<std::unique_ptr<RingDtp>> Create(
       const RingDtpConfig& config, Backend& backend, ModelKernels& kernels,
       Communicator& vocab_group, Stream& compute, Stream& comm,
@@ -80,8 +81,10 @@ class RingDtp final : public VocabProjection {
                         const int32_t* targets, float scale, float* dx,
                         float* dw_shard) override;
   // The same in bf16 mixed precision (Create with kBf16MixedElements): one
-  // rounding per stored logit and per strip tile's dX / dW GEMM; the hops
-  // move bf16 exactly.
+  // rounding per stored logit and delta; dX and dW summed in fp32 (over
+  // strip tiles, meetings, hops and passes) and rounded once each, when
+  // final (dw_shard: its value loaded exactly, the sum added, one rounding);
+  // the hops move bf16 travellers and fp32 accumulators exactly.
   absl::Status Forward(const Bf16* x, const Bf16* w_shard, const int32_t* targets,
                        double* stats) override;
   absl::Status Backward(const Bf16* x, const Bf16* w_shard, const int32_t* targets,
@@ -109,11 +112,11 @@ class RingDtp final : public VocabProjection {
   absl::Status ForwardPass(const W* x, const W* w_shard,
                            const int32_t* targets, int64_t rows, float* lse,
                            double* stats);
+  // `dw_home` accumulates the shard's dW in activation mode (fp32: dw_shard
+  // itself; bf16: the home buffer, rounded into dw_shard after the last pass).
   template <typename W>
-  absl::Status BackwardPass(const W* x, const W* w_shard,
-                            const int32_t* targets, const float* lse,
-                            int64_t rows, float scale, W* dx,
-                            W* dw_shard);
+  absl::Status BackwardPass(const W* x, const W* w_shard, const int32_t* targets, const float* lse, int64_t rows,
+                            float scale, W* dx, W* dw_shard, float* dw_home);
   // The strips of one meeting of `rows` tokens with shard rows [0, width) of
   // w (vocabulary ids from col0); `state` has stride `rows`.
   template <typename W>
@@ -121,10 +124,8 @@ class RingDtp final : public VocabProjection {
                            int64_t width, int64_t col0, const int32_t* targets,
                            float* state);
   template <typename W>
-  absl::Status DeltaMeeting(const W* x, int64_t rows, const W* w,
-                            int64_t width, int64_t col0,
-                            const int32_t* targets, const float* lse,
-                            float scale, W* dx, W* dw);
+  absl::Status DeltaMeeting(const W* x, int64_t rows, const W* w, int64_t width, int64_t col0, const int32_t* targets,
+                            const float* lse, float scale, float* dx, float* dw);
   // Activation mode's packed traveller of `rows` tokens in a slot: X (W),
   // then the targets, then the log-sum-exp (ring_dtp.cc says why one
   // message).
