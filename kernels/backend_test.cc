@@ -263,6 +263,30 @@ TEST_F(BackendTest, GemmEmptyProductScalesC) {
     for (int64_t j = 0; j < n; ++j) EXPECT_EQ(got[i * ldc + j], 0.0f);
     for (int64_t j = n; j < ldc; ++j) EXPECT_TRUE(std::isnan(got[i * ldc + j]));
   }
+
+  // beta == 1 leaves C bit for bit (NaN and -0 included).
+  std::vector<float> c1 = RandomVector(m * ldc, 7);
+  c1[0] = std::numeric_limits<float>::quiet_NaN();
+  c1[1] = -0.0f;
+  g.beta = 1.0f;
+  g.c = Upload(c1);
+  ASSERT_TRUE(b().Gemm(s(), g).ok());
+  got = Download(g.c, m * ldc);
+  EXPECT_EQ(std::memcmp(got.data(), c1.data(), c1.size() * sizeof(float)), 0);
+
+  // A C of many blocks (the pool's split of its rows): every row scaled.
+  const int64_t big_m = 300, big_n = 700;
+  std::vector<float> c2 = RandomVector(big_m * big_n, 8);
+  GemmArgs big;
+  big.m = big_m;
+  big.n = big_n;
+  big.k = 0;
+  big.ldc = big_n;
+  big.beta = -0.5f;
+  big.c = Upload(c2);
+  ASSERT_TRUE(b().Gemm(s(), big).ok());
+  got = Download(big.c, big_m * big_n);
+  for (size_t i = 0; i < c2.size(); ++i) ASSERT_EQ(got[i], -0.5f * c2[i]) << i;
 }
 
 // GroupedGemm on the CPU is the CUDA grouped GEMM's twin: the same sgemm
