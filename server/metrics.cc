@@ -220,8 +220,11 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   const double share = ranks > 0 ? 1.0 / ranks : 1.0;
   Add(tokens_, job, labels).Increment(static_cast<double>(t.tokens()) * share);
   Add(flops_, job, labels).Increment(t.model_flops() * share);
+  // Up to an hour: a long-context step (1M tokens: ~70-140 s on an H200)
+  // above the largest finite bucket reads as that bucket's bound in
+  // histogram_quantile, whatever its real time.
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
-      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
   Add(duration_, job, labels, kBuckets).Observe(t.seconds());
   // The rank's own MFU, where it knows the peak of the step's precision
   // (the worker's flags, else the device's name: worker/device_telemetry.h);

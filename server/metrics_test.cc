@@ -166,6 +166,30 @@ TEST(MetricsTest, ANewPlanStartsTheJobsPeaksAgain) {
   EXPECT_EQ(Sample(scrape, "plateau_job_peak_bytes{job_id=\"job-30\",live_set=\"checkpoints\",rank=\"0\"}"), 9);
 }
 
+// A long-context step (1M tokens: ~70-140 s on an H200; longer on smaller
+// cards) lands in a finite bucket of its own: with 120 s as the largest,
+// histogram_quantile read every slower step as a flat 120 s.
+TEST(MetricsTest, TheStepTimeHistogramResolvesStepsUpToAnHour) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  v1::StepTelemetry t = Step(0, 1, 10, 20);
+  t.set_seconds(200);
+  (*m)->OnStep("job-9", 1, t);
+  t.set_step(2);
+  t.set_seconds(2400);
+  (*m)->OnStep("job-9", 1, t);
+  const std::string text = (*m)->Text();
+  auto bucket = [&](const std::string& le) {
+    return Sample(text, "plateau_job_step_duration_seconds_bucket{job_id=\"job-9\",rank=\"0\",le=\"" + le + "\"}");
+  };
+  EXPECT_EQ(bucket("120"), 0) << text;
+  EXPECT_EQ(bucket("300"), 1) << text;
+  EXPECT_EQ(bucket("600"), 1) << text;
+  EXPECT_EQ(bucket("1800"), 1) << text;
+  EXPECT_EQ(bucket("3600"), 2) << text;
+  EXPECT_EQ(bucket("+Inf"), 2) << text;
+}
+
 TEST(MetricsTest, AnAddressItCannotListenOnIsAnError) {
   auto m = Metrics::Create("127.0.0.1:99999");
   ASSERT_FALSE(m.ok());
