@@ -60,6 +60,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                  .Name("plateau_job_mfu_ratio")
                  .Help("Model FLOP/s of the latest step over the device's peak FLOP/s.")
                  .Register(r);
+  m->tflops_ = &BuildGauge()
+                    .Name("plateau_job_tflops")
+                    .Help(
+                        "Model TFLOP/s of the rank's latest step: its 1/P share of the step's model FLOPs over the "
+                        "step's time (plateau_job_step_duration_seconds, the MFU's denominator; not validation or "
+                        "checkpoint writes). Summed over ranks: the job's.")
+                    .Register(r);
   m->state_ = &BuildGauge()
                    .Name("plateau_job_state")
                    .Help("The job's state as a state set: 1 for the current state, 0 for the others.")
@@ -231,6 +238,9 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   // absent otherwise. (The worker's fp32 flag is no stand-in: a bf16 step
   // measured against it read ~15 times its MFU.)
   if (t.mfu() > 0) Add(mfu_, job, labels).Set(t.mfu());
+  // Per step, where rate(plateau_job_model_flops_total) is per wall time
+  // and saw-tooths over windows shorter than a step. 0: not reported.
+  if (t.tflops() > 0) Add(tflops_, job, labels).Set(t.tflops());
   auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space, const std::string& set,
                    int64_t bytes) {
     // The coordinator calls OnStep, OnPlan and ForgetJob under its own lock,

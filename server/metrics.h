@@ -12,6 +12,8 @@
 //     (device bytes), plateau_job_host_peak_bytes{live_set} (host bytes; a
 //     gauge of its own so that queries of the device one stay as they are)
 //   plateau_job_mfu_ratio (only where the worker knows its device's peak)
+//   plateau_job_tflops (the rank's model TFLOP/s in its latest step: its
+//     share of the step's model FLOPs over the step's time, as the MFU)
 // per job: plateau_job_state{state} (a state set: 1 for the current state);
 // per worker: plateau_worker_last_heartbeat_timestamp_seconds (removed when
 // the worker is lost, so that an alert on a stale heartbeat ends with it).
@@ -132,6 +134,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* host_peak_ = nullptr;
   prometheus::Family<prometheus::Gauge>* planned_ = nullptr;
   prometheus::Family<prometheus::Gauge>* mfu_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tflops_ = nullptr;
   prometheus::Family<prometheus::Gauge>* state_ = nullptr;
   prometheus::Family<prometheus::Gauge>* heartbeat_ = nullptr;
   prometheus::Family<prometheus::Gauge>* workers_ = nullptr;

@@ -128,6 +128,29 @@ TEST(MetricsTest, TheMfuGaugeIsTheRanksOwnAndAbsentWithoutItsPeak) {
   EXPECT_DOUBLE_EQ(Sample(scrape, "plateau_job_mfu_ratio{job_id=\"job-5\",rank=\"0\"}"), 0.41);
 }
 
+// Each rank's model TFLOP/s of its latest step (StepTelemetry.tflops: per
+// step time, as the MFU) is a gauge of its own, plateau_job_tflops, with the
+// per-rank labels; a rank that reports none has no series, and ForgetJob
+// removes it.
+TEST(MetricsTest, EachRanksStepTflopsIsAGaugeRemovedWithTheJob) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  v1::StepTelemetry t = Step(0, 1, 10, 20);
+  (*m)->OnStep("job-4", 2, t);  // tflops 0: not reported
+  EXPECT_THAT((*m)->Text(), ::testing::Not(HasSubstr("plateau_job_tflops{")));
+  t.set_tflops(312.5);
+  (*m)->OnStep("job-4", 2, t);
+  t.set_rank(1);
+  t.set_tflops(298);
+  (*m)->OnStep("job-4", 2, t);
+  std::string text = (*m)->Text();
+  EXPECT_THAT(text, HasSubstr("# TYPE plateau_job_tflops gauge"));
+  EXPECT_EQ(Sample(text, "plateau_job_tflops{job_id=\"job-4\",rank=\"0\"}"), 312.5);
+  EXPECT_EQ(Sample(text, "plateau_job_tflops{job_id=\"job-4\",rank=\"1\"}"), 298);
+  (*m)->ForgetJob("job-4");
+  EXPECT_THAT((*m)->Text(), ::testing::Not(HasSubstr("plateau_job_tflops{")));
+}
+
 // A job placed again (a restart, whose `auto` settings may plan smaller)
 // starts its peaks again: the earlier attempt's peak is not held against
 // the new plan, which read as a live set above its plan (the
