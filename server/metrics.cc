@@ -56,6 +56,37 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                          "Device bytes planned per live set before launch: an upper bound "
                          "(dispatch: the worst-case routing).")
                      .Register(r);
+  m->host_planned_ = &BuildGauge()
+                          .Name("plateau_job_host_planned_bytes")
+                          .Help(
+                              "Host bytes (pinned on CUDA) planned per live set before launch: an upper bound "
+                              "(live_set=\"total\": the plan's host total; 0 under the baseline schedules).")
+                          .Register(r);
+  m->device_cap_ = &BuildGauge()
+                        .Name("plateau_job_device_cap_bytes")
+                        .Help(
+                            "The job's device memory cap per rank (JobSpec.device_memory_bytes, as planned); no "
+                            "series without one (the whole device).")
+                        .Register(r);
+  m->host_cap_ = &BuildGauge()
+                      .Name("plateau_job_host_cap_bytes")
+                      .Help(
+                          "The job's host memory cap per rank (JobSpec.host_memory_bytes, as planned); no series "
+                          "without one (uncapped).")
+                      .Register(r);
+  m->device_used_ = &BuildGauge()
+                         .Name("plateau_job_device_used_bytes")
+                         .Help(
+                             "The device's own view after the rank's latest step: total - free (everything on the "
+                             "card: the context, NCCL, cuBLAS, the pool's cache, other processes); 0 on the CPU "
+                             "backend.")
+                         .Register(r);
+  m->device_pool_reserved_ = &BuildGauge()
+                                  .Name("plateau_job_device_pool_reserved_bytes")
+                                  .Help(
+                                      "Bytes the stream-ordered pool had reserved after the rank's latest step; 0 "
+                                      "on the CPU backend.")
+                                  .Register(r);
   m->mfu_ = &BuildGauge()
                  .Name("plateau_job_mfu_ratio")
                  .Help("Model FLOP/s of the latest step over the device's peak FLOP/s.")
@@ -176,6 +207,15 @@ T& Metrics::Add(prometheus::Family<T>* family, const std::string& job,
   return metric;
 }
 
+void Metrics::Drop(prometheus::Family<prometheus::Gauge>* family, const std::string& job,
+                   const std::map<std::string, std::string>& labels) {
+  if (!family->Has(labels)) return;
+  prometheus::Gauge* gauge = &family->Add(labels);  // the existing one
+  absl::MutexLock lock(&mu_);
+  if (auto it = series_.find(job); it != series_.end()) it->second.erase(gauge);
+  family->Remove(gauge);
+}
+
 std::pair<Metrics::PeakMap::iterator, Metrics::PeakMap::iterator> Metrics::PeaksOf(const std::string& job) {
   // Keys are "job/rank/space/set": the job's run from "job/" up to "job0"
   // ('0' follows '/'), so "job-3" does not take "job-30"'s.
@@ -208,12 +248,30 @@ void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& pl
     }
   }
   for (int r = 0; r < ranks; ++r) {
+    const std::string rank = absl::StrCat(r);
     for (const v1::LiveSetBytes& ls : plan.live_sets()) {
-      Add(planned_, job, {{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
+      Add(planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", ls.live_set()}})
           .Set(static_cast<double>(ls.bytes()));
     }
-    Add(planned_, job, {{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", "total"}})
+    Add(planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", "total"}})
         .Set(static_cast<double>(plan.total_bytes()));
+    for (const v1::LiveSetBytes& ls : plan.host_live_sets()) {
+      Add(host_planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", ls.live_set()}})
+          .Set(static_cast<double>(ls.bytes()));
+    }
+    Add(host_planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", "total"}})
+        .Set(static_cast<double>(plan.host_total_bytes()));
+    // A cap of 0 is none (the whole device; an uncapped host): no series,
+    // and none left from an earlier plan that had one.
+    for (const auto& [family, cap] :
+         {std::pair{device_cap_, plan.device_memory_bytes()}, std::pair{host_cap_, plan.host_memory_bytes()}}) {
+      const std::map<std::string, std::string> labels = {{"job_id", job}, {"rank", rank}};
+      if (cap > 0) {
+        Add(family, job, labels).Set(static_cast<double>(cap));
+      } else {
+        Drop(family, job, labels);
+      }
+    }
   }
 }
 
@@ -241,6 +299,10 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   // Per step, where rate(plateau_job_model_flops_total) is per wall time
   // and saw-tooths over windows shorter than a step. 0: not reported.
   if (t.tflops() > 0) Add(tflops_, job, labels).Set(t.tflops());
+  // The device's own view beside the budget's accounting (0 on the CPU
+  // backend): what the card holds besides the live sets.
+  Add(device_used_, job, labels).Set(static_cast<double>(t.device_used_bytes()));
+  Add(device_pool_reserved_, job, labels).Set(static_cast<double>(t.device_pool_reserved_bytes()));
   auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space, const std::string& set,
                    int64_t bytes) {
     // The coordinator calls OnStep, OnPlan and ForgetJob under its own lock,

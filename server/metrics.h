@@ -9,8 +9,14 @@
 //     gives the job, and rate(plateau_job_model_flops_total) is FLOP/s)
 //   plateau_job_step_duration_seconds (histogram)
 //   plateau_job_peak_bytes{live_set}, plateau_job_planned_bytes{live_set}
-//     (device bytes), plateau_job_host_peak_bytes{live_set} (host bytes; a
-//     gauge of its own so that queries of the device one stay as they are)
+//     (device bytes), plateau_job_host_peak_bytes{live_set},
+//     plateau_job_host_planned_bytes{live_set} (host bytes; gauges of their
+//     own so that queries of the device ones stay as they are)
+//   plateau_job_device_cap_bytes, plateau_job_host_cap_bytes (the plan's
+//     caps; only where the plan has one)
+//   plateau_job_device_used_bytes, plateau_job_device_pool_reserved_bytes
+//     (the device's own view after the rank's latest step; 0 on the CPU
+//     backend)
 //   plateau_job_mfu_ratio (only where the worker knows its device's peak)
 //   plateau_job_tflops (the rank's model TFLOP/s in its latest step: its
 //     share of the step's model FLOPs over the step's time, as the MFU)
@@ -82,8 +88,8 @@ class Metrics {
   std::string Text() const;
 
   void OnJobState(const std::string& job, v1::JobState state);
-  // The planned bytes per live set, for each of the job's ranks, at each
-  // placement. The job's peaks start again from 0: a restart may plan
+  // The planned bytes per live set, device and host, and the plan's caps,
+  // for each of the job's ranks, at each placement. The job's peaks start again from 0: a restart may plan
   // smaller (its `auto` settings chosen again), and an earlier attempt's
   // peak against the new plan would read as a live set above its plan.
   void OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan);
@@ -118,6 +124,9 @@ class Metrics {
   template <typename T, typename... Args>
   T& Add(prometheus::Family<T>* family, const std::string& job,
          const std::map<std::string, std::string>& labels, Args&&... args);
+  // Removes the job's gauge with these labels, if there is one.
+  void Drop(prometheus::Family<prometheus::Gauge>* family, const std::string& job,
+            const std::map<std::string, std::string>& labels);
 
   HttpResponse Readyz();
   HttpResponse JobPage(const std::string& path, const std::string& query);
@@ -133,6 +142,11 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* peak_ = nullptr;
   prometheus::Family<prometheus::Gauge>* host_peak_ = nullptr;
   prometheus::Family<prometheus::Gauge>* planned_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* host_planned_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_cap_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* host_cap_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_used_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_pool_reserved_ = nullptr;
   prometheus::Family<prometheus::Gauge>* mfu_ = nullptr;
   prometheus::Family<prometheus::Gauge>* tflops_ = nullptr;
   prometheus::Family<prometheus::Gauge>* state_ = nullptr;

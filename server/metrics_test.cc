@@ -213,6 +213,64 @@ TEST(MetricsTest, TheStepTimeHistogramResolvesStepsUpToAnHour) {
   EXPECT_EQ(bucket("+Inf"), 2) << text;
 }
 
+// Beside the device plan: the host plan per live set
+// (plateau_job_host_planned_bytes, as plateau_job_host_peak_bytes is beside
+// plateau_job_peak_bytes), the plan's caps where it has them, and the
+// device's own view from each rank's step. Same labels as the other
+// per-rank (and per-live-set) series, and ForgetJob removes them all.
+TEST(MetricsTest, TheHostPlanTheCapsAndTheDevicesOwnViewLeaveWithTheJob) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  v1::MemoryPlan plan;
+  v1::LiveSetBytes* d = plan.add_live_sets();
+  d->set_live_set("checkpoints");
+  d->set_bytes(1000);
+  plan.set_total_bytes(1100);
+  v1::LiveSetBytes* h = plan.add_host_live_sets();
+  h->set_live_set("checkpoints");
+  h->set_bytes(4096);
+  h = plan.add_host_live_sets();
+  h->set_live_set("optimizer");
+  h->set_bytes(0);
+  plan.set_host_total_bytes(4096);
+  plan.set_device_memory_bytes(8000);  // no host cap
+  (*m)->OnPlan("job-2", 2, plan);
+  v1::StepTelemetry t = Step(1, 1, 1000, 4096);
+  t.set_device_used_bytes(5000);
+  t.set_device_pool_reserved_bytes(3000);
+  (*m)->OnStep("job-2", 2, t);
+  std::string text = (*m)->Text();
+  for (const std::string rank : {"0", "1"}) {
+    const std::string ranked = absl::StrCat("{job_id=\"job-2\",rank=\"", rank, "\"}");
+    auto set = [&](const std::string& name, const std::string& live_set) {
+      return Sample(text, absl::StrCat(name, "{job_id=\"job-2\",live_set=\"", live_set, "\",rank=\"", rank, "\"}"));
+    };
+    EXPECT_EQ(set("plateau_job_host_planned_bytes", "checkpoints"), 4096) << text;
+    EXPECT_EQ(set("plateau_job_host_planned_bytes", "optimizer"), 0) << text;
+    EXPECT_EQ(set("plateau_job_host_planned_bytes", "total"), 4096) << text;
+    EXPECT_EQ(set("plateau_job_planned_bytes", "checkpoints"), 1000) << text;
+    EXPECT_EQ(Sample(text, "plateau_job_device_cap_bytes" + ranked), 8000) << text;
+  }
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("plateau_job_host_cap_bytes{"))) << "a cap of 0 is none";
+  EXPECT_EQ(Sample(text, "plateau_job_device_used_bytes{job_id=\"job-2\",rank=\"1\"}"), 5000) << text;
+  EXPECT_EQ(Sample(text, "plateau_job_device_pool_reserved_bytes{job_id=\"job-2\",rank=\"1\"}"), 3000) << text;
+  // A new plan without the device cap and with a host cap: the old cap's
+  // series goes.
+  plan.set_device_memory_bytes(0);
+  plan.set_host_memory_bytes(9000);
+  (*m)->OnPlan("job-2", 2, plan);
+  text = (*m)->Text();
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("plateau_job_device_cap_bytes{")));
+  EXPECT_EQ(Sample(text, "plateau_job_host_cap_bytes{job_id=\"job-2\",rank=\"0\"}"), 9000) << text;
+  (*m)->ForgetJob("job-2");
+  text = (*m)->Text();
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("job_id=\"job-2\""))) << "a series outlived ForgetJob";
+  for (const char* name : {"plateau_job_host_planned_bytes{", "plateau_job_host_cap_bytes{",
+                           "plateau_job_device_used_bytes{", "plateau_job_device_pool_reserved_bytes{"}) {
+    EXPECT_THAT(text, ::testing::Not(HasSubstr(name)));
+  }
+}
+
 TEST(MetricsTest, AnAddressItCannotListenOnIsAnError) {
   auto m = Metrics::Create("127.0.0.1:99999");
   ASSERT_FALSE(m.ok());

@@ -204,7 +204,7 @@ TEST(DeployTest, PromtoolAcceptsTheScrapeConfigAndItsRules) {
   // it by itself too so that a failure says which file.
   r = RunCommand({kPromtool, "check", "rules", kRulesYml}, dir + "/rules");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 5 rules found")) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 6 rules found")) << r.out << r.err;
   // Each alert firing, and staying silent, where its comment says
   // (plateau.rules.test.yml; promtool resolves rule_files beside it).
   r = RunCommand({kPromtool, "test", "rules", "deploy/prometheus/plateau.rules.test.yml"}, dir + "/unit");
@@ -485,7 +485,7 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   ASSERT_GE(exprs.size(), 10u) << "the dashboard's queries were not found";
   ASSERT_FALSE(variables.empty()) << "the $job_id variable's query was not found";
   const std::vector<std::string> rules = RuleExprs();
-  ASSERT_EQ(rules.size(), 5u) << "the alert rules' expressions were not found";
+  ASSERT_EQ(rules.size(), 6u) << "the alert rules' expressions were not found";
 
   Cluster c("names");
   ASSERT_TRUE(c.ready()) << c.Logs();
@@ -524,7 +524,11 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
       {"Model TFLOP/s", "plateau_job_tflops"},
       {"Model TFLOP/s", "plateau_job_model_flops_total"},
       {"Peak device bytes per live set, against the plan", "plateau_job_peak_bytes"},
-      {"Peak device bytes per live set, against the plan", "plateau_job_planned_bytes"}};
+      {"Peak device bytes per live set, against the plan", "plateau_job_planned_bytes"},
+      {"Peak host bytes per live set, against the plan", "plateau_job_host_peak_bytes"},
+      {"Peak host bytes per live set, against the plan", "plateau_job_host_planned_bytes"},
+      {"Device bytes: the budget's total against the device's own view", "plateau_job_device_used_bytes"},
+      {"Device bytes: the budget's total against the device's own view", "plateau_job_device_pool_reserved_bytes"}};
   for (const auto& [title, metric] : panels) {
     bool found = false;
     for (const json& panel : dash["panels"]) {
@@ -727,7 +731,7 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
     for (const json& rule : j["data"]["groups"][0]["rules"]) {
       if (rule.value("health", "") != "ok") return false;
     }
-    return j["data"]["groups"][0]["rules"].size() == 5;
+    return j["data"]["groups"][0]["rules"].size() == 6;
   })) << ApiGet(prom, "/api/v1/rules", &error).dump() << error;
   json alerts = ApiGet(prom, "/api/v1/alerts", &error);
   ASSERT_FALSE(alerts.is_null()) << error;
