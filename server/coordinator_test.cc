@@ -1213,6 +1213,38 @@ TEST_F(CoordinatorTest, ALiveJobWhoseRowDoesNotParseFailsAndTheRestartGoesOn) {
   EXPECT_TRUE(c().DeleteJob(job, "").ok());
 }
 
+// The FAILED record that replaces an unreadable row is a failure like any
+// other to the metrics: plateau_job_failures_total counts it (the
+// PlateauJobFailed alert) and the job's series leave after
+// --metrics_retention_s. Before, its FAILED state series stayed until the
+// next restart, and no counter moved.
+TEST_F(CoordinatorTest, AJobWhoseRowDoesNotParseIsCountedAndItsSeriesLeaveAfterTheRetention) {
+  options_.metrics_retention = absl::Milliseconds(300);
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  RunningJob(job);
+  const std::string address = absl::StrCat("127.0.0.1:", metrics_->port());
+  const std::string failures = "plateau_job_failures_total{reason=\"STATE_CORRUPT\"}";
+  const double before = testing_cluster::Sample(testing_cluster::Scrape(address), failures);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, ("UPDATE jobs SET job = x'ffffffff' WHERE seq = " + job.substr(job.find('-') + 1)).c_str(),
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+  const absl::Time restarted = absl::Now();
+  Open();  // ASSERTs that Start succeeds
+  ASSERT_EQ(Get(job).state(), v1::FAILED);
+  std::string scrape = testing_cluster::Scrape(address);
+  EXPECT_EQ(testing_cluster::Sample(scrape, failures), before + 1) << scrape;
+  ASSERT_TRUE(testing_cluster::WaitFor(
+      [&] { return !absl::StrContains(testing_cluster::Scrape(address), "job_id=\"" + job + "\""); },
+      absl::Seconds(10)))
+      << "the unreadable job's series stayed: " << testing_cluster::Scrape(address);
+  EXPECT_GE(absl::Now() - restarted, absl::Milliseconds(300));
+}
+
 // A submit whose write fails stores nothing: the client is told
 // UNAVAILABLE, and a restarted coordinator has no job to run. (The job
 // and its first event were two writes: the job stayed stored, PENDING, and

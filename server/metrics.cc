@@ -149,6 +149,15 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
   m->submissions_->Add({});
   m->cancels_->Add({});
   m->store_errors_->Add({});
+  // Every reason too (a bounded set: Failure.Kind): a series that first
+  // appears at 1 is no increase() to Prometheus, and PlateauJobFailed
+  // alerts on the increase.
+  for (int k = v1::Failure::Kind_MIN; k <= v1::Failure::Kind_MAX; ++k) {
+    if (!v1::Failure::Kind_IsValid(k)) continue;
+    const std::string reason = v1::Failure::Kind_Name(static_cast<v1::Failure::Kind>(k));
+    m->failures_->Add({{"reason", reason}});
+    m->restarts_->Add({{"reason", reason}});
+  }
   m->SetWorkers(0, 0);
   m->SetSlots(0, 0);
   m->SetQueue(0, 0);

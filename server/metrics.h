@@ -31,7 +31,8 @@
 //   plateau_jobs{state} (jobs in the store by state)
 //   plateau_job_submissions_total, plateau_job_cancels_total,
 //   plateau_job_failures_total{reason} (jobs ended FAILED, by Failure.Kind),
-//   plateau_job_restarts_total{reason} (failed attempts restarted)
+//   plateau_job_restarts_total{reason} (failed attempts restarted); every
+//     reason's series is there from 0 at the start
 //   plateau_store_errors_total (failed writes to the state database)
 //   plateau_rpcs_total{service,method,code}, plateau_rpc_duration_seconds
 //     {service,method} (histogram; a watch lasts as long as its stream)

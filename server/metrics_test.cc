@@ -271,6 +271,25 @@ TEST(MetricsTest, TheHostPlanTheCapsAndTheDevicesOwnViewLeaveWithTheJob) {
   }
 }
 
+// Every reason's failure and restart counter is there from 0 before the
+// first event: Prometheus's increase() takes a series that first appears
+// at 1 as no increase, so the first failure of a reason would not fire
+// PlateauJobFailed (an increase of plateau_job_failures_total).
+TEST(MetricsTest, FailureAndRestartCountersOfEveryReasonStartAtZero) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::string text = (*m)->Text();
+  for (const char* reason : {"OUT_OF_MEMORY", "WORKER_LOST", "RANK_CRASHED", "INVALID", "RANK_HUNG", "UNSCHEDULABLE",
+                             "MAX_DURATION_EXCEEDED", "STATE_CORRUPT"}) {
+    EXPECT_EQ(Sample(text, absl::StrCat("plateau_job_failures_total{reason=\"", reason, "\"}")), 0) << reason;
+    EXPECT_EQ(Sample(text, absl::StrCat("plateau_job_restarts_total{reason=\"", reason, "\"}")), 0) << reason;
+  }
+  (*m)->OnFailure("RANK_CRASHED");
+  text = (*m)->Text();
+  EXPECT_EQ(Sample(text, "plateau_job_failures_total{reason=\"RANK_CRASHED\"}"), 1);
+  EXPECT_EQ(Sample(text, "plateau_job_failures_total{reason=\"OUT_OF_MEMORY\"}"), 0);
+}
+
 TEST(MetricsTest, AnAddressItCannotListenOnIsAnError) {
   auto m = Metrics::Create("127.0.0.1:99999");
   ASSERT_FALSE(m.ok());
