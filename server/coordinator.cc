@@ -1137,6 +1137,7 @@ void Coordinator::ExpireWorkers() {
     }
     const std::string why = registry_.Remove(id, now);
     metrics_->ForgetWorker(id);
+    metrics_->OnWorkerLost();
     // Its ranks died with it, or are stopped when it comes back.
     const int touched = FailAttemptsOn(id, absl::StrCat("worker lost: ", id, " ", why), /*ranks_gone=*/true);
     Say(absl::StrCat(id, " lost: ", why, AffectedJobs(touched)));

@@ -9,6 +9,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -794,6 +795,27 @@ TEST_F(CoordinatorTest, WorkerThatDoesNotComeBackIsLostAfterTheReattachTimeout) 
   EXPECT_EQ(j.attempt(), 1);
   EXPECT_EQ(j.failure().kind(), v1::Failure::WORKER_LOST);
   EXPECT_THAT(j.failure().message(), HasSubstr("did not register again within"));
+}
+
+// A lost worker counts in plateau_workers_lost_total, which the
+// PlateauWorkerLost alert watches: its heartbeat series goes when it is lost
+// (--worker_timeout_s, 10 s as shipped), so an alert on that series' age
+// never saw a loss. A worker that heartbeats is not counted.
+TEST_F(CoordinatorTest, ALostWorkerIsCountedAndItsHeartbeatSeriesGoes) {
+  options_.worker_timeout = kShortWorkerTimeout;
+  Open();
+  const std::string address = absl::StrCat("127.0.0.1:", metrics_->port());
+  const double before = testing_cluster::Sample(testing_cluster::Scrape(address), "plateau_workers_lost_total");
+  ASSERT_FALSE(std::isnan(before)) << "no plateau_workers_lost_total series before any loss";
+  const std::string w = Register();
+  ASSERT_TRUE(Heartbeat(w).ok());
+  const std::string heartbeat = "plateau_worker_last_heartbeat_timestamp_seconds{worker=\"" + w + "\"}";
+  EXPECT_FALSE(std::isnan(testing_cluster::Sample(testing_cluster::Scrape(address), heartbeat)));
+  EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), "plateau_workers_lost_total"), before);
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return c().ListWorkers().workers_size() == 0; }, absl::Seconds(10)));
+  const std::string scrape = testing_cluster::Scrape(address);
+  EXPECT_EQ(testing_cluster::Sample(scrape, "plateau_workers_lost_total"), before + 1) << scrape;
+  EXPECT_TRUE(std::isnan(testing_cluster::Sample(scrape, heartbeat))) << scrape;
 }
 
 TEST_F(CoordinatorTest, JobsTheCoordinatorNoLongerHasAreCancelledAtRegistration) {

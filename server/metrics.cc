@@ -132,6 +132,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                       .Name("plateau_job_restarts_total")
                       .Help("Failed attempts that were restarted, by Failure.Kind.")
                       .Register(r);
+  m->workers_lost_ = &BuildCounter()
+                          .Name("plateau_workers_lost_total")
+                          .Help(
+                              "Registered workers declared lost: no heartbeat within --worker_timeout_s, or not "
+                              "back within --reattach_timeout_s of a coordinator restart.")
+                          .Register(r);
   m->store_errors_ = &BuildCounter()
                           .Name("plateau_store_errors_total")
                           .Help("Writes to the state database that failed (the coordinator then refuses changes).")
@@ -149,6 +155,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
   m->submissions_->Add({});
   m->cancels_->Add({});
   m->store_errors_->Add({});
+  m->workers_lost_->Add({});
   // Every reason too (a bounded set: Failure.Kind): a series that first
   // appears at 1 is no increase() to Prometheus, and PlateauJobFailed
   // alerts on the increase.
@@ -369,6 +376,7 @@ void Metrics::OnCancel() { cancels_->Add({}).Increment(); }
 void Metrics::OnFailure(const std::string& reason) { failures_->Add({{"reason", reason}}).Increment(); }
 void Metrics::OnRestart(const std::string& reason) { restarts_->Add({{"reason", reason}}).Increment(); }
 void Metrics::OnStoreError() { store_errors_->Add({}).Increment(); }
+void Metrics::OnWorkerLost() { workers_lost_->Add({}).Increment(); }
 
 void Metrics::OnRpc(const std::string& service, const std::string& method, const std::string& code,
                     double seconds) {

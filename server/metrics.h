@@ -23,6 +23,8 @@
 // per job: plateau_job_state{state} (a state set: 1 for the current state);
 // per worker: plateau_worker_last_heartbeat_timestamp_seconds (removed when
 // the worker is lost, so that an alert on a stale heartbeat ends with it).
+// plateau_workers_lost_total counts the losses (no labels: a worker's id is
+// in the coordinator's log).
 // The coordinator itself:
 //   plateau_workers{state="attached"|"awaiting_reattach"}
 //   plateau_slots_total, plateau_slots_free (rank slots of attached workers)
@@ -101,6 +103,10 @@ class Metrics {
   void OnHeartbeat(const std::string& worker, absl::Time when);
   // Removes the worker's series (it was lost).
   void ForgetWorker(const std::string& worker);
+  // A registered worker was declared lost (no heartbeat within
+  // --worker_timeout_s, or not back within --reattach_timeout_s of a
+  // coordinator restart).
+  void OnWorkerLost();
   // The coordinator's gauges (server/coordinator.cc UpdateGauges).
   void SetWorkers(int attached, int awaiting_reattach);
   void SetSlots(int64_t total, int64_t free);
@@ -163,6 +169,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* failures_ = nullptr;
   prometheus::Family<prometheus::Counter>* restarts_ = nullptr;
   prometheus::Family<prometheus::Counter>* store_errors_ = nullptr;
+  prometheus::Family<prometheus::Counter>* workers_lost_ = nullptr;
   prometheus::Family<prometheus::Counter>* rpcs_ = nullptr;
   prometheus::Family<prometheus::Histogram>* rpc_duration_ = nullptr;
 

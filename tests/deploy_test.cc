@@ -204,7 +204,7 @@ TEST(DeployTest, PromtoolAcceptsTheScrapeConfigAndItsRules) {
   // it by itself too so that a failure says which file.
   r = RunCommand({kPromtool, "check", "rules", kRulesYml}, dir + "/rules");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 6 rules found")) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 7 rules found")) << r.out << r.err;
   // Each alert firing, and staying silent, where its comment says
   // (plateau.rules.test.yml; promtool resolves rule_files beside it).
   r = RunCommand({kPromtool, "test", "rules", "deploy/prometheus/plateau.rules.test.yml"}, dir + "/unit");
@@ -485,7 +485,7 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   ASSERT_GE(exprs.size(), 10u) << "the dashboard's queries were not found";
   ASSERT_FALSE(variables.empty()) << "the $job_id variable's query was not found";
   const std::vector<std::string> rules = RuleExprs();
-  ASSERT_EQ(rules.size(), 6u) << "the alert rules' expressions were not found";
+  ASSERT_EQ(rules.size(), 7u) << "the alert rules' expressions were not found";
 
   Cluster c("names");
   ASSERT_TRUE(c.ready()) << c.Logs();
@@ -518,6 +518,7 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   // the peak per live set; each queries a series of that real scrape.
   const std::vector<std::pair<std::string, std::string>> panels = {
       {"Workers", "plateau_workers"},
+      {"Workers", "plateau_workers_lost_total"},
       {"Slots", "plateau_slots_total"},
       {"Slots", "plateau_slots_free"},
       {"Queue", "plateau_queue_length"},
@@ -731,7 +732,7 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
     for (const json& rule : j["data"]["groups"][0]["rules"]) {
       if (rule.value("health", "") != "ok") return false;
     }
-    return j["data"]["groups"][0]["rules"].size() == 6;
+    return j["data"]["groups"][0]["rules"].size() == 7;
   })) << ApiGet(prom, "/api/v1/rules", &error).dump() << error;
   json alerts = ApiGet(prom, "/api/v1/alerts", &error);
   ASSERT_FALSE(alerts.is_null()) << error;
