@@ -26,18 +26,23 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                              .Register(r);
   m->tokens_ = &BuildCounter()
                     .Name("plateau_job_tokens_total")
-                    .Help("Tokens trained; each rank counts its 1/P share of the global batch.")
+                    .Help(
+                        "Tokens processed: every step's global batch (steps replayed after a restart count "
+                        "again); each rank counts its 1/P share.")
                     .Register(r);
   m->flops_ =
       &BuildCounter()
            .Name("plateau_job_model_flops_total")
            .Help(
-               "Model FLOPs (6 x active matrix-product params x tokens + causal attention); each rank counts its "
-               "1/P share. Its rate is the job's FLOP/s.")
+               "Model FLOPs (6 x active matrix-product params x tokens + causal attention), without "
+               "recomputation: the step recomputes each layer, so the hardware does about 1.33-1.5x these. Each "
+               "rank counts its 1/P share (replayed steps count again). Its rate is the job's FLOP/s over wall time.")
            .Register(r);
   m->duration_ = &BuildHistogram()
                       .Name("plateau_job_step_duration_seconds")
-                      .Help("Wall time of one training step.")
+                      .Help(
+                          "Wall time of one training step: data loading, memory-timeline recording and step 1's "
+                          "warm-up included; validation and checkpoint writes not.")
                       .Register(r);
   m->peak_ = &BuildGauge()
                   .Name("plateau_job_peak_bytes")
@@ -89,7 +94,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                                   .Register(r);
   m->mfu_ = &BuildGauge()
                  .Name("plateau_job_mfu_ratio")
-                 .Help("Model FLOP/s of the latest step over the device's peak FLOP/s.")
+                 .Help(
+                     "Model FLOP/s of the latest step (recomputation not counted; over the step's time) over the "
+                     "device's peak FLOP/s.")
                  .Register(r);
   m->tflops_ = &BuildGauge()
                     .Name("plateau_job_tflops")

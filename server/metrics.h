@@ -6,8 +6,12 @@
 //   plateau_job_step, plateau_job_loss (gauges)
 //   plateau_job_tokens_total, plateau_job_model_flops_total (counters; each
 //     rank counts its 1/P share of the global batch, so summing over ranks
-//     gives the job, and rate(plateau_job_model_flops_total) is FLOP/s)
-//   plateau_job_step_duration_seconds (histogram)
+//     gives the job, and rate(plateau_job_model_flops_total) is FLOP/s over
+//     wall time; tokens processed: replayed steps count again; model FLOPs
+//     without recomputation, worker/trainer_options.h ModelFlopsPerStep)
+//   plateau_job_step_duration_seconds (histogram; data loading, memory-
+//     timeline recording and step 1's warm-up in it, validation and
+//     checkpoint writes not)
 //   plateau_job_peak_bytes{live_set}, plateau_job_planned_bytes{live_set}
 //     (device bytes), plateau_job_host_peak_bytes{live_set},
 //     plateau_job_host_planned_bytes{live_set} (host bytes; gauges of their

@@ -290,6 +290,30 @@ TEST(MetricsTest, FailureAndRestartCountersOfEveryReasonStartAtZero) {
   EXPECT_EQ(Sample(text, "plateau_job_failures_total{reason=\"OUT_OF_MEMORY\"}"), 0);
 }
 
+// What operators read in /metrics says what the figures count: model FLOPs
+// without the step's recomputation, tokens processed (replayed steps
+// again), and what the step time includes and excludes.
+TEST(MetricsTest, HelpTextsSayWhatTheFiguresCount) {
+  auto m = Metrics::Create("127.0.0.1:0");
+  ASSERT_TRUE(m.ok()) << m.status();
+  v1::StepTelemetry t = Step(0, 1, 10, 20);
+  t.set_mfu(0.4);  // a family without a series prints no HELP
+  (*m)->OnStep("job-1", 1, t);
+  const std::string text = (*m)->Text();
+  auto help = [&](const std::string& name) {
+    for (const std::string& line : std::vector<std::string>(absl::StrSplit(text, '\n'))) {
+      if (absl::StartsWith(line, "# HELP " + name + " ")) return line;
+    }
+    return std::string();
+  };
+  EXPECT_THAT(help("plateau_job_model_flops_total"), HasSubstr("without recomputation"));
+  EXPECT_THAT(help("plateau_job_model_flops_total"), HasSubstr("1.33-1.5x"));
+  EXPECT_THAT(help("plateau_job_tokens_total"), HasSubstr("replayed after a restart count again"));
+  EXPECT_THAT(help("plateau_job_step_duration_seconds"), HasSubstr("data loading"));
+  EXPECT_THAT(help("plateau_job_step_duration_seconds"), HasSubstr("validation and checkpoint writes not"));
+  EXPECT_THAT(help("plateau_job_mfu_ratio"), HasSubstr("recomputation not counted"));
+}
+
 TEST(MetricsTest, AnAddressItCannotListenOnIsAnError) {
   auto m = Metrics::Create("127.0.0.1:99999");
   ASSERT_FALSE(m.ok());
