@@ -310,8 +310,19 @@ absl::Status Coordinator::FailUnreadableJob(int64_t seq) {
   // Its attempt is not known: every attempt's rendezvous keys go.
   Write(rendezvous_.DeleteJob(job.id()), absl::StrCat("delete the rendezvous keys ", job.id(), "/"));
   metrics_->OnJobState(job.id(), v1::FAILED);
+  // As SetState does for every other job that fails: PlateauJobFailed sees
+  // it, and its series leave (they would otherwise stay until the next
+  // restart, FAILED).
+  metrics_->OnFailure(v1::Failure::Kind_Name(f->kind()));
+  ForgetMetricsLater(job.id());
   std::fprintf(stderr, "plateau_coordinator: %s: %s\n", job.id().c_str(), f->message().c_str());
   return absl::OkStatus();
+}
+
+void Coordinator::ForgetMetricsLater(const std::string& job_id) {
+  if (options_.metrics_retention > absl::ZeroDuration()) {
+    forget_.emplace_back(absl::Now() + options_.metrics_retention, job_id);
+  }
 }
 
 absl::Status Coordinator::RestoreSteps(LiveJob& a, bool flush) {
@@ -542,9 +553,7 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
   if (IsTerminal(state) && options_.retention > absl::ZeroDuration()) {
     if (auto seq = ParseJobId(job.id()); seq.ok()) unswept_.emplace(TimeOf(job.end_time()), *seq);
   }
-  if (IsTerminal(state) && options_.metrics_retention > absl::ZeroDuration()) {
-    forget_.emplace_back(absl::Now() + options_.metrics_retention, job.id());
-  }
+  if (IsTerminal(state)) ForgetMetricsLater(job.id());
   if (IsTerminal(state)) {
     // Its counter leaves with it (the map holds the live jobs'), so every
     // stream wakes once: rare, one per job's end.
@@ -1128,6 +1137,7 @@ void Coordinator::ExpireWorkers() {
     }
     const std::string why = registry_.Remove(id, now);
     metrics_->ForgetWorker(id);
+    metrics_->OnWorkerLost();
     // Its ranks died with it, or are stopped when it comes back.
     const int touched = FailAttemptsOn(id, absl::StrCat("worker lost: ", id, " ", why), /*ranks_gone=*/true);
     Say(absl::StrCat(id, " lost: ", why, AffectedJobs(touched)));

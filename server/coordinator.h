@@ -257,8 +257,11 @@ class Coordinator {
   absl::Status FailCorruptJob(int64_t seq, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A live job whose row does not parse: replaced by a FAILED record
   // (STATE_CORRUPT) saying so, its spec lost (events and logs stay), its
-  // rendezvous keys deleted.
+  // rendezvous keys deleted; counted and forgotten as any job that fails.
   absl::Status FailUnreadableJob(int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job reached a final state: its metric series go
+  // --metrics_retention_s from now (forget_).
+  void ForgetMetricsLater(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One part of a due job's data (SweepRetention); true once all of it is
   // gone and the job records so.
   // Takes what it deletes from *budget (rows).

@@ -9,6 +9,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -796,6 +797,27 @@ TEST_F(CoordinatorTest, WorkerThatDoesNotComeBackIsLostAfterTheReattachTimeout) 
   EXPECT_THAT(j.failure().message(), HasSubstr("did not register again within"));
 }
 
+// A lost worker counts in plateau_workers_lost_total, which the
+// PlateauWorkerLost alert watches: its heartbeat series goes when it is lost
+// (--worker_timeout_s, 10 s as shipped), so an alert on that series' age
+// never saw a loss. A worker that heartbeats is not counted.
+TEST_F(CoordinatorTest, ALostWorkerIsCountedAndItsHeartbeatSeriesGoes) {
+  options_.worker_timeout = kShortWorkerTimeout;
+  Open();
+  const std::string address = absl::StrCat("127.0.0.1:", metrics_->port());
+  const double before = testing_cluster::Sample(testing_cluster::Scrape(address), "plateau_workers_lost_total");
+  ASSERT_FALSE(std::isnan(before)) << "no plateau_workers_lost_total series before any loss";
+  const std::string w = Register();
+  ASSERT_TRUE(Heartbeat(w).ok());
+  const std::string heartbeat = "plateau_worker_last_heartbeat_timestamp_seconds{worker=\"" + w + "\"}";
+  EXPECT_FALSE(std::isnan(testing_cluster::Sample(testing_cluster::Scrape(address), heartbeat)));
+  EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), "plateau_workers_lost_total"), before);
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return c().ListWorkers().workers_size() == 0; }, absl::Seconds(10)));
+  const std::string scrape = testing_cluster::Scrape(address);
+  EXPECT_EQ(testing_cluster::Sample(scrape, "plateau_workers_lost_total"), before + 1) << scrape;
+  EXPECT_TRUE(std::isnan(testing_cluster::Sample(scrape, heartbeat))) << scrape;
+}
+
 TEST_F(CoordinatorTest, JobsTheCoordinatorNoLongerHasAreCancelledAtRegistration) {
   options_.worker_timeout = kShortWorkerTimeout;
   Open();
@@ -1211,6 +1233,38 @@ TEST_F(CoordinatorTest, ALiveJobWhoseRowDoesNotParseFailsAndTheRestartGoesOn) {
   EXPECT_EQ(listed->jobs_size(), 2);
   // A finished job's row may be deleted as usual.
   EXPECT_TRUE(c().DeleteJob(job, "").ok());
+}
+
+// The FAILED record that replaces an unreadable row is a failure like any
+// other to the metrics: plateau_job_failures_total counts it (the
+// PlateauJobFailed alert) and the job's series leave after
+// --metrics_retention_s. Before, its FAILED state series stayed until the
+// next restart, and no counter moved.
+TEST_F(CoordinatorTest, AJobWhoseRowDoesNotParseIsCountedAndItsSeriesLeaveAfterTheRetention) {
+  options_.metrics_retention = absl::Milliseconds(300);
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  RunningJob(job);
+  const std::string address = absl::StrCat("127.0.0.1:", metrics_->port());
+  const std::string failures = "plateau_job_failures_total{reason=\"STATE_CORRUPT\"}";
+  const double before = testing_cluster::Sample(testing_cluster::Scrape(address), failures);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, ("UPDATE jobs SET job = x'ffffffff' WHERE seq = " + job.substr(job.find('-') + 1)).c_str(),
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+  const absl::Time restarted = absl::Now();
+  Open();  // ASSERTs that Start succeeds
+  ASSERT_EQ(Get(job).state(), v1::FAILED);
+  std::string scrape = testing_cluster::Scrape(address);
+  EXPECT_EQ(testing_cluster::Sample(scrape, failures), before + 1) << scrape;
+  ASSERT_TRUE(testing_cluster::WaitFor(
+      [&] { return !absl::StrContains(testing_cluster::Scrape(address), "job_id=\"" + job + "\""); },
+      absl::Seconds(10)))
+      << "the unreadable job's series stayed: " << testing_cluster::Scrape(address);
+  EXPECT_GE(absl::Now() - restarted, absl::Milliseconds(300));
 }
 
 // A submit whose write fails stores nothing: the client is told

@@ -26,18 +26,23 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                              .Register(r);
   m->tokens_ = &BuildCounter()
                     .Name("plateau_job_tokens_total")
-                    .Help("Tokens trained; each rank counts its 1/P share of the global batch.")
+                    .Help(
+                        "Tokens processed: every step's global batch (steps replayed after a restart count "
+                        "again); each rank counts its 1/P share.")
                     .Register(r);
   m->flops_ =
       &BuildCounter()
            .Name("plateau_job_model_flops_total")
            .Help(
-               "Model FLOPs (6 x active matrix-product params x tokens + causal attention); each rank counts its "
-               "1/P share. Its rate is the job's FLOP/s.")
+               "Model FLOPs (6 x active matrix-product params x tokens + causal attention), without "
+               "recomputation: the step recomputes each layer, so the hardware does about 1.33-1.5x these. Each "
+               "rank counts its 1/P share (replayed steps count again). Its rate is the job's FLOP/s over wall time.")
            .Register(r);
   m->duration_ = &BuildHistogram()
                       .Name("plateau_job_step_duration_seconds")
-                      .Help("Wall time of one training step.")
+                      .Help(
+                          "Wall time of one training step: data loading, memory-timeline recording and step 1's "
+                          "warm-up included; validation and checkpoint writes not.")
                       .Register(r);
   m->peak_ = &BuildGauge()
                   .Name("plateau_job_peak_bytes")
@@ -56,10 +61,50 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                          "Device bytes planned per live set before launch: an upper bound "
                          "(dispatch: the worst-case routing).")
                      .Register(r);
+  m->host_planned_ = &BuildGauge()
+                          .Name("plateau_job_host_planned_bytes")
+                          .Help(
+                              "Host bytes (pinned on CUDA) planned per live set before launch: an upper bound "
+                              "(live_set=\"total\": the plan's host total; 0 under the baseline schedules).")
+                          .Register(r);
+  m->device_cap_ = &BuildGauge()
+                        .Name("plateau_job_device_cap_bytes")
+                        .Help(
+                            "The job's device memory cap per rank (JobSpec.device_memory_bytes, as planned); no "
+                            "series without one (the whole device).")
+                        .Register(r);
+  m->host_cap_ = &BuildGauge()
+                      .Name("plateau_job_host_cap_bytes")
+                      .Help(
+                          "The job's host memory cap per rank (JobSpec.host_memory_bytes, as planned); no series "
+                          "without one (uncapped).")
+                      .Register(r);
+  m->device_used_ = &BuildGauge()
+                         .Name("plateau_job_device_used_bytes")
+                         .Help(
+                             "The device's own view after the rank's latest step: total - free (everything on the "
+                             "card: the context, NCCL, cuBLAS, the pool's cache, other processes); 0 on the CPU "
+                             "backend.")
+                         .Register(r);
+  m->device_pool_reserved_ = &BuildGauge()
+                                  .Name("plateau_job_device_pool_reserved_bytes")
+                                  .Help(
+                                      "Bytes the stream-ordered pool had reserved after the rank's latest step; 0 "
+                                      "on the CPU backend.")
+                                  .Register(r);
   m->mfu_ = &BuildGauge()
                  .Name("plateau_job_mfu_ratio")
-                 .Help("Model FLOP/s of the latest step over the device's peak FLOP/s.")
+                 .Help(
+                     "Model FLOP/s of the latest step (recomputation not counted; over the step's time) over the "
+                     "device's peak FLOP/s.")
                  .Register(r);
+  m->tflops_ = &BuildGauge()
+                    .Name("plateau_job_tflops")
+                    .Help(
+                        "Model TFLOP/s of the rank's latest step: its 1/P share of the step's model FLOPs over the "
+                        "step's time (plateau_job_step_duration_seconds, the MFU's denominator; not validation or "
+                        "checkpoint writes). Summed over ranks: the job's.")
+                    .Register(r);
   m->state_ = &BuildGauge()
                    .Name("plateau_job_state")
                    .Help("The job's state as a state set: 1 for the current state, 0 for the others.")
@@ -94,6 +139,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
                       .Name("plateau_job_restarts_total")
                       .Help("Failed attempts that were restarted, by Failure.Kind.")
                       .Register(r);
+  m->workers_lost_ = &BuildCounter()
+                          .Name("plateau_workers_lost_total")
+                          .Help(
+                              "Registered workers declared lost: no heartbeat within --worker_timeout_s, or not "
+                              "back within --reattach_timeout_s of a coordinator restart.")
+                          .Register(r);
   m->store_errors_ = &BuildCounter()
                           .Name("plateau_store_errors_total")
                           .Help("Writes to the state database that failed (the coordinator then refuses changes).")
@@ -111,6 +162,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
   m->submissions_->Add({});
   m->cancels_->Add({});
   m->store_errors_->Add({});
+  m->workers_lost_->Add({});
+  // Every reason too (a bounded set: Failure.Kind): a series that first
+  // appears at 1 is no increase() to Prometheus, and PlateauJobFailed
+  // alerts on the increase.
+  for (int k = v1::Failure::Kind_MIN; k <= v1::Failure::Kind_MAX; ++k) {
+    if (!v1::Failure::Kind_IsValid(k)) continue;
+    const std::string reason = v1::Failure::Kind_Name(static_cast<v1::Failure::Kind>(k));
+    m->failures_->Add({{"reason", reason}});
+    m->restarts_->Add({{"reason", reason}});
+  }
   m->SetWorkers(0, 0);
   m->SetSlots(0, 0);
   m->SetQueue(0, 0);
@@ -169,6 +230,15 @@ T& Metrics::Add(prometheus::Family<T>* family, const std::string& job,
   return metric;
 }
 
+void Metrics::Drop(prometheus::Family<prometheus::Gauge>* family, const std::string& job,
+                   const std::map<std::string, std::string>& labels) {
+  if (!family->Has(labels)) return;
+  prometheus::Gauge* gauge = &family->Add(labels);  // the existing one
+  absl::MutexLock lock(&mu_);
+  if (auto it = series_.find(job); it != series_.end()) it->second.erase(gauge);
+  family->Remove(gauge);
+}
+
 std::pair<Metrics::PeakMap::iterator, Metrics::PeakMap::iterator> Metrics::PeaksOf(const std::string& job) {
   // Keys are "job/rank/space/set": the job's run from "job/" up to "job0"
   // ('0' follows '/'), so "job-3" does not take "job-30"'s.
@@ -201,12 +271,30 @@ void Metrics::OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& pl
     }
   }
   for (int r = 0; r < ranks; ++r) {
+    const std::string rank = absl::StrCat(r);
     for (const v1::LiveSetBytes& ls : plan.live_sets()) {
-      Add(planned_, job, {{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", ls.live_set()}})
+      Add(planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", ls.live_set()}})
           .Set(static_cast<double>(ls.bytes()));
     }
-    Add(planned_, job, {{"job_id", job}, {"rank", absl::StrCat(r)}, {"live_set", "total"}})
+    Add(planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", "total"}})
         .Set(static_cast<double>(plan.total_bytes()));
+    for (const v1::LiveSetBytes& ls : plan.host_live_sets()) {
+      Add(host_planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", ls.live_set()}})
+          .Set(static_cast<double>(ls.bytes()));
+    }
+    Add(host_planned_, job, {{"job_id", job}, {"rank", rank}, {"live_set", "total"}})
+        .Set(static_cast<double>(plan.host_total_bytes()));
+    // A cap of 0 is none (the whole device; an uncapped host): no series,
+    // and none left from an earlier plan that had one.
+    for (const auto& [family, cap] :
+         {std::pair{device_cap_, plan.device_memory_bytes()}, std::pair{host_cap_, plan.host_memory_bytes()}}) {
+      const std::map<std::string, std::string> labels = {{"job_id", job}, {"rank", rank}};
+      if (cap > 0) {
+        Add(family, job, labels).Set(static_cast<double>(cap));
+      } else {
+        Drop(family, job, labels);
+      }
+    }
   }
 }
 
@@ -220,14 +308,24 @@ void Metrics::OnStep(const std::string& job, int ranks, const v1::StepTelemetry&
   const double share = ranks > 0 ? 1.0 / ranks : 1.0;
   Add(tokens_, job, labels).Increment(static_cast<double>(t.tokens()) * share);
   Add(flops_, job, labels).Increment(t.model_flops() * share);
+  // Up to an hour: a long-context step (1M tokens: ~70-140 s on an H200)
+  // above the largest finite bucket reads as that bucket's bound in
+  // histogram_quantile, whatever its real time.
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
-      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
   Add(duration_, job, labels, kBuckets).Observe(t.seconds());
   // The rank's own MFU, where it knows the peak of the step's precision
   // (the worker's flags, else the device's name: worker/device_telemetry.h);
   // absent otherwise. (The worker's fp32 flag is no stand-in: a bf16 step
   // measured against it read ~15 times its MFU.)
   if (t.mfu() > 0) Add(mfu_, job, labels).Set(t.mfu());
+  // Per step, where rate(plateau_job_model_flops_total) is per wall time
+  // and saw-tooths over windows shorter than a step. 0: not reported.
+  if (t.tflops() > 0) Add(tflops_, job, labels).Set(t.tflops());
+  // The device's own view beside the budget's accounting (0 on the CPU
+  // backend): what the card holds besides the live sets.
+  Add(device_used_, job, labels).Set(static_cast<double>(t.device_used_bytes()));
+  Add(device_pool_reserved_, job, labels).Set(static_cast<double>(t.device_pool_reserved_bytes()));
   auto raise = [&](prometheus::Family<prometheus::Gauge>* family, absl::string_view space, const std::string& set,
                    int64_t bytes) {
     // The coordinator calls OnStep, OnPlan and ForgetJob under its own lock,
@@ -285,6 +383,7 @@ void Metrics::OnCancel() { cancels_->Add({}).Increment(); }
 void Metrics::OnFailure(const std::string& reason) { failures_->Add({{"reason", reason}}).Increment(); }
 void Metrics::OnRestart(const std::string& reason) { restarts_->Add({{"reason", reason}}).Increment(); }
 void Metrics::OnStoreError() { store_errors_->Add({}).Increment(); }
+void Metrics::OnWorkerLost() { workers_lost_->Add({}).Increment(); }
 
 void Metrics::OnRpc(const std::string& service, const std::string& method, const std::string& code,
                     double seconds) {

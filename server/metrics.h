@@ -6,15 +6,29 @@
 //   plateau_job_step, plateau_job_loss (gauges)
 //   plateau_job_tokens_total, plateau_job_model_flops_total (counters; each
 //     rank counts its 1/P share of the global batch, so summing over ranks
-//     gives the job, and rate(plateau_job_model_flops_total) is FLOP/s)
-//   plateau_job_step_duration_seconds (histogram)
+//     gives the job, and rate(plateau_job_model_flops_total) is FLOP/s over
+//     wall time; tokens processed: replayed steps count again; model FLOPs
+//     without recomputation, worker/trainer_options.h ModelFlopsPerStep)
+//   plateau_job_step_duration_seconds (histogram; data loading, memory-
+//     timeline recording and step 1's warm-up in it, validation and
+//     checkpoint writes not)
 //   plateau_job_peak_bytes{live_set}, plateau_job_planned_bytes{live_set}
-//     (device bytes), plateau_job_host_peak_bytes{live_set} (host bytes; a
-//     gauge of its own so that queries of the device one stay as they are)
+//     (device bytes), plateau_job_host_peak_bytes{live_set},
+//     plateau_job_host_planned_bytes{live_set} (host bytes; gauges of their
+//     own so that queries of the device ones stay as they are)
+//   plateau_job_device_cap_bytes, plateau_job_host_cap_bytes (the plan's
+//     caps; only where the plan has one)
+//   plateau_job_device_used_bytes, plateau_job_device_pool_reserved_bytes
+//     (the device's own view after the rank's latest step; 0 on the CPU
+//     backend)
 //   plateau_job_mfu_ratio (only where the worker knows its device's peak)
+//   plateau_job_tflops (the rank's model TFLOP/s in its latest step: its
+//     share of the step's model FLOPs over the step's time, as the MFU)
 // per job: plateau_job_state{state} (a state set: 1 for the current state);
 // per worker: plateau_worker_last_heartbeat_timestamp_seconds (removed when
 // the worker is lost, so that an alert on a stale heartbeat ends with it).
+// plateau_workers_lost_total counts the losses (no labels: a worker's id is
+// in the coordinator's log).
 // The coordinator itself:
 //   plateau_workers{state="attached"|"awaiting_reattach"}
 //   plateau_slots_total, plateau_slots_free (rank slots of attached workers)
@@ -23,7 +37,8 @@
 //   plateau_jobs{state} (jobs in the store by state)
 //   plateau_job_submissions_total, plateau_job_cancels_total,
 //   plateau_job_failures_total{reason} (jobs ended FAILED, by Failure.Kind),
-//   plateau_job_restarts_total{reason} (failed attempts restarted)
+//   plateau_job_restarts_total{reason} (failed attempts restarted); every
+//     reason's series is there from 0 at the start
 //   plateau_store_errors_total (failed writes to the state database)
 //   plateau_rpcs_total{service,method,code}, plateau_rpc_duration_seconds
 //     {service,method} (histogram; a watch lasts as long as its stream)
@@ -80,8 +95,8 @@ class Metrics {
   std::string Text() const;
 
   void OnJobState(const std::string& job, v1::JobState state);
-  // The planned bytes per live set, for each of the job's ranks, at each
-  // placement. The job's peaks start again from 0: a restart may plan
+  // The planned bytes per live set, device and host, and the plan's caps,
+  // for each of the job's ranks, at each placement. The job's peaks start again from 0: a restart may plan
   // smaller (its `auto` settings chosen again), and an earlier attempt's
   // peak against the new plan would read as a live set above its plan.
   void OnPlan(const std::string& job, int ranks, const v1::MemoryPlan& plan);
@@ -92,6 +107,10 @@ class Metrics {
   void OnHeartbeat(const std::string& worker, absl::Time when);
   // Removes the worker's series (it was lost).
   void ForgetWorker(const std::string& worker);
+  // A registered worker was declared lost (no heartbeat within
+  // --worker_timeout_s, or not back within --reattach_timeout_s of a
+  // coordinator restart).
+  void OnWorkerLost();
   // The coordinator's gauges (server/coordinator.cc UpdateGauges).
   void SetWorkers(int attached, int awaiting_reattach);
   void SetSlots(int64_t total, int64_t free);
@@ -116,6 +135,9 @@ class Metrics {
   template <typename T, typename... Args>
   T& Add(prometheus::Family<T>* family, const std::string& job,
          const std::map<std::string, std::string>& labels, Args&&... args);
+  // Removes the job's gauge with these labels, if there is one.
+  void Drop(prometheus::Family<prometheus::Gauge>* family, const std::string& job,
+            const std::map<std::string, std::string>& labels);
 
   HttpResponse Readyz();
   HttpResponse JobPage(const std::string& path, const std::string& query);
@@ -131,7 +153,13 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* peak_ = nullptr;
   prometheus::Family<prometheus::Gauge>* host_peak_ = nullptr;
   prometheus::Family<prometheus::Gauge>* planned_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* host_planned_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_cap_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* host_cap_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_used_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_pool_reserved_ = nullptr;
   prometheus::Family<prometheus::Gauge>* mfu_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tflops_ = nullptr;
   prometheus::Family<prometheus::Gauge>* state_ = nullptr;
   prometheus::Family<prometheus::Gauge>* heartbeat_ = nullptr;
   prometheus::Family<prometheus::Gauge>* workers_ = nullptr;
@@ -145,6 +173,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* failures_ = nullptr;
   prometheus::Family<prometheus::Counter>* restarts_ = nullptr;
   prometheus::Family<prometheus::Counter>* store_errors_ = nullptr;
+  prometheus::Family<prometheus::Counter>* workers_lost_ = nullptr;
   prometheus::Family<prometheus::Counter>* rpcs_ = nullptr;
   prometheus::Family<prometheus::Histogram>* rpc_duration_ = nullptr;
 

@@ -204,7 +204,7 @@ TEST(DeployTest, PromtoolAcceptsTheScrapeConfigAndItsRules) {
   // it by itself too so that a failure says which file.
   r = RunCommand({kPromtool, "check", "rules", kRulesYml}, dir + "/rules");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 5 rules found")) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCESS: 7 rules found")) << r.out << r.err;
   // Each alert firing, and staying silent, where its comment says
   // (plateau.rules.test.yml; promtool resolves rule_files beside it).
   r = RunCommand({kPromtool, "test", "rules", "deploy/prometheus/plateau.rules.test.yml"}, dir + "/unit");
@@ -485,7 +485,7 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   ASSERT_GE(exprs.size(), 10u) << "the dashboard's queries were not found";
   ASSERT_FALSE(variables.empty()) << "the $job_id variable's query was not found";
   const std::vector<std::string> rules = RuleExprs();
-  ASSERT_EQ(rules.size(), 5u) << "the alert rules' expressions were not found";
+  ASSERT_EQ(rules.size(), 7u) << "the alert rules' expressions were not found";
 
   Cluster c("names");
   ASSERT_TRUE(c.ready()) << c.Logs();
@@ -518,11 +518,18 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
   // the peak per live set; each queries a series of that real scrape.
   const std::vector<std::pair<std::string, std::string>> panels = {
       {"Workers", "plateau_workers"},
+      {"Workers", "plateau_workers_lost_total"},
       {"Slots", "plateau_slots_total"},
       {"Slots", "plateau_slots_free"},
       {"Queue", "plateau_queue_length"},
+      {"Model TFLOP/s", "plateau_job_tflops"},
+      {"Model TFLOP/s", "plateau_job_model_flops_total"},
       {"Peak device bytes per live set, against the plan", "plateau_job_peak_bytes"},
-      {"Peak device bytes per live set, against the plan", "plateau_job_planned_bytes"}};
+      {"Peak device bytes per live set, against the plan", "plateau_job_planned_bytes"},
+      {"Peak host bytes per live set, against the plan", "plateau_job_host_peak_bytes"},
+      {"Peak host bytes per live set, against the plan", "plateau_job_host_planned_bytes"},
+      {"Device bytes: the budget's total against the device's own view", "plateau_job_device_used_bytes"},
+      {"Device bytes: the budget's total against the device's own view", "plateau_job_device_pool_reserved_bytes"}};
   for (const auto& [title, metric] : panels) {
     bool found = false;
     for (const json& panel : dash["panels"]) {
@@ -534,6 +541,40 @@ TEST(DeployTest, DashboardAndAlertsNameOnlyMetricsTheCoordinatorExports) {
     EXPECT_TRUE(found) << "no panel '" << title << "' queries " << metric;
     EXPECT_TRUE(exported.count(metric)) << metric << " is not in a real /metrics scrape";
   }
+}
+
+// A job's counters grow once a step, and a long-context step takes
+// minutes: a rate() or increase() of them over a window shorter than one
+// step holds one step's increment or none, and the panel saw-tooths. Each
+// panel that rates them has a min interval of at least 5 min (Grafana's
+// $__rate_interval is then at least that), and says in its description
+// which time its figures divide by.
+TEST(DeployTest, DashboardRatesAJobsCountersOverAtLeastFiveMinutes) {
+  json dash = ReadJson(kDashboard);
+  ASSERT_FALSE(dash.is_discarded()) << kDashboard << " is not JSON";
+  static const std::regex kRated("(rate|increase)\\(plateau_job_");
+  static const std::regex kWindow("\\[([^\\]]*)\\]");
+  int rated = 0;
+  for (const json& panel : dash["panels"]) {
+    std::vector<std::string> exprs, unused;
+    CollectQueries(panel, &exprs, &unused);
+    for (const std::string& e : exprs) {
+      if (!std::regex_search(e, kRated)) continue;
+      ++rated;
+      for (auto it = std::sregex_iterator(e.begin(), e.end(), kWindow); it != std::sregex_iterator(); ++it) {
+        EXPECT_EQ((*it)[1].str(), "$__rate_interval") << panel["title"] << ": a fixed window in " << e;
+      }
+      const std::string interval = panel.value("interval", "");
+      std::smatch m;
+      ASSERT_TRUE(std::regex_match(interval, m, std::regex("([0-9]+)([smh])")))
+          << panel["title"] << " rates a job's counter without a min interval: " << e;
+      const int seconds = std::stoi(m[1]) * (m[2] == "s" ? 1 : m[2] == "m" ? 60 : 3600);
+      EXPECT_GE(seconds, 300) << panel["title"] << "'s min interval " << interval;
+      const std::string description = panel.value("description", "");
+      EXPECT_THAT(description, HasSubstr("validation and checkpoint writes")) << panel["title"];
+    }
+  }
+  EXPECT_GE(rated, 4) << "the throughput and step-time panels' rates were not found";
 }
 
 TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
@@ -691,7 +732,7 @@ TEST(DeployTest, RealPrometheusScrapesTheRunningJobAndAnswersEveryPanel) {
     for (const json& rule : j["data"]["groups"][0]["rules"]) {
       if (rule.value("health", "") != "ok") return false;
     }
-    return j["data"]["groups"][0]["rules"].size() == 5;
+    return j["data"]["groups"][0]["rules"].size() == 7;
   })) << ApiGet(prom, "/api/v1/rules", &error).dump() << error;
   json alerts = ApiGet(prom, "/api/v1/alerts", &error);
   ASSERT_FALSE(alerts.is_null()) << error;
