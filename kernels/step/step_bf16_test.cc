@@ -32,16 +32,18 @@
 //     gradient's own GEMM or sum (1); the reduce-scatter, one rounding per
 //     hop (P - 1).
 //       K_g = K_f + 3 + L (17 + P) + 1 + (P - 1)
-// Under Ring-DTP the projection's dX / dW accumulate strip by strip, one
-// rounding per strip tile's GEMM: at most ceil(V / strip) + P more on the
-// gradient chain (the strips of every shard; K_f is unchanged: each logit
-// is still one rounding). A dW strip also rounds once per batch it meets
-// and row tile, P ceil(N / row_tile) more (and weight mode's home sum
-// once): N here is under one row tile, so the tests count ceil(V / strip)
-// + P.
+// Ring-DTP and PipelinedLLEP (K > 1 chunks) add none: Ring-DTP's dX / dW
+// and an expert's weight gradient over its chunks and helpers sum in fp32
+// and round once, as the dense projection's and standard EP's GEMMs do
+// (each logit is still one rounding). (They rounded per strip tile's GEMM,
+// per hop and per chunk: ceil(V / strip) + P + P ceil(N / row_tile) and
+// K + P - 1 more.)
 // So |loss_bf16 - loss_fp32| <= ((1 + u)^K_f - 1) loss_fp32 and the same
 // with K_g for the gradient norm; two bf16 runs at P = 1 and P = 2 differ
 // by at most the sum of their bounds. The tests print the observed ratios.
+// The loss bound holds near initialisation only (where these tests run):
+// the loss lse - z_t turns a relative error e of the logits into about
+// e max|z| absolute, more than e of a low loss; the loss is ~ln V here.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -378,20 +380,16 @@ TEST(StepBf16, LossAndGradNormWithinTheRoundingBoundOfFp32) {
   const double both = RelativeBound(ForwardRoundings(m)) * 2;
   EXPECT_LE(std::abs(loss_at[1] - loss_at[2]), both * loss32);
   // The composed stack in bf16 (PipelinedLLEP in chunks of 5 tokens,
-  // Ring-DTP, SCO, OffloadStreamAdamW) at P = 2: besides Ring-DTP's strips,
-  // an expert's weight gradient takes one rounding per chunk (each chunk's
-  // GEMMs add into it) and one per helper that borrowed it (P - 1).
+  // Ring-DTP, SCO, OffloadStreamAdamW) at P = 2: the baseline's chains
+  // (Ring-DTP's and the chunks' gradients sum in fp32, one rounding).
   {
     const int P = 2;
     const StepOptions o = WithStack(Options(m, P, B, Precision::kBf16Mixed), Stack::kComposed);
     const StepsRun bf = Steps(o, g, 1);
     ASSERT_EQ(bf.stats.size(), 1u);
     const double loss = bf.stats[0].loss, norm = bf.stats[0].grad_norm;
-    const int64_t N = B * m.seq_len / P;
-    const int64_t chunks = (N + o.dispatch.pipelined.chunk_tokens - 1) / o.dispatch.pipelined.chunk_tokens;
-    const int64_t strips = (m.vocab_size + o.projection.strip - 1) / o.projection.strip + P;
     const double loss_bound = RelativeBound(ForwardRoundings(m));
-    const double norm_bound = RelativeBound(GradientRoundings(m, P) + strips + chunks + (P - 1));
+    const double norm_bound = RelativeBound(GradientRoundings(m, P));
     std::printf("composed P=%d loss bf16 %.7f (rel %.2e, bound %.2e); grad norm bf16 %.7f (rel %.2e, bound %.2e)\n",
                 P, loss, std::abs(loss - loss32) / loss32, loss_bound, norm, std::abs(norm - norm32) / norm32,
                 norm_bound);
@@ -409,9 +407,8 @@ TEST(StepBf16, LossAndGradNormWithinTheRoundingBoundOfFp32) {
     const StepsRun bf = Steps(o, g, 1);
     ASSERT_EQ(bf.stats.size(), 1u);
     const double loss = bf.stats[0].loss, norm = bf.stats[0].grad_norm;
-    const int64_t strips = (m.vocab_size + o.projection.strip - 1) / o.projection.strip + P;
     const double loss_bound = RelativeBound(ForwardRoundings(m));
-    const double norm_bound = RelativeBound(GradientRoundings(m, P) + strips);
+    const double norm_bound = RelativeBound(GradientRoundings(m, P));
     std::printf("ring-dtp %s P=%d loss bf16 %.7f (rel %.2e, bound %.2e); grad norm bf16 %.7f (rel %.2e, bound %.2e)\n",
                 mode == RingDtpMode::kActivations ? "activations" : "weights", P, loss,
                 std::abs(loss - loss32) / loss32, loss_bound, norm, std::abs(norm - norm32) / norm32, norm_bound);
@@ -424,8 +421,8 @@ TEST(StepBf16, LossAndGradNormWithinTheRoundingBoundOfFp32) {
 // Skewed routing (every router weight zero: every token picks experts
 // 0 .. k-1, all on rank 0), so that PipelinedLLEP lends rank 0's experts to
 // rank 1 (weights shipped, gradients sent home and added): the composed
-// bf16 step stays within the bound of the fp32 baseline on the same skew,
-// with the helpers' additions (P - 1) and the chunks counted. Each rank's
+// bf16 step stays within the bound of the fp32 baseline on the same skew
+// (the helpers' gradients and the chunks' sum in fp32: no rounding more). Each rank's
 // collectives are counted (CountingCommunicator) to see the lending.
 StepsRun SkewedStep(const StepOptions& o, const GlobalBatch& g) {
   StepsRun run;
@@ -513,11 +510,8 @@ TEST(StepBf16, ComposedWithLendingWithinTheRoundingBound) {
   ASSERT_EQ(bf.stats.size(), 1u);
   const double loss32 = ref.stats[0].loss, norm32 = ref.stats[0].grad_norm;
   const double loss = bf.stats[0].loss, norm = bf.stats[0].grad_norm;
-  const int64_t N = B * m.seq_len / P;
-  const int64_t chunks = (N + o.dispatch.pipelined.chunk_tokens - 1) / o.dispatch.pipelined.chunk_tokens;
-  const int64_t strips = (m.vocab_size + o.projection.strip - 1) / o.projection.strip + P;
   const double loss_bound = RelativeBound(ForwardRoundings(m));
-  const double norm_bound = RelativeBound(GradientRoundings(m, P) + strips + chunks + (P - 1));
+  const double norm_bound = RelativeBound(GradientRoundings(m, P));
   std::printf("skewed composed P=%d loss fp32 %.7f bf16 %.7f (rel %.2e, bound %.2e); grad norm fp32 %.7f "
               "bf16 %.7f (rel %.2e, bound %.2e)\n",
               P, loss32, loss, std::abs(loss - loss32) / loss32, loss_bound, norm32, norm,
