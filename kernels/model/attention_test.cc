@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu_pool.h"
 
 namespace plateau {
 namespace {
@@ -109,9 +110,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
 // Cuts the sequence into `ranks` slices as the layout does, and for each
 // "rank" folds every K/V slice in ring order (own first, then p-1, p-2, ...),
 // as ring attention delivers them. ranks = 1 is plain tiled attention.
-void RingAttention(const Problem& p, int64_t ranks, std::vector<float>* o,
-                   std::vector<float>* dq, std::vector<float>* dk,
-                   std::vector<float>* dv) {
+void RingAttention(const Problem& p, int64_t ranks, std::vector<float>* o, std::vector<float>* dq,
+                   std::vector<float>* dk, std::vector<float>* dv, CpuPool* pool = nullptr) {
   const int64_t B = p.batch, T = p.len, nh = p.heads, nkv = p.kv_heads, d = p.d;
   const int64_t n = T / ranks;
   auto slice = [&](const std::vector<float>& x, int64_t width, int64_t r) {
@@ -134,23 +134,22 @@ void RingAttention(const Problem& p, int64_t ranks, std::vector<float>* o,
         delta(B * n * nh), dqr(B * n * nh * d, 0.0f);
     AttentionShape s{B, n, n, nh, nkv, d, r * n, 0, 1.0f / std::sqrt(float(d))};
     std::vector<float> work(AttentionWorkspaceFloats(s));
-    AttentionInitState(s, m.data(), l.data(), acc.data());
+    AttentionInitState(s, m.data(), l.data(), acc.data(), pool);
     for (int64_t step = 0; step < ranks; ++step) {
       const int64_t src = (r - step + ranks) % ranks;
       s.kv_pos0 = src * n;
       std::vector<float> k = slice(p.k, nkv * d, src), v = slice(p.v, nkv * d, src);
-      AttentionForwardBlock(s, q.data(), k.data(), v.data(), m.data(), l.data(), acc.data(),
-                            work.data());
+      AttentionForwardBlock(s, q.data(), k.data(), v.data(), m.data(), l.data(), acc.data(), work.data(), pool);
     }
-    AttentionFinalize(s, m.data(), l.data(), acc.data(), lse.data());
-    AttentionDelta(s, acc.data(), dout.data(), delta.data());
+    AttentionFinalize(s, m.data(), l.data(), acc.data(), lse.data(), pool);
+    AttentionDelta(s, acc.data(), dout.data(), delta.data(), pool);
     for (int64_t step = 0; step < ranks; ++step) {
       const int64_t src = (r - step + ranks) % ranks;
       s.kv_pos0 = src * n;
       std::vector<float> k = slice(p.k, nkv * d, src), v = slice(p.v, nkv * d, src);
       std::vector<float> dkb(k.size(), 0.0f), dvb(v.size(), 0.0f);
-      AttentionBackwardBlock(s, q.data(), k.data(), v.data(), dout.data(), lse.data(),
-                             delta.data(), dqr.data(), dkb.data(), dvb.data(), work.data());
+      AttentionBackwardBlock(s, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), dqr.data(),
+                             dkb.data(), dvb.data(), work.data(), pool);
       unslice(*dk, nkv * d, src, dkb);
       unslice(*dv, nkv * d, src, dvb);
     }
@@ -231,6 +230,47 @@ TEST(AttentionTest, EveryTileInstructionSetGivesTheSameBits) {
   }
   // The scalar path always runs; on any x86-64-v3 build so does AVX2.
   EXPECT_GE(ran, 2);
+}
+
+// Shapes at the kernels' edges, each against the naive reference and, with
+// a pool of 3 threads and under every tile instruction set, bit for bit the
+// pool-less scalar result: one token and one head of head_dim 2 (below the
+// 8-column packs: the scalar packing), 8 query heads over 1 K/V head at
+// head_dim 6 (GQA ratio 8; slices of 13 rows at 5 ranks), and 6 over 3 at
+// head_dim 14 with 130 rows (a 64-row tile, another, and a 2-row tail; 7
+// columns past a pack). At 2 and more ranks every rank also folds blocks
+// that start after its queries (wholly masked).
+TEST(AttentionTest, EdgeShapesMatchNaiveWithAndWithoutAPoolOnEveryIsa) {
+  struct Case {
+    int64_t batch, len, heads, kv_heads, d, ranks;
+  };
+  CpuPool pool(3);
+  for (const Case& c :
+       {Case{1, 1, 1, 1, 2, 1}, Case{1, 65, 8, 1, 6, 5}, Case{2, 130, 6, 3, 14, 2}, Case{1, 8, 8, 1, 2, 4}}) {
+    SCOPED_TRACE(testing::Message() << "batch " << c.batch << ", len " << c.len << ", heads " << c.heads << "/"
+                                    << c.kv_heads << ", d " << c.d << ", ranks " << c.ranks);
+    const Problem p = Make(c.batch, c.len, c.heads, c.kv_heads, c.d, 17);
+    const Naive want = NaiveAttention(p);
+    SetAttentionTileIsaForTesting(AttentionTileIsa::kScalar);
+    std::vector<float> o0, dq0, dk0, dv0;
+    RingAttention(p, c.ranks, &o0, &dq0, &dk0, &dv0);
+    SetAttentionTileIsaForTesting(AttentionTileIsa::kAuto);
+    ExpectClose(o0, want.o, 1e-5, "o");
+    ExpectClose(dq0, want.dq, 1e-4, "dq");
+    ExpectClose(dk0, want.dk, 1e-4, "dk");
+    ExpectClose(dv0, want.dv, 1e-4, "dv");
+    for (AttentionTileIsa isa : {AttentionTileIsa::kScalar, AttentionTileIsa::kAvx2, AttentionTileIsa::kAvx512}) {
+      if (!AttentionTileIsaAvailable(isa)) continue;
+      SetAttentionTileIsaForTesting(isa);
+      std::vector<float> o, dq, dk, dv;
+      RingAttention(p, c.ranks, &o, &dq, &dk, &dv, &pool);
+      SetAttentionTileIsaForTesting(AttentionTileIsa::kAuto);
+      EXPECT_EQ(o, o0) << "isa " << static_cast<int>(isa);
+      EXPECT_EQ(dq, dq0) << "isa " << static_cast<int>(isa);
+      EXPECT_EQ(dk, dk0) << "isa " << static_cast<int>(isa);
+      EXPECT_EQ(dv, dv0) << "isa " << static_cast<int>(isa);
+    }
+  }
 }
 
 TEST(AttentionTest, ExtremeScoresStayFinite) {
