@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/connection.h"
@@ -416,7 +417,8 @@ TEST(SecurityTest, PlateauctlShowsControlCharactersOfLogLinesAsText) {
   auto sub = c.client().SubmitJob(TinyJob(3), false);
   ASSERT_TRUE(sub.ok()) << sub.status();
   const std::string id = sub->job().id();
-  // A worker (played here) reports a rank's line.
+  // A worker (played here) is given the job and reports a rank's line (a
+  // job's lines are taken from the workers that hosted it only).
   auto workers = v1::WorkerService::NewStub(Channel(c.api()));
   v1::RegisterResponse registered;
   {
@@ -424,10 +426,24 @@ TEST(SecurityTest, PlateauctlShowsControlCharactersOfLogLinesAsText) {
     Deadline(ctx);
     v1::RegisterRequest q;
     q.mutable_capabilities()->set_backend(v1::BACKEND_CPU);
-    q.mutable_capabilities()->set_devices(1);
+    q.mutable_capabilities()->set_devices(2);
+    q.mutable_capabilities()->set_device_memory_bytes(int64_t{8} << 30);
+    q.mutable_capabilities()->set_host_memory_bytes(int64_t{64} << 30);
     q.mutable_capabilities()->set_rank_address("127.0.0.1");
     ASSERT_TRUE(workers->Register(&ctx, q, &registered).ok());
   }
+  bool assigned = false;
+  for (int i = 0; i < 200 && !assigned; ++i) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    v1::HeartbeatRequest q;
+    q.set_worker_id(registered.worker_id());
+    v1::HeartbeatResponse r;
+    ASSERT_TRUE(workers->Heartbeat(&ctx, q, &r).ok());
+    for (const auto& a : r.assignments()) assigned = assigned || a.job_id() == id;
+    if (!assigned) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(assigned) << "the played worker was never given " << id << "\n" << c.Logs();
   const std::string evil =
       "before\x1b]52;c;ZXZpbA==\x07\tafter\x1b[2J\xc2\x9b"
       "1m end";
