@@ -834,9 +834,8 @@ TEST(CommTest, InvalidArgumentsNameTheArgument) {
     ExpectInvalid(comm.AllReduce(stream, a.data(), a.data() + 1, 8,
                                  DataType::kFloat32, ReduceOp::kSum),
                   "overlap");
-    ExpectInvalid(comm.AllReduce(stream, a.data(), b.data(), 8,
-                                 static_cast<DataType>(9), ReduceOp::kSum),
-                  "type: unknown data type 9");
+    ExpectInvalid(comm.AllReduce(stream, a.data(), b.data(), 8, static_cast<DataType>(9), ReduceOp::kSum),
+                  "type: unknown data type 9; expected float32, float64, int32, int64 or bfloat16");
     ExpectInvalid(comm.AllReduce(stream, a.data(), b.data(), 8,
                                  DataType::kFloat32, static_cast<ReduceOp>(7)),
                   "op: unknown reduce op 7");
