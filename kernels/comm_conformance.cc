@@ -127,6 +127,25 @@ class Suite {
                       want.size(), "; first difference at ", i));
   }
 
+  // Every rank's `out` (n elements in the memory under test) must hold the
+  // same bits: all-gathered and compared with this rank's.
+  template <typename T>
+  void CheckRanksAgree(const T* out, size_t n, const std::string& what) {
+    const std::string gather = what + ": all_gather of every rank's result";
+    Buffer<T> all(mem_, n * size());
+    if (!Ok(comm_.AllGather(stream_, out, all.get(), n, DataTypeOf<T>()), gather) || !Sync(gather)) return;
+    const std::vector<T> results = all.Read();
+    const T* mine = results.data() + me() * n;
+    for (int r = 0; r < size(); ++r) {
+      const T* theirs = results.data() + r * n;
+      const size_t i = FirstDifference(mine, theirs, n);
+      if (i < n) {
+        Fail(absl::StrCat(what, ": ranks disagree: rank ", r, " holds ", ToDouble(theirs[i]), " at element ", i,
+                          ", this rank ", ToDouble(mine[i]), " (results must be the same bits on every rank)"));
+      }
+    }
+  }
+
   template <typename T>
   void RunType() {
     const std::string type(DataTypeName(DataTypeOf<T>()));
@@ -169,7 +188,38 @@ class Suite {
           const std::string bad = Mismatches(got.data(), want.data(), n, op, magnitude.data(), size());
           if (!bad.empty()) Fail(what + ":" + bad);
           if (!in_place) Expect(send.Read(), input, what + ": send changed");
+          CheckRanksAgree(out, n, what);
         }
+      }
+    }
+    AllReduceRepeats<T>(type);
+  }
+
+  // A sum of kRepeatedAllReduceCount elements twice, each time on fresh
+  // buffers with the same inputs: the second run's bits are the first's.
+  template <typename T>
+  void AllReduceRepeats(const std::string& type) {
+    const size_t n = kRepeatedAllReduceCount;
+    const int seed = ++seed_;
+    const std::string what = absl::StrCat("all_reduce ", type, " sum n=", n, " run twice");
+    const std::vector<T> input = Input<T>(seed, me(), n);
+    std::vector<T> first;
+    for (int run = 0; run < 2; ++run) {
+      Buffer<T> send(mem_, input);
+      Buffer<T> recv(mem_, n);
+      if (!Ok(comm_.AllReduce(stream_, send.get(), recv.get(), n, DataTypeOf<T>(), ReduceOp::kSum), what) ||
+          !Sync(what)) {
+        return;
+      }
+      std::vector<T> got = recv.Read();
+      if (run == 0) {
+        first = std::move(got);
+        continue;
+      }
+      const size_t i = FirstDifference(got.data(), first.data(), n);
+      if (i < n) {
+        Fail(absl::StrCat(what, ": the second run differs from the first at element ", i, ": ", ToDouble(got[i]),
+                          ", first ", ToDouble(first[i]), " (the same inputs must give the same bits)"));
       }
     }
   }

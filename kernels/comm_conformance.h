@@ -5,7 +5,10 @@
 //
 // Each rank's input is a pure function of (seed, rank), so every rank
 // computes the expected result of a collective locally from all ranks'
-// inputs; no rank trusts another's output.
+// inputs; no rank trusts another's output. Beyond each rank's own check,
+// the ranks compare their all-reduce results bitwise with each other (each
+// rank turns the gradient norm's all-reduce into its own clip factor: ranks
+// one ulp apart would drift), and one all-reduce runs twice to the same bits.
 //
 // Test-only code; not thread-compatible beyond one call per rank.
 #ifndef PLATEAU_KERNELS_COMM_CONFORMANCE_H_
@@ -218,6 +221,11 @@ struct ConformanceOptions {
   // Also make groups (members only): the world reversed, and the odd ranks.
   bool groups = true;
 };
+
+// The count of the all-reduce (a sum) the suite runs twice per type, on
+// fresh buffers with the same inputs, expecting the same bits: large enough
+// for several segments of every algorithm, and no other case's count.
+inline constexpr size_t kRepeatedAllReduceCount = 262147;
 
 // Runs every collective of `comm` on `stream` (all ranks of `comm` call it
 // with the same options) and returns what went wrong, one line per failed

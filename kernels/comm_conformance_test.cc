@@ -196,5 +196,41 @@ TEST(ConformanceSuiteTest, CatchesBrokenBf16Collectives) {
   }
 }
 
+// Rank 1's fp32 sums are one ulp off rank 0's and 2's in their first
+// element: well within the tolerance of each rank's own check against the
+// double reference, but ranks that clip by such results would drift apart.
+TEST(ConformanceSuiteTest, CatchesRanksWhoseAllReduceDiffersByAnUlp) {
+  const std::vector<std::string> failures = RunSuite(3, [](int rank) -> Tamper {
+    if (rank != 1) return Untouched();
+    return [](const Result& r) {
+      if (r.op != "all_reduce" || r.type != DataType::kFloat32 || r.reduce != ReduceOp::kSum) return;
+      float* out = static_cast<float*>(r.out);
+      out[0] = std::nextafter(out[0], INFINITY);
+    };
+  });
+  EXPECT_THAT(failures, Each(HasSubstr("ranks disagree")));
+  EXPECT_THAT(failures, Contains(HasSubstr("all_reduce float32 sum n=1013")));
+  EXPECT_THAT(failures, Contains(HasSubstr("all_reduce float32 sum n=1:")));
+}
+
+// Every rank's second run of the repeated sum is one ulp off its first (the
+// same on every rank, so the ranks still agree).
+TEST(ConformanceSuiteTest, CatchesAnAllReduceThatChangesRunToRun) {
+  const std::vector<std::string> failures = RunSuite(3, [](int) -> Tamper {
+    auto runs = std::make_shared<int>(0);
+    return [runs](const Result& r) {
+      if (r.op != "all_reduce" || r.type != DataType::kFloat32 || r.count != conformance::kRepeatedAllReduceCount ||
+          ++*runs != 2) {
+        return;
+      }
+      float* out = static_cast<float*>(r.out);
+      out[7] = std::nextafter(out[7], INFINITY);
+    };
+  });
+  EXPECT_EQ(failures.size(), 3u);
+  EXPECT_THAT(failures, Each(HasSubstr("all_reduce float32 sum n=262147 run twice: the second run differs from the "
+                                       "first at element 7")));
+}
+
 }  // namespace
 }  // namespace plateau
