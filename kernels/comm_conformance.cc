@@ -231,6 +231,11 @@ class Suite {
         for (bool in_place : {false, true}) ReduceScatterCase<T>(type, block, op, in_place);
       }
     }
+    // A block of two segments of the Gloo communicator's ring
+    // (kReduceScatterSegmentBytes, 4 MiB): the first whole, the second part.
+    if (options_.large && std::is_same_v<T, float>) {
+      ReduceScatterCase<T>(type, (size_t{4} << 20) / sizeof(T) + 4099, ReduceOp::kSum, false);
+    }
   }
 
   template <typename T>

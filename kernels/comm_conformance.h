@@ -215,8 +215,11 @@ class HostMemory final : public TestMemory {
 
 struct ConformanceOptions {
   int seed = 1;
-  // Counts for the reductions and gathers: small, uneven and (when large is
-  // set) several of Gloo's 1 MiB ring segments.
+  // Counts for the reductions and gathers: small, uneven and, when large is
+  // set, large ones too: the all-reduce's span several of Gloo's 1 MiB
+  // all-reduce segments (300007 elements, 1.2 MB in fp32), and one fp32 sum's
+  // reduce-scatter block spans two of the Gloo communicator's 4 MiB
+  // reduce-scatter segments (the others' blocks are below one).
   bool large = true;
   // Also make groups (members only): the world reversed, and the odd ranks.
   bool groups = true;

@@ -118,9 +118,10 @@ std::shared_ptr<KeyValueStore> MakeStore(const std::string& name) {
   return std::shared_ptr<KeyValueStore>(std::move(store).value());
 }
 
-// Runs the suite (small counts, no groups) on `size` Gloo ranks, rank r's
-// results damaged by tamper_for(r); returns every rank's failures.
-std::vector<std::string> RunSuite(int size, const std::function<Tamper(int)>& tamper_for) {
+// Runs the suite (no groups; small counts unless `large`) on `size` Gloo
+// ranks, rank r's results damaged by tamper_for(r); returns every rank's
+// failures.
+std::vector<std::string> RunSuite(int size, const std::function<Tamper(int)>& tamper_for, bool large = false) {
   auto store = MakeStore(absl::StrCat("p", size));
   absl::Mutex mu;
   std::vector<std::string> failures;
@@ -141,7 +142,7 @@ std::vector<std::string> RunSuite(int size, const std::function<Tamper(int)>& ta
       conformance::HostMemory memory;
       conformance::ConformanceOptions options;
       options.seed = 9;
-      options.large = false;
+      options.large = large;
       options.groups = false;
       std::vector<std::string> mine = conformance::RunConformance(tampering, stream, memory, options);
       absl::MutexLock lock(&mu);
@@ -230,6 +231,24 @@ TEST(ConformanceSuiteTest, CatchesAnAllReduceThatChangesRunToRun) {
   EXPECT_EQ(failures.size(), 3u);
   EXPECT_THAT(failures, Each(HasSubstr("all_reduce float32 sum n=262147 run twice: the second run differs from the "
                                        "first at element 7")));
+}
+
+// A reduce-scatter wrong only past its block's first 4 MiB (the Gloo
+// communicator's segment: an offset bug in its second segment) must be
+// caught, so some block must be that large.
+TEST(ConformanceSuiteTest, CatchesAReduceScatterWrongPastItsFirstSegment) {
+  constexpr size_t kSegment = (size_t{4} << 20) / sizeof(float);
+  const std::vector<std::string> failures = RunSuite(
+      2,
+      [](int) -> Tamper {
+        return [](const Result& r) {
+          if (r.op != "reduce_scatter" || r.type != DataType::kFloat32 || r.count <= kSegment) return;
+          static_cast<float*>(r.out)[kSegment] += 1.0f;
+        };
+      },
+      /*large=*/true);
+  EXPECT_THAT(failures, Each(HasSubstr("reduce_scatter float32 sum block=1052675: [1048576] is")));
+  EXPECT_EQ(failures.size(), 2u);
 }
 
 }  // namespace
