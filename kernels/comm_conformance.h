@@ -226,8 +226,8 @@ struct ConformanceOptions {
 };
 
 // The count of the all-reduce (a sum) the suite runs twice per type, on
-// fresh buffers with the same inputs, expecting the same bits: large enough
-// for several segments of every algorithm, and no other case's count.
+// fresh buffers with the same inputs, expecting the same bits: large (1 MiB
+// in fp32, many chunks of a ring at any P), and no other case's count.
 inline constexpr size_t kRepeatedAllReduceCount = 262147;
 
 // Runs every collective of `comm` on `stream` (all ranks of `comm` call it
