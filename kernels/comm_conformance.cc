@@ -87,6 +87,7 @@ class Suite {
     RunType<double>();
     RunType<int32_t>();
     RunType<int64_t>();
+    RunType<Bf16>();
     CheckBarrier();
     if (options_.groups) CheckGroups();
     return std::move(failures_);
@@ -110,14 +111,39 @@ class Suite {
     if (!s.ok()) Fail(absl::StrCat(what, ": stream failed: ", s.ToString()));
     return s.ok();
   }
+  // Bitwise: what moves data unchanged must not change a bit.
+  template <typename T>
+  static size_t FirstDifference(const T* a, const T* b, size_t n) {
+    size_t i = 0;
+    while (i < n && std::memcmp(a + i, b + i, sizeof(T)) == 0) ++i;
+    return i;
+  }
   template <typename T>
   void Expect(const std::vector<T>& got, const std::vector<T>& want,
               const std::string& what) {
-    if (got == want) return;
-    size_t i = 0;
-    while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+    const size_t i = FirstDifference(got.data(), want.data(), std::min(got.size(), want.size()));
+    if (got.size() == want.size() && i == got.size()) return;
     Fail(absl::StrCat(what, ": got ", got.size(), " elements, expected ",
                       want.size(), "; first difference at ", i));
+  }
+
+  // Every rank's `out` (n elements in the memory under test) must hold the
+  // same bits: all-gathered and compared with this rank's.
+  template <typename T>
+  void CheckRanksAgree(const T* out, size_t n, const std::string& what) {
+    const std::string gather = what + ": all_gather of every rank's result";
+    Buffer<T> all(mem_, n * size());
+    if (!Ok(comm_.AllGather(stream_, out, all.get(), n, DataTypeOf<T>()), gather) || !Sync(gather)) return;
+    const std::vector<T> results = all.Read();
+    const T* mine = results.data() + me() * n;
+    for (int r = 0; r < size(); ++r) {
+      const T* theirs = results.data() + r * n;
+      const size_t i = FirstDifference(mine, theirs, n);
+      if (i < n) {
+        Fail(absl::StrCat(what, ": ranks disagree: rank ", r, " holds ", ToDouble(theirs[i]), " at element ", i,
+                          ", this rank ", ToDouble(mine[i]), " (results must be the same bits on every rank)"));
+      }
+    }
   }
 
   template <typename T>
@@ -157,12 +183,43 @@ class Suite {
             continue;
           }
           const std::vector<T> got = in_place ? send.Read() : recv.Read();
-          const std::string bad = Mismatches(
-              got.data(), Reference<T>(seed, Iota(size()), n, op).data(), n,
-              op);
+          std::vector<double> magnitude;
+          const std::vector<double> want = Reference<T>(seed, Iota(size()), n, op, &magnitude);
+          const std::string bad = Mismatches(got.data(), want.data(), n, op, magnitude.data(), size());
           if (!bad.empty()) Fail(what + ":" + bad);
           if (!in_place) Expect(send.Read(), input, what + ": send changed");
+          CheckRanksAgree(out, n, what);
         }
+      }
+    }
+    AllReduceRepeats<T>(type);
+  }
+
+  // A sum of kRepeatedAllReduceCount elements twice, each time on fresh
+  // buffers with the same inputs: the second run's bits are the first's.
+  template <typename T>
+  void AllReduceRepeats(const std::string& type) {
+    const size_t n = kRepeatedAllReduceCount;
+    const int seed = ++seed_;
+    const std::string what = absl::StrCat("all_reduce ", type, " sum n=", n, " run twice");
+    const std::vector<T> input = Input<T>(seed, me(), n);
+    std::vector<T> first;
+    for (int run = 0; run < 2; ++run) {
+      Buffer<T> send(mem_, input);
+      Buffer<T> recv(mem_, n);
+      if (!Ok(comm_.AllReduce(stream_, send.get(), recv.get(), n, DataTypeOf<T>(), ReduceOp::kSum), what) ||
+          !Sync(what)) {
+        return;
+      }
+      std::vector<T> got = recv.Read();
+      if (run == 0) {
+        first = std::move(got);
+        continue;
+      }
+      const size_t i = FirstDifference(got.data(), first.data(), n);
+      if (i < n) {
+        Fail(absl::StrCat(what, ": the second run differs from the first at element ", i, ": ", ToDouble(got[i]),
+                          ", first ", ToDouble(first[i]), " (the same inputs must give the same bits)"));
       }
     }
   }
@@ -171,41 +228,42 @@ class Suite {
   void ReduceScatter(const std::string& type) {
     for (size_t block : Counts(1, 5, 40961)) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
-        for (bool in_place : {false, true}) {
-          const int seed = ++seed_;
-          const size_t n = block * size();
-          const std::string what =
-              absl::StrCat("reduce_scatter ", type, " ", ReduceOpName(op),
-                           " block=", block, in_place ? " in place" : "");
-          const std::vector<T> input = Input<T>(seed, me(), n);
-          Buffer<T> send(mem_, input);
-          Buffer<T> recv(mem_, block);
-          T* out = in_place ? send.get() + me() * block : recv.get();
-          if (!Ok(comm_.ReduceScatter(stream_, send.get(), out, block,
-                                      DataTypeOf<T>(), op),
-                  what) ||
-              !Sync(what)) {
-            continue;
-          }
-          const std::vector<T> got =
-              in_place ? send.Read(me() * block, block) : recv.Read();
-          const std::vector<double> want =
-              Reference<T>(seed, Iota(size()), n, op);
-          const std::string bad =
-              Mismatches(got.data(), want.data() + me() * block, block, op);
-          if (!bad.empty()) Fail(what + ":" + bad);
-          // Only this rank's block of send may change (in place).
-          std::vector<T> after = send.Read();
-          std::vector<T> expect_send = input;
-          if (in_place) {
-            std::copy(after.begin() + me() * block,
-                      after.begin() + (me() + 1) * block,
-                      expect_send.begin() + me() * block);
-          }
-          Expect(after, expect_send, what + ": other blocks of send changed");
-        }
+        for (bool in_place : {false, true}) ReduceScatterCase<T>(type, block, op, in_place);
       }
     }
+    // A block of two segments of the Gloo communicator's ring
+    // (kReduceScatterSegmentBytes, 4 MiB): the first whole, the second part.
+    if (options_.large && std::is_same_v<T, float>) {
+      ReduceScatterCase<T>(type, (size_t{4} << 20) / sizeof(T) + 4099, ReduceOp::kSum, false);
+    }
+  }
+
+  template <typename T>
+  void ReduceScatterCase(const std::string& type, size_t block, ReduceOp op, bool in_place) {
+    const int seed = ++seed_;
+    const size_t n = block * size();
+    const std::string what =
+        absl::StrCat("reduce_scatter ", type, " ", ReduceOpName(op), " block=", block, in_place ? " in place" : "");
+    const std::vector<T> input = Input<T>(seed, me(), n);
+    Buffer<T> send(mem_, input);
+    Buffer<T> recv(mem_, block);
+    T* out = in_place ? send.get() + me() * block : recv.get();
+    if (!Ok(comm_.ReduceScatter(stream_, send.get(), out, block, DataTypeOf<T>(), op), what) || !Sync(what)) {
+      return;
+    }
+    const std::vector<T> got = in_place ? send.Read(me() * block, block) : recv.Read();
+    std::vector<double> magnitude;
+    const std::vector<double> want = Reference<T>(seed, Iota(size()), n, op, &magnitude);
+    const std::string bad =
+        Mismatches(got.data(), want.data() + me() * block, block, op, magnitude.data() + me() * block, size());
+    if (!bad.empty()) Fail(what + ":" + bad);
+    // Only this rank's block of send may change (in place).
+    std::vector<T> after = send.Read();
+    std::vector<T> expect_send = input;
+    if (in_place) {
+      std::copy(after.begin() + me() * block, after.begin() + (me() + 1) * block, expect_send.begin() + me() * block);
+    }
+    Expect(after, expect_send, what + ": other blocks of send changed");
   }
 
   template <typename T>
@@ -254,7 +312,7 @@ class Suite {
       }
     }
     Buffer<T> send(mem_, send_host);
-    Buffer<T> recv(mem_, std::vector<T>(want.size(), T{-1}));
+    Buffer<T> recv(mem_, std::vector<T>(want.size(), FromDouble<T>(-1)));
     if (Ok(comm_.AllToAllV(stream_, send.get(), send_counts, recv.get(),
                            recv_counts, DataTypeOf<T>()),
            what) &&

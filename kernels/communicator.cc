@@ -64,9 +64,8 @@ absl::Status Bad(absl::string_view op, absl::string_view what) {
 
 absl::Status CheckType(absl::string_view op, DataType type) {
   if (DataTypeSize(type) == 0) {
-    return Bad(op, absl::StrCat("type: unknown data type ",
-                                static_cast<int>(type),
-                                "; expected float32, float64, int32 or int64"));
+    return Bad(op, absl::StrCat("type: unknown data type ", static_cast<int>(type),
+                                "; expected float32, float64, int32, int64 or bfloat16"));
   }
   return absl::OkStatus();
 }

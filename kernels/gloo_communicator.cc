@@ -379,9 +379,11 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(
     const std::string& context) {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   absl::Status s = CatchAll(context, [&] {
+    // The store's deadline starts now: connectFullMesh's waits for its
+    // peers' keys, one after the other, share one timeout.
+    GlooStoreAdapter adapter(transport.store, transport.timeout);
     ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(ToChrono(transport.timeout));
-    GlooStoreAdapter adapter(transport.store, transport.timeout);
     gloo::rendezvous::PrefixStore store(prefix, adapter);
     std::shared_ptr<gloo::transport::Device> device = transport.device.device;
     ctx->connectFullMesh(store, device);

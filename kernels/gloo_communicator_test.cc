@@ -834,9 +834,8 @@ TEST(CommTest, InvalidArgumentsNameTheArgument) {
     ExpectInvalid(comm.AllReduce(stream, a.data(), a.data() + 1, 8,
                                  DataType::kFloat32, ReduceOp::kSum),
                   "overlap");
-    ExpectInvalid(comm.AllReduce(stream, a.data(), b.data(), 8,
-                                 static_cast<DataType>(9), ReduceOp::kSum),
-                  "type: unknown data type 9");
+    ExpectInvalid(comm.AllReduce(stream, a.data(), b.data(), 8, static_cast<DataType>(9), ReduceOp::kSum),
+                  "type: unknown data type 9; expected float32, float64, int32, int64 or bfloat16");
     ExpectInvalid(comm.AllReduce(stream, a.data(), b.data(), 8,
                                  DataType::kFloat32, static_cast<ReduceOp>(7)),
                   "op: unknown reduce op 7");
@@ -1003,6 +1002,33 @@ TEST(CommTest, APeerThatNeverJoinsTimesOutTheRendezvous) {
   EXPECT_THAT(std::string(comm.status().message()),
               HasSubstr("test/attempt0/world/"));  // the missing key
   EXPECT_LT(took, absl::Seconds(10));
+}
+
+// Ranks 1 and 2 of 4 arrive late, each within a timeout of the one before,
+// and rank 3 never does. Gloo waits for its peers' keys in turn; with a
+// fresh timeout per wait, rank 0 gave up only 2.4 timeouts after it began
+// (rank 2's arrival plus a whole timeout for rank 3). The rendezvous's one
+// timeout bounds all of it.
+TEST(CommTest, LatePeersDoNotStretchTheRendezvousPastItsTimeout) {
+  auto store = MakeStore("late_peers");
+  const absl::Duration timeout = absl::Seconds(1);
+  std::vector<std::thread> late;
+  for (int r : {1, 2}) {
+    late.emplace_back([&, r] {
+      absl::SleepFor(timeout * 0.7 * r);
+      // They fail too (rank 0 is gone, rank 3 never comes), by their own
+      // deadlines.
+      auto comm = CreateCommunicator(Options(r, 4, store, timeout));
+      EXPECT_FALSE(comm.ok()) << "rank " << r;
+    });
+  }
+  const absl::Time start = absl::Now();
+  auto comm = CreateCommunicator(Options(0, 4, store, timeout));
+  const absl::Duration took = absl::Now() - start;
+  for (auto& t : late) t.join();
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rendezvous of group 'world' (rank 0 of 4)"));
+  EXPECT_LT(took, 2 * timeout) << comm.status();
 }
 
 TEST(CommTest, APeerThatNeverJoinsAGroupTimesItOut) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace plateau {
 
 void GlooStoreAdapter::set(const std::string& key,
@@ -11,28 +13,33 @@ void GlooStoreAdapter::set(const std::string& key,
   if (!s.ok()) throw KeyValueStoreError(std::move(s));
 }
 
+std::string GlooStoreAdapter::Read(const std::string& key, absl::Time deadline) {
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+  absl::StatusOr<std::string> v = store_->Get(key, left);
+  if (v.ok()) return *std::move(v);
+  absl::Status s = v.status();
+  if (absl::IsDeadlineExceeded(s) && deadline >= deadline_) {
+    // The store's message counts only this wait's share of the time.
+    s = absl::DeadlineExceededError(
+        absl::StrCat(s.message(), " (the rendezvous's ", absl::FormatDuration(timeout_), " ran out waiting for it)"));
+  }
+  throw KeyValueStoreError(std::move(s));
+}
+
 std::vector<char> GlooStoreAdapter::get(const std::string& key) {
-  absl::StatusOr<std::string> v = store_->Get(key, timeout_);
-  if (!v.ok()) throw KeyValueStoreError(v.status());
-  return std::vector<char>(v->begin(), v->end());
+  const std::string v = Read(key, deadline_);
+  return std::vector<char>(v.begin(), v.end());
 }
 
 void GlooStoreAdapter::wait(const std::vector<std::string>& keys) {
-  wait(keys, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_)));
+  for (const std::string& key : keys) Read(key, deadline_);
 }
 
-void GlooStoreAdapter::wait(const std::vector<std::string>& keys,
-                            const std::chrono::milliseconds& timeout) {
-  // One deadline for all keys: waiting for them in turn with the time left.
+void GlooStoreAdapter::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
   // Gloo passes zero for "no timeout"; ours is never unbounded.
-  const absl::Duration bound =
-      timeout.count() > 0 ? absl::FromChrono(timeout) : timeout_;
-  const absl::Time deadline = absl::Now() + bound;
-  for (const std::string& key : keys) {
-    absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
-    absl::StatusOr<std::string> v = store_->Get(key, left);
-    if (!v.ok()) throw KeyValueStoreError(v.status());
-  }
+  const absl::Time deadline =
+      timeout.count() > 0 ? std::min(deadline_, absl::Now() + absl::FromChrono(timeout)) : deadline_;
+  for (const std::string& key : keys) Read(key, deadline);
 }
 
 }  // namespace plateau

@@ -35,13 +35,17 @@ class KeyValueStoreError : public gloo::IoException {
   absl::Status status_;
 };
 
+// One adapter serves one rendezvous, and `timeout` bounds all of it: the
+// deadline is set when the adapter is made, and every get() and wait() ends
+// by it (a wait with Gloo's own timeout ends by the earlier of the two).
+// Gloo's connectFullMesh waits for its peers' keys one at a time, each wait
+// with the full timeout; without one deadline, peers that arrive just in
+// time for each wait stretched a rendezvous to (P - 1) timeouts, where
+// CreateCommunicator promises one.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
  public:
-  // `timeout` bounds get() and the timeout-less wait(); Gloo passes its own
-  // timeout to the other wait().
-  GlooStoreAdapter(std::shared_ptr<KeyValueStore> store,
-                   absl::Duration timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
+  GlooStoreAdapter(std::shared_ptr<KeyValueStore> store, absl::Duration timeout)
+      : store_(std::move(store)), timeout_(timeout), deadline_(absl::Now() + timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -50,8 +54,13 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
+  // Reads `key`, waiting until `deadline` at most (past the adapter's
+  // deadline: that one's message).
+  std::string Read(const std::string& key, absl::Time deadline);
+
   std::shared_ptr<KeyValueStore> store_;
   const absl::Duration timeout_;
+  const absl::Time deadline_;
 };
 
 }  // namespace plateau

@@ -11,8 +11,8 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <random>
 #include <system_error>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -110,16 +110,45 @@ std::string FileStore::PathOf(const std::string& key) const {
   return absl::StrCat(directory_, "/k_", EscapeKey(key));
 }
 
-absl::Status FileStore::Set(const std::string& key, const std::string& value) {
+std::string FileStore::TemporaryName() {
   static std::atomic<uint64_t> counter{0};
-  // Unique per process, thread and call, so concurrent writers of the same
-  // key never share a temporary; rename() then publishes one of them whole.
-  const std::string tmp = absl::StrFormat(
-      "%s/t_%d_%x_%d", directory_, static_cast<int>(::getpid()),
-      std::hash<std::thread::id>()(std::this_thread::get_id()),
-      counter.fetch_add(1));
-  int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(errno, "create", tmp);
+  // Host names may hold characters we keep out of file names, and may be
+  // long: a few safe characters of it, for whoever lists the directory.
+  static const std::string host = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof(buf) - 1) != 0) return std::string("host");
+    std::string h;
+    for (const char* c = buf; *c != '\0' && h.size() < 32; ++c) {
+      const bool safe = (*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-';
+      h.push_back(safe ? *c : '-');
+    }
+    return h.empty() ? std::string("host") : h;
+  }();
+  // Per thread, seeded from the OS: processes that share a pid and a host
+  // name (containers) still draw different bits.
+  thread_local std::mt19937_64 random([] {
+    std::random_device device;
+    return (static_cast<uint64_t>(device()) << 32) ^ device();
+  }());
+  return absl::StrFormat("t_%s_%d_%016x_%d", host, static_cast<int>(::getpid()), random(), counter.fetch_add(1));
+}
+
+absl::Status FileStore::Set(const std::string& key, const std::string& value) {
+  // A temporary of its own per call, so concurrent writers of the same key
+  // never share one; rename() then publishes one of them whole. A name that
+  // is taken (EEXIST: another writer's temporary) is never touched: Set
+  // takes another.
+  constexpr int kAttempts = 8;
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 1; fd < 0; ++attempt) {
+    tmp = absl::StrCat(directory_, "/", temporary_names_());
+    fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0 && (errno != EEXIST || attempt == kAttempts)) {
+      const absl::Status s = ErrnoError(errno, "create", tmp);
+      return absl::Status(s.code(), absl::StrCat(s.message(), " (setting key '", key, "')"));
+    }
+  }
   absl::Status s = WriteAll(fd, value, tmp);
   if (::close(fd) != 0 && s.ok()) s = ErrnoError(errno, "close", tmp);
   const std::string path = PathOf(key);

@@ -15,6 +15,7 @@
 #ifndef PLATEAU_KERNELS_KV_STORE_H_
 #define PLATEAU_KERNELS_KV_STORE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,16 @@ class FileStore final : public KeyValueStore {
   // The file that holds `key` (exposed for tests and debugging).
   std::string PathOf(const std::string& key) const;
 
+  // Tests: where Set takes the names of its temporaries (file names in the
+  // directory) instead of TemporaryName().
+  void SetTemporaryNamesForTesting(std::function<std::string()> next) { temporary_names_ = std::move(next); }
+
+  // A fresh temporary's file name: "t_<host>_<pid>_<64 random bits>_<n>".
+  // Writers on several hosts share the directory on a shared file system,
+  // where pids and counters repeat; the host and the random bits keep their
+  // names apart (and Set takes another name if one is taken all the same).
+  static std::string TemporaryName();
+
  private:
   explicit FileStore(std::string directory)
       : directory_(std::move(directory)) {}
@@ -67,6 +78,7 @@ class FileStore final : public KeyValueStore {
   absl::StatusOr<std::string> TryRead(const std::string& key) const;
 
   const std::string directory_;
+  std::function<std::string()> temporary_names_ = TemporaryName;
 };
 
 }  // namespace plateau

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -207,6 +209,62 @@ TEST(FileStoreTest, TwoProcessesShareOneDirectory) {
   EXPECT_EQ(WEXITSTATUS(wstatus), 0);
   ASSERT_TRUE(pong.ok()) << pong.status();
   EXPECT_EQ(*pong, absl::StrCat("from ", ::getpid(), "/pong"));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// On a shared file system two hosts' writers can pick the same temporary
+// name (before: t_<pid>_<thread hash>_<counter>, the same for the first Set
+// of two ranks with equal pids). A name that is taken is another writer's
+// temporary: Set leaves it alone and takes another name (before: the
+// O_EXCL create failed and so did the rank's rendezvous, UNAVAILABLE).
+TEST(FileStoreTest, ATakenTemporaryNameIsLeftAloneAndAnotherTaken) {
+  auto store = MakeStore("taken");
+  const std::vector<std::string> names = {"t_taken", "t_taken", "t_free"};
+  size_t next = 0;
+  store->SetTemporaryNamesForTesting([&] { return names[std::min(next++, names.size() - 1)]; });
+  const std::string theirs = absl::StrCat(store->directory(), "/t_taken");
+  {
+    std::ofstream out(theirs, std::ios::binary);
+    out << "another writer's value";
+  }
+  ASSERT_TRUE(store->Set("k", "mine").ok());
+  EXPECT_EQ(next, 3u);
+  auto v = store->Get("k", absl::ZeroDuration());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "mine");
+  EXPECT_EQ(ReadFile(theirs), "another writer's value");
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat(store->directory(), "/t_free")));
+}
+
+// Names that stay taken end the tries: UNAVAILABLE naming the key.
+TEST(FileStoreTest, TemporaryNamesAlwaysTakenFailTheSet) {
+  auto store = MakeStore("always_taken");
+  store->SetTemporaryNamesForTesting([] { return std::string("t_taken"); });
+  { std::ofstream out(absl::StrCat(store->directory(), "/t_taken")); }
+  absl::Status s = store->Set("k", "mine");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("(setting key 'k')"));
+  EXPECT_TRUE(std::filesystem::exists(absl::StrCat(store->directory(), "/t_taken")));
+}
+
+// t_<host>_<pid>_<64 random bits>_<counter>: the random bits differ from
+// name to name, even in one thread.
+TEST(FileStoreTest, TemporaryNamesCarryTheHostThePidAndRandomBits) {
+  const std::string a = FileStore::TemporaryName(), b = FileStore::TemporaryName();
+  const std::string pid = absl::StrCat("_", ::getpid(), "_");
+  for (const std::string& name : {a, b}) {
+    EXPECT_THAT(name, ::testing::MatchesRegex("t_[-A-Za-z0-9]+_[0-9]+_[0-9a-f]{16}_[0-9]+")) << name;
+    EXPECT_THAT(name, HasSubstr(pid));
+  }
+  const auto random_bits = [](const std::string& name) {
+    const size_t end = name.rfind('_');
+    return name.substr(end - 16, 16);
+  };
+  EXPECT_NE(random_bits(a), random_bits(b));
 }
 
 }  // namespace

@@ -3,9 +3,15 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace plateau {
 namespace {
+
+// The pause after a get the coordinator answered NOT_FOUND long before the
+// wait it was asked for.
+constexpr absl::Duration kEarlyNotFoundPause = absl::Milliseconds(200);
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -63,13 +69,21 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duratio
     grpc::ClientContext ctx;
     SetDeadline(ctx, absl::Milliseconds(req.wait_ms()) + absl::Seconds(5));
     v1::KvGetResponse resp;
+    const absl::Time sent = absl::Now();
     grpc::Status s = stub_->KvGet(&ctx, req, &resp);
     if (s.ok()) return resp.value();
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       unreachable = s.error_message();
       PauseBeforeRetry(*channel_, absl::Milliseconds(200));
-    } else if (s.error_code() != grpc::StatusCode::NOT_FOUND &&
-               s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    } else if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      // The coordinator holds a get up to wait_ms; a NOT_FOUND well before
+      // that (it answers at once while it stops) would otherwise send every
+      // waiting rank's gets in a tight loop for the rest of its timeout.
+      const absl::Duration held = absl::Now() - sent;
+      if (held < absl::Milliseconds(req.wait_ms()) / 2) {
+        absl::SleepFor(std::min(kEarlyNotFoundPause, end - absl::Now()));
+      }
+    } else if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       return FromGrpc(s, absl::StrCat("rendezvous store at ", address_, ": get '", key, "'"));
     }
     if (absl::Now() >= end) {

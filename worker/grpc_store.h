@@ -3,7 +3,8 @@
 // job on any number of nodes find each other (Gloo's store, NCCL's unique
 // id). Get long-polls the coordinator in slices of a few seconds up to the
 // caller's timeout; a coordinator that is briefly unreachable is retried
-// until then. The channel is client/connection.h's: TLS and the bearer
+// until then, and one that answers NOT_FOUND at once (as it does while it
+// stops) is asked again after a pause, not in a tight loop. The channel is client/connection.h's: TLS and the bearer
 // token when the coordinator asks for them (UNAUTHENTICATED is not retried).
 //
 // Thread safety: every method may be called from any thread at once.
