@@ -2,9 +2,11 @@
 // tools (tests/cluster.h): Debian's Prometheus scrapes a running job with
 // the shipped scrape job, every Grafana panel's query answers through it,
 // the dashboard and the alert rules name only metrics the coordinator
-// exports, promtool accepts the configuration, and systemd accepts the
-// units. A missing tool fails the test (deploy/install-deps.sh installs it):
-// a skipped check would let the files rot unseen.
+// exports, promtool accepts the configuration, systemd accepts the units
+// and they keep their sandboxing and limits, and the Kubernetes workloads
+// run confined, sized and behind NetworkPolicies. A missing tool fails the
+// test (deploy/install-deps.sh installs it): a skipped check would let the
+// files rot unseen.
 #include <unistd.h>
 
 #include <algorithm>
@@ -256,6 +258,87 @@ TEST(DeployTest, SystemdAcceptsTheUnitsAndTheSysusersFile) {
   r = RunCommand({kSystemdSysusers, "--root=" + root, "--dry-run", sysusers}, dir + "/sysusers");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_THAT(r.out + r.err, HasSubstr("Creating user 'plateau'"));
+}
+
+// A unit file's [Service] settings: every value of each key in file order
+// (a key given twice, such as SystemCallFilter=, keeps both), and for each
+// key the comment lines right above its first line.
+struct UnitSettings {
+  std::map<std::string, std::vector<std::string>> values;
+  std::map<std::string, std::string> comments;
+  std::string Get(const std::string& key) const {
+    auto it = values.find(key);
+    return it == values.end() || it->second.empty() ? "<unset>" : it->second.back();
+  }
+};
+
+UnitSettings ServiceSettings(const std::string& path) {
+  UnitSettings u;
+  bool in_service = false;
+  std::string comment;
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n')) {
+    if (absl::StartsWith(line, "[")) in_service = line == "[Service]";
+    if (!in_service) continue;
+    if (absl::ConsumePrefix(&line, "#")) {
+      absl::StrAppend(&comment, line, "\n");
+      continue;
+    }
+    const size_t eq = line.find('=');
+    if (eq != absl::string_view::npos) {
+      const std::string key(line.substr(0, eq));
+      if (!u.comments.count(key)) u.comments[key] = comment;
+      u.values[key].emplace_back(line.substr(eq + 1));
+    }
+    comment.clear();
+  }
+  return u;
+}
+
+// The sandboxing both units keep (systemd.exec(5)), and the limits of the
+// worker, whose ranks share its cgroup: a memory cap, a task cap, and an
+// OOM policy that lets the agent report a rank the cap killed. Only what
+// `verify` cannot say: it accepts a unit with none of these.
+TEST(DeployTest, SystemdUnitsAreSandboxedAndTheWorkerIsCapped) {
+  const std::map<std::string, std::string> both = {
+      {"NoNewPrivileges", "yes"}, {"CapabilityBoundingSet", ""}, {"AmbientCapabilities", ""},
+      {"ProtectSystem", "strict"}, {"PrivateTmp", "yes"}, {"PrivateMounts", "yes"},
+      {"ProtectKernelTunables", "yes"}, {"ProtectKernelModules", "yes"}, {"ProtectKernelLogs", "yes"},
+      {"ProtectControlGroups", "yes"}, {"ProtectClock", "yes"}, {"ProtectHostname", "yes"},
+      {"ProtectProc", "invisible"}, {"RestrictNamespaces", "yes"}, {"RestrictRealtime", "yes"},
+      {"RestrictSUIDSGID", "yes"}, {"LockPersonality", "yes"}, {"SystemCallArchitectures", "native"},
+      {"SystemCallErrorNumber", "EPERM"}, {"UMask", "0027"}};
+  for (const char* unit : {"plateau-coordinator.service", "plateau-worker.service"}) {
+    SCOPED_TRACE(unit);
+    const UnitSettings u = ServiceSettings(absl::StrCat("deploy/systemd/", unit));
+    for (const auto& [key, value] : both) EXPECT_EQ(u.Get(key), value) << key;
+    EXPECT_THAT(u.Get("ProtectHome"), ::testing::AnyOf("yes", "read-only"));
+    EXPECT_NE(u.Get("SystemCallFilter"), "<unset>");
+    // Sockets: the API, the ranks' collectives and local ones; never raw
+    // packets.
+    const std::string families = u.Get("RestrictAddressFamilies");
+    EXPECT_THAT(families, HasSubstr("AF_INET AF_INET6"));
+    EXPECT_THAT(families, ::testing::Not(HasSubstr("AF_PACKET")));
+    // Under ProtectSystem=strict the state directory is the one writable
+    // place (besides /tmp): the daemon's own directory must lie in it.
+    const std::string state = u.Get("StateDirectory");
+    ASSERT_NE(state, "<unset>");
+    EXPECT_THAT(u.Get("ExecStart"), ::testing::ContainsRegex("--(state|work)_dir=%S/" + state + "( |/)"));
+  }
+  const UnitSettings c = ServiceSettings("deploy/systemd/plateau-coordinator.service");
+  EXPECT_EQ(c.Get("PrivateDevices"), "yes");
+  EXPECT_EQ(c.Get("MemoryDenyWriteExecute"), "yes");
+  UnitSettings w = ServiceSettings("deploy/systemd/plateau-worker.service");
+  for (const char* key : {"MemoryMax", "TasksMax"}) {
+    EXPECT_THAT(w.Get(key), ::testing::Not(::testing::AnyOf("<unset>", "", "infinity"))) << key;
+    EXPECT_NE(w.comments[key], "") << key << " without a comment on sizing it";
+  }
+  EXPECT_THAT(w.comments["MemoryMax"], HasSubstr("--host_memory_bytes"));
+  EXPECT_EQ(w.Get("OOMPolicy"), "continue") << "a rank killed at MemoryMax would stop the agent and every rank";
+  // Unlimited locked memory only with the reason it is needed.
+  if (w.Get("LimitMEMLOCK") == "infinity") {
+    EXPECT_THAT(w.comments["LimitMEMLOCK"], HasSubstr("InfiniBand"));
+    EXPECT_THAT(w.comments["LimitMEMLOCK"], HasSubstr("cudaHostAlloc"));
+  }
 }
 
 // The sbatch script's own logic on this machine: its coordinator, one
@@ -784,11 +867,19 @@ json Volume(const json& pod, const std::string& name) {
   return json();
 }
 
-TEST(DeployTest, KubernetesManifestsParseAndMatchWhatTheBinariesAccept) {
+// The manifests of deploy/kubernetes (the kustomization aside).
+const std::vector<std::string> kManifests = {
+    "token-secret.yaml",        "coordinator-pvc.yaml",           "coordinator-deployment.yaml",
+    "coordinator-service.yaml", "coordinator-networkpolicy.yaml", "checkpoints-pvc.yaml",
+    "worker-daemonset.yaml",    "worker-networkpolicy.yaml"};
+
+// Decodes every manifest into `by_kind` ("KIND/NAME": the object as kubectl
+// decoded it), and checks that the kustomization builds them all but the
+// Secret.
+void DecodeManifests(const std::string& dir, std::map<std::string, json>* by_kind) {
   const std::string kubectl = Kubectl();
   ASSERT_FALSE(kubectl.empty()) << "kubectl is missing: install Debian's kubernetes-client (deploy/install-deps.sh "
                                    "--tests)";
-  const std::string dir = TempDir("kubernetes");
   // Client-side only, on kubectl 1.20 and later alike: `label --local`
   // decodes each file into the typed API objects (a wrong type or a
   // malformed file fails) without a cluster; `create/apply --dry-run=client`
@@ -796,10 +887,7 @@ TEST(DeployTest, KubernetesManifestsParseAndMatchWhatTheBinariesAccept) {
   // contacted.
   const std::string env = "/usr/bin/env";
   const std::string no_config = "KUBECONFIG=" + dir + "/no-kubeconfig";
-  std::map<std::string, json> by_kind;
-  const std::vector<std::string> files = {"token-secret.yaml", "coordinator-pvc.yaml", "coordinator-deployment.yaml",
-                                          "coordinator-service.yaml", "checkpoints-pvc.yaml", "worker-daemonset.yaml"};
-  for (const std::string& f : files) {
+  for (const std::string& f : kManifests) {
     const std::string path = "deploy/kubernetes/" + f;
     Ran r = RunCommand({env, no_config, kubectl, "label", "--local", "-f", path, "plateau.dev/checked=true", "-o", "json"},
                        dir + "/" + f);
@@ -807,24 +895,35 @@ TEST(DeployTest, KubernetesManifestsParseAndMatchWhatTheBinariesAccept) {
     json j = json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.out;
     EXPECT_EQ(j["metadata"]["labels"]["plateau.dev/checked"], "true") << path;
-    by_kind[j.at("kind").get<std::string>() + "/" + j["metadata"]["name"].get<std::string>()] = j;
+    (*by_kind)[j.at("kind").get<std::string>() + "/" + j["metadata"]["name"].get<std::string>()] = j;
   }
   // The kustomization lists all but the Secret and builds offline. The
   // README creates the Secret first and then applies the kustomization: a
   // listed placeholder Secret would overwrite the real token. (On a copy:
   // kustomize does not take the runfiles tree's symlinked files.)
+  const std::string kustomization = ReadFile("deploy/kubernetes/kustomization.yaml");
+  for (const std::string& f : kManifests) {
+    if (f == "token-secret.yaml") continue;
+    EXPECT_THAT(kustomization, HasSubstr("\n  - " + f + "\n")) << "kustomization.yaml does not list " << f;
+  }
   const std::string copy = dir + "/kustomize-copy";
   std::filesystem::create_directories(copy);
-  for (const std::string& f : files) std::filesystem::copy_file("deploy/kubernetes/" + f, copy + "/" + f);
+  for (const std::string& f : kManifests) std::filesystem::copy_file("deploy/kubernetes/" + f, copy + "/" + f);
   std::filesystem::copy_file("deploy/kubernetes/kustomization.yaml", copy + "/kustomization.yaml");
   Ran k = RunCommand({env, no_config, kubectl, "kustomize", copy}, dir + "/kustomize");
   ASSERT_EQ(k.code, 0) << k.out << k.err;
-  for (const auto& [key, obj] : by_kind) {
+  for (const auto& [key, obj] : *by_kind) {
     if (obj["kind"] == "Secret") continue;
     EXPECT_THAT(k.out, HasSubstr("name: " + obj["metadata"]["name"].get<std::string>())) << key;
   }
   EXPECT_THAT(k.out, ::testing::Not(HasSubstr("kind: Secret")))
       << "kubectl apply -k would overwrite the token the README creates";
+}
+
+TEST(DeployTest, KubernetesManifestsParseAndMatchWhatTheBinariesAccept) {
+  const std::string dir = TempDir("kubernetes");
+  std::map<std::string, json> by_kind;
+  ASSERT_NO_FATAL_FAILURE(DecodeManifests(dir, &by_kind));
 
   ASSERT_TRUE(by_kind.count("Deployment/plateau-coordinator"));
   ASSERT_TRUE(by_kind.count("Service/plateau-coordinator"));
@@ -957,6 +1056,266 @@ TEST(DeployTest, KubernetesManifestsParseAndMatchWhatTheBinariesAccept) {
   Ran r = RunCommand(refused, dir + "/placeholder-run");
   EXPECT_NE(r.code, 0) << "the coordinator started with the placeholder token";
   EXPECT_THAT(r.err, HasSubstr("--token_file")) << r.err;
+}
+
+// A Kubernetes quantity in bytes ("512Mi", "64Gi", "2G", "1000"), -1 when
+// it is none of these.
+int64_t QuantityBytes(const json& q) {
+  if (q.is_number_integer()) return q.get<int64_t>();
+  if (!q.is_string()) return -1;
+  std::string s = q.get<std::string>();
+  int64_t unit = 1;
+  for (const auto& [suffix, bytes] : std::vector<std::pair<std::string, int64_t>>{
+           {"Ki", int64_t{1} << 10}, {"Mi", int64_t{1} << 20}, {"Gi", int64_t{1} << 30}, {"Ti", int64_t{1} << 40},
+           {"k", 1000}, {"M", 1000000}, {"G", 1000000000}, {"T", 1000000000000}}) {
+    if (absl::EndsWith(s, suffix)) {
+      s.resize(s.size() - suffix.size());
+      unit = bytes;
+      break;
+    }
+  }
+  int64_t n = 0;
+  return absl::SimpleAtoi(s, &n) && n >= 0 ? n * unit : -1;
+}
+
+// The mount of `container` that `path` lies in or is (the longest such
+// mountPath), or null.
+json MountOf(const json& container, const std::string& path) {
+  json best;
+  for (const json& m : container.at("volumeMounts")) {
+    const std::string at = m.at("mountPath");
+    if ((path == at || absl::StartsWith(path, at + "/")) &&
+        (best.is_null() || at.size() > best["mountPath"].get<std::string>().size())) {
+      best = m;
+    }
+  }
+  return best;
+}
+
+// A pod as NetworkPolicy sees it: its namespace, labels and (for named
+// ports) container.
+struct NetPod {
+  std::string ns;
+  json labels;
+  json container = json::object();
+};
+
+// The namespace manifests without one land in, and the labels Kubernetes
+// gives every namespace.
+constexpr char kPlateauNamespace[] = "plateau";
+json NamespaceLabels(const std::string& ns) { return {{"kubernetes.io/metadata.name", ns}}; }
+
+// A label selector of matchLabels only (an empty one selects everything);
+// one with matchExpressions is outside what this test evaluates.
+bool Selects(const json& selector, const json& labels) {
+  EXPECT_FALSE(selector.contains("matchExpressions")) << "this test evaluates matchLabels only: " << selector.dump();
+  if (!selector.contains("matchLabels")) return true;
+  for (auto it = selector["matchLabels"].begin(); it != selector["matchLabels"].end(); ++it) {
+    if (!labels.contains(it.key()) || labels[it.key()] != *it) return false;
+  }
+  return true;
+}
+
+// A `from`/`to` peer of a policy in `policy_ns`: pods by podSelector in
+// the namespaces of namespaceSelector (absent: the policy's own). An
+// ipBlock peer never matches a pod here.
+bool PeerMatches(const json& peer, const std::string& policy_ns, const NetPod& pod) {
+  if (peer.contains("ipBlock")) return false;
+  if (peer.contains("namespaceSelector")) {
+    if (!Selects(peer["namespaceSelector"], NamespaceLabels(pod.ns))) return false;
+  } else if (pod.ns != policy_ns) {
+    return false;
+  }
+  return !peer.contains("podSelector") || Selects(peer["podSelector"], pod.labels);
+}
+
+// A rule's ports against a connection to `port`/`protocol` of `dest`
+// (named ports: the destination container's).
+bool PortMatches(const json& rule, const NetPod& dest, int port, const std::string& protocol) {
+  if (!rule.contains("ports") || rule["ports"].empty()) return true;
+  for (const json& p : rule["ports"]) {
+    if (p.value("protocol", "TCP") != protocol) continue;
+    if (!p.contains("port")) return true;
+    if (p["port"].is_number() && p["port"].get<int>() == port) return true;
+    if (p["port"].is_string() && dest.container.contains("ports") &&
+        ContainerPort(dest.container, p["port"].get<std::string>()) == port) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether the policies let `from` open a connection to `to` on
+// `port`/`protocol`: `to`'s ingress and `from`'s egress must both allow it
+// (a pod no policy of that direction selects allows everything).
+bool NetworkAllows(const std::vector<json>& policies, const NetPod& from, const NetPod& to, int port,
+                   const std::string& protocol = "TCP") {
+  bool ingress_selected = false, ingress_ok = false, egress_selected = false, egress_ok = false;
+  for (const json& np : policies) {
+    const std::string ns = np["metadata"].value("namespace", kPlateauNamespace);
+    const json& spec = np["spec"];
+    std::vector<std::string> types;
+    if (spec.contains("policyTypes")) {
+      for (const json& t : spec["policyTypes"]) types.push_back(t.get<std::string>());
+    } else {
+      types.push_back("Ingress");
+      if (spec.contains("egress")) types.push_back("Egress");
+    }
+    const auto has = [&](const char* t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+    if (has("Ingress") && to.ns == ns && Selects(spec["podSelector"], to.labels)) {
+      ingress_selected = true;
+      for (const json& rule : spec.value("ingress", json::array())) {
+        bool peer = !rule.contains("from") || rule["from"].empty();
+        for (const json& f : rule.value("from", json::array())) peer = peer || PeerMatches(f, ns, from);
+        ingress_ok = ingress_ok || (peer && PortMatches(rule, to, port, protocol));
+      }
+    }
+    if (has("Egress") && from.ns == ns && Selects(spec["podSelector"], from.labels)) {
+      egress_selected = true;
+      for (const json& rule : spec.value("egress", json::array())) {
+        bool peer = !rule.contains("to") || rule["to"].empty();
+        for (const json& t : rule.value("to", json::array())) peer = peer || PeerMatches(t, ns, to);
+        egress_ok = egress_ok || (peer && PortMatches(rule, to, port, protocol));
+      }
+    }
+  }
+  return (!ingress_selected || ingress_ok) && (!egress_selected || egress_ok);
+}
+
+// The workloads run confined and sized: a fixed non-root user, no
+// privilege escalation, no capabilities, the runtime's seccomp filter, a
+// read-only image with every path the binaries write on a writable volume,
+// memory requests and limits (the worker's above the host memory it
+// offers), no service account token; and the NetworkPolicies let workers
+// and clients reach the gRPC port, Prometheus the metrics port and workers
+// each other's ranks, and nothing else.
+TEST(DeployTest, KubernetesWorkloadsAreConfinedSizedAndFenced) {
+  const std::string dir = TempDir("kubernetes_confined");
+  std::map<std::string, json> by_kind;
+  ASSERT_NO_FATAL_FAILURE(DecodeManifests(dir, &by_kind));
+  ASSERT_TRUE(by_kind.count("Deployment/plateau-coordinator"));
+  ASSERT_TRUE(by_kind.count("DaemonSet/plateau-worker"));
+  ASSERT_TRUE(by_kind.count("Service/plateau-coordinator"));
+  const json deployment = by_kind["Deployment/plateau-coordinator"];
+  const json daemonset = by_kind["DaemonSet/plateau-worker"];
+  const json service = by_kind["Service/plateau-coordinator"];
+
+  for (const json* workload : {&deployment, &daemonset}) {
+    const json& pod = (*workload)["spec"]["template"]["spec"];
+    const std::string name = (*workload)["metadata"]["name"];
+    SCOPED_TRACE(name);
+    EXPECT_EQ(pod.value("automountServiceAccountToken", true), false) << "neither binary calls the Kubernetes API";
+    const json psc = pod.value("securityContext", json::object());
+    EXPECT_EQ(psc.value("runAsNonRoot", false), true);
+    EXPECT_GT(psc.value("runAsUser", 0), 0) << "a fixed uid";
+    EXPECT_GT(psc.value("runAsGroup", 0), 0) << "a fixed gid";
+    // The Secret (mode 0440) and the claims are the group's.
+    EXPECT_EQ(psc.value("fsGroup", -1), psc.value("runAsGroup", 0));
+    std::vector<json> containers;
+    for (const char* list : {"initContainers", "containers"}) {
+      for (const json& c : pod.value(list, json::array())) containers.push_back(c);
+    }
+    for (const json& c : containers) {
+      SCOPED_TRACE(c["name"].get<std::string>());
+      const json sc = c.value("securityContext", json::object());
+      EXPECT_EQ(sc.value("allowPrivilegeEscalation", true), false);
+      EXPECT_EQ(sc.value("readOnlyRootFilesystem", false), true);
+      EXPECT_EQ(sc.value("privileged", false), false);
+      EXPECT_NE(sc.value("runAsUser", 1), 0);
+      EXPECT_NE(sc.value("runAsNonRoot", true), false);
+      const json caps = sc.value("capabilities", json::object());
+      EXPECT_EQ(caps.value("drop", json::array()), json::array({"ALL"}));
+      EXPECT_TRUE(caps.value("add", json::array()).empty()) << "neither binary needs a capability: " << caps.dump();
+      const json seccomp = sc.contains("seccompProfile") ? sc["seccompProfile"]
+                                                         : psc.value("seccompProfile", json::object());
+      EXPECT_EQ(seccomp.value("type", ""), "RuntimeDefault");
+      const json res = c.value("resources", json::object());
+      const int64_t request = QuantityBytes(res.value("requests", json::object()).value("memory", json()));
+      const int64_t limit = QuantityBytes(res.value("limits", json::object()).value("memory", json()));
+      EXPECT_GT(request, 0) << "no memory request: " << res.dump();
+      EXPECT_TRUE(res.value("requests", json::object()).contains("cpu")) << "no CPU request: " << res.dump();
+      EXPECT_GT(limit, 0) << "no memory limit: " << res.dump();
+      EXPECT_LE(request, limit) << res.dump();
+      // A read-only image: /tmp (libraries' temporary files, SQLite's) on a
+      // volume of its own.
+      const json tmp = MountOf(c, "/tmp");
+      EXPECT_FALSE(tmp.is_null()) << "no volume at /tmp on a read-only root file system";
+      if (!tmp.is_null()) EXPECT_FALSE(tmp.value("readOnly", false));
+    }
+  }
+
+  // What each binary writes lies on a writable volume.
+  const json cpod = deployment["spec"]["template"]["spec"], wpod = daemonset["spec"]["template"]["spec"];
+  const json coordinator = cpod["containers"][0], worker = wpod["containers"][0];
+  std::map<std::string, std::string> cflags = Flags(coordinator), wflags = Flags(worker);
+  const json state = MountOf(coordinator, cflags["state_dir"]);
+  ASSERT_FALSE(state.is_null()) << "--state_dir=" << cflags["state_dir"] << " is on the read-only image";
+  EXPECT_FALSE(state.value("readOnly", false));
+  const json work = MountOf(worker, wflags["work_dir"]);
+  ASSERT_FALSE(work.is_null()) << "--work_dir=" << wflags["work_dir"] << " is on the read-only image";
+  EXPECT_FALSE(work.value("readOnly", false));
+  // Below the volume, not its root: the agent refuses a work dir it does
+  // not own, and an emptyDir's own directory is root's.
+  EXPECT_NE(work["mountPath"].get<std::string>(), wflags["work_dir"]);
+  const json checkpoints = MountOf(worker, "/checkpoints");
+  ASSERT_FALSE(checkpoints.is_null());
+  EXPECT_FALSE(checkpoints.value("readOnly", false));
+  // The worker's memory limit holds what it tells the coordinator its
+  // ranks may plan on the host, and more.
+  int64_t host_memory = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(wflags["host_memory_bytes"], &host_memory))
+      << "the DaemonSet does not give --host_memory_bytes, which the coordinator places jobs by";
+  EXPECT_GT(host_memory, 0);
+  EXPECT_LT(host_memory, QuantityBytes(worker["resources"]["limits"]["memory"]));
+
+  // The NetworkPolicies, for pods of this namespace and others.
+  std::vector<json> policies;
+  for (const auto& [key, obj] : by_kind) {
+    if (obj["kind"] == "NetworkPolicy") policies.push_back(obj);
+  }
+  ASSERT_GE(policies.size(), 1u);
+  const NetPod coordinator_pod{kPlateauNamespace, deployment["spec"]["template"]["metadata"]["labels"], coordinator};
+  const NetPod worker_pod{kPlateauNamespace, daemonset["spec"]["template"]["metadata"]["labels"], worker};
+  const NetPod client{"research", {{"plateau.dev/client", "true"}}};
+  const NetPod prometheus{"monitoring", {{"app.kubernetes.io/name", "prometheus"}}};
+  const NetPod dns{"kube-system", {{"k8s-app", "kube-dns"}}};
+  const std::vector<NetPod> strangers = {NetPod{kPlateauNamespace, {{"app", "other"}}},
+                                         NetPod{"research", {{"app", "other"}}},
+                                         NetPod{"monitoring", {{"app.kubernetes.io/name", "grafana"}}}};
+  // Both workloads are selected in both directions: what is not allowed
+  // below is denied.
+  for (const NetPod* p : {&coordinator_pod, &worker_pod}) {
+    EXPECT_FALSE(NetworkAllows(policies, strangers[0], *p, 443)) << p->labels.dump() << " admits anyone";
+    EXPECT_FALSE(NetworkAllows(policies, *p, strangers[1], 443)) << p->labels.dump() << " reaches anyone";
+  }
+  const int grpc = ContainerPort(coordinator, "grpc"), metrics = ContainerPort(coordinator, "metrics");
+  ASSERT_GT(grpc, 0);
+  ASSERT_GT(metrics, 0);
+  // Every port the Service offers is reachable by whom it is for, and by no
+  // stranger.
+  for (const json& p : service["spec"]["ports"]) {
+    const int target = ContainerPort(coordinator, p["targetPort"].get<std::string>());
+    EXPECT_TRUE(target == grpc || target == metrics) << "a Service port this test does not know: " << p.dump();
+    for (const NetPod& s : strangers) {
+      EXPECT_FALSE(NetworkAllows(policies, s, coordinator_pod, target)) << s.labels.dump() << " -> " << p.dump();
+    }
+  }
+  EXPECT_TRUE(NetworkAllows(policies, worker_pod, coordinator_pod, grpc)) << "workers and ranks -> the API";
+  EXPECT_TRUE(NetworkAllows(policies, client, coordinator_pod, grpc)) << "clients -> the API";
+  EXPECT_TRUE(NetworkAllows(policies, prometheus, coordinator_pod, metrics)) << "Prometheus -> /metrics";
+  EXPECT_FALSE(NetworkAllows(policies, prometheus, coordinator_pod, grpc));
+  EXPECT_FALSE(NetworkAllows(policies, client, coordinator_pod, metrics));
+  EXPECT_FALSE(NetworkAllows(policies, client, worker_pod, 40000)) << "clients never call a worker";
+  EXPECT_FALSE(NetworkAllows(policies, coordinator_pod, worker_pod, 40000)) << "the coordinator never calls a worker";
+  // Ranks listen where Gloo and NCCL bind port 0: any port the kernel may
+  // pick, from another worker only.
+  for (int port : {1024, 29500, 32768, 45678, 60999, 65535}) {
+    EXPECT_TRUE(NetworkAllows(policies, worker_pod, worker_pod, port)) << "rank to rank on " << port;
+    for (const NetPod& s : strangers) EXPECT_FALSE(NetworkAllows(policies, s, worker_pod, port)) << port;
+  }
+  // The workers find the coordinator's Service by name.
+  EXPECT_TRUE(NetworkAllows(policies, worker_pod, dns, 53, "UDP"));
+  EXPECT_TRUE(NetworkAllows(policies, worker_pod, dns, 53, "TCP"));
 }
 
 }  // namespace
