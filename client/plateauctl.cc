@@ -101,8 +101,8 @@ constexpr char kExitCodes[] = R"(exit codes
   4  the coordinator could not be reached (UNAVAILABLE)
   5  the job's memory plan does not fit its device or host cap (plan, submit)
   6  no such job (NOT_FOUND)
-  7  the job had already finished (cancel of a SUCCEEDED, FAILED or
-     CANCELLED job)
+  7  the job had already finished (cancel of a SUCCEEDED or FAILED job; a
+     CANCELLED one is answered 0, as a cancel retried after a lost answer)
   8  the coordinator could not serve the request: a fault on its side
      (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, DEADLINE_EXCEEDED) or one of
      its limits (RESOURCE_EXHAUSTED: too many open watches); the same
@@ -235,7 +235,7 @@ const std::vector<CommandHelp>& Commands() {
        "JOB",
        "stop a job",
        "Cancels a job: its ranks are stopped, it ends CANCELLED. Exit 7 when it had\n"
-       "already finished.\n",
+       "already finished otherwise (SUCCEEDED or FAILED); 0 when it is CANCELLED.\n",
        {}},
       {"memory",
        "JOB",
@@ -1344,8 +1344,8 @@ int Run(const Options& given) {
   }
   if (o.command == "cancel") {
     auto job = client.CancelJob(o.args[0]);
-    // CancelJob's FAILED_PRECONDITION: the job is SUCCEEDED, FAILED or
-    // CANCELLED already (a script may take that as done).
+    // CancelJob's FAILED_PRECONDITION: the job is SUCCEEDED or FAILED
+    // already (a CANCELLED one is answered OK: a retried cancel).
     if (!job.ok() && job.status().code() == absl::StatusCode::kFailedPrecondition) {
       return Fail(job.status(), kExitAlreadyFinished);
     }

@@ -793,13 +793,17 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
     auto it = active_.find(seq);
     if (it != active_.end()) {
+      const bool cancelling = it->second.job.state() == v1::CANCELLING;
       return absl::FailedPreconditionError(
           absl::StrCat("job ", id, " is ", v1::JobState_Name(it->second.job.state()),
-                       ": only a finished job (SUCCEEDED, FAILED or CANCELLED) can be deleted; cancel it first"));
+                       ": only a finished job (SUCCEEDED, FAILED or CANCELLED) can be deleted; ",
+                       cancelling ? "wait for it to be CANCELLED (its ranks are stopping)" : "cancel it first"));
     }
     if (deleting_.count(seq) > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " is being deleted by another request: wait for it to end"));
+      // Transient: ABORTED, which a client may retry (and then finds the
+      // job gone: NOT_FOUND).
+      return absl::AbortedError(
+          absl::StrCat("job ", id, " is being deleted by another request: retry, or wait for it to end"));
     }
     // A record that does not parse (DATA_LOSS, which ListJobs names) can be
     // deleted too: that is how an operator clears it. Its state column counts.
@@ -939,6 +943,10 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   auto it = active_.find(seq);
   if (it == active_.end()) {
     PLATEAU_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(id));
+    // A cancel retried after its answer was lost finds the job CANCELLED:
+    // the answer it would have had (OK, the job), not the refusal a job
+    // that ended otherwise gets.
+    if (job.state() == v1::CANCELLED) return job;
     return absl::FailedPreconditionError(
         absl::StrCat("job ", id, " is already ", v1::JobState_Name(job.state()), "; nothing to cancel"));
   }

@@ -449,6 +449,37 @@ TEST_F(CoordinatorTest, ARanksStatusAcknowledgesItsAssignment) {
 // assignment (held up in the coordinator, and answered after a later one)
 // says nothing about whether it arrived: the attempt is neither sent again
 // nor, once cancelled, taken for never started while its ranks may run.
+// Cancel and delete as a client retrying after a lost answer meets them: a
+// second cancel of a job it cancelled is answered OK with the job (it is
+// CANCELLING, then CANCELLED), a cancel of a job that ended otherwise is
+// FAILED_PRECONDITION, and a delete of a CANCELLING job says to wait.
+TEST_F(CoordinatorTest, ARetriedCancelIsAnsweredOkAndADeleteWhileCancellingSaysToWait) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().CancelJob(job).ok());
+  absl::StatusOr<v1::Job> again = c().CancelJob(job);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state(), v1::CANCELLING);
+  const absl::Status early = c().DeleteJob(job);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(early.message(), HasSubstr("wait for it to be CANCELLED"));
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::CANCELLED);
+  again = c().CancelJob(job);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state(), v1::CANCELLED);
+  // A job that ended otherwise is no cancel's answer.
+  const std::string done = Submit(DemoJobSpec(2, 5));
+  StartOn(w, done);
+  ASSERT_TRUE(Exited(w, done, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, done, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(done).state(), v1::SUCCEEDED);
+  const absl::Status late = c().CancelJob(done).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.message(), HasSubstr("is already SUCCEEDED; nothing to cancel"));
+}
+
 TEST_F(CoordinatorTest, AHeartbeatOlderThanTheAssignmentSaysNothingAboutIt) {
   const std::string w = Register();
   const std::string job = SendAssignment(w, 7);
@@ -1463,7 +1494,7 @@ TEST_F(CoordinatorTest, AJobOfManyRowsIsDeletedInPartsWithTheLockFreeBetween) {
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(read->state(), v1::SUCCEEDED);
     absl::Status again = c().DeleteJob(job);
-    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+    EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
     EXPECT_THAT(again.message(), HasSubstr("is being deleted by another request"));
     v1::TelemetryRequest late;
     late.set_worker_id(w);
