@@ -728,7 +728,12 @@ void SayRemoved(const v1::Job& j, bool json, const char* what) {
 int Watch(Client& client, const Options& o, const std::string& id, int64_t from) {
   auto job = client.GetJob(id);
   if (!job.ok()) return Report(job.status());
-  SayRemoved(*job, o.json, "events");
+  // Swept: the coordinator refuses the stream (FAILED_PRECONDITION); the
+  // job's final state is all there is.
+  if (job->has_events_deleted_time()) {
+    SayRemoved(*job, o.json, "events");
+    return ExitFor(job->state());
+  }
   const v1::MemoryPlan plan = job->plan();
   std::map<std::string, int64_t> planned;
   for (const auto& ls : plan.live_sets()) planned[ls.live_set()] = ls.bytes();
@@ -1209,7 +1214,10 @@ int Run(const Options& given) {
     // retention pass removed.
     auto job = client.GetJob(o.args[0]);
     if (!job.ok()) return Report(job.status());
-    SayRemoved(*job, o.json, "logs");
+    if (job->has_events_deleted_time()) {  // the stream would be refused: nothing is left
+      SayRemoved(*job, o.json, "logs");
+      return kExitOk;
+    }
     if (flag("rank") && log_rank >= 0) {
       const int64_t ranks = job->spec().layout().ranks();
       if (log_rank >= ranks) {

@@ -32,13 +32,31 @@ grpc::Status Reply(absl::StatusOr<T> result, T* out) {
 // Rows read from the store at a time.
 constexpr int kRowsPerRead = 256;
 
+// The rows a stream should have sent from `from` are gone: the retention
+// sweep (or a delete, NOT_FOUND once done) removes a finished job's rows in
+// parts, lowest index first. Ended OK, such a stream read as complete
+// without its job's final state, or skipped rows (reviewer).
+grpc::Status RowsRemoved(const v1::Job& job, const char* what, int64_t from) {
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("job ", job.id(), "'s ", what, " from index ", from, " were removed ",
+                   job.has_events_deleted_time() ? "by the coordinator's retention (--retention)"
+                                                 : "while they were read (a retention sweep or a delete)",
+                   "; it is ", v1::JobState_Name(job.state()), ": GetJob has its final state"));
+}
+
 // Streams rows of a job from `from` until the job is final and every row is
 // sent (or, without follow, until the rows now stored are sent).
 // `admitted` is asked again before every read: a token rotated out of the
 // file ends the streams it opened (within a second), not only new calls.
+// `stored` (when given) is how many rows the job has had (events:
+// event_count), so that a final job whose rows are gone is told apart from
+// one whose rows were all sent. Rows are numbered without gaps, so a gap
+// or a missing row is one removed.
 template <typename Row, typename ReadFn>
 grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::string& job_id, int64_t from, bool follow,
-                        grpc::ServerWriter<Row>* writer, ReadFn read, const std::function<grpc::Status()>& admitted) {
+                        grpc::ServerWriter<Row>* writer, ReadFn read, const std::function<grpc::Status()>& admitted,
+                        const char* what, const std::function<int64_t(const v1::Job&)>& stored) {
   if (from < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_index: expected >= 0");
   auto job = c->GetJob(job_id);
   if (!job.ok()) return ToGrpc(job.status());
@@ -61,8 +79,13 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
     auto now = c->GetJob(job_id);
     if (!now.ok()) return ToGrpc(now.status());
     const bool final = IsTerminal(now->state());
+    // Swept: nothing is left to send (a client that had every row before
+    // the sweep ends as it would have).
+    if (now->has_events_deleted_time() && (!stored || from < stored(*now))) return RowsRemoved(*now, what, from);
     absl::StatusOr<std::vector<Row>> rows = read(from);
     if (!rows.ok()) return ToGrpc(rows.status());
+    if (!rows->empty() && rows->front().index() > from) return RowsRemoved(*now, what, from);
+    if (rows->empty() && final && stored && from < stored(*now)) return RowsRemoved(*now, what, from);
     for (const Row& r : *rows) {
       if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       from = r.index() + 1;
@@ -186,7 +209,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   return StreamRows<v1::JobEvent>(
       c_, ctx, id, req->from_index(), /*follow=*/true, writer,
       [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); },
-      [&] { return Admit(guards_, *ctx); });
+      [&] { return Admit(guards_, *ctx); }, "events", [](const v1::Job& job) { return job.event_count(); });
 }
 
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
@@ -202,7 +225,8 @@ grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJ
   const std::string id = req->job_id();
   return StreamRows<v1::LogEntry>(
       c_, ctx, id, req->from_index(), req->follow(), writer,
-      [&](int64_t from) { return c_->store().ReadLogs(id, from, kRowsPerRead); }, [&] { return Admit(guards_, *ctx); });
+      [&](int64_t from) { return c_->store().ReadLogs(id, from, kRowsPerRead); }, [&] { return Admit(guards_, *ctx); },
+      "log lines", nullptr);
 }
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
