@@ -731,6 +731,7 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   PLATEAU_RETURN_IF_ERROR(CheckRange("steps", spec.steps(), 1, kMaxSteps));
   t.steps = spec.steps();
   PLATEAU_RETURN_IF_ERROR(ConvertLrSchedule(spec.optimizer(), spec.steps(), &t.step.optimizer));
+  t.reschedule_on_resume = spec.optimizer().reschedule_on_resume();
   const v1::CheckpointSpec& c = spec.checkpoint();
   if (!c.directory().empty()) PLATEAU_RETURN_IF_ERROR(CheckPath("checkpoint.directory", c.directory()));
   PLATEAU_RETURN_IF_ERROR(CheckRange("checkpoint.every", c.every(), 0, kMaxSteps));

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -67,6 +68,49 @@ std::vector<std::pair<std::string, std::string>> CheckpointIdentity(const Traine
           {"model.top_k", absl::StrCat(m.top_k)},           {"model.expert_ffn", absl::StrCat(m.expert_ffn)},
           {"model.seq_len", absl::StrCat(m.seq_len)},       {"model.rope_theta", FloatText(m.rope_theta)},
           {"model.norm_eps", FloatText(m.norm_eps)},        {"data.held_out_sequences", absl::StrCat(o.data.held_out)}};
+}
+
+// The learning-rate schedule, under the job spec's field names: a resume
+// under another one runs its next step at another rate (steps 100 -> 200
+// under a cosine decay: from 6.0e-4 back up to 3.5e-3). The job's steps
+// shape the rate only under a decay ("-" otherwise).
+std::vector<std::pair<std::string, std::string>> ScheduleIdentity(const OptimizerConfig& o) {
+  const LrSchedule& s = o.schedule;
+  return {{"optimizer.lr", FloatText(o.lr)},
+          {"optimizer.lr_decay", std::string(LrDecayName(s.decay))},
+          {"optimizer.warmup_steps", absl::StrCat(s.warmup_steps)},
+          {"optimizer.min_lr", absl::StrFormat("%.17g", s.min_lr)},
+          {"steps", s.decay == LrSchedule::Decay::kConstant ? "-" : absl::StrCat(s.total_steps)}};
+}
+
+// The schedule a checkpoint's metadata names (ScheduleIdentity's keys);
+// nullopt when it lacks one or one does not parse (an older file).
+std::optional<OptimizerConfig> ScheduleOf(const std::map<std::string, std::string>& metadata,
+                                          const OptimizerConfig& mine) {
+  OptimizerConfig o = mine;
+  const auto get = [&](const char* key) -> const std::string* {
+    auto it = metadata.find(key);
+    return it == metadata.end() ? nullptr : &it->second;
+  };
+  const std::string *lr = get("optimizer.lr"), *decay = get("optimizer.lr_decay"),
+                    *warmup = get("optimizer.warmup_steps"), *min_lr = get("optimizer.min_lr"), *steps = get("steps");
+  if (!lr || !decay || !warmup || !min_lr || !steps) return std::nullopt;
+  double lr_value = 0;
+  if (!absl::SimpleAtod(*lr, &lr_value) || !absl::SimpleAtoi(*warmup, &o.schedule.warmup_steps) ||
+      !absl::SimpleAtod(*min_lr, &o.schedule.min_lr)) {
+    return std::nullopt;
+  }
+  o.lr = static_cast<float>(lr_value);
+  bool known = false;
+  for (LrSchedule::Decay d : {LrSchedule::Decay::kConstant, LrSchedule::Decay::kCosine, LrSchedule::Decay::kLinear}) {
+    if (*decay == LrDecayName(d)) {
+      o.schedule.decay = d;
+      known = true;
+    }
+  }
+  if (!known) return std::nullopt;
+  if (*steps != "-" && !absl::SimpleAtoi(*steps, &o.schedule.total_steps)) return std::nullopt;
+  return o;
 }
 
 constexpr char kCheckpointFormat[] = "plateau-checkpoint-v1";
@@ -131,6 +175,7 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
                                                  {"seed", absl::StrCat(o.step.seed)},
                                                  {"format", kCheckpointFormat}};
   for (auto& [key, value] : CheckpointIdentity(o)) metadata[key] = std::move(value);
+  for (auto& [key, value] : ScheduleIdentity(o.step.optimizer)) metadata[key] = std::move(value);
   if (o.data.kind == DataOptions::Kind::kRecall) {
     metadata["data_seed"] = absl::StrCat(o.data.recall.seed);
   }
@@ -179,6 +224,31 @@ absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, in
               absl::StrCat(key, ": the job says ", mine, ", but its checkpoint ", path, " was trained with ",
                            Utf8Prefix(it->second, 40),
                            "; resume with the checkpoint's value, or start the new job in another checkpoint_dir"));
+        }
+        // The schedule: refused where it differs (the next step's rate
+        // would jump), or taken and said with both rates when the job asks.
+        // A checkpoint without the keys predates them and is not checked.
+        for (const auto& [key, mine] : ScheduleIdentity(o.step.optimizer)) {
+          auto it = metadata.find(key);
+          if (it == metadata.end() || it->second == mine) continue;
+          const int64_t next = step_count + 1;
+          const std::optional<OptimizerConfig> theirs = ScheduleOf(metadata, o.step.optimizer);
+          const std::string rates = theirs
+                                        ? absl::StrFormat(
+                                              "its step %d runs at lr %.4g under the checkpoint's schedule, %.4g under "
+                                              "this job's",
+                                              next, LearningRate(*theirs, next), LearningRate(o.step.optimizer, next))
+                                        : "the checkpoint's schedule is incomplete";
+          const std::string what = absl::StrCat(key, ": the job says ", Utf8Prefix(mine, 40), ", but its checkpoint ",
+                                                path, " was trained under ", Utf8Prefix(it->second, 40));
+          if (!o.reschedule_on_resume) {
+            return absl::FailedPreconditionError(
+                absl::StrCat(what, " (", rates,
+                             "); resume with the checkpoint's schedule, set "
+                             "optimizer.reschedule_on_resume to take this one, or start in another checkpoint_dir"));
+          }
+          if (o.say) o.say(absl::StrCat("optimizer.reschedule_on_resume: ", what, "; ", rates));
+          break;  // said once, with the rates
         }
         // The data position counts sequences of the stream the checkpoint
         // was trained on; another recall seed is another stream, and the

@@ -43,6 +43,9 @@ struct TrainerOptions {
   std::string checkpoint_dir;          // empty: no checkpoints
   int64_t checkpoint_every = 0;        // steps; 0: only at the end
   bool resume = true;                  // continue from the newest checkpoint
+  // Resume from a checkpoint trained under another learning-rate schedule
+  // (OptimizerSpec.reschedule_on_resume); false refuses it.
+  bool reschedule_on_resume = false;
   // Checkpoint fencing (worker/checkpoint_fence.h): the job and attempt
   // this run is; the run claims checkpoint_dir before it reads it and
   // commits each checkpoint only while it still holds it. Attempt < 0: no

@@ -12,6 +12,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/model/config.h"
@@ -266,6 +268,55 @@ TEST(TrainerTest, ScheduledLearningRateResumesBitForBit) {
   EXPECT_EQ(constant.losses[0], straight.losses[0]);  // same weights, same batch
   EXPECT_NE(constant.losses[1], straight.losses[1]);
   for (double lr : constant.lrs) EXPECT_EQ(lr, c.step.optimizer.lr);
+}
+
+// A resume under another learning-rate schedule is refused, naming the
+// field and the next step's rate under either: a job of 4 cosine steps
+// resumed as one of 8 would run step 5 back near the peak. With
+// optimizer.reschedule_on_resume it goes on under the new schedule and says
+// both rates. Under the constant default the job's steps shape no rate: a
+// longer job resumes as before. Another lr is refused the same way.
+TEST(TrainerTest, AResumeUnderAnotherScheduleIsRefusedUnlessAskedFor) {
+  TrainerOptions o = RecallOptions(2);
+  o.step.optimizer.schedule.decay = LrSchedule::Decay::kCosine;
+  o.step.optimizer.schedule.min_lr = 6e-4;
+  o.steps = o.step.optimizer.schedule.total_steps = 4;
+  o.checkpoint_dir = TmpDir("ckpt_reschedule");
+  ASSERT_TRUE(Train(o, 2).status.ok());
+  TrainerOptions longer = o;
+  longer.steps = longer.step.optimizer.schedule.total_steps = 8;
+  TrainRun refused = Train(longer, 2);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
+  EXPECT_THAT(
+      refused.status.message(),
+      AllOf(HasSubstr("steps: the job says 8, but its checkpoint"), HasSubstr("was trained under 4"),
+            HasSubstr(absl::StrFormat("its step 5 runs at lr %.4g under the checkpoint's schedule, %.4g under "
+                                      "this job's",
+                                      LearningRate(o.step.optimizer, 5), LearningRate(longer.step.optimizer, 5))),
+            HasSubstr("optimizer.reschedule_on_resume")));
+  EXPECT_TRUE(refused.losses.empty());
+  std::vector<std::string> said;
+  longer.reschedule_on_resume = true;
+  longer.say = [&](const std::string& line) { said.push_back(line); };
+  TrainRun taken = Train(longer, 2);
+  ASSERT_TRUE(taken.status.ok()) << taken.status;
+  ASSERT_EQ(taken.lrs.size(), 4u);  // steps 5 to 8
+  EXPECT_EQ(taken.lrs[0], LearningRateF(longer.step.optimizer, 5));
+  EXPECT_THAT(absl::StrJoin(said, "\n"), HasSubstr("optimizer.reschedule_on_resume: steps: the job says 8"));
+  // Constant: the steps shape no rate.
+  TrainerOptions flat = RecallOptions(2);
+  flat.steps = flat.step.optimizer.schedule.total_steps = 2;
+  flat.checkpoint_dir = TmpDir("ckpt_reschedule_flat");
+  ASSERT_TRUE(Train(flat, 2).status.ok());
+  flat.steps = flat.step.optimizer.schedule.total_steps = 3;
+  TrainRun on = Train(flat, 2);
+  ASSERT_TRUE(on.status.ok()) << on.status;
+  EXPECT_EQ(on.losses.size(), 1u);
+  flat.steps = flat.step.optimizer.schedule.total_steps = 4;
+  flat.step.optimizer.lr *= 2;
+  TrainRun other_lr = Train(flat, 2);
+  EXPECT_EQ(other_lr.status.code(), absl::StatusCode::kFailedPrecondition) << other_lr.status;
+  EXPECT_THAT(other_lr.status.message(), HasSubstr("optimizer.lr: the job says"));
 }
 
 TEST(TrainerTest, TrainsOnByteLevelText) {
