@@ -223,6 +223,18 @@ absl::StatusOr<std::unique_ptr<DataSource>> Finish(std::vector<TokenStream::Part
         " of the ", s->total(), " tokens of ", what, ", leaving fewer than one training sequence of seq_len + 1 = ",
         slice.seq_len + 1));
   }
+  // Fewer training sequences than a batch: each batch would hold some of
+  // them two or three times (position + b wraps within it), a weighting
+  // nothing else shows (a 1,000-byte text at seq_len 64 gives 15 for a
+  // batch of 32).
+  if (!slice.validation && s->sequences() < slice.batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", s->total(), " tokens make ", s->sequences(),
+        " training sequences of seq_len + 1 = ", slice.seq_len + 1, " tokens",
+        slice.held_out > 0 ? absl::StrCat(" (data.held_out_sequences: ", slice.held_out, " held out)") : "",
+        ", fewer than layout.batch = ", slice.batch,
+        ": every batch would repeat sequences; give more data or a smaller layout.batch"));
+  }
   PLATEAU_RETURN_IF_ERROR(s->Fingerprint());
   return std::unique_ptr<DataSource>(std::move(s));
 }

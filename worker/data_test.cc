@@ -109,6 +109,13 @@ TEST(TokenShardsTest, BadFilesAreRefusedByName) {
 
   s = OpenTokenShards({big}, 256, DataSlice{1, 6, 0, 1});
   EXPECT_THAT(s.status().message(), HasSubstr("fewer than one sequence"));
+  // Fewer training sequences than a batch (6 tokens: two of seq_len 2 + 1
+  // for a batch of 3) would repeat sequences within every batch.
+  s = OpenTokenShards({big}, 256, DataSlice{3, 2, 0, 1});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("6 tokens make 2 training sequences of seq_len + 1 = 3 tokens, fewer "
+                                              "than layout.batch = 3"));
+  EXPECT_TRUE(OpenTokenShards({big}, 256, DataSlice{2, 2, 0, 1}).ok());
   s = OpenTokenShards({big}, 256, DataSlice{1, 3, 0, 2});
   EXPECT_THAT(s.status().message(), HasSubstr("data.seq_len"));
 }

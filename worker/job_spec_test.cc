@@ -1125,6 +1125,7 @@ TEST(JobSpecTest, TheTableCoversEveryFieldOfTheSpec) {
   const std::map<std::string, std::string> any_value_is_valid = {
       {"seed", "any uint64 seeds the initialisation"},
       {"force_launch", "a bool: both values are valid"},
+      {"optimizer.reschedule_on_resume", "a bool: both values are valid"},
       {"data.recall.seed", "any uint64 seeds the task"},
       {"schedule.standard_ep", "the baseline's empty marker"},
       {"schedule.dense", "the baseline's empty marker"},

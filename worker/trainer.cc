@@ -62,12 +62,23 @@ std::string FloatText(float x) {
 // resume, so a mismatch is refused naming the field.
 std::vector<std::pair<std::string, std::string>> CheckpointIdentity(const TrainerOptions& o) {
   const ModelConfig& m = o.step.model;
-  return {{"model.vocab_size", absl::StrCat(m.vocab_size)}, {"model.hidden", absl::StrCat(m.hidden)},
-          {"model.layers", absl::StrCat(m.layers)},         {"model.heads", absl::StrCat(m.heads)},
-          {"model.kv_heads", absl::StrCat(m.kv_heads)},     {"model.experts", absl::StrCat(m.experts)},
-          {"model.top_k", absl::StrCat(m.top_k)},           {"model.expert_ffn", absl::StrCat(m.expert_ffn)},
-          {"model.seq_len", absl::StrCat(m.seq_len)},       {"model.rope_theta", FloatText(m.rope_theta)},
-          {"model.norm_eps", FloatText(m.norm_eps)},        {"data.held_out_sequences", absl::StrCat(o.data.held_out)}};
+  std::vector<std::pair<std::string, std::string>> out = {
+      {"model.vocab_size", absl::StrCat(m.vocab_size)}, {"model.hidden", absl::StrCat(m.hidden)},
+      {"model.layers", absl::StrCat(m.layers)},         {"model.heads", absl::StrCat(m.heads)},
+      {"model.kv_heads", absl::StrCat(m.kv_heads)},     {"model.experts", absl::StrCat(m.experts)},
+      {"model.top_k", absl::StrCat(m.top_k)},           {"model.expert_ffn", absl::StrCat(m.expert_ffn)},
+      {"model.seq_len", absl::StrCat(m.seq_len)},       {"model.rope_theta", FloatText(m.rope_theta)},
+      {"model.norm_eps", FloatText(m.norm_eps)},        {"data.held_out_sequences", absl::StrCat(o.data.held_out)}};
+  // The recall task's shape is its stream as much as its seed: other
+  // pairs (the same vocabulary) would be another task at the same position.
+  if (o.data.kind == DataOptions::Kind::kRecall) {
+    const RecallTask& r = o.data.recall;
+    out.insert(out.end(), {{"data.recall.num_keys", absl::StrCat(r.num_keys)},
+                           {"data.recall.num_values", absl::StrCat(r.num_values)},
+                           {"data.recall.pairs", absl::StrCat(r.pairs)},
+                           {"data.recall.queries", absl::StrCat(r.queries)}});
+  }
+  return out;
 }
 
 // The learning-rate schedule, under the job spec's field names: a resume

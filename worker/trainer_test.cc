@@ -658,6 +658,15 @@ TEST(TrainerTest, CheckpointMetadataAsDocumented) {
                                                             {"model.expert_ffn", "128"},
                                                             {"model.seq_len", "32"},
                                                             {"model.rope_theta", "10000"},
+                                                            {"data.recall.num_keys", "8"},
+                                                            {"data.recall.num_values", "8"},
+                                                            {"data.recall.pairs", "4"},
+                                                            {"data.recall.queries", "4"},
+                                                            {"optimizer.lr", "0.006"},
+                                                            {"optimizer.lr_decay", "constant"},
+                                                            {"optimizer.warmup_steps", "0"},
+                                                            {"optimizer.min_lr", "0"},
+                                                            {"steps", "-"},
                                                             {"model.norm_eps", "1e-05"},
                                                             {"data.held_out_sequences", "0"}}));
   EXPECT_EQ(f.tensors.size(), 3 * ModelWeights(o.step.model).size());
@@ -687,7 +696,14 @@ TEST(TrainerTest, ResumingWithAnotherDataSeedIsRefused) {
   std::ifstream after(CheckpointPath(o.checkpoint_dir, 1), std::ios::binary);
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after)), {}), before);
 
+  // The task's shape too: 6 pairs of the same keys and values are
+  // another task at the same position.
   o.data.recall.seed = 9;
+  o.data.recall.pairs = 6;
+  TrainRun other_pairs = Train(o, 1);
+  EXPECT_EQ(other_pairs.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other_pairs.status.message(), HasSubstr("data.recall.pairs: the job says 6, but its checkpoint"));
+  o.data.recall.pairs = 4;
   TrainRun same = Train(o, 1);
   ASSERT_TRUE(same.status.ok()) << same.status;
   EXPECT_EQ(same.losses.size(), 1u);
