@@ -112,8 +112,21 @@ absl::Status CheckRequestId(const std::string& id) {
 namespace {
 
 // A page token: the last listed job's seq, "n"-prefixed for a newest-first
-// listing, so that a token is never read in the other order.
-std::string PageToken(int64_t seq, bool newest_first) { return absl::StrCat(newest_first ? "n" : "", seq); }
+// listing, so that a token is never read in the other order, then "." and
+// a hash of the filters (FiltersHash), so that a page asked for with other
+// filters is refused instead of mixing two listings.
+std::string FiltersHash(const v1::ListJobsRequest& r) {
+  std::vector<int> states(r.states().begin(), r.states().end());
+  std::sort(states.begin(), states.end());
+  states.erase(std::unique(states.begin(), states.end()), states.end());
+  const std::string canonical = absl::StrCat(absl::StrJoin(states, ","), "|", r.label_selector());
+  uint32_t h = 2166136261u;  // FNV-1a: stable across builds and restarts
+  for (unsigned char c : canonical) h = (h ^ c) * 16777619u;
+  return absl::StrFormat("%08x", h);
+}
+std::string PageToken(int64_t seq, const v1::ListJobsRequest& r) {
+  return absl::StrCat(r.newest_first() ? "n" : "", seq, ".", FiltersHash(r));
+}
 
 // " by CALLER" for the coordinator's log; "" when the call came from inside.
 std::string By(const std::string& caller) { return caller.empty() ? "" : absl::StrCat(" by ", caller); }
@@ -903,6 +916,13 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   if (!request.page_token().empty()) {
     absl::string_view token = request.page_token();
     const bool newest = absl::ConsumePrefix(&token, "n");
+    // "<seq>.<filters>"; a token without the hash (made before it) is taken
+    // as it is.
+    absl::string_view filters;
+    if (const size_t dot = token.find('.'); dot != absl::string_view::npos) {
+      filters = token.substr(dot + 1);
+      token = token.substr(0, dot);
+    }
     if (!absl::SimpleAtoi(token, &query.cursor) || query.cursor < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("page_token: expected a token from a previous ListJobs response, got '",
@@ -912,6 +932,12 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
       return absl::InvalidArgumentError(absl::StrCat(
           "page_token: '", request.page_token(), "' continues a ", newest ? "newest-first" : "oldest-first",
           " listing; repeat its request with newest_first: ", newest ? "true" : "false", " and the same filters"));
+    }
+    if (!filters.empty() && filters != FiltersHash(request)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_token: '", absl::CHexEscape(request.page_token().substr(0, 64)),
+                       "' continues a listing with other filters (states, label_selector): repeat its request's "
+                       "filters, or list again from the first page"));
     }
   }
   for (int s : request.states()) {
@@ -931,7 +957,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   v1::ListJobsResponse out;
   for (v1::Job& j : jobs) *out.add_jobs() = std::move(j);
   if (more && !jobs.empty()) {
-    out.set_next_page_token(PageToken(*ParseJobId(out.jobs(out.jobs_size() - 1).id()), request.newest_first()));
+    out.set_next_page_token(PageToken(*ParseJobId(out.jobs(out.jobs_size() - 1).id()), request));
   }
   return out;
 }

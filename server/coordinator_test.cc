@@ -2131,6 +2131,29 @@ TEST_F(ApiTest, ListJobsFiltersByLabelsAndStateAndPagesInBothOrders) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()),
               AllOf(HasSubstr("page_token:"), HasSubstr("continues a newest-first listing")));
+  // ...and its filters only: a page asked for with others would mix two
+  // listings. The same filters in another order are the same listing.
+  v1::ListJobsRequest filtered = first_page;
+  filtered.add_states(v1::SUCCEEDED);
+  filtered.add_states(v1::PENDING);
+  page = c().ListJobs(filtered);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_FALSE(page->next_page_token().empty());  // 7 PENDING jobs, pages of 2
+  v1::ListJobsRequest other = filtered;
+  other.set_page_token(page->next_page_token());
+  other.clear_states();
+  refused = c().ListJobs(other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("continues a listing with other filters"));
+  other.add_states(v1::PENDING);
+  other.add_states(v1::SUCCEEDED);
+  EXPECT_TRUE(c().ListJobs(other).ok());
+  v1::ListJobsRequest unfiltered = first_page;
+  unfiltered.set_page_token(c().ListJobs(first_page)->next_page_token());
+  unfiltered.set_label_selector("team=nlp");
+  refused = c().ListJobs(unfiltered);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("continues a listing with other filters"));
   v1::ListJobsRequest bad;
   bad.set_label_selector("team in (nlp)");
   refused = c().ListJobs(bad);
