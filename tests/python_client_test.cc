@@ -246,6 +246,56 @@ TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
   EXPECT_EQ(list->jobs_size(), 0);
 }
 
+// The standard Python reading of a typed refusal: a submit that does not
+// fit, its grpc-status-details-bin trailer through
+// grpc_status.rpc_status.from_call (which raised ValueError on the bare
+// DoesNotFit the coordinator used to send), a google.rpc.Status whose one
+// detail unpacks to DoesNotFit. Needs the grpc_status package (pip's
+// grpcio-status; Debian 12 has no package of it): skipped, saying so,
+// where /usr/bin/python3 cannot import it.
+TEST_F(PythonClientTest, ADoesNotFitRefusalReadsThroughGrpcStatusFromCall) {
+  ClusterOptions no_worker;
+  no_worker.with_worker = false;
+  Cluster c("py-from-call", no_worker);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  Ran probe = RunCommand({kPython, "-c", "import grpc_status.rpc_status"}, c.dir() + "/probe");
+  if (probe.code != 0) {
+    GTEST_SKIP() << kPython << " cannot import grpc_status (pip's grpcio-status; not packaged by Debian 12), so "
+                 << "from_call is not checked here (tests/bad_input_test checks the trailer against "
+                    "google.rpc.Status in C++): "
+                 << probe.err;
+  }
+  v1::JobSpec spec = TinyJob(5);
+  spec.mutable_schedule()->mutable_standard_ep();
+  auto plan = c.client().PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+  const std::string script = c.dir() + "/from_call.py";
+  std::ofstream(script) << R"py(import sys
+import grpc
+from google.protobuf import text_format
+from grpc_status import rpc_status
+from plateau.v1 import job_pb2, job_pb2_grpc
+spec = job_pb2.JobSpec()
+text_format.Parse(open(sys.argv[2]).read(), spec)
+stub = job_pb2_grpc.JobServiceStub(grpc.insecure_channel(sys.argv[1]))
+try:
+    stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30)
+    sys.exit("accepted")
+except grpc.RpcError as e:
+    status = rpc_status.from_call(e)
+    print("code", status.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    print("details", len(status.details))
+    d = job_pb2.DoesNotFit()
+    print("unpacked", status.details[0].type_url, status.details[0].Unpack(d), d.cap)
+)py";
+  Ran r = RunCommand({kPython, script, c.api(), WriteSpec(c, "no-fit", spec)}, c.dir() + "/from_call");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("code 8 8\n"));
+  EXPECT_THAT(r.out, HasSubstr("details 1\n"));
+  EXPECT_THAT(r.out, HasSubstr("unpacked type.googleapis.com/plateau.v1.DoesNotFit True device_memory_bytes\n"));
+}
+
 // A self-signed certificate, its own CA, for `san`.
 bool MakeCertificate(const std::string& dir, const std::string& name, const std::string& san, std::string* cert,
                      std::string* key) {
