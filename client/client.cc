@@ -66,12 +66,8 @@ absl::Status Client::Convert(const grpc::Status& s) const {
   }
   absl::Status out(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   // An admission refusal for memory: its type back as the payload
-  // (proto/does_not_fit.h), when the details parse as one.
-  v1::DoesNotFit d;
-  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && !s.error_details().empty() &&
-      d.ParseFromString(s.error_details()) && !d.cap().empty()) {
-    out.SetPayload(kDoesNotFitUrl, absl::Cord(s.error_details()));
-  }
+  // (proto/does_not_fit.h), from the google.rpc.Status of the details.
+  PayloadsFromGrpcStatusDetails(s.error_details(), &out);
   return out;
 }
 

@@ -1,7 +1,8 @@
 // An admission refusal for memory as a typed status (plateau.v1.DoesNotFit):
 // the coordinator attaches it as the status' payload, the service sends it
-// as the gRPC status' details, the client puts it back as the payload, and
-// plateauctl's exit 5 reads it, so that no side keys on the message's words.
+// in the gRPC status' details (GrpcStatusDetails below), the client puts it
+// back as the payload (PayloadsFromGrpcStatusDetails), and plateauctl's
+// exit 5 reads it, so that no side keys on the message's words.
 #ifndef PLATEAU_PROTO_DOES_NOT_FIT_H_
 #define PLATEAU_PROTO_DOES_NOT_FIT_H_
 
@@ -12,6 +13,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "plateau/v1/job.pb.h"
+#include "plateau/v1/rpc_status.pb.h"
 
 namespace plateau {
 
@@ -33,6 +35,49 @@ inline std::optional<v1::DoesNotFit> DoesNotFitOf(const absl::Status& s) {
   v1::DoesNotFit d;
   if (!payload.has_value() || !d.ParseFromString(std::string(*payload))) return std::nullopt;
   return d;
+}
+
+// The gRPC status details of `s` (grpc::Status' error_details, sent as the
+// grpc-status-details-bin trailer): by gRPC's convention a serialized
+// google.rpc.Status {code, message, details: [Any]} (v1::RpcStatus is its
+// wire twin, rpc_status.proto), which standard clients parse. The
+// DoesNotFit `s` carries is its one detail; "" (no details) for any other
+// status, whose payloads (internal ones) stay on this side.
+inline std::string GrpcStatusDetails(const absl::Status& s) {
+  const auto payload = s.GetPayload(kDoesNotFitUrl);
+  if (!payload.has_value()) return "";
+  v1::RpcStatus status;
+  status.set_code(static_cast<int>(s.code()));
+  status.set_message(std::string(s.message()));
+  google::protobuf::Any* detail = status.add_details();
+  detail->set_type_url(std::string(kDoesNotFitUrl));
+  detail->set_value(std::string(*payload));
+  return status.SerializeAsString();
+}
+
+// Puts the DoesNotFit of gRPC status details `details` (GrpcStatusDetails)
+// back on `out` as its payload, if it is RESOURCE_EXHAUSTED and they carry
+// one. A coordinator from before google.rpc.Status sent the DoesNotFit
+// itself as the details: read too. The two cannot be mistaken for each
+// other: a DoesNotFit's cap (field 1, a string) is not an RpcStatus' code
+// (field 1, a varint), so it parses as an RpcStatus without details, and an
+// RpcStatus parses as a DoesNotFit without a cap.
+inline void PayloadsFromGrpcStatusDetails(absl::string_view details, absl::Status* out) {
+  if (out->code() != absl::StatusCode::kResourceExhausted || details.empty()) return;
+  v1::RpcStatus status;
+  if (status.ParseFromArray(details.data(), static_cast<int>(details.size()))) {
+    for (const google::protobuf::Any& detail : status.details()) {
+      v1::DoesNotFit d;
+      if (detail.type_url() == kDoesNotFitUrl && d.ParseFromString(detail.value()) && !d.cap().empty()) {
+        out->SetPayload(kDoesNotFitUrl, absl::Cord(detail.value()));
+        return;
+      }
+    }
+  }
+  v1::DoesNotFit d;
+  if (d.ParseFromArray(details.data(), static_cast<int>(details.size())) && !d.cap().empty()) {
+    out->SetPayload(kDoesNotFitUrl, absl::Cord(d.SerializeAsString()));
+  }
 }
 
 }  // namespace plateau

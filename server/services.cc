@@ -13,11 +13,9 @@ namespace plateau {
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   // An admission refusal for memory keeps its type (proto/does_not_fit.h)
-  // in the status' details.
-  if (const auto d = s.GetPayload(kDoesNotFitUrl)) {
-    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()), std::string(*d));
-  }
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  // in the status' details: a google.rpc.Status holding the DoesNotFit in an
+  // Any, as gRPC's clients expect of the grpc-status-details-bin trailer.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()), GrpcStatusDetails(s));
 }
 
 namespace {

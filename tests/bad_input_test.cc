@@ -10,8 +10,8 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -21,6 +21,10 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/any.pb.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/stubs/logging.h"
@@ -227,6 +231,96 @@ TEST(BadInputTest, AutoSettingsThatFitNoValueAreRefusedTyped) {
   auto bad = c.client().SubmitJob(spec, false);
   ASSERT_FALSE(bad.ok());
   EXPECT_FALSE(DoesNotFitOf(bad.status()).has_value()) << bad.status();
+}
+
+// googleapis' google/rpc/status.proto, as its descriptor: the definition
+// that gRPC's clients parse the grpc-status-details-bin trailer with
+// (Python's grpc_status.rpc_status.from_call, grpc-go's status.FromError).
+// Spelled here rather than taken from plateau.v1.RpcStatus, so that the
+// test checks the bytes against the standard, not against our twin of it.
+constexpr char kGoogleRpcStatusProto[] = R"pb(
+  name: "google/rpc/status.proto"
+  package: "google.rpc"
+  dependency: "google/protobuf/any.proto"
+  syntax: "proto3"
+  message_type {
+    name: "Status"
+    field { name: "code" number: 1 label: LABEL_OPTIONAL type: TYPE_INT32 }
+    field { name: "message" number: 2 label: LABEL_OPTIONAL type: TYPE_STRING }
+    field { name: "details" number: 3 label: LABEL_REPEATED type: TYPE_MESSAGE type_name: ".google.protobuf.Any" }
+  }
+)pb";
+
+// A submit refused because its plan does not fit: the status' details (the
+// grpc-status-details-bin trailer) parse as a google.rpc.Status with the
+// call's code and message and one detail, an Any that unpacks to
+// plateau.v1.DoesNotFit naming the cap. (They were the DoesNotFit itself,
+// which standard clients misparse: as a google.rpc.Status it has code 0
+// and no details.) The client still reads a coordinator's that sent that.
+TEST(BadInputTest, DoesNotFitTravelsAsAGoogleRpcStatusInTheTrailer) {
+  Cluster c("no-fit-status", NoWorker());
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  v1::JobSpec spec = TinyJob(5);
+  spec.mutable_schedule()->mutable_standard_ep();
+  auto plan = c.client().PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+
+  google::protobuf::Any::descriptor();  // google/protobuf/any.proto into the generated pool
+  google::protobuf::FileDescriptorProto file;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kGoogleRpcStatusProto, &file));
+  google::protobuf::DescriptorPool pool(google::protobuf::DescriptorPool::generated_pool());
+  ASSERT_NE(pool.BuildFile(file), nullptr);
+  const google::protobuf::Descriptor* status_type = pool.FindMessageTypeByName("google.rpc.Status");
+  ASSERT_NE(status_type, nullptr);
+  google::protobuf::DynamicMessageFactory factory(&pool);
+
+  auto stub = v1::JobService::NewStub(grpc::CreateChannel(c.api(), grpc::InsecureChannelCredentials()));
+  for (const bool validate_only : {true, false}) {
+    SCOPED_TRACE(validate_only ? "validate_only" : "submit");
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    req.set_validate_only(validate_only);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::SubmitJobResponse resp;
+    const grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    ASSERT_FALSE(s.error_details().empty()) << "no grpc-status-details-bin trailer";
+
+    std::unique_ptr<google::protobuf::Message> status(factory.GetPrototype(status_type)->New());
+    ASSERT_TRUE(status->ParseFromString(s.error_details()));
+    const google::protobuf::Reflection* r = status->GetReflection();
+    EXPECT_TRUE(r->GetUnknownFields(*status).empty()) << "fields google.rpc.Status does not have";
+    EXPECT_EQ(r->GetInt32(*status, status_type->FindFieldByName("code")),
+              static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+    EXPECT_EQ(r->GetString(*status, status_type->FindFieldByName("message")), s.error_message());
+    const google::protobuf::FieldDescriptor* details = status_type->FindFieldByName("details");
+    ASSERT_EQ(r->FieldSize(*status, details), 1) << status->DebugString();
+    google::protobuf::Any any;
+    ASSERT_TRUE(any.ParseFromString(r->GetRepeatedMessage(*status, details, 0).SerializeAsString()));
+    EXPECT_EQ(any.type_url(), "type.googleapis.com/plateau.v1.DoesNotFit");
+    v1::DoesNotFit d;
+    ASSERT_TRUE(any.UnpackTo(&d));
+    EXPECT_EQ(d.cap(), "device_memory_bytes");
+  }
+
+  // Through the client: the type back as the payload (plateauctl's exit 5).
+  auto refused = c.client().SubmitJob(spec, false);
+  ASSERT_FALSE(refused.ok());
+  ASSERT_TRUE(DoesNotFitOf(refused.status()).has_value()) << refused.status();
+  EXPECT_EQ(DoesNotFitOf(refused.status())->cap(), "device_memory_bytes");
+  // A coordinator from before sent the bare DoesNotFit: still read.
+  v1::DoesNotFit bare;
+  bare.set_cap("host_memory_bytes");
+  absl::Status old = absl::ResourceExhaustedError("host_memory_bytes: ...");
+  PayloadsFromGrpcStatusDetails(bare.SerializeAsString(), &old);
+  ASSERT_TRUE(DoesNotFitOf(old).has_value());
+  EXPECT_EQ(DoesNotFitOf(old)->cap(), "host_memory_bytes");
+  // Other refusals carry no details.
+  absl::Status plain = absl::ResourceExhaustedError("too many watches");
+  EXPECT_EQ(GrpcStatusDetails(plain), "");
+  EXPECT_TRUE(AllJobs(c.client()).empty()) << "nothing may have been created";
 }
 
 // One unary SubmitJob with `body` as the raw request bytes, through the

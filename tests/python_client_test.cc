@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,10 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "plateau/v1/job.grpc.pb.h"
+#include "proto/does_not_fit.h"
 #include "tests/certificates.h"
 #include "tests/cluster.h"
 
@@ -227,6 +232,17 @@ TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("submit refused: INVALID_ARGUMENT model.heads"));
 
+  // A plan over its cap: the refusal's DoesNotFit, read from the trailer's
+  // google.rpc.Status, is plateauctl's exit 5.
+  v1::JobSpec big = TinyJob(5);
+  big.mutable_schedule()->mutable_standard_ep();
+  auto plan = c.client().PlanJob(big);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  big.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+  r = Example(c, "nofit", {"--spec=" + WriteSpec(c, "nofit", big)});
+  EXPECT_EQ(r.code, 5) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("submit refused: RESOURCE_EXHAUSTED device_memory_bytes: the plan does not fit"));
+
   std::ofstream(c.dir() + "/garbled.txtpb") << "model { heads: \"four\" }\n";
   r = Example(c, "garbled", {"--spec=" + c.dir() + "/garbled.txtpb"});
   EXPECT_EQ(r.code, 2) << r.out << r.err;
@@ -244,6 +260,293 @@ TEST_F(PythonClientTest, RefusedSpecsAndAnAbsentCoordinatorAreClearErrors) {
   auto list = c.client().ListJobs(v1::ListJobsRequest());
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(list->jobs_size(), 0);
+}
+
+// The standard Python reading of a typed refusal: a submit that does not
+// fit, its grpc-status-details-bin trailer through
+// grpc_status.rpc_status.from_call (which raised ValueError on the bare
+// DoesNotFit the coordinator used to send), a google.rpc.Status whose one
+// detail unpacks to DoesNotFit. Needs the grpc_status package (pip's
+// grpcio-status; Debian 12 has no package of it): skipped, saying so,
+// where /usr/bin/python3 cannot import it.
+TEST_F(PythonClientTest, ADoesNotFitRefusalReadsThroughGrpcStatusFromCall) {
+  ClusterOptions no_worker;
+  no_worker.with_worker = false;
+  Cluster c("py-from-call", no_worker);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  Ran probe = RunCommand({kPython, "-c", "import grpc_status.rpc_status"}, c.dir() + "/probe");
+  if (probe.code != 0) {
+    GTEST_SKIP() << kPython << " cannot import grpc_status (pip's grpcio-status; not packaged by Debian 12), so "
+                 << "from_call is not checked here (tests/bad_input_test checks the trailer against "
+                    "google.rpc.Status in C++): "
+                 << probe.err;
+  }
+  v1::JobSpec spec = TinyJob(5);
+  spec.mutable_schedule()->mutable_standard_ep();
+  auto plan = c.client().PlanJob(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+  const std::string script = c.dir() + "/from_call.py";
+  std::ofstream(script) << R"py(import sys
+import grpc
+from google.protobuf import text_format
+from grpc_status import rpc_status
+from plateau.v1 import job_pb2, job_pb2_grpc
+spec = job_pb2.JobSpec()
+text_format.Parse(open(sys.argv[2]).read(), spec)
+stub = job_pb2_grpc.JobServiceStub(grpc.insecure_channel(sys.argv[1]))
+try:
+    stub.SubmitJob(job_pb2.SubmitJobRequest(spec=spec), timeout=30)
+    sys.exit("accepted")
+except grpc.RpcError as e:
+    status = rpc_status.from_call(e)
+    print("code", status.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    print("details", len(status.details))
+    d = job_pb2.DoesNotFit()
+    print("unpacked", status.details[0].type_url, status.details[0].Unpack(d), d.cap)
+)py";
+  Ran r = RunCommand({kPython, script, c.api(), WriteSpec(c, "no-fit", spec)}, c.dir() + "/from_call");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("code 8 8\n"));
+  EXPECT_THAT(r.out, HasSubstr("details 1\n"));
+  EXPECT_THAT(r.out, HasSubstr("unpacked type.googleapis.com/plateau.v1.DoesNotFit True device_memory_bytes\n"));
+}
+
+// A JobService that fails as told, for the failures a real coordinator
+// cannot be made to give on cue (INTERNAL, DATA_LOSS, a cancel that is not
+// answered, a job deleted mid-watch). Its job is "job-1": RUNNING, steps 1
+// to 3, then SUCCEEDED; or, with wait_for_cancel, CANCELLED once a cancel
+// is accepted (SUCCEEDED if none is within 15 s: the job ran on).
+class ScriptedService final : public v1::JobService::Service {
+ public:
+  std::mutex mu;
+  std::deque<grpc::Status> submit_errors, cancel_errors;  // answered first, in order
+  grpc::Status watch_end = grpc::Status::OK;              // not OK: the watch ends so after step 3
+  bool wait_for_cancel = false;
+  std::vector<std::string> request_ids;  // of every submit
+  std::vector<absl::Time> submit_times;
+  int cancels = 0;  // calls, answered or not
+  bool cancelled = false;
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req, v1::SubmitJobResponse* resp) override {
+    std::lock_guard<std::mutex> l(mu);
+    request_ids.push_back(req->request_id());
+    submit_times.push_back(absl::Now());
+    if (!submit_errors.empty()) {
+      grpc::Status s = submit_errors.front();
+      submit_errors.pop_front();
+      return s;
+    }
+    resp->mutable_job()->set_id("job-1");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::Job* resp) override {
+    std::lock_guard<std::mutex> l(mu);
+    ++cancels;
+    if (!cancel_errors.empty()) {
+      grpc::Status s = cancel_errors.front();
+      cancel_errors.pop_front();
+      return s;
+    }
+    cancelled = true;
+    resp->set_id("job-1");
+    resp->set_state(v1::CANCELLING);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    const int64_t total = wait_for_cancel ? 1000 : 3;
+    auto send = [&](int64_t index, const std::function<void(v1::JobEvent*)>& fill) {
+      if (index < req->from_index()) return true;
+      v1::JobEvent e;
+      e.set_job_id("job-1");
+      e.set_index(index);
+      fill(&e);
+      return writer->Write(e);
+    };
+    auto state = [](v1::JobState s) { return [s](v1::JobEvent* e) { e->mutable_state_change()->set_state(s); }; };
+    if (!send(0, state(v1::RUNNING))) return grpc::Status::CANCELLED;
+    for (int64_t step = 1; step <= 3; ++step) {
+      if (!send(step, [&](v1::JobEvent* e) {
+            e->mutable_job_step()->set_step(step);
+            e->mutable_job_step()->set_total_steps(total);
+            e->mutable_job_step()->set_loss(2.5);
+          })) {
+        return grpc::Status::CANCELLED;
+      }
+    }
+    if (!watch_end.ok()) return watch_end;
+    bool was_cancelled = false;
+    if (wait_for_cancel) {
+      const absl::Time end = absl::Now() + absl::Seconds(15);
+      while (!ctx->IsCancelled() && absl::Now() < end) {
+        {
+          std::lock_guard<std::mutex> l(mu);
+          if ((was_cancelled = cancelled)) break;
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+    send(4, state(was_cancelled ? v1::CANCELLED : v1::SUCCEEDED));
+    return grpc::Status::OK;
+  }
+};
+
+class ScriptedCoordinator {
+ public:
+  ScriptedCoordinator() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ != nullptr && port > 0) address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  ~ScriptedCoordinator() {
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  ScriptedService& service() { return service_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  ScriptedService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+class PythonClientFailureTest : public PythonClientTest {
+ protected:
+  void SetUp() override {
+    PythonClientTest::SetUp();
+    dir_ = TempDir("py_scripted");
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(TinyJob(3), &text);
+    spec_ = dir_ + "/tiny.txtpb";
+    std::ofstream(spec_) << text;
+  }
+  Ran Run(const ScriptedCoordinator& at, const std::string& log, std::vector<std::string> args = {}) {
+    std::vector<std::string> argv = {kPython, kExample, "--coordinator=" + at.address(), "--spec=" + spec_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, dir_ + "/" + log);
+  }
+  std::string dir_, spec_;
+};
+
+// A submit's failure exits as plateauctl's would (client/plateauctl.cc's
+// table): the coordinator's faults 8 (they were all 2, "fix your
+// request"), NOT_FOUND 6, a refusal 2, a DoesNotFit 5.
+TEST_F(PythonClientFailureTest, SubmitFailuresExitAsPlateauctlDoes) {
+  const grpc::Status does_not_fit(
+      grpc::StatusCode::RESOURCE_EXHAUSTED, "device_memory_bytes: short by 1 bytes",
+      GrpcStatusDetails(DoesNotFitError("device_memory_bytes", "device_memory_bytes: short by 1 bytes")));
+  const struct {
+    grpc::Status status;
+    int exit;
+    std::string says;
+  } cases[] = {
+      {grpc::Status(grpc::StatusCode::INTERNAL, "store write failed"), 8,
+       "submit failed on the coordinator's side (it may succeed later): INTERNAL store write failed"},
+      {grpc::Status(grpc::StatusCode::UNKNOWN, "handler threw"), 8, "UNKNOWN handler threw"},
+      {grpc::Status(grpc::StatusCode::ABORTED, "conflict"), 8, "ABORTED conflict"},
+      {grpc::Status(grpc::StatusCode::DATA_LOSS, "torn row"), 8, "DATA_LOSS torn row"},
+      {grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many open watches"), 8,
+       "RESOURCE_EXHAUSTED too many open watches"},
+      {grpc::Status(grpc::StatusCode::NOT_FOUND, "no such thing"), 6, "submit refused: NOT_FOUND no such thing"},
+      {grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not yours"), 2,
+       "submit refused: PERMISSION_DENIED not yours"},
+      {does_not_fit, 5, "submit refused: RESOURCE_EXHAUSTED device_memory_bytes: short by 1 bytes"},
+  };
+  for (const auto& c : cases) {
+    ScriptedCoordinator at;
+    ASSERT_FALSE(at.address().empty());
+    at.service().submit_errors = {c.status};
+    const std::string name = absl::StrCat("submit-", c.status.error_code());
+    Ran r = Run(at, name);
+    EXPECT_EQ(r.code, c.exit) << c.says << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.says));
+    EXPECT_EQ(at.service().request_ids.size(), 1u) << c.says << ": a refusal is not sent again";
+  }
+}
+
+// CANCELLED (a coordinator shutting down cancels the calls in flight) is
+// sent again with the same request id, after a backoff's wait (not 1 s);
+// a coordinator that never answers is exit 4 after the retries.
+TEST_F(PythonClientFailureTest, ACancelledSubmitIsSentAgainWithBackoff) {
+  ScriptedCoordinator at;
+  ASSERT_FALSE(at.address().empty());
+  const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "Cancelled");
+  at.service().submit_errors = {cancelled, cancelled};
+  Ran r = Run(at, "cancelled-twice", {"--request-id=py-again-1"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
+  EXPECT_THAT(r.err, HasSubstr("submit not answered (CANCELLED Cancelled); retrying in "));
+  ASSERT_EQ(at.service().request_ids.size(), 3u) << r.err;
+  for (const std::string& id : at.service().request_ids) EXPECT_EQ(id, "py-again-1");
+  // The first wait is 0.25-0.5 s (0.5 s with jitter), the second 0.5-1 s.
+  const absl::Duration first = at.service().submit_times[1] - at.service().submit_times[0];
+  const absl::Duration second = at.service().submit_times[2] - at.service().submit_times[1];
+  EXPECT_GE(first, absl::Milliseconds(240));
+  EXPECT_LT(first, absl::Milliseconds(900)) << "not a backoff's first wait";
+  EXPECT_GE(second, absl::Milliseconds(490));
+  EXPECT_LT(second, absl::Milliseconds(1500));
+
+  ScriptedCoordinator away;
+  ASSERT_FALSE(away.address().empty());
+  away.service().submit_errors.assign(10, grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down"));
+  r = Run(away, "unavailable");
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("submit: the coordinator did not answer: UNAVAILABLE shutting down"));
+  EXPECT_EQ(away.service().request_ids.size(), 5u) << r.err;
+}
+
+// A cancel that is not answered (UNAVAILABLE, DEADLINE_EXCEEDED) is sent
+// again until it is: the job ends CANCELLED, exit 3. (It was given up at
+// once: the job ran on to SUCCEEDED and the script exited 0.) One never
+// answered within --reconnect-for is exit 4, saying the job may still run.
+TEST_F(PythonClientFailureTest, ACancelNotAnsweredIsSentAgain) {
+  ScriptedCoordinator at;
+  ASSERT_FALSE(at.address().empty());
+  at.service().wait_for_cancel = true;
+  at.service().cancel_errors = {grpc::Status(grpc::StatusCode::UNAVAILABLE, "Connection reset by peer"),
+                                grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded")};
+  Ran r = Run(at, "cancel-retried", {"--cancel-after-step=2"});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1 cancelling after step 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("job-1 cancel not answered (UNAVAILABLE Connection reset by peer); retrying in "));
+  EXPECT_THAT(r.out, HasSubstr("job-1 cancel not answered (DEADLINE_EXCEEDED Deadline Exceeded); retrying in "));
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended CANCELLED"));
+  EXPECT_EQ(at.service().cancels, 3);
+
+  ScriptedCoordinator never;
+  ASSERT_FALSE(never.address().empty());
+  never.service().wait_for_cancel = true;
+  never.service().cancel_errors.assign(100, grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed"));
+  r = Run(never, "cancel-unanswered", {"--cancel-after-step=2", "--reconnect-for=1"});
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("cancel of job-1: the coordinator did not answer for 1 s (UNAVAILABLE Socket closed); "
+                               "the job may still be running"));
+  EXPECT_GE(never.service().cancels, 2);
+}
+
+// A watch that ends NOT_FOUND (the job deleted) is exit 6 saying so, not
+// "the coordinator cannot be reached" (4); one that ends INTERNAL is 8.
+TEST_F(PythonClientFailureTest, AWatchEndedByNotFoundIsNotUnreachable) {
+  ScriptedCoordinator at;
+  ASSERT_FALSE(at.address().empty());
+  at.service().watch_end = grpc::Status(grpc::StatusCode::NOT_FOUND, "job 'job-1' not found");
+  Ran r = Run(at, "watch-not-found");
+  EXPECT_EQ(r.code, 6) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1 step 3/3 loss 2.5"));
+  EXPECT_THAT(r.err, HasSubstr("watching job-1: the job is gone (deleted?): NOT_FOUND job 'job-1' not found"));
+
+  ScriptedCoordinator faulty;
+  ASSERT_FALSE(faulty.address().empty());
+  faulty.service().watch_end = grpc::Status(grpc::StatusCode::INTERNAL, "store read failed");
+  r = Run(faulty, "watch-internal");
+  EXPECT_EQ(r.code, 8) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("watching job-1: INTERNAL store read failed"));
 }
 
 // A self-signed certificate, its own CA, for `san`.
