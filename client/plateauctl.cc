@@ -104,7 +104,7 @@ constexpr char kExitCodes[] = R"(exit codes
   7  the job had already finished (cancel of a SUCCEEDED or FAILED job; a
      CANCELLED one is answered 0, as a cancel retried after a lost answer)
   8  the coordinator could not serve the request: a fault on its side
-     (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, DEADLINE_EXCEEDED) or one of
+     (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, DEADLINE_EXCEEDED, CANCELLED) or one of
      its limits (RESOURCE_EXHAUSTED: too many open watches); the same
      command may succeed later
 )";
@@ -379,6 +379,7 @@ int Report(const absl::Status& s) {
     case absl::StatusCode::kUnknown:
     case absl::StatusCode::kAborted:
     case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:  // the coordinator stopping cancels calls in flight
       return Fail(s, kExitServer);
     case absl::StatusCode::kResourceExhausted:
       // A request over the coordinator's --max_request_bytes is the
