@@ -366,7 +366,10 @@ int Main(int argc, char** argv) {
   }
   if (!settings.empty()) std::fprintf(stderr, "settings: %s\n", absl::StrJoin(settings, " ").c_str());
   const int64_t log_every = std::max<int64_t>(1, spec.steps() / 20);
+  int64_t ran = 0, last_step = 0;  // steps this run, and the last one's number
   auto on_step = [&](const StepReport& r) {
+    ++ran;
+    last_step = r.stats.step;
     v1::RankOutput out;
     v1::StepTelemetry* t = out.mutable_step();
     t->set_rank(static_cast<int>(rank));
@@ -413,7 +416,14 @@ int Main(int argc, char** argv) {
   };
   absl::Status s = RunTraining(*trainer, **backend, **world, on_step);
   if (!s.ok()) return Fail(rank, s);
-  std::fprintf(stderr, "finished %lld steps\n", static_cast<long long>(spec.steps()));
+  // A resumed run ran fewer than the job's steps (none, resumed at the last).
+  if (ran == spec.steps()) {
+    std::fprintf(stderr, "finished %lld steps\n", static_cast<long long>(spec.steps()));
+  } else {
+    std::fprintf(stderr, "finished: ran %lld of the job's %lld steps (resumed%s)\n", static_cast<long long>(ran),
+                 static_cast<long long>(spec.steps()),
+                 ran > 0 ? absl::StrCat(", steps ", last_step - ran + 1, " to ", last_step).c_str() : " at its last");
+  }
   return Exiting(kRankExitOk);
 }
 

@@ -291,9 +291,11 @@ absl::Status RunRank(const Flags& f) {
   co.prefix = "plateau_train";
   PLATEAU_ASSIGN_OR_RETURN(auto world, CreateCommunicator(co));
   double first = -1, last = 0, tokens = 0, seconds = 0, flops = 0;
+  int64_t ran = 0;  // steps this run (fewer than f.steps after a resume)
   MemoryStats peak, host_peak;
   auto on_step = [&](const StepReport& r) {
     if (first < 0) first = r.stats.loss;
+    ++ran;
     if (f.rank == 0 && !r.kernels.empty()) std::printf("kernels: %s\n", r.kernels.c_str());
     last = r.stats.loss;
     tokens += r.tokens;
@@ -323,10 +325,12 @@ absl::Status RunRank(const Flags& f) {
   PLATEAU_RETURN_IF_ERROR(RunTraining(trainer, *backend, *world, on_step));
   if (f.rank == 0 && first >= 0) {
     std::printf(
-        "summary: loss %.17g -> %.17g over %lld steps; %.0f tok/s, %.2f GFLOP/s (model), %.1f s;\n"
+        "summary: loss %.17g -> %.17g over %lld steps%s; %.0f tok/s, %.2f GFLOP/s (model), %.1f s;\n"
         "         device peaks per live set (rank 0): %s (total %.2f MiB of the %lld MiB arena)\n",
-        first, last, static_cast<long long>(f.steps), tokens / seconds, flops / seconds / 1e9, seconds,
-        Peaks(peak).c_str(), peak.total_peak / 1048576.0, static_cast<long long>(f.device_mb));
+        first, last, static_cast<long long>(ran),
+        ran == f.steps ? "" : absl::StrCat(" (this run, resumed; the job's ", f.steps, ")").c_str(), tokens / seconds,
+        flops / seconds / 1e9, seconds, Peaks(peak).c_str(), peak.total_peak / 1048576.0,
+        static_cast<long long>(f.device_mb));
     if (host_peak.total_peak > 0 || f.host_mb > 0) {
       std::printf("         host peaks per live set (rank 0): %s (total %.2f MiB; %s)\n",
                   host_peak.total_peak > 0 ? Peaks(host_peak).c_str() : "none",
