@@ -834,6 +834,15 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
                          " by its row's state column: only a finished job can be deleted"));
       }
     }
+    // Marked first, as the retention sweep marks what it removed: a delete
+    // cut short (a restart between its parts, whose commits are each
+    // their own) leaves a job that reads as swept (its streams say so,
+    // late lines are dropped), not one that looks whole with rows gone;
+    // deleting it again finishes.
+    if (job.ok() && !job->has_events_deleted_time()) {
+      Now(job->mutable_events_deleted_time());
+      PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(*job), absl::StrCat("mark ", id, "'s data as being deleted")));
+    }
     deleting_.insert(seq);
   }
   // Its data in parts, each one transaction under the lock, the lock free
@@ -1169,9 +1178,13 @@ void Coordinator::ExpireWorkers() {
       absl::MutexLock inflight(&inflight_mu_);
       if (inflight_beats_.count(id) > 0) continue;
     }
+    // One whose agent said it was leaving (a shutdown, a rollout) is gone
+    // as told, not lost: PlateauWorkerLost alerts on this counter.
+    const Worker* found = registry_.Find(id);
+    const bool left = found != nullptr && found->leaving;
     const std::string why = registry_.Remove(id, now);
     metrics_->ForgetWorker(id);
-    metrics_->OnWorkerLost();
+    if (!left) metrics_->OnWorkerLost();
     // Its ranks died with it, or are stopped when it comes back.
     const int touched = FailAttemptsOn(id, absl::StrCat("worker lost: ", id, " ", why), /*ranks_gone=*/true);
     Say(absl::StrCat(id, " lost: ", why, AffectedJobs(touched)));
@@ -1837,8 +1850,12 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   // job's last lines still count (they arrive after its end), until the
   // retention pass has removed its logs (a line then would start them
   // again at index 0, which a client resuming "from N" would never read).
-  const auto hosted = [&](const v1::Job& job) {  // (request was moved from)
-    return std::find(job.hosted_by().begin(), job.hosted_by().end(), w->id) != job.hosted_by().end();
+  // (request was moved from.) The current placement counts too: a job
+  // placed by a coordinator from before hosted_by has none recorded.
+  const auto hosted = [&](const v1::Job& job) {
+    return std::find(job.hosted_by().begin(), job.hosted_by().end(), w->id) != job.hosted_by().end() ||
+           std::any_of(job.placement().begin(), job.placement().end(),
+                       [&](const v1::Placement& p) { return p.worker_id() == w->id; });
   };
   std::map<std::string, bool> accepted;
   b.logs.erase(std::remove_if(b.logs.begin(), b.logs.end(),

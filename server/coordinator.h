@@ -154,7 +154,7 @@ class Coordinator {
   v1::ListWorkersResponse ListWorkers();
   // Deletes a finished job and everything of it (events, logs, timelines,
   // rank reports, metric series). FAILED_PRECONDITION when it is not
-  // finished or another DeleteJob of it is under way; NOT_FOUND when there
+  // finished, ABORTED while another DeleteJob of it is under way; NOT_FOUND when there
   // is no such job. The data goes in parts of at most kSweepRowsPerTick
   // rows, the lock released between them (a job of millions of rows held
   // it for seconds: every heartbeat waited, past the agents' lease); the

@@ -847,6 +847,15 @@ TEST_F(CoordinatorTest, ALostWorkerIsCountedAndItsHeartbeatSeriesGoes) {
   const std::string scrape = testing_cluster::Scrape(address);
   EXPECT_EQ(testing_cluster::Sample(scrape, "plateau_workers_lost_total"), before + 1) << scrape;
   EXPECT_TRUE(std::isnan(testing_cluster::Sample(scrape, heartbeat))) << scrape;
+  // One whose agent said it was leaving (a shutdown, a rollout) expires
+  // as gone, not lost: the alert stays quiet.
+  const std::string goes = Register();
+  v1::HeartbeatRequest leaving;
+  leaving.set_worker_id(goes);
+  leaving.set_leaving(true);
+  ASSERT_TRUE(c().Heartbeat(leaving).ok());
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return c().ListWorkers().workers_size() == 0; }, absl::Seconds(10)));
+  EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), "plateau_workers_lost_total"), before + 1);
 }
 
 TEST_F(CoordinatorTest, JobsTheCoordinatorNoLongerHasAreCancelledAtRegistration) {
@@ -1041,6 +1050,35 @@ TEST_F(CoordinatorTest, LogLinesAreTakenOnlyFromTheWorkersThatHostedTheJob) {
   ASSERT_TRUE(line(w, "late, from its worker").ok());
   ASSERT_TRUE(line(other, "forged after its end").ok());
   EXPECT_THAT(lines(), ElementsAre("from its worker", "late, from its worker"));
+}
+
+// A job placed by a coordinator from before Job.hosted_by (its record has
+// none) still takes its lines from the worker it runs on, after a restart:
+// the current placement counts.
+TEST_F(CoordinatorTest, AJobPlacedBeforeHostedByTakesItsWorkersLinesAfterARestart) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  v1::Job stored = *store_->GetJob(job);
+  ASSERT_FALSE(stored.hosted_by().empty());
+  stored.clear_hosted_by();  // as an older coordinator wrote it
+  ASSERT_TRUE(store_->PutJob(stored).ok());
+  Open();  // a restart reads it
+  ASSERT_EQ(Register(w, {Runs(job, 0, {0, 1})}), w);
+  ASSERT_EQ(Get(job).state(), v1::RUNNING);
+  ASSERT_TRUE(Get(job).hosted_by().empty());
+  v1::TelemetryRequest t;
+  t.set_worker_id(w);
+  v1::LogEntry* e = t.add_logs();
+  e->set_job_id(job);
+  e->set_rank(0);
+  e->set_stream("stdout");
+  e->set_line("after the upgrade");
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  bool found = false;
+  const absl::StatusOr<std::vector<v1::LogEntry>> read = store_->ReadLogs(job, 0, 1000);
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (const v1::LogEntry& l : *read) found = found || l.line() == "after the upgrade";
+  EXPECT_TRUE(found) << "a running job's line from its own worker was dropped";
 }
 
 // Log lines carry no step to de-duplicate by: a numbered batch that arrives
@@ -1493,6 +1531,10 @@ TEST_F(CoordinatorTest, AJobOfManyRowsIsDeletedInPartsWithTheLockFreeBetween) {
     absl::StatusOr<v1::Job> read = c().GetJob(job);
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(read->state(), v1::SUCCEEDED);
+    // Marked before its first part: a delete cut short by a restart leaves
+    // a job that reads as swept, not one that looks whole with rows gone.
+    EXPECT_TRUE(read->has_events_deleted_time());
+    EXPECT_TRUE(store_->GetJob(job)->has_events_deleted_time());
     absl::Status again = c().DeleteJob(job);
     EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
     EXPECT_THAT(again.message(), HasSubstr("is being deleted by another request"));

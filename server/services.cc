@@ -38,7 +38,7 @@ grpc::Status RowsRemoved(const v1::Job& job, const char* what, int64_t from) {
   return grpc::Status(
       grpc::StatusCode::FAILED_PRECONDITION,
       absl::StrCat("job ", job.id(), "'s ", what, " from index ", from, " were removed ",
-                   job.has_events_deleted_time() ? "by the coordinator's retention (--retention)"
+                   job.has_events_deleted_time() ? "(the coordinator's retention, --retention, or a delete)"
                                                  : "while they were read (a retention sweep or a delete)",
                    "; it is ", v1::JobState_Name(job.state()), ": GetJob has its final state"));
 }

@@ -164,7 +164,7 @@ TEST(OpsTest, WorkersMetricsLogsDeleteAndRetention) {
   int left = 0;
   const absl::Status watched = c.client().WatchJob(id, 0, [&](const v1::JobEvent&) { return ++left > 0; });
   EXPECT_EQ(watched.code(), absl::StatusCode::kFailedPrecondition) << watched;
-  EXPECT_THAT(watched.message(), AllOf(HasSubstr(id + "'s events from index 0 were removed by the coordinator's "
+  EXPECT_THAT(watched.message(), AllOf(HasSubstr(id + "'s events from index 0 were removed (the coordinator's "
                                                       "retention"),
                                        HasSubstr("it is SUCCEEDED")));
   EXPECT_EQ(left, 0);

@@ -355,6 +355,14 @@ class ScriptedService final : public v1::JobService::Service {
     return grpc::Status::OK;
   }
 
+  // The job as a swept one reads: SUCCEEDED (what a watch refused
+  // FAILED_PRECONDITION falls back on).
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job* resp) override {
+    resp->set_id("job-1");
+    resp->set_state(v1::SUCCEEDED);
+    return grpc::Status::OK;
+  }
+
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     const int64_t total = wait_for_cancel ? 1000 : 3;
@@ -547,6 +555,16 @@ TEST_F(PythonClientFailureTest, AWatchEndedByNotFoundIsNotUnreachable) {
   r = Run(faulty, "watch-internal");
   EXPECT_EQ(r.code, 8) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("watching job-1: INTERNAL store read failed"));
+
+  // Events removed under the watch (the retention sweep, a delete): the
+  // job's final state is all there is, and the exit says it.
+  ScriptedCoordinator swept;
+  ASSERT_FALSE(swept.address().empty());
+  swept.service().watch_end =
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "job job-1's events from index 4 were removed");
+  r = Run(swept, "watch-swept");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1 job job-1's events from index 4 were removed"));
 }
 
 // A self-signed certificate, its own CA, for `san`.

@@ -244,6 +244,13 @@ absl::Status LoadCheckpoint(const TrainerOptions& o, const std::string& path, in
           if (it == metadata.end() || it->second == mine) continue;
           const int64_t next = step_count + 1;
           const std::optional<OptimizerConfig> theirs = ScheduleOf(metadata, o.step.optimizer);
+          // A field that no longer shapes the rate (a warm-up both runs are
+          // past, min_lr under a constant schedule): the same rates at the
+          // next step and at the job's last, nothing to refuse.
+          if (theirs && LearningRate(*theirs, next) == LearningRate(o.step.optimizer, next) &&
+              LearningRate(*theirs, o.steps) == LearningRate(o.step.optimizer, o.steps)) {
+            continue;
+          }
           const std::string rates = theirs
                                         ? absl::StrFormat(
                                               "its step %d runs at lr %.4g under the checkpoint's schedule, %.4g under "

@@ -312,7 +312,13 @@ TEST(TrainerTest, AResumeUnderAnotherScheduleIsRefusedUnlessAskedFor) {
   TrainRun on = Train(flat, 2);
   ASSERT_TRUE(on.status.ok()) << on.status;
   EXPECT_EQ(on.losses.size(), 1u);
+  // A warm-up both schedules are past changes no rate: resumed.
   flat.steps = flat.step.optimizer.schedule.total_steps = 4;
+  flat.step.optimizer.schedule.warmup_steps = 2;
+  TrainRun past_warmup = Train(flat, 2);
+  ASSERT_TRUE(past_warmup.status.ok()) << past_warmup.status;
+  EXPECT_EQ(past_warmup.losses.size(), 1u);
+  flat.steps = flat.step.optimizer.schedule.total_steps = 5;
   flat.step.optimizer.lr *= 2;
   TrainRun other_lr = Train(flat, 2);
   EXPECT_EQ(other_lr.status.code(), absl::StatusCode::kFailedPrecondition) << other_lr.status;

@@ -361,6 +361,14 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
             # frozen coordinator is found by keepalive, as UNAVAILABLE).
             retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
             left = reconnect_for - (now - broken_since)
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                # The job's events were removed (the retention sweep, or a
+                # delete under way): its final state is all there is.
+                job = stub.GetJob(job_pb2.GetJobRequest(job_id=job_id), timeout=10)
+                if job.state in FINAL:
+                    print(f"{job_id} {e.details()}", flush=True)
+                    return job.state
+                raise
             if e.code() not in retryable or left < 0:
                 raise
             print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}", flush=True)

@@ -236,10 +236,10 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOn) {
   // recompute (int32, 1 + 2 x 2 x 4 = 17 words a layer); the planner holds
   // the layer's routes [N k] int32, the counts [P + 1][K][E] (everyone's and
   // its own) and one chunk's [P + 1][E] int64. With K > 1 under bf16, the
-  // fp32 accumulators of the E_p = 2 own experts' gradients and one
-  // helper's, (2 + 1) x 3 H F.
+  // fp32 accumulators of the E_p = 2 own experts' three matrices and one
+  // helper's matrix loaded at a time, (3 x 2 + 1) H F.
   EXPECT_EQ(at(LiveSet::kDispatch), 25 * 8 + 136 * 4 + 3 * 16 * 4 + (16 * 16 + 3 * 32 * 16 + 5 * 32 * 24 + 8 * 16) * 2 +
-                                        (2 + 1) * 3 * 16 * 24 * 4);
+                                        (3 * 2 + 1) * 16 * 24 * 4);
   EXPECT_EQ(host(LiveSet::kDispatch), 2 * 136 * 4 + 2 * 17 * 4 + 16 * 2 * 4 + (3 * 2 * 4 + 3 * 4) * 8);
 }
 

@@ -334,12 +334,12 @@ absl::Status LlepChunkRunnerT<W>::ReturnWeightGrads(const LlepRankPlan& p, const
   for (size_t i = 0; i < p.lent.size(); ++i) {
     const int64_t le = p.lent[i].second - first;
     const W* src = m.lent + i * X;
-    if (acc != nullptr) {  // loaded exactly, added in fp32
-      PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc->scratch, src, X));
+    if (acc != nullptr) {                                             // each part loaded exactly, then added in fp32
       float* const parts[3] = {acc->w_gate, acc->w_up, acc->w_down};  // [gate | up | down], as sent
       for (int j = 0; j < 3; ++j) {
         float* dst = parts[j] + le * HF;
-        PLATEAU_RETURN_IF_ERROR(backend_.Add(compute_, dst, dst, acc->scratch + j * HF, HF));
+        PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc->scratch, src + j * HF, HF));
+        PLATEAU_RETURN_IF_ERROR(backend_.Add(compute_, dst, dst, acc->scratch, HF));
       }
       continue;
     }

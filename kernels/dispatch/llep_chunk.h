@@ -70,9 +70,9 @@ struct LlepChunkMemoryT {
 using LlepChunkMemory = LlepChunkMemoryT<float>;
 
 // fp32 accumulators of this rank's own experts' weight gradients, each
-// [E_p, H F] in the layout of ExpertGradsT, and `scratch` [3 H F] into which
-// a helper's bf16 gradient is loaded before it is added (bf16 only: in fp32
-// the gradients themselves are fp32).
+// [E_p, H F] in the layout of ExpertGradsT, and `scratch` [H F] into which
+// each part of a helper's bf16 gradient is loaded before it is added (bf16
+// only: in fp32 the gradients themselves are fp32).
 struct ExpertGradAccum {
   float* w_gate = nullptr;
   float* w_up = nullptr;

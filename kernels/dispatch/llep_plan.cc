@@ -525,8 +525,8 @@ std::vector<DispatchBufferSpec> PipelinedLlepBuffers(const ModelConfig& m, int64
     b.push_back(c);
   }
   if (PipelinedLlepAccumulatesInFp32(max_tokens, o, e)) {
-    const int64_t X = 3 * m.hidden * m.expert_ffn;
-    b.push_back({"grad_accum", (m.experts / std::max<int64_t>(1, ranks) + 1) * X * e.accum});
+    const int64_t HF = m.hidden * m.expert_ffn;
+    b.push_back({"grad_accum", (3 * (m.experts / std::max<int64_t>(1, ranks)) + 1) * HF * e.accum});
   }
   return b;
 }

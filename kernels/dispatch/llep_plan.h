@@ -269,9 +269,9 @@ int64_t PipelinedLlepCountWords(const ModelConfig& model, int64_t ranks, int64_t
 // Everything PipelinedLLEP allocates (in PipelinedLlep::Create, held for
 // its lifetime): the counts, then the chunk slots, then (bf16 mixed with
 // K_max > 1) "grad_accum": fp32 accumulators of the own experts' weight
-// gradients, (E_p + 1) 3 H F floats (E_p experts and one helper's gradient
-// loaded), so that a gradient summed over K chunks rounds to bf16 once,
-// not K times. `max_tokens` is the launch's tokens per rank (the most any
+// gradients, (3 E_p + 1) H F floats (E_p experts' three matrices and one
+// helper's matrix loaded at a time), so that a gradient summed over K
+// chunks rounds to bf16 once, not K times. `max_tokens` is the launch's tokens per rank (the most any
 // Forward may be given).
 std::vector<DispatchBufferSpec> PipelinedLlepBuffers(const ModelConfig& model, int64_t ranks,
                                                      int64_t max_tokens,

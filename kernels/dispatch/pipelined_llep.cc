@@ -367,7 +367,7 @@ absl::Status PipelinedLlep::BackwardT(const W* dout, const ExpertWeightsT<W>& w,
   ExpertGradAccum acc;
   const ExpertGradAccum* accum = nullptr;
   if (std::is_same_v<W, Bf16> && grad_accum_ != nullptr && chunks_ > 1) {
-    acc = {grad_accum_, grad_accum_ + EpHF, grad_accum_ + 2 * EpHF, grad_accum_ + 3 * EpHF};
+    acc = {grad_accum_, grad_accum_ + EpHF, grad_accum_ + 2 * EpHF, grad_accum_ + 3 * EpHF};  // scratch: H F
     accum = &acc;
     PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc.w_gate, g.w_gate, EpHF));
     PLATEAU_RETURN_IF_ERROR(WorkingOps<W>::ToFloat(backend_, compute_, acc.w_up, g.w_up, EpHF));

@@ -645,12 +645,15 @@ TEST(PipelinedLlepTest, ARecomputeRoutedOtherwiseThanItsForwardIsInternal) {
 struct Bf16Run {
   std::vector<float> grads;
   std::vector<int64_t> peak_backward;
+  std::vector<int64_t> borrowed, lent;  // per rank: the most experts a chunk borrowed / lent
 };
 Bf16Run RunSameTokensBf16(const ModelConfig& m, int P, int64_t n, const PipelinedLlepOptions& o) {
   const int64_t H = m.hidden, F = m.expert_ffn, K = m.top_k, Ep = m.experts / P, HF = H * F;
   Bf16Run r;
   r.grads.assign(3 * m.experts * HF, 0.0f);
   r.peak_backward.assign(P, -1);
+  r.borrowed.assign(P, -1);
+  r.lent.assign(P, -1);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const auto random_bf16 = [&](int64_t count, float scale) {
@@ -707,6 +710,8 @@ Bf16Run RunSameTokensBf16(const ModelConfig& m, int P, int64_t n, const Pipeline
         PLATEAU_RETURN_IF_ERROR(
             d->Forward(bu.as<Bf16>(), bchosen.as<int32_t>(), bgates.as<float>(), n, ew, bout.as<Bf16>()));
         PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
+        r.borrowed[p] = d->max_chunk_sizes().borrowed;
+        r.lent[p] = d->max_chunk_sizes().lent;
         be.device().tracker().ResetPeaks();
         PLATEAU_RETURN_IF_ERROR(d->Backward(bdout.as<Bf16>(), ew, bdu.as<Bf16>(), bdg.as<float>(), eg));
         PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
@@ -739,6 +744,10 @@ TEST(PipelinedLlepTest, Bf16ExpertGradientsSumInFp32AcrossChunks) {
   ASSERT_EQ(PipelinedLlepChunks(n, chunked.chunk_tokens), 64);
   const Bf16Run many = RunSameTokensBf16(m, P, n, chunked);
   ASSERT_EQ(one.grads.size(), many.grads.size());
+  // Helpers took part: rank 1 borrowed rank 0's hot experts in some chunk
+  // (their gradients came home through the fp32 accumulators' scratch).
+  EXPECT_GT(many.borrowed[1], 0);
+  EXPECT_GT(many.lent[0], 0);
   double worst = 0;
   int64_t nonzero = 0;
   for (size_t i = 0; i < one.grads.size(); ++i) {

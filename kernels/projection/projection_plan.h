@@ -41,8 +41,9 @@ RingDtpMode RingDtpChooseMode(int64_t rows, int64_t vocab, int64_t ranks);
 // Bytes of Ring-DTP's kProjection live set on P ranks: the strip tile, the
 // three rotating traveller buffers, the per-token state and log-sum-exp,
 // and under bf16 the home accumulator (ring_dtp.cc allocates exactly
-// these). Independent of V in activation mode; in weight mode it grows
-// with N only through the per-token state (and under bf16 the home dX).
+// these). Independent of V in activation mode (but for the bf16 home dW,
+// ceil(V / P) x H fp32); in weight mode it grows with N only through the
+// per-token state (and under bf16 the home dX, N x H fp32).
 // The strip tile and the read-only travellers (X or W) are in the working
 // precision; the per-token state, log-sum-exp and every gradient
 // accumulator (the travelling dX or dW, the home dW or dX) in fp32
