@@ -158,6 +158,18 @@ TEST(BadInputTest, PlateauctlRefusesSpecFilesThatDoNotParse) {
   EXPECT_TRUE(AllJobs(c.client()).empty()) << "nothing may have been created";
 }
 
+// TinyJob under standard EP (whose dispatch follows the routing, so
+// force_launch can launch below its worst case; PipelinedLLEP's bound is
+// launch-sized) with a device cap one byte under its plan.
+absl::StatusOr<v1::JobSpec> SpecOneByteOverItsCap(Cluster& c) {
+  v1::JobSpec spec = TinyJob(5);
+  spec.mutable_schedule()->mutable_standard_ep();
+  auto plan = c.client().PlanJob(spec);
+  if (!plan.ok()) return plan.status();
+  spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+  return spec;
+}
+
 // A spec whose plan does not fit its cap: `plan` prints it and exits 5,
 // `submit --validate-only` and `submit` are refused with 5 naming the
 // shortfall and force_launch, and nothing is created; with force_launch the
@@ -165,13 +177,9 @@ TEST(BadInputTest, PlateauctlRefusesSpecFilesThatDoNotParse) {
 TEST(BadInputTest, PlateauctlExitsNonZeroWhenThePlanDoesNotFit) {
   Cluster c("no-fit", NoWorker());
   ASSERT_TRUE(c.ready()) << c.Logs();
-  v1::JobSpec spec = TinyJob(5);
-  // Standard EP, whose dispatch follows the routing, so force_launch can
-  // launch below its worst case (PipelinedLLEP's bound is launch-sized).
-  spec.mutable_schedule()->mutable_standard_ep();
-  auto plan = c.client().PlanJob(spec);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+  absl::StatusOr<v1::JobSpec> over = SpecOneByteOverItsCap(c);
+  ASSERT_TRUE(over.ok()) << over.status();
+  v1::JobSpec spec = *over;
   std::string text;
   ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(spec, &text));
   const std::string path = c.dir() + "/no-fit.txtpb";
@@ -260,11 +268,9 @@ constexpr char kGoogleRpcStatusProto[] = R"pb(
 TEST(BadInputTest, DoesNotFitTravelsAsAGoogleRpcStatusInTheTrailer) {
   Cluster c("no-fit-status", NoWorker());
   ASSERT_TRUE(c.ready()) << c.Logs();
-  v1::JobSpec spec = TinyJob(5);
-  spec.mutable_schedule()->mutable_standard_ep();
-  auto plan = c.client().PlanJob(spec);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  spec.set_device_memory_bytes(plan->plan().total_bytes() - 1);
+  absl::StatusOr<v1::JobSpec> over = SpecOneByteOverItsCap(c);
+  ASSERT_TRUE(over.ok()) << over.status();
+  const v1::JobSpec spec = *over;
 
   google::protobuf::Any::descriptor();  // google/protobuf/any.proto into the generated pool
   google::protobuf::FileDescriptorProto file;
