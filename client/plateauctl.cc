@@ -98,13 +98,14 @@ constexpr char kExitCodes[] = R"(exit codes
      refused (INVALID_ARGUMENT naming the field, ALREADY_EXISTS for a
      request id used with another spec, UNAUTHENTICATED, ...)
   3  the job was CANCELLED (watch, submit --wait)
-  4  the coordinator could not be reached (UNAVAILABLE)
+  4  the coordinator could not be reached (UNAVAILABLE; CANCELLED: its
+     shutdown cancelled the call), as the Python client's 4
   5  the job's memory plan does not fit its device or host cap (plan, submit)
   6  no such job (NOT_FOUND)
   7  the job had already finished (cancel of a SUCCEEDED or FAILED job; a
      CANCELLED one is answered 0, as a cancel retried after a lost answer)
   8  the coordinator could not serve the request: a fault on its side
-     (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, DEADLINE_EXCEEDED, CANCELLED) or one of
+     (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, DEADLINE_EXCEEDED) or one of
      its limits (RESOURCE_EXHAUSTED: too many open watches); the same
      command may succeed later
 )";
@@ -371,6 +372,7 @@ int Fail(const absl::Status& s, int code) {
 int Report(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:  // a coordinator stopping cancels the calls in flight
       return Fail(s, kExitUnreachable);
     case absl::StatusCode::kNotFound:
       return Fail(s, kExitNotFound);
@@ -379,7 +381,6 @@ int Report(const absl::Status& s) {
     case absl::StatusCode::kUnknown:
     case absl::StatusCode::kAborted:
     case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kCancelled:  // the coordinator stopping cancels calls in flight
       return Fail(s, kExitServer);
     case absl::StatusCode::kResourceExhausted:
       // A request over the coordinator's --max_request_bytes is the

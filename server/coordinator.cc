@@ -253,6 +253,12 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
   a.ranks.assign(ranks, RankState{});
   for (const v1::Placement& p : a.job.placement()) {
     registry_.Expect(p.worker_id(), now);
+    // A job placed by a coordinator from before Job.hosted_by has none
+    // recorded: its current workers are its hosts (written with its next
+    // state change).
+    if (std::find(a.job.hosted_by().begin(), a.job.hosted_by().end(), p.worker_id()) == a.job.hosted_by().end()) {
+      a.job.add_hosted_by(p.worker_id());
+    }
     for (int r : p.ranks()) {
       if (r < 0 || r >= ranks) {
         return absl::DataLossError(absl::StrCat("state database: ", a.job.id(), " places rank ", r, " of ", ranks));
@@ -439,14 +445,11 @@ void Coordinator::SweepRetention() {
       return;
     }
     const int64_t seq = unswept_.begin()->second;
-    if (deleting_.count(seq) > 0) {  // DeleteJob is removing it in parts
-      next_sweep_ = now;
-      return;
-    }
     absl::StatusOr<v1::Job> job = store_->GetJob(JobIdOf(seq));
     if (!job.ok() || job->has_events_deleted_time()) {
-      // Deleted meanwhile (NOT_FOUND), or a record that does not parse
-      // (said; `plateauctl delete` removes it).
+      // Deleted meanwhile (NOT_FOUND), being deleted (DeleteJob marks it
+      // first), or a record that does not parse (said; `plateauctl delete`
+      // removes it).
       if (!job.ok() && !absl::IsNotFound(job.status())) {
         Say(absl::StrCat("retention sweep: ", job.status().message()));
       }
@@ -566,8 +569,8 @@ absl::Status Coordinator::SetState(LiveJob& a, v1::JobState state, const std::st
   if (IsTerminal(state) && options_.retention > absl::ZeroDuration()) {
     if (auto seq = ParseJobId(job.id()); seq.ok()) unswept_.emplace(TimeOf(job.end_time()), *seq);
   }
-  if (IsTerminal(state)) ForgetMetricsLater(job.id());
   if (IsTerminal(state)) {
+    ForgetMetricsLater(job.id());
     // Its counter leaves with it (the map holds the live jobs'), so every
     // stream wakes once: rare, one per job's end.
     job_versions_.erase(job.id());
@@ -846,8 +849,8 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     deleting_.insert(seq);
   }
   // Its data in parts, each one transaction under the lock, the lock free
-  // between them. A finished job gains no data meanwhile (its late log
-  // lines are dropped while it is in deleting_).
+  // between them. A finished job gains no data meanwhile (it is marked:
+  // its late log lines are dropped) and the sweep leaves it alone.
   int parts = 0;
   for (bool done = false; !done;) {
     int64_t rows = 0;
@@ -1850,12 +1853,8 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
   // job's last lines still count (they arrive after its end), until the
   // retention pass has removed its logs (a line then would start them
   // again at index 0, which a client resuming "from N" would never read).
-  // (request was moved from.) The current placement counts too: a job
-  // placed by a coordinator from before hosted_by has none recorded.
-  const auto hosted = [&](const v1::Job& job) {
-    return std::find(job.hosted_by().begin(), job.hosted_by().end(), w->id) != job.hosted_by().end() ||
-           std::any_of(job.placement().begin(), job.placement().end(),
-                       [&](const v1::Placement& p) { return p.worker_id() == w->id; });
+  const auto hosted = [&](const v1::Job& job) {  // (request was moved from)
+    return std::find(job.hosted_by().begin(), job.hosted_by().end(), w->id) != job.hosted_by().end();
   };
   std::map<std::string, bool> accepted;
   b.logs.erase(std::remove_if(b.logs.begin(), b.logs.end(),
@@ -1866,7 +1865,7 @@ absl::Status Coordinator::ReportTelemetry(v1::TelemetryRequest request) {
                                   auto live = seq.ok() ? active_.find(*seq) : active_.end();
                                   if (live != active_.end()) {
                                     it->second = hosted(live->second.job);
-                                  } else if (seq.ok() && deleting_.count(*seq) == 0) {
+                                  } else if (seq.ok()) {
                                     const absl::StatusOr<v1::Job> stored = store_->GetJob(l.job_id());
                                     it->second = stored.ok() && !stored->has_events_deleted_time() && hosted(*stored);
                                   }

@@ -347,9 +347,9 @@ class Coordinator {
   // sweep listed and parsed every finished job from the oldest not yet
   // due at each pass: a month of jobs under the lock every 10 minutes.)
   std::set<std::pair<absl::Time, int64_t>> unswept_ ABSL_GUARDED_BY(mu_);
-  // Jobs (by seq) whose DeleteJob is deleting their data in parts: the
-  // sweep waits for them, their late log lines are dropped, and a second
-  // DeleteJob is refused.
+  // Jobs (by seq) whose DeleteJob is deleting their data in parts: a
+  // second DeleteJob is refused (ABORTED). (The sweep and late log lines
+  // see the mark DeleteJob writes first: events_deleted_time.)
   std::set<int64_t> deleting_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);

@@ -1054,7 +1054,7 @@ TEST_F(CoordinatorTest, LogLinesAreTakenOnlyFromTheWorkersThatHostedTheJob) {
 
 // A job placed by a coordinator from before Job.hosted_by (its record has
 // none) still takes its lines from the worker it runs on, after a restart:
-// the current placement counts.
+// Restore takes its placement's workers as its hosts.
 TEST_F(CoordinatorTest, AJobPlacedBeforeHostedByTakesItsWorkersLinesAfterARestart) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
@@ -1065,7 +1065,7 @@ TEST_F(CoordinatorTest, AJobPlacedBeforeHostedByTakesItsWorkersLinesAfterARestar
   Open();  // a restart reads it
   ASSERT_EQ(Register(w, {Runs(job, 0, {0, 1})}), w);
   ASSERT_EQ(Get(job).state(), v1::RUNNING);
-  ASSERT_TRUE(Get(job).hosted_by().empty());
+  EXPECT_THAT(Get(job).hosted_by(), ElementsAre(w)) << "its placement's workers are its hosts";
   v1::TelemetryRequest t;
   t.set_worker_id(w);
   v1::LogEntry* e = t.add_logs();
