@@ -58,7 +58,7 @@ struct Point {
   Timing fwd, bwd;
   double fwd_flops = 0;
   std::vector<float> o;  // the last forward's output, on the host
-  // One backward's gradients from zero, on the host (dq widened from bf16).
+  // One backward's gradients from zero, on the host (all three fp32).
   std::vector<float> dq, dk, dv;
 };
 
@@ -116,7 +116,7 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   PLATEAU_ASSIGN_OR_RETURN(Buffer k, alloc(kv_elems * 2));
   PLATEAU_ASSIGN_OR_RETURN(Buffer v, alloc(kv_elems * 2));
   PLATEAU_ASSIGN_OR_RETURN(Buffer dout, alloc(q_elems * 2));
-  PLATEAU_ASSIGN_OR_RETURN(Buffer dq, alloc(q_elems * 2));
+  PLATEAU_ASSIGN_OR_RETURN(Buffer dq, alloc(q_elems * 4));  // fp32: ring attention rounds it once
   PLATEAU_ASSIGN_OR_RETURN(Buffer acc, alloc(q_elems * 4));
   PLATEAU_ASSIGN_OR_RETURN(Buffer dk, alloc(kv_elems * 4));
   PLATEAU_ASSIGN_OR_RETURN(Buffer dv, alloc(kv_elems * 4));
@@ -133,7 +133,7 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
     PLATEAU_RETURN_IF_ERROR(be.Copy(stream, buf->data(), host.data(), n * 2));
   }
   auto zero_gradients = [&]() -> absl::Status {
-    for (auto [buf, bytes] : {std::pair{&dq, q_elems * 2}, {&dk, kv_elems * 4}, {&dv, kv_elems * 4}}) {
+    for (auto [buf, bytes] : {std::pair{&dq, q_elems * 4}, {&dk, kv_elems * 4}, {&dv, kv_elems * 4}}) {
       const std::vector<char> zeros(bytes, 0);
       PLATEAU_RETURN_IF_ERROR(be.Copy(stream, buf->data(), zeros.data(), bytes));
       PLATEAU_RETURN_IF_ERROR(stream.Synchronize());  // zeros is freed here
@@ -159,9 +159,9 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   auto backward = [&]() -> absl::Status {
     PLATEAU_RETURN_IF_ERROR(
         kernels->AttentionDeltaBf16(stream, shape, acc.as<float>(), dob, delta.as<float>()));
-    PLATEAU_RETURN_IF_ERROR(kernels->AttentionBackwardBlockBf16(
-        stream, shape, qb, kb, vb, dob, lse.as<float>(), delta.as<float>(), dq.as<Bf16>(),
-        dk.as<float>(), dv.as<float>(), work.as<float>()));
+    PLATEAU_RETURN_IF_ERROR(kernels->AttentionBackwardBlockBf16(stream, shape, qb, kb, vb, dob, lse.as<float>(),
+                                                                delta.as<float>(), dq.as<float>(), dk.as<float>(),
+                                                                dv.as<float>(), work.as<float>()));
     return stream.Synchronize();
   };
   Point p;
@@ -182,15 +182,13 @@ absl::StatusOr<Point> Measure(Backend& be, Stream& stream, const AttentionShape&
   // times that differs by variant: one more from zero, to compare.
   PLATEAU_RETURN_IF_ERROR(zero_gradients());
   PLATEAU_RETURN_IF_ERROR(backward());
-  std::vector<Bf16> dq_bf16(q_elems);
+  p.dq.resize(q_elems);
   p.dk.resize(kv_elems);
   p.dv.resize(kv_elems);
-  PLATEAU_RETURN_IF_ERROR(be.Copy(stream, dq_bf16.data(), dq.data(), q_elems * 2));
+  PLATEAU_RETURN_IF_ERROR(be.Copy(stream, p.dq.data(), dq.data(), q_elems * 4));
   PLATEAU_RETURN_IF_ERROR(be.Copy(stream, p.dk.data(), dk.data(), kv_elems * 4));
   PLATEAU_RETURN_IF_ERROR(be.Copy(stream, p.dv.data(), dv.data(), kv_elems * 4));
   PLATEAU_RETURN_IF_ERROR(stream.Synchronize());
-  p.dq.resize(q_elems);
-  for (int64_t i = 0; i < q_elems; ++i) p.dq[i] = Bf16ToFloat(dq_bf16[i]);
   return p;
 }
 

@@ -114,7 +114,7 @@ TEST_P(CudaAttentionTcTest, MatchesItsTwinAndExactAttention) {
   ASSERT_TRUE(single_kernels != nullptr);
   const AttnTcOut single = RunAttnTc(cuda_, *single_kernels, d);
   for (const AttnTcOut* other : {&again, &picked, &single}) {
-    EXPECT_EQ(Bits(other->dq_bits), Bits(cuda.dq_bits));
+    EXPECT_EQ(Widened(other->dq), Widened(cuda.dq));
     EXPECT_EQ(Widened(other->o), Widened(cuda.o));
     EXPECT_EQ(Widened(other->lse), Widened(cuda.lse));
     for (size_t j = 0; j < d.shapes.size(); ++j) {

@@ -710,22 +710,18 @@ TEST_F(CudaBf16TwinTest, GroupedGemmMatchesCpu) {
 
 // ---------------------------------------------------------------------------
 // Attention's bf16 block pairs (bf16 q, k, v, dO; fp32 m, l, acc, lse,
-// delta, dK, dV; bf16 dq rounded once per block pair), two ways:
+// delta, dq, dK, dV: ring attention rounds dq once, after its last hop),
+// two ways:
 // - against the CPU emulation (the fp32 functions on the loaded inputs):
 //   cuda_model_twin_test's fp32 attention tolerances (3e-5 of the largest
 //   magnitude for the state, 2e-4 for the gradients; the dot products sum
-//   in another order), delta bitwise (the same loop on both sides), and for
-//   dq one bf16 unit of its largest magnitude more per block pair, since
-//   each pair's rounding can land on neighbouring bf16 values and the next
-//   pair carries the difference on;
+//   in another order), delta bitwise (the same loop on both sides);
 // - against the CUDA fp32 kernels on the loaded values, bit for bit: the
 //   bf16 kernels are the same kernels with exact loads into the same fp32
-//   tiles, and dq is the fp32 kernel's dq rounded once per call (checked by
-//   running the fp32 kernel pair by pair and rounding on the host between).
+//   tiles.
 // Each side also gives the same bits run to run. Causal offsets, GQA 1 to 8,
-// head_dim 8 to 176 (at 176 the tile is 16 rows and the bf16 dq kernel's
-// staged tile takes it to 57,792 bytes of shared memory, past the 48 KiB
-// that needs no opt-in), lengths off the tile, and rows that see no key.
+// head_dim 8 to 176 (at 176 the tile is 16 rows: the largest shared memory
+// of the tiled kernels), lengths off the tile, and rows that see no key.
 
 struct AttnBf16Case {
   const char* name;
@@ -777,12 +773,6 @@ template <typename T>
   return ::testing::AssertionSuccess();
 }
 
-std::vector<uint16_t> BitsOf(const std::vector<Bf16>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
-
 struct AttnBf16Data {
   std::vector<AttentionShape> shapes;
   int64_t rows = 0, q_size = 0, kv_size = 0;
@@ -792,15 +782,14 @@ struct AttnBf16Data {
 };
 
 struct AttnBf16Out {
-  std::vector<float> m, l, acc, o, lse, delta;
-  std::vector<Bf16> dq;
+  std::vector<float> m, l, acc, o, lse, delta, dq;
   std::vector<std::vector<float>> dk, dv;
 };
 
 // Init, ForwardBlock over the blocks, Finalize, Delta and BackwardBlock over
 // the blocks on one side, in bf16 (`fp32` false) or on the loaded values
-// with the fp32 ops (`fp32` true: dq rounded to bf16 on the host after each
-// pair, the bf16 ops' contract). Delta and the backward use `ref` (o, lse;
+// with the fp32 ops (`fp32` true). dq is fp32 in both (ring attention rounds
+// it once, after its last hop). Delta and the backward use `ref` (o, lse;
 // the CPU's) when given, so both sides differentiate the same state.
 AttnBf16Out AttnRun(DeviceSide& side, const AttnBf16Data& d, bool fp32, const AttnBf16Out* ref) {
   AttnBf16Out out;
@@ -845,30 +834,24 @@ AttnBf16Out AttnRun(DeviceSide& side, const AttnBf16Data& d, bool fp32, const At
   const float* delta_in = side.Upload(ref != nullptr ? ref->delta : out.delta);
   const Bf16* doutb = side.UploadBf16(d.dout);
   const float* doutf = side.Upload(Loaded(d.dout));
-  std::vector<Bf16> dq_host = d.dq0;
-  Bf16* dqb = side.UploadBf16(d.dq0);
+  float* dq = side.Upload(Loaded(d.dq0));
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     float* work = side.Poisoned(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
     float* dk = side.Upload(d.dk0[j]);
     float* dv = side.Upload(d.dv0[j]);
     if (fp32) {
-      float* dqf = side.Upload(Loaded(dq_host));
       EXPECT_TRUE(k.AttentionBackwardBlock(side.s(), d.shapes[j], qf, side.Upload(Loaded(d.k[j])),
-                                           side.Upload(Loaded(d.v[j])), doutf, lse_in, delta_in,
-                                           dqf, dk, dv, work)
+                                           side.Upload(Loaded(d.v[j])), doutf, lse_in, delta_in, dq, dk, dv, work)
                       .ok());
-      const std::vector<float> dq_f = side.Download(dqf, d.q_size);
-      for (size_t i = 0; i < dq_f.size(); ++i) dq_host[i] = FloatToBf16(dq_f[i]);
     } else {
       EXPECT_TRUE(k.AttentionBackwardBlockBf16(side.s(), d.shapes[j], qb, side.UploadBf16(d.k[j]),
-                                               side.UploadBf16(d.v[j]), doutb, lse_in, delta_in,
-                                               dqb, dk, dv, work)
+                                               side.UploadBf16(d.v[j]), doutb, lse_in, delta_in, dq, dk, dv, work)
                       .ok());
     }
     out.dk.push_back(side.Download(dk, d.kv_size));
     out.dv.push_back(side.Download(dv, d.kv_size));
   }
-  out.dq = fp32 ? dq_host : side.DownloadBf16(dqb, d.q_size);
+  out.dq = side.Download(dq, d.q_size);
   return out;
 }
 
@@ -910,10 +893,7 @@ TEST_P(CudaAttentionBf16Test, MatchesCpuAndTheFp32Kernels) {
   EXPECT_TRUE(Within(cuda.l, cpu.l, 3e-5 * MaxAbsFinite(cpu.l), "l"));
   EXPECT_TRUE(Within(cuda.acc, cpu.acc, 3e-5 * MaxAbsFinite(cpu.acc) + 1e-7, "acc"));
   EXPECT_TRUE(Bitwise(cuda.delta, cpu.delta, "delta"));
-  const std::vector<float> cpu_dq = Loaded(cpu.dq);
-  const double pairs = static_cast<double>(d.shapes.size());
-  EXPECT_TRUE(Within(Loaded(cuda.dq), cpu_dq,
-                     (2e-4 + pairs * kBf16Ulp) * MaxAbsFinite(cpu_dq), "dq"));
+  EXPECT_TRUE(Within(cuda.dq, cpu.dq, 2e-4 * MaxAbsFinite(cpu.dq), "dq"));
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     EXPECT_TRUE(Within(cuda.dk[j], cpu.dk[j], 2e-4 * MaxAbsFinite(cpu.dk[j]), "dk"));
     EXPECT_TRUE(Within(cuda.dv[j], cpu.dv[j], 2e-4 * MaxAbsFinite(cpu.dv[j]), "dv"));
@@ -921,7 +901,7 @@ TEST_P(CudaAttentionBf16Test, MatchesCpuAndTheFp32Kernels) {
   // Not vacuous: the pairs moved dq away from its start somewhere (unless
   // no query sees any key).
   if (MaxAbsFinite(cpu.l) > 0) {
-    EXPECT_NE(BitsOf(cpu.dq), BitsOf(d.dq0));
+    EXPECT_NE(cpu.dq, Loaded(d.dq0));
   }
 
   // Against the CUDA fp32 kernels on the loaded values, bit for bit.
@@ -930,7 +910,7 @@ TEST_P(CudaAttentionBf16Test, MatchesCpuAndTheFp32Kernels) {
   EXPECT_TRUE(Bitwise(cuda.l, f32.l, "l vs fp32 kernel"));
   EXPECT_TRUE(Bitwise(cuda.acc, f32.acc, "acc vs fp32 kernel"));
   EXPECT_TRUE(Bitwise(cuda.delta, f32.delta, "delta vs fp32 kernel"));
-  EXPECT_TRUE(Bitwise(BitsOf(cuda.dq), BitsOf(f32.dq), "dq vs fp32 kernel, rounded per pair"));
+  EXPECT_TRUE(Bitwise(cuda.dq, f32.dq, "dq vs fp32 kernel"));
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     EXPECT_TRUE(Bitwise(cuda.dk[j], f32.dk[j], "dk vs fp32 kernel"));
     EXPECT_TRUE(Bitwise(cuda.dv[j], f32.dv[j], "dv vs fp32 kernel"));
@@ -939,7 +919,7 @@ TEST_P(CudaAttentionBf16Test, MatchesCpuAndTheFp32Kernels) {
   // Run to run.
   const AttnBf16Out again = AttnRun(cuda_, d, /*fp32=*/false, &cpu);
   EXPECT_TRUE(Bitwise(again.acc, cuda.acc, "acc run 2"));
-  EXPECT_TRUE(Bitwise(BitsOf(again.dq), BitsOf(cuda.dq), "dq run 2"));
+  EXPECT_TRUE(Bitwise(again.dq, cuda.dq, "dq run 2"));
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     EXPECT_TRUE(Bitwise(again.dk[j], cuda.dk[j], "dk run 2"));
     EXPECT_TRUE(Bitwise(again.dv[j], cuda.dv[j], "dv run 2"));
@@ -948,24 +928,23 @@ TEST_P(CudaAttentionBf16Test, MatchesCpuAndTheFp32Kernels) {
 
 // Tiles (cuda_model_ops.h): 32 rows for head_dim <= 64, 16 for 128 and
 // 176; no length below is a multiple of either.
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaAttentionBf16Test,
-    ::testing::Values(
-        // GQA 1: the own (diagonal) block, then the earlier one.
-        AttnBf16Case{"gqa1_ring", 2, 37, 37, 4, 4, 16, 37, {37, 0}},
-        // GQA 3, key blocks shorter than the queries, the last overlapping
-        // the queries partly.
-        AttnBf16Case{"gqa3_offsets", 1, 70, 45, 6, 2, 32, 90, {90, 45, 0}},
-        // GQA 2: a partly visible block and one wholly after the queries.
-        AttnBf16Case{"gqa2_after", 2, 50, 50, 4, 2, 64, 100, {100, 60, 150}},
-        // GQA 8, head_dim 128, more keys than queries from position 0.
-        AttnBf16Case{"gqa8_d128", 1, 33, 40, 8, 1, 128, 0, {0}},
-        // GQA 2, head_dim 176: the bf16 dq kernel's opt-in past 48 KiB;
-        // the own block, then the earlier one.
-        AttnBf16Case{"gqa2_d176_optin", 1, 21, 21, 4, 2, 176, 21, {21, 0}},
-        // Queries that see no key: o = 0, lse = -inf, dq unchanged.
-        AttnBf16Case{"none_visible", 1, 20, 20, 2, 1, 8, 0, {40}}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionBf16Test,
+                         ::testing::Values(
+                             // GQA 1: the own (diagonal) block, then the earlier one.
+                             AttnBf16Case{"gqa1_ring", 2, 37, 37, 4, 4, 16, 37, {37, 0}},
+                             // GQA 3, key blocks shorter than the queries, the last overlapping
+                             // the queries partly.
+                             AttnBf16Case{"gqa3_offsets", 1, 70, 45, 6, 2, 32, 90, {90, 45, 0}},
+                             // GQA 2: a partly visible block and one wholly after the queries.
+                             AttnBf16Case{"gqa2_after", 2, 50, 50, 4, 2, 64, 100, {100, 60, 150}},
+                             // GQA 8, head_dim 128, more keys than queries from position 0.
+                             AttnBf16Case{"gqa8_d128", 1, 33, 40, 8, 1, 128, 0, {0}},
+                             // GQA 2, head_dim 176: 16-row tiles, the most shared memory (47,488
+                             // bytes for dK/dV); the own block, then the earlier one.
+                             AttnBf16Case{"gqa2_d176", 1, 21, 21, 4, 2, 176, 21, {21, 0}},
+                             // Queries that see no key: o = 0, lse = -inf, dq unchanged.
+                             AttnBf16Case{"none_visible", 1, 20, 20, 2, 1, 8, 0, {40}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace plateau

@@ -30,9 +30,8 @@ void LaunchForwardStages(cudaStream_t stream, dim3 grid, const AttentionDims& s,
       s, q, k, v, m, l, acc);
 }
 template <int D, int kStages>
-void LaunchDqStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
-                    const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
-                    const float* delta, Bf16* dq) {
+void LaunchDqStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q, const Bf16* k, const Bf16* v,
+                    const Bf16* dout, const float* lse, const float* delta, float* dq) {
   constexpr int kSmem = TcSmem<D, kStages>::kDq;
   PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionDqTcKernel<D, kStages>)(
       s, q, k, v, dout, lse, delta, dq);
@@ -61,10 +60,9 @@ cudaError_t LaunchForward(cudaStream_t stream, const AttentionDims& s,
 }
 
 template <int D>
-cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
-                           const AttentionTcStages& stages, const Bf16* q, const Bf16* k,
-                           const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
-                           Bf16* dq, float* dk, float* dv) {
+cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s, const AttentionTcStages& stages, const Bf16* q,
+                           const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
+                           float* dq, float* dk, float* dv) {
   dim3 qgrid, kgrid;
   if (!TileGrid(s, s.q_len, s.heads, &qgrid) || !TileGrid(s, s.kv_len, s.kv_heads, &kgrid)) {
     return cudaErrorInvalidConfiguration;
@@ -169,18 +167,16 @@ cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,
   }
 }
 
-cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s,
-                                     const AttentionTcStages& stages, const uint16_t* q,
-                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
-                                     float* dv) {
+cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s, const AttentionTcStages& stages,
+                                     const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, float* dq, float* dk, float* dv) {
   switch (s.head_dim) {
     case 64:
-      return LaunchBackward<64>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), AsBf16(dout),
-                                lse, delta, AsBf16(dq), dk, dv);
+      return LaunchBackward<64>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), AsBf16(dout), lse, delta, dq, dk,
+                                dv);
     case 128:
-      return LaunchBackward<128>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), AsBf16(dout),
-                                 lse, delta, AsBf16(dq), dk, dv);
+      return LaunchBackward<128>(stream, s, stages, AsBf16(q), AsBf16(k), AsBf16(v), AsBf16(dout), lse, delta, dq, dk,
+                                 dv);
     default:
       return cudaErrorInvalidValue;
   }

@@ -2,7 +2,7 @@
 // with mma.sync m16n8k16 (bf16 operands, fp32 accumulators; sm_80 and
 // sm_90), behind the same block-pair interface as the tiled kernels of
 // cuda_model_ops.h (ring attention's running state m, l, acc; lse, delta;
-// dq += per pair, rounded once; dk, dv fp32 and travelling with the block).
+// dq, dk, dv fp32 accumulators, dk and dv travelling with the block).
 //
 // Why: the tiled kernels multiply in fp32 on CUDA cores, two shared-memory
 // loads per multiply-add, a few TFLOP/s; attention is most of the long-context
@@ -21,8 +21,8 @@
 // calls (m2 = m log2(e) inside one). Backward recomputes p = exp2(fma(x,
 // scale log2(e), -lse log2(e))) in fp32, dS = p (dP - delta) in fp32, and
 // rounds p (for dV = P^T dO) and dS (for dQ = dS K and dK = dS^T Q) to bf16
-// as operands. dq adds scale * (its fp32 sum) to the loaded dq and rounds
-// once per call; dk adds scale * (its fp32 sum over the group's heads and
+// as operands. dq adds scale * (its fp32 sum) to the fp32 dq once per call
+// (ring attention rounds it to bf16 once, after its last hop); dk adds scale * (its fp32 sum over the group's heads and
 // every query tile), dv its sum.
 //
 // Speed: the loops are written so that a warp issues few instructions
@@ -102,11 +102,9 @@ cudaError_t AttentionForwardBlockTc(cudaStream_t stream, const AttentionDims& s,
                                     const uint16_t* k, const uint16_t* v, float* m, float* l,
                                     float* acc);
 // As AttentionBackwardBlockBf16: the dQ kernel, then the dK/dV kernel.
-cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s,
-                                     const AttentionTcStages& stages, const uint16_t* q,
-                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
-                                     float* dv);
+cudaError_t AttentionBackwardBlockTc(cudaStream_t stream, const AttentionDims& s, const AttentionTcStages& stages,
+                                     const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, float* dq, float* dk, float* dv);
 
 // Loads the kernels' module now (backend creation; LoadKernels beside) and
 // opts each kernel in to the shared memory it launches with, once, on the

@@ -89,18 +89,14 @@ std::string ForwardWg(const AttentionShape& s, const HostBf16* q, const HostBf16
 // With `wgmma`, the dQ and dK/dV kernels on wgmma
 // (cuda_attention_wgmma_kernels.inc).
 template <int D, int kStages>
-std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k,
-                     const HostBf16* v, const HostBf16* dout, const float* lse, const float* delta,
-                     HostBf16* dq, float* dk, float* dv, simt::Schedule schedule, bool wgmma) {
+std::string Backward(const AttentionShape& s, const HostBf16* q, const HostBf16* k, const HostBf16* v,
+                     const HostBf16* dout, const float* lse, const float* delta, float* dq, float* dk, float* dv,
+                     simt::Schedule schedule, bool wgmma) {
   const AttentionDims d = Dims(s);
   const SimtDim3 qgrid = {Tiles(s.q_len), static_cast<unsigned>(s.heads),
                           static_cast<unsigned>(s.batch)};
-  const auto dq_wgmma = [&] {
-    AttentionDqWgKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, Nv(dq));
-  };
-  const auto dq_mma = [&] {
-    AttentionDqTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, Nv(dq));
-  };
+  const auto dq_wgmma = [&] { AttentionDqWgKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dq); };
+  const auto dq_mma = [&] { AttentionDqTcKernel<D, kStages>(d, Nv(q), Nv(k), Nv(v), Nv(dout), lse, delta, dq); };
   std::string e =
       wgmma ? simt::RunGrid(qgrid, kTcThreads, WgDqSmem<D, kStages>::kDq, schedule, dq_wgmma)
             : simt::RunGrid(qgrid, kTcThreads, TcSmem<D, kStages>::kDq, schedule, dq_mma);
@@ -183,7 +179,7 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
   AttentionDelta(s0, r.o.data(), dout.data(), r.delta.data());
   const float* lse = ref != nullptr ? ref->lse.data() : r.lse.data();
   const float* delta = ref != nullptr ? ref->delta.data() : r.delta.data();
-  std::vector<HostBf16> dq = d.dq0;
+  std::vector<float> dq = Loaded(d.dq0);
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     std::vector<float> dk = d.dk0[j], dv = d.dv0[j];
     const HostBf16 *q = d.q.data(), *k = d.k[j].data(), *v = d.v[j].data(), *dob = d.dout.data();
@@ -204,8 +200,7 @@ AttnTcOut RunPairs(const AttnTcData& d, bool emulated, Emulation run, const Attn
     r.dk.push_back(dk);
     r.dv.push_back(dv);
   }
-  r.dq_bits = dq;
-  r.dq = Loaded(dq);
+  r.dq = dq;
   return r;
 }
 

@@ -45,9 +45,8 @@ cudaError_t Launch(cudaStream_t stream, const AttentionDims& s, int stages, cons
 }
 
 template <int D, int kStages>
-void LaunchDqStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q,
-                    const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
-                    const float* delta, Bf16* dq) {
+void LaunchDqStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, const Bf16* q, const Bf16* k, const Bf16* v,
+                    const Bf16* dout, const float* lse, const float* delta, float* dq) {
   constexpr int kSmem = WgDqSmem<D, kStages>::kDq;  // (a macro argument holds no comma)
   PLATEAU_KERNEL_LAUNCH(grid, kTcThreads, kSmem, stream, AttentionDqWgKernel<D, kStages>)(
       s, q, k, v, dout, lse, delta, dq);
@@ -65,10 +64,9 @@ void LaunchDkvStages(cudaStream_t stream, dim3 grid, const AttentionDims& s, con
 // The dQ kernel, then the dK/dV kernel: they write disjoint outputs (dq;
 // dk and dv) and only read the rest, so their order does not matter.
 template <int D>
-cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s,
-                           const AttentionTcStages& stages, const Bf16* q, const Bf16* k,
-                           const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
-                           Bf16* dq, float* dk, float* dv) {
+cudaError_t LaunchBackward(cudaStream_t stream, const AttentionDims& s, const AttentionTcStages& stages, const Bf16* q,
+                           const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
+                           float* dq, float* dk, float* dv) {
   dim3 qgrid, kgrid;
   if (!TileGrid(s, s.q_len, s.heads, &qgrid) || !TileGrid(s, s.kv_len, s.kv_heads, &kgrid)) {
     return cudaErrorInvalidConfiguration;
@@ -140,21 +138,18 @@ cudaError_t AttentionForwardBlockWg(cudaStream_t stream, const AttentionDims& s,
   }
 }
 
-cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s,
-                                     const AttentionTcStages& stages, const uint16_t* q,
-                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
-                                     float* dv) {
+cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s, const AttentionTcStages& stages,
+                                     const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, float* dq, float* dk, float* dv) {
   const Bf16* bq = reinterpret_cast<const Bf16*>(q);
   const Bf16* bk = reinterpret_cast<const Bf16*>(k);
   const Bf16* bv = reinterpret_cast<const Bf16*>(v);
   const Bf16* bdo = reinterpret_cast<const Bf16*>(dout);
-  Bf16* bdq = reinterpret_cast<Bf16*>(dq);
   switch (s.head_dim) {
     case 64:
-      return LaunchBackward<64>(stream, s, stages, bq, bk, bv, bdo, lse, delta, bdq, dk, dv);
+      return LaunchBackward<64>(stream, s, stages, bq, bk, bv, bdo, lse, delta, dq, dk, dv);
     case 128:
-      return LaunchBackward<128>(stream, s, stages, bq, bk, bv, bdo, lse, delta, bdq, dk, dv);
+      return LaunchBackward<128>(stream, s, stages, bq, bk, bv, bdo, lse, delta, dq, dk, dv);
     default:
       return cudaErrorInvalidValue;
   }

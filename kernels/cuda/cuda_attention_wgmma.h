@@ -29,11 +29,9 @@ cudaError_t AttentionForwardBlockWg(cudaStream_t stream, const AttentionDims& s,
 
 // As AttentionBackwardBlockTc: the dQ kernel (`stages`.dq buffers), then
 // the dK/dV kernel (`stages`.dkv), both on wgmma.
-cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s,
-                                     const AttentionTcStages& stages, const uint16_t* q,
-                                     const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                     const float* lse, const float* delta, uint16_t* dq, float* dk,
-                                     float* dv);
+cudaError_t AttentionBackwardBlockWg(cudaStream_t stream, const AttentionDims& s, const AttentionTcStages& stages,
+                                     const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                     const float* lse, const float* delta, float* dq, float* dk, float* dv);
 
 // Loads the kernels' module and opts each in to its shared memory (at most
 // 97 KiB, dK/dV double-buffered at head_dim 128: every sm_90 block may), on

@@ -326,27 +326,23 @@ class CudaModelKernels final : public ModelKernels {
     PLATEAU_LAUNCH("attention_delta_bf16", s, cuda_model_ops::AttentionDeltaBf16, Dims(shape), o,
                    Bits(dout), delta);
   }
-  absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
-                                            const Bf16* k, const Bf16* v, const Bf16* dout,
-                                            const float* lse, const float* delta, Bf16* dq,
-                                            float* dk, float* dv, float* /*work*/) override {
+  absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k,
+                                            const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
+                                            float* dq, float* dk, float* dv, float* /*work*/) override {
     PLATEAU_ASSIGN_OR_RETURN(
         const bool tc,
         UseTensorCores("attention_backward_block_bf16", shape, {q, k, v, dout, dq}));
     if (tc && Stages(shape.head_dim).wgmma) {
-      PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockWg,
-                     Dims(shape), Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), Bits(dout),
-                     lse, delta, Bits(dq), dk, dv);
+      PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockWg, Dims(shape),
+                     Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), Bits(dout), lse, delta, dq, dk, dv);
     }
     if (tc) {
-      PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockTc,
-                     Dims(shape), Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), Bits(dout),
-                     lse, delta, Bits(dq), dk, dv);
+      PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockTc, Dims(shape),
+                     Stages(shape.head_dim), Bits(q), Bits(k), Bits(v), Bits(dout), lse, delta, dq, dk, dv);
     }
     PLATEAU_RETURN_IF_ERROR(CheckHeadDim("attention_backward_block_bf16", shape));
-    PLATEAU_LAUNCH("attention_backward_block_bf16", s,
-                   cuda_model_ops::AttentionBackwardBlockBf16, Dims(shape), Bits(q), Bits(k),
-                   Bits(v), Bits(dout), lse, delta, Bits(dq), dk, dv);
+    PLATEAU_LAUNCH("attention_backward_block_bf16", s, cuda_model_ops::AttentionBackwardBlockBf16, Dims(shape), Bits(q),
+                   Bits(k), Bits(v), Bits(dout), lse, delta, dq, dk, dv);
   }
   absl::Status DoGatherRowsBf16(Stream& s, const Bf16* src, int64_t /*src_rows*/,
                                 const int32_t* index, const float* scales, int64_t rows,

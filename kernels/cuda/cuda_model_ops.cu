@@ -602,22 +602,14 @@ __device__ __forceinline__ void ProbAndGrad(const AttentionDims& s,
 }
 
 // dQ: block (query tile x, head y, sequence z) owns its dq rows and folds the
-// visible key tiles in order: dq += scale * (dS K) per key tile.
-//
-// In = float or Bf16 (q, k, v, dout). Dq = float: dq is updated in global
-// memory once per key tile (the fp32 kernel). Dq = Bf16: dq is a working
-// gradient rounded once per block pair (precision.h), so the block loads
-// its dq rows exactly into an fp32 tile in shared memory (one more T x (d+1)
-// floats: DqBf16SmemFloats), runs the same updates on it in the same order
-// and rounds once at the end; the bf16 result is therefore the fp32
-// kernel's dq on the loaded inputs, rounded once, bit for bit.
-template <typename In, typename Dq>
+// visible key tiles in order: dq += scale * (dS K) per key tile, in global
+// memory. In = float or Bf16 (q, k, v, dout); dq is fp32 in both (under
+// bf16 ring attention rounds it once, after its last hop), so the bf16
+// kernel's dq is the fp32 kernel's on the loaded inputs, bit for bit.
+template <typename In>
 __global__ void __launch_bounds__(kAttnThreads)
-    AttentionBackwardDqKernel(AttentionDims s, int T, const In* q,
-                              const In* k, const In* v,
-                              const In* dout, const float* lse,
-                              const float* delta, Dq* dq) {
-  constexpr bool kStaged = !std::is_same<Dq, float>::value;
+    AttentionBackwardDqKernel(AttentionDims s, int T, const In* q, const In* k, const In* v, const In* dout,
+                              const float* lse, const float* delta, float* dq) {
   PLATEAU_DYNAMIC_SHARED(float, smem);
   const int64_t d = s.head_dim, ld = d + 1;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * T;
@@ -634,7 +626,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* dS = Vs + T * ld;
   float* lse_s = dS + T * T;
   float* delta_s = lse_s + T;
-  float* dQs = delta_s + T;  // kStaged only: the block's dq rows in fp32
   const int64_t row0 = b * s.q_len + i0;
   LoadTile(q + row0 * qs + h * d, qs, tq, d, Qs);
   LoadTile(dout + row0 * qs + h * d, qs, tq, d, dOs);
@@ -642,8 +633,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     lse_s[r] = lse[(row0 + r) * s.heads + h];
     delta_s[r] = delta[(row0 + r) * s.heads + h];
   }
-  Dq* dqt = dq + row0 * qs + h * d;
-  if (kStaged) LoadTile(dqt, qs, tq, d, dQs);
+  float* dqt = dq + row0 * qs + h * d;
   for (int64_t j0 = 0; j0 < tk; j0 += T) {
     const int64_t nk = min(static_cast<int64_t>(T), tk - j0);
     const int64_t koff = (b * s.kv_len + j0) * ks + g * d;
@@ -664,22 +654,10 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int64_t j = 0; j < nk; ++j) {
         sum = __fadd_rn(sum, __fmul_rn(dS[r * T + j], Ks[j * ld + c]));
       }
-      if (kStaged) {
-        float* out = dQs + r * ld + c;
-        *out = __fadd_rn(*out, __fmul_rn(s.scale, sum));
-      } else {
-        // Dq is float here; the cast only names the type for the compiler.
-        float* out = reinterpret_cast<float*>(dqt) + r * qs + c;
-        *out = __fadd_rn(*out, __fmul_rn(s.scale, sum));
-      }
+      float* out = dqt + r * qs + c;
+      *out = __fadd_rn(*out, __fmul_rn(s.scale, sum));
     }
     __syncthreads();
-  }
-  if (kStaged) {
-    for (int64_t i = threadIdx.x; i < tq * d; i += blockDim.x) {
-      const int64_t r = i / d, c = i - r * d;
-      dqt[r * qs + c] = StoreAs<Dq>(dQs[r * ld + c]);
-    }
   }
 }
 
@@ -757,17 +735,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 int64_t ForwardSmemFloats(int64_t T, int64_t d) { return 3 * T * (d + 1) + T * T + 3 * T; }
 int64_t DqSmemFloats(int64_t T, int64_t d) { return 4 * T * (d + 1) + T * T + 2 * T; }
 int64_t DkvSmemFloats(int64_t T, int64_t d) { return 4 * T * (d + 1) + 2 * T * T + 2 * T; }
-// The bf16-dq kernel's extra fp32 dq tile. At the tile AttentionTile picks
-// (DkvSmemFloats <= kSmemFloats) this is at most 1.25 kSmemFloats (its
-// 5 T (d + 1) term is 1.25 times Dkv's 4 T (d + 1)): under 60 KiB, which
-// the launcher opts in to (kMaxDqBf16SmemBytes).
-int64_t DqBf16SmemFloats(int64_t T, int64_t d) { return DqSmemFloats(T, d) + T * (d + 1); }
 
 // 48 KiB: what any kernel may take without cudaFuncSetAttribute.
 constexpr int64_t kSmemFloats = 48 * 1024 / 4;
-// The dynamic shared memory the bf16-dq kernel may take (see
-// DqBf16SmemFloats): an opt-in above 48 KiB, which sm_80 and sm_90 allow.
-constexpr int64_t kMaxDqBf16SmemBytes = 60 * 1024;
 
 bool AttentionGridFits(const AttentionDims& s, int64_t tiles, int64_t heads) {
   return tiles <= 0x7fffffff && heads <= 65535 && s.batch <= 65535;
@@ -997,10 +967,9 @@ cudaError_t RowDotsBf16(cudaStream_t stream, const uint16_t* a, const uint16_t* 
 
 int AttentionTile(int64_t head_dim) {
   for (int T = 32; T >= 1; T /= 2) {
-    // The dK/dV kernel takes the most; the forward and fp32 dQ kernels fit
-    // then (the bf16 dQ kernel's staged dq tile may not: it opts in to
-    // more, DqBf16SmemFloats). One tile for both precisions, so that the
-    // bf16 kernels are the fp32 ones on the loaded values.
+    // The dK/dV kernel takes the most; the forward and dQ kernels fit
+    // then. One tile for both precisions, so that the bf16 kernels are the
+    // fp32 ones on the loaded values.
     if (DkvSmemFloats(T, head_dim) <= kSmemFloats) return T;
   }
   return 0;
@@ -1042,11 +1011,10 @@ cudaError_t LaunchAttentionDelta(cudaStream_t stream, const AttentionDims& s, co
   return cudaGetLastError();
 }
 
-template <typename In, typename Dq>
-cudaError_t LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& s, const In* q,
-                                    const In* k, const In* v, const In* dout, const float* lse,
-                                    const float* delta, Dq* dq, float* dk, float* dv) {
-  constexpr bool kStaged = !std::is_same<Dq, float>::value;
+template <typename In>
+cudaError_t LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& s, const In* q, const In* k, const In* v,
+                                    const In* dout, const float* lse, const float* delta, float* dq, float* dk,
+                                    float* dv) {
   const int T = AttentionTile(s.head_dim);
   if (T == 0) return cudaErrorInvalidValue;
   const int64_t qtiles = (s.q_len + T - 1) / T, ktiles = (s.kv_len + T - 1) / T;
@@ -1054,27 +1022,13 @@ cudaError_t LaunchAttentionBackward(cudaStream_t stream, const AttentionDims& s,
       !AttentionGridFits(s, ktiles, s.kv_heads)) {
     return cudaErrorInvalidConfiguration;
   }
-  const int64_t dq_smem =
-      (kStaged ? DqBf16SmemFloats(T, s.head_dim) : DqSmemFloats(T, s.head_dim)) * sizeof(float);
-  if (kStaged) {
-    // The staged dq tile can take the dq kernel past 48 KiB (at most
-    // kMaxDqBf16SmemBytes): opt in, on the current device (the stream's,
-    // which the caller made current). A host-side attribute, no sync.
-    if (dq_smem > kMaxDqBf16SmemBytes) return cudaErrorInvalidValue;
-    const cudaError_t e = cudaFuncSetAttribute(
-        reinterpret_cast<const void*>(AttentionBackwardDqKernel<In, Dq>),
-        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxDqBf16SmemBytes));
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // not left behind for the next launch to be blamed for
-      return e;
-    }
-  }
   // The two kernels write disjoint outputs (dq; dk and dv) and only read
   // the rest, so they may run in either order on the one stream.
   const dim3 qgrid(static_cast<unsigned>(qtiles), static_cast<unsigned>(s.heads),
                    static_cast<unsigned>(s.batch));
-  PLATEAU_KERNEL_LAUNCH(qgrid, kAttnThreads, dq_smem, stream, AttentionBackwardDqKernel<In, Dq>)(
-      s, T, q, k, v, dout, lse, delta, dq);
+  PLATEAU_KERNEL_LAUNCH(qgrid, kAttnThreads, DqSmemFloats(T, s.head_dim) * sizeof(float), stream,
+                        AttentionBackwardDqKernel<In>)
+  (s, T, q, k, v, dout, lse, delta, dq);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 kgrid(static_cast<unsigned>(ktiles),
@@ -1126,15 +1080,14 @@ cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
                                    const float* v, const float* dout,
                                    const float* lse, const float* delta,
                                    float* dq, float* dk, float* dv) {
-  return LaunchAttentionBackward<float, float>(stream, s, q, k, v, dout, lse, delta, dq, dk, dv);
+  return LaunchAttentionBackward<float>(stream, s, q, k, v, dout, lse, delta, dq, dk, dv);
 }
 
-cudaError_t AttentionBackwardBlockBf16(cudaStream_t stream, const AttentionDims& s,
-                                       const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                       const uint16_t* dout, const float* lse,
-                                       const float* delta, uint16_t* dq, float* dk, float* dv) {
-  return LaunchAttentionBackward<Bf16, Bf16>(stream, s, AsBf16(q), AsBf16(k), AsBf16(v),
-                                             AsBf16(dout), lse, delta, AsBf16(dq), dk, dv);
+cudaError_t AttentionBackwardBlockBf16(cudaStream_t stream, const AttentionDims& s, const uint16_t* q,
+                                       const uint16_t* k, const uint16_t* v, const uint16_t* dout, const float* lse,
+                                       const float* delta, float* dq, float* dk, float* dv) {
+  return LaunchAttentionBackward<Bf16>(stream, s, AsBf16(q), AsBf16(k), AsBf16(v), AsBf16(dout), lse, delta, dq, dk,
+                                       dv);
 }
 
 cudaError_t LoadKernels() {
@@ -1171,8 +1124,8 @@ cudaError_t LoadKernels() {
       reinterpret_cast<const void*>(AttentionFinalizeKernel),
       reinterpret_cast<const void*>(AttentionDeltaKernel<float>),
       reinterpret_cast<const void*>(AttentionDeltaKernel<Bf16>),
-      reinterpret_cast<const void*>(AttentionBackwardDqKernel<float, float>),
-      reinterpret_cast<const void*>(AttentionBackwardDqKernel<Bf16, Bf16>),
+      reinterpret_cast<const void*>(AttentionBackwardDqKernel<float>),
+      reinterpret_cast<const void*>(AttentionBackwardDqKernel<Bf16>),
       reinterpret_cast<const void*>(AttentionBackwardDkvKernel<float>),
       reinterpret_cast<const void*>(AttentionBackwardDkvKernel<Bf16>),
   };

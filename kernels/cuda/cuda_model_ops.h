@@ -157,8 +157,7 @@ struct AttentionDims {
 };
 // The square tile (query rows = key rows per tile) the attention kernels use
 // for this head_dim, in both precisions: the largest power of two <= 32
-// whose tiles fit 48 KiB of shared memory (no opt-in needed; the bf16 dQ
-// kernel's extra fp32 dq tile opts in to at most 60 KiB); 0 when not even a
+// whose tiles fit 48 KiB of shared memory (no opt-in needed); 0 when not even a
 // 1-row tile fits (head_dim above ~3000), which the caller reports as
 // UNIMPLEMENTED.
 int AttentionTile(int64_t head_dim);
@@ -195,21 +194,17 @@ cudaError_t AttentionBackwardBlock(cudaStream_t stream, const AttentionDims& s,
 // exactly into the fp32 shared-memory tiles, so every product, sum, expf
 // and rescale is the fp32 kernel's on the loaded values (same tile, same
 // order). What the plan keeps fp32 stays fp32: m, l, acc (-> o), lse,
-// delta, dk, dv. dq is a bf16 working gradient: the dq kernel stages its
-// rows in fp32 in shared memory (one more tile; it opts in to up to 60 KiB
-// of dynamic shared memory), applies the fp32 kernel's per-key-tile updates
-// and rounds once per call. So, bit for bit: the forward state, delta, dk
-// and dv equal the fp32 kernels' on the loaded inputs, and dq equals the
-// fp32 kernel's dq on the loaded dq, rounded once.
+// delta, dk, dv, and dq: ring attention sums it across the hops in fp32
+// and rounds it to bf16 once, after the last. So, bit for bit: the forward
+// state, delta, dq, dk and dv equal the fp32 kernels' on the loaded inputs.
 cudaError_t AttentionForwardBlockBf16(cudaStream_t stream, const AttentionDims& s,
                                       const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                       float* m, float* l, float* acc);
 cudaError_t AttentionDeltaBf16(cudaStream_t stream, const AttentionDims& s, const float* o,
                                const uint16_t* dout, float* delta);
-cudaError_t AttentionBackwardBlockBf16(cudaStream_t stream, const AttentionDims& s,
-                                       const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                       const uint16_t* dout, const float* lse,
-                                       const float* delta, uint16_t* dq, float* dk, float* dv);
+cudaError_t AttentionBackwardBlockBf16(cudaStream_t stream, const AttentionDims& s, const uint16_t* q,
+                                       const uint16_t* k, const uint16_t* v, const uint16_t* dout, const float* lse,
+                                       const float* delta, float* dq, float* dk, float* dv);
 
 }  // namespace plateau::cuda_model_ops
 

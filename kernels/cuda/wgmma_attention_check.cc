@@ -105,9 +105,9 @@ class DeviceBuffer {
 // the accumulators' starting values.
 struct Inputs {
   AttentionDims blocks[2];
-  std::vector<uint16_t> q, dout, dq0;
+  std::vector<uint16_t> q, dout;
   std::vector<uint16_t> k[2], v[2];
-  std::vector<float> dk0[2], dv0[2], delta;
+  std::vector<float> dq0, dk0[2], dv0[2], delta;
 };
 
 // One family's outputs: the forward's running state after both blocks, the
@@ -174,9 +174,9 @@ cudaError_t Backward(const Inputs& in, const AttentionTcStages& stages,
     if (e == cudaSuccess) e = dk_d.From(in.dk0[j]);
     if (e == cudaSuccess) e = dv_d.From(in.dv0[j]);
     if (e == cudaSuccess) {
-      e = backward(nullptr, in.blocks[j], stages, q_d.as<uint16_t>(), k_d.as<uint16_t>(),
-                   v_d.as<uint16_t>(), dout_d.as<uint16_t>(), lse_d.as<float>(),
-                   delta_d.as<float>(), dq_d.as<uint16_t>(), dk_d.as<float>(), dv_d.as<float>());
+      e = backward(nullptr, in.blocks[j], stages, q_d.as<uint16_t>(), k_d.as<uint16_t>(), v_d.as<uint16_t>(),
+                   dout_d.as<uint16_t>(), lse_d.as<float>(), delta_d.as<float>(), dq_d.as<float>(), dk_d.as<float>(),
+                   dv_d.as<float>());
     }
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     for (const DeviceBuffer* b :
@@ -188,11 +188,11 @@ cudaError_t Backward(const Inputs& in, const AttentionTcStages& stages,
     if (e == cudaSuccess) e = dv_d.To(&dv);
     out->dk.insert(out->dk.end(), dk.begin(), dk.end());
     out->dv.insert(out->dv.end(), dv.begin(), dv.end());
-    // dq after each block (rounded once a block: a key dropped from the
-    // first shows there before the second's rounding can blur it).
-    std::vector<uint16_t> dq_bits;
-    if (e == cudaSuccess) e = dq_d.To(&dq_bits);
-    for (uint16_t b : dq_bits) out->dq.push_back(Bf16Value(b));
+    // dq after each block (a key dropped from the first shows there before
+    // the second's sum can blur it).
+    std::vector<float> dq;
+    if (e == cudaSuccess) e = dq_d.To(&dq);
+    out->dq.insert(out->dq.end(), dq.begin(), dq.end());
   }
   return e;
 }
@@ -239,7 +239,7 @@ Inputs MakeInputs(int64_t head_dim) {
   // added (dq, dk ~1e-2, dv more): nonzero, so the kernels' read-and-add
   // is checked, without hiding the added part under the tolerance of a
   // large start.
-  in.dq0 = Bf16Data(q_size, seed++, 0x1p-8f);
+  for (uint16_t b : Bf16Data(q_size, seed++, 0x1p-8f)) in.dq0.push_back(Bf16Value(b));
   for (int j = 0; j < 2; ++j) {
     const size_t kv_size = s.batch * in.blocks[j].kv_len * s.kv_heads * head_dim;
     in.k[j] = Bf16Data(kv_size, seed++);
@@ -316,9 +316,9 @@ cudaError_t CheckAttentionWgAgainstTc(int64_t head_dim, const AttentionTcStages&
   // differ only by the order of fp32 sums of exact products, a few units
   // of 2^-24 of the sum of their magnitudes (2^-10 of their row's largest
   // value leaves room for cancellation and the tensor cores' truncation:
-  // a misread operand or a dropped key moves an output by far more); dq
-  // also by its bf16 rounding once a block (2^-6 of each value: two
-  // roundings, then the first block's dq and the final dq each checked).
+  // a misread operand or a dropped key moves an output by far more); so does
+  // dq (fp32: ring attention rounds it once, after its last hop), checked
+  // after the first block and after both.
   const size_t d = head_dim;
   const struct {
     const char* name;
@@ -327,7 +327,7 @@ cudaError_t CheckAttentionWgAgainstTc(int64_t head_dim, const AttentionTcStages&
     float rel, rel_each;
   } arrays[] = {{"m", &Outputs::m, 1, 0x1p-16f, 0},   {"l", &Outputs::l, 1, 0x1p-16f, 0},
                 {"o", &Outputs::o, d, 0x1p-10f, 0},   {"dk", &Outputs::dk, d, 0x1p-10f, 0},
-                {"dv", &Outputs::dv, d, 0x1p-10f, 0}, {"dq", &Outputs::dq, d, 0x1p-10f, 0x1p-6f}};
+                {"dv", &Outputs::dv, d, 0x1p-10f, 0}, {"dq", &Outputs::dq, d, 0x1p-10f, 0}};
   for (const auto& a : arrays) {
     const std::string differs =
         Differs(a.name, got.*a.member, want.*a.member, a.row, a.rel, a.rel_each);

@@ -34,8 +34,7 @@ namespace plateau::cuda_model_ops {
 // accumulated from nonzero starts. Compares m, l, o, dq (after each
 // block), dk and dv, each row against its own largest value: m and l
 // within 2^-16 (the data make S and dP exact in fp32: expected bit for
-// bit), o, dk, dv within 2^-10 (only the order of fp32 sums differs), dq
-// within 2^-10 plus 2^-6 of each value (bf16, rounded once a block); a
+// bit), o, dq, dk, dv within 2^-10 (only the order of fp32 sums differs); a
 // misread operand moves an output by its own size. Every buffer lies
 // between 4 KiB guard bands, and a write into one (by either family) is a
 // disagreement too, named by buffer and offset. *agrees false names the

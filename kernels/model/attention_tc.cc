@@ -98,12 +98,11 @@ void TensorCoreAttentionForward(const AttentionShape& s, const Bf16* q, const Bf
   }
 }
 
-void TensorCoreAttentionBackward(const AttentionShape& s, const Bf16* q, const Bf16* k,
-                                 const Bf16* v, const Bf16* dout, const float* lse,
-                                 const float* delta, Bf16* dq, float* dk, float* dv, float* work) {
+void TensorCoreAttentionBackward(const AttentionShape& s, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout,
+                                 const float* lse, const float* delta, float* dq, float* dk, float* dv, float* work) {
   const int64_t d = s.head_dim, group = s.heads / s.kv_heads;
   const int64_t qs = s.heads * d, ks = s.kv_heads * d;
-  // dq: query-major, as the dQ kernel (one row's sum, then one rounding).
+  // dq: query-major, as the dQ kernel (one row's sum, then one addition).
   float* dqa = work;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t r = 0; r < s.q_len; ++r) {
@@ -120,7 +119,7 @@ void TensorCoreAttentionBackward(const AttentionShape& s, const Bf16* q, const B
           for (int64_t e = 0; e < d; ++e) dqa[e] += ds * Ld(kc[e]);
         }
         for (int64_t e = 0; e < d; ++e) {
-          dq[qoff + e] = FloatToBf16(Ld(dq[qoff + e]) + s.scale * dqa[e]);
+          dq[qoff + e] += s.scale * dqa[e];
         }
       }
     }

@@ -1,8 +1,8 @@
 // The arithmetic of the tensor-core attention kernels
 // (kernels/cuda/cuda_attention_tc.h), on the CPU: bf16 q, k, v and dO, the
 // block-pair interface of attention.h (running state m, l, acc; lse and
-// delta from AttentionFinalize / AttentionDelta; dq a bf16 working gradient,
-// dk and dv fp32).
+// delta from AttentionFinalize / AttentionDelta; dq, dk and dv fp32
+// accumulators: ring attention rounds dq and dk / dv once, at the end).
 //
 // This is the twin the CUDA kernels are tested against, and a way to see on
 // the CPU what bf16 training on tensor cores computes
@@ -32,7 +32,7 @@
 // not at all), and backward, with lse2 = lse * log2(e) (+inf where lse =
 // -inf: p = 0)
 //   p = exp2(fma(q . k, c, -lse2)), dp = dO . v, ds = p (dp - delta)  fp32
-//   dq = bf16(dq + scale * sum_keys bf16(ds) k)        once per call
+//   dq += scale * sum_keys bf16(ds) k                  one addition per call
 //   dk += scale * sum_{heads of the group, queries} bf16(ds) q
 //   dv += sum_{heads of the group, queries} bf16(p) dO
 // exp2 here is std::exp2 with results below the smallest normal float
@@ -75,12 +75,11 @@ inline constexpr bool TensorCoreHeadDim(int64_t head_dim) {
 void TensorCoreAttentionForward(const AttentionShape& s, const Bf16* q, const Bf16* k,
                                 const Bf16* v, float* m, float* l, float* acc);
 
-// Adds this block pair's dq (rounded once), dk and dv, as
+// Adds this block pair's dq, dk and dv, as
 // AttentionBackwardBlock. `work` holds AttentionWorkspaceFloats(s) floats
 // (it uses 2 * head_dim of them).
-void TensorCoreAttentionBackward(const AttentionShape& s, const Bf16* q, const Bf16* k,
-                                 const Bf16* v, const Bf16* dout, const float* lse,
-                                 const float* delta, Bf16* dq, float* dk, float* dv, float* work);
+void TensorCoreAttentionBackward(const AttentionShape& s, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout,
+                                 const float* lse, const float* delta, float* dq, float* dk, float* dv, float* work);
 
 }  // namespace plateau
 

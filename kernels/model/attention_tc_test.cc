@@ -84,7 +84,7 @@ TEST_P(AttentionTcTest, ModelKernelsRunAttentionTcBitForBitAndRunToRun) {
   ASSERT_NE(tc, nullptr);
   const AttnTcOut a = RunAttnTc(side_, *tc, d);
   const AttnTcOut b = RunAttnTc(side_, *tc, d);
-  EXPECT_EQ(Bits(a.dq_bits), Bits(b.dq_bits));
+  EXPECT_EQ(a.dq, b.dq);
   EXPECT_EQ(a.o, b.o);  // no NaN here: the ops wrote every element
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     EXPECT_EQ(a.dk[j], b.dk[j]);
@@ -102,7 +102,7 @@ TEST_P(AttentionTcTest, ModelKernelsRunAttentionTcBitForBitAndRunToRun) {
   }
   EXPECT_EQ(m, a.m);
   EXPECT_EQ(l, a.l);
-  std::vector<Bf16> dq = d.dq0;
+  std::vector<float> dq = Loaded(d.dq0);
   for (size_t j = 0; j < d.shapes.size(); ++j) {
     std::vector<float> dk = d.dk0[j], dv = d.dv0[j];
     std::vector<float> work(std::max<int64_t>(AttentionWorkspaceFloats(d.shapes[j]), 1));
@@ -112,7 +112,7 @@ TEST_P(AttentionTcTest, ModelKernelsRunAttentionTcBitForBitAndRunToRun) {
     EXPECT_EQ(dk, a.dk[j]);
     EXPECT_EQ(dv, a.dv[j]);
   }
-  EXPECT_EQ(Bits(dq), Bits(a.dq_bits));
+  EXPECT_EQ(dq, a.dq);
 }
 
 TEST(AttentionTcOptionsTest, TheCpuRunsTilesUnlessAskedForTensorCores) {

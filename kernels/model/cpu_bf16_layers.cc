@@ -118,19 +118,15 @@ void AttentionDeltaBf16(const AttentionShape& s, const float* o, const Bf16* dou
   plateau::AttentionDelta(s, o, d, delta, pool);
 }
 
-void AttentionBackwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k,
-                                const Bf16* v, const Bf16* dout, const float* lse,
-                                const float* delta, Bf16* dq, float* dk, float* dv, float* work,
+void AttentionBackwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout,
+                                const float* lse, const float* delta, float* dq, float* dk, float* dv, float* work,
                                 CpuPool* pool) {
   const int64_t nq = QueryFloats(s), nk = KeyFloats(s);
   const float* qf = LoadToScratch(0, q, nq, pool);
   const float* kf = LoadToScratch(1, k, nk, pool);
   const float* vf = LoadToScratch(2, v, nk, pool);
   const float* df = LoadToScratch(3, dout, nq, pool);
-  float* dqf = Bf16Scratch(4, nq);
-  ConvertToFloat(dqf, dq, nq, pool);
-  plateau::AttentionBackwardBlock(s, qf, kf, vf, df, lse, delta, dqf, dk, dv, work, pool);
-  ConvertToBf16(dq, dqf, nq, pool);
+  plateau::AttentionBackwardBlock(s, qf, kf, vf, df, lse, delta, dq, dk, dv, work, pool);
 }
 
 }  // namespace plateau::cpu

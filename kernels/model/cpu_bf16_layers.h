@@ -43,16 +43,15 @@ void StripDeltaBf16(Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t 
                     const int32_t* targets, const float* lse, float scale, CpuPool* pool = nullptr);
 
 // Attention's block pairs (attention.h) on bf16 q, k, v, dO with fp32
-// state: the fp32 functions on the loaded inputs; dq (bf16) is loaded, the
-// block's contribution added in fp32, and rounded once.
+// state and an fp32 dq (rounded by the caller once all blocks are in): the
+// fp32 functions on the loaded inputs.
 void AttentionForwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k,
                                const Bf16* v, float* m, float* l, float* acc, float* work,
                                CpuPool* pool = nullptr);
 void AttentionDeltaBf16(const AttentionShape& s, const float* o, const Bf16* dout, float* delta,
                         CpuPool* pool = nullptr);
-void AttentionBackwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k,
-                                const Bf16* v, const Bf16* dout, const float* lse,
-                                const float* delta, Bf16* dq, float* dk, float* dv, float* work,
+void AttentionBackwardBlockBf16(const AttentionShape& s, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout,
+                                const float* lse, const float* delta, float* dq, float* dk, float* dv, float* work,
                                 CpuPool* pool = nullptr);
 
 }  // namespace plateau::cpu

@@ -177,7 +177,9 @@ class CpuModelKernels final : public ModelKernels {
   absl::Status DoAttentionDeltaBf16(Stream& s, const AttentionShape& shape, const float* o, const Bf16* dout, float* delta) override {
     return Run(s, [=, p = pool_.get()] { cpu::AttentionDeltaBf16(shape, o, dout, delta, p); });
   }
-  absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse, const float* delta, Bf16* dq, float* dk, float* dv, float* work) override {
+  absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k,
+                                            const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
+                                            float* dq, float* dk, float* dv, float* work) override {
     if (tensor_core_) {
       return Run(s, [=] { TensorCoreAttentionBackward(shape, q, k, v, dout, lse, delta, dq, dk, dv, work); });
     }

@@ -858,7 +858,7 @@ TEST_F(CudaModelTwinTest, UnimplementedOpsSaySo) {
   Bf16* b = reinterpret_cast<Bf16*>(f);
   expect_unimplemented(k.AttentionForwardBlockBf16(s, shape, b, b, b, f, f, f, f),
                        "attention_forward_block_bf16");
-  expect_unimplemented(k.AttentionBackwardBlockBf16(s, shape, b, b, b, b, f, f, b, f, f, f),
+  expect_unimplemented(k.AttentionBackwardBlockBf16(s, shape, b, b, b, b, f, f, f, f, f, f),
                        "attention_backward_block_bf16");
   expect_unimplemented(k.RopeBf16(s, b, 1, 1, 1, 1026, 0, 10000.0f, false), "rope_bf16");
   // Validation still comes first.

@@ -567,11 +567,10 @@ absl::Status ModelKernels::AttentionDeltaBf16(Stream& s, const AttentionShape& s
   return DoAttentionDeltaBf16(s, shape, o, dout, delta);
 }
 
-absl::Status ModelKernels::AttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape,
-                                                      const Bf16* q, const Bf16* k, const Bf16* v,
-                                                      const Bf16* dout, const float* lse,
-                                                      const float* delta, Bf16* dq, float* dk,
-                                                      float* dv, float* work) {
+absl::Status ModelKernels::AttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
+                                                      const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
+                                                      const float* delta, float* dq, float* dk, float* dv,
+                                                      float* work) {
   constexpr absl::string_view op = "attention_backward_block_bf16";
   PLATEAU_RETURN_IF_ERROR(CheckShape(op, shape));
   for (auto [name, p] : {std::pair<const char*, const void*>{"q", q}, {"k", k}, {"v", v},
@@ -591,10 +590,9 @@ absl::Status ModelKernels::DoAttentionDeltaBf16(Stream&, const AttentionShape&, 
                                                 const Bf16*, float*) {
   return NoBf16("attention_delta_bf16");
 }
-absl::Status ModelKernels::DoAttentionBackwardBlockBf16(Stream&, const AttentionShape&,
-                                                        const Bf16*, const Bf16*, const Bf16*,
-                                                        const Bf16*, const float*, const float*,
-                                                        Bf16*, float*, float*, float*) {
+absl::Status ModelKernels::DoAttentionBackwardBlockBf16(Stream&, const AttentionShape&, const Bf16*, const Bf16*,
+                                                        const Bf16*, const Bf16*, const float*, const float*, float*,
+                                                        float*, float*, float*) {
   return NoBf16("attention_backward_block_bf16");
 }
 absl::Status ModelKernels::DoRopeBf16(Stream&, Bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,

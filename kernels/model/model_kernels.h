@@ -193,21 +193,21 @@ class ModelKernels {
   // Attention's block pairs on bf16 q, k, v and dO. The online-softmax state
   // (m, l and the running output acc, which AttentionFinalize turns into o
   // in place), lse, delta, the score panel `work` and the dK / dV
-  // accumulators that travel the ring stay fp32 (precision.h); dq is a
-  // working gradient: the block's fp32 contribution is added to the loaded
-  // dq and rounded once per block pair (once per ring hop). Each is the
-  // fp32 op on the loaded inputs; the fp32 AttentionInit / AttentionFinalize
-  // serve both precisions.
+  // accumulators that travel the ring stay fp32 (precision.h), and so does
+  // dq here: the block's contribution is added to an fp32 dq, which the
+  // ring rounds to the working type once, after its last hop (a rounding
+  // per block pair would be P roundings of one sum). Each is the fp32 op on
+  // the loaded inputs; the fp32 AttentionInit / AttentionFinalize serve
+  // both precisions.
   absl::Status AttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
                                          const Bf16* k, const Bf16* v, float* m, float* l,
                                          float* acc, float* work);
   // delta = rowsum(o * dO): the fp32 output o, the bf16 dO.
   absl::Status AttentionDeltaBf16(Stream& s, const AttentionShape& shape, const float* o,
                                   const Bf16* dout, float* delta);
-  absl::Status AttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
-                                          const Bf16* k, const Bf16* v, const Bf16* dout,
-                                          const float* lse, const float* delta, Bf16* dq,
-                                          float* dk, float* dv, float* work);
+  absl::Status AttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k,
+                                          const Bf16* v, const Bf16* dout, const float* lse, const float* delta,
+                                          float* dq, float* dk, float* dv, float* work);
 
  protected:
   // Implementations: called only after the arguments were validated (and
@@ -245,7 +245,9 @@ class ModelKernels {
   virtual absl::Status DoStripDeltaBf16(Stream& s, Bf16* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale);
   virtual absl::Status DoAttentionForwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, float* m, float* l, float* acc, float* work);
   virtual absl::Status DoAttentionDeltaBf16(Stream& s, const AttentionShape& shape, const float* o, const Bf16* dout, float* delta);
-  virtual absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse, const float* delta, Bf16* dq, float* dk, float* dv, float* work);
+  virtual absl::Status DoAttentionBackwardBlockBf16(Stream& s, const AttentionShape& shape, const Bf16* q,
+                                                    const Bf16* k, const Bf16* v, const Bf16* dout, const float* lse,
+                                                    const float* delta, float* dq, float* dk, float* dv, float* work);
   virtual absl::Status DoStripDelta(Stream& s, float* logits_to_delta, int64_t rows, int64_t width, int64_t col0, const int32_t* targets, const float* lse, float scale) = 0;
 };
 

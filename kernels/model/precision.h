@@ -9,7 +9,8 @@
 // reduces (loss, log-sum-exp, online-softmax state: m, l and the running
 // output o across the ring's hops, RMSNorm's rstd, the
 // router's softmax and gates, attention's score panel, the dK/dV
-// accumulators that travel the ring, Ring-DTP's dX / dW accumulators and
+// accumulators that travel the ring and dq's sum over the hops (in `o`,
+// dead by then: no buffer of its own), Ring-DTP's dX / dW accumulators and
 // PipelinedLLEP's expert-gradient sums over its chunks). Ring-DTP's three
 // slots rotate between a read-only traveller (working) and a dX / dW
 // accumulator (fp32), so each is sized for the larger.

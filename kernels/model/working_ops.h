@@ -289,11 +289,9 @@ struct WorkingOps<Bf16> {
                                      const float* o, const Bf16* dout, float* delta) {
     return k.AttentionDeltaBf16(s, sh, o, dout, delta);
   }
-  static absl::Status AttentionBackwardBlock(ModelKernels& k, Stream& s, const AttentionShape& sh,
-                                             const Bf16* q, const Bf16* kk, const Bf16* v,
-                                             const Bf16* dout, const float* lse,
-                                             const float* delta, Bf16* dq, float* dk, float* dv,
-                                             float* work) {
+  static absl::Status AttentionBackwardBlock(ModelKernels& k, Stream& s, const AttentionShape& sh, const Bf16* q,
+                                             const Bf16* kk, const Bf16* v, const Bf16* dout, const float* lse,
+                                             const float* delta, float* dq, float* dk, float* dv, float* work) {
     return k.AttentionBackwardBlockBf16(s, sh, q, kk, v, dout, lse, delta, dq, dk, dv, work);
   }
   static absl::Status GatherRows(ModelKernels& k, Stream& s, const Bf16* src, int64_t src_rows,

@@ -48,13 +48,28 @@ absl::Status RingAttentionT<W>::Forward(const W* q, const W* kv, float* ml, floa
 }
 
 template <typename W>
-absl::Status RingAttentionT<W>::Backward(const W* q, const W* kv, const W* dO, const float* lse,
-                                         const float* delta, W* dq, W* dkv, void* trav,
-                                         float* work) {
+absl::Status RingAttentionT<W>::Backward(const W* q, const W* kv, const W* dO, const float* lse, const float* delta,
+                                         W* dq, W* dkv, void* trav, float* work, float* dq_acc) {
   using Ops = WorkingOps<W>;
   constexpr bool kFp32 = std::is_same_v<W, float>;
   const int64_t P = world.size(), rank = world.rank(), Ns = shape.q_len;
   const int64_t n = rows * shape.kv_heads * shape.head_dim;
+  const int64_t nq = rows * shape.heads * shape.head_dim;
+  // dq sums in fp32 across the hops: in dq itself under fp32, in the lent
+  // dq_acc under bf16 (rounded into dq once, after the last hop).
+  float* dq32;
+  if constexpr (kFp32) {
+    if (dq_acc != nullptr) {
+      return absl::InvalidArgumentError("ring attention (fp32): dq_acc must be null; dq is its own accumulator");
+    }
+    dq32 = dq;
+  } else {
+    if (dq_acc == nullptr) {
+      return absl::InvalidArgumentError(
+          "ring attention (bf16): dq_acc, the fp32 dq accumulator of rows * heads * head_dim floats, is null");
+    }
+    dq32 = dq_acc;
+  }
   AttentionShape s = shape;
   // Traveller i: [k | v] (W) then [dk | dv] (fp32) at trav + i *
   // TravellerBytes(n); in fp32 that is [k | v | dk | dv] of 4n floats. The
@@ -70,7 +85,7 @@ absl::Status RingAttentionT<W>::Backward(const W* q, const W* kv, const W* dO, c
   };
   PLATEAU_RETURN_IF_ERROR(be.Copy(compute, kv_of(0), kv, 2 * n * sizeof(W)));
   PLATEAU_RETURN_IF_ERROR(be.Fill(compute, acc_of(0), 2 * n, 0.0f));
-  PLATEAU_RETURN_IF_ERROR(Ops::Fill(be, compute, dq, rows * shape.heads * shape.head_dim, 0.0f));
+  PLATEAU_RETURN_IF_ERROR(be.Fill(compute, dq32, nq, 0.0f));
   const int dst = static_cast<int>((rank + 1) % P), src = static_cast<int>((rank - 1 + P) % P);
   for (int64_t step = 0; step < P; ++step) {
     W* cur = kv_of(step % 2);
@@ -85,12 +100,13 @@ absl::Status RingAttentionT<W>::Backward(const W* q, const W* kv, const W* dO, c
       PLATEAU_RETURN_IF_ERROR(world.SendRecv(comm, cur, 2 * n, dst, next, 2 * n, src, kWorkingDataType<W>));
     }
     s.kv_pos0 = ((rank - step + P) % P) * Ns;
-    PLATEAU_RETURN_IF_ERROR(Ops::AttentionBackwardBlock(kernels, compute, s, q, cur, cur + n, dO, lse,
-                                                        delta, dq, cur_acc, cur_acc + n, work));
+    PLATEAU_RETURN_IF_ERROR(Ops::AttentionBackwardBlock(kernels, compute, s, q, cur, cur + n, dO, lse, delta, dq32,
+                                                        cur_acc, cur_acc + n, work));
     if (P == 1) {
       if constexpr (kFp32) {
         return be.Copy(compute, dkv, cur_acc, 2 * n * sizeof(float));
       } else {
+        PLATEAU_RETURN_IF_ERROR(be.ConvertToBf16(compute, dq, dq32, nq));
         return be.ConvertToBf16(compute, dkv, cur_acc, 2 * n);
       }
     }
@@ -110,6 +126,7 @@ absl::Status RingAttentionT<W>::Backward(const W* q, const W* kv, const W* dO, c
     PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
     if constexpr (!kFp32) {
       if (last) {
+        PLATEAU_RETURN_IF_ERROR(be.ConvertToBf16(compute, dq, dq32, nq));
         PLATEAU_RETURN_IF_ERROR(be.ConvertToBf16(compute, dkv, next_acc, 2 * n));
       }
     }

@@ -36,9 +36,10 @@ namespace plateau {
 
 // W is the working type (float: fp32; Bf16: bf16 mixed, working_ops.h).
 // q, K/V, dO, dq and dK/dV as they leave are W; the online-softmax state
-// (ml, o, lse), delta, `work` and the dK/dV accumulators that travel the
-// ring stay fp32 (precision.h). Under bf16 dq rounds once per hop and the
-// accumulators round once, when they come home into dkv.
+// (ml, o, lse), delta, `work`, the dK/dV accumulators that travel the ring
+// and the dq accumulator stay fp32 (precision.h). Under bf16 each gradient
+// rounds once: dq after the last hop, dK/dV when they come home into dkv
+// (a rounding per hop would be P roundings of one sum).
 template <typename W>
 struct RingAttentionT {
   Backend& be;
@@ -60,8 +61,11 @@ struct RingAttentionT {
   // Given dO, lse and delta (rowsum(dO * o)): dq (overwritten) and dkv
   // [dk | dv] of this rank's keys (overwritten); trav two travellers of
   // [k | v] (W) followed by [dk | dv] (fp32): TravellerBytes() each.
-  absl::Status Backward(const W* q, const W* kv, const W* dO, const float* lse,
-                        const float* delta, W* dq, W* dkv, void* trav, float* work);
+  // dq_acc: under bf16 the fp32 dq accumulator, [N, heads*d] floats the
+  // caller lends (the step lends `o`, dead once delta is computed); under
+  // fp32 dq is its own accumulator and dq_acc must be null.
+  absl::Status Backward(const W* q, const W* kv, const W* dO, const float* lse, const float* delta, W* dq, W* dkv,
+                        void* trav, float* work, float* dq_acc);
 
   // Bytes of one backward traveller (the budget's bwd_trav is two).
   static int64_t TravellerBytes(int64_t kv_values) {

@@ -2,15 +2,16 @@
 // ranks: RingAttentionT<Bf16> on bf16 q, K/V and dO against
 // RingAttentionT<float> on the same (bf16-representable) values. The
 // forward keeps its whole state fp32, so o and lse are the fp32 ring's
-// bits, and so is delta; the travelling dK/dV accumulators are fp32, so
-// dkv is the fp32 ring's dkv rounded once; dq rounds once per hop, which is
-// reproduced bitwise on the host from the fp32 block function of
-// attention.h in the ring's order. Repeated runs give the same bits.
+// bits, and so is delta; the travelling dK/dV accumulators and the dq
+// accumulator are fp32, so dkv and dq are the fp32 ring's rounded once
+// (dq once in all, not once per hop: a per-hop rounding is P roundings of
+// a sum). Repeated runs give the same bits.
 #include "kernels/step/ring_attention.h"
 
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -19,8 +20,8 @@
 #include "kernels/communicator.h"
 #include "kernels/model/attention.h"
 #include "kernels/model/model_kernels.h"
-#include "kernels/testing/local_world.h"
 #include "kernels/testing/bf16_testing.h"
+#include "kernels/testing/local_world.h"
 
 namespace plateau {
 namespace {
@@ -92,7 +93,7 @@ void CheckRing(int P) {
       EXPECT_TRUE(f32.Forward(dq_in, dkv_in, ml, o_f, lse_f, dev.Alloc<float>(4 * n), work).ok());
       EXPECT_TRUE(kernels.value()->AttentionDelta(cs, shape, o_f, ddo, delta_f).ok());
       void* trav = dev.Alloc<char>(2 * RingAttentionT<float>::TravellerBytes(n));
-      EXPECT_TRUE(f32.Backward(dq_in, dkv_in, ddo, lse_f, delta_f, dq_f, dkv_f, trav, work).ok());
+      EXPECT_TRUE(f32.Backward(dq_in, dkv_in, ddo, lse_f, delta_f, dq_f, dkv_f, trav, work, nullptr).ok());
     }
     // bf16, twice.
     const Bf16 *qb = dev.Upload(Rounded(q)), *kvb = dev.Upload(Rounded(kv)), *dob = dev.Upload(Rounded(dO));
@@ -106,7 +107,19 @@ void CheckRing(int P) {
       EXPECT_TRUE(b16.Forward(qb, kvb, ml, o, lse, dev.Alloc<Bf16>(4 * n), work).ok());
       EXPECT_TRUE(kernels.value()->AttentionDeltaBf16(cs, shape, o, dob, delta).ok());
       void* trav = dev.Alloc<char>(2 * RingAttentionT<Bf16>::TravellerBytes(n));
-      EXPECT_TRUE(b16.Backward(qb, kvb, dob, lse, delta, dq, dkv, trav, work).ok());
+      if (run == 0) {
+        // Refused before any exchange (so on every rank alike): bf16 without
+        // its fp32 accumulator, fp32 with one.
+        const absl::Status none = b16.Backward(qb, kvb, dob, lse, delta, dq, dkv, trav, work, nullptr);
+        EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
+        EXPECT_NE(none.message().find("dq_acc"), std::string::npos) << none;
+        const absl::Status extra = f32.Backward(dev.Upload(q), dev.Upload(kv), dev.Upload(dO), lse_f, delta_f, dq_f,
+                                                dkv_f, trav, work, dev.Alloc<float>(nq));
+        EXPECT_EQ(extra.code(), absl::StatusCode::kInvalidArgument) << extra;
+      }
+      // The accumulator poisoned: the ring must fill it before the first hop.
+      float* dq_acc = dev.Upload(std::vector<float>(nq, std::nanf("")));
+      EXPECT_TRUE(b16.Backward(qb, kvb, dob, lse, delta, dq, dkv, trav, work, dq_acc).ok());
       dq_runs[run] = dev.Download(dq, nq);
       dkv_runs[run] = dev.Download(dkv, 2 * n);
       if (run == 0) {
@@ -122,20 +135,7 @@ void CheckRing(int P) {
     EXPECT_EQ(lse_b, lse32) << "rank " << r;
     EXPECT_EQ(delta_b, delta32) << "rank " << r;
     EXPECT_EQ(Bits(dkv_runs[0]), Bits(Rounded(dev.Download(dkv_f, 2 * n)))) << "rank " << r;
-    // dq: the ring's order (the rank's own block first, then the blocks of
-    // ranks r-1, r-2, ...), the fp32 block function on the loaded dq, one
-    // rounding per hop.
-    std::vector<float> dqh(nq, 0.0f), dk(n), dv(n), work(wf);
-    for (int step = 0; step < P; ++step) {
-      const int src = (r - step + P) % P;
-      const std::vector<float> kvs = kv_of(src);
-      AttentionShape s = shape;
-      s.kv_pos0 = src * Ns;
-      AttentionBackwardBlock(s, q.data(), kvs.data(), kvs.data() + n, dO.data(), lse32.data(),
-                             delta32.data(), dqh.data(), dk.data(), dv.data(), work.data());
-      for (float& x : dqh) x = Bf16ToFloat(FloatToBf16(x));
-    }
-    EXPECT_EQ(Bits(dq_runs[0]), Bits(Rounded(dqh))) << "rank " << r;
+    EXPECT_EQ(Bits(dq_runs[0]), Bits(Rounded(dev.Download(dq_f, nq)))) << "rank " << r;
     EXPECT_EQ(Bits(dq_runs[1]), Bits(dq_runs[0])) << "run to run, rank " << r;
     EXPECT_EQ(Bits(dkv_runs[1]), Bits(dkv_runs[0])) << "run to run, rank " << r;
     return absl::OkStatus();

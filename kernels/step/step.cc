@@ -399,8 +399,13 @@ absl::Status RingForward(Ctx<W>& x) {
 template <typename W>
 absl::Status RingBackward(Ctx<W>& x) {
   TrainingStep::Impl& I = x.I;
-  return Ring(x).Backward(I.q.as<W>(), I.kv.as<W>(), I.dO.as<W>(), I.lse.as<float>(), I.delta.as<float>(),
-                          I.dq.as<W>(), I.dkv.as<W>(), I.bwd_trav.data(), I.attn_work.as<float>());
+  // bf16: dq sums in fp32 across the hops in `o` ([N, heads d] fp32, dead
+  // once AttentionDelta has read it: the layer's Wo GEMMs read its bf16
+  // copy before this) and is rounded once; fp32: dq is its own accumulator.
+  float* dq_acc = nullptr;
+  if constexpr (!std::is_same_v<W, float>) dq_acc = I.o.as<float>();
+  return Ring(x).Backward(I.q.as<W>(), I.kv.as<W>(), I.dO.as<W>(), I.lse.as<float>(), I.delta.as<float>(), I.dq.as<W>(),
+                          I.dkv.as<W>(), I.bwd_trav.data(), I.attn_work.as<float>(), dq_acc);
 }
 
 // Layer l from its input `in` (boundary l) to `out` (boundary l+1). Leaves
