@@ -122,7 +122,6 @@ cudaError_t ChooseStages(int smem_optin, AttentionTcStages* stages) {
 }
 
 const Bf16* AsBf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p); }
-Bf16* AsBf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
 
 }  // namespace
 
