@@ -20,8 +20,8 @@
 // precision (their tolerances are stated above them).
 // EverySchedulesStepMatchesCpuBackendWithinItsPlan runs each schedule
 // (PipelinedLLEP, LLEP, Ring-DTP in both modes, SCO, OffloadStreamAdamW)
-// and all of them together on both backends, with the CUDA step's peaks
-// within the plan; ScoAndOffloadStreamAreBitwiseTheCudaBaseline holds the
+// and all of them together on both backends, in both precisions, with the
+// CUDA step's peaks within the plan; ScoAndOffloadStreamAreBitwiseTheCudaBaseline holds the
 // schedules that only move data to the CUDA baseline's bits.
 //
 // Without a GPU (the default build, or no device visible) every case skips
@@ -346,30 +346,6 @@ StepOptions TwinOptions(const ModelConfig& m, int P, int64_t B, Precision precis
   return o;
 }
 
-TEST_P(CudaStepTwinTest, EverySchedulesStepMatchesCpuBackendWithinItsPlan) {
-  const int P = GetParam();
-  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
-  const ModelConfig m = TinyModel();
-  const int64_t B = 2;
-  const GlobalBatch g = MakeBatch(m, B, 11);
-  for (bool skewed : {false, true}) {
-    for (const NamedSchedules& s : EverySchedule(m, P, B)) {
-      const std::string what = absl::StrCat(s.name, " P=", P, skewed ? " skewed" : " learned");
-      StepResult gpu, cpu;
-      absl::Status st =
-          RunStepOn(BackendKind::kCuda, P, B, m, g, &gpu, Precision::kFp32,
-                    OptimizerPlacementOptions::Kind::kDevice, true, s.customize, skewed);
-      ASSERT_TRUE(st.ok()) << what << ": a GPU is visible but the CUDA step failed: " << st;
-      st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu, Precision::kFp32,
-                     OptimizerPlacementOptions::Kind::kDevice, true, s.customize, skewed);
-      ASSERT_TRUE(st.ok()) << what << ": " << st;
-      ExpectFp32Twins(gpu, cpu, m, what);
-      ExpectWithinPlan(gpu.device, gpu.host, TwinOptions(m, P, B, Precision::kFp32, s.customize),
-                       what + " cuda");
-    }
-  }
-}
-
 // SCO and OffloadStreamAdamW only move data (their copies, the same AdamW
 // kernel over buckets): on CUDA, alone and together, the step's losses,
 // gradients and weights after one Step are the CUDA baseline's to the bit,
@@ -491,6 +467,38 @@ std::string Bf16UpdateDisagreement(const StepResult& got, const StepResult& want
   return out;
 }
 
+// Whether two bf16 steps' gradients agree tensor by tensor ("" when they
+// do, else a line per tensor that does not): each side lies within
+// step_bf16_test's per-tensor bound of the fp32 gradient (relative L2
+// error, min(RelativeBound(K_g), 16 units): EveryGradientTensorNearFp32),
+// so the two within twice that of each other. The losses and the global
+// norm cannot see a tensor of the wrong sign or a dropped contribution to
+// a small tensor (the router, a norm); this does (a sign flip is a
+// relative error of 2).
+std::string Bf16GradientDisagreement(const StepResult& got, const StepResult& want, const ModelConfig& m, int P) {
+  const double bound = 2 * std::min(RelativeBound(GradientRoundings(m, P)), 16 * kBf16UnitRoundoff);
+  const std::vector<WeightSpec> specs = ModelWeights(m);
+  if (got.grads.size() != specs.size() || want.grads.size() != specs.size()) return "a result lacks tensors";
+  std::string out;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    if (got.grads[t].size() != want.grads[t].size()) {
+      absl::StrAppend(&out, specs[t].name, ": sizes differ\n");
+      continue;
+    }
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < want.grads[t].size(); ++i) {
+      const double d = double{got.grads[t][i]} - double{want.grads[t][i]};
+      diff += d * d;
+      ref += double{want.grads[t][i]} * want.grads[t][i];
+    }
+    if (!(diff <= bound * bound * ref)) {
+      absl::StrAppend(&out, specs[t].name, ": relative L2 difference ", ref > 0 ? std::sqrt(diff / ref) : diff,
+                      " above ", bound, "\n");
+    }
+  }
+  return out;
+}
+
 TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
   const int P = GetParam();
   if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
@@ -516,7 +524,45 @@ TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
   EXPECT_NEAR(gpu.loss, cpu.loss, loss_bound * std::abs(cpu.loss));
   EXPECT_NEAR(gpu.step_loss, cpu.step_loss, loss_bound * std::abs(cpu.step_loss));
   EXPECT_NEAR(Norm(gpu.grads), Norm(cpu.grads), norm_bound * Norm(cpu.grads));
+  EXPECT_EQ(Bf16GradientDisagreement(gpu, cpu, m, P), "") << "cuda against cpu";
   EXPECT_EQ(Bf16UpdateDisagreement(gpu, cpu, m), "") << "cuda against cpu";
+}
+
+// Every schedule (EverySchedule), learned and skewed routing, in both
+// precisions: fp32 held to the fp32 twins' tolerances, bf16 to the checks
+// of Bf16StepMatchesCpuEmulation; each within its plan.
+TEST_P(CudaStepTwinTest, EverySchedulesStepMatchesCpuBackendWithinItsPlan) {
+  const int P = GetParam();
+  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
+  const ModelConfig m = TinyModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
+    const bool bf16 = precision == Precision::kBf16Mixed;
+    for (bool skewed : {false, true}) {
+      for (const NamedSchedules& s : EverySchedule(m, P, B)) {
+        const std::string what =
+            absl::StrCat(s.name, " P=", P, skewed ? " skewed" : " learned", bf16 ? " bf16" : " fp32");
+        StepResult gpu, cpu;
+        absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &gpu, precision,
+                                    OptimizerPlacementOptions::Kind::kDevice, true, s.customize, skewed);
+        ASSERT_TRUE(st.ok()) << what << ": a GPU is visible but the CUDA step failed: " << st;
+        st = RunStepOn(BackendKind::kCpu, P, B, m, g, &cpu, precision, OptimizerPlacementOptions::Kind::kDevice,
+                       true, s.customize, skewed);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+        if (bf16) {
+          // Bf16StepMatchesCpuEmulation's checks, schedule by schedule.
+          const double loss_bound = 2 * RelativeBound(ForwardRoundings(m));
+          EXPECT_NEAR(gpu.loss, cpu.loss, loss_bound * std::abs(cpu.loss)) << what;
+          EXPECT_EQ(Bf16GradientDisagreement(gpu, cpu, m, P), "") << what;
+          EXPECT_EQ(Bf16UpdateDisagreement(gpu, cpu, m), "") << what;
+        } else {
+          ExpectFp32Twins(gpu, cpu, m, what);
+        }
+        ExpectWithinPlan(gpu.device, gpu.host, TwinOptions(m, P, B, precision, s.customize), what + " cuda");
+      }
+    }
+  }
 }
 
 // The check above, on two CPU bf16 steps whose gradients differ as a
@@ -553,6 +599,23 @@ TEST(Bf16UpdateCheck, PassesTwinsAndCatchesAStaleOrWrongUpdate) {
     }
   }
   EXPECT_THAT(Bf16UpdateDisagreement(unrefreshed, one, m), ::testing::HasSubstr("not their master rounded once"));
+  // The gradients, tensor by tensor: P = 2 passes against P = 1; one small
+  // tensor of the wrong sign, or missing half its contribution, does not
+  // (the loss and the global norm cannot tell: the norm is unchanged by
+  // the flip).
+  EXPECT_EQ(Bf16GradientDisagreement(two, one, m, 2), "") << "P = 2 against P = 1";
+  const std::vector<WeightSpec> specs = ModelWeights(m);
+  size_t router = specs.size();
+  for (size_t t = 0; t < specs.size(); ++t) {
+    if (specs[t].name.find("router") != std::string::npos) router = t;
+  }
+  ASSERT_LT(router, specs.size()) << "no router tensor in ModelWeights";
+  StepResult flipped = two, halved = two;
+  for (float& x : flipped.grads[router]) x = -x;
+  for (float& x : halved.grads[router]) x *= 0.5f;
+  EXPECT_NEAR(Norm(flipped.grads), Norm(two.grads), 1e-6 * Norm(two.grads));
+  EXPECT_THAT(Bf16GradientDisagreement(flipped, one, m, 2), ::testing::HasSubstr(specs[router].name));
+  EXPECT_THAT(Bf16GradientDisagreement(halved, one, m, 2), ::testing::HasSubstr(specs[router].name));
 }
 
 // StepOptions::attention_wgmma = false (the job's
