@@ -124,7 +124,15 @@ fake="$tmp/fake"
 mkdir -p "$fake/bin" "$fake/lib" "$tmp/path"
 cat >"$fake/bin/gtest" <<'SH'
 #!/usr/bin/env bash
-for a in "$@"; do case "$a" in --gtest_output=json:*) out="${a#--gtest_output=json:}" ;; esac; done
+filter=""
+for a in "$@"; do
+  case "$a" in --gtest_output=json:*) out="${a#--gtest_output=json:}" ;; --gtest_filter=*) filter="${a#--gtest_filter=}" ;; esac
+done
+# One case per pattern of a filter (device-check's sanitizer filters name
+# each case), one without; FAKE_MISSING_CASE: a pattern that matched nothing.
+n=1
+[ -n "$filter" ] && n=$(tr ':' '\n' <<<"$filter" | grep -c .)
+[ -n "${FAKE_MISSING_CASE:-}" ] && n=$((n - 1))
 skip=""
 [ -n "${FAKE_SKIP:-}" ] && skip=',{"name":"B","status":"RUN","result":"SKIPPED"}'
 # FAKE_ENV: where each test says the wgmma switch it saw; FAKE_SLOW: seconds
@@ -133,7 +141,13 @@ skip=""
 [ -n "${FAKE_SLOW:-}" ] && sleep "$FAKE_SLOW"
 failures=""
 [ -n "${FAKE_PROBE_FAILS:-}" ] && [ "$(basename "$0")" = wgmma_probe_test ] && failures=',"failures":[{"failure":"x"}]'
-echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[{\"name\":\"A\",\"status\":\"RUN\",\"result\":\"COMPLETED\"$failures}$skip]}]}" >"$out"
+cases=""
+for ((i = 0; i < n; ++i)); do
+  [ -n "$cases" ] && cases="$cases,"
+  cases="$cases{\"name\":\"A$i\",\"status\":\"RUN\",\"result\":\"COMPLETED\"$([ "$i" -eq 0 ] && echo "$failures")}"
+done
+[ -z "$cases" ] && skip="${skip#,}"
+echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[$cases$skip]}]}" >"$out"
 SH
 printf '#!/bin/sh\necho table\nif [ -n "$FAKE_BAD_JSON" ]; then echo "{\\"cuda\\": "; else echo %s; fi\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
@@ -319,6 +333,15 @@ if FAKE_SKIP=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --only='saniti
 fi
 grep -q 'sanitizer:memcheck  *fail .*1 skipped' "$tmp/sanskip/table.txt" \
   || { cat "$tmp/sanskip/table.txt"; fail "the skipped sanitizer run is not a fail naming the skip"; }
+# A filter naming a case its binary no longer has (renamed): fewer cases
+# run than the filter names, a fail (tools/device_check_filters_test checks
+# the names themselves against the default build).
+if FAKE_MISSING_CASE=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --only='sanitizer:*' --out="$tmp/sanmiss" \
+     >/dev/null 2>&1; then
+  fail "sanitizer runs with a filter case missing passed"
+fi
+grep -q 'sanitizer:memcheck:bf16  *fail .*1 tests of 2 named' "$tmp/sanmiss/table.txt" \
+  || { cat "$tmp/sanmiss/table.txt"; fail "the missing sanitizer case is not a fail naming the count"; }
 
 # 4b. Kept within its budget: once it is spent no stage starts; each is
 # not_run, saying how to run it alone, and the run is "incomplete" (exit
