@@ -319,7 +319,9 @@ TEST_F(CpuBf16OpsTest, SumRowsIsTheRowOrderFp32SumRoundedOnce) {
       sum[i] = acc;
     }
     EXPECT_EQ(Bits(got), Bits(Rounded(sum))) << rows << " rows";
-    if (rows == 1) EXPECT_EQ(Bits(got), Bits(std::vector<Bf16>(x.begin(), x.begin() + n)));
+    if (rows == 1) {
+      EXPECT_EQ(Bits(got), Bits(std::vector<Bf16>(x.begin(), x.begin() + n)));
+    }
   }
   // Alike terms (one sign, mantissa in [1, 2) at 2^-3): the 7-term fp32
   // sum is exact, so the result is the exact sum rounded once.
