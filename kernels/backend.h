@@ -302,6 +302,13 @@ class Backend {
   // out[0] (fp32) = SumSquares of the loaded values: the gradient norm of
   // bf16 gradients is an fp32 reduction (no bf16 rounding).
   absl::Status SumSquaresBf16(Stream& s, float* out, const Bf16* x, int64_t n);
+  // out[i] = rn(x[0][i] + x[1][i] + ... + x[rows-1][i]) for i < n, row r at
+  // x + r * ld: the loaded values summed in fp32 in row order (from row 0,
+  // left to right, no fused or reassociated adds) and rounded once, so the
+  // CPU and CUDA give the same bits. The ZeRO gradient reduce of bf16 mixed
+  // precision (kernels/step/grad_reduce.h): a sum over ranks that rounds
+  // once, not once per ring hop. rows >= 1, ld >= n; out must not overlap x.
+  absl::Status SumRowsBf16(Stream& s, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld);
 
  protected:
   // Implementations: called only after the arguments were validated.
@@ -337,6 +344,7 @@ class Backend {
   virtual absl::Status DoFillBf16(Stream& s, Bf16* x, int64_t n, float value);
   virtual absl::Status DoAddBf16(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, int64_t n);
   virtual absl::Status DoSumSquaresBf16(Stream& s, float* out, const Bf16* x, int64_t n);
+  virtual absl::Status DoSumRowsBf16(Stream& s, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld);
 };
 
 }  // namespace plateau

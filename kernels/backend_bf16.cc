@@ -160,6 +160,19 @@ absl::Status Backend::SumSquaresBf16(Stream& s, float* out, const Bf16* x, int64
   return DoSumSquaresBf16(s, out, x, n);
 }
 
+absl::Status Backend::SumRowsBf16(Stream& s, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld) {
+  constexpr absl::string_view op = "sum_rows_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckPositive(op, "rows", rows));
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  if (ld < n) return ArgError(op, absl::StrCat("ld = ", ld, " is less than n = ", n));
+  if (n == 0) return absl::OkStatus();
+  const int64_t span = (rows - 1) * ld + n;  // elements of x read
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, span));
+  if (out < x + span && x < out + n) return ArgError(op, "out overlaps x");
+  return DoSumRowsBf16(s, out, x, rows, n, ld);
+}
+
 // Defaults for a backend without bf16 kernels.
 absl::Status Backend::DoFillBf16(Stream&, Bf16*, int64_t, float) {
   return NoBf16("fill_bf16", *this);
@@ -169,6 +182,9 @@ absl::Status Backend::DoAddBf16(Stream&, Bf16*, const Bf16*, const Bf16*, int64_
 }
 absl::Status Backend::DoSumSquaresBf16(Stream&, float*, const Bf16*, int64_t) {
   return NoBf16("sum_squares_bf16", *this);
+}
+absl::Status Backend::DoSumRowsBf16(Stream&, Bf16*, const Bf16*, int64_t, int64_t, int64_t) {
+  return NoBf16("sum_rows_bf16", *this);
 }
 absl::Status Backend::DoGemmBf16(Stream&, const GemmBf16Args&) { return NoBf16("gemm_bf16", *this); }
 absl::Status Backend::DoConvertToBf16(Stream&, Bf16*, const float*, int64_t) {

@@ -225,6 +225,9 @@ class CpuBackend final : public Backend {
   absl::Status DoSumSquaresBf16(Stream& st, float* out, const Bf16* x, int64_t n) override {
     return Run(st, [=, p = pool_.get()] { cpu::SumSquaresBf16(out, x, n, p); });
   }
+  absl::Status DoSumRowsBf16(Stream& st, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld) override {
+    return Run(st, [=, p = pool_.get()] { cpu::SumRowsBf16(out, x, rows, n, ld, p); });
+  }
   absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
                            Bf16* working, int64_t n, const AdamWArgs& args) override {
     return Run(st, [=, p = pool_.get()] {

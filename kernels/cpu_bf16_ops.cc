@@ -1,5 +1,6 @@
 #include "kernels/cpu_bf16_ops.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -75,6 +76,24 @@ void AddBf16(Bf16* out, const Bf16* a, const Bf16* b, int64_t n, CpuPool* pool) 
 
 void SumSquaresBf16(float* out, const Bf16* x, int64_t n, CpuPool* pool) {
   SumSquares(out, Load(0, x, n, pool), n, pool);
+}
+
+void SumRowsBf16(Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld, CpuPool* pool) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {
+    // Row by row over a stack block of fp32 sums (the rows may be far
+    // apart): each element still adds its rows in order 0, 1, ..., rows - 1.
+    constexpr int64_t kBlock = 1024;
+    float acc[kBlock];
+    for (int64_t s = b; s < e; s += kBlock) {
+      const int64_t m = std::min(kBlock, e - s);
+      for (int64_t j = 0; j < m; ++j) acc[j] = Bf16ToFloat(x[s + j]);
+      for (int64_t r = 1; r < rows; ++r) {
+        const Bf16* row = x + r * ld + s;
+        for (int64_t j = 0; j < m; ++j) acc[j] += Bf16ToFloat(row[j]);
+      }
+      for (int64_t j = 0; j < m; ++j) out[s + j] = FloatToBf16(acc[j]);
+    }
+  });
 }
 
 void GemmBf16(const GemmBf16Args& g) {

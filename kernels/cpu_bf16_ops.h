@@ -61,6 +61,10 @@ void FillBf16(Bf16* x, int64_t n, float value, CpuPool* pool = nullptr);
 void AddBf16(Bf16* out, const Bf16* a, const Bf16* b, int64_t n, CpuPool* pool = nullptr);
 // cpu_ops.h's SumSquares (double blocks) on the loaded values.
 void SumSquaresBf16(float* out, const Bf16* x, int64_t n, CpuPool* pool = nullptr);
+// out[i] = rn(((x[0][i] + x[1][i]) + ...) + x[rows-1][i]), row r at x + r * ld:
+// the loaded values summed in fp32 in row order, rounded once (what the
+// CUDA kernel computes, bit for bit: a fixed order and no FMA).
+void SumRowsBf16(Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld, CpuPool* pool = nullptr);
 
 }  // namespace plateau::cpu
 

@@ -297,6 +297,56 @@ TEST_F(CpuBf16OpsTest, FillAddAndSumSquaresOnLoadedValues) {
               HasSubstr("sum_squares_bf16: out is null"));
 }
 
+// SumRows is rn(((x_0 + x_1) + ...) + x_{rows-1}), fp32 adds of the loaded
+// rows in row order at a row stride ld > n (the padding is never read),
+// rounded once: within one bf16 rounding of the exact sum when the fp32 sum
+// is exact (alike terms of one magnitude); one row is itself. Arguments
+// are checked: rows >= 1, ld >= n, out apart from x.
+TEST_F(CpuBf16OpsTest, SumRowsIsTheRowOrderFp32SumRoundedOnce) {
+  const int64_t n = 70001, ld = n + 3;  // more than one task of 2^16 elements
+  for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{7}}) {
+    std::vector<Bf16> x = RandomBf16(rows * ld, 50 + rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = n; i < ld; ++i) x[r * ld + i] = Bf16{0x7FC1};  // NaN: never read
+    }
+    Bf16* out = dev_.PoisonedBf16(n);
+    ASSERT_TRUE(dev_.b().SumRowsBf16(dev_.s(), out, dev_.UploadBf16(x), rows, n, ld).ok());
+    const std::vector<Bf16> got = dev_.DownloadBf16(out, n);
+    std::vector<float> sum(n);
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = Bf16ToFloat(x[i]);
+      for (int64_t r = 1; r < rows; ++r) acc += Bf16ToFloat(x[r * ld + i]);
+      sum[i] = acc;
+    }
+    EXPECT_EQ(Bits(got), Bits(Rounded(sum))) << rows << " rows";
+    if (rows == 1) {
+      EXPECT_EQ(Bits(got), Bits(std::vector<Bf16>(x.begin(), x.begin() + n)));
+    }
+  }
+  // Alike terms (one sign, mantissa in [1, 2) at 2^-3): the 7-term fp32
+  // sum is exact, so the result is the exact sum rounded once.
+  const int64_t rows = 7;
+  std::vector<Bf16> x(rows * n);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> m(1.0f, 2.0f);
+  for (Bf16& v : x) v = FloatToBf16(0.125f * m(rng));
+  Bf16* out = dev_.PoisonedBf16(n);
+  ASSERT_TRUE(dev_.b().SumRowsBf16(dev_.s(), out, dev_.UploadBf16(x), rows, n, n).ok());
+  const std::vector<Bf16> got = dev_.DownloadBf16(out, n);
+  for (int64_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (int64_t r = 0; r < rows; ++r) exact += Bf16ToFloat(x[r * n + i]);
+    ASSERT_LE(std::fabs(Bf16ToFloat(got[i]) - exact), kBf16Unit * exact) << i;
+  }
+  Bf16* d = dev_.UploadBf16(x);
+  EXPECT_THAT(dev_.b().SumRowsBf16(dev_.s(), out, d, 0, n, n).message(),
+              HasSubstr("sum_rows_bf16: rows must be >= 1, got 0"));
+  EXPECT_THAT(dev_.b().SumRowsBf16(dev_.s(), out, d, 2, n, n - 1).message(),
+              HasSubstr("sum_rows_bf16: ld = 70000 is less than n = 70001"));
+  EXPECT_THAT(dev_.b().SumRowsBf16(dev_.s(), d + n, d, 2, n, n).message(), HasSubstr("sum_rows_bf16: out overlaps x"));
+  EXPECT_THAT(dev_.b().SumRowsBf16(dev_.s(), out, nullptr, 2, n, n).message(), HasSubstr("sum_rows_bf16: x is null"));
+}
+
 TEST_F(CpuBf16OpsTest, SwiGluWithinBoundsOfDoubleAndBitwiseTheRoundedFp32Twin) {
   const int64_t n = 1003;  // not a multiple of the 8 lanes: the tail too
   const std::vector<Bf16> gate = RandomBf16(n, 21, 3.0f), up = RandomBf16(n, 22),

@@ -564,6 +564,42 @@ TEST_F(CudaBf16TwinTest, FillAddAndSumSquaresMatchCpu) {
   EXPECT_LE(std::abs(double{cuda.sumsq} - cpu.sumsq), 2 * kU * std::abs(cpu.sumsq) + 1e-12 * sq);
 }
 
+// SumRowsBf16 (the bf16 ZeRO gradient reduce's sum over the ranks' rows) is
+// bitwise the CPU: both add the loaded rows in fp32 in row order, one
+// unfused add each, and round once. Rows at a padded stride (ld > n, the
+// padding poisoned) of alike-sign terms of one magnitude per column (sums
+// that round) and of mixed signs over 2^20 (cancellations); 1, 3 and 16
+// rows; n spans more than one grid sweep of the elementwise launch.
+TEST_F(CudaBf16TwinTest, SumRowsIsBitwiseCpu) {
+  const int64_t n = (int64_t{1} << 17) + 3, ld = n + 5;
+  for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{16}}) {
+    for (bool alike : {true, false}) {
+      std::vector<Bf16> x =
+          alike ? RandomBf16(rows * ld, 93 + rows, 1, 2) : RandomBf16(rows * ld, 95 + rows, -1 << 20, 1 << 20);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = n; i < ld; ++i) x[r * ld + i] = Bf16{0x7FC1};  // never read
+      }
+      auto run = [&](DeviceSide& side) {
+        Bf16* out = side.PoisonedBf16(n);
+        EXPECT_TRUE(side.b().SumRowsBf16(side.s(), out, side.UploadBf16(x), rows, n, ld).ok());
+        std::vector<uint16_t> bits;
+        for (Bf16 v : side.DownloadBf16(out, n)) bits.push_back(v.bits);
+        return bits;
+      };
+      const std::vector<uint16_t> cpu = run(cpu_), cuda = run(cuda_);
+      EXPECT_EQ(cuda, cpu) << rows << " rows, " << (alike ? "alike" : "mixed") << " terms";
+      // The CPU's bits are the row-order fp32 sum rounded once.
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        float acc = Bf16ToFloat(x[i]);
+        for (int64_t r = 1; r < rows; ++r) acc += Bf16ToFloat(x[r * ld + i]);
+        wrong += FloatToBf16(acc).bits != cpu[i];
+      }
+      EXPECT_EQ(wrong, 0) << rows << " rows";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // The bf16 embedding gradient: every touched table row is its loaded value
 // plus the fp32 sum of its rows' gradients in row order, rounded once, on

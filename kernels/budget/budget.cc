@@ -83,6 +83,10 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
   // accumulators that travel the ring (summed over P hops), and the
   // router's logits, probabilities and gates (its softmax and top-k choice
   // are sensitive to rounding; N E values, small beside N H).
+  // Every kActivations buffer is dead once the embedding's gradient is
+  // done: the bf16 step lends the largest to its ZeRO gradient reduce as
+  // staging (step.cc's Allocate, kernels/step/grad_reduce.h), which
+  // therefore has no term of its own.
   const ElementBytes e = ElementBytesOf(o.precision);
   const int64_t w = e.working, a = e.accum, i32 = sizeof(int32_t);
   const int64_t D = p.dense_padded(), S = p.shard_numel(), X = p.owned_numel_per_rank();

@@ -1012,6 +1012,12 @@ class CudaBackend final : public Backend {
       return absl::OkStatus();
     });
   }
+  absl::Status DoSumRowsBf16(Stream& st, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld) override {
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(cuda_ops::SumRowsBf16(s->stream(), Bits(out), Bits(x), rows, n, ld));
+      return absl::OkStatus();
+    });
+  }
   absl::Status DoSumSquaresBf16(Stream& st, float* out, const Bf16* x, int64_t n) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
       PLATEAU_RETURN_IF_ERROR(s->RequireCompute());

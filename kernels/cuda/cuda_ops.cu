@@ -119,6 +119,20 @@ struct AddBf16Op {
   }
 };
 
+// out = rn(x_0 + x_1 + ... + x_{rows-1}) of the loaded rows, in row order,
+// one fp32 add each (the CPU emulation's SumRowsBf16): each thread walks its
+// element down the rows, so a warp reads each row coalesced.
+struct SumRowsBf16Op {
+  Bf16* out;
+  const Bf16* x;
+  int64_t rows, ld;
+  __device__ void operator()(int64_t i) const {
+    float acc = Load(x[i]);
+    for (int64_t r = 1; r < rows; ++r) acc = __fadd_rn(acc, Load(x[r * ld + i]));
+    out[i] = __float2bfloat16_rn(acc);
+  }
+};
+
 struct MulOp {
   float* out;
   const float* a;
@@ -562,6 +576,10 @@ cudaError_t SumSquaresBf16(cudaStream_t stream, float* out, const uint16_t* x, i
   return LaunchReduce<true>(stream, out, AsBf16(x), n, scratch);
 }
 
+cudaError_t SumRowsBf16(cudaStream_t stream, uint16_t* out, const uint16_t* x, int64_t rows, int64_t n, int64_t ld) {
+  return LaunchElementwise(stream, n, SumRowsBf16Op{AsBf16(out), AsBf16(x), rows, ld});
+}
+
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s) {
   return LaunchElementwise(stream, n, AdamWOp<float>{param, grad, m, v, nullptr, s});
@@ -648,6 +666,7 @@ cudaError_t CheckKernelImage() {
       reinterpret_cast<const void*>(ReducePartialKernel<true, Bf16>),
       reinterpret_cast<const void*>(ElementwiseKernel<FillBf16Op>),
       reinterpret_cast<const void*>(ElementwiseKernel<AddBf16Op>),
+      reinterpret_cast<const void*>(ElementwiseKernel<SumRowsBf16Op>),
       reinterpret_cast<const void*>(ReduceFinishKernel),
       reinterpret_cast<const void*>(StoreGemmPointersKernel),
   };

@@ -107,6 +107,10 @@ cudaError_t AddBf16(cudaStream_t stream, uint16_t* out, const uint16_t* a, const
                     int64_t n);
 cudaError_t SumSquaresBf16(cudaStream_t stream, float* out, const uint16_t* x, int64_t n,
                            void* scratch);
+// out[i] = rn(x[0][i] + ... + x[rows-1][i]) of the loaded values, row r at
+// x + r * ld, added in fp32 in row order with __fadd_rn (never fused):
+// bitwise the CPU's cpu::SumRowsBf16.
+cudaError_t SumRowsBf16(cudaStream_t stream, uint16_t* out, const uint16_t* x, int64_t rows, int64_t n, int64_t ld);
 
 // The scalars of one AdamW step, computed on the host exactly as the CPU
 // twin computes them (cpu::AdamWStepScalars), so both apply one formula.

@@ -11,7 +11,8 @@
 // router's softmax and gates, attention's score panel, the dK/dV
 // accumulators that travel the ring and dq's sum over the hops (in `o`,
 // dead by then: no buffer of its own), Ring-DTP's dX / dW accumulators and
-// PipelinedLLEP's expert-gradient sums over its chunks). Ring-DTP's three
+// PipelinedLLEP's expert-gradient sums over its chunks, and the ZeRO
+// gradient sum over the ranks: kernels/step/grad_reduce.h). Ring-DTP's three
 // slots rotate between a read-only traveller (working) and a dX / dW
 // accumulator (fp32), so each is sized for the larger.
 //

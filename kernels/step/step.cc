@@ -11,9 +11,10 @@
 #include "kernels/budget/budget.h"
 #include "kernels/model/model_kernels.h"
 #include "kernels/model/working_ops.h"
+#include "kernels/status_macros.h"
+#include "kernels/step/grad_reduce.h"
 #include "kernels/step/ring_attention.h"
 #include "kernels/step/schedules.h"
-#include "kernels/status_macros.h"
 
 namespace plateau {
 
@@ -48,6 +49,9 @@ struct TrainingStep::Impl {
   // kWorkspace
   Buffer stats;    // 2 doubles: loss sum, valid count
   Buffer scalars;  // 2 floats: squared norms (dense shard, owned weights)
+  // The bf16 gradient reduce's staging: one of the activation buffers
+  // above, borrowed (Allocate says which and why); null in fp32.
+  Buffer* reduce_staging = nullptr;
 
   int64_t off_embed = 0, off_final_norm = 0;
   // This rank's rows of lm_head (the projection's FirstWeightRow() onward)
@@ -223,6 +227,33 @@ absl::Status TrainingStep::Allocate() {
     }
     MemorySpace& space = specs[i].space == SpaceKind::kHost ? backend_.host() : backend_.device();
     PLATEAU_ASSIGN_OR_RETURN(I.*(members[i].member), space.Allocate(specs[i].set, specs[i].bytes));
+  }
+  if (options_.precision == Precision::kBf16Mixed) {
+    // The bf16 ZeRO reduce (grad_reduce.h) stages its chunks in the largest
+    // activation buffer (the fewest chunks), borrowed, so the plan's bytes
+    // do not change. Every kActivations buffer is dead by then, in every
+    // schedule: they are the step's own working set of one layer, which no
+    // schedule keeps past its call (the checkpoint store, the dispatch, the
+    // projection and the optimizers own their buffers, and SCO's and the
+    // offloaded optimizers' streams touch only theirs); their last reader,
+    // EmbeddingBackward (dh, tokens), runs on compute before the reduce's
+    // first exchange waits for compute, and their next writer is the next
+    // pass, after ForwardBackward has synchronised both streams. The chunk
+    // is >= 1 element: `o` alone ([N, hidden] fp32) holds two slots of
+    // N hidden / P, and bf16 takes hidden >= experts >= ranks
+    // (CheckBf16Schedules; experts % ranks == 0). Checked here all the same,
+    // so that a shape that breaks it is refused at Create, not mid-step.
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].set != LiveSet::kActivations || specs[i].space != SpaceKind::kDevice) continue;
+      Buffer& b = I.*(members[i].member);
+      if (I.reduce_staging == nullptr || b.bytes() > I.reduce_staging->bytes()) I.reduce_staging = &b;
+    }
+    const int64_t staging = I.reduce_staging == nullptr ? 0 : static_cast<int64_t>(I.reduce_staging->bytes());
+    if (world_.size() > 1 && GradReduceBf16::ChunkElements(world_.size(), staging) < 1) {
+      return absl::FailedPreconditionError(absl::StrCat("grad_reduce: the largest activation buffer (", staging,
+                                                        " bytes) cannot stage one bf16 element per rank in two slots (",
+                                                        4 * world_.size(), " bytes)"));
+    }
   }
   auto params_of = [&](auto* w) {
     using W = std::remove_pointer_t<decltype(w)>;
@@ -640,11 +671,20 @@ absl::StatusOr<StepStats> TrainingStep::PassT(const std::vector<int32_t>& tokens
   }
   PLATEAU_RETURN_IF_ERROR(Ops::EmbeddingBackward(x.k(), x.c(), dh, I.tokens.as<int32_t>(), N, H,
                                                  x.grad(I.off_embed), m.vocab_size));
-  // ZeRO: every rank's dense gradient summed into the owner's shard (bf16:
-  // an fp32 sum per hop, rounded once: P - 1 roundings over P ranks).
-  PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
-  PLATEAU_RETURN_IF_ERROR(world_.ReduceScatter(*I.comm, I.dense_grad.data(), I.dense_grad_shard.data(),
-                                               layout_.shard_numel(), kWorkingDataType<W>, ReduceOp::kSum));
+  // ZeRO: every rank's dense gradient summed into the owner's shard. fp32:
+  // the reduce-scatter. bf16: an fp32 sum over the ranks in rank order,
+  // rounded once (grad_reduce.h; the ring's bf16 reduce-scatter would round
+  // once per hop, P - 1 roundings of alike terms), staged in the borrowed
+  // activation buffer (Allocate).
+  if constexpr (std::is_same_v<W, float>) {
+    PLATEAU_RETURN_IF_ERROR(x.CommAfterCompute());
+    PLATEAU_RETURN_IF_ERROR(world_.ReduceScatter(*I.comm, I.dense_grad.data(), I.dense_grad_shard.data(),
+                                                 layout_.shard_numel(), kWorkingDataType<W>, ReduceOp::kSum));
+  } else {
+    GradReduceBf16 reduce{backend_, world_, *I.compute, *I.comm, *I.ev_compute, *I.ev_comm};
+    PLATEAU_RETURN_IF_ERROR(reduce.Run(I.dense_grad.as<Bf16>(), I.dense_grad_shard.as<Bf16>(), layout_.shard_numel(),
+                                       I.reduce_staging->data(), static_cast<int64_t>(I.reduce_staging->bytes())));
+  }
   PLATEAU_RETURN_IF_ERROR(I.comm->Synchronize());
   PLATEAU_RETURN_IF_ERROR(I.compute->Synchronize());
   EndPhase(phases, StepPhase::kGradReduce);

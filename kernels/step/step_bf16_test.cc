@@ -29,9 +29,10 @@
 //     term (1; its d logits rounded to bf16: 1), RMSNorm's dx (1),
 //     dh1 (1), dO (1), dq once per ring hop (P), inverse rope (1), da in
 //     three GEMMs (3), RMSNorm's dx (1), dh (1): 17 + P; the weight
-//     gradient's own GEMM or sum (1); the reduce-scatter, one rounding per
-//     hop (P - 1).
-//       K_g = K_f + 3 + L (17 + P) + 1 + (P - 1)
+//     gradient's own GEMM or sum (1); the sum over the ranks, in fp32 and
+//     rounded once (grad_reduce.h; none at P = 1; the bf16 ring
+//     reduce-scatter it replaced rounded once per hop, P - 1).
+//       K_g = K_f + 3 + L (17 + P) + 1 + min(1, P - 1)
 // Ring-DTP adds none and PipelinedLLEP (K > 1 chunks) one: Ring-DTP's
 // dX / dW and an expert's weight gradient over its chunks sum in fp32 and
 // round once, as the dense projection's and standard EP's GEMMs do (each
@@ -64,6 +65,7 @@
 #include "kernels/communicator.h"
 #include "kernels/model/config.h"
 #include "kernels/model/params.h"
+#include "kernels/step/grad_reduce.h"
 #include "kernels/step/step.h"
 #include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
@@ -99,7 +101,7 @@ StepOptions Options(const ModelConfig& m, int P, int64_t B, Precision precision)
 // The bound's chain lengths (the header comment).
 int64_t ForwardRoundings(const ModelConfig& m) { return 3 + 10 * m.layers; }
 int64_t GradientRoundings(const ModelConfig& m, int P) {
-  return ForwardRoundings(m) + 3 + m.layers * (17 + P) + 1 + (P - 1);
+  return ForwardRoundings(m) + 3 + m.layers * (17 + P) + 1 + std::min(1, P - 1);
 }
 double RelativeBound(int64_t roundings) { return std::pow(1.0 + kBf16UnitRoundoff, roundings) - 1.0; }
 
@@ -324,7 +326,7 @@ TEST(StepBf16, EveryGradientTensorNearFp32) {
   const std::vector<std::vector<float>> f32 = GradsOf(Options(m, 1, B, Precision::kFp32), g);
   const std::vector<WeightSpec> specs = ModelWeights(m);
   ASSERT_EQ(f32.size(), specs.size());
-  for (int P : {1, 2}) {
+  for (int P : {1, 2, 4}) {
     const std::vector<std::vector<float>> b16 = GradsOf(Options(m, P, B, Precision::kBf16Mixed), g);
     ASSERT_EQ(b16.size(), f32.size());
     const double bound = std::min(RelativeBound(GradientRoundings(m, P)), 16 * kBf16UnitRoundoff);
@@ -346,6 +348,54 @@ TEST(StepBf16, EveryGradientTensorNearFp32) {
     std::printf("P=%d worst tensor %s: relative L2 error %.2e (bound %.2e)\n", P, specs[worst_t].name.c_str(),
                 worst, bound);
     EXPECT_GT(worst, 0) << "bf16 gradients equal to fp32's: the step did not compute bf16";
+  }
+}
+
+// Rank 0's collectives in one ForwardBackward, by kind (after Create).
+CountingCommunicator::Counts PassCollectives(const StepOptions& o, const GlobalBatch& g) {
+  CountingCommunicator::Counts counts;
+  const int P = static_cast<int>(o.layout.ranks);
+  RunRanks(P, [&](int r, Backend& be, Communicator& inner) {
+    CountingCommunicator::Table table;
+    CountingCommunicator world(inner, &table);
+    auto step = TrainingStep::Create(o, be, world);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const CountingCommunicator::Counts before = table.Read();
+    auto st = (*step)->ForwardBackward(RankSlice(g.tokens, o.layout.batch, o.model.seq_len, r, P),
+                                       RankSlice(g.targets, o.layout.batch, o.model.seq_len, r, P));
+    ASSERT_TRUE(st.ok()) << st.status();
+    if (r == 0) {
+      counts = table.Read();
+      for (const auto& [op, n] : before) counts[op] -= n;
+    }
+  });
+  return counts;
+}
+
+// The bf16 step's ZeRO gradient reduce is grad_reduce.h's fp32 sum over the
+// ranks, rounded once, not the bf16 ring reduce-scatter (a rounding per
+// hop): in one ForwardBackward the fp32 step makes one reduce_scatter, the
+// bf16 step none and (P - 1) ceil(S / c) more send_recv exchanges (the rest
+// of the pass exchanges alike in both precisions), c the chunk of its
+// staging, the largest activation buffer of the launch list.
+TEST(StepBf16, GradientReduceIsTheFp32SumNotTheBf16Ring) {
+  const ModelConfig m = TinyModel();
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  for (int P : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat("P = ", P));
+    const StepOptions o = Options(m, P, B, Precision::kBf16Mixed);
+    int64_t staging = 0;
+    for (const StepBufferSpec& b : StepLaunchBuffers(o)) {
+      if (b.set == LiveSet::kActivations && b.space == SpaceKind::kDevice) staging = std::max(staging, b.bytes);
+    }
+    const int64_t S = LayoutOf(o).shard_numel(), c = GradReduceBf16::ChunkElements(P, staging);
+    ASSERT_GE(c, 1);
+    CountingCommunicator::Counts f32 = PassCollectives(Options(m, P, B, Precision::kFp32), g);
+    CountingCommunicator::Counts b16 = PassCollectives(o, g);
+    EXPECT_EQ(f32["reduce_scatter"], 1);
+    EXPECT_EQ(b16["reduce_scatter"], 0) << "the bf16 ring reduce-scatter rounds once per hop";
+    EXPECT_EQ(b16["send_recv"] - f32["send_recv"], (P - 1) * ((S + c - 1) / c)) << "S = " << S << ", c = " << c;
   }
 }
 
