@@ -964,6 +964,12 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   }
   query.limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
   query.max_bytes = kMaxPageBytes;
+  if (options_.between_list_reads) {
+    query.between_reads = [this] {
+      options_.between_list_reads();
+      return absl::OkStatus();
+    };
+  }
   bool more = false;
   PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->ListJobs(query, &more));
   v1::ListJobsResponse out;

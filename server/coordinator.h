@@ -119,6 +119,9 @@ struct CoordinatorOptions {
   // For tests: called by DeleteJob after each part of a job's data it
   // deleted, with the lock released (the number of rows of that part).
   std::function<void(int64_t rows)> after_delete_part;
+  // For tests: called by ListJobs between its reads of stored jobs (a
+  // label_selector's scan reads kListScanRows at a time), with no lock held.
+  std::function<void()> between_list_reads;
 };
 
 bool IsTerminal(v1::JobState state);
