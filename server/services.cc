@@ -1,6 +1,7 @@
 #include "server/services.h"
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <optional>
 
@@ -145,6 +146,21 @@ grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext&
                  "ranks take a token of its --worker_token_file");
 }
 
+// Whether the caller still waits for the answer, for a handler that works
+// in parts (a ListJobs scan, a DeleteJob): DEADLINE_EXCEEDED once its
+// deadline has passed, CANCELLED once it cancelled or went away. A
+// ListJobs scan ran on after its client gave up, for no one.
+StillWanted CallerWaits(const grpc::ServerContext& ctx) {
+  return [&ctx]() -> absl::Status {
+    // The deadline first: gRPC cancels a call whose deadline passed too.
+    if (std::chrono::system_clock::now() >= ctx.deadline()) {
+      return absl::DeadlineExceededError("the caller's deadline passed");
+    }
+    if (ctx.IsCancelled()) return absl::CancelledError("the caller cancelled the call or went away");
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
@@ -161,7 +177,7 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRe
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->ListJobs(*req), out);
+  return Reply(c_->ListJobs(*req, CallerWaits(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* out) {
@@ -191,7 +207,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::Lis
 grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                                        v1::DeleteJobResponse*) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx)));
+  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx), CallerWaits(*ctx)));
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
