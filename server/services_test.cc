@@ -29,6 +29,7 @@
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/test_db.h"
+#include "worker/job_spec.h"
 
 namespace plateau {
 namespace {
@@ -125,10 +126,10 @@ class ServicesTest : public ::testing::Test {
 
   // The coordinator and the server, once the test has set options_ and
   // filled the store.
-  void Serve(ServiceGuards guards = {}) {
+  void Serve(ServiceGuards guards = {}, StreamOptions streams = {}) {
     coordinator_ = std::make_unique<Coordinator>(store_.get(), metrics_, options_);
     ASSERT_TRUE(coordinator_->Start().ok());
-    jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get(), guards);
+    jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get(), guards, streams);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -139,8 +140,8 @@ class ServicesTest : public ::testing::Test {
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port, 0);
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    address_ = absl::StrCat("127.0.0.1:", port);
+    stub_ = v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
 
   // Waits for every call in flight to end (its handler returned), then
@@ -162,6 +163,15 @@ class ServicesTest : public ::testing::Test {
     return stored.ok() ? stored->id() : "";
   }
 
+  // A job submitted to the coordinator: PENDING for good (no worker).
+  std::string PendingJob() {
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = DemoJobSpec(2, 5);
+    absl::StatusOr<v1::SubmitJobResponse> resp = coordinator_->SubmitJob(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->job().id() : "";
+  }
+
   std::unique_ptr<JobStore> store_;
   Metrics* metrics_ = nullptr;
   CoordinatorOptions options_;
@@ -169,6 +179,7 @@ class ServicesTest : public ::testing::Test {
   std::unique_ptr<JobServiceImpl> jobs_;
   Answers answers_;
   std::unique_ptr<grpc::Server> server_;
+  std::string address_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
@@ -314,6 +325,62 @@ TEST_F(ServicesTest, ADeleteInPartsStopsOnceItsCallersDeadlinePassedAndADeleteAg
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(store_->GetJob(job).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_->ReadRankSteps(job, 0, 0, INT64_MAX)->empty());
+}
+
+// A watch of a pending job is quiet: with nothing to send for the
+// heartbeat interval it sends a JobEvent.heartbeat, so that a proxy that
+// cuts idle streams does not cut it. A heartbeat carries the job's id, the
+// time and the index of the last event sent (a client resuming from it + 1
+// misses nothing), is never stored, and comes about once an interval.
+TEST_F(ServicesTest, AQuietWatchSendsHeartbeatsIndexedAsItsLastEventAndNeverStored) {
+  StreamOptions streams;
+  streams.watch_heartbeat = absl::Milliseconds(200);
+  Serve({}, streams);
+  const std::string id = PendingJob();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(15)));  // five heartbeats take a second
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto reader = stub_->WatchJob(&ctx, req);
+  std::vector<v1::JobEvent> events, beats;
+  std::vector<int64_t> last_index_at_beat;
+  const absl::Time start = absl::Now();
+  v1::JobEvent e;
+  while (beats.size() < 5 && reader->Read(&e)) {
+    if (e.has_heartbeat()) {
+      last_index_at_beat.push_back(events.empty() ? -1 : events.back().index());
+      beats.push_back(e);
+    } else {
+      events.push_back(e);
+    }
+  }
+  const absl::Duration took = absl::Now() - start;
+  ctx.TryCancel();
+  reader->Finish();
+  ASSERT_EQ(beats.size(), 5u) << "the watch ended after " << events.size() << " event(s)";
+  ASSERT_FALSE(events.empty());  // the submission, at least
+  for (size_t i = 0; i < beats.size(); ++i) {
+    EXPECT_EQ(beats[i].job_id(), id);
+    EXPECT_EQ(beats[i].index(), last_index_at_beat[i]) << beats[i].DebugString();
+    EXPECT_GT(beats[i].time().seconds(), 0);
+  }
+  // About one an interval: not one per wakeup of the stream.
+  EXPECT_GE(took, absl::Milliseconds(5 * 200 - 50));
+  absl::StatusOr<int64_t> stored = store_->EventCount(id);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, events.back().index() + 1) << "a heartbeat was stored";
+
+  // A watch from the next index (a client resuming) is as quiet: its
+  // heartbeats carry the index before its from_index.
+  grpc::ClientContext resumed_ctx;
+  resumed_ctx.set_deadline(In(absl::Seconds(60)));
+  req.set_from_index(*stored);
+  auto resumed = stub_->WatchJob(&resumed_ctx, req);
+  ASSERT_TRUE(resumed->Read(&e));
+  EXPECT_TRUE(e.has_heartbeat()) << e.DebugString();
+  EXPECT_EQ(e.index(), *stored - 1);
+  resumed_ctx.TryCancel();
+  resumed->Finish();
 }
 
 }  // namespace

@@ -1096,6 +1096,7 @@ TEST(SecurityTest, NonLoopbackListenNeedsATokenOrInsecureListenAny) {
            {"--tls_cert_file=" + t.right, "--tls_key_file is missing"},
            {"--max_request_bytes=1000", "--max_request_bytes: expected an integer from 1048576"},
            {"--max_watches_per_client=-1", "--max_watches_per_client: expected an integer >= 0"},
+           {"--watch_heartbeat_s=-1", "--watch_heartbeat_s: expected seconds from 0 (no heartbeat) to 3600"},
            {"--insecure_listen_any=maybe", "--insecure_listen_any: expected true or false"},
            {"--token_file=" + t.right + " --worker_token_file=" + t.right,
             "--worker_token_file: a token of it is also in --token_file"}}) {
