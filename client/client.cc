@@ -166,6 +166,11 @@ absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
 
 namespace {
 
+// A watch's heartbeat (job.proto WatchHeartbeat) says the stream is alive;
+// it is no row of the job: never shown, and it moves no resume point.
+bool IsHeartbeat(const v1::JobEvent& e) { return e.has_heartbeat(); }
+bool IsHeartbeat(const v1::LogEntry&) { return false; }
+
 // Reads a server stream of indexed rows from `from`; when the stream breaks
 // because the coordinator went away (UNAVAILABLE: a restart), opens it
 // again from the next index for up to `reconnect_for`, so the caller sees
@@ -194,6 +199,7 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
     while (reader->Read(&row)) {
       broke = absl::InfiniteFuture();
       connected = true;
+      if (IsHeartbeat(row)) continue;
       from = row.index() + 1;
       if (!on_row(row)) {
         ctx.TryCancel();
