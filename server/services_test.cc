@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_interceptor.h"
@@ -28,6 +29,7 @@
 #include "server/coordinator.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/security.h"
 #include "server/test_db.h"
 #include "worker/job_spec.h"
 
@@ -174,6 +176,9 @@ class ServicesTest : public ::testing::Test {
 
   std::unique_ptr<JobStore> store_;
   Metrics* metrics_ = nullptr;
+  // Outlives the server (a stream's lease is given back as its handler
+  // ends, which may be during Stop).
+  std::unique_ptr<WatchLimiter> limit_;
   CoordinatorOptions options_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> jobs_;
@@ -381,6 +386,103 @@ TEST_F(ServicesTest, AQuietWatchSendsHeartbeatsIndexedAsItsLastEventAndNeverStor
   EXPECT_EQ(e.index(), *stored - 1);
   resumed_ctx.TryCancel();
   resumed->Finish();
+}
+
+// The number of WatchJob calls the server refused RESOURCE_EXHAUSTED.
+int Refused(Answers& answers) {
+  int n = 0;
+  for (const grpc::Status& s : answers.Of("WatchJob")) n += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  return n;
+}
+
+// A watch over the coordinator's limit of open watches per client host
+// (here 1) is refused RESOURCE_EXHAUSTED for now, not for good: the client
+// opens it again with backoff, says so once, and gets in when the other
+// watch of its host ends; it then streams the job to its end as any watch.
+TEST_F(ServicesTest, AWatchRefusedForTheLimitIsRetriedWithBackoffAndGetsInOnceAPlaceFrees) {
+  limit_ = std::make_unique<WatchLimiter>(1);
+  Serve({nullptr, nullptr, limit_.get()});
+  const std::string id = PendingJob();
+  grpc::ClientContext held_ctx;
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto held = stub_->WatchJob(&held_ctx, req);
+  v1::JobEvent e;
+  ASSERT_TRUE(held->Read(&e));  // open: the host's one place is taken
+
+  ClientOptions o;
+  o.connection.address = address_;
+  absl::Mutex mu;
+  std::vector<absl::Status> notices;
+  o.on_reconnecting = [&](const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    notices.push_back(s);
+  };
+  Client client(o);
+  std::vector<v1::JobEvent> seen;
+  absl::Status watched;
+  std::atomic<bool> ended{false};
+  std::thread watch([&] {
+    watched = client.WatchJob(id, 0, [&](const v1::JobEvent& ev) {
+      absl::MutexLock lock(&mu);
+      seen.push_back(ev);
+      return true;
+    });
+    ended = true;
+  });
+  Await([&] { return Refused(answers_) >= 2 || ended; });
+  EXPECT_FALSE(ended) << "the watch gave up at its refusal: " << watched;
+  EXPECT_GE(Refused(answers_), 2) << "the refused watch was not opened again";
+  held_ctx.TryCancel();
+  held->Finish();
+  Await([&] {
+    absl::MutexLock lock(&mu);
+    return !seen.empty() || ended;
+  });
+  ASSERT_TRUE(coordinator_->CancelJob(id).ok());
+  watch.join();
+  EXPECT_TRUE(watched.ok()) << watched;
+  absl::MutexLock lock(&mu);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front().index(), 0);
+  EXPECT_TRUE(seen.back().has_state_change() && seen.back().state_change().state() == v1::CANCELLED)
+      << seen.back().DebugString();
+  ASSERT_EQ(notices.size(), 1u) << "said once, not at every retry";
+  EXPECT_EQ(notices[0].code(), absl::StatusCode::kResourceExhausted) << notices[0];
+  EXPECT_THAT(notices[0].message(), HasSubstr("--max_watches_per_client"));
+}
+
+// Refused for the whole reconnect window (here 3 s), the watch fails with
+// the refusal (plateauctl's exit 8, "may succeed later"), after a few
+// tries spaced by a growing backoff (0.25-0.5 s, 0.5-1 s, 1-2 s, ...), not
+// a try every 250 ms.
+TEST_F(ServicesTest, AWatchRefusedForItsWholeReconnectWindowFailsWithTheRefusal) {
+  limit_ = std::make_unique<WatchLimiter>(1);
+  Serve({nullptr, nullptr, limit_.get()});
+  const std::string id = PendingJob();
+  grpc::ClientContext held_ctx;
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto held = stub_->WatchJob(&held_ctx, req);
+  v1::JobEvent e;
+  ASSERT_TRUE(held->Read(&e));
+
+  ClientOptions o;
+  o.connection.address = address_;
+  o.reconnect_for = absl::Seconds(3);
+  Client client(o);
+  const absl::Time start = absl::Now();
+  const absl::Status watched = client.WatchJob(id, 0, [](const v1::JobEvent&) { return true; });
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(watched.code(), absl::StatusCode::kResourceExhausted) << watched;
+  EXPECT_THAT(watched.message(), HasSubstr("--max_watches_per_client"));
+  EXPECT_GE(took, absl::Seconds(3));
+  EXPECT_LT(took, absl::Seconds(30));
+  const int tries = Refused(answers_);
+  EXPECT_GE(tries, 3);
+  EXPECT_LE(tries, 6) << "not a backoff";
+  held_ctx.TryCancel();
+  held->Finish();
 }
 
 }  // namespace

@@ -326,7 +326,9 @@ class ScriptedService final : public v1::JobService::Service {
   // A heartbeat (JobEvent.heartbeat, indexed as the last event sent) before
   // every event, and the first watch broken (UNAVAILABLE) after step 2's.
   bool heartbeats = false;
-  std::vector<int64_t> watch_froms;      // of every watch
+  std::vector<int64_t> watch_froms;  // of every watch
+  std::vector<absl::Time> watch_times;
+  std::deque<grpc::Status> watch_refusals;  // answered first to watches, in order, before any event
   std::vector<std::string> request_ids;  // of every submit
   std::vector<absl::Time> submit_times;
   int cancels = 0;  // calls, answered or not
@@ -374,6 +376,12 @@ class ScriptedService final : public v1::JobService::Service {
     {
       std::lock_guard<std::mutex> l(mu);
       watch_froms.push_back(req->from_index());
+      watch_times.push_back(absl::Now());
+      if (!watch_refusals.empty()) {
+        grpc::Status s = watch_refusals.front();
+        watch_refusals.pop_front();
+        return s;
+      }
       watches = watch_froms.size();
     }
     int64_t last = req->from_index() - 1;  // what a heartbeat is indexed as
@@ -611,6 +619,39 @@ TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
   // Nothing else: the submission, 2 states, 3 steps, the break, the end.
   std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
   EXPECT_EQ(lines.size(), 8u) << r.out;
+}
+
+// The coordinator's limit of open watches per host (RESOURCE_EXHAUSTED
+// "too many open watches") refuses a watch for now: it is opened again
+// with backoff, as plateauctl does (security_test), and the job is watched
+// to its end. Refused for the whole --reconnect-for, it is exit 8 ("may
+// succeed later"), as plateauctl's.
+TEST_F(PythonClientFailureTest, AWatchRefusedForTheWatchLimitIsRetriedWithBackoff) {
+  const grpc::Status refused(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                             "too many open watches from 127.0.0.1: 2 of at most 2 (the coordinator's "
+                             "--max_watches_per_client) are open; retry with backoff: a place frees when one of "
+                             "them ends");
+  ScriptedCoordinator at;
+  ASSERT_FALSE(at.address().empty());
+  at.service().watch_refusals = {refused, refused};
+  Ran r = Run(at, "watch-refused");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1 watch refused for now (RESOURCE_EXHAUSTED too many open watches from "));
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
+  EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
+  const std::vector<absl::Time> times = at.service().watch_times;
+  ASSERT_EQ(times.size(), 3u) << r.out;
+  // The first wait is 0.25-0.5 s, the second 0.5-1 s: a backoff.
+  EXPECT_GE(times[1] - times[0], absl::Milliseconds(240));
+  EXPECT_GE(times[2] - times[1], absl::Milliseconds(490));
+
+  ScriptedCoordinator full;
+  ASSERT_FALSE(full.address().empty());
+  full.service().watch_refusals.assign(100, refused);
+  r = Run(full, "watch-refused-for-good", {"--reconnect-for=1"});
+  EXPECT_EQ(r.code, 8) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("watching job-1: RESOURCE_EXHAUSTED too many open watches from 127.0.0.1"));
+  EXPECT_GE(full.service().watch_times.size(), 2u) << "not retried";
 }
 
 // A self-signed certificate, its own CA, for `san`.

@@ -38,7 +38,10 @@ deadline; open calls ping the coordinator every --keepalive seconds (20), so
 a frozen one breaks the watch; a broken watch resumes from its next event,
 and a cancel that was not answered is sent again, for as long as
 --reconnect-for seconds (60) pass without the coordinator answering, as
-plateauctl's watch does. Retries wait exponentially longer (0.5 s, 1 s, 2 s,
+plateauctl's watch does. A watch the coordinator refuses for its limit of
+open watches per client host (RESOURCE_EXHAUSTED, its
+--max_watches_per_client) is opened again the same way: a place frees as
+soon as another watch of this host ends, so the refusal is for now. Retries wait exponentially longer (0.5 s, 1 s, 2 s,
 ... up to 8 s), each wait a random 50-100% of that, so that the clients of a
 coordinator that restarts do not all come back at the same instant.
 
@@ -69,8 +72,9 @@ exits the same from either client:
   6  the job is gone (NOT_FOUND: deleted while this watched it)
   8  the coordinator could not serve the request: a fault on its side
      (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, its DEADLINE_EXCEEDED) or one of
-     its limits (RESOURCE_EXHAUSTED: too many open watches); the same run may
-     succeed later
+     its limits (RESOURCE_EXHAUSTED: too many open watches from this host,
+     still so after retrying for --reconnect-for); the same run may succeed
+     later
 (7, plateauctl's cancel of a finished job, does not occur: a cancel that
 finds the job finished is left to the watch, which reports how it ended.)
 """
@@ -335,7 +339,9 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
     with backoff, for `reconnect_for` seconds from the first failure; the clock
     stops at each stream the coordinator opens (its initial metadata) or event
     it sends, so a quiet watch of a pending job survives restarts as a busy one
-    does. Any other error (NOT_FOUND: the job was deleted) is raised."""
+    does. A stream refused for the coordinator's limit of open watches
+    (RESOURCE_EXHAUSTED) is opened again the same way, as plateauctl does. Any
+    other error (NOT_FOUND: the job was deleted) is raised."""
     next_index, cancel_sent = 0, False
     broken_since, attempt = None, 0  # when the coordinator stopped answering; retries since
     while True:
@@ -368,7 +374,9 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
             broken_since = now if broken_since is None else broken_since
             # Not DEADLINE_EXCEEDED: the watch has no deadline of its own (a
             # frozen coordinator is found by keepalive, as UNAVAILABLE).
-            retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            # RESOURCE_EXHAUSTED: this host has the coordinator's
+            # --max_watches_per_client open; one ending frees a place.
+            retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED)
             left = reconnect_for - (now - broken_since)
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 # The job's events were removed (the retention sweep, or a
@@ -380,8 +388,13 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
                 raise
             if e.code() not in retryable or left < 0:
                 raise
-            print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}", flush=True)
-            time.sleep(min(backoff(attempt), left))
+            delay = min(backoff(attempt), left)
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                print(f"{job_id} watch refused for now ({e.code().name} {e.details()}); retrying in {delay:.1f} s",
+                      flush=True)
+            else:
+                print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}", flush=True)
+            time.sleep(delay)
             attempt += 1
 
 
