@@ -1,6 +1,8 @@
 #include "client/client.h"
 
 #include <algorithm>
+#include <cmath>
+#include <random>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -166,12 +168,31 @@ absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
 
 namespace {
 
+// A watch's heartbeat (job.proto WatchHeartbeat) says the stream is alive;
+// it is no row of the job: never shown, and it moves no resume point.
+bool IsHeartbeat(const v1::JobEvent& e) { return e.has_heartbeat(); }
+bool IsHeartbeat(const v1::LogEntry&) { return false; }
+
+// The wait before retry `attempt` (0, 1, ...) of a stream the coordinator
+// refused for its watch limit: 0.5 s doubling up to 8 s, each a random
+// 50-100% of that, so that the clients of one host, all refused at once,
+// do not all come back at the same instant (the Python client's backoff).
+absl::Duration Backoff(int attempt) {
+  thread_local std::mt19937 rng{std::random_device{}()};
+  const double full = std::min(8.0, 0.5 * std::pow(2.0, std::min(attempt, 16)));
+  return absl::Seconds(full * std::uniform_real_distribution<double>(0.5, 1.0)(rng));
+}
+
 // Reads a server stream of indexed rows from `from`; when the stream breaks
 // because the coordinator went away (UNAVAILABLE: a restart), opens it
 // again from the next index for up to `reconnect_for`, so the caller sees
 // every row once, in order. A coordinator never reached is retried for a
 // few seconds only (a connect can fail transiently on a loaded machine), so
-// that a wrong address still fails fast.
+// that a wrong address still fails fast. A stream the coordinator refused
+// for its limit of open streams per client host (RESOURCE_EXHAUSTED,
+// --max_watches_per_client) is opened again too, with backoff, for up to
+// `reconnect_for`: a place frees as soon as one of that host's streams
+// ends, so the refusal is for now, not for good.
 template <typename Row, typename OpenFn, typename Convert>
 absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration reconnect_for,
                           const std::function<void(const absl::Status&)>& on_reconnecting,
@@ -179,6 +200,7 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
                           Convert convert) {
   absl::Time broke = absl::InfiniteFuture();
   bool connected = false;
+  int refusals = 0;  // in a row, for the backoff
   while (true) {
     grpc::ClientContext ctx;
     auto reader = open(&ctx, from);
@@ -189,11 +211,14 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
     if (ctx.GetServerInitialMetadata().count(kStreamOpenMetadata)) {
       broke = absl::InfiniteFuture();
       connected = true;
+      refusals = 0;
     }
     Row row;
     while (reader->Read(&row)) {
       broke = absl::InfiniteFuture();
       connected = true;
+      refusals = 0;
+      if (IsHeartbeat(row)) continue;
       from = row.index() + 1;
       if (!on_row(row)) {
         ctx.TryCancel();
@@ -202,25 +227,33 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
       }
     }
     grpc::Status s = reader->Finish();
+    // The coordinator answered: too many streams of this host are open.
+    // (Its other RESOURCE_EXHAUSTEDs cannot come here: a stream's request
+    // is never near --max_request_bytes, and DoesNotFit is a submit's.)
+    const bool refused = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     // UNAVAILABLE: the coordinator went away (or says it is shutting down).
     // CANCELLED too, though this client cancels nothing here (its own
     // cancel returned above): a stream opened while the coordinator shuts
     // down is cancelled by the server (gRPC's "CANCELLED"), and the stream
     // it replaced had just ended UNAVAILABLE.
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::CANCELLED) {
+    if (!refused && s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::CANCELLED) {
       return convert(s);
     }
     const absl::Time now = absl::Now();
     if (broke == absl::InfiniteFuture()) {
       broke = now;
       // Once per outage, and only once the stream was open (its metadata
-      // or rows came): a coordinator never reached is an error, not a
-      // reconnect.
-      if (connected && on_reconnecting) on_reconnecting(convert(s));
+      // or rows came) or refused: a coordinator never reached is an error,
+      // not a reconnect.
+      if ((connected || refused) && on_reconnecting) on_reconnecting(convert(s));
     }
-    const absl::Duration patience = connected ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));
+    const absl::Duration patience = connected || refused ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));
     if (now - broke >= patience) return convert(s);
-    PauseBeforeRetry(channel, absl::Milliseconds(250));
+    if (refused) {
+      absl::SleepFor(std::min(Backoff(refusals++), broke + patience - now));
+    } else {
+      PauseBeforeRetry(channel, absl::Milliseconds(250));
+    }
   }
 }
 

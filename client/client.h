@@ -28,10 +28,16 @@ struct ClientOptions {
   ConnectionOptions connection;
   absl::Duration timeout = absl::Seconds(10);  // per unary call
   // A watch or log stream broken by the coordinator going away (a restart)
-  // is opened again from the next index for this long.
+  // is opened again from the next index for this long; one the coordinator
+  // refused for its limit of open streams per client host
+  // (RESOURCE_EXHAUSTED, its --max_watches_per_client) too, with backoff
+  // (0.5 s doubling to 8 s, jittered), since a place frees as soon as
+  // another of this host's streams ends. Then the call fails with that
+  // status.
   absl::Duration reconnect_for = absl::Seconds(60);
-  // Called once each time a watch or log stream breaks and is being opened
-  // again (a UI says "reconnecting..."); not for a coordinator never reached.
+  // Called once each time a watch or log stream breaks, or is refused for
+  // the coordinator's limit, and is being opened again (a UI says
+  // "reconnecting..."); not for a coordinator never reached.
   std::function<void(const absl::Status&)> on_reconnecting;
 };
 
@@ -59,6 +65,7 @@ class Client {
   // Streams the job's events from `from` until the job's final state (or
   // until on_event returns false). No deadline: a watch lasts the job, and
   // it resumes across a coordinator restart (ClientOptions::reconnect_for).
+  // The stream's heartbeats (JobEvent.heartbeat) are not events: skipped.
   // `per_rank`: each step event carries every rank's report
   // (WatchJobRequest.per_rank).
   absl::Status WatchJob(const std::string& id, int64_t from,

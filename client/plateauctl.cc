@@ -106,8 +106,9 @@ constexpr char kExitCodes[] = R"(exit codes
      CANCELLED one is answered 0, as a cancel retried after a lost answer)
   8  the coordinator could not serve the request: a fault on its side
      (INTERNAL, DATA_LOSS, UNKNOWN, ABORTED, DEADLINE_EXCEEDED) or one of
-     its limits (RESOURCE_EXHAUSTED: too many open watches); the same
-     command may succeed later
+     its limits (RESOURCE_EXHAUSTED: too many open watches from this host,
+     still so after retrying with backoff for 60 s); the same command may
+     succeed later
 )";
 
 constexpr char kGlobalFlags[] = R"(global flags (before or after the command)
@@ -214,7 +215,9 @@ const std::vector<CommandHelp>& Commands() {
        "(a pipe, a file) it prints a line for step 1, every (steps / 20)-th step, steps with a\n"
        "validation loss and the last step (--per-rank or --output json: every step). While the\n"
        "coordinator is away it says \"reconnecting...\" on stderr and resumes from the next\n"
-       "event (under --output json: a {\"notice\":...} object).\n",
+       "event (under --output json: a {\"notice\":...} object). A watch the coordinator refuses\n"
+       "for its limit of open watches per host (--max_watches_per_client) is retried with\n"
+       "backoff for 60 s, saying so once, then exits 8.\n",
        {{"from", "INDEX", "the first event to show (resume with the last index + 1)"},
         {"per-rank", "",
          "under each step's line, each rank's: loss, time, device peak\n"
@@ -1040,6 +1043,11 @@ int Run(const Options& given) {
       std::fprintf(stderr, "{\"notice\":{\"kind\":\"reconnecting\",\"code\":%s,\"message\":%s}}\n",
                    JsonString(absl::StatusCodeToString(s.code())).c_str(),
                    JsonString(std::string(s.message())).c_str());
+    } else if (absl::IsResourceExhausted(s)) {
+      // Its limit of open streams per client host: a place frees when one
+      // of them ends (Client retries with backoff).
+      std::fprintf(stderr, "plateauctl: the coordinator refused the stream for now (%s); retrying with backoff...\n",
+                   Visible(s.message()).c_str());
     } else {
       std::fprintf(stderr,
                    "\nplateauctl: the coordinator went away (%s); reconnecting... (resuming from the next "

@@ -800,7 +800,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
   return out;
 }
 
-absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& caller) {
+absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& caller, const StillWanted& still_wanted) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::StatusOr<v1::Job> job;
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
@@ -869,6 +869,17 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     }
     ++parts;
     if (options_.after_delete_part) options_.after_delete_part(rows);
+    if (done || !still_wanted) continue;
+    // The caller gave up: the parts deleted stay deleted (each its own
+    // commit), and the job stays marked, as after a restart between parts.
+    if (absl::Status wanted = still_wanted(); !wanted.ok()) {
+      absl::MutexLock lock(&mu_);
+      deleting_.erase(seq);
+      Say(absl::StrCat(id, "'s delete", By(caller), " stopped after ", parts, " part(s): ", wanted.message(),
+                       "; it reads as swept until it is deleted again"));
+      return absl::Status(wanted.code(), absl::StrCat(wanted.message(), "; the delete of ", id, " stopped after ",
+                                                      parts, " part(s) of its data: delete it again to finish"));
+    }
   }
   absl::MutexLock lock(&mu_);
   deleting_.erase(seq);
@@ -918,7 +929,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::ReadEvents(const std::str
   return events;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request,
+                                                           const StillWanted& still_wanted) {
   if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size: expected 0 (default ", kDefaultPageSize,
                                                    ") to ", kMaxPageSize, ", got ", request.page_size()));
@@ -964,6 +976,20 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   }
   query.limit = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
   query.max_bytes = kMaxPageBytes;
+  // A selective label_selector scans the history kListScanRows jobs a
+  // read: a scan whose caller gave up stops at the next read.
+  if (options_.between_list_reads || still_wanted) {
+    query.between_reads = [this, &still_wanted, &request]() -> absl::Status {
+      if (options_.between_list_reads) options_.between_list_reads();
+      if (!still_wanted) return absl::OkStatus();
+      absl::Status wanted = still_wanted();
+      if (wanted.ok()) return wanted;
+      return absl::Status(wanted.code(), absl::StrCat(wanted.message(),
+                                                      "; ListJobs stopped its scan of the stored jobs "
+                                                      "for label_selector '",
+                                                      request.label_selector(), "'"));
+    };
+  }
   bool more = false;
   PLATEAU_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store_->ListJobs(query, &more));
   v1::ListJobsResponse out;

@@ -119,7 +119,18 @@ struct CoordinatorOptions {
   // For tests: called by DeleteJob after each part of a job's data it
   // deleted, with the lock released (the number of rows of that part).
   std::function<void(int64_t rows)> after_delete_part;
+  // For tests: called by ListJobs between its reads of stored jobs (a
+  // label_selector's scan reads kListScanRows at a time), with no lock held.
+  std::function<void()> between_list_reads;
 };
+
+// Asked between the parts of a long call (a ListJobs scan's reads, a
+// DeleteJob's parts), with no lock held: a status that is not OK ends the
+// call with it. The RPC layer answers DEADLINE_EXCEEDED once the caller's
+// deadline has passed and CANCELLED once it went away, so that a call
+// nobody waits for stops within one part instead of running to its end.
+// Empty: never asked (callers inside the process).
+using StillWanted = std::function<absl::Status()>;
 
 bool IsTerminal(v1::JobState state);
 
@@ -143,7 +154,9 @@ class Coordinator {
   // callers inside the process (tests).
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // `still_wanted` is asked between the reads of a label_selector's scan.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
+                                                const StillWanted& still_wanted = nullptr);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& caller = "");
   absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request);
   // The latest memory timeline of each rank and the job's plan. NOT_FOUND:
@@ -158,8 +171,12 @@ class Coordinator {
   // is no such job. The data goes in parts of at most kSweepRowsPerTick
   // rows, the lock released between them (a job of millions of rows held
   // it for seconds: every heartbeat waited, past the agents' lease); the
-  // job reads as it was until its record goes, last.
-  absl::Status DeleteJob(const std::string& id, const std::string& caller = "");
+  // job reads as it was until its record goes, last. `still_wanted` is
+  // asked between the parts: a delete stopped there leaves the job marked
+  // (events_deleted_time: it reads as swept) with the rest of its data, and
+  // a DeleteJob again finishes it.
+  absl::Status DeleteJob(const std::string& id, const std::string& caller = "",
+                         const StillWanted& still_wanted = nullptr);
   // The events of a job from `from` (at most `limit`), as WatchJob sends
   // them: with every rank's report in each step event when `per_rank`, and
   // then at most per_rank_reports_per_read / ranks events (at least one).

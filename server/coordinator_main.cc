@@ -16,6 +16,7 @@
 //       [--tls_reload_s=30]
 //       [--insecure_listen_any] [--max_request_bytes=4194304]
 //       [--max_watches_per_client=64] [--watch_reports_per_read=4096]
+//       [--watch_heartbeat_s=20]
 //
 // Port 0 picks a free port; the bound addresses are printed and, with
 // --ready_file, written there ("api=HOST:PORT" and "metrics=HOST:PORT"
@@ -104,6 +105,10 @@ security (docs/SERVICE.md "Security")
                                    (0: no limit)
   --watch_reports_per_read=4096    a per-rank WatchJob reads at most this many ranks' reports
                                    into memory at once (at least one step's)
+  --watch_heartbeat_s=20           a WatchJob stream that has sent nothing for this long sends a
+                                   heartbeat (JobEvent.heartbeat, which clients skip), so that a
+                                   proxy or load balancer that cuts idle streams does not cut a
+                                   quiet watch; below their idle timeout (0: none)
 Health checking (grpc.health.v1.Health) stays open for liveness probes; server
 reflection is off when --token_file or --worker_token_file is set.
 )";
@@ -174,7 +179,8 @@ int Main(int argc, char** argv) {
                                               {"insecure_listen_any", "false"},
                                               {"max_request_bytes", "4194304"},
                                               {"max_watches_per_client", "64"},
-                                              {"watch_reports_per_read", "4096"}};
+                                              {"watch_reports_per_read", "4096"},
+                                              {"watch_heartbeat_s", "20"}};
   absl::StatusOr<bool> help = ParseNamedFlags(argc, argv, &flags);
   if (!help.ok()) return Fail(std::string(help.status().message()));
   if (*help) {
@@ -245,6 +251,13 @@ int Main(int argc, char** argv) {
     return Fail(absl::StrCat("--watch_reports_per_read: expected an integer >= 1, got '",
                              flags["watch_reports_per_read"], "'"));
   }
+  StreamOptions streams;
+  double heartbeat_s = 0;
+  if (!absl::SimpleAtod(flags["watch_heartbeat_s"], &heartbeat_s) || !(heartbeat_s >= 0) || heartbeat_s > 3600) {
+    return Fail(absl::StrCat("--watch_heartbeat_s: expected seconds from 0 (no heartbeat) to 3600, got '",
+                             flags["watch_heartbeat_s"], "'"));
+  }
+  streams.watch_heartbeat = absl::Seconds(heartbeat_s);
   if (flags["insecure_listen_any"] != "true" && flags["insecure_listen_any"] != "false") {
     return Fail(absl::StrCat("--insecure_listen_any: expected true or false, got '", flags["insecure_listen_any"],
                              "'"));
@@ -391,7 +404,7 @@ int Main(int argc, char** argv) {
   BearerAuth worker_auth(*worker_token_file, "--worker_token_file");
   WatchLimiter watches(static_cast<int>(max_watches));
   const ServiceGuards guards{&auth, &worker_auth, &watches};
-  JobServiceImpl jobs(&coordinator, guards);
+  JobServiceImpl jobs(&coordinator, guards, streams);
   WorkerServiceImpl workers(&coordinator, guards);
   // Health stays open: liveness probes (kubelet, systemd, load balancers)
   // carry no token, and it reveals only SERVING or not.

@@ -431,6 +431,9 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const JobQuery& query, b
       break;
     }
     from = rows.back().first;
+    if (query.between_reads) {
+      if (absl::Status s = query.between_reads(); !s.ok()) return s;
+    }
   }
   if (full) {
     *more = true;

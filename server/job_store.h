@@ -57,6 +57,11 @@ struct JobQuery {
   // the page's failure (a restart recovering its live jobs fails that one
   // job and goes on).
   std::vector<int64_t>* corrupt = nullptr;
+  // When set, asked before each read of rows after the first (a scan for
+  // `match`), with the store's lock released: a status that is not OK ends
+  // the listing with it. A scan over a long history then stops between
+  // reads, not after the last.
+  std::function<absl::Status()> between_reads;
 };
 
 // A rank's memory timeline (its rank inside) and the job it belongs to.

@@ -102,7 +102,8 @@ grpc::Status WatchLimiter::Acquire(const std::string& host, Lease* lease) {
     if (n == 0) open_.erase(host);
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrCat("too many open watches from ", host, ": ", n, " of at most ", max_,
-                                     " (the coordinator's --max_watches_per_client) are open; close one first"));
+                                     " (the coordinator's --max_watches_per_client) are open; retry with "
+                                     "backoff: a place frees when one of them ends"));
   }
   ++n;
   lease->limiter_ = this;

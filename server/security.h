@@ -93,7 +93,9 @@ class WatchLimiter {
   };
 
   // RESOURCE_EXHAUSTED naming the limit and --max_watches_per_client when
-  // `host` has the maximum open; otherwise OK and *lease holds one.
+  // `host` has the maximum open; otherwise OK and *lease holds one. The
+  // refusal is for now: clients retry it with backoff (a place frees when
+  // one of the host's streams ends), as they do UNAVAILABLE.
   grpc::Status Acquire(const std::string& host, Lease* lease);
   int open(const std::string& host) const;
 

@@ -1,12 +1,14 @@
 #include "server/services.h"
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "proto/does_not_fit.h"
 #include "proto/streams.h"
+#include "proto/timestamps.h"
 
 namespace plateau {
 
@@ -51,10 +53,14 @@ grpc::Status RowsRemoved(const v1::Job& job, const char* what, int64_t from) {
 // event_count), so that a final job whose rows are gone is told apart from
 // one whose rows were all sent. Rows are numbered without gaps, so a gap
 // or a missing row is one removed.
+// `heartbeat` (when given) is sent, made for the next index `from`, once
+// the stream has sent nothing for `heartbeat_every` while it waits.
 template <typename Row, typename ReadFn>
 grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::string& job_id, int64_t from, bool follow,
                         grpc::ServerWriter<Row>* writer, ReadFn read, const std::function<grpc::Status()>& admitted,
-                        const char* what, const std::function<int64_t(const v1::Job&)>& stored) {
+                        const char* what, const std::function<int64_t(const v1::Job&)>& stored,
+                        const std::function<Row(int64_t from)>& heartbeat = nullptr,
+                        absl::Duration heartbeat_every = absl::ZeroDuration()) {
   if (from < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_index: expected >= 0");
   auto job = c->GetJob(job_id);
   if (!job.ok()) return ToGrpc(job.status());
@@ -62,6 +68,8 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
   // that breaks as it does a busy one.
   ctx->AddInitialMetadata(kStreamOpenMetadata, "1");
   writer->SendInitialMetadata();
+  const bool beats = heartbeat != nullptr && heartbeat_every > absl::ZeroDuration();
+  absl::Time last_sent = absl::Now();  // the metadata is traffic too
   while (!ctx->IsCancelled()) {
     // UNAVAILABLE, not the refusal's UNAUTHENTICATED: a client whose file
     // already holds the new token (a rotation's step 2 before its step 3)
@@ -88,6 +96,7 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
       if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       from = r.index() + 1;
     }
+    if (!rows->empty()) last_sent = absl::Now();
     // Following, until a read finds nothing more: a read may hold fewer
     // rows than its limit with more stored (a per-rank watch read is bounded
     // by its reports). A one-off read (logs without follow) ends at a short
@@ -103,7 +112,16 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("the coordinator is shutting down; resume from index ", from));
     }
-    c->WaitForJobChange(job_id, version, absl::Seconds(1));
+    absl::Duration wait = absl::Seconds(1);
+    if (beats) {
+      const absl::Time now = absl::Now();
+      if (now - last_sent >= heartbeat_every) {
+        if (!writer->Write(heartbeat(from))) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+        last_sent = now;
+      }
+      wait = std::min(wait, last_sent + heartbeat_every - now);
+    }
+    c->WaitForJobChange(job_id, version, wait);
   }
   return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
 }
@@ -145,6 +163,21 @@ grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext&
                  "ranks take a token of its --worker_token_file");
 }
 
+// Whether the caller still waits for the answer, for a handler that works
+// in parts (a ListJobs scan, a DeleteJob): DEADLINE_EXCEEDED once its
+// deadline has passed, CANCELLED once it cancelled or went away. A
+// ListJobs scan ran on after its client gave up, for no one.
+StillWanted CallerWaits(const grpc::ServerContext& ctx) {
+  return [&ctx]() -> absl::Status {
+    // The deadline first: gRPC cancels a call whose deadline passed too.
+    if (std::chrono::system_clock::now() >= ctx.deadline()) {
+      return absl::DeadlineExceededError("the caller's deadline passed");
+    }
+    if (ctx.IsCancelled()) return absl::CancelledError("the caller cancelled the call or went away");
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
@@ -161,7 +194,7 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRe
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->ListJobs(*req), out);
+  return Reply(c_->ListJobs(*req, CallerWaits(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::Job* out) {
@@ -191,7 +224,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::Lis
 grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                                        v1::DeleteJobResponse*) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx)));
+  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx), CallerWaits(*ctx)));
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
@@ -204,10 +237,21 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   }
   const std::string id = req->job_id();
   const bool per_rank = req->per_rank();
+  // Indexed as the last event sent: a client resuming from the index it
+  // read last + 1 resumes where it should (job.proto WatchHeartbeat).
+  const auto heartbeat = [&id](int64_t from) {
+    v1::JobEvent beat;
+    beat.set_job_id(id);
+    beat.set_index(from - 1);
+    Now(beat.mutable_time());
+    beat.mutable_heartbeat();
+    return beat;
+  };
   return StreamRows<v1::JobEvent>(
       c_, ctx, id, req->from_index(), /*follow=*/true, writer,
       [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); },
-      [&] { return Admit(guards_, *ctx); }, "events", [](const v1::Job& job) { return job.event_count(); });
+      [&] { return Admit(guards_, *ctx); }, "events", [](const v1::Job& job) { return job.event_count(); }, heartbeat,
+      streams_.watch_heartbeat);
 }
 
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,

@@ -32,9 +32,20 @@ struct ServiceGuards {
   WatchLimiter* watches = nullptr;  // JobService's WatchJob and GetJobLogs
 };
 
+// How the row streams behave; the coordinator's flags.
+struct StreamOptions {
+  // A WatchJob stream that has sent nothing for this long sends a
+  // JobEvent.heartbeat (--watch_heartbeat_s), so that a proxy or load
+  // balancer that cuts idle streams does not cut a quiet watch: those
+  // commonly time out after 60 s or more (AWS ALB's default 60 s, Envoy's
+  // stream idle timeout 5 min). 0: none.
+  absl::Duration watch_heartbeat = absl::Seconds(20);
+};
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* c, ServiceGuards guards = {}) : c_(c), guards_(guards) {}
+  explicit JobServiceImpl(Coordinator* c, ServiceGuards guards = {}, StreamOptions streams = {})
+      : c_(c), guards_(guards), streams_(streams) {}
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;
@@ -52,6 +63,7 @@ class JobServiceImpl final : public v1::JobService::Service {
  private:
   Coordinator* const c_;
   const ServiceGuards guards_;
+  const StreamOptions streams_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {

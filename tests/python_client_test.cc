@@ -323,6 +323,12 @@ class ScriptedService final : public v1::JobService::Service {
   std::deque<grpc::Status> submit_errors, cancel_errors;  // answered first, in order
   grpc::Status watch_end = grpc::Status::OK;              // not OK: the watch ends so after step 3
   bool wait_for_cancel = false;
+  // A heartbeat (JobEvent.heartbeat, indexed as the last event sent) before
+  // every event, and the first watch broken (UNAVAILABLE) after step 2's.
+  bool heartbeats = false;
+  std::vector<int64_t> watch_froms;  // of every watch
+  std::vector<absl::Time> watch_times;
+  std::deque<grpc::Status> watch_refusals;  // answered first to watches, in order, before any event
   std::vector<std::string> request_ids;  // of every submit
   std::vector<absl::Time> submit_times;
   int cancels = 0;  // calls, answered or not
@@ -366,12 +372,33 @@ class ScriptedService final : public v1::JobService::Service {
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     const int64_t total = wait_for_cancel ? 1000 : 3;
+    size_t watches = 0;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      watch_froms.push_back(req->from_index());
+      watch_times.push_back(absl::Now());
+      if (!watch_refusals.empty()) {
+        grpc::Status s = watch_refusals.front();
+        watch_refusals.pop_front();
+        return s;
+      }
+      watches = watch_froms.size();
+    }
+    int64_t last = req->from_index() - 1;  // what a heartbeat is indexed as
     auto send = [&](int64_t index, const std::function<void(v1::JobEvent*)>& fill) {
       if (index < req->from_index()) return true;
+      if (heartbeats) {
+        v1::JobEvent beat;
+        beat.set_job_id("job-1");
+        beat.set_index(last);
+        beat.mutable_heartbeat();
+        if (!writer->Write(beat)) return false;
+      }
       v1::JobEvent e;
       e.set_job_id("job-1");
       e.set_index(index);
       fill(&e);
+      last = index;
       return writer->Write(e);
     };
     auto state = [](v1::JobState s) { return [s](v1::JobEvent* e) { e->mutable_state_change()->set_state(s); }; };
@@ -383,6 +410,14 @@ class ScriptedService final : public v1::JobService::Service {
             e->mutable_job_step()->set_loss(2.5);
           })) {
         return grpc::Status::CANCELLED;
+      }
+      if (heartbeats && watches == 1 && step == 2) {
+        v1::JobEvent beat;
+        beat.set_job_id("job-1");
+        beat.set_index(last);
+        beat.mutable_heartbeat();
+        writer->Write(beat);
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "Connection reset by peer");
       }
     }
     if (!watch_end.ok()) return watch_end;
@@ -565,6 +600,58 @@ TEST_F(PythonClientFailureTest, AWatchEndedByNotFoundIsNotUnreachable) {
   r = Run(swept, "watch-swept");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("job-1 job job-1's events from index 4 were removed"));
+}
+
+// A watch's heartbeats (JobEvent.heartbeat) print nothing and count as no
+// event: every step and state once, and a stream broken after a heartbeat
+// resumes from the event after the last real one (3), not from the
+// heartbeat's.
+TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
+  ScriptedCoordinator at;
+  ASSERT_FALSE(at.address().empty());
+  at.service().heartbeats = true;
+  Ran r = Run(at, "heartbeats");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(at.service().watch_froms, (std::vector<int64_t>{0, 3})) << r.out;
+  EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
+  EXPECT_EQ(PrintedStates(r.out, "job-1"), (std::vector<std::string>{"RUNNING", "SUCCEEDED"})) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("resuming from event 3\n"));
+  // Nothing else: the submission, 2 states, 3 steps, the break, the end.
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  EXPECT_EQ(lines.size(), 8u) << r.out;
+}
+
+// The coordinator's limit of open watches per host (RESOURCE_EXHAUSTED
+// "too many open watches") refuses a watch for now: it is opened again
+// with backoff, as plateauctl does (security_test), and the job is watched
+// to its end. Refused for the whole --reconnect-for, it is exit 8 ("may
+// succeed later"), as plateauctl's.
+TEST_F(PythonClientFailureTest, AWatchRefusedForTheWatchLimitIsRetriedWithBackoff) {
+  const grpc::Status refused(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                             "too many open watches from 127.0.0.1: 2 of at most 2 (the coordinator's "
+                             "--max_watches_per_client) are open; retry with backoff: a place frees when one of "
+                             "them ends");
+  ScriptedCoordinator at;
+  ASSERT_FALSE(at.address().empty());
+  at.service().watch_refusals = {refused, refused};
+  Ran r = Run(at, "watch-refused");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1 watch refused for now (RESOURCE_EXHAUSTED too many open watches from "));
+  EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
+  EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
+  const std::vector<absl::Time> times = at.service().watch_times;
+  ASSERT_EQ(times.size(), 3u) << r.out;
+  // The first wait is 0.25-0.5 s, the second 0.5-1 s: a backoff.
+  EXPECT_GE(times[1] - times[0], absl::Milliseconds(240));
+  EXPECT_GE(times[2] - times[1], absl::Milliseconds(490));
+
+  ScriptedCoordinator full;
+  ASSERT_FALSE(full.address().empty());
+  full.service().watch_refusals.assign(100, refused);
+  r = Run(full, "watch-refused-for-good", {"--reconnect-for=1"});
+  EXPECT_EQ(r.code, 8) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("watching job-1: RESOURCE_EXHAUSTED too many open watches from 127.0.0.1"));
+  EXPECT_GE(full.service().watch_times.size(), 2u) << "not retried";
 }
 
 // A self-signed certificate, its own CA, for `san`.

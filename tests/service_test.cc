@@ -1465,5 +1465,75 @@ TEST(ServiceTest, AQuietWatchResumesAcrossALongRestart) {
       << events.back().DebugString();
 }
 
+// A quiet watch's heartbeats (--watch_heartbeat_s, here 0.2 s) reach the
+// wire, and no client shows or counts one: plateauctl watch prints the
+// job's events only (under --output json too, where every event is a
+// line), the C++ client never hands one to its caller, and each ends with
+// the job as it would without them.
+TEST(ServiceTest, AQuietWatchesHeartbeatsAreSkippedByPlateauctlAndTheClient) {
+  ClusterOptions o;
+  o.with_worker = false;  // the job stays PENDING: its watch is quiet
+  o.coordinator_flags = {"--watch_heartbeat_s=0.2"};
+  Cluster c("heartbeats", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(10), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const std::string ctl = "client/plateauctl";
+  Process json_watch({ctl, "--coordinator=" + c.api(), "--output=json", "watch", id}, c.dir() + "/watch-json");
+  ASSERT_TRUE(json_watch.spawn_error().empty()) << json_watch.spawn_error();
+  Process text_watch({"/usr/bin/env", "COLUMNS=200", ctl, "--coordinator=" + c.api(), "watch", id},
+                     c.dir() + "/watch-text");
+  ASSERT_TRUE(text_watch.spawn_error().empty()) << text_watch.spawn_error();
+  std::vector<v1::JobEvent> seen;
+  absl::Status watched;
+  std::thread client_watch([&] {
+    watched = c.client().WatchJob(id, 0, [&](const v1::JobEvent& e) {
+      seen.push_back(e);
+      return true;
+    });
+  });
+  // The heartbeats are on the wire: a raw stream gets several.
+  auto stub = v1::JobService::NewStub(grpc::CreateChannel(c.api(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto raw = stub->WatchJob(&ctx, req);
+  int beats = 0;
+  v1::JobEvent e;
+  while (beats < 5 && raw->Read(&e)) beats += e.has_heartbeat();
+  ctx.TryCancel();
+  raw->Finish();
+  ASSERT_EQ(beats, 5) << c.Logs();
+  ASSERT_TRUE(c.client().CancelJob(id).ok());
+  client_watch.join();
+  ASSERT_TRUE(WaitFor([&] { return !json_watch.Running(); })) << json_watch.err();
+  ASSERT_TRUE(WaitFor([&] { return !text_watch.Running(); })) << text_watch.err();
+
+  EXPECT_TRUE(watched.ok()) << watched;
+  auto job = c.client().GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(static_cast<int64_t>(seen.size()), job->event_count()) << "every event once, nothing else";
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].index(), static_cast<int64_t>(i));
+    EXPECT_FALSE(seen[i].has_heartbeat());
+  }
+  const std::vector<std::string> lines = Lines(json_watch.out());
+  ASSERT_EQ(static_cast<int64_t>(lines.size()), job->event_count()) << json_watch.out();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const v1::JobEvent printed = FromJson<v1::JobEvent>(lines[i]);
+    EXPECT_FALSE(printed.has_heartbeat()) << lines[i];
+    EXPECT_EQ(printed.index(), static_cast<int64_t>(i)) << lines[i];
+  }
+  EXPECT_THAT(lines.back(), HasSubstr("CANCELLED"));
+  // Text: a line per state change and the summary, nothing for a heartbeat.
+  const std::string out = text_watch.out();
+  EXPECT_THAT(out, HasSubstr("summary: " + id + " CANCELLED")) << out;
+  for (const std::string& line : Lines(out)) {
+    EXPECT_TRUE(absl::StartsWith(line, "[") || absl::StartsWith(line, "summary: ")) << line;
+  }
+}
+
 }  // namespace
 }  // namespace plateau

@@ -84,12 +84,12 @@ TEST(JobSpecTest, LearningRateSchedule) {
   EXPECT_EQ(plain->step.optimizer.schedule.decay, LrSchedule::Decay::kConstant);
   EXPECT_EQ(plain->step.optimizer.schedule.warmup_steps, 0);
   s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
-  s.mutable_optimizer()->set_warmup_steps(10);  // W = steps is allowed
+  s.mutable_optimizer()->set_warmup_steps(9);  // W = steps - 1: the last step runs at lr
   s.mutable_optimizer()->set_min_lr(6e-4);
   auto t = ToTrainerOptions(s);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->step.optimizer.schedule.decay, LrSchedule::Decay::kCosine);
-  EXPECT_EQ(t->step.optimizer.schedule.warmup_steps, 10);
+  EXPECT_EQ(t->step.optimizer.schedule.warmup_steps, 9);
   EXPECT_EQ(t->step.optimizer.schedule.total_steps, 10);
   EXPECT_EQ(t->step.optimizer.schedule.min_lr, 6e-4);
   s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_LINEAR);
@@ -735,6 +735,8 @@ std::vector<Case> MalformedFieldCases() {
       {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(kInf); }},
       // The learning-rate schedule (Good() has 10 steps, lr 6e-3).
       {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(11); }},  // > steps
+      // = steps: no step would run at lr (step W + 1 is past the job's end).
+      {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(10); }},
       {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(-1); }},
       {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(kI64Min); }},
       {"optimizer.min_lr", [](S& s) {

@@ -42,7 +42,7 @@ double LearningRate(const OptimizerConfig& o, int64_t step);
 float LearningRateF(const OptimizerConfig& o, int64_t step);
 
 // Checks o.schedule against o.lr; errors name the spec's fields under
-// `prefix` ("optimizer"): warmup_steps within 0..total_steps, total_steps
+// `prefix` ("optimizer"): warmup_steps within 0..total_steps - 1, total_steps
 // >= 1 when there is a warm-up or a decay, min_lr finite, >= 0, <= lr, and
 // 0 under the constant schedule (it has no floor).
 absl::Status ValidateLrSchedule(const OptimizerConfig& o, absl::string_view prefix = "optimizer");

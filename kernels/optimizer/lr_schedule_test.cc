@@ -161,13 +161,17 @@ TEST(LrScheduleTest, PureFunctionOfTheStep) {
 TEST(LrScheduleTest, ValidationNamesTheField) {
   using D = LrSchedule::Decay;
   EXPECT_TRUE(ValidateLrSchedule(Config(D::kConstant, 0, 0)).ok());  // the default
-  EXPECT_TRUE(ValidateLrSchedule(Config(D::kCosine, 10, 10, 6e-3f)).ok());
+  // The longest warm-up: step W + 1 = 10, the job's last, runs at lr.
+  EXPECT_TRUE(ValidateLrSchedule(Config(D::kCosine, 9, 10, 6e-3f)).ok());
   struct Case {
     OptimizerConfig o;
     const char* want;
   };
   const Case cases[] = {
-      {Config(D::kCosine, 11, 10), "optimizer.warmup_steps: expected 0 to steps = 10"},
+      {Config(D::kCosine, 11, 10), "optimizer.warmup_steps: expected 0 to steps - 1 = 9"},
+      // W = steps: step 1 runs at 0 and no step reaches lr.
+      {Config(D::kCosine, 10, 10), "optimizer.warmup_steps: expected 0 to steps - 1 = 9"},
+      {Config(D::kConstant, 1, 1), "optimizer.warmup_steps: expected 0 to steps - 1 = 0"},
       {Config(D::kLinear, -1, 10), "optimizer.warmup_steps"},
       {Config(D::kCosine, 0, 10, -1e-4), "optimizer.min_lr: expected a finite value >= 0"},
       {Config(D::kCosine, 0, 10, NAN), "optimizer.min_lr: expected a finite value >= 0"},

@@ -1,0 +1,489 @@
+// The gRPC services (server/services.h) on a real server over loopback, in
+// process: a coordinator on a real SQLite store, JobServiceImpl on a port of
+// the kernel's choosing, and a plain stub as the client. What only a real
+// call shows: the caller's deadline and cancellation as the handler sees
+// them, and the handlers' answers as they leave the server (an interceptor
+// records each one, since a client past its deadline never reads it).
+#include "server/services.h"
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "gtest/gtest.h"
+#include "plateau/v1/job.grpc.pb.h"
+#include "server/coordinator.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+#include "server/security.h"
+#include "server/test_db.h"
+#include "worker/job_spec.h"
+
+namespace plateau {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The status each handler returned, by method ("ListJobs"), in order.
+class Answers {
+ public:
+  void Add(const std::string& method, const grpc::Status& s) {
+    absl::MutexLock lock(&mu_);
+    by_method_[method].push_back(s);
+  }
+  std::vector<grpc::Status> Of(const std::string& method) {
+    absl::MutexLock lock(&mu_);
+    return by_method_[method];
+  }
+  // The server's side of the latest call of `method` (valid while it runs).
+  void Began(const std::string& method, grpc::ServerContextBase* ctx) {
+    absl::MutexLock lock(&mu_);
+    contexts_[method] = ctx;
+  }
+  grpc::ServerContextBase* Latest(const std::string& method) {
+    absl::MutexLock lock(&mu_);
+    return contexts_[method];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::vector<grpc::Status>> by_method_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, grpc::ServerContextBase*> contexts_ ABSL_GUARDED_BY(mu_);
+};
+
+// "/plateau.v1.JobService/ListJobs" -> "ListJobs".
+std::string MethodOf(const char* full) {
+  const std::string m = full != nullptr ? full : "";
+  return m.substr(m.rfind('/') + 1);
+}
+
+class RecordAnswers final : public grpc::experimental::Interceptor {
+ public:
+  RecordAnswers(Answers* answers, std::string method) : answers_(answers), method_(std::move(method)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      answers_->Add(method_, methods->GetSendStatus());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  Answers* const answers_;
+  const std::string method_;
+};
+
+class RecordAnswersFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RecordAnswersFactory(Answers* answers) : answers_(answers) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    answers_->Began(MethodOf(info->method()), info->server_context());
+    return new RecordAnswers(answers_, MethodOf(info->method()));
+  }
+
+ private:
+  Answers* const answers_;
+};
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+// Waits (60 s at most) until `holds`.
+void Await(const std::function<bool()>& holds) {
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (!holds() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+}
+
+class ServicesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = JobStore::Open(TempDb(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    // One metrics server for all tests.
+    static Metrics* const metrics = [] {
+      auto m = Metrics::Create("127.0.0.1:0");
+      return m.ok() ? m->release() : nullptr;
+    }();
+    ASSERT_NE(metrics, nullptr);
+    metrics_ = metrics;
+    options_.log = [](const std::string&) {};
+  }
+
+  void TearDown() override { Stop(); }
+
+  // The coordinator and the server, once the test has set options_ and
+  // filled the store.
+  void Serve(ServiceGuards guards = {}, StreamOptions streams = {}) {
+    coordinator_ = std::make_unique<Coordinator>(store_.get(), metrics_, options_);
+    ASSERT_TRUE(coordinator_->Start().ok());
+    jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get(), guards, streams);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(jobs_.get());
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(std::make_unique<RecordAnswersFactory>(&answers_));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    address_ = absl::StrCat("127.0.0.1:", port);
+    stub_ = v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+
+  // Waits for every call in flight to end (its handler returned), then
+  // stops the coordinator: what a handler did after its caller left is
+  // all done when this returns.
+  void Stop() {
+    if (server_ != nullptr) server_->Shutdown();
+    server_.reset();
+    if (coordinator_ != nullptr) coordinator_->Stop();
+  }
+
+  // A finished job stored directly (the coordinator not yet started).
+  std::string FinishedJob(const std::string& name) {
+    v1::Job job;
+    job.mutable_spec()->set_name(name);
+    job.set_state(v1::SUCCEEDED);
+    absl::StatusOr<v1::Job> stored = store_->CreateJob(job);
+    EXPECT_TRUE(stored.ok()) << stored.status();
+    return stored.ok() ? stored->id() : "";
+  }
+
+  // A job submitted to the coordinator: PENDING for good (no worker).
+  std::string PendingJob() {
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = DemoJobSpec(2, 5);
+    absl::StatusOr<v1::SubmitJobResponse> resp = coordinator_->SubmitJob(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->job().id() : "";
+  }
+
+  std::unique_ptr<JobStore> store_;
+  Metrics* metrics_ = nullptr;
+  // Outlives the server (a stream's lease is given back as its handler
+  // ends, which may be during Stop).
+  std::unique_ptr<WatchLimiter> limit_;
+  CoordinatorOptions options_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<JobServiceImpl> jobs_;
+  Answers answers_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+// A ListJobs whose label_selector matches none of a long history scans it
+// kListScanRows jobs a read. Its caller's deadline passes during the
+// first read (the hook holds it there until the client has its
+// DEADLINE_EXCEEDED): the scan stops at the next check and the handler
+// answers DEADLINE_EXCEEDED, instead of reading every job for no one.
+TEST_F(ServicesTest, AListJobsScanStopsOnceItsCallersDeadlinePassed) {
+  for (int i = 0; i < 2 * kListScanRows + 8; ++i) FinishedJob(absl::StrCat("history-", i));  // three reads
+  absl::Notification client_gave_up;
+  std::atomic<int> between_reads{0};
+  options_.between_list_reads = [&] {
+    if (between_reads.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    // The server's deadline is the client's as the request arrived: a
+    // little later.
+    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("ListJobs")->deadline(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Milliseconds(500)));
+  v1::ListJobsRequest req;
+  req.set_label_selector("team=nobody");
+  v1::ListJobsResponse resp;
+  const grpc::Status s = stub_->ListJobs(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  // One check between the reads, and none after: the second read never ran.
+  EXPECT_EQ(between_reads.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("ListJobs");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("the caller's deadline passed"));
+}
+
+// The same scan cancelled by its client (a Ctrl-C in plateauctl list)
+// ends CANCELLED at the next check.
+TEST_F(ServicesTest, AListJobsScanStopsOnceItsCallerCancelled) {
+  for (int i = 0; i < 2 * kListScanRows + 8; ++i) FinishedJob(absl::StrCat("history-", i));
+  absl::Notification client_gave_up;
+  std::atomic<int> between_reads{0};
+  options_.between_list_reads = [&] {
+    if (between_reads.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    // The cancel reaches the server after the client's call has returned:
+    // on once the handler's context has it.
+    Await([&] { return answers_.Latest("ListJobs")->IsCancelled(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  v1::ListJobsRequest req;
+  req.set_label_selector("team=nobody");
+  v1::ListJobsResponse resp;
+  grpc::Status s;
+  absl::Notification done;
+  std::thread call([&] {
+    s = stub_->ListJobs(&ctx, req, &resp);
+    done.Notify();
+  });
+  // Once the scan has begun (its first check is waiting), the client
+  // cancels.
+  Await([&] { return between_reads.load() > 0; });
+  ctx.TryCancel();
+  done.WaitForNotificationWithTimeout(absl::Seconds(60));
+  call.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  EXPECT_EQ(between_reads.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("ListJobs");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::CANCELLED) << answered[0].error_message();
+}
+
+// A page found within the deadline is answered as before: the checks
+// between reads cost a listing nothing.
+TEST_F(ServicesTest, AListJobsScanWithinItsDeadlineAnswersItsPage) {
+  for (int i = 0; i < 2 * kListScanRows + 8; ++i) FinishedJob(absl::StrCat("history-", i));
+  const std::string last = FinishedJob("wanted");
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  v1::ListJobsRequest req;
+  req.set_label_selector("!team");  // every job: none has labels
+  req.set_page_size(1000);
+  v1::ListJobsResponse resp;
+  const grpc::Status s = stub_->ListJobs(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.jobs_size(), 2 * kListScanRows + 9);
+  EXPECT_EQ(resp.jobs(resp.jobs_size() - 1).id(), last);
+}
+
+// A DeleteJob of a job of more rows than one part (kSweepRowsPerTick)
+// whose caller's deadline passes during its first part stops before the
+// second: the job reads as swept (marked first), and a DeleteJob again
+// finishes it.
+TEST_F(ServicesTest, ADeleteInPartsStopsOnceItsCallersDeadlinePassedAndADeleteAgainFinishes) {
+  const std::string job = FinishedJob("many-rows");
+  std::vector<JobRankStep> many(45000);  // three parts
+  for (int i = 0; i < 45000; ++i) {
+    many[i].job_id = job;
+    many[i].telemetry.set_step(i + 1);
+  }
+  ASSERT_TRUE(store_->PutRankSteps(many).ok());
+  absl::Notification client_gave_up;
+  std::atomic<int> parts{0};
+  options_.after_delete_part = [&](int64_t) {
+    if (parts.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("DeleteJob")->deadline(); });
+  };
+  Serve();
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Milliseconds(500)));
+    v1::DeleteJobRequest req;
+    req.set_job_id(job);
+    v1::DeleteJobResponse resp;
+    const grpc::Status s = stub_->DeleteJob(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  }
+  client_gave_up.Notify();
+  // The handler's answer, once it has left.
+  Await([&] { return !answers_.Of("DeleteJob").empty(); });
+  std::vector<grpc::Status> answered = answers_.Of("DeleteJob");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("delete it again to finish"));
+  EXPECT_EQ(parts.load(), 1);
+  absl::StatusOr<v1::Job> left = store_->GetJob(job);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->has_events_deleted_time());
+
+  grpc::ClientContext again;
+  again.set_deadline(In(absl::Seconds(60)));
+  v1::DeleteJobRequest req;
+  req.set_job_id(job);
+  v1::DeleteJobResponse resp;
+  const grpc::Status s = stub_->DeleteJob(&again, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(store_->GetJob(job).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->ReadRankSteps(job, 0, 0, INT64_MAX)->empty());
+}
+
+// A watch of a pending job is quiet: with nothing to send for the
+// heartbeat interval it sends a JobEvent.heartbeat, so that a proxy that
+// cuts idle streams does not cut it. A heartbeat carries the job's id, the
+// time and the index of the last event sent (a client resuming from it + 1
+// misses nothing), is never stored, and comes about once an interval.
+TEST_F(ServicesTest, AQuietWatchSendsHeartbeatsIndexedAsItsLastEventAndNeverStored) {
+  StreamOptions streams;
+  streams.watch_heartbeat = absl::Milliseconds(200);
+  Serve({}, streams);
+  const std::string id = PendingJob();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(15)));  // five heartbeats take a second
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto reader = stub_->WatchJob(&ctx, req);
+  std::vector<v1::JobEvent> events, beats;
+  std::vector<int64_t> last_index_at_beat;
+  const absl::Time start = absl::Now();
+  v1::JobEvent e;
+  while (beats.size() < 5 && reader->Read(&e)) {
+    if (e.has_heartbeat()) {
+      last_index_at_beat.push_back(events.empty() ? -1 : events.back().index());
+      beats.push_back(e);
+    } else {
+      events.push_back(e);
+    }
+  }
+  const absl::Duration took = absl::Now() - start;
+  ctx.TryCancel();
+  reader->Finish();
+  ASSERT_EQ(beats.size(), 5u) << "the watch ended after " << events.size() << " event(s)";
+  ASSERT_FALSE(events.empty());  // the submission, at least
+  for (size_t i = 0; i < beats.size(); ++i) {
+    EXPECT_EQ(beats[i].job_id(), id);
+    EXPECT_EQ(beats[i].index(), last_index_at_beat[i]) << beats[i].DebugString();
+    EXPECT_GT(beats[i].time().seconds(), 0);
+  }
+  // About one an interval: not one per wakeup of the stream.
+  EXPECT_GE(took, absl::Milliseconds(5 * 200 - 50));
+  absl::StatusOr<int64_t> stored = store_->EventCount(id);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, events.back().index() + 1) << "a heartbeat was stored";
+
+  // A watch from the next index (a client resuming) is as quiet: its
+  // heartbeats carry the index before its from_index.
+  grpc::ClientContext resumed_ctx;
+  resumed_ctx.set_deadline(In(absl::Seconds(60)));
+  req.set_from_index(*stored);
+  auto resumed = stub_->WatchJob(&resumed_ctx, req);
+  ASSERT_TRUE(resumed->Read(&e));
+  EXPECT_TRUE(e.has_heartbeat()) << e.DebugString();
+  EXPECT_EQ(e.index(), *stored - 1);
+  resumed_ctx.TryCancel();
+  resumed->Finish();
+}
+
+// The number of WatchJob calls the server refused RESOURCE_EXHAUSTED.
+int Refused(Answers& answers) {
+  int n = 0;
+  for (const grpc::Status& s : answers.Of("WatchJob")) n += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  return n;
+}
+
+// A watch over the coordinator's limit of open watches per client host
+// (here 1) is refused RESOURCE_EXHAUSTED for now, not for good: the client
+// opens it again with backoff, says so once, and gets in when the other
+// watch of its host ends; it then streams the job to its end as any watch.
+TEST_F(ServicesTest, AWatchRefusedForTheLimitIsRetriedWithBackoffAndGetsInOnceAPlaceFrees) {
+  limit_ = std::make_unique<WatchLimiter>(1);
+  Serve({nullptr, nullptr, limit_.get()});
+  const std::string id = PendingJob();
+  grpc::ClientContext held_ctx;
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto held = stub_->WatchJob(&held_ctx, req);
+  v1::JobEvent e;
+  ASSERT_TRUE(held->Read(&e));  // open: the host's one place is taken
+
+  ClientOptions o;
+  o.connection.address = address_;
+  absl::Mutex mu;
+  std::vector<absl::Status> notices;
+  o.on_reconnecting = [&](const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    notices.push_back(s);
+  };
+  Client client(o);
+  std::vector<v1::JobEvent> seen;
+  absl::Status watched;
+  std::atomic<bool> ended{false};
+  std::thread watch([&] {
+    watched = client.WatchJob(id, 0, [&](const v1::JobEvent& ev) {
+      absl::MutexLock lock(&mu);
+      seen.push_back(ev);
+      return true;
+    });
+    ended = true;
+  });
+  Await([&] { return Refused(answers_) >= 2 || ended; });
+  EXPECT_FALSE(ended) << "the watch gave up at its refusal: " << watched;
+  EXPECT_GE(Refused(answers_), 2) << "the refused watch was not opened again";
+  held_ctx.TryCancel();
+  held->Finish();
+  Await([&] {
+    absl::MutexLock lock(&mu);
+    return !seen.empty() || ended;
+  });
+  ASSERT_TRUE(coordinator_->CancelJob(id).ok());
+  watch.join();
+  EXPECT_TRUE(watched.ok()) << watched;
+  absl::MutexLock lock(&mu);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front().index(), 0);
+  EXPECT_TRUE(seen.back().has_state_change() && seen.back().state_change().state() == v1::CANCELLED)
+      << seen.back().DebugString();
+  ASSERT_EQ(notices.size(), 1u) << "said once, not at every retry";
+  EXPECT_EQ(notices[0].code(), absl::StatusCode::kResourceExhausted) << notices[0];
+  EXPECT_THAT(notices[0].message(), HasSubstr("--max_watches_per_client"));
+}
+
+// Refused for the whole reconnect window (here 3 s), the watch fails with
+// the refusal (plateauctl's exit 8, "may succeed later"), after a few
+// tries spaced by a growing backoff (0.25-0.5 s, 0.5-1 s, 1-2 s, ...), not
+// a try every 250 ms.
+TEST_F(ServicesTest, AWatchRefusedForItsWholeReconnectWindowFailsWithTheRefusal) {
+  limit_ = std::make_unique<WatchLimiter>(1);
+  Serve({nullptr, nullptr, limit_.get()});
+  const std::string id = PendingJob();
+  grpc::ClientContext held_ctx;
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto held = stub_->WatchJob(&held_ctx, req);
+  v1::JobEvent e;
+  ASSERT_TRUE(held->Read(&e));
+
+  ClientOptions o;
+  o.connection.address = address_;
+  o.reconnect_for = absl::Seconds(3);
+  Client client(o);
+  const absl::Time start = absl::Now();
+  const absl::Status watched = client.WatchJob(id, 0, [](const v1::JobEvent&) { return true; });
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(watched.code(), absl::StatusCode::kResourceExhausted) << watched;
+  EXPECT_THAT(watched.message(), HasSubstr("--max_watches_per_client"));
+  EXPECT_GE(took, absl::Seconds(3));
+  EXPECT_LT(took, absl::Seconds(30));
+  const int tries = Refused(answers_);
+  EXPECT_GE(tries, 3);
+  EXPECT_LE(tries, 6) << "not a backoff";
+  held_ctx.TryCancel();
+  held->Finish();
+}
+
+}  // namespace
+}  // namespace plateau
