@@ -12,8 +12,8 @@ namespace plateau {
 
 // Device bytes of the baseline: the L + 1 boundaries [N, H] in the working
 // precision (e.working bytes each: 4 in fp32, 2 in bf16 mixed). The
-// schedules allocate with the default (their kernels compute fp32); the
-// budget passes the step's precision.
+// schedules allocate with the step's element sizes, as the budget plans
+// them.
 int64_t FullCheckpointsBytes(int64_t layers, int64_t rows, int64_t hidden,
                              const ElementBytes& e = kFp32Elements);
 

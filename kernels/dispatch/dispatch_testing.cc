@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -201,11 +204,33 @@ absl::StatusOr<Buffer> Upload(Backend& be, LiveSet set, const std::vector<T>& ho
   return b;
 }
 
-}  // namespace
+// The working precision's copy of host values (bf16: each value must be
+// bf16 already), and back.
+template <typename W>
+std::vector<W> Working(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<W, float>) {
+    return v;
+  } else {
+    std::vector<W> w(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      w[i] = FloatToBf16(v[i]);
+      EXPECT_EQ(Bf16ToFloat(w[i]), v[i]) << "a value bf16 does not hold: RoundedToBf16 first";
+    }
+    return w;
+  }
+}
+template <typename W>
+float LoadedValue(W x) {
+  if constexpr (std::is_same_v<W, float>) {
+    return x;
+  } else {
+    return Bf16ToFloat(x);
+  }
+}
 
-DispatchGot RunDispatch(const DispatchProblem& pr, const DispatchFactory& make,
-                        const DispatchObserver& after_forward,
-                        const DispatchObserver& after_backward, int64_t device_bytes) {
+template <typename W>
+DispatchGot RunDispatchT(const DispatchProblem& pr, const DispatchFactory& make, const DispatchObserver& after_forward,
+                         const DispatchObserver& after_backward, int64_t device_bytes) {
   const ModelConfig& m = pr.m;
   const int64_t H = m.hidden, F = m.expert_ffn, K = m.top_k, Ep = m.experts / pr.P;
   const int64_t mat = H * F;
@@ -227,14 +252,14 @@ DispatchGot RunDispatch(const DispatchProblem& pr, const DispatchFactory& make,
         PLATEAU_ASSIGN_OR_RETURN(auto kernels, ModelKernels::Create(be));
         const int64_t n = pr.n[p];
         auto slice = [&](const std::vector<float>& v) {
-          return std::vector<float>(v.begin() + p * Ep * mat, v.begin() + (p + 1) * Ep * mat);
+          return Working<W>(std::vector<float>(v.begin() + p * Ep * mat, v.begin() + (p + 1) * Ep * mat));
         };
-        PLATEAU_ASSIGN_OR_RETURN(Buffer u, Upload(be, LiveSet::kActivations, pr.u[p]));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer u, Upload(be, LiveSet::kActivations, Working<W>(pr.u[p])));
         PLATEAU_ASSIGN_OR_RETURN(Buffer chosen, Upload(be, LiveSet::kActivations, pr.chosen[p]));
         PLATEAU_ASSIGN_OR_RETURN(Buffer gates, Upload(be, LiveSet::kActivations, pr.gates[p]));
-        PLATEAU_ASSIGN_OR_RETURN(Buffer dout, Upload(be, LiveSet::kActivations, pr.dout[p]));
-        PLATEAU_ASSIGN_OR_RETURN(Buffer out, Upload(be, LiveSet::kActivations, pr.out0[p]));
-        PLATEAU_ASSIGN_OR_RETURN(Buffer du, Upload(be, LiveSet::kActivations, pr.du0[p]));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer dout, Upload(be, LiveSet::kActivations, Working<W>(pr.dout[p])));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer out, Upload(be, LiveSet::kActivations, Working<W>(pr.out0[p])));
+        PLATEAU_ASSIGN_OR_RETURN(Buffer du, Upload(be, LiveSet::kActivations, Working<W>(pr.du0[p])));
         // dgates is overwritten: NaN shows an element the schedule missed.
         PLATEAU_ASSIGN_OR_RETURN(
             Buffer dgates,
@@ -246,22 +271,20 @@ DispatchGot RunDispatch(const DispatchProblem& pr, const DispatchFactory& make,
         PLATEAU_ASSIGN_OR_RETURN(Buffer gg, Upload(be, LiveSet::kGrads, slice(pr.gg0)));
         PLATEAU_ASSIGN_OR_RETURN(Buffer gu, Upload(be, LiveSet::kGrads, slice(pr.gu0)));
         PLATEAU_ASSIGN_OR_RETURN(Buffer gd, Upload(be, LiveSet::kGrads, slice(pr.gd0)));
-        const ExpertWeights w{wg.as<float>(), wu.as<float>(), wd.as<float>()};
-        const ExpertGrads g{gg.as<float>(), gu.as<float>(), gd.as<float>()};
+        const ExpertWeightsT<W> w{wg.as<W>(), wu.as<W>(), wd.as<W>()};
+        const ExpertGradsT<W> g{gg.as<W>(), gu.as<W>(), gd.as<W>()};
 
         PLATEAU_ASSIGN_OR_RETURN(std::unique_ptr<ExpertDispatch> ep,
                                  make(p, m, be, *kernels, world, *compute, *comm));
         MemoryTracker& tracker = be.device().tracker();
         tracker.ResetPeaks();
-        PLATEAU_RETURN_IF_ERROR(ep->Forward(u.as<float>(), chosen.as<int32_t>(),
-                                            gates.as<float>(), n, w, out.as<float>()));
+        PLATEAU_RETURN_IF_ERROR(ep->Forward(u.as<W>(), chosen.as<int32_t>(), gates.as<float>(), n, w, out.as<W>()));
         PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
         PLATEAU_RETURN_IF_ERROR(comm->Synchronize());
         got.peak_forward[p] = tracker.peak(LiveSet::kDispatch);
         if (after_forward) after_forward(p, *ep);
         tracker.ResetPeaks();
-        PLATEAU_RETURN_IF_ERROR(
-            ep->Backward(dout.as<float>(), w, du.as<float>(), dgates.as<float>(), g));
+        PLATEAU_RETURN_IF_ERROR(ep->Backward(dout.as<W>(), w, du.as<W>(), dgates.as<float>(), g));
         PLATEAU_RETURN_IF_ERROR(compute->Synchronize());
         PLATEAU_RETURN_IF_ERROR(comm->Synchronize());
         got.peak_backward[p] = tracker.peak(LiveSet::kDispatch);
@@ -269,16 +292,42 @@ DispatchGot RunDispatch(const DispatchProblem& pr, const DispatchFactory& make,
         ep->Release();
         got.after[p] = tracker.current(LiveSet::kDispatch);
 
-        got.out[p].assign(out.as<float>(), out.as<float>() + n * H);
-        got.du[p].assign(du.as<float>(), du.as<float>() + n * H);
+        for (int64_t i = 0; i < n * H; ++i) got.out[p].push_back(LoadedValue(out.as<W>()[i]));
+        for (int64_t i = 0; i < n * H; ++i) got.du[p].push_back(LoadedValue(du.as<W>()[i]));
         got.dgates[p].assign(dgates.as<float>(), dgates.as<float>() + n * K);
-        std::copy_n(gg.as<float>(), Ep * mat, &got.gg[p * Ep * mat]);
-        std::copy_n(gu.as<float>(), Ep * mat, &got.gu[p * Ep * mat]);
-        std::copy_n(gd.as<float>(), Ep * mat, &got.gd[p * Ep * mat]);
+        for (int64_t i = 0; i < Ep * mat; ++i) {
+          got.gg[p * Ep * mat + i] = LoadedValue(gg.as<W>()[i]);
+          got.gu[p * Ep * mat + i] = LoadedValue(gu.as<W>()[i]);
+          got.gd[p * Ep * mat + i] = LoadedValue(gd.as<W>()[i]);
+        }
         return absl::OkStatus();
       });
   EXPECT_TRUE(st.ok()) << st;
   return got;
+}
+
+}  // namespace
+
+DispatchGot RunDispatch(const DispatchProblem& pr, const DispatchFactory& make, const DispatchObserver& after_forward,
+                        const DispatchObserver& after_backward, int64_t device_bytes) {
+  return RunDispatchT<float>(pr, make, after_forward, after_backward, device_bytes);
+}
+
+DispatchGot RunDispatchBf16(const DispatchProblem& pr, const DispatchFactory& make,
+                            const DispatchObserver& after_forward, const DispatchObserver& after_backward,
+                            int64_t device_bytes) {
+  return RunDispatchT<Bf16>(pr, make, after_forward, after_backward, device_bytes);
+}
+
+DispatchProblem RoundedToBf16(DispatchProblem pr) {
+  auto round = [](std::vector<float>& v) {
+    for (float& x : v) x = RoundToBf16(x);
+  };
+  for (auto* rows : {&pr.u, &pr.dout, &pr.out0, &pr.du0}) {
+    for (std::vector<float>& r : *rows) round(r);
+  }
+  for (std::vector<float>* v : {&pr.wg, &pr.wu, &pr.wd, &pr.gg0, &pr.gu0, &pr.gd0}) round(*v);
+  return pr;
 }
 
 void ExpectBackwardNeedsForward(const DispatchFactory& make) {
@@ -324,6 +373,203 @@ void ExpectBackwardNeedsForward(const DispatchFactory& make) {
         });
     EXPECT_TRUE(st.ok()) << "P = " << P << ": " << st;
   }
+}
+
+DispatchBf16Want DispatchReferenceBf16(const DispatchProblem& pr, int64_t chunks) {
+  const int64_t H = pr.m.hidden, F = pr.m.expert_ffn, K = pr.m.top_k;
+  const double f = std::ldexp(1.0, -24), u = kBf16UnitRoundoff;
+  DispatchBf16Want w;
+  w.gg.assign(pr.gg0.begin(), pr.gg0.end());
+  w.gu.assign(pr.gu0.begin(), pr.gu0.end());
+  w.gd.assign(pr.gd0.begin(), pr.gd0.end());
+  // Per gradient element: the terms' magnitudes (with |g0|) and the
+  // propagated bound.
+  std::vector<double> gg_mag(pr.gg0.size()), gu_mag(pr.gu0.size()), gd_mag(pr.gd0.size());
+  for (size_t i = 0; i < gg_mag.size(); ++i) gg_mag[i] = std::abs(pr.gg0[i]);
+  for (size_t i = 0; i < gu_mag.size(); ++i) gu_mag[i] = std::abs(pr.gu0[i]);
+  for (size_t i = 0; i < gd_mag.size(); ++i) gd_mag[i] = std::abs(pr.gd0[i]);
+  std::vector<double> gg_prop(gg_mag.size(), 0.0), gu_prop(gu_mag.size(), 0.0), gd_prop(gd_mag.size(), 0.0);
+  int64_t routes = 0;
+  for (int64_t n : pr.n) routes += n * K;
+  // A GEMM-like sum z = c + sum_i a_i b_i of stored values, the a_i each
+  // within da_i of the schedule's (b exact): the stored result.
+  auto dot = [&](double c, int64_t k, auto a, auto da, auto b) {
+    double z = c, mag = std::abs(c), prop = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      z += a(i) * b(i);
+      mag += std::abs(a(i) * b(i));
+      prop += da(i) * std::abs(b(i));
+    }
+    return StoreBf16(z, prop + (k + 3) * f * (mag + prop));
+  };
+  auto sigmoid = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  std::vector<StoredBf16> gate(F), up(F), act(F), y(H), dy(H), dact(F), dgate(F), dup(F), dx1(H);
+  std::vector<std::vector<StoredBf16>> ys(K), dxs(K);
+  for (int p = 0; p < pr.P; ++p) {
+    std::vector<StoredBf16> out(pr.n[p] * H), du(pr.n[p] * H);
+    std::vector<double> dgates(pr.n[p] * K), dgates_err(pr.n[p] * K);
+    for (int64_t t = 0; t < pr.n[p]; ++t) {
+      const float* x = &pr.u[p][t * H];
+      const float* d = &pr.dout[p][t * H];
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = pr.chosen[p][t * K + j];
+        const double g = pr.gates[p][t * K + j];
+        auto xs = [&](int64_t h) { return double(x[h]); };
+        auto zero = [](int64_t) { return 0.0; };
+        // Forward.
+        for (int64_t c = 0; c < F; ++c) {
+          gate[c] = dot(0, H, xs, zero, [&](int64_t h) { return double(pr.wg[(e * H + h) * F + c]); });
+          up[c] = dot(0, H, xs, zero, [&](int64_t h) { return double(pr.wu[(e * H + h) * F + c]); });
+          const double gv = gate[c].value, uv = up[c].value, dg = gate[c].dev(), du_ = up[c].dev();
+          const double silu = gv * sigmoid(gv), a = silu * uv;
+          const double prop = 1.1 * dg * (std::abs(uv) + du_) + std::abs(silu) * du_;
+          act[c] = StoreBf16(a, prop + 16 * f * (std::abs(a) + prop));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          y[h] = dot(
+              0, F, [&](int64_t c) { return act[c].value; }, [&](int64_t c) { return act[c].dev(); },
+              [&](int64_t c) { return double(pr.wd[(e * F + c) * H + h]); });
+        }
+        ys[j] = y;
+        // dgates: <dout, y> summed in double, one fp32 rounding.
+        double dg = 0, mag = 0, prop = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          dg += double(d[h]) * y[h].value;
+          mag += std::abs(double(d[h]) * y[h].value);
+          prop += std::abs(double(d[h])) * y[h].dev();
+        }
+        dgates[t * K + j] = dg;
+        dgates_err[t * K + j] = prop + f * (std::abs(dg) + prop) + 1e-12 * mag;
+        // Backward: dy = rn(g dout), its fp32 product rounded once first.
+        for (int64_t h = 0; h < H; ++h) dy[h] = StoreBf16(g * d[h], f * std::abs(g * d[h]));
+        for (int64_t c = 0; c < F; ++c) {
+          dact[c] = dot(
+              0, H, [&](int64_t h) { return dy[h].value; }, [&](int64_t h) { return dy[h].dev(); },
+              [&](int64_t h) { return double(pr.wd[(e * F + c) * H + h]); });
+          const double gv = gate[c].value, uv = up[c].value, dgv = gate[c].dev(), duv = up[c].dev();
+          const double dv = dact[c].value, ddv = dact[c].dev();
+          const double sg = sigmoid(gv), silu = gv * sg, silu_d = sg * (1.0 + gv * (1.0 - sg));
+          const double a = std::abs(dv), b = std::abs(uv);
+          // d gate = d up silu'(g): (d' - d) u' s' + d (u' - u) s' + d u (s' - s).
+          const double pg = ddv * (b + duv) * 1.1 + a * duv * 1.1 + a * b * 0.5 * dgv;
+          dgate[c] = StoreBf16(dv * uv * silu_d, pg + 32 * f * (a + ddv) * (b + duv) * (1 + std::abs(gv) + dgv));
+          // d up = d silu(g).
+          const double pu = ddv * (std::abs(silu) + 1.1 * dgv) + a * 1.1 * dgv;
+          dup[c] = StoreBf16(dv * silu, pu + 16 * f * (std::abs(dv * silu) + pu));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          dx1[h] = dot(
+              0, F, [&](int64_t c) { return dgate[c].value; }, [&](int64_t c) { return dgate[c].dev(); },
+              [&](int64_t c) { return double(pr.wg[(e * H + h) * F + c]); });
+        }
+        dxs[j].resize(H);
+        for (int64_t h = 0; h < H; ++h) {
+          // dx = rn(dx1 + d up Wu^T): the GEMM with beta 1 on the stored dx1.
+          double z = dx1[h].value, mag = std::abs(z), prop = dx1[h].dev();
+          for (int64_t c = 0; c < F; ++c) {
+            const double wu = pr.wu[(e * H + h) * F + c];
+            z += dup[c].value * wu;
+            mag += std::abs(dup[c].value * wu);
+            prop += dup[c].dev() * std::abs(wu);
+          }
+          dxs[j][h] = StoreBf16(z, prop + (F + 3) * f * (mag + prop));
+        }
+        // The expert's gradients: exact sums of the stored terms.
+        for (int64_t c = 0; c < F; ++c) {
+          for (int64_t h = 0; h < H; ++h) {
+            const int64_t id = (e * F + c) * H + h;
+            w.gd[id] += act[c].value * dy[h].value;
+            gd_mag[id] += std::abs(act[c].value * dy[h].value);
+            gd_prop[id] += act[c].dev() * std::abs(dy[h].value) + std::abs(act[c].value) * dy[h].dev() +
+                           act[c].dev() * dy[h].dev();
+            const int64_t iw = (e * H + h) * F + c;
+            w.gg[iw] += double(x[h]) * dgate[c].value;
+            gg_mag[iw] += std::abs(double(x[h]) * dgate[c].value);
+            gg_prop[iw] += std::abs(double(x[h])) * dgate[c].dev();
+            w.gu[iw] += double(x[h]) * dup[c].value;
+            gu_mag[iw] += std::abs(double(x[h]) * dup[c].value);
+            gu_prop[iw] += std::abs(double(x[h])) * dup[c].dev();
+          }
+        }
+      }
+      // The token's rows: out = rn(out0 + sum_j g_j y_j), du = rn(du0 +
+      // sum_j dx_j), each one fp32 sum.
+      for (int64_t h = 0; h < H; ++h) {
+        double z = pr.out0[p][t * H + h], mag = std::abs(z), prop = 0;
+        double zd = pr.du0[p][t * H + h], magd = std::abs(zd), propd = 0;
+        for (int64_t j = 0; j < K; ++j) {
+          const double g = pr.gates[p][t * K + j];
+          z += g * ys[j][h].value;
+          mag += std::abs(g * ys[j][h].value);
+          prop += std::abs(g) * ys[j][h].dev();
+          zd += dxs[j][h].value;
+          magd += std::abs(dxs[j][h].value);
+          propd += dxs[j][h].dev();
+        }
+        out[t * H + h] = StoreBf16(z, prop + (K + 3) * f * (mag + prop));
+        du[t * H + h] = StoreBf16(zd, propd + (K + 3) * f * (magd + propd));
+        w.loose += (out[t * H + h].lo != out[t * H + h].hi) + (du[t * H + h].lo != du[t * H + h].hi);
+      }
+    }
+    w.out.push_back(std::move(out));
+    w.du.push_back(std::move(du));
+    w.dgates.push_back(std::move(dgates));
+    w.dgates_err.push_back(std::move(dgates_err));
+  }
+  // The sums' own error: fp32 adds, and P + 1 bf16 roundings of the
+  // magnitudes (the helpers' partial sums, up to P - 1 bf16 adds, the last
+  // rounding).
+  const double rounding = std::pow(1.0 + u, pr.P + 1) - 1.0;
+  auto err = [&](const std::vector<double>& mag, const std::vector<double>& prop) {
+    std::vector<double> e(mag.size());
+    for (size_t i = 0; i < e.size(); ++i) {
+      const double m = mag[i] + prop[i];
+      e[i] = prop[i] + (routes + 3 * chunks * pr.P + 8) * f * m + rounding * m * (1 + 1e-3);
+    }
+    return e;
+  };
+  w.gg_err = err(gg_mag, gg_prop);
+  w.gu_err = err(gu_mag, gu_prop);
+  w.gd_err = err(gd_mag, gd_prop);
+  return w;
+}
+
+void ExpectWithinBf16Reference(const DispatchGot& got, const DispatchBf16Want& want) {
+  ASSERT_EQ(got.out.size(), want.out.size());
+  int64_t differ = 0;  // stored values other than the reference's own (allowed within their interval)
+  for (size_t p = 0; p < want.out.size(); ++p) {
+    ASSERT_EQ(got.out[p].size(), want.out[p].size());
+    ASSERT_EQ(got.du[p].size(), want.du[p].size());
+    ASSERT_EQ(got.dgates[p].size(), want.dgates[p].size());
+    for (const auto& [name, g, w] :
+         {std::make_tuple("out", &got.out[p], &want.out[p]), std::make_tuple("du", &got.du[p], &want.du[p])}) {
+      for (size_t i = 0; i < w->size(); ++i) {
+        const StoredBf16& s = (*w)[i];
+        differ += (*g)[i] != s.value;
+        ASSERT_TRUE(s.Holds((*g)[i])) << name << " of rank " << p << " [" << i << "]: " << (*g)[i] << ", reference "
+                                      << s.value << ", bounds [" << s.lo << ", " << s.hi << "]";
+      }
+    }
+    for (size_t i = 0; i < want.dgates[p].size(); ++i) {
+      ASSERT_LE(std::abs(got.dgates[p][i] - want.dgates[p][i]), want.dgates_err[p][i])
+          << "dgates of rank " << p << " [" << i << "]: " << got.dgates[p][i] << ", reference " << want.dgates[p][i];
+    }
+  }
+  double worst = 0;
+  for (const auto& [name, g, w, e] : {std::make_tuple("d w_gate", &got.gg, &want.gg, &want.gg_err),
+                                      std::make_tuple("d w_up", &got.gu, &want.gu, &want.gu_err),
+                                      std::make_tuple("d w_down", &got.gd, &want.gd, &want.gd_err)}) {
+    ASSERT_EQ(g->size(), w->size()) << name;
+    for (size_t i = 0; i < w->size(); ++i) {
+      const double d = std::abs((*g)[i] - (*w)[i]);
+      ASSERT_LE(d, (*e)[i]) << name << " [" << i << "]: " << (*g)[i] << ", reference " << (*w)[i] << ", bound "
+                            << (*e)[i];
+      worst = std::max(worst, d / (*e)[i]);
+    }
+  }
+  std::cout << "bf16 against the store-rounded reference: " << differ << " stored out / du values off the "
+            << "reference's own (" << want.loose << " allowed a unit); expert gradients at most " << worst
+            << " of their bound\n";
 }
 
 void ExpectMatchesReference(const DispatchGot& got, const DispatchWant& want) {

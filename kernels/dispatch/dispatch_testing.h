@@ -21,6 +21,7 @@
 #include "kernels/dispatch/routing_profiles.h"
 #include "kernels/model/config.h"
 #include "kernels/model/model_kernels.h"
+#include "kernels/testing/bf16_testing.h"
 
 namespace plateau {
 
@@ -112,6 +113,57 @@ DispatchGot RunDispatch(const DispatchProblem& pr, const DispatchFactory& make,
                         const DispatchObserver& after_forward = nullptr,
                         const DispatchObserver& after_backward = nullptr,
                         int64_t device_bytes = 64 << 20);
+
+// bf16 mixed precision. The problem with every value the schedule holds in
+// the working precision (rows, out0, du0, dout, weights, gradients)
+// rounded to bf16, so that a bf16 run reads exactly its values; the gates
+// stay fp32 (precision.h).
+DispatchProblem RoundedToBf16(DispatchProblem pr);
+// RunDispatch with bf16 rows, weights and gradients (the schedules' Bf16
+// overloads; `make` creates them with kBf16MixedElements): the problem's
+// values must be bf16 (RoundedToBf16); out, du and the gradients come back
+// as the floats their bf16 values load as, dgates as computed (fp32).
+DispatchGot RunDispatchBf16(const DispatchProblem& pr, const DispatchFactory& make,
+                            const DispatchObserver& after_forward = nullptr,
+                            const DispatchObserver& after_backward = nullptr, int64_t device_bytes = 64 << 20);
+
+// The reference of a bf16 run, in double, rounding to bf16 where the
+// schedules store bf16, and each value's bound. Every schedule computes,
+// route by route (expert_mlp.h, llep_chunk.h; docs/RUNTIME.md, "bf16 mixed
+// precision"): gate = rn(x Wg), up = rn(x Wu), act = rn(silu(gate) up),
+// y = rn(act Wd); out = rn(out0 + sum_j g_j y_j) (one fp32 sum per token);
+// dgates_j = <dout, y_j> (summed in double, fp32); dy = rn(g dout);
+// dact = rn(dy Wd^T); d gate = rn(dact up silu'(gate)), d up =
+// rn(dact silu(gate)); dx = rn(rn(d gate Wg^T) + d up Wu^T); du =
+// rn(du0 + sum_j dx_j). Each op is fp32 arithmetic on exactly loaded bf16
+// inputs within the documented per-op bounds (GEMM: (k + 3) 2^-24 (sum
+// |a b| + |c|); SwiGLU: 16 and 32 2^-24 of its terms, cpu_bf16_ops_test),
+// rounded once. The reference stores rn of the exact value; the schedule's
+// fp32 value lies within the op's bound plus what its inputs may differ by
+// (propagated with the ops' derivatives' bounds: |silu'| <= 1.1,
+// |silu''| <= 0.5, |silu(g)| <= |g|), so its stored value lies in
+// [rn(z - err), rn(z + err)] (StoreBf16): out and du must lie there, which
+// is the reference's value itself wherever no rounding boundary is that
+// close, and dgates within the propagated bound.
+// The expert gradients' sums depend on the schedule (which rank computes
+// which routes, K chunks): g0 + the exact sum of the routes' terms (from
+// the reference's stored act, dy, d gate, d up), within the propagated
+// bound, the fp32 sums' (2^-24 (routes + 3 K P + 8) of the terms'
+// magnitudes M = |g0| + sum |terms|) and P + 1 bf16 roundings of M: the
+// helpers' partial sums (disjoint: u sum |terms| in all), at most P - 1
+// bf16 adds into the owner's gradient (LLEP, K = 1) and the last rounding.
+struct DispatchBf16Want {
+  std::vector<std::vector<StoredBf16>> out, du;  // [P][N H]
+  std::vector<std::vector<double>> dgates, dgates_err;
+  std::vector<double> gg, gu, gd, gg_err, gu_err, gd_err;
+  // How many stored out / du values may differ from the reference's own
+  // (a rounding boundary within their bound).
+  int64_t loose = 0;
+};
+DispatchBf16Want DispatchReferenceBf16(const DispatchProblem& pr, int64_t chunks);
+// Every output and gradient of a bf16 run within the reference's bounds;
+// prints the worst ratio of each.
+void ExpectWithinBf16Reference(const DispatchGot& got, const DispatchBf16Want& want);
 
 // Backward on a fresh schedule, and a second Backward after Forward and
 // Backward, are FAILED_PRECONDITION naming Forward, before any collective;

@@ -211,8 +211,10 @@ int64_t DispatchBufferBytes(const std::vector<DispatchBufferSpec>& buffers);
 //   borrowed_weights  w     B x 3HF   gate, up, down of borrowed experts
 //   borrowed_grads    w     B x 3HF   their gradients, back to the owners
 //   lent              w     L x 3HF   lent weights out, their gradients back
-// The schedules allocate with the default (their kernels compute fp32); the
-// budget passes the step's precision to these and the functions below.
+// The schedules allocate with the element sizes of the precision they were
+// created for (kBf16MixedElements under bf16: Llep, PipelinedLlep,
+// CarveChunk), and the budget passes the step's, to these and the functions
+// below: one formula for both.
 std::vector<DispatchBufferSpec> LlepChunkBuffers(const ModelConfig& model,
                                                  const LlepChunkSizes& sizes,
                                                  const ElementBytes& e = kFp32Elements);

@@ -4,7 +4,11 @@
 // in Backward; the realized receiver rows per chunk against Eq. 1 (P c k) and
 // the borrowed experts against their bound; K = 1 bitwise LLEP; strided and
 // contiguous membership equal to fp32 rounding; determinism; ranks with
-// different N, without tokens, sent nothing; and the refusals.
+// different N, without tokens, sent nothing; and the refusals. In bf16 mixed
+// precision on varied inputs: K = 1 bitwise LLEP, every output and gradient
+// against the store-rounded double reference (DispatchReferenceBf16), the
+// peaks at the bf16 bound, determinism, and the expert gradients' fp32 sum
+// over K > 1 chunks.
 #include "kernels/dispatch/pipelined_llep.h"
 
 #include <algorithm>
@@ -66,21 +70,22 @@ int64_t MaxTokens(const DispatchProblem& pr) {
   return pr.n.empty() ? 0 : *std::max_element(pr.n.begin(), pr.n.end());
 }
 
-DispatchFactory PipelinedFactory(const PipelinedLlepOptions& o, int64_t max_tokens) {
-  return [o, max_tokens](int, const ModelConfig& m, Backend& be, ModelKernels& k,
-                         Communicator& world, Stream& compute,
-                         Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+// `e`: kBf16MixedElements for a bf16 run (RunDispatchBf16).
+DispatchFactory PipelinedFactory(const PipelinedLlepOptions& o, int64_t max_tokens,
+                                 const ElementBytes& e = kFp32Elements) {
+  return [o, max_tokens, e](int, const ModelConfig& m, Backend& be, ModelKernels& k, Communicator& world,
+                            Stream& compute, Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
     absl::StatusOr<std::unique_ptr<PipelinedLlep>> d =
-        PipelinedLlep::Create(m, o, max_tokens, be, k, world, compute, comm);
+        PipelinedLlep::Create(m, o, max_tokens, be, k, world, compute, comm, e);
     if (!d.ok()) return d.status();
     return std::unique_ptr<ExpertDispatch>(std::move(*d));
   };
 }
 
-DispatchFactory LlepFactory(const LlepOptions& o) {
-  return [o](int, const ModelConfig& m, Backend& be, ModelKernels& k, Communicator& world,
-             Stream& compute, Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
-    absl::StatusOr<std::unique_ptr<Llep>> d = Llep::Create(m, o, be, k, world, compute, comm);
+DispatchFactory LlepFactory(const LlepOptions& o, const ElementBytes& e = kFp32Elements) {
+  return [o, e](int, const ModelConfig& m, Backend& be, ModelKernels& k, Communicator& world, Stream& compute,
+                Stream& comm) -> absl::StatusOr<std::unique_ptr<ExpertDispatch>> {
+    absl::StatusOr<std::unique_ptr<Llep>> d = Llep::Create(m, o, be, k, world, compute, comm, e);
     if (!d.ok()) return d.status();
     return std::unique_ptr<ExpertDispatch>(std::move(*d));
   };
@@ -98,18 +103,22 @@ struct PipelinedRun {
   std::vector<int64_t> chunks;
   std::vector<LlepChunkSizes> max_sizes, slots;
 };
-PipelinedRun RunPipelined(const DispatchProblem& pr, const PipelinedLlepOptions& o,
-                          int64_t max_tokens) {
+// `bf16`: in bf16 mixed precision (RunDispatchBf16; the problem's values
+// must be bf16: RoundedToBf16).
+PipelinedRun RunPipelined(const DispatchProblem& pr, const PipelinedLlepOptions& o, int64_t max_tokens,
+                          bool bf16 = false) {
   PipelinedRun r;
   r.chunks.assign(pr.P, -1);
   r.max_sizes.resize(pr.P);
   r.slots.resize(pr.P);
-  r.got = RunDispatch(pr, PipelinedFactory(o, max_tokens), [&](int p, ExpertDispatch& d) {
+  const DispatchObserver observe = [&](int p, ExpertDispatch& d) {
     const PipelinedLlep& pl = static_cast<PipelinedLlep&>(d);
     r.chunks[p] = pl.chunks();
     r.max_sizes[p] = pl.max_chunk_sizes();
     r.slots[p] = pl.slot_sizes();
-  });
+  };
+  r.got = bf16 ? RunDispatchBf16(pr, PipelinedFactory(o, max_tokens, kBf16MixedElements), observe)
+               : RunDispatch(pr, PipelinedFactory(o, max_tokens), observe);
   return r;
 }
 
@@ -767,6 +776,97 @@ TEST(PipelinedLlepTest, Bf16ExpertGradientsSumInFp32AcrossChunks) {
   EXPECT_FALSE(PipelinedLlepAccumulatesInFp32(n, chunked, kFp32Elements));
   const int64_t bound = PipelinedLlepBoundBytes(m, P, n, chunked, kBf16MixedElements);
   for (int p = 0; p < P; ++p) EXPECT_EQ(many.peak_backward[p], bound) << "rank " << p;
+}
+
+// bf16 mixed on varied inputs: MakeProfileProblem's rows, weights, output
+// gradients and starting values (different on every rank, N = 24, 19
+// (, 14, 9) tokens) rounded to bf16, its gates fp32, under hot routing
+// (50% of the tokens to 4 hot experts) and skewed routing (every token to
+// one hot expert), at P = 2 and 4.
+std::vector<RoutingProfile> Bf16Profiles() { return {HotRouting(50, 4), HotRouting(100, 1)}; }
+
+// K = 1 (c >= N): PipelinedLLEP is LLEP bit for bit in bf16 too, strided
+// or contiguous, every output and gradient, helpers' included. The launch
+// is sized for two chunks (N below N_max), so the fp32 gradient
+// accumulators exist, and one chunk must still not use them (LLEP adds a
+// helper's gradient in bf16). The peak is the bound at the bf16 element
+// sizes, in Forward and Backward.
+TEST(PipelinedLlepTest, Bf16OneChunkIsLlepBitForBit) {
+  const ModelConfig m = SweepModel();
+  int64_t borrowed = 0;
+  for (int P : {2, 4}) {
+    for (const RoutingProfile& profile : Bf16Profiles()) {
+      const DispatchProblem pr = RoundedToBf16(MakeProfileProblem(m, Tokens(P), profile, 161 + P));
+      const int64_t launch = MaxTokens(pr) + 5;
+      for (ChunkMembership mem : {ChunkMembership::kStrided, ChunkMembership::kContiguous}) {
+        SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name(),
+                                  mem == ChunkMembership::kStrided ? ", strided" : ", contiguous"));
+        const PipelinedLlepOptions o = TestOptions(MaxTokens(pr), mem);
+        ASSERT_TRUE(PipelinedLlepAccumulatesInFp32(launch, o, kBf16MixedElements));
+        const PipelinedRun run = RunPipelined(pr, o, launch, /*bf16=*/true);
+        if (HasFatalFailure()) return;
+        EXPECT_EQ(run.chunks[0], 1);
+        ExpectSameBits(run.got, RunDispatchBf16(pr, LlepFactory(o.balance, kBf16MixedElements)), "bf16 against LLEP");
+        for (int p = 0; p < P; ++p) borrowed = std::max(borrowed, run.max_sizes[p].borrowed);
+        const int64_t bound = PipelinedLlepBoundBytes(m, P, launch, o, kBf16MixedElements);
+        for (int p = 0; p < P; ++p) {
+          EXPECT_LE(run.got.peak_forward[p], bound) << "rank " << p;
+          EXPECT_LE(run.got.peak_backward[p], bound) << "rank " << p;
+          EXPECT_EQ(run.got.peak(p), bound) << "rank " << p << ": launch-sized slots";
+        }
+      }
+    }
+  }
+  EXPECT_GT(borrowed, 0) << "no rank borrowed an expert: the helpers' gradients were not compared";
+}
+
+// Every output and gradient against the double reference that rounds to
+// bf16 where the schedule stores bf16, within the bounds that
+// DispatchReferenceBf16 derives (dispatch_testing.h): out and du the
+// reference's stored values except where a rounding boundary lies within
+// the fp32 arithmetic's bound (there the next value either side), dgates
+// within the propagated bound, the expert gradients within the propagated,
+// fp32 and P + 1 bf16 roundings' bounds; at one chunk (LLEP's sums, a
+// helper's gradient added in bf16) and over K = 6 chunks (the fp32
+// accumulators). Helpers must take part, and the measured peak is the
+// bound at the bf16 element sizes, in Forward and in Backward.
+TEST(PipelinedLlepTest, Bf16WithinTheStoreRoundedReference) {
+  const ModelConfig m = SweepModel();
+  int64_t borrowed = 0;
+  for (int P : {2, 4}) {
+    for (const RoutingProfile& profile : Bf16Profiles()) {
+      const DispatchProblem pr = RoundedToBf16(MakeProfileProblem(m, Tokens(P), profile, 171 + P));
+      for (int64_t c : {MaxTokens(pr), int64_t{4}}) {
+        SCOPED_TRACE(absl::StrCat("P = ", P, ", ", profile.Name(), ", c = ", c));
+        const PipelinedLlepOptions o = TestOptions(c);
+        const PipelinedRun run = RunPipelined(pr, o, MaxTokens(pr), /*bf16=*/true);
+        if (HasFatalFailure()) return;
+        EXPECT_EQ(run.chunks[0], PipelinedLlepChunks(MaxTokens(pr), c));
+        EXPECT_EQ(PipelinedLlepAccumulatesInFp32(MaxTokens(pr), o, kBf16MixedElements), run.chunks[0] > 1);
+        ExpectWithinBf16Reference(run.got, DispatchReferenceBf16(pr, run.chunks[0]));
+        const int64_t bound = PipelinedLlepBoundBytes(m, P, MaxTokens(pr), o, kBf16MixedElements);
+        for (int p = 0; p < P; ++p) {
+          EXPECT_LE(run.got.peak_forward[p], bound) << "rank " << p;
+          EXPECT_LE(run.got.peak_backward[p], bound) << "rank " << p;
+          EXPECT_EQ(run.got.peak_forward[p], bound) << "rank " << p << ": launch-sized slots";
+          EXPECT_EQ(run.got.peak_backward[p], bound) << "rank " << p << ": launch-sized slots";
+          borrowed = std::max(borrowed, run.max_sizes[p].borrowed);
+        }
+      }
+    }
+  }
+  EXPECT_GT(borrowed, 0) << "no rank borrowed an expert: the helpers' gradients were not tested";
+}
+
+// bf16, the same bits run to run (K = 6 chunks, helpers and the fp32
+// accumulators in the run).
+TEST(PipelinedLlepTest, Bf16SameBitsRunToRun) {
+  for (const RoutingProfile& profile : {BalancedRouting(), HotRouting(100, 1)}) {
+    const DispatchProblem pr = RoundedToBf16(MakeProfileProblem(SweepModel(), Tokens(4), profile, 78));
+    ASSERT_TRUE(PipelinedLlepAccumulatesInFp32(MaxTokens(pr), TestOptions(), kBf16MixedElements));
+    ExpectSameBits(RunPipelined(pr, TestOptions(), MaxTokens(pr), /*bf16=*/true).got,
+                   RunPipelined(pr, TestOptions(), MaxTokens(pr), /*bf16=*/true).got, profile.Name());
+  }
 }
 
 TEST(PipelinedLlepTest, CreateRefusesBadOptionsNamingTheField) {

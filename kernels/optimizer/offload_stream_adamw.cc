@@ -1,6 +1,7 @@
 #include "kernels/optimizer/offload_stream_adamw.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/optimizer/host_state.h"
@@ -25,8 +26,10 @@ absl::StatusOr<std::unique_ptr<OffloadStreamAdamWT<W>>> OffloadStreamAdamWT<W>::
       events->push_back(std::move(e));
     }
   }
-  // The slots hold fp32 master, m and v in either precision.
-  const OptimizerBytes bytes = OffloadStreamAdamWBytes(S, X, placement.bucket_params, placement.staging_slots);
+  // The slots hold fp32 master, m and v in either precision (e.master); the
+  // step's element sizes, as the budget plans them.
+  const ElementBytes e = std::is_same_v<W, float> ? kFp32Elements : kBf16MixedElements;
+  const OptimizerBytes bytes = OffloadStreamAdamWBytes(S, X, placement.bucket_params, placement.staging_slots, e);
   PLATEAU_ASSIGN_OR_RETURN(o->slots_, backend.device().Allocate(LiveSet::kOptimizer, bytes.device));
   const int64_t masters = S + (kSeparateOwnedMaster ? X : 0);
   PLATEAU_ASSIGN_OR_RETURN(o->master_, backend.host().Allocate(LiveSet::kOptimizer, masters * f));

@@ -3,8 +3,9 @@
 //
 // Notation: S = this rank's dense ZeRO shard, X = its owned parameters
 // (kernels/model/params.h), both in values. Master weights and moments are
-// fp32 (e.master) in either precision; the schedules allocate with the
-// defaults (their kernels compute fp32), the budget passes the step's
+// fp32 (e.master) in either precision; each schedule allocates these bytes
+// for its working type (OffloadStreamAdamW passes its element sizes to
+// OffloadStreamAdamWBytes), as the budget plans them for the step's
 // precision.
 #ifndef PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_PLAN_H_
 #define PLATEAU_KERNELS_OPTIMIZER_OPTIMIZER_PLAN_H_

@@ -1,6 +1,7 @@
 #include "kernels/projection/ring_dtp.h"
 
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <random>
 #include <tuple>
@@ -11,6 +12,7 @@
 #include "kernels/model/config.h"
 #include "kernels/projection/dense_projection.h"
 #include "kernels/status_macros.h"
+#include "kernels/testing/bf16_testing.h"
 #include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 
@@ -284,8 +286,10 @@ TEST(RingDtpTest, ExtremeLogitsNeitherOverflowNorLoseExactness) {
 }
 
 // bf16 mixed: Ring-DTP on bf16 X and W (the problem's values rounded to
-// bf16 first), with strip tiles of `row_tile` rows. dx and dw as floats.
-Got RunRingBf16(const Problem& pr, int64_t strip, RingDtpMode mode, int64_t row_tile, int64_t chunk_rows = 0) {
+// bf16 first), with strip tiles of `row_tile` rows. dx and dw as floats;
+// dw starts at `dw0` ([V, H], rounded to bf16) when given, else 0.
+Got RunRingBf16(const Problem& pr, int64_t strip, RingDtpMode mode, int64_t row_tile, int64_t chunk_rows = 0,
+                const std::vector<float>* dw0 = nullptr) {
   Got got;
   got.dx.resize(pr.P);
   got.dw.assign(pr.V * pr.H, 0.0f);
@@ -310,7 +314,9 @@ Got RunRingBf16(const Problem& pr, int64_t strip, RingDtpMode mode, int64_t row_
         for (int64_t i = 0; i < pr.N * pr.H; ++i) x.as<Bf16>()[i] = FloatToBf16(pr.x[p][i]);
         std::copy(pr.y[p].begin(), pr.y[p].end(), y.as<int32_t>());
         for (int64_t i = 0; i < rows * pr.H; ++i) w.as<Bf16>()[i] = FloatToBf16(pr.w[begin * pr.H + i]);
-        std::fill_n(dw.as<Bf16>(), rows * pr.H, Bf16{});
+        for (int64_t i = 0; i < rows * pr.H; ++i) {
+          dw.as<Bf16>()[i] = dw0 == nullptr ? Bf16{} : FloatToBf16((*dw0)[begin * pr.H + i]);
+        }
         double* s = stats.as<double>();
         s[0] = s[1] = 0;
         be.device().tracker().ResetPeaks();
@@ -414,6 +420,173 @@ TEST(RingDtpTest, Bf16GradientsAccumulateInFp32) {
     EXPECT_LE(worst_dw, u);
     EXPECT_LE(worst_dx, u);
     EXPECT_EQ(got.peak, got.bound);
+  }
+}
+
+// The same bits, every one (loss, dX and dW as bf16 loaded into floats).
+bool SameBits(const Got& a, const Got& b) {
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+  };
+  if (std::memcmp(&a.loss, &b.loss, sizeof(double)) != 0 || !same(a.dw, b.dw) || a.dx.size() != b.dx.size()) {
+    return false;
+  }
+  for (size_t p = 0; p < a.dx.size(); ++p) {
+    if (!same(a.dx[p], b.dx[p])) return false;
+  }
+  return true;
+}
+
+// bf16 on varied inputs: each rank its own rows and targets, ignored
+// tokens among them (every 7th), V = 53 in uneven shards (27/26 at P = 2,
+// 14/13/13/13 at P = 4), strips of 5 columns (each shard ends in a partial
+// strip), tiles of 7 rows (24 rows: 7+7+7+3; in passes of 9 rows: 7+2,
+// 7+2, 6), dW starting from nonzero values (it is added to). Activation
+// mode whole and in passes of 9 rows, and weight mode.
+//
+// Loss, against the exact (double) loss of the same bf16 inputs. The
+// schedule's only rounding on the loss's path is each logit's, once, of its
+// fp32 GEMM: |logit - z_v| <= a_v = u |z_v| + (1 + u) (H + 3) 2^-24
+// sum_h |x_h w_vh| (u = 2^-8; the GEMM bound of docs/RUNTIME.md). A
+// token's loss lse - z_t moves by at most max_v a_v (log-sum-exp is
+// 1-Lipschitz in the largest coordinate) plus a_t, plus the fp32 online
+// log-sum-exp and subtraction: s sums V terms exp(l - m) and rescales once
+// per strip (each exp within 1 ulp, each operation one fp32 rounding):
+// (2V + 4 strips + 8) 2^-24 relative, generously; log, the add of m and
+// the subtraction 2^-24 of |log s|, |lse| and |lse - t|. The bound is the
+// mean of that over the valid tokens.
+//
+// Loss, against the double reference that rounds each logit as the
+// schedule stores it (rn of the exact dot product): the schedule's logit
+// is the reference's except where a bf16 rounding boundary lies within
+// the GEMM's fp32 error of the dot product (StoreBf16: then within its
+// dev, about one unit), so a token's loss is within max_v dev_v + dev_t
+// plus the fp32 log-sum-exp above: mostly that fp32 term alone, a bound
+// thousands of times tighter, which sees a strip or a tile that the
+// forward leaves out.
+//
+// dX and dW, against the double reference that rounds what the schedule
+// rounds before any sum (each logit and delta to bf16) and sums in double:
+// within 2^-7 of the sum of the terms' magnitudes (dW's start included),
+// Bf16GradientsAccumulateInFp32's bound. Run to run: the same bits.
+TEST(RingDtpTest, Bf16VariedInputsWithinBoundsOfDouble) {
+  struct Case {
+    int64_t P;
+    RingDtpMode mode;
+    int64_t chunk_rows;
+  };
+  const int64_t strip = 5, row_tile = 7;
+  const double u = kBf16UnitRoundoff, f = std::ldexp(1.0, -24);
+  for (const Case& k : {Case{2, RingDtpMode::kActivations, 0}, Case{2, RingDtpMode::kActivations, 9},
+                        Case{2, RingDtpMode::kWeights, 0}, Case{4, RingDtpMode::kActivations, 0},
+                        Case{4, RingDtpMode::kActivations, 9}, Case{4, RingDtpMode::kWeights, 0}}) {
+    SCOPED_TRACE(testing::Message() << "P = " << k.P << ", " << RingDtpModeName(k.mode) << ", chunk_rows "
+                                    << k.chunk_rows);
+    Problem pr = Make(k.P, 24, 16, 53, 0.5f, 300 + k.P);
+    for (float& v : pr.w) v = RoundToBf16(v);
+    for (auto& x : pr.x) {
+      for (float& v : x) v = RoundToBf16(v);
+    }
+    std::vector<float> dw0(pr.V * pr.H);
+    std::mt19937_64 rng(400 + k.P);
+    std::normal_distribution<float> normal(0.0f, 0.01f);
+    for (float& v : dw0) v = RoundToBf16(normal(rng));
+    int64_t valid = 0, strips = 0;
+    for (const auto& y : pr.y) {
+      for (int32_t t : y) valid += t != kIgnoreIndex;
+    }
+    for (int64_t p = 0; p < pr.P; ++p) {
+      strips += (VocabShardBegin(pr.V, pr.P, p + 1) - VocabShardBegin(pr.V, pr.P, p) + strip - 1) / strip;
+    }
+    ASSERT_LT(valid, pr.P * pr.N) << "ignored tokens";
+    const float scale = static_cast<float>(1.0 / static_cast<double>(valid));  // as the caller passes it
+    // The exact loss and its bound; the stored-logit loss and its bound;
+    // the dX / dW reference and their terms.
+    double loss = 0, loss_bound = 0, stored_loss = 0, stored_bound = 0;
+    std::vector<double> dw(dw0.begin(), dw0.end()), dw_abs(pr.V * pr.H);
+    for (size_t i = 0; i < dw0.size(); ++i) dw_abs[i] = std::abs(dw0[i]);
+    std::vector<std::vector<double>> dx(pr.P, std::vector<double>(pr.N * pr.H, 0.0)), dx_abs = dx;
+    for (int64_t p = 0; p < pr.P; ++p) {
+      for (int64_t i = 0; i < pr.N; ++i) {
+        const int32_t y = pr.y[p][i];
+        if (y == kIgnoreIndex) continue;
+        std::vector<double> z(pr.V), a(pr.V), lg(pr.V), dev(pr.V);
+        for (int64_t v = 0; v < pr.V; ++v) {
+          double acc = 0, mag = 0;
+          for (int64_t h = 0; h < pr.H; ++h) {
+            acc += double(pr.x[p][i * pr.H + h]) * pr.w[v * pr.H + h];
+            mag += std::abs(double(pr.x[p][i * pr.H + h]) * pr.w[v * pr.H + h]);
+          }
+          z[v] = acc;
+          a[v] = u * std::abs(acc) + (1 + u) * (pr.H + 3) * f * mag;
+          const StoredBf16 stored = StoreBf16(acc, (pr.H + 3) * f * mag);
+          lg[v] = stored.value;
+          dev[v] = stored.dev();
+        }
+        const double zmax = *std::max_element(z.begin(), z.end());
+        double zsum = 0;
+        for (double e : z) zsum += std::exp(e - zmax);
+        const double zlse = zmax + std::log(zsum);
+        // The fp32 online log-sum-exp and the subtraction.
+        auto fp32_lse = [&](double sum, double lse, double t) {
+          return (2 * pr.V + 4 * strips + 8) * f * 1.01 +
+                 f * (std::abs(std::log(sum)) + std::abs(lse) + std::abs(lse - t)) + 1e-12;
+        };
+        loss += (zlse - z[y]) / valid;
+        loss_bound += (*std::max_element(a.begin(), a.end()) + a[y] + fp32_lse(zsum, zlse, z[y])) / valid;
+        // What the schedule rounds: the logits and the deltas.
+        const double mx = *std::max_element(lg.begin(), lg.end());
+        double sum = 0;
+        for (double l : lg) sum += std::exp(l - mx);
+        const double lse = mx + std::log(sum);
+        stored_loss += (lse - lg[y]) / valid;
+        stored_bound += (*std::max_element(dev.begin(), dev.end()) + dev[y] + fp32_lse(sum, lse, lg[y])) / valid;
+        for (int64_t v = 0; v < pr.V; ++v) {
+          const double d = RoundToBf16(static_cast<float>(scale * (std::exp(lg[v] - lse) - (v == y))));
+          for (int64_t h = 0; h < pr.H; ++h) {
+            dx[p][i * pr.H + h] += d * pr.w[v * pr.H + h];
+            dx_abs[p][i * pr.H + h] += std::abs(d * pr.w[v * pr.H + h]);
+            dw[v * pr.H + h] += d * pr.x[p][i * pr.H + h];
+            dw_abs[v * pr.H + h] += std::abs(d * pr.x[p][i * pr.H + h]);
+          }
+        }
+      }
+    }
+    const Got got = RunRingBf16(pr, strip, k.mode, row_tile, k.chunk_rows, &dw0);
+    if (HasFailure()) return;
+    // The worst element of each, relative to its terms' magnitudes.
+    double worst_dw = 0, worst_dx = 0;
+    std::string at_dw, at_dx;
+    for (size_t i = 0; i < dw.size(); ++i) {
+      const double e = std::abs(got.dw[i] - dw[i]) / (dw_abs[i] + 1e-30);
+      if (e > worst_dw) {
+        worst_dw = e;
+        at_dw = absl::StrCat("dw[", i, "] (vocabulary row ", i / pr.H, "): ", got.dw[i], ", reference ", dw[i]);
+      }
+    }
+    for (int64_t p = 0; p < pr.P; ++p) {
+      for (size_t i = 0; i < dx[p].size(); ++i) {
+        const double e = std::abs(got.dx[p][i] - dx[p][i]) / (dx_abs[p][i] + 1e-30);
+        if (e > worst_dx) {
+          worst_dx = e;
+          at_dx = absl::StrCat("dx of rank ", p, " [", i, "] (row ", i / pr.H, "): ", got.dx[p][i], ", reference ",
+                               dx[p][i]);
+        }
+      }
+    }
+    std::cout << "P = " << k.P << ", " << RingDtpModeName(k.mode) << ", chunk_rows " << k.chunk_rows << ": loss "
+              << got.loss << ", exact " << loss << ", |error| " << std::abs(got.loss - loss) << " (bound " << loss_bound
+              << "), stored-logit reference " << stored_loss << ", |error| " << std::abs(got.loss - stored_loss)
+              << " (bound " << stored_bound << "); |error| / sum |terms|: dX " << worst_dx << ", dW " << worst_dw
+              << " (bound " << 2 * u << ")\n";
+    EXPECT_LE(std::abs(got.loss - loss), loss_bound) << "loss " << got.loss << ", exact " << loss;
+    EXPECT_LE(std::abs(got.loss - stored_loss), stored_bound)
+        << "loss " << got.loss << ", with the logits rounded as stored " << stored_loss;
+    EXPECT_NE(got.loss, loss) << "the logits were not rounded to bf16";
+    EXPECT_LE(worst_dw, 2 * u) << at_dw;
+    EXPECT_LE(worst_dx, 2 * u) << at_dx;
+    EXPECT_EQ(got.peak, got.bound);
+    EXPECT_TRUE(SameBits(got, RunRingBf16(pr, strip, k.mode, row_tile, k.chunk_rows, &dw0))) << "run to run";
   }
 }
 

@@ -394,13 +394,7 @@ TEST_P(CudaStepTwinTest, ScoAndOffloadStreamAreBitwiseTheCudaBaseline) {
 // of one step by Bf16UpdateDisagreement: working copies rn(master) bit for
 // bit, and the fp32 masters' moves equal where the gradients agree in sign
 // (a check of the weights' bf16 copies alone passed a missed update).
-int64_t ForwardRoundings(const ModelConfig& m) { return 3 + 10 * m.layers; }
-int64_t GradientRoundings(const ModelConfig& m, int P) {
-  return ForwardRoundings(m) + 3 + m.layers * (17 + P) + 1 + (P - 1);
-}
-double RelativeBound(int64_t roundings) {
-  return std::pow(1.0 + kBf16UnitRoundoff, roundings) - 1.0;
-}
+// ForwardRoundings, GradientRoundings and RelativeBound: step_testing.h.
 
 double Norm(const std::vector<std::vector<float>>& tensors) {
   double sum = 0;

@@ -17,8 +17,14 @@
 //     Ring-DTP's strips), in fp32, the first loss and every gradient to
 //     fp32 rounding (the tolerance the step holds against its double
 //     reference, step_test), later calls being AdamW's amplification of
-//     those roundings, not compared; in bf16 only finite values here (its
-//     rounding bounds per composition are step_bf16_test's);
+//     those roundings, not compared; in bf16, against the same composition
+//     (the same drawn settings) run in fp32, the first loss within the
+//     forward chain's bound and every gradient tensor within the gradient
+//     chain's relative L2 bound (step_testing.h: step_bf16_test's
+//     derivation, with the schedule's roundings), the bf16 baseline
+//     likewise against the fp32 baseline; and every gradient tensor against
+//     the bf16 baseline's within the schedule's own roundings and one
+//     rounding gone the other way (ExpectNearBf16Baseline);
 //   - every live set's measured peak within the plan on every rank, device
 //     and host, through the recomputing backward, the updates and the
 //     validation pass, and the peak of the total within the plan's total;
@@ -30,6 +36,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/budget/budget.h"
+#include "kernels/dispatch/llep_plan.h"
 #include "kernels/model/precision.h"
 #include "kernels/status_macros.h"
 #include "kernels/step/step.h"
@@ -204,7 +212,9 @@ struct Outcome {
   std::vector<MemoryStats> device, host;    // per rank: the largest peaks of the four calls
 };
 
-Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g) {
+// `forward_backward_only`: the ForwardBackward and its gradients alone (the
+// fp32 reference of a bf16 run; no peaks).
+Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g, bool forward_backward_only = false) {
   const ModelConfig& m = o.model;
   const int P = o.layout.ranks;
   Outcome out;
@@ -223,6 +233,13 @@ Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g) 
         PLATEAU_ASSIGN_OR_RETURN(StepStats fb, step->ForwardBackward(tok, tgt));
         calls.push_back(fb);
         PLATEAU_ASSIGN_OR_RETURN(auto grads, step->GatherGrads());
+        if (forward_backward_only) {
+          if (r == 0) {
+            out.losses.push_back(fb.loss);
+            out.grads = std::move(grads);
+          }
+          return absl::OkStatus();
+        }
         for (int k = 0; k < 2; ++k) {
           PLATEAU_ASSIGN_OR_RETURN(StepStats st, step->Step(tok, tgt));
           calls.push_back(st);
@@ -274,6 +291,51 @@ void ExpectRounding(const Outcome& got, const Outcome& want, const std::string& 
   }
 }
 
+// bf16 against fp32, the same composition on the same batch and routing:
+// the first loss (the ForwardBackward's) within the forward chain's bound
+// (1 + 2^-8)^K_f - 1 relative, and each gradient tensor within the
+// gradient chain's relative L2 bound with the schedule's roundings
+// (step_testing.h's GradientChainBound: 45% at P = 2 here). Not
+// step_bf16_test's tighter 16 x 2^-8, a threshold measured on its tiny
+// model: this model's bf16 baseline exceeds it under the learned routing
+// (8.5%, layers.2.moe_norm.weight, at P = 1, 2 and 4; 3.3% at most under
+// the skewed routing, whose ties break the same way in either precision),
+// and so does the double reference with only the weights rounded to bf16
+// (6.1%): tokens whose k-th and (k+1)-th router probabilities are 0.1%
+// apart swap experts. That is the model's sensitivity, not the schedules':
+// ExpectNearBf16Baseline holds them to the bf16 baseline far more tightly.
+void ExpectNearFp32(const Outcome& bf16, const Outcome& fp32, const StepOptions& o, const std::string& what) {
+  ASSERT_FALSE(bf16.losses.empty()) << what;
+  ASSERT_FALSE(fp32.losses.empty()) << what;
+  const double loss_bound = RelativeBound(ForwardRoundings(o.model));
+  const double loss_error = std::abs(bf16.losses[0] - fp32.losses[0]) / fp32.losses[0];
+  std::printf("%s: loss relative error %.2e (bound %.2e)\n", what.c_str(), loss_error, loss_bound);
+  EXPECT_LE(loss_error, loss_bound) << what << ": loss bf16 " << bf16.losses[0] << " fp32 " << fp32.losses[0];
+  const TensorErrors e = ExpectEveryTensorNear(bf16.grads, fp32.grads, o.model, GradientChainBound(o), what);
+  EXPECT_GT(e.worst, 0) << what << ": bf16 gradients equal to fp32's: the step did not compute bf16";
+}
+
+// A bf16 composition against the bf16 baseline, tensor by tensor: the two
+// make the same roundings of the same values (the schedules move rows and
+// reorder fp32 sums), except the roundings the schedule adds
+// (ScheduleGradientRoundings: LLEP's and PipelinedLLEP's helpers), and
+// where a reordered fp32 sum falls on the other side of a rounding
+// boundary, which moves that stored value by one bf16 unit: two roundings'
+// worth. So, in the chain model of step_bf16_test's header, within
+// (1 + u)^(s + 2) - 1 relative L2 (0.78% without helpers, 2.4% with LLEP's
+// at P = 4); the observed worst is 0.43% (layers.2.attn.wk, Ring-DTP at
+// P = 4). The first loss likewise within (1 + u)^2 - 1 (the schedules add
+// no rounding to the forward). A helper's gradient added with the wrong
+// sign or dropped, a strip or a chunk left out, is tens of percent of its
+// tensor.
+void ExpectNearBf16Baseline(const Outcome& got, const Outcome& base, const StepOptions& o, const std::string& what) {
+  ASSERT_FALSE(got.losses.empty()) << what;
+  EXPECT_LE(std::abs(got.losses[0] - base.losses[0]), RelativeBound(2) * base.losses[0])
+      << what << ": loss " << got.losses[0] << ", the bf16 baseline's " << base.losses[0];
+  ExpectEveryTensorNear(got.grads, base.grads, o.model, RelativeBound(ScheduleGradientRoundings(o) + 2),
+                        what + " against the bf16 baseline");
+}
+
 // Within the plan, and at it: every live set but a data-dependent dispatch
 // (standard EP's and LLEP's, sized by the routes) is sized at launch, so its
 // peak is the plan's bytes exactly, on the device and the host, on every
@@ -306,6 +368,12 @@ TEST_P(StepComposition, EveryCompositionIsTheBaselineWithinItsPlan) {
   const Outcome base = RunComposition(base_options, skewed, g);
   ASSERT_EQ(base.losses.size(), 4u);
   ExpectWithinPlan(base, base_options, "baseline");
+  // The same options in fp32 (a bf16 run's reference).
+  auto in_fp32 = [&](StepOptions o) {
+    o.precision = Precision::kFp32;
+    return RunComposition(o, skewed, g, /*forward_backward_only=*/true);
+  };
+  if (bf16) ExpectNearFp32(base, in_fp32(base_options), base_options, skewed ? "baseline skewed" : "baseline learned");
   // One stream of draws per parameter, so that each case's settings do not
   // depend on which other cases run.
   std::mt19937_64 rng(1000 * P + (skewed ? 1 : 0) + (bf16 ? 2 : 0));
@@ -322,9 +390,10 @@ TEST_P(StepComposition, EveryCompositionIsTheBaselineWithinItsPlan) {
       ExpectRounding(got, base, what);
       ++rounded;
     } else {
-      // bf16 rounding of reordered sums is step_bf16_test's (a bound per
-      // composition against fp32); here the values must only be finite.
-      for (double loss : got.losses) EXPECT_TRUE(std::isfinite(loss)) << what;
+      // The same drawn settings in fp32 (an exact composition is the bf16
+      // baseline's bits, compared with fp32 above), and the bf16 baseline.
+      ExpectNearFp32(got, in_fp32(o), o, what);
+      ExpectNearBf16Baseline(got, base, o, what);
       ++rounded;
     }
     ExpectWithinPlan(got, o, what);
@@ -349,6 +418,13 @@ TEST(StepCompositionTest, AllOnIsTheSameBitsRunToRun) {
   std::mt19937_64 rng(77);
   for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
     const StepOptions o = Draw({DispatchKind::kPipelinedLlep, true, true, true}, 2, precision, rng);
+    if (precision == Precision::kBf16Mixed) {
+      // K > 1 chunks: the expert gradients' fp32 accumulators, summed over
+      // the chunks and rounded once, are in what must repeat.
+      ASSERT_TRUE(
+          PipelinedLlepAccumulatesInFp32(TokensPerRank(o.model, o.layout), o.dispatch.pipelined, kBf16MixedElements))
+          << Describe(o) << ": one chunk";
+    }
     const Outcome a = RunComposition(o, /*skewed=*/true, g);
     const Outcome b = RunComposition(o, /*skewed=*/true, g);
     ASSERT_EQ(a.losses.size(), 4u);

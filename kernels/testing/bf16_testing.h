@@ -3,6 +3,8 @@
 #ifndef PLATEAU_KERNELS_TESTING_BF16_TESTING_H_
 #define PLATEAU_KERNELS_TESTING_BF16_TESTING_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -50,6 +52,26 @@ inline std::vector<uint16_t> Bits(const std::vector<Bf16>& v) {
 }
 
 inline std::vector<uint16_t> RoundedBits(const std::vector<float>& v) { return Bits(Rounded(v)); }
+
+// A value a kernel computes in fp32 and stores to bf16, as a double
+// reference sees it. The reference computes z exactly (in double) from its
+// own inputs; the kernel's fp32 value z' is within `err` of z (the op's
+// fp32 error bound plus what its inputs may differ by from the
+// reference's); the store rounds to nearest (to fp32, then to bf16: each
+// monotone), so the stored value lies in [rn(z - err), rn(z + err)].
+// `value` = rn(z) is the reference's own store; dev() the most the
+// kernel's can differ from it: 0 unless a rounding boundary lies within
+// err of z, else one bf16 unit or so.
+struct StoredBf16 {
+  double value = 0, lo = 0, hi = 0;
+  double dev() const { return std::max(value - lo, hi - value); }
+  bool Holds(double got) const { return lo <= got && got <= hi; }
+};
+inline double RoundDoubleToBf16(double z) { return RoundToBf16(static_cast<float>(z)); }
+inline StoredBf16 StoreBf16(double z, double err) {
+  const double e = err * (1 + 1e-9) + 1e-15 * std::abs(z);  // and z - e, z + e's own double roundings
+  return {RoundDoubleToBf16(z), RoundDoubleToBf16(z - e), RoundDoubleToBf16(z + e)};
+}
 
 }  // namespace plateau
 
