@@ -55,6 +55,15 @@ ParamLayout LayoutOf(const StepOptions& o) { return ParamLayout(o.model, o.layou
 
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o) { return StepLaunchBuffers(o, LayoutOf(o)); }
 
+int64_t GradReduceStagingIndex(const std::vector<StepBufferSpec>& buffers) {
+  int64_t best = -1;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].set != LiveSet::kActivations || buffers[i].space != SpaceKind::kDevice) continue;
+    if (best < 0 || buffers[i].bytes > buffers[best].bytes) best = static_cast<int64_t>(i);
+  }
+  return best;
+}
+
 int64_t StreamStateHostBytes(const StepOptions& o, const ParamLayout& p, bool with_sink) {
   const int64_t S = p.shard_numel(), X = p.owned_numel_per_rank(), f = sizeof(float);
   const bool bf16 = o.precision == Precision::kBf16Mixed;

@@ -78,6 +78,11 @@ struct StepBufferSpec {
 };
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options);
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options, const ParamLayout& layout);
+// The entry of a StepLaunchBuffers list that the bf16 step lends its ZeRO
+// gradient reduce as staging (kernels/step/grad_reduce.h; dead by then: the
+// step's Allocate says why): the first largest device kActivations buffer
+// (the fewest chunks). -1 when the list has none.
+int64_t GradReduceStagingIndex(const std::vector<StepBufferSpec>& buffers);
 
 // Where the parameters live under these options: the lm_head is
 // vocabulary-sharded (owned by its shard's rank) under Ring-DTP, in the

@@ -462,35 +462,19 @@ std::string Bf16UpdateDisagreement(const StepResult& got, const StepResult& want
 }
 
 // Whether two bf16 steps' gradients agree tensor by tensor ("" when they
-// do, else a line per tensor that does not): each side lies within
-// step_bf16_test's per-tensor bound of the fp32 gradient (relative L2
-// error, min(RelativeBound(K_g), 16 units): EveryGradientTensorNearFp32),
-// so the two within twice that of each other. The losses and the global
-// norm cannot see a tensor of the wrong sign or a dropped contribution to
-// a small tensor (the router, a norm); this does (a sign flip is a
-// relative error of 2).
-std::string Bf16GradientDisagreement(const StepResult& got, const StepResult& want, const ModelConfig& m, int P) {
-  const double bound = 2 * std::min(RelativeBound(GradientRoundings(m, P)), 16 * kBf16UnitRoundoff);
-  const std::vector<WeightSpec> specs = ModelWeights(m);
-  if (got.grads.size() != specs.size() || want.grads.size() != specs.size()) return "a result lacks tensors";
-  std::string out;
-  for (size_t t = 0; t < specs.size(); ++t) {
-    if (got.grads[t].size() != want.grads[t].size()) {
-      absl::StrAppend(&out, specs[t].name, ": sizes differ\n");
-      continue;
-    }
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < want.grads[t].size(); ++i) {
-      const double d = double{got.grads[t][i]} - double{want.grads[t][i]};
-      diff += d * d;
-      ref += double{want.grads[t][i]} * want.grads[t][i];
-    }
-    if (!(diff <= bound * bound * ref)) {
-      absl::StrAppend(&out, specs[t].name, ": relative L2 difference ", ref > 0 ? std::sqrt(diff / ref) : diff,
-                      " above ", bound, "\n");
-    }
-  }
-  return out;
+// do, else a line per tensor that does not): each side lies within the
+// derived chain bound of the fp32 gradient (step_testing.h
+// GradientChainBound, with the schedule's roundings), so the two within
+// twice that of each other. Loose (57% for TinyModel at P = 2), and first
+// order like the chain model (a token whose k-th and (k+1)-th router
+// probabilities nearly tie may pick another expert on one side), but the
+// losses and the global norm cannot see a tensor of the wrong sign (a
+// relative error of 2; the norm is unchanged) or one left out (1); this
+// does. (step_bf16_test's tighter 16 units per tensor is a CPU measurement,
+// not carried to a GPU here.)
+std::string Bf16GradientDisagreement(const StepResult& got, const StepResult& want, const ModelConfig& m,
+                                     const StepOptions& o) {
+  return CompareEveryTensor(got.grads, want.grads, m, 2 * GradientChainBound(o)).outside;
 }
 
 TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
@@ -518,7 +502,8 @@ TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
   EXPECT_NEAR(gpu.loss, cpu.loss, loss_bound * std::abs(cpu.loss));
   EXPECT_NEAR(gpu.step_loss, cpu.step_loss, loss_bound * std::abs(cpu.step_loss));
   EXPECT_NEAR(Norm(gpu.grads), Norm(cpu.grads), norm_bound * Norm(cpu.grads));
-  EXPECT_EQ(Bf16GradientDisagreement(gpu, cpu, m, P), "") << "cuda against cpu";
+  EXPECT_EQ(Bf16GradientDisagreement(gpu, cpu, m, TwinOptions(m, P, B, Precision::kBf16Mixed, {})), "")
+      << "cuda against cpu";
   EXPECT_EQ(Bf16UpdateDisagreement(gpu, cpu, m), "") << "cuda against cpu";
 }
 
@@ -548,7 +533,7 @@ TEST_P(CudaStepTwinTest, EverySchedulesStepMatchesCpuBackendWithinItsPlan) {
           // Bf16StepMatchesCpuEmulation's checks, schedule by schedule.
           const double loss_bound = 2 * RelativeBound(ForwardRoundings(m));
           EXPECT_NEAR(gpu.loss, cpu.loss, loss_bound * std::abs(cpu.loss)) << what;
-          EXPECT_EQ(Bf16GradientDisagreement(gpu, cpu, m, P), "") << what;
+          EXPECT_EQ(Bf16GradientDisagreement(gpu, cpu, m, TwinOptions(m, P, B, precision, s.customize)), "") << what;
           EXPECT_EQ(Bf16UpdateDisagreement(gpu, cpu, m), "") << what;
         } else {
           ExpectFp32Twins(gpu, cpu, m, what);
@@ -594,22 +579,22 @@ TEST(Bf16UpdateCheck, PassesTwinsAndCatchesAStaleOrWrongUpdate) {
   }
   EXPECT_THAT(Bf16UpdateDisagreement(unrefreshed, one, m), ::testing::HasSubstr("not their master rounded once"));
   // The gradients, tensor by tensor: P = 2 passes against P = 1; one small
-  // tensor of the wrong sign, or missing half its contribution, does not
-  // (the loss and the global norm cannot tell: the norm is unchanged by
-  // the flip).
-  EXPECT_EQ(Bf16GradientDisagreement(two, one, m, 2), "") << "P = 2 against P = 1";
+  // tensor of the wrong sign, or left out, does not (the loss and the
+  // global norm cannot tell the flip: the norm is unchanged).
+  const StepOptions o2 = TwinOptions(m, 2, 2, Precision::kBf16Mixed, {});
+  EXPECT_EQ(Bf16GradientDisagreement(two, one, m, o2), "") << "P = 2 against P = 1";
   const std::vector<WeightSpec> specs = ModelWeights(m);
   size_t router = specs.size();
   for (size_t t = 0; t < specs.size(); ++t) {
     if (specs[t].name.find("router") != std::string::npos) router = t;
   }
   ASSERT_LT(router, specs.size()) << "no router tensor in ModelWeights";
-  StepResult flipped = two, halved = two;
+  StepResult flipped = two, dropped = two;
   for (float& x : flipped.grads[router]) x = -x;
-  for (float& x : halved.grads[router]) x *= 0.5f;
+  for (float& x : dropped.grads[router]) x = 0.0f;
   EXPECT_NEAR(Norm(flipped.grads), Norm(two.grads), 1e-6 * Norm(two.grads));
-  EXPECT_THAT(Bf16GradientDisagreement(flipped, one, m, 2), ::testing::HasSubstr(specs[router].name));
-  EXPECT_THAT(Bf16GradientDisagreement(halved, one, m, 2), ::testing::HasSubstr(specs[router].name));
+  EXPECT_THAT(Bf16GradientDisagreement(flipped, one, m, o2), ::testing::HasSubstr(specs[router].name));
+  EXPECT_THAT(Bf16GradientDisagreement(dropped, one, m, o2), ::testing::HasSubstr(specs[router].name));
 }
 
 // StepOptions::attention_wgmma = false (the job's

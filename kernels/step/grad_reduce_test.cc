@@ -24,6 +24,7 @@
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/communicator.h"
+#include "kernels/testing/bf16_testing.h"
 #include "kernels/testing/counting_communicator.h"
 #include "kernels/testing/local_world.h"
 
@@ -31,12 +32,6 @@ namespace plateau {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<uint16_t> Bits(const std::vector<Bf16>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
 
 // Rank r's dense gradient [P * S]. Alike: every rank's element i has the
 // same sign and exponent (the gradient of one parameter over each rank's

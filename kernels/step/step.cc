@@ -243,11 +243,8 @@ absl::Status TrainingStep::Allocate() {
     // N hidden / P, and bf16 takes hidden >= experts >= ranks
     // (CheckBf16Schedules; experts % ranks == 0). Checked here all the same,
     // so that a shape that breaks it is refused at Create, not mid-step.
-    for (size_t i = 0; i < specs.size(); ++i) {
-      if (specs[i].set != LiveSet::kActivations || specs[i].space != SpaceKind::kDevice) continue;
-      Buffer& b = I.*(members[i].member);
-      if (I.reduce_staging == nullptr || b.bytes() > I.reduce_staging->bytes()) I.reduce_staging = &b;
-    }
+    const int64_t lent = GradReduceStagingIndex(specs);
+    if (lent >= 0) I.reduce_staging = &(I.*(members[lent].member));
     const int64_t staging = I.reduce_staging == nullptr ? 0 : static_cast<int64_t>(I.reduce_staging->bytes());
     if (world_.size() > 1 && GradReduceBf16::ChunkElements(world_.size(), staging) < 1) {
       return absl::FailedPreconditionError(absl::StrCat("grad_reduce: the largest activation buffer (", staging,

@@ -27,12 +27,13 @@
 //     layer the gated rows sent (1), d act and dWd (1), d gate / d up (1),
 //     dx in two GEMMs (2), the combine into du (1), du += the router's
 //     term (1; its d logits rounded to bf16: 1), RMSNorm's dx (1),
-//     dh1 (1), dO (1), dq once per ring hop (P), inverse rope (1), da in
-//     three GEMMs (3), RMSNorm's dx (1), dh (1): 17 + P; the weight
+//     dh1 (1), dO (1), dq (1: summed in fp32 over the ring's hops and
+//     rounded once; it rounded once per hop, P, until session 34), inverse
+//     rope (1), da in three GEMMs (3), RMSNorm's dx (1), dh (1): 18; the weight
 //     gradient's own GEMM or sum (1); the sum over the ranks, in fp32 and
 //     rounded once (grad_reduce.h; none at P = 1; the bf16 ring
 //     reduce-scatter it replaced rounded once per hop, P - 1).
-//       K_g = K_f + 3 + L (17 + P) + 1 + min(1, P - 1)
+//       K_g = K_f + 3 + 18 L + 1 + min(1, P - 1)
 // Ring-DTP adds none and PipelinedLLEP (K > 1 chunks) one: Ring-DTP's
 // dX / dW and an expert's weight gradient over its chunks sum in fp32 and
 // round once, as the dense projection's and standard EP's GEMMs do (each
@@ -384,10 +385,10 @@ TEST(StepBf16, GradientReduceIsTheFp32SumNotTheBf16Ring) {
   for (int P : {2, 4}) {
     SCOPED_TRACE(absl::StrCat("P = ", P));
     const StepOptions o = Options(m, P, B, Precision::kBf16Mixed);
-    int64_t staging = 0;
-    for (const StepBufferSpec& b : StepLaunchBuffers(o)) {
-      if (b.set == LiveSet::kActivations && b.space == SpaceKind::kDevice) staging = std::max(staging, b.bytes);
-    }
+    const std::vector<StepBufferSpec> buffers = StepLaunchBuffers(o);
+    const int64_t lent = GradReduceStagingIndex(buffers);
+    ASSERT_GE(lent, 0);
+    const int64_t staging = buffers[lent].bytes;
     const int64_t S = LayoutOf(o).shard_numel(), c = GradReduceBf16::ChunkElements(P, staging);
     ASSERT_GE(c, 1);
     CountingCommunicator::Counts f32 = PassCollectives(Options(m, P, B, Precision::kFp32), g);

@@ -320,14 +320,21 @@ void ExpectNearFp32(const Outcome& bf16, const Outcome& fp32, const StepOptions&
 // reorder fp32 sums), except the roundings the schedule adds
 // (ScheduleGradientRoundings: LLEP's and PipelinedLLEP's helpers), and
 // where a reordered fp32 sum falls on the other side of a rounding
-// boundary, which moves that stored value by one bf16 unit: two roundings'
-// worth. So, in the chain model of step_bf16_test's header, within
+// boundary, which moves that stored value by one bf16 unit. This is a
+// regression threshold, not a derived bound: such a flip changes what
+// every later rounding of the backward sees, so a derived bound grows with
+// the chain (K_g, as the comparison against fp32 above uses). The threshold
+// counts the local difference only, as if nothing propagated:
 // (1 + u)^(s + 2) - 1 relative L2 (0.78% without helpers, 2.4% with LLEP's
-// at P = 4); the observed worst is 0.43% (layers.2.attn.wk, Ring-DTP at
-// P = 4). The first loss likewise within (1 + u)^2 - 1 (the schedules add
-// no rounding to the forward). A helper's gradient added with the wrong
-// sign or dropped, a strip or a chunk left out, is tens of percent of its
-// tensor.
+// at P = 4), against an observed worst of 0.43% (layers.2.attn.wk,
+// Ring-DTP at P = 4): under 2x of margin. A change that trips it may be a
+// benign reordering: check it against fp32 (the derived bound) before
+// calling it a defect. It is here because the derived bound cannot see
+// what this does: a helper's gradient added with the wrong sign or
+// dropped, a strip or a chunk left out, tens of percent of its tensor
+// (0.23-0.64 against 0.0078 for a dropped dW strip). The first loss
+// likewise within (1 + u)^2 - 1 (the schedules add no rounding to the
+// forward).
 void ExpectNearBf16Baseline(const Outcome& got, const Outcome& base, const StepOptions& o, const std::string& what) {
   ASSERT_FALSE(got.losses.empty()) << what;
   EXPECT_LE(std::abs(got.losses[0] - base.losses[0]), RelativeBound(2) * base.losses[0])
