@@ -630,6 +630,8 @@ absl::Status Coordinator::Health() {
 // JobService
 
 absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobRequest& request) {
+  // What a submit of the spec would answer: the rules for new jobs too.
+  PLATEAU_RETURN_IF_ERROR(ValidateNewJobSpec(request.spec()));
   std::vector<WorkerSlots> workers;
   {
     absl::MutexLock lock(&mu_);
@@ -655,6 +657,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     PLATEAU_ASSIGN_OR_RETURN(std::optional<v1::SubmitJobResponse> again, Resubmitted(request));
     if (again.has_value()) return *std::move(again);
   }
+  // The rules for new jobs only (worker/job_spec.h): a job stored before
+  // one was tightened is placed and run without them, and its retry is
+  // answered above.
+  PLATEAU_RETURN_IF_ERROR(ValidateNewJobSpec(request.spec()));
   // The `auto` settings are chosen here, once, and kept in the job's plan:
   // every attempt's ranks run these values (AssignmentFor).
   std::vector<WorkerSlots> workers;

@@ -151,7 +151,9 @@ class Coordinator {
   // --- JobService
   // `caller` (server/security.h CallerOf) is recorded as the job's
   // submitted_by or cancelled_by and in the coordinator's log; "" from
-  // callers inside the process (tests).
+  // callers inside the process (tests). SubmitJob and PlanJob hold a spec
+  // to the rules for new jobs (worker/job_spec.h ValidateNewJobSpec) too;
+  // placing, restarting and running a stored job do not.
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // `still_wanted` is asked between the reads of a label_selector's scan.
