@@ -164,9 +164,10 @@ grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext&
 }
 
 // Whether the caller still waits for the answer, for a handler that works
-// in parts (a ListJobs scan, a DeleteJob): DEADLINE_EXCEEDED once its
-// deadline has passed, CANCELLED once it cancelled or went away. A
-// ListJobs scan ran on after its client gave up, for no one.
+// in parts for its caller alone (a ListJobs scan): DEADLINE_EXCEEDED once
+// its deadline has passed, CANCELLED once it cancelled or went away. A
+// ListJobs scan ran on after its client gave up, for no one. A DeleteJob
+// is not asked: it is wanted work whoever waits (coordinator.h).
 StillWanted CallerWaits(const grpc::ServerContext& ctx) {
   return [&ctx]() -> absl::Status {
     // The deadline first: gRPC cancels a call whose deadline passed too.
@@ -224,7 +225,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::Lis
 grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                                        v1::DeleteJobResponse*) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx), CallerWaits(*ctx)));
+  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx)));
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,

@@ -280,11 +280,13 @@ TEST_F(ServicesTest, AListJobsScanWithinItsDeadlineAnswersItsPage) {
   EXPECT_EQ(resp.jobs(resp.jobs_size() - 1).id(), last);
 }
 
-// A DeleteJob of a job of more rows than one part (kSweepRowsPerTick)
-// whose caller's deadline passes during its first part stops before the
-// second: the job reads as swept (marked first), and a DeleteJob again
-// finishes it.
-TEST_F(ServicesTest, ADeleteInPartsStopsOnceItsCallersDeadlinePassedAndADeleteAgainFinishes) {
+// A DeleteJob is wanted work, whoever waits for it: one of a job of more
+// rows than one part (kSweepRowsPerTick) whose caller's deadline passes
+// during its first part (plateauctl's 10 s on a large job) goes on through
+// every part, the lock free between them, and answers OK (to no one). It
+// stopped there, leaving the job half-deleted and the client saying it
+// could not reach the coordinator.
+TEST_F(ServicesTest, ADeleteInPartsRunsToItsEndThoughItsCallersDeadlinePassed) {
   const std::string job = FinishedJob("many-rows");
   std::vector<JobRankStep> many(45000);  // three parts
   for (int i = 0; i < 45000; ++i) {
@@ -312,22 +314,10 @@ TEST_F(ServicesTest, ADeleteInPartsStopsOnceItsCallersDeadlinePassedAndADeleteAg
   client_gave_up.Notify();
   // The handler's answer, once it has left.
   Await([&] { return !answers_.Of("DeleteJob").empty(); });
-  std::vector<grpc::Status> answered = answers_.Of("DeleteJob");
+  const std::vector<grpc::Status> answered = answers_.Of("DeleteJob");
   ASSERT_EQ(answered.size(), 1u);
-  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
-  EXPECT_THAT(answered[0].error_message(), HasSubstr("delete it again to finish"));
-  EXPECT_EQ(parts.load(), 1);
-  absl::StatusOr<v1::Job> left = store_->GetJob(job);
-  ASSERT_TRUE(left.ok()) << left.status();
-  EXPECT_TRUE(left->has_events_deleted_time());
-
-  grpc::ClientContext again;
-  again.set_deadline(In(absl::Seconds(60)));
-  v1::DeleteJobRequest req;
-  req.set_job_id(job);
-  v1::DeleteJobResponse resp;
-  const grpc::Status s = stub_->DeleteJob(&again, req, &resp);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(answered[0].ok()) << answered[0].error_code() << " " << answered[0].error_message();
+  EXPECT_EQ(parts.load(), 3);
   EXPECT_EQ(store_->GetJob(job).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_->ReadRankSteps(job, 0, 0, INT64_MAX)->empty());
 }
