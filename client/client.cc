@@ -269,6 +269,9 @@ absl::Status Client::WatchJob(const std::string& id, int64_t from,
         req.set_job_id(id);
         req.set_from_index(at);
         req.set_per_rank(per_rank);
+        // Skipped below (IsHeartbeat); they keep a proxy from cutting a
+        // quiet watch.
+        req.set_heartbeats(true);
         return stub_->WatchJob(ctx, req);
       },
       on_event, [this](const grpc::Status& s) { return Convert(s); });

@@ -240,14 +240,19 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   const bool per_rank = req->per_rank();
   // Indexed as the last event sent: a client resuming from the index it
   // read last + 1 resumes where it should (job.proto WatchHeartbeat).
-  const auto heartbeat = [&id](int64_t from) {
-    v1::JobEvent beat;
-    beat.set_job_id(id);
-    beat.set_index(from - 1);
-    Now(beat.mutable_time());
-    beat.mutable_heartbeat();
-    return beat;
-  };
+  // Only for a watch that asks: one built before them shows each as an
+  // event (plateauctl's --output json did).
+  std::function<v1::JobEvent(int64_t)> heartbeat;
+  if (req->heartbeats()) {
+    heartbeat = [&id](int64_t from) {
+      v1::JobEvent beat;
+      beat.set_job_id(id);
+      beat.set_index(from - 1);
+      Now(beat.mutable_time());
+      beat.mutable_heartbeat();
+      return beat;
+    };
+  }
   return StreamRows<v1::JobEvent>(
       c_, ctx, id, req->from_index(), /*follow=*/true, writer,
       [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); },

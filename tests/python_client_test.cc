@@ -324,9 +324,11 @@ class ScriptedService final : public v1::JobService::Service {
   grpc::Status watch_end = grpc::Status::OK;              // not OK: the watch ends so after step 3
   bool wait_for_cancel = false;
   // A heartbeat (JobEvent.heartbeat, indexed as the last event sent) before
-  // every event, and the first watch broken (UNAVAILABLE) after step 2's.
+  // every event, and the first watch broken (UNAVAILABLE) after step 2's;
+  // as the coordinator, only to a watch that asks (WatchJobRequest.heartbeats).
   bool heartbeats = false;
   std::vector<int64_t> watch_froms;  // of every watch
+  std::vector<bool> watch_asked_heartbeats;  // of every watch
   std::vector<absl::Time> watch_times;
   std::deque<grpc::Status> watch_refusals;  // answered first to watches, in order, before any event
   std::vector<std::string> request_ids;  // of every submit
@@ -376,6 +378,7 @@ class ScriptedService final : public v1::JobService::Service {
     {
       std::lock_guard<std::mutex> l(mu);
       watch_froms.push_back(req->from_index());
+      watch_asked_heartbeats.push_back(req->heartbeats());
       watch_times.push_back(absl::Now());
       if (!watch_refusals.empty()) {
         grpc::Status s = watch_refusals.front();
@@ -384,10 +387,11 @@ class ScriptedService final : public v1::JobService::Service {
       }
       watches = watch_froms.size();
     }
+    const bool beats = heartbeats && req->heartbeats();
     int64_t last = req->from_index() - 1;  // what a heartbeat is indexed as
     auto send = [&](int64_t index, const std::function<void(v1::JobEvent*)>& fill) {
       if (index < req->from_index()) return true;
-      if (heartbeats) {
+      if (beats) {
         v1::JobEvent beat;
         beat.set_job_id("job-1");
         beat.set_index(last);
@@ -411,7 +415,7 @@ class ScriptedService final : public v1::JobService::Service {
           })) {
         return grpc::Status::CANCELLED;
       }
-      if (heartbeats && watches == 1 && step == 2) {
+      if (beats && watches == 1 && step == 2) {
         v1::JobEvent beat;
         beat.set_job_id("job-1");
         beat.set_index(last);
@@ -602,10 +606,10 @@ TEST_F(PythonClientFailureTest, AWatchEndedByNotFoundIsNotUnreachable) {
   EXPECT_THAT(r.out, HasSubstr("job-1 job job-1's events from index 4 were removed"));
 }
 
-// A watch's heartbeats (JobEvent.heartbeat) print nothing and count as no
-// event: every step and state once, and a stream broken after a heartbeat
-// resumes from the event after the last real one (3), not from the
-// heartbeat's.
+// The example asks for heartbeats (WatchJobRequest.heartbeats), and they
+// print nothing and count as no event: every step and state once, and a
+// stream broken after a heartbeat resumes from the event after the last
+// real one (3), not from the heartbeat's.
 TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
   ScriptedCoordinator at;
   ASSERT_FALSE(at.address().empty());
@@ -613,6 +617,7 @@ TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
   Ran r = Run(at, "heartbeats");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(at.service().watch_froms, (std::vector<int64_t>{0, 3})) << r.out;
+  EXPECT_EQ(at.service().watch_asked_heartbeats, (std::vector<bool>{true, true})) << r.out;
   EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
   EXPECT_EQ(PrintedStates(r.out, "job-1"), (std::vector<std::string>{"RUNNING", "SUCCEEDED"})) << r.out;
   EXPECT_THAT(r.out, HasSubstr("resuming from event 3\n"));

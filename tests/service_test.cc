@@ -1499,6 +1499,7 @@ TEST(ServiceTest, AQuietWatchesHeartbeatsAreSkippedByPlateauctlAndTheClient) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::WatchJobRequest req;
   req.set_job_id(id);
+  req.set_heartbeats(true);  // as plateauctl and Client::WatchJob ask
   auto raw = stub->WatchJob(&ctx, req);
   int beats = 0;
   v1::JobEvent e;
