@@ -33,14 +33,19 @@ struct WatchAnswer {
   grpc::Status end = grpc::Status::OK;
 };
 
-// A JobService whose WatchJob answers from a script; once the script is
-// out, every call gets `then`.
+// A JobService whose WatchJob answers from a script: `answers` in order,
+// then `then` to every call; or, with By, what a function of the time
+// since the first call says.
 class ScriptedJobs final : public v1::JobService::Service {
  public:
   void Script(std::deque<WatchAnswer> answers, WatchAnswer then) {
     absl::MutexLock lock(&mu_);
     answers_ = std::move(answers);
     then_ = std::move(then);
+  }
+  void By(std::function<WatchAnswer(absl::Duration since_first)> answer) {
+    absl::MutexLock lock(&mu_);
+    by_ = std::move(answer);
   }
   // The request and the time of each WatchJob call.
   std::vector<v1::WatchJobRequest> Requests() {
@@ -59,7 +64,9 @@ class ScriptedJobs final : public v1::JobService::Service {
       absl::MutexLock lock(&mu_);
       requests_.push_back(*req);
       times_.push_back(absl::Now());
-      if (answers_.empty()) {
+      if (by_) {
+        a = by_(times_.back() - times_.front());
+      } else if (answers_.empty()) {
         a = then_;
       } else {
         a = std::move(answers_.front());
@@ -79,6 +86,7 @@ class ScriptedJobs final : public v1::JobService::Service {
   absl::Mutex mu_;
   std::deque<WatchAnswer> answers_ ABSL_GUARDED_BY(mu_);
   WatchAnswer then_ ABSL_GUARDED_BY(mu_);
+  std::function<WatchAnswer(absl::Duration)> by_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::WatchJobRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
 };
@@ -141,6 +149,56 @@ TEST_F(ClientTest, AWatchAsksForHeartbeatsAndSkipsThem) {
   const std::vector<v1::WatchJobRequest> asked = jobs_.Requests();
   ASSERT_EQ(asked.size(), 1u);
   EXPECT_TRUE(asked[0].heartbeats()) << asked[0].DebugString();
+}
+
+// A watch that never got in (its first try refused for the coordinator's
+// watch limit, RESOURCE_EXHAUSTED) meets the coordinator going away on a
+// retry (UNAVAILABLE: a restart). It was refused, so the coordinator was
+// reached: it keeps retrying for the reconnect window (here 20 s) from
+// that refusal, and gets in once the coordinator is back (4 s). It took a
+// never-connected watch's 3 s then, and failed UNAVAILABLE (plateauctl's
+// exit 4) while the coordinator restarted.
+TEST_F(ClientTest, AWatchRefusedThenBrokenRetriesForTheReconnectWindow) {
+  jobs_.By([](absl::Duration since_first) {
+    WatchAnswer a;
+    if (since_first == absl::ZeroDuration()) {
+      a.end = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                           "too many open watches from 127.0.0.1: 1 of at most 1 (the coordinator's "
+                           "--max_watches_per_client) are open; retry with backoff");
+    } else if (since_first < absl::Seconds(4)) {
+      a.end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down");
+    } else {
+      a.open = true;
+      a.rows = {State(0, v1::CANCELLED)};
+    }
+    return a;
+  });
+  ClientOptions o;
+  o.connection.address = address_;
+  o.reconnect_for = absl::Seconds(20);
+  absl::Mutex mu;
+  std::vector<absl::Status> notices;
+  o.on_reconnecting = [&](const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    notices.push_back(s);
+  };
+  Client client(o);
+  std::vector<int64_t> seen;
+  const absl::Time start = absl::Now();
+  const absl::Status s = client.WatchJob("job-1", 0, [&](const v1::JobEvent& e) {
+    seen.push_back(e.index());
+    return true;
+  });
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(s.ok()) << s << " after " << took << " and " << jobs_.Times().size() << " tries";
+  EXPECT_THAT(seen, ElementsAre(0));
+  EXPECT_GE(took, absl::Seconds(4));
+  EXPECT_LT(took, absl::Seconds(20));
+  EXPECT_GE(jobs_.Times().size(), 3u);
+  // Said once, for the outage that began with the refusal.
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].code(), absl::StatusCode::kResourceExhausted) << notices[0];
 }
 
 }  // namespace
