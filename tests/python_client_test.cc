@@ -70,6 +70,13 @@ class PythonClientTest : public ::testing::Test {
   }
 };
 
+// How many times `what` occurs in `text`.
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
 // "job-1 step 3/5 loss 2.49... slowest_rank 1" lines: step -> loss.
 std::map<int64_t, double> PrintedSteps(const std::string& out, const std::string& id) {
   std::map<int64_t, double> steps;
@@ -628,9 +635,10 @@ TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
 
 // The coordinator's limit of open watches per host (RESOURCE_EXHAUSTED
 // "too many open watches") refuses a watch for now: it is opened again
-// with backoff, as plateauctl does (security_test), and the job is watched
-// to its end. Refused for the whole --reconnect-for, it is exit 8 ("may
-// succeed later"), as plateauctl's.
+// with backoff, as plateauctl does (security_test), saying so once on
+// stderr (it printed a line on stdout at every try), and the job is
+// watched to its end. Refused for the whole --reconnect-for, it is exit 8
+// ("may succeed later"), as plateauctl's.
 TEST_F(PythonClientFailureTest, AWatchRefusedForTheWatchLimitIsRetriedWithBackoff) {
   const grpc::Status refused(grpc::StatusCode::RESOURCE_EXHAUSTED,
                              "too many open watches from 127.0.0.1: 2 of at most 2 (the coordinator's "
@@ -641,7 +649,9 @@ TEST_F(PythonClientFailureTest, AWatchRefusedForTheWatchLimitIsRetriedWithBackof
   at.service().watch_refusals = {refused, refused};
   Ran r = Run(at, "watch-refused");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("job-1 watch refused for now (RESOURCE_EXHAUSTED too many open watches from "));
+  EXPECT_THAT(r.err, HasSubstr("job-1 watch refused for now (RESOURCE_EXHAUSTED too many open watches from "));
+  EXPECT_EQ(Count(r.err, "watch refused for now"), 1) << "said once, not at every try:\n" << r.err;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("refused"))) << "stdout is the job's events";
   EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
   EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
   const std::vector<absl::Time> times = at.service().watch_times;

@@ -41,7 +41,8 @@ and a cancel that was not answered is sent again, for as long as
 plateauctl's watch does. A watch the coordinator refuses for its limit of
 open watches per client host (RESOURCE_EXHAUSTED, its
 --max_watches_per_client) is opened again the same way: a place frees as
-soon as another watch of this host ends, so the refusal is for now. Retries wait exponentially longer (0.5 s, 1 s, 2 s,
+soon as another watch of this host ends, so the refusal is for now (said once
+per outage, on stderr, as plateauctl says it). Retries wait exponentially longer (0.5 s, 1 s, 2 s,
 ... up to 8 s), each wait a random 50-100% of that, so that the clients of a
 coordinator that restarts do not all come back at the same instant.
 
@@ -351,10 +352,12 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
     stops at each stream the coordinator opens (its initial metadata) or event
     it sends, so a quiet watch of a pending job survives restarts as a busy one
     does. A stream refused for the coordinator's limit of open watches
-    (RESOURCE_EXHAUSTED) is opened again the same way, as plateauctl does. Any
+    (RESOURCE_EXHAUSTED) is opened again the same way, as plateauctl does,
+    saying so once per outage on stderr (stdout is the job's events). Any
     other error (NOT_FOUND: the job was deleted) is raised."""
     next_index, cancel_sent = 0, False
     broken_since, attempt = None, 0  # when the coordinator stopped answering; retries since
+    refusal_said = False  # in this outage
     while True:
         try:
             call = stub.WatchJob(watch_request(job_id, next_index))
@@ -382,7 +385,8 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
             raise RuntimeError("the event stream ended before the job's final state")
         except grpc.RpcError as e:
             now = time.monotonic()
-            broken_since = now if broken_since is None else broken_since
+            if broken_since is None:  # a new outage
+                broken_since, refusal_said = now, False
             # Not DEADLINE_EXCEEDED: the watch has no deadline of its own (a
             # frozen coordinator is found by keepalive, as UNAVAILABLE).
             # RESOURCE_EXHAUSTED: this host has the coordinator's
@@ -401,8 +405,10 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
                 raise
             delay = min(backoff(attempt), left)
             if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                print(f"{job_id} watch refused for now ({e.code().name} {e.details()}); retrying in {delay:.1f} s",
-                      flush=True)
+                if not refusal_said:
+                    print(f"{job_id} watch refused for now ({e.code().name} {e.details()}); retrying with backoff "
+                          f"for up to {reconnect_for:g} s", file=sys.stderr, flush=True)
+                    refusal_said = True
             else:
                 print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}", flush=True)
             time.sleep(delay)
