@@ -200,6 +200,10 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
                           Convert convert) {
   absl::Time broke = absl::InfiniteFuture();
   bool connected = false;
+  // The coordinator refused a try (its watch limit): it was reached, so a
+  // later break (a restart) is a reconnect, as after `connected`, not a
+  // coordinator never reached.
+  bool was_refused = false;
   int refusals = 0;  // in a row, for the backoff
   while (true) {
     grpc::ClientContext ctx;
@@ -231,6 +235,7 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
     // (Its other RESOURCE_EXHAUSTEDs cannot come here: a stream's request
     // is never near --max_request_bytes, and DoesNotFit is a submit's.)
     const bool refused = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    was_refused = was_refused || refused;
     // UNAVAILABLE: the coordinator went away (or says it is shutting down).
     // CANCELLED too, though this client cancels nothing here (its own
     // cancel returned above): a stream opened while the coordinator shuts
@@ -245,9 +250,13 @@ absl::Status ReadResuming(grpc::Channel& channel, int64_t from, absl::Duration r
       // Once per outage, and only once the stream was open (its metadata
       // or rows came) or refused: a coordinator never reached is an error,
       // not a reconnect.
-      if ((connected || refused) && on_reconnecting) on_reconnecting(convert(s));
+      if ((connected || was_refused) && on_reconnecting) on_reconnecting(convert(s));
     }
-    const absl::Duration patience = connected || refused ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));
+    // `broke` dates from the outage's first failure: its patience is the
+    // reconnect window once the coordinator was reached (it answered or
+    // refused), whatever this failure's code.
+    const absl::Duration patience =
+        connected || was_refused ? reconnect_for : std::min(reconnect_for, absl::Seconds(3));
     if (now - broke >= patience) return convert(s);
     if (refused) {
       absl::SleepFor(std::min(Backoff(refusals++), broke + patience - now));
@@ -269,6 +278,9 @@ absl::Status Client::WatchJob(const std::string& id, int64_t from,
         req.set_job_id(id);
         req.set_from_index(at);
         req.set_per_rank(per_rank);
+        // Skipped below (IsHeartbeat); they keep a proxy from cutting a
+        // quiet watch.
+        req.set_heartbeats(true);
         return stub_->WatchJob(ctx, req);
       },
       on_event, [this](const grpc::Status& s) { return Convert(s); });

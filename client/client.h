@@ -65,7 +65,9 @@ class Client {
   // Streams the job's events from `from` until the job's final state (or
   // until on_event returns false). No deadline: a watch lasts the job, and
   // it resumes across a coordinator restart (ClientOptions::reconnect_for).
-  // The stream's heartbeats (JobEvent.heartbeat) are not events: skipped.
+  // It asks for the stream's heartbeats (WatchJobRequest.heartbeats), so
+  // that a proxy that cuts idle streams keeps a quiet watch; they are not
+  // events: skipped.
   // `per_rank`: each step event carries every rank's report
   // (WatchJobRequest.per_rank).
   absl::Status WatchJob(const std::string& id, int64_t from,

@@ -1,6 +1,6 @@
 // plateauctl: the command line of the Plateau service.
 //
-//   plateauctl [--coordinator=HOST:PORT] [--output=text|json]
+//   plateauctl [--coordinator=HOST:PORT] [--output=text|json] [--timeout=SECONDS]
 //       [--token_file=PATH] [--tls_ca_file=PATH [--tls_client_cert_file=PATH --tls_client_key_file=PATH]]
 //       COMMAND ...
 //   plateauctl COMMAND --help
@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -117,6 +118,12 @@ constexpr char kGlobalFlags[] = R"(global flags (before or after the command)
                            (zero values too; int64 as numbers below 2^53, as
                            strings above); errors as {"error":{"code":...,
                            "message":...,"exit_code":N}} on stderr
+  --timeout=SECONDS        how long each call that is not a stream (every
+                           command but watch, logs and submit --wait's
+                           watch) waits for its answer: above 0, at most
+                           3600, default 10; longer for a list --label scan
+                           of a long history (DEADLINE_EXCEEDED) or to see a
+                           large delete answered
   --token_file=PATH        the coordinator's bearer token, sent on every call
                            (default $PLATEAU_TOKEN_FILE)
   --tls_ca_file=PATH       PEM CA of the coordinator's certificate; turns TLS
@@ -259,7 +266,9 @@ const std::vector<CommandHelp>& Commands() {
        "JOB",
        "remove a finished job entirely",
        "Deletes a finished job with its events, logs, memory timelines and metric series. A\n"
-       "job that has not finished is refused (exit 2, FAILED_PRECONDITION): cancel it first.\n",
+       "job that has not finished is refused (exit 2, FAILED_PRECONDITION): cancel it first.\n"
+       "The coordinator deletes a large job in parts and finishes even if plateauctl stops\n"
+       "waiting (--timeout, 10 s): a delete of it meanwhile is ABORTED (exit 8), then NOT_FOUND.\n",
        {}},
   };
   return *commands;
@@ -281,8 +290,8 @@ const FlagHelp* FindFlag(const CommandHelp& c, const std::string& name) {
 }
 
 bool IsGlobalFlag(const std::string& name) {
-  return name == "coordinator" || name == "output" || name == "token_file" || name == "tls_ca_file" ||
-         name == "tls_client_cert_file" || name == "tls_client_key_file";
+  return name == "coordinator" || name == "output" || name == "timeout" || name == "token_file" ||
+         name == "tls_ca_file" || name == "tls_client_cert_file" || name == "tls_client_key_file";
 }
 
 // Where the command is in argv: the first argument that names a command
@@ -309,7 +318,7 @@ int CommandIndex(int argc, char** argv) {
 
 std::string Usage() {
   std::string out =
-      "usage: plateauctl [--coordinator=HOST:PORT] [--output=text|json]\n"
+      "usage: plateauctl [--coordinator=HOST:PORT] [--output=text|json] [--timeout=SECONDS]\n"
       "                  [--token_file=PATH] [--tls_ca_file=PATH [--tls_client_cert_file=PATH "
       "--tls_client_key_file=PATH]]\n"
       "                  COMMAND [ARGS] [FLAGS]\n"
@@ -335,8 +344,8 @@ std::string CommandUsage(const CommandHelp& c) {
     }
   }
   absl::StrAppend(&out,
-                  "\nGlobal flags (--coordinator, --output, --token_file, --tls_ca_file, --tls_client_cert_file, "
-                  "--tls_client_key_file): plateauctl --help.\n\n",
+                  "\nGlobal flags (--coordinator, --output, --timeout, --token_file, --tls_ca_file, "
+                  "--tls_client_cert_file, --tls_client_key_file): plateauctl --help.\n\n",
                   kExitCodes);
   return out;
 }
@@ -345,6 +354,7 @@ struct Options {
   std::string coordinator;
   ConnectionFiles files;  // --token_file, --tls_*_file
   bool json = false;
+  absl::Duration timeout = absl::Seconds(10);  // --timeout: each unary call's deadline
   std::string command;
   std::vector<std::string> args;  // positional
   // Every value of each flag given, in order (a switch has one "" value).
@@ -353,6 +363,8 @@ struct Options {
 
 // --output json makes errors JSON too; set once by main before any error.
 bool json_errors = false;
+// --timeout, for the errors of a call that ran out of it; set once by Run.
+absl::Duration unary_timeout = absl::Seconds(10);
 
 // Prints `s` (text: "plateauctl: CODE: message"; json: ErrorJson) and
 // returns `code`.
@@ -371,11 +383,19 @@ int Fail(const absl::Status& s, int code) {
 
 // An error from the coordinator (or the channel) with its exit code: the
 // command's fault (2) apart from the coordinator's (8), so that a script
-// knows whether running it again can help.
-int Report(const absl::Status& s) {
+// knows whether running it again can help. A unary call that ran out of
+// --timeout (Client::Convert: "cannot reach ...: Deadline Exceeded") says
+// so, then `after_timeout`.
+int Report(const absl::Status& s, absl::string_view after_timeout = "") {
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kCancelled:  // a coordinator stopping cancels the calls in flight
+      if (absl::StrContains(s.message(), ": Deadline Exceeded")) {
+        return Fail(
+            absl::Status(s.code(), absl::StrCat(s.message(), "; no answer within ",
+                                                absl::ToDoubleSeconds(unary_timeout), " s (--timeout)", after_timeout)),
+            kExitUnreachable);
+      }
       return Fail(s, kExitUnreachable);
     case absl::StatusCode::kNotFound:
       return Fail(s, kExitNotFound);
@@ -958,6 +978,8 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
 
 int Run(const Options& given) {
   ClientOptions co;
+  co.timeout = given.timeout;
+  unary_timeout = given.timeout;
   co.connection.address = given.coordinator;
   co.connection.files = given.files;
   co.connection.warn_plaintext_as = "plateauctl";
@@ -1352,7 +1374,10 @@ int Run(const Options& given) {
   }
   if (o.command == "delete") {
     absl::Status s = client.DeleteJob(o.args[0]);
-    if (!s.ok()) return Report(s);
+    if (!s.ok()) {
+      return Report(s, absl::StrCat("; a delete the coordinator received runs on to its end (plateauctl get ",
+                                    o.args[0], ": NOT_FOUND once it is done)"));
+    }
     if (o.json) {
       std::printf("{\"job_id\":\"%s\",\"deleted\":true}\n", o.args[0].c_str());
     } else {
@@ -1478,6 +1503,16 @@ int main(int argc, char** argv) {
     } else if (name == "tls_client_key_file") {
       o.files.tls_client_key_file = value;
       key_flag = true;
+    } else if (name == "timeout") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(value, &seconds) || !std::isfinite(seconds) || seconds <= 0 || seconds > 3600) {
+        if (usage_error.empty()) {
+          usage_error =
+              absl::StrCat("plateauctl: --timeout: expected seconds above 0, at most 3600, got '", value, "'");
+        }
+      } else {
+        o.timeout = absl::Seconds(seconds);
+      }
     } else if (name == "output") {
       if (value != "json" && value != "text" && usage_error.empty()) {
         usage_error = absl::StrCat("plateauctl: --output: expected text or json, got '", value, "'");

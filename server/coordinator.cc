@@ -630,6 +630,8 @@ absl::Status Coordinator::Health() {
 // JobService
 
 absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobRequest& request) {
+  // What a submit of the spec would answer: the rules for new jobs too.
+  PLATEAU_RETURN_IF_ERROR(ValidateNewJobSpec(request.spec()));
   std::vector<WorkerSlots> workers;
   {
     absl::MutexLock lock(&mu_);
@@ -655,6 +657,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     PLATEAU_ASSIGN_OR_RETURN(std::optional<v1::SubmitJobResponse> again, Resubmitted(request));
     if (again.has_value()) return *std::move(again);
   }
+  // The rules for new jobs only (worker/job_spec.h): a job stored before
+  // one was tightened is placed and run without them, and its retry is
+  // answered above.
+  PLATEAU_RETURN_IF_ERROR(ValidateNewJobSpec(request.spec()));
   // The `auto` settings are chosen here, once, and kept in the job's plan:
   // every attempt's ranks run these values (AssignmentFor).
   std::vector<WorkerSlots> workers;
@@ -800,7 +806,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
   return out;
 }
 
-absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& caller, const StillWanted& still_wanted) {
+absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& caller) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::StatusOr<v1::Job> job;
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
@@ -850,7 +856,10 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
   }
   // Its data in parts, each one transaction under the lock, the lock free
   // between them. A finished job gains no data meanwhile (it is marked:
-  // its late log lines are dropped) and the sweep leaves it alone.
+  // its late log lines are dropped) and the sweep leaves it alone. It runs
+  // to the end whether or not its caller still waits (unlike a ListJobs
+  // scan): a delete is wanted work, and one stopped half-way left a job
+  // that reads as swept for a client that said it could not reach us.
   int parts = 0;
   for (bool done = false; !done;) {
     int64_t rows = 0;
@@ -869,17 +878,6 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     }
     ++parts;
     if (options_.after_delete_part) options_.after_delete_part(rows);
-    if (done || !still_wanted) continue;
-    // The caller gave up: the parts deleted stay deleted (each its own
-    // commit), and the job stays marked, as after a restart between parts.
-    if (absl::Status wanted = still_wanted(); !wanted.ok()) {
-      absl::MutexLock lock(&mu_);
-      deleting_.erase(seq);
-      Say(absl::StrCat(id, "'s delete", By(caller), " stopped after ", parts, " part(s): ", wanted.message(),
-                       "; it reads as swept until it is deleted again"));
-      return absl::Status(wanted.code(), absl::StrCat(wanted.message(), "; the delete of ", id, " stopped after ",
-                                                      parts, " part(s) of its data: delete it again to finish"));
-    }
   }
   absl::MutexLock lock(&mu_);
   deleting_.erase(seq);

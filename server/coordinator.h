@@ -124,11 +124,12 @@ struct CoordinatorOptions {
   std::function<void()> between_list_reads;
 };
 
-// Asked between the parts of a long call (a ListJobs scan's reads, a
-// DeleteJob's parts), with no lock held: a status that is not OK ends the
-// call with it. The RPC layer answers DEADLINE_EXCEEDED once the caller's
-// deadline has passed and CANCELLED once it went away, so that a call
-// nobody waits for stops within one part instead of running to its end.
+// Asked between the parts of a long call that is work for its caller alone
+// (a ListJobs scan's reads), with no lock held: a status that is not OK
+// ends the call with it. The RPC layer answers DEADLINE_EXCEEDED once the
+// caller's deadline has passed and CANCELLED once it went away, so that a
+// call nobody waits for stops within one part instead of running to its
+// end. (A DeleteJob is not asked: it runs to its end, wanted or not.)
 // Empty: never asked (callers inside the process).
 using StillWanted = std::function<absl::Status()>;
 
@@ -151,7 +152,9 @@ class Coordinator {
   // --- JobService
   // `caller` (server/security.h CallerOf) is recorded as the job's
   // submitted_by or cancelled_by and in the coordinator's log; "" from
-  // callers inside the process (tests).
+  // callers inside the process (tests). SubmitJob and PlanJob hold a spec
+  // to the rules for new jobs (worker/job_spec.h ValidateNewJobSpec) too;
+  // placing, restarting and running a stored job do not.
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // `still_wanted` is asked between the reads of a label_selector's scan.
@@ -171,12 +174,11 @@ class Coordinator {
   // is no such job. The data goes in parts of at most kSweepRowsPerTick
   // rows, the lock released between them (a job of millions of rows held
   // it for seconds: every heartbeat waited, past the agents' lease); the
-  // job reads as it was until its record goes, last. `still_wanted` is
-  // asked between the parts: a delete stopped there leaves the job marked
-  // (events_deleted_time: it reads as swept) with the rest of its data, and
-  // a DeleteJob again finishes it.
-  absl::Status DeleteJob(const std::string& id, const std::string& caller = "",
-                         const StillWanted& still_wanted = nullptr);
+  // job is marked first (events_deleted_time: it reads as swept) and its
+  // record goes last. It runs to its end whether or not the caller still
+  // waits: only a restart between parts cuts it short (a DeleteJob again
+  // finishes it).
+  absl::Status DeleteJob(const std::string& id, const std::string& caller = "");
   // The events of a job from `from` (at most `limit`), as WatchJob sends
   // them: with every rank's report in each step event when `per_rank`, and
   // then at most per_rank_reports_per_read / ranks events (at least one).

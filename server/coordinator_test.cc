@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
+#include "worker/auto_spec_testing.h"
 #include "worker/job_spec.h"
 #include "worker/rank_protocol.h"
 
@@ -284,6 +285,84 @@ class CoordinatorTest : public ::testing::Test {
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<Coordinator> coordinator_;
 };
+
+// A new job's warm-up must end before its last step: a submit (and its
+// validate_only, and PlanJob, which answers what a submit would) of
+// warmup_steps == steps is refused naming the field and the range.
+TEST_F(CoordinatorTest, ASubmitRefusesAWarmUpAsLongAsTheJobNamingTheField) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
+  spec.mutable_optimizer()->set_warmup_steps(5);
+  const std::string want = "optimizer.warmup_steps: expected 0 to steps - 1 = 4";
+  for (const bool validate_only : {false, true}) {
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    req.set_validate_only(validate_only);
+    req.set_request_id(validate_only ? "" : "warm-up-5");
+    auto resp = c().SubmitJob(req);
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << resp.status();
+    EXPECT_THAT(resp.status().message(), HasSubstr(want));
+  }
+  v1::PlanJobRequest plan;
+  *plan.mutable_spec() = spec;
+  EXPECT_EQ(c().PlanJob(plan).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c().PlanJob(plan).status().message(), HasSubstr(want));
+  // One step shorter: step 5, the last, runs at lr.
+  spec.mutable_optimizer()->set_warmup_steps(4);
+  EXPECT_FALSE(Submit(spec).empty());
+}
+
+// optimizer.warmup_steps == steps was accepted until 2026-12-07. A job
+// accepted then and still pending in the store (or restarting) when the
+// coordinator is upgraded is placed as before: placement checks the spec
+// again (with `auto` settings: on the worker's memory, then the context
+// they are chosen again with), and a rule for new specs must not strand
+// it. With it applied there, the `auto` job stayed PENDING ("the `auto`
+// settings chosen again ... do not admit it: optimizer.warmup_steps").
+TEST_F(CoordinatorTest, AJobStoredWithAWarmUpAsLongAsTheJobIsStillPlaced) {
+  std::vector<std::string> jobs;
+  for (const bool with_auto : {false, true}) {
+    v1::JobSpec spec = DemoJobSpec(2, 5);
+    spec.set_name(with_auto ? "auto" : "fixed");
+    if (with_auto) spec = WithAllAuto(std::move(spec));
+    spec.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
+    // Planned as the submit of then planned it: the warm-up holds no
+    // memory, so its plan is the one at W = steps - 1.
+    spec.mutable_optimizer()->set_warmup_steps(4);
+    absl::StatusOr<v1::MemoryPlan> plan = AdmitJob(spec);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    spec.mutable_optimizer()->set_warmup_steps(5);
+    v1::Job job;
+    *job.mutable_spec() = spec;
+    *job.mutable_plan() = *plan;
+    job.set_state(v1::PENDING);
+    job.set_state_reason("waiting to be scheduled");
+    job.mutable_progress()->set_total_steps(spec.steps());
+    absl::StatusOr<v1::Job> stored = store_->CreateJob(job);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    jobs.push_back(stored->id());
+  }
+  Open();  // the upgraded coordinator restores them
+  for (int i = 0; i < 2; ++i) {
+    // A worker that says its memory: placement checks that some value of
+    // the `auto` settings fits it (AutoFitsOnWorker).
+    v1::RegisterRequest req;
+    v1::WorkerCapabilities* caps = req.mutable_capabilities();
+    caps->set_backend(v1::BACKEND_CPU);
+    caps->set_devices(2);
+    caps->set_device_memory_bytes(int64_t{1} << 30);
+    caps->set_host_memory_bytes(int64_t{16} << 30);
+    caps->set_rank_address("127.0.0.1");
+    auto w = c().Register(req);
+    ASSERT_TRUE(w.ok()) << w.status();
+  }
+  for (const std::string& id : jobs) {
+    EXPECT_TRUE(WaitState(id, v1::SCHEDULED)) << Get(id).DebugString();
+    const v1::Job j = Get(id);
+    ASSERT_EQ(j.placement_size(), 1) << j.DebugString();
+    EXPECT_EQ(j.spec().optimizer().warmup_steps(), 5);
+  }
+}
 
 TEST_F(CoordinatorTest, RestartReattachesRunningRanksAndFinishesWithTheirExits) {
   const std::string job = Submit(DemoJobSpec(2, 5));

@@ -164,9 +164,10 @@ grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext&
 }
 
 // Whether the caller still waits for the answer, for a handler that works
-// in parts (a ListJobs scan, a DeleteJob): DEADLINE_EXCEEDED once its
-// deadline has passed, CANCELLED once it cancelled or went away. A
-// ListJobs scan ran on after its client gave up, for no one.
+// in parts for its caller alone (a ListJobs scan): DEADLINE_EXCEEDED once
+// its deadline has passed, CANCELLED once it cancelled or went away. A
+// ListJobs scan ran on after its client gave up, for no one. A DeleteJob
+// is not asked: it is wanted work whoever waits (coordinator.h).
 StillWanted CallerWaits(const grpc::ServerContext& ctx) {
   return [&ctx]() -> absl::Status {
     // The deadline first: gRPC cancels a call whose deadline passed too.
@@ -224,7 +225,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const v1::Lis
 grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                                        v1::DeleteJobResponse*) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx), CallerWaits(*ctx)));
+  return ToGrpc(c_->DeleteJob(req->job_id(), CallerOf(*ctx)));
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
@@ -239,14 +240,19 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   const bool per_rank = req->per_rank();
   // Indexed as the last event sent: a client resuming from the index it
   // read last + 1 resumes where it should (job.proto WatchHeartbeat).
-  const auto heartbeat = [&id](int64_t from) {
-    v1::JobEvent beat;
-    beat.set_job_id(id);
-    beat.set_index(from - 1);
-    Now(beat.mutable_time());
-    beat.mutable_heartbeat();
-    return beat;
-  };
+  // Only for a watch that asks: one built before them shows each as an
+  // event (plateauctl's --output json did).
+  std::function<v1::JobEvent(int64_t)> heartbeat;
+  if (req->heartbeats()) {
+    heartbeat = [&id](int64_t from) {
+      v1::JobEvent beat;
+      beat.set_job_id(id);
+      beat.set_index(from - 1);
+      Now(beat.mutable_time());
+      beat.mutable_heartbeat();
+      return beat;
+    };
+  }
   return StreamRows<v1::JobEvent>(
       c_, ctx, id, req->from_index(), /*follow=*/true, writer,
       [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); },

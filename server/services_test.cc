@@ -280,11 +280,13 @@ TEST_F(ServicesTest, AListJobsScanWithinItsDeadlineAnswersItsPage) {
   EXPECT_EQ(resp.jobs(resp.jobs_size() - 1).id(), last);
 }
 
-// A DeleteJob of a job of more rows than one part (kSweepRowsPerTick)
-// whose caller's deadline passes during its first part stops before the
-// second: the job reads as swept (marked first), and a DeleteJob again
-// finishes it.
-TEST_F(ServicesTest, ADeleteInPartsStopsOnceItsCallersDeadlinePassedAndADeleteAgainFinishes) {
+// A DeleteJob is wanted work, whoever waits for it: one of a job of more
+// rows than one part (kSweepRowsPerTick) whose caller's deadline passes
+// during its first part (plateauctl's 10 s on a large job) goes on through
+// every part, the lock free between them, and answers OK (to no one). It
+// stopped there, leaving the job half-deleted and the client saying it
+// could not reach the coordinator.
+TEST_F(ServicesTest, ADeleteInPartsRunsToItsEndThoughItsCallersDeadlinePassed) {
   const std::string job = FinishedJob("many-rows");
   std::vector<JobRankStep> many(45000);  // three parts
   for (int i = 0; i < 45000; ++i) {
@@ -312,31 +314,20 @@ TEST_F(ServicesTest, ADeleteInPartsStopsOnceItsCallersDeadlinePassedAndADeleteAg
   client_gave_up.Notify();
   // The handler's answer, once it has left.
   Await([&] { return !answers_.Of("DeleteJob").empty(); });
-  std::vector<grpc::Status> answered = answers_.Of("DeleteJob");
+  const std::vector<grpc::Status> answered = answers_.Of("DeleteJob");
   ASSERT_EQ(answered.size(), 1u);
-  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
-  EXPECT_THAT(answered[0].error_message(), HasSubstr("delete it again to finish"));
-  EXPECT_EQ(parts.load(), 1);
-  absl::StatusOr<v1::Job> left = store_->GetJob(job);
-  ASSERT_TRUE(left.ok()) << left.status();
-  EXPECT_TRUE(left->has_events_deleted_time());
-
-  grpc::ClientContext again;
-  again.set_deadline(In(absl::Seconds(60)));
-  v1::DeleteJobRequest req;
-  req.set_job_id(job);
-  v1::DeleteJobResponse resp;
-  const grpc::Status s = stub_->DeleteJob(&again, req, &resp);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(answered[0].ok()) << answered[0].error_code() << " " << answered[0].error_message();
+  EXPECT_EQ(parts.load(), 3);
   EXPECT_EQ(store_->GetJob(job).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_->ReadRankSteps(job, 0, 0, INT64_MAX)->empty());
 }
 
-// A watch of a pending job is quiet: with nothing to send for the
-// heartbeat interval it sends a JobEvent.heartbeat, so that a proxy that
-// cuts idle streams does not cut it. A heartbeat carries the job's id, the
-// time and the index of the last event sent (a client resuming from it + 1
-// misses nothing), is never stored, and comes about once an interval.
+// A watch of a pending job is quiet: one that asks for heartbeats
+// (WatchJobRequest.heartbeats) gets a JobEvent.heartbeat when it has had
+// nothing to send for the interval, so that a proxy that cuts idle streams
+// does not cut it. A heartbeat carries the job's id, the time and the
+// index of the last event sent (a client resuming from it + 1 misses
+// nothing), is never stored, and comes about once an interval.
 TEST_F(ServicesTest, AQuietWatchSendsHeartbeatsIndexedAsItsLastEventAndNeverStored) {
   StreamOptions streams;
   streams.watch_heartbeat = absl::Milliseconds(200);
@@ -346,6 +337,7 @@ TEST_F(ServicesTest, AQuietWatchSendsHeartbeatsIndexedAsItsLastEventAndNeverStor
   ctx.set_deadline(In(absl::Seconds(15)));  // five heartbeats take a second
   v1::WatchJobRequest req;
   req.set_job_id(id);
+  req.set_heartbeats(true);
   auto reader = stub_->WatchJob(&ctx, req);
   std::vector<v1::JobEvent> events, beats;
   std::vector<int64_t> last_index_at_beat;
@@ -386,6 +378,32 @@ TEST_F(ServicesTest, AQuietWatchSendsHeartbeatsIndexedAsItsLastEventAndNeverStor
   EXPECT_EQ(e.index(), *stored - 1);
   resumed_ctx.TryCancel();
   resumed->Finish();
+}
+
+// Heartbeats are sent only to a watch that asks for them
+// (WatchJobRequest.heartbeats): a client built before them (plateauctl
+// before 2026-12-07 printed each as an event under --output json) asks for
+// none and gets none, however quiet its watch.
+TEST_F(ServicesTest, AWatchThatDoesNotAskForHeartbeatsGetsNone) {
+  StreamOptions streams;
+  streams.watch_heartbeat = absl::Milliseconds(100);
+  Serve({}, streams);
+  const std::string id = PendingJob();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Milliseconds(1500)));  // fifteen intervals
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto reader = stub_->WatchJob(&ctx, req);
+  std::vector<v1::JobEvent> rows;
+  v1::JobEvent e;
+  while (reader->Read(&e)) rows.push_back(e);
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  ASSERT_FALSE(rows.empty());  // the submission, at least
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_FALSE(rows[i].has_heartbeat()) << rows[i].DebugString();
+    EXPECT_EQ(rows[i].index(), static_cast<int64_t>(i));
+  }
 }
 
 // The number of WatchJob calls the server refused RESOURCE_EXHAUSTED.

@@ -70,6 +70,13 @@ class PythonClientTest : public ::testing::Test {
   }
 };
 
+// How many times `what` occurs in `text`.
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
 // "job-1 step 3/5 loss 2.49... slowest_rank 1" lines: step -> loss.
 std::map<int64_t, double> PrintedSteps(const std::string& out, const std::string& id) {
   std::map<int64_t, double> steps;
@@ -324,9 +331,11 @@ class ScriptedService final : public v1::JobService::Service {
   grpc::Status watch_end = grpc::Status::OK;              // not OK: the watch ends so after step 3
   bool wait_for_cancel = false;
   // A heartbeat (JobEvent.heartbeat, indexed as the last event sent) before
-  // every event, and the first watch broken (UNAVAILABLE) after step 2's.
+  // every event, and the first watch broken (UNAVAILABLE) after step 2's;
+  // as the coordinator, only to a watch that asks (WatchJobRequest.heartbeats).
   bool heartbeats = false;
   std::vector<int64_t> watch_froms;  // of every watch
+  std::vector<bool> watch_asked_heartbeats;  // of every watch
   std::vector<absl::Time> watch_times;
   std::deque<grpc::Status> watch_refusals;  // answered first to watches, in order, before any event
   std::vector<std::string> request_ids;  // of every submit
@@ -376,6 +385,7 @@ class ScriptedService final : public v1::JobService::Service {
     {
       std::lock_guard<std::mutex> l(mu);
       watch_froms.push_back(req->from_index());
+      watch_asked_heartbeats.push_back(req->heartbeats());
       watch_times.push_back(absl::Now());
       if (!watch_refusals.empty()) {
         grpc::Status s = watch_refusals.front();
@@ -384,10 +394,11 @@ class ScriptedService final : public v1::JobService::Service {
       }
       watches = watch_froms.size();
     }
+    const bool beats = heartbeats && req->heartbeats();
     int64_t last = req->from_index() - 1;  // what a heartbeat is indexed as
     auto send = [&](int64_t index, const std::function<void(v1::JobEvent*)>& fill) {
       if (index < req->from_index()) return true;
-      if (heartbeats) {
+      if (beats) {
         v1::JobEvent beat;
         beat.set_job_id("job-1");
         beat.set_index(last);
@@ -411,7 +422,7 @@ class ScriptedService final : public v1::JobService::Service {
           })) {
         return grpc::Status::CANCELLED;
       }
-      if (heartbeats && watches == 1 && step == 2) {
+      if (beats && watches == 1 && step == 2) {
         v1::JobEvent beat;
         beat.set_job_id("job-1");
         beat.set_index(last);
@@ -602,10 +613,10 @@ TEST_F(PythonClientFailureTest, AWatchEndedByNotFoundIsNotUnreachable) {
   EXPECT_THAT(r.out, HasSubstr("job-1 job job-1's events from index 4 were removed"));
 }
 
-// A watch's heartbeats (JobEvent.heartbeat) print nothing and count as no
-// event: every step and state once, and a stream broken after a heartbeat
-// resumes from the event after the last real one (3), not from the
-// heartbeat's.
+// The example asks for heartbeats (WatchJobRequest.heartbeats), and they
+// print nothing and count as no event: every step and state once, and a
+// stream broken after a heartbeat resumes from the event after the last
+// real one (3), not from the heartbeat's.
 TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
   ScriptedCoordinator at;
   ASSERT_FALSE(at.address().empty());
@@ -613,6 +624,7 @@ TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
   Ran r = Run(at, "heartbeats");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(at.service().watch_froms, (std::vector<int64_t>{0, 3})) << r.out;
+  EXPECT_EQ(at.service().watch_asked_heartbeats, (std::vector<bool>{true, true})) << r.out;
   EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
   EXPECT_EQ(PrintedStates(r.out, "job-1"), (std::vector<std::string>{"RUNNING", "SUCCEEDED"})) << r.out;
   EXPECT_THAT(r.out, HasSubstr("resuming from event 3\n"));
@@ -623,9 +635,10 @@ TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
 
 // The coordinator's limit of open watches per host (RESOURCE_EXHAUSTED
 // "too many open watches") refuses a watch for now: it is opened again
-// with backoff, as plateauctl does (security_test), and the job is watched
-// to its end. Refused for the whole --reconnect-for, it is exit 8 ("may
-// succeed later"), as plateauctl's.
+// with backoff, as plateauctl does (security_test), saying so once on
+// stderr (it printed a line on stdout at every try), and the job is
+// watched to its end. Refused for the whole --reconnect-for, it is exit 8
+// ("may succeed later"), as plateauctl's.
 TEST_F(PythonClientFailureTest, AWatchRefusedForTheWatchLimitIsRetriedWithBackoff) {
   const grpc::Status refused(grpc::StatusCode::RESOURCE_EXHAUSTED,
                              "too many open watches from 127.0.0.1: 2 of at most 2 (the coordinator's "
@@ -636,7 +649,9 @@ TEST_F(PythonClientFailureTest, AWatchRefusedForTheWatchLimitIsRetriedWithBackof
   at.service().watch_refusals = {refused, refused};
   Ran r = Run(at, "watch-refused");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, HasSubstr("job-1 watch refused for now (RESOURCE_EXHAUSTED too many open watches from "));
+  EXPECT_THAT(r.err, HasSubstr("job-1 watch refused for now (RESOURCE_EXHAUSTED too many open watches from "));
+  EXPECT_EQ(Count(r.err, "watch refused for now"), 1) << "said once, not at every try:\n" << r.err;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("refused"))) << "stdout is the job's events";
   EXPECT_THAT(r.out, HasSubstr("job-1 ended SUCCEEDED"));
   EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
   const std::vector<absl::Time> times = at.service().watch_times;

@@ -620,6 +620,60 @@ std::vector<std::string> Lines(const std::string& out) {
   return lines;
 }
 
+// A JobService whose GetJob answers after `delay`: a coordinator slow to
+// answer (a long ListJobs scan, a large delete), on cue.
+class SlowJobs final : public v1::JobService::Service {
+ public:
+  explicit SlowJobs(absl::Duration delay) : delay_(delay) {}
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::Job* out) override {
+    absl::SleepFor(delay_);
+    out->set_id(req->job_id());
+    out->set_state(v1::SUCCEEDED);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const absl::Duration delay_;
+};
+
+// plateauctl's --timeout is the deadline of each unary call (default 10 s):
+// a call the coordinator answers later fails (exit 4) saying the deadline
+// and the flag; a longer one gets the answer. (SERVICE.md tells a slow
+// ListJobs scan to ask again with a longer deadline: there was no way to.)
+// Its value is checked before anything is called, and --help shows it.
+TEST(ServiceTest, PlateauctlTimeoutIsEachUnaryCallsDeadline) {
+  SlowJobs jobs(absl::Milliseconds(1500));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&jobs);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string dir = TempDir("ctl-timeout");
+  const std::string ctl = "client/plateauctl", coord = absl::StrCat("--coordinator=127.0.0.1:", port);
+
+  absl::Time start = absl::Now();
+  Ran r = RunCommand({ctl, coord, "--timeout=0.3", "get", "job-1"}, dir + "/short");
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("no answer within 0.3 s (--timeout)")) << r.err;
+  EXPECT_LT(took, absl::Milliseconds(1400)) << "not the 0.3 s deadline";
+  r = RunCommand({ctl, coord, "get", "job-1", "--timeout", "5"}, dir + "/long");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job-1  SUCCEEDED"));
+
+  for (const char* bad : {"0", "-1", "abc", "3601", "nan", "inf", ""}) {
+    r = RunCommand({ctl, coord, absl::StrCat("--timeout=", bad), "get", "job-1"}, dir + "/bad");
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("plateauctl: --timeout: expected seconds above 0, at most 3600, got '",
+                                              bad, "'")));
+  }
+  r = RunCommand({ctl, "--help"}, dir + "/help");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("--timeout=SECONDS"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
 TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   Cluster c("cli-api");
   ASSERT_TRUE(c.ready()) << c.Logs();
@@ -1499,6 +1553,7 @@ TEST(ServiceTest, AQuietWatchesHeartbeatsAreSkippedByPlateauctlAndTheClient) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::WatchJobRequest req;
   req.set_job_id(id);
+  req.set_heartbeats(true);  // as plateauctl and Client::WatchJob ask
   auto raw = stub->WatchJob(&ctx, req);
   int beats = 0;
   v1::JobEvent e;

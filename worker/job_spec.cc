@@ -789,6 +789,15 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return CheckPrecisionRuns(t.step);
 }
 
+absl::Status ValidateNewJobSpec(const v1::JobSpec& spec) {
+  // A steps out of range is ToTrainerOptions' to name (AdmitJob's).
+  if (spec.steps() < 1 || spec.steps() > kMaxSteps) return absl::OkStatus();
+  LrSchedule s;
+  s.warmup_steps = spec.optimizer().warmup_steps();
+  s.total_steps = spec.steps();
+  return ValidateNewWarmup(s, "optimizer");
+}
+
 v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
   v1::MemoryPlan out;
   for (int i = 0; i < kNumLiveSets; ++i) {

@@ -45,6 +45,15 @@ absl::StatusOr<BackendOptions> ToBackendOptions(const v1::JobSpec& spec);
 // model.experts above model.hidden).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// The rules only a new spec is held to, tightened after jobs were accepted
+// without them: the coordinator checks them at submit (SubmitJob and PlanJob,
+// before AdmitJob), while placement, a restart and the rank
+// (ToTrainerOptions) do not, so that a job accepted before keeps running as
+// it was accepted. Today: optimizer.warmup_steps at most steps - 1
+// (ValidateNewWarmup; W = steps, accepted until 2026-12-07, never reaches
+// lr). INVALID_ARGUMENT naming the field.
+absl::Status ValidateNewJobSpec(const v1::JobSpec& spec);
+
 // Validates the spec and plans each rank's device and host bytes per live
 // set (kernels/budget PlanMemory), without allocating anything. `fits` is
 // true only when both spaces fit their caps (a cap of 0 always fits here).

@@ -16,6 +16,8 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "kernels/budget/budget.h"
+#include "kernels/optimizer/lr_schedule.h"
+#include "worker/auto_spec_testing.h"
 
 namespace plateau {
 namespace {
@@ -97,6 +99,47 @@ TEST(JobSpecTest, LearningRateSchedule) {
   t = ToTrainerOptions(s);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->step.optimizer.schedule.decay, LrSchedule::Decay::kLinear);
+}
+
+// optimizer.warmup_steps == steps (a warm-up over the whole job: step 1 at
+// 0, the last at lr (steps - 1) / steps) was accepted until 2026-12-07. A
+// job stored then is converted again for every rank that starts and
+// checked again at every placement: it must still convert, plan and place,
+// and run the schedule it was accepted with. Only a new submit refuses it
+// (the coordinator's SubmitJob).
+TEST(JobSpecTest, AStoredSpecWithAWarmUpAsLongAsTheJobStillConvertsAndPlaces) {
+  v1::JobSpec s = Good();  // 10 steps
+  s.mutable_optimizer()->set_lr_decay(v1::OptimizerSpec::LR_DECAY_COSINE);
+  s.mutable_optimizer()->set_warmup_steps(10);
+  // The rank (worker/rank_main.cc ToTrainerOptions).
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->step.optimizer.schedule.warmup_steps, 10);
+  EXPECT_EQ(t->step.optimizer.schedule.total_steps, 10);
+  const double lr = s.optimizer().lr();
+  EXPECT_EQ(LearningRate(t->step.optimizer, 1), 0.0);
+  EXPECT_DOUBLE_EQ(LearningRate(t->step.optimizer, 10), lr * 9 / 10);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  // Placement's plan of a fixed spec (the coordinator's Schedule).
+  EXPECT_TRUE(AdmitJob(s).ok()) << AdmitJob(s).status();
+  // With `auto` settings: placement's check on a worker's memory and the
+  // context the settings are chosen again with.
+  const v1::JobSpec a = WithAllAuto(s);
+  v1::WorkerCapabilities caps;
+  caps.set_backend(v1::BACKEND_CPU);
+  caps.set_devices(2);
+  caps.set_device_memory_bytes(int64_t{1} << 30);
+  caps.set_host_memory_bytes(int64_t{16} << 30);
+  EXPECT_TRUE(AutoFitsOnWorker(a, caps, 2).ok()) << AutoFitsOnWorker(a, caps, 2);
+  auto context = PlacementAutoContext(a, {{"worker-1", caps}});
+  ASSERT_TRUE(context.ok()) << context.status();
+  EXPECT_TRUE(AdmitJob(a, *context).ok()) << AdmitJob(a, *context).status();
+  // A new submit refuses it, naming the field and the range.
+  const absl::Status now = ValidateNewJobSpec(s);
+  EXPECT_EQ(now.code(), absl::StatusCode::kInvalidArgument) << now;
+  EXPECT_THAT(now.message(), HasSubstr("optimizer.warmup_steps: expected 0 to steps - 1 = 9"));
+  s.mutable_optimizer()->set_warmup_steps(9);
+  EXPECT_TRUE(ValidateNewJobSpec(s).ok()) << ValidateNewJobSpec(s);
 }
 
 // Unset: the default (first step, then every 100th); 0 turns it off; any
@@ -735,8 +778,6 @@ std::vector<Case> MalformedFieldCases() {
       {"optimizer.max_grad_norm", [](S& s) { s.mutable_optimizer()->set_max_grad_norm(kInf); }},
       // The learning-rate schedule (Good() has 10 steps, lr 6e-3).
       {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(11); }},  // > steps
-      // = steps: no step would run at lr (step W + 1 is past the job's end).
-      {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(10); }},
       {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(-1); }},
       {"optimizer.warmup_steps", [](S& s) { s.mutable_optimizer()->set_warmup_steps(kI64Min); }},
       {"optimizer.min_lr", [](S& s) {

@@ -25,7 +25,7 @@ enum class RingDtpMode { kActivations, kWeights };
 struct LrSchedule {
   enum class Decay { kConstant, kCosine, kLinear };
   Decay decay = Decay::kConstant;
-  int64_t warmup_steps = 0;  // W, 0 <= W < total_steps (step W + 1 runs at lr)
+  int64_t warmup_steps = 0;  // W, 0 <= W <= total_steps (a new job's < total_steps: step W + 1 runs at lr)
   int64_t total_steps = 0;   // T: the job's steps (the decay ends there)
   double min_lr = 0.0;       // the floor, absolute; 0 <= min_lr <= lr
 };

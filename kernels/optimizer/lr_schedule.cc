@@ -49,6 +49,17 @@ absl::string_view LrDecayName(LrSchedule::Decay d) {
   return "?";
 }
 
+absl::Status ValidateNewWarmup(const LrSchedule& s, absl::string_view prefix) {
+  // At most steps - 1: step W + 1 is the first at lr, so a warm-up of the
+  // job's whole length (W = steps) runs step 1 at 0 and never reaches lr.
+  const int64_t most = std::max<int64_t>(0, s.total_steps - 1);
+  if (s.warmup_steps >= 0 && s.warmup_steps <= most) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(prefix, ".warmup_steps: expected 0 to steps - 1 = ", most,
+                   " (the warm-up must end before the job's last step, so that step warmup_steps + 1 runs at ", prefix,
+                   ".lr), got ", s.warmup_steps));
+}
+
 absl::Status ValidateLrSchedule(const OptimizerConfig& o, absl::string_view prefix) {
   const LrSchedule& s = o.schedule;
   const bool scheduled = s.decay != LrSchedule::Decay::kConstant || s.warmup_steps != 0;
@@ -56,13 +67,12 @@ absl::Status ValidateLrSchedule(const OptimizerConfig& o, absl::string_view pref
     return absl::InvalidArgumentError(absl::StrCat(
         "steps: expected >= 1 for a learning-rate schedule (it ends at the job's last step), got ", s.total_steps));
   }
-  // At most steps - 1: step W + 1 is the first at lr, so a warm-up of the
-  // job's whole length (W = steps) ran step 1 at 0 and never reached lr.
-  if (s.warmup_steps < 0 || s.warmup_steps > std::max<int64_t>(0, s.total_steps - 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, ".warmup_steps: expected 0 to steps - 1 = ", std::max<int64_t>(0, s.total_steps - 1),
-                     " (the warm-up must end before the job's last step, so that step warmup_steps + 1 runs at ",
-                     prefix, ".lr), got ", s.warmup_steps));
+  // W = steps is accepted here: jobs submitted with it before new submits
+  // refused it (ValidateNewWarmup) are placed, restarted and resumed with
+  // this check, and run the schedule they were accepted with.
+  if (s.warmup_steps < 0 || s.warmup_steps > std::max<int64_t>(0, s.total_steps)) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ".warmup_steps: expected 0 to steps = ", s.total_steps,
+                                                   " (a warm-up no longer than the job), got ", s.warmup_steps));
   }
   if (!std::isfinite(s.min_lr) || s.min_lr < 0) {
     return absl::InvalidArgumentError(

@@ -42,10 +42,18 @@ double LearningRate(const OptimizerConfig& o, int64_t step);
 float LearningRateF(const OptimizerConfig& o, int64_t step);
 
 // Checks o.schedule against o.lr; errors name the spec's fields under
-// `prefix` ("optimizer"): warmup_steps within 0..total_steps - 1, total_steps
+// `prefix` ("optimizer"): warmup_steps within 0..total_steps, total_steps
 // >= 1 when there is a warm-up or a decay, min_lr finite, >= 0, <= lr, and
-// 0 under the constant schedule (it has no floor).
+// 0 under the constant schedule (it has no floor). What every job runs
+// with, whenever it was accepted: each rank and each placement check it.
 absl::Status ValidateLrSchedule(const OptimizerConfig& o, absl::string_view prefix = "optimizer");
+
+// The tighter rule for a new job (the coordinator's SubmitJob): warmup_steps
+// within 0..total_steps - 1, so that step W + 1, the first at lr, is one of
+// the job's. W = total_steps was accepted until 2026-12-07, so
+// ValidateLrSchedule still accepts it: a job stored with it keeps running
+// (restarted, resumed, placed again) the schedule it was accepted with.
+absl::Status ValidateNewWarmup(const LrSchedule& s, absl::string_view prefix = "optimizer");
 
 // "constant", "cosine", "linear".
 absl::string_view LrDecayName(LrSchedule::Decay d);

@@ -161,17 +161,17 @@ TEST(LrScheduleTest, PureFunctionOfTheStep) {
 TEST(LrScheduleTest, ValidationNamesTheField) {
   using D = LrSchedule::Decay;
   EXPECT_TRUE(ValidateLrSchedule(Config(D::kConstant, 0, 0)).ok());  // the default
-  // The longest warm-up: step W + 1 = 10, the job's last, runs at lr.
   EXPECT_TRUE(ValidateLrSchedule(Config(D::kCosine, 9, 10, 6e-3f)).ok());
+  // W = steps: what a job accepted before 2026-12-07 may run (only a new
+  // submit refuses it: NewJobsWarmUpEndsBeforeTheLastStep).
+  EXPECT_TRUE(ValidateLrSchedule(Config(D::kCosine, 10, 10, 6e-3f)).ok());
+  EXPECT_TRUE(ValidateLrSchedule(Config(D::kConstant, 1, 1)).ok());
   struct Case {
     OptimizerConfig o;
     const char* want;
   };
   const Case cases[] = {
-      {Config(D::kCosine, 11, 10), "optimizer.warmup_steps: expected 0 to steps - 1 = 9"},
-      // W = steps: step 1 runs at 0 and no step reaches lr.
-      {Config(D::kCosine, 10, 10), "optimizer.warmup_steps: expected 0 to steps - 1 = 9"},
-      {Config(D::kConstant, 1, 1), "optimizer.warmup_steps: expected 0 to steps - 1 = 0"},
+      {Config(D::kCosine, 11, 10), "optimizer.warmup_steps: expected 0 to steps = 10"},
       {Config(D::kLinear, -1, 10), "optimizer.warmup_steps"},
       {Config(D::kCosine, 0, 10, -1e-4), "optimizer.min_lr: expected a finite value >= 0"},
       {Config(D::kCosine, 0, 10, NAN), "optimizer.min_lr: expected a finite value >= 0"},
@@ -184,6 +184,31 @@ TEST(LrScheduleTest, ValidationNamesTheField) {
     absl::Status s = ValidateLrSchedule(c.o);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.want;
     EXPECT_THAT(s.message(), HasSubstr(c.want));
+  }
+}
+
+// A new job's warm-up ends before its last step (step W + 1 runs at lr);
+// W = steps ran step 1 at 0 and never reached lr.
+TEST(LrScheduleTest, NewJobsWarmUpEndsBeforeTheLastStep) {
+  using D = LrSchedule::Decay;
+  EXPECT_TRUE(ValidateNewWarmup(Config(D::kConstant, 0, 0).schedule).ok());  // the default
+  // The longest: step W + 1 = 10, the job's last, runs at lr.
+  EXPECT_TRUE(ValidateNewWarmup(Config(D::kCosine, 9, 10).schedule).ok());
+  struct Case {
+    OptimizerConfig o;
+    const char* want;
+  };
+  const Case cases[] = {
+      {Config(D::kCosine, 10, 10), "optimizer.warmup_steps: expected 0 to steps - 1 = 9"},
+      {Config(D::kCosine, 11, 10), "optimizer.warmup_steps: expected 0 to steps - 1 = 9"},
+      {Config(D::kConstant, 1, 1), "optimizer.warmup_steps: expected 0 to steps - 1 = 0"},
+      {Config(D::kLinear, -1, 10), "optimizer.warmup_steps: expected 0 to steps - 1 = 9"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = ValidateNewWarmup(c.o.schedule);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.want;
+    EXPECT_THAT(s.message(), HasSubstr(c.want));
+    EXPECT_THAT(s.message(), HasSubstr("so that step warmup_steps + 1 runs at optimizer.lr"));
   }
 }
 
