@@ -60,7 +60,9 @@ struct TrainerOptions {
   // validation loss (StepReport::validation_loss). 0: never.
   int64_t validation_every = 0;
   // Told what the loop does besides its steps, one line each (the
-  // checkpoint it resumed from); unset: nothing is said.
+  // checkpoint it resumed from); unset: nothing is said. Every rank says
+  // its own lines, on its own thread: ranks that share one `say` (in one
+  // process, as the tests run them) must make it thread-safe.
   std::function<void(const std::string&)> say;
 };
 

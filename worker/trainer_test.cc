@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/model/config.h"
@@ -296,8 +297,12 @@ TEST(TrainerTest, AResumeUnderAnotherScheduleIsRefusedUnlessAskedFor) {
             HasSubstr("optimizer.reschedule_on_resume")));
   EXPECT_TRUE(refused.losses.empty());
   std::vector<std::string> said;
+  absl::Mutex said_mu;  // both ranks say it, each on its thread
   longer.reschedule_on_resume = true;
-  longer.say = [&](const std::string& line) { said.push_back(line); };
+  longer.say = [&](const std::string& line) {
+    absl::MutexLock lock(&said_mu);
+    said.push_back(line);
+  };
   TrainRun taken = Train(longer, 2);
   ASSERT_TRUE(taken.status.ok()) << taken.status;
   ASSERT_EQ(taken.lrs.size(), 4u);  // steps 5 to 8
