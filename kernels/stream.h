@@ -61,6 +61,16 @@ class Stream {
   virtual void* native_handle() const { return nullptr; }
 };
 
+// Work enqueued on `waiter` from now on waits for everything enqueued on
+// `producer` so far: `event` recorded on the producer, waited for by the
+// waiter, never a host synchronisation. The one ordering between two
+// streams that the ring schedules and the step use (compute -> comm before
+// a send, comm -> compute before a received block is read).
+inline absl::Status OrderAfter(Stream& waiter, Stream& producer, Event& event) {
+  if (absl::Status s = producer.Record(event); !s.ok()) return s;
+  return waiter.Wait(event);
+}
+
 }  // namespace plateau
 
 #endif  // PLATEAU_KERNELS_STREAM_H_

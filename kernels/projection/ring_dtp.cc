@@ -150,15 +150,9 @@ absl::Status RingDtp::PackOwnBatch(const W* x, const int32_t* targets, const flo
   return absl::OkStatus();
 }
 
-absl::Status RingDtp::CommAfterCompute() {
-  PLATEAU_RETURN_IF_ERROR(compute_.Record(*buf_->ev_compute));
-  return comm_.Wait(*buf_->ev_compute);
-}
+absl::Status RingDtp::CommAfterCompute() { return OrderAfter(comm_, compute_, *buf_->ev_compute); }
 
-absl::Status RingDtp::ComputeAfterComm() {
-  PLATEAU_RETURN_IF_ERROR(comm_.Record(*buf_->ev_comm));
-  return compute_.Wait(*buf_->ev_comm);
-}
+absl::Status RingDtp::ComputeAfterComm() { return OrderAfter(compute_, comm_, *buf_->ev_comm); }
 
 // One (batch, shard) meeting, strip by strip, each strip in row tiles: the
 // fixed order (strips ascending, then row tiles) is the fold order.

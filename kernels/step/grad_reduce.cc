@@ -7,25 +7,15 @@
 
 namespace plateau {
 
-absl::Status GradReduceBf16::CommAfterCompute() {
-  PLATEAU_RETURN_IF_ERROR(compute.Record(ev_compute));
-  return comm.Wait(ev_compute);
-}
-
-absl::Status GradReduceBf16::ComputeAfterComm() {
-  PLATEAU_RETURN_IF_ERROR(comm.Record(ev_comm));
-  return compute.Wait(ev_comm);
-}
-
 absl::Status GradReduceBf16::Run(const Bf16* grad, Bf16* shard, int64_t shard_numel, void* staging,
                                  int64_t staging_bytes) {
   const int64_t P = world.size(), rank = world.rank(), S = shard_numel;
   if (S < 0) return absl::InvalidArgumentError(absl::StrCat("grad_reduce: shard_numel must be >= 0, got ", S));
   if (P == 1) {
     // Nothing to sum: the old path, bit for bit.
-    PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+    PLATEAU_RETURN_IF_ERROR(OrderAfter(comm, compute, ev_compute));
     PLATEAU_RETURN_IF_ERROR(world.ReduceScatter(comm, grad, shard, S, DataType::kBfloat16, ReduceOp::kSum));
-    return ComputeAfterComm();
+    return OrderAfter(compute, comm, ev_comm);
   }
   const int64_t c = ChunkElements(P, staging_bytes);
   if (c < 1) {
@@ -53,19 +43,19 @@ absl::Status GradReduceBf16::Run(const Bf16* grad, Bf16* shard, int64_t shard_nu
     return absl::OkStatus();
   };
   // The gradient is final on `compute`; chunk 0 is exchanged before the loop.
-  PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+  PLATEAU_RETURN_IF_ERROR(OrderAfter(comm, compute, ev_compute));
   PLATEAU_RETURN_IF_ERROR(exchange(0));
-  PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+  PLATEAU_RETURN_IF_ERROR(OrderAfter(compute, comm, ev_comm));
   for (int64_t j = 0; j < chunks; ++j) {
     if (j + 1 < chunks) {
       // Chunk j + 1's slot was last read by the sum of chunk j - 1: wait
       // for it, then exchange while chunk j is summed below.
-      PLATEAU_RETURN_IF_ERROR(CommAfterCompute());
+      PLATEAU_RETURN_IF_ERROR(OrderAfter(comm, compute, ev_compute));
       PLATEAU_RETURN_IF_ERROR(exchange(j + 1));
     }
     PLATEAU_RETURN_IF_ERROR(be.SumRowsBf16(compute, shard + j * c, slot(j), P, len(j), c));
     // Recorded after chunk j + 1's exchange: its sum waits for it.
-    if (j + 1 < chunks) PLATEAU_RETURN_IF_ERROR(ComputeAfterComm());
+    if (j + 1 < chunks) PLATEAU_RETURN_IF_ERROR(OrderAfter(compute, comm, ev_comm));
   }
   return absl::OkStatus();
 }

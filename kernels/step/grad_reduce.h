@@ -72,10 +72,6 @@ struct GradReduceBf16 {
   static int64_t ChunkElements(int64_t P, int64_t staging_bytes) {
     return staging_bytes / (2 * P * static_cast<int64_t>(sizeof(Bf16)));
   }
-
- private:
-  absl::Status CommAfterCompute();
-  absl::Status ComputeAfterComm();
 };
 
 }  // namespace plateau

@@ -8,14 +8,12 @@
 namespace plateau {
 template <typename W>
 absl::Status RingAttentionT<W>::CommAfterCompute() {
-  PLATEAU_RETURN_IF_ERROR(compute.Record(ev_compute));
-  return comm.Wait(ev_compute);
+  return OrderAfter(comm, compute, ev_compute);
 }
 
 template <typename W>
 absl::Status RingAttentionT<W>::ComputeAfterComm() {
-  PLATEAU_RETURN_IF_ERROR(comm.Record(ev_comm));
-  return compute.Wait(ev_comm);
+  return OrderAfter(compute, comm, ev_comm);
 }
 
 template <typename W>

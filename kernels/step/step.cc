@@ -369,14 +369,8 @@ struct Ctx {
             1.0f / std::sqrt(static_cast<float>(m.head_dim()))};
   }
   // comm waits for what compute has enqueued so far, and vice versa.
-  absl::Status CommAfterCompute() {
-    PLATEAU_RETURN_IF_ERROR(I.compute->Record(*I.ev_compute));
-    return I.comm->Wait(*I.ev_compute);
-  }
-  absl::Status ComputeAfterComm() {
-    PLATEAU_RETURN_IF_ERROR(I.comm->Record(*I.ev_comm));
-    return I.compute->Wait(*I.ev_comm);
-  }
+  absl::Status CommAfterCompute() { return OrderAfter(*I.comm, *I.compute, *I.ev_compute); }
+  absl::Status ComputeAfterComm() { return OrderAfter(*I.compute, *I.comm, *I.ev_comm); }
   absl::Status Gemm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const W* a, int64_t lda,
                     const W* b, int64_t ldb, float beta, W* out, int64_t ldc) {
     return Ops::Gemm(be, c(), {ta, tb, M, Nn, K, 1.0f, a, lda, b, ldb, beta, out, ldc});
