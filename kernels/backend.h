@@ -309,6 +309,17 @@ class Backend {
   // precision (kernels/step/grad_reduce.h): a sum over ranks that rounds
   // once, not once per ring hop. rows >= 1, ld >= n; out must not overlap x.
   absl::Status SumRowsBf16(Stream& s, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld);
+  // out[i] = rn(out[i] + x[rows[0] ld + i] + ... + x[rows[r-1] ld + i]) for
+  // i < n: out's own value, then the listed rows of x in list order, loaded
+  // and added in fp32 and rounded once, as SumRowsBf16 adds (bitwise between
+  // the CPU and CUDA). LLEP's owner adding its helpers' gradients of one
+  // expert (kernels/dispatch/llep_chunk.h): a sum that rounds once, not once
+  // per helper. The rows go kBf16AddRowsPerCall at a time (CUDA passes them
+  // in the kernel's arguments): a longer list rounds once per group, on both
+  // backends. An empty list leaves out as it is; ld >= n; out must not
+  // overlap the rows read.
+  static constexpr int64_t kBf16AddRowsPerCall = 64;
+  absl::Status AddRowsBf16(Stream& s, Bf16* out, const Bf16* x, absl::Span<const int32_t> rows, int64_t ld, int64_t n);
 
  protected:
   // Implementations: called only after the arguments were validated.
@@ -345,6 +356,9 @@ class Backend {
   virtual absl::Status DoAddBf16(Stream& s, Bf16* out, const Bf16* a, const Bf16* b, int64_t n);
   virtual absl::Status DoSumSquaresBf16(Stream& s, float* out, const Bf16* x, int64_t n);
   virtual absl::Status DoSumRowsBf16(Stream& s, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld);
+  // 1 to kBf16AddRowsPerCall rows, each in [0, max row], n > 0.
+  virtual absl::Status DoAddRowsBf16(Stream& s, Bf16* out, const Bf16* x, absl::Span<const int32_t> rows, int64_t ld,
+                                     int64_t n);
 };
 
 }  // namespace plateau

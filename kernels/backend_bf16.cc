@@ -1,6 +1,7 @@
 // The bf16 entry points of Backend: validated once here, as backend.cc
 // validates the fp32 ones, then handed to the implementation. Kept in their
 // own file so that the fp32 entry points stay as they were.
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -173,6 +174,31 @@ absl::Status Backend::SumRowsBf16(Stream& s, Bf16* out, const Bf16* x, int64_t r
   return DoSumRowsBf16(s, out, x, rows, n, ld);
 }
 
+absl::Status Backend::AddRowsBf16(Stream& s, Bf16* out, const Bf16* x, absl::Span<const int32_t> rows, int64_t ld,
+                                  int64_t n) {
+  constexpr absl::string_view op = "add_rows_bf16";
+  PLATEAU_RETURN_IF_ERROR(CheckNonNegative(op, "n", n));
+  if (ld < n) return ArgError(op, absl::StrCat("ld = ", ld, " is less than n = ", n));
+  if (n == 0 || rows.empty()) return absl::OkStatus();
+  int32_t last = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r] < 0) return ArgError(op, absl::StrCat("rows[", r, "] = ", rows[r], " is negative"));
+    last = std::max(last, rows[r]);
+  }
+  const int64_t span = last * ld + n;  // elements of x read, from x on
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "out", out, n));
+  PLATEAU_RETURN_IF_ERROR(CheckNotNull(op, "x", x, span));
+  for (int32_t r : rows) {
+    const Bf16* row = x + r * ld;
+    if (out < row + n && row < out + n) return ArgError(op, absl::StrCat("out overlaps row ", r, " of x"));
+  }
+  for (size_t first = 0; first < rows.size(); first += kBf16AddRowsPerCall) {
+    const size_t count = std::min<size_t>(kBf16AddRowsPerCall, rows.size() - first);
+    PLATEAU_RETURN_IF_ERROR(DoAddRowsBf16(s, out, x, rows.subspan(first, count), ld, n));
+  }
+  return absl::OkStatus();
+}
+
 // Defaults for a backend without bf16 kernels.
 absl::Status Backend::DoFillBf16(Stream&, Bf16*, int64_t, float) {
   return NoBf16("fill_bf16", *this);
@@ -185,6 +211,9 @@ absl::Status Backend::DoSumSquaresBf16(Stream&, float*, const Bf16*, int64_t) {
 }
 absl::Status Backend::DoSumRowsBf16(Stream&, Bf16*, const Bf16*, int64_t, int64_t, int64_t) {
   return NoBf16("sum_rows_bf16", *this);
+}
+absl::Status Backend::DoAddRowsBf16(Stream&, Bf16*, const Bf16*, absl::Span<const int32_t>, int64_t, int64_t) {
+  return NoBf16("add_rows_bf16", *this);
 }
 absl::Status Backend::DoGemmBf16(Stream&, const GemmBf16Args&) { return NoBf16("gemm_bf16", *this); }
 absl::Status Backend::DoConvertToBf16(Stream&, Bf16*, const float*, int64_t) {

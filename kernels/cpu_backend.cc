@@ -228,6 +228,13 @@ class CpuBackend final : public Backend {
   absl::Status DoSumRowsBf16(Stream& st, Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld) override {
     return Run(st, [=, p = pool_.get()] { cpu::SumRowsBf16(out, x, rows, n, ld, p); });
   }
+  absl::Status DoAddRowsBf16(Stream& st, Bf16* out, const Bf16* x, absl::Span<const int32_t> rows, int64_t ld,
+                             int64_t n) override {
+    // The list is the caller's (often a temporary): the task keeps a copy.
+    return Run(st, [=, r = std::vector<int32_t>(rows.begin(), rows.end()), p = pool_.get()] {
+      cpu::AddRowsBf16(out, x, r.data(), static_cast<int64_t>(r.size()), ld, n, p);
+    });
+  }
   absl::Status DoAdamWBf16(Stream& st, float* master, const Bf16* grad, float* m, float* v,
                            Bf16* working, int64_t n, const AdamWArgs& args) override {
     return Run(st, [=, p = pool_.get()] {

@@ -96,6 +96,22 @@ void SumRowsBf16(Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld, 
   });
 }
 
+void AddRowsBf16(Bf16* out, const Bf16* x, const int32_t* rows, int64_t count, int64_t ld, int64_t n, CpuPool* pool) {
+  ParallelBlocks(pool, n, kElemsPerTask, [=](int64_t b, int64_t e) {
+    constexpr int64_t kBlock = 1024;  // as SumRowsBf16: row by row over a block of fp32 sums
+    float acc[kBlock];
+    for (int64_t s = b; s < e; s += kBlock) {
+      const int64_t m = std::min(kBlock, e - s);
+      for (int64_t j = 0; j < m; ++j) acc[j] = Bf16ToFloat(out[s + j]);
+      for (int64_t r = 0; r < count; ++r) {
+        const Bf16* row = x + rows[r] * ld + s;
+        for (int64_t j = 0; j < m; ++j) acc[j] += Bf16ToFloat(row[j]);
+      }
+      for (int64_t j = 0; j < m; ++j) out[s + j] = FloatToBf16(acc[j]);
+    }
+  });
+}
+
 void GemmBf16(const GemmBf16Args& g) {
   if (g.m == 0 || g.n == 0) return;
   // Stored shapes, as GemmArgs: A is m x k (k x m transposed), B k x n

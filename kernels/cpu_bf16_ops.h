@@ -65,6 +65,11 @@ void SumSquaresBf16(float* out, const Bf16* x, int64_t n, CpuPool* pool = nullpt
 // the loaded values summed in fp32 in row order, rounded once (what the
 // CUDA kernel computes, bit for bit: a fixed order and no FMA).
 void SumRowsBf16(Bf16* out, const Bf16* x, int64_t rows, int64_t n, int64_t ld, CpuPool* pool = nullptr);
+// out[i] = rn(((out[i] + x[rows[0] ld + i]) + ...) + x[rows[count-1] ld + i]):
+// out's loaded value, then the listed rows in list order, summed in fp32 and
+// rounded once (what the CUDA kernel computes, bit for bit).
+void AddRowsBf16(Bf16* out, const Bf16* x, const int32_t* rows, int64_t count, int64_t ld, int64_t n,
+                 CpuPool* pool = nullptr);
 
 }  // namespace plateau::cpu
 

@@ -347,6 +347,69 @@ TEST_F(CpuBf16OpsTest, SumRowsIsTheRowOrderFp32SumRoundedOnce) {
   EXPECT_THAT(dev_.b().SumRowsBf16(dev_.s(), out, nullptr, 2, n, n).message(), HasSubstr("sum_rows_bf16: x is null"));
 }
 
+// AddRows is rn(((out + x_{rows[0]}) + ...) + x_{rows[r-1]}): out's loaded
+// value, then the listed rows of x (any order, repeats allowed) in list
+// order, fp32 adds, one rounding; the rows between are never read. A list
+// longer than Backend::kBf16AddRowsPerCall rounds once per group of that
+// many. Equal terms show what it is for: out = 1 plus 63 rows of 1 + 2^-7
+// is 64 + 63 2^-7 = 64.49..., rounded once to 64.5; added one rounding at a
+// time, each 1 + 2^-7 is lost below the unit of the growing sum (from 2 on,
+// the add rounds to even), giving 64. Arguments are checked.
+TEST_F(CpuBf16OpsTest, AddRowsIsOutPlusTheListedRowsInFp32RoundedOnce) {
+  const int64_t n = 70001, ld = n + 3, rows_in_x = 9;
+  std::vector<Bf16> x = RandomBf16(rows_in_x * ld, 61);
+  for (int64_t r = 0; r < rows_in_x; ++r) {
+    for (int64_t i = n; i < ld; ++i) x[r * ld + i] = Bf16{0x7FC1};  // NaN: never read
+  }
+  for (int64_t i = 0; i < n; ++i) x[4 * ld + i] = Bf16{0x7FC1};  // row 4 is never listed
+  const std::vector<Bf16> start = RandomBf16(n, 62);
+  const Bf16* dx = dev_.UploadBf16(x);
+  for (const std::vector<int32_t>& list :
+       {std::vector<int32_t>{}, std::vector<int32_t>{8}, std::vector<int32_t>{0, 5, 2, 8, 3, 5}}) {
+    Bf16* out = dev_.UploadBf16(start);
+    ASSERT_TRUE(dev_.b().AddRowsBf16(dev_.s(), out, dx, list, ld, n).ok());
+    const std::vector<Bf16> got = dev_.DownloadBf16(out, n);
+    std::vector<float> sum(n);
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = Bf16ToFloat(start[i]);
+      for (int32_t r : list) acc += Bf16ToFloat(x[r * ld + i]);
+      sum[i] = acc;
+    }
+    EXPECT_EQ(Bits(got), Bits(Rounded(sum))) << list.size() << " rows";
+  }
+
+  // Equal terms, and a list longer than one call.
+  const int64_t m = 5, k = Backend::kBf16AddRowsPerCall;
+  const std::vector<Bf16> ones(m, FloatToBf16(1.0f));
+  const std::vector<Bf16> terms(m, FloatToBf16(1.0f + 0x1p-7f));
+  Bf16* out = dev_.UploadBf16(ones);
+  const Bf16* term = dev_.UploadBf16(terms);
+  ASSERT_TRUE(dev_.b().AddRowsBf16(dev_.s(), out, term, std::vector<int32_t>(k - 1, 0), m, m).ok());
+  for (Bf16 v : dev_.DownloadBf16(out, m)) EXPECT_EQ(Bf16ToFloat(v), 64.5f);
+  float one_at_a_time = 1.0f;
+  for (int64_t r = 0; r < k - 1; ++r) one_at_a_time = RoundToBf16(one_at_a_time + (1.0f + 0x1p-7f));
+  EXPECT_EQ(one_at_a_time, 64.0f) << "the stall the one rounding avoids";
+  // k + 2 rows: the first k in one fp32 sum (1 + 64 (1 + 2^-7) = 65.5, which
+  // bf16 holds), then the last two (67.515625, rounded to 67.5).
+  out = dev_.UploadBf16(ones);
+  ASSERT_TRUE(dev_.b().AddRowsBf16(dev_.s(), out, term, std::vector<int32_t>(k + 2, 0), m, m).ok());
+  float grouped = RoundToBf16(1.0f + static_cast<float>(k) * (1.0f + 0x1p-7f));
+  grouped = RoundToBf16(grouped + 2 * (1.0f + 0x1p-7f));
+  for (Bf16 v : dev_.DownloadBf16(out, m)) EXPECT_EQ(Bf16ToFloat(v), grouped);
+
+  Bf16* o = dev_.PoisonedBf16(n);
+  const std::vector<int32_t> one{1};
+  EXPECT_THAT(dev_.b().AddRowsBf16(dev_.s(), o, dx, one, n - 1, n).message(),
+              HasSubstr("add_rows_bf16: ld = 70000 is less than n = 70001"));
+  EXPECT_THAT(dev_.b().AddRowsBf16(dev_.s(), o, dx, std::vector<int32_t>{2, -1}, ld, n).message(),
+              HasSubstr("add_rows_bf16: rows[1] = -1 is negative"));
+  EXPECT_THAT(dev_.b().AddRowsBf16(dev_.s(), const_cast<Bf16*>(dx) + ld + 2, dx, one, ld, n).message(),
+              HasSubstr("add_rows_bf16: out overlaps row 1 of x"));
+  EXPECT_THAT(dev_.b().AddRowsBf16(dev_.s(), o, nullptr, one, ld, n).message(), HasSubstr("add_rows_bf16: x is null"));
+  EXPECT_THAT(dev_.b().AddRowsBf16(dev_.s(), nullptr, dx, one, ld, n).message(),
+              HasSubstr("add_rows_bf16: out is null"));
+}
+
 TEST_F(CpuBf16OpsTest, SwiGluWithinBoundsOfDoubleAndBitwiseTheRoundedFp32Twin) {
   const int64_t n = 1003;  // not a multiple of the 8 lanes: the tail too
   const std::vector<Bf16> gate = RandomBf16(n, 21, 3.0f), up = RandomBf16(n, 22),

@@ -600,6 +600,40 @@ TEST_F(CudaBf16TwinTest, SumRowsIsBitwiseCpu) {
   }
 }
 
+// AddRowsBf16 (LLEP's owner adding its helpers' gradients of an expert) is
+// bitwise the CPU: out's loaded value, then the listed rows in list order,
+// fp32 adds, one rounding. Lists of 1, 5 (out of order, a repeat) and
+// kBf16AddRowsPerCall + 3 rows (two launches); alike and mixed terms; rows
+// at a padded stride, the padding and an unlisted row poisoned.
+TEST_F(CudaBf16TwinTest, AddRowsIsBitwiseCpu) {
+  const int64_t n = (int64_t{1} << 17) + 3, ld = n + 5, rows_in_x = 7;
+  std::vector<int32_t> long_list(Backend::kBf16AddRowsPerCall + 3);
+  for (size_t r = 0; r < long_list.size(); ++r) long_list[r] = static_cast<int32_t>((r * 5) % 6);
+  for (const std::vector<int32_t>& list : {std::vector<int32_t>{3}, std::vector<int32_t>{5, 0, 2, 5, 1}, long_list}) {
+    for (bool alike : {true, false}) {
+      std::vector<Bf16> x =
+          alike ? RandomBf16(rows_in_x * ld, 97, 1, 2) : RandomBf16(rows_in_x * ld, 98, -1 << 20, 1 << 20);
+      for (int64_t r = 0; r < rows_in_x; ++r) {
+        for (int64_t i = n; i < ld; ++i) x[r * ld + i] = Bf16{0x7FC1};  // never read
+      }
+      for (int64_t i = 0; i < n; ++i) x[6 * ld + i] = Bf16{0x7FC1};  // row 6 is never listed
+      const std::vector<Bf16> start = alike ? RandomBf16(n, 99, 1, 2) : RandomBf16(n, 100, -1 << 20, 1 << 20);
+      auto run = [&](DeviceSide& side) {
+        Bf16* out = side.UploadBf16(start);
+        EXPECT_TRUE(side.b().AddRowsBf16(side.s(), out, side.UploadBf16(x), list, ld, n).ok());
+        std::vector<uint16_t> bits;
+        for (Bf16 v : side.DownloadBf16(out, n)) bits.push_back(v.bits);
+        return bits;
+      };
+      const std::vector<uint16_t> cpu = run(cpu_), cuda = run(cuda_);
+      EXPECT_EQ(cuda, cpu) << list.size() << " rows, " << (alike ? "alike" : "mixed") << " terms";
+      int64_t changed = 0;
+      for (int64_t i = 0; i < n; ++i) changed += cpu[i] != start[i].bits;
+      EXPECT_GT(changed, n / 2) << "the rows were added";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // The bf16 embedding gradient: every touched table row is its loaded value
 // plus the fp32 sum of its rows' gradients in row order, rounded once, on

@@ -1018,6 +1018,15 @@ class CudaBackend final : public Backend {
       return absl::OkStatus();
     });
   }
+  absl::Status DoAddRowsBf16(Stream& st, Bf16* out, const Bf16* x, absl::Span<const int32_t> rows, int64_t ld,
+                             int64_t n) override {
+    static_assert(kBf16AddRowsPerCall == cuda_ops::kAddRowsPerLaunch, "one launch per call");
+    return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_CUDA_RETURN_IF_ERROR(
+          cuda_ops::AddRowsBf16(s->stream(), Bits(out), Bits(x), rows.data(), static_cast<int>(rows.size()), ld, n));
+      return absl::OkStatus();
+    });
+  }
   absl::Status DoSumSquaresBf16(Stream& st, float* out, const Bf16* x, int64_t n) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
       PLATEAU_RETURN_IF_ERROR(s->RequireCompute());

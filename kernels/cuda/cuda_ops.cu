@@ -133,6 +133,21 @@ struct SumRowsBf16Op {
   }
 };
 
+// out = rn(out + x_rows[0] + ... + x_rows[count-1]) of the loaded values, in
+// list order: AddRowsBf16. The rows are a copy in the kernel's arguments.
+struct AddRowsBf16Op {
+  Bf16* out;
+  const Bf16* x;
+  int64_t ld;
+  int count;
+  int32_t rows[kAddRowsPerLaunch];
+  __device__ void operator()(int64_t i) const {
+    float acc = Load(out[i]);
+    for (int r = 0; r < count; ++r) acc = __fadd_rn(acc, Load(x[rows[r] * ld + i]));
+    out[i] = __float2bfloat16_rn(acc);
+  }
+};
+
 struct MulOp {
   float* out;
   const float* a;
@@ -580,6 +595,14 @@ cudaError_t SumRowsBf16(cudaStream_t stream, uint16_t* out, const uint16_t* x, i
   return LaunchElementwise(stream, n, SumRowsBf16Op{AsBf16(out), AsBf16(x), rows, ld});
 }
 
+cudaError_t AddRowsBf16(cudaStream_t stream, uint16_t* out, const uint16_t* x, const int32_t* rows, int count,
+                        int64_t ld, int64_t n) {
+  if (count < 1 || count > kAddRowsPerLaunch) return cudaErrorInvalidValue;
+  AddRowsBf16Op op{AsBf16(out), AsBf16(x), ld, count, {}};
+  for (int r = 0; r < count; ++r) op.rows[r] = rows[r];
+  return LaunchElementwise(stream, n, op);
+}
+
 cudaError_t AdamW(cudaStream_t stream, float* param, const float* grad,
                   float* m, float* v, int64_t n, const AdamWScalars& s) {
   return LaunchElementwise(stream, n, AdamWOp<float>{param, grad, m, v, nullptr, s});
@@ -667,6 +690,7 @@ cudaError_t CheckKernelImage() {
       reinterpret_cast<const void*>(ElementwiseKernel<FillBf16Op>),
       reinterpret_cast<const void*>(ElementwiseKernel<AddBf16Op>),
       reinterpret_cast<const void*>(ElementwiseKernel<SumRowsBf16Op>),
+      reinterpret_cast<const void*>(ElementwiseKernel<AddRowsBf16Op>),
       reinterpret_cast<const void*>(ReduceFinishKernel),
       reinterpret_cast<const void*>(StoreGemmPointersKernel),
   };

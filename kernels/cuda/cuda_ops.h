@@ -111,6 +111,13 @@ cudaError_t SumSquaresBf16(cudaStream_t stream, float* out, const uint16_t* x, i
 // x + r * ld, added in fp32 in row order with __fadd_rn (never fused):
 // bitwise the CPU's cpu::SumRowsBf16.
 cudaError_t SumRowsBf16(cudaStream_t stream, uint16_t* out, const uint16_t* x, int64_t rows, int64_t n, int64_t ld);
+// out[i] = rn(out[i] + x[rows[0] ld + i] + ... + x[rows[count-1] ld + i]) of
+// the loaded values, added in that order with __fadd_rn: bitwise the CPU's
+// cpu::AddRowsBf16. The row list travels in the kernel's arguments:
+// 1 <= count <= kAddRowsPerLaunch (Backend::kBf16AddRowsPerCall).
+inline constexpr int kAddRowsPerLaunch = 64;  // 256 bytes of kernel arguments
+cudaError_t AddRowsBf16(cudaStream_t stream, uint16_t* out, const uint16_t* x, const int32_t* rows, int count,
+                        int64_t ld, int64_t n);
 
 // The scalars of one AdamW step, computed on the host exactly as the CPU
 // twin computes them (cpu::AdamWStepScalars), so both apply one formula.

@@ -516,10 +516,11 @@ DispatchBf16Want DispatchReferenceBf16(const DispatchProblem& pr, int64_t chunks
     w.dgates.push_back(std::move(dgates));
     w.dgates_err.push_back(std::move(dgates_err));
   }
-  // The sums' own error: fp32 adds, and P + 1 bf16 roundings of the
-  // magnitudes (the helpers' partial sums, up to P - 1 bf16 adds, the last
-  // rounding).
-  const double rounding = std::pow(1.0 + u, pr.P + 1) - 1.0;
+  // The sums' own error: fp32 adds, and two bf16 roundings of the
+  // magnitudes (the partial sums each rank stores, disjoint terms; and the
+  // owner's one rounding of its fp32 sum of them). Helpers added in bf16
+  // one at a time would be P + 1.
+  const double rounding = std::pow(1.0 + u, 2) - 1.0;
   auto err = [&](const std::vector<double>& mag, const std::vector<double>& prop) {
     std::vector<double> e(mag.size());
     for (size_t i = 0; i < e.size(); ++i) {

@@ -149,9 +149,10 @@ DispatchGot RunDispatchBf16(const DispatchProblem& pr, const DispatchFactory& ma
 // which routes, K chunks): g0 + the exact sum of the routes' terms (from
 // the reference's stored act, dy, d gate, d up), within the propagated
 // bound, the fp32 sums' (2^-24 (routes + 3 K P + 8) of the terms'
-// magnitudes M = |g0| + sum |terms|) and P + 1 bf16 roundings of M: the
-// helpers' partial sums (disjoint: u sum |terms| in all), at most P - 1
-// bf16 adds into the owner's gradient (LLEP, K = 1) and the last rounding.
+// magnitudes M = |g0| + sum |terms|) and 2 bf16 roundings of M: the ranks'
+// stored partial sums (disjoint: u sum |terms| in all) and the owner's one
+// rounding of its fp32 sum of them (Backend::AddRowsBf16 at K = 1, the fp32
+// accumulators over K > 1 chunks).
 struct DispatchBf16Want {
   std::vector<std::vector<StoredBf16>> out, du;  // [P][N H]
   std::vector<std::vector<double>> dgates, dgates_err;

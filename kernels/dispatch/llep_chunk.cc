@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/model/working_ops.h"
@@ -330,7 +332,27 @@ absl::Status LlepChunkRunnerT<W>::ReturnWeightGrads(const LlepRankPlan& p, const
   const int64_t HF = model_.hidden * model_.expert_ffn, X = 3 * HF;
   PLATEAU_RETURN_IF_ERROR(Exchange(m.borrowed_grads, p.borrowed_from, m.lent, p.lent_to, X));
   const int64_t first = static_cast<int64_t>(comm_.rank()) * local_experts_;
-  // Helper-major: an expert's helpers are added in ascending rank.
+  if constexpr (std::is_same_v<W, Bf16>) {
+    if (acc == nullptr) {
+      // One fp32 sum per expert, rounded once: the owner's gradient, then its
+      // helpers' in ascending rank (lent is helper-major, so an expert's
+      // slots are in that order). Added one at a time in bf16, P - 1 alike
+      // terms lost a rounding each.
+      std::vector<std::vector<int32_t>> slots(local_experts_);
+      for (size_t i = 0; i < p.lent.size(); ++i) slots[p.lent[i].second - first].push_back(static_cast<int32_t>(i));
+      Bf16* const parts[3] = {g.w_gate, g.w_up, g.w_down};  // [gate | up | down], as sent
+      for (int64_t le = 0; le < local_experts_; ++le) {
+        if (slots[le].empty()) continue;
+        for (int j = 0; j < 3; ++j) {
+          PLATEAU_RETURN_IF_ERROR(
+              backend_.AddRowsBf16(compute_, parts[j] + le * HF, m.lent + j * HF, slots[le], X, HF));
+        }
+      }
+      return absl::OkStatus();
+    }
+  }
+  // fp32, or the fp32 accumulators: helper-major, an expert's helpers are
+  // added in ascending rank (each add fp32: the same sum as one in order).
   for (size_t i = 0; i < p.lent.size(); ++i) {
     const int64_t le = p.lent[i].second - first;
     const W* src = m.lent + i * X;

@@ -26,10 +26,10 @@
 // Precision (W): float, or Bf16 under bf16 mixed (rows, weights and
 // gradients bf16 through WorkingOps<W>, exchanged as kBfloat16; the gates
 // and dgates fp32): LlepChunkRunner / LlepChunkMemory are the float
-// instantiations. Under bf16 each helper's gradient adds into its owner's
-// with one rounding (AddBf16), unless the caller passes fp32 accumulators
-// (ExpertGradAccum: PipelinedLLEP over K > 1 chunks), which sum the owner's
-// GEMMs and the helpers' gradients (loaded exactly) in fp32.
+// instantiations. Under bf16 an expert's helpers' gradients add into its
+// owner's in one fp32 sum rounded once (Backend::AddRowsBf16), or, when the
+// caller passes fp32 accumulators (ExpertGradAccum: PipelinedLLEP over
+// K > 1 chunks), into those (loaded exactly), with the owner's GEMMs.
 //
 // Thread safety: one per rank, not thread-safe.
 #ifndef PLATEAU_KERNELS_DISPATCH_LLEP_CHUNK_H_

@@ -826,9 +826,9 @@ TEST(PipelinedLlepTest, Bf16OneChunkIsLlepBitForBit) {
 // reference's stored values except where a rounding boundary lies within
 // the fp32 arithmetic's bound (there the next value either side), dgates
 // within the propagated bound, the expert gradients within the propagated,
-// fp32 and P + 1 bf16 roundings' bounds; at one chunk (LLEP's sums, a
-// helper's gradient added in bf16) and over K = 6 chunks (the fp32
-// accumulators). Helpers must take part, and the measured peak is the
+// fp32 and two bf16 roundings' bounds; at one chunk (LLEP's sums: the
+// helpers' gradients added in one fp32 sum) and over K = 6 chunks (the
+// fp32 accumulators). Helpers must take part, and the measured peak is the
 // bound at the bf16 element sizes, in Forward and in Backward.
 TEST(PipelinedLlepTest, Bf16WithinTheStoreRoundedReference) {
   const ModelConfig m = SweepModel();
@@ -856,6 +856,46 @@ TEST(PipelinedLlepTest, Bf16WithinTheStoreRoundedReference) {
     }
   }
   EXPECT_GT(borrowed, 0) << "no rank borrowed an expert: the helpers' gradients were not tested";
+}
+
+// LLEP (K = 1) in bf16 where one expert is lent to every other rank and
+// the helpers' terms are alike: P = 8, every token the same row, output
+// gradient and gates, its first choice one hot expert of rank 0, the
+// gradients starting at 0. Each rank stores its partial gradient of the hot
+// expert once (alike values); the owner adds the seven helpers' in one fp32
+// sum and rounds once: within the store-rounded reference's two roundings.
+// Added one rounding at a time (until session 35) the sum lost up to a
+// rounding of the growing total per helper, and fell outside.
+TEST(PipelinedLlepTest, Bf16HelpersGradientsAddInOneFp32Sum) {
+  const ModelConfig m = SweepModel();
+  const int P = 8;
+  DispatchProblem pr = MakeProfileProblem(m, std::vector<int64_t>(P, 24), HotRouting(100, 1), 181);
+  const int64_t H = m.hidden;
+  for (int p = 0; p < P; ++p) {
+    for (int64_t t = 0; t < pr.n[p]; ++t) {
+      std::copy_n(pr.u[0].begin(), H, pr.u[p].begin() + t * H);
+      std::copy_n(pr.dout[0].begin(), H, pr.dout[p].begin() + t * H);
+      std::copy_n(pr.gates[0].begin(), m.top_k, pr.gates[p].begin() + t * m.top_k);
+    }
+  }
+  for (std::vector<float>* g : {&pr.gg0, &pr.gu0, &pr.gd0}) std::fill(g->begin(), g->end(), 0.0f);
+  pr = RoundedToBf16(std::move(pr));
+  LlepOptions o = TestOptions().balance;
+  int64_t lent = 0;
+  const DispatchGot got = RunDispatchBf16(pr, LlepFactory(o, kBf16MixedElements), [&](int p, ExpertDispatch& d) {
+    if (p == 0) lent = static_cast<Llep&>(d).sizes().lent;
+  });
+  if (HasFatalFailure()) return;
+  EXPECT_GE(lent, P - 1) << "rank 0 lent its hot expert to fewer than every other rank";
+  const DispatchBf16Want want = DispatchReferenceBf16(pr, 1);
+  ExpectWithinBf16Reference(got, want);
+  double diff = 0, mag = 0;  // the expert gradients' relative L1 error against the reference
+  for (const auto& [g, w] :
+       {std::make_pair(&got.gg, &want.gg), std::make_pair(&got.gu, &want.gu), std::make_pair(&got.gd, &want.gd)}) {
+    for (size_t i = 0; i < w->size(); ++i) diff += std::abs((*g)[i] - (*w)[i]), mag += std::abs((*w)[i]);
+  }
+  std::cout << "bf16 LLEP, P = 8, one expert lent to every rank: expert gradients sum |got - ref| / sum |ref| = "
+            << diff / mag << "\n";
 }
 
 // bf16, the same bits run to run (K = 6 chunks, helpers and the fp32

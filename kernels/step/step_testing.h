@@ -86,15 +86,16 @@ inline double RelativeBound(int64_t roundings) { return std::pow(1.0 + kBf16Unit
 
 // The roundings a schedule adds to the gradient chain (step_bf16_test.cc's
 // header): a helper's expert-gradient term is rounded once on the helper
-// (LLEP and PipelinedLLEP: +1), and LLEP adds each helper's term into the
-// owner's bf16 gradient with one rounding (+ P - 1; PipelinedLLEP at one
-// chunk is LLEP, over K > 1 chunks it sums them in fp32: counted as LLEP's,
-// the larger). Ring-DTP sums dX / dW in fp32 and rounds once, as the dense
-// projection's GEMMs do; SCO and the optimizer placements only move data:
-// none.
+// (LLEP and PipelinedLLEP: +1), and LLEP's owner adds its helpers' terms to
+// its own rounded gradient in one fp32 sum rounded once (+1 where there can
+// be helpers, P > 1; PipelinedLLEP at one chunk is LLEP, over K > 1 chunks
+// it sums them with its GEMMs in fp32: counted as LLEP's, the larger; the
+// owner's bf16 adds, one per helper, were P - 1 until session 35). Ring-DTP
+// sums dX / dW in fp32 and rounds once, as the dense projection's GEMMs do;
+// SCO and the optimizer placements only move data: none.
 inline int64_t ScheduleGradientRoundings(const StepOptions& o) {
   const int P = static_cast<int>(o.layout.ranks);
-  return o.dispatch.kind == DispatchOptions::Kind::kStandardEp ? 0 : 1 + (P - 1);
+  return o.dispatch.kind == DispatchOptions::Kind::kStandardEp ? 0 : 1 + std::min(1, P - 1);
 }
 
 // The gradient chain's bound on each gradient tensor's relative L2 error
