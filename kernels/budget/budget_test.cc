@@ -145,9 +145,10 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOff) {
   // lse and delta (64 + 64), router logits, probs and their gradient [N E]
   // (3 x 64), gates and their gradient [N k] (2 x 32), the backward
   // travellers' dK, dV (512): 1328 values; and the attention scratch
-  // (attention_shape.h): 8 slots (2 x 4 x 1 forward tiles) of three 8 x 8
-  // tiles and the K, V tiles transposed (2 x 4 x 8): 8 x 256 = 2048 values.
-  EXPECT_EQ(at(LiveSet::kActivations), 64 * 4 + 4352 * 2 + (1328 + 2048) * 4);
+  // (attention_shape.h): 4 slots (a task per sequence and K/V head, one
+  // query tile each: 2 x 2 x 1) of two 8 x 8 tiles and the K, V tiles
+  // transposed (2 x 4 x 8): 4 x 192 = 768 values.
+  EXPECT_EQ(at(LiveSet::kActivations), 64 * 4 + 4352 * 2 + (1328 + 768) * 4);
   // L + 1 = 3 boundaries [N, H] in bf16.
   EXPECT_EQ(at(LiveSet::kCheckpoints), 3 * 16 * 16 * 2);
   // Dense logits [N, V] in bf16, the log-sum-exp [N] in fp32.

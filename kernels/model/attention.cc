@@ -346,20 +346,18 @@ void TileScores(const AttentionShape& s, const float* q, int64_t qs, const float
   }
 }
 
-// One participant's scratch (AttentionSlotFloats: 3 tq tk + 2 d tk floats).
+// One participant's scratch (AttentionSlotFloats: 2 tq tk + 2 d tk floats).
 struct Slot {
   float* S;   // [kBq x kBk] scores, then probabilities
   float* dP;  // [kBq x kBk]
   float* kp;  // d x kBk: K tile^T, packed
   float* vp;  // d x kBk: V tile^T, packed (backward)
-  float* t;   // kBk x kBq: unused since B tiles are read in place
 };
 
 Slot SlotAt(const AttentionShape& s, float* work, int slot) {
   const int64_t d = s.head_dim, kBq = AttentionTileQueries(s), kBk = AttentionTileKeys(s);
   float* base = work + slot * AttentionSlotFloats(s);
-  return {base, base + kBq * kBk, base + 2 * kBq * kBk, base + 2 * kBq * kBk + d * kBk,
-          base + 2 * kBq * kBk + 2 * d * kBk};
+  return {base, base + kBq * kBk, base + 2 * kBq * kBk, base + 2 * kBq * kBk + d * kBk};
 }
 
 }  // namespace

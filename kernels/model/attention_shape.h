@@ -38,19 +38,20 @@ inline int64_t AttentionTileKeys(const AttentionShape& s) {
   return std::min(kAttentionTileRows, s.kv_len);
 }
 
-// One slot: scores/probabilities and their gradient [tq x tk], the K and V
-// tiles transposed [head_dim x tk], and one transposed tile [tk x tq].
+// One slot: scores/probabilities and their gradient [tq x tk], and the K
+// and V tiles transposed [head_dim x tk]. (A third [tk x tq] tile, for a
+// transposed operand, went when the tile GEMMs began to read B in place.)
 inline int64_t AttentionSlotFloats(const AttentionShape& s) {
   const int64_t tq = AttentionTileQueries(s), tk = AttentionTileKeys(s);
-  return 3 * tq * tk + 2 * s.head_dim * tk;
+  return 2 * tq * tk + 2 * s.head_dim * tk;
 }
 
 // Slots a call can use: one per task it splits into (forward: sequence x
-// head x query tile; backward: sequence x K/V head), at most
-// kAttentionMaxSlots.
+// K/V head x query tile, the query heads of a group in one task; backward:
+// sequence x K/V head), at most kAttentionMaxSlots.
 inline int64_t AttentionSlots(const AttentionShape& s) {
   const int64_t tq = AttentionTileQueries(s);
-  const int64_t forward = s.batch * s.heads * ((s.q_len + tq - 1) / std::max<int64_t>(tq, 1));
+  const int64_t forward = s.batch * s.kv_heads * ((s.q_len + tq - 1) / std::max<int64_t>(tq, 1));
   const int64_t backward = s.batch * s.kv_heads;
   return std::max<int64_t>(1, std::min(kAttentionMaxSlots, std::max(forward, backward)));
 }
