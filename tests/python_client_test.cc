@@ -167,7 +167,8 @@ TEST_F(PythonClientTest, AWatchOutlastsACoordinatorRestartAndEndsOnAFrozenOne) {
   const int code = run.Wait(absl::Seconds(120));
   const std::string out = run.process->out();
   EXPECT_EQ(code, 0) << out << run.process->err() << c.Logs();
-  EXPECT_THAT(out, HasSubstr("watch interrupted"));
+  EXPECT_THAT(run.process->err(), HasSubstr("watch interrupted")) << "a retry is said on stderr";
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("watch interrupted"))) << "stdout is the job's events";
   EXPECT_THAT(out, HasSubstr("job-1 ended SUCCEEDED"));
   const std::map<int64_t, double> steps = PrintedSteps(out, "job-1");
   EXPECT_EQ(steps.size(), 40u) << out;
@@ -568,8 +569,9 @@ TEST_F(PythonClientFailureTest, ACancelNotAnsweredIsSentAgain) {
   Ran r = Run(at, "cancel-retried", {"--cancel-after-step=2"});
   EXPECT_EQ(r.code, 3) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("job-1 cancelling after step 2\n"));
-  EXPECT_THAT(r.out, HasSubstr("job-1 cancel not answered (UNAVAILABLE Connection reset by peer); retrying in "));
-  EXPECT_THAT(r.out, HasSubstr("job-1 cancel not answered (DEADLINE_EXCEEDED Deadline Exceeded); retrying in "));
+  EXPECT_THAT(r.err, HasSubstr("job-1 cancel not answered (UNAVAILABLE Connection reset by peer); retrying in "));
+  EXPECT_THAT(r.err, HasSubstr("job-1 cancel not answered (DEADLINE_EXCEEDED Deadline Exceeded); retrying in "));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("not answered"))) << "stdout is the job's events";
   EXPECT_THAT(r.out, HasSubstr("job-1 ended CANCELLED"));
   EXPECT_EQ(at.service().cancels, 3);
 
@@ -627,10 +629,11 @@ TEST_F(PythonClientFailureTest, HeartbeatsPrintNothingAndMoveNoResumePoint) {
   EXPECT_EQ(at.service().watch_asked_heartbeats, (std::vector<bool>{true, true})) << r.out;
   EXPECT_EQ(PrintedSteps(r.out, "job-1"), (std::map<int64_t, double>{{1, 2.5}, {2, 2.5}, {3, 2.5}})) << r.out;
   EXPECT_EQ(PrintedStates(r.out, "job-1"), (std::vector<std::string>{"RUNNING", "SUCCEEDED"})) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("resuming from event 3\n"));
-  // Nothing else: the submission, 2 states, 3 steps, the break, the end.
+  EXPECT_THAT(r.err, HasSubstr("resuming from event 3\n"));
+  // Nothing else: the submission, 2 states, 3 steps, the end (the break
+  // is said on stderr).
   std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
-  EXPECT_EQ(lines.size(), 8u) << r.out;
+  EXPECT_EQ(lines.size(), 7u) << r.out;
 }
 
 // The coordinator's limit of open watches per host (RESOURCE_EXHAUSTED

@@ -329,7 +329,7 @@ def cancel(stub, job_id, reconnect_for):
                                       f"{reconnect_for:g} s ({what}); the job may still be running")
             delay = backoff(attempt)
             attempt += 1
-            print(f"{job_id} cancel not answered ({what}); retrying in {delay:.1f} s", flush=True)
+            print(f"{job_id} cancel not answered ({what}); retrying in {delay:.1f} s", file=sys.stderr, flush=True)
             time.sleep(delay)
 
 
@@ -353,8 +353,9 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
     it sends, so a quiet watch of a pending job survives restarts as a busy one
     does. A stream refused for the coordinator's limit of open watches
     (RESOURCE_EXHAUSTED) is opened again the same way, as plateauctl does,
-    saying so once per outage on stderr (stdout is the job's events). Any
-    other error (NOT_FOUND: the job was deleted) is raised."""
+    saying so once per outage on stderr (stdout is the job's events; every
+    retry is said there, as plateauctl says it). Any other error (NOT_FOUND:
+    the job was deleted) is raised."""
     next_index, cancel_sent = 0, False
     broken_since, attempt = None, 0  # when the coordinator stopped answering; retries since
     refusal_said = False  # in this outage
@@ -410,7 +411,8 @@ def watch(stub, job_id, cancel_after_step, reconnect_for):
                           f"for up to {reconnect_for:g} s", file=sys.stderr, flush=True)
                     refusal_said = True
             else:
-                print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}", flush=True)
+                print(f"{job_id} watch interrupted ({e.details()}); resuming from event {next_index}",
+                      file=sys.stderr, flush=True)
             time.sleep(delay)
             attempt += 1
 
