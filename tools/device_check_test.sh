@@ -32,13 +32,17 @@ assert d["mode"] == "dry_run" and d["verdict"] == "dry_run" and d["failed"] == [
 assert d["preflight"]["gpus"] == 0 and d["preflight"]["no_gpu_reason"], d["preflight"]
 assert by["build"]["status"] == "skipped", by["build"]
 # What the one GPU call is for comes first: the twin tests, the step, the
-# MFU ladder and attention_bench, then the sanitizers and the rest.
+# budget's predictions and the GEMM and copy ceilings, the MFU ladder and
+# attention_bench, then the sanitizers (the tensor-core kernels' first)
+# and the rest.
 order = [s["stage"] for s in d["stages"]]
 at = order.index
-assert max(at(n) for n in order if n.startswith("test:")) < at("step") < at("bench:composed_bench:mfu") \
-    < at("bench:attention_bench") < min(at(n) for n in order if n.startswith("sanitizer:")), order
-assert at("sanitizer:initcheck:tc") < at("bench:sgemm_bench") < at("bench:ring_dtp_bench") \
-    < at("bench:composed_bench:bf16"), order
+sanitizers = [n for n in order if n.startswith("sanitizer:")]
+assert max(at(n) for n in order if n.startswith("test:")) < at("step") < at("bench:composed_bench:plan") \
+    < at("bench:composed_bench:plan_bf16") < at("bench:sgemm_bench") < at("bench:copy_bench") \
+    < at("bench:composed_bench:mfu") < at("bench:attention_bench") < at(sanitizers[0]), order
+assert sanitizers[:2] == ["sanitizer:memcheck:tc", "sanitizer:racecheck:tc"], sanitizers
+assert at(sanitizers[-1]) < at("bench:ring_dtp_bench") < at("bench:composed_bench:bf16"), order
 for t in ("wgmma_probe_test", "cuda_twin_test", "cuda_bf16_twin_test", "cuda_attention_tc_twin_test",
           "cuda_model_twin_test", "nccl_communicator_test"):
     assert by["test:" + t]["status"] == "dry_run", by["test:" + t]
@@ -153,9 +157,11 @@ printf '#!/bin/sh\necho table\nif [ -n "$FAKE_BAD_JSON" ]; then echo "{\\"cuda\\
 printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
 # compute-sanitizer's stand-in runs the test it is given and finds nothing;
 # FAKE_SANITIZER=refuses answers as on an H200 under gVisor,
-# FAKE_SANITIZER=finds as a run that found an error.
+# FAKE_SANITIZER=finds as a run that found an error; FAKE_SANITIZER_SLOW:
+# seconds each run takes.
 cat >"$tmp/path/compute-sanitizer" <<'SH'
 #!/usr/bin/env bash
+[ -n "${FAKE_SANITIZER_SLOW:-}" ] && sleep "$FAKE_SANITIZER_SLOW"
 [ -n "${FAKE_ENV:-}" ] && echo "compute-sanitizer CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-unset}" >>"$FAKE_ENV"
 case "${FAKE_SANITIZER:-}" in
   refuses) echo "========= Error: Device not supported. Please refer to the Supported Devices section."; exit 1 ;;
@@ -242,6 +248,12 @@ assert st["status"] == "pass" and st["detail"].startswith(
     "tokens; precision bf16, rc=0"), st
 # The packed step test runs on the one fake GPU without its P = 2 case.
 assert by["step"]["status"] == "pass" and "P = 2" in by["step"]["detail"], by["step"]' "$tmp/gpu/device-check.json" || fail "the fake GPU run's JSON"
+# stages.tsv holds each stage's data itself (a run killed before its
+# summary loses its scratch directory, not its figures).
+grep -q $'^test:cuda_twin_test\t.*\t{"testsuites":' "$tmp/gpu/stages.tsv" \
+  || { cat "$tmp/gpu/stages.tsv"; fail "stages.tsv does not hold the twin test's JSON"; }
+grep -q $'^bench:sgemm_bench\t.*\t{"cpu":{},"cuda":{"gflops":2}}$' "$tmp/gpu/stages.tsv" \
+  || { cat "$tmp/gpu/stages.tsv"; fail "stages.tsv does not hold the bench's JSON line"; }
 # The fake card has 1000 MiB: the two predictions and the MFU ladder get
 # 85% of it (the ladder all of its 150 s less 10: the fake stages before it
 # take no time), the step its fixed 6 GiB.
@@ -342,6 +354,32 @@ if FAKE_MISSING_CASE=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --only
 fi
 grep -q 'sanitizer:memcheck:bf16  *fail .*1 tests of 2 named' "$tmp/sanmiss/table.txt" \
   || { cat "$tmp/sanmiss/table.txt"; fail "the missing sanitizer case is not a fail naming the count"; }
+
+# 4a. The sanitizers keep to their share of the budget (--sanitizer-s; 120
+# s by default): runs that take 4 s each in a share of 15 s: two run (a
+# third would start with under 10 s of the share left), the others are
+# not_run saying why and how to run them alone, the benchmarks after them
+# still run, and the run is incomplete. Under --only they get all that is
+# left.
+if FAKE_SANITIZER_SLOW=4 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --sanitizer-s=15 --out="$tmp/share" \
+     >/dev/null 2>&1; then
+  fail "a run whose sanitizers' share ran out passed"
+fi
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+san = [s for s in d["stages"] if s["stage"].startswith("sanitizer:")]
+assert [s["status"] for s in san[:2]] == ["pass", "pass"], [(s["stage"], s["status"]) for s in san]
+rest = san[2:]
+assert len(rest) == 11 and all(s["status"] == "not_run" for s in rest), [(s["stage"], s["status"]) for s in rest]
+assert rest[0]["detail"].startswith("not run: the sanitizers\x27 share (15 s) was spent, leaving the benchmarks "
+    "theirs (run it alone: tools/device-check --prebuilt=%s --only=%s)" % (sys.argv[2], rest[0]["stage"])), rest[0]
+by = {s["stage"]: s for s in d["stages"]}
+assert by["bench:ring_dtp_bench"]["status"] == "pass", by["bench:ring_dtp_bench"]
+assert d["verdict"] == "incomplete" and d["failed"] == [], (d["verdict"], d["failed"])' \
+  "$tmp/share/device-check.json" "$fake" || { cat "$tmp/share/table.txt"; fail "the sanitizers' share"; }
+FAKE_SANITIZER_SLOW=4 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --sanitizer-s=15 --only='sanitizer:*:tc' \
+  --out="$tmp/shareonly" >/dev/null 2>&1 || { cat "$tmp/shareonly/table.txt"; fail "--only sanitizers were cut to the share"; }
 
 # 4b. Kept within its budget: once it is spent no stage starts; each is
 # not_run, saying how to run it alone, and the run is "incomplete" (exit

@@ -160,13 +160,18 @@ class CudaDeviceSpace final : public MemorySpace {
     cudaError_t error =
         cudaMallocFromPoolAsync(&p, bytes, pool_, order_->stream());
     if (error == cudaErrorMemoryAllocation) {
-      // The reserve may be fragmented: hand what is unused back to the
-      // driver and try once more. Without synchronising, memory whose
-      // stream-ordered free the host has not yet seen complete may stay
-      // reserved (cudaMemPoolTrimTo's documentation), so this recovers
-      // less than all of it; the step's buffers are launch-sized, so an
-      // out-of-memory here is rare and is reported with the device's view.
+      // The reserve may be fragmented (blocks freed by an earlier, smaller
+      // step: a benchmark's ladder of contexts on one backend): hand what
+      // is unused back to the driver and try once more. Memory whose
+      // stream-ordered free the host has not seen complete counts as
+      // outstanding and is not released (cudaMemPoolTrimTo's
+      // documentation), so first wait for the release stream: its frees
+      // and the work they are ordered after. This path alone waits (under
+      // the space's lock, which a Free queued meanwhile waits for: it
+      // needs nothing this wait waits on); an allocation that fits never
+      // does.
       (void)cudaGetLastError();
+      PLATEAU_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(order_->stream()));
       PLATEAU_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
       error = cudaMallocFromPoolAsync(&p, bytes, pool_, order_->stream());
     }
