@@ -141,7 +141,7 @@ skip=""
 [ -n "${FAKE_SKIP:-}" ] && skip=',{"name":"B","status":"RUN","result":"SKIPPED"}'
 # FAKE_ENV: where each test says the wgmma switch it saw; FAKE_SLOW: seconds
 # each takes; FAKE_PROBE_FAILS: the wgmma probe's test fails.
-[ -n "${FAKE_ENV:-}" ] && echo "$(basename "$0") PLATEAU_TC_WGMMA=${PLATEAU_TC_WGMMA:-unset}" >>"$FAKE_ENV"
+[ -n "${FAKE_ENV:-}" ] && echo "$(basename "$0") PLATEAU_TC_WGMMA=${PLATEAU_TC_WGMMA:-unset} CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-unset}" >>"$FAKE_ENV"
 [ -n "${FAKE_SLOW:-}" ] && sleep "$FAKE_SLOW"
 failures=""
 [ -n "${FAKE_PROBE_FAILS:-}" ] && [ "$(basename "$0")" = wgmma_probe_test ] && failures=',"failures":[{"failure":"x"}]'
@@ -154,7 +154,7 @@ done
 echo "{\"testsuites\":[{\"name\":\"S\",\"testsuite\":[$cases$skip]}]}" >"$out"
 SH
 printf '#!/bin/sh\necho table\nif [ -n "$FAKE_BAD_JSON" ]; then echo "{\\"cuda\\": "; else echo %s; fi\n' "'{\"cpu\":{},\"cuda\":{\"gflops\":2}}'" >"$fake/bin/bench"
-printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
+printf '#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: Fake"; [ "${FAKE_GPUS:-1}" = 2 ] && echo "GPU 1: Fake"; elif [ "$1" = --query-gpu=memory.total ]; then echo 1000; else echo "Fake, 580, Default, 1000 MiB, 0 MiB"; fi\n' >"$tmp/path/nvidia-smi"
 # compute-sanitizer's stand-in runs the test it is given and finds nothing;
 # FAKE_SANITIZER=refuses answers as on an H200 under gVisor,
 # FAKE_SANITIZER=finds as a run that found an error; FAKE_SANITIZER_SLOW:
@@ -435,6 +435,19 @@ st = [s for s in json.load(open(sys.argv[1]))["stages"] if s["stage"] == "test:w
 assert st["status"] == "fail" and "later stages run with PLATEAU_TC_WGMMA=0" in st["detail"], st' \
   "$tmp/probe/device-check.json" || fail "the probe stage does not say so"
 grep -q '^compute-sanitizer CUDA_MODULE_LOADING=LAZY' "$tmp/env.log" || { cat "$tmp/env.log"; fail "the sanitizer loads eagerly"; }
+# On one GPU every stage loads lazily (no ring spans processes); on two,
+# eagerly; a caller's choice is kept. The preflight says which.
+grep -q '^cuda_twin_test .* CUDA_MODULE_LOADING=LAZY$' "$tmp/env.log" || { cat "$tmp/env.log"; fail "one GPU loads eagerly"; }
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["preflight"]["module_loading"] == "LAZY"' \
+  "$tmp/probe/device-check.json" || fail "the preflight does not say the module loading"
+: >"$tmp/env2.log"
+FAKE_GPUS=2 FAKE_ENV="$tmp/env2.log" PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --only='test:cuda_twin_test' \
+  --out="$tmp/twogpus" >/dev/null 2>&1 || { cat "$tmp/twogpus/table.txt"; fail "the two-GPU run"; }
+grep -q '^cuda_twin_test .* CUDA_MODULE_LOADING=EAGER$' "$tmp/env2.log" || { cat "$tmp/env2.log"; fail "two GPUs load lazily"; }
+: >"$tmp/env3.log"
+CUDA_MODULE_LOADING=EAGER FAKE_ENV="$tmp/env3.log" PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" \
+  --only='test:cuda_twin_test' --out="$tmp/callers" >/dev/null 2>&1 || { cat "$tmp/callers/table.txt"; fail "the caller's loading run"; }
+grep -q '^cuda_twin_test .* CUDA_MODULE_LOADING=EAGER$' "$tmp/env3.log" || { cat "$tmp/env3.log"; fail "the caller's choice was not kept"; }
 
 # 4e. A bench whose JSON line does not parse fails, not passes.
 if FAKE_BAD_JSON=1 PATH="$tmp/path:$PATH" "$check" --prebuilt="$fake" --out="$tmp/badjson" >/dev/null 2>&1; then
