@@ -1094,6 +1094,30 @@ TEST_F(CoordinatorTest, LogLinesOfNoJobAreDropped) {
   EXPECT_TRUE(none->empty());
 }
 
+// A line a worker sends is a line, whatever it carries: one with
+// LogEntry.heartbeat set (a worker's bug, or a forged batch) is stored
+// without it. Stored with it, every client that follows the log with
+// heartbeats would skip a real line as a heartbeat.
+TEST_F(CoordinatorTest, ALineAWorkerSendsIsStoredWithoutAHeartbeat) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  v1::TelemetryRequest t;
+  t.set_worker_id(w);
+  v1::LogEntry* e = t.add_logs();
+  e->set_job_id(job);
+  e->set_rank(0);
+  e->set_stream("stdout");
+  e->set_line("a line");
+  e->mutable_heartbeat();
+  const size_t before = store_->ReadLogs(job, 0, 1000)->size();
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  auto stored = store_->ReadLogs(job, before, 10);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].line(), "a line");
+  EXPECT_FALSE((*stored)[0].has_heartbeat()) << (*stored)[0].DebugString();
+}
+
 // A job's log lines are taken from the workers that hosted it only, while
 // it runs and after its end: before, any worker-token holder could write
 // into any job's log.
