@@ -629,7 +629,20 @@ absl::Status Coordinator::Health() {
 // ---------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobRequest& request) {
+std::function<absl::Status()> Coordinator::PlanStillWanted(const StillWanted& still_wanted, const char* call) const {
+  if (!options_.between_plan_shapes && !still_wanted) return nullptr;
+  return [this, still_wanted, call]() -> absl::Status {
+    if (options_.between_plan_shapes) options_.between_plan_shapes();
+    if (!still_wanted) return absl::OkStatus();
+    absl::Status wanted = still_wanted();
+    if (wanted.ok()) return wanted;
+    return absl::Status(wanted.code(), absl::StrCat(wanted.message(), "; ", call,
+                                                    " stopped planning the spec (its N_max and what-if searches)"));
+  };
+}
+
+absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobRequest& request,
+                                                         const StillWanted& still_wanted) {
   // What a submit of the spec would answer: the rules for new jobs too.
   PLATEAU_RETURN_IF_ERROR(ValidateNewJobSpec(request.spec()));
   std::vector<WorkerSlots> workers;
@@ -637,14 +650,17 @@ absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobReques
     absl::MutexLock lock(&mu_);
     workers = registry_.Slots();
   }
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, plateau::PlanJob(request.spec(), AutoContextFor(workers, request.spec())));
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan,
+                           plateau::PlanJob(request.spec(), AutoContextFor(workers, request.spec()),
+                                            PlanStillWanted(still_wanted, "PlanJob")));
   v1::PlanJobResponse out;
   *out.mutable_plan() = std::move(plan);
   return out;
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
-                                                             const std::string& caller) {
+                                                             const std::string& caller,
+                                                             const StillWanted& still_wanted) {
   // The spec's own fields, labels and limits included, are AdmitJob's
   // (worker/job_spec.h); the request id is the coordinator's.
   PLATEAU_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
@@ -668,7 +684,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     absl::MutexLock lock(&mu_);
     workers = registry_.Slots();
   }
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(request.spec(), AutoContextFor(workers, request.spec())));
+  // Asked only while it plans: once planned, the job is stored whoever
+  // waits (a retry with its request id finds it).
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(request.spec(), AutoContextFor(workers, request.spec()),
+                                                         PlanStillWanted(still_wanted, "SubmitJob")));
   v1::SubmitJobResponse out;
   *out.mutable_plan() = plan;
   if (request.validate_only()) return out;

@@ -122,10 +122,13 @@ struct CoordinatorOptions {
   // For tests: called by ListJobs between its reads of stored jobs (a
   // label_selector's scan reads kListScanRows at a time), with no lock held.
   std::function<void()> between_list_reads;
+  // For tests: called by PlanJob and SubmitJob before each shape their
+  // plan's N_max and what-if searches plan, with no lock held.
+  std::function<void()> between_plan_shapes;
 };
 
 // Asked between the parts of a long call that is work for its caller alone
-// (a ListJobs scan's reads), with no lock held: a status that is not OK
+// (a ListJobs scan's reads, the shapes a plan searches), with no lock held: a status that is not OK
 // ends the call with it. The RPC layer answers DEADLINE_EXCEEDED once the
 // caller's deadline has passed and CANCELLED once it went away, so that a
 // call nobody waits for stops within one part instead of running to its
@@ -155,13 +158,19 @@ class Coordinator {
   // callers inside the process (tests). SubmitJob and PlanJob hold a spec
   // to the rules for new jobs (worker/job_spec.h ValidateNewJobSpec) too;
   // placing, restarting and running a stored job do not.
-  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "");
+  // `still_wanted` is asked between the shapes the plan of SubmitJob and
+  // PlanJob searches (N_max and the what-if table, worker/job_spec.h
+  // PlanJob): a plan is work for its caller alone. A submit is asked only
+  // while it plans, never once it stores the job.
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "",
+                                                  const StillWanted& still_wanted = nullptr);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // `still_wanted` is asked between the reads of a label_selector's scan.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
                                                 const StillWanted& still_wanted = nullptr);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& caller = "");
-  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request);
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request,
+                                              const StillWanted& still_wanted = nullptr);
   // The latest memory timeline of each rank and the job's plan. NOT_FOUND:
   // no such job; FAILED_PRECONDITION: none recorded yet (or never: the spec
   // sets memory_timeline_every to 0).
@@ -227,6 +236,10 @@ class Coordinator {
   absl::StatusOr<bool> KvCheck(const std::vector<std::string>& keys, std::optional<int> rank = std::nullopt);
 
  private:
+  // What a plan asks between the shapes it searches (worker/job_spec.h
+  // PlanJob): the test hook, then `still_wanted`, whose stop then says
+  // that `call` stopped planning. nullptr when neither is set.
+  std::function<absl::Status()> PlanStillWanted(const StillWanted& still_wanted, const char* call) const;
   void Loop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places pending jobs that fit; marks the ones no registered worker could
