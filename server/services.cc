@@ -183,10 +183,11 @@ grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext&
 }
 
 // Whether the caller still waits for the answer, for a handler that works
-// in parts for its caller alone (a ListJobs scan): DEADLINE_EXCEEDED once
-// its deadline has passed, CANCELLED once it cancelled or went away. A
-// ListJobs scan ran on after its client gave up, for no one. A DeleteJob
-// is not asked: it is wanted work whoever waits (coordinator.h).
+// in parts for its caller alone (a ListJobs scan, the shapes a PlanJob or a
+// SubmitJob's plan searches): DEADLINE_EXCEEDED once its deadline has
+// passed, CANCELLED once it cancelled or went away. Both ran on after their
+// client gave up, for no one. A DeleteJob is not asked: it is wanted work
+// whoever waits (coordinator.h).
 StillWanted CallerWaits(const grpc::ServerContext& ctx) {
   return [&ctx]() -> absl::Status {
     // The deadline first: gRPC cancels a call whose deadline passed too.
@@ -203,7 +204,7 @@ StillWanted CallerWaits(const grpc::ServerContext& ctx) {
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->SubmitJob(*req, CallerOf(*ctx)), out);
+  return Reply(c_->SubmitJob(*req, CallerOf(*ctx), CallerWaits(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* out) {
@@ -225,7 +226,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::Cance
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::PlanJobRequest* req,
                                      v1::PlanJobResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->PlanJob(*req), out);
+  return Reply(c_->PlanJob(*req, CallerWaits(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::GetMemoryTimeline(grpc::ServerContext* ctx, const v1::GetMemoryTimelineRequest* req,

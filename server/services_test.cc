@@ -280,6 +280,124 @@ TEST_F(ServicesTest, AListJobsScanWithinItsDeadlineAnswersItsPage) {
   EXPECT_EQ(resp.jobs(resp.jobs_size() - 1).id(), last);
 }
 
+// A plan is work for its caller alone: its N_max and what-if searches plan
+// dozens of shapes per axis, seven axes. A PlanJob whose caller's deadline
+// passes during its first shape (the hook holds it there until the server's
+// deadline has passed) stops at the next check and answers
+// DEADLINE_EXCEEDED, instead of planning every shape for no one.
+TEST_F(ServicesTest, APlanStopsOnceItsCallersDeadlinePassed) {
+  absl::Notification client_gave_up;
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] {
+    if (shapes.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("PlanJob")->deadline(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Milliseconds(500)));
+  v1::PlanJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);  // a device cap: N_max is searched
+  v1::PlanJobResponse resp;
+  const grpc::Status s = stub_->PlanJob(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  // One shape, then the stop: no other shape was planned.
+  EXPECT_EQ(shapes.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("PlanJob");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("the caller's deadline passed"));
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("PlanJob stopped planning"));
+}
+
+// The same plan cancelled by its client (a Ctrl-C in plateauctl plan) ends
+// CANCELLED at the next check.
+TEST_F(ServicesTest, APlanStopsOnceItsCallerCancelled) {
+  absl::Notification client_gave_up;
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] {
+    if (shapes.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    Await([&] { return answers_.Latest("PlanJob")->IsCancelled(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  v1::PlanJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  v1::PlanJobResponse resp;
+  grpc::Status s;
+  absl::Notification done;
+  std::thread call([&] {
+    s = stub_->PlanJob(&ctx, req, &resp);
+    done.Notify();
+  });
+  Await([&] { return shapes.load() > 0; });
+  ctx.TryCancel();
+  done.WaitForNotificationWithTimeout(absl::Seconds(60));
+  call.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  EXPECT_EQ(shapes.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("PlanJob");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::CANCELLED) << answered[0].error_message();
+}
+
+// A submit plans the same way (SubmitJob is plateauctl plan's twin with
+// validate_only): one whose caller's deadline passes while it plans stops
+// there and creates no job. (It would have stored a job its client, told
+// DEADLINE_EXCEEDED, knows nothing of.)
+TEST_F(ServicesTest, ASubmitStopsPlanningOnceItsCallersDeadlinePassedAndCreatesNothing) {
+  absl::Notification client_gave_up;
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] {
+    if (shapes.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("SubmitJob")->deadline(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Milliseconds(500)));
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  v1::SubmitJobResponse resp;
+  const grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  EXPECT_EQ(shapes.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("SubmitJob");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("SubmitJob stopped planning"));
+  bool more = false;
+  absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListJobs(0, 10, {}, &more);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(jobs->empty()) << "a job was created: " << jobs->front().id();
+}
+
+// A plan within its deadline is answered as before: the checks between
+// its shapes (many: the hook counts them) cost it nothing.
+TEST_F(ServicesTest, APlanWithinItsDeadlineAnswersItsPlan) {
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] { shapes.fetch_add(1); };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  v1::PlanJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  v1::PlanJobResponse resp;
+  const grpc::Status s = stub_->PlanJob(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.plan().has_n_max());
+  EXPECT_EQ(resp.plan().what_if_size(), 6);
+  EXPECT_GT(shapes.load(), 14) << "fewer checks than the plan's axes";
+}
+
 // A DeleteJob is wanted work, whoever waits for it: one of a job of more
 // rows than one part (kSweepRowsPerTick) whose caller's deadline passes
 // during its first part (plateauctl's 10 s on a large job) goes on through
