@@ -183,10 +183,13 @@ class Coordinator {
   // is no such job. The data goes in parts of at most kSweepRowsPerTick
   // rows, the lock released between them (a job of millions of rows held
   // it for seconds: every heartbeat waited, past the agents' lease); the
-  // job is marked first (events_deleted_time: it reads as swept) and its
-  // record goes last. It runs to its end whether or not the caller still
-  // waits: only a restart between parts cuts it short (a DeleteJob again
-  // finishes it).
+  // job is marked first (events_deleted_time: it reads as swept), with the
+  // delete recorded as begun (JobStore::BeginDelete), and its record goes
+  // last. It runs to its end whether or not the caller still waits; a
+  // shutdown (Stop) ends it between parts, UNAVAILABLE. A delete cut short
+  // (a shutdown, a crash) is finished by the next start, in the ticks, at
+  // most kSweepRowsPerTick rows a tick (ResumeDeletes); a DeleteJob of it
+  // meanwhile is ABORTED.
   absl::Status DeleteJob(const std::string& id, const std::string& caller = "");
   // The events of a job from `from` (at most `limit`), as WatchJob sends
   // them: with every rank's report in each step event when `per_rank`, and
@@ -264,7 +267,18 @@ class Coordinator {
   static std::string AffectedJobs(int touched);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the events and logs of jobs finished longer than retention ago.
-  void SweepRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes up to `budget` rows (the tick's budget) of due jobs' data.
+  void SweepRetention(int64_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One part of the deletes a restart cut short (resumed_deletes_), up to
+  // *budget rows (taken from it); a delete whose data is all gone is
+  // finished (FinishDelete).
+  void ResumeDeletes(int64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of a delete whose data is gone: the job's record (with its
+  // request id and its record of the delete), its rendezvous keys, its
+  // count and metric series; `said` goes to the log. The store's error
+  // (frozen) when the record cannot be deleted.
+  absl::Status FinishDelete(int64_t seq, v1::JobState state, const std::string& said)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The gauges computed from the registry and the live jobs.
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a restart: the attempt's steps reported but not yet events
@@ -379,10 +393,20 @@ class Coordinator {
   // sweep listed and parsed every finished job from the oldest not yet
   // due at each pass: a month of jobs under the lock every 10 minutes.)
   std::set<std::pair<absl::Time, int64_t>> unswept_ ABSL_GUARDED_BY(mu_);
-  // Jobs (by seq) whose DeleteJob is deleting their data in parts: a
-  // second DeleteJob is refused (ABORTED). (The sweep and late log lines
-  // see the mark DeleteJob writes first: events_deleted_time.)
+  // Jobs (by seq) whose DeleteJob is deleting their data in parts, or
+  // whose delete a restart cut short (resumed_deletes_): a second DeleteJob
+  // is refused (ABORTED). (The sweep and late log lines see the mark
+  // DeleteJob writes first: events_deleted_time.)
   std::set<int64_t> deleting_ ABSL_GUARDED_BY(mu_);
+  // The deletes a previous coordinator began and did not finish (the
+  // store's UnfinishedDeletes at Start), finished by the ticks.
+  struct ResumedDelete {
+    std::string caller;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // the row's: counted in job_counts_
+    int64_t event_count = -1;                        // -1: its record does not parse
+    int parts = 0;
+  };
+  std::map<int64_t, ResumedDelete> resumed_deletes_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   // Heartbeats that have arrived and wait for mu_, by worker id (a count:
