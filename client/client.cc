@@ -168,10 +168,10 @@ absl::StatusOr<v1::PlanJobResponse> Client::PlanJob(const v1::JobSpec& spec) {
 
 namespace {
 
-// A watch's heartbeat (job.proto WatchHeartbeat) says the stream is alive;
-// it is no row of the job: never shown, and it moves no resume point.
+// A stream's heartbeat (job.proto WatchHeartbeat) says the stream is
+// alive; it is no row of the job: never shown, and it moves no resume point.
 bool IsHeartbeat(const v1::JobEvent& e) { return e.has_heartbeat(); }
-bool IsHeartbeat(const v1::LogEntry&) { return false; }
+bool IsHeartbeat(const v1::LogEntry& l) { return l.has_heartbeat(); }
 
 // The wait before retry `attempt` (0, 1, ...) of a stream the coordinator
 // refused for its watch limit: 0.5 s doubling up to 8 s, each a random
@@ -296,6 +296,10 @@ absl::Status Client::GetJobLogs(const std::string& id, bool follow, int64_t from
         req.set_job_id(id);
         req.set_follow(follow);
         req.set_from_index(at);
+        // Skipped in ReadResuming (IsHeartbeat), as a watch's: they keep a
+        // proxy from cutting a quiet follow. (A read without follow gets
+        // none.)
+        req.set_heartbeats(true);
         return stub_->GetJobLogs(ctx, req);
       },
       on_line, [this](const grpc::Status& s) { return Convert(s); });

@@ -72,6 +72,10 @@ class Client {
   // (WatchJobRequest.per_rank).
   absl::Status WatchJob(const std::string& id, int64_t from,
                         const std::function<bool(const v1::JobEvent&)>& on_event, bool per_rank = false);
+  // Streams the job's log lines from `from`: those stored now, or with
+  // `follow` until the job's final state (resuming as WatchJob does). It
+  // asks for a follow's heartbeats (GetJobLogsRequest.heartbeats), which
+  // are not lines: skipped.
   absl::Status GetJobLogs(const std::string& id, bool follow, int64_t from,
                           const std::function<bool(const v1::LogEntry&)>& on_line);
 

@@ -1,4 +1,4 @@
-// The C++ client's stream reader (client/client.h WatchJob) against a
+// The C++ client's stream reader (client/client.h WatchJob, GetJobLogs) against a
 // JobService the test scripts, on a real gRPC server over loopback: what it
 // asks for and what it does with each answer, given on cue.
 #include "client/client.h"
@@ -33,9 +33,17 @@ struct WatchAnswer {
   grpc::Status end = grpc::Status::OK;
 };
 
+// One answer of the scripted GetJobLogs: the stream opened, `rows` sent,
+// then `end`.
+struct LogsAnswer {
+  std::vector<v1::LogEntry> rows;
+  grpc::Status end = grpc::Status::OK;
+};
+
 // A JobService whose WatchJob answers from a script: `answers` in order,
 // then `then` to every call; or, with By, what a function of the time
-// since the first call says.
+// since the first call says. Its GetJobLogs answers `ScriptLogs`' answers
+// in order, then ends OK.
 class ScriptedJobs final : public v1::JobService::Service {
  public:
   void Script(std::deque<WatchAnswer> answers, WatchAnswer then) {
@@ -55,6 +63,33 @@ class ScriptedJobs final : public v1::JobService::Service {
   std::vector<absl::Time> Times() {
     absl::MutexLock lock(&mu_);
     return times_;
+  }
+  void ScriptLogs(std::deque<LogsAnswer> answers) {
+    absl::MutexLock lock(&mu_);
+    logs_ = std::move(answers);
+  }
+  std::vector<v1::GetJobLogsRequest> LogRequests() {
+    absl::MutexLock lock(&mu_);
+    return log_requests_;
+  }
+
+  grpc::Status GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
+                          grpc::ServerWriter<v1::LogEntry>* writer) override {
+    LogsAnswer a;
+    {
+      absl::MutexLock lock(&mu_);
+      log_requests_.push_back(*req);
+      if (!logs_.empty()) {
+        a = std::move(logs_.front());
+        logs_.pop_front();
+      }
+    }
+    ctx->AddInitialMetadata(kStreamOpenMetadata, "1");
+    writer->SendInitialMetadata();
+    for (const v1::LogEntry& l : a.rows) {
+      if (!writer->Write(l)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+    return a.end;
   }
 
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
@@ -89,6 +124,8 @@ class ScriptedJobs final : public v1::JobService::Service {
   std::function<WatchAnswer(absl::Duration)> by_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::WatchJobRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
+  std::deque<LogsAnswer> logs_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::GetJobLogsRequest> log_requests_ ABSL_GUARDED_BY(mu_);
 };
 
 class ClientTest : public ::testing::Test {
@@ -122,6 +159,22 @@ class ClientTest : public ::testing::Test {
     return e;
   }
 
+  static v1::LogEntry Line(int64_t index) {
+    v1::LogEntry l;
+    l.set_job_id("job-1");
+    l.set_index(index);
+    l.set_rank(0);
+    l.set_line(absl::StrCat("line ", index));
+    return l;
+  }
+  static v1::LogEntry LogHeartbeat(int64_t index) {
+    v1::LogEntry l;
+    l.set_job_id("job-1");
+    l.set_index(index);
+    l.mutable_heartbeat();
+    return l;
+  }
+
   ScriptedJobs jobs_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -149,6 +202,39 @@ TEST_F(ClientTest, AWatchAsksForHeartbeatsAndSkipsThem) {
   const std::vector<v1::WatchJobRequest> asked = jobs_.Requests();
   ASSERT_EQ(asked.size(), 1u);
   EXPECT_TRUE(asked[0].heartbeats()) << asked[0].DebugString();
+}
+
+// GetJobLogs asks for a followed log's heartbeats (GetJobLogsRequest.
+// heartbeats) and hands its caller only the lines (plateauctl logs
+// --follow prints each one it is handed, under --output json too). A
+// heartbeat moves no resume point: the follow broken after one resumes
+// from the line after the last line read.
+TEST_F(ClientTest, ALogFollowAsksForHeartbeatsAndSkipsThem) {
+  LogsAnswer first;
+  first.rows = {LogHeartbeat(-1), Line(0), LogHeartbeat(0), Line(1), LogHeartbeat(1)};
+  first.end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down; resume from index 2");
+  LogsAnswer second;
+  second.rows = {LogHeartbeat(1), Line(2)};
+  jobs_.ScriptLogs({first, second});
+  ClientOptions o;
+  o.connection.address = address_;
+  o.reconnect_for = absl::Seconds(20);
+  Client client(o);
+  std::vector<int64_t> seen;
+  const absl::Status s = client.GetJobLogs("job-1", /*follow=*/true, 0, [&](const v1::LogEntry& l) {
+    EXPECT_FALSE(l.has_heartbeat()) << l.DebugString();
+    seen.push_back(l.index());
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_THAT(seen, ElementsAre(0, 1, 2));
+  const std::vector<v1::GetJobLogsRequest> asked = jobs_.LogRequests();
+  ASSERT_EQ(asked.size(), 2u);
+  for (const v1::GetJobLogsRequest& r : asked) {
+    EXPECT_TRUE(r.follow()) << r.DebugString();
+    EXPECT_TRUE(r.heartbeats()) << r.DebugString();
+  }
+  EXPECT_EQ(asked[1].from_index(), 2) << "resumed from a heartbeat's index";
 }
 
 // A watch that never got in (its first try refused for the coordinator's

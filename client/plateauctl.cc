@@ -268,7 +268,8 @@ const std::vector<CommandHelp>& Commands() {
        "Deletes a finished job with its events, logs, memory timelines and metric series. A\n"
        "job that has not finished is refused (exit 2, FAILED_PRECONDITION): cancel it first.\n"
        "The coordinator deletes a large job in parts and finishes even if plateauctl stops\n"
-       "waiting (--timeout, 10 s): a delete of it meanwhile is ABORTED (exit 8), then NOT_FOUND.\n",
+       "waiting (--timeout, 10 s) or the coordinator restarts meanwhile (its next start\n"
+       "finishes it): a delete of it meanwhile is ABORTED (exit 8), then NOT_FOUND.\n",
        {}},
   };
   return *commands;

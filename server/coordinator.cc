@@ -197,6 +197,33 @@ absl::Status Coordinator::Start() {
       }
     }
     for (int64_t seq : unreadable) PLATEAU_RETURN_IF_ERROR(FailUnreadableJob(seq));
+    // Deletes a previous coordinator began and did not finish (it stopped
+    // or died between their parts): finished here, by the ticks
+    // (ResumeDeletes), as wanted work. Left, the job read as swept with
+    // rows still stored, and the retention sweep skipped it.
+    PLATEAU_ASSIGN_OR_RETURN(const std::vector<UnfinishedDelete> unfinished, store_->UnfinishedDeletes());
+    for (const UnfinishedDelete& d : unfinished) {
+      absl::StatusOr<int64_t> seq = ParseJobId(d.job_id);
+      // A live job is never being deleted (DeleteJob refuses it): such a
+      // row is none DeleteJob wrote.
+      if (!seq.ok() || active_.count(*seq) > 0) continue;
+      absl::StatusOr<v1::JobState> state = store_->RecordedState(d.job_id);
+      if (absl::IsNotFound(state.status())) {
+        // Gone already: only its record of the delete is left.
+        const absl::Status gone = store_->DeleteJob(d.job_id);
+        if (!absl::IsNotFound(gone)) PLATEAU_RETURN_IF_ERROR(gone);
+        continue;
+      }
+      if (!state.ok()) {
+        Say(absl::StrCat("cannot finish the delete of ", d.job_id,
+                         " (cut short by a restart): ", state.status().message()));
+        continue;
+      }
+      const absl::StatusOr<v1::Job> job = store_->GetJob(d.job_id);
+      resumed_deletes_[*seq] = ResumedDelete{d.caller, *state, job.ok() ? job->event_count() : -1};
+      deleting_.insert(*seq);
+      Say(absl::StrCat(d.job_id, ": finishing its delete", By(d.caller), ", cut short by a restart"));
+    }
     // What the retention sweep will clear: the finished jobs whose data is
     // still stored (one read of them, here; a row that does not parse is
     // left to the listings that name it).
@@ -431,13 +458,51 @@ bool Coordinator::SweepJob(v1::Job& job, int64_t* budget) {
   return true;
 }
 
-void Coordinator::SweepRetention() {
+void Coordinator::ResumeDeletes(int64_t* budget) {
+  while (!resumed_deletes_.empty() && *budget > 0) {
+    auto it = resumed_deletes_.begin();
+    const int64_t seq = it->first;
+    const std::string id = JobIdOf(seq);
+    int64_t rows = 0;
+    absl::StatusOr<bool> done = store_->DeleteJobDataPart(id, *budget, &rows);
+    Write(done.status(), absl::StrCat("delete ", id, "'s events, logs and reports (its delete, resumed)"));
+    if (!store_error_.ok()) return;
+    *budget -= std::max<int64_t>(1, rows);  // the record below counts as one
+    ++it->second.parts;
+    if (!*done) return;  // more parts at the next tick
+    const ResumedDelete d = std::move(it->second);
+    resumed_deletes_.erase(it);
+    const absl::Status finished = FinishDelete(
+        seq, d.state,
+        absl::StrCat(id, " deleted", By(d.caller), " (", v1::JobState_Name(d.state),
+                     d.event_count >= 0 ? absl::StrCat(", ", d.event_count, " event(s)") : "; its record was corrupt",
+                     "; its delete, cut short by a restart, finished in ", d.parts, " part(s))"));
+    if (!finished.ok()) return;  // frozen (Written)
+  }
+}
+
+absl::Status Coordinator::FinishDelete(int64_t seq, v1::JobState state, const std::string& said) {
+  const std::string id = JobIdOf(seq);
+  deleting_.erase(seq);
+  PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
+  // Any rendezvous key left (an attempt ended at a restart may have kept
+  // its) goes with the job.
+  Write(rendezvous_.DeleteJob(id), absl::StrCat("delete the rendezvous keys ", id, "/"));
+  if (--job_counts_[state] <= 0) job_counts_.erase(state);
+  metrics_->ForgetJob(id);
+  Say(said);
+  job_versions_.erase(id);
+  Changed();  // its watchers end (NOT_FOUND)
+  return absl::OkStatus();
+}
+
+void Coordinator::SweepRetention(int64_t budget) {
   const absl::Time now = absl::Now();
   if (options_.retention <= absl::ZeroDuration() || now < next_sweep_) return;
   // One budget of rows a tick, whatever the jobs: many due at once (the
   // first start with --retention on an old database) go over several
-  // ticks, the first due first, a job of many rows in parts.
-  int64_t budget = kSweepRowsPerTick;
+  // ticks, the first due first, a job of many rows in parts. (The tick's
+  // budget, less what resumed deletes took.)
   const absl::Time cutoff = now - options_.retention;
   while (!unswept_.empty() && unswept_.begin()->first <= cutoff) {
     if (budget <= 0) {
@@ -492,7 +557,12 @@ void Coordinator::Tick() {
   CheckProgress();
   CheckMaxDuration();
   Schedule();
-  SweepRetention();
+  // One budget of rows a tick for both, so that the lock is held for one
+  // part's time at most: the deletes a restart cut short first (wanted
+  // work, begun), then the retention sweep.
+  int64_t budget = kSweepRowsPerTick;
+  ResumeDeletes(&budget);
+  SweepRetention(budget);
   UpdateGauges();
   const absl::Time now = absl::Now();
   while (!forget_.empty() && forget_.front().first <= now) {
@@ -629,7 +699,20 @@ absl::Status Coordinator::Health() {
 // ---------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobRequest& request) {
+std::function<absl::Status()> Coordinator::PlanStillWanted(const StillWanted& still_wanted, const char* call) const {
+  if (!options_.between_plan_shapes && !still_wanted) return nullptr;
+  return [this, still_wanted, call]() -> absl::Status {
+    if (options_.between_plan_shapes) options_.between_plan_shapes();
+    if (!still_wanted) return absl::OkStatus();
+    absl::Status wanted = still_wanted();
+    if (wanted.ok()) return wanted;
+    return absl::Status(wanted.code(), absl::StrCat(wanted.message(), "; ", call,
+                                                    " stopped planning the spec (its N_max and what-if searches)"));
+  };
+}
+
+absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobRequest& request,
+                                                         const StillWanted& still_wanted) {
   // What a submit of the spec would answer: the rules for new jobs too.
   PLATEAU_RETURN_IF_ERROR(ValidateNewJobSpec(request.spec()));
   std::vector<WorkerSlots> workers;
@@ -637,14 +720,17 @@ absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanJob(const v1::PlanJobReques
     absl::MutexLock lock(&mu_);
     workers = registry_.Slots();
   }
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, plateau::PlanJob(request.spec(), AutoContextFor(workers, request.spec())));
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan,
+                           plateau::PlanJob(request.spec(), AutoContextFor(workers, request.spec()),
+                                            PlanStillWanted(still_wanted, "PlanJob")));
   v1::PlanJobResponse out;
   *out.mutable_plan() = std::move(plan);
   return out;
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
-                                                             const std::string& caller) {
+                                                             const std::string& caller,
+                                                             const StillWanted& still_wanted) {
   // The spec's own fields, labels and limits included, are AdmitJob's
   // (worker/job_spec.h); the request id is the coordinator's.
   PLATEAU_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
@@ -668,7 +754,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     absl::MutexLock lock(&mu_);
     workers = registry_.Slots();
   }
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(request.spec(), AutoContextFor(workers, request.spec())));
+  // Asked only while it plans: once planned, the job is stored whoever
+  // waits (a retry with its request id finds it).
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(request.spec(), AutoContextFor(workers, request.spec()),
+                                                         PlanStillWanted(still_wanted, "SubmitJob")));
   v1::SubmitJobResponse out;
   *out.mutable_plan() = plan;
   if (request.validate_only()) return out;
@@ -824,8 +913,11 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     if (deleting_.count(seq) > 0) {
       // Transient: ABORTED, which a client may retry (and then finds the
       // job gone: NOT_FOUND).
-      return absl::AbortedError(
-          absl::StrCat("job ", id, " is being deleted by another request: retry, or wait for it to end"));
+      return absl::AbortedError(absl::StrCat("job ", id,
+                                             resumed_deletes_.count(seq) > 0
+                                                 ? " is being deleted (a delete a restart of the coordinator cut short)"
+                                                 : " is being deleted by another request",
+                                             ": retry, or wait for it to end"));
     }
     // A record that does not parse (DATA_LOSS, which ListJobs names) can be
     // deleted too: that is how an operator clears it. Its state column counts.
@@ -843,15 +935,15 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
                          " by its row's state column: only a finished job can be deleted"));
       }
     }
-    // Marked first, as the retention sweep marks what it removed: a delete
-    // cut short (a restart between its parts, whose commits are each
-    // their own) leaves a job that reads as swept (its streams say so,
-    // late lines are dropped), not one that looks whole with rows gone;
-    // deleting it again finishes.
-    if (job.ok() && !job->has_events_deleted_time()) {
-      Now(job->mutable_events_deleted_time());
-      PLATEAU_RETURN_IF_ERROR(Written(store_->PutJob(*job), absl::StrCat("mark ", id, "'s data as being deleted")));
-    }
+    // Marked first, as the retention sweep marks what it removed, and
+    // recorded as begun in the same transaction (BeginDelete): meanwhile
+    // the job reads as swept (its streams say so, late lines are dropped),
+    // not whole with rows gone; and a restart between the parts, whose
+    // commits are each their own, finds the delete and finishes it
+    // (ResumeDeletes).
+    if (job.ok() && !job->has_events_deleted_time()) Now(job->mutable_events_deleted_time());
+    PLATEAU_RETURN_IF_ERROR(Written(store_->BeginDelete(id, caller, job.ok() ? &*job : nullptr),
+                                    absl::StrCat("mark ", id, "'s data as being deleted")));
     deleting_.insert(seq);
   }
   // Its data in parts, each one transaction under the lock, the lock free
@@ -865,6 +957,15 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     int64_t rows = 0;
     {
       absl::MutexLock lock(&mu_);
+      if (stop_) {
+        // Shutting down (SIGTERM): a large delete held the shutdown for its
+        // whole length. Recorded as begun, it is finished by the next start.
+        deleting_.erase(seq);
+        Say(absl::StrCat(id, ": its delete", By(caller), " stopped after ", parts,
+                         " part(s) of its data by the shutdown; the next start finishes it"));
+        return absl::UnavailableError(
+            absl::StrCat("the coordinator is shutting down: the delete of ", id, " is finished when it starts again"));
+      }
       absl::Status s = store_error_;
       if (s.ok()) {
         absl::StatusOr<bool> part = store_->DeleteJobDataPart(id, kSweepRowsPerTick, &rows);
@@ -880,19 +981,11 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     if (options_.after_delete_part) options_.after_delete_part(rows);
   }
   absl::MutexLock lock(&mu_);
-  deleting_.erase(seq);
-  PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
-  // Any rendezvous key left (an attempt ended at a restart may have kept
-  // its) goes with the job.
-  Write(rendezvous_.DeleteJob(id), absl::StrCat("delete the rendezvous keys ", id, "/"));
-  if (--job_counts_[state] <= 0) job_counts_.erase(state);
-  metrics_->ForgetJob(id);
-  Say(absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),
+  return FinishDelete(
+      seq, state,
+      absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),
                    job.ok() ? absl::StrCat(", ", job->event_count(), " event(s)") : "; its record was corrupt",
                    parts > 1 ? absl::StrCat("; its data in ", parts, " parts") : "", ")"));
-  job_versions_.erase(id);
-  Changed();  // its watchers end (NOT_FOUND)
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::ReadEvents(const std::string& id, int64_t from, int limit,

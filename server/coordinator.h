@@ -122,10 +122,13 @@ struct CoordinatorOptions {
   // For tests: called by ListJobs between its reads of stored jobs (a
   // label_selector's scan reads kListScanRows at a time), with no lock held.
   std::function<void()> between_list_reads;
+  // For tests: called by PlanJob and SubmitJob before each shape their
+  // plan's N_max and what-if searches plan, with no lock held.
+  std::function<void()> between_plan_shapes;
 };
 
 // Asked between the parts of a long call that is work for its caller alone
-// (a ListJobs scan's reads), with no lock held: a status that is not OK
+// (a ListJobs scan's reads, the shapes a plan searches), with no lock held: a status that is not OK
 // ends the call with it. The RPC layer answers DEADLINE_EXCEEDED once the
 // caller's deadline has passed and CANCELLED once it went away, so that a
 // call nobody waits for stops within one part instead of running to its
@@ -155,13 +158,19 @@ class Coordinator {
   // callers inside the process (tests). SubmitJob and PlanJob hold a spec
   // to the rules for new jobs (worker/job_spec.h ValidateNewJobSpec) too;
   // placing, restarting and running a stored job do not.
-  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "");
+  // `still_wanted` is asked between the shapes the plan of SubmitJob and
+  // PlanJob searches (N_max and the what-if table, worker/job_spec.h
+  // PlanJob): a plan is work for its caller alone. A submit is asked only
+  // while it plans, never once it stores the job.
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request, const std::string& caller = "",
+                                                  const StillWanted& still_wanted = nullptr);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // `still_wanted` is asked between the reads of a label_selector's scan.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
                                                 const StillWanted& still_wanted = nullptr);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& caller = "");
-  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request);
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& request,
+                                              const StillWanted& still_wanted = nullptr);
   // The latest memory timeline of each rank and the job's plan. NOT_FOUND:
   // no such job; FAILED_PRECONDITION: none recorded yet (or never: the spec
   // sets memory_timeline_every to 0).
@@ -174,10 +183,13 @@ class Coordinator {
   // is no such job. The data goes in parts of at most kSweepRowsPerTick
   // rows, the lock released between them (a job of millions of rows held
   // it for seconds: every heartbeat waited, past the agents' lease); the
-  // job is marked first (events_deleted_time: it reads as swept) and its
-  // record goes last. It runs to its end whether or not the caller still
-  // waits: only a restart between parts cuts it short (a DeleteJob again
-  // finishes it).
+  // job is marked first (events_deleted_time: it reads as swept), with the
+  // delete recorded as begun (JobStore::BeginDelete), and its record goes
+  // last. It runs to its end whether or not the caller still waits; a
+  // shutdown (Stop) ends it between parts, UNAVAILABLE. A delete cut short
+  // (a shutdown, a crash) is finished by the next start, in the ticks, at
+  // most kSweepRowsPerTick rows a tick (ResumeDeletes); a DeleteJob of it
+  // meanwhile is ABORTED.
   absl::Status DeleteJob(const std::string& id, const std::string& caller = "");
   // The events of a job from `from` (at most `limit`), as WatchJob sends
   // them: with every rank's report in each step event when `per_rank`, and
@@ -227,6 +239,10 @@ class Coordinator {
   absl::StatusOr<bool> KvCheck(const std::vector<std::string>& keys, std::optional<int> rank = std::nullopt);
 
  private:
+  // What a plan asks between the shapes it searches (worker/job_spec.h
+  // PlanJob): the test hook, then `still_wanted`, whose stop then says
+  // that `call` stopped planning. nullptr when neither is set.
+  std::function<absl::Status()> PlanStillWanted(const StillWanted& still_wanted, const char* call) const;
   void Loop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Places pending jobs that fit; marks the ones no registered worker could
@@ -251,7 +267,18 @@ class Coordinator {
   static std::string AffectedJobs(int touched);
   void CheckProgress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the events and logs of jobs finished longer than retention ago.
-  void SweepRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes up to `budget` rows (the tick's budget) of due jobs' data.
+  void SweepRetention(int64_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One part of the deletes a restart cut short (resumed_deletes_), up to
+  // *budget rows (taken from it); a delete whose data is all gone is
+  // finished (FinishDelete).
+  void ResumeDeletes(int64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of a delete whose data is gone: the job's record (with its
+  // request id and its record of the delete), its rendezvous keys, its
+  // count and metric series; `said` goes to the log. The store's error
+  // (frozen) when the record cannot be deleted.
+  absl::Status FinishDelete(int64_t seq, v1::JobState state, const std::string& said)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The gauges computed from the registry and the live jobs.
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a restart: the attempt's steps reported but not yet events
@@ -366,10 +393,20 @@ class Coordinator {
   // sweep listed and parsed every finished job from the oldest not yet
   // due at each pass: a month of jobs under the lock every 10 minutes.)
   std::set<std::pair<absl::Time, int64_t>> unswept_ ABSL_GUARDED_BY(mu_);
-  // Jobs (by seq) whose DeleteJob is deleting their data in parts: a
-  // second DeleteJob is refused (ABORTED). (The sweep and late log lines
-  // see the mark DeleteJob writes first: events_deleted_time.)
+  // Jobs (by seq) whose DeleteJob is deleting their data in parts, or
+  // whose delete a restart cut short (resumed_deletes_): a second DeleteJob
+  // is refused (ABORTED). (The sweep and late log lines see the mark
+  // DeleteJob writes first: events_deleted_time.)
   std::set<int64_t> deleting_ ABSL_GUARDED_BY(mu_);
+  // The deletes a previous coordinator began and did not finish (the
+  // store's UnfinishedDeletes at Start), finished by the ticks.
+  struct ResumedDelete {
+    std::string caller;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // the row's: counted in job_counts_
+    int64_t event_count = -1;                        // -1: its record does not parse
+    int parts = 0;
+  };
+  std::map<int64_t, ResumedDelete> resumed_deletes_ ABSL_GUARDED_BY(mu_);
   // The first failed write to the store (see Written); OK while none failed.
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   // Heartbeats that have arrived and wait for mu_, by worker id (a count:

@@ -105,10 +105,11 @@ security (docs/SERVICE.md "Security")
                                    (0: no limit)
   --watch_reports_per_read=4096    a per-rank WatchJob reads at most this many ranks' reports
                                    into memory at once (at least one step's)
-  --watch_heartbeat_s=20           a WatchJob stream that has sent nothing for this long sends a
-                                   heartbeat (JobEvent.heartbeat, which clients skip), so that a
-                                   proxy or load balancer that cuts idle streams does not cut a
-                                   quiet watch; below their idle timeout (0: none)
+  --watch_heartbeat_s=20           a WatchJob stream, or a GetJobLogs that follows, that has sent
+                                   nothing for this long sends a heartbeat (JobEvent.heartbeat,
+                                   LogEntry.heartbeat, which clients skip) if it asked for them,
+                                   so that a proxy or load balancer that cuts idle streams does
+                                   not cut a quiet watch or log; below their idle timeout (0: none)
 Health checking (grpc.health.v1.Health) stays open for liveness probes; server
 reflection is off when --token_file or --worker_token_file is set.
 )";

@@ -104,6 +104,35 @@ class CoordinatorTest : public ::testing::Test {
 
   Coordinator& c() { return *coordinator_; }
 
+  // The database as a crash of the coordinator now would leave it: every
+  // committed transaction, WAL included (SQLite's online backup, from a
+  // connection of its own, reads what a reopened database would), into
+  // the file `to`.
+  void Snapshot(const std::string& to) {
+    sqlite3* from = nullptr;
+    sqlite3* into = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/state.db").c_str(), &from), SQLITE_OK);
+    ASSERT_EQ(sqlite3_open(to.c_str(), &into), SQLITE_OK);
+    sqlite3_busy_timeout(from, 10000);  // the coordinator's loop may be writing
+    sqlite3_backup* b = sqlite3_backup_init(into, "main", from, "main");
+    ASSERT_NE(b, nullptr) << sqlite3_errmsg(into);
+    EXPECT_EQ(sqlite3_backup_step(b, -1), SQLITE_DONE) << sqlite3_errmsg(into);
+    EXPECT_EQ(sqlite3_backup_finish(b), SQLITE_OK) << sqlite3_errmsg(into);
+    sqlite3_close(into);
+    sqlite3_close(from);
+  }
+
+  // A coordinator killed when `snapshot` was taken, restarted: this one
+  // (which went on meanwhile) gone, the database put back as the snapshot
+  // left it, and a coordinator started on it.
+  void RestartFrom(const std::string& snapshot) {
+    coordinator_.reset();
+    store_.reset();
+    for (const char* suffix : {"-wal", "-shm"}) std::filesystem::remove(dir_ + "/state.db" + suffix);
+    std::filesystem::rename(snapshot, dir_ + "/state.db");
+    Open();
+  }
+
   // How many cancellations worker `w` gets when it registers again running
   // ranks 0 and 1 of `job`'s attempt 0.
   int CancellationsAtRegister(const std::string& w, const std::string& job) {
@@ -1094,6 +1123,30 @@ TEST_F(CoordinatorTest, LogLinesOfNoJobAreDropped) {
   EXPECT_TRUE(none->empty());
 }
 
+// A line a worker sends is a line, whatever it carries: one with
+// LogEntry.heartbeat set (a worker's bug, or a forged batch) is stored
+// without it. Stored with it, every client that follows the log with
+// heartbeats would skip a real line as a heartbeat.
+TEST_F(CoordinatorTest, ALineAWorkerSendsIsStoredWithoutAHeartbeat) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  v1::TelemetryRequest t;
+  t.set_worker_id(w);
+  v1::LogEntry* e = t.add_logs();
+  e->set_job_id(job);
+  e->set_rank(0);
+  e->set_stream("stdout");
+  e->set_line("a line");
+  e->mutable_heartbeat();
+  const size_t before = store_->ReadLogs(job, 0, 1000)->size();
+  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  auto stored = store_->ReadLogs(job, before, 10);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].line(), "a line");
+  EXPECT_FALSE((*stored)[0].has_heartbeat()) << (*stored)[0].DebugString();
+}
+
 // A job's log lines are taken from the workers that hosted it only, while
 // it runs and after its end: before, any worker-token holder could write
 // into any job's log.
@@ -1650,6 +1703,139 @@ TEST_F(CoordinatorTest, AJobOfManyRowsIsDeletedInPartsWithTheLockFreeBetween) {
   EXPECT_THAT(Said(), HasSubstr("its data in 3 parts"));
   // A second delete after the first ended finds nothing.
   EXPECT_EQ(c().DeleteJob(job).code(), absl::StatusCode::kNotFound);
+}
+
+// The coordinator killed between the parts of a delete (after its first of
+// three), restarted: the delete is finished by the restarted coordinator,
+// on its own, without a second DeleteJob. Before, the job stayed as the
+// delete left it, reading as swept (events_deleted_time) with two thirds
+// of its rows stored, and the retention sweep skipped it (it reads swept):
+// until someone deleted it again.
+TEST_F(CoordinatorTest, ADeleteCutShortByACrashIsFinishedByTheRestartedCoordinator) {
+  const std::string crash = dir_ + "/crash.db";
+  int parts = 0;
+  options_.after_delete_part = [&](int64_t) {
+    if (++parts == 1) Snapshot(crash);
+  };
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  std::vector<JobRankStep> many(45000);
+  for (int i = 0; i < 45000; ++i) {
+    many[i].job_id = job;
+    many[i].telemetry.set_attempt(5);
+    many[i].telemetry.set_step(i + 1);
+  }
+  ASSERT_TRUE(store_->PutRankSteps(many).ok());
+  ASSERT_TRUE(c().DeleteJob(job, "CN=alice").ok());
+  ASSERT_EQ(parts, 3);
+  options_.after_delete_part = nullptr;
+  // Restarted with ticks too far apart to run one: what the crash left,
+  // marked and two parts' rows still there, and the delete under way.
+  options_.tick = absl::Hours(1);
+  RestartFrom(crash);
+  EXPECT_TRUE(Get(job).has_events_deleted_time());
+  EXPECT_EQ(store_->ReadRankSteps(job, 5, 0, INT64_MAX)->size(), 25000u);
+  const absl::Status again = c().DeleteJob(job);
+  EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
+  EXPECT_THAT(again.message(), HasSubstr("a delete a restart of the coordinator cut short"));
+  // A second restart, ticking: the ticks finish it.
+  options_.tick = absl::Milliseconds(20);
+  Open();
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return c().GetJob(job).status().code() == absl::StatusCode::kNotFound; },
+                                       absl::Seconds(20)))
+      << Get(job).DebugString() << "\n"
+      << store_->ReadRankSteps(job, 5, 0, INT64_MAX)->size() << " rank reports left\n"
+      << Said();
+  EXPECT_TRUE(store_->ReadRankSteps(job, 5, 0, INT64_MAX)->empty());
+  EXPECT_TRUE(store_->ReadEvents(job, 0, 100)->empty());
+  EXPECT_TRUE(store_->ReadLogs(job, 0, 100)->empty());
+  EXPECT_THAT(Said(), HasSubstr(job + " deleted by CN=alice (SUCCEEDED"));
+  EXPECT_THAT(Said(), HasSubstr("its delete, cut short by a restart, finished"));
+  EXPECT_EQ(c().DeleteJob(job).code(), absl::StatusCode::kNotFound);
+  auto list = c().ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->jobs_size(), 0);
+  // Nothing left to resume at the next start.
+  {
+    absl::MutexLock lock(&said_mu_);
+    said_.clear();
+  }
+  Open();
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_THAT(Said(), ::testing::Not(HasSubstr("delete")));
+}
+
+// Killed after the last part of its data and before its record went: the
+// job read as swept with nothing of it left, for good. The restarted
+// coordinator removes the record.
+TEST_F(CoordinatorTest, ADeleteCutShortAfterItsLastPartIsFinishedByTheRestartedCoordinator) {
+  const std::string crash = dir_ + "/crash.db";
+  int parts = 0;
+  options_.after_delete_part = [&](int64_t) {
+    if (++parts == 2) Snapshot(crash);  // the last of two
+  };
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  std::vector<JobRankStep> many(25000);
+  for (int i = 0; i < 25000; ++i) {
+    many[i].job_id = job;
+    many[i].telemetry.set_attempt(5);
+    many[i].telemetry.set_step(i + 1);
+  }
+  ASSERT_TRUE(store_->PutRankSteps(many).ok());
+  ASSERT_TRUE(c().DeleteJob(job).ok());
+  ASSERT_EQ(parts, 2);
+  options_.after_delete_part = nullptr;
+  RestartFrom(crash);
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return c().GetJob(job).status().code() == absl::StatusCode::kNotFound; },
+                                       absl::Seconds(20)))
+      << Get(job).DebugString() << "\n"
+      << Said();
+  EXPECT_THAT(Said(), HasSubstr(job + " deleted (SUCCEEDED"));
+  EXPECT_EQ(c().DeleteJob(job).code(), absl::StatusCode::kNotFound);
+}
+
+// A coordinator stopped (SIGTERM) while a delete is between its parts stops
+// the delete there, says so to its caller (UNAVAILABLE: the call did not
+// finish, the delete will), and the next start finishes it: a large delete
+// no longer holds the shutdown for its whole length.
+TEST_F(CoordinatorTest, ADeleteStoppedByAShutdownIsFinishedAtTheNextStart) {
+  int parts = 0;
+  options_.after_delete_part = [&](int64_t) {
+    if (++parts == 1) c().Stop();
+  };
+  Open();
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  std::vector<JobRankStep> many(45000);
+  for (int i = 0; i < 45000; ++i) {
+    many[i].job_id = job;
+    many[i].telemetry.set_attempt(5);
+    many[i].telemetry.set_step(i + 1);
+  }
+  ASSERT_TRUE(store_->PutRankSteps(many).ok());
+  const absl::Status s = c().DeleteJob(job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("shutting down"));
+  EXPECT_EQ(parts, 1) << "the delete went on after the stop";
+  EXPECT_FALSE(store_->ReadRankSteps(job, 5, 0, INT64_MAX)->empty());
+  options_.after_delete_part = nullptr;
+  Open();  // the restart, on the same database
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return c().GetJob(job).status().code() == absl::StatusCode::kNotFound; },
+                                       absl::Seconds(20)))
+      << Said();
+  EXPECT_TRUE(store_->ReadRankSteps(job, 5, 0, INT64_MAX)->empty());
 }
 
 // A finished job whose record no longer parses fails every listing, naming

@@ -58,6 +58,14 @@ CREATE TABLE IF NOT EXISTS kv (
   key   TEXT PRIMARY KEY,
   value BLOB NOT NULL
 ) WITHOUT ROWID;
+-- The DeleteJobs under way (BeginDelete .. DeleteJob), so that a restart
+-- finishes one cut short. A table of its own, so that a database of an
+-- earlier version gains it without a migration (and an earlier coordinator
+-- ignores it: its jobs then read as swept until deleted again, as before).
+CREATE TABLE IF NOT EXISTS deletes (
+  job    TEXT PRIMARY KEY,
+  caller TEXT NOT NULL
+) WITHOUT ROWID;
 )sql";
 
 // PRAGMA application_id of a Plateau state database ("PLTU"), and the
@@ -84,6 +92,7 @@ class Stmt {
   int Step() { return sqlite3_step(s_); }
   std::string Blob(int col) {
     const void* p = sqlite3_column_blob(s_, col);
+    if (p == nullptr) return std::string();  // NULL, or an empty value
     return std::string(static_cast<const char*>(p), sqlite3_column_bytes(s_, col));
   }
   int64_t Int(int col) { return sqlite3_column_int64(s_, col); }
@@ -749,10 +758,57 @@ absl::StatusOr<v1::JobState> JobStore::RecordedState(const std::string& id) {
   return static_cast<v1::JobState>(state);
 }
 
+absl::Status JobStore::BeginDelete(const std::string& id, const std::string& caller, const v1::Job* marked) {
+  PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
+  if (marked != nullptr && marked->id() != id) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", marked->id(), "' marked for the delete of '", id, "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  PLATEAU_RETURN_IF_ERROR(Begin(Durability::kProcessCrash));
+  const auto failed = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  };
+  Stmt ins(db_, "INSERT OR REPLACE INTO deletes (job, caller) VALUES (?, ?)");
+  ins.BindText(1, id);
+  ins.BindText(2, caller);
+  if (!ins.ok() || ins.Step() != SQLITE_DONE) return failed(Error("record a delete"));
+  if (marked != nullptr) {
+    Stmt upd(db_, "UPDATE jobs SET state = ?, job = ? WHERE seq = ?");
+    upd.Bind(1, marked->state());
+    upd.Bind(2, marked->SerializeAsString());
+    upd.Bind(3, seq);
+    if (!upd.ok() || upd.Step() != SQLITE_DONE) return failed(Error("update job"));
+    if (sqlite3_changes(db_) != 1) return failed(absl::NotFoundError(absl::StrCat("job '", id, "' not found")));
+  }
+  return Commit();
+}
+
+absl::StatusOr<std::vector<UnfinishedDelete>> JobStore::UnfinishedDeletes() {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT job, caller FROM deletes ORDER BY job");
+  if (!q.ok()) return Error("read the deletes under way");
+  std::vector<UnfinishedDelete> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) out.push_back({q.Blob(0), q.Blob(1)});
+  if (rc != SQLITE_DONE) return Error("read the deletes under way");
+  return out;
+}
+
 absl::Status JobStore::DeleteJob(const std::string& id) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::MutexLock lock(&mu_);
   PLATEAU_RETURN_IF_ERROR(Begin(Durability::kPowerLoss));
+  // Its record of a delete under way goes in the same transaction as the
+  // job (a restart then finds neither or both), and also when the job is
+  // gone already: kept, it would be resumed at every start.
+  Stmt under_way(db_, "DELETE FROM deletes WHERE job = ?");
+  under_way.BindText(1, id);
+  if (!under_way.ok() || under_way.Step() != SQLITE_DONE) {
+    absl::Status s = Error("delete a job's record of its delete");
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
   Stmt del(db_, "DELETE FROM jobs WHERE seq = ?");
   del.Bind(1, seq);
   if (!del.ok() || del.Step() != SQLITE_DONE) {
@@ -761,7 +817,7 @@ absl::Status JobStore::DeleteJob(const std::string& id) {
     return s;
   }
   if (sqlite3_changes(db_) != 1) {
-    Exec("ROLLBACK").IgnoreError();
+    PLATEAU_RETURN_IF_ERROR(Commit());
     return absl::NotFoundError(absl::StrCat("job '", id, "' not found"));
   }
   // Its request id goes with it: a submit with that id after the delete is

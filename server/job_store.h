@@ -64,6 +64,13 @@ struct JobQuery {
   std::function<absl::Status()> between_reads;
 };
 
+// A DeleteJob under way, as BeginDelete recorded it: the job and who asked
+// (server/security.h CallerOf; "" from inside the process).
+struct UnfinishedDelete {
+  std::string job_id;
+  std::string caller;
+};
+
 // A rank's memory timeline (its rank inside) and the job it belongs to.
 struct JobMemoryTimeline {
   std::string job_id;
@@ -163,7 +170,19 @@ class JobStore {
   // given): the rows this call removed. Indices are never reused (the
   // highest goes last; NextIndex reads where they went).
   absl::StatusOr<bool> DeleteJobDataPart(const std::string& id, int64_t max_rows, int64_t* deleted = nullptr);
-  // Removes the job itself as well (one transaction). NOT_FOUND names the id.
+  // Records that a DeleteJob of `id` by `caller` has begun and, when given,
+  // replaces the job's record with `marked` (its events_deleted_time set),
+  // in one transaction: the delete's first write. Its data then goes in
+  // parts (DeleteJobDataPart), each its own transaction, and the record
+  // last (DeleteJob, which also removes this one), so a restart between
+  // them finds the delete here (UnfinishedDeletes) and finishes it. No
+  // `marked` for a record that does not parse (it is deleted all the same).
+  absl::Status BeginDelete(const std::string& id, const std::string& caller, const v1::Job* marked);
+  // The deletes begun and not finished (a restart cut them short), by id.
+  absl::StatusOr<std::vector<UnfinishedDelete>> UnfinishedDeletes();
+  // Removes the job itself as well (one transaction), and its record of a
+  // delete under way. NOT_FOUND names the id (the record of a delete under
+  // way is removed all the same).
   absl::Status DeleteJob(const std::string& id);
   // The state column of the job's row, which stays readable when the record
   // itself is corrupt (GetJob's DATA_LOSS).

@@ -387,6 +387,57 @@ TEST(JobStoreTest, AStoreReopenedMidDeleteNeverReusesAnIndex) {
   EXPECT_EQ(next[0].index(), 6);
 }
 
+// A delete's first write records it as begun with the job's mark, in one
+// transaction; a store reopened before its end (a restarted coordinator)
+// lists it, with its caller; the job's removal removes the record too, and
+// a record whose job is already gone is removed by a DeleteJob that finds
+// no job. A record that does not parse is recorded without a mark.
+TEST(JobStoreTest, ADeleteBegunIsRecordedUntilItsJobIsDeleted) {
+  const std::string path = TempDb("delete_begun");
+  std::string id, unmarked;
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto job = (*store)->CreateJob(NewJob(v1::SUCCEEDED));
+    ASSERT_TRUE(job.ok()) << job.status();
+    id = job->id();
+    auto other = (*store)->CreateJob(NewJob(v1::FAILED));
+    ASSERT_TRUE(other.ok()) << other.status();
+    unmarked = other->id();
+    EXPECT_TRUE((*store)->UnfinishedDeletes()->empty());
+    v1::Job marked = *job;
+    marked.mutable_events_deleted_time()->set_seconds(1234);
+    ASSERT_TRUE((*store)->BeginDelete(id, "CN=alice", &marked).ok());
+    ASSERT_TRUE((*store)->BeginDelete(unmarked, "", nullptr).ok());
+    // Another job's record as the mark is refused, and writes nothing.
+    EXPECT_EQ((*store)->BeginDelete(id, "", &*other).code(), absl::StatusCode::kInvalidArgument);
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto begun = (*store)->UnfinishedDeletes();
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  ASSERT_EQ(begun->size(), 2u);
+  EXPECT_EQ((*begun)[0].job_id, id);
+  EXPECT_EQ((*begun)[0].caller, "CN=alice");
+  EXPECT_EQ((*begun)[1].job_id, unmarked);
+  EXPECT_EQ((*begun)[1].caller, "");
+  EXPECT_EQ((*store)->GetJob(id)->events_deleted_time().seconds(), 1234);
+  EXPECT_FALSE((*store)->GetJob(unmarked)->has_events_deleted_time());
+  ASSERT_TRUE((*store)->DeleteJob(id).ok());
+  ASSERT_EQ((*store)->UnfinishedDeletes()->size(), 1u);
+  ASSERT_TRUE((*store)->DeleteJob(unmarked).ok());
+  EXPECT_TRUE((*store)->UnfinishedDeletes()->empty());
+  // Of a job already gone: NOT_FOUND, and the record goes all the same.
+  ASSERT_TRUE((*store)->BeginDelete("job-99", "", nullptr).ok());
+  EXPECT_EQ((*store)->DeleteJob("job-99").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*store)->UnfinishedDeletes()->empty());
+  // A mark for a job that is not there writes nothing.
+  v1::Job ghost = NewJob(v1::SUCCEEDED);
+  ghost.set_id("job-98");
+  EXPECT_EQ((*store)->BeginDelete("job-98", "", &ghost).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*store)->UnfinishedDeletes()->empty());
+}
+
 TEST(JobStoreTest, ListPagesAndFilters) {
   auto store = JobStore::Open(TempDb("list"));
   ASSERT_TRUE(store.ok());

@@ -126,6 +126,25 @@ grpc::Status StreamRows(Coordinator* c, grpc::ServerContext* ctx, const std::str
   return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
 }
 
+// A stream's heartbeat (job.proto WatchHeartbeat), for a stream that
+// asked for them, else none: one builder for a watch's JobEvent and a
+// followed log's LogEntry. Indexed as the last row sent, so that a client
+// resuming from the index it read last + 1 resumes where it should. Only
+// for a stream that asks: a client built before them shows each as a row
+// (plateauctl's --output json did).
+template <typename Row>
+std::function<Row(int64_t)> HeartbeatsIfAsked(bool asked, const std::string& job_id) {
+  if (!asked) return nullptr;
+  return [job_id](int64_t from) {
+    Row beat;
+    beat.set_job_id(job_id);
+    beat.set_index(from - 1);
+    Now(beat.mutable_time());
+    beat.mutable_heartbeat();
+    return beat;
+  };
+}
+
 // The rank a rendezvous request names (KvSetRequest.rank), if any.
 template <typename Request>
 std::optional<int> RankOf(const Request& req) {
@@ -164,10 +183,11 @@ grpc::Status AdmitWorker(const ServiceGuards& guards, const grpc::ServerContext&
 }
 
 // Whether the caller still waits for the answer, for a handler that works
-// in parts for its caller alone (a ListJobs scan): DEADLINE_EXCEEDED once
-// its deadline has passed, CANCELLED once it cancelled or went away. A
-// ListJobs scan ran on after its client gave up, for no one. A DeleteJob
-// is not asked: it is wanted work whoever waits (coordinator.h).
+// in parts for its caller alone (a ListJobs scan, the shapes a PlanJob or a
+// SubmitJob's plan searches): DEADLINE_EXCEEDED once its deadline has
+// passed, CANCELLED once it cancelled or went away. Both ran on after their
+// client gave up, for no one. A DeleteJob is not asked: it is wanted work
+// whoever waits (coordinator.h).
 StillWanted CallerWaits(const grpc::ServerContext& ctx) {
   return [&ctx]() -> absl::Status {
     // The deadline first: gRPC cancels a call whose deadline passed too.
@@ -184,7 +204,7 @@ StillWanted CallerWaits(const grpc::ServerContext& ctx) {
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->SubmitJob(*req, CallerOf(*ctx)), out);
+  return Reply(c_->SubmitJob(*req, CallerOf(*ctx), CallerWaits(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* out) {
@@ -206,7 +226,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::Cance
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::PlanJobRequest* req,
                                      v1::PlanJobResponse* out) {
   if (grpc::Status admit = Admit(guards_, *ctx); !admit.ok()) return admit;
-  return Reply(c_->PlanJob(*req), out);
+  return Reply(c_->PlanJob(*req, CallerWaits(*ctx)), out);
 }
 
 grpc::Status JobServiceImpl::GetMemoryTimeline(grpc::ServerContext* ctx, const v1::GetMemoryTimelineRequest* req,
@@ -238,26 +258,11 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   }
   const std::string id = req->job_id();
   const bool per_rank = req->per_rank();
-  // Indexed as the last event sent: a client resuming from the index it
-  // read last + 1 resumes where it should (job.proto WatchHeartbeat).
-  // Only for a watch that asks: one built before them shows each as an
-  // event (plateauctl's --output json did).
-  std::function<v1::JobEvent(int64_t)> heartbeat;
-  if (req->heartbeats()) {
-    heartbeat = [&id](int64_t from) {
-      v1::JobEvent beat;
-      beat.set_job_id(id);
-      beat.set_index(from - 1);
-      Now(beat.mutable_time());
-      beat.mutable_heartbeat();
-      return beat;
-    };
-  }
   return StreamRows<v1::JobEvent>(
       c_, ctx, id, req->from_index(), /*follow=*/true, writer,
       [&](int64_t from) { return c_->ReadEvents(id, from, kRowsPerRead, per_rank); },
-      [&] { return Admit(guards_, *ctx); }, "events", [](const v1::Job& job) { return job.event_count(); }, heartbeat,
-      streams_.watch_heartbeat);
+      [&] { return Admit(guards_, *ctx); }, "events", [](const v1::Job& job) { return job.event_count(); },
+      HeartbeatsIfAsked<v1::JobEvent>(req->heartbeats(), id), streams_.watch_heartbeat);
 }
 
 grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJobLogsRequest* req,
@@ -271,10 +276,13 @@ grpc::Status JobServiceImpl::GetJobLogs(grpc::ServerContext* ctx, const v1::GetJ
     if (grpc::Status s = guards_.watches->Acquire(PeerHost(ctx->peer()), &lease); !s.ok()) return s;
   }
   const std::string id = req->job_id();
+  // A followed log of a quiet job (pending, a long step, a rank that
+  // prints nothing) is as idle to a proxy as a quiet watch: the same
+  // heartbeats, when asked. (A read without follow never waits: none.)
   return StreamRows<v1::LogEntry>(
       c_, ctx, id, req->from_index(), req->follow(), writer,
       [&](int64_t from) { return c_->store().ReadLogs(id, from, kRowsPerRead); }, [&] { return Admit(guards_, *ctx); },
-      "log lines", nullptr);
+      "log lines", nullptr, HeartbeatsIfAsked<v1::LogEntry>(req->heartbeats(), id), streams_.watch_heartbeat);
 }
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,

@@ -35,10 +35,11 @@ struct ServiceGuards {
 // How the row streams behave; the coordinator's flags.
 struct StreamOptions {
   // A WatchJob stream that has sent nothing for this long sends a
-  // JobEvent.heartbeat (--watch_heartbeat_s), so that a proxy or load
-  // balancer that cuts idle streams does not cut a quiet watch: those
-  // commonly time out after 60 s or more (AWS ALB's default 60 s, Envoy's
-  // stream idle timeout 5 min). 0: none.
+  // JobEvent.heartbeat, and a GetJobLogs that follows a LogEntry.heartbeat,
+  // when the request asked for them (--watch_heartbeat_s), so that a proxy
+  // or load balancer that cuts idle streams does not cut a quiet watch or
+  // log: those commonly time out after 60 s or more (AWS ALB's default
+  // 60 s, Envoy's stream idle timeout 5 min). 0: none.
   absl::Duration watch_heartbeat = absl::Seconds(20);
 };
 

@@ -280,6 +280,124 @@ TEST_F(ServicesTest, AListJobsScanWithinItsDeadlineAnswersItsPage) {
   EXPECT_EQ(resp.jobs(resp.jobs_size() - 1).id(), last);
 }
 
+// A plan is work for its caller alone: its N_max and what-if searches plan
+// dozens of shapes per axis, seven axes. A PlanJob whose caller's deadline
+// passes during its first shape (the hook holds it there until the server's
+// deadline has passed) stops at the next check and answers
+// DEADLINE_EXCEEDED, instead of planning every shape for no one.
+TEST_F(ServicesTest, APlanStopsOnceItsCallersDeadlinePassed) {
+  absl::Notification client_gave_up;
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] {
+    if (shapes.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("PlanJob")->deadline(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Milliseconds(500)));
+  v1::PlanJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);  // a device cap: N_max is searched
+  v1::PlanJobResponse resp;
+  const grpc::Status s = stub_->PlanJob(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  // One shape, then the stop: no other shape was planned.
+  EXPECT_EQ(shapes.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("PlanJob");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("the caller's deadline passed"));
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("PlanJob stopped planning"));
+}
+
+// The same plan cancelled by its client (a Ctrl-C in plateauctl plan) ends
+// CANCELLED at the next check.
+TEST_F(ServicesTest, APlanStopsOnceItsCallerCancelled) {
+  absl::Notification client_gave_up;
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] {
+    if (shapes.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    Await([&] { return answers_.Latest("PlanJob")->IsCancelled(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  v1::PlanJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  v1::PlanJobResponse resp;
+  grpc::Status s;
+  absl::Notification done;
+  std::thread call([&] {
+    s = stub_->PlanJob(&ctx, req, &resp);
+    done.Notify();
+  });
+  Await([&] { return shapes.load() > 0; });
+  ctx.TryCancel();
+  done.WaitForNotificationWithTimeout(absl::Seconds(60));
+  call.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  EXPECT_EQ(shapes.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("PlanJob");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::CANCELLED) << answered[0].error_message();
+}
+
+// A submit plans the same way (SubmitJob is plateauctl plan's twin with
+// validate_only): one whose caller's deadline passes while it plans stops
+// there and creates no job. (It would have stored a job its client, told
+// DEADLINE_EXCEEDED, knows nothing of.)
+TEST_F(ServicesTest, ASubmitStopsPlanningOnceItsCallersDeadlinePassedAndCreatesNothing) {
+  absl::Notification client_gave_up;
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] {
+    if (shapes.fetch_add(1) != 0) return;
+    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("SubmitJob")->deadline(); });
+  };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Milliseconds(500)));
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  v1::SubmitJobResponse resp;
+  const grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  client_gave_up.Notify();
+  Stop();
+  EXPECT_EQ(shapes.load(), 1);
+  const std::vector<grpc::Status> answered = answers_.Of("SubmitJob");
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
+  EXPECT_THAT(answered[0].error_message(), HasSubstr("SubmitJob stopped planning"));
+  bool more = false;
+  absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListJobs(0, 10, {}, &more);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(jobs->empty()) << "a job was created: " << jobs->front().id();
+}
+
+// A plan within its deadline is answered as before: the checks between
+// its shapes (many: the hook counts them) cost it nothing.
+TEST_F(ServicesTest, APlanWithinItsDeadlineAnswersItsPlan) {
+  std::atomic<int> shapes{0};
+  options_.between_plan_shapes = [&] { shapes.fetch_add(1); };
+  Serve();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  v1::PlanJobRequest req;
+  *req.mutable_spec() = DemoJobSpec(2, 5);
+  v1::PlanJobResponse resp;
+  const grpc::Status s = stub_->PlanJob(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.plan().has_n_max());
+  EXPECT_EQ(resp.plan().what_if_size(), 6);
+  EXPECT_GT(shapes.load(), 14) << "fewer checks than the plan's axes";
+}
+
 // A DeleteJob is wanted work, whoever waits for it: one of a job of more
 // rows than one part (kSweepRowsPerTick) whose caller's deadline passes
 // during its first part (plateauctl's 10 s on a large job) goes on through
@@ -400,6 +518,113 @@ TEST_F(ServicesTest, AWatchThatDoesNotAskForHeartbeatsGetsNone) {
   const grpc::Status s = reader->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   ASSERT_FALSE(rows.empty());  // the submission, at least
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_FALSE(rows[i].has_heartbeat()) << rows[i].DebugString();
+    EXPECT_EQ(rows[i].index(), static_cast<int64_t>(i));
+  }
+}
+
+// A followed log of a pending job is as quiet as its watch: one that asks
+// for heartbeats (GetJobLogsRequest.heartbeats) gets a LogEntry.heartbeat
+// when it has had nothing to send for the interval, through the same
+// machinery as a watch's. A heartbeat carries the job's id, the time and
+// the index of the last line sent (a client resuming from it + 1 misses
+// nothing), is never stored, and comes about once an interval. A read
+// without follow ends at the stored lines, heartbeats asked or not.
+TEST_F(ServicesTest, AQuietLogFollowSendsHeartbeatsIndexedAsItsLastLineAndNeverStored) {
+  StreamOptions streams;
+  streams.watch_heartbeat = absl::Milliseconds(200);
+  Serve({}, streams);
+  const std::string id = PendingJob();
+  std::vector<v1::LogEntry> two(2);
+  for (int i = 0; i < 2; ++i) {
+    two[i].set_job_id(id);
+    two[i].set_rank(0);
+    two[i].set_stream("stdout");
+    two[i].set_line(absl::StrCat("line ", i));
+  }
+  ASSERT_TRUE(store_->AppendLogs(two).ok());
+  const auto stored_lines = [&] { return store_->ReadLogs(id, 0, 1000).value_or(std::vector<v1::LogEntry>()); };
+  const size_t stored = stored_lines().size();
+  ASSERT_GE(stored, 2u);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(15)));  // five heartbeats take a second
+  v1::GetJobLogsRequest req;
+  req.set_job_id(id);
+  req.set_follow(true);
+  req.set_heartbeats(true);
+  auto reader = stub_->GetJobLogs(&ctx, req);
+  std::vector<v1::LogEntry> lines, beats;
+  std::vector<int64_t> last_index_at_beat;
+  const absl::Time start = absl::Now();
+  v1::LogEntry l;
+  while (beats.size() < 5 && reader->Read(&l)) {
+    if (l.has_heartbeat()) {
+      last_index_at_beat.push_back(lines.empty() ? -1 : lines.back().index());
+      beats.push_back(l);
+    } else {
+      lines.push_back(l);
+    }
+  }
+  const absl::Duration took = absl::Now() - start;
+  ctx.TryCancel();
+  reader->Finish();
+  ASSERT_EQ(beats.size(), 5u) << "the log ended after " << lines.size() << " line(s)";
+  ASSERT_EQ(lines.size(), stored);
+  for (size_t i = 0; i < beats.size(); ++i) {
+    EXPECT_EQ(beats[i].job_id(), id);
+    EXPECT_EQ(beats[i].index(), last_index_at_beat[i]) << beats[i].DebugString();
+    EXPECT_EQ(beats[i].index(), static_cast<int64_t>(stored) - 1) << beats[i].DebugString();
+    EXPECT_GT(beats[i].time().seconds(), 0);
+    EXPECT_TRUE(beats[i].line().empty()) << beats[i].DebugString();
+  }
+  EXPECT_GE(took, absl::Milliseconds(5 * 200 - 50));
+  EXPECT_EQ(stored_lines().size(), stored) << "a heartbeat was stored";
+
+  // Resumed from the next index: its heartbeats carry the index before
+  // its from_index.
+  grpc::ClientContext resumed_ctx;
+  resumed_ctx.set_deadline(In(absl::Seconds(60)));
+  req.set_from_index(static_cast<int64_t>(stored));
+  auto resumed = stub_->GetJobLogs(&resumed_ctx, req);
+  ASSERT_TRUE(resumed->Read(&l));
+  EXPECT_TRUE(l.has_heartbeat()) << l.DebugString();
+  EXPECT_EQ(l.index(), static_cast<int64_t>(stored) - 1);
+  resumed_ctx.TryCancel();
+  resumed->Finish();
+
+  // Without follow: the stored lines, then the end.
+  grpc::ClientContext once_ctx;
+  once_ctx.set_deadline(In(absl::Seconds(60)));
+  req.set_from_index(0);
+  req.set_follow(false);
+  auto once = stub_->GetJobLogs(&once_ctx, req);
+  std::vector<v1::LogEntry> read;
+  while (once->Read(&l)) read.push_back(l);
+  const grpc::Status s = once->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(read.size(), stored);
+  for (const v1::LogEntry& r : read) EXPECT_FALSE(r.has_heartbeat()) << r.DebugString();
+}
+
+// Log heartbeats are opt-in as a watch's: a client built before them asks
+// for none and gets none, however quiet the log it follows.
+TEST_F(ServicesTest, ALogFollowThatDoesNotAskForHeartbeatsGetsNone) {
+  StreamOptions streams;
+  streams.watch_heartbeat = absl::Milliseconds(100);
+  Serve({}, streams);
+  const std::string id = PendingJob();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Milliseconds(1500)));  // fifteen intervals
+  v1::GetJobLogsRequest req;
+  req.set_job_id(id);
+  req.set_follow(true);
+  auto reader = stub_->GetJobLogs(&ctx, req);
+  std::vector<v1::LogEntry> rows;
+  v1::LogEntry l;
+  while (reader->Read(&l)) rows.push_back(l);
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   for (size_t i = 0; i < rows.size(); ++i) {
     EXPECT_FALSE(rows[i].has_heartbeat()) << rows[i].DebugString();
     EXPECT_EQ(rows[i].index(), static_cast<int64_t>(i));

@@ -181,6 +181,9 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
     // row no later read can parse (proto/utf8.h).
     if (l.line().size() > kMaxLogLineBytes) l.mutable_line()->resize(Utf8Prefix(l.line(), kMaxLogLineBytes).size());
     if (!l.has_time()) Now(l.mutable_time());
+    // A line, never a stream's heartbeat (job.proto LogEntry.heartbeat):
+    // stored with one, it would be skipped by every client that follows.
+    l.clear_heartbeat();
     out.logs.push_back(std::move(l));
   }
   return out;

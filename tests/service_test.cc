@@ -1590,5 +1590,63 @@ TEST(ServiceTest, AQuietWatchesHeartbeatsAreSkippedByPlateauctlAndTheClient) {
   }
 }
 
+// The same for a followed log: a pending job prints nothing, so
+// `plateauctl logs --follow` (which asks for heartbeats, Client::GetJobLogs)
+// gets one every 0.2 s. Under --output json it prints each line it is
+// handed as a LogEntry: exactly the job's lines, indices 0.. without gaps,
+// and no heartbeat; the text form prints only "[...]" lines.
+TEST(ServiceTest, AQuietLogFollowsHeartbeatsAreSkippedByPlateauctl) {
+  ClusterOptions o;
+  o.with_worker = false;  // the job stays PENDING: its log is quiet
+  o.coordinator_flags = {"--watch_heartbeat_s=0.2"};
+  Cluster c("log-heartbeats", o);
+  ASSERT_TRUE(c.ready()) << c.Logs();
+  auto sub = c.client().SubmitJob(TinyJob(10), false);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const std::string id = sub->job().id();
+  const std::string ctl = "client/plateauctl";
+  Process json_logs({ctl, "--coordinator=" + c.api(), "--output=json", "logs", "--follow", id}, c.dir() + "/logs-json");
+  ASSERT_TRUE(json_logs.spawn_error().empty()) << json_logs.spawn_error();
+  Process text_logs({ctl, "--coordinator=" + c.api(), "logs", "--follow", id}, c.dir() + "/logs-text");
+  ASSERT_TRUE(text_logs.spawn_error().empty()) << text_logs.spawn_error();
+  // The heartbeats are on the wire: a raw follow that asks gets several.
+  auto stub = v1::JobService::NewStub(grpc::CreateChannel(c.api(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetJobLogsRequest req;
+  req.set_job_id(id);
+  req.set_follow(true);
+  req.set_heartbeats(true);  // as plateauctl and Client::GetJobLogs ask
+  auto raw = stub->GetJobLogs(&ctx, req);
+  int beats = 0;
+  v1::LogEntry l;
+  while (beats < 5 && raw->Read(&l)) beats += l.has_heartbeat();
+  ctx.TryCancel();
+  raw->Finish();
+  ASSERT_EQ(beats, 5) << c.Logs();
+  ASSERT_TRUE(c.client().CancelJob(id).ok());
+  ASSERT_TRUE(WaitFor([&] { return !json_logs.Running(); })) << json_logs.err();
+  ASSERT_TRUE(WaitFor([&] { return !text_logs.Running(); })) << text_logs.err();
+
+  std::vector<v1::LogEntry> stored;
+  ASSERT_TRUE(c.client()
+                  .GetJobLogs(id, /*follow=*/false, 0,
+                              [&](const v1::LogEntry& e) {
+                                stored.push_back(e);
+                                return true;
+                              })
+                  .ok());
+  const std::vector<std::string> lines = Lines(json_logs.out());
+  ASSERT_EQ(lines.size(), stored.size()) << json_logs.out();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const v1::LogEntry printed = FromJson<v1::LogEntry>(lines[i]);
+    EXPECT_FALSE(printed.has_heartbeat()) << lines[i];
+    EXPECT_EQ(printed.index(), static_cast<int64_t>(i)) << lines[i];
+  }
+  const std::vector<std::string> text = Lines(text_logs.out());
+  EXPECT_EQ(text.size(), stored.size()) << text_logs.out();
+  for (const std::string& line : text) EXPECT_TRUE(absl::StartsWith(line, "[")) << line;
+}
+
 }  // namespace
 }  // namespace plateau

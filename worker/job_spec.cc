@@ -393,11 +393,12 @@ void NMaxToProto(const NMax& n, v1::NMax* out) {
 
 // N_max within the spec's own limits: the batch and seq_len its validation
 // accepts, and CheckSize on every candidate so that no plan overflows.
-NMaxLimits SpecLimits() {
+NMaxLimits SpecLimits(const std::function<absl::Status()>& still_wanted) {
   NMaxLimits limits;
   limits.max_batch = kMaxDim;
   limits.max_seq_len = kMaxDim;
   limits.check = [](const StepOptions& o) { return CheckSize(o.model, o.layout); };
+  limits.still_wanted = still_wanted;
   return limits;
 }
 
@@ -832,7 +833,8 @@ v1::MemoryPlan PlanToProto(const v1::JobSpec& spec, const MemoryPlan& plan) {
   return out;
 }
 
-absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
+absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContext& auto_context,
+                                       const std::function<absl::Status()>& still_wanted) {
   PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
   // The `auto` settings first: everything below is planned at their values.
   v1::MemoryPlan chosen;
@@ -869,13 +871,15 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
   // chose (kernels/budget/auto_settings.h SolveNMaxAuto).
   const FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
   const AutoRequest request = AutoRequestOf(spec);
-  PLATEAU_ASSIGN_OR_RETURN(NMax n_max, request.any()
-                                           ? SolveNMaxAuto(t.step, request, calibration, caps, SpecLimits())
-                                           : SolveNMax(t.step, caps, SpecLimits()));
+  // The searches plan up to seven axes of dozens of shapes each: where a
+  // plan's time goes, so where a caller gone stops it.
+  const NMaxLimits limits = SpecLimits(still_wanted);
+  PLATEAU_ASSIGN_OR_RETURN(NMax n_max, request.any() ? SolveNMaxAuto(t.step, request, calibration, caps, limits)
+                                                     : SolveNMax(t.step, caps, limits));
   NMaxToProto(n_max, out.mutable_n_max());
-  PLATEAU_ASSIGN_OR_RETURN(std::vector<WhatIfRow> rows,
-                           request.any() ? WhatIfNMaxAuto(t.step, request, calibration, caps, SpecLimits())
-                                         : WhatIfNMax(t.step, caps, SpecLimits()));
+  PLATEAU_ASSIGN_OR_RETURN(std::vector<WhatIfRow> rows, request.any()
+                                                            ? WhatIfNMaxAuto(t.step, request, calibration, caps, limits)
+                                                            : WhatIfNMax(t.step, caps, limits));
   for (const WhatIfRow& r : rows) {
     v1::WhatIfRow* row = out.add_what_if();
     row->set_schedules(r.schedules);
@@ -933,8 +937,9 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
   return plan;
 }
 
-absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context) {
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec, auto_context));
+absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context,
+                                        const std::function<absl::Status()>& still_wanted) {
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, PlanJob(spec, auto_context, still_wanted));
   if (spec.precision() == v1::PRECISION_BF16) {
     PLATEAU_ASSIGN_OR_RETURN(TrainerOptions t, ToTrainerOptions(spec));
     PLATEAU_RETURN_IF_ERROR(CheckPrecisionRuns(t.step));

@@ -14,6 +14,7 @@
 #ifndef PLATEAU_WORKER_JOB_SPEC_H_
 #define PLATEAU_WORKER_JOB_SPEC_H_
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,7 +68,13 @@ absl::Status ValidateNewJobSpec(const v1::JobSpec& spec);
 // context's calibration, and everything is planned at their values
 // (MemoryPlan.auto_settings, .calibration); RESOURCE_EXHAUSTED when no
 // value of them fits, naming the cap and the live set.
-absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContext& auto_context = {});
+// `still_wanted` (when set) is asked before each shape the N_max and
+// what-if searches plan (kernels/budget/n_max.h NMaxLimits::still_wanted),
+// the bulk of a plan's work: a status that is not OK ends the plan with it
+// (the coordinator's: its caller's deadline passed, DEADLINE_EXCEEDED, or
+// it cancelled, CANCELLED).
+absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContext& auto_context = {},
+                                       const std::function<absl::Status()>& still_wanted = nullptr);
 
 // The budget's plan as the API's, against the spec's caps: the live sets of
 // both spaces, their totals, the caps, `fits`, the dispatch estimate and the
@@ -94,7 +101,9 @@ absl::StatusOr<v1::MemoryPlan> AdmitPlan(const v1::JobSpec& spec, v1::MemoryPlan
 // (MemoryPlan.auto_nothing_fits) is refused with the chooser's reason,
 // unless force_launch; under a worker's cap (the spec's is 0) it is left to
 // placement (AutoFitsOnWorker), where another worker may fit.
-absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context = {});
+// `still_wanted` as PlanJob's.
+absl::StatusOr<v1::MemoryPlan> AdmitJob(const v1::JobSpec& spec, const AutoContext& auto_context = {},
+                                        const std::function<absl::Status()>& still_wanted = nullptr);
 
 // Placement's check of a job with `auto` settings on one worker: whether
 // some value of them fits one of the job's ranks there, against the spec's

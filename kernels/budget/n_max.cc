@@ -45,36 +45,40 @@ struct Probe {
   std::string detail;
 };
 
-Probe TryShape(const StepOptions& o, const FitCaps& caps, const NMaxLimits& limits, const PlanFunction& plan) {
+absl::StatusOr<Probe> TryShape(const StepOptions& o, const FitCaps& caps, const NMaxLimits& limits,
+                               const PlanFunction& plan) {
+  if (limits.still_wanted) PLATEAU_RETURN_IF_ERROR(limits.still_wanted());
   const int64_t N = TokensPerRank(o.model, o.layout);
   const std::string where =
       absl::StrCat("at layout.batch ", o.layout.batch, ", model.seq_len ", o.model.seq_len, " (N = ", N,
                    " tokens per rank)");
   if (limits.check) {
-    if (absl::Status s = limits.check(o); !s.ok()) return {false, "refused", absl::StrCat(where, ": ", s.message())};
+    if (absl::Status s = limits.check(o); !s.ok()) {
+      return Probe{false, "refused", absl::StrCat(where, ": ", s.message())};
+    }
   }
   StepOptions planned = o;
   absl::StatusOr<MemoryPlan> p = plan(&planned);
-  if (!p.ok()) return {false, "refused", absl::StrCat(where, ": ", p.status().message())};
+  if (!p.ok()) return Probe{false, "refused", absl::StrCat(where, ": ", p.status().message())};
   if (caps.device_bytes > 0 && DeviceBytesAgainstCap(*p, caps) > caps.device_bytes) {
-    return {false, "device_memory_bytes",
-            absl::StrCat(where, ": the device plan is ", MiB(DeviceBytesAgainstCap(*p, caps)),
-                         caps.balanced_dispatch ? " (dispatch at its balanced case)" : "", " against the cap of ",
-                         MiB(caps.device_bytes), " (largest: ", Largest(p->bytes), ")")};
+    return Probe{false, "device_memory_bytes",
+                 absl::StrCat(where, ": the device plan is ", MiB(DeviceBytesAgainstCap(*p, caps)),
+                              caps.balanced_dispatch ? " (dispatch at its balanced case)" : "", " against the cap of ",
+                              MiB(caps.device_bytes), " (largest: ", Largest(p->bytes), ")")};
   }
   if (caps.host_bytes > 0 && p->host_total() > caps.host_bytes) {
-    return {false, "host_memory_bytes",
-            absl::StrCat(where, ": the host plan is ", MiB(p->host_total()), " against the cap of ",
-                         MiB(caps.host_bytes), " (largest: ", Largest(p->host_bytes), ")")};
+    return Probe{false, "host_memory_bytes",
+                 absl::StrCat(where, ": the host plan is ", MiB(p->host_total()), " against the cap of ",
+                              MiB(caps.host_bytes), " (largest: ", Largest(p->host_bytes), ")")};
   }
-  return {true, "", ""};
+  return Probe{true, "", ""};
 }
 
 // The largest x in [1, x_max] whose shape fits: doubling (or halving),
 // then bisection, keeping lo fitting and hi not. x is the batch, or
 // seq_len / P.
-NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& caps, const NMaxLimits& limits,
-                    const PlanFunction& plan) {
+absl::StatusOr<NMaxAxis> SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& caps,
+                                    const NMaxLimits& limits, const PlanFunction& plan) {
   const int64_t P = base.layout.ranks;
   const int64_t x_max = batch_axis ? limits.max_batch : limits.max_seq_len / P;
   const char* field = batch_axis ? "layout.batch" : "model.seq_len";
@@ -109,14 +113,14 @@ NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& cap
   const int64_t x0 = std::min(x_max, std::max<int64_t>(1, batch_axis ? base.layout.batch : base.model.seq_len / P));
   int64_t lo = 0, hi = -1;  // lo fits (0: nothing yet), hi does not (-1: none yet)
   Probe at_hi;
-  Probe p0 = TryShape(shape(x0), caps, limits, plan);
+  PLATEAU_ASSIGN_OR_RETURN(Probe p0, TryShape(shape(x0), caps, limits, plan));
   if (p0.fits) {
     lo = x0;
   } else {
     hi = x0;
     at_hi = std::move(p0);
     for (int64_t x = x0 / 2; x >= 1 && lo == 0; x /= 2) {
-      Probe p = TryShape(shape(x), caps, limits, plan);
+      PLATEAU_ASSIGN_OR_RETURN(Probe p, TryShape(shape(x), caps, limits, plan));
       if (p.fits) {
         lo = x;
       } else {
@@ -133,7 +137,7 @@ NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& cap
   }
   while (hi < 0 && lo < x_max) {
     const int64_t x = lo > x_max / 2 ? x_max : 2 * lo;
-    Probe p = TryShape(shape(x), caps, limits, plan);
+    PLATEAU_ASSIGN_OR_RETURN(Probe p, TryShape(shape(x), caps, limits, plan));
     if (p.fits) {
       lo = x;
     } else {
@@ -150,7 +154,7 @@ NMaxAxis SearchAxis(const StepOptions& base, bool batch_axis, const FitCaps& cap
   }
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    Probe p = TryShape(shape(mid), caps, limits, plan);
+    PLATEAU_ASSIGN_OR_RETURN(Probe p, TryShape(shape(mid), caps, limits, plan));
     if (p.fits) {
       lo = mid;
     } else {
@@ -183,8 +187,8 @@ absl::StatusOr<NMax> Solve(const StepOptions& options, const FitCaps& caps, cons
         caps.device_bytes, " and host ", caps.host_bytes));
   }
   NMax out;
-  out.batch = SearchAxis(options, /*batch_axis=*/true, caps, limits, plan);
-  out.context = SearchAxis(options, /*batch_axis=*/false, caps, limits, plan);
+  PLATEAU_ASSIGN_OR_RETURN(out.batch, SearchAxis(options, /*batch_axis=*/true, caps, limits, plan));
+  PLATEAU_ASSIGN_OR_RETURN(out.context, SearchAxis(options, /*batch_axis=*/false, caps, limits, plan));
   return out;
 }
 
@@ -319,6 +323,17 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
   off.checkpoints.kind = CheckpointOptions::Kind::kFull;
   off.optimizer_placement.kind = OptimizerPlacementOptions::Kind::kDevice;
 
+  // The caller's stop (NMaxLimits::still_wanted) ends the table: told
+  // apart from a row's own INVALID_ARGUMENT, which is an answer (below).
+  absl::Status stopped;
+  NMaxLimits row_limits = limits;
+  if (limits.still_wanted) {
+    row_limits.still_wanted = [&stopped, &limits] {
+      absl::Status s = limits.still_wanted();
+      if (!s.ok()) stopped = s;
+      return s;
+    };
+  }
   std::vector<WhatIfRow> rows;
   auto add = [&](std::string name, std::vector<const Schedule*> on) -> absl::Status {
     StepOptions o = off;
@@ -337,7 +352,8 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
     absl::StatusOr<PlanFunction> plan = PlanShapesOf(o);
     if (plan.ok() && per_shape != nullptr) plan = per_shape->plan(o);
     if (plan.ok() && adaptive_sco) plan = ScoEveryBoundary(caps, *plan);
-    absl::StatusOr<NMax> n_max = !plan.ok() ? absl::StatusOr<NMax>(plan.status()) : Solve(o, caps, limits, *plan);
+    absl::StatusOr<NMax> n_max = !plan.ok() ? absl::StatusOr<NMax>(plan.status()) : Solve(o, caps, row_limits, *plan);
+    PLATEAU_RETURN_IF_ERROR(stopped);
     if (n_max.ok()) {
       row.n_max = *std::move(n_max);
       // What the row's plan chose at each answer (planned again there).

@@ -81,6 +81,14 @@ struct NMaxLimits {
   // size check, which keeps every byte count of the plan inside int64:
   // without one, the caller keeps the limits small enough for that.
   std::function<absl::Status(const StepOptions&)> check;
+  // Asked before every candidate shape is checked and planned: a status
+  // that is not OK ends the search, and the call (SolveNMax, a what-if
+  // table), with that status. Unlike `check`'s refusal, which is an answer
+  // about the shape, this is the caller's: the coordinator's PlanJob and
+  // SubmitJob pass whether their RPC's caller still waits (its deadline,
+  // its cancel), so that a plan nobody waits for stops within one shape,
+  // not after every axis of every what-if row.
+  std::function<absl::Status()> still_wanted;
 };
 
 // The largest shape along one axis.
@@ -107,7 +115,8 @@ struct NMax {
 };
 
 // INVALID_ARGUMENT when the options do not plan (ValidateStepShape's error)
-// or neither cap is set (name "device_memory_bytes").
+// or neither cap is set (name "device_memory_bytes"); NMaxLimits::
+// still_wanted's status when it ends the search.
 absl::StatusOr<NMax> SolveNMax(const StepOptions& options, const FitCaps& caps,
                                const NMaxLimits& limits = {});
 

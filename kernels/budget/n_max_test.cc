@@ -200,6 +200,47 @@ TEST(NMaxTest, TheCheckEndsTheSearchWithItsMessage) {
   EXPECT_THAT(n->batch.detail, HasSubstr("too large to plan"));
 }
 
+// The caller's stop (NMaxLimits::still_wanted: the coordinator's RPC
+// caller gone or past its deadline) ends the search at once with its
+// status, not as an answer: no shape is checked or planned after it, and
+// the call fails instead of returning an N_max made of "refused" limits.
+TEST(NMaxTest, TheCallersStopEndsTheSearchWithItsStatus) {
+  int asked = 0, checked = 0;
+  NMaxLimits limits;
+  limits.check = [&](const StepOptions&) {
+    ++checked;
+    return absl::OkStatus();
+  };
+  limits.still_wanted = [&] {
+    return ++asked > 3 ? absl::DeadlineExceededError("the caller's deadline passed") : absl::OkStatus();
+  };
+  auto n = SolveNMax(Small(2), {int64_t{1} << 40, 0}, limits);
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kDeadlineExceeded) << n.status();
+  EXPECT_THAT(n.status().message(), HasSubstr("the caller's deadline passed"));
+  EXPECT_EQ(asked, 4);
+  EXPECT_EQ(checked, 3) << "a shape was checked after the stop";
+}
+
+// The same for the what-if table: the stop ends the whole table with its
+// status, whatever its code. (A row's own INVALID_ARGUMENT, a combination
+// the model cannot run, is a row that says why; the caller's stop is not,
+// even with that code.)
+TEST(NMaxTest, TheCallersStopEndsTheWhatIfTableNotARow) {
+  for (const absl::StatusCode code : {absl::StatusCode::kCancelled, absl::StatusCode::kInvalidArgument}) {
+    SCOPED_TRACE(absl::StatusCodeToString(code));
+    int asked = 0;
+    NMaxLimits limits;
+    limits.max_batch = 4096;
+    limits.max_seq_len = 1 << 16;
+    // Through the first row's shapes and into the second's.
+    limits.still_wanted = [&] { return ++asked > 30 ? absl::Status(code, "the caller went away") : absl::OkStatus(); };
+    StepOptions o = Small(2);
+    auto rows = WhatIfNMax(o, {PlanMemory(WithBatch(o, 8)).value().total(), 0}, limits);
+    EXPECT_EQ(rows.status().code(), code) << (rows.ok() ? absl::StrCat(rows->size(), " rows") : "");
+    EXPECT_EQ(asked, 31) << "the table went on after the stop";
+  }
+}
+
 TEST(NMaxTest, BadInputsAreRefusedNamingTheField) {
   EXPECT_THAT(SolveNMax(Small(2), {0, 0}).status().message(), HasSubstr("device_memory_bytes"));
   StepOptions o = Small(2);
