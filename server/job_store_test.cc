@@ -493,7 +493,9 @@ TEST(JobStoreTest, APageEndsAtItsByteBound) {
         got.push_back(*ParseJobId(j.id()));
         bytes += static_cast<int64_t>(j.ByteSizeLong());
       }
-      if (page->size() > 1) EXPECT_LE(bytes, q.max_bytes);
+      if (page->size() > 1) {
+        EXPECT_LE(bytes, q.max_bytes);
+      }
       sizes.push_back(page->size());
       q.cursor = got.back();
     }
