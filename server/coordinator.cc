@@ -204,12 +204,21 @@ absl::Status Coordinator::Start() {
     PLATEAU_ASSIGN_OR_RETURN(const std::vector<UnfinishedDelete> unfinished, store_->UnfinishedDeletes());
     for (const UnfinishedDelete& d : unfinished) {
       absl::StatusOr<int64_t> seq = ParseJobId(d.job_id);
-      // A live job is never being deleted (DeleteJob refuses it): such a
-      // row is none DeleteJob wrote.
-      if (!seq.ok() || active_.count(*seq) > 0) continue;
+      // A live job is never being deleted (DeleteJob refuses it), and every
+      // id it records parses: such a row is none DeleteJob wrote (a hand
+      // edit, a restored backup). Forgotten, not kept: kept, it would delete
+      // the live job unasked at a restart after it ends.
+      if (!seq.ok() || active_.count(*seq) > 0) {
+        Say(absl::StrCat("forgetting a record of a delete of '", d.job_id, "' no DeleteJob could have made (",
+                         seq.ok() ? "the job is live" : "not a job id", ")"));
+        PLATEAU_RETURN_IF_ERROR(store_->ForgetDelete(d.job_id));
+        continue;
+      }
       absl::StatusOr<v1::JobState> state = store_->RecordedState(d.job_id);
       if (absl::IsNotFound(state.status())) {
-        // Gone already: only its record of the delete is left.
+        // Gone already: only its record of the delete is left (and any
+        // rendezvous keys, were the delete older than their ordering).
+        PLATEAU_RETURN_IF_ERROR(rendezvous_.DeleteJob(d.job_id));
         const absl::Status gone = store_->DeleteJob(d.job_id);
         if (!absl::IsNotFound(gone)) PLATEAU_RETURN_IF_ERROR(gone);
         continue;
@@ -484,10 +493,12 @@ void Coordinator::ResumeDeletes(int64_t* budget) {
 absl::Status Coordinator::FinishDelete(int64_t seq, v1::JobState state, const std::string& said) {
   const std::string id = JobIdOf(seq);
   deleting_.erase(seq);
-  PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
   // Any rendezvous key left (an attempt ended at a restart may have kept
-  // its) goes with the job.
+  // its) goes with the job, first: a kill between the two then leaves the
+  // record, whose delete the next start finishes (keys included), not keys
+  // no record names, read at every start for good.
   Write(rendezvous_.DeleteJob(id), absl::StrCat("delete the rendezvous keys ", id, "/"));
+  PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
   if (--job_counts_[state] <= 0) job_counts_.erase(state);
   metrics_->ForgetJob(id);
   Say(said);
@@ -754,10 +765,14 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     absl::MutexLock lock(&mu_);
     workers = registry_.Slots();
   }
-  // Asked only while it plans: once planned, the job is stored whoever
-  // waits (a retry with its request id finds it).
-  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan, AdmitJob(request.spec(), AutoContextFor(workers, request.spec()),
-                                                         PlanStillWanted(still_wanted, "SubmitJob")));
+  // Asked only while it plans, and only where no one can ask for the
+  // result again: a submit with a request id plans to its end and stores
+  // the job whoever waits, so that a retry of it (the client's own deadline
+  // passed first: a slow plan on a loaded coordinator) finds the job
+  // instead of starting a plan that stops again at its deadline.
+  PLATEAU_ASSIGN_OR_RETURN(v1::MemoryPlan plan,
+                           AdmitJob(request.spec(), AutoContextFor(workers, request.spec()),
+                                    PlanStillWanted(idempotent ? StillWanted() : still_wanted, "SubmitJob")));
   v1::SubmitJobResponse out;
   *out.mutable_plan() = plan;
   if (request.validate_only()) return out;
@@ -902,6 +917,12 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
   {
     absl::MutexLock lock(&mu_);
     PLATEAU_RETURN_IF_ERROR(store_error_);  // frozen after a failed write (Written)
+    if (stop_) {
+      // Nothing written yet: UNAVAILABLE means the delete did not begin
+      // (one begun and then stopped would be committed behind it).
+      return absl::UnavailableError(
+          absl::StrCat("the coordinator is shutting down: job ", id, " was not deleted; retry when it is back"));
+    }
     auto it = active_.find(seq);
     if (it != active_.end()) {
       const bool cancelling = it->second.job.state() == v1::CANCELLING;

@@ -1838,6 +1838,41 @@ TEST_F(CoordinatorTest, ADeleteStoppedByAShutdownIsFinishedAtTheNextStart) {
   EXPECT_TRUE(store_->ReadRankSteps(job, 5, 0, INT64_MAX)->empty());
 }
 
+// A delete asked once the coordinator is shutting down is refused before
+// it writes anything: UNAVAILABLE says it did not begin (it was committed
+// as begun, then stopped, so a retry met ABORTED and then NOT_FOUND for a
+// delete its caller was told had not happened).
+TEST_F(CoordinatorTest, ADeleteAskedDuringAShutdownBeginsNothing) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
+  c().Stop();
+  const absl::Status s = c().DeleteJob(job);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("was not deleted"));
+  EXPECT_TRUE(store_->UnfinishedDeletes()->empty()) << "a delete was recorded as begun";
+  absl::StatusOr<v1::Job> kept = store_->GetJob(job);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_FALSE(kept->has_events_deleted_time()) << "the job was marked as being deleted";
+}
+
+// A record of a delete that no DeleteJob could have written (a live job's:
+// DeleteJob refuses those; a hand edit, a restored backup) is forgotten at
+// start, not kept: kept, a restart after the job ends would delete it
+// unasked.
+TEST_F(CoordinatorTest, ARecordOfALiveJobsDeleteIsForgottenAtStart) {
+  const std::string job = Submit(DemoJobSpec(2, 5));
+  RunningJob(job);
+  ASSERT_TRUE(store_->BeginDelete(job, "someone", nullptr).ok());
+  ASSERT_EQ(store_->UnfinishedDeletes()->size(), 1u);
+  Open();  // the restart, on the same database: the job is live (RUNNING)
+  EXPECT_TRUE(store_->UnfinishedDeletes()->empty()) << Said();
+  EXPECT_THAT(Said(), HasSubstr("forgetting a record of a delete of '" + job + "'"));
+  EXPECT_TRUE(c().GetJob(job).ok());
+}
+
 // A finished job whose record no longer parses fails every listing, naming
 // it; deleting it is how an operator clears it, and the listing works again.
 TEST_F(CoordinatorTest, AFinishedJobsCorruptRecordIsNamedAndCanBeDeleted) {

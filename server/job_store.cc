@@ -795,6 +795,14 @@ absl::StatusOr<std::vector<UnfinishedDelete>> JobStore::UnfinishedDeletes() {
   return out;
 }
 
+absl::Status JobStore::ForgetDelete(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Stmt del(db_, "DELETE FROM deletes WHERE job = ?");
+  del.BindText(1, id);
+  if (!del.ok() || del.Step() != SQLITE_DONE) return Error("forget a delete");
+  return absl::OkStatus();
+}
+
 absl::Status JobStore::DeleteJob(const std::string& id) {
   PLATEAU_ASSIGN_OR_RETURN(int64_t seq, ParseJobId(id));
   absl::MutexLock lock(&mu_);

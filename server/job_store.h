@@ -180,6 +180,9 @@ class JobStore {
   absl::Status BeginDelete(const std::string& id, const std::string& caller, const v1::Job* marked);
   // The deletes begun and not finished (a restart cut them short), by id.
   absl::StatusOr<std::vector<UnfinishedDelete>> UnfinishedDeletes();
+  // Drops the record of a delete under way of `id` (the job itself stays):
+  // for records no DeleteJob could have written. OK when there is none.
+  absl::Status ForgetDelete(const std::string& id);
   // Removes the job itself as well (one transaction), and its record of a
   // delete under way. NOT_FOUND names the id (the record of a delete under
   // way is removed all the same).
