@@ -579,32 +579,37 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
   return absl::OkStatus();
 }
 
-// What the machine could do: the best of five 1024^3 sgemm on one BLAS
-// thread (the ranks run one each), times the cores online. The model FLOP/s
-// below are reported beside it.
-double SgemmCeiling() {
+// What the machine could do: on the CPU the best of five 1024^3 sgemm on
+// one BLAS thread (the ranks run one each), times the cores online; on CUDA
+// one GPU's rate. The model FLOP/s below are reported beside it. Returns the
+// square's side with the rate.
+bench::SquareCeiling SgemmCeiling() {
   // One pool thread: the backend splits a GEMM over its pool, and the
-  // ceiling is one core's rate times the cores.
-  BackendOptions bo = LocalWorldBackend(backend_kind, int64_t{64} << 20);
+  // ceiling is one core's rate times the cores. On CUDA room for a 4096^3
+  // GEMM's three matrices (bench::GemmSquareCeiling).
+  const bool cuda = backend_kind == BackendKind::kCuda;
+  BackendOptions bo = LocalWorldBackend(backend_kind, cuda ? int64_t{512} << 20 : int64_t{64} << 20);
   bo.cpu_threads = 1;
   auto be = Backend::Create(bo);
-  if (!be.ok()) return 0;
+  if (!be.ok()) return {};
   const int64_t n = 1024;
   // The step's precision's GEMM: a bf16 step's ceiling is the bf16 GEMM, as
   // step_bench's; an fp32 sgemm ceiling made a bf16 step's percentage many
-  // times too high.
-  double best = 0;
+  // times too high. Timed in batches at the size where a GPU reaches its
+  // rate (4096^3; 1024^3 on the CPU), as step_bench's: 1024^3 timed call by
+  // call read an H200's bf16 rate several times too low.
+  bench::SquareCeiling best{n, 0};
   if (precision_flag == Precision::kBf16Mixed) {
-    best = bench::GemmBf16Rate(**be, n, n, n, 5);
+    best = bench::GemmSquareCeiling(**be, /*bf16=*/true, /*cpu_n=*/n);
   } else {
     auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
     auto b = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
     auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
     auto s = (*be)->CreateStream("sgemm");
-    if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+    if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return best;
     // Filled by the backend: on CUDA the buffers are not host memory.
     if (!(*be)->Fill(**s, a->as<float>(), n * n, 0.5f).ok() || !(*be)->Fill(**s, b->as<float>(), n * n, 0.25f).ok()) {
-      return 0;
+      return best;
     }
     for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
       const double t0 = NowSeconds();
@@ -612,15 +617,16 @@ double SgemmCeiling() {
                ->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(), n, 0.0f, c->as<float>(), n})
                .ok() ||
           !(*s)->Synchronize().ok()) {
-        return 0;
+        return {n, 0};
       }
-      if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
+      if (rep > 0) best.gflops = std::max(best.gflops, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
     }
   }
   // One GPU per rank: its own rate is the ceiling; on the CPU the ranks
   // share the cores.
-  if (backend_kind == BackendKind::kCuda) return best;
-  return best * static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (cuda) return best;
+  best.gflops *= static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+  return best;
 }
 
 // One axis of one stack: the prediction and what the steps said.
@@ -1485,14 +1491,15 @@ int main(int argc, char** argv) {
     }
     return RunMfu(depths[0], cap, t_start);
   }
-  const double ceiling = run ? SgemmCeiling() : 0;
+  const bench::SquareCeiling square = run ? SgemmCeiling() : bench::SquareCeiling{};
+  const double ceiling = square.gflops;
   if (run) {
     if (backend_kind == BackendKind::kCuda) {
-      std::printf("%s ceiling: %.1f GFLOP/s (1024^3 on one GPU; the ranks' figures are per GPU below)\n",
-                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling);
+      std::printf("%s ceiling: %.1f GFLOP/s (%lld^3 on one GPU; the ranks' figures are per GPU below)\n",
+                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling, (long long)square.n);
     } else {
-      std::printf("%s ceiling: %.1f GFLOP/s (1024^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
-                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling,
+      std::printf("%s ceiling: %.1f GFLOP/s (%lld^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
+                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling, (long long)square.n,
                   bench::EnvOr("OPENBLAS_NUM_THREADS").c_str(), sysconf(_SC_NPROCESSORS_ONLN));
     }
   }
@@ -1686,15 +1693,15 @@ int main(int argc, char** argv) {
   // The JSON line.
   std::string json = absl::StrFormat(
       "{\"bench\":\"composed\",\"precision\":\"%s\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
-      "\"ceiling_gemm\":\"%s\",\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
+      "\"ceiling_gemm\":\"%s\",\"sgemm_ceiling_gflops\":%.1f,\"ceiling_square_n\":%d,\"ranks\":%d,"
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
       "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"auto\":%s,\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":"
       "%d,\"strip\":%d,"
       "\"row_tile\":%d,\"sco_beta\":%s,\"bucket_params\":%d,\"staging_slots\":%d},"
       "\"rounds\":%d,\"steps\":%d,\"own_steps\":%d,\"verified\":%s,\"depths\":[",
       PrecisionName(precision_flag), bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false",
-      bench::LoadAverage1m(), others, precision_flag == Precision::kBf16Mixed ? "gemm_bf16" : "sgemm", ceiling, P, cap,
-      m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
+      bench::LoadAverage1m(), others, precision_flag == Precision::kBf16Mixed ? "gemm_bf16" : "sgemm", ceiling,
+      square.n, P, cap, m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
       AutoOf().any() ? "true" : "false", flags["chunk_tokens"], flags["min_piece"], flags["max_borrowed"],
       flags["strip"], flags["row_tile"], bench::JsonString(AutoOf().any() ? "auto" : "all L-1 boundaries"),
       flags["bucket_params"], flags["staging_slots"], flags["rounds"], flags["steps"], flags["own_steps"],

@@ -27,8 +27,11 @@
 // --precision=fp32|bf16 (fp32 by default) is the step's precision
 // (StepOptions::precision); the header and the JSON line name it. In bf16
 // the ceiling is the backend's bf16 GEMM (GemmBf16: bf16 A and B, fp32
-// accumulation) at the same shapes, and "fraction_of_ceiling" is against
-// it. The ceiling is one device's (on CUDA, one GPU) and model_gflops the
+// accumulation) at the step's shape and a square (2048^3 on the CPU,
+// 4096^3 on a GPU, where smaller squares do not reach its rate;
+// "ceiling_square_n" in the JSON), timed in batches of back-to-back GEMMs
+// synchronised once (bench::TimeBatched, as sgemm_bench), and
+// "fraction_of_ceiling" is against it. The ceiling is one device's (on CUDA, one GPU) and model_gflops the
 // whole job's, so on CUDA the fractions divide the job's rate by the ranks
 // (one GPU each); on the CPU the ranks share the machine whose GEMM rate is
 // the ceiling. A step that refuses the precision (TrainingStep::Create: a backend
@@ -209,9 +212,14 @@ int main(int argc, char** argv) {
   const double sgemm_shape = std::max(shape_backend, shape_blas);
   const double sgemm = std::max(sgemm_square, sgemm_shape);
   const bool bf16 = precision == Precision::kBf16Mixed;
-  const double bf16_square = bf16 ? bench::GemmBf16Rate(**probe, 2048, 2048, 2048, 5) : 0;
-  const double bf16_shape = bf16 ? bench::GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden, 5) : 0;
-  const double ceiling = bf16 ? std::max(bf16_square, bf16_shape) : sgemm;
+  // The bf16 square at the size where the device reaches its rate (4096^3
+  // on a GPU, 2048^3 on the CPU: bench::GemmSquareCeiling says why), both
+  // timed in batches of back-to-back GEMMs synchronised once.
+  const bench::SquareCeiling bf16_square =
+      bf16 ? bench::GemmSquareCeiling(**probe, /*bf16=*/true, /*cpu_n=*/2048) : bench::SquareCeiling{};
+  const double bf16_shape = bf16 ? bench::GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden) : 0;
+  const double ceiling = bf16 ? std::max(bf16_square.gflops, bf16_shape) : sgemm;
+  const int64_t ceiling_square_n = bf16 ? bf16_square.n : 2048;
   // What the ceiling is one of: a GPU per rank on CUDA; the one machine the
   // rank threads share on the CPU.
   const double devices = cpu ? 1.0 : static_cast<double>(P);
@@ -231,8 +239,9 @@ int main(int argc, char** argv) {
               square_backend, square_blas, shape_backend, shape_blas);
   if (bf16) {
     if (ceiling > 0) {
-      std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f)\n",
-                  ceiling, bf16_square, (long long)m.expert_ffn, (long long)m.hidden, bf16_shape);
+      std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (%lld^3: %.1f; 4096x%lldx%lld: %.1f)\n", ceiling,
+                  (long long)bf16_square.n, bf16_square.gflops, (long long)m.expert_ffn, (long long)m.hidden,
+                  bf16_shape);
     } else {
       std::printf("bf16 GEMM ceiling: n/a (the backend's GemmBf16 could not be timed)\n");
     }
@@ -327,8 +336,8 @@ int main(int argc, char** argv) {
   }
   std::string json = absl::StrFormat(
       "{\"bench\":\"step\",\"precision\":\"%s\",\"ranks\":%d,\"sgemm_gflops\":%.1f,"
-      "\"ceiling\":\"%s\",\"ceiling_gflops\":%.1f,\"runs\":[",
-      PrecisionName(precision), P, sgemm, bf16 ? "gemm_bf16" : "sgemm", ceiling);
+      "\"ceiling\":\"%s\",\"ceiling_gflops\":%.1f,\"ceiling_square_n\":%d,\"runs\":[",
+      PrecisionName(precision), P, sgemm, bf16 ? "gemm_bf16" : "sgemm", ceiling, ceiling_square_n);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     // No ceiling measured (a bf16 GEMM that could not be timed): null, not inf.
