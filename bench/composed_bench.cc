@@ -579,9 +579,9 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
   return absl::OkStatus();
 }
 
-// What the machine could do: on the CPU the best of five 1024^3 sgemm on
-// one BLAS thread (the ranks run one each), times the cores online; on CUDA
-// one GPU's rate. The model FLOP/s below are reported beside it. Returns the
+// What the machine could do: on the CPU the 1024^3 GEMM's rate on one BLAS
+// thread (the ranks run one each), times the cores online; on CUDA one
+// GPU's rate. The model FLOP/s below are reported beside it. Returns the
 // square's side with the rate.
 bench::SquareCeiling SgemmCeiling() {
   // One pool thread: the backend splits a GEMM over its pool, and the
@@ -592,36 +592,13 @@ bench::SquareCeiling SgemmCeiling() {
   bo.cpu_threads = 1;
   auto be = Backend::Create(bo);
   if (!be.ok()) return {};
-  const int64_t n = 1024;
   // The step's precision's GEMM: a bf16 step's ceiling is the bf16 GEMM, as
   // step_bench's; an fp32 sgemm ceiling made a bf16 step's percentage many
   // times too high. Timed in batches at the size where a GPU reaches its
   // rate (4096^3; 1024^3 on the CPU), as step_bench's: 1024^3 timed call by
-  // call read an H200's bf16 rate several times too low.
-  bench::SquareCeiling best{n, 0};
-  if (precision_flag == Precision::kBf16Mixed) {
-    best = bench::GemmSquareCeiling(**be, /*bf16=*/true, /*cpu_n=*/n);
-  } else {
-    auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-    auto b = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-    auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-    auto s = (*be)->CreateStream("sgemm");
-    if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return best;
-    // Filled by the backend: on CUDA the buffers are not host memory.
-    if (!(*be)->Fill(**s, a->as<float>(), n * n, 0.5f).ok() || !(*be)->Fill(**s, b->as<float>(), n * n, 0.25f).ok()) {
-      return best;
-    }
-    for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
-      const double t0 = NowSeconds();
-      if (!(*be)
-               ->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(), n, 0.0f, c->as<float>(), n})
-               .ok() ||
-          !(*s)->Synchronize().ok()) {
-        return {n, 0};
-      }
-      if (rep > 0) best.gflops = std::max(best.gflops, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
-    }
-  }
+  // call read an H200's rate low (bf16 several times, fp32 by ~20-35%).
+  bench::SquareCeiling best =
+      bench::GemmSquareCeiling(**be, /*bf16=*/precision_flag == Precision::kBf16Mixed, /*cpu_n=*/1024);
   // One GPU per rank: its own rate is the ceiling; on the CPU the ranks
   // share the cores.
   if (cuda) return best;

@@ -70,31 +70,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Best GFLOP/s of C = A B at m x n x k over `reps` runs.
-double SgemmRate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
-  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 4);
-  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 4);
-  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 4);
-  auto s = be.CreateStream("bench");
-  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
-  // Filled by the backend: on CUDA the buffers are not host memory.
-  if (!be.Fill(**s, a->as<float>(), m * k, 0.5f).ok() || !be.Fill(**s, b->as<float>(), k * n, 0.25f).ok()) return 0;
-  // One untimed run first: it faults the fresh buffers in and starts the
-  // BLAS threads, neither of which is the GEMM's rate.
-  be.Gemm(**s, {false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f,
-                c->as<float>(), n}).IgnoreError();
-  (*s)->Synchronize().IgnoreError();
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    double t0 = Now();
-    be.Gemm(**s, {false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f,
-                  c->as<float>(), n}).IgnoreError();
-    (*s)->Synchronize().IgnoreError();
-    best = std::max(best, 2.0 * m * n * k / (Now() - t0) / 1e9);
-  }
-  return best;
-}
-
 // The same rate from OpenBLAS's own threads (one per core) on one whole
 // cblas_sgemm call, outside the backend, which runs OpenBLAS single-threaded
 // and splits GEMMs over its pool (kernels/cpu_ops.h). The ceiling is the
@@ -202,9 +177,12 @@ int main(int argc, char** argv) {
   }
   // The ceiling: square sgemm and the step's dominant shape (tokens x H x F),
   // each the better of the backend's GEMM and (on the CPU) OpenBLAS's own
-  // threads.
-  const double square_backend = SgemmRate(**probe, 2048, 2048, 2048, 5);
-  const double shape_backend = SgemmRate(**probe, 4096, m.expert_ffn, m.hidden, 5);
+  // threads. The backend's timed in batches of back-to-back GEMMs
+  // synchronised once, the square at the size where the device reaches its
+  // rate (2048^3 on the CPU, 4096^3 on a GPU: bench::GemmSquareCeiling).
+  const bench::SquareCeiling fp32_square = bench::GemmSquareCeiling(**probe, /*bf16=*/false, /*cpu_n=*/2048);
+  const double square_backend = fp32_square.gflops;
+  const double shape_backend = bench::GemmRate(**probe, 4096, m.expert_ffn, m.hidden, /*bf16=*/false);
   const bool cpu = backend == BackendKind::kCpu;
   const double square_blas = cpu ? OpenBlasThreadedRate(2048, 2048, 2048, 5) : 0;
   const double shape_blas = cpu ? OpenBlasThreadedRate(4096, m.expert_ffn, m.hidden, 5) : 0;
@@ -219,7 +197,7 @@ int main(int argc, char** argv) {
       bf16 ? bench::GemmSquareCeiling(**probe, /*bf16=*/true, /*cpu_n=*/2048) : bench::SquareCeiling{};
   const double bf16_shape = bf16 ? bench::GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden) : 0;
   const double ceiling = bf16 ? std::max(bf16_square.gflops, bf16_shape) : sgemm;
-  const int64_t ceiling_square_n = bf16 ? bf16_square.n : 2048;
+  const int64_t ceiling_square_n = bf16 ? bf16_square.n : fp32_square.n;
   // What the ceiling is one of: a GPU per rank on CUDA; the one machine the
   // rank threads share on the CPU.
   const double devices = cpu ? 1.0 : static_cast<double>(P);
@@ -233,10 +211,11 @@ int main(int argc, char** argv) {
               (long long)m.vocab_size, (long long)ActiveParameterCount(m),
               (long long)ParameterCount(m), P, (long long)f["batch"]);
   std::printf("precision: %s\n", PrecisionName(precision));
-  std::printf("sgemm ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f; backend / "
-              "OpenBLAS threads: %.1f / %.1f, %.1f / %.1f)\n",
-              sgemm, sgemm_square, (long long)m.expert_ffn, (long long)m.hidden, sgemm_shape,
-              square_backend, square_blas, shape_backend, shape_blas);
+  std::printf(
+      "sgemm ceiling: %.1f GFLOP/s (%lld^3: %.1f; 4096x%lldx%lld: %.1f; backend / "
+      "OpenBLAS threads: %.1f / %.1f, %.1f / %.1f)\n",
+      sgemm, (long long)fp32_square.n, sgemm_square, (long long)m.expert_ffn, (long long)m.hidden, sgemm_shape,
+      square_backend, square_blas, shape_backend, shape_blas);
   if (bf16) {
     if (ceiling > 0) {
       std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (%lld^3: %.1f; 4096x%lldx%lld: %.1f)\n", ceiling,
