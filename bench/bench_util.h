@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "kernels/backend.h"
@@ -264,6 +266,17 @@ inline SquareCeiling GemmSquareCeiling(Backend& be, bool bf16, int64_t cpu_n) {
   return full.gflops >= probe.gflops ? full : probe;
 }
 
+// Whether a training step's loss and gradient norm (StepStats::loss,
+// ::grad_norm) are finite; INTERNAL, naming the step (`what`: "seq_len 4096,
+// step 2") and both values, when not: a step that computes NaN or inf is a
+// wrong result, and its time is not a speed. A benchmark that runs steps
+// ends its run on it (exit status 1).
+inline absl::Status CheckFiniteStep(double loss, double grad_norm, absl::string_view what) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": the loss is ", loss, " and the gradient norm ", grad_norm,
+                                          ": a step that is not finite is a wrong result, not a speed"));
+}
+
 // The model named by a benchmark's flags "hidden", "heads", "kv_heads",
 // "experts", "top_k", "expert_ffn" and "vocab", at `layers` and `seq_len`
 // (the other fields keep their defaults).
@@ -303,6 +316,10 @@ inline std::string JsonString(absl::string_view s) {
   }
   return out + "\"";
 }
+
+// `v` as a JSON number (%.6g), or null where it is not finite: JSON has no
+// NaN or inf, and a line with "-nan" in it does not parse at all.
+inline std::string JsonNumber(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null"; }
 
 // Local date and time, "2026-12-02 10:11:12 UTC+0000".
 // (Benchmarks read the clock; results are printed, never compared to

@@ -433,7 +433,9 @@ Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
     auto st = (*step)->Step(tok, tgt);
     if (!st.ok()) return st.status();
     peaks[r] = st->device.total_peak;
-    return absl::OkStatus();
+    // A step that completes with a loss that is not finite has not shown
+    // that the shape trains under the cap.
+    return bench::CheckFiniteStep(st->loss, st->grad_norm, "the reach's step");
   });
   a.seconds = NowSeconds() - t0;
   a.at_launch = !a.status.ok() && std::count(launched.begin(), launched.end(), 1) < Ranks();
@@ -520,8 +522,8 @@ ProcessUsage ReadUsage() {
 // ranks' threads: compute, streams, Gloo): the work a step costs, which
 // other processes' load moves far less than its wall time.
 // `first_loss`, when given, gets rank 0's loss of the first (untimed)
-// step; a step whose loss is not finite fails the run (a wrong result's
-// time is not a throughput).
+// step; a step whose loss or gradient norm is not finite fails the run (a
+// wrong result's time is not a throughput).
 absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::vector<double>* times,
                        ProcessUsage* usage = nullptr, std::string* counts_text = nullptr,
                        double* first_loss = nullptr) {
@@ -554,8 +556,9 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
       auto st = (*step)->Step(tok, tgt);
       if (!st.ok()) {
         failed = st.status();
-      } else if (!std::isfinite(st->loss)) {
-        failed = absl::InternalError(absl::StrCat("step ", i + 1, ": the loss is ", st->loss));
+      } else if (absl::Status finite = bench::CheckFiniteStep(st->loss, st->grad_norm, absl::StrCat("step ", i + 1));
+                 !finite.ok()) {
+        failed = finite;
       } else if (i == 0 && r == 0 && first_loss != nullptr) {
         *first_loss = st->loss;
       }
@@ -617,7 +620,10 @@ struct Reach {
 
 std::string Describe(const Attempt& a) {
   if (a.status.ok()) return absl::StrFormat("completed (peak %.2f MiB, %.1f s)", MiB(a.peak), a.seconds);
-  return absl::StrCat(a.at_launch ? "refused at launch: " : "out of memory mid-step: ", a.status.message());
+  return absl::StrCat(a.at_launch                                               ? "refused at launch: "
+                      : a.status.code() == absl::StatusCode::kResourceExhausted ? "out of memory mid-step: "
+                                                                                : "failed mid-step: ",
+                      a.status.message());
 }
 
 // Verifies one axis: the predicted shape completes one step under the cap
@@ -894,7 +900,8 @@ std::string AxisJson(const Reach& r) {
 // the throughput of a trained router, not standard EP's worst case, which
 // the all-on stack does not run anyway). Every step's device peak (the
 // warm-up's too) must stay within its plan, live set by live set, and every
-// loss must be finite, or the run exits 1.
+// loss and gradient norm must be finite (the warm-up's too), or the run
+// exits 1.
 //
 // A rung can take longer than its prediction (at the cap the settings chosen
 // are the ones with the smallest plan, slower per FLOP than the last rung's),
@@ -911,7 +918,10 @@ struct Rung {
   double attention_share = 0;
   int64_t peak = 0, planned = 0;  // device total: the largest rank's peak, the plan
   std::string over_plan;          // live sets whose peak passed their plan, "" when none
-  double loss = 0;
+  double loss = 0, grad_norm = 0;
+  // Finite loss and gradient norm: a step that is not finite is a wrong
+  // result, its rate no MFU.
+  bool finite() const { return std::isfinite(loss) && std::isfinite(grad_norm); }
   // Rank 0's timed step by phase, on the device (kernels/phase_clock.h), or
   // why there is no such reading.
   PhaseTimes phases;
@@ -1005,8 +1015,7 @@ class MfuLadder {
     const double now = NowSeconds();
     const bool bounded = std::all_of(rungs_.begin(), rungs_.end(),
                                      [](const Rung& g) { return g.over_plan.empty(); });
-    const bool finite = std::all_of(rungs_.begin(), rungs_.end(),
-                                    [](const Rung& g) { return std::isfinite(g.loss); });
+    const bool finite = std::all_of(rungs_.begin(), rungs_.end(), [](const Rung& g) { return g.finite(); });
     const Rung last = rungs_.empty() ? Rung{} : rungs_.back();
     // A rung cut in its timed step bounds the rate: below its FLOPs over the
     // time the step has run. Cut before it (making the step, warming up) it
@@ -1052,7 +1061,7 @@ class MfuLadder {
     const bool ok = bounded && finite && failure_.empty() && !rungs_.empty();
     std::printf("%s; %.0f s\n",
                 !bounded            ? "SOME PEAKS OVER THEIR PLAN"
-                : !finite           ? "A LOSS NOT FINITE"
+                : !finite           ? "A LOSS OR GRADIENT NORM NOT FINITE"
                 : !failure_.empty() ? "A STEP FAILED"
                                     : "every peak within its plan",
                 now - t_start_);
@@ -1069,14 +1078,14 @@ class MfuLadder {
         bounded ? "true" : "false", finite ? "true" : "false", bench::JsonString(failure_));
     for (size_t i = 0; i < rungs_.size(); ++i) {
       const Rung& g = rungs_[i];
-      absl::StrAppendFormat(
-          &json,
-          "%s{\"seq_len\":%d,\"settings\":%s,\"create_s\":%.3f,\"step_s\":%.4f,"
-          "\"model_flops\":%.6g,\"tflops\":%.4g,\"mfu\":%.4g,\"attention_share\":%.4f,"
-          "\"peak_bytes\":%d,\"planned_bytes\":%d,\"over_plan\":%s,\"loss\":%.6g,%s}",
-          i ? "," : "", g.seq_len, bench::JsonString(g.settings), g.create_s, g.step_s, g.flops,
-          Tflops(g), Mfu(g.flops / P, g.step_s, peak_flops_), g.attention_share, g.peak, g.planned,
-          bench::JsonString(g.over_plan), g.loss, PhasesJson(g));
+      absl::StrAppendFormat(&json,
+                            "%s{\"seq_len\":%d,\"settings\":%s,\"create_s\":%.3f,\"step_s\":%.4f,"
+                            "\"model_flops\":%.6g,\"tflops\":%.4g,\"mfu\":%.4g,\"attention_share\":%.4f,"
+                            "\"peak_bytes\":%d,\"planned_bytes\":%d,\"over_plan\":%s,\"loss\":%s,\"grad_norm\":%s,%s}",
+                            i ? "," : "", g.seq_len, bench::JsonString(g.settings), g.create_s, g.step_s, g.flops,
+                            Tflops(g), Mfu(g.flops / P, g.step_s, peak_flops_), g.attention_share, g.peak, g.planned,
+                            bench::JsonString(g.over_plan), bench::JsonNumber(g.loss), bench::JsonNumber(g.grad_norm),
+                            PhasesJson(g));
     }
     absl::StrAppendFormat(
         &json, "],\"longest_seq_len\":%d,\"reached_n_max\":%s,\"tflops\":%.4g,\"mfu\":%.4g",
@@ -1279,6 +1288,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
                 auto st = (*step)->Step(tok, tgt);
                 if (st.ok()) {
                   warm_peaks = st->device;
+                  failed = bench::CheckFiniteStep(st->loss, st->grad_norm,
+                                                  absl::StrCat("seq_len ", t, ", the warm-up step"));
                 } else {
                   failed = st.status();
                 }
@@ -1353,6 +1364,7 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           g.phases_error = rung_phases_error;
           g.planned = plan.total();
           g.loss = stats[0].loss;
+          g.grad_norm = stats[0].grad_norm;
           for (int q = 0; q < P; ++q) {
             g.peak = std::max(g.peak, stats[q].device.total_peak);
             for (int i = 0; i < kNumLiveSets; ++i) {
@@ -1372,8 +1384,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           ladder.Done(g);
           if (!g.over_plan.empty()) {
             ladder.EndedBy("a peak over its plan ended the ladder");
-          } else if (!std::isfinite(g.loss)) {
-            ladder.EndedBy("a loss not finite ended the ladder");
+          } else if (!g.finite()) {
+            ladder.EndedBy("a loss or gradient norm not finite ended the ladder");
           } else {
             next = bench::NextContext(ladder_limits, t, g.flops / g.step_s, deadline - NowSeconds(),
                                       ladder.OverheadSeconds(), flops);

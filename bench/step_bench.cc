@@ -35,7 +35,9 @@
 // whole job's, so on CUDA the fractions divide the job's rate by the ranks
 // (one GPU each); on the CPU the ranks share the machine whose GEMM rate is
 // the ceiling. A step that refuses the precision (TrainingStep::Create: a backend
-// that does not compute it) ends the run with exit status 1 and says so.
+// that does not compute it) ends the run with exit status 1 and says so, as
+// does a step (the warm-up too) whose loss or gradient norm is not finite:
+// a wrong result's time is not a speed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -266,6 +268,9 @@ int main(int argc, char** argv) {
             if (record) timeline.Begin();
             auto st = (*step)->Step(tok, tgt, record ? &timeline : nullptr);
             if (!st.ok()) return st.status();
+            const absl::Status finite = bench::CheckFiniteStep(
+                st->loss, st->grad_norm, absl::StrCat("seq_len ", T, ", step ", s, s == 0 ? " (the warm-up)" : ""));
+            if (!finite.ok()) return finite;
             if (s > 0) (record ? recorded : times).push_back(Now() - t0);
             if (s > 0 && !record) {
               const Usage u1 = UsageNow();
