@@ -19,17 +19,18 @@
 //    dispatch reaches the worst case the plan counts; a balanced routing
 //    would leave the baseline's prediction loose, not tight.
 // 3. Throughput where both run: model FLOP/s (6 x active matmul params x
-//    tokens + causal attention; worker/trainer_options.h) at the baseline's
-//    longest context and at the shorter one: the baseline at its largest
-//    batch there, the composed stack at the same batch and at its own
-//    largest batch there; under the seeded router. `rounds` rounds run the
-//    three back to back (each in a fresh world, one untimed warm-up step,
-//    then `steps` / `own_steps` timed ones), so that drift hits all three;
-//    printed: each stack's median and range, the ratio of the medians and
-//    the range of the ratios within a round, and what a step costs beyond
-//    its wall time — the process's CPU seconds, its threads' blocking waits
-//    and rank 0's collectives per step with the bytes they hand over to
-//    send (counts no other load changes).
+//    tokens + causal attention; worker/trainer_options.h: the model's
+//    FLOPs, not the executed ones, which add the recomputation; see --mfu_s
+//    below) at the baseline's longest context and at the shorter one: the
+//    baseline at its largest batch there, the composed stack at the same
+//    batch and at its own largest batch there; under the seeded router.
+//    `rounds` rounds run the three back to back (each in a fresh world, one
+//    untimed warm-up step, then `steps` / `own_steps` timed ones), so that
+//    drift hits all three; printed: each stack's median and range, the
+//    ratio of the medians and the range of the ratios within a round, and
+//    what a step costs beyond its wall time — the process's CPU seconds,
+//    its threads' blocking waits and rank 0's collectives per step with the
+//    bytes they hand over to send (counts no other load changes).
 //    --neighbours=1 also times the all-on stack at each neighbour of its
 //    `auto` settings (is the chosen combination the fastest that fits?).
 // 4. Attribution: at the baseline's longest context, each schedule alone
@@ -891,7 +892,13 @@ std::string AxisJson(const Reach& r) {
 // one step at each, for as long as --mfu_s seconds from the start of the run
 // allow; each step's model FLOP/s (ModelFlopsPerStep: 6 x active matmul
 // parameters x tokens + causal attention) and MFU against the device's dense
-// peak for the precision. The first rung runs one untimed step first (kernel
+// peak for the precision. MFU by model FLOPs, the convention: what the model
+// needs, not what this step executes. The step executes more: the
+// recomputation repeats every layer's forward (the phases' recompute +
+// backward rate counts it), and causal attention is counted at 3x its
+// forward (backward 2x, the 6 N D convention) where the CUDA backward
+// kernels execute 3.5x (dQ and dK/dV each recompute S and dP:
+// attention_bench's "bwd exec"). The first rung runs one untimed step first (kernel
 // loading, cuBLAS's first calls, the pool's first growth); each later rung is
 // its own TrainingStep's first step, so a rung's time includes whatever a
 // first step costs beyond the next: MFU as measured is a lower bound of a
