@@ -621,10 +621,10 @@ struct Reach {
 
 std::string Describe(const Attempt& a) {
   if (a.status.ok()) return absl::StrFormat("completed (peak %.2f MiB, %.1f s)", MiB(a.peak), a.seconds);
-  return absl::StrCat(a.at_launch                                               ? "refused at launch: "
-                      : a.status.code() == absl::StatusCode::kResourceExhausted ? "out of memory mid-step: "
-                                                                                : "failed mid-step: ",
-                      a.status.message());
+  return absl::StrCat(a.at_launch                                               ? "refused at launch"
+                      : a.status.code() == absl::StatusCode::kResourceExhausted ? "out of memory mid-step"
+                                                                                : "failed mid-step",
+                      absl::StrFormat(" after %.1f s: ", a.seconds), a.status.message());
 }
 
 // Verifies one axis: the predicted shape completes one step under the cap
@@ -640,7 +640,21 @@ Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axi
   r.planned_total = PlanMemory(at).value().total();
   if (!run) return r;
   // One step more, at the settings chosen there: none fits, so these are
-  // the settings with the smallest plan.
+  // the settings with the smallest plan. It is run, not refused from its
+  // plan: N_max is where the plan stops fitting, so the plan's refusal would
+  // hold by construction, while the run shows the plan is tight. Where the
+  // plan's excess is launch-sized (the all-on stack: PipelinedLLEP's
+  // buffers are) TrainingStep::Create refuses it before any work; standard
+  // EP's dispatch is allocated per layer call as the routing asks
+  // (MemoryPlan::routing_bytes, which Create does not count), so the
+  // baseline runs until an allocation passes the cap: one more sequence on
+  // the batch axis overflows in the first layer's forward, one more token
+  // per rank on the context axis only in the last layer's backward (standard
+  // EP's Backward holds the most), after the whole forward, the projection
+  // both ways and that layer's recomputation: about half of a step's
+  // executed work at device-check's shape (H 1024, V 32768, L 4), more
+  // where the projection's share is larger. "next_s" in the JSON (and the
+  // seconds printed) is what it took.
   const StepOptions next = Chosen(on, layers, axis.seq_len + (context_axis ? Ranks() : 0),
                                   axis.batch + (context_axis ? 0 : 1), cap);
   r.at = OneStep(at, skewed, cap);
@@ -878,12 +892,14 @@ struct DepthResult {
 std::string AxisJson(const Reach& r) {
   return absl::StrFormat(
       "{\"batch\":%d,\"seq_len\":%d,\"tokens_per_rank\":%d,\"settings\":%s,\"limit\":%s,\"planned_bytes\":%d,"
-      "\"verified\":%s,\"at\":%s,\"at_peak_bytes\":%d,\"next\":%s,\"next_at_launch\":%s}",
+      "\"verified\":%s,\"at\":%s,\"at_peak_bytes\":%d,\"next\":%s,\"next_at_launch\":%s,\"at_s\":%.3f,"
+      "\"next_s\":%.3f}",
       r.axis.batch, r.axis.seq_len, r.axis.tokens_per_rank,
       bench::JsonString(r.axis.tokens_per_rank == 0 ? "" : SettingsText(r.options)), bench::JsonString(r.axis.limit),
-      r.planned_total,
-      r.verified ? "true" : "false", bench::JsonString(r.at.status.ok() ? "ok" : r.at.status.ToString()), r.at.peak,
-      bench::JsonString(r.next.status.ok() ? "ok" : r.next.status.ToString()), r.next.at_launch ? "true" : "false");
+      r.planned_total, r.verified ? "true" : "false",
+      bench::JsonString(r.at.status.ok() ? "ok" : r.at.status.ToString()), r.at.peak,
+      bench::JsonString(r.next.status.ok() ? "ok" : r.next.status.ToString()), r.next.at_launch ? "true" : "false",
+      r.at.seconds, r.next.seconds);
 }
 
 // --mfu_s: issue 17's MFU target (bf16, the longest context of one device).
