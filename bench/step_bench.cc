@@ -31,7 +31,8 @@
 // 4096^3 on a GPU, where smaller squares do not reach its rate;
 // "ceiling_square_n" in the JSON), timed in batches of back-to-back GEMMs
 // synchronised once (bench::TimeBatched, as sgemm_bench), and
-// "fraction_of_ceiling" is against it. The ceiling is one device's (on CUDA, one GPU) and model_gflops the
+// "fraction_of_ceiling" is against it; the fp32 ceiling is timed the same
+// way. The ceiling is one device's (on CUDA, one GPU) and model_gflops the
 // whole job's, so on CUDA the fractions divide the job's rate by the ranks
 // (one GPU each); on the CPU the ranks share the machine whose GEMM rate is
 // the ceiling. A step that refuses the precision (TrainingStep::Create: a backend
