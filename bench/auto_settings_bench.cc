@@ -67,8 +67,13 @@ absl::StatusOr<double> StepSeconds(const StepOptions& o) {
                                  [&](int r, Backend& be, Communicator& world) -> absl::Status {
                                    auto step = TrainingStep::Create(o, be, world);
                                    if (!step.ok()) return step.status();
+                                   // A step that is not finite is a wrong result, not a time.
                                    auto t = bench::TimeRuns(
-                                       [&] { return (*step)->Step(tok[r], tgt[r]).status(); },
+                                       [&]() -> absl::Status {
+                                         auto st = (*step)->Step(tok[r], tgt[r]);
+                                         if (!st.ok()) return st.status();
+                                         return bench::CheckFiniteStep(st->loss, st->grad_norm, "a timed step");
+                                       },
                                        /*warmup=*/1, /*min_reps=*/3, /*min_total_s=*/0.3, /*max_reps=*/3);
                                    if (!t.ok()) return t.status();
                                    if (r == 0) median = t->median_s;

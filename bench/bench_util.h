@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,18 +18,22 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/model/config.h"
 #include "kernels/model/precision.h"
+#include "kernels/status_macros.h"
+#include "kernels/stream.h"
 
 namespace plateau::bench {
 
@@ -132,44 +137,144 @@ inline absl::StatusOr<Timing> TimeRuns(const std::function<absl::Status()>& run,
   return t;
 }
 
-// Best GFLOP/s of the bf16 GEMM (bf16 A, B and C, fp32 accumulation) at
-// m x n x k over `reps` runs after an untimed one: the ceiling of a bf16
-// step (step_bench, composed_bench). 0 when the backend has no bf16 GEMM.
-inline double GemmBf16Rate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
-  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 2);
-  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 2);
-  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 2);
-  auto s = be.CreateStream("bench");
-  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
-  if (!be.FillBf16(**s, a->as<Bf16>(), m * k, 0.5f).ok() || !be.FillBf16(**s, b->as<Bf16>(), k * n, 0.25f).ok()) {
-    return 0;
-  }
-  GemmBf16Args g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a->as<Bf16>();
-  g.lda = k;
-  g.b = b->as<Bf16>();
-  g.ldb = n;
-  g.c = c->as<Bf16>();
-  g.ldc = n;
-  if (!be.GemmBf16(**s, g).ok() || !(*s)->Synchronize().ok()) return 0;  // untimed first run
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = NowSeconds();
-    be.GemmBf16(**s, g).IgnoreError();
-    if (!(*s)->Synchronize().ok()) return 0;
-    best = std::max(best, 2.0 * m * n * k / (NowSeconds() - t0) / 1e9);
-  }
-  return best;
-}
-
 // Each value rounded to bf16 (round to nearest even, as the kernels store).
 inline std::vector<Bf16> ToBf16(const std::vector<float>& v) {
   std::vector<Bf16> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
   return out;
+}
+
+// Fills `v` with pseudo-random values in [-1, 1) (splitmix64): fast enough
+// for hundreds of millions of elements, and never zeros, which can run
+// faster than real data.
+inline void FillRandom(std::vector<float>& v, uint64_t seed) {
+  uint64_t x = seed;
+  for (float& f : v) {
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    f = static_cast<float>(static_cast<double>(z >> 40) / (1 << 23) - 1.0);
+  }
+}
+
+// One call of `enqueue` (which enqueues its work on `s`) timed: a warm-up
+// (thread pools, cuBLAS heuristics, page faults) that also sizes a batch of
+// back-to-back calls lasting ~50 ms, then the best and median of 3 to 10
+// batches, per call, each batch synchronised once: on a GPU a single call
+// synchronised on its own would count 10-20 us of launch and
+// synchronisation, more than a whole 2048^3 bf16 GEMM takes on an H200.
+// `inner`: the batch's size.
+inline absl::StatusOr<Timing> TimeBatched(Stream& s, const std::function<absl::Status()>& enqueue, int* inner) {
+  const double t0 = NowSeconds();
+  PLATEAU_RETURN_IF_ERROR(enqueue());
+  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
+  const double once = NowSeconds() - t0;
+  const int n = static_cast<int>(std::clamp(0.05 / std::max(once, 1e-9), 1.0, 1000.0));
+  PLATEAU_ASSIGN_OR_RETURN(Timing t, TimeRuns(
+                                         [&]() -> absl::Status {
+                                           for (int i = 0; i < n; ++i) {
+                                             PLATEAU_RETURN_IF_ERROR(enqueue());
+                                           }
+                                           return s.Synchronize();
+                                         },
+                                         /*warmup=*/0, /*min_reps=*/3, /*min_total_s=*/0.3,
+                                         /*max_reps=*/10));
+  t.best_s /= n;
+  t.median_s /= n;
+  *inner = n;
+  return t;
+}
+
+// Best GFLOP/s of C = A B at m x n x k (row-major, A m x k, B k x n) through
+// the backend: the bf16 GEMM (GemmBf16: bf16 A, B and C, fp32 accumulation)
+// or the fp32 one (Gemm), timed in batches (TimeBatched). A and B hold
+// random values in [-1, 1), as sgemm_bench's: constant inputs toggle fewer
+// bits and can run faster than a step's data. 0 when the backend cannot run
+// it (no bf16 GEMM, no room for the three matrices).
+inline double GemmRate(Backend& be, int64_t m, int64_t n, int64_t k, bool bf16) {
+  const int64_t elem = bf16 ? 2 : 4;
+  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * elem);
+  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * elem);
+  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * elem);
+  auto s = be.CreateStream("bench");
+  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
+  // Copied in from the host: on CUDA the buffers are not host memory.
+  for (auto [buf, count, seed] : {std::tuple{&*a, m * k, 1}, {&*b, k * n, 2}}) {
+    std::vector<float> host(count);
+    FillRandom(host, seed);
+    absl::Status copied;
+    if (bf16) {
+      const std::vector<Bf16> h = ToBf16(host);
+      copied = be.Copy(**s, buf->data(), h.data(), count * 2);
+      if (copied.ok()) copied = (*s)->Synchronize();  // before h is freed
+    } else {
+      copied = be.Copy(**s, buf->data(), host.data(), count * 4);
+      if (copied.ok()) copied = (*s)->Synchronize();
+    }
+    if (!copied.ok()) return 0;
+  }
+  std::function<absl::Status()> gemm;
+  if (bf16) {
+    GemmBf16Args g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a->as<Bf16>();
+    g.lda = k;
+    g.b = b->as<Bf16>();
+    g.ldb = n;
+    g.c = c->as<Bf16>();
+    g.ldc = n;
+    gemm = [&be, &s, g] { return be.GemmBf16(**s, g); };
+  } else {
+    const GemmArgs g{false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f, c->as<float>(), n};
+    gemm = [&be, &s, g] { return be.Gemm(**s, g); };
+  }
+  int inner = 0;
+  absl::StatusOr<Timing> t = TimeBatched(**s, gemm, &inner);
+  if (!t.ok() || !(t->best_s > 0)) return 0;
+  return 2.0 * m * n * k / t->best_s / 1e9;
+}
+inline double GemmBf16Rate(Backend& be, int64_t m, int64_t n, int64_t k) { return GemmRate(be, m, n, k, true); }
+
+// The square GEMM a ceiling is read from: its side and its rate.
+struct SquareCeiling {
+  int64_t n = 0;
+  double gflops = 0;
+};
+
+// The rate of the square GEMM (GemmRate) at a size where the device's GEMM
+// reaches its ceiling: a "fraction of the ceiling" is only as honest as the
+// ceiling is high. On the CPU `cpu_n`, the caller's size: there a GEMM of
+// a few GFLOP already runs for tens of milliseconds, far past any call
+// overhead, and a larger one would only lengthen a slow run. On CUDA 4096: an H100/H200 does 2048^3 bf16 (17 GFLOP) in
+// ~25 us and 1024^3 in ~3 us, too few tiles to keep its SMs busy even
+// batched, while 4096^3 (137 GFLOP, ~0.2 ms) runs at cuBLAS's full rate.
+// 1024^3 is timed first: a "GPU" that takes over 10 ms for it (the CPU
+// emulation of CUDA, --config=cuda_emulated: a few GFLOP/s on one core,
+// minutes for 4096^3) keeps 1024 and that rate, a check of the code path
+// rather than a ceiling.
+inline SquareCeiling GemmSquareCeiling(Backend& be, bool bf16, int64_t cpu_n) {
+  if (be.kind() == BackendKind::kCpu) return {cpu_n, GemmRate(be, cpu_n, cpu_n, cpu_n, bf16)};
+  constexpr int64_t kProbe = 1024, kGpu = 4096;
+  SquareCeiling probe{kProbe, GemmRate(be, kProbe, kProbe, kProbe, bf16)};
+  const double probe_s = probe.gflops > 0 ? 2.0 * kProbe * kProbe * kProbe / (probe.gflops * 1e9) : 0;
+  if (probe.gflops <= 0 || probe_s > 0.01) return probe;
+  SquareCeiling full{kGpu, GemmRate(be, kGpu, kGpu, kGpu, bf16)};
+  return full.gflops >= probe.gflops ? full : probe;
+}
+
+// Whether a training step's loss and gradient norm (StepStats::loss,
+// ::grad_norm) are finite; INTERNAL, naming the step (`what`: "seq_len 4096,
+// step 2") and both values, when not: a step that computes NaN or inf is a
+// wrong result, and its time is not a speed. A benchmark that runs steps
+// ends its run on it (exit status 1).
+inline absl::Status CheckFiniteStep(double loss, double grad_norm, absl::string_view what) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": the loss is ", loss, " and the gradient norm ", grad_norm,
+                                          ": a step that is not finite is a wrong result, not a speed"));
 }
 
 // The model named by a benchmark's flags "hidden", "heads", "kv_heads",
@@ -195,21 +300,6 @@ inline std::string EnvOr(const char* name) {
   return v == nullptr ? "unset" : v;
 }
 
-// Fills `v` with pseudo-random values in [-1, 1) (splitmix64): fast enough
-// for hundreds of millions of elements, and never zeros, which can run
-// faster than real data.
-inline void FillRandom(std::vector<float>& v, uint64_t seed) {
-  uint64_t x = seed;
-  for (float& f : v) {
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    f = static_cast<float>(static_cast<double>(z >> 40) / (1 << 23) - 1.0);
-  }
-}
-
 inline std::string JsonString(absl::string_view s) {
   std::string out = "\"";
   for (char c : s) {
@@ -226,6 +316,10 @@ inline std::string JsonString(absl::string_view s) {
   }
   return out + "\"";
 }
+
+// `v` as a JSON number (%.6g), or null where it is not finite: JSON has no
+// NaN or inf, and a line with "-nan" in it does not parse at all.
+inline std::string JsonNumber(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null"; }
 
 // Local date and time, "2026-12-02 10:11:12 UTC+0000".
 // (Benchmarks read the clock; results are printed, never compared to

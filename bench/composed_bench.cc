@@ -19,17 +19,18 @@
 //    dispatch reaches the worst case the plan counts; a balanced routing
 //    would leave the baseline's prediction loose, not tight.
 // 3. Throughput where both run: model FLOP/s (6 x active matmul params x
-//    tokens + causal attention; worker/trainer_options.h) at the baseline's
-//    longest context and at the shorter one: the baseline at its largest
-//    batch there, the composed stack at the same batch and at its own
-//    largest batch there; under the seeded router. `rounds` rounds run the
-//    three back to back (each in a fresh world, one untimed warm-up step,
-//    then `steps` / `own_steps` timed ones), so that drift hits all three;
-//    printed: each stack's median and range, the ratio of the medians and
-//    the range of the ratios within a round, and what a step costs beyond
-//    its wall time — the process's CPU seconds, its threads' blocking waits
-//    and rank 0's collectives per step with the bytes they hand over to
-//    send (counts no other load changes).
+//    tokens + causal attention; worker/trainer_options.h: the model's
+//    FLOPs, not the executed ones, which add the recomputation; see --mfu_s
+//    below) at the baseline's longest context and at the shorter one: the
+//    baseline at its largest batch there, the composed stack at the same
+//    batch and at its own largest batch there; under the seeded router.
+//    `rounds` rounds run the three back to back (each in a fresh world, one
+//    untimed warm-up step, then `steps` / `own_steps` timed ones), so that
+//    drift hits all three; printed: each stack's median and range, the
+//    ratio of the medians and the range of the ratios within a round, and
+//    what a step costs beyond its wall time — the process's CPU seconds,
+//    its threads' blocking waits and rank 0's collectives per step with the
+//    bytes they hand over to send (counts no other load changes).
 //    --neighbours=1 also times the all-on stack at each neighbour of its
 //    `auto` settings (is the chosen combination the fastest that fits?).
 // 4. Attribution: at the baseline's longest context, each schedule alone
@@ -433,7 +434,9 @@ Attempt OneStep(const StepOptions& o, const ModelState& skewed, int64_t cap) {
     auto st = (*step)->Step(tok, tgt);
     if (!st.ok()) return st.status();
     peaks[r] = st->device.total_peak;
-    return absl::OkStatus();
+    // A step that completes with a loss that is not finite has not shown
+    // that the shape trains under the cap.
+    return bench::CheckFiniteStep(st->loss, st->grad_norm, "the reach's step");
   });
   a.seconds = NowSeconds() - t0;
   a.at_launch = !a.status.ok() && std::count(launched.begin(), launched.end(), 1) < Ranks();
@@ -520,8 +523,8 @@ ProcessUsage ReadUsage() {
 // ranks' threads: compute, streams, Gloo): the work a step costs, which
 // other processes' load moves far less than its wall time.
 // `first_loss`, when given, gets rank 0's loss of the first (untimed)
-// step; a step whose loss is not finite fails the run (a wrong result's
-// time is not a throughput).
+// step; a step whose loss or gradient norm is not finite fails the run (a
+// wrong result's time is not a throughput).
 absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::vector<double>* times,
                        ProcessUsage* usage = nullptr, std::string* counts_text = nullptr,
                        double* first_loss = nullptr) {
@@ -554,8 +557,9 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
       auto st = (*step)->Step(tok, tgt);
       if (!st.ok()) {
         failed = st.status();
-      } else if (!std::isfinite(st->loss)) {
-        failed = absl::InternalError(absl::StrCat("step ", i + 1, ": the loss is ", st->loss));
+      } else if (absl::Status finite = bench::CheckFiniteStep(st->loss, st->grad_norm, absl::StrCat("step ", i + 1));
+                 !finite.ok()) {
+        failed = finite;
       } else if (i == 0 && r == 0 && first_loss != nullptr) {
         *first_loss = st->loss;
       }
@@ -579,48 +583,31 @@ absl::Status TimeSteps(const StepOptions& o, int64_t cap, int64_t steps, std::ve
   return absl::OkStatus();
 }
 
-// What the machine could do: the best of five 1024^3 sgemm on one BLAS
-// thread (the ranks run one each), times the cores online. The model FLOP/s
-// below are reported beside it.
-double SgemmCeiling() {
+// What the machine could do: on the CPU the 1024^3 GEMM's rate on one BLAS
+// thread (the ranks run one each), times the cores online; on CUDA one
+// GPU's rate. The model FLOP/s below are reported beside it. Returns the
+// square's side with the rate.
+bench::SquareCeiling SgemmCeiling() {
   // One pool thread: the backend splits a GEMM over its pool, and the
-  // ceiling is one core's rate times the cores.
-  BackendOptions bo = LocalWorldBackend(backend_kind, int64_t{64} << 20);
+  // ceiling is one core's rate times the cores. On CUDA room for a 4096^3
+  // GEMM's three matrices (bench::GemmSquareCeiling).
+  const bool cuda = backend_kind == BackendKind::kCuda;
+  BackendOptions bo = LocalWorldBackend(backend_kind, cuda ? int64_t{512} << 20 : int64_t{64} << 20);
   bo.cpu_threads = 1;
   auto be = Backend::Create(bo);
-  if (!be.ok()) return 0;
-  const int64_t n = 1024;
+  if (!be.ok()) return {};
   // The step's precision's GEMM: a bf16 step's ceiling is the bf16 GEMM, as
   // step_bench's; an fp32 sgemm ceiling made a bf16 step's percentage many
-  // times too high.
-  double best = 0;
-  if (precision_flag == Precision::kBf16Mixed) {
-    best = bench::GemmBf16Rate(**be, n, n, n, 5);
-  } else {
-    auto a = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-    auto b = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-    auto c = (*be)->device().Allocate(LiveSet::kWorkspace, n * n * 4);
-    auto s = (*be)->CreateStream("sgemm");
-    if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
-    // Filled by the backend: on CUDA the buffers are not host memory.
-    if (!(*be)->Fill(**s, a->as<float>(), n * n, 0.5f).ok() || !(*be)->Fill(**s, b->as<float>(), n * n, 0.25f).ok()) {
-      return 0;
-    }
-    for (int rep = 0; rep < 6; ++rep) {  // the first warms up (page faults, BLAS start)
-      const double t0 = NowSeconds();
-      if (!(*be)
-               ->Gemm(**s, {false, false, n, n, n, 1.0f, a->as<float>(), n, b->as<float>(), n, 0.0f, c->as<float>(), n})
-               .ok() ||
-          !(*s)->Synchronize().ok()) {
-        return 0;
-      }
-      if (rep > 0) best = std::max(best, 2.0 * n * n * n / (NowSeconds() - t0) / 1e9);
-    }
-  }
+  // times too high. Timed in batches at the size where a GPU reaches its
+  // rate (4096^3; 1024^3 on the CPU), as step_bench's: 1024^3 timed call by
+  // call read an H200's rate low (bf16 several times, fp32 by ~20-35%).
+  bench::SquareCeiling best =
+      bench::GemmSquareCeiling(**be, /*bf16=*/precision_flag == Precision::kBf16Mixed, /*cpu_n=*/1024);
   // One GPU per rank: its own rate is the ceiling; on the CPU the ranks
   // share the cores.
-  if (backend_kind == BackendKind::kCuda) return best;
-  return best * static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (cuda) return best;
+  best.gflops *= static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+  return best;
 }
 
 // One axis of one stack: the prediction and what the steps said.
@@ -634,7 +621,10 @@ struct Reach {
 
 std::string Describe(const Attempt& a) {
   if (a.status.ok()) return absl::StrFormat("completed (peak %.2f MiB, %.1f s)", MiB(a.peak), a.seconds);
-  return absl::StrCat(a.at_launch ? "refused at launch: " : "out of memory mid-step: ", a.status.message());
+  return absl::StrCat(a.at_launch                                               ? "refused at launch"
+                      : a.status.code() == absl::StatusCode::kResourceExhausted ? "out of memory mid-step"
+                                                                                : "failed mid-step",
+                      absl::StrFormat(" after %.1f s: ", a.seconds), a.status.message());
 }
 
 // Verifies one axis: the predicted shape completes one step under the cap
@@ -650,7 +640,21 @@ Reach VerifyAxis(bool on, int64_t layers, const NMaxAxis& axis, bool context_axi
   r.planned_total = PlanMemory(at).value().total();
   if (!run) return r;
   // One step more, at the settings chosen there: none fits, so these are
-  // the settings with the smallest plan.
+  // the settings with the smallest plan. It is run, not refused from its
+  // plan: N_max is where the plan stops fitting, so the plan's refusal would
+  // hold by construction, while the run shows the plan is tight. Where the
+  // plan's excess is launch-sized (the all-on stack: PipelinedLLEP's
+  // buffers are) TrainingStep::Create refuses it before any work; standard
+  // EP's dispatch is allocated per layer call as the routing asks
+  // (MemoryPlan::routing_bytes, which Create does not count), so the
+  // baseline runs until an allocation passes the cap: one more sequence on
+  // the batch axis overflows in the first layer's forward, one more token
+  // per rank on the context axis only in the last layer's backward (standard
+  // EP's Backward holds the most), after the whole forward, the projection
+  // both ways and that layer's recomputation: about half of a step's
+  // executed work at device-check's shape (H 1024, V 32768, L 4), more
+  // where the projection's share is larger. "next_s" in the JSON (and the
+  // seconds printed) is what it took.
   const StepOptions next = Chosen(on, layers, axis.seq_len + (context_axis ? Ranks() : 0),
                                   axis.batch + (context_axis ? 0 : 1), cap);
   r.at = OneStep(at, skewed, cap);
@@ -888,12 +892,14 @@ struct DepthResult {
 std::string AxisJson(const Reach& r) {
   return absl::StrFormat(
       "{\"batch\":%d,\"seq_len\":%d,\"tokens_per_rank\":%d,\"settings\":%s,\"limit\":%s,\"planned_bytes\":%d,"
-      "\"verified\":%s,\"at\":%s,\"at_peak_bytes\":%d,\"next\":%s,\"next_at_launch\":%s}",
+      "\"verified\":%s,\"at\":%s,\"at_peak_bytes\":%d,\"next\":%s,\"next_at_launch\":%s,\"at_s\":%.3f,"
+      "\"next_s\":%.3f}",
       r.axis.batch, r.axis.seq_len, r.axis.tokens_per_rank,
       bench::JsonString(r.axis.tokens_per_rank == 0 ? "" : SettingsText(r.options)), bench::JsonString(r.axis.limit),
-      r.planned_total,
-      r.verified ? "true" : "false", bench::JsonString(r.at.status.ok() ? "ok" : r.at.status.ToString()), r.at.peak,
-      bench::JsonString(r.next.status.ok() ? "ok" : r.next.status.ToString()), r.next.at_launch ? "true" : "false");
+      r.planned_total, r.verified ? "true" : "false",
+      bench::JsonString(r.at.status.ok() ? "ok" : r.at.status.ToString()), r.at.peak,
+      bench::JsonString(r.next.status.ok() ? "ok" : r.next.status.ToString()), r.next.at_launch ? "true" : "false",
+      r.at.seconds, r.next.seconds);
 }
 
 // --mfu_s: issue 17's MFU target (bf16, the longest context of one device).
@@ -902,7 +908,13 @@ std::string AxisJson(const Reach& r) {
 // one step at each, for as long as --mfu_s seconds from the start of the run
 // allow; each step's model FLOP/s (ModelFlopsPerStep: 6 x active matmul
 // parameters x tokens + causal attention) and MFU against the device's dense
-// peak for the precision. The first rung runs one untimed step first (kernel
+// peak for the precision. MFU by model FLOPs, the convention: what the model
+// needs, not what this step executes. The step executes more: the
+// recomputation repeats every layer's forward (the phases' recompute +
+// backward rate counts it), and causal attention is counted at 3x its
+// forward (backward 2x, the 6 N D convention) where the CUDA backward
+// kernels execute 3.5x (dQ and dK/dV each recompute S and dP:
+// attention_bench's "bwd exec"). The first rung runs one untimed step first (kernel
 // loading, cuBLAS's first calls, the pool's first growth); each later rung is
 // its own TrainingStep's first step, so a rung's time includes whatever a
 // first step costs beyond the next: MFU as measured is a lower bound of a
@@ -911,7 +923,8 @@ std::string AxisJson(const Reach& r) {
 // the throughput of a trained router, not standard EP's worst case, which
 // the all-on stack does not run anyway). Every step's device peak (the
 // warm-up's too) must stay within its plan, live set by live set, and every
-// loss must be finite, or the run exits 1.
+// loss and gradient norm must be finite (the warm-up's too), or the run
+// exits 1.
 //
 // A rung can take longer than its prediction (at the cap the settings chosen
 // are the ones with the smallest plan, slower per FLOP than the last rung's),
@@ -928,7 +941,10 @@ struct Rung {
   double attention_share = 0;
   int64_t peak = 0, planned = 0;  // device total: the largest rank's peak, the plan
   std::string over_plan;          // live sets whose peak passed their plan, "" when none
-  double loss = 0;
+  double loss = 0, grad_norm = 0;
+  // Finite loss and gradient norm: a step that is not finite is a wrong
+  // result, its rate no MFU.
+  bool finite() const { return std::isfinite(loss) && std::isfinite(grad_norm); }
   // Rank 0's timed step by phase, on the device (kernels/phase_clock.h), or
   // why there is no such reading.
   PhaseTimes phases;
@@ -1022,8 +1038,7 @@ class MfuLadder {
     const double now = NowSeconds();
     const bool bounded = std::all_of(rungs_.begin(), rungs_.end(),
                                      [](const Rung& g) { return g.over_plan.empty(); });
-    const bool finite = std::all_of(rungs_.begin(), rungs_.end(),
-                                    [](const Rung& g) { return std::isfinite(g.loss); });
+    const bool finite = std::all_of(rungs_.begin(), rungs_.end(), [](const Rung& g) { return g.finite(); });
     const Rung last = rungs_.empty() ? Rung{} : rungs_.back();
     // A rung cut in its timed step bounds the rate: below its FLOPs over the
     // time the step has run. Cut before it (making the step, warming up) it
@@ -1069,7 +1084,7 @@ class MfuLadder {
     const bool ok = bounded && finite && failure_.empty() && !rungs_.empty();
     std::printf("%s; %.0f s\n",
                 !bounded            ? "SOME PEAKS OVER THEIR PLAN"
-                : !finite           ? "A LOSS NOT FINITE"
+                : !finite           ? "A LOSS OR GRADIENT NORM NOT FINITE"
                 : !failure_.empty() ? "A STEP FAILED"
                                     : "every peak within its plan",
                 now - t_start_);
@@ -1086,14 +1101,14 @@ class MfuLadder {
         bounded ? "true" : "false", finite ? "true" : "false", bench::JsonString(failure_));
     for (size_t i = 0; i < rungs_.size(); ++i) {
       const Rung& g = rungs_[i];
-      absl::StrAppendFormat(
-          &json,
-          "%s{\"seq_len\":%d,\"settings\":%s,\"create_s\":%.3f,\"step_s\":%.4f,"
-          "\"model_flops\":%.6g,\"tflops\":%.4g,\"mfu\":%.4g,\"attention_share\":%.4f,"
-          "\"peak_bytes\":%d,\"planned_bytes\":%d,\"over_plan\":%s,\"loss\":%.6g,%s}",
-          i ? "," : "", g.seq_len, bench::JsonString(g.settings), g.create_s, g.step_s, g.flops,
-          Tflops(g), Mfu(g.flops / P, g.step_s, peak_flops_), g.attention_share, g.peak, g.planned,
-          bench::JsonString(g.over_plan), g.loss, PhasesJson(g));
+      absl::StrAppendFormat(&json,
+                            "%s{\"seq_len\":%d,\"settings\":%s,\"create_s\":%.3f,\"step_s\":%.4f,"
+                            "\"model_flops\":%.6g,\"tflops\":%.4g,\"mfu\":%.4g,\"attention_share\":%.4f,"
+                            "\"peak_bytes\":%d,\"planned_bytes\":%d,\"over_plan\":%s,\"loss\":%s,\"grad_norm\":%s,%s}",
+                            i ? "," : "", g.seq_len, bench::JsonString(g.settings), g.create_s, g.step_s, g.flops,
+                            Tflops(g), Mfu(g.flops / P, g.step_s, peak_flops_), g.attention_share, g.peak, g.planned,
+                            bench::JsonString(g.over_plan), bench::JsonNumber(g.loss), bench::JsonNumber(g.grad_norm),
+                            PhasesJson(g));
     }
     absl::StrAppendFormat(
         &json, "],\"longest_seq_len\":%d,\"reached_n_max\":%s,\"tflops\":%.4g,\"mfu\":%.4g",
@@ -1296,6 +1311,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
                 auto st = (*step)->Step(tok, tgt);
                 if (st.ok()) {
                   warm_peaks = st->device;
+                  failed = bench::CheckFiniteStep(st->loss, st->grad_norm,
+                                                  absl::StrCat("seq_len ", t, ", the warm-up step"));
                 } else {
                   failed = st.status();
                 }
@@ -1370,6 +1387,7 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           g.phases_error = rung_phases_error;
           g.planned = plan.total();
           g.loss = stats[0].loss;
+          g.grad_norm = stats[0].grad_norm;
           for (int q = 0; q < P; ++q) {
             g.peak = std::max(g.peak, stats[q].device.total_peak);
             for (int i = 0; i < kNumLiveSets; ++i) {
@@ -1389,8 +1407,8 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           ladder.Done(g);
           if (!g.over_plan.empty()) {
             ladder.EndedBy("a peak over its plan ended the ladder");
-          } else if (!std::isfinite(g.loss)) {
-            ladder.EndedBy("a loss not finite ended the ladder");
+          } else if (!g.finite()) {
+            ladder.EndedBy("a loss or gradient norm not finite ended the ladder");
           } else {
             next = bench::NextContext(ladder_limits, t, g.flops / g.step_s, deadline - NowSeconds(),
                                       ladder.OverheadSeconds(), flops);
@@ -1485,14 +1503,15 @@ int main(int argc, char** argv) {
     }
     return RunMfu(depths[0], cap, t_start);
   }
-  const double ceiling = run ? SgemmCeiling() : 0;
+  const bench::SquareCeiling square = run ? SgemmCeiling() : bench::SquareCeiling{};
+  const double ceiling = square.gflops;
   if (run) {
     if (backend_kind == BackendKind::kCuda) {
-      std::printf("%s ceiling: %.1f GFLOP/s (1024^3 on one GPU; the ranks' figures are per GPU below)\n",
-                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling);
+      std::printf("%s ceiling: %.1f GFLOP/s (%lld^3 on one GPU; the ranks' figures are per GPU below)\n",
+                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling, (long long)square.n);
     } else {
-      std::printf("%s ceiling: %.1f GFLOP/s (1024^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
-                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling,
+      std::printf("%s ceiling: %.1f GFLOP/s (%lld^3 on one BLAS thread, OPENBLAS_NUM_THREADS=%s, x %ld cores)\n",
+                  precision_flag == Precision::kBf16Mixed ? "bf16 GEMM" : "sgemm", ceiling, (long long)square.n,
                   bench::EnvOr("OPENBLAS_NUM_THREADS").c_str(), sysconf(_SC_NPROCESSORS_ONLN));
     }
   }
@@ -1686,15 +1705,15 @@ int main(int argc, char** argv) {
   // The JSON line.
   std::string json = absl::StrFormat(
       "{\"bench\":\"composed\",\"precision\":\"%s\",\"date\":%s,\"quick\":%s,\"load_avg_1m\":%.2f,\"others_pct\":%.1f,"
-      "\"ceiling_gemm\":\"%s\",\"sgemm_ceiling_gflops\":%.1f,\"ranks\":%d,"
+      "\"ceiling_gemm\":\"%s\",\"sgemm_ceiling_gflops\":%.1f,\"ceiling_square_n\":%d,\"ranks\":%d,"
       "\"cap_bytes\":%d,\"model\":{\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
       "\"expert_ffn\":%d,\"vocab\":%d},\"settings\":{\"auto\":%s,\"chunk_tokens\":%d,\"min_piece\":%d,\"max_borrowed\":"
       "%d,\"strip\":%d,"
       "\"row_tile\":%d,\"sco_beta\":%s,\"bucket_params\":%d,\"staging_slots\":%d},"
       "\"rounds\":%d,\"steps\":%d,\"own_steps\":%d,\"verified\":%s,\"depths\":[",
       PrecisionName(precision_flag), bench::JsonString(bench::NowText()), flags["quick"] ? "true" : "false",
-      bench::LoadAverage1m(), others, precision_flag == Precision::kBf16Mixed ? "gemm_bf16" : "sgemm", ceiling, P, cap,
-      m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
+      bench::LoadAverage1m(), others, precision_flag == Precision::kBf16Mixed ? "gemm_bf16" : "sgemm", ceiling,
+      square.n, P, cap, m0.hidden, m0.heads, m0.kv_heads, m0.experts, m0.top_k, m0.expert_ffn, m0.vocab_size,
       AutoOf().any() ? "true" : "false", flags["chunk_tokens"], flags["min_piece"], flags["max_borrowed"],
       flags["strip"], flags["row_tile"], bench::JsonString(AutoOf().any() ? "auto" : "all L-1 boundaries"),
       flags["bucket_params"], flags["staging_slots"], flags["rounds"], flags["steps"], flags["own_steps"],

@@ -93,6 +93,8 @@ absl::Status Interleaved(const std::vector<StepOptions>& opts, int64_t steps, in
         auto st = runs[i]->Step(tok, tgt);
         if (!st.ok()) return st.status();
         if (s > 0) times[i].push_back(NowSeconds() - t0);
+        const absl::Status finite = bench::CheckFiniteStep(st->loss, st->grad_norm, absl::StrCat("step ", s + 1));
+        if (!finite.ok()) return finite;
         (*stats)[i] = *st;
         // Every step the same batch from the same weights: SCO only copies,
         // so its loss is the on-device step's, bit for bit (step_offload_test);

@@ -111,32 +111,6 @@ void NextEntry(uint64_t* x, int64_t m, int64_t n, int64_t* i, int64_t* j) {
   *j = static_cast<int64_t>((*x >> 13) % n);
 }
 
-// One call of `enqueue` (which enqueues its GEMMs on `s`) timed: a warm-up
-// (thread pools, cuBLAS heuristics, page faults) that also sizes a batch of
-// back-to-back calls lasting ~50 ms, then the best and median of 3 to 10
-// batches, per call. `inner`: the batch's size.
-absl::StatusOr<Timing> TimeBatched(Stream& s, const std::function<absl::Status()>& enqueue,
-                                   int* inner) {
-  const double t0 = NowSeconds();
-  PLATEAU_RETURN_IF_ERROR(enqueue());
-  PLATEAU_RETURN_IF_ERROR(s.Synchronize());
-  const double once = NowSeconds() - t0;
-  const int n = static_cast<int>(std::clamp(0.05 / std::max(once, 1e-9), 1.0, 1000.0));
-  PLATEAU_ASSIGN_OR_RETURN(Timing t, TimeRuns(
-                                         [&]() -> absl::Status {
-                                           for (int i = 0; i < n; ++i) {
-                                             PLATEAU_RETURN_IF_ERROR(enqueue());
-                                           }
-                                           return s.Synchronize();
-                                         },
-                                         /*warmup=*/0, /*min_reps=*/3, /*min_total_s=*/0.3,
-                                         /*max_reps=*/10));
-  t.best_s /= n;
-  t.median_s /= n;
-  *inner = n;
-  return t;
-}
-
 absl::StatusOr<Result> RunShape(Backend& b, Stream& s, const Shape& sh) {
   Result r;
   r.shape = sh;

@@ -27,12 +27,18 @@
 // --precision=fp32|bf16 (fp32 by default) is the step's precision
 // (StepOptions::precision); the header and the JSON line name it. In bf16
 // the ceiling is the backend's bf16 GEMM (GemmBf16: bf16 A and B, fp32
-// accumulation) at the same shapes, and "fraction_of_ceiling" is against
-// it. The ceiling is one device's (on CUDA, one GPU) and model_gflops the
+// accumulation) at the step's shape and a square (2048^3 on the CPU,
+// 4096^3 on a GPU, where smaller squares do not reach its rate;
+// "ceiling_square_n" in the JSON), timed in batches of back-to-back GEMMs
+// synchronised once (bench::TimeBatched, as sgemm_bench), and
+// "fraction_of_ceiling" is against it; the fp32 ceiling is timed the same
+// way. The ceiling is one device's (on CUDA, one GPU) and model_gflops the
 // whole job's, so on CUDA the fractions divide the job's rate by the ranks
 // (one GPU each); on the CPU the ranks share the machine whose GEMM rate is
 // the ceiling. A step that refuses the precision (TrainingStep::Create: a backend
-// that does not compute it) ends the run with exit status 1 and says so.
+// that does not compute it) ends the run with exit status 1 and says so, as
+// does a step (the warm-up too) whose loss or gradient norm is not finite:
+// a wrong result's time is not a speed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -65,31 +71,6 @@ namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Best GFLOP/s of C = A B at m x n x k over `reps` runs.
-double SgemmRate(Backend& be, int64_t m, int64_t n, int64_t k, int reps) {
-  auto a = be.device().Allocate(LiveSet::kWorkspace, m * k * 4);
-  auto b = be.device().Allocate(LiveSet::kWorkspace, k * n * 4);
-  auto c = be.device().Allocate(LiveSet::kWorkspace, m * n * 4);
-  auto s = be.CreateStream("bench");
-  if (!a.ok() || !b.ok() || !c.ok() || !s.ok()) return 0;
-  // Filled by the backend: on CUDA the buffers are not host memory.
-  if (!be.Fill(**s, a->as<float>(), m * k, 0.5f).ok() || !be.Fill(**s, b->as<float>(), k * n, 0.25f).ok()) return 0;
-  // One untimed run first: it faults the fresh buffers in and starts the
-  // BLAS threads, neither of which is the GEMM's rate.
-  be.Gemm(**s, {false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f,
-                c->as<float>(), n}).IgnoreError();
-  (*s)->Synchronize().IgnoreError();
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    double t0 = Now();
-    be.Gemm(**s, {false, false, m, n, k, 1.0f, a->as<float>(), k, b->as<float>(), n, 0.0f,
-                  c->as<float>(), n}).IgnoreError();
-    (*s)->Synchronize().IgnoreError();
-    best = std::max(best, 2.0 * m * n * k / (Now() - t0) / 1e9);
-  }
-  return best;
 }
 
 // The same rate from OpenBLAS's own threads (one per core) on one whole
@@ -199,9 +180,12 @@ int main(int argc, char** argv) {
   }
   // The ceiling: square sgemm and the step's dominant shape (tokens x H x F),
   // each the better of the backend's GEMM and (on the CPU) OpenBLAS's own
-  // threads.
-  const double square_backend = SgemmRate(**probe, 2048, 2048, 2048, 5);
-  const double shape_backend = SgemmRate(**probe, 4096, m.expert_ffn, m.hidden, 5);
+  // threads. The backend's timed in batches of back-to-back GEMMs
+  // synchronised once, the square at the size where the device reaches its
+  // rate (2048^3 on the CPU, 4096^3 on a GPU: bench::GemmSquareCeiling).
+  const bench::SquareCeiling fp32_square = bench::GemmSquareCeiling(**probe, /*bf16=*/false, /*cpu_n=*/2048);
+  const double square_backend = fp32_square.gflops;
+  const double shape_backend = bench::GemmRate(**probe, 4096, m.expert_ffn, m.hidden, /*bf16=*/false);
   const bool cpu = backend == BackendKind::kCpu;
   const double square_blas = cpu ? OpenBlasThreadedRate(2048, 2048, 2048, 5) : 0;
   const double shape_blas = cpu ? OpenBlasThreadedRate(4096, m.expert_ffn, m.hidden, 5) : 0;
@@ -209,9 +193,14 @@ int main(int argc, char** argv) {
   const double sgemm_shape = std::max(shape_backend, shape_blas);
   const double sgemm = std::max(sgemm_square, sgemm_shape);
   const bool bf16 = precision == Precision::kBf16Mixed;
-  const double bf16_square = bf16 ? bench::GemmBf16Rate(**probe, 2048, 2048, 2048, 5) : 0;
-  const double bf16_shape = bf16 ? bench::GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden, 5) : 0;
-  const double ceiling = bf16 ? std::max(bf16_square, bf16_shape) : sgemm;
+  // The bf16 square at the size where the device reaches its rate (4096^3
+  // on a GPU, 2048^3 on the CPU: bench::GemmSquareCeiling says why), both
+  // timed in batches of back-to-back GEMMs synchronised once.
+  const bench::SquareCeiling bf16_square =
+      bf16 ? bench::GemmSquareCeiling(**probe, /*bf16=*/true, /*cpu_n=*/2048) : bench::SquareCeiling{};
+  const double bf16_shape = bf16 ? bench::GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden) : 0;
+  const double ceiling = bf16 ? std::max(bf16_square.gflops, bf16_shape) : sgemm;
+  const int64_t ceiling_square_n = bf16 ? bf16_square.n : fp32_square.n;
   // What the ceiling is one of: a GPU per rank on CUDA; the one machine the
   // rank threads share on the CPU.
   const double devices = cpu ? 1.0 : static_cast<double>(P);
@@ -225,14 +214,16 @@ int main(int argc, char** argv) {
               (long long)m.vocab_size, (long long)ActiveParameterCount(m),
               (long long)ParameterCount(m), P, (long long)f["batch"]);
   std::printf("precision: %s\n", PrecisionName(precision));
-  std::printf("sgemm ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f; backend / "
-              "OpenBLAS threads: %.1f / %.1f, %.1f / %.1f)\n",
-              sgemm, sgemm_square, (long long)m.expert_ffn, (long long)m.hidden, sgemm_shape,
-              square_backend, square_blas, shape_backend, shape_blas);
+  std::printf(
+      "sgemm ceiling: %.1f GFLOP/s (%lld^3: %.1f; 4096x%lldx%lld: %.1f; backend / "
+      "OpenBLAS threads: %.1f / %.1f, %.1f / %.1f)\n",
+      sgemm, (long long)fp32_square.n, sgemm_square, (long long)m.expert_ffn, (long long)m.hidden, sgemm_shape,
+      square_backend, square_blas, shape_backend, shape_blas);
   if (bf16) {
     if (ceiling > 0) {
-      std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (2048^3: %.1f; 4096x%lldx%lld: %.1f)\n",
-                  ceiling, bf16_square, (long long)m.expert_ffn, (long long)m.hidden, bf16_shape);
+      std::printf("bf16 GEMM ceiling: %.1f GFLOP/s (%lld^3: %.1f; 4096x%lldx%lld: %.1f)\n", ceiling,
+                  (long long)bf16_square.n, bf16_square.gflops, (long long)m.expert_ffn, (long long)m.hidden,
+                  bf16_shape);
     } else {
       std::printf("bf16 GEMM ceiling: n/a (the backend's GemmBf16 could not be timed)\n");
     }
@@ -278,6 +269,9 @@ int main(int argc, char** argv) {
             if (record) timeline.Begin();
             auto st = (*step)->Step(tok, tgt, record ? &timeline : nullptr);
             if (!st.ok()) return st.status();
+            const absl::Status finite = bench::CheckFiniteStep(
+                st->loss, st->grad_norm, absl::StrCat("seq_len ", T, ", step ", s, s == 0 ? " (the warm-up)" : ""));
+            if (!finite.ok()) return finite;
             if (s > 0) (record ? recorded : times).push_back(Now() - t0);
             if (s > 0 && !record) {
               const Usage u1 = UsageNow();
@@ -327,8 +321,8 @@ int main(int argc, char** argv) {
   }
   std::string json = absl::StrFormat(
       "{\"bench\":\"step\",\"precision\":\"%s\",\"ranks\":%d,\"sgemm_gflops\":%.1f,"
-      "\"ceiling\":\"%s\",\"ceiling_gflops\":%.1f,\"runs\":[",
-      PrecisionName(precision), P, sgemm, bf16 ? "gemm_bf16" : "sgemm", ceiling);
+      "\"ceiling\":\"%s\",\"ceiling_gflops\":%.1f,\"ceiling_square_n\":%d,\"runs\":[",
+      PrecisionName(precision), P, sgemm, bf16 ? "gemm_bf16" : "sgemm", ceiling, ceiling_square_n);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     // No ceiling measured (a bf16 GEMM that could not be timed): null, not inf.
