@@ -55,7 +55,7 @@ print("mfu ladder: %s tokens in %d rungs, N_max reached" % (d["n_max_seq_len"], 
 # A rung still running at the deadline: the watchdog ends the run then,
 # with the JSON line (a rung cut in its timed step would bound the rate).
 # The first rung here is N_max of a 24 MiB cap (the start, 30,000, is past
-# it): 24,654 tokens at the smallest settings, ~30 s for its two steps on 2
+# it): 24,790 tokens at the smallest settings, ~30 s for its two steps on 2
 # cores. 5 s cut it (finding N_max takes well under one), and with no rung
 # done the run fails (exit 1).
 cut="${TEST_TMPDIR}/cut.out"
@@ -69,6 +69,6 @@ cat "$cut"
 tail -n 1 "$cut" | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
-assert d["rungs"] == [] and d["cut"]["seq_len"] == 24654 == d["n_max_seq_len"], d
+assert d["rungs"] == [] and d["cut"]["seq_len"] == 24790 == d["n_max_seq_len"], d
 assert 0 < d["cut"]["after_s"] <= 5, d["cut"]
 ' || { echo "the cut run's JSON line does not hold"; exit 1; }
