@@ -518,9 +518,11 @@ DispatchBf16Want DispatchReferenceBf16(const DispatchProblem& pr, int64_t chunks
   }
   // The sums' own error: fp32 adds, and two bf16 roundings of the
   // magnitudes (the partial sums each rank stores, disjoint terms; and the
-  // owner's one rounding of its fp32 sum of them). Helpers added in bf16
-  // one at a time would be P + 1.
-  const double rounding = std::pow(1.0 + u, 2) - 1.0;
+  // owner's one rounding of its fp32 sum of them, once per
+  // Backend::kBf16AddRowsPerCall helpers). Helpers added in bf16 one at a
+  // time would be P + 1.
+  const int64_t per_call = Backend::kBf16AddRowsPerCall;
+  const double rounding = std::pow(1.0 + u, 1 + std::max<int64_t>(1, (pr.P - 1 + per_call - 1) / per_call)) - 1.0;
   auto err = [&](const std::vector<double>& mag, const std::vector<double>& prop) {
     std::vector<double> e(mag.size());
     for (size_t i = 0; i < e.size(); ++i) {

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/budget/budget.h"
 #include "kernels/memory.h"
@@ -90,12 +91,14 @@ inline double RelativeBound(int64_t roundings) { return std::pow(1.0 + kBf16Unit
 // its own rounded gradient in one fp32 sum rounded once (+1 where there can
 // be helpers, P > 1; PipelinedLLEP at one chunk is LLEP, over K > 1 chunks
 // it sums them with its GEMMs in fp32: counted as LLEP's, the larger; the
-// owner's bf16 adds, one per helper, were P - 1 until session 35). Ring-DTP
-// sums dX / dW in fp32 and rounds once, as the dense projection's GEMMs do;
-// SCO and the optimizer placements only move data: none.
+// owner's bf16 adds, one per helper, were P - 1 until session 35; the sum
+// rounds once per Backend::kBf16AddRowsPerCall helpers: past 65 ranks,
+// more than once). Ring-DTP sums dX / dW in fp32 and rounds once, as the
+// dense projection's GEMMs do; SCO and the optimizer placements only move
+// data: none.
 inline int64_t ScheduleGradientRoundings(const StepOptions& o) {
-  const int P = static_cast<int>(o.layout.ranks);
-  return o.dispatch.kind == DispatchOptions::Kind::kStandardEp ? 0 : 1 + std::min(1, P - 1);
+  const int64_t P = o.layout.ranks, per_call = Backend::kBf16AddRowsPerCall;
+  return o.dispatch.kind == DispatchOptions::Kind::kStandardEp ? 0 : 1 + (P - 1 + per_call - 1) / per_call;
 }
 
 // The gradient chain's bound on each gradient tensor's relative L2 error
