@@ -244,6 +244,16 @@ class CoordinatorTest : public ::testing::Test {
     return Get(id).state() == state;
   }
 
+  // A job submitted, run on a fresh worker and ended by both ranks exiting
+  // OK: SUCCEEDED (the caller asserts it).
+  std::string SucceededJob() {
+    const std::string job = Submit(DemoJobSpec(2, 5));
+    const std::string w = RunningJob(job);
+    EXPECT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
+    EXPECT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+    return job;
+  }
+
   // A job placed on a fresh worker with both ranks started: returns the
   // worker id.
   std::string RunningJob(const std::string& job) {
@@ -1718,10 +1728,7 @@ TEST_F(CoordinatorTest, ADeleteCutShortByACrashIsFinishedByTheRestartedCoordinat
     if (++parts == 1) Snapshot(crash);
   };
   Open();
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  const std::string w = RunningJob(job);
-  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
-  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  const std::string job = SucceededJob();
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
   std::vector<JobRankStep> many(45000);
   for (int i = 0; i < 45000; ++i) {
@@ -1779,10 +1786,7 @@ TEST_F(CoordinatorTest, ADeleteCutShortAfterItsLastPartIsFinishedByTheRestartedC
     if (++parts == 2) Snapshot(crash);  // the last of two
   };
   Open();
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  const std::string w = RunningJob(job);
-  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
-  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  const std::string job = SucceededJob();
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
   std::vector<JobRankStep> many(25000);
   for (int i = 0; i < 25000; ++i) {
@@ -1813,10 +1817,7 @@ TEST_F(CoordinatorTest, ADeleteStoppedByAShutdownIsFinishedAtTheNextStart) {
     if (++parts == 1) c().Stop();
   };
   Open();
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  const std::string w = RunningJob(job);
-  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
-  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  const std::string job = SucceededJob();
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
   std::vector<JobRankStep> many(45000);
   for (int i = 0; i < 45000; ++i) {
@@ -1843,10 +1844,7 @@ TEST_F(CoordinatorTest, ADeleteStoppedByAShutdownIsFinishedAtTheNextStart) {
 // as begun, then stopped, so a retry met ABORTED and then NOT_FOUND for a
 // delete its caller was told had not happened).
 TEST_F(CoordinatorTest, ADeleteAskedDuringAShutdownBeginsNothing) {
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  const std::string w = RunningJob(job);
-  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
-  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  const std::string job = SucceededJob();
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
   c().Stop();
   const absl::Status s = c().DeleteJob(job);
@@ -1876,10 +1874,7 @@ TEST_F(CoordinatorTest, ARecordOfALiveJobsDeleteIsForgottenAtStart) {
 // A finished job whose record no longer parses fails every listing, naming
 // it; deleting it is how an operator clears it, and the listing works again.
 TEST_F(CoordinatorTest, AFinishedJobsCorruptRecordIsNamedAndCanBeDeleted) {
-  const std::string job = Submit(DemoJobSpec(2, 5));
-  const std::string w = RunningJob(job);
-  ASSERT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
-  ASSERT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+  const std::string job = SucceededJob();
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
   const std::string other_job = Submit(DemoJobSpec(2, 5));
   sqlite3* other = nullptr;

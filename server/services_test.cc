@@ -175,6 +175,54 @@ class ServicesTest : public ::testing::Test {
     return resp.ok() ? resp->job().id() : "";
   }
 
+  // A call held at the server's first check between two pieces of its
+  // work (options_.between_list_reads, between_plan_shapes): Hold() is the
+  // hook; it counts the checks and holds the first until the client has
+  // given up (GaveUp) and the handler sees it: its deadline passed, or its
+  // cancel arrived.
+  struct HeldCall {
+    absl::Notification gave_up;
+    std::atomic<int> checks{0};
+  };
+  enum class GivesUpBy { kDeadline, kCancel };
+  std::function<void()> Hold(HeldCall* held, const std::string& method, GivesUpBy by) {
+    return [this, held, method, by] {
+      if (held->checks.fetch_add(1) != 0) return;
+      held->gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
+      // The server's deadline is the client's as the request arrived (a
+      // little later); the cancel reaches the handler after the client's
+      // call has returned.
+      Await([&] {
+        grpc::ServerContextBase* call = answers_.Latest(method);
+        return by == GivesUpBy::kDeadline ? std::chrono::system_clock::now() >= call->deadline() : call->IsCancelled();
+      });
+    };
+  }
+  // `call` on a thread of its own, cancelled by its client (ctx) once the
+  // server's first check has begun; its status.
+  grpc::Status CancelledOnceHeld(grpc::ClientContext& ctx, const HeldCall& held,
+                                 const std::function<grpc::Status()>& call) {
+    grpc::Status s;
+    absl::Notification done;
+    std::thread t([&] {
+      s = call();
+      done.Notify();
+    });
+    Await([&] { return held.checks.load() > 0; });
+    ctx.TryCancel();
+    done.WaitForNotificationWithTimeout(absl::Seconds(60));
+    t.join();
+    return s;
+  }
+  // The handler of `method` answered once, with `code`; its message.
+  std::string AnsweredOnce(const std::string& method, grpc::StatusCode code) {
+    const std::vector<grpc::Status> answered = answers_.Of(method);
+    EXPECT_EQ(answered.size(), 1u) << method;
+    if (answered.empty()) return "";
+    EXPECT_EQ(answered[0].error_code(), code) << answered[0].error_message();
+    return answered[0].error_message();
+  }
+
   std::unique_ptr<JobStore> store_;
   Metrics* metrics_ = nullptr;
   // Outlives the server (a stream's lease is given back as its handler
@@ -196,15 +244,8 @@ class ServicesTest : public ::testing::Test {
 // answers DEADLINE_EXCEEDED, instead of reading every job for no one.
 TEST_F(ServicesTest, AListJobsScanStopsOnceItsCallersDeadlinePassed) {
   for (int i = 0; i < 2 * kListScanRows + 8; ++i) FinishedJob(absl::StrCat("history-", i));  // three reads
-  absl::Notification client_gave_up;
-  std::atomic<int> between_reads{0};
-  options_.between_list_reads = [&] {
-    if (between_reads.fetch_add(1) != 0) return;
-    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
-    // The server's deadline is the client's as the request arrived: a
-    // little later.
-    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("ListJobs")->deadline(); });
-  };
+  HeldCall held;
+  options_.between_list_reads = Hold(&held, "ListJobs", GivesUpBy::kDeadline);
   Serve();
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Milliseconds(500)));
@@ -213,54 +254,33 @@ TEST_F(ServicesTest, AListJobsScanStopsOnceItsCallersDeadlinePassed) {
   v1::ListJobsResponse resp;
   const grpc::Status s = stub_->ListJobs(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-  client_gave_up.Notify();
+  held.gave_up.Notify();
   Stop();
   // One check between the reads, and none after: the second read never ran.
-  EXPECT_EQ(between_reads.load(), 1);
-  const std::vector<grpc::Status> answered = answers_.Of("ListJobs");
-  ASSERT_EQ(answered.size(), 1u);
-  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
-  EXPECT_THAT(answered[0].error_message(), HasSubstr("the caller's deadline passed"));
+  EXPECT_EQ(held.checks.load(), 1);
+  EXPECT_THAT(AnsweredOnce("ListJobs", grpc::StatusCode::DEADLINE_EXCEEDED), HasSubstr("the caller's deadline passed"));
 }
 
 // The same scan cancelled by its client (a Ctrl-C in plateauctl list)
 // ends CANCELLED at the next check.
 TEST_F(ServicesTest, AListJobsScanStopsOnceItsCallerCancelled) {
   for (int i = 0; i < 2 * kListScanRows + 8; ++i) FinishedJob(absl::StrCat("history-", i));
-  absl::Notification client_gave_up;
-  std::atomic<int> between_reads{0};
-  options_.between_list_reads = [&] {
-    if (between_reads.fetch_add(1) != 0) return;
-    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
-    // The cancel reaches the server after the client's call has returned:
-    // on once the handler's context has it.
-    Await([&] { return answers_.Latest("ListJobs")->IsCancelled(); });
-  };
+  HeldCall held;
+  options_.between_list_reads = Hold(&held, "ListJobs", GivesUpBy::kCancel);
   Serve();
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(60)));
   v1::ListJobsRequest req;
   req.set_label_selector("team=nobody");
   v1::ListJobsResponse resp;
-  grpc::Status s;
-  absl::Notification done;
-  std::thread call([&] {
-    s = stub_->ListJobs(&ctx, req, &resp);
-    done.Notify();
-  });
   // Once the scan has begun (its first check is waiting), the client
   // cancels.
-  Await([&] { return between_reads.load() > 0; });
-  ctx.TryCancel();
-  done.WaitForNotificationWithTimeout(absl::Seconds(60));
-  call.join();
+  const grpc::Status s = CancelledOnceHeld(ctx, held, [&] { return stub_->ListJobs(&ctx, req, &resp); });
   EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
-  client_gave_up.Notify();
+  held.gave_up.Notify();
   Stop();
-  EXPECT_EQ(between_reads.load(), 1);
-  const std::vector<grpc::Status> answered = answers_.Of("ListJobs");
-  ASSERT_EQ(answered.size(), 1u);
-  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::CANCELLED) << answered[0].error_message();
+  EXPECT_EQ(held.checks.load(), 1);
+  AnsweredOnce("ListJobs", grpc::StatusCode::CANCELLED);
 }
 
 // A page found within the deadline is answered as before: the checks
@@ -287,13 +307,8 @@ TEST_F(ServicesTest, AListJobsScanWithinItsDeadlineAnswersItsPage) {
 // deadline has passed) stops at the next check and answers
 // DEADLINE_EXCEEDED, instead of planning every shape for no one.
 TEST_F(ServicesTest, APlanStopsOnceItsCallersDeadlinePassed) {
-  absl::Notification client_gave_up;
-  std::atomic<int> shapes{0};
-  options_.between_plan_shapes = [&] {
-    if (shapes.fetch_add(1) != 0) return;
-    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
-    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("PlanJob")->deadline(); });
-  };
+  HeldCall held;
+  options_.between_plan_shapes = Hold(&held, "PlanJob", GivesUpBy::kDeadline);
   Serve();
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Milliseconds(500)));
@@ -302,50 +317,32 @@ TEST_F(ServicesTest, APlanStopsOnceItsCallersDeadlinePassed) {
   v1::PlanJobResponse resp;
   const grpc::Status s = stub_->PlanJob(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-  client_gave_up.Notify();
+  held.gave_up.Notify();
   Stop();
   // One shape, then the stop: no other shape was planned.
-  EXPECT_EQ(shapes.load(), 1);
-  const std::vector<grpc::Status> answered = answers_.Of("PlanJob");
-  ASSERT_EQ(answered.size(), 1u);
-  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
-  EXPECT_THAT(answered[0].error_message(), HasSubstr("the caller's deadline passed"));
-  EXPECT_THAT(answered[0].error_message(), HasSubstr("PlanJob stopped planning"));
+  EXPECT_EQ(held.checks.load(), 1);
+  const std::string said = AnsweredOnce("PlanJob", grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(said, HasSubstr("the caller's deadline passed"));
+  EXPECT_THAT(said, HasSubstr("PlanJob stopped planning"));
 }
 
 // The same plan cancelled by its client (a Ctrl-C in plateauctl plan) ends
 // CANCELLED at the next check.
 TEST_F(ServicesTest, APlanStopsOnceItsCallerCancelled) {
-  absl::Notification client_gave_up;
-  std::atomic<int> shapes{0};
-  options_.between_plan_shapes = [&] {
-    if (shapes.fetch_add(1) != 0) return;
-    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
-    Await([&] { return answers_.Latest("PlanJob")->IsCancelled(); });
-  };
+  HeldCall held;
+  options_.between_plan_shapes = Hold(&held, "PlanJob", GivesUpBy::kCancel);
   Serve();
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(60)));
   v1::PlanJobRequest req;
   *req.mutable_spec() = DemoJobSpec(2, 5);
   v1::PlanJobResponse resp;
-  grpc::Status s;
-  absl::Notification done;
-  std::thread call([&] {
-    s = stub_->PlanJob(&ctx, req, &resp);
-    done.Notify();
-  });
-  Await([&] { return shapes.load() > 0; });
-  ctx.TryCancel();
-  done.WaitForNotificationWithTimeout(absl::Seconds(60));
-  call.join();
+  const grpc::Status s = CancelledOnceHeld(ctx, held, [&] { return stub_->PlanJob(&ctx, req, &resp); });
   EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
-  client_gave_up.Notify();
+  held.gave_up.Notify();
   Stop();
-  EXPECT_EQ(shapes.load(), 1);
-  const std::vector<grpc::Status> answered = answers_.Of("PlanJob");
-  ASSERT_EQ(answered.size(), 1u);
-  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::CANCELLED) << answered[0].error_message();
+  EXPECT_EQ(held.checks.load(), 1);
+  AnsweredOnce("PlanJob", grpc::StatusCode::CANCELLED);
 }
 
 // A submit plans the same way (SubmitJob is plateauctl plan's twin with
@@ -353,13 +350,8 @@ TEST_F(ServicesTest, APlanStopsOnceItsCallerCancelled) {
 // there and creates no job. (It would have stored a job its client, told
 // DEADLINE_EXCEEDED, knows nothing of.)
 TEST_F(ServicesTest, ASubmitStopsPlanningOnceItsCallersDeadlinePassedAndCreatesNothing) {
-  absl::Notification client_gave_up;
-  std::atomic<int> shapes{0};
-  options_.between_plan_shapes = [&] {
-    if (shapes.fetch_add(1) != 0) return;
-    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
-    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("SubmitJob")->deadline(); });
-  };
+  HeldCall held;
+  options_.between_plan_shapes = Hold(&held, "SubmitJob", GivesUpBy::kDeadline);
   Serve();
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Milliseconds(500)));
@@ -368,13 +360,10 @@ TEST_F(ServicesTest, ASubmitStopsPlanningOnceItsCallersDeadlinePassedAndCreatesN
   v1::SubmitJobResponse resp;
   const grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-  client_gave_up.Notify();
+  held.gave_up.Notify();
   Stop();
-  EXPECT_EQ(shapes.load(), 1);
-  const std::vector<grpc::Status> answered = answers_.Of("SubmitJob");
-  ASSERT_EQ(answered.size(), 1u);
-  EXPECT_EQ(answered[0].error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << answered[0].error_message();
-  EXPECT_THAT(answered[0].error_message(), HasSubstr("SubmitJob stopped planning"));
+  EXPECT_EQ(held.checks.load(), 1);
+  EXPECT_THAT(AnsweredOnce("SubmitJob", grpc::StatusCode::DEADLINE_EXCEEDED), HasSubstr("SubmitJob stopped planning"));
   bool more = false;
   absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListJobs(0, 10, {}, &more);
   ASSERT_TRUE(jobs.ok()) << jobs.status();
@@ -387,13 +376,8 @@ TEST_F(ServicesTest, ASubmitStopsPlanningOnceItsCallersDeadlinePassedAndCreatesN
 // Stopped at the deadline, every retry planned again and stopped again,
 // and the submit never succeeded.
 TEST_F(ServicesTest, ASubmitWithARequestIdPlansToItsEndAndItsRetryFindsTheJob) {
-  absl::Notification client_gave_up;
-  std::atomic<int> shapes{0};
-  options_.between_plan_shapes = [&] {
-    if (shapes.fetch_add(1) != 0) return;
-    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
-    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("SubmitJob")->deadline(); });
-  };
+  HeldCall held;
+  options_.between_plan_shapes = Hold(&held, "SubmitJob", GivesUpBy::kDeadline);
   Serve();
   v1::SubmitJobRequest req;
   *req.mutable_spec() = DemoJobSpec(2, 5);
@@ -405,11 +389,10 @@ TEST_F(ServicesTest, ASubmitWithARequestIdPlansToItsEndAndItsRetryFindsTheJob) {
     const grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   }
-  client_gave_up.Notify();
+  held.gave_up.Notify();
   Await([&] { return !answers_.Of("SubmitJob").empty(); });
-  ASSERT_EQ(answers_.Of("SubmitJob").size(), 1u);
-  EXPECT_TRUE(answers_.Of("SubmitJob")[0].ok()) << answers_.Of("SubmitJob")[0].error_message();
-  EXPECT_GT(shapes.load(), 14) << "the plan stopped before its end";
+  AnsweredOnce("SubmitJob", grpc::StatusCode::OK);
+  EXPECT_GT(held.checks.load(), 14) << "the plan stopped before its end";
   grpc::ClientContext retry;
   retry.set_deadline(In(absl::Seconds(60)));
   v1::SubmitJobResponse again;
@@ -454,13 +437,8 @@ TEST_F(ServicesTest, ADeleteInPartsRunsToItsEndThoughItsCallersDeadlinePassed) {
     many[i].telemetry.set_step(i + 1);
   }
   ASSERT_TRUE(store_->PutRankSteps(many).ok());
-  absl::Notification client_gave_up;
-  std::atomic<int> parts{0};
-  options_.after_delete_part = [&](int64_t) {
-    if (parts.fetch_add(1) != 0) return;
-    client_gave_up.WaitForNotificationWithTimeout(absl::Seconds(60));
-    Await([&] { return std::chrono::system_clock::now() >= answers_.Latest("DeleteJob")->deadline(); });
-  };
+  HeldCall held;  // its checks: the parts
+  options_.after_delete_part = [hold = Hold(&held, "DeleteJob", GivesUpBy::kDeadline)](int64_t) { hold(); };
   Serve();
   {
     grpc::ClientContext ctx;
@@ -471,13 +449,11 @@ TEST_F(ServicesTest, ADeleteInPartsRunsToItsEndThoughItsCallersDeadlinePassed) {
     const grpc::Status s = stub_->DeleteJob(&ctx, req, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   }
-  client_gave_up.Notify();
+  held.gave_up.Notify();
   // The handler's answer, once it has left.
   Await([&] { return !answers_.Of("DeleteJob").empty(); });
-  const std::vector<grpc::Status> answered = answers_.Of("DeleteJob");
-  ASSERT_EQ(answered.size(), 1u);
-  EXPECT_TRUE(answered[0].ok()) << answered[0].error_code() << " " << answered[0].error_message();
-  EXPECT_EQ(parts.load(), 3);
+  AnsweredOnce("DeleteJob", grpc::StatusCode::OK);
+  EXPECT_EQ(held.checks.load(), 3);
   EXPECT_EQ(store_->GetJob(job).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(store_->ReadRankSteps(job, 0, 0, INT64_MAX)->empty());
 }
