@@ -99,7 +99,9 @@ class BackendTest : public ::testing::Test, public DeviceSide {
   }
   // Every test's queued work completes without a sticky stream error.
   void TearDown() override {
-    if (ready()) EXPECT_TRUE(s().Synchronize().ok());
+    if (ready()) {
+      EXPECT_TRUE(s().Synchronize().ok());
+    }
   }
 };
 

@@ -1240,7 +1240,9 @@ TEST(DeployTest, KubernetesWorkloadsAreConfinedSizedAndFenced) {
       // volume of its own.
       const json tmp = MountOf(c, "/tmp");
       EXPECT_FALSE(tmp.is_null()) << "no volume at /tmp on a read-only root file system";
-      if (!tmp.is_null()) EXPECT_FALSE(tmp.value("readOnly", false));
+      if (!tmp.is_null()) {
+        EXPECT_FALSE(tmp.value("readOnly", false));
+      }
     }
   }
 

@@ -862,7 +862,9 @@ TEST(SecurityTest, TheCoordinatorsCertificateMustNameTheAddressDialled) {
     co.connection.files.tls_ca_file = server.cert;
     auto list = Client(co).ListJobs(v1::ListJobsRequest());
     EXPECT_EQ(list.ok(), ok) << address << ": " << list.status();
-    if (!ok) EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
+    if (!ok) {
+      EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
+    }
   }
 }
 
@@ -988,7 +990,9 @@ TEST(SecurityTest, ClientCertificatesSignedByTheClientCaAreRequiredAndEnough) {
     int serving = 0;
     s = HealthCheck(ch, "plateau.v1.JobService", &serving);
     EXPECT_EQ(s.error_code(), want) << label << " (health): " << s.error_message();
-    if (pem == &client) EXPECT_EQ(serving, 1) << "SERVING";
+    if (pem == &client) {
+      EXPECT_EQ(serving, 1) << "SERVING";
+    }
   }
 
   // The coordinator's flags: a client CA needs TLS and must be PEM; beyond

@@ -297,7 +297,9 @@ void MakeTwoRanks(const std::string& name, absl::Duration timeout,
 float* ZeroedFloats(size_t n) {
   float* x = nullptr;
   EXPECT_EQ(cudaMalloc(&x, n * sizeof(float)), cudaSuccess);
-  if (x != nullptr) EXPECT_EQ(cudaMemset(x, 0, n * sizeof(float)), cudaSuccess);
+  if (x != nullptr) {
+    EXPECT_EQ(cudaMemset(x, 0, n * sizeof(float)), cudaSuccess);
+  }
   return x;
 }
 

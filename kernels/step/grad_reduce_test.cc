@@ -272,10 +272,14 @@ void CompareWithRing(int P, int64_t S) {
                 static_cast<long long>(P * S));
     EXPECT_LE(e_new, kBf16UnitRoundoff);  // one rounding to nearest
     EXPECT_LE(e_new, e_ring * 1.0001);
-    if (P == 2) EXPECT_EQ(n_differ, 0) << "two terms: one rounding either way";
+    if (P == 2) {
+      EXPECT_EQ(n_differ, 0) << "two terms: one rounding either way";
+    }
     // Equal terms survive the ring's roundings up to P = 4 here (2x is
     // exact, rn(3x) + x rounds back to 4x); alike-sign random ones do not.
-    if (P >= (equal ? 8 : 3)) EXPECT_GT(e_ring, e_new) << "the ring's bf16 partial sums round P - 1 times";
+    if (P >= (equal ? 8 : 3)) {
+      EXPECT_GT(e_ring, e_new) << "the ring's bf16 partial sums round P - 1 times";
+    }
   }
 }
 
