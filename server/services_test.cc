@@ -109,6 +109,38 @@ void Await(const std::function<bool()>& holds) {
   while (!holds() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
 }
 
+// A stream's rows (JobEvent, LogEntry) until it ends; its status.
+template <typename Row>
+std::vector<Row> ReadToTheEnd(grpc::ClientReader<Row>& reader, grpc::Status* status) {
+  std::vector<Row> rows;
+  Row row;
+  while (reader.Read(&row)) rows.push_back(row);
+  *status = reader.Finish();
+  return rows;
+}
+
+// Rows of a stream that did not ask for heartbeats: none is one, and they
+// are the stored rows from index 0 on.
+template <typename Row>
+void ExpectNoHeartbeats(const std::vector<Row>& rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_FALSE(rows[i].has_heartbeat()) << rows[i].DebugString();
+    EXPECT_EQ(rows[i].index(), static_cast<int64_t>(i));
+  }
+}
+
+// The first row of a stream resumed from index `from` with nothing new: a
+// heartbeat carrying the index before it. Ends the call.
+template <typename Row>
+void ExpectResumedHeartbeat(grpc::ClientContext& ctx, grpc::ClientReader<Row>& reader, int64_t from) {
+  Row row;
+  ASSERT_TRUE(reader.Read(&row));
+  EXPECT_TRUE(row.has_heartbeat()) << row.DebugString();
+  EXPECT_EQ(row.index(), from - 1);
+  ctx.TryCancel();
+  reader.Finish();
+}
+
 class ServicesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -508,12 +540,7 @@ TEST_F(ServicesTest, AQuietWatchSendsHeartbeatsIndexedAsItsLastEventAndNeverStor
   grpc::ClientContext resumed_ctx;
   resumed_ctx.set_deadline(In(absl::Seconds(60)));
   req.set_from_index(*stored);
-  auto resumed = stub_->WatchJob(&resumed_ctx, req);
-  ASSERT_TRUE(resumed->Read(&e));
-  EXPECT_TRUE(e.has_heartbeat()) << e.DebugString();
-  EXPECT_EQ(e.index(), *stored - 1);
-  resumed_ctx.TryCancel();
-  resumed->Finish();
+  ExpectResumedHeartbeat(resumed_ctx, *stub_->WatchJob(&resumed_ctx, req), *stored);
 }
 
 // Heartbeats are sent only to a watch that asks for them
@@ -529,17 +556,11 @@ TEST_F(ServicesTest, AWatchThatDoesNotAskForHeartbeatsGetsNone) {
   ctx.set_deadline(In(absl::Milliseconds(1500)));  // fifteen intervals
   v1::WatchJobRequest req;
   req.set_job_id(id);
-  auto reader = stub_->WatchJob(&ctx, req);
-  std::vector<v1::JobEvent> rows;
-  v1::JobEvent e;
-  while (reader->Read(&e)) rows.push_back(e);
-  const grpc::Status s = reader->Finish();
+  grpc::Status s;
+  const std::vector<v1::JobEvent> rows = ReadToTheEnd(*stub_->WatchJob(&ctx, req), &s);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   ASSERT_FALSE(rows.empty());  // the submission, at least
-  for (size_t i = 0; i < rows.size(); ++i) {
-    EXPECT_FALSE(rows[i].has_heartbeat()) << rows[i].DebugString();
-    EXPECT_EQ(rows[i].index(), static_cast<int64_t>(i));
-  }
+  ExpectNoHeartbeats(rows);
 }
 
 // A followed log of a pending job is as quiet as its watch: one that asks
@@ -605,25 +626,18 @@ TEST_F(ServicesTest, AQuietLogFollowSendsHeartbeatsIndexedAsItsLastLineAndNeverS
   grpc::ClientContext resumed_ctx;
   resumed_ctx.set_deadline(In(absl::Seconds(60)));
   req.set_from_index(static_cast<int64_t>(stored));
-  auto resumed = stub_->GetJobLogs(&resumed_ctx, req);
-  ASSERT_TRUE(resumed->Read(&l));
-  EXPECT_TRUE(l.has_heartbeat()) << l.DebugString();
-  EXPECT_EQ(l.index(), static_cast<int64_t>(stored) - 1);
-  resumed_ctx.TryCancel();
-  resumed->Finish();
+  ExpectResumedHeartbeat(resumed_ctx, *stub_->GetJobLogs(&resumed_ctx, req), static_cast<int64_t>(stored));
 
   // Without follow: the stored lines, then the end.
   grpc::ClientContext once_ctx;
   once_ctx.set_deadline(In(absl::Seconds(60)));
   req.set_from_index(0);
   req.set_follow(false);
-  auto once = stub_->GetJobLogs(&once_ctx, req);
-  std::vector<v1::LogEntry> read;
-  while (once->Read(&l)) read.push_back(l);
-  const grpc::Status s = once->Finish();
+  grpc::Status s;
+  const std::vector<v1::LogEntry> read = ReadToTheEnd(*stub_->GetJobLogs(&once_ctx, req), &s);
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(read.size(), stored);
-  for (const v1::LogEntry& r : read) EXPECT_FALSE(r.has_heartbeat()) << r.DebugString();
+  ExpectNoHeartbeats(read);
 }
 
 // Log heartbeats are opt-in as a watch's: a client built before them asks
@@ -638,16 +652,10 @@ TEST_F(ServicesTest, ALogFollowThatDoesNotAskForHeartbeatsGetsNone) {
   v1::GetJobLogsRequest req;
   req.set_job_id(id);
   req.set_follow(true);
-  auto reader = stub_->GetJobLogs(&ctx, req);
-  std::vector<v1::LogEntry> rows;
-  v1::LogEntry l;
-  while (reader->Read(&l)) rows.push_back(l);
-  const grpc::Status s = reader->Finish();
+  grpc::Status s;
+  const std::vector<v1::LogEntry> rows = ReadToTheEnd(*stub_->GetJobLogs(&ctx, req), &s);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    EXPECT_FALSE(rows[i].has_heartbeat()) << rows[i].DebugString();
-    EXPECT_EQ(rows[i].index(), static_cast<int64_t>(i));
-  }
+  ExpectNoHeartbeats(rows);
 }
 
 // The number of WatchJob calls the server refused RESOURCE_EXHAUSTED.
