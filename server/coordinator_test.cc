@@ -245,12 +245,22 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // A job submitted, run on a fresh worker and ended by both ranks exiting
-  // OK: SUCCEEDED (the caller asserts it).
-  std::string SucceededJob() {
+  // OK: SUCCEEDED (the caller asserts it); with `reports` rank step reports
+  // of attempt 5 stored (a delete of more than 20,000 rows goes in parts).
+  std::string SucceededJob(int reports = 0) {
     const std::string job = Submit(DemoJobSpec(2, 5));
     const std::string w = RunningJob(job);
     EXPECT_TRUE(Exited(w, job, 0, kRankExitOk).ok());
     EXPECT_TRUE(Exited(w, job, 1, kRankExitOk).ok());
+    std::vector<JobRankStep> many(reports);
+    for (int i = 0; i < reports; ++i) {
+      many[i].job_id = job;
+      many[i].telemetry.set_attempt(5);
+      many[i].telemetry.set_step(i + 1);
+    }
+    if (reports > 0) {
+      EXPECT_TRUE(store_->PutRankSteps(many).ok());
+    }
     return job;
   }
 
@@ -1728,15 +1738,8 @@ TEST_F(CoordinatorTest, ADeleteCutShortByACrashIsFinishedByTheRestartedCoordinat
     if (++parts == 1) Snapshot(crash);
   };
   Open();
-  const std::string job = SucceededJob();
+  const std::string job = SucceededJob(45000);
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
-  std::vector<JobRankStep> many(45000);
-  for (int i = 0; i < 45000; ++i) {
-    many[i].job_id = job;
-    many[i].telemetry.set_attempt(5);
-    many[i].telemetry.set_step(i + 1);
-  }
-  ASSERT_TRUE(store_->PutRankSteps(many).ok());
   ASSERT_TRUE(c().DeleteJob(job, "CN=alice").ok());
   ASSERT_EQ(parts, 3);
   options_.after_delete_part = nullptr;
@@ -1786,15 +1789,8 @@ TEST_F(CoordinatorTest, ADeleteCutShortAfterItsLastPartIsFinishedByTheRestartedC
     if (++parts == 2) Snapshot(crash);  // the last of two
   };
   Open();
-  const std::string job = SucceededJob();
+  const std::string job = SucceededJob(25000);
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
-  std::vector<JobRankStep> many(25000);
-  for (int i = 0; i < 25000; ++i) {
-    many[i].job_id = job;
-    many[i].telemetry.set_attempt(5);
-    many[i].telemetry.set_step(i + 1);
-  }
-  ASSERT_TRUE(store_->PutRankSteps(many).ok());
   ASSERT_TRUE(c().DeleteJob(job).ok());
   ASSERT_EQ(parts, 2);
   options_.after_delete_part = nullptr;
@@ -1817,15 +1813,8 @@ TEST_F(CoordinatorTest, ADeleteStoppedByAShutdownIsFinishedAtTheNextStart) {
     if (++parts == 1) c().Stop();
   };
   Open();
-  const std::string job = SucceededJob();
+  const std::string job = SucceededJob(45000);
   ASSERT_EQ(Get(job).state(), v1::SUCCEEDED);
-  std::vector<JobRankStep> many(45000);
-  for (int i = 0; i < 45000; ++i) {
-    many[i].job_id = job;
-    many[i].telemetry.set_attempt(5);
-    many[i].telemetry.set_step(i + 1);
-  }
-  ASSERT_TRUE(store_->PutRankSteps(many).ok());
   const absl::Status s = c().DeleteJob(job);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("shutting down"));
