@@ -204,15 +204,10 @@ inline double GemmRate(Backend& be, int64_t m, int64_t n, int64_t k, bool bf16) 
   for (auto [buf, count, seed] : {std::tuple{&*a, m * k, 1}, {&*b, k * n, 2}}) {
     std::vector<float> host(count);
     FillRandom(host, seed);
-    absl::Status copied;
-    if (bf16) {
-      const std::vector<Bf16> h = ToBf16(host);
-      copied = be.Copy(**s, buf->data(), h.data(), count * 2);
-      if (copied.ok()) copied = (*s)->Synchronize();  // before h is freed
-    } else {
-      copied = be.Copy(**s, buf->data(), host.data(), count * 4);
-      if (copied.ok()) copied = (*s)->Synchronize();
-    }
+    const std::vector<Bf16> rounded = bf16 ? ToBf16(host) : std::vector<Bf16>();
+    const void* src = bf16 ? static_cast<const void*>(rounded.data()) : host.data();
+    absl::Status copied = be.Copy(**s, buf->data(), src, count * elem);
+    if (copied.ok()) copied = (*s)->Synchronize();  // before the host copies are freed
     if (!copied.ok()) return 0;
   }
   std::function<absl::Status()> gemm;
@@ -237,7 +232,6 @@ inline double GemmRate(Backend& be, int64_t m, int64_t n, int64_t k, bool bf16) 
   if (!t.ok() || !(t->best_s > 0)) return 0;
   return 2.0 * m * n * k / t->best_s / 1e9;
 }
-inline double GemmBf16Rate(Backend& be, int64_t m, int64_t n, int64_t k) { return GemmRate(be, m, n, k, true); }
 
 // The square GEMM a ceiling is read from: its side and its rate.
 struct SquareCeiling {

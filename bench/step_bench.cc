@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
   // timed in batches of back-to-back GEMMs synchronised once.
   const bench::SquareCeiling bf16_square =
       bf16 ? bench::GemmSquareCeiling(**probe, /*bf16=*/true, /*cpu_n=*/2048) : bench::SquareCeiling{};
-  const double bf16_shape = bf16 ? bench::GemmBf16Rate(**probe, 4096, m.expert_ffn, m.hidden) : 0;
+  const double bf16_shape = bf16 ? bench::GemmRate(**probe, 4096, m.expert_ffn, m.hidden, /*bf16=*/true) : 0;
   const double ceiling = bf16 ? std::max(bf16_square.gflops, bf16_shape) : sgemm;
   const int64_t ceiling_square_n = bf16 ? bf16_square.n : fp32_square.n;
   // What the ceiling is one of: a GPU per rank on CUDA; the one machine the

@@ -151,12 +151,14 @@ class ClientTest : public ::testing::Test {
     e.mutable_state_change()->set_state(state);
     return e;
   }
-  static v1::JobEvent Heartbeat(int64_t index) {
-    v1::JobEvent e;
-    e.set_job_id("job-1");
-    e.set_index(index);
-    e.mutable_heartbeat();
-    return e;
+  // A stream's heartbeat (JobEvent or LogEntry) at `index`.
+  template <typename Row>
+  static Row Beat(int64_t index) {
+    Row r;
+    r.set_job_id("job-1");
+    r.set_index(index);
+    r.mutable_heartbeat();
+    return r;
   }
 
   static v1::LogEntry Line(int64_t index) {
@@ -165,13 +167,6 @@ class ClientTest : public ::testing::Test {
     l.set_index(index);
     l.set_rank(0);
     l.set_line(absl::StrCat("line ", index));
-    return l;
-  }
-  static v1::LogEntry LogHeartbeat(int64_t index) {
-    v1::LogEntry l;
-    l.set_job_id("job-1");
-    l.set_index(index);
-    l.mutable_heartbeat();
     return l;
   }
 
@@ -186,7 +181,8 @@ class ClientTest : public ::testing::Test {
 TEST_F(ClientTest, AWatchAsksForHeartbeatsAndSkipsThem) {
   WatchAnswer a;
   a.open = true;
-  a.rows = {Heartbeat(-1), State(0, v1::PENDING), Heartbeat(0), Heartbeat(0), State(1, v1::CANCELLED)};
+  a.rows = {Beat<v1::JobEvent>(-1), State(0, v1::PENDING), Beat<v1::JobEvent>(0), Beat<v1::JobEvent>(0),
+            State(1, v1::CANCELLED)};
   jobs_.Script({}, a);
   ClientOptions o;
   o.connection.address = address_;
@@ -211,10 +207,10 @@ TEST_F(ClientTest, AWatchAsksForHeartbeatsAndSkipsThem) {
 // from the line after the last line read.
 TEST_F(ClientTest, ALogFollowAsksForHeartbeatsAndSkipsThem) {
   LogsAnswer first;
-  first.rows = {LogHeartbeat(-1), Line(0), LogHeartbeat(0), Line(1), LogHeartbeat(1)};
+  first.rows = {Beat<v1::LogEntry>(-1), Line(0), Beat<v1::LogEntry>(0), Line(1), Beat<v1::LogEntry>(1)};
   first.end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down; resume from index 2");
   LogsAnswer second;
-  second.rows = {LogHeartbeat(1), Line(2)};
+  second.rows = {Beat<v1::LogEntry>(1), Line(2)};
   jobs_.ScriptLogs({first, second});
   ClientOptions o;
   o.connection.address = address_;

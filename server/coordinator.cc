@@ -481,16 +481,15 @@ void Coordinator::ResumeDeletes(int64_t* budget) {
     if (!*done) return;  // more parts at the next tick
     const ResumedDelete d = std::move(it->second);
     resumed_deletes_.erase(it);
-    const absl::Status finished = FinishDelete(
-        seq, d.state,
-        absl::StrCat(id, " deleted", By(d.caller), " (", v1::JobState_Name(d.state),
-                     d.event_count >= 0 ? absl::StrCat(", ", d.event_count, " event(s)") : "; its record was corrupt",
-                     "; its delete, cut short by a restart, finished in ", d.parts, " part(s))"));
+    const absl::Status finished =
+        FinishDelete(seq, d.state, d.caller, d.event_count,
+                     absl::StrCat("; its delete, cut short by a restart, finished in ", d.parts, " part(s)"));
     if (!finished.ok()) return;  // frozen (Written)
   }
 }
 
-absl::Status Coordinator::FinishDelete(int64_t seq, v1::JobState state, const std::string& said) {
+absl::Status Coordinator::FinishDelete(int64_t seq, v1::JobState state, const std::string& caller, int64_t event_count,
+                                       const std::string& how) {
   const std::string id = JobIdOf(seq);
   deleting_.erase(seq);
   // Any rendezvous key left (an attempt ended at a restart may have kept
@@ -501,7 +500,9 @@ absl::Status Coordinator::FinishDelete(int64_t seq, v1::JobState state, const st
   PLATEAU_RETURN_IF_ERROR(Written(store_->DeleteJob(id), absl::StrCat("delete ", id)));
   if (--job_counts_[state] <= 0) job_counts_.erase(state);
   metrics_->ForgetJob(id);
-  Say(said);
+  Say(absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),
+                   event_count >= 0 ? absl::StrCat(", ", event_count, " event(s)") : "; its record was corrupt", how,
+                   ")"));
   job_versions_.erase(id);
   Changed();  // its watchers end (NOT_FOUND)
   return absl::OkStatus();
@@ -1002,11 +1003,8 @@ absl::Status Coordinator::DeleteJob(const std::string& id, const std::string& ca
     if (options_.after_delete_part) options_.after_delete_part(rows);
   }
   absl::MutexLock lock(&mu_);
-  return FinishDelete(
-      seq, state,
-      absl::StrCat(id, " deleted", By(caller), " (", v1::JobState_Name(state),
-                   job.ok() ? absl::StrCat(", ", job->event_count(), " event(s)") : "; its record was corrupt",
-                   parts > 1 ? absl::StrCat("; its data in ", parts, " parts") : "", ")"));
+  return FinishDelete(seq, state, caller, job.ok() ? job->event_count() : -1,
+                      parts > 1 ? absl::StrCat("; its data in ", parts, " parts") : "");
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::ReadEvents(const std::string& id, int64_t from, int limit,

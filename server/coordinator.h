@@ -275,10 +275,11 @@ class Coordinator {
   void ResumeDeletes(int64_t* budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The end of a delete whose data is gone: the job's record (with its
   // request id and its record of the delete), its rendezvous keys, its
-  // count and metric series; `said` goes to the log. The store's error
-  // (frozen) when the record cannot be deleted.
-  absl::Status FinishDelete(int64_t seq, v1::JobState state, const std::string& said)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // count and metric series; the log says who asked, its state and events
+  // (`event_count` -1: its record did not parse) and `how` it went. The
+  // store's error (frozen) when the record cannot be deleted.
+  absl::Status FinishDelete(int64_t seq, v1::JobState state, const std::string& caller, int64_t event_count,
+                            const std::string& how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The gauges computed from the registry and the live jobs.
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a restart: the attempt's steps reported but not yet events

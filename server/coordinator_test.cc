@@ -285,6 +285,19 @@ class CoordinatorTest : public ::testing::Test {
 
   // Rank 0's telemetry of `steps`, as an agent batches it.
   // Reports of `steps` from each of `ranks` (step by step).
+  // One log line of `job`'s rank 0 (stdout) from `worker`, as an agent
+  // sends it; the returned line (the batch's only) to change further.
+  static v1::TelemetryRequest LogLine(const std::string& worker, const std::string& job, const std::string& text) {
+    v1::TelemetryRequest t;
+    t.set_worker_id(worker);
+    v1::LogEntry* e = t.add_logs();
+    e->set_job_id(job);
+    e->set_rank(0);
+    e->set_stream("stdout");
+    e->set_line(text);
+    return t;
+  }
+
   static v1::TelemetryRequest Steps(const std::string& worker, const std::string& job,
                                     std::vector<int64_t> steps, double loss = 2.0,
                                     std::vector<int> ranks = {0, 1}, int attempt = 0) {
@@ -1150,14 +1163,8 @@ TEST_F(CoordinatorTest, LogLinesOfNoJobAreDropped) {
 TEST_F(CoordinatorTest, ALineAWorkerSendsIsStoredWithoutAHeartbeat) {
   const std::string job = Submit(DemoJobSpec(2, 5));
   const std::string w = RunningJob(job);
-  v1::TelemetryRequest t;
-  t.set_worker_id(w);
-  v1::LogEntry* e = t.add_logs();
-  e->set_job_id(job);
-  e->set_rank(0);
-  e->set_stream("stdout");
-  e->set_line("a line");
-  e->mutable_heartbeat();
+  v1::TelemetryRequest t = LogLine(w, job, "a line");
+  t.mutable_logs(0)->mutable_heartbeat();
   const size_t before = store_->ReadLogs(job, 0, 1000)->size();
   ASSERT_TRUE(c().ReportTelemetry(t).ok());
   auto stored = store_->ReadLogs(job, before, 10);
@@ -1175,14 +1182,7 @@ TEST_F(CoordinatorTest, LogLinesAreTakenOnlyFromTheWorkersThatHostedTheJob) {
   const std::string w = RunningJob(job);
   const std::string other = Register();
   const auto line = [&](const std::string& worker, const std::string& text) {
-    v1::TelemetryRequest t;
-    t.set_worker_id(worker);
-    v1::LogEntry* e = t.add_logs();
-    e->set_job_id(job);
-    e->set_rank(0);
-    e->set_stream("stdout");
-    e->set_line(text);
-    return c().ReportTelemetry(t);
+    return c().ReportTelemetry(LogLine(worker, job, text));
   };
   const auto lines = [&] {
     std::vector<std::string> out;
@@ -1218,14 +1218,7 @@ TEST_F(CoordinatorTest, AJobPlacedBeforeHostedByTakesItsWorkersLinesAfterARestar
   ASSERT_EQ(Register(w, {Runs(job, 0, {0, 1})}), w);
   ASSERT_EQ(Get(job).state(), v1::RUNNING);
   EXPECT_THAT(Get(job).hosted_by(), ElementsAre(w)) << "its placement's workers are its hosts";
-  v1::TelemetryRequest t;
-  t.set_worker_id(w);
-  v1::LogEntry* e = t.add_logs();
-  e->set_job_id(job);
-  e->set_rank(0);
-  e->set_stream("stdout");
-  e->set_line("after the upgrade");
-  ASSERT_TRUE(c().ReportTelemetry(t).ok());
+  ASSERT_TRUE(c().ReportTelemetry(LogLine(w, job, "after the upgrade")).ok());
   bool found = false;
   const absl::StatusOr<std::vector<v1::LogEntry>> read = store_->ReadLogs(job, 0, 1000);
   ASSERT_TRUE(read.ok()) << read.status();
@@ -1243,15 +1236,9 @@ TEST_F(CoordinatorTest, ARetriedBatchOfLogLinesIsStoredOnce) {
   const auto logs = [&] { return store_->ReadLogs(job, 0, 1000)->size(); };
   const size_t before = logs();
   const auto batch = [&](uint64_t sender, int64_t n, const std::string& line) {
-    v1::TelemetryRequest t;
-    t.set_worker_id(w);
+    v1::TelemetryRequest t = LogLine(w, job, line);
     t.set_sender(sender);
     t.set_batch(n);
-    v1::LogEntry* e = t.add_logs();
-    e->set_job_id(job);
-    e->set_rank(0);
-    e->set_stream("stdout");
-    e->set_line(line);
     return t;
   };
   ASSERT_TRUE(c().ReportTelemetry(batch(77, 1, "one")).ok());
@@ -1690,13 +1677,7 @@ TEST_F(CoordinatorTest, AJobOfManyRowsIsDeletedInPartsWithTheLockFreeBetween) {
     absl::Status again = c().DeleteJob(job);
     EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
     EXPECT_THAT(again.message(), HasSubstr("is being deleted by another request"));
-    v1::TelemetryRequest late;
-    late.set_worker_id(w);
-    v1::LogEntry* line = late.add_logs();
-    line->set_job_id(job);
-    line->set_rank(0);
-    line->set_line("while it is deleted");
-    EXPECT_TRUE(c().ReportTelemetry(late).ok());
+    EXPECT_TRUE(c().ReportTelemetry(LogLine(w, job, "while it is deleted")).ok());
   };
   Open();
   job = Submit(DemoJobSpec(2, 5));
@@ -1918,13 +1899,7 @@ TEST_F(CoordinatorTest, RetentionRemovesAFinishedJobsEventsAndKeepsTheJob) {
   EXPECT_THAT(Said(), HasSubstr(done + ": removed its " + std::to_string(count) + " event(s)"));
   // A late line of the swept job is dropped, not stored as its log's line
   // 0 (a client resuming its log from where it was would never read it).
-  v1::TelemetryRequest late;
-  late.set_worker_id(w);
-  v1::LogEntry* line = late.add_logs();
-  line->set_job_id(done);
-  line->set_rank(0);
-  line->set_line("after the sweep");
-  ASSERT_TRUE(c().ReportTelemetry(late).ok());
+  ASSERT_TRUE(c().ReportTelemetry(LogLine(w, done, "after the sweep")).ok());
   EXPECT_TRUE(store_->ReadLogs(done, 0, 100)->empty()) << "a swept job's log began again";
   // A sweep starts from the oldest job not yet swept: one that was live at
   // the last sweep is swept once it has finished and its retention passed.

@@ -872,8 +872,8 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
   const FitCaps caps{spec.device_memory_bytes(), spec.host_memory_bytes()};
   const AutoRequest request = AutoRequestOf(spec);
   // The searches plan up to fourteen axes (N_max's two, and each what-if
-  // row's two) of dozens of shapes each: where a
-  // plan's time goes, so where a caller gone stops it.
+  // row's two) of dozens of shapes each: where a plan's time goes, so
+  // where a caller gone stops it.
   const NMaxLimits limits = SpecLimits(still_wanted);
   PLATEAU_ASSIGN_OR_RETURN(NMax n_max, request.any() ? SolveNMaxAuto(t.step, request, calibration, caps, limits)
                                                      : SolveNMax(t.step, caps, limits));
