@@ -1000,7 +1000,7 @@ TEST_F(CudaTwinTest, ACopyStreamTakesNoWorkspaceAndRefusesCompute) {
   EXPECT_GE(reserved(), before + (int64_t{4} << 20)) << "a compute stream's workspace";
 
   const int64_t n = 16;
-  auto x = b.device().Allocate(LiveSet::kWorkspace, 3 * n * n * sizeof(float));
+  auto x = b.device().Allocate(LiveSet::kWorkspace, 4 * n * n * sizeof(float));
   ASSERT_TRUE(x.ok()) << x.status();
   float* d = x->as<float>();
   std::vector<float> ones(2 * n * n, 1.0f), back(2 * n * n, 0.0f);
@@ -1018,6 +1018,32 @@ TEST_F(CudaTwinTest, ACopyStreamTakesNoWorkspaceAndRefusesCompute) {
   EXPECT_THAT(std::string(gemm.message()), HasSubstr("stream 'copy': a copy stream (StreamUse::kCopy)"));
   // The refusal is the copy stream's error from then on (stream.h).
   EXPECT_EQ((*copy)->Synchronize().code(), absl::StatusCode::kFailedPrecondition);
+  // The grouped GEMMs too, on fresh copy streams (a refusal is sticky), and
+  // before they enqueue anything: their device pointer arrays live in the
+  // workspace a copy stream lacks, so writing them first was a write to an
+  // address near 0 (on a GPU a fault that ends the process's context).
+  // Aligned, same-shape entries, so that they would take the grouped call.
+  GemmArgs g2 = g;
+  g2.c = d + 3 * n * n;  // outputs must not overlap
+  const std::vector<GemmArgs> two = {g, g2};
+  auto copy_grouped = b.CreateStream("copy-grouped", StreamUse::kCopy);
+  ASSERT_TRUE(copy_grouped.ok()) << copy_grouped.status();
+  const absl::Status grouped = b.GroupedGemm(**copy_grouped, two);
+  EXPECT_EQ(grouped.code(), absl::StatusCode::kFailedPrecondition) << grouped;
+  EXPECT_THAT(std::string(grouped.message()), HasSubstr("stream 'copy-grouped': a copy stream"));
+  GemmBf16Args h;
+  h.m = h.n = h.k = n;
+  h.a = h.b = reinterpret_cast<const Bf16*>(d);
+  h.c = reinterpret_cast<Bf16*>(d + 2 * n * n);
+  h.lda = h.ldb = h.ldc = n;
+  GemmBf16Args h2 = h;
+  h2.c = reinterpret_cast<Bf16*>(d + 3 * n * n);
+  const std::vector<GemmBf16Args> two_bf16 = {h, h2};
+  auto copy_grouped_bf16 = b.CreateStream("copy-grouped-bf16", StreamUse::kCopy);
+  ASSERT_TRUE(copy_grouped_bf16.ok()) << copy_grouped_bf16.status();
+  const absl::Status grouped_bf16 = b.GroupedGemmBf16(**copy_grouped_bf16, two_bf16);
+  EXPECT_EQ(grouped_bf16.code(), absl::StatusCode::kFailedPrecondition) << grouped_bf16;
+  EXPECT_THAT(std::string(grouped_bf16.message()), HasSubstr("stream 'copy-grouped-bf16': a copy stream"));
   // The compute stream runs the same GEMM.
   ASSERT_TRUE(b.Gemm(**compute, g).ok());
   std::vector<float> c(n * n, 0.0f);
@@ -1025,6 +1051,8 @@ TEST_F(CudaTwinTest, ACopyStreamTakesNoWorkspaceAndRefusesCompute) {
   EXPECT_EQ(c.front(), static_cast<float>(n));
   x->Release();
   copy->reset();
+  copy_grouped->reset();
+  copy_grouped_bf16->reset();
   compute->reset();
 }
 

@@ -565,9 +565,9 @@ class CudaStream final : public Stream {
   const std::string name_;
   const int device_;
   const cudaStream_t stream_;
-  char* gemm_pointers() const {
-    return static_cast<char*>(workspace_) + blas_bytes_;
-  }
+  // Null on a copy stream (no workspace): a caller that skipped
+  // RequireCompute gets a null pointer, not one 32 MiB past null.
+  char* gemm_pointers() const { return workspace_ == nullptr ? nullptr : static_cast<char*>(workspace_) + blas_bytes_; }
 
   const cublasHandle_t blas_;
   void* const workspace_;  // CudaDeviceSpace::AllocateUnplanned
@@ -733,6 +733,7 @@ class CudaBackend final : public Backend {
   absl::Status DoGroupedGemm(Stream& st,
                              absl::Span<const GemmArgs> gemms) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_RETURN_IF_ERROR(RequireComputeForGrouped(s, gemms));
       std::vector<GroupedEntry> todo;
       for (const GemmArgs& g : gemms) {
         if (g.k == 0) {
@@ -760,6 +761,7 @@ class CudaBackend final : public Backend {
   // gives to fp32 rounding of the sum before the one bf16 rounding.
   absl::Status DoGroupedGemmBf16(Stream& st, absl::Span<const GemmBf16Args> gemms) override {
     return Enqueue(st, [&](CudaStream* s) -> absl::Status {
+      PLATEAU_RETURN_IF_ERROR(RequireComputeForGrouped(s, gemms));
       std::vector<GroupedEntry> todo;
       for (const GemmBf16Args& g : gemms) {
         if (g.k == 0 || g.c == nullptr) {
@@ -1072,6 +1074,17 @@ class CudaBackend final : public Backend {
   };
 
   // Enqueues `todo` (every k > 0) as cublasGemmGroupedBatchedEx calls of
+  // A grouped GEMM with any product (k > 0) on a copy stream is refused
+  // before any entry is enqueued: its pointer arrays and cuBLAS handle are
+  // the compute stream's workspace (a k = 0 entry only scales C).
+  template <typename Args>
+  static absl::Status RequireComputeForGrouped(CudaStream* s, absl::Span<const Args> gemms) {
+    for (const Args& g : gemms) {
+      if (g.k != 0) return s->RequireCompute();
+    }
+    return absl::OkStatus();
+  }
+
   // kGroupedGemmsPerCall GEMMs, A and B of type `ab`, C of type `c_type`,
   // CUBLAS_COMPUTE_32F, and through `one_by_one` (a single GEMM each):
   //   - entries with a matrix not 16-byte aligned. The grouped call reads
