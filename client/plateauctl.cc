@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -201,7 +202,7 @@ const std::vector<CommandHelp>& Commands() {
        "",
        "jobs, oldest first (or newest first); filters by state and labels",
        "Lists jobs one page at a time (--all: every page). Reasons are cut to the terminal\n"
-       "width ($COLUMNS, else the terminal's, else 100 columns) with \"...\".\n",
+       "width ($COLUMNS, else the terminal's) with \"...\"; a pipe or a file gets whole rows.\n",
        {{"state", "S[,S...]", "only jobs in these states (PENDING, RUNNING, ...)"},
         {"label", "SELECTOR",
          "only jobs whose labels match: comma-separated key=value,\n"
@@ -218,7 +219,8 @@ const std::vector<CommandHelp>& Commands() {
        "Streams the job's state changes and steps until its final state; exits 0, 1 or 3 with it.\n"
        "Each step line shows the elapsed time since the job started and an ETA (the steps left\n"
        "times the mean step time so far), and is cut to the terminal width ($COLUMNS, else the\n"
-       "terminal's, else 100 columns). On a terminal it redraws one line at every step; off one\n"
+       "terminal's; a pipe or a file gets whole lines); state changes are wrapped, never cut.\n"
+       "On a terminal it redraws one line at every step; off one\n"
        "(a pipe, a file) it prints a line for step 1, every (steps / 20)-th step, steps with a\n"
        "validation loss and the last step (--per-rank or --output json: every step). While the\n"
        "coordinator is away it says \"reconnecting...\" on stderr and resumes from the next\n"
@@ -293,6 +295,22 @@ const FlagHelp* FindFlag(const CommandHelp& c, const std::string& name) {
 bool IsGlobalFlag(const std::string& name) {
   return name == "coordinator" || name == "output" || name == "timeout" || name == "token_file" ||
          name == "tls_ca_file" || name == "tls_client_cert_file" || name == "tls_client_key_file";
+}
+
+// A flag's name as the command declares it: the commands' and the global
+// flags' names mix dashes (--newest-first) and underscores (--page_size,
+// --token_file, as the daemons' flags), so either spelling is taken for
+// both; a name known in neither spelling stays as given (the unknown-flag
+// error names it).
+std::string CanonicalFlagName(const CommandHelp* command, const std::string& name) {
+  auto known = [&](const std::string& n) {
+    return IsGlobalFlag(n) || (command != nullptr && FindFlag(*command, n) != nullptr);
+  };
+  if (known(name)) return name;
+  for (const std::string& other : {absl::StrReplaceAll(name, {{"-", "_"}}), absl::StrReplaceAll(name, {{"_", "-"}})}) {
+    if (known(other)) return other;
+  }
+  return name;
 }
 
 // Where the command is in argv: the first argument that names a command
@@ -438,15 +456,19 @@ std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
 
 // The columns a line of `watch` or `list` may take: $COLUMNS when it is a
 // positive number (what a shell exports, and what a test can set), else the
-// terminal's width when stdout is one, else 100 (a pipe or a file: no
-// terminal to fit, but lines a reader can still take in).
+// terminal's width when stdout is one (100 if it does not say), else 0: no
+// limit. A pipe or a file
+// (a CI log, `watch > f`) has no terminal to fit and keeps every figure of
+// a line; cutting it to 100 columns lost the peaks of every step line and
+// the end of a failure's reason.
 int TerminalWidth() {
   const char* env = std::getenv("COLUMNS");
   int columns = 0;
   if (env != nullptr && absl::SimpleAtoi(env, &columns) && columns > 0) return columns;
+  if (!isatty(STDOUT_FILENO)) return 0;
   winsize ws{};
-  if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
-  return 100;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 100;  // a terminal that does not say its width
 }
 
 // The code point of `s` that starts at byte `i`: its length in bytes, and
@@ -520,14 +542,17 @@ std::string Cell(const std::string& text, int width) {
   return cell;
 }
 
-// `line` cut to `width` columns, "..." marking the cut.
-std::string FitLine(const std::string& line, int width) { return CutToColumns(line, width, /*mark=*/true); }
+// `line` cut to `width` columns, "..." marking the cut; whole when width is
+// 0 (no terminal: TerminalWidth).
+std::string FitLine(const std::string& line, int width) {
+  return width <= 0 ? line : CutToColumns(line, width, /*mark=*/true);
+}
 
 // `text` word-wrapped to `width` columns, for lines that must not lose
 // their end (a summary): the continuation lines indented 4 more than the
 // first; a word longer than a line is cut (FitLine).
 std::string WrapLine(const std::string& text, int width) {
-  if (Columns(text) <= width) return text + "\n";  // its spacing kept (tables)
+  if (width <= 0 || Columns(text) <= width) return text + "\n";  // its spacing kept (tables)
   const size_t indent = text.find_first_not_of(' ');
   if (indent == std::string::npos) return FitLine(text, width) + "\n";
   const std::string cont(indent + 4, ' ');
@@ -817,10 +842,12 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
       if (!o.json) {
         if (line_open) std::printf("\n");
         line_open = false;
-        std::printf("%s\n", FitLine(absl::StrFormat("[%s] %s %s: %s", Time(e.time()), id, v1::JobState_Name(c.state()),
-                                                    Visible(c.reason())),
-                                    width)
-                                .c_str());
+        // Wrapped, never cut: a state's reason (why a job failed or is
+        // restarting) is what its reader came for.
+        std::printf("%s", WrapLine(absl::StrFormat("[%s] %s %s: %s", Time(e.time()), id, v1::JobState_Name(c.state()),
+                                                   Visible(c.reason())),
+                                   width)
+                              .c_str());
         std::fflush(stdout);
       }
       return true;
@@ -1478,6 +1505,7 @@ int main(int argc, char** argv) {
     std::string value = eq == std::string::npos ? "true" : arg.substr(eq + 1);
     // "--name value" for a flag that takes one: the next argument.
     const plateau::CommandHelp* command = plateau::FindCommand(o.command);
+    name = plateau::CanonicalFlagName(command, name);
     const plateau::FlagHelp* f = command != nullptr ? plateau::FindFlag(*command, name) : nullptr;
     const bool takes_value = plateau::IsGlobalFlag(name) || (f != nullptr && !f->value.empty());
     if (eq == std::string::npos && !takes_value) unknown_flag_at = f == nullptr ? i : -1;

@@ -706,6 +706,16 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   r = ctl_run({"version"}, "version");
   EXPECT_EQ(r.code, 2);
   usage_error({"list", "--bogus"}, "bogus", "plateauctl list: unknown flag --bogus");
+  // Dashes or underscores, either spelling of every flag: the same flag
+  // (so both given at once is a flag given twice), and the error names
+  // the declared spelling.
+  usage_error({"list", "--page-size=x"}, "dashed-underscore-flag", "--page_size: expected a number of jobs per page");
+  usage_error({"list", "--newest_first", "--newest-first"}, "flag-both-spellings",
+              "--newest-first given 2 times; expected once");
+  usage_error({"--token-file", "/nonexistent/token", "--token_file", "/x", "list"}, "global-both-spellings",
+              "--token_file given more than once");
+  r = ctl_run({"list", "--page-size", "1", "--newest_first"}, "list-other-spellings");
+  EXPECT_EQ(r.code, 0) << r.err;
   usage_error({"get"}, "get-no-arg", "expected 1 argument(s) (JOB), got 0");
   r = ctl_run({"--help"}, "help");
   EXPECT_EQ(r.code, 0);
@@ -1066,14 +1076,32 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
     }
     EXPECT_EQ(steps, kSteps);
   }
-  // Without COLUMNS and without a terminal: 100 columns, and the line is cut
-  // there (the peaks make it longer), so the check can fail.
+  // Without COLUMNS and without a terminal (a file, a CI log): whole lines,
+  // every step's peaks (the lines are longer than 100 columns, where they
+  // used to be cut).
   r = ctl("", {"watch", "job-2"}, "watch-default");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_LE(Widest(r.out), 100u) << r.out;
+  EXPECT_GT(Widest(r.out), 100u) << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("..."))) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("peak/plan MiB: ")) << r.out;
+  // A narrow width cuts step lines but wraps the state changes: the final
+  // state's whole reason is there, over several lines.
+  r = ctl("20", {"watch", "job-2"}, "watch-narrow");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_LE(Widest(r.out), 20u) << r.out;
   EXPECT_THAT(r.out, HasSubstr("...")) << r.out;
-  r = ctl("1000", {"watch", "job-2"}, "watch-wide");
-  EXPECT_GT(Widest(r.out), 100u) << "a wide terminal gets the whole line: " << r.out;
+  {
+    std::string words;  // the output's words, as the wrap keeps them
+    for (absl::string_view w : absl::StrSplit(r.out, absl::ByAnyChar(" \n"), absl::SkipEmpty())) {
+      absl::StrAppend(&words, words.empty() ? "" : " ", w);
+    }
+    std::string reason;
+    for (absl::string_view w : absl::StrSplit(done.state_reason(), ' ', absl::SkipEmpty())) {
+      absl::StrAppend(&reason, reason.empty() ? "" : " ", w);
+    }
+    ASSERT_GT(reason.size(), 20u) << "the check needs a reason wider than the width: " << reason;
+    EXPECT_THAT(words, HasSubstr("SUCCEEDED: " + reason)) << r.out;
+  }
 
   // Resumed with --from at step 5's event: the summary names steps 5-12
   // and takes the first loss from the job (step 1, never seen here).
