@@ -284,6 +284,13 @@ const CommandHelp* FindCommand(const std::string& name) {
   return nullptr;
 }
 
+// A status that is the command line's fault (a --rank the job has no
+// timeline of: NOT_FOUND where the memory page answers it) said as
+// INVALID_ARGUMENT, the code of exit 2: NOT_FOUND is exit 6's, no such job.
+absl::Status AsUsage(const absl::Status& s) {
+  return s.ok() || s.code() == absl::StatusCode::kInvalidArgument ? s : absl::InvalidArgumentError(s.message());
+}
+
 const FlagHelp* FindFlag(const CommandHelp& c, const std::string& name) {
   const std::string canonical = name == "f" ? "follow" : name;
   for (const FlagHelp& f : c.flags) {
@@ -1109,8 +1116,11 @@ int Run(const Options& given) {
   Client client(co);
   if (!client.status().ok()) return Report(client.status());
   if (o.command == "submit" || o.command == "plan") {
+    // A file that cannot be read or parsed is this command's error, said as
+    // a usage error is ("plateauctl submit: job.txtpb:2:11: ..."), not with
+    // a status code that reads as the coordinator's refusal.
     auto spec = ReadSpec(o.args[0]);
-    if (!spec.ok()) return Fail(spec.status(), kExitUsage);
+    if (!spec.ok()) return UsageError(absl::StrCat("plateauctl ", o.command, ": ", spec.status().message()));
     if (o.command == "plan") {
       auto plan = client.PlanJob(*spec);
       if (!plan.ok()) return Report(plan.status());
@@ -1350,7 +1360,7 @@ int Run(const Options& given) {
     if (o.json && flag("rank")) {  // that rank's timeline alone
       auto& ranks = *timeline->mutable_ranks();
       auto it = std::find_if(ranks.begin(), ranks.end(), [&](const v1::MemoryTimeline& t) { return t.rank() == rank; });
-      if (it == ranks.end()) return Fail(MemoryCharts(*timeline, rank).status(), kExitUsage);
+      if (it == ranks.end()) return Fail(AsUsage(MemoryCharts(*timeline, rank).status()), kExitUsage);
       v1::MemoryTimeline one = std::move(*it);
       ranks.Clear();
       *ranks.Add() = std::move(one);
@@ -1360,7 +1370,7 @@ int Run(const Options& given) {
       return kExitOk;
     }
     auto charts = MemoryCharts(*timeline, rank);
-    if (!charts.ok()) return Fail(charts.status(), kExitUsage);
+    if (!charts.ok()) return Fail(AsUsage(charts.status()), kExitUsage);
     if (flag("png")) {
       const std::string path = value("png");
       if (path.empty()) return UsageError("plateauctl memory: --png: expected a file name to write, got ''");

@@ -32,6 +32,7 @@
 namespace plateau {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace testing_cluster;  // NOLINT: the harness is this file's vocabulary
 
@@ -265,7 +266,7 @@ TEST_F(MemoryPageTest, PlateauctlPrintsTheChartsAndJson) {
   Ran bad = RunCommand({"client/plateauctl", "--coordinator=" + cluster_->api(), "memory", job_->id(), "--rank=7"},
                        dir + "/ctl-memory-bad");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("ranks with one: 0, 1"));
+  EXPECT_THAT(bad.err, AllOf(HasSubstr("INVALID_ARGUMENT"), HasSubstr("ranks with one: 0, 1")));
 }
 
 TEST_F(MemoryPageTest, ChromiumDrawsEveryLiveSetAndBound) {

@@ -546,7 +546,15 @@ TEST(ServiceTest, PlateauctlSubmitWaitJsonAndErrors) {
   std::ofstream(c.dir() + "/bad.txtpb") << "model { heads: 3 hidden: 64 }\nlayout { ranks: }\n";
   r = RunCommand({ctl, coord, "submit", c.dir() + "/bad.txtpb"}, c.dir() + "/bad");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("bad.txtpb:2:"));
+  // The file's fault, said as the command's (no status code: that reads as
+  // the coordinator's refusal).
+  EXPECT_THAT(r.err, HasSubstr("plateauctl submit: " + c.dir() + "/bad.txtpb:2:"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("INVALID_ARGUMENT")));
+  r = RunCommand({ctl, coord, "plan", c.dir() + "/missing.txtpb"}, c.dir() + "/missing");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err,
+              HasSubstr("plateauctl plan: " + c.dir() + "/missing.txtpb: cannot open (No such file or directory)"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("INVALID_ARGUMENT")));
   {
     v1::JobSpec s = TinyJob(4);
     s.mutable_model()->set_heads(3);
@@ -874,10 +882,12 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
     ASSERT_EQ(one.ranks_size(), 1) << r.out;
     EXPECT_EQ(one.ranks(0).rank(), 1);
   }
+  // A --rank without a timeline is the flag's fault: exit 2 and the code
+  // that goes with it (NOT_FOUND is exit 6's: no such job).
   r = ctl_run({"--output=json", "memory", "job-1", "--rank=7"}, "memory-json-absent-rank");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "");
-  EXPECT_THAT(r.err, HasSubstr("\"code\":\"NOT_FOUND\""));
+  EXPECT_THAT(r.err, AllOf(HasSubstr("\"code\":\"INVALID_ARGUMENT\""), HasSubstr("no memory timeline of rank 7")));
   r = ctl_run({"--output=json", "memory", "job-1", "--png=" + c.dir() + "/m.png"}, "memory-json-png");
   EXPECT_EQ(r.code, 2);
   EXPECT_FALSE(std::filesystem::exists(c.dir() + "/m.png"));
