@@ -241,6 +241,10 @@ const std::vector<CommandHelp>& Commands() {
         {"from", "INDEX", "the first line to show"},
         {"rank", "N", "only rank N's lines (-1: the agent's and the coordinator's)"},
         {"tail", "N", "only the last N lines (with --follow: the last N, then new ones)"},
+        {"timestamps", "",
+         "each line's time first (when its rank, agent or the coordinator wrote it;\n"
+         "the date too when not today): lines are in the order the coordinator\n"
+         "stored them, which after an outage is not always the order they were written"},
         {"raw", "",
          "print the lines' control characters as they are (by default each is\n"
          "shown as \\xNN, so a line cannot drive the terminal)"}}},
@@ -1297,13 +1301,15 @@ int Run(const Options& given) {
       }
     }
     auto print = [&](const v1::LogEntry& l) {
+      const std::string at = flag("timestamps") ? absl::StrCat(Time(l.time()), " ") : "";
       if (o.json) {
         std::printf("%s\n", Json(l).c_str());
       } else if (l.rank() < 0) {  // the agent's or the coordinator's own line: say whose
-        std::printf("[%s] %s\n", l.stream().empty() ? "agent" : l.stream().c_str(),
+        std::printf("%s[%s] %s\n", at.c_str(), l.stream().empty() ? "agent" : l.stream().c_str(),
                     flag("raw") ? l.line().c_str() : Visible(l.line()).c_str());
       } else {
-        std::printf("[rank %d] %s\n", l.rank(), flag("raw") ? l.line().c_str() : Visible(l.line()).c_str());
+        std::printf("%s[rank %d] %s\n", at.c_str(), l.rank(),
+                    flag("raw") ? l.line().c_str() : Visible(l.line()).c_str());
       }
       std::fflush(stdout);
     };

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -1145,6 +1146,20 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
   ASSERT_GE(rank1.size(), 2u) << r.out;
   // (The agent's lines about a rank carry its rank: rank -1 may be none.)
   ASSERT_GT(all.size(), rank1.size() + 3) << "other ranks' lines, so that the filter can fail";
+  // --timestamps: the same lines, each after its own time (the date too
+  // on a line from another day: a run across midnight).
+  r = ctl("", {"logs", "job-2", "--timestamps"}, "logs-timestamps");
+  ASSERT_EQ(r.code, 0) << r.err;
+  {
+    const std::vector<std::string> stamped = Lines(r.out);
+    ASSERT_EQ(stamped.size(), all.size()) << r.out;
+    const std::regex time_first("^([0-9]{4}-[0-9]{2}-[0-9]{2} )?[0-9]{2}:[0-9]{2}:[0-9]{2} ");
+    for (size_t i = 0; i < stamped.size(); ++i) {
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(stamped[i], m, time_first)) << stamped[i];
+      EXPECT_EQ(m.suffix().str(), all[i]);
+    }
+  }
   r = ctl("", {"logs", "job-2", "--rank", "1"}, "logs-rank1");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(Lines(r.out), rank1);
