@@ -739,8 +739,13 @@ absl::StatusOr<TrainerOptions> ToTrainerOptions(const v1::JobSpec& spec) {
   if (c.every() > 0 && c.directory().empty()) {
     return Bad("checkpoint.directory", "a directory when checkpoint.every is set", "none");
   }
+  PLATEAU_RETURN_IF_ERROR(CheckRange("checkpoint.keep_last", c.keep_last(), 0, kMaxSteps));
+  if (c.keep_last() > 0 && c.directory().empty()) {
+    return Bad("checkpoint.directory", "a directory when checkpoint.keep_last is set", "none");
+  }
   t.checkpoint_dir = c.directory();
   t.checkpoint_every = c.every();
+  t.checkpoint_keep_last = c.keep_last();
   t.resume = true;  // a restarted attempt continues from the newest checkpoint
   if (spec.has_memory_timeline_every()) {
     PLATEAU_RETURN_IF_ERROR(CheckRange("memory_timeline_every", spec.memory_timeline_every(), 0, kMaxSteps));

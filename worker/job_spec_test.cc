@@ -169,6 +169,26 @@ TEST(JobSpecTest, MemoryTimelineEvery) {
   EXPECT_TRUE(RecordsMemoryTimeline(200, 100));
 }
 
+// checkpoint.keep_last reaches the trainer; unset it is 0 (every
+// checkpoint stays), so a spec written before the field keeps all its
+// checkpoints as it did. The range names the field.
+TEST(JobSpecTest, CheckpointKeepLast) {
+  v1::JobSpec s = Good();
+  s.mutable_checkpoint()->set_directory("/tmp/ckpt");
+  s.mutable_checkpoint()->set_every(10);
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->checkpoint_keep_last, 0);
+  s.mutable_checkpoint()->set_keep_last(3);
+  t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->checkpoint_keep_last, 3);
+  s.mutable_checkpoint()->set_keep_last(-2);
+  const absl::Status st = ValidateJobSpec(s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("checkpoint.keep_last: expected 0 to 1099511627776, got -2"));
+}
+
 // tools/demo submits this file; it must stay the demo job of RecallDemoJob.
 TEST(JobSpecTest, FieldsOfANewerJobProtoAreRefusedNotIgnored) {
   // What a newer client's spec looks like to this build: an extra field on
@@ -853,6 +873,15 @@ std::vector<Case> MalformedFieldCases() {
          s.mutable_checkpoint()->set_directory("/tmp/x");
          s.mutable_checkpoint()->set_every(kI64Min);
        }},
+      {"checkpoint.keep_last", [](S& s) {
+         s.mutable_checkpoint()->set_directory("/tmp/x");
+         s.mutable_checkpoint()->set_keep_last(-1);
+       }},
+      {"checkpoint.keep_last", [](S& s) {
+         s.mutable_checkpoint()->set_directory("/tmp/x");
+         s.mutable_checkpoint()->set_keep_last(kI64Max);
+       }},
+      {"checkpoint.directory", [](S& s) { s.mutable_checkpoint()->set_keep_last(3); }},
       {"validation_every", [](S& s) { s.set_validation_every(-1); }},
       {"validation_every", [](S& s) { s.set_validation_every(kI64Max); }},
       {"data.held_out_sequences", [](S& s) { s.mutable_data()->set_held_out_sequences(-1); }},

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -16,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/optimizer/lr_schedule.h"
 #include "kernels/status_macros.h"
 #include "proto/utf8.h"
@@ -169,6 +171,40 @@ size_t CheckpointTensor(int weight, StateFamily family) {
   return 3 * static_cast<size_t>(weight) + static_cast<size_t>(family);
 }
 
+// Rank 0, after the checkpoint of `step` is in place: removes what
+// checkpoint.keep_last no longer keeps and says what was written and
+// removed (the job's log: a directory that grows by a checkpoint's bytes
+// at every save must not do so silently).
+//
+// Only now may an older checkpoint go: SafetensorsWriter::Commit and
+// CommitCheckpoint have fsynced the file and renamed it durably, so a crash
+// at any point leaves a whole checkpoint to resume from (at worst an extra
+// older one, which the next save removes). None is being read: every rank
+// loaded the one it resumed from before the first step, and this
+// checkpoint's gathers wait for every rank. A fenced attempt that a newer
+// one has replaced does not get here (its commit is refused); one replaced
+// since its commit removes only steps before its own, and the newer
+// attempt resumes from this step or a later one.
+//
+// Retention failing fails nothing: the checkpoint is safe, and a file left
+// behind costs disk, which the line says.
+void RetainCheckpoints(const TrainerOptions& o, const std::string& path, int64_t step) {
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  std::string line = absl::StrCat("checkpoint: wrote ", path, " (step ", step, " of ", o.steps, ", ",
+                                  ec ? std::string("size unknown") : absl::StrCat(bytes, " bytes"), ")");
+  const absl::StatusOr<CheckpointRetention> r = RemoveOldCheckpoints(o.checkpoint_dir, step, o.checkpoint_keep_last);
+  if (!r.ok()) {
+    absl::StrAppend(&line, "; old checkpoints not removed: ", r.status().message());
+  } else {
+    if (!r->removed.empty()) absl::StrAppend(&line, "; removed ", absl::StrJoin(r->removed, ", "));
+    if (!r->failed.empty()) absl::StrAppend(&line, "; could not remove ", absl::StrJoin(r->failed, ", "));
+    absl::StrAppend(&line, "; keeping ", o.checkpoint_keep_last == 0 ? "all " : "", r->kept.size(), " checkpoint(s), ",
+                    r->kept_bytes, " bytes (checkpoint.keep_last = ", o.checkpoint_keep_last, ")");
+  }
+  if (o.say) o.say(line);
+}
+
 absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const DataSource& data,
                             int rank) {
   // Written aside, then renamed into place only if no newer attempt has
@@ -199,8 +235,11 @@ absl::Status SaveCheckpoint(const TrainerOptions& o, TrainingStep& step, const D
   PLATEAU_RETURN_IF_ERROR(WriteCheckpointFile(step, path, metadata, /*writer=*/rank == 0 && made.ok()));
   if (rank != 0) return absl::OkStatus();
   PLATEAU_RETURN_IF_ERROR(made);
-  if (o.fence_attempt < 0) return absl::OkStatus();
-  return CommitCheckpoint(o.checkpoint_dir, o.fence_job, o.fence_attempt, path, final_path);
+  if (o.fence_attempt >= 0) {
+    PLATEAU_RETURN_IF_ERROR(CommitCheckpoint(o.checkpoint_dir, o.fence_job, o.fence_attempt, path, final_path));
+  }
+  RetainCheckpoints(o, final_path, step.step());
+  return absl::OkStatus();
 }
 
 // Loads step `step_in_name`'s checkpoint (its file name's number).
@@ -392,6 +431,24 @@ std::string CheckpointPath(const std::string& dir, int64_t step) {
 // directory not made yet counts as empty). A directory that cannot be read
 // is an error, never "none": a rank that started afresh beside ranks that
 // resumed would train on a mixed state.
+namespace {
+
+// The step of a file named as CheckpointPath names it, or -1. Only those
+// names: SimpleAtoi also takes "step-42" or "step-+42", whose step would
+// then be loaded from (or retention would count) "step-00000042", a file
+// that may not exist.
+int64_t CheckpointStepOfName(const std::string& name) {
+  int64_t step = 0;
+  if (name.size() > 17 && name.rfind("step-", 0) == 0 && name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
+      absl::SimpleAtoi(name.substr(5, name.size() - 17), &step) && step >= 0 &&
+      name == std::filesystem::path(CheckpointPath("", step)).filename().string()) {
+    return step;
+  }
+  return -1;
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
   int64_t best = -1;
   std::error_code ec;
@@ -400,19 +457,44 @@ absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
   // why when it cannot create it at the first checkpoint).
   if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) return best;
   for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    int64_t step = 0;
-    // Only the names CheckpointPath writes: SimpleAtoi also takes
-    // "step-42" or "step-+42", whose step would then be loaded from
-    // "step-00000042", a file that may not exist.
-    if (name.size() > 17 && name.rfind("step-", 0) == 0 && name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
-        absl::SimpleAtoi(name.substr(5, name.size() - 17), &step) && step >= 0 &&
-        name == std::filesystem::path(CheckpointPath(dir, step)).filename().string()) {
-      best = std::max(best, step);
-    }
+    best = std::max(best, CheckpointStepOfName(it->path().filename().string()));
   }
   if (ec) return FileError(absl::StrCat("checkpoint.directory=", dir, ": cannot list it to resume"), ec.value());
   return best;
+}
+
+absl::StatusOr<CheckpointRetention> RemoveOldCheckpoints(const std::string& dir, int64_t newest, int64_t keep_last) {
+  // step -> size (-1: unknown), newest first.
+  std::map<int64_t, int64_t, std::greater<int64_t>> found;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const int64_t step = CheckpointStepOfName(it->path().filename().string());
+    if (step < 0 || step > newest) continue;
+    std::error_code size_ec;
+    const uintmax_t size = it->file_size(size_ec);
+    found[step] = size_ec ? -1 : static_cast<int64_t>(size);
+  }
+  if (ec) return FileError(absl::StrCat("checkpoint.directory=", dir, ": cannot list it"), ec.value());
+  CheckpointRetention r;
+  for (const auto& [step, size] : found) {
+    // `newest` is never removed, whatever keep_last says: it is the one a
+    // restart resumes from.
+    if (keep_last == 0 || step == newest || static_cast<int64_t>(r.kept.size()) < keep_last) {
+      r.kept.push_back(step);
+      r.kept_bytes += std::max<int64_t>(size, 0);
+      continue;
+    }
+    const std::string path = CheckpointPath(dir, step);
+    const std::string name = std::filesystem::path(path).filename().string();
+    std::error_code rm;
+    if (std::filesystem::remove(path, rm)) {
+      r.removed.push_back(name);
+    } else if (rm) {
+      r.failed.push_back(absl::StrCat(name, ": ", rm.message()));
+    }
+  }
+  return r;
 }
 
 absl::StatusOr<std::vector<std::string>> RemoveAbandonedCheckpointFiles(const std::string& dir) {
@@ -444,6 +526,10 @@ absl::Status RunTraining(const TrainerOptions& o, Backend& backend, Communicator
                          const std::function<void(const StepReport&)>& on_step) {
   if (o.steps < 0) return absl::InvalidArgumentError("steps: expected >= 0");
   if (o.checkpoint_every < 0) return absl::InvalidArgumentError("checkpoint_every: expected >= 0");
+  if (o.checkpoint_keep_last < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.keep_last: expected >= 0 (0: keep every checkpoint), got ", o.checkpoint_keep_last));
+  }
   if (o.validation_every < 0) return absl::InvalidArgumentError("validation_every: expected >= 0");
   if (o.validation_every > 0 && (o.data.held_out < 1 || o.data.held_out % o.step.layout.batch != 0)) {
     return absl::InvalidArgumentError(absl::StrCat("data.held_out_sequences: expected a positive multiple of "

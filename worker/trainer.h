@@ -66,6 +66,23 @@ absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir);
 // a fenced job's claim removes other attempts' partial files instead.
 absl::StatusOr<std::vector<std::string>> RemoveAbandonedCheckpointFiles(const std::string& dir);
 
+// What RemoveOldCheckpoints did in a checkpoint directory.
+struct CheckpointRetention {
+  std::vector<int64_t> kept;         // steps of the checkpoints that stay, newest first
+  int64_t kept_bytes = 0;            // their sizes, summed
+  std::vector<std::string> removed;  // file names removed, newest first
+  std::vector<std::string> failed;   // "NAME: REASON" for each that could not be removed
+};
+
+// Checkpoint retention (CheckpointSpec.keep_last), run by the writer once
+// the checkpoint of step `newest` is durable. Of the checkpoints in `dir`
+// (names as CheckpointPath writes them, no others) of steps up to `newest`,
+// the `keep_last` newest stay and the rest are removed; `newest` itself
+// always stays, and a later step (not this run's to judge) is never
+// touched. keep_last 0 removes nothing. An error only where `dir` cannot be
+// listed; a file that cannot be removed is reported in `failed`.
+absl::StatusOr<CheckpointRetention> RemoveOldCheckpoints(const std::string& dir, int64_t newest, int64_t keep_last);
+
 // The checkpoint file of docs/MODEL.md ("Checkpoints"), streamed: no host
 // holds the full state. Collective: every rank calls it; the `writer` (the
 // trainer's rank 0) writes `path` atomically with `metadata`, the others

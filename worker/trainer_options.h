@@ -42,6 +42,9 @@ struct TrainerOptions {
   int64_t steps = 100;                 // optimizer steps to reach in total
   std::string checkpoint_dir;          // empty: no checkpoints
   int64_t checkpoint_every = 0;        // steps; 0: only at the end
+  // CheckpointSpec.keep_last: the newest this many checkpoints stay, older
+  // ones are removed once a newer one is durable; 0: all stay.
+  int64_t checkpoint_keep_last = 0;
   bool resume = true;                  // continue from the newest checkpoint
   // Resume from a checkpoint trained under another learning-rate schedule
   // (OptimizerSpec.reschedule_on_resume); false refuses it.

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <map>
 #include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -206,6 +208,152 @@ TEST(TrainerTest, ResumeThroughFencedCommitsIsBitForBit) {
 
 TEST(TrainerTest, ResumeReproducesTheUninterruptedRunBitForBit) {
   ExpectResumeReproducesTheUninterruptedRun(Precision::kFp32, "ckpt_fp32");
+}
+
+// The "step-N.safetensors" files in `dir`, by step.
+std::vector<int64_t> CheckpointSteps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    int64_t step = 0;
+    if (name.size() == 25 && name.rfind("step-", 0) == 0 && name.substr(13) == ".safetensors" &&
+        absl::SimpleAtoi(name.substr(5, 8), &step)) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+// Retention removes only the trainer's own names of steps before the one
+// just written, keeping the keep_last newest, the newest always; other
+// names, partial and temporary files, and a later step (not this run's to
+// judge) stay. keep_last 0 keeps everything.
+TEST(TrainerTest, RetentionRemovesOnlyOlderCheckpointsOfTheTrainersNames) {
+  const std::string dir = TmpDir("retention_names");
+  std::filesystem::create_directories(dir);
+  for (int64_t step : {1, 2, 3, 4, 5, 9}) std::ofstream(CheckpointPath(dir, step)) << std::string(step * 10, 'x');
+  const std::vector<std::string> others = {"step-3.safetensors", "step-00000002.safetensors.tmp.4242",
+                                           ".partial-job-7-attempt-0-step-4.safetensors", "notes.txt",
+                                           "step-00000001.safetensors.bak"};
+  for (const std::string& name : others) std::ofstream(dir + "/" + name) << "x";
+
+  absl::StatusOr<CheckpointRetention> none = RemoveOldCheckpoints(dir, 5, 0);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->removed.empty());
+  EXPECT_EQ(none->kept, (std::vector<int64_t>{5, 4, 3, 2, 1}));
+  EXPECT_EQ(none->kept_bytes, 150);
+  EXPECT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 9}));
+
+  absl::StatusOr<CheckpointRetention> two = RemoveOldCheckpoints(dir, 5, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->kept, (std::vector<int64_t>{5, 4}));
+  EXPECT_EQ(two->kept_bytes, 90);
+  EXPECT_EQ(two->removed, (std::vector<std::string>{"step-00000003.safetensors", "step-00000002.safetensors",
+                                                    "step-00000001.safetensors"}));
+  EXPECT_TRUE(two->failed.empty());
+  EXPECT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{4, 5, 9}));
+
+  absl::StatusOr<CheckpointRetention> one = RemoveOldCheckpoints(dir, 5, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->kept, std::vector<int64_t>{5});
+  EXPECT_EQ(one->removed, std::vector<std::string>{"step-00000004.safetensors"});
+  EXPECT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{5, 9}));
+  for (const std::string& name : others) EXPECT_TRUE(std::filesystem::exists(dir + "/" + name)) << name;
+}
+
+// checkpoint.keep_last over three runs of one job (as its attempts): the
+// first keeps every checkpoint (0), the second 2, the third 1. After every
+// save exactly the keep_last newest stay, the one just written among them,
+// and what an earlier run left beyond that (as a crash between a write and
+// its removals would) goes at the next save. Each run resumes from the
+// newest kept checkpoint, and the whole is the uninterrupted run to the
+// bit. Each save is said on the job's log with its path, step, bytes and
+// what it removed.
+void ExpectKeepLastKeepsTheNewestAndResumesBitForBit(const std::string& name, bool fenced) {
+  TrainerOptions o = RecallOptions(2);
+  o.steps = 6;
+  o.checkpoint_dir = TmpDir(name + "_straight");
+  TrainRun straight = Train(o, 2);
+  ASSERT_TRUE(straight.status.ok()) << straight.status;
+  ASSERT_EQ(straight.losses.size(), 6u);
+
+  const std::string dir = o.checkpoint_dir = TmpDir(name + "_kept");
+  o.checkpoint_every = 1;
+  if (fenced) o.fence_job = "job-8";
+  absl::Mutex mu;  // both ranks say their resume, each on its thread
+  std::vector<std::string> said;
+  std::vector<std::vector<int64_t>> on_disk;  // the directory as each save's line is said
+  o.say = [&](const std::string& line) {
+    absl::MutexLock lock(&mu);
+    if (line.rfind("resumed", 0) == 0) return;
+    said.push_back(line);
+    on_disk.push_back(CheckpointSteps(dir));
+  };
+  std::vector<double> losses;
+  const struct {
+    int64_t steps, keep_last;
+    std::vector<std::vector<int64_t>> after_each_save;
+  } runs[] = {{2, 0, {{1}, {1, 2}}}, {4, 2, {{2, 3}, {3, 4}}}, {6, 1, {{5}, {6}}}};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(absl::StrCat("run to step ", runs[i].steps, ", keep_last ", runs[i].keep_last));
+    o.steps = runs[i].steps;
+    o.checkpoint_keep_last = runs[i].keep_last;
+    if (fenced) o.fence_attempt = i;
+    said.clear();
+    on_disk.clear();
+    TrainRun run = Train(o, 2);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    ASSERT_EQ(run.losses.size(), 2u);
+    losses.insert(losses.end(), run.losses.begin(), run.losses.end());
+    EXPECT_EQ(on_disk, runs[i].after_each_save);
+    ASSERT_EQ(said.size(), 2u);
+    for (int k = 0; k < 2; ++k) {
+      const int64_t step = runs[i].steps - 1 + k;
+      EXPECT_THAT(said[k], AllOf(HasSubstr(absl::StrCat("checkpoint: wrote ", CheckpointPath(dir, step), " (step ",
+                                                        step, " of ", runs[i].steps, ", ")),
+                                 HasSubstr(absl::StrCat(" bytes (checkpoint.keep_last = ", runs[i].keep_last, ")"))));
+    }
+  }
+  // What each line says it removed, and its bytes.
+  EXPECT_THAT(said[0], HasSubstr("; removed step-00000004.safetensors, step-00000003.safetensors; keeping 1 "));
+  const int64_t bytes = std::filesystem::file_size(CheckpointPath(dir, 6));
+  EXPECT_EQ(said[1], absl::StrCat("checkpoint: wrote ", CheckpointPath(dir, 6), " (step 6 of 6, ", bytes,
+                                  " bytes); removed step-00000005.safetensors; keeping 1 checkpoint(s), ", bytes,
+                                  " bytes (checkpoint.keep_last = 1)"));
+  EXPECT_EQ(losses, straight.losses);
+  std::ifstream a(CheckpointPath(TmpDir(name + "_straight"), 6), std::ios::binary);
+  std::ifstream b(CheckpointPath(dir, 6), std::ios::binary);
+  std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(sa.empty());
+  EXPECT_EQ(sa, sb);
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    EXPECT_NE(e.path().filename().string().rfind(".partial-", 0), 0u) << e.path();
+  }
+}
+
+TEST(TrainerTest, KeepLastKeepsTheNewestCheckpointsAndResumesBitForBit) {
+  ExpectKeepLastKeepsTheNewestAndResumesBitForBit("keep_last", /*fenced=*/false);
+}
+
+// The same through the service's fenced commits: retention runs after the
+// commit, on the final names only.
+TEST(TrainerTest, KeepLastThroughFencedCommitsKeepsTheNewestAndResumesBitForBit) {
+  ExpectKeepLastKeepsTheNewestAndResumesBitForBit("keep_last_fenced", /*fenced=*/true);
+}
+
+// A negative keep_last is refused before anything trains, naming the field.
+TEST(TrainerTest, ANegativeKeepLastIsRefusedNamingTheField) {
+  TrainerOptions o = RecallOptions(1);
+  o.step.layout.batch = 4;
+  o.steps = 1;
+  o.checkpoint_dir = TmpDir("keep_last_negative");
+  o.checkpoint_keep_last = -1;
+  TrainRun run = Train(o, 1);
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << run.status;
+  EXPECT_THAT(run.status.message(), HasSubstr("checkpoint.keep_last: expected >= 0"));
+  EXPECT_TRUE(run.losses.empty());
+  EXPECT_FALSE(std::filesystem::exists(o.checkpoint_dir));
 }
 
 // In bf16 the checkpoint holds the fp32 masters (the working weights are
@@ -746,7 +894,8 @@ TEST(TrainerTest, ACheckpointPastTheJobsStepsIsRefusedAndAResumeIsSaid) {
   TrainRun longer = Train(o, 1);
   ASSERT_TRUE(longer.status.ok()) << longer.status;
   EXPECT_EQ(longer.losses.size(), 2u);
-  EXPECT_EQ(said, std::vector<std::string>{"resumed from " + third + " (step 3 of 5)"});
+  EXPECT_THAT(said, ::testing::ElementsAre("resumed from " + third + " (step 3 of 5)",
+                                           HasSubstr("checkpoint: wrote " + CheckpointPath(o.checkpoint_dir, 5))));
 }
 
 // The ranks list the checkpoint directory each for itself. Where their
