@@ -81,6 +81,8 @@ optimizer  --optimizer_placement=device | cpu_offload | offload_stream
 state      --bucket_params=100000000 --staging_slots=2 (offload_stream)
 checkpoint --checkpoint_dir=<dir> (resumes from its newest step-N.safetensors)
            --checkpoint_every=0 (0: only at the end)
+           --checkpoint_keep_last=0 (the newest K kept, older ones removed
+           after each save; 0: every one)
 )";
 
 // A float flag and the values it accepts: lo and hi, each excluded when
@@ -107,14 +109,24 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   f.trainer = RecallDemoJob(f.ranks);  // defaults: the demo job
   ModelConfig& m = f.trainer.step.model;
   m.vocab_size = 0;  // 0: the data's vocabulary
-  std::map<std::string, int64_t*> ints = {
-      {"ranks", &f.ranks},         {"rank", &f.rank},           {"steps", &f.steps},
-      {"batch", &f.batch},         {"log_every", &f.log_every}, {"device_mb", &f.device_mb},
-      {"host_mb", &f.host_mb},
-      {"checkpoint_every", &f.checkpoint_every},
-      {"vocab", &m.vocab_size},    {"hidden", &m.hidden},       {"layers", &m.layers},
-      {"heads", &m.heads},         {"kv_heads", &m.kv_heads},   {"experts", &m.experts},
-      {"top_k", &m.top_k},         {"expert_ffn", &m.expert_ffn}, {"seq_len", &m.seq_len}};
+  std::map<std::string, int64_t*> ints = {{"ranks", &f.ranks},
+                                          {"rank", &f.rank},
+                                          {"steps", &f.steps},
+                                          {"batch", &f.batch},
+                                          {"log_every", &f.log_every},
+                                          {"device_mb", &f.device_mb},
+                                          {"host_mb", &f.host_mb},
+                                          {"checkpoint_every", &f.checkpoint_every},
+                                          {"checkpoint_keep_last", &f.trainer.checkpoint_keep_last},
+                                          {"vocab", &m.vocab_size},
+                                          {"hidden", &m.hidden},
+                                          {"layers", &m.layers},
+                                          {"heads", &m.heads},
+                                          {"kv_heads", &m.kv_heads},
+                                          {"experts", &m.experts},
+                                          {"top_k", &m.top_k},
+                                          {"expert_ffn", &m.expert_ffn},
+                                          {"seq_len", &m.seq_len}};
   std::map<std::string, std::string*> strings = {
       {"store_dir", &f.store_dir}, {"data", &f.data}, {"checkpoint_dir", &f.checkpoint_dir},
       {"projection", &f.projection}, {"ring_mode", &f.ring_mode}, {"checkpoints", &f.checkpoints},
@@ -248,6 +260,10 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   f.trainer.steps = f.steps;
   f.trainer.checkpoint_dir = f.checkpoint_dir;
   f.trainer.checkpoint_every = f.checkpoint_every;
+  if (f.trainer.checkpoint_keep_last < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_keep_last: expected >= 0 (0: keep every checkpoint), got ", f.trainer.checkpoint_keep_last));
+  }
   DataOptions& d = f.trainer.data;
   if (f.data == "recall") {
     d.kind = DataOptions::Kind::kRecall;
