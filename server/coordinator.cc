@@ -1130,8 +1130,15 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   a.job.set_cancelled_by(caller);  // written with the state change below
   metrics_->OnCancel();
   if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
-    PLATEAU_RETURN_IF_ERROR(
-        SetState(a, v1::CANCELLED, absl::StrCat("cancelled", By(caller), " before it was scheduled")));
+    // A job pending after a failed attempt has run (its progress is kept
+    // across attempts): "before it was scheduled" told its user it never
+    // ran. RESTARTING is the moment before its attempt number goes up.
+    const bool restart = a.job.attempt() > 0 || a.job.state() == v1::RESTARTING;
+    const int next = a.job.attempt() + (a.job.state() == v1::RESTARTING ? 1 : 0);
+    const std::string when = restart ? absl::StrCat(" while waiting to restart (attempt ", next, ", last at step ",
+                                                    a.job.progress().step(), " of ", a.job.spec().steps(), ")")
+                                     : std::string(" before it was scheduled");
+    PLATEAU_RETURN_IF_ERROR(SetState(a, v1::CANCELLED, absl::StrCat("cancelled", By(caller), when)));
     v1::Job job = a.job;
     active_.erase(it);
     return job;

@@ -621,6 +621,37 @@ TEST_F(CoordinatorTest, ARetriedCancelIsAnsweredOkAndADeleteWhileCancellingSaysT
   EXPECT_THAT(late.message(), HasSubstr("is already SUCCEEDED; nothing to cancel"));
 }
 
+// A job cancelled while it waits to restart has run: its reason says so,
+// with the attempt it waited for and the step it had reached, not "before
+// it was scheduled" (which a job never placed still gets).
+TEST_F(CoordinatorTest, ACancelWhileWaitingToRestartSaysTheJobHadRun) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_max_restarts(2);
+  const std::string job = Submit(spec);
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1, 2, 3})).ok());
+  // A job of higher priority takes the slots the crash frees, so that the
+  // restarted one stays PENDING.
+  v1::JobSpec urgent = DemoJobSpec(2, 5);
+  urgent.set_priority(10);
+  const std::string other = Submit(urgent);
+  ASSERT_TRUE(Exited(w, job, 0, 1).ok());
+  ASSERT_TRUE(Exited(w, job, 1, 0, SIGTERM, /*stopped=*/true).ok());
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(other).state() == v1::SCHEDULED; }, absl::Seconds(10)));
+  ASSERT_EQ(Get(job).state(), v1::PENDING);
+  ASSERT_EQ(Get(job).attempt(), 1);
+  auto cancelled = c().CancelJob(job, "CN=alice");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->state_reason(),
+            "cancelled by CN=alice while waiting to restart (attempt 1, last at step 3 of 5)");
+  // One never placed was cancelled before it was scheduled.
+  const std::string queued = Submit(DemoJobSpec(2, 5));
+  auto never = c().CancelJob(queued, "CN=alice");
+  ASSERT_TRUE(never.ok()) << never.status();
+  EXPECT_EQ(never->state_reason(), "cancelled by CN=alice before it was scheduled");
+}
+
 TEST_F(CoordinatorTest, AHeartbeatOlderThanTheAssignmentSaysNothingAboutIt) {
   const std::string w = Register();
   const std::string job = SendAssignment(w, 7);
