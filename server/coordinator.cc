@@ -93,6 +93,23 @@ AutoContext AutoContextFor(const std::vector<WorkerSlots>& workers, const v1::Jo
   return context;
 }
 
+// A MAX_DURATION_EXCEEDED failure's message. `reached_step`: the job's
+// step when the limit fired (-1: not known, a restarted coordinator's
+// attempt or one between attempts); the job's progress is the step it got
+// to. `stopped`: every rank is gone (the final reason), else being stopped.
+std::string MaxDurationMessage(const v1::Job& job, int64_t reached_step, bool stopped) {
+  const int64_t step = job.progress().step();
+  const std::string head =
+      absl::StrCat("ran for its max_duration_s (", absl::FormatDuration(absl::Seconds(job.spec().max_duration_s())),
+                   " from its first start, attempt ", job.attempt());
+  if (stopped && reached_step >= 0 && reached_step != step) {
+    return absl::StrCat(head, "): reached at step ", reached_step, ", stopped at step ", step, " of ",
+                        job.spec().steps(), "; its ranks were stopped");
+  }
+  return absl::StrCat(head, ", step ", step, " of ", job.spec().steps(),
+                      stopped ? "); its ranks were stopped" : "); stopping its ranks");
+}
+
 }  // namespace
 
 absl::Status CheckRequestId(const std::string& id) {
@@ -1438,16 +1455,17 @@ void Coordinator::CheckMaxDuration() {
     if (ran < limit) continue;
     v1::Failure f;
     f.set_kind(v1::Failure::MAX_DURATION_EXCEEDED);
-    f.set_message(absl::StrCat("ran for its max_duration_s (", absl::FormatDuration(limit),
-                               " from its first start, attempt ", a.job.attempt(), ", step ",
-                               a.job.progress().step(), " of ", a.job.spec().steps(), "); its ranks were stopped"));
-    Log(a.job.id(), a.job.attempt(), f.message());
     if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
       // Between attempts: nothing runs, so it ends now.
+      f.set_message(MaxDurationMessage(a.job, /*reached_step=*/-1, /*stopped=*/true));
+      Log(a.job.id(), a.job.attempt(), f.message());
       Transition(a, v1::FAILED, f.message(), &f);
       ended.push_back(seq);
       continue;
     }
+    a.max_duration_step = a.job.progress().step();
+    f.set_message(MaxDurationMessage(a.job, a.max_duration_step, /*stopped=*/false));
+    Log(a.job.id(), a.job.attempt(), f.message());
     RecordFailure(a, f, kPriorityMaxDuration);
     a.job.set_state_reason(f.message());
     Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s max_duration_s"));
@@ -1581,6 +1599,12 @@ void Coordinator::Finish(int64_t seq) {
       a.emitted_step = 0;
       Transition(a, v1::PENDING, "waiting to be scheduled (restart)");
       return;
+    }
+    if (a.failure.kind() == v1::Failure::MAX_DURATION_EXCEEDED) {
+      // The ranks trained on until they were stopped: the final reason
+      // names the step they got to (the steps just flushed included), not
+      // only the one when the limit fired.
+      a.failure.set_message(MaxDurationMessage(a.job, a.max_duration_step, /*stopped=*/true));
     }
     Transition(a, v1::FAILED, a.failure.message(), &a.failure);
   }

@@ -2535,6 +2535,7 @@ TEST_F(ApiTest, AJobOverItsMaxDurationFailsWithItsOwnReasonAndItsRanksAreStopped
   spec.set_max_restarts(3);  // not restarted for it
   const std::string job = Submit(spec);
   ASSERT_NO_FATAL_FAILURE(StartOn(w, job));
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1})).ok());
   const v1::Job running = Get(job);
   // The limit counts from the job's start_time, which the coordinator set.
   const absl::Time started = absl::FromUnixSeconds(running.start_time().seconds()) +
@@ -2549,14 +2550,20 @@ TEST_F(ApiTest, AJobOverItsMaxDurationFailsWithItsOwnReasonAndItsRanksAreStopped
   EXPECT_GE(absl::Now() - started, absl::Seconds(1));
   EXPECT_EQ(Get(job).failure().kind(), v1::Failure::MAX_DURATION_EXCEEDED);
   EXPECT_EQ(Get(job).state(), v1::RUNNING) << "final only once every rank is gone";
+  EXPECT_THAT(Get(job).state_reason(), HasSubstr("step 1 of 1000); stopping its ranks"));
+  // The ranks train on until the stop reaches them: the final reason names
+  // the step they got to, not only the one when the limit fired.
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {2, 3})).ok());
   ASSERT_TRUE(Exited(w, job, 0, 143, 0, /*stopped=*/true).ok());
   ASSERT_TRUE(Exited(w, job, 1, 143, 0, /*stopped=*/true).ok());
   const v1::Job j = Get(job);
   EXPECT_EQ(j.state(), v1::FAILED) << j.DebugString();
   EXPECT_EQ(j.attempt(), 0);
   EXPECT_EQ(j.failure().kind(), v1::Failure::MAX_DURATION_EXCEEDED);
-  EXPECT_THAT(j.failure().message(), AllOf(HasSubstr("ran for its max_duration_s (1s from its first start"),
-                                           HasSubstr("its ranks were stopped")));
+  EXPECT_EQ(j.failure().message(),
+            "ran for its max_duration_s (1s from its first start, attempt 0): reached at step 1, stopped at step 3 "
+            "of 1000; its ranks were stopped");
+  EXPECT_EQ(j.progress().step(), 3);
   EXPECT_EQ(j.state_reason(), j.failure().message());
 }
 

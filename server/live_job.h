@@ -42,6 +42,10 @@ struct LiveJob {
   v1::Failure failure;
   double tokens = 0, seconds = 0;  // the job's step totals this attempt
   bool hang_reported = false;
+  // The job's step when its max_duration_s fired (-1: it has not, or a
+  // restarted coordinator does not know): its ranks train on until they
+  // are stopped, and the final reason names both steps.
+  int64_t max_duration_step = -1;
   // Steps of the current attempt some rank has reported but that are not
   // yet an event (server/telemetry.h): each rank's report by step, in rank
   // order (unset: not reported). Emptied when the attempt ends.
