@@ -1275,6 +1275,7 @@ void Coordinator::Schedule() {
     a.has_failure = false;
     a.failure_priority = 0;
     a.failure.Clear();
+    a.judging.clear();
     a.tokens = a.seconds = 0;
     a.hang_reported = false;
     a.pending_steps.clear();
@@ -1481,15 +1482,38 @@ void Coordinator::CheckMaxDuration() {
 
 void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) {
   if (a.has_failure && a.failure_priority >= priority) return;
-  Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), (a.has_failure ? " failure now: " : " failing: "),
-                   v1::Failure::Kind_Name(f.kind()), ": ", f.message()));
+  const bool was = a.has_failure;
   a.has_failure = true;
   a.failure_priority = priority;
   a.failure = f;
+  // A cause outranks the exit held: it is the failure, not provisional.
+  if (priority > kPriorityExit) a.judging.clear();
+  if (!a.judging.empty()) {
+    Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(f.kind()), ": ",
+                     f.message(), "; held until ", absl::StrJoin(a.judging, ", "),
+                     " is heard from or lost (a lost peer fails its ranks' collectives)"));
+    return;
+  }
+  Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), (was ? " failure now: " : " failing: "),
+                   v1::Failure::Kind_Name(f.kind()), ": ", f.message()));
+  PublishFailure(a);
+}
+
+void Coordinator::PublishFailure(LiveJob& a) {
   // Kept with the job, so that a restarted coordinator knows the attempt
   // is failing and why.
-  *a.job.mutable_failure() = f;
+  *a.job.mutable_failure() = a.failure;
   Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s failure"));
+  Changed(a.job.id());
+}
+
+void Coordinator::Heard(const std::string& worker_id) {
+  for (auto& [seq, a] : active_) {
+    if (a.judging.erase(worker_id) == 0 || !a.judging.empty()) continue;
+    Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(a.failure.kind()),
+                     ": ", a.failure.message(), " (", worker_id, " was heard from: the failure stands)"));
+    PublishFailure(a);
+  }
 }
 
 void Coordinator::Delivered(LiveJob& a, v1::Placement& p) {
@@ -1569,6 +1593,7 @@ void Coordinator::MaybeFinish(int64_t seq) {
 
 void Coordinator::Finish(int64_t seq) {
   LiveJob& a = active_[seq];
+  a.judging.clear();  // the outcome below publishes the failure
   // Steps some rank never reported end with the attempt, before its final
   // state (a watcher that sees the state has seen every step).
   WriteSteps(a, FlushSteps(a));
@@ -1654,6 +1679,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
                    caps.devices(), " slot(s), ranks on ", caps.rank_address(), ", ", request.running_size(),
                    " attempt(s) running"));
   Reattach(w, expected, restarted ? "its agent's restart" : "the coordinator's restart", request, &out);
+  Heard(w.id);  // back: a crash still held on its account stands
   Changed();
   Schedule();
   return out;
@@ -1727,6 +1753,12 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
         f.set_worker_id(w.id);
         f.set_message(absl::StrCat("rank ", r, " was no longer running on ", w.id,
                                    " when it registered again after ", after));
+        if (a.judging.count(w.id) > 0) {
+          // What a crash held on its account waited to learn: its ranks
+          // died under their peers, whose exit was the consequence.
+          a.judging.clear();
+          a.has_failure = false;
+        }
         RecordFailure(a, f, kPriorityExit);
       }
       const bool queued = std::any_of(w.cancellations.begin(), w.cancellations.end(), [&](const v1::Cancellation& c) {
@@ -1799,7 +1831,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   Worker& w = *found;
   registry_.Beat(w, absl::Now());
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
-  if (request.leaving() && !w.leaving) Leaving(w);
+  if (request.leaving() && !w.leaving) {
+    Leaving(w);  // WORKER_LOST outranks a crash held on its account
+  } else {
+    Heard(w.id);
+  }
   v1::HeartbeatResponse out;
   // What the agent runs, by attempt.
   std::set<std::pair<std::string, int>> running;
@@ -1892,6 +1928,7 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
+  Heard(worker->id);  // alive: a failure held on its account stands
   LiveJob* a = FindActive(request.job_id(), request.attempt());
   if (a == nullptr) return absl::OkStatus();  // a finished job or an old attempt
   if (request.rank() < 0 || request.rank() >= static_cast<int>(a->ranks.size()) ||
@@ -1983,8 +2020,26 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
       priority = kPriorityExit;
     }
     const bool first = !a->has_failure;
+    if (first && priority == kPriorityExit) {
+      // The other workers with ranks still running: one may have died
+      // under its peers (SIGKILL, a power cut), whose ranks then exit with
+      // a connection error long before its worker timeout. Held until each
+      // is heard from again or lost, so that the healthy worker is not
+      // named as the cause meanwhile.
+      for (const RankState& x : a->ranks) {
+        if (!x.gone && x.worker_id != request.worker_id()) a->judging.insert(x.worker_id);
+      }
+    }
     RecordFailure(*a, f, priority);
     if (first) StopRanks(*a);  // the other ranks would wait on a dead peer
+    // Withdrawn ranks (never sent) are gone without a word from their
+    // worker, which then has nothing to be judged on.
+    for (auto it = a->judging.begin(); it != a->judging.end();) {
+      const bool running = std::any_of(a->ranks.begin(), a->ranks.end(),
+                                       [&](const RankState& x) { return !x.gone && x.worker_id == *it; });
+      it = running ? std::next(it) : a->judging.erase(it);
+    }
+    if (first && a->has_failure && a->judging.empty() && !a->job.has_failure()) PublishFailure(*a);
   }
   MaybeFinish(seq);
   Changed(request.job_id());

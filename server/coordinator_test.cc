@@ -1030,6 +1030,79 @@ TEST_F(CoordinatorTest, ALostWorkerIsCountedAndItsHeartbeatSeriesGoes) {
   EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), "plateau_workers_lost_total"), before + 1);
 }
 
+// A worker killed under a 2-node job: its peer's rank exits with a
+// connection error at once, long before the worker timeout. That exit is
+// held, not published as the job's failure, until the silent worker is
+// judged: lost, WORKER_LOST names it (it named the healthy worker for the
+// whole worker timeout). The hold delays nothing else: the surviving
+// ranks are told to stop at once.
+TEST_F(CoordinatorTest, APeersCrashIsHeldWhileAWorkerOfTheAttemptIsSilentAndItsLossWins) {
+  options_.worker_timeout = kShortWorkerTimeout;
+  Open();
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  spec.set_max_restarts(1);
+  const std::string healthy = Register(), killed = Register();
+  const std::string job = Submit(spec);
+  const v1::Job placed = Get(job);
+  ASSERT_EQ(placed.placement_size(), 2) << placed.DebugString();
+  ASSERT_EQ(placed.placement(0).worker_id(), healthy);  // rank 0
+  ASSERT_TRUE(Heartbeat(healthy).ok());
+  ASSERT_TRUE(Heartbeat(killed).ok());
+  ASSERT_TRUE(Started(healthy, job, 0).ok());
+  ASSERT_TRUE(Started(killed, job, 1).ok());
+  ASSERT_EQ(Get(job).state(), v1::RUNNING);
+  // `killed` says no more; rank 0 sees "Connection reset by peer".
+  ASSERT_TRUE(Exited(healthy, job, 0, 1).ok());
+  v1::Job j = Get(job);
+  EXPECT_FALSE(j.has_failure()) << "published before " << killed << " was judged: " << j.failure().DebugString();
+  EXPECT_EQ(j.state(), v1::RUNNING);
+  EXPECT_THAT(Said(), HasSubstr("held until " + killed + " is heard from or lost"));
+  ASSERT_TRUE(testing_cluster::WaitFor(
+      [&] {
+        EXPECT_TRUE(Heartbeat(healthy).ok());
+        return Get(job).has_failure();
+      },
+      absl::Seconds(10)));
+  j = Get(job);
+  EXPECT_EQ(j.failure().kind(), v1::Failure::WORKER_LOST) << j.DebugString();
+  EXPECT_EQ(j.failure().worker_id(), killed);
+  EXPECT_EQ(j.attempt(), 1) << "restarted for the loss";
+}
+
+// The silent worker heartbeats again (it was only slow): the held crash
+// stands. A cause (a signal, an out-of-memory) is never held.
+TEST_F(CoordinatorTest, AHeldCrashStandsOnceTheOtherWorkerIsHeardFromAndASignalIsNotHeld) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  const std::string w0 = Register(), w1 = Register();
+  const std::string job = Submit(spec);
+  const std::string killed = Submit(spec);
+  ASSERT_TRUE(Heartbeat(w0).ok());
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  for (const std::string& id : {job, killed}) {
+    ASSERT_TRUE(Started(w0, id, 0).ok());
+    ASSERT_TRUE(Started(w1, id, 1).ok());
+    ASSERT_EQ(Get(id).state(), v1::RUNNING);
+  }
+  ASSERT_TRUE(Exited(w0, job, 0, 1).ok());
+  EXPECT_FALSE(Get(job).has_failure());
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  v1::Job j = Get(job);
+  ASSERT_TRUE(j.has_failure()) << j.DebugString();
+  EXPECT_EQ(j.failure().kind(), v1::Failure::RANK_CRASHED);
+  EXPECT_EQ(j.failure().rank(), 0);
+  EXPECT_EQ(j.failure().worker_id(), w0);
+  ASSERT_TRUE(Exited(w1, job, 1, 143, 0, /*stopped=*/true).ok());
+  EXPECT_EQ(Get(job).state(), v1::FAILED);
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::RANK_CRASHED);
+
+  ASSERT_TRUE(Exited(w0, killed, 0, 0, SIGKILL).ok());
+  j = Get(killed);
+  ASSERT_TRUE(j.has_failure()) << j.DebugString();
+  EXPECT_EQ(j.failure().signal(), SIGKILL);
+}
+
 TEST_F(CoordinatorTest, JobsTheCoordinatorNoLongerHasAreCancelledAtRegistration) {
   options_.worker_timeout = kShortWorkerTimeout;
   Open();
