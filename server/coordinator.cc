@@ -1296,7 +1296,8 @@ void Coordinator::Schedule() {
       }
       w.used_devices += static_cast<int>(per_node);
       w.assignments.push_back(AssignmentFor(a, *p));
-      where.push_back(absl::StrCat(w.id, " (ranks ", n * per_node, "-", (n + 1) * per_node - 1, ")"));
+      where.push_back(per_node == 1 ? absl::StrCat(w.id, " (rank ", n, ")")
+                                    : absl::StrCat(w.id, " (ranks ", n * per_node, "-", (n + 1) * per_node - 1, ")"));
     }
     metrics_->OnPlan(a.job.id(), static_cast<int>(spec.layout().ranks()), a.job.plan());
     Transition(a, v1::SCHEDULED, absl::StrCat("placed on ", absl::StrJoin(where, ", ")));

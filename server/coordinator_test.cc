@@ -2233,9 +2233,11 @@ TEST_F(SchedulingTest, MoreNodesThanWorkersIsUnschedulableUntilASecondWorkerRegi
   EXPECT_THAT(Get(job).state_reason(),
               AllOf(StartsWith("unschedulable: needs 2 worker(s) with backend cpu, 1 device(s)"),
                     HasSubstr("only 1 registered worker(s) can host it (" + first + ")")));
-  RegisterWorker(1);
+  const std::string second = RegisterWorker(1);
   EXPECT_EQ(Get(job).state(), v1::SCHEDULED);
   EXPECT_EQ(Get(job).placement_size(), 2);
+  // One rank a node is named as one ("ranks 0-0" read as a range).
+  EXPECT_EQ(Get(job).state_reason(), "placed on " + first + " (rank 0), " + second + " (rank 1)");
 }
 
 // Capacity that exists but is busy is waited for, without a deadline.
