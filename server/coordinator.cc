@@ -93,6 +93,23 @@ AutoContext AutoContextFor(const std::vector<WorkerSlots>& workers, const v1::Jo
   return context;
 }
 
+// A MAX_DURATION_EXCEEDED failure's message. `reached_step`: the job's
+// step when the limit fired (-1: not known, a restarted coordinator's
+// attempt or one between attempts); the job's progress is the step it got
+// to. `stopped`: every rank is gone (the final reason), else being stopped.
+std::string MaxDurationMessage(const v1::Job& job, int64_t reached_step, bool stopped) {
+  const int64_t step = job.progress().step();
+  const std::string head =
+      absl::StrCat("ran for its max_duration_s (", absl::FormatDuration(absl::Seconds(job.spec().max_duration_s())),
+                   " from its first start, attempt ", job.attempt());
+  if (stopped && reached_step >= 0 && reached_step != step) {
+    return absl::StrCat(head, "): reached at step ", reached_step, ", stopped at step ", step, " of ",
+                        job.spec().steps(), "; its ranks were stopped");
+  }
+  return absl::StrCat(head, ", step ", step, " of ", job.spec().steps(),
+                      stopped ? "); its ranks were stopped" : "); stopping its ranks");
+}
+
 }  // namespace
 
 absl::Status CheckRequestId(const std::string& id) {
@@ -1130,8 +1147,15 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   a.job.set_cancelled_by(caller);  // written with the state change below
   metrics_->OnCancel();
   if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
-    PLATEAU_RETURN_IF_ERROR(
-        SetState(a, v1::CANCELLED, absl::StrCat("cancelled", By(caller), " before it was scheduled")));
+    // A job pending after a failed attempt has run (its progress is kept
+    // across attempts): "before it was scheduled" told its user it never
+    // ran. RESTARTING is the moment before its attempt number goes up.
+    const bool restart = a.job.attempt() > 0 || a.job.state() == v1::RESTARTING;
+    const int next = a.job.attempt() + (a.job.state() == v1::RESTARTING ? 1 : 0);
+    const std::string when = restart ? absl::StrCat(" while waiting to restart (attempt ", next, ", last at step ",
+                                                    a.job.progress().step(), " of ", a.job.spec().steps(), ")")
+                                     : std::string(" before it was scheduled");
+    PLATEAU_RETURN_IF_ERROR(SetState(a, v1::CANCELLED, absl::StrCat("cancelled", By(caller), when)));
     v1::Job job = a.job;
     active_.erase(it);
     return job;
@@ -1251,6 +1275,7 @@ void Coordinator::Schedule() {
     a.has_failure = false;
     a.failure_priority = 0;
     a.failure.Clear();
+    a.judging.clear();
     a.tokens = a.seconds = 0;
     a.hang_reported = false;
     a.pending_steps.clear();
@@ -1271,7 +1296,8 @@ void Coordinator::Schedule() {
       }
       w.used_devices += static_cast<int>(per_node);
       w.assignments.push_back(AssignmentFor(a, *p));
-      where.push_back(absl::StrCat(w.id, " (ranks ", n * per_node, "-", (n + 1) * per_node - 1, ")"));
+      where.push_back(per_node == 1 ? absl::StrCat(w.id, " (rank ", n, ")")
+                                    : absl::StrCat(w.id, " (ranks ", n * per_node, "-", (n + 1) * per_node - 1, ")"));
     }
     metrics_->OnPlan(a.job.id(), static_cast<int>(spec.layout().ranks()), a.job.plan());
     Transition(a, v1::SCHEDULED, absl::StrCat("placed on ", absl::StrJoin(where, ", ")));
@@ -1431,16 +1457,17 @@ void Coordinator::CheckMaxDuration() {
     if (ran < limit) continue;
     v1::Failure f;
     f.set_kind(v1::Failure::MAX_DURATION_EXCEEDED);
-    f.set_message(absl::StrCat("ran for its max_duration_s (", absl::FormatDuration(limit),
-                               " from its first start, attempt ", a.job.attempt(), ", step ",
-                               a.job.progress().step(), " of ", a.job.spec().steps(), "); its ranks were stopped"));
-    Log(a.job.id(), a.job.attempt(), f.message());
     if (a.job.state() == v1::PENDING || a.job.state() == v1::RESTARTING) {
       // Between attempts: nothing runs, so it ends now.
+      f.set_message(MaxDurationMessage(a.job, /*reached_step=*/-1, /*stopped=*/true));
+      Log(a.job.id(), a.job.attempt(), f.message());
       Transition(a, v1::FAILED, f.message(), &f);
       ended.push_back(seq);
       continue;
     }
+    a.max_duration_step = a.job.progress().step();
+    f.set_message(MaxDurationMessage(a.job, a.max_duration_step, /*stopped=*/false));
+    Log(a.job.id(), a.job.attempt(), f.message());
     RecordFailure(a, f, kPriorityMaxDuration);
     a.job.set_state_reason(f.message());
     Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s max_duration_s"));
@@ -1456,15 +1483,38 @@ void Coordinator::CheckMaxDuration() {
 
 void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) {
   if (a.has_failure && a.failure_priority >= priority) return;
-  Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), (a.has_failure ? " failure now: " : " failing: "),
-                   v1::Failure::Kind_Name(f.kind()), ": ", f.message()));
+  const bool was = a.has_failure;
   a.has_failure = true;
   a.failure_priority = priority;
   a.failure = f;
+  // A cause outranks the exit held: it is the failure, not provisional.
+  if (priority > kPriorityExit) a.judging.clear();
+  if (!a.judging.empty()) {
+    Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(f.kind()), ": ",
+                     f.message(), "; held until ", absl::StrJoin(a.judging, ", "),
+                     " is heard from or lost (a lost peer fails its ranks' collectives)"));
+    return;
+  }
+  Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), (was ? " failure now: " : " failing: "),
+                   v1::Failure::Kind_Name(f.kind()), ": ", f.message()));
+  PublishFailure(a);
+}
+
+void Coordinator::PublishFailure(LiveJob& a) {
   // Kept with the job, so that a restarted coordinator knows the attempt
   // is failing and why.
-  *a.job.mutable_failure() = f;
+  *a.job.mutable_failure() = a.failure;
   Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s failure"));
+  Changed(a.job.id());
+}
+
+void Coordinator::Heard(const std::string& worker_id) {
+  for (auto& [seq, a] : active_) {
+    if (a.judging.erase(worker_id) == 0 || !a.judging.empty()) continue;
+    Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(a.failure.kind()),
+                     ": ", a.failure.message(), " (", worker_id, " was heard from: the failure stands)"));
+    PublishFailure(a);
+  }
 }
 
 void Coordinator::Delivered(LiveJob& a, v1::Placement& p) {
@@ -1544,6 +1594,7 @@ void Coordinator::MaybeFinish(int64_t seq) {
 
 void Coordinator::Finish(int64_t seq) {
   LiveJob& a = active_[seq];
+  a.judging.clear();  // the outcome below publishes the failure
   // Steps some rank never reported end with the attempt, before its final
   // state (a watcher that sees the state has seen every step).
   WriteSteps(a, FlushSteps(a));
@@ -1574,6 +1625,12 @@ void Coordinator::Finish(int64_t seq) {
       a.emitted_step = 0;
       Transition(a, v1::PENDING, "waiting to be scheduled (restart)");
       return;
+    }
+    if (a.failure.kind() == v1::Failure::MAX_DURATION_EXCEEDED) {
+      // The ranks trained on until they were stopped: the final reason
+      // names the step they got to (the steps just flushed included), not
+      // only the one when the limit fired.
+      a.failure.set_message(MaxDurationMessage(a.job, a.max_duration_step, /*stopped=*/true));
     }
     Transition(a, v1::FAILED, a.failure.message(), &a.failure);
   }
@@ -1623,6 +1680,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
                    caps.devices(), " slot(s), ranks on ", caps.rank_address(), ", ", request.running_size(),
                    " attempt(s) running"));
   Reattach(w, expected, restarted ? "its agent's restart" : "the coordinator's restart", request, &out);
+  Heard(w.id);  // back: a crash still held on its account stands
   Changed();
   Schedule();
   return out;
@@ -1696,6 +1754,12 @@ void Coordinator::Reattach(Worker& w, bool expected, const std::string& after, c
         f.set_worker_id(w.id);
         f.set_message(absl::StrCat("rank ", r, " was no longer running on ", w.id,
                                    " when it registered again after ", after));
+        if (a.judging.count(w.id) > 0) {
+          // What a crash held on its account waited to learn: its ranks
+          // died under their peers, whose exit was the consequence.
+          a.judging.clear();
+          a.has_failure = false;
+        }
         RecordFailure(a, f, kPriorityExit);
       }
       const bool queued = std::any_of(w.cancellations.begin(), w.cancellations.end(), [&](const v1::Cancellation& c) {
@@ -1768,7 +1832,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   Worker& w = *found;
   registry_.Beat(w, absl::Now());
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
-  if (request.leaving() && !w.leaving) Leaving(w);
+  if (request.leaving() && !w.leaving) {
+    Leaving(w);  // WORKER_LOST outranks a crash held on its account
+  } else {
+    Heard(w.id);
+  }
   v1::HeartbeatResponse out;
   // What the agent runs, by attempt.
   std::set<std::pair<std::string, int>> running;
@@ -1861,6 +1929,7 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
+  Heard(worker->id);  // alive: a failure held on its account stands
   LiveJob* a = FindActive(request.job_id(), request.attempt());
   if (a == nullptr) return absl::OkStatus();  // a finished job or an old attempt
   if (request.rank() < 0 || request.rank() >= static_cast<int>(a->ranks.size()) ||
@@ -1952,8 +2021,26 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
       priority = kPriorityExit;
     }
     const bool first = !a->has_failure;
+    if (first && priority == kPriorityExit) {
+      // The other workers with ranks still running: one may have died
+      // under its peers (SIGKILL, a power cut), whose ranks then exit with
+      // a connection error long before its worker timeout. Held until each
+      // is heard from again or lost, so that the healthy worker is not
+      // named as the cause meanwhile.
+      for (const RankState& x : a->ranks) {
+        if (!x.gone && x.worker_id != request.worker_id()) a->judging.insert(x.worker_id);
+      }
+    }
     RecordFailure(*a, f, priority);
     if (first) StopRanks(*a);  // the other ranks would wait on a dead peer
+    // Withdrawn ranks (never sent) are gone without a word from their
+    // worker, which then has nothing to be judged on.
+    for (auto it = a->judging.begin(); it != a->judging.end();) {
+      const bool running = std::any_of(a->ranks.begin(), a->ranks.end(),
+                                       [&](const RankState& x) { return !x.gone && x.worker_id == *it; });
+      it = running ? std::next(it) : a->judging.erase(it);
+    }
+    if (first && a->has_failure && a->judging.empty() && !a->job.has_failure()) PublishFailure(*a);
   }
   MaybeFinish(seq);
   Changed(request.job_id());

@@ -345,7 +345,16 @@ class Coordinator {
   // reported): recorded, so that a restarted coordinator re-attaches the
   // ranks rather than sending it again.
   void Delivered(LiveJob& a, v1::Placement& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `f` the attempt's failure unless one of `priority` or higher is;
+  // published (Job.failure) unless held (LiveJob::judging), which a failure
+  // of a higher priority than a rank's exit ends.
   void RecordFailure(LiveJob& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Job.failure becomes the attempt's failure, stored and said.
+  void PublishFailure(LiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `worker_id` was heard from (a heartbeat, a rank's report): it
+  // leaves the attempts' judging sets, and a held failure with none left
+  // stands.
+  void Heard(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LiveJob* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A change to no one job (ChangeStamp::all), and one to `job_id`'s rows or
   // state (ChangeStamp::job).

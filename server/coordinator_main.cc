@@ -21,11 +21,17 @@
 // Port 0 picks a free port; the bound addresses are printed and, with
 // --ready_file, written there ("api=HOST:PORT" and "metrics=HOST:PORT"
 // lines) once both are serving. SIGINT/SIGTERM shut it down cleanly.
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -158,6 +164,45 @@ bool ParseRetention(const std::string& text, absl::Duration* out) {
     case 's': *out = absl::Seconds(n); return true;
     default: return false;
   }
+}
+
+// Whether --listen's port is free, asked before anything is created: gRPC
+// finds it taken only in BuildAndStart, after the state directory and its
+// database exist, and logs its own lines (chttp2_server ... errno 98) before
+// ours. A bind of each address the host resolves to, as gRPC binds it
+// (SO_REUSEADDR on, SO_REUSEPORT off), then closed; only "in use" is
+// refused here: other errors (an IPv6 address on a host without IPv6) are
+// gRPC's to judge, and a port taken between this check and gRPC's bind
+// still fails there. Port 0 and unix: sockets are not checked.
+absl::Status CheckListenPortFree(const std::string& listen) {
+  std::string host;
+  int port = 0;
+  if (absl::StartsWith(listen, "unix:") || !SplitHostPort(listen, &host, &port) || port == 0) {
+    return absl::OkStatus();
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0) {
+    return absl::OkStatus();  // gRPC says what is wrong with the name
+  }
+  absl::Status status;
+  for (addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+      status = absl::UnavailableError(
+          absl::StrCat("--listen=", listen, ": cannot listen there (in use: ", std::strerror(errno), ")"));
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return status;
 }
 
 int Main(int argc, char** argv) {
@@ -368,6 +413,8 @@ int Main(int argc, char** argv) {
                  "--tls_key_file)\n",
                  flags["listen"].c_str());
   }
+
+  if (absl::Status s = CheckListenPortFree(flags["listen"]); !s.ok()) return Fail(std::string(s.message()));
 
   // Signals are taken by sigwait below; every thread inherits the mask.
   sigset_t signals;

@@ -621,6 +621,37 @@ TEST_F(CoordinatorTest, ARetriedCancelIsAnsweredOkAndADeleteWhileCancellingSaysT
   EXPECT_THAT(late.message(), HasSubstr("is already SUCCEEDED; nothing to cancel"));
 }
 
+// A job cancelled while it waits to restart has run: its reason says so,
+// with the attempt it waited for and the step it had reached, not "before
+// it was scheduled" (which a job never placed still gets).
+TEST_F(CoordinatorTest, ACancelWhileWaitingToRestartSaysTheJobHadRun) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.set_max_restarts(2);
+  const std::string job = Submit(spec);
+  const std::string w = RunningJob(job);
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1, 2, 3})).ok());
+  // A job of higher priority takes the slots the crash frees, so that the
+  // restarted one stays PENDING.
+  v1::JobSpec urgent = DemoJobSpec(2, 5);
+  urgent.set_priority(10);
+  const std::string other = Submit(urgent);
+  ASSERT_TRUE(Exited(w, job, 0, 1).ok());
+  ASSERT_TRUE(Exited(w, job, 1, 0, SIGTERM, /*stopped=*/true).ok());
+  ASSERT_TRUE(testing_cluster::WaitFor([&] { return Get(other).state() == v1::SCHEDULED; }, absl::Seconds(10)));
+  ASSERT_EQ(Get(job).state(), v1::PENDING);
+  ASSERT_EQ(Get(job).attempt(), 1);
+  auto cancelled = c().CancelJob(job, "CN=alice");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->state_reason(),
+            "cancelled by CN=alice while waiting to restart (attempt 1, last at step 3 of 5)");
+  // One never placed was cancelled before it was scheduled.
+  const std::string queued = Submit(DemoJobSpec(2, 5));
+  auto never = c().CancelJob(queued, "CN=alice");
+  ASSERT_TRUE(never.ok()) << never.status();
+  EXPECT_EQ(never->state_reason(), "cancelled by CN=alice before it was scheduled");
+}
+
 TEST_F(CoordinatorTest, AHeartbeatOlderThanTheAssignmentSaysNothingAboutIt) {
   const std::string w = Register();
   const std::string job = SendAssignment(w, 7);
@@ -997,6 +1028,79 @@ TEST_F(CoordinatorTest, ALostWorkerIsCountedAndItsHeartbeatSeriesGoes) {
   ASSERT_TRUE(c().Heartbeat(leaving).ok());
   ASSERT_TRUE(testing_cluster::WaitFor([&] { return c().ListWorkers().workers_size() == 0; }, absl::Seconds(10)));
   EXPECT_EQ(testing_cluster::Sample(testing_cluster::Scrape(address), "plateau_workers_lost_total"), before + 1);
+}
+
+// A worker killed under a 2-node job: its peer's rank exits with a
+// connection error at once, long before the worker timeout. That exit is
+// held, not published as the job's failure, until the silent worker is
+// judged: lost, WORKER_LOST names it (it named the healthy worker for the
+// whole worker timeout). The hold delays nothing else: the surviving
+// ranks are told to stop at once.
+TEST_F(CoordinatorTest, APeersCrashIsHeldWhileAWorkerOfTheAttemptIsSilentAndItsLossWins) {
+  options_.worker_timeout = kShortWorkerTimeout;
+  Open();
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  spec.set_max_restarts(1);
+  const std::string healthy = Register(), killed = Register();
+  const std::string job = Submit(spec);
+  const v1::Job placed = Get(job);
+  ASSERT_EQ(placed.placement_size(), 2) << placed.DebugString();
+  ASSERT_EQ(placed.placement(0).worker_id(), healthy);  // rank 0
+  ASSERT_TRUE(Heartbeat(healthy).ok());
+  ASSERT_TRUE(Heartbeat(killed).ok());
+  ASSERT_TRUE(Started(healthy, job, 0).ok());
+  ASSERT_TRUE(Started(killed, job, 1).ok());
+  ASSERT_EQ(Get(job).state(), v1::RUNNING);
+  // `killed` says no more; rank 0 sees "Connection reset by peer".
+  ASSERT_TRUE(Exited(healthy, job, 0, 1).ok());
+  v1::Job j = Get(job);
+  EXPECT_FALSE(j.has_failure()) << "published before " << killed << " was judged: " << j.failure().DebugString();
+  EXPECT_EQ(j.state(), v1::RUNNING);
+  EXPECT_THAT(Said(), HasSubstr("held until " + killed + " is heard from or lost"));
+  ASSERT_TRUE(testing_cluster::WaitFor(
+      [&] {
+        EXPECT_TRUE(Heartbeat(healthy).ok());
+        return Get(job).has_failure();
+      },
+      absl::Seconds(10)));
+  j = Get(job);
+  EXPECT_EQ(j.failure().kind(), v1::Failure::WORKER_LOST) << j.DebugString();
+  EXPECT_EQ(j.failure().worker_id(), killed);
+  EXPECT_EQ(j.attempt(), 1) << "restarted for the loss";
+}
+
+// The silent worker heartbeats again (it was only slow): the held crash
+// stands. A cause (a signal, an out-of-memory) is never held.
+TEST_F(CoordinatorTest, AHeldCrashStandsOnceTheOtherWorkerIsHeardFromAndASignalIsNotHeld) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  const std::string w0 = Register(), w1 = Register();
+  const std::string job = Submit(spec);
+  const std::string killed = Submit(spec);
+  ASSERT_TRUE(Heartbeat(w0).ok());
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  for (const std::string& id : {job, killed}) {
+    ASSERT_TRUE(Started(w0, id, 0).ok());
+    ASSERT_TRUE(Started(w1, id, 1).ok());
+    ASSERT_EQ(Get(id).state(), v1::RUNNING);
+  }
+  ASSERT_TRUE(Exited(w0, job, 0, 1).ok());
+  EXPECT_FALSE(Get(job).has_failure());
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  v1::Job j = Get(job);
+  ASSERT_TRUE(j.has_failure()) << j.DebugString();
+  EXPECT_EQ(j.failure().kind(), v1::Failure::RANK_CRASHED);
+  EXPECT_EQ(j.failure().rank(), 0);
+  EXPECT_EQ(j.failure().worker_id(), w0);
+  ASSERT_TRUE(Exited(w1, job, 1, 143, 0, /*stopped=*/true).ok());
+  EXPECT_EQ(Get(job).state(), v1::FAILED);
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::RANK_CRASHED);
+
+  ASSERT_TRUE(Exited(w0, killed, 0, 0, SIGKILL).ok());
+  j = Get(killed);
+  ASSERT_TRUE(j.has_failure()) << j.DebugString();
+  EXPECT_EQ(j.failure().signal(), SIGKILL);
 }
 
 TEST_F(CoordinatorTest, JobsTheCoordinatorNoLongerHasAreCancelledAtRegistration) {
@@ -2129,9 +2233,11 @@ TEST_F(SchedulingTest, MoreNodesThanWorkersIsUnschedulableUntilASecondWorkerRegi
   EXPECT_THAT(Get(job).state_reason(),
               AllOf(StartsWith("unschedulable: needs 2 worker(s) with backend cpu, 1 device(s)"),
                     HasSubstr("only 1 registered worker(s) can host it (" + first + ")")));
-  RegisterWorker(1);
+  const std::string second = RegisterWorker(1);
   EXPECT_EQ(Get(job).state(), v1::SCHEDULED);
   EXPECT_EQ(Get(job).placement_size(), 2);
+  // One rank a node is named as one ("ranks 0-0" read as a range).
+  EXPECT_EQ(Get(job).state_reason(), "placed on " + first + " (rank 0), " + second + " (rank 1)");
 }
 
 // Capacity that exists but is busy is waited for, without a deadline.
@@ -2504,6 +2610,7 @@ TEST_F(ApiTest, AJobOverItsMaxDurationFailsWithItsOwnReasonAndItsRanksAreStopped
   spec.set_max_restarts(3);  // not restarted for it
   const std::string job = Submit(spec);
   ASSERT_NO_FATAL_FAILURE(StartOn(w, job));
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {1})).ok());
   const v1::Job running = Get(job);
   // The limit counts from the job's start_time, which the coordinator set.
   const absl::Time started = absl::FromUnixSeconds(running.start_time().seconds()) +
@@ -2518,14 +2625,20 @@ TEST_F(ApiTest, AJobOverItsMaxDurationFailsWithItsOwnReasonAndItsRanksAreStopped
   EXPECT_GE(absl::Now() - started, absl::Seconds(1));
   EXPECT_EQ(Get(job).failure().kind(), v1::Failure::MAX_DURATION_EXCEEDED);
   EXPECT_EQ(Get(job).state(), v1::RUNNING) << "final only once every rank is gone";
+  EXPECT_THAT(Get(job).state_reason(), HasSubstr("step 1 of 1000); stopping its ranks"));
+  // The ranks train on until the stop reaches them: the final reason names
+  // the step they got to, not only the one when the limit fired.
+  ASSERT_TRUE(c().ReportTelemetry(Steps(w, job, {2, 3})).ok());
   ASSERT_TRUE(Exited(w, job, 0, 143, 0, /*stopped=*/true).ok());
   ASSERT_TRUE(Exited(w, job, 1, 143, 0, /*stopped=*/true).ok());
   const v1::Job j = Get(job);
   EXPECT_EQ(j.state(), v1::FAILED) << j.DebugString();
   EXPECT_EQ(j.attempt(), 0);
   EXPECT_EQ(j.failure().kind(), v1::Failure::MAX_DURATION_EXCEEDED);
-  EXPECT_THAT(j.failure().message(), AllOf(HasSubstr("ran for its max_duration_s (1s from its first start"),
-                                           HasSubstr("its ranks were stopped")));
+  EXPECT_EQ(j.failure().message(),
+            "ran for its max_duration_s (1s from its first start, attempt 0): reached at step 1, stopped at step 3 "
+            "of 1000; its ranks were stopped");
+  EXPECT_EQ(j.progress().step(), 3);
   EXPECT_EQ(j.state_reason(), j.failure().message());
 }
 

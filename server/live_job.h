@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,25 @@ struct LiveJob {
   v1::Job job;
   std::vector<RankState> ranks;  // of the current attempt
   bool cancel_requested = false;
+  // The attempt's failure, the cause of its end (Finish reads it); Job.failure
+  // is what is published of it (get, list, the store).
   bool has_failure = false;
   int failure_priority = 0;
   v1::Failure failure;
+  // A rank's plain error exit is what its peers' collectives report when
+  // another worker dies: while this names the attempt's other workers not
+  // heard from since that exit, `failure` is held, not published. Each
+  // leaves the set at its next heartbeat or report (alive: the crash
+  // stands once none is left), or its loss publishes WORKER_LOST instead.
+  // The hold never delays the attempt itself: its ranks are stopped at
+  // once, and it ends at the worker timeout at the latest.
+  std::set<std::string> judging;
   double tokens = 0, seconds = 0;  // the job's step totals this attempt
   bool hang_reported = false;
+  // The job's step when its max_duration_s fired (-1: it has not, or a
+  // restarted coordinator does not know): its ranks train on until they
+  // are stopped, and the final reason names both steps.
+  int64_t max_duration_step = -1;
   // Steps of the current attempt some rank has reported but that are not
   // yet an event (server/telemetry.h): each rank's report by step, in rank
   // order (unset: not reported). Emptied when the attempt ends.

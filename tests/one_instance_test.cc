@@ -44,7 +44,11 @@ TEST(OneInstanceTest, ASecondCoordinatorOnTheSameStateOrPortIsRefused) {
                   "--listen=" + c.api(), "--metrics_address=127.0.0.1:0"},
                  c.dir() + "/second-port");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("--listen=" + c.api() + ": cannot listen there"));
+  EXPECT_THAT(r.err, HasSubstr("--listen=" + c.api() + ": cannot listen there (in use"));
+  // Found before anything is created, and before gRPC logs its own lines
+  // about it (chttp2_server.cc ... errno:98) ahead of ours.
+  EXPECT_FALSE(absl::StrContains(r.err, "chttp2_server")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(c.dir() + "/other-state")) << "created for a coordinator that did not start";
   r = RunCommand({"server/plateau_coordinator", "--state_dir=" + c.dir() + "/wrapped",
                   "--listen=127.0.0.1:99999", "--metrics_address=127.0.0.1:0"},
                  c.dir() + "/wrapped");
