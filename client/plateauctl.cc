@@ -44,6 +44,7 @@
 #include "client/chart/png.h"
 #include "client/client.h"
 #include "client/connection.h"
+#include "client/job_text.h"
 #include "client/json_output.h"
 #include "client/plan_table.h"
 #include "client/spec_file.h"
@@ -694,18 +695,7 @@ void PrintJob(const v1::Job& j) {
   if (j.unschedulable()) {
     std::printf("  pending:  unschedulable since %s\n", Time(j.unschedulable_since()).c_str());
   }
-  if (j.has_failure()) {
-    const v1::Failure& f = j.failure();
-    std::printf("  failure:  %s", v1::Failure::Kind_Name(f.kind()).c_str());
-    if (!f.live_set().empty()) std::printf(" live_set=%s", f.live_set().c_str());
-    if (f.kind() == v1::Failure::RANK_CRASHED || f.kind() == v1::Failure::OUT_OF_MEMORY ||
-        f.kind() == v1::Failure::INVALID) {
-      std::printf(" rank=%d exit_code=%d signal=%d", f.rank(), f.exit_code(), f.signal());
-    }
-    if (f.kind() == v1::Failure::RANK_HUNG) std::printf(" rank=%d", f.rank());
-    if (!f.worker_id().empty()) std::printf(" worker=%s", f.worker_id().c_str());
-    std::printf("\n");
-  }
+  std::printf("%s", FailureLine(j).c_str());
   const v1::Progress& p = j.progress();
   // Before the first step is reported the progress is all zeros: a "loss
   // 0.0000" would read as a measured loss, so say there is none yet.

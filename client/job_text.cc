@@ -1,0 +1,38 @@
+#include "client/job_text.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace plateau {
+
+std::string FailureLine(const v1::Job& job) {
+  if (!job.has_failure()) return "";
+  const v1::Failure& f = job.failure();
+  std::string whose;
+  switch (job.state()) {
+    case v1::PENDING:
+      // Attempt 0 has never failed: a failure here is a restart's.
+      if (job.attempt() > 0) whose = absl::StrCat("attempt ", job.attempt() - 1, " failed: ");
+      break;
+    case v1::RESTARTING:
+      whose = absl::StrCat("attempt ", job.attempt(), " failed: ");
+      break;
+    case v1::SCHEDULED:
+    case v1::RUNNING:
+      whose = absl::StrCat("attempt ", job.attempt(), " failing (its ranks are being stopped): ");
+      break;
+    default:  // FAILED, and the states no failure stays on
+      break;
+  }
+  std::string line = absl::StrCat("  failure:  ", whose, v1::Failure::Kind_Name(f.kind()));
+  if (!f.live_set().empty()) absl::StrAppend(&line, " live_set=", f.live_set());
+  if (f.kind() == v1::Failure::RANK_CRASHED || f.kind() == v1::Failure::OUT_OF_MEMORY ||
+      f.kind() == v1::Failure::INVALID) {
+    absl::StrAppendFormat(&line, " rank=%d exit_code=%d signal=%d", f.rank(), f.exit_code(), f.signal());
+  }
+  if (f.kind() == v1::Failure::RANK_HUNG) absl::StrAppend(&line, " rank=", f.rank());
+  if (!f.worker_id().empty()) absl::StrAppend(&line, " worker=", f.worker_id());
+  return line + "\n";
+}
+
+}  // namespace plateau

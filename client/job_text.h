@@ -1,0 +1,25 @@
+// Lines of `plateauctl get` that read a job's state rather than print a
+// field: which attempt a failure belongs to.
+//
+// Thread safety: pure functions.
+#ifndef PLATEAU_CLIENT_JOB_TEXT_H_
+#define PLATEAU_CLIENT_JOB_TEXT_H_
+
+#include <string>
+
+#include "plateau/v1/job.pb.h"
+
+namespace plateau {
+
+// The job's failure as `get` prints it ("  failure:  ...\n"), or "" when it
+// has none. The failure is the attempt's that ended or is ending, which is
+// not always the job's current attempt: a job PENDING after a restart
+// (attempt N) shows attempt N - 1's failure until it is placed again (the
+// coordinator clears it then); RESTARTING shows the attempt that just
+// failed; SCHEDULED or RUNNING, the current attempt, whose ranks are being
+// stopped. Without the attempt a pending job read as failing now.
+std::string FailureLine(const v1::Job& job);
+
+}  // namespace plateau
+
+#endif  // PLATEAU_CLIENT_JOB_TEXT_H_

@@ -1,0 +1,45 @@
+#include "client/job_text.h"
+
+#include "gtest/gtest.h"
+
+namespace plateau {
+namespace {
+
+v1::Job Lost(v1::JobState state, int attempt) {
+  v1::Job job;
+  job.set_state(state);
+  job.set_attempt(attempt);
+  v1::Failure* f = job.mutable_failure();
+  f->set_kind(v1::Failure::WORKER_LOST);
+  f->set_worker_id("worker-2");
+  return job;
+}
+
+TEST(JobTextTest, AFailureSaysWhichAttemptItBelongsTo) {
+  // Pending after a restart: attempt 2 waits; attempt 1 is the one that failed.
+  EXPECT_EQ(FailureLine(Lost(v1::PENDING, 2)), "  failure:  attempt 1 failed: WORKER_LOST worker=worker-2\n");
+  // RESTARTING: the attempt number goes up as it leaves this state.
+  EXPECT_EQ(FailureLine(Lost(v1::RESTARTING, 1)), "  failure:  attempt 1 failed: WORKER_LOST worker=worker-2\n");
+  EXPECT_EQ(FailureLine(Lost(v1::RUNNING, 0)),
+            "  failure:  attempt 0 failing (its ranks are being stopped): WORKER_LOST worker=worker-2\n");
+  // The job's outcome: no attempt to tell apart.
+  EXPECT_EQ(FailureLine(Lost(v1::FAILED, 3)), "  failure:  WORKER_LOST worker=worker-2\n");
+}
+
+TEST(JobTextTest, ARanksFailureNamesItsRankAndNoFailureNoLine) {
+  v1::Job job;
+  job.set_state(v1::FAILED);
+  v1::Failure* f = job.mutable_failure();
+  f->set_kind(v1::Failure::OUT_OF_MEMORY);
+  f->set_live_set("dispatch");
+  f->set_rank(1);
+  f->set_exit_code(4);
+  f->set_worker_id("worker-1");
+  EXPECT_EQ(FailureLine(job),
+            "  failure:  OUT_OF_MEMORY live_set=dispatch rank=1 exit_code=4 signal=0 worker=worker-1\n");
+  job.clear_failure();
+  EXPECT_EQ(FailureLine(job), "");
+}
+
+}  // namespace
+}  // namespace plateau
