@@ -17,6 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
@@ -150,6 +152,28 @@ TEST(OneInstanceTest, AnAgentsWorkDirIsItsOwn) {
     EXPECT_EQ(r.code, 2) << r.out << r.err;
     EXPECT_THAT(r.err, HasSubstr("--work_dir=" + theirs + ": owned by uid 65534, not this agent's (0)"));
   }
+}
+
+// An agent stopped while it still retries its first registration (the
+// coordinator never answered) says so and exits 0: it sends no heartbeat,
+// whose "failing" line read as if it had once been registered.
+TEST(OneInstanceTest, AnAgentStoppedBeforeItRegisteredSaysSoAndSendsNoHeartbeat) {
+  const std::string dir = TempDir("never_registered");
+  const RefusedAddress refused;
+  ASSERT_FALSE(refused.address().empty());
+  Process agent({"worker/plateau_worker", "--coordinator=" + refused.address(), "--work_dir=" + dir + "/work",
+                 "--rank_binary=worker/plateau_rank", "--calibrate=false"},
+                dir + "/agent");
+  ASSERT_TRUE(agent.spawn_error().empty()) << agent.spawn_error();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!absl::StrContains(agent.err(), "cannot register") && agent.Running() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_THAT(agent.err(), HasSubstr("cannot register with the coordinator at " + refused.address()));
+  const int status = agent.Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << agent.err();
+  EXPECT_THAT(agent.err(), HasSubstr("stopped before it registered with the coordinator at " + refused.address()));
+  EXPECT_THAT(agent.err(), ::testing::Not(HasSubstr("heartbeat"))) << agent.err();
 }
 
 // A slot count the coordinator would refuse at registration (as

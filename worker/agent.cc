@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/connection.h"
 #include "google/protobuf/util/json_util.h"
@@ -269,14 +270,36 @@ absl::Status Agent::Run() {
       std::filesystem::remove(entry.path(), ec);
     }
   }
-  // Register, retrying while the coordinator starts (said once).
-  for (bool said = false; !stop_.load(); said = true) {
+  // Register, retrying while the coordinator starts: said at once, then
+  // every minute while it lasts (an agent pointed at the wrong address
+  // would otherwise wait in silence).
+  bool registered = false;
+  const absl::Time first_try = absl::Now();
+  absl::Time said_at = absl::InfinitePast();
+  while (!stop_.load()) {
     absl::Status s = RegisterNow(/*again=*/false);
-    if (s.ok()) break;
+    if (s.ok()) {
+      registered = true;
+      break;
+    }
     if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kDeadlineExceeded) return s;
-    if (!said)
-      std::fprintf(stderr, "plateau_worker: %s; retrying\n", std::string(s.message()).c_str());
+    const absl::Time now = absl::Now();
+    if (now - said_at >= absl::Minutes(1)) {
+      std::fprintf(stderr, "plateau_worker: %s; retrying%s\n", std::string(s.message()).c_str(),
+                   said_at == absl::InfinitePast()
+                       ? ""
+                       : absl::StrFormat(" (for %.0f s)", absl::ToDoubleSeconds(now - first_try)).c_str());
+      said_at = now;
+    }
     PauseBeforeRetry(*channel_, absl::Milliseconds(500));
+  }
+  if (!registered) {
+    // Stopped (SIGTERM) before any answer: nothing was placed here, so
+    // there is nothing to tell the coordinator or to stop. A heartbeat
+    // would only fail and read as if this worker had been registered.
+    std::fprintf(stderr, "plateau_worker: stopped before it registered with the coordinator at %s\n",
+                 options_.coordinator.c_str());
+    return absl::OkStatus();
   }
   std::thread sender([this] {
     while (!stop_.load()) {
