@@ -1997,6 +1997,13 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
       if (e.has_out_of_memory()) {
         const v1::OutOfMemory& o = e.out_of_memory();
         *f.mutable_out_of_memory() = o;
+      }
+      // The rank's own message (MemorySpace::OutOfMemory) already names the
+      // space, the bytes asked and free, the cap and what was in use: said
+      // again here it read twice. The summary only stands in for a rank
+      // that sent the numbers without a message.
+      if (e.has_out_of_memory() && e.message().empty()) {
+        const v1::OutOfMemory& o = e.out_of_memory();
         bytes = absl::StrCat(": asked for ", o.bytes_requested(), " bytes of ", o.space(), " memory, ",
                              o.bytes_free(), " free",
                              o.cap_bytes() > 0 ? absl::StrCat(" of its ", o.cap_bytes(), "-byte cap") : "");
