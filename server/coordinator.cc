@@ -112,6 +112,8 @@ std::string MaxDurationMessage(const v1::Job& job, int64_t reached_step, bool st
 
 }  // namespace
 
+std::string LogTime() { return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()); }
+
 absl::Status CheckRequestId(const std::string& id) {
   const bool id_ok = id.size() <= static_cast<size_t>(kMaxRequestIdChars) &&
                      std::all_of(id.begin(), id.end(), [](char c) {
@@ -430,8 +432,7 @@ void Coordinator::Say(const std::string& line) {
   }
   // One line per event, with the time: journald adds its own, a plain file
   // or a terminal has none.
-  std::printf("%s plateau_coordinator: %s\n",
-              absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()).c_str(), line.c_str());
+  std::printf("%s plateau_coordinator: %s\n", LogTime().c_str(), line.c_str());
   std::fflush(stdout);
 }
 

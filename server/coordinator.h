@@ -138,6 +138,10 @@ using StillWanted = std::function<absl::Status()>;
 
 bool IsTerminal(v1::JobState state);
 
+// What every line the coordinator prints starts with: now, UTC, to the
+// millisecond (journald adds its own time; a file or a terminal has none).
+std::string LogTime();
+
 // SubmitJobRequest.request_id: "" or 1 to 128 characters of [A-Za-z0-9._:-];
 // INVALID_ARGUMENT naming request_id otherwise.
 absl::Status CheckRequestId(const std::string& id);

@@ -316,11 +316,11 @@ int Main(int argc, char** argv) {
     const std::string name = "--" + flag;
     return TokenFile::Open(name, path, absl::Seconds(1), [name, path](const absl::Status& read, size_t tokens) {
       if (read.ok()) {
-        std::fprintf(stderr, "plateau_coordinator: %s=%s changed: %zu token(s) accepted\n", name.c_str(), path.c_str(),
-                     tokens);
+        std::fprintf(stderr, "%s plateau_coordinator: %s=%s changed: %zu token(s) accepted\n", LogTime().c_str(),
+                     name.c_str(), path.c_str(), tokens);
       } else {
-        std::fprintf(stderr, "plateau_coordinator: WARNING: %s; still accepting the %zu token(s) read before\n",
-                     std::string(read.message()).c_str(), tokens);
+        std::fprintf(stderr, "%s plateau_coordinator: WARNING: %s; still accepting the %zu token(s) read before\n",
+                     LogTime().c_str(), std::string(read.message()).c_str(), tokens);
       }
     });
   };
@@ -403,15 +403,15 @@ int Main(int argc, char** argv) {
                                "or --insecure_listen_any to accept that"));
     }
     std::fprintf(stderr,
-                 "plateau_coordinator: WARNING: --insecure_listen_any: serving %s without a token or client "
+                 "%s plateau_coordinator: WARNING: --insecure_listen_any: serving %s without a token or client "
                  "certificates; anyone who can reach it can run jobs and register workers\n",
-                 flags["listen"].c_str());
+                 LogTime().c_str(), flags["listen"].c_str());
   } else if (!loopback && !tls) {
     std::fprintf(stderr,
-                 "plateau_coordinator: WARNING: --listen=%s is not loopback and TLS is off: the bearer token "
+                 "%s plateau_coordinator: WARNING: --listen=%s is not loopback and TLS is off: the bearer token "
                  "and every request cross the network in plaintext (give --tls_cert_file and "
                  "--tls_key_file)\n",
-                 flags["listen"].c_str());
+                 LogTime().c_str(), flags["listen"].c_str());
   }
 
   if (absl::Status s = CheckListenPortFree(flags["listen"]); !s.ok()) return Fail(std::string(s.message()));
@@ -503,9 +503,9 @@ int Main(int argc, char** argv) {
   const std::string api = absl::StrCat(HostOf(flags["listen"]), ":", port);
   const std::string mx = absl::StrCat(HostOf(flags["metrics_address"]), ":", (*metrics)->port());
   std::printf(
-      "plateau_coordinator: API on %s (%s, %s), metrics on http://%s/metrics (probes /healthz, /readyz), "
+      "%s plateau_coordinator: API on %s (%s, %s), metrics on http://%s/metrics (probes /healthz, /readyz), "
       "state in %s\n",
-      api.c_str(),
+      LogTime().c_str(), api.c_str(),
       !tls           ? "plaintext"
       : client_certs ? "TLS, client certificate required"
                      : "TLS",
@@ -526,7 +526,7 @@ int Main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&signals, &sig);
-  std::printf("plateau_coordinator: signal %d, shutting down\n", sig);
+  std::printf("%s plateau_coordinator: signal %d, shutting down\n", LogTime().c_str(), sig);
   std::fflush(stdout);
   (*metrics)->SetReadiness(absl::UnavailableError("shutting down"));
   coordinator.Stop();  // wakes streaming calls

@@ -421,6 +421,18 @@ void ExpectSecuredRunToTheEnd(const SbatchRun& run) {
   // answers on the metrics port": once freed, another test may bind it.)
   EXPECT_THAT(r.out + r.err, HasSubstr("plateau_worker: signal 15, stopping every rank"));
   EXPECT_THAT(log, HasSubstr("shutting down"));
+  // Every coordinator line has its time, its start and its signal too
+  // (those two had none beside the timed lines of its events).
+  {
+    const std::regex stamped("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z plateau_coordinator: ");
+    int lines = 0;
+    for (absl::string_view line : absl::StrSplit(log, '\n', absl::SkipEmpty())) {
+      if (!absl::StrContains(line, "plateau_coordinator: ")) continue;
+      ++lines;
+      EXPECT_TRUE(std::regex_search(std::string(line), stamped)) << line;
+    }
+    EXPECT_GE(lines, 2) << log;
+  }
   ASSERT_FALSE(run.metrics_port.empty()) << "no metrics= in the coordinator's ready file";
   EXPECT_THAT(ProcessesUnder(run.dir), ::testing::IsEmpty()) << "the script left processes running";
 }
