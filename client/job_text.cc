@@ -35,4 +35,10 @@ std::string FailureLine(const v1::Job& job) {
   return line + "\n";
 }
 
+absl::Time StepEnded(const v1::JobEvent& event) {
+  const google::protobuf::Timestamp& t =
+      event.has_job_step() && event.job_step().has_end_time() ? event.job_step().end_time() : event.time();
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
 }  // namespace plateau

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "absl/time/time.h"
 #include "plateau/v1/job.pb.h"
 
 namespace plateau {
@@ -19,6 +20,13 @@ namespace plateau {
 // failed; SCHEDULED or RUNNING, the current attempt, whose ranks are being
 // stopped. Without the attempt a pending job read as failing now.
 std::string FailureLine(const v1::Job& job);
+
+// When a step event's step ended: the ranks' own time (JobStepSummary's
+// end_time), else, from ranks older than that field, the time the
+// coordinator stored the event. After a coordinator outage the agents'
+// held reports are stored together, seconds after they ran: `watch`
+// showed every such step with the same elapsed time.
+absl::Time StepEnded(const v1::JobEvent& event);
 
 }  // namespace plateau
 

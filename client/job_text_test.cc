@@ -41,5 +41,15 @@ TEST(JobTextTest, ARanksFailureNamesItsRankAndNoFailureNoLine) {
   EXPECT_EQ(FailureLine(job), "");
 }
 
+TEST(JobTextTest, AStepEndedWhenItsRanksSayNotWhenItWasStored) {
+  v1::JobEvent e;
+  e.mutable_time()->set_seconds(1000);  // stored after an outage
+  e.mutable_job_step()->set_step(7);
+  EXPECT_EQ(StepEnded(e), absl::FromUnixSeconds(1000)) << "no end_time (older ranks): the event's time";
+  e.mutable_job_step()->mutable_end_time()->set_seconds(940);
+  e.mutable_job_step()->mutable_end_time()->set_nanos(500000000);
+  EXPECT_EQ(StepEnded(e), absl::FromUnixSeconds(940) + absl::Milliseconds(500));
+}
+
 }  // namespace
 }  // namespace plateau

@@ -896,10 +896,11 @@ int Watch(Client& client, const Options& o, const std::string& id, int64_t from)
     const bool show = tty || per_rank || t.has_validation_loss() || t.step() % every == 0 || t.step() == 1 ||
                       t.step() == total;
     if (!show) return true;
-    // Elapsed: the step's event time since the start (a replayed finished
-    // job shows the times it had, not the time since). ETA: the steps left
-    // at the mean step time of the steps this watch has seen.
-    const absl::Time at = absl::FromUnixSeconds(e.time().seconds()) + absl::Nanoseconds(e.time().nanos());
+    // Elapsed: from the start to when the step ended (StepEnded: the
+    // ranks' time, not the storing; a replayed finished job shows the times
+    // it had, not the time since). ETA: the steps left at the mean step
+    // time of the steps this watch has seen.
+    const absl::Time at = StepEnded(e);
     const std::string elapsed =
         started == absl::InfinitePast() || e.time().seconds() == 0 ? "-" : Clock(at - started);
     const int64_t left = std::max<int64_t>(0, total - t.step());

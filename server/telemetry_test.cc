@@ -108,8 +108,13 @@ TEST(TelemetryTest, TheSummaryTakesTheMaximumOverRanksAndNamesTheSlowest) {
     t.set_device_used_bytes(r == 2 ? 9000 : 8000);
     t.set_device_pool_reserved_bytes(r == 0 ? 7000 : 6000);
     t.set_mfu(r == 1 ? 0.2 : 0.6);  // the slowest rank's is the step's
+    // Rank 1 ended last (by 0.4 s within one second): the step's end.
+    t.mutable_end_time()->set_seconds(r == 2 ? 99 : 100);
+    t.mutable_end_time()->set_nanos(r == 1 ? 500000000 : 100000000);
   }
   const v1::JobStepSummary s = SummarizeStep(p);
+  EXPECT_EQ(s.end_time().seconds(), 100);
+  EXPECT_EQ(s.end_time().nanos(), 500000000);
   EXPECT_EQ(s.device_used_bytes(), 9000);
   EXPECT_EQ(s.device_pool_reserved_bytes(), 7000);
   EXPECT_DOUBLE_EQ(s.mfu(), 0.2);

@@ -1085,6 +1085,10 @@ TEST(ServiceTest, PlateauctlGetLogsWatchAndListFitTheTerminal) {
       const v1::JobEvent e = FromJson<v1::JobEvent>(line);
       if (!e.has_job_step()) continue;
       ++steps;
+      // When the step ended, by the ranks: before the coordinator stored it.
+      EXPECT_TRUE(e.job_step().has_end_time()) << line;
+      EXPECT_GT(e.job_step().end_time().seconds(), 0) << line;
+      EXPECT_LE(e.job_step().end_time().seconds(), e.time().seconds()) << line;
       ASSERT_EQ(e.job_step().per_rank_size(), 2) << line;
       EXPECT_EQ(e.job_step().per_rank(1).rank(), 1);
       EXPECT_EQ(e.job_step().per_rank(0).step(), e.job_step().step());

@@ -43,6 +43,7 @@
 #include "kernels/communicator.h"
 #include "kernels/model/precision.h"
 #include "plateau/v1/worker.pb.h"
+#include "proto/timestamps.h"
 #include "worker/assignment.h"
 #include "worker/calibration.h"
 #include "worker/calibration_measure.h"
@@ -381,6 +382,7 @@ int Main(int argc, char** argv) {
     t->set_tokens(r.tokens);
     t->set_model_flops(r.model_flops);
     t->set_seconds(r.seconds);
+    Now(t->mutable_end_time());
     t->set_lr(r.lr);
     if (r.has_validation) t->set_validation_loss(r.validation_loss);
     for (int i = 0; i < kNumLiveSets; ++i) {
