@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace plateau {
 
@@ -19,7 +20,11 @@ std::string FailureLine(const v1::Job& job) {
       break;
     case v1::SCHEDULED:
     case v1::RUNNING:
-      whose = absl::StrCat("attempt ", job.attempt(), " failing (its ranks are being stopped): ");
+      whose = job.failure_held_for().empty()
+                  ? absl::StrCat("attempt ", job.attempt(), " failing (its ranks are being stopped): ")
+                  : absl::StrCat("attempt ", job.attempt(), " failing, held until ",
+                                 absl::StrJoin(job.failure_held_for(), ", "),
+                                 " is heard from (whose loss would be the cause): ");
       break;
     default:  // FAILED, and the states no failure stays on
       break;

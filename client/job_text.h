@@ -18,7 +18,9 @@ namespace plateau {
 // (attempt N) shows attempt N - 1's failure until it is placed again (the
 // coordinator clears it then); RESTARTING shows the attempt that just
 // failed; SCHEDULED or RUNNING, the current attempt, whose ranks are being
-// stopped. Without the attempt a pending job read as failing now.
+// stopped, or whose rank's exit is held while the workers it names are
+// not heard from (Job.failure_held_for). Without the attempt a pending job
+// read as failing now.
 std::string FailureLine(const v1::Job& job);
 
 // When a step event's step ended: the ranks' own time (JobStepSummary's

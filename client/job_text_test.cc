@@ -22,6 +22,14 @@ TEST(JobTextTest, AFailureSaysWhichAttemptItBelongsTo) {
   EXPECT_EQ(FailureLine(Lost(v1::RESTARTING, 1)), "  failure:  attempt 1 failed: WORKER_LOST worker=worker-2\n");
   EXPECT_EQ(FailureLine(Lost(v1::RUNNING, 0)),
             "  failure:  attempt 0 failing (its ranks are being stopped): WORKER_LOST worker=worker-2\n");
+  // A rank's exit held while another worker is not heard from.
+  v1::Job held = Lost(v1::RUNNING, 0);
+  held.mutable_failure()->set_kind(v1::Failure::RANK_CRASHED);
+  held.mutable_failure()->set_worker_id("worker-1");
+  held.add_failure_held_for("worker-2");
+  EXPECT_EQ(FailureLine(held),
+            "  failure:  attempt 0 failing, held until worker-2 is heard from (whose loss would be the cause): "
+            "RANK_CRASHED rank=0 exit_code=0 signal=0 worker=worker-1\n");
   // The job's outcome: no attempt to tell apart.
   EXPECT_EQ(FailureLine(Lost(v1::FAILED, 3)), "  failure:  WORKER_LOST worker=worker-2\n");
 }

@@ -138,8 +138,8 @@ constexpr char kGlobalFlags[] = R"(global flags (before or after the command)
   --tls_client_key_file=PATH
                            its private key (default
                            $PLATEAU_TLS_CLIENT_KEY_FILE)
-Flags are given as --name=value or --name value, before or after the command;
-after -- every argument is positional.
+Flags are given as --name=value or --name value (dashes or underscores alike),
+before or after the command; after -- every argument is positional.
 )";
 
 struct FlagHelp {
@@ -337,7 +337,8 @@ int CommandIndex(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--") return i + 1 < argc ? i + 1 : first_word;
     if (arg.rfind("--", 0) == 0) {
-      if (arg.find('=') == std::string::npos && IsGlobalFlag(arg.substr(2))) ++i;  // its value
+      // Its value (either spelling: CanonicalFlagName).
+      if (arg.find('=') == std::string::npos && IsGlobalFlag(CanonicalFlagName(nullptr, arg.substr(2)))) ++i;
       continue;
     }
     if (arg == "-f" || arg == "-h") continue;
@@ -1115,7 +1116,7 @@ int Run(const Options& given) {
     // a usage error is ("plateauctl submit: job.txtpb:2:11: ..."), not with
     // a status code that reads as the coordinator's refusal.
     auto spec = ReadSpec(o.args[0]);
-    if (!spec.ok()) return UsageError(absl::StrCat("plateauctl ", o.command, ": ", spec.status().message()));
+    if (!spec.ok()) return UsageError(Visible(absl::StrCat("plateauctl ", o.command, ": ", spec.status().message())));
     if (o.command == "plan") {
       auto plan = client.PlanJob(*spec);
       if (!plan.ok()) return Report(plan.status());

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -330,6 +331,9 @@ absl::Status Coordinator::Restore(int64_t seq, v1::Job job) {
     a.has_failure = true;
     a.failure = a.job.failure();
     a.failure_priority = PriorityOf(a.failure);
+    // Still held: each worker re-registering is heard from (Register), one
+    // that does not come back is lost, as before the restart.
+    a.judging.insert(a.job.failure_held_for().begin(), a.job.failure_held_for().end());
   }
   metrics_->OnPlan(a.job.id(), static_cast<int>(ranks), a.job.plan());
   PLATEAU_RETURN_IF_ERROR(RestoreSteps(a, /*flush=*/false));
@@ -361,7 +365,7 @@ absl::Status Coordinator::FailCorruptJob(int64_t seq, const absl::Status& why) {
   Write(rendezvous_.DeleteAttempt(a.job.id(), a.job.attempt()),
         absl::StrCat("delete the rendezvous keys ", AttemptPrefix(a.job.id(), a.job.attempt()), "/"));
   PLATEAU_RETURN_IF_ERROR(SetState(a, v1::FAILED, f.message(), &f));
-  std::fprintf(stderr, "plateau_coordinator: %s: %s\n", a.job.id().c_str(), f.message().c_str());
+  std::fprintf(stderr, "%s plateau_coordinator: %s: %s\n", LogTime().c_str(), a.job.id().c_str(), f.message().c_str());
   active_.erase(seq);
   return absl::OkStatus();
 }
@@ -389,7 +393,7 @@ absl::Status Coordinator::FailUnreadableJob(int64_t seq) {
   // restart, FAILED).
   metrics_->OnFailure(v1::Failure::Kind_Name(f->kind()));
   ForgetMetricsLater(job.id());
-  std::fprintf(stderr, "plateau_coordinator: %s: %s\n", job.id().c_str(), f->message().c_str());
+  std::fprintf(stderr, "%s plateau_coordinator: %s: %s\n", LogTime().c_str(), job.id().c_str(), f->message().c_str());
   return absl::OkStatus();
 }
 
@@ -701,7 +705,7 @@ absl::Status Coordinator::Written(absl::Status s, absl::string_view what) {
         "the coordinator's state database failed to ", what, " (", s.message(),
         "); its memory may now differ from the database, so it refuses changes and reports not "
         "ready: restart it (it recovers every job from the database)"));
-    std::fprintf(stderr, "plateau_coordinator: %s\n", store_error_.ToString().c_str());
+    std::fprintf(stderr, "%s plateau_coordinator: %s\n", LogTime().c_str(), store_error_.ToString().c_str());
     metrics_->SetReadiness(store_error_);  // /readyz: 503 with the reason
     Changed();
   }
@@ -1283,6 +1287,7 @@ void Coordinator::Schedule() {
     a.emitted_step = 0;
     a.job.clear_placement();
     a.job.clear_failure();
+    a.job.clear_failure_held_for();
     std::vector<std::string> where;
     for (size_t n = 0; n < d.nodes.size(); ++n) {
       Worker& w = registry_.at(d.nodes[n]);
@@ -1494,26 +1499,31 @@ void Coordinator::RecordFailure(LiveJob& a, const v1::Failure& f, int priority) 
     Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(f.kind()), ": ",
                      f.message(), "; held until ", absl::StrJoin(a.judging, ", "),
                      " is heard from or lost (a lost peer fails its ranks' collectives)"));
-    return;
+  } else {
+    Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), (was ? " failure now: " : " failing: "),
+                     v1::Failure::Kind_Name(f.kind()), ": ", f.message()));
   }
-  Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), (was ? " failure now: " : " failing: "),
-                   v1::Failure::Kind_Name(f.kind()), ": ", f.message()));
   PublishFailure(a);
 }
 
 void Coordinator::PublishFailure(LiveJob& a) {
-  // Kept with the job, so that a restarted coordinator knows the attempt
-  // is failing and why.
+  // Kept with the job, held or standing (Job.failure_held_for), so that a
+  // restarted coordinator knows the attempt is failing, why, and whom it
+  // still waits to hear from.
   *a.job.mutable_failure() = a.failure;
+  a.job.clear_failure_held_for();
+  for (const std::string& w : a.judging) a.job.add_failure_held_for(w);
   Write(store_->PutJob(a.job), absl::StrCat("record ", a.job.id(), "'s failure"));
   Changed(a.job.id());
 }
 
 void Coordinator::Heard(const std::string& worker_id) {
   for (auto& [seq, a] : active_) {
-    if (a.judging.erase(worker_id) == 0 || !a.judging.empty()) continue;
-    Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(a.failure.kind()),
-                     ": ", a.failure.message(), " (", worker_id, " was heard from: the failure stands)"));
+    if (a.judging.erase(worker_id) == 0) continue;
+    if (a.judging.empty()) {
+      Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(a.failure.kind()),
+                       ": ", a.failure.message(), " (", worker_id, " was heard from: the failure stands)"));
+    }
     PublishFailure(a);
   }
 }
@@ -1595,7 +1605,9 @@ void Coordinator::MaybeFinish(int64_t seq) {
 
 void Coordinator::Finish(int64_t seq) {
   LiveJob& a = active_[seq];
-  a.judging.clear();  // the outcome below publishes the failure
+  // The attempt's outcome below publishes its failure as it stands.
+  a.judging.clear();
+  a.job.clear_failure_held_for();
   // Steps some rank never reported end with the attempt, before its final
   // state (a watcher that sees the state has seen every step).
   WriteSteps(a, FlushSteps(a));
@@ -1930,7 +1942,10 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
     return absl::NotFoundError(absl::StrCat("worker_id: '", request.worker_id().substr(0, 64),
                                             "' is not registered"));
   }
-  Heard(worker->id);  // alive: a failure held on its account stands
+  // Alive: a failure held on its account stands. Once this report is taken
+  // (on every return), so that its own news (a signal, an out-of-memory)
+  // replaces a held failure before that could stand for a moment.
+  absl::Cleanup heard = [&] { Heard(worker->id); };
   LiveJob* a = FindActive(request.job_id(), request.attempt());
   if (a == nullptr) return absl::OkStatus();  // a finished job or an old attempt
   if (request.rank() < 0 || request.rank() >= static_cast<int>(a->ranks.size()) ||
@@ -2048,7 +2063,15 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
                                        [&](const RankState& x) { return !x.gone && x.worker_id == *it; });
       it = running ? std::next(it) : a->judging.erase(it);
     }
-    if (first && a->has_failure && a->judging.empty() && !a->job.has_failure()) PublishFailure(*a);
+    // Written again where the pruning changed whom the failure waits on.
+    if (a->has_failure && a->job.failure_held_for_size() != static_cast<int>(a->judging.size())) {
+      if (a->judging.empty()) {
+        Say(absl::StrCat(a->job.id(), " attempt ", a->job.attempt(),
+                         " failing: ", v1::Failure::Kind_Name(a->failure.kind()), ": ", a->failure.message(),
+                         " (the workers it waited on have no ranks left: the failure stands)"));
+      }
+      PublishFailure(*a);
+    }
   }
   MaybeFinish(seq);
   Changed(request.job_id());

@@ -139,7 +139,7 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
 };
 
 int Fail(const std::string& msg) {
-  std::fprintf(stderr, "plateau_coordinator: %s\n", msg.c_str());
+  std::fprintf(stderr, "%s plateau_coordinator: %s\n", LogTime().c_str(), msg.c_str());
   return 2;
 }
 
@@ -189,19 +189,30 @@ absl::Status CheckListenPortFree(const std::string& listen) {
   if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0) {
     return absl::OkStatus();  // gRPC says what is wrong with the name
   }
+  // A wildcard address is bound by gRPC as IPv6's [::] (both families)
+  // where the host has IPv6: a listener of either family there is in use.
+  addrinfo* wildcard6 = nullptr;
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+    addrinfo v6 = hints;
+    v6.ai_family = AF_INET6;
+    if (getaddrinfo("::", service.c_str(), &v6, &wildcard6) != 0) wildcard6 = nullptr;
+  }
   absl::Status status;
-  for (addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
-      status = absl::UnavailableError(
-          absl::StrCat("--listen=", listen, ": cannot listen there (in use: ", std::strerror(errno), ")"));
+  for (addrinfo* list : {found, wildcard6}) {
+    for (addrinfo* a = list; a != nullptr && status.ok(); a = a->ai_next) {
+      const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      const int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+        status = absl::UnavailableError(
+            absl::StrCat("--listen=", listen, ": cannot listen there (in use: ", std::strerror(errno), ")"));
+      }
+      close(fd);
     }
-    close(fd);
   }
   freeaddrinfo(found);
+  if (wildcard6 != nullptr) freeaddrinfo(wildcard6);
   return status;
 }
 
@@ -414,7 +425,17 @@ int Main(int argc, char** argv) {
                  LogTime().c_str(), flags["listen"].c_str());
   }
 
-  if (absl::Status s = CheckListenPortFree(flags["listen"]); !s.ok()) return Fail(std::string(s.message()));
+  if (absl::Status s = CheckListenPortFree(flags["listen"]); !s.ok()) {
+    // Most often another coordinator on this very state: its lock names its
+    // pid, which says more than "in use" (nothing is created to learn it).
+    if (std::filesystem::is_directory(flags["state_dir"])) {
+      absl::StatusOr<std::unique_ptr<DirLock>> held = DirLock::Acquire(
+          flags["state_dir"], "--state_dir", "coordinator",
+          "one state directory serves one coordinator; stop that one, or give this one another --state_dir");
+      if (!held.ok()) return Fail(std::string(held.status().message()));
+    }
+    return Fail(std::string(s.message()));
+  }
 
   // Signals are taken by sigwait below; every thread inherits the mask.
   sigset_t signals;

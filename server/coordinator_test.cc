@@ -1055,16 +1055,24 @@ TEST_F(CoordinatorTest, APeersCrashIsHeldWhileAWorkerOfTheAttemptIsSilentAndItsL
   // `killed` says no more; rank 0 sees "Connection reset by peer".
   ASSERT_TRUE(Exited(healthy, job, 0, 1).ok());
   v1::Job j = Get(job);
-  EXPECT_FALSE(j.has_failure()) << "published before " << killed << " was judged: " << j.failure().DebugString();
+  // Recorded as held, naming whom it waits on: not yet the failure.
+  EXPECT_EQ(j.failure().kind(), v1::Failure::RANK_CRASHED) << j.DebugString();
+  EXPECT_THAT(j.failure_held_for(), ::testing::ElementsAre(killed));
   EXPECT_EQ(j.state(), v1::RUNNING);
   EXPECT_THAT(Said(), HasSubstr("held until " + killed + " is heard from or lost"));
+  // A coordinator restart meanwhile keeps the hold (and stops the attempt):
+  // the store has it. The healthy worker re-registers; `killed` never does.
+  Open();
+  EXPECT_THAT(Get(job).failure_held_for(), ::testing::ElementsAre(killed));
+  Register(healthy, {});  // rank 0 exited and was reported
   ASSERT_TRUE(testing_cluster::WaitFor(
       [&] {
         EXPECT_TRUE(Heartbeat(healthy).ok());
-        return Get(job).has_failure();
+        return Get(job).failure().kind() == v1::Failure::WORKER_LOST;
       },
-      absl::Seconds(10)));
+      absl::Seconds(20)));
   j = Get(job);
+  EXPECT_TRUE(j.failure_held_for().empty()) << j.DebugString();
   EXPECT_EQ(j.failure().kind(), v1::Failure::WORKER_LOST) << j.DebugString();
   EXPECT_EQ(j.failure().worker_id(), killed);
   EXPECT_EQ(j.attempt(), 1) << "restarted for the loss";
@@ -1086,10 +1094,11 @@ TEST_F(CoordinatorTest, AHeldCrashStandsOnceTheOtherWorkerIsHeardFromAndASignalI
     ASSERT_EQ(Get(id).state(), v1::RUNNING);
   }
   ASSERT_TRUE(Exited(w0, job, 0, 1).ok());
-  EXPECT_FALSE(Get(job).has_failure());
+  EXPECT_THAT(Get(job).failure_held_for(), ::testing::ElementsAre(w1));
   ASSERT_TRUE(Heartbeat(w1).ok());
   v1::Job j = Get(job);
   ASSERT_TRUE(j.has_failure()) << j.DebugString();
+  EXPECT_TRUE(j.failure_held_for().empty()) << "heard from: the failure stands";
   EXPECT_EQ(j.failure().kind(), v1::Failure::RANK_CRASHED);
   EXPECT_EQ(j.failure().rank(), 0);
   EXPECT_EQ(j.failure().worker_id(), w0);
@@ -1101,6 +1110,36 @@ TEST_F(CoordinatorTest, AHeldCrashStandsOnceTheOtherWorkerIsHeardFromAndASignalI
   j = Get(killed);
   ASSERT_TRUE(j.has_failure()) << j.DebugString();
   EXPECT_EQ(j.failure().signal(), SIGKILL);
+}
+
+// A hold kept across a coordinator restart ends as before it: the worker
+// it waited on registers again (heard from), and the crash stands.
+TEST_F(CoordinatorTest, AHeldCrashSurvivesARestartAndStandsWhenItsWorkerReturns) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  const std::string w0 = Register(), w1 = Register();
+  const std::string job = Submit(spec);
+  ASSERT_TRUE(Heartbeat(w0).ok());
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  ASSERT_TRUE(Started(w0, job, 0).ok());
+  ASSERT_TRUE(Started(w1, job, 1).ok());
+  ASSERT_TRUE(Exited(w0, job, 0, 1).ok());
+  ASSERT_THAT(Get(job).failure_held_for(), ::testing::ElementsAre(w1));
+  Open();
+  Register(w0, {});
+  EXPECT_THAT(Get(job).failure_held_for(), ::testing::ElementsAre(w1)) << "still waiting on " << w1;
+  Register(w1, {Runs(job, 0, {1})});
+  v1::Job j = Get(job);
+  EXPECT_TRUE(j.failure_held_for().empty()) << j.DebugString();
+  EXPECT_EQ(j.failure().kind(), v1::Failure::RANK_CRASHED);
+  EXPECT_EQ(j.failure().worker_id(), w0);
+  // The attempt is stopped (it was failing before the restart).
+  auto hb = Heartbeat(w1);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_EQ(hb->cancellations_size(), 1);
+  ASSERT_TRUE(Exited(w1, job, 1, 143, 0, /*stopped=*/true).ok());
+  EXPECT_EQ(Get(job).state(), v1::FAILED);
+  EXPECT_EQ(Get(job).failure().kind(), v1::Failure::RANK_CRASHED);
 }
 
 TEST_F(CoordinatorTest, JobsTheCoordinatorNoLongerHasAreCancelledAtRegistration) {

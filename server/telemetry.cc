@@ -158,6 +158,14 @@ TelemetryBatch IngestTelemetry(v1::TelemetryRequest request,
                                   [](const v1::LiveSetBytes& ls) { return !ParseLiveSet(ls.live_set()).ok(); }),
                    peaks->end());
     }
+    // A time JSON cannot print (nanos out of range, a year past 9999) or
+    // before 1970 is dropped: `watch` then counts to the event's time.
+    if (t->has_end_time()) {
+      const google::protobuf::Timestamp& e = t->end_time();
+      if (e.nanos() < 0 || e.nanos() > 999999999 || e.seconds() < 0 || e.seconds() > 253402300799) {
+        t->clear_end_time();
+      }
+    }
     rs.last_step = t->step();
     rs.last_progress = absl::Now();
     if (metrics != nullptr) {

@@ -39,6 +39,25 @@ struct Jobs {
   }
 };
 
+// A step's end time that JSON cannot print (or before 1970) is dropped at
+// ingest; a valid one is the step's.
+TEST(TelemetryTest, AnEndTimeOutOfRangeIsDropped) {
+  Jobs jobs;
+  v1::TelemetryRequest r;
+  AddStep(r, "job-3", 1, 0, 1, 2.5);
+  AddStep(r, "job-3", 1, 1, 1, 2.5);
+  r.mutable_steps(0)->mutable_telemetry()->mutable_end_time()->set_seconds(1000);
+  r.mutable_steps(1)->mutable_telemetry()->mutable_end_time()->set_seconds(253402300800);  // year 10000
+  AddStep(r, "job-3", 1, 0, 2, 2.25);
+  AddStep(r, "job-3", 1, 1, 2, 2.25);
+  r.mutable_steps(2)->mutable_telemetry()->mutable_end_time()->set_nanos(1000000000);
+  r.mutable_steps(3)->mutable_telemetry()->mutable_end_time()->set_seconds(-5);
+  const TelemetryBatch b = IngestTelemetry(r, jobs, nullptr);
+  ASSERT_EQ(b.events.size(), 2u);
+  EXPECT_EQ(b.events[0].job_step().end_time().seconds(), 1000) << "the valid rank's";
+  EXPECT_FALSE(b.events[1].job_step().has_end_time()) << b.events[1].DebugString();
+}
+
 // One event per step of the whole job, once every rank has reported it.
 TEST(TelemetryTest, AStepIsOneEventOnceEveryRankHasReportedIt) {
   Jobs jobs;

@@ -51,6 +51,13 @@ TEST(OneInstanceTest, ASecondCoordinatorOnTheSameStateOrPortIsRefused) {
   // about it (chttp2_server.cc ... errno:98) ahead of ours.
   EXPECT_FALSE(absl::StrContains(r.err, "chttp2_server")) << r.err;
   EXPECT_FALSE(std::filesystem::exists(c.dir() + "/other-state")) << "created for a coordinator that did not start";
+  // The same state and the same port (a coordinator started twice): the
+  // holder's pid is named, not only the port.
+  r = RunCommand(
+      {"server/plateau_coordinator", "--state_dir=" + state, "--listen=" + c.api(), "--metrics_address=127.0.0.1:0"},
+      c.dir() + "/second-both");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("in use by another coordinator (pid ", c.coordinator()->pid())));
   r = RunCommand({"server/plateau_coordinator", "--state_dir=" + c.dir() + "/wrapped",
                   "--listen=127.0.0.1:99999", "--metrics_address=127.0.0.1:0"},
                  c.dir() + "/wrapped");

@@ -730,6 +730,14 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
               "--token_file given more than once");
   r = ctl_run({"list", "--page-size", "1", "--newest_first"}, "list-other-spellings");
   EXPECT_EQ(r.code, 0) << r.err;
+  {
+    // A global flag's value is skipped in either spelling when the command
+    // is looked for (it took "/x/ca.pem" for a mistyped command).
+    const Ran dashed = ctl_run({"--tls-ca-file", "/x/ca.pem"}, "global-dashed-no-command");
+    const Ran underscored = ctl_run({"--tls_ca_file", "/x/ca.pem"}, "global-underscored-no-command");
+    EXPECT_EQ(dashed.code, 2);
+    EXPECT_EQ(dashed.out + dashed.err, underscored.out + underscored.err);
+  }
   usage_error({"get"}, "get-no-arg", "expected 1 argument(s) (JOB), got 0");
   r = ctl_run({"--help"}, "help");
   EXPECT_EQ(r.code, 0);
