@@ -169,6 +169,7 @@ const std::vector<CommandHelp>& Commands() {
        "one created, never a second job. Exit 5 when the plan does not fit its device or\n"
        "host cap. SPEC - reads the spec from standard input.\n",
        {{"validate-only", "", "validate and plan; create nothing"},
+        {"quiet", "", "without the plan: only the 'submitted' (or 'valid') line"},
         {"wait", "", "then watch the job to its end and exit with its outcome (0, 1, 3)"},
         {"label", "KEY=VALUE",
          "a label on the job (repeatable, one per key; added to the spec's\n"
@@ -1184,7 +1185,9 @@ int Run(const Options& given) {
     if (o.json) {
       std::printf("%s\n", Json(*resp).c_str());
     } else {
-      PrintPlan(resp->plan());
+      // The plan is most of what a submit prints (~35 lines with its N_max
+      // table); a script or a user who has seen it wants the id.
+      if (!flag("quiet")) PrintPlan(resp->plan());
       if (flag("validate-only")) {
         std::printf("valid: nothing was created (--validate-only)\n");
       } else {

@@ -764,11 +764,14 @@ TEST(ServiceTest, PlateauctlHelpExitCodesJsonLabelsAndIdempotentSubmit) {
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, AllOf(HasSubstr("ALREADY_EXISTS"), HasSubstr("already created job-1")));
   // Without --request-id every invocation is a new job; a bad label is named.
-  r = ctl_run({"submit", spec, "--label=team=vision", "--priority=3"}, "submit-2");
+  r = ctl_run({"submit", spec, "--label=team=vision", "--priority=3", "--quiet"}, "submit-2");
   EXPECT_EQ(r.code, 0) << r.err;
+  // --quiet: the one line, without the plan.
+  ASSERT_EQ(Lines(r.out).size(), 1u) << r.out;
   EXPECT_THAT(r.out, HasSubstr("submitted job-2: "));
   r = ctl_run({"submit", spec, "--label=team=vision"}, "submit-3");
   EXPECT_THAT(r.out, HasSubstr("submitted job-3: "));
+  EXPECT_GT(Lines(r.out).size(), 1u) << "without --quiet, the plan first: " << r.out;
   r = ctl_run({"submit", spec, "--label=team=nlp team"}, "submit-bad-label");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: labels.value: of the key 'team': expected an empty value"));
