@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/timestamps.h"
 
 namespace plateau {
 
@@ -43,7 +44,7 @@ std::string FailureLine(const v1::Job& job) {
 absl::Time StepEnded(const v1::JobEvent& event) {
   const google::protobuf::Timestamp& t =
       event.has_job_step() && event.job_step().has_end_time() ? event.job_step().end_time() : event.time();
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+  return TimeOf(t);
 }
 
 }  // namespace plateau

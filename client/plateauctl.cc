@@ -471,10 +471,9 @@ std::string MiB(int64_t b) { return absl::StrFormat("%.2f", b / 1048576.0); }
 // The columns a line of `watch` or `list` may take: $COLUMNS when it is a
 // positive number (what a shell exports, and what a test can set), else the
 // terminal's width when stdout is one (100 if it does not say), else 0: no
-// limit. A pipe or a file
-// (a CI log, `watch > f`) has no terminal to fit and keeps every figure of
-// a line; cutting it to 100 columns lost the peaks of every step line and
-// the end of a failure's reason.
+// limit. A pipe or a file (a CI log, `watch > f`) has no terminal to fit
+// and keeps every figure of a line; cutting it to 100 columns lost the
+// peaks of every step line and the end of a failure's reason.
 int TerminalWidth() {
   const char* env = std::getenv("COLUMNS");
   int columns = 0;

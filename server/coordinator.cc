@@ -1517,14 +1517,17 @@ void Coordinator::PublishFailure(LiveJob& a) {
   Changed(a.job.id());
 }
 
+void Coordinator::Rejudged(LiveJob& a, const std::string& why) {
+  if (a.judging.empty()) {
+    Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(a.failure.kind()),
+                     ": ", a.failure.message(), " (", why, ": the failure stands)"));
+  }
+  PublishFailure(a);
+}
+
 void Coordinator::Heard(const std::string& worker_id) {
   for (auto& [seq, a] : active_) {
-    if (a.judging.erase(worker_id) == 0) continue;
-    if (a.judging.empty()) {
-      Say(absl::StrCat(a.job.id(), " attempt ", a.job.attempt(), " failing: ", v1::Failure::Kind_Name(a.failure.kind()),
-                       ": ", a.failure.message(), " (", worker_id, " was heard from: the failure stands)"));
-    }
-    PublishFailure(a);
+    if (a.judging.erase(worker_id) > 0) Rejudged(a, absl::StrCat(worker_id, " was heard from"));
   }
 }
 
@@ -2063,14 +2066,8 @@ absl::Status Coordinator::ReportRankStatus(const v1::RankStatusRequest& request)
                                        [&](const RankState& x) { return !x.gone && x.worker_id == *it; });
       it = running ? std::next(it) : a->judging.erase(it);
     }
-    // Written again where the pruning changed whom the failure waits on.
     if (a->has_failure && a->job.failure_held_for_size() != static_cast<int>(a->judging.size())) {
-      if (a->judging.empty()) {
-        Say(absl::StrCat(a->job.id(), " attempt ", a->job.attempt(),
-                         " failing: ", v1::Failure::Kind_Name(a->failure.kind()), ": ", a->failure.message(),
-                         " (the workers it waited on have no ranks left: the failure stands)"));
-      }
-      PublishFailure(*a);
+      Rejudged(*a, "the workers it waited on have no ranks left");
     }
   }
   MaybeFinish(seq);

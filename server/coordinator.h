@@ -349,12 +349,16 @@ class Coordinator {
   // reported): recorded, so that a restarted coordinator re-attaches the
   // ranks rather than sending it again.
   void Delivered(LiveJob& a, v1::Placement& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes `f` the attempt's failure unless one of `priority` or higher is;
-  // published (Job.failure) unless held (LiveJob::judging), which a failure
-  // of a higher priority than a rank's exit ends.
+  // Makes `f` the attempt's failure unless one of `priority` or higher is,
+  // and publishes it, held while LiveJob::judging names workers (a failure
+  // of a higher priority than a rank's exit ends the hold).
   void RecordFailure(LiveJob& a, const v1::Failure& f, int priority) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Job.failure becomes the attempt's failure, stored and said.
+  // Job.failure and Job.failure_held_for become the attempt's failure and
+  // its judging set, stored.
   void PublishFailure(LiveJob& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The judging set shrank (`why`): published again, and said when the
+  // failure now stands.
+  void Rejudged(LiveJob& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `worker_id` was heard from (a heartbeat, a rank's report): it
   // leaves the attempts' judging sets, and a held failure with none left
   // stands.

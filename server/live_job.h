@@ -39,13 +39,15 @@ struct LiveJob {
   std::vector<RankState> ranks;  // of the current attempt
   bool cancel_requested = false;
   // The attempt's failure, the cause of its end (Finish reads it); Job.failure
-  // is what is published of it (get, list, the store).
+  // (with Job.failure_held_for) is what is published of it (get, list, the
+  // store).
   bool has_failure = false;
   int failure_priority = 0;
   v1::Failure failure;
   // A rank's plain error exit is what its peers' collectives report when
   // another worker dies: while this names the attempt's other workers not
-  // heard from since that exit, `failure` is held, not published. Each
+  // heard from since that exit, `failure` is held (published with these
+  // names as Job.failure_held_for, provisional). Each
   // leaves the set at its next heartbeat or report (alive: the crash
   // stands once none is left), or its loss publishes WORKER_LOST instead.
   // The hold never delays the attempt itself: its ranks are stopped at

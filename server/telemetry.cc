@@ -80,14 +80,6 @@ int64_t CompleteThrough(const LiveJob& a) {
 
 }  // namespace
 
-namespace {
-
-bool Later(const google::protobuf::Timestamp& a, const google::protobuf::Timestamp& b) {
-  return a.seconds() != b.seconds() ? a.seconds() > b.seconds() : a.nanos() > b.nanos();
-}
-
-}  // namespace
-
 v1::JobStepSummary SummarizeStep(const PendingStep& p) {
   v1::JobStepSummary s;
   s.set_ranks(static_cast<int>(p.ranks.size()));
@@ -121,7 +113,7 @@ v1::JobStepSummary SummarizeStep(const PendingStep& p) {
     s.set_host_peak_total_bytes(std::max(s.host_peak_total_bytes(), t.host_peak_total_bytes()));
     s.set_device_used_bytes(std::max(s.device_used_bytes(), t.device_used_bytes()));
     s.set_device_pool_reserved_bytes(std::max(s.device_pool_reserved_bytes(), t.device_pool_reserved_bytes()));
-    if (t.has_end_time() && (!s.has_end_time() || Later(t.end_time(), s.end_time()))) {
+    if (t.has_end_time() && (!s.has_end_time() || TimeOf(t.end_time()) > TimeOf(s.end_time()))) {
       *s.mutable_end_time() = t.end_time();
     }
   }

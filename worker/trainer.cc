@@ -427,10 +427,6 @@ std::string CheckpointPath(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%08d.safetensors", dir, step);
 }
 
-// The newest "step-N.safetensors" in dir, or -1 when there is none (a
-// directory not made yet counts as empty). A directory that cannot be read
-// is an error, never "none": a rank that started afresh beside ranks that
-// resumed would train on a mixed state.
 namespace {
 
 // The step of a file named as CheckpointPath names it, or -1. Only those
@@ -449,6 +445,10 @@ int64_t CheckpointStepOfName(const std::string& name) {
 
 }  // namespace
 
+// The newest "step-N.safetensors" in dir, or -1 when there is none (a
+// directory not made yet counts as empty). A directory that cannot be read
+// is an error, never "none": a rank that started afresh beside ranks that
+// resumed would train on a mixed state.
 absl::StatusOr<int64_t> NewestCheckpoint(const std::string& dir) {
   int64_t best = -1;
   std::error_code ec;
