@@ -144,6 +144,10 @@ std::map<std::string, int64_t> flags = {
     // 4 sco, 8 offload_stream_adamw): 15 is the composed stack; others are
     // for attributing its cost to one schedule.
     {"on_mask", 15},
+    // 1: the all-on stack keeps each layer's attention forward for the
+    // backward (CheckpointOptions::keep_attention: its recompute skips
+    // attention's forward, for L N (heads d + heads) fp32 more device bytes).
+    {"keep_attention", 0},
     {"plan_only", 0},
     {"attribute", 1},  // time each schedule alone at the baseline's longest context
     {"verify", 1},     // 0: skip the reach runs (for timing experiments)
@@ -155,7 +159,7 @@ std::map<std::string, int64_t> flags = {
     {"mfu_start", 16384},          // the ladder's first context (rounded to 1024 P)
     {"mfu_growth", 4},             // the most FLOPs one rung does over the last's
     {"mfu_max_seq_len", 1 << 20},  // N_max searched up to this (the job spec's limit)
-    {"peak_tflops", 0},  // the device's peak for MFU (0: its entry in kernels/device_peaks.h)
+    {"peak_tflops", 0},            // the device's peak for MFU (0: its entry in kernels/device_peaks.h)
 };
 std::string depths_flag = "8,10,12";
 // --backend=cuda: every step on the GPU (one rank per GPU: --ranks=1 on one
@@ -200,6 +204,7 @@ StepOptions Stack(bool on, int64_t layers, int64_t seq_len, int64_t batch) {
   o.layout = {Ranks(), batch};
   o.precision = precision_flag;
   if (!on) return o;  // the defaults are the four baselines
+  o.checkpoints.keep_attention = flags["keep_attention"] != 0;
   const int64_t mask = flags["on_mask"];
   if (mask & 1) {
     o.dispatch.kind = DispatchOptions::Kind::kPipelinedLlep;
@@ -911,7 +916,8 @@ std::string AxisJson(const Reach& r) {
 // peak for the precision. MFU by model FLOPs, the convention: what the model
 // needs, not what this step executes. The step executes more: the
 // recomputation repeats every layer's forward (the phases' recompute +
-// backward rate counts it), and causal attention is counted at 3x its
+// backward rate counts it; --keep_attention=1 keeps attention's forward for
+// the backward, and the recompute runs the rest), and causal attention is counted at 3x its
 // forward (backward 2x, the 6 N D convention) where the CUDA backward
 // kernels execute 3.5x (dQ and dK/dV each recompute S and dP:
 // attention_bench's "bwd exec"). The first rung runs one untimed step first (kernel
@@ -952,6 +958,9 @@ struct Rung {
   // The model FLOPs of the layers' forward (the recompute does it again;
   // the backward twice) and of the vocabulary projection both ways.
   double layer_forward_flops = 0, projection_flops = 0;
+  // What the recompute does not run again: attention's forward, when the
+  // step keeps it for the backward (CheckpointOptions::keep_attention).
+  double recompute_skipped_flops = 0;
 };
 
 const Calibration& ServiceCurve() {
@@ -1089,16 +1098,16 @@ class MfuLadder {
                                     : "every peak within its plan",
                 now - t_start_);
     std::string json = absl::StrFormat(
-        "{\"bench\":\"composed_mfu\",\"precision\":\"%s\",\"date\":%s,\"device\":%s,"
+        "{\"bench\":\"composed_mfu\",\"precision\":\"%s\",\"keep_attention\":%s,\"date\":%s,\"device\":%s,"
         "\"peak_flops\":%.6g,\"ranks\":%d,\"layers\":%d,\"cap_bytes\":%d,\"model\":{"
         "\"hidden\":%d,\"heads\":%d,\"kv_heads\":%d,\"experts\":%d,\"top_k\":%d,"
         "\"expert_ffn\":%d,\"vocab\":%d},\"allowance_s\":%d,\"n_max_seq_len\":%d,"
         "\"n_max_limit\":%s,\"bounded\":%s,\"finite\":%s,\"failure\":%s,\"rungs\":[",
-        PrecisionName(precision_flag), bench::JsonString(bench::NowText()),
-        bench::JsonString(device_), peak_flops_, P, layers_, cap_bytes_, model_.hidden,
-        model_.heads, model_.kv_heads, model_.experts, model_.top_k, model_.expert_ffn,
-        model_.vocab_size, allowance_s_, n_max_.seq_len, bench::JsonString(n_max_.limit),
-        bounded ? "true" : "false", finite ? "true" : "false", bench::JsonString(failure_));
+        PrecisionName(precision_flag), flags["keep_attention"] != 0 ? "true" : "false",
+        bench::JsonString(bench::NowText()), bench::JsonString(device_), peak_flops_, P, layers_, cap_bytes_,
+        model_.hidden, model_.heads, model_.kv_heads, model_.experts, model_.top_k, model_.expert_ffn,
+        model_.vocab_size, allowance_s_, n_max_.seq_len, bench::JsonString(n_max_.limit), bounded ? "true" : "false",
+        finite ? "true" : "false", bench::JsonString(failure_));
     for (size_t i = 0; i < rungs_.size(); ++i) {
       const Rung& g = rungs_[i];
       absl::StrAppendFormat(&json,
@@ -1135,8 +1144,8 @@ class MfuLadder {
   // and the backward share one rate: which of them does the recompute's
   // expert work depends on the dispatch (PipelinedLLEP's backward replays
   // it), so their FLOPs are known only together: the layers' forward once
-  // more and the backward's twice (the MFU's model FLOPs leave the
-  // recompute out; this rate counts it).
+  // more (less attention's under keep_attention) and the backward's twice
+  // (the MFU's model FLOPs leave the recompute out; this rate counts it).
   std::string PhasesText(const Rung& g) const {
     if (!g.phases_error.empty()) return absl::StrCat("not timed (", g.phases_error, ")");
     const PhaseTimes& t = g.phases;
@@ -1147,12 +1156,11 @@ class MfuLadder {
       return seconds > 0 ? absl::StrFormat(" at %.4g TFLOP/s", flops / ranks_ / seconds / 1e12)
                          : std::string();
     };
-    return absl::StrCat("forward ", share(t.forward), rate(g.layer_forward_flops, t.forward),
-                        ", recompute ", share(t.recompute), " + backward ", share(t.backward),
-                        rate(3 * g.layer_forward_flops, t.recompute + t.backward), ", projection ",
-                        share(t.projection), rate(g.projection_flops, t.projection), ", optimizer ",
-                        share(t.optimizer), ", the rest ",
-                        share(t.embedding + t.grad_reduce + t.grad_norm),
+    return absl::StrCat("forward ", share(t.forward), rate(g.layer_forward_flops, t.forward), ", recompute ",
+                        share(t.recompute), " + backward ", share(t.backward),
+                        rate(3 * g.layer_forward_flops - g.recompute_skipped_flops, t.recompute + t.backward),
+                        ", projection ", share(t.projection), rate(g.projection_flops, t.projection), ", optimizer ",
+                        share(t.optimizer), ", the rest ", share(t.embedding + t.grad_reduce + t.grad_norm),
                         absl::StrFormat("; %.3g s in all", sum));
   }
   static std::string PhasesJson(const Rung& g) {
@@ -1249,14 +1257,14 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
                                           static_cast<double>(flags["mfu_growth"])};
   const bench::FlopsAt flops = [&](int64_t t) { return ModelFlopsPerStep(Model(layers, t), 1); };
   std::printf(
-      "MFU: all on, %s, L=%lld, one sequence, P = %d, cap %lld MiB per rank: the longest "
+      "MFU: all on%s, %s, L=%lld, one sequence, P = %d, cap %lld MiB per rank: the longest "
       "context that fits is %lld tokens (N_max; limit %s), %.4g model TFLOP a step; a ladder of "
       "one-step rungs towards it within %lld s of the start (each at most %lldx the last one's "
       "FLOPs); each rung's step by phase on the device, a phase's rate counting any wait inside "
       "it (a copy, the host)\n",
-      PrecisionName(precision_flag), (long long)layers, P, (long long)flags["cap_mb"],
-      (long long)n.context.seq_len, n.context.limit.c_str(), flops(n.context.seq_len) / 1e12,
-      (long long)flags["mfu_s"], (long long)flags["mfu_growth"]);
+      flags["keep_attention"] != 0 ? " with attention kept for the backward" : "", PrecisionName(precision_flag),
+      (long long)layers, P, (long long)flags["cap_mb"], (long long)n.context.seq_len, n.context.limit.c_str(),
+      flops(n.context.seq_len) / 1e12, (long long)flags["mfu_s"], (long long)flags["mfu_growth"]);
 
   MfuLadder ladder(layers, n.context, t_start);
   Watchdog watchdog(&ladder, deadline);
@@ -1383,6 +1391,11 @@ int RunMfu(int64_t layers, int64_t cap, double t_start) {
           // The layers are the rest (the final norm's few FLOPs among them).
           g.projection_flops = ProjectionFlopsPerStep(rung_options.model, 1);
           g.layer_forward_flops = (g.flops - g.projection_flops) / 3;
+          // Causal attention is counted at 3x its forward: a kept
+          // attention's recompute skips that forward.
+          if (rung_options.checkpoints.keep_attention) {
+            g.recompute_skipped_flops = AttentionFlopsPerStep(rung_options.model, 1) / 3;
+          }
           g.phases = rung_phases;
           g.phases_error = rung_phases_error;
           g.planned = plan.total();

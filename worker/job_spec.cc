@@ -347,18 +347,21 @@ absl::Status CheckSize(const ModelConfig& m, const LayoutConfig& l) {
   // (q, kv, travellers, ... heads and kv_heads <= hidden), the router's
   // [N, E] and [N, k], and the attention panel (at most 2 T^2).
   const double activations = 4 * N * (H * (L + 41) + 8 * E + 8) + 8 * T * T;
-  for (auto [what, bytes] : {
-           std::pair<const char*, double>{
-               "the vocabulary projection (tokens per rank x model.vocab_size)",
-               4 * (N * V + 3 * H * (N + V) + 12 * N)},
-           {"the activations (tokens per rank x (model.hidden x model.layers + model.experts))", activations},
-           // The rows x (hidden, expert_ffn) buffers of dispatch, their
-           // index words, and PipelinedLLEP's count words ((1 + P) x chunks
-           // x E, at most one chunk per token).
-           {"the routed tokens (tokens per rank x model.top_k, received from layout.ranks ranks, x "
-            "(model.hidden + model.expert_ffn))",
-            4 * (sent + received) * (5 * H + 6 * F) + 16 * (sent + received) + 8 * (1 + P) * N * E},
-           {"the parameters and their optimizer state", 32 * params}}) {
+  for (auto [what, bytes] :
+       {std::pair<const char*, double>{"the vocabulary projection (tokens per rank x model.vocab_size)",
+                                       4 * (N * V + 3 * H * (N + V) + 12 * N)},
+        {"the activations (tokens per rank x (model.hidden x model.layers + model.experts))", activations},
+        // The rows x (hidden, expert_ffn) buffers of dispatch, their
+        // index words, and PipelinedLLEP's count words ((1 + P) x chunks
+        // x E, at most one chunk per token).
+        {"the routed tokens (tokens per rank x model.top_k, received from layout.ranks ranks, x "
+         "(model.hidden + model.expert_ffn))",
+         4 * (sent + received) * (5 * H + 6 * F) + 16 * (sent + received) + 8 * (1 + P) * N * E},
+        {"the parameters and their optimizer state", 32 * params},
+        // schedule.keep_attention's records (counted whether or not it
+        // is on: an over-count, as every category is).
+        {"attention's kept outputs (tokens per rank x model.layers x (model.hidden + model.heads))",
+         4 * N * L * (H + m.heads)}}) {
     if (!(bytes <= kMaxPlannedBytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model: the job is too large to plan: ", what, " would take ~", bytes,
@@ -560,9 +563,10 @@ absl::Status ConvertProjection(const v1::ScheduleSpec& s, const ModelConfig& m,
   return absl::OkStatus();
 }
 
-// schedule.sco -> the step's checkpoint options (every boundary on the
-// device when unset). beta is capped like every byte count of the plan.
+// schedule.sco and schedule.keep_attention -> the step's checkpoint options
+// (every boundary on the device when unset). beta is capped like every byte count of the plan.
 absl::Status ConvertCheckpoints(const v1::ScheduleSpec& s, CheckpointOptions* out) {
+  out->keep_attention = s.keep_attention();
   if (s.checkpoints_case() != v1::ScheduleSpec::kSco) return absl::OkStatus();
   const int64_t beta = s.sco().host_budget_bytes();
   if (beta < 0 || !(static_cast<double>(beta) <= kMaxPlannedBytes)) {

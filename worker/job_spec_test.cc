@@ -189,6 +189,32 @@ TEST(JobSpecTest, CheckpointKeepLast) {
   EXPECT_THAT(st.message(), HasSubstr("checkpoint.keep_last: expected 0 to 1099511627776, got -2"));
 }
 
+// schedule.keep_attention reaches the step with either checkpoint schedule,
+// and the plan counts its records (the step's own plan, PlanMemory).
+TEST(JobSpecTest, KeepAttentionReachesTheStepAndThePlan) {
+  for (bool sco : {false, true}) {
+    v1::JobSpec s = Good();
+    if (sco) {
+      s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(1 << 16);
+    } else {
+      s.mutable_schedule()->mutable_full_checkpoints();
+    }
+    auto before = PlanJob(s);
+    ASSERT_TRUE(before.ok()) << before.status();
+    s.mutable_schedule()->set_keep_attention(true);
+    auto t = ToTrainerOptions(s);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(t->step.checkpoints.keep_attention);
+    EXPECT_EQ(t->step.checkpoints.kind, sco ? CheckpointOptions::Kind::kSco : CheckpointOptions::Kind::kFull);
+    auto plan = PlanJob(s);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const ModelConfig& m = t->step.model;
+    const int64_t N = TokensPerRank(m, t->step.layout);
+    EXPECT_EQ(plan->total_bytes() - before->total_bytes(), m.layers * N * (m.hidden + m.heads) * 4);
+    EXPECT_EQ(plan->total_bytes(), PlanMemory(t->step)->total());
+  }
+}
+
 // tools/demo submits this file; it must stay the demo job of RecallDemoJob.
 TEST(JobSpecTest, FieldsOfANewerJobProtoAreRefusedNotIgnored) {
   // What a newer client's spec looks like to this build: an extra field on
@@ -1197,6 +1223,7 @@ TEST(JobSpecTest, TheTableCoversEveryFieldOfTheSpec) {
   const std::map<std::string, std::string> any_value_is_valid = {
       {"seed", "any uint64 seeds the initialisation"},
       {"force_launch", "a bool: both values are valid"},
+      {"schedule.keep_attention", "a bool: both values are valid, with either checkpoint schedule"},
       {"optimizer.reschedule_on_resume", "a bool: both values are valid"},
       {"data.recall.seed", "any uint64 seeds the task"},
       {"schedule.standard_ep", "the baseline's empty marker"},

@@ -45,7 +45,7 @@ namespace {
 
 struct Flags {
   int64_t ranks = 2, rank = -1, steps = 200, batch = 32, log_every = 10;
-  int64_t device_mb = 256, host_mb = 0, checkpoint_every = 0;
+  int64_t device_mb = 256, host_mb = 0, checkpoint_every = 0, keep_attention = 0;
   std::string store_dir, data = "recall", checkpoint_dir, projection = "dense", ring_mode = "auto";
   std::string checkpoints = "full", dispatch = "standard_ep", optimizer_placement = "device";
   TrainerOptions trainer;
@@ -72,6 +72,8 @@ projection --projection=dense | ring_dtp  --ring_mode=auto|activations|weights
            --ring_strip=16 (vocabulary columns per strip) --ring_chunk_rows=0 (0: one pass)
 boundaries --checkpoints=full | sco (the earliest layer boundaries in a host pool)
            --sco_host_budget_bytes=0 (beta: host bytes per rank for the pool)
+           --keep_attention=0 (1: keep each layer's attention output on the device
+           for the backward; its recompute skips attention's forward)
 dispatch   --dispatch=standard_ep | llep | pipelined_llep
            --chunk_tokens=4096 (pipelined_llep: tokens per source rank per chunk)
            --llep_min_piece=1024 (llep, pipelined_llep: smallest piece moved to a helper)
@@ -141,6 +143,7 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
   ints["bucket_params"] = &placement.bucket_params;
   ints["staging_slots"] = &placement.staging_slots;
   ints["sco_host_budget_bytes"] = &f.trainer.step.checkpoints.host_budget_bytes;
+  ints["keep_attention"] = &f.keep_attention;
   ProjectionOptions& proj = f.trainer.step.projection;
   proj.strip = 16;  // small default for the small demo vocabulary
   ints["ring_strip"] = &proj.strip;
@@ -204,6 +207,10 @@ absl::StatusOr<Flags> Parse(int argc, char** argv) {
     }
   }
   if (f.ranks < 1 || f.ranks > 16) return absl::InvalidArgumentError("--ranks: expected 1 to 16");
+  if (f.keep_attention != 0 && f.keep_attention != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--keep_attention: expected 0 or 1, got ", f.keep_attention));
+  }
+  f.trainer.step.checkpoints.keep_attention = f.keep_attention == 1;
   // MiB that fit in int64 bytes.
   constexpr int64_t kMaxMb = std::numeric_limits<int64_t>::max() >> 20;
   if (f.device_mb < 1 || f.device_mb > kMaxMb) {

@@ -138,10 +138,15 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
       {"fwd_trav", LiveSet::kActivations, 2 * 2 * N * kvd * w},
       {"bwd_trav", LiveSet::kActivations, 2 * (2 * N * kvd * w + 2 * N * kvd * a)},
       {"attn_work", LiveSet::kActivations,
-       AttentionWorkspaceFloats({o.layout.batch, N / o.layout.batch, N / o.layout.batch, m.heads,
-                                 m.kv_heads, d, 0, 0, 1.0f}) * a},
+       AttentionWorkspaceFloats(
+           {o.layout.batch, N / o.layout.batch, N / o.layout.batch, m.heads, m.kv_heads, d, 0, 0, 1.0f}) *
+           a},
       {"stats", LiveSet::kWorkspace, 2 * static_cast<int64_t>(sizeof(double))},
       {"scalars", LiveSet::kWorkspace, 2 * a},
+      // Each layer's attention output o [N, heads d] and log-sum-exp
+      // [N heads], fp32, from the forward to the backward
+      // (CheckpointOptions::keep_attention); nothing when it is off.
+      {"kept_attention", LiveSet::kCheckpoints, o.checkpoints.keep_attention ? m.layers * (N * qd + rows_h) * a : 0},
   };
 }
 

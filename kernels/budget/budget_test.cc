@@ -244,6 +244,34 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOn) {
   EXPECT_EQ(host(LiveSet::kDispatch), 2 * 136 * 4 + 2 * 17 * 4 + 16 * 2 * 4 + (3 * 2 * 4 + 3 * 4) * 8);
 }
 
+// Keeping attention's forward (CheckpointOptions::keep_attention) adds its
+// records to the device's kCheckpoints and nothing else: 2 layers x N = 16
+// tokens x (o: heads d = 16, lse: heads = 4) fp32 = 2,560 bytes, whichever
+// schedule holds the boundaries and in either precision (o and lse are
+// fp32 in both).
+TEST(BudgetTest, KeptAttentionIsItsRecordsInCheckpoints) {
+  for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
+    for (bool sco : {false, true}) {
+      StepOptions o;
+      o.model = TinyModel();
+      o.layout = {2, 2};
+      o.precision = precision;
+      if (sco) {
+        o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+        o.checkpoints.host_budget_bytes = 16 * 16 * 4;
+      }
+      const MemoryPlan recompute = PlanMemory(o).value();
+      o.checkpoints.keep_attention = true;
+      const MemoryPlan kept = PlanMemory(o).value();
+      for (int i = 0; i < kNumLiveSets; ++i) {
+        const int64_t added = static_cast<LiveSet>(i) == LiveSet::kCheckpoints ? 2 * 16 * (16 + 4) * 4 : 0;
+        EXPECT_EQ(kept.bytes[i] - recompute.bytes[i], added) << LiveSetName(static_cast<LiveSet>(i)) << " sco " << sco;
+        EXPECT_EQ(kept.host_bytes[i], recompute.host_bytes[i]) << LiveSetName(static_cast<LiveSet>(i));
+      }
+    }
+  }
+}
+
 // Halving the working bytes lengthens the context that fits: at a cap the
 // fp32 plan fills, bf16 fits a longer one, with every schedule off and on.
 TEST(BudgetTest, NMaxGrowsUnderBf16) {

@@ -19,7 +19,8 @@
 // Bf16StepMatchesCpuEmulation and CudaStepBf16 do the same in bf16 mixed
 // precision (their tolerances are stated above them).
 // EverySchedulesStepMatchesCpuBackendWithinItsPlan runs each schedule
-// (PipelinedLLEP, LLEP, Ring-DTP in both modes, SCO, OffloadStreamAdamW)
+// (PipelinedLLEP, LLEP, Ring-DTP in both modes, SCO, OffloadStreamAdamW,
+// attention's forward kept for the backward)
 // and all of them together on both backends, in both precisions, with the
 // CUDA step's peaks within the plan; ScoAndOffloadStreamAreBitwiseTheCudaBaseline holds the
 // schedules that only move data to the CUDA baseline's bits.
@@ -324,6 +325,7 @@ std::vector<NamedSchedules> EverySchedule(const ModelConfig& m, int P, int64_t B
       {"ring_dtp weights", ring(RingDtpMode::kWeights)},
       {"sco", sco},
       {"offload_stream_adamw", offload},
+      {"keep_attention", [](StepOptions* o) { o->checkpoints.keep_attention = true; }},
       {"all on",
        [=](StepOptions* o) {
          pipelined(o);
@@ -346,8 +348,8 @@ StepOptions TwinOptions(const ModelConfig& m, int P, int64_t B, Precision precis
   return o;
 }
 
-// SCO and OffloadStreamAdamW only move data (their copies, the same AdamW
-// kernel over buckets): on CUDA, alone and together, the step's losses,
+// SCO, OffloadStreamAdamW and the kept attention only move data (their
+// copies, the same AdamW kernel over buckets): on CUDA the step's losses,
 // gradients and weights after one Step are the CUDA baseline's to the bit,
 // in both precisions, within their plans.
 TEST_P(CudaStepTwinTest, ScoAndOffloadStreamAreBitwiseTheCudaBaseline) {
@@ -362,7 +364,7 @@ TEST_P(CudaStepTwinTest, ScoAndOffloadStreamAreBitwiseTheCudaBaseline) {
     absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &base, precision);
     ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA step failed: " << st;
     for (const NamedSchedules& s : EverySchedule(m, P, B)) {
-      if (s.name != "sco" && s.name != "offload_stream_adamw") continue;
+      if (s.name != "sco" && s.name != "offload_stream_adamw" && s.name != "keep_attention") continue;
       const std::string what = absl::StrCat(s.name, p, " P=", P);
       StepResult got;
       st = RunStepOn(BackendKind::kCuda, P, B, m, g, &got, precision,

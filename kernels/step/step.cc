@@ -49,6 +49,11 @@ struct TrainingStep::Impl {
   // kWorkspace
   Buffer stats;    // 2 doubles: loss sum, valid count
   Buffer scalars;  // 2 floats: squared norms (dense shard, owned weights)
+  // kCheckpoints: per layer [o | lse] (fp32) when the options keep
+  // attention's forward for the backward; empty otherwise.
+  Buffer kept_attention;
+  // Attention forwards run (RingForward calls) since Create.
+  int64_t attention_forwards = 0;
   // The bf16 gradient reduce's staging: one of the activation buffers
   // above, borrowed (Allocate says which and why); null in fp32.
   Buffer* reduce_staging = nullptr;
@@ -124,6 +129,7 @@ const std::vector<LaunchMember>& LaunchMembers() {
       {"attn_work", &I::attn_work},
       {"stats", &I::stats},
       {"scalars", &I::scalars},
+      {"kept_attention", &I::kept_attention},
   };
   return kMembers;
 }
@@ -350,6 +356,9 @@ struct Ctx {
   Communicator& world;
   TrainingStep::Impl& I;
   int64_t N, B, Ns, rank, P;
+  // The pass keeps each layer's attention forward for its backward
+  // (CheckpointOptions::keep_attention, in a pass with a backward).
+  bool keep_attention = false;
   int64_t qd() const { return m.heads * m.head_dim(); }
   int64_t kvd() const { return m.kv_heads * m.head_dim(); }
   Stream& c() { return *I.compute; }
@@ -414,6 +423,7 @@ RingAttentionT<W> Ring(Ctx<W>& x) {
 template <typename W>
 absl::Status RingForward(Ctx<W>& x) {
   TrainingStep::Impl& I = x.I;
+  ++I.attention_forwards;
   return Ring(x).Forward(I.q.as<W>(), I.kv.as<W>(), I.ml.as<float>(), I.o.as<float>(), I.lse.as<float>(),
                          I.fwd_trav.as<W>(), I.attn_work.as<float>());
 }
@@ -428,6 +438,30 @@ absl::Status RingBackward(Ctx<W>& x) {
   if constexpr (!std::is_same_v<W, float>) dq_acc = I.o.as<float>();
   return Ring(x).Backward(I.q.as<W>(), I.kv.as<W>(), I.dO.as<W>(), I.lse.as<float>(), I.delta.as<float>(), I.dq.as<W>(),
                           I.dkv.as<W>(), I.bwd_trav.data(), I.attn_work.as<float>(), dq_acc);
+}
+
+// Attention's forward of layer l into o and lse. With keep_attention the
+// forward also copies them into the layer's kept record, and the recompute
+// before the backward copies them back instead of running the ring again:
+// the ring's forward is deterministic, so these are the bits it would
+// compute (the backward reads only o, lse and the recomputed q, k, v; the
+// online-softmax state and the travellers are the forward's own scratch).
+// The copies are device to device, N (heads d + heads) floats each way, small
+// beside the attention they replace.
+template <typename W>
+absl::Status AttentionForward(Ctx<W>& x, int64_t l, bool for_backward) {
+  TrainingStep::Impl& I = x.I;
+  const int64_t o_bytes = x.N * x.qd() * static_cast<int64_t>(sizeof(float));
+  const int64_t lse_bytes = x.N * x.m.heads * static_cast<int64_t>(sizeof(float));
+  char* kept = x.keep_attention ? I.kept_attention.as<char>() + l * (o_bytes + lse_bytes) : nullptr;
+  if (kept != nullptr && for_backward) {
+    PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), I.o.data(), kept, o_bytes));
+    return x.be.Copy(x.c(), I.lse.data(), kept + o_bytes, lse_bytes);
+  }
+  PLATEAU_RETURN_IF_ERROR(RingForward(x));
+  if (kept == nullptr) return absl::OkStatus();
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), kept, I.o.data(), o_bytes));
+  return x.be.Copy(x.c(), kept + o_bytes, I.lse.data(), lse_bytes);
 }
 
 // Layer l from its input `in` (boundary l) to `out` (boundary l+1). Leaves
@@ -455,7 +489,7 @@ absl::Status LayerForward(Ctx<W>& x, int64_t l, const W* in, W* out, bool for_ba
                                     m.rope_theta, false));
   PLATEAU_RETURN_IF_ERROR(Ops::Rope(x.k(), x.c(), k, x.B, x.Ns, m.kv_heads, m.head_dim(), x.rank * x.Ns,
                                     m.rope_theta, false));
-  PLATEAU_RETURN_IF_ERROR(RingForward(x));
+  PLATEAU_RETURN_IF_ERROR(AttentionForward(x, l, for_backward));
   PLATEAU_RETURN_IF_ERROR(x.ConvertWo());
   // h1 = in + o wo
   W* h1 = I.h1.as<W>();
@@ -574,6 +608,7 @@ absl::StatusOr<StepStats> TrainingStep::PassT(const std::vector<int32_t>& tokens
   const int64_t N = TokensPerRank(m, options_.layout), H = m.hidden;
   Ctx<W> x{m, layout_, backend_, world_, I, N, options_.layout.batch, m.seq_len / world_.size(),
            world_.rank(), world_.size()};
+  x.keep_attention = backward && options_.checkpoints.keep_attention;
   backend_.device().tracker().ResetPeaks();
   backend_.host().tracker().ResetPeaks();
 
@@ -985,6 +1020,8 @@ int64_t TrainingStep::StreamStateHostBytes(bool with_sink) const {
 }
 
 int64_t TrainingStep::LoadStreamedStateHostBytes() const { return plateau::LoadStreamedStateHostBytes(layout_); }
+
+int64_t TrainingStep::attention_forwards() const { return impl_->attention_forwards; }
 
 std::string TrainingStep::KernelsDescribe() const { return impl_->kernels->Describe(); }
 

@@ -163,6 +163,10 @@ class TrainingStep {
   absl::StatusOr<std::pair<int64_t, int64_t>> RangeAcrossRanks(int64_t value);
 
   int64_t step() const { return step_; }
+  // Attention forwards this step has run since Create, one per layer per
+  // forward and per recompute (none in a recompute under
+  // CheckpointOptions::keep_attention): what the kept attention saves.
+  int64_t attention_forwards() const;
   const ParamLayout& layout() const { return layout_; }
   // What the step's model kernels chose at creation (ModelKernels::
   // Describe: on CUDA the tensor-core attention kernels' buffering and

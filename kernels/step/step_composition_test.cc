@@ -4,7 +4,8 @@
 // optimizer placement (device AdamW, OffloadStreamAdamW), each with its
 // settings drawn from a seeded generator (chunk sizes, memberships,
 // borrowing limits, strips, tiles, circulation modes, host budgets that cut
-// between boundaries, buckets, staging slots), at P = 1, 2 and 4, under the
+// between boundaries, buckets, staging slots, whether attention's forward is
+// kept for the backward), at P = 1, 2 and 4, under the
 // router's own routing and under routing skewed as far as it goes (router
 // weights zero: every token picks experts 0..k-1, all on rank 0). Each run
 // is a ForwardBackward, two optimizer steps and a validation pass
@@ -30,7 +31,10 @@
 //     validation pass, and the peak of the total within the plan's total;
 //     PipelinedLLEP's dispatch peak is its launch-sized bound whatever the
 //     routing;
-//   - the same bits run to run (the all-on composition, twice).
+//   - the same bits run to run (the all-on composition, twice);
+//   - attention's forward kept for the backward (keep_attention) changes no
+//     bit of any composition, and the recompute then runs no attention
+//     forward.
 // Each composition's settings are printed in its failure message, so a
 // failing draw can be run again by hand.
 #include <algorithm>
@@ -157,6 +161,7 @@ StepOptions Draw(const Composition& c, int P, Precision precision, std::mt19937_
         std::exp(std::uniform_real_distribution<double>(std::log(64.0), std::log(65536.0))(rng)));
     o.optimizer_placement.staging_slots = Uniform(rng, 1, 3);
   }
+  o.checkpoints.keep_attention = Uniform(rng, 0, 1) == 1;
   return o;
 }
 
@@ -194,6 +199,7 @@ std::string Describe(const StepOptions& o) {
   } else {
     absl::StrAppend(&s, " full_checkpoints");
   }
+  if (o.checkpoints.keep_attention) absl::StrAppend(&s, " keep_attention");
   if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
     absl::StrAppend(&s, " offload_stream_adamw{bucket_params ", o.optimizer_placement.bucket_params,
                     " staging_slots ", o.optimizer_placement.staging_slots, "}");
@@ -233,7 +239,11 @@ Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g, 
         PLATEAU_ASSIGN_OR_RETURN(StepStats fb, step->ForwardBackward(tok, tgt));
         calls.push_back(fb);
         PLATEAU_ASSIGN_OR_RETURN(auto grads, step->GatherGrads());
+        // One attention forward per layer per pass, and one more per layer
+        // in each backward's recompute unless the forward's was kept.
+        const int64_t per_backward = o.checkpoints.keep_attention ? 1 : 2;
         if (forward_backward_only) {
+          EXPECT_EQ(step->attention_forwards(), per_backward * m.layers) << Describe(o) << " rank " << r;
           if (r == 0) {
             out.losses.push_back(fb.loss);
             out.grads = std::move(grads);
@@ -247,6 +257,7 @@ Outcome RunComposition(const StepOptions& o, bool skewed, const GlobalBatch& g, 
         PLATEAU_ASSIGN_OR_RETURN(auto weights, step->GatherWeights());
         PLATEAU_ASSIGN_OR_RETURN(StepStats eval, step->Evaluate(tok, tgt));
         calls.push_back(eval);
+        EXPECT_EQ(step->attention_forwards(), (3 * per_backward + 1) * m.layers) << Describe(o) << " rank " << r;
         for (const StepStats& c : calls) {
           out.device[r].KeepPeaks(c.device);
           out.host[r].KeepPeaks(c.host);
@@ -419,6 +430,39 @@ INSTANTIATE_TEST_SUITE_P(RanksAndRouting, StepComposition,
                                std::get<1>(info.param) ? "Skewed" : "Learned",
                                std::get<2>(info.param) == Precision::kFp32 ? "Fp32" : "Bf16");
                          });
+
+// Keeping attention's forward for the backward only moves values: o and
+// lse copied out after the forward and back before the layer's backward are
+// the bits the recompute's attention forward would make. The baseline and
+// the all-on stack, each with and without, at P = 1 (attention on one rank)
+// and P = 2 (ring attention: the kept o is the ring's whole output), in
+// both precisions and under skewed routing; each within its plan.
+TEST(StepCompositionTest, KeptAttentionIsTheRecomputeBitForBit) {
+  const GlobalBatch g = MakeBatch(TestModel(), kBatch, 31);
+  std::mt19937_64 rng(91);
+  for (int P : {1, 2}) {
+    for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
+      for (bool all_on : {false, true}) {
+        StepOptions o = all_on ? Draw({DispatchKind::kPipelinedLlep, true, true, true}, P, precision, rng)
+                               : BaseOptions(P, precision);
+        o.checkpoints.keep_attention = false;
+        StepOptions kept = o;
+        kept.checkpoints.keep_attention = true;
+        const Outcome want = RunComposition(o, /*skewed=*/true, g);
+        const Outcome got = RunComposition(kept, /*skewed=*/true, g);
+        ASSERT_EQ(want.losses.size(), 4u) << Describe(o);
+        ExpectSameBits(got, want, Describe(kept));
+        ExpectWithinPlan(got, kept, Describe(kept));
+        // The records are launch-sized: L x N x (heads d + heads) fp32.
+        const ModelConfig& m = o.model;
+        const int64_t N = TokensPerRank(m, o.layout);
+        EXPECT_EQ(got.device[0].peak_of(LiveSet::kCheckpoints) - want.device[0].peak_of(LiveSet::kCheckpoints),
+                  m.layers * N * (m.heads * m.head_dim() + m.heads) * 4)
+            << Describe(kept);
+      }
+    }
+  }
+}
 
 TEST(StepCompositionTest, AllOnIsTheSameBitsRunToRun) {
   const GlobalBatch g = MakeBatch(TestModel(), kBatch, 31);
