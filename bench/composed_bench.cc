@@ -146,7 +146,9 @@ std::map<std::string, int64_t> flags = {
     {"on_mask", 15},
     // 1: the all-on stack keeps each layer's attention forward for the
     // backward (CheckpointOptions::keep_attention: its recompute skips
-    // attention's forward, for L N (heads d + heads) fp32 more device bytes).
+    // attention's forward, for L N (heads d + heads) fp32 more device bytes);
+    // the attribution times it alone, and all four with it, not the single
+    // schedules. 0 or 1.
     {"keep_attention", 0},
     {"plan_only", 0},
     {"attribute", 1},  // time each schedule alone at the baseline's longest context
@@ -278,6 +280,7 @@ std::string SettingsText(const StepOptions& o) {
   if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
     parts.push_back(absl::StrCat("bucket=", o.optimizer_placement.bucket_params));
   }
+  if (o.checkpoints.keep_attention) parts.push_back("keep_attention");
   return parts.empty() ? "baselines" : absl::StrJoin(parts, " ");
 }
 
@@ -845,6 +848,7 @@ absl::Status TimeNeighbours(int64_t layers, int64_t seq_len, int64_t batch, int6
 struct Attribution {
   const char* schedule;
   int64_t mask;
+  bool keep_attention = false;  // --keep_attention=1: alone, and in all four
   double ratio = 0;      // median step time over the baseline's
   double cpu_ratio = 0;  // median CPU seconds per step over the baseline's
   double waits = 0;      // threads blocked per step (Times::waits)
@@ -854,8 +858,10 @@ struct Attribution {
 
 absl::StatusOr<std::vector<Attribution>> Attribute(int64_t layers, int64_t seq_len, int64_t batch) {
   const int64_t arena = int64_t{1} << 30;
-  std::vector<Attribution> rows = {
-      {"pipelined_llep", 1}, {"ring_dtp", 2}, {"sco", 4}, {"offload_stream_adamw", 8}, {"all four", 15}};
+  const bool keep = flags["keep_attention"] != 0;
+  std::vector<Attribution> rows = {{"pipelined_llep", 1}, {"ring_dtp", 2}, {"sco", 4}, {"offload_stream_adamw", 8}};
+  if (keep) rows.push_back({"keep_attention", 0, true});
+  rows.push_back({keep ? "all four, attention kept" : "all four", 15, keep});
   Times off;
   std::vector<Times> on(rows.size());
   const int64_t saved = flags["on_mask"];
@@ -863,11 +869,13 @@ absl::StatusOr<std::vector<Attribution>> Attribute(int64_t layers, int64_t seq_l
     absl::Status s = TimeRound(Stack(false, layers, seq_len, batch), arena, flags["steps"], &off);
     for (size_t i = 0; s.ok() && i < rows.size(); ++i) {
       flags["on_mask"] = rows[i].mask;
+      flags["keep_attention"] = rows[i].keep_attention ? 1 : 0;
       const StepOptions o = Chosen(true, layers, seq_len, batch, arena);
       rows[i].settings = SettingsText(o);
       s = TimeRound(o, arena, flags["steps"], &on[i]);
     }
     flags["on_mask"] = saved;
+    flags["keep_attention"] = keep ? 1 : 0;
     if (!s.ok()) return s;
   }
   std::printf("L=%-3lld step time (and CPU seconds per step) over the baseline's at seq_len %lld x %lld, each "
@@ -1171,9 +1179,10 @@ class MfuLadder {
     return absl::StrFormat(
         "\"phases_s\":{\"embedding\":%.4g,\"forward\":%.4g,\"projection\":%.4g,"
         "\"recompute\":%.4g,\"backward\":%.4g,\"grad_reduce\":%.4g,\"grad_norm\":%.4g,"
-        "\"optimizer\":%.4g},\"layer_forward_flops\":%.6g,\"projection_flops\":%.6g",
-        t.embedding, t.forward, t.projection, t.recompute, t.backward, t.grad_reduce, t.grad_norm,
-        t.optimizer, g.layer_forward_flops, g.projection_flops);
+        "\"optimizer\":%.4g},\"layer_forward_flops\":%.6g,\"recompute_skipped_flops\":%.6g,"
+        "\"projection_flops\":%.6g",
+        t.embedding, t.forward, t.projection, t.recompute, t.backward, t.grad_reduce, t.grad_norm, t.optimizer,
+        g.layer_forward_flops, g.recompute_skipped_flops, g.projection_flops);
   }
 
   double Tflops(const Rung& g) const { return g.flops / ranks_ / g.step_s / 1e12; }
@@ -1476,6 +1485,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "composed_bench: bad argument '%s'\n", a.c_str());
       return 2;
     }
+  }
+  if (flags["keep_attention"] != 0 && flags["keep_attention"] != 1) {
+    std::fprintf(stderr, "composed_bench: --keep_attention: expected 0 or 1, got %lld\n",
+                 (long long)flags["keep_attention"]);
+    return 2;
   }
   std::vector<int64_t> depths;
   for (absl::string_view d : absl::StrSplit(depths_flag, ',')) {

@@ -37,7 +37,7 @@ constexpr int64_t kMaxDim = int64_t{1} << 20;
 constexpr int64_t kMaxLayers = int64_t{1} << 12;
 constexpr int64_t kMaxRanks = 65536;
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
-// Per size category of CheckSize; four categories stay under INT64_MAX
+// Per size category of CheckSize; its five categories stay under INT64_MAX
 // (9.2e18) together, so the plan's sum of live sets cannot overflow either.
 constexpr double kMaxPlannedBytes = 1e18;
 // JobSpec.priority's range, and max_duration_s's bound: a year, far beyond
@@ -868,6 +868,21 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
                                " of host heap beside the plan (its optimizer shard and one gathered chunk), "
                                "the other ranks ", Bytes(StreamStateHostBytes(t.step, layout, false)),
                                "; a resume ", Bytes(LoadStreamedStateHostBytes(layout)), " on each rank"));
+    // And on rank 0's disk: a file is 12 bytes a parameter (the fp32 weight,
+    // m and v, whole whatever P) and a JSON header of a few KiB
+    // (docs/MODEL.md "Checkpoints"). A save writes the new file before it
+    // removes any old one, so keep_last K holds K + 1 at once.
+    int64_t file_bytes = 0;
+    for (const WeightSpec& w : layout.weights()) file_bytes += 3 * static_cast<int64_t>(sizeof(float)) * w.numel();
+    const int64_t every = t.checkpoint_every, keep = t.checkpoint_keep_last;
+    const int64_t written = every > 0 ? t.steps / every + (t.steps % every != 0 ? 1 : 0) : 1;
+    const int64_t at_once = keep > 0 ? std::min(written, keep + 1) : written;
+    out.add_notes(absl::StrCat("checkpoint disk: each file ", Bytes(file_bytes),
+                               " of tensors (12 bytes a parameter) and a header of a few KiB; ",
+                               "a run from the start writes ", written,
+                               keep > 0 ? absl::StrCat(", at most ", at_once, " at once (keep_last ", keep, ")")
+                                        : std::string(", keeping every one (keep_last 0)"),
+                               ": ~", Bytes(at_once * file_bytes), " in ", t.checkpoint_dir));
   }
   // N_max against the device cap (and the host cap, when set). Without a
   // device cap the device is the worker's, unknown until scheduled.
@@ -1086,7 +1101,7 @@ v1::JobSpec DemoJobSpec(int ranks, int64_t steps) {
   s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(o.step.checkpoints.host_budget_bytes);
   v1::OffloadStreamAdamW* opt = s.mutable_schedule()->mutable_offload_stream_adamw();
   // The demo's `auto` setting: the bucket is chosen when the job is planned
-  // (RecallDemoJob's 16384 is what plateau_train runs).
+  // (RecallDemoJob's fixed 16384 is not used here).
   opt->set_bucket_params_auto(true);
   opt->set_staging_slots(static_cast<int32_t>(o.step.optimizer_placement.staging_slots));
   s.mutable_optimizer()->set_lr(o.step.optimizer.lr);

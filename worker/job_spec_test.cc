@@ -212,6 +212,16 @@ TEST(JobSpecTest, KeepAttentionReachesTheStepAndThePlan) {
     const int64_t N = TokensPerRank(m, t->step.layout);
     EXPECT_EQ(plan->total_bytes() - before->total_bytes(), m.layers * N * (m.hidden + m.heads) * 4);
     EXPECT_EQ(plan->total_bytes(), PlanMemory(t->step)->total());
+    // Every what-if row keeps it, and says so (its N_max pays for it).
+    ASSERT_EQ(plan->what_if_size(), before->what_if_size());
+    ASSERT_GT(plan->what_if_size(), 0);
+    for (int i = 0; i < plan->what_if_size(); ++i) {
+      const auto& row = plan->what_if(i);
+      EXPECT_THAT(row.settings(row.settings_size() - 1), HasSubstr("keep_attention")) << row.schedules();
+      for (const std::string& setting : before->what_if(i).settings()) {
+        EXPECT_THAT(setting, ::testing::Not(HasSubstr("keep_attention"))) << row.schedules();
+      }
+    }
   }
 }
 
@@ -624,6 +634,27 @@ TEST(JobSpecTest, APlanSaysWhatACheckpointHoldsOnTheHost) {
   for (const WeightSpec& w : layout.weights()) full += 3 * 4 * w.numel();
   EXPECT_GT(rank0, others);
   EXPECT_LT(others, full);
+  // And what the files take on disk: every one kept (keep_last 0), one per
+  // `every` steps and the last; keep_last K holds K + 1 while a save is on.
+  auto disk_note = [](const v1::MemoryPlan& p) {
+    for (const std::string& n : p.notes()) {
+      if (absl::StartsWith(n, "checkpoint disk: ")) return n;
+    }
+    return std::string("(none)");
+  };
+  EXPECT_THAT(disk_note(*plan), HasSubstr(absl::StrCat("each file ", full, " bytes")));
+  EXPECT_THAT(disk_note(*plan), HasSubstr("writes 1, keeping every one"));
+  s.set_steps(100);
+  s.mutable_checkpoint()->set_every(30);  // steps 30, 60, 90 and 100
+  plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(disk_note(*plan),
+              HasSubstr(absl::StrCat("writes 4, keeping every one (keep_last 0): ~", 4 * full, " bytes")));
+  s.mutable_checkpoint()->set_keep_last(2);
+  plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(disk_note(*plan),
+              HasSubstr(absl::StrCat("writes 4, at most 3 at once (keep_last 2): ~", 3 * full, " bytes")));
 }
 
 // bf16 is planned on any backend (what the job would need) and runs on the

@@ -108,7 +108,17 @@ struct FloatFlag {
 
 absl::StatusOr<Flags> Parse(int argc, char** argv) {
   Flags f;
-  f.trainer = RecallDemoJob(f.ranks);  // defaults: the demo job
+  f.trainer = RecallDemoJob(f.ranks);  // defaults: the demo job's model, data and optimizer
+  // ... but the four baseline schedules, as the usage says: each flag below
+  // turns one on. (The demo job's own schedules were kept here while the
+  // flags that name a baseline set nothing, so `--checkpoints=full` ran SCO,
+  // `--dispatch=standard_ep` PipelinedLLEP and `--optimizer_placement=device`
+  // OffloadStreamAdamW.)
+  const StepOptions baselines;
+  f.trainer.step.dispatch = baselines.dispatch;
+  f.trainer.step.projection = baselines.projection;
+  f.trainer.step.checkpoints = baselines.checkpoints;
+  f.trainer.step.optimizer_placement = baselines.optimizer_placement;
   ModelConfig& m = f.trainer.step.model;
   m.vocab_size = 0;  // 0: the data's vocabulary
   std::map<std::string, int64_t*> ints = {{"ranks", &f.ranks},

@@ -232,8 +232,12 @@ double CheckpointSeconds(const StepOptions& o, int64_t host_budget_bytes, const 
   const double forward = LayerForwardSeconds(o, c);
   const double down = c.launch_seconds + bytes / c.d2h_bytes_per_second;
   const double up = c.launch_seconds + bytes / c.h2d_bytes_per_second;
-  const double per_boundary =
-      2 * c.launch_seconds + std::max(0.0, down - forward) + std::max(0.0, up - 3 * forward);
+  // The restore hides behind the recompute and the backward, three
+  // forwards, less attention's core when the recompute skips it
+  // (CheckpointOptions::keep_attention).
+  const int64_t qd = m.heads * m.head_dim();
+  const double behind_up = 3 * forward - (o.checkpoints.keep_attention ? GemmSeconds(c, N, qd, m.seq_len) : 0.0);
+  const double per_boundary = 2 * c.launch_seconds + std::max(0.0, down - forward) + std::max(0.0, up - behind_up);
   return static_cast<double>(sco.host_boundaries) * per_boundary;
 }
 
@@ -571,6 +575,11 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
     std::string changes = "which no `auto` setting changes";
     for (const Axis& a : axes) {
       if (LiveSetOf(a.setting) == largest) changes = absl::StrCat("already at its smallest by ", AutoSettingField(a.setting));
+    }
+    // What no `auto` setting moves in the checkpoints: the kept attention.
+    if (device_over && largest == static_cast<int>(LiveSet::kCheckpoints) && KeptAttentionBytes(smallest) > 0) {
+      absl::StrAppend(&changes, "; ", KeptAttentionBytes(smallest),
+                      " bytes of it are schedule.keep_attention's records (false frees them)");
     }
     return absl::ResourceExhaustedError(
         absl::StrCat(device_over ? "device_memory_bytes" : "host_memory_bytes",

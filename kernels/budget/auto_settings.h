@@ -90,7 +90,8 @@ double LayerForwardSeconds(const StepOptions& o, const Calibration& c);
 //   copied down in forward and up in backward; a copy costs its launch on
 //   the compute stream (the event wait) and whatever of it the layer's
 //   compute does not hide (forward: one layer's GEMMs; backward: recompute
-//   and backward, three times that).
+//   and backward, three times that, less attention's core when the
+//   recompute skips it: CheckpointOptions::keep_attention).
 double CheckpointSeconds(const StepOptions& o, int64_t host_budget_bytes, const Calibration& c);
 // - bucket: the update's buckets (OffloadStreamBuckets) through a
 //   three-stage pipeline (upload master/m/v, AdamW, download) with

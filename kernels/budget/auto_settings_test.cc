@@ -196,6 +196,25 @@ TEST(AutoSettingsTest, CapsThatEachFitButNotTogetherAreSaidAsSuch) {
                                            one.total(), " device bytes, short by ", boundary))));
 }
 
+// Deep enough that the checkpoints are the largest live set, and most of
+// them the kept attention's records, which no `auto` setting moves: a cap
+// nothing fits says how much of the set they are.
+TEST(AutoSettingsTest, NothingFitsNamesTheKeptAttentionInTheCheckpoints) {
+  StepOptions o = AllOn();
+  o.model.layers = 32;
+  o.layout.batch = 256;                    // N = 4,096
+  o.dispatch.pipelined.chunk_tokens = 64;  // the dispatch's bound well below the records
+  o.checkpoints.keep_attention = true;
+  const int64_t records = 32 * 4096 * (16 + 4) * 4;
+  ASSERT_EQ(KeptAttentionBytes(o), records);
+  auto got = ChooseAutoSettings(o, AutoRequest{false, false, true, false}, DefaultCalibration(CalibrationBackend::kCpu),
+                                FitCaps{1 << 20, 0});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+  EXPECT_THAT(std::string(got.status().message()),
+              AllOf(HasSubstr("the largest live set is checkpoints"),
+                    HasSubstr(absl::StrCat(records, " bytes of it are schedule.keep_attention's records"))));
+}
+
 TEST(AutoSettingsTest, ModelPiecesMatchHandComputations) {
   const StepOptions o = AllOn();  // N = 128, P = 2, E = 4, k = 2, H = 16, F = 24, L = 4
   const Calibration c = Flat(1e9, 1e-6, 1e8, 1e7, 1e-4);
@@ -226,6 +245,13 @@ TEST(AutoSettingsTest, ModelPiecesMatchHandComputations) {
               1e-15);
   ASSERT_LT(3 * fwd, copy);
   EXPECT_NEAR(CheckpointSeconds(o, 2 * 8192, slow), 2 * (2 * 1e-6 + (copy - fwd) + (copy - 3 * fwd)), 1e-12);
+  // A kept attention's recompute skips attention's core ([128 x 16] x
+  // [16 x 32] above): the restore has that much less to hide behind.
+  StepOptions kept = o;
+  kept.checkpoints.keep_attention = true;
+  const double core = GemmSeconds(slow, 128, 16, 32);
+  EXPECT_NEAR(CheckpointSeconds(kept, 2 * 8192, slow), 2 * (2 * 1e-6 + (copy - fwd) + (copy - (3 * fwd - core))),
+              1e-12);
   // Whole boundaries only.
   EXPECT_EQ(CheckpointSeconds(o, 2 * 8192 + 5, slow), CheckpointSeconds(o, 2 * 8192, slow));
   // One bucket of everything, one slot: upload, update, download in series.

@@ -78,6 +78,13 @@ int64_t LoadStreamedStateHostBytes(const ParamLayout& p) {
   return static_cast<int64_t>(sizeof(float)) * 3 * (p.shard_numel() + p.owned_numel_per_rank());
 }
 
+int64_t KeptAttentionBytes(const StepOptions& o) {
+  if (!o.checkpoints.keep_attention) return 0;
+  const ModelConfig& m = o.model;
+  const int64_t N = TokensPerRank(m, o.layout);
+  return m.layers * N * (m.heads * m.head_dim() + m.heads) * static_cast<int64_t>(sizeof(float));
+}
+
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamLayout& p) {
   const ModelConfig& m = o.model;
   const int64_t N = TokensPerRank(m, o.layout), H = m.hidden, d = m.head_dim();
@@ -146,7 +153,7 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
       // Each layer's attention output o [N, heads d] and log-sum-exp
       // [N heads], fp32, from the forward to the backward
       // (CheckpointOptions::keep_attention); nothing when it is off.
-      {"kept_attention", LiveSet::kCheckpoints, o.checkpoints.keep_attention ? m.layers * (N * qd + rows_h) * a : 0},
+      {"kept_attention", LiveSet::kCheckpoints, KeptAttentionBytes(o)},
   };
 }
 

@@ -78,6 +78,10 @@ struct StepBufferSpec {
 };
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options);
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options, const ParamLayout& layout);
+// The kept attention's records (StepLaunchBuffers' "kept_attention",
+// device kCheckpoints): L N (heads d + heads) fp32 under
+// CheckpointOptions::keep_attention, 0 without.
+int64_t KeptAttentionBytes(const StepOptions& options);
 // The entry of a StepLaunchBuffers list that the bf16 step lends its ZeRO
 // gradient reduce as staging (kernels/step/grad_reduce.h; dead by then: the
 // step's Allocate says why): the first largest device kActivations buffer

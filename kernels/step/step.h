@@ -18,7 +18,10 @@
 //   vocabulary shard of lm_head, which meets every rank's batch; no N x V
 //   logits, and the full lm_head is never gathered: kernels/model/params.h);
 // - full activation checkpointing: each layer's input is kept (kCheckpoints)
-//   and the layer is recomputed in backward.
+//   and the layer is recomputed in backward; with
+//   options.checkpoints.keep_attention each layer's attention output and
+//   log-sum-exp are kept too (kCheckpoints, on the device) and the
+//   recompute skips attention's forward.
 //
 // Every allocation is made by Create() except the dispatch buffers of
 // standard EP and LLEP, whose size depends on the routing (the baselines'
