@@ -273,9 +273,11 @@ std::string SettingsText(const StepOptions& o) {
   }
   if (o.projection.kind == ProjectionOptions::Kind::kRingDtp) parts.push_back(absl::StrCat("S=", o.projection.strip));
   if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
-    const ScoLayout sco = PlanSco(o.model.layers, TokensPerRank(o.model, o.layout), o.model.hidden,
-                                  o.checkpoints.host_budget_bytes, ElementBytesOf(o.precision));
-    parts.push_back(absl::StrCat("beta=", sco.host_boundaries, "/", sco.boundaries, " boundaries"));
+    const ScoPools sco = CheckpointPools(o);
+    parts.push_back(absl::StrCat("beta=", sco.boundaries.host_boundaries, "/", sco.boundaries.boundaries, " boundaries",
+                                 sco.records.boundaries > 0 ? absl::StrCat(" ", sco.records.host_boundaries, "/",
+                                                                           sco.records.boundaries, " records")
+                                                            : ""));
   }
   if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
     parts.push_back(absl::StrCat("bucket=", o.optimizer_placement.bucket_params));
@@ -318,13 +320,15 @@ std::array<double, kNumLiveSets> GrowthPerToken(const StepOptions& at) {
   further.model.seq_len += step;
   if (at.checkpoints.kind == CheckpointOptions::Kind::kSco) {
     const ModelConfig& m = at.model;
-    // Boundaries in the working type (bf16: 2 bytes an element), as PlanSco
-    // pools them.
+    // The same pooled boundaries (in the working type: bf16 2 bytes an
+    // element) and attention records (fp32) at the larger N, as
+    // PlanScoPools pools them.
     const int64_t width = ElementBytesOf(at.precision).working;
-    const int64_t j = PlanSco(m.layers, TokensPerRank(m, at.layout), m.hidden, at.checkpoints.host_budget_bytes,
-                              ElementBytesOf(at.precision))
-                          .host_boundaries;
-    further.checkpoints.host_budget_bytes = j * TokensPerRank(further.model, further.layout) * m.hidden * width;
+    const ScoPools pools = CheckpointPools(at);
+    const int64_t N = TokensPerRank(further.model, further.layout);
+    further.checkpoints.host_budget_bytes =
+        pools.boundaries.host_boundaries * N * m.hidden * width +
+        pools.records.host_boundaries * N * AttentionRecordWidth(at) * static_cast<int64_t>(sizeof(float));
   }
   const MemoryPlan a = PlanMemory(at).value();
   const MemoryPlan b = PlanMemory(further).value();

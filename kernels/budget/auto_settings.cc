@@ -108,9 +108,16 @@ std::string Trade(const StepOptions& o, const ParamLayout& p, AutoSetting s, int
                           "; projection ", MiB(plan.bytes[LiveSetOf(s)]));
     }
     case AutoSetting::kHostBudget: {
-      const ScoLayout sco = PlanSco(o.model.layers, N, o.model.hidden, v, ElementBytesOf(o.precision));
-      return absl::StrCat(sco.host_boundaries, " of ", sco.boundaries, " boundaries in the host pool (",
-                          MiB(sco.host_bytes()), "); device checkpoints ", MiB(sco.device_bytes()));
+      StepOptions at = o;
+      at.checkpoints.host_budget_bytes = v;
+      const ScoPools pools = CheckpointPools(at);
+      const std::string records = pools.records.boundaries > 0
+                                      ? absl::StrCat(" and ", pools.records.host_boundaries, " of ",
+                                                     pools.records.boundaries, " attention records")
+                                      : "";
+      return absl::StrCat(pools.boundaries.host_boundaries, " of ", pools.boundaries.boundaries, " boundaries", records,
+                          " in the host pool (", MiB(pools.host_bytes()), "); device checkpoints ",
+                          MiB(pools.device_bytes()));
     }
     case AutoSetting::kBucketParams: {
       const int64_t bucket = OffloadStreamBucket(p.shard_numel(), p.owned_numel_per_rank(), v);
@@ -226,19 +233,25 @@ double LayerForwardSeconds(const StepOptions& o, const Calibration& c) {
 double CheckpointSeconds(const StepOptions& o, int64_t host_budget_bytes, const Calibration& c) {
   const ModelConfig& m = o.model;
   const int64_t N = TokensPerRank(m, o.layout);
-  // The boundaries in the working type: bf16 pools twice as many per byte.
-  const ScoLayout sco = PlanSco(m.layers, N, m.hidden, host_budget_bytes, ElementBytesOf(o.precision));
-  const double bytes = static_cast<double>(sco.boundary_bytes);
+  // The boundaries in the working type (bf16 pools twice as many per byte),
+  // then the attention records (keep_attention, fp32) of what is left.
+  StepOptions at = o;
+  at.checkpoints.kind = CheckpointOptions::Kind::kSco;
+  at.checkpoints.host_budget_bytes = host_budget_bytes;
+  const ScoPools pools = CheckpointPools(at);
   const double forward = LayerForwardSeconds(o, c);
-  const double down = c.launch_seconds + bytes / c.d2h_bytes_per_second;
-  const double up = c.launch_seconds + bytes / c.h2d_bytes_per_second;
-  // The restore hides behind the recompute and the backward, three
-  // forwards, less attention's core when the recompute skips it
-  // (CheckpointOptions::keep_attention).
+  // A restore hides behind the recompute and the backward, three forwards,
+  // less attention's core when the recompute skips it (keep_attention).
   const int64_t qd = m.heads * m.head_dim();
   const double behind_up = 3 * forward - (o.checkpoints.keep_attention ? GemmSeconds(c, N, qd, m.seq_len) : 0.0);
-  const double per_boundary = 2 * c.launch_seconds + std::max(0.0, down - forward) + std::max(0.0, up - behind_up);
-  return static_cast<double>(sco.host_boundaries) * per_boundary;
+  auto exposed = [&](const ScoLayout& pool) {
+    const double bytes = static_cast<double>(pool.boundary_bytes);
+    const double down = c.launch_seconds + bytes / c.d2h_bytes_per_second;
+    const double up = c.launch_seconds + bytes / c.h2d_bytes_per_second;
+    return static_cast<double>(pool.host_boundaries) *
+           (2 * c.launch_seconds + std::max(0.0, down - forward) + std::max(0.0, up - behind_up));
+  };
+  return exposed(pools.boundaries) + exposed(pools.records);
 }
 
 namespace {
@@ -324,14 +337,22 @@ std::vector<int64_t> AutoCandidates(const StepOptions& o, AutoSetting s, const P
     case AutoSetting::kStrip:
       return Doubling(16, CeilDiv(m.vocab_size, o.layout.ranks));
     case AutoSetting::kHostBudget: {
-      // Whole boundaries in the working type (bf16: 2 bytes an element).
+      // Whole boundaries in the working type (bf16: 2 bytes an element),
+      // then, under keep_attention, every boundary that can leave and whole
+      // attention records (fp32) beside them (PlanScoPools' order).
       const int64_t max_j = std::max<int64_t>(0, m.layers - 1),
                     boundary = N * m.hidden * ElementBytesOf(o.precision).working;
       constexpr int64_t kMaxSteps = 32;
       std::vector<int64_t> out;
-      for (int64_t i = 0; i <= std::min(max_j, kMaxSteps); ++i) {
-        const int64_t j = max_j <= kMaxSteps ? i : (i * max_j + kMaxSteps / 2) / kMaxSteps;
-        if (out.empty() || out.back() != j * boundary) out.push_back(j * boundary);
+      auto steps = [&](int64_t max, int64_t base, int64_t unit) {
+        for (int64_t i = 0; i <= std::min(max, kMaxSteps); ++i) {
+          const int64_t j = max <= kMaxSteps ? i : (i * max + kMaxSteps / 2) / kMaxSteps;
+          if (out.empty() || out.back() != base + j * unit) out.push_back(base + j * unit);
+        }
+      };
+      steps(max_j, 0, boundary);
+      if (const int64_t width = AttentionRecordWidth(o); width > 0) {
+        steps(std::max<int64_t>(0, m.layers - 2), max_j * boundary, N * width * static_cast<int64_t>(sizeof(float)));
       }
       return out;
     }
@@ -576,9 +597,11 @@ absl::StatusOr<AutoChoice> ChooseAutoSettings(const StepOptions& options, const 
     for (const Axis& a : axes) {
       if (LiveSetOf(a.setting) == largest) changes = absl::StrCat("already at its smallest by ", AutoSettingField(a.setting));
     }
-    // What no `auto` setting moves in the checkpoints: the kept attention.
-    if (device_over && largest == static_cast<int>(LiveSet::kCheckpoints) && KeptAttentionBytes(smallest) > 0) {
-      absl::StrAppend(&changes, "; ", KeptAttentionBytes(smallest),
+    // The checkpoints' part that SCO cannot move: the kept attention's
+    // records in the device slots and storage.
+    if (device_over && largest == static_cast<int>(LiveSet::kCheckpoints) &&
+        CheckpointPools(smallest).records.device_bytes() > 0) {
+      absl::StrAppend(&changes, "; ", CheckpointPools(smallest).records.device_bytes(),
                       " bytes of it are schedule.keep_attention's records (false frees them)");
     }
     return absl::ResourceExhaustedError(

@@ -86,7 +86,8 @@ double ProjectionSeconds(const StepOptions& o, int64_t strip, const Calibration&
 // core (half of the [N x seq_len] score and value products), the router and
 // the experts ([N k P / E] rows per local expert).
 double LayerForwardSeconds(const StepOptions& o, const Calibration& c);
-// - beta: each of the j = PlanSco(...).host_boundaries pooled boundaries is
+// - beta: each of the j = PlanSco(...).host_boundaries pooled boundaries
+//   (and, under keep_attention, each pooled attention record: PlanScoPools) is
 //   copied down in forward and up in backward; a copy costs its launch on
 //   the compute stream (the event wait) and whatever of it the layer's
 //   compute does not hide (forward: one layer's GEMMs; backward: recompute

@@ -197,17 +197,18 @@ TEST(AutoSettingsTest, CapsThatEachFitButNotTogetherAreSaidAsSuch) {
 }
 
 // Deep enough that the checkpoints are the largest live set, and most of
-// them the kept attention's records, which no `auto` setting moves: a cap
-// nothing fits says how much of the set they are.
+// them the kept attention's records, all on the device (full checkpoints)
+// where no `auto` setting moves them: a cap nothing fits says how much of
+// the set they are.
 TEST(AutoSettingsTest, NothingFitsNamesTheKeptAttentionInTheCheckpoints) {
   StepOptions o = AllOn();
   o.model.layers = 32;
-  o.layout.batch = 256;                    // N = 4,096
-  o.dispatch.pipelined.chunk_tokens = 64;  // the dispatch's bound well below the records
+  o.layout.batch = 256;  // N = 4,096
+  o.checkpoints.kind = CheckpointOptions::Kind::kFull;
   o.checkpoints.keep_attention = true;
   const int64_t records = 32 * 4096 * (16 + 4) * 4;
-  ASSERT_EQ(KeptAttentionBytes(o), records);
-  auto got = ChooseAutoSettings(o, AutoRequest{false, false, true, false}, DefaultCalibration(CalibrationBackend::kCpu),
+  ASSERT_EQ(CheckpointPools(o).records.device_bytes(), records);
+  auto got = ChooseAutoSettings(o, AutoRequest{true, false, false, false}, DefaultCalibration(CalibrationBackend::kCpu),
                                 FitCaps{1 << 20, 0});
   EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
   EXPECT_THAT(std::string(got.status().message()),

@@ -78,11 +78,14 @@ int64_t LoadStreamedStateHostBytes(const ParamLayout& p) {
   return static_cast<int64_t>(sizeof(float)) * 3 * (p.shard_numel() + p.owned_numel_per_rank());
 }
 
-int64_t KeptAttentionBytes(const StepOptions& o) {
-  if (!o.checkpoints.keep_attention) return 0;
-  const ModelConfig& m = o.model;
-  const int64_t N = TokensPerRank(m, o.layout);
-  return m.layers * N * (m.heads * m.head_dim() + m.heads) * static_cast<int64_t>(sizeof(float));
+int64_t AttentionRecordWidth(const StepOptions& o) {
+  return o.checkpoints.keep_attention ? o.model.heads * o.model.head_dim() + o.model.heads : 0;
+}
+
+ScoPools CheckpointPools(const StepOptions& o) {
+  const int64_t beta = o.checkpoints.kind == CheckpointOptions::Kind::kSco ? o.checkpoints.host_budget_bytes : 0;
+  return PlanScoPools(o.model.layers, TokensPerRank(o.model, o.layout), o.model.hidden, AttentionRecordWidth(o), beta,
+                      ElementBytesOf(o.precision));
 }
 
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamLayout& p) {
@@ -153,7 +156,6 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
       // Each layer's attention output o [N, heads d] and log-sum-exp
       // [N heads], fp32, from the forward to the backward
       // (CheckpointOptions::keep_attention); nothing when it is off.
-      {"kept_attention", LiveSet::kCheckpoints, KeptAttentionBytes(o)},
   };
 }
 
@@ -276,15 +278,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const StepOptions& o, const ParamLayout& p
           : OptimizerBytes{DeviceAdamWBytes(S, X, e), 0};
   plan.bytes[static_cast<int>(LiveSet::kOptimizer)] += optimizer.device;
   plan.host_bytes[static_cast<int>(LiveSet::kOptimizer)] += optimizer.host;
-  // Checkpoints: every boundary on the device, or SCO's device boundaries
-  // and host pool.
-  if (o.checkpoints.kind == CheckpointOptions::Kind::kSco) {
-    const ScoLayout sco = PlanSco(o.model.layers, N, o.model.hidden, o.checkpoints.host_budget_bytes, e);
-    plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += sco.device_bytes();
-    plan.host_bytes[static_cast<int>(LiveSet::kCheckpoints)] += sco.host_bytes();
-  } else {
-    plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += FullCheckpointsBytes(o.model.layers, N, o.model.hidden, e);
-  }
+  // Checkpoints: every boundary (and attention record, under
+  // keep_attention) on the device, or SCO's device part and host pool
+  // (FullCheckpointsBytes is PlanSco's device bytes at beta = 0).
+  const ScoPools checkpoints = CheckpointPools(o);
+  plan.bytes[static_cast<int>(LiveSet::kCheckpoints)] += checkpoints.device_bytes();
+  plan.host_bytes[static_cast<int>(LiveSet::kCheckpoints)] += checkpoints.host_bytes();
   // Dispatch. Standard EP and LLEP have no bound of their own: their
   // receive buffers grow with the routes a rank is sent. Their plan is the
   // worst case (every route of every source rank lands on one rank), so that

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/checkpoints/checkpoints_plan.h"
 #include "kernels/memory.h"
 #include "kernels/model/params.h"
 #include "kernels/model/step_options.h"
@@ -78,10 +79,14 @@ struct StepBufferSpec {
 };
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options);
 std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& options, const ParamLayout& layout);
-// The kept attention's records (StepLaunchBuffers' "kept_attention",
-// device kCheckpoints): L N (heads d + heads) fp32 under
-// CheckpointOptions::keep_attention, 0 without.
-int64_t KeptAttentionBytes(const StepOptions& options);
+// The columns of one attention record under CheckpointOptions::
+// keep_attention (heads d of output and heads of log-sum-exp, fp32 a row of
+// N), 0 without.
+int64_t AttentionRecordWidth(const StepOptions& options);
+// Where the checkpoint schedule keeps the boundaries and the attention
+// records (kCheckpoints): PlanScoPools at SCO's beta, or at beta = 0 (all
+// on the device) under full checkpointing.
+ScoPools CheckpointPools(const StepOptions& options);
 // The entry of a StepLaunchBuffers list that the bf16 step lends its ZeRO
 // gradient reduce as staging (kernels/step/grad_reduce.h; dead by then: the
 // step's Allocate says why): the first largest device kActivations buffer

@@ -246,9 +246,9 @@ TEST(BudgetTest, Bf16MixedLiveSetsByHandAllOn) {
 
 // Keeping attention's forward (CheckpointOptions::keep_attention) adds its
 // records to the device's kCheckpoints and nothing else: 2 layers x N = 16
-// tokens x (o: heads d = 16, lse: heads = 4) fp32 = 2,560 bytes, whichever
-// schedule holds the boundaries and in either precision (o and lse are
-// fp32 in both).
+// tokens x (o: heads d = 16, lse: heads = 4) fp32 = 2,560 bytes, in either
+// precision (o and lse are fp32 in both); with 2 layers SCO can pool none
+// (the last two records never leave the slots), whatever beta.
 TEST(BudgetTest, KeptAttentionIsItsRecordsInCheckpoints) {
   for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
     for (bool sco : {false, true}) {
@@ -258,7 +258,7 @@ TEST(BudgetTest, KeptAttentionIsItsRecordsInCheckpoints) {
       o.precision = precision;
       if (sco) {
         o.checkpoints.kind = CheckpointOptions::Kind::kSco;
-        o.checkpoints.host_budget_bytes = 16 * 16 * 4;
+        o.checkpoints.host_budget_bytes = int64_t{1} << 40;
       }
       const MemoryPlan recompute = PlanMemory(o).value();
       o.checkpoints.keep_attention = true;
@@ -270,6 +270,36 @@ TEST(BudgetTest, KeptAttentionIsItsRecordsInCheckpoints) {
       }
     }
   }
+}
+
+// Under SCO one beta pools the boundaries first, then whole attention
+// records, at most L - 2 of them (PlanScoPools). L = 4, N = 16, H = 16: a
+// bf16 boundary is 512 bytes, a record 16 x (16 + 4) x 4 = 1,280; beta
+// covering the three boundaries that can leave and 1.5 records pools one
+// record; enough for all pools two; the device keeps the other two records
+// (the slots).
+TEST(BudgetTest, ScoPoolsTheBoundariesFirstThenWholeAttentionRecords) {
+  StepOptions o;
+  o.model = TinyModel();
+  o.model.layers = 4;
+  o.layout = {2, 2};
+  o.precision = Precision::kBf16Mixed;
+  o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+  o.checkpoints.keep_attention = true;
+  auto checkpoints = [&](int64_t beta) {
+    o.checkpoints.host_budget_bytes = beta;
+    const MemoryPlan p = PlanMemory(o).value();
+    return std::make_pair(p.bytes[static_cast<int>(LiveSet::kCheckpoints)],
+                          p.host_bytes[static_cast<int>(LiveSet::kCheckpoints)]);
+  };
+  const int64_t b = 16 * 16 * 2, r = 16 * 20 * 4;
+  EXPECT_EQ(checkpoints(0), std::make_pair(5 * b + 4 * r, int64_t{0}));
+  // A record's bytes (2.5 boundaries) pool two boundaries, no record: the
+  // boundaries come first.
+  EXPECT_EQ(checkpoints(r), std::make_pair(3 * b + 4 * r, 2 * b));
+  EXPECT_EQ(checkpoints(3 * b + r + r / 2), std::make_pair(2 * b + 3 * r, 3 * b + r));
+  EXPECT_EQ(checkpoints(int64_t{1} << 40), std::make_pair(2 * b + 2 * r, 3 * b + 2 * r));
+  EXPECT_EQ(CheckpointPools(o).records.host_boundaries, 2);
 }
 
 // Halving the working bytes lengthens the context that fits: at a cap the

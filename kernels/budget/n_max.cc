@@ -192,18 +192,17 @@ absl::StatusOr<NMax> Solve(const StepOptions& options, const FitCaps& caps, cons
   return out;
 }
 
-// SCO with beta = every boundary that can leave at the shape's N (PlanSco
-// with an unlimited budget), less what the host cap cannot hold beside the
+// SCO with beta = every boundary (and attention record, under
+// keep_attention) that can leave at the shape's N (PlanScoPools with an
+// unlimited budget), less what the host cap cannot hold beside the
 // other host terms (the plan with beta = 0).
 PlanFunction ScoEveryBoundary(const FitCaps& caps, PlanFunction plan_memory) {
   return [caps, plan_memory](StepOptions* shape) -> absl::StatusOr<MemoryPlan> {
     StepOptions& o = *shape;
     o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+    o.checkpoints.host_budget_bytes = std::numeric_limits<int64_t>::max();
+    int64_t beta = CheckpointPools(o).host_bytes();  // the attention records too, under keep_attention
     o.checkpoints.host_budget_bytes = 0;
-    const ModelConfig& m = o.model;
-    int64_t beta = PlanSco(m.layers, TokensPerRank(m, o.layout), m.hidden, std::numeric_limits<int64_t>::max(),
-                           ElementBytesOf(o.precision))
-                       .host_bytes();
     if (caps.host_bytes > 0) {
       StepOptions without = o;
       PLATEAU_ASSIGN_OR_RETURN(MemoryPlan others, plan_memory(&without));

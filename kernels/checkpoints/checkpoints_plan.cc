@@ -20,6 +20,17 @@ ScoLayout PlanSco(int64_t layers, int64_t rows, int64_t hidden, int64_t host_bud
   return s;
 }
 
+ScoPools PlanScoPools(int64_t layers, int64_t rows, int64_t hidden, int64_t record_width, int64_t host_budget_bytes,
+                      const ElementBytes& e) {
+  ScoPools p;
+  p.boundaries = PlanSco(layers, rows, hidden, host_budget_bytes, e);
+  if (record_width > 0 && layers > 0) {
+    const int64_t rest = std::max<int64_t>(host_budget_bytes, 0) - p.boundaries.host_bytes();
+    p.records = PlanSco(layers - 1, rows, record_width, rest, kFp32Elements);
+  }
+  return p;
+}
+
 absl::Status ValidateSco(int64_t host_budget_bytes) {
   if (host_budget_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -47,6 +47,24 @@ struct ScoLayout {
 ScoLayout PlanSco(int64_t layers, int64_t rows, int64_t hidden, int64_t host_budget_bytes,
                   const ElementBytes& e = kFp32Elements);
 
+// The checkpoints' two pools when the step also keeps each layer's
+// attention record for the backward (CheckpointOptions::keep_attention):
+// L records [rows, record_width] fp32, record l holding layer l's attention
+// output and log-sum-exp. The records go through a store of their own with
+// SCO's protocol (record l written in layer l's forward, read in its
+// backward: PlanSco over L - 1 "layers", so at most L - 2 on the host, the
+// last two never leaving the slots). One host budget beta serves both: the
+// boundaries take it first (PlanSco), the records whole ones of what is
+// left, the earliest first. beta = 0 is full checkpointing: everything on
+// the device. record_width 0: no records (an empty layout).
+struct ScoPools {
+  ScoLayout boundaries, records;
+  int64_t device_bytes() const { return boundaries.device_bytes() + records.device_bytes(); }
+  int64_t host_bytes() const { return boundaries.host_bytes() + records.host_bytes(); }
+};
+ScoPools PlanScoPools(int64_t layers, int64_t rows, int64_t hidden, int64_t record_width, int64_t host_budget_bytes,
+                      const ElementBytes& e = kFp32Elements);
+
 // INVALID_ARGUMENT naming schedule.sco.host_budget_bytes unless >= 0.
 absl::Status ValidateSco(int64_t host_budget_bytes);
 

@@ -125,17 +125,18 @@ struct CheckpointOptions {
     kSco    // the earliest boundaries in a capped host pool (kernels/checkpoints/sco.h)
   };
   Kind kind = Kind::kFull;
-  // SCO: beta, the host bytes per rank the boundaries may take (the pool
-  // holds as many whole boundaries as fit; kernels/checkpoints/checkpoints_plan.h).
+  // SCO: beta, the host bytes per rank the checkpoints may take (the pool
+  // holds as many whole boundaries as fit, then whole attention records
+  // under keep_attention; kernels/checkpoints/checkpoints_plan.h).
   int64_t host_budget_bytes = 0;
   // Keep each layer's attention output o and log-sum-exp (fp32, as the
-  // backward reads them) on the device from the forward to the backward,
-  // so that the backward's recompute of the layer skips attention's
-  // forward: at long context the step's largest cost repeated (2 of the 11
-  // units of attention work a layer executes: docs/SCHEDULES.md "Keeping
-  // attention's output"). Costs L x N x (heads d + heads) x 4 bytes of
-  // kCheckpoints on the device (StepLaunchBuffers' "kept_attention"),
-  // whichever schedule holds the boundaries; the values are the
+  // backward reads them) from the forward to the backward, so that the
+  // backward's recompute of the layer skips attention's forward: at long
+  // context the step's largest cost repeated (2 of the 11 units of
+  // attention work a layer executes: docs/SCHEDULES.md "Keeping attention's
+  // output"). Costs L records of N x (heads d + heads) x 4 bytes in
+  // kCheckpoints, held as the boundaries are (all on the device, or SCO's
+  // slots, device storage and host pool: PlanScoPools); the values are the
   // recompute's bit for bit. Off by default: the paper recomputes.
   bool keep_attention = false;
 };

@@ -22,15 +22,29 @@ absl::StatusOr<StepSchedules> CreateSchedules(const StepContext& c) {
   const ElementBytes e = ElementBytesOf(o.precision);
   StepSchedules s;
   const int64_t N = TokensPerRank(o.model, o.layout);
+  // The attention records (keep_attention) are a second store of the same
+  // kind over L - 1 "layers" (L records), fp32; under SCO the host pool's
+  // budget is what the boundaries leave of beta (PlanScoPools).
+  const int64_t record_width = AttentionRecordWidth(o);
   switch (o.checkpoints.kind) {
     case CheckpointOptions::Kind::kFull: {
       PLATEAU_ASSIGN_OR_RETURN(s.checkpoints,
                                FullCheckpoints::Create(c.backend.device(), o.model.layers, N, o.model.hidden, e));
+      if (record_width > 0) {
+        PLATEAU_ASSIGN_OR_RETURN(s.attention_records,
+                                 FullCheckpoints::Create(c.backend.device(), o.model.layers - 1, N, record_width));
+      }
       break;
     }
     case CheckpointOptions::Kind::kSco: {
       PLATEAU_ASSIGN_OR_RETURN(s.checkpoints, Sco::Create(c.backend, c.compute, o.model.layers, N, o.model.hidden,
                                                           o.checkpoints.host_budget_bytes, e));
+      if (record_width > 0) {
+        const ScoPools pools = CheckpointPools(o);
+        PLATEAU_ASSIGN_OR_RETURN(s.attention_records,
+                                 Sco::Create(c.backend, c.compute, o.model.layers - 1, N, record_width,
+                                             pools.records.host_boundaries * pools.records.boundary_bytes));
+      }
       break;
     }
   }

@@ -37,6 +37,10 @@ struct StepContext {
 
 struct StepSchedules {
   std::unique_ptr<BoundaryStore> checkpoints;
+  // Under keep_attention, the L attention records [N, heads d + heads]
+  // fp32 (record l: layer l's o, then its lse), in a store of the same
+  // schedule as the boundaries (CheckpointPools' records); null without.
+  std::unique_ptr<BoundaryStore> attention_records;
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
   std::unique_ptr<OptimizerUpdate> optimizer;

@@ -24,6 +24,9 @@ struct TrainingStep::Impl {
   std::unique_ptr<ModelKernels> kernels;
   // The schedule at each point (kernels/step/schedules.h).
   std::unique_ptr<BoundaryStore> checkpoints;  // the L+1 layer boundaries h_0 … h_L
+  // Under keep_attention: layer l's [o | lse] (fp32) as record l; null
+  // otherwise.
+  std::unique_ptr<BoundaryStore> attention_records;
   std::unique_ptr<ExpertDispatch> dispatch;
   std::unique_ptr<VocabProjection> projection;
   // kOptimizer lives here: the dense shard's master and AdamW moments, the
@@ -49,9 +52,6 @@ struct TrainingStep::Impl {
   // kWorkspace
   Buffer stats;    // 2 doubles: loss sum, valid count
   Buffer scalars;  // 2 floats: squared norms (dense shard, owned weights)
-  // kCheckpoints: per layer [o | lse] (fp32) when the options keep
-  // attention's forward for the backward; empty otherwise.
-  Buffer kept_attention;
   // Attention forwards run (RingForward calls) since Create.
   int64_t attention_forwards = 0;
   // The bf16 gradient reduce's staging: one of the activation buffers
@@ -129,7 +129,6 @@ const std::vector<LaunchMember>& LaunchMembers() {
       {"attn_work", &I::attn_work},
       {"stats", &I::stats},
       {"scalars", &I::scalars},
-      {"kept_attention", &I::kept_attention},
   };
   return kMembers;
 }
@@ -274,6 +273,7 @@ absl::Status TrainingStep::Allocate() {
                                             params_of(static_cast<float*>(nullptr)),
                                             params_of(static_cast<Bf16*>(nullptr))}));
   I.checkpoints = std::move(schedules.checkpoints);
+  I.attention_records = std::move(schedules.attention_records);
   I.dispatch = std::move(schedules.dispatch);
   I.projection = std::move(schedules.projection);
   I.optimizer = std::move(schedules.optimizer);
@@ -441,8 +441,9 @@ absl::Status RingBackward(Ctx<W>& x) {
 }
 
 // Attention's forward of layer l into o and lse. With keep_attention the
-// forward also copies them into the layer's kept record, and the recompute
-// before the backward copies them back instead of running the ring again:
+// forward also copies them into record l of the attention records' store
+// (full or SCO, as the boundaries), and the recompute before the backward
+// copies them back instead of running the ring again:
 // the ring's forward is deterministic, so these are the bits it would
 // compute (the backward reads only o, lse and the recomputed q, k, v; the
 // online-softmax state and the travellers are the forward's own scratch).
@@ -453,15 +454,22 @@ absl::Status AttentionForward(Ctx<W>& x, int64_t l, bool for_backward) {
   TrainingStep::Impl& I = x.I;
   const int64_t o_bytes = x.N * x.qd() * static_cast<int64_t>(sizeof(float));
   const int64_t lse_bytes = x.N * x.m.heads * static_cast<int64_t>(sizeof(float));
-  char* kept = x.keep_attention ? I.kept_attention.as<char>() + l * (o_bytes + lse_bytes) : nullptr;
-  if (kept != nullptr && for_backward) {
-    PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), I.o.data(), kept, o_bytes));
-    return x.be.Copy(x.c(), I.lse.data(), kept + o_bytes, lse_bytes);
+  if (x.keep_attention && for_backward) {
+    // The store's record l, ready for compute (SCO: restored from the host
+    // pool by event, the next one's restore starting behind it), done with
+    // once its copies are enqueued: a store orders its own later copies
+    // after compute's work so far.
+    PLATEAU_ASSIGN_OR_RETURN(const float* record, I.attention_records->Acquire<float>(l));
+    PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), I.o.data(), record, o_bytes));
+    PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), I.lse.data(), record + x.N * x.qd(), lse_bytes));
+    return I.attention_records->Done(l);
   }
   PLATEAU_RETURN_IF_ERROR(RingForward(x));
-  if (kept == nullptr) return absl::OkStatus();
-  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), kept, I.o.data(), o_bytes));
-  return x.be.Copy(x.c(), kept + o_bytes, I.lse.data(), lse_bytes);
+  if (!x.keep_attention) return absl::OkStatus();
+  PLATEAU_ASSIGN_OR_RETURN(float* record, I.attention_records->Slot<float>(l));
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), record, I.o.data(), o_bytes));
+  PLATEAU_RETURN_IF_ERROR(x.be.Copy(x.c(), record + x.N * x.qd(), I.lse.data(), lse_bytes));
+  return I.attention_records->Produced(l);
 }
 
 // Layer l from its input `in` (boundary l) to `out` (boundary l+1). Leaves

@@ -20,8 +20,8 @@
 // - full activation checkpointing: each layer's input is kept (kCheckpoints)
 //   and the layer is recomputed in backward; with
 //   options.checkpoints.keep_attention each layer's attention output and
-//   log-sum-exp are kept too (kCheckpoints, on the device) and the
-//   recompute skips attention's forward.
+//   log-sum-exp are kept too (kCheckpoints, a second store of the same
+//   schedule) and the recompute skips attention's forward.
 //
 // Every allocation is made by Create() except the dispatch buffers of
 // standard EP and LLEP, whose size depends on the routing (the baselines'

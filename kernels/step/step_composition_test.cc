@@ -198,7 +198,9 @@ std::string Describe(const StepOptions& o) {
   } else {
     absl::StrAppend(&s, " full_checkpoints");
   }
-  if (o.checkpoints.keep_attention) absl::StrAppend(&s, " keep_attention");
+  if (o.checkpoints.keep_attention) {
+    absl::StrAppend(&s, " keep_attention{", CheckpointPools(o).records.host_boundaries, " records pooled}");
+  }
   if (o.optimizer_placement.kind == OptimizerPlacementOptions::Kind::kOffloadStream) {
     absl::StrAppend(&s, " offload_stream_adamw{bucket_params ", o.optimizer_placement.bucket_params,
                     " staging_slots ", o.optimizer_placement.staging_slots, "}");
@@ -401,6 +403,16 @@ TEST_P(StepComposition, EveryCompositionIsTheBaselineWithinItsPlan) {
   for (const Composition& c : AllCompositions()) {
     StepOptions o = Draw(c, P, precision, rng);
     o.checkpoints.keep_attention = Uniform(keep_rng, 0, 1) == 1;
+    if (c.sco && o.checkpoints.keep_attention && Uniform(keep_rng, 0, 1) == 1) {
+      // A beta past every boundary that can leave: whole attention records
+      // (0 to L - 2) and a part of one more (PlanScoPools).
+      const ModelConfig& m = o.model;
+      const int64_t N = TokensPerRank(m, o.layout);
+      const int64_t boundary = N * m.hidden * ElementBytesOf(precision).working;
+      const int64_t record = N * (m.heads * m.head_dim() + m.heads) * 4;
+      o.checkpoints.host_budget_bytes =
+          (m.layers - 1) * boundary + Uniform(keep_rng, 0, m.layers - 2) * record + Uniform(keep_rng, 0, record - 1);
+    }
     const std::string what = absl::StrCat(Describe(o), skewed ? " skewed" : " learned");
     const Outcome got = RunComposition(o, skewed, g);
     if (got.losses.size() != base.losses.size()) continue;  // the run failed, reported above
@@ -436,18 +448,24 @@ INSTANTIATE_TEST_SUITE_P(RanksAndRouting, StepComposition,
 
 // Keeping attention's forward for the backward only moves values: o and
 // lse copied out after the forward and back before the layer's backward are
-// the bits the recompute's attention forward would make. The baseline and
-// the all-on stack, each with and without, at P = 1 (attention on one rank)
-// and P = 2 (ring attention: the kept o is the ring's whole output), in
-// both precisions and under skewed routing; each within its plan.
+// the bits the recompute's attention forward would make, through the host
+// pool too. The baseline, the all-on stack and SCO pooling every record it
+// can, each with and without, at P = 1 (attention on one rank) and P = 2
+// (ring attention: the kept o is the ring's whole output), in both
+// precisions and under skewed routing; each within its plan.
 TEST(StepCompositionTest, KeptAttentionIsTheRecomputeBitForBit) {
   const GlobalBatch g = MakeBatch(TestModel(), kBatch, 31);
   std::mt19937_64 rng(91);
   for (int P : {1, 2}) {
     for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
-      for (bool all_on : {false, true}) {
+      for (int stack : {0, 1, 2}) {  // the baseline, all on, SCO pooling every record it can
+        const bool all_on = stack == 1;
         StepOptions o = all_on ? Draw({DispatchKind::kPipelinedLlep, true, true, true}, P, precision, rng)
                                : BaseOptions(P, precision);
+        if (stack == 2) {
+          o.checkpoints.kind = CheckpointOptions::Kind::kSco;
+          o.checkpoints.host_budget_bytes = int64_t{1} << 40;
+        }
         o.checkpoints.keep_attention = false;
         StepOptions kept = o;
         kept.checkpoints.keep_attention = true;
@@ -456,11 +474,17 @@ TEST(StepCompositionTest, KeptAttentionIsTheRecomputeBitForBit) {
         ASSERT_EQ(want.losses.size(), 4u) << Describe(o);
         ExpectSameBits(got, want, Describe(kept));
         ExpectWithinPlan(got, kept, Describe(kept));
-        // The records are launch-sized: L x N x (heads d + heads) fp32.
+        // The records are launch-sized: L x N x (heads d + heads) fp32, on
+        // the device and in SCO's host pool together (L - 2 = 1 pooled
+        // under the largest beta).
         const ModelConfig& m = o.model;
         const int64_t N = TokensPerRank(m, o.layout);
+        const int64_t records = m.layers * N * (m.heads * m.head_dim() + m.heads) * 4;
+        const int64_t pooled = stack == 2 ? records / m.layers : 0;
         EXPECT_EQ(got.device[0].peak_of(LiveSet::kCheckpoints) - want.device[0].peak_of(LiveSet::kCheckpoints),
-                  m.layers * N * (m.heads * m.head_dim() + m.heads) * 4)
+                  records - pooled)
+            << Describe(kept);
+        EXPECT_EQ(got.host[0].peak_of(LiveSet::kCheckpoints) - want.host[0].peak_of(LiveSet::kCheckpoints), pooled)
             << Describe(kept);
       }
     }
