@@ -244,14 +244,27 @@ double CheckpointSeconds(const StepOptions& o, int64_t host_budget_bytes, const 
   // less attention's core when the recompute skips it (keep_attention).
   const int64_t qd = m.heads * m.head_dim();
   const double behind_up = 3 * forward - (o.checkpoints.keep_attention ? GemmSeconds(c, N, qd, m.seq_len) : 0.0);
-  auto exposed = [&](const ScoLayout& pool) {
-    const double bytes = static_cast<double>(pool.boundary_bytes);
-    const double down = c.launch_seconds + bytes / c.d2h_bytes_per_second;
-    const double up = c.launch_seconds + bytes / c.h2d_bytes_per_second;
-    return static_cast<double>(pool.host_boundaries) *
-           (2 * c.launch_seconds + std::max(0.0, down - forward) + std::max(0.0, up - behind_up));
+  // Each pooled boundary or record: its launch down and up on the compute
+  // stream. A layer whose boundary and record are both pooled copies both
+  // over the one link in each direction (two copy streams, one PCIe): the
+  // layer hides their sum. (Records are pooled only once every boundary
+  // that can leave is: the first j_r layers copy both.)
+  const ScoLayout& b = pools.boundaries;
+  const ScoLayout& r = pools.records;
+  const double down_b = static_cast<double>(b.boundary_bytes) / c.d2h_bytes_per_second,
+               up_b = static_cast<double>(b.boundary_bytes) / c.h2d_bytes_per_second,
+               down_r = static_cast<double>(r.boundary_bytes) / c.d2h_bytes_per_second,
+               up_r = static_cast<double>(r.boundary_bytes) / c.h2d_bytes_per_second;
+  const double launches = 2 * c.launch_seconds;
+  auto exposed = [&](double down, double up, double copies) {
+    return std::max(0.0, copies * c.launch_seconds + down - forward) +
+           std::max(0.0, copies * c.launch_seconds + up - behind_up);
   };
-  return exposed(pools.boundaries) + exposed(pools.records);
+  const int64_t both = std::min(b.host_boundaries, r.host_boundaries);
+  return static_cast<double>(b.host_boundaries + r.host_boundaries) * launches +
+         static_cast<double>(both) * exposed(down_b + down_r, up_b + up_r, 2) +
+         static_cast<double>(b.host_boundaries - both) * exposed(down_b, up_b, 1) +
+         static_cast<double>(r.host_boundaries - both) * exposed(down_r, up_r, 1);
 }
 
 namespace {

@@ -121,6 +121,14 @@ TEST(AutoSettingsTest, CandidatesSpanEachSettingsRange) {
   const int64_t boundary = 128 * 16 * 4;
   EXPECT_EQ(AutoCandidates(o, AutoSetting::kHostBudget),
             (std::vector<int64_t>{0, boundary, 2 * boundary, 3 * boundary}));
+  // Under keep_attention, past every boundary that can leave (L - 1 = 3),
+  // whole attention records (N x (16 + 4) fp32), at most L - 2 = 2.
+  StepOptions kept = o;
+  kept.checkpoints.keep_attention = true;
+  const int64_t record = 128 * 20 * 4;
+  EXPECT_EQ(AutoCandidates(kept, AutoSetting::kHostBudget),
+            (std::vector<int64_t>{0, boundary, 2 * boundary, 3 * boundary, 3 * boundary + record,
+                                  3 * boundary + 2 * record}));
   const std::vector<int64_t> buckets = AutoCandidates(o, AutoSetting::kBucketParams);
   const ParamLayout p = LayoutOf(o);
   EXPECT_EQ(buckets.front(), 1024);
@@ -252,6 +260,16 @@ TEST(AutoSettingsTest, ModelPiecesMatchHandComputations) {
   kept.checkpoints.keep_attention = true;
   const double core = GemmSeconds(slow, 128, 16, 32);
   EXPECT_NEAR(CheckpointSeconds(kept, 2 * 8192, slow), 2 * (2 * 1e-6 + (copy - fwd) + (copy - (3 * fwd - core))),
+              1e-12);
+  // Past the boundaries, whole records (128 x 20 x 4 = 10 KiB): three
+  // pooled boundaries and two records. The two layers that copy both hide
+  // their sum (one link each way); the third its boundary alone.
+  const double record_copy = 128 * 20 * 4 / 1e5, boundary_copy = 8192 / 1e5, behind = 3 * fwd - core;
+  ASSERT_LT(behind, boundary_copy);
+  EXPECT_NEAR(CheckpointSeconds(kept, 3 * 8192 + 2 * 128 * 20 * 4, slow),
+              5 * 2 * 1e-6 +
+                  2 * ((2e-6 + boundary_copy + record_copy - fwd) + (2e-6 + boundary_copy + record_copy - behind)) +
+                  (1e-6 + boundary_copy - fwd) + (1e-6 + boundary_copy - behind),
               1e-12);
   // Whole boundaries only.
   EXPECT_EQ(CheckpointSeconds(o, 2 * 8192 + 5, slow), CheckpointSeconds(o, 2 * 8192, slow));

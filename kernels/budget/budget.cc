@@ -153,9 +153,6 @@ std::vector<StepBufferSpec> StepLaunchBuffers(const StepOptions& o, const ParamL
            a},
       {"stats", LiveSet::kWorkspace, 2 * static_cast<int64_t>(sizeof(double))},
       {"scalars", LiveSet::kWorkspace, 2 * a},
-      // Each layer's attention output o [N, heads d] and log-sum-exp
-      // [N heads], fp32, from the forward to the backward
-      // (CheckpointOptions::keep_attention); nothing when it is off.
   };
 }
 

@@ -347,7 +347,11 @@ absl::StatusOr<std::vector<WhatIfRow>> WhatIfNMax(const StepOptions& options, co
     if (on.empty()) row.settings.push_back("standard_ep, dense projection, full checkpoints, device AdamW");
     // Not a schedule of the table: every row keeps the spec's choice, and
     // says so where it costs memory.
-    if (o.checkpoints.keep_attention) row.settings.push_back("keep_attention (its records on the device)");
+    if (o.checkpoints.keep_attention) {
+      row.settings.push_back(o.checkpoints.kind == CheckpointOptions::Kind::kSco
+                                 ? "keep_attention (its records beside the boundaries in SCO's pools)"
+                                 : "keep_attention (its records on the device)");
+    }
     // A combination the model cannot run (e.g. Ring-DTP with fewer
     // vocabulary entries than ranks) is a row that says why, not a table
     // that fails.

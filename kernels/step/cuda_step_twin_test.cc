@@ -481,6 +481,41 @@ std::string Bf16GradientDisagreement(const StepResult& got, const StepResult& wa
   return CompareEveryTensor(got.grads, want.grads, m, 2 * GradientChainBound(o)).outside;
 }
 
+// The attention records through SCO's host pool on CUDA (pinned memory, a
+// copy stream of their own beside the boundaries'): with three layers one
+// record leaves (L - 2) and comes back one layer ahead of its backward;
+// the same bits as the CUDA baseline, in both precisions, within the plan.
+TEST_P(CudaStepTwinTest, KeptAttentionThroughTheHostPoolIsBitwiseTheCudaBaseline) {
+  const int P = GetParam();
+  if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
+  ModelConfig m = TinyModel();
+  m.layers = 3;
+  const int64_t B = 2;
+  const GlobalBatch g = MakeBatch(m, B, 11);
+  const Customize pooled = [](StepOptions* o) {
+    o->checkpoints.kind = CheckpointOptions::Kind::kSco;
+    o->checkpoints.host_budget_bytes = int64_t{1} << 40;
+    o->checkpoints.keep_attention = true;
+  };
+  for (Precision precision : {Precision::kFp32, Precision::kBf16Mixed}) {
+    const std::string what = absl::StrCat(precision == Precision::kFp32 ? "fp32" : "bf16", " P=", P);
+    ASSERT_EQ(CheckpointPools(TwinOptions(m, P, B, precision, pooled)).records.host_boundaries, 1) << what;
+    StepResult base, got;
+    absl::Status st = RunStepOn(BackendKind::kCuda, P, B, m, g, &base, precision);
+    ASSERT_TRUE(st.ok()) << "a GPU is visible but the CUDA step failed: " << st;
+    st = RunStepOn(BackendKind::kCuda, P, B, m, g, &got, precision, OptimizerPlacementOptions::Kind::kDevice, true,
+                   pooled);
+    ASSERT_TRUE(st.ok()) << what << ": " << st;
+    EXPECT_EQ(got.loss, base.loss) << what;
+    EXPECT_EQ(got.step_loss, base.step_loss) << what;
+    ExpectTensorsNear(
+        got.grads, base.grads, m, [](size_t, size_t) { return 0.0; }, what + " gradient");
+    ExpectTensorsNear(
+        got.weights, base.weights, m, [](size_t, size_t) { return 0.0; }, what + " weight");
+    ExpectWithinPlan(got.device, got.host, TwinOptions(m, P, B, precision, pooled), what);
+  }
+}
+
 TEST_P(CudaStepTwinTest, Bf16StepMatchesCpuEmulation) {
   const int P = GetParam();
   if (const std::string why = WhyNoGpus(P); !why.empty()) GTEST_SKIP() << why;
