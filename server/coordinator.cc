@@ -1525,8 +1525,9 @@ void Coordinator::Rejudged(LiveJob& a, const std::string& why) {
   PublishFailure(a);
 }
 
-void Coordinator::Heard(const std::string& worker_id) {
+void Coordinator::Heard(const std::string& worker_id, const std::set<std::pair<std::string, int>>& reporting) {
   for (auto& [seq, a] : active_) {
+    if (reporting.count({a.job.id(), a.job.attempt()}) > 0) continue;
     if (a.judging.erase(worker_id) > 0) Rejudged(a, absl::StrCat(worker_id, " was heard from"));
   }
 }
@@ -1848,15 +1849,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   Worker& w = *found;
   registry_.Beat(w, absl::Now());
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
+  // What the agent runs, by attempt: ranks running, or exited with their
+  // reports not yet acknowledged.
+  std::set<std::pair<std::string, int>> running;
+  for (const v1::RunningJob& j : request.running()) running.insert({j.job_id(), j.attempt()});
   if (request.leaving() && !w.leaving) {
     Leaving(w);  // WORKER_LOST outranks a crash held on its account
   } else {
-    Heard(w.id);
+    // Alive; a hold on an attempt it still lists waits for its ranks'
+    // exit reports (one may name a signal, the cause).
+    Heard(w.id, running);
   }
   v1::HeartbeatResponse out;
-  // What the agent runs, by attempt.
-  std::set<std::pair<std::string, int>> running;
-  for (const v1::RunningJob& j : request.running()) running.insert({j.job_id(), j.attempt()});
   // Assignments sent before: arrived, lost, or not yet known.
   std::vector<int64_t> touched;
   for (auto it = w.unacknowledged.begin(); it != w.unacknowledged.end();) {

@@ -361,8 +361,12 @@ class Coordinator {
   void Rejudged(LiveJob& a, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `worker_id` was heard from (a heartbeat, a rank's report): it
   // leaves the attempts' judging sets, and a held failure with none left
-  // stands.
-  void Heard(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // stands. Not the attempts in `reporting` (job id, attempt): a heartbeat
+  // lists those whose ranks' exits the agent has yet to have acknowledged,
+  // and such an exit report (a signal outranks the held exit) is what
+  // settles the hold there.
+  void Heard(const std::string& worker_id, const std::set<std::pair<std::string, int>>& reporting = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LiveJob* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A change to no one job (ChangeStamp::all), and one to `job_id`'s rows or
   // state (ChangeStamp::job).

@@ -1112,6 +1112,42 @@ TEST_F(CoordinatorTest, AHeldCrashStandsOnceTheOtherWorkerIsHeardFromAndASignalI
   EXPECT_EQ(j.failure().signal(), SIGKILL);
 }
 
+// The other worker is alive but its heartbeat still lists the attempt: its
+// rank has exited (or is being stopped) and the report is on its way. The
+// hold stays until that report, which may name the cause: here a signal,
+// which replaces the held exit (the heartbeat used to let the held exit
+// stand first, so `get` named the wrong rank until the report came). A
+// heartbeat that no longer lists the attempt lets it stand.
+TEST_F(CoordinatorTest, AHeartbeatStillListingTheAttemptKeepsTheHoldUntilItsRanksReport) {
+  v1::JobSpec spec = DemoJobSpec(2, 5);
+  spec.mutable_layout()->set_nodes(2);
+  const std::string w0 = Register(), w1 = Register();
+  const std::string job = Submit(spec), other = Submit(spec);
+  ASSERT_TRUE(Heartbeat(w0).ok());
+  ASSERT_TRUE(Heartbeat(w1).ok());
+  for (const std::string& id : {job, other}) {
+    ASSERT_TRUE(Started(w0, id, 0).ok());
+    ASSERT_TRUE(Started(w1, id, 1).ok());
+  }
+  ASSERT_TRUE(Exited(w0, job, 0, 1).ok());
+  ASSERT_TRUE(Exited(w0, other, 0, 1).ok());
+  ASSERT_THAT(Get(job).failure_held_for(), ::testing::ElementsAre(w1));
+  ASSERT_THAT(Get(other).failure_held_for(), ::testing::ElementsAre(w1));
+  // w1 lists `job` (its rank's exit not yet acknowledged), not `other`.
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(w1);
+  *beat.add_running() = Runs(job, 0, {1});
+  ASSERT_TRUE(c().Heartbeat(beat).ok());
+  EXPECT_THAT(Get(job).failure_held_for(), ::testing::ElementsAre(w1)) << "its report is on its way";
+  EXPECT_TRUE(Get(other).failure_held_for().empty()) << "heard from, nothing of it pending: the crash stands";
+  // The report: rank 1 was killed by a signal, the cause.
+  ASSERT_TRUE(Exited(w1, job, 1, 0, SIGKILL).ok());
+  const v1::Job j = Get(job);
+  EXPECT_TRUE(j.failure_held_for().empty()) << j.DebugString();
+  EXPECT_EQ(j.failure().signal(), SIGKILL) << j.DebugString();
+  EXPECT_EQ(j.failure().worker_id(), w1) << j.DebugString();
+}
+
 // A hold kept across a coordinator restart ends as before it: the worker
 // it waited on registers again (heard from), and the crash stands.
 TEST_F(CoordinatorTest, AHeldCrashSurvivesARestartAndStandsWhenItsWorkerReturns) {
