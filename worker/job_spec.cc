@@ -860,6 +860,14 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
     out.add_notes("precision bf16: planned with bf16 working weights and activations, fp32 master and moments");
     out.add_notes(absl::StrCat("bf16 attention: ", AttentionArithmeticNote(spec, t.step)));
   }
+  if (t.step.checkpoints.keep_attention) {
+    // What the checkpoints live set holds beside the boundaries.
+    const ScoPools pools = CheckpointPools(t.step);
+    out.add_notes(absl::StrCat("keep_attention: ", pools.records.boundaries, " attention records (each layer's output ",
+                               "and log-sum-exp, fp32) of ", Bytes(pools.records.boundary_bytes), " in checkpoints, ",
+                               pools.records.host_boundaries, " of them in SCO's host pool; the backward's recompute ",
+                               "skips attention's forward"));
+  }
   if (!t.checkpoint_dir.empty()) {
     // Plain heap between steps, beside the live sets (kernels/budget/budget.h).
     const ParamLayout layout = LayoutOf(t.step);

@@ -212,6 +212,12 @@ TEST(JobSpecTest, KeepAttentionReachesTheStepAndThePlan) {
     const int64_t N = TokensPerRank(m, t->step.layout);
     EXPECT_EQ(plan->total_bytes() - before->total_bytes(), m.layers * N * (m.hidden + m.heads) * 4);
     EXPECT_EQ(plan->total_bytes(), PlanMemory(t->step)->total());
+    const int64_t pooled = sco ? CheckpointPools(t->step).records.host_boundaries : 0;
+    EXPECT_THAT(plan->notes(), ::testing::Contains(HasSubstr(absl::StrCat(
+                                   "keep_attention: ", m.layers, " attention records (each layer's output and ",
+                                   "log-sum-exp, fp32) of ", N * (m.hidden + m.heads) * 4, " bytes"))));
+    EXPECT_THAT(plan->notes(), ::testing::Contains(HasSubstr(absl::StrCat(pooled, " of them in SCO's host pool"))));
+    for (const std::string& n : before->notes()) EXPECT_THAT(n, ::testing::Not(HasSubstr("keep_attention")));
     // Every what-if row keeps it, and says so (its N_max pays for it).
     ASSERT_EQ(plan->what_if_size(), before->what_if_size());
     ASSERT_GT(plan->what_if_size(), 0);
