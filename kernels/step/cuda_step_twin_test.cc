@@ -350,6 +350,19 @@ StepOptions TwinOptions(const ModelConfig& m, int P, int64_t B, Precision precis
   return o;
 }
 
+// A schedule that only moves data: the CUDA baseline's losses, gradients
+// and weights to the bit, and its own peaks within its plan.
+void ExpectTheBaselinesBitsWithinThePlan(const StepResult& got, const StepResult& base, const ModelConfig& m,
+                                         const StepOptions& planned, const std::string& what) {
+  EXPECT_EQ(got.loss, base.loss) << what;
+  EXPECT_EQ(got.step_loss, base.step_loss) << what;
+  ExpectTensorsNear(
+      got.grads, base.grads, m, [](size_t, size_t) { return 0.0; }, what + " gradient");
+  ExpectTensorsNear(
+      got.weights, base.weights, m, [](size_t, size_t) { return 0.0; }, what + " weight");
+  ExpectWithinPlan(got.device, got.host, planned, what);
+}
+
 // SCO, OffloadStreamAdamW and the kept attention only move data (their
 // copies, the same AdamW kernel over buckets): on CUDA the step's losses,
 // gradients and weights after one Step are the CUDA baseline's to the bit,
@@ -372,13 +385,7 @@ TEST_P(CudaStepTwinTest, DataMovingSchedulesAreBitwiseTheCudaBaseline) {
       st = RunStepOn(BackendKind::kCuda, P, B, m, g, &got, precision,
                      OptimizerPlacementOptions::Kind::kDevice, true, s.customize);
       ASSERT_TRUE(st.ok()) << what << ": " << st;
-      EXPECT_EQ(got.loss, base.loss) << what;
-      EXPECT_EQ(got.step_loss, base.step_loss) << what;
-      ExpectTensorsNear(
-          got.grads, base.grads, m, [](size_t, size_t) { return 0.0; }, what + " gradient");
-      ExpectTensorsNear(
-          got.weights, base.weights, m, [](size_t, size_t) { return 0.0; }, what + " weight");
-      ExpectWithinPlan(got.device, got.host, TwinOptions(m, P, B, precision, s.customize), what);
+      ExpectTheBaselinesBitsWithinThePlan(got, base, m, TwinOptions(m, P, B, precision, s.customize), what);
     }
   }
 }
@@ -506,13 +513,7 @@ TEST_P(CudaStepTwinTest, KeptAttentionThroughTheHostPoolIsBitwiseTheCudaBaseline
     st = RunStepOn(BackendKind::kCuda, P, B, m, g, &got, precision, OptimizerPlacementOptions::Kind::kDevice, true,
                    pooled);
     ASSERT_TRUE(st.ok()) << what << ": " << st;
-    EXPECT_EQ(got.loss, base.loss) << what;
-    EXPECT_EQ(got.step_loss, base.step_loss) << what;
-    ExpectTensorsNear(
-        got.grads, base.grads, m, [](size_t, size_t) { return 0.0; }, what + " gradient");
-    ExpectTensorsNear(
-        got.weights, base.weights, m, [](size_t, size_t) { return 0.0; }, what + " weight");
-    ExpectWithinPlan(got.device, got.host, TwinOptions(m, P, B, precision, pooled), what);
+    ExpectTheBaselinesBitsWithinThePlan(got, base, m, TwinOptions(m, P, B, precision, pooled), what);
   }
 }
 
