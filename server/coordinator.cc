@@ -1697,7 +1697,11 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
                    caps.devices(), " slot(s), ranks on ", caps.rank_address(), ", ", request.running_size(),
                    " attempt(s) running"));
   Reattach(w, expected, restarted ? "its agent's restart" : "the coordinator's restart", request, &out);
-  Heard(w.id);  // back: a crash still held on its account stands
+  // Back: a crash held on its account stands, but where it still lists the
+  // attempt, once those ranks' exits are reported (one may be the cause).
+  std::set<std::pair<std::string, int>> listed;
+  for (const v1::RunningJob& j : request.running()) listed.insert({j.job_id(), j.attempt()});
+  Heard(w.id, listed);
   Changed();
   Schedule();
   return out;

@@ -362,9 +362,10 @@ class Coordinator {
   // Worker `worker_id` was heard from (a heartbeat, a rank's report): it
   // leaves the attempts' judging sets, and a held failure with none left
   // stands. Not the attempts in `reporting` (job id, attempt): a heartbeat
-  // lists those whose ranks' exits the agent has yet to have acknowledged,
-  // and such an exit report (a signal outranks the held exit) is what
-  // settles the hold there.
+  // or a registration lists those with ranks there still running (being
+  // stopped) or whose exits the agent has yet to have acknowledged, and
+  // their exit reports (a signal outranks the held exit) settle the hold
+  // there.
   void Heard(const std::string& worker_id, const std::set<std::pair<std::string, int>>& reporting = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LiveJob* FindActive(const std::string& job_id, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -864,9 +864,11 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
     // What the checkpoints live set holds beside the boundaries.
     const ScoPools pools = CheckpointPools(t.step);
     out.add_notes(absl::StrCat("keep_attention: ", pools.records.boundaries, " attention records (each layer's output ",
-                               "and log-sum-exp, fp32) of ", Bytes(pools.records.boundary_bytes), " in checkpoints, ",
-                               pools.records.host_boundaries, " of them in SCO's host pool; the backward's recompute ",
-                               "skips attention's forward"));
+                               "and log-sum-exp, fp32) of ", Bytes(pools.records.boundary_bytes), " in checkpoints",
+                               t.step.checkpoints.kind == CheckpointOptions::Kind::kSco
+                                   ? absl::StrCat(", ", pools.records.host_boundaries, " of them in SCO's host pool")
+                                   : std::string(", on the device"),
+                               "; the backward's recompute skips attention's forward"));
   }
   if (!t.checkpoint_dir.empty()) {
     // Plain heap between steps, beside the live sets (kernels/budget/budget.h).
@@ -877,20 +879,26 @@ absl::StatusOr<v1::MemoryPlan> PlanJob(const v1::JobSpec& spec, const AutoContex
                                "the other ranks ", Bytes(StreamStateHostBytes(t.step, layout, false)),
                                "; a resume ", Bytes(LoadStreamedStateHostBytes(layout)), " on each rank"));
     // And on rank 0's disk: a file is 12 bytes a parameter (the fp32 weight,
-    // m and v, whole whatever P) and a JSON header of a few KiB
+    // m and v, whole whatever P) and a JSON header, about 100 bytes a tensor
     // (docs/MODEL.md "Checkpoints"). A save writes the new file before it
-    // removes any old one, so keep_last K holds K + 1 at once.
+    // removes any old one, so keep_last K holds K + 1 at once. The total in
+    // double: steps up to 2^40 saved every step times a large file is past
+    // int64.
     int64_t file_bytes = 0;
     for (const WeightSpec& w : layout.weights()) file_bytes += 3 * static_cast<int64_t>(sizeof(float)) * w.numel();
     const int64_t every = t.checkpoint_every, keep = t.checkpoint_keep_last;
     const int64_t written = every > 0 ? t.steps / every + (t.steps % every != 0 ? 1 : 0) : 1;
     const int64_t at_once = keep > 0 ? std::min(written, keep + 1) : written;
-    out.add_notes(absl::StrCat("checkpoint disk: each file ", Bytes(file_bytes),
-                               " of tensors (12 bytes a parameter) and a header of a few KiB; ",
-                               "a run from the start writes ", written,
-                               keep > 0 ? absl::StrCat(", at most ", at_once, " at once (keep_last ", keep, ")")
-                                        : std::string(", keeping every one (keep_last 0)"),
-                               ": ~", Bytes(at_once * file_bytes), " in ", t.checkpoint_dir));
+    const double total = static_cast<double>(at_once) * static_cast<double>(file_bytes);
+    out.add_notes(absl::StrCat(
+        "checkpoint disk: each file ", Bytes(file_bytes), " of tensors (12 bytes a parameter) and a header of ~",
+        100 * 3 * static_cast<int64_t>(layout.weights().size()), " bytes; a run from the start writes ", written,
+        keep > 0 ? absl::StrCat(", at most ", at_once, " at once (keep_last ", keep, ")")
+                 : std::string(", keeping every one (keep_last 0)"),
+        ": ~",
+        total < 9e18 ? Bytes(static_cast<int64_t>(total))
+                     : absl::StrFormat("%.3g bytes (%.3g GiB)", total, total / 1073741824.0),
+        " in ", t.checkpoint_dir));
   }
   // N_max against the device cap (and the host cap, when set). Without a
   // device cap the device is the worker's, unknown until scheduled.

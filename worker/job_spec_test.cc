@@ -189,6 +189,23 @@ TEST(JobSpecTest, CheckpointKeepLast) {
   EXPECT_THAT(st.message(), HasSubstr("checkpoint.keep_last: expected 0 to 1099511627776, got -2"));
 }
 
+// Under SCO with a beta past every boundary, a deeper model pools whole
+// records (L - 2 of them at most) and the plan's note counts them.
+TEST(JobSpecTest, KeepAttentionUnderScoPoolsRecordsAndThePlanSaysHowMany) {
+  v1::JobSpec s = Good();
+  s.mutable_model()->set_layers(4);
+  s.mutable_schedule()->mutable_sco()->set_host_budget_bytes(int64_t{1} << 40);
+  s.mutable_schedule()->set_keep_attention(true);
+  auto t = ToTrainerOptions(s);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(CheckpointPools(t->step).records.host_boundaries, 2);
+  auto plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->notes(), ::testing::Contains(HasSubstr("4 attention records")));
+  EXPECT_THAT(plan->notes(), ::testing::Contains(HasSubstr("2 of them in SCO's host pool")));
+  EXPECT_EQ(plan->host_total_bytes(), PlanMemory(t->step)->host_total()) << "the records' pool counted on the host";
+}
+
 // schedule.keep_attention reaches the step with either checkpoint schedule,
 // and the plan counts its records (the step's own plan, PlanMemory).
 TEST(JobSpecTest, KeepAttentionReachesTheStepAndThePlan) {
@@ -216,7 +233,9 @@ TEST(JobSpecTest, KeepAttentionReachesTheStepAndThePlan) {
     EXPECT_THAT(plan->notes(), ::testing::Contains(HasSubstr(absl::StrCat(
                                    "keep_attention: ", m.layers, " attention records (each layer's output and ",
                                    "log-sum-exp, fp32) of ", N * (m.hidden + m.heads) * 4, " bytes"))));
-    EXPECT_THAT(plan->notes(), ::testing::Contains(HasSubstr(absl::StrCat(pooled, " of them in SCO's host pool"))));
+    EXPECT_THAT(plan->notes(),
+                ::testing::Contains(HasSubstr(sco ? absl::StrCat(pooled, " of them in SCO's host pool")
+                                                  : "fp32) of 139264 bytes (0.13 MiB) in checkpoints, on the device")));
     for (const std::string& n : before->notes()) EXPECT_THAT(n, ::testing::Not(HasSubstr("keep_attention")));
     // Every what-if row keeps it, and says so (its N_max pays for it).
     ASSERT_EQ(plan->what_if_size(), before->what_if_size());
@@ -661,6 +680,16 @@ TEST(JobSpecTest, APlanSaysWhatACheckpointHoldsOnTheHost) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(disk_note(*plan),
               HasSubstr(absl::StrCat("writes 4, at most 3 at once (keep_last 2): ~", 3 * full, " bytes")));
+  // The longest job saved every step: more bytes than int64 holds, said
+  // (it was an int64 product: undefined, caught by UBSan).
+  s.set_steps(int64_t{1} << 40);
+  s.mutable_checkpoint()->set_every(1);
+  s.mutable_checkpoint()->set_keep_last(0);
+  s.mutable_model()->set_expert_ffn(4096);
+  plan = PlanJob(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(disk_note(*plan), HasSubstr("writes 1099511627776, keeping every one"));
+  EXPECT_THAT(disk_note(*plan), ::testing::ContainsRegex("~[0-9.]+e\\+[0-9]+ bytes"));
 }
 
 // bf16 is planned on any backend (what the job would need) and runs on the

@@ -24,6 +24,10 @@ last_step "$base" | grep -q '  host ' && { echo "$base"; fail "the default run k
 
 offload=$(run --optimizer_placement=offload_stream) || { echo "$offload"; fail "offload_stream"; }
 last_step "$offload" | grep -q 'host optimizer=' || { echo "$offload"; fail "offload_stream kept no optimizer on the host"; }
+# Standard EP's worst-case plan, not PipelinedLLEP's bound, by default.
+llep=$(run --dispatch=pipelined_llep --chunk_tokens=16) || { echo "$llep"; fail "pipelined_llep"; }
+[ "$(device_peak "$llep" dispatch)" != "$(device_peak "$base" dispatch)" ] \
+  || { echo "$base"; echo "$llep"; fail "the default dispatch is pipelined_llep's"; }
 sco=$(run --checkpoints=sco --sco_host_budget_bytes=1048576) || { echo "$sco"; fail "sco"; }
 last_step "$sco" | grep -q 'host checkpoints=' || { echo "$sco"; fail "sco pooled no checkpoint on the host"; }
 last_step "$sco" | grep -q 'host optimizer=' && { echo "$sco"; fail "sco alone offloaded the optimizer"; }

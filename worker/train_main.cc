@@ -72,8 +72,8 @@ projection --projection=dense | ring_dtp  --ring_mode=auto|activations|weights
            --ring_strip=16 (vocabulary columns per strip) --ring_chunk_rows=0 (0: one pass)
 boundaries --checkpoints=full | sco (the earliest layer boundaries in a host pool)
            --sco_host_budget_bytes=0 (beta: host bytes per rank for the pool)
-           --keep_attention=0 (1: keep each layer's attention output on the device
-           for the backward; its recompute skips attention's forward)
+           --keep_attention=0 (1: keep each layer's attention output for the
+           backward, beside the boundaries; its recompute skips attention's forward)
 dispatch   --dispatch=standard_ep | llep | pipelined_llep
            --chunk_tokens=4096 (pipelined_llep: tokens per source rank per chunk)
            --llep_min_piece=1024 (llep, pipelined_llep: smallest piece moved to a helper)
