@@ -50,6 +50,15 @@ constexpr int kPriorityMaxDuration = 5;
 
 constexpr int kMaxRequestIdChars = 128;
 
+// The attempts (job id, attempt) an agent lists as running: ranks still
+// running there, or exited with their reports not yet acknowledged.
+std::set<std::pair<std::string, int>> ListedAttempts(
+    const google::protobuf::RepeatedPtrField<v1::RunningJob>& running) {
+  std::set<std::pair<std::string, int>> out;
+  for (const v1::RunningJob& j : running) out.insert({j.job_id(), j.attempt()});
+  return out;
+}
+
 // The priority of a failure read back from the store after a restart (the
 // "stopped by its agent" distinction is not kept: it ranks as an exit).
 int PriorityOf(const v1::Failure& f) {
@@ -1699,9 +1708,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   Reattach(w, expected, restarted ? "its agent's restart" : "the coordinator's restart", request, &out);
   // Back: a crash held on its account stands, but where it still lists the
   // attempt, once those ranks' exits are reported (one may be the cause).
-  std::set<std::pair<std::string, int>> listed;
-  for (const v1::RunningJob& j : request.running()) listed.insert({j.job_id(), j.attempt()});
-  Heard(w.id, listed);
+  Heard(w.id, ListedAttempts(request.running()));
   Changed();
   Schedule();
   return out;
@@ -1853,10 +1860,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   Worker& w = *found;
   registry_.Beat(w, absl::Now());
   metrics_->OnHeartbeat(w.id, w.last_heartbeat);
-  // What the agent runs, by attempt: ranks running, or exited with their
-  // reports not yet acknowledged.
-  std::set<std::pair<std::string, int>> running;
-  for (const v1::RunningJob& j : request.running()) running.insert({j.job_id(), j.attempt()});
+  const std::set<std::pair<std::string, int>> running = ListedAttempts(request.running());
   if (request.leaving() && !w.leaving) {
     Leaving(w);  // WORKER_LOST outranks a crash held on its account
   } else {
